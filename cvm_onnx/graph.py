@@ -1,0 +1,92 @@
+"""The CVM graph IR: variables and op nodes in topological order, entries, heads and params.
+
+It mirrors the runtime's graph: a node has one or more outputs ("entries"), an input is an ``Entry``
+(node index, output index). Every entry has a static ``TensorType`` (shape and bit precision p, meaning
+|x| <= 2^(p-1)-1). The IR knows nothing of files or ONNX.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+VARIABLE = "null"
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """Output ``index`` of node ``node`` (an index into ``Graph.nodes``)."""
+
+    node: int
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Static facts of one entry: its shape and its precision (-1 when not known yet)."""
+
+    shape: tuple[int, ...]
+    precision: int = -1
+
+    @property
+    def bound(self) -> int:
+        """Largest magnitude a value of this precision may have: 2^(p-1)-1."""
+        return (1 << (self.precision - 1)) - 1
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclass
+class Node:
+    """A variable (``op == "null"``: the input ``data`` or a param) or an op node with its attributes.
+
+    ``attrs`` holds the attributes as given (strings as read from a file, or typed values); validation turns
+    them into typed values. ``outputs`` holds one ``TensorType`` per output.
+    """
+
+    name: str
+    op: str
+    inputs: tuple[Entry, ...] = ()
+    attrs: dict[str, Any] = field(default_factory=dict)
+    outputs: tuple[TensorType, ...] = ()
+
+    @property
+    def is_variable(self) -> bool:
+        return self.op == VARIABLE
+
+
+@dataclass
+class Graph:
+    """A CVM model: nodes in topological order, the heads (outputs) and the param values (int8 or int32)."""
+
+    nodes: list[Node]
+    heads: list[Entry]
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    postprocess: str | None = None
+
+    def type_of(self, entry: Entry) -> TensorType:
+        return self.nodes[entry.node].outputs[entry.index]
+
+    def entries(self) -> Iterator[Entry]:
+        for i, node in enumerate(self.nodes):
+            for k in range(len(node.outputs) if not node.is_variable else 1):
+                yield Entry(i, k)
+
+    @property
+    def variables(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.is_variable]
+
+    @property
+    def inputs(self) -> list[int]:
+        """Variables without a param value: the model's runtime inputs (normally just ``data``)."""
+        return [i for i in self.variables if self.nodes[i].name not in self.params]
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            if not node.is_variable:
+                counts[node.op] = counts.get(node.op, 0) + 1
+        return dict(sorted(counts.items()))

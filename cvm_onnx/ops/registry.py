@@ -1,0 +1,208 @@
+"""The op registry: each CVM op defined once, as a subclass of ``Op`` registered under its runtime name.
+
+An op definition states the runtime's rules for that op: typed attributes with defaults and ranges, input
+arity, output count, shape inference, precision inference (``FInferPrecision``), the FORMAL reference kernel
+and the patterns on which the runtime's devices disagree (portability warnings).
+
+Rules are broken by raising ``OpRuleError`` with a sentence naming the rule; validation attaches the node.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from ..attrs import PARSERS, AttrSyntaxError
+
+Shape = tuple[int, ...]
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
+
+
+class OpRuleError(ValueError):
+    """A load-time rule of the runtime that an op's inputs or attributes break."""
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One attribute: its name, kind (int, bool, tuple, optional_int, str), default and range check.
+
+    ``check`` receives the typed value and returns ``None`` or the broken rule as a sentence.
+    """
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    check: Callable[[Any], str | None] | None = None
+
+    def parse(self, value: Any) -> Any:
+        typed = PARSERS[self.kind](value)
+        if self.check is not None and (err := self.check(typed)) is not None:
+            raise OpRuleError(f"attribute {self.name}={value!r}: {err}")
+        return typed
+
+
+def in_range(lo: int, hi: int) -> Callable[[Any], str | None]:
+    """Check for an int, or every item of a tuple, lying in [lo, hi] (the runtime's VerifyAttrRange)."""
+
+    def check(value: Any) -> str | None:
+        items = value if isinstance(value, tuple) else (value,)
+        bad = [v for v in items if v is not None and not lo <= v <= hi]
+        return f"must lie in [{lo}, {hi}]" if bad else None
+
+    return check
+
+
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+class Attrs:
+    """Typed attribute values of one node, defaults filled in; read as ``a.shift_bit``."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Attrs are read-only")
+
+    def items(self):
+        return self._values.items()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Attrs) and self._values == other._values
+
+    def __repr__(self) -> str:
+        return f"Attrs({self._values})"
+
+
+class Op:
+    """Base of every op definition. Subclasses set ``name``, ``attrs``, ``inputs`` and override the rules.
+
+    ``inputs`` is the input count, or a function of the attributes returning (min, max) (e.g. ``use_bias``).
+    ``shape`` returns the output shape (a list of shapes for multi-output ops); ``precision`` returns the output
+    precision (a list for multi-output ops); ``kernel`` computes the outputs from int32 arrays.
+    """
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    attrs: ClassVar[tuple[Attr, ...]] = ()
+    inputs: ClassVar[int | Callable[[Attrs], tuple[int, int]]] = 1
+    outputs: ClassVar[int] = 1
+    doc: ClassVar[str] = ""
+
+    # -- attribute handling -------------------------------------------------------------------------------
+    @classmethod
+    def parse_attrs(cls, given: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """Typed values of the attributes given, and every broken rule (unknown name, bad value, missing)."""
+        known = {a.name: a for a in cls.attrs}
+        typed: dict[str, Any] = {}
+        errors: list[str] = []
+        for name, value in given.items():
+            if name.startswith("__") and name.endswith("__"):
+                continue  # hidden attributes are ignored by the runtime's parser
+            if name not in known:
+                errors.append(f"unknown attribute {name!r} (known: {', '.join(known) or 'none'})")
+                continue
+            try:
+                typed[name] = known[name].parse(value)
+            except (AttrSyntaxError, OpRuleError) as e:
+                msg = str(e)
+                errors.append(msg if msg.startswith("attribute") else f"attribute {name}={value!r}: {msg}")
+        for a in cls.attrs:
+            if a.default is REQUIRED and a.name not in given:
+                errors.append(f"attribute {a.name} is required")
+        return typed, errors
+
+    @classmethod
+    def bind(cls, typed: dict[str, Any]) -> Attrs:
+        """All attributes of a node, the given ones over the defaults."""
+        return Attrs({a.name: typed.get(a.name, a.default) for a in cls.attrs})
+
+    @classmethod
+    def arity(cls, a: Attrs) -> tuple[int, int]:
+        n = cls.inputs
+        return n(a) if callable(n) else (n, n)
+
+    # -- rules (override) ---------------------------------------------------------------------------------
+    @staticmethod
+    def shape(a: Attrs, *shapes: Shape) -> Shape | list[Shape]:
+        return shapes[0]
+
+    @staticmethod
+    def precision(a: Attrs, precisions: list[int], shapes: list[Shape]) -> int | list[int]:
+        return precisions[0]
+
+    @staticmethod
+    def kernel(a: Attrs, *xs: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        raise NotImplementedError
+
+    @staticmethod
+    def warnings(a: Attrs, shapes: list[Shape], precisions: list[int]) -> list[str]:
+        """Patterns the runtime's CPU and FORMAL devices compute differently (the model is not portable)."""
+        return []
+
+    # -- uniform access (lists, whatever the output count) ------------------------------------------------
+    @classmethod
+    def infer_shapes(cls, a: Attrs, shapes: list[Shape]) -> list[Shape]:
+        out = cls.shape(a, *shapes)
+        out = [tuple(int(d) for d in s) for s in out] if cls.outputs > 1 else [tuple(int(d) for d in out)]
+        return out
+
+    @classmethod
+    def infer_precisions(cls, a: Attrs, precisions: list[int], shapes: list[Shape]) -> list[int]:
+        out = cls.precision(a, precisions, shapes)
+        return list(out) if cls.outputs > 1 else [out]
+
+    @classmethod
+    def run(cls, a: Attrs, xs: list[np.ndarray]) -> list[np.ndarray]:
+        out = cls.kernel(a, *xs)
+        return list(out) if cls.outputs > 1 else [out]
+
+
+REGISTRY: dict[str, type[Op]] = {}
+
+
+def register(cls: type[Op]) -> type[Op]:
+    """Class decorator: add an op definition to the registry under ``cls.name``."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"op {cls.name} defined twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def get(name: str) -> type[Op]:
+    return REGISTRY[name]
+
+
+# -- helpers shared by op definitions ------------------------------------------------------------------------
+def bits(n: int) -> int:
+    """Number of binary digits of n (the runtime's GetReduceSumBit): 1->1, 2..3->2, 4..7->3."""
+    return int(n).bit_length()
+
+
+def number_precision(n: int) -> int:
+    """The runtime's GetNumberPrecision(n) = bits(n + 1) + 1: the precision that holds +-n."""
+    return bits(n + 1) + 1
+
+
+def clip_to_precision(x: np.ndarray, precision: int) -> np.ndarray:
+    """Symmetric clip to +-(2^(p-1)-1), as int32."""
+    r = (1 << (precision - 1)) - 1
+    return np.clip(x, -r, r).astype(np.int32)
+
+
+def require(cond: bool, rule: str) -> None:
+    if not cond:
+        raise OpRuleError(rule)
