@@ -1,0 +1,1 @@
+"""Converters between CVM graphs and ONNX models (installed as ``cvm_onnx.converters``)."""

@@ -1,0 +1,108 @@
+"""The lowering registry and the function-body builder every lowering writes with.
+
+A lowering turns one CVM op node into the body of a model-local ONNX function (domain ``cvm``): it receives a
+``Body``, the node's typed attributes and one ``Value`` per input (name, shape and *true* precision: a bound
+every value provably satisfies), and returns the name of each output. Bodies are written like onnxscript:
+``b.Add(x, b.const(1))``. A lowering registered with ``native=True`` emits exactly one node of the native
+custom-op library instead, which the exporter places in the main graph as is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from cvm_onnx.graph import TensorType
+from cvm_onnx.ops import Attrs
+
+OPSET = 21
+IR_VERSION = 10
+DOMAIN = "cvm"
+
+
+@dataclass(frozen=True)
+class Value:
+    """A tensor inside a function body: its name and static type (shape, true precision)."""
+
+    name: str
+    type: TensorType
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.type.shape
+
+    @property
+    def bound(self) -> int:
+        return self.type.bound
+
+
+@dataclass
+class Body:
+    """The nodes of one function body under construction. ``b.OpType(*inputs, **attrs)`` appends a node."""
+
+    outputs: list[TensorType]
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    _count: int = 0
+
+    def fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}{self._count}"
+
+    def node(self, op_type: str, *inputs: str | Value, n_out: int = 1, domain: str = "",
+             **attrs: Any) -> Any:
+        names = [i.name if isinstance(i, Value) else i for i in inputs]
+        outs = [self.fresh("t") for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, names, outs, domain=domain or None,
+                                           **{k: v for k, v in attrs.items() if v is not None}))
+        return outs[0] if n_out == 1 else outs
+
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
+        if not op_type[:1].isupper():
+            raise AttributeError(op_type)
+        return lambda *inputs, **attrs: self.node(op_type, *inputs, **attrs)
+
+    def const(self, value: Any, dtype: Any = np.int64) -> str:
+        """A Constant node holding ``value`` (a scalar gives a 0-d tensor)."""
+        out = self.fresh("c")
+        tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype), out)
+        self.nodes.append(helper.make_node("Constant", [], [out], value=tensor))
+        return out
+
+
+LoweringFn = Callable[..., "str | list[str]"]
+
+
+@dataclass(frozen=True)
+class Lowering:
+    op: str
+    fn: LoweringFn
+    native: bool = False
+
+
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowering(op: str, native: bool = False) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn(b, a, *inputs)`` as the lowering of CVM op ``op``. Its docstring becomes the function's doc."""
+
+    def deco(fn: LoweringFn) -> LoweringFn:
+        if op in LOWERINGS:
+            raise ValueError(f"lowering of {op} defined twice")
+        LOWERINGS[op] = Lowering(op, fn, native)
+        return fn
+
+    return deco
+
+
+def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[TensorType]) -> tuple[Body, list[str]]:
+    """Run the lowering of ``op``; returns the body and the names of its outputs."""
+    b = Body(outputs)
+    out = LOWERINGS[op].fn(b, a, *inputs)
+    names = [out] if isinstance(out, str) else list(out)
+    # a function output must be produced inside the body, never be one of its inputs
+    inputs_names = {v.name for v in inputs}
+    names = [b.Identity(n) if n in inputs_names else n for n in names]
+    return b, names

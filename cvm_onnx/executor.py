@@ -1,0 +1,67 @@
+"""The reference executor: runs a validated graph with numpy, FORMAL semantics, the oracle of every test.
+
+The input ``data`` is clamped to its declared precision as the runtime does; params are used as stored.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .errors import RuntimeFailure
+from .graph import Entry, Graph
+from .ops import REGISTRY
+
+
+def prepare_input(graph: Graph, name: str, value: np.ndarray) -> np.ndarray:
+    """``value`` as the runtime takes it: int8 or int32 of exactly the declared shape, clamped to the precision."""
+    node = next((graph.nodes[i] for i in graph.inputs if graph.nodes[i].name == name), None)
+    if node is None:
+        raise RuntimeFailure(f"the model has no input named {name!r}", where=name)
+    value = np.asarray(value)
+    if value.dtype not in (np.int8, np.int32):
+        raise RuntimeFailure(f"input dtype {value.dtype} must be int8 or int32", where=name)
+    t = node.outputs[0]
+    if tuple(value.shape) != t.shape:
+        raise RuntimeFailure(f"input shape {tuple(value.shape)} must be {t.shape}", where=name)
+    return np.clip(value.astype(np.int32), -t.bound, t.bound)
+
+
+def execute(graph: Graph, inputs: Mapping[str, np.ndarray] | np.ndarray,
+            keep_all: bool = False) -> list[np.ndarray] | dict[Entry, np.ndarray]:
+    """Run ``graph`` (validated) and return the head values in head order (int32).
+
+    ``inputs`` maps input names to arrays (a bare array is the input ``data``). With ``keep_all`` every entry's
+    value is returned, keyed by ``Entry``.
+    """
+    if not isinstance(inputs, Mapping):
+        inputs = {"data": inputs}
+    missing = [graph.nodes[i].name for i in graph.inputs if graph.nodes[i].name not in inputs]
+    if missing:
+        raise RuntimeFailure(f"missing input(s): {', '.join(missing)}")
+    last_use: dict[Entry, int] = {}
+    if not keep_all:
+        for i, node in enumerate(graph.nodes):
+            for e in node.inputs:
+                last_use[e] = i
+        for h in graph.heads:
+            last_use[h] = len(graph.nodes)
+    values: dict[Entry, np.ndarray] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.is_variable:
+            if node.name in graph.params:
+                values[Entry(i)] = graph.params[node.name].astype(np.int32, copy=False)
+            else:
+                values[Entry(i)] = prepare_input(graph, node.name, inputs[node.name])
+            continue
+        op = REGISTRY[node.op]
+        outs = op.run(op.bind(node.attrs), [values[e] for e in node.inputs])
+        for k, out in enumerate(outs):
+            values[Entry(i, k)] = out
+        if not keep_all:
+            for e in set(node.inputs):
+                if last_use.get(e) == i:
+                    del values[e]
+    if keep_all:
+        return values
+    return [values[h] for h in graph.heads]

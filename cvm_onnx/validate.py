@@ -1,0 +1,170 @@
+"""Validation: the runtime's load-time rules applied to a whole graph, every problem reported at once.
+
+``validate(graph)`` returns a new graph whose op nodes carry typed attributes (as given, no defaults added) and
+inferred output types, plus the portability warnings; or raises ``ValidationError`` listing every problem, each
+naming the node and the rule. A node whose inputs failed is skipped, so one mistake is reported once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .errors import Problem, ValidationError
+from .graph import Graph, Node, TensorType
+from .ops import REGISTRY, OpRuleError
+
+MAX_NDIM = 6
+MAX_DIM = 1 << 24
+MAX_SIZE = 1 << 30
+INPUT_NAME = "data"
+
+
+@dataclass
+class Validated:
+    graph: Graph
+    warnings: list[Problem]
+
+
+def shape_problem(shape: tuple[int, ...]) -> str | None:
+    """The runtime's limits on every shape: 1..6 dims, each in (0, 2^24], at most 2^30 elements."""
+    if not 1 <= len(shape) <= MAX_NDIM:
+        return f"shape {shape} must have 1 to {MAX_NDIM} dimensions"
+    if any(not 0 < d <= MAX_DIM for d in shape):
+        return f"shape {shape} has a dimension outside (0, 2^24]"
+    if int(np.prod(shape, dtype=np.int64)) > MAX_SIZE:
+        return f"shape {shape} has more than 2^30 elements"
+    return None
+
+
+def _variable(node: Node, graph: Graph, problems: list[Problem], inputs: tuple[str, ...]) -> Node | None:
+    where = node.name
+    declared = node.outputs[0] if node.outputs else None
+    if declared is None:
+        problems.append(Problem(where, "variable has no shape"))
+        return None
+    ok = True
+    if (err := shape_problem(declared.shape)) is not None:
+        problems.append(Problem(where, err))
+        ok = False
+    if not 1 <= declared.precision <= 32:
+        problems.append(Problem(where, f"variable precision {declared.precision} must lie in [1, 32]"))
+        ok = False
+    value = graph.params.get(node.name)
+    if value is None:
+        if node.name not in inputs:
+            problems.append(Problem(where, f"param missing from params (only the input '{INPUT_NAME}' may be absent)"))
+    elif ok:
+        if tuple(value.shape) != declared.shape:
+            problems.append(Problem(where, f"param shape {tuple(value.shape)} differs from the graph's {declared.shape}"))
+            ok = False
+        elif value.dtype not in (np.int8, np.int32):
+            problems.append(Problem(where, f"param dtype {value.dtype} must be int8 or int32"))
+            ok = False
+        elif value.size:
+            peak = int(np.abs(value.astype(np.int64)).max())
+            if peak > declared.bound:
+                problems.append(Problem(where, f"param value {peak} exceeds precision {declared.precision} "
+                                               f"(|x| <= {declared.bound})"))
+                ok = False
+    return replace(node, attrs={}, outputs=(declared,)) if ok else None
+
+
+def _op(node: Node, typed_nodes: list[Node | None], problems: list[Problem],
+        warnings: list[Problem]) -> Node | None:
+    where = node.name
+    op = REGISTRY.get(node.op)
+    if op is None:
+        problems.append(Problem(where, f"unknown op {node.op!r}"))
+        return None
+    typed, errors = op.parse_attrs(node.attrs)
+    problems.extend(Problem(where, f"{node.op}: {e}") for e in errors)
+    if errors:
+        return None
+    a = op.bind(typed)
+    lo, hi = op.arity(a)
+    if not lo <= len(node.inputs) <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        problems.append(Problem(where, f"{node.op}: takes {want} inputs, got {len(node.inputs)}"))
+        return None
+    sources = [typed_nodes[e.node] for e in node.inputs]
+    if any(s is None for s in sources):
+        return None  # an input already failed and was reported
+    types: list[TensorType] = []
+    for e, s in zip(node.inputs, sources):
+        if e.index >= len(s.outputs):
+            problems.append(Problem(where, f"input {s.name} has no output {e.index}"))
+            return None
+        types.append(s.outputs[e.index])
+    shapes = [t.shape for t in types]
+    try:
+        out_shapes = op.infer_shapes(a, shapes)
+        out_precs = op.infer_precisions(a, [t.precision for t in types], shapes)
+    except OpRuleError as e:
+        problems.append(Problem(where, f"{node.op}: {e}"))
+        return None
+    ok = True
+    for k, s in enumerate(out_shapes):
+        if (err := shape_problem(s)) is not None:
+            problems.append(Problem(where, f"{node.op}: output {k} {err}"))
+            ok = False
+    for k, p in enumerate(out_precs):
+        if not 1 <= p <= 32:
+            problems.append(Problem(where, f"{node.op}: output {k} precision {p} must lie in [1, 32] "
+                                           f"(insert cvm_right_shift or cvm_clip before it)"))
+            ok = False
+    if node.outputs:
+        declared = [t.shape for t in node.outputs]
+        if len(declared) != len(out_shapes):
+            problems.append(Problem(where, f"{node.op}: the graph gives {len(declared)} outputs, the op has "
+                                           f"{len(out_shapes)}"))
+            ok = False
+        elif declared != out_shapes:
+            problems.append(Problem(where, f"{node.op}: shape in the graph {declared if len(declared) > 1 else declared[0]}"
+                                           f" differs from the inferred "
+                                           f"{out_shapes if len(out_shapes) > 1 else out_shapes[0]}"))
+            ok = False
+    if not ok:
+        return None
+    warnings.extend(Problem(where, f"{node.op}: {w}") for w in op.warnings(a, shapes, [t.precision for t in types]))
+    return replace(node, attrs=typed, outputs=tuple(TensorType(s, p) for s, p in zip(out_shapes, out_precs)))
+
+
+def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated:
+    """Check ``graph`` against every load-time rule of the runtime; raise ``ValidationError`` with all problems.
+
+    ``inputs`` names the variables that may come without a param value (the runtime allows only ``data``;
+    tests of single ops widen it).
+    """
+    problems: list[Problem] = []
+    warnings: list[Problem] = []
+    typed_nodes: list[Node | None] = []
+    seen: set[str] = set()
+    for i, node in enumerate(graph.nodes):
+        late = [e for e in node.inputs if not 0 <= e.node < i]
+        if late:
+            problems.append(Problem(node.name, f"input node {late[0].node} does not come before node {i} "
+                                               f"(nodes must be in topological order)"))
+            typed_nodes.append(None)
+            continue
+        if node.is_variable:
+            if node.name in seen:
+                problems.append(Problem(node.name, "variable name used twice"))
+            seen.add(node.name)
+            typed_nodes.append(_variable(node, graph, problems, inputs))
+        else:
+            typed_nodes.append(_op(node, typed_nodes, problems, warnings))
+    variable_names = {n.name for n in graph.nodes if n.is_variable}
+    for name in graph.params:
+        if name not in variable_names:
+            problems.append(Problem(name, "param has no variable of that name in the graph"))
+    if not graph.heads:
+        problems.append(Problem("heads", "the graph has no outputs"))
+    for h in graph.heads:
+        if not 0 <= h.node < len(graph.nodes):
+            problems.append(Problem("heads", f"head {h.node} is not a node"))
+        elif (n := typed_nodes[h.node]) is not None and h.index >= len(n.outputs):
+            problems.append(Problem("heads", f"head {n.name} has no output {h.index}"))
+    if problems:
+        raise ValidationError(problems)
+    return Validated(replace(graph, nodes=list(typed_nodes)), warnings)
