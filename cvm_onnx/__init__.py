@@ -1,2 +1,12 @@
-"""cvm-onnx: CVM integer models to ONNX and back, bit-exact on onnxruntime."""
+"""cvm-onnx: CVM integer models to ONNX and back, bit-exact on onnxruntime.
+
+    import cvm_onnx
+    model = cvm_onnx.load("resnet20-cifar")            # read + validate (symbol, params)
+    onnx_model = cvm_onnx.to_onnx(model.graph)         # one cvm-domain function node per CVM op
+    [y] = cvm_onnx.run_cvm(model.graph, x)             # the reference executor (FORMAL semantics)
+"""
 __version__ = "0.1.0"
+
+from .api import Loaded, convert, load, load_onnx, run_cvm, to_onnx, write_model, write_onnx  # noqa: E402
+
+__all__ = ["Loaded", "convert", "load", "load_onnx", "run_cvm", "to_onnx", "write_model", "write_onnx"]

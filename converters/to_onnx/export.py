@@ -16,13 +16,12 @@ from onnx import TensorProto, helper, numpy_helper
 from cvm_onnx import __version__
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.graph import Entry, Graph, TensorType
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY
 
-from . import broadcast, elemwise, nn, reduce, transform, vision  # noqa: F401  (registers the lowerings)
+from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
 from .bounds import true_precisions
 from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Value, lower
-
-NATIVE_DOMAIN = "cvm.native"
 
 
 def onnx_attr_value(value: Any) -> Any:
@@ -35,9 +34,13 @@ def onnx_attr_value(value: Any) -> Any:
 
 
 def entry_names(graph: Graph) -> dict[Entry, str]:
-    """ONNX tensor name of every entry: the CVM node name, ``name:k`` for output k > 0."""
+    """ONNX tensor name of every entry: the CVM node name, ``name:k`` for output k > 0, ``name:clamped`` for an
+    input after the runtime's clamp (the graph input keeps the plain name)."""
     names = {}
     for i, node in enumerate(graph.nodes):
+        if node.is_variable and node.name not in graph.params:
+            names[Entry(i)] = f"{node.name}:clamped"
+            continue
         for k in range(len(node.outputs)):
             names[Entry(i, k)] = node.name if k == 0 else f"{node.name}:{k}"
     return names
@@ -73,17 +76,17 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
             if node.name in graph.params:
                 initializers.append(numpy_helper.from_array(graph.params[node.name].astype(np.int32), node.name))
             else:
-                raw = f"{node.name}_raw"
-                inputs.append(helper.make_tensor_value_info(raw, TensorProto.INT32, list(t.shape)))
+                inputs.append(helper.make_tensor_value_info(node.name, TensorProto.INT32, list(t.shape)))
                 nodes.append(helper.make_node(
-                    "Clip", [raw, *_scalar_consts(nodes, node.name, -t.bound, t.bound)], [node.name],
+                    "Clip", [node.name, *_scalar_consts(nodes, node.name, -t.bound, t.bound)], [names[Entry(i)]],
                     name=f"{node.name}_clamp",
                     doc_string=f"the runtime clamps its input to precision {t.precision}: |x| <= {t.bound}"))
-                infos.append(value_info(node.name, t))
+                infos.append(value_info(names[Entry(i)], t))
             continue
         op = REGISTRY[node.op]
         a = op.bind(node.attrs)
-        ins = [Value(f"x{k}", TensorType(graph.type_of(e).shape, precs[e])) for k, e in enumerate(node.inputs)]
+        ins = [Value(f"x{k}", TensorType(graph.type_of(e).shape, precs[e]), _param_value(graph, e))
+               for k, e in enumerate(node.inputs)]
         outs = [TensorType(o.shape, precs[Entry(i, k)]) for k, o in enumerate(node.outputs)]
         body, out_names = lower(node.op, a, ins, outs)
         in_names = [names[e] for e in node.inputs]
@@ -137,6 +140,12 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
 
         model = onnx.inliner.inline_local_functions(model)
     return model
+
+
+def _param_value(graph: Graph, e: Entry) -> np.ndarray | None:
+    """The value of ``e`` when it is a param, else None."""
+    node = graph.nodes[e.node]
+    return graph.params.get(node.name) if node.is_variable else None
 
 
 def _scalar_consts(nodes: list[onnx.NodeProto], prefix: str, *values: int) -> list[str]:

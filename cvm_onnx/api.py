@@ -1,0 +1,69 @@
+"""The library's front door: load, validate, convert, run. The CLI is a thin shell over these functions."""
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .converters.to_onnx import to_onnx
+from .errors import FormatError, Problem
+from .executor import execute
+from .format import read_model, write_model
+from .graph import Graph
+from .validate import validate
+
+
+@dataclass
+class Loaded:
+    """A validated CVM model and the portability warnings validation raised."""
+
+    graph: Graph
+    warnings: list[Problem]
+
+
+def load(path: str | os.PathLike, params: str | os.PathLike | None = None) -> Loaded:
+    """Read a CVM model (a directory with ``symbol`` and ``params``, or a symbol file and ``params``) and validate it."""
+    v = validate(read_model(path, params))
+    return Loaded(v.graph, v.warnings)
+
+
+def is_onnx(path: str | os.PathLike) -> bool:
+    return Path(path).suffix == ".onnx"
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    try:
+        return onnx.load(os.fspath(path), load_external_data=False)
+    except Exception as e:  # protobuf raises several unrelated types
+        raise FormatError(f"not an ONNX model: {e}", where=os.fspath(path)) from None
+
+
+def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Write ``model`` atomically: a temp file in the same directory, then a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(model.SerializeToString(deterministic=True))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
+            inline: bool = False) -> None:
+    """CVM model -> ``dst`` (.onnx). Nothing is written when conversion fails."""
+    write_onnx(to_onnx(load(src, params).graph, inline=inline), dst)
+
+
+def run_cvm(graph: Graph, data: np.ndarray) -> list[np.ndarray]:
+    """Run a validated CVM graph on the reference executor; ``data`` is the input (int8 or int32)."""
+    return execute(graph, {"data": data})
+
+
+__all__ = ["Loaded", "load", "load_onnx", "to_onnx", "write_onnx", "convert", "run_cvm", "write_model", "is_onnx"]
