@@ -1,9 +1,143 @@
-"""Elementwise ops: abs, negative, cvm_precision, elemwise_add/sub, clip, cvm_clip, cvm_right_shift, cvm_left_shift."""
+"""Elementwise ops: abs, negative, cvm_precision, elemwise_add/sub, clip, cvm_clip, cvm_right_shift, cvm_left_shift.
+
+Kernels take int32 arrays and compute in int64; casting the result back to int32 wraps exactly as the runtime's
+int32 arithmetic does (e.g. abs/negative of INT32_MIN give INT32_MIN), which inputs within their precision never reach.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-from .registry import Attr, Op, in_range, register, clip_to_precision
+from .registry import Attr, Op, clip_to_precision, in_range, number_precision, register, require
+
+INT32_MAX = (1 << 31) - 1
+
+
+class _Unary(Op):
+    """An attribute-less op on one tensor: output shape and precision are those of the input."""
+
+    family = "elemwise"
+
+
+@register
+class Abs(_Unary):
+    """|x|."""
+
+    name = "abs"
+
+    @staticmethod
+    def kernel(a, x):
+        return np.abs(x.astype(np.int64)).astype(np.int32)
+
+
+@register
+class Negative(_Unary):
+    """-x."""
+
+    name = "negative"
+
+    @staticmethod
+    def kernel(a, x):
+        return (-x.astype(np.int64)).astype(np.int32)
+
+
+@register
+class CvmPrecision(_Unary):
+    """The bit width of each element: the smallest i >= 1 with |x| < 2^i (0, +-1 -> 1; 127 -> 7). Precision 6."""
+
+    name = "cvm_precision"
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return 6
+
+    @staticmethod
+    def kernel(a, x):
+        # frexp(m) = (f, e) with m = f * 2^e, 0.5 <= f < 1: e is the bit length of m, exact for |x| <= 2^31.
+        _, e = np.frexp(np.abs(x.astype(np.int64)).astype(np.float64))
+        return np.maximum(e, 1).astype(np.int32)
+
+
+class _Binary(Op):
+    """elemwise_add/sub: two tensors of identical shape (no broadcasting); precision max(p0, p1) + 1."""
+
+    family = "elemwise"
+    inputs = 2
+
+    @staticmethod
+    def shape(a, lhs, rhs):
+        require(lhs == rhs, f"elemwise inputs must have identical shapes, got {lhs} and {rhs}")
+        return lhs
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return max(precisions) + 1
+
+
+@register
+class ElemwiseAdd(_Binary):
+    """x + y."""
+
+    name = "elemwise_add"
+
+    @staticmethod
+    def kernel(a, x, y):
+        return (x.astype(np.int64) + y).astype(np.int32)
+
+
+@register
+class ElemwiseSub(_Binary):
+    """x - y."""
+
+    name = "elemwise_sub"
+
+    @staticmethod
+    def kernel(a, x, y):
+        return (x.astype(np.int64) - y).astype(np.int32)
+
+
+@register
+class Clip(Op):
+    """max(min(a_max, x), a_min); both bounds in [-(2^31-1), 2^31-1] and a_min < a_max.
+
+    Precision GetNumberPrecision(max(|a_min|, |a_max|)); like the runtime, the a_min < a_max rule is checked
+    by precision inference.
+    """
+
+    name = "clip"
+    family = "elemwise"
+    attrs = (
+        Attr("a_min", "int", check=in_range(-INT32_MAX, INT32_MAX)),
+        Attr("a_max", "int", check=in_range(-INT32_MAX, INT32_MAX)),
+    )
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        require(a.a_min < a.a_max, f"clip needs a_min < a_max, got a_min={a.a_min}, a_max={a.a_max}")
+        return number_precision(max(abs(a.a_min), abs(a.a_max)))
+
+    @staticmethod
+    def kernel(a, x):
+        return np.maximum(np.minimum(x, a.a_max), a.a_min).astype(np.int32)
+
+
+@register
+class CvmClip(Op):
+    """Symmetric clip to +-(2^(p-1)-1); ``is_sign`` is accepted and ignored, as by the runtime's kernels."""
+
+    name = "cvm_clip"
+    family = "elemwise"
+    attrs = (
+        Attr("precision", "int", check=in_range(1, 32)),
+        Attr("is_sign", "bool", True),
+    )
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return a.precision
+
+    @staticmethod
+    def kernel(a, x):
+        return clip_to_precision(x, a.precision)
 
 
 @register
@@ -35,3 +169,34 @@ class CvmRightShift(Op):
         elif a.precision + a.shift_bit >= 32:
             out.append(f"precision+shift_bit={a.precision + a.shift_bit} >= 32: the runtime's CPU device skips the clip")
         return out
+
+
+@register
+class CvmLeftShift(Op):
+    """Left shift, then symmetric clip: clip(x << s, p). Needs p_in + shift_bit <= 32, so x << s fits in int32.
+
+    The shift wraps in int32 before the clip, as the FORMAL kernel's does (only reachable outside the precision).
+    """
+
+    name = "cvm_left_shift"
+    family = "elemwise"
+    attrs = (
+        Attr("precision", "int", check=in_range(1, 32)),
+        Attr("shift_bit", "int", check=in_range(1, 32)),
+        Attr("is_sign", "bool", True),
+    )
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        require(precisions[0] + a.shift_bit <= 32,
+                f"cvm_left_shift needs input precision + shift_bit <= 32, got {precisions[0]} + {a.shift_bit}")
+        return a.precision
+
+    @staticmethod
+    def kernel(a, x):
+        return clip_to_precision((x.astype(np.int64) << a.shift_bit).astype(np.int32), a.precision)
+
+    @staticmethod
+    def warnings(a, shapes, precisions):
+        return ["the runtime's CPU and CUDA cvm_left_shift kernels always fail (ERROR_RUNTIME); "
+                "use broadcast_mul by 2^shift_bit and cvm_clip instead"]

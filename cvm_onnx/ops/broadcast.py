@@ -1,0 +1,117 @@
+"""Broadcasting binary ops: broadcast_add, broadcast_sub, broadcast_mul, broadcast_max, broadcast_div and
+broadcast_greater.
+
+Shapes broadcast as in numpy: right-aligned, missing leading dims count as 1, and each pair of dims must be equal
+or contain a 1. Kernels compute in int64 and cast to int32, which wraps exactly as the runtime's int32 arithmetic.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import Op, Shape, register, require
+
+
+class _Broadcast(Op):
+    """Two inputs broadcast together; precision p0 (Op's default) unless a subclass states its rule."""
+
+    family = "broadcast"
+    inputs = 2
+
+    @staticmethod
+    def shape(a, lhs: Shape, rhs: Shape) -> Shape:
+        n = max(len(lhs), len(rhs))
+        left = (1,) * (n - len(lhs)) + tuple(lhs)
+        right = (1,) * (n - len(rhs)) + tuple(rhs)
+        for i, (l, r) in enumerate(zip(left, right)):
+            require(l == r or l == 1 or r == 1,
+                    f"shapes {lhs} and {rhs} do not broadcast: right-aligned dims {l} and {r} "
+                    f"(axis {i} of the output) must be equal or one of them 1")
+        return tuple(max(l, r) for l, r in zip(left, right))
+
+
+class _Additive(_Broadcast):
+    """Precision max(p0, p1) + 1."""
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return max(precisions) + 1
+
+
+@register
+class BroadcastAdd(_Additive):
+    """x + y."""
+
+    name = "broadcast_add"
+
+    @staticmethod
+    def kernel(a, x, y):
+        return (x.astype(np.int64) + y).astype(np.int32)
+
+
+@register
+class BroadcastSub(_Additive):
+    """x - y."""
+
+    name = "broadcast_sub"
+
+    @staticmethod
+    def kernel(a, x, y):
+        return (x.astype(np.int64) - y).astype(np.int32)
+
+
+@register
+class BroadcastMul(_Broadcast):
+    """x * y; precision p0 + p1."""
+
+    name = "broadcast_mul"
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return precisions[0] + precisions[1]
+
+    @staticmethod
+    def kernel(a, x, y):
+        return (x.astype(np.int64) * y).astype(np.int32)
+
+
+@register
+class BroadcastMax(_Broadcast):
+    """max(x, y); precision max(p0, p1)."""
+
+    name = "broadcast_max"
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return max(precisions)
+
+    @staticmethod
+    def kernel(a, x, y):
+        return np.maximum(x, y).astype(np.int32)
+
+
+@register
+class BroadcastDiv(_Broadcast):
+    """y == 0 ? 0 : x / y with C++ truncation toward zero (-7/2 = -3); precision p0.
+
+    INT32_MIN / -1 (undefined in C++, outside every precision) gives 2^31, which wraps to INT32_MIN.
+    """
+
+    name = "broadcast_div"
+
+    @staticmethod
+    def kernel(a, x, y):
+        x, y = x.astype(np.int64), y.astype(np.int64)
+        safe = np.where(y == 0, 1, y)
+        q = np.abs(x) // np.abs(safe) * (np.sign(x) * np.sign(safe))
+        return np.where(y == 0, 0, q).astype(np.int32)
+
+
+@register
+class BroadcastGreater(_Broadcast):
+    """x > y as 1 or 0; precision p0 (the runtime's rule, although p0 = 1 bounds only 0)."""
+
+    name = "broadcast_greater"
+
+    @staticmethod
+    def kernel(a, x, y):
+        return (x > y).astype(np.int32)
