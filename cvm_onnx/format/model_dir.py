@@ -1,0 +1,91 @@
+"""A CVM model on disk: a directory holding ``symbol`` (the JSON) and ``params`` (the binary), as on chain."""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from ..errors import FormatError, Problem
+from ..graph import Graph
+from .params import read_params, write_params
+from .symbol import read_symbol, write_symbol
+
+SYMBOL = "symbol"
+PARAMS = "params"
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise FormatError("no such file", str(path)) from None
+    except IsADirectoryError:
+        raise FormatError("is a directory, not a file", str(path)) from None
+    except OSError as e:
+        raise FormatError(f"cannot be read: {e.strerror or e}", str(path)) from None
+
+
+def read_model(path: str | os.PathLike, params: str | os.PathLike | None = None) -> Graph:
+    """The graph of a model directory (``symbol`` and ``params``), or of a symbol file and a params file.
+
+    ``params`` overrides the params file of a directory. Raises ``FormatError`` listing the problems of both
+    files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        symbol_path, params_path = path / SYMBOL, Path(params) if params is not None else path / PARAMS
+    elif params is not None:
+        symbol_path, params_path = path, Path(params)
+    elif path.exists():
+        raise FormatError("is a symbol file: give its params file too, or the model directory", str(path))
+    else:
+        raise FormatError("no such model directory or file", str(path))
+    problems: list[Problem] = []
+    graph, values = None, None
+    try:
+        graph = read_symbol(_read_bytes(symbol_path), where=str(symbol_path))
+    except FormatError as e:
+        problems += e.problems
+    try:
+        values = read_params(_read_bytes(params_path), where=str(params_path))
+    except FormatError as e:
+        problems += e.problems
+    if problems:
+        raise FormatError(problems)
+    graph.params = values
+    return graph
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file next to ``path``, then rename it over ``path`` (atomic)."""
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_model(graph: Graph, directory: str | os.PathLike) -> None:
+    """Write ``symbol`` and ``params`` into ``directory`` (created if needed), each file replaced atomically.
+
+    Params are stored as int8 when their variable's precision is <= 8, else int32 (MRT's rule).
+    """
+    directory = Path(directory)
+    precisions = {n.name: n.outputs[0].precision for n in graph.nodes
+                  if n.is_variable and n.outputs and n.name in graph.params}
+    text = write_symbol(graph).encode("utf-8")
+    data = write_params(graph.params, precisions)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _replace(directory / SYMBOL, text)
+        _replace(directory / PARAMS, data)
+    except OSError as e:
+        raise FormatError(f"cannot write the model: {e.strerror or e}", str(directory)) from None
