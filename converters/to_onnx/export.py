@@ -2,11 +2,15 @@
 
 The model: input ``data`` (int32, static shape) clamped to its declared precision as the runtime does, params
 as int32 initializers, each CVM op as a node of domain ``cvm`` calling a function specialised to its attributes
-and shapes (identical bodies shared through one function overload), native custom ops in place, outputs named
-after the CVM heads, value_info with the static shape on every tensor, provenance in metadata_props.
+and shapes (identical bodies share one function overload), native custom ops in place, outputs named after the
+CVM heads, value_info with the static shape and the CVM precision on every tensor, provenance in metadata_props.
+
+The flat form (``inline=True``) puts every body's nodes in the main graph instead, named ``<cvm node>/<k>`` and
+marked with metadata ``cvm.node``, ``cvm.op`` and ``cvm.attrs`` so the CVM graph can still be recovered.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -15,22 +19,22 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cvm_onnx import __version__
 from cvm_onnx.errors import Problem, UnsupportedError
-from cvm_onnx.graph import Entry, Graph, TensorType
+from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.ops import REGISTRY
+from cvm_onnx.ops import REGISTRY, Attrs
 
 from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
 from .bounds import true_precisions
-from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Value, lower
+from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
 
 
-def onnx_attr_value(value: Any) -> Any:
-    """A typed CVM attribute as an ONNX attribute value (bools as 0/1, tuples as ints); None is left out."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, tuple):
-        return [int(v) for v in value]
-    return value
+def onnx_attrs(a: Attrs) -> dict[str, Any]:
+    """Typed CVM attributes as ONNX attribute values: bools as 0/1, tuples as int lists; None is left out."""
+    out = {}
+    for k, v in a.items():
+        if v is not None:
+            out[k] = int(v) if isinstance(v, bool) else [int(i) for i in v] if isinstance(v, tuple) else v
+    return out
 
 
 def entry_names(graph: Graph) -> dict[Entry, str]:
@@ -57,107 +61,118 @@ def unsupported(graph: Graph) -> list[Problem]:
             for n in graph.nodes if not n.is_variable and n.op not in LOWERINGS]
 
 
+class _Exporter:
+    def __init__(self, graph: Graph, inline: bool):
+        self.graph, self.inline = graph, inline
+        self.names = entry_names(graph)
+        self.precs = true_precisions(graph)
+        self.nodes: list[onnx.NodeProto] = []
+        self.functions: dict[bytes, onnx.FunctionProto] = {}
+        self.overloads: dict[str, int] = {}
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.infos: list[onnx.ValueInfoProto] = []
+        self.domains = {"": OPSET}
+
+    def variable(self, i: int, node: Node) -> None:
+        t = node.outputs[0]
+        self.infos.append(value_info(self.names[Entry(i)], t))
+        value = self.graph.params.get(node.name)
+        if value is not None:
+            self.initializers.append(numpy_helper.from_array(value.astype(np.int32), node.name))
+            return
+        self.inputs.append(helper.make_tensor_value_info(node.name, TensorProto.INT32, list(t.shape)))
+        bounds = []
+        for side, v in (("min", -t.bound), ("max", t.bound)):
+            bounds.append(f"{node.name}:{side}")
+            self.nodes.append(helper.make_node("Constant", [], [bounds[-1]], name=bounds[-1],
+                                               value=numpy_helper.from_array(np.array(v, np.int32))))
+        self.nodes.append(helper.make_node(
+            "Clip", [node.name, *bounds], [self.names[Entry(i)]], name=f"{node.name}:clamp",
+            doc_string=f"the runtime clamps its input to precision {t.precision}: |x| <= {t.bound}"))
+
+    def op(self, i: int, node: Node) -> None:
+        g = self.graph
+        a = REGISTRY[node.op].bind(node.attrs)
+        ins = [Value(f"x{k}", TensorType(g.type_of(e).shape, self.precs[e]),
+                     g.params.get(g.nodes[e.node].name) if g.nodes[e.node].is_variable else None)
+               for k, e in enumerate(node.inputs)]
+        outs = [TensorType(o.shape, self.precs[Entry(i, k)]) for k, o in enumerate(node.outputs)]
+        body, body_outs = lower(node.op, a, ins, outs)
+        in_names = [self.names[e] for e in node.inputs]
+        out_names = [self.names[Entry(i, k)] for k in range(len(node.outputs))]
+        self.infos.extend(value_info(n, o) for n, o in zip(out_names, node.outputs))
+        doc = f"CVM {node.op}(" + ", ".join(f"{k}={v}" for k, v in a.items()) + ")"
+        if LOWERINGS[node.op].native:
+            (call,) = body.nodes
+            call.name, call.doc_string = node.name, doc
+            call.input[:], call.output[:] = in_names, out_names
+            self.domains[NATIVE_DOMAIN] = 1
+            self.nodes.append(call)
+        elif self.inline:
+            self.flatten(node, a, body, dict(zip([v.name for v in ins], in_names)) | dict(zip(body_outs, out_names)))
+        else:
+            self.nodes.append(self.call(node, a, ins, body, body_outs, in_names, out_names, doc))
+
+    def call(self, node: Node, a: Attrs, ins: list[Value], body: Body, body_outs: list[str],
+             in_names: list[str], out_names: list[str], doc: str) -> onnx.NodeProto:
+        """A node of domain ``cvm`` calling the function of this body (shared with identical bodies)."""
+        attrs = onnx_attrs(a)
+        fn = helper.make_function(DOMAIN, node.op, [v.name for v in ins], body_outs, body.nodes,
+                                  [helper.make_opsetid("", OPSET)], attributes=list(attrs),
+                                  doc_string=(LOWERINGS[node.op].fn.__doc__ or "").strip())
+        key = fn.SerializeToString(deterministic=True)
+        if key not in self.functions:
+            self.overloads[node.op] = self.overloads.get(node.op, 0) + 1
+            fn.overload = str(self.overloads[node.op])
+            self.functions[key] = fn
+        self.domains[DOMAIN] = 1
+        call = helper.make_node(node.op, in_names, out_names, name=node.name, domain=DOMAIN, doc_string=doc, **attrs)
+        call.overload = self.functions[key].overload
+        return call
+
+    def flatten(self, node: Node, a: Attrs, body: Body, rename: dict[str, str]) -> None:
+        """The body's nodes in the main graph: inner tensors and nodes prefixed by the CVM node name."""
+        marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True)}
+        for k, inner in enumerate(body.nodes):
+            n = onnx.NodeProto()
+            n.CopyFrom(inner)
+            n.name = f"{node.name}/{k}"
+            n.input[:] = [rename.get(t, f"{node.name}/{t}") if t else t for t in inner.input]
+            n.output[:] = [rename.get(t, f"{node.name}/{t}") for t in inner.output]
+            for key, value in marks.items():
+                n.metadata_props.add(key=key, value=value)
+            self.nodes.append(n)
+
+    def heads(self) -> list[onnx.ValueInfoProto]:
+        """Graph outputs named after the heads; a repeated head (or an input) gets its own name via Identity."""
+        outputs, used = [], set()
+        for h in self.graph.heads:
+            name, t = self.names[h], self.graph.type_of(h)
+            if name in used or self.graph.nodes[h.node].is_variable:
+                alias = f"{name}:out{len(outputs)}"
+                self.nodes.append(helper.make_node("Identity", [name], [alias], name=alias))
+                name = alias
+            used.add(name)
+            outputs.append(value_info(name, t))
+        return outputs
+
+    def model(self, source_version: str) -> onnx.ModelProto:
+        for i, node in enumerate(self.graph.nodes):
+            (self.variable if node.is_variable else self.op)(i, node)
+        outputs = self.heads()
+        out_names = {o.name for o in outputs}
+        graph = helper.make_graph(self.nodes, "cvm", self.inputs, outputs, self.initializers,
+                                  value_info=[v for v in self.infos if v.name not in out_names])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.domains.items()],
+                                  functions=list(self.functions.values()), ir_version=IR_VERSION,
+                                  producer_name="cvm-onnx", producer_version=__version__)
+        helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version})
+        return model
+
+
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0") -> onnx.ModelProto:
-    """Export a validated CVM graph. ``inline`` writes the flat form (every function inlined)."""
+    """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes."""
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
-    names = entry_names(graph)
-    precs = true_precisions(graph)
-    nodes: list[onnx.NodeProto] = []
-    functions: dict[bytes, onnx.FunctionProto] = {}
-    overloads: dict[str, int] = {}
-    initializers, inputs = [], []
-    infos = []
-    uses_native = False
-
-    for i, node in enumerate(graph.nodes):
-        t = node.outputs[0]
-        if node.is_variable:
-            if node.name in graph.params:
-                initializers.append(numpy_helper.from_array(graph.params[node.name].astype(np.int32), node.name))
-            else:
-                inputs.append(helper.make_tensor_value_info(node.name, TensorProto.INT32, list(t.shape)))
-                nodes.append(helper.make_node(
-                    "Clip", [node.name, *_scalar_consts(nodes, node.name, -t.bound, t.bound)], [names[Entry(i)]],
-                    name=f"{node.name}_clamp",
-                    doc_string=f"the runtime clamps its input to precision {t.precision}: |x| <= {t.bound}"))
-                infos.append(value_info(names[Entry(i)], t))
-            continue
-        op = REGISTRY[node.op]
-        a = op.bind(node.attrs)
-        ins = [Value(f"x{k}", TensorType(graph.type_of(e).shape, precs[e]), _param_value(graph, e))
-               for k, e in enumerate(node.inputs)]
-        outs = [TensorType(o.shape, precs[Entry(i, k)]) for k, o in enumerate(node.outputs)]
-        body, out_names = lower(node.op, a, ins, outs)
-        in_names = [names[e] for e in node.inputs]
-        my_names = [names[Entry(i, k)] for k in range(len(node.outputs))]
-        infos.extend(value_info(n, o) for n, o in zip(my_names, node.outputs))
-        doc = _node_doc(node.op, a)
-        if LOWERINGS[node.op].native:
-            (native,) = body.nodes
-            native.name = node.name
-            native.input[:] = in_names
-            native.output[:] = my_names
-            native.doc_string = doc
-            nodes.append(native)
-            uses_native = True
-            continue
-        fn = helper.make_function(
-            DOMAIN, node.op, [v.name for v in ins], out_names, body.nodes,
-            [helper.make_opsetid("", OPSET)], attributes=[k for k, v in a.items() if v is not None],
-            doc_string=(LOWERINGS[node.op].fn.__doc__ or "").strip())
-        key = fn.SerializeToString()
-        if key not in functions:
-            overloads[node.op] = overloads.get(node.op, 0) + 1
-            fn.overload = str(overloads[node.op])
-            functions[key] = fn
-        call = helper.make_node(node.op, in_names, my_names, name=node.name, domain=DOMAIN, doc_string=doc,
-                                **{k: onnx_attr_value(v) for k, v in a.items() if v is not None})
-        call.overload = functions[key].overload
-        nodes.append(call)
-
-    outputs = []
-    used: set[str] = set()
-    for h in graph.heads:
-        name, t = names[h], graph.type_of(h)
-        if name in used or graph.nodes[h.node].is_variable:
-            alias = f"{name}_out{len(outputs)}"
-            nodes.append(helper.make_node("Identity", [name], [alias], name=alias))
-            name = alias
-        used.add(name)
-        outputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, list(t.shape)))
-    out_names = {o.name for o in outputs}
-    onnx_graph = helper.make_graph(nodes, "cvm", inputs, outputs, initializers,
-                                   value_info=[v for v in infos if v.name not in out_names])
-    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)]
-    if uses_native:
-        opsets.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
-    model = helper.make_model(onnx_graph, opset_imports=opsets, functions=list(functions.values()),
-                              ir_version=IR_VERSION, producer_name="cvm-onnx", producer_version=__version__)
-    helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version})
-    if inline:
-        import onnx.inliner
-
-        model = onnx.inliner.inline_local_functions(model)
-    return model
-
-
-def _param_value(graph: Graph, e: Entry) -> np.ndarray | None:
-    """The value of ``e`` when it is a param, else None."""
-    node = graph.nodes[e.node]
-    return graph.params.get(node.name) if node.is_variable else None
-
-
-def _scalar_consts(nodes: list[onnx.NodeProto], prefix: str, *values: int) -> list[str]:
-    names = []
-    for k, v in enumerate(values):
-        name = f"{prefix}_{'min' if k == 0 else 'max'}"
-        nodes.append(helper.make_node("Constant", [], [name], name=name,
-                                      value=numpy_helper.from_array(np.array(v, np.int32), name)))
-        names.append(name)
-    return names
-
-
-def _node_doc(op: str, a) -> str:
-    args = ", ".join(f"{k}={v}" for k, v in a.items())
-    return f"CVM {op}({args})"
+    return _Exporter(graph, inline).model(source_version)

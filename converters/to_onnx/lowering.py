@@ -25,10 +25,12 @@ DOMAIN = "cvm"
 
 @dataclass(frozen=True)
 class Value:
-    """A tensor inside a function body: its name and static type (shape, true precision)."""
+    """A tensor inside a function body: its name, static type (shape, true precision) and, when the input is a
+    param, its value (``const``) for lowerings whose exact form depends on it."""
 
     name: str
     type: TensorType
+    const: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
