@@ -12,6 +12,20 @@ from typing import Any, Iterator
 import numpy as np
 
 VARIABLE = "null"
+MAX_NDIM = 6
+MAX_DIM = 1 << 24
+MAX_SIZE = 1 << 30
+
+
+def shape_problem(shape: tuple[int, ...]) -> str | None:
+    """The runtime's limits on every shape (1..6 dims, each in (0, 2^24], size <= 2^30) as a sentence, or None."""
+    if not 1 <= len(shape) <= MAX_NDIM:
+        return f"ndim {len(shape)} is not in 1..{MAX_NDIM}"
+    if any(not 0 < d <= MAX_DIM for d in shape):
+        return f"shape {tuple(shape)}: every dimension must lie in (0, 2^24]"
+    if int(np.prod(shape, dtype=object)) > MAX_SIZE:
+        return f"shape {tuple(shape)}: size exceeds 2^30"
+    return None
 
 
 @dataclass(frozen=True, order=True)

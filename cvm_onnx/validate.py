@@ -11,12 +11,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .errors import Problem, ValidationError
-from .graph import Graph, Node, TensorType
+from .graph import Graph, Node, TensorType, shape_problem
 from .ops import REGISTRY, OpRuleError
 
-MAX_NDIM = 6
-MAX_DIM = 1 << 24
-MAX_SIZE = 1 << 30
 INPUT_NAME = "data"
 
 
@@ -24,17 +21,6 @@ INPUT_NAME = "data"
 class Validated:
     graph: Graph
     warnings: list[Problem]
-
-
-def shape_problem(shape: tuple[int, ...]) -> str | None:
-    """The runtime's limits on every shape: 1..6 dims, each in (0, 2^24], at most 2^30 elements."""
-    if not 1 <= len(shape) <= MAX_NDIM:
-        return f"shape {shape} must have 1 to {MAX_NDIM} dimensions"
-    if any(not 0 < d <= MAX_DIM for d in shape):
-        return f"shape {shape} has a dimension outside (0, 2^24]"
-    if int(np.prod(shape, dtype=np.int64)) > MAX_SIZE:
-        return f"shape {shape} has more than 2^30 elements"
-    return None
 
 
 def _variable(node: Node, graph: Graph, problems: list[Problem], inputs: tuple[str, ...]) -> Node | None:

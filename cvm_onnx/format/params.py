@@ -17,27 +17,14 @@ import struct
 import numpy as np
 
 from ..errors import FormatError, Problem
+from ..graph import MAX_NDIM, shape_problem
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F
-MAX_NDIM = 6
-MAX_DIM = 1 << 24
-MAX_SIZE = 1 << 30
 KDL_CPU = 1
 KDL_INT = 0
 DTYPES = {8: np.dtype(np.int8), 32: np.dtype(np.int32)}
 _ARRAY_HEADER = struct.Struct("<QQiiiBBH")  # magic, reserved, device, ndim, dtype
-
-
-def shape_problem(shape: tuple[int, ...]) -> str | None:
-    """The runtime's shape rule (1..6 dims, each in (0, 2^24], size <= 2^30) as a sentence, or None."""
-    if not 1 <= len(shape) <= MAX_NDIM:
-        return f"ndim {len(shape)} is not in 1..{MAX_NDIM}"
-    if any(not 0 < d <= MAX_DIM for d in shape):
-        return f"shape {tuple(shape)}: every dimension must lie in (0, 2^24]"
-    if int(np.prod(shape, dtype=object)) > MAX_SIZE:
-        return f"shape {tuple(shape)}: size exceeds 2^30"
-    return None
 
 
 class _Cursor:

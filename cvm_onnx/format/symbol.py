@@ -22,8 +22,7 @@ from typing import Any, Callable
 
 from ..attrs import format_value
 from ..errors import FormatError, Problem
-from ..graph import VARIABLE, Entry, Graph, Node, TensorType
-from .params import shape_problem
+from ..graph import VARIABLE, Entry, Graph, Node, TensorType, shape_problem
 
 VERSIONS = ("cvm_1.0.0", "cvm_1.1.0")
 DEFAULT_VERSION = "cvm_1.0.0"
