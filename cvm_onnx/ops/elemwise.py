@@ -168,9 +168,6 @@ class CvmRightShift(Op):
             out.append(f"shift_bit={a.shift_bit} >= 31: the runtime's CPU device returns x >> 31 instead")
         elif a.precision + a.shift_bit >= 32:
             out.append(f"precision+shift_bit={a.precision + a.shift_bit} >= 32: the runtime's CPU device skips the clip")
-        if a.shift_bit == 1 and precisions[0] == 32:
-            out.append("shift_bit=1 on a 32-bit input: x + 1 overflows int32 in the runtime at x = 2^31-1 "
-                       "(undefined in C++); the rounding of the math is followed here")
         return out
 
 
