@@ -127,7 +127,10 @@ class _Exporter:
             fn.overload = str(self.overloads[node.op])
             self.functions[key] = fn
         self.domains[DOMAIN] = 1
-        call = helper.make_node(node.op, in_names, out_names, name=node.name, domain=DOMAIN, doc_string=doc, **attrs)
+        call = helper.make_node(node.op, in_names, out_names, name=node.name, domain=DOMAIN, doc_string=doc)
+        # int lists typed explicitly: an empty one (e.g. transpose axes=()) has no type to infer
+        call.attribute.extend(helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS if isinstance(v, list)
+                                                    else None) for k, v in attrs.items())
         call.overload = self.functions[key].overload
         return call
 
