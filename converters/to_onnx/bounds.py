@@ -1,47 +1,98 @@
-"""True precisions: a bound every value of an entry provably satisfies, for choosing exact lowerings.
+"""Value bounds: for every entry, an integer B with |x| <= B for every value the entry can take.
 
-The runtime's precision labels are bounds for every op but those in ``WIDER``: ``where`` takes the precision of
-its condition while it outputs values of ``x`` and ``y``; a 1-bit (all zero) input to ``broadcast_greater``,
-``get_valid_counts`` or ``non_max_suppression`` still gives 1 or -1. Those get the bound of what they output; every
-other op re-applies its own precision rule to the true input precisions. Where a rule refuses the wider inputs,
-nothing better than 32 bits (any int32) is known. Params get the precision of their largest actual value.
+Lowerings pick exact and fast forms from these bounds (float32 is exact below 2^24, int32 arithmetic cannot
+overflow below 2^31, ...). The runtime's precision labels are not used: ``where`` labels its output with its
+condition's precision, and a 1-bit input to ``broadcast_greater`` still gives 1. Instead each op's bound follows
+from its inputs' bounds and, for params, their actual values (a conv's bound is max over output channels of
+sum|w| * B_x + |bias|). ``ANY`` (2^31) means any int32, INT32_MIN included.
 """
 from __future__ import annotations
+
+from math import prod
+from typing import Callable
 
 import numpy as np
 
 from cvm_onnx.graph import Entry, Graph
-from cvm_onnx.ops import REGISTRY, OpRuleError
-from cvm_onnx.ops.registry import bits
+from cvm_onnx.ops import REGISTRY
+
+ANY = 1 << 31
 
 
-WIDER = {
-    "where": lambda p: [max(p[1], p[2])],
-    "broadcast_greater": lambda p: [max(p[0], 2)],
-    "get_valid_counts": lambda p: [32, max(p[0], 2)],
-    "non_max_suppression": lambda p: [max(p[0], 2)],
+def _magnitude(value: np.ndarray) -> np.ndarray:
+    return np.abs(value.astype(np.int64))
+
+
+def _product_bound(a, x: int, w: int, w_value: np.ndarray | None, b: int, b_value: np.ndarray | None,
+                   per_row: int) -> int:
+    """max over output channels of sum|w_row| * B_x + |bias|: conv2d (rows of C/g*kh*kw) and dense (rows of K)."""
+    if w_value is not None:
+        rows = _magnitude(w_value).reshape(w_value.shape[0], -1).sum(axis=1) * x
+    else:
+        rows = np.full(1, per_row * w * x, np.int64)
+    if a.use_bias:
+        rows = rows + (_magnitude(b_value) if b_value is not None else b)
+    return int(rows.max())
+
+
+def _conv2d(a, shapes, bounds, values):
+    w = shapes[1]
+    return [_product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
+                           values[2] if a.use_bias else None, w[1] * w[2] * w[3])]
+
+
+def _dense(a, shapes, bounds, values):
+    return [_product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
+                           values[2] if a.use_bias else None, shapes[1][1])]
+
+
+def _limit(precision: int) -> int:
+    return (1 << (precision - 1)) - 1
+
+
+Rule = Callable[..., list[int]]
+RULES: dict[str, Rule] = {
+    "conv2d": _conv2d,
+    "dense": _dense,
+    "elemwise_add": lambda a, s, b, v: [b[0] + b[1]],
+    "elemwise_sub": lambda a, s, b, v: [b[0] + b[1]],
+    "broadcast_add": lambda a, s, b, v: [b[0] + b[1]],
+    "broadcast_sub": lambda a, s, b, v: [b[0] + b[1]],
+    "broadcast_mul": lambda a, s, b, v: [b[0] * b[1]],
+    "broadcast_max": lambda a, s, b, v: [max(b)],
+    "broadcast_div": lambda a, s, b, v: [b[0]],
+    "broadcast_greater": lambda a, s, b, v: [1],
+    "cvm_right_shift": lambda a, s, b, v: [min(_limit(a.precision), (b[0] >> a.shift_bit) + 1)],
+    "cvm_left_shift": lambda a, s, b, v: [min(_limit(a.precision), b[0] << a.shift_bit)],
+    "cvm_clip": lambda a, s, b, v: [min(_limit(a.precision), b[0])],
+    "clip": lambda a, s, b, v: [max(abs(a.a_min), abs(a.a_max))],
+    "cvm_precision": lambda a, s, b, v: [32],
+    "sum": lambda a, s, b, v: [b[0] * (prod(s[0]) // prod(REGISTRY["sum"].infer_shapes(a, s)[0]))],
+    "concatenate": lambda a, s, b, v: [max(b)],
+    "where": lambda a, s, b, v: [max(b[1], b[2])],
+    "cvm_lut": lambda a, s, b, v: [b[1]],
+    "get_valid_counts": lambda a, s, b, v: [s[0][1], max(b[0], 1)],
+    "non_max_suppression": lambda a, s, b, v: [max(b[0], 1)],
 }
+"""Ops absent from RULES output values of their first input (relu, abs, negative, max, pooling, data movement)."""
 
 
-def true_precisions(graph: Graph) -> dict[Entry, int]:
+def value_bounds(graph: Graph) -> dict[Entry, int]:
     out: dict[Entry, int] = {}
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             value = graph.params.get(node.name)
-            p = node.outputs[0].precision
-            if value is not None and value.size:
-                p = min(p, bits(int(np.abs(value.astype(np.int64)).max())) + 1)
-            out[Entry(i)] = max(p, 1)
+            out[Entry(i)] = int(_magnitude(value).max(initial=0)) if value is not None else node.outputs[0].bound
             continue
-        ins = [out[e] for e in node.inputs]
-        if node.op in WIDER:
-            precs = WIDER[node.op](ins)
+        bounds = [out[e] for e in node.inputs]
+        rule = RULES.get(node.op)
+        if rule is None:
+            found = [bounds[0]] * len(node.outputs)
         else:
-            op = REGISTRY[node.op]
-            try:
-                precs = op.infer_precisions(op.bind(node.attrs), ins, [graph.type_of(e).shape for e in node.inputs])
-            except OpRuleError:
-                precs = [32] * len(node.outputs)
-        for k, p in enumerate(precs):
-            out[Entry(i, k)] = min(max(p, 1), 32)
+            sources = [graph.nodes[e.node] for e in node.inputs]
+            values = [graph.params.get(s.name) if s.is_variable else None for s in sources]
+            shapes = [graph.type_of(e).shape for e in node.inputs]
+            found = rule(REGISTRY[node.op].bind(node.attrs), shapes, bounds, values)
+        for k, b in enumerate(found):
+            out[Entry(i, k)] = min(int(b), ANY)
     return out

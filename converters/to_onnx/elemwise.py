@@ -6,30 +6,26 @@ from onnx import TensorProto
 
 from .lowering import lowering
 
-INT32_MAX = (1 << 31) - 1
-
-
 def _clip(b, x, bound: int, dtype=np.int32):
     return b.Clip(x, b.const(-bound, dtype), b.const(bound, dtype))
 
 
 @lowering("cvm_right_shift")
 def cvm_right_shift(b, a, x):
-    """Rounding right shift then symmetric clip: floor((x + 2^(s-1)) / 2^s) clipped to +-(2^(p-1)-1).
+    """Rounding right shift then symmetric clip: floor((x + 2^(s-1)) * 2^-s) clipped to +-(2^(p-1)-1).
 
-    ONNX Div truncates and BitShift is unsigned, so the floor is Div(t - Mod(t, 2^s), 2^s) with Mod's
-    non-negative remainder (fmod=0, positive divisor): t - Mod is a multiple of 2^s and the Div is exact. This
-    equals ((x >> (s-1)) + 1) >> 1. Computed in int32 when |x| + 2^(s-1) fits (true precision), else in int64.
+    This equals the runtime's ((x >> (s-1)) + 1) >> 1 (round half up). ONNX Div truncates and BitShift is
+    unsigned, so the floor is taken in floating point, where it is exact: x + 2^(s-1) is an integer below 2^24
+    (float32, chosen when the bound allows) or below 2^33 (float64), scaling by 2^-s only moves the exponent, and
+    Floor of such a value is exact. The clip is left out when the bound already keeps the result inside it.
     """
-    s = a.shift_bit
-    wide = x.bound + (1 << (s - 1)) > INT32_MAX or s >= 31
-    dtype = np.int64 if wide else np.int32
-    t = b.Cast(x, to=TensorProto.INT64) if wide else x.name
-    t = b.Add(t, b.const(1 << (s - 1), dtype))
-    d = b.const(1 << s, dtype)
-    q = b.Div(b.Sub(t, b.Mod(t, d, fmod=0)), d)
-    y = _clip(b, q, (1 << (a.precision - 1)) - 1, dtype)
-    return b.Cast(y, to=TensorProto.INT32) if wide else y
+    s, limit = a.shift_bit, (1 << (a.precision - 1)) - 1
+    top = x.bound + (1 << (s - 1))
+    dtype, to = (np.float32, TensorProto.FLOAT) if top < 1 << 24 else (np.float64, TensorProto.DOUBLE)
+    y = b.Floor(b.Mul(b.Add(b.Cast(x, to=to), b.const(1 << (s - 1), dtype)), b.const(2.0 ** -s, dtype)))
+    if top >> s > limit:
+        y = b.Clip(y, b.const(-limit, dtype), b.const(limit, dtype))
+    return b.Cast(y, to=TensorProto.INT32)
 
 
 @lowering("cvm_clip")

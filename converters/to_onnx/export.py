@@ -24,7 +24,7 @@ from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY, Attrs
 
 from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
-from .bounds import true_precisions
+from .bounds import value_bounds
 from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
 
 
@@ -65,7 +65,7 @@ class _Exporter:
     def __init__(self, graph: Graph, inline: bool):
         self.graph, self.inline = graph, inline
         self.names = entry_names(graph)
-        self.precs = true_precisions(graph)
+        self.bounds = value_bounds(graph)
         self.nodes: list[onnx.NodeProto] = []
         self.functions: dict[bytes, onnx.FunctionProto] = {}
         self.overloads: dict[str, int] = {}
@@ -94,10 +94,10 @@ class _Exporter:
     def op(self, i: int, node: Node) -> None:
         g = self.graph
         a = REGISTRY[node.op].bind(node.attrs)
-        ins = [Value(f"x{k}", TensorType(g.type_of(e).shape, self.precs[e]),
+        ins = [Value(f"x{k}", g.type_of(e).shape, self.bounds[e],
                      g.params.get(g.nodes[e.node].name) if g.nodes[e.node].is_variable else None)
                for k, e in enumerate(node.inputs)]
-        outs = [TensorType(o.shape, self.precs[Entry(i, k)]) for k, o in enumerate(node.outputs)]
+        outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
         body, body_outs = lower(node.op, a, ins, outs)
         in_names = [self.names[e] for e in node.inputs]
         out_names = [self.names[Entry(i, k)] for k in range(len(node.outputs))]

@@ -1,8 +1,8 @@
 """The lowering registry and the function-body builder every lowering writes with.
 
 A lowering turns one CVM op node into the body of a model-local ONNX function (domain ``cvm``): it receives a
-``Body``, the node's typed attributes and one ``Value`` per input (name, shape and *true* precision: a bound
-every value provably satisfies), and returns the name of each output. Bodies are written like onnxscript:
+``Body``, the node's typed attributes and one ``Value`` per input (name, shape, a bound every value provably
+satisfies, see bounds.py), and returns the name of each output. Bodies are written like onnxscript:
 ``b.Add(x, b.const(1))``. A lowering registered with ``native=True`` emits exactly one node of the native
 custom-op library instead, which the exporter places in the main graph as is.
 """
@@ -15,7 +15,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from cvm_onnx.graph import TensorType
 from cvm_onnx.ops import Attrs
 
 OPSET = 21
@@ -25,27 +24,19 @@ DOMAIN = "cvm"
 
 @dataclass(frozen=True)
 class Value:
-    """A tensor inside a function body: its name, static type (shape, true precision) and, when the input is a
-    param, its value (``const``) for lowerings whose exact form depends on it."""
+    """A tensor of a function body: its name, static shape, a proven bound on |x| and, for a param, its value."""
 
     name: str
-    type: TensorType
+    shape: tuple[int, ...]
+    bound: int
     const: np.ndarray | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.type.shape
-
-    @property
-    def bound(self) -> int:
-        return self.type.bound
 
 
 @dataclass
 class Body:
     """The nodes of one function body under construction. ``b.OpType(*inputs, **attrs)`` appends a node."""
 
-    outputs: list[TensorType]
+    outputs: list[Value]
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     _count: int = 0
 
@@ -99,7 +90,7 @@ def lowering(op: str, native: bool = False) -> Callable[[LoweringFn], LoweringFn
     return deco
 
 
-def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[TensorType]) -> tuple[Body, list[str]]:
+def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value]) -> tuple[Body, list[str]]:
     """Run the lowering of ``op``; returns the body and the names of its outputs."""
     b = Body(outputs)
     out = LOWERINGS[op].fn(b, a, *inputs)

@@ -7,6 +7,8 @@ from cvm_onnx.ops.reduce import reduced_axes
 
 from .lowering import lowering
 
+INT32_MAX = (1 << 31) - 1
+
 
 def _finish(b, y):
     return b.Reshape(y, b.const(b.outputs[0].shape))
@@ -16,14 +18,14 @@ def _finish(b, y):
 def sum_(b, a, x):
     """Sum over the reduced axes with int32 wrap-around, as the runtime's int32 accumulator.
 
-    ReduceSum on int32 saturates instead of wrapping, so it serves only when the true output precision
-    is below 32 bits (no partial sum can overflow). Otherwise the reduced axes are moved last and flattened,
+    ReduceSum on int32 saturates instead of wrapping, so it serves only when the output's bound excludes
+    overflow (then no partial sum can overflow either). Otherwise the reduced axes are moved last and flattened,
     and CumSum (which wraps) runs along them; its last element is the sum.
     """
     axes = reduced_axes(a, len(x.shape))
     if not axes:
         return b.Identity(x)
-    if b.outputs[0].precision < 32:
+    if b.outputs[0].bound <= INT32_MAX:
         return _finish(b, b.ReduceSum(x, b.const(list(axes)), keepdims=0))
     kept = [i for i in range(len(x.shape)) if i not in axes]
     rows = int(np.prod([x.shape[i] for i in kept], dtype=np.int64))
