@@ -49,7 +49,7 @@ def parse_tuple(value: Any) -> tuple[int, ...]:
     if not isinstance(value, str):
         raise AttrSyntaxError(f"{value!r} is not an integer tuple")
     text = value.strip()
-    if text[:1] in "([" and text[-1:] in ")]":
+    if text[:1] in ("(", "[") and text[-1:] in (")", "]"):  # (`"" in "(["` is True)
         if (text[0], text[-1]) not in {("(", ")"), ("[", "]")}:
             raise AttrSyntaxError(f"{value!r} has mismatched brackets")
         body = text[1:-1].strip()
