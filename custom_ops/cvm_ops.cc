@@ -1,0 +1,297 @@
+// The cvm.native onnxruntime custom-op library: non_max_suppression, get_valid_counts and cvm_lut on int32
+// tensors, with the CVM runtime's FORMAL semantics (docs/custom_ops.md states them).
+//
+// Built against onnxruntime's lite custom-op API without linking libonnxruntime (ORT_API_MANUAL_INIT): the C API
+// function table comes from the runtime that loads the library through RegisterCustomOps. Every op has a CPU
+// kernel; with CVM_ONNX_WITH_CUDA it also has a CUDAExecutionProvider kernel (cvm_ops_cuda.cu). Inputs are never
+// modified.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_lite_custom_op.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cvm_kernels.h"
+#ifdef CVM_ONNX_WITH_CUDA
+#include "cvm_cuda.h"
+#endif
+
+namespace cvm_onnx {
+
+namespace {
+
+constexpr const char* kDomain = "cvm.native";
+using Int32Tensor = Ort::Custom::Tensor<int32_t>;
+using OpPtr = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
+
+Ort::Status invalid(const char* op, const std::string& message) {
+  return Ort::Status((std::string(op) + ": " + message).c_str(), ORT_INVALID_ARGUMENT);
+}
+
+// Runs a kernel body, turning any exception into an error status (nothing is thrown across the C API).
+template <typename Body>
+Ort::Status guarded(const char* op, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return invalid(op, e.what());
+  }
+}
+
+// -- attributes ------------------------------------------------------------------------------------------------
+bool attr_present(const OrtApi& api, const OrtKernelInfo* info, const char* name) {
+  float f = 0;
+  size_t size = 0;
+  OrtStatus* probes[] = {
+      api.KernelInfoGetAttribute_float(info, name, &f),
+      api.KernelInfoGetAttribute_string(info, name, nullptr, &size),
+      api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size),
+  };
+  bool present = false;
+  for (OrtStatus* status : probes) {
+    present = present || status == nullptr;
+    api.ReleaseStatus(status);
+  }
+  return present;
+}
+
+// An int attribute; absent gives `fallback`, a value of another type (float, string, list) is an error.
+int64_t int_attr(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  const OrtApi& api = Ort::GetApi();
+  int64_t value = 0;
+  OrtStatus* status = api.KernelInfoGetAttribute_int64(info, name, &value);
+  if (status == nullptr) return value;
+  api.ReleaseStatus(status);
+  if (attr_present(api, info, name)) {
+    throw Ort::Exception("attribute " + std::string(name) + " must be an int", ORT_INVALID_ARGUMENT);
+  }
+  return fallback;
+}
+
+NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
+  NmsAttrs a;
+  a.max_output_size = int_attr(info, "max_output_size", a.max_output_size);
+  a.iou_threshold = int_attr(info, "iou_threshold", a.iou_threshold);
+  a.force_suppress = int_attr(info, "force_suppress", 0) != 0;
+  a.top_k = int_attr(info, "top_k", a.top_k);
+  return a;
+}
+
+// -- shape checks: an error message, empty when the inputs are valid --------------------------------------------
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + (shape.size() == 1 ? ",)" : ")");
+}
+
+std::string check_nms(const std::vector<int64_t>& data, const std::vector<int64_t>& valid_count) {
+  if (data.size() != 3 || data[2] != kRow) return "data must have shape (B, N, 6), got " + shape_text(data);
+  if (valid_count.size() != 1 || valid_count[0] != data[0]) {
+    return "valid_count must have shape (B,) = (" + std::to_string(data[0]) + ",), got " + shape_text(valid_count);
+  }
+  return {};
+}
+
+std::string check_valid_counts(const std::vector<int64_t>& data) {
+  if (data.size() != 3 || data[2] < 2) return "data must have shape (B, N, K) with K >= 2, got " + shape_text(data);
+  return {};
+}
+
+std::string check_lut(int64_t table_size) { return table_size > 0 ? std::string{} : "the table is empty"; }
+
+// -- CPU kernels ------------------------------------------------------------------------------------------------
+// One batch of non_max_suppression: x and y are (N, 6) rows. Without force_suppress only kept rows of the
+// candidate's id can suppress it, so kept rows are also listed per id (same result, far fewer IoUs).
+void nms_batch(const int32_t* x, int32_t valid_count, int64_t n, int32_t* y, const NmsAttrs& a) {
+  const int64_t t = std::clamp<int64_t>(valid_count, 0, n);
+  std::vector<int64_t> order(static_cast<size_t>(t));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [x](int64_t i, int64_t j) { return x[i * kRow + kScore] > x[j * kRow + kScore]; });
+  const int64_t p_max = a.top_k >= 0 ? std::min(t, a.top_k) : t;
+  const int64_t n_max = a.max_output_size >= 0 ? std::min(t, a.max_output_size) : t;
+  std::vector<int64_t> all;
+  std::unordered_map<int32_t, std::vector<int64_t>> by_id;
+  int64_t kept = 0;
+  for (int64_t p = 0; p < p_max && kept < n_max; ++p) {
+    const int32_t* cand = x + order[p] * kRow;
+    if (cand[kId] < 0) continue;
+    std::vector<int64_t>& rivals = a.force_suppress ? all : by_id[cand[kId]];
+    const bool dropped = std::any_of(rivals.begin(), rivals.end(), [&](int64_t k) {
+      return suppresses(y + k * kRow, cand, a.force_suppress, a.iou_threshold);
+    });
+    if (dropped) continue;
+    std::copy(cand, cand + kRow, y + kept * kRow);
+    rivals.push_back(kept++);
+  }
+  std::fill(y + kept * kRow, y + n * kRow, -1);
+}
+
+struct NonMaxSuppression {
+  NonMaxSuppression(const OrtApi*, const OrtKernelInfo* info) : attrs(read_nms_attrs(info)) {}
+
+  Ort::Status Compute(const Int32Tensor& data, const Int32Tensor& valid_count, Int32Tensor& out) {
+    return guarded("non_max_suppression", [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      if (std::string err = check_nms(shape, valid_count.Shape()); !err.empty()) {
+        return invalid("non_max_suppression", err);
+      }
+      const int64_t batches = shape[0], n = shape[1];
+      int32_t* y = out.Allocate(shape);
+      for (int64_t b = 0; b < batches; ++b) {
+        nms_batch(data.Data() + b * n * kRow, valid_count.Data()[b], n, y + b * n * kRow, attrs);
+      }
+      return Ort::Status{nullptr};
+    });
+  }
+
+  NmsAttrs attrs;
+};
+
+struct GetValidCounts {
+  GetValidCounts(const OrtApi*, const OrtKernelInfo* info) : score_threshold(int_attr(info, "score_threshold", 0)) {}
+
+  Ort::Status Compute(const Int32Tensor& data, Int32Tensor& valid_count, Int32Tensor& out) {
+    return guarded("get_valid_counts", [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      if (std::string err = check_valid_counts(shape); !err.empty()) return invalid("get_valid_counts", err);
+      const int64_t batches = shape[0], n = shape[1], k = shape[2];
+      int32_t* counts = valid_count.Allocate({batches});
+      int32_t* y = out.Allocate(shape);
+      const int32_t* x = data.Data();
+      for (int64_t b = 0; b < batches; ++b) {
+        int32_t* yb = y + b * n * k;
+        int64_t c = 0;
+        for (const int32_t* row = x + b * n * k; row != x + (b + 1) * n * k; row += k) {
+          if (row[kScore] > score_threshold) std::copy(row, row + k, yb + c++ * k);
+        }
+        counts[b] = static_cast<int32_t>(c);
+        std::fill(yb + c * k, yb + n * k, -1);
+      }
+      return Ort::Status{nullptr};
+    });
+  }
+
+  int64_t score_threshold;
+};
+
+Ort::Status cvm_lut(const Int32Tensor& indices, const Int32Tensor& table, Int32Tensor& out) {
+  return guarded("cvm_lut", [&] {
+    const int64_t size = table.NumberOfElement();
+    if (std::string err = check_lut(size); !err.empty()) return invalid("cvm_lut", err);
+    int32_t* y = out.Allocate(indices.Shape());
+    const int32_t* idx = indices.Data();
+    const int32_t* tab = table.Data();
+    for (int64_t i = 0, count = indices.NumberOfElement(); i < count; ++i) y[i] = tab[lut_index(idx[i], size)];
+    return Ort::Status{nullptr};
+  });
+}
+
+// -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
+#ifdef CVM_ONNX_WITH_CUDA
+Ort::Status launched(const char* op, const char* cuda_error) {
+  return cuda_error ? invalid(op, std::string("CUDA error: ") + cuda_error) : Ort::Status{nullptr};
+}
+
+void* stream_of(OrtKernelContext* ctx) { return Ort::KernelContext(ctx).GetGPUComputeStream(); }
+
+struct NonMaxSuppressionCuda {
+  NonMaxSuppressionCuda(const OrtApi*, const OrtKernelInfo* info) : attrs(read_nms_attrs(info)) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, const Int32Tensor& valid_count,
+                      Int32Tensor& out) {
+    return guarded("non_max_suppression", [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      if (std::string err = check_nms(shape, valid_count.Shape()); !err.empty()) {
+        return invalid("non_max_suppression", err);
+      }
+      int32_t* y = out.Allocate(shape);
+      return launched("non_max_suppression", cuda_non_max_suppression(data.Data(), valid_count.Data(), shape[0],
+                                                                      shape[1], attrs, y, stream_of(ctx)));
+    });
+  }
+
+  NmsAttrs attrs;
+};
+
+struct GetValidCountsCuda {
+  GetValidCountsCuda(const OrtApi*, const OrtKernelInfo* info)
+      : score_threshold(int_attr(info, "score_threshold", 0)) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, Int32Tensor& valid_count, Int32Tensor& out) {
+    return guarded("get_valid_counts", [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      if (std::string err = check_valid_counts(shape); !err.empty()) return invalid("get_valid_counts", err);
+      int32_t* counts = valid_count.Allocate({shape[0]});
+      int32_t* y = out.Allocate(shape);
+      return launched("get_valid_counts", cuda_get_valid_counts(data.Data(), shape[0], shape[1], shape[2],
+                                                                score_threshold, counts, y, stream_of(ctx)));
+    });
+  }
+
+  int64_t score_threshold;
+};
+
+Ort::Status cvm_lut_cuda(OrtKernelContext* ctx, const Int32Tensor& indices, const Int32Tensor& table,
+                         Int32Tensor& out) {
+  return guarded("cvm_lut", [&] {
+    const int64_t size = table.NumberOfElement();
+    if (std::string err = check_lut(size); !err.empty()) return invalid("cvm_lut", err);
+    int32_t* y = out.Allocate(indices.Shape());
+    return launched("cvm_lut", cuda_lut(indices.Data(), indices.NumberOfElement(), table.Data(), size, y,
+                                        stream_of(ctx)));
+  });
+}
+#endif
+
+std::vector<OpPtr> create_ops() {
+  std::vector<OpPtr> ops;
+  const char* cpu = "CPUExecutionProvider";
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression>("non_max_suppression", cpu));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<GetValidCounts>("get_valid_counts", cpu));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut));
+#ifdef CVM_ONNX_WITH_CUDA
+  const char* cuda = "CUDAExecutionProvider";
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<GetValidCountsCuda>("get_valid_counts", cuda));
+  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda));
+#endif
+  return ops;
+}
+
+}  // namespace
+
+}  // namespace cvm_onnx
+
+// The entry point onnxruntime calls from SessionOptions.register_custom_ops_library (the only exported symbol).
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {
+    const OrtApi* oldest = api_base->GetApi(1);
+    const std::string msg = "cvm.native needs onnxruntime C API version " + std::to_string(ORT_API_VERSION) +
+                            " or newer; this onnxruntime is " + api_base->GetVersionString();
+    return oldest ? oldest->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  Ort::InitApi(api);
+  try {
+    // The ops and domains must outlive every session that uses them.
+    static const std::vector<cvm_onnx::OpPtr> ops = cvm_onnx::create_ops();
+    static std::mutex mutex;
+    static std::vector<Ort::CustomOpDomain> domains;
+    Ort::CustomOpDomain domain{cvm_onnx::kDomain};
+    for (const auto& op : ops) domain.Add(op.get());
+    Ort::UnownedSessionOptions{options}.Add(domain);
+    std::lock_guard<std::mutex> lock(mutex);
+    domains.push_back(std::move(domain));
+  } catch (const std::exception& e) {
+    return api->CreateStatus(ORT_FAIL, e.what());
+  }
+  return nullptr;
+}

@@ -1,0 +1,141 @@
+"""The native custom-op library: its ONNX domain, where the built library is, and the ONNX schemas of its ops.
+
+The library (``libcvm_onnx_ops.so``, built from custom_ops/ at install time) owns the ONNX domain ``cvm.native``,
+version 1, with three int32 ops following the CVM runtime's FORMAL semantics (docs/custom_ops.md):
+
+* ``non_max_suppression(data (B, N, 6), valid_count (B,)) -> data-shaped``; attributes max_output_size (-1),
+  iou_threshold (50), force_suppress (0), top_k (-1);
+* ``get_valid_counts(data (B, N, K)) -> valid_count (B,), data-shaped``; attribute score_threshold (0);
+* ``cvm_lut(indices, table) -> indices-shaped``, ``y = table.flat[clip(indices, 0, table.size - 1)]``.
+
+Importing this module registers the ops' schemas with onnx (idempotent), so ``onnx.checker`` (full_check) and
+strict shape inference check and infer through them. The pure-Python fallback is in ``cvm_onnx.fallback``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, TypeProto
+from onnx.defs import OpSchema
+from onnx.shape_inference import InferenceError
+
+DOMAIN = "cvm.native"
+VERSION = 1
+LIBRARY = "libcvm_onnx_ops.so"
+
+#: Attributes of each op with their defaults (all ONNX ints).
+ATTRS: dict[str, dict[str, int]] = {
+    "non_max_suppression": {"max_output_size": -1, "iou_threshold": 50, "force_suppress": 0, "top_k": -1},
+    "get_valid_counts": {"score_threshold": 0},
+    "cvm_lut": {},
+}
+
+
+def library_path() -> str | None:
+    """Path of the built library inside the installed package, or None if the build skipped it."""
+    import cvm_onnx  # its __path__: an editable install spreads the package over sources and built files
+
+    for root in map(Path, cvm_onnx.__path__):
+        if (root / LIBRARY).is_file():
+            return str(root / LIBRARY)
+    return None
+
+
+# -- schemas ------------------------------------------------------------------------------------------------------
+def _dims(t: TypeProto, what: str, rank: int | None = None) -> list | None:
+    """The dims of an int32 tensor type (None if its rank is unknown); checks the type and, if given, the rank."""
+    if t is None or not t.HasField("tensor_type"):
+        raise InferenceError(f"{what} must be a tensor")
+    if t.tensor_type.elem_type not in (TensorProto.UNDEFINED, TensorProto.INT32):
+        raise InferenceError(f"{what} must be int32, got {TensorProto.DataType.Name(t.tensor_type.elem_type)}")
+    if not t.tensor_type.HasField("shape"):
+        return None
+    dims = list(t.tensor_type.shape.dim)
+    if rank is not None and len(dims) != rank:
+        raise InferenceError(f"{what} must be {rank}-D, got rank {len(dims)}")
+    return dims
+
+
+def _known(dim) -> int | None:
+    return dim.dim_value if dim.HasField("dim_value") else None
+
+
+def _int32(dims: list | None) -> TypeProto:
+    t = TypeProto()
+    t.tensor_type.elem_type = TensorProto.INT32
+    if dims is not None:
+        t.tensor_type.shape.SetInParent()
+        for d in dims:
+            t.tensor_type.shape.dim.add().CopyFrom(d)
+    return t
+
+
+def _infer_nms(ctx) -> None:
+    data = _dims(ctx.get_input_type(0), "non_max_suppression data", 3)
+    count = _dims(ctx.get_input_type(1), "non_max_suppression valid_count", 1)
+    if data is not None:
+        if _known(data[2]) not in (None, 6):
+            raise InferenceError(f"non_max_suppression data rows must have 6 values, got {_known(data[2])}")
+        if count is not None and None not in (_known(data[0]), _known(count[0])) and data[0] != count[0]:
+            raise InferenceError(f"non_max_suppression valid_count length {_known(count[0])} must equal the "
+                                 f"batch size {_known(data[0])}")
+    ctx.set_output_type(0, _int32(data))
+
+
+def _infer_valid_counts(ctx) -> None:
+    data = _dims(ctx.get_input_type(0), "get_valid_counts data", 3)
+    if data is not None and _known(data[2]) is not None and _known(data[2]) < 2:
+        raise InferenceError(f"get_valid_counts data rows must have >= 2 values, got {_known(data[2])}")
+    ctx.set_output_type(0, _int32(None if data is None else data[:1]))
+    ctx.set_output_type(1, _int32(data))
+
+
+def _infer_lut(ctx) -> None:
+    indices = _dims(ctx.get_input_type(0), "cvm_lut indices")
+    table = _dims(ctx.get_input_type(1), "cvm_lut table")
+    if table is not None and 0 in [_known(d) for d in table]:
+        raise InferenceError("cvm_lut table must not be empty")
+    ctx.set_output_type(0, _int32(indices))
+
+
+def _schema(name: str, doc: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], infer) -> OpSchema:
+    s = OpSchema(
+        name, DOMAIN, VERSION, doc,
+        inputs=[OpSchema.FormalParameter(n, "T", d) for n, d in inputs],
+        outputs=[OpSchema.FormalParameter(n, "T", d) for n, d in outputs],
+        type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
+        attributes=[OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"int, default {v}")
+                    for a, v in ATTRS[name].items()],
+    )
+    s.set_type_and_shape_inference_function(infer)
+    return s
+
+
+def _schemas() -> list[OpSchema]:
+    return [
+        _schema("non_max_suppression",
+                "Greedy NMS per batch with the CVM runtime's integer IoU percent (FORMAL semantics); rows "
+                "[id, score, x1, y1, x2, y2]; kept rows first, the rest -1.",
+                [("data", "(B, N, 6) rows"), ("valid_count", "(B,) rows to consider per batch")],
+                [("y", "(B, N, 6) kept rows, then -1")], _infer_nms),
+        _schema("get_valid_counts",
+                "Rows with score (column 1) > score_threshold moved to the top in order, the rest -1, and their "
+                "count per batch.",
+                [("data", "(B, N, K) rows, K >= 2")],
+                [("valid_count", "(B,) number of valid rows"), ("y", "(B, N, K) valid rows, then -1")],
+                _infer_valid_counts),
+        _schema("cvm_lut", "Table lookup: y = table.flat[clip(indices, 0, table.size - 1)].",
+                [("indices", "indices, any shape"), ("table", "the table, any shape, not empty")],
+                [("y", "the indices' shape")], _infer_lut),
+    ]
+
+
+def register_schemas() -> None:
+    """Register the ONNX schemas (types, attributes, shape inference) of the cvm.native ops; idempotent."""
+    for s in _schemas():
+        if not onnx.defs.has(s.name, s.since_version, s.domain):
+            onnx.defs.register_schema(s)
+
+
+register_schemas()

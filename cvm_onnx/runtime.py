@@ -1,0 +1,152 @@
+"""The one place that creates onnxruntime sessions: provider choice, the custom-op libraries, exact options.
+
+* Provider: ``"cpu"``, or ``"cuda"`` when onnxruntime reports CUDAExecutionProvider (else ``RuntimeFailure``).
+  Nodes without a CUDA kernel run on the CPU EP, with the CPU kernels' semantics.
+* Custom ops: the native library (domain cvm.native) is registered on every session. When it was not built, a
+  model using it is rewritten to the pure-Python fallback (``cvm_onnx.fallback``) with a warning;
+  ``native=False`` asks for the fallback, ``native=True`` refuses to run without the library.
+* Exactness: the exported graphs compute on integers (or on floats that carry integers, where a lowering proves
+  every sum exact), so no option changes a result by rounding. The optimizer stays fully on: on integer graphs
+  every level gives identical results, and constant folding runs the same CPU kernels as the session.
+  ``use_deterministic_compute`` is set. For CUDA, ``use_tf32=0`` (TF32 would round float inputs to 10 mantissa
+  bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM;
+  a search may pick FFT or Winograd algorithms, which round).
+* Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
+  model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from functools import cache
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from . import fallback
+from .errors import RuntimeFailure
+from .native import library_path
+
+OPSET = 21
+IR_VERSION = 10
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
+
+ModelLike = onnx.ModelProto | bytes | str | os.PathLike
+
+
+@cache
+def check_onnxruntime() -> None:
+    """Raise ``RuntimeFailure`` unless the installed onnxruntime loads opset ``OPSET``, IR ``IR_VERSION`` models."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    try:
+        ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cpu"]])
+    except Exception as e:
+        raise RuntimeFailure(f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version "
+                             f"{IR_VERSION}, which cvm-onnx writes; install onnxruntime >= 1.20 ({e})") from None
+
+
+def _options() -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.use_deterministic_compute = True
+    so.log_severity_level = 3  # errors are raised as exceptions; do not print them twice
+    return so
+
+
+def _providers(provider: str) -> list:
+    if provider not in PROVIDERS:
+        raise RuntimeFailure(f"unknown provider {provider!r} (choose from {', '.join(PROVIDERS)})")
+    if provider == "cpu":
+        return [PROVIDERS["cpu"]]
+    available = ort.get_available_providers()
+    if PROVIDERS["cuda"] not in available:
+        raise RuntimeFailure(f"provider 'cuda' asked for, but onnxruntime {ort.__version__} offers only "
+                             f"{', '.join(available)}; install onnxruntime-gpu (with CUDA and cuDNN) instead of "
+                             f"onnxruntime")
+    return [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]]
+
+
+def _load(model: ModelLike) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, bytes):
+            return onnx.load_from_string(model)
+        return onnx.load(os.fspath(model))
+    except Exception as e:  # protobuf and file errors come in several types
+        raise RuntimeFailure(f"cannot read the ONNX model: {e}") from None
+
+
+def session(model: ModelLike, provider: str = "cpu", native: bool | None = None) -> ort.InferenceSession:
+    """An onnxruntime session for ``model`` (a ModelProto, its bytes or a path) on ``provider`` ("cpu", "cuda").
+
+    ``native``: None = the native library when built, else the fallback with a warning; True = the native library
+    or ``RuntimeFailure``; False = the pure-Python fallback.
+    """
+    check_onnxruntime()
+    proto = _load(model)
+    providers = _providers(provider)
+    so = _options()
+    library = library_path()
+    if library is not None:
+        so.register_custom_ops_library(library)
+    if fallback.uses_native(proto):
+        if native is True and library is None:
+            raise RuntimeFailure("native=True, but the native custom-op library was not built with this install "
+                                 "(see docs/custom_ops.md)")
+        if native is False or library is None:
+            if native is None:
+                warnings.warn("the native custom-op library was not built with this install (see "
+                              "docs/custom_ops.md); the cvm.native ops run through the slow pure-Python fallback",
+                              RuntimeWarning, stacklevel=2)
+            proto = fallback.to_fallback(proto)
+            so.register_custom_ops_library(fallback.library())
+    try:
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=providers)
+    except Exception as e:
+        raise RuntimeFailure(f"onnxruntime refused the model: {e}") from None
+    if provider == "cuda" and PROVIDERS["cuda"] not in sess.get_providers():
+        raise RuntimeFailure(f"onnxruntime could not start CUDAExecutionProvider (the session has "
+                             f"{', '.join(sess.get_providers())}); check the CUDA and cuDNN libraries")
+    return sess
+
+
+def run(model: ModelLike | ort.InferenceSession, inputs: dict[str, np.ndarray], provider: str = "cpu",
+        native: bool | None = None) -> list[np.ndarray]:
+    """Run ``model`` (or an existing session) on ``inputs``; one array per graph output, in order."""
+    sess = model if isinstance(model, ort.InferenceSession) else session(model, provider, native)
+    try:
+        return sess.run(None, inputs)
+    except Exception as e:
+        raise RuntimeFailure(f"onnxruntime failed to run the model: {e}") from None
+
+
+def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",
+              native: bool | None = None) -> tuple[list[str], list[np.ndarray]]:
+    """Run a single-input model on ``data``; returns the output names and values.
+
+    An integer ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads
+    int8 inputs); any other mismatch is a ``RuntimeFailure``.
+    """
+    sess = session(model, provider, native)
+    inputs = sess.get_inputs()
+    if len(inputs) != 1:
+        raise RuntimeFailure(f"the model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
+                             f"run_model feeds exactly one")
+    want = np.dtype(_NUMPY_TYPES.get(inputs[0].type, np.void))
+    if data.dtype != want:
+        if not np.can_cast(data.dtype, want, casting="safe"):
+            raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data")
+        data = data.astype(want)
+    outs = run(sess, {inputs[0].name: data})
+    return [o.name for o in sess.get_outputs()], outs
+
+
+_NUMPY_TYPES = {"tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32,
+                "tensor(int64)": np.int64, "tensor(uint8)": np.uint8, "tensor(float)": np.float32}

@@ -1,0 +1,406 @@
+"""The cvm.native ops: native library == pure-Python fallback == registry reference kernels == loop oracles.
+
+The oracles below are written from the CVM runtime's FORMAL rules (integer IoU percent in int64 with the
+INT64_MAX/100 branch, stable score sort, limits with -1 = none, strict `>` for valid rows, clipped lookups).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from onnx import TensorProto, helper
+from onnx.shape_inference import InferenceError
+
+from cvm_onnx import fallback, ops, runtime
+from cvm_onnx.errors import RuntimeFailure
+from cvm_onnx.native import ATTRS, DOMAIN, library_path, register_schemas
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+P30 = (1 << 29) - 1  # the largest coordinate of the runtime's NMS precision limit (30 bits)
+# The native library on the CPU, the fallback, and the native CUDA kernels where onnxruntime offers CUDA.
+PATHS = ("native", "fallback") + (("cuda",) if "CUDAExecutionProvider" in ort.get_available_providers() else ())
+
+
+# -- oracles --------------------------------------------------------------------------------------------------
+def wrap(v: int, bits: int) -> int:
+    half = 1 << (bits - 1)
+    return (v + half) % (1 << bits) - half
+
+
+def iou_oracle(a: list[int], b: list[int]) -> int:
+    """The runtime's `iou` of corner boxes [x1, y1, x2, y2]: int32 differences, int64 areas, percent."""
+    def area(r):
+        return wrap(r[2] - r[0], 32) * wrap(r[3] - r[1], 32)
+
+    sum_area = wrap(area(a) + area(b), 64)
+    if sum_area <= 0:
+        return 0
+    w = max(0, wrap(min(a[2], b[2]) - max(a[0], b[0]), 32))
+    h = max(0, wrap(min(a[3], b[3]) - max(a[1], b[1]), 32))
+    overlap = w * h
+    tmp = sum_area - overlap
+    if tmp <= 0:
+        return 0
+    if INT64_MAX // 100 < overlap:
+        tmp //= 100
+    else:
+        overlap *= 100
+    return overlap // tmp if tmp else 0
+
+
+def nms_oracle(data, valid_count, max_output_size, iou_threshold, force_suppress, top_k):
+    out = np.full_like(data, -1)
+    n = data.shape[1]
+    for b in range(data.shape[0]):
+        t = min(max(int(valid_count[b]), 0), n)
+        rows = sorted((data[b, i].tolist() for i in range(t)), key=lambda r: -r[1])  # sorted() is stable
+        p_max = t if top_k < 0 else min(t, top_k)
+        n_max = t if max_output_size < 0 else min(t, max_output_size)
+        kept: list[list[int]] = []
+        for row in rows[:p_max]:
+            if len(kept) >= n_max:
+                break
+            if row[0] < 0:
+                continue
+            if any((force_suppress or k[0] == row[0]) and iou_oracle(k[2:], row[2:]) >= iou_threshold
+                   for k in kept):
+                continue
+            kept.append(row)
+        for i, row in enumerate(kept):
+            out[b, i] = row
+    return out
+
+
+def valid_counts_oracle(data, score_threshold):
+    out = np.full_like(data, -1)
+    counts = np.zeros(data.shape[0], np.int32)
+    for b in range(data.shape[0]):
+        for row in data[b]:
+            if row[1] > score_threshold:
+                out[b, counts[b]] = row
+                counts[b] += 1
+    return counts, out
+
+
+def lut_oracle(indices, table):
+    flat = table.reshape(-1).tolist()
+    return np.array([flat[min(max(int(i), 0), len(flat) - 1)] for i in indices.reshape(-1)],
+                    np.int32).reshape(indices.shape)
+
+
+# -- models and the three implementations ---------------------------------------------------------------------
+def single_node(op: str, inputs, outputs, **attrs) -> onnx.ModelProto:
+    """One cvm.native node; inputs/outputs are (name, shape) with int32 elements (shape dims may be names)."""
+    node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain=DOMAIN, **attrs)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in inputs],
+                              [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in outputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", runtime.OPSET),
+                                                   helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=runtime.IR_VERSION)
+
+
+def op_model(op: str, attrs: tuple, ranks: tuple = (1, 1)) -> onnx.ModelProto:
+    if op == "non_max_suppression":
+        return single_node(op, [("data", ["B", "N", 6]), ("valid_count", ["B"])], [("y", ["B", "N", 6])],
+                           **dict(attrs))
+    if op == "get_valid_counts":
+        return single_node(op, [("data", ["B", "N", "K"])], [("valid_count", ["B"]), ("y", ["B", "N", "K"])],
+                           **dict(attrs))
+    dims = [[f"i{k}" for k in range(ranks[0])], [f"t{k}" for k in range(ranks[1])]]
+    return single_node(op, [("indices", dims[0]), ("table", dims[1])], [("y", dims[0])])
+
+
+@lru_cache(maxsize=8)
+def cached_session(path: str, op: str, attrs: tuple, ranks: tuple = (1, 1)):
+    return runtime.session(op_model(op, attrs, ranks), provider="cuda" if path == "cuda" else "cpu",
+                           native=path != "fallback")
+
+
+def run_all(op: str, attrs: dict, xs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Outputs of the native library, the fallback and the registry's reference kernel; inputs unchanged."""
+    before = [x.copy() for x in xs]
+    key = tuple(sorted(attrs.items()))
+    ranks = tuple(x.ndim for x in xs)
+    names = [i.name for i in cached_session("native", op, key, ranks).get_inputs()]
+    results = [runtime.run(cached_session(p, op, key, ranks), dict(zip(names, xs))) for p in PATHS]
+    cls = ops.get(op)
+    typed = {k: bool(v) if k == "force_suppress" else v for k, v in attrs.items()}
+    if op == "cvm_lut":
+        typed["in_dim"] = xs[1].size
+    results.append(cls.run(cls.bind(typed), [x.copy() for x in xs]))
+    for x, b in zip(xs, before):
+        assert np.array_equal(x, b), "an input was modified"
+    return results
+
+
+def assert_all_equal(results, want: list[np.ndarray]) -> None:
+    for who, got in zip(PATHS + ("reference",), results):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == np.int32, (who, g.dtype)
+            assert g.shape == w.shape and np.array_equal(g, w), f"{who} differs:\n{g}\nwant\n{w}"
+
+
+# -- strategies -----------------------------------------------------------------------------------------------
+small = st.integers(0, 12)
+coords = st.one_of(small, small, st.sampled_from([P30, -P30, 0]), st.integers(-P30, P30))
+wild_coords = st.one_of(coords, st.sampled_from([INT32_MIN, INT32_MAX]), st.integers(INT32_MIN, INT32_MAX))
+ids = st.one_of(st.sampled_from([0, 1, 2, -1]), st.sampled_from([INT32_MIN, INT32_MAX]))
+scores = st.one_of(st.sampled_from([-3, 0, 5, 5, 9]), st.integers(INT32_MIN, INT32_MAX))
+limits = st.one_of(st.sampled_from([-1, 0, 1, 2, 3]), st.integers(-3, 14))
+
+
+@st.composite
+def nms_cases(draw, coordinate=coords):
+    b, n = draw(st.integers(1, 3)), draw(st.integers(0, 10))
+    data = np.concatenate([draw(hnp.arrays(np.int32, (b, n, 1), elements=ids)),
+                           draw(hnp.arrays(np.int32, (b, n, 1), elements=scores)),
+                           draw(hnp.arrays(np.int32, (b, n, 4), elements=coordinate))], axis=2)
+    valid_count = draw(hnp.arrays(np.int32, (b,), elements=st.integers(-2, n + 2)))
+    if n >= 2:  # thresholds at and around the IoU of the first two boxes
+        near = iou_oracle(data[0, 0, 2:].tolist(), data[0, 1, 2:].tolist()) + draw(st.sampled_from([-1, 0, 1]))
+        threshold = draw(st.sampled_from([max(near, 1), 1, 50, 68, 69, 100]))
+    else:
+        threshold = draw(st.sampled_from([1, 50, 100]))
+    attrs = {"max_output_size": draw(limits), "iou_threshold": threshold,
+             "force_suppress": draw(st.sampled_from([0, 1])), "top_k": draw(limits)}
+    return data, valid_count, attrs
+
+
+@settings(max_examples=100, deadline=None)
+@given(nms_cases())
+def test_nms_exact(case):
+    data, valid_count, attrs = case
+    results = run_all("non_max_suppression", attrs, [data, valid_count])
+    assert_all_equal(results, [nms_oracle(data, valid_count, **attrs)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(nms_cases(coordinate=wild_coords))
+def test_nms_exact_beyond_precision_30(case):
+    """Coordinates over the whole int32 range: every implementation wraps the int32 differences alike."""
+    data, valid_count, attrs = case
+    with np.errstate(divide="ignore"):  # the reference's division by a zero divisor gives 0, as the oracle
+        results = run_all("non_max_suppression", attrs, [data, valid_count])
+    assert_all_equal(results, [nms_oracle(data, valid_count, **attrs)])
+
+
+def nms_rows(rows, **attrs):
+    data = np.array([rows], np.int32)
+    return run_all("non_max_suppression", {**ATTRS["non_max_suppression"], **attrs},
+                   [data, np.array([len(rows)], np.int32)])
+
+
+@pytest.mark.parametrize("threshold, kept", [(68, 1), (69, 2)])
+def test_nms_verified_iou_68(threshold, kept):
+    """Two 10x10 boxes offset by 1: IoU = 8100 // 119 = 68 (verified on the runtime): 68 suppresses, 69 keeps."""
+    rows = [[0, 9, 0, 0, 10, 10], [0, 8, 1, 1, 11, 11]]
+    want = np.full((1, 2, 6), -1, np.int32)
+    want[0, :kept] = rows[:kept]
+    assert_all_equal(nms_rows(rows, iou_threshold=threshold), [want])
+
+
+@pytest.mark.parametrize("threshold, kept", [(50, 1), (51, 2)])
+def test_nms_iou_large_boxes_branch(threshold, kept):
+    """overlap > INT64_MAX/100: the runtime divides the union by 100 first.
+
+    A = Q x Q and B = (Q-1) x (2Q-1) share a corner: overlap o = Q(Q-1), union u = 2Q^2 - 2Q + 1, and
+    100*o = 50*u - 50, so the exact percent is 49; u = 1 (mod 100) makes the runtime's o // (u // 100) exactly 50.
+    """
+    q, c = 400_000_000, -P30
+    rows = [[0, 9, c, c, c + q, c + q], [0, 8, c, c, c + q - 1, c + 2 * q - 1]]
+    assert iou_oracle(rows[0][2:], rows[1][2:]) == 50
+    want = np.full((1, 2, 6), -1, np.int32)
+    want[0, :kept] = rows[:kept]
+    assert_all_equal(nms_rows(rows, iou_threshold=threshold), [want])
+
+
+def test_nms_ties_keep_input_order_and_skip_negative_ids():
+    rows = [[1, 5, 0, 0, 1, 1], [-1, 9, 0, 0, 1, 1], [2, 5, 5, 5, 6, 6], [1, 5, 0, 0, 1, 1], [3, 7, 9, 9, 10, 10]]
+    want = np.array([[[3, 7, 9, 9, 10, 10], [1, 5, 0, 0, 1, 1], [2, 5, 5, 5, 6, 6]] + [[-1] * 6] * 2], np.int32)
+    assert_all_equal(nms_rows(rows), [want])
+
+
+@st.composite
+def valid_counts_cases(draw):
+    b, n, k = draw(st.integers(1, 3)), draw(st.integers(0, 8)), draw(st.integers(2, 7))
+    threshold = draw(st.one_of(st.integers(-5, 5), st.sampled_from([INT32_MIN, INT32_MAX - 1])))
+    near = st.sampled_from([threshold - 1, threshold, threshold + 1]).map(lambda v: min(max(v, INT32_MIN), INT32_MAX))
+    cell = st.one_of(st.integers(-9, 9), st.sampled_from([INT32_MIN, INT32_MAX]))
+    data = draw(hnp.arrays(np.int32, (b, n, k), elements=cell))
+    data[:, :, 1] = draw(hnp.arrays(np.int32, (b, n), elements=st.one_of(near, cell)))
+    return data, {"score_threshold": threshold}
+
+
+@settings(max_examples=80, deadline=None)
+@given(valid_counts_cases())
+def test_get_valid_counts_exact(case):
+    data, attrs = case
+    results = run_all("get_valid_counts", attrs, [data])
+    assert_all_equal(results, list(valid_counts_oracle(data, attrs["score_threshold"])))
+
+
+def test_get_valid_counts_threshold_is_strict():
+    data = np.array([[[0, 4, 1], [1, 5, 2], [2, 6, 3]], [[3, 5, 4], [4, 5, 5], [5, 5, 6]]], np.int32)
+    want_count = np.array([1, 0], np.int32)
+    want = np.full_like(data, -1)
+    want[0, 0] = [2, 6, 3]
+    assert_all_equal(run_all("get_valid_counts", {"score_threshold": 5}, [data]), [want_count, want])
+
+
+@st.composite
+def lut_cases(draw):
+    table_shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=2)))
+    size = int(np.prod(table_shape))
+    table = draw(hnp.arrays(np.int32, table_shape, elements=st.integers(INT32_MIN, INT32_MAX)))
+    shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+    index = st.one_of(st.integers(-3, size + 3), st.sampled_from([INT32_MIN, INT32_MAX, -1, size, size - 1]))
+    return draw(hnp.arrays(np.int32, shape, elements=index)), table
+
+
+@settings(max_examples=80, deadline=None)
+@given(lut_cases())
+def test_cvm_lut_exact(case):
+    indices, table = case
+    assert_all_equal(run_all("cvm_lut", {}, [indices, table]), [lut_oracle(indices, table)])
+
+
+def test_cvm_lut_verified_example():
+    """Notes: indices [-3, 0, 2, 9] into [10, 20, 30, 40] give [10, 10, 30, 40]."""
+    got = run_all("cvm_lut", {}, [np.array([-3, 0, 2, 9], np.int32), np.array([10, 20, 30, 40], np.int32)])
+    assert_all_equal(got, [np.array([10, 10, 30, 40], np.int32)])
+
+
+# -- which implementation runs ----------------------------------------------------------------------------------
+NMS_MODEL = op_model("non_max_suppression", ())
+NMS_FEEDS = {"data": np.array([[[0, 9, 0, 0, 10, 10], [0, 8, 1, 1, 11, 11]]], np.int32),
+             "valid_count": np.array([2], np.int32)}
+
+
+def test_native_library_runs_in_the_normal_install(monkeypatch):
+    """The install built the library, and sessions run cvm.native nodes with it, never touching the fallback."""
+    assert library_path() is not None, "the native custom-op library was not built"
+
+    def no_fallback(*args):
+        raise AssertionError("the fallback was used")
+
+    monkeypatch.setattr(fallback, "library", no_fallback)
+    monkeypatch.setattr(fallback, "to_fallback", no_fallback)
+    [y] = runtime.run(NMS_MODEL, NMS_FEEDS)
+    assert np.array_equal(y[0, 0], NMS_FEEDS["data"][0, 0]) and (y[0, 1] == -1).all()  # IoU 68 >= 50
+    any_rows = single_node("non_max_suppression", [("data", ["B", "N", "K"]), ("valid_count", ["B"])],
+                           [("y", ["B", "N", "K"])])
+    with pytest.raises(RuntimeFailure, match=r"non_max_suppression: data must have shape \(B, N, 6\), got \(1, 2, 5\)"):
+        runtime.run(any_rows, {**NMS_FEEDS, "data": NMS_FEEDS["data"][:, :, :5].copy()})  # the C++ kernel's check
+
+
+def test_missing_library_falls_back_with_a_warning(monkeypatch):
+    monkeypatch.setattr(runtime, "library_path", lambda: None)
+    with pytest.warns(RuntimeWarning, match="fallback"):
+        sess = runtime.session(NMS_MODEL)
+    [y] = runtime.run(sess, NMS_FEEDS)
+    assert np.array_equal(y[0, 0], NMS_FEEDS["data"][0, 0]) and (y[0, 1] == -1).all()
+    with pytest.raises(RuntimeFailure, match="not built"):
+        runtime.session(NMS_MODEL, native=True)
+
+
+def test_fallback_rewrite_writes_every_attribute():
+    model = fallback.to_fallback(op_model("non_max_suppression", (("top_k", 3),)))
+    [node] = model.graph.node
+    assert (node.domain, node.op_type) == (fallback.DOMAIN, "CvmNonMaxSuppression")
+    assert {a.name: a.i for a in node.attribute} == {**ATTRS["non_max_suppression"], "top_k": 3}
+    assert {o.domain for o in model.opset_import} == {"", fallback.DOMAIN}
+    assert not fallback.uses_native(model)
+    bad = op_model("non_max_suppression", (("top_k", 3),))
+    bad.graph.node[0].op_type = "nms"
+    with pytest.raises(RuntimeFailure, match="unknown op"):
+        fallback.to_fallback(bad)
+
+
+def test_native_rejects_a_float_attribute():
+    model = single_node("non_max_suppression", [("data", [1, 2, 6]), ("valid_count", [1])], [("y", [1, 2, 6])],
+                        iou_threshold=0.5)
+    with pytest.raises(RuntimeFailure, match="iou_threshold must be an int"):
+        runtime.session(model, native=True)
+
+
+def test_cuda_needs_the_cuda_provider():
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(RuntimeFailure, match="onnxruntime-gpu"):
+        runtime.session(NMS_MODEL, provider="cuda")
+
+
+def test_onnxruntime_loads_the_chosen_opset_and_ir_version():
+    runtime.check_onnxruntime()
+    assert (runtime.OPSET, runtime.IR_VERSION) == (21, 10)
+
+
+# -- schemas: checker and strict shape inference ----------------------------------------------------------------
+def infer(model: onnx.ModelProto) -> dict[str, list[int]]:
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+
+
+def with_unknown_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same model with output shapes erased, so inference has to produce them."""
+    for o in model.graph.output:
+        o.type.tensor_type.ClearField("shape")
+    return model
+
+
+def test_schemas_check_and_infer_shapes():
+    register_schemas()  # idempotent: already registered at import
+    nms = single_node("non_max_suppression", [("data", [2, 7, 6]), ("valid_count", [2])], [("y", [2, 7, 6])],
+                      max_output_size=3, iou_threshold=40, force_suppress=1, top_k=5)
+    assert infer(nms)["y"] == [2, 7, 6]
+    gvc = single_node("get_valid_counts", [("data", [3, 4, 5])], [("c", [3]), ("y", [3, 4, 5])], score_threshold=2)
+    assert infer(gvc) == {"c": [3], "y": [3, 4, 5]}
+    lut = single_node("cvm_lut", [("indices", [2, 3]), ("table", [256])], [("y", [2, 3])])
+    assert infer(lut)["y"] == [2, 3]
+    for model in (nms, gvc, lut):
+        inferred = onnx.shape_inference.infer_shapes(with_unknown_outputs(model), strict_mode=True)
+        for out in inferred.graph.output:
+            assert out.type.tensor_type.elem_type == TensorProto.INT32
+
+
+@pytest.mark.parametrize("model, error", [
+    (single_node("non_max_suppression", [("data", [1, 4, 5]), ("valid_count", [1])], [("y", [1, 4, 5])]),
+     "6 values"),
+    (single_node("non_max_suppression", [("data", [2, 4, 6]), ("valid_count", [3])], [("y", [2, 4, 6])]),
+     "batch size"),
+    (single_node("get_valid_counts", [("data", [1, 4])], [("c", [1]), ("y", [1, 4])]), "3-D"),
+    (single_node("cvm_lut", [("indices", [3]), ("table", [0])], [("y", [3])]), "empty"),
+])
+def test_schemas_reject_bad_shapes(model, error):
+    with pytest.raises((InferenceError, onnx.checker.ValidationError), match=error):
+        infer(model)
+
+
+@pytest.mark.parametrize("attrs, error", [({"iou_threshold": 0.5}, "Mismatched attribute type"),
+                                          ({"coord_start": 2}, "Unrecognized attribute")])
+def test_schemas_reject_bad_attributes(attrs, error):
+    model = single_node("non_max_suppression", [("data", [1, 4, 6]), ("valid_count", [1])], [("y", [1, 4, 6])],
+                        **attrs)
+    with pytest.raises(onnx.checker.ValidationError, match=error):
+        onnx.checker.check_model(model, full_check=True)
+
+
+def test_schemas_reject_int64():
+    node = helper.make_node("cvm_lut", ["i", "t"], ["y"], domain=DOMAIN)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("i", TensorProto.INT64, [2]),
+                                            helper.make_tensor_value_info("t", TensorProto.INT32, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=10)
+    with pytest.raises((InferenceError, onnx.checker.ValidationError)):
+        infer(model)
