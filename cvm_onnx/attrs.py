@@ -2,7 +2,8 @@
 
 Values in ``op_attrs`` are strings: ints ``"3"``, bools ``"True"``/``"false"``/``"1"``, tuples ``"(1, 1)"``,
 ``"[1, 1]"`` or a bare ``"1"`` (an ``L`` suffix is tolerated), optional ints ``"None"``, enum names as-is.
-Typed values in Python: ``int``, ``bool``, ``tuple[int, ...]``, ``None`` and ``str``.
+Typed values in Python: ``int``, ``bool``, ``tuple[int, ...]``, ``None`` and ``str``. Ints must fit an int32 and
+tuple items an int64, the types the runtime reads them into.
 """
 from __future__ import annotations
 
@@ -17,20 +18,36 @@ class AttrSyntaxError(ValueError):
     """A string that is not a value of the requested kind."""
 
 
-def _to_int(text: str) -> int:
+def _in_range(value: int, bits: int, given: Any) -> int:
+    """``value`` if an int of ``bits`` bits holds it (the runtime's istream read fails beyond)."""
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if not lo <= value <= hi:
+        raise AttrSyntaxError(f"{given!r:.60} must lie in [{lo}, {hi}] (an int{bits} as the runtime reads it)")
+    return value
+
+
+def _to_int(text: str, bits: int) -> int:
     if not _INT.match(text):
-        raise AttrSyntaxError(f"{text!r} is not an integer")
-    return int(text.strip().rstrip("L"))
+        raise AttrSyntaxError(f"{text!r:.60} is not an integer")
+    digits = text.strip().rstrip("L")
+    # over 19 significant digits is beyond int64 (and int() refuses over 4300)
+    value = int(digits) if len(digits.lstrip("+-").lstrip("0")) <= 19 else 1 << 63
+    return _in_range(value, bits, text)
 
 
-def parse_int(value: Any) -> int:
+def _int(value: Any, bits: int) -> int:
     if isinstance(value, bool):
         raise AttrSyntaxError(f"{value!r} is a bool, not an integer")
     if isinstance(value, int):
-        return value
+        return _in_range(value, bits, value)
     if isinstance(value, str):
-        return _to_int(value)
+        return _to_int(value, bits)
     raise AttrSyntaxError(f"{value!r} is not an integer")
+
+
+def parse_int(value: Any) -> int:
+    """An ``int`` attribute: the runtime's fields are int32."""
+    return _int(value, 32)
 
 
 def parse_bool(value: Any) -> bool:
@@ -43,9 +60,9 @@ def parse_bool(value: Any) -> bool:
 
 def parse_tuple(value: Any) -> tuple[int, ...]:
     if isinstance(value, (tuple, list)):
-        return tuple(parse_int(v) for v in value)
+        return tuple(_int(v, 64) for v in value)
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
+        return (_int(value, 64),)
     if not isinstance(value, str):
         raise AttrSyntaxError(f"{value!r} is not an integer tuple")
     text = value.strip()
@@ -58,8 +75,8 @@ def parse_tuple(value: Any) -> tuple[int, ...]:
         items = [t for t in body.split(",")]
         if items[-1].strip() == "":  # "(1,)"
             items = items[:-1]
-        return tuple(_to_int(t) for t in items)
-    return (_to_int(text),)
+        return tuple(_to_int(t, 64) for t in items)  # TShape items are int64
+    return (_to_int(text, 64),)
 
 
 def parse_optional_int(value: Any) -> int | None:

@@ -9,6 +9,7 @@ import pytest
 
 from cvm_onnx.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.errors import ValidationError
 
 
@@ -23,3 +24,33 @@ def test_empty_tuple_attribute_is_a_validation_error():
     with pytest.raises(ValidationError) as info:
         b.build(x)
     assert [str(p) for p in info.value.problems] == ["pool: max_pool2d: attribute pool_size='': '' is not an integer"]
+
+
+def vision_graph(**attrs):
+    b = GraphBuilder()
+    counts, rows = b.op("get_valid_counts", b.input("data", (1, 5, 6), 8), name="gvc", **attrs)
+    return b.build(counts, rows)
+
+
+@pytest.mark.parametrize("value", [str(1 << 31), str(-(1 << 31) - 1), str(1 << 64), "9" * 5000, 1 << 31],
+                         ids=["2^31", "-2^31-1", "2^64", "5000 digits", "typed 2^31"])
+def test_int_attributes_beyond_int32_are_validation_errors(value):
+    """The runtime reads int attributes into an int32 (istream >> int fails beyond). 2^64 passed validation and
+    crashed the exporter (ValueError from onnx.helper); 5000 digits crashed Python's int() (ValueError)."""
+    with pytest.raises(ValidationError) as info:
+        vision_graph(score_threshold=value)
+    [problem] = info.value.problems
+    assert problem.where == "gvc" and "score_threshold" in problem.rule and "int32" in problem.rule
+
+
+def test_int_attributes_at_the_int32_edges_export():
+    for value in ((1 << 31) - 1, -(1 << 31)):
+        to_onnx(vision_graph(score_threshold=str(value)))
+
+
+def test_tuple_items_beyond_int64_are_syntax_errors():
+    """Tuple items are read into int64 (TShape); 5000 digits crashed Python's int() (ValueError)."""
+    assert parse_tuple(f"({(1 << 63) - 1}, {-(1 << 63)})") == ((1 << 63) - 1, -(1 << 63))
+    for text in (f"({1 << 63},)", f"[{-(1 << 63) - 1}]", "9" * 5000, f"(1, {'9' * 5000})"):
+        with pytest.raises(AttrSyntaxError, match="int64"):
+            parse_tuple(text)
