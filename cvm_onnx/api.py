@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .converters.from_onnx import from_onnx
 from .converters.to_onnx import to_onnx
-from .errors import FormatError, Problem
+from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import read_model, write_model
 from .graph import Graph
@@ -55,10 +56,23 @@ def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
         raise
 
 
+def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
+    """Read an .onnx file (external data from its directory) and import it as a validated CVM graph."""
+    return from_onnx(load_onnx(path), input_precision, base_dir=Path(path).parent)
+
+
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
-            inline: bool = False) -> None:
-    """CVM model -> ``dst`` (.onnx). Nothing is written when conversion fails."""
-    write_onnx(to_onnx(load(src, params).graph, inline=inline), dst)
+            inline: bool = False, input_precision: int = 8) -> None:
+    """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
+    the bits of its input). Nothing is written when conversion fails."""
+    if not is_onnx(src):
+        write_onnx(to_onnx(load(src, params).graph, inline=inline), dst)
+        return
+    graph = import_onnx(src, input_precision)
+    if len(graph.inputs) != 1:
+        names = ", ".join(graph.nodes[i].name for i in graph.inputs)
+        raise UnsupportedError(f"the CVM runtime takes exactly one input, data; this model has {names}", where=str(src))
+    write_model(validate(graph).graph, dst)
 
 
 def run_cvm(graph: Graph, data: np.ndarray) -> list[np.ndarray]:
@@ -66,4 +80,5 @@ def run_cvm(graph: Graph, data: np.ndarray) -> list[np.ndarray]:
     return execute(graph, {"data": data})
 
 
-__all__ = ["Loaded", "load", "load_onnx", "to_onnx", "write_onnx", "convert", "run_cvm", "write_model", "is_onnx"]
+__all__ = ["Loaded", "load", "load_onnx", "to_onnx", "from_onnx", "import_onnx", "write_onnx", "convert", "run_cvm",
+           "write_model", "is_onnx"]

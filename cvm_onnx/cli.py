@@ -63,7 +63,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_convert(args) -> int:
-    api.convert(args.source, args.output, params=args.params, inline=args.inline)
+    api.convert(args.source, args.output, params=args.params, inline=args.inline,
+                input_precision=args.input_precision)
     print(f"wrote {args.output}")
     return 0
 
@@ -102,11 +103,15 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help=".npy holding the input data (int8 or int32)")
     r.add_argument("--output", required=True, help=".npz to write, one int32 array per output in order")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
-    c = sub.add_parser("convert", help="convert a CVM model to ONNX")
-    c.add_argument("source", help="CVM model directory, or a symbol file with --params")
-    c.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM")
+    c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")
+    c.add_argument("-o", "--output", required=True,
+                   help="the .onnx file to write, or for an .onnx source the CVM model directory")
     c.add_argument("--params", help="params file when SOURCE is a symbol file")
     c.add_argument("--inline", action="store_true", help="write the flat form, every function inlined")
+    c.add_argument("--input-precision", type=int, default=8, metavar="N",
+                   help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
+                        "its input to them)")
     c.set_defaults(fn=cmd_convert)
     return p
 

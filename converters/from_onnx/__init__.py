@@ -1,0 +1,10 @@
+"""ONNX -> CVM: ``from_onnx`` imports an ONNX model as a validated CVM graph computing the same values.
+
+Models written by the exporter (function form, flat form, native ops) come back exactly as the CVM graph they
+came from; standard integer ONNX graphs are imported op by op (one rule per ONNX op type, by family: elemwise,
+nn, transform, reduce) where an exact CVM form exists. See docs/import.md.
+"""
+from .importer import from_onnx
+from .registry import RULES, Refuse, rule
+
+__all__ = ["from_onnx", "RULES", "Refuse", "rule"]

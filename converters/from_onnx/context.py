@@ -1,0 +1,306 @@
+"""The import context: ONNX tensors as CVM entries or constants, each with a proven interval of values.
+
+Every ONNX tensor becomes a ``Tensor``: its ONNX element type and shape, an interval [lo, hi] holding every value
+it can take, and either its value (initializers, Constant nodes, folded shape arithmetic) or the CVM entry that
+computes it. Two kinds of bound are kept apart:
+
+* the interval decides exactness: an ONNX integer op wraps in its element type and float32 rounds beyond 2^24,
+  while CVM computes exactly in int32, so a CVM form is exact when the interval proves the ONNX result is
+  neither wrapped nor rounded, and fits 32 bits;
+* the CVM precision (the label the runtime re-infers from its rules) decides validity: conv2d/dense inputs need
+  <= 8 bits, every entry <= 32 bits. Where the interval proves a tighter bound than the label, a ``cvm_clip`` to
+  that bound (an identity on every value the tensor can take) lowers the label.
+
+A CVM scalar does not exist: a 0-d ONNX tensor is the CVM shape (1,), which broadcasts the same way.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto
+
+from cvm_onnx.converters.to_onnx.bounds import ANY, RULES as BOUND_RULES
+from cvm_onnx.graph import VARIABLE, Entry, Node, TensorType
+from cvm_onnx.ops import REGISTRY, OpRuleError
+from cvm_onnx.ops.registry import bits
+from cvm_onnx.validate import shape_problem
+
+from .registry import Refuse
+
+INT32_MAX = (1 << 31) - 1
+INT_RANGES = {
+    TensorProto.BOOL: (0, 1),
+    TensorProto.INT8: (-(1 << 7), (1 << 7) - 1), TensorProto.UINT8: (0, (1 << 8) - 1),
+    TensorProto.INT16: (-(1 << 15), (1 << 15) - 1), TensorProto.UINT16: (0, (1 << 16) - 1),
+    TensorProto.INT32: (-(1 << 31), (1 << 31) - 1), TensorProto.UINT32: (0, (1 << 32) - 1),
+    TensorProto.INT64: (-(1 << 63), (1 << 63) - 1), TensorProto.UINT64: (0, (1 << 64) - 1),
+}
+#: Float types carry integers exactly up to this magnitude (24 and 53 bits of mantissa).
+FLOAT_EXACT = {TensorProto.FLOAT: 1 << 24, TensorProto.DOUBLE: 1 << 53}
+
+
+def bound(p: int) -> int:
+    """Largest magnitude of precision p: 2^(p-1)-1."""
+    return (1 << (p - 1)) - 1
+
+
+def tight(peak: int) -> int:
+    """The smallest precision holding every |x| <= peak."""
+    return bits(peak) + 1
+
+
+def cvm_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The CVM shape of an ONNX shape: a scalar is (1,)."""
+    return tuple(shape) or (1,)
+
+
+def type_name(dtype: int) -> str:
+    return TensorProto.DataType.Name(dtype).lower()
+
+
+def is_supported_type(dtype: int) -> bool:
+    return dtype in INT_RANGES or dtype in FLOAT_EXACT
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """One ONNX tensor: element type, ONNX shape, value interval, and a constant value or a CVM entry."""
+
+    dtype: int
+    shape: tuple[int, ...]
+    lo: int
+    hi: int
+    entry: Entry | None = None
+    value: np.ndarray | None = None
+    name: str | None = None
+
+    @property
+    def is_const(self) -> bool:
+        return self.value is not None
+
+    @property
+    def peak(self) -> int:
+        """max |x|."""
+        return max(-self.lo, self.hi, 0)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def interval(value: np.ndarray) -> tuple[int, int]:
+    """[floor(min), ceil(max)] of an array (of integers, or of floats, which may be anything)."""
+    if value.size == 0:
+        return 0, 0
+    if value.dtype.kind == "f":
+        if not np.isfinite(value).all():
+            return -(1 << 64), 1 << 64
+        return math.floor(value.min()), math.ceil(value.max())
+    return int(value.min()), int(value.max())
+
+
+def const(value: np.ndarray, dtype: int, name: str | None = None) -> Tensor:
+    value = np.asarray(value)
+    lo, hi = interval(value)
+    return Tensor(dtype, tuple(int(d) for d in value.shape), lo, hi, value=value, name=name)
+
+
+class TooWide(Refuse):
+    """A CVM op's output precision would exceed 32 bits."""
+
+
+class Importer:
+    """The CVM graph under construction: nodes typed as they are added, params, bounds, names."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.params: dict[str, np.ndarray] = {}
+        self.bounds: dict[Entry, int] = {}  # the exporter's bound on |x| of every entry (bounds.py)
+        self.names: set[str] = set()
+        self.declared: dict[str, int] = {}  # precisions the model declares for its initializers (round trip)
+        self.pending: dict[str, Tensor] = {}  # those initializers not yet made params, in the model's order
+        self._consts: dict[int, tuple[Tensor, Entry]] = {}
+        self.base = ""  # name of the ONNX node being imported: the default name of the CVM nodes it becomes
+        self.base_dir: Path | None = None  # the model's directory (external data)
+
+    # -- names and types ------------------------------------------------------------------------------------------
+    def fresh(self, name: str) -> str:
+        """``name``, or ``name/k`` with the first free k when it is taken."""
+        out, k = name, 0
+        while out in self.names:
+            k += 1
+            out = f"{name}/{k}"
+        self.names.add(out)
+        return out
+
+    def type_of(self, e: Entry) -> TensorType:
+        return self.nodes[e.node].outputs[e.index]
+
+    def tensor(self, e: Entry) -> Tensor:
+        """The int32 tensor of a CVM entry whose values are known by the exporter's bound."""
+        b = self.bounds[e]
+        return Tensor(TensorProto.INT32, self.type_of(e).shape, -b, b, e)
+
+    # -- variables --------------------------------------------------------------------------------------------------
+    def variable(self, name: str, shape: tuple[int, ...], precision: int, value: np.ndarray | None = None) -> Entry:
+        """A variable: the input (no value) or a param, stored int8 when its precision is <= 8, else int32."""
+        name = self.fresh(name)
+        self.nodes.append(Node(name, VARIABLE, outputs=(TensorType(tuple(shape), precision),)))
+        e = Entry(len(self.nodes) - 1)
+        self.bounds[e] = bound(precision)
+        if value is not None:
+            self.params[name] = value.reshape(shape).astype(np.int8 if precision <= 8 else np.int32)
+            self.bounds[e] = int(np.abs(value.astype(np.int64)).max(initial=0))
+        return e
+
+    def entry(self, t: Tensor) -> Entry:
+        """The CVM entry of ``t``; a constant becomes a param (once), named after its ONNX tensor."""
+        if t.entry is not None:
+            return t.entry
+        if id(t) in self._consts:
+            return self._consts[id(t)][1]
+        if t.name in self.pending:  # the params a model declares come back in its order: the earlier ones first
+            for name in list(self.pending):
+                earlier = self.pending.pop(name)
+                if name == t.name:
+                    break
+                self.entry(earlier)
+        v = t.value
+        if v.dtype.kind == "f" and not np.array_equal(v, np.round(v)):
+            raise Refuse(f"constant {t.name or ''} holds non-integer values".replace("  ", " "))
+        if t.peak > INT32_MAX:
+            raise Refuse(f"constant {t.name or ''} holds {t.peak}, beyond 32 bits".replace("  ", " "))
+        p = self.declared.get(t.name or "", tight(t.peak))
+        e = self.variable(t.name or f"{self.base}/const", cvm_shape(t.shape), p,
+                          np.asarray(v, np.int64) if v.dtype.kind in "fb" else v)
+        self._consts[id(t)] = (t, e)
+        return e
+
+    # -- op nodes ---------------------------------------------------------------------------------------------------
+    def emit(self, op: str, *inputs: Entry, name: str | None = None, **attrs) -> Entry | tuple[Entry, ...]:
+        """Add CVM op node ``op`` with typed ``attrs``, typed at once by the op's rules (``Refuse`` if they fail,
+        ``TooWide`` if an output needs more than 32 bits); returns its entry (a tuple for several outputs)."""
+        outs = self.add(self.typed(op, inputs, name or self.base or op, attrs))
+        return outs if REGISTRY[op].outputs > 1 else outs[0]
+
+    def typed(self, op: str, inputs: tuple[Entry, ...], name: str, attrs: dict) -> Node:
+        """The node ``op(inputs)`` with its output types, by the op's rules; not added yet."""
+        cls = REGISTRY[op]
+        typed, errors = cls.parse_attrs(attrs)
+        if errors:
+            raise Refuse(f"{op}: " + "; ".join(errors))
+        a = cls.bind(typed)
+        lo, hi = cls.arity(a)
+        if not lo <= len(inputs) <= hi:
+            raise Refuse(f"{op} takes {lo if lo == hi else f'{lo} to {hi}'} inputs, got {len(inputs)}")
+        types = [self.type_of(e) for e in inputs]
+        shapes = [t.shape for t in types]
+        try:
+            out_shapes = cls.infer_shapes(a, shapes)
+            precs = cls.infer_precisions(a, [t.precision for t in types], shapes)
+        except OpRuleError as e:
+            raise Refuse(f"{op}: {e}") from None
+        for s in out_shapes:
+            if (err := shape_problem(s)) is not None:
+                raise Refuse(f"{op}: output {err}")
+        if max(precs) > 32:
+            raise TooWide(f"precision bound exceeded: {op} of inputs with precisions "
+                          f"{[t.precision for t in types]} needs {max(precs)} bits (CVM allows 32)")
+        return Node(name, op, tuple(inputs), typed, tuple(TensorType(s, p) for s, p in zip(out_shapes, precs)))
+
+    def add(self, node: Node) -> tuple[Entry, ...]:
+        """Append a typed node (its name made unique) and record its bounds."""
+        found = self.bounds_of(node)
+        self.nodes.append(replace(node, name=self.fresh(node.name)))
+        i = len(self.nodes) - 1
+        for k, b in enumerate(found):
+            self.bounds[Entry(i, k)] = b
+        return tuple(Entry(i, k) for k in range(len(node.outputs)))
+
+    def param_value(self, e: Entry) -> np.ndarray | None:
+        node = self.nodes[e.node]
+        return self.params.get(node.name) if node.is_variable else None
+
+    def bounds_of(self, node: Node) -> list[int]:
+        """The exporter's bounds (bounds.py) on the outputs of ``node``, from its inputs' bounds and param values."""
+        bounds = [self.bounds[e] for e in node.inputs]
+        rule = BOUND_RULES.get(node.op)
+        found = [bounds[0]] * len(node.outputs) if rule is None else rule(
+            REGISTRY[node.op].bind(node.attrs), [self.type_of(e).shape for e in node.inputs], bounds,
+            [self.param_value(e) for e in node.inputs])
+        return [min(int(b), ANY) for b in found]
+
+    # -- tensors ----------------------------------------------------------------------------------------------------
+    def narrow(self, t: Tensor, p: int, what: str = "input") -> Entry:
+        """``t``'s entry with a CVM precision <= p: as is, or through a cvm_clip that the interval proves exact."""
+        e = self.entry(t)
+        if self.type_of(e).precision <= p:
+            return e
+        if tight(t.peak) > p:
+            raise Refuse(f"precision bound exceeded: the {what} must hold {p}-bit values (|x| <= {bound(p)}) for "
+                         f"CVM, but its values may reach {t.peak}")
+        return self.emit("cvm_clip", e, precision=tight(t.peak))
+
+    def op(self, op: str, *xs: Tensor, **attrs) -> Entry | tuple[Entry, ...]:
+        """Emit ``op`` on tensors; if an output would pass 32 bits, first narrow each input's label to its interval."""
+        try:
+            return self.emit(op, *map(self.entry, xs), **attrs)
+        except TooWide:
+            narrowed = [self.narrow(x, tight(x.peak)) for x in xs]
+            return self.emit(op, *narrowed, **attrs)
+
+    def result(self, e: Entry, dtype: int, lo: int, hi: int, shape: tuple[int, ...] | None = None) -> Tensor:
+        """The ONNX tensor computed by entry ``e`` with values in [lo, hi], after checking that ONNX computes them
+        without wrapping (integers) or rounding (floats), and that they fit 32 bits. A CVM label below the
+        interval (where, broadcast_greater) is raised with a cvm_clip so every later rule can trust it."""
+        peak = max(-lo, hi, 0)
+        check_values(dtype, lo, hi)
+        if self.type_of(e).precision < tight(peak):
+            e = self.emit("cvm_clip", e, precision=tight(peak))
+        shape = self.type_of(e).shape if shape is None else tuple(shape)
+        assert cvm_shape(shape) == self.type_of(e).shape, (shape, self.type_of(e).shape)
+        return Tensor(dtype, shape, lo, hi, e)
+
+    def reshape(self, t: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """``t`` with the ONNX shape ``shape`` (same size), a CVM reshape when the CVM shape changes."""
+        shape = tuple(int(d) for d in shape)
+        if t.is_const:
+            return replace(t, shape=shape, value=t.value.reshape(shape), name=None)
+        if cvm_shape(shape) == self.type_of(t.entry).shape:
+            return replace(t, shape=shape)
+        return replace(t, shape=shape, entry=self.emit("reshape", t.entry, shape=cvm_shape(shape)))
+
+    def broadcast_to(self, t: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """``t`` broadcast to ``shape`` (numpy rules): a reshape to the rank, then a repeat per stretched axis."""
+        shape = tuple(shape)
+        if t.shape == shape:
+            return t
+        if t.is_const:
+            return replace(t, shape=shape, value=np.broadcast_to(t.value, shape), name=None)
+        t = self.reshape(t, (1,) * (len(shape) - len(t.shape)) + t.shape)
+        e = t.entry
+        for axis, (d, n) in enumerate(zip(t.shape, shape)):
+            if d != n:
+                e = self.emit("repeat", e, repeats=n, axis=axis)
+        return replace(t, shape=shape, entry=e)
+
+
+def check_values(dtype: int, lo: int, hi: int) -> None:
+    """Refuse values that ONNX would wrap (integers) or round (floats), or that need more than 32 bits."""
+    peak = max(-lo, hi, 0)
+    if dtype in INT_RANGES:
+        tlo, thi = INT_RANGES[dtype]
+        if lo < tlo or hi > thi:
+            raise Refuse(f"precision bound exceeded: values may reach [{lo}, {hi}], outside {type_name(dtype)} "
+                         f"[{tlo}, {thi}]; ONNX wraps them, CVM would not")
+    elif dtype in FLOAT_EXACT:
+        if peak > FLOAT_EXACT[dtype]:
+            raise Refuse(f"precision bound exceeded: values may reach {peak}, beyond the integers "
+                         f"{type_name(dtype)} holds exactly (2^{FLOAT_EXACT[dtype].bit_length() - 1})")
+    else:
+        raise Refuse(f"non-integer type {type_name(dtype)}")
+    if peak > INT32_MAX:
+        raise Refuse(f"precision bound exceeded: values may reach {peak}, beyond CVM's 32 bits")

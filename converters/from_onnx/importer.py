@@ -1,0 +1,238 @@
+"""ONNX -> CVM: ``from_onnx`` walks the graph in topological order and applies one import rule per node.
+
+The walk: safety checks (``checks``); a static pass naming every node no rule covers (no CVM op, opset too
+old); graph inputs become CVM variables (one input is named ``data``), initializers constants; each node (or
+flat-form group, see ``roundtrip``) is imported by its rule; graph outputs become the heads. A node whose rule
+refuses is reported with its name and reason, and the walk goes on with the nodes that do not depend on it, so
+one ``UnsupportedError`` lists every problem; nothing is returned (or written) unless there is none. The graph
+returned has passed ``validate``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import onnx
+
+from cvm_onnx.errors import Problem, UnsupportedError
+from cvm_onnx.graph import Entry, Graph
+from cvm_onnx.ops import REGISTRY
+from cvm_onnx.validate import validate
+
+from . import elemwise, roundtrip  # noqa: F401  (registers the rules)
+from .checks import checked_order, tensor_array
+from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, is_supported_type, type_name
+from .registry import RULES, NodeView, Refuse
+
+PRECISION_KEY = "cvm.precision"
+INPUT_NAME = "data"
+
+
+@dataclass
+class Unit:
+    """What one rule imports: a node, or the nodes of one flat-form CVM node (``group`` is its name)."""
+
+    name: str
+    nodes: list[onnx.NodeProto]
+    group: str | None = None
+
+    @property
+    def where(self) -> str:
+        op = roundtrip.marks(self.nodes[0]).get("cvm.op", "?") if self.group else self.nodes[0].op_type
+        return f"{self.name} ({op})"
+
+
+def _domain(d: str) -> str:
+    return "" if d == "ai.onnx" else d
+
+
+class _Walk:
+    def __init__(self, model: onnx.ModelProto, input_precision: int, base_dir: Path | None):
+        self.graph = model.graph
+        self.base_dir = base_dir
+        self.order = checked_order(model, base_dir)
+        self.opsets = {_domain(o.domain): o.version for o in model.opset_import}
+        self.input_precision = input_precision
+        self.ctx = Importer()
+        self.ctx.base_dir = base_dir
+        self.tensors: dict[str, Tensor] = {}
+        self.failed: set[str] = set()
+        self.problems: list[Problem] = []
+        self.meta: dict[str, str] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for vi in [*self.graph.input, *self.graph.output, *self.graph.value_info]:
+            self.meta.update({vi.name: p.value for p in vi.metadata_props if p.key == PRECISION_KEY})
+            dims = vi.type.tensor_type.shape.dim
+            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+                self.shapes[vi.name] = tuple(d.dim_value for d in dims)
+        self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
+
+    def problem(self, where: str, rule: str) -> None:
+        self.problems.append(Problem(where, rule))
+
+    def precision(self, name: str) -> int | None:
+        """The precision the model declares for tensor ``name`` (value_info metadata), if any."""
+        if name not in self.meta:
+            return None
+        try:
+            return int(self.meta[name])
+        except ValueError:
+            self.problem(name, f"metadata {PRECISION_KEY}={self.meta[name]!r} is not an integer")
+            return None
+
+    # -- the walk ---------------------------------------------------------------------------------------------------
+    def run(self) -> Graph:
+        units = []
+        for u in self.units():
+            if self.supported(u):
+                units.append(u)
+            else:
+                self.failed.update(o for n in u.nodes for o in n.output)
+        inputs = self.inputs()
+        self.initializers()
+        for u in units:
+            self.unit(u)
+        heads = self.heads()
+        while self.ctx.pending:  # declared params that no node reads (the CVM graph had them too)
+            self.ctx.entry(next(iter(self.ctx.pending.values())))
+        if self.problems:
+            raise UnsupportedError(self.problems)
+        graph = Graph(self.ctx.nodes, heads, self.ctx.params)
+        return validate(graph, inputs=tuple(inputs)).graph
+
+    def units(self) -> list[Unit]:
+        """Nodes in topological order; the nodes of a flat-form group become one unit at its last member."""
+        nodes = [self.graph.node[i] for i in self.order]
+        names = [n.name or f"{n.op_type}_{i}" for i, n in zip(self.order, nodes)]
+        groups: dict[str, list[onnx.NodeProto]] = {}
+        for n in nodes:
+            if (g := roundtrip.marks(n).get("cvm.node")) is not None:
+                groups.setdefault(g, []).append(n)
+        units, seen = [], {}
+        for name, n in zip(names, nodes):
+            g = roundtrip.marks(n).get("cvm.node")
+            if g is None:
+                units.append(Unit(name, [n]))
+                continue
+            seen[g] = seen.get(g, 0) + 1
+            if seen[g] == len(groups[g]):
+                units.append(Unit(g, groups[g], g))
+        return units
+
+    def supported(self, u: Unit) -> bool:
+        """Whether a rule covers the unit; else report why (no CVM op, opset too old, inconsistent markers)."""
+        if u.group is not None:
+            op = roundtrip.marks(u.nodes[0]).get("cvm.op")
+            if any(roundtrip.marks(n) != roundtrip.marks(u.nodes[0]) for n in u.nodes):
+                self.problem(u.where, "the nodes of this flat-form CVM node carry different cvm.op/cvm.attrs")
+                return False
+            if op not in REGISTRY:
+                self.problem(u.where, f"flat-form marker cvm.op={op!r} names no CVM op")
+                return False
+            return True
+        n = u.nodes[0]
+        domain = _domain(n.domain)
+        r = RULES.get((domain, n.op_type))
+        if r is None:
+            self.problem(u.where, f"no CVM op for ONNX {domain + '::' if domain else ''}{n.op_type}")
+            return False
+        if self.opsets.get(domain, 0) < r.since:
+            self.problem(u.where, f"needs opset {r.since} of {domain or 'ai.onnx'} (the model imports "
+                                  f"{self.opsets.get(domain, 'none')})")
+            return False
+        return True
+
+    def inputs(self) -> list[str]:
+        """Graph inputs (not initializers) as CVM variables; a single one is named ``data``. Returns their names."""
+        inits = {t.name for t in self.graph.initializer}
+        vis = [v for v in self.graph.input if v.name not in inits]
+        names = []
+        for v in vis:
+            tt = v.type.tensor_type
+            dims = tt.shape.dim
+            if not is_supported_type(tt.elem_type) or tt.elem_type not in INT_RANGES:
+                self.problem(v.name, f"input of non-integer type {type_name(tt.elem_type)}")
+                continue
+            if not tt.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+                self.problem(v.name, "input needs a static shape (every dim known and > 0)")
+                continue
+            p = self.precision(v.name) or self.precision(f"{v.name}:clamped") or self.input_precision
+            if not 1 <= p <= 32:
+                self.problem(v.name, f"input precision {p} must lie in [1, 32]")
+                continue
+            shape = tuple(d.dim_value for d in dims)
+            e = self.ctx.variable(INPUT_NAME if len(vis) == 1 else v.name, cvm_shape(shape), p)
+            lo, hi = INT_RANGES[tt.elem_type]
+            self.tensors[v.name] = Tensor(tt.elem_type, shape, max(lo, -bound(p)), min(hi, bound(p)), e)
+            names.append(self.ctx.nodes[e.node].name)
+        self.failed.update(v.name for v in vis if v.name not in self.tensors)
+        return names
+
+    def initializers(self) -> None:
+        for t in self.graph.initializer:
+            self.tensors[t.name] = const(tensor_array(t, self.base_dir), t.data_type, name=t.name)
+            if (p := self.precision(t.name)) is not None:
+                self.ctx.declared[t.name] = p
+                self.ctx.pending[t.name] = self.tensors[t.name]
+        for s in self.graph.sparse_initializer:
+            self.problem(s.values.name, "sparse initializers are not supported")
+
+    def unit(self, u: Unit) -> None:
+        names = roundtrip.outer_inputs(u.nodes) if u.group else list(u.nodes[0].input)
+        missing = [x for x in names if x and x not in self.tensors]
+        if missing:
+            for x in missing:
+                if x not in self.failed:
+                    self.problem(u.where, f"consumes {x!r}, an inner tensor of a flat-form CVM node")
+            self.failed.update(o for n in u.nodes for o in n.output)
+            return
+        self.ctx.base = u.name
+        try:
+            if u.group is not None:
+                outs = roundtrip.import_group(self.ctx, u.name, u.nodes, self.tensors, self.shapes)
+            else:
+                n = u.nodes[0]
+                r = RULES[(_domain(n.domain), n.op_type)]
+                ins = [self.tensors[x] if x else None for x in n.input]
+                out = r.fn(self.ctx, NodeView(n, u.name, self.opsets[_domain(n.domain)]), *ins)
+                out = [out] if isinstance(out, Tensor) else list(out)
+                outs = {name: t for name, t in zip(n.output, out) if name}
+                for k, name in enumerate(n.output):
+                    if name and (k >= len(out) or out[k] is None) and name in self.consumed:
+                        raise Refuse(f"output {k} ({name!r}) has no CVM form")
+        except Refuse as e:
+            self.problem(u.where, str(e))
+            self.failed.update(o for n in u.nodes for o in n.output)
+            return
+        for name, t in outs.items():
+            if t is not None:
+                self.tensors[name] = replace(t, name=name) if t.is_const and t.name is None else t
+
+    def heads(self) -> list[Entry]:
+        heads = []
+        for o in self.graph.output:
+            t = self.tensors.get(o.name)
+            if t is None:
+                continue  # its producer was refused and reported
+            self.ctx.base = o.name
+            try:
+                heads.append(self.ctx.entry(t))
+            except Refuse as e:
+                self.problem(o.name, str(e))
+        return heads
+
+
+def from_onnx(model: onnx.ModelProto, input_precision: int = 8,
+              base_dir: str | os.PathLike | None = None) -> Graph:
+    """Import an ONNX model as a validated CVM graph that computes the same values, bit for bit, for inputs
+    within ``input_precision`` (the runtime clamps its input to it).
+
+    Models written by the exporter come back as the CVM graph they came from (names, attributes, precisions,
+    params byte for byte). ``base_dir`` is the model's directory, needed only for external data. Raises
+    ``FormatError`` for an unsafe or malformed model and ``UnsupportedError`` listing every node without an
+    exact CVM form.
+    """
+    if not 1 <= input_precision <= 32:
+        raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
+    return _Walk(model, input_precision, None if base_dir is None else Path(base_dir)).run()
