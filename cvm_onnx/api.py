@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from .converters.to_onnx import to_onnx
 from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import read_model, write_model
+from .format.model_dir import replace_file
 from .graph import Graph
 from .validate import validate
 
@@ -44,16 +44,11 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` atomically: a temp file in the same directory, then a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``model`` atomically (a temp file in the same directory, then a rename); ``FormatError`` on failure."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString(deterministic=True))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        replace_file(Path(path), model.SerializeToString(deterministic=True))
+    except OSError as e:
+        raise FormatError(f"cannot write the model: {e.strerror or e}", os.fspath(path)) from None
 
 
 def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:

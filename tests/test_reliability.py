@@ -5,12 +5,15 @@ must be success or a ``CVMError``; anything else is a crash. Crashes found by fu
 """
 from __future__ import annotations
 
+import stat
+
 import pytest
 
 from cvm_onnx.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import ValidationError
+from cvm_onnx.api import write_onnx
+from cvm_onnx.errors import FormatError, ValidationError
 
 
 # -- crashes found by fuzzing ----------------------------------------------------------------------------------------
@@ -54,3 +57,23 @@ def test_tuple_items_beyond_int64_are_syntax_errors():
     for text in (f"({1 << 63},)", f"[{-(1 << 63) - 1}]", "9" * 5000, f"(1, {'9' * 5000})"):
         with pytest.raises(AttrSyntaxError, match="int64"):
             parse_tuple(text)
+
+
+def test_write_onnx_failures_are_format_errors_and_leave_nothing(tmp_path):
+    """A missing directory or a directory in the way gave FileNotFoundError / IsADirectoryError (internal errors)."""
+    model = to_onnx(vision_graph())
+    (tmp_path / "taken.onnx").mkdir()
+    for target in (tmp_path / "missing" / "m.onnx", tmp_path / "taken.onnx"):
+        with pytest.raises(FormatError, match="cannot write the model"):
+            write_onnx(model, target)
+    assert [p.name for p in tmp_path.iterdir()] == ["taken.onnx"] and not any((tmp_path / "taken.onnx").iterdir())
+
+
+def test_write_onnx_gives_new_files_the_usual_mode(tmp_path):
+    """Output was left with mkstemp's 0600; a new file gets 0644, a replaced file keeps its mode."""
+    model = to_onnx(vision_graph())
+    write_onnx(model, tmp_path / "m.onnx")
+    assert stat.S_IMODE((tmp_path / "m.onnx").stat().st_mode) == 0o644
+    (tmp_path / "m.onnx").chmod(0o640)
+    write_onnx(model, tmp_path / "m.onnx")
+    assert stat.S_IMODE((tmp_path / "m.onnx").stat().st_mode) == 0o640

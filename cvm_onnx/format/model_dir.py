@@ -57,7 +57,7 @@ def read_model(path: str | os.PathLike, params: str | os.PathLike | None = None)
     return graph
 
 
-def _replace(path: Path, data: bytes) -> None:
+def replace_file(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file next to ``path``, then rename it over ``path`` (atomic)."""
     mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -85,7 +85,7 @@ def write_model(graph: Graph, directory: str | os.PathLike) -> None:
     data = write_params(graph.params, precisions)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        _replace(directory / SYMBOL, text)
-        _replace(directory / PARAMS, data)
+        replace_file(directory / SYMBOL, text)
+        replace_file(directory / PARAMS, data)
     except OSError as e:
         raise FormatError(f"cannot write the model: {e.strerror or e}", str(directory)) from None
