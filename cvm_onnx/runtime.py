@@ -26,11 +26,10 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from . import fallback
+from .converters.to_onnx import IR_VERSION, OPSET
 from .errors import RuntimeFailure
 from .native import library_path
 
-OPSET = 21
-IR_VERSION = 10
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
 
