@@ -1,0 +1,210 @@
+"""Lowerings of the neural-network ops: conv2d, dense, max_pool2d, upsampling, relu (int32 in, int32 out).
+
+conv2d and dense have two forms, chosen by the module constant ``FORM``:
+
+* ``"core"``: the core-ops decomposition: Pad + im2col (Slice/Reshape/Concat) + int32 MatMul (+ bias). Exact
+  for every input: ORT's int32 MatMul wraps modulo 2^32 (multiply and add), which is the runtime's int32
+  accumulator, whatever the order of the additions.
+* ``"fast"`` (default): Cast to float32 + ONNX Conv/Gemm + Cast back to int32, where that is exact (below), in
+  as many input-channel chunks as the bound needs, else the core form.
+
+Exactness of float32: every product and every partial sum of one output is an integer of magnitude at most
+``max|x| * sum|w|`` over the weights it reduces (any order of additions, with or without FMA, only adds subsets
+of the products). Every integer of magnitude <= 2^24 is a float32, so when that bound is <= 2^24 every
+operation is exact and the float result is the exact integer sum, which Cast turns back into int32 exactly.
+``max|x|`` is the input's true precision bound; ``sum|w|`` is taken from the weight's values when it is a param
+(``Value.const``), else from its bound. A reduction over too many channels is split into chunks each within
+2^24; the chunk sums are added in int32, which wraps like the runtime's accumulator, so the total equals the
+runtime's modulo 2^32. Bias is always added in int32 after the Cast back (it may be as large as 2^31).
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from cvm_onnx.ops.nn import pool_pads
+
+from .lowering import lowering
+
+FORM = "fast"  # "fast" | "core": how conv2d and dense are written
+FLOAT_EXACT = 1 << 24  # every integer of magnitude <= 2^24 is exactly representable in float32
+INT32_MIN = -(1 << 31)
+
+
+def float_chunks(x_bound: int, w_sums: np.ndarray) -> list[tuple[int, int]] | None:
+    """Contiguous ranges [lo, hi) of the reduced channels with ``x_bound * max_o sum_{lo<=c<hi} w_sums[o, c]``
+    <= 2^24, greedily as long as possible; None when one channel alone exceeds the bound.
+
+    ``w_sums[o, c]`` bounds sum |w| over the weights of output o and reduced channel c.
+    """
+    cap = FLOAT_EXACT // max(x_bound, 1)  # x_bound * s <= 2^24  <=>  s <= cap, for integers s
+    if w_sums.size and int(w_sums.max()) > cap:
+        return None
+    cum = np.concatenate([np.zeros((w_sums.shape[0], 1), np.int64), np.cumsum(w_sums, axis=1)], axis=1)
+    chunks, lo, n = [], 0, w_sums.shape[1]
+    while lo < n:
+        fits = (cum[:, lo + 1:] - cum[:, lo:lo + 1]).max(axis=0) <= cap  # prefix sums grow: fits is True, ..., False
+        hi = lo + int(np.count_nonzero(fits))
+        chunks.append((lo, hi))
+        lo = hi
+    return chunks
+
+
+def weight_sums(w, per_column: int) -> np.ndarray:
+    """Bounds on sum |w| per (output, reduced channel): from the values of a param, else its bound."""
+    if w.const is not None:
+        a = np.abs(w.const.astype(np.int64))
+        return a.reshape(a.shape[0], a.shape[1], -1).sum(axis=2)
+    return np.full(w.shape[:2], per_column * w.bound, np.int64)
+
+
+def _slice(b, x, axis: int, lo: int, hi: int) -> str:
+    return b.Slice(x, b.const([lo]), b.const([hi]), b.const([axis]))
+
+
+def _to_int(b, y) -> str:
+    return b.Cast(y, to=TensorProto.INT32)
+
+
+def _sum_int32(b, parts: list[str]) -> str:
+    total = parts[0]
+    for p in parts[1:]:
+        total = b.Add(total, p)
+    return total
+
+
+# -- conv2d -----------------------------------------------------------------------------------------------------
+
+def _conv_shape(b, a, x):
+    n, c, h, w = x.shape
+    _, oc, oh, ow = b.outputs[0].shape
+    return n, c, oc, oh, ow, a.groups
+
+
+def windows(b, xp, kernel, strides, dilation, out) -> str:
+    """All windows of ``xp`` (N, C, H, W): win[n, c, fh, fw, oh, ow] = xp[n, c, oh*sh + fh*dh, ow*sw + fw*dw],
+    by kh strided Slices along H stacked on a new axis 2, then kw strided Slices along W stacked on axis 3."""
+    (kh, kw), (sh, sw), (dh, dw), (oh, ow) = kernel, strides, dilation, out
+
+    def stack(t, axis: int, new_axis: int, k: int, d: int, s: int, n: int) -> str:
+        parts = [b.Unsqueeze(b.Slice(t, b.const([f * d]), b.const([f * d + (n - 1) * s + 1]), b.const([axis]),
+                                     b.const([s])), b.const([new_axis]))
+                 for f in range(k)]
+        return b.Concat(*parts, axis=new_axis) if k > 1 else parts[0]
+
+    rows = stack(xp, 2, 2, kh, dh, sh, oh)  # (N, C, kh, oh, W)
+    return stack(rows, 4, 3, kw, dw, sw, ow)  # (N, C, kh, kw, oh, ow)
+
+
+def conv2d_core(b, a, x, w) -> str:
+    """Pad + im2col + int32 MatMul: y[n, g, o, l] = sum_k w[g, o, k] * cols[n, g, k, l], k = (ic, fh, fw)."""
+    n, c, oc, oh, ow, g = _conv_shape(b, a, x)
+    (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    cg = c // g
+    xp = b.Pad(x, b.const([0, 0, ph, pw, 0, 0, ph, pw])) if ph or pw else x.name
+    win = windows(b, xp, a.kernel_size, a.strides, a.dilation, (oh, ow))  # (N, C, kh, kw, oh, ow)
+    cols = b.Reshape(win, b.const([n, g, cg * kh * kw, oh * ow]))
+    y = b.MatMul(b.Reshape(w, b.const([g, oc // g, cg * kh * kw])), cols)  # (N, g, OC/g, oh*ow)
+    return b.Reshape(y, b.const([n, oc, oh, ow]))
+
+
+def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]]) -> str:
+    """One float32 Conv per chunk of each group's input channels, each Cast to int32, added in int32."""
+    n, c, oc, oh, ow, g = _conv_shape(b, a, x)
+    h, wd = x.shape[2:]
+    cg = c // g
+    conv = dict(kernel_shape=list(a.kernel_size), strides=list(a.strides), dilations=list(a.dilation),
+                pads=list(a.padding) * 2, group=g)
+    xf = b.Cast(x, to=TensorProto.FLOAT)
+    wf = b.Cast(w, to=TensorProto.FLOAT)
+    if len(chunks) == 1:
+        return _to_int(b, b.Conv(xf, wf, **conv))
+    xg = b.Reshape(xf, b.const([n, g, cg, h, wd]))
+    parts = [_to_int(b, b.Conv(b.Reshape(_slice(b, xg, 2, lo, hi), b.const([n, g * (hi - lo), h, wd])),
+                               _slice(b, wf, 1, lo, hi), **conv))
+             for lo, hi in chunks]
+    return _sum_int32(b, parts)
+
+
+@lowering("conv2d")
+def conv2d(b, a, x, w, bias=None):
+    """2-D convolution NCHW/OIHW (groups, dilation, zero padding), int32 accumulation, then + bias in int32.
+
+    Fast form: float32 Conv where every partial sum is an integer within 2^24 (exact), split over input
+    channels when needed, the chunks added in int32 (wraps like the runtime); else Pad + im2col + int32 MatMul,
+    which wraps modulo 2^32 exactly as the runtime's int32 accumulator.
+    """
+    kh, kw = a.kernel_size
+    chunks = float_chunks(x.bound, weight_sums(w, kh * kw)) if FORM == "fast" else None
+    y = conv2d_core(b, a, x, w) if chunks is None else conv2d_float(b, a, x, w, chunks)
+    return y if bias is None else b.Add(y, b.Reshape(bias, b.const([-1, 1, 1])))
+
+
+# -- dense ------------------------------------------------------------------------------------------------------
+
+def dense_float(b, x, w, chunks: list[tuple[int, int]]) -> str:
+    """One float32 Gemm x[:, lo:hi] @ w[:, lo:hi]^T per chunk, each Cast to int32, added in int32."""
+    xf = b.Cast(x, to=TensorProto.FLOAT)
+    wf = b.Cast(w, to=TensorProto.FLOAT)
+    if len(chunks) == 1:
+        return _to_int(b, b.Gemm(xf, wf, transB=1))
+    return _sum_int32(b, [_to_int(b, b.Gemm(_slice(b, xf, 1, lo, hi), _slice(b, wf, 1, lo, hi), transB=1))
+                          for lo, hi in chunks])
+
+
+@lowering("dense")
+def dense(b, a, x, w, bias=None):
+    """y = x @ w^T (int32 accumulation), then + bias in int32.
+
+    Fast form: float32 Gemm where every partial sum is an integer within 2^24 (exact), split over K when
+    needed, the chunks added in int32; else int32 MatMul, which wraps exactly as the runtime's accumulator.
+    """
+    chunks = float_chunks(x.bound, weight_sums(w, 1)) if FORM == "fast" else None
+    y = b.MatMul(x, b.Transpose(w, perm=[1, 0])) if chunks is None else dense_float(b, x, w, chunks)
+    return y if bias is None else b.Add(y, bias)
+
+
+# -- max_pool2d -------------------------------------------------------------------------------------------------
+
+@lowering("max_pool2d")
+def max_pool2d(b, a, x):
+    """Max over each window; padded positions never win.
+
+    The input is padded explicitly with a value below every input value (float32 -inf when |x| <= 2^24, else
+    INT32_MIN) to the runtime's extent: top/left = padding, bottom/right = enough for the last window (ceil_mode
+    may reach past the padding). Every window holds at least one input position (padding < pool_size; with
+    ceil_mode the last window starts inside the input), so the sentinel never changes a maximum (INT32_MIN
+    cannot beat a real value either). The windows of an unpadded MaxPool over that tensor are then exactly the
+    runtime's. float32 holds every integer of magnitude <= 2^24 exactly (and ORT's float MaxPool is about 10x
+    faster than its int8 one); wider inputs take Slice windows + ReduceMax in int32.
+    """
+    _, _, h, w = x.shape
+    _, _, oh, ow = b.outputs[0].shape
+    (kh, kw), (sh, sw), (ph, pw) = a.pool_size, a.strides, pool_pads(a.padding)
+    bottom = max(ph + h, (oh - 1) * sh + kh) - ph - h
+    right = max(pw + w, (ow - 1) * sw + kw) - pw - w
+    pads = b.const([0, 0, ph, pw, 0, 0, bottom, right])
+    if x.bound <= FLOAT_EXACT:
+        xp = b.Pad(b.Cast(x, to=TensorProto.FLOAT), pads, b.const(-np.inf, np.float32))
+        return _to_int(b, b.MaxPool(xp, kernel_shape=[kh, kw], strides=[sh, sw]))
+    xp = b.Pad(x, pads, b.const(INT32_MIN, np.int32))
+    return b.ReduceMax(windows(b, xp, (kh, kw), (sh, sw), (1, 1), (oh, ow)), b.const([2, 3]), keepdims=0)
+
+
+# -- upsampling, relu -------------------------------------------------------------------------------------------
+
+@lowering("upsampling")
+def upsampling(b, a, x):
+    """Nearest neighbour, y[n,c,h,w] = x[n,c,h/s,w/s]: each value repeated s x s by Reshape/Expand/Reshape."""
+    n, c, h, w = x.shape
+    s = a.scale
+    if s == 1:
+        return x.name
+    y = b.Expand(b.Reshape(x, b.const([n, c, h, 1, w, 1])), b.const([n, c, h, s, w, s]))
+    return b.Reshape(y, b.const(b.outputs[0].shape))
+
+
+@lowering("relu")
+def relu(b, a, x):
+    """max(x, 0) (int32 Relu)."""
+    return b.Relu(x)
