@@ -1,0 +1,249 @@
+"""Neural-network ops, NCHW: conv2d, dense, max_pool2d, upsampling, relu."""
+from __future__ import annotations
+
+from functools import reduce
+from typing import Any, Callable
+
+import numpy as np
+
+from .registry import Attr, Op, bits, in_range, one_of, register, require
+
+INT32_MAX = (1 << 31) - 1
+
+
+def ints(*counts: int, lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | None]:
+    """Check for a tuple of one of ``counts`` lengths whose items lie in [lo, hi] (ndim check + VerifyAttrRange)."""
+
+    def check(value: tuple[int, ...]) -> str | None:
+        if len(value) not in counts:
+            return f"must have {' or '.join(map(str, counts))} values"
+        return None if lo is None else in_range(lo, hi)(value)
+
+    return check
+
+
+def with_bias(a) -> tuple[int, int]:
+    """Input count of conv2d and dense: data, weight and, when ``use_bias``, bias."""
+    return (3, 3) if a.use_bias else (2, 2)
+
+
+def require_bias(bias, size: int, name: str) -> None:
+    """Rule on the optional bias: shape (size,)."""
+    if bias is not None:
+        require(tuple(bias) == (size,), f"bias shape {tuple(bias)} must be ({name},) = ({size},)")
+
+
+def absmax(x: np.ndarray) -> int:
+    return max(-int(x.min()), int(x.max()), 0)
+
+
+def exact_dtype(a: np.ndarray, b: np.ndarray, k: int) -> type:
+    """The cheapest dtype in which the products of integer arrays ``a`` and ``b`` summed over ``k`` terms are exact.
+
+    Every product and every partial sum is an integer of magnitude at most max|a| * max|b| * k. Below 2^24
+    (float32) or 2^53 (float64) such integers and every sum of them are exactly representable, so each BLAS
+    operation (fused or not, in whatever order it adds) is exact and the float result is the exact integer sum.
+    The precision rule of conv2d/dense (inputs <= 8 bits, |v| <= 127) gives float32 for k <= 1040 and float64
+    for k < 2^39. Beyond (inputs outside their precision) int64: its wrap-around agrees with the runtime's int32
+    accumulation modulo 2^32.
+    """
+    bound = absmax(a) * absmax(b) * k
+    return np.float32 if bound < 1 << 24 else np.float64 if bound < 1 << 53 else np.int64
+
+
+def product_precision(name: str, precisions: list[int], reduced: int, use_bias: bool) -> int:
+    """p_data + p_weight + bits(reduced length), then max(., p_bias) + 1 with a bias; inputs must be <= 8 bits."""
+    p_data, p_weight = precisions[0], precisions[1]
+    require(p_data <= 8, f"{name} data precision {p_data} must be <= 8")
+    require(p_weight <= 8, f"{name} weight precision {p_weight} must be <= 8")
+    out = p_data + p_weight + bits(reduced)
+    return max(out, precisions[2]) + 1 if use_bias else out
+
+
+@register
+class Conv2D(Op):
+    """2-D convolution, NCHW/OIHW, groups, zero padding, dilation, optional bias; int32 accumulation.
+
+    y[n,oc,oh,ow] = sum_{ic<C/g, fh, fw} x[n, oc/(OC/g)*(C/g)+ic, oh*sh+fh*dh-ph, ow*sw+fw*dw-pw] * w[oc,ic,fh,fw]
+    (+ bias[oc]); input positions outside the image contribute 0.
+    """
+
+    name = "conv2d"
+    family = "nn"
+    attrs = (
+        Attr("channels", "int"),
+        Attr("kernel_size", "tuple", check=ints(2)),
+        Attr("strides", "tuple", (1, 1), ints(2, lo=1, hi=4096)),
+        Attr("padding", "tuple", (0, 0), ints(2, lo=0, hi=4096)),
+        Attr("dilation", "tuple", (1, 1), ints(2, lo=1, hi=4096)),
+        Attr("groups", "int", 1),
+        Attr("layout", "str", "NCHW", one_of("NCHW")),
+        Attr("kernel_layout", "str", "OIHW", one_of("OIHW")),
+        Attr("out_layout", "str", "__undef__", one_of("__undef__", "NCHW")),
+        # a dtype enum: other names parse in the runtime but fail its all-int32 type check
+        Attr("out_dtype", "str", "same", one_of("same", "int32")),
+        Attr("use_bias", "bool", True),
+    )
+    inputs = with_bias
+
+    @staticmethod
+    def shape(a, data, weight, bias=None):
+        require(len(data) == 4, f"data shape {tuple(data)} must be 4-D (N, C, H, W)")
+        n, c, h, w = data
+        g = a.groups
+        require(g > 0 and c % g == 0 and a.channels % g == 0,
+                f"groups={g} must be > 0 and divide both the input channels C={c} and channels={a.channels}")
+        kh, kw = a.kernel_size
+        expect = (a.channels, c // g, kh, kw)
+        require(tuple(weight) == expect,
+                f"weight shape {tuple(weight)} must be (channels, C/groups, kh, kw) = {expect}")
+        require_bias(bias, a.channels, "channels")
+        (ph, pw), (dh, dw), (sh, sw) = a.padding, a.dilation, a.strides
+        ekh, ekw = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+        require(ekh <= h + 2 * ph and ekw <= w + 2 * pw,
+                f"dilated kernel ({ekh}, {ekw}) must fit in the padded input ({h + 2 * ph}, {w + 2 * pw})")
+        return n, a.channels, (h + 2 * ph - ekh) // sh + 1, (w + 2 * pw - ekw) // sw + 1
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        oc, cg, kh, kw = shapes[1]
+        return product_precision("conv2d", precisions, cg * kh * kw, a.use_bias)
+
+    @staticmethod
+    def kernel(a, x, w, b=None):
+        n, c, h, wd = x.shape
+        oc, cg, kh, kw = w.shape
+        g = a.groups
+        (ph, pw), (dh, dw), (sh, sw) = a.padding, a.dilation, a.strides
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        dtype = exact_dtype(x, w, cg * kh * kw)
+        xp = np.pad(x.astype(dtype), ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # outside the image contributes 0
+        # im2col: cols[n, ic, fh*kw+fw, oh, ow] = xp[n, ic, oh*sh + fh*dh, ow*sw + fw*dw]
+        cols = np.stack([xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+                         for i in range(kh) for j in range(kw)], axis=2)
+        y = np.matmul(w.astype(dtype).reshape(g, oc // g, cg * kh * kw), cols.reshape(n, g, cg * kh * kw, oh * ow))
+        y = y.astype(np.int64).reshape(n, oc, oh, ow)
+        if b is not None:
+            y += b.reshape(1, oc, 1, 1)
+        return y.astype(np.int32)
+
+
+@register
+class Dense(Op):
+    """Fully connected: y[m,n] = sum_k x[m,k] * w[n,k] (+ b[n]); int32 accumulation."""
+
+    name = "dense"
+    family = "nn"
+    attrs = (
+        Attr("units", "int", check=in_range(1, INT32_MAX)),
+        Attr("use_bias", "bool", True),
+    )
+    inputs = with_bias
+
+    @staticmethod
+    def shape(a, data, weight, bias=None):
+        require(len(data) == 2, f"data shape {tuple(data)} must be 2-D (M, K)")
+        expect = (a.units, data[1])
+        require(tuple(weight) == expect, f"weight shape {tuple(weight)} must be (units, K) = {expect}")
+        require_bias(bias, a.units, "units")
+        return data[0], a.units
+
+    @staticmethod
+    def precision(a, precisions, shapes):
+        return product_precision("dense", precisions, shapes[0][1], a.use_bias)
+
+    @staticmethod
+    def kernel(a, x, w, b=None):
+        dtype = exact_dtype(x, w, x.shape[1])
+        y = np.matmul(x.astype(dtype), w.T.astype(dtype)).astype(np.int64)
+        if b is not None:
+            y += b
+        return y.astype(np.int32)
+
+
+def pool_pads(padding: tuple[int, ...]) -> tuple[int, int]:
+    """(ph, pw): one value pads both axes, two are (top=bottom, left=right)."""
+    return (padding[0], padding[-1])
+
+
+def pool_out(size: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
+    return (size + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+
+
+@register
+class MaxPool2D(Op):
+    """Max over each window; padded positions never win (every valid window holds an input position)."""
+
+    name = "max_pool2d"
+    family = "nn"
+    attrs = (
+        Attr("pool_size", "tuple", check=ints(2)),
+        Attr("strides", "tuple", (1, 1), ints(2, lo=1, hi=4096)),
+        Attr("padding", "tuple", (0, 0), ints(1, 2, lo=0, hi=4096)),
+        Attr("layout", "str", "NCHW", one_of("NCHW")),
+        Attr("ceil_mode", "bool", False),
+    )
+
+    @staticmethod
+    def shape(a, data):
+        require(len(data) == 4, f"data shape {tuple(data)} must be 4-D (N, C, H, W)")
+        n, c, h, w = data
+        out = []
+        for axis, size, k, s, p in zip("HW", (h, w), a.pool_size, a.strides, pool_pads(a.padding)):
+            require(0 <= k <= size + 2 * p,
+                    f"pool_size {k} must lie in [0, {axis}+2*padding] = [0, {size + 2 * p}]")
+            require(p < k, f"padding {p} must be < pool_size {k}")
+            o = pool_out(size, k, s, p, a.ceil_mode)
+            require(not a.ceil_mode or (o - 1) * s - p < size,
+                    f"with ceil_mode the last window must start inside the input: "
+                    f"(out-1)*stride-padding = {(o - 1) * s - p} must be < {axis} = {size}")
+            out.append(o)
+        return n, c, out[0], out[1]
+
+    @staticmethod
+    def kernel(a, x):
+        n, c, h, w = x.shape
+        (kh, kw), (sh, sw), (ph, pw) = a.pool_size, a.strides, pool_pads(a.padding)
+        oh, ow = pool_out(h, kh, sh, ph, a.ceil_mode), pool_out(w, kw, sw, pw, a.ceil_mode)
+        # pad with INT32_MIN far enough for every window (ceil_mode windows may pass the bottom/right padding)
+        xp = np.full((n, c, max(ph + h, (oh - 1) * sh + kh), max(pw + w, (ow - 1) * sw + kw)),
+                     np.iinfo(np.int32).min, np.int32)
+        xp[:, :, ph:ph + h, pw:pw + w] = x
+        return reduce(np.maximum, (xp[:, :, i:i + (oh - 1) * sh + 1:sh, j:j + (ow - 1) * sw + 1:sw]
+                                   for i in range(kh) for j in range(kw)))
+
+
+@register
+class UpSampling(Op):
+    """Nearest-neighbour upsampling: y[n,c,h,w] = x[n,c,h/scale,w/scale] (integer division)."""
+
+    name = "upsampling"
+    family = "nn"
+    attrs = (
+        Attr("scale", "int", check=in_range(1, 4096)),
+        Attr("layout", "str", "NCHW", one_of("NCHW")),
+        Attr("method", "str", "NEAREST_NEIGHBOR", one_of("NEAREST_NEIGHBOR")),
+    )
+
+    @staticmethod
+    def shape(a, data):
+        require(len(data) == 4, f"data shape {tuple(data)} must be 4-D (N, C, H, W)")
+        n, c, h, w = data
+        return n, c, h * a.scale, w * a.scale
+
+    @staticmethod
+    def kernel(a, x):
+        return x.repeat(a.scale, axis=2).repeat(a.scale, axis=3)
+
+
+@register
+class Relu(Op):
+    """max(x, 0)."""
+
+    name = "relu"
+    family = "nn"
+
+    @staticmethod
+    def kernel(a, x):
+        return np.maximum(x, np.int32(0))
