@@ -4,9 +4,11 @@
     model = cvm_onnx.load("resnet20-cifar")            # read + validate (symbol, params)
     onnx_model = cvm_onnx.to_onnx(model.graph)         # one cvm-domain function node per CVM op
     [y] = cvm_onnx.run_cvm(model.graph, x)             # the reference executor (FORMAL semantics)
+    print(cvm_onnx.verify(model.graph))                # onnxruntime vs the executor, element for element
 """
 __version__ = "0.1.0"
 
 from .api import Loaded, convert, load, load_onnx, run_cvm, to_onnx, write_model, write_onnx  # noqa: E402
+from .verify import verify  # noqa: E402
 
-__all__ = ["Loaded", "convert", "load", "load_onnx", "run_cvm", "to_onnx", "write_model", "write_onnx"]
+__all__ = ["Loaded", "convert", "load", "load_onnx", "run_cvm", "to_onnx", "verify", "write_model", "write_onnx"]

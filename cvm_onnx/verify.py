@@ -1,0 +1,214 @@
+"""Exact verification: a CVM model's ONNX export on onnxruntime against the reference executor, every element.
+
+Inputs are the given ones, or generated within each input's declared precision p (|x| <= 2^(p-1)-1): all 0, all
++bound, all -bound, then ``seeds`` random draws (uniform, with one element in ten set to -bound, 0 or +bound).
+Every output of every input must be equal (same dtype, shape and values: ``np.array_equal``, no tolerance).
+
+On a mismatch the export runs again with every CVM entry as an extra graph output (named by the exporter's
+``entry_names``), and the nodes are compared with the executor's values in topological order: the first node with
+a differing output is reported with its op, attributes and a few differing positions.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .attrs import format_value
+from .converters.to_onnx import to_onnx
+from .converters.to_onnx.export import entry_names
+from .errors import RuntimeFailure
+from .executor import execute
+from .graph import Entry, Graph
+from .runtime import run, session
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, what)``: called before each step of a long task."""
+
+SHOWN = 5  # differing positions reported per tensor
+
+
+@dataclass(frozen=True)
+class Case:
+    """One set of inputs, named for the verdict ("zeros", "+127", "seed 0", "given")."""
+
+    name: str
+    inputs: dict[str, np.ndarray]
+
+
+@dataclass
+class Difference:
+    """One tensor that differs: its name, shapes and dtypes, the count of differing elements and the first few
+    positions as (index, expected, got)."""
+
+    name: str
+    expected: np.ndarray
+    got: np.ndarray
+    count: int = 0
+    positions: list[tuple[tuple[int, ...], int, int]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, name: str, expected: np.ndarray, got: np.ndarray) -> Difference | None:
+        if expected.dtype == got.dtype and expected.shape == got.shape and np.array_equal(expected, got):
+            return None
+        d = cls(name, expected, got)
+        if expected.shape == got.shape:
+            where = np.argwhere(expected != got)
+            d.count = len(where)
+            d.positions = [(tuple(int(i) for i in ix), int(expected[tuple(ix)]), int(got[tuple(ix)]))
+                           for ix in where[:SHOWN]]
+        return d
+
+    def lines(self) -> list[str]:
+        e, g = self.expected, self.got
+        if e.shape != g.shape:
+            return [f"{self.name}: shape {tuple(g.shape)}, expected {tuple(e.shape)}"]
+        if not self.count:
+            return [f"{self.name}: dtype {g.dtype}, expected {e.dtype}"]
+        out = [f"{self.name} {tuple(e.shape)}: {self.count} of {e.size} elements differ"]
+        out += [f"  at {ix}: expected {want}, got {got}" for ix, want, got in self.positions]
+        return out
+
+
+@dataclass
+class Divergence:
+    """The first CVM node (topological order) whose output differs on onnxruntime."""
+
+    node: str
+    op: str
+    attrs: dict[str, str]
+    inputs: list[str]
+    differences: list[Difference]
+
+    def lines(self) -> list[str]:
+        attrs = ", ".join(f"{k}={v}" for k, v in self.attrs.items()) or "none"
+        out = [f"first differing node (topological order): {self.node} ({self.op})",
+               f"  attributes: {attrs}", f"  inputs: {', '.join(self.inputs) or 'none'}"]
+        return out + ["  " + s for d in self.differences for s in d.lines()]
+
+
+@dataclass
+class Verdict:
+    """The outcome: ``exact`` when every output of every case was equal; otherwise the first failing case, its
+    differing outputs and the first differing node (None if no node differs on its own)."""
+
+    cases: list[str]
+    outputs: list[str]
+    provider: str
+    exact: bool = True
+    failed_case: str | None = None
+    differences: list[Difference] = field(default_factory=list)
+    divergence: Divergence | None = None
+
+    def lines(self) -> list[str]:
+        if self.exact:
+            return [f"exact: {len(self.outputs)} output(s) ({', '.join(self.outputs)}) equal element for element "
+                    f"on onnxruntime ({self.provider}) for {len(self.cases)} input(s): {', '.join(self.cases)}"]
+        out = [f"MISMATCH on input {self.failed_case!r} (onnxruntime {self.provider}):"]
+        out += ["  output " + s if k == 0 else "  " + s for d in self.differences for k, s in enumerate(d.lines())]
+        out += self.divergence.lines() if self.divergence else ["no single node differs (only the graph outputs)"]
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def generated_cases(graph: Graph, seeds: int = 3) -> list[Case]:
+    """Zeros, +bound, -bound and ``seeds`` random inputs within each input's declared precision (int32)."""
+    types = {graph.nodes[i].name: graph.nodes[i].outputs[0] for i in graph.inputs}
+    bound = max(t.bound for t in types.values())
+    cases = [Case(name, {n: np.full(t.shape, sign * t.bound, np.int32) for n, t in types.items()})
+             for name, sign in (("zeros", 0), (f"+{bound}", 1), (f"-{bound}", -1))]
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        inputs = {}
+        for n, t in types.items():
+            x = rng.integers(-t.bound, t.bound, size=t.shape, endpoint=True, dtype=np.int32)
+            edge = rng.random(t.shape) < 0.1
+            x[edge] = rng.choice(np.array([-t.bound, 0, t.bound], np.int32), int(edge.sum()))
+            inputs[n] = x
+        cases.append(Case(f"seed {seed}", inputs))
+    return cases
+
+
+def _as_graph(model) -> Graph:
+    if isinstance(model, Graph):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        from .api import load
+
+        return load(model).graph
+    return model.graph  # a Loaded
+
+
+def _feeds(case: Case) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v).astype(np.int32) for k, v in case.inputs.items()}
+
+
+def locate(graph: Graph, onnx_model: onnx.ModelProto, case: Case, provider: str = "cpu",
+           native: bool | None = None) -> Divergence | None:
+    """Run ``onnx_model`` with every non-param CVM entry as a graph output and return the first node (in
+    topological order) whose value differs from the reference executor's, or None."""
+    names = entry_names(graph)
+    watched = [e for e in names if graph.nodes[e.node].name not in graph.params]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(onnx_model)
+    present = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_tensor_value_info(names[e], TensorProto.INT32, graph.type_of(e).shape)
+                              for e in watched if names[e] not in present)
+    sess = session(probe, provider, native)
+    got = dict(zip((o.name for o in sess.get_outputs()), run(sess, _feeds(case))))
+    want = execute(graph, case.inputs, keep_all=True)
+    for i, node in enumerate(graph.nodes):
+        entries = [e for e in watched if e.node == i]
+        diffs = [d for e in entries if (d := Difference.of(names[e], want[e], got[names[e]]))]
+        if diffs:
+            attrs = {k: format_value(v) for k, v in node.attrs.items()}
+            return Divergence(node.name, node.op if not node.is_variable else "input", attrs,
+                              [names.get(e, graph.nodes[e.node].name) for e in node.inputs], diffs)
+    return None
+
+
+def verify(model, data: np.ndarray | Mapping[str, np.ndarray] | None = None, *, seeds: int = 3,
+           provider: str = "cpu", onnx_model: onnx.ModelProto | None = None, inline: bool = False,
+           native: bool | None = None, progress: Progress | None = None) -> Verdict:
+    """Check that ``onnx_model`` (default: ``to_onnx(graph, inline)``) computes exactly what the reference executor
+    computes for ``model`` (a validated Graph, a ``Loaded`` or a model path).
+
+    ``data``: the input ``data`` (or a mapping of input names to arrays); None generates the cases described in
+    the module docstring. Runtime errors (onnxruntime refusing the model, a bad input) raise ``RuntimeFailure``.
+    """
+    graph = _as_graph(model)
+    if onnx_model is None:
+        onnx_model = to_onnx(graph, inline=inline)
+    if data is None:
+        cases = generated_cases(graph, seeds)
+    else:
+        cases = [Case("given", dict(data) if isinstance(data, Mapping) else {"data": np.asarray(data)})]
+    total = len(cases) + 1
+    if progress:
+        progress(0, total, "onnxruntime session")
+    sess = session(onnx_model, provider, native)
+    out_names = [o.name for o in sess.get_outputs()]
+    verdict = Verdict([c.name for c in cases], out_names, provider)
+    for k, case in enumerate(cases, 1):
+        if progress:
+            progress(k, total, f"input {case.name}")
+        want = execute(graph, case.inputs)
+        got = run(sess, _feeds(case))
+        if len(got) != len(want):
+            raise RuntimeFailure(f"the ONNX model has {len(got)} outputs, the CVM model {len(want)}")
+        diffs = [d for name, w, g in zip(out_names, want, got) if (d := Difference.of(name, w, g))]
+        if diffs:
+            verdict.exact, verdict.failed_case, verdict.differences = False, case.name, diffs
+            if progress:
+                progress(k, total, "locating the first differing node")
+            verdict.divergence = locate(graph, onnx_model, case, provider, native)
+            break
+    if progress:
+        progress(total, total, "done")
+    return verdict

@@ -1,0 +1,68 @@
+"""Netron on loopback: an .onnx file as it is, a CVM model converted on the fly to a temporary .onnx.
+
+Netron is the optional extra ``view`` (``pip install 'cvm-onnx[view]'``). The server listens on 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+import webbrowser
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from .errors import FormatError, RuntimeFailure, UnsupportedError
+
+HOST = "127.0.0.1"
+
+
+def _netron():
+    try:
+        import netron
+    except ImportError:
+        raise UnsupportedError("viewing needs Netron, an optional extra: pip install 'cvm-onnx[view]' "
+                               "(or pip install netron)") from None
+    logging.getLogger("netron.server").setLevel(logging.WARNING)  # we say where it serves ourselves
+    return netron
+
+
+@contextmanager
+def served(model: str | os.PathLike, port: int = 0, params: str | os.PathLike | None = None) -> Iterator[str]:
+    """Serve ``model`` (an .onnx file, or a CVM model directory / symbol file with ``params``) with Netron on
+    127.0.0.1 (``port`` 0: a free one) while the block runs; yields the page's URL."""
+    from .api import is_onnx, load, to_onnx, write_onnx
+
+    netron = _netron()
+    with tempfile.TemporaryDirectory(prefix="cvm-onnx-view-") as tmp:
+        if is_onnx(model):
+            path = Path(model)
+            if not path.is_file():
+                raise FormatError("no such ONNX file", where=os.fspath(model))
+        else:
+            path = Path(tmp) / f"{Path(model).resolve().name or 'model'}.onnx"
+            write_onnx(to_onnx(load(model, params).graph), path)
+        try:
+            address = netron.serve(os.fspath(path), address=(HOST, port), browse=False)
+        except OSError as e:
+            raise RuntimeFailure(f"Netron cannot listen on {HOST}:{port}: {e.strerror or e}") from None
+        try:
+            yield f"http://{address[0]}:{address[1]}"
+        finally:
+            netron.stop(address)
+
+
+def view(model: str | os.PathLike, port: int = 0, browse: bool = True, params: str | os.PathLike | None = None,
+         ready=print) -> None:
+    """Serve ``model`` in Netron until interrupted (Ctrl-C); ``browse`` opens the page in the default browser.
+    ``ready(message)`` is told the URL once the server listens."""
+    with served(model, port, params) as url:
+        ready(f"Netron serves {model} at {url} (Ctrl-C to stop)")
+        if browse:
+            webbrowser.open(url)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
