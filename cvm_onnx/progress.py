@@ -17,13 +17,14 @@ class Bar:
                              TimeElapsedColumn(), console=console, transient=True)
         self._task = self._bar.add_task("", total=None)
         self._lock = threading.Lock()
-        self._closed = False
+        self._closed = self._shown = False
         self._timer = threading.Timer(delay, self._show) if console.is_terminal else None
 
     def _show(self) -> None:
         with self._lock:
             if not self._closed:
                 self._bar.start()
+                self._shown = True
 
     def __enter__(self) -> Bar:
         if self._timer:
@@ -36,7 +37,8 @@ class Bar:
             self._closed = True
             if self._timer:
                 self._timer.cancel()
-            self._bar.stop()
+            if self._shown:
+                self._bar.stop()
 
     def __call__(self, done: int, total: int, what: str) -> None:
         self._bar.update(self._task, completed=done, total=total, description=what)
