@@ -122,7 +122,7 @@ class Importer:
         self.names: set[str] = set()
         self.declared: dict[str, int] = {}  # precisions the model declares for its initializers (round trip)
         self.pending: dict[str, Tensor] = {}  # those initializers not yet made params, in the model's order
-        self._consts: dict[int, tuple[Tensor, Entry]] = {}
+        self._consts: dict[Tensor, Entry] = {}  # params made of constants (a Tensor hashes by identity)
         self.base = ""  # name of the ONNX node being imported: the default name of the CVM nodes it becomes
         self.base_dir: Path | None = None  # the model's directory (external data)
 
@@ -160,8 +160,8 @@ class Importer:
         """The CVM entry of ``t``; a constant becomes a param (once), named after its ONNX tensor."""
         if t.entry is not None:
             return t.entry
-        if id(t) in self._consts:
-            return self._consts[id(t)][1]
+        if t in self._consts:
+            return self._consts[t]
         if t.name in self.pending:  # the params a model declares come back in its order: the earlier ones first
             for name in list(self.pending):
                 earlier = self.pending.pop(name)
@@ -169,14 +169,15 @@ class Importer:
                     break
                 self.entry(earlier)
         v = t.value
+        what = f"constant {t.name}" if t.name else "a constant"
         if v.dtype.kind == "f" and not np.array_equal(v, np.round(v)):
-            raise Refuse(f"constant {t.name or ''} holds non-integer values".replace("  ", " "))
+            raise Refuse(f"{what} holds non-integer values")
         if t.peak > INT32_MAX:
-            raise Refuse(f"constant {t.name or ''} holds {t.peak}, beyond 32 bits".replace("  ", " "))
+            raise Refuse(f"{what} holds {t.peak}, beyond 32 bits")
         p = self.declared.get(t.name or "", tight(t.peak))
         e = self.variable(t.name or f"{self.base}/const", cvm_shape(t.shape), p,
                           np.asarray(v, np.int64) if v.dtype.kind in "fb" else v)
-        self._consts[id(t)] = (t, e)
+        self._consts[t] = e
         return e
 
     # -- op nodes ---------------------------------------------------------------------------------------------------

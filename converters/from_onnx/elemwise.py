@@ -167,21 +167,21 @@ def clip(ctx, node, x, lo_t=None, hi_t=None):
         lo, hi = (None if v is None else int(v) for v in (lo, hi))
     else:
         lo, hi = scalar(lo_t, "Clip min"), scalar(hi_t, "Clip max")
-    cmin = x.lo if lo is None else lo
-    cmax = x.hi if hi is None else hi
-    if cmin > cmax:
-        raise Refuse(f"Clip with min {cmin} > max {cmax}")
+    cmin = min(x.lo, hi if hi is not None else x.lo) if lo is None else lo
+    cmax = max(x.hi, cmin) if hi is None else hi
+    if cmin > cmax:  # min(max(x, lo), hi) is hi everywhere
+        return folded(np.full(x.shape, cmax), x.dtype)
     if cmin <= x.lo and x.hi <= cmax:
         return x
     if x.is_const:
         return folded(np.minimum(np.maximum(x.value, cmin), cmax), x.dtype)
     new_lo, new_hi = min(max(x.lo, cmin), cmax), max(min(x.hi, cmax), cmin)
+    if new_lo == new_hi:  # every value clipped to one bound
+        return folded(np.full(x.shape, new_lo), x.dtype)
     if cmin == -cmax and cmax == bound(tight(cmax)):
         e = ctx.emit("cvm_clip", x.entry, precision=tight(cmax))
-    elif new_lo < new_hi:
-        e = ctx.emit("clip", x.entry, a_min=new_lo, a_max=new_hi)
     else:
-        raise Refuse(f"Clip to [{cmin}, {cmax}] of values in [{x.lo}, {x.hi}] leaves the single value {new_lo}")
+        e = ctx.emit("clip", x.entry, a_min=new_lo, a_max=new_hi)
     return ctx.result(e, x.dtype, new_lo, new_hi, x.shape)
 
 

@@ -20,9 +20,9 @@ from cvm_onnx.graph import Entry, Graph
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.validate import validate
 
-from . import elemwise, roundtrip  # noqa: F401  (registers the rules)
+from . import elemwise, nn, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
 from .checks import checked_order, tensor_array
-from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, is_supported_type, type_name
+from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import RULES, NodeView, Refuse
 
 PRECISION_KEY = "cvm.precision"
@@ -151,7 +151,7 @@ class _Walk:
         for v in vis:
             tt = v.type.tensor_type
             dims = tt.shape.dim
-            if not is_supported_type(tt.elem_type) or tt.elem_type not in INT_RANGES:
+            if tt.elem_type not in INT_RANGES:
                 self.problem(v.name, f"input of non-integer type {type_name(tt.elem_type)}")
                 continue
             if not tt.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):

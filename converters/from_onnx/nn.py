@@ -1,0 +1,382 @@
+"""Import rules of the ONNX products, pooling and resizing: MatMul, Gemm, MatMulInteger -> dense; Conv,
+ConvInteger -> conv2d; MaxPool -> max_pool2d; Resize, Upsample (nearest, integer scales) -> upsampling or repeat.
+
+* CVM's dense and conv2d take 8-bit inputs (|x| <= 127): an input whose interval proves it gets a cvm_clip to
+  lower its label if needed, any other is refused. Zero points are subtracted first (a constant weight is
+  folded), so ConvInteger/MatMulInteger of uint8 data work when the data minus its zero point fits.
+* The result interval is exact per output channel for a constant weight (positive and negative weights times
+  the input interval, zero padding included); ONNX computes int32 products exactly when that interval fits
+  int32, and float ones when every partial sum stays within the float's exact integers (max|x| * sum|w|).
+* CVM pads symmetrically. Asymmetric padding (pads_begin != pads_end, auto_pad SAME_UPPER/SAME_LOWER) is
+  computed exactly with a larger symmetric padding P chosen so that the ONNX windows are a stride-aligned
+  subset of CVM's, followed by a strided_slice picking them. Max pooling needs P < kernel; when the aligned P
+  is too large, it pools with stride 1 and lets the strided_slice take every stride-th window.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import TensorProto
+
+from .context import FLOAT_EXACT, Tensor, check_values, const
+from .elemwise import broadcast_shape, type_name
+from .registry import Refuse, rule
+from .transform import ints, strided_slice
+
+INT32 = TensorProto.INT32
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+def product_interval(x: Tensor, w: Tensor, reduced: int, padded: bool = False) -> tuple[int, int, int]:
+    """(lo, hi, partial) of sum_k x_k * w[o, k] over the rows o of w (a constant) or any weights within w's
+    interval; ``partial`` bounds every partial sum. ``padded``: some x_k may be 0 (zero padding)."""
+    xlo, xhi = (min(x.lo, 0), max(x.hi, 0)) if padded else (x.lo, x.hi)
+    xpeak = max(-xlo, xhi)
+    if not w.is_const:
+        m = reduced * xpeak * w.peak
+        return -m, m, m
+    rows = w.value.astype(np.int64).reshape(w.shape[0], -1)
+    pos, neg = np.clip(rows, 0, None).sum(axis=1), np.clip(rows, None, 0).sum(axis=1)
+    lo, hi = pos * xlo + neg * xhi, pos * xhi + neg * xlo
+    return int(lo.min()), int(hi.max()), xpeak * int(np.abs(rows).sum(axis=1).max())
+
+
+def check_partial(dtype: int, partial: int, what: str) -> None:
+    """A float product is exact when no partial sum leaves the float's exact integers."""
+    if dtype in FLOAT_EXACT and partial > FLOAT_EXACT[dtype]:
+        raise Refuse(f"precision bound exceeded: {what} partial sums may reach {partial}, beyond the integers "
+                     f"{type_name(dtype)} holds exactly")
+
+
+def transposed(ctx, t: Tensor, perm: tuple[int, ...]) -> Tensor:
+    if t.is_const:
+        return const(np.transpose(t.value, perm), t.dtype)
+    shape = tuple(t.shape[p] for p in perm)
+    return ctx.result(ctx.emit("transpose", t.entry, axes=perm), t.dtype, t.lo, t.hi, shape)
+
+
+def minus_zero_point(ctx, t: Tensor, zp: Tensor | None, channel_axis: int | None = None) -> Tensor:
+    """t - zero_point as int32 (a per-channel zero point lies along ``channel_axis``)."""
+    if zp is None or (zp.is_const and not zp.value.any()):
+        return Tensor(INT32, t.shape, t.lo, t.hi, t.entry, t.value, t.name)
+    if not zp.is_const:
+        raise Refuse("a zero point must be a constant")
+    z = zp.value.astype(np.int64)
+    if z.size > 1 and channel_axis is not None:
+        z = z.reshape((-1,) + (1,) * (len(t.shape) - 1 - channel_axis))
+    if t.is_const:
+        return const(t.value.astype(np.int64) - z, INT32)
+    zc = const(z.astype(np.int32), INT32)
+    e = ctx.op("broadcast_sub", t, zc)
+    return ctx.result(e, INT32, t.lo - int(z.max()), t.hi - int(z.min()), broadcast_shape(t, zc))
+
+
+def dense(ctx, x: Tensor, w: Tensor, dtype: int, bias: Tensor | None = None) -> Tensor:
+    """x (M, K) times w (N, K)^T (+ bias (N,)) with dense; the interval and the float check."""
+    xe = ctx.narrow(x, 8, "MatMul/Gemm input")
+    we = ctx.narrow(w, 8, "MatMul/Gemm weight")
+    lo, hi, partial = product_interval(x, w, x.shape[1])
+    ins = [xe, we]
+    if bias is not None:
+        lo, hi, partial = lo + bias.lo, hi + bias.hi, partial + bias.peak
+        ins.append(ctx.entry(bias))
+    check_partial(dtype, partial, "the product's")
+    e = ctx.emit("dense", *ins, units=w.shape[0], use_bias=bias is not None)
+    return ctx.result(e, dtype, lo, hi, (x.shape[0], w.shape[0]))
+
+
+def matmul(ctx, a: Tensor, b: Tensor, dtype: int) -> Tensor:
+    """ONNX MatMul (numpy semantics) with a right operand of rank <= 2: rows of a flattened, dense, reshaped."""
+    if len(b.shape) > 2:
+        raise Refuse("MatMul with a batched right operand has no CVM form (dense takes one weight matrix)")
+    if a.is_const and b.is_const:
+        return const(np.matmul(a.value, b.value), dtype)
+    k = a.shape[-1]
+    b2 = b if len(b.shape) == 2 else ctx.reshape(b, (k, 1))
+    rows = ctx.reshape(a, (math.prod(a.shape[:-1]), k))
+    y = dense(ctx, rows, transposed(ctx, b2, (1, 0)), dtype)
+    shape = a.shape[:-1] + b.shape[1:] if len(a.shape) > 1 else b.shape[1:]
+    return ctx.reshape(y, shape)
+
+
+@rule("MatMul", since=1)
+def matmul_rule(ctx, node, a, b):
+    return matmul(ctx, a, b, a.dtype)
+
+
+@rule("MatMulInteger", since=10)
+def matmul_integer(ctx, node, a, b, a_zero=None, b_zero=None):
+    """(A - a_zero_point) @ (B - b_zero_point) in int32 (a per-row a_zero_point, a per-column b_zero_point)."""
+    a = minus_zero_point(ctx, a, a_zero, len(a.shape) - 2)
+    return matmul(ctx, a, minus_zero_point(ctx, b, b_zero), INT32)
+
+
+@rule("Gemm", since=7)
+def gemm(ctx, node, a, b, c=None):
+    """alpha * A' @ B' + beta * C with integer alpha and beta: dense (C as its bias when it is a row)."""
+    alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+    if alpha != int(alpha) or beta != int(beta):
+        raise Refuse(f"Gemm alpha={alpha}, beta={beta}: only integer factors have an exact CVM form")
+    a = transposed(ctx, a, (1, 0)) if node.attr("transA", 0) else a
+    w = b if node.attr("transB", 0) else transposed(ctx, b, (1, 0))
+    n = w.shape[0]
+    if c is not None and beta != 1:
+        c = const(c.value * int(beta), c.dtype) if c.is_const else None if beta == 0 else mul(ctx, c, int(beta))
+    bias = None
+    if c is not None and alpha == 1 and c.is_const and c.shape in ((), (1,), (n,), (1, 1), (1, n)):
+        bias, c = const(np.broadcast_to(c.value.reshape(-1), (n,)), c.dtype), None
+    y = dense(ctx, a, w, a.dtype, bias)
+    if alpha != 1:
+        y = mul(ctx, y, int(alpha))
+    if c is not None:
+        lo, hi = y.lo + c.lo, y.hi + c.hi
+        check_values(y.dtype, lo, hi)
+        y = ctx.result(ctx.op("broadcast_add", y, c), y.dtype, lo, hi, broadcast_shape(y, c))
+    return y
+
+
+def mul(ctx, t: Tensor, k: int) -> Tensor:
+    lo, hi = sorted((t.lo * k, t.hi * k))
+    check_values(t.dtype, lo, hi)
+    return ctx.result(ctx.op("broadcast_mul", t, const(np.array([k], np.int32), INT32)), t.dtype, lo, hi, t.shape)
+
+
+# -- convolution and pooling geometry ---------------------------------------------------------------------------
+def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int],
+              crop: bool = False):
+    """(begin, end) pads per spatial axis from ``pads`` or ``auto_pad``. SAME_* pads the total
+    (ceil(size/s) - 1) * s + dilated kernel - size, half at the begin for SAME_UPPER (truncated toward zero,
+    as onnxruntime computes it), the rest at the end, SAME_LOWER the other way round. A negative total is no
+    padding, except with ``crop`` (onnxruntime's MaxPool), where it crops the input."""
+    auto = node.attr("auto_pad", "NOTSET")
+    n = len(spatial)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+            total = (-(-size // s) - 1) * s + (k - 1) * d + 1 - size
+            total = total if crop else max(total, 0)
+            t = total + (auto == "SAME_LOWER")
+            head = t // 2 if t >= 0 else -(-t // 2)
+            begin.append(head)
+            end.append(total - head)
+        return begin, end
+    if auto == "VALID":
+        return [0] * n, [0] * n
+    if auto != "NOTSET":
+        raise Refuse(f"auto_pad={auto} is not an ONNX value")
+    pads = node.attr("pads", [0] * 2 * n)
+    return list(pads[:n]), list(pads[n:])
+
+
+def cropped(ctx, x: Tensor, begin: list[int], end: list[int]) -> tuple[Tensor, list[int], list[int]]:
+    """Negative pads (2 spatial axes) as a crop of the input; the pads left are >= 0."""
+    ranges = [range(d) for d in x.shape[:2]]
+    ranges += [range(max(-b, 0), d - max(-e, 0)) for d, b, e in zip(x.shape[2:], begin, end)]
+    return strided_slice(ctx, x, ranges), [max(b, 0) for b in begin], [max(e, 0) for e in end]
+
+
+def aligned(size: int, k: int, s: int, pb: int, pe: int) -> tuple[int, int, int]:
+    """(P, offset, out): CVM's symmetric padding P >= pb, pe with P - pb a multiple of the stride, so ONNX output
+    o is CVM output o + offset; ``out`` ONNX outputs."""
+    out = (size + pb + pe - k) // s + 1
+    if out <= 0:
+        raise Refuse(f"the kernel ({k}) is larger than the padded input ({size + pb + pe})")
+    p = pb if pb >= pe else pb + -(-(pe - pb) // s) * s
+    return p, (p - pb) // s, out
+
+
+def select(ctx, y: Tensor, offsets: list[int], steps: list[int], outs: list[int]) -> Tensor:
+    """The ONNX windows among CVM's on the two spatial axes."""
+    ranges = [range(d) for d in y.shape[:2]]
+    ranges += [range(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offsets, steps, outs)]
+    return strided_slice(ctx, y, ranges)
+
+
+def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
+    """A 1-D (N, C, L) input as (N, C, 1, L); 2-D as is; others refused."""
+    if len(x.shape) == 3:
+        return ctx.reshape(x, x.shape[:2] + (1,) + x.shape[2:])
+    if len(x.shape) != 4:
+        raise Refuse(f"{what} on a {len(x.shape) - 2}-D image: only 1-D and 2-D have a CVM form")
+    return x
+
+
+def attrs_2d(node, name: str, default: int, one_d: bool, fill: int) -> list[int]:
+    v = list(node.attr(name, [default] * (1 if one_d else 2)))
+    return [fill] + v if one_d else v
+
+
+@rule("Conv", "ConvInteger", since=1)
+def conv(ctx, node, x, w, b=None, w_zero=None):
+    """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d."""
+    integer = node.op_type == "ConvInteger"
+    if integer:
+        x, w, b = minus_zero_point(ctx, x, b), minus_zero_point(ctx, w, w_zero, 0), None
+    one_d = len(x.shape) == 3
+    x4, w4 = spatial_2d(ctx, x, node.op_type), spatial_2d(ctx, w, node.op_type)
+    m, cg, kh, kw = w4.shape
+    groups = node.attr("group", 1)
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    begin, end = onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
+                           dilations[-len(x.shape) + 2:])
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    x4, begin, end = cropped(ctx, x4, begin, end)
+    n, c, h, wd = x4.shape
+    plans = [aligned(size, d * (k - 1) + 1, s, pb, pe)
+             for size, k, s, d, pb, pe in zip((h, wd), (kh, kw), strides, dilations, begin, end)]
+    xe, we = ctx.narrow(x4, 8, f"{node.op_type} input X"), ctx.narrow(w4, 8, f"{node.op_type} weight W")
+    lo, hi, partial = product_interval(x4, w4, cg * kh * kw, padded=any(begin + end))
+    ins = [xe, we]
+    if b is not None:
+        lo, hi, partial = lo + b.lo, hi + b.hi, partial + b.peak
+        ins.append(ctx.entry(b))
+    dtype = INT32 if integer else x.dtype
+    check_partial(dtype, partial, "the convolution's")
+    e = ctx.emit("conv2d", *ins, channels=m, kernel_size=(kh, kw), strides=tuple(strides),
+                 padding=tuple(p for p, _, _ in plans), dilation=tuple(dilations), groups=groups,
+                 use_bias=b is not None)
+    y = ctx.result(e, dtype, lo, hi)
+    y = select(ctx, y, [o for _, o, _ in plans], [1, 1], [k for _, _, k in plans])
+    return ctx.reshape(y, (n, m, y.shape[3])) if one_d else y
+
+
+def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[int, int, int, int]:
+    """(P, CVM stride, offset, out) for one axis of a max pooling: ONNX's output count (ceil mode drops a last
+    window starting in the end padding), then the stride-aligned symmetric padding if it stays below the
+    kernel (CVM's rule), else stride 1 with P = the larger pad, the slice taking every s-th window."""
+    span = size + pb + pe - k
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + pb:
+        out -= 1
+    reach = max((out - 1) * s + k - size - pb, 0)  # the end padding the last window reaches
+    p, offset, _ = aligned(size, k, s, pb, reach)
+    if p < k:
+        return p, s, offset, out
+    p = max(pb, reach)
+    if p >= k:
+        raise Refuse(f"MaxPool pads ({pb}, {pe}) reach a window of padding only (kernel {k})")
+    return p, 1, p - pb, out
+
+
+@rule("MaxPool", since=1)
+def max_pool(ctx, node, x):
+    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either."""
+    if any(d != 1 for d in node.attr("dilations", [])):
+        raise Refuse("MaxPool with dilations has no CVM form")
+    one_d = len(x.shape) == 3
+    x4 = spatial_2d(ctx, x, "MaxPool")
+    kernel = attrs_2d(node, "kernel_shape", 1, one_d, 1)
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    begin, end = onnx_pads(node, x.shape[2:], node.attr("kernel_shape"), strides[-len(x.shape) + 2:],
+                           [1] * (len(x.shape) - 2), crop=True)
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    x4, begin, end = cropped(ctx, x4, begin, end)
+    n, c, h, w = x4.shape
+    plans = [pool_plan(size, k, s, pb, pe, bool(node.attr("ceil_mode", 0)))
+             for size, k, s, pb, pe in zip((h, w), kernel, strides, begin, end)]
+    e = ctx.emit("max_pool2d", x4.entry, pool_size=tuple(kernel), strides=tuple(p[1] for p in plans),
+                 padding=tuple(p[0] for p in plans))
+    y = ctx.result(e, x.dtype, x.lo, x.hi)
+    y = select(ctx, y, [p[2] for p in plans], [s // p[1] for s, p in zip(strides, plans)], [p[3] for p in plans])
+    return [ctx.reshape(y, (n, c, y.shape[3])) if one_d else y, None]
+
+
+# -- nearest resizing -------------------------------------------------------------------------------------------
+def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s: int) -> np.ndarray:
+    """The input index ONNX Resize reads for outputs ``o`` (integer scale s = out/size), in exact rational
+    arithmetic: the coordinate num/den by the transformation mode, rounded by the nearest mode, clamped."""
+    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
+        num, den = 2 * o + 1 - s, 2 * s
+    elif mode == "pytorch_half_pixel":
+        num, den = 0 * o, 1
+    elif mode == "align_corners":
+        num, den = (o * (size - 1), out - 1) if out > 1 else (0 * o, 1)
+    elif mode == "asymmetric":
+        num, den = o, s
+    elif mode == "tf_half_pixel_for_nn":
+        num, den = 2 * o + 1, 2 * s
+    else:
+        raise Refuse(f"Resize coordinate_transformation_mode={mode} has no exact CVM form")
+    if nearest == "floor":
+        idx = num // den
+    elif nearest == "ceil":
+        idx = -(-num // den)
+    elif nearest == "round_prefer_ceil":
+        idx = (2 * num + den) // (2 * den)
+    elif nearest == "round_prefer_floor":
+        idx = -((den - 2 * num) // (2 * den))
+    else:
+        raise Refuse(f"Resize nearest_mode={nearest} is not an ONNX value")
+    return np.clip(idx, 0, size - 1)
+
+
+def nearest(ctx, x: Tensor, scales: list[int]) -> Tensor:
+    """Nearest upsampling by integer scales: upsampling for (1, 1, s, s), else a repeat per stretched axis."""
+    if all(s == 1 for s in scales):
+        return x
+    shape = tuple(d * s for d, s in zip(x.shape, scales))
+    if x.is_const:
+        v = x.value
+        for axis, s in enumerate(scales):
+            v = np.repeat(v, s, axis=axis)
+        return const(v, x.dtype)
+    if len(scales) == 4 and scales[:2] == [1, 1] and scales[2] == scales[3]:
+        return ctx.result(ctx.emit("upsampling", x.entry, scale=scales[2]), x.dtype, x.lo, x.hi, shape)
+    e = x.entry
+    for axis, s in enumerate(scales):
+        if s > 1:
+            e = ctx.emit("repeat", e, repeats=s, axis=axis)
+    return ctx.result(e, x.dtype, x.lo, x.hi, shape)
+
+
+def integer_scales(x: Tensor, out: list[int]) -> list[int]:
+    if len(out) != len(x.shape) or any(o % d or o < d for o, d in zip(out, x.shape)):
+        raise Refuse(f"resizing {x.shape} to {tuple(out)} is not an upsampling by integer scales")
+    return [o // d for o, d in zip(out, x.shape)]
+
+
+@rule("Resize", since=11)
+def resize(ctx, node, x, roi=None, scales=None, sizes=None):
+    """Resize nearest with integer scales, for every coordinate transformation and nearest mode that picks
+    x[o // s] (checked exactly on every output index)."""
+    mode = node.attr("mode", "nearest")
+    if mode != "nearest":
+        raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form")
+    rank = len(x.shape)
+    axes = node.attr("axes", list(range(rank)))
+    full = list(x.shape)
+    if sizes is not None and sizes.size:
+        if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+            raise Refuse("Resize keep_aspect_ratio_policy other than stretch has no CVM form")
+        for a, v in zip(axes, ints(sizes, "Resize sizes")):
+            full[a % rank] = v
+    elif scales is not None and scales.size:
+        if not scales.is_const:
+            raise Refuse("Resize scales must be a constant")
+        for a, v in zip(axes, scales.value.reshape(-1)):
+            full[a % rank] = math.floor(x.shape[a % rank] * float(v))
+    factors = integer_scales(x, full)
+    transform = node.attr("coordinate_transformation_mode", "half_pixel")
+    rounding = node.attr("nearest_mode", "round_prefer_floor")
+    for d, s, o in zip(x.shape, factors, full):
+        idx = np.arange(o)
+        if s > 1 and not np.array_equal(source_index(transform, rounding, idx, d, o, s), idx // s):
+            raise Refuse(f"Resize {transform}/{rounding} with scale {s} does not pick x[o // {s}]: no CVM form")
+    return nearest(ctx, x, factors)
+
+
+@rule("Upsample", since=7)
+def upsample(ctx, node, x, scales=None):
+    """Upsample (opset 7 to 9) nearest: x[o // s] for integer scales s."""
+    if node.attr("mode", "nearest") != "nearest":
+        raise Refuse(f"Upsample mode={node.attr('mode')}: only nearest has an exact CVM form")
+    values = node.attr("scales") if node.opset < 9 else scales.value.reshape(-1) if scales is not None and \
+        scales.is_const else None
+    if values is None:
+        raise Refuse("Upsample scales must be a constant")
+    return nearest(ctx, x, integer_scales(x, [math.floor(d * float(v)) for d, v in zip(x.shape, values)]))
+
