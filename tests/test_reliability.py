@@ -5,6 +5,8 @@ must be success or a ``CVMError``; anything else is a crash. Crashes found by fu
 """
 from __future__ import annotations
 
+import errno
+import os
 import stat
 
 import pytest
@@ -14,6 +16,7 @@ from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.api import write_onnx
 from cvm_onnx.errors import FormatError, ValidationError
+from cvm_onnx.format import write_model
 
 
 # -- crashes found by fuzzing ----------------------------------------------------------------------------------------
@@ -77,3 +80,31 @@ def test_write_onnx_gives_new_files_the_usual_mode(tmp_path):
     (tmp_path / "m.onnx").chmod(0o640)
     write_onnx(model, tmp_path / "m.onnx")
     assert stat.S_IMODE((tmp_path / "m.onnx").stat().st_mode) == 0o640
+
+
+def failing_fsync(monkeypatch, nth: int) -> None:
+    """Make the ``nth`` os.fsync fail as a full disk does."""
+    calls, real = [], os.fsync
+
+    def fsync(fd):
+        calls.append(fd)
+        if len(calls) == nth:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_write_model_failing_on_params_keeps_both_old_files(tmp_path, monkeypatch):
+    """write_model replaced the symbol before writing the params: a failure there left a new symbol with the old
+    params. A fresh directory is not left behind either."""
+    write_model(vision_graph(), tmp_path / "m")
+    old = {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir()}
+    failing_fsync(monkeypatch, 2)
+    with pytest.raises(FormatError, match="No space left on device"):
+        write_model(vision_graph(score_threshold=3), tmp_path / "m")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "m").iterdir()} == old
+    failing_fsync(monkeypatch, 1)
+    with pytest.raises(FormatError):
+        write_model(vision_graph(), tmp_path / "new")
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]

@@ -57,24 +57,36 @@ def read_model(path: str | os.PathLike, params: str | os.PathLike | None = None)
     return graph
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file next to ``path``, then rename it over ``path`` (atomic)."""
-    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def replace_files(files: dict[Path, bytes]) -> None:
+    """Write each file to a temporary file next to it, then rename them all over their targets: a failure while
+    writing (or an interruption) changes none of them."""
+    staged: list[tuple[str, Path]] = []
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        for path, data in files.items():
+            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+        for tmp, path in staged:
+            os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a temporary file next to it, then a rename."""
+    replace_files({path: data})
+
+
 def write_model(graph: Graph, directory: str | os.PathLike) -> None:
-    """Write ``symbol`` and ``params`` into ``directory`` (created if needed), each file replaced atomically.
+    """Write ``symbol`` and ``params`` into ``directory`` (created if needed), both replaced together: a failure
+    leaves the old files (and no new directory).
 
     Params are stored as int8 when their variable's precision is <= 8, else int32 (MRT's rule).
     """
@@ -83,9 +95,13 @@ def write_model(graph: Graph, directory: str | os.PathLike) -> None:
                   if n.is_variable and n.outputs and n.name in graph.params}
     text = write_symbol(graph).encode("utf-8")
     data = write_params(graph.params, precisions)
+    fresh = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        replace_file(directory / SYMBOL, text)
-        replace_file(directory / PARAMS, data)
-    except OSError as e:
-        raise FormatError(f"cannot write the model: {e.strerror or e}", str(directory)) from None
+        replace_files({directory / SYMBOL: text, directory / PARAMS: data})
+    except BaseException as e:
+        if fresh and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+        if isinstance(e, OSError):
+            raise FormatError(f"cannot write the model: {e.strerror or e}", str(directory)) from None
+        raise
