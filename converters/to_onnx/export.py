@@ -10,6 +10,7 @@ marked with metadata ``cvm.node``, ``cvm.op`` and ``cvm.attrs`` so the CVM graph
 """
 from __future__ import annotations
 
+import inspect
 import json
 from typing import Any
 
@@ -48,6 +49,21 @@ def entry_names(graph: Graph) -> dict[Entry, str]:
         for k in range(len(node.outputs)):
             names[Entry(i, k)] = node.name if k == 0 else f"{node.name}:{k}"
     return names
+
+
+# The runtime's names of op inputs (its op table), the functions' parameter names that viewers show. Other ops
+# take one input, data; elemwise_* and broadcast_* take lhs, rhs; concatenate takes data0, data1, ...
+INPUT_NAMES = {"conv2d": ("data", "weight", "bias"), "dense": ("data", "weight", "bias"), "take": ("data", "indices"),
+               "cvm_lut": ("indices", "table"), "slice_like": ("data", "shape_like"), "where": ("condition", "x", "y"),
+               "non_max_suppression": ("data", "valid_count")}
+
+
+def input_names(op: str, n: int) -> list[str]:
+    if op == "concatenate":
+        return [f"data{k}" for k in range(n)]
+    if op.startswith(("elemwise_", "broadcast_")):
+        return ["lhs", "rhs"]
+    return list(INPUT_NAMES.get(op, ("data",)))[:n]
 
 
 def value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
@@ -94,9 +110,9 @@ class _Exporter:
     def op(self, i: int, node: Node) -> None:
         g = self.graph
         a = REGISTRY[node.op].bind(node.attrs)
-        ins = [Value(f"x{k}", g.type_of(e).shape, self.bounds[e],
+        ins = [Value(name, g.type_of(e).shape, self.bounds[e],
                      g.params.get(g.nodes[e.node].name) if g.nodes[e.node].is_variable else None)
-               for k, e in enumerate(node.inputs)]
+               for name, e in zip(input_names(node.op, len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
         body, body_outs = lower(node.op, a, ins, outs)
         in_names = [self.names[e] for e in node.inputs]
@@ -118,9 +134,13 @@ class _Exporter:
              in_names: list[str], out_names: list[str], doc: str) -> onnx.NodeProto:
         """A node of domain ``cvm`` calling the function of this body (shared with identical bodies)."""
         attrs = onnx_attrs(a)
-        fn = helper.make_function(DOMAIN, node.op, [v.name for v in ins], body_outs, body.nodes,
+        formal = {t: "out" if len(body_outs) == 1 else f"out{k}" for k, t in enumerate(body_outs)}
+        for n in body.nodes:  # the body's outputs get readable names
+            n.input[:] = [formal.get(t, t) for t in n.input]
+            n.output[:] = [formal.get(t, t) for t in n.output]
+        fn = helper.make_function(DOMAIN, node.op, [v.name for v in ins], list(formal.values()), body.nodes,
                                   [helper.make_opsetid("", OPSET)], attributes=list(attrs),
-                                  doc_string=(LOWERINGS[node.op].fn.__doc__ or "").strip())
+                                  doc_string=inspect.cleandoc(LOWERINGS[node.op].fn.__doc__ or ""))
         key = fn.SerializeToString(deterministic=True)
         if key not in self.functions:
             self.overloads[node.op] = self.overloads.get(node.op, 0) + 1
