@@ -2,62 +2,94 @@
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
 
 from . import api
 from .errors import CVMError, FormatError
+from .format.model_dir import replace_file
 
+# Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
+# errors) and EX_SOFTWARE, then the shell's 128 + signal number.
+USAGE_ERROR = 64
 INTERNAL_ERROR = 70
+INTERRUPTED = 130
+BROKEN_PIPE = 141
+
+
+def line(text: object) -> str:
+    """``text`` on one line: control characters (newlines, terminal escapes in hostile names) shown escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
+def say(text: object) -> None:
+    print(line(text))
+
+
+def complain(text: object) -> None:
+    print(line(text), file=sys.stderr)
 
 
 def read_npy(path: str) -> np.ndarray:
+    """The array in a .npy file. Mapped first, so a header claiming more data than the file holds is refused
+    instead of allocated."""
     try:
-        return np.load(path, allow_pickle=False)
+        data = np.load(path, mmap_mode="r", allow_pickle=False)
+        if not isinstance(data, np.ndarray):
+            raise ValueError("an .npz archive, not one .npy array")
+        return np.array(data)
     except (OSError, ValueError) as e:
         raise FormatError(f"cannot read the input array: {e}", where=path) from None
 
 
 def write_npz(path: str, names: list[str], values: list[np.ndarray]) -> None:
+    """The outputs as one int32 array each, keyed by name, written atomically."""
     arrays: dict[str, np.ndarray] = {}
     for name, value in zip(names, values):
         key = name if name not in arrays else f"{name}_{len(arrays)}"
         arrays[key] = np.asarray(value, dtype=np.int32)
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    try:
+        replace_file(Path(path), buffer.getvalue())
+    except OSError as e:
+        raise FormatError(f"cannot write the outputs: {e.strerror or e}", where=path) from None
 
 
 def _warn(problems) -> None:
     for p in problems:
-        print(f"warning: {p}", file=sys.stderr)
+        complain(f"warning: {p}")
 
 
 def cmd_validate(args) -> int:
     model = api.load(args.model, args.params)
     _warn(model.warnings)
     g = model.graph
-    print(f"ok: {args.model}: {sum(not n.is_variable for n in g.nodes)} op nodes, {len(g.params)} params, "
-          f"valid for the CVM runtime")
+    say(f"ok: {args.model}: {sum(not n.is_variable for n in g.nodes)} op nodes, {len(g.params)} params, "
+        f"valid for the CVM runtime")
     return 0
 
 
 def cmd_info(args) -> int:
     model = api.load(args.model, args.params)
     g = model.graph
-    print(f"model: {args.model}")
+    say(f"model: {args.model}")
     for i in g.inputs:
         t = g.nodes[i].outputs[0]
-        print(f"input  {g.nodes[i].name}: shape {t.shape}, precision {t.precision}")
+        say(f"input  {g.nodes[i].name}: shape {t.shape}, precision {t.precision}")
     for h in g.heads:
         t = g.type_of(h)
-        print(f"output {g.nodes[h.node].name}: shape {t.shape}, precision {t.precision}")
+        say(f"output {g.nodes[h.node].name}: shape {t.shape}, precision {t.precision}")
     nbytes = sum(v.nbytes for v in g.params.values())
-    print(f"params: {len(g.params)} arrays, {sum(v.size for v in g.params.values())} values, {nbytes} bytes")
-    print("ops:")
+    say(f"params: {len(g.params)} arrays, {sum(v.size for v in g.params.values())} values, {nbytes} bytes")
+    say("ops:")
     for op, n in g.op_counts().items():
-        print(f"  {op:<22}{n:>6}")
+        say(f"  {op:<22}{n:>6}")
     _warn(model.warnings)
     return 0
 
@@ -65,7 +97,7 @@ def cmd_info(args) -> int:
 def cmd_convert(args) -> int:
     api.convert(args.source, args.output, params=args.params, inline=args.inline,
                 input_precision=args.input_precision)
-    print(f"wrote {args.output}")
+    say(f"wrote {args.output}")
     return 0
 
 
@@ -81,17 +113,28 @@ def cmd_run(args) -> int:
         outs = api.run_cvm(model.graph, data)
         names = [model.graph.nodes[h.node].name for h in model.graph.heads]
     write_npz(args.output, names, outs)
-    print(f"wrote {args.output}: " + ", ".join(f"{n} {tuple(o.shape)}" for n, o in zip(names, outs)))
+    say(f"wrote {args.output}: " + ", ".join(f"{n} {tuple(o.shape)}" for n, o in zip(names, outs)))
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exiting with ``USAGE_ERROR`` on a usage error."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cvm-onnx", description="CVM models to ONNX and back, bit-exact.")
-    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    p = _Parser(prog="cvm-onnx", description="CVM models to ONNX and back, bit-exact. Exit codes: docs/cli.md.")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of any error")
+    p.add_argument("--debug", action="store_true", help="print the traceback of any error")
     sub = p.add_subparsers(dest="command", required=True)
 
     def model_cmd(name, fn, help, aliases=()):
-        c = sub.add_parser(name, help=help, aliases=list(aliases))
+        c = sub.add_parser(name, help=help, aliases=list(aliases), parents=[debug])
         c.add_argument("model", help="CVM model directory (symbol + params), a symbol file, or an .onnx file")
         c.add_argument("--params", help="params file when MODEL is a symbol file")
         c.set_defaults(fn=fn)
@@ -103,7 +146,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help=".npy holding the input data (int8 or int32)")
     r.add_argument("--output", required=True, help=".npz to write, one int32 array per output in order")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
-    c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM")
+    c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM", parents=[debug])
     c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")
     c.add_argument("-o", "--output", required=True,
                    help="the .onnx file to write, or for an .onnx source the CVM model directory")
@@ -117,17 +160,31 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run one command; the exit status is 0, the error family's code, or one of the codes above."""
     try:
-        return args.fn(args)
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error
+        return e.code
+    try:
+        code = args.fn(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
     except CVMError as e:
+        if args.debug:
+            traceback.print_exc()
         for problem in e.problems:
-            print(f"{e.kind}: {problem}", file=sys.stderr)
+            complain(f"{e.kind}: {problem}")
         return e.exit_code
+    except KeyboardInterrupt:
+        complain("interrupted")
+        return INTERRUPTED
+    except BrokenPipeError:  # whoever read our output stopped (`cvm-onnx info m | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush does not fail again
+        return BROKEN_PIPE
     except Exception as e:  # a bug of ours: say so briefly unless debugging
         if args.debug:
-            raise
-        print(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr)
+            traceback.print_exc()
+        complain(f"internal error: {type(e).__name__}: {e} (run with --debug for the traceback)")
         return INTERNAL_ERROR
 
 

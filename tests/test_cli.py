@@ -1,0 +1,208 @@
+"""The command line: one line per problem on stderr, a distinct exit code per error family, no traceback unless
+--debug (docs/cli.md). Commands run through ``cli.main`` in-process, and as ``python -m cvm_onnx.cli`` where the
+process' own exit status or stdout matters."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from cvm_onnx import api, cli
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.errors import FormatError, RuntimeFailure, UnsupportedError, ValidationError
+from cvm_onnx.executor import execute
+from cvm_onnx.format import write_model, write_params, write_symbol
+
+ROOT = Path(__file__).parents[1]
+CODES = {"format error": 2, "invalid model": 3, "unsupported": 4, "runtime error": 5}
+
+
+def small_graph(out: str = "out"):
+    b = GraphBuilder()
+    w = np.arange(-6, 6, dtype=np.int32).reshape(3, 4)
+    y = b.op("dense", b.input("data", (1, 4), 8), b.param("w", w), units=3, use_bias=False)
+    return b.build(b.op("cvm_right_shift", y, name=out, shift_bit=2, precision=8))
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    write_model(small_graph(), tmp_path / "model")
+    return tmp_path / "model"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def failed(capsys, code: int, *argv) -> list[str]:
+    """Run, expect exit ``code`` and an empty stdout; return the stderr lines (never a traceback)."""
+    got, out, err = run(capsys, *argv)
+    assert (got, out) == (code, ""), err
+    assert "Traceback" not in err
+    return err.splitlines()
+
+
+def test_family_codes_are_distinct_and_documented():
+    families = {FormatError: 2, ValidationError: 3, UnsupportedError: 4, RuntimeFailure: 5}
+    assert {cls.exit_code for cls in families} == set(families.values())
+    assert {cls.kind: cls.exit_code for cls in families} == CODES
+    others = [cli.USAGE_ERROR, cli.INTERNAL_ERROR, cli.INTERRUPTED, cli.BROKEN_PIPE]
+    assert others == [64, 70, 130, 141] and len({0, *families.values(), *others}) == 9
+    documented = re.findall(r"^\| (\d+) \|", (ROOT / "docs" / "cli.md").read_text(), re.M)
+    assert sorted(map(int, documented)) == sorted([0, *families.values(), *others])
+
+
+def test_commands_succeed(model, tmp_path, capsys):
+    code, out, err = run(capsys, "validate", model)
+    assert (code, err) == (0, "") and out == f"ok: {model}: 2 op nodes, 1 params, valid for the CVM runtime\n"
+    code, out, _ = run(capsys, "info", model)
+    assert code == 0 and "input  data: shape (1, 4), precision 8" in out and "output out: shape (1, 3)" in out
+    assert run(capsys, "convert", model, "-o", tmp_path / "m.onnx")[:2] == (0, f"wrote {tmp_path / 'm.onnx'}\n")
+    onnx.checker.check_model(onnx.load(tmp_path / "m.onnx"))
+    x = np.array([[127, -127, 3, 0]], np.int8)
+    np.save(tmp_path / "x.npy", x)
+    want = execute(api.load(model).graph, {"data": x})[0]
+    for source, npz in ((model, "cvm.npz"), (tmp_path / "m.onnx", "onnx.npz")):
+        assert run(capsys, "run", source, "--input", tmp_path / "x.npy", "--output", tmp_path / npz)[0] == 0
+        with np.load(tmp_path / npz) as got:
+            assert list(got) == ["out"] and np.array_equal(got["out"], want)
+    assert run(capsys, "convert", tmp_path / "m.onnx", "-o", tmp_path / "back")[0] == 0
+    assert (tmp_path / "back" / "params").read_bytes() == (model / "params").read_bytes()
+
+
+def test_format_errors_exit_2(model, tmp_path, capsys):
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((1, 4), np.int8))
+    header = x.read_bytes()[:128].replace(b"(1, 4)", b"(10**13,)".replace(b"10**13", b"10000000000000"))
+    (tmp_path / "huge.npy").write_bytes(header[:128].ljust(128))  # claims 10^13 values, holds none
+    np.savez(tmp_path / "z.npz", x=np.zeros((1, 4), np.int8))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "symbol").write_bytes((model / "symbol").read_bytes())
+    (tmp_path / "broken" / "params").write_bytes((model / "params").read_bytes()[:-1])
+    cases = [
+        (["validate", tmp_path / "missing"], "no such model directory or file"),
+        (["info", tmp_path / "broken"], "array data needs 12 bytes, only 11 left"),
+        (["convert", model, "-o", tmp_path / "no" / "m.onnx"], "cannot write the model"),
+        (["run", model, "--input", tmp_path / "huge.npy", "--output", tmp_path / "o.npz"], "cannot read the input"),
+        (["run", model, "--input", tmp_path / "z.npz", "--output", tmp_path / "o.npz"], "an .npz archive"),
+        (["run", model, "--input", x, "--output", tmp_path / "no" / "o.npz"], "cannot write the outputs"),
+        (["convert", x, "-o", tmp_path / "out"], "give its params file"),
+    ]
+    for argv, fragment in cases:
+        [line] = failed(capsys, 2, *argv)
+        assert line.startswith("format error: ") and fragment in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "huge.npy", "model", "x.npy", "z.npz"]
+
+
+def test_validation_errors_exit_3(tmp_path, capsys):
+    graph = small_graph()
+    graph.params["w"] = np.full((3, 4), 300, np.int32)  # beyond its precision (4 bits hold 7)
+    (tmp_path / "symbol").write_text(write_symbol(graph))
+    (tmp_path / "params").write_bytes(write_params(graph.params))
+    for command in (["validate"], ["info"], ["convert", "-o", tmp_path / "m.onnx"]):
+        assert failed(capsys, 3, *command[:1], tmp_path, *command[1:]) == [
+            "invalid model: w: param value 300 exceeds precision 4 (|x| <= 7)"]
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_unsupported_exits_4(tmp_path, capsys):
+    nodes = [helper.make_node("Sin", ["data"], ["y"], name="sin"), helper.make_node("Cos", ["y"], ["z"], name="cos")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("data", TensorProto.INT32, [1, 4])],
+                              [helper.make_tensor_value_info("z", TensorProto.INT32, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "m.onnx")
+    lines = failed(capsys, 4, "convert", tmp_path / "m.onnx", "-o", tmp_path / "out")
+    assert lines == ["unsupported: sin (Sin): no CVM op for ONNX Sin", "unsupported: cos (Cos): no CVM op for ONNX Cos"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_runtime_errors_exit_5(model, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 4), np.int8))
+    assert failed(capsys, 5, "run", model, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz") == [
+        "runtime error: data: input shape (2, 4) must be (1, 4)"]
+    np.save(tmp_path / "x.npy", np.zeros((1, 4), np.float32))
+    [line] = failed(capsys, 5, "run", model, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz")
+    assert line == "runtime error: data: input dtype float32 must be int8 or int32"
+    assert not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["validate"], ["convert", "m"], ["run", "m", "--input", "x.npy"],
+                                  ["convert", "m", "-o", "o.onnx", "--input-precision", "eight"],
+                                  ["validate", "m", "--unknown"], ["run", "m", "--input", "x", "--output", "y",
+                                                                   "--provider", "tpu"]])
+def test_usage_errors_exit_64(argv, capsys):
+    lines = failed(capsys, 64, *argv)
+    assert lines[0].startswith("usage: cvm-onnx") and lines[-1].startswith("cvm-onnx")
+    assert "error: " in lines[-1]
+
+
+def test_help_exits_0(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "validate" in out and "docs/cli.md" in out
+
+
+def boom(*args, **kwargs):
+    raise ZeroDivisionError("boom")
+
+
+def test_internal_errors_exit_70_with_a_traceback_only_under_debug(model, monkeypatch, capsys):
+    monkeypatch.setattr(api, "load", boom)
+    assert failed(capsys, 70, "validate", model) == [
+        "internal error: ZeroDivisionError: boom (run with --debug for the traceback)"]
+    for argv in (["--debug", "validate", model], ["validate", "--debug", model]):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (70, "") and err.startswith("Traceback") and "in boom" in err
+        assert err.endswith("internal error: ZeroDivisionError: boom (run with --debug for the traceback)\n")
+
+
+def test_debug_shows_the_traceback_of_project_errors_too(tmp_path, capsys):
+    code, _, err = run(capsys, "validate", "--debug", tmp_path / "missing")
+    assert code == 2 and err.startswith("Traceback") and "FormatError" in err
+    assert err.splitlines()[-1] == f"format error: {tmp_path / 'missing'}: no such model directory or file"
+
+
+def test_interrupt_exits_130(model, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "load", interrupted)
+    assert failed(capsys, 130, "info", model) == ["interrupted"]
+
+
+def test_hostile_names_stay_on_one_line(tmp_path, capsys):
+    """Names come from the file: a newline or a terminal escape must not forge output lines or colours."""
+    name = "y\ninvalid model: forged\x1b[31m"
+    graph = small_graph(name)
+    graph.nodes[-1].attrs["shift_bit"] = 0
+    graph.nodes[1].name = "w\r"
+    graph.params = {"w\r": np.full((3, 4), 300, np.int32)}
+    (tmp_path / "symbol").write_text(write_symbol(graph))
+    (tmp_path / "params").write_bytes(write_params(graph.params))
+    assert failed(capsys, 3, "validate", tmp_path) == [
+        "invalid model: w\\r: param value 300 exceeds precision 4 (|x| <= 7)",
+        "invalid model: y\\ninvalid model: forged\\x1b[31m: cvm_right_shift: attribute shift_bit='0': must lie in "
+        "[1, 32]"]
+    write_model(small_graph(name), tmp_path)
+    code, out, _ = run(capsys, "info", tmp_path)
+    assert code == 0 and "output y\\ninvalid model: forged\\x1b[31m: shape (1, 3)" in out and "\x1b" not in out
+
+
+def cli_process(*argv, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "cvm_onnx.cli", *map(str, argv)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def test_process_exit_statuses(model, tmp_path):
+    ok, missing = cli_process("validate", model), cli_process("validate", tmp_path / "missing")
+    assert ok.wait(60) == 0 and missing.wait(60) == 2
+    assert ok.stdout.read().startswith(b"ok: ") and b"Traceback" not in missing.stderr.read()
+    closed = cli_process("info", model)  # its reader goes away before it writes (`cvm-onnx info m | head -0`)
+    closed.stdout.close()
+    assert closed.wait(60) == cli.BROKEN_PIPE and closed.stderr.read() == b""
