@@ -15,6 +15,7 @@ from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.errors import UnsupportedError
 from cvm_onnx.executor import execute
 from cvm_onnx.graph import Graph
+from cvm_onnx.validate import validate
 from harness import bound, tensors
 
 SETTINGS = settings(max_examples=12, deadline=None)
@@ -40,6 +41,7 @@ def check(m, x, precision=8) -> Graph:
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     want = sess.run(None, {"x": x})
     graph = from_onnx(m, input_precision=precision)
+    assert validate(graph).warnings == []  # nothing the runtime's devices compute differently
     got = execute(graph, {"data": x.astype(np.int32)})
     assert len(got) == len(want)
     for w, g in zip(want, got):
@@ -395,7 +397,6 @@ def test_reductions(d, shape, keep, p):
     m = model(nodes, shape, inits={"axes": np.array(axes, np.int64)} if axes else {}, opset=18, outputs=("s", "m"))
     graph = check(m, data(d.draw, shape, p), p)
     assert all(n.attrs.get("axis") for n in graph.nodes if n.op == "max")  # never max's axis=() (starts at 0)
-    assert not any(w for w in __import__("cvm_onnx.validate", fromlist=["validate"]).validate(graph).warnings)
 
 
 def test_reduce_sum_refuses_sums_past_32_bits():
@@ -447,3 +448,21 @@ def test_inputs_must_be_integers_with_static_shapes():
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
     with pytest.raises(UnsupportedError, match="static shape"):
         from_onnx(m)
+
+
+@SETTINGS
+@given(st.data(), st.lists(st.integers(2, 4), min_size=3, max_size=3).map(tuple))
+def test_opset9_attribute_forms(d, shape):
+    """The forms of opset 9: Clip bounds, Slice, Squeeze/Unsqueeze axes, Pad widths, Reduce axes as attributes;
+    a Constant shape and an Identity."""
+    lo = d.draw(st.integers(-100, 0))
+    nodes = [node("Cast", ["x"], "f", to=T.FLOAT), node("Clip", ["f"], "c", min=float(lo), max=float(lo + 50)),
+             node("Slice", ["c"], "s", starts=[1, 0], ends=[10, -1], axes=[0, 2]),
+             node("Unsqueeze", ["s"], "u", axes=[0]), node("Squeeze", ["u"], "q", axes=[0]),
+             node("Pad", ["q"], "p", pads=[0, 1, 0, 0, 0, 2], value=-3.0),
+             node("ReduceSum", ["p"], "r", axes=[1], keepdims=0), node("ReduceMax", ["p"], "m", axes=[0, 2]),
+             helper.make_node("Constant", [], ["shape"], name="const",
+                              value=numpy_helper.from_array(np.array([-1], np.int64))),
+             node("Reshape", ["m", "shape"], "flat"), node("Identity", ["flat"], "i")]
+    nodes += [node("Cast", [k], f"{k}32", to=T.INT32) for k in ("r", "i")]
+    check(model(nodes, shape, opset=9, outputs=("r32", "i32")), data(d.draw, shape, 8))

@@ -187,12 +187,17 @@ def clip(ctx, node, x, lo_t=None, hi_t=None):
 
 @rule("Where", since=9)
 def where(ctx, node, c, x, y):
-    """cond ? x : y -> where, every operand broadcast to the output shape (a full-shape condition)."""
+    """cond ? x : y -> where, every operand broadcast to the output shape (a full-shape condition), the
+    condition's label widened to x's and y's, since where's output takes it."""
     shape = broadcast_shape(c, x, y)
     if c.is_const and x.is_const and y.is_const:
         return folded(np.where(c.value, x.value, y.value), x.dtype)
-    ts = [ctx.broadcast_to(t, shape) for t in (c, x, y)]
-    return ctx.result(ctx.op("where", *ts), x.dtype, min(x.lo, y.lo), max(x.hi, y.hi), shape)
+    c, x, y = (ctx.broadcast_to(t, shape) for t in (c, x, y))
+    xe, ye = ctx.entry(x), ctx.entry(y)
+    ce, width = ctx.entry(c), max(ctx.type_of(xe).precision, ctx.type_of(ye).precision)
+    if ctx.type_of(ce).precision < width:  # where takes its label from the condition: widen it (0/1 stay)
+        ce = ctx.emit("cvm_clip", ce, precision=width)
+    return ctx.result(ctx.emit("where", ce, xe, ye), x.dtype, min(x.lo, y.lo), max(x.hi, y.hi), shape)
 
 
 # -- values that only get a name or a type ----------------------------------------------------------------------
