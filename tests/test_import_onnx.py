@@ -176,6 +176,8 @@ def test_matmul_with_a_constant_right_operand(d, m_, k, n, batched):
     x = data(d.draw, shape, 8)
     check(model([node("MatMul", ["x", "w"])], shape, inits={"w": w}), x)
     check(model([node("MatMul", ["x", "v"])], shape, inits={"v": w[:, 0]}), x)
+    if not batched:  # a variable right operand: x @ x^T
+        check(model([node("Transpose", ["x"], "t"), node("MatMul", ["x", "t"])], shape), x)
 
 
 @SETTINGS
@@ -194,14 +196,14 @@ def test_matmul_integer_with_zero_points(d, m_, k, n):
 
 @SETTINGS
 @given(st.data(), st.integers(1, 3), st.integers(1, 5), st.integers(1, 4), st.booleans(), st.booleans(),
-       st.sampled_from([0, 1, 3]))
-def test_gemm(d, m_, k, n, trans_a, trans_b, beta):
+       st.sampled_from([0, 1, 3]), st.sampled_from([1, -2]))
+def test_gemm(d, m_, k, n, trans_a, trans_b, beta, alpha):
     """float Gemm on integer values (Cast in and out): exact as every partial sum stays below 2^24."""
     a_shape = (k, m_) if trans_a else (m_, k)
     w = d.draw(tensors((n, k) if trans_b else (k, n), 8)).astype(np.float32)
     c = d.draw(tensors(d.draw(st.sampled_from([(n,), (1, n), (m_, n)])), 10)).astype(np.float32)
     m = model([node("Cast", ["x"], "f", to=T.FLOAT), node("Gemm", ["f", "w", "c"], "g", transA=int(trans_a),
-                                                          transB=int(trans_b), beta=float(beta)),
+                                                          transB=int(trans_b), beta=float(beta), alpha=float(alpha)),
                node("Cast", ["g"], "y", to=T.INT32)], a_shape, inits={"w": w, "c": c})
     check(m, data(d.draw, a_shape, 8))
 
