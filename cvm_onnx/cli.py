@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import api
-from .errors import CVMError, FormatError
+from .errors import CVMError, FormatError, RuntimeFailure
 from .format.model_dir import replace_file
 
 # Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
@@ -95,9 +95,53 @@ def cmd_info(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    if (args.report or args.verify) and not api.is_onnx(args.source):
+        return convert_checked(args)
     api.convert(args.source, args.output, params=args.params, inline=args.inline,
                 input_precision=args.input_precision)
     say(f"wrote {args.output}")
+    return 0
+
+
+def convert_checked(args) -> int:
+    """CVM -> ONNX through every checked stage; the report (if asked) and a summary, also when a stage fails."""
+    from .progress import Bar
+    from .report import convert_checked
+
+    with Bar() as bar:
+        report = convert_checked(args.source, args.output, params=args.params, inline=args.inline,
+                                 verify_seeds=3 if args.verify else None, progress=bar)
+    _warn(report.warnings)
+    if args.report:
+        try:
+            replace_file(Path(args.report), report.markdown().encode())
+        except OSError as e:
+            raise FormatError(f"cannot write the report: {e.strerror or e}", where=args.report) from None
+    for text in report.summary() + ([f"  report: {args.report}"] if args.report else []):
+        say(text)
+    if report.error is not None:
+        raise report.error
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from .progress import Bar
+    from .verify import verify
+
+    model = api.load(args.model, args.params)
+    _warn(model.warnings)
+    data = read_npy(args.input) if args.input else None
+    with Bar() as bar:
+        verdict = verify(model.graph, data, seeds=args.seeds, provider=args.provider, progress=bar)
+    for text in verdict.lines():
+        say(text)
+    return 0 if verdict.exact else RuntimeFailure.exit_code
+
+
+def cmd_view(args) -> int:
+    from .view import view
+
+    view(args.model, port=args.port, browse=not args.no_browser, params=args.params, ready=say)
     return 0
 
 
@@ -156,6 +200,19 @@ def parser() -> argparse.ArgumentParser:
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")
     c.set_defaults(fn=cmd_convert)
+    c.add_argument("--report", metavar="FILE", help="write a Markdown report: stages, op table, sizes, timings "
+                   "(CVM -> ONNX)")
+    c.add_argument("--verify", action="store_true", help="also compare with the reference executor, exactly, on "
+                   "0, the extremes and 3 random inputs before writing (CVM -> ONNX)")
+    v = model_cmd("verify", cmd_verify, "convert a CVM model and check onnxruntime against the reference "
+                  "executor, element for element; name the first differing node")
+    v.add_argument("--input", help=".npy input data (default: 0, +-(2^(p-1)-1) and random inputs)")
+    v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
+    v.add_argument("--seeds", type=int, default=3, metavar="N", help="random inputs without --input (default 3)")
+    w = model_cmd("view", cmd_view, "show a model (.onnx, or a CVM model converted on the fly) in Netron on "
+                  "127.0.0.1")
+    w.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")
+    w.add_argument("--no-browser", action="store_true", help="do not open a browser; just serve")
     return p
 
 

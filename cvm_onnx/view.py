@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 import webbrowser
 from contextlib import contextmanager
@@ -53,16 +55,26 @@ def served(model: str | os.PathLike, port: int = 0, params: str | os.PathLike | 
             netron.stop(address)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def view(model: str | os.PathLike, port: int = 0, browse: bool = True, params: str | os.PathLike | None = None,
          ready=print) -> None:
-    """Serve ``model`` in Netron until interrupted (Ctrl-C); ``browse`` opens the page in the default browser.
-    ``ready(message)`` is told the URL once the server listens."""
-    with served(model, port, params) as url:
-        ready(f"Netron serves {model} at {url} (Ctrl-C to stop)")
-        if browse:
-            webbrowser.open(url)
-        try:
+    """Serve ``model`` in Netron until interrupted (Ctrl-C, or SIGTERM in the main thread, so the temporary model
+    is removed either way); ``browse`` opens the page in the default browser. ``ready(message)`` is told the URL
+    once the server listens."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
+    try:
+        with served(model, port, params) as url:
+            ready(f"Netron serves {model} at {url} (Ctrl-C to stop)")
+            if browse:
+                webbrowser.open(url)
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,211 @@
+"""verify and the conversion report: the example models and ResNet-20 are exact; a planted one-element difference
+(an edited constant in the export, or a lowering patched to add 1 at one position) is found and the right node is
+named with the right positions; generated inputs stay within the precision and hit its extremes; the report lists
+every op and every stage, and a failing stage still writes it."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import numpy_helper
+
+import cvm_onnx
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.cli import main
+from cvm_onnx.converters.to_onnx import LOWERINGS, to_onnx
+from cvm_onnx.converters.to_onnx.lowering import Lowering
+from cvm_onnx.executor import execute
+from cvm_onnx.graph import Entry
+from cvm_onnx.progress import Bar
+from cvm_onnx.report import STAGES, op_forms
+from cvm_onnx.verify import generated_cases, verify
+
+MODELS = Path(__file__).parents[1] / "models"
+RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
+needs_resnet = pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")
+EXAMPLES = ["digits_cnn", "detection", "transforms"]
+
+
+def graph_of(path: Path):
+    return cvm_onnx.load(path).graph
+
+
+def edited(model, name: str, flat_index: int, delta: int):
+    """``model`` with one element of initializer ``name`` changed by ``delta``."""
+    for k, init in enumerate(model.graph.initializer):
+        if init.name == name:
+            w = numpy_helper.to_array(init).copy()
+            w.flat[flat_index] += delta
+            model.graph.initializer[k].CopyFrom(numpy_helper.from_array(w, name))
+            return model
+    raise KeyError(name)
+
+
+def node_index(graph, name: str) -> int:
+    return next(i for i, n in enumerate(graph.nodes) if n.name == name)
+
+
+# -- exact models ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize("inline", [False, True])
+def test_example_models_are_exact(name, inline):
+    verdict = verify(MODELS / name, inline=inline)
+    assert verdict.exact, str(verdict)
+    assert verdict.cases == ["zeros", "+127", "-127", "seed 0", "seed 1", "seed 2"]
+    assert str(verdict).startswith("exact:")
+
+
+@needs_resnet
+def test_resnet20_is_exact():
+    verdict = verify(graph_of(RESNET), seeds=1)
+    assert verdict.exact, str(verdict)
+    given_input = verify(graph_of(RESNET), np.load(RESNET / "input.npy"))
+    assert given_input.exact and given_input.cases == ["given"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 32), shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), seeds=st.integers(0, 3))
+def test_generated_inputs_stay_within_the_precision_and_hit_its_extremes(p, shape, seeds):
+    b = GraphBuilder()
+    graph = b.build(b.op("relu", b.input("data", tuple(shape), p)))
+    bound = (1 << (p - 1)) - 1
+    cases = generated_cases(graph, seeds)
+    assert len(cases) == 3 + seeds
+    for case, fill in zip(cases, [0, bound, -bound]):
+        assert np.array_equal(case.inputs["data"], np.full(shape, fill))
+    for case in cases:
+        x = case.inputs["data"]
+        assert x.dtype == np.int32 and x.shape == tuple(shape) and np.abs(x.astype(np.int64)).max() <= bound
+    random = np.concatenate([c.inputs["data"].ravel() for c in cases[3:]] + [np.zeros(0, np.int32)])
+    if random.size >= 2000:  # one element in ten is an extreme or 0: all three show up
+        assert {-bound, 0, bound} <= set(random.tolist())
+
+
+# -- planted differences --------------------------------------------------------------------------------------------
+def test_an_edited_weight_names_its_conv():
+    graph = graph_of(MODELS / "digits_cnn")
+    verdict = verify(graph, onnx_model=edited(to_onnx(graph), "conv2_weight", 5, 1))
+    assert not verdict.exact and verdict.failed_case is not None
+    d = verdict.divergence
+    assert (d.node, d.op) == ("conv2", "conv2d")
+    assert d.attrs == {"channels": "16", "kernel_size": "(3, 3)", "padding": "(1, 1)"}
+    assert d.inputs == ["pool1", "conv2_weight", "conv2_bias"]
+    assert "first differing node (topological order): conv2 (conv2d)" in str(verdict)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_lowering_adding_one_at_one_position_is_located(monkeypatch, inline):
+    """flatten (one node, feeding the dense head) gets +1 at flat position 37: exactly that element differs."""
+    graph = graph_of(MODELS / "digits_cnn")
+    original = LOWERINGS["flatten"]
+
+    def planted(b, a, *inputs):
+        out = original.fn(b, a, *inputs)
+        delta = np.zeros(b.outputs[0].shape, np.int32)
+        delta.flat[37] = 1
+        return b.Add(out, b.const(delta, np.int32))
+
+    monkeypatch.setitem(LOWERINGS, "flatten", Lowering("flatten", planted))
+    verdict = verify(graph, inline=inline)
+    assert not verdict.exact
+    d = verdict.divergence
+    assert (d.node, d.op, d.inputs) == ("flatten", "flatten", ["relu2"])
+    [diff] = d.differences
+    case = next(c for c in generated_cases(graph) if c.name == verdict.failed_case)
+    want = execute(graph, case.inputs, keep_all=True)[Entry(node_index(graph, "flatten"))]
+    index = np.unravel_index(37, want.shape)
+    assert diff.count == 1 and diff.positions == [(index, int(want[index]), int(want[index]) + 1)]
+
+
+@needs_resnet
+def test_an_edited_weight_in_resnet20_names_its_conv():
+    graph = graph_of(RESNET)
+    convs = [n for n in graph.nodes if n.op == "conv2d"]
+    target = convs[len(convs) // 2]
+    weight = graph.nodes[target.inputs[1].node].name
+    verdict = verify(graph, seeds=1, onnx_model=edited(to_onnx(graph), weight, 0, 100))
+    assert not verdict.exact
+    assert (verdict.divergence.node, verdict.divergence.op) == (target.name, "conv2d")
+
+
+def test_cli_verify_exit_codes(monkeypatch, capsys):
+    assert main(["verify", str(MODELS / "transforms"), "--seeds", "1"]) == 0
+    assert capsys.readouterr().out.startswith("exact: ")
+    original = LOWERINGS["take"]
+
+    def planted(b, a, *inputs):
+        return b.Add(original.fn(b, a, *inputs), b.const(np.ones(b.outputs[0].shape, np.int32), np.int32))
+
+    monkeypatch.setitem(LOWERINGS, "take", Lowering("take", planted))
+    first_take = next(n for n in graph_of(MODELS / "transforms").nodes if n.op == "take")
+    assert main(["verify", str(MODELS / "transforms"), "--input", str(MODELS / "transforms" / "input.npy")]) == 5
+    out = capsys.readouterr().out
+    assert out.startswith("MISMATCH on input 'given'")
+    assert f"first differing node (topological order): {first_take.name} (take)" in out
+
+
+# -- the conversion report ------------------------------------------------------------------------------------------
+def symbol_ops(path: Path) -> set[str]:
+    """The ops named in a symbol file, read straight from its JSON: an op node is ``cvm_op`` with ``func_name``, whose
+    trailing ``_<digits>`` the runtime drops."""
+    nodes = json.loads((path / "symbol").read_text())["nodes"]
+    return {re.sub(r"_\d*$", "", n["attrs"]["func_name"]) for n in nodes if n["op"] != "null"}
+
+
+@pytest.mark.parametrize("path", [MODELS / "digits_cnn", MODELS / "detection",
+                                  pytest.param(RESNET, marks=needs_resnet)], ids=lambda p: p.name)
+def test_report_lists_every_op_and_every_stage(path, tmp_path, capsys):
+    out, md = tmp_path / "m.onnx", tmp_path / "report.md"
+    assert main(["convert", str(path), "-o", str(out), "--report", str(md), "--verify"]) == 0
+    assert out.is_file()
+    text = md.read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert symbol_ops(path) <= rows.keys()
+    for stage in STAGES:
+        assert f"| {stage} | passed |" in text
+    for op in symbol_ops(path):
+        assert ("function cvm::" + op in rows[op]) or ("native custom op cvm.native::" in rows[op])
+    summary = capsys.readouterr().out
+    assert "stages passed: " + ", ".join(STAGES) in summary and f"report: {md}" in summary
+
+
+@needs_resnet
+def test_report_primitives_match_the_flat_form():
+    """The op table's primitive ops for the function form are the op types the flat form emits for that op."""
+    graph = graph_of(RESNET)
+    flat = to_onnx(graph, inline=True)
+    emitted: dict[str, set[str]] = {}
+    for n in flat.graph.node:
+        marks = {p.key: p.value for p in n.metadata_props}
+        if "cvm.op" in marks and n.op_type != "Constant":
+            emitted.setdefault(marks["cvm.op"], set()).add(n.op_type)
+    assert {o.op: set(o.primitives) for o in op_forms(graph, to_onnx(graph))} == emitted
+
+
+def test_a_failing_stage_is_reported_and_nothing_is_written(tmp_path, capsys):
+    src = tmp_path / "bad"
+    shutil.copytree(MODELS / "digits_cnn", src)
+    symbol = json.loads((src / "symbol").read_text())
+    k = next(i for i, n in enumerate(symbol["nodes"]) if n["name"] == "conv1_shift")
+    symbol["attrs"]["op_attrs"][1][k] = json.dumps({"precision": "8", "shift_bit": "0"})  # shift_bit in 1..32
+    (src / "symbol").write_text(json.dumps(symbol))
+    out, md = tmp_path / "m.onnx", tmp_path / "report.md"
+    assert main(["convert", str(src), "-o", str(out), "--report", str(md)]) == 3
+    assert not out.exists()
+    text = md.read_text()
+    assert "| read | passed |" in text and "| validate | failed |" in text and "conv1_shift" in text
+    assert "| convert |" not in text
+    assert "stage failed: validate" in capsys.readouterr().out
+
+
+def test_progress_bar_is_silent_off_a_terminal(capsys):
+    with Bar(delay=0) as bar:
+        for k in range(3):
+            bar(k, 3, f"step {k}")
+    assert capsys.readouterr() == ("", "")
