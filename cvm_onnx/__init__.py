@@ -8,7 +8,9 @@
 """
 __version__ = "0.1.0"
 
-from .api import Loaded, convert, load, load_onnx, run_cvm, to_onnx, write_model, write_onnx  # noqa: E402
+from .api import (Loaded, convert, from_onnx, import_onnx, load, load_onnx, run_cvm, to_onnx,  # noqa: E402
+                  write_model, write_onnx)
 from .verify import verify  # noqa: E402
 
-__all__ = ["Loaded", "convert", "load", "load_onnx", "run_cvm", "to_onnx", "verify", "write_model", "write_onnx"]
+__all__ = ["Loaded", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm", "to_onnx", "verify",
+           "write_model", "write_onnx"]
