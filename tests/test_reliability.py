@@ -9,13 +9,14 @@ import errno
 import os
 import stat
 
+import onnx
 import pytest
 
 from cvm_onnx.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.api import write_onnx
-from cvm_onnx.errors import FormatError, ValidationError
+from cvm_onnx.api import import_onnx, write_onnx
+from cvm_onnx.errors import CVMError, FormatError, ValidationError
 from cvm_onnx.format import write_model
 
 
@@ -108,3 +109,54 @@ def test_write_model_failing_on_params_keeps_both_old_files(tmp_path, monkeypatc
     with pytest.raises(FormatError):
         write_model(vision_graph(), tmp_path / "new")
     assert [p.name for p in tmp_path.iterdir()] == ["m"]
+
+
+def import_file(tmp_path, data: bytes):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    return import_onnx(path)
+
+
+@pytest.mark.parametrize("dtype", [0, 8, 14, 17, 22, -1, 127])
+def test_tensors_of_unreadable_types_are_format_errors(tmp_path, dtype):
+    """UNDEFINED, STRING, COMPLEX64, FLOAT8E4M3FN, INT4 and unknown values crashed numpy_helper.to_array (KeyError,
+    TypeError, ValueError) when a Constant of that type was read."""
+    model = to_onnx(vision_graph())
+    assert model.graph.node[0].op_type == "Constant"
+    model.graph.node[0].attribute[0].t.data_type = dtype
+    with pytest.raises(FormatError, match="data type"):
+        import_file(tmp_path, model.SerializeToString())
+    model.graph.input[0].type.tensor_type.elem_type = dtype  # its name in a message crashed too (ValueError)
+    model.graph.node[0].attribute[0].t.data_type = onnx.TensorProto.INT32
+    with pytest.raises(CVMError, match="data: input of non-integer type"):
+        import_file(tmp_path, model.SerializeToString())
+
+
+def test_strings_that_are_not_utf8_are_format_errors(tmp_path):
+    """Protobuf hands such strings over as bytes: TypeErrors all over the importer, or the exporter after it."""
+    data = to_onnx(vision_graph()).SerializeToString()
+    assert data.count(b"gvc") > 2
+    with pytest.raises(FormatError, match="not UTF-8") as info:
+        import_file(tmp_path, data.replace(b"gvc", b"g\xffc"))
+    assert all("not UTF-8" in p.rule for p in info.value.problems)
+
+
+def int_model(nodes, outputs=("y",)) -> bytes:
+    vi = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT32, [1, 4]) for n in ("data", *outputs)]
+    graph = onnx.helper.make_graph(nodes, "g", vi[:1], vi[1:])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)]).SerializeToString()
+
+
+@pytest.mark.parametrize("node, problem", [
+    (onnx.helper.make_node("Clip", ["data", "", "", "data"], ["y"], name="n"), "n: Clip takes 1 to 3 input(s), has 4"),
+    (onnx.helper.make_node("Conv", ["data"], ["y"], name="n"), "n: Conv takes 2 to 3 input(s), has 1"),
+    (onnx.helper.make_node("Relu", [], ["y"], name="n"), "n: Relu takes 1 input(s), has 0"),
+    (onnx.helper.make_node("Relu", ["data"], ["y", "z"], name="n"), "n: Relu gives 1 output(s), has 2"),
+    (onnx.helper.make_node("Clip", ["", "data"], ["y"], name="n"), "n: Clip: input 0 (input) is required, but empty"),
+])
+def test_nodes_with_inputs_their_op_does_not_take_are_format_errors(tmp_path, node, problem):
+    """Import rules were called with the node's inputs as they came: TypeError (Clip with 4 inputs, Conv with 1) or
+    AttributeError (Clip without its required input)."""
+    with pytest.raises(FormatError) as info:
+        import_file(tmp_path, int_model([node]))
+    assert [str(p) for p in info.value.problems] == [problem]

@@ -4,7 +4,9 @@
   external data must lie inside the model's directory, within its file;
 * the graph: every input of a node defined (graph input, initializer or another node's output), each tensor
   produced once, no cycle;
-* declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24].
+* declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24];
+* every string UTF-8; standard nodes with the inputs and outputs their op's schema allows (required ones given);
+* tensors of a type that can be read (bool, integer, float).
 
 ``checked_order`` returns the nodes in a topological order or raises ``FormatError`` listing the problems.
 ``tensor_array`` reads a checked tensor, external data included.
@@ -14,7 +16,9 @@ from __future__ import annotations
 import heapq
 import math
 import os
+from collections.abc import Iterator, MutableSequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -70,6 +74,9 @@ def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
     if size > MAX_ELEMENTS:
         return f"declares {size} elements (more than 2^30): refused before allocating it"
     item = ITEMSIZE.get(t.data_type)
+    if item is None:
+        name = TensorProto.DataType.Name(t.data_type) if t.data_type in TensorProto.DataType.values() else t.data_type
+        return f"has data type {name}, which cannot be read (bool, integer and float types can)"
     if t.data_location == TensorProto.EXTERNAL:
         path, err = external_path(t, base_dir)
         if err:
@@ -82,11 +89,9 @@ def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
             return f"external data offset/length are not integers: {info}"
         if offset < 0 or length < 0 or offset + length > path.stat().st_size:
             return f"external data [{offset}, {offset + length}) lies outside its file of {path.stat().st_size} bytes"
-        if item is not None and length != size * item:
+        if length != size * item:
             return f"external data has {length} bytes, but shape {dims} of {item}-byte values needs {size * item}"
         return None
-    if item is None:
-        return None  # a type the importer refuses anyway; its reader is bounded by the bytes present
     if t.HasField("raw_data"):
         if len(t.raw_data) != size * item:
             return f"raw data has {len(t.raw_data)} bytes, but shape {dims} of {item}-byte values needs {size * item}"
@@ -121,6 +126,43 @@ def _shape_problem(vi: onnx.ValueInfoProto) -> str | None:
     return None
 
 
+def _not_utf8(message: Any, path: str) -> Iterator[str]:
+    """Where ``message`` (recursively) has a string that is not UTF-8 (protobuf returns those as bytes)."""
+    for fd in message.DESCRIPTOR.fields:
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue  # (bytes fields are not read: no copy of tensor data)
+        value = getattr(message, fd.name)
+        repeated = isinstance(value, MutableSequence)
+        if not repeated and fd.type == fd.TYPE_MESSAGE and not message.HasField(fd.name):
+            continue
+        for k, item in enumerate(value if repeated else [value]):
+            where = f"{path}.{fd.name}" + (f"[{k}]" if repeated else "")
+            if isinstance(item, bytes):
+                yield where
+            elif fd.type == fd.TYPE_MESSAGE:
+                yield from _not_utf8(item, where)
+
+
+def _count(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"at least {lo}" if hi >= (1 << 31) - 1 else f"{lo} to {hi}"
+
+
+def _arity_problem(node: onnx.NodeProto, opset: int | None) -> str | None:
+    """Why a standard node has inputs or outputs its op's schema does not allow, or None (other domains and
+    unknown ops are left to the import rules)."""
+    if node.domain not in ("", "ai.onnx") or opset is None or not onnx.defs.has(node.op_type, opset, ""):
+        return None
+    schema = onnx.defs.get_schema(node.op_type, opset, "")
+    for verb, what, n, lo, hi in (("takes", "input", len(node.input), schema.min_input, schema.max_input),
+                                  ("gives", "output", len(node.output), schema.min_output, schema.max_output)):
+        if not lo <= n <= hi:
+            return f"{node.op_type} {verb} {_count(lo, hi)} {what}(s), has {n}"
+    for k, (name, formal) in enumerate(zip(node.input, schema.inputs)):
+        if not name and formal.option == onnx.defs.OpSchema.FormalParameterOption.Single:
+            return f"{node.op_type}: input {k} ({formal.name}) is required, but empty"
+    return None
+
+
 def _tensors(graph: onnx.GraphProto):
     """(where, tensor) for every initializer and every tensor-valued Constant attribute."""
     for t in graph.initializer:
@@ -133,7 +175,10 @@ def _tensors(graph: onnx.GraphProto):
 
 def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     """Indices of the graph's nodes in a topological order, after every safety check; else ``FormatError``."""
+    if bad := list(_not_utf8(model, "model")):
+        raise FormatError([Problem(where, "string is not UTF-8") for where in bad])
     graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     problems = [Problem(where, f"tensor {rule}") for where, t in _tensors(graph)
                 if (rule := tensor_problem(t, base_dir)) is not None]
     for vi in [*graph.input, *graph.output, *graph.value_info]:
@@ -143,6 +188,8 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     defined |= {s.values.name for s in graph.sparse_initializer}
     producer: dict[str, int] = {}
     for i, n in enumerate(graph.node):
+        if (rule := _arity_problem(n, opset)) is not None:
+            problems.append(Problem(node_label(n, i), rule))
         for o in n.output:
             if o and (o in producer or o in defined):
                 problems.append(Problem(node_label(n, i), f"output {o!r} is already defined elsewhere"))

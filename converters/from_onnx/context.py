@@ -58,7 +58,7 @@ def cvm_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def type_name(dtype: int) -> str:
-    return TensorProto.DataType.Name(dtype).lower()
+    return TensorProto.DataType.Name(dtype).lower() if dtype in TensorProto.DataType.values() else f"type {dtype}"
 
 
 def is_supported_type(dtype: int) -> bool:
