@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 
 import onnx
@@ -16,7 +17,7 @@ from cvm_onnx.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.api import import_onnx, write_onnx
-from cvm_onnx.errors import CVMError, FormatError, ValidationError
+from cvm_onnx.errors import CVMError, FormatError, UnsupportedError, ValidationError
 from cvm_onnx.format import write_model
 
 
@@ -160,3 +161,12 @@ def test_nodes_with_inputs_their_op_does_not_take_are_format_errors(tmp_path, no
     with pytest.raises(FormatError) as info:
         import_file(tmp_path, int_model([node]))
     assert [str(p) for p in info.value.problems] == [problem]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_constant_bounds_are_refused(tmp_path, value):
+    """int(nan) and int(inf) in the check that a constant scalar is an integer raised ValueError/OverflowError."""
+    nodes = [onnx.helper.make_node("Constant", [], ["lo"], value=onnx.helper.make_tensor("lo", 1, [], [value])),
+             onnx.helper.make_node("Clip", ["data", "lo"], ["y"], name="clip")]
+    with pytest.raises(UnsupportedError, match=re.escape(f"clip (Clip): Clip min = {value} is not an integer")):
+        import_file(tmp_path, int_model(nodes))

@@ -43,7 +43,7 @@ def scalar(t: Tensor | None, what: str) -> int | None:
     if not t.is_const or t.value.size != 1:
         raise Refuse(f"{what} must be a constant scalar")
     v = t.value.reshape(()).item()
-    if v != int(v):
+    if not float(v).is_integer():  # False for nan and inf too (int() of them raises)
         raise Refuse(f"{what} = {v} is not an integer")
     return int(v)
 
