@@ -58,8 +58,8 @@ class Graphs:
     """Builds a random valid graph: ops with random attributes over the live values, kept when the registry's
     rules accept them (shape, precision <= 32), requantized when a value grows past 24 bits."""
 
-    def __init__(self, draw, flat: bool):
-        self.draw, self.flat = draw, flat
+    def __init__(self, draw):
+        self.draw = draw
         self.b = GraphBuilder()
         self.live: list[tuple] = []  # (entry, shape, precision)
         self.k = 0
@@ -106,8 +106,7 @@ class Graphs:
             return
         n = len(s)
         axis = d(st.integers(-n, n - 1))
-        ops = sorted(set(REGISTRY) - {"slice_like"} if self.flat else set(REGISTRY))
-        op = d(st.sampled_from(ops))
+        op = d(st.sampled_from(sorted(REGISTRY)))
         if op in ("relu", "abs", "negative", "cvm_precision", "flatten", "squeeze"):
             self.add(op, x)
         elif op == "cvm_clip":
@@ -158,7 +157,7 @@ class Graphs:
         elif op == "where":
             cond = self.add("broadcast_greater", x, self.param((1,), 4))
             self.add(op, cond, x, self.same_shape(s))
-        elif op == "slice_like":  # not in the flat form: it cannot name the shape input, see below
+        elif op == "slice_like":
             self.add(op, x, self.pick(), axis=tuple(d(st.lists(st.integers(0, n - 1), max_size=n, unique=True))))
         elif op in ("conv2d", "dense", "max_pool2d", "upsampling"):
             self.nn(op, x if p <= 8 else self.add("cvm_clip", x, precision=8))
@@ -197,8 +196,8 @@ class Graphs:
 
 
 @st.composite
-def graphs(draw, flat: bool):
-    g = Graphs(draw, flat)
+def graphs(draw):
+    g = Graphs(draw)
     c, h = draw(st.integers(1, 3)), draw(st.integers(2, 4))
     shape = draw(st.sampled_from([(1, c, h, h), (2, c * h), (c * h * 6,)]))
     p = draw(st.integers(1, 8))
@@ -214,7 +213,7 @@ def graphs(draw, flat: bool):
 @given(st.data())
 def test_random_graphs_round_trip(data):
     flat = data.draw(st.booleans())
-    graph = data.draw(graphs(flat))
+    graph = data.draw(graphs())
     imported = from_onnx(to_onnx(graph, inline=flat))
     assert_same(graph, imported)
     assert_same(graph, through_files(imported))
@@ -225,22 +224,34 @@ def test_random_graphs_round_trip(data):
 @pytest.mark.parametrize("flat", [False, True])
 def test_example_models_round_trip(name, flat):
     graph = cvm_onnx.load(MODELS / name).graph
-    if flat and "slice_like" in graph.op_counts():
-        pytest.skip("slice_like's flat form does not name its shape input (see the next test)")
     assert_same(graph, through_files(from_onnx(to_onnx(graph, inline=flat))))
 
 
-def test_flat_slice_like_is_refused_by_name():
-    """slice_like's lowering reads only the static shape of its second input, so its flat-form nodes never
-    name that tensor: the importer cannot tell which tensor it was and says so, naming the node."""
+def test_flat_slice_like_round_trips():
+    """slice_like's lowering reads only the static shape of its second input, so no flat-form node consumes that
+    tensor; the cvm.inputs marker still names it."""
     b = GraphBuilder()
     x = b.input("data", (2, 3), 8)
     like = b.param("like", np.zeros((1, 2), np.int8), 8)
     graph = b.build(b.op("slice_like", x, like, name="crop"))
     assert_same(graph, from_onnx(to_onnx(graph)))
+    assert_same(graph, from_onnx(to_onnx(graph, inline=True)))
+
+
+def test_flat_form_markers_are_verified():
+    """A flat group whose marked inputs do not reproduce its nodes is refused, naming the node."""
+    b = GraphBuilder()
+    x = b.input("data", (2, 3), 8)
+    y = b.param("y", np.ones((2, 3), np.int8), 8)
+    graph = b.build(b.op("elemwise_sub", x, y, name="diff"))
+    model = to_onnx(graph, inline=True)
+    for n in model.graph.node:
+        for p in n.metadata_props:
+            if p.key == "cvm.inputs":
+                p.value = '["y", "data:clamped"]'
     with pytest.raises(UnsupportedError) as e:
-        from_onnx(to_onnx(graph, inline=True))
-    assert [p.where for p in e.value.problems] == ["crop (slice_like)"]
+        from_onnx(model)
+    assert [p.where for p in e.value.problems] == ["diff (elemwise_sub)"]
 
 
 @pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")

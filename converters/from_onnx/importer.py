@@ -179,7 +179,7 @@ class _Walk:
             self.problem(s.values.name, "sparse initializers are not supported")
 
     def unit(self, u: Unit) -> None:
-        names = roundtrip.outer_inputs(u.nodes) if u.group else list(u.nodes[0].input)
+        names = roundtrip.group_inputs(u.nodes) if u.group else list(u.nodes[0].input)
         missing = [x for x in names if x and x not in self.tensors]
         if missing:
             for x in missing:

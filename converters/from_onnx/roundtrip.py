@@ -4,15 +4,13 @@
   attributes (bools as 0/1, tuples as int lists), read back by the registry's attribute kinds.
 * Native nodes: domain ``cvm.native`` (get_valid_counts, non_max_suppression, cvm_lut; cvm_lut's ``in_dim`` is
   its table's size).
-* Flat form: the nodes of one CVM node's body, each marked with metadata ``cvm.node`` (its name), ``cvm.op`` and
-  ``cvm.attrs`` (JSON). The group's outputs are the tensors the exporter names after the node (``name``,
-  ``name:k``); its inputs are the tensors it consumes from outside. The ONNX nodes do not record which input
-  position each of those fills (nor a repeated input), so the order taken is the one for which the exporter's
-  lowering, re-run on it, reproduces the group's nodes exactly: the markers are verified, not trusted.
+* Flat form: the nodes of one CVM node's body, each marked with metadata ``cvm.node`` (its name), ``cvm.op``,
+  ``cvm.attrs`` (JSON) and ``cvm.inputs`` (JSON: its input tensors in order). The group's outputs are the tensors
+  the exporter names after the node (``name``, ``name:k``). The markers are verified, not trusted: the exporter's
+  lowering, re-run on them, must reproduce the group's nodes exactly.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from typing import Any, Iterator
@@ -28,8 +26,7 @@ from cvm_onnx.ops import REGISTRY, Attrs
 from .context import Importer, Tensor, cvm_shape
 from .registry import NodeView, Refuse, rule
 
-MARKS = ("cvm.node", "cvm.op", "cvm.attrs")
-MAX_ORDERS = 720  # input orders tried per flat-form node (the first, in order of use, is the usual one)
+MARKS = ("cvm.node", "cvm.op", "cvm.attrs", "cvm.inputs")
 
 
 def marks(node: onnx.NodeProto) -> dict[str, str]:
@@ -37,10 +34,14 @@ def marks(node: onnx.NodeProto) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props if p.key in MARKS}
 
 
-def outer_inputs(nodes: list[onnx.NodeProto]) -> list[str]:
-    """Tensors the nodes consume that none of them produces, in order of first use."""
+def group_inputs(nodes: list[onnx.NodeProto]) -> list[str]:
+    """The tensors a flat-form group reads: those marked in ``cvm.inputs`` and those its nodes consume from outside."""
     produced = {o for n in nodes for o in n.output}
-    return list(dict.fromkeys(x for n in nodes for x in n.input if x and x not in produced))
+    try:
+        marked = [x for x in json.loads(marks(nodes[0]).get("cvm.inputs", "[]")) if isinstance(x, str)]
+    except (ValueError, TypeError):
+        marked = []
+    return list(dict.fromkeys(marked + [x for n in nodes for x in n.input if x and x not in produced]))
 
 
 def cvm_attrs(op: str, raw: dict[str, Any]) -> dict[str, Any]:
@@ -89,17 +90,6 @@ def _canonical(n: onnx.NodeProto) -> bytes:
     return c.SerializeToString(deterministic=True)
 
 
-def _orders(outer: list[str], lo: int, hi: int) -> Iterator[tuple[str, ...]]:
-    """Input lists using every outer tensor: first in order of use, then others (repeats allowed), bounded."""
-    first = tuple(outer)
-    if lo <= len(first) <= hi:
-        yield first
-    for n in range(max(lo, len(outer)), min(hi, len(outer) + 2) + 1):
-        for seq in itertools.islice(itertools.product(outer, repeat=n), MAX_ORDERS):
-            if seq != first and set(seq) == set(outer):
-                yield seq
-
-
 def _lowered(ctx: Importer, node: Node, a: Attrs, in_names: tuple[str, ...], out_names: list[str]) -> list[bytes]:
     """The exporter's flat nodes of ``node`` (its lowering, renamed as the exporter renames), canonical."""
     ins = [Value(f"x{k}", ctx.type_of(e).shape, ctx.bounds[e], ctx.param_value(e)) for k, e in enumerate(node.inputs)]
@@ -140,19 +130,15 @@ def import_group(ctx: Importer, name: str, nodes: list[onnx.NodeProto], tensors:
     produced = {o for n in nodes for o in n.output}
     if missing := [o for o in out_names if o not in produced]:
         raise Refuse(f"the flat-form nodes of {name} do not produce its output(s) {missing}")
-    outer = outer_inputs(nodes)
-    want = [_canonical(n) for n in nodes]
-    lo, hi = cls.arity(a)
-    for seq in _orders(outer, lo, hi):
-        entries = tuple(ctx.entry(tensors[x]) for x in seq)
-        try:
-            node = ctx.typed(op, entries, name, attrs)
-        except Refuse:
-            continue
-        if any(shapes.get(o, t.shape) != t.shape for o, t in zip(out_names, node.outputs)):
-            continue
-        if _lowered(ctx, node, a, seq, out_names) == want:
-            return {o: ctx.tensor(e) for o, e in zip(out_names, ctx.add(node))}
-    raise Refuse(f"no order of the tensors it consumes ({', '.join(outer) or 'none'}) makes the exporter's "
-                 f"lowering of {op} reproduce its flat-form nodes")
-
+    try:
+        seq = tuple(json.loads(m.get("cvm.inputs", "null")))
+    except (ValueError, TypeError):
+        raise Refuse(f"cvm.inputs is not a JSON list: {m.get('cvm.inputs')!r:.80}") from None
+    if not all(isinstance(x, str) and x in tensors for x in seq):
+        raise Refuse(f"cvm.inputs names tensors that are not defined before it: {list(seq)!r:.120}")
+    node = ctx.typed(op, tuple(ctx.entry(tensors[x]) for x in seq), name, attrs)
+    if any(shapes.get(o, t.shape) != t.shape for o, t in zip(out_names, node.outputs)):
+        raise Refuse(f"the output shapes of {name} differ from those of {op} on its inputs")
+    if _lowered(ctx, node, a, seq, out_names) != [_canonical(n) for n in nodes]:
+        raise Refuse(f"its flat-form nodes are not the exporter's lowering of {op} on its marked inputs")
+    return {o: ctx.tensor(e) for o, e in zip(out_names, ctx.add(node))}
