@@ -128,6 +128,10 @@ def cmd_verify(args) -> int:
     from .progress import Bar
     from .verify import verify
 
+    if api.is_onnx(args.model):
+        complain(f"cvm-onnx verify: {args.model} is an ONNX file; give the CVM model (directory, or symbol file "
+                 f"with --params): verify converts it and compares the export with the reference executor")
+        return USAGE_ERROR
     model = api.load(args.model, args.params)
     _warn(model.warnings)
     data = read_npy(args.input) if args.input else None

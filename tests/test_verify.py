@@ -148,6 +148,7 @@ def test_cli_verify_exit_codes(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("MISMATCH on input 'given'")
     assert f"first differing node (topological order): {first_take.name} (take)" in out
+    assert main(["verify", "model.onnx"]) == 64 and "is an ONNX file" in capsys.readouterr().err
 
 
 # -- the conversion report ------------------------------------------------------------------------------------------
