@@ -76,8 +76,8 @@ class Report:
         out += [f"| {s.name} | {s.status} | {_ms(s)} | {_cell(s.detail)} |" for s in self.stages]
         if self.ops:
             out += ["", "## Operators", "",
-                    "Primitive ONNX ops: the distinct op types of the op's function bodies, besides Constant. ONNX "
-                    "nodes: the primitive nodes of all its calls, as in the flat form (`--inline`).", "",
+                    ("Primitive ONNX ops: the distinct op types of the op's function bodies, besides Constant. ONNX "
+                     "nodes: the primitive nodes of all its calls, as in the flat form (`--inline`)."), "",
                     "| CVM op | CVM nodes | converted as | primitive ONNX ops | ONNX nodes |", "|---|---:|---|---|---:|"]
             out += [f"| {o.op} | {o.nodes} | {o.form} | {', '.join(o.primitives) or '-'} | {o.onnx_nodes} |"
                     for o in self.ops]

@@ -106,8 +106,8 @@ class Verdict:
 
     def lines(self) -> list[str]:
         if self.exact:
-            return [f"exact: {len(self.outputs)} output(s) ({', '.join(self.outputs)}) equal element for element "
-                    f"on onnxruntime ({self.provider}) for {len(self.cases)} input(s): {', '.join(self.cases)}"]
+            return [(f"exact: {len(self.outputs)} output(s) ({', '.join(self.outputs)}) equal element for element "
+                     f"on onnxruntime ({self.provider}) for {len(self.cases)} input(s): {', '.join(self.cases)}")]
         out = [f"MISMATCH on input {self.failed_case!r} (onnxruntime {self.provider}):"]
         out += ["  output " + s if k == 0 else "  " + s for d in self.differences for k, s in enumerate(d.lines())]
         out += self.divergence.lines() if self.divergence else ["no single node differs (only the graph outputs)"]
@@ -151,22 +151,27 @@ def _feeds(case: Case) -> dict[str, np.ndarray]:
 
 def locate(graph: Graph, onnx_model: onnx.ModelProto, case: Case, provider: str = "cpu",
            native: bool | None = None) -> Divergence | None:
-    """Run ``onnx_model`` with every non-param CVM entry as a graph output and return the first node (in
-    topological order) whose value differs from the reference executor's, or None."""
+    """Run ``onnx_model`` with every non-param CVM entry it computes as a graph output and return the first node
+    (in topological order) whose value differs from the reference executor's, or None."""
     names = entry_names(graph)
-    watched = [e for e in names if graph.nodes[e.node].name not in graph.params]
     probe = onnx.ModelProto()
     probe.CopyFrom(onnx_model)
+    produced = {t for n in probe.graph.node for t in n.output}
     present = {o.name for o in probe.graph.output}
-    probe.graph.output.extend(helper.make_tensor_value_info(names[e], TensorProto.INT32, graph.type_of(e).shape)
-                              for e in watched if names[e] not in present)
+    watched: dict[int, list[Entry]] = {}
+    for e, name in sorted(names.items()):
+        if graph.nodes[e.node].name not in graph.params and name in produced:
+            watched.setdefault(e.node, []).append(e)
+            if name not in present:
+                probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT32,
+                                                                        graph.type_of(e).shape))
     sess = session(probe, provider, native)
     got = dict(zip((o.name for o in sess.get_outputs()), run(sess, _feeds(case))))
     want = execute(graph, case.inputs, keep_all=True)
-    for i, node in enumerate(graph.nodes):
-        entries = [e for e in watched if e.node == i]
+    for i, entries in watched.items():
         diffs = [d for e in entries if (d := Difference.of(names[e], want[e], got[names[e]]))]
         if diffs:
+            node = graph.nodes[i]
             attrs = {k: format_value(v) for k, v in node.attrs.items()}
             return Divergence(node.name, node.op if not node.is_variable else "input", attrs,
                               [names.get(e, graph.nodes[e.node].name) for e in node.inputs], diffs)

@@ -29,11 +29,12 @@ DRIVER = shutil.which("chromedriver")
 WAIT = 20  # seconds, for every wait below
 
 try:
-    import netron  # noqa: F401
+    import netron
 except ImportError:
     netron = None
 try:
     from selenium import webdriver
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -113,7 +114,7 @@ def rendered(driver, expected: set[str]) -> list[str]:
     """Wait until the graph shows every label in ``expected``; the page's message (if any) explains a timeout."""
     try:
         WebDriverWait(driver, WAIT).until(lambda d: expected <= set(texts(d)))
-    except Exception:
+    except TimeoutException:
         message = driver.execute_script("const m = document.getElementById('message-text'); "
                                         "return m ? m.innerText : ''")
         pytest.fail(f"Netron did not render {sorted(expected - set(texts(driver)))}; page message: {message!r}")
@@ -151,9 +152,8 @@ def test_served_model_is_the_export_and_the_server_stops(tmp_path):
     onnx_file = tmp_path / "m.onnx"
     cvm_onnx.convert(MODEL, onnx_file)
     for model, name in ((MODEL, "digits_cnn.onnx"), (onnx_file, "m.onnx")):
-        with served(model, free_port()) as url:
-            with urllib.request.urlopen(f"{url}/data/{name}", timeout=WAIT) as r:
-                assert r.read() == onnx_file.read_bytes()
+        with served(model, free_port()) as url, urllib.request.urlopen(f"{url}/data/{name}", timeout=WAIT) as r:
+            assert r.read() == onnx_file.read_bytes()
         with pytest.raises(OSError):
             urllib.request.urlopen(url, timeout=2)
 
