@@ -57,11 +57,13 @@ def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
-            inline: bool = False, input_precision: int = 8) -> None:
+            inline: bool = False, input_precision: int = 8, batch: int | None = None,
+            optimize: bool = False) -> None:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
-    the bits of its input). Nothing is written when conversion fails."""
+    the bits of its input). ``batch`` and ``optimize`` as in ``to_onnx`` (CVM -> ONNX). Nothing is written when
+    conversion fails."""
     if not is_onnx(src):
-        write_onnx(to_onnx(load(src, params).graph, inline=inline), dst)
+        write_onnx(to_onnx(load(src, params).graph, inline=inline, batch=batch, optimize=optimize), dst)
         return
     graph = import_onnx(src, input_precision)
     if len(graph.inputs) != 1:

@@ -12,18 +12,20 @@ def _clip(b, x, bound: int, dtype=np.int32):
 
 @lowering("cvm_right_shift")
 def cvm_right_shift(b, a, x):
-    """Rounding right shift then symmetric clip: floor((x + 2^(s-1)) * 2^-s) clipped to +-(2^(p-1)-1).
+    """Rounding right shift then symmetric clip: floor((x + 2^(s-1)) / 2^s) clipped to +-(2^(p-1)-1).
 
     This equals the runtime's ((x >> (s-1)) + 1) >> 1 (round half up). ONNX Div truncates and BitShift is
-    unsigned, so the floor is taken in floating point, where it is exact: x + 2^(s-1) is an integer below 2^24
-    (float32, chosen when the bound allows) or below 2^33 (float64), scaling by 2^-s only moves the exponent, and
-    Floor of such a value is exact. The clip is left out when the bound already keeps the result inside it.
+    unsigned, so it is taken in floating point as Round((x + 1/2) * 2^-s): with x = q 2^s + j, 0 <= j < 2^s,
+    that value is q + (j + 1/2) / 2^s, never halfway between two integers, and its nearest integer is q + 1
+    exactly when j >= 2^(s-1), i.e. floor((x + 2^(s-1)) / 2^s), whatever rule Round uses for ties. Every step
+    is exact: x + 1/2 needs one bit below the integers, which float32 has for |x| < 2^23 (float64 otherwise),
+    scaling by 2^-s only moves the exponent, and the rounded value is an integer of the same size or smaller.
+    The clip is left out when the bound already keeps the result inside it.
     """
     s, limit = a.shift_bit, (1 << (a.precision - 1)) - 1
-    top = x.bound + (1 << (s - 1))
-    dtype, to = (np.float32, TensorProto.FLOAT) if top < 1 << 24 else (np.float64, TensorProto.DOUBLE)
-    y = b.Floor(b.Mul(b.Add(b.Cast(x, to=to), b.const(1 << (s - 1), dtype)), b.const(2.0 ** -s, dtype)))
-    if top >> s > limit:
+    dtype, to = (np.float32, TensorProto.FLOAT) if x.bound < 1 << 23 else (np.float64, TensorProto.DOUBLE)
+    y = b.Round(b.Mul(b.Add(b.Cast(x, to=to), b.const(0.5, dtype)), b.const(2.0 ** -s, dtype)))
+    if (x.bound + (1 << (s - 1))) >> s > limit:
         y = b.Clip(y, b.const(-limit, dtype), b.const(limit, dtype))
     return b.Cast(y, to=TensorProto.INT32)
 

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cvm_onnx import __version__
 from cvm_onnx.errors import Problem, UnsupportedError
+from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY, Attrs
@@ -27,6 +28,7 @@ from cvm_onnx.ops import REGISTRY, Attrs
 from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
 from .bounds import value_bounds
 from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
+from .optimize import drop_int32_round_trips
 
 
 def onnx_attrs(a: Attrs) -> dict[str, Any]:
@@ -194,8 +196,17 @@ class _Exporter:
         return model
 
 
-def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0") -> onnx.ModelProto:
-    """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes."""
+def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
+            optimize: bool = False) -> onnx.ModelProto:
+    """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
+
+    ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
+    ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the flat form without the
+    int32 round trips between float bodies (``optimize.drop_int32_round_trips``), for serving.
+    """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
-    return _Exporter(graph, inline).model(source_version)
+    if batch is not None:
+        graph = batched(graph, batch)
+    model = _Exporter(graph, inline or optimize).model(source_version)
+    return drop_int32_round_trips(model) if optimize else model

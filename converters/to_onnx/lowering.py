@@ -5,6 +5,10 @@ A lowering turns one CVM op node into the body of a model-local ONNX function (d
 satisfies, see bounds.py), and returns the name of each output. Bodies are written like onnxscript:
 ``b.Add(x, b.const(1))``. A lowering registered with ``native=True`` emits exactly one node of the native
 custom-op library instead, which the exporter places in the main graph as is.
+
+Every body takes and returns int32. A body may compute in float32 or float64 where that is exact, but it casts
+a float to int32 only when the float holds an integer within int32 (never relying on Cast's truncation or on
+out-of-range conversion): ``optimize.py`` depends on it.
 """
 from __future__ import annotations
 

@@ -15,7 +15,10 @@ operation is exact and the float result is the exact integer sum, which Cast tur
 ``max|x|`` is the input's true precision bound; ``sum|w|`` is taken from the weight's values when it is a param
 (``Value.const``), else from its bound. A reduction over too many channels is split into chunks each within
 2^24; the chunk sums are added in int32, which wraps like the runtime's accumulator, so the total equals the
-runtime's modulo 2^32. Bias is always added in int32 after the Cast back (it may be as large as 2^31).
+runtime's modulo 2^32. The bias joins a single float32 Conv/Gemm (where onnxruntime adds it in its kernel) when
+the output's bound, ``max|x| * sum|w| + |bias|`` per output channel, is <= 2^24: every partial sum, with or
+without the bias, is then an integer within 2^24. Otherwise it is added in int32 after the Cast back (it may be
+as large as 2^31).
 """
 from __future__ import annotations
 
@@ -108,8 +111,9 @@ def conv2d_core(b, a, x, w) -> str:
     return b.Reshape(y, b.const([n, oc, oh, ow]))
 
 
-def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]]) -> str:
-    """One float32 Conv per chunk of each group's input channels, each Cast to int32, added in int32."""
+def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:
+    """One float32 Conv per chunk of each group's input channels, each Cast to int32, added in int32; a
+    ``bias`` is given only with a single chunk whose sums, bias included, stay within 2^24."""
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     h, wd = x.shape[2:]
     cg = c // g
@@ -118,7 +122,8 @@ def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]]) -> str:
     xf = b.Cast(x, to=TensorProto.FLOAT)
     wf = b.Cast(w, to=TensorProto.FLOAT)
     if len(chunks) == 1:
-        return _to_int(b, b.Conv(xf, wf, **conv))
+        biases = [] if bias is None else [b.Cast(bias, to=TensorProto.FLOAT)]
+        return _to_int(b, b.Conv(xf, wf, *biases, **conv))
     xg = b.Reshape(xf, b.const([n, g, cg, h, wd]))
     parts = [_to_int(b, b.Conv(b.Reshape(_slice(b, xg, 2, lo, hi), b.const([n, g * (hi - lo), h, wd])),
                                _slice(b, wf, 1, lo, hi), **conv))
@@ -128,39 +133,53 @@ def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]]) -> str:
 
 @lowering("conv2d")
 def conv2d(b, a, x, w, bias=None):
-    """2-D convolution NCHW/OIHW (groups, dilation, zero padding), int32 accumulation, then + bias in int32.
+    """2-D convolution NCHW/OIHW (groups, dilation, zero padding), int32 accumulation, then + bias.
 
     Fast form: float32 Conv where every partial sum is an integer within 2^24 (exact), split over input
-    channels when needed, the chunks added in int32 (wraps like the runtime); else Pad + im2col + int32 MatMul,
-    which wraps modulo 2^32 exactly as the runtime's int32 accumulator.
+    channels when needed, the chunks added in int32 (wraps like the runtime); the bias inside the Conv when the
+    sums with it stay within 2^24, else added in int32. Otherwise Pad + im2col + int32 MatMul, which wraps
+    modulo 2^32 exactly as the runtime's int32 accumulator.
     """
     kh, kw = a.kernel_size
     chunks = float_chunks(x.bound, weight_sums(w, kh * kw)) if FORM == "fast" else None
-    y = conv2d_core(b, a, x, w) if chunks is None else conv2d_float(b, a, x, w, chunks)
+    if chunks is None:
+        y = conv2d_core(b, a, x, w)
+    elif bias is not None and len(chunks) == 1 and b.outputs[0].bound <= FLOAT_EXACT:
+        return conv2d_float(b, a, x, w, chunks, bias)
+    else:
+        y = conv2d_float(b, a, x, w, chunks)
     return y if bias is None else b.Add(y, b.Reshape(bias, b.const([-1, 1, 1])))
 
 
 # -- dense ------------------------------------------------------------------------------------------------------
 
-def dense_float(b, x, w, chunks: list[tuple[int, int]]) -> str:
-    """One float32 Gemm x[:, lo:hi] @ w[:, lo:hi]^T per chunk, each Cast to int32, added in int32."""
+def dense_float(b, x, w, chunks: list[tuple[int, int]], bias=None) -> str:
+    """One float32 Gemm x[:, lo:hi] @ w[:, lo:hi]^T per chunk, each Cast to int32, added in int32; a ``bias``
+    is given only with a single chunk whose sums, bias included, stay within 2^24."""
     xf = b.Cast(x, to=TensorProto.FLOAT)
     wf = b.Cast(w, to=TensorProto.FLOAT)
     if len(chunks) == 1:
-        return _to_int(b, b.Gemm(xf, wf, transB=1))
+        biases = [] if bias is None else [b.Cast(bias, to=TensorProto.FLOAT)]
+        return _to_int(b, b.Gemm(xf, wf, *biases, transB=1))
     return _sum_int32(b, [_to_int(b, b.Gemm(_slice(b, xf, 1, lo, hi), _slice(b, wf, 1, lo, hi), transB=1))
                           for lo, hi in chunks])
 
 
 @lowering("dense")
 def dense(b, a, x, w, bias=None):
-    """y = x @ w^T (int32 accumulation), then + bias in int32.
+    """y = x @ w^T (int32 accumulation), then + bias.
 
     Fast form: float32 Gemm where every partial sum is an integer within 2^24 (exact), split over K when
-    needed, the chunks added in int32; else int32 MatMul, which wraps exactly as the runtime's accumulator.
+    needed, the chunks added in int32; the bias inside the Gemm when the sums with it stay within 2^24, else
+    added in int32. Otherwise int32 MatMul, which wraps exactly as the runtime's accumulator.
     """
     chunks = float_chunks(x.bound, weight_sums(w, 1)) if FORM == "fast" else None
-    y = b.MatMul(x, b.Transpose(w, perm=[1, 0])) if chunks is None else dense_float(b, x, w, chunks)
+    if chunks is None:
+        y = b.MatMul(x, b.Transpose(w, perm=[1, 0]))
+    elif bias is not None and len(chunks) == 1 and b.outputs[0].bound <= FLOAT_EXACT:
+        return dense_float(b, x, w, chunks, bias)
+    else:
+        y = dense_float(b, x, w, chunks)
     return y if bias is None else b.Add(y, bias)
 
 

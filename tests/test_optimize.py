@@ -1,0 +1,120 @@
+"""The serving pass (converters/to_onnx/optimize.py): int32 round trips between float bodies dropped, results
+unchanged bit for bit (onnxruntime on the optimized model == the reference executor)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto
+
+from cvm_onnx.api import load
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.executor import execute
+from cvm_onnx.runtime import run
+from harness import tensors
+from test_export import graphs
+
+RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
+FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def check(graph, feeds) -> onnx.ModelProto:
+    model = to_onnx(graph, optimize=True)
+    onnx.checker.check_model(model, full_check=True)
+    want = execute(graph, feeds)
+    got = run(model, feeds)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    return model
+
+
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    return {vi.name: vi.type.tensor_type.elem_type
+            for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+
+
+def round_trips(model: onnx.ModelProto) -> list[str]:
+    """Casts to a float type reading a Cast to int32 of a float tensor (what the pass removes)."""
+    types = elem_types(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def cast_to(n):
+        return n.attribute[0].i if n.op_type == "Cast" else None
+
+    return [n.name for n in model.graph.node
+            if cast_to(n) in FLOATS and (p := producer.get(n.input[0])) is not None
+            and cast_to(p) == TensorProto.INT32 and types.get(p.input[0]) in FLOATS]
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=graphs())
+def test_random_graphs_stay_exact(case):
+    graph, feeds = case
+    model = check(graph, feeds)
+    assert round_trips(model) == []
+    assert len(model.graph.node) <= len(to_onnx(graph, inline=True).graph.node)
+
+
+def conv_chain(rng, head_inside: bool):
+    """conv2d -> shift -> conv2d -> shift -> broadcast_mul -> shift (float64) -> conv2d: float bodies meeting
+    in float32 and float64; optionally the first shift is also a head (its int32 must stay)."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 3, 6, 6), 8)
+
+    def conv(e, k):
+        w = b.param(f"w{k}", rng.integers(-127, 128, (3, 3, 3, 3)), 8)
+        bias = b.param(f"b{k}", rng.integers(-1000, 1000, (3,)), 12)
+        return b.op("conv2d", e, w, bias, channels=3, kernel_size=(3, 3), padding=(1, 1))
+
+    s1 = b.op("cvm_right_shift", conv(x, 0), shift_bit=8, precision=8)
+    t = b.op("cvm_right_shift", conv(s1, 1), shift_bit=4, precision=16)
+    m = b.op("broadcast_mul", t, b.param("scale", np.array([30000]), 16))
+    s2 = b.op("cvm_right_shift", m, shift_bit=20, precision=8)
+    y = conv(s2, 2)
+    return b.build(y, s1) if head_inside else b.build(y)
+
+
+@pytest.mark.parametrize("head_inside", [False, True])
+def test_float32_and_float64_bodies(head_inside):
+    rng = np.random.default_rng(3)
+    graph = conv_chain(rng, head_inside)
+    flat = to_onnx(graph, inline=True)
+    for seed in range(3):
+        model = check(graph, {"data": rng.integers(-127, 128, (1, 3, 6, 6)).astype(np.int32)})
+    assert round_trips(flat) and not round_trips(model)
+    types = elem_types(model)
+    assert any(n.op_type == "Cast" and types[n.input[0]] == TensorProto.DOUBLE and n.attribute[0].i == TensorProto.FLOAT
+               for n in model.graph.node)  # the float64 shift's result goes straight to the float32 Conv
+    outputs = [o.name for o in model.graph.output]
+    assert ("cvm_right_shift_" in " ".join(outputs)) == head_inside
+    assert model.metadata_props[-1].key == "cvm.optimized"
+
+
+def test_int32_ops_keep_their_casts():
+    """relu between two float bodies computes on int32: the casts around it stay (nothing to drop)."""
+    rng = np.random.default_rng(4)
+    b = GraphBuilder()
+    x = b.input("data", (1, 2, 5, 5), 8)
+    y = b.op("cvm_right_shift", b.op("relu", b.op("cvm_right_shift", x, shift_bit=2, precision=8)),
+             shift_bit=1, precision=8)
+    graph = b.build(y)
+    model = check(graph, {"data": rng.integers(-127, 128, (1, 2, 5, 5)).astype(np.int32)})
+    assert len(model.graph.node) == len(to_onnx(graph, inline=True).graph.node)
+
+
+@settings(max_examples=10, deadline=None)
+@given(data=tensors((1, 3, 32, 32), 8), seed=st.integers(0, 2**32 - 1))
+def test_resnet20(data, seed):
+    if not RESNET.exists():
+        pytest.skip("the ResNet-20 model is not present")
+    graph = load(RESNET).graph
+    model = to_onnx(graph, optimize=True)
+    flat = to_onnx(graph, inline=True)
+    assert not round_trips(model) and len(model.graph.node) < len(flat.graph.node)
+    noise = np.random.default_rng(seed).integers(-127, 128, data.shape).astype(np.int32)
+    feeds = {"data": np.where(data == 0, noise, data).astype(np.int32)}
+    assert np.array_equal(run(model, feeds)[0], execute(graph, feeds)[0])
