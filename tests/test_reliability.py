@@ -170,3 +170,14 @@ def test_non_finite_constant_bounds_are_refused(tmp_path, value):
              onnx.helper.make_node("Clip", ["data", "lo"], ["y"], name="clip")]
     with pytest.raises(UnsupportedError, match=re.escape(f"clip (Clip): Clip min = {value} is not an integer")):
         import_file(tmp_path, int_model(nodes))
+
+
+@pytest.mark.parametrize("version", [(1 << 63) - 1, -(1 << 63), 0])
+def test_absurd_opset_versions_are_not_a_crash(tmp_path, version):
+    """The schema lookup of the arity check got the version as a C int (TypeError beyond it)."""
+    model = onnx.load_from_string(int_model([onnx.helper.make_node("Relu", ["data"], ["y"], name="relu")]))
+    model.opset_import[0].version = version
+    try:
+        import_file(tmp_path, model.SerializeToString())
+    except CVMError:
+        pass

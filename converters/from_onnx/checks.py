@@ -179,6 +179,8 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
         raise FormatError([Problem(where, "string is not UTF-8") for where in bad])
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is not None:  # onnx.defs takes a C int: clamp a version beyond any schema's
+        opset = max(0, min(opset, onnx.defs.onnx_opset_version()))
     problems = [Problem(where, f"tensor {rule}") for where, t in _tensors(graph)
                 if (rule := tensor_problem(t, base_dir)) is not None]
     for vi in [*graph.input, *graph.output, *graph.value_info]:
