@@ -152,3 +152,22 @@ def test_get_valid_counts_per_example():
     x = np.random.default_rng(5).integers(-10, 10, (3, 6, 5)).astype(np.int32)
     x[1, :, 1] = -1  # no valid row in example 1
     check_batch(graph, x)
+
+
+def test_cli_convert_batch_and_optimize(tmp_path):
+    from cvm_onnx.cli import main
+    from cvm_onnx.format import write_model
+
+    b = GraphBuilder()
+    x = b.input("data", (1, 2, 3, 3), 8)
+    y = b.op("cvm_right_shift", b.op("conv2d", x, b.param("w", np.ones((2, 2, 1, 1)), 8), channels=2,
+                                     kernel_size=(1, 1), use_bias=False), shift_bit=1, precision=8)
+    graph = b.build(y)
+    write_model(graph, tmp_path / "m")
+    data = np.arange(-27, 27, dtype=np.int32).reshape(3, 2, 3, 3)
+    assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "m.onnx"), "--batch", "3", "--optimize"]) == 0
+    [got] = run(str(tmp_path / "m.onnx"), {"data": data})
+    assert np.array_equal(got, singles(graph, data)[0])
+    assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "n.onnx"), "--batch", "0"]) == 4
+    assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "n.onnx"), "--batch", "2", "--verify"]) == 4
+    assert not (tmp_path / "n.onnx").exists()
