@@ -6,6 +6,7 @@ It mirrors the runtime's graph: a node has one or more outputs ("entries"), an i
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -23,7 +24,7 @@ def shape_problem(shape: tuple[int, ...]) -> str | None:
         return f"ndim {len(shape)} is not in 1..{MAX_NDIM}"
     if any(not 0 < d <= MAX_DIM for d in shape):
         return f"shape {tuple(shape)}: every dimension must lie in (0, 2^24]"
-    if int(np.prod(shape, dtype=object)) > MAX_SIZE:
+    if math.prod(int(d) for d in shape) > MAX_SIZE:
         return f"shape {tuple(shape)}: size exceeds 2^30"
     return None
 

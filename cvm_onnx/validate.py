@@ -13,6 +13,7 @@ import numpy as np
 from .errors import Problem, ValidationError
 from .graph import Graph, Node, TensorType, shape_problem
 from .ops import REGISTRY, OpRuleError
+from .ops.registry import max_abs
 
 INPUT_NAME = "data"
 
@@ -48,7 +49,7 @@ def _variable(node: Node, graph: Graph, problems: list[Problem], inputs: tuple[s
             problems.append(Problem(where, f"param dtype {value.dtype} must be int8 or int32"))
             ok = False
         elif value.size:
-            peak = int(np.abs(value.astype(np.int64)).max())
+            peak = max_abs(value)
             if peak > declared.bound:
                 problems.append(Problem(where, f"param value {peak} exceeds precision {declared.precision} "
                                                f"(|x| <= {declared.bound})"))

@@ -4,14 +4,20 @@
   added in int32 one step beyond.
 * cvm_right_shift: Round((x + 1/2) * 2^-s) in float32 for |x| < 2^23, float64 beyond, checked against the
   runtime's formula ((x >> (s-1)) + 1) >> 1 on the values next to every rounding point.
+* The float32 chunks of a reduction (found by galloping, linear in the weights) are the greedy split, and the
+  weights' magnitudes are taken without int64 copies (conversion memory).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
 from onnx import TensorProto
 
+from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.ops.registry import magnitudes, max_abs
 from harness import assert_exact, single_op
 
 pytestmark = pytest.mark.isa  # CI repeats these on an emulated CPU without AVX-512 (qemu-x86_64 -cpu Haswell)
@@ -93,3 +99,38 @@ def test_cvm_right_shift_at_every_rounding_point(p_in, float_type, s, precision)
     assert y.tolist() == [runtime_right_shift(int(v), s, precision) for v in x]
     casts = [n for n in body_nodes(graph) if n.op_type == "Cast"]
     assert casts[0].attribute[0].i == float_type
+
+
+def greedy_chunks_oracle(x_bound: int, w_sums: np.ndarray):
+    """Greedy chunks by a plain loop: extend while x_bound * max_o (sum of the chunk) stays <= 2^24."""
+    sums = [[int(v) for v in row] for row in w_sums]
+    if any(x_bound * v > TWO_24 for row in sums for v in row):
+        return None
+    chunks, lo, n = [], 0, w_sums.shape[1]
+    while lo < n:
+        hi = lo + 1
+        while hi < n and max(x_bound * sum(row[lo:hi + 1]) for row in sums) <= TWO_24:
+            hi += 1
+        chunks.append((lo, hi))
+        lo = hi
+    return chunks
+
+
+@settings(max_examples=200, deadline=None)
+@given(x_bound=st.sampled_from([0, 1, 127, 255, 32767, 1 << 20]),
+       w=hnp.arrays(np.uint8, hnp.array_shapes(min_dims=2, max_dims=2, max_side=40), elements=st.integers(0, 4)),
+       parts=st.sampled_from([1, 2, 3, 4, 64, 1 << 12]))
+def test_float_chunks_gallop_is_the_greedy_split(x_bound, w, parts):
+    """Weights in units of cap / parts (cap = 2^24 // max|x|): chunk sums land exactly on the cap, and beyond."""
+    w_sums = w.astype(np.int64) * (TWO_24 // max(x_bound, 1) // parts)
+    assert lower_nn.float_chunks(x_bound, w_sums) == greedy_chunks_oracle(max(x_bound, 1), w_sums)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32])
+def test_magnitudes_without_wide_copies(dtype):
+    info = np.iinfo(dtype)
+    x = np.array([info.min, -1, 0, 1, info.max], dtype)
+    assert max_abs(x) == 1 << (info.bits - 1) and max_abs(x[1:]) == info.max and max_abs(x[:0]) == 0
+    m = magnitudes(x)
+    assert m.dtype.itemsize == x.dtype.itemsize and m.dtype.kind == "u"
+    assert m.tolist() == [1 << (info.bits - 1), 1, 0, 1, info.max]

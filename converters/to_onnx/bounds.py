@@ -15,23 +15,20 @@ import numpy as np
 
 from cvm_onnx.graph import Entry, Graph
 from cvm_onnx.ops import REGISTRY
+from cvm_onnx.ops.registry import magnitudes, max_abs
 
 ANY = 1 << 31
-
-
-def _magnitude(value: np.ndarray) -> np.ndarray:
-    return np.abs(value.astype(np.int64))
 
 
 def _product_bound(a, x: int, w: int, w_value: np.ndarray | None, b: int, b_value: np.ndarray | None,
                    per_row: int) -> int:
     """max over output channels of sum|w_row| * B_x + |bias|: conv2d (rows of C/g*kh*kw) and dense (rows of K)."""
     if w_value is not None:
-        rows = _magnitude(w_value).reshape(w_value.shape[0], -1).sum(axis=1) * x
+        rows = np.add.reduce(magnitudes(w_value).reshape(w_value.shape[0], -1), axis=1, dtype=np.int64) * x
     else:
         rows = np.full(1, per_row * w * x, np.int64)
     if a.use_bias:
-        rows = rows + (_magnitude(b_value) if b_value is not None else b)
+        rows = rows + (magnitudes(b_value).astype(np.int64) if b_value is not None else b)
     return int(rows.max())
 
 
@@ -82,7 +79,7 @@ def value_bounds(graph: Graph) -> dict[Entry, int]:
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
             value = graph.params.get(node.name)
-            out[Entry(i)] = int(_magnitude(value).max(initial=0)) if value is not None else node.outputs[0].bound
+            out[Entry(i)] = max_abs(value) if value is not None else node.outputs[0].bound
             continue
         bounds = [out[e] for e in node.inputs]
         rule = RULES.get(node.op)

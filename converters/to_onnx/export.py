@@ -87,7 +87,7 @@ class _Exporter:
         self.nodes: list[onnx.NodeProto] = []
         self.functions: dict[bytes, onnx.FunctionProto] = {}
         self.overloads: dict[str, int] = {}
-        self.initializers: list[onnx.TensorProto] = []
+        self.initializers: list[str] = []  # params, written into the model last (their data is copied once)
         self.inputs: list[onnx.ValueInfoProto] = []
         self.infos: list[onnx.ValueInfoProto] = []
         self.domains = {"": OPSET}
@@ -97,7 +97,7 @@ class _Exporter:
         self.infos.append(value_info(self.names[Entry(i)], t))
         value = self.graph.params.get(node.name)
         if value is not None:
-            self.initializers.append(numpy_helper.from_array(value.astype(np.int32), node.name))
+            self.initializers.append(node.name)
             return
         self.inputs.append(helper.make_tensor_value_info(node.name, TensorProto.INT32, list(t.shape)))
         bounds = []
@@ -187,11 +187,15 @@ class _Exporter:
             (self.variable if node.is_variable else self.op)(i, node)
         outputs = self.heads()
         out_names = {o.name for o in outputs}
-        graph = helper.make_graph(self.nodes, "cvm", self.inputs, outputs, self.initializers,
+        graph = helper.make_graph(self.nodes, "cvm", self.inputs, outputs, [],
                                   value_info=[v for v in self.infos if v.name not in out_names])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.domains.items()],
                                   functions=list(self.functions.values()), ir_version=IR_VERSION,
                                   producer_name="cvm-onnx", producer_version=__version__)
+        for name in self.initializers:
+            value = self.graph.params[name]
+            t = model.graph.initializer.add(name=name, data_type=TensorProto.INT32, dims=value.shape)
+            t.raw_data = np.ascontiguousarray(value, "<i4").tobytes()
         helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version})
         return model
 

@@ -26,6 +26,7 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.ops.nn import pool_pads
+from cvm_onnx.ops.registry import magnitudes
 
 from .lowering import lowering
 
@@ -38,26 +39,35 @@ def float_chunks(x_bound: int, w_sums: np.ndarray) -> list[tuple[int, int]] | No
     """Contiguous ranges [lo, hi) of the reduced channels with ``x_bound * max_o sum_{lo<=c<hi} w_sums[o, c]``
     <= 2^24, greedily as long as possible; None when one channel alone exceeds the bound.
 
-    ``w_sums[o, c]`` bounds sum |w| over the weights of output o and reduced channel c.
+    ``w_sums[o, c]`` (any non-negative integers) bounds sum |w| over the weights of output o and reduced channel
+    c. Each chunk is found by galloping: windows that double while the sums still fit, then halve, so the work
+    is linear in the weights and no prefix-sum matrix is built (a dense layer's w_sums are its weights).
     """
     cap = FLOAT_EXACT // max(x_bound, 1)  # x_bound * s <= 2^24  <=>  s <= cap, for integers s
     if w_sums.size and int(w_sums.max()) > cap:
         return None
-    cum = np.concatenate([np.zeros((w_sums.shape[0], 1), np.int64), np.cumsum(w_sums, axis=1)], axis=1)
     chunks, lo, n = [], 0, w_sums.shape[1]
     while lo < n:
-        fits = (cum[:, lo + 1:] - cum[:, lo:lo + 1]).max(axis=0) <= cap  # prefix sums grow: fits is True, ..., False
-        hi = lo + int(np.count_nonzero(fits))
+        total, hi, step, growing = np.zeros(w_sums.shape[0], np.int64), lo, 1, True
+        while step and hi < n:
+            t = total + np.add.reduce(w_sums[:, hi:hi + step], axis=1, dtype=np.int64)
+            fits = int(t.max(initial=0)) <= cap
+            if fits:
+                total, hi = t, min(hi + step, n)
+            growing = growing and fits
+            step = step * 2 if growing else step // 2
         chunks.append((lo, hi))
         lo = hi
     return chunks
 
 
 def weight_sums(w, per_column: int) -> np.ndarray:
-    """Bounds on sum |w| per (output, reduced channel): from the values of a param, else its bound."""
+    """Bounds on sum |w| per (output, reduced channel): from the values of a param (for one weight per channel,
+    as in dense, its unsigned magnitudes, no wider copy), else from its bound."""
     if w.const is not None:
-        a = np.abs(w.const.astype(np.int64))
-        return a.reshape(a.shape[0], a.shape[1], -1).sum(axis=2)
+        a = magnitudes(w.const)
+        a = a.reshape(a.shape[0], a.shape[1], -1)
+        return a[:, :, 0] if a.shape[2] == 1 else np.add.reduce(a, axis=2, dtype=np.int64)
     return np.full(w.shape[:2], per_column * w.bound, np.int64)
 
 

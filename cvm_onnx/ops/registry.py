@@ -197,6 +197,17 @@ def number_precision(n: int) -> int:
     return bits(n + 1) + 1
 
 
+def max_abs(x: np.ndarray) -> int:
+    """max |x| over an integer array (0 if empty), without a widened copy: |INT_MIN| counts as 2^(bits-1)."""
+    return max(-int(x.min()), int(x.max())) if x.size else 0
+
+
+def magnitudes(x: np.ndarray) -> np.ndarray:
+    """|x| of a signed integer array as the unsigned type of the same width (|INT_MIN| = 2^(bits-1) fits):
+    one array the size of x instead of an int64 copy."""
+    return np.abs(x).view(x.dtype.str.replace("i", "u"))
+
+
 def clip_to_precision(x: np.ndarray, precision: int) -> np.ndarray:
     """Symmetric clip to +-(2^(p-1)-1), as int32."""
     r = (1 << (precision - 1)) - 1
