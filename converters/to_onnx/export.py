@@ -6,7 +6,8 @@ and shapes (identical bodies share one function overload), native custom ops in 
 CVM heads, value_info with the static shape and the CVM precision on every tensor, provenance in metadata_props.
 
 The flat form (``inline=True``) puts every body's nodes in the main graph instead, named ``<cvm node>/<k>`` and
-marked with metadata ``cvm.node``, ``cvm.op`` and ``cvm.attrs`` so the CVM graph can still be recovered.
+marked with metadata ``cvm.node``, ``cvm.op``, ``cvm.attrs`` and ``cvm.inputs`` so the CVM graph can still be
+recovered.
 """
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ class _Exporter:
             self.domains[NATIVE_DOMAIN] = 1
             self.nodes.append(call)
         elif self.inline:
-            self.flatten(node, a, body, dict(zip([v.name for v in ins], in_names)) | dict(zip(body_outs, out_names)))
+            self.flatten(node, a, body, in_names, dict(zip([v.name for v in ins], in_names)) |
+                         dict(zip(body_outs, out_names)))
         else:
             self.nodes.append(self.call(node, a, ins, body, body_outs, in_names, out_names, doc))
 
@@ -156,9 +158,11 @@ class _Exporter:
         call.overload = self.functions[key].overload
         return call
 
-    def flatten(self, node: Node, a: Attrs, body: Body, rename: dict[str, str]) -> None:
-        """The body's nodes in the main graph: inner tensors and nodes prefixed by the CVM node name."""
-        marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True)}
+    def flatten(self, node: Node, a: Attrs, body: Body, in_names: list[str], rename: dict[str, str]) -> None:
+        """The body's nodes in the main graph: inner tensors and nodes prefixed by the CVM node name, each marked
+        with the CVM node, op, attributes and input tensors (in input order) it comes from."""
+        marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True),
+                 "cvm.inputs": json.dumps(in_names)}
         for k, inner in enumerate(body.nodes):
             n = onnx.NodeProto()
             n.CopyFrom(inner)
