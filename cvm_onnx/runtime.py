@@ -31,9 +31,6 @@ from .errors import RuntimeFailure
 from .native import library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-# onnxruntime 1.31's Relu -> Clip fusion throws on int32 ("Unexpected data type for Clip 'min' input of 6"),
-# refusing valid models such as relu followed by cvm_clip; our graphs gain nothing from it.
-DISABLED_OPTIMIZERS = ["FuseReluClip"]
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
 
 ModelLike = onnx.ModelProto | bytes | str | os.PathLike
@@ -110,8 +107,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None)
             proto = fallback.to_fallback(proto)
             so.register_custom_ops_library(fallback.library())
     try:
-        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=providers,
-                                    disabled_optimizers=DISABLED_OPTIMIZERS)
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=providers)
     except Exception as e:
         raise RuntimeFailure(f"onnxruntime refused the model: {e}") from None
     if provider == "cuda" and PROVIDERS["cuda"] not in sess.get_providers():

@@ -121,3 +121,17 @@ def graphs(draw):
 def test_random_graphs_are_exact(case, inline):
     graph, feeds = case
     assert_exact(graph, feeds, inline=inline)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_models_load_on_a_plain_onnxruntime_session(inline):
+    """Exported models need none of the project's session options: relu then cvm_clip once tripped
+    onnxruntime's Relu -> Clip fusion, which throws on int32 at session creation."""
+    import onnxruntime as ort
+
+    b = GraphBuilder()
+    y = b.op("cvm_clip", b.op("relu", b.input("data", (4,), 8)), precision=4)
+    model = to_onnx(b.build(y), inline=inline)
+    session = ort.InferenceSession(model.SerializeToString())
+    [out] = session.run(None, {"data": np.array([-5, 3, 9, 100], np.int32)})
+    assert out.tolist() == [0, 3, 7, 7]

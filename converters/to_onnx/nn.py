@@ -235,5 +235,6 @@ def upsampling(b, a, x):
 
 @lowering("relu")
 def relu(b, a, x):
-    """max(x, 0) (int32 Relu)."""
-    return b.Relu(x)
+    """max(x, 0), as Max rather than Relu: onnxruntime's Relu -> Clip fusion throws on int32 (a relu followed by
+    cvm_clip would make the model unloadable), and Max has int32 kernels on CUDA too, Relu none."""
+    return b.Max(x, b.const(0, np.int32))
