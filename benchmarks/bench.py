@@ -1,0 +1,180 @@
+"""cvm-onnx's speed in one table: ResNet-20 on onnxruntime CPU (batch 1 and 64) and on the reference executor,
+conversion times, a synthetic 25 M-parameter model's conversion (time and peak memory) and a 5,000-node chain.
+
+Every onnxruntime result is first checked bit for bit against the reference executor. Latencies are medians
+over many runs; the load average is printed because other processes on the machine change them. The CVM
+runtime's own figures (its CPU and FORMAL devices on ResNet-20, batch 1, measured on the same machine class)
+are printed for comparison.
+
+Run: python benchmarks/bench.py [--model DIR] [--runs N] [--skip-big]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from cvm_onnx.api import load
+from cvm_onnx.batch import batched
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.executor import execute
+from cvm_onnx.format import write_model
+from cvm_onnx.runtime import session
+
+RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
+CVM_RUNTIME_MS = {"CPU device": 8.05, "FORMAL device": 84.0}  # ResNet-20, batch 1 (issue 6)
+
+
+def median_ms(fn, runs: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * float(np.median(times))
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} CPUs, onnxruntime {ort.__version__}, Python {platform.python_version()}"
+
+
+def row(what: str, value: str, note: str = "") -> None:
+    print(f"| {what:<44} | {value:>16} | {note} |")
+
+
+def resnet(model: Path, runs: int) -> None:
+    graph = load(model).graph
+    row("ResNet-20 load + validate", f"{median_ms(lambda: load(model), 10):.1f} ms")
+    row("ResNet-20 export (function form)", f"{median_ms(lambda: to_onnx(graph), 10):.1f} ms")
+    row("ResNet-20 export (optimized flat form)", f"{median_ms(lambda: to_onnx(graph, optimize=True), 5):.1f} ms")
+    one = np.load(model / "input.npy").astype(np.int32)
+    ref_ms = median_ms(lambda: execute(graph, {"data": one}), max(5, runs // 20))
+    for batch in (1, 64):
+        data = np.concatenate([one, np.random.default_rng(0).integers(-127, 128, (batch - 1,) + one.shape[1:])])
+        data = data.astype(np.int32)
+        want = execute(batched(graph, batch), {"data": data})[0]
+        for form, optimize, threads in (("function form", False, 1), ("optimized", True, 1),
+                                        ("optimized, 2 threads", True, 2)):
+            sess = session(to_onnx(graph, batch=batch, optimize=optimize), threads=threads)
+            feeds = {"data": data}
+            assert np.array_equal(sess.run(None, feeds)[0], want), "onnxruntime differs from the reference"
+            ms = median_ms(lambda: sess.run(None, feeds), max(10, runs // batch))
+            speed = {name: f"{ref / (ms / batch):.1f}x" for name, ref in CVM_RUNTIME_MS.items()}
+            row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
+                f"{batch / ms * 1e3:.0f} images/s, {speed['CPU device']} the CVM CPU device's")
+    row("ResNet-20 reference executor batch 1", f"{ref_ms:.1f} ms", "numpy, FORMAL semantics")
+    for name, ms in CVM_RUNTIME_MS.items():
+        row(f"ResNet-20 CVM runtime {name} batch 1", f"{ms:.2f} ms", "measured by the issue, same machine class")
+
+
+def big_model(directory: Path, units=(4096, 4096, 2048, 10)) -> int:
+    """A dense model of int8 weights (the CVM's usual storage) with ~25 M params; returns its param count."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("data", (1, units[0]), 8)
+    for i, (k, u) in enumerate(zip(units[:-1], units[1:])):
+        w = b.param(f"w{i}", rng.integers(-127, 128, (u, k), dtype=np.int8), 8)
+        x = b.op("dense", x, w, b.param(f"b{i}", rng.integers(-1000, 1000, (u,)), 16), units=u)
+        if i < len(units) - 2:
+            x = b.op("relu", b.op("cvm_right_shift", x, shift_bit=16, precision=8))
+    graph = b.build(x)
+    write_model(graph, directory)
+    return sum(v.size for v in graph.params.values())
+
+
+def chain_model(directory: Path, ops: int) -> None:
+    """conv2d -> cvm_right_shift -> relu, repeated: ``ops`` op nodes (plus a weight per conv2d)."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("data", (1, 4, 8, 8), 8)
+    for k in range(ops // 3):
+        w = b.param(f"w{k}", rng.integers(-127, 128, (4, 4, 3, 3)), 8)
+        x = b.op("conv2d", x, w, channels=4, kernel_size=(3, 3), padding=(1, 1), use_bias=False)
+        x = b.op("relu", b.op("cvm_right_shift", x, shift_bit=8, precision=8))
+    write_model(b.build(x), directory)
+
+
+CONVERT = """
+import sys, time
+from pathlib import Path
+def memory():
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+from cvm_onnx.api import load, to_onnx, write_onnx
+base, _ = memory()
+t0 = time.perf_counter()
+graph = load(sys.argv[1]).graph
+t1 = time.perf_counter()
+model = to_onnx(graph)
+del graph
+t2 = time.perf_counter()
+write_onnx(model, sys.argv[2])
+t3 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, memory()[1] - base)
+"""
+
+
+def convert_in_subprocess(src: Path, dst: Path) -> tuple[float, float, float, float]:
+    """(load + validate s, export s, serialize + write s, peak memory above the start in MiB), in a fresh
+    process so the peak is this conversion's."""
+    out = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(dst)], check=True, capture_output=True,
+                         text=True).stdout.split()
+    return tuple(float(v) for v in out)  # type: ignore[return-value]
+
+
+def conversions(tmp: Path) -> None:
+    params = big_model(tmp / "big")
+    size = (tmp / "big" / "params").stat().st_size / 2**20
+    read, export, write, peak = convert_in_subprocess(tmp / "big", tmp / "big.onnx")
+    row(f"{params / 1e6:.1f} M-param model: load + validate", f"{read:.2f} s", f"params file {size:.1f} MiB (int8)")
+    row(f"{params / 1e6:.1f} M-param model: export", f"{export:.2f} s")
+    row(f"{params / 1e6:.1f} M-param model: serialize + write", f"{write:.2f} s",
+        f"total {read + export + write:.2f} s")
+    row(f"{params / 1e6:.1f} M-param model: peak memory", f"{peak:.0f} MiB", f"{peak / size:.1f}x the params file")
+    totals = {}
+    for ops in (1251, 5001):
+        chain_model(tmp / f"chain{ops}", ops)
+        totals[ops] = sum(convert_in_subprocess(tmp / f"chain{ops}", tmp / f"chain{ops}.onnx")[:3])
+    row("1,250-op chain: convert", f"{totals[1251]:.2f} s")
+    row("5,000-op chain: convert", f"{totals[5001]:.2f} s", f"{totals[5001] / totals[1251]:.1f}x for 4x the nodes")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=RESNET, help="ResNet-20 model directory (with input.npy)")
+    parser.add_argument("--runs", type=int, default=400, help="runs per batch-1 latency (fewer for batch 64)")
+    parser.add_argument("--skip-big", action="store_true", help="leave out the 25 M-param and 5,000-node models")
+    args = parser.parse_args()
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
+    print(f"| {'what':<44} | {'median':>16} | note |")
+    print(f"|{'-' * 46}|{'-' * 18}|------|")
+    if args.model.exists():
+        resnet(args.model, args.runs)
+    else:
+        print(f"(no ResNet-20 model at {args.model}: skipped)")
+    if not args.skip_big:
+        with tempfile.TemporaryDirectory() as tmp:
+            conversions(Path(tmp))
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
