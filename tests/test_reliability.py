@@ -6,6 +6,7 @@ must be success or a ``CVMError``; anything else is a crash. Crashes found by fu
 from __future__ import annotations
 
 import errno
+import math
 import os
 import re
 import stat
@@ -181,3 +182,15 @@ def test_absurd_opset_versions_are_not_a_crash(tmp_path, version):
         import_file(tmp_path, model.SerializeToString())
     except CVMError:
         pass
+
+
+@pytest.mark.parametrize("shape", [[3], [1], [2, 5], []])
+def test_matmul_operands_that_do_not_match_are_refused(tmp_path, shape):
+    """The MatMul rule reshaped the right operand to (k, 1) with k taken from the left one (ValueError), or
+    indexed the shape of a scalar (IndexError)."""
+    b = onnx.helper.make_tensor("b", onnx.TensorProto.INT32, shape, [1] * math.prod(shape))
+    nodes = [onnx.helper.make_node("Constant", [], ["b"], value=b),
+             onnx.helper.make_node("MatMul", ["data", "b"], ["y"], name="mm")]
+    with pytest.raises(UnsupportedError, match=re.escape(f"mm (MatMul): MatMul operands of shapes (1, 4) and "
+                                                         f"{tuple(shape)} do not match")):
+        import_file(tmp_path, int_model(nodes))

@@ -90,6 +90,8 @@ def matmul(ctx, a: Tensor, b: Tensor, dtype: int) -> Tensor:
     """ONNX MatMul (numpy semantics) with a right operand of rank <= 2: rows of a flattened, dense, reshaped."""
     if len(b.shape) > 2:
         raise Refuse("MatMul with a batched right operand has no CVM form (dense takes one weight matrix)")
+    if not a.shape or not b.shape or a.shape[-1] != b.shape[0]:
+        raise Refuse(f"MatMul operands of shapes {a.shape} and {b.shape} do not match")
     if a.is_const and b.is_const:
         return const(np.matmul(a.value, b.value), dtype)
     k = a.shape[-1]
