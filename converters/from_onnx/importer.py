@@ -95,7 +95,11 @@ class _Walk:
             self.unit(u)
         heads = self.heads()
         while self.ctx.pending:  # declared params that no node reads (the CVM graph had them too)
-            self.ctx.entry(next(iter(self.ctx.pending.values())))
+            name, t = next(iter(self.ctx.pending.items()))
+            try:
+                self.ctx.entry(t)
+            except Refuse as e:
+                self.problem(name, str(e))
         if self.problems:
             raise UnsupportedError(self.problems)
         graph = Graph(self.ctx.nodes, heads, self.ctx.params)
