@@ -1,25 +1,712 @@
 """Reliability: hostile and malformed models give the project's own errors, within time and memory bounds.
 
-The pipeline under test is the converter's: read the symbol and params, validate, export to ONNX. Every outcome
-must be success or a ``CVMError``; anything else is a crash. Crashes found by fuzzing get a regression test below.
+The pipelines under test are the converter's: CVM files -> read -> validate -> export to ONNX, and an ONNX file ->
+load -> import (-> export again). Inputs are valid models mutated the way a stranger's file can be broken
+(truncated, bytes flipped, numbers set to extremes, keys and elements deleted, duplicated or swapped). Every
+outcome must be success or a ``CVMError``; anything else is a crash. Each run must stay within ``SECONDS`` (plus
+``SECONDS_PER_MB`` of input) and allocate at most ``MEMORY_FACTOR`` times the input's size (plus a fixed allowance
+for the libraries' own state).
+Crashes found by fuzzing get a regression test at the end. benchmarks/fuzz.py runs the same properties longer.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import errno
+import functools
+import json
 import math
 import os
 import re
+import resource
 import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import MutableSequence
+from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 import onnx
 import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+import cvm_onnx
+from cvm_onnx import cli
+from cvm_onnx.api import import_onnx, write_onnx
 from cvm_onnx.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.from_onnx import RULES
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.api import import_onnx, write_onnx
 from cvm_onnx.errors import CVMError, FormatError, UnsupportedError, ValidationError
-from cvm_onnx.format import write_model
+from cvm_onnx.format import read_params, read_symbol, write_model, write_params, write_symbol
+from cvm_onnx.format.params import LIST_MAGIC
+from cvm_onnx.format.symbol import op_name
+from cvm_onnx.graph import Entry, Graph, Node, TensorType
+from cvm_onnx.ops import REGISTRY
+from cvm_onnx.validate import validate
+
+RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
+needs_resnet = pytest.mark.skipif(not (RESNET / "symbol").is_file(), reason="the ResNet-20 model is not present")
+
+SECONDS = 2.0
+SECONDS_PER_MB = 4.0
+MEMORY_FACTOR = 100
+MEMORY_ALLOWANCE = 16 << 20  # protobuf, numpy and onnx state that does not grow with the input
+ADDRESS_SPACE_ALLOWANCE = 2 << 30  # new thread stacks, allocator arenas, mapped libraries
+EXTREMES = (0, 1, -1, 2, 7, 8, 31, 32, 33, 127, 128, -128, 255, 256, 1 << 24, (1 << 24) + 1, 1 << 30,
+            (1 << 31) - 1, 1 << 31, -(1 << 31), -(1 << 31) - 1, (1 << 32) - 1, 1 << 32, (1 << 63) - 1, 1 << 63,
+            -(1 << 63), 1 << 64, 10 ** 30)
+FUZZ = settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+
+# -- seeds: small builder-made graphs covering all 37 ops --------------------------------------------------------
+def _values(rng: np.random.Generator, shape: tuple[int, ...], p: int = 8) -> np.ndarray:
+    b = (1 << (p - 1)) - 1
+    return rng.integers(-b, b + 1, shape).astype(np.int32)
+
+
+def seed_graphs() -> dict[str, Graph]:
+    rng = np.random.default_rng(7)
+    graphs = {}
+
+    b = GraphBuilder()
+    y = b.op("conv2d", b.input("data", (1, 3, 8, 8), 8), b.param("cw", _values(rng, (4, 3, 3, 3))),
+             b.param("cb", _values(rng, (4,), 12), 12), channels=4, kernel_size=(3, 3), padding=(1, 1))
+    y = b.op("relu", b.op("cvm_right_shift", y, shift_bit=6, precision=8))
+    y = b.op("flatten", b.op("upsampling", b.op("max_pool2d", y, pool_size=(2, 2), strides=(2, 2)), scale=2))
+    y = b.op("dense", y, b.param("dw", _values(rng, (5, 256))), b.param("db", _values(rng, (5,), 10), 10), units=5)
+    graphs["cnn"] = b.build(b.op("cvm_clip", y, precision=8))
+
+    b = GraphBuilder()
+    x = b.input("data", (2, 3, 4), 8)
+    c = b.param("c", _values(rng, (3, 4), 6), 6)
+    d = b.param("d", np.array([[3, -5, 7, 1]], np.int32), 4)
+    q = b.op("broadcast_div", b.op("broadcast_max", b.op("broadcast_mul", b.op(
+        "broadcast_sub", b.op("broadcast_add", x, c), d), c), x), d)
+    e = b.op("elemwise_sub", b.op("elemwise_add", b.op("abs", x), b.op("negative", x)), b.op("clip", x, a_min=-5,
+                                                                                             a_max=5))
+    s = b.op("sum", b.op("cvm_left_shift", e, shift_bit=2, precision=16), axis=(1,), keepdims=True)
+    w = b.op("where", b.op("broadcast_greater", q, x), x, b.op("cvm_clip", q, precision=8))
+    graphs["elementwise"] = b.build(b.op("cvm_right_shift", s, shift_bit=3, precision=8), b.op("max", q, axis=(0, 2)),
+                                    b.op("cvm_precision", x), w)
+
+    b = GraphBuilder()
+    x = b.input("data", (2, 3, 4), 8)
+    t = b.op("transpose", b.op("reshape", b.op("squeeze", b.op("expand_dims", x, axis=1), axis=(1,)),
+                               shape=(3, 2, 4)), axes=(2, 0, 1))
+    t = b.op("tile", b.op("repeat", b.op("strided_slice", t, begin=(0, 1), end=(4, 3), stride=(1, 1)), repeats=2,
+                          axis=1), reps=(1, 2))
+    k = b.op("take", t, b.param("idx", np.array([[0, 3], [1, 9]], np.int32)), axis=0)
+    lut = b.op("cvm_lut", b.op("relu", x), b.param("table", _values(rng, (16,))), in_dim=16)
+    sl = b.op("slice_like", lut, b.param("like", _values(rng, (1, 2, 2))), axis=(1, 2))
+    graphs["transform"] = b.build(k, b.op("concatenate", sl, sl, axis=0))
+
+    b = GraphBuilder()
+    counts, rows = b.op("get_valid_counts", b.input("data", (1, 5, 6), 8), score_threshold=0)
+    graphs["vision"] = b.build(b.op("non_max_suppression", rows, counts, iou_threshold=50, force_suppress=True,
+                                    top_k=3))
+    return graphs
+
+
+class Seeds(dict):
+    """Seed files by name, with a short repr for hypothesis' reports."""
+
+    def __repr__(self) -> str:
+        return f"Seeds({', '.join(self)})"
+
+
+def files_of(graph: Graph) -> tuple[str, bytes]:
+    """The symbol text and params bytes of a graph, as write_model writes them."""
+    precisions = {n.name: n.outputs[0].precision for n in graph.nodes if n.is_variable}
+    return write_symbol(graph), write_params(graph.params, {k: precisions[k] for k in graph.params})
+
+
+GRAPHS = seed_graphs()
+SEEDS = Seeds({name: files_of(g) for name, g in GRAPHS.items()})
+ONNX_SEEDS = Seeds({f"{name}{'/flat' if inline else ''}": to_onnx(g, inline=inline).SerializeToString()
+                    for name, g in GRAPHS.items() for inline in (False, True)})
+
+
+@functools.cache
+def resnet_seeds() -> dict[str, tuple[str, bytes]]:
+    return Seeds(resnet=((RESNET / "symbol").read_text(), (RESNET / "params").read_bytes()))
+
+
+@functools.cache
+def resnet_onnx_seeds() -> dict[str, bytes]:
+    graph = cvm_onnx.load(RESNET).graph
+    return Seeds({f"resnet{'/flat' if inline else ''}": to_onnx(graph, inline=inline).SerializeToString()
+                  for inline in (False, True)})
+
+
+def test_seeds_cover_every_op():
+    used = {n.op for g in GRAPHS.values() for n in g.nodes if not n.is_variable}
+    assert used == set(REGISTRY) and len(used) == 37
+
+
+# -- the pipelines and their bounds ------------------------------------------------------------------------------
+class Case:
+    """Mutated files: the seed's name, the mutations applied (what hypothesis reports) and the files."""
+
+    def __init__(self, seed: str, steps: tuple[str, ...], files: tuple[Any, ...]):
+        self.seed, self.steps, self.files = seed, steps, files
+
+    def __repr__(self) -> str:
+        return f"Case({self.seed}: {'; '.join(self.steps) or 'unchanged'})"
+
+
+@contextlib.contextmanager
+def address_space_cap(extra: int):
+    """A hard cap on the process' address space, ``extra`` bytes above its current size (Linux), so that a
+    runaway allocation fails at once (MemoryError) instead of taking the machine's memory."""
+    try:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * resource.getpagesize()
+    except OSError:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = size + extra if hard == resource.RLIM_INFINITY else min(hard, size + extra)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def bounded(run: Callable[[], Any], input_size: int) -> Any:
+    """``run()``'s result, or None when it raised a CVMError; fails on any other exception, on taking more than
+    SECONDS (+ SECONDS_PER_MB), or on allocating more than MEMORY_FACTOR x ``input_size`` (+ MEMORY_ALLOWANCE).
+    The address space is capped meanwhile (with room for thread stacks and mappings), so a runaway allocation
+    fails fast."""
+    budget = MEMORY_FACTOR * input_size + MEMORY_ALLOWANCE
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with address_space_cap(budget + ADDRESS_SPACE_ALLOWANCE):
+            return run()
+    except CVMError as e:
+        assert e.problems and all(str(p) for p in e.problems)
+        return None
+    finally:
+        seconds = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert seconds < SECONDS + SECONDS_PER_MB * input_size / 1e6, f"took {seconds:.2f} s for {input_size} bytes"
+        assert peak <= budget, f"allocated {peak} bytes for {input_size}"
+
+
+def cvm_to_onnx(symbol: str | bytes, params: bytes) -> onnx.ModelProto:
+    """The converter's pipeline (read_model, validate, to_onnx) on file contents."""
+    graph = read_symbol(symbol)
+    graph.params = read_params(params)
+    return to_onnx(validate(graph).graph)
+
+
+def check_cvm(case: Case) -> onnx.ModelProto | None:
+    """The exported model (checked), or None for a CVMError."""
+    symbol, params = case.files
+    model = bounded(lambda: cvm_to_onnx(symbol, params), len(symbol) + len(params))
+    if model is not None:
+        onnx.checker.check_model(model)
+    return model
+
+
+def check_onnx(case: Case) -> onnx.ModelProto | None:
+    """An .onnx file through the importer (load_onnx, from_onnx with external data from its directory); an
+    imported graph must export again. The model exported again, or None for a CVMError."""
+    (data,) = case.files
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.onnx"
+        path.write_bytes(data)
+        return bounded(lambda: to_onnx(import_onnx(path)), len(data))
+
+
+# -- mutations -----------------------------------------------------------------------------------------------------
+NUMBER = re.compile(r"-?\d+")
+json_values = st.recursive(st.none() | st.booleans() | st.sampled_from(EXTREMES) | st.sampled_from(["", "{}", "x"]),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                          max_size=2), max_leaves=4)
+
+
+def places(value: Any, path: str = "") -> list[tuple[Any, Any, str]]:
+    """(container, key, path) of every element of a parsed JSON document."""
+    out = []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        out.append((value, key, f"{path}.{key}" if path else str(key)))
+        out.extend(places(item, out[-1][2]))
+    return out
+
+
+def dumps(value: Any, repeated: dict[int, tuple[str, Any]]) -> str:
+    """JSON text; ``repeated[id(obj)] = (key, other)`` writes key twice in obj, ``other`` first (JSON readers keep
+    the last)."""
+    if isinstance(value, dict):
+        members = list(value.items())
+        if id(value) in repeated:
+            members.insert(0, repeated[id(value)])
+        return "{" + ", ".join(f"{json.dumps(k)}: {dumps(v, repeated)}" for k, v in members) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(dumps(v, repeated) for v in value) + "]"
+    return json.dumps(value)
+
+
+def with_number(draw, text: str) -> str:
+    """``text`` with one of its numbers replaced by an extreme (no change if it has none)."""
+    found = list(NUMBER.finditer(text))
+    if not found:
+        return text
+    m = draw(st.sampled_from(found))
+    return text[:m.start()] + str(draw(st.sampled_from(EXTREMES))) + text[m.end():]
+
+
+def mutate_bytes(draw, data: bytes, steps: list[str], what: str) -> bytes:
+    """Truncated, or 1 to 4 bytes overwritten."""
+    if not data or draw(st.booleans()):
+        n = draw(st.integers(0, max(len(data) - 1, 0)))
+        steps.append(f"truncate {what} to {n} bytes")
+        return data[:n]
+    out = bytearray(data)
+    for _ in range(draw(st.integers(1, 4))):
+        i, b = draw(st.integers(0, len(out) - 1)), draw(st.integers(0, 255))
+        steps.append(f"{what} byte {i} = {b}")
+        out[i] = b
+    return bytes(out)
+
+
+@st.composite
+def mutated_symbols(draw, seeds: dict[str, tuple[str, bytes]]) -> Case:
+    """A seed's symbol with 1 to 3 structural mutations (or its text broken), and the seed's params."""
+    name = draw(st.sampled_from(sorted(seeds)))
+    symbol, params = seeds[name]
+    steps: list[str] = []
+    if draw(st.integers(0, 5)) == 0:
+        broken = mutate_bytes(draw, symbol.encode(), steps, "symbol")
+        return Case(name, tuple(steps), (broken, params))
+    doc = json.loads(symbol)
+    repeated: dict[int, tuple[str, Any]] = {}
+    for _ in range(draw(st.integers(1, 3))):
+        container, key, path = draw(st.sampled_from(places(doc)))
+        value = container[key]
+        kind = draw(st.sampled_from(["delete", "duplicate", "extreme", "number in text", "swap", "retype"]))
+        if kind == "delete":
+            del container[key]
+        elif kind == "duplicate" and isinstance(container, list):
+            container.insert(key, copy.deepcopy(value))
+        elif kind == "duplicate":
+            repeated[id(container)] = (key, draw(st.sampled_from([copy.deepcopy(value), *EXTREMES[:3]])))
+        elif kind == "number in text" and isinstance(value, str):
+            container[key] = with_number(draw, value)
+        elif kind == "swap" and isinstance(container, list):
+            j = draw(st.integers(0, len(container) - 1))
+            container[key], container[j] = container[j], value
+            kind = f"swap with {j}"
+        elif kind == "retype":
+            container[key] = draw(json_values)
+        else:
+            container[key] = draw(st.sampled_from(EXTREMES))
+        steps.append(f"{kind} {path}" + (f" = {container[key]!r:.60}" if kind in ("extreme", "retype",
+                                                                                   "number in text") else ""))
+    return Case(name, tuple(steps), (dumps(doc, repeated), params))
+
+
+attr_texts = st.sampled_from(EXTREMES).map(str) | st.lists(
+    st.sampled_from(EXTREMES) | st.integers(-3, 9), max_size=7).map(lambda t: "(" + ", ".join(map(str, t)) + ")") \
+    | st.sampled_from(["None", "True", "false", "", "x", "[]", "(,)", "(1, 2]", "1L", " 3 ", "NCHW", "int64", "9" * 30])
+
+
+@st.composite
+def mutated_attributes(draw, seeds: dict[str, tuple[str, bytes]]) -> Case:
+    """A seed whose op nodes' attributes are set (to odd or extreme values), deleted or added."""
+    name = draw(st.sampled_from(sorted(seeds)))
+    symbol, params = seeds[name]
+    doc = json.loads(symbol)
+    texts = doc["attrs"]["op_attrs"][1]
+    ops = [i for i, node in enumerate(doc["nodes"]) if node["op"] != "null"]
+    steps = []
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.sampled_from(ops))
+        attrs = json.loads(texts[i])
+        op = REGISTRY[op_name(doc["nodes"][i]["attrs"]["func_name"])]
+        attr = draw(st.sampled_from([a.name for a in op.attrs] + ["bogus", "__hidden__"]))
+        if attr in attrs and draw(st.booleans()):
+            del attrs[attr]
+            steps.append(f"delete {doc['nodes'][i]['name']}.{attr}")
+        else:
+            attrs[attr] = draw(attr_texts)
+            steps.append(f"{doc['nodes'][i]['name']}.{attr} = {attrs[attr]!r:.40}")
+        texts[i] = json.dumps(attrs)
+    return Case(name, tuple(steps), (json.dumps(doc), params))
+
+
+def array_bytes(params: bytes) -> tuple[list[str], list[bytes]]:
+    """The names and the encoded arrays (header, shape, size, data) of a params file written by write_params."""
+    names, arrays = [], []
+    (count,) = struct.unpack_from("<Q", params, 16)
+    off = 24
+    for _ in range(count):
+        (n,) = struct.unpack_from("<Q", params, off)
+        names.append(params[off + 8:off + 8 + n].decode())
+        off += 8 + n
+    off += 8
+    for _ in range(count):
+        (ndim,) = struct.unpack_from("<i", params, off + 24)
+        (nbytes,) = struct.unpack_from("<q", params, off + 32 + 8 * ndim)
+        end = off + 40 + 8 * ndim + nbytes
+        arrays.append(params[off:end])
+        off = end
+    return names, arrays
+
+
+def params_file(names: list[str], arrays: list[bytes]) -> bytes:
+    head = struct.pack("<QQQ", LIST_MAGIC, 0, len(names))
+    head += b"".join(struct.pack("<Q", len(n.encode())) + n.encode() for n in names)
+    return head + struct.pack("<Q", len(arrays)) + b"".join(arrays)
+
+
+@st.composite
+def mutated_params(draw, seeds: dict[str, tuple[str, bytes]]) -> Case:
+    """A seed's params with arrays deleted, duplicated, swapped or renamed, a field set to an extreme, values set to
+    extremes, or the bytes broken."""
+    name = draw(st.sampled_from(sorted(k for k in seeds if len(seeds[k][1]) > 32)))
+    symbol, params = seeds[name]
+    names, arrays = array_bytes(params)
+    i, j = draw(st.integers(0, len(names) - 1)), draw(st.integers(0, len(names) - 1))
+    kind = draw(st.sampled_from(["delete", "duplicate", "swap", "rename", "field", "values", "bytes"]))
+    steps = [f"{kind} {names[i]!r}"]
+    if kind == "delete":
+        which = draw(st.sampled_from(["name", "array", "both"]))
+        steps[0] += f" ({which})"
+        if which != "array":
+            names.pop(i)
+        if which != "name":
+            arrays.pop(i)
+    elif kind == "duplicate":
+        names.append(names[i] if draw(st.booleans()) else "extra")
+        arrays.append(arrays[j])
+        steps[0] += f" as {names[-1]!r} with the array of {j}"
+    elif kind == "swap":
+        arrays[i], arrays[j] = arrays[j], arrays[i]
+        steps[0] += f" with {j}"
+    elif kind == "rename":
+        names[i] = draw(st.sampled_from([names[j], "", "data", "x" * 300]))
+        steps[0] += f" to {names[i]!r:.20}"
+    elif kind == "values":
+        values = read_params(params)
+        a = values[names[i]].astype(np.int64)
+        k, v = draw(st.integers(0, a.size - 1)), draw(st.sampled_from(EXTREMES[:22]))
+        a.flat[k] = v
+        values[names[i]] = a.astype(np.int32)
+        steps[0] += f" value {k} = {v}"
+        return Case(name, tuple(steps), (symbol, write_params(values)))
+    data = params_file(names, arrays)
+    if kind == "field":
+        fmt = draw(st.sampled_from(["<q", "<Q", "<i", "<I", "<H", "<B"]))
+        out = bytearray(data)
+        value = draw(st.sampled_from(EXTREMES))
+        offset = draw(st.integers(0, len(out) - struct.calcsize(fmt)))
+        try:
+            struct.pack_into(fmt, out, offset, value)
+            steps[0] = f"field {fmt} at byte {offset} = {value}"
+        except struct.error:
+            steps[0] = "unchanged"  # the extreme does not fit this field's type
+        data = bytes(out)
+    elif kind == "bytes":
+        steps = []
+        data = mutate_bytes(draw, data, steps, "params")
+    return Case(name, tuple(steps), (symbol, data))
+
+
+def fields(message: Any, path: str = "model") -> list[tuple[Any, Any, int | None, str]]:
+    """(message, field descriptor, index or None, path) of every set field of a protobuf message, recursively."""
+    out = []
+    for fd, value in message.ListFields():
+        repeated = isinstance(value, MutableSequence)  # protobuf's repeated containers; str is not mutable
+        for k, item in enumerate(value) if repeated else [(None, value)]:
+            out.append((message, fd, k, f"{path}.{fd.name}" + (f"[{k}]" if repeated else "")))
+            if fd.type == fd.TYPE_MESSAGE:
+                out.extend(fields(item, out[-1][3]))
+    return out
+
+
+INTEGER_TYPES = (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT32,
+                 FieldDescriptor.CPPTYPE_UINT64, FieldDescriptor.CPPTYPE_ENUM)
+ONNX_STRINGS = ["", "data", "../outside.bin", "/etc/hostname", "cvm", "cvm.native", "ai.onnx", "Loop", "If",
+                *sorted({op for _, op in RULES})]  # op types with an import rule, so that mutations reach them
+
+
+@st.composite
+def mutated_onnx(draw, seeds: dict[str, bytes]) -> Case:
+    """An exported seed with 1 to 3 fields changed (ints to extremes, strings to names or odd values, bytes broken,
+    repeated elements deleted, duplicated or swapped), or its serialized bytes broken."""
+    name = draw(st.sampled_from(sorted(seeds)))
+    data = seeds[name]
+    steps: list[str] = []
+    if draw(st.integers(0, 5)) == 0:
+        broken = mutate_bytes(draw, data, steps, "file")
+        return Case(name, tuple(steps), (broken,))
+    model = onnx.load_from_string(data)
+    names = sorted({n for node in model.graph.node for n in [*node.input, *node.output]})
+    for _ in range(draw(st.integers(1, 3))):
+        message, fd, k, path = draw(st.sampled_from(fields(model)))
+        container = getattr(message, fd.name)
+        kind = draw(st.sampled_from(["set", "delete", "duplicate", "swap"])) if k is not None else "set"
+        if kind == "delete":
+            del container[k]
+        elif kind == "duplicate":
+            if fd.type == fd.TYPE_MESSAGE:
+                container.add().CopyFrom(container[k])
+            else:
+                container.append(container[k])
+        elif kind == "swap":
+            j = draw(st.integers(0, len(container) - 1))
+            a, b = copy.deepcopy(container[k]), copy.deepcopy(container[j])
+            if fd.type == fd.TYPE_MESSAGE:
+                container[k].CopyFrom(b)
+                container[j].CopyFrom(a)
+            else:
+                container[k], container[j] = b, a
+            kind = f"swap with {j}"
+        elif fd.type in (fd.TYPE_STRING, fd.TYPE_BYTES) or fd.cpp_type in INTEGER_TYPES:
+            if fd.type == fd.TYPE_STRING:
+                value = draw(st.sampled_from(ONNX_STRINGS + names))
+            elif fd.type == fd.TYPE_BYTES:
+                value = mutate_bytes(draw, container if k is None else container[k], [], "")
+            else:
+                value = draw(st.sampled_from(EXTREMES))
+            try:
+                if k is None:
+                    setattr(message, fd.name, value)
+                else:
+                    container[k] = value
+                kind = f"set {value!r:.40}"
+            except (ValueError, TypeError):
+                kind = "keep"  # the extreme does not fit this field's type
+        else:
+            kind = "keep"
+        steps.append(f"{kind} {path}")
+    return Case(name, tuple(steps), (model.SerializeToString(),))
+
+
+# -- fuzzing ---------------------------------------------------------------------------------------------------------
+def test_seeds_pass_both_pipelines():
+    for name, files in SEEDS.items():
+        assert check_cvm(Case(name, (), files)) is not None
+    for name, data in ONNX_SEEDS.items():
+        assert check_onnx(Case(name, (), (data,))) is not None
+
+
+@FUZZ
+@given(mutated_symbols(SEEDS))
+def test_fuzzed_symbols(case):
+    check_cvm(case)
+
+
+@FUZZ
+@given(mutated_attributes(SEEDS))
+def test_fuzzed_attributes(case):
+    check_cvm(case)
+
+
+@FUZZ
+@given(mutated_params(SEEDS))
+def test_fuzzed_params(case):
+    check_cvm(case)
+
+
+@FUZZ
+@given(mutated_onnx(ONNX_SEEDS))
+def test_fuzzed_onnx(case):
+    check_onnx(case)
+
+
+@needs_resnet
+@settings(FUZZ, max_examples=8)
+@given(st.data())
+def test_fuzzed_resnet(data):
+    seeds = resnet_seeds()
+    check_cvm(data.draw(mutated_symbols(seeds) | mutated_attributes(seeds) | mutated_params(seeds)))
+
+
+@needs_resnet
+@settings(FUZZ, max_examples=4)
+@given(st.data())
+def test_fuzzed_resnet_onnx(data):
+    check_onnx(data.draw(mutated_onnx(resnet_onnx_seeds())))
+
+
+# -- validation reports every problem at once ----------------------------------------------------------------------
+def many_problems(late: bool = True) -> Graph:
+    """One broken rule per branch, each branch fed by valid nodes (a node after a failed input is not checked)."""
+
+    def var(name, shape, p=8):
+        return Node(name, "null", outputs=(TensorType(shape, p),))
+
+    def op(name, op, inputs, attrs, shape):
+        return Node(name, op, tuple(Entry(i) for i in inputs), attrs, (TensorType(shape),))
+
+    conv = {"channels": "2", "kernel_size": "(3, 3)", "padding": "(1, 1)", "use_bias": "False"}
+    nodes = [var("data", (1, 2, 4, 4)), var("w", (2, 2, 3, 3)), var("wide", (1, 2, 4, 4), 31),
+             var("missing", (2,)), var("w_ok", (2, 2, 3, 3)),
+             op("softmax_0", "softmax", [0], {}, (1, 2, 4, 4)),
+             op("relu_0", "relu", [0], {"alpha": "1"}, (1, 2, 4, 4)),
+             op("shift_0", "cvm_right_shift", [0], {"precision": "8", "shift_bit": "0"}, (1, 2, 4, 4)),
+             op("flatten_0", "flatten", [0], {}, (1, 30)),
+             op("mul_0", "broadcast_mul", [2, 2], {}, (1, 2, 4, 4)),
+             op("conv_0", "conv2d", [2, 4], conv, (1, 2, 4, 4)),
+             op("conv_1", "conv2d", [0, 4], conv, (1, 2, 4, 4))]
+    if late:
+        nodes.append(op("late_0", "relu", [len(nodes) + 1], {}, (1, 2, 4, 4)))
+        nodes.append(op("relu_1", "relu", [0], {}, (1, 2, 4, 4)))
+    params = {"w": np.full((2, 2, 3, 3), 200, np.int32), "wide": np.full((1, 2, 4, 4), 1 - (1 << 30), np.int32),
+              "w_ok": np.ones((2, 2, 3, 3), np.int8), "extra": np.zeros(1, np.int8)}
+    return Graph(nodes, [Entry(i) for i in range(5, len(nodes))], params)
+
+
+EXPECTED_PROBLEMS = [
+    ("w", "param value 200 exceeds precision 8"),
+    ("missing", "param missing from params"),
+    ("softmax_0", "unknown op 'softmax'"),
+    ("relu_0", "relu: unknown attribute 'alpha'"),
+    ("shift_0", "cvm_right_shift: attribute shift_bit='0': must lie in [1, 32]"),
+    ("flatten_0", "flatten: shape in the graph (1, 30) differs from the inferred (1, 32)"),
+    ("mul_0", "broadcast_mul: output 0 precision 62 must lie in [1, 32]"),
+    ("conv_0", "conv2d: conv2d data precision 31 must be <= 8"),
+    ("extra", "param has no variable of that name in the graph"),
+]
+
+
+def test_validation_reports_every_problem_naming_node_and_rule():
+    with pytest.raises(ValidationError) as info:
+        validate(many_problems())
+    problems = info.value.problems
+    expected = EXPECTED_PROBLEMS + [("late_0", "input node 13 does not come before node 12 (nodes must be in "
+                                               "topological order)")]
+    assert len(problems) == len(expected)
+    for where, rule in expected:
+        assert any(p.where == where and rule in p.rule for p in problems), (where, rule, problems)
+
+
+def test_cli_validate_prints_every_problem_and_exits_3(tmp_path, capsys):
+    """The file reader refuses non-topological order itself (a format error), so the files carry the rest."""
+    graph = many_problems(late=False)
+    (tmp_path / "symbol").write_text(write_symbol(graph))
+    (tmp_path / "params").write_bytes(write_params(graph.params))
+    assert cli.main(["validate", str(tmp_path)]) == 3
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == len(EXPECTED_PROBLEMS)
+    for where, rule in EXPECTED_PROBLEMS:
+        assert f"invalid model: {where}: " in err and rule in err
+    assert all(line.startswith("invalid model: ") for line in lines)
+
+
+# -- determinism and atomic output ---------------------------------------------------------------------------------
+HASHES = """
+import hashlib, sys
+from pathlib import Path
+from cvm_onnx import api
+out = Path(sys.argv[1])
+for i, model in enumerate(sys.argv[2:]):
+    for inline in (False, True):
+        api.convert(model, out / f"{i}{inline}.onnx", inline=inline)
+    api.convert(out / f"{i}False.onnx", out / f"{i}back")
+for path in sorted(p for p in out.rglob("*") if p.is_file()):
+    print(path.relative_to(out), hashlib.sha256(path.read_bytes()).hexdigest())
+"""
+
+
+def test_conversion_is_deterministic_across_processes(tmp_path):
+    """The same model converted (CVM -> ONNX, both forms, and back) in processes with different hash seeds gives
+    identical bytes, and the same as in this process."""
+    models = []
+    for name, graph in GRAPHS.items():
+        write_model(graph, tmp_path / "models" / name)
+        models.append(str(tmp_path / "models" / name))
+    if (RESNET / "symbol").is_file():
+        models.append(str(RESNET))
+    outputs = []
+    for seed in ("0", "4242"):
+        (tmp_path / seed).mkdir()
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", HASHES, str(tmp_path / seed), *models], env=env,
+                              cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") == 4 * len(models)
+    for i, model in enumerate(models):
+        graph = cvm_onnx.load(model).graph
+        assert to_onnx(graph).SerializeToString(deterministic=True) == (tmp_path / "0" / f"{i}False.onnx").read_bytes()
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_failed_conversions_write_nothing(tmp_path):
+    graph = many_problems(late=False)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "symbol").write_text(write_symbol(graph))
+    (tmp_path / "bad" / "params").write_bytes(write_params(graph.params))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValidationError):
+        cvm_onnx.convert(tmp_path / "bad", out / "m.onnx")
+    assert tree(out) == {}
+    (out / "m.onnx").write_bytes(b"old")
+    with pytest.raises(ValidationError):
+        cvm_onnx.convert(tmp_path / "bad", out / "m.onnx")
+    assert tree(out) == {"m.onnx": b"old"}
+    model = to_onnx(GRAPHS["cnn"])
+    model.graph.node[-1].op_type = "Sin"  # ONNX -> CVM: refused
+    write_onnx(model, tmp_path / "sin.onnx")
+    with pytest.raises(CVMError):
+        cvm_onnx.convert(tmp_path / "sin.onnx", out / "cvm")
+    assert tree(out) == {"m.onnx": b"old"}
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")])
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_interrupted_writes_leave_the_old_files(tmp_path, monkeypatch, failure, step):
+    """An error or an interruption while writing leaves each output as it was, and no temporary file."""
+    write_onnx(to_onnx(GRAPHS["cnn"]), tmp_path / "m.onnx")
+    write_model(GRAPHS["cnn"], tmp_path / "cvm")
+    before = tree(tmp_path)
+
+    def fail(*args):
+        raise failure
+
+    monkeypatch.setattr(os, step, fail)
+    expected = KeyboardInterrupt if isinstance(failure, KeyboardInterrupt) else FormatError
+    with pytest.raises(expected):
+        write_onnx(to_onnx(GRAPHS["transform"]), tmp_path / "m.onnx")
+    with pytest.raises(expected):
+        write_model(GRAPHS["transform"], tmp_path / "cvm")
+    monkeypatch.undo()
+    assert tree(tmp_path) == before
+
+
+def test_external_data_outside_the_model_directory_is_refused(tmp_path):
+    """A tensor may not read a file beside or above its model's directory, even one that exists."""
+    (tmp_path / "secret.bin").write_bytes(bytes(64))
+    (tmp_path / "model").mkdir()
+    for location in ("../secret.bin", str(tmp_path / "secret.bin")):
+        model = to_onnx(GRAPHS["cnn"])
+        t = model.graph.initializer[0]
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        t.external_data.add(key="location", value=location)
+        write_onnx(model, tmp_path / "model" / "m.onnx")
+        with pytest.raises(FormatError, match="external data location"):
+            import_onnx(tmp_path / "model" / "m.onnx")
 
 
 # -- crashes found by fuzzing ----------------------------------------------------------------------------------------
