@@ -894,3 +894,18 @@ def test_an_unread_declared_param_that_cannot_be_one_is_refused(tmp_path):
     with pytest.raises(UnsupportedError) as error:
         import_file(tmp_path, model.SerializeToString())
     assert [str(p) for p in error.value.problems] == ["w: constant w holds non-integer values"]
+
+
+@pytest.mark.parametrize("shape, attrs, rule", [
+    ([4], {}, "Gemm operands of shapes (1, 4) and (4,): both must be matrices"),
+    ([2, 4, 1], {}, "Gemm operands of shapes (1, 4) and (2, 4, 1): both must be matrices"),
+    ([4, 2], {"alpha": float("nan")}, "Gemm alpha=nan, beta=1.0: only integer factors have an exact CVM form"),
+])
+def test_gemm_operands_that_do_not_fit_are_refused(tmp_path, shape, attrs, rule):
+    """The Gemm rule transposed operands of any rank (ValueError from numpy) and took int() of its factors."""
+    b = onnx.helper.make_tensor("b", onnx.TensorProto.INT32, shape, [1] * math.prod(shape))
+    nodes = [onnx.helper.make_node("Constant", [], ["b"], value=b),
+             onnx.helper.make_node("Gemm", ["data", "b"], ["y"], name="gemm", **attrs)]
+    with pytest.raises(UnsupportedError) as info:
+        import_file(tmp_path, int_model(nodes))
+    assert [str(p) for p in info.value.problems] == [f"gemm (Gemm): {rule}"]

@@ -118,8 +118,10 @@ def matmul_integer(ctx, node, a, b, a_zero=None, b_zero=None):
 def gemm(ctx, node, a, b, c=None):
     """alpha * A' @ B' + beta * C with integer alpha and beta: dense (C as its bias when it is a row)."""
     alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
-    if alpha != int(alpha) or beta != int(beta):
+    if not (float(alpha).is_integer() and float(beta).is_integer()):
         raise Refuse(f"Gemm alpha={alpha}, beta={beta}: only integer factors have an exact CVM form")
+    if len(a.shape) != 2 or len(b.shape) != 2:
+        raise Refuse(f"Gemm operands of shapes {a.shape} and {b.shape}: both must be matrices")
     a = transposed(ctx, a, (1, 0)) if node.attr("transA", 0) else a
     w = b if node.attr("transB", 0) else transposed(ctx, b, (1, 0))
     n = w.shape[0]
