@@ -830,10 +830,10 @@ def test_strings_that_are_not_utf8_are_format_errors(tmp_path):
     assert all("not UTF-8" in p.rule for p in info.value.problems)
 
 
-def int_model(nodes, outputs=("y",)) -> bytes:
+def int_model(nodes, outputs=("y",), opset: int = 21) -> bytes:
     vi = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT32, [1, 4]) for n in ("data", *outputs)]
     graph = onnx.helper.make_graph(nodes, "g", vi[:1], vi[1:])
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 21)]).SerializeToString()
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)]).SerializeToString()
 
 
 @pytest.mark.parametrize("node, problem", [
@@ -909,3 +909,28 @@ def test_gemm_operands_that_do_not_fit_are_refused(tmp_path, shape, attrs, rule)
     with pytest.raises(UnsupportedError) as info:
         import_file(tmp_path, int_model(nodes))
     assert [str(p) for p in info.value.problems] == [f"gemm (Gemm): {rule}"]
+
+
+def pad_with(value: float) -> list:
+    return [onnx.helper.make_node("Constant", [], ["v"], value=onnx.helper.make_tensor("v", 1, [], [value])),
+            onnx.helper.make_node("Constant", [], ["p"], value=onnx.helper.make_tensor("p", 7, [4], [0, 1, 0, 1])),
+            onnx.helper.make_node("Pad", ["data", "p", "v"], ["y"], name="n")]
+
+
+@pytest.mark.parametrize("nodes, opset, problem", [
+    ([onnx.helper.make_node("Clip", ["data"], ["y"], name="n", min=float("nan"))], 6,
+     "n (Clip): Clip bounds nan, None are not integers"),
+    ([onnx.helper.make_node("Pad", ["data"], ["y"], name="n", pads=[0, 1, 0, 1], value=float("nan"))], 2,
+     "n (Pad): Pad value nan is not an integer"),
+    ([onnx.helper.make_node("Pad", ["data"], ["y"], name="n", pads=[0, 1, 0, 1], value=float("inf"))], 2,
+     "n (Pad): Pad value inf is not an integer"),
+    (pad_with(float("nan")), 13, "n (Pad): Pad constant_value must hold integers"),
+    (pad_with(float("inf")), 13, "n (Pad): Pad constant_value must hold integers"),
+    (pad_with(0.5), 13, "n (Pad): Pad constant_value must hold integers"),
+], ids=["Clip-nan", "Pad-nan", "Pad-inf", "constant-nan", "constant-inf", "constant-0.5"])
+def test_non_integer_float_attributes_and_constants_are_refused(tmp_path, nodes, opset, problem):
+    """int() of nan or inf raised in Clip's and Pad's attribute checks (opset < 11) and in reading constant integer
+    inputs, where 0.5 was truncated silently (a Pad constant_value of 0.5 padded with 0)."""
+    with pytest.raises(UnsupportedError) as info:
+        import_file(tmp_path, int_model(nodes, opset=opset))
+    assert [str(p) for p in info.value.problems] == [problem]

@@ -162,7 +162,7 @@ def clip(ctx, node, x, lo_t=None, hi_t=None):
     if node.opset < 11:
         lo, hi = (node.attr(k) for k in ("min", "max"))
         lo, hi = (None if v is None or abs(v) >= FLOAT_MAX else v for v in (lo, hi))
-        if any(v is not None and v != int(v) for v in (lo, hi)):
+        if any(v is not None and not float(v).is_integer() for v in (lo, hi)):
             raise Refuse(f"Clip bounds {lo}, {hi} are not integers")
         lo, hi = (None if v is None else int(v) for v in (lo, hi))
     else:

@@ -24,7 +24,10 @@ def ints(t: Tensor | None, what: str) -> list[int] | None:
         return None
     if not t.is_const:
         raise Refuse(f"{what} must be a constant")
-    return [int(v) for v in t.value.reshape(-1)]
+    values = t.value.reshape(-1)
+    if values.dtype.kind == "f" and not (np.isfinite(values).all() and np.array_equal(values, np.round(values))):
+        raise Refuse(f"{what} must hold integers")
+    return [int(v) for v in values]
 
 
 def axes_of(node, t: Tensor | None, since: int) -> list[int] | None:
@@ -213,7 +216,7 @@ def pad(ctx, node, x, pads=None, value=None, axes=None):
         widths = ints(pads, "Pad pads")
         fill = 0 if value is None else ints(value, "Pad constant_value")[0]
         axes = normal(ints(axes, "Pad axes") or list(range(rank)), rank)
-    if fill != int(fill):
+    if not float(fill).is_integer():
         raise Refuse(f"Pad value {fill} is not an integer")
     fill = int(fill)
     begin, end = widths[:len(axes)], widths[len(axes):]
