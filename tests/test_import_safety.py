@@ -132,3 +132,29 @@ def test_cli_exit_codes_and_nothing_written(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "ok.onnx"), "-o", str(tmp_path / "out"), "--input-precision", "12"]) == 0
     graph = api.load(tmp_path / "out").graph
     assert graph.nodes[graph.inputs[0]].name == "data" and graph.nodes[graph.inputs[0]].outputs[0].precision == 12
+
+
+def _model(nodes, inputs, initializers=()):
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", T.INT32, None)],
+                              list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+
+
+@pytest.mark.parametrize("case", ["crossed_clip", "expand"])
+def test_a_tiny_model_cannot_make_the_importer_fold_a_huge_constant(case):
+    """A few bytes of ONNX can describe a constant of any size: a Clip whose bounds cross is its max everywhere
+    on a [2^24, 64] input (8 GB as int64), an Expand of a scalar to a vast shape. Refused before allocating."""
+    big = helper.make_tensor_value_info("x", T.INT32, [1 << 24, 64])
+    if case == "crossed_clip":
+        lo = numpy_helper.from_array(np.array(5, np.int32), "lo")
+        hi = numpy_helper.from_array(np.array(3, np.int32), "hi")
+        model = _model([helper.make_node("Clip", ["x", "lo", "hi"], ["y"])], [big], [lo, hi])
+    else:
+        one = numpy_helper.from_array(np.array([7], np.int32), "one")
+        shape = numpy_helper.from_array(np.array([1 << 14, 1 << 14], np.int64), "shape")
+        model = _model([helper.make_node("Expand", ["one", "shape"], ["e"]),
+                        helper.make_node("Add", ["x", "e"], ["y"])],
+                       [helper.make_tensor_value_info("x", T.INT32, [1 << 14, 1 << 14])], [one, shape])
+    with pytest.raises(UnsupportedError) as e:
+        from_onnx(model)
+    assert "2^24" in str(e.value)

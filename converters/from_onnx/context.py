@@ -102,6 +102,18 @@ def interval(value: np.ndarray) -> tuple[int, int]:
     return int(value.min()), int(value.max())
 
 
+MAX_FOLDED = 1 << 24  # elements a constant computed by the importer may have
+
+
+def foldable(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape``, when a constant of that shape may be computed; checked before allocating, since a few bytes of
+    ONNX (a Clip whose bounds cross, an Expand of a scalar) can describe a constant of any size."""
+    n = math.prod(shape)
+    if n > MAX_FOLDED:
+        raise Refuse(f"folding it would compute a constant of {n} elements (at most 2^24 are folded)")
+    return shape
+
+
 def const(value: np.ndarray, dtype: int, name: str | None = None) -> Tensor:
     value = np.asarray(value)
     lo, hi = interval(value)
@@ -280,7 +292,7 @@ class Importer:
         if t.shape == shape:
             return t
         if t.is_const:
-            return replace(t, shape=shape, value=np.broadcast_to(t.value, shape), name=None)
+            return replace(t, shape=shape, value=np.broadcast_to(t.value, foldable(shape)), name=None)
         t = self.reshape(t, (1,) * (len(shape) - len(t.shape)) + t.shape)
         e = t.entry
         for axis, (d, n) in enumerate(zip(t.shape, shape)):

@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from .checks import tensor_array
-from .context import (FLOAT_EXACT, Tensor, bound, check_values, const, cvm_shape, is_supported_type, tight,
+from .context import (FLOAT_EXACT, Tensor, bound, check_values, const, cvm_shape, foldable, is_supported_type, tight,
                       type_name)
 from .registry import Refuse, rule
 
@@ -67,6 +67,7 @@ def arithmetic(ctx, node, a, b):
     """x + y, x - y, x * y -> broadcast_add/sub/mul: exact when the result interval fits the element type."""
     cvm, fn = ARITHMETIC[node.op_type]
     if a.is_const and b.is_const:
+        foldable(broadcast_shape(a, b))
         return folded(fn(a.value, b.value), a.dtype)
     lo, hi = _interval(node.op_type, a, b)
     check_values(a.dtype, lo, hi)
@@ -86,6 +87,7 @@ def div(ctx, node, a, b):
     if b.is_const and (b.value == 0).any():
         raise Refuse("division by a constant zero")
     if a.is_const and b.is_const:
+        foldable(broadcast_shape(a, b))
         return folded(_trunc_div(a.value.astype(np.int64), b.value.astype(np.int64)), a.dtype)
     if b.is_const:
         least = int(np.abs(b.value.astype(np.int64)).min())
@@ -104,6 +106,7 @@ def extremum(ctx, node, *xs):
     for x in xs[1:]:
         x = _signed(ctx, x, sign)
         if acc.is_const and x.is_const:
+            foldable(broadcast_shape(acc, x))
             acc = folded(np.maximum(acc.value, x.value), acc.dtype)
             continue
         check_values(acc.dtype, max(acc.lo, x.lo), max(acc.hi, x.hi))
@@ -170,14 +173,14 @@ def clip(ctx, node, x, lo_t=None, hi_t=None):
     cmin = min(x.lo, hi if hi is not None else x.lo) if lo is None else lo
     cmax = max(x.hi, cmin) if hi is None else hi
     if cmin > cmax:  # min(max(x, lo), hi) is hi everywhere
-        return folded(np.full(x.shape, cmax), x.dtype)
+        return folded(np.full(foldable(x.shape), cmax), x.dtype)
     if cmin <= x.lo and x.hi <= cmax:
         return x
     if x.is_const:
         return folded(np.minimum(np.maximum(x.value, cmin), cmax), x.dtype)
     new_lo, new_hi = min(max(x.lo, cmin), cmax), max(min(x.hi, cmax), cmin)
     if new_lo == new_hi:  # every value clipped to one bound
-        return folded(np.full(x.shape, new_lo), x.dtype)
+        return folded(np.full(foldable(x.shape), new_lo), x.dtype)
     if cmin == -cmax and cmax == bound(tight(cmax)):
         e = ctx.emit("cvm_clip", x.entry, precision=tight(cmax))
     else:
@@ -191,6 +194,7 @@ def where(ctx, node, c, x, y):
     condition's label widened to x's and y's, since where's output takes it."""
     shape = broadcast_shape(c, x, y)
     if c.is_const and x.is_const and y.is_const:
+        foldable(shape)
         return folded(np.where(c.value, x.value, y.value), x.dtype)
     c, x, y = (ctx.broadcast_to(t, shape) for t in (c, x, y))
     xe, ye = ctx.entry(x), ctx.entry(y)

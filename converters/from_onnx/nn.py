@@ -19,7 +19,7 @@ import math
 import numpy as np
 from onnx import TensorProto
 
-from .context import FLOAT_EXACT, Tensor, check_values, const
+from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
 from .elemwise import broadcast_shape, type_name
 from .registry import Refuse, rule
 from .transform import ints, strided_slice
@@ -325,6 +325,7 @@ def nearest(ctx, x: Tensor, scales: list[int]) -> Tensor:
     shape = tuple(d * s for d, s in zip(x.shape, scales))
     if x.is_const:
         v = x.value
+        foldable(shape)
         for axis, s in enumerate(scales):
             v = np.repeat(v, s, axis=axis)
         return const(v, x.dtype)

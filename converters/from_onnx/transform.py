@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .context import Tensor, check_values, const, cvm_shape
+from .context import Tensor, check_values, const, cvm_shape, foldable
 from .elemwise import broadcast_shape, np_type
 from .registry import Refuse, rule
 
@@ -186,6 +186,7 @@ def tile(ctx, node, x, repeats):
     if all(r == 1 for r in reps):
         return x
     if x.is_const:
+        foldable(tuple(d * r for d, r in zip((1,) * (len(reps) - x.value.ndim) + x.value.shape, reps)))
         return const(np.tile(x.value, reps), x.dtype)
     shape = tuple(d * r for d, r in zip(x.shape, reps))
     return ctx.result(ctx.emit("tile", x.entry, reps=tuple(reps)), x.dtype, x.lo, x.hi, shape)
@@ -199,7 +200,7 @@ def expand(ctx, node, x, shape):
 
 def filled(x: Tensor, axis: int, width: int, fill: int) -> Tensor:
     """A constant of ``x``'s shape but ``width`` along ``axis``, holding ``fill``."""
-    return const(np.full(x.shape[:axis] + (width,) + x.shape[axis + 1:], fill, np_type(x.dtype)), x.dtype)
+    return const(np.full(foldable(x.shape[:axis] + (width,) + x.shape[axis + 1:]), fill, np_type(x.dtype)), x.dtype)
 
 
 @rule("Pad", since=2)
@@ -229,6 +230,7 @@ def pad(ctx, node, x, pads=None, value=None, axes=None):
         if b <= 0 and e <= 0:
             continue
         if x.is_const:
+            foldable(x.shape[:a] + (x.shape[a] + max(b, 0) + max(e, 0),) + x.shape[a + 1:])
             x = const(np.pad(x.value, [(max(b, 0), max(e, 0)) if i == a else (0, 0) for i in range(rank)],
                              constant_values=fill), x.dtype)
             continue
