@@ -1,7 +1,7 @@
 """The CVM runtime's attribute value syntax (dmlc parameter strings), parsed and written in one place.
 
 Values in ``op_attrs`` are strings: ints ``"3"``, bools ``"True"``/``"false"``/``"1"``, tuples ``"(1, 1)"``,
-``"[1, 1]"`` or a bare ``"1"`` (an ``L`` suffix is tolerated), optional ints ``"None"``, enum names as-is.
+``"[1, 1]"`` or a bare ``"1"`` (their items tolerate an ``L`` suffix), optional ints ``"None"``, enum names as-is.
 Typed values in Python: ``int``, ``bool``, ``tuple[int, ...]``, ``None`` and ``str``. Ints must fit an int32 and
 tuple items an int64, the types the runtime reads them into.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-_INT = re.compile(r"^\s*[+-]?\d+L?\s*$")
+_INT = re.compile(r"^\s*[+-]?\d+\s*$")
+_TUPLE_ITEM = re.compile(r"^\s*[+-]?\d+L?\s*$")  # TShape items tolerate an L suffix; int fields do not
 _BOOLS = {"true": True, "1": True, "false": False, "0": False}
 
 
@@ -26,8 +27,8 @@ def _in_range(value: int, bits: int, given: Any) -> int:
     return value
 
 
-def _to_int(text: str, bits: int) -> int:
-    if not _INT.match(text):
+def _to_int(text: str, bits: int, pattern: re.Pattern = _INT) -> int:
+    if not pattern.match(text):
         raise AttrSyntaxError(f"{text!r:.60} is not an integer")
     digits = text.strip().rstrip("L")
     # over 19 significant digits is beyond int64 (and int() refuses over 4300)
@@ -75,8 +76,8 @@ def parse_tuple(value: Any) -> tuple[int, ...]:
         items = [t for t in body.split(",")]
         if items[-1].strip() == "":  # "(1,)"
             items = items[:-1]
-        return tuple(_to_int(t, 64) for t in items)  # TShape items are int64
-    return (_to_int(text, 64),)
+        return tuple(_to_int(t, 64, _TUPLE_ITEM) for t in items)  # TShape items are int64
+    return (_to_int(text, 64, _TUPLE_ITEM),)
 
 
 def parse_optional_int(value: Any) -> int | None:
