@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .broadcast import BroadcastAdd, BroadcastSub
 from .registry import Attr, Op, clip_to_precision, in_range, number_precision, register, require
 
 INT32_MAX = (1 << 31) - 1
@@ -57,42 +58,27 @@ class CvmPrecision(_Unary):
         return np.maximum(e, 1).astype(np.int32)
 
 
-class _Binary(Op):
-    """elemwise_add/sub: two tensors of identical shape (no broadcasting); precision max(p0, p1) + 1."""
-
-    family = "elemwise"
-    inputs = 2
-
-    @staticmethod
-    def shape(a, lhs, rhs):
-        require(lhs == rhs, f"elemwise inputs must have identical shapes, got {lhs} and {rhs}")
-        return lhs
-
-    @staticmethod
-    def precision(a, precisions, shapes):
-        return max(precisions) + 1
+def _same_shape(a, lhs, rhs):
+    require(lhs == rhs, f"elemwise inputs must have identical shapes, got {lhs} and {rhs}")
+    return lhs
 
 
 @register
-class ElemwiseAdd(_Binary):
-    """x + y."""
+class ElemwiseAdd(BroadcastAdd):
+    """x + y for two tensors of identical shape (broadcast_add without broadcasting)."""
 
     name = "elemwise_add"
-
-    @staticmethod
-    def kernel(a, x, y):
-        return (x.astype(np.int64) + y).astype(np.int32)
+    family = "elemwise"
+    shape = staticmethod(_same_shape)
 
 
 @register
-class ElemwiseSub(_Binary):
-    """x - y."""
+class ElemwiseSub(BroadcastSub):
+    """x - y for two tensors of identical shape (broadcast_sub without broadcasting)."""
 
     name = "elemwise_sub"
-
-    @staticmethod
-    def kernel(a, x, y):
-        return (x.astype(np.int64) - y).astype(np.int32)
+    family = "elemwise"
+    shape = staticmethod(_same_shape)
 
 
 @register
@@ -120,20 +106,28 @@ class Clip(Op):
         return np.maximum(np.minimum(x, a.a_max), a.a_min).astype(np.int32)
 
 
-@register
-class CvmClip(Op):
-    """Symmetric clip to +-(2^(p-1)-1); ``is_sign`` is accepted and ignored, as by the runtime's kernels."""
+PRECISION = Attr("precision", "int", check=in_range(1, 32))
+SHIFT_BIT = Attr("shift_bit", "int", check=in_range(1, 32))
+IS_SIGN = Attr("is_sign", "bool", True)  # accepted and ignored, as by the runtime's kernels
 
-    name = "cvm_clip"
+
+class _Requantize(Op):
+    """cvm_clip and the shifts: the output precision is the ``precision`` attribute."""
+
     family = "elemwise"
-    attrs = (
-        Attr("precision", "int", check=in_range(1, 32)),
-        Attr("is_sign", "bool", True),
-    )
+    attrs = (PRECISION, SHIFT_BIT, IS_SIGN)
 
     @staticmethod
     def precision(a, precisions, shapes):
         return a.precision
+
+
+@register
+class CvmClip(_Requantize):
+    """Symmetric clip to +-(2^(p-1)-1)."""
+
+    name = "cvm_clip"
+    attrs = (PRECISION, IS_SIGN)
 
     @staticmethod
     def kernel(a, x):
@@ -141,20 +135,10 @@ class CvmClip(Op):
 
 
 @register
-class CvmRightShift(Op):
+class CvmRightShift(_Requantize):
     """Rounding arithmetic right shift, then symmetric clip: clip(((x >> (s-1)) + 1) >> 1, p)."""
 
     name = "cvm_right_shift"
-    family = "elemwise"
-    attrs = (
-        Attr("precision", "int", check=in_range(1, 32)),
-        Attr("shift_bit", "int", check=in_range(1, 32)),
-        Attr("is_sign", "bool", True),
-    )
-
-    @staticmethod
-    def precision(a, precisions, shapes):
-        return a.precision
 
     @staticmethod
     def kernel(a, x):
@@ -172,19 +156,13 @@ class CvmRightShift(Op):
 
 
 @register
-class CvmLeftShift(Op):
+class CvmLeftShift(_Requantize):
     """Left shift, then symmetric clip: clip(x << s, p). Needs p_in + shift_bit <= 32, so x << s fits in int32.
 
     The shift wraps in int32 before the clip, as the FORMAL kernel's does (only reachable outside the precision).
     """
 
     name = "cvm_left_shift"
-    family = "elemwise"
-    attrs = (
-        Attr("precision", "int", check=in_range(1, 32)),
-        Attr("shift_bit", "int", check=in_range(1, 32)),
-        Attr("is_sign", "bool", True),
-    )
 
     @staticmethod
     def precision(a, precisions, shapes):
