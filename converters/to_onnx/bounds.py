@@ -51,10 +51,8 @@ Rule = Callable[..., list[int]]
 RULES: dict[str, Rule] = {
     "conv2d": _conv2d,
     "dense": _dense,
-    "elemwise_add": lambda a, s, b, v: [b[0] + b[1]],
-    "elemwise_sub": lambda a, s, b, v: [b[0] + b[1]],
-    "broadcast_add": lambda a, s, b, v: [b[0] + b[1]],
-    "broadcast_sub": lambda a, s, b, v: [b[0] + b[1]],
+    **dict.fromkeys(["elemwise_add", "elemwise_sub", "broadcast_add", "broadcast_sub"],
+                    lambda a, s, b, v: [b[0] + b[1]]),
     "broadcast_mul": lambda a, s, b, v: [b[0] * b[1]],
     "broadcast_max": lambda a, s, b, v: [max(b)],
     "broadcast_div": lambda a, s, b, v: [b[0]],

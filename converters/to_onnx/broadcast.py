@@ -1,4 +1,5 @@
-"""Lowerings of the broadcast ops: ONNX's multidirectional broadcasting is numpy's, as the runtime's."""
+"""Lowerings of the broadcast ops (and elemwise_add/sub, their same-shape cases): ONNX's multidirectional
+broadcasting is numpy's, as the runtime's."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,14 +8,16 @@ from onnx import TensorProto
 from .lowering import lowering
 
 
+@lowering("elemwise_add")
 @lowering("broadcast_add")
-def broadcast_add(b, a, x, y):
+def add(b, a, x, y):
     """x + y (int32, wrapping as the runtime's int32 arithmetic)."""
     return b.Add(x, y)
 
 
+@lowering("elemwise_sub")
 @lowering("broadcast_sub")
-def broadcast_sub(b, a, x, y):
+def sub(b, a, x, y):
     """x - y (int32, wrapping)."""
     return b.Sub(x, y)
 

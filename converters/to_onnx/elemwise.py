@@ -67,15 +67,3 @@ def abs_(b, a, x):
 def negative(b, a, x):
     """-x (int32, wrapping)."""
     return b.Neg(x)
-
-
-@lowering("elemwise_add")
-def elemwise_add(b, a, x, y):
-    """x + y (int32, wrapping; the precision rules exclude overflow)."""
-    return b.Add(x, y)
-
-
-@lowering("elemwise_sub")
-def elemwise_sub(b, a, x, y):
-    """x - y (int32, wrapping; the precision rules exclude overflow)."""
-    return b.Sub(x, y)

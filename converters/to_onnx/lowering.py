@@ -61,6 +61,10 @@ class Body:
             raise AttributeError(op_type)
         return lambda *inputs, **attrs: self.node(op_type, *inputs, **attrs)
 
+    def to_output_shape(self, x: str | Value) -> str:
+        """``x`` reshaped to the (static) shape of the body's first output."""
+        return self.Reshape(x, self.const(self.outputs[0].shape))
+
     def const(self, value: Any, dtype: Any = np.int64) -> str:
         """A Constant node holding ``value`` (a scalar gives a 0-d tensor)."""
         out = self.fresh("c")

@@ -230,7 +230,7 @@ def upsampling(b, a, x):
     if s == 1:
         return x.name
     y = b.Expand(b.Reshape(x, b.const([n, c, h, 1, w, 1])), b.const([n, c, h, s, w, s]))
-    return b.Reshape(y, b.const(b.outputs[0].shape))
+    return b.to_output_shape(y)
 
 
 @lowering("relu")

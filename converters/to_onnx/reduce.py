@@ -10,10 +10,6 @@ from .lowering import lowering
 INT32_MAX = (1 << 31) - 1
 
 
-def _finish(b, y):
-    return b.Reshape(y, b.const(b.outputs[0].shape))
-
-
 @lowering("sum")
 def sum_(b, a, x):
     """Sum over the reduced axes with int32 wrap-around, as the runtime's int32 accumulator.
@@ -26,12 +22,12 @@ def sum_(b, a, x):
     if not axes:
         return b.Identity(x)
     if b.outputs[0].bound <= INT32_MAX:
-        return _finish(b, b.ReduceSum(x, b.const(list(axes)), keepdims=0))
+        return b.to_output_shape(b.ReduceSum(x, b.const(list(axes)), keepdims=0))
     kept = [i for i in range(len(x.shape)) if i not in axes]
     rows = int(np.prod([x.shape[i] for i in kept], dtype=np.int64))
     flat = b.Reshape(b.Transpose(x, perm=kept + list(axes)), b.const([rows, -1]))
     total = b.Slice(b.CumSum(flat, b.const(1)), b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
-    return _finish(b, total)
+    return b.to_output_shape(total)
 
 
 @lowering("max")
@@ -43,4 +39,4 @@ def max_(b, a, x):
     y = b.ReduceMax(x, b.const(list(axes)), keepdims=0)
     if not a.axis and not a.exclude:
         y = b.Max(y, b.const(0, np.int32))
-    return _finish(b, y)
+    return b.to_output_shape(y)

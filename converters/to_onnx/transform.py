@@ -14,32 +14,14 @@ from .lowering import lowering
 INT64_MIN = -(1 << 63)
 
 
-def _reshape(b, x) -> str:
-    return b.Reshape(x, b.const(b.outputs[0].shape))
-
-
 @lowering("expand_dims")
-def expand_dims(b, a, x):
-    """Reshape to the output shape (the runtime copies the row-major data unchanged)."""
-    return _reshape(b, x)
-
-
 @lowering("flatten")
-def flatten(b, a, x):
-    """Reshape to (d0, d1*...*dn) (the runtime copies the row-major data unchanged)."""
-    return _reshape(b, x)
-
-
 @lowering("reshape")
-def reshape(b, a, x):
-    """Reshape to the output shape resolved from MXNet's codes (0, -1, -2, -3, -4) at export."""
-    return _reshape(b, x)
-
-
 @lowering("squeeze")
-def squeeze(b, a, x):
-    """Reshape to the output shape (the runtime copies the row-major data unchanged)."""
-    return _reshape(b, x)
+def reinterpret(b, a, x):
+    """Reshape to the static output shape: the runtime copies the row-major data unchanged (MXNet's reshape
+    codes 0, -1, -2, -3, -4 are resolved at export)."""
+    return b.to_output_shape(x)
 
 
 @lowering("transpose")
@@ -83,7 +65,7 @@ def repeat(b, a, x):
     axis = a.axis % len(x.shape)
     wide = list(x.shape[:axis + 1]) + [a.repeats] + list(x.shape[axis + 1:])
     t = b.Unsqueeze(x, b.const([axis + 1]))
-    return _reshape(b, b.Expand(t, b.const(wide)))
+    return b.to_output_shape(b.Expand(t, b.const(wide)))
 
 
 @lowering("tile")
