@@ -20,39 +20,12 @@ from onnx.shape_inference import InferenceError
 from cvm_onnx import fallback, ops, runtime
 from cvm_onnx.errors import RuntimeFailure
 from cvm_onnx.native import ATTRS, DOMAIN, library_path, register_schemas
+from oracles import iou_oracle
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-INT64_MAX = (1 << 63) - 1
 P30 = (1 << 29) - 1  # the largest coordinate of the runtime's NMS precision limit (30 bits)
 # The native library on the CPU, the fallback, and the native CUDA kernels where onnxruntime offers CUDA.
 PATHS = ("native", "fallback") + (("cuda",) if "CUDAExecutionProvider" in ort.get_available_providers() else ())
-
-
-# -- oracles --------------------------------------------------------------------------------------------------
-def wrap(v: int, bits: int) -> int:
-    half = 1 << (bits - 1)
-    return (v + half) % (1 << bits) - half
-
-
-def iou_oracle(a: list[int], b: list[int]) -> int:
-    """The runtime's `iou` of corner boxes [x1, y1, x2, y2]: int32 differences, int64 areas, percent."""
-    def area(r):
-        return wrap(r[2] - r[0], 32) * wrap(r[3] - r[1], 32)
-
-    sum_area = wrap(area(a) + area(b), 64)
-    if sum_area <= 0:
-        return 0
-    w = max(0, wrap(min(a[2], b[2]) - max(a[0], b[0]), 32))
-    h = max(0, wrap(min(a[3], b[3]) - max(a[1], b[1]), 32))
-    overlap = w * h
-    tmp = sum_area - overlap
-    if tmp <= 0:
-        return 0
-    if INT64_MAX // 100 < overlap:
-        tmp //= 100
-    else:
-        overlap *= 100
-    return overlap // tmp if tmp else 0
 
 
 def nms_oracle(data, valid_count, max_output_size, iou_threshold, force_suppress, top_k):

@@ -7,25 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cvm_onnx.ops import REGISTRY, OpRuleError
+from oracles import errors_of, make, wrap
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 FAST = settings(max_examples=60, deadline=None)
-
-
-def make(name, **given_attrs):
-    op = REGISTRY[name]
-    typed, errors = op.parse_attrs(given_attrs)
-    assert not errors, errors
-    return op, op.bind(typed)
-
-
-def errors_of(name, **given_attrs):
-    return " | ".join(REGISTRY[name].parse_attrs(given_attrs)[1])
-
-
-def wrap32(v: int) -> int:
-    """v modulo 2^32 as a signed int32 (what int32 accumulation leaves)."""
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
 def bound(p: int) -> int:
@@ -60,7 +45,7 @@ def conv_oracle(x, w, b, strides, padding, dilation, groups):
                                 ih, iw = oh * sh + fh * dh - ph, ow * sw + fw * dw - pw
                                 if 0 <= ih < h and 0 <= iw < wd:
                                     s += int(x[n, oc // (oc_ // groups) * cg + ic, ih, iw]) * int(w[oc, ic, fh, fw])
-                    y[n, oc, oh, ow] = wrap32(s + (int(b[oc]) if b is not None else 0))
+                    y[n, oc, oh, ow] = wrap(s + (int(b[oc]) if b is not None else 0), 32)
     return y
 
 
@@ -191,7 +176,7 @@ def dense_oracle(x, w, b):
     y = np.zeros((m_, w.shape[0]), np.int64)
     for m in range(m_):
         for n in range(w.shape[0]):
-            y[m, n] = wrap32(sum(int(x[m, k]) * int(w[n, k]) for k in range(k_)) + (int(b[n]) if b is not None else 0))
+            y[m, n] = wrap(sum(int(x[m, k]) * int(w[n, k]) for k in range(k_)) + (int(b[n]) if b is not None else 0), 32)
     return y
 
 

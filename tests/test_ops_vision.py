@@ -7,21 +7,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cvm_onnx.ops import REGISTRY, OpRuleError
+from oracles import INT64_MAX, errors_of, iou_oracle, make
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
-INT64_MAX = (1 << 63) - 1
 FAST = settings(max_examples=150, deadline=None)
-
-
-def make(name, **given_attrs):
-    op = REGISTRY[name]
-    typed, errors = op.parse_attrs(given_attrs)
-    assert not errors, errors
-    return op, op.bind(typed)
-
-
-def errors_of(name, **given_attrs):
-    return " | ".join(REGISTRY[name].parse_attrs(given_attrs)[1])
 
 
 def run(op, a, *xs):
@@ -94,24 +83,6 @@ def test_get_valid_counts_rules():
 
 
 # -- non_max_suppression ------------------------------------------------------------------------------------
-def iou_oracle(b1, b2):
-    """The notes' integer IoU in percent, Python integers (coordinates within precision 30 never wrap)."""
-    x1min, y1min, x1max, y1max = b1
-    x2min, y2min, x2max, y2max = b2
-    sum_area = (x1max - x1min) * (y1max - y1min) + (x2max - x2min) * (y2max - y2min)
-    if sum_area <= 0:
-        return 0
-    w = max(0, min(x1max, x2max) - max(x1min, x2min))
-    h = max(0, min(y1max, y2max) - max(y1min, y2min))
-    overlap = h * w
-    tmp = sum_area - overlap
-    if tmp <= 0:
-        return 0
-    if INT64_MAX // 100 < overlap:
-        tmp //= 100
-    else:
-        overlap *= 100
-    return overlap // tmp
 
 
 def nms_oracle(data, valid_count, a):
