@@ -60,8 +60,9 @@ def test_random_graphs_stay_exact(case):
 
 
 def conv_chain(rng, head_inside: bool):
-    """conv2d -> shift -> conv2d -> shift -> broadcast_mul -> shift (float64) -> conv2d: float bodies meeting
-    in float32 and float64; optionally the first shift is also a head (its int32 must stay)."""
+    """conv2d -> shift -> conv2d -> shift -> broadcast_mul (per channel) -> shift (float64) -> conv2d: float
+    bodies meeting in float32 and float64 (no requantization run: a per-channel product is not a step);
+    optionally the first shift is also a head (its int32 must stay)."""
     b = GraphBuilder()
     x = b.input("data", (1, 3, 6, 6), 8)
 
@@ -72,7 +73,7 @@ def conv_chain(rng, head_inside: bool):
 
     s1 = b.op("cvm_right_shift", conv(x, 0), shift_bit=8, precision=8)
     t = b.op("cvm_right_shift", conv(s1, 1), shift_bit=4, precision=16)
-    m = b.op("broadcast_mul", t, b.param("scale", np.array([30000]), 16))
+    m = b.op("broadcast_mul", t, b.param("scale", np.array([30000, 20000, 10000]).reshape(3, 1, 1), 16))
     s2 = b.op("cvm_right_shift", m, shift_bit=20, precision=8)
     y = conv(s2, 2)
     return b.build(y, s1) if head_inside else b.build(y)
@@ -95,11 +96,11 @@ def test_float32_and_float64_bodies(head_inside):
 
 
 def test_int32_ops_keep_their_casts():
-    """relu between two float bodies computes on int32: the casts around it stay (nothing to drop)."""
+    """negative between two float bodies computes on int32: the casts around it stay (nothing to drop)."""
     rng = np.random.default_rng(4)
     b = GraphBuilder()
     x = b.input("data", (1, 2, 5, 5), 8)
-    y = b.op("cvm_right_shift", b.op("relu", b.op("cvm_right_shift", x, shift_bit=2, precision=8)),
+    y = b.op("cvm_right_shift", b.op("negative", b.op("cvm_right_shift", x, shift_bit=2, precision=8)),
              shift_bit=1, precision=8)
     graph = b.build(y)
     model = check(graph, {"data": rng.integers(-127, 128, (1, 2, 5, 5)).astype(np.int32)})

@@ -26,7 +26,7 @@ from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY, Attrs
 
-from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
+from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
 from .bounds import value_bounds
 from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
 from .optimize import drop_int32_round_trips
@@ -81,8 +81,8 @@ def unsupported(graph: Graph) -> list[Problem]:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, inline: bool):
-        self.graph, self.inline = graph, inline
+    def __init__(self, graph: Graph, inline: bool, fuse: bool = False):
+        self.graph, self.inline, self.fuse = graph, inline, fuse
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
         self.nodes: list[onnx.NodeProto] = []
@@ -129,7 +129,9 @@ class _Exporter:
             self.domains[NATIVE_DOMAIN] = 1
             self.nodes.append(call)
         elif self.inline:
-            self.flatten(node, a, body, in_names, dict(zip([v.name for v in ins], in_names)) |
+            marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True),
+                     "cvm.inputs": json.dumps(in_names)}
+            self.flatten(node.name, marks, body, dict(zip([v.name for v in ins], in_names)) |
                          dict(zip(body_outs, out_names)))
         else:
             self.nodes.append(self.call(node, a, ins, body, body_outs, in_names, out_names, doc))
@@ -158,17 +160,31 @@ class _Exporter:
         call.overload = self.functions[key].overload
         return call
 
-    def flatten(self, node: Node, a: Attrs, body: Body, in_names: list[str], rename: dict[str, str]) -> None:
-        """The body's nodes in the main graph: inner tensors and nodes prefixed by the CVM node name, each marked
-        with the CVM node, op, attributes and input tensors (in input order) it comes from."""
-        marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True),
-                 "cvm.inputs": json.dumps(in_names)}
+    def run(self, run: list[int]) -> None:
+        """A requantization run (requantize.py) as one flat body named after its last node, marked with the
+        CVM nodes it computes."""
+        g = self.graph
+        x, _ = requantize.steps_of(g, g.nodes[run[0]])
+        out, last = Entry(run[-1]), g.nodes[run[-1]]
+        body, y = requantize.lower_run(g, run, Value("data", g.type_of(x).shape, self.bounds[x]),
+                                       Value("", last.outputs[0].shape, self.bounds[out]))
+        if y == "data":
+            y = body.Identity(y)
+        self.infos.append(value_info(self.names[out], last.outputs[0]))
+        marks = {"cvm.fused": json.dumps([g.nodes[i].name for i in run]),
+                 "cvm.ops": json.dumps([g.nodes[i].op for i in run])}
+        self.flatten(last.name, marks, body, {"data": self.names[x], y: self.names[out]})
+
+    def flatten(self, prefix: str, marks: dict[str, str], body: Body, rename: dict[str, str]) -> None:
+        """The body's nodes in the main graph: inner tensors and nodes prefixed by ``prefix`` (the CVM node name),
+        each with the metadata ``marks`` (for a node of the flat form: the CVM node, op, attributes and input
+        tensors, in input order, it comes from)."""
         for k, inner in enumerate(body.nodes):
             n = onnx.NodeProto()
             n.CopyFrom(inner)
-            n.name = f"{node.name}/{k}"
-            n.input[:] = [rename.get(t, f"{node.name}/{t}") if t else t for t in inner.input]
-            n.output[:] = [rename.get(t, f"{node.name}/{t}") for t in inner.output]
+            n.name = f"{prefix}/{k}"
+            n.input[:] = [rename.get(t, f"{prefix}/{t}") if t else t for t in inner.input]
+            n.output[:] = [rename.get(t, f"{prefix}/{t}") for t in inner.output]
             for key, value in marks.items():
                 n.metadata_props.add(key=key, value=value)
             self.nodes.append(n)
@@ -187,8 +203,13 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
+        fused = {run[-1]: run for run in requantize.runs(self.graph, self.bounds)} if self.fuse else {}
+        inside = {i for run in fused.values() for i in run[:-1]}
         for i, node in enumerate(self.graph.nodes):
-            (self.variable if node.is_variable else self.op)(i, node)
+            if i in fused:
+                self.run(fused[i])
+            elif i not in inside:
+                (self.variable if node.is_variable else self.op)(i, node)
         outputs = self.heads()
         out_names = {o.name for o in outputs}
         graph = helper.make_graph(self.nodes, "cvm", self.inputs, outputs, [],
@@ -209,12 +230,13 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
-    ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the flat form without the
-    int32 round trips between float bodies (``optimize.drop_int32_round_trips``), for serving.
+    ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form: the flat form with
+    requantization runs fused (``requantize.py``) and the int32 round trips between float bodies dropped
+    (``optimize.drop_int32_round_trips``).
     """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
     if batch is not None:
         graph = batched(graph, batch)
-    model = _Exporter(graph, inline or optimize).model(source_version)
+    model = _Exporter(graph, inline or optimize, fuse=optimize).model(source_version)
     return drop_int32_round_trips(model) if optimize else model

@@ -1,0 +1,230 @@
+"""Requantization runs for the serving form: a chain of monotone integer steps lowered as one short body.
+
+CVM models requantize between layers with runs such as conv2d -> cvm_right_shift -> broadcast_mul (scalar)
+-> cvm_right_shift -> relu. Lowered one op at a time, each step casts to float and back; fused, the run costs
+a few int32 Add/Mul/BitwiseAnd nodes and one float32 Clip.
+
+A run is a chain of nodes, each the only reader of the previous one's output, made of these steps on an
+integer w: ``shift s``: floor((w + 2^(s-1)) / 2^s) (cvm_right_shift, the runtime's round half up);
+``mul m`` and ``add c`` by a scalar param (broadcast_mul/add/sub, cvm_left_shift as mul 2^s); ``clip``
+(cvm_clip, clip, relu, and the clip that ends cvm_right_shift and cvm_left_shift).
+
+Exactness. Every step f is monotone (non-increasing only for mul by m < 0), so f(clip(w, lo, hi)) =
+clip(f(w), f(lo), f(hi)) (bounds swapped for m < 0): the clips are deferred and merged into one, applied at the
+end, on values that were never clipped. The body holds ``t = w * 2^e`` in int32, with w an integer and e the
+sum of the shifts so far: a shift adds 2^(e+s-1) to t and clears its low e+s bits with BitwiseAnd (two's
+complement: t & -2^k = 2^k floor(t / 2^k)), so t becomes f(w) * 2^(e+s) with no division. Every step is taken
+only where the bound ``W >= |w|`` (from the input's proven bound) shows its int32 result cannot overflow;
+otherwise the pending clip is applied first (``Clip`` on t, bounds scaled by 2^e) and, if that is not enough,
+t is brought back to e = 0; if even that is not enough the run ends before the step. The end divides by 2^e
+in float32 (t / 2^e has at most 24 significant bits when W < 2^24: exact; float64 otherwise), clips there and
+casts the integer back to int32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto
+
+from cvm_onnx.graph import Entry, Graph, Node
+from cvm_onnx.ops import REGISTRY
+
+from .lowering import Body, Value
+
+INT32_MAX = (1 << 31) - 1
+FLOAT_EXACT = 1 << 24
+
+
+@dataclass(frozen=True)
+class Step:
+    """One monotone step: ``kind`` "shift" (k = bits), "mul" / "add" (k = constant) or "clip" (lo, hi; None =
+    unbounded)."""
+
+    kind: str
+    k: int = 0
+    lo: int | None = None
+    hi: int | None = None
+
+
+def _limit(precision: int) -> Step:
+    bound = (1 << (precision - 1)) - 1
+    return Step("clip", lo=-bound, hi=bound)
+
+
+def _scalar(graph: Graph, e: Entry) -> int | None:
+    """The value of a param holding exactly one number, else None."""
+    node = graph.nodes[e.node]
+    value = graph.params.get(node.name) if node.is_variable else None
+    return int(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def steps_of(graph: Graph, node: Node) -> tuple[Entry, list[Step]] | None:
+    """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
+    tensor (a broadcast op counts only with a one-number param that leaves the other input's shape)."""
+    a = REGISTRY[node.op].bind(node.attrs)
+    if node.op == "cvm_right_shift":
+        return node.inputs[0], [Step("shift", a.shift_bit), _limit(a.precision)]
+    if node.op == "cvm_left_shift":
+        return node.inputs[0], [Step("mul", 1 << a.shift_bit), _limit(a.precision)]
+    if node.op == "cvm_clip":
+        return node.inputs[0], [_limit(a.precision)]
+    if node.op == "clip":
+        return node.inputs[0], [Step("clip", lo=a.a_min, hi=a.a_max)]
+    if node.op == "relu":
+        return node.inputs[0], [Step("clip", lo=0)]
+    if node.op in ("broadcast_mul", "broadcast_add", "broadcast_sub"):
+        for data, const in ((0, 1), (1, 0)) if node.op != "broadcast_sub" else ((0, 1),):
+            c = _scalar(graph, node.inputs[const])
+            x = node.inputs[data]
+            if c is not None and graph.type_of(x).shape == node.outputs[0].shape:
+                kind, k = ("mul", c) if node.op == "broadcast_mul" else ("add", c if node.op == "broadcast_add" else -c)
+                return x, [Step(kind, k)]
+    return None
+
+
+def _clip(v: int | None, lo: int | None, hi: int | None) -> int | None:
+    if v is not None and lo is not None:
+        v = max(v, lo)
+    if v is not None and hi is not None:
+        v = min(v, hi)
+    return v
+
+
+class Run:
+    """The body of a run under construction: ``t`` holds w * 2^e (int32), the value is clip(w, lo, hi), |w| <= W.
+
+    Bounds that cannot bind (lo <= -W, hi >= W) are dropped. ``M``, the largest of W, |lo| and |hi|, bounds
+    every value the runtime's int32 steps see (they work on the clipped value, which lies between these), so a
+    step whose check passes with M overflows neither here nor in the runtime. ``apply`` adds a step and returns
+    False, emitting nothing, when no int32 form of it is exact.
+    """
+
+    def __init__(self, b: Body, x: Value):
+        self.b, self.t, self.e, self.w = b, x.name, 0, x.bound
+        self.lo: int | None = None
+        self.hi: int | None = None
+
+    @property
+    def m(self) -> int:
+        return max([self.w, *(abs(v) for v in (self.lo, self.hi) if v is not None)])
+
+    def apply(self, step: Step) -> bool:
+        if step.kind == "clip":
+            self.lo = step.lo if self.lo is None else _clip(self.lo, step.lo, step.hi)
+            self.hi = step.hi if self.hi is None else _clip(self.hi, step.lo, step.hi)
+            self._tighten()
+            return True
+        for relief in (None, self._flush, self._normalize):
+            if relief is not None:
+                relief()
+            if self._fits(step):
+                getattr(self, "_" + step.kind)(step.k)
+                self._tighten()
+                return True
+        return False
+
+    def _tighten(self) -> None:
+        if self.lo is not None and self.lo <= -self.w:
+            self.lo = None
+        if self.hi is not None and self.hi >= self.w:
+            self.hi = None
+
+    def _fits(self, step: Step) -> bool:
+        top = self.m << self.e
+        if step.kind == "shift":
+            return self.e + step.k <= 31 and top + (1 << (self.e + step.k - 1)) <= INT32_MAX
+        if step.kind == "mul":
+            return top * abs(step.k) <= INT32_MAX
+        return top + (abs(step.k) << self.e) <= INT32_MAX
+
+    def _shift(self, s: int) -> None:
+        k = self.e + s
+        self.t = self.b.BitwiseAnd(self.b.Add(self.t, self._i32(1 << (k - 1))), self._i32(-(1 << k)))
+        self.e = k
+        f = lambda v: None if v is None else (v + (1 << (s - 1))) >> s  # noqa: E731
+        self.w, self.lo, self.hi = f(self.w), f(self.lo), f(self.hi)
+
+    def _mul(self, m: int) -> None:
+        self.t = self.b.Mul(self.t, self._i32(m))
+        self.w *= abs(m)
+        lo, hi = (None if v is None else v * m for v in (self.lo, self.hi))
+        self.lo, self.hi = (lo, hi) if m >= 0 else (hi, lo)
+
+    def _add(self, c: int) -> None:
+        self.t = self.b.Add(self.t, self._i32(c << self.e))
+        self.w += abs(c)
+        self.lo, self.hi = (None if v is None else v + c for v in (self.lo, self.hi))
+
+    def _i32(self, v: int) -> str:
+        return self.b.const(v, np.int32)
+
+    def _flush(self) -> None:
+        """Apply a two-sided pending clip to t (in int32): the bound W becomes the clip's."""
+        if self.lo is None or self.hi is None:
+            return
+        scale = 1 << self.e
+        self.t = self.b.Clip(self.t, self._i32(self.lo * scale), self._i32(self.hi * scale))
+        self.w, self.lo, self.hi = max(abs(self.lo), abs(self.hi)), None, None
+
+    def _normalize(self) -> None:
+        """t becomes the clipped value itself (e = 0)."""
+        if self.e:
+            bound = max(abs(_clip(v, self.lo, self.hi)) for v in (-self.w, self.w))  # clip is monotone
+            self.t, self.w, self.e, self.lo, self.hi = self.finish(), bound, 0, None, None
+
+    def finish(self) -> str:
+        """The value, clip(t / 2^e, lo, hi), as int32."""
+        b = self.b
+        if self.e == 0:
+            if self.lo is None and self.hi is None:
+                return self.t
+            return b.Clip(self.t, *("" if v is None else self._i32(v) for v in (self.lo, self.hi)))
+        if self.m >= FLOAT_EXACT:
+            self._flush()
+        dtype, to = (np.float32, TensorProto.FLOAT) if self.m < FLOAT_EXACT else (np.float64, TensorProto.DOUBLE)
+        y = b.Mul(b.Cast(self.t, to=to), b.const(2.0 ** -self.e, dtype))
+        if self.lo is not None or self.hi is not None:
+            y = b.Clip(y, *("" if v is None else b.const(v, dtype) for v in (self.lo, self.hi)))
+        return b.Cast(y, to=TensorProto.INT32)
+
+
+def runs(graph: Graph, bounds: dict[Entry, int]) -> list[list[int]]:
+    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
+    cut where a step has no exact int32 form (``Run.apply``)."""
+    readers: dict[Entry, int] = {}
+    for node in graph.nodes:
+        for e in node.inputs:
+            readers[e] = readers.get(e, 0) + 1
+    for h in graph.heads:
+        readers[h] = readers.get(h, 0) + 2
+    found: list[list[int]] = []
+    current: list[int] = []
+    run: Run | None = None
+    for i, node in enumerate(graph.nodes):
+        step = None if node.is_variable else steps_of(graph, node)
+        if step is None:
+            continue
+        x, steps = step
+        if not (current and x == Entry(current[-1]) and readers.get(x) == 1 and all(map(run.apply, steps))):
+            if len(current) > 1:
+                found.append(current)
+            run = Run(Body([]), Value("x", (), bounds[x]))
+            current = [i] if all(map(run.apply, steps)) else []
+            continue
+        current.append(i)
+    if len(current) > 1:
+        found.append(current)
+    return found
+
+
+def lower_run(graph: Graph, run: list[int], x: Value, out: Value) -> tuple[Body, str]:
+    """The body of ``run`` reading ``x``; returns it and its output's name."""
+    b = Body([out])
+    r = Run(b, x)
+    for i in run:
+        _, steps = steps_of(graph, graph.nodes[i])
+        for step in steps:
+            if not r.apply(step):
+                raise AssertionError(f"run through {graph.nodes[i].name} has no exact int32 form")
+    return b, r.finish()

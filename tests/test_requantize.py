@@ -1,0 +1,159 @@
+"""Requantization runs of the serving form (converters/to_onnx/requantize.py): a chain of shifts, clips, relu
+and scalar multiplications fused into one int32 body, exact against the reference executor on every input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+
+from cvm_onnx.api import load
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.errors import ValidationError
+from cvm_onnx.executor import execute
+from cvm_onnx.runtime import run
+from harness import bound, tensors
+
+RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
+SHAPE = (1, 2, 3, 4)
+
+
+def fused(model: onnx.ModelProto) -> list[list[str]]:
+    """The CVM nodes of each fused run, from the nodes' ``cvm.fused`` marks."""
+    runs = {p.value for n in model.graph.node for p in n.metadata_props if p.key == "cvm.fused"}
+    return sorted(json.loads(r) for r in runs)
+
+
+def check(graph, feeds) -> onnx.ModelProto:
+    model = to_onnx(graph, optimize=True)
+    onnx.checker.check_model(model, full_check=True)
+    for got, want in zip(run(model, feeds), execute(graph, feeds)):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    return model
+
+
+def scalars():
+    """Multipliers and addends: zero, +-1, powers of two and their neighbours, the int32 edges."""
+    edges = [0, 1, -1, 2, -2, 127, -127, (1 << 30) + 1, -(1 << 31), (1 << 31) - 1]
+    return st.one_of(st.sampled_from(edges), st.integers(-(1 << 16), 1 << 16),
+                     st.integers(0, 30).map(lambda k: 1 << k), st.integers(-(1 << 31), (1 << 31) - 1))
+
+
+@st.composite
+def steps(draw):
+    """A graph: data of random precision, then 2..7 step ops (some heads on the way), and its input."""
+    b = GraphBuilder()
+    p_in = draw(st.integers(1, 32))
+    x = b.input("data", SHAPE, p_in)
+    heads, p = [], p_in
+    for k in range(draw(st.integers(2, 7))):
+        kind = draw(st.sampled_from(["rshift", "rshift", "clip", "cvm_clip", "relu", "lshift", "mul", "add", "sub"]))
+        if kind == "rshift":
+            p = draw(st.integers(1, 32))
+            x = b.op("cvm_right_shift", x, shift_bit=draw(st.integers(1, 32)), precision=p)
+        elif kind == "cvm_clip":
+            p = draw(st.integers(1, 32))
+            x = b.op("cvm_clip", x, precision=p)
+        elif kind == "clip":
+            lo, hi = sorted(draw(st.lists(st.integers(-(1 << 31) + 1, (1 << 31) - 1), min_size=2, max_size=2,
+                                          unique=True)))
+            x = b.op("clip", x, a_min=lo, a_max=hi)
+        elif kind == "relu":
+            x = b.op("relu", x)
+        elif kind == "lshift":
+            s = draw(st.integers(1, max(1, 32 - p)))
+            p = draw(st.integers(1, 32))
+            x = b.op("cvm_left_shift", x, shift_bit=s, precision=p)
+        else:
+            c = draw(scalars())
+            op = {"mul": "broadcast_mul", "add": "broadcast_add", "sub": "broadcast_sub"}[kind]
+            param = b.param(f"c{k}", np.full(draw(st.sampled_from([(1,), (1, 1, 1), ()])), c, np.int32))
+            x = b.op(op, *((param, x) if op != "broadcast_sub" and draw(st.booleans()) else (x, param)))
+        if draw(st.integers(0, 5)) == 0:
+            heads.append(x)
+    try:
+        graph = b.build(x, *heads)
+    except ValidationError:
+        assume(False)
+    return graph, {"data": draw(tensors(SHAPE, min(p_in + 1, 32)))}
+
+
+@pytest.mark.isa
+@settings(max_examples=150, deadline=None)
+@given(case=steps())
+def test_random_runs_are_exact(case):
+    graph, feeds = case
+    check(graph, feeds)
+
+
+@pytest.mark.isa
+@settings(max_examples=40, deadline=None)
+@given(data=tensors(SHAPE, 17), s1=st.integers(1, 4), p1=st.integers(8, 16), m=st.integers(1, (1 << 23) - 1),
+       s2=st.integers(16, 26), relu=st.booleans())
+def test_conv_style_run_is_fused_and_exact(data, s1, p1, m, s2, relu):
+    """shift -> mul -> shift [-> relu], as after every ResNet convolution: one run, exact."""
+    m = m >> max(0, m.bit_length() + p1 - 31)  # p1 + precision(m) <= 32
+    b = GraphBuilder()
+    x = b.op("cvm_right_shift", b.input("data", SHAPE, 17), shift_bit=s1, precision=p1)
+    x = b.op("cvm_right_shift", b.op("broadcast_mul", x, b.param("m", np.array([m]))), shift_bit=s2, precision=8)
+    graph = b.build(b.op("relu", x) if relu else x)
+    names = [n.name for n in graph.nodes if not n.is_variable]
+    model = check(graph, {"data": data})
+    assert fused(model) == [names]
+    assert "Round" not in {n.op_type for n in model.graph.node}
+
+
+def test_pending_clip_is_applied_before_an_overflow():
+    """The clip to 12 bits is deferred until x * (2^19 - 1) would overflow int32 on the unclipped value (|x| < 2^15):
+    then it is applied in int32, and the run goes on as one."""
+    b = GraphBuilder()
+    x = b.input("data", SHAPE, 16)
+    y = b.op("cvm_clip", b.op("cvm_right_shift", x, shift_bit=1, precision=16), precision=12)
+    z = b.op("cvm_right_shift", b.op("broadcast_mul", y, b.param("m", np.array([(1 << 19) - 1]))), shift_bit=20,
+             precision=8)
+    graph = b.build(b.op("relu", z))
+    edge = bound(16)
+    data = np.array([edge, -edge, 0, 1, -1, 4094, 4095, -4095] * 3, np.int32).reshape(SHAPE)
+    model = check(graph, {"data": data})
+    assert fused(model) == [[n.name for n in graph.nodes if not n.is_variable]]
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert any(n.op_type == "Clip" and producer.get(n.input[0]) == "BitwiseAnd" for n in model.graph.node)
+
+
+def test_a_step_without_int32_form_starts_a_new_run():
+    """x + 2^(s-1) can overflow int32 for a 32-bit x: that shift keeps its own lowering, the rest is one run."""
+    b = GraphBuilder()
+    x = b.op("cvm_right_shift", b.input("data", SHAPE, 32), shift_bit=1, precision=32)
+    graph = b.build(b.op("cvm_clip", b.op("relu", b.op("cvm_right_shift", x, shift_bit=3, precision=20)),
+                         precision=9))
+    data = np.array([bound(32), -bound(32), 0, 1, -1, 2, -2, 3] * 3, np.int32).reshape(SHAPE)
+    model = check(graph, {"data": data})
+    names = [n.name for n in graph.nodes if not n.is_variable]
+    assert fused(model) == [names[1:]]
+
+
+def test_a_head_inside_a_chain_keeps_its_value():
+    """A tensor read elsewhere (here a graph output) ends a run: it must exist with its exact value."""
+    b = GraphBuilder()
+    x = b.op("cvm_right_shift", b.input("data", SHAPE, 16), shift_bit=3, precision=8)
+    y = b.op("relu", b.op("cvm_clip", x, precision=6))
+    z = b.op("cvm_right_shift", b.op("broadcast_mul", y, b.param("m", np.array([-3]))), shift_bit=1, precision=4)
+    graph = b.build(b.op("cvm_clip", z, precision=3), y)
+    data = np.arange(-12, 12, dtype=np.int32).reshape(SHAPE) * 1000
+    model = check(graph, {"data": data})
+    assert [len(r) for r in fused(model)] == [3, 3]
+
+
+def test_resnet20_runs():
+    if not RESNET.exists():
+        pytest.skip("the ResNet-20 model is not present")
+    graph = load(RESNET).graph
+    model = to_onnx(graph, optimize=True)
+    fused_nodes = {name for r in fused(model) for name in r}
+    shifts = [n.name for n in graph.nodes if n.op == "cvm_right_shift"]
+    assert set(shifts) <= fused_nodes  # every requantization is in a run
+    assert "Round" not in {n.op_type for n in model.graph.node}
