@@ -11,12 +11,12 @@
   ``use_deterministic_compute`` is set. For CUDA, ``use_tf32=0`` (TF32 would round float inputs to 10 mantissa
   bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM;
   a search may pick FFT or Winograd algorithms, which round).
-* Threads: one by default (``THREADS``; ``threads=`` asks for more). Measured on a 2-vCPU machine shared with
-  other work (load average 2-4), ResNet-20 batch 1 took 2.0-3.3 ms with one thread, 2.2-3.9 ms with two
-  threads that do not spin and 2.5-11.8 ms with onnxruntime's default of two spinning threads: its hundreds of
-  small kernels gain little from a second thread and lose much when that thread waits for a core. The graph
-  optimizer stays at its highest level, which was also the fastest (2.15 ms against 2.78 ms for EXTENDED,
-  whose convolutions skip the NCHWc layout).
+* Threads, chosen by measurement (benchmarks/bench.py; 2-vCPU EPYC, ResNet-20, optimized form): a model whose
+  inputs hold one sample gets one thread (1.9-2.9 ms; two threads gained nothing and lost much whenever the
+  second waited for a core, up to 11.8 ms under load); a batched model (first dimension > 1) gets one
+  spinning thread per usable CPU (batch 64: 66 ms with two spinning threads, 96 ms with two that sleep, 114-125
+  ms with one). ``threads=`` overrides the count. The graph optimizer stays at its highest level, which was
+  also the fastest (batch 1: 2.8 ms against 3.7 ms without the NCHWc layout; batch 64: 98 against 137 ms).
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
@@ -37,7 +37,6 @@ from .errors import RuntimeFailure
 from .native import library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-THREADS = 1  # intra-op threads of a session (see above)
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
 
 ModelLike = onnx.ModelProto | bytes | str | os.PathLike
@@ -57,9 +56,23 @@ def check_onnxruntime() -> None:
                              f"{IR_VERSION}, which cvm-onnx writes; install onnxruntime >= 1.20 ({e})") from None
 
 
-def _options(threads: int = THREADS) -> ort.SessionOptions:
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def batched_input(model: onnx.ModelProto) -> bool:
+    """Whether an input's first dimension is larger than one (or symbolic)."""
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and not (dims[0].HasField("dim_value") and dims[0].dim_value <= 1):
+            return True
+    return False
+
+
+def _options(threads: int = 1, spin: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.use_deterministic_compute = True
     so.log_severity_level = 3  # errors are raised as exceptions; do not print them twice
@@ -91,16 +104,18 @@ def _load(model: ModelLike) -> onnx.ModelProto:
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
-            threads: int = THREADS) -> ort.InferenceSession:
+            threads: int | None = None) -> ort.InferenceSession:
     """An onnxruntime session for ``model`` (a ModelProto, its bytes or a path) on ``provider`` ("cpu", "cuda").
 
     ``native``: None = the native library when built, else the fallback with a warning; True = the native library
-    or ``RuntimeFailure``; False = the pure-Python fallback. ``threads``: onnxruntime's intra-op threads.
+    or ``RuntimeFailure``; False = the pure-Python fallback. ``threads``: onnxruntime's intra-op threads (None:
+    one, or every usable CPU for a batched model; see above).
     """
     check_onnxruntime()
     proto = _load(model)
     providers = _providers(provider)
-    so = _options(threads)
+    batch = batched_input(proto)
+    so = _options(threads or (usable_cpus() if batch else 1), spin=batch)
     library = library_path()
     if library is not None:
         so.register_custom_ops_library(library)
