@@ -56,7 +56,7 @@ def test_random_graphs_stay_exact(case):
     graph, feeds = case
     model = check(graph, feeds)
     assert round_trips(model) == []
-    assert len(model.graph.node) <= len(to_onnx(graph, inline=True).graph.node)
+    assert "Round" not in {n.op_type for n in model.graph.node if any(p.key == "cvm.fused" for p in n.metadata_props)}
 
 
 def conv_chain(rng, head_inside: bool):

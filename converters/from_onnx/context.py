@@ -134,7 +134,9 @@ class Importer:
         self.names: set[str] = set()
         self.declared: dict[str, int] = {}  # precisions the model declares for its initializers (round trip)
         self.pending: dict[str, Tensor] = {}  # those initializers not yet made params, in the model's order
+        self.stored: dict[str, np.dtype] = {}  # and the type they are stored in, int8 or int32 (kept as params)
         self._consts: dict[Tensor, Entry] = {}  # params made of constants (a Tensor hashes by identity)
+        self._named: dict[str, Entry] = {}  # the same, by the name of the ONNX tensor they come from
         self.base = ""  # name of the ONNX node being imported: the default name of the CVM nodes it becomes
         self.base_dir: Path | None = None  # the model's directory (external data)
 
@@ -157,14 +159,16 @@ class Importer:
         return Tensor(TensorProto.INT32, self.type_of(e).shape, -b, b, e)
 
     # -- variables --------------------------------------------------------------------------------------------------
-    def variable(self, name: str, shape: tuple[int, ...], precision: int, value: np.ndarray | None = None) -> Entry:
-        """A variable: the input (no value) or a param, stored int8 when its precision is <= 8, else int32."""
+    def variable(self, name: str, shape: tuple[int, ...], precision: int, value: np.ndarray | None = None,
+                 stored: np.dtype | None = None) -> Entry:
+        """A variable: the input (no value) or a param, stored as ``stored`` (int8 or int32) when given, else int8
+        when its precision is <= 8, else int32."""
         name = self.fresh(name)
         self.nodes.append(Node(name, VARIABLE, outputs=(TensorType(tuple(shape), precision),)))
         e = Entry(len(self.nodes) - 1)
         self.bounds[e] = bound(precision)
         if value is not None:
-            self.params[name] = value.reshape(shape).astype(np.int8 if precision <= 8 else np.int32)
+            self.params[name] = value.reshape(shape).astype(stored or (np.int8 if precision <= 8 else np.int32))
             self.bounds[e] = int(np.abs(value.astype(np.int64)).max(initial=0))
         return e
 
@@ -174,6 +178,8 @@ class Importer:
             return t.entry
         if t in self._consts:
             return self._consts[t]
+        if t.name in self._named:  # the same initializer read through another tensor (a widening Cast)
+            return self._named[t.name]
         if t.name in self.pending:  # the params a model declares come back in its order: the earlier ones first
             for name in list(self.pending):
                 earlier = self.pending.pop(name)
@@ -187,9 +193,12 @@ class Importer:
         if t.peak > INT32_MAX:
             raise Refuse(f"{what} holds {t.peak}, beyond 32 bits")
         p = self.declared.get(t.name or "", tight(t.peak))
+        stored = self.stored.get(t.name or "")
         e = self.variable(t.name or f"{self.base}/const", cvm_shape(t.shape), p,
-                          np.asarray(v, np.int64) if v.dtype.kind in "fb" else v)
+                          np.asarray(v, np.int64) if v.dtype.kind in "fb" else v, stored)
         self._consts[t] = e
+        if t.name:
+            self._named[t.name] = e
         return e
 
     # -- op nodes ---------------------------------------------------------------------------------------------------

@@ -227,8 +227,9 @@ def cast(ctx, x: Tensor, to: int) -> Tensor:
     """``x`` as element type ``to``: the same CVM values where no value changes (else refused); != 0 for bool."""
     if not is_supported_type(to):
         raise Refuse(f"Cast to non-integer type {type_name(to)}")
-    if x.is_const:
-        return folded(x.value, to)
+    if x.is_const:  # a widened param (the exporter's Cast of an int8 initializer) keeps its name
+        y = folded(x.value, to)
+        return replace(y, name=x.name) if np.array_equal(y.value, x.value) else y
     if to == BOOL and not 0 <= x.lo <= x.hi <= 1:
         nonzero = Tensor(x.dtype, x.shape, 0, x.peak, ctx.emit("abs", x.entry))
         zero = const(np.zeros((1,) * len(cvm_shape(x.shape)), np.int32), TensorProto.INT32)

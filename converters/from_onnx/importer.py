@@ -13,7 +13,9 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import TensorProto
 
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.graph import Entry, Graph
@@ -179,6 +181,8 @@ class _Walk:
             if (p := self.precision(t.name)) is not None:
                 self.ctx.declared[t.name] = p
                 self.ctx.pending[t.name] = self.tensors[t.name]
+                if t.data_type in (TensorProto.INT8, TensorProto.INT32):
+                    self.ctx.stored[t.name] = np.dtype(np.int8 if t.data_type == TensorProto.INT8 else np.int32)
         for s in self.graph.sparse_initializer:
             self.problem(s.values.name, "sparse initializers are not supported")
 

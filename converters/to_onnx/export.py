@@ -1,8 +1,9 @@
 """CVM graph -> ONNX model: one node per CVM op node, decompositions as model-local functions.
 
 The model: input ``data`` (int32, static shape) clamped to its declared precision as the runtime does, params
-as int32 initializers, each CVM op as a node of domain ``cvm`` calling a function specialised to its attributes
-and shapes (identical bodies share one function overload), native custom ops in place, outputs named after the
+as initializers of their stored type (int8 or int32; function bodies widen int8 ones, a native op or a graph
+output reads an int8 param through a Cast named ``<param>:int32``), each CVM op as a node of domain ``cvm`` calling a function specialised to its attributes and
+shapes (identical bodies share one function overload), native custom ops in place, outputs named after the
 CVM heads, value_info with the static shape and the CVM precision on every tensor, provenance in metadata_props.
 
 The flat form (``inline=True``) puts every body's nodes in the main graph instead, named ``<cvm node>/<k>`` and
@@ -69,8 +70,8 @@ def input_names(op: str, n: int) -> list[str]:
     return list(INPUT_NAMES.get(op, ("data",)))[:n]
 
 
-def value_info(name: str, t: TensorType) -> onnx.ValueInfoProto:
-    vi = helper.make_tensor_value_info(name, TensorProto.INT32, list(t.shape))
+def value_info(name: str, t: TensorType, elem_type: int = TensorProto.INT32) -> onnx.ValueInfoProto:
+    vi = helper.make_tensor_value_info(name, elem_type, list(t.shape))
     vi.metadata_props.add(key="cvm.precision", value=str(t.precision))
     return vi
 
@@ -92,11 +93,13 @@ class _Exporter:
         self.inputs: list[onnx.ValueInfoProto] = []
         self.infos: list[onnx.ValueInfoProto] = []
         self.domains = {"": OPSET}
+        self.widened: set[str] = set()
 
     def variable(self, i: int, node: Node) -> None:
         t = node.outputs[0]
-        self.infos.append(value_info(self.names[Entry(i)], t))
         value = self.graph.params.get(node.name)
+        int8 = value is not None and value.dtype == np.int8
+        self.infos.append(value_info(self.names[Entry(i)], t, TensorProto.INT8 if int8 else TensorProto.INT32))
         if value is not None:
             self.initializers.append(node.name)
             return
@@ -113,8 +116,7 @@ class _Exporter:
     def op(self, i: int, node: Node) -> None:
         g = self.graph
         a = REGISTRY[node.op].bind(node.attrs)
-        ins = [Value(name, g.type_of(e).shape, self.bounds[e],
-                     g.params.get(g.nodes[e.node].name) if g.nodes[e.node].is_variable else None)
+        ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
                for name, e in zip(input_names(node.op, len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
         body, body_outs = lower(node.op, a, ins, outs)
@@ -125,7 +127,7 @@ class _Exporter:
         if LOWERINGS[node.op].native:
             (call,) = body.nodes
             call.name, call.doc_string = node.name, doc
-            call.input[:], call.output[:] = in_names, out_names
+            call.input[:], call.output[:] = [self.int32(e) for e in node.inputs], out_names
             self.domains[NATIVE_DOMAIN] = 1
             self.nodes.append(call)
         elif self.inline:
@@ -135,6 +137,22 @@ class _Exporter:
                          dict(zip(body_outs, out_names)))
         else:
             self.nodes.append(self.call(node, a, ins, body, body_outs, in_names, out_names, doc))
+
+    def param(self, e: Entry) -> np.ndarray | None:
+        """The value of a param entry (int8 or int32, as stored); None for other entries."""
+        node = self.graph.nodes[e.node]
+        return self.graph.params.get(node.name) if node.is_variable else None
+
+    def int32(self, e: Entry) -> str:
+        """The name of entry ``e`` as int32: an int8 param through its Cast (added once)."""
+        name, value = self.names[e], self.param(e)
+        if value is None or value.dtype != np.int8:
+            return name
+        if f"{name}:int32" not in self.widened:
+            self.widened.add(f"{name}:int32")
+            self.nodes.append(helper.make_node("Cast", [name], [f"{name}:int32"], name=f"{name}:int32",
+                                               to=TensorProto.INT32))
+        return f"{name}:int32"
 
     def call(self, node: Node, a: Attrs, ins: list[Value], body: Body, body_outs: list[str],
              in_names: list[str], out_names: list[str], doc: str) -> onnx.NodeProto:
@@ -193,7 +211,7 @@ class _Exporter:
         """Graph outputs named after the heads; a repeated head (or an input) gets its own name via Identity."""
         outputs, used = [], set()
         for h in self.graph.heads:
-            name, t = self.names[h], self.graph.type_of(h)
+            name, t = self.int32(h), self.graph.type_of(h)
             if name in used or self.graph.nodes[h.node].is_variable:
                 alias = f"{name}:out{len(outputs)}"
                 self.nodes.append(helper.make_node("Identity", [name], [alias], name=alias))
@@ -219,8 +237,10 @@ class _Exporter:
                                   producer_name="cvm-onnx", producer_version=__version__)
         for name in self.initializers:
             value = self.graph.params[name]
-            t = model.graph.initializer.add(name=name, data_type=TensorProto.INT32, dims=value.shape)
-            t.raw_data = np.ascontiguousarray(value, "<i4").tobytes()
+            int8 = value.dtype == np.int8
+            t = model.graph.initializer.add(name=name, data_type=TensorProto.INT8 if int8 else TensorProto.INT32,
+                                            dims=value.shape)
+            t.raw_data = np.ascontiguousarray(value, "i1" if int8 else "<i4").tobytes()
         helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version})
         return model
 

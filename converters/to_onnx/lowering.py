@@ -6,18 +6,19 @@ satisfies, see bounds.py), and returns the name of each output. Bodies are writt
 ``b.Add(x, b.const(1))``. A lowering registered with ``native=True`` emits exactly one node of the native
 custom-op library instead, which the exporter places in the main graph as is.
 
-Every body takes and returns int32. A body may compute in float32 or float64 where that is exact, but it casts
+Every body takes and returns int32; a param stored as int8 (``Value.const`` of dtype int8) is passed as is
+and widened by the body's first node, a Cast. A body may compute in float32 or float64 where that is exact, but it casts
 a float to int32 only when the float holds an integer within int32 (never relying on Cast's truncation or on
 out-of-range conversion): ``optimize.py`` depends on it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from cvm_onnx.ops import Attrs
 
@@ -42,6 +43,7 @@ class Body:
 
     outputs: list[Value]
     nodes: list[onnx.NodeProto] = field(default_factory=list)
+    widened: dict[str, str] = field(default_factory=dict)  # int8 param widened to int32: int32 name -> int8 name
     _count: int = 0
 
     def fresh(self, hint: str) -> str:
@@ -51,6 +53,8 @@ class Body:
     def node(self, op_type: str, *inputs: str | Value, n_out: int = 1, domain: str = "",
              **attrs: Any) -> Any:
         names = [i.name if isinstance(i, Value) else i for i in inputs]
+        if op_type == "Cast" and names[0] in self.widened:  # int8 -> float is as exact as int32 -> float
+            names[0] = self.widened[names[0]]
         outs = [self.fresh("t") for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, names, outs, domain=domain or None,
                                            **{k: v for k, v in attrs.items() if v is not None}))
@@ -71,6 +75,10 @@ class Body:
         tensor = numpy_helper.from_array(np.asarray(value, dtype=dtype), out)
         self.nodes.append(helper.make_node("Constant", [], [out], value=tensor))
         return out
+
+
+def is_int8(v: Value) -> bool:
+    return v.const is not None and v.const.dtype == np.int8
 
 
 LoweringFn = Callable[..., "str | list[str]"]
@@ -99,10 +107,18 @@ def lowering(op: str, native: bool = False) -> Callable[[LoweringFn], LoweringFn
 
 
 def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value]) -> tuple[Body, list[str]]:
-    """Run the lowering of ``op``; returns the body and the names of its outputs."""
+    """Run the lowering of ``op`` (int8 params widened first); returns the body and the names of its outputs."""
     b = Body(outputs)
-    out = LOWERINGS[op].fn(b, a, *inputs)
+    args = list(inputs)
+    if not LOWERINGS[op].native:
+        for k, v in enumerate(inputs):
+            if is_int8(v):
+                args[k] = replace(v, name=b.Cast(v, to=TensorProto.INT32))
+                b.widened[args[k].name] = v.name
+    out = LOWERINGS[op].fn(b, a, *args)
     names = [out] if isinstance(out, str) else list(out)
+    read = {t for n in b.nodes for t in n.input} | set(names)
+    b.nodes[:] = [n for n in b.nodes if n.output[0] not in b.widened or n.output[0] in read]
     # a function output must be produced inside the body, never be one of its inputs
     inputs_names = {v.name for v in inputs}
     names = [b.Identity(n) if n in inputs_names else n for n in names]
