@@ -14,6 +14,7 @@ from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import read_model, write_model
 from .format.model_dir import replace_file
+from .format.onnx_file import onnx_pieces
 from .graph import Graph
 from .validate import validate
 
@@ -44,9 +45,10 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` atomically (a temp file in the same directory, then a rename); ``FormatError`` on failure."""
+    """Write ``model`` atomically (a temp file in the same directory, then a rename), without a second copy of its
+    weights in memory (``format.onnx_file``); ``FormatError`` on failure."""
     try:
-        replace_file(Path(path), model.SerializeToString(deterministic=True))
+        replace_file(Path(path), onnx_pieces(model))
     except OSError as e:
         raise FormatError(f"cannot write the model: {e.strerror or e}", os.fspath(path)) from None
 

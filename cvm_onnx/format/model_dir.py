@@ -5,6 +5,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
 from ..errors import FormatError, Problem
 from ..graph import Graph
@@ -57,9 +58,9 @@ def read_model(path: str | os.PathLike, params: str | os.PathLike | None = None)
     return graph
 
 
-def replace_files(files: dict[Path, bytes]) -> None:
-    """Write each file to a temporary file next to it, then rename them all over their targets: a failure while
-    writing (or an interruption) changes none of them."""
+def replace_files(files: dict[Path, bytes | Iterable[bytes]]) -> None:
+    """Write each file (its bytes, or its pieces in order) to a temporary file next to it, then rename them all
+    over their targets: a failure while writing (or an interruption) changes none of them."""
     staged: list[tuple[str, Path]] = []
     try:
         for path, data in files.items():
@@ -67,7 +68,8 @@ def replace_files(files: dict[Path, bytes]) -> None:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             staged.append((tmp, path))
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                for piece in [data] if isinstance(data, bytes) else data:
+                    f.write(piece)
                 f.flush()
                 os.fsync(f.fileno())
             os.chmod(tmp, mode)
@@ -79,8 +81,8 @@ def replace_files(files: dict[Path, bytes]) -> None:
         raise
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: a temporary file next to it, then a rename."""
+def replace_file(path: Path, data: bytes | Iterable[bytes]) -> None:
+    """Write ``data`` (bytes, or pieces) to ``path`` atomically: a temporary file next to it, then a rename."""
     replace_files({path: data})
 
 

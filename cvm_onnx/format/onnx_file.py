@@ -1,0 +1,65 @@
+"""An ONNX model as file bytes, written in pieces so the weights are never copied whole a second time.
+
+``SerializeToString`` builds the whole file in memory next to the model (twice the weights at the peak). Here
+the model without its initializers is serialized once, and each initializer follows inside the ``graph``
+field (whose length is computed first from ``ByteSize``): its small fields serialized, then its ``raw_data``
+written as it is. Protobuf parsers take the fields of a message in any order, so the result is the same
+message; identical models give identical bytes.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import onnx
+from google.protobuf.message import Message
+
+GRAPH = 7  # ModelProto.graph
+INITIALIZER = 5  # GraphProto.initializer
+RAW_DATA = 9  # TensorProto.raw_data
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _key(number: int, length: int) -> bytes:
+    """The key and length of a length-delimited field."""
+    return _varint(number << 3 | 2) + _varint(length)
+
+
+def _without(message: Message, field: str) -> Message:
+    """A copy of ``message`` (ONNX's messages are proto2: presence is HasField) without ``field``, which is not
+    even read: the other fields are copied, and they are small."""
+    out = type(message)()
+    for fd in message.DESCRIPTOR.fields:
+        if fd.name == field:
+            continue
+        value = getattr(message, fd.name)
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(out, fd.name).extend(value)
+        elif not message.HasField(fd.name):
+            continue
+        elif isinstance(value, Message):
+            getattr(out, fd.name).CopyFrom(value)
+        else:
+            setattr(out, fd.name, value)
+    return out
+
+
+def onnx_pieces(model: onnx.ModelProto) -> Iterator[bytes]:
+    """The serialized ``model``: its fields but the graph, then the graph with its initializers one by one."""
+    graph = _without(model.graph, "initializer").SerializeToString()
+    inits = model.graph.initializer
+    heads = [_without(t, "raw_data").SerializeToString() for t in inits]
+    raw_keys = [_key(RAW_DATA, n) if (n := len(t.raw_data)) else b"" for t in inits]  # one tensor's copy at a time
+    sizes = [len(h) + len(k) + len(t.raw_data) for h, k, t in zip(heads, raw_keys, inits)]
+    length = len(graph) + sum(len(_key(INITIALIZER, s)) + s for s in sizes)
+    yield _without(model, "graph").SerializeToString() + _key(GRAPH, length) + graph
+    for t, head, raw_key, size in zip(inits, heads, raw_keys, sizes):
+        yield _key(INITIALIZER, size) + head + raw_key
+        yield t.raw_data
