@@ -3,6 +3,7 @@ and scalar multiplications fused into one int32 body, exact against the referenc
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from harness import bound, tensors
 
 RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
 SHAPE = (1, 2, 3, 4)
+EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "150"))  # fewer under qemu (.ci/run)
 
 
 def fused(model: onnx.ModelProto) -> list[list[str]]:
@@ -83,7 +85,7 @@ def steps(draw):
 
 
 @pytest.mark.isa
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(case=steps())
 def test_random_runs_are_exact(case):
     graph, feeds = case
@@ -91,7 +93,7 @@ def test_random_runs_are_exact(case):
 
 
 @pytest.mark.isa
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None)
 @given(data=tensors(SHAPE, 17), s1=st.integers(1, 4), p1=st.integers(8, 16), m=st.integers(1, (1 << 23) - 1),
        s2=st.integers(16, 26), relu=st.booleans())
 def test_conv_style_run_is_fused_and_exact(data, s1, p1, m, s2, relu):
