@@ -159,3 +159,13 @@ def test_resnet20_runs():
     shifts = [n.name for n in graph.nodes if n.op == "cvm_right_shift"]
     assert set(shifts) <= fused_nodes  # every requantization is in a run
     assert "Round" not in {n.op_type for n in model.graph.node}
+
+
+def test_a_run_over_an_int8_param():
+    """A run may start at a param stored as int8: the body reads it widened to int32."""
+    b = GraphBuilder()
+    w = b.param("w", np.array([-127, -126, -5, 0, 3, 127] * 4, np.int8).reshape(SHAPE), 8)
+    y = b.op("relu", b.op("cvm_clip", b.op("cvm_right_shift", w, shift_bit=1, precision=8), precision=5))
+    graph = b.build(b.op("elemwise_add", b.input("data", SHAPE, 8), y))
+    model = check(graph, {"data": np.arange(24, dtype=np.int32).reshape(SHAPE) - 12})
+    assert [len(r) for r in fused(model)] == [3]

@@ -191,7 +191,7 @@ class _Exporter:
         self.infos.append(value_info(self.names[out], last.outputs[0]))
         marks = {"cvm.fused": json.dumps([g.nodes[i].name for i in run]),
                  "cvm.ops": json.dumps([g.nodes[i].op for i in run])}
-        self.flatten(last.name, marks, body, {"data": self.names[x], y: self.names[out]})
+        self.flatten(last.name, marks, body, {"data": self.int32(x), y: self.names[out]})
 
     def flatten(self, prefix: str, marks: dict[str, str], body: Body, rename: dict[str, str]) -> None:
         """The body's nodes in the main graph: inner tensors and nodes prefixed by ``prefix`` (the CVM node name),
