@@ -109,6 +109,45 @@ def test_conv_style_run_is_fused_and_exact(data, s1, p1, m, s2, relu):
     assert "Round" not in {n.op_type for n in model.graph.node}
 
 
+@pytest.mark.isa
+@settings(max_examples=max(EXAMPLES // 3, 10), deadline=None)
+@given(data=st.data(), op=st.sampled_from(["conv2d", "dense"]), use_bias=st.booleans(), s=st.integers(1, 12),
+       m=st.integers(-(1 << 12), 1 << 12), s2=st.integers(1, 20))
+def test_conv_and_dense_take_the_first_shift(data, op, use_bias, s, m, s2):
+    """conv2d/dense -> shift -> mul -> shift -> relu: the product takes the first shift in float32 (Round of
+    the scaled sum), the rest is the int32 run; exact on random weights at the precision edges."""
+    b = GraphBuilder()
+    if op == "conv2d":
+        shape, wshape, attrs = (1, 3, 5, 5), (4, 3, 3, 3), dict(channels=4, kernel_size=(3, 3), padding=(1, 1))
+    else:
+        shape, wshape, attrs = (2, 20), (4, 20), dict(units=4)
+    x = b.input("data", shape, 8)
+    inputs = [x, b.param("w", data.draw(tensors(wshape, 8)), 8)]
+    if use_bias:
+        inputs.append(b.param("b", data.draw(tensors((4,), 20)), 20))
+    y = b.op(op, *inputs, use_bias=use_bias, **attrs)
+    y = b.op("cvm_right_shift", y, shift_bit=s, precision=16)
+    y = b.op("cvm_right_shift", b.op("broadcast_mul", y, b.param("m", np.array([m]))), shift_bit=s2, precision=8)
+    graph = b.build(b.op("relu", y))
+    model = check(graph, {"data": data.draw(tensors(shape, 8))})
+    assert fused(model) == [[n.name for n in graph.nodes if not n.is_variable]]
+    ops = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
+    assert ops.index("Round") == ops.index("Conv" if op == "conv2d" else "Gemm") + 1
+
+
+def test_a_product_too_wide_for_float32_keeps_its_own_lowering():
+    """A conv whose sums may reach 2^23 cannot take the shift (2B + 1 > 2^24): the run starts after it."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 64, 4, 4), 8)
+    w = b.param("w", np.full((1, 64, 3, 3), 127, np.int8), 8)
+    y = b.op("conv2d", x, w, channels=1, kernel_size=(3, 3), padding=(1, 1), use_bias=False)
+    graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=10, precision=8)))
+    edge = np.full((1, 64, 4, 4), 127, np.int32)
+    model = check(graph, {"data": edge})
+    assert fused(model) == [[n.name for n in graph.nodes if n.op in ("cvm_right_shift", "relu")]]
+    assert "Round" not in {n.op_type for n in model.graph.node}
+
+
 def test_pending_clip_is_applied_before_an_overflow():
     """The clip to 12 bits is deferred until x * (2^19 - 1) would overflow int32 on the unclipped value (|x| < 2^15):
     then it is applied in int32, and the run goes on as one."""
@@ -158,7 +197,14 @@ def test_resnet20_runs():
     fused_nodes = {name for r in fused(model) for name in r}
     shifts = [n.name for n in graph.nodes if n.op == "cvm_right_shift"]
     assert set(shifts) <= fused_nodes  # every requantization is in a run
-    assert "Round" not in {n.op_type for n in model.graph.node}
+    readers = {}
+    for n in graph.nodes:
+        for e in n.inputs:
+            readers.setdefault(graph.nodes[e.node].name, []).append(n.op)
+    shifted = [n.name for n in graph.nodes if n.op == "conv2d" and readers[n.name] == ["cvm_right_shift"]]
+    assert len(shifted) == 11 and set(shifted) <= fused_nodes  # each conv read by a shift takes it
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    assert all(producer[n.input[0]] == "Conv" for n in model.graph.node if n.op_type == "Round")
 
 
 def test_a_run_over_an_int8_param():

@@ -178,20 +178,26 @@ class _Exporter:
         call.overload = self.functions[key].overload
         return call
 
-    def run(self, run: list[int]) -> None:
-        """A requantization run (requantize.py) as one flat body named after its last node, marked with the
-        CVM nodes it computes."""
+    def run(self, chain: requantize.Chain) -> None:
+        """A requantization run (requantize.py), with the conv2d/dense that takes its first shift if any, as one
+        flat body named after its last node, marked with the CVM nodes it computes."""
         g = self.graph
-        x, _ = requantize.steps_of(g, g.nodes[run[0]])
-        out, last = Entry(run[-1]), g.nodes[run[-1]]
-        body, y = requantize.lower_run(g, run, Value("data", g.type_of(x).shape, self.bounds[x]),
-                                       Value("", last.outputs[0].shape, self.bounds[out]))
-        if y == "data":
+        out, last = Entry(chain.nodes[-1]), g.nodes[chain.nodes[-1]]
+        if chain.head is None:
+            x, _ = requantize.steps_of(g, g.nodes[chain.nodes[0]])
+            ins, names, head_bound = [Value("data", g.type_of(x).shape, self.bounds[x])], [self.int32(x)], 0
+        else:
+            head = g.nodes[chain.head]
+            ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
+                   for name, e in zip(input_names(head.op, len(head.inputs)), head.inputs)]
+            names, head_bound = [self.names[e] for e in head.inputs], self.bounds[Entry(chain.head)]
+        body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound)
+        if y in {v.name for v in ins}:
             y = body.Identity(y)
         self.infos.append(value_info(self.names[out], last.outputs[0]))
-        marks = {"cvm.fused": json.dumps([g.nodes[i].name for i in run]),
-                 "cvm.ops": json.dumps([g.nodes[i].op for i in run])}
-        self.flatten(last.name, marks, body, {"data": self.int32(x), y: self.names[out]})
+        marks = {"cvm.fused": json.dumps([g.nodes[i].name for i in chain.all]),
+                 "cvm.ops": json.dumps([g.nodes[i].op for i in chain.all])}
+        self.flatten(last.name, marks, body, dict(zip([v.name for v in ins], names)) | {y: self.names[out]})
 
     def flatten(self, prefix: str, marks: dict[str, str], body: Body, rename: dict[str, str]) -> None:
         """The body's nodes in the main graph: inner tensors and nodes prefixed by ``prefix`` (the CVM node name),
@@ -221,8 +227,8 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
-        fused = {run[-1]: run for run in requantize.runs(self.graph, self.bounds)} if self.fuse else {}
-        inside = {i for run in fused.values() for i in run[:-1]}
+        fused = {c.nodes[-1]: c for c in requantize.runs(self.graph, self.bounds)} if self.fuse else {}
+        inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):
             if i in fused:
                 self.run(fused[i])

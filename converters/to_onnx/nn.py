@@ -121,19 +121,40 @@ def conv2d_core(b, a, x, w) -> str:
     return b.Reshape(y, b.const([n, oc, oh, ow]))
 
 
+def _conv_attrs(a) -> dict:
+    return dict(kernel_shape=list(a.kernel_size), strides=list(a.strides), dilations=list(a.dilation),
+                pads=list(a.padding) * 2, group=a.groups)
+
+
+def _scaled(b, w, bias, channels: int, scale: float, offset: float) -> tuple[str, list[str]]:
+    """float32 weight * scale and (bias + offset) * scale (constant expressions, folded by onnxruntime)."""
+    wf, bf = b.Cast(w, to=TensorProto.FLOAT), None if bias is None else b.Cast(bias, to=TensorProto.FLOAT)
+    if offset:
+        bf = b.const(np.full(channels, offset, np.float32), np.float32) if bf is None else \
+            b.Add(bf, b.const(offset, np.float32))
+    if scale != 1:
+        wf, bf = b.Mul(wf, b.const(scale, np.float32)), None if bf is None else b.Mul(bf, b.const(scale, np.float32))
+    return wf, [] if bf is None else [bf]
+
+
+def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.0) -> str:
+    """(conv(x, w) + bias + offset) * scale as one float32 Conv (float32 out); ``scale`` a power of two, so
+    exact whenever the unscaled sums are (the caller's bound)."""
+    wf, biases = _scaled(b, w, bias, w.shape[0], scale, offset)
+    return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
+
+
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:
     """One float32 Conv per chunk of each group's input channels, each Cast to int32, added in int32; a
     ``bias`` is given only with a single chunk whose sums, bias included, stay within 2^24."""
+    if len(chunks) == 1:
+        return _to_int(b, conv2d_float32(b, a, x, w, bias))
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     h, wd = x.shape[2:]
     cg = c // g
-    conv = dict(kernel_shape=list(a.kernel_size), strides=list(a.strides), dilations=list(a.dilation),
-                pads=list(a.padding) * 2, group=g)
+    conv = _conv_attrs(a)
     xf = b.Cast(x, to=TensorProto.FLOAT)
     wf = b.Cast(w, to=TensorProto.FLOAT)
-    if len(chunks) == 1:
-        biases = [] if bias is None else [b.Cast(bias, to=TensorProto.FLOAT)]
-        return _to_int(b, b.Conv(xf, wf, *biases, **conv))
     xg = b.Reshape(xf, b.const([n, g, cg, h, wd]))
     parts = [_to_int(b, b.Conv(b.Reshape(_slice(b, xg, 2, lo, hi), b.const([n, g * (hi - lo), h, wd])),
                                _slice(b, wf, 1, lo, hi), **conv))
@@ -163,14 +184,19 @@ def conv2d(b, a, x, w, bias=None):
 
 # -- dense ------------------------------------------------------------------------------------------------------
 
+def dense_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.0) -> str:
+    """(x @ w^T + bias + offset) * scale as one float32 Gemm (float32 out); ``scale`` a power of two."""
+    wf, biases = _scaled(b, w, bias, w.shape[0], scale, offset)
+    return b.Gemm(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, transB=1)
+
+
 def dense_float(b, x, w, chunks: list[tuple[int, int]], bias=None) -> str:
     """One float32 Gemm x[:, lo:hi] @ w[:, lo:hi]^T per chunk, each Cast to int32, added in int32; a ``bias``
     is given only with a single chunk whose sums, bias included, stay within 2^24."""
+    if len(chunks) == 1:
+        return _to_int(b, dense_float32(b, None, x, w, bias))
     xf = b.Cast(x, to=TensorProto.FLOAT)
     wf = b.Cast(w, to=TensorProto.FLOAT)
-    if len(chunks) == 1:
-        biases = [] if bias is None else [b.Cast(bias, to=TensorProto.FLOAT)]
-        return _to_int(b, b.Gemm(xf, wf, *biases, transB=1))
     return _sum_int32(b, [_to_int(b, b.Gemm(_slice(b, xf, 1, lo, hi), _slice(b, wf, 1, lo, hi), transB=1))
                           for lo, hi in chunks])
 

@@ -30,6 +30,7 @@ from onnx import TensorProto
 from cvm_onnx.graph import Entry, Graph, Node
 from cvm_onnx.ops import REGISTRY
 
+from . import nn
 from .lowering import Body, Value
 
 INT32_MAX = (1 << 31) - 1
@@ -189,15 +190,46 @@ class Run:
         return b.Cast(y, to=TensorProto.INT32)
 
 
-def runs(graph: Graph, bounds: dict[Entry, int]) -> list[list[int]]:
-    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
-    cut where a step has no exact int32 form (``Run.apply``)."""
+@dataclass(frozen=True)
+class Chain:
+    """A run: its step nodes in order and, when one takes its first shift, the conv2d/dense node before it."""
+
+    nodes: list[int]
+    head: int | None = None
+
+    @property
+    def all(self) -> list[int]:
+        return ([] if self.head is None else [self.head]) + self.nodes
+
+
+def _readers(graph: Graph) -> dict[Entry, int]:
+    """How many times each entry is read (a head counts twice: it must stay)."""
     readers: dict[Entry, int] = {}
     for node in graph.nodes:
         for e in node.inputs:
             readers[e] = readers.get(e, 0) + 1
     for h in graph.heads:
         readers[h] = readers.get(h, 0) + 2
+    return readers
+
+
+def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int]) -> int | None:
+    """The conv2d/dense node whose output only ``first``, a cvm_right_shift, reads, when its float32 form can
+    take the shift: every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most
+    (2B + 1) 2^-(s+1), B the conv's bound (bias included); exact when 2B + 1 <= 2^24."""
+    x, _ = steps_of(graph, graph.nodes[first])
+    producer = graph.nodes[x.node]
+    if (graph.nodes[first].op != "cvm_right_shift" or producer.op not in ("conv2d", "dense") or x.index
+            or readers.get(x) != 1 or nn.FORM != "fast" or 2 * bounds[x] + 1 > FLOAT_EXACT):
+        return None
+    return x.node
+
+
+def runs(graph: Graph, bounds: dict[Entry, int]) -> list[Chain]:
+    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
+    cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that takes its first
+    shift in float32, if any (``_head``)."""
+    readers = _readers(graph)
     found: list[list[int]] = []
     current: list[int] = []
     run: Run | None = None
@@ -215,16 +247,29 @@ def runs(graph: Graph, bounds: dict[Entry, int]) -> list[list[int]]:
         current.append(i)
     if len(current) > 1:
         found.append(current)
-    return found
+    return [Chain(c, _head(graph, c[0], bounds, readers)) for c in found]
 
 
-def lower_run(graph: Graph, run: list[int], x: Value, out: Value) -> tuple[Body, str]:
-    """The body of ``run`` reading ``x``; returns it and its output's name."""
+def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int = 0) -> tuple[Body, str]:
+    """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
+    ``head_bound`` bounds the head's output); returns it and its output's name.
+
+    With a head, the first shift is taken by the float32 Conv/Gemm: Round((y + 1/2) * 2^-s) is
+    floor((y + 2^(s-1)) / 2^s) (never a tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling
+    folded into its bias and weights (constants).
+    """
     b = Body([out])
-    r = Run(b, x)
-    for i in run:
-        _, steps = steps_of(graph, graph.nodes[i])
-        for step in steps:
-            if not r.apply(step):
-                raise AssertionError(f"run through {graph.nodes[i].name} has no exact int32 form")
+    steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
+    if chain.head is None:
+        r = Run(b, inputs[0])
+    else:
+        head = graph.nodes[chain.head]
+        a = REGISTRY[head.op].bind(head.attrs)
+        s = steps.pop(0).k
+        y = (nn.conv2d_float32 if head.op == "conv2d" else nn.dense_float32)(
+            b, a, *inputs[:2], inputs[2] if a.use_bias else None, scale=2.0 ** -s, offset=0.5)
+        r = Run(b, Value(b.Cast(b.Round(y), to=TensorProto.INT32), (), (head_bound + (1 << (s - 1))) >> s))
+    for step in steps:
+        if not r.apply(step):
+            raise AssertionError(f"run through {graph.nodes[chain.nodes[-1]].name} has no exact int32 form")
     return b, r.finish()
