@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import api
-from .errors import CVMError, FormatError, RuntimeFailure, UnsupportedError
+from .errors import CVMError, FormatError, RuntimeFailure
 from .format.model_dir import replace_file
 
 # Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
@@ -96,8 +96,6 @@ def cmd_info(args) -> int:
 
 def cmd_convert(args) -> int:
     if (args.report or args.verify) and not api.is_onnx(args.source):
-        if args.batch is not None or args.optimize:
-            raise UnsupportedError("--batch and --optimize do not combine with --report or --verify yet")
         return convert_checked(args)
     api.convert(args.source, args.output, params=args.params, inline=args.inline,
                 input_precision=args.input_precision, batch=args.batch, optimize=args.optimize)
@@ -112,7 +110,8 @@ def convert_checked(args) -> int:
 
     with Bar() as bar:
         report = convert_checked(args.source, args.output, params=args.params, inline=args.inline,
-                                 verify_seeds=3 if args.verify else None, progress=bar)
+                                 verify_seeds=3 if args.verify else None, progress=bar, batch=args.batch,
+                                 optimize=args.optimize)
     _warn(report.warnings)
     if args.report:
         try:
@@ -204,8 +203,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--inline", action="store_true", help="write the flat form, every function inlined")
     c.add_argument("--batch", type=int, metavar="N", help="export with batch size N: the input's first dimension "
                    "1 becomes N (refused where an op does not keep the batch axis)")
-    c.add_argument("--optimize", action="store_true", help="write the flat form without the int32 round trips "
-                   "between float bodies (faster to run; not importable back)")
+    c.add_argument("--optimize", action="store_true", help="write the serving form for the CPU provider: "
+                   "requantization runs fused, no int32 round trips between float bodies (faster to run; not "
+                   "importable back)")
     c.add_argument("--input-precision", type=int, default=8, metavar="N",
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")

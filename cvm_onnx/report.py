@@ -6,6 +6,7 @@ exact comparison (only when asked), write. The .onnx file is written only when e
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import onnxruntime
 
 from . import __version__
 from .api import write_onnx
+from .batch import batched
 from .converters.to_onnx import DOMAIN, to_onnx
 from .errors import Problem, RuntimeFailure
 from .format import read_model
@@ -138,8 +140,14 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
             op, body, form = op_of[n.name], [n], f"native custom op {NATIVE_DOMAIN}::{n.op_type}"
         elif "cvm.op" in marks:
             op, body, form = marks["cvm.op"], [n], "inlined (flat form)"
+        elif "cvm.ops" in marks:  # a fused run of the optimized form: counted once, under its last op
+            *others, op = json.loads(marks["cvm.ops"])
+            body, form = [n], "fused run (optimized form)"
+            for other in others:
+                forms.setdefault(other, set()).add(form)
+                types.setdefault(other, set()).update({n.op_type} - {"Constant"})
         else:
-            continue  # the input clamp, head aliases
+            continue  # the input clamp, head aliases, int8 params' widening
         forms.setdefault(op, set()).add(form)
         types.setdefault(op, set()).update(b.op_type for b in body if b.domain in ("", "ai.onnx") and
                                            b.op_type != "Constant")
@@ -160,10 +168,12 @@ def _source_files(src: Path, params: str | os.PathLike | None) -> dict[str, Path
 
 def convert_checked(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
                     inline: bool = False, verify_seeds: int | None = None, provider: str = "cpu",
-                    progress: Progress | None = None) -> Report:
+                    progress: Progress | None = None, batch: int | None = None,
+                    optimize: bool = False) -> Report:
     """Convert the CVM model ``src`` to ``dst`` (.onnx) through the stages above and return the report. A failing
     stage ends the run: its exception is ``report.error`` (not raised) and nothing is written.
-    ``verify_seeds``: run the exact comparison with that many random inputs (besides 0 and the extremes)."""
+    ``verify_seeds``: run the exact comparison with that many random inputs (besides 0 and the extremes).
+    ``batch``, ``optimize``: as in ``to_onnx`` (the comparison then runs the batched CVM graph)."""
     report = Report(os.fspath(src), os.fspath(dst))
     state: dict = {}
 
@@ -179,14 +189,15 @@ def convert_checked(src: str | os.PathLike, dst: str | os.PathLike, params: str 
         return f"{len(v.warnings)} warning(s)"
 
     def convert():
-        g = state["graph"]
-        model = state["model"] = to_onnx(g, inline=inline)
+        g = state["graph"] = state["graph"] if batch is None else batched(state["graph"], batch)
+        model = state["model"] = to_onnx(g, inline=inline, optimize=optimize)
         state["bytes"] = model.SerializeToString(deterministic=True)
         report.ops = op_forms(g, model)
         report.sizes["ONNX model"] = len(state["bytes"])
         report.counts = {"ONNX graph nodes": len(model.graph.node), "ONNX functions": len(model.functions),
                          "primitive ONNX nodes of the CVM ops": sum(o.onnx_nodes for o in report.ops)}
-        return f"{'flat' if inline else 'function'} form, opset {model.opset_import[0].version}"
+        form = "optimized flat" if optimize else "flat" if inline else "function"
+        return f"{form} form{f', batch {batch}' if batch is not None else ''}, opset {model.opset_import[0].version}"
 
     def checker():
         onnx.checker.check_model(state["model"], full_check=True)

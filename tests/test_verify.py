@@ -176,6 +176,23 @@ def test_report_lists_every_op_and_every_stage(path, tmp_path, capsys):
     assert "stages passed: " + ", ".join(STAGES) in summary and f"report: {md}" in summary
 
 
+@pytest.mark.parametrize("path", [MODELS / "digits_cnn", pytest.param(RESNET, marks=needs_resnet)],
+                         ids=lambda p: p.name)
+def test_report_of_the_optimized_batched_form(path, tmp_path, capsys):
+    """--optimize --batch with --report --verify: every stage passes on the batched graph, and the op table shows
+    the fused runs."""
+    out, md = tmp_path / "m.onnx", tmp_path / "report.md"
+    assert main(["convert", str(path), "-o", str(out), "--report", str(md), "--verify", "--optimize",
+                 "--batch", "4"]) == 0
+    text = md.read_text()
+    for stage in STAGES:
+        assert f"| {stage} | passed |" in text
+    assert "optimized flat form, batch 4" in text and "fused run (optimized form)" in text
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "fused run" in rows["cvm_right_shift"]
+    assert "stages passed" in capsys.readouterr().out
+
+
 @needs_resnet
 def test_report_primitives_match_the_flat_form():
     """The op table's primitive ops for the function form are the op types the flat form emits for that op."""
