@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from harness import assert_exact, bound, single_op, tensors
+from harness import assert_exact, single_op, tensors
 
 SETTINGS = settings(max_examples=25, deadline=None)
 precisions = st.integers(1, 32)

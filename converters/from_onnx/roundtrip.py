@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterator
+from typing import Any
 
 import onnx
 

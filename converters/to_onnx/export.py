@@ -27,7 +27,8 @@ from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY, Attrs
 
-from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
+from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
+from . import requantize
 from .bounds import value_bounds
 from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
 from .optimize import drop_int32_round_trips
