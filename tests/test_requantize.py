@@ -111,11 +111,13 @@ def test_conv_style_run_is_fused_and_exact(data, s1, p1, m, s2, relu):
 
 @pytest.mark.isa
 @settings(max_examples=max(EXAMPLES // 3, 10), deadline=None)
-@given(data=st.data(), op=st.sampled_from(["conv2d", "dense"]), use_bias=st.booleans(), s=st.integers(1, 12),
-       m=st.integers(-(1 << 12), 1 << 12), s2=st.integers(1, 20))
-def test_conv_and_dense_take_the_first_shift(data, op, use_bias, s, m, s2):
-    """conv2d/dense -> shift -> mul -> shift -> relu: the product takes the first shift in float32 (Round of
-    the scaled sum), the rest is the int32 run; exact on random weights at the precision edges."""
+@given(data=st.data(), op=st.sampled_from(["conv2d", "dense"]), use_bias=st.booleans(),
+       first=st.sampled_from(["shift", "clip", "mul"]), s=st.integers(1, 12), m=st.integers(-(1 << 12), 1 << 12),
+       s2=st.integers(1, 20))
+def test_conv_and_dense_feed_their_run(data, op, use_bias, first, s, m, s2):
+    """conv2d/dense -> shift (or clip, or nothing) -> mul -> shift -> relu: one body from the float32 product,
+    which takes a first shift (Round of the scaled sum) and first clips in float32; exact on random weights at
+    the precision edges."""
     b = GraphBuilder()
     if op == "conv2d":
         shape, wshape, attrs = (1, 3, 5, 5), (4, 3, 3, 3), dict(channels=4, kernel_size=(3, 3), padding=(1, 1))
@@ -126,13 +128,19 @@ def test_conv_and_dense_take_the_first_shift(data, op, use_bias, s, m, s2):
     if use_bias:
         inputs.append(b.param("b", data.draw(tensors((4,), 20)), 20))
     y = b.op(op, *inputs, use_bias=use_bias, **attrs)
-    y = b.op("cvm_right_shift", y, shift_bit=s, precision=16)
+    if first == "shift":
+        y = b.op("cvm_right_shift", y, shift_bit=s, precision=16)
+    elif first == "clip":
+        y = b.op("cvm_clip", y, precision=s + 4)
+    else:
+        m = m >> 4  # the product stays within 32 bits
     y = b.op("cvm_right_shift", b.op("broadcast_mul", y, b.param("m", np.array([m]))), shift_bit=s2, precision=8)
     graph = b.build(b.op("relu", y))
     model = check(graph, {"data": data.draw(tensors(shape, 8))})
     assert fused(model) == [[n.name for n in graph.nodes if not n.is_variable]]
     ops = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
-    assert ops.index("Round") == ops.index("Conv" if op == "conv2d" else "Gemm") + 1
+    product = ops.index("Conv" if op == "conv2d" else "Gemm")
+    assert ops[product + 1] == "Round" if first == "shift" else ops[product + 1] in ("Clip", "Cast")
 
 
 def test_a_product_too_wide_for_float32_keeps_its_own_lowering():
@@ -203,6 +211,7 @@ def test_resnet20_runs():
             readers.setdefault(graph.nodes[e.node].name, []).append(n.op)
     shifted = [n.name for n in graph.nodes if n.op == "conv2d" and readers[n.name] == ["cvm_right_shift"]]
     assert len(shifted) == 11 and set(shifted) <= fused_nodes  # each conv read by a shift takes it
+    assert sum(n.op_type == "Round" for n in model.graph.node) == 11
     producer = {o: n.op_type for n in model.graph.node for o in n.output}
     assert all(producer[n.input[0]] == "Conv" for n in model.graph.node if n.op_type == "Round")
 

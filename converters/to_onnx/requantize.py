@@ -101,8 +101,10 @@ class Run:
     False, emitting nothing, when no int32 form of it is exact.
     """
 
-    def __init__(self, b: Body, x: Value):
-        self.b, self.t, self.e, self.w = b, x.name, 0, x.bound
+    def __init__(self, b: Body, x: Value, in_float: bool = False):
+        """``in_float``: x is a float32 tensor of integers (|x| <= 2^24), cast to int32 at the first int32 step;
+        clips before that are taken in float32."""
+        self.b, self.t, self.e, self.w, self.float = b, x.name, 0, x.bound, in_float
         self.lo: int | None = None
         self.hi: int | None = None
 
@@ -116,14 +118,24 @@ class Run:
             self.hi = step.hi if self.hi is None else _clip(self.hi, step.lo, step.hi)
             self._tighten()
             return True
-        for relief in (None, self._flush, self._normalize):
-            if relief is not None:
-                relief()
-            if self._fits(step):
+        # as it is; else with the clip applied in int32; else brought back to e = 0 (the clip applied in float32)
+        for relief, m, e in ((None, self.m, self.e), (self._flush, self._flushed(), self.e),
+                             (self._normalize, self._clipped() if self.e else None, 0)):
+            if m is not None and self._fits(step, m, e):
+                if relief is not None:
+                    relief()
                 getattr(self, "_" + step.kind)(step.k)
                 self._tighten()
                 return True
         return False
+
+    def _flushed(self) -> int | None:
+        """M after ``_flush``, or None when there is no two-sided clip to apply."""
+        return None if self.lo is None or self.hi is None else max(abs(self.lo), abs(self.hi))
+
+    def _clipped(self) -> int:
+        """The bound of the clipped value (clip is monotone: its extremes are those of +-W)."""
+        return max(abs(_clip(v, self.lo, self.hi)) for v in (-self.w, self.w))
 
     def _tighten(self) -> None:
         if self.lo is not None and self.lo <= -self.w:
@@ -131,15 +143,22 @@ class Run:
         if self.hi is not None and self.hi >= self.w:
             self.hi = None
 
-    def _fits(self, step: Step) -> bool:
-        top = self.m << self.e
+    @staticmethod
+    def _fits(step: Step, m: int, e: int) -> bool:
+        """Whether ``step`` on t = w * 2^e, |w| and the clip bounds <= m, stays within int32."""
+        top = m << e
         if step.kind == "shift":
-            return self.e + step.k <= 31 and top + (1 << (self.e + step.k - 1)) <= INT32_MAX
+            return e + step.k <= 31 and top + (1 << (e + step.k - 1)) <= INT32_MAX
         if step.kind == "mul":
             return top * abs(step.k) <= INT32_MAX
-        return top + (abs(step.k) << self.e) <= INT32_MAX
+        return top + (abs(step.k) << e) <= INT32_MAX
+
+    def _int32(self) -> None:
+        if self.float:
+            self.t, self.float = self.b.Cast(self.t, to=TensorProto.INT32), False
 
     def _shift(self, s: int) -> None:
+        self._int32()
         k = self.e + s
         self.t = self.b.BitwiseAnd(self.b.Add(self.t, self._i32(1 << (k - 1))), self._i32(-(1 << k)))
         self.e = k
@@ -147,12 +166,14 @@ class Run:
         self.w, self.lo, self.hi = f(self.w), f(self.lo), f(self.hi)
 
     def _mul(self, m: int) -> None:
+        self._int32()
         self.t = self.b.Mul(self.t, self._i32(m))
         self.w *= abs(m)
         lo, hi = (None if v is None else v * m for v in (self.lo, self.hi))
         self.lo, self.hi = (lo, hi) if m >= 0 else (hi, lo)
 
     def _add(self, c: int) -> None:
+        self._int32()
         self.t = self.b.Add(self.t, self._i32(c << self.e))
         self.w += abs(c)
         self.lo, self.hi = (None if v is None else v + c for v in (self.lo, self.hi))
@@ -161,22 +182,31 @@ class Run:
         return self.b.const(v, np.int32)
 
     def _flush(self) -> None:
-        """Apply a two-sided pending clip to t (in int32): the bound W becomes the clip's."""
+        """Apply a two-sided pending clip to t (in int32, or float32 while t is float): W becomes the clip's."""
         if self.lo is None or self.hi is None:
             return
+        if self.float and self.m > FLOAT_EXACT:
+            self._int32()
         scale = 1 << self.e
-        self.t = self.b.Clip(self.t, self._i32(self.lo * scale), self._i32(self.hi * scale))
+        const = (lambda v: self.b.const(v, np.float32)) if self.float else self._i32
+        self.t = self.b.Clip(self.t, const(self.lo * scale), const(self.hi * scale))
         self.w, self.lo, self.hi = max(abs(self.lo), abs(self.hi)), None, None
 
     def _normalize(self) -> None:
         """t becomes the clipped value itself (e = 0)."""
         if self.e:
-            bound = max(abs(_clip(v, self.lo, self.hi)) for v in (-self.w, self.w))  # clip is monotone
+            bound = self._clipped()
             self.t, self.w, self.e, self.lo, self.hi = self.finish(), bound, 0, None, None
 
     def finish(self) -> str:
         """The value, clip(t / 2^e, lo, hi), as int32."""
         b = self.b
+        if self.float and self.m <= FLOAT_EXACT:  # e = 0: clip in float32, then cast
+            y = self.t
+            if self.lo is not None or self.hi is not None:
+                y = b.Clip(y, *("" if v is None else b.const(v, np.float32) for v in (self.lo, self.hi)))
+            return b.Cast(y, to=TensorProto.INT32)
+        self._int32()
         if self.e == 0:
             if self.lo is None and self.hi is None:
                 return self.t
@@ -214,13 +244,15 @@ def _readers(graph: Graph) -> dict[Entry, int]:
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int]) -> int | None:
-    """The conv2d/dense node whose output only ``first``, a cvm_right_shift, reads, when its float32 form can
-    take the shift: every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most
-    (2B + 1) 2^-(s+1), B the conv's bound (bias included); exact when 2B + 1 <= 2^24."""
-    x, _ = steps_of(graph, graph.nodes[first])
+    """The conv2d/dense node whose output only the run's ``first`` node reads, when its single float32 product
+    can feed the run: its sums are exact integers when its bound B (bias included) is <= 2^24; taking a first
+    shift s too, every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most
+    (2B + 1) 2^-(s+1), exact when 2B + 1 <= 2^24."""
+    x, steps = steps_of(graph, graph.nodes[first])
     producer = graph.nodes[x.node]
-    if (graph.nodes[first].op != "cvm_right_shift" or producer.op not in ("conv2d", "dense") or x.index
-            or readers.get(x) != 1 or nn.FORM != "fast" or 2 * bounds[x] + 1 > FLOAT_EXACT):
+    limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
+    if (producer.op not in ("conv2d", "dense") or x.index or readers.get(x) != 1 or nn.FORM != "fast"
+            or limit > FLOAT_EXACT):
         return None
     return x.node
 
@@ -254,9 +286,10 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
     ``head_bound`` bounds the head's output); returns it and its output's name.
 
-    With a head, the first shift is taken by the float32 Conv/Gemm: Round((y + 1/2) * 2^-s) is
-    floor((y + 2^(s-1)) / 2^s) (never a tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling
-    folded into its bias and weights (constants).
+    With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
+    float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
+    tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
+    (constants).
     """
     b = Body([out])
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
@@ -265,10 +298,15 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)
-        s = steps.pop(0).k
-        y = (nn.conv2d_float32 if head.op == "conv2d" else nn.dense_float32)(
-            b, a, *inputs[:2], inputs[2] if a.use_bias else None, scale=2.0 ** -s, offset=0.5)
-        r = Run(b, Value(b.Cast(b.Round(y), to=TensorProto.INT32), (), (head_bound + (1 << (s - 1))) >> s))
+        product = nn.conv2d_float32 if head.op == "conv2d" else nn.dense_float32
+        bias = inputs[2] if a.use_bias else None
+        if steps[0].kind == "shift":
+            s = steps.pop(0).k
+            y = b.Round(product(b, a, *inputs[:2], bias, scale=2.0 ** -s, offset=0.5))
+            head_bound = (head_bound + (1 << (s - 1))) >> s
+        else:
+            y = product(b, a, *inputs[:2], bias)
+        r = Run(b, Value(y, (), head_bound), in_float=True)
     for step in steps:
         if not r.apply(step):
             raise AssertionError(f"run through {graph.nodes[chain.nodes[-1]].name} has no exact int32 form")
