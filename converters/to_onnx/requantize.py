@@ -2,7 +2,8 @@
 
 CVM models requantize between layers with runs such as conv2d -> cvm_right_shift -> broadcast_mul (scalar)
 -> cvm_right_shift -> relu. Lowered one op at a time, each step casts to float and back; fused, the run costs
-a few int32 Add/Mul/BitwiseAnd nodes and one float32 Clip.
+a few int32 Add/Mul/BitwiseAnd nodes and one float32 Clip. A run that alone reads a conv2d/dense starts from
+its float32 product, which also takes a first shift (``lower_run``).
 
 A run is a chain of nodes, each the only reader of the previous one's output, made of these steps on an
 integer w: ``shift s``: floor((w + 2^(s-1)) / 2^s) (cvm_right_shift, the runtime's round half up);
@@ -15,8 +16,8 @@ end, on values that were never clipped. The body holds ``t = w * 2^e`` in int32,
 sum of the shifts so far: a shift adds 2^(e+s-1) to t and clears its low e+s bits with BitwiseAnd (two's
 complement: t & -2^k = 2^k floor(t / 2^k)), so t becomes f(w) * 2^(e+s) with no division. Every step is taken
 only where the bound ``W >= |w|`` (from the input's proven bound) shows its int32 result cannot overflow;
-otherwise the pending clip is applied first (``Clip`` on t, bounds scaled by 2^e) and, if that is not enough,
-t is brought back to e = 0; if even that is not enough the run ends before the step. The end divides by 2^e
+otherwise the pending clip is applied first (``Clip`` on t, bounds scaled by 2^e) if that is enough, else t is
+brought back to e = 0 (the clip taken in float32); if even that is not enough the run ends before the step. The end divides by 2^e
 in float32 (t / 2^e has at most 24 significant bits when W < 2^24: exact; float64 otherwise), clips there and
 casts the integer back to int32.
 """
@@ -222,7 +223,7 @@ class Run:
 
 @dataclass(frozen=True)
 class Chain:
-    """A run: its step nodes in order and, when one takes its first shift, the conv2d/dense node before it."""
+    """A run: its step nodes in order and the conv2d/dense node whose float32 product starts it, if any."""
 
     nodes: list[int]
     head: int | None = None
@@ -259,8 +260,8 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
 
 def runs(graph: Graph, bounds: dict[Entry, int]) -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
-    cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that takes its first
-    shift in float32, if any (``_head``)."""
+    cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
+    any (``_head``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     current: list[int] = []
