@@ -2,9 +2,10 @@
 
 The model: input ``data`` (int32, static shape) clamped to its declared precision as the runtime does, params
 as initializers of their stored type (int8 or int32; function bodies widen int8 ones, a native op or a graph
-output reads an int8 param through a Cast named ``<param>:int32``), each CVM op as a node of domain ``cvm`` calling a function specialised to its attributes and
-shapes (identical bodies share one function overload), native custom ops in place, outputs named after the
-CVM heads, value_info with the static shape and the CVM precision on every tensor, provenance in metadata_props.
+output reads an int8 param through a Cast named ``<param>:int32``), each CVM op as a node of domain ``cvm``
+calling a function specialised to its attributes and shapes (identical bodies share one function overload),
+native custom ops in place, outputs named after the CVM heads, value_info with the static shape and the CVM
+precision on every tensor, provenance in metadata_props.
 
 The flat form (``inline=True``) puts every body's nodes in the main graph instead, named ``<cvm node>/<k>`` and
 marked with metadata ``cvm.node``, ``cvm.op``, ``cvm.attrs`` and ``cvm.inputs`` so the CVM graph can still be
@@ -180,8 +181,8 @@ class _Exporter:
         return call
 
     def run(self, chain: requantize.Chain) -> None:
-        """A requantization run (requantize.py), with the conv2d/dense that takes its first shift if any, as one
-        flat body named after its last node, marked with the CVM nodes it computes."""
+        """A requantization run (requantize.py), with the conv2d/dense that starts it if any, as one flat body
+        named after its last node, marked with the CVM nodes it computes."""
         g = self.graph
         out, last = Entry(chain.nodes[-1]), g.nodes[chain.nodes[-1]]
         if chain.head is None:
@@ -257,9 +258,9 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
-    ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form: the flat form with
-    requantization runs fused (``requantize.py``) and the int32 round trips between float bodies dropped
-    (``optimize.drop_int32_round_trips``).
+    ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
+    form with requantization runs fused (``requantize.py``) and the int32 round trips between float bodies
+    dropped (``optimize.drop_int32_round_trips``).
     """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)

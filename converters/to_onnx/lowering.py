@@ -7,9 +7,9 @@ satisfies, see bounds.py), and returns the name of each output. Bodies are writt
 custom-op library instead, which the exporter places in the main graph as is.
 
 Every body takes and returns int32; a param stored as int8 (``Value.const`` of dtype int8) is passed as is
-and widened by the body's first node, a Cast. A body may compute in float32 or float64 where that is exact, but it casts
-a float to int32 only when the float holds an integer within int32 (never relying on Cast's truncation or on
-out-of-range conversion): ``optimize.py`` depends on it.
+and widened by the body's first node, a Cast. A body may compute in float32 or float64 where that is exact,
+but it casts a float to int32 only when the float holds an integer within int32 (never relying on Cast's
+truncation or on out-of-range conversion): ``optimize.py`` depends on it.
 """
 from __future__ import annotations
 

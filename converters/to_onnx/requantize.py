@@ -17,9 +17,9 @@ sum of the shifts so far: a shift adds 2^(e+s-1) to t and clears its low e+s bit
 complement: t & -2^k = 2^k floor(t / 2^k)), so t becomes f(w) * 2^(e+s) with no division. Every step is taken
 only where the bound ``W >= |w|`` (from the input's proven bound) shows its int32 result cannot overflow;
 otherwise the pending clip is applied first (``Clip`` on t, bounds scaled by 2^e) if that is enough, else t is
-brought back to e = 0 (the clip taken in float32); if even that is not enough the run ends before the step. The end divides by 2^e
-in float32 (t / 2^e has at most 24 significant bits when W < 2^24: exact; float64 otherwise), clips there and
-casts the integer back to int32.
+brought back to e = 0 (the clip taken in float32); if even that is not enough the run ends before the step.
+The end divides by 2^e in float32 (t / 2^e has at most 24 significant bits when W < 2^24: exact; float64
+otherwise), clips there and casts the integer back to int32.
 """
 from __future__ import annotations
 
@@ -283,7 +283,8 @@ def runs(graph: Graph, bounds: dict[Entry, int]) -> list[Chain]:
     return [Chain(c, _head(graph, c[0], bounds, readers)) for c in found]
 
 
-def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int = 0) -> tuple[Body, str]:
+def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
+              head_bound: int = 0) -> tuple[Body, str]:
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
     ``head_bound`` bounds the head's output); returns it and its output's name.
 
