@@ -11,11 +11,12 @@
   ``use_deterministic_compute`` is set. For CUDA, ``use_tf32=0`` (TF32 would round float inputs to 10 mantissa
   bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM;
   a search may pick FFT or Winograd algorithms, which round).
-* Threads, chosen by measurement (benchmarks/bench.py; 2-vCPU EPYC, ResNet-20, optimized form): a model whose
-  inputs hold one sample gets one thread (1.9-2.9 ms; two threads gained nothing and lost much whenever the
-  second waited for a core, up to 11.8 ms under load); a batched model (first dimension > 1) gets one
-  spinning thread per usable CPU (batch 64: 66 ms with two spinning threads, 96 ms with two that sleep, 114-125
-  ms with one). ``threads=`` overrides the count. The graph optimizer stays at its highest level, which was
+* Threads, chosen by measurement (2-vCPU EPYC VM shared with other tenants, ResNet-20, optimized form): a
+  model whose inputs hold one sample gets one thread (six interleaved rounds: median 2.2 ms, best 1.7-1.8 ms;
+  two spinning threads: median 1.9-2.4 ms, best 1.4-1.6 ms, up to 11.8 ms under load when the second thread
+  waits for a core); a batched model (first dimension > 1) gets one spinning thread per usable CPU (batch 64:
+  57-66 ms with two spinning threads, 96 ms with two that sleep, 94-125 ms with one). ``threads=`` overrides
+  the count. The graph optimizer stays at its highest level, which was
   also the fastest (batch 1: 2.8 ms against 3.7 ms without the NCHWc layout; batch 64: 98 against 137 ms).
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
