@@ -61,19 +61,23 @@ def steps(draw):
             p = draw(st.integers(1, 32))
             x = b.op("cvm_clip", x, precision=p)
         elif kind == "clip":
-            lo, hi = sorted(draw(st.lists(st.integers(-(1 << 31) + 1, (1 << 31) - 1), min_size=2, max_size=2,
-                                          unique=True)))
-            x = b.op("clip", x, a_min=lo, a_max=hi)
+            edge = (1 << 31) - 2  # the widest bounds whose precision (the runtime's bits(n + 1) + 1) is 32
+            lo, hi = sorted(draw(st.lists(st.integers(-edge, edge), min_size=2, max_size=2, unique=True)))
+            x, p = b.op("clip", x, a_min=lo, a_max=hi), (max(abs(lo), abs(hi)) + 1).bit_length() + 1
         elif kind == "relu":
             x = b.op("relu", x)
-        elif kind == "lshift":
-            s = draw(st.integers(1, max(1, 32 - p)))
+        elif kind == "lshift" and p < 32:
+            s = draw(st.integers(1, 32 - p))
             p = draw(st.integers(1, 32))
             x = b.op("cvm_left_shift", x, shift_bit=s, precision=p)
-        else:
-            c = draw(scalars())
+        elif kind in ("mul", "add", "sub") and p < 32:
+            c = draw(scalars())  # kept within the precision rules: p + p_c <= 32 (mul), max(p, p_c) + 1 <= 32
+            room = 32 - p if kind == "mul" else 31
+            c = c >> max(0, c.bit_length() + 1 - room) if c >= 0 else -(-c >> max(0, (-c).bit_length() + 1 - room))
+            pc = abs(c).bit_length() + 1
+            p = p + pc if kind == "mul" else max(p, pc) + 1
             op = {"mul": "broadcast_mul", "add": "broadcast_add", "sub": "broadcast_sub"}[kind]
-            param = b.param(f"c{k}", np.full(draw(st.sampled_from([(1,), (1, 1, 1), ()])), c, np.int32))
+            param = b.param(f"c{k}", np.full(draw(st.sampled_from([(1,), (1, 1, 1)])), c, np.int32))
             x = b.op(op, *((param, x) if op != "broadcast_sub" and draw(st.booleans()) else (x, param)))
         if draw(st.integers(0, 5)) == 0:
             heads.append(x)
