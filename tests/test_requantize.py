@@ -218,6 +218,8 @@ def test_resnet20_runs():
     assert sum(n.op_type == "Round" for n in model.graph.node) == 11
     producer = {o: n.op_type for n in model.graph.node for o in n.output}
     assert all(producer[n.input[0]] == "Conv" for n in model.graph.node if n.op_type == "Round")
+    read = {t for n in model.graph.node for t in n.input}
+    assert all(t.name in read for t in model.graph.initializer)  # the fused scalars left no unused param
 
 
 def test_a_run_over_an_int8_param():

@@ -61,8 +61,22 @@ def drop_int32_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
         else:
             node.input[0] = v
     _drop_unread_casts(graph)
+    _drop_unread_initializers(graph)
+    made = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer}
+    infos = [vi for vi in graph.value_info if vi.name in made]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
     out.metadata_props.add(key="cvm.optimized", value="int32 round trips dropped")
     return out
+
+
+def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Remove the params nobody reads (a fused run holds its scalars as constants), so that onnxruntime has no
+    unused initializer to warn about."""
+    read = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
+    for k in reversed(range(len(graph.initializer))):
+        if graph.initializer[k].name not in read:
+            del graph.initializer[k]
 
 
 def _drop_unread_casts(graph: onnx.GraphProto) -> None:
@@ -74,7 +88,3 @@ def _drop_unread_casts(graph: onnx.GraphProto) -> None:
             break
         del graph.node[:]
         graph.node.extend(keep)
-    made = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer}
-    infos = [vi for vi in graph.value_info if vi.name in made]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)
