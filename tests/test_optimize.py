@@ -119,3 +119,17 @@ def test_resnet20(data, seed):
     noise = np.random.default_rng(seed).integers(-127, 128, data.shape).astype(np.int32)
     feeds = {"data": np.where(data == 0, noise, data).astype(np.int32)}
     assert np.array_equal(run(model, feeds)[0], execute(graph, feeds)[0])
+
+
+def test_the_serving_form_refuses_to_import_with_one_clear_error(tmp_path, capsys):
+    from cvm_onnx.cli import main
+    from cvm_onnx.errors import UnsupportedError
+    from cvm_onnx.converters.from_onnx import from_onnx
+
+    model = to_onnx(conv_chain(np.random.default_rng(5), False), optimize=True)
+    with pytest.raises(UnsupportedError, match="serving form"):
+        from_onnx(model)
+    onnx.save(model, tmp_path / "s.onnx")
+    assert main(["convert", str(tmp_path / "s.onnx"), "-o", str(tmp_path / "back")]) == 4
+    err = capsys.readouterr().err
+    assert "--optimize" in err and err.count("\n") == 1 and not (tmp_path / "back").exists()

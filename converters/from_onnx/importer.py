@@ -243,4 +243,7 @@ def from_onnx(model: onnx.ModelProto, input_precision: int = 8,
     """
     if not 1 <= input_precision <= 32:
         raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
+    if any(p.key == "cvm.optimized" for p in model.metadata_props):
+        raise UnsupportedError("this is the exporter's serving form (--optimize), whose fused nodes do not map back "
+                               "to CVM ops; import the model converted without --optimize")
     return _Walk(model, input_precision, None if base_dir is None else Path(base_dir)).run()

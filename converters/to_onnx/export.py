@@ -267,4 +267,8 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     if batch is not None:
         graph = batched(graph, batch)
     model = _Exporter(graph, inline or optimize, fuse=optimize).model(source_version)
-    return drop_int32_round_trips(model) if optimize else model
+    if not optimize:
+        return model
+    model = drop_int32_round_trips(model)
+    model.metadata_props.add(key="cvm.optimized", value="requantization runs fused, int32 round trips dropped")
+    return model

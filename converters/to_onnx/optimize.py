@@ -10,7 +10,7 @@ gives: v itself when F is v's own type (v is representable in it), else the same
 integer (float32 -> float64 is exact; float64 -> float32 rounds both ways alike). The pass therefore lets the
 consumer read v, or ``Cast(v, to=F)``, and drops the casts nobody reads any more. The int32 tensor stays
 wherever anything else reads it (a graph output, an int32 op), so every CVM tensor that remains keeps its
-value.
+value. Params that nothing reads any more (scalars a fused run holds as constants) are dropped too.
 
 The result is no longer the exporter's canonical flat form (``from_onnx`` verifies a flat-form node against
 its lowering, so it does not import an optimized model): it is meant for running.
@@ -66,7 +66,6 @@ def drop_int32_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
     infos = [vi for vi in graph.value_info if vi.name in made]
     del graph.value_info[:]
     graph.value_info.extend(infos)
-    out.metadata_props.add(key="cvm.optimized", value="int32 round trips dropped")
     return out
 
 
