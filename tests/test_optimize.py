@@ -1,4 +1,4 @@
-"""The serving pass (converters/to_onnx/optimize.py): int32 round trips between float bodies dropped, results
+"""The serving passes (converters/to_onnx/optimize.py): int32 round trips between float bodies dropped, results
 unchanged bit for bit (onnxruntime on the optimized model == the reference executor)."""
 from __future__ import annotations
 
@@ -133,3 +133,16 @@ def test_the_serving_form_refuses_to_import_with_one_clear_error(tmp_path, capsy
     assert main(["convert", str(tmp_path / "s.onnx"), "-o", str(tmp_path / "back")]) == 4
     err = capsys.readouterr().err
     assert "--optimize" in err and err.count("\n") == 1 and not (tmp_path / "back").exists()
+
+
+def test_serving_passes_are_named_with_their_invariant_and_leave_the_export_alone():
+    """Each pass of the serving form has its own name and a docstring stating its invariant; running them copies
+    the exported model once and leaves it as it was."""
+    from cvm_onnx.converters.to_onnx.optimize import SERVING, run_passes
+
+    assert len({p.name for p in SERVING}) == len(SERVING) and all(p.invariant for p in SERVING)
+    flat = to_onnx(conv_chain(np.random.default_rng(6), True), inline=True)
+    before = flat.SerializeToString(deterministic=True)
+    served = run_passes(SERVING, flat)
+    assert flat.SerializeToString(deterministic=True) == before
+    assert not round_trips(served) and round_trips(flat)

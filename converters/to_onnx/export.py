@@ -32,7 +32,7 @@ from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  
 from . import requantize
 from .bounds import value_bounds
 from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
-from .optimize import drop_int32_round_trips
+from .optimize import SERVING, run_passes
 
 
 def onnx_attrs(a: Attrs) -> dict[str, Any]:
@@ -259,8 +259,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
-    form with requantization runs fused (``requantize.py``) and the int32 round trips between float bodies
-    dropped (``optimize.drop_int32_round_trips``).
+    form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``.
     """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
@@ -269,6 +268,6 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     model = _Exporter(graph, inline or optimize, fuse=optimize).model(source_version)
     if not optimize:
         return model
-    model = drop_int32_round_trips(model)
+    model = run_passes(SERVING, model)
     model.metadata_props.add(key="cvm.optimized", value="requantization runs fused, int32 round trips dropped")
     return model

@@ -1,26 +1,54 @@
-"""An optional pass for serving the flat form: drop the int32 round trips between float bodies.
+"""The serving form's passes: small rewrites of the exported flat form, each keeping every CVM tensor's value.
 
-A lowering that computes in floating point casts its result to int32 (every CVM tensor is int32), and the
-next lowering often casts it straight back: ``Cast(Cast(v, to=INT32), to=F)`` with v float32 or float64.
+The serving form (``to_onnx(..., optimize=True)``) is made in two stages: the exporter writes the flat form
+with the requantization runs fused (``requantize.py``, chosen on the CVM graph where the bounds are known),
+then ``SERVING`` runs over the ONNX model in order. Each pass is a ``Pass``: a name and a function
+``pass(model) -> model`` whose docstring states the invariant it keeps. Like onnx-ir's in-place passes they
+rewrite the model they are given and return it; ``run_passes`` copies the exported model once first.
 
-Exactness: every lowering casts a float to int32 only when the float holds an integer within int32 (that is
-each lowering's exactness argument; none relies on Cast's truncation or on out-of-range conversion, see
-lowering.py). So the int32 holds v exactly, and converting that integer to F gives what converting v to F
-gives: v itself when F is v's own type (v is representable in it), else the same round-to-nearest of the same
-integer (float32 -> float64 is exact; float64 -> float32 rounds both ways alike). The pass therefore lets the
-consumer read v, or ``Cast(v, to=F)``, and drops the casts nobody reads any more. The int32 tensor stays
-wherever anything else reads it (a graph output, an int32 op), so every CVM tensor that remains keeps its
-value. Params that nothing reads any more (scalars a fused run holds as constants) are dropped too.
-
-The result is no longer the exporter's canonical flat form (``from_onnx`` verifies a flat-form node against
-its lowering, so it does not import an optimized model): it is meant for running.
+The model that comes out is no longer the exporter's canonical flat form (``from_onnx`` verifies a flat-form
+node against its lowering, so it does not import an optimized model): it is meant for running. The passes it
+went through are named in its metadata ``cvm.optimized``.
 """
 from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
 
 import onnx
 from onnx import TensorProto
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A named rewrite ``run(model) -> model`` (in place); its docstring states the invariant it keeps."""
+
+    name: str
+    run: Callable[[onnx.ModelProto], onnx.ModelProto]
+
+    @property
+    def invariant(self) -> str:
+        return inspect.cleandoc(self.run.__doc__ or "")
+
+    def __call__(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        return self.run(model)
+
+
+def model_pass(fn: Callable[[onnx.ModelProto], onnx.ModelProto]) -> Pass:
+    """``fn`` as a ``Pass`` named after it."""
+    return Pass(fn.__name__, fn)
+
+
+def run_passes(passes: list[Pass] | tuple[Pass, ...], model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` after every pass in order."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for p in passes:
+        out = p(out)
+    return out
 
 
 def _cast_to(node: onnx.NodeProto) -> int | None:
@@ -40,16 +68,25 @@ def _types(model: onnx.ModelProto) -> dict[str, int]:
     return {vi.name: vi.type.tensor_type.elem_type for vi in infos}
 
 
-def drop_int32_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` (the exporter's flat form) where every ``Cast(Cast(v, to=INT32), to=F)`` of a float v
-    reads v (F is v's type) or becomes ``Cast(v, to=F)``, and every cast left unread is removed."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
-    types = _types(out)
-    producer = {o: n for n in graph.node for o in n.output}
+def _read(graph: onnx.GraphProto) -> set[str]:
+    return {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
+
+
+@model_pass
+def skip_int32_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every ``Cast(Cast(v, to=INT32), to=F)`` of a float v is read as v (F is v's type) or ``Cast(v, to=F)``.
+
+    Exact: every lowering casts a float to int32 only when the float holds an integer within int32 (each
+    lowering's exactness argument; none relies on Cast's truncation or on out-of-range conversion, see
+    lowering.py). So the int32 holds v exactly, and converting that integer to F gives what converting v to F
+    gives: v itself when F is v's own type, else the same round-to-nearest of the same integer (float32 ->
+    float64 is exact; float64 -> float32 rounds both ways alike). The int32 casts stay (``drop_unread_casts``
+    removes those nobody reads any more).
+    """
+    types = _types(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
     rename: dict[str, str] = {}
-    for node in graph.node:
+    for node in model.graph.node:
         node.input[:] = [rename.get(t, t) for t in node.input]
         to = _cast_to(node)
         inner = producer.get(node.input[0]) if to in FLOATS else None
@@ -60,30 +97,45 @@ def drop_int32_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
             rename[node.output[0]] = v
         else:
             node.input[0] = v
-    _drop_unread_casts(graph)
-    _drop_unread_initializers(graph)
+    return model
+
+
+@model_pass
+def drop_unread_casts(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Casts whose output nobody reads are removed, repeatedly (a dropped cast may leave its source unread);
+    every tensor still read, or a graph output, keeps its producer."""
+    graph = model.graph
+    while True:
+        read = _read(graph)
+        keep = [n for n in graph.node if _cast_to(n) is None or n.output[0] in read]
+        if len(keep) == len(graph.node):
+            return model
+        del graph.node[:]
+        graph.node.extend(keep)
+
+
+@model_pass
+def drop_unread_params(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Initializers nobody reads are removed (a fused run holds its scalars as constants), so that onnxruntime
+    has no unused initializer to warn about; every param still read stays as it was."""
+    read = _read(model.graph)
+    for k in reversed(range(len(model.graph.initializer))):
+        if model.graph.initializer[k].name not in read:
+            del model.graph.initializer[k]
+    return model
+
+
+@model_pass
+def drop_stale_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
+    """value_info is kept only for tensors a node or an initializer still makes, in its order; every kept entry
+    is unchanged (its shape and ``cvm.precision``)."""
+    graph = model.graph
     made = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer}
     infos = [vi for vi in graph.value_info if vi.name in made]
     del graph.value_info[:]
     graph.value_info.extend(infos)
-    return out
+    return model
 
 
-def _drop_unread_initializers(graph: onnx.GraphProto) -> None:
-    """Remove the params nobody reads (a fused run holds its scalars as constants), so that onnxruntime has no
-    unused initializer to warn about."""
-    read = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
-    for k in reversed(range(len(graph.initializer))):
-        if graph.initializer[k].name not in read:
-            del graph.initializer[k]
-
-
-def _drop_unread_casts(graph: onnx.GraphProto) -> None:
-    """Remove the casts whose output nobody reads, repeatedly (a dropped cast may leave its source unread)."""
-    while True:
-        read = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
-        keep = [n for n in graph.node if _cast_to(n) is None or n.output[0] in read]
-        if len(keep) == len(graph.node):
-            break
-        del graph.node[:]
-        graph.node.extend(keep)
+#: The passes of the serving form after export, in order.
+SERVING: tuple[Pass, ...] = (skip_int32_round_trips, drop_unread_casts, drop_unread_params, drop_stale_value_info)
