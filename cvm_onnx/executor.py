@@ -22,13 +22,26 @@ def prepare_input(graph: Graph, name: str, value: np.ndarray) -> np.ndarray:
     node = next((graph.nodes[i] for i in graph.inputs if graph.nodes[i].name == name), None)
     if node is None:
         raise RuntimeFailure(f"the model has no input named {name!r}", where=name)
-    value = np.asarray(value)
-    if value.dtype not in (np.int8, np.int32):
-        raise RuntimeFailure(f"input dtype {value.dtype} must be int8 or int32", where=name)
     t = node.outputs[0]
+    value = integer_input(value, t.precision, name)
     if tuple(value.shape) != t.shape:
         raise RuntimeFailure(f"input shape {tuple(value.shape)} must be {t.shape}", where=name)
     return np.clip(value.astype(np.int32), -t.bound, t.bound)
+
+
+def integer_input(value: np.ndarray, precision: int, name: str) -> np.ndarray:
+    """An input array as the runtime reads it: int8 or int32 as given (the runtime clamps them to the precision);
+    any other integer type (uint8 images, int64, ...) as int32 when every value fits the precision, else refused."""
+    value = np.asarray(value)
+    if value.dtype in (np.int8, np.int32):
+        return value
+    if value.dtype.kind not in "iu":
+        raise RuntimeFailure(f"input dtype {value.dtype} must be an integer type", where=name)
+    b = (1 << (precision - 1)) - 1
+    if value.size and (int(value.min()) < -b or int(value.max()) > b):
+        raise RuntimeFailure(f"input values in [{value.min()}, {value.max()}] do not fit the model's input precision "
+                             f"{precision} (|x| <= {b}); pass int8 or int32 data to have them clamped", where=name)
+    return value.astype(np.int32)
 
 
 def execute(graph: Graph, inputs: Mapping[str, np.ndarray] | np.ndarray,

@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 from . import fallback
 from .converters.to_onnx import IR_VERSION, OPSET
 from .errors import RuntimeFailure
+from .executor import integer_input
 from .native import library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -158,18 +159,29 @@ def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",
     An integer ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads
     int8 inputs); any other mismatch is a ``RuntimeFailure``.
     """
+    model = _load(model)
     sess = session(model, provider, native)
     inputs = sess.get_inputs()
     if len(inputs) != 1:
         raise RuntimeFailure(f"the model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
                              f"run_model feeds exactly one")
     want = np.dtype(_NUMPY_TYPES.get(inputs[0].type, np.void))
+    if (p := declared_precision(model, inputs[0].name)) is not None:
+        data = integer_input(data, p, inputs[0].name)
     if data.dtype != want:
         if not np.can_cast(data.dtype, want, casting="safe"):
             raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data")
         data = data.astype(want)
     outs = run(sess, {inputs[0].name: data})
     return [o.name for o in sess.get_outputs()], outs
+
+
+def declared_precision(model: onnx.ModelProto, name: str) -> int | None:
+    """The precision the exporter declares for input ``name`` (metadata of its clamped value), if any."""
+    for vi in model.graph.value_info:
+        if vi.name == f"{name}:clamped":
+            return next((int(p.value) for p in vi.metadata_props if p.key == "cvm.precision"), None)
+    return None
 
 
 _NUMPY_TYPES = {"tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32,

@@ -3,14 +3,18 @@
 process' own exit status or stdout matters."""
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper
 
 from cvm_onnx import api, cli
@@ -129,8 +133,45 @@ def test_runtime_errors_exit_5(model, tmp_path, capsys):
         "runtime error: data: input shape (2, 4) must be (1, 4)"]
     np.save(tmp_path / "x.npy", np.zeros((1, 4), np.float32))
     [line] = failed(capsys, 5, "run", model, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz")
-    assert line == "runtime error: data: input dtype float32 must be int8 or int32"
+    assert line == "runtime error: data: input dtype float32 must be an integer type"
     assert not (tmp_path / "o.npz").exists()
+
+
+INTEGER_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from(INTEGER_DTYPES), st.lists(st.integers(-127, 127), min_size=4, max_size=4), st.integers(1, 200))
+def test_run_takes_any_integer_dtype_whose_values_fit_the_precision(dtype, values, past):
+    """uint8 images and other integer types run on the reference executor and on the export when every value fits
+    the 8-bit input (equal to the int32 run); values beyond |x| <= 127 are refused, but int8/int32 are clamped as
+    the runtime does."""
+    info = np.iinfo(dtype)
+    x = np.clip(np.array([values]), info.min, info.max).astype(dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_model(small_graph(), tmp / "m")
+        assert run_quiet("convert", tmp / "m", "-o", tmp / "m.onnx") == 0
+        np.save(tmp / "x.npy", x)
+        want = execute(small_graph(), {"data": x.astype(np.int32)})[0]
+        for source in (tmp / "m", tmp / "m.onnx"):
+            assert run_quiet("run", source, "--input", tmp / "x.npy", "--output", tmp / "o.npz") == 0
+            with np.load(tmp / "o.npz") as got:
+                assert np.array_equal(next(iter(got.values())), want)
+        wide = x.copy()
+        wide[0, 0] = min(127 + past, info.max) if info.max > 127 else max(-127 - past, info.min)
+        np.save(tmp / "x.npy", wide)
+        for source in (tmp / "m", tmp / "m.onnx"):
+            code = run_quiet("run", source, "--input", tmp / "x.npy", "--output", tmp / "o.npz")
+            assert code == (0 if dtype in (np.int8, np.int32) else 5)
+
+
+def run_quiet(*argv) -> int:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = cli.main([str(a) for a in argv])
+    if code == 5:
+        assert "do not fit the model's input precision 8 (|x| <= 127)" in err.getvalue()
+    return code
 
 
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["validate"], ["convert", "m"], ["run", "m", "--input", "x.npy"],
