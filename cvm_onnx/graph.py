@@ -12,6 +12,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .constants import precision_bound
+
 VARIABLE = "null"
 MAX_NDIM = 6
 MAX_DIM = 1 << 24
@@ -47,7 +49,7 @@ class TensorType:
     @property
     def bound(self) -> int:
         """Largest magnitude a value of this precision may have: 2^(p-1)-1."""
-        return (1 << (self.precision - 1)) - 1
+        return precision_bound(self.precision)
 
     @property
     def size(self) -> int:

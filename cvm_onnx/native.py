@@ -13,6 +13,7 @@ strict shape inference check and infer through them. The pure-Python fallback is
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import onnx
@@ -34,9 +35,8 @@ ATTRS: dict[str, dict[str, int]] = {
 
 def library_path() -> str | None:
     """Path of the built library inside the installed package, or None if the build skipped it."""
-    import cvm_onnx  # its __path__: an editable install spreads the package over sources and built files
-
-    for root in map(Path, cvm_onnx.__path__):
+    # the package's __path__: an editable install spreads the package over sources and built files
+    for root in map(Path, sys.modules[__package__].__path__):
         if (root / LIBRARY).is_file():
             return str(root / LIBRARY)
     return None

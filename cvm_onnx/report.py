@@ -16,10 +16,10 @@ from typing import Callable
 import onnx
 import onnxruntime
 
-from . import __version__
+from .constants import DOMAIN, __version__
 from .api import write_onnx
 from .batch import batched
-from .converters.to_onnx import DOMAIN, to_onnx
+from .converters.to_onnx import to_onnx
 from .errors import Problem, RuntimeFailure
 from .format import read_model
 from .graph import Graph

@@ -33,7 +33,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from . import fallback
-from .converters.to_onnx import IR_VERSION, OPSET
+from .constants import IR_VERSION, OPSET
 from .errors import RuntimeFailure
 from .executor import integer_input
 from .native import library_path

@@ -19,8 +19,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .attrs import format_value
-from .converters.to_onnx import to_onnx
-from .converters.to_onnx.export import entry_names
+from .converters.to_onnx import entry_names, to_onnx
 from .errors import RuntimeFailure
 from .executor import execute
 from .graph import Entry, Graph

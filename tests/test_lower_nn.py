@@ -21,7 +21,8 @@ from onnx import TensorProto, helper
 from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.converters.to_onnx.bounds import ANY
-from cvm_onnx.converters.to_onnx.lowering import IR_VERSION, OPSET, Value, lower
+from cvm_onnx.constants import IR_VERSION, OPSET
+from cvm_onnx.converters.to_onnx.lowering import Value, lower
 from cvm_onnx.errors import ValidationError
 from cvm_onnx.ops import REGISTRY
 from harness import assert_exact, bound, single_op, tensors

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from cvm_onnx.converters.to_onnx.bounds import ANY, RULES as BOUND_RULES
+from cvm_onnx.constants import ANY, INT32_MAX, precision_bound as bound
+from cvm_onnx.converters.to_onnx.bounds import RULES as BOUND_RULES
 from cvm_onnx.graph import VARIABLE, Entry, Node, TensorType
 from cvm_onnx.ops import REGISTRY, OpRuleError
 from cvm_onnx.ops.registry import bits
@@ -30,7 +31,6 @@ from cvm_onnx.validate import shape_problem
 
 from .registry import Refuse
 
-INT32_MAX = (1 << 31) - 1
 INT_RANGES = {
     TensorProto.BOOL: (0, 1),
     TensorProto.INT8: (-(1 << 7), (1 << 7) - 1), TensorProto.UINT8: (0, (1 << 8) - 1),
@@ -40,11 +40,6 @@ INT_RANGES = {
 }
 #: Float types carry integers exactly up to this magnitude (24 and 53 bits of mantissa).
 FLOAT_EXACT = {TensorProto.FLOAT: 1 << 24, TensorProto.DOUBLE: 1 << 53}
-
-
-def bound(p: int) -> int:
-    """Largest magnitude of precision p: 2^(p-1)-1."""
-    return (1 << (p - 1)) - 1
 
 
 def tight(peak: int) -> int:

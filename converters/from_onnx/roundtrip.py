@@ -17,7 +17,8 @@ from typing import Any
 
 import onnx
 
-from cvm_onnx.converters.to_onnx.lowering import DOMAIN, Value, lower
+from cvm_onnx.constants import DOMAIN
+from cvm_onnx.converters.to_onnx.lowering import Value, lower
 from cvm_onnx.graph import Node
 from cvm_onnx.native import ATTRS as NATIVE_OPS
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN

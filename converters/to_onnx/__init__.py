@@ -1,5 +1,7 @@
 """CVM -> ONNX: lowerings of the 37 CVM ops (one module per family) and the model exporter."""
-from .export import to_onnx
-from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET
+from cvm_onnx.constants import DOMAIN, IR_VERSION, OPSET
 
-__all__ = ["to_onnx", "DOMAIN", "IR_VERSION", "LOWERINGS", "OPSET"]
+from .export import entry_names, to_onnx
+from .lowering import LOWERINGS
+
+__all__ = ["to_onnx", "entry_names", "DOMAIN", "IR_VERSION", "LOWERINGS", "OPSET"]

@@ -13,12 +13,10 @@ from typing import Callable
 
 import numpy as np
 
+from cvm_onnx.constants import ANY, precision_bound
 from cvm_onnx.graph import Entry, Graph
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.ops.registry import magnitudes, max_abs
-
-ANY = 1 << 31
-
 
 def _product_bound(a, x: int, w: int, w_value: np.ndarray | None, b: int, b_value: np.ndarray | None,
                    per_row: int) -> int:
@@ -43,10 +41,6 @@ def _dense(a, shapes, bounds, values):
                            values[2] if a.use_bias else None, shapes[1][1])]
 
 
-def _limit(precision: int) -> int:
-    return (1 << (precision - 1)) - 1
-
-
 Rule = Callable[..., list[int]]
 RULES: dict[str, Rule] = {
     "conv2d": _conv2d,
@@ -57,9 +51,9 @@ RULES: dict[str, Rule] = {
     "broadcast_max": lambda a, s, b, v: [max(b)],
     "broadcast_div": lambda a, s, b, v: [b[0]],
     "broadcast_greater": lambda a, s, b, v: [1],
-    "cvm_right_shift": lambda a, s, b, v: [min(_limit(a.precision), (b[0] >> a.shift_bit) + 1)],
-    "cvm_left_shift": lambda a, s, b, v: [min(_limit(a.precision), b[0] << a.shift_bit)],
-    "cvm_clip": lambda a, s, b, v: [min(_limit(a.precision), b[0])],
+    "cvm_right_shift": lambda a, s, b, v: [min(precision_bound(a.precision), (b[0] >> a.shift_bit) + 1)],
+    "cvm_left_shift": lambda a, s, b, v: [min(precision_bound(a.precision), b[0] << a.shift_bit)],
+    "cvm_clip": lambda a, s, b, v: [min(precision_bound(a.precision), b[0])],
     "clip": lambda a, s, b, v: [max(abs(a.a_min), abs(a.a_max))],
     "cvm_precision": lambda a, s, b, v: [32],
     "sum": lambda a, s, b, v: [b[0] * (prod(s[0]) // prod(REGISTRY["sum"].infer_shapes(a, s)[0]))],

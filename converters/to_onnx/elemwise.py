@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.constants import precision_bound
+
 from .lowering import lowering
 
 def _clip(b, x, bound: int, dtype=np.int32):
@@ -22,7 +24,7 @@ def cvm_right_shift(b, a, x):
     scaling by 2^-s only moves the exponent, and the rounded value is an integer of the same size or smaller.
     The clip is left out when the bound already keeps the result inside it.
     """
-    s, limit = a.shift_bit, (1 << (a.precision - 1)) - 1
+    s, limit = a.shift_bit, precision_bound(a.precision)
     dtype, to = (np.float32, TensorProto.FLOAT) if x.bound < 1 << 23 else (np.float64, TensorProto.DOUBLE)
     y = b.Round(b.Mul(b.Add(b.Cast(x, to=to), b.const(0.5, dtype)), b.const(2.0 ** -s, dtype)))
     if (x.bound + (1 << (s - 1))) >> s > limit:
@@ -33,14 +35,14 @@ def cvm_right_shift(b, a, x):
 @lowering("cvm_clip")
 def cvm_clip(b, a, x):
     """Symmetric clip to +-(2^(p-1)-1)."""
-    return _clip(b, x, (1 << (a.precision - 1)) - 1)
+    return _clip(b, x, precision_bound(a.precision))
 
 
 @lowering("cvm_left_shift")
 def cvm_left_shift(b, a, x):
     """x * 2^s then symmetric clip; in int64 (p_in + s <= 32 bits) so no product overflows."""
     t = b.Mul(b.Cast(x, to=TensorProto.INT64), b.const(1 << a.shift_bit))
-    return b.Cast(_clip(b, t, (1 << (a.precision - 1)) - 1, np.int64), to=TensorProto.INT32)
+    return b.Cast(_clip(b, t, precision_bound(a.precision), np.int64), to=TensorProto.INT32)
 
 
 @lowering("clip")

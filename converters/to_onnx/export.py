@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx import __version__
+from cvm_onnx.constants import DOMAIN, IR_VERSION, OPSET, __version__
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
@@ -31,7 +31,7 @@ from cvm_onnx.ops import REGISTRY, Attrs
 from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
 from . import requantize
 from .bounds import value_bounds
-from .lowering import DOMAIN, IR_VERSION, LOWERINGS, OPSET, Body, Value, lower
+from .lowering import LOWERINGS, Body, Value, lower
 from .optimize import SERVING, run_passes
 
 

@@ -22,10 +22,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cvm_onnx.ops import Attrs
 
-OPSET = 21
-IR_VERSION = 10
-DOMAIN = "cvm"
-
 
 @dataclass(frozen=True)
 class Value:

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from cvm_onnx.constants import INT32_MAX
 from cvm_onnx.ops.reduce import reduced_axes
 
 from .lowering import lowering
-
-INT32_MAX = (1 << 31) - 1
 
 
 @lowering("sum")

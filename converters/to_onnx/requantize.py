@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.constants import INT32_MAX, precision_bound
 from cvm_onnx.graph import Entry, Graph, Node
 from cvm_onnx.ops import REGISTRY
 
 from . import nn
 from .lowering import Body, Value
 
-INT32_MAX = (1 << 31) - 1
 FLOAT_EXACT = 1 << 24
 
 
@@ -50,7 +50,7 @@ class Step:
 
 
 def _limit(precision: int) -> Step:
-    bound = (1 << (precision - 1)) - 1
+    bound = precision_bound(precision)
     return Step("clip", lo=-bound, hi=bound)
 
 

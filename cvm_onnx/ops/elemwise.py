@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..constants import INT32_MAX
 from .broadcast import BroadcastAdd, BroadcastSub
 from .registry import Attr, Op, clip_to_precision, in_range, number_precision, register, require
-
-INT32_MAX = (1 << 31) - 1
 
 
 class _Unary(Op):

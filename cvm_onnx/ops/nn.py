@@ -6,9 +6,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..constants import INT32_MAX
 from .registry import Attr, Op, bits, in_range, one_of, register, require
 
-INT32_MAX = (1 << 31) - 1
 
 
 def ints(*counts: int, lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | None]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 
 from ..attrs import PARSERS, AttrSyntaxError
+from ..constants import precision_bound
 
 Shape = tuple[int, ...]
 REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
@@ -210,7 +211,7 @@ def magnitudes(x: np.ndarray) -> np.ndarray:
 
 def clip_to_precision(x: np.ndarray, precision: int) -> np.ndarray:
     """Symmetric clip to +-(2^(p-1)-1), as int32."""
-    r = (1 << (precision - 1)) - 1
+    r = precision_bound(precision)
     return np.clip(x, -r, r).astype(np.int32)
 
 

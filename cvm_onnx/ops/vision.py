@@ -5,9 +5,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..constants import INT32_MAX
 from .registry import Attr, Op, in_range, number_precision, register, require
 
-INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 
 

@@ -1,0 +1,22 @@
+"""Facts both sides of the converter share, with no imports: the package version, the ONNX versions and domain
+the exporter writes, and the integer bounds every rule is stated in.
+
+Every module may import this one (it imports nothing of the package), so the version and the bounds have one
+home that the core (``cvm_onnx``) and the converters (``cvm_onnx.converters``) read without an import cycle.
+pyproject.toml reads ``__version__`` from here.
+"""
+__version__ = "0.1.0"
+
+#: The ONNX opset and IR version of every exported model, and the domain of its CVM op nodes and functions.
+OPSET = 21
+IR_VERSION = 10
+DOMAIN = "cvm"
+
+INT32_MAX = (1 << 31) - 1
+#: A bound on |x| that any int32 satisfies, INT32_MIN included.
+ANY = 1 << 31
+
+
+def precision_bound(precision: int) -> int:
+    """The largest magnitude of a value of precision p (p bits, sign included): 2^(p-1)-1."""
+    return (1 << (precision - 1)) - 1
