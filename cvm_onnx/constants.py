@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 OPSET = 21
 IR_VERSION = 10
 DOMAIN = "cvm"
+DOMAIN_VERSION = 1  # its version in opset_import
 
 INT32_MAX = (1 << 31) - 1
 #: A bound on |x| that any int32 satisfies, INT32_MIN included.

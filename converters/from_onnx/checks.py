@@ -5,26 +5,40 @@
 * the graph: every input of a node defined (graph input, initializer or another node's output), each tensor
   produced once, no cycle;
 * declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24];
-* every string UTF-8; standard nodes with the inputs and outputs their op's schema allows (required ones given);
-* tensors of a type that can be read (bool, integer, float).
+* every string UTF-8; tensors of a type that can be read (bool, integer, float); declared element types that exist;
+* versions: an IR version and one ai.onnx opset that the installed onnx and onnxruntime read, the project's own
+  domains at their versions, every node's domain imported;
+* every node against its op's schema for the model's opset (onnx.defs for ai.onnx and the domains onnx knows, the
+  op registry for the exporter's cvm domain, the registered schemas of cvm.native): input and output counts, ''
+  (an absent input or output) only where the schema marks the position optional, no unknown, repeated or
+  mistyped attribute, every required one present. Import rules can then read typed, present values
+  (``registry.NodeView``).
 
 ``checked_order`` returns the nodes in a topological order or raises ``FormatError`` listing the problems.
 ``tensor_array`` reads a checked tensor, external data included.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import os
+from collections import Counter
 from collections.abc import Iterator, MutableSequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
+from cvm_onnx import native
+from cvm_onnx.constants import DOMAIN as CVM_DOMAIN
+from cvm_onnx.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
 from cvm_onnx.errors import FormatError, Problem
+from cvm_onnx.ops import REGISTRY
+from cvm_onnx.ops.registry import REQUIRED
 
 MAX_ELEMENTS = 1 << 30
 MAX_DIM = 1 << 24
@@ -54,6 +68,8 @@ def external_path(t: onnx.TensorProto, base_dir: Path | None) -> tuple[Path | No
     if base_dir is None:
         return None, "has external data, but no model directory was given to read it from"
     location = _external(t).get("location", "")
+    if "\x00" in location:
+        return None, f"external data location {location!r} contains a NUL byte"
     if not location or os.path.isabs(location) or Path(location).drive:
         return None, f"external data location {location!r} must be a relative path inside the model's directory"
     root = os.path.realpath(base_dir)
@@ -143,26 +159,6 @@ def _not_utf8(message: Any, path: str) -> Iterator[str]:
                 yield from _not_utf8(item, where)
 
 
-def _count(lo: int, hi: int) -> str:
-    return str(lo) if lo == hi else f"at least {lo}" if hi >= (1 << 31) - 1 else f"{lo} to {hi}"
-
-
-def _arity_problem(node: onnx.NodeProto, opset: int | None) -> str | None:
-    """Why a standard node has inputs or outputs its op's schema does not allow, or None (other domains and
-    unknown ops are left to the import rules)."""
-    if node.domain not in ("", "ai.onnx") or opset is None or not onnx.defs.has(node.op_type, opset, ""):
-        return None
-    schema = onnx.defs.get_schema(node.op_type, opset, "")
-    for verb, what, n, lo, hi in (("takes", "input", len(node.input), schema.min_input, schema.max_input),
-                                  ("gives", "output", len(node.output), schema.min_output, schema.max_output)):
-        if not lo <= n <= hi:
-            return f"{node.op_type} {verb} {_count(lo, hi)} {what}(s), has {n}"
-    for k, (name, formal) in enumerate(zip(node.input, schema.inputs)):
-        if not name and formal.option == onnx.defs.OpSchema.FormalParameterOption.Single:
-            return f"{node.op_type}: input {k} ({formal.name}) is required, but empty"
-    return None
-
-
 def _tensors(graph: onnx.GraphProto):
     """(where, tensor) for every initializer and every tensor-valued Constant attribute."""
     for t in graph.initializer:
@@ -173,25 +169,183 @@ def _tensors(graph: onnx.GraphProto):
                 yield node_label(n, i), a.t
 
 
+# -- versions and op schemas ---------------------------------------------------------------------------------------
+DEFAULT_DOMAINS = ("", "ai.onnx")
+MIN_IR_VERSION = 3  # models declare their opsets (opset_import) from IR version 3 on
+#: The versions of the project's own domains: the exporter's function domain, the native custom ops.
+OWN_DOMAINS = {CVM_DOMAIN: CVM_DOMAIN_VERSION, native.DOMAIN: native.VERSION}
+#: The ONNX attribute type of each CVM attribute kind (bools as 0/1, tuples as int lists).
+KIND_TYPES = {"int": AttributeProto.INT, "bool": AttributeProto.INT, "optional_int": AttributeProto.INT,
+              "tuple": AttributeProto.INTS, "str": AttributeProto.STRING}
+INT_MAX = (1 << 31) - 1
+
+
+def domain_of(name: str) -> str:
+    """A domain name with the default domain as ''."""
+    return "" if name in DEFAULT_DOMAINS else name
+
+
+@functools.cache
+def supported_versions() -> tuple[int, int]:
+    """(IR version, ai.onnx opset): the highest that both the installed onnx and onnxruntime read (onnxruntime is
+    asked with a one-node model, from onnx's highest version down)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+
+    def loads(ir: int, opset: int) -> bool:
+        vi = [helper.make_tensor_value_info(n, TensorProto.INT32, [1]) for n in "xy"]
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", vi[:1], vi[1:])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=ir)
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            return True
+        except Exception:  # noqa: BLE001  (onnxruntime's refusals come in several types)
+            return False
+
+    ir = next((v for v in range(onnx.IR_VERSION, MIN_IR_VERSION, -1) if loads(v, 7)), MIN_IR_VERSION)
+    return ir, next((v for v in range(onnx.defs.onnx_opset_version(), 1, -1) if loads(ir, v)), 1)
+
+
+def version_problems(model: onnx.ModelProto) -> list[Problem]:
+    """The model's IR version and opset imports against what onnx, onnxruntime and cvm-onnx read: one import per
+    domain, one of ai.onnx, versions that exist."""
+    ir_max, opset_max = supported_versions()
+    out = []
+    if not MIN_IR_VERSION <= model.ir_version <= ir_max:
+        out.append(Problem("model", f"ir_version {model.ir_version} is not one the installed onnx and onnxruntime "
+                                    f"read ({MIN_IR_VERSION} to {ir_max})"))
+    counts = Counter(domain_of(o.domain) for o in model.opset_import)
+    out += [Problem("model", f"opset_import names domain {d or 'ai.onnx'} {n} times (once at most)")
+            for d, n in counts.items() if n > 1]
+    versions = {domain_of(o.domain): o.version for o in model.opset_import}
+    if "" not in versions:
+        out.append(Problem("model", "opset_import has no version of the default domain ai.onnx"))
+    elif not 1 <= versions[""] <= opset_max:
+        out.append(Problem("model", f"ai.onnx opset {versions['']} is not one the installed onnx and onnxruntime "
+                                    f"read (1 to {opset_max})"))
+    out += [Problem("model", f"domain {d} version {versions[d]} is not cvm-onnx's ({v})")
+            for d, v in OWN_DOMAINS.items() if versions.get(d, v) != v]
+    return out
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a node of one op may hold: input and output counts, the positions that may be '' (an absent
+    optional input or output), and its attributes, name -> (ONNX attribute type, required)."""
+
+    inputs: tuple[int, int]
+    outputs: tuple[int, int]
+    optional_inputs: Callable[[int], bool]
+    optional_outputs: Callable[[int], bool]
+    attrs: dict[str, tuple[int, bool]]
+    input_names: Callable[[int], str] = str
+
+
+def _optional(formals: list) -> Callable[[int], bool]:
+    """Whether position k of a schema's formal parameters is Optional (a variadic last one covers the rest)."""
+    option = onnx.defs.OpSchema.FormalParameterOption
+    return lambda k: bool(formals) and formals[min(k, len(formals) - 1)].option == option.Optional
+
+
+def _of_schema(s: onnx.defs.OpSchema) -> Signature:
+    names = [f.name for f in s.inputs]
+    return Signature((s.min_input, s.max_input), (s.min_output, s.max_output), _optional(s.inputs),
+                     _optional(s.outputs), {n: (a.type.value, a.required) for n, a in s.attributes.items()},
+                     lambda k: names[min(k, len(names) - 1)] if names else str(k))
+
+
+def _of_cvm_op(op: type) -> Signature:
+    """A CVM op called in the exporter's function domain: the op registry's attributes (its arity depends on
+    them: the import rule checks it)."""
+    return Signature((0, INT_MAX), (1, op.outputs), lambda k: False, lambda k: False,
+                     {a.name: (KIND_TYPES[a.kind], a.default is REQUIRED) for a in op.attrs})
+
+
+def signature(node: onnx.NodeProto, versions: dict[str, int]) -> Signature | str | None:
+    """The node's signature by its domain's schema (ONNX's for ai.onnx and other domains onnx knows, the project's
+    for cvm and cvm.native), the reason there is none where one must exist, or None (a domain the rules judge)."""
+    domain = domain_of(node.domain)
+    if domain not in versions:
+        return f"its domain {domain!r} is not in the model's opset_import"
+    version = min(versions[domain], INT_MAX)
+    if domain == CVM_DOMAIN:
+        return _of_cvm_op(REGISTRY[node.op_type]) if node.op_type in REGISTRY else f"cvm has no op {node.op_type}"
+    if version < 1 or not onnx.defs.has(node.op_type, version, domain):
+        if domain in ("", native.DOMAIN):
+            return f"{domain or 'ai.onnx'} has no op {node.op_type} in version {versions[domain]}"
+        return None
+    s = onnx.defs.get_schema(node.op_type, version, domain)
+    if s.deprecated:
+        return f"{node.op_type} is deprecated in {domain or 'ai.onnx'} version {version}"
+    return _of_schema(s)
+
+
+def _count(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"at least {lo}" if hi >= INT_MAX else f"{lo} to {hi}"
+
+
+def _type_name(t: int) -> str:
+    return AttributeProto.AttributeType.Name(t) if t in AttributeProto.AttributeType.values() else f"type {t}"
+
+
+def node_problems(node: onnx.NodeProto, sig: Signature) -> list[str]:
+    """Every way ``node`` breaks its signature: input/output counts, '' where the position is not optional,
+    unknown, repeated, mistyped or missing required attributes."""
+    op, out = node.op_type, []
+    for verb, what, names, (lo, hi), optional in (
+            ("takes", "input", node.input, sig.inputs, sig.optional_inputs),
+            ("gives", "output", node.output, sig.outputs, sig.optional_outputs)):
+        if not lo <= len(names) <= hi:
+            out.append(f"{op} {verb} {_count(lo, hi)} {what}(s), has {len(names)}")
+        for k, name in enumerate(names):
+            if not name and not optional(k):
+                formal = f" ({sig.input_names(k)})" if what == "input" else ""
+                out.append(f"{op}: {what} {k}{formal} is required, but empty")
+    given = Counter(a.name for a in node.attribute)
+    for a in node.attribute:
+        want = sig.attrs.get(a.name)
+        if want is None:
+            out.append(f"{op}: unknown attribute {a.name!r} (known: {', '.join(sig.attrs) or 'none'})")
+        elif a.ref_attr_name:
+            out.append(f"{op}: attribute {a.name} refers to a function's attribute outside a function")
+        elif want[0] != a.type:
+            out.append(f"{op}: attribute {a.name} must be {_type_name(want[0])}, got {_type_name(a.type)}")
+    out += [f"{op}: attribute {name} is given {n} times" for name, n in given.items() if n > 1]
+    out += [f"{op}: attribute {name} is required" for name, (_, required) in sig.attrs.items()
+            if required and name not in given]
+    return out
+
+
+def _value_type_problem(vi: onnx.ValueInfoProto) -> str | None:
+    if not vi.type.HasField("tensor_type"):
+        return None
+    t = vi.type.tensor_type.elem_type
+    if t == TensorProto.UNDEFINED or t not in TensorProto.DataType.values():
+        return f"declares element type {t}, which is no ONNX tensor type"
+    return None
+
+
 def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     """Indices of the graph's nodes in a topological order, after every safety check; else ``FormatError``."""
     if bad := list(_not_utf8(model, "model")):
         raise FormatError([Problem(where, "string is not UTF-8") for where in bad])
+    if problems := version_problems(model):  # no node can be judged against versions that do not exist
+        raise FormatError(problems)
     graph = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is not None:  # onnx.defs takes a C int: clamp a version beyond any schema's
-        opset = max(0, min(opset, onnx.defs.onnx_opset_version()))
+    versions = {domain_of(o.domain): o.version for o in model.opset_import}
     problems = [Problem(where, f"tensor {rule}") for where, t in _tensors(graph)
                 if (rule := tensor_problem(t, base_dir)) is not None]
     for vi in [*graph.input, *graph.output, *graph.value_info]:
-        if (rule := _shape_problem(vi)) is not None:
-            problems.append(Problem(vi.name, rule))
+        problems += [Problem(vi.name, rule) for rule in (_shape_problem(vi), _value_type_problem(vi)) if rule]
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     defined |= {s.values.name for s in graph.sparse_initializer}
     producer: dict[str, int] = {}
     for i, n in enumerate(graph.node):
-        if (rule := _arity_problem(n, opset)) is not None:
-            problems.append(Problem(node_label(n, i), rule))
+        sig = signature(n, versions)
+        rules = [sig] if isinstance(sig, str) else [] if sig is None else node_problems(n, sig)
+        problems += [Problem(node_label(n, i), rule) for rule in rules]
         for o in n.output:
             if o and (o in producer or o in defined):
                 problems.append(Problem(node_label(n, i), f"output {o!r} is already defined elsewhere"))

@@ -163,7 +163,7 @@ def clip(ctx, node, x, lo_t=None, hi_t=None):
     """min(max(x, lo), hi): nothing where the interval already lies within; cvm_clip(p) for +-(2^(p-1)-1);
     else clip with the bounds tightened to the interval (equal on every value x takes)."""
     if node.opset < 11:
-        lo, hi = (node.attr(k) for k in ("min", "max"))
+        lo, hi = (node.attr_float(k, None) for k in ("min", "max"))
         lo, hi = (None if v is None or abs(v) >= FLOAT_MAX else v for v in (lo, hi))
         if any(v is not None and not float(v).is_integer() for v in (lo, hi)):
             raise Refuse(f"Clip bounds {lo}, {hi} are not integers")
@@ -210,16 +210,23 @@ def identity(ctx, node, x):
     return x
 
 
+#: Constant's scalar and list attributes: (reader, numpy type, ONNX type of the value).
+CONSTANT_VALUES = {"value_int": ("attr_int", np.int64, TensorProto.INT64),
+                   "value_ints": ("attr_ints", np.int64, TensorProto.INT64),
+                   "value_float": ("attr_float", np.float32, TensorProto.FLOAT),
+                   "value_floats": ("attr_floats", np.float32, TensorProto.FLOAT)}
+
+
 @rule("Constant", since=1)
 def constant(ctx, node):
     """The value of a Constant node (tensor, int(s) or float(s))."""
     a = node.proto.attribute[0] if len(node.proto.attribute) == 1 else None
     if a is not None and a.name == "value":
-        return const(tensor_array(a.t, ctx.base_dir), a.t.data_type)
-    if a is not None and a.name in ("value_int", "value_ints"):
-        return const(np.array(node.attr(a.name), np.int64), TensorProto.INT64)
-    if a is not None and a.name in ("value_float", "value_floats"):
-        return const(np.array(node.attr(a.name), np.float32), TensorProto.FLOAT)
+        t = node.attr_tensor("value")
+        return const(tensor_array(t, ctx.base_dir), t.data_type)
+    if a is not None and a.name in CONSTANT_VALUES:
+        reader, np_dtype, dtype = CONSTANT_VALUES[a.name]
+        return const(np.array(getattr(node, reader)(a.name), np_dtype), dtype)
     raise Refuse(f"Constant {a.name if a is not None else 'without one value'} has no CVM form")
 
 
@@ -241,7 +248,7 @@ def cast(ctx, x: Tensor, to: int) -> Tensor:
 @rule("Cast", since=6)
 def cast_rule(ctx, node, x):
     """Cast between integer types (and floats carrying integers) where no value changes."""
-    return cast(ctx, x, node.attr("to"))
+    return cast(ctx, x, node.attr_int("to"))
 
 
 @rule("CastLike", since=15)
@@ -252,4 +259,4 @@ def cast_like(ctx, node, x, like):
 @rule("Shape", since=1)
 def shape(ctx, node, x):
     """The static shape, as an int64 constant (start/end as Python slicing)."""
-    return const(np.array(x.shape, np.int64)[node.attr("start", 0):node.attr("end")], TensorProto.INT64)
+    return const(np.array(x.shape, np.int64)[node.attr_int("start", 0):node.attr_int("end", None)], TensorProto.INT64)

@@ -19,10 +19,11 @@ import math
 import numpy as np
 from onnx import TensorProto
 
+from .checks import MAX_DIM
 from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
 from .elemwise import broadcast_shape, type_name
-from .registry import Refuse, rule
-from .transform import ints, strided_slice
+from .registry import REQUIRED, Refuse, rule
+from .transform import ints, normal, strided_slice
 
 INT32 = TensorProto.INT32
 
@@ -117,13 +118,13 @@ def matmul_integer(ctx, node, a, b, a_zero=None, b_zero=None):
 @rule("Gemm", since=7)
 def gemm(ctx, node, a, b, c=None):
     """alpha * A' @ B' + beta * C with integer alpha and beta: dense (C as its bias when it is a row)."""
-    alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+    alpha, beta = node.attr_float("alpha", 1.0), node.attr_float("beta", 1.0)
     if not (float(alpha).is_integer() and float(beta).is_integer()):
         raise Refuse(f"Gemm alpha={alpha}, beta={beta}: only integer factors have an exact CVM form")
     if len(a.shape) != 2 or len(b.shape) != 2:
         raise Refuse(f"Gemm operands of shapes {a.shape} and {b.shape}: both must be matrices")
-    a = transposed(ctx, a, (1, 0)) if node.attr("transA", 0) else a
-    w = b if node.attr("transB", 0) else transposed(ctx, b, (1, 0))
+    a = transposed(ctx, a, (1, 0)) if node.attr_int("transA", 0) else a
+    w = b if node.attr_int("transB", 0) else transposed(ctx, b, (1, 0))
     n = w.shape[0]
     if c is not None and beta != 1:
         c = const(c.value * int(beta), c.dtype) if c.is_const else None if beta == 0 else mul(ctx, c, int(beta))
@@ -153,7 +154,7 @@ def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[i
     (ceil(size/s) - 1) * s + dilated kernel - size, half at the begin for SAME_UPPER (truncated toward zero,
     as onnxruntime computes it), the rest at the end, SAME_LOWER the other way round. A negative total is no
     padding, except with ``crop`` (onnxruntime's MaxPool), where it crops the input."""
-    auto = node.attr("auto_pad", "NOTSET")
+    auto = node.attr_str("auto_pad", "NOTSET", ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
     n = len(spatial)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
         begin, end = [], []
@@ -167,9 +168,7 @@ def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[i
         return begin, end
     if auto == "VALID":
         return [0] * n, [0] * n
-    if auto != "NOTSET":
-        raise Refuse(f"auto_pad={auto} is not an ONNX value")
-    pads = node.attr("pads", [0] * 2 * n)
+    pads = node.attr_ints("pads", [0] * 2 * n, size=2 * n)
     return list(pads[:n]), list(pads[n:])
 
 
@@ -206,8 +205,11 @@ def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
     return x
 
 
-def attrs_2d(node, name: str, default: int, one_d: bool, fill: int) -> list[int]:
-    v = list(node.attr(name, [default] * (1 if one_d else 2)))
+def attrs_2d(node, name: str, default: int | None, one_d: bool, fill: int) -> list[int]:
+    """A per-spatial-axis attribute (values >= 1) of a 1-D or 2-D image, as 2 values (``fill`` first for 1-D);
+    ``default`` None: required."""
+    n = 1 if one_d else 2
+    v = node.attr_ints(name, REQUIRED if default is None else [default] * n, lo=1, size=n)
     return [fill] + v if one_d else v
 
 
@@ -220,7 +222,7 @@ def conv(ctx, node, x, w, b=None, w_zero=None):
     one_d = len(x.shape) == 3
     x4, w4 = spatial_2d(ctx, x, node.op_type), spatial_2d(ctx, w, node.op_type)
     m, cg, kh, kw = w4.shape
-    groups = node.attr("group", 1)
+    groups = node.attr_int("group", 1, lo=1)
     strides = attrs_2d(node, "strides", 1, one_d, 1)
     dilations = attrs_2d(node, "dilations", 1, one_d, 1)
     begin, end = onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
@@ -268,19 +270,21 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
     """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either."""
-    if any(d != 1 for d in node.attr("dilations", [])):
+    if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("MaxPool with dilations has no CVM form")
+    if node.attr_int("storage_order", 0) != 0:
+        raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
     one_d = len(x.shape) == 3
     x4 = spatial_2d(ctx, x, "MaxPool")
-    kernel = attrs_2d(node, "kernel_shape", 1, one_d, 1)
+    kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)
     strides = attrs_2d(node, "strides", 1, one_d, 1)
-    begin, end = onnx_pads(node, x.shape[2:], node.attr("kernel_shape"), strides[-len(x.shape) + 2:],
+    begin, end = onnx_pads(node, x.shape[2:], kernel[-len(x.shape) + 2:], strides[-len(x.shape) + 2:],
                            [1] * (len(x.shape) - 2), crop=True)
     if one_d:
         begin, end = [0] + begin, [0] + end
     x4, begin, end = cropped(ctx, x4, begin, end)
     n, c, h, w = x4.shape
-    plans = [pool_plan(size, k, s, pb, pe, bool(node.attr("ceil_mode", 0)))
+    plans = [pool_plan(size, k, s, pb, pe, bool(node.attr_int("ceil_mode", 0)))
              for size, k, s, pb, pe in zip((h, w), kernel, strides, begin, end)]
     e = ctx.emit("max_pool2d", x4.entry, pool_size=tuple(kernel), strides=tuple(p[1] for p in plans),
                  padding=tuple(p[0] for p in plans))
@@ -338,8 +342,16 @@ def nearest(ctx, x: Tensor, scales: list[int]) -> Tensor:
     return ctx.result(e, x.dtype, x.lo, x.hi, shape)
 
 
+def scaled(size: int, scale: float) -> int:
+    """floor(size * scale), the output size of a scaled axis; refused unless finite and at most 2^24."""
+    out = size * float(scale)
+    if not math.isfinite(out) or out > MAX_DIM:
+        raise Refuse(f"scale {scale} of an axis of {size} gives no output size in [0, 2^24]")
+    return math.floor(out)
+
+
 def integer_scales(x: Tensor, out: list[int]) -> list[int]:
-    if len(out) != len(x.shape) or any(o % d or o < d for o, d in zip(out, x.shape)):
+    if len(out) != len(x.shape) or any(not 1 <= d <= o <= MAX_DIM or o % d for o, d in zip(out, x.shape)):
         raise Refuse(f"resizing {x.shape} to {tuple(out)} is not an upsampling by integer scales")
     return [o // d for o, d in zip(out, x.shape)]
 
@@ -348,25 +360,31 @@ def integer_scales(x: Tensor, out: list[int]) -> list[int]:
 def resize(ctx, node, x, roi=None, scales=None, sizes=None):
     """Resize nearest with integer scales, for every coordinate transformation and nearest mode that picks
     x[o // s] (checked exactly on every output index)."""
-    mode = node.attr("mode", "nearest")
+    mode = node.attr_str("mode", "nearest")
     if mode != "nearest":
         raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form")
     rank = len(x.shape)
-    axes = node.attr("axes", list(range(rank)))
+    axes = normal(node.attr_ints("axes", list(range(rank))), rank)
     full = list(x.shape)
     if sizes is not None and sizes.size:
-        if node.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        if node.attr_str("keep_aspect_ratio_policy", "stretch") != "stretch":
             raise Refuse("Resize keep_aspect_ratio_policy other than stretch has no CVM form")
-        for a, v in zip(axes, ints(sizes, "Resize sizes")):
-            full[a % rank] = v
+        values = ints(sizes, "Resize sizes")
+        if len(values) != len(axes):
+            raise Refuse(f"Resize sizes {values} must hold one value per axis ({len(axes)})")
+        for a, v in zip(axes, values):
+            full[a] = v
     elif scales is not None and scales.size:
         if not scales.is_const:
             raise Refuse("Resize scales must be a constant")
-        for a, v in zip(axes, scales.value.reshape(-1)):
-            full[a % rank] = math.floor(x.shape[a % rank] * float(v))
+        values = scales.value.reshape(-1)
+        if len(values) != len(axes):
+            raise Refuse(f"Resize scales {values.tolist()} must hold one value per axis ({len(axes)})")
+        for a, v in zip(axes, values):
+            full[a] = scaled(x.shape[a], v)
     factors = integer_scales(x, full)
-    transform = node.attr("coordinate_transformation_mode", "half_pixel")
-    rounding = node.attr("nearest_mode", "round_prefer_floor")
+    transform = node.attr_str("coordinate_transformation_mode", "half_pixel")
+    rounding = node.attr_str("nearest_mode", "round_prefer_floor")
     for d, s, o in zip(x.shape, factors, full):
         idx = np.arange(o)
         if s > 1 and not np.array_equal(source_index(transform, rounding, idx, d, o, s), idx // s):
@@ -377,11 +395,12 @@ def resize(ctx, node, x, roi=None, scales=None, sizes=None):
 @rule("Upsample", since=7)
 def upsample(ctx, node, x, scales=None):
     """Upsample (opset 7 to 9) nearest: x[o // s] for integer scales s."""
-    if node.attr("mode", "nearest") != "nearest":
-        raise Refuse(f"Upsample mode={node.attr('mode')}: only nearest has an exact CVM form")
-    values = node.attr("scales") if node.opset < 9 else scales.value.reshape(-1) if scales is not None and \
+    mode = node.attr_str("mode", "nearest")
+    if mode != "nearest":
+        raise Refuse(f"Upsample mode={mode}: only nearest has an exact CVM form")
+    values = node.attr_floats("scales") if node.opset < 9 else scales.value.reshape(-1) if scales is not None and \
         scales.is_const else None
     if values is None:
         raise Refuse("Upsample scales must be a constant")
-    return nearest(ctx, x, integer_scales(x, [math.floor(d * float(v)) for d, v in zip(x.shape, values)]))
+    return nearest(ctx, x, integer_scales(x, [scaled(d, v) for d, v in zip(x.shape, values)]))
 

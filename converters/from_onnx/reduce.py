@@ -22,11 +22,11 @@ DOUBLE_EXACT = 1 << 53
 def reduce(ctx, node, x, axes_t=None):
     is_sum = node.op_type == "ReduceSum"
     rank = len(x.shape)
-    axes = node.attr("axes") if node.opset < (13 if is_sum else 18) else ints(axes_t, "axes")
-    if not axes and node.attr("noop_with_empty_axes", 0):
+    axes = node.attr_ints("axes", None) if node.opset < (13 if is_sum else 18) else ints(axes_t, "axes")
+    if not axes and node.attr_int("noop_with_empty_axes", 0):
         return x
     axes = sorted(set(normal(axes or list(range(rank)), rank)))
-    keep = node.attr("keepdims", 1)
+    keep = node.attr_int("keepdims", 1)
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
         tuple(d for i, d in enumerate(x.shape) if i not in axes)
     n = math.prod(x.shape[i] for i in axes)

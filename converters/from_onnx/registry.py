@@ -1,7 +1,7 @@
 """The import-rule registry: one rule per ONNX op type (per domain), registered by name as in onnx2torch.
 
 A rule is ``fn(ctx, node, *inputs) -> Tensor | list[Tensor]``: it receives the import context, the ONNX node
-(``NodeView``: name, attributes, opset) and one ``Tensor`` per ONNX input (None for an omitted optional
+(``NodeView``: name, typed attributes, opset) and one ``Tensor`` per ONNX input (None for an omitted optional
 input), adds the CVM nodes that compute the same values and returns one ``Tensor`` per ONNX output. A rule that
 finds no exact CVM form raises ``Refuse`` with the reason; the importer reports it with the node's name.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import onnx
-from onnx import helper
+from onnx import AttributeProto, helper
 
 
 class Refuse(Exception):
@@ -41,9 +41,25 @@ def rule(*op_types: str, since: int = 7, domain: str = "") -> Callable:
     return deco
 
 
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
+_KINDS = {"int": (AttributeProto.INT,), "ints": (AttributeProto.INTS,), "float": (AttributeProto.FLOAT,),
+          "floats": (AttributeProto.FLOATS,), "string": (AttributeProto.STRING,), "tensor": (AttributeProto.TENSOR,)}
+
+
+def attr_type_name(t: int) -> str:
+    return AttributeProto.AttributeType.Name(t) if t in AttributeProto.AttributeType.values() else f"type {t}"
+
+
 @dataclass(frozen=True)
 class NodeView:
-    """An ONNX node as rules read it: its name, op type, attributes (Python values) and the domain's opset."""
+    """An ONNX node as rules read it: its name, op type, attributes and the domain's opset.
+
+    Rules read attributes with the typed readers (``attr_int``, ``attr_ints``, ``attr_float``, ``attr_floats``,
+    ``attr_str``, ``attr_tensor``): each returns a present value of its Python type (the default when the
+    attribute is absent; a missing required one, a value of another ONNX type or outside the given range is a
+    ``Refuse`` naming the attribute). ``checks`` has already held every node of an op with a schema to it, so
+    these refusals are the last guard, for ops without one and for ranges the schema does not state.
+    """
 
     proto: onnx.NodeProto
     name: str
@@ -53,13 +69,76 @@ class NodeView:
     def op_type(self) -> str:
         return self.proto.op_type
 
+    def _read(self, name: str, kind: str, default: Any) -> Any:
+        found = [a for a in self.proto.attribute if a.name == name]
+        if not found:
+            if default is REQUIRED:
+                raise Refuse(f"{self.op_type} needs attribute {name}")
+            return default
+        a = found[-1]
+        if a.type not in _KINDS[kind]:
+            raise Refuse(f"{self.op_type} attribute {name} must be {attr_type_name(_KINDS[kind][0])}, "
+                         f"got {attr_type_name(a.type)}")
+        v = helper.get_attribute_value(a)
+        return v.decode("utf-8", "replace") if isinstance(v, bytes) else list(v) if kind in ("ints", "floats") else v
+
+    def has(self, name: str) -> bool:
+        return any(a.name == name for a in self.proto.attribute)
+
+    def attr_int(self, name: str, default: Any = REQUIRED, lo: int | None = None, hi: int | None = None) -> int:
+        """An INT attribute, within [lo, hi] when given."""
+        v = self._read(name, "int", default)
+        if v is not default:
+            _in_range(self, name, [v], lo, hi)
+        return v
+
+    def attr_ints(self, name: str, default: Any = REQUIRED, lo: int | None = None, hi: int | None = None,
+                  size: int | None = None) -> list[int]:
+        """An INTS attribute of ``size`` values (when given), each within [lo, hi] (when given)."""
+        v = self._read(name, "ints", default)
+        if v is not default:
+            if size is not None and len(v) != size:
+                raise Refuse(f"{self.op_type} attribute {name}={v} must have {size} value(s)")
+            _in_range(self, name, v, lo, hi)
+        return v
+
+    def attr_float(self, name: str, default: Any = REQUIRED) -> float:
+        return self._read(name, "float", default)
+
+    def attr_floats(self, name: str, default: Any = REQUIRED) -> list[float]:
+        return self._read(name, "floats", default)
+
+    def attr_str(self, name: str, default: Any = REQUIRED, choices: tuple[str, ...] | None = None) -> str:
+        """A STRING attribute, one of ``choices`` when given."""
+        v = self._read(name, "string", default)
+        if choices is not None and v is not default and v not in choices:
+            raise Refuse(f"{self.op_type} attribute {name}={v!r} must be one of {', '.join(choices)}")
+        return v
+
+    def attr_tensor(self, name: str, default: Any = REQUIRED) -> onnx.TensorProto:
+        return self._read(name, "tensor", default)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """An attribute as the Python value of its declared type (of the type the op's schema gives it, as
+        ``checks`` has verified for ops with a schema), or ``default``; the typed readers also check ranges."""
+        return self.attrs.get(name, default)
+
     @property
     def attrs(self) -> dict[str, Any]:
+        """Every attribute as a Python value of its declared type."""
         out = {}
         for a in self.proto.attribute:
-            v = helper.get_attribute_value(a)
+            try:
+                v = helper.get_attribute_value(a)
+            except ValueError:
+                raise Refuse(f"attribute {a.name} has {attr_type_name(a.type)}, which holds no value") from None
             out[a.name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
         return out
 
-    def attr(self, name: str, default: Any = None) -> Any:
-        return self.attrs.get(name, default)
+
+def _in_range(node: NodeView, name: str, values: list[int], lo: int | None, hi: int | None) -> None:
+    bad = [v for v in values if (lo is not None and v < lo) or (hi is not None and v > hi)]
+    if bad:
+        span = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
+        raise Refuse(f"{node.op_type} attribute {name}={values if len(values) > 1 else values[0]}: "
+                     f"{bad[0]} is outside {span}")

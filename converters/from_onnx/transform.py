@@ -32,7 +32,7 @@ def ints(t: Tensor | None, what: str) -> list[int] | None:
 
 def axes_of(node, t: Tensor | None, since: int) -> list[int] | None:
     """The ``axes`` of a node: an attribute before opset ``since``, a constant input from it on."""
-    return node.attr("axes") if node.opset < since else ints(t, "axes")
+    return node.attr_ints("axes", None) if node.opset < since else ints(t, "axes")
 
 
 def normal(axes: list[int], rank: int, what: str = "axis") -> list[int]:
@@ -48,7 +48,7 @@ def normal(axes: list[int], rank: int, what: str = "axis") -> list[int]:
 def reshape(ctx, node, x, shape):
     """Reshape (0 copies the input dim unless allowzero, -1 is inferred)."""
     target = ints(shape, "Reshape shape")
-    keep_zero = node.attr("allowzero", 0)
+    keep_zero = node.attr_int("allowzero", 0)
     out = [x.shape[i] if v == 0 and not keep_zero else v for i, v in enumerate(target)]
     if out.count(-1) == 1:
         known = math.prod(v for v in out if v != -1)
@@ -60,8 +60,9 @@ def reshape(ctx, node, x, shape):
 
 @rule("Flatten", since=1)
 def flatten(ctx, node, x):
-    axis = node.attr("axis", 1)
-    axis += len(x.shape) if axis < 0 else 0
+    rank = len(x.shape)
+    axis = node.attr_int("axis", 1, -rank, rank)
+    axis += rank if axis < 0 else 0
     return ctx.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
@@ -87,7 +88,9 @@ def unsqueeze(ctx, node, x, axes_t=None):
 @rule("Transpose", since=1)
 def transpose(ctx, node, x):
     rank = len(x.shape)
-    perm = normal(node.attr("perm", list(range(rank))[::-1]), rank)
+    perm = normal(node.attr_ints("perm", list(range(rank))[::-1], size=rank), rank)
+    if sorted(perm) != list(range(rank)):
+        raise Refuse(f"Transpose perm {perm} is not a permutation of the {rank} axes")
     if perm == list(range(rank)):
         return x
     if x.is_const:
@@ -99,7 +102,10 @@ def transpose(ctx, node, x):
 @rule("Concat", since=4)
 def concat(ctx, node, *xs):
     rank = len(xs[0].shape)
-    axis = normal([node.attr("axis")], rank)[0]
+    axis = normal([node.attr_int("axis")], rank)[0]
+    if any(len(x.shape) != rank or x.shape[:axis] + x.shape[axis + 1:] != xs[0].shape[:axis] + xs[0].shape[axis + 1:]
+           for x in xs):
+        raise Refuse(f"Concat of shapes {[x.shape for x in xs]} along axis {axis}: the other axes differ")
     xs = [x for x in xs if x.size] or xs[:1]
     if all(x.is_const for x in xs):
         return const(np.concatenate([x.value for x in xs], axis=axis), xs[0].dtype)
@@ -140,13 +146,15 @@ def strided_slice(ctx, x: Tensor, ranges: list[range]) -> Tensor:
 @rule("Slice", since=1)
 def slice_(ctx, node, x, starts=None, ends=None, axes=None, steps=None):
     if node.opset < 10:
-        starts, ends, axes, steps = node.attr("starts"), node.attr("ends"), node.attr("axes"), None
+        starts, ends, axes, steps = node.attr_ints("starts"), node.attr_ints("ends"), node.attr_ints("axes", None), None
     else:
         starts, ends = ints(starts, "Slice starts"), ints(ends, "Slice ends")
         axes, steps = ints(axes, "Slice axes"), ints(steps, "Slice steps")
     rank = len(x.shape)
     axes = normal(axes if axes is not None else list(range(len(starts))), rank)
     steps = steps or [1] * len(axes)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or len(set(axes)) < len(axes):
+        raise Refuse(f"Slice starts {starts}, ends {ends}, axes {axes}, steps {steps}: one per distinct axis")
     if 0 in steps:
         raise Refuse("Slice step 0")
     ranges = [range(d) for d in x.shape]
@@ -160,7 +168,7 @@ def gather(ctx, node, x, idx):
     """Gather -> take. Constant indices: negatives made positive, out-of-range ones refused (ONNX fails on them,
     take would clip); variable indices must provably lie in [0, dim-1]."""
     rank = len(x.shape)
-    axis = normal([node.attr("axis", 0)], rank)[0]
+    axis = normal([node.attr_int("axis", 0)], rank)[0]
     dim = x.shape[axis]
     shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
     if idx.is_const:
@@ -206,17 +214,21 @@ def filled(x: Tensor, axis: int, width: int, fill: int) -> Tensor:
 @rule("Pad", since=2)
 def pad(ctx, node, x, pads=None, value=None, axes=None):
     """Constant padding: negative pads crop (strided_slice), positive ones concatenate params of the value."""
-    mode = node.attr("mode", "constant")
+    mode = node.attr_str("mode", "constant")
     if mode != "constant":
         raise Refuse(f"Pad mode {mode}: only constant padding has a CVM form")
     rank = len(x.shape)
     if node.opset < 11:
-        widths, fill = node.attr("pads"), node.attr("value", 0.0)
+        widths, fill = node.attr_ints("pads"), node.attr_float("value", 0.0)
         axes = list(range(rank))
     else:
         widths = ints(pads, "Pad pads")
+        if value is not None and value.size != 1:
+            raise Refuse(f"Pad constant_value must be one value, has {value.size}")
         fill = 0 if value is None else ints(value, "Pad constant_value")[0]
         axes = normal(ints(axes, "Pad axes") or list(range(rank)), rank)
+    if len(widths) != 2 * len(axes) or len(set(axes)) < len(axes):
+        raise Refuse(f"Pad pads {widths} must hold 2 values per padded axis ({len(axes)} distinct axes)")
     if not float(fill).is_integer():
         raise Refuse(f"Pad value {fill} is not an integer")
     fill = int(fill)

@@ -21,11 +21,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.constants import DOMAIN, IR_VERSION, OPSET, __version__
+from cvm_onnx.constants import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, __version__
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.native import VERSION as NATIVE_VERSION
 from cvm_onnx.ops import REGISTRY, Attrs
 
 from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
@@ -130,7 +131,7 @@ class _Exporter:
             (call,) = body.nodes
             call.name, call.doc_string = node.name, doc
             call.input[:], call.output[:] = [self.int32(e) for e in node.inputs], out_names
-            self.domains[NATIVE_DOMAIN] = 1
+            self.domains[NATIVE_DOMAIN] = NATIVE_VERSION
             self.nodes.append(call)
         elif self.inline:
             marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True),
@@ -172,7 +173,7 @@ class _Exporter:
             self.overloads[node.op] = self.overloads.get(node.op, 0) + 1
             fn.overload = str(self.overloads[node.op])
             self.functions[key] = fn
-        self.domains[DOMAIN] = 1
+        self.domains[DOMAIN] = DOMAIN_VERSION
         call = helper.make_node(node.op, in_names, out_names, name=node.name, domain=DOMAIN, doc_string=doc)
         # int lists typed explicitly: an empty one (e.g. transpose axes=()) has no type to infer
         call.attribute.extend(helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS if isinstance(v, list)

@@ -1,0 +1,165 @@
+"""Hostile ONNX files (issue 14): every node is held to its op's schema before any import rule runs, rules read
+typed attributes, versions are those onnx and onnxruntime read. Each case below crashed the importer (exit 70)
+or was accepted although onnxruntime refuses it; now each is one clear error naming the node."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T, helper, numpy_helper
+
+from cvm_onnx.cli import main
+from cvm_onnx.converters.from_onnx.checks import supported_versions
+from cvm_onnx.errors import FormatError, UnsupportedError
+
+IR, OPSET = supported_versions()
+
+
+def int_model(nodes, shape=(1, 4), opset=17, inits=(), out_type=T.INT32) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("data", T.INT32, list(shape))],
+                              [helper.make_tensor_value_info("y", out_type, None)], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def convert(tmp_path, model: onnx.ModelProto, capsys) -> tuple[int, list[str]]:
+    """``cvm-onnx convert`` of the model: the exit code and the lines on stderr."""
+    onnx.save(model, tmp_path / "m.onnx")
+    code = main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def node(op, ins, **attrs):
+    return helper.make_node(op, ins, ["y"], name="n", **attrs)
+
+
+def with_attr(n: onnx.NodeProto, name, value, clear_type=False) -> onnx.NodeProto:
+    a = helper.make_attribute(name, value)
+    if clear_type:
+        a.type = onnx.AttributeProto.UNDEFINED
+    n.attribute.append(a)
+    return n
+
+
+def conv_integer_cleared_dilations():
+    conv = with_attr(helper.make_node("ConvInteger", ["x8", "w"], ["y"], name="n"), "dilations", [1, 1], True)
+    return int_model([helper.make_node("Cast", ["data"], ["x8"], to=T.INT8), conv], (1, 1, 4, 4),
+                     inits=[numpy_helper.from_array(np.ones((1, 1, 2, 2), np.int8), "w")])
+
+
+# (model, the one problem line): each crashed with an internal error (exit 70) before
+INTERNAL_ERRORS = {
+    "Cast to as a list": (int_model([with_attr(node("Cast", ["data"]), "to", [6, 6])]),
+                          "format error: n: Cast: attribute to must be INT, got INTS"),
+    "Cast to as a tensor": (int_model([with_attr(node("Cast", ["data"]), "to",
+                                                 numpy_helper.from_array(np.array([6])))]),
+                            "format error: n: Cast: attribute to must be INT, got TENSOR"),
+    "Concat without axis": (int_model([node("Concat", ["data", "data"])]),
+                            "format error: n: Concat: attribute axis is required"),
+    "Concat input ''": (int_model([node("Concat", ["data", ""], axis=0)]),
+                        "format error: n: Concat: input 1 (inputs) is required, but empty"),
+    "Max input ''": (int_model([node("Max", ["data", ""])]),
+                     "format error: n: Max: input 1 (data_0) is required, but empty"),
+    "MaxPool strides as a string": (int_model([node("MaxPool", ["data"], kernel_shape=[2, 2], strides="ab")],
+                                              (1, 1, 4, 4)),
+                                    "format error: n: MaxPool: attribute strides must be INTS, got STRING"),
+    "ConvInteger dilations of no type": (conv_integer_cleared_dilations(),
+                                         "format error: n: ConvInteger: attribute dilations must be INTS, "
+                                         "got UNDEFINED"),
+}
+
+# accepted (exit 0) before, though onnxruntime refuses them or computes something else
+LOOSE = {
+    "MaxPool without kernel_shape": (int_model([node("MaxPool", ["data"])], (1, 1, 4, 4)),
+                                     "format error: n: MaxPool: attribute kernel_shape is required"),
+    "Pad with 1 pads value": (int_model([node("Pad", ["data", "p"])],
+                                        inits=[numpy_helper.from_array(np.array([1], np.int64), "p")]),
+                              "unsupported: n (Pad): Pad pads [1] must hold 2 values per padded axis (2 distinct "
+                              "axes)"),
+    "Abs axis": (int_model([node("Abs", ["data"], axis=1)]),
+                 "format error: n: Abs: unknown attribute 'axis' (known: none)"),
+    "Cast group": (int_model([node("Cast", ["data"], to=T.INT32, group=1)]),
+                   "format error: n: Cast: unknown attribute 'group' (known: to)"),
+    "default opset 999": (int_model([node("Relu", ["data"])], opset=999),
+                          "format error: model: ai.onnx opset 999 is not one the installed onnx and onnxruntime "
+                          f"read (1 to {OPSET})"),
+}
+
+
+def versions(**fields) -> onnx.ModelProto:
+    m = int_model([node("Relu", ["data"])])
+    for k, v in fields.items():
+        setattr(m, k, v)
+    return m
+
+
+def two_default_imports(domain: str) -> onnx.ModelProto:
+    m = int_model([node("Relu", ["data"])])
+    m.opset_import.append(helper.make_opsetid(domain, 14))
+    return m
+
+
+def value_info_of_type(elem_type: int, where: str) -> onnx.ModelProto:
+    m = int_model([node("Relu", ["data"])])
+    if where == "output":
+        m.graph.output[0].type.tensor_type.elem_type = elem_type
+    else:
+        m.graph.value_info.append(helper.make_tensor_value_info("y", elem_type, [1, 4]))
+    return m
+
+
+LOOSE |= {
+    "ir_version 99": (versions(ir_version=99), "format error: model: ir_version 99 is not one the installed onnx "
+                                               f"and onnxruntime read (3 to {IR})"),
+    "ir_version 2^62": (versions(ir_version=1 << 62), f"format error: model: ir_version {1 << 62} is not one the "
+                                                      f"installed onnx and onnxruntime read (3 to {IR})"),
+    "two '' imports": (two_default_imports(""), "format error: model: opset_import names domain ai.onnx 2 times "
+                                                "(once at most)"),
+    "'' and ai.onnx imports": (two_default_imports("ai.onnx"), "format error: model: opset_import names domain "
+                                                               "ai.onnx 2 times (once at most)"),
+    "value_info type 0": (value_info_of_type(0, "value_info"), "format error: y: declares element type 0, which is "
+                                                               "no ONNX tensor type"),
+    "value_info type 99": (value_info_of_type(99, "value_info"), "format error: y: declares element type 99, which "
+                                                                 "is no ONNX tensor type"),
+    "output type 0": (value_info_of_type(0, "output"), "format error: y: declares element type 0, which is no ONNX "
+                                                       "tensor type"),
+}
+
+
+@pytest.mark.parametrize("case", list(INTERNAL_ERRORS) + list(LOOSE))
+def test_hostile_node_or_header_is_one_clear_error(tmp_path, capsys, case):
+    model, line = (INTERNAL_ERRORS | LOOSE)[case]
+    code, err = convert(tmp_path, model, capsys)
+    assert err == [line]
+    assert code == (FormatError if line.startswith("format") else UnsupportedError).exit_code
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_version_limits_are_those_onnxruntime_reads():
+    """The limits are probed: onnxruntime runs a model at both, and refuses (or onnx lacks) one beyond either."""
+    import onnxruntime as ort
+
+    def loads(ir, opset):
+        try:
+            m = versions(ir_version=ir)
+            m.opset_import[0].version = opset
+            ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    assert loads(IR, OPSET) and loads(IR, 14)  # Relu of int32 needs opset 14
+    assert IR == onnx.IR_VERSION or not loads(IR + 1, 14)
+    assert OPSET == onnx.defs.onnx_opset_version() or not loads(IR, OPSET + 1)
+
+
+def test_external_data_location_with_a_nul_byte_is_a_format_error(tmp_path, capsys):
+    """os.path.realpath raised ValueError ("embedded null byte") in checks.external_path."""
+    (tmp_path / "data.bin").write_bytes(np.ones(4, np.int32).tobytes())
+    w = numpy_helper.from_array(np.ones((1, 4), np.int32), "w")
+    w.ClearField("raw_data")
+    w.data_location = T.EXTERNAL
+    w.external_data.add(key="location", value="data.bin\x00../../etc/passwd")
+    code, err = convert(tmp_path, int_model([node("Add", ["data", "w"])], inits=[w]), capsys)
+    assert code == FormatError.exit_code
+    assert err == ["format error: initializer 'w': tensor external data location "
+                   "'data.bin\\x00../../etc/passwd' contains a NUL byte"]
