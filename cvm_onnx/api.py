@@ -9,11 +9,12 @@ import numpy as np
 import onnx
 
 from .converters.from_onnx import from_onnx
+from .converters.from_onnx.roundtrip import source_symbol
 from .converters.to_onnx import to_onnx
 from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import read_model, write_model
-from .format.model_dir import replace_file
+from .format.model_dir import read_symbol_text, replace_file
 from .format.onnx_file import onnx_pieces
 from .graph import Graph
 from .validate import validate
@@ -38,10 +39,20 @@ def is_onnx(path: str | os.PathLike) -> bool:
 
 
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """The ONNX model in ``path`` (external data not loaded); ``FormatError`` unless the file parses as a model
+    with an IR version and a graph (an empty file parses as an empty model)."""
     try:
-        return onnx.load(os.fspath(path), load_external_data=False)
-    except Exception as e:  # protobuf raises several unrelated types
+        model = onnx.load(os.fspath(path), load_external_data=False)
+    except FileNotFoundError:
+        raise FormatError("no such file", where=os.fspath(path)) from None
+    except OSError as e:
+        raise FormatError(f"cannot be read: {e.strerror or e}", where=os.fspath(path)) from None
+    except Exception as e:  # noqa: BLE001  (protobuf raises several unrelated types)
         raise FormatError(f"not an ONNX model: {e}", where=os.fspath(path)) from None
+    if not model.ir_version or not model.HasField("graph"):
+        what = "an empty file" if Path(path).stat().st_size == 0 else "no IR version or no graph"
+        raise FormatError(f"not an ONNX model: {what}", where=os.fspath(path))
+    return model
 
 
 def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
@@ -62,16 +73,20 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
             optimize: bool = False) -> None:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
-    the bits of its input). ``batch`` and ``optimize`` as in ``to_onnx`` (CVM -> ONNX). Nothing is written when
-    conversion fails."""
+    the bits of its input). ``batch`` and ``optimize`` as in ``to_onnx`` (CVM -> ONNX). A model this function
+    exported comes back with its symbol and params files byte for byte. Nothing is written when conversion
+    fails."""
     if not is_onnx(src):
-        write_onnx(to_onnx(load(src, params).graph, inline=inline, batch=batch, optimize=optimize), dst)
+        write_onnx(to_onnx(load(src, params).graph, inline=inline, batch=batch, optimize=optimize,
+                           symbol=read_symbol_text(src, params)), dst)
         return
-    graph = import_onnx(src, input_precision)
+    model = load_onnx(src)
+    graph = from_onnx(model, input_precision, base_dir=Path(src).parent)
     if len(graph.inputs) != 1:
         names = ", ".join(graph.nodes[i].name for i in graph.inputs)
         raise UnsupportedError(f"the CVM runtime takes exactly one input, data; this model has {names}", where=str(src))
-    write_model(validate(graph).graph, dst)
+    graph = validate(graph).graph
+    write_model(graph, dst, symbol=source_symbol(model, graph))
 
 
 def run_cvm(graph: Graph, data: np.ndarray) -> list[np.ndarray]:

@@ -12,6 +12,8 @@ OPSET = 21
 IR_VERSION = 10
 DOMAIN = "cvm"
 DOMAIN_VERSION = 1  # its version in opset_import
+#: Metadata of an exported model holding the text of the symbol file it was converted from.
+SYMBOL = "cvm.symbol"
 
 INT32_MAX = (1 << 31) - 1
 #: A bound on |x| that any int32 satisfies, INT32_MIN included.

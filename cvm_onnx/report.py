@@ -22,6 +22,7 @@ from .batch import batched
 from .converters.to_onnx import to_onnx
 from .errors import Problem, RuntimeFailure
 from .format import read_model
+from .format.model_dir import read_symbol_text
 from .graph import Graph
 from .native import DOMAIN as NATIVE_DOMAIN
 from .runtime import session
@@ -179,6 +180,7 @@ def convert_checked(src: str | os.PathLike, dst: str | os.PathLike, params: str 
 
     def read():
         state["graph"] = read_model(src, params)
+        state["symbol"] = read_symbol_text(src, params)
         report.sizes.update({k: p.stat().st_size for k, p in _source_files(Path(src), params).items()})
         g = state["graph"]
         return f"{len(g.nodes)} nodes, {len(g.params)} params"
@@ -190,7 +192,8 @@ def convert_checked(src: str | os.PathLike, dst: str | os.PathLike, params: str 
 
     def convert():
         g = state["graph"] = state["graph"] if batch is None else batched(state["graph"], batch)
-        model = state["model"] = to_onnx(g, inline=inline, optimize=optimize)
+        model = state["model"] = to_onnx(g, inline=inline, optimize=optimize,
+                                         symbol=state["symbol"] if batch is None else None)
         state["bytes"] = model.SerializeToString(deterministic=True)
         report.ops = op_forms(g, model)
         report.sizes["ONNX model"] = len(state["bytes"])

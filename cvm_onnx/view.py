@@ -34,7 +34,7 @@ def _netron():
 def served(model: str | os.PathLike, port: int = 0, params: str | os.PathLike | None = None) -> Iterator[str]:
     """Serve ``model`` (an .onnx file, or a CVM model directory / symbol file with ``params``) with Netron on
     127.0.0.1 (``port`` 0: a free one) while the block runs; yields the page's URL."""
-    from .api import is_onnx, load, to_onnx, write_onnx
+    from .api import convert, is_onnx, load_onnx
 
     netron = _netron()
     with tempfile.TemporaryDirectory(prefix="cvm-onnx-view-") as tmp:
@@ -42,9 +42,10 @@ def served(model: str | os.PathLike, port: int = 0, params: str | os.PathLike | 
             path = Path(model)
             if not path.is_file():
                 raise FormatError("no such ONNX file", where=os.fspath(model))
+            load_onnx(path)  # an ONNX model, not any file named .onnx
         else:
             path = Path(tmp) / f"{Path(model).resolve().name or 'model'}.onnx"
-            write_onnx(to_onnx(load(model, params).graph), path)
+            convert(model, path, params=params)
         try:
             address = netron.serve(os.fspath(path), address=(HOST, port), browse=False)
         except OSError as e:

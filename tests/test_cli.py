@@ -98,7 +98,7 @@ def test_format_errors_exit_2(model, tmp_path, capsys):
         (["run", model, "--input", tmp_path / "huge.npy", "--output", tmp_path / "o.npz"], "cannot read the input"),
         (["run", model, "--input", tmp_path / "z.npz", "--output", tmp_path / "o.npz"], "an .npz archive"),
         (["run", model, "--input", x, "--output", tmp_path / "no" / "o.npz"], "cannot write the outputs"),
-        (["convert", x, "-o", tmp_path / "out"], "give its params file"),
+        (["convert", x, "-o", tmp_path / "out"], "or a symbol file with --params"),
     ]
     for argv, fragment in cases:
         [line] = failed(capsys, 2, *argv)

@@ -642,7 +642,7 @@ def test_model_directory_errors(tmp_path):
     err = expect_error(lambda: read_model(tmp_path), "symbol: no such file", "params: no such file")
     assert len(err.problems) == 2
     write_model(tiny_model(), tmp_path)
-    expect_error(lambda: read_model(tmp_path / "symbol"), "give its params file")
+    expect_error(lambda: read_model(tmp_path / "symbol"), "or a symbol file with --params")
     expect_error(lambda: read_model(tmp_path, tmp_path), "is a directory")
     (tmp_path / "params").write_bytes(b"\0" * 10)
     expect_error(lambda: read_model(tmp_path), "params, byte 0", "needs 16 bytes")

@@ -266,19 +266,75 @@ def test_resnet20_round_trip(flat):
     assert_same(graph, through_files(imported))
 
 
+def files_of(directory: Path) -> tuple[bytes, bytes]:
+    return (directory / "symbol").read_bytes(), (directory / "params").read_bytes()
+
+
+@pytest.mark.parametrize("form", [[], ["--inline"], ["--verify"]], ids=["function", "flat", "checked"])
 @pytest.mark.parametrize("source", [MODELS / "digits_cnn", MODELS / "detection", MODELS / "transforms", RESNET],
                          ids=lambda p: p.name)
-def test_cli_convert_there_and_back(source, tmp_path, capsys):
-    """cvm-onnx convert DIR -o m.onnx, then convert m.onnx -o DIR2: the same model (the declared input precision
-    wins over --input-precision); the params file comes back byte for byte when the node order does."""
+def test_cli_convert_there_and_back(source, form, tmp_path, capsys):
+    """cvm-onnx convert DIR -o m.onnx, then convert m.onnx -o DIR2: symbol and params come back byte for byte
+    (attributes as given, the dialect's layout, the params' order and stored types), whatever
+    --input-precision says."""
     if not source.is_dir():
         pytest.skip(f"{source} is absent")
-    assert main(["convert", str(source), "-o", str(tmp_path / "m.onnx")]) == 0
+    assert main(["convert", str(source), "-o", str(tmp_path / "m.onnx"), *form]) == 0
     assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "back"), "--input-precision", "3"]) == 0
-    original, back = cvm_onnx.load(source).graph, cvm_onnx.load(tmp_path / "back").graph
-    assert_same(original, back)
-    if [n.name for n in original.nodes] == [n.name for n in back.nodes]:
-        assert (tmp_path / "back" / "params").read_bytes() == (source / "params").read_bytes()
+    assert files_of(tmp_path / "back") == files_of(source)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_random_model_files_round_trip_byte_for_byte(data):
+    """Any model file pair the writer produced, its params file in any order and with any stored type that
+    holds the values, comes back byte for byte through either form."""
+    graph = data.draw(graphs())
+    order = data.draw(st.permutations(list(graph.params)))
+    graph.params = {k: graph.params[k] for k in order}
+    stored = {k: data.draw(st.sampled_from([np.int32] + [np.int8] * bool(np.abs(v).max(initial=0) <= 127)))
+              for k, v in graph.params.items()}
+    with tempfile.TemporaryDirectory() as d:
+        src, m, back = Path(d) / "src", Path(d) / "m.onnx", Path(d) / "back"
+        write_model(graph, src)
+        (src / "params").write_bytes(write_params({k: v.astype(stored[k]) for k, v in graph.params.items()}))
+        cvm_onnx.convert(src, m, inline=data.draw(st.booleans()))
+        cvm_onnx.convert(m, back)
+        assert files_of(back) == files_of(src)
+
+
+def stored_symbol_changed(tmp_path, edit) -> tuple[bytes, bytes]:
+    """The symbol written back after ``edit`` changed the exported model (and the original one)."""
+    b = GraphBuilder()
+    x = b.input("data", (2, 3), 8)
+    graph = b.build(b.op("cvm_right_shift", x, name="shift", precision=4, shift_bit=1))
+    write_model(graph, tmp_path / "src")
+    model = to_onnx(cvm_onnx.load(tmp_path / "src").graph,
+                    symbol=(tmp_path / "src" / "symbol").read_text())
+    edit(model)
+    cvm_onnx.write_onnx(model, tmp_path / "m.onnx")
+    cvm_onnx.convert(tmp_path / "m.onnx", tmp_path / "back")
+    return (tmp_path / "back" / "symbol").read_bytes(), (tmp_path / "src" / "symbol").read_bytes()
+
+
+def test_stored_symbol_is_verified_not_trusted(tmp_path):
+    """The stored symbol is written back only while it describes the graph imported: after the model's node is
+    edited the writer's symbol (with the edit) comes back, and a broken stored symbol is ignored."""
+    def edit_attr(model):
+        [node] = [n for n in model.graph.node if n.name == "shift"]
+        next(a for a in node.attribute if a.name == "shift_bit").i += 1
+
+    back, original = stored_symbol_changed(tmp_path, edit_attr)
+    assert back != original and cvm_onnx.load(tmp_path / "back").graph.nodes[1].attrs != \
+        cvm_onnx.load(tmp_path / "src").graph.nodes[1].attrs
+
+    def break_symbol(model):
+        [p] = [p for p in model.metadata_props if p.key == "cvm.symbol"]
+        p.value = p.value[:-3]
+
+    back, original = stored_symbol_changed(tmp_path, break_symbol)
+    assert back != original
+    assert_same(cvm_onnx.load(tmp_path / "back").graph, cvm_onnx.load(tmp_path / "src").graph)
 
 
 # -- the flat form is verified, not trusted ---------------------------------------------------------------------

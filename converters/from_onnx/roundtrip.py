@@ -8,18 +8,26 @@
   ``cvm.attrs`` (JSON) and ``cvm.inputs`` (JSON: its input tensors in order). The group's outputs are the tensors
   the exporter names after the node (``name``, ``name:k``). The markers are verified, not trusted: the exporter's
   lowering, re-run on them, must reproduce the group's nodes exactly.
+* Source symbol: the metadata ``cvm.symbol`` holds the text of the symbol file the model was converted from. It
+  is written back as it is (byte for byte: attributes as given, their order, the dialect's layout) only when it
+  describes the graph imported: the same nodes, bound attributes, inputs, output types and heads.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections import Counter
 from typing import Any
 
 import onnx
 
-from cvm_onnx.constants import DOMAIN
+from cvm_onnx.constants import DOMAIN, SYMBOL
 from cvm_onnx.converters.to_onnx.lowering import Value, lower
-from cvm_onnx.graph import Node
+from cvm_onnx.errors import CVMError
+from cvm_onnx.format import read_symbol
+from cvm_onnx.graph import Graph, Node
+from cvm_onnx.validate import validate
 from cvm_onnx.native import ATTRS as NATIVE_OPS
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY, Attrs
@@ -143,3 +151,30 @@ def import_group(ctx: Importer, name: str, nodes: list[onnx.NodeProto], tensors:
     if _lowered(ctx, node, a, seq, out_names) != [_canonical(n) for n in nodes]:
         raise Refuse(f"its flat-form nodes are not the exporter's lowering of {op} on its marked inputs")
     return {o: ctx.tensor(e) for o, e in zip(out_names, ctx.add(node))}
+
+
+# -- source symbol ----------------------------------------------------------------------------------------------
+def _structure(graph: Graph) -> tuple[Counter, list[tuple[str, int]]]:
+    """The graph independent of its node order: a digest per node of its name, op, bound attributes, output types
+    and its inputs' digests (as a multiset), and the heads' digests."""
+    keys: list[str] = []
+    for n in graph.nodes:
+        attrs = None if n.is_variable else repr(sorted(REGISTRY[n.op].bind(n.attrs).items()))
+        text = repr((n.name, n.op, attrs, n.outputs, n.name in graph.params,
+                     [(keys[e.node], e.index) for e in n.inputs]))
+        keys.append(hashlib.sha256(text.encode()).hexdigest())
+    return Counter(keys), [(keys[h.node], h.index) for h in graph.heads]
+
+
+def source_symbol(model: onnx.ModelProto, graph: Graph) -> str | None:
+    """The symbol text stored in ``model`` if it describes ``graph`` (validated, with its params), else None."""
+    text = next((p.value for p in model.metadata_props if p.key == SYMBOL), None)
+    if text is None:
+        return None
+    try:
+        stored = read_symbol(text, where=SYMBOL)
+        stored.params = graph.params
+        stored = validate(stored).graph
+    except CVMError:
+        return None
+    return text if _structure(stored) == _structure(graph) else None

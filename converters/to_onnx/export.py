@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.constants import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, __version__
+from cvm_onnx.constants import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, SYMBOL, __version__
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
@@ -244,7 +244,8 @@ class _Exporter:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.domains.items()],
                                   functions=list(self.functions.values()), ir_version=IR_VERSION,
                                   producer_name="cvm-onnx", producer_version=__version__)
-        for name in self.initializers:
+        order = {name: k for k, name in enumerate(self.graph.params)}  # the params file's order
+        for name in sorted(self.initializers, key=order.__getitem__):
             value = self.graph.params[name]
             int8 = value.dtype == np.int8
             t = model.graph.initializer.add(name=name, data_type=TensorProto.INT8 if int8 else TensorProto.INT32,
@@ -255,8 +256,11 @@ class _Exporter:
 
 
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
-            optimize: bool = False) -> onnx.ModelProto:
+            optimize: bool = False, symbol: str | None = None) -> onnx.ModelProto:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
+
+    ``symbol``: the text of the symbol file ``graph`` was read from, kept in the metadata ``cvm.symbol`` so the
+    import writes it back byte for byte (when the graph imported is still the one it describes).
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
@@ -267,6 +271,8 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     if batch is not None:
         graph = batched(graph, batch)
     model = _Exporter(graph, inline or optimize, fuse=optimize).model(source_version)
+    if symbol is not None and batch is None and not optimize:
+        model.metadata_props.add(key=SYMBOL, value=symbol)
     if not optimize:
         return model
     model = run_passes(SERVING, model)

@@ -27,21 +27,35 @@ def _read_bytes(path: Path) -> bytes:
         raise FormatError(f"cannot be read: {e.strerror or e}", str(path)) from None
 
 
+def model_files(path: str | os.PathLike, params: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """The symbol and params files of a model directory, or of a symbol file and ``params`` (which overrides the
+    params file of a directory)."""
+    path = Path(path)
+    if path.is_dir():
+        return path / SYMBOL, Path(params) if params is not None else path / PARAMS
+    if params is not None:
+        return path, Path(params)
+    if path.exists():
+        raise FormatError("is not a model directory: give the directory holding symbol and params, or a symbol "
+                          "file with --params", str(path))
+    raise FormatError("no such model directory or file", str(path))
+
+
+def read_symbol_text(path: str | os.PathLike, params: str | os.PathLike | None = None) -> str | None:
+    """The symbol file's text as written (None unless it is UTF-8)."""
+    try:
+        return _read_bytes(model_files(path, params)[0]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def read_model(path: str | os.PathLike, params: str | os.PathLike | None = None) -> Graph:
     """The graph of a model directory (``symbol`` and ``params``), or of a symbol file and a params file.
 
     ``params`` overrides the params file of a directory. Raises ``FormatError`` listing the problems of both
     files.
     """
-    path = Path(path)
-    if path.is_dir():
-        symbol_path, params_path = path / SYMBOL, Path(params) if params is not None else path / PARAMS
-    elif params is not None:
-        symbol_path, params_path = path, Path(params)
-    elif path.exists():
-        raise FormatError("is a symbol file: give its params file too, or the model directory", str(path))
-    else:
-        raise FormatError("no such model directory or file", str(path))
+    symbol_path, params_path = model_files(path, params)
     problems: list[Problem] = []
     graph, values = None, None
     try:
@@ -86,16 +100,18 @@ def replace_file(path: Path, data: bytes | Iterable[bytes]) -> None:
     replace_files({path: data})
 
 
-def write_model(graph: Graph, directory: str | os.PathLike) -> None:
+def write_model(graph: Graph, directory: str | os.PathLike, symbol: str | None = None) -> None:
     """Write ``symbol`` and ``params`` into ``directory`` (created if needed), both replaced together: a failure
     leaves the old files (and no new directory).
 
-    Params are stored as int8 when their variable's precision is <= 8, else int32 (MRT's rule).
+    ``symbol``: the source's symbol text, written as it is (the caller has checked that it describes ``graph``),
+    with the params in their order and stored types. Without it the runtime writer's symbol is written and params
+    are stored as int8 when their variable's precision is <= 8, else int32 (MRT's rule).
     """
     directory = Path(directory)
-    precisions = {n.name: n.outputs[0].precision for n in graph.nodes
-                  if n.is_variable and n.outputs and n.name in graph.params}
-    text = write_symbol(graph).encode("utf-8")
+    precisions = {} if symbol is not None else {n.name: n.outputs[0].precision for n in graph.nodes
+                                                if n.is_variable and n.outputs and n.name in graph.params}
+    text = (write_symbol(graph) if symbol is None else symbol).encode("utf-8")
     data = write_params(graph.params, precisions)
     fresh = not directory.exists()
     try:
