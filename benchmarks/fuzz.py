@@ -22,15 +22,16 @@ from hypothesis import HealthCheck, Phase, given, settings
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_reliability as R  # noqa: E402
+from conftest import RESNET  # noqa: E402
 
 TARGETS = {
     "symbols": (lambda: R.mutated_symbols(R.SEEDS), R.check_cvm),
     "attributes": (lambda: R.mutated_attributes(R.SEEDS), R.check_cvm),
     "params": (lambda: R.mutated_params(R.SEEDS), R.check_cvm),
     "onnx": (lambda: R.mutated_onnx(R.ONNX_SEEDS), R.check_onnx),
-    "resnet": (lambda: R.mutated_symbols(R.resnet_seeds()) | R.mutated_attributes(R.resnet_seeds())
-               | R.mutated_params(R.resnet_seeds()), R.check_cvm),
-    "resnet-onnx": (lambda: R.mutated_onnx(R.resnet_onnx_seeds()), R.check_onnx),
+    "resnet": (lambda: R.mutated_symbols(R.resnet_seeds(RESNET)) | R.mutated_attributes(R.resnet_seeds(RESNET))
+               | R.mutated_params(R.resnet_seeds(RESNET)), R.check_cvm),
+    "resnet-onnx": (lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)), R.check_onnx),
 }
 PROJECT = ("cvm_onnx", "converters")
 
@@ -88,7 +89,7 @@ def main() -> None:
     args = p.parse_args()
     if unknown := set(args.targets) - set(TARGETS):
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
-    targets = args.targets or [t for t in TARGETS if not t.startswith("resnet") or (R.RESNET / "symbol").is_file()]
+    targets = args.targets or [t for t in TARGETS if not t.startswith("resnet") or (RESNET / "symbol").is_file()]
     total_tried = total_failed = 0
     for name in targets:
         start = time.monotonic()

@@ -3,13 +3,10 @@ reference executor and on onnxruntime, bit for bit; graphs whose ops would not k
 naming the node and the reason."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cvm_onnx.api import load
 from cvm_onnx.batch import batched
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -18,8 +15,6 @@ from cvm_onnx.executor import execute
 from cvm_onnx.runtime import run
 from harness import tensors
 from test_export import graphs
-
-RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
 
 
 def singles(graph, data: np.ndarray) -> list[np.ndarray]:
@@ -80,10 +75,8 @@ def test_transforms_keeping_the_batch(case):
     check_batch(*case)
 
 
-def test_resnet20_batch_4_equals_4_single_runs():
-    if not RESNET.exists():
-        pytest.skip("the ResNet-20 model is not present")
-    graph = load(RESNET).graph
+def test_resnet20_batch_4_equals_4_single_runs(resnet):
+    graph = resnet
     x = np.random.default_rng(0).integers(-128, 128, (4, 3, 32, 32)).astype(np.int32)
     x[0] = 127
     x[1] = -128  # clamped to -127 by the input's Clip, as the runtime does

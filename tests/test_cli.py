@@ -249,17 +249,13 @@ def test_process_exit_statuses(model, tmp_path):
     assert closed.wait(60) == cli.BROKEN_PIPE and closed.stderr.read() == b""
 
 
-RESNET = ROOT.parent / "shared" / "models" / "resnet20-cifar"
-
-
-@pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")
-def test_run_reproduces_the_runtimes_resnet20_output(tmp_path, capsys):
+def test_run_reproduces_the_runtimes_resnet20_output(resnet_dir, tmp_path, capsys):
     """`cvm-onnx run` on the real on-chain model, on the reference executor and on its ONNX export, gives the
     runtime's published output, one int32 array of the head's shape."""
-    want = np.load(RESNET / "expected.npy")
-    assert run(capsys, "convert", RESNET, "-o", tmp_path / "r.onnx")[0] == 0
-    for source in (RESNET, tmp_path / "r.onnx"):
-        assert run(capsys, "run", source, "--input", RESNET / "input.npy", "--output", tmp_path / "out.npz")[0] == 0
+    want = np.load(resnet_dir / "expected.npy")
+    assert run(capsys, "convert", resnet_dir, "-o", tmp_path / "r.onnx")[0] == 0
+    for source in (resnet_dir, tmp_path / "r.onnx"):
+        assert run(capsys, "run", source, "--input", resnet_dir / "input.npy", "--output", tmp_path / "out.npz")[0] == 0
         with np.load(tmp_path / "out.npz") as got:
             [y] = got.values()
             assert y.dtype == np.int32 and np.array_equal(y, want)

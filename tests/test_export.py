@@ -3,8 +3,6 @@ graphs built from the registry are exact, and every exported model passes the ch
 inference, with identical bytes for identical input."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -18,26 +16,16 @@ from cvm_onnx.graph import Graph, Node
 from cvm_onnx.runtime import run
 from harness import assert_exact, tensors
 
-RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
-needs_resnet = pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")
 
-
-@pytest.fixture(scope="module")
-def resnet():
-    return cvm_onnx.load(RESNET).graph
-
-
-@needs_resnet
 @pytest.mark.parametrize("inline", [False, True])
-def test_resnet20_on_onnxruntime_reproduces_the_runtime(resnet, inline):
+def test_resnet20_on_onnxruntime_reproduces_the_runtime(resnet_dir, resnet, inline):
     model = to_onnx(resnet, inline=inline)
     onnx.checker.check_model(model, full_check=True)
-    x = np.load(RESNET / "input.npy")
+    x = np.load(resnet_dir / "input.npy")
     [y] = run(model, {"data": x.astype(np.int32)})
-    assert np.array_equal(y, np.load(RESNET / "expected.npy"))
+    assert np.array_equal(y, np.load(resnet_dir / "expected.npy"))
 
 
-@needs_resnet
 def test_resnet20_model_reads_well(resnet):
     """One node per CVM op, named as in CVM; shapes on every tensor; provenance in the metadata."""
     model = to_onnx(resnet)
@@ -53,10 +41,9 @@ def test_resnet20_model_reads_well(resnet):
     assert len(inferred.graph.value_info) >= len(model.graph.value_info)
 
 
-@needs_resnet
-def test_export_is_deterministic(resnet):
+def test_export_is_deterministic(resnet_dir, resnet):
     first = to_onnx(resnet).SerializeToString(deterministic=True)
-    assert to_onnx(cvm_onnx.load(RESNET).graph).SerializeToString(deterministic=True) == first
+    assert to_onnx(cvm_onnx.load(resnet_dir).graph).SerializeToString(deterministic=True) == first
 
 
 def test_unsupported_ops_are_listed_together():

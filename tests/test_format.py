@@ -11,7 +11,6 @@ import json
 import re
 import struct
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,8 +23,6 @@ from cvm_onnx.format import read_model, read_params, read_symbol, write_model, w
 from cvm_onnx.format.symbol import layout
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
 
-RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
-needs_resnet = pytest.mark.skipif(not (RESNET / "symbol").is_file(), reason="the ResNet-20 model is not present")
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -176,9 +173,8 @@ def test_params_corrupted_bytes_give_format_errors_only(flips, cut):
         assert list(out) and all(a.dtype in (np.int8, np.int32) for a in out.values())
 
 
-@needs_resnet
-def test_resnet_params():
-    data = (RESNET / "params").read_bytes()
+def test_resnet_params(resnet_dir):
+    data = (resnet_dir / "params").read_bytes()
     params = read_params(data)
     assert len(params) == 108
     assert Counter(a.dtype for a in params.values()) == {np.dtype(np.int8): 34, np.dtype(np.int32): 74}
@@ -257,9 +253,8 @@ def test_tiny_example_reads_back():
 
 
 # -- symbol: ResNet-20 (2019 dialect) ----------------------------------------------------------------------------
-@needs_resnet
-def test_resnet_symbol():
-    text = (RESNET / "symbol").read_text()
+def test_resnet_symbol(resnet_dir):
+    text = (resnet_dir / "symbol").read_text()
     doc = json.loads(text)
     assert layout(doc) == text  # the writer's layout is the runtime's, byte for byte
     g = read_symbol(text)
@@ -278,9 +273,8 @@ def test_resnet_symbol():
     assert g.nodes[3].attrs["kernel_size"] == "[1, 1]"
 
 
-@needs_resnet
-def test_resnet_written_and_read_back():
-    g = read_symbol((RESNET / "symbol").read_bytes())
+def test_resnet_written_and_read_back(resnet_dir):
+    g = read_symbol((resnet_dir / "symbol").read_bytes())
     text = write_symbol(g)
     back = read_symbol(text)
     assert back.nodes == g.nodes and back.heads == g.heads
@@ -650,12 +644,11 @@ def test_model_directory_errors(tmp_path):
     expect_error(lambda: write_model(tiny_model(), tmp_path / "file"), "cannot write the model")
 
 
-@needs_resnet
-def test_resnet_model_directory(tmp_path):
-    g = read_model(RESNET)
+def test_resnet_model_directory(resnet_dir, tmp_path):
+    g = read_model(resnet_dir)
     assert len(g.params) == 108 and [g.nodes[i].name for i in g.inputs] == ["data"]
     write_model(g, tmp_path)
-    assert (tmp_path / "params").read_bytes() == (RESNET / "params").read_bytes()
+    assert (tmp_path / "params").read_bytes() == (resnet_dir / "params").read_bytes()
     back = read_model(tmp_path)
     assert back.nodes == g.nodes and back.heads == g.heads
     assert all(np.array_equal(back.params[k], v) and back.params[k].dtype == v.dtype for k, v in g.params.items())

@@ -2,21 +2,16 @@
 and params keep their stored type (int8 initializers, widened in the bodies that read them)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
-import pytest
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.api import import_onnx, load, write_onnx
+from cvm_onnx.api import import_onnx, write_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.format.onnx_file import onnx_pieces
 from cvm_onnx.runtime import run
 from test_export import graphs
-
-RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
 
 
 def parsed(pieces) -> onnx.ModelProto:
@@ -52,10 +47,8 @@ def test_pieces_of_every_kind_of_field(tmp_path):
     assert onnx.load(str(tmp_path / "m.onnx"), load_external_data=False) == model
 
 
-def test_int8_params_stay_int8_and_round_trip(tmp_path):
-    if not RESNET.exists():
-        pytest.skip("the ResNet-20 model is not present")
-    graph = load(RESNET).graph
+def test_int8_params_stay_int8_and_round_trip(resnet_dir, resnet, tmp_path):
+    graph = resnet
     model = to_onnx(graph)
     types = {t.name: t.data_type for t in model.graph.initializer}
     for name, value in graph.params.items():
@@ -65,5 +58,5 @@ def test_int8_params_stay_int8_and_round_trip(tmp_path):
     back = import_onnx(tmp_path / "r.onnx")
     for name, value in graph.params.items():
         assert back.params[name].dtype == value.dtype and np.array_equal(back.params[name], value), name
-    data = np.load(RESNET / "input.npy").astype(np.int32)
-    assert np.array_equal(run(tmp_path / "r.onnx", {"data": data})[0], np.load(RESNET / "expected.npy"))
+    data = np.load(resnet_dir / "input.npy").astype(np.int32)
+    assert np.array_equal(run(tmp_path / "r.onnx", {"data": data})[0], np.load(resnet_dir / "expected.npy"))

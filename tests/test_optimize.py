@@ -2,8 +2,6 @@
 unchanged bit for bit (onnxruntime on the optimized model == the reference executor)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -18,7 +16,6 @@ from cvm_onnx.runtime import run
 from harness import tensors
 from test_export import graphs
 
-RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
 
 
@@ -109,10 +106,8 @@ def test_int32_ops_keep_their_casts():
 
 @settings(max_examples=10, deadline=None)
 @given(data=tensors((1, 3, 32, 32), 8), seed=st.integers(0, 2**32 - 1))
-def test_resnet20(data, seed):
-    if not RESNET.exists():
-        pytest.skip("the ResNet-20 model is not present")
-    graph = load(RESNET).graph
+def test_resnet20(resnet_dir, data, seed):
+    graph = load(resnet_dir).graph
     model = to_onnx(graph, optimize=True)
     flat = to_onnx(graph, inline=True)
     assert not round_trips(model) and len(model.graph.node) < len(flat.graph.node)

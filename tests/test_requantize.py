@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
-from cvm_onnx.api import load
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.errors import ValidationError
@@ -19,7 +17,6 @@ from cvm_onnx.executor import execute
 from cvm_onnx.runtime import run
 from harness import bound, tensors
 
-RESNET = Path(__file__).parents[2] / "shared" / "models" / "resnet20-cifar"
 SHAPE = (1, 2, 3, 4)
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "150"))  # fewer under qemu (.ci/run)
 
@@ -201,10 +198,8 @@ def test_a_head_inside_a_chain_keeps_its_value():
     assert [len(r) for r in fused(model)] == [3, 3]
 
 
-def test_resnet20_runs():
-    if not RESNET.exists():
-        pytest.skip("the ResNet-20 model is not present")
-    graph = load(RESNET).graph
+def test_resnet20_runs(resnet):
+    graph = resnet
     model = to_onnx(graph, optimize=True)
     fused_nodes = {name for r in fused(model) for name in r}
     shifts = [n.name for n in graph.nodes if n.op == "cvm_right_shift"]

@@ -27,8 +27,6 @@ from cvm_onnx.report import STAGES, op_forms
 from cvm_onnx.verify import generated_cases, verify
 
 MODELS = Path(__file__).parents[1] / "models"
-RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
-needs_resnet = pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")
 EXAMPLES = ["digits_cnn", "detection", "transforms"]
 
 
@@ -61,11 +59,10 @@ def test_example_models_are_exact(name, inline):
     assert str(verdict).startswith("exact:")
 
 
-@needs_resnet
-def test_resnet20_is_exact():
-    verdict = verify(graph_of(RESNET), seeds=1)
+def test_resnet20_is_exact(resnet_dir, resnet):
+    verdict = verify(resnet, seeds=1)
     assert verdict.exact, str(verdict)
-    given_input = verify(graph_of(RESNET), np.load(RESNET / "input.npy"))
+    given_input = verify(resnet, np.load(resnet_dir / "input.npy"))
     assert given_input.exact and given_input.cases == ["given"]
 
 
@@ -123,9 +120,8 @@ def test_a_lowering_adding_one_at_one_position_is_located(monkeypatch, inline):
     assert diff.count == 1 and diff.positions == [(index, int(want[index]), int(want[index]) + 1)]
 
 
-@needs_resnet
-def test_an_edited_weight_in_resnet20_names_its_conv():
-    graph = graph_of(RESNET)
+def test_an_edited_weight_in_resnet20_names_its_conv(resnet):
+    graph = resnet
     convs = [n for n in graph.nodes if n.op == "conv2d"]
     target = convs[len(convs) // 2]
     weight = graph.nodes[target.inputs[1].node].name
@@ -159,30 +155,28 @@ def symbol_ops(path: Path) -> set[str]:
     return {re.sub(r"_\d*$", "", n["attrs"]["func_name"]) for n in nodes if n["op"] != "null"}
 
 
-@pytest.mark.parametrize("path", [MODELS / "digits_cnn", MODELS / "detection",
-                                  pytest.param(RESNET, marks=needs_resnet)], ids=lambda p: p.name)
-def test_report_lists_every_op_and_every_stage(path, tmp_path, capsys):
+@pytest.mark.parametrize("model_dir", ["digits_cnn", "detection", "resnet20"], indirect=True)
+def test_report_lists_every_op_and_every_stage(model_dir, tmp_path, capsys):
     out, md = tmp_path / "m.onnx", tmp_path / "report.md"
-    assert main(["convert", str(path), "-o", str(out), "--report", str(md), "--verify"]) == 0
+    assert main(["convert", str(model_dir), "-o", str(out), "--report", str(md), "--verify"]) == 0
     assert out.is_file()
     text = md.read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
-    assert symbol_ops(path) <= rows.keys()
+    assert symbol_ops(model_dir) <= rows.keys()
     for stage in STAGES:
         assert f"| {stage} | passed |" in text
-    for op in symbol_ops(path):
+    for op in symbol_ops(model_dir):
         assert ("function cvm::" + op in rows[op]) or ("native custom op cvm.native::" in rows[op])
     summary = capsys.readouterr().out
     assert "stages passed: " + ", ".join(STAGES) in summary and f"report: {md}" in summary
 
 
-@pytest.mark.parametrize("path", [MODELS / "digits_cnn", pytest.param(RESNET, marks=needs_resnet)],
-                         ids=lambda p: p.name)
-def test_report_of_the_optimized_batched_form(path, tmp_path, capsys):
+@pytest.mark.parametrize("model_dir", ["digits_cnn", "resnet20"], indirect=True)
+def test_report_of_the_optimized_batched_form(model_dir, tmp_path, capsys):
     """--optimize --batch with --report --verify: every stage passes on the batched graph, and the op table shows
     the fused runs."""
     out, md = tmp_path / "m.onnx", tmp_path / "report.md"
-    assert main(["convert", str(path), "-o", str(out), "--report", str(md), "--verify", "--optimize",
+    assert main(["convert", str(model_dir), "-o", str(out), "--report", str(md), "--verify", "--optimize",
                  "--batch", "4"]) == 0
     text = md.read_text()
     for stage in STAGES:
@@ -193,10 +187,9 @@ def test_report_of_the_optimized_batched_form(path, tmp_path, capsys):
     assert "stages passed" in capsys.readouterr().out
 
 
-@needs_resnet
-def test_report_primitives_match_the_flat_form():
+def test_report_primitives_match_the_flat_form(resnet):
     """The op table's primitive ops for the function form are the op types the flat form emits for that op."""
-    graph = graph_of(RESNET)
+    graph = resnet
     flat = to_onnx(graph, inline=True)
     emitted: dict[str, set[str]] = {}
     for n in flat.graph.node:
