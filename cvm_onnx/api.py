@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .converters.from_onnx import from_onnx
-from .converters.from_onnx.roundtrip import source_symbol
+from .converters.from_onnx import from_onnx, source_symbol
 from .converters.to_onnx import to_onnx
 from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute

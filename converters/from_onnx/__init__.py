@@ -6,5 +6,6 @@ nn, transform, reduce) where an exact CVM form exists. See docs/import.md.
 """
 from .importer import from_onnx
 from .registry import RULES, Refuse, rule
+from .roundtrip import source_symbol
 
-__all__ = ["from_onnx", "RULES", "Refuse", "rule"]
+__all__ = ["from_onnx", "RULES", "Refuse", "rule", "source_symbol"]
