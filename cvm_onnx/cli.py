@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 import traceback
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from . import api
+from .bulk import CHUNK
 from .errors import CVMError, FormatError, RuntimeFailure
 from .format.model_dir import replace_file
 
@@ -45,20 +45,6 @@ def read_npy(path: str) -> np.ndarray:
         return np.array(data)
     except (OSError, ValueError) as e:
         raise FormatError(f"cannot read the input array: {e}", where=path) from None
-
-
-def write_npz(path: str, names: list[str], values: list[np.ndarray]) -> None:
-    """The outputs as one int32 array each, keyed by name, written atomically."""
-    arrays: dict[str, np.ndarray] = {}
-    for name, value in zip(names, values):
-        key = name if name not in arrays else f"{name}_{len(arrays)}"
-        arrays[key] = np.asarray(value, dtype=np.int32)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    try:
-        replace_file(Path(path), buffer.getvalue())
-    except OSError as e:
-        raise FormatError(f"cannot write the outputs: {e.strerror or e}", where=path) from None
 
 
 def _warn(problems) -> None:
@@ -151,18 +137,25 @@ def cmd_view(args) -> int:
 
 
 def cmd_run(args) -> int:
-    data = read_npy(args.input)
-    if api.is_onnx(args.model):
-        from .runtime import run_model
+    from .progress import Bar
 
-        names, outs = run_model(api.load_onnx(args.model), data, provider=args.provider)
+    if api.is_onnx(args.model):
+        model = api.load_onnx(args.model)
     else:
-        model = api.load(args.model, args.params)
-        _warn(model.warnings)
-        outs = api.run_cvm(model.graph, data)
-        names = [model.graph.nodes[h.node].name for h in model.graph.heads]
-    write_npz(args.output, names, outs)
-    say(f"wrote {args.output}: " + ", ".join(f"{n} {tuple(o.shape)}" for n, o in zip(names, outs)))
+        loaded = api.load(args.model, args.params)
+        _warn(loaded.warnings)
+        model = loaded.graph
+    with Bar() as bar:
+        if args.ray is None:
+            from .bulk import run_many
+
+            out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar)
+        else:
+            from .on_ray import run_on_ray
+
+            out = run_on_ray(model, args.input, args.output, address=args.ray or None, actors=args.actors,
+                             chunk=args.chunk, provider=args.provider, progress=bar)
+    say(f"wrote {args.output}: " + ", ".join(f"{n} {s}" for n, s in zip(out.keys, out.shapes)))
     return 0
 
 
@@ -192,9 +185,16 @@ def parser() -> argparse.ArgumentParser:
     model_cmd("validate", cmd_validate, "check a CVM model against the runtime's load-time rules", ["check"])
     model_cmd("info", cmd_info, "ops, params, inputs and outputs of a CVM model")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)")
-    r.add_argument("--input", required=True, help=".npy holding the input data (int8 or int32)")
-    r.add_argument("--output", required=True, help=".npz to write, one int32 array per output in order")
+    r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
+                   "or N of them stacked on a new axis 0; or a directory of such .npy files (file-name order)")
+    r.add_argument("--output", required=True, help=".npz to write, one array per output (stacked over the "
+                   "samples for N inputs); or .npy for a one-output model")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
+    r.add_argument("--chunk", type=int, default=CHUNK, metavar="N", help=f"samples per unit of work, and per "
+                   f"model call where the model takes a batch (default {CHUNK})")
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run on Ray actors: a new local "
+                   "instance, or the cluster at ADDRESS (auto, ray://HOST:10001); extra ray")
+    r.add_argument("--actors", type=int, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")
     c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM", parents=[debug])
     c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")
     c.add_argument("-o", "--output", required=True,

@@ -14,6 +14,8 @@ DOMAIN = "cvm"
 DOMAIN_VERSION = 1  # its version in opset_import
 #: Metadata of an exported model holding the text of the symbol file it was converted from.
 SYMBOL = "cvm.symbol"
+#: Metadata of a batched exported model: its batch size (``cvm_onnx.bulk`` splits a call's outputs by it).
+BATCH = "cvm.batch"
 
 INT32_MAX = (1 << 31) - 1
 #: A bound on |x| that any int32 satisfies, INT32_MIN included.

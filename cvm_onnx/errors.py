@@ -34,6 +34,9 @@ class CVMError(Exception):
         self.problems: list[Problem] = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
 
+    def __reduce__(self):  # pickled with its problems (errors raised in Ray workers)
+        return type(self), (self.problems,)
+
 
 class FormatError(CVMError):
     """A file (symbol JSON, params binary, ONNX model, .npy input) cannot be read as what it claims to be."""

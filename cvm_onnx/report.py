@@ -191,8 +191,9 @@ def convert_checked(src: str | os.PathLike, dst: str | os.PathLike, params: str 
         return f"{len(v.warnings)} warning(s)"
 
     def convert():
-        g = state["graph"] = state["graph"] if batch is None else batched(state["graph"], batch)
-        model = state["model"] = to_onnx(g, inline=inline, optimize=optimize,
+        single = state["graph"]
+        g = state["graph"] = single if batch is None else batched(single, batch)
+        model = state["model"] = to_onnx(single, inline=inline, batch=batch, optimize=optimize,
                                          symbol=state["symbol"] if batch is None else None)
         state["bytes"] = model.SerializeToString(deterministic=True)
         report.ops = op_forms(g, model)

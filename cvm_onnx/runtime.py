@@ -154,26 +154,32 @@ def run(model: ModelLike | ort.InferenceSession, inputs: dict[str, np.ndarray], 
 
 def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",
               native: bool | None = None) -> tuple[list[str], list[np.ndarray]]:
-    """Run a single-input model on ``data``; returns the output names and values.
-
-    An integer ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads
-    int8 inputs); any other mismatch is a ``RuntimeFailure``.
-    """
+    """Run a single-input model on ``data``; returns the output names and values (input rules: ``feed``)."""
     model = _load(model)
     sess = session(model, provider, native)
+    outs = run(sess, feed(sess, data, declared_precision(model, sess.get_inputs()[0].name)))
+    return [o.name for o in sess.get_outputs()], outs
+
+
+def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = None) -> dict[str, np.ndarray]:
+    """``data`` as the input of a single-input session whose model declares the input ``precision`` (if any).
+
+    With a precision, integer data is taken as the reference executor takes it (``integer_input``). An integer
+    ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads int8
+    inputs); any other mismatch is a ``RuntimeFailure``.
+    """
     inputs = sess.get_inputs()
     if len(inputs) != 1:
         raise RuntimeFailure(f"the model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
                              f"run_model feeds exactly one")
     want = np.dtype(_NUMPY_TYPES.get(inputs[0].type, np.void))
-    if (p := declared_precision(model, inputs[0].name)) is not None:
-        data = integer_input(data, p, inputs[0].name)
+    if precision is not None:
+        data = integer_input(data, precision, inputs[0].name)
     if data.dtype != want:
         if not np.can_cast(data.dtype, want, casting="safe"):
             raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data")
         data = data.astype(want)
-    outs = run(sess, {inputs[0].name: data})
-    return [o.name for o in sess.get_outputs()], outs
+    return {inputs[0].name: data}
 
 
 def declared_precision(model: onnx.ModelProto, name: str) -> int | None:

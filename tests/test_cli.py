@@ -128,9 +128,10 @@ def test_unsupported_exits_4(tmp_path, capsys):
 
 
 def test_runtime_errors_exit_5(model, tmp_path, capsys):
-    np.save(tmp_path / "x.npy", np.zeros((2, 4), np.int8))
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.int8))
     assert failed(capsys, 5, "run", model, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz") == [
-        "runtime error: data: input shape (2, 4) must be (1, 4)"]
+        f"runtime error: {tmp_path / 'x.npy'}: shape (2, 5) is not the model input's (1, 4), nor samples (N, 4) or "
+        f"(N, 1, 4)"]
     np.save(tmp_path / "x.npy", np.zeros((1, 4), np.float32))
     [line] = failed(capsys, 5, "run", model, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz")
     assert line == "runtime error: data: input dtype float32 must be an integer type"

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.constants import DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, SYMBOL, __version__
+from cvm_onnx.constants import BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, SYMBOL, __version__
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
@@ -264,7 +264,8 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
-    form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``.
+    form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``. A batched model says
+    its batch size in metadata ``cvm.batch``.
     """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
@@ -273,6 +274,8 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     model = _Exporter(graph, inline or optimize, fuse=optimize).model(source_version)
     if symbol is not None and batch is None and not optimize:
         model.metadata_props.add(key=SYMBOL, value=symbol)
+    if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.bulk)
+        model.metadata_props.add(key=BATCH, value=str(batch))
     if not optimize:
         return model
     model = run_passes(SERVING, model)

@@ -1,0 +1,108 @@
+"""Running a model over many samples on Ray: Ray Data ``map_batches`` over a pool of actors.
+
+Each actor holds one ``bulk.Runner``: one onnxruntime session with the native op library registered (a CVM
+graph is exported in its batched serving form on the driver, so the actors only run onnxruntime). The driver
+puts the samples into Ray's object store a chunk at a time, with their indices; each result is written at its
+indices, so the output is in input order whatever order the chunks finish in, and is bit-identical to
+``bulk.run_many``. A killed actor is restarted and its chunks retried (``RETRIES`` times each). Ray is the
+optional extra ``ray``, imported only here; the workers need cvm-onnx installed (docs/scale-out.md).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .bulk import CHUNK, ModelArg, Output, Progress, Runner, planned
+from .errors import CVMError, RuntimeFailure, UnsupportedError
+
+RETRIES = 3
+"""Restarts of a dead actor, and retries of a chunk whose actor died, before the run fails."""
+
+
+def _ray():
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise UnsupportedError("running on Ray needs the extra ray: pip install 'cvm-onnx[ray]'") from None
+    return ray
+
+
+class _Actor:
+    """A Ray Data actor: one runner; a batch of rows (index, data) becomes rows (index, out0, out1, ...)."""
+
+    def __init__(self, plan):
+        self.runner = Runner(plan)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outs = self.runner(batch["data"], batch["index"])
+        return {"index": batch["index"], **{f"out{k}": o for k, o in enumerate(outs)}}
+
+
+def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
+               address: str | None = None, actors: int | None = None, chunk: int = CHUNK, provider: str = "cpu",
+               runtime_env: dict[str, Any] | None = None, progress: Progress | None = None) -> Output:
+    """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU and one
+    onnxruntime thread each, ``chunk`` samples per task. Uses the Ray instance this process is connected to,
+    else connects to ``address`` (None: a new local instance, or the one ``RAY_ADDRESS`` names) with
+    ``runtime_env`` and disconnects at the end."""
+    ray = _ray()
+    from ray.data import ActorPoolStrategy, DataContext
+    from ray.data.extensions import ArrowTensorArray
+    import pyarrow as pa
+
+    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1)
+    started = not ray.is_initialized()
+    if started:
+        extra = {"include_dashboard": False} if address is None else {}
+        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, **extra)
+    context = DataContext.get_current()
+    saved = context.enable_progress_bars, context.raise_original_map_exception
+    # our errors come back as themselves, and are printed once, by the caller
+    context.enable_progress_bars, context.raise_original_map_exception = False, True
+    log = logging.getLogger("ray.data")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        pool = actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        blocks = []
+        for a in range(0, data.count, chunk):
+            b = min(a + chunk, data.count)
+            blocks.append(ray.put(pa.table({"index": np.arange(a, b),
+                                            "data": ArrowTensorArray.from_numpy(data.chunk(a, b))})))
+        with warnings.catch_warnings():  # Ray 2.60 deprecates these two as map_batches keywords, with no
+            warnings.simplefilter("ignore", DeprecationWarning)  # replacement yet; the defaults never give up
+            results = ray.data.from_arrow_refs(blocks).map_batches(
+                _Actor, fn_constructor_args=(p,), batch_size=chunk, batch_format="numpy", num_cpus=1,
+                compute=ActorPoolStrategy(size=pool), max_restarts=RETRIES, max_task_retries=RETRIES)
+        done = 0
+        with Output(output, p.names, data.count, data.stacked) as out:
+            for batch in _batches(results):
+                out.write(batch["index"], [batch[f"out{k}"] for k in range(len(p.names))])
+                done += len(batch["index"])
+                if progress:
+                    progress(done, data.count, "samples")
+            if done != data.count:
+                raise RuntimeFailure(f"Ray returned {done} results for {data.count} samples")
+            out.commit()
+        return out
+    finally:
+        context.enable_progress_bars, context.raise_original_map_exception = saved
+        log.setLevel(level)
+        if started:
+            ray.shutdown()
+
+
+def _batches(dataset):
+    """The dataset's result blocks; an error of ours raised in an actor comes out as itself."""
+    try:
+        yield from dataset.iter_batches(batch_size=None, batch_format="numpy")
+    except Exception as e:
+        cause = getattr(e, "cause", e)
+        if isinstance(cause, CVMError):
+            raise type(cause)(cause.problems) from None
+        raise RuntimeFailure(f"the Ray run failed: {type(e).__name__}: {e}") from None
