@@ -236,8 +236,7 @@ class Runner:
             except CVMError as e:
                 if index is None:
                     raise
-                where = f"sample {index[a]}" if len(part) == 1 else f"samples {index[a]}-{index[a + len(part) - 1]}"
-                raise RuntimeFailure([Problem(where, str(p)) for p in e.problems]) from None
+                raise self._failed(part, index[a:a + len(part)], e) from None
             for k, out in enumerate(outs):
                 if b == 1:
                     results[k].append(out[None])
@@ -246,6 +245,17 @@ class Runner:
                 else:
                     results[k].append(np.broadcast_to(out, (len(part), *out.shape)))
         return [np.concatenate(r) for r in results]
+
+    def _failed(self, part: np.ndarray, index: Sequence[int], error: CVMError) -> RuntimeFailure:
+        """The error of the first sample of ``part`` that fails alone, named by its index (else of them all)."""
+        for k in range(len(part) if len(part) > 1 else 0):
+            try:
+                self._call(part[k:k + 1])
+            except CVMError as e:
+                index, error = index[k:k + 1], e
+                break
+        where = f"sample {index[0]}" if len(index) == 1 else f"samples {index[0]}-{index[-1]}"
+        return RuntimeFailure([Problem(where, str(p)) for p in error.problems])
 
     def _call(self, part: np.ndarray) -> list[np.ndarray]:
         b = self.plan.batch

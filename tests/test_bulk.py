@@ -137,13 +137,17 @@ def test_bad_samples_are_all_named_with_their_index_before_anything_runs(tmp_pat
     assert not out.exists() and leftovers(tmp_path) == []
 
 
-def test_a_failure_while_running_names_the_samples_and_leaves_no_file(tmp_path):
+def test_a_failing_sample_is_named_by_its_index_and_leaves_no_file(tmp_path):
     graph = graph_of(ROOT / "models" / "digits_cnn")
-    np.save(tmp_path / "x.npy", np.zeros((10, 1, 1, 8, 8), np.float64))
-    with pytest.raises(RuntimeFailure) as e:
-        bulk.run_many(cvm_onnx.to_onnx(graph), tmp_path / "x.npy", tmp_path / "o.npy", chunk=4)
-    assert str(e.value).startswith("sample 0: input data is tensor(int32); got float64 data")
-    assert sorted(os.listdir(tmp_path)) == ["x.npy"]
+    x = np.zeros((10, 1, 1, 8, 8), np.int16)
+    x[6, 0, 0, 3, 3] = 300  # int16 values must fit the input precision, 8 bits
+    np.save(tmp_path / "x.npy", x)
+    for model in (graph, cvm_onnx.to_onnx(graph)):
+        with pytest.raises(RuntimeFailure) as e:
+            bulk.run_many(model, tmp_path / "x.npy", tmp_path / "o.npy", chunk=4)
+        assert str(e.value).startswith("sample 6: data: input values in [0, 300] do not fit the model's input "
+                                       "precision 8")
+        assert sorted(os.listdir(tmp_path)) == ["x.npy"]
 
 
 def test_the_old_output_stays_when_a_run_fails(tmp_path):
