@@ -15,6 +15,7 @@ ConvInteger -> conv2d; MaxPool -> max_pool2d; Resize, Upsample (nearest, integer
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 from onnx import TensorProto
@@ -22,6 +23,7 @@ from onnx import TensorProto
 from .checks import MAX_DIM
 from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
 from .elemwise import broadcast_shape, type_name
+from .evaluated import affine
 from .registry import REQUIRED, Refuse, rule
 from .transform import ints, normal, strided_slice
 
@@ -110,41 +112,54 @@ def matmul_rule(ctx, node, a, b):
 
 @rule("MatMulInteger", since=10)
 def matmul_integer(ctx, node, a, b, a_zero=None, b_zero=None):
-    """(A - a_zero_point) @ (B - b_zero_point) in int32 (a per-row a_zero_point, a per-column b_zero_point)."""
+    """(A - a_zero_point) @ (B - b_zero_point) in int32 (a per-row a_zero_point, a per-column b_zero_point). A
+    variable zero point of constant matrices: the product is affine in it (per row or column)."""
+    if (k := _variable_zero_point([a, b, a_zero, b_zero])) is not None:
+        return affine(ctx, node, [a, b, a_zero, b_zero], k, INT32, -2 if k == 2 else -1)
     a = minus_zero_point(ctx, a, a_zero, len(a.shape) - 2)
     return matmul(ctx, a, minus_zero_point(ctx, b, b_zero), INT32)
 
 
+def _variable_zero_point(ins: list[Tensor | None]) -> int | None:
+    """The position of the one variable input when it is a zero point (inputs 2, 3), else None."""
+    var = [k for k, t in enumerate(ins) if t is not None and not t.is_const]
+    return var[0] if len(var) == 1 and var[0] >= 2 else None
+
+
 @rule("Gemm", since=7)
 def gemm(ctx, node, a, b, c=None):
-    """alpha * A' @ B' + beta * C with integer alpha and beta: dense (C as its bias when it is a row)."""
+    """alpha * A' @ B' + beta * C with integer alpha and beta: dense (C as its bias when it is a row). Integer
+    types wrap, so only the result must fit the type (the steps CVM's 32 bits); floats round, so every step must
+    stay within the integers the type holds exactly."""
     alpha, beta = node.attr_float("alpha", 1.0), node.attr_float("beta", 1.0)
     if not (float(alpha).is_integer() and float(beta).is_integer()):
         raise Refuse(f"Gemm alpha={alpha}, beta={beta}: only integer factors have an exact CVM form")
     if len(a.shape) != 2 or len(b.shape) != 2:
         raise Refuse(f"Gemm operands of shapes {a.shape} and {b.shape}: both must be matrices")
+    inner = a.dtype if a.dtype in FLOAT_EXACT else INT32
     a = transposed(ctx, a, (1, 0)) if node.attr_int("transA", 0) else a
     w = b if node.attr_int("transB", 0) else transposed(ctx, b, (1, 0))
     n = w.shape[0]
     if c is not None and beta != 1:
-        c = const(c.value * int(beta), c.dtype) if c.is_const else None if beta == 0 else mul(ctx, c, int(beta))
+        c = const(c.value * int(beta), c.dtype) if c.is_const else None if beta == 0 else mul(ctx, c, int(beta), inner)
     bias = None
     if c is not None and alpha == 1 and c.is_const and c.shape in ((), (1,), (n,), (1, 1), (1, n)):
         bias, c = const(np.broadcast_to(c.value.reshape(-1), (n,)), c.dtype), None
-    y = dense(ctx, a, w, a.dtype, bias)
+    y = dense(ctx, a, w, inner, bias)
     if alpha != 1:
-        y = mul(ctx, y, int(alpha))
+        y = mul(ctx, y, int(alpha), inner)
     if c is not None:
         lo, hi = y.lo + c.lo, y.hi + c.hi
-        check_values(y.dtype, lo, hi)
-        y = ctx.result(ctx.op("broadcast_add", y, c), y.dtype, lo, hi, broadcast_shape(y, c))
-    return y
+        check_values(inner, lo, hi)
+        y = ctx.result(ctx.op("broadcast_add", y, c), inner, lo, hi, broadcast_shape(y, c))
+    check_values(a.dtype, y.lo, y.hi)
+    return replace(y, dtype=a.dtype)
 
 
-def mul(ctx, t: Tensor, k: int) -> Tensor:
+def mul(ctx, t: Tensor, k: int, dtype: int) -> Tensor:
     lo, hi = sorted((t.lo * k, t.hi * k))
-    check_values(t.dtype, lo, hi)
-    return ctx.result(ctx.op("broadcast_mul", t, const(np.array([k], np.int32), INT32)), t.dtype, lo, hi, t.shape)
+    check_values(dtype, lo, hi)
+    return ctx.result(ctx.op("broadcast_mul", t, const(np.array([k], np.int32), INT32)), dtype, lo, hi, t.shape)
 
 
 # -- convolution and pooling geometry ---------------------------------------------------------------------------
@@ -215,8 +230,11 @@ def attrs_2d(node, name: str, default: int | None, one_d: bool, fill: int) -> li
 
 @rule("Conv", "ConvInteger", since=1)
 def conv(ctx, node, x, w, b=None, w_zero=None):
-    """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d."""
+    """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d;
+    ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's)."""
     integer = node.op_type == "ConvInteger"
+    if integer and (k := _variable_zero_point([x, w, b, w_zero])) is not None:
+        return affine(ctx, node, [x, w, b, w_zero], k, INT32, 1)
     if integer:
         x, w, b = minus_zero_point(ctx, x, b), minus_zero_point(ctx, w, w_zero, 0), None
     one_d = len(x.shape) == 3

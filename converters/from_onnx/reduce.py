@@ -1,24 +1,29 @@
-"""Import rules of ReduceSum and ReduceMax -> sum and max over explicit axes, then a reshape to ONNX's shape.
+"""Import rules of the reductions: ReduceSum, ReduceMax, ReduceMin -> sum and max over explicit axes, then a
+reshape to ONNX's shape; CumSum and CumProd along a constant axis.
 
 The axes are always listed (CVM's max with the default axis=() starts from 0). Kept axes of size 1 are
 reshaped away before reducing, which avoids the runtime CPU kernel's misreading of some of them. ReduceSum is
 exact when n * max|x| fits the element type (onnxruntime saturates int32 sums beyond it, and adds in double,
-exact below 2^53).
+exact below 2^53). ReduceMin is -max(-x), the negations steps in CVM's int32.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+from onnx import TensorProto
 
-from .context import FLOAT_EXACT, check_values, const
+from .context import FLOAT_EXACT, Tensor, check_values, const
+from .elemwise import arith, negated, scalar
 from .registry import Refuse, rule
-from .transform import ints, normal
+from .transform import ints, normal, strided_slice
 
 DOUBLE_EXACT = 1 << 53
+REDUCE = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}
 
 
-@rule("ReduceSum", "ReduceMax", since=1)
+@rule(*REDUCE, since=1)
 def reduce(ctx, node, x, axes_t=None):
     is_sum = node.op_type == "ReduceSum"
     rank = len(x.shape)
@@ -39,12 +44,90 @@ def reduce(ctx, node, x, axes_t=None):
                      "onnxruntime adds exactly")
     if x.is_const:
         v = x.value.astype(np.int64) if x.value.dtype.kind in "iub" else x.value
-        return const((np.sum if is_sum else np.max)(v, axis=tuple(axes), keepdims=bool(keep)).astype(x.value.dtype),
-                     x.dtype)
+        return const(REDUCE[node.op_type](v, axis=tuple(axes), keepdims=bool(keep)).astype(x.value.dtype), x.dtype)
+    if node.op_type == "ReduceMin":  # -max(-x)
+        y = negated(ctx, reduced(ctx, "max", negated(ctx, x), axes, -hi, -lo))
+    else:
+        y = reduced(ctx, "sum" if is_sum else "max", x, axes, lo, hi)
+    return ctx.reshape(replace(y, dtype=x.dtype), shape)
+
+
+def reduced(ctx, op: str, x: Tensor, axes: list[int], lo: int, hi: int) -> Tensor:
+    """CVM ``op`` (sum, max) of x over ``axes``, dropped, with values in [lo, hi]; kept axes of size 1 go first
+    (the CPU kernel misreads some of them)."""
+    rank = len(x.shape)
     kept = [i for i in range(rank) if i not in axes and x.shape[i] > 1]
-    if len(kept) + len(axes) < rank:  # drop the kept axes of size 1
+    if len(kept) + len(axes) < rank:
         x = ctx.reshape(x, tuple(x.shape[i] for i in sorted(kept + axes)))
         axes = [sorted(kept + axes).index(a) for a in axes]
-    e = ctx.op("sum" if is_sum else "max", x, axis=tuple(axes), keepdims=False)
-    y = ctx.result(e, x.dtype, lo, hi, tuple(d for i, d in enumerate(x.shape) if i not in axes))
-    return ctx.reshape(y, shape)
+    e = ctx.op(op, x, axis=tuple(axes), keepdims=False)
+    return ctx.result(e, x.dtype, lo, hi, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def _axis(node, x: Tensor, axis_t: Tensor) -> int:
+    return normal([scalar(axis_t, f"{node.op_type} axis")], max(len(x.shape), 1))[0]
+
+
+def _rows(n: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """rows[i, j] = 1 where output i takes input j."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    return (j > i if exclusive else j >= i) if reverse else (j < i if exclusive else j <= i)
+
+
+@rule("CumSum", since=11)
+def cumsum(ctx, node, x, axis_t):
+    """y_i = sum of x_j over the j that row i of a constant 0/1 matrix T takes (j <= i; j < i exclusive; reversed
+    j >= i, j > i): x (axis length L moved to a new axis) times T -> broadcast_mul, then sum over j. Every partial
+    sum is a cumulative sum of at most L values, so the interval c * [lo, hi] for c the rows' counts bounds them."""
+    axis = _axis(node, x, axis_t)
+    n = x.shape[axis]
+    rows = _rows(n, bool(node.attr_int("exclusive", 0)), bool(node.attr_int("reverse", 0)))
+    counts = rows.sum(axis=1)
+    cmin, cmax = int(counts.min()), int(counts.max())
+    lo, hi = min(cmin * x.lo, cmax * x.lo), max(cmin * x.hi, cmax * x.hi)
+    check_values(x.dtype, lo, hi)
+    if cmax * x.peak > FLOAT_EXACT.get(x.dtype, DOUBLE_EXACT):
+        raise Refuse(f"precision bound exceeded: partial sums may reach {cmax * x.peak}, beyond the integers "
+                     "the type adds exactly")
+    if x.is_const:
+        v = np.moveaxis(x.value.astype(np.int64), axis, -1) @ rows.T
+        return const(np.moveaxis(v, -1, axis).astype(x.value.dtype), x.dtype)
+    after = x.shape[axis + 1:]
+    spread = ctx.reshape(x, x.shape[:axis] + (1, n) + after)
+    t = const(rows.reshape((n, n) + (1,) * len(after)), TensorProto.BOOL)
+    terms = ctx.result(ctx.op("broadcast_mul", spread, t), TensorProto.INT32, min(x.lo, 0), max(x.hi, 0),
+                       x.shape[:axis] + (n, n) + after)
+    return replace(reduced(ctx, "sum", terms, [axis + 1], lo, hi), dtype=x.dtype)
+
+
+@rule("CumProd", since=26)
+def cumprod(ctx, node, x, axis_t):
+    """y_i = y_(i-1) * x_i along a constant axis (1 before the first for exclusive; from the end for reverse):
+    strided_slice per position, broadcast_mul, concatenate. Each product's interval is checked against the type."""
+    axis = _axis(node, x, axis_t)
+    n = x.shape[axis]
+    if x.is_const:
+        v = np.moveaxis(x.value.astype(np.int64), axis, 0)
+        ones = np.ones_like(v[:1])
+        seq = v[::-1] if node.attr_int("reverse", 0) else v
+        seq = np.concatenate([ones, seq[:-1]]) if node.attr_int("exclusive", 0) else seq
+        out = np.cumprod(seq, axis=0)
+        out = out[::-1] if node.attr_int("reverse", 0) else out
+        check_values(x.dtype, *((int(out.min()), int(out.max())) if out.size else (0, 0)))
+        return const(np.moveaxis(out, 0, axis).astype(x.value.dtype), x.dtype)
+    order = range(n - 1, -1, -1) if node.attr_int("reverse", 0) else range(n)
+    parts, acc = {}, None
+    for k, i in enumerate(order):
+        if node.attr_int("exclusive", 0):
+            parts[i] = acc if acc is not None else const(np.ones(x.shape[:axis] + (1,) + x.shape[axis + 1:],
+                                                                np.int64), x.dtype)
+        here = strided_slice(ctx, x, [range(i, i + 1) if a == axis else range(d) for a, d in enumerate(x.shape)])
+        acc = here if acc is None else arith(ctx, "Mul", acc, here, x.dtype)
+        if not node.attr_int("exclusive", 0):
+            parts[i] = acc
+    pieces = [parts[i] for i in range(n)]
+    if len(pieces) == 1:
+        return pieces[0]
+    shape = x.shape
+    e = ctx.op("concatenate", *pieces, axis=axis)
+    return ctx.result(e, x.dtype, min(p.lo for p in pieces), max(p.hi for p in pieces), shape)

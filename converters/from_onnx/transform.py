@@ -10,12 +10,16 @@ over and exactness is a matter of selecting the same elements:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+from onnx import TensorProto, numpy_helper
 
 from .context import Tensor, check_values, const, cvm_shape, foldable
-from .elemwise import broadcast_shape, np_type
+from .elemwise import arith, broadcast_shape, equal, extreme, greater, np_type, scalar, step
 from .registry import Refuse, rule
+
+INT32 = TensorProto.INT32
 
 
 def ints(t: Tensor | None, what: str) -> list[int] | None:
@@ -164,11 +168,11 @@ def slice_(ctx, node, x, starts=None, ends=None, axes=None, steps=None):
 
 
 @rule("Gather", since=1)
-def gather(ctx, node, x, idx):
+def gather(ctx, node, x, idx, axis: int | None = None):
     """Gather -> take. Constant indices: negatives made positive, out-of-range ones refused (ONNX fails on them,
     take would clip); variable indices must provably lie in [0, dim-1]."""
     rank = len(x.shape)
-    axis = normal([node.attr_int("axis", 0)], rank)[0]
+    axis = normal([node.attr_int("axis", 0) if axis is None else axis], rank)[0]
     dim = x.shape[axis]
     shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
     if idx.is_const:
@@ -213,10 +217,12 @@ def filled(x: Tensor, axis: int, width: int, fill: int) -> Tensor:
 
 @rule("Pad", since=2)
 def pad(ctx, node, x, pads=None, value=None, axes=None):
-    """Constant padding: negative pads crop (strided_slice), positive ones concatenate params of the value."""
+    """Negative pads crop (strided_slice). Constant mode: positive pads concatenate params of the value; edge,
+    reflect and wrap: each padded axis is a take of the input's positions np.pad gives for that mode (the same
+    index rule as ONNX's)."""
     mode = node.attr_str("mode", "constant")
-    if mode != "constant":
-        raise Refuse(f"Pad mode {mode}: only constant padding has a CVM form")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise Refuse(f"Pad mode {mode} is not an ONNX value")
     rank = len(x.shape)
     if node.opset < 11:
         widths, fill = node.attr_ints("pads"), node.attr_float("value", 0.0)
@@ -237,6 +243,12 @@ def pad(ctx, node, x, pads=None, value=None, axes=None):
     for a, b, e in zip(axes, begin, end):
         ranges[a] = range(max(-b, 0), x.shape[a] - max(-e, 0))
     x = strided_slice(ctx, x, ranges)
+    if mode != "constant":
+        for a, b, e in zip(axes, begin, end):
+            if b > 0 or e > 0:
+                x = gather(ctx, node, x, const(np.pad(np.arange(x.shape[a]), (max(b, 0), max(e, 0)), mode=mode),
+                                                 TensorProto.INT64), axis=a)
+        return x
     check_values(x.dtype, min(x.lo, fill), max(x.hi, fill))
     for a, b, e in zip(axes, begin, end):
         if b <= 0 and e <= 0:
@@ -251,3 +263,116 @@ def pad(ctx, node, x, pads=None, value=None, axes=None):
         shape = x.shape[:a] + (x.shape[a] + max(b, 0) + max(e, 0),) + x.shape[a + 1:]
         x = ctx.result(ctx.op("concatenate", *parts, axis=a), x.dtype, min(x.lo, fill), max(x.hi, fill), shape)
     return x
+
+
+@rule("Trilu", since=14)
+def trilu(ctx, node, x, k_t=None):
+    """The upper (j - i >= k) or lower (j - i <= k) triangle of the last two axes, zeros elsewhere: x times a
+    constant 0/1 mask -> broadcast_mul. A variable k (a scalar) makes the mask a comparison with the constant
+    j - i: upper (j - i + 1) > k, lower k > (j - i - 1) -> broadcast_greater."""
+    if len(x.shape) < 2:
+        raise Refuse(f"Trilu of a {len(x.shape)}-D tensor: it needs 2 dims or more")
+    if 0 in x.shape:
+        raise Refuse("Trilu of an empty tensor: CVM has no empty tensors")
+    n, m = x.shape[-2:]
+    d = np.arange(m)[None, :] - np.arange(n)[:, None]
+    upper = node.attr_int("upper", 1)
+    if k_t is None or k_t.is_const:
+        k = scalar(k_t, "Trilu k") or 0
+        keep = d >= k if upper else d <= k
+        if keep.all():
+            return x
+        if x.is_const or not keep.any():
+            return const(np.where(keep, x.value if x.is_const else 0, 0).astype(np_type(x.dtype)), x.dtype)
+        mask = const(keep, TensorProto.BOOL)
+    else:
+        k = ctx.reshape(k_t, (1, 1))
+        mask = greater(ctx, const(d + 1, INT32), k) if upper else greater(ctx, k, const(d - 1, INT32))
+    return ctx.result(ctx.op("broadcast_mul", x, mask), x.dtype, min(x.lo, 0), max(x.hi, 0), x.shape)
+
+
+@rule("GatherND", since=11)
+def gather_nd(ctx, node, x, idx):
+    """x[b..., idx[b..., q..., 0], ..., idx[b..., q..., k-1], :]: with x as rows (every batch and indexed position)
+    of the remaining dims, the row of a lookup is batch * (indexed positions) + its raveled index, negatives
+    counted from the end -> take along axis 0. The rows come from constant indices, or from variable ones
+    provably within [-dim, dim-1] as sum((i + dim * (0 > i)) * stride) -> broadcast ops and sum."""
+    b = node.attr_int("batch_dims", 0, 0)
+    k = idx.shape[-1]
+    dims, rest = x.shape[b:b + k], x.shape[b + k:]
+    if len(dims) != k or idx.shape[:b] != x.shape[:b]:
+        raise Refuse(f"GatherND indices of shape {idx.shape} do not fit data of shape {x.shape}")
+    lookups, n = idx.shape[:-1], math.prod(dims)
+    if 0 in lookups:
+        raise Refuse("GatherND with no indices gives an empty tensor: CVM has none")
+    strides = np.array([math.prod(dims[j + 1:]) for j in range(k)], np.int64)
+    batch = np.broadcast_to(np.arange(math.prod(x.shape[:b])).reshape(x.shape[:b] + (1,) * (len(lookups) - b)) * n,
+                            lookups)
+    dv = np.array(dims, np.int64)
+    if idx.is_const:
+        iv = idx.value.astype(np.int64)
+        if iv.size and ((iv < -dv).any() or (iv >= dv).any()):
+            raise Refuse(f"GatherND index out of range of dims {dims}")
+        rows = const((np.where(iv < 0, iv + dv, iv) * strides).sum(axis=-1) + batch, INT32)
+    else:
+        if idx.lo < -int(dv.min()) or idx.hi >= int(dv.min()):
+            raise Refuse(f"GatherND indices may lie outside [-dim, dim-1] for dims {dims} (in [{idx.lo}, {idx.hi}])")
+        negative = greater(ctx, const(np.zeros(1), INT32), idx)
+        shift = step(ctx, "broadcast_mul", negative, const(dv, INT32), 0, int(dv.max()))
+        wrapped = step(ctx, "broadcast_add", idx, shift, 0, int(dv.max()) - 1)
+        scaled = step(ctx, "broadcast_mul", wrapped, const(strides, INT32), 0, n - 1)
+        flat = ctx.result(ctx.op("sum", ctx.reshape(scaled, (math.prod(lookups), k)), axis=(1,), keepdims=False),
+                          INT32, 0, n - 1, (math.prod(lookups),))
+        rows = step(ctx, "broadcast_add", ctx.reshape(flat, lookups), const(batch, INT32), 0, batch.max() + n - 1)
+    table_ = ctx.reshape(x, (math.prod(x.shape[:b]) * n, math.prod(rest)))
+    if x.is_const and rows.is_const:
+        return const(table_.value[rows.value].reshape(lookups + rest), x.dtype)
+    e = ctx.op("take", table_, rows, axis=0)
+    return ctx.reshape(ctx.result(e, x.dtype, x.lo, x.hi, cvm_shape(rows.shape) + (math.prod(rest),)),
+                       lookups + rest)
+
+
+@rule("EyeLike", since=9)
+def eye_like(ctx, node, x):
+    """Ones on the k-th diagonal of x's (static) shape: a constant."""
+    if len(x.shape) != 2:
+        raise Refuse(f"EyeLike of a {len(x.shape)}-D tensor: it needs 2 dims")
+    dtype = node.attr_int("dtype", x.dtype)
+    return const(np.eye(*x.shape, k=node.attr_int("k", 0), dtype=np_type(dtype)), dtype)
+
+
+@rule("ConstantOfShape", since=9)
+def constant_of_shape(ctx, node, shape):
+    """A constant shape filled with the value: a constant (a variable shape would make CVM's shapes depend on
+    values)."""
+    dims = tuple(ints(shape, "ConstantOfShape shape (the output shape)"))
+    value = node.attr_tensor("value", None)
+    fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
+    dtype = value.data_type if value is not None else TensorProto.FLOAT
+    return const(np.full(foldable(dims), fill, np_type(dtype)), dtype)
+
+
+@rule("OneHot", since=9)
+def one_hot(ctx, node, idx, depth_t, values):
+    """values[1] where the index (negatives counted from the end) is j along the new axis, values[0] elsewhere:
+    hit = max(i == j, i == j - depth) (Equal's form), y = off + hit * (on - off) with broadcast ops."""
+    depth = scalar(depth_t, "OneHot depth (the output's size)")
+    if depth is None or depth <= 0:
+        raise Refuse(f"OneHot depth {depth}: an empty tensor, CVM has none")
+    rank = len(idx.shape) + 1
+    axis = normal([node.attr_int("axis", -1)], rank)[0]
+    spread = idx.shape[:axis] + (1,) + idx.shape[axis:]
+    j = np.arange(depth).reshape((depth,) + (1,) * (rank - 1 - axis))
+    out = idx.shape[:axis] + (depth,) + idx.shape[axis:]
+    off, on = (strided_slice(ctx, values, [range(k, k + 1)]) for k in (0, 1))
+    if idx.is_const:
+        iv = idx.value.astype(np.int64).reshape(spread)
+        hit = const(np.broadcast_to((iv == j) | (iv == j - depth), out), TensorProto.BOOL)
+    else:
+        spread_idx = ctx.reshape(idx, spread)
+        hit = extreme(ctx, True, [equal(ctx, spread_idx, const(j - wrap, INT32)) for wrap in (0, depth)])
+    if hit.is_const and off.is_const and on.is_const:
+        return const(np.where(hit.value, on.value, off.value).astype(np_type(values.dtype)), values.dtype)
+    gap = arith(ctx, "Sub", on, off)
+    y = arith(ctx, "Add", ctx.broadcast_to(off, out), arith(ctx, "Mul", hit, gap))
+    return replace(y, dtype=values.dtype, lo=min(off.lo, on.lo), hi=max(off.hi, on.hi))
