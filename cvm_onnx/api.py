@@ -13,9 +13,9 @@ from .converters.to_onnx import to_onnx
 from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import read_model, write_model
-from .format.model_dir import read_symbol_text, replace_file
-from .format.onnx_file import onnx_pieces
+from .format.onnx_file import write_onnx
 from .graph import Graph
+from .pipeline import Conversion, run
 from .validate import validate
 
 
@@ -54,15 +54,6 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     return model
 
 
-def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` atomically (a temp file in the same directory, then a rename), without a second copy of its
-    weights in memory (``format.onnx_file``); ``FormatError`` on failure."""
-    try:
-        replace_file(Path(path), onnx_pieces(model))
-    except OSError as e:
-        raise FormatError(f"cannot write the model: {e.strerror or e}", os.fspath(path)) from None
-
-
 def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
     """Read an .onnx file (external data from its directory) and import it as a validated CVM graph."""
     return from_onnx(load_onnx(path), input_precision, base_dir=Path(path).parent)
@@ -76,8 +67,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     exported comes back with its symbol and params files byte for byte. Nothing is written when conversion
     fails."""
     if not is_onnx(src):
-        write_onnx(to_onnx(load(src, params).graph, inline=inline, batch=batch, optimize=optimize,
-                           symbol=read_symbol_text(src, params)), dst)
+        run(Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize))
         return
     model = load_onnx(src)
     graph = from_onnx(model, input_precision, base_dir=Path(src).parent)

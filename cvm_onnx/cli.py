@@ -91,13 +91,14 @@ def cmd_convert(args) -> int:
 
 def convert_checked(args) -> int:
     """CVM -> ONNX through every checked stage; the report (if asked) and a summary, also when a stage fails."""
+    from .pipeline import Conversion, run
     from .progress import Bar
-    from .report import convert_checked
+    from .report import Report
 
+    conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
+                            optimize=args.optimize, check=True, seeds=3 if args.verify else None)
     with Bar() as bar:
-        report = convert_checked(args.source, args.output, params=args.params, inline=args.inline,
-                                 verify_seeds=3 if args.verify else None, progress=bar, batch=args.batch,
-                                 optimize=args.optimize)
+        report = Report(run(conversion, timed=True, progress=bar))
     _warn(report.warnings)
     if args.report:
         try:

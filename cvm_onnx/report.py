@@ -1,44 +1,19 @@
-"""CVM -> ONNX conversion through checked stages, with a report: every stage timed, every CVM op with the ONNX form
-it was converted to, sizes. Rendered as Markdown (``--report``) and as a short terminal summary.
-
-Stages, in order: read, validate, convert, onnx checker (full_check), strict shape inference, onnxruntime load,
-exact comparison (only when asked), write. The .onnx file is written only when every stage before passed.
-"""
+"""The conversion report of a timed run (``pipeline.run(..., timed=True)``), rendered as Markdown (``--report``)
+and as a short terminal summary: every stage with its time, every CVM op with the ONNX form it was converted to,
+sizes, warnings and the comparison's verdict. It renders; it runs nothing."""
 from __future__ import annotations
 
 import json
-import os
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from dataclasses import dataclass
 
 import onnx
 import onnxruntime
 
 from .constants import DOMAIN, __version__
-from .api import write_onnx
-from .batch import batched
-from .converters.to_onnx import to_onnx
-from .errors import Problem, RuntimeFailure
-from .format import read_model
-from .format.model_dir import read_symbol_text
 from .graph import Graph
+from .format.model_dir import model_files
 from .native import DOMAIN as NATIVE_DOMAIN
-from .runtime import session
-from .validate import validate
-from .verify import Progress, Verdict, verify
-
-STAGES = ["read", "validate", "convert", "onnx checker (full_check)", "strict shape inference", "onnxruntime load",
-          "exact comparison", "write"]
-
-
-@dataclass
-class Stage:
-    name: str
-    status: str  # "passed", "failed" or "skipped"
-    seconds: float = 0.0
-    detail: str = ""
+from .pipeline import Conversion, StageRun
 
 
 @dataclass
@@ -53,19 +28,24 @@ class OpForm:
     onnx_nodes: int
 
 
-@dataclass
 class Report:
-    """The stages run (a failed one ends the run; ``error`` holds its exception), the op table and sizes."""
+    """What a timed conversion shows: its stages (a failed one ended the run, ``error``), the op table and sizes."""
 
-    source: str
-    output: str
-    stages: list[Stage] = field(default_factory=list)
-    ops: list[OpForm] = field(default_factory=list)
-    sizes: dict[str, int] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    warnings: list[Problem] = field(default_factory=list)
-    verdict: Verdict | None = None
-    error: Exception | None = None
+    def __init__(self, c: Conversion):
+        self.source, self.output = str(c.src), str(c.dst)
+        self.stages: list[StageRun] = c.stages
+        self.warnings, self.verdict, self.error = c.warnings, c.verdict, c.error
+        self.sizes: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.ops: list[OpForm] = []
+        if any(s.name == "read" and s.status == "passed" for s in self.stages):
+            files = model_files(c.src, c.params)
+            self.sizes = {"CVM symbol": files[0].stat().st_size, "CVM params": files[1].stat().st_size}
+        if c.model is not None:
+            self.ops = op_forms(c.graph, c.model)
+            self.sizes["ONNX model"] = c.model.ByteSize()
+            self.counts = {"ONNX graph nodes": len(c.model.graph.node), "ONNX functions": len(c.model.functions),
+                           "primitive ONNX nodes of the CVM ops": sum(o.onnx_nodes for o in self.ops)}
 
     @property
     def seconds(self) -> float:
@@ -112,7 +92,7 @@ class Report:
         return out
 
 
-def _ms(s: Stage) -> str:
+def _ms(s: StageRun) -> str:
     return "" if s.status == "skipped" else f"{s.seconds * 1000:.0f} ms"
 
 
@@ -160,90 +140,3 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
                       for f in forms.get(op, {"-"}))
         rows.append(OpForm(op, count, " / ".join(form), sorted(types.get(op, ())), sizes.get(op, 0)))
     return rows
-
-
-def _source_files(src: Path, params: str | os.PathLike | None) -> dict[str, Path]:
-    return {"CVM symbol": src / "symbol" if src.is_dir() else src,
-            "CVM params": Path(params) if params is not None else src / "params"}
-
-
-def convert_checked(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
-                    inline: bool = False, verify_seeds: int | None = None, provider: str = "cpu",
-                    progress: Progress | None = None, batch: int | None = None,
-                    optimize: bool = False) -> Report:
-    """Convert the CVM model ``src`` to ``dst`` (.onnx) through the stages above and return the report. A failing
-    stage ends the run: its exception is ``report.error`` (not raised) and nothing is written.
-    ``verify_seeds``: run the exact comparison with that many random inputs (besides 0 and the extremes).
-    ``batch``, ``optimize``: as in ``to_onnx`` (the comparison then runs the batched CVM graph)."""
-    report = Report(os.fspath(src), os.fspath(dst))
-    state: dict = {}
-
-    def read():
-        state["graph"] = read_model(src, params)
-        state["symbol"] = read_symbol_text(src, params)
-        report.sizes.update({k: p.stat().st_size for k, p in _source_files(Path(src), params).items()})
-        g = state["graph"]
-        return f"{len(g.nodes)} nodes, {len(g.params)} params"
-
-    def check():
-        v = validate(state["graph"])
-        state["graph"], report.warnings = v.graph, v.warnings
-        return f"{len(v.warnings)} warning(s)"
-
-    def convert():
-        single = state["graph"]
-        g = state["graph"] = single if batch is None else batched(single, batch)
-        model = state["model"] = to_onnx(single, inline=inline, batch=batch, optimize=optimize,
-                                         symbol=state["symbol"] if batch is None else None)
-        state["bytes"] = model.SerializeToString(deterministic=True)
-        report.ops = op_forms(g, model)
-        report.sizes["ONNX model"] = len(state["bytes"])
-        report.counts = {"ONNX graph nodes": len(model.graph.node), "ONNX functions": len(model.functions),
-                         "primitive ONNX nodes of the CVM ops": sum(o.onnx_nodes for o in report.ops)}
-        form = "optimized flat" if optimize else "flat" if inline else "function"
-        return f"{form} form{f', batch {batch}' if batch is not None else ''}, opset {model.opset_import[0].version}"
-
-    def checker():
-        onnx.checker.check_model(state["model"], full_check=True)
-
-    def shapes():
-        onnx.shape_inference.infer_shapes(state["model"], check_type=True, strict_mode=True, data_prop=True)
-
-    def load():
-        session(state["bytes"], provider)
-        return f"onnxruntime {onnxruntime.__version__}, {provider}"
-
-    def compare():
-        def step(done, total, what):
-            if progress:
-                progress(len(report.stages), len(STAGES), f"exact comparison: {what}")
-
-        verdict = report.verdict = verify(state["graph"], onnx_model=state["model"], seeds=verify_seeds,
-                                          provider=provider, progress=step)
-        if not verdict.exact:
-            d = verdict.divergence
-            raise RuntimeFailure(f"not exact on input {verdict.failed_case!r}"
-                                 + (f": the first differing node is {d.node} ({d.op})" if d else ""))
-        return f"{len(verdict.cases)} inputs: {', '.join(verdict.cases)}"
-
-    def write():
-        write_onnx(state["model"], dst)
-
-    steps: list[Callable[[], str | None]] = [read, check, convert, checker, shapes, load, compare, write]
-    for k, (name, step) in enumerate(zip(STAGES, steps)):
-        if step is compare and verify_seeds is None:
-            report.stages.append(Stage(name, "skipped", detail="ask with --verify"))
-            continue
-        if progress:
-            progress(k, len(STAGES), name)
-        start = time.perf_counter()
-        try:
-            detail = step() or ""
-        except Exception as e:  # recorded, and handed to the caller in report.error
-            report.stages.append(Stage(name, "failed", time.perf_counter() - start, str(e)))
-            report.error = e
-            return report
-        report.stages.append(Stage(name, "passed", time.perf_counter() - start, detail))
-    if progress:
-        progress(len(STAGES), len(STAGES), "done")
-    return report

@@ -22,8 +22,10 @@ from .attrs import format_value
 from .converters.to_onnx import entry_names, to_onnx
 from .errors import RuntimeFailure
 from .executor import execute
+from .format import read_model
 from .graph import Entry, Graph
 from .runtime import run, session
+from .validate import validate
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called before each step of a long task."""
@@ -138,9 +140,7 @@ def _as_graph(model) -> Graph:
     if isinstance(model, Graph):
         return model
     if isinstance(model, (str, os.PathLike)):
-        from .api import load
-
-        return load(model).graph
+        return validate(read_model(model)).graph
     return model.graph  # a Loaded
 
 

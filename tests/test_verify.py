@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,9 @@ from cvm_onnx.converters.to_onnx.lowering import Lowering
 from cvm_onnx.executor import execute
 from cvm_onnx.graph import Entry
 from cvm_onnx.progress import Bar
-from cvm_onnx.report import STAGES, op_forms
+from cvm_onnx import pipeline
+from cvm_onnx.pipeline import STAGES, Conversion
+from cvm_onnx.report import op_forms
 from cvm_onnx.verify import generated_cases, verify
 
 MODELS = Path(__file__).parents[1] / "models"
@@ -163,12 +166,14 @@ def test_report_lists_every_op_and_every_stage(model_dir, tmp_path, capsys):
     text = md.read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert symbol_ops(model_dir) <= rows.keys()
-    for stage in STAGES:
+    ran = ["read", "validate", "export", "check", "compare", "write"]
+    for stage in ran:
         assert f"| {stage} | passed |" in text
+    assert "| batch | skipped |" in text
     for op in symbol_ops(model_dir):
         assert ("function cvm::" + op in rows[op]) or ("native custom op cvm.native::" in rows[op])
     summary = capsys.readouterr().out
-    assert "stages passed: " + ", ".join(STAGES) in summary and f"report: {md}" in summary
+    assert "stages passed: " + ", ".join(ran) in summary and f"report: {md}" in summary
 
 
 @pytest.mark.parametrize("model_dir", ["digits_cnn", "resnet20"], indirect=True)
@@ -180,7 +185,7 @@ def test_report_of_the_optimized_batched_form(model_dir, tmp_path, capsys):
                  "--batch", "4"]) == 0
     text = md.read_text()
     for stage in STAGES:
-        assert f"| {stage} | passed |" in text
+        assert f"| {stage.name} | passed |" in text
     assert "optimized flat form, batch 4" in text and "fused run (optimized form)" in text
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "fused run" in rows["cvm_right_shift"]
@@ -211,8 +216,24 @@ def test_a_failing_stage_is_reported_and_nothing_is_written(tmp_path, capsys):
     assert not out.exists()
     text = md.read_text()
     assert "| read | passed |" in text and "| validate | failed |" in text and "conv1_shift" in text
-    assert "| convert |" not in text
+    assert "| export |" not in text
     assert "stage failed: validate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_one_pipeline_plain_and_timed(tmp_path, monkeypatch, batch):
+    """api.convert and the timed run (convert --report --verify) run the same stages: identical files, one export
+    (the comparison checks the exported model, it does not export again)."""
+    exports = []
+    monkeypatch.setattr(pipeline, "to_onnx", lambda *a, **k: exports.append(1) or to_onnx(*a, **k))
+    monkeypatch.setattr(sys.modules["cvm_onnx.verify"], "to_onnx", None)  # the comparison must not export
+    cvm_onnx.convert(MODELS / "digits_cnn", tmp_path / "plain.onnx", batch=batch, optimize=True)
+    timed = pipeline.run(Conversion(MODELS / "digits_cnn", tmp_path / "timed.onnx", batch=batch, optimize=True,
+                                    check=True, seeds=1), timed=True)
+    assert timed.error is None and timed.verdict.exact and exports == [1, 1]
+    assert (tmp_path / "plain.onnx").read_bytes() == (tmp_path / "timed.onnx").read_bytes()
+    assert [(s.name, s.status) for s in timed.stages] == [
+        (s.name, "skipped" if s.name == "batch" and batch is None else "passed") for s in STAGES]
 
 
 def test_progress_bar_is_silent_off_a_terminal(capsys):

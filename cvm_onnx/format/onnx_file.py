@@ -8,10 +8,15 @@ message; identical models give identical bytes.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Iterator
 
 import onnx
 from google.protobuf.message import Message
+
+from ..errors import FormatError
+from .model_dir import replace_file
 
 GRAPH = 7  # ModelProto.graph
 INITIALIZER = 5  # GraphProto.initializer
@@ -63,3 +68,12 @@ def onnx_pieces(model: onnx.ModelProto) -> Iterator[bytes]:
     for t, head, raw_key, size in zip(inits, heads, raw_keys, sizes):
         yield _key(INITIALIZER, size) + head + raw_key
         yield t.raw_data
+
+
+def write_onnx(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Write ``model`` atomically (a temp file in the same directory, then a rename), without a second copy of its
+    weights in memory (``onnx_pieces``); ``FormatError`` on failure."""
+    try:
+        replace_file(Path(path), onnx_pieces(model))
+    except OSError as e:
+        raise FormatError(f"cannot write the model: {e.strerror or e}", os.fspath(path)) from None

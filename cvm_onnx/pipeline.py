@@ -1,0 +1,173 @@
+"""CVM -> ONNX conversion as one list of named stages, run plain (``api.convert``) or timed (``convert --report``).
+
+Each stage reads what the stages before it made and records what it makes on the ``Conversion``:
+
+    read      the symbol and params files -> the graph (and the symbol's text, kept for the round trip)
+    validate  the runtime's load-time rules -> the typed graph and its portability warnings
+    batch     (with a batch size) the input's first dimension 1 becomes N, where every op keeps it
+    export    the graph -> the ONNX model (function, flat or serving form)
+    check     (when asked) the ONNX checker (full_check), strict shape inference and an onnxruntime session
+    compare   (when asked) the exported model against the reference executor, element for element
+    write     the .onnx file, atomically
+
+A stage that is not asked for is skipped. The file is written last, so nothing is written unless every stage
+before passed.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import onnx
+import onnxruntime
+
+from .batch import batched
+from .converters.to_onnx import to_onnx
+from .errors import Problem, RuntimeFailure
+from .format import read_model
+from .format.model_dir import read_symbol_text
+from .format.onnx_file import write_onnx
+from .graph import Graph
+from .runtime import session
+from .validate import validate
+from .verify import Progress, Verdict, verify
+
+
+@dataclass
+class StageRun:
+    """How one stage went in a timed run: "passed", "failed" or "skipped", its time and a one-line detail."""
+
+    name: str
+    status: str
+    seconds: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Conversion:
+    """One CVM -> ONNX conversion: what is asked (``src`` a model directory or symbol file, ``params``, ``dst``,
+    the form; ``check``: run the check stage; ``seeds``: run the comparison with that many random inputs besides
+    0 and the extremes), what the stages made, and in a timed run how each stage went and the error that ended
+    the run."""
+
+    src: str | os.PathLike
+    dst: str | os.PathLike
+    params: str | os.PathLike | None = None
+    inline: bool = False
+    batch: int | None = None
+    optimize: bool = False
+    check: bool = False
+    seeds: int | None = None
+    provider: str = "cpu"
+    graph: Graph | None = None
+    single: Graph | None = None  # the graph for one sample, when the batch stage made ``graph`` batched
+    symbol: str | None = None
+    warnings: list[Problem] = field(default_factory=list)
+    model: onnx.ModelProto | None = None
+    verdict: Verdict | None = None
+    stages: list[StageRun] = field(default_factory=list)
+    error: Exception | None = None
+
+    @property
+    def form(self) -> str:
+        form = "optimized flat" if self.optimize else "flat" if self.inline else "function"
+        return f"{form} form" + (f", batch {self.batch}" if self.batch is not None else "")
+
+
+def _read(c: Conversion, progress: Progress | None) -> str:
+    c.graph = read_model(c.src, c.params)
+    c.symbol = read_symbol_text(c.src, c.params)
+    return f"{len(c.graph.nodes)} nodes, {len(c.graph.params)} params"
+
+
+def _validate(c: Conversion, progress: Progress | None) -> str:
+    v = validate(c.graph)
+    c.graph, c.warnings = v.graph, v.warnings
+    return f"{len(v.warnings)} warning(s)"
+
+
+def _batch(c: Conversion, progress: Progress | None) -> str:
+    c.single, c.graph = c.graph, batched(c.graph, c.batch)
+    return ", ".join(f"input {c.graph.nodes[i].name} {c.graph.nodes[i].outputs[0].shape}" for i in c.graph.inputs)
+
+
+def _export(c: Conversion, progress: Progress | None) -> str:
+    c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol)
+    return f"{c.form}, opset {c.model.opset_import[0].version}"
+
+
+def _check(c: Conversion, progress: Progress | None) -> str:
+    onnx.checker.check_model(c.model, full_check=True)
+    onnx.shape_inference.infer_shapes(c.model, check_type=True, strict_mode=True, data_prop=True)
+    session(c.model.SerializeToString(deterministic=True), c.provider)
+    return f"ONNX checker (full_check), strict shape inference, onnxruntime {onnxruntime.__version__} ({c.provider})"
+
+
+def _compare(c: Conversion, progress: Progress | None) -> str:
+    def step(done: int, total: int, what: str) -> None:
+        if progress:
+            progress(STAGES.index(COMPARE), len(STAGES), f"compare: {what}")
+
+    verdict = c.verdict = verify(c.graph, onnx_model=c.model, seeds=c.seeds, provider=c.provider, progress=step)
+    if not verdict.exact:
+        d = verdict.divergence
+        raise RuntimeFailure(f"not exact on input {verdict.failed_case!r}"
+                             + (f": the first differing node is {d.node} ({d.op})" if d else ""))
+    return f"{len(verdict.cases)} inputs: {', '.join(verdict.cases)}"
+
+
+def _write(c: Conversion, progress: Progress | None) -> str:
+    write_onnx(c.model, c.dst)
+    return os.fspath(c.dst)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named stage: ``run`` makes its part of the conversion and returns a detail line; ``wanted`` says whether
+    this conversion asks for it (else ``skipped`` says why in a timed run)."""
+
+    name: str
+    run: Callable[[Conversion, Progress | None], str]
+    wanted: Callable[[Conversion], bool] = lambda c: True
+    skipped: str = ""
+
+
+COMPARE = Stage("compare", _compare, lambda c: c.seeds is not None, "ask with --verify")
+STAGES: list[Stage] = [
+    Stage("read", _read),
+    Stage("validate", _validate),
+    Stage("batch", _batch, lambda c: c.batch is not None, "ask with --batch N"),
+    Stage("export", _export),
+    Stage("check", _check, lambda c: c.check, "asked with --report or --verify"),
+    COMPARE,
+    Stage("write", _write),
+]
+
+
+def run(c: Conversion, timed: bool = False, progress: Progress | None = None) -> Conversion:
+    """Run the stages the conversion asks for, in order. Plain: the first failure raises. Timed: every stage is
+    recorded in ``c.stages`` (time, outcome, detail), and a failure ends the run as ``c.error`` instead of
+    raising. ``progress(done, total, what)`` is called before each stage."""
+    for k, stage in enumerate(STAGES):
+        if not stage.wanted(c):
+            if timed:
+                c.stages.append(StageRun(stage.name, "skipped", detail=stage.skipped))
+            continue
+        if progress:
+            progress(k, len(STAGES), stage.name)
+        if not timed:
+            stage.run(c, progress)
+            continue
+        start = time.perf_counter()
+        try:
+            detail = stage.run(c, progress)
+        except Exception as e:  # noqa: BLE001  (recorded, and handed to the caller in c.error)
+            c.stages.append(StageRun(stage.name, "failed", time.perf_counter() - start, str(e)))
+            c.error = e
+            return c
+        c.stages.append(StageRun(stage.name, "passed", time.perf_counter() - start, detail))
+    if progress:
+        progress(len(STAGES), len(STAGES), "done")
+    return c
