@@ -1,0 +1,133 @@
+"""Many inputs on Ray (cvm_onnx.on_ray, `cvm-onnx run --ray`), on a local Ray instance this module starts and
+stops: results bit-identical to the single-process run and in input order, failures named by sample index with no
+file left, a killed actor retried. Without the extra, --ray says how to install it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cvm_onnx
+from cvm_onnx import api, bulk
+from cvm_onnx.cli import main
+from cvm_onnx.errors import RuntimeFailure
+from cvm_onnx.on_ray import run_on_ray
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ray_is_imported_only_when_asked_for():
+    code = ("import sys, numpy as np, cvm_onnx.cli, cvm_onnx.bulk as b, cvm_onnx.on_ray\n"
+            "g = cvm_onnx.load('models/digits_cnn').graph\n"
+            "b.run_many(g, np.zeros((3, 1, 1, 8, 8), np.int8))\n"
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_without_the_extra_ray_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails, as when it is not installed
+    np.save(tmp_path / "x.npy", np.zeros((3, 1, 1, 8, 8), np.int8))
+    code = main(["run", str(ROOT / "models" / "digits_cnn"), "--input", str(tmp_path / "x.npy"), "--output",
+                 str(tmp_path / "o.npy"), "--ray"])
+    assert (code, capsys.readouterr().err) == (
+        4, "unsupported: running on Ray needs the extra ray: pip install 'cvm-onnx[ray]'\n")
+    assert not (tmp_path / "o.npy").exists()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray instance for the tests that use it: 2 CPUs, no dashboard, no external address."""
+    ray = pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+on_ray = pytest.mark.usefixtures("local_ray")
+
+
+def random_samples(graph, n: int, seed: int = 0, dtype=np.int8) -> np.ndarray:
+    shape = graph.nodes[graph.inputs[0]].outputs[0].shape
+    return np.random.default_rng(seed).integers(-127, 128, (n, *shape)).astype(dtype)
+
+
+def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert np.array_equal(g, w)
+
+
+@on_ray
+@pytest.mark.parametrize("name", ["digits_cnn", "detection"])
+def test_example_models_on_ray_equal_the_single_process_run(name):
+    """digits_cnn: a CVM graph, run in its batched serving form; detection: an .onnx file with native ops (NMS)
+    that takes no batch, run one sample a call."""
+    graph = api.load(ROOT / "models" / name).graph
+    model = graph if name == "digits_cnn" else cvm_onnx.to_onnx(graph)
+    x = random_samples(graph, 11, seed=1)
+    assert bulk.plan(model, 4, onnxruntime=True).batch == (4 if name == "digits_cnn" else 1)
+    assert_same(run_on_ray(model, x, actors=2, chunk=4).arrays, bulk.run_many(graph, x, chunk=4).arrays)
+
+
+@on_ray
+def test_resnet20_on_ray_keeps_the_input_order_with_uneven_chunks(resnet_dir, tmp_path, capsys):
+    graph = api.load(resnet_dir).graph  # the CLI on Ray: the CVM model exported in its serving form, batch 16
+    np.save(tmp_path / "x.npy", random_samples(graph, 75, seed=2))  # chunks of 16: 4 full and one of 11
+    argv = ["run", str(resnet_dir), "--input", str(tmp_path / "x.npy"), "--chunk", "16"]
+    assert main([*argv, "--output", str(tmp_path / "one.npy")]) == 0
+    assert main([*argv, "--output", str(tmp_path / "ray.npy"), "--actors", "2", "--ray"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'ray.npy'}: cvm_right_shift135 (75, 1, 10)"
+    assert_same([np.load(tmp_path / "ray.npy")], [np.load(tmp_path / "one.npy")])
+
+
+@on_ray
+def test_a_failing_sample_is_named_by_its_index_and_no_file_is_left(tmp_path, capsys):
+    graph = api.load(ROOT / "models" / "digits_cnn").graph
+    x = np.zeros((30, 1, 1, 8, 8), np.int16)
+    x[13, 0, 0, 2, 5] = -200  # found in an actor: int16 values must fit the input precision
+    with pytest.raises(RuntimeFailure) as e:
+        run_on_ray(graph, x, tmp_path / "o.npy", actors=2, chunk=4)
+    assert str(e.value).startswith("sample 13: data: input values in [-200, 0] do not fit")
+    data = tmp_path / "data"  # found before anything runs: a sample of the wrong shape
+    data.mkdir()
+    np.save(data / "a.npy", np.zeros((5, 1, 1, 8, 8), np.int8))
+    np.save(data / "b.npy", np.zeros((1, 8, 8), np.int8))
+    assert main(["run", str(ROOT / "models" / "digits_cnn"), "--input", str(data), "--output",
+                 str(tmp_path / "o.npy"), "--ray"]) == 5
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "runtime error: sample 5 (b.npy): shape (1, 8, 8) is not the model")
+    assert sorted(os.listdir(tmp_path)) == ["data"]
+
+
+def map_workers() -> list[int]:
+    """PIDs of the Ray Data actors running map_batches (process title ray::MapWorker(...))."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes().startswith(b"ray::MapWorker"):
+                pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@on_ray
+def test_a_killed_actor_is_restarted_and_the_result_is_complete_and_exact():
+    graph = api.load(ROOT / "models" / "digits_cnn").graph
+    x = random_samples(graph, 301, seed=4)
+    killed: list[int] = []
+
+    def kill_one_actor(done, total, what):  # once the first results are in, with chunks still queued
+        if not killed:
+            killed.append(map_workers()[0])
+            os.kill(killed[0], signal.SIGKILL)
+
+    got = run_on_ray(graph, x, actors=2, chunk=8, progress=kill_one_actor).arrays
+    assert killed
+    assert_same(got, bulk.run_many(graph, x).arrays)
