@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -81,11 +82,47 @@ def cmd_info(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    if args.triton_repo is not None:
+        return convert_triton(args)
+    if args.output is None:
+        args.usage.print_usage(sys.stderr)
+        complain("cvm-onnx convert: error: the following arguments are required: -o/--output (or --triton-repo)")
+        return USAGE_ERROR
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
     api.convert(args.source, args.output, params=args.params, inline=args.inline,
                 input_precision=args.input_precision, batch=args.batch, optimize=args.optimize)
     say(f"wrote {args.output}")
+    return 0
+
+
+def convert_triton(args) -> int:
+    """CVM -> ONNX as ``convert`` does (to -o, else straight into the repository), then the Triton repository."""
+    from .triton import model_folder, write_repository
+
+    if api.is_onnx(args.source):
+        complain(f"cvm-onnx convert: --triton-repo takes a CVM model (directory, or symbol file with --params); "
+                 f"{args.source} is an ONNX file")
+        return USAGE_ERROR
+    source = Path(args.source).resolve()
+    name = (source if source.is_dir() else source.parent).name
+    folder = model_folder(args.triton_repo, name)
+    fresh = not folder.exists()
+    try:
+        if args.output is None:
+            args.output = str(folder / "1" / "model.onnx")
+            try:
+                (folder / "1").mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise FormatError(f"cannot write the Triton repository: {e.strerror or e}", where=str(folder))
+        args.triton_repo, repo = None, args.triton_repo
+        cmd_convert(args)
+        write_repository(api.load_onnx(args.output), repo, name, args.triton_server_repo)
+    except BaseException:
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    say(f"wrote the Triton model {folder}: config.pbtxt, 1/model.onnx")
     return 0
 
 
@@ -198,7 +235,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--actors", type=int, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")
     c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM", parents=[debug])
     c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")
-    c.add_argument("-o", "--output", required=True,
+    c.add_argument("-o", "--output",
                    help="the .onnx file to write, or for an .onnx source the CVM model directory")
     c.add_argument("--params", help="params file when SOURCE is a symbol file")
     c.add_argument("--inline", action="store_true", help="write the flat form, every function inlined")
@@ -210,7 +247,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--input-precision", type=int, default=8, metavar="N",
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")
-    c.set_defaults(fn=cmd_convert)
+    c.add_argument("--triton-repo", metavar="REPO", help="also write a Triton model repository: "
+                   "REPO/<model directory's name>/1/model.onnx, config.pbtxt and the native op library if used")
+    c.add_argument("--triton-server-repo", metavar="DIR", default="/models", help="where the Triton server sees "
+                   "REPO, for the op library's path in config.pbtxt (default /models)")
+    c.set_defaults(fn=cmd_convert, usage=c)
     c.add_argument("--report", metavar="FILE", help="write a Markdown report: stages, op table, sizes, timings "
                    "(CVM -> ONNX)")
     c.add_argument("--verify", action="store_true", help="also compare with the reference executor, exactly, on "
