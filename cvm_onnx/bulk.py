@@ -362,12 +362,13 @@ def _keys(names: Sequence[str]) -> list[str]:
 
 # -- one machine --------------------------------------------------------------------------------------------------
 def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
-             chunk: int = CHUNK, provider: str = "cpu", progress: Progress | None = None) -> Output:
+             chunk: int = CHUNK, provider: str = "cpu", threads: int | None = None,
+             progress: Progress | None = None) -> Output:
     """Run ``model`` (a validated CVM graph on the reference executor, or an ONNX model on onnxruntime) over
-    the samples in ``inputs`` (an .npy file, a directory of them, or an array of stacked samples), ``chunk``
-    samples per unit of work. With ``output`` the results are written there, else kept in memory: the
-    ``Output`` returned has them in ``arrays`` (each stacked over the samples), its ``keys`` and ``shapes``."""
-    p, data = planned(model, inputs, chunk, provider=provider)
+    the samples in ``inputs`` (an .npy file, a directory of them, or an array), ``chunk`` samples per unit of
+    work (``threads``: onnxruntime's, see ``runtime.session``). With ``output`` the results are written there,
+    else kept in memory: the ``Output`` returned has them in ``arrays``, its ``keys`` and ``shapes``."""
+    p, data = planned(model, inputs, chunk, provider=provider, threads=threads)
     runner = Runner(p)
     with Output(output, p.names, data.count, data.stacked) as out:
         for a in range(0, data.count, chunk):

@@ -58,9 +58,7 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1)
     started = not ray.is_initialized()
     if started:
-        extra = {"include_dashboard": False} if address is None else {}
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=False,
-                 **extra)
+        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=False)
     context = DataContext.get_current()
     saved = context.enable_progress_bars, context.raise_original_map_exception
     # our errors come back as themselves, and are printed once, by the caller

@@ -41,11 +41,11 @@ def test_python_examples_run(doc, in_tmp, capsys):
 def test_readme_step_by_step_commands_succeed(in_tmp, capsys):
     [steps] = [b for b in blocks(ROOT / "README.md", "bash") if b.startswith("cvm-onnx info")]
     commands = [shlex.split(line.split("#")[0]) for line in steps.splitlines() if line.startswith("cvm-onnx ")]
-    assert [c[1] for c in commands] == ["info", "convert", "run", "run", "verify", "convert", "convert"]
+    assert [c[1] for c in commands] == ["info", "convert", "run", "run", "verify", "convert", "run", "convert"]
     for command in commands:
         assert main(command[1:]) == 0, command
     assert all((in_tmp / f).exists()
-               for f in ["digits.onnx", "report.md", "out.npz", "ref.npz", "served.onnx", "digits_back"])
+               for f in ["digits.onnx", "report.md", "out.npz", "ref.npz", "served.onnx", "logits.npy", "digits_back"])
     assert "exact: 1 output(s) (dense)" in capsys.readouterr().out
 
 

@@ -43,7 +43,7 @@ def test_without_the_extra_ray_says_how_to_install_it(tmp_path, monkeypatch, cap
 def local_ray():
     """One local Ray instance for the tests that use it: 2 CPUs, no dashboard, no external address."""
     ray = pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init("local", num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield
     ray.shutdown()
 
