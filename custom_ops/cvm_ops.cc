@@ -269,7 +269,16 @@ std::vector<OpPtr> create_ops() {
 
 }  // namespace cvm_onnx
 
-// The entry point onnxruntime calls from SessionOptions.register_custom_ops_library (the only exported symbol).
+// Whether this build has the CUDA kernels (1) or only the CPU ones (0), for `cvm-onnx --version` (via ctypes).
+extern "C" __attribute__((visibility("default"))) int CvmOnnxHasCuda() {
+#ifdef CVM_ONNX_WITH_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// The entry point onnxruntime calls from SessionOptions.register_custom_ops_library.
 extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);

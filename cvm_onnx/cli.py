@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,15 +55,26 @@ def _warn(problems) -> None:
 
 
 def cmd_validate(args) -> int:
-    model = api.load(args.model, args.params)
+    if api.is_onnx(args.model):
+        model = api.validate(api.import_onnx(args.model))
+        what = "imports as a CVM model"
+    else:
+        model = api.load(args.model, args.params)
+        what = ""
     _warn(model.warnings)
     g = model.graph
-    say(f"ok: {args.model}: {sum(not n.is_variable for n in g.nodes)} op nodes, {len(g.params)} params, "
-        f"valid for the CVM runtime")
+    say(f"ok: {args.model}: {what + ' of ' if what else ''}{sum(not n.is_variable for n in g.nodes)} op nodes, "
+        f"{len(g.params)} params, valid for the CVM runtime")
     return 0
 
 
 def cmd_info(args) -> int:
+    if api.is_onnx(args.model):
+        from .onnx_info import describe
+
+        for text in [f"model: {args.model}", *describe(api.load_onnx(args.model))]:
+            say(text)
+        return 0
     model = api.load(args.model, args.params)
     g = model.graph
     say(f"model: {args.model}")
@@ -197,6 +209,39 @@ def cmd_run(args) -> int:
     return 0
 
 
+def version() -> str:
+    """``cvm-onnx --version``: this package's version, the libraries it runs on and the native library's state."""
+    import onnx
+    import onnxruntime
+
+    from .constants import __version__
+    from .native import status
+
+    return "\n".join([f"cvm-onnx {__version__}", f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}, "
+                      f"numpy {np.__version__}, Python {sys.version.split()[0]}", status()])
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show the version, the libraries' and whether the "
+                         "native custom-op library is built (with CUDA kernels or not), and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version())
+        parser.exit()
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return n
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exiting with ``USAGE_ERROR`` on a usage error."""
 
@@ -211,17 +256,21 @@ def parser() -> argparse.ArgumentParser:
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="print the traceback of any error")
     p.add_argument("--debug", action="store_true", help="print the traceback of any error")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
 
     def model_cmd(name, fn, help, aliases=()):
         c = sub.add_parser(name, help=help, aliases=list(aliases), parents=[debug])
-        c.add_argument("model", help="CVM model directory (symbol + params), a symbol file, or an .onnx file")
+        c.add_argument("model", help="CVM model directory (symbol + params), a symbol file with --params, or an "
+                       ".onnx file")
         c.add_argument("--params", help="params file when MODEL is a symbol file")
         c.set_defaults(fn=fn)
         return c
 
-    model_cmd("validate", cmd_validate, "check a CVM model against the runtime's load-time rules", ["check"])
-    model_cmd("info", cmd_info, "ops, params, inputs and outputs of a CVM model")
+    model_cmd("validate", cmd_validate, "check a CVM model against the runtime's load-time rules (an .onnx file: "
+              "import it and check the result)", ["check"])
+    model_cmd("info", cmd_info, "ops, params, inputs and outputs of a CVM model; of an .onnx file its opsets, "
+              "inputs and outputs, provenance and the native library it needs")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)")
     r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
                    "or N of them stacked on a new axis 0; or a directory of such .npy files (file-name order)")
@@ -239,7 +288,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the .onnx file to write, or for an .onnx source the CVM model directory")
     c.add_argument("--params", help="params file when SOURCE is a symbol file")
     c.add_argument("--inline", action="store_true", help="write the flat form, every function inlined")
-    c.add_argument("--batch", type=int, metavar="N", help="export with batch size N: the input's first dimension "
+    c.add_argument("--batch", type=positive, metavar="N", help="export with batch size N: the input's first dimension "
                    "1 becomes N (refused where an op does not keep the batch axis)")
     c.add_argument("--optimize", action="store_true", help="write the serving form for the CPU provider: "
                    "requantization runs fused, no int32 round trips between float bodies (faster to run; not "
@@ -268,6 +317,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(seen: set[str]):
+    """A ``warnings.showwarning`` printing each message once as one ``warning:`` line."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        if str(message) not in seen:
+            seen.add(str(message))
+            complain(f"warning: {message}")
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is 0, the error family's code, or one of the codes above."""
     try:
@@ -275,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a usage error
         return e.code
     try:
-        code = args.fn(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning(set())
+            code = args.fn(args)
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except CVMError as e:

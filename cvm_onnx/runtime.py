@@ -148,8 +148,8 @@ def run(model: ModelLike | ort.InferenceSession, inputs: dict[str, np.ndarray], 
     sess = model if isinstance(model, ort.InferenceSession) else session(model, provider, native)
     try:
         return sess.run(None, inputs)
-    except Exception as e:
-        raise RuntimeFailure(f"onnxruntime failed to run the model: {e}") from None
+    except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types; the message on one line)
+        raise RuntimeFailure(f"onnxruntime failed to run the model: {' '.join(str(e).split())}") from None
 
 
 def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",
@@ -179,7 +179,20 @@ def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = N
         if not np.can_cast(data.dtype, want, casting="safe"):
             raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data")
         data = data.astype(want)
+    check_shape(inputs[0].name, inputs[0].shape, data.shape)
     return {inputs[0].name: data}
+
+
+def check_shape(name: str, shape: list, given: tuple[int, ...]) -> None:
+    """``RuntimeFailure`` unless ``given`` fits the input's static ``shape``; a batched model (first dimension
+    N > 1) is told apart: give N samples, or convert without --batch."""
+    if len(shape) == len(given) and all(not isinstance(d, int) or d == g for d, g in zip(shape, given)):
+        return
+    expected = tuple(shape)
+    if len(shape) == len(given) and shape[1:] == list(given[1:]) and isinstance(shape[0], int) and shape[0] > 1:
+        raise RuntimeFailure(f"the model takes a batch of {shape[0]} samples, shape {expected}; got {given[0]}: give "
+                             f"{shape[0]} samples, or convert the CVM model without --batch", where=name)
+    raise RuntimeFailure(f"input shape {tuple(given)} must be {expected}", where=name)
 
 
 def declared_precision(model: onnx.ModelProto, name: str) -> int | None:

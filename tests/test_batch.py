@@ -161,7 +161,7 @@ def test_cli_convert_batch_and_optimize(tmp_path):
     assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "m.onnx"), "--batch", "3", "--optimize"]) == 0
     [got] = run(str(tmp_path / "m.onnx"), {"data": data})
     assert np.array_equal(got, singles(graph, data)[0])
-    assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "n.onnx"), "--batch", "0"]) == 4
+    assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "n.onnx"), "--batch", "0"]) == 64  # a usage error
     assert not (tmp_path / "n.onnx").exists()
     args = ["convert", str(tmp_path / "m"), "-o", str(tmp_path / "n.onnx"), "--batch", "2", "--optimize", "--verify"]
     assert main(args) == 0  # the batched, optimized model checked against the batched CVM graph

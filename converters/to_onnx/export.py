@@ -26,6 +26,7 @@ from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.native import LIBRARY, ops_used
 from cvm_onnx.native import VERSION as NATIVE_VERSION
 from cvm_onnx.ops import REGISTRY, Attrs
 
@@ -106,7 +107,10 @@ class _Exporter:
         if value is not None:
             self.initializers.append(node.name)
             return
-        self.inputs.append(helper.make_tensor_value_info(node.name, TensorProto.INT32, list(t.shape)))
+        self.inputs.append(helper.make_tensor_value_info(
+            node.name, TensorProto.INT32, list(t.shape),
+            doc_string=f"int32, values within precision {t.precision} (|x| <= {t.bound}; the model clamps them as "
+                       f"the runtime does): cast int8 data to int32"))
         bounds = []
         for side, v in (("min", -t.bound), ("max", t.bound)):
             bounds.append(f"{node.name}:{side}")
@@ -251,8 +255,24 @@ class _Exporter:
             t = model.graph.initializer.add(name=name, data_type=TensorProto.INT8 if int8 else TensorProto.INT32,
                                             dims=value.shape)
             t.raw_data = np.ascontiguousarray(value, "i1" if int8 else "<i4").tobytes()
-        helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version})
+        native = ops_used(model)
+        model.doc_string = self.about(native)
+        helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version} | (
+            {"cvm.native_library": f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
+                                   "python -m cvm_onnx.native"} if native else {}))
         return model
+
+    def about(self, native: list[str]) -> str:
+        """The model's doc string: what it is, what its inputs take, and the custom-op library it needs."""
+        ins = "; ".join(f"{self.graph.nodes[i].name}: int32 {t.shape}, values within precision {t.precision} "
+                        f"(|x| <= {t.bound})" for i in self.graph.inputs for t in self.graph.nodes[i].outputs[:1])
+        text = (f"A CVM model converted by cvm-onnx {__version__}, bit-exact with the CVM runtime. Input {ins}: "
+                "cast int8 data to int32.")
+        if native:
+            text += (f" Its {NATIVE_DOMAIN} ops ({', '.join(native)}) need the custom-op library {LIBRARY} of the "
+                     "cvm-onnx package: onnxruntime.SessionOptions().register_custom_ops_library(path), the path "
+                     "printed by `python -m cvm_onnx.native`.")
+        return text
 
 
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,

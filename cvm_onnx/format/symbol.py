@@ -122,6 +122,9 @@ class _Reader:
         if not isinstance(doc, dict):
             self.bad("", "the symbol must be a JSON object")
             return None
+        if not {"nodes", "heads", "attrs"} & doc.keys():
+            what = f"a JSON object with {len(doc)} key(s), none of them" if doc else "an empty JSON object, without"
+            self.bad("", f"not a CVM symbol: {what} nodes, heads or attrs; each rule it breaks follows")
         self.check_keys(doc, TOP_KEYS, "", "top-level")
         for key in ("nodes", "heads", "attrs"):
             if key not in doc:

@@ -8,11 +8,15 @@ version 1, with three int32 ops following the CVM runtime's FORMAL semantics (do
 * ``get_valid_counts(data (B, N, K)) -> valid_count (B,), data-shaped``; attribute score_threshold (0);
 * ``cvm_lut(indices, table) -> indices-shaped``, ``y = table.flat[clip(indices, 0, table.size - 1)]``.
 
+``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
+says that it was not built and exits 1.
+
 Importing this module registers the ops' schemas with onnx (idempotent), so ``onnx.checker`` (full_check) and
 strict shape inference check and infer through them. The pure-Python fallback is in ``cvm_onnx.fallback``.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from pathlib import Path
 
@@ -36,10 +40,34 @@ ATTRS: dict[str, dict[str, int]] = {
 def library_path() -> str | None:
     """Path of the built library inside the installed package, or None if the build skipped it."""
     # the package's __path__: an editable install spreads the package over sources and built files
-    for root in map(Path, sys.modules[__package__].__path__):
+    for root in map(Path, sys.modules[__name__.rpartition(".")[0]].__path__):
         if (root / LIBRARY).is_file():
             return str(root / LIBRARY)
     return None
+
+
+def ops_used(model: onnx.ModelProto) -> list[str]:
+    """The ops of this domain that ``model`` calls, in its graph or its functions."""
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    return sorted({n.op_type for n in nodes if n.domain == DOMAIN})
+
+
+def has_cuda_kernels(path: str) -> bool:
+    """Whether the library at ``path`` was built with the CUDA kernels (it asks the library itself)."""
+    return bool(ctypes.CDLL(path).CvmOnnxHasCuda())
+
+
+def status() -> str:
+    """One line: where the native library is and which kernels it has, or that it was not built."""
+    path = library_path()
+    if path is None:
+        return (f"native library: not built ({LIBRARY} is missing: the {DOMAIN} ops run through the slow "
+                "pure-Python fallback; see docs/custom_ops.md)")
+    try:
+        kernels = "CPU and CUDA kernels" if has_cuda_kernels(path) else "CPU kernels, no CUDA kernels"
+    except (OSError, AttributeError) as e:  # not loadable, or built before the library said
+        kernels = f"kernels unknown: {e}"
+    return f"native library: {path} ({kernels})"
 
 
 # -- schemas ------------------------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""What an ONNX model holds and needs, for ``cvm-onnx info model.onnx``: its opsets, the native ops it uses and
+the library to register for them, its inputs and outputs (type, shape, CVM precision) and where it came from."""
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto
+
+from . import native
+from .constants import SYMBOL
+
+
+def _type(vi: onnx.ValueInfoProto) -> str:
+    t = vi.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in t.shape.dim)
+    return f"{TensorProto.DataType.Name(t.elem_type).lower()} {dims}"
+
+
+def _precisions(model: onnx.ModelProto) -> dict[str, str]:
+    """The CVM precision declared for each tensor (metadata ``cvm.precision``; an input's is on its clamped
+    value ``<input>:clamped``)."""
+    declared = {vi.name: p.value for vi in [*model.graph.value_info, *model.graph.output]
+                for p in vi.metadata_props if p.key == "cvm.precision"}
+    return declared | {vi.name: declared[f"{vi.name}:clamped"] for vi in model.graph.input
+                       if f"{vi.name}:clamped" in declared}
+
+
+def describe(model: onnx.ModelProto) -> list[str]:
+    """The lines of ``cvm-onnx info`` for an ONNX model."""
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+    producer = " ".join(x for x in (model.producer_name, model.producer_version) if x) or "unknown"
+    lines = [f"ONNX model: IR version {model.ir_version}, opsets {opsets}; producer {producer}"]
+    precisions = _precisions(model)
+    inits = {t.name for t in model.graph.initializer}
+    for kind, values in (("input ", [vi for vi in model.graph.input if vi.name not in inits]),
+                         ("output", model.graph.output)):
+        for vi in values:
+            p = precisions.get(vi.name)
+            bound = f", precision {p} (|x| <= {(1 << (int(p) - 1)) - 1})" if p else ""
+            lines.append(f"{kind} {vi.name}: {_type(vi)}{bound}")
+    props = {p.key: p.value for p in model.metadata_props}
+    if props.get("converted_from") == "CVM":
+        form = "the serving form (--optimize; not importable back)" if "cvm.optimized" in props else (
+            f"its source symbol kept ({len(props[SYMBOL].encode())} bytes): converts back byte for byte"
+            if SYMBOL in props else "converts back to the same graph")
+        lines.append(f"converted from CVM ({props.get('cvm.version', 'version unknown')}) by {producer}; {form}")
+    lines.append(f"nodes: {len(model.graph.node)} in the graph, {len(model.functions)} functions, "
+                 f"{len(model.graph.initializer)} initializers")
+    ops = native.ops_used(model)
+    if not ops:
+        lines.append("native ops: none (plain onnxruntime runs it, no custom-op library needed)")
+        return lines
+    path = native.library_path()
+    lines.append(f"native ops ({native.DOMAIN}): {', '.join(ops)}: onnxruntime needs the custom-op library "
+                 f"{native.LIBRARY}: SessionOptions().register_custom_ops_library(path)")
+    lines.append(f"  path: {path}" if path else f"  {native.status()}")
+    return lines

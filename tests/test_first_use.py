@@ -1,0 +1,192 @@
+"""What a new user meets first (issue 16): `info`/`validate` on .onnx files, `--version`, the native library's
+path for plain onnxruntime, what an exported model says about itself, and messages on one line."""
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import cvm_onnx
+from cvm_onnx import native, runtime
+from cvm_onnx.cli import main
+from cvm_onnx.errors import RuntimeFailure
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+needs_native = pytest.mark.skipif(native.library_path() is None, reason="the native library was not built")
+
+
+def run(capsys, *argv) -> tuple[int, list[str], list[str]]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out.splitlines(), err.splitlines()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("exported")
+    for name in ("digits_cnn", "detection"):
+        cvm_onnx.convert(MODELS / name, d / f"{name}.onnx")
+    cvm_onnx.convert(MODELS / "digits_cnn", d / "served.onnx", optimize=True, batch=16)
+    return {p.stem: p for p in d.glob("*.onnx")}
+
+
+# -- info and validate on .onnx files ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["digits_cnn", "detection"])
+def test_info_on_an_exported_model(name, exported, capsys):
+    """Opsets, inputs and outputs with their CVM precisions, the provenance and the native ops with the library."""
+    code, out, err = run(capsys, "info", exported[name])
+    assert code == 0 and err == []
+    graph = cvm_onnx.load(MODELS / name).graph
+    model = onnx.load(exported[name])
+    [data] = [graph.nodes[i].outputs[0] for i in graph.inputs]
+    assert f"input  data: int32 {data.shape}, precision {data.precision} (|x| <= {data.bound})" in out
+    for h in graph.heads:
+        t = graph.type_of(h)
+        assert f"output {graph.nodes[h.node].name}: int32 {t.shape}, precision {t.precision} (|x| <= {t.bound})" in out
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+    assert any(f"opsets {opsets};" in line for line in out)
+    symbol = (MODELS / name / "symbol").stat().st_size
+    assert any(f"source symbol kept ({symbol} bytes)" in line for line in out)
+    used = sorted({n.op_type for n in [*model.graph.node, *(n for f in model.functions for n in f.node)]
+                   if n.domain == "cvm.native"})
+    if used:
+        assert any(line.startswith(f"native ops (cvm.native): {', '.join(used)}:") for line in out)
+        assert f"  path: {native.library_path()}" in out or native.library_path() is None
+    else:
+        assert any(line.startswith("native ops: none") for line in out)
+
+
+def test_info_on_the_serving_form(exported, capsys):
+    code, out, _ = run(capsys, "info", exported["served"])
+    assert code == 0 and "input  data: int32 (16, 1, 8, 8), precision 8 (|x| <= 127)" in out
+    assert any("serving form" in line for line in out)
+
+
+def test_not_onnx_files_named_onnx_get_a_format_error(tmp_path, capsys):
+    """Random bytes and an empty file named .onnx: a format error saying so, never "a symbol file" nor "the graph
+    has no outputs", from every command that reads an .onnx file."""
+    (tmp_path / "random.onnx").write_bytes(np.random.default_rng(0).bytes(1000))
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    np.save(tmp_path / "x.npy", np.zeros((1, 4), np.int8))
+    for name, why in (("random.onnx", "not an ONNX model: "), ("empty.onnx", "not an ONNX model: an empty file")):
+        path = tmp_path / name
+        for argv in (["info", path], ["validate", path], ["convert", path, "-o", tmp_path / "out"],
+                     ["run", path, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz"]):
+            code, out, err = run(capsys, *argv)
+            assert (code, out) == (2, []) and len(err) == 1, (argv, err)
+            assert err[0].startswith(f"format error: {path}: {why}") and "symbol" not in err[0], err
+
+
+def test_a_symbol_file_without_params_is_told_truthfully(tmp_path, capsys):
+    code, _, err = run(capsys, "info", MODELS / "digits_cnn" / "symbol")
+    assert code == 2 and err == [f"format error: {MODELS / 'digits_cnn' / 'symbol'}: is not a model directory: give "
+                                 "the directory holding symbol and params, or a symbol file with --params"]
+
+
+def test_validate_on_an_exported_model(exported, capsys):
+    graph = cvm_onnx.load(MODELS / "detection").graph
+    code, out, err = run(capsys, "validate", exported["detection"])
+    ops = sum(not n.is_variable for n in graph.nodes)
+    assert code == 0 and out == [f"ok: {exported['detection']}: imports as a CVM model of {ops} op nodes, "
+                                 f"{len(graph.params)} params, valid for the CVM runtime"]
+
+
+def test_an_empty_symbol_object_is_summarized_first(tmp_path, capsys):
+    (tmp_path / "symbol").write_text("{}")
+    (tmp_path / "params").write_bytes((MODELS / "digits_cnn" / "params").read_bytes())
+    code, _, err = run(capsys, "info", tmp_path)
+    assert code == 2 and len(err) > 2
+    assert err[0] == (f"format error: {tmp_path / 'symbol'}: not a CVM symbol: an empty JSON object, without nodes, "
+                      "heads or attrs; each rule it breaks follows")
+    assert not any("not a CVM symbol" in line for line in err[1:])
+
+
+# -- --version and the native library ---------------------------------------------------------------------------
+def test_version(capsys, monkeypatch):
+    code, out, err = run(capsys, "--version")
+    assert code == 0 and err == []
+    assert out[0] == f"cvm-onnx {importlib.metadata.version('cvm-onnx')}"
+    assert f"onnxruntime {ort.__version__}, onnx {onnx.__version__}" in out[1]
+    path = native.library_path()
+    if path is not None:
+        cuda = b"__cudaRegisterFatBinary" in Path(path).read_bytes()  # CUDA kernels are registered with the runtime
+        kernels = "CPU and CUDA kernels" if cuda else "CPU kernels, no CUDA kernels"
+        assert out[2] == f"native library: {path} ({kernels})"
+    monkeypatch.setattr(native, "library_path", lambda: None)
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out[2].startswith("native library: not built (libcvm_onnx_ops.so is missing")
+
+
+@needs_native
+def test_python_m_native_prints_the_library_path():
+    done = subprocess.run([sys.executable, "-m", "cvm_onnx.native"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, native.library_path() + "\n", "")
+
+
+# -- plain onnxruntime: what the exported model says is enough ----------------------------------------------------
+def test_exported_model_says_what_it_needs(exported):
+    for name in ("digits_cnn", "detection"):
+        model = onnx.load(exported[name])
+        props = {p.key: p.value for p in model.metadata_props}
+        uses_native = bool(native.ops_used(model))
+        assert ("libcvm_onnx_ops.so" in model.doc_string) == uses_native == ("cvm.native_library" in props)
+        assert "python -m cvm_onnx.native" in model.doc_string or not uses_native
+        data = cvm_onnx.load(MODELS / name).graph.nodes[0].outputs[0]
+        assert f"values within precision {data.precision} (|x| <= {data.bound})" in model.doc_string
+        [inp] = model.graph.input
+        assert inp.doc_string.startswith(f"int32, values within precision {data.precision}")
+
+
+@needs_native
+def test_plain_onnxruntime_as_the_docs_say(exported):
+    """No cvm_onnx at run time: the library path from `python -m cvm_onnx.native`, the input cast to int32."""
+    path = subprocess.run([sys.executable, "-m", "cvm_onnx.native"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(path)
+    sess = ort.InferenceSession(str(exported["detection"]), so, providers=["CPUExecutionProvider"])
+    x = np.load(MODELS / "detection" / "input.npy").astype(np.int32)
+    [y] = sess.run(None, {"data": x})
+    assert np.array_equal(y, np.load(MODELS / "detection" / "expected.npy"))
+
+
+# -- messages -----------------------------------------------------------------------------------------------------
+def test_batch_mismatch_in_our_words(exported, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.load(MODELS / "digits_cnn" / "input.npy"))
+    code, out, err = run(capsys, "run", exported["served"], "--input", tmp_path / "x.npy", "--output",
+                         tmp_path / "o.npz")
+    assert (code, out) == (5, []) and err == [
+        "runtime error: data: the model takes a batch of 16 samples, shape (16, 1, 8, 8); got 1: give 16 samples, "
+        "or convert the CVM model without --batch"]
+
+
+def test_onnxruntime_errors_on_one_line(exported):
+    """onnxruntime's multi-line messages are joined: no newline, no escaped one."""
+    with pytest.raises(RuntimeFailure) as e:
+        runtime.run(exported["served"], {"data": np.zeros((1, 1, 8, 8), np.int32)})
+    message = str(e.value)
+    assert "onnxruntime failed to run the model: " in message and "\n" not in message and "\\n" not in message
+
+
+@pytest.mark.parametrize("n", ["0", "-3", "x"])
+def test_batch_must_be_positive(n, tmp_path, capsys):
+    code, out, err = run(capsys, "convert", MODELS / "digits_cnn", "-o", tmp_path / "m.onnx", "--batch", n)
+    assert (code, out) == (64, []) and err[-1] == f"cvm-onnx convert: error: argument --batch: must be a positive " \
+                                                  f"integer, not '{n}'"
+
+
+def test_missing_native_library_warns_once_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runtime, "library_path", lambda: None)
+    code, _, err = run(capsys, "convert", MODELS / "detection", "-o", tmp_path / "m.onnx", "--verify")
+    assert code == 0
+    assert [line for line in err if "native" in line or "Warning" in line] == [
+        "warning: the native custom-op library was not built with this install (see docs/custom_ops.md); the "
+        "cvm.native ops run through the slow pure-Python fallback"]
