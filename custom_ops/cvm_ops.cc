@@ -5,6 +5,11 @@
 // function table comes from the runtime that loads the library through RegisterCustomOps. Every op has a CPU
 // kernel; with CVM_ONNX_WITH_CUDA it also has a CUDAExecutionProvider kernel (cvm_ops_cuda.cu). Inputs are never
 // modified.
+//
+// Hostile nodes are refused, never run: every input and output is declared required (the lite API declares them
+// optional), so onnxruntime refuses a node with an absent input ('') when it loads the model; each kernel's entry
+// checks that its inputs are present int32 tensors before the lite API reads them, then the kernel checks their
+// ranks and shapes, and the attributes are read as ints only. Each refusal is an onnxruntime error status.
 #define ORT_API_MANUAL_INIT
 #include <onnxruntime_lite_custom_op.h>
 #undef ORT_API_MANUAL_INIT
@@ -13,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -83,7 +89,24 @@ NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
   return a;
 }
 
-// -- shape checks: an error message, empty when the inputs are valid --------------------------------------------
+// -- input checks: an error message, empty when the inputs are valid --------------------------------------------
+// Every input present (not an omitted '') and an int32 tensor: checked before the lite API builds its arguments,
+// which read an absent input's shape through a null value.
+std::string check_inputs(OrtKernelContext* context, size_t count) {
+  Ort::KernelContext ctx(context);
+  if (ctx.GetInputCount() != count) {
+    return "takes " + std::to_string(count) + " inputs, got " + std::to_string(ctx.GetInputCount());
+  }
+  for (size_t i = 0; i < count; ++i) {
+    Ort::ConstValue value = ctx.GetInput(i);
+    if (static_cast<const OrtValue*>(value) == nullptr) return "input " + std::to_string(i) + " is absent";
+    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) {
+      return "input " + std::to_string(i) + " must be an int32 tensor";
+    }
+  }
+  return {};
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -250,17 +273,54 @@ Ort::Status cvm_lut_cuda(OrtKernelContext* ctx, const Int32Tensor& indices, cons
 }
 #endif
 
+// The compute entry of the op in `Slot`: its inputs checked (check_inputs), then the lite API's own entry.
+template <int Slot>
+struct CheckedEntry {
+  static inline OrtStatusPtr(ORT_API_CALL* lite)(void*, OrtKernelContext*) = nullptr;
+  static inline const char* op = nullptr;
+  static inline size_t inputs = 0;
+
+  static OrtStatusPtr ORT_API_CALL compute(void* kernel, OrtKernelContext* context) {
+    Ort::Status status = guarded(op, [&] {
+      const std::string err = check_inputs(context, inputs);
+      return err.empty() ? Ort::Status{nullptr} : invalid(op, err);
+    });
+    return status.IsOK() ? lite(kernel, context) : status.release();
+  }
+};
+
+OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) {
+  return INPUT_OUTPUT_REQUIRED;
+}
+
+// A lite custom op with required inputs and outputs and the checked compute entry of `Slot` (one per op).
+template <int Slot>
+OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs) {
+  if (op->KernelComputeV2 == nullptr) throw std::logic_error(std::string(name) + ": its Compute must return a status");
+  CheckedEntry<Slot>::lite = op->KernelComputeV2;
+  CheckedEntry<Slot>::op = name;
+  CheckedEntry<Slot>::inputs = inputs;
+  op->KernelComputeV2 = &CheckedEntry<Slot>::compute;
+  op->GetInputCharacteristic = &required;
+  op->GetOutputCharacteristic = &required;
+  return OpPtr(op);
+}
+
 std::vector<OpPtr> create_ops() {
   std::vector<OpPtr> ops;
   const char* cpu = "CPUExecutionProvider";
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression>("non_max_suppression", cpu));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<GetValidCounts>("get_valid_counts", cpu));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut));
+  ops.push_back(checked<0>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression>("non_max_suppression", cpu),
+                           "non_max_suppression", 2));
+  ops.push_back(checked<1>(Ort::Custom::CreateLiteCustomOp<GetValidCounts>("get_valid_counts", cpu),
+                           "get_valid_counts", 1));
+  ops.push_back(checked<2>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut), "cvm_lut", 2));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp<GetValidCountsCuda>("get_valid_counts", cuda));
-  ops.emplace_back(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda));
+  ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),
+                           "non_max_suppression", 2));
+  ops.push_back(checked<4>(Ort::Custom::CreateLiteCustomOp<GetValidCountsCuda>("get_valid_counts", cuda),
+                           "get_valid_counts", 1));
+  ops.push_back(checked<5>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda), "cvm_lut", 2));
 #endif
   return ops;
 }

@@ -163,3 +163,46 @@ def test_external_data_location_with_a_nul_byte_is_a_format_error(tmp_path, caps
     assert code == FormatError.exit_code
     assert err == ["format error: initializer 'w': tensor external data location "
                    "'data.bin\\x00../../etc/passwd' contains a NUL byte"]
+
+
+# -- native kernels: absent inputs are refused when the model loads, in a child process (this one would die) ------
+def native_model(op: str, absent: int) -> tuple[onnx.ModelProto, np.ndarray]:
+    """A model of one cvm.native op fed by the graph input, whose input ``absent`` is the empty name ''."""
+    from cvm_onnx.native import DOMAIN, VERSION
+
+    arity, shape = {"non_max_suppression": (2, [1, 2, 6]), "get_valid_counts": (1, [1, 2, 6]),
+                    "cvm_lut": (2, [1, 2])}[op]
+    ins = ["data"] * arity
+    ins[absent] = ""
+    outs = ["c", "y"] if op == "get_valid_counts" else ["y"]
+    graph = helper.make_graph([helper.make_node(op, ins, outs, name="n", domain=DOMAIN)], "g",
+                              [helper.make_tensor_value_info("data", T.INT32, shape)],
+                              [helper.make_tensor_value_info(o, T.INT32, None) for o in outs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, VERSION)],
+                              ir_version=8)
+    return model, np.zeros(shape, np.int32)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "fallback"])
+@pytest.mark.parametrize("op, absent", [("non_max_suppression", 0), ("non_max_suppression", 1),
+                                        ("get_valid_counts", 0), ("cvm_lut", 0), ("cvm_lut", 1)])
+def test_absent_input_of_a_native_op_is_refused_not_a_segfault(tmp_path, op, absent, native):
+    """A non_max_suppression whose data input was '' died of SIGSEGV inside onnxruntime's run: the lite custom-op
+    API declared every input optional, and read the absent one's shape through a null value."""
+    import subprocess
+    import sys
+
+    model, x = native_model(op, absent)
+    onnx.save(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); from cvm_onnx import cli, runtime; "
+            f"runtime.library_path = (lambda: None) if {not native} else runtime.library_path; "
+            "sys.exit(cli.main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code, "run", str(tmp_path / "m.onnx"), "--input",
+                           str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npz")],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 5, (done.returncode, done.stderr[-500:])
+    assert len(lines) == 1 and lines[0].startswith("runtime error: onnxruntime refused the model") and \
+        "INVALID_GRAPH" in lines[0]
+    assert not (tmp_path / "o.npz").exists()
