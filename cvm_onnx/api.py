@@ -14,6 +14,7 @@ from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import read_model, write_model
 from .format.onnx_file import write_onnx
+from .format.onnx_tensor import with_external_data
 from .graph import Graph
 from .pipeline import Conversion, run
 from .validate import validate
@@ -37,9 +38,11 @@ def is_onnx(path: str | os.PathLike) -> bool:
     return Path(path).suffix == ".onnx"
 
 
-def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
-    """The ONNX model in ``path`` (external data not loaded); ``FormatError`` unless the file parses as a model
-    with an IR version and a graph (an empty file parses as an empty model)."""
+def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.ModelProto:
+    """The ONNX model in ``path``; ``FormatError`` unless the file parses as a model with an IR version and a graph
+    (an empty file parses as an empty model). ``external_data``: external tensors read into the model from the
+    file's directory, under the importer's checks (``format.onnx_tensor``), as a model to run needs them;
+    else left external."""
     try:
         model = onnx.load(os.fspath(path), load_external_data=False)
     except FileNotFoundError:
@@ -51,7 +54,7 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     if not model.ir_version or not model.HasField("graph"):
         what = "an empty file" if Path(path).stat().st_size == 0 else "no IR version or no graph"
         raise FormatError(f"not an ONNX model: {what}", where=os.fspath(path))
-    return model
+    return with_external_data(model, Path(path).parent) if external_data else model
 
 
 def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:

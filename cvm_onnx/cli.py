@@ -190,7 +190,7 @@ def cmd_run(args) -> int:
     from .progress import Bar
 
     if api.is_onnx(args.model):
-        model = api.load_onnx(args.model)
+        model = api.load_onnx(args.model, external_data=True)
     else:
         loaded = api.load(args.model, args.params)
         _warn(loaded.warnings)

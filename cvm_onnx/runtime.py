@@ -34,8 +34,9 @@ from onnx import TensorProto, helper
 
 from . import fallback
 from .constants import IR_VERSION, OPSET
-from .errors import RuntimeFailure
+from .errors import FormatError, Problem, RuntimeFailure
 from .executor import integer_input
+from .format.onnx_tensor import with_external_data
 from .native import library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -95,14 +96,18 @@ def _providers(provider: str) -> list:
 
 
 def _load(model: ModelLike) -> onnx.ModelProto:
+    """The model, its external data read from the model file's directory (``with_external_data``): a model given
+    as a ModelProto or bytes has none, so any external tensor of it is refused (onnxruntime would look for its
+    file in the working directory)."""
     if isinstance(model, onnx.ModelProto):
-        return model
+        return with_external_data(model, None)
     try:
         if isinstance(model, bytes):
-            return onnx.load_from_string(model)
-        return onnx.load(os.fspath(model))
+            return with_external_data(onnx.load_from_string(model), None)
+        proto = onnx.load(os.fspath(model), load_external_data=False)
     except Exception as e:  # protobuf and file errors come in several types
         raise RuntimeFailure(f"cannot read the ONNX model: {e}") from None
+    return with_external_data(proto, os.path.dirname(os.path.abspath(model)))
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
@@ -166,12 +171,15 @@ def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = N
 
     With a precision, integer data is taken as the reference executor takes it (``integer_input``). An integer
     ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads int8
-    inputs); any other mismatch is a ``RuntimeFailure``.
+    inputs); any other mismatch is a ``RuntimeFailure``, as is an output that is not a tensor of numbers.
     """
     inputs = sess.get_inputs()
     if len(inputs) != 1:
         raise RuntimeFailure(f"the model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
                              f"run_model feeds exactly one")
+    if bad := [o for o in sess.get_outputs() if o.type not in NUMERIC_TENSORS]:
+        raise RuntimeFailure([Problem(o.name, f"output of type {o.type}: run gives tensors of numbers only")
+                              for o in bad])
     want = np.dtype(_NUMPY_TYPES.get(inputs[0].type, np.void))
     if precision is not None:
         data = integer_input(data, precision, inputs[0].name)
@@ -199,9 +207,14 @@ def declared_precision(model: onnx.ModelProto, name: str) -> int | None:
     """The precision the exporter declares for input ``name`` (metadata of its clamped value), if any."""
     for vi in model.graph.value_info:
         if vi.name == f"{name}:clamped":
-            return next((int(p.value) for p in vi.metadata_props if p.key == "cvm.precision"), None)
+            text = next((p.value for p in vi.metadata_props if p.key == "cvm.precision"), None)
+            if text is not None and text not in {str(p) for p in range(1, 33)}:
+                raise FormatError(f"metadata cvm.precision={text!r} is not a precision in [1, 32]", where=vi.name)
+            return None if text is None else int(text)
     return None
 
 
+NUMERIC_TENSORS = {f"tensor({t})" for t in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                              "uint64", "float16", "bfloat16", "float", "double")}
 _NUMPY_TYPES = {"tensor(int8)": np.int8, "tensor(int16)": np.int16, "tensor(int32)": np.int32,
                 "tensor(int64)": np.int64, "tensor(uint8)": np.uint8, "tensor(float)": np.float32}

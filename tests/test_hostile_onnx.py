@@ -206,3 +206,90 @@ def test_absent_input_of_a_native_op_is_refused_not_a_segfault(tmp_path, op, abs
     assert len(lines) == 1 and lines[0].startswith("runtime error: onnxruntime refused the model") and \
         "INVALID_GRAPH" in lines[0]
     assert not (tmp_path / "o.npz").exists()
+
+
+# -- run: external data from the model's own folder, with the importer's checks --------------------------------------
+W = np.array([[3, -1, 4, -1]], np.int32)
+
+
+def external_add_model(folder, location="data.bin", offset=0, length=None) -> None:
+    """model.onnx in ``folder``: y = data + w, w stored in ``location`` (written there, holding W)."""
+    w = numpy_helper.from_array(W, "w")
+    w.ClearField("raw_data")
+    w.data_location = T.EXTERNAL
+    w.external_data.add(key="location", value=location)
+    w.external_data.add(key="offset", value=str(offset))
+    if length is not None:
+        w.external_data.add(key="length", value=str(length))
+    onnx.save(int_model([node("Add", ["data", "w"])], inits=[w]), folder / "model.onnx")
+
+
+def run_cli(tmp_path, model, capsys) -> tuple[int, list[str]]:
+    np.save(tmp_path / "x.npy", np.array([[1, 2, 3, 4]], np.int32))
+    code = main(["run", str(model), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npz")])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_run_reads_external_data_from_the_model_folder_not_the_working_directory(tmp_path, capsys, monkeypatch):
+    """run handed onnxruntime the model as bytes, so data.bin was looked up in the working directory: run from a
+    folder holding another data.bin, it exited 0 with wrong values."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "model" / "data.bin").write_bytes(W.tobytes())
+    (tmp_path / "elsewhere" / "data.bin").write_bytes((W * 100).tobytes())
+    external_add_model(tmp_path / "model")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, err = run_cli(tmp_path, tmp_path / "model" / "model.onnx", capsys)
+    assert (code, err) == (0, [])
+    assert np.array_equal(np.load(tmp_path / "o.npz")["y"], W + [1, 2, 3, 4])
+    from cvm_onnx import runtime  # the API resolves a path the same way
+
+    [y] = runtime.run(tmp_path / "model" / "model.onnx", {"data": np.array([[1, 2, 3, 4]], np.int32)})
+    assert np.array_equal(y, W + [1, 2, 3, 4])
+
+
+@pytest.mark.parametrize("location, offset, length, rule", [
+    ("../outside.bin", 0, None, "leaves the model's directory"),
+    ("link.bin", 0, None, "leaves the model's directory"),
+    ("data.bin\x00x", 0, None, "contains a NUL byte"),
+    ("data.bin", 8, 16, "external data [8, 24) lies outside its file of 16 bytes"),
+    ("data.bin", 8, None, "external data has 8 bytes, but shape [1, 4] of 4-byte values needs 16"),
+    ("ABSOLUTE", 0, None, "must be a relative path inside the model's directory"),
+])
+def test_run_refuses_external_data_as_the_importer_does(tmp_path, capsys, monkeypatch, location, offset, length,
+                                                        rule):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "outside.bin").write_bytes(W.tobytes())
+    (tmp_path / "model" / "data.bin").write_bytes(W.tobytes())
+    (tmp_path / "model" / "link.bin").symlink_to(tmp_path / "outside.bin")
+    external_add_model(tmp_path / "model", str(tmp_path / "outside.bin") if location == "ABSOLUTE" else location,
+                       offset, length)
+    monkeypatch.chdir(tmp_path)  # where ../outside.bin would be found relative to the working directory
+    code, err = run_cli(tmp_path, tmp_path / "model" / "model.onnx", capsys)
+    assert code == FormatError.exit_code and len(err) == 1
+    assert err[0].startswith("format error: initializer 'w': tensor ") and rule in err[0]
+    assert not (tmp_path / "o.npz").exists()
+
+
+def test_run_of_a_string_output_is_a_runtime_error(tmp_path, capsys):
+    """A node turned into a Constant with a string value made a string graph output: write_npz raised ValueError
+    (exit 70)."""
+    m = int_model([helper.make_node("Constant", [], ["y"], name="n",
+                                    value=helper.make_tensor("v", T.STRING, [1], [b"a"]))], out_type=T.STRING)
+    onnx.save(m, tmp_path / "m.onnx")
+    code, err = run_cli(tmp_path, tmp_path / "m.onnx", capsys)
+    assert (code, err) == (5, ["runtime error: y: output of type tensor(string): run gives tensors of numbers only"])
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "99", "9" * 5000])
+def test_run_with_a_declared_input_precision_that_is_none_is_a_format_error(tmp_path, capsys, value):
+    """int() of the exporter's input precision metadata raised ValueError (exit 70) for 'abc'; 0 and -3 made a
+    negative shift (ValueError)."""
+    m = int_model([node("Relu", ["data"])])
+    vi = helper.make_tensor_value_info("data:clamped", T.INT32, [1, 4])
+    vi.metadata_props.add(key="cvm.precision", value=value)
+    m.graph.value_info.append(vi)
+    onnx.save(m, tmp_path / "m.onnx")
+    code, err = run_cli(tmp_path, tmp_path / "m.onnx", capsys)
+    assert code == FormatError.exit_code
+    assert err == [f"format error: data:clamped: metadata cvm.precision={value!r} is not a precision in [1, 32]"]

@@ -1,7 +1,7 @@
 """Safety checks on an ONNX model before anything of it is run or allocated (every problem at once).
 
-* tensors (initializers, Constant values): dims >= 0, at most 2^30 elements, data of exactly the declared size;
-  external data must lie inside the model's directory, within its file;
+* tensors (initializers, Constant values) by ``format.onnx_tensor.tensor_problem``: dims >= 0, at most 2^30
+  elements, data of exactly the declared size; external data inside the model's directory, within its file;
 * the graph: every input of a node defined (graph input, initializer or another node's output), each tensor
   produced once, no cycle;
 * declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24];
@@ -15,122 +15,36 @@
   (``registry.NodeView``).
 
 ``checked_order`` returns the nodes in a topological order or raises ``FormatError`` listing the problems.
-``tensor_array`` reads a checked tensor, external data included.
+``tensor_array`` (from ``format.onnx_tensor``) reads a checked tensor, external data included.
 """
 from __future__ import annotations
 
 import functools
 import heapq
 import math
-import os
 from collections import Counter
 from collections.abc import Iterator, MutableSequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import onnx
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper
 
 from cvm_onnx import native
 from cvm_onnx.constants import DOMAIN as CVM_DOMAIN
 from cvm_onnx.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
 from cvm_onnx.errors import FormatError, Problem
+from cvm_onnx.format.onnx_tensor import MAX_ELEMENTS, tensor_problem
+from cvm_onnx.format.onnx_tensor import tensor_array  # noqa: F401  (the rules read it from here)
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.ops.registry import REQUIRED
 
-MAX_ELEMENTS = 1 << 30
 MAX_DIM = 1 << 24
-ITEMSIZE = {
-    TensorProto.BOOL: 1, TensorProto.INT8: 1, TensorProto.UINT8: 1, TensorProto.INT16: 2, TensorProto.UINT16: 2,
-    TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.INT32: 4, TensorProto.UINT32: 4,
-    TensorProto.FLOAT: 4, TensorProto.INT64: 8, TensorProto.UINT64: 8, TensorProto.DOUBLE: 8,
-}
-TYPED_FIELD = {
-    **dict.fromkeys([TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
-                     TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT32], "int32_data"),
-    TensorProto.INT64: "int64_data", TensorProto.UINT32: "uint64_data", TensorProto.UINT64: "uint64_data",
-    TensorProto.FLOAT: "float_data", TensorProto.DOUBLE: "double_data",
-}
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"node {index} ({node.op_type})"
-
-
-def _external(t: onnx.TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
-
-
-def external_path(t: onnx.TensorProto, base_dir: Path | None) -> tuple[Path | None, str | None]:
-    """The file holding an external tensor, or why it may not be read."""
-    if base_dir is None:
-        return None, "has external data, but no model directory was given to read it from"
-    location = _external(t).get("location", "")
-    if "\x00" in location:
-        return None, f"external data location {location!r} contains a NUL byte"
-    if not location or os.path.isabs(location) or Path(location).drive:
-        return None, f"external data location {location!r} must be a relative path inside the model's directory"
-    root = os.path.realpath(base_dir)
-    path = os.path.realpath(os.path.join(root, location))
-    if os.path.commonpath([root, path]) != root:
-        return None, f"external data location {location!r} leaves the model's directory"
-    if not os.path.isfile(path):
-        return None, f"external data file {location!r} does not exist"
-    return Path(path), None
-
-
-def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
-    """Why a tensor cannot be read safely, or None."""
-    dims = list(t.dims)
-    if any(d < 0 for d in dims):
-        return f"has a negative dimension in {dims}"
-    size = math.prod(dims)
-    if size > MAX_ELEMENTS:
-        return f"declares {size} elements (more than 2^30): refused before allocating it"
-    item = ITEMSIZE.get(t.data_type)
-    if item is None:
-        name = TensorProto.DataType.Name(t.data_type) if t.data_type in TensorProto.DataType.values() else t.data_type
-        return f"has data type {name}, which cannot be read (bool, integer and float types can)"
-    if t.data_location == TensorProto.EXTERNAL:
-        path, err = external_path(t, base_dir)
-        if err:
-            return err
-        info = _external(t)
-        try:
-            offset = int(info.get("offset", "0"))
-            length = int(info["length"]) if "length" in info else path.stat().st_size - offset
-        except ValueError:
-            return f"external data offset/length are not integers: {info}"
-        if offset < 0 or length < 0 or offset + length > path.stat().st_size:
-            return f"external data [{offset}, {offset + length}) lies outside its file of {path.stat().st_size} bytes"
-        if length != size * item:
-            return f"external data has {length} bytes, but shape {dims} of {item}-byte values needs {size * item}"
-        return None
-    if t.HasField("raw_data"):
-        if len(t.raw_data) != size * item:
-            return f"raw data has {len(t.raw_data)} bytes, but shape {dims} of {item}-byte values needs {size * item}"
-        return None
-    count = len(getattr(t, TYPED_FIELD[t.data_type]))
-    if count != size:
-        return f"holds {count} values, but its shape {dims} declares {size}"
-    return None
-
-
-def tensor_array(t: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
-    """The value of a tensor that passed ``tensor_problem``."""
-    if t.data_location != TensorProto.EXTERNAL:
-        return numpy_helper.to_array(t)
-    path, _ = external_path(t, base_dir)
-    info = _external(t)
-    offset = int(info.get("offset", "0"))
-    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
-    count = math.prod(t.dims)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        raw = f.read(count * dtype.itemsize)
-    return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("=")).reshape(tuple(t.dims))
 
 
 def _shape_problem(vi: onnx.ValueInfoProto) -> str | None:

@@ -1,0 +1,157 @@
+"""ONNX tensors read safely: size, type and data checked before anything is allocated or read, external data
+only from a file inside the model's directory.
+
+* ``tensor_problem``: dims >= 0, at most 2^30 elements, a readable type (bool, integer, float), data of exactly
+  the declared size; external data at a relative location (no NUL byte, no absolute path) that stays inside the
+  model's directory once symlinks are resolved, at an offset and length within its file;
+* ``tensor_array`` reads a tensor that passed it, ``with_external_data`` loads every external tensor of a model
+  into it (for onnxruntime, which would look for the files in the working directory of a model given as bytes).
+
+The importer (``converters.from_onnx.checks``) and the runtime use these same checks.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, numpy_helper
+
+from ..errors import FormatError, Problem
+
+MAX_ELEMENTS = 1 << 30
+ITEMSIZE = {
+    TensorProto.BOOL: 1, TensorProto.INT8: 1, TensorProto.UINT8: 1, TensorProto.INT16: 2, TensorProto.UINT16: 2,
+    TensorProto.FLOAT16: 2, TensorProto.BFLOAT16: 2, TensorProto.INT32: 4, TensorProto.UINT32: 4,
+    TensorProto.FLOAT: 4, TensorProto.INT64: 8, TensorProto.UINT64: 8, TensorProto.DOUBLE: 8,
+}
+TYPED_FIELD = {
+    **dict.fromkeys([TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+                     TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.INT32], "int32_data"),
+    TensorProto.INT64: "int64_data", TensorProto.UINT32: "uint64_data", TensorProto.UINT64: "uint64_data",
+    TensorProto.FLOAT: "float_data", TensorProto.DOUBLE: "double_data",
+}
+
+
+def _external(t: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def external_path(t: onnx.TensorProto, base_dir: Path | None) -> tuple[Path | None, str | None]:
+    """The file holding an external tensor, or why it may not be read."""
+    if base_dir is None:
+        return None, "has external data, but no model directory was given to read it from"
+    location = _external(t).get("location", "")
+    if "\x00" in location:
+        return None, f"external data location {location!r} contains a NUL byte"
+    if not location or os.path.isabs(location) or Path(location).drive:
+        return None, f"external data location {location!r} must be a relative path inside the model's directory"
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, location))
+    if os.path.commonpath([root, path]) != root:
+        return None, f"external data location {location!r} leaves the model's directory"
+    if not os.path.isfile(path):
+        return None, f"external data file {location!r} does not exist"
+    return Path(path), None
+
+
+def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
+    """Why a tensor cannot be read safely, or None."""
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        return f"has a negative dimension in {dims}"
+    size = math.prod(dims)
+    if size > MAX_ELEMENTS:
+        return f"declares {size} elements (more than 2^30): refused before allocating it"
+    item = ITEMSIZE.get(t.data_type)
+    if item is None:
+        name = TensorProto.DataType.Name(t.data_type) if t.data_type in TensorProto.DataType.values() else t.data_type
+        return f"has data type {name}, which cannot be read (bool, integer and float types can)"
+    if t.data_location == TensorProto.EXTERNAL:
+        path, err = external_path(t, base_dir)
+        if err:
+            return err
+        info = _external(t)
+        try:
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else path.stat().st_size - offset
+        except ValueError:
+            return f"external data offset/length are not integers: {info}"
+        if offset < 0 or length < 0 or offset + length > path.stat().st_size:
+            return f"external data [{offset}, {offset + length}) lies outside its file of {path.stat().st_size} bytes"
+        if length != size * item:
+            return f"external data has {length} bytes, but shape {dims} of {item}-byte values needs {size * item}"
+        return None
+    if t.HasField("raw_data"):
+        if len(t.raw_data) != size * item:
+            return f"raw data has {len(t.raw_data)} bytes, but shape {dims} of {item}-byte values needs {size * item}"
+        return None
+    count = len(getattr(t, TYPED_FIELD[t.data_type]))
+    if count != size:
+        return f"holds {count} values, but its shape {dims} declares {size}"
+    return None
+
+
+def _external_bytes(t: onnx.TensorProto, base_dir: Path | None) -> bytes:
+    """The data of an external tensor that passed ``tensor_problem``: its raw bytes (little-endian)."""
+    path, _ = external_path(t, base_dir)
+    offset = int(_external(t).get("offset", "0"))
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(math.prod(t.dims) * ITEMSIZE[t.data_type])
+
+
+def tensor_array(t: onnx.TensorProto, base_dir: Path | None) -> np.ndarray:
+    """The value of a tensor that passed ``tensor_problem``."""
+    if t.data_location != TensorProto.EXTERNAL:
+        return numpy_helper.to_array(t)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+    raw = _external_bytes(t, base_dir)
+    return np.frombuffer(raw, dtype).astype(dtype.newbyteorder("=")).reshape(tuple(t.dims))
+
+
+def _graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for t in graph.initializer:
+        yield f"{where}initializer {t.name!r}", t
+    for s in graph.sparse_initializer:
+        yield f"{where}sparse initializer {s.values.name!r}", s.values
+        yield f"{where}sparse initializer {s.values.name!r}", s.indices
+    yield from _node_tensors(graph.node, where)
+
+
+def _node_tensors(nodes, where: str) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for i, n in enumerate(nodes):
+        label = f"{where}{n.name or f'node {i} ({n.op_type})'}"
+        for a in n.attribute:
+            tensors = [a.t] if a.type == AttributeProto.TENSOR else list(a.tensors)
+            tensors += [a.sparse_tensor.values, a.sparse_tensor.indices] if a.HasField("sparse_tensor") else []
+            for sp in a.sparse_tensors:
+                tensors += [sp.values, sp.indices]
+            yield from ((label, t) for t in tensors)
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from _graph_tensors(g, f"{label}/{a.name}: ")
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """(where, tensor) for every tensor of a model: initializers, attributes, subgraphs' and functions'."""
+    yield from _graph_tensors(model.graph, "")
+    for f in model.functions:
+        yield from _node_tensors(f.node, f"function {f.name}: ")
+
+
+def with_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> onnx.ModelProto:
+    """``model`` with every external tensor's data read into it (in place) from its file inside ``base_dir`` (the
+    model's directory; None: there is none), each under ``tensor_problem``'s checks; else ``FormatError`` listing
+    every tensor that may not be read."""
+    base = None if base_dir is None else Path(base_dir)
+    external = [(w, t) for w, t in all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
+    if problems := [Problem(w, f"tensor {rule}") for w, t in external if (rule := tensor_problem(t, base))]:
+        raise FormatError(problems)
+    for _, t in external:
+        t.raw_data = _external_bytes(t, base)
+        del t.external_data[:]
+        t.data_location = TensorProto.DEFAULT
+    return model
