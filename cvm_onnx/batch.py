@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from .errors import Problem, UnsupportedError
 from .graph import Graph, Node, TensorType, shape_problem
-from .ops import REGISTRY, OpRuleError
+from .ops import REGISTRY, NodeRuleError, type_node
 
 
 def _refused(node: Node, types: list[TensorType], derived: list[bool], n: int) -> str | None:
@@ -81,17 +81,14 @@ def _grown(node: Node, shape: tuple[int, ...], n: int, precision: int) -> Tensor
 def _batched_op(node: Node, before: list[TensorType], types: list[TensorType], from_input: list[bool],
                 n: int) -> Node:
     """``node`` with its outputs re-inferred from its batched input ``types`` (``before``: for one example)."""
-    op = REGISTRY[node.op]
-    a = op.bind(node.attrs)
-    shapes = [t.shape for t in types]
-    precisions = [t.precision for t in types]
     try:
-        out_shapes = op.infer_shapes(a, shapes)
-        out_precisions = op.infer_precisions(a, precisions, shapes)
-    except OpRuleError as e:
+        typed = type_node(node.op, node.attrs, types)
+    except NodeRuleError as e:
+        shapes = [t.shape for t in types]
         raise _refuse(node, f"{node.op} does not take the batched input shapes {shapes}: {e}") from None
     outs = []
-    for k, (old, shape, p) in enumerate(zip(node.outputs, out_shapes, out_precisions)):
+    for k, (old, new) in enumerate(zip(node.outputs, typed.outputs)):
+        shape, p = new.shape, new.precision
         want = (n,) + old.shape[1:]
         if old.shape[0] != 1 or shape != want:
             raise _refuse(node, f"{node.op} output {k} has shape {old.shape} for one example and {shape} for {n}, "

@@ -12,7 +12,7 @@ import numpy as np
 
 from .errors import Problem, ValidationError
 from .graph import Graph, Node, TensorType, shape_problem
-from .ops import REGISTRY, OpRuleError
+from .ops import REGISTRY, NodeRuleError, type_node
 from .ops.registry import max_abs
 
 INPUT_NAME = "data"
@@ -64,32 +64,23 @@ def _op(node: Node, typed_nodes: list[Node | None], problems: list[Problem],
     if op is None:
         problems.append(Problem(where, f"unknown op {node.op!r}"))
         return None
-    typed, errors = op.parse_attrs(node.attrs)
-    problems.extend(Problem(where, f"{node.op}: {e}") for e in errors)
-    if errors:
-        return None
-    a = op.bind(typed)
-    lo, hi = op.arity(a)
-    if not lo <= len(node.inputs) <= hi:
-        want = str(lo) if lo == hi else f"{lo} to {hi}"
-        problems.append(Problem(where, f"{node.op}: takes {want} inputs, got {len(node.inputs)}"))
-        return None
-    sources = [typed_nodes[e.node] for e in node.inputs]
-    if any(s is None for s in sources):
-        return None  # an input already failed and was reported
-    types: list[TensorType] = []
-    for e, s in zip(node.inputs, sources):
-        if e.index >= len(s.outputs):
-            problems.append(Problem(where, f"input {s.name} has no output {e.index}"))
-            return None
-        types.append(s.outputs[e.index])
-    shapes = [t.shape for t in types]
+    types: list[TensorType | None] = []  # None: the input failed (and was reported) or does not exist
+    missing = []
+    for e in node.inputs:
+        s = typed_nodes[e.node]
+        if s is not None and e.index >= len(s.outputs):
+            missing.append(Problem(where, f"input {s.name} has no output {e.index}"))
+        types.append(s.outputs[e.index] if s is not None and not missing else None)
     try:
-        out_shapes = op.infer_shapes(a, shapes)
-        out_precs = op.infer_precisions(a, [t.precision for t in types], shapes)
-    except OpRuleError as e:
-        problems.append(Problem(where, f"{node.op}: {e}"))
+        typed = type_node(node.op, node.attrs, types)
+    except NodeRuleError as e:
+        problems.extend(Problem(where, f"{node.op}: {rule}") for rule in e.rules)
         return None
+    problems.extend(missing[:1])
+    if typed.outputs is None:
+        return None
+    a, shapes = typed.attrs, [t.shape for t in types]
+    out_shapes, out_precs = [t.shape for t in typed.outputs], [t.precision for t in typed.outputs]
     ok = True
     for k, s in enumerate(out_shapes):
         if (err := shape_problem(s)) is not None:
@@ -114,7 +105,7 @@ def _op(node: Node, typed_nodes: list[Node | None], problems: list[Problem],
     if not ok:
         return None
     warnings.extend(Problem(where, f"{node.op}: {w}") for w in op.warnings(a, shapes, [t.precision for t in types]))
-    return replace(node, attrs=typed, outputs=tuple(TensorType(s, p) for s, p in zip(out_shapes, out_precs)))
+    return replace(node, attrs=typed.given, outputs=typed.outputs)
 
 
 def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated:

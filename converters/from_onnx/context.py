@@ -25,7 +25,7 @@ from onnx import TensorProto
 from cvm_onnx.constants import ANY, INT32_MAX, precision_bound as bound
 from cvm_onnx.converters.to_onnx.bounds import RULES as BOUND_RULES
 from cvm_onnx.graph import VARIABLE, Entry, Node, TensorType
-from cvm_onnx.ops import REGISTRY, OpRuleError
+from cvm_onnx.ops import REGISTRY, NodeRuleError, type_node
 from cvm_onnx.ops.registry import bits
 from cvm_onnx.validate import shape_problem
 
@@ -205,28 +205,18 @@ class Importer:
 
     def typed(self, op: str, inputs: tuple[Entry, ...], name: str, attrs: dict) -> Node:
         """The node ``op(inputs)`` with its output types, by the op's rules; not added yet."""
-        cls = REGISTRY[op]
-        typed, errors = cls.parse_attrs(attrs)
-        if errors:
-            raise Refuse(f"{op}: " + "; ".join(errors))
-        a = cls.bind(typed)
-        lo, hi = cls.arity(a)
-        if not lo <= len(inputs) <= hi:
-            raise Refuse(f"{op} takes {lo if lo == hi else f'{lo} to {hi}'} inputs, got {len(inputs)}")
         types = [self.type_of(e) for e in inputs]
-        shapes = [t.shape for t in types]
         try:
-            out_shapes = cls.infer_shapes(a, shapes)
-            precs = cls.infer_precisions(a, [t.precision for t in types], shapes)
-        except OpRuleError as e:
+            typed = type_node(op, attrs, types)
+        except NodeRuleError as e:
             raise Refuse(f"{op}: {e}") from None
-        for s in out_shapes:
-            if (err := shape_problem(s)) is not None:
+        for t in typed.outputs:
+            if (err := shape_problem(t.shape)) is not None:
                 raise Refuse(f"{op}: output {err}")
-        if max(precs) > 32:
+        if (p := max(t.precision for t in typed.outputs)) > 32:
             raise TooWide(f"precision bound exceeded: {op} of inputs with precisions "
-                          f"{[t.precision for t in types]} needs {max(precs)} bits (CVM allows 32)")
-        return Node(name, op, tuple(inputs), typed, tuple(TensorType(s, p) for s, p in zip(out_shapes, precs)))
+                          f"{[t.precision for t in types]} needs {p} bits (CVM allows 32)")
+        return Node(name, op, tuple(inputs), typed.given, typed.outputs)
 
     def add(self, node: Node) -> tuple[Entry, ...]:
         """Append a typed node (its name made unique) and record its bounds."""

@@ -9,12 +9,13 @@ Rules are broken by raising ``OpRuleError`` with a sentence naming the rule; val
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
 from ..attrs import PARSERS, AttrSyntaxError
 from ..constants import precision_bound
+from ..graph import TensorType
 
 Shape = tuple[int, ...]
 REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
@@ -185,6 +186,48 @@ def register(cls: type[Op]) -> type[Op]:
 
 def get(name: str) -> type[Op]:
     return REGISTRY[name]
+
+
+class NodeRuleError(OpRuleError):
+    """Every rule one node breaks (``rules``, sentences); the caller names the node and its op."""
+
+    def __init__(self, rules: list[str]):
+        super().__init__("; ".join(rules))
+        self.rules = rules
+
+
+@dataclass(frozen=True)
+class TypedNode:
+    """A node typed by its op's rules: its attributes as given (typed), all of them with the defaults (``attrs``),
+    and its output types (None when an input's type is unknown)."""
+
+    given: dict[str, Any]
+    attrs: Attrs
+    outputs: tuple[TensorType, ...] | None
+
+
+def type_node(op: str, attrs: dict[str, Any], types: Sequence[TensorType | None]) -> TypedNode:
+    """Type one node of op ``op`` (registered) on inputs of ``types``: parse the given attributes, bind the
+    defaults, check the input count, infer the output shapes and precisions (skipped when a type is None, after
+    the attribute and arity rules). Raises ``NodeRuleError`` with every broken rule. The one typing step of
+    validation, batching and the importer."""
+    cls = REGISTRY[op]
+    given, errors = cls.parse_attrs(attrs)
+    if errors:
+        raise NodeRuleError(errors)
+    a = cls.bind(given)
+    lo, hi = cls.arity(a)
+    if not lo <= len(types) <= hi:
+        raise NodeRuleError([f"takes {lo if lo == hi else f'{lo} to {hi}'} inputs, got {len(types)}"])
+    if any(t is None for t in types):
+        return TypedNode(given, a, None)
+    shapes = [t.shape for t in types]
+    try:
+        out_shapes = cls.infer_shapes(a, shapes)
+        precisions = cls.infer_precisions(a, [t.precision for t in types], shapes)
+    except OpRuleError as e:
+        raise NodeRuleError([str(e)]) from None
+    return TypedNode(given, a, tuple(TensorType(s, p) for s, p in zip(out_shapes, precisions)))
 
 
 # -- helpers shared by op definitions ------------------------------------------------------------------------
