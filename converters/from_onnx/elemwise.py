@@ -2,7 +2,10 @@
 
 Arithmetic is imported when the operands' intervals prove that ONNX computes the exact result (no wrap in the
 element type, no float rounding) within 32 bits; CVM then computes the same. Constant operands are folded with
-numpy in the ONNX element type (wrapping as ONNX does), or become params.
+numpy in the ONNX element type (wrapping as ONNX does), or become params. A rule that rewrites (Min as -max(-x),
+Mod, a right shift as a floor) checks the type on its result only: its steps are CVM int32 values that ONNX never
+computes, bounded by 32 bits alone. Where no arithmetic form exists, an operand taking few values gives a table
+(``evaluated.table``).
 """
 from __future__ import annotations
 

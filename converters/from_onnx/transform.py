@@ -5,7 +5,10 @@ over and exactness is a matter of selecting the same elements:
 * Transpose -> transpose; Concat -> concatenate (empty inputs dropped); Tile -> tile; Expand -> repeat;
 * Slice -> strided_slice with ONNX's clamping resolved here (begin, one-past-the-last end, stride per axis);
 * Gather -> take with constant indices made non-negative (take clips, ONNX wraps negatives and refuses others);
-* Pad (constant mode) -> concatenate with params filled with the pad value; negative pads crop (strided_slice).
+  GatherND -> take of rows; OneHot -> comparisons with the positions;
+* Pad: constant mode -> concatenate with params filled with the pad value; edge, reflect, wrap -> take of the
+  padded positions; negative pads crop (strided_slice);
+* Trilu -> broadcast_mul by a 0/1 mask; EyeLike, ConstantOfShape -> constants.
 """
 from __future__ import annotations
 
@@ -283,7 +286,8 @@ def trilu(ctx, node, x, k_t=None):
         if keep.all():
             return x
         if x.is_const or not keep.any():
-            return const(np.where(keep, x.value if x.is_const else 0, 0).astype(np_type(x.dtype)), x.dtype)
+            kept = np.where(keep, x.value if x.is_const else 0, 0)
+            return const(np.broadcast_to(kept, foldable(x.shape)).astype(np_type(x.dtype)), x.dtype)
         mask = const(keep, TensorProto.BOOL)
     else:
         k = ctx.reshape(k_t, (1, 1))
