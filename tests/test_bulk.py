@@ -81,6 +81,19 @@ def test_resnet20_batched_serving_form_equals_one_by_one(tmp_path):
         assert_same([z[out.keys[0]]], want)
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_the_runner_of_a_ray_actor_equals_one_by_one(name):
+    """What each Ray actor runs: the CVM model exported on the driver (its batched serving form where the model
+    takes a batch, else one input a call), one onnxruntime session over uneven chunks."""
+    graph = graph_of(ROOT / "models" / name)
+    p = bulk.plan(graph, 4, onnxruntime=True, threads=1)
+    assert isinstance(p.model, bytes) and p.batch == (4 if name == "digits_cnn" else 1)
+    runner = bulk.Runner(p)
+    x = random_samples(graph, 11, seed=7)
+    got = [runner(x[a:b]) for a, b in ((0, 4), (4, 5), (5, 11))]
+    assert_same([np.concatenate([g[k] for g in got]) for k in range(len(graph.heads))], one_by_one(graph, x))
+
+
 @settings(max_examples=12, deadline=None)
 @given(n=st.integers(1, 23), chunk=st.integers(1, 9), name=st.sampled_from(["digits_cnn", "transforms"]),
        seed=st.integers(0, 2**16))
