@@ -161,7 +161,8 @@ def _count(shape: tuple[int, ...], want: Sequence[int | None], where: str) -> tu
 class Plan:
     """A model ready for runners (picklable, for Ray): ``model`` is a CVM graph (the reference executor) or a
     serialized ONNX model (onnxruntime) taking ``batch`` samples of shape ``sample`` per call; ``split[k]``:
-    output k carries the batch on axis 0 (else it is computed from params alone, the same for every sample)."""
+    output k carries the batch on axis 0 (else it is computed from params alone, the same for every sample; in
+    an .onnx file, an output carries the batch when its first dimension is the batch size)."""
 
     model: Graph | bytes
     batch: int
@@ -298,16 +299,17 @@ class Output:
         self._clean()
 
     def write(self, where: slice | np.ndarray, outs: Sequence[np.ndarray]) -> None:
-        """Outputs of the samples at ``where`` (a slice or indices), each stacked on axis 0."""
+        """Outputs of the samples at ``where`` (a slice with start and stop, or indices), each stacked on axis 0."""
         if not self.arrays:
             self.arrays = [self._array(k, o) for k, o in enumerate(outs)]
-        index = np.arange(self.count)[where]
         for array, out in zip(self.arrays, outs):
             if self.stacked or out.ndim == 1:
-                array[index if array.ndim else ...] = out
-            else:  # sample i's rows are i * d .. i * d + d - 1
-                d = out.shape[1]
-                array[(index[:, None] * d + np.arange(d)).ravel()] = out.reshape(-1, *out.shape[2:])
+                array[where if array.ndim else ...] = out
+                continue
+            d = out.shape[1]  # concatenated: sample i's rows are i * d .. i * d + d - 1
+            rows = (slice(where.start * d, where.stop * d) if isinstance(where, slice) else
+                    (np.asarray(where)[:, None] * d + np.arange(d)).ravel())
+            array[rows] = out.reshape(-1, *out.shape[2:])
 
     def _array(self, k: int, out: np.ndarray) -> np.ndarray:
         one = out.shape[1:]

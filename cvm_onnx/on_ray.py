@@ -47,9 +47,10 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
                address: str | None = None, actors: int | None = None, chunk: int = CHUNK, provider: str = "cpu",
                runtime_env: dict[str, Any] | None = None, progress: Progress | None = None) -> Output:
     """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU and one
-    onnxruntime thread each, ``chunk`` samples per task. Uses the Ray instance this process is connected to,
-    else connects to ``address`` (None: a new local instance, or the one ``RAY_ADDRESS`` names) with
-    ``runtime_env`` and disconnects at the end."""
+    onnxruntime thread each, ``chunk`` samples per task, ``runtime_env`` theirs (how cvm-onnx reaches them
+    when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
+    ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
+    started on this machine with ``ray start``, else a new local one)."""
     ray = _ray()
     from ray.data import ActorPoolStrategy, DataContext
     from ray.data.extensions import ArrowTensorArray
@@ -58,7 +59,7 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1)
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING, log_to_driver=False)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     context = DataContext.get_current()
     saved = context.enable_progress_bars, context.raise_original_map_exception
     # our errors come back as themselves, and are printed once, by the caller
@@ -73,11 +74,12 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
             b = min(a + chunk, data.count)
             blocks.append(ray.put(pa.table({"index": np.arange(a, b),
                                             "data": ArrowTensorArray.from_numpy(data.chunk(a, b))})))
-        with warnings.catch_warnings():  # Ray 2.60 deprecates these two as map_batches keywords, with no
-            warnings.simplefilter("ignore", DeprecationWarning)  # replacement yet; the defaults never give up
+        with warnings.catch_warnings():  # Ray 2.60 deprecates the retry keywords of map_batches, naming no
+            warnings.simplefilter("ignore", DeprecationWarning)  # replacement; its defaults retry forever
             results = ray.data.from_arrow_refs(blocks).map_batches(
                 _Actor, fn_constructor_args=(p,), batch_size=chunk, batch_format="numpy", num_cpus=1,
-                compute=ActorPoolStrategy(size=pool), max_restarts=RETRIES, max_task_retries=RETRIES)
+                compute=ActorPoolStrategy(size=pool), runtime_env=runtime_env, max_restarts=RETRIES,
+                max_task_retries=RETRIES)
         done = 0
         with Output(output, p.names, data.count, data.stacked) as out:
             for batch in _batches(results):

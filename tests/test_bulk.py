@@ -171,23 +171,26 @@ def test_the_old_output_stays_when_a_run_fails(tmp_path):
     assert (tmp_path / "o.npy").read_bytes() == b"old" and leftovers(tmp_path) == []
 
 
-def two_heads():
+def three_heads():
+    """Two outputs computed from the input, one from a param alone (the same for every sample)."""
     b = GraphBuilder()
     x = b.input("data", (1, 4), 8)
-    y = b.op("relu", x, name="relu")
-    z = b.op("negative", x, name="neg")
-    return b.build(y, z)
+    w = b.param("w", np.array([[1, -2, 3]], np.int8), 8)
+    return b.build(b.op("relu", x, name="relu"), b.op("negative", x, name="neg"), b.op("negative", w, name="w_neg"))
 
 
 def test_a_multi_output_model_writes_an_npz_of_stacked_arrays(tmp_path):
-    graph = two_heads()
+    graph = three_heads()
     x = np.arange(-12, 12, dtype=np.int8).reshape(6, 1, 4)
-    with pytest.raises(FormatError, match=r"the model has 2 outputs \(relu, neg\); write them to an .npz"):
+    want = one_by_one(graph, x)
+    with pytest.raises(FormatError, match=r"the model has 3 outputs \(relu, neg, w_neg\); write them to an .npz"):
         bulk.run_many(graph, x, tmp_path / "o.npy")
-    bulk.run_many(graph, x, tmp_path / "o.npz", chunk=4)
-    with np.load(tmp_path / "o.npz") as z:
-        assert list(z) == ["relu", "neg"]
-        assert_same([z["relu"], z["neg"]], one_by_one(graph, x))
+    for model in (graph, cvm_onnx.to_onnx(graph, batch=4, optimize=True)):
+        assert bulk.plan(model, 4).split == (True, True, False)
+        bulk.run_many(model, x, tmp_path / "o.npz", chunk=4)
+        with np.load(tmp_path / "o.npz") as z:
+            assert list(z) == ["relu", "neg", "w_neg"]
+            assert_same([z["relu"], z["neg"], z["w_neg"]], want)
 
 
 def test_one_sample_at_the_models_rank_keeps_the_outputs_shape(tmp_path):
