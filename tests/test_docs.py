@@ -32,6 +32,9 @@ def test_python_examples_run(doc, in_tmp, capsys):
     assert code
     if importlib.util.find_spec("netron") is None:
         code = [c for c in code if "served(" not in c]
+    for made in re.findall(r"# made by: (cvm-onnx .*)", "\n".join(code)):  # the files an example reads
+        (in_tmp / "out").mkdir(exist_ok=True)
+        assert main(shlex.split(made)[1:]) == 0, made
     namespace: dict = {}
     exec(compile("\n".join(code), doc, "exec"), namespace)  # one script, in order, as the document reads
     if doc == "docs/api.md":
@@ -39,14 +42,44 @@ def test_python_examples_run(doc, in_tmp, capsys):
 
 
 def test_readme_step_by_step_commands_succeed(in_tmp, capsys):
-    [steps] = [b for b in blocks(ROOT / "README.md", "bash") if b.startswith("cvm-onnx info")]
-    commands = [shlex.split(line.split("#")[0]) for line in steps.splitlines() if line.startswith("cvm-onnx ")]
-    assert [c[1] for c in commands] == ["info", "convert", "run", "run", "verify", "convert", "run", "convert"]
+    [steps] = [b for b in blocks(ROOT / "README.md", "bash") if b.startswith("mkdir -p out")]
+    lines = [shlex.split(line.split("#")[0]) for line in steps.splitlines()]
+    commands = [c for c in lines if c[0] == "cvm-onnx"]
+    assert [c[1] for c in commands] == ["info", "convert", "info", "run", "run", "verify", "convert", "run", "convert"]
+    assert lines[0] == ["mkdir", "-p", "out"]
+    (in_tmp / "out").mkdir()
     for command in commands:
         assert main(command[1:]) == 0, command
-    assert all((in_tmp / f).exists()
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["models", "out"]  # everything written went to out/
+    assert all((in_tmp / "out" / f).exists()
                for f in ["digits.onnx", "report.md", "out.npz", "ref.npz", "served.onnx", "logits.npy", "digits_back"])
     assert "exact: 1 output(s) (dense)" in capsys.readouterr().out
+    for name in ("symbol", "params"):
+        assert (in_tmp / "out" / "digits_back" / name).read_bytes() == (ROOT / "models" / "digits_cnn" / name).read_bytes()
+
+
+def options(p) -> dict[str, list[tuple[str, ...]]]:
+    """Each command's options (each as its option strings; not --help, --debug), by command name."""
+    [sub] = [a for a in p._actions if a.choices and isinstance(a.choices, dict)]
+    return {name: [tuple(a.option_strings) for a in c._actions if a.option_strings and a.dest not in ("help", "debug")]
+            for name, c in sub.choices.items()}
+
+
+@pytest.mark.parametrize("doc, prefix", [("README.md", "cvm-onnx "), ("docs/cli.md", "")])
+def test_command_tables_list_every_option(doc, prefix):
+    """The command table of the README and of docs/cli.md names every option of every command (in any of its
+    spellings: -o or --output)."""
+    from cvm_onnx.cli import parser
+
+    text = (ROOT / doc).read_text()
+    rows = [r for r in text.splitlines() if r.startswith(f"| `{prefix}")]
+    for command, opts in options(parser()).items():
+        if command == "check":  # the alias of validate
+            continue
+        mine = " ".join(r for r in rows if r.startswith(f"| `{prefix}{command} "))
+        missing = [o for o in opts if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", mine) for s in o)]
+        assert mine and not missing, (doc, command, missing)
+    assert "--version" in text and "--debug" in text
 
 
 def test_operators_doc_is_generated_from_the_exporter():
