@@ -390,3 +390,19 @@ def test_conv_integer_with_a_variable_zero_point(d, c, oc, pad, of_weights):
               out_type=T.INT32, pads=[pad] * 4)
     sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
     exact(m, z, sess.run(None, {"x": z})[0], 9)
+
+
+@pytest.mark.parametrize("op, ins, shape, x_type, inits, attrs", [
+    ("OneHot", ["x", "n", "v"], (2,), T.INT64, {"n": np.array(1 << 40, np.int64), "v": np.array([0, 1], np.int32)}, {}),
+    ("OneHot", ["x", "n", "v"], (2,), T.INT64, {"n": np.array(3, np.int64), "v": np.array([0, 1, 2], np.int32)}, {}),
+    ("Pad", ["x", "p"], (2,), T.INT32, {"p": np.array([1 << 40, 0], np.int64)}, {"mode": "edge"}),
+    ("GatherND", ["x", "i"], (2, 2), T.INT32, {"i": np.array(0, np.int64)}, {}),
+    ("EyeLike", ["x"], (2, 2), T.INT32, {}, {"dtype": T.STRING}),
+    ("CumProd", ["x", "a"], (2000,), T.INT32, {"a": np.array(0, np.int64)}, {}),
+])
+def test_hostile_attributes_and_shapes_are_refused_clearly(op, ins, shape, x_type, inits, attrs):
+    """A huge depth or pad, indices of no rank, a string EyeLike, a long CumProd: one clear refusal each, before
+    anything large is allocated or built."""
+    with pytest.raises(UnsupportedError) as e:
+        from_onnx(model(op, ins, shape, x_type, inits, opset=26, out_type=T.INT32, **attrs))
+    assert [p.where for p in e.value.problems] == [f"{op.lower()} ({op})"]

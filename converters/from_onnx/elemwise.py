@@ -168,6 +168,8 @@ def bit_shift(ctx, node, x, y):
     for a right shift of a negative x, which floor(x / 2^s) also gives for any s with 2^s > |x|. A variable y
     (of a constant x) is a table."""
     left = node.attr_str("direction", choices=("LEFT", "RIGHT")) == "LEFT"
+    if x.dtype not in BITS:
+        raise Refuse(f"BitShift of {type_name(x.dtype)}: not an integer type")
     if not y.is_const:
         return table(ctx, node, [x, y], x.dtype)
     width = BITS[x.dtype]
@@ -383,6 +385,8 @@ def logical(ctx, node, a, b):
 @rule("BitwiseNot", since=18)
 def bitwise_not(ctx, node, x):
     """~x = -1 - x for a signed type, (2^N - 1) - x for an N-bit unsigned one -> broadcast_sub from a constant."""
+    if x.dtype not in BITS:
+        raise Refuse(f"BitwiseNot of {type_name(x.dtype)}: not an integer type")
     if x.is_const:
         return folded(np.bitwise_not(x.value), x.dtype)
     tlo, thi = INT_RANGES[x.dtype]

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto
 
-from .context import FLOAT_EXACT, Tensor, check_values, const
+from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
 from .elemwise import arith, negated, scalar
 from .registry import Refuse, rule
 from .transform import ints, normal, strided_slice
@@ -64,8 +64,13 @@ def reduced(ctx, op: str, x: Tensor, axes: list[int], lo: int, hi: int) -> Tenso
     return ctx.result(e, x.dtype, lo, hi, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 
+MAX_STEPS = 1024  # positions along a CumProd axis (one product node each)
+
+
 def _axis(node, x: Tensor, axis_t: Tensor) -> int:
-    return normal([scalar(axis_t, f"{node.op_type} axis")], max(len(x.shape), 1))[0]
+    if not x.shape:
+        raise Refuse(f"{node.op_type} of a scalar: it needs an axis")
+    return normal([scalar(axis_t, f"{node.op_type} axis")], len(x.shape))[0]
 
 
 def _rows(n: int, exclusive: bool, reverse: bool) -> np.ndarray:
@@ -81,6 +86,7 @@ def cumsum(ctx, node, x, axis_t):
     sum is a cumulative sum of at most L values, so the interval c * [lo, hi] for c the rows' counts bounds them."""
     axis = _axis(node, x, axis_t)
     n = x.shape[axis]
+    foldable((n, n))
     rows = _rows(n, bool(node.attr_int("exclusive", 0)), bool(node.attr_int("reverse", 0)))
     counts = rows.sum(axis=1)
     cmin, cmax = int(counts.min()), int(counts.max())
@@ -106,6 +112,8 @@ def cumprod(ctx, node, x, axis_t):
     strided_slice per position, broadcast_mul, concatenate. Each product's interval is checked against the type."""
     axis = _axis(node, x, axis_t)
     n = x.shape[axis]
+    if n > MAX_STEPS:
+        raise Refuse(f"CumProd along {n} positions: one product node each, at most {MAX_STEPS}")
     if x.is_const:
         v = np.moveaxis(x.value.astype(np.int64), axis, 0)
         ones = np.ones_like(v[:1])

@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from .context import Tensor, check_values, const, cvm_shape, foldable
+from .context import Tensor, check_values, const, cvm_shape, foldable, is_supported_type, type_name
 from .elemwise import arith, broadcast_shape, equal, extreme, greater, np_type, scalar, step
 from .registry import Refuse, rule
 
@@ -249,6 +249,7 @@ def pad(ctx, node, x, pads=None, value=None, axes=None):
     if mode != "constant":
         for a, b, e in zip(axes, begin, end):
             if b > 0 or e > 0:
+                foldable((x.shape[a] + max(b, 0) + max(e, 0),))
                 x = gather(ctx, node, x, const(np.pad(np.arange(x.shape[a]), (max(b, 0), max(e, 0)), mode=mode),
                                                  TensorProto.INT64), axis=a)
         return x
@@ -277,7 +278,7 @@ def trilu(ctx, node, x, k_t=None):
         raise Refuse(f"Trilu of a {len(x.shape)}-D tensor: it needs 2 dims or more")
     if 0 in x.shape:
         raise Refuse("Trilu of an empty tensor: CVM has no empty tensors")
-    n, m = x.shape[-2:]
+    n, m = foldable(x.shape[-2:])
     d = np.arange(m)[None, :] - np.arange(n)[:, None]
     upper = node.attr_int("upper", 1)
     if k_t is None or k_t.is_const:
@@ -302,6 +303,8 @@ def gather_nd(ctx, node, x, idx):
     counted from the end -> take along axis 0. The rows come from constant indices, or from variable ones
     provably within [-dim, dim-1] as sum((i + dim * (0 > i)) * stride) -> broadcast ops and sum."""
     b = node.attr_int("batch_dims", 0, 0)
+    if not idx.shape or not 1 <= idx.shape[-1] <= len(x.shape) - b:
+        raise Refuse(f"GatherND indices of shape {idx.shape} do not fit data of shape {x.shape}")
     k = idx.shape[-1]
     dims, rest = x.shape[b:b + k], x.shape[b + k:]
     if len(dims) != k or idx.shape[:b] != x.shape[:b]:
@@ -342,7 +345,9 @@ def eye_like(ctx, node, x):
     if len(x.shape) != 2:
         raise Refuse(f"EyeLike of a {len(x.shape)}-D tensor: it needs 2 dims")
     dtype = node.attr_int("dtype", x.dtype)
-    return const(np.eye(*x.shape, k=node.attr_int("k", 0), dtype=np_type(dtype)), dtype)
+    if not is_supported_type(dtype):
+        raise Refuse(f"EyeLike of type {type_name(dtype)}: not an integer type")
+    return const(np.eye(*foldable(x.shape), k=node.attr_int("k", 0), dtype=np_type(dtype)), dtype)
 
 
 @rule("ConstantOfShape", since=9)
@@ -353,6 +358,8 @@ def constant_of_shape(ctx, node, shape):
     value = node.attr_tensor("value", None)
     fill = numpy_helper.to_array(value).reshape(-1)[0] if value is not None else np.float32(0)
     dtype = value.data_type if value is not None else TensorProto.FLOAT
+    if not is_supported_type(dtype):
+        raise Refuse(f"ConstantOfShape of type {type_name(dtype)}: not an integer type")
     return const(np.full(foldable(dims), fill, np_type(dtype)), dtype)
 
 
@@ -363,11 +370,13 @@ def one_hot(ctx, node, idx, depth_t, values):
     depth = scalar(depth_t, "OneHot depth (the output's size)")
     if depth is None or depth <= 0:
         raise Refuse(f"OneHot depth {depth}: an empty tensor, CVM has none")
+    if values.shape != (2,):
+        raise Refuse(f"OneHot values of shape {values.shape}: must be (off, on)")
     rank = len(idx.shape) + 1
     axis = normal([node.attr_int("axis", -1)], rank)[0]
     spread = idx.shape[:axis] + (1,) + idx.shape[axis:]
+    out = foldable(idx.shape[:axis] + (depth,) + idx.shape[axis:])
     j = np.arange(depth).reshape((depth,) + (1,) * (rank - 1 - axis))
-    out = idx.shape[:axis] + (depth,) + idx.shape[axis:]
     off, on = (strided_slice(ctx, values, [range(k, k + 1)]) for k in (0, 1))
     if idx.is_const:
         iv = idx.value.astype(np.int64).reshape(spread)
