@@ -199,17 +199,17 @@ def _const_shift(node, x: Tensor, y: Tensor) -> Tensor:
 
 
 def floor_div(ctx, x: Tensor, d: Tensor, dtype: int) -> Tensor:
-    """floor(x / d) for a constant d > 0: q = trunc(x / d) -> broadcast_div, less (0 > x - q * d)."""
+    """floor(x / d) for a constant d > 0: trunc((x - (d - 1) * (0 > x)) / d) -> broadcast ops and broadcast_div (a
+    negative x moved down by d - 1 truncates to the floor; no product of wide labels)."""
     dv = d.value.astype(np.int64)
     lo, hi = min(x.lo // int(dv.min()), x.lo // int(dv.max())), max(x.hi // int(dv.min()), x.hi // int(dv.max()))
     if x.is_const:
         return folded(np.floor_divide(x.value.astype(np.int64), dv), dtype)
-    q = trunc_div(ctx, x, d, INT32)
-    if x.lo >= 0:
-        return replace(q, dtype=dtype)
-    rest = step(ctx, "broadcast_sub", x, step(ctx, "broadcast_mul", q, d, min(x.lo, 0), max(x.hi, 0)),
-                -int(dv.max()) + 1, 0 if x.hi <= 0 else int(dv.max()) - 1)
-    return replace(step(ctx, "broadcast_sub", q, greater(ctx, ones(rest, 0), rest), lo, hi), dtype=dtype)
+    if x.lo < 0:
+        top = int(dv.max()) - 1
+        down = step(ctx, "broadcast_mul", greater(ctx, ones(x, 0), x), const(dv - 1, INT32), 0, top)
+        x = step(ctx, "broadcast_sub", x, down, x.lo - top, x.hi)
+    return replace(trunc_div(ctx, x, d, INT32), dtype=dtype, lo=lo, hi=hi)
 
 
 @rule("Pow", since=7)
