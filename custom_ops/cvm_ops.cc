@@ -1,5 +1,6 @@
 // The cvm.native onnxruntime custom-op library: non_max_suppression, get_valid_counts and cvm_lut on int32
-// tensors, with the CVM runtime's FORMAL semantics (docs/custom_ops.md states them).
+// tensors, with the CVM runtime's FORMAL semantics (docs/custom_ops.md states them), and im2col_int8 /
+// im2col_uint8, which gather convolution windows for the serving form's integer products (CPU only).
 //
 // Built against onnxruntime's lite custom-op API without linking libonnxruntime (ORT_API_MANUAL_INIT): the C API
 // function table comes from the runtime that loads the library through RegisterCustomOps. Every op has a CPU
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "cvm_kernels.h"
+#include "im2col.h"
 #ifdef CVM_ONNX_WITH_CUDA
 #include "cvm_cuda.h"
 #endif
@@ -78,6 +80,23 @@ int64_t int_attr(const OrtKernelInfo* info, const char* name, int64_t fallback) 
     throw Ort::Exception("attribute " + std::string(name) + " must be an int", ORT_INVALID_ARGUMENT);
   }
   return fallback;
+}
+
+// An int list attribute; absent gives `fallback`, a value of another type is an error.
+std::vector<int64_t> ints_attr(const OrtKernelInfo* info, const char* name, std::vector<int64_t> fallback) {
+  const OrtApi& api = Ort::GetApi();
+  size_t size = 0;
+  OrtStatus* status = api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size);
+  if (status != nullptr) {
+    api.ReleaseStatus(status);
+    if (attr_present(api, info, name)) {
+      throw Ort::Exception("attribute " + std::string(name) + " must be a list of ints", ORT_INVALID_ARGUMENT);
+    }
+    return fallback;
+  }
+  std::vector<int64_t> values(size);
+  if (size > 0) Ort::ThrowOnError(api.KernelInfoGetAttributeArray_int64(info, name, values.data(), &size));
+  return values;
 }
 
 NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
@@ -216,6 +235,48 @@ Ort::Status cvm_lut(const Int32Tensor& indices, const Int32Tensor& table, Int32T
   });
 }
 
+// im2col_int8 (offset 0) and im2col_uint8 (offset 128): int32 data (N, C, H, W) with values in [-128, 127] ->
+// columns (N, G, C/G * kh * kw, OH * OW) holding x + offset, offset in the padding (im2col.h).
+template <typename Out, int32_t kOffset>
+struct Im2col {
+  static constexpr const char* kName = kOffset == 0 ? "im2col_int8" : "im2col_uint8";
+
+  Im2col(const OrtApi*, const OrtKernelInfo* info) {
+    const std::vector<int64_t> kernel = ints_attr(info, "kernel_shape", {});
+    const std::vector<int64_t> strides = ints_attr(info, "strides", {1, 1});
+    const std::vector<int64_t> dilations = ints_attr(info, "dilations", {1, 1});
+    const std::vector<int64_t> pads = ints_attr(info, "pads", {0, 0, 0, 0});
+    if (kernel.size() != 2 || strides.size() != 2 || dilations.size() != 2 || pads.size() != 4) {
+      throw Ort::Exception(std::string(kName) + ": kernel_shape (2 ints, required), strides (2), dilations (2) and "
+                           "pads (4) have the wrong length", ORT_INVALID_ARGUMENT);
+    }
+    geometry.kh = kernel[0], geometry.kw = kernel[1], geometry.sh = strides[0], geometry.sw = strides[1];
+    geometry.dh = dilations[0], geometry.dw = dilations[1];
+    geometry.pt = pads[0], geometry.pl = pads[1], geometry.pb = pads[2], geometry.pr = pads[3];
+    geometry.group = int_attr(info, "group", 1);
+  }
+
+  Ort::Status Compute(const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
+    return guarded(kName, [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      if (shape.size() != 4) return invalid(kName, "data must be 4-D (N, C, H, W), got " + shape_text(shape));
+      Im2colShape s = geometry;
+      s.n = shape[0], s.c = shape[1], s.h = shape[2], s.w = shape[3];
+      if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
+      const int32_t* x = data.Data();
+      std::vector<Out> padded(static_cast<size_t>(s.n * s.c * (s.h + s.pt + s.pb) * (s.w + s.pl + s.pr)));
+      if (int64_t i = pad_narrow(x, s, kOffset, padded.data()); i >= 0) {
+        return invalid(kName, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
+                                  " is outside [-128, 127]");
+      }
+      im2col(padded.data(), s, out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.oh * s.ow}));
+      return Ort::Status{nullptr};
+    });
+  }
+
+  Im2colShape geometry;
+};
+
 // -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
 #ifdef CVM_ONNX_WITH_CUDA
 Ort::Status launched(const char* op, const char* cuda_error) {
@@ -314,6 +375,9 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<1>(Ort::Custom::CreateLiteCustomOp<GetValidCounts>("get_valid_counts", cpu),
                            "get_valid_counts", 1));
   ops.push_back(checked<2>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut), "cvm_lut", 2));
+  ops.push_back(checked<6>(Ort::Custom::CreateLiteCustomOp<Im2col<int8_t, 0>>("im2col_int8", cpu), "im2col_int8", 1));
+  ops.push_back(checked<7>(Ort::Custom::CreateLiteCustomOp<Im2col<uint8_t, 128>>("im2col_uint8", cpu),
+                           "im2col_uint8", 1));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

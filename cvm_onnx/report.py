@@ -117,7 +117,7 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
         if n.domain == DOMAIN:
             op, body, form = n.op_type, functions[(n.domain, n.op_type, n.overload)].node, f"function {DOMAIN}::"
             overloads.setdefault(op, set()).add(n.overload)
-        elif n.domain == NATIVE_DOMAIN:
+        elif n.domain == NATIVE_DOMAIN and "cvm.ops" not in marks:  # not a fused run's im2col
             op, body, form = op_of[n.name], [n], f"native custom op {NATIVE_DOMAIN}::{n.op_type}"
         elif "cvm.op" in marks:
             op, body, form = marks["cvm.op"], [n], "inlined (flat form)"

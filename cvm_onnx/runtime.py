@@ -32,12 +32,12 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from . import fallback
+from . import cpu, fallback
 from .constants import IR_VERSION, OPSET
 from .errors import FormatError, Problem, RuntimeFailure
 from .executor import integer_input
 from .format.onnx_tensor import with_external_data
-from .native import library_path
+from .native import DOMAIN as NATIVE_DOMAIN, library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -95,6 +95,10 @@ def _providers(provider: str) -> list:
     return [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]]
 
 
+def uses_im2col(model: onnx.ModelProto) -> bool:
+    return any(n.op_type.startswith("im2col_") and n.domain == NATIVE_DOMAIN for n in model.graph.node)
+
+
 def _load(model: ModelLike) -> onnx.ModelProto:
     """The model, its external data read from the model file's directory (``with_external_data``): a model given
     as a ModelProto or bytes has none, so any external tensor of it is refused (onnxruntime would look for its
@@ -126,6 +130,13 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     library = library_path()
     if library is not None:
         so.register_custom_ops_library(library)
+    if uses_im2col(proto):
+        if library is None or native is False:
+            raise RuntimeFailure("this serving form multiplies through the native im2col ops, which need the native "
+                                 "custom-op library (see docs/custom_ops.md); export it again without them "
+                                 "(to_onnx(..., int8=False)) to run it elsewhere")
+        if cpu.products() == "u8s8":
+            proto = cpu.signed_columns(proto)
     if fallback.uses_native(proto):
         if native is True and library is None:
             raise RuntimeFailure("native=True, but the native custom-op library was not built with this install "

@@ -27,8 +27,8 @@ def fused(model: onnx.ModelProto) -> list[list[str]]:
     return sorted(json.loads(r) for r in runs)
 
 
-def check(graph, feeds) -> onnx.ModelProto:
-    model = to_onnx(graph, optimize=True)
+def check(graph, feeds, int8: bool | None = None) -> onnx.ModelProto:
+    model = to_onnx(graph, optimize=True, int8=int8)
     onnx.checker.check_model(model, full_check=True)
     for got, want in zip(run(model, feeds), execute(graph, feeds)):
         assert got.dtype == want.dtype and np.array_equal(got, want)
@@ -116,9 +116,9 @@ def test_conv_style_run_is_fused_and_exact(data, s1, p1, m, s2, relu):
        first=st.sampled_from(["shift", "clip", "mul"]), s=st.integers(1, 12), m=st.integers(-(1 << 12), 1 << 12),
        s2=st.integers(1, 20))
 def test_conv_and_dense_feed_their_run(data, op, use_bias, first, s, m, s2):
-    """conv2d/dense -> shift (or clip, or nothing) -> mul -> shift -> relu: one body from the float32 product,
-    which takes a first shift (Round of the scaled sum) and first clips in float32; exact on random weights at
-    the precision edges."""
+    """conv2d/dense -> shift (or clip, or nothing) -> mul -> shift -> relu: one body from the float32 product
+    (integer products not asked for), which takes a first shift (Round of the scaled sum) and first clips in
+    float32; exact on random weights at the precision edges."""
     b = GraphBuilder()
     if op == "conv2d":
         shape, wshape, attrs = (1, 3, 5, 5), (4, 3, 3, 3), dict(channels=4, kernel_size=(3, 3), padding=(1, 1))
@@ -137,7 +137,7 @@ def test_conv_and_dense_feed_their_run(data, op, use_bias, first, s, m, s2):
         m = m >> 4  # the product stays within 32 bits
     y = b.op("cvm_right_shift", b.op("broadcast_mul", y, b.param("m", np.array([m]))), shift_bit=s2, precision=8)
     graph = b.build(b.op("relu", y))
-    model = check(graph, {"data": data.draw(tensors(shape, 8))})
+    model = check(graph, {"data": data.draw(tensors(shape, 8))}, int8=False)
     assert fused(model) == [[n.name for n in graph.nodes if not n.is_variable]]
     ops = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
     product = ops.index("Conv" if op == "conv2d" else "Gemm")
@@ -145,16 +145,18 @@ def test_conv_and_dense_feed_their_run(data, op, use_bias, first, s, m, s2):
 
 
 def test_a_product_too_wide_for_float32_keeps_its_own_lowering():
-    """A conv whose sums may reach 2^23 cannot take the shift (2B + 1 > 2^24): the run starts after it."""
+    """A conv whose sums may reach 2^23 cannot take the shift in float32 (2B + 1 > 2^24): the run starts after
+    it; from integer products (exact at any size) it starts the run."""
     b = GraphBuilder()
     x = b.input("data", (1, 64, 4, 4), 8)
     w = b.param("w", np.full((1, 64, 3, 3), 127, np.int8), 8)
     y = b.op("conv2d", x, w, channels=1, kernel_size=(3, 3), padding=(1, 1), use_bias=False)
     graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=10, precision=8)))
     edge = np.full((1, 64, 4, 4), 127, np.int32)
-    model = check(graph, {"data": edge})
+    model = check(graph, {"data": edge}, int8=False)
     assert fused(model) == [[n.name for n in graph.nodes if n.op in ("cvm_right_shift", "relu")]]
     assert "Round" not in {n.op_type for n in model.graph.node}
+    assert fused(check(graph, {"data": edge}, int8=True)) == [[n.name for n in graph.nodes if not n.is_variable]]
 
 
 def test_pending_clip_is_applied_before_an_overflow():
@@ -198,9 +200,12 @@ def test_a_head_inside_a_chain_keeps_its_value():
     assert [len(r) for r in fused(model)] == [3, 3]
 
 
-def test_resnet20_runs(resnet):
+@pytest.mark.parametrize("int8", [False, True])
+def test_resnet20_runs(resnet, int8):
+    """Every shift sits in a run; every convolution starts one, from its float32 product (each read by a shift
+    takes that shift in a Round) or, with integer products, from its MatMulInteger."""
     graph = resnet
-    model = to_onnx(graph, optimize=True)
+    model = to_onnx(graph, optimize=True, int8=int8)
     fused_nodes = {name for r in fused(model) for name in r}
     shifts = [n.name for n in graph.nodes if n.op == "cvm_right_shift"]
     assert set(shifts) <= fused_nodes  # every requantization is in a run
@@ -210,9 +215,14 @@ def test_resnet20_runs(resnet):
             readers.setdefault(graph.nodes[e.node].name, []).append(n.op)
     shifted = [n.name for n in graph.nodes if n.op == "conv2d" and readers[n.name] == ["cvm_right_shift"]]
     assert len(shifted) == 11 and set(shifted) <= fused_nodes  # each conv read by a shift takes it
-    assert sum(n.op_type == "Round" for n in model.graph.node) == 11
-    producer = {o: n.op_type for n in model.graph.node for o in n.output}
-    assert all(producer[n.input[0]] == "Conv" for n in model.graph.node if n.op_type == "Round")
+    convs = sum(n.op == "conv2d" for n in graph.nodes)
+    if int8:
+        assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == convs
+        assert not {"Round", "Conv"} & {n.op_type for n in model.graph.node}
+    else:
+        assert sum(n.op_type == "Round" for n in model.graph.node) == 11
+        producer = {o: n.op_type for n in model.graph.node for o in n.output}
+        assert all(producer[n.input[0]] == "Conv" for n in model.graph.node if n.op_type == "Round")
     read = {t for n in model.graph.node for t in n.input}
     assert all(t.name in read for t in model.graph.initializer)  # the fused scalars left no unused param
 

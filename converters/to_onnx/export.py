@@ -25,7 +25,7 @@ from cvm_onnx.constants import BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET,
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
-from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN, library_path
 from cvm_onnx.native import LIBRARY, ops_used
 from cvm_onnx.native import VERSION as NATIVE_VERSION
 from cvm_onnx.ops import REGISTRY, Attrs
@@ -86,8 +86,8 @@ def unsupported(graph: Graph) -> list[Problem]:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, inline: bool, fuse: bool = False):
-        self.graph, self.inline, self.fuse = graph, inline, fuse
+    def __init__(self, graph: Graph, inline: bool, fuse: bool = False, int8: bool = False):
+        self.graph, self.inline, self.fuse, self.int8 = graph, inline, fuse, int8
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
         self.nodes: list[onnx.NodeProto] = []
@@ -198,7 +198,10 @@ class _Exporter:
             ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
                    for name, e in zip(input_names(head.op, len(head.inputs)), head.inputs)]
             names, head_bound = [self.names[e] for e in head.inputs], self.bounds[Entry(chain.head)]
-        body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound)
+        body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound,
+                                       self.int8)
+        if any(n.domain == NATIVE_DOMAIN for n in body.nodes):
+            self.domains[NATIVE_DOMAIN] = 1
         if y in {v.name for v in ins}:
             y = body.Identity(y)
         self.infos.append(value_info(self.names[out], last.outputs[0]))
@@ -234,7 +237,8 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
-        fused = {c.nodes[-1]: c for c in requantize.runs(self.graph, self.bounds)} if self.fuse else {}
+        chains = requantize.runs(self.graph, self.bounds, self.int8) if self.fuse else []
+        fused = {c.nodes[-1]: c for c in chains}
         inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):
             if i in fused:
@@ -276,7 +280,7 @@ class _Exporter:
 
 
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
-            optimize: bool = False, symbol: str | None = None) -> onnx.ModelProto:
+            optimize: bool = False, symbol: str | None = None, int8: bool | None = None) -> onnx.ModelProto:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``symbol``: the text of the symbol file ``graph`` was read from, kept in the metadata ``cvm.symbol`` so the
@@ -284,14 +288,17 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
-    form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``. A batched model says
-    its batch size in metadata ``cvm.batch``.
+    form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``; ``int8``
+    (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
+    products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. A batched model
+    says its batch size in metadata ``cvm.batch``.
     """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
     if batch is not None:
         graph = batched(graph, batch)
-    model = _Exporter(graph, inline or optimize, fuse=optimize).model(source_version)
+    int8 = optimize and (library_path() is not None if int8 is None else int8)
+    model = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8).model(source_version)
     if symbol is not None and batch is None and not optimize:
         model.metadata_props.add(key=SYMBOL, value=symbol)
     if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.bulk)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops.nn import pool_pads
 from cvm_onnx.ops.registry import magnitudes
 
@@ -32,6 +33,7 @@ from .lowering import lowering
 
 FORM = "fast"  # "fast" | "core": how conv2d and dense are written
 FLOAT_EXACT = 1 << 24  # every integer of magnitude <= 2^24 is exactly representable in float32
+INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 255 < 2^31
 INT32_MIN = -(1 << 31)
 
 
@@ -142,6 +144,30 @@ def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.
     exact whenever the unscaled sums are (the caller's bound)."""
     wf, biases = _scaled(b, w, bias, w.shape[0], scale, offset)
     return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
+
+
+def int8_exact(a, x, w) -> bool:
+    """Whether ``conv2d_int8`` is exact for this conv2d: |x| <= 127, the weight a param within [-128, 127],
+    and at most ``INT8_K`` products per output (per group: C/G * kh * kw)."""
+    kh, kw = a.kernel_size
+    return (x.bound <= 127 and w.const is not None and int(w.const.min(initial=0)) >= -128
+            and int(w.const.max(initial=0)) <= 127 and x.shape[1] // a.groups * kh * kw <= INT8_K)
+
+
+def conv2d_int8(b, a, x, w) -> str:
+    """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
+    x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
+    128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.cpu`` gives the argument per
+    ISA; ``int8_exact`` the conditions). The result is exact, so it is the runtime's int32 accumulator's."""
+    n, c, oc, oh, ow, g = _conv_shape(b, a, x)
+    (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    k = c // g * kh * kw
+    cols = b.node("im2col_uint8", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
+                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], group=g)  # (N, G, K, OH * OW)
+    wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
+    wq = b.Reshape(wq, b.const([oc, k] if g == 1 else [g, oc // g, k]))
+    zero = b.const(128, np.uint8)
+    return b.Reshape(b.MatMulInteger(wq, cols, zero, zero), b.const([n, oc, oh, ow]))
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:

@@ -19,6 +19,7 @@ from typing import Callable
 import onnx
 from onnx import TensorProto
 
+
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
 
 

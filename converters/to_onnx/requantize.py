@@ -244,24 +244,36 @@ def _readers(graph: Graph) -> dict[Entry, int]:
     return readers
 
 
-def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int]) -> int | None:
-    """The conv2d/dense node whose output only the run's ``first`` node reads, when its single float32 product
-    can feed the run: its sums are exact integers when its bound B (bias included) is <= 2^24; taking a first
-    shift s too, every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most
-    (2B + 1) 2^-(s+1), exact when 2B + 1 <= 2^24."""
+def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int]) -> bool:
+    """Whether ``node`` is a conv2d whose exact integer products can start a run (``nn.int8_exact``)."""
+    if node.op != "conv2d":
+        return False
+    x, w = (Value("", graph.type_of(e).shape, bounds[e], graph.params.get(graph.nodes[e.node].name))
+            for e in node.inputs[:2])
+    return nn.int8_exact(REGISTRY[node.op].bind(node.attrs), x, w)
+
+
+def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
+          int8: bool = False) -> int | None:
+    """The conv2d/dense node whose output only the run's ``first`` node reads, when its product can feed the
+    run: with ``int8``, a conv2d whose integer products are exact (``int8_head``); else its single float32
+    product, whose sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s
+    too, every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1)
+    2^-(s+1), exact when 2B + 1 <= 2^24."""
     x, steps = steps_of(graph, graph.nodes[first])
     producer = graph.nodes[x.node]
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
-    if (producer.op not in ("conv2d", "dense") or x.index or readers.get(x) != 1 or nn.FORM != "fast"
-            or limit > FLOAT_EXACT):
+    if producer.op not in ("conv2d", "dense") or x.index or readers.get(x) != 1:
         return None
-    return x.node
+    if int8 and int8_head(graph, producer, bounds):
+        return x.node
+    return x.node if nn.FORM == "fast" and limit <= FLOAT_EXACT else None
 
 
-def runs(graph: Graph, bounds: dict[Entry, int]) -> list[Chain]:
+def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False) -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
     cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
-    any (``_head``)."""
+    any (``_head``; ``int8``: integer products allowed)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     current: list[int] = []
@@ -280,23 +292,30 @@ def runs(graph: Graph, bounds: dict[Entry, int]) -> list[Chain]:
         current.append(i)
     if len(current) > 1:
         found.append(current)
-    return [Chain(c, _head(graph, c[0], bounds, readers)) for c in found]
+    return [Chain(c, _head(graph, c[0], bounds, readers, int8)) for c in found]
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
-              head_bound: int = 0) -> tuple[Body, str]:
+              head_bound: int = 0, int8: bool = False) -> tuple[Body, str]:
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
     ``head_bound`` bounds the head's output); returns it and its output's name.
 
     With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
     float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
     tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
-    (constants).
+    (constants). With ``int8`` a conv2d head whose integer products are exact (``nn.int8_exact``) starts the run
+    from them in int32 instead (``nn.conv2d_int8``, + bias in int32: wraps like the runtime's accumulator).
     """
     b = Body([out])
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
     if chain.head is None:
         r = Run(b, inputs[0])
+    elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_exact(
+            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2]):
+        y = nn.conv2d_int8(b, a, *inputs[:2])
+        if a.use_bias:
+            y = b.Add(y, b.Reshape(b.Cast(inputs[2], to=TensorProto.INT32), b.const([-1, 1, 1])))
+        r = Run(b, Value(y, (), head_bound))
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)

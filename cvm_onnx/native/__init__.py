@@ -6,7 +6,11 @@ version 1, with three int32 ops following the CVM runtime's FORMAL semantics (do
 * ``non_max_suppression(data (B, N, 6), valid_count (B,)) -> data-shaped``; attributes max_output_size (-1),
   iou_threshold (50), force_suppress (0), top_k (-1);
 * ``get_valid_counts(data (B, N, K)) -> valid_count (B,), data-shaped``; attribute score_threshold (0);
-* ``cvm_lut(indices, table) -> indices-shaped``, ``y = table.flat[clip(indices, 0, table.size - 1)]``.
+* ``cvm_lut(indices, table) -> indices-shaped``, ``y = table.flat[clip(indices, 0, table.size - 1)]``;
+* ``im2col_int8`` / ``im2col_uint8(data (N, C, H, W) int32, values in [-128, 127]) -> (N, G, C/G * kh * kw,
+  OH * OW)`` int8 / uint8: the windows of a 2-D convolution, ``x + offset`` (0 / 128) and ``offset`` where a
+  window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
+  right), group, as ONNX Conv's. The serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -127,6 +131,68 @@ def _infer_lut(ctx) -> None:
     ctx.set_output_type(0, _int32(indices))
 
 
+#: The im2col ops: output element type, and the attributes with their defaults (None: required).
+IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
+IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
+                                                   "pads": [0, 0, 0, 0], "group": 1}
+
+
+def _ints(ctx, name: str, n: int, low: int) -> list[int]:
+    attr = ctx.get_attribute(name)
+    default = IM2COL_ATTRS[name]
+    if attr is None and default is None:
+        raise InferenceError(f"im2col: attribute {name} is required")
+    values = default if attr is None else list(attr.ints) if n else attr.i
+    if n and len(values) != n or any(v < low for v in (values if n else [values])):
+        raise InferenceError(f"im2col: {name} must be {n or 1} int(s) >= {low}, got {values}")
+    return values
+
+
+def _infer_im2col(elem_type: int):
+    def infer(ctx) -> None:
+        (kh, kw), (sh, sw), (dh, dw) = (_ints(ctx, a, 2, 1) for a in ("kernel_shape", "strides", "dilations"))
+        pt, pl, pb, pr = _ints(ctx, "pads", 4, 0)
+        group = _ints(ctx, "group", 0, 1)
+        data = _dims(ctx.get_input_type(0), "im2col data", 4)
+        t = TypeProto()
+        t.tensor_type.elem_type = elem_type
+        if data is None:
+            return ctx.set_output_type(0, t)
+        n, c, h, w = map(_known, data)
+        if c is not None and c % group:
+            raise InferenceError(f"im2col: {c} input channels do not divide into group {group}")
+        oh = None if h is None else (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+        ow = None if w is None else (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        if (oh is not None and oh < 1) or (ow is not None and ow < 1):
+            raise InferenceError("im2col: the kernel is larger than the padded input")
+        t.tensor_type.shape.SetInParent()
+        for d in (n, group, None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow):
+            dim = t.tensor_type.shape.dim.add()
+            if d is not None:
+                dim.dim_value = d
+        ctx.set_output_type(0, t)
+
+    return infer
+
+
+def _im2col_schema(name: str, elem_type: int) -> OpSchema:
+    attr_types = {"group": OpSchema.AttrType.INT}
+    s = OpSchema(
+        name, DOMAIN, VERSION,
+        "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
+        "for uint8), offset in the padding; data values must lie in [-128, 127].",
+        inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32")],
+        outputs=[OpSchema.FormalParameter("columns", "U", "(N, G, C/G * kh * kw, OH * OW)")],
+        type_constraints=[("T", ["tensor(int32)"], "int32 data"),
+                          ("U", [f"tensor({TensorProto.DataType.Name(elem_type).lower()})"], "the columns")],
+        attributes=[OpSchema.Attribute(a, attr_types.get(a, OpSchema.AttrType.INTS), "as ONNX Conv's", required=True)
+                    if v is None else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
+                    for a, v in IM2COL_ATTRS.items()],
+    )
+    s.set_type_and_shape_inference_function(_infer_im2col(elem_type))
+    return s
+
+
 def _schema(name: str, doc: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], infer) -> OpSchema:
     s = OpSchema(
         name, DOMAIN, VERSION, doc,
@@ -156,6 +222,7 @@ def _schemas() -> list[OpSchema]:
         _schema("cvm_lut", "Table lookup: y = table.flat[clip(indices, 0, table.size - 1)].",
                 [("indices", "indices, any shape"), ("table", "the table, any shape, not empty")],
                 [("y", "the indices' shape")], _infer_lut),
+        *(_im2col_schema(name, t) for name, t in IM2COL.items()),
     ]
 
 

@@ -1,0 +1,119 @@
+// Gathering the windows of a 2-D convolution (im2col) from int32 data into int8 or uint8 columns: pure data
+// movement plus an exact narrowing, for onnxruntime's MatMulInteger to take the products (docs/custom_ops.md).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace cvm_onnx {
+
+// A convolution's geometry: input (n, c, h, w), kernel, strides, dilations, pads (top, left, bottom, right),
+// groups, and the output size it gives.
+struct Im2colShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1;
+  int64_t pt = 0, pl = 0, pb = 0, pr = 0;
+  int64_t group = 1;
+  int64_t oh = 0, ow = 0;
+};
+
+// Fills in oh and ow; returns an error message, empty when the geometry is valid. Every size is bounded so that
+// no product below overflows int64 and the columns and the padded copy stay under 2^31 elements.
+inline std::string im2col_geometry(Im2colShape& s) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  for (int64_t v : {s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.group}) {
+    if (v < 1 || v >= kLimit) return "kernel_shape, strides, dilations and group must be positive int32 values";
+  }
+  for (int64_t v : {s.pt, s.pl, s.pb, s.pr}) {
+    if (v < 0 || v >= kLimit) return "pads must be non-negative int32 values";
+  }
+  if (s.c % s.group != 0) {
+    return "the input's " + std::to_string(s.c) + " channels do not divide into group " + std::to_string(s.group);
+  }
+  const int64_t span_h = s.dh * (s.kh - 1) + 1, span_w = s.dw * (s.kw - 1) + 1;
+  if (s.h + s.pt + s.pb < span_h || s.w + s.pl + s.pr < span_w) return "the kernel is larger than the padded input";
+  s.oh = (s.h + s.pt + s.pb - span_h) / s.sh + 1;
+  s.ow = (s.w + s.pl + s.pr - span_w) / s.sw + 1;
+  const double columns = static_cast<double>(s.n) * s.c * s.kh * s.kw * s.oh * s.ow;
+  const double padded = static_cast<double>(s.n) * s.c * (s.h + s.pt + s.pb) * (s.w + s.pl + s.pr);
+  if (std::max(columns, padded) >= 2147483648.0) return "the columns or the padded input would have 2^31 elements or more";
+  return {};
+}
+
+// dst[i] = x[i] + offset as a byte (x + 128 and, for int8, x itself, have the byte of the value mod 256); returns
+// false when some x lies outside [-128, 127]. Branch-free, so it vectorizes.
+inline bool narrow_row(const int32_t* x, int64_t count, uint32_t offset, uint8_t* dst) {
+  uint32_t seen = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t v = static_cast<uint32_t>(x[i]) + 128u;  // in [0, 255] exactly when x is in [-128, 127]
+    seen |= v;
+    dst[i] = static_cast<uint8_t>(v + offset - 128u);
+  }
+  return seen <= 255u;
+}
+
+// Copies x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr) as x + offset, offset in the padding. Returns
+// the flat index of the first x outside [-128, 127] (then xp is incomplete), or -1: x + offset fits Out exactly
+// (offset 0 for int8, 128 for uint8).
+template <typename Out>
+int64_t pad_narrow(const int32_t* x, const Im2colShape& s, int32_t offset, Out* xp) {
+  static_assert(sizeof(Out) == 1, "columns are bytes");
+  const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr;
+  std::fill(xp, xp + s.n * s.c * hp * wp, static_cast<Out>(offset));
+  for (int64_t plane = 0; plane < s.n * s.c; ++plane) {
+    for (int64_t y = 0; y < s.h; ++y) {
+      const int32_t* src = x + (plane * s.h + y) * s.w;
+      Out* dst = xp + (plane * hp + y + s.pt) * wp + s.pl;
+      if (!narrow_row(src, s.w, static_cast<uint32_t>(offset), reinterpret_cast<uint8_t*>(dst))) {
+        for (int64_t i = 0; i < s.w; ++i) {
+          if (src[i] < -128 || src[i] > 127) return (plane * s.h + y) * s.w + i;
+        }
+      }
+    }
+  }
+  return -1;
+}
+
+// dst[0:count] = src[0:count]. Rows are short (a call to memmove per row would cost more than the copy): the
+// usual widths are copied with a constant size, which compiles to a few vector moves.
+template <typename Out>
+inline void copy_row(const Out* src, int64_t count, Out* dst) {
+  switch (count) {
+    case 8: std::memcpy(dst, src, 8); return;
+    case 16: std::memcpy(dst, src, 16); return;
+    case 32: std::memcpy(dst, src, 32); return;
+    case 64: std::memcpy(dst, src, 64); return;
+    default: break;
+  }
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) std::memcpy(dst + i, src + i, 8);
+  for (; i < count; ++i) dst[i] = src[i];
+}
+
+// cols[n, g, (c * kh + fh) * kw + fw, oh * OW + ow] = xp[n, g * C/G + c, oh*sh + fh*dh, ow*sw + fw*dw] for the
+// padded copy xp of pad_narrow. Memory order (n, g, c) is the input's channel order, so one loop over all
+// channels fills every group; with stride 1 each output row is one contiguous copy.
+template <typename Out>
+void im2col(const Out* xp, const Im2colShape& s, Out* out) {
+  const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr;
+  Out* dst = out;
+  for (int64_t plane = 0; plane < s.n * s.c; ++plane) {
+    for (int64_t fh = 0; fh < s.kh; ++fh) {
+      for (int64_t fw = 0; fw < s.kw; ++fw) {
+        for (int64_t oh = 0; oh < s.oh; ++oh, dst += s.ow) {
+          const Out* src = xp + (plane * hp + oh * s.sh + fh * s.dh) * wp + fw * s.dw;
+          if (s.sw == 1) {
+            copy_row(src, s.ow, dst);
+          } else {
+            for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * s.sw];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cvm_onnx

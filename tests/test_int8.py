@@ -1,0 +1,221 @@
+"""The serving form's integer products: the native im2col ops (against a numpy oracle, and their input checks),
+conv2d runs started from MatMulInteger (exact against the reference executor for every operand route this CPU
+computes exactly), and the choice of operand types (cvm_onnx.cpu)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper
+
+from cvm_onnx import cpu
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.to_onnx import run_passes, signed_columns, to_onnx
+from cvm_onnx.errors import RuntimeFailure
+from cvm_onnx.executor import execute
+from cvm_onnx.native import DOMAIN, library_path
+from cvm_onnx.runtime import run, session
+from harness import tensors
+
+EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
+pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
+
+
+def routes() -> list[str]:
+    """The operand routes this CPU computes exactly: uint8 x uint8 always, uint8 x int8 where ``cpu`` says so."""
+    return ["u8u8"] + (["u8s8"] if cpu.products() == "u8s8" else [])
+
+
+def run_route(model: onnx.ModelProto, feeds: dict, route: str) -> list[np.ndarray]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu, "products", lambda: route)
+        return run(model, feeds)
+
+
+# -- the im2col ops alone ---------------------------------------------------------------------------------------
+
+def im2col_oracle(x, kernel, strides, dilations, pads, group, offset):
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = kernel, strides, dilations, pads
+    xp = np.pad(x.astype(np.int64) + offset, [(0, 0), (0, 0), (pt, pb), (pl, pr)], constant_values=offset)
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    cols = np.empty((n, c, kh, kw, oh, ow), np.int64)
+    for fh in range(kh):
+        for fw in range(kw):
+            cols[:, :, fh, fw] = xp[:, :, fh * dh:fh * dh + (oh - 1) * sh + 1:sh, fw * dw:fw * dw + (ow - 1) * sw + 1:sw]
+    return cols.reshape(n, group, c // group * kh * kw, oh * ow)
+
+
+def im2col_model(op: str, shape, elem_type=TensorProto.INT32, **attrs) -> onnx.ModelProto:
+    out = TensorProto.INT8 if op == "im2col_int8" else TensorProto.UINT8
+    node = helper.make_node(op, ["x"], ["y"], domain=DOMAIN, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem_type, shape)],
+                              [helper.make_tensor_value_info("y", out, [None] * 4)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=10)
+
+
+@st.composite
+def geometries(draw):
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    c = group * draw(st.integers(1, 3))
+    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilations = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(max(1, dilations[0] * (kernel[0] - 1) + 1 - pads[0] - pads[2]), 9))
+    w = draw(st.integers(max(1, dilations[1] * (kernel[1] - 1) + 1 - pads[1] - pads[3]), 9))
+    return (draw(st.integers(1, 2)), c, h, w), kernel, strides, dilations, pads, group
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(geometry=geometries(), data=st.data(), op=st.sampled_from(["im2col_int8", "im2col_uint8"]))
+def test_im2col_gathers_every_window(geometry, data, op):
+    shape, kernel, strides, dilations, pads, group = geometry
+    x = data.draw(st.one_of(tensors(shape, 8), tensors(shape, 1).map(lambda t: t - 128)))  # -128 too
+    model = im2col_model(op, shape, kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
+                         group=group)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
+    (got,) = run(model, {"x": x})
+    want = im2col_oracle(x, kernel, strides, dilations, pads, group, 0 if op == "im2col_int8" else 128)
+    assert got.dtype == (np.int8 if op == "im2col_int8" else np.uint8)
+    assert np.array_equal(got.astype(np.int64), want)
+    assert [d.dim_value for d in inferred.shape.dim] == list(want.shape)
+
+
+def test_im2col_refuses_values_outside_int8():
+    model = im2col_model("im2col_uint8", [1, 1, 2, 2], kernel_shape=[1, 1])
+    x = np.array([[[[0, 127], [-128, 128]]]], np.int32)
+    with pytest.raises(RuntimeFailure, match=r"im2col_uint8: data value 128 at flat index 3 is outside \[-128, 127\]"):
+        run(model, {"x": x})
+
+
+@pytest.mark.parametrize("shape, attrs, message", [
+    ([1, 2, 3], dict(kernel_shape=[1, 1]), "data must be 4-D"),
+    ([1, 3, 4, 4], dict(kernel_shape=[1, 1], group=2), "do not divide into group 2"),
+    ([1, 1, 2, 2], dict(kernel_shape=[3, 3]), "larger than the padded input"),
+])
+def test_im2col_refuses_bad_shapes_with_one_error(shape, attrs, message):
+    """The kernel's own checks (the schema's shape inference is not consulted by onnxruntime)."""
+    x = np.zeros(shape, np.int32)
+    model = im2col_model("im2col_int8", [None] * len(shape), **attrs)
+    with pytest.raises(RuntimeFailure, match=message):
+        run(model, {"x": x})
+
+
+@pytest.mark.parametrize("attrs", [dict(), dict(kernel_shape=[3]), dict(kernel_shape=[1, 1], pads=[1, 1]),
+                                   dict(kernel_shape=[1, 1], strides=[0, 1]), dict(kernel_shape=[1, 1], pads=[-1, 0, 0, 0])])
+def test_im2col_refuses_bad_attributes(attrs):
+    """Wrong lengths and values are refused by the schema (checker) and by the kernel (session or run)."""
+    model = im2col_model("im2col_int8", [1, 1, 3, 3], **attrs)
+    with pytest.raises((onnx.checker.ValidationError, onnx.shape_inference.InferenceError), match="kernel_shape|"
+                       "pads|strides"):
+        onnx.checker.check_model(model, full_check=True)
+    with pytest.raises(RuntimeFailure, match="im2col_int8"):
+        run(model, {"x": np.zeros((1, 1, 3, 3), np.int32)})
+
+
+def test_im2col_refuses_a_wrong_input_type():
+    model = im2col_model("im2col_int8", [1, 1, 3, 3], TensorProto.INT64, kernel_shape=[1, 1])
+    with pytest.raises(RuntimeFailure):
+        session(model)
+
+
+# -- conv2d runs from integer products -------------------------------------------------------------------------
+
+@st.composite
+def conv_runs(draw):
+    """conv2d (random geometry, weights at the int8 edges, optional bias) -> cvm_right_shift -> relu, and data."""
+    (n, c, h, w), kernel, strides, dilations, pads, group = draw(geometries())
+    if pads[0] != pads[2] or pads[1] != pads[3]:  # CVM's padding is symmetric
+        return draw(conv_runs())
+    oc = group * draw(st.integers(1, 3))
+    b = GraphBuilder()
+    x = b.input("data", (1, c, h, w), 8)
+    wshape = (oc, c // group, *kernel)
+    inputs = [x, b.param("w", draw(tensors(wshape, 8)), 8)]
+    use_bias = draw(st.booleans())
+    if use_bias:
+        inputs.append(b.param("b", draw(tensors((oc,), draw(st.sampled_from([8, 20, 31])))), 31))
+    y = b.op("conv2d", *inputs, channels=oc, kernel_size=kernel, strides=strides, dilation=dilations,
+             padding=pads[:2], groups=group, use_bias=use_bias)
+    y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 16)), precision=8)
+    graph = b.build(b.op("relu", y))
+    return graph, draw(tensors((n, c, h, w), 8)), n
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=conv_runs())
+def test_conv_runs_from_integer_products_are_exact(case):
+    """Exact against the reference executor through every operand route this CPU computes exactly (under qemu
+    Haswell: uint8 x uint8 only), batched too."""
+    graph, data, n = case
+    if n > 1:
+        from cvm_onnx.batch import batched
+
+        graph = batched(graph, n)
+    model = to_onnx(graph, optimize=True, int8=True)
+    assert sum(node.op_type == "MatMulInteger" for node in model.graph.node) == 1
+    want = execute(graph, {"data": data})
+    for route in routes():
+        got = run_route(model, {"data": data}, route)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want)), route
+
+
+@pytest.mark.isa
+def test_the_chosen_route_is_exact_on_this_cpu():
+    """``cpu.products`` picks uint8 x int8 only with VNNI/AMX and an exact probe (so never under qemu Haswell),
+    and the probe's operands (int16 pair sums that saturate) are exact through the route it picks."""
+    if cpu.products() == "u8s8":
+        assert cpu.EXACT_SIGNED & set(cpu.features()) and cpu._probe_exact()
+    else:
+        assert not cpu.EXACT_SIGNED & set(cpu.features()) or not cpu._probe_exact()
+    b = GraphBuilder()
+    x = b.input("data", (1, 64, 1, 1), 8)
+    w = b.param("w", np.full((8, 64, 1, 1), 127), 8)  # the left operand w + 128 = 255
+    y = b.op("cvm_right_shift", b.op("conv2d", x, w, channels=8, kernel_size=(1, 1), use_bias=False),
+             shift_bit=1, precision=32)
+    graph = b.build(b.op("clip", y, a_min=-(1 << 20), a_max=1 << 20))
+    data = np.where(np.arange(64) % 4 < 2, 127, -127).reshape(1, 64, 1, 1).astype(np.int32)  # 2 * 255 * 127 > 2^15
+    model = to_onnx(graph, optimize=True, int8=True)
+    assert "MatMulInteger" in {n.op_type for n in model.graph.node}
+    assert np.array_equal(run(model, {"data": data})[0], execute(graph, {"data": data})[0])
+
+
+def test_signed_columns_rewrites_only_matmul_operands():
+    b = GraphBuilder()
+    x = b.input("data", (1, 2, 4, 4), 8)
+    w = b.param("w", np.ones((3, 2, 3, 3), np.int32), 8)
+    y = b.op("cvm_right_shift", b.op("conv2d", x, w, channels=3, kernel_size=(3, 3), use_bias=False),
+             shift_bit=2, precision=8)
+    model = to_onnx(b.build(b.op("relu", y)), optimize=True, int8=True)
+    signed = run_passes([signed_columns], model)
+    ops = {n.op_type: n for n in signed.graph.node}
+    assert "im2col_int8" in ops and "im2col_uint8" not in ops and len(ops["MatMulInteger"].input) == 3
+    assert "im2col_uint8" in {n.op_type for n in model.graph.node}  # the exported model is left as it was
+    # an im2col that is also a graph output keeps its type
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    cols = next(n for n in exposed.graph.node if n.op_type == "im2col_uint8").output[0]
+    exposed.graph.output.add().CopyFrom(helper.make_tensor_value_info(cols, TensorProto.UINT8, [None] * 4))
+    assert "im2col_uint8" in {n.op_type for n in run_passes([signed_columns], exposed).graph.node}
+
+
+def test_without_the_native_library_the_integer_form_is_refused_with_one_error():
+    b = GraphBuilder()
+    x = b.input("data", (1, 1, 3, 3), 8)
+    y = b.op("cvm_right_shift", b.op("conv2d", x, b.param("w", np.ones((1, 1, 1, 1)), 8), channels=1,
+                                     kernel_size=(1, 1), use_bias=False), shift_bit=1, precision=8)
+    graph = b.build(b.op("relu", y))
+    model = to_onnx(graph, optimize=True, int8=True)
+    with pytest.raises(RuntimeFailure, match="native im2col ops.*int8=False"):
+        session(model, native=False)
+    assert "MatMulInteger" in {n.op_type for n in model.graph.node}
+    assert "MatMulInteger" not in {n.op_type for n in to_onnx(graph, optimize=True, int8=False).graph.node}
