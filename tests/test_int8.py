@@ -219,3 +219,20 @@ def test_without_the_native_library_the_integer_form_is_refused_with_one_error()
         session(model, native=False)
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
     assert "MatMulInteger" not in {n.op_type for n in to_onnx(graph, optimize=True, int8=False).graph.node}
+
+
+def test_the_integer_route_is_taken_where_its_windows_fit_the_cost_model():
+    """A conv2d gathering at most ``nn.INT8_COLUMNS`` bytes of windows starts its run from integer products;
+    the same layer batched past that keeps its float32 Conv (measured slower there)."""
+    from cvm_onnx.batch import batched
+    from cvm_onnx.converters.to_onnx import nn
+
+    b = GraphBuilder()
+    x = b.input("data", (1, 16, 64, 64), 8)
+    y = b.op("conv2d", x, b.param("w", np.ones((4, 16, 3, 3)), 8), channels=4, kernel_size=(3, 3),
+             padding=(1, 1), use_bias=False)
+    graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=4, precision=8)))
+    assert 16 * 9 * 64 * 64 <= nn.INT8_COLUMNS < 2 * 16 * 9 * 64 * 64
+    for n, route in ((1, "MatMulInteger"), (2, "Conv")):
+        ops = {node.op_type for node in to_onnx(batched(graph, n), optimize=True, int8=True).graph.node}
+        assert route in ops and not ({"MatMulInteger", "Conv"} - {route}) & ops

@@ -245,18 +245,18 @@ def _readers(graph: Graph) -> dict[Entry, int]:
 
 
 def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int]) -> bool:
-    """Whether ``node`` is a conv2d whose exact integer products can start a run (``nn.int8_exact``)."""
+    """Whether ``node`` is a conv2d that starts a run from its integer products (``nn.int8_route``)."""
     if node.op != "conv2d":
         return False
     x, w = (Value("", graph.type_of(e).shape, bounds[e], graph.params.get(graph.nodes[e.node].name))
             for e in node.inputs[:2])
-    return nn.int8_exact(REGISTRY[node.op].bind(node.attrs), x, w)
+    return nn.int8_route(REGISTRY[node.op].bind(node.attrs), x, w, node.outputs[0].shape)
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
           int8: bool = False) -> int | None:
     """The conv2d/dense node whose output only the run's ``first`` node reads, when its product can feed the
-    run: with ``int8``, a conv2d whose integer products are exact (``int8_head``); else its single float32
+    run: with ``int8``, a conv2d taking the integer route (``int8_head``); else its single float32
     product, whose sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s
     too, every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1)
     2^-(s+1), exact when 2B + 1 <= 2^24."""
@@ -295,6 +295,25 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False) -> list[Cha
     return [Chain(c, _head(graph, c[0], bounds, readers, int8)) for c in found]
 
 
+def _integer_head(b: Body, y: str, bias: Value | None, bound: int, steps: list[Step]) -> Run:
+    """The run from an exact int32 product ``y`` (NCHW), + ``bias`` per channel in int32 (wraps like the
+    runtime's accumulator; ``bound`` bounds the sum). A first shift s that fits (bound + 2^(s-1) <= INT32_MAX)
+    is taken with it, popped from ``steps``: one Add of the constant bias + 2^(s-1), then the BitwiseAnd of
+    ``Run._shift``, so t = w * 2^s with w = floor((y + bias + 2^(s-1)) / 2^s)."""
+    shift = steps[0].k if steps and steps[0].kind == "shift" and Run._fits(steps[0], bound, 0) else 0
+    if bias is not None or shift:
+        c = b.const(1 << (shift - 1) if shift else 0, np.int32)
+        if bias is not None:
+            c = b.Add(b.Reshape(b.Cast(bias, to=TensorProto.INT32), b.const([-1, 1, 1])), c)
+        y = b.Add(y, c)
+    if not shift:
+        return Run(b, Value(y, (), bound))
+    steps.pop(0)
+    r = Run(b, Value(b.BitwiseAnd(y, b.const(-(1 << shift), np.int32)), (), (bound + (1 << (shift - 1))) >> shift))
+    r.e = shift
+    return r
+
+
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
               head_bound: int = 0, int8: bool = False) -> tuple[Body, str]:
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
@@ -303,19 +322,17 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
     float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
     tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
-    (constants). With ``int8`` a conv2d head whose integer products are exact (``nn.int8_exact``) starts the run
-    from them in int32 instead (``nn.conv2d_int8``, + bias in int32: wraps like the runtime's accumulator).
+    (constants). With ``int8`` a conv2d head that takes the integer route (``nn.int8_route``) starts the run
+    from its exact products in int32 instead (``nn.conv2d_int8``, then ``_integer_head``).
     """
     b = Body([out])
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
     if chain.head is None:
         r = Run(b, inputs[0])
-    elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_exact(
-            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2]):
+    elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
+            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape):
         y = nn.conv2d_int8(b, a, *inputs[:2])
-        if a.use_bias:
-            y = b.Add(y, b.Reshape(b.Cast(inputs[2], to=TensorProto.INT32), b.const([-1, 1, 1])))
-        r = Run(b, Value(y, (), head_bound))
+        r = _integer_head(b, y, inputs[2] if a.use_bias else None, head_bound, steps)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)
