@@ -188,6 +188,16 @@ def test_a_step_without_int32_form_starts_a_new_run():
     assert fused(model) == [names[1:]]
 
 
+def test_a_left_shift_by_31_of_a_zero_value_is_exact():
+    """Regression: precision 1 (every value 0) let cvm_left_shift 31 join a run as a multiplication by 2^31, a
+    constant int32 cannot hold (OverflowError at export); the run now ends before it."""
+    b = GraphBuilder()
+    x = b.input("data", SHAPE, 1)
+    y = b.op("cvm_right_shift", b.op("cvm_clip", x, precision=1), shift_bit=1, precision=1)
+    graph = b.build(b.op("cvm_left_shift", y, shift_bit=31, precision=1))
+    check(graph, {"data": np.zeros(SHAPE, np.int32)})
+
+
 def test_a_head_inside_a_chain_keeps_its_value():
     """A tensor read elsewhere (here a graph output) ends a run: it must exist with its exact value."""
     b = GraphBuilder()

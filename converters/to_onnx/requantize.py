@@ -150,8 +150,8 @@ class Run:
         top = m << e
         if step.kind == "shift":
             return e + step.k <= 31 and top + (1 << (e + step.k - 1)) <= INT32_MAX
-        if step.kind == "mul":
-            return top * abs(step.k) <= INT32_MAX
+        if step.kind == "mul":  # the multiplier itself must be an int32 constant (cvm_left_shift 31: 2^31 is not)
+            return top * abs(step.k) <= INT32_MAX and -INT32_MAX - 1 <= step.k <= INT32_MAX
         return top + (abs(step.k) << e) <= INT32_MAX
 
     def _int32(self) -> None:
