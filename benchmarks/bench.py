@@ -3,15 +3,21 @@ conversion times, a synthetic 25 M-parameter model's conversion (time and peak m
 
 Every onnxruntime result is first checked bit for bit against the reference executor. Latencies are the best
 of five medians over many runs (``median_ms``); the load average is printed because other processes on the
-machine change them. The CVM
-runtime's own figures (its CPU and FORMAL devices on ResNet-20, batch 1, measured by hand on the same machine,
-see CVM_RUNTIME_MS) are printed for comparison.
+machine change them. The serving form is timed with its convolutions' products in float32 and as integer
+products (native im2col + MatMulInteger, ``cvm_onnx.cpu`` picks the operand types: the route and the CPU
+features detected are printed, and which route each convolution took).
 
-Run: python benchmarks/bench.py [--model DIR] [--runs N] [--skip-big]
+The CVM runtime: with the environment variable CVM_RUNTIME_LIB naming a local build of its library
+(libcvm.so of CortexFoundation/cvm-runtime, built by hand; not part of this project), its CPU device is timed
+side by side in the same process through its C API (output checked against the reference) and every ratio
+is to that figure; otherwise to CVM_RUNTIME_MS, measured by hand on the README's machine.
+
+Run: [CVM_RUNTIME_LIB=/path/libcvm.so] python benchmarks/bench.py [--model DIR] [--runs N] [--skip-big]
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import subprocess
@@ -29,6 +35,7 @@ from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.executor import execute
 from cvm_onnx.format import write_model
+from cvm_onnx import cpu
 from cvm_onnx.runtime import session, usable_cpus
 
 RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
@@ -69,6 +76,37 @@ def row(what: str, value: str, note: str = "") -> None:
     print(f"| {what:<44} | {value:>16} | {note} |")
 
 
+class CvmRuntime:
+    """The CVM runtime's CPU device (device 0) on one model through its C API (ctypes): ``run(x)`` -> output."""
+
+    def __init__(self, library: str, model: Path):
+        self.lib = ctypes.CDLL(library)
+        symbol, params = (model / "symbol").read_bytes(), (model / "params").read_bytes()
+        self.net = ctypes.c_void_p()
+        if self.lib.CVMAPILoadModel(symbol, len(symbol), params, len(params), ctypes.byref(self.net), 0, 0):
+            raise RuntimeError(f"the CVM runtime at {library} did not load {model}")
+        sizes = [ctypes.c_ulonglong() for _ in range(3)]
+        for fn, size in zip(("GetInputLength", "GetOutputLength", "GetOutputTypeSize"), sizes):
+            getattr(self.lib, f"CVMAPI{fn}")(self.net, ctypes.byref(size))
+        self.in_bytes, out_bytes, self.out_size = (v.value for v in sizes)
+        self.out = ctypes.create_string_buffer(out_bytes)
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        data = x.astype(np.int8 if self.in_bytes == x.size else np.int32).tobytes()
+        if self.lib.CVMAPIInference(self.net, data, len(data), self.out):
+            raise RuntimeError("the CVM runtime failed to run")
+        return np.frombuffer(self.out.raw, np.int8 if self.out_size == 1 else np.int32).astype(np.int32)
+
+
+def conv_routes(model) -> str:
+    """How many convolutions start from integer products (and the operand types the session picks) or float32."""
+    routes = {"integer": 0, "float32": 0}
+    for node in model.graph.node:
+        if node.op_type in ("MatMulInteger", "Conv"):
+            routes["integer" if node.op_type == "MatMulInteger" else "float32"] += 1
+    return f"convolutions: {routes['integer']} integer ({cpu.products()}), {routes['float32']} float32"
+
+
 def resnet(model: Path, runs: int) -> None:
     graph = load(model).graph
     row("ResNet-20 load + validate", f"{median_ms(lambda: load(model), 10):.1f} ms")
@@ -76,23 +114,33 @@ def resnet(model: Path, runs: int) -> None:
     row("ResNet-20 export (optimized flat form)", f"{median_ms(lambda: to_onnx(graph, optimize=True), 5):.1f} ms")
     one = np.load(model / "input.npy").astype(np.int32)
     ref_ms = median_ms(lambda: execute(graph, {"data": one}), max(5, runs // 20))
+    base, base_name = CVM_RUNTIME_MS["CPU device"], "the CVM CPU device's (by hand)"
+    if os.environ.get("CVM_RUNTIME_LIB"):
+        cvm = CvmRuntime(os.environ["CVM_RUNTIME_LIB"], model)
+        assert np.array_equal(cvm.run(one).reshape(-1), execute(graph, {"data": one})[0].reshape(-1)), \
+            "the CVM runtime differs from the reference"
+        base, base_name = median_ms(lambda: cvm.run(one), runs), "the CVM CPU device's (same run)"
+        row("ResNet-20 CVM runtime CPU device batch 1", f"{base:.2f} ms", f"its C API, {os.environ['CVM_RUNTIME_LIB']}")
+    cpus = usable_cpus()
     for batch in (1, 64):
         data = np.concatenate([one, np.random.default_rng(0).integers(-127, 128, (batch - 1,) + one.shape[1:])])
         data = data.astype(np.int32)
         want = execute(batched(graph, batch), {"data": data})[0]
-        cpus = usable_cpus()
-        forms = [("function form", False, None), ("optimized", True, None)]
-        if batch > 1 and cpus > 1:
-            forms = [("function form", False, None), ("optimized, 1 thread", True, 1),
-                     (f"optimized, {cpus} threads", True, None)]
-        for form, optimize, threads in forms:
-            sess = session(to_onnx(graph, batch=batch, optimize=optimize), threads=threads)
+        forms = [("function form", {}, None)]
+        for int8 in (False, True):
+            for threads in sorted({1, cpus}):
+                forms.append((f"optimized, {'integer' if int8 else 'float32'} products, {threads} thread(s)",
+                              dict(optimize=True, int8=int8), threads))
+        for form, options, threads in forms:
+            onnx_model = to_onnx(graph, batch=batch, **options)
+            sess = session(onnx_model, threads=threads)
             feeds = {"data": data}
             assert np.array_equal(sess.run(None, feeds)[0], want), "onnxruntime differs from the reference"
             ms = median_ms(lambda: sess.run(None, feeds), max(25, runs // batch))
-            speed = {name: f"{ref / (ms / batch):.1f}x" for name, ref in CVM_RUNTIME_MS.items()}
+            note = f"{batch / ms * 1e3:.0f} images/s, {base / (ms / batch):.1f}x {base_name}"
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
-                f"{batch / ms * 1e3:.0f} images/s, {speed['CPU device']} the CVM CPU device's")
+                note + (f"; {conv_routes(onnx_model)}" if options.get("int8") else "") +
+                f"; load {os.getloadavg()[0]:.2f}")
     row("ResNet-20 reference executor batch 1", f"{ref_ms:.1f} ms", "numpy, FORMAL semantics")
     for name, ms in CVM_RUNTIME_MS.items():
         row(f"ResNet-20 CVM runtime {name} batch 1", f"{ms:.2f} ms", "its C API, measured by hand (see above)")
@@ -178,6 +226,8 @@ def main() -> None:
     parser.add_argument("--skip-big", action="store_true", help="leave out the 25 M-param and 5,000-node models")
     args = parser.parse_args()
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
+    print(f"CPU features (CPUID, enabled by the OS): {', '.join(cpu.features()) or 'none detected'}; integer "
+          f"products as {cpu.products()} (uint8 x int8 only where exact: VNNI/AMX and the saturation probe)")
     print(f"| {'what':<44} | {'median':>16} | note |")
     print(f"|{'-' * 46}|{'-' * 18}|------|")
     if args.model.exists():
