@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from cvm_onnx import cpu
 from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.converters.to_onnx import run_passes, signed_columns, to_onnx
+from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.errors import RuntimeFailure
 from cvm_onnx.executor import execute
 from cvm_onnx.native import DOMAIN, library_path
@@ -196,7 +196,7 @@ def test_signed_columns_rewrites_only_matmul_operands():
     y = b.op("cvm_right_shift", b.op("conv2d", x, w, channels=3, kernel_size=(3, 3), use_bias=False),
              shift_bit=2, precision=8)
     model = to_onnx(b.build(b.op("relu", y)), optimize=True, int8=True)
-    signed = run_passes([signed_columns], model)
+    signed = cpu.signed_columns(model)
     ops = {n.op_type: n for n in signed.graph.node}
     assert "im2col_int8" in ops and "im2col_uint8" not in ops and len(ops["MatMulInteger"].input) == 3
     assert "im2col_uint8" in {n.op_type for n in model.graph.node}  # the exported model is left as it was
@@ -205,7 +205,7 @@ def test_signed_columns_rewrites_only_matmul_operands():
     exposed.CopyFrom(model)
     cols = next(n for n in exposed.graph.node if n.op_type == "im2col_uint8").output[0]
     exposed.graph.output.add().CopyFrom(helper.make_tensor_value_info(cols, TensorProto.UINT8, [None] * 4))
-    assert "im2col_uint8" in {n.op_type for n in run_passes([signed_columns], exposed).graph.node}
+    assert "im2col_uint8" in {n.op_type for n in cpu.signed_columns(exposed).graph.node}
 
 
 def test_without_the_native_library_the_integer_form_is_refused_with_one_error():

@@ -41,15 +41,17 @@ def test_a_batched_serving_form_in_a_repository(tmp_path, capsys):
                  "--triton-repo", str(repo)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == \
         f"wrote the Triton model {repo / 'digits_cnn'}: config.pbtxt, 1/model.onnx"
-    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == [
-        "digits_cnn", "digits_cnn/1", "digits_cnn/1/model.onnx", "digits_cnn/config.pbtxt"]
-    cfg = parsed(repo / "digits_cnn" / "config.pbtxt")
     model = onnx.load(repo / "digits_cnn" / "1" / "model.onnx")
+    native = ["digits_cnn/libcvm_onnx_ops.so"] if any(n.domain == "cvm.native" for n in model.graph.node) else []
+    assert bool(native) == (library_path() is not None)  # the serving form's integer products (im2col ops)
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == sorted(
+        ["digits_cnn", "digits_cnn/1", "digits_cnn/1/model.onnx", "digits_cnn/config.pbtxt"] + native)
+    cfg = parsed(repo / "digits_cnn" / "config.pbtxt")
     assert (cfg.name, cfg.platform, cfg.max_batch_size) == ("digits_cnn", "onnxruntime_onnx", 0)
     described(cfg, model)
     assert list(cfg.input[0].dims) == [16, 1, 8, 8] and list(cfg.output[0].dims) == [16, 10]
     assert [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_CPU"]
-    assert not cfg.HasField("model_operations")
+    assert cfg.HasField("model_operations") == bool(native)
     graph = api.load(MODELS / "digits_cnn").graph  # what is served is exact
     x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:40]
     assert np.array_equal(bulk.run_many(model, x).arrays[0], bulk.run_many(graph, x).arrays[0])
