@@ -8,7 +8,7 @@ other outer axis: elementwise and broadcast ops, conv2d, dense, pooling, reducti
 and transposes that keep the leading axis, get_valid_counts per batch. The few cases where the shapes look
 right but the examples would mix (take along the batch axis, slice_like cut by an input's shape) or the batch
 would not be portable (non_max_suppression, which the runtime's CPU device runs differently for B > 1) are
-refused by name (``_refused``). Everything else that breaks the rule (a reshape folding the batch, a reduction
+refused by the op's definition (``Op.batch_refusal``). Everything else that breaks the rule (a reshape folding the batch, a reduction
 or concatenation over axis 0, ...) is refused with the node and the shapes.
 """
 from __future__ import annotations
@@ -18,20 +18,6 @@ from dataclasses import replace
 from .errors import Problem, UnsupportedError
 from .graph import Graph, Node, TensorType, shape_problem
 from .ops import REGISTRY, NodeRuleError, type_node
-
-
-def _refused(node: Node, types: list[TensorType], derived: list[bool], n: int) -> str | None:
-    """Why ``node`` cannot take a batch of ``n`` although its output shapes keep the batch axis (``types``: its
-    input types, ``derived``: which inputs are computed from an input)."""
-    a = REGISTRY[node.op].bind(node.attrs)
-    if node.op == "take" and derived[0] and (a.axis is None or a.axis % len(types[0].shape) == 0):
-        return "take indexes the flattened data or its first axis, which becomes the batch axis"
-    if node.op == "slice_like" and derived[1] and not derived[0]:
-        return "slice_like takes only the shape of the input-derived tensor: each example would get another slice"
-    if node.op == "non_max_suppression" and n > 1:
-        return ("non_max_suppression over a batch is not portable: the runtime's CPU device stops at the first "
-                "example whose valid_count is <= 0")
-    return None
 
 
 def batched(graph: Graph, n: int) -> Graph:
@@ -96,6 +82,6 @@ def _batched_op(node: Node, before: list[TensorType], types: list[TensorType], f
         if p != old.precision:
             raise _refuse(node, f"{node.op} output {k} precision {old.precision} becomes {p} with the batch")
         outs.append(_grown(node, old.shape, n, p))
-    if (why := _refused(node, types, from_input, n)) is not None:
+    if (why := REGISTRY[node.op].batch_refusal(typed.attrs, [t.shape for t in types], from_input, n)) is not None:
         raise _refuse(node, why)
     return replace(node, outputs=tuple(outs))

@@ -15,6 +15,7 @@ from onnx import helper
 
 from . import native
 from .errors import RuntimeFailure
+from .ops import REGISTRY
 
 DOMAIN = "ai.onnx.contrib"
 OP_TYPES = {"non_max_suppression": "CvmNonMaxSuppression", "get_valid_counts": "CvmGetValidCounts",
@@ -24,13 +25,11 @@ _registered = False
 
 def _kernel(name: str):
     """A PyOp body: int attributes -> the registry op's typed attributes, then its reference kernel."""
-    from . import ops
-
-    op = ops.get(name)
+    op = REGISTRY[name]
 
     def run(*xs: np.ndarray, **attrs: int):
         xs = [np.asarray(x, dtype=np.int32) for x in xs]
-        typed = {k: bool(v) if k == "force_suppress" else int(v) for k, v in attrs.items()}
+        typed = {k: bool(v) if op.attr(k).kind == "bool" else int(v) for k, v in attrs.items()}
         if name == "cvm_lut":
             typed["in_dim"] = xs[1].size
         out = op.run(op.bind(typed), xs)
@@ -46,9 +45,9 @@ def library() -> str:
 
     if not _registered:
         i32 = PyCustomOpDef.dt_int32
-        arity = {"non_max_suppression": (2, 1), "get_valid_counts": (1, 2), "cvm_lut": (2, 1)}
         for name, op_type in OP_TYPES.items():
-            n_in, n_out = arity[name]
+            op = REGISTRY[name]
+            n_in, n_out = op.arity(op.bind({}))[1], op.outputs
             attrs = {a: PyCustomOpDef.dt_int64 for a in native.ATTRS[name]}
             onnx_op(op_type=op_type, domain=DOMAIN, inputs=[i32] * n_in, outputs=[i32] * n_out,
                     attrs=attrs)(_kernel(name))

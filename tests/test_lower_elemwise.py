@@ -54,12 +54,10 @@ def test_cvm_left_shift(x, shift_bit, inline, d):
 @SETTINGS
 @given(unary(), st.integers(-(2**31 - 1), 2**31 - 1), st.integers(-(2**31 - 1), 2**31 - 1), st.booleans())
 def test_clip(x, lo, hi, inline):
-    lo, hi = min(lo, hi), max(lo, hi)
-    if lo == hi:
-        hi = lo + 1 if lo < 2**31 - 1 else hi
-        lo = hi - 1
-    if max(abs(lo), abs(hi)) >= 2**31 - 1:  # precision 33: the runtime refuses it
-        hi, lo = min(hi, 2**31 - 2), max(lo, -(2**31 - 2))
+    edge = 2**31 - 2  # |bound| = 2^31 - 1 needs precision 33: the runtime refuses it
+    lo, hi = sorted(min(max(v, -edge), edge) for v in (lo, hi))
+    if lo == hi:  # a_min < a_max (was broken by clamping -(2^31-1), -(2^31-2) to one value)
+        lo, hi = (lo, hi + 1) if hi < edge else (lo - 1, hi)
     check("clip", [x], inline, a_min=lo, a_max=hi)
 
 

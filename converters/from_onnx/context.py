@@ -23,7 +23,6 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.constants import ANY, INT32_MAX, precision_bound as bound
-from cvm_onnx.converters.to_onnx.bounds import RULES as BOUND_RULES
 from cvm_onnx.graph import VARIABLE, Entry, Node, TensorType
 from cvm_onnx.ops import REGISTRY, NodeRuleError, type_node
 from cvm_onnx.ops.registry import bits
@@ -232,12 +231,11 @@ class Importer:
         return self.params.get(node.name) if node.is_variable else None
 
     def bounds_of(self, node: Node) -> list[int]:
-        """The exporter's bounds (bounds.py) on the outputs of ``node``, from its inputs' bounds and param values."""
+        """The ops' bound rules (as the exporter's bounds.py) on the outputs of ``node``, from its inputs' bounds and param values."""
         bounds = [self.bounds[e] for e in node.inputs]
-        rule = BOUND_RULES.get(node.op)
-        found = [bounds[0]] * len(node.outputs) if rule is None else rule(
-            REGISTRY[node.op].bind(node.attrs), [self.type_of(e).shape for e in node.inputs], bounds,
-            [self.param_value(e) for e in node.inputs])
+        op = REGISTRY[node.op]
+        found = op.bound(op.bind(node.attrs), [self.type_of(e).shape for e in node.inputs], bounds,
+                         [self.param_value(e) for e in node.inputs])
         return [min(int(b), ANY) for b in found]
 
     # -- tensors ----------------------------------------------------------------------------------------------------

@@ -59,21 +59,6 @@ def entry_names(graph: Graph) -> dict[Entry, str]:
     return names
 
 
-# The runtime's names of op inputs (its op table), the functions' parameter names that viewers show. Other ops
-# take one input, data; elemwise_* and broadcast_* take lhs, rhs; concatenate takes data0, data1, ...
-INPUT_NAMES = {"conv2d": ("data", "weight", "bias"), "dense": ("data", "weight", "bias"), "take": ("data", "indices"),
-               "cvm_lut": ("indices", "table"), "slice_like": ("data", "shape_like"), "where": ("condition", "x", "y"),
-               "non_max_suppression": ("data", "valid_count")}
-
-
-def input_names(op: str, n: int) -> list[str]:
-    if op == "concatenate":
-        return [f"data{k}" for k in range(n)]
-    if op.startswith(("elemwise_", "broadcast_")):
-        return ["lhs", "rhs"]
-    return list(INPUT_NAMES.get(op, ("data",)))[:n]
-
-
 def value_info(name: str, t: TensorType, elem_type: int = TensorProto.INT32) -> onnx.ValueInfoProto:
     vi = helper.make_tensor_value_info(name, elem_type, list(t.shape))
     vi.metadata_props.add(key="cvm.precision", value=str(t.precision))
@@ -124,7 +109,7 @@ class _Exporter:
         g = self.graph
         a = REGISTRY[node.op].bind(node.attrs)
         ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
-               for name, e in zip(input_names(node.op, len(node.inputs)), node.inputs)]
+               for name, e in zip(REGISTRY[node.op].input_names_for(len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
         body, body_outs = lower(node.op, a, ins, outs)
         in_names = [self.names[e] for e in node.inputs]
@@ -196,7 +181,7 @@ class _Exporter:
         else:
             head = g.nodes[chain.head]
             ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
-                   for name, e in zip(input_names(head.op, len(head.inputs)), head.inputs)]
+                   for name, e in zip(REGISTRY[head.op].input_names_for(len(head.inputs)), head.inputs)]
             names, head_bound = [self.names[e] for e in head.inputs], self.bounds[Entry(chain.head)]
         body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound,
                                        self.int8)

@@ -29,16 +29,15 @@ from onnx import TensorProto, TypeProto
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
+from ..ops import REGISTRY
+
 DOMAIN = "cvm.native"
 VERSION = 1
 LIBRARY = "libcvm_onnx_ops.so"
 
-#: Attributes of each op with their defaults (all ONNX ints).
-ATTRS: dict[str, dict[str, int]] = {
-    "non_max_suppression": {"max_output_size": -1, "iou_threshold": 50, "force_suppress": 0, "top_k": -1},
-    "get_valid_counts": {"score_threshold": 0},
-    "cvm_lut": {},
-}
+#: The native ops and their attributes with the defaults (ONNX ints), from the ops' definitions (``native_attrs``).
+ATTRS: dict[str, dict[str, int]] = {op.name: {n: int(op.attr(n).default) for n in op.native_attrs}
+                                    for op in REGISTRY.values() if op.native_attrs is not None}
 
 
 def library_path() -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import Op, Shape, register, require
+from .registry import Op, Shape, register, require, sum_bound
 
 
 class _Broadcast(Op):
@@ -16,6 +16,7 @@ class _Broadcast(Op):
 
     family = "broadcast"
     inputs = 2
+    input_names = ("lhs", "rhs")
 
     @staticmethod
     def shape(a, lhs: Shape, rhs: Shape) -> Shape:
@@ -31,6 +32,8 @@ class _Broadcast(Op):
 
 class _Additive(_Broadcast):
     """Precision max(p0, p1) + 1."""
+
+    bound = staticmethod(sum_bound)
 
     @staticmethod
     def precision(a, precisions, shapes):
@@ -64,6 +67,7 @@ class BroadcastMul(_Broadcast):
     """x * y; precision p0 + p1."""
 
     name = "broadcast_mul"
+    bound = staticmethod(lambda a, s, b, v: [b[0] * b[1]])
 
     @staticmethod
     def precision(a, precisions, shapes):
@@ -79,6 +83,7 @@ class BroadcastMax(_Broadcast):
     """max(x, y); precision max(p0, p1)."""
 
     name = "broadcast_max"
+    bound = staticmethod(lambda a, s, b, v: [max(b)])
 
     @staticmethod
     def precision(a, precisions, shapes):
@@ -97,6 +102,7 @@ class BroadcastDiv(_Broadcast):
     """
 
     name = "broadcast_div"
+    bound = staticmethod(lambda a, s, b, v: [b[0]])
 
     @staticmethod
     def kernel(a, x, y):
@@ -111,6 +117,7 @@ class BroadcastGreater(_Broadcast):
     """x > y as 1 or 0; precision p0 (the runtime's rule, although p0 = 1 bounds only 0)."""
 
     name = "broadcast_greater"
+    bound = staticmethod(lambda a, s, b, v: [1])
 
     @staticmethod
     def kernel(a, x, y):

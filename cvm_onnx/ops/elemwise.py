@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..constants import INT32_MAX
+from ..constants import INT32_MAX, precision_bound
 from .broadcast import BroadcastAdd, BroadcastSub
-from .registry import Attr, Op, clip_to_precision, in_range, number_precision, register, require
+from .registry import Attr, Op, clip_to_precision, in_range, input_bound, number_precision, register, require
 
 
 class _Unary(Op):
     """An attribute-less op on one tensor: output shape and precision are those of the input."""
 
     family = "elemwise"
+    bound = staticmethod(input_bound)
 
 
 @register
@@ -45,6 +46,7 @@ class CvmPrecision(_Unary):
     """The bit width of each element: the smallest i >= 1 with |x| < 2^i (0, +-1 -> 1; 127 -> 7). Precision 6."""
 
     name = "cvm_precision"
+    bound = staticmethod(lambda a, s, b, v: [32])
 
     @staticmethod
     def precision(a, precisions, shapes):
@@ -90,6 +92,7 @@ class Clip(Op):
 
     name = "clip"
     family = "elemwise"
+    bound = staticmethod(lambda a, s, b, v: [max(abs(a.a_min), abs(a.a_max))])
     attrs = (
         Attr("a_min", "int", check=in_range(-INT32_MAX, INT32_MAX)),
         Attr("a_max", "int", check=in_range(-INT32_MAX, INT32_MAX)),
@@ -126,6 +129,7 @@ class CvmClip(_Requantize):
     """Symmetric clip to +-(2^(p-1)-1)."""
 
     name = "cvm_clip"
+    bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), b[0])])
     attrs = (PRECISION, IS_SIGN)
 
     @staticmethod
@@ -138,6 +142,7 @@ class CvmRightShift(_Requantize):
     """Rounding arithmetic right shift, then symmetric clip: clip(((x >> (s-1)) + 1) >> 1, p)."""
 
     name = "cvm_right_shift"
+    bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), (b[0] >> a.shift_bit) + 1)])
 
     @staticmethod
     def kernel(a, x):
@@ -162,6 +167,7 @@ class CvmLeftShift(_Requantize):
     """
 
     name = "cvm_left_shift"
+    bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), b[0] << a.shift_bit)])
 
     @staticmethod
     def precision(a, precisions, shapes):

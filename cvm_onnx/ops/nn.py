@@ -7,7 +7,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..constants import INT32_MAX
-from .registry import Attr, Op, bits, in_range, one_of, register, require
+from .registry import Attr, Op, bits, in_range, input_bound, magnitudes, one_of, register, require
 
 
 
@@ -60,6 +60,18 @@ def product_precision(name: str, precisions: list[int], reduced: int, use_bias: 
     return max(out, precisions[2]) + 1 if use_bias else out
 
 
+def product_bound(a, x: int, w: int, w_value: np.ndarray | None, b: int, b_value: np.ndarray | None,
+                  per_row: int) -> int:
+    """max over output channels of sum|w_row| * B_x + |bias|: conv2d (rows of C/g*kh*kw) and dense (rows of K)."""
+    if w_value is not None:
+        rows = np.add.reduce(magnitudes(w_value).reshape(w_value.shape[0], -1), axis=1, dtype=np.int64) * x
+    else:
+        rows = np.full(1, per_row * w * x, np.int64)
+    if a.use_bias:
+        rows = rows + (magnitudes(b_value).astype(np.int64) if b_value is not None else b)
+    return int(rows.max())
+
+
 @register
 class Conv2D(Op):
     """2-D convolution, NCHW/OIHW, groups, zero padding, dilation, optional bias; int32 accumulation.
@@ -70,6 +82,14 @@ class Conv2D(Op):
 
     name = "conv2d"
     family = "nn"
+    input_names = ("data", "weight", "bias")
+
+    @staticmethod
+    def bound(a, shapes, bounds, values):
+        w = shapes[1]
+        return [product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
+                              values[2] if a.use_bias else None, w[1] * w[2] * w[3])]
+
     attrs = (
         Attr("channels", "int"),
         Attr("kernel_size", "tuple", check=ints(2)),
@@ -135,6 +155,13 @@ class Dense(Op):
 
     name = "dense"
     family = "nn"
+    input_names = ("data", "weight", "bias")
+
+    @staticmethod
+    def bound(a, shapes, bounds, values):
+        return [product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
+                              values[2] if a.use_bias else None, shapes[1][1])]
+
     attrs = (
         Attr("units", "int", check=in_range(1, INT32_MAX)),
         Attr("use_bias", "bool", True),
@@ -177,6 +204,7 @@ class MaxPool2D(Op):
 
     name = "max_pool2d"
     family = "nn"
+    bound = staticmethod(input_bound)
     attrs = (
         Attr("pool_size", "tuple", check=ints(2)),
         Attr("strides", "tuple", (1, 1), ints(2, lo=1, hi=4096)),
@@ -220,6 +248,7 @@ class UpSampling(Op):
 
     name = "upsampling"
     family = "nn"
+    bound = staticmethod(input_bound)
     attrs = (
         Attr("scale", "int", check=in_range(1, 4096)),
         Attr("layout", "str", "NCHW", one_of("NCHW")),
@@ -243,6 +272,7 @@ class Relu(Op):
 
     name = "relu"
     family = "nn"
+    bound = staticmethod(input_bound)
 
     @staticmethod
     def kernel(a, x):

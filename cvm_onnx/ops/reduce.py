@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .registry import Attr, Op, Shape, bits, one_of, register, require
+from .registry import Attr, Op, Shape, bits, input_bound, one_of, register, require
 
 DTYPES = ("float16", "float32", "float64", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
 
@@ -94,6 +94,7 @@ class Sum(_Reduce):
     """Sum over the reduced axes; precision p_in + bits(in_size / out_size)."""
 
     name = "sum"
+    bound = staticmethod(lambda a, s, b, v: [b[0] * (prod(s[0]) // prod(Sum.infer_shapes(a, s)[0]))])
     ufunc = np.add
 
     @classmethod
@@ -106,6 +107,7 @@ class Max(_Reduce):
     """Max over the reduced axes (from 0 for the default axis=()); precision p_in."""
 
     name = "max"
+    bound = staticmethod(input_bound)
     ufunc = np.maximum
 
     @classmethod

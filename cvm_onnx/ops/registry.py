@@ -103,6 +103,15 @@ class Op:
     inputs: ClassVar[int | Callable[[Attrs], tuple[int, int]]] = 1
     outputs: ClassVar[int] = 1
     doc: ClassVar[str] = ""
+    #: The runtime's names of the inputs (its op table); the exported functions' parameter names.
+    input_names: ClassVar[tuple[str, ...]] = ("data",)
+    #: For an op run by the native custom-op library (cvm_onnx/native): the attributes its native op takes, as
+    #: ONNX ints with the defaults above; None for the others.
+    native_attrs: ClassVar[tuple[str, ...] | None] = None
+    #: ``bound(a, shapes, bounds, values) -> [B_k]``: a bound on |y_k| for each output from the inputs' shapes,
+    #: their bounds and, for a param, its value (else None); the exporter's lowerings rely on it
+    #: (converters/to_onnx/bounds.py). Every op states one.
+    bound: ClassVar[Callable[..., list[int]] | None] = None
 
     # -- attribute handling -------------------------------------------------------------------------------
     @classmethod
@@ -154,6 +163,21 @@ class Op:
     def warnings(a: Attrs, shapes: list[Shape], precisions: list[int]) -> list[str]:
         """Patterns the runtime's CPU and FORMAL devices compute differently (the model is not portable)."""
         return []
+
+    @staticmethod
+    def batch_refusal(a: Attrs, shapes: list[Shape], derived: list[bool], n: int) -> str | None:
+        """Why the op cannot take a batch of ``n`` although its output shapes keep the batch axis (``derived``:
+        which inputs are computed from the model's input), or None (cvm_onnx/batch.py)."""
+        return None
+
+    @classmethod
+    def input_names_for(cls, n: int) -> list[str]:
+        """The names of ``n`` inputs."""
+        return list(cls.input_names)[:n]
+
+    @classmethod
+    def attr(cls, name: str) -> Attr:
+        return next(a for a in cls.attrs if a.name == name)
 
     # -- uniform access (lists, whatever the output count) ------------------------------------------------
     @classmethod
@@ -231,6 +255,16 @@ def type_node(op: str, attrs: dict[str, Any], types: Sequence[TensorType | None]
 
 
 # -- helpers shared by op definitions ------------------------------------------------------------------------
+def input_bound(a: Attrs, shapes: list[Shape], bounds: list[int], values: list) -> list[int]:
+    """The bound of an op whose output holds values of its first input, moved or selected (or smaller)."""
+    return [bounds[0]]
+
+
+def sum_bound(a: Attrs, shapes: list[Shape], bounds: list[int], values: list) -> list[int]:
+    """The bound of a sum of two inputs."""
+    return [bounds[0] + bounds[1]]
+
+
 def bits(n: int) -> int:
     """Number of binary digits of n (the runtime's GetReduceSumBit): 1->1, 2..3->2, 4..7->3."""
     return int(n).bit_length()

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .registry import Attr, Op, in_range, register, require
+from .registry import Attr, Op, in_range, input_bound, register, require
 
 ANY_COUNT = 2**31 - 1  # the runtime's kVarg: no upper bound on the input count
 
@@ -33,6 +33,7 @@ class ExpandDims(Op):
 
     name = "expand_dims"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("axis", "int"), Attr("num_newaxis", "int", 1, in_range(1, 4096)))
 
     @staticmethod
@@ -52,6 +53,7 @@ class Flatten(Op):
 
     name = "flatten"
     family = "transform"
+    bound = staticmethod(input_bound)
 
     @staticmethod
     def shape(a, s):
@@ -74,6 +76,7 @@ class Reshape(Op):
 
     name = "reshape"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("shape", "tuple"),)
 
     @staticmethod
@@ -136,6 +139,7 @@ class Squeeze(Op):
 
     name = "squeeze"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("axis", "tuple", ()),)
 
     @staticmethod
@@ -169,6 +173,7 @@ class Transpose(Op):
 
     name = "transpose"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("axes", "tuple", ()),)
 
     @staticmethod
@@ -208,6 +213,7 @@ class StridedSlice(Op):
 
     name = "strided_slice"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("begin", "tuple", (0,)), Attr("end", "tuple", (1,)), Attr("stride", "tuple", ()))
 
     @staticmethod
@@ -234,6 +240,7 @@ class Repeat(Op):
 
     name = "repeat"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("repeats", "int", check=_positive), Attr("axis", "int", 0))
 
     @staticmethod
@@ -255,6 +262,7 @@ class Tile(Op):
 
     name = "tile"
     family = "transform"
+    bound = staticmethod(input_bound)
     attrs = (Attr("reps", "tuple", (0,)),)
 
     @staticmethod
@@ -279,6 +287,15 @@ class Take(Op):
 
     name = "take"
     family = "transform"
+    input_names = ("data", "indices")
+
+    @staticmethod
+    def batch_refusal(a, shapes, derived, n):
+        if derived[0] and (a.axis is None or a.axis % len(shapes[0]) == 0):
+            return "take indexes the flattened data or its first axis, which becomes the batch axis"
+        return None
+
+    bound = staticmethod(input_bound)
     attrs = (Attr("axis", "optional_int", None),)
     inputs = 2
 
@@ -306,6 +323,9 @@ class CvmLut(Op):
 
     name = "cvm_lut"
     family = "transform"
+    input_names = ("indices", "table")
+    native_attrs = ()  # in_dim is the table's size
+    bound = staticmethod(lambda a, s, b, v: [b[1]])
     attrs = (Attr("in_dim", "int"),)
     inputs = 2
 
@@ -346,6 +366,15 @@ class SliceLike(Op):
 
     name = "slice_like"
     family = "transform"
+    input_names = ("data", "shape_like")
+
+    @staticmethod
+    def batch_refusal(a, shapes, derived, n):
+        if derived[1] and not derived[0]:
+            return "slice_like takes only the shape of the input-derived tensor: each example would get another slice"
+        return None
+
+    bound = staticmethod(input_bound)
     attrs = (Attr("axis", "tuple", ()),)
     inputs = 2
 
@@ -367,6 +396,12 @@ class Concatenate(Op):
 
     name = "concatenate"
     family = "transform"
+    bound = staticmethod(lambda a, s, b, v: [max(b)])
+
+    @classmethod
+    def input_names_for(cls, n):
+        return [f"data{k}" for k in range(n)]
+
     attrs = (Attr("axis", "int", 1),)
     inputs = staticmethod(lambda a: (1, ANY_COUNT))
 
@@ -399,6 +434,8 @@ class Where(Op):
 
     name = "where"
     family = "transform"
+    input_names = ("condition", "x", "y")
+    bound = staticmethod(lambda a, s, b, v: [max(b[1], b[2])])
     inputs = 3
 
     @staticmethod

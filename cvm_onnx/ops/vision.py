@@ -25,6 +25,8 @@ class GetValidCounts(Op):
 
     name = "get_valid_counts"
     family = "vision"
+    native_attrs = ("score_threshold",)
+    bound = staticmethod(lambda a, s, b, v: [s[0][1], max(b[0], 1)])
     attrs = (Attr("score_threshold", "int", 0),)
     outputs = 2
 
@@ -84,6 +86,17 @@ class NonMaxSuppression(Op):
 
     name = "non_max_suppression"
     family = "vision"
+    input_names = ("data", "valid_count")
+    native_attrs = ("max_output_size", "iou_threshold", "force_suppress", "top_k")
+    bound = staticmethod(lambda a, s, b, v: [max(b[0], 1)])
+
+    @staticmethod
+    def batch_refusal(a, shapes, derived, n):
+        if n > 1:
+            return ("non_max_suppression over a batch is not portable: the runtime's CPU device stops at the first "
+                    "example whose valid_count is <= 0")
+        return None
+
     attrs = (
         Attr("max_output_size", "int", -1),
         Attr("iou_threshold", "int", 50, in_range(1, INT32_MAX)),
