@@ -191,3 +191,15 @@ def test_missing_native_library_warns_once_in_one_line(tmp_path, capsys, monkeyp
     assert [line for line in err if "native" in line or "Warning" in line] == [
         "warning: the native custom-op library was not built with this install (see docs/custom_ops.md); the "
         "cvm.native ops run through the slow pure-Python fallback"]
+
+
+def test_view_checks_the_file_format_first(tmp_path):
+    """Netron is not started on a file that is not an ONNX model."""
+    pytest.importorskip("netron")
+    from cvm_onnx.errors import FormatError
+    from cvm_onnx.view import served
+
+    (tmp_path / "random.onnx").write_bytes(np.random.default_rng(1).bytes(500))
+    with pytest.raises(FormatError) as e, served(tmp_path / "random.onnx"):
+        pass
+    assert str(e.value).startswith(f"{tmp_path / 'random.onnx'}: not an ONNX model")
