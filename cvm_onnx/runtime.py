@@ -46,6 +46,11 @@ ModelLike = onnx.ModelProto | bytes | str | os.PathLike
 
 
 @cache
+def one_line(e: Exception) -> str:
+    """onnxruntime's message on one line (it breaks some over several)."""
+    return " ".join(str(e).split())
+
+
 def check_onnxruntime() -> None:
     """Raise ``RuntimeFailure`` unless the installed onnxruntime loads opset ``OPSET``, IR ``IR_VERSION`` models."""
     x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
@@ -56,7 +61,8 @@ def check_onnxruntime() -> None:
         ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cpu"]])
     except Exception as e:
         raise RuntimeFailure(f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version "
-                             f"{IR_VERSION}, which cvm-onnx writes; install onnxruntime >= 1.20 ({e})") from None
+                             f"{IR_VERSION}, which cvm-onnx writes; install onnxruntime >= 1.20 "
+                             f"({one_line(e)})") from None
 
 
 def usable_cpus() -> int:
@@ -151,7 +157,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     try:
         sess = ort.InferenceSession(proto.SerializeToString(), so, providers=providers)
     except Exception as e:
-        raise RuntimeFailure(f"onnxruntime refused the model: {e}") from None
+        raise RuntimeFailure(f"onnxruntime refused the model: {one_line(e)}") from None
     if provider == "cuda" and PROVIDERS["cuda"] not in sess.get_providers():
         raise RuntimeFailure(f"onnxruntime could not start CUDAExecutionProvider (the session has "
                              f"{', '.join(sess.get_providers())}); check the CUDA and cuDNN libraries")
@@ -164,8 +170,8 @@ def run(model: ModelLike | ort.InferenceSession, inputs: dict[str, np.ndarray], 
     sess = model if isinstance(model, ort.InferenceSession) else session(model, provider, native)
     try:
         return sess.run(None, inputs)
-    except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types; the message on one line)
-        raise RuntimeFailure(f"onnxruntime failed to run the model: {' '.join(str(e).split())}") from None
+    except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
+        raise RuntimeFailure(f"onnxruntime failed to run the model: {one_line(e)}") from None
 
 
 def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",

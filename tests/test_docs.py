@@ -55,7 +55,8 @@ def test_readme_step_by_step_commands_succeed(in_tmp, capsys):
                for f in ["digits.onnx", "report.md", "out.npz", "ref.npz", "served.onnx", "logits.npy", "digits_back"])
     assert "exact: 1 output(s) (dense)" in capsys.readouterr().out
     for name in ("symbol", "params"):
-        assert (in_tmp / "out" / "digits_back" / name).read_bytes() == (ROOT / "models" / "digits_cnn" / name).read_bytes()
+        back, source = in_tmp / "out" / "digits_back" / name, ROOT / "models" / "digits_cnn" / name
+        assert back.read_bytes() == source.read_bytes()
 
 
 def options(p) -> dict[str, list[tuple[str, ...]]]:
