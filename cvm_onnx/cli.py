@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import api
+from . import api, native
 from .bulk import CHUNK
 from .errors import CVMError, FormatError, RuntimeFailure
 from .format.model_dir import replace_file
@@ -89,6 +89,9 @@ def cmd_info(args) -> int:
     say("ops:")
     for op, n in g.op_counts().items():
         say(f"  {op:<22}{n:>6}")
+    if native_ops := sorted(set(g.op_counts()) & set(native.ATTRS)):
+        say(f"native ops: {', '.join(native_ops)}: on onnxruntime they run in the custom-op library; "
+            f"{native.status()}")
     _warn(model.warnings)
     return 0
 

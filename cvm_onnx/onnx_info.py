@@ -49,8 +49,7 @@ def describe(model: onnx.ModelProto) -> list[str]:
     if not ops:
         lines.append("native ops: none (plain onnxruntime runs it, no custom-op library needed)")
         return lines
-    path = native.library_path()
     lines.append(f"native ops ({native.DOMAIN}): {', '.join(ops)}: onnxruntime needs the custom-op library "
                  f"{native.LIBRARY}: SessionOptions().register_custom_ops_library(path)")
-    lines.append(f"  path: {path}" if path else f"  {native.status()}")
+    lines.append(f"  {native.status()}")
     return lines

@@ -59,9 +59,17 @@ def test_info_on_an_exported_model(name, exported, capsys):
                    if n.domain == "cvm.native"})
     if used:
         assert any(line.startswith(f"native ops (cvm.native): {', '.join(used)}:") for line in out)
-        assert f"  path: {native.library_path()}" in out or native.library_path() is None
+        assert out[-1] == f"  {native.status()}" and (native.library_path() or "not built") in out[-1]
     else:
         assert any(line.startswith("native ops: none") for line in out)
+
+
+def test_info_on_a_cvm_model_with_native_ops_reports_the_library(capsys):
+    code, out, _ = run(capsys, "info", MODELS / "detection")
+    assert code == 0 and out[-1].startswith("native ops: get_valid_counts, non_max_suppression: ")
+    assert out[-1].endswith(native.status())
+    code, out, _ = run(capsys, "info", MODELS / "digits_cnn")
+    assert code == 0 and not any("native" in line for line in out)
 
 
 def test_info_on_the_serving_form(exported, capsys):
