@@ -46,8 +46,8 @@ class _Actor:
 def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
                address: str | None = None, actors: int | None = None, chunk: int = CHUNK, provider: str = "cpu",
                runtime_env: dict[str, Any] | None = None, progress: Progress | None = None) -> Output:
-    """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU and one
-    onnxruntime thread each, ``chunk`` samples per task, ``runtime_env`` theirs (how cvm-onnx reaches them
+    """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU (and one GPU
+    for ``provider="cuda"``) and one onnxruntime thread each, ``chunk`` samples per task, ``runtime_env`` theirs (how cvm-onnx reaches them
     when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
     started on this machine with ``ray start``, else a new local one)."""
@@ -78,6 +78,7 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
             warnings.simplefilter("ignore", DeprecationWarning)  # replacement; its defaults retry forever
             results = ray.data.from_arrow_refs(blocks).map_batches(
                 _Actor, fn_constructor_args=(p,), batch_size=chunk, batch_format="numpy", num_cpus=1,
+                num_gpus=1 if provider == "cuda" else None,
                 compute=ActorPoolStrategy(size=pool), runtime_env=runtime_env, max_restarts=RETRIES,
                 max_task_retries=RETRIES)
         done = 0
