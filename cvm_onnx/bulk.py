@@ -42,7 +42,7 @@ from .graph import Graph
 Progress = Callable[[int, int, str], None]
 ModelArg = Graph | onnx.ModelProto
 CHUNK = 64
-"""Samples per unit of work by default: the batch size measured fastest for ResNet-20 (README, Performance)."""
+"""Samples per unit of work by default, the batch of the README's batched ResNet-20 figures."""
 
 
 # -- samples ------------------------------------------------------------------------------------------------------

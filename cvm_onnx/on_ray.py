@@ -51,6 +51,8 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
     started on this machine with ``ray start``, else a new local one)."""
+    if actors is not None and actors < 1:
+        raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
     ray = _ray()
     from ray.data import ActorPoolStrategy, DataContext
     from ray.data.extensions import ArrowTensorArray
