@@ -39,6 +39,15 @@ def test_without_the_extra_ray_says_how_to_install_it(tmp_path, monkeypatch, cap
     assert not (tmp_path / "o.npy").exists()
 
 
+def test_sizes_below_one_are_refused():
+    graph = api.load(ROOT / "models" / "digits_cnn").graph
+    x = np.zeros((3, 1, 1, 8, 8), np.int8)
+    with pytest.raises(RuntimeFailure, match="the number of actors must be >= 1, got 0"):
+        run_on_ray(graph, x, actors=0)
+    with pytest.raises(RuntimeFailure, match="the chunk size must be >= 1, got 0"):
+        run_on_ray(graph, x, chunk=0)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray instance for the tests that use it: 2 CPUs, a small object store, no dashboard, no external
