@@ -133,6 +133,7 @@ class Importer:
         self._named: dict[str, Entry] = {}  # the same, by the name of the ONNX tensor they come from
         self.base = ""  # name of the ONNX node being imported: the default name of the CVM nodes it becomes
         self.base_dir: Path | None = None  # the model's directory (external data)
+        self.requants: list = []  # the requantizations of the quantized front (quantized.Requant), for the report
 
     # -- names and types ------------------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:

@@ -22,13 +22,26 @@ from cvm_onnx.graph import Entry, Graph
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.validate import validate
 
-from . import elemwise, nn, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
+from cvm_onnx.format.edges import Edge, Edges
+
+from . import elemwise, nn, quantized, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
 from .checks import checked_order, tensor_array
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
-from .registry import RULES, NodeView, Refuse
+from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 PRECISION_KEY = "cvm.precision"
 INPUT_NAME = "data"
+
+
+@dataclass
+class Imported:
+    """An import: the validated graph; for a quantized model its float edges and requantizations; which CVM
+    nodes each ONNX node (``name (OpType)``) became."""
+
+    graph: Graph
+    edges: Edges | None
+    requants: list[quantized.Requant]
+    origins: list[tuple[str, list[str]]]
 
 
 @dataclass
@@ -69,6 +82,10 @@ class _Walk:
             if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
                 self.shapes[vi.name] = tuple(d.dim_value for d in dims)
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
+        self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
+        self.input_edge: Edge | None = None
+        self.output_edges: list[Edge | None] = []
+        self.origins: list[tuple[str, list[str]]] = []
 
     def problem(self, where: str, rule: str) -> None:
         self.problems.append(Problem(where, rule))
@@ -84,7 +101,7 @@ class _Walk:
             return None
 
     # -- the walk ---------------------------------------------------------------------------------------------------
-    def run(self) -> Graph:
+    def run(self) -> Imported:
         units = []
         for u in self.units():
             if self.supported(u):
@@ -104,8 +121,10 @@ class _Walk:
                 self.problem(name, str(e))
         if self.problems:
             raise UnsupportedError(self.problems)
-        graph = Graph(self.ctx.nodes, heads, self.ctx.params)
-        return validate(graph, inputs=tuple(inputs)).graph
+        graph = validate(Graph(self.ctx.nodes, heads, self.ctx.params), inputs=tuple(inputs)).graph
+        quantized_edges = self.input_edge is not None or any(e is not None for e in self.output_edges)
+        edges = Edges(self.input_edge, tuple(self.output_edges)) if quantized_edges else None
+        return Imported(graph, edges, self.ctx.requants, self.origins)
 
     def units(self) -> list[Unit]:
         """Nodes in topological order; the nodes of a flat-form group become one unit at its last member."""
@@ -139,7 +158,7 @@ class _Walk:
             return True
         n = u.nodes[0]
         domain = _domain(n.domain)
-        r = RULES.get((domain, n.op_type))
+        r = RULES.get((domain, n.op_type)) or FLOAT_RULES.get((domain, n.op_type))
         if r is None:
             self.problem(u.where, f"no CVM op for ONNX {domain + '::' if domain else ''}{n.op_type}")
             return False
@@ -157,23 +176,41 @@ class _Walk:
         for v in vis:
             tt = v.type.tensor_type
             dims = tt.shape.dim
+            edge = None
             if tt.elem_type not in INT_RANGES:
-                self.problem(v.name, f"input of non-integer type {type_name(tt.elem_type)}")
-                continue
+                edge = quantized.input_edge(self.graph, v.name, self.constants())
+                if isinstance(edge, str):
+                    self.problem(v.name, f"input of type {type_name(tt.elem_type)}: {edge}")
+                    continue
             if not tt.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
                 self.problem(v.name, "input needs a static shape (every dim known and > 0)")
                 continue
             p = self.precision(v.name) or self.precision(f"{v.name}:clamped") or self.input_precision
+            if edge is not None:
+                p = quantized.input_precision(edge.dtype)
             if not 1 <= p <= 32:
                 self.problem(v.name, f"input precision {p} must lie in [1, 32]")
                 continue
             shape = tuple(d.dim_value for d in dims)
             e = self.ctx.variable(INPUT_NAME if len(vis) == 1 else v.name, cvm_shape(shape), p)
-            lo, hi = INT_RANGES[tt.elem_type]
-            self.tensors[v.name] = Tensor(tt.elem_type, shape, max(lo, -bound(p)), min(hi, bound(p)), e)
             names.append(self.ctx.nodes[e.node].name)
+            if edge is None:
+                lo, hi = INT_RANGES[tt.elem_type]
+                self.tensors[v.name] = Tensor(tt.elem_type, shape, max(lo, -bound(p)), min(hi, bound(p)), e)
+                continue
+            lo, hi = INT_RANGES[edge.dtype]  # the integer input saturates as QuantizeLinear does
+            self.ctx.base = f"{v.name}:saturated"
+            q = Tensor(edge.dtype, shape, lo, hi, self.ctx.emit("clip", e, a_min=lo, a_max=hi))
+            for n in edge.nodes:
+                self.replaced.add(id(n))
+                self.tensors[n.output[0]] = q
+            self.input_edge = Edge(names[-1], type_name(edge.dtype), edge.scale, edge.zero)
         self.failed.update(v.name for v in vis if v.name not in self.tensors)
         return names
+
+    def constants(self) -> dict[str, np.ndarray]:
+        """The initializers' values (the float input's QuantizeLinear reads its scale from them)."""
+        return {t.name: tensor_array(t, self.base_dir) for t in self.graph.initializer}
 
     def initializers(self) -> None:
         for t in self.graph.initializer:
@@ -195,16 +232,25 @@ class _Walk:
                     self.problem(u.where, f"consumes {x!r}, an inner tensor of a flat-form CVM node")
             self.failed.update(o for n in u.nodes for o in n.output)
             return
+        if id(u.nodes[0]) in self.replaced:
+            return
         self.ctx.base = u.name
+        first = len(self.ctx.nodes)
         try:
             if u.group is not None:
                 outs = roundtrip.import_group(self.ctx, u.name, u.nodes, self.tensors, self.shapes)
             else:
                 n = u.nodes[0]
-                r = RULES[(_domain(n.domain), n.op_type)]
+                key = (_domain(n.domain), n.op_type)
                 ins = [self.tensors[x] if x else None for x in n.input]
+                if any(isinstance(x, quantized.Real) for x in ins):
+                    if key not in FLOAT_RULES:
+                        raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
+                    r = FLOAT_RULES[key]
+                else:
+                    r = RULES.get(key) or FLOAT_RULES[key]
                 out = r.fn(self.ctx, NodeView(n, u.name, self.opsets[_domain(n.domain)]), *ins)
-                out = [out] if isinstance(out, Tensor) else list(out)
+                out = [out] if isinstance(out, (Tensor, *quantized.Real)) else list(out)
                 outs = {name: t for name, t in zip(n.output, out) if name}
                 for k, name in enumerate(n.output):
                     if name and (k >= len(out) or out[k] is None) and name in self.consumed:
@@ -215,7 +261,9 @@ class _Walk:
             return
         for name, t in outs.items():
             if t is not None:
-                self.tensors[name] = replace(t, name=name) if t.is_const and t.name is None else t
+                self.tensors[name] = replace(t, name=name) if isinstance(t, Tensor) and t.is_const and \
+                    t.name is None else t
+        self.origins.append((u.where, [n.name for n in self.ctx.nodes[first:]]))
 
     def heads(self) -> list[Entry]:
         heads = []
@@ -225,10 +273,57 @@ class _Walk:
                 continue  # its producer was refused and reported
             self.ctx.base = o.name
             try:
+                edge = None
+                if isinstance(t, quantized.Real):
+                    t, scale, zero = quantized.output_edge(t)
+                    edge = Edge(o.name, type_name(t.dtype), scale, zero)
                 heads.append(self.ctx.entry(t))
+                self.output_edges.append(edge)
             except Refuse as e:
                 self.problem(o.name, str(e))
         return heads
+
+
+def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
+    """``model`` with ``outputs`` as its outputs and only the nodes they need (``--outputs``)."""
+    produced = {o: n for n in model.graph.node for o in n.output if o}
+    known = produced.keys() | {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer}
+    missing = [name for name in outputs if name not in known]
+    if missing:
+        raise UnsupportedError([Problem(name, "no tensor of this name to cut the graph at") for name in missing])
+    needed, todo = set(), list(outputs)
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        if name in produced:
+            todo.extend(x for x in produced[name].input if x)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(n for n in model.graph.node if any(o in needed for o in n.output))
+    infos = {v.name: v for v in [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+    del out.graph.output[:]
+    out.graph.output.extend(infos[name] if name in infos else onnx.ValueInfoProto(name=name) for name in outputs)
+    inputs = [v for v in model.graph.input if v.name in needed]
+    del out.graph.input[:]
+    out.graph.input.extend(inputs)
+    return out
+
+
+def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str | os.PathLike | None = None,
+                 outputs: list[str] | None = None) -> Imported:
+    """``from_onnx`` with what a report and a model directory need besides the graph (``Imported``).
+    ``outputs``: cut the graph at these tensors (they become the outputs)."""
+    if not 1 <= input_precision <= 32:
+        raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
+    if any(p.key == "cvm.optimized" for p in model.metadata_props):
+        raise UnsupportedError("this is the exporter's serving form (--optimize), whose fused nodes do not map back "
+                               "to CVM ops; import the model converted without --optimize")
+    if outputs:
+        model = cut(model, outputs)
+    return _Walk(model, input_precision, None if base_dir is None else Path(base_dir)).run()
 
 
 def from_onnx(model: onnx.ModelProto, input_precision: int = 8,
@@ -241,9 +336,4 @@ def from_onnx(model: onnx.ModelProto, input_precision: int = 8,
     ``FormatError`` for an unsafe or malformed model and ``UnsupportedError`` listing every node without an
     exact CVM form.
     """
-    if not 1 <= input_precision <= 32:
-        raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
-    if any(p.key == "cvm.optimized" for p in model.metadata_props):
-        raise UnsupportedError("this is the exporter's serving form (--optimize), whose fused nodes do not map back "
-                               "to CVM ops; import the model converted without --optimize")
-    return _Walk(model, input_precision, None if base_dir is None else Path(base_dir)).run()
+    return import_model(model, input_precision, base_dir).graph

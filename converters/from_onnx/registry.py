@@ -26,16 +26,19 @@ class Rule:
 
 
 RULES: dict[tuple[str, str], Rule] = {}
+#: The rules of float ops applied to dequantized values (an input is a ``quantized.Real``): the quantized front.
+FLOAT_RULES: dict[tuple[str, str], Rule] = {}
 
 
-def rule(*op_types: str, since: int = 7, domain: str = "") -> Callable:
+def rule(*op_types: str, since: int = 7, domain: str = "", table: dict | None = None) -> Callable:
     """Register ``fn`` as the import rule of each ONNX ``op_types`` in ``domain`` (opset ``since`` and later)."""
+    table = RULES if table is None else table
 
     def deco(fn):
         for op in op_types:
-            if (domain, op) in RULES:
+            if (domain, op) in table:
                 raise ValueError(f"import rule of {domain or 'ai.onnx'}::{op} defined twice")
-            RULES[(domain, op)] = Rule(op, fn, since)
+            table[(domain, op)] = Rule(op, fn, since)
         return fn
 
     return deco
@@ -48,6 +51,11 @@ _KINDS = {"int": (AttributeProto.INT,), "ints": (AttributeProto.INTS,), "float":
 
 def attr_type_name(t: int) -> str:
     return AttributeProto.AttributeType.Name(t) if t in AttributeProto.AttributeType.values() else f"type {t}"
+
+
+def float_rule(*op_types: str, since: int = 7, domain: str = "") -> Callable:
+    """Register ``fn`` as the rule of float ``op_types`` whose inputs include dequantized values."""
+    return rule(*op_types, since=since, domain=domain, table=FLOAT_RULES)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Iterable
 
 from ..errors import FormatError, Problem
 from ..graph import Graph
+from .edges import FILE as EDGES, Edges
 from .params import read_params, write_params
 from .symbol import read_symbol, write_symbol
 
@@ -100,9 +101,11 @@ def replace_file(path: Path, data: bytes | Iterable[bytes]) -> None:
     replace_files({path: data})
 
 
-def write_model(graph: Graph, directory: str | os.PathLike, symbol: str | None = None) -> None:
+def write_model(graph: Graph, directory: str | os.PathLike, symbol: str | None = None,
+                edges: Edges | None = None) -> None:
     """Write ``symbol`` and ``params`` into ``directory`` (created if needed), both replaced together: a failure
-    leaves the old files (and no new directory).
+    leaves the old files (and no new directory). ``edges``: the float edges of a quantized import, written as
+    ``quantization.json`` with them; without them, an old ``quantization.json`` is removed (a plain model).
 
     ``symbol``: the source's symbol text, written as it is (the caller has checked that it describes ``graph``),
     with the params in their order and stored types. Without it the runtime writer's symbol is written and params
@@ -116,7 +119,12 @@ def write_model(graph: Graph, directory: str | os.PathLike, symbol: str | None =
     fresh = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        replace_files({directory / SYMBOL: text, directory / PARAMS: data})
+        files = {directory / SYMBOL: text, directory / PARAMS: data}
+        if edges is not None:
+            files[directory / EDGES] = edges.to_bytes()
+        replace_files(files)
+        if edges is None:
+            (directory / EDGES).unlink(missing_ok=True)
     except BaseException as e:
         if fresh and directory.is_dir() and not any(directory.iterdir()):
             directory.rmdir()

@@ -1,0 +1,857 @@
+"""The quantized front: models written by onnxruntime.quantization (QDQ and QOperator forms) as integer CVM ops.
+
+Every float tensor between a DequantizeLinear and a QuantizeLinear is held exactly, as integers with a rational
+scale (``Real``): ``Scaled`` (t - zero) * scale, with t a CVM integer tensor and scale, zero scalars or arrays
+broadcast over it (per channel); ``Summed``, a sum of those (an Add of tensors of different scales); ``Mapped``,
+a float function of a ``Scaled`` (Sigmoid, Tanh, ...). DequantizeLinear makes a ``Scaled`` of its integer input
+and emits nothing. Float ops on ``Real`` values are integer ops: Conv/MatMul/Gemm accumulate in int32 at scale
+s_x * s_w, MaxPool/Reshape/... run the integer rules on t, Relu is max(t, zero). QuantizeLinear requantizes a
+``Real`` into its integer type (``requant.plan``: multiply, cvm_right_shift, saturation as clip); a ``Mapped``
+becomes a cvm_lut table over its input's integers. A QOperator node is the same composition
+(QLinearConv = QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w)))). See docs/import.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from . import nn, transform
+from .context import INT_RANGES, Tensor, bound, const, cvm_shape, tight, type_name
+from .elemwise import broadcast_shape
+from .registry import FLOAT_RULES, RULES, Refuse, float_rule, rule
+from .requant import NoPlan, Plan, plan
+
+INT32 = TensorProto.INT32
+QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
+MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
+MS = "com.microsoft"
+
+
+# -- values -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Scaled:
+    """The float tensor (t - zero) * scale; scale (Fractions > 0) and zero (ints) broadcast over t. ``clip``: a
+    Clip to real bounds deferred to the QuantizeLinear that follows (monotone rounding commutes with it)."""
+
+    t: Tensor
+    scale: np.ndarray
+    zero: np.ndarray
+    clip: tuple[Fraction | None, Fraction | None] = (None, None)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.t.shape
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.scale.size == 1 and self.zero.size == 1
+
+
+@dataclass(frozen=True, eq=False)
+class Summed:
+    """sum_i terms_i: an Add of ``Scaled`` tensors of different scales, computed exactly by QuantizeLinear."""
+
+    terms: tuple[Scaled, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Mapped:
+    """fn(x) for a float elementwise ``fn`` (float64 numpy), made a table over x's integers by QuantizeLinear."""
+
+    x: Scaled
+    fn: Callable[[np.ndarray], np.ndarray]
+    what: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+
+Real = (Scaled, Summed, Mapped)
+
+
+@dataclass(frozen=True)
+class Requant:
+    """One requantization, for the report: the ONNX node, the ratios M, the plan (or M == 1: none)."""
+
+    node: str
+    ratios: tuple[float, ...]
+    plan: Plan | None
+
+
+def fractions(value: np.ndarray) -> np.ndarray:
+    return np.array([Fraction(float(v)) for v in value.flat], dtype=object).reshape(value.shape)
+
+
+def along(value: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A per-axis 1-D array shaped to broadcast along ``axis`` of a rank-``rank`` tensor (a scalar as is)."""
+    if value.size == 1:
+        return value.reshape(())
+    return value.reshape((-1,) + (1,) * (rank - 1 - axis))
+
+
+def scale_of(t: Tensor | None, what: str) -> np.ndarray:
+    """A constant scale as Fractions; refused when computed at run time, or zero, negative or not finite."""
+    if t is None:
+        raise Refuse(f"{what} is missing")
+    if not t.is_const:
+        raise Refuse(f"{what} is computed at run time: CVM needs constant scales")
+    v = np.asarray(t.value, np.float64)
+    bad = v[~(np.isfinite(v) & (v > 0))]
+    if bad.size:
+        raise Refuse(f"{what} {bad.reshape(-1)[0]} must be finite and > 0")
+    return fractions(np.asarray(t.value))
+
+
+def zero_of(t: Tensor | None, dtype: int, what: str) -> np.ndarray:
+    """A constant zero point (0 if omitted) within the range of the quantized type ``dtype``."""
+    if t is None:
+        return np.zeros((), np.int64)
+    if not t.is_const:
+        raise Refuse(f"{what} is computed at run time: CVM needs constant zero points")
+    v = np.asarray(t.value)
+    if v.dtype.kind not in "iub":
+        raise Refuse(f"{what} of type {type_name(t.dtype)} is not an integer")
+    lo, hi = INT_RANGES.get(dtype, (0, 0))
+    if v.size and (v.min() < lo or v.max() > hi):
+        raise Refuse(f"{what} {int(v.min()) if v.min() < lo else int(v.max())} lies outside {type_name(dtype)} "
+                     f"[{lo}, {hi}]")
+    return v.astype(np.int64)
+
+
+def axis_of(node, rank: int, size: int) -> int:
+    axis = node.attr("axis", 1)
+    if size > 1 and not -rank <= axis < rank:
+        raise Refuse(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def per_tensor(x: Scaled, what: str) -> Scaled:
+    if not x.per_tensor:
+        raise Refuse(f"{what} needs a per-tensor scale and zero point")
+    if x.clip != (None, None):
+        raise Refuse(f"a Clip off the quantization grid must be followed by QuantizeLinear, not {what}")
+    return x
+
+
+def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
+    """``x`` as a ``Scaled``, or why it has no integer form here."""
+    if isinstance(x, Scaled):
+        if x.clip != (None, None) and not clipped_ok:
+            raise Refuse(f"a Clip off the quantization grid must be followed by QuantizeLinear, not {what}")
+        return x
+    if isinstance(x, Tensor):
+        raise Refuse(f"{what} is a float tensor that no DequantizeLinear produced: it has no integer form")
+    raise Refuse(f"{what} ({'a sum' if isinstance(x, Summed) else x.what}) must be quantized (QuantizeLinear) first")
+
+
+def as_int32(t: Tensor) -> Tensor:
+    return replace(t, dtype=INT32, name=None) if not t.is_const else const(t.value.astype(np.int64), INT32)
+
+
+def minus_zero(ctx, x: Scaled) -> Tensor:
+    """t - zero as an int32 tensor (a constant one folded)."""
+    t, z = x.t, x.zero
+    if not z.any():
+        return as_int32(t)
+    if t.is_const:
+        return const(t.value.astype(np.int64) - z, INT32)
+    zc = const(z.astype(np.int32), INT32)
+    return ctx.result(ctx.op("broadcast_sub", as_int32(t), zc), INT32, t.lo - int(z.max()), t.hi - int(z.min()),
+                      broadcast_shape(t, zc))
+
+
+# -- DequantizeLinear and QuantizeLinear ------------------------------------------------------------------------
+def dequantize(node, x, s: Tensor | None, z: Tensor | None, axis: int | None = None) -> Scaled:
+    if isinstance(x, Real) or x.dtype not in (*QUANTIZED_TYPES, INT32):
+        raise Refuse(f"DequantizeLinear of {'a float value' if isinstance(x, Real) else type_name(x.dtype)}: "
+                     f"CVM takes int8, uint8, int16, uint16 or int32")
+    if node is not None and node.attr("block_size", 0):
+        raise Refuse("blocked quantization (block_size) has no CVM form")
+    scale = scale_of(s, "x_scale")
+    zero = zero_of(z, x.dtype, "x_zero_point")
+    rank = len(x.shape)
+    if axis is None:
+        axis = axis_of(node, rank, scale.size) if node is not None else 0
+    return Scaled(x, along(scale, axis, rank), along(zero, axis, rank))
+
+
+@rule("DequantizeLinear", since=10)
+@rule("DequantizeLinear", since=1, domain=MS)
+def dequantize_rule(ctx, node, x, s, z=None):
+    """x -> (x - zero) * scale, held exactly: nothing is emitted."""
+    return dequantize(node, x, s, z)
+
+
+def out_type(node, z: Tensor | None) -> int:
+    if z is not None:
+        dtype = z.dtype
+    else:
+        dtype = node.attr("output_dtype", 0) or TensorProto.UINT8
+    if dtype not in QUANTIZED_TYPES:
+        raise Refuse(f"quantization to {type_name(dtype)}: CVM takes int8, uint8, int16 or uint16")
+    return dtype
+
+
+@float_rule("QuantizeLinear", since=10)
+@float_rule("QuantizeLinear", since=1, domain=MS)
+@rule("QuantizeLinear", since=10)
+@rule("QuantizeLinear", since=1, domain=MS)
+def quantize_rule(ctx, node, x, s, z=None):
+    """round(x / scale) + zero, saturated: a requantization of x's integers (or a table for a float function)."""
+    dtype = out_type(node, z)
+    if node.attr("block_size", 0):
+        raise Refuse("blocked quantization (block_size) has no CVM form")
+    scale, zero = scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point")
+    if isinstance(x, Tensor):
+        raise Refuse("QuantizeLinear of a float tensor that is not a dequantized value (nor the graph's input)")
+    rank = len(x.shape)
+    axis = axis_of(node, rank, scale.size)
+    return quantize(ctx, x, along(scale, axis, rank), along(zero, axis, rank), dtype)
+
+
+def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
+    """The integers of type ``dtype`` that QuantizeLinear(x, scale, zero) gives."""
+    if zero.size != 1:
+        raise Refuse("a per-channel output zero point has no CVM form here")
+    zo = int(zero.reshape(()))
+    lo, hi = INT_RANGES[dtype]
+    if isinstance(x, Mapped):
+        return table(ctx, x, scale, zo, dtype)
+    terms = x.terms if isinstance(x, Summed) else (x,)
+    if isinstance(x, Scaled):
+        lo, hi = (max(lo, clipped(x.clip[0], scale, zo, lo, hi)) if x.clip[0] is not None else lo,
+                  min(hi, clipped(x.clip[1], scale, zo, lo, hi)) if x.clip[1] is not None else hi)
+    vs = [minus_zero(ctx, term) for term in terms]
+    ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
+    shape = broadcast_shape(*vs)
+    if len(vs) == 1 and all(r == 1 for r in ratios[0].flat):  # the same scale: only the zero point moves
+        ctx.requants.append(Requant(ctx.base, (1.0,), None))
+        return saturate(ctx, vs[0], zo, lo, hi, dtype, shape)
+    try:
+        p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], lo - zo, hi - zo)
+    except NoPlan as e:
+        raise Refuse(str(e)) from None
+    ctx.requants.append(Requant(ctx.base, tuple(float(r) for m in ratios for r in m.flat), p))
+    return saturate(ctx, apply(ctx, vs, p), zo, lo, hi, dtype, shape)
+
+
+def clipped(bound_: Fraction, scale: np.ndarray, zo: int, lo: int, hi: int) -> int:
+    """QuantizeLinear of one real value (round half to even), saturated."""
+    if scale.size != 1:
+        raise Refuse("a Clip before a per-channel QuantizeLinear has no CVM form")
+    q = bound_ / scale.reshape(()).item()
+    return min(max(round(q) + zo, lo), hi)
+
+
+def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
+    """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py)."""
+    products = []
+    for v, m in zip(vs, p.multipliers):
+        if p.clip is not None:
+            a, b = p.clip
+            v = ctx.result(ctx.emit("clip", ctx.entry(v), a_min=a, a_max=b), INT32, a, b, v.shape)
+        if p.pre_shift:
+            s = p.pre_shift
+            e = ctx.emit("cvm_right_shift", ctx.entry(v), precision=p.pre_precision, shift_bit=s)
+            v = ctx.result(e, INT32, (v.lo + (1 << (s - 1))) >> s, (v.hi + (1 << (s - 1))) >> s, v.shape)
+        e = ctx.narrow(v, tight(v.peak))
+        mc = const(m.astype(np.int32), INT32)
+        products.append(ctx.result(ctx.emit("broadcast_mul", e, ctx.entry(mc)), INT32,
+                                   min(v.lo * int(m.max()), 0), max(v.hi * int(m.max()), 0),
+                                   broadcast_shape(v, mc)))
+    total = products[0]
+    for t in products[1:]:
+        total = ctx.result(ctx.emit("broadcast_add", total.entry, t.entry), INT32, total.lo + t.lo, total.hi + t.hi,
+                           broadcast_shape(total, t))
+    b = bound(p.precision)
+    e = ctx.emit("cvm_right_shift", total.entry, precision=p.precision, shift_bit=p.shift)
+    return ctx.result(e, INT32, -b, b, total.shape)
+
+
+def saturate(ctx, r: Tensor, zo: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:
+    """clip(r + zero, lo, hi) as the quantized type."""
+    if zo:
+        zc = const(np.array(zo, np.int32), INT32)
+        r = ctx.result(ctx.op("broadcast_add", r, zc), INT32, r.lo + zo, r.hi + zo, shape)
+    if lo <= r.lo and r.hi <= hi:
+        return replace(r, dtype=dtype)
+    if lo >= hi:
+        raise Refuse(f"the Clip leaves the single value {lo}: fold it")
+    e = ctx.emit("clip", ctx.entry(r), a_min=lo, a_max=hi)
+    return ctx.result(e, dtype, max(lo, r.lo), min(hi, r.hi), shape)
+
+
+def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
+    """QuantizeLinear(fn(x)) as cvm_lut over x's integers lo..hi: entry i = sat(round(fn((lo+i-z) * s) / s_out) +
+    z_out), in float64, rounding half to even."""
+    a = per_tensor(x.x, x.what)
+    t = a.t
+    n = t.hi - t.lo + 1
+    if n > MAX_TABLE:
+        raise Refuse(f"{x.what} over {n} integers: a table of at most 2^16 entries has a CVM form "
+                     f"(quantize its input first)")
+    if scale.size != 1:
+        raise Refuse(f"{x.what} with a per-channel output scale has no CVM form")
+    q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
+    real = (q - int(a.zero.reshape(()))) * float(a.scale.reshape(()).item())
+    lo, hi = INT_RANGES[dtype]
+    with np.errstate(all="ignore"):
+        image = x.fn(real)
+    if np.isnan(image).any():
+        raise Refuse(f"{x.what} is undefined on part of its input's range")
+    values = np.clip(np.rint(image / float(scale.reshape(()).item())) + zo, lo, hi).astype(np.int64)
+    index = as_int32(t)
+    if t.lo:
+        c = const(np.array(t.lo, np.int32), INT32)
+        index = ctx.result(ctx.op("broadcast_sub", index, c), INT32, 0, n - 1, t.shape)
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=n)
+    ctx.requants.append(Requant(ctx.base, (), None))
+    return ctx.result(e, dtype, int(values.min()), int(values.max()), t.shape)
+
+
+# -- products: Conv, MatMul, Gemm, AveragePool ------------------------------------------------------------------
+def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
+    """(parts, c): 8-bit tensors summing to x - c. x itself when it fits 8 bits; else c centres x's interval and
+    the parts are ceil((x - c) / 2) (cvm_right_shift by 1 rounds half up) and the rest, floor((x - c) / 2)."""
+    if tight(x.peak) <= 8:
+        return [x], 0
+    c = (x.lo + x.hi + 1) // 2
+    lo, hi = x.lo - c, x.hi - c
+    if max(-lo, hi) > 254:
+        raise Refuse(f"a product operand of {x.hi - x.lo + 1} values (in [{x.lo}, {x.hi}]): CVM's conv2d and "
+                     f"dense take 8-bit operands, two halves hold at most 509 values")
+    if c:
+        cc = const(np.array(c, np.int32), INT32)
+        x = ctx.result(ctx.op("broadcast_sub", x, cc), INT32, lo, hi, x.shape)
+    h = ctx.result(ctx.emit("cvm_right_shift", ctx.entry(x), precision=8, shift_bit=1), INT32, -(-lo // 2),
+                   -(-hi // 2), x.shape)
+    g = ctx.result(ctx.op("broadcast_sub", x, h), INT32, lo // 2, hi // 2, x.shape)
+    return [h, g], c
+
+
+def weight_parts(w: np.ndarray, what: str) -> list[np.ndarray]:
+    """w as 8-bit parts: itself, or clip(w, -127, 127) and the rest."""
+    if np.abs(w).max(initial=0) <= 127:
+        return [w]
+    first = np.clip(w, -127, 127)
+    if np.abs(w - first).max() > 127:
+        raise Refuse(f"{what} minus its zero point reaches {int(np.abs(w).max())}: CVM's products take 8 bits")
+    return [first, w - first]
+
+
+def grouped_concat(ctx, parts: list[Tensor], groups: int) -> Tensor:
+    """Concatenate (N, C, ...) parts along the channels, group by group (part 0's channels of group g, part 1's,
+    ...), so a grouped conv2d sees every part of its group."""
+    if len(parts) == 1:
+        return parts[0]
+    n, c = parts[0].shape[:2]
+    rest = parts[0].shape[2:]
+    if groups > 1:
+        parts = [ctx.reshape(p, (n, groups, c // groups) + rest) for p in parts]
+    axis = 2 if groups > 1 else 1
+    shape = list(parts[0].shape)
+    shape[axis] *= len(parts)
+    y = ctx.result(ctx.op("concatenate", *parts, axis=axis), INT32, min(p.lo for p in parts),
+                   max(p.hi for p in parts), tuple(shape))
+    return ctx.reshape(y, (n, c * len(parts)) + rest)
+
+
+def padded(ctx, t: Tensor, begin: list[int], end: list[int], fill: int) -> Tensor:
+    """t (N, C, H, W) padded on H, W with ``fill`` (concatenate), negative pads cropping."""
+    t, begin, end = nn.cropped(ctx, t, begin, end)
+    for axis, b, e in zip((2, 3), begin, end):
+        if b <= 0 and e <= 0:
+            continue
+        parts = [transform.filled(t, axis, w, fill) for w in (b,) if w > 0] + [t] + \
+                [transform.filled(t, axis, w, fill) for w in (e,) if w > 0]
+        shape = t.shape[:axis] + (t.shape[axis] + b + e,) + t.shape[axis + 1:]
+        t = ctx.result(ctx.op("concatenate", *parts, axis=axis), t.dtype, min(t.lo, fill), max(t.hi, fill), shape)
+    return t
+
+
+def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(w - zero as int64 with the output channels first, the scale of each output channel) of a constant weight
+    quantized per tensor or per output channel; ``transpose``: a (K, N) matrix."""
+    if not w.t.is_const:
+        raise Refuse(f"{what} is computed at run time: CVM's conv2d and dense need a constant weight here")
+    v = w.t.value.astype(np.int64) - w.zero
+    full = np.broadcast_to(w.scale, v.shape)
+    if transpose:
+        v, full = v.T, full.T
+    rows = full.reshape(len(v), -1)
+    if not (rows == rows[:, :1]).all():
+        raise Refuse(f"{what} is quantized along an axis other than its output channels")
+    return v, rows[:, 0].copy()
+
+
+def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None, op: str,
+               groups: int = 1, **attrs) -> tuple[Tensor, np.ndarray]:
+    """sum (x - z) * w (+ bias) in int32 by conv2d or dense: (the accumulator, its scale s_x * s_w per row).
+    x's 8-bit parts times w's parts, concatenated along the reduced axis; the offset c of the parts and the zero
+    point go into the bias: sum (x - z) w = sum (x - c) w + (c - z) * sum w."""
+    x = per_tensor(x, f"the input of {op}")
+    sx, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+    xparts, c = halves(ctx, as_int32(x.t))
+    wparts = weight_parts(w, "the weight")
+    rows = w.reshape(len(w), -1)
+    b = np.zeros(len(w), np.int64)
+    if bias is not None:
+        b = bias_values(bias, sx * sw, len(w))
+    total = b + (c - z) * rows.sum(axis=1)
+    ins = grouped_concat(ctx, [p for p in xparts for _ in wparts], groups)
+    weights = np.concatenate([p for _ in xparts for p in wparts], axis=1)
+    xlo, xhi = min(x.t.lo - z, 0), max(x.t.hi - z, 0)
+    pos, neg = np.clip(rows, 0, None).sum(axis=1), np.clip(rows, None, 0).sum(axis=1)
+    lo, hi = int((pos * xlo + neg * xhi + b).min()), int((pos * xhi + neg * xlo + b).max())
+    args = [ctx.narrow(ins, 8, f"the input of {op}"), ctx.entry(const(weights.astype(np.int8), TensorProto.INT8))]
+    if total.any():
+        if np.abs(total).max() > (1 << 31) - 1:
+            raise Refuse("the bias with the zero point's correction passes 32 bits")
+        args.append(ctx.entry(const(total.astype(np.int32), INT32)))
+    if op == "conv2d":
+        e = ctx.emit(op, *args, use_bias=bool(total.any()), groups=groups, **attrs)
+    else:
+        e = ctx.emit(op, *args, use_bias=bool(total.any()), units=len(w))
+    return ctx.result(e, INT32, lo, hi), np.asarray(sx * sw, dtype=object)
+
+
+def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
+    """The bias as integers at the accumulator's scale s_x * s_w (as onnxruntime's QLinearConv adds it): its own
+    scale must be that product to float32 rounding."""
+    if not bias.t.is_const:
+        raise Refuse("the bias is computed at run time: CVM needs a constant bias")
+    v = np.broadcast_to(bias.t.value.astype(np.int64) - bias.zero, (n,)) if bias.t.size in (1, n) else None
+    s = np.broadcast_to(bias.scale.reshape(-1) if bias.scale.size > 1 else bias.scale.reshape(()), (n,))
+    if v is None:
+        raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs")
+    for have, want in zip(s, acc_scale):
+        if abs(have / want - 1) > Fraction(1, 1 << 22):
+            raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
+    return v.copy()
+
+
+def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) -> Scaled:
+    """x (..., K) times w (N, K)^T: rows flattened, dense, reshaped back; scale s_x * s_w along the last axis."""
+    k = x.shape[-1]
+    rows = Scaled(ctx.reshape(x.t, (math.prod(x.shape[:-1]), k)), x.scale.reshape(()), x.zero.reshape(()))
+    acc, scale = accumulate(ctx, rows, w, sw, bias, "dense")
+    return Scaled(ctx.reshape(acc, x.shape[:-1] + (len(w),)), scale, np.zeros((), np.int64))
+
+
+def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
+    """Conv: explicit padding with the zero point, then conv2d without padding (groups, strides, dilations)."""
+    wv, sw = weight(w, "the Conv weight")
+    x = per_tensor(x, "Conv")
+    one_d = len(x.shape) == 3
+    t = nn.spatial_2d(ctx, x.t, "Conv")
+    wv = wv.reshape(wv.shape[:2] + (1,) + wv.shape[2:]) if one_d else wv
+    if wv.ndim != 4:
+        raise Refuse(f"a {wv.ndim - 2}-D convolution has no CVM form")
+    strides = nn.attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = nn.attrs_2d(node, "dilations", 1, one_d, 1)
+    begin, end = nn.onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
+                              dilations[-len(x.shape) + 2:])
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    t = padded(ctx, t, begin, end, int(x.zero.reshape(())))
+    groups = node.attr("group", 1)
+    acc, scale = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups, channels=len(wv),
+                            kernel_size=tuple(wv.shape[2:]), strides=tuple(strides), dilation=tuple(dilations),
+                            padding=(0, 0))
+    if one_d:
+        acc = ctx.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[3]))
+    return Scaled(acc, scale.reshape(-1, 1, 1) if not one_d else scale.reshape(-1, 1), np.zeros((), np.int64))
+
+
+@float_rule("Conv", since=1)
+def conv_rule(ctx, node, x, w, b=None):
+    return conv(ctx, node, scaled(x, "the Conv input"), scaled(w, "the Conv weight"),
+                None if b is None else scaled(b, "the Conv bias"))
+
+
+@float_rule("MatMul", since=1)
+def matmul_rule(ctx, node, a, b):
+    a, b = scaled(a, "the MatMul input"), scaled(b, "the MatMul weight")
+    if len(b.shape) != 2:
+        raise Refuse(f"a MatMul weight of shape {b.shape}: dense takes one weight matrix")
+    w, sw = weight(b, "the MatMul weight", transpose=True)
+    return dense(ctx, a, w, sw, None)
+
+
+@float_rule("Gemm", since=7)
+def gemm_rule(ctx, node, a, b, c=None):
+    if node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0 or node.attr("transA", 0):
+        raise Refuse("a quantized Gemm with alpha, beta != 1 or transA has no CVM form here")
+    a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
+    if len(a.shape) != 2:
+        raise Refuse(f"Gemm input of shape {a.shape}")
+    w, sw = weight(b, "the Gemm weight", transpose=not node.attr("transB", 0))
+    return dense(ctx, a, w, sw, None if c is None else scaled(c, "the Gemm bias C"))
+
+
+def average(ctx, node, x: Scaled) -> Scaled:
+    """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
+    (count per output position when padding is not counted)."""
+    x = per_tensor(x, "AveragePool")
+    if node.attr("ceil_mode", 0) or any(d != 1 for d in node.attr("dilations", [])):
+        raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
+    if len(x.shape) != 4:
+        raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
+    kernel = list(node.attr("kernel_shape"))
+    strides = list(node.attr("strides", [1, 1]))
+    begin, end = nn.onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    c = x.shape[1]
+    t = padded(ctx, x.t, begin, end, int(x.zero.reshape(())))
+    ones = np.ones((c, 1) + tuple(kernel), np.int64)
+    acc, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, channels=c,
+                        kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1), padding=(0, 0))
+    sx = x.scale.reshape(()).item()
+    if node.attr("count_include_pad", 0) or not any(begin + end):
+        return Scaled(acc, np.asarray(sx / math.prod(kernel), dtype=object), np.zeros((), np.int64))
+    counts = [np.array([len(range(max(o * s - b, 0), min(o * s - b + k, n))) for o in range(out)])
+              for n, k, s, b, out in zip(x.shape[2:], kernel, strides, begin, acc.shape[2:])]
+    count = np.outer(*counts)
+    return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
+                  np.zeros((), np.int64))
+
+
+@float_rule("AveragePool", since=7)
+def average_rule(ctx, node, x):
+    return average(ctx, node, scaled(x, "the AveragePool input"))
+
+
+def global_average(ctx, x: Scaled) -> Scaled:
+    """GlobalAveragePool: sum of x - z over the image, at scale s_x / (H * W)."""
+    x = per_tensor(x, "GlobalAveragePool")
+    v = minus_zero(ctx, x)
+    axes = tuple(range(2, len(x.shape)))
+    n = math.prod(x.shape[2:])
+    e = ctx.op("sum", v, axis=axes, keepdims=False)
+    s = ctx.result(e, INT32, min(v.lo * n, 0), max(v.hi * n, 0), x.shape[:2])
+    return Scaled(ctx.reshape(s, x.shape[:2] + (1,) * len(axes)), np.asarray(x.scale.reshape(()).item() / n,
+                                                                          dtype=object), np.zeros((), np.int64))
+
+
+@float_rule("GlobalAveragePool", since=1)
+def global_average_rule(ctx, node, x):
+    return global_average(ctx, scaled(x, "the GlobalAveragePool input"))
+
+
+# -- elementwise ------------------------------------------------------------------------------------------------
+@float_rule("Add", since=7)
+def add_rule(ctx, node, a, b):
+    """a + b: exact as a sum of scaled integers, requantized by the QuantizeLinear that follows."""
+    terms = []
+    for x in (a, b):
+        terms += list(x.terms) if isinstance(x, Summed) else [scaled(x, "an Add operand")]
+    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+
+
+def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
+    """(a - za)(b - zb) in int32, at scale s_a * s_b."""
+    va, vb = minus_zero(ctx, a), minus_zero(ctx, b)
+    corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
+    e = ctx.op("broadcast_mul", va, vb)
+    return Scaled(ctx.result(e, INT32, min(corners), max(corners), broadcast_shape(va, vb)),
+                  np.asarray(a.scale * b.scale, dtype=object),
+                  np.zeros((), np.int64))
+
+
+@float_rule("Mul", since=7)
+def mul_rule(ctx, node, a, b):
+    return multiply(ctx, scaled(a, "a Mul operand"), scaled(b, "a Mul operand"))
+
+
+def relu(ctx, x: Scaled) -> Scaled:
+    """max(t, zero): exact, the scale is positive."""
+    if x.clip != (None, None):
+        return replace(x, clip=(max(x.clip[0], Fraction(0)) if x.clip[0] is not None else Fraction(0), x.clip[1]))
+    if x.t.lo >= int(x.zero.max()):
+        return x
+    zc = const(np.broadcast_to(x.zero, x.zero.shape).astype(np.int32), INT32)
+    e = ctx.op("broadcast_max", as_int32(x.t), zc)
+    t = ctx.result(e, x.t.dtype, max(x.t.lo, int(x.zero.min())), max(x.t.hi, int(x.zero.max())),
+                   broadcast_shape(x.t, zc))
+    return replace(x, t=t)
+
+
+@float_rule("Relu", since=6)
+def relu_rule(ctx, node, x):
+    if isinstance(x, Mapped):
+        return mapped(x, lambda v: np.maximum(v, 0), "Relu")
+    return relu(ctx, scaled(x, "the Relu input", clipped_ok=True))
+
+
+def real_bound(t: Tensor | None, what: str) -> Fraction | None:
+    if t is None:
+        return None
+    if not t.is_const or t.value.size != 1:
+        raise Refuse(f"{what} must be a constant scalar")
+    v = float(np.asarray(t.value).reshape(()))
+    if not math.isfinite(v):
+        return None
+    return Fraction(v)
+
+
+@float_rule("Clip", since=11)
+def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
+    """Clip to real bounds: an integer clip when they lie on x's grid, else deferred to the QuantizeLinear."""
+    lo, hi = real_bound(lo_t, "Clip min"), real_bound(hi_t, "Clip max")
+    if isinstance(x, Mapped):
+        return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
+                      "Clip")
+    x = per_tensor(scaled(x, "the Clip input"), "Clip")
+    s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+    grid = [None if b is None else b / s + z for b in (lo, hi)]
+    if all(g is None or g.denominator == 1 for g in grid):
+        a = z if grid[0] is None else int(grid[0])
+        a = max(a, x.t.lo) if grid[0] is not None else x.t.lo
+        b = x.t.hi if grid[1] is None else min(int(grid[1]), x.t.hi)
+        if a <= x.t.lo and b >= x.t.hi:
+            return x
+        if a >= b:
+            raise Refuse("the Clip leaves a single value: fold it")
+        e = ctx.emit("clip", ctx.entry(as_int32(x.t)), a_min=a, a_max=b)
+        return replace(x, t=ctx.result(e, x.t.dtype, a, b, x.shape))
+    return replace(x, clip=(lo, hi))
+
+
+def mapped(x, fn: Callable, what: str) -> Mapped:
+    if isinstance(x, Mapped):
+        f = x.fn
+        return Mapped(x.x, lambda v: fn(f(v)), f"{what}({x.what})")
+    return Mapped(per_tensor(scaled(x, f"the {what} input"), what), fn, what)
+
+
+def _erf(v):
+    return np.vectorize(math.erf, otypes=[np.float64])(v)
+
+
+FUNCTIONS: dict[str, Callable] = {
+    "Sigmoid": lambda n: lambda v: 1 / (1 + np.exp(-v)),
+    "Tanh": lambda n: np.tanh,
+    "Exp": lambda n: np.exp,
+    "Log": lambda n: lambda v: np.log(np.where(v > 0, v, np.nan)),
+    "Sqrt": lambda n: lambda v: np.sqrt(np.where(v >= 0, v, np.nan)),
+    "Erf": lambda n: _erf,
+    "Softplus": lambda n: lambda v: np.logaddexp(0, v),
+    "Softsign": lambda n: lambda v: v / (1 + np.abs(v)),
+    "Abs": lambda n: np.abs,
+    "Neg": lambda n: np.negative,
+    "HardSigmoid": lambda n: lambda v: np.clip(n.attr("alpha", 0.2) * v + n.attr("beta", 0.5), 0, 1),
+    "HardSwish": lambda n: lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
+    "LeakyRelu": lambda n: lambda v: np.where(v >= 0, v, n.attr("alpha", 0.01) * v),
+    "Elu": lambda n: lambda v: np.where(v >= 0, v, n.attr("alpha", 1.0) * np.expm1(v)),
+    "Selu": lambda n: lambda v: n.attr("gamma", 1.0507009873554805) * np.where(
+        v > 0, v, n.attr("alpha", 1.6732632423543772) * np.expm1(v)),
+    "Gelu": lambda n: lambda v: 0.5 * v * (1 + _erf(v / math.sqrt(2))),
+}
+
+
+def function_rule(ctx, node, x):
+    """A float elementwise function: a table over x's integers, built by the QuantizeLinear that follows."""
+    return mapped(x, FUNCTIONS[node.op_type](node), node.op_type)
+
+
+for _op in FUNCTIONS:
+    float_rule(_op, since=6)(function_rule)
+
+
+# -- data movement: the integer rules on t ----------------------------------------------------------------------
+MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
+         "Identity", "Expand", "Tile", "Gather"]
+
+
+def move_rule(ctx, node, x, *rest):
+    """An op that only moves or selects values (MaxPool: the scale is positive): the integer rule on t."""
+    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+    if any(isinstance(r, Real) for r in rest):
+        raise Refuse(f"{node.op_type} with a dequantized value as its parameters")
+    out = RULES[("", node.op_type)].fn(ctx, node, x.t, *rest)
+    out = out[0] if isinstance(out, list) else out
+    return replace(x, t=out)
+
+
+for _op in MOVES:
+    float_rule(_op, since=1)(move_rule)
+
+
+@float_rule("Pad", since=11)
+def pad_rule(ctx, node, x, pads=None, value=None, axes=None):
+    """Pad with a real value v: the integer value v / s + z, which must be a whole number."""
+    x = per_tensor(scaled(x, "the Pad input"), "Pad")
+    v = Fraction(0) if value is None else real_bound(value, "Pad constant_value")
+    q = v / x.scale.reshape(()).item() + int(x.zero.reshape(()))
+    if q.denominator != 1:
+        raise Refuse(f"Pad value {float(v)} is not on the input's quantization grid")
+    fill = const(np.array([int(q)], np.int64), x.t.dtype)
+    return replace(x, t=RULES[("", "Pad")].fn(ctx, node, x.t, pads, fill, axes))
+
+
+@float_rule("Concat", since=4)
+def concat_rule(ctx, node, *xs):
+    """Concat: of the integers when every input has the same scale and zero point, else along a per-axis scale and
+    zero point that the QuantizeLinear that follows requantizes channel by channel."""
+    xs = [per_tensor(scaled(x, "a Concat input"), "Concat") for x in xs]
+    rank = len(xs[0].shape)
+    axis = transform.normal([node.attr("axis")], rank)[0]
+    same = all(x.scale == xs[0].scale and x.zero == xs[0].zero for x in xs)
+    t = transform.concat(ctx, node, *(as_int32(x.t) for x in xs))
+    if same:
+        return Scaled(replace(t, dtype=xs[0].t.dtype) if len({x.t.dtype for x in xs}) == 1 else t, xs[0].scale,
+                      xs[0].zero)
+    shape = (-1,) + (1,) * (rank - 1 - axis)
+    scale = np.concatenate([np.full(x.shape[axis], x.scale.reshape(()).item(), dtype=object) for x in xs])
+    zero = np.concatenate([np.full(x.shape[axis], int(x.zero.reshape(())), np.int64) for x in xs])
+    return Scaled(t, scale.reshape(shape), zero.reshape(shape))
+
+
+# -- the QOperator form: compositions of the above --------------------------------------------------------------
+def dq(x, s, z, axis: int | None = None) -> Scaled:
+    return dequantize(None, x, s, z, axis)
+
+
+def q(ctx, node, value, s, z) -> Tensor:
+    dtype = out_type(node, z)
+    return quantize(ctx, value, scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point"), dtype)
+
+
+def bias_of(b: Tensor | None, x: Scaled, w: Scaled) -> Scaled | None:
+    if b is None:
+        return None
+    return Scaled(b, np.asarray(x.scale.reshape(()).item() * np.broadcast_to(w.scale, (w.t.shape[0],) +
+                                                                         (1,) * (len(w.shape) - 1)).reshape(-1)),
+                  np.zeros((), np.int64))
+
+
+@rule("QLinearConv", since=10)
+def qlinear_conv(ctx, node, x, xs, xz, w, ws, wz, ys, yz, b=None):
+    xv, wv = dq(x, xs, xz), dq(w, ws, wz, 0)
+    return q(ctx, node, conv(ctx, node, xv, wv, bias_of(b, xv, wv)), ys, yz)
+
+
+@rule("QLinearMatMul", since=10)
+def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
+    av, bv = dq(a, a_s, az), dq(b, bs, bz, 1)
+    if len(bv.shape) != 2:
+        raise Refuse(f"a QLinearMatMul weight of shape {bv.shape}: dense takes one weight matrix")
+    w, sw = weight(bv, "the QLinearMatMul weight B", transpose=True)
+    return q(ctx, node, dense(ctx, av, w, sw, None), ys, yz)
+
+
+@rule("QGemm", since=1, domain=MS)
+def qgemm(ctx, node, a, a_s, az, b, bs, bz, c=None, ys=None, yz=None):
+    if node.attr("alpha", 1.0) != 1.0 or node.attr("transA", 0):
+        raise Refuse("QGemm with alpha != 1 or transA has no CVM form here")
+    trans = bool(node.attr("transB", 0))
+    av, bv = dq(a, a_s, az), dq(b, bs, bz, 0 if trans else 1)
+    w, sw = weight(bv, "the QGemm weight B", transpose=not trans)
+    bias = None if c is None else Scaled(c, np.asarray(av.scale.reshape(()).item() * sw), np.zeros((), np.int64))
+    y = dense(ctx, av, w, sw, bias)
+    return y if ys is None else q(ctx, node, y, ys, yz)
+
+
+@rule("QLinearAdd", "QLinearMul", since=1, domain=MS)
+def qlinear_binary(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
+    av, bv = dq(a, a_s, az), dq(b, bs, bz)
+    value = add_rule(ctx, node, av, bv) if node.op_type == "QLinearAdd" else multiply(ctx, av, bv)
+    return q(ctx, node, value, ys, yz)
+
+
+@rule("QLinearConcat", since=1, domain=MS)
+def qlinear_concat(ctx, node, ys, yz, *triples):
+    xs = [dq(*triples[i:i + 3]) for i in range(0, len(triples), 3)]
+    return q(ctx, node, concat_rule(ctx, node, *xs), ys, yz)
+
+
+def _channels_first(node) -> None:
+    if node.attr("channels_last", 0):
+        raise Refuse("channels_last has no CVM form here")
+
+
+@rule("QLinearAveragePool", since=1, domain=MS)
+def qlinear_average_pool(ctx, node, x, xs, xz, ys, yz):
+    _channels_first(node)
+    return q(ctx, node, average(ctx, node, dq(x, xs, xz)), ys, yz)
+
+
+@rule("QLinearGlobalAveragePool", since=1, domain=MS)
+def qlinear_global_average_pool(ctx, node, x, xs, xz, ys, yz):
+    _channels_first(node)
+    return q(ctx, node, global_average(ctx, dq(x, xs, xz)), ys, yz)
+
+
+@rule("QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftsign", since=1, domain=MS)
+def qlinear_function(ctx, node, x, xs, xz, ys, yz):
+    fn = FUNCTIONS[node.op_type[len("QLinear"):]](node)
+    return q(ctx, node, mapped(dq(x, xs, xz), fn, node.op_type), ys, yz)
+
+
+# -- the graph's float input ------------------------------------------------------------------------------------
+@dataclass
+class InputEdge:
+    """The float graph input quantized by QuantizeLinear node(s) of one constant scale and zero point."""
+
+    dtype: int
+    scale: np.ndarray  # float32
+    zero: np.ndarray
+    nodes: list = field(default_factory=list)  # the QuantizeLinear nodes it replaces
+
+
+def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
+    """How a float input is quantized: every consumer a QuantizeLinear with the same constant scale and zero point
+    (per tensor). Else why not, as a sentence."""
+    users = [n for n in graph.node if name in n.input]
+    if not users or any(n.op_type != "QuantizeLinear" or list(n.input[:1]) != [name] for n in users):
+        return ("float input: only a model whose float input is read by QuantizeLinear alone (a quantized model) "
+                "has a CVM form")
+    found = []
+    for n in users:
+        s = constants.get(n.input[1]) if len(n.input) > 1 else None
+        z = constants.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        if s is None or (len(n.input) > 2 and n.input[2] and z is None):
+            return f"QuantizeLinear {n.name!r} of the input has a scale or zero point computed at run time"
+        s = np.asarray(s, np.float32)
+        if s.size != 1 or not np.isfinite(s).all() or (s <= 0).any():
+            return f"QuantizeLinear {n.name!r} of the input needs one finite scale > 0, has {s.reshape(-1)[:4]}"
+        dtype = n.attribute and {a.name: a.i for a in n.attribute}.get("output_dtype") or None
+        zv = np.zeros((), np.int64) if z is None else np.asarray(z)
+        dtype = dtype or (TensorProto.UINT8 if z is None else {np.dtype(np.int8): TensorProto.INT8,
+                                                              np.dtype(np.uint8): TensorProto.UINT8,
+                                                              np.dtype(np.int16): TensorProto.INT16,
+                                                              np.dtype(np.uint16): TensorProto.UINT16}.get(zv.dtype))
+        if dtype not in QUANTIZED_TYPES:
+            return f"QuantizeLinear {n.name!r} of the input to a type CVM does not take"
+        found.append((dtype, s.reshape(()), zv.astype(np.int64).reshape(())))
+    if any(f[0] != found[0][0] or f[1] != found[0][1] or f[2] != found[0][2] for f in found):
+        return "the input is quantized by QuantizeLinear nodes of different scales or zero points"
+    return InputEdge(found[0][0], found[0][1], found[0][2], users)
+
+
+def input_precision(dtype: int) -> int:
+    lo, hi = INT_RANGES[dtype]
+    return tight(max(-lo, hi))
+
+
+def output_edge(x) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor."""
+    if not isinstance(x, Scaled) or x.clip != (None, None):
+        raise Refuse("a float output computed after the last QuantizeLinear has no integer form: cut the graph "
+                     "(--outputs) at a quantized tensor")
+    s = np.array([float(v) for v in x.scale.flat], np.float64).reshape(x.scale.shape)
+    if not (s.astype(np.float32).astype(np.float64) == s).all() or \
+            not all(Fraction(float(v)) == f for v, f in zip(s.flat, x.scale.flat)):
+        raise Refuse("a float output that no DequantizeLinear produced (its scale is not a float32): cut the graph "
+                     "(--outputs) at a quantized tensor")
+    return x.t, s.astype(np.float32), x.zero
+
+
+__all__ = ["Scaled", "Summed", "Mapped", "Real", "Requant", "InputEdge", "input_edge", "input_precision",
+           "output_edge", "FLOAT_RULES", "cvm_shape"]

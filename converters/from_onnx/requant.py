@@ -1,0 +1,133 @@
+"""Requantization in integers: y = round(sum_i v_i * M_i) for integers v_i in known intervals and exact rational
+ratios M_i > 0 (scalars or per-channel arrays), as CVM computes it within its 32-bit precision rules.
+
+The form (docs/import.md, "Requantization"), for one term v with ratio M:
+
+    v' = clip(v, a_lo, a_hi)                           only where the interval of v passes the clip
+    v1 = round_half_up(v' / 2^s)                       cvm_right_shift(s), only when s > 0
+    r  = round_half_up(v1 * m / 2^k)                   broadcast_mul by m (per channel), cvm_right_shift(k)
+
+with m = round_half_up(M * 2^(s+k)). Several terms (an Add of tensors of different scales) share k and have no
+clip or pre-shift: r = round_half_up(sum_i v_i * m_i / 2^k). ``plan`` picks the clip, s, k and m:
+
+* the clip: beyond [a_lo, a_hi] the result saturates anyway (every step is monotone), so clipping there changes
+  nothing and bounds |v'| by about (output range) / M instead of the accumulator's static bound;
+* the precision rules: label(v1) + label(m) <= 32 (broadcast_mul), and label(r) + k < 32 (so the runtime's CPU
+  device clips as FORMAL does);
+* the error: |v1 * m / 2^k - v * M| <= delta = M * 2^(s-1) [s > 0] + B1 * |m / 2^k - M * 2^s| per channel
+  (B1 bounds |v1|); ``plan`` minimises delta over s, with the largest k the rules allow for each s.
+
+So |r - v * M| <= 1/2 + delta, and r differs from round(v * M) by at most one, only where v * M lies within
+delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument needs it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from cvm_onnx.ops.registry import bits
+
+MAX_SHIFT = 31
+
+
+def tight(peak: int) -> int:
+    """The smallest precision holding every |x| <= peak."""
+    return bits(peak) + 1
+
+
+def round_half_up(x: Fraction) -> int:
+    return math.floor(x + Fraction(1, 2))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How ``r = round(sum_i v_i * M_i)`` is computed: an optional clip of the single term, its pre-shift,
+    multipliers (int64 arrays shaped like the M_i), the final shift and precision, and the worst error."""
+
+    clip: tuple[int, int] | None
+    pre_shift: int
+    pre_precision: int
+    multipliers: tuple[np.ndarray, ...]
+    shift: int
+    precision: int
+    delta: Fraction  # worst |v1 * m / 2^k - v * M| (before the final rounding), in output steps
+
+    @property
+    def error(self) -> float:
+        """The worst |r - v * M| in output steps: the final rounding's 1/2 plus delta."""
+        return float(Fraction(1, 2) + self.delta)
+
+
+def _multipliers(ms: np.ndarray, k: int) -> np.ndarray:
+    return np.array([round_half_up(m * (1 << k)) for m in ms.flat], dtype=object).reshape(ms.shape)
+
+
+def _worst(values) -> Fraction:
+    return max(values, default=Fraction(0))
+
+
+class NoPlan(ValueError):
+    """No clip, shift and multipliers meet both the precision rules and the one-step error bound."""
+
+
+def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int) -> Plan:
+    """The requantization of ``sum_i v_i * M_i`` (``terms``: (lo_i, hi_i, M_i) with M_i an object array of
+    Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped."""
+    precision = tight(max(-low, high))
+    kmax = MAX_SHIFT - precision
+    if len(terms) == 1:
+        return _single(*terms[0], low, high, precision, kmax)
+    return _several(terms, precision, kmax)
+
+
+def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: int, kmax: int) -> Plan:
+    least = min(ms.flat)
+    a_hi, a_lo = math.ceil((high + 1) / least), math.floor((low - 1) / least)
+    clip = None
+    if lo < a_lo or hi > a_hi:
+        lo, hi = max(lo, a_lo), min(hi, a_hi)
+        clip = (lo, hi)
+    b = max(-lo, hi, 1)
+    best = None
+    for s in range(0, bits(b) + 1):
+        b1 = (b + ((1 << s) >> 1)) >> s
+        p1 = tight(b1)
+        if s and p1 + s >= 32:
+            continue
+        scaled = ms * (1 << s)
+        for k in range(kmax, 0, -1):
+            m = _multipliers(scaled, k)
+            if min(m.flat) < 1:
+                break
+            if p1 + tight(max(m.flat)) <= 32:
+                delta = _worst((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(mi, 1 << k) - x * (1 << s))
+                               for x, mi in zip(ms.flat, m.flat))
+                if best is None or delta < best.delta:
+                    best = Plan(clip, s, p1, (m.astype(np.int64),), k, precision, delta)
+                break
+    if best is None or best.delta >= Fraction(1, 2):
+        raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize by M in [{float(least):.3g}, "
+                     f"{float(max(ms.flat)):.3g}] within one step")
+    return best
+
+
+def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int) -> Plan:
+    bounds = [max(-lo, hi, 1) for lo, hi, _ in terms]
+    for k in range(kmax, 0, -1):
+        ms = [_multipliers(m, k) for _, _, m in terms]
+        label = 0
+        for i, (b, m) in enumerate(zip(bounds, ms)):
+            p = tight(b) + tight(max(m.flat))
+            label = p if i == 0 else max(label, p) + 1
+        if label > 32:
+            continue
+        delta = sum(_worst(b * abs(Fraction(mi, 1 << k) - x) for x, mi in zip(t[2].flat, m.flat))
+                    for b, t, m in zip(bounds, terms, ms))
+        if delta >= Fraction(1, 2):
+            break
+        return Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta)
+    raise NoPlan("no common shift within CVM's 32 bits requantizes the sum within one step")
+
