@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .converters.from_onnx import from_onnx, source_symbol
+from .converters.from_onnx import Imported, from_onnx, import_model, source_symbol
 from .converters.to_onnx import to_onnx
 from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
-from .format import read_model, write_model
+from .format import Edges, read_edges, read_model, write_model
 from .format.onnx_file import write_onnx
 from .format.onnx_tensor import with_external_data
 from .graph import Graph
@@ -26,12 +26,14 @@ class Loaded:
 
     graph: Graph
     warnings: list[Problem]
+    edges: Edges | None = None  # a quantized import's float edges (quantization.json), if any
 
 
 def load(path: str | os.PathLike, params: str | os.PathLike | None = None) -> Loaded:
-    """Read a CVM model (a directory with ``symbol`` and ``params``, or a symbol file and ``params``) and validate it."""
+    """Read a CVM model (a directory with ``symbol`` and ``params``, or a symbol file and ``params``) and validate it;
+    a directory's ``quantization.json`` (float edges) too."""
     v = validate(read_model(path, params))
-    return Loaded(v.graph, v.warnings)
+    return Loaded(v.graph, v.warnings, read_edges(path) if Path(path).is_dir() else None)
 
 
 def is_onnx(path: str | os.PathLike) -> bool:
@@ -64,27 +66,34 @@ def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
-            optimize: bool = False) -> None:
+            optimize: bool = False, outputs: list[str] | None = None) -> Imported | None:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
     the bits of its input). ``batch`` and ``optimize`` as in ``to_onnx`` (CVM -> ONNX). A model this function
-    exported comes back with its symbol and params files byte for byte. Nothing is written when conversion
-    fails."""
+    exported comes back with its symbol and params files byte for byte. A quantized ONNX model is imported with
+    its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors. Returns the import
+    (ONNX -> CVM). Nothing is written when conversion fails."""
     if not is_onnx(src):
         run(Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize))
         return
     model = load_onnx(src)
-    graph = from_onnx(model, input_precision, base_dir=Path(src).parent)
+    imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs)
+    graph = imported.graph
     if len(graph.inputs) != 1:
         names = ", ".join(graph.nodes[i].name for i in graph.inputs)
         raise UnsupportedError(f"the CVM runtime takes exactly one input, data; this model has {names}", where=str(src))
     graph = validate(graph).graph
-    write_model(graph, dst, symbol=source_symbol(model, graph))
+    write_model(graph, dst, symbol=source_symbol(model, graph), edges=imported.edges)
+    return imported
 
 
-def run_cvm(graph: Graph, data: np.ndarray) -> list[np.ndarray]:
-    """Run a validated CVM graph on the reference executor; ``data`` is the input (int8 or int32)."""
-    return execute(graph, {"data": data})
+def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[np.ndarray]:
+    """Run a validated CVM graph on the reference executor; ``data`` is the input (integers). With the ``edges`` of
+    a quantized import, float data is quantized as the source model's first QuantizeLinear does and the outputs
+    are dequantized to float32, comparable with onnxruntime running the source model."""
+    if edges is None or np.asarray(data).dtype.kind != "f":
+        return execute(graph, {"data": data})
+    return edges.finish(execute(graph, {"data": edges.prepare(data)}))
 
 
-__all__ = ["Loaded", "load", "load_onnx", "to_onnx", "from_onnx", "import_onnx", "write_onnx", "convert", "run_cvm",
-           "write_model", "is_onnx"]
+__all__ = ["Loaded", "load", "load_onnx", "to_onnx", "from_onnx", "import_onnx", "import_model", "write_onnx",
+           "convert", "run_cvm", "write_model", "is_onnx"]

@@ -37,6 +37,7 @@ from .constants import BATCH
 from .converters.to_onnx import to_onnx
 from .errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from .executor import execute
+from .format.edges import Edges
 from .graph import Graph
 
 Progress = Callable[[int, int, str], None]
@@ -171,10 +172,11 @@ class Plan:
     split: tuple[bool, ...]
     provider: str = "cpu"
     threads: int | None = None
+    edges: Edges | None = None  # a quantized import's float edges: float samples in, float32 outputs out
 
 
 def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provider: str = "cpu",
-         threads: int | None = None) -> Plan:
+         threads: int | None = None, edges: Edges | None = None) -> Plan:
     """The plan for ``model``: a CVM graph in its batched form (batch ``chunk``) where every op allows it, on
     the reference executor or, with ``onnxruntime``, exported in the serving form; an ONNX model as given."""
     if chunk < 1:
@@ -190,8 +192,8 @@ def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provide
     split = tuple(chunk > 1 and form.type_of(h).shape != model.type_of(h).shape for h in model.heads)
     if onnxruntime:
         exported = to_onnx(model, batch=chunk if chunk > 1 else None, optimize=True)
-        return Plan(exported.SerializeToString(), chunk, sample, names, split, provider, threads)
-    return Plan(form, chunk, sample, names, split, provider, threads)
+        return Plan(exported.SerializeToString(), chunk, sample, names, split, provider, threads, edges)
+    return Plan(form, chunk, sample, names, split, provider, threads, edges)
 
 
 def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None) -> Plan:
@@ -259,6 +261,9 @@ class Runner:
         return RuntimeFailure([Problem(where, str(p)) for p in error.problems])
 
     def _call(self, part: np.ndarray) -> list[np.ndarray]:
+        edges = self.plan.edges if part.dtype.kind == "f" else None
+        if edges is not None:
+            return edges.finish(self._call(edges.prepare(part)))
         b = self.plan.batch
         if b == 1:
             x = part[0]
@@ -365,12 +370,13 @@ def _keys(names: Sequence[str]) -> list[str]:
 # -- one machine --------------------------------------------------------------------------------------------------
 def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
              chunk: int = CHUNK, provider: str = "cpu", threads: int | None = None,
-             progress: Progress | None = None) -> Output:
+             progress: Progress | None = None, edges: Edges | None = None) -> Output:
     """Run ``model`` (a validated CVM graph on the reference executor, or an ONNX model on onnxruntime) over
     the samples in ``inputs`` (an .npy file, a directory of them, or an array), ``chunk`` samples per unit of
     work (``threads``: onnxruntime's, see ``runtime.session``). With ``output`` the results are written there,
-    else kept in memory: the ``Output`` returned has them in ``arrays``, its ``keys`` and ``shapes``."""
-    p, data = planned(model, inputs, chunk, provider=provider, threads=threads)
+    else kept in memory: the ``Output`` returned has them in ``arrays``, its ``keys`` and ``shapes``. ``edges``:
+    a quantized import's float edges, which take float samples and give float32 outputs."""
+    p, data = planned(model, inputs, chunk, provider=provider, threads=threads, edges=edges)
     runner = Runner(p)
     with Output(output, p.names, data.count, data.stacked) as out:
         for a in range(0, data.count, chunk):

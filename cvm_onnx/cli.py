@@ -105,9 +105,18 @@ def cmd_convert(args) -> int:
         return USAGE_ERROR
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
-    api.convert(args.source, args.output, params=args.params, inline=args.inline,
-                input_precision=args.input_precision, batch=args.batch, optimize=args.optimize)
-    say(f"wrote {args.output}")
+    imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
+                           input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
+                           outputs=args.outputs)
+    if imported is not None and args.report:
+        from .report import import_markdown
+
+        try:
+            replace_file(Path(args.report), import_markdown(args.source, args.output, imported).encode())
+        except OSError as e:
+            raise FormatError(f"cannot write the report: {e.strerror or e}", where=args.report) from None
+    say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
+                                  if imported is not None and imported.edges is not None else ""))
     return 0
 
 
@@ -192,17 +201,19 @@ def cmd_view(args) -> int:
 def cmd_run(args) -> int:
     from .progress import Bar
 
+    edges = None
     if api.is_onnx(args.model):
         model = api.load_onnx(args.model, external_data=True)
     else:
         loaded = api.load(args.model, args.params)
         _warn(loaded.warnings)
-        model = loaded.graph
+        model, edges = loaded.graph, loaded.edges
     with Bar() as bar:
         if args.ray is None:
             from .bulk import run_many
 
-            out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar)
+            out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar,
+                           edges=edges)
         else:
             from .on_ray import run_on_ray
 
@@ -276,9 +287,10 @@ def parser() -> argparse.ArgumentParser:
               "inputs and outputs, provenance and the native library it needs")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)")
     r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
-                   "or N of them stacked on a new axis 0; or a directory of such .npy files (file-name order)")
+                   "or N of them stacked on a new axis 0; or a directory of such .npy files (file-name order); floats for a "
+                   "model imported from a quantized ONNX model (quantized as its first QuantizeLinear does)")
     r.add_argument("--output", required=True, help=".npz to write, one array per output (stacked over the "
-                   "samples for N inputs); or .npy for a one-output model")
+                   "samples for N inputs); or .npy for a one-output model; float32 dequantized outputs for float input")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
     r.add_argument("--chunk", type=int, default=CHUNK, metavar="N", help=f"samples per unit of work, and per "
                    f"model call where the model takes a batch (default {CHUNK})")
@@ -305,7 +317,10 @@ def parser() -> argparse.ArgumentParser:
                    "REPO, for the op library's path in config.pbtxt (default /models)")
     c.set_defaults(fn=cmd_convert, usage=c)
     c.add_argument("--report", metavar="FILE", help="write a Markdown report: stages, op table, sizes, timings "
-                   "(CVM -> ONNX)")
+                   "(CVM -> ONNX); for an ONNX import, which ONNX node became which CVM ops and every "
+                   "requantization")
+    c.add_argument("--outputs", nargs="+", metavar="NAME", help="ONNX -> CVM: cut the graph at these tensors, "
+                   "which become the outputs (keep the integer part of a model that ends in float ops)")
     c.add_argument("--verify", action="store_true", help="also compare with the reference executor, exactly, on "
                    "0, the extremes and 3 random inputs before writing (CVM -> ONNX)")
     v = model_cmd("verify", cmd_verify, "convert a CVM model and check onnxruntime against the reference "

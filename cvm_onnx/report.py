@@ -4,12 +4,14 @@ sizes, warnings and the comparison's verdict. It renders; it runs nothing."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import onnx
 import onnxruntime
 
 from .constants import DOMAIN, __version__
+from .converters.from_onnx import Imported
 from .graph import Graph
 from .format.model_dir import model_files
 from .native import DOMAIN as NATIVE_DOMAIN
@@ -140,3 +142,45 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
                       for f in forms.get(op, {"-"}))
         rows.append(OpForm(op, count, " / ".join(form), sorted(types.get(op, ())), sizes.get(op, 0)))
     return rows
+
+
+def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Imported) -> str:
+    """The report of an ONNX -> CVM import: which CVM ops each ONNX node became and, for a quantized model, every
+    requantization (its ratios M, multipliers, shifts, and the worst distance from the exact value, in output
+    steps: 1/2 for the rounding plus the approximation of M; docs/import.md)."""
+    g = imported.graph
+    out = [f"# Import report: {src} -> {dst}", "",
+           f"cvm-onnx {__version__}, onnx {onnx.__version__}. {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
+           f"{len(g.params)} params.", "", "## ONNX nodes and the CVM ops they became", "",
+           "| ONNX node | CVM ops |", "|---|---|"]
+    kinds = {n.name: n.op for n in g.nodes}
+    for where, names in imported.origins:
+        ops = [f"{kinds[n]} `{n}`" for n in names if n in kinds and kinds[n] != "null"]
+        out.append(f"| {_cell(where)} | {_cell(', '.join(ops)) or '(none: a name, a constant or a scale)'} |")
+    if imported.requants:
+        out += ["", "## Requantizations", "",
+                "r = round_half_up(sum v * m / 2^k) after an optional clip and pre-shift s; worst error = 1/2 + "
+                "the approximation of M, in output steps.", "",
+                "| ONNX node | M | multiplier m | pre-shift s | shift k | clip | worst error (steps) |",
+                "|---|---|---|---:|---:|---|---:|"]
+        for r in imported.requants:
+            if r.plan is None:
+                what = "same scale (zero point only)" if r.ratios else "cvm_lut table"
+                out.append(f"| {_cell(r.node)} | {what} | | | | | {'0' if r.ratios else '1/2'} |")
+                continue
+            p = r.plan
+            ms = ", ".join(f"{v:.6g}" for v in r.ratios[:4]) + (f", ... ({len(r.ratios)})" if len(r.ratios) > 4 else "")
+            mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]
+            mults = ", ".join(map(str, mult[:4])) + (f", ... ({len(mult)})" if len(mult) > 4 else "")
+            clip = "" if p.clip is None else f"[{p.clip[0]}, {p.clip[1]}]"
+            out.append(f"| {_cell(r.node)} | {ms} | {mults} | {p.pre_shift} | {p.shift} | {clip} | {p.error:.6f} |")
+    if imported.edges is not None:
+        e = imported.edges
+        out += ["", "## Float edges (quantization.json)", ""]
+        if e.input is not None:
+            out.append(f"- input {e.input.name}: {e.input.type}, scale {e.input.scale.tolist()}, zero point "
+                       f"{e.input.zero_point.tolist()}")
+        for k, o in enumerate(e.outputs):
+            out.append(f"- output {k}: " + ("integers" if o is None else f"{o.name}: {o.type}, scale "
+                                            f"{o.scale.tolist()}, zero point {o.zero_point.tolist()}"))
+    return "\n".join(out) + "\n"

@@ -180,7 +180,7 @@ class _Walk:
             if tt.elem_type not in INT_RANGES:
                 edge = quantized.input_edge(self.graph, v.name, self.constants())
                 if isinstance(edge, str):
-                    self.problem(v.name, f"input of type {type_name(tt.elem_type)}: {edge}")
+                    self.problem(v.name, f"input of non-integer type {type_name(tt.elem_type)}: {edge}")
                     continue
             if not tt.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
                 self.problem(v.name, "input needs a static shape (every dim known and > 0)")
@@ -247,8 +247,10 @@ class _Walk:
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
                     r = FLOAT_RULES[key]
+                elif key in RULES:
+                    r = RULES[key]
                 else:
-                    r = RULES.get(key) or FLOAT_RULES[key]
+                    raise Refuse(f"no CVM op for ONNX {n.op_type} on integers (only between quantized tensors)")
                 out = r.fn(self.ctx, NodeView(n, u.name, self.opsets[_domain(n.domain)]), *ins)
                 out = [out] if isinstance(out, (Tensor, *quantized.Real)) else list(out)
                 outs = {name: t for name, t in zip(n.output, out) if name}

@@ -559,8 +559,8 @@ def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
     va, vb = minus_zero(ctx, a), minus_zero(ctx, b)
     corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
     e = ctx.op("broadcast_mul", va, vb)
-    return Scaled(ctx.result(e, INT32, min(corners), max(corners), broadcast_shape(va, vb)),
-                  np.asarray(a.scale * b.scale, dtype=object),
+    scale = np.asarray(a.scale * b.scale, dtype=object).reshape(np.broadcast_shapes(a.scale.shape, b.scale.shape))
+    return Scaled(ctx.result(e, INT32, min(corners), max(corners), broadcast_shape(va, vb)), scale,
                   np.zeros((), np.int64))
 
 
@@ -810,8 +810,7 @@ def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
     (per tensor). Else why not, as a sentence."""
     users = [n for n in graph.node if name in n.input]
     if not users or any(n.op_type != "QuantizeLinear" or list(n.input[:1]) != [name] for n in users):
-        return ("float input: only a model whose float input is read by QuantizeLinear alone (a quantized model) "
-                "has a CVM form")
+        return "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form"
     found = []
     for n in users:
         s = constants.get(n.input[1]) if len(n.input) > 1 else None

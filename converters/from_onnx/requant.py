@@ -97,7 +97,7 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
         p1 = tight(b1)
         if s and p1 + s >= 32:
             continue
-        scaled = ms * (1 << s)
+        scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
         for k in range(kmax, 0, -1):
             m = _multipliers(scaled, k)
             if min(m.flat) < 1:

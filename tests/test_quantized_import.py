@@ -1,0 +1,510 @@
+"""The quantized front: random small float models quantized by onnxruntime.quantization.quantize_static (QDQ and
+QOperator forms, int8/uint8 activations, symmetric or not, per tensor or per channel, opsets 13..21) import
+into CVM models whose integer outputs equal, exactly, a numpy oracle written here from docs/import.md
+(integer accumulation, then each requantization with the multiplier, shifts and clip the import chose); every
+requantization lies within its stated bound of the exact rational value; the models validate and export to
+ONNX bit-exact; single-layer models agree with onnxruntime within one step. Bad input gets one clear error
+naming the node."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
+
+import cvm_onnx
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.errors import CVMError, UnsupportedError
+from cvm_onnx.executor import execute
+from cvm_onnx.format import read_edges
+from cvm_onnx.verify import verify
+
+quantization = pytest.importorskip("onnxruntime.quantization")
+SETTINGS = settings(max_examples=12, deadline=None)
+INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
+
+
+# -- models -----------------------------------------------------------------------------------------------------
+def conv_layer(rng, name, x, c_in, c_out, group=1, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1):
+    w = nh.from_array(rng.normal(size=(c_out, c_in // group, k, k)).astype(np.float32), f"{name}_w")
+    b = nh.from_array(rng.normal(size=(c_out,)).astype(np.float32), f"{name}_b")
+    node = h.make_node("Conv", [x, w.name, b.name], [name], group=group, strides=[stride, stride], pads=list(pads),
+                       dilations=[dilation, dilation])
+    return [node], [w, b]
+
+
+def float_model(kind: str, seed: int, opset: int, group: int, stride: int, pads, pool: str, head: str):
+    """A small float CNN: conv (+ relu) [two branches joined by Add, Mul or Concat], a pooling, flatten, Gemm or
+    MatMul (+ Sigmoid)."""
+    rng = np.random.default_rng(seed)
+    c = 2 * group
+    nodes, inits = conv_layer(rng, "c1", "x", c, 4, group, stride=stride, pads=pads)
+    nodes.append(h.make_node("Relu", ["c1"], ["r1"]))
+    last = "r1"
+    if kind in ("Add", "Mul", "Concat"):
+        n2, i2 = conv_layer(rng, "c2", "x", c, 4, 1, stride=stride, pads=pads)
+        nodes += n2
+        inits += i2
+        nodes.append(h.make_node(kind, ["r1", "c2"], ["j"], **({"axis": 1} if kind == "Concat" else {})))
+        last = "j"
+    if pool == "max":
+        nodes.append(h.make_node("MaxPool", [last], ["p"], kernel_shape=[2, 2], strides=[2, 2]))
+    elif pool == "avg":
+        nodes.append(h.make_node("AveragePool", [last], ["p"], kernel_shape=[2, 2], strides=[1, 1],
+                                 pads=[1, 0, 0, 1]))
+    else:
+        nodes.append(h.make_node("GlobalAveragePool", [last], ["p"]))
+    nodes.append(h.make_node("Flatten", ["p"], ["f"]))
+    shapes = {"x": [1, c, 6, 6]}
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, shapes["x"])],
+                     [h.make_tensor_value_info("f", T.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m = onnx.shape_inference.infer_shapes(m)
+    n_f = [v for v in m.graph.value_info if v.name == "f"] or list(m.graph.output)
+    width = n_f[0].type.tensor_type.shape.dim[1].dim_value
+    w2 = nh.from_array(rng.normal(size=(width, 3)).astype(np.float32), "w2")
+    b2 = nh.from_array(rng.normal(size=(3,)).astype(np.float32), "b2")
+    m.graph.initializer.extend([w2, b2])
+    if head == "gemm":
+        m.graph.node.append(h.make_node("Gemm", ["f", "w2", "b2"], ["y"]))
+    else:
+        m.graph.node.append(h.make_node("MatMul", ["f", "w2"], ["mm"]))
+        m.graph.node.append(h.make_node("Add", ["mm", "b2"], ["y"]))
+    out = "y"
+    if head == "sigmoid":
+        m.graph.node.append(h.make_node("Sigmoid", ["y"], ["ys"]))
+        out = "ys"
+    del m.graph.output[:]
+    m.graph.output.append(h.make_tensor_value_info(out, T.FLOAT, None))
+    del m.graph.value_info[:]
+    return m
+
+
+class Reader(quantization.CalibrationDataReader):
+    def __init__(self, shape, seed=0, n=4):
+        rng = np.random.default_rng(seed)
+        self.items = iter([{"x": rng.normal(size=shape).astype(np.float32)} for _ in range(n)])
+
+    def get_next(self):
+        return next(self.items, None)
+
+
+def quantized(model: onnx.ModelProto, tmp, fmt: str, activation: str, symmetric: bool, per_channel: bool):
+    src, dst = tmp / "f.onnx", tmp / "q.onnx"
+    onnx.save(model, src)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    quantization.quantize_static(
+        str(src), str(dst), Reader(shape), quant_format=getattr(quantization.QuantFormat, fmt),
+        activation_type=getattr(quantization.QuantType, "QInt8" if activation == "int8" else "QUInt8"),
+        weight_type=quantization.QuantType.QInt8, per_channel=per_channel,
+        extra_options={"ActivationSymmetric": symmetric})
+    return onnx.load(dst), shape
+
+
+# -- the oracle -------------------------------------------------------------------------------------------------
+def one(op_type, inputs, **attrs):
+    """One ONNX op on float64 arrays with onnx.reference (exact on the integers used here)."""
+    names = [f"i{k}" for k in range(len(inputs))]
+    g = h.make_graph([h.make_node(op_type, names, ["o"], **attrs)], "one",
+                     [h.make_tensor_value_info(n, T.DOUBLE, None) for n in names],
+                     [h.make_tensor_value_info("o", T.DOUBLE, None)])
+    return ReferenceEvaluator(h.make_model(g, opset_imports=[h.make_opsetid("", 21)])).run(
+        None, dict(zip(names, [np.asarray(x, np.float64) for x in inputs])))[0]
+
+
+class Oracle:
+    """Runs a quantized model as docs/import.md states: integers; values (v, scale) with v an integer array whose
+    real value is v * scale; QuantizeLinear as the import's plan (multiplier, shifts, clip) of each node; float
+    functions as a float64 table. Checks each requantization against its bound."""
+
+    def __init__(self, model, imported):
+        self.model = model
+        self.inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
+        self.types = {t.name: t.data_type for t in model.graph.initializer}
+        self.plans = {r.node: r for r in imported.requants}
+        self.worst = 0.0
+
+    def const(self, name):
+        return self.inits[name] if name else None
+
+    def run(self, q: np.ndarray) -> list[np.ndarray]:
+        env = {}
+        for i, node in enumerate(self.model.graph.node):
+            ins = list(node.input)
+            a = {x.name: h.get_attribute_value(x) for x in node.attribute}
+            name = node.name or f"{node.op_type}_{i}"
+            op = node.op_type
+            if op == "QuantizeLinear" and ins[0] == self.model.graph.input[0].name:
+                out = ("int", q.astype(np.int64))
+            elif op == "DequantizeLinear":
+                out = self.dq(env.get(ins[0]), ins, a)
+            elif op == "QuantizeLinear":
+                out = self.q(name, env[ins[0]], ins[1], ins[2] if len(ins) > 2 else "")
+            elif op.startswith("QLinear") or op == "QGemm":
+                out = self.qop(name, op, ins, a, env)
+            else:
+                out = self.float_op(op, [env.get(x) if x in env else ("const", self.inits.get(x)) for x in ins], a)
+            env[node.output[0]] = out
+        return [env[o.name] for o in self.model.graph.output]
+
+    # values: ("int", q), ("real", v, scale, zero-free) with real = v * scale, ("fn", value, f), ("sum", [reals])
+    def dq(self, x, ins, a):
+        q = x[1] if x is not None else self.inits[ins[0]].astype(np.int64)
+        s = self.const(ins[1]).astype(np.float64)
+        z = self.const(ins[2]) if len(ins) > 2 and ins[2] else np.zeros((), np.int64)
+        axis = a.get("axis", 1)
+        if s.size > 1:
+            shape = (-1,) + (1,) * (q.ndim - 1 - axis % q.ndim)
+            s, z = s.reshape(shape), z.reshape(shape)
+        return ("real", q - z.astype(np.int64), np.vectorize(Fraction, otypes=[object])(s))
+
+    def q(self, name, x, s_name, z_name):
+        lo, hi = INT_RANGE[self.types.get(z_name, T.UINT8)]
+        z = int(self.inits[z_name]) if z_name else 0
+        return ("int", self.requant(name, x, Fraction(float(self.inits[s_name])), z, lo, hi))
+
+    def requant(self, name, x, s_out, zo, lo, hi):
+        rec = self.plans[name]
+        if x[0] == "fn":
+            _, (kind, v, sc), f = x
+            real = v * float(sc.reshape(-1)[0])
+            return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
+        terms = x[1] if x[0] == "sum" else [x]
+        if rec.plan is None:
+            return np.clip(terms[0][1] + zo, lo, hi)
+        p = rec.plan
+        if len(terms) == 1:
+            v = terms[0][1]
+            if p.clip is not None:
+                v = np.clip(v, *p.clip)
+            if p.pre_shift:
+                v = (v + (1 << (p.pre_shift - 1))) >> p.pre_shift
+            total = v * p.multipliers[0]
+        else:
+            total = sum(t[1] * m for t, m in zip(terms, p.multipliers))
+        r = (total + (1 << (p.shift - 1))) >> p.shift
+        exact = sum(t[1].astype(object) * (t[2] / s_out) for t in terms)
+        inside = (r + zo >= lo) & (r + zo <= hi)
+        err = np.abs(r.astype(object) - exact)[np.broadcast_to(inside, r.shape)]
+        if err.size:
+            worst = float(max(err.flat))
+            assert worst <= p.error + 1e-12, (name, worst, p.error)
+            self.worst = max(self.worst, worst)
+        return np.clip(r + zo, lo, hi)
+
+    def as_real(self, x, what):
+        assert x[0] == "real", (what, x[0])
+        return x
+
+    def float_op(self, op, xs, a):
+        if op in ("Conv", "Gemm", "MatMul"):
+            x, w = xs[0], xs[1]
+            scale_x = x[2].reshape(())
+            if op == "Conv":
+                v = one("Conv", [x[1], w[1]] + ([xs[2][1]] if len(xs) > 2 else []), **a)
+                sw = np.broadcast_to(w[2], w[1].shape).reshape(len(w[1]), -1)[:, 0].reshape(-1, 1, 1)
+            else:
+                wv = w[1] if op == "MatMul" or a.get("transB", 0) == 0 else w[1].T
+                v = x[1] @ wv + (xs[2][1] if len(xs) > 2 else 0)
+                sw = np.broadcast_to(w[2], w[1].shape)
+                sw = (sw.T if a.get("transB", 0) else sw)[0]
+            return ("real", np.rint(v).astype(np.int64), scale_x * sw)
+        if op == "Relu":
+            return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
+                ("fn", xs[0][1], lambda r, f=xs[0][2]: np.maximum(f(r), 0))
+        if op in ("MaxPool", "Flatten", "Reshape"):
+            v = np.rint(one(op, [xs[0][1]] + [c[1] for c in xs[1:]], **a)).astype(np.int64)
+            return ("int", v) if xs[0][0] == "int" else ("real", v, xs[0][2])
+        if op == "AveragePool":
+            c = xs[0][1].shape[1]
+            ones = np.ones((c, 1) + tuple(a["kernel_shape"]))
+            v = one("Conv", [xs[0][1], ones], group=c, strides=a.get("strides", [1, 1]), pads=a.get("pads", [0] * 4))
+            count = one("Conv", [np.ones((1, 1) + xs[0][1].shape[2:]), np.ones((1, 1) + tuple(a["kernel_shape"]))],
+                        strides=a.get("strides", [1, 1]), pads=a.get("pads", [0] * 4))
+            if a.get("count_include_pad", 0):
+                count = np.full_like(count, math.prod(a["kernel_shape"]))
+            return ("real", np.rint(v).astype(np.int64),
+                    xs[0][2] / np.vectorize(lambda n: Fraction(int(n)), otypes=[object])(count[0]))
+        if op == "GlobalAveragePool":
+            v = xs[0][1].sum(axis=(2, 3), keepdims=True)
+            return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
+        if op == "Add":
+            return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
+        if op == "Mul":
+            return ("real", xs[0][1] * xs[1][1], xs[0][2] * xs[1][2])
+        if op == "Concat":
+            axis = a["axis"]
+            v = np.concatenate([x[1] for x in xs], axis=axis)
+            scale = np.concatenate([np.broadcast_to(np.asarray(x[2], dtype=object).reshape((1,) * x[1].ndim),
+                                                    x[1].shape[:axis] + (x[1].shape[axis],) + (1,) *
+                                                    (x[1].ndim - axis - 1)) for x in xs], axis=axis)
+            return ("real", v, scale)
+        if op == "Sigmoid":
+            return ("fn", xs[0], lambda r: 1 / (1 + np.exp(-r)))
+        raise AssertionError(f"the oracle has no {op}")
+
+    def qop(self, name, op, ins, a, env):
+        def dq3(k, axis=1):
+            return self.dq(env.get(ins[k]), ins[k:k + 3], {"axis": axis})
+
+        if op == "QLinearConv":
+            x, w = dq3(0), dq3(3, 0)
+            b = ("real", self.inits[ins[8]].astype(np.int64), None) if len(ins) > 8 else None
+            val = self.float_op("Conv", [x, w] + ([b] if b else []), a)
+            return self.q(name, val, ins[6], ins[7])
+        if op == "QGemm":
+            x, w = dq3(0), dq3(3, 0 if a.get("transB", 0) else 1)
+            b = ("real", self.inits[ins[6]].astype(np.int64), None) if len(ins) > 6 and ins[6] else None
+            val = self.float_op("Gemm", [x, w] + ([b] if b else []), a)
+            return self.q(name, val, ins[7], ins[8])
+        if op == "QLinearMatMul":
+            val = self.float_op("MatMul", [dq3(0), dq3(3)], a)
+            return self.q(name, val, ins[6], ins[7])
+        if op in ("QLinearAdd", "QLinearMul"):
+            val = self.float_op(op[len("QLinear"):], [dq3(0), dq3(3)], a)
+            return self.q(name, val, ins[6], ins[7])
+        if op == "QLinearConcat":
+            xs = [dq3(k) for k in range(2, len(ins), 3)]
+            return self.q(name, self.float_op("Concat", xs, a), ins[0], ins[1])
+        val = self.float_op(op[len("QLinear"):], [dq3(0)], a)
+        return self.q(name, val, ins[3], ins[4])
+
+
+# -- properties -------------------------------------------------------------------------------------------------
+CONFIG = st.fixed_dictionaries({
+    "fmt": st.sampled_from(["QDQ", "QOperator"]), "activation": st.sampled_from(["int8", "uint8"]),
+    "symmetric": st.booleans(), "per_channel": st.booleans(), "opset": st.sampled_from([13, 17, 19, 21])})
+MODEL = st.fixed_dictionaries({
+    "kind": st.sampled_from(["plain", "Add", "Mul", "Concat"]), "seed": st.integers(0, 2**16),
+    "group": st.sampled_from([1, 2]), "stride": st.sampled_from([1, 2]),
+    "pads": st.sampled_from([(1, 1, 1, 1), (0, 0, 0, 0), (0, 1, 2, 0)]),
+    "pool": st.sampled_from(["max", "avg", "global"]), "head": st.sampled_from(["gemm", "matmul", "sigmoid"])})
+
+
+@SETTINGS
+@given(config=CONFIG, spec=MODEL, seed=st.integers(0, 2**16))
+def test_import_equals_the_oracle_and_exports_exactly(tmp_path_factory, config, spec, seed):
+    tmp = tmp_path_factory.mktemp("q")
+    fm = float_model(opset=config["opset"], **spec)
+    qm, shape = quantized(fm, tmp, config["fmt"], config["activation"], config["symmetric"], config["per_channel"])
+    imp = import_model(qm)
+    edges = imp.edges
+    oracle = Oracle(qm, imp)
+    rng = np.random.default_rng(seed)
+    for x in [rng.normal(size=shape).astype(np.float32) * 2, np.zeros(shape, np.float32)]:
+        q = edges.input.quantize(x)
+        got = execute(imp.graph, {"data": q})
+        want = oracle.run(q)
+        for g_, w_, e in zip(got, want, edges.outputs):
+            assert w_[0] == "real" and w_[1].dtype == np.int64  # (q - zero) of the last DequantizeLinear
+            assert np.array_equal(g_ - e.zero_point, w_[1].reshape(g_.shape))
+    assert verify(imp.graph, seeds=1).exact
+
+
+# -- onnxruntime, one layer at a time -------------------------------------------------------------------------------
+def ort_session(model):
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.x64quantprecision", "1")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@settings(max_examples=8, deadline=None)
+@given(form=st.sampled_from([("QDQ", "int8"), ("QDQ", "uint8"), ("QOperator", "uint8")]),
+       symmetric=st.booleans(), per_channel=st.booleans(), seed=st.integers(0, 2**16),
+       op=st.sampled_from(["conv", "gemm"]))
+def test_one_layer_agrees_with_onnxruntime_within_one_step(tmp_path_factory, form, symmetric, per_channel, seed,
+                                                           op):
+    """Against onnxruntime with session.x64quantprecision (exact integer kernels on every CPU), which has no
+    int8-activation QLinearConv: the QOperator form is compared with uint8 activations only (the oracle test
+    covers both)."""
+    fmt, activation = form
+    rng = np.random.default_rng(seed)
+    if op == "conv":
+        nodes, inits = conv_layer(rng, "y", "x", 3, 4)
+        shape = [1, 3, 5, 5]
+    else:
+        inits = [nh.from_array(rng.normal(size=(6, 4)).astype(np.float32), "w"),
+                 nh.from_array(rng.normal(size=(4,)).astype(np.float32), "b")]
+        nodes, shape = [h.make_node("Gemm", ["x", "w", "b"], ["y"])], [1, 6]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    fm = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    qm, shape = quantized(fm, tmp_path_factory.mktemp("q"), fmt, activation, symmetric, per_channel)
+    imp = import_model(qm)
+    sess = ort_session(qm)
+    out = imp.edges.outputs[0]
+    for _ in range(3):
+        x = rng.normal(size=shape).astype(np.float32) * 3
+        [want] = sess.run(None, {"x": x})
+        [got] = cvm_onnx.run_cvm(imp.graph, x, imp.edges)
+        assert got.dtype == np.float32
+        steps = np.rint(np.abs(got.astype(np.float64) - want) / float(out.scale))
+        assert steps.max() <= 1
+
+
+# -- the float edges --------------------------------------------------------------------------------------------
+def small_qdq(tmp, activation="uint8"):
+    rng = np.random.default_rng(3)
+    nodes, inits = conv_layer(rng, "y", "x", 2, 2)
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    qm, _ = quantized(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp, "QDQ", activation, False, True)
+    return qm
+
+
+def test_input_quantization_is_onnxruntime_quantize_linear():
+    """Edge.quantize against onnxruntime's QuantizeLinear on values at and around every tie."""
+    from cvm_onnx.format import Edge
+
+    for dtype, zero in (("uint8", 131), ("int8", -7)):
+        e = Edge("data", dtype, np.array(0.0625, np.float32), np.array(zero))
+        x = (np.arange(-4200, 4200, dtype=np.float32) / 512).reshape(1, -1)
+        elem = T.UINT8 if dtype == "uint8" else T.INT8
+        g = h.make_graph([h.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], "q",
+                         [h.make_tensor_value_info("x", T.FLOAT, list(x.shape))],
+                         [h.make_tensor_value_info("q", elem, None)],
+                         [nh.from_array(np.array(0.0625, np.float32), "s"),
+                          h.make_tensor("z", elem, [], [zero])])
+        [want] = ort_session(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])).run(None, {"x": x})
+        assert np.array_equal(e.quantize(x), want.astype(np.int32))
+
+
+def test_convert_writes_edges_and_run_takes_floats_or_integers(tmp_path):
+    qm = small_qdq(tmp_path)
+    src = tmp_path / "m.onnx"
+    onnx.save(qm, src)
+    cvm_onnx.convert(src, tmp_path / "m")
+    edges = read_edges(tmp_path / "m")
+    assert edges.input.type == "uint8" and edges.outputs[0] is not None
+    model = cvm_onnx.load(tmp_path / "m")
+    x = np.random.default_rng(0).normal(size=(1, 2, 4, 4)).astype(np.float32)
+    [yf] = cvm_onnx.run_cvm(model.graph, x, model.edges)
+    [yi] = cvm_onnx.run_cvm(model.graph, edges.input.quantize(x).astype(np.int32), model.edges)
+    assert yf.dtype == np.float32 and yi.dtype == np.int32
+    assert np.array_equal(yf, edges.outputs[0].dequantize(yi))
+    [want] = ort_session(qm).run(None, {"x": x})
+    assert np.abs(yf - want).max() <= float(edges.outputs[0].scale) * 1.0001
+    cvm_onnx.write_model(model.graph, tmp_path / "m")  # a plain model: the edges go
+    assert read_edges(tmp_path / "m") is None
+
+
+def test_cli_run_writes_float32_outputs(tmp_path):
+    from cvm_onnx.cli import main
+
+    onnx.save(small_qdq(tmp_path), tmp_path / "m.onnx")
+    assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m"), "--report",
+                 str(tmp_path / "r.md")]) == 0
+    report = (tmp_path / "r.md").read_text()
+    assert "Requantizations" in report and "conv2d" in report
+    np.save(tmp_path / "x.npy", np.ones((1, 2, 4, 4), np.float32))
+    assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output",
+                 str(tmp_path / "o.npz")]) == 0
+    [y] = np.load(tmp_path / "o.npz").values()
+    assert y.dtype == np.float32
+
+
+# -- refusals ---------------------------------------------------------------------------------------------------
+def problems(model, **kw) -> str:
+    with pytest.raises(CVMError) as e:
+        import_model(model, **kw)
+    return str(e.value)
+
+
+def edited(model, fn):
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    fn(m)
+    return m
+
+
+def set_init(m, name, value):
+    for i, t in enumerate(m.graph.initializer):
+        if t.name == name:
+            m.graph.initializer[i].CopyFrom(nh.from_array(value, name))
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.5, np.inf, np.nan])
+def test_bad_scales_are_refused_naming_the_node(tmp_path, bad):
+    qm = small_qdq(tmp_path)
+    inits = {t.name: nh.to_array(t) for t in qm.graph.initializer}
+    dq = next(n for n in qm.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "y_w_quantized")
+    scale = inits[dq.input[1]].copy()
+    scale.reshape(-1)[-1] = bad
+    msg = problems(edited(qm, lambda m: set_init(m, dq.input[1], scale)))
+    assert dq.name in msg and "finite and > 0" in msg
+    q = next(n for n in qm.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    msg = problems(edited(qm, lambda m: set_init(m, q.input[1], np.array(bad, np.float32))))
+    assert q.name in msg and "finite scale > 0" in msg
+
+
+def test_run_time_scale_is_refused(tmp_path):
+    qm = small_qdq(tmp_path)
+    q = [n for n in qm.graph.node if n.op_type == "QuantizeLinear"][-1]
+
+    def fn(m):  # the scale: the largest quantized input value, as a float
+        node = next(n for n in m.graph.node if n.name == q.name)
+        node.input[1] = "runtime_scale"
+        first = next(n for n in m.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+        m.graph.node.insert(1, h.make_node("ReduceMax", [first.output[0]], ["peak"], keepdims=0))
+        m.graph.node.insert(2, h.make_node("Cast", ["peak"], ["runtime_scale"], to=T.FLOAT))
+    msg = problems(edited(qm, fn))
+    assert q.name in msg and "run time" in msg
+
+
+def test_float_ops_after_the_last_dequantize_are_refused_all_at_once_and_outputs_cut(tmp_path):
+    qm = small_qdq(tmp_path)
+
+    def fn(m):
+        m.graph.node.append(h.make_node("Softmax", ["y"], ["s"], name="softmax"))
+        m.graph.node.append(h.make_node("LpNormalization", ["y"], ["l"], name="lpnorm"))
+        del m.graph.output[:]
+        m.graph.output.extend([h.make_tensor_value_info("s", T.FLOAT, None),
+                               h.make_tensor_value_info("l", T.FLOAT, None)])
+    m = edited(qm, fn)
+    msg = problems(m)
+    assert "softmax" in msg and "lpnorm" in msg
+    imp = import_model(m, outputs=["y"])
+    assert imp.edges.outputs[0] is not None
+    with pytest.raises(UnsupportedError, match="nope"):
+        import_model(m, outputs=["nope"])
+
+
+def test_a_product_operand_wider_than_cvm_allows_is_refused(tmp_path):
+    """int16 activations into a Conv: CVM's conv2d takes 8-bit operands (two halves of 9 bits at most)."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, size=(2, 2, 3, 3)).astype(np.int8)
+    g = h.make_graph(
+        [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"], name="dqx"),
+         h.make_node("DequantizeLinear", ["w", "s"], ["wf"], name="dqw"),
+         h.make_node("Conv", ["xf", "wf"], ["c"], name="conv16", pads=[1, 1, 1, 1]),
+         h.make_node("QuantizeLinear", ["c", "s", "z"], ["y"], name="qy")],
+        "m", [h.make_tensor_value_info("x", T.INT16, [1, 2, 4, 4])], [h.make_tensor_value_info("y", T.INT16, None)],
+        [nh.from_array(np.array(0.5, np.float32), "s"), nh.from_array(np.array(0, np.int16), "z"),
+         nh.from_array(w, "w")])
+    msg = problems(h.make_model(g, opset_imports=[h.make_opsetid("", 21)]), input_precision=16)
+    assert "conv16" in msg and "8-bit operands" in msg
+
+
+def test_a_clip_off_the_grid_is_deferred_to_the_quantize_linear(tmp_path):
+    """Relu6 whose bound 6 is not on the input's grid: y = clip(Q(x), Q(0), Q(6)) (rounding commutes)."""
+    s = 0.7
+    g = h.make_graph(
+        [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+         h.make_node("Clip", ["xf", "lo", "hi"], ["c"]),
+         h.make_node("QuantizeLinear", ["c", "so", "z"], ["y"])],
+        "m", [h.make_tensor_value_info("x", T.INT8, [1, 255])], [h.make_tensor_value_info("y", T.INT8, None)],
+        [nh.from_array(np.array(s, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z"),
+         nh.from_array(np.array(0.25, np.float32), "so"), nh.from_array(np.array(0.0, np.float32), "lo"),
+         nh.from_array(np.array(6.0, np.float32), "hi")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = np.arange(-127, 128, dtype=np.int8).reshape(1, 255)
+    [want] = ort_session(m).run(None, {"x": x})
+    [got] = execute(import_model(m, input_precision=8).graph, {"data": x.astype(np.int32)})
+    assert np.abs(got - want.astype(np.int32)).max() <= 1
+    assert got.max() == 24  # 6 / 0.25
