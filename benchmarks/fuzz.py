@@ -1,17 +1,26 @@
-"""A longer fuzz run over the reliability properties of tests/test_reliability.py.
+"""A longer fuzz run over the reliability properties of tests/test_reliability.py and tests/test_hostile_onnx.py.
 
 The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present) and the
 same check: every outcome is success or a CVMError, within the time and memory bounds. Unlike the tests, a run
 does not stop at the first failure: it counts the inputs tried and groups failures by signature (exception type
 and the innermost project frame), printing one example of each.
 
+The ``*-files`` and ``*-rules`` targets are hostile .onnx files (the reliability mutations of whole files; the
+attribute and input-name mutations of every import rule's op type, seeded by onnx's backend node tests and the
+exporter's models, or by an exported ResNet-20), each given to ``convert`` and to ``run`` in a child process, so
+a signal or a hang is counted as an outcome rather than ending the run; the counts by outcome are printed.
+
     python benchmarks/fuzz.py --minutes 5              # all targets, time split evenly
     python benchmarks/fuzz.py --minutes 2 onnx params  # some targets
+    python benchmarks/fuzz.py --count 10000 onnx-rules onnx-files resnet-rules resnet-files   # a fixed number
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -21,8 +30,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import test_hostile_onnx as H  # noqa: E402
 import test_reliability as R  # noqa: E402
+
 from conftest import RESNET  # noqa: E402
+
+CASE_SECONDS = 60  # a child that answers no case within this is a hang
 
 TARGETS = {
     "symbols": (lambda: R.mutated_symbols(R.SEEDS), R.check_cvm),
@@ -32,6 +45,13 @@ TARGETS = {
     "resnet": (lambda: R.mutated_symbols(R.resnet_seeds(RESNET)) | R.mutated_attributes(R.resnet_seeds(RESNET))
                | R.mutated_params(R.resnet_seeds(RESNET)), R.check_cvm),
     "resnet-onnx": (lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)), R.check_onnx),
+}
+#: Hostile .onnx files through convert and run in a child process (``Child``).
+CHILD_TARGETS = {
+    "onnx-files": lambda: R.mutated_onnx(R.ONNX_SEEDS),
+    "onnx-rules": lambda: H.mutated_nodes(H.rule_seeds()),
+    "resnet-files": lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)),
+    "resnet-rules": lambda: H.mutated_nodes(R.resnet_onnx_seeds(RESNET)),
 }
 PROJECT = ("cvm_onnx", "converters")
 
@@ -46,31 +66,138 @@ def signature(e: BaseException) -> str:
     return f"{what} at {Path(f.filename).name}:{f.lineno} ({f.name})"
 
 
+def _family(e: BaseException, named: bool) -> str:
+    """An outcome's name: the error family of a CVMError whose problems are one line each (``named``: each says
+    where), else ``internal`` with the signature."""
+    if isinstance(e, R.CVMError) and all("\n" not in str(p) and (p.where or not named) for p in e.problems):
+        return type(e).__name__
+    if isinstance(e, AssertionError) and str(e).startswith(("took ", "allocated ")):
+        return f"over the {'time' if str(e).startswith('took') else 'memory'} bound"  # timings: see the load
+    return f"internal {signature(e)}"
+
+
+def convert_and_run(data: bytes) -> str:
+    """What ``cvm-onnx convert M.onnx -o DIR`` (within the reliability bounds) and ``cvm-onnx run M.onnx`` (zeros
+    of the input's shape) make of a file: "convert: <outcome>; run: <outcome>", each ``ok``, an error family or
+    ``internal ...``."""
+    import numpy as np
+
+    from cvm_onnx import api, runtime
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.onnx"
+        path.write_bytes(data)
+        refused: list[BaseException] = []
+
+        def convert() -> None:
+            try:
+                api.convert(path, Path(d) / "out")
+            except R.CVMError as e:
+                refused.append(e)
+                raise
+
+        try:
+            R.bounded(convert, len(data))
+            converted = _family(refused[0], named=True) if refused else "ok"
+        except Exception as e:  # noqa: BLE001  (every outcome is recorded)
+            converted = _family(e, named=True)
+        try:
+            model = api.load_onnx(path, external_data=True)
+            inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+            dims = [d.dim_value if d.HasField("dim_value") else 1 for d in inputs[0].type.tensor_type.shape.dim] \
+                if inputs else [1]
+            runtime.run_model(model, np.zeros(dims if 0 < np.prod(dims) <= 1 << 20 else [1], np.int32))
+            ran = "ok"
+        except Exception as e:  # noqa: BLE001
+            ran = _family(e, named=False)
+    return f"convert: {converted}; run: {ran}"
+
+
+def _serve(conn) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    while True:
+        conn.send(convert_and_run(conn.recv()))
+
+
+class Child:
+    """A child process checking one file at a time (``convert_and_run``); a case that kills it (a signal) or
+    takes more than CASE_SECONDS is that case's outcome, and a new child takes over."""
+
+    def __init__(self):
+        self.context = multiprocessing.get_context("spawn")
+        self._start()
+
+    def _start(self) -> None:
+        self.conn, there = self.context.Pipe()
+        self.proc = self.context.Process(target=_serve, args=(there,), daemon=True)
+        self.proc.start()
+
+    def __call__(self, data: bytes) -> str:
+        self.conn.send(data)
+        if self.conn.poll(CASE_SECONDS):
+            try:
+                return self.conn.recv()
+            except EOFError:
+                pass
+        self.proc.join(1)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+            outcome = "hang"
+        else:
+            code = self.proc.exitcode
+            outcome = f"signal {-code}" if code is not None and code < 0 else f"child exit {code}"
+        self._start()
+        return outcome
+
+
+class ChildCheck:
+    """The check of a child target: the outcome of each case, counted; anything but ok or an error family raises."""
+
+    def __init__(self):
+        self.child = Child()
+        self.outcomes: Counter[str] = Counter()
+
+    def __call__(self, case) -> None:
+        outcome = self.child(case.files[0])
+        self.outcomes[outcome] += 1
+        if not outcome.startswith("convert: ") or "internal" in outcome or "bound" in outcome:
+            raise AssertionError(outcome)
+
+
 class Run:
     """Checks cases until ``end`` (a time.monotonic() value), counting them and grouping the failures."""
 
-    def __init__(self, check, end: float):
-        self.check, self.end = check, end
+    def __init__(self, check, end: float, count: int | None = None):
+        self.check, self.end, self.count = check, end, count
         self.tried = 0
         self.failures: Counter[str] = Counter()
         self.examples: dict[str, str] = {}
 
     def __call__(self, case) -> None:
-        if time.monotonic() > self.end:
+        if self.done():
             return  # the rest of hypothesis' chunk is drawn but not checked
         self.tried += 1
+        if isinstance(self.check, ChildCheck) and self.tried % 250 == 0:
+            print(f"    {self.tried} so far (load {os.getloadavg()[0]:.1f}): {dict(self.check.outcomes)}", flush=True)
         try:
             self.check(case)
         except Exception as e:  # noqa: BLE001  (every failure is recorded, the run goes on)
-            key = signature(e)
+            key = str(e) if isinstance(self.check, ChildCheck) else signature(e)
             self.failures[key] += 1
             self.examples.setdefault(key, f"{case!r:.300}\n      {type(e).__name__}: {str(e)[:300]}")
 
 
-def fuzz(name: str, seconds: float, chunk: int) -> Run:
-    strategy, check = TARGETS[name]
-    run = Run(check, time.monotonic() + seconds)
-    while time.monotonic() < run.end:
+    def done(self) -> bool:
+        return time.monotonic() > self.end or (self.count is not None and self.tried >= self.count)
+
+
+def fuzz(name: str, seconds: float, chunk: int, count: int | None = None) -> Run:
+    strategy, check = (CHILD_TARGETS[name], ChildCheck()) if name in CHILD_TARGETS else TARGETS[name]
+    run = Run(check, time.monotonic() + seconds, count)
+    while not run.done():
         @settings(max_examples=chunk, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
         @given(strategy())
@@ -83,23 +210,30 @@ def fuzz(name: str, seconds: float, chunk: int) -> Run:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("targets", nargs="*", help=f"some of {', '.join(TARGETS)} (default: all)")
+    p.add_argument("targets", nargs="*", help=f"some of {', '.join([*TARGETS, *CHILD_TARGETS])} (default: all)")
     p.add_argument("--minutes", type=float, default=5.0, help="total time, split evenly over the targets")
+    p.add_argument("--count", type=int, help="total inputs, split evenly over the targets (the time still bounds)")
     p.add_argument("--chunk", type=int, default=200, help="examples per hypothesis run (a new random seed each)")
     args = p.parse_args()
-    if unknown := set(args.targets) - set(TARGETS):
+    if unknown := set(args.targets) - set(TARGETS) - set(CHILD_TARGETS):
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
-    targets = args.targets or [t for t in TARGETS if not t.startswith("resnet") or (RESNET / "symbol").is_file()]
+    targets = args.targets or [t for t in [*TARGETS, *CHILD_TARGETS]
+                               if not t.startswith("resnet") or (RESNET / "symbol").is_file()]
+    print(f"{os.cpu_count()} CPUs, load {os.getloadavg()} (timings are noisy: the machine is shared)", flush=True)
     total_tried = total_failed = 0
     for name in targets:
         start = time.monotonic()
-        run = fuzz(name, args.minutes * 60 / len(targets), args.chunk)
+        count = None if args.count is None else -(-args.count // len(targets))
+        run = fuzz(name, args.minutes * 60 / len(targets), args.chunk, count)
         failed = sum(run.failures.values())
         total_tried, total_failed = total_tried + run.tried, total_failed + failed
-        print(f"{name:<11} {run.tried:>8} inputs in {time.monotonic() - start:6.1f} s, {failed} failures, "
-              f"{len(run.failures)} distinct", flush=True)
-        for key, count in run.failures.most_common():
-            print(f"  {count:>6} x {key}\n      {run.examples[key]}")
+        print(f"{name:<12} {run.tried:>8} inputs in {time.monotonic() - start:6.1f} s, {failed} failures, "
+              f"{len(run.failures)} distinct (load {os.getloadavg()[0]:.1f})", flush=True)
+        if isinstance(run.check, ChildCheck):
+            for outcome, n in sorted(run.check.outcomes.items()):
+                print(f"  {n:>6}  {outcome}")
+        for key, n in run.failures.most_common():
+            print(f"  {n:>6} x {key}\n      {run.examples[key]}")
     print(f"total       {total_tried:>8} inputs, {total_failed} failures")
     sys.exit(1 if total_failed else 0)
 

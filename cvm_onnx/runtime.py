@@ -84,7 +84,7 @@ def _options(threads: int = 1, spin: bool = False) -> ort.SessionOptions:
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.use_deterministic_compute = True
-    so.log_severity_level = 3  # errors are raised as exceptions; do not print them twice
+    so.log_severity_level = 4  # errors are raised as exceptions; do not print them twice (3 still logs them)
     return so
 
 

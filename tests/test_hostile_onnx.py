@@ -3,14 +3,25 @@ typed attributes, versions are those onnx and onnxruntime read. Each case below 
 or was accepted although onnxruntime refuses it; now each is one clear error naming the node."""
 from __future__ import annotations
 
+import functools
+import tempfile
+from collections import Counter
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T, helper, numpy_helper
+from test_reliability import EXTREMES, Case, Seeds, bounded
+
+from cvm_onnx.api import import_onnx
+from cvm_onnx.converters.to_onnx import to_onnx
 
 from cvm_onnx.cli import main
 from cvm_onnx.converters.from_onnx.checks import supported_versions
-from cvm_onnx.errors import FormatError, UnsupportedError
+from cvm_onnx.errors import CVMError, FormatError, UnsupportedError
 
 IR, OPSET = supported_versions()
 
@@ -293,3 +304,170 @@ def test_run_with_a_declared_input_precision_that_is_none_is_a_format_error(tmp_
     code, err = run_cli(tmp_path, tmp_path / "m.onnx", capsys)
     assert code == FormatError.exit_code
     assert err == [f"format error: data:clamped: metadata cvm.precision={value!r} is not a precision in [1, 32]"]
+
+
+# -- property: every import rule's op type under mutated attributes and input names ---------------------------------
+FLOATS = (T.FLOAT, T.DOUBLE, T.FLOAT16, T.BFLOAT16)
+
+
+def integer_form(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose float inputs, outputs, value_info and initializers are int32 (values rounded), so that the
+    import rules, not the input check, meet the node."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in [*m.graph.input, *m.graph.output, *m.graph.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type in FLOATS:
+            vi.type.tensor_type.elem_type = T.INT32
+    for k, t in enumerate(m.graph.initializer):
+        if t.data_type in FLOATS:
+            v = np.clip(np.nan_to_num(numpy_helper.to_array(t).astype(np.float64)), -(1 << 30), 1 << 30)
+            m.graph.initializer[k].CopyFrom(numpy_helper.from_array(np.rint(v).astype(np.int32), t.name))
+    return m
+
+
+@functools.cache
+def rule_seeds() -> dict[str, bytes]:
+    """Up to 3 single-node backend tests of onnx for each import rule's op type (standard domain) in integer
+    form, and the exporter's models of the reliability seeds (every CVM op in the cvm domain, the cvm.native ops),
+    function and flat form."""
+    import warnings
+
+    from onnx.backend.test.loader import load_model_tests
+
+    from cvm_onnx.converters.from_onnx import RULES
+    from test_reliability import ONNX_SEEDS
+
+    ops = {op for domain, op in RULES if domain == ""}
+    seeds, taken = {}, Counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tests = load_model_tests(kind="node")
+    for t in sorted(tests, key=lambda t: t.name):
+        nodes = t.model.graph.node
+        if len(nodes) == 1 and nodes[0].op_type in ops and taken[nodes[0].op_type] < 3:
+            taken[nodes[0].op_type] += 1
+            seeds[t.name] = integer_form(t.model).SerializeToString()
+    for name, data in ONNX_SEEDS.items():  # the native ops called in the cvm domain too (same import rule)
+        m = onnx.load_from_string(data)
+        if any(n.domain == "cvm.native" for n in m.graph.node) and "flat" not in name:
+            for n in m.graph.node:
+                n.domain = "cvm" if n.domain == "cvm.native" else n.domain
+            if not any(o.domain == "cvm" for o in m.opset_import):
+                m.opset_import.append(helper.make_opsetid("cvm", 1))
+            seeds[f"{name}/cvm-domain"] = m.SerializeToString()
+    return Seeds(seeds | dict(ONNX_SEEDS))
+
+
+def _attr_values(draw, name: str) -> onnx.AttributeProto:
+    """An attribute ``name`` of any type, values at the extremes (or with its type field cleared)."""
+    ints = st.sampled_from([v for v in EXTREMES if -(1 << 63) <= v < (1 << 63)])
+    kind = draw(st.sampled_from(["int", "ints", "float", "floats", "string", "strings", "tensor", "untyped"]))
+    value = {"int": lambda: draw(ints), "ints": lambda: draw(st.lists(ints | st.integers(-2, 4), max_size=6)),
+             "float": lambda: draw(st.sampled_from([0.5, float("nan"), float("inf"), -1.0, 1e30, 2.0])),
+             "floats": lambda: draw(st.lists(st.sampled_from([0.5, float("nan"), 2.0, -1.0]), min_size=1,
+                                             max_size=5)),
+             "string": lambda: draw(st.sampled_from(["", "x", "NOTSET", "SAME_UPPER", "constant", "nearest",
+                                                    "\x00", "é"])),
+             "strings": lambda: ["a", "b"],
+             "tensor": lambda: numpy_helper.from_array(np.array(draw(st.lists(ints, min_size=1, max_size=3)),
+                                                                np.int64), "t"),
+             "untyped": lambda: draw(ints)}[kind]()
+    types = {"int": "INT", "ints": "INTS", "float": "FLOAT", "floats": "FLOATS", "string": "STRING",
+             "strings": "STRINGS", "tensor": "TENSOR", "untyped": "INT"}
+    a = helper.make_attribute(name, value, attr_type=getattr(onnx.AttributeProto, types[kind]))
+    if kind == "untyped":
+        a.type = onnx.AttributeProto.UNDEFINED
+    return a
+
+
+def _schema_attrs(n: onnx.NodeProto, opset: int) -> list[str]:
+    domain = "" if n.domain in ("", "ai.onnx") else n.domain
+    try:
+        return list(onnx.defs.get_schema(n.op_type, max(opset, 1), domain).attributes)
+    except onnx.defs.SchemaError:
+        return []
+
+
+@st.composite
+def mutated_nodes(draw, seeds: dict[str, bytes]) -> Case:
+    """A seed whose nodes get 1 to 3 mutations of their attributes (dropped, retyped, set to extreme values, added
+    from the op's schema or unknown) or input names (renamed to '' or to another tensor, dropped, added)."""
+    name = draw(st.sampled_from(sorted(seeds)))
+    model = onnx.load_from_string(seeds[name])
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    tensors = sorted({x for n in model.graph.node for x in [*n.input, *n.output] if x}
+                     | {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer})
+    steps = []
+    for _ in range(draw(st.integers(1, 3))):
+        k = draw(st.integers(0, len(model.graph.node) - 1))
+        n = model.graph.node[k]
+        kind = draw(st.sampled_from(["drop", "retype", "extreme", "add", "input ''", "input rename", "input drop",
+                                     "input add"]))
+        attrs = [a.name for a in n.attribute]
+        if kind in ("drop", "extreme", "retype") and not attrs:
+            kind = "add"
+        if kind == "drop":
+            i = draw(st.integers(0, len(attrs) - 1))
+            steps.append(f"drop {n.name or k}.{attrs[i]}")
+            del n.attribute[i]
+        elif kind in ("retype", "extreme", "add"):
+            pool = attrs if kind != "add" else _schema_attrs(n, opset) + ["bogus", "axis", "group"]
+            attr = draw(st.sampled_from(pool or ["bogus"]))
+            new = _attr_values(draw, attr)
+            old = next((a for a in n.attribute if a.name == attr), None)
+            if kind == "extreme" and old is not None and old.type in (onnx.AttributeProto.INT,
+                                                                       onnx.AttributeProto.INTS):
+                new = helper.make_attribute(attr, draw(st.sampled_from([-1, 0, 1 << 40, -(1 << 40), 99]))
+                                            if old.type == onnx.AttributeProto.INT else
+                                            draw(st.lists(st.sampled_from([-1, 0, 1 << 40, 99, 2]), max_size=5)),
+                                            attr_type=old.type)
+            if old is not None:
+                old.CopyFrom(new)
+            else:
+                n.attribute.append(new)
+            steps.append(f"{kind} {n.name or k}.{attr} = {helper.get_attribute_value(new) if new.type else '?'!r:.40}")
+        elif kind == "input add":
+            n.input.append(draw(st.sampled_from(tensors + [""])))
+            steps.append(f"add input {n.input[-1]!r} to {n.name or k}")
+        elif not n.input:
+            steps.append("keep")
+        else:
+            i = draw(st.integers(0, len(n.input) - 1))
+            if kind == "input drop":
+                del n.input[i]
+            else:
+                n.input[i] = "" if kind == "input ''" else draw(st.sampled_from(tensors))
+            steps.append(f"{kind} {n.name or k}.input[{i}]")
+    return Case(name, tuple(steps), (model.SerializeToString(),))
+
+
+def check_mutant(case: Case):
+    """The converter on a mutated .onnx file: success, or one of our errors whose every problem is one line naming
+    where (a node, a tensor, the model); within the reliability bounds (no internal error, hang or blow-up)."""
+    (data,) = case.files
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.onnx"
+        path.write_bytes(data)
+
+        def convert():
+            try:
+                return to_onnx(import_onnx(path))
+            except CVMError as e:
+                assert all(p.where and "\n" not in str(p) for p in e.problems), e.problems
+                raise
+
+        return bounded(convert, len(data))
+
+
+def test_rule_seeds_cover_every_import_rule():
+    from cvm_onnx.converters.from_onnx import RULES
+
+    covered = {(n.domain, n.op_type) for data in rule_seeds().values() for n in onnx.load_from_string(data).graph.node}
+    assert {(d, op) for d, op in RULES if d == ""} <= covered
+    assert {(d, op) for d, op in RULES if d} <= covered  # every CVM op (cvm) and native op (cvm.native)
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_mutated_attributes_and_inputs_of_every_rule_are_refused_cleanly(data):
+    check_mutant(data.draw(mutated_nodes(rule_seeds())))
