@@ -95,7 +95,8 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
 
 def _export(c: Conversion, progress: Progress | None) -> str:
     c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol)
-    return f"{c.form}, opset {c.model.opset_import[0].version}"
+    passes = next((p.value for p in c.model.metadata_props if p.key == "cvm.optimized"), None)
+    return f"{c.form}, opset {c.model.opset_import[0].version}" + (f"; {passes}" if passes else "")
 
 
 def _check(c: Conversion, progress: Progress | None) -> str:

@@ -291,5 +291,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     if not optimize:
         return model
     model = run_passes(SERVING, model)
-    model.metadata_props.add(key="cvm.optimized", value="requantization runs fused, int32 round trips dropped")
+    products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    model.metadata_props.add(key="cvm.optimized", value=f"requantization runs fused ({products} from integer products); "
+                             f"passes: {', '.join(p.name for p in SERVING)}")
     return model
