@@ -191,6 +191,24 @@ def cmd_verify(args) -> int:
     return 0 if verdict.exact else RuntimeFailure.exit_code
 
 
+def cmd_quantize(args) -> int:
+    from .progress import Bar
+    from .quantize import quantize
+
+    with Bar() as bar:
+        done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
+                        symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
+                        save_onnx=args.save_onnx, progress=bar)
+    g = done.imported.graph
+    say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
+        f"{len(done.imported.requants)} requantizations (worst error "
+        f"{max((r.plan.error for r in done.imported.requants if r.plan), default=0.5):.3f} steps)")
+    say(f"against the float model on the {done.samples} calibration samples:")
+    for a in done.agreements:
+        say(f"  {a.line()}")
+    return 0
+
+
 def cmd_view(args) -> int:
     from .view import view
 
@@ -332,6 +350,22 @@ def parser() -> argparse.ArgumentParser:
                   "127.0.0.1")
     w.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")
     w.add_argument("--no-browser", action="store_true", help="do not open a browser; just serve")
+    q = sub.add_parser("quantize", help="quantize a float ONNX model with onnxruntime.quantization (static, "
+                       "calibrated) and import it as a CVM model", parents=[debug])
+    q.add_argument("model", help="the float .onnx model (one input, batch 1)")
+    q.add_argument("--calibration", required=True, metavar="C.npy", help="calibration samples: N inputs stacked on "
+                   "axis 0, floats")
+    q.add_argument("-o", "--output", required=True, metavar="DIR", help="the CVM model directory to write (with "
+                   "quantization.json)")
+    q.add_argument("--per-channel", action="store_true", help="weights quantized per output channel")
+    q.add_argument("--symmetric", action="store_true", help="symmetric activations (zero point 0, or 128 for uint8)")
+    q.add_argument("--method", choices=["minmax", "entropy", "percentile"], default="minmax",
+                   help="onnxruntime's calibration method (default minmax)")
+    q.add_argument("--activation", choices=["uint8", "int8"], default="uint8", help="activation type (default uint8)")
+    q.add_argument("--form", choices=["qdq", "qoperator"], default="qdq", help="the quantized ONNX form made and "
+                   "imported (default qdq)")
+    q.add_argument("--save-onnx", metavar="Q.onnx", help="also keep the quantized ONNX model")
+    q.set_defaults(fn=cmd_quantize)
     return p
 
 

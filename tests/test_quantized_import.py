@@ -508,3 +508,32 @@ def test_a_clip_off_the_grid_is_deferred_to_the_quantize_linear(tmp_path):
     [got] = execute(import_model(m, input_precision=8).graph, {"data": x.astype(np.int32)})
     assert np.abs(got - want.astype(np.int32)).max() <= 1
     assert got.max() == 24  # 6 / 0.25
+
+
+# -- cvm-onnx quantize ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["minmax", "percentile"])
+def test_quantize_command_calibrates_imports_and_compares(tmp_path, capsys, method):
+    from cvm_onnx.cli import main
+
+    rng = np.random.default_rng(5)
+    nodes, inits = conv_layer(rng, "c", "x", 2, 3)
+    nodes += [h.make_node("Relu", ["c"], ["r"]), h.make_node("Flatten", ["r"], ["f"])]
+    inits.append(nh.from_array(rng.normal(size=(48, 4)).astype(np.float32), "w"))
+    nodes.append(h.make_node("MatMul", ["f", "w"], ["y"]))
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(6, 2, 4, 4)).astype(np.float32))
+    args = ["quantize", str(tmp_path / "f.onnx"), "--calibration", str(tmp_path / "c.npy"), "-o",
+            str(tmp_path / "m"), "--method", method, "--per-channel", "--save-onnx", str(tmp_path / "q.onnx")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "6 calibration samples" in out and "top-1 agreement" in out
+    model = cvm_onnx.load(tmp_path / "m")
+    x = rng.normal(size=(1, 2, 4, 4)).astype(np.float32)
+    [got] = cvm_onnx.run_cvm(model.graph, x, model.edges)
+    [want] = ort_session(onnx.load(tmp_path / "q.onnx")).run(None, {"x": x})
+    assert np.abs(got - want).max() <= float(model.edges.outputs[0].scale) * 1.0001
+    np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
+    assert main(args[:3] + [str(tmp_path / "bad.npy")] + args[4:]) == 2
+    assert "calibration samples must be floats of shape (N, 2, 4, 4)" in capsys.readouterr().err
