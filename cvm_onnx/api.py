@@ -14,7 +14,7 @@ from .errors import FormatError, Problem, UnsupportedError
 from .executor import execute
 from .format import Edges, read_edges, read_model, write_model
 from .format.onnx_file import write_onnx
-from .format.onnx_tensor import with_external_data
+from .format.onnx_safety import readable
 from .graph import Graph
 from .pipeline import Conversion, run
 from .validate import validate
@@ -43,7 +43,7 @@ def is_onnx(path: str | os.PathLike) -> bool:
 def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.ModelProto:
     """The ONNX model in ``path``; ``FormatError`` unless the file parses as a model with an IR version and a graph
     (an empty file parses as an empty model). ``external_data``: external tensors read into the model from the
-    file's directory, under the importer's checks (``format.onnx_tensor``), as a model to run needs them;
+    file's directory, under the importer's checks (``format.onnx_safety``), as a model to run needs them;
     else left external."""
     try:
         model = onnx.load(os.fspath(path), load_external_data=False)
@@ -56,7 +56,7 @@ def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.Mode
     if not model.ir_version or not model.HasField("graph"):
         what = "an empty file" if Path(path).stat().st_size == 0 else "no IR version or no graph"
         raise FormatError(f"not an ONNX model: {what}", where=os.fspath(path))
-    return with_external_data(model, Path(path).parent) if external_data else model
+    return readable(model, Path(path).parent) if external_data else model
 
 
 def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:

@@ -37,7 +37,7 @@ from . import cpu, fallback
 from .constants import IR_VERSION, OPSET
 from .errors import FormatError, Problem, RuntimeFailure
 from .executor import integer_input
-from .format.onnx_tensor import with_external_data
+from .format.onnx_safety import readable
 from .native import DOMAIN as NATIVE_DOMAIN, library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -107,18 +107,18 @@ def uses_im2col(model: onnx.ModelProto) -> bool:
 
 
 def _load(model: ModelLike) -> onnx.ModelProto:
-    """The model, its external data read from the model file's directory (``with_external_data``): a model given
-    as a ModelProto or bytes has none, so any external tensor of it is refused (onnxruntime would look for its
-    file in the working directory)."""
+    """The model, checked and its external data read from the model file's directory (``readable``): a model
+    given as a ModelProto or bytes has none, so any external tensor of it is refused (onnxruntime would look for
+    its file in the working directory)."""
     if isinstance(model, onnx.ModelProto):
-        return with_external_data(model, None)
+        return readable(model, None)
     try:
         if isinstance(model, bytes):
-            return with_external_data(onnx.load_from_string(model), None)
+            return readable(onnx.load_from_string(model), None)
         proto = onnx.load(os.fspath(model), load_external_data=False)
     except Exception as e:  # protobuf and file errors come in several types
         raise RuntimeFailure(f"cannot read the ONNX model: {e}") from None
-    return with_external_data(proto, os.path.dirname(os.path.abspath(model)))
+    return readable(proto, os.path.dirname(os.path.abspath(model)))
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
@@ -180,7 +180,8 @@ def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",
     """Run a single-input model on ``data``; returns the output names and values (input rules: ``feed``)."""
     model = _load(model)
     sess = session(model, provider, native)
-    outs = run(sess, feed(sess, data, declared_precision(model, sess.get_inputs()[0].name)))
+    name = sess.get_inputs()[0].name if sess.get_inputs() else ""
+    outs = run(sess, feed(sess, data, declared_precision(model, name)))
     return [o.name for o in sess.get_outputs()], outs
 
 

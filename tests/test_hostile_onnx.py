@@ -472,3 +472,34 @@ def test_rule_seeds_cover_every_import_rule():
 @given(st.data())
 def test_mutated_attributes_and_inputs_of_every_rule_are_refused_cleanly(data):
     check_mutant(data.draw(mutated_nodes(rule_seeds())))
+
+
+# -- found by benchmarks/fuzz.py (onnx-rules, onnx-files) -------------------------------------------------------------
+def test_run_model_of_a_model_without_inputs_is_a_runtime_error():
+    """runtime.run_model read the first input's name of a model that has none (IndexError)."""
+    from cvm_onnx import runtime
+    from cvm_onnx.errors import RuntimeFailure
+
+    m = int_model([helper.make_node("Constant", [], ["y"], name="n", value=helper.make_tensor("v", T.INT32, [1], [3]))])
+    del m.graph.input[:]
+    with pytest.raises(RuntimeFailure, match="the model has 0 inputs"):
+        runtime.run_model(m, np.zeros((1, 4), np.int32))
+
+
+def test_a_graph_output_named_empty_is_reported_with_a_place(tmp_path, capsys):
+    """The problem of an undefined graph output named '' had an empty place, so its line named nothing."""
+    m = int_model([node("Relu", ["data"])])
+    m.graph.output.add().CopyFrom(helper.make_tensor_value_info("", T.INT32, [1, 4]))
+    code, err = convert(tmp_path, m, capsys)
+    assert (code, err) == (2, ["format error: graph output '': graph output is not defined by any node, input or "
+                                "initializer"])
+
+
+def test_run_of_strings_that_are_not_utf8_is_a_format_error(tmp_path, capsys):
+    """onnxruntime's Python wrapper printed 'EP Error ... can't decode byte' on stdout and retried, before
+    failing with an error of its own: run now checks the strings first, as the importer does."""
+    data = int_model([helper.make_node("Relu", ["data"], ["y"], name="gvc")]).SerializeToString()
+    (tmp_path / "m.onnx").write_bytes(data.replace(b"gvc", b"g\xffc"))
+    code, err = run_cli(tmp_path, tmp_path / "m.onnx", capsys)
+    assert (code, err) == (2, ["format error: model.graph.node[0].name: string is not UTF-8"])
+    assert "EP Error" not in capsys.readouterr().out

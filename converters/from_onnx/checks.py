@@ -1,6 +1,6 @@
 """Safety checks on an ONNX model before anything of it is run or allocated (every problem at once).
 
-* tensors (initializers, Constant values) by ``format.onnx_tensor.tensor_problem``: dims >= 0, at most 2^30
+* tensors (initializers, Constant values) by ``format.onnx_safety.tensor_problem``: dims >= 0, at most 2^30
   elements, data of exactly the declared size; external data inside the model's directory, within its file;
 * the graph: every input of a node defined (graph input, initializer or another node's output), each tensor
   produced once, no cycle;
@@ -15,7 +15,7 @@
   (``registry.NodeView``).
 
 ``checked_order`` returns the nodes in a topological order or raises ``FormatError`` listing the problems.
-``tensor_array`` (from ``format.onnx_tensor``) reads a checked tensor, external data included.
+``tensor_array`` (from ``format.onnx_safety``) reads a checked tensor, external data included.
 """
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ import functools
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterator, MutableSequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import onnx
 from onnx import AttributeProto, TensorProto, helper
@@ -35,8 +34,8 @@ from cvm_onnx import native
 from cvm_onnx.constants import DOMAIN as CVM_DOMAIN
 from cvm_onnx.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
 from cvm_onnx.errors import FormatError, Problem
-from cvm_onnx.format.onnx_tensor import MAX_ELEMENTS, tensor_problem
-from cvm_onnx.format.onnx_tensor import tensor_array  # noqa: F401  (the rules read it from here)
+from cvm_onnx.format.onnx_safety import MAX_ELEMENTS, not_utf8, tensor_problem
+from cvm_onnx.format.onnx_safety import tensor_array  # noqa: F401  (the rules read it from here)
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.ops.registry import REQUIRED
 
@@ -54,23 +53,6 @@ def _shape_problem(vi: onnx.ValueInfoProto) -> str | None:
     if any(not 0 <= d <= MAX_DIM for d in dims) or math.prod(dims) > MAX_ELEMENTS:
         return f"declares shape {dims}: dims must lie in [0, 2^24], at most 2^30 elements"
     return None
-
-
-def _not_utf8(message: Any, path: str) -> Iterator[str]:
-    """Where ``message`` (recursively) has a string that is not UTF-8 (protobuf returns those as bytes)."""
-    for fd in message.DESCRIPTOR.fields:
-        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
-            continue  # (bytes fields are not read: no copy of tensor data)
-        value = getattr(message, fd.name)
-        repeated = isinstance(value, MutableSequence)
-        if not repeated and fd.type == fd.TYPE_MESSAGE and not message.HasField(fd.name):
-            continue
-        for k, item in enumerate(value if repeated else [value]):
-            where = f"{path}.{fd.name}" + (f"[{k}]" if repeated else "")
-            if isinstance(item, bytes):
-                yield where
-            elif fd.type == fd.TYPE_MESSAGE:
-                yield from _not_utf8(item, where)
 
 
 def _tensors(graph: onnx.GraphProto):
@@ -243,7 +225,7 @@ def _value_type_problem(vi: onnx.ValueInfoProto) -> str | None:
 
 def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     """Indices of the graph's nodes in a topological order, after every safety check; else ``FormatError``."""
-    if bad := list(_not_utf8(model, "model")):
+    if bad := list(not_utf8(model, "model")):
         raise FormatError([Problem(where, "string is not UTF-8") for where in bad])
     if problems := version_problems(model):  # no node can be judged against versions that do not exist
         raise FormatError(problems)
@@ -277,7 +259,8 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
                                                            "input or initializer"))
     for o in graph.output:
         if o.name not in producer and o.name not in defined:
-            problems.append(Problem(o.name, "graph output is not defined by any node, input or initializer"))
+            problems.append(Problem(o.name or "graph output ''", "graph output is not defined by any node, input "
+                                                                 "or initializer"))
     ready = [i for i, w in enumerate(waiting) if w == 0]
     heapq.heapify(ready)
     order = []

@@ -1,11 +1,13 @@
-"""ONNX tensors read safely: size, type and data checked before anything is allocated or read, external data
-only from a file inside the model's directory.
+"""An ONNX model read safely: every string UTF-8; tensors' size, type and data checked before anything is
+allocated or read; external data only from a file inside the model's directory.
 
 * ``tensor_problem``: dims >= 0, at most 2^30 elements, a readable type (bool, integer, float), data of exactly
   the declared size; external data at a relative location (no NUL byte, no absolute path) that stays inside the
   model's directory once symlinks are resolved, at an offset and length within its file;
-* ``tensor_array`` reads a tensor that passed it, ``with_external_data`` loads every external tensor of a model
-  into it (for onnxruntime, which would look for the files in the working directory of a model given as bytes).
+* ``tensor_array`` reads a tensor that passed it;
+* ``not_utf8`` finds strings that are not UTF-8 (protobuf hands them over as bytes);
+* ``readable`` is a model ready for onnxruntime: its strings UTF-8, every external tensor loaded into it
+  (onnxruntime would look for the files in the working directory of a model given as bytes).
 
 The importer (``converters.from_onnx.checks``) and the runtime use these same checks.
 """
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableSequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -56,6 +59,23 @@ def external_path(t: onnx.TensorProto, base_dir: Path | None) -> tuple[Path | No
     if not os.path.isfile(path):
         return None, f"external data file {location!r} does not exist"
     return Path(path), None
+
+
+def not_utf8(message: Any, path: str) -> Iterator[str]:
+    """Where ``message`` (recursively) has a string that is not UTF-8 (protobuf returns those as bytes)."""
+    for fd in message.DESCRIPTOR.fields:
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue  # (bytes fields are not read: no copy of tensor data)
+        value = getattr(message, fd.name)
+        repeated = isinstance(value, MutableSequence)
+        if not repeated and fd.type == fd.TYPE_MESSAGE and not message.HasField(fd.name):
+            continue
+        for k, item in enumerate(value if repeated else [value]):
+            where = f"{path}.{fd.name}" + (f"[{k}]" if repeated else "")
+            if isinstance(item, bytes):
+                yield where
+            elif fd.type == fd.TYPE_MESSAGE:
+                yield from not_utf8(item, where)
 
 
 def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
@@ -142,10 +162,12 @@ def all_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]
         yield from _node_tensors(f.node, f"function {f.name}: ")
 
 
-def with_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> onnx.ModelProto:
+def readable(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> onnx.ModelProto:
     """``model`` with every external tensor's data read into it (in place) from its file inside ``base_dir`` (the
-    model's directory; None: there is none), each under ``tensor_problem``'s checks; else ``FormatError`` listing
-    every tensor that may not be read."""
+    model's directory; None: there is none), each under ``tensor_problem``'s checks, after checking that every
+    string is UTF-8; else ``FormatError`` listing every problem."""
+    if bad := list(not_utf8(model, "model")):
+        raise FormatError([Problem(where, "string is not UTF-8") for where in bad])
     base = None if base_dir is None else Path(base_dir)
     external = [(w, t) for w, t in all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
     if problems := [Problem(w, f"tensor {rule}") for w, t in external if (rule := tensor_problem(t, base))]:
