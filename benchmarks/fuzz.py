@@ -152,6 +152,10 @@ class Child:
         self._start()
         return outcome
 
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+
 
 class ChildCheck:
     """The check of a child target: the outcome of each case, counted; anything but ok or an error family raises."""
@@ -205,6 +209,8 @@ def fuzz(name: str, seconds: float, chunk: int, count: int | None = None) -> Run
             run(case)
 
         test()
+    if isinstance(check, ChildCheck):
+        check.child.close()
     return run
 
 
