@@ -236,7 +236,7 @@ def cmd_run(args) -> int:
             from .on_ray import run_on_ray
 
             out = run_on_ray(model, args.input, args.output, address=args.ray or None, actors=args.actors,
-                             chunk=args.chunk, provider=args.provider, progress=bar)
+                             chunk=args.chunk, provider=args.provider, progress=bar, edges=edges)
     say(f"wrote {args.output}: " + ", ".join(f"{n} {s}" for n, s in zip(out.keys, out.shapes)))
     return 0
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from .bulk import CHUNK, ModelArg, Output, Progress, Runner, planned
 from .errors import CVMError, RuntimeFailure, UnsupportedError
+from .format.edges import Edges
 
 RETRIES = 3
 """Restarts of a dead actor, and retries of a chunk whose actor died, before the run fails."""
@@ -45,12 +46,13 @@ class _Actor:
 
 def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
                address: str | None = None, actors: int | None = None, chunk: int = CHUNK, provider: str = "cpu",
-               runtime_env: dict[str, Any] | None = None, progress: Progress | None = None) -> Output:
+               runtime_env: dict[str, Any] | None = None, progress: Progress | None = None,
+               edges: Edges | None = None) -> Output:
     """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU (and one GPU
     for ``provider="cuda"``) and one onnxruntime thread each, ``chunk`` samples per task, ``runtime_env`` theirs (how cvm-onnx reaches them
     when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
-    started on this machine with ``ray start``, else a new local one)."""
+    started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
     ray = _ray()
@@ -58,7 +60,7 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     from ray.data.extensions import ArrowTensorArray
     import pyarrow as pa
 
-    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1)
+    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges)
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import cvm_onnx
@@ -95,6 +96,20 @@ def test_resnet20_on_ray_keeps_the_input_order_with_uneven_chunks(resnet_dir, tm
     assert main([*argv, "--output", str(tmp_path / "ray.npy"), "--actors", "2", "--ray"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'ray.npy'}: cvm_right_shift135 (75, 1, 10)"
     assert_same([np.load(tmp_path / "ray.npy")], [np.load(tmp_path / "one.npy")])
+
+
+@on_ray
+def test_a_quantized_model_takes_float_inputs_on_ray(tmp_path):
+    """A CVM model imported from a quantized ONNX model: float inputs in, float32 outputs out, as in one process."""
+    from test_quantized_import import small_qdq
+
+    onnx.save(small_qdq(tmp_path), tmp_path / "q.onnx")
+    cvm_onnx.convert(tmp_path / "q.onnx", tmp_path / "q")
+    model = cvm_onnx.load(tmp_path / "q")
+    x = np.random.default_rng(5).normal(size=(9, 1, 2, 4, 4)).astype(np.float32)
+    want = bulk.run_many(model.graph, x, chunk=4, edges=model.edges).arrays
+    assert want[0].dtype == np.float32
+    assert_same(run_on_ray(model.graph, x, actors=2, chunk=4, edges=model.edges).arrays, want)
 
 
 @on_ray
