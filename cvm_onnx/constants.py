@@ -12,8 +12,8 @@ OPSET = 21
 IR_VERSION = 10
 DOMAIN = "cvm"
 DOMAIN_VERSION = 1  # its version in opset_import
-#: Metadata of an exported model holding the text of the symbol file it was converted from.
-SYMBOL = "cvm.symbol"
+#: Metadata of an exported model holding the text of the symbol file it was converted from (format.pack_symbol).
+SYMBOL = "cvm.symbol.zlib"
 #: Metadata of a batched exported model: its batch size (``cvm_onnx.bulk`` splits a call's outputs by it).
 BATCH = "cvm.batch"
 

@@ -40,7 +40,7 @@ def describe(model: onnx.ModelProto) -> list[str]:
     props = {p.key: p.value for p in model.metadata_props}
     if props.get("converted_from") == "CVM":
         form = "the serving form (--optimize; not importable back)" if "cvm.optimized" in props else (
-            f"its source symbol kept ({len(props[SYMBOL].encode())} bytes): converts back byte for byte"
+            "its source symbol kept: converts back byte for byte"
             if SYMBOL in props else "converts back to the same graph")
         lines.append(f"converted from CVM ({props.get('cvm.version', 'version unknown')}) by {producer}; {form}")
     lines.append(f"nodes: {len(model.graph.node)} in the graph, {len(model.functions)} functions, "

@@ -18,7 +18,7 @@ from cvm_onnx.cli import main
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.format import read_model, write_model
+from cvm_onnx.format import pack_symbol, read_model, unpack_symbol, write_model
 from cvm_onnx.format.params import write_params
 from cvm_onnx.ops import REGISTRY, OpRuleError
 from cvm_onnx.validate import shape_problem, validate
@@ -324,7 +324,7 @@ def test_stored_symbol_is_verified_not_trusted(tmp_path):
         cvm_onnx.load(tmp_path / "src").graph.nodes[1].attrs
 
     def break_symbol(model):
-        [p] = [p for p in model.metadata_props if p.key == "cvm.symbol"]
+        [p] = [p for p in model.metadata_props if p.key == "cvm.symbol.zlib"]
         p.value = p.value[:-3]
 
     back, original = stored_symbol_changed(tmp_path, break_symbol)
@@ -385,3 +385,20 @@ def test_round_trip_keeps_declared_input_precision_and_repeated_heads():
         assert_same(graph, imported)
         assert imported.nodes[imported.inputs[0]].outputs[0].precision == 5
     onnx.checker.check_model(to_onnx(graph))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text())
+def test_packed_symbol_unpacks_to_its_text(text):
+    assert unpack_symbol(pack_symbol(text), limit=len(text.encode())) == text
+
+
+def test_packed_symbol_is_unpacked_within_its_limit():
+    """A small value inflating to 100 MB (or a broken one) is refused without allocating it: the import then
+    writes the runtime writer's symbol."""
+    bomb = pack_symbol(" " * 100_000_000)
+    assert len(bomb) < 200_000 and unpack_symbol(bomb, limit=1 << 20) is None
+    text = '{"nodes": []}'
+    assert unpack_symbol(pack_symbol(text), limit=len(text) - 1) is None
+    assert unpack_symbol("not base64!", limit=100) is None
+    assert unpack_symbol(pack_symbol(text)[:-4], limit=100) is None

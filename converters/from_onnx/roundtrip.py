@@ -8,7 +8,8 @@
   ``cvm.attrs`` (JSON) and ``cvm.inputs`` (JSON: its input tensors in order). The group's outputs are the tensors
   the exporter names after the node (``name``, ``name:k``). The markers are verified, not trusted: the exporter's
   lowering, re-run on them, must reproduce the group's nodes exactly.
-* Source symbol: the metadata ``cvm.symbol`` holds the text of the symbol file the model was converted from. It
+* Source symbol: the metadata ``cvm.symbol.zlib`` holds the text of the symbol file the model was converted from
+  (zlib-compressed, base64; unpacked to at most twice the size of the graph's own symbol, plus 1 MiB). It
   is written back as it is (byte for byte: attributes as given, their order, the dialect's layout) only when it
   describes the graph imported: the same nodes, bound attributes, inputs, output types and heads.
 """
@@ -25,7 +26,7 @@ import onnx
 from cvm_onnx.constants import DOMAIN, SYMBOL
 from cvm_onnx.converters.to_onnx.lowering import Value, lower
 from cvm_onnx.errors import CVMError
-from cvm_onnx.format import read_symbol
+from cvm_onnx.format import read_symbol, unpack_symbol, write_symbol
 from cvm_onnx.graph import Graph, Node
 from cvm_onnx.validate import validate
 from cvm_onnx.native import ATTRS as NATIVE_OPS
@@ -168,10 +169,13 @@ def _structure(graph: Graph) -> tuple[Counter, list[tuple[str, int]]]:
 
 def source_symbol(model: onnx.ModelProto, graph: Graph) -> str | None:
     """The symbol text stored in ``model`` if it describes ``graph`` (validated, with its params), else None."""
-    text = next((p.value for p in model.metadata_props if p.key == SYMBOL), None)
-    if text is None:
+    packed = next((p.value for p in model.metadata_props if p.key == SYMBOL), None)
+    if packed is None:
         return None
     try:
+        text = unpack_symbol(packed, limit=2 * len(write_symbol(graph).encode()) + (1 << 20))
+        if text is None:
+            return None
         stored = read_symbol(text, where=SYMBOL)
         stored.params = graph.params
         stored = validate(stored).graph

@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from cvm_onnx.constants import BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, SYMBOL, __version__
 from cvm_onnx.errors import Problem, UnsupportedError
+from cvm_onnx.format import pack_symbol
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN, library_path
@@ -268,7 +269,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
             optimize: bool = False, symbol: str | None = None, int8: bool | None = None) -> onnx.ModelProto:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
-    ``symbol``: the text of the symbol file ``graph`` was read from, kept in the metadata ``cvm.symbol`` so the
+    ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
     import writes it back byte for byte (when the graph imported is still the one it describes).
 
     ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
@@ -285,7 +286,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     int8 = optimize and (library_path() is not None if int8 is None else int8)
     model = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8).model(source_version)
     if symbol is not None and batch is None and not optimize:
-        model.metadata_props.add(key=SYMBOL, value=symbol)
+        model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))
     if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.bulk)
         model.metadata_props.add(key=BATCH, value=str(batch))
     if not optimize:

@@ -15,8 +15,11 @@ Writing emits ``cvm_1.0.0`` with exact ``node_row_ptr`` and ``arg_nodes``, ``dlt
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -587,6 +590,24 @@ def _document(graph: Graph) -> dict:
     if graph.postprocess is not None:
         doc["postprocess"] = graph.postprocess
     return doc
+
+
+def pack_symbol(text: str) -> str:
+    """A symbol file's text as a short ASCII string (zlib-compressed, base64) for a metadata value."""
+    return base64.b64encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
+
+
+def unpack_symbol(packed: str, limit: int) -> str | None:
+    """The text ``pack_symbol`` packed, or None when ``packed`` is not such a string or unpacks to more than
+    ``limit`` bytes (never more is allocated: a small value may inflate a thousandfold)."""
+    try:
+        inflate = zlib.decompressobj()
+        data = inflate.decompress(base64.b64decode(packed, validate=True), limit)
+        if not inflate.eof or inflate.unconsumed_tail:
+            return None
+        return data.decode("utf-8")
+    except (binascii.Error, ValueError, zlib.error, UnicodeDecodeError):
+        return None
 
 
 def write_symbol(graph: Graph) -> str:
