@@ -537,3 +537,41 @@ def test_quantize_command_calibrates_imports_and_compares(tmp_path, capsys, meth
     np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
     assert main(args[:3] + [str(tmp_path / "bad.npy")] + args[4:]) == 2
     assert "calibration samples must be floats of shape (N, 2, 4, 4)" in capsys.readouterr().err
+
+
+# -- the requantization plan ------------------------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(lo=st.integers(-(1 << 30), 0), span=st.integers(1, (1 << 31) - 1),
+       ratios=st.lists(st.floats(2.0**-40, 2.0**8, width=32), min_size=1, max_size=3),
+       out=st.sampled_from([(-128, 127), (0, 255), (-32768, 32767)]), zero=st.integers(-5, 5), seed=st.integers(0, 99))
+def test_plan_meets_the_precision_rules_and_its_bound(lo, span, ratios, out, zero, seed):
+    """Any accumulator interval within 32 bits and ratios from 2^-40 to 2^8: the plan keeps broadcast_mul within
+    32 bits and cvm_right_shift consistent across devices, and on integers across the interval (its ends, 0
+    and random ones) r is within plan.error of v * M wherever the output does not saturate; beyond the clip the
+    result saturates as unclipped arithmetic would."""
+    from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, tight
+
+    hi = min(lo + span, (1 << 31) - 1)
+    ms = np.array([Fraction(r) for r in ratios], dtype=object)
+    low, high = out[0] - zero, out[1] - zero
+    try:
+        p = plan([(lo, hi, ms)], low, high)
+    except NoPlan:
+        return  # refused with a clear error (no plan within one step): nothing to check
+    clip = p.clip or (lo, hi)
+    b1 = (max(-clip[0], clip[1], 1) + ((1 << p.pre_shift) >> 1)) >> p.pre_shift
+    assert max(tight(b1), p.pre_precision) + tight(int(p.multipliers[0].max())) <= 32
+    assert p.precision + p.shift <= 31 and p.shift >= 1 and p.pre_precision + p.pre_shift <= 31
+    rng = np.random.default_rng(seed)
+    v = np.unique(np.concatenate([[lo, hi, 0, clip[0], clip[1]], rng.integers(lo, hi + 1, 200)]).clip(lo, hi))
+    v = v.astype(np.int64)[:, None]
+    w = np.clip(v, *clip)
+    if p.pre_shift:
+        w = (w + (1 << (p.pre_shift - 1))) >> p.pre_shift
+    r = (w * p.multipliers[0][None, :] + (1 << (p.shift - 1))) >> p.shift
+    exact = v.astype(object) * ms[None, :]
+    inside = (exact >= low - 1) & (exact <= high + 1)
+    assert all(abs(int(a) - e) <= p.error for a, e in zip(r[inside], exact[inside]))
+    saturated = np.clip(r, low, high)
+    assert np.array_equal(saturated[exact > high + 1], np.full((exact > high + 1).sum(), high))
+    assert np.array_equal(saturated[exact < low - 1], np.full((exact < low - 1).sum(), low))
