@@ -1,15 +1,15 @@
 """A graph with a chosen batch size: the input's first dimension 1 becomes N, where every op allows it.
 
-``batched(graph, n)`` re-infers every node with the inputs' first dimension n and requires that each entry
-derived from an input had first dimension 1 and now has n, its other dimensions and its precision unchanged;
-entries computed from params alone stay as they are. Then example k of the batch flows through its own slice
-[k] of every derived tensor, because each op's FORMAL kernel treats the leading axis of such tensors like any
-other outer axis: elementwise and broadcast ops, conv2d, dense, pooling, reductions over other axes, reshapes
-and transposes that keep the leading axis, get_valid_counts per batch. The few cases where the shapes look
-right but the examples would mix (take along the batch axis, slice_like cut by an input's shape) or the batch
-would not be portable (non_max_suppression, which the runtime's CPU device runs differently for B > 1) are
-refused by the op's definition (``Op.batch_refusal``). Everything else that breaks the rule (a reshape folding the batch, a reduction
-or concatenation over axis 0, ...) is refused with the node and the shapes.
+``batched(graph, n)`` re-infers every node with the inputs' first dimension n and requires that each entry derived
+from an input had first dimension 1 and now has n, its other dimensions and its precision unchanged; entries
+computed from params alone stay as they are. Then example k of the batch flows through its own slice [k] of every
+derived tensor, because each op's FORMAL kernel treats the leading axis of such tensors like any other outer axis:
+elementwise and broadcast ops, conv2d, dense, pooling, reductions over other axes, reshapes and transposes that keep
+the leading axis, get_valid_counts per batch. The few cases where the shapes look right but the examples would mix
+(take along the batch axis, slice_like cut by an input's shape) or the batch would not be portable
+(non_max_suppression, which the runtime's CPU device runs differently for B > 1) are refused by the op's definition
+(``Op.batch_refusal``). Everything else that breaks the rule (a reshape folding the batch, a reduction or
+concatenation over axis 0, ...) is refused with the node and the shapes.
 """
 from __future__ import annotations
 

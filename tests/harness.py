@@ -1,6 +1,10 @@
 """Shared test helpers: random int tensors at the precision extremes, and the exactness check ORT == reference."""
 from __future__ import annotations
 
+import functools
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import onnx
 from hypothesis import strategies as st
@@ -57,3 +61,13 @@ def assert_exact(graph, feeds, inline: bool = False) -> list[np.ndarray]:
             raise AssertionError(f"ORT differs from the reference at {bad.tolist()}: "
                                  f"got {[g[tuple(i)] for i in bad]}, want {[w[tuple(i)] for i in bad]}")
     return got
+
+
+@functools.cache
+def operator_cases() -> dict:
+    """docs/make_operators.py's CASES: for every op, (title, graph) pairs reaching each of its ONNX forms."""
+    path = Path(__file__).parents[1] / "docs" / "make_operators.py"
+    spec = importlib.util.spec_from_file_location("make_operators", path)
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    return make.CASES

@@ -6,7 +6,6 @@ by the exporter come back identical") is checked on each op's cases of docs/oper
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,9 @@ from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import LOWERINGS, to_onnx
 from cvm_onnx.native import ATTRS as NATIVE_ATTRS
 from cvm_onnx.ops import REGISTRY
+from harness import operator_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def operator_cases():
-    spec = importlib.util.spec_from_file_location("make_operators", ROOT / "docs" / "make_operators.py")
-    make = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make)
-    return make.CASES
 
 
 CASES = operator_cases()

@@ -232,7 +232,8 @@ class Importer:
         return self.params.get(node.name) if node.is_variable else None
 
     def bounds_of(self, node: Node) -> list[int]:
-        """The ops' bound rules (as the exporter's bounds.py) on the outputs of ``node``, from its inputs' bounds and param values."""
+        """The op's bound rule (as in the exporter's bounds.py) on the outputs of ``node``, from its inputs' bounds
+        and param values."""
         bounds = [self.bounds[e] for e in node.inputs]
         op = REGISTRY[node.op]
         found = op.bound(op.bind(node.attrs), [self.type_of(e).shape for e in node.inputs], bounds,

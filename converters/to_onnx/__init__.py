@@ -1,4 +1,4 @@
-"""CVM -> ONNX: lowerings of the 37 CVM ops (one module per family) and the model exporter."""
+"""CVM -> ONNX: lowerings of the CVM ops (one module per family) and the model exporter."""
 from cvm_onnx.constants import DOMAIN, IR_VERSION, OPSET
 
 from .export import entry_names, to_onnx
