@@ -412,3 +412,17 @@ def test_hostile_attributes_and_shapes_are_refused_clearly(op, ins, shape, x_typ
     with pytest.raises(UnsupportedError) as e:
         from_onnx(model(op, ins, shape, x_type, inits, opset=26, out_type=T.INT32, **attrs))
     assert [p.where for p in e.value.problems] == [f"{op.lower()} ({op})"]
+
+
+def test_uint64_constants_past_int64_fold_exactly():
+    """Regression: Div and Mod folded uint64 constants cast to int64, so 2^64 - 2 became -2 ((2^64 - 2) / (2^63 - 1)
+    gave 0, not 2); the negation in Min and a table's entries are refused past 32 bits, never wrapped."""
+    for op, a, b, want in [("Div", (1 << 64) - 2, (1 << 63) - 1, 2), ("Mod", (1 << 64) - 3, 5, 3)]:
+        m = model(op, ["a", "b"], (1,), T.UINT64, {"a": np.array([a], np.uint64), "b": np.array([b], np.uint64)})
+        graph = from_onnx(m)
+        assert graph.params[graph.nodes[graph.heads[0].node].name].reshape(-1).tolist() == [want], op
+    big = np.array([(1 << 64) - 1], np.uint64)
+    with pytest.raises(UnsupportedError, match="values may reach"):
+        from_onnx(model("Min", ["x", "a"], (1,), T.UINT64, {"a": big}))
+    with pytest.raises(UnsupportedError, match="beyond CVM's 32 bits"):
+        from_onnx(model("BitwiseOr", ["x", "a"], (1,), T.UINT64, {"a": big}, opset=18), input_precision=2)

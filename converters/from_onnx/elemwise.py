@@ -87,6 +87,11 @@ def arith(ctx, op: str, a: Tensor, b: Tensor, dtype: int = TensorProto.INT32) ->
     return ctx.result(ctx.op(cvm, a, b), dtype, lo, hi, broadcast_shape(a, b))
 
 
+def wide(v: np.ndarray) -> np.ndarray:
+    """Integers as int64 for folding, unsigned ones as they are (uint64 values pass int64)."""
+    return v if v.dtype.kind in "uf" else v.astype(np.int64)
+
+
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
 
@@ -106,7 +111,7 @@ def trunc_div(ctx, a: Tensor, b: Tensor, dtype: int) -> Tensor:
     """trunc(a / b) -> broadcast_div (0 where b is 0)."""
     if a.is_const and b.is_const:
         foldable(broadcast_shape(a, b))
-        return folded(_trunc_div(a.value.astype(np.int64), b.value.astype(np.int64)), dtype)
+        return folded(_trunc_div(wide(a.value), wide(b.value)), dtype)
     if b.is_const:
         least = int(np.abs(b.value.astype(np.int64)).min())
     else:
@@ -129,7 +134,7 @@ def mod(ctx, node, a, b):
         raise Refuse("Mod by a constant zero")
     if a.is_const and b.is_const:
         foldable(broadcast_shape(a, b))
-        av, bv = a.value.astype(np.int64), b.value.astype(np.int64)
+        av, bv = wide(a.value), wide(b.value)
         return folded(np.fmod(av, bv) if fmod else np.mod(av, bv), a.dtype)
     q = trunc_div(ctx, a, b, INT32)
     qb = step(ctx, "broadcast_mul", q, b, min(a.lo, 0), max(a.hi, 0))  # trunc(a / b) * b lies between 0 and a
@@ -203,8 +208,6 @@ def floor_div(ctx, x: Tensor, d: Tensor, dtype: int) -> Tensor:
     negative x moved down by d - 1 truncates to the floor; no product of wide labels)."""
     dv = d.value.astype(np.int64)
     lo, hi = min(x.lo // int(dv.min()), x.lo // int(dv.max())), max(x.hi // int(dv.min()), x.hi // int(dv.max()))
-    if x.is_const:
-        return folded(np.floor_divide(x.value.astype(np.int64), dv), dtype)
     if x.lo < 0:
         top = int(dv.max()) - 1
         down = step(ctx, "broadcast_mul", greater(ctx, ones(x, 0), x), const(dv - 1, INT32), 0, top)
@@ -315,7 +318,8 @@ def extreme(ctx, is_max: bool, xs) -> Tensor:
 
 
 def negated(ctx, x: Tensor) -> Tensor:
-    """-x as a step in CVM's int32 (exact: |x| fits 32 bits)."""
+    """-x as a step in CVM's int32 (exact where |x| fits 32 bits)."""
+    check_values(INT32, -x.hi, -x.lo)
     if x.is_const:
         return const(-x.value.astype(np.int64), INT32)
     return ctx.result(ctx.emit("negative", x.entry), INT32, -x.hi, -x.lo, x.shape)

@@ -39,10 +39,10 @@ def evaluate(node, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 def _integers(v: np.ndarray, what: str) -> np.ndarray:
     if v.dtype.kind == "f" and not (np.isfinite(v).all() and np.array_equal(v, np.round(v))):
         raise Refuse(f"{what} holds non-integer values")
-    v = v.astype(np.int64)
-    if v.size and int(np.abs(v).max()) > INT32_MAX:
-        raise Refuse(f"precision bound exceeded: {what} reaches {int(np.abs(v).max())}, beyond CVM's 32 bits")
-    return v
+    peak = max(-int(v.min()), int(v.max()), 0) if v.size else 0
+    if peak > INT32_MAX:
+        raise Refuse(f"precision bound exceeded: {what} reaches {peak}, beyond CVM's 32 bits")
+    return v.astype(np.int64)
 
 
 def table(ctx, node, ins: list[Tensor | None], dtype: int) -> Tensor:

@@ -43,7 +43,7 @@ def reduce(ctx, node, x, axes_t=None):
         raise Refuse(f"precision bound exceeded: partial sums may reach {n * x.peak}, beyond the integers "
                      "onnxruntime adds exactly")
     if x.is_const:
-        v = x.value.astype(np.int64) if x.value.dtype.kind in "iub" else x.value
+        v = x.value.astype(np.int64) if is_sum and x.value.dtype.kind in "iub" else x.value  # max, min: in order
         return const(REDUCE[node.op_type](v, axis=tuple(axes), keepdims=bool(keep)).astype(x.value.dtype), x.dtype)
     if node.op_type == "ReduceMin":  # -max(-x)
         y = negated(ctx, reduced(ctx, "max", negated(ctx, x), axes, -hi, -lo))

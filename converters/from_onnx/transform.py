@@ -180,7 +180,7 @@ def gather(ctx, node, x, idx, axis: int | None = None):
     shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
     if idx.is_const:
         iv = idx.value.astype(np.int64)
-        if iv.size and (iv.min() < -dim or iv.max() >= dim):
+        if iv.size and (idx.lo < -dim or idx.hi >= dim):
             raise Refuse(f"Gather index out of range [-{dim}, {dim - 1}]")
         iv = np.where(iv < 0, iv + dim, iv)
         if x.is_const:
@@ -318,7 +318,7 @@ def gather_nd(ctx, node, x, idx):
     dv = np.array(dims, np.int64)
     if idx.is_const:
         iv = idx.value.astype(np.int64)
-        if iv.size and ((iv < -dv).any() or (iv >= dv).any()):
+        if idx.hi > max(dims) or (iv < -dv).any() or (iv >= dv).any():
             raise Refuse(f"GatherND index out of range of dims {dims}")
         rows = const((np.where(iv < 0, iv + dv, iv) * strides).sum(axis=-1) + batch, INT32)
     else:
@@ -379,7 +379,7 @@ def one_hot(ctx, node, idx, depth_t, values):
     j = np.arange(depth).reshape((depth,) + (1,) * (rank - 1 - axis))
     off, on = (strided_slice(ctx, values, [range(k, k + 1)]) for k in (0, 1))
     if idx.is_const:
-        iv = idx.value.astype(np.int64).reshape(spread)
+        iv = np.where(idx.value > depth, depth, idx.value).astype(np.int64).reshape(spread)  # beyond: no hit
         hit = const(np.broadcast_to((iv == j) | (iv == j - depth), out), TensorProto.BOOL)
     else:
         spread_idx = ctx.reshape(idx, spread)
