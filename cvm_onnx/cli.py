@@ -111,13 +111,17 @@ def cmd_convert(args) -> int:
     if imported is not None and args.report:
         from .report import import_markdown
 
-        try:
-            replace_file(Path(args.report), import_markdown(args.source, args.output, imported).encode())
-        except OSError as e:
-            raise FormatError(f"cannot write the report: {e.strerror or e}", where=args.report) from None
+        write_report(args.report, import_markdown(args.source, args.output, imported))
     say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
     return 0
+
+
+def write_report(path: str, text: str) -> None:
+    try:
+        replace_file(Path(path), text.encode())
+    except OSError as e:
+        raise FormatError(f"cannot write the report: {e.strerror or e}", where=path) from None
 
 
 def convert_triton(args) -> int:
@@ -162,10 +166,7 @@ def convert_checked(args) -> int:
         report = Report(run(conversion, timed=True, progress=bar))
     _warn(report.warnings)
     if args.report:
-        try:
-            replace_file(Path(args.report), report.markdown().encode())
-        except OSError as e:
-            raise FormatError(f"cannot write the report: {e.strerror or e}", where=args.report) from None
+        write_report(args.report, report.markdown())
     for text in report.summary() + ([f"  report: {args.report}"] if args.report else []):
         say(text)
     if report.error is not None:

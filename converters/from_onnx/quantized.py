@@ -18,12 +18,12 @@ from fractions import Fraction
 from typing import Callable
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from . import nn, transform
-from .context import INT_RANGES, Tensor, bound, const, cvm_shape, tight, type_name
+from .context import INT_RANGES, Tensor, bound, const, tight, type_name
 from .elemwise import broadcast_shape
-from .registry import FLOAT_RULES, RULES, Refuse, float_rule, rule
+from .registry import RULES, Refuse, float_rule, rule
 from .requant import NoPlan, Plan, plan
 
 INT32 = TensorProto.INT32
@@ -611,8 +611,7 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     grid = [None if b is None else b / s + z for b in (lo, hi)]
     if all(g is None or g.denominator == 1 for g in grid):
-        a = z if grid[0] is None else int(grid[0])
-        a = max(a, x.t.lo) if grid[0] is not None else x.t.lo
+        a = x.t.lo if grid[0] is None else max(int(grid[0]), x.t.lo)
         b = x.t.hi if grid[1] is None else min(int(grid[1]), x.t.hi)
         if a <= x.t.lo and b >= x.t.hi:
             return x
@@ -820,12 +819,9 @@ def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
         s = np.asarray(s, np.float32)
         if s.size != 1 or not np.isfinite(s).all() or (s <= 0).any():
             return f"QuantizeLinear {n.name!r} of the input needs one finite scale > 0, has {s.reshape(-1)[:4]}"
-        dtype = n.attribute and {a.name: a.i for a in n.attribute}.get("output_dtype") or None
         zv = np.zeros((), np.int64) if z is None else np.asarray(z)
-        dtype = dtype or (TensorProto.UINT8 if z is None else {np.dtype(np.int8): TensorProto.INT8,
-                                                              np.dtype(np.uint8): TensorProto.UINT8,
-                                                              np.dtype(np.int16): TensorProto.INT16,
-                                                              np.dtype(np.uint16): TensorProto.UINT16}.get(zv.dtype))
+        dtype = next((a.i for a in n.attribute if a.name == "output_dtype" and a.i), None) or \
+            (TensorProto.UINT8 if z is None else helper.np_dtype_to_tensor_dtype(zv.dtype))
         if dtype not in QUANTIZED_TYPES:
             return f"QuantizeLinear {n.name!r} of the input to a type CVM does not take"
         found.append((dtype, s.reshape(()), zv.astype(np.int64).reshape(())))
@@ -851,6 +847,3 @@ def output_edge(x) -> tuple[Tensor, np.ndarray, np.ndarray]:
                      "(--outputs) at a quantized tensor")
     return x.t, s.astype(np.float32), x.zero
 
-
-__all__ = ["Scaled", "Summed", "Mapped", "Real", "Requant", "InputEdge", "input_edge", "input_precision",
-           "output_edge", "FLOAT_RULES", "cvm_shape"]
