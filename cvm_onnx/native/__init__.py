@@ -1,7 +1,8 @@
 """The native custom-op library: its ONNX domain, where the built library is, and the ONNX schemas of its ops.
 
 The library (``libcvm_onnx_ops.so``, built from custom_ops/ at install time) owns the ONNX domain ``cvm.native``,
-version 1, with three int32 ops following the CVM runtime's FORMAL semantics (docs/custom_ops.md):
+version 1, with three int32 ops following the CVM runtime's FORMAL semantics (docs/custom_ops.md) and the
+serving form's two window ops:
 
 * ``non_max_suppression(data (B, N, 6), valid_count (B,)) -> data-shaped``; attributes max_output_size (-1),
   iou_threshold (50), force_suppress (0), top_k (-1);
