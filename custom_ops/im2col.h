@@ -39,7 +39,9 @@ inline std::string im2col_geometry(Im2colShape& s) {
   s.ow = (s.w + s.pl + s.pr - span_w) / s.sw + 1;
   const double columns = static_cast<double>(s.n) * s.c * s.kh * s.kw * s.oh * s.ow;
   const double padded = static_cast<double>(s.n) * s.c * (s.h + s.pt + s.pb) * (s.w + s.pl + s.pr);
-  if (std::max(columns, padded) >= 2147483648.0) return "the columns or the padded input would have 2^31 elements or more";
+  if (std::max(columns, padded) >= 2147483648.0) {
+    return "the columns or the padded input would have 2^31 elements or more";
+  }
   return {};
 }
 

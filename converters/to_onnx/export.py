@@ -293,6 +293,6 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
         return model
     model = run_passes(SERVING, model)
     products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
-    model.metadata_props.add(key="cvm.optimized", value=f"requantization runs fused ({products} from integer products); "
-                             f"passes: {', '.join(p.name for p in SERVING)}")
+    model.metadata_props.add(key="cvm.optimized", value=f"requantization runs fused ({products} from integer "
+                             f"products); passes: {', '.join(p.name for p in SERVING)}")
     return model
