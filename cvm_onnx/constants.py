@@ -16,10 +16,17 @@ DOMAIN_VERSION = 1  # its version in opset_import
 SYMBOL = "cvm.symbol.zlib"
 #: Metadata of a batched exported model: its batch size (``cvm_onnx.bulk`` splits a call's outputs by it).
 BATCH = "cvm.batch"
+#: Metadata of a tensor (value_info) of an exported model: its CVM precision (an input's is on ``<input>:clamped``).
+PRECISION = "cvm.precision"
 
 INT32_MAX = (1 << 31) - 1
 #: A bound on |x| that any int32 satisfies, INT32_MIN included.
 ANY = 1 << 31
+
+
+def precision_of(text: str) -> int | None:
+    """The precision a ``cvm.precision`` metadata value states (a decimal integer in [1, 32]), else None."""
+    return int(text) if text in {str(p) for p in range(1, 33)} else None
 
 
 def precision_bound(precision: int) -> int:

@@ -6,13 +6,14 @@ import onnx
 from onnx import TensorProto
 
 from . import native
-from .constants import SYMBOL
+from .constants import SYMBOL, precision_bound, precision_of
 
 
 def _type(vi: onnx.ValueInfoProto) -> str:
     t = vi.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in t.shape.dim)
-    return f"{TensorProto.DataType.Name(t.elem_type).lower()} {dims}"
+    known = t.elem_type in TensorProto.DataType.values()
+    return f"{TensorProto.DataType.Name(t.elem_type).lower() if known else f'type {t.elem_type}'} {dims}"
 
 
 def _precisions(model: onnx.ModelProto) -> dict[str, str]:
@@ -35,7 +36,8 @@ def describe(model: onnx.ModelProto) -> list[str]:
                          ("output", model.graph.output)):
         for vi in values:
             p = precisions.get(vi.name)
-            bound = f", precision {p} (|x| <= {(1 << (int(p) - 1)) - 1})" if p else ""
+            bound = "" if p is None else f", precision {p} (|x| <= {precision_bound(precision_of(p))})" \
+                if precision_of(p) else f", precision {p!r} (not a precision in [1, 32])"
             lines.append(f"{kind} {vi.name}: {_type(vi)}{bound}")
     props = {p.key: p.value for p in model.metadata_props}
     if props.get("converted_from") == "CVM":

@@ -34,7 +34,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from . import cpu, fallback
-from .constants import IR_VERSION, OPSET
+from .constants import IR_VERSION, OPSET, PRECISION, precision_of
 from .errors import FormatError, Problem, RuntimeFailure
 from .executor import integer_input
 from .format.onnx_safety import readable
@@ -226,10 +226,10 @@ def declared_precision(model: onnx.ModelProto, name: str) -> int | None:
     """The precision the exporter declares for input ``name`` (metadata of its clamped value), if any."""
     for vi in model.graph.value_info:
         if vi.name == f"{name}:clamped":
-            text = next((p.value for p in vi.metadata_props if p.key == "cvm.precision"), None)
-            if text is not None and text not in {str(p) for p in range(1, 33)}:
-                raise FormatError(f"metadata cvm.precision={text!r} is not a precision in [1, 32]", where=vi.name)
-            return None if text is None else int(text)
+            text = next((p.value for p in vi.metadata_props if p.key == PRECISION), None)
+            if text is not None and precision_of(text) is None:
+                raise FormatError(f"metadata {PRECISION}={text!r} is not a precision in [1, 32]", where=vi.name)
+            return None if text is None else precision_of(text)
     return None
 
 

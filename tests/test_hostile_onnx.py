@@ -503,3 +503,35 @@ def test_run_of_strings_that_are_not_utf8_is_a_format_error(tmp_path, capsys):
     code, err = run_cli(tmp_path, tmp_path / "m.onnx", capsys)
     assert (code, err) == (2, ["format error: model.graph.node[0].name: string is not UTF-8"])
     assert "EP Error" not in capsys.readouterr().out
+
+
+def declared(value: str, tensor: str) -> onnx.ModelProto:
+    """data + w, with metadata cvm.precision = ``value`` on ``tensor`` (w, or data:clamped for the input)."""
+    m = int_model([node("Add", ["data", "w"])], inits=[numpy_helper.from_array(np.ones((1, 4), np.int32), "w")])
+    vi = helper.make_tensor_value_info(tensor, T.INT32, [1, 4])
+    vi.metadata_props.add(key="cvm.precision", value=value)
+    m.graph.value_info.append(vi)
+    return m
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "33", "abc", " 7"])
+@pytest.mark.parametrize("tensor", ["w", "data:clamped"])
+def test_a_declared_precision_outside_1_to_32_is_refused_by_convert(tmp_path, capsys, value, tensor):
+    """A param's declared precision -5 or 0 made a negative shift (ValueError, exit 70); an input's 0 was taken
+    as 'none declared' and the default used."""
+    code, err = convert(tmp_path, declared(value, tensor), capsys)
+    assert code in (3, 4) and len(err) == 1 and err[0].endswith((f"{value!r} is not a precision in [1, 32]",
+                                                                 "variable precision 33 must lie in [1, 32]",
+                                                                 "input precision 33 must lie in [1, 32]"))
+
+
+@pytest.mark.parametrize("value", ["abc", "0"])
+def test_info_of_a_model_with_a_bad_precision_or_element_type_says_so(tmp_path, capsys, value):
+    """info took int() of the declared precision (ValueError, exit 70) and the name of element type 99 (ValueError)."""
+    m = declared(value, "data:clamped")
+    m.graph.output[0].type.tensor_type.elem_type = 99
+    onnx.save(m, tmp_path / "m.onnx")
+    assert main(["info", str(tmp_path / "m.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert f"input  data: int32 (1, 4), precision {value!r} (not a precision in [1, 32])" in out
+    assert "output y: type 99 ()" in out

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from cvm_onnx.constants import PRECISION as PRECISION_KEY
+from cvm_onnx.constants import precision_of
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.graph import Entry, Graph
 from cvm_onnx.ops import REGISTRY
@@ -29,7 +31,6 @@ from .checks import checked_order, tensor_array
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
-PRECISION_KEY = "cvm.precision"
 INPUT_NAME = "data"
 
 
@@ -94,11 +95,9 @@ class _Walk:
         """The precision the model declares for tensor ``name`` (value_info metadata), if any."""
         if name not in self.meta:
             return None
-        try:
-            return int(self.meta[name])
-        except ValueError:
-            self.problem(name, f"metadata {PRECISION_KEY}={self.meta[name]!r} is not an integer")
-            return None
+        if (p := precision_of(self.meta[name])) is None:
+            self.problem(name, f"metadata {PRECISION_KEY}={self.meta[name]!r} is not a precision in [1, 32]")
+        return p
 
     # -- the walk ---------------------------------------------------------------------------------------------------
     def run(self) -> Imported:
