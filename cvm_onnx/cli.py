@@ -142,7 +142,8 @@ def convert_triton(args) -> int:
             try:
                 (folder / "1").mkdir(parents=True, exist_ok=True)
             except OSError as e:
-                raise FormatError(f"cannot write the Triton repository: {e.strerror or e}", where=str(folder))
+                raise FormatError(f"cannot write the Triton repository: {e.strerror or e}",
+                                  where=str(folder)) from None
         args.triton_repo, repo = None, args.triton_repo
         cmd_convert(args)
         write_repository(api.load_onnx(args.output), repo, name, args.triton_server_repo)
