@@ -83,13 +83,6 @@ class Conv2D(Op):
     name = "conv2d"
     family = "nn"
     input_names = ("data", "weight", "bias")
-
-    @staticmethod
-    def bound(a, shapes, bounds, values):
-        w = shapes[1]
-        return [product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
-                              values[2] if a.use_bias else None, w[1] * w[2] * w[3])]
-
     attrs = (
         Attr("channels", "int"),
         Attr("kernel_size", "tuple", check=ints(2)),
@@ -105,6 +98,12 @@ class Conv2D(Op):
         Attr("use_bias", "bool", True),
     )
     inputs = with_bias
+
+    @staticmethod
+    def bound(a, shapes, bounds, values):
+        w = shapes[1]
+        return [product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
+                              values[2] if a.use_bias else None, w[1] * w[2] * w[3])]
 
     @staticmethod
     def shape(a, data, weight, bias=None):
@@ -156,17 +155,16 @@ class Dense(Op):
     name = "dense"
     family = "nn"
     input_names = ("data", "weight", "bias")
-
-    @staticmethod
-    def bound(a, shapes, bounds, values):
-        return [product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
-                              values[2] if a.use_bias else None, shapes[1][1])]
-
     attrs = (
         Attr("units", "int", check=in_range(1, INT32_MAX)),
         Attr("use_bias", "bool", True),
     )
     inputs = with_bias
+
+    @staticmethod
+    def bound(a, shapes, bounds, values):
+        return [product_bound(a, bounds[0], bounds[1], values[1], bounds[2] if a.use_bias else 0,
+                              values[2] if a.use_bias else None, shapes[1][1])]
 
     @staticmethod
     def shape(a, data, weight, bias=None):

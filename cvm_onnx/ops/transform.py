@@ -288,16 +288,15 @@ class Take(Op):
     name = "take"
     family = "transform"
     input_names = ("data", "indices")
+    bound = staticmethod(input_bound)
+    attrs = (Attr("axis", "optional_int", None),)
+    inputs = 2
 
     @staticmethod
     def batch_refusal(a, shapes, derived, n):
         if derived[0] and (a.axis is None or a.axis % len(shapes[0]) == 0):
             return "take indexes the flattened data or its first axis, which becomes the batch axis"
         return None
-
-    bound = staticmethod(input_bound)
-    attrs = (Attr("axis", "optional_int", None),)
-    inputs = 2
 
     @staticmethod
     def shape(a, s, idx):
@@ -367,16 +366,15 @@ class SliceLike(Op):
     name = "slice_like"
     family = "transform"
     input_names = ("data", "shape_like")
+    bound = staticmethod(input_bound)
+    attrs = (Attr("axis", "tuple", ()),)
+    inputs = 2
 
     @staticmethod
     def batch_refusal(a, shapes, derived, n):
         if derived[1] and not derived[0]:
             return "slice_like takes only the shape of the input-derived tensor: each example would get another slice"
         return None
-
-    bound = staticmethod(input_bound)
-    attrs = (Attr("axis", "tuple", ()),)
-    inputs = 2
 
     @staticmethod
     def shape(a, s, like):
@@ -397,13 +395,12 @@ class Concatenate(Op):
     name = "concatenate"
     family = "transform"
     bound = staticmethod(lambda a, s, b, v: [max(b)])
+    attrs = (Attr("axis", "int", 1),)
+    inputs = staticmethod(lambda a: (1, ANY_COUNT))
 
     @classmethod
     def input_names_for(cls, n):
         return [f"data{k}" for k in range(n)]
-
-    attrs = (Attr("axis", "int", 1),)
-    inputs = staticmethod(lambda a: (1, ANY_COUNT))
 
     @staticmethod
     def shape(a, *shapes):

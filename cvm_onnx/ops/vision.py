@@ -89,14 +89,6 @@ class NonMaxSuppression(Op):
     input_names = ("data", "valid_count")
     native_attrs = ("max_output_size", "iou_threshold", "force_suppress", "top_k")
     bound = staticmethod(lambda a, s, b, v: [max(b[0], 1)])
-
-    @staticmethod
-    def batch_refusal(a, shapes, derived, n):
-        if n > 1:
-            return ("non_max_suppression over a batch is not portable: the runtime's CPU device stops at the first "
-                    "example whose valid_count is <= 0")
-        return None
-
     attrs = (
         Attr("max_output_size", "int", -1),
         Attr("iou_threshold", "int", 50, in_range(1, INT32_MAX)),
@@ -109,6 +101,13 @@ class NonMaxSuppression(Op):
         Attr("invalid_to_bottom", "bool", True, equals(True)),
     )
     inputs = 2
+
+    @staticmethod
+    def batch_refusal(a, shapes, derived, n):
+        if n > 1:
+            return ("non_max_suppression over a batch is not portable: the runtime's CPU device stops at the first "
+                    "example whose valid_count is <= 0")
+        return None
 
     @staticmethod
     def shape(a, data, valid_count):
