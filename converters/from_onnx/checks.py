@@ -159,15 +159,22 @@ def _of_cvm_op(op: type) -> Signature:
                      {a.name: (KIND_TYPES[a.kind], a.default is REQUIRED) for a in op.attrs})
 
 
-def signature(node: onnx.NodeProto, versions: dict[str, int]) -> Signature | str | None:
+def signature(node: onnx.NodeProto, versions: dict[str, int],
+              functions: frozenset[tuple[str, str, str]] = frozenset()) -> Signature | str | None:
     """The node's signature by its domain's schema (ONNX's for ai.onnx and other domains onnx knows, the project's
-    for cvm and cvm.native), the reason there is none where one must exist, or None (a domain the rules judge)."""
+    for cvm and cvm.native), the reason there is none where one must exist, or None (a domain the rules judge).
+    A node of the cvm domain calls a function the model defines (``functions``: domain, name, overload)."""
     domain = domain_of(node.domain)
     if domain not in versions:
         return f"its domain {domain!r} is not in the model's opset_import"
     version = min(versions[domain], INT_MAX)
     if domain == CVM_DOMAIN:
-        return _of_cvm_op(REGISTRY[node.op_type]) if node.op_type in REGISTRY else f"cvm has no op {node.op_type}"
+        if node.op_type not in REGISTRY:
+            return f"cvm has no op {node.op_type}"
+        if (node.domain, node.op_type, node.overload) not in functions:
+            return f"calls function {node.domain}.{node.op_type}{f'({node.overload})' if node.overload else ''}, " \
+                   "which the model does not define"
+        return _of_cvm_op(REGISTRY[node.op_type])
     if version < 1 or not onnx.defs.has(node.op_type, version, domain):
         if domain in ("", native.DOMAIN):
             return f"{domain or 'ai.onnx'} has no op {node.op_type} in version {versions[domain]}"
@@ -231,6 +238,7 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
         raise FormatError(problems)
     graph = model.graph
     versions = {domain_of(o.domain): o.version for o in model.opset_import}
+    functions = frozenset((f.domain, f.name, f.overload) for f in model.functions)
     problems = [Problem(where, f"tensor {rule}") for where, t in _tensors(graph)
                 if (rule := tensor_problem(t, base_dir)) is not None]
     for vi in [*graph.input, *graph.output, *graph.value_info]:
@@ -239,7 +247,7 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     defined |= {s.values.name for s in graph.sparse_initializer}
     producer: dict[str, int] = {}
     for i, n in enumerate(graph.node):
-        sig = signature(n, versions)
+        sig = signature(n, versions, functions)
         rules = [sig] if isinstance(sig, str) else [] if sig is None else node_problems(n, sig)
         problems += [Problem(node_label(n, i), rule) for rule in rules]
         for o in n.output:
