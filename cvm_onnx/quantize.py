@@ -9,6 +9,7 @@ are onnxruntime's.
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     samples = _calibration(calibration, shape)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(save_onnx) if save_onnx is not None else Path(tmp) / "quantized.onnx"
+        quiet = logging.root.manager.disable
+        logging.disable(logging.WARNING)  # quantize_static's advice to pre-process the model, on every call
         try:
             quantize_static(
                 os.fspath(src), os.fspath(out), _Reader(name, samples, shape, progress),
@@ -125,6 +128,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
             raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
                                  where=os.fspath(src)) from None
+        finally:
+            logging.disable(quiet)
         imported = convert(out, dst)
     floats = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = [np.stack([floats.run(None, {name: x})[k] for x in samples]) for k in range(len(floats.get_outputs()))]

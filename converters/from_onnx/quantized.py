@@ -363,19 +363,6 @@ def grouped_concat(ctx, parts: list[Tensor], groups: int) -> Tensor:
     return ctx.reshape(y, (n, c * len(parts)) + rest)
 
 
-def padded(ctx, t: Tensor, begin: list[int], end: list[int], fill: int) -> Tensor:
-    """t (N, C, H, W) padded on H, W with ``fill`` (concatenate), negative pads cropping."""
-    t, begin, end = nn.cropped(ctx, t, begin, end)
-    for axis, b, e in zip((2, 3), begin, end):
-        if b <= 0 and e <= 0:
-            continue
-        parts = [transform.filled(t, axis, w, fill) for w in (b,) if w > 0] + [t] + \
-                [transform.filled(t, axis, w, fill) for w in (e,) if w > 0]
-        shape = t.shape[:axis] + (t.shape[axis] + b + e,) + t.shape[axis + 1:]
-        t = ctx.result(ctx.op("concatenate", *parts, axis=axis), t.dtype, min(t.lo, fill), max(t.hi, fill), shape)
-    return t
-
-
 def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(w - zero as int64 with the output channels first, the scale of each output channel) of a constant weight
     quantized per tensor or per output channel; ``transpose``: a (K, N) matrix."""
@@ -391,11 +378,14 @@ def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, n
     return v, rows[:, 0].copy()
 
 
-def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None, op: str,
-               groups: int = 1, **attrs) -> tuple[Tensor, np.ndarray]:
+def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None, op: str, groups: int = 1,
+               valid: np.ndarray | None = None, window: Callable[[Tensor], Tensor] | None = None,
+               **attrs) -> tuple[Tensor, np.ndarray]:
     """sum (x - z) * w (+ bias) in int32 by conv2d or dense: (the accumulator, its scale s_x * s_w per row).
-    x's 8-bit parts times w's parts, concatenated along the reduced axis; the offset c of the parts and the zero
-    point go into the bias: sum (x - z) w = sum (x - c) w + (c - z) * sum w."""
+    x's 8-bit parts (x - c) times w's parts, concatenated along the reduced axis; then
+    sum (x - z) w = sum (x - c) w + (c - z) V, V the sum of the weights a window reads inside the input: per
+    output channel (conv2d's int32 bias) where it is the same at every position, else a (C, H, W) param added
+    after ``window`` (the strided_slice picking ONNX's outputs among conv2d's, which pads with zeros)."""
     x = per_tensor(x, f"the input of {op}")
     sx, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     xparts, c = halves(ctx, as_int32(x.t))
@@ -404,22 +394,38 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     b = np.zeros(len(w), np.int64)
     if bias is not None:
         b = bias_values(bias, sx * sw, len(w))
-    total = b + (c - z) * rows.sum(axis=1)
+    uniform = valid is None or bool((valid == valid[:, :1, :1]).all())
+    total = b + (c - z) * (rows.sum(axis=1) if valid is None else valid[:, 0, 0] if uniform else 0)
     ins = grouped_concat(ctx, [p for p in xparts for _ in wparts], groups)
     weights = np.concatenate([p for _ in xparts for p in wparts], axis=1)
     xlo, xhi = min(x.t.lo - z, 0), max(x.t.hi - z, 0)
     pos, neg = np.clip(rows, 0, None).sum(axis=1), np.clip(rows, None, 0).sum(axis=1)
     lo, hi = int((pos * xlo + neg * xhi + b).min()), int((pos * xhi + neg * xlo + b).max())
     args = [ctx.narrow(ins, 8, f"the input of {op}"), ctx.entry(const(weights.astype(np.int8), TensorProto.INT8))]
+    if np.abs(total).max() > (1 << 31) - 1:
+        raise Refuse("the bias with the zero point's correction passes 32 bits")
     if total.any():
-        if np.abs(total).max() > (1 << 31) - 1:
-            raise Refuse("the bias with the zero point's correction passes 32 bits")
         args.append(ctx.entry(const(total.astype(np.int32), INT32)))
     if op == "conv2d":
         e = ctx.emit(op, *args, use_bias=bool(total.any()), groups=groups, **attrs)
     else:
         e = ctx.emit(op, *args, use_bias=bool(total.any()), units=len(w))
-    return ctx.result(e, INT32, lo, hi), np.asarray(sx * sw, dtype=object)
+    reach = int((np.abs(rows).sum(axis=1) * max(abs(x.t.lo - c), abs(x.t.hi - c)) + np.abs(total)).max())
+    y = ctx.result(e, INT32, -reach, reach)  # every conv2d output, those window drops included
+    if window is not None:
+        y = window(y)
+    if not uniform:
+        corr = const(((c - z) * valid).astype(np.int32), INT32)
+        y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
+    return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object)
+
+
+def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> np.ndarray:
+    """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
+    image (the padding reads zeros)."""
+    masks = [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
+             for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
+    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks)
 
 
 def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
@@ -445,8 +451,20 @@ def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) ->
     return Scaled(ctx.reshape(acc, x.shape[:-1] + (len(w),)), scale, np.zeros((), np.int64))
 
 
+def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin, end) -> dict:
+    """conv2d's symmetric padding for ONNX pads (begin, end): the aligned padding, the strided_slice of ONNX's
+    outputs (nn.aligned, nn.select) and the window sums V where some window reads padding."""
+    plans = [nn.aligned(n, d * (k - 1) + 1, s, b, e)
+             for n, k, s, d, b, e in zip(size, w.shape[2:], strides, dilations, begin, end)]
+    outs = [p[2] for p in plans]
+    return {"padding": tuple(p[0] for p in plans),
+            "window": lambda y: nn.select(ctx, y, [p[1] for p in plans], [1, 1], outs),
+            "valid": window_sums(w, size, strides, dilations, begin, outs) if any(begin + end) else None}
+
+
 def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
-    """Conv: explicit padding with the zero point, then conv2d without padding (groups, strides, dilations)."""
+    """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn.conv does, the zero point's
+    share of the padding corrected by the window sums V)."""
     wv, sw = weight(w, "the Conv weight")
     x = per_tensor(x, "Conv")
     one_d = len(x.shape) == 3
@@ -460,11 +478,12 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
                               dilations[-len(x.shape) + 2:])
     if one_d:
         begin, end = [0] + begin, [0] + end
-    t = padded(ctx, t, begin, end, int(x.zero.reshape(())))
+    t, begin, end = nn.cropped(ctx, t, begin, end)
     groups = node.attr("group", 1)
-    acc, scale = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups, channels=len(wv),
-                            kernel_size=tuple(wv.shape[2:]), strides=tuple(strides), dilation=tuple(dilations),
-                            padding=(0, 0))
+    acc, scale = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
+                            **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
+                            channels=len(wv), kernel_size=tuple(wv.shape[2:]), strides=tuple(strides),
+                            dilation=tuple(dilations))
     if one_d:
         acc = ctx.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[3]))
     return Scaled(acc, scale.reshape(-1, 1, 1) if not one_d else scale.reshape(-1, 1), np.zeros((), np.int64))
@@ -508,16 +527,15 @@ def average(ctx, node, x: Scaled) -> Scaled:
     strides = list(node.attr("strides", [1, 1]))
     begin, end = nn.onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
     c = x.shape[1]
-    t = padded(ctx, x.t, begin, end, int(x.zero.reshape(())))
+    t, begin, end = nn.cropped(ctx, x.t, begin, end)
     ones = np.ones((c, 1) + tuple(kernel), np.int64)
-    acc, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, channels=c,
-                        kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1), padding=(0, 0))
+    pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, end)
+    acc, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
+                        kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
     sx = x.scale.reshape(()).item()
-    if node.attr("count_include_pad", 0) or not any(begin + end):
+    if node.attr("count_include_pad", 0) or pad["valid"] is None:
         return Scaled(acc, np.asarray(sx / math.prod(kernel), dtype=object), np.zeros((), np.int64))
-    counts = [np.array([len(range(max(o * s - b, 0), min(o * s - b + k, n))) for o in range(out)])
-              for n, k, s, b, out in zip(x.shape[2:], kernel, strides, begin, acc.shape[2:])]
-    count = np.outer(*counts)
+    count = pad["valid"][0]  # the window sums of weights 1: the input positions each window reads
     return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
                   np.zeros((), np.int64))
 
@@ -673,6 +691,9 @@ def move_rule(ctx, node, x, *rest):
     x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
     if any(isinstance(r, Real) for r in rest):
         raise Refuse(f"{node.op_type} with a dequantized value as its parameters")
+    if node.op_type == "Flatten" and node.attr("axis", 1) == 1 and len(x.shape) > 2 and not x.t.is_const:
+        shape = (x.shape[0], math.prod(x.shape[1:]))  # CVM's flatten keeps the batch axis (a batched form can grow it)
+        return replace(x, t=ctx.result(ctx.emit("flatten", x.t.entry), x.t.dtype, x.t.lo, x.t.hi, shape))
     out = RULES[("", node.op_type)].fn(ctx, node, x.t, *rest)
     out = out[0] if isinstance(out, list) else out
     return replace(x, t=out)
