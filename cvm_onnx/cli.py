@@ -307,7 +307,8 @@ def parser() -> argparse.ArgumentParser:
               "inputs and outputs, provenance and the native library it needs")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)")
     r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
-                   "or N of them stacked on a new axis 0; or a directory of such .npy files (file-name order); floats for a "
+                   "or N of them stacked on a new axis 0 or along the model's first axis (when it is 1); or a "
+                   "directory of such .npy files (file-name order); floats for a "
                    "model imported from a quantized ONNX model (quantized as its first QuantizeLinear does)")
     r.add_argument("--output", required=True, help=".npz to write, one array per output (stacked over the "
                    "samples for N inputs); or .npy for a one-output model; float32 dequantized outputs for float input")
