@@ -41,7 +41,10 @@ def features() -> tuple[str, ...]:
     path = library_path()
     if path is None:
         return ()
-    fn = ctypes.CDLL(path).cvm_onnx_cpu_features
+    try:
+        fn = ctypes.CDLL(path).cvm_onnx_cpu_features
+    except (OSError, AttributeError):  # a library that does not load, or one built before it had the function
+        return ()
     fn.restype = ctypes.c_uint32
     bits = fn()
     return tuple(name for bit, name in FEATURES.items() if bits & bit)

@@ -238,3 +238,16 @@ def test_the_integer_route_is_taken_where_its_windows_fit_the_cost_model():
     for n, route in ((1, "MatMulInteger"), (2, "Conv")):
         ops = {node.op_type for node in to_onnx(batched(graph, n), optimize=True, int8=True).graph.node}
         assert route in ops and not ({"MatMulInteger", "Conv"} - {route}) & ops
+
+
+def test_a_library_without_the_feature_probe_means_no_signed_products(monkeypatch, tmp_path):
+    """A library that does not load (or lacks ``cvm_onnx_cpu_features``) reports no features, so the exported
+    uint8 x uint8 products stay."""
+    monkeypatch.setattr(cpu, "library_path", lambda: str(tmp_path / "missing.so"))
+    cpu.features.cache_clear()
+    cpu.products.cache_clear()
+    try:
+        assert cpu.features() == () and cpu.products() == "u8u8"
+    finally:
+        cpu.features.cache_clear()
+        cpu.products.cache_clear()
