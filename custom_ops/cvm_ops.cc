@@ -26,6 +26,7 @@
 
 #include "cvm_kernels.h"
 #include "im2col.h"
+#include "requantize.h"
 #ifdef CVM_ONNX_WITH_CUDA
 #include "cvm_cuda.h"
 #endif
@@ -277,6 +278,33 @@ struct Im2col {
   Im2colShape geometry;
 };
 
+// requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h).
+struct Requantize {
+  Requantize(const OrtApi*, const OrtKernelInfo* info) {
+    if (std::string err = parse_steps(ints_attr(info, "steps", {}), steps); !err.empty()) {
+      throw Ort::Exception("requantize: " + err, ORT_INVALID_ARGUMENT);
+    }
+  }
+
+  Ort::Status Compute(const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
+    return guarded("requantize", [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      const int64_t channels = bias.NumberOfElement();
+      if (channels > 0 && (shape.size() < 2 || shape[1] != channels || bias.Shape().size() != 1)) {
+        return invalid("requantize", "bias must be empty or (C,) for data (N, C, ...), got " +
+                                         shape_text(bias.Shape()) + " for " + shape_text(shape));
+      }
+      int64_t inner = 1;
+      for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+      requantize(data.Data(), data.NumberOfElement(), channels > 0 ? bias.Data() : nullptr, channels, inner, steps,
+                 out.Allocate(shape));
+      return Ort::Status{nullptr};
+    });
+  }
+
+  std::vector<RequantStep> steps;
+};
+
 // -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
 #ifdef CVM_ONNX_WITH_CUDA
 Ort::Status launched(const char* op, const char* cuda_error) {
@@ -378,6 +406,7 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<6>(Ort::Custom::CreateLiteCustomOp<Im2col<int8_t, 0>>("im2col_int8", cpu), "im2col_int8", 1));
   ops.push_back(checked<7>(Ort::Custom::CreateLiteCustomOp<Im2col<uint8_t, 128>>("im2col_uint8", cpu),
                            "im2col_uint8", 1));
+  ops.push_back(checked<8>(Ort::Custom::CreateLiteCustomOp<Requantize>("requantize", cpu), "requantize", 2));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

@@ -38,7 +38,7 @@ from .constants import IR_VERSION, OPSET, PRECISION, precision_of
 from .errors import FormatError, Problem, RuntimeFailure
 from .executor import integer_input
 from .format.onnx_safety import readable
-from .native import DOMAIN as NATIVE_DOMAIN, library_path
+from .native import DOMAIN as NATIVE_DOMAIN, SERVING_KERNELS, library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -102,8 +102,9 @@ def _providers(provider: str) -> list:
     return [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]]
 
 
-def uses_im2col(model: onnx.ModelProto) -> bool:
-    return any(n.op_type.startswith("im2col_") and n.domain == NATIVE_DOMAIN for n in model.graph.node)
+def uses_serving_kernels(model: onnx.ModelProto) -> bool:
+    """Whether the graph uses the serving form's native kernels (im2col, requantize), which have no fallback."""
+    return any(n.op_type in SERVING_KERNELS and n.domain == NATIVE_DOMAIN for n in model.graph.node)
 
 
 def _load(model: ModelLike) -> onnx.ModelProto:
@@ -137,10 +138,10 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     library = library_path()
     if library is not None:
         so.register_custom_ops_library(library)
-    if uses_im2col(proto):
+    if uses_serving_kernels(proto):
         if library is None or native is False:
-            raise RuntimeFailure("this serving form multiplies through the native im2col ops, which need the native "
-                                 "custom-op library (see docs/custom_ops.md); export it again without them "
+            raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
+                                 "native custom-op library (see docs/custom_ops.md); export it again without them "
                                  "(to_onnx(..., int8=False)) to run it elsewhere")
         if cpu.products() == "u8s8":
             proto = cpu.signed_columns(proto)

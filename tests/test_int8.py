@@ -1,5 +1,5 @@
-"""The serving form's integer products: the native im2col ops (against a numpy oracle, and their input checks),
-conv2d runs started from MatMulInteger (exact against the reference executor for every operand route this CPU
+"""The serving form's native kernels: the im2col ops and requantize (against numpy oracles, and their input
+checks), conv2d runs started from MatMulInteger (exact against the reference executor for every operand route this CPU
 computes exactly), and the choice of operand types (cvm_onnx.cpu)."""
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def test_without_the_native_library_the_integer_form_is_refused_with_one_error()
                                      kernel_size=(1, 1), use_bias=False), shift_bit=1, precision=8)
     graph = b.build(b.op("relu", y))
     model = to_onnx(graph, optimize=True, int8=True)
-    with pytest.raises(RuntimeFailure, match="native im2col ops.*int8=False"):
+    with pytest.raises(RuntimeFailure, match="native im2col and requantize kernels.*int8=False"):
         session(model, native=False)
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
     assert "MatMulInteger" not in {n.op_type for n in to_onnx(graph, optimize=True, int8=False).graph.node}
@@ -251,3 +251,69 @@ def test_a_library_without_the_feature_probe_means_no_signed_products(monkeypatc
     finally:
         cpu.features.cache_clear()
         cpu.products.cache_clear()
+
+
+# -- the native requantize op -----------------------------------------------------------------------------------
+
+def wrap32(v: np.ndarray) -> np.ndarray:
+    return ((v + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int64)
+
+
+def requantize_oracle(x, bias, steps):
+    v = x.astype(np.int64)
+    if bias.size:
+        v = wrap32(v + bias.astype(np.int64).reshape(1, -1, *([1] * (x.ndim - 2))))
+    for kind, a, b in steps:
+        if kind == 0:
+            v = wrap32(v + (1 << (a - 1))) >> a
+        elif kind == 1:
+            v = wrap32(v * a)
+        elif kind == 2:
+            v = wrap32(v + a)
+        else:
+            v = np.clip(v, a, b)
+    return v.astype(np.int32)
+
+
+def requantize_model(shape, channels: int, steps) -> onnx.ModelProto:
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=10)
+
+
+int32s = st.integers(-(1 << 31), (1 << 31) - 1)
+step = st.one_of(st.tuples(st.just(0), st.integers(1, 31), st.just(0)),
+                 st.tuples(st.sampled_from([1, 2]), st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)])),
+                           st.just(0)),
+                 st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab)))
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(),
+       steps=st.lists(step, min_size=1, max_size=6))
+def test_requantize_applies_its_steps_in_int32(shape, data, steps):
+    """Every step in order with int32 wrap-around (the exporter only emits runs that never wrap), + a bias per
+    axis-1 channel, against a numpy oracle, at the int32 edges too."""
+    x = data.draw(st.lists(st.one_of(int32s, st.sampled_from([0, -1, (1 << 31) - 1, -(1 << 31)])),
+                           min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    x = np.array(x, np.int64).reshape(shape).astype(np.int32)
+    channels = shape[1] if len(shape) > 1 and data.draw(st.booleans()) else 0
+    bias = np.array(data.draw(st.lists(int32s, min_size=channels, max_size=channels)), np.int64).astype(np.int32)
+    model = requantize_model(shape, channels, steps)
+    onnx.checker.check_model(model, full_check=True)
+    assert np.array_equal(run(model, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
+
+
+@pytest.mark.parametrize("steps, channels, message", [
+    ([(0, 32, 0)], 0, "step 0 is not a valid"), ([(3, 5, 4)], 0, "step 0 is not a valid"),
+    ([(7, 1, 0)], 0, "step 0 is not a valid"), ([(1, 1 << 31, 0)], 0, "step 0 is not a valid"),
+    ([(2, 1, 0)], 3, "bias must be empty or \\(C,\\)"),
+])
+def test_requantize_refuses_bad_steps_and_bias(steps, channels, message):
+    model = requantize_model([1, 2, 3], channels, steps)
+    with pytest.raises(RuntimeFailure, match=message):
+        run(model, {"x": np.zeros((1, 2, 3), np.int32), "b": np.zeros(channels, np.int32)})

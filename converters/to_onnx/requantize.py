@@ -30,6 +30,7 @@ from onnx import TensorProto
 
 from cvm_onnx.constants import INT32_MAX, precision_bound
 from cvm_onnx.graph import Entry, Graph, Node
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY
 
 from . import nn
@@ -295,23 +296,20 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False) -> list[Cha
     return [Chain(c, _head(graph, c[0], bounds, readers, int8)) for c in found]
 
 
-def _integer_head(b: Body, y: str, bias: Value | None, bound: int, steps: list[Step]) -> Run:
-    """The run from an exact int32 product ``y`` (NCHW), + ``bias`` per channel in int32 (wraps like the
-    runtime's accumulator; ``bound`` bounds the sum). A first shift s that fits (bound + 2^(s-1) <= INT32_MAX)
-    is taken with it, popped from ``steps``: one Add of the constant bias + 2^(s-1), then the BitwiseAnd of
-    ``Run._shift``, so t = w * 2^s with w = floor((y + bias + 2^(s-1)) / 2^s)."""
-    shift = steps[0].k if steps and steps[0].kind == "shift" and Run._fits(steps[0], bound, 0) else 0
-    if bias is not None or shift:
-        c = b.const(1 << (shift - 1) if shift else 0, np.int32)
-        if bias is not None:
-            c = b.Add(b.Reshape(b.Cast(bias, to=TensorProto.INT32), b.const([-1, 1, 1])), c)
-        y = b.Add(y, c)
-    if not shift:
-        return Run(b, Value(y, (), bound))
-    steps.pop(0)
-    r = Run(b, Value(b.BitwiseAnd(y, b.const(-(1 << shift), np.int32)), (), (bound + (1 << (shift - 1))) >> shift))
-    r.e = shift
-    return r
+def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step]) -> str:
+    """The run as one native ``requantize`` node: the steps in the order the CVM ops take them, each clip at
+    once, on x + bias per channel in int32. Exact: ``runs`` took every step only where the proven bound shows
+    that the runtime's own int32 computation (clipped as it goes) cannot overflow, so the kernel's int32
+    arithmetic never wraps where the runtime's does not; the shift is the runtime's (v + 2^(s-1)) >> s."""
+    low, high = -INT32_MAX - 1, INT32_MAX
+    flat = []
+    for s in steps:
+        if s.kind == "clip":
+            flat += [3, low if s.lo is None else s.lo, high if s.hi is None else s.hi]
+        else:
+            flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
+    bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
+    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat)
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
@@ -322,17 +320,19 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
     float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
     tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
-    (constants). With ``int8`` a conv2d head that takes the integer route (``nn.int8_route``) starts the run
-    from its exact products in int32 instead (``nn.conv2d_int8``, then ``_integer_head``).
+    (constants). With ``int8`` (the native library's kernels) a run without a head, or from a conv2d head that
+    takes the integer route (``nn.int8_route``: its exact products in int32, ``nn.conv2d_int8``), is one native
+    ``requantize`` node (``_native_run``).
     """
     b = Body([out])
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
     if chain.head is None:
+        if int8:
+            return b, _native_run(b, inputs[0].name, None, steps)
         r = Run(b, inputs[0])
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape):
-        y = nn.conv2d_int8(b, a, *inputs[:2])
-        r = _integer_head(b, y, inputs[2] if a.use_bias else None, head_bound, steps)
+        return b, _native_run(b, nn.conv2d_int8(b, a, *inputs[:2]), inputs[2] if a.use_bias else None, steps)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)

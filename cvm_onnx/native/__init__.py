@@ -2,7 +2,7 @@
 
 The library (``libcvm_onnx_ops.so``, built from custom_ops/ at install time) owns the ONNX domain ``cvm.native``,
 version 1, with three int32 ops following the CVM runtime's FORMAL semantics (docs/custom_ops.md) and the
-serving form's two window ops:
+serving form's window ops and fused requantization:
 
 * ``non_max_suppression(data (B, N, 6), valid_count (B,)) -> data-shaped``; attributes max_output_size (-1),
   iou_threshold (50), force_suppress (0), top_k (-1);
@@ -11,7 +11,9 @@ serving form's two window ops:
 * ``im2col_int8`` / ``im2col_uint8(data (N, C, H, W) int32, values in [-128, 127]) -> (N, G, C/G * kh * kw,
   OH * OW)`` int8 / uint8: the windows of a 2-D convolution, ``x + offset`` (0 / 128) and ``offset`` where a
   window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
-  right), group, as ONNX Conv's. The serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only.
+  right), group, as ONNX Conv's. The serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only;
+* ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
+  (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -133,6 +135,8 @@ def _infer_lut(ctx) -> None:
 
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
+#: The serving form's kernels (no Python fallback: a model using them needs the library).
+SERVING_KERNELS = (*IM2COL, "requantize")
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
                                                    "pads": [0, 0, 0, 0], "group": 1}
 
@@ -193,6 +197,30 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
     return s
 
 
+def _infer_requantize(ctx) -> None:
+    data = _dims(ctx.get_input_type(0), "requantize data")
+    _dims(ctx.get_input_type(1), "requantize bias", 1)
+    steps = ctx.get_attribute("steps")
+    if steps is None or len(steps.ints) % 3:
+        raise InferenceError("requantize: steps must hold (kind, a, b) triples")
+    ctx.set_output_type(0, _int32(data))
+
+
+def _requantize_schema() -> OpSchema:
+    s = OpSchema(
+        "requantize", DOMAIN, VERSION,
+        "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
+        "bias empty: none); steps (kind, a, b): 0 shift a (round half up), 1 multiply by a, 2 add a, 3 clip to "
+        "[a, b]; int32 arithmetic.",
+        inputs=[OpSchema.FormalParameter("data", "T", "int32"), OpSchema.FormalParameter("bias", "T", "(C,) or (0,)")],
+        outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
+        type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
+        attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=True)],
+    )
+    s.set_type_and_shape_inference_function(_infer_requantize)
+    return s
+
+
 def _schema(name: str, doc: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], infer) -> OpSchema:
     s = OpSchema(
         name, DOMAIN, VERSION, doc,
@@ -223,6 +251,7 @@ def _schemas() -> list[OpSchema]:
                 [("indices", "indices, any shape"), ("table", "the table, any shape, not empty")],
                 [("y", "the indices' shape")], _infer_lut),
         *(_im2col_schema(name, t) for name, t in IM2COL.items()),
+        _requantize_schema(),
     ]
 
 

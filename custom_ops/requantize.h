@@ -1,0 +1,76 @@
+// A requantization run in one pass (the serving form's ``requantize`` op): monotone integer steps over int32,
+// in the order the CVM ops take them (docs/custom_ops.md).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace cvm_onnx {
+
+enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3 };
+
+struct RequantStep {
+  int64_t kind, a, b;
+};
+
+// Parses the flat attribute [kind, a, b, ...]; returns an error message, empty when every step is valid: shift
+// 1..31, mul/add an int32, clip lo <= hi within int32.
+inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<RequantStep>& steps) {
+  if (flat.size() % 3 != 0) return "steps must hold (kind, a, b) triples";
+  const auto int32 = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
+  for (size_t i = 0; i < flat.size(); i += 3) {
+    const RequantStep s{flat[i], flat[i + 1], flat[i + 2]};
+    const bool ok = (s.kind == kShift && s.a >= 1 && s.a <= 31) || ((s.kind == kMul || s.kind == kAdd) && int32(s.a)) ||
+                    (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b);
+    if (!ok) return "step " + std::to_string(i / 3) + " is not a valid (kind, a, b)";
+    steps.push_back(s);
+  }
+  return {};
+}
+
+// Applies the steps in order to v[0:n] in place: int32 arithmetic with two's-complement wrap-around (the exporter
+// proves no step wraps, so this is the runtime's arithmetic); shift s: (v + 2^(s-1)) >> s, the runtime's round half
+// up. One loop per step, so that each vectorizes.
+inline void apply_steps(int32_t* v, int64_t n, const std::vector<RequantStep>& steps) {
+  for (const RequantStep& s : steps) {
+    const uint32_t a = static_cast<uint32_t>(s.a);
+    switch (s.kind) {
+      case kShift: {
+        const uint32_t half = 1u << (s.a - 1);
+        const int shift = static_cast<int>(s.a);
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + half) >> shift;
+        break;
+      }
+      case kMul:
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) * a);
+        break;
+      case kAdd:
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + a);
+        break;
+      default: {
+        const int32_t lo = static_cast<int32_t>(s.a), hi = static_cast<int32_t>(s.b);
+        for (int64_t i = 0; i < n; ++i) v[i] = std::min(std::max(v[i], lo), hi);
+      }
+    }
+  }
+}
+
+// y = the steps applied to x + bias[c] (c the axis-1 index of x (N, C, inner...); no bias: channels = 1, bias
+// null), in chunks that stay in the L1 cache.
+inline void requantize(const int32_t* x, int64_t count, const int32_t* bias, int64_t channels, int64_t inner,
+                       const std::vector<RequantStep>& steps, int32_t* y) {
+  if (bias == nullptr) inner = count;
+  for (int64_t plane = 0; inner > 0 && plane * inner < count; ++plane) {
+    const uint32_t add = bias ? static_cast<uint32_t>(bias[plane % channels]) : 0u;
+    for (int64_t start = plane * inner, end = start + inner; start < end; start += 1024) {
+      int32_t* v = y + start;
+      const int64_t n = std::min<int64_t>(1024, end - start);
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(x[start + i]) + add);
+      apply_steps(v, n, steps);
+    }
+  }
+}
+
+}  // namespace cvm_onnx
