@@ -552,6 +552,7 @@ def test_plan_meets_the_precision_rules_and_its_bound(lo, span, ratios, out, zer
     from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, tight
 
     hi = min(lo + span, (1 << 31) - 1)
+    zero = min(max(zero, out[0]), out[1])  # a zero point lies within its type (zero_of refuses others)
     ms = np.array([Fraction(r) for r in ratios], dtype=object)
     low, high = out[0] - zero, out[1] - zero
     try:
