@@ -57,9 +57,17 @@ inline void apply_steps(int32_t* v, int64_t n, const std::vector<RequantStep>& s
   }
 }
 
+// Compiled for AVX2 and for the baseline, chosen when the library loads (GCC/Clang function multiversioning):
+// the same integer operations, 2.2x faster with AVX2 (16 K elements, five steps: 5.6 against 12.2 us).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CVM_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CVM_AVX2_CLONES
+#endif
+
 // y = the steps applied to x + bias[c] (c the axis-1 index of x (N, C, inner...); no bias: channels = 1, bias
 // null), in chunks that stay in the L1 cache.
-inline void requantize(const int32_t* x, int64_t count, const int32_t* bias, int64_t channels, int64_t inner,
+CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t count, const int32_t* bias, int64_t channels, int64_t inner,
                        const std::vector<RequantStep>& steps, int32_t* y) {
   if (bias == nullptr) inner = count;
   for (int64_t plane = 0; inner > 0 && plane * inner < count; ++plane) {

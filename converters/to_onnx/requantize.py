@@ -320,9 +320,10 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
     float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
     tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
-    (constants). With ``int8`` (the native library's kernels) a run without a head, or from a conv2d head that
-    takes the integer route (``nn.int8_route``: its exact products in int32, ``nn.conv2d_int8``), is one native
-    ``requantize`` node (``_native_run``).
+    (constants). With ``int8`` (the native library's kernels) the steps are one native ``requantize`` node
+    (``_native_run``), from the run's input, from a conv2d head's exact integer products where it takes that
+    route (``nn.int8_route``, ``nn.conv2d_int8``), or from the head's float32 product (bias included, an
+    integer within 2^24) cast to int32.
     """
     b = Body([out])
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
@@ -338,6 +339,8 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
         a = REGISTRY[head.op].bind(head.attrs)
         product = nn.conv2d_float32 if head.op == "conv2d" else nn.dense_float32
         bias = inputs[2] if a.use_bias else None
+        if int8:  # the float32 product holds an integer within 2^24 (``_head``): exact as int32
+            return b, _native_run(b, b.Cast(product(b, a, *inputs[:2], bias), to=TensorProto.INT32), None, steps)
         if steps[0].kind == "shift":
             s = steps.pop(0).k
             y = b.Round(product(b, a, *inputs[:2], bias, scale=2.0 ** -s, offset=0.5))
