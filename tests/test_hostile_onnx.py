@@ -555,3 +555,17 @@ def test_a_cvm_node_calling_a_function_the_model_lacks_is_refused(tmp_path, caps
     assert code == FormatError.exit_code
     assert err and all(re.fullmatch(r"format error: relu_\d+: calls function cvm\.relu(\(\d+\))?, which the model "
                                     r"does not define", line) for line in err), err
+
+
+@pytest.mark.parametrize("nodes, inits, line", [
+    ([node("Conv", ["data", "w"])], [numpy_helper.from_array(np.ones((1, 1, 2, 2), np.int32), "w")],
+     "unsupported: n (Conv): Conv: input 0 (X) is tensor(int32), not one of tensor(double), "
+     "tensor(float), tensor(float16) (its schema's T)"),
+    ([node("Add", ["data", "w"])], [numpy_helper.from_array(np.ones((1, 1, 4, 4), np.int64), "w")],
+     "unsupported: n (Add): Add: input 1 (B) is tensor(int64), but an earlier input of type T is tensor(int32)"),
+], ids=["Conv of int32", "Add of int32 and int64"])
+def test_inputs_of_types_the_op_does_not_take_are_refused(tmp_path, capsys, nodes, inits, line):
+    """convert accepted nodes whose input types break their schema's type constraints (onnxruntime refuses them:
+    found by fuzz.py as 'convert: ok; run: RuntimeFailure')."""
+    code, err = convert(tmp_path, int_model(nodes, (1, 1, 4, 4), inits=inits), capsys)
+    assert (code, err) == (UnsupportedError.exit_code, [line])

@@ -851,11 +851,15 @@ def test_nodes_with_inputs_their_op_does_not_take_are_format_errors(tmp_path, no
     assert [str(p) for p in info.value.problems] == [problem]
 
 
+#: The input as float, for the ops whose schema takes float bounds or values (Clip, Pad) with them.
+AS_FLOAT = onnx.helper.make_node("Cast", ["data"], ["f"], to=onnx.TensorProto.FLOAT)
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_constant_bounds_are_refused(tmp_path, value):
     """int(nan) and int(inf) in the check that a constant scalar is an integer raised ValueError/OverflowError."""
     nodes = [onnx.helper.make_node("Constant", [], ["lo"], value=onnx.helper.make_tensor("lo", 1, [], [value])),
-             onnx.helper.make_node("Clip", ["data", "lo"], ["y"], name="clip")]
+             AS_FLOAT, onnx.helper.make_node("Clip", ["f", "lo"], ["y"], name="clip")]
     with pytest.raises(UnsupportedError, match=re.escape(f"clip (Clip): Clip min = {value} is not an integer")):
         import_file(tmp_path, int_model(nodes))
 
@@ -913,15 +917,15 @@ def test_gemm_operands_that_do_not_fit_are_refused(tmp_path, shape, attrs, rule)
 def pad_with(value: float) -> list:
     return [onnx.helper.make_node("Constant", [], ["v"], value=onnx.helper.make_tensor("v", 1, [], [value])),
             onnx.helper.make_node("Constant", [], ["p"], value=onnx.helper.make_tensor("p", 7, [4], [0, 1, 0, 1])),
-            onnx.helper.make_node("Pad", ["data", "p", "v"], ["y"], name="n")]
+            AS_FLOAT, onnx.helper.make_node("Pad", ["f", "p", "v"], ["y"], name="n")]
 
 
 @pytest.mark.parametrize("nodes, opset, problem", [
-    ([onnx.helper.make_node("Clip", ["data"], ["y"], name="n", min=float("nan"))], 6,
+    ([AS_FLOAT, onnx.helper.make_node("Clip", ["f"], ["y"], name="n", min=float("nan"))], 6,
      "n (Clip): Clip bounds nan, None are not integers"),
-    ([onnx.helper.make_node("Pad", ["data"], ["y"], name="n", pads=[0, 1, 0, 1], value=float("nan"))], 2,
+    ([AS_FLOAT, onnx.helper.make_node("Pad", ["f"], ["y"], name="n", pads=[0, 1, 0, 1], value=float("nan"))], 6,
      "n (Pad): Pad value nan is not an integer"),
-    ([onnx.helper.make_node("Pad", ["data"], ["y"], name="n", pads=[0, 1, 0, 1], value=float("inf"))], 2,
+    ([AS_FLOAT, onnx.helper.make_node("Pad", ["f"], ["y"], name="n", pads=[0, 1, 0, 1], value=float("inf"))], 6,
      "n (Pad): Pad value inf is not an integer"),
     (pad_with(float("nan")), 13, "n (Pad): Pad constant_value must hold integers"),
     (pad_with(float("inf")), 13, "n (Pad): Pad constant_value must hold integers"),

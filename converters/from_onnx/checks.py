@@ -185,6 +185,31 @@ def signature(node: onnx.NodeProto, versions: dict[str, int],
     return _of_schema(s)
 
 
+def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -> str | None:
+    """Why the element types of a node's inputs (None: absent) break its onnx schema's type constraints (each
+    input's types allowed, inputs sharing a type parameter of one type), or None; ops without an onnx schema
+    pass. onnxruntime refuses such a node; its import rule would compute on types the op does not take."""
+    domain = domain_of(node.domain)
+    if domain == CVM_DOMAIN or not 1 <= version <= INT_MAX or not onnx.defs.has(node.op_type, version, domain):
+        return None
+    s = onnx.defs.get_schema(node.op_type, version, domain)
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in s.type_constraints}
+    taken: dict[str, str] = {}
+    for k, dtype in enumerate(dtypes):
+        if dtype is None or not s.inputs:
+            continue
+        formal = s.inputs[min(k, len(s.inputs) - 1)]
+        name = f"tensor({TensorProto.DataType.Name(dtype).lower()})"
+        options = allowed.get(formal.type_str, {formal.type_str})
+        if name not in options:
+            return (f"{node.op_type}: input {k} ({formal.name}) is {name}, not one of "
+                    f"{', '.join(sorted(options))} (its schema's {formal.type_str})")
+        if formal.is_homogeneous and taken.setdefault(formal.type_str, name) != name:
+            return (f"{node.op_type}: input {k} ({formal.name}) is {name}, but an earlier input of type "
+                    f"{formal.type_str} is {taken[formal.type_str]}")
+    return None
+
+
 def _count(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"at least {lo}" if hi >= INT_MAX else f"{lo} to {hi}"
 

@@ -27,7 +27,7 @@ from cvm_onnx.validate import validate
 from cvm_onnx.format.edges import Edge, Edges
 
 from . import elemwise, nn, quantized, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
-from .checks import checked_order, tensor_array
+from .checks import checked_order, tensor_array, type_problem
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
@@ -248,6 +248,9 @@ class _Walk:
                     r = FLOAT_RULES[key]
                 elif key in RULES:
                     r = RULES[key]
+                    dtypes = [None if x is None else x.dtype for x in ins]
+                    if (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
+                        raise Refuse(wrong)
                 else:
                     raise Refuse(f"no CVM op for ONNX {n.op_type} on integers (only between quantized tensors)")
                 out = r.fn(self.ctx, NodeView(n, u.name, self.opsets[_domain(n.domain)]), *ins)
