@@ -576,3 +576,23 @@ def test_plan_meets_the_precision_rules_and_its_bound(lo, span, ratios, out, zer
     saturated = np.clip(r, low, high)
     assert np.array_equal(saturated[exact > high + 1], np.full((exact > high + 1).sum(), high))
     assert np.array_equal(saturated[exact < low - 1], np.full((exact < low - 1).sum(), low))
+
+
+def test_a_deferred_clip_above_zero_keeps_per_channel_requantization_exact():
+    """Clip(min=1.0) off the grid before a per-channel requantization: the plan's clip is taken for the type's
+    range (which holds the zero point), the Clip's bounds only at the end (regression: a clip bound above zero
+    once fed the plan and clipped a channel of larger M before it saturated)."""
+    s = np.array([0.3, 0.05], np.float32)
+    g = h.make_graph(
+        [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"], axis=1),
+         h.make_node("Clip", ["xf", "lo"], ["c"]),
+         h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])],
+        "m", [h.make_tensor_value_info("x", T.INT8, [1, 2, 255])], [h.make_tensor_value_info("y", T.UINT8, None)],
+        [nh.from_array(s, "s"), nh.from_array(np.zeros(2, np.int8), "z"), nh.from_array(np.array(0.07, np.float32), "so"),
+         nh.from_array(np.array(0, np.uint8), "zo"), nh.from_array(np.array(1.01, np.float32), "lo")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    x = np.broadcast_to(np.arange(-127, 128, dtype=np.int8), (1, 2, 255)).copy()
+    [got] = execute(import_model(m, input_precision=8).graph, {"data": x.astype(np.int32)})
+    real = np.maximum(x.astype(np.float64) * s.astype(np.float64).reshape(1, 2, 1), 1.01)
+    exact = np.clip(np.rint(real / np.float64(np.float32(0.07))), 0, 255)
+    assert np.abs(got - exact).max() <= 1

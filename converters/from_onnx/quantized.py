@@ -235,7 +235,8 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         ctx.requants.append(Requant(ctx.base, (1.0,), None))
         return saturate(ctx, vs[0], zo, lo, hi, dtype, shape)
     try:
-        p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], lo - zo, hi - zo)
+        tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
+        p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - zo, thi - zo)
     except NoPlan as e:
         raise Refuse(str(e)) from None
     ctx.requants.append(Requant(ctx.base, tuple(float(r) for m in ratios for r in m.flat), p))
@@ -625,7 +626,12 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
     if isinstance(x, Mapped):
         return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
                       "Clip")
-    x = per_tensor(scaled(x, "the Clip input"), "Clip")
+    x = scaled(x, "the Clip input", clipped_ok=True)
+    if x.clip != (None, None) or not x.per_tensor:  # Clip of a Clip, or per-channel: deferred, bounds combined
+        old = x.clip
+        lo = old[0] if lo is None else lo if old[0] is None else max(lo, old[0])
+        hi = old[1] if hi is None else hi if old[1] is None else min(hi, old[1])
+        return replace(x, clip=(lo, hi))
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     grid = [None if b is None else b / s + z for b in (lo, hi)]
     if all(g is None or g.denominator == 1 for g in grid):
