@@ -569,3 +569,25 @@ def test_inputs_of_types_the_op_does_not_take_are_refused(tmp_path, capsys, node
     found by fuzz.py as 'convert: ok; run: RuntimeFailure')."""
     code, err = convert(tmp_path, int_model(nodes, (1, 1, 4, 4), inits=inits), capsys)
     assert (code, err) == (UnsupportedError.exit_code, [line])
+
+
+def test_a_call_of_a_function_without_its_inputs_is_refused_not_a_segfault(tmp_path):
+    """A function-form node renamed to a function of two inputs, called with one: onnxruntime loaded it and died
+    of SIGSEGV running the body (found by fuzz.py: 'signal 11'); run and convert now refuse the call."""
+    import subprocess
+    import sys
+
+    from test_reliability import ONNX_SEEDS
+
+    m = onnx.load_from_string(ONNX_SEEDS["elementwise"])
+    [n] = [n for n in m.graph.node if n.op_type == "negative"]
+    n.op_type = "broadcast_max"
+    onnx.save(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.zeros((2, 3, 4), np.int32))
+    for args in (["run", str(tmp_path / "m.onnx"), "--input", str(tmp_path / "x.npy"), "--output",
+                  str(tmp_path / "o.npz")], ["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]):
+        done = subprocess.run([sys.executable, "-m", "cvm_onnx.cli", *args], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == FormatError.exit_code, (args[0], done.returncode, done.stderr[-300:])
+        assert done.stderr.splitlines() == [f"format error: {n.name}: calls function cvm.broadcast_max with inputs "
+                                            "['data:clamped'] and 1 output(s); it takes 2 inputs, gives 1 output(s)"]

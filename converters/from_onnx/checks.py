@@ -34,7 +34,7 @@ from cvm_onnx import native
 from cvm_onnx.constants import DOMAIN as CVM_DOMAIN
 from cvm_onnx.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
 from cvm_onnx.errors import FormatError, Problem
-from cvm_onnx.format.onnx_safety import MAX_ELEMENTS, not_utf8, tensor_problem
+from cvm_onnx.format.onnx_safety import MAX_ELEMENTS, call_problems, not_utf8, tensor_problem
 from cvm_onnx.format.onnx_safety import tensor_array  # noqa: F401  (the rules read it from here)
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.ops.registry import REQUIRED
@@ -265,7 +265,7 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     versions = {domain_of(o.domain): o.version for o in model.opset_import}
     functions = frozenset((f.domain, f.name, f.overload) for f in model.functions)
     problems = [Problem(where, f"tensor {rule}") for where, t in _tensors(graph)
-                if (rule := tensor_problem(t, base_dir)) is not None]
+                if (rule := tensor_problem(t, base_dir)) is not None] + call_problems(model)
     for vi in [*graph.input, *graph.output, *graph.value_info]:
         problems += [Problem(vi.name, rule) for rule in (_shape_problem(vi), _value_type_problem(vi)) if rule]
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}

@@ -6,8 +6,10 @@ allocated or read; external data only from a file inside the model's directory.
   model's directory once symlinks are resolved, at an offset and length within its file;
 * ``tensor_array`` reads a tensor that passed it;
 * ``not_utf8`` finds strings that are not UTF-8 (protobuf hands them over as bytes);
-* ``readable`` is a model ready for onnxruntime: its strings UTF-8, every external tensor loaded into it
-  (onnxruntime would look for the files in the working directory of a model given as bytes).
+* ``call_problems`` finds calls of model-local functions without their formal inputs (onnxruntime crashes);
+* ``readable`` is a model ready for onnxruntime: its strings UTF-8, its function calls well formed, every
+  external tensor loaded into it (onnxruntime would look for the files in the working directory of a model
+  given as bytes).
 
 The importer (``converters.from_onnx.checks``) and the runtime use these same checks.
 """
@@ -162,12 +164,32 @@ def all_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]
         yield from _node_tensors(f.node, f"function {f.name}: ")
 
 
+def call_problems(model: onnx.ModelProto) -> list[Problem]:
+    """Nodes (of the graph or of a function) calling a model-local function with other inputs than its formal
+    ones (each given, none '') or with more outputs than it has: onnxruntime loads such a call and dies of
+    SIGSEGV running the function's body without the input."""
+    functions = {(f.domain, f.name, f.overload): f for f in model.functions}
+    out = []
+    for nodes, where in [(model.graph.node, ""), *((f.node, f"function {f.name}: ") for f in model.functions)]:
+        for i, n in enumerate(nodes):
+            f = functions.get((n.domain, n.op_type, n.overload))
+            if f is not None and (len(n.input) != len(f.input) or "" in n.input or len(n.output) > len(f.output)):
+                out.append(Problem(f"{where}{n.name or f'node {i} ({n.op_type})'}",
+                                   f"calls function {f.domain}.{f.name} with inputs {list(n.input)} and "
+                                   f"{len(n.output)} output(s); it takes {len(f.input)} inputs, gives "
+                                   f"{len(f.output)} output(s)"))
+    return out
+
+
 def readable(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> onnx.ModelProto:
     """``model`` with every external tensor's data read into it (in place) from its file inside ``base_dir`` (the
     model's directory; None: there is none), each under ``tensor_problem``'s checks, after checking that every
-    string is UTF-8; else ``FormatError`` listing every problem."""
+    string is UTF-8 and every call of a model-local function well formed (``call_problems``); else
+    ``FormatError`` listing every problem."""
     if bad := list(not_utf8(model, "model")):
         raise FormatError([Problem(where, "string is not UTF-8") for where in bad])
+    if problems := call_problems(model):
+        raise FormatError(problems)
     base = None if base_dir is None else Path(base_dir)
     external = [(w, t) for w, t in all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
     if problems := [Problem(w, f"tensor {rule}") for w, t in external if (rule := tensor_problem(t, base))]:
