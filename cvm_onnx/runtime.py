@@ -14,8 +14,8 @@
 * Threads, chosen by measurement (2-vCPU EPYC VM shared with other tenants, ResNet-20, optimized form): a
   model whose inputs hold one sample gets one thread (six interleaved rounds: median 2.2 ms, best 1.7-1.8 ms;
   two spinning threads: median 1.9-2.4 ms, best 1.4-1.6 ms, up to 11.8 ms under load when the second thread
-  waits for a core; with the serving form's integer products, five interleaved rounds: one thread best
-  1.65 ms, median 1.73; two: 1.81 and 2.07); a batched model (first dimension > 1) gets one spinning thread
+  waits for a core; with the serving form's native integer kernels, six interleaved rounds: one thread best
+  0.97 ms, median 1.11; two: 1.04 and 1.18); a batched model (first dimension > 1) gets one spinning thread
   per usable CPU (batch 64: 57-66 ms with two spinning threads, 96 ms with two that sleep, 94-125 ms with
   one). ``threads=`` overrides the count. The graph optimizer stays at its highest level, which was also the
   fastest (batch 1: 2.8 ms against 3.7 ms without the NCHWc layout; batch 64: 98 against 137 ms).
