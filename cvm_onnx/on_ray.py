@@ -49,18 +49,18 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
                runtime_env: dict[str, Any] | None = None, progress: Progress | None = None,
                edges: Edges | None = None) -> Output:
     """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU (and one GPU
-    for ``provider="cuda"``) and one onnxruntime thread each, ``chunk`` samples per task, ``runtime_env`` theirs (how cvm-onnx reaches them
-    when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
+    for ``provider="cuda"``) and one onnxruntime thread each, ``chunk`` samples per task, ``runtime_env``
+    theirs (how cvm-onnx reaches them when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
     started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
+    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges)
     ray = _ray()
     from ray.data import ActorPoolStrategy, DataContext
     from ray.data.extensions import ArrowTensorArray
     import pyarrow as pa
 
-    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges)
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
