@@ -205,9 +205,9 @@ def test_a_left_shift_table_reaching_minus_2_31_is_refused():
         from_onnx(m, input_precision=6)
 
 @SETTINGS
-@given(st.data(), shapes, st.sampled_from([T.INT8, T.INT16, T.INT32, T.INT64, T.UINT8]), st.integers(1, 12),
-       st.integers(0, 7))
+@given(st.data(), shapes, st.sampled_from([T.INT32, T.INT64]), st.integers(1, 12), st.integers(0, 7))
 def test_pow_by_a_constant_exponent(d, shape, dtype, p, k):
+    """Pow-15's integer types are int32 and int64 (the importer's schema check refuses the others)."""
     x = draw_x(d, shape, dtype, p)
     m = model("Pow", ["x", "k"], shape, dtype, {"k": np.array(k, TYPES[dtype])}, opset=15)
     info = np.iinfo(TYPES[dtype])
