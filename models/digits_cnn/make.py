@@ -170,37 +170,46 @@ def quantize(p: dict[str, np.ndarray], x_train: np.ndarray):
     return b.build(logits)
 
 
-def main(out: Path) -> None:
+def split():
+    """The digits (pixels 0..16, shape (n, 1, 8, 8)), their labels, the held-out and training indices, and the
+    seeded generator that drew them (training goes on drawing from it)."""
     digits = load_digits()
-    x = digits.data.reshape(-1, 1, 8, 8)  # values 0..16
-    y = digits.target
+    x = digits.data.reshape(-1, 1, 8, 8)
     rng = np.random.default_rng(SEED)
     order = rng.permutation(len(x))
     n_test = round(len(x) * HELD_OUT)
-    test, tr = order[:n_test], order[n_test:]
+    return x, digits.target, order[:n_test], order[n_test:], rng
 
+
+def record_heldout(graph, xq: np.ndarray, labels: np.ndarray, out: Path, summary: dict) -> None:
+    """Save the held-out inputs ``xq`` (the model's integer input) and labels, the first sample and the reference
+    executor's output for it (input.npy, expected.npy), and accuracy.json: ``summary`` followed by the held-out
+    accuracy of the CVM model (reference executor) and of its ONNX export (onnxruntime)."""
+    n = len(xq)
+    outputs = np.stack([execute(graph, xq[i:i + 1])[0] for i in range(n)])  # (n, 1, 10)
+    sess = session(to_onnx(graph))
+    onnx_outputs = np.stack([run(sess, {"data": xq[i:i + 1].astype(np.int32)})[0] for i in range(n)])
+    for name, o in (("cvm", outputs), ("onnx", onnx_outputs)):
+        correct = int((o[:, 0].argmax(1) == labels).sum())
+        summary |= {f"{name}_correct": correct, f"{name}_accuracy": correct / n}
+    np.save(out / "heldout_x.npy", xq)
+    np.save(out / "heldout_y.npy", labels.astype(np.int8))
+    np.save(out / "input.npy", xq[:1])
+    np.save(out / "expected.npy", outputs[0])
+    (out / "accuracy.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
+
+
+def main(out: Path) -> None:
+    x, y, test, tr, rng = split()
     p = train(x[tr] / 16, y[tr], rng)
     float_correct = int((forward(p, x[test] / 16)[0].argmax(1) == y[test]).sum())
 
     graph = quantize(p, x[tr] / 16)
-    xq = np.round(x[test] * 127 / 16).astype(np.int8)
-    outputs = np.stack([execute(graph, xq[i:i + 1])[0] for i in range(n_test)])  # (n, 1, 10)
-    cvm_correct = int((outputs[:, 0].argmax(1) == y[test]).sum())
-    sess = session(to_onnx(graph))
-    onnx_outputs = np.stack([run(sess, {"data": xq[i:i + 1].astype(np.int32)})[0] for i in range(n_test)])
-    onnx_correct = int((onnx_outputs[:, 0].argmax(1) == y[test]).sum())
-
     out.mkdir(parents=True, exist_ok=True)
     write_model(graph, out)
-    np.save(out / "heldout_x.npy", xq)
-    np.save(out / "heldout_y.npy", y[test].astype(np.int8))
-    np.save(out / "input.npy", xq[:1])
-    np.save(out / "expected.npy", outputs[0])
-    summary = {"samples": n_test, "float_correct": float_correct, "float_accuracy": float_correct / n_test,
-               "cvm_correct": cvm_correct, "cvm_accuracy": cvm_correct / n_test,
-               "onnx_correct": onnx_correct, "onnx_accuracy": onnx_correct / n_test}
-    (out / "accuracy.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    record_heldout(graph, np.round(x[test] * 127 / 16).astype(np.int8), y[test], out,
+                   {"samples": len(test), "float_correct": float_correct, "float_accuracy": float_correct / len(test)})
 
 
 if __name__ == "__main__":

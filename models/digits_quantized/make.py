@@ -16,7 +16,6 @@ float model (numpy), of the quantized ONNX model (onnxruntime, session.x64quantp
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -25,12 +24,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.datasets import load_digits
 
-from cvm_onnx import load, to_onnx
-from cvm_onnx.executor import execute
+from cvm_onnx import load
 from cvm_onnx.quantize import quantize
-from cvm_onnx.runtime import run, session
 
 _spec = importlib.util.spec_from_file_location("digits_cnn_make", Path(__file__).parents[1] / "digits_cnn" / "make.py")
 digits_cnn = importlib.util.module_from_spec(_spec)
@@ -48,27 +44,23 @@ def float_onnx(p: dict[str, np.ndarray]) -> onnx.ModelProto:
              helper.make_node("Relu", ["conv2"], ["relu2"]),
              helper.make_node("Flatten", ["relu2"], ["flatten"]),
              helper.make_node("Gemm", ["flatten", "w3", "b3"], ["logits"], transB=1)]
-    graph = helper.make_graph(nodes, "digits_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+    graph = helper.make_graph(nodes, "digits_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in p.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="digits_quantized/make.py")
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             producer_name="digits_quantized/make.py")
 
 
 def main(out: Path) -> None:
-    digits = load_digits()
-    x = digits.data.reshape(-1, 1, 8, 8)  # values 0..16
-    y = digits.target
-    rng = np.random.default_rng(digits_cnn.SEED)
-    order = rng.permutation(len(x))
-    n_test = round(len(x) * digits_cnn.HELD_OUT)
-    test, tr = order[:n_test], order[n_test:]
-
+    x, y, test, tr, rng = digits_cnn.split()
     p = digits_cnn.train(x[tr] / 16, y[tr], rng)
     float_correct = int((digits_cnn.forward(p, x[test] / 16)[0].argmax(1) == y[test]).sum())
 
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(float_onnx(p), out / "float.onnx")
     np.save(out / "calibration.npy", (x[tr[:CALIBRATION]] / 16).astype(np.float32))
+    xf = (x[test] / 16).astype(np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         quantize(out / "float.onnx", out / "calibration.npy", out, per_channel=True, activation="int8",
                  save_onnx=Path(tmp) / "quantized.onnx")
@@ -76,28 +68,13 @@ def main(out: Path) -> None:
         options.add_session_config_entry("session.x64quantprecision", "1")
         quantized = ort.InferenceSession(str(Path(tmp) / "quantized.onnx"), options,
                                          providers=["CPUExecutionProvider"])
-        xf = (x[test] / 16).astype(np.float32)
         ort_correct = int(sum(quantized.run(None, {"x": xf[i:i + 1]})[0].argmax() == y[test][i]
-                              for i in range(n_test)))
+                              for i in range(len(test))))
     model = load(out)
-    graph = model.graph
-    xq = model.edges.input.quantize(xf).astype(np.int8)
-    outputs = np.stack([execute(graph, xq[i:i + 1])[0] for i in range(n_test)])  # (n, 1, 10)
-    cvm_correct = int((outputs[:, 0].argmax(1) == y[test]).sum())
-    sess = session(to_onnx(graph))
-    onnx_outputs = np.stack([run(sess, {"data": xq[i:i + 1].astype(np.int32)})[0] for i in range(n_test)])
-    onnx_correct = int((onnx_outputs[:, 0].argmax(1) == y[test]).sum())
-
-    np.save(out / "heldout_x.npy", xq)
-    np.save(out / "heldout_y.npy", y[test].astype(np.int8))
-    np.save(out / "input.npy", xq[:1])
-    np.save(out / "expected.npy", outputs[0])
-    summary = {"samples": n_test, "float_correct": float_correct, "float_accuracy": float_correct / n_test,
-               "ort_quantized_correct": ort_correct, "ort_quantized_accuracy": ort_correct / n_test,
-               "cvm_correct": cvm_correct, "cvm_accuracy": cvm_correct / n_test,
-               "onnx_correct": onnx_correct, "onnx_accuracy": onnx_correct / n_test}
-    (out / "accuracy.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+    n = len(test)
+    digits_cnn.record_heldout(model.graph, model.edges.input.quantize(xf).astype(np.int8), y[test], out,
+                              {"samples": n, "float_correct": float_correct, "float_accuracy": float_correct / n,
+                               "ort_quantized_correct": ort_correct, "ort_quantized_accuracy": ort_correct / n})
 
 
 if __name__ == "__main__":
