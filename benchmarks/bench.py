@@ -17,7 +17,6 @@ Run: [CVM_RUNTIME_LIB=/path/libcvm.so] python benchmarks/bench.py [--model DIR] 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import platform
 import subprocess
@@ -37,6 +36,9 @@ from cvm_onnx.executor import execute
 from cvm_onnx.format import write_model
 from cvm_onnx import cpu
 from cvm_onnx.runtime import session, usable_cpus
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from cvm_runtime import CvmRuntime  # noqa: E402  (the C API wrapper the tests use too)
 
 RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
 # The CVM runtime (CortexFoundation/cvm-runtime b5a2518, built with its own make target, -O3, OpenMP on both
@@ -74,28 +76,6 @@ def machine() -> str:
 
 def row(what: str, value: str, note: str = "") -> None:
     print(f"| {what:<44} | {value:>16} | {note} |")
-
-
-class CvmRuntime:
-    """The CVM runtime's CPU device (device 0) on one model through its C API (ctypes): ``run(x)`` -> output."""
-
-    def __init__(self, library: str, model: Path):
-        self.lib = ctypes.CDLL(library)
-        symbol, params = (model / "symbol").read_bytes(), (model / "params").read_bytes()
-        self.net = ctypes.c_void_p()
-        if self.lib.CVMAPILoadModel(symbol, len(symbol), params, len(params), ctypes.byref(self.net), 0, 0):
-            raise RuntimeError(f"the CVM runtime at {library} did not load {model}")
-        sizes = [ctypes.c_ulonglong() for _ in range(3)]
-        for fn, size in zip(("GetInputLength", "GetOutputLength", "GetOutputTypeSize"), sizes):
-            getattr(self.lib, f"CVMAPI{fn}")(self.net, ctypes.byref(size))
-        self.in_bytes, out_bytes, self.out_size = (v.value for v in sizes)
-        self.out = ctypes.create_string_buffer(out_bytes)
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        data = x.astype(np.int8 if self.in_bytes == x.size else np.int32).tobytes()
-        if self.lib.CVMAPIInference(self.net, data, len(data), self.out):
-            raise RuntimeError("the CVM runtime failed to run")
-        return np.frombuffer(self.out.raw, np.int8 if self.out_size == 1 else np.int32).astype(np.int32)
 
 
 def conv_routes(model) -> str:

@@ -1,0 +1,49 @@
+"""The models this project reads and writes run on the CVM runtime itself exactly as on the reference executor,
+element for element, on its CPU and FORMAL devices: the example models, ResNet-20 and models that
+onnxruntime.quantization wrote and the quantized front imported. Needs a local build of the runtime named by
+CVM_RUNTIME_LIB (tests/cvm_runtime.py); skipped without one."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from cvm_onnx import load
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.executor import execute
+from cvm_onnx.format import write_model
+from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime
+from test_quantized_import import float_model, quantized
+
+pytestmark = pytest.mark.skipif(not LIB, reason="CVM_RUNTIME_LIB names no local build of the CVM runtime")
+DEVICES = {"cpu": CPU, "formal": FORMAL}
+
+
+def reference(graph, x) -> np.ndarray:
+    return np.concatenate([o.reshape(-1) for o in execute(graph, {"data": x})])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("model_dir", ["digits_cnn", "digits_quantized", "detection", "transforms", "resnet20"],
+                         indirect=True)
+def test_example_models(model_dir, device):
+    graph = load(model_dir).graph
+    x = np.load(model_dir / "input.npy")
+    assert np.array_equal(CvmRuntime(LIB, model_dir, DEVICES[device]).run(x), reference(graph, x))
+
+
+@pytest.mark.parametrize("fmt, activation, symmetric, per_channel",
+                         list(itertools.product(["QDQ", "QOperator"], ["int8", "uint8"], [False, True], [False, True])))
+def test_quantized_imports(tmp_path, fmt, activation, symmetric, per_channel):
+    """A CNN with two branches joined by Add, an average pool and a Sigmoid head (a cvm_lut table)."""
+    fm = float_model("Add", seed=3, opset=17, group=2, stride=1, pads=(0, 1, 2, 0), pool="avg", head="sigmoid")
+    qm, shape = quantized(fm, tmp_path, fmt, activation, symmetric, per_channel)
+    imp = import_model(qm)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(0)
+    xs = [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(8)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
