@@ -20,7 +20,7 @@ from onnx.reference import ReferenceEvaluator
 
 import cvm_onnx
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.errors import CVMError, UnsupportedError
+from cvm_onnx.errors import CVMError, FormatError, UnsupportedError
 from cvm_onnx.executor import execute
 from cvm_onnx.format import read_edges
 from cvm_onnx.verify import verify
@@ -473,6 +473,35 @@ def test_float_ops_after_the_last_dequantize_are_refused_all_at_once_and_outputs
     assert imp.edges.outputs[0] is not None
     with pytest.raises(UnsupportedError, match="nope"):
         import_model(m, outputs=["nope"])
+
+
+@pytest.fixture(scope="module")
+def qoperator_model(tmp_path_factory):
+    """A QOperator model with com.microsoft nodes (QLinearConcat, QGemm, QLinearGlobalAveragePool) besides
+    QLinearConv: onnx knows no schema for that domain, so only the rules' typed readers guard their attributes."""
+    fm = float_model("Concat", seed=1, opset=17, group=1, stride=1, pads=(1, 1, 1, 1), pool="global", head="gemm")
+    return quantized(fm, tmp_path_factory.mktemp("qop"), "QOperator", "uint8", False, False)[0]
+
+
+def test_every_attribute_of_a_quantized_node_retyped_is_refused_naming_it(qoperator_model):
+    """Each attribute of each quantized node given as a string: one clear refusal naming the node and the
+    attribute, by the schema check (ai.onnx) or the rule's typed reader (com.microsoft). QLinearConcat's axis as
+    a string was an internal TypeError: the quantized rules read attributes untyped."""
+    cases = [(i, a.name) for i, n in enumerate(qoperator_model.graph.node) if n.op_type.startswith("Q")
+             and n.op_type not in ("QuantizeLinear",) for a in n.attribute]
+    assert any(qoperator_model.graph.node[i].domain == "com.microsoft" for i, _ in cases)
+
+    def retype(i, name):
+        def fn(m):
+            [a] = [a for a in m.graph.node[i].attribute if a.name == name]
+            a.type, a.s = onnx.AttributeProto.STRING, b"x"
+            a.ClearField("i"), a.ClearField("f"), a.ClearField("ints")
+        return fn
+
+    for i, name in cases:
+        node = qoperator_model.graph.node[i]
+        with pytest.raises((FormatError, UnsupportedError), match=rf"\({node.op_type}\).*{name} must be"):
+            import_model(edited(qoperator_model, retype(i, name)))
 
 
 def test_a_product_operand_wider_than_cvm_allows_is_refused(tmp_path):

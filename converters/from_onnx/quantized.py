@@ -126,7 +126,7 @@ def zero_of(t: Tensor | None, dtype: int, what: str) -> np.ndarray:
 
 
 def axis_of(node, rank: int, size: int) -> int:
-    axis = node.attr("axis", 1)
+    axis = node.attr_int("axis", 1)
     if size > 1 and not -rank <= axis < rank:
         raise Refuse(f"axis {axis} is out of range for rank {rank}")
     return axis % rank if rank else 0
@@ -172,7 +172,7 @@ def dequantize(node, x, s: Tensor | None, z: Tensor | None, axis: int | None = N
     if isinstance(x, Real) or x.dtype not in (*QUANTIZED_TYPES, INT32):
         raise Refuse(f"DequantizeLinear of {'a float value' if isinstance(x, Real) else type_name(x.dtype)}: "
                      f"CVM takes int8, uint8, int16, uint16 or int32")
-    if node is not None and node.attr("block_size", 0):
+    if node is not None and node.attr_int("block_size", 0):
         raise Refuse("blocked quantization (block_size) has no CVM form")
     scale = scale_of(s, "x_scale")
     zero = zero_of(z, x.dtype, "x_zero_point")
@@ -193,7 +193,7 @@ def out_type(node, z: Tensor | None) -> int:
     if z is not None:
         dtype = z.dtype
     else:
-        dtype = node.attr("output_dtype", 0) or TensorProto.UINT8
+        dtype = node.attr_int("output_dtype", 0) or TensorProto.UINT8
     if dtype not in QUANTIZED_TYPES:
         raise Refuse(f"quantization to {type_name(dtype)}: CVM takes int8, uint8, int16 or uint16")
     return dtype
@@ -206,7 +206,7 @@ def out_type(node, z: Tensor | None) -> int:
 def quantize_rule(ctx, node, x, s, z=None):
     """round(x / scale) + zero, saturated: a requantization of x's integers (or a table for a float function)."""
     dtype = out_type(node, z)
-    if node.attr("block_size", 0):
+    if node.attr_int("block_size", 0):
         raise Refuse("blocked quantization (block_size) has no CVM form")
     scale, zero = scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point")
     if isinstance(x, Tensor):
@@ -480,7 +480,7 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     if one_d:
         begin, end = [0] + begin, [0] + end
     t, begin, end = nn.cropped(ctx, t, begin, end)
-    groups = node.attr("group", 1)
+    groups = node.attr_int("group", 1, lo=1)
     acc, scale = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
                             **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
                             channels=len(wv), kernel_size=tuple(wv.shape[2:]), strides=tuple(strides),
@@ -507,12 +507,12 @@ def matmul_rule(ctx, node, a, b):
 
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
-    if node.attr("alpha", 1.0) != 1.0 or node.attr("beta", 1.0) != 1.0 or node.attr("transA", 0):
+    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_float("beta", 1.0) != 1.0 or node.attr_int("transA", 0):
         raise Refuse("a quantized Gemm with alpha, beta != 1 or transA has no CVM form here")
     a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
     if len(a.shape) != 2:
         raise Refuse(f"Gemm input of shape {a.shape}")
-    w, sw = weight(b, "the Gemm weight", transpose=not node.attr("transB", 0))
+    w, sw = weight(b, "the Gemm weight", transpose=not node.attr_int("transB", 0))
     return dense(ctx, a, w, sw, None if c is None else scaled(c, "the Gemm bias C"))
 
 
@@ -520,12 +520,12 @@ def average(ctx, node, x: Scaled) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
     (count per output position when padding is not counted)."""
     x = per_tensor(x, "AveragePool")
-    if node.attr("ceil_mode", 0) or any(d != 1 for d in node.attr("dilations", [])):
+    if node.attr_int("ceil_mode", 0) or any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
-    kernel = list(node.attr("kernel_shape"))
-    strides = list(node.attr("strides", [1, 1]))
+    kernel = node.attr_ints("kernel_shape", lo=1)
+    strides = node.attr_ints("strides", [1, 1], lo=1)
     begin, end = nn.onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
     c = x.shape[1]
     t, begin, end = nn.cropped(ctx, x.t, begin, end)
@@ -534,7 +534,7 @@ def average(ctx, node, x: Scaled) -> Scaled:
     acc, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
                         kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
     sx = x.scale.reshape(()).item()
-    if node.attr("count_include_pad", 0) or pad["valid"] is None:
+    if node.attr_int("count_include_pad", 0) or pad["valid"] is None:
         return Scaled(acc, np.asarray(sx / math.prod(kernel), dtype=object), np.zeros((), np.int64))
     count = pad["valid"][0]  # the window sums of weights 1: the input positions each window reads
     return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
@@ -668,12 +668,12 @@ FUNCTIONS: dict[str, Callable] = {
     "Softsign": lambda n: lambda v: v / (1 + np.abs(v)),
     "Abs": lambda n: np.abs,
     "Neg": lambda n: np.negative,
-    "HardSigmoid": lambda n: lambda v: np.clip(n.attr("alpha", 0.2) * v + n.attr("beta", 0.5), 0, 1),
+    "HardSigmoid": lambda n: lambda v: np.clip(n.attr_float("alpha", 0.2) * v + n.attr_float("beta", 0.5), 0, 1),
     "HardSwish": lambda n: lambda v: v * np.clip(v / 6 + 0.5, 0, 1),
-    "LeakyRelu": lambda n: lambda v: np.where(v >= 0, v, n.attr("alpha", 0.01) * v),
-    "Elu": lambda n: lambda v: np.where(v >= 0, v, n.attr("alpha", 1.0) * np.expm1(v)),
-    "Selu": lambda n: lambda v: n.attr("gamma", 1.0507009873554805) * np.where(
-        v > 0, v, n.attr("alpha", 1.6732632423543772) * np.expm1(v)),
+    "LeakyRelu": lambda n: lambda v: np.where(v >= 0, v, n.attr_float("alpha", 0.01) * v),
+    "Elu": lambda n: lambda v: np.where(v >= 0, v, n.attr_float("alpha", 1.0) * np.expm1(v)),
+    "Selu": lambda n: lambda v: n.attr_float("gamma", 1.0507009873554805) * np.where(
+        v > 0, v, n.attr_float("alpha", 1.6732632423543772) * np.expm1(v)),
     "Gelu": lambda n: lambda v: 0.5 * v * (1 + _erf(v / math.sqrt(2))),
 }
 
@@ -697,7 +697,7 @@ def move_rule(ctx, node, x, *rest):
     x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
     if any(isinstance(r, Real) for r in rest):
         raise Refuse(f"{node.op_type} with a dequantized value as its parameters")
-    if node.op_type == "Flatten" and node.attr("axis", 1) == 1 and len(x.shape) > 2 and not x.t.is_const:
+    if node.op_type == "Flatten" and node.attr_int("axis", 1) == 1 and len(x.shape) > 2 and not x.t.is_const:
         shape = (x.shape[0], math.prod(x.shape[1:]))  # CVM's flatten keeps the batch axis (a batched form can grow it)
         return replace(x, t=ctx.result(ctx.emit("flatten", x.t.entry), x.t.dtype, x.t.lo, x.t.hi, shape))
     out = RULES[("", node.op_type)].fn(ctx, node, x.t, *rest)
@@ -727,7 +727,7 @@ def concat_rule(ctx, node, *xs):
     zero point that the QuantizeLinear that follows requantizes channel by channel."""
     xs = [per_tensor(scaled(x, "a Concat input"), "Concat") for x in xs]
     rank = len(xs[0].shape)
-    axis = transform.normal([node.attr("axis")], rank)[0]
+    axis = transform.normal([node.attr_int("axis")], rank)[0]
     same = all(x.scale == xs[0].scale and x.zero == xs[0].zero for x in xs)
     t = transform.concat(ctx, node, *(as_int32(x.t) for x in xs))
     if same:
@@ -774,9 +774,9 @@ def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
 
 @rule("QGemm", since=1, domain=MS)
 def qgemm(ctx, node, a, a_s, az, b, bs, bz, c=None, ys=None, yz=None):
-    if node.attr("alpha", 1.0) != 1.0 or node.attr("transA", 0):
+    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_int("transA", 0):
         raise Refuse("QGemm with alpha != 1 or transA has no CVM form here")
-    trans = bool(node.attr("transB", 0))
+    trans = bool(node.attr_int("transB", 0))
     av, bv = dq(a, a_s, az), dq(b, bs, bz, 0 if trans else 1)
     w, sw = weight(bv, "the QGemm weight B", transpose=not trans)
     bias = None if c is None else Scaled(c, np.asarray(av.scale.reshape(()).item() * sw), np.zeros((), np.int64))
@@ -798,7 +798,7 @@ def qlinear_concat(ctx, node, ys, yz, *triples):
 
 
 def _channels_first(node) -> None:
-    if node.attr("channels_last", 0):
+    if node.attr_int("channels_last", 0):
         raise Refuse("channels_last has no CVM form here")
 
 

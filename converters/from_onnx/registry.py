@@ -126,11 +126,6 @@ class NodeView:
     def attr_tensor(self, name: str, default: Any = REQUIRED) -> onnx.TensorProto:
         return self._read(name, "tensor", default)
 
-    def attr(self, name: str, default: Any = None) -> Any:
-        """An attribute as the Python value of its declared type (of the type the op's schema gives it, as
-        ``checks`` has verified for ops with a schema), or ``default``; the typed readers also check ranges."""
-        return self.attrs.get(name, default)
-
     @property
     def attrs(self) -> dict[str, Any]:
         """Every attribute as a Python value of its declared type."""
