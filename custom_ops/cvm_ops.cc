@@ -16,6 +16,8 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -51,6 +53,14 @@ Ort::Status guarded(const char* op, Body&& body) {
   } catch (const std::exception& e) {
     return invalid(op, e.what());
   }
+}
+
+// Runs body(i) for i in [0, items) on the session's intra-op threads (inline with one thread). The bodies write
+// disjoint outputs and throw nothing, so the result is the same for any number of threads.
+template <typename Body>
+void parallel_for(OrtKernelContext* context, int64_t items, Body& body) {
+  Ort::KernelContext(context).ParallelFor([](void* b, size_t i) { (*static_cast<Body*>(b))(static_cast<int64_t>(i)); },
+                                          static_cast<size_t>(items), 0, &body);
 }
 
 // -- attributes ------------------------------------------------------------------------------------------------
@@ -257,7 +267,7 @@ struct Im2col {
     geometry.group = int_attr(info, "group", 1);
   }
 
-  Ort::Status Compute(const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
     return guarded(kName, [&] {
       const std::vector<int64_t>& shape = data.Shape();
       if (shape.size() != 4) return invalid(kName, "data must be 4-D (N, C, H, W), got " + shape_text(shape));
@@ -266,11 +276,20 @@ struct Im2col {
       if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
       const int32_t* x = data.Data();
       std::vector<Out> padded(static_cast<size_t>(s.n * s.c * (s.h + s.pt + s.pb) * (s.w + s.pl + s.pr)));
-      if (int64_t i = pad_narrow(x, s, kOffset, padded.data()); i >= 0) {
+      Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.oh * s.ow});
+      std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [-128, 127]
+      auto plane = [&](int64_t p) {
+        if (const int64_t i = pad_narrow(x, s, kOffset, p, padded.data()); i >= 0) {
+          for (int64_t seen = bad.load(); i < seen && !bad.compare_exchange_weak(seen, i);) {}
+        } else {
+          im2col(padded.data(), s, p, cols);
+        }
+      };
+      parallel_for(context, s.n * s.c, plane);
+      if (const int64_t i = bad.load(); i != INT64_MAX) {
         return invalid(kName, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
                                   " is outside [-128, 127]");
       }
-      im2col(padded.data(), s, out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.oh * s.ow}));
       return Ort::Status{nullptr};
     });
   }
@@ -286,7 +305,7 @@ struct Requantize {
     }
   }
 
-  Ort::Status Compute(const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
       const std::vector<int64_t>& shape = data.Shape();
       const int64_t channels = bias.NumberOfElement();
@@ -296,12 +315,19 @@ struct Requantize {
       }
       int64_t inner = 1;
       for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
-      requantize(data.Data(), data.NumberOfElement(), channels > 0 ? bias.Data() : nullptr, channels, inner, steps,
-                 out.Allocate(shape));
+      const int64_t count = data.NumberOfElement();
+      const int32_t* b = channels > 0 && inner > 0 ? bias.Data() : nullptr;
+      const int32_t* x = data.Data();
+      int32_t* y = out.Allocate(shape);
+      auto block = [&](int64_t i) {
+        requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, channels, inner, steps, y);
+      };
+      parallel_for(context, (count + kBlock - 1) / kBlock, block);
       return Ort::Status{nullptr};
     });
   }
 
+  static constexpr int64_t kBlock = 1 << 14;  // elements per parallel task
   std::vector<RequantStep> steps;
 };
 

@@ -57,22 +57,20 @@ inline bool narrow_row(const int32_t* x, int64_t count, uint32_t offset, uint8_t
   return seen <= 255u;
 }
 
-// Copies x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr) as x + offset, offset in the padding. Returns
-// the flat index of the first x outside [-128, 127] (then xp is incomplete), or -1: x + offset fits Out exactly
-// (offset 0 for int8, 128 for uint8).
+// Copies plane `plane` of x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr) as x + offset, offset in the
+// padding. Returns the flat index of the first x of the plane outside [-128, 127] (then the plane is incomplete),
+// or -1: x + offset fits Out exactly (offset 0 for int8, 128 for uint8).
 template <typename Out>
-int64_t pad_narrow(const int32_t* x, const Im2colShape& s, int32_t offset, Out* xp) {
+int64_t pad_narrow(const int32_t* x, const Im2colShape& s, int32_t offset, int64_t plane, Out* xp) {
   static_assert(sizeof(Out) == 1, "columns are bytes");
   const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr;
-  std::fill(xp, xp + s.n * s.c * hp * wp, static_cast<Out>(offset));
-  for (int64_t plane = 0; plane < s.n * s.c; ++plane) {
-    for (int64_t y = 0; y < s.h; ++y) {
-      const int32_t* src = x + (plane * s.h + y) * s.w;
-      Out* dst = xp + (plane * hp + y + s.pt) * wp + s.pl;
-      if (!narrow_row(src, s.w, static_cast<uint32_t>(offset), reinterpret_cast<uint8_t*>(dst))) {
-        for (int64_t i = 0; i < s.w; ++i) {
-          if (src[i] < -128 || src[i] > 127) return (plane * s.h + y) * s.w + i;
-        }
+  std::fill(xp + plane * hp * wp, xp + (plane + 1) * hp * wp, static_cast<Out>(offset));
+  for (int64_t y = 0; y < s.h; ++y) {
+    const int32_t* src = x + (plane * s.h + y) * s.w;
+    Out* dst = xp + (plane * hp + y + s.pt) * wp + s.pl;
+    if (!narrow_row(src, s.w, static_cast<uint32_t>(offset), reinterpret_cast<uint8_t*>(dst))) {
+      for (int64_t i = 0; i < s.w; ++i) {
+        if (src[i] < -128 || src[i] > 127) return (plane * s.h + y) * s.w + i;
       }
     }
   }
@@ -95,23 +93,21 @@ inline void copy_row(const Out* src, int64_t count, Out* dst) {
   for (; i < count; ++i) dst[i] = src[i];
 }
 
-// cols[n, g, (c * kh + fh) * kw + fw, oh * OW + ow] = xp[n, g * C/G + c, oh*sh + fh*dh, ow*sw + fw*dw] for the
-// padded copy xp of pad_narrow. Memory order (n, g, c) is the input's channel order, so one loop over all
-// channels fills every group; with stride 1 each output row is one contiguous copy.
+// cols[n, g, (c * kh + fh) * kw + fw, oh * OW + ow] = xp[n, g * C/G + c, oh*sh + fh*dh, ow*sw + fw*dw] for plane
+// `plane` = n * C + g * C/G + c of the padded copy xp of pad_narrow. Memory order (n, g, c) is the input's channel
+// order, so the planes fill every group; with stride 1 each output row is one contiguous copy.
 template <typename Out>
-void im2col(const Out* xp, const Im2colShape& s, Out* out) {
+void im2col(const Out* xp, const Im2colShape& s, int64_t plane, Out* out) {
   const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr;
-  Out* dst = out;
-  for (int64_t plane = 0; plane < s.n * s.c; ++plane) {
-    for (int64_t fh = 0; fh < s.kh; ++fh) {
-      for (int64_t fw = 0; fw < s.kw; ++fw) {
-        for (int64_t oh = 0; oh < s.oh; ++oh, dst += s.ow) {
-          const Out* src = xp + (plane * hp + oh * s.sh + fh * s.dh) * wp + fw * s.dw;
-          if (s.sw == 1) {
-            copy_row(src, s.ow, dst);
-          } else {
-            for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * s.sw];
-          }
+  Out* dst = out + plane * s.kh * s.kw * s.oh * s.ow;
+  for (int64_t fh = 0; fh < s.kh; ++fh) {
+    for (int64_t fw = 0; fw < s.kw; ++fw) {
+      for (int64_t oh = 0; oh < s.oh; ++oh, dst += s.ow) {
+        const Out* src = xp + (plane * hp + oh * s.sh + fh * s.dh) * wp + fw * s.dw;
+        if (s.sw == 1) {
+          copy_row(src, s.ow, dst);
+        } else {
+          for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * s.sw];
         }
       }
     }

@@ -65,19 +65,20 @@ inline void apply_steps(int32_t* v, int64_t n, const std::vector<RequantStep>& s
 #define CVM_AVX2_CLONES
 #endif
 
-// y = the steps applied to x + bias[c] (c the axis-1 index of x (N, C, inner...); no bias: channels = 1, bias
-// null), in chunks that stay in the L1 cache.
-CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t count, const int32_t* bias, int64_t channels, int64_t inner,
-                       const std::vector<RequantStep>& steps, int32_t* y) {
-  if (bias == nullptr) inner = count;
-  for (int64_t plane = 0; inner > 0 && plane * inner < count; ++plane) {
+// y[begin:end] = the steps applied to x + bias[c] (c the axis-1 index of x (N, C, inner...); no bias: bias null),
+// in chunks that stay in the L1 cache. Any range gives the same elements as the whole: calls on disjoint ranges
+// may run in parallel.
+CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias, int64_t channels,
+                                int64_t inner, const std::vector<RequantStep>& steps, int32_t* y) {
+  for (int64_t start = begin; start < end;) {
+    const int64_t plane = bias ? start / inner : 0;
+    const int64_t stop = std::min({end, start + 1024, bias ? (plane + 1) * inner : end});
     const uint32_t add = bias ? static_cast<uint32_t>(bias[plane % channels]) : 0u;
-    for (int64_t start = plane * inner, end = start + inner; start < end; start += 1024) {
-      int32_t* v = y + start;
-      const int64_t n = std::min<int64_t>(1024, end - start);
-      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(x[start + i]) + add);
-      apply_steps(v, n, steps);
-    }
+    int32_t* v = y + start;
+    const int64_t n = stop - start;
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(x[start + i]) + add);
+    apply_steps(v, n, steps);
+    start = stop;
   }
 }
 

@@ -24,9 +24,11 @@ import shutil
 import stat
 import tempfile
 import zipfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -249,6 +251,25 @@ class Runner:
                     results[k].append(np.broadcast_to(out, (len(part), *out.shape)))
         return [np.concatenate(r) for r in results]
 
+    def units(self, data: Samples, chunk: int, workers: int = 1) -> Iterator[tuple[slice, list[np.ndarray]]]:
+        """The outputs of ``data``'s samples ``chunk`` at a time (``self(...)``), in order, as (their slice,
+        outputs); ``workers`` units run at once (onnxruntime runs a session's calls concurrently), at most one
+        more waiting, so memory stays bounded by a few units."""
+        def unit(a: int) -> list[np.ndarray]:
+            b = min(a + chunk, data.count)
+            return self(data.chunk(a, b), range(a, b) if data.stacked else None)
+
+        with ThreadPoolExecutor(workers) as pool:
+            pending: deque = deque()
+            for a in range(0, data.count, chunk):
+                pending.append((a, pool.submit(unit, a)))
+                if len(pending) > workers:
+                    a0, result = pending.popleft()
+                    yield slice(a0, min(a0 + chunk, data.count)), result.result()
+            while pending:
+                a0, result = pending.popleft()
+                yield slice(a0, min(a0 + chunk, data.count)), result.result()
+
     def _failed(self, part: np.ndarray, index: Sequence[int], error: CVMError) -> RuntimeFailure:
         """The error of the first sample of ``part`` that fails alone, named by its index (else of them all)."""
         for k in range(len(part) if len(part) > 1 else 0):
@@ -370,20 +391,30 @@ def _keys(names: Sequence[str]) -> list[str]:
 # -- one machine --------------------------------------------------------------------------------------------------
 def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
              chunk: int = CHUNK, provider: str = "cpu", threads: int | None = None,
-             progress: Progress | None = None, edges: Edges | None = None) -> Output:
+             progress: Progress | None = None, edges: Edges | None = None, workers: int | None = None) -> Output:
     """Run ``model`` (a validated CVM graph on the reference executor, or an ONNX model on onnxruntime) over
     the samples in ``inputs`` (an .npy file, a directory of them, or an array), ``chunk`` samples per unit of
-    work (``threads``: onnxruntime's, see ``runtime.session``). With ``output`` the results are written there,
-    else kept in memory: the ``Output`` returned has them in ``arrays``, its ``keys`` and ``shapes``. ``edges``:
-    a quantized import's float edges, which take float samples and give float32 outputs."""
-    p, data = planned(model, inputs, chunk, provider=provider, threads=threads, edges=edges)
+    work. With ``output`` the results are written there, else kept in memory: the ``Output`` returned has them
+    in ``arrays``, its ``keys`` and ``shapes``. ``edges``: a quantized import's float edges, which take float
+    samples and give float32 outputs.
+
+    ``workers`` units run at once on one session (``Runner.units``), each on one onnxruntime thread; default:
+    one per usable CPU for an ONNX model on the CPU when ``threads`` is not given, else 1 (then ``threads`` is
+    onnxruntime's, see ``runtime.session``). Units of a few samples on every core are faster than one batch
+    over all cores: each unit's tensors stay in its core's caches (benchmarks/bench.py)."""
+    if workers is None:
+        cpu_onnx = provider == "cpu" and threads is None and isinstance(model, onnx.ModelProto)
+        workers = runtime.usable_cpus() if cpu_onnx else 1
+    if workers < 1:
+        raise RuntimeFailure(f"the number of workers must be >= 1, got {workers}")
+    p, data = planned(model, inputs, chunk, provider=provider, threads=1 if workers > 1 else threads, edges=edges)
     runner = Runner(p)
+
     with Output(output, p.names, data.count, data.stacked) as out:
-        for a in range(0, data.count, chunk):
-            b = min(a + chunk, data.count)
-            out.write(slice(a, b), runner(data.chunk(a, b), range(a, b) if data.stacked else None))
+        for where, outs in runner.units(data, chunk, workers):
+            out.write(where, outs)
             if progress:
-                progress(b, data.count, "samples")
+                progress(where.stop, data.count, "samples")
         out.commit()
     return out
 

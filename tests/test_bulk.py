@@ -103,6 +103,22 @@ def test_any_chunking_gives_the_one_by_one_results(n, chunk, name, seed):
     assert_same(bulk.run_many(graph, x, chunk=chunk).arrays, one_by_one(graph, x))
 
 
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(1, 17), chunk=st.integers(1, 5), workers=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_units_run_on_several_workers_come_back_in_order(n, chunk, workers, seed):
+    """Units of ``chunk`` samples, ``workers`` at once on one session: the one-by-one results, in order."""
+    graph = graph_of(ROOT / "models" / "transforms")
+    x = random_samples(graph, n, seed)
+    got = bulk.run_many(cvm_onnx.to_onnx(graph), x, chunk=chunk, workers=workers).arrays
+    assert_same(got, one_by_one(graph, x))
+
+
+def test_workers_below_one_are_refused():
+    graph = graph_of(ROOT / "models" / "transforms")
+    with pytest.raises(RuntimeFailure, match="the number of workers must be >= 1, got 0"):
+        bulk.run_many(cvm_onnx.to_onnx(graph), random_samples(graph, 2), workers=0)
+
+
 def test_samples_along_the_models_first_axis_give_outputs_along_theirs(tmp_path, capsys):
     """The held-out split, (359, 1, 8, 8) for a (1, 1, 8, 8) input: logits (359, 10), row i from image i."""
     graph = graph_of(ROOT / "models" / "digits_cnn")
@@ -155,9 +171,9 @@ def test_a_failing_sample_is_named_by_its_index_and_leaves_no_file(tmp_path):
     x = np.zeros((10, 1, 1, 8, 8), np.int16)
     x[6, 0, 0, 3, 3] = 300  # int16 values must fit the input precision, 8 bits
     np.save(tmp_path / "x.npy", x)
-    for model in (graph, cvm_onnx.to_onnx(graph)):
+    for model, workers in ((graph, 1), (cvm_onnx.to_onnx(graph), 1), (cvm_onnx.to_onnx(graph), 3)):
         with pytest.raises(RuntimeFailure) as e:
-            bulk.run_many(model, tmp_path / "x.npy", tmp_path / "o.npy", chunk=4)
+            bulk.run_many(model, tmp_path / "x.npy", tmp_path / "o.npy", chunk=4, workers=workers)
         assert str(e.value).startswith("sample 6: data: input values in [0, 300] do not fit the model's input "
                                        "precision 8")
         assert sorted(os.listdir(tmp_path)) == ["x.npy"]
