@@ -90,6 +90,18 @@ def test_im2col_gathers_every_window(geometry, data, op):
     assert [d.dim_value for d in inferred.shape.dim] == list(want.shape)
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_im2col_on_several_threads_gathers_every_plane_and_names_the_first_bad_value(threads):
+    shape = (3, 8, 12, 12)
+    x = np.random.default_rng(threads).integers(-128, 128, shape).astype(np.int32)
+    model = im2col_model("im2col_int8", list(shape), kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2)
+    sess = session(model, threads=threads)
+    assert np.array_equal(sess.run(None, {"x": x})[0], im2col_oracle(x, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 2, 0))
+    x.reshape(-1)[[900, 2000, 3000]] = [200, -300, 400]  # planes 6, 13 and 20: the first is named
+    with pytest.raises(Exception, match=r"data value 200 at flat index 900 is outside"):
+        sess.run(None, {"x": x})
+
+
 def test_im2col_refuses_values_outside_int8():
     model = im2col_model("im2col_uint8", [1, 1, 2, 2], kernel_shape=[1, 1])
     x = np.array([[[[0, 127], [-128, 128]]]], np.int32)
@@ -307,6 +319,18 @@ def test_requantize_applies_its_steps_in_int32(shape, data, steps):
     model = requantize_model(shape, channels, steps)
     onnx.checker.check_model(model, full_check=True)
     assert np.array_equal(run(model, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
+
+
+@settings(max_examples=max(5, EXAMPLES // 6), deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 4), inner=st.integers(3000, 9000), threads=st.integers(1, 3),
+       steps=st.lists(step, min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_requantize_splits_large_tensors_across_threads_exactly(n, c, inner, threads, steps, seed):
+    """Tensors of several 16 K-element blocks, whose bounds fall inside channels, on 1-3 intra-op threads."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(1 << 31), 1 << 31, (n, c, inner), dtype=np.int64).astype(np.int32)
+    bias = rng.integers(-(1 << 31), 1 << 31, c, dtype=np.int64).astype(np.int32)
+    sess = session(requantize_model([n, c, inner], c, steps), threads=threads)
+    assert np.array_equal(sess.run(None, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
 
 
 @pytest.mark.parametrize("steps, channels, message", [
