@@ -14,10 +14,10 @@ int8-activation QLinearConv, so a QOperator model with int8 activations is compa
 its QDQ twin (the same calibration, hence the same scales, zero points and weights: checked, the two import as
 the same CVM ops and params).
 
-Digits: the numpy-trained float CNN of models/digits_cnn/make.py written as float ONNX, quantized with
-`cvm_onnx.quantize.quantize` (minmax, per channel) on 200 training images, accuracy on the 359 held-out images
-of the float model (onnxruntime), the quantized ONNX model (onnxruntime, x64quantprecision) and the CVM model
-(reference executor). Needs scikit-learn (extra `models`).
+Digits: models/digits_cnn/make.py run into a temporary directory (the numpy-trained float CNN written as float
+ONNX, quantized by `cvm_onnx.quantize.quantize`: minmax, per channel, int8 activations, 256 training images),
+accuracy on the 359 held-out images of the float model (numpy), the quantized ONNX model (onnxruntime,
+x64quantprecision), the CVM model (reference executor) and its ONNX export. Needs scikit-learn (extra `models`).
 
 Run: python benchmarks/quantized.py [--samples N] [--skip-digits]
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import platform
@@ -40,7 +41,6 @@ from onnxruntime import quantization as q
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.executor import execute
-from cvm_onnx.quantize import quantize
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -166,43 +166,15 @@ def agreement(samples: int) -> list[tuple]:
 
 # -- digits -----------------------------------------------------------------------------------------------------
 def digits(tmp: Path) -> dict:
-    from sklearn.datasets import load_digits
-
+    """models/digits_cnn/make.py run into ``tmp`` (the shipped model's own path): its held-out accuracies."""
     spec = importlib.util.spec_from_file_location("make_digits",
                                                   Path(__file__).parents[1] / "models" / "digits_cnn" / "make.py")
     make = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(make)
-    d = load_digits()
-    x, y = d.data.reshape(-1, 1, 8, 8) / 16, d.target
-    rng = np.random.default_rng(make.SEED)
-    order = rng.permutation(len(x))
-    n_test = round(len(x) * make.HELD_OUT)
-    test, train = order[:n_test], order[n_test:]
-    p = make.train(x[train], y[train], rng)
-    f32 = {k: v.astype(np.float32) for k, v in p.items()}
-    g = h.make_graph(
-        [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
-         h.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
-         h.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c2"], ["r2"]),
-         h.make_node("Flatten", ["r2"], ["f"]), h.make_node("Gemm", ["f", "w3", "b3"], ["y"], transB=1)],
-        "digits", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 8, 8])],
-        [h.make_tensor_value_info("y", T.FLOAT, [1, 10])], [nh.from_array(v, k) for k, v in f32.items()])
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp / "digits.onnx")
-    np.save(tmp / "calib.npy", x[train[:200]].astype(np.float32))
-    done = quantize(tmp / "digits.onnx", tmp / "calib.npy", tmp / "digits_cvm", per_channel=True,
-                    save_onnx=tmp / "digits_q.onnx")
-    xt = x[test].astype(np.float32)
-    fl = ort.InferenceSession(str(tmp / "digits.onnx"), providers=["CPUExecutionProvider"])
-    qs = session(onnx.load(tmp / "digits_q.onnx"))
-    imp, edges = done.imported, done.imported.edges
-    acc = {"float": 0, "quantized ONNX": 0, "CVM": 0}
-    for xi, yi in zip(xt, y[test]):
-        xi = xi[None]
-        acc["float"] += int(fl.run(None, {"x": xi})[0].argmax() == yi)
-        acc["quantized ONNX"] += int(qs.run(None, {"x": xi})[0].argmax() == yi)
-        [out] = execute(imp.graph, {"data": edges.input.quantize(xi)})
-        acc["CVM"] += int(out.argmax() == yi)
-    return {k: v / len(test) for k, v in acc.items()}
+    make.main(tmp)
+    acc = json.loads((tmp / "accuracy.json").read_text())
+    return {"float": acc["float_accuracy"], "quantized ONNX": acc["ort_quantized_accuracy"],
+            "CVM": acc["cvm_accuracy"], "ONNX export of the CVM model": acc["onnx_accuracy"]}
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from cvm_onnx import api, bulk
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.cli import main
 from cvm_onnx.errors import FormatError, RuntimeFailure
+from cvm_onnx.graph import Entry
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["digits_cnn", "detection", "transforms"]
@@ -24,6 +25,12 @@ needs_resnet = pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/
 
 def graph_of(path) -> cvm_onnx.graph.Graph:
     return api.load(path).graph
+
+
+def head_name(graph) -> str:
+    """The name ``run`` gives a one-output model's output: its head node's."""
+    [head] = graph.heads
+    return graph.nodes[head.node].name
 
 
 def random_samples(graph, n: int, seed: int = 0) -> np.ndarray:
@@ -125,7 +132,7 @@ def test_samples_along_the_models_first_axis_give_outputs_along_theirs(tmp_path,
     x = np.load(ROOT / "models" / "digits_cnn" / "heldout_x.npy")
     assert main(["run", str(ROOT / "models" / "digits_cnn"), "--input",
                  str(ROOT / "models" / "digits_cnn" / "heldout_x.npy"), "--output", str(tmp_path / "o.npy")]) == 0
-    assert capsys.readouterr().out == f"wrote {tmp_path / 'o.npy'}: dense (359, 10)\n"
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'o.npy'}: {head_name(graph)} (359, 10)\n"
     assert_same([np.load(tmp_path / "o.npy")], [np.concatenate(one_by_one(graph, x[:, None])[0])])
     transforms = graph_of(ROOT / "models" / "transforms")  # one sample gives (2, 4, 3): 3 give (6, 4, 3)
     x = random_samples(transforms, 3)
@@ -146,7 +153,7 @@ def test_a_directory_is_read_in_file_name_order(tmp_path, capsys):
     assert main(["run", str(ROOT / "models" / "digits_cnn"), "--input", str(data), "--output",
                  str(tmp_path / "o.npz"), "--chunk", "4"]) == 0
     with np.load(tmp_path / "o.npz") as z:
-        assert_same([z["dense"]], one_by_one(graph, x))
+        assert_same([z[head_name(graph)]], one_by_one(graph, x))
 
 
 def test_bad_samples_are_all_named_with_their_index_before_anything_runs(tmp_path, capsys):
@@ -168,14 +175,15 @@ def test_bad_samples_are_all_named_with_their_index_before_anything_runs(tmp_pat
 
 def test_a_failing_sample_is_named_by_its_index_and_leaves_no_file(tmp_path):
     graph = graph_of(ROOT / "models" / "digits_cnn")
+    precision = graph.type_of(Entry(graph.inputs[0])).precision
     x = np.zeros((10, 1, 1, 8, 8), np.int16)
-    x[6, 0, 0, 3, 3] = 300  # int16 values must fit the input precision, 8 bits
+    x[6, 0, 0, 3, 3] = 2 ** (precision - 1)  # int16 values must fit the input precision: one above its bound
     np.save(tmp_path / "x.npy", x)
     for model, workers in ((graph, 1), (cvm_onnx.to_onnx(graph), 1), (cvm_onnx.to_onnx(graph), 3)):
         with pytest.raises(RuntimeFailure) as e:
             bulk.run_many(model, tmp_path / "x.npy", tmp_path / "o.npy", chunk=4, workers=workers)
-        assert str(e.value).startswith("sample 6: data: input values in [0, 300] do not fit the model's input "
-                                       "precision 8")
+        assert str(e.value).startswith(f"sample 6: data: input values in [0, {2 ** (precision - 1)}] do not fit "
+                                       f"the model's input precision {precision}")
         assert sorted(os.listdir(tmp_path)) == ["x.npy"]
 
 

@@ -25,7 +25,7 @@ def reference(graph, x) -> np.ndarray:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("model_dir", ["digits_cnn", "digits_quantized", "detection", "transforms", "resnet20"],
+@pytest.mark.parametrize("model_dir", ["digits_cnn", "detection", "transforms", "resnet20"],
                          indirect=True)
 def test_example_models(model_dir, device):
     graph = load(model_dir).graph

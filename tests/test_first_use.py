@@ -16,6 +16,7 @@ import cvm_onnx
 from cvm_onnx import native, runtime
 from cvm_onnx.cli import main
 from cvm_onnx.errors import RuntimeFailure
+from cvm_onnx.graph import Entry
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -72,8 +73,10 @@ def test_info_on_a_cvm_model_with_native_ops_reports_the_library(capsys):
 
 
 def test_info_on_the_serving_form(exported, capsys):
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    t = graph.type_of(Entry(graph.inputs[0]))  # the CVM model's input precision, declared by its serving form
     code, out, _ = run(capsys, "info", exported["served"])
-    assert code == 0 and "input  data: int32 (16, 1, 8, 8), precision 8 (|x| <= 127)" in out
+    assert code == 0 and f"input  data: int32 (16, 1, 8, 8), precision {t.precision} (|x| <= {t.bound})" in out
     assert any("serving form" in line for line in out)
 
 

@@ -18,7 +18,7 @@ from cvm_onnx.graph import Entry
 from cvm_onnx.runtime import run, session
 
 MODELS = Path(__file__).parents[1] / "models"
-NAMES = ["digits_cnn", "digits_quantized", "detection", "transforms"]
+NAMES = ["digits_cnn", "detection", "transforms"]
 SOURCES = {"make.py", "README.md"}
 
 
@@ -82,17 +82,28 @@ def heldout():
     return x, y, json.loads((d / "accuracy.json").read_text())
 
 
-def test_digits_cvm_accuracy_is_recorded():
+def test_digits_accuracies_are_recorded_and_its_commands_reproduce_it(tmp_path):
+    """The digits model: accuracies recomputed from the shipped files (the CVM model within one point of the float
+    model), and its README's `cvm-onnx quantize` command writes the shipped model byte for byte."""
+    from cvm_onnx.cli import main
+
+    d = MODELS / "digits_cnn"
     x, y, acc = heldout()
     graph = load("digits_cnn")
     logits = np.stack([execute(graph, x[i:i + 1])[0][0] for i in range(len(x))])
     correct = int((logits.argmax(axis=1) == y).sum())
     assert acc["samples"] == len(y)
     assert correct == acc["cvm_correct"] and correct / len(y) == acc["cvm_accuracy"]
-    assert acc["float_accuracy"] > 0.9 and acc["cvm_accuracy"] > 0.9
-    readme = (MODELS / "digits_cnn" / "README.md").read_text()
-    for key in ("float_accuracy", "cvm_accuracy", "onnx_accuracy"):
+    assert abs(acc["cvm_accuracy"] - acc["float_accuracy"]) <= 0.01
+    assert acc["float_accuracy"] > 0.9 and acc["ort_quantized_accuracy"] > 0.9
+    readme = (d / "README.md").read_text()
+    for key in ("float_accuracy", "ort_quantized_accuracy", "cvm_accuracy", "onnx_accuracy"):
         assert f"{acc[key]:.2%}" in readme, key
+    assert main(["quantize", str(d / "float.onnx"), "--calibration", str(d / "calibration.npy"), "-o",
+                 str(tmp_path / "q"), "--per-channel", "--activation", "int8"]) == 0
+    assert "--per-channel --activation int8" in readme
+    for f in ("symbol", "params", "quantization.json"):
+        assert (tmp_path / "q" / f).read_bytes() == (d / f).read_bytes(), f
 
 
 def test_digits_onnx_equals_cvm_on_the_whole_heldout_split():
@@ -107,29 +118,6 @@ def test_digits_onnx_equals_cvm_on_the_whole_heldout_split():
         correct += int(got.argmax() == y[i])
     assert correct == acc["onnx_correct"] == acc["cvm_correct"]
     assert correct / len(y) == acc["onnx_accuracy"] == acc["cvm_accuracy"]
-
-
-def test_digits_quantized_accuracies_are_recorded_and_its_commands_reproduce_it(tmp_path):
-    """The quantized digits model: accuracies recomputed from the shipped files (the CVM model within one point of
-    the float model), and its README's `cvm-onnx quantize` command writes the shipped model byte for byte."""
-    from cvm_onnx.cli import main
-
-    d = MODELS / "digits_quantized"
-    x, y = np.load(d / "heldout_x.npy"), np.load(d / "heldout_y.npy")
-    acc = json.loads((d / "accuracy.json").read_text())
-    model = cvm_onnx.load(d)
-    logits = np.stack([execute(model.graph, x[i:i + 1])[0][0] for i in range(len(x))])
-    correct = int((logits.argmax(axis=1) == y).sum())
-    assert correct == acc["cvm_correct"] and acc["samples"] == len(y)
-    assert abs(acc["cvm_accuracy"] - acc["float_accuracy"]) <= 0.01 and acc["ort_quantized_accuracy"] > 0.9
-    readme = (d / "README.md").read_text()
-    for key in ("float_accuracy", "ort_quantized_accuracy", "cvm_accuracy", "onnx_accuracy"):
-        assert f"{acc[key]:.2%}" in readme, key
-    assert main(["quantize", str(d / "float.onnx"), "--calibration", str(d / "calibration.npy"), "-o",
-                 str(tmp_path / "q"), "--per-channel", "--activation", "int8"]) == 0
-    assert "--per-channel --activation int8" in readme
-    for f in ("symbol", "params", "quantization.json"):
-        assert (tmp_path / "q" / f).read_bytes() == (d / f).read_bytes(), f
 
 
 # -- oracles --------------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import cvm_onnx
 from cvm_onnx import api, bulk
 from cvm_onnx.cli import main
 from cvm_onnx.errors import RuntimeFailure
+from cvm_onnx.graph import Entry
 from cvm_onnx.on_ray import run_on_ray
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,11 +116,12 @@ def test_a_quantized_model_takes_float_inputs_on_ray(tmp_path):
 @on_ray
 def test_a_failing_sample_is_named_by_its_index_and_no_file_is_left(tmp_path, capsys):
     graph = api.load(ROOT / "models" / "digits_cnn").graph
+    low = -graph.type_of(Entry(graph.inputs[0])).bound - 1
     x = np.zeros((30, 1, 1, 8, 8), np.int16)
-    x[13, 0, 0, 2, 5] = -200  # found in an actor: int16 values must fit the input precision
+    x[13, 0, 0, 2, 5] = low  # found in an actor: int16 values must fit the input precision (one below its bound)
     with pytest.raises(RuntimeFailure) as e:
         run_on_ray(graph, x, tmp_path / "o.npy", actors=2, chunk=4)
-    assert str(e.value).startswith("sample 13: data: input values in [-200, 0] do not fit")
+    assert str(e.value).startswith(f"sample 13: data: input values in [{low}, 0] do not fit")
     data = tmp_path / "data"  # found before anything runs: a sample of the wrong shape
     data.mkdir()
     np.save(data / "a.npy", np.zeros((5, 1, 1, 8, 8), np.int8))

@@ -52,13 +52,23 @@ def node_index(graph, name: str) -> int:
     return next(i for i, n in enumerate(graph.nodes) if n.name == name)
 
 
+def symbol_node(path: Path, name: str) -> tuple[dict[str, str], list[str]]:
+    """Node ``name``'s attributes and input names, read straight from the symbol file's JSON."""
+    symbol = json.loads((path / "symbol").read_text())
+    nodes = symbol["nodes"]
+    k = next(i for i, n in enumerate(nodes) if n["name"] == name)
+    return json.loads(symbol["attrs"]["op_attrs"][1][k]), [nodes[i]["name"] for i, _, _ in nodes[k]["inputs"]]
+
+
 # -- exact models ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", EXAMPLES)
 @pytest.mark.parametrize("inline", [False, True])
 def test_example_models_are_exact(name, inline):
     verdict = verify(MODELS / name, inline=inline)
     assert verdict.exact, str(verdict)
-    assert verdict.cases == ["zeros", "+127", "-127", "seed 0", "seed 1", "seed 2"]
+    graph = graph_of(MODELS / name)
+    bound = graph.type_of(Entry(graph.inputs[0])).bound  # the input precision's extremes
+    assert verdict.cases == ["zeros", f"+{bound}", f"-{bound}", "seed 0", "seed 1", "seed 2"]
     assert str(verdict).startswith("exact:")
 
 
@@ -89,20 +99,28 @@ def test_generated_inputs_stay_within_the_precision_and_hit_its_extremes(p, shap
 
 # -- planted differences --------------------------------------------------------------------------------------------
 def test_an_edited_weight_names_its_conv():
+    """One element of the second conv's int8 weight moved by 100 towards the other sign (a change the requantization
+    after it cannot round away): that conv is named, with its attributes and inputs as the symbol file gives them."""
     graph = graph_of(MODELS / "digits_cnn")
-    verdict = verify(graph, onnx_model=edited(to_onnx(graph), "conv2_weight", 5, 1))
+    conv = [n for n in graph.nodes if n.op == "conv2d"][1]
+    weight = graph.nodes[conv.inputs[1].node].name
+    delta = -100 if graph.params[weight].flat[5] > 0 else 100
+    verdict = verify(graph, onnx_model=edited(to_onnx(graph), weight, 5, delta))
     assert not verdict.exact and verdict.failed_case is not None
     d = verdict.divergence
-    assert (d.node, d.op) == ("conv2", "conv2d")
-    assert d.attrs == {"channels": "16", "kernel_size": "(3, 3)", "padding": "(1, 1)"}
-    assert d.inputs == ["pool1", "conv2_weight", "conv2_bias"]
-    assert "first differing node (topological order): conv2 (conv2d)" in str(verdict)
+    assert (d.node, d.op) == (conv.name, "conv2d")
+    attrs, inputs = symbol_node(MODELS / "digits_cnn", conv.name)
+    assert d.attrs == attrs and d.inputs == inputs and inputs[1] == weight
+    assert f"first differing node (topological order): {conv.name} (conv2d)" in str(verdict)
 
 
 @pytest.mark.parametrize("inline", [False, True])
 def test_a_lowering_adding_one_at_one_position_is_located(monkeypatch, inline):
-    """flatten (one node, feeding the dense head) gets +1 at flat position 37: exactly that element differs."""
+    """flatten (one node, on the way to the dense layer) gets +1 at flat position 37: exactly that element
+    differs."""
     graph = graph_of(MODELS / "digits_cnn")
+    [flatten] = [i for i, n in enumerate(graph.nodes) if n.op == "flatten"]
+    _, inputs = symbol_node(MODELS / "digits_cnn", graph.nodes[flatten].name)
     original = LOWERINGS["flatten"]
 
     def planted(b, a, *inputs):
@@ -115,10 +133,10 @@ def test_a_lowering_adding_one_at_one_position_is_located(monkeypatch, inline):
     verdict = verify(graph, inline=inline)
     assert not verdict.exact
     d = verdict.divergence
-    assert (d.node, d.op, d.inputs) == ("flatten", "flatten", ["relu2"])
+    assert (d.node, d.op, d.inputs) == (graph.nodes[flatten].name, "flatten", inputs)
     [diff] = d.differences
     case = next(c for c in generated_cases(graph) if c.name == verdict.failed_case)
-    want = execute(graph, case.inputs, keep_all=True)[Entry(node_index(graph, "flatten"))]
+    want = execute(graph, case.inputs, keep_all=True)[Entry(flatten)]
     index = np.unravel_index(37, want.shape)
     assert diff.count == 1 and diff.positions == [(index, int(want[index]), int(want[index]) + 1)]
 
@@ -211,14 +229,15 @@ def test_a_failing_stage_is_reported_and_nothing_is_written(tmp_path, capsys):
     src = tmp_path / "bad"
     shutil.copytree(MODELS / "digits_cnn", src)
     symbol = json.loads((src / "symbol").read_text())
-    k = next(i for i, n in enumerate(symbol["nodes"]) if n["name"] == "conv1_shift")
+    k = next(i for i, n in enumerate(symbol["nodes"]) if n.get("attrs", {}).get("func_name") == "cvm_right_shift")
+    shift = symbol["nodes"][k]["name"]
     symbol["attrs"]["op_attrs"][1][k] = json.dumps({"precision": "8", "shift_bit": "0"})  # shift_bit in 1..32
     (src / "symbol").write_text(json.dumps(symbol))
     out, md = tmp_path / "m.onnx", tmp_path / "report.md"
     assert main(["convert", str(src), "-o", str(out), "--report", str(md)]) == 3
     assert not out.exists()
     text = md.read_text()
-    assert "| read | passed |" in text and "| validate | failed |" in text and "conv1_shift" in text
+    assert "| read | passed |" in text and "| validate | failed |" in text and shift in text
     assert "| export |" not in text
     assert "stage failed: validate" in capsys.readouterr().out
 

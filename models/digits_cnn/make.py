@@ -1,39 +1,54 @@
-"""Train a small CNN on scikit-learn's 8x8 digits in plain numpy, quantize it to CVM as MRT does, write the model.
+"""Train a small CNN on scikit-learn's 8x8 digits in plain numpy, write it as float ONNX and bring it to CVM with
+``cvm-onnx quantize`` (onnxruntime.quantization's static quantizer and calibrator, then the importer).
 
     python models/digits_cnn/make.py [OUT_DIR]        (default: this script's directory; needs scikit-learn)
 
 Float model: conv 3x3 8ch (pad 1) -> relu -> max_pool 2x2 -> conv 3x3 16ch (pad 1) -> relu -> flatten -> dense 10,
-trained with Adam on a fixed 80/20 split (seeded, float64: a rerun writes byte-identical files).
+input a pixel value 0..16 divided by 16, trained with Adam on a fixed 80/20 split (seeded, float64: a rerun writes
+byte-identical files).
 
-CVM model, MRT's scheme: the input x in 0..16 becomes round(x * 127 / 16) (int8, precision 8); each weight
-tensor is int8 with its own symmetric scale 127 / max|w|; biases are int32 at the accumulator scale
-(input scale * weight scale); after each conv the accumulator is requantized to int8 by
-``broadcast_mul(acc, M)`` then ``cvm_right_shift(precision=8, shift_bit=k)``, M / 2^k being the ratio of the
-activation scale (127 / the largest activation on the training set) to the accumulator scale; the dense layer
-gives int32 logits. Writes symbol, params, heldout_x.npy (int8 model inputs) and heldout_y.npy (labels),
-input.npy and expected.npy (the first held-out sample and the reference executor's output), and accuracy.json:
-the float model's, the CVM model's (reference executor) and its ONNX export's (onnxruntime) held-out accuracy.
+Writes float.onnx (the float model, float32) and calibration.npy (256 training images, float32); the CVM model
+(symbol, params, quantization.json) is what ``cvm-onnx quantize float.onnx --calibration calibration.npy -o DIR
+--per-channel --activation int8`` writes, by the same function: int8 activations and per-channel int8 weights
+calibrated by minmax, imported in integers. Also heldout_x.npy (the held-out images quantized as the model's input,
+int8) and heldout_y.npy (labels), input.npy and expected.npy (the first held-out sample and the reference
+executor's output: the quantized logits), and accuracy.json: held-out accuracy of the float model (numpy), of the
+quantized ONNX model (onnxruntime, session.x64quantprecision), of the CVM model (reference executor) and of its
+ONNX export (onnxruntime).
 """
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import load_digits
 
-from cvm_onnx import to_onnx
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx import load, to_onnx
 from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model
-from cvm_onnx.ops.registry import bits
+from cvm_onnx.quantize import quantize
 from cvm_onnx.runtime import run, session
 
 SEED = 0
 HELD_OUT = 0.2
 EPOCHS, BATCH, LR = 20, 32, 0.01
-MAX_SHIFT = 23  # cvm_right_shift with precision 8 needs 8 + shift_bit < 32 to agree on every device
+CALIBRATION = 256  # training images onnxruntime's calibrator sees
+
+
+def split():
+    """The digits (pixels 0..16, shape (n, 1, 8, 8)), their labels, the held-out and training indices, and the
+    seeded generator that drew them (training goes on drawing from it)."""
+    digits = load_digits()
+    x = digits.data.reshape(-1, 1, 8, 8)
+    rng = np.random.default_rng(SEED)
+    order = rng.permutation(len(x))
+    n_test = round(len(x) * HELD_OUT)
+    return x, digits.target, order[:n_test], order[n_test:], rng
 
 
 # -- float model ----------------------------------------------------------------------------------------------------
@@ -121,95 +136,58 @@ def train(x: np.ndarray, y: np.ndarray, rng: np.random.Generator) -> dict[str, n
     return p
 
 
-# -- quantization ---------------------------------------------------------------------------------------------------
-def int8_weights(w: np.ndarray) -> tuple[np.ndarray, float]:
-    """Symmetric per-tensor int8: round(w * s) with s = 127 / max|w|."""
-    s = 127 / np.abs(w).max()
-    return np.round(w * s).astype(np.int8), s
+# -- float ONNX, quantized ------------------------------------------------------------------------------------------
+def float_onnx(p: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The float model as ONNX (float32 weights), input x / 16 of shape (1, 1, 8, 8), output the logits."""
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["conv1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv1"], ["relu1"]),
+             helper.make_node("MaxPool", ["relu1"], ["pool1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["pool1", "w2", "b2"], ["conv2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv2"], ["relu2"]),
+             helper.make_node("Flatten", ["relu2"], ["flatten"]),
+             helper.make_node("Gemm", ["flatten", "w3", "b3"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "digits_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in p.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="digits_cnn/make.py")
 
 
-def requant_scale(ratio: float, p_acc: int) -> tuple[int, int]:
-    """(M, k) with M / 2^k ~ ratio: the largest shift k whose M keeps broadcast_mul within 32 bits
-    (p_acc + precision(M) <= 32)."""
-    for k in range(MAX_SHIFT, 0, -1):
-        m = round(ratio * 2**k)
-        if m >= 1 and p_acc + bits(m) + 1 <= 32:
-            return m, k
-    raise ValueError(f"no requantization scale for ratio {ratio} at precision {p_acc}")
-
-
-def quantize(p: dict[str, np.ndarray], x_train: np.ndarray):
-    """The CVM graph of the float model ``p``; activation scales calibrated on ``x_train``."""
-    _, (_, _, a1, _, _, z2, _) = forward(p, x_train)
-    b = GraphBuilder()
-    data = b.input("data", (1, 1, 8, 8), 8)
-    s_in = 127.0  # real input x / 16 = data / 127
-
-    def conv_requant(name, x, s_x, w, bias, s_out):
-        wq, s_w = int8_weights(w)
-        acc = b.op("conv2d", x, b.param(f"{name}_weight", wq, 8),
-                   b.param(f"{name}_bias", np.round(bias * s_x * s_w).astype(np.int32)),
-                   name=name, channels=len(w), kernel_size=(3, 3), padding=(1, 1))
-        p_acc = b.build(acc).type_of(acc).precision
-        m, k = requant_scale(s_out / (s_x * s_w), p_acc)
-        scaled = b.op("broadcast_mul", acc, b.param(f"{name}_requant_scale", np.array([m], np.int32)),
-                      name=f"{name}_requant")
-        return b.op("cvm_right_shift", scaled, name=f"{name}_shift", precision=8, shift_bit=k)
-
-    s1 = 127 / a1.max()
-    h = conv_requant("conv1", data, s_in, p["w1"], p["b1"], s1)
-    h = b.op("relu", h, name="relu1")
-    h = b.op("max_pool2d", h, name="pool1", pool_size=(2, 2), strides=(2, 2))
-    s2 = 127 / np.maximum(z2, 0).max()
-    h = conv_requant("conv2", h, s1, p["w2"], p["b2"], s2)
-    h = b.op("relu", h, name="relu2")
-    h = b.op("flatten", h, name="flatten")
-    wq, s_w = int8_weights(p["w3"])
-    logits = b.op("dense", h, b.param("dense_weight", wq, 8),
-                  b.param("dense_bias", np.round(p["b3"] * s2 * s_w).astype(np.int32)), name="dense", units=10)
-    return b.build(logits)
-
-
-def split():
-    """The digits (pixels 0..16, shape (n, 1, 8, 8)), their labels, the held-out and training indices, and the
-    seeded generator that drew them (training goes on drawing from it)."""
-    digits = load_digits()
-    x = digits.data.reshape(-1, 1, 8, 8)
-    rng = np.random.default_rng(SEED)
-    order = rng.permutation(len(x))
-    n_test = round(len(x) * HELD_OUT)
-    return x, digits.target, order[:n_test], order[n_test:], rng
-
-
-def record_heldout(graph, xq: np.ndarray, labels: np.ndarray, out: Path, summary: dict) -> None:
-    """Save the held-out inputs ``xq`` (the model's integer input) and labels, the first sample and the reference
-    executor's output for it (input.npy, expected.npy), and accuracy.json: ``summary`` followed by the held-out
-    accuracy of the CVM model (reference executor) and of its ONNX export (onnxruntime)."""
-    n = len(xq)
-    outputs = np.stack([execute(graph, xq[i:i + 1])[0] for i in range(n)])  # (n, 1, 10)
-    sess = session(to_onnx(graph))
-    onnx_outputs = np.stack([run(sess, {"data": xq[i:i + 1].astype(np.int32)})[0] for i in range(n)])
-    for name, o in (("cvm", outputs), ("onnx", onnx_outputs)):
-        correct = int((o[:, 0].argmax(1) == labels).sum())
-        summary |= {f"{name}_correct": correct, f"{name}_accuracy": correct / n}
-    np.save(out / "heldout_x.npy", xq)
-    np.save(out / "heldout_y.npy", labels.astype(np.int8))
-    np.save(out / "input.npy", xq[:1])
-    np.save(out / "expected.npy", outputs[0])
-    (out / "accuracy.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps(summary))
+def quantized_onnx_logits(model: Path, xf: np.ndarray) -> np.ndarray:
+    """onnxruntime's float logits (n, 10) of the quantized ONNX model, one image a call."""
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.x64quantprecision", "1")
+    sess = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, {"x": xf[i:i + 1]})[0] for i in range(len(xf))])
 
 
 def main(out: Path) -> None:
     x, y, test, tr, rng = split()
     p = train(x[tr] / 16, y[tr], rng)
-    float_correct = int((forward(p, x[test] / 16)[0].argmax(1) == y[test]).sum())
-
-    graph = quantize(p, x[tr] / 16)
     out.mkdir(parents=True, exist_ok=True)
-    write_model(graph, out)
-    record_heldout(graph, np.round(x[test] * 127 / 16).astype(np.int8), y[test], out,
-                   {"samples": len(test), "float_correct": float_correct, "float_accuracy": float_correct / len(test)})
+    onnx.save(float_onnx(p), out / "float.onnx")
+    np.save(out / "calibration.npy", (x[tr[:CALIBRATION]] / 16).astype(np.float32))
+    xf, labels, n = (x[test] / 16).astype(np.float32), y[test], len(test)
+    with tempfile.TemporaryDirectory() as tmp:
+        quantize(out / "float.onnx", out / "calibration.npy", out, per_channel=True, activation="int8",
+                 save_onnx=Path(tmp) / "quantized.onnx")
+        ort_logits = quantized_onnx_logits(Path(tmp) / "quantized.onnx", xf)
+    model = load(out)
+    xq = model.edges.input.quantize(xf).astype(np.int8)
+    cvm = np.stack([execute(model.graph, xq[i:i + 1])[0] for i in range(n)])  # (n, 1, 10)
+    sess = session(to_onnx(model.graph))
+    exported = np.stack([run(sess, {"data": xq[i:i + 1].astype(np.int32)})[0] for i in range(n)])
+    summary = {"samples": n}
+    for name, logits in (("float", forward(p, x[test] / 16)[0]), ("ort_quantized", ort_logits),
+                         ("cvm", cvm[:, 0]), ("onnx", exported[:, 0])):
+        correct = int((logits.argmax(1) == labels).sum())
+        summary |= {f"{name}_correct": correct, f"{name}_accuracy": correct / n}
+    np.save(out / "heldout_x.npy", xq)
+    np.save(out / "heldout_y.npy", labels.astype(np.int8))
+    np.save(out / "input.npy", xq[:1])
+    np.save(out / "expected.npy", cvm[0])
+    (out / "accuracy.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
