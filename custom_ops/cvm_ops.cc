@@ -247,7 +247,8 @@ Ort::Status cvm_lut(const Int32Tensor& indices, const Int32Tensor& table, Int32T
 }
 
 // im2col_int8 (offset 0) and im2col_uint8 (offset 128): int32 data (N, C, H, W) with values in [-128, 127] ->
-// columns (N, G, C/G * kh * kw, OH * OW) holding x + offset, offset in the padding (im2col.h).
+// columns (N, G, C/G * kh * kw, OH * OW) holding x + offset, offset in the padding; wide=1: OH * WP columns
+// (im2col.h).
 template <typename Out, int32_t kOffset>
 struct Im2col {
   static constexpr const char* kName = kOffset == 0 ? "im2col_int8" : "im2col_uint8";
@@ -265,6 +266,9 @@ struct Im2col {
     geometry.dh = dilations[0], geometry.dw = dilations[1];
     geometry.pt = pads[0], geometry.pl = pads[1], geometry.pb = pads[2], geometry.pr = pads[3];
     geometry.group = int_attr(info, "group", 1);
+    const int64_t wide = int_attr(info, "wide", 0);
+    if (wide != 0 && wide != 1) throw Ort::Exception(std::string(kName) + ": wide must be 0 or 1", ORT_INVALID_ARGUMENT);
+    geometry.wide = wide == 1;
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
@@ -275,12 +279,14 @@ struct Im2col {
       s.n = shape[0], s.c = shape[1], s.h = shape[2], s.w = shape[3];
       if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
       const int32_t* x = data.Data();
-      std::vector<Out> padded(static_cast<size_t>(s.n * s.c * (s.h + s.pt + s.pb) * (s.w + s.pl + s.pr)));
-      Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.oh * s.ow});
+      std::vector<Out> padded(static_cast<size_t>(s.n * s.c * s.plane_stride()));
+      Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.positions()});
       std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [-128, 127]
       auto plane = [&](int64_t p) {
         if (const int64_t i = pad_narrow(x, s, kOffset, p, padded.data()); i >= 0) {
           for (int64_t seen = bad.load(); i < seen && !bad.compare_exchange_weak(seen, i);) {}
+        } else if (s.wide) {
+          im2col_wide(padded.data(), s, p, cols);
         } else {
           im2col(padded.data(), s, p, cols);
         }
@@ -297,37 +303,56 @@ struct Im2col {
   Im2colShape geometry;
 };
 
-// requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h).
+// requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
+// keeps the first `width` elements of each last-axis row (data of rank >= 3).
 struct Requantize {
-  Requantize(const OrtApi*, const OrtKernelInfo* info) {
+  Requantize(const OrtApi*, const OrtKernelInfo* info) : width(int_attr(info, "width", 0)) {
     if (std::string err = parse_steps(ints_attr(info, "steps", {}), steps); !err.empty()) {
       throw Ort::Exception("requantize: " + err, ORT_INVALID_ARGUMENT);
     }
+    if (width < 0) throw Ort::Exception("requantize: width must be >= 0", ORT_INVALID_ARGUMENT);
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
-      const std::vector<int64_t>& shape = data.Shape();
+      std::vector<int64_t> shape = data.Shape();
       const int64_t channels = bias.NumberOfElement();
       if (channels > 0 && (shape.size() < 2 || shape[1] != channels || bias.Shape().size() != 1)) {
         return invalid("requantize", "bias must be empty or (C,) for data (N, C, ...), got " +
                                          shape_text(bias.Shape()) + " for " + shape_text(shape));
+      }
+      if (width > 0 && (shape.size() < 3 || shape.back() < width)) {
+        return invalid("requantize", "width " + std::to_string(width) + " needs data of rank >= 3 with a last axis "
+                                     "at least as long, got " + shape_text(shape));
       }
       int64_t inner = 1;
       for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
       const int64_t count = data.NumberOfElement();
       const int32_t* b = channels > 0 && inner > 0 ? bias.Data() : nullptr;
       const int32_t* x = data.Data();
+      if (width == 0) {
+        int32_t* y = out.Allocate(shape);
+        auto block = [&](int64_t i) {
+          requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, channels, inner, steps, y);
+        };
+        parallel_for(context, (count + kBlock - 1) / kBlock, block);
+        return Ort::Status{nullptr};
+      }
+      const int64_t row = shape.back(), rows = row > 0 ? count / row : 0;
+      const int64_t per_block = std::max<int64_t>(1, kBlock / width);
+      shape.back() = width;
       int32_t* y = out.Allocate(shape);
       auto block = [&](int64_t i) {
-        requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, channels, inner, steps, y);
+        requantize_rows(x, row, width, i * per_block, std::min(rows, (i + 1) * per_block), b, channels, inner / row,
+                        steps, y);
       };
-      parallel_for(context, (count + kBlock - 1) / kBlock, block);
+      parallel_for(context, (rows + per_block - 1) / per_block, block);
       return Ort::Status{nullptr};
     });
   }
 
   static constexpr int64_t kBlock = 1 << 14;  // elements per parallel task
+  int64_t width;
   std::vector<RequantStep> steps;
 };
 

@@ -17,7 +17,16 @@ struct Im2colShape {
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1;
   int64_t pt = 0, pl = 0, pb = 0, pr = 0;
   int64_t group = 1;
+  bool wide = false;  // columns over the padded width (stride 1 only): see im2col_wide
   int64_t oh = 0, ow = 0;
+
+  int64_t hp() const { return h + pt + pb; }
+  int64_t wp() const { return w + pl + pr; }
+  // Columns per window position: OH * OW, or OH * WP when wide.
+  int64_t positions() const { return oh * (wide ? wp() : ow); }
+  // Bytes between planes of the padded copy: a wide plane has dw * (kw - 1) bytes after it, which its last
+  // windows read (im2col_wide), so that no plane's windows reach into another's.
+  int64_t plane_stride() const { return hp() * wp() + (wide ? dw * (kw - 1) : 0); }
 };
 
 // Fills in oh and ow; returns an error message, empty when the geometry is valid. Every size is bounded so that
@@ -30,6 +39,7 @@ inline std::string im2col_geometry(Im2colShape& s) {
   for (int64_t v : {s.pt, s.pl, s.pb, s.pr}) {
     if (v < 0 || v >= kLimit) return "pads must be non-negative int32 values";
   }
+  if (s.wide && (s.sh != 1 || s.sw != 1)) return "wide columns need strides (1, 1)";
   if (s.c % s.group != 0) {
     return "the input's " + std::to_string(s.c) + " channels do not divide into group " + std::to_string(s.group);
   }
@@ -37,8 +47,8 @@ inline std::string im2col_geometry(Im2colShape& s) {
   if (s.h + s.pt + s.pb < span_h || s.w + s.pl + s.pr < span_w) return "the kernel is larger than the padded input";
   s.oh = (s.h + s.pt + s.pb - span_h) / s.sh + 1;
   s.ow = (s.w + s.pl + s.pr - span_w) / s.sw + 1;
-  const double columns = static_cast<double>(s.n) * s.c * s.kh * s.kw * s.oh * s.ow;
-  const double padded = static_cast<double>(s.n) * s.c * (s.h + s.pt + s.pb) * (s.w + s.pl + s.pr);
+  const double columns = static_cast<double>(s.n) * s.c * s.kh * s.kw * s.oh * (s.wide ? s.wp() : s.ow);
+  const double padded = static_cast<double>(s.n) * s.c * s.plane_stride();
   if (std::max(columns, padded) >= 2147483648.0) {
     return "the columns or the padded input would have 2^31 elements or more";
   }
@@ -57,17 +67,17 @@ inline bool narrow_row(const int32_t* x, int64_t count, uint32_t offset, uint8_t
   return seen <= 255u;
 }
 
-// Copies plane `plane` of x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr) as x + offset, offset in the
-// padding. Returns the flat index of the first x of the plane outside [-128, 127] (then the plane is incomplete),
+// Copies plane `plane` of x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr; planes plane_stride() apart)
+// as x + offset, offset in the padding. Returns the flat index of the first x of the plane outside [-128, 127] (then the plane is incomplete),
 // or -1: x + offset fits Out exactly (offset 0 for int8, 128 for uint8).
 template <typename Out>
 int64_t pad_narrow(const int32_t* x, const Im2colShape& s, int32_t offset, int64_t plane, Out* xp) {
   static_assert(sizeof(Out) == 1, "columns are bytes");
-  const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr;
-  std::fill(xp + plane * hp * wp, xp + (plane + 1) * hp * wp, static_cast<Out>(offset));
+  const int64_t wp = s.wp(), stride = s.plane_stride();
+  std::fill(xp + plane * stride, xp + (plane + 1) * stride, static_cast<Out>(offset));
   for (int64_t y = 0; y < s.h; ++y) {
     const int32_t* src = x + (plane * s.h + y) * s.w;
-    Out* dst = xp + (plane * hp + y + s.pt) * wp + s.pl;
+    Out* dst = xp + plane * stride + (y + s.pt) * wp + s.pl;
     if (!narrow_row(src, s.w, static_cast<uint32_t>(offset), reinterpret_cast<uint8_t*>(dst))) {
       for (int64_t i = 0; i < s.w; ++i) {
         if (src[i] < -128 || src[i] > 127) return (plane * s.h + y) * s.w + i;
@@ -98,18 +108,33 @@ inline void copy_row(const Out* src, int64_t count, Out* dst) {
 // order, so the planes fill every group; with stride 1 each output row is one contiguous copy.
 template <typename Out>
 void im2col(const Out* xp, const Im2colShape& s, int64_t plane, Out* out) {
-  const int64_t hp = s.h + s.pt + s.pb, wp = s.w + s.pl + s.pr;
+  const int64_t wp = s.wp();
   Out* dst = out + plane * s.kh * s.kw * s.oh * s.ow;
   for (int64_t fh = 0; fh < s.kh; ++fh) {
     for (int64_t fw = 0; fw < s.kw; ++fw) {
       for (int64_t oh = 0; oh < s.oh; ++oh, dst += s.ow) {
-        const Out* src = xp + (plane * hp + oh * s.sh + fh * s.dh) * wp + fw * s.dw;
+        const Out* src = xp + plane * s.plane_stride() + (oh * s.sh + fh * s.dh) * wp + fw * s.dw;
         if (s.sw == 1) {
           copy_row(src, s.ow, dst);
         } else {
           for (int64_t ow = 0; ow < s.ow; ++ow) dst[ow] = src[ow * s.sw];
         }
       }
+    }
+  }
+}
+
+// Wide columns (stride 1): cols[n, g, (c * kh + fh) * kw + fw, oh * WP + j] = xp[plane, oh + fh*dh, j + fw*dw],
+// reading on into the following rows (and the plane's slack) for j >= OW. Each window position is then one
+// contiguous copy of OH * WP bytes; a product over column oh * WP + j with j < OW is the convolution's output
+// (oh, j), and the columns j >= OW give values the caller drops (requantize's width).
+template <typename Out>
+void im2col_wide(const Out* xp, const Im2colShape& s, int64_t plane, Out* out) {
+  const int64_t wp = s.wp(), count = s.oh * wp;
+  Out* dst = out + plane * s.kh * s.kw * count;
+  for (int64_t fh = 0; fh < s.kh; ++fh) {
+    for (int64_t fw = 0; fw < s.kw; ++fw, dst += count) {
+      std::memcpy(dst, xp + plane * s.plane_stride() + fh * s.dh * wp + fw * s.dw, static_cast<size_t>(count));
     }
   }
 }

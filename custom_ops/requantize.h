@@ -82,4 +82,23 @@ CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t begin, int64_t end, co
   }
 }
 
+// The rows [begin, end) of y (rows of `width`) = the steps applied to the first `width` elements of the same rows of
+// x (rows of `row` >= width) + bias[c], c = (r / rows_per_plane) % channels for row r (no bias: bias null). Short
+// rows are gathered into chunks of about 1024 elements, so that each step's loop stays long.
+CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t width, int64_t begin, int64_t end,
+                                     const int32_t* bias, int64_t channels, int64_t rows_per_plane,
+                                     const std::vector<RequantStep>& steps, int32_t* y) {
+  const int64_t group = std::max<int64_t>(1, 1024 / width);
+  for (int64_t first = begin; first < end; first += group) {
+    const int64_t last = std::min(end, first + group);
+    for (int64_t r = first; r < last; ++r) {
+      const uint32_t add = bias ? static_cast<uint32_t>(bias[(r / rows_per_plane) % channels]) : 0u;
+      const int32_t* u = x + r * row;
+      int32_t* v = y + r * width;
+      for (int64_t i = 0; i < width; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(u[i]) + add);
+    }
+    apply_steps(y + first * width, (last - first) * width, steps);
+  }
+}
+
 }  // namespace cvm_onnx

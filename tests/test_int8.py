@@ -38,12 +38,18 @@ def run_route(model: onnx.ModelProto, feeds: dict, route: str) -> list[np.ndarra
 
 # -- the im2col ops alone ---------------------------------------------------------------------------------------
 
-def im2col_oracle(x, kernel, strides, dilations, pads, group, offset):
+def im2col_oracle(x, kernel, strides, dilations, pads, group, offset, wide=False):
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = kernel, strides, dilations, pads
     xp = np.pad(x.astype(np.int64) + offset, [(0, 0), (0, 0), (pt, pb), (pl, pr)], constant_values=offset)
     oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
     ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if wide:  # each window position: OH padded rows read on from (fh * dh, fw * dw), past the plane into offsets
+        hp, wp = xp.shape[2:]
+        flat = np.concatenate([xp.reshape(n, c, hp * wp), np.full((n, c, dw * (kw - 1)), offset)], axis=2)
+        cols = np.stack([flat[:, :, fh * dh * wp + fw * dw:][:, :, :oh * wp] for fh in range(kh) for fw in range(kw)],
+                        axis=2)
+        return cols.reshape(n, group, c // group * kh * kw, oh * wp)
     cols = np.empty((n, c, kh, kw, oh, ow), np.int64)
     for fh in range(kh):
         for fw in range(kw):
@@ -77,14 +83,16 @@ def geometries(draw):
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(geometry=geometries(), data=st.data(), op=st.sampled_from(["im2col_int8", "im2col_uint8"]))
 def test_im2col_gathers_every_window(geometry, data, op):
+    """Every window, and with wide=1 (strides 1) every padded row read on from each window position."""
     shape, kernel, strides, dilations, pads, group = geometry
+    wide = strides == (1, 1) and data.draw(st.booleans())
     x = data.draw(st.one_of(tensors(shape, 8), tensors(shape, 1).map(lambda t: t - 128)))  # -128 too
     model = im2col_model(op, shape, kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
-                         group=group)
+                         group=group, **({"wide": 1} if wide else {}))
     onnx.checker.check_model(model, full_check=True)
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
     (got,) = run(model, {"x": x})
-    want = im2col_oracle(x, kernel, strides, dilations, pads, group, 0 if op == "im2col_int8" else 128)
+    want = im2col_oracle(x, kernel, strides, dilations, pads, group, 0 if op == "im2col_int8" else 128, wide)
     assert got.dtype == (np.int8 if op == "im2col_int8" else np.uint8)
     assert np.array_equal(got.astype(np.int64), want)
     assert [d.dim_value for d in inferred.shape.dim] == list(want.shape)
@@ -124,12 +132,13 @@ def test_im2col_refuses_bad_shapes_with_one_error(shape, attrs, message):
 
 @pytest.mark.parametrize("attrs", [dict(), dict(kernel_shape=[3]), dict(kernel_shape=[1, 1], pads=[1, 1]),
                                    dict(kernel_shape=[1, 1], strides=[0, 1]),
-                                   dict(kernel_shape=[1, 1], pads=[-1, 0, 0, 0])])
+                                   dict(kernel_shape=[1, 1], pads=[-1, 0, 0, 0]),
+                                   dict(kernel_shape=[1, 1], wide=2), dict(kernel_shape=[1, 1], strides=[2, 1], wide=1)])
 def test_im2col_refuses_bad_attributes(attrs):
     """Wrong lengths and values are refused by the schema (checker) and by the kernel (session or run)."""
     model = im2col_model("im2col_int8", [1, 1, 3, 3], **attrs)
     with pytest.raises((onnx.checker.ValidationError, onnx.shape_inference.InferenceError), match="kernel_shape|"
-                       "pads|strides"):
+                       "pads|strides|wide"):
         onnx.checker.check_model(model, full_check=True)
     with pytest.raises(RuntimeFailure, match="im2col_int8"):
         run(model, {"x": np.zeros((1, 1, 3, 3), np.int32)})
@@ -288,11 +297,13 @@ def requantize_oracle(x, bias, steps):
     return v.astype(np.int32)
 
 
-def requantize_model(shape, channels: int, steps) -> onnx.ModelProto:
-    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s])
+def requantize_model(shape, channels: int, steps, width: int = 0) -> onnx.ModelProto:
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
+                            **({"width": width} if width else {}))
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, shape)])
+                              [helper.make_tensor_value_info("y", TensorProto.INT32,
+                                                             [*shape[:-1], width] if width else shape)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=10)
 
@@ -333,6 +344,25 @@ def test_requantize_splits_large_tensors_across_threads_exactly(n, c, inner, thr
     assert np.array_equal(sess.run(None, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
 
 
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=st.lists(st.integers(1, 40), min_size=3, max_size=4), data=st.data(),
+       steps=st.lists(step, min_size=1, max_size=5), threads=st.integers(1, 3))
+def test_requantize_with_a_width_keeps_the_first_elements_of_each_row(shape, data, steps, threads):
+    """width w: the steps over x[..., :w] + bias (rows gathered into chunks, split across threads)."""
+    width = data.draw(st.integers(1, shape[-1]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.integers(-(1 << 31), 1 << 31, shape, dtype=np.int64).astype(np.int32)
+    channels = shape[1] if data.draw(st.booleans()) else 0
+    bias = rng.integers(-(1 << 31), 1 << 31, channels, dtype=np.int64).astype(np.int32)
+    model = requantize_model(shape, channels, steps, width)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
+    got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    assert np.array_equal(got, requantize_oracle(x[..., :width], bias, steps))
+    assert [d.dim_value for d in inferred.shape.dim] == [*shape[:-1], width]
+
+
 @pytest.mark.parametrize("steps, channels, message", [
     ([(0, 32, 0)], 0, "step 0 is not a valid"), ([(3, 5, 4)], 0, "step 0 is not a valid"),
     ([(7, 1, 0)], 0, "step 0 is not a valid"), ([(1, 1 << 31, 0)], 0, "step 0 is not a valid"),
@@ -342,3 +372,15 @@ def test_requantize_refuses_bad_steps_and_bias(steps, channels, message):
     model = requantize_model([1, 2, 3], channels, steps)
     with pytest.raises(RuntimeFailure, match=message):
         run(model, {"x": np.zeros((1, 2, 3), np.int32), "b": np.zeros(channels, np.int32)})
+
+
+@pytest.mark.parametrize("shape, width", [([1, 2, 3], 4), ([2, 3], 1), ([1, 2, 3], -1)])
+def test_requantize_refuses_a_width_its_data_cannot_give(shape, width):
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[2, 1, 0], width=width)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [None] * len(shape)),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=10)
+    with pytest.raises(RuntimeFailure, match="requantize: width"):
+        run(model, {"x": np.zeros(shape, np.int32), "b": np.zeros(0, np.int32)})

@@ -163,20 +163,27 @@ def int8_route(a, x, w, out_shape: tuple[int, ...]) -> bool:
             and columns <= INT8_COLUMNS)
 
 
-def conv2d_int8(b, a, x, w) -> str:
+def conv2d_int8(b, a, x, w) -> tuple[str, int]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
     128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.cpu`` gives the argument per
-    ISA; ``int8_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's."""
+    ISA; ``int8_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
+
+    Returns the products, (N, OC, OH, W') with W' >= OW, and the width to keep: OW when W' > OW. With strides
+    1 the columns are wide (W' the padded width: each window position one contiguous copy); each row's last
+    W' - OW products are of windows that wrap into the next row, and are dropped (``requantize``'s width)."""
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     (kh, kw), (ph, pw) = a.kernel_size, a.padding
     k = c // g * kh * kw
+    wide = tuple(a.strides) == (1, 1)
+    width = x.shape[3] + 2 * pw if wide else ow
     cols = b.node("im2col_uint8", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
-                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], group=g)  # (N, G, K, OH * OW)
+                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], group=g,
+                  **({"wide": 1} if wide else {}))  # (N, G, K, OH * W')
     wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
     wq = b.Reshape(wq, b.const([oc, k] if g == 1 else [g, oc // g, k]))
     zero = b.const(128, np.uint8)
-    return b.Reshape(b.MatMulInteger(wq, cols, zero, zero), b.const([n, oc, oh, ow]))
+    return b.Reshape(b.MatMulInteger(wq, cols, zero, zero), b.const([n, oc, oh, width])), ow if width > ow else 0
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:

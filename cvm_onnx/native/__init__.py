@@ -11,9 +11,12 @@ serving form's window ops and fused requantization:
 * ``im2col_int8`` / ``im2col_uint8(data (N, C, H, W) int32, values in [-128, 127]) -> (N, G, C/G * kh * kw,
   OH * OW)`` int8 / uint8: the windows of a 2-D convolution, ``x + offset`` (0 / 128) and ``offset`` where a
   window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
-  right), group, as ONNX Conv's. The serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only;
+  right), group, as ONNX Conv's; wide (0): 1 gives OH * WP columns (WP the padded width; strides 1 only), each
+  window position one contiguous copy, the columns past OW of each row holding windows to be dropped. The
+  serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
-  (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; CPU only.
+  (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
+  the first ``width`` elements of each last-axis row (the products of wide columns); CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -138,7 +141,7 @@ IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": Tenso
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
 SERVING_KERNELS = (*IM2COL, "requantize")
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
-                                                   "pads": [0, 0, 0, 0], "group": 1}
+                                                   "pads": [0, 0, 0, 0], "group": 1, "wide": 0}
 
 
 def _ints(ctx, name: str, n: int, low: int) -> list[int]:
@@ -157,6 +160,9 @@ def _infer_im2col(elem_type: int):
         (kh, kw), (sh, sw), (dh, dw) = (_ints(ctx, a, 2, 1) for a in ("kernel_shape", "strides", "dilations"))
         pt, pl, pb, pr = _ints(ctx, "pads", 4, 0)
         group = _ints(ctx, "group", 0, 1)
+        wide = _ints(ctx, "wide", 0, 0)
+        if wide not in (0, 1) or wide and (sh, sw) != (1, 1):
+            raise InferenceError(f"im2col: wide must be 0, or 1 with strides (1, 1); got {wide}, strides {[sh, sw]}")
         data = _dims(ctx.get_input_type(0), "im2col data", 4)
         t = TypeProto()
         t.tensor_type.elem_type = elem_type
@@ -169,6 +175,8 @@ def _infer_im2col(elem_type: int):
         ow = None if w is None else (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
         if (oh is not None and oh < 1) or (ow is not None and ow < 1):
             raise InferenceError("im2col: the kernel is larger than the padded input")
+        if wide and ow is not None:
+            ow = w + pl + pr
         t.tensor_type.shape.SetInParent()
         for d in (n, group, None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow):
             dim = t.tensor_type.shape.dim.add()
@@ -180,11 +188,12 @@ def _infer_im2col(elem_type: int):
 
 
 def _im2col_schema(name: str, elem_type: int) -> OpSchema:
-    attr_types = {"group": OpSchema.AttrType.INT}
+    attr_types = {"group": OpSchema.AttrType.INT, "wide": OpSchema.AttrType.INT}
     s = OpSchema(
         name, DOMAIN, VERSION,
         "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
-        "for uint8), offset in the padding; data values must lie in [-128, 127].",
+        "for uint8), offset in the padding; data values must lie in [-128, 127]. wide=1 (strides 1): OH * WP "
+        "columns, WP the padded width, those past OW in each row to be dropped.",
         inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32")],
         outputs=[OpSchema.FormalParameter("columns", "U", "(N, G, C/G * kh * kw, OH * OW)")],
         type_constraints=[("T", ["tensor(int32)"], "int32 data"),
@@ -203,6 +212,12 @@ def _infer_requantize(ctx) -> None:
     steps = ctx.get_attribute("steps")
     if steps is None or len(steps.ints) % 3:
         raise InferenceError("requantize: steps must hold (kind, a, b) triples")
+    width = ctx.get_attribute("width")
+    width = 0 if width is None else width.i
+    if width < 0 or width and data is not None and (len(data) < 3 or (_known(data[-1]) or width) < width):
+        raise InferenceError(f"requantize: width {width} needs data of rank >= 3 with a last axis at least as long")
+    if width and data is not None:
+        data = [*data[:-1], onnx.TensorShapeProto.Dimension(dim_value=width)]
     ctx.set_output_type(0, _int32(data))
 
 
@@ -211,11 +226,12 @@ def _requantize_schema() -> OpSchema:
         "requantize", DOMAIN, VERSION,
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
         "bias empty: none); steps (kind, a, b): 0 shift a (round half up), 1 multiply by a, 2 add a, 3 clip to "
-        "[a, b]; int32 arithmetic.",
+        "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row.",
         inputs=[OpSchema.FormalParameter("data", "T", "int32"), OpSchema.FormalParameter("bias", "T", "(C,) or (0,)")],
         outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
-        attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=True)],
+        attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=True),
+                    OpSchema.Attribute("width", onnx.helper.make_attribute("width", 0), "default 0: every element")],
     )
     s.set_type_and_shape_inference_function(_infer_requantize)
     return s
