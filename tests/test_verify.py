@@ -48,10 +48,6 @@ def edited(model, name: str, flat_index: int, delta: int):
     raise KeyError(name)
 
 
-def node_index(graph, name: str) -> int:
-    return next(i for i, n in enumerate(graph.nodes) if n.name == name)
-
-
 def symbol_node(path: Path, name: str) -> tuple[dict[str, str], list[str]]:
     """Node ``name``'s attributes and input names, read straight from the symbol file's JSON."""
     symbol = json.loads((path / "symbol").read_text())
@@ -120,7 +116,7 @@ def test_a_lowering_adding_one_at_one_position_is_located(monkeypatch, inline):
     differs."""
     graph = graph_of(MODELS / "digits_cnn")
     [flatten] = [i for i, n in enumerate(graph.nodes) if n.op == "flatten"]
-    _, inputs = symbol_node(MODELS / "digits_cnn", graph.nodes[flatten].name)
+    _, sources = symbol_node(MODELS / "digits_cnn", graph.nodes[flatten].name)
     original = LOWERINGS["flatten"]
 
     def planted(b, a, *inputs):
@@ -133,7 +129,7 @@ def test_a_lowering_adding_one_at_one_position_is_located(monkeypatch, inline):
     verdict = verify(graph, inline=inline)
     assert not verdict.exact
     d = verdict.divergence
-    assert (d.node, d.op, d.inputs) == (graph.nodes[flatten].name, "flatten", inputs)
+    assert (d.node, d.op, d.inputs) == (graph.nodes[flatten].name, "flatten", sources)
     [diff] = d.differences
     case = next(c for c in generated_cases(graph) if c.name == verdict.failed_case)
     want = execute(graph, case.inputs, keep_all=True)[Entry(flatten)]
