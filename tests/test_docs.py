@@ -3,6 +3,7 @@ succeed, and docs/operators.md is what docs/make_operators.py generates from the
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 from pathlib import Path
@@ -84,6 +85,10 @@ def test_readme_quantize_story_commands_succeed(in_tmp, capsys):
     assert logits.dtype == np.float32 and logits.shape == (len(images), 10) and np.array_equal(logits[:1], want)
     assert "exact: 1 output(s)" in capsys.readouterr().out
     assert sorted(p.name for p in (in_tmp / "out").iterdir()) == ["digits_cvm", "digits_cvm.onnx", "digits_logits.npy"]
+    accuracy = json.loads((shipped / "accuracy.json").read_text())
+    assert accuracy["cvm_accuracy"] == accuracy["float_accuracy"] == accuracy["ort_quantized_accuracy"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"byte for byte: {accuracy['cvm_accuracy']:.2%} held-out accuracy, as the float model and" in readme
 
 
 def options(p) -> dict[str, list[tuple[str, ...]]]:
