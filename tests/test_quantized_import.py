@@ -383,6 +383,8 @@ def test_convert_writes_edges_and_run_takes_floats_or_integers(tmp_path):
     edges = read_edges(tmp_path / "m")
     assert edges.input.type == "uint8" and edges.outputs[0] is not None
     model = cvm_onnx.load(tmp_path / "m")
+    heads = [model.graph.nodes[h.node].name for h in model.graph.heads]
+    assert heads == [o.name for o in qm.graph.output]  # named as the source model's outputs
     x = np.random.default_rng(0).normal(size=(1, 2, 4, 4)).astype(np.float32)
     [yf] = cvm_onnx.run_cvm(model.graph, x, model.edges)
     [yi] = cvm_onnx.run_cvm(model.graph, edges.input.quantize(x).astype(np.int32), model.edges)

@@ -281,11 +281,21 @@ class _Walk:
                 if isinstance(t, quantized.Real):
                     t, scale, zero = quantized.output_edge(t)
                     edge = Edge(o.name, type_name(t.dtype), scale, zero)
-                heads.append(self.ctx.entry(t))
+                e = self.ctx.entry(t)
+                heads.append(e if edge is None else self._named_head(e, o.name, heads))
                 self.output_edges.append(edge)
             except Refuse as e:
                 self.problem(o.name, str(e))
         return heads
+
+    def _named_head(self, e: Entry, name: str, heads: list[Entry]) -> Entry:
+        """``e``, its op node renamed after the quantized model's float output ``name`` where that name is free:
+        the head reads as the source model's output, not as the last of the CVM ops its QuantizeLinear became."""
+        node = self.ctx.nodes[e.node]
+        if not node.is_variable and node.name != name and name not in self.ctx.names and e not in heads:
+            self.ctx.names.add(name)
+            self.ctx.nodes[e.node] = replace(node, name=name)
+        return e
 
 
 def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
