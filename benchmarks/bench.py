@@ -34,7 +34,7 @@ from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.executor import execute
 from cvm_onnx.format import write_model
-from cvm_onnx import cpu
+from cvm_onnx import bulk, cpu
 from cvm_onnx.runtime import session, usable_cpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -79,12 +79,11 @@ def row(what: str, value: str, note: str = "") -> None:
 
 
 def conv_routes(model) -> str:
-    """How many convolutions start from integer products (and the operand types the session picks) or float32."""
-    routes = {"integer": 0, "float32": 0}
-    for node in model.graph.node:
-        if node.op_type in ("MatMulInteger", "Conv"):
-            routes["integer" if node.op_type == "MatMulInteger" else "float32"] += 1
-    return f"convolutions: {routes['integer']} integer ({cpu.products()}), {routes['float32']} float32"
+    """How many convolutions start from integer products (and the operand types the session picks), are
+    per-channel scales (an int32 Mul) or take float32 products."""
+    ops = [node.op_type for node in model.graph.node]
+    return (f"convolutions: {ops.count('MatMulInteger')} integer ({cpu.products()}), {ops.count('Mul')} "
+            f"per-channel Mul, {ops.count('Conv')} float32")
 
 
 def resnet(model: Path, runs: int) -> None:
@@ -121,9 +120,33 @@ def resnet(model: Path, runs: int) -> None:
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
                 note + (f"; {conv_routes(onnx_model)}" if options.get("int8") else "") +
                 f"; load {os.getloadavg()[0]:.2f}")
+        if batch > 1:
+            units(graph, data, want, base, base_name)
+    if os.environ.get("CVM_RUNTIME_LIB"):
+        with tempfile.TemporaryDirectory() as tmp:  # its throughput at batch 64, from the batched CVM model
+            write_model(batched(graph, 64), Path(tmp))
+            cvm64 = CvmRuntime(os.environ["CVM_RUNTIME_LIB"], Path(tmp))
+            ms = median_ms(lambda: cvm64.run(data), 6, warmup=1, rounds=2)
+            row("ResNet-20 CVM runtime CPU device batch 64", f"{ms:.1f} ms",
+                f"{64 / ms * 1e3:.0f} images/s, against {1e3 / base:.0f} images/s at batch 1")
     row("ResNet-20 reference executor batch 1", f"{ref_ms:.1f} ms", "numpy, FORMAL semantics")
     for name, ms in CVM_RUNTIME_MS.items():
         row(f"ResNet-20 CVM runtime {name} batch 1", f"{ms:.2f} ms", "its C API, measured by hand (see above)")
+
+
+def units(graph, data: np.ndarray, want: np.ndarray, base: float, base_name: str) -> None:
+    """The batch through ``bulk.Runner.units`` (what ``run_many`` and ``cvm-onnx run`` do with an ONNX model):
+    units of ``chunk`` samples, one per usable CPU at once on one session, one onnxruntime thread each."""
+    workers = usable_cpus()
+    for chunk in (4, 8, 16):
+        p = bulk.plan(to_onnx(graph, batch=chunk, optimize=True), chunk, threads=1)
+        runner, samples = bulk.Runner(p), bulk.samples(data, p.sample)
+        got = np.concatenate([outs[0] for _, outs in runner.units(samples, chunk, workers)])
+        assert np.array_equal(got.reshape(want.shape), want), "the units differ from the reference"
+        ms = median_ms(lambda: [None for _ in runner.units(samples, chunk, workers)], 25)
+        row(f"ResNet-20 {len(data)} images in units of {chunk}, {workers} worker(s)", f"{ms:.2f} ms",
+            f"{len(data) / ms * 1e3:.0f} images/s, {base / (ms / len(data)):.1f}x {base_name}; integer products, "
+            f"serving form; load {os.getloadavg()[0]:.2f}")
 
 
 def big_model(directory: Path, units=(4096, 4096, 2048, 10)) -> int:

@@ -154,11 +154,14 @@ def test_im2col_refuses_a_wrong_input_type():
 
 @st.composite
 def conv_runs(draw):
-    """conv2d (random geometry, weights at the int8 edges, optional bias) -> cvm_right_shift -> relu, and data."""
+    """conv2d (random geometry, weights at the int8 edges, optional bias) -> cvm_right_shift -> relu, and data;
+    a quarter of them channelwise (1x1, one channel per group, a per-channel scale)."""
     (n, c, h, w), kernel, strides, dilations, pads, group = draw(geometries())
     if pads[0] != pads[2] or pads[1] != pads[3]:  # CVM's padding is symmetric
         return draw(conv_runs())
     oc = group * draw(st.integers(1, 3))
+    if draw(st.integers(0, 3)) == 0:
+        kernel, strides, pads, group, oc = (1, 1), (1, 1), (0, 0, 0, 0), c, c
     b = GraphBuilder()
     x = b.input("data", (1, c, h, w), 8)
     wshape = (oc, c // group, *kernel)
@@ -185,7 +188,11 @@ def test_conv_runs_from_integer_products_are_exact(case):
 
         graph = batched(graph, n)
     model = to_onnx(graph, optimize=True, int8=True)
-    assert sum(node.op_type == "MatMulInteger" for node in model.graph.node) == 1
+    conv = next(node for node in graph.nodes if node.op == "conv2d")
+    channelwise = conv.attrs["kernel_size"] == (1, 1) and conv.attrs["groups"] == data.shape[1] == \
+        conv.attrs["channels"] and conv.attrs["strides"] == (1, 1) and conv.attrs["padding"] == (0, 0)
+    ops = [node.op_type for node in model.graph.node]
+    assert (ops.count("MatMulInteger"), ops.count("Mul")) == ((0, 1) if channelwise else (1, 0))
     want = execute(graph, {"data": data})
     for route in routes():
         got = run_route(model, {"data": data}, route)
@@ -234,8 +241,8 @@ def test_signed_columns_rewrites_only_matmul_operands():
 def test_without_the_native_library_the_integer_form_is_refused_with_one_error():
     b = GraphBuilder()
     x = b.input("data", (1, 1, 3, 3), 8)
-    y = b.op("cvm_right_shift", b.op("conv2d", x, b.param("w", np.ones((1, 1, 1, 1)), 8), channels=1,
-                                     kernel_size=(1, 1), use_bias=False), shift_bit=1, precision=8)
+    y = b.op("cvm_right_shift", b.op("conv2d", x, b.param("w", np.ones((1, 1, 3, 3)), 8), channels=1,
+                                     kernel_size=(3, 3), padding=(1, 1), use_bias=False), shift_bit=1, precision=8)
     graph = b.build(b.op("relu", y))
     model = to_onnx(graph, optimize=True, int8=True)
     with pytest.raises(RuntimeFailure, match="native im2col and requantize kernels.*int8=False"):

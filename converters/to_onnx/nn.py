@@ -163,6 +163,13 @@ def int8_route(a, x, w, out_shape: tuple[int, ...]) -> bool:
             and columns <= INT8_COLUMNS)
 
 
+def channelwise(a, x, oc: int) -> bool:
+    """Whether every output of a conv2d is one input value times one weight: a 1x1 window over one channel per
+    group (groups = C = OC), strides 1, no padding (a per-channel scale, as a folded batch norm)."""
+    return (tuple(a.kernel_size) == (1, 1) and a.groups == x.shape[1] == oc and tuple(a.strides) == (1, 1)
+            and tuple(a.padding) == (0, 0))
+
+
 def conv2d_int8(b, a, x, w) -> tuple[str, int]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
@@ -171,9 +178,13 @@ def conv2d_int8(b, a, x, w) -> tuple[str, int]:
 
     Returns the products, (N, OC, OH, W') with W' >= OW, and the width to keep: OW when W' > OW. With strides
     1 the columns are wide (W' the padded width: each window position one contiguous copy); each row's last
-    W' - OW products are of windows that wrap into the next row, and are dropped (``requantize``'s width)."""
+    W' - OW products are of windows that wrap into the next row, and are dropped (``requantize``'s width).
+    A ``channelwise`` conv2d is its single product per output, x * w[c]: an int32 Mul, which wraps as the
+    runtime's accumulator does (and does not wrap here: |x| <= 127, |w| <= 128)."""
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    if channelwise(a, x, oc):
+        return b.Mul(x, b.Reshape(b.Cast(w, to=TensorProto.INT32), b.const([1, oc, 1, 1]))), 0
     k = c // g * kh * kw
     wide = tuple(a.strides) == (1, 1)
     width = x.shape[3] + 2 * pw if wide else ow
