@@ -80,10 +80,11 @@ def row(what: str, value: str, note: str = "") -> None:
 
 def conv_routes(model) -> str:
     """How many convolutions start from integer products (and the operand types the session picks), are
-    per-channel scales (an int32 Mul) or take float32 products."""
+    per-channel scales (their run's ``requantize`` multiplies) or take float32 products."""
     ops = [node.op_type for node in model.graph.node]
-    return (f"convolutions: {ops.count('MatMulInteger')} integer ({cpu.products()}), {ops.count('Mul')} "
-            f"per-channel Mul, {ops.count('Conv')} float32")
+    scales = sum(any(a.name == "scales" for a in node.attribute) for node in model.graph.node)
+    return (f"convolutions: {ops.count('MatMulInteger')} integer ({cpu.products()}), {scales} per-channel "
+            f"scales, {ops.count('Conv')} float32")
 
 
 def resnet(model: Path, runs: int) -> None:

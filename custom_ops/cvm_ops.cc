@@ -304,13 +304,21 @@ struct Im2col {
 };
 
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
-// keeps the first `width` elements of each last-axis row (data of rank >= 3).
+// keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
+// axis-1 channel before the bias.
 struct Requantize {
   Requantize(const OrtApi*, const OrtKernelInfo* info) : width(int_attr(info, "width", 0)) {
     if (std::string err = parse_steps(ints_attr(info, "steps", {}), steps); !err.empty()) {
       throw Ort::Exception("requantize: " + err, ORT_INVALID_ARGUMENT);
     }
     if (width < 0) throw Ort::Exception("requantize: width must be >= 0", ORT_INVALID_ARGUMENT);
+    for (int64_t v : ints_attr(info, "scales", {})) {
+      if (v < INT32_MIN || v > INT32_MAX) throw Ort::Exception("requantize: scales must be int32s", ORT_INVALID_ARGUMENT);
+      scales.push_back(static_cast<int32_t>(v));
+    }
+    if (width > 0 && !scales.empty()) {
+      throw Ort::Exception("requantize: width and scales do not go together", ORT_INVALID_ARGUMENT);
+    }
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
@@ -320,6 +328,11 @@ struct Requantize {
       if (channels > 0 && (shape.size() < 2 || shape[1] != channels || bias.Shape().size() != 1)) {
         return invalid("requantize", "bias must be empty or (C,) for data (N, C, ...), got " +
                                          shape_text(bias.Shape()) + " for " + shape_text(shape));
+      }
+      const int64_t scaled = static_cast<int64_t>(scales.size());
+      if (scaled > 0 && (shape.size() < 2 || shape[1] != scaled || (channels > 0 && channels != scaled))) {
+        return invalid("requantize", std::to_string(scaled) + " scales for data " + shape_text(shape) +
+                                         ": they must match axis 1 (and the bias)");
       }
       if (width > 0 && (shape.size() < 3 || shape.back() < width)) {
         return invalid("requantize", "width " + std::to_string(width) + " needs data of rank >= 3 with a last axis "
@@ -333,7 +346,8 @@ struct Requantize {
       if (width == 0) {
         int32_t* y = out.Allocate(shape);
         auto block = [&](int64_t i) {
-          requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, channels, inner, steps, y);
+          requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, scaled > 0 && inner > 0 ? scales.data()
+                     : nullptr, std::max(channels, scaled), inner, steps, y);
         };
         parallel_for(context, (count + kBlock - 1) / kBlock, block);
         return Ort::Status{nullptr};
@@ -353,6 +367,7 @@ struct Requantize {
 
   static constexpr int64_t kBlock = 1 << 14;  // elements per parallel task
   int64_t width;
+  std::vector<int32_t> scales;
   std::vector<RequantStep> steps;
 };
 

@@ -65,18 +65,25 @@ inline void apply_steps(int32_t* v, int64_t n, const std::vector<RequantStep>& s
 #define CVM_AVX2_CLONES
 #endif
 
-// y[begin:end] = the steps applied to x + bias[c] (c the axis-1 index of x (N, C, inner...); no bias: bias null),
-// in chunks that stay in the L1 cache. Any range gives the same elements as the whole: calls on disjoint ranges
-// may run in parallel.
-CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias, int64_t channels,
-                                int64_t inner, const std::vector<RequantStep>& steps, int32_t* y) {
+// y[begin:end] = the steps applied to x * scales[c] + bias[c] (c the axis-1 index of x (N, C, inner...); no bias
+// or no scales: null), in chunks that stay in the L1 cache. Any range gives the same elements as the whole: calls on
+// disjoint ranges may run in parallel.
+CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias,
+                                const int32_t* scales, int64_t channels, int64_t inner,
+                                const std::vector<RequantStep>& steps, int32_t* y) {
+  const bool per_channel = bias || scales;
   for (int64_t start = begin; start < end;) {
-    const int64_t plane = bias ? start / inner : 0;
-    const int64_t stop = std::min({end, start + 1024, bias ? (plane + 1) * inner : end});
+    const int64_t plane = per_channel ? start / inner : 0;
+    const int64_t stop = std::min({end, start + 1024, per_channel ? (plane + 1) * inner : end});
     const uint32_t add = bias ? static_cast<uint32_t>(bias[plane % channels]) : 0u;
+    const uint32_t mul = scales ? static_cast<uint32_t>(scales[plane % channels]) : 1u;
     int32_t* v = y + start;
     const int64_t n = stop - start;
-    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(x[start + i]) + add);
+    if (scales) {
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(x[start + i]) * mul + add);
+    } else {
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(x[start + i]) + add);
+    }
     apply_steps(v, n, steps);
     start = stop;
   }

@@ -192,7 +192,8 @@ def test_conv_runs_from_integer_products_are_exact(case):
     channelwise = conv.attrs["kernel_size"] == (1, 1) and conv.attrs["groups"] == data.shape[1] == \
         conv.attrs["channels"] and conv.attrs["strides"] == (1, 1) and conv.attrs["padding"] == (0, 0)
     ops = [node.op_type for node in model.graph.node]
-    assert (ops.count("MatMulInteger"), ops.count("Mul")) == ((0, 1) if channelwise else (1, 0))
+    scaled = [node for node in model.graph.node if any(a.name == "scales" for a in node.attribute)]
+    assert (ops.count("MatMulInteger"), len(scaled)) == ((0, 1) if channelwise else (1, 0))
     want = execute(graph, {"data": data})
     for route in routes():
         got = run_route(model, {"data": data}, route)
@@ -288,8 +289,10 @@ def wrap32(v: np.ndarray) -> np.ndarray:
     return ((v + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int64)
 
 
-def requantize_oracle(x, bias, steps):
+def requantize_oracle(x, bias, steps, scales=()):
     v = x.astype(np.int64)
+    if len(scales):
+        v = wrap32(v * np.array(scales, np.int64).reshape(1, -1, *([1] * (x.ndim - 2))))
     if bias.size:
         v = wrap32(v + bias.astype(np.int64).reshape(1, -1, *([1] * (x.ndim - 2))))
     for kind, a, b in steps:
@@ -304,9 +307,9 @@ def requantize_oracle(x, bias, steps):
     return v.astype(np.int32)
 
 
-def requantize_model(shape, channels: int, steps, width: int = 0) -> onnx.ModelProto:
+def requantize_model(shape, channels: int, steps, width: int = 0, scales=()) -> onnx.ModelProto:
     node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
-                            **({"width": width} if width else {}))
+                            **({"width": width} if width else {}), **({"scales": list(scales)} if scales else {}))
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32,
@@ -343,12 +346,14 @@ def test_requantize_applies_its_steps_in_int32(shape, data, steps):
 @given(n=st.integers(1, 3), c=st.integers(1, 4), inner=st.integers(3000, 9000), threads=st.integers(1, 3),
        steps=st.lists(step, min_size=1, max_size=4), seed=st.integers(0, 2**16))
 def test_requantize_splits_large_tensors_across_threads_exactly(n, c, inner, threads, steps, seed):
-    """Tensors of several 16 K-element blocks, whose bounds fall inside channels, on 1-3 intra-op threads."""
+    """Tensors of several 16 K-element blocks, whose bounds fall inside channels, on 1-3 intra-op threads, with
+    per-channel scales or without (int32 multiplies that wrap)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-(1 << 31), 1 << 31, (n, c, inner), dtype=np.int64).astype(np.int32)
     bias = rng.integers(-(1 << 31), 1 << 31, c, dtype=np.int64).astype(np.int32)
-    sess = session(requantize_model([n, c, inner], c, steps), threads=threads)
-    assert np.array_equal(sess.run(None, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
+    scales = [] if seed % 2 else [int(v) for v in rng.integers(-(1 << 31), 1 << 31, c, dtype=np.int64)]
+    sess = session(requantize_model([n, c, inner], c, steps, scales=scales), threads=threads)
+    assert np.array_equal(sess.run(None, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps, scales))
 
 
 @pytest.mark.isa
@@ -381,13 +386,16 @@ def test_requantize_refuses_bad_steps_and_bias(steps, channels, message):
         run(model, {"x": np.zeros((1, 2, 3), np.int32), "b": np.zeros(channels, np.int32)})
 
 
-@pytest.mark.parametrize("shape, width", [([1, 2, 3], 4), ([2, 3], 1), ([1, 2, 3], -1)])
-def test_requantize_refuses_a_width_its_data_cannot_give(shape, width):
-    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[2, 1, 0], width=width)
+@pytest.mark.parametrize("shape, attrs", [([1, 2, 3], dict(width=4)), ([2, 3], dict(width=1)),
+                                          ([1, 2, 3], dict(width=-1)), ([1, 2, 3], dict(scales=[1, 2, 3])),
+                                          ([1, 2, 3], dict(scales=[1, 2], width=2)),
+                                          ([1, 2, 3], dict(scales=[1, 1 << 31]))])
+def test_requantize_refuses_a_width_or_scales_its_data_cannot_take(shape, attrs):
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[2, 1, 0], **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [None] * len(shape)),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
                               ir_version=10)
-    with pytest.raises(RuntimeFailure, match="requantize: width"):
+    with pytest.raises(RuntimeFailure, match="requantize: (width|.*scales)"):
         run(model, {"x": np.zeros(shape, np.int32), "b": np.zeros(0, np.int32)})

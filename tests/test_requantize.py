@@ -234,11 +234,12 @@ def test_resnet20_runs(resnet, int8):
     shifted = [n.name for n in graph.nodes if n.op == "conv2d" and readers[n.name] == ["cvm_right_shift"]]
     assert len(shifted) == 11 and set(shifted) <= fused_nodes  # each conv read by a shift takes it
     convs = sum(n.op == "conv2d" for n in graph.nodes)
-    if int8:  # a per-channel scale (1x1, one channel per group) is a Mul, the others MatMulInteger
+    if int8:  # a per-channel scale (1x1, one channel per group) is its run's scales, the others MatMulInteger
         scales = sum(n.op == "conv2d" and n.attrs["kernel_size"] == (1, 1) and n.attrs["groups"] ==
                      n.attrs["channels"] == graph.type_of(n.inputs[0]).shape[1] for n in graph.nodes)
+        scaled = [n for n in model.graph.node if any(a.name == "scales" for a in n.attribute)]
         ops = [n.op_type for n in model.graph.node]
-        assert scales == 10 and (ops.count("MatMulInteger"), ops.count("Mul")) == (convs - scales, scales)
+        assert scales == 10 and (ops.count("MatMulInteger"), len(scaled)) == (convs - scales, scales)
         assert not {"Round", "Conv"} & {n.op_type for n in model.graph.node}
     else:
         assert sum(n.op_type == "Round" for n in model.graph.node) == 11

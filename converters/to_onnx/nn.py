@@ -170,21 +170,22 @@ def channelwise(a, x, oc: int) -> bool:
             and tuple(a.padding) == (0, 0))
 
 
-def conv2d_int8(b, a, x, w) -> tuple[str, int]:
+def conv2d_int8(b, a, x, w) -> tuple[str, dict]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
     128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.cpu`` gives the argument per
     ISA; ``int8_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
 
-    Returns the products, (N, OC, OH, W') with W' >= OW, and the width to keep: OW when W' > OW. With strides
-    1 the columns are wide (W' the padded width: each window position one contiguous copy); each row's last
-    W' - OW products are of windows that wrap into the next row, and are dropped (``requantize``'s width).
-    A ``channelwise`` conv2d is its single product per output, x * w[c]: an int32 Mul, which wraps as the
-    runtime's accumulator does (and does not wrap here: |x| <= 127, |w| <= 128)."""
+    Returns the products, (N, OC, OH, W') with W' >= OW, and the attributes of the ``requantize`` that
+    finishes them. With strides 1 the columns are wide (W' the padded width: each window position one
+    contiguous copy); each row's last W' - OW products are of windows that wrap into the next row, and are
+    dropped (``width``: OW). A ``channelwise`` conv2d is its single product per output, x * w[c]: x itself,
+    and ``requantize`` multiplies in int32 by ``scales`` (w), wrapping as the runtime's accumulator does (and not
+    wrapping here: |x| <= 127, |w| <= 128)."""
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     (kh, kw), (ph, pw) = a.kernel_size, a.padding
     if channelwise(a, x, oc):
-        return b.Mul(x, b.Reshape(b.Cast(w, to=TensorProto.INT32), b.const([1, oc, 1, 1]))), 0
+        return x.name, {"scales": [int(v) for v in w.const.reshape(-1)]}
     k = c // g * kh * kw
     wide = tuple(a.strides) == (1, 1)
     width = x.shape[3] + 2 * pw if wide else ow
@@ -194,7 +195,8 @@ def conv2d_int8(b, a, x, w) -> tuple[str, int]:
     wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
     wq = b.Reshape(wq, b.const([oc, k] if g == 1 else [g, oc // g, k]))
     zero = b.const(128, np.uint8)
-    return b.Reshape(b.MatMulInteger(wq, cols, zero, zero), b.const([n, oc, oh, width])), ow if width > ow else 0
+    return b.Reshape(b.MatMulInteger(wq, cols, zero, zero), b.const([n, oc, oh, width])), \
+        {"width": ow} if width > ow else {}
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:

@@ -296,11 +296,12 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False) -> list[Cha
     return [Chain(c, _head(graph, c[0], bounds, readers, int8)) for c in found]
 
 
-def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], width: int = 0) -> str:
+def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
     """The run as one native ``requantize`` node: the steps in the order the CVM ops take them, each clip at
-    once, on x + bias per channel in int32 (``width`` > 0: the first ``width`` of each last-axis row). Exact: ``runs`` took every step only where the proven bound shows
-    that the runtime's own int32 computation (clipped as it goes) cannot overflow, so the kernel's int32
-    arithmetic never wraps where the runtime's does not; the shift is the runtime's (v + 2^(s-1)) >> s."""
+    once, on x + bias per channel in int32 (``attrs``: its ``width`` or ``scales``, see ``nn.conv2d_int8``).
+    Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
+    (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
+    not; the shift is the runtime's (v + 2^(s-1)) >> s."""
     low, high = -INT32_MAX - 1, INT32_MAX
     flat = []
     for s in steps:
@@ -309,7 +310,7 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], width: i
         else:
             flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
     bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
-    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat, **({"width": width} if width else {}))
+    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat, **attrs)
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
@@ -333,8 +334,8 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
         r = Run(b, inputs[0])
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape):
-        products, width = nn.conv2d_int8(b, a, *inputs[:2])
-        return b, _native_run(b, products, inputs[2] if a.use_bias else None, steps, width)
+        products, attrs = nn.conv2d_int8(b, a, *inputs[:2])
+        return b, _native_run(b, products, inputs[2] if a.use_bias else None, steps, **attrs)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)

@@ -16,7 +16,8 @@ serving form's window ops and fused requantization:
   serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
   (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
-  the first ``width`` elements of each last-axis row (the products of wide columns); CPU only.
+  the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
+  axis-1 channel) multiply data before the bias (a per-channel-scale convolution); CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -216,6 +217,10 @@ def _infer_requantize(ctx) -> None:
     width = 0 if width is None else width.i
     if width < 0 or width and data is not None and (len(data) < 3 or (_known(data[-1]) or width) < width):
         raise InferenceError(f"requantize: width {width} needs data of rank >= 3 with a last axis at least as long")
+    scales = ctx.get_attribute("scales")
+    if scales is not None and len(scales.ints) and (width or data is not None and (
+            len(data) < 2 or (_known(data[1]) or len(scales.ints)) != len(scales.ints))):
+        raise InferenceError("requantize: scales must be one per axis-1 channel, and without a width")
     if width and data is not None:
         data = [*data[:-1], onnx.TensorShapeProto.Dimension(dim_value=width)]
     ctx.set_output_type(0, _int32(data))
@@ -226,12 +231,14 @@ def _requantize_schema() -> OpSchema:
         "requantize", DOMAIN, VERSION,
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
         "bias empty: none); steps (kind, a, b): 0 shift a (round half up), 1 multiply by a, 2 add a, 3 clip to "
-        "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row.",
+        "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row; scales (one "
+        "per axis-1 channel) multiply data before the bias.",
         inputs=[OpSchema.FormalParameter("data", "T", "int32"), OpSchema.FormalParameter("bias", "T", "(C,) or (0,)")],
         outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
         attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=True),
-                    OpSchema.Attribute("width", onnx.helper.make_attribute("width", 0), "default 0: every element")],
+                    OpSchema.Attribute("width", onnx.helper.make_attribute("width", 0), "default 0: every element"),
+                    OpSchema.Attribute("scales", OpSchema.AttrType.INTS, "per axis-1 channel", required=False)],
     )
     s.set_type_and_shape_inference_function(_infer_requantize)
     return s
