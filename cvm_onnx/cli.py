@@ -233,7 +233,7 @@ def cmd_run(args) -> int:
             from .bulk import run_many
 
             out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar,
-                           edges=edges)
+                           edges=edges, workers=args.workers)
         else:
             from .on_ray import run_on_ray
 
@@ -315,6 +315,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
     r.add_argument("--chunk", type=int, default=CHUNK, metavar="N", help=f"samples per unit of work, and per "
                    f"model call where the model takes a batch (default {CHUNK})")
+    r.add_argument("--workers", type=positive, metavar="W", help="chunks run at once on this machine, one "
+                   "onnxruntime thread each (ONNX models; default: one per CPU on the CPU provider)")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run on Ray actors: a new local "
                    "instance, or the cluster at ADDRESS (auto, ray://HOST:10001); extra ray")
     r.add_argument("--actors", type=int, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")

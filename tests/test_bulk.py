@@ -63,9 +63,9 @@ def test_cli_runs_stacked_samples_exactly_in_order(name, tmp_path, capsys):
     onnx_path = tmp_path / "m.onnx"
     api.write_onnx(cvm_onnx.to_onnx(graph), onnx_path)
     want = one_by_one(graph, x)
-    for model in (ROOT / "models" / name, onnx_path):
+    for model, workers in ((ROOT / "models" / name, "1"), (onnx_path, "3")):
         assert main(["run", str(model), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy"),
-                     "--chunk", "4"]) == 0
+                     "--chunk", "4", "--workers", workers]) == 0
         assert_same([np.load(tmp_path / "o.npy")], want)
         assert f"o.npy: {graph.nodes[graph.heads[0].node].name} ({13}, " in capsys.readouterr().out
     assert leftovers(tmp_path) == []
