@@ -11,14 +11,13 @@
   ``use_deterministic_compute`` is set. For CUDA, ``use_tf32=0`` (TF32 would round float inputs to 10 mantissa
   bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM;
   a search may pick FFT or Winograd algorithms, which round).
-* Threads, chosen by measurement (2-vCPU EPYC VM shared with other tenants, ResNet-20, optimized form): a
-  model whose inputs hold one sample gets one thread (six interleaved rounds: median 2.2 ms, best 1.7-1.8 ms;
-  two spinning threads: median 1.9-2.4 ms, best 1.4-1.6 ms, up to 11.8 ms under load when the second thread
-  waits for a core; with the serving form's native integer kernels, six interleaved rounds: one thread best
-  0.97 ms, median 1.11; two: 1.04 and 1.18); a batched model (first dimension > 1) gets one spinning thread
-  per usable CPU (batch 64: 57-66 ms with two spinning threads, 96 ms with two that sleep, 94-125 ms with
-  one). ``threads=`` overrides the count. The graph optimizer stays at its highest level, which was also the
-  fastest (batch 1: 2.8 ms against 3.7 ms without the NCHWc layout; batch 64: 98 against 137 ms).
+* Threads, chosen by measurement (ResNet-20's serving form with the native integer kernels, 2-vCPU EPYC VM,
+  benchmarks/bench.py): a model whose inputs hold one sample gets one thread (0.69 ms; two: 0.95 ms); a batched
+  model (first dimension > 1) gets one spinning thread per usable CPU (batch 64: 24 ms on two, 50 ms on one;
+  the native kernels split their work over them too). ``threads=`` overrides the count; ``bulk.run_many`` runs
+  several one-thread calls at once instead, which is faster still (units of 8: 21 ms for 64). The graph
+  optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
+  NCHWc layout; batch 64: 98 against 137 ms, both with float32 products).
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
