@@ -15,8 +15,10 @@ before passed.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,6 +26,7 @@ import onnx
 import onnxruntime
 
 from .batch import batched
+from .constants import ROUTES
 from .converters.to_onnx import to_onnx
 from .errors import Problem, RuntimeFailure
 from .format import read_model
@@ -95,8 +98,11 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
 
 def _export(c: Conversion, progress: Progress | None) -> str:
     c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol)
-    passes = next((p.value for p in c.model.metadata_props if p.key == "cvm.optimized"), None)
-    return f"{c.form}, opset {c.model.opset_import[0].version}" + (f"; {passes}" if passes else "")
+    props = {p.key: p.value for p in c.model.metadata_props}
+    passes = props.get("cvm.optimized")
+    routes = Counter(route for _, route, _ in json.loads(props.get(ROUTES, "[]")))
+    return f"{c.form}, opset {c.model.opset_import[0].version}" + (f"; {passes}" if passes else "") + (
+        "; convolutions: " + ", ".join(f"{n} {route}" for route, n in routes.items()) if routes else "")
 
 
 def _check(c: Conversion, progress: Progress | None) -> str:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import onnx
 import onnxruntime
 
-from .constants import DOMAIN, __version__
+from .constants import DOMAIN, ROUTES, __version__
+from .cpu import products
 from .converters.from_onnx import Imported
 from .graph import Graph
 from .format.model_dir import model_files
@@ -40,11 +41,13 @@ class Report:
         self.sizes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.ops: list[OpForm] = []
+        self.routes: list[list[str]] = []
         if any(s.name == "read" and s.status == "passed" for s in self.stages):
             files = model_files(c.src, c.params)
             self.sizes = {"CVM symbol": files[0].stat().st_size, "CVM params": files[1].stat().st_size}
         if c.model is not None:
             self.ops = op_forms(c.graph, c.model)
+            self.routes = json.loads({p.key: p.value for p in c.model.metadata_props}.get(ROUTES, "[]"))
             self.sizes["ONNX model"] = c.model.ByteSize()
             self.counts = {"ONNX graph nodes": len(c.model.graph.node), "ONNX functions": len(c.model.functions),
                            "primitive ONNX nodes of the CVM ops": sum(o.onnx_nodes for o in self.ops)}
@@ -67,6 +70,13 @@ class Report:
             out += [f"| {o.op} | {o.nodes} | {o.form} | {', '.join(o.primitives) or '-'} | {o.onnx_nodes} |"
                     for o in self.ops]
             out.append(f"| **total** | {sum(o.nodes for o in self.ops)} | | | {sum(o.onnx_nodes for o in self.ops)} |")
+        if self.routes:
+            out += ["", "## Convolution routes (serving form)", "",
+                    ("Integer products: native im2col + MatMulInteger, as uint8 x int8 where this CPU computes it "
+                     f"exactly, else uint8 x uint8 (this CPU: {products()}). Per-channel scale: multiplied in its "
+                     "run's requantize. Float32/int32 products: ONNX Conv where float32 is exact, else the core "
+                     "form (docs/semantics.md)."), "", "| conv2d | route | why not integer products |", "|---|---|---|"]
+            out += [f"| {name} | {route} | {_cell(why) or '-'} |" for name, route, why in self.routes]
         if self.sizes or self.counts:
             out += ["", "## Sizes", "", "| | |", "|---|---:|"]
             out += [f"| {k} | {_bytes(v)} |" for k, v in self.sizes.items()]

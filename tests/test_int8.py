@@ -3,6 +3,7 @@ checks), conv2d runs started from MatMulInteger (exact against the reference exe
 computes exactly), and the choice of operand types (cvm_onnx.cpu)."""
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -16,7 +17,9 @@ from cvm_onnx import cpu
 from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.errors import RuntimeFailure
+from cvm_onnx.cli import main
 from cvm_onnx.executor import execute
+from cvm_onnx.format import write_model
 from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.runtime import run, session
 from harness import tensors
@@ -399,3 +402,40 @@ def test_requantize_refuses_a_width_or_scales_its_data_cannot_take(shape, attrs)
                               ir_version=10)
     with pytest.raises(RuntimeFailure, match="requantize: (width|.*scales)"):
         run(model, {"x": np.zeros(shape, np.int32), "b": np.zeros(0, np.int32)})
+
+
+def test_each_convolutions_route_is_recorded_with_why_not(tmp_path, monkeypatch):
+    """The serving form's metadata and the --report list every conv2d's route, and why it takes no integer
+    products: windows over the cost model's limit, an output read by two runs, or the products turned off."""
+    from cvm_onnx.converters.to_onnx import nn
+
+    monkeypatch.setattr(nn, "INT8_COLUMNS", 400)  # a 1x1 conv here gathers 50 bytes, a 3x3 one 450
+    b = GraphBuilder()
+
+    def conv(x, name, **attrs):
+        kernel, groups = attrs.get("kernel_size", (1, 1)), attrs.get("groups", 1)
+        w = b.param(f"{name}_w", np.ones((2, 2 // groups, *kernel)), 8)
+        return b.op("conv2d", x, w, channels=2, use_bias=False, name=name, **({"kernel_size": (1, 1)} | attrs))
+
+    def requantized(y):
+        return b.op("relu", b.op("cvm_right_shift", y, shift_bit=4, precision=8))
+
+    x = b.input("data", (1, 2, 5, 5), 8)
+    a = requantized(conv(x, "int"))
+    s = requantized(conv(a, "scale", groups=2))
+    big = requantized(conv(s, "big", kernel_size=(3, 3), padding=(1, 1)))
+    twice = conv(big, "twice")
+    graph = b.build(b.op("elemwise_add", requantized(twice), requantized(twice)))
+    routes = lambda m: json.loads({p.key: p.value for p in m.metadata_props}["cvm.routes"])  # noqa: E731
+    assert routes(to_onnx(graph, optimize=True, int8=True)) == [
+        ["int", "integer products", ""], ["scale", "per-channel scale", ""],
+        ["big", "float32/int32 products", "its windows, 450 bytes, exceed the cost model's 400 bytes a call"],
+        ["twice", "float32/int32 products", "its output is not read by one requantization run alone"]]
+    assert {r[2] for r in routes(to_onnx(graph, optimize=True, int8=False))} == {
+        "integer products are off (no native library, or int8=False)"}
+    write_model(graph, tmp_path / "m")
+    assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "m.onnx"), "--optimize", "--report",
+                 str(tmp_path / "r.md")]) == 0
+    report = (tmp_path / "r.md").read_text()
+    assert "| twice | float32/int32 products | its output is not read by one requantization run alone |" in report
+    assert "convolutions: 1 integer products, 1 per-channel scale, 2 float32/int32 products" in report

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.constants import BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, SYMBOL, __version__
+from cvm_onnx.constants import BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, ROUTES, SYMBOL, __version__
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.format import pack_symbol
 from cvm_onnx.batch import batched
@@ -249,7 +249,9 @@ class _Exporter:
         model.doc_string = self.about(native)
         helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version} | (
             {"cvm.native_library": f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
-                                   "python -m cvm_onnx.native"} if native else {}))
+                                   "python -m cvm_onnx.native"} if native else {}) | (
+            {ROUTES: json.dumps(requantize.conv_routes(self.graph, self.bounds, chains, self.int8))}
+            if self.fuse else {}))
         return model
 
     def about(self, native: list[str]) -> str:

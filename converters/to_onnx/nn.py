@@ -151,16 +151,29 @@ def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.
     return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
 
 
-def int8_route(a, x, w, out_shape: tuple[int, ...]) -> bool:
-    """Whether a conv2d takes ``conv2d_int8``: exact (|x| <= 127, the weight a param within [-128, 127], at
-    most ``INT8_K`` products per output: C/G * kh * kw) and expected faster (its windows, N * C * kh * kw *
-    OH * OW bytes, at most ``INT8_COLUMNS``)."""
+def int8_refusal(a, x, w, out_shape: tuple[int, ...]) -> str | None:
+    """Why a conv2d does not take ``conv2d_int8``, or None when it does: it must be exact (|x| <= 127, the
+    weight a param within [-128, 127], at most ``INT8_K`` products per output: C/G * kh * kw) and expected
+    faster (its windows, N * C * kh * kw * OH * OW bytes, at most ``INT8_COLUMNS``)."""
     kh, kw = a.kernel_size
     n, c = x.shape[:2]
     columns = n * c * kh * kw * out_shape[2] * out_shape[3]
-    return (x.bound <= 127 and w.const is not None and int(w.const.min(initial=0)) >= -128
-            and int(w.const.max(initial=0)) <= 127 and c // a.groups * kh * kw <= INT8_K
-            and columns <= INT8_COLUMNS)
+    if x.bound > 127:
+        return f"its input's bound {x.bound} exceeds int8's 127"
+    if w.const is None:
+        return "its weight is not a param"
+    if int(w.const.min(initial=0)) < -128 or int(w.const.max(initial=0)) > 127:
+        return "its weights exceed int8"
+    if c // a.groups * kh * kw > INT8_K:
+        return f"{c // a.groups * kh * kw} products per output exceed {INT8_K}"
+    if columns > INT8_COLUMNS:
+        return f"its windows, {columns:,} bytes, exceed the cost model's {INT8_COLUMNS:,} bytes a call"
+    return None
+
+
+def int8_route(a, x, w, out_shape: tuple[int, ...]) -> bool:
+    """Whether a conv2d takes ``conv2d_int8`` (``int8_refusal`` says why not)."""
+    return int8_refusal(a, x, w, out_shape) is None
 
 
 def channelwise(a, x, oc: int) -> bool:

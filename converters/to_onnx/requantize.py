@@ -245,13 +245,37 @@ def _readers(graph: Graph) -> dict[Entry, int]:
     return readers
 
 
+def _operands(graph: Graph, node: Node, bounds: dict[Entry, int]) -> tuple[Value, Value]:
+    """A conv2d's data and weight as the lowerings see them (shape, bound, the param's value)."""
+    x, w = (Value("", graph.type_of(e).shape, bounds[e], graph.params.get(graph.nodes[e.node].name))
+            for e in node.inputs[:2])
+    return x, w
+
+
 def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int]) -> bool:
     """Whether ``node`` is a conv2d that starts a run from its integer products (``nn.int8_route``)."""
     if node.op != "conv2d":
         return False
-    x, w = (Value("", graph.type_of(e).shape, bounds[e], graph.params.get(graph.nodes[e.node].name))
-            for e in node.inputs[:2])
-    return nn.int8_route(REGISTRY[node.op].bind(node.attrs), x, w, node.outputs[0].shape)
+    return nn.int8_route(REGISTRY[node.op].bind(node.attrs), *_operands(graph, node, bounds), node.outputs[0].shape)
+
+
+def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int8: bool) -> list[list[str]]:
+    """Each conv2d's route in the serving form, [name, route, why not integer products (or "")]: "integer
+    products" (``nn.conv2d_int8``), "per-channel scale" (its run's requantize multiplies) or "float32/int32
+    products" (a float32 Conv where exact, else the core form)."""
+    heads = {c.head for c in chains if c.head is not None}
+    routes = []
+    for i, node in enumerate(graph.nodes):
+        if node.op != "conv2d":
+            continue
+        a, (x, w) = REGISTRY[node.op].bind(node.attrs), _operands(graph, node, bounds)
+        why = ("integer products are off (no native library, or int8=False)" if not int8 else
+               "its output is not read by one requantization run alone" if i not in heads else
+               nn.int8_refusal(a, x, w, node.outputs[0].shape))
+        route = ("float32/int32 products" if why else
+                 "per-channel scale" if nn.channelwise(a, x, node.outputs[0].shape[1]) else "integer products")
+        routes.append([node.name, route, why or ""])
+    return routes
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
