@@ -439,3 +439,23 @@ def test_each_convolutions_route_is_recorded_with_why_not(tmp_path, monkeypatch)
     report = (tmp_path / "r.md").read_text()
     assert "| twice | float32/int32 products | its output is not read by one requantization run alone |" in report
     assert "convolutions: 1 integer products, 1 per-channel scale, 2 float32/int32 products" in report
+
+
+@pytest.mark.parametrize("kernel, groups", [((3, 3), 1), ((1, 1), 2), (None, None)])
+def test_runs_reading_an_int8_param_read_it_as_int32(kernel, groups):
+    """A run whose head conv2d reads an int8 param as its data (integer products or a per-channel scale), or a
+    run reading one directly: the native kernels read int32, so the param is widened first, exactly."""
+    b = GraphBuilder()
+    p = b.param("p", (np.arange(32) - 16).astype(np.int8).reshape(1, 2, 4, 4), 8)
+    y = p
+    if kernel is not None:
+        w = b.param("w", np.arange(2 * 2 // groups * kernel[0] * kernel[1]).reshape(2, 2 // groups, *kernel) % 5, 8)
+        y = b.op("conv2d", p, w, channels=2, kernel_size=kernel, padding=(kernel[0] // 2, kernel[1] // 2),
+                 groups=groups, use_bias=False)
+    y = b.op("relu", b.op("cvm_right_shift", y, shift_bit=1, precision=8))
+    graph = b.build(b.op("elemwise_add", b.input("data", (1, 2, 4, 4), 8), y))
+    data = np.arange(32, dtype=np.int32).reshape(1, 2, 4, 4) % 7
+    want = execute(graph, {"data": data})
+    for route in routes():
+        assert np.array_equal(run_route(to_onnx(graph, optimize=True, int8=True), {"data": data}, route)[0],
+                              want[0]), route

@@ -102,19 +102,30 @@ def lowering(op: str, native: bool = False) -> Callable[[LoweringFn], LoweringFn
     return deco
 
 
+def widen(b: Body, inputs: list[Value]) -> list[Value]:
+    """``inputs``, each int8 param read through a Cast to int32 (``unwiden`` drops the Casts left unread: a Cast
+    to float reads the int8 param itself, ``Body.node``)."""
+    args = list(inputs)
+    for k, v in enumerate(inputs):
+        if is_int8(v):
+            args[k] = replace(v, name=b.Cast(v, to=TensorProto.INT32))
+            b.widened[args[k].name] = v.name
+    return args
+
+
+def unwiden(b: Body, names: list[str]) -> None:
+    """Drop the widening Casts that nothing in ``b`` nor its outputs ``names`` reads."""
+    read = {t for n in b.nodes for t in n.input} | set(names)
+    b.nodes[:] = [n for n in b.nodes if n.output[0] not in b.widened or n.output[0] in read]
+
+
 def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value]) -> tuple[Body, list[str]]:
     """Run the lowering of ``op`` (int8 params widened first); returns the body and the names of its outputs."""
     b = Body(outputs)
-    args = list(inputs)
-    if not LOWERINGS[op].native:
-        for k, v in enumerate(inputs):
-            if is_int8(v):
-                args[k] = replace(v, name=b.Cast(v, to=TensorProto.INT32))
-                b.widened[args[k].name] = v.name
+    args = list(inputs) if LOWERINGS[op].native else widen(b, inputs)
     out = LOWERINGS[op].fn(b, a, *args)
     names = [out] if isinstance(out, str) else list(out)
-    read = {t for n in b.nodes for t in n.input} | set(names)
-    b.nodes[:] = [n for n in b.nodes if n.output[0] not in b.widened or n.output[0] in read]
+    unwiden(b, names)
     # a function output must be produced inside the body, never be one of its inputs
     inputs_names = {v.name for v in inputs}
     names = [b.Identity(n) if n in inputs_names else n for n in names]

@@ -34,7 +34,7 @@ from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.ops import REGISTRY
 
 from . import nn
-from .lowering import Body, Value
+from .lowering import Body, Value, unwiden, widen
 
 FLOAT_EXACT = 1 << 24
 
@@ -351,22 +351,30 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     integer within 2^24) cast to int32.
     """
     b = Body([out])
+    y = _run_body(b, graph, chain, widen(b, inputs), out, head_bound, int8)
+    unwiden(b, [y])
+    return b, y
+
+
+def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int,
+              int8: bool) -> str:
+    """``lower_run``'s body in ``b`` (int8 params already widened); returns its output's name."""
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
     if chain.head is None:
         if int8:
-            return b, _native_run(b, inputs[0].name, None, steps)
+            return _native_run(b, inputs[0].name, None, steps)
         r = Run(b, inputs[0])
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape):
         products, attrs = nn.conv2d_int8(b, a, *inputs[:2])
-        return b, _native_run(b, products, inputs[2] if a.use_bias else None, steps, **attrs)
+        return _native_run(b, products, inputs[2] if a.use_bias else None, steps, **attrs)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)
         product = nn.conv2d_float32 if head.op == "conv2d" else nn.dense_float32
         bias = inputs[2] if a.use_bias else None
         if int8:  # the float32 product holds an integer within 2^24 (``_head``): exact as int32
-            return b, _native_run(b, b.Cast(product(b, a, *inputs[:2], bias), to=TensorProto.INT32), None, steps)
+            return _native_run(b, b.Cast(product(b, a, *inputs[:2], bias), to=TensorProto.INT32), None, steps)
         if steps[0].kind == "shift":
             s = steps.pop(0).k
             y = b.Round(product(b, a, *inputs[:2], bias, scale=2.0 ** -s, offset=0.5))
@@ -377,4 +385,4 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     for step in steps:
         if not r.apply(step):
             raise AssertionError(f"run through {graph.nodes[chain.nodes[-1]].name} has no exact int32 form")
-    return b, r.finish()
+    return r.finish()
