@@ -122,12 +122,13 @@ def _load(model: ModelLike) -> onnx.ModelProto:
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
-            threads: int | None = None) -> ort.InferenceSession:
+            threads: int | None = None, products: str | None = None) -> ort.InferenceSession:
     """An onnxruntime session for ``model`` (a ModelProto, its bytes or a path) on ``provider`` ("cpu", "cuda").
 
     ``native``: None = the native library when built, else the fallback with a warning; True = the native library
     or ``RuntimeFailure``; False = the pure-Python fallback. ``threads``: onnxruntime's intra-op threads (None:
-    one, or every usable CPU for a batched model; see above).
+    one, or every usable CPU for a batched model; see above). ``products``: the serving form's integer products
+    as "u8u8" (exact everywhere) or "u8s8" (only where ``cpu.products()`` says it is exact); None: that choice.
     """
     check_onnxruntime()
     proto = _load(model)
@@ -142,7 +143,11 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
             raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
                                  "(to_onnx(..., int8=False)) to run it elsewhere")
-        if cpu.products() == "u8s8":
+        route = products or cpu.products()
+        if route not in ("u8u8", "u8s8") or route == "u8s8" != cpu.products():
+            raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
+                                 f"uint8 x int8 exactly (here: {cpu.products()})")
+        if route == "u8s8":
             proto = cpu.signed_columns(proto)
     if fallback.uses_native(proto):
         if native is True and library is None:

@@ -459,3 +459,23 @@ def test_runs_reading_an_int8_param_read_it_as_int32(kernel, groups):
     for route in routes():
         assert np.array_equal(run_route(to_onnx(graph, optimize=True, int8=True), {"data": data}, route)[0],
                               want[0]), route
+
+
+@pytest.mark.isa
+def test_a_session_takes_the_products_route_asked_for_only_where_exact():
+    """``products="u8u8"`` anywhere (exact at the int8 edges); "u8s8" only where ``cpu.products()`` says it is
+    exact (under qemu Haswell it is refused); anything else refused."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 2, 4, 4), 8)
+    y = b.op("conv2d", x, b.param("w", np.full((2, 2, 3, 3), -127), 8), channels=2, kernel_size=(3, 3),
+             padding=(1, 1), use_bias=False)
+    graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=4, precision=8)))
+    model = to_onnx(graph, optimize=True, int8=True)
+    data = np.full((1, 2, 4, 4), 127, np.int32)
+    want = execute(graph, {"data": data})[0]
+    assert np.array_equal(session(model, products="u8u8").run(None, {"data": data})[0], want)
+    with pytest.raises(RuntimeFailure, match="products='u8s4'"):
+        session(model, products="u8s4")
+    if cpu.products() != "u8s8":
+        with pytest.raises(RuntimeFailure, match="products='u8s8'"):
+            session(model, products="u8s8")
