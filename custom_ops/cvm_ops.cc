@@ -283,7 +283,7 @@ struct Im2col {
       Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.positions()});
       std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [-128, 127]
       auto plane = [&](int64_t p) {
-        if (const int64_t i = pad_narrow(x, s, kOffset, p, padded.data()); i >= 0) {
+        if (const int64_t i = pad_narrow(x, s, kOffset, p, reinterpret_cast<uint8_t*>(padded.data())); i >= 0) {
           for (int64_t seen = bad.load(); i < seen && !bad.compare_exchange_weak(seen, i);) {}
         } else if (s.wide) {
           im2col_wide(padded.data(), s, p, cols);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "clones.h"
+
 namespace cvm_onnx {
 
 // A convolution's geometry: input (n, c, h, w), kernel, strides, dilations, pads (top, left, bottom, right),
@@ -68,17 +70,16 @@ inline bool narrow_row(const int32_t* x, int64_t count, uint32_t offset, uint8_t
 }
 
 // Copies plane `plane` of x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr; planes plane_stride() apart)
-// as x + offset, offset in the padding. Returns the flat index of the first x of the plane outside [-128, 127] (then the plane is incomplete),
-// or -1: x + offset fits Out exactly (offset 0 for int8, 128 for uint8).
-template <typename Out>
-int64_t pad_narrow(const int32_t* x, const Im2colShape& s, int32_t offset, int64_t plane, Out* xp) {
-  static_assert(sizeof(Out) == 1, "columns are bytes");
+// as the bytes of x + offset, offset in the padding. Returns the flat index of the first x of the plane outside
+// [-128, 127] (then the plane is incomplete), or -1: x + offset fits the columns' type exactly (offset 0 for
+// int8, 128 for uint8).
+CVM_AVX2_CLONES int64_t pad_narrow(const int32_t* x, const Im2colShape& s, uint32_t offset, int64_t plane,
+                                   uint8_t* xp) {
   const int64_t wp = s.wp(), stride = s.plane_stride();
-  std::fill(xp + plane * stride, xp + (plane + 1) * stride, static_cast<Out>(offset));
+  std::fill(xp + plane * stride, xp + (plane + 1) * stride, static_cast<uint8_t>(offset));
   for (int64_t y = 0; y < s.h; ++y) {
     const int32_t* src = x + (plane * s.h + y) * s.w;
-    Out* dst = xp + plane * stride + (y + s.pt) * wp + s.pl;
-    if (!narrow_row(src, s.w, static_cast<uint32_t>(offset), reinterpret_cast<uint8_t*>(dst))) {
+    if (!narrow_row(src, s.w, offset, xp + plane * stride + (y + s.pt) * wp + s.pl)) {
       for (int64_t i = 0; i < s.w; ++i) {
         if (src[i] < -128 || src[i] > 127) return (plane * s.h + y) * s.w + i;
       }
