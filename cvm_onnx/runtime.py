@@ -12,8 +12,8 @@
   bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM;
   a search may pick FFT or Winograd algorithms, which round).
 * Threads, chosen by measurement (ResNet-20's serving form with the native integer kernels, 2-vCPU EPYC VM,
-  benchmarks/bench.py): a model whose inputs hold one sample gets one thread (0.69 ms; two: 0.95 ms); a batched
-  model (first dimension > 1) gets one spinning thread per usable CPU (batch 64: 24 ms on two, 50 ms on one;
+  benchmarks/bench.py): a model whose inputs hold one sample gets one thread (0.64 ms; two: 1.27 ms); a batched
+  model (first dimension > 1) gets one spinning thread per usable CPU (batch 64: 28 ms on two, 42 ms on one;
   the native kernels split their work over them too). ``threads=`` overrides the count; ``bulk.run_many`` runs
   several one-thread calls at once instead, which is faster still (units of 8: 21 ms for 64). The graph
   optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
