@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -154,10 +155,15 @@ def test_a_killed_actor_is_restarted_and_the_result_is_complete_and_exact():
 
     def kill_one_actor(done, total, what):  # once the first results are in, with chunks still queued
         if first:
-            later.update(map_workers())
             return
         first.extend(map_workers())
         os.kill(first[0], signal.SIGKILL)
+        # the pool cannot finish while this callback holds the driver's iteration: wait for Ray to start the
+        # actor again (a loaded machine may finish every chunk on the other actor before that one is up)
+        deadline = time.monotonic() + 120
+        while not later - set(first) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            later.update(map_workers())
 
     got = run_on_ray(graph, x, actors=2, chunk=8, progress=kill_one_actor).arrays
     assert first and later - set(first), "no actor was started again after the kill"
