@@ -35,11 +35,11 @@ import onnx
 
 from . import runtime
 from .batch import batched
-from .constants import BATCH
+from .constants import BATCH, QUANTIZATION
 from .converters.to_onnx import to_onnx
 from .errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from .executor import execute
-from .format.edges import Edges
+from .format.edges import Edges, parse_edges
 from .graph import Graph
 
 Progress = Callable[[int, int, str], None]
@@ -184,7 +184,7 @@ def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provide
     if chunk < 1:
         raise RuntimeFailure(f"the chunk size must be >= 1, got {chunk}")
     if isinstance(model, onnx.ModelProto):
-        return _onnx_plan(model, provider, threads)
+        return _onnx_plan(model, provider, threads, edges)
     names = tuple(model.nodes[h.node].name for h in model.heads)
     sample = model.nodes[model.inputs[0]].outputs[0].shape
     try:
@@ -198,7 +198,7 @@ def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provide
     return Plan(form, chunk, sample, names, split, provider, threads, edges)
 
 
-def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None) -> Plan:
+def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None, edges: Edges | None) -> Plan:
     inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     if len(inputs) != 1:
         raise RuntimeFailure(f"the model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
@@ -208,13 +208,16 @@ def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None) -> Pl
         return [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
 
     sample = dims(inputs[0])
-    marked = {p.key: p.value for p in model.metadata_props}.get(BATCH, "")
+    props = {p.key: p.value for p in model.metadata_props}
+    marked = props.get(BATCH, "")
+    if edges is None and QUANTIZATION in props:  # exported from a quantized import: its float edges
+        edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}", len(model.graph.output))
     batch = int(marked) if marked.isdigit() and sample and sample[0] == int(marked) else 1
     if batch > 1:
         sample[0] = 1
     split = tuple(batch > 1 and dims(o)[:1] == [batch] for o in model.graph.output)
     return Plan(model.SerializeToString(), batch, tuple(sample), tuple(o.name for o in model.graph.output), split,
-                provider, threads)
+                provider, threads, edges)
 
 
 class Runner:

@@ -16,6 +16,8 @@ DOMAIN_VERSION = 1  # its version in opset_import
 SYMBOL = "cvm.symbol.zlib"
 #: Metadata of a batched exported model: its batch size (``cvm_onnx.bulk`` splits a call's outputs by it).
 BATCH = "cvm.batch"
+#: Metadata of a model exported from a quantized import: its float edges, the text of its ``quantization.json``.
+QUANTIZATION = "cvm.quantization"
 #: Metadata of a serving-form model: each conv2d's route, a JSON list of [name, route, why not integer products].
 ROUTES = "cvm.routes"
 #: Metadata of a tensor (value_info) of an exported model: its CVM precision (an input's is on ``<input>:clamped``).

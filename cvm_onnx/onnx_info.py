@@ -6,7 +6,7 @@ import onnx
 from onnx import TensorProto
 
 from . import native
-from .constants import SYMBOL, precision_bound, precision_of
+from .constants import QUANTIZATION, SYMBOL, precision_bound, precision_of
 
 
 def _type(vi: onnx.ValueInfoProto) -> str:
@@ -45,6 +45,9 @@ def describe(model: onnx.ModelProto) -> list[str]:
             "its source symbol kept: converts back byte for byte"
             if SYMBOL in props else "converts back to the same graph")
         lines.append(f"converted from CVM ({props.get('cvm.version', 'version unknown')}) by {producer}; {form}")
+    if QUANTIZATION in props:
+        lines.append(f"float edges (metadata {QUANTIZATION}): `cvm-onnx run` takes float input and gives float32 "
+                     "outputs; onnxruntime alone takes and gives the integers")
     lines.append(f"nodes: {len(model.graph.node)} in the graph, {len(model.functions)} functions, "
                  f"{len(model.graph.initializer)} initializers")
     ops = native.ops_used(model)

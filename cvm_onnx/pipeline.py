@@ -29,7 +29,7 @@ from .batch import batched
 from .constants import ROUTES
 from .converters.to_onnx import to_onnx
 from .errors import Problem, RuntimeFailure
-from .format import read_model
+from .format import Edges, read_edges, read_model
 from .format.model_dir import read_symbol_text
 from .format.onnx_file import write_onnx
 from .graph import Graph
@@ -67,6 +67,7 @@ class Conversion:
     graph: Graph | None = None
     single: Graph | None = None  # the graph for one sample, when the batch stage made ``graph`` batched
     symbol: str | None = None
+    edges: Edges | None = None  # a quantized import's float edges (the directory's quantization.json)
     warnings: list[Problem] = field(default_factory=list)
     model: onnx.ModelProto | None = None
     verdict: Verdict | None = None
@@ -82,6 +83,7 @@ class Conversion:
 def _read(c: Conversion, progress: Progress | None) -> str:
     c.graph = read_model(c.src, c.params)
     c.symbol = read_symbol_text(c.src, c.params)
+    c.edges = read_edges(c.src) if os.path.isdir(c.src) else None
     return f"{len(c.graph.nodes)} nodes, {len(c.graph.params)} params"
 
 
@@ -97,7 +99,8 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
 
 
 def _export(c: Conversion, progress: Progress | None) -> str:
-    c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol)
+    c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol,
+                      edges=c.edges)
     props = {p.key: p.value for p in c.model.metadata_props}
     passes = props.get("cvm.optimized")
     routes = Counter(route for _, route, _ in json.loads(props.get(ROUTES, "[]")))

@@ -7,8 +7,10 @@ ONNX bit-exact; single-layer models agree with onnxruntime within one step. Bad 
 naming the node."""
 from __future__ import annotations
 
+import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -627,3 +629,51 @@ def test_a_deferred_clip_above_zero_keeps_per_channel_requantization_exact():
     real = np.maximum(x.astype(np.float64) * s.astype(np.float64).reshape(1, 2, 1), 1.01)
     exact = np.clip(np.rint(real / np.float64(np.float32(0.07))), 0, 255)
     assert np.abs(got - exact).max() <= 1
+
+
+DIGITS = Path(__file__).resolve().parents[1] / "models" / "digits_cnn"
+
+
+@pytest.mark.parametrize("form", [dict(), dict(optimize=True, batch=16)])
+def test_an_export_keeps_the_float_edges_for_run_and_for_the_import_back(tmp_path, form, capsys):
+    """CVM -> ONNX keeps quantization.json in the metadata cvm.quantization: `run` on the .onnx takes float
+    images as `run` on the CVM model does (the same float32 logits), and ONNX -> CVM writes the file back."""
+    from cvm_onnx.bulk import run_many
+    from cvm_onnx.cli import main
+
+    assert main(["convert", str(DIGITS), "-o", str(tmp_path / "d.onnx"), *(["--optimize"] if form else []),
+                 *(["--batch", "16"] if form else [])]) == 0
+    model = onnx.load(tmp_path / "d.onnx")
+    assert main(["info", str(tmp_path / "d.onnx")]) == 0
+    kept = {p.key: p.value for p in model.metadata_props}["cvm.quantization"]
+    assert kept.encode() == (DIGITS / "quantization.json").read_bytes()
+    assert "float edges (metadata cvm.quantization)" in capsys.readouterr().out
+    images = np.load(DIGITS / "calibration.npy")[:37]
+    loaded = cvm_onnx.load(DIGITS)
+    want = run_many(loaded.graph, images, edges=loaded.edges).arrays
+    got = run_many(model, images, chunk=16).arrays
+    assert got[0].dtype == np.float32 and np.array_equal(got[0], want[0])
+    if not form:  # the serving form is not importable back
+        cvm_onnx.convert(tmp_path / "d.onnx", tmp_path / "back")
+        for name in ("symbol", "params", "quantization.json"):
+            assert (tmp_path / "back" / name).read_bytes() == (DIGITS / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("value, message", [("{", "cannot read the quantization edges"),
+                                            ('{"format": "x"}', "not a cvm-onnx quantization file"),
+                                            (None, "2 output edges for a model of 1 outputs")])
+def test_bad_kept_edges_are_refused_naming_the_metadata(tmp_path, value, message):
+    from cvm_onnx.bulk import run_many
+
+    model = cvm_onnx.to_onnx(cvm_onnx.load(DIGITS).graph)
+    edges = (DIGITS / "quantization.json").read_text()
+    if value is None:  # a second output edge, for a model of one output
+        doc = json.loads(edges)
+        value = json.dumps({**doc, "outputs": doc["outputs"] * 2})
+    model.metadata_props.add(key="cvm.quantization", value=value)
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(FormatError, match=message) as e:
+        cvm_onnx.convert(tmp_path / "m.onnx", tmp_path / "back")
+    assert "metadata cvm.quantization" in str(e.value)
+    with pytest.raises(FormatError, match=message):
+        run_many(model, np.load(DIGITS / "calibration.npy")[:2])

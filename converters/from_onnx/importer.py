@@ -18,13 +18,14 @@ import onnx
 from onnx import TensorProto
 
 from cvm_onnx.constants import PRECISION as PRECISION_KEY
+from cvm_onnx.constants import QUANTIZATION
 from cvm_onnx.constants import precision_of
 from cvm_onnx.errors import Problem, UnsupportedError
 from cvm_onnx.graph import Entry, Graph
 from cvm_onnx.ops import REGISTRY
 from cvm_onnx.validate import validate
 
-from cvm_onnx.format.edges import Edge, Edges
+from cvm_onnx.format.edges import Edge, Edges, parse_edges
 
 from . import elemwise, nn, quantized, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
 from .checks import checked_order, tensor_array, type_problem
@@ -66,6 +67,7 @@ def _domain(d: str) -> str:
 class _Walk:
     def __init__(self, model: onnx.ModelProto, input_precision: int, base_dir: Path | None):
         self.graph = model.graph
+        self.metadata = {p.key: p.value for p in model.metadata_props}
         self.base_dir = base_dir
         self.order = checked_order(model, base_dir)
         self.opsets = {_domain(o.domain): o.version for o in model.opset_import}
@@ -122,8 +124,15 @@ class _Walk:
             raise UnsupportedError(self.problems)
         graph = validate(Graph(self.ctx.nodes, heads, self.ctx.params), inputs=tuple(inputs)).graph
         quantized_edges = self.input_edge is not None or any(e is not None for e in self.output_edges)
-        edges = Edges(self.input_edge, tuple(self.output_edges)) if quantized_edges else None
+        edges = Edges(self.input_edge, tuple(self.output_edges)) if quantized_edges else self.kept_edges(graph)
         return Imported(graph, edges, self.ctx.requants, self.origins)
+
+    def kept_edges(self, graph: Graph) -> Edges | None:
+        """The float edges a model exported from a quantized import keeps in its metadata, if any: they come
+        back with the CVM model (``quantization.json``)."""
+        if QUANTIZATION not in self.metadata:
+            return None
+        return parse_edges(self.metadata[QUANTIZATION], f"metadata {QUANTIZATION}", len(graph.heads))
 
     def units(self) -> list[Unit]:
         """Nodes in topological order; the nodes of a flat-form group become one unit at its last member."""

@@ -21,9 +21,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.constants import BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, ROUTES, SYMBOL, __version__
+from cvm_onnx.constants import (BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, QUANTIZATION, ROUTES, SYMBOL,
+                                __version__)
 from cvm_onnx.errors import Problem, UnsupportedError
-from cvm_onnx.format import pack_symbol
+from cvm_onnx.format import Edges, pack_symbol
 from cvm_onnx.batch import batched
 from cvm_onnx.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN, library_path
@@ -268,7 +269,8 @@ class _Exporter:
 
 
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
-            optimize: bool = False, symbol: str | None = None, int8: bool | None = None) -> onnx.ModelProto:
+            optimize: bool = False, symbol: str | None = None, int8: bool | None = None,
+            edges: Edges | None = None) -> onnx.ModelProto:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
@@ -279,7 +281,9 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``; ``int8``
     (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
     products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. A batched model
-    says its batch size in metadata ``cvm.batch``.
+    says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
+    ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
+    them).
     """
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
@@ -291,6 +295,8 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
         model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))
     if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.bulk)
         model.metadata_props.add(key=BATCH, value=str(batch))
+    if edges is not None:
+        model.metadata_props.add(key=QUANTIZATION, value=edges.to_bytes().decode())
     if not optimize:
         return model
     model = run_passes(SERVING, model)

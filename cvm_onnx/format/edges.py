@@ -105,13 +105,24 @@ def read_edges(directory: str | os.PathLike) -> Edges | None:
     path = Path(directory) / FILE
     if not path.is_file():
         return None
-    where = str(path)
     try:
-        doc = json.loads(path.read_bytes())
-    except (OSError, ValueError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise FormatError(f"cannot read the quantization edges: {e}", str(path)) from None
+    return parse_edges(raw, str(path))
+
+
+def parse_edges(raw: bytes | str, where: str, outputs: int | None = None) -> Edges:
+    """The edges written by ``Edges.to_bytes`` (a ``quantization.json``, or an exported model's metadata), for a
+    model of ``outputs`` outputs when given."""
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
         raise FormatError(f"cannot read the quantization edges: {e}", where) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION or \
             not isinstance(doc.get("outputs"), list) or set(doc) != {"format", "version", "input", "outputs"}:
         raise FormatError(f"not a {FORMAT} file of version {VERSION}", where)
+    if outputs is not None and len(doc["outputs"]) != outputs:
+        raise FormatError(f"{len(doc['outputs'])} output edges for a model of {outputs} outputs", where)
     return Edges(_edge(doc["input"], f"{where}: input"),
                  tuple(_edge(e, f"{where}: output {i}") for i, e in enumerate(doc["outputs"])))
