@@ -144,7 +144,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
                                  "(to_onnx(..., int8=False)) to run it elsewhere")
         route = products or cpu.products()
-        if route not in ("u8u8", "u8s8") or route == "u8s8" != cpu.products():
+        if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
             raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
                                  f"uint8 x int8 exactly (here: {cpu.products()})")
         if route == "u8s8":
