@@ -479,3 +479,22 @@ def test_a_session_takes_the_products_route_asked_for_only_where_exact():
     if cpu.products() != "u8s8":
         with pytest.raises(RuntimeFailure, match="products='u8s8'"):
             session(model, products="u8s8")
+
+
+def test_a_refused_convolution_outside_any_run_says_why_it_was_refused(monkeypatch):
+    """A conv2d whose float32 sums exceed 2^24 heads no run; when the cost model also refuses its integer
+    products, that refusal is the reason recorded (not that no run starts from it)."""
+    from cvm_onnx.converters.to_onnx import nn
+
+    monkeypatch.setattr(nn, "INT8_COLUMNS", 400)
+    b = GraphBuilder()
+    x = b.input("data", (1, 1100, 1, 1), 8)
+    y = b.op("conv2d", x, b.param("w", np.full((1, 1100, 1, 1), 127), 8), channels=1, kernel_size=(1, 1),
+             use_bias=False, name="wide_sum")  # 127 * 127 * 1100 > 2^24
+    graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=16, precision=8)))
+    model = to_onnx(graph, optimize=True, int8=True)
+    routes = json.loads({p.key: p.value for p in model.metadata_props}["cvm.routes"])
+    assert routes == [["wide_sum", "float32/int32 products",
+                       "its windows, 1,100 bytes, exceed the cost model's 400 bytes a call"]]
+    data = np.full((1, 1100, 1, 1), 127, np.int32)
+    assert np.array_equal(run(model, {"data": data})[0], execute(graph, {"data": data})[0])

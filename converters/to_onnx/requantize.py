@@ -270,8 +270,8 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
             continue
         a, (x, w) = REGISTRY[node.op].bind(node.attrs), _operands(graph, node, bounds)
         why = ("integer products are off (no native library, or int8=False)" if not int8 else
-               "its output is not read by one requantization run alone" if i not in heads else
-               nn.int8_refusal(a, x, w, node.outputs[0].shape))
+               nn.int8_refusal(a, x, w, node.outputs[0].shape) or
+               ("its output is not read by one requantization run alone" if i not in heads else None))
         route = ("float32/int32 products" if why else
                  "per-channel scale" if nn.channelwise(a, x, node.outputs[0].shape[1]) else "integer products")
         routes.append([node.name, route, why or ""])
