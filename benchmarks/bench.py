@@ -4,7 +4,7 @@ conversion times, a synthetic 25 M-parameter model's conversion (time and peak m
 Every onnxruntime result is first checked bit for bit against the reference executor. Latencies are the best
 of five medians over many runs (``median_ms``); the load average is printed because other processes on the
 machine change them. The serving form is timed with its convolutions' products in float32 and as integer
-products (native im2col + MatMulInteger, ``cvm_onnx.cpu`` picks the operand types: the route and the CPU
+products (native im2col + MatMulInteger, ``cvm_onnx.native.cpu`` picks the operand types: the route and the CPU
 features detected are printed, and which route each convolution took).
 
 The CVM runtime: with the environment variable CVM_RUNTIME_LIB naming a local build of its library
@@ -28,14 +28,15 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from cvm_onnx.api import load
-from cvm_onnx.batch import batched
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.app.api import load
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model
-from cvm_onnx import bulk, cpu
-from cvm_onnx.runtime import session, usable_cpus
+from cvm_onnx.core.batch import batched
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model
+from cvm_onnx.native import cpu
+from cvm_onnx.runtime import bulk
+from cvm_onnx.runtime.sessions import session, usable_cpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cvm_runtime import CvmRuntime  # noqa: E402  (the C API wrapper the tests use too)
@@ -186,7 +187,7 @@ from pathlib import Path
 def memory():
     fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-from cvm_onnx.api import load, to_onnx, write_onnx
+from cvm_onnx.app.api import load, to_onnx, write_onnx
 base, _ = memory()
 t0 = time.perf_counter()
 graph = load(sys.argv[1]).graph

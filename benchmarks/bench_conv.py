@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from cvm_onnx.api import load
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.app.api import load
 from cvm_onnx.converters.to_onnx import nn, to_onnx
-from cvm_onnx.executor import execute
-from cvm_onnx.runtime import session
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import session
 
 
 def conv_layer(c: int, batch: int, rng: np.random.Generator):

@@ -14,17 +14,18 @@ import time
 import numpy as np
 from onnx import TensorProto, helper
 
-from cvm_onnx import ops, runtime
+from cvm_onnx.core import ops
 from cvm_onnx.native import DOMAIN, library_path
+from cvm_onnx.runtime import sessions
 
 
 def model(op: str, inputs, outputs, **attrs):
     node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], op, [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in inputs],
                               [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in outputs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", runtime.OPSET),
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", sessions.OPSET),
                                                    helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=runtime.IR_VERSION)
+                             ir_version=sessions.IR_VERSION)
 
 
 def boxes(n: int, seed: int = 0) -> np.ndarray:
@@ -46,11 +47,11 @@ def median_ms(fn, repeat: int) -> float:
 
 
 def bench(name: str, onnx_model, feeds: dict, attrs: dict, repeat: int) -> tuple:
-    sessions = {p: runtime.session(onnx_model, native=p == "native") for p in ("native", "fallback")}
+    sessions = {p: sessions.session(onnx_model, native=p == "native") for p in ("native", "fallback")}
     op = ops.get(name)
     xs = list(feeds.values())
     bound = op.bind({k: bool(v) if k == "force_suppress" else v for k, v in attrs.items()})
-    outs = {p: runtime.run(s, feeds) for p, s in sessions.items()}
+    outs = {p: sessions.run(s, feeds) for p, s in sessions.items()}
     outs["reference"] = op.run(bound, xs)
     for p, got in outs.items():
         assert all(np.array_equal(g, w) for g, w in zip(got, outs["reference"])), f"{p} differs from the reference"

@@ -32,7 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_hostile_onnx as H  # noqa: E402
 import test_reliability as R  # noqa: E402
-
 from conftest import RESNET  # noqa: E402
 
 CASE_SECONDS = 60  # a child that answers no case within this is a hang
@@ -82,8 +81,8 @@ def convert_and_run(data: bytes) -> str:
     ``internal ...``."""
     import numpy as np
 
-    from cvm_onnx import api, runtime
-
+    from cvm_onnx.app import api
+    from cvm_onnx.runtime import sessions
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "model.onnx"
         path.write_bytes(data)
@@ -106,7 +105,7 @@ def convert_and_run(data: bytes) -> str:
             inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
             dims = [d.dim_value if d.HasField("dim_value") else 1 for d in inputs[0].type.tensor_type.shape.dim] \
                 if inputs else [1]
-            runtime.run_model(model, np.zeros(dims if 0 < np.prod(dims) <= 1 << 20 else [1], np.int32))
+            sessions.run_model(model, np.zeros(dims if 0 < np.prod(dims) <= 1 << 20 else [1], np.int32))
             ran = "ok"
         except Exception as e:  # noqa: BLE001
             ran = _family(e, named=False)

@@ -15,7 +15,7 @@ its QDQ twin (the same calibration, hence the same scales, zero points and weigh
 the same CVM ops and params).
 
 Digits: models/digits_cnn/make.py run into a temporary directory (the numpy-trained float CNN written as float
-ONNX, quantized by `cvm_onnx.quantize.quantize`: minmax, per channel, int8 activations, 256 training images),
+ONNX, quantized by `cvm_onnx.app.quantize.quantize`: minmax, per channel, int8 activations, 256 training images),
 accuracy on the 359 held-out images of the float model (numpy), the quantized ONNX model (onnxruntime,
 x64quantprecision), the CVM model (reference executor) and its ONNX export. Needs scikit-learn (extra `models`).
 
@@ -36,11 +36,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
 from onnxruntime import quantization as q
 
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.executor import execute
+from cvm_onnx.core.executor import execute
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:

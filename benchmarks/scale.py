@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import cvm_onnx
-from cvm_onnx import bulk
+from cvm_onnx.runtime import bulk
 
 RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
 
@@ -59,7 +59,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     import ray
-    from cvm_onnx.on_ray import run_on_ray
+
+    from cvm_onnx.runtime.on_ray import run_on_ray
 
     graph = cvm_onnx.load(RESNET).graph
     served = cvm_onnx.to_onnx(graph, batch=args.chunk, optimize=True)

@@ -1,4 +1,4 @@
-// The x86 features that decide which integer products onnxruntime computes exactly (cvm_onnx/cpu.py reads them
+// The x86 features that decide which integer products onnxruntime computes exactly (cvm_onnx/native/cpu.py reads them
 // through ctypes): CPUID, with the register state the OS enables (XGETBV), as onnxruntime's MLAS checks them.
 #include <cstdint>
 

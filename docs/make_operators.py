@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from cvm_onnx import to_onnx, verify
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.app.report import op_forms
 from cvm_onnx.converters.to_onnx import LOWERINGS, OPSET
-from cvm_onnx.ops import REGISTRY
-from cvm_onnx.report import op_forms
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.ops import REGISTRY
 
 OUT = Path(__file__).with_name("operators.md")
 rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import cvm_onnx
-from cvm_onnx.graph import Graph
+from cvm_onnx.core.graph import Graph
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"

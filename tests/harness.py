@@ -10,10 +10,10 @@ import onnx
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.executor import execute
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.runtime import run
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import run
 
 
 def bound(p: int) -> int:

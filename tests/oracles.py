@@ -1,7 +1,7 @@
 """Helpers shared by the op tests: building an op's attributes, and the runtime's integer IoU written out."""
 from __future__ import annotations
 
-from cvm_onnx.ops import REGISTRY
+from cvm_onnx.core.ops import REGISTRY
 
 INT64_MAX = (1 << 63) - 1
 

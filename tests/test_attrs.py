@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from cvm_onnx.attrs import AttrSyntaxError, format_value, parse_bool, parse_int, parse_optional_int, parse_tuple
+from cvm_onnx.core.attrs import AttrSyntaxError, format_value, parse_bool, parse_int, parse_optional_int, parse_tuple
 
 
 def test_values_as_the_runtime_writes_them():

@@ -1,20 +1,21 @@
-"""Batched export (cvm_onnx.batch, ``to_onnx(graph, batch=N)``): a batch of N equals N single runs, on the
+"""Batched export (cvm_onnx.core.batch, ``to_onnx(graph, batch=N)``): a batch of N equals N single runs, on the
 reference executor and on onnxruntime, bit for bit; graphs whose ops would not keep the batch are refused,
 naming the node and the reason."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from cvm_onnx.batch import batched
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.executor import execute
-from cvm_onnx.runtime import run
 from harness import tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_export import graphs
+
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.batch import batched
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import run
 
 
 def singles(graph, data: np.ndarray) -> list[np.ndarray]:
@@ -148,8 +149,8 @@ def test_get_valid_counts_per_example():
 
 
 def test_cli_convert_batch_and_optimize(tmp_path):
-    from cvm_onnx.cli import main
-    from cvm_onnx.format import write_model
+    from cvm_onnx.app.cli import main
+    from cvm_onnx.core.format import write_model
 
     b = GraphBuilder()
     x = b.input("data", (1, 2, 3, 3), 8)

@@ -1,4 +1,4 @@
-"""Many inputs on one machine (cvm_onnx.bulk, `cvm-onnx run` with N samples): every result equals the reference
+"""Many inputs on one machine (cvm_onnx.runtime.bulk, `cvm-onnx run` with N samples): every result equals the reference
 executor run on that sample alone, in input order, whatever the chunking; bad inputs are refused up front."""
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cvm_onnx
-from cvm_onnx import api, bulk
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.cli import main
-from cvm_onnx.errors import FormatError, RuntimeFailure
-from cvm_onnx.graph import Entry
+from cvm_onnx.app import api
+from cvm_onnx.app.cli import main
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import FormatError, RuntimeFailure
+from cvm_onnx.core.graph import Entry
+from cvm_onnx.runtime import bulk
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["digits_cnn", "detection", "transforms"]
@@ -23,7 +24,7 @@ RESNET = ROOT.parent / "shared" / "models" / "resnet20-cifar"
 needs_resnet = pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")
 
 
-def graph_of(path) -> cvm_onnx.graph.Graph:
+def graph_of(path) -> cvm_onnx.core.graph.Graph:
     return api.load(path).graph
 
 

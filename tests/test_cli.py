@@ -1,5 +1,5 @@
 """The command line: one line per problem on stderr, a distinct exit code per error family, no traceback unless
---debug (docs/cli.md). Commands run through ``cli.main`` in-process, and as ``python -m cvm_onnx.cli`` where the
+--debug (docs/cli.md). Commands run through ``cli.main`` in-process, and as ``python -m cvm_onnx.app.cli`` where the
 process' own exit status or stdout matters."""
 from __future__ import annotations
 
@@ -14,14 +14,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from cvm_onnx import api, cli
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.errors import FormatError, RuntimeFailure, UnsupportedError, ValidationError
-from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model, write_params, write_symbol
+from cvm_onnx.app import api, cli
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError, ValidationError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model, write_params, write_symbol
 
 ROOT = Path(__file__).parents[1]
 CODES = {"format error": 2, "invalid model": 3, "unsupported": 4, "runtime error": 5}
@@ -237,7 +238,7 @@ def test_hostile_names_stay_on_one_line(tmp_path, capsys):
 
 
 def cli_process(*argv, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "cvm_onnx.cli", *map(str, argv)], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "cvm_onnx.app.cli", *map(str, argv)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 

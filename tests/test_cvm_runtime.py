@@ -8,13 +8,13 @@ import itertools
 
 import numpy as np
 import pytest
+from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime
+from test_quantized_import import float_model, quantized
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model
-from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime
-from test_quantized_import import float_model, quantized
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model
 
 pytestmark = pytest.mark.skipif(not LIB, reason="CVM_RUNTIME_LIB names no local build of the CVM runtime")
 DEVICES = {"cpu": CPU, "formal": FORMAL}

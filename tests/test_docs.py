@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cvm_onnx.cli import main
+from cvm_onnx.app.cli import main
 
 ROOT = Path(__file__).parents[1]
 
@@ -102,7 +102,7 @@ def options(p) -> dict[str, list[tuple[str, ...]]]:
 def test_command_tables_list_every_option(doc, prefix):
     """The command table of the README and of docs/cli.md names every option of every command (in any of its
     spellings: -o or --output)."""
-    from cvm_onnx.cli import parser
+    from cvm_onnx.app.cli import parser
 
     text = (ROOT / doc).read_text()
     rows = [r for r in text.splitlines() if r.startswith(f"| `{prefix}")]

@@ -6,15 +6,16 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings, strategies as st
+from harness import assert_exact, tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cvm_onnx
-from cvm_onnx.builder import GraphBuilder
 from cvm_onnx.converters.to_onnx import DOMAIN, to_onnx
-from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.graph import Graph, Node
-from cvm_onnx.runtime import run
-from harness import assert_exact, tensors
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.graph import Graph, Node
+from cvm_onnx.runtime.sessions import run
 
 
 @pytest.mark.parametrize("inline", [False, True])
@@ -47,9 +48,9 @@ def test_export_is_deterministic(resnet_dir, resnet):
 
 
 def test_unsupported_ops_are_listed_together():
-    g = Graph([Node("data", "null", outputs=(cvm_onnx.graph.TensorType((2,), 8),)),
-               Node("a", "frobnicate", (cvm_onnx.graph.Entry(0),)), Node("b", "twiddle", (cvm_onnx.graph.Entry(1),))],
-              [cvm_onnx.graph.Entry(2)])
+    g = Graph([Node("data", "null", outputs=(cvm_onnx.core.graph.TensorType((2,), 8),)),
+               Node("a", "frobnicate", (cvm_onnx.core.graph.Entry(0),)), Node("b", "twiddle", (cvm_onnx.core.graph.Entry(1),))],
+              [cvm_onnx.core.graph.Entry(2)])
     with pytest.raises(UnsupportedError) as e:
         to_onnx(g)
     assert [p.where for p in e.value.problems] == ["a", "b"]

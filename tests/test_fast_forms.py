@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from harness import assert_exact, single_op
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto
 
 from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.ops.registry import magnitudes, max_abs
-from harness import assert_exact, single_op
+from cvm_onnx.core.ops.registry import magnitudes, max_abs
 
 pytestmark = pytest.mark.isa  # CI repeats these on an emulated CPU without AVX-512 (qemu-x86_64 -cpu Haswell)
 TWO_24 = 1 << 24

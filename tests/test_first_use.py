@@ -13,10 +13,11 @@ import onnxruntime as ort
 import pytest
 
 import cvm_onnx
-from cvm_onnx import native, runtime
-from cvm_onnx.cli import main
-from cvm_onnx.errors import RuntimeFailure
-from cvm_onnx.graph import Entry
+from cvm_onnx import native
+from cvm_onnx.app.cli import main
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.graph import Entry
+from cvm_onnx.runtime import sessions
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -173,7 +174,7 @@ def test_batch_mismatch_in_our_words(exported):
     """run_model feeds one call: one sample to a batch-16 model is told what the model takes (the CLI's `run`
     chunks and pads samples itself)."""
     with pytest.raises(RuntimeFailure) as e:
-        runtime.run_model(exported["served"], np.load(MODELS / "digits_cnn" / "input.npy"))
+        sessions.run_model(exported["served"], np.load(MODELS / "digits_cnn" / "input.npy"))
     assert [str(p) for p in e.value.problems] == [
         "data: the model takes a batch of 16 samples, shape (16, 1, 8, 8); got 1: give 16 samples, or convert the "
         "CVM model without --batch"]
@@ -182,7 +183,7 @@ def test_batch_mismatch_in_our_words(exported):
 def test_onnxruntime_errors_on_one_line(exported):
     """onnxruntime's multi-line messages are joined: no newline, no escaped one."""
     with pytest.raises(RuntimeFailure) as e:
-        runtime.run(exported["served"], {"data": np.zeros((1, 1, 8, 8), np.int32)})
+        sessions.run(exported["served"], {"data": np.zeros((1, 1, 8, 8), np.int32)})
     message = str(e.value)
     assert "onnxruntime failed to run the model: " in message and "\n" not in message and "\\n" not in message
 
@@ -195,7 +196,7 @@ def test_batch_must_be_positive(n, tmp_path, capsys):
 
 
 def test_missing_native_library_warns_once_in_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runtime, "library_path", lambda: None)
+    monkeypatch.setattr(sessions, "library_path", lambda: None)
     code, _, err = run(capsys, "convert", MODELS / "detection", "-o", tmp_path / "m.onnx", "--verify")
     assert code == 0
     assert [line for line in err if "native" in line or "Warning" in line] == [
@@ -206,8 +207,8 @@ def test_missing_native_library_warns_once_in_one_line(tmp_path, capsys, monkeyp
 def test_view_checks_the_file_format_first(tmp_path):
     """Netron is not started on a file that is not an ONNX model."""
     pytest.importorskip("netron")
-    from cvm_onnx.errors import FormatError
-    from cvm_onnx.view import served
+    from cvm_onnx.app.view import served
+    from cvm_onnx.core.errors import FormatError
 
     (tmp_path / "random.onnx").write_bytes(np.random.default_rng(1).bytes(500))
     with pytest.raises(FormatError) as e, served(tmp_path / "random.onnx"):

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cvm_onnx.errors import FormatError
-from cvm_onnx.format import read_model, read_params, read_symbol, write_model, write_params, write_symbol
-from cvm_onnx.format.symbol import layout
-from cvm_onnx.graph import Entry, Graph, Node, TensorType
+from cvm_onnx.core.errors import FormatError
+from cvm_onnx.core.format import read_model, read_params, read_symbol, write_model, write_params, write_symbol
+from cvm_onnx.core.format.symbol import layout
+from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
 
 LIST_MAGIC = 0xF7E58D4F05049CB7
 ARRAY_MAGIC = 0xDD5E40F096B4A13F

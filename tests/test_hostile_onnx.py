@@ -14,15 +14,15 @@ import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto as T, helper, numpy_helper
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
 from test_reliability import EXTREMES, Case, Seeds, bounded
 
-from cvm_onnx.api import import_onnx
-from cvm_onnx.converters.to_onnx import to_onnx
-
-from cvm_onnx.cli import main
+from cvm_onnx.app.api import import_onnx
+from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx.checks import supported_versions
-from cvm_onnx.errors import CVMError, FormatError, UnsupportedError
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
 
 IR, OPSET = supported_versions()
 
@@ -207,8 +207,8 @@ def test_absent_input_of_a_native_op_is_refused_not_a_segfault(tmp_path, op, abs
     model, x = native_model(op, absent)
     onnx.save(model, tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", x)
-    code = ("import sys, warnings; warnings.simplefilter('ignore'); from cvm_onnx import cli, runtime; "
-            f"runtime.library_path = (lambda: None) if {not native} else runtime.library_path; "
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); from cvm_onnx.app import cli; from cvm_onnx.runtime import sessions; "
+            f"sessions.library_path = (lambda: None) if {not native} else sessions.library_path; "
             "sys.exit(cli.main(sys.argv[1:]))")
     done = subprocess.run([sys.executable, "-c", code, "run", str(tmp_path / "m.onnx"), "--input",
                            str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npz")],
@@ -254,9 +254,9 @@ def test_run_reads_external_data_from_the_model_folder_not_the_working_directory
     code, err = run_cli(tmp_path, tmp_path / "model" / "model.onnx", capsys)
     assert (code, err) == (0, [])
     assert np.array_equal(np.load(tmp_path / "o.npz")["y"], W + [1, 2, 3, 4])
-    from cvm_onnx import runtime  # the API resolves a path the same way
+    from cvm_onnx.runtime import sessions
 
-    [y] = runtime.run(tmp_path / "model" / "model.onnx", {"data": np.array([[1, 2, 3, 4]], np.int32)})
+    [y] = sessions.run(tmp_path / "model" / "model.onnx", {"data": np.array([[1, 2, 3, 4]], np.int32)})
     assert np.array_equal(y, W + [1, 2, 3, 4])
 
 
@@ -334,9 +334,9 @@ def rule_seeds() -> dict[str, bytes]:
     import warnings
 
     from onnx.backend.test.loader import load_model_tests
+    from test_reliability import ONNX_SEEDS
 
     from cvm_onnx.converters.from_onnx import RULES
-    from test_reliability import ONNX_SEEDS
 
     ops = {op for domain, op in RULES if domain == ""}
     seeds, taken = {}, Counter()
@@ -482,14 +482,14 @@ def test_mutated_attributes_and_inputs_of_every_rule_are_refused_cleanly(data):
 
 # -- found by benchmarks/fuzz.py (onnx-rules, onnx-files) -------------------------------------------------------------
 def test_run_model_of_a_model_without_inputs_is_a_runtime_error():
-    """runtime.run_model read the first input's name of a model that has none (IndexError)."""
-    from cvm_onnx import runtime
-    from cvm_onnx.errors import RuntimeFailure
+    """sessions.run_model read the first input's name of a model that has none (IndexError)."""
+    from cvm_onnx.core.errors import RuntimeFailure
+    from cvm_onnx.runtime import sessions
 
     m = int_model([helper.make_node("Constant", [], ["y"], name="n", value=helper.make_tensor("v", T.INT32, [1], [3]))])
     del m.graph.input[:]
     with pytest.raises(RuntimeFailure, match="the model has 0 inputs"):
-        runtime.run_model(m, np.zeros((1, 4), np.int32))
+        sessions.run_model(m, np.zeros((1, 4), np.int32))
 
 
 def test_a_graph_output_named_empty_is_reported_with_a_place(tmp_path, capsys):
@@ -586,7 +586,7 @@ def test_a_call_of_a_function_without_its_inputs_is_refused_not_a_segfault(tmp_p
     np.save(tmp_path / "x.npy", np.zeros((2, 3, 4), np.int32))
     for args in (["run", str(tmp_path / "m.onnx"), "--input", str(tmp_path / "x.npy"), "--output",
                   str(tmp_path / "o.npz")], ["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]):
-        done = subprocess.run([sys.executable, "-m", "cvm_onnx.cli", *args], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "cvm_onnx.app.cli", *args], capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == FormatError.exit_code, (args[0], done.returncode, done.stderr[-300:])
         assert done.stderr.splitlines() == [f"format error: {n.name}: calls function cvm.broadcast_max with inputs "

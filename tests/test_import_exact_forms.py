@@ -7,15 +7,17 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import assume, given, settings, strategies as st
-from onnx import TensorProto as T, helper, numpy_helper
+from harness import bound, tensors
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
 
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.executor import execute
-from cvm_onnx.runtime import run
-from harness import bound, tensors
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import run
 
 SETTINGS = settings(max_examples=10, deadline=None)
 TYPES = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16, T.UINT16: np.uint16, T.INT32: np.int32,

@@ -8,15 +8,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import assume, given, settings, strategies as st
-from onnx import TensorProto as T, helper, numpy_helper
+from harness import bound, tensors
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
 
 from cvm_onnx.converters.from_onnx import from_onnx
-from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.executor import execute
-from cvm_onnx.graph import Graph
-from cvm_onnx.validate import validate
-from harness import bound, tensors
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.core.validate import validate
 
 SETTINGS = settings(max_examples=12, deadline=None)
 NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT32: np.int32, T.INT64: np.int64, T.FLOAT: np.float32}

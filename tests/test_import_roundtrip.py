@@ -10,19 +10,20 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings, strategies as st
+from harness import tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cvm_onnx
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.cli import main
+from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.format import pack_symbol, read_model, unpack_symbol, write_model
-from cvm_onnx.format.params import write_params
-from cvm_onnx.ops import REGISTRY, OpRuleError
-from cvm_onnx.validate import shape_problem, validate
-from harness import tensors
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.format import pack_symbol, read_model, unpack_symbol, write_model
+from cvm_onnx.core.format.params import write_params
+from cvm_onnx.core.ops import REGISTRY, OpRuleError
+from cvm_onnx.core.validate import shape_problem, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"

@@ -9,13 +9,14 @@ import os
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T, helper, numpy_helper
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
 
-from cvm_onnx import api
-from cvm_onnx.cli import main
+from cvm_onnx.app import api
+from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import from_onnx
-from cvm_onnx.errors import FormatError, UnsupportedError
-from cvm_onnx.executor import execute
+from cvm_onnx.core.errors import FormatError, UnsupportedError
+from cvm_onnx.core.executor import execute
 
 
 def add_model(w: onnx.TensorProto, nodes=None, shape=(4,)) -> onnx.ModelProto:

@@ -1,6 +1,6 @@
 """The serving form's native kernels: the im2col ops and requantize (against numpy oracles, and their input
 checks), conv2d runs started from MatMulInteger (exact against the reference executor for every operand route this CPU
-computes exactly), and the choice of operand types (cvm_onnx.cpu)."""
+computes exactly), and the choice of operand types (cvm_onnx.native.cpu)."""
 from __future__ import annotations
 
 import json
@@ -10,19 +10,19 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
+from harness import tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from cvm_onnx import cpu
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.app.cli import main
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import RuntimeFailure
-from cvm_onnx.cli import main
-from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model
-from cvm_onnx.native import DOMAIN, library_path
-from cvm_onnx.runtime import run, session
-from harness import tensors
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model
+from cvm_onnx.native import DOMAIN, cpu, library_path
+from cvm_onnx.runtime.sessions import run, session
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
@@ -187,7 +187,7 @@ def test_conv_runs_from_integer_products_are_exact(case):
     Haswell: uint8 x uint8 only), batched too."""
     graph, data, n = case
     if n > 1:
-        from cvm_onnx.batch import batched
+        from cvm_onnx.core.batch import batched
 
         graph = batched(graph, n)
     model = to_onnx(graph, optimize=True, int8=True)
@@ -258,8 +258,8 @@ def test_without_the_native_library_the_integer_form_is_refused_with_one_error()
 def test_the_integer_route_is_taken_where_its_windows_fit_the_cost_model():
     """A conv2d gathering at most ``nn.INT8_COLUMNS`` bytes of windows starts its run from integer products;
     the same layer batched past that keeps its float32 Conv (measured slower there)."""
-    from cvm_onnx.batch import batched
     from cvm_onnx.converters.to_onnx import nn
+    from cvm_onnx.core.batch import batched
 
     b = GraphBuilder()
     x = b.input("data", (1, 16, 64, 64), 8)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-from hypothesis.extra import numpy as hnp
-
 from harness import assert_exact, single_op, tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 SETTINGS = settings(max_examples=25, deadline=None)
 precisions = st.integers(1, 32)
@@ -146,7 +146,7 @@ def test_max_of_all_negative_with_default_axes_is_zero():
 def test_sum_wraps_like_int32_when_no_bound_holds():
     """A where() output carries its condition's 1-bit label, so the sum's true bound is 32 bits and the CumSum
     path runs; with values within the graph's rules it must still equal the int32 reference."""
-    from cvm_onnx.builder import GraphBuilder
+    from cvm_onnx.core.builder import GraphBuilder
 
     b = GraphBuilder()
     cond = b.input("data", (4, 3), 2)

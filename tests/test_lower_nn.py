@@ -15,17 +15,18 @@ from contextlib import contextmanager
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from harness import assert_exact, bound, single_op, tensors
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.converters.to_onnx.bounds import ANY
-from cvm_onnx.constants import IR_VERSION, OPSET
 from cvm_onnx.converters.to_onnx.lowering import Value, lower
-from cvm_onnx.errors import ValidationError
-from cvm_onnx.ops import REGISTRY
-from harness import assert_exact, bound, single_op, tensors
+from cvm_onnx.core.constants import IR_VERSION, OPSET
+from cvm_onnx.core.errors import ValidationError
+from cvm_onnx.core.ops import REGISTRY
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "100"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

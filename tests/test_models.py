@@ -13,9 +13,9 @@ import pytest
 
 import cvm_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.executor import execute
-from cvm_onnx.graph import Entry
-from cvm_onnx.runtime import run, session
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.graph import Entry
+from cvm_onnx.runtime.sessions import run, session
 
 MODELS = Path(__file__).parents[1] / "models"
 NAMES = ["digits_cnn", "detection", "transforms"]
@@ -85,7 +85,7 @@ def heldout():
 def test_digits_accuracies_are_recorded_and_its_commands_reproduce_it(tmp_path):
     """The digits model: accuracies recomputed from the shipped files (the CVM model within one point of the float
     model), and its README's `cvm-onnx quantize` command writes the shipped model byte for byte."""
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
 
     d = MODELS / "digits_cnn"
     x, y, acc = heldout()

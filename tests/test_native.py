@@ -16,11 +16,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 from onnx.shape_inference import InferenceError
-
-from cvm_onnx import fallback, ops, runtime
-from cvm_onnx.errors import RuntimeFailure
-from cvm_onnx.native import ATTRS, DOMAIN, library_path, register_schemas
 from oracles import iou_oracle
+
+from cvm_onnx.core import ops
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.native import ATTRS, DOMAIN, fallback, library_path, register_schemas
+from cvm_onnx.runtime import sessions
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 P30 = (1 << 29) - 1  # the largest coordinate of the runtime's NMS precision limit (30 bits)
@@ -74,9 +75,9 @@ def single_node(op: str, inputs, outputs, **attrs) -> onnx.ModelProto:
     node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], op, [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in inputs],
                               [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in outputs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", runtime.OPSET),
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", sessions.OPSET),
                                                    helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=runtime.IR_VERSION)
+                             ir_version=sessions.IR_VERSION)
 
 
 def op_model(op: str, attrs: tuple, ranks: tuple = (1, 1)) -> onnx.ModelProto:
@@ -92,7 +93,7 @@ def op_model(op: str, attrs: tuple, ranks: tuple = (1, 1)) -> onnx.ModelProto:
 
 @lru_cache(maxsize=8)
 def cached_session(path: str, op: str, attrs: tuple, ranks: tuple = (1, 1)):
-    return runtime.session(op_model(op, attrs, ranks), provider="cuda" if path == "cuda" else "cpu",
+    return sessions.session(op_model(op, attrs, ranks), provider="cuda" if path == "cuda" else "cpu",
                            native=path != "fallback")
 
 
@@ -102,7 +103,7 @@ def run_all(op: str, attrs: dict, xs: list[np.ndarray]) -> list[list[np.ndarray]
     key = tuple(sorted(attrs.items()))
     ranks = tuple(x.ndim for x in xs)
     names = [i.name for i in cached_session("native", op, key, ranks).get_inputs()]
-    results = [runtime.run(cached_session(p, op, key, ranks), dict(zip(names, xs))) for p in PATHS]
+    results = [sessions.run(cached_session(p, op, key, ranks), dict(zip(names, xs))) for p in PATHS]
     cls = ops.get(op)
     typed = {k: bool(v) if k == "force_suppress" else v for k, v in attrs.items()}
     if op == "cvm_lut":
@@ -266,22 +267,22 @@ def test_native_library_runs_in_the_normal_install(monkeypatch):
 
     monkeypatch.setattr(fallback, "library", no_fallback)
     monkeypatch.setattr(fallback, "to_fallback", no_fallback)
-    [y] = runtime.run(NMS_MODEL, NMS_FEEDS)
+    [y] = sessions.run(NMS_MODEL, NMS_FEEDS)
     assert np.array_equal(y[0, 0], NMS_FEEDS["data"][0, 0]) and (y[0, 1] == -1).all()  # IoU 68 >= 50
     any_rows = single_node("non_max_suppression", [("data", ["B", "N", "K"]), ("valid_count", ["B"])],
                            [("y", ["B", "N", "K"])])
     with pytest.raises(RuntimeFailure, match=r"non_max_suppression: data must have shape \(B, N, 6\), got \(1, 2, 5\)"):
-        runtime.run(any_rows, {**NMS_FEEDS, "data": NMS_FEEDS["data"][:, :, :5].copy()})  # the C++ kernel's check
+        sessions.run(any_rows, {**NMS_FEEDS, "data": NMS_FEEDS["data"][:, :, :5].copy()})  # the C++ kernel's check
 
 
 def test_missing_library_falls_back_with_a_warning(monkeypatch):
-    monkeypatch.setattr(runtime, "library_path", lambda: None)
+    monkeypatch.setattr(sessions, "library_path", lambda: None)
     with pytest.warns(RuntimeWarning, match="fallback"):
-        sess = runtime.session(NMS_MODEL)
-    [y] = runtime.run(sess, NMS_FEEDS)
+        sess = sessions.session(NMS_MODEL)
+    [y] = sessions.run(sess, NMS_FEEDS)
     assert np.array_equal(y[0, 0], NMS_FEEDS["data"][0, 0]) and (y[0, 1] == -1).all()
     with pytest.raises(RuntimeFailure, match="not built"):
-        runtime.session(NMS_MODEL, native=True)
+        sessions.session(NMS_MODEL, native=True)
 
 
 def test_fallback_rewrite_writes_every_attribute():
@@ -301,19 +302,19 @@ def test_native_rejects_a_float_attribute():
     model = single_node("non_max_suppression", [("data", [1, 2, 6]), ("valid_count", [1])], [("y", [1, 2, 6])],
                         iou_threshold=0.5)
     with pytest.raises(RuntimeFailure, match="iou_threshold must be an int"):
-        runtime.session(model, native=True)
+        sessions.session(model, native=True)
 
 
 def test_cuda_needs_the_cuda_provider():
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("CUDA is available here")
     with pytest.raises(RuntimeFailure, match="onnxruntime-gpu"):
-        runtime.session(NMS_MODEL, provider="cuda")
+        sessions.session(NMS_MODEL, provider="cuda")
 
 
 def test_onnxruntime_loads_the_chosen_opset_and_ir_version():
-    runtime.check_onnxruntime()
-    assert (runtime.OPSET, runtime.IR_VERSION) == (21, 10)
+    sessions.check_onnxruntime()
+    assert (sessions.OPSET, sessions.IR_VERSION) == (21, 10)
 
 
 # -- schemas: checker and strict shape inference ----------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import cvm_onnx
-from cvm_onnx.cli import main
+from cvm_onnx.app.cli import main
 
 ROOT = Path(__file__).parents[1]
 MODEL = ROOT / "models" / "digits_cnn"
@@ -78,7 +78,7 @@ def wait_listening(port: int, proc: subprocess.Popen) -> None:
 def view():
     """``cvm-onnx view models/digits_cnn --no-browser`` on a free port: (url, process); stopped with SIGTERM."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "cvm_onnx.cli", "view", str(MODEL), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "cvm_onnx.app.cli", "view", str(MODEL), "--port", str(port),
                              "--no-browser"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_listening(port, proc)
@@ -151,7 +151,7 @@ def test_netron_renders_the_converted_model(view, browser):
 
 @needs_netron
 def test_served_model_is_the_export_and_the_server_stops(tmp_path):
-    from cvm_onnx.view import served
+    from cvm_onnx.app.view import served
 
     onnx_file = tmp_path / "m.onnx"
     cvm_onnx.convert(MODEL, onnx_file)

@@ -18,13 +18,14 @@ from functools import cache
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto as T, numpy_helper
+from onnx import TensorProto as T
+from onnx import numpy_helper
 
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import UnsupportedError
-from cvm_onnx.executor import execute
-from cvm_onnx.runtime import run
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import run
 
 INTEGER = {T.INT8, T.INT16, T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64}
 

@@ -6,12 +6,12 @@ import numpy as np
 import onnx
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
-
-from cvm_onnx.api import import_onnx, write_onnx
-from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.format.onnx_file import onnx_pieces
-from cvm_onnx.runtime import run
 from test_export import graphs
+
+from cvm_onnx.app.api import import_onnx, write_onnx
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.format.onnx_file import onnx_pieces
+from cvm_onnx.runtime.sessions import run
 
 
 def parsed(pieces) -> onnx.ModelProto:

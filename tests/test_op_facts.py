@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from harness import operator_cases
 
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import LOWERINGS, to_onnx
+from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.native import ATTRS as NATIVE_ATTRS
-from cvm_onnx.ops import REGISTRY
-from harness import operator_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 

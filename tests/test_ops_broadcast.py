@@ -7,11 +7,12 @@ from math import trunc
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cvm_onnx.ops import registry
-import cvm_onnx.ops.broadcast  # noqa: F401  (registration)
+import cvm_onnx.core.ops.broadcast  # noqa: F401  (registration)
+from cvm_onnx.core.ops import registry
 
 OpRuleError = registry.OpRuleError
 op = registry.get

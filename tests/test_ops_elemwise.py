@@ -6,11 +6,12 @@ from math import floor
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from cvm_onnx.ops import registry
-import cvm_onnx.ops.elemwise  # noqa: F401  (registration)
+import cvm_onnx.core.ops.elemwise  # noqa: F401  (registration)
+from cvm_onnx.core.ops import registry
 
 OpRuleError = registry.OpRuleError
 op = registry.get

@@ -6,11 +6,12 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from cvm_onnx.attrs import format_value
-from cvm_onnx.ops import REGISTRY, OpRuleError
+from cvm_onnx.core.attrs import format_value
+from cvm_onnx.core.ops import REGISTRY, OpRuleError
 
 EDGE = 2**31 - 1  # the largest magnitude a 32-bit precision allows
 SETTINGS = settings(max_examples=40, deadline=None)

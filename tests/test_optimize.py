@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings, strategies as st
-from onnx import TensorProto
-
-from cvm_onnx.api import load
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.executor import execute
-from cvm_onnx.runtime import run
 from harness import tensors
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto
 from test_export import graphs
+
+from cvm_onnx.app.api import load
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import run
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
 
@@ -118,9 +119,9 @@ def test_resnet20(resnet_dir, data, seed):
 
 
 def test_the_serving_form_refuses_to_import_with_one_clear_error(tmp_path, capsys):
-    from cvm_onnx.cli import main
-    from cvm_onnx.errors import UnsupportedError
+    from cvm_onnx.app.cli import main
     from cvm_onnx.converters.from_onnx import from_onnx
+    from cvm_onnx.core.errors import UnsupportedError
 
     model = to_onnx(conv_chain(np.random.default_rng(5), False), optimize=True)
     with pytest.raises(UnsupportedError, match="serving form"):

@@ -16,16 +16,19 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
-from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 
 import cvm_onnx
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.errors import CVMError, FormatError, UnsupportedError
-from cvm_onnx.executor import execute
-from cvm_onnx.format import read_edges
-from cvm_onnx.verify import verify
+from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import read_edges
+from cvm_onnx.runtime.verify import verify
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 SETTINGS = settings(max_examples=12, deadline=None)
@@ -362,7 +365,7 @@ def small_qdq(tmp, activation="uint8"):
 
 def test_input_quantization_is_onnxruntime_quantize_linear():
     """Edge.quantize against onnxruntime's QuantizeLinear on values at and around every tie."""
-    from cvm_onnx.format import Edge
+    from cvm_onnx.core.format import Edge
 
     for dtype, zero in (("uint8", 131), ("int8", -7)):
         e = Edge("data", dtype, np.array(0.0625, np.float32), np.array(zero))
@@ -399,7 +402,7 @@ def test_convert_writes_edges_and_run_takes_floats_or_integers(tmp_path):
 
 
 def test_cli_run_writes_float32_outputs(tmp_path):
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
 
     onnx.save(small_qdq(tmp_path), tmp_path / "m.onnx")
     assert main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m"), "--report",
@@ -546,7 +549,7 @@ def test_a_clip_off_the_grid_is_deferred_to_the_quantize_linear(tmp_path):
 # -- cvm-onnx quantize ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method", ["minmax", "percentile"])
 def test_quantize_command_calibrates_imports_and_compares(tmp_path, capsys, method):
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
 
     rng = np.random.default_rng(5)
     nodes, inits = conv_layer(rng, "c", "x", 2, 3)
@@ -638,8 +641,8 @@ DIGITS = Path(__file__).resolve().parents[1] / "models" / "digits_cnn"
 def test_an_export_keeps_the_float_edges_for_run_and_for_the_import_back(tmp_path, form, capsys):
     """CVM -> ONNX keeps quantization.json in the metadata cvm.quantization: `run` on the .onnx takes float
     images as `run` on the CVM model does (the same float32 logits), and ONNX -> CVM writes the file back."""
-    from cvm_onnx.bulk import run_many
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
+    from cvm_onnx.runtime.bulk import run_many
 
     assert main(["convert", str(DIGITS), "-o", str(tmp_path / "d.onnx"), *(["--optimize"] if form else []),
                  *(["--batch", "16"] if form else [])]) == 0
@@ -663,7 +666,7 @@ def test_an_export_keeps_the_float_edges_for_run_and_for_the_import_back(tmp_pat
                                             ('{"format": "x"}', "not a cvm-onnx quantization file"),
                                             (None, "2 output edges for a model of 1 outputs")])
 def test_bad_kept_edges_are_refused_naming_the_metadata(tmp_path, value, message):
-    from cvm_onnx.bulk import run_many
+    from cvm_onnx.runtime.bulk import run_many
 
     model = cvm_onnx.to_onnx(cvm_onnx.load(DIGITS).graph)
     edges = (DIGITS / "quantization.json").read_text()

@@ -1,4 +1,4 @@
-"""Many inputs on Ray (cvm_onnx.on_ray, `cvm-onnx run --ray`), on a local Ray instance this module starts and
+"""Many inputs on Ray (cvm_onnx.runtime.on_ray, `cvm-onnx run --ray`), on a local Ray instance this module starts and
 stops: results bit-identical to the single-process run and in input order, failures named by sample index with no
 file left, a killed actor retried. Without the extra, --ray says how to install it."""
 from __future__ import annotations
@@ -15,17 +15,18 @@ import onnx
 import pytest
 
 import cvm_onnx
-from cvm_onnx import api, bulk
-from cvm_onnx.cli import main
-from cvm_onnx.errors import RuntimeFailure
-from cvm_onnx.graph import Entry
-from cvm_onnx.on_ray import run_on_ray
+from cvm_onnx.app import api
+from cvm_onnx.app.cli import main
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.graph import Entry
+from cvm_onnx.runtime import bulk
+from cvm_onnx.runtime.on_ray import run_on_ray
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ray_is_imported_only_when_asked_for():
-    code = ("import sys, numpy as np, cvm_onnx.cli, cvm_onnx.bulk as b, cvm_onnx.on_ray\n"
+    code = ("import sys, numpy as np, cvm_onnx.app.cli, cvm_onnx.runtime.bulk as b, cvm_onnx.runtime.on_ray\n"
             "g = cvm_onnx.load('models/digits_cnn').graph\n"
             "b.run_many(g, np.zeros((3, 1, 1, 8, 8), np.int8))\n"
             "assert 'ray' not in sys.modules, 'ray imported'")

@@ -34,26 +34,25 @@ import numpy as np
 import onnx
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
+from harness import operator_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cvm_onnx
-from cvm_onnx import cli
-from cvm_onnx.api import import_onnx, write_onnx
-from cvm_onnx.attrs import AttrSyntaxError, parse_tuple
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.app import cli
+from cvm_onnx.app.api import import_onnx, write_onnx
 from cvm_onnx.converters.from_onnx import RULES
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import CVMError, FormatError, UnsupportedError, ValidationError
-from cvm_onnx.format import read_params, read_symbol, write_model, write_params, write_symbol
-from cvm_onnx.format.onnx_file import onnx_pieces
-from cvm_onnx.format.params import LIST_MAGIC
-from cvm_onnx.format.symbol import op_name
-from cvm_onnx.graph import Entry, Graph, Node, TensorType
-from cvm_onnx.ops import REGISTRY
-from cvm_onnx.validate import validate
-from harness import operator_cases
-
+from cvm_onnx.core.attrs import AttrSyntaxError, parse_tuple
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError, ValidationError
+from cvm_onnx.core.format import read_params, read_symbol, write_model, write_params, write_symbol
+from cvm_onnx.core.format.onnx_file import onnx_pieces
+from cvm_onnx.core.format.params import LIST_MAGIC
+from cvm_onnx.core.format.symbol import op_name
+from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
+from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.validate import validate
 
 SECONDS = 2.0
 SECONDS_PER_MB = 4.0
@@ -614,7 +613,7 @@ def test_cli_validate_prints_every_problem_and_exits_3(tmp_path, capsys):
 HASHES = """
 import hashlib, sys
 from pathlib import Path
-from cvm_onnx import api
+from cvm_onnx.app import api
 out = Path(sys.argv[1])
 for i, model in enumerate(sys.argv[2:]):
     for inline in (False, True):

@@ -8,15 +8,16 @@ import os
 import numpy as np
 import onnx
 import pytest
-from hypothesis import assume, given, settings, strategies as st
-
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.errors import ValidationError
-from cvm_onnx.executor import execute
-from cvm_onnx.native import library_path
-from cvm_onnx.runtime import run
 from harness import bound, tensors
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import ValidationError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.native import library_path
+from cvm_onnx.runtime.sessions import run
 
 SHAPE = (1, 2, 3, 4)
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "150"))  # fewer under qemu (.ci/run)

@@ -13,10 +13,11 @@ from onnx import TensorProto, helper
 from tritonclient.grpc import model_config_pb2
 
 import cvm_onnx
-from cvm_onnx import api, bulk
-from cvm_onnx.cli import main
+from cvm_onnx.app import api
+from cvm_onnx.app.cli import main
 from cvm_onnx.native import library_path
-from cvm_onnx.triton import TYPES, config
+from cvm_onnx.runtime import bulk
+from cvm_onnx.runtime.triton import TYPES, config
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -99,8 +100,8 @@ def test_only_a_cvm_model_goes_into_a_repository(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", ["", ".", "..", "a/b"])
 def test_a_model_name_must_name_a_directory(bad, tmp_path):
-    from cvm_onnx.errors import FormatError
-    from cvm_onnx.triton import write_repository
+    from cvm_onnx.core.errors import FormatError
+    from cvm_onnx.runtime.triton import write_repository
 
     with pytest.raises(FormatError, match="cannot name a model directory"):
         write_repository(cvm_onnx.to_onnx(api.load(MODELS / "digits_cnn").graph), tmp_path, bad)

@@ -17,17 +17,17 @@ from hypothesis import strategies as st
 from onnx import numpy_helper
 
 import cvm_onnx
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.cli import main
+from cvm_onnx.app import pipeline
+from cvm_onnx.app.cli import main
+from cvm_onnx.app.pipeline import STAGES, Conversion
+from cvm_onnx.app.progress import Bar
+from cvm_onnx.app.report import op_forms
 from cvm_onnx.converters.to_onnx import LOWERINGS, to_onnx
 from cvm_onnx.converters.to_onnx.lowering import Lowering
-from cvm_onnx.executor import execute
-from cvm_onnx.graph import Entry
-from cvm_onnx.progress import Bar
-from cvm_onnx import pipeline
-from cvm_onnx.pipeline import STAGES, Conversion
-from cvm_onnx.report import op_forms
-from cvm_onnx.verify import generated_cases, verify
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.graph import Entry
+from cvm_onnx.runtime.verify import generated_cases, verify
 
 MODELS = Path(__file__).parents[1] / "models"
 EXAMPLES = ["digits_cnn", "detection", "transforms"]
@@ -244,7 +244,7 @@ def test_one_pipeline_plain_and_timed(tmp_path, monkeypatch, batch):
     (the comparison checks the exported model, it does not export again)."""
     exports = []
     monkeypatch.setattr(pipeline, "to_onnx", lambda *a, **k: exports.append(1) or to_onnx(*a, **k))
-    monkeypatch.setattr(sys.modules["cvm_onnx.verify"], "to_onnx", None)  # the comparison must not export
+    monkeypatch.setattr(sys.modules["cvm_onnx.runtime.verify"], "to_onnx", None)  # the comparison must not export
     cvm_onnx.convert(MODELS / "digits_cnn", tmp_path / "plain.onnx", batch=batch, optimize=True)
     timed = pipeline.run(Conversion(MODELS / "digits_cnn", tmp_path / "timed.onnx", batch=batch, optimize=True,
                                     check=True, seeds=1), timed=True)

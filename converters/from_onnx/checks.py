@@ -31,13 +31,18 @@ import onnx
 from onnx import AttributeProto, TensorProto, helper
 
 from cvm_onnx import native
-from cvm_onnx.constants import DOMAIN as CVM_DOMAIN
-from cvm_onnx.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
-from cvm_onnx.errors import FormatError, Problem
-from cvm_onnx.format.onnx_safety import MAX_ELEMENTS, call_problems, not_utf8, tensor_problem
-from cvm_onnx.format.onnx_safety import tensor_array  # noqa: F401  (the rules read it from here)
-from cvm_onnx.ops import REGISTRY
-from cvm_onnx.ops.registry import REQUIRED
+from cvm_onnx.core.constants import DOMAIN as CVM_DOMAIN
+from cvm_onnx.core.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
+from cvm_onnx.core.errors import FormatError, Problem
+from cvm_onnx.core.format.onnx_safety import (
+    MAX_ELEMENTS,
+    call_problems,
+    not_utf8,
+    tensor_array,  # noqa: F401  (the rules read it from here)
+    tensor_problem,
+)
+from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.ops.registry import REQUIRED
 
 MAX_DIM = 1 << 24
 

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from cvm_onnx.constants import ANY, INT32_MAX, precision_bound as bound
-from cvm_onnx.graph import VARIABLE, Entry, Node, TensorType
-from cvm_onnx.ops import REGISTRY, NodeRuleError, type_node
-from cvm_onnx.ops.registry import bits
-from cvm_onnx.validate import shape_problem
+from cvm_onnx.core.constants import ANY, INT32_MAX
+from cvm_onnx.core.constants import precision_bound as bound
+from cvm_onnx.core.graph import VARIABLE, Entry, Node, TensorType
+from cvm_onnx.core.ops import REGISTRY, NodeRuleError, type_node
+from cvm_onnx.core.ops.registry import bits
+from cvm_onnx.core.validate import shape_problem
 
 from .registry import Refuse
 

@@ -17,15 +17,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from cvm_onnx.constants import PRECISION as PRECISION_KEY
-from cvm_onnx.constants import QUANTIZATION
-from cvm_onnx.constants import precision_of
-from cvm_onnx.errors import Problem, UnsupportedError
-from cvm_onnx.graph import Entry, Graph
-from cvm_onnx.ops import REGISTRY
-from cvm_onnx.validate import validate
-
-from cvm_onnx.format.edges import Edge, Edges, parse_edges
+from cvm_onnx.core.constants import PRECISION as PRECISION_KEY
+from cvm_onnx.core.constants import QUANTIZATION, precision_of
+from cvm_onnx.core.errors import Problem, UnsupportedError
+from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
+from cvm_onnx.core.graph import Entry, Graph
+from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.validate import validate
 
 from . import elemwise, nn, quantized, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
 from .checks import checked_order, tensor_array, type_problem

@@ -28,7 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from cvm_onnx.ops.registry import bits
+from cvm_onnx.core.ops.registry import bits
 
 MAX_SHIFT = 31
 

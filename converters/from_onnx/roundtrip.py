@@ -23,15 +23,15 @@ from typing import Any
 
 import onnx
 
-from cvm_onnx.constants import DOMAIN, SYMBOL
 from cvm_onnx.converters.to_onnx.lowering import Value, lower
-from cvm_onnx.errors import CVMError
-from cvm_onnx.format import read_symbol, unpack_symbol, write_symbol
-from cvm_onnx.graph import Graph, Node
-from cvm_onnx.validate import validate
+from cvm_onnx.core.constants import DOMAIN, SYMBOL
+from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.format import read_symbol, unpack_symbol, write_symbol
+from cvm_onnx.core.graph import Graph, Node
+from cvm_onnx.core.ops import REGISTRY, Attrs
+from cvm_onnx.core.validate import validate
 from cvm_onnx.native import ATTRS as NATIVE_OPS
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.ops import REGISTRY, Attrs
 
 from .context import Importer, Tensor, cvm_shape
 from .registry import NodeView, Refuse, rule

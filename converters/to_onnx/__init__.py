@@ -1,5 +1,5 @@
 """CVM -> ONNX: lowerings of the CVM ops (one module per family) and the model exporter."""
-from cvm_onnx.constants import DOMAIN, IR_VERSION, OPSET
+from cvm_onnx.core.constants import DOMAIN, IR_VERSION, OPSET
 
 from .export import entry_names, to_onnx
 from .lowering import LOWERINGS

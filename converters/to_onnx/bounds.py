@@ -9,10 +9,10 @@ INT32_MIN included.
 """
 from __future__ import annotations
 
-from cvm_onnx.constants import ANY
-from cvm_onnx.graph import Entry, Graph
-from cvm_onnx.ops import REGISTRY
-from cvm_onnx.ops.registry import max_abs
+from cvm_onnx.core.constants import ANY
+from cvm_onnx.core.graph import Entry, Graph
+from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.ops.registry import max_abs
 
 
 def value_bounds(graph: Graph) -> dict[Entry, int]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from cvm_onnx.constants import precision_bound
+from cvm_onnx.core.constants import precision_bound
 
 from .lowering import lowering
+
 
 def _clip(b, x, bound: int, dtype=np.int32):
     return b.Clip(x, b.const(-bound, dtype), b.const(bound, dtype))

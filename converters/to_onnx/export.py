@@ -21,19 +21,27 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.constants import (BATCH, DOMAIN, DOMAIN_VERSION, IR_VERSION, OPSET, QUANTIZATION, ROUTES, SYMBOL,
-                                __version__)
-from cvm_onnx.errors import Problem, UnsupportedError
-from cvm_onnx.format import Edges, pack_symbol
-from cvm_onnx.batch import batched
-from cvm_onnx.graph import Entry, Graph, Node, TensorType
-from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN, library_path
-from cvm_onnx.native import LIBRARY, ops_used
+from cvm_onnx.core.batch import batched
+from cvm_onnx.core.constants import (
+    BATCH,
+    DOMAIN,
+    DOMAIN_VERSION,
+    IR_VERSION,
+    OPSET,
+    QUANTIZATION,
+    ROUTES,
+    SYMBOL,
+    __version__,
+)
+from cvm_onnx.core.errors import Problem, UnsupportedError
+from cvm_onnx.core.format import Edges, pack_symbol
+from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
+from cvm_onnx.core.ops import REGISTRY, Attrs
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.native import LIBRARY, library_path, ops_used
 from cvm_onnx.native import VERSION as NATIVE_VERSION
-from cvm_onnx.ops import REGISTRY, Attrs
 
-from . import broadcast, elemwise, native, nn, reduce, transform  # noqa: F401  (registers the lowerings)
-from . import requantize
+from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
 from .bounds import value_bounds
 from .lowering import LOWERINGS, Body, Value, lower
 from .optimize import SERVING, run_passes
@@ -276,7 +284,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
     import writes it back byte for byte (when the graph imported is still the one it describes).
 
-    ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.batch.batched``; refused with
+    ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.core.batch.batched``; refused with
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
     form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``; ``int8``
     (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
@@ -293,7 +301,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     model = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8).model(source_version)
     if symbol is not None and batch is None and not optimize:
         model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))
-    if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.bulk)
+    if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.runtime.bulk)
         model.metadata_props.add(key=BATCH, value=str(batch))
     if edges is not None:
         model.metadata_props.add(key=QUANTIZATION, value=edges.to_bytes().decode())

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.ops import Attrs
+from cvm_onnx.core.ops import Attrs
 
 
 @dataclass(frozen=True)

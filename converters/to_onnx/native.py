@@ -2,8 +2,8 @@
 of the library's op of the same name, with the attributes the op's definition lists (``Op.native_attrs``)."""
 from __future__ import annotations
 
+from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.native import DOMAIN
-from cvm_onnx.ops import REGISTRY
 
 from .lowering import lowering
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.core.ops.nn import pool_pads
+from cvm_onnx.core.ops.registry import magnitudes
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.ops.nn import pool_pads
-from cvm_onnx.ops.registry import magnitudes
 
 from .lowering import lowering
 
@@ -187,7 +187,7 @@ def channelwise(a, x, oc: int) -> bool:
 def conv2d_int8(b, a, x, w) -> tuple[str, dict]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
-    128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.cpu`` gives the argument per
+    128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.native.cpu`` gives the argument per
     ISA; ``int8_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
 
     Returns the products, (N, OC, OH, W') with W' >= OW, and the attributes of the ``requantize`` that

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cvm_onnx.constants import INT32_MAX
-from cvm_onnx.ops.reduce import reduced_axes
+from cvm_onnx.core.constants import INT32_MAX
+from cvm_onnx.core.ops.reduce import reduced_axes
 
 from .lowering import lowering
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
-from cvm_onnx.constants import INT32_MAX, precision_bound
-from cvm_onnx.graph import Entry, Graph, Node
+from cvm_onnx.core.constants import INT32_MAX, precision_bound
+from cvm_onnx.core.graph import Entry, Graph, Node
+from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.ops import REGISTRY
 
 from . import nn
 from .lowering import Body, Value, unwiden, widen

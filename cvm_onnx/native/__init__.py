@@ -13,7 +13,7 @@ serving form's window ops and fused requantization:
   window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
   right), group, as ONNX Conv's; wide (0): 1 gives OH * WP columns (WP the padded width; strides 1 only), each
   window position one contiguous copy, the columns past OW of each row holding windows to be dropped. The
-  serving form feeds them to MatMulInteger (``cvm_onnx.cpu``); CPU only;
+  serving form feeds them to MatMulInteger (``cvm_onnx.native.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
   (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
   the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
@@ -23,7 +23,7 @@ serving form's window ops and fused requantization:
 says that it was not built and exits 1.
 
 Importing this module registers the ops' schemas with onnx (idempotent), so ``onnx.checker`` (full_check) and
-strict shape inference check and infer through them. The pure-Python fallback is in ``cvm_onnx.fallback``.
+strict shape inference check and infer through them. The pure-Python fallback is in ``cvm_onnx.native.fallback``.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from onnx import TensorProto, TypeProto
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
-from ..ops import REGISTRY
+from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
 VERSION = 1

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model
-from cvm_onnx.ops.registry import bits
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model
+from cvm_onnx.core.ops.registry import bits
 
 SEED = 1
 SHAPE = (1, 3, 8, 8)

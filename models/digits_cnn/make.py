@@ -30,9 +30,9 @@ from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import load_digits
 
 from cvm_onnx import load, to_onnx
-from cvm_onnx.executor import execute
-from cvm_onnx.quantize import quantize
-from cvm_onnx.runtime import run, session
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.sessions import run, session
 
 SEED = 0
 HELD_OUT = 0.2

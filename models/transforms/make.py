@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cvm_onnx.builder import GraphBuilder
-from cvm_onnx.executor import execute
-from cvm_onnx.format import write_model
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model
 
 SEED = 2
 VOCAB, FEATURES, TOKENS = 32, 4, 6

@@ -18,14 +18,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .attrs import format_value
-from .converters.to_onnx import entry_names, to_onnx
-from .errors import RuntimeFailure
-from .executor import execute
-from .format import read_model
-from .graph import Entry, Graph
-from .runtime import run, session
-from .validate import validate
+from cvm_onnx.converters.to_onnx import entry_names, to_onnx
+from cvm_onnx.core.attrs import format_value
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import read_model
+from cvm_onnx.core.graph import Entry, Graph
+from cvm_onnx.core.validate import validate
+from cvm_onnx.runtime.sessions import run, session
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called before each step of a long task."""

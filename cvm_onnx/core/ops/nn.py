@@ -10,7 +10,6 @@ from ..constants import INT32_MAX
 from .registry import Attr, Op, bits, in_range, input_bound, magnitudes, one_of, register, require
 
 
-
 def ints(*counts: int, lo: int | None = None, hi: int | None = None) -> Callable[[Any], str | None]:
     """Check for a tuple of one of ``counts`` lengths whose items lie in [lo, hi] (ndim check + VerifyAttrRange)."""
 

@@ -8,7 +8,7 @@ library copied beside the config. The config says:
   batch form ``--batch N``), and Triton batches only models whose first dimension is variable. A request
   carries exactly the form's N samples; the batch form sets how many (config comment);
 * ``instance_group`` on the CPU: the onnxruntime CPU provider is the one whose results are verified here (the
-  CUDA provider needs the options ``cvm_onnx.runtime`` sets, which this config does not);
+  CUDA provider needs the options ``cvm_onnx.runtime.sessions`` sets, which this config does not);
 * ``model_operations { op_library_filename }``: the library by the absolute path the server sees it at,
   ``server_repo/<name>/libcvm_onnx_ops.so`` (the backend hands the name to onnxruntime as given, so a relative
   one would resolve against the server's working directory). ``server_repo`` defaults to ``/models``, where
@@ -23,12 +23,11 @@ from typing import Iterable
 import onnx
 from onnx import TensorProto
 
-from . import fallback
-from .constants import BATCH, __version__
-from .errors import FormatError, UnsupportedError
-from .format.model_dir import replace_files
-from .format.onnx_file import onnx_pieces
-from .native import LIBRARY, library_path
+from cvm_onnx.core.constants import BATCH, __version__
+from cvm_onnx.core.errors import FormatError, UnsupportedError
+from cvm_onnx.core.format.model_dir import replace_files
+from cvm_onnx.core.format.onnx_file import onnx_pieces
+from cvm_onnx.native import LIBRARY, fallback, library_path
 
 SERVER_REPO = "/models"
 TYPES = {TensorProto.BOOL: "TYPE_BOOL", TensorProto.UINT8: "TYPE_UINT8", TensorProto.UINT16: "TYPE_UINT16",

@@ -9,7 +9,8 @@ from typing import Iterable
 
 from ..errors import FormatError, Problem
 from ..graph import Graph
-from .edges import FILE as EDGES, Edges
+from .edges import FILE as EDGES
+from .edges import Edges
 from .params import read_params, write_params
 from .symbol import read_symbol, write_symbol
 

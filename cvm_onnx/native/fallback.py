@@ -4,7 +4,7 @@ onnxruntime-extensions serves Python ops in the domain ``ai.onnx.contrib`` only,
 own a domain, so the fallback cannot take ``cvm.native`` over: ``to_fallback`` rewrites a model's cvm.native
 nodes into ``ai.onnx.contrib`` nodes (``CvmNonMaxSuppression``, ``CvmGetValidCounts``, ``CvmLut``) with every
 attribute written out (PyOps have no attribute defaults). The PyOps call the op registry's FORMAL reference
-kernels, so the results are those of ``cvm_onnx.ops``. They run on the CPU only and are slow: the outputs cross
+kernels, so the results are those of ``cvm_onnx.core.ops``. They run on the CPU only and are slow: the outputs cross
 through Python lists (about 0.1 us per element).
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from . import native
-from .errors import RuntimeFailure
-from .ops import REGISTRY
+from cvm_onnx import native
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "ai.onnx.contrib"
 OP_TYPES = {"non_max_suppression": "CvmNonMaxSuppression", "get_valid_counts": "CvmGetValidCounts",

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from cvm_onnx.core.errors import CVMError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.format.edges import Edges
+
 from .bulk import CHUNK, ModelArg, Output, Progress, Runner, planned
-from .errors import CVMError, RuntimeFailure, UnsupportedError
-from .format.edges import Edges
 
 RETRIES = 3
 """Restarts of a dead actor, and retries of a chunk whose actor died, before the run fails."""
@@ -57,9 +58,9 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
     p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges)
     ray = _ray()
+    import pyarrow as pa
     from ray.data import ActorPoolStrategy, DataContext
     from ray.data.extensions import ArrowTensorArray
-    import pyarrow as pa
 
     started = not ray.is_initialized()
     if started:

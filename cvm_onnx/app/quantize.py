@@ -19,10 +19,11 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from cvm_onnx.converters.from_onnx import Imported
+from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.runtime.bulk import run_many
+
 from .api import convert, load_onnx
-from .bulk import run_many
-from .converters.from_onnx import Imported
-from .errors import FormatError, RuntimeFailure, UnsupportedError
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 Progress = Callable[[int, int, str], None]

@@ -167,7 +167,7 @@ class Op:
     @staticmethod
     def batch_refusal(a: Attrs, shapes: list[Shape], derived: list[bool], n: int) -> str | None:
         """Why the op cannot take a batch of ``n`` although its output shapes keep the batch axis (``derived``:
-        which inputs are computed from the model's input), or None (cvm_onnx/batch.py)."""
+        which inputs are computed from the model's input), or None (cvm_onnx/core/batch.py)."""
         return None
 
     @classmethod

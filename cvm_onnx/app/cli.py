@@ -11,10 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import api, native
-from .bulk import CHUNK
-from .errors import CVMError, FormatError, RuntimeFailure
-from .format.model_dir import replace_file
+from cvm_onnx import native
+from cvm_onnx.app import api
+from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
+from cvm_onnx.core.format.model_dir import replace_file
+from cvm_onnx.runtime.bulk import CHUNK
 
 # Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
 # errors) and EX_SOFTWARE, then the shell's 128 + signal number.
@@ -126,7 +127,7 @@ def write_report(path: str, text: str) -> None:
 
 def convert_triton(args) -> int:
     """CVM -> ONNX as ``convert`` does (to -o, else straight into the repository), then the Triton repository."""
-    from .triton import model_folder, write_repository
+    from cvm_onnx.runtime.triton import model_folder, write_repository
 
     if api.is_onnx(args.source):
         complain(f"cvm-onnx convert: --triton-repo takes a CVM model (directory, or symbol file with --params); "
@@ -176,8 +177,9 @@ def convert_checked(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from cvm_onnx.runtime.verify import verify
+
     from .progress import Bar
-    from .verify import verify
 
     if api.is_onnx(args.model):
         complain(f"cvm-onnx verify: {args.model} is an ONNX file; give the CVM model (directory, or symbol file "
@@ -230,12 +232,12 @@ def cmd_run(args) -> int:
         model, edges = loaded.graph, loaded.edges
     with Bar() as bar:
         if args.ray is None:
-            from .bulk import run_many
+            from cvm_onnx.runtime.bulk import run_many
 
             out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar,
                            edges=edges, workers=args.workers)
         else:
-            from .on_ray import run_on_ray
+            from cvm_onnx.runtime.on_ray import run_on_ray
 
             out = run_on_ray(model, args.input, args.output, address=args.ray or None, actors=args.actors,
                              chunk=args.chunk, provider=args.provider, progress=bar, edges=edges)
@@ -248,8 +250,8 @@ def version() -> str:
     import onnx
     import onnxruntime
 
-    from .constants import __version__
-    from .native import status
+    from cvm_onnx.core.constants import __version__
+    from cvm_onnx.native import status
 
     return "\n".join([f"cvm-onnx {__version__}", f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}, "
                       f"numpy {np.__version__}, Python {sys.version.split()[0]}", status()])

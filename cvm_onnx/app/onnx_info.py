@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-from . import native
-from .constants import QUANTIZATION, SYMBOL, precision_bound, precision_of
+from cvm_onnx import native
+from cvm_onnx.core.constants import QUANTIZATION, SYMBOL, precision_bound, precision_of
 
 
 def _type(vi: onnx.ValueInfoProto) -> str:

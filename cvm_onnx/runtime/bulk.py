@@ -5,12 +5,12 @@
   models take it: (359, 1, 8, 8) for (1, 1, 8, 8)). A directory holds .npy files of these kinds, taken in
   file-name order, all of one dtype. Shapes and dtypes are checked before anything runs, every bad file named
   with the index of its first sample.
-* Plan: the model in the form a runner executes. A CVM graph takes the batched form (``cvm_onnx.batch``, the
+* Plan: the model in the form a runner executes. A CVM graph takes the batched form (``cvm_onnx.core.batch``, the
   serving form on onnxruntime) with the chunk's size as its batch where every op allows it, else it runs one
   sample per call; an .onnx file runs as given, batched if its metadata ``cvm.batch`` says so. A short batch is
   padded with zero samples whose results are dropped (examples never mix in a batched form).
 * Runner: the unit of work, one onnxruntime session (or the reference executor's graph) over a chunk; the same
-  class runs locally (``run_many``) and in each Ray actor (``cvm_onnx.on_ray``).
+  class runs locally (``run_many``) and in each Ray actor (``cvm_onnx.runtime.on_ray``).
 * Output: each model output laid out as the samples were: stacked, ``(N, *output shape)`` (so for a
   directory), or concatenated along its first axis (one sample: the output itself). An ``.npy`` path takes a
   one-output model, any other path is an ``.npz`` keyed by the output names. Written into memory maps in a
@@ -33,14 +33,14 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import onnx
 
-from . import runtime
-from .batch import batched
-from .constants import BATCH, QUANTIZATION
-from .converters.to_onnx import to_onnx
-from .errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
-from .executor import execute
-from .format.edges import Edges, parse_edges
-from .graph import Graph
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.batch import batched
+from cvm_onnx.core.constants import BATCH, QUANTIZATION
+from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.edges import Edges, parse_edges
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.runtime import sessions
 
 Progress = Callable[[int, int, str], None]
 ModelArg = Graph | onnx.ModelProto
@@ -229,8 +229,8 @@ class Runner:
         self.session, self.precision = None, None
         if isinstance(plan.model, bytes):
             model = onnx.load_from_string(plan.model)
-            self.session = runtime.session(model, plan.provider, threads=plan.threads)
-            self.precision = runtime.declared_precision(model, self.session.get_inputs()[0].name)
+            self.session = sessions.session(model, plan.provider, threads=plan.threads)
+            self.precision = sessions.declared_precision(model, self.session.get_inputs()[0].name)
 
     def __call__(self, chunk: np.ndarray, index: Sequence[int] | None = None) -> list[np.ndarray]:
         """Outputs for ``chunk`` (samples on axis 0); ``index``: their numbers in the whole input, named in
@@ -298,7 +298,7 @@ class Runner:
         if self.session is None:
             graph = self.plan.model
             return execute(graph, {graph.nodes[graph.inputs[0]].name: x})
-        return runtime.run(self.session, runtime.feed(self.session, x, self.precision))
+        return sessions.run(self.session, sessions.feed(self.session, x, self.precision))
 
 
 # -- output -------------------------------------------------------------------------------------------------------
@@ -403,11 +403,11 @@ def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: st
 
     ``workers`` units run at once on one session (``Runner.units``), each on one onnxruntime thread; default:
     one per usable CPU for an ONNX model on the CPU when ``threads`` is not given, else 1 (then ``threads`` is
-    onnxruntime's, see ``runtime.session``). Units of a few samples on every core are faster than one batch
+    onnxruntime's, see ``sessions.session``). Units of a few samples on every core are faster than one batch
     over all cores: each unit's tensors stay in its core's caches (benchmarks/bench.py)."""
     if workers is None:
         cpu_onnx = provider == "cpu" and threads is None and isinstance(model, onnx.ModelProto)
-        workers = runtime.usable_cpus() if cpu_onnx else 1
+        workers = sessions.usable_cpus() if cpu_onnx else 1
     if workers < 1:
         raise RuntimeFailure(f"the number of workers must be >= 1, got {workers}")
     p, data = planned(model, inputs, chunk, provider=provider, threads=1 if workers > 1 else threads, edges=edges)

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 import onnx
 import onnxruntime
 
-from .constants import DOMAIN, ROUTES, __version__
-from .cpu import products
-from .converters.from_onnx import Imported
-from .graph import Graph
-from .format.model_dir import model_files
-from .native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.converters.from_onnx import Imported
+from cvm_onnx.core.constants import DOMAIN, ROUTES, __version__
+from cvm_onnx.core.format.model_dir import model_files
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.native.cpu import products
+
 from .pipeline import Conversion, StageRun
 
 

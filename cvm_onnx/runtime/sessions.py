@@ -3,7 +3,7 @@
 * Provider: ``"cpu"``, or ``"cuda"`` when onnxruntime reports CUDAExecutionProvider (else ``RuntimeFailure``).
   Nodes without a CUDA kernel run on the CPU EP, with the CPU kernels' semantics.
 * Custom ops: the native library (domain cvm.native) is registered on every session. When it was not built, a
-  model using it is rewritten to the pure-Python fallback (``cvm_onnx.fallback``) with a warning;
+  model using it is rewritten to the pure-Python fallback (``cvm_onnx.native.fallback``) with a warning;
   ``native=False`` asks for the fallback, ``native=True`` refuses to run without the library.
 * Exactness: the exported graphs compute on integers (or on floats that carry integers, where a lowering proves
   every sum exact), so no option changes a result by rounding. The optimizer stays fully on: on integer graphs
@@ -32,12 +32,12 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from . import cpu, fallback
-from .constants import IR_VERSION, OPSET, PRECISION, precision_of
-from .errors import FormatError, Problem, RuntimeFailure
-from .executor import integer_input
-from .format.onnx_safety import readable
-from .native import DOMAIN as NATIVE_DOMAIN, SERVING_KERNELS, library_path
+from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, precision_of
+from cvm_onnx.core.errors import FormatError, Problem, RuntimeFailure
+from cvm_onnx.core.executor import integer_input
+from cvm_onnx.core.format.onnx_safety import readable
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.native import SERVING_KERNELS, cpu, fallback, library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}

@@ -14,7 +14,7 @@ DOMAIN = "cvm"
 DOMAIN_VERSION = 1  # its version in opset_import
 #: Metadata of an exported model holding the text of the symbol file it was converted from (format.pack_symbol).
 SYMBOL = "cvm.symbol.zlib"
-#: Metadata of a batched exported model: its batch size (``cvm_onnx.bulk`` splits a call's outputs by it).
+#: Metadata of a batched exported model: its batch size (``cvm_onnx.runtime.bulk`` splits a call's outputs by it).
 BATCH = "cvm.batch"
 #: Metadata of a model exported from a quantized import: its float edges, the text of its ``quantization.json``.
 QUANTIZATION = "cvm.quantization"

@@ -25,17 +25,17 @@ from typing import Callable
 import onnx
 import onnxruntime
 
-from .batch import batched
-from .constants import ROUTES
-from .converters.to_onnx import to_onnx
-from .errors import Problem, RuntimeFailure
-from .format import Edges, read_edges, read_model
-from .format.model_dir import read_symbol_text
-from .format.onnx_file import write_onnx
-from .graph import Graph
-from .runtime import session
-from .validate import validate
-from .verify import Progress, Verdict, verify
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.batch import batched
+from cvm_onnx.core.constants import ROUTES
+from cvm_onnx.core.errors import Problem, RuntimeFailure
+from cvm_onnx.core.format import Edges, read_edges, read_model
+from cvm_onnx.core.format.model_dir import read_symbol_text
+from cvm_onnx.core.format.onnx_file import write_onnx
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.core.validate import validate
+from cvm_onnx.runtime.sessions import session
+from cvm_onnx.runtime.verify import Progress, Verdict, verify
 
 
 @dataclass

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 
 HOST = "127.0.0.1"
 

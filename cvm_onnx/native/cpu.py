@@ -28,7 +28,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from .native import DOMAIN, library_path
+from cvm_onnx.native import DOMAIN, library_path
 
 #: Bits of the native library's ``cvm_onnx_cpu_features``.
 FEATURES = {1: "avx2", 2: "avx512bw", 4: "avx512_vnni", 8: "avx_vnni", 16: "amx_int8"}

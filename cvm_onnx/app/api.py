@@ -8,16 +8,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from .converters.from_onnx import Imported, from_onnx, import_model, source_symbol
-from .converters.to_onnx import to_onnx
-from .errors import FormatError, Problem, UnsupportedError
-from .executor import execute
-from .format import Edges, read_edges, read_model, write_model
-from .format.onnx_file import write_onnx
-from .format.onnx_safety import readable
-from .graph import Graph
+from cvm_onnx.converters.from_onnx import Imported, from_onnx, import_model, source_symbol
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.core.errors import FormatError, Problem, UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import Edges, read_edges, read_model, write_model
+from cvm_onnx.core.format.onnx_file import write_onnx
+from cvm_onnx.core.format.onnx_safety import readable
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.core.validate import validate
+
 from .pipeline import Conversion, run
-from .validate import validate
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""What users call: the convert pipeline, the Python front door (api), quantize, reports, Netron, the CLI."""
