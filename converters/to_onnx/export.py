@@ -28,6 +28,7 @@ from cvm_onnx.core.constants import (
     DOMAIN_VERSION,
     IR_VERSION,
     OPSET,
+    PROVIDER,
     QUANTIZATION,
     ROUTES,
     SYMBOL,
@@ -44,7 +45,7 @@ from cvm_onnx.native import VERSION as NATIVE_VERSION
 from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
 from .bounds import value_bounds
 from .lowering import LOWERINGS, Body, Value, lower
-from .optimize import SERVING, run_passes
+from .optimize import CUDA, SERVING, run_passes
 
 
 def onnx_attrs(a: Attrs) -> dict[str, Any]:
@@ -81,8 +82,8 @@ def unsupported(graph: Graph) -> list[Problem]:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, inline: bool, fuse: bool = False, int8: bool = False):
-        self.graph, self.inline, self.fuse, self.int8 = graph, inline, fuse, int8
+    def __init__(self, graph: Graph, inline: bool, fuse: bool = False, int8: bool = False, provider: str = "cpu"):
+        self.graph, self.inline, self.fuse, self.int8, self.provider = graph, inline, fuse, int8, provider
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
         self.nodes: list[onnx.NodeProto] = []
@@ -194,7 +195,7 @@ class _Exporter:
                    for name, e in zip(REGISTRY[head.op].input_names_for(len(head.inputs)), head.inputs)]
             names, head_bound = [self.names[e] for e in head.inputs], self.bounds[Entry(chain.head)]
         body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound,
-                                       self.int8)
+                                       self.int8, self.provider)
         if any(n.domain == NATIVE_DOMAIN for n in body.nodes):
             self.domains[NATIVE_DOMAIN] = 1
         if y in {v.name for v in ins}:
@@ -232,7 +233,7 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
-        chains = requantize.runs(self.graph, self.bounds, self.int8) if self.fuse else []
+        chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider) if self.fuse else []
         fused = {c.nodes[-1]: c for c in chains}
         inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):
@@ -259,7 +260,7 @@ class _Exporter:
         helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version} | (
             {"cvm.native_library": f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
                                    "python -m cvm_onnx.native"} if native else {}) | (
-            {ROUTES: json.dumps(requantize.conv_routes(self.graph, self.bounds, chains, self.int8))}
+            {ROUTES: json.dumps(requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider))}
             if self.fuse else {}))
         return model
 
@@ -278,7 +279,7 @@ class _Exporter:
 
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
             optimize: bool = False, symbol: str | None = None, int8: bool | None = None,
-            edges: Edges | None = None) -> onnx.ModelProto:
+            edges: Edges | None = None, provider: str = "cpu") -> onnx.ModelProto:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
@@ -288,17 +289,23 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
     form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``; ``int8``
     (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
-    products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. A batched model
+    products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. ``provider``: the serving form's target,
+    "cpu", or "cuda" (implies ``optimize``; ``int8`` None means True): convolutions from int8 x int8 products
+    (``nn.conv2d_int8``), then the passes ``optimize.CUDA``, so that every node has a kernel of onnxruntime's
+    CUDA provider (``cvm_onnx.placement`` checks it); metadata ``cvm.provider`` names the target. A batched model
     says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
     ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
     them).
     """
+    if provider not in ("cpu", "cuda"):
+        raise UnsupportedError(f"provider {provider!r}: the serving form is made for 'cpu' or 'cuda'")
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
     if batch is not None:
         graph = batched(graph, batch)
-    int8 = optimize and (library_path() is not None if int8 is None else int8)
-    model = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8).model(source_version)
+    optimize = optimize or provider == "cuda"
+    int8 = optimize and (library_path() is not None or provider == "cuda" if int8 is None else int8)
+    model = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8, provider=provider).model(source_version)
     if symbol is not None and batch is None and not optimize:
         model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))
     if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.runtime.bulk)
@@ -307,8 +314,10 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
         model.metadata_props.add(key=QUANTIZATION, value=edges.to_bytes().decode())
     if not optimize:
         return model
-    model = run_passes(SERVING, model)
+    passes = SERVING + (CUDA if provider == "cuda" else ())
+    model = run_passes(passes, model)
     products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
     model.metadata_props.add(key="cvm.optimized", value=f"requantization runs fused ({products} from integer "
-                             f"products); passes: {', '.join(p.name for p in SERVING)}")
+                             f"products); passes: {', '.join(p.name for p in passes)}")
+    model.metadata_props.add(key=PROVIDER, value=provider)
     return model

@@ -34,6 +34,10 @@ from .lowering import lowering
 FORM = "fast"  # "fast" | "core": how conv2d and dense are written
 FLOAT_EXACT = 1 << 24  # every integer of magnitude <= 2^24 is exactly representable in float32
 INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 255 < 2^31
+# int8 x int8 (the CUDA form: |x| <= 127, w in [-128, 127]): K * 127 * 128 <= 2^31 - 1
+INT8_K_SIGNED = (2**31 - 1) // (127 * 128)
+# The most elements the native im2col gives in one call (its int32 indexing), the CUDA form's only columns limit
+COLUMNS_LIMIT = (1 << 31) - 1
 # The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured.
 # ResNet-20 on an EPYC Zen 4 (1 MiB L2), batch 64 on one thread, the integer route for windows up to 0 / 1 / 4 /
 # 16 MiB a call: 67 / 68 / 62 / 51 ms (the largest layer gathers 9.4 MiB); with today's kernels every layer
@@ -152,29 +156,32 @@ def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.
     return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
 
 
-def int8_refusal(a, x, w, out_shape: tuple[int, ...]) -> str | None:
+def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> str | None:
     """Why a conv2d does not take ``conv2d_int8``, or None when it does: it must be exact (|x| <= 127, the
-    weight a param within [-128, 127], at most ``INT8_K`` products per output: C/G * kh * kw) and expected
-    faster (its windows, N * C * kh * kw * OH * OW bytes, at most ``INT8_COLUMNS``)."""
+    weight a param within [-128, 127], at most ``INT8_K`` products per output: C/G * kh * kw; on "cuda",
+    int8 x int8, ``INT8_K_SIGNED``) and expected faster (its windows, N * C * kh * kw * OH * OW bytes, at most
+    ``INT8_COLUMNS`` on the CPU; on "cuda" only the kernel's ``COLUMNS_LIMIT``: the GPU gathers them at memory
+    speed, and any other route there is a float Conv or a CPU fallback)."""
     kh, kw = a.kernel_size
     n, c = x.shape[:2]
     columns = n * c * kh * kw * out_shape[2] * out_shape[3]
+    most_k, most_columns = (INT8_K_SIGNED, COLUMNS_LIMIT) if provider == "cuda" else (INT8_K, INT8_COLUMNS)
     if x.bound > 127:
         return f"its input's bound {x.bound} exceeds int8's 127"
     if w.const is None:
         return "its weight is not a param"
     if int(w.const.min(initial=0)) < -128 or int(w.const.max(initial=0)) > 127:
         return "its weights exceed int8"
-    if c // a.groups * kh * kw > INT8_K:
-        return f"{c // a.groups * kh * kw} products per output exceed {INT8_K}"
-    if columns > INT8_COLUMNS:
-        return f"its windows, {columns:,} bytes, exceed the cost model's {INT8_COLUMNS:,} bytes a call"
+    if c // a.groups * kh * kw > most_k:
+        return f"{c // a.groups * kh * kw} products per output exceed {most_k}"
+    if columns > most_columns:
+        return f"its windows, {columns:,} bytes, exceed the cost model's {most_columns:,} bytes a call"
     return None
 
 
-def int8_route(a, x, w, out_shape: tuple[int, ...]) -> bool:
+def int8_route(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> bool:
     """Whether a conv2d takes ``conv2d_int8`` (``int8_refusal`` says why not)."""
-    return int8_refusal(a, x, w, out_shape) is None
+    return int8_refusal(a, x, w, out_shape, provider) is None
 
 
 def channelwise(a, x, oc: int) -> bool:
@@ -184,7 +191,7 @@ def channelwise(a, x, oc: int) -> bool:
             and tuple(a.padding) == (0, 0))
 
 
-def conv2d_int8(b, a, x, w) -> tuple[str, dict]:
+def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
     128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.native.cpu`` gives the argument per
@@ -195,22 +202,31 @@ def conv2d_int8(b, a, x, w) -> tuple[str, dict]:
     contiguous copy); each row's last W' - OW products are of windows that wrap into the next row, and are
     dropped (``width``: OW). A ``channelwise`` conv2d is its single product per output, x * w[c]: x itself,
     and ``requantize`` multiplies in int32 by ``scales`` (w), wrapping as the runtime's accumulator does (and not
-    wrapping here: |x| <= 127, |w| <= 128)."""
+    wrapping here: |x| <= 127, |w| <= 128).
+
+    On "cuda" (onnxruntime's CUDA MatMulInteger takes int8 x int8 only) the windows are ``im2col_int8`` (x
+    itself, 0 in the padding, never wide) and the weights int8, no zero points: cuBLAS's int8 GEMM sums the
+    products in int32, |w x| <= 128 * 127 and K <= ``INT8_K_SIGNED`` products, so no sum overflows and the
+    result is sum w x exactly, in any order."""
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     (kh, kw), (ph, pw) = a.kernel_size, a.padding
     if channelwise(a, x, oc):
         return x.name, {"scales": [int(v) for v in w.const.reshape(-1)]}
     k = c // g * kh * kw
-    wide = tuple(a.strides) == (1, 1)
+    cuda = provider == "cuda"
+    wide = tuple(a.strides) == (1, 1) and not cuda
     width = x.shape[3] + 2 * pw if wide else ow
-    cols = b.node("im2col_uint8", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
-                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], group=g,
+    cols = b.node("im2col_int8" if cuda else "im2col_uint8", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw],
+                  strides=list(a.strides), dilations=list(a.dilation), pads=[ph, pw, ph, pw], group=g,
                   **({"wide": 1} if wide else {}))  # (N, G, K, OH * W')
-    wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
-    wq = b.Reshape(wq, b.const([oc, k] if g == 1 else [g, oc // g, k]))
-    zero = b.const(128, np.uint8)
-    return b.Reshape(b.MatMulInteger(wq, cols, zero, zero), b.const([n, oc, oh, width])), \
-        {"width": ow} if width > ow else {}
+    shape = b.const([oc, k] if g == 1 else [g, oc // g, k])
+    if cuda:
+        products = b.MatMulInteger(b.Reshape(b.Cast(w, to=TensorProto.INT8), shape), cols)
+    else:
+        wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
+        zero = b.const(128, np.uint8)
+        products = b.MatMulInteger(b.Reshape(wq, shape), cols, zero, zero)
+    return b.Reshape(products, b.const([n, oc, oh, width])), {"width": ow} if width > ow else {}
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:

@@ -138,5 +138,32 @@ def drop_stale_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+@model_pass
+def clips_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every integer ``Clip(x, lo, hi)`` becomes ``Min(Max(x, lo), hi)`` (an absent bound: that step left out),
+    named after it: onnxruntime has no CUDA kernel for int32 Clip, and Max and Min have int32 ones. The same
+    value: ONNX Clip is min(max(x, lo), hi), which for lo > hi gives hi, as the Min of the Max does."""
+    types = _types(model)
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "Clip" or node.domain not in ("", "ai.onnx") or types.get(node.input[0]) in FLOATS:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        bounds = [(op, t) for op, t in zip(("Max", "Min"), [*node.input[1:], "", ""][:2]) if t]
+        for k, (op, t) in enumerate(bounds):
+            y = node.output[0] if k == len(bounds) - 1 else f"{node.output[0]}:{op.lower()}"
+            nodes.append(onnx.helper.make_node(op, [x, t], [y], name=f"{node.name}:{op.lower()}"))
+            nodes[-1].metadata_props.extend(node.metadata_props)
+            x = y
+        if not bounds:
+            nodes.append(onnx.helper.make_node("Identity", [x], list(node.output), name=node.name))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
 #: The passes of the serving form after export, in order.
 SERVING: tuple[Pass, ...] = (skip_int32_round_trips, drop_unread_casts, drop_unread_params, drop_stale_value_info)
+#: The passes of the CUDA serving form after ``SERVING``: every node a kernel of onnxruntime's CUDA provider.
+CUDA: tuple[Pass, ...] = (clips_as_max_min,)

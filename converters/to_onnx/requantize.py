@@ -252,14 +252,16 @@ def _operands(graph: Graph, node: Node, bounds: dict[Entry, int]) -> tuple[Value
     return x, w
 
 
-def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int]) -> bool:
+def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int], provider: str = "cpu") -> bool:
     """Whether ``node`` is a conv2d that starts a run from its integer products (``nn.int8_route``)."""
     if node.op != "conv2d":
         return False
-    return nn.int8_route(REGISTRY[node.op].bind(node.attrs), *_operands(graph, node, bounds), node.outputs[0].shape)
+    return nn.int8_route(REGISTRY[node.op].bind(node.attrs), *_operands(graph, node, bounds), node.outputs[0].shape,
+                         provider)
 
 
-def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int8: bool) -> list[list[str]]:
+def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int8: bool,
+                provider: str = "cpu") -> list[list[str]]:
     """Each conv2d's route in the serving form, [name, route, why not integer products (or "")]: "integer
     products" (``nn.conv2d_int8``), "per-channel scale" (its run's requantize multiplies) or "float32/int32
     products" (a float32 Conv where exact, else the core form)."""
@@ -270,7 +272,7 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
             continue
         a, (x, w) = REGISTRY[node.op].bind(node.attrs), _operands(graph, node, bounds)
         why = ("integer products are off (no native library, or int8=False)" if not int8 else
-               nn.int8_refusal(a, x, w, node.outputs[0].shape) or
+               nn.int8_refusal(a, x, w, node.outputs[0].shape, provider) or
                ("its output is not read by one requantization run alone" if i not in heads else None))
         route = ("float32/int32 products" if why else
                  "per-channel scale" if nn.channelwise(a, x, node.outputs[0].shape[1]) else "integer products")
@@ -279,7 +281,7 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
-          int8: bool = False) -> int | None:
+          int8: bool = False, provider: str = "cpu") -> int | None:
     """The conv2d/dense node whose output only the run's ``first`` node reads, when its product can feed the
     run: with ``int8``, a conv2d taking the integer route (``int8_head``); else its single float32
     product, whose sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s
@@ -290,12 +292,12 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
     if producer.op not in ("conv2d", "dense") or x.index or readers.get(x) != 1:
         return None
-    if int8 and int8_head(graph, producer, bounds):
+    if int8 and int8_head(graph, producer, bounds, provider):
         return x.node
     return x.node if nn.FORM == "fast" and limit <= FLOAT_EXACT else None
 
 
-def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False) -> list[Chain]:
+def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu") -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
     cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
     any (``_head``; ``int8``: integer products allowed)."""
@@ -317,7 +319,7 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False) -> list[Cha
         current.append(i)
     if len(current) > 1:
         found.append(current)
-    return [Chain(c, _head(graph, c[0], bounds, readers, int8)) for c in found]
+    return [Chain(c, _head(graph, c[0], bounds, readers, int8, provider)) for c in found]
 
 
 def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
@@ -338,7 +340,7 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
-              head_bound: int = 0, int8: bool = False) -> tuple[Body, str]:
+              head_bound: int = 0, int8: bool = False, provider: str = "cpu") -> tuple[Body, str]:
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
     ``head_bound`` bounds the head's output); returns it and its output's name.
 
@@ -351,13 +353,13 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     integer within 2^24) cast to int32.
     """
     b = Body([out])
-    y = _run_body(b, graph, chain, widen(b, inputs), out, head_bound, int8)
+    y = _run_body(b, graph, chain, widen(b, inputs), out, head_bound, int8, provider)
     unwiden(b, [y])
     return b, y
 
 
 def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int,
-              int8: bool) -> str:
+              int8: bool, provider: str) -> str:
     """``lower_run``'s body in ``b`` (int8 params already widened); returns its output's name."""
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
     if chain.head is None:
@@ -365,8 +367,8 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
             return _native_run(b, inputs[0].name, None, steps)
         r = Run(b, inputs[0])
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
-            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape):
-        products, attrs = nn.conv2d_int8(b, a, *inputs[:2])
+            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, provider):
+        products, attrs = nn.conv2d_int8(b, a, *inputs[:2], provider)
         return _native_run(b, products, inputs[2] if a.use_bias else None, steps, **attrs)
     else:
         head = graph.nodes[chain.head]

@@ -20,6 +20,8 @@ BATCH = "cvm.batch"
 QUANTIZATION = "cvm.quantization"
 #: Metadata of a serving-form model: each conv2d's route, a JSON list of [name, route, why not integer products].
 ROUTES = "cvm.routes"
+#: Metadata of a serving-form model: the provider it was made for, "cpu" or "cuda" (every node a CUDA kernel).
+PROVIDER = "cvm.provider"
 #: Metadata of a tensor (value_info) of an exported model: its CVM precision (an input's is on ``<input>:clamped``).
 PRECISION = "cvm.precision"
 
