@@ -23,6 +23,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -246,6 +247,35 @@ Ort::Status cvm_lut(const Int32Tensor& indices, const Int32Tensor& table, Int32T
   });
 }
 
+// The im2col attributes (as ONNX Conv's, and wide), checked for their lengths and values 0/1.
+Im2colShape read_im2col_attrs(const OrtKernelInfo* info, const char* name) {
+  Im2colShape geometry;
+  const std::vector<int64_t> kernel = ints_attr(info, "kernel_shape", {});
+  const std::vector<int64_t> strides = ints_attr(info, "strides", {1, 1});
+  const std::vector<int64_t> dilations = ints_attr(info, "dilations", {1, 1});
+  const std::vector<int64_t> pads = ints_attr(info, "pads", {0, 0, 0, 0});
+  if (kernel.size() != 2 || strides.size() != 2 || dilations.size() != 2 || pads.size() != 4) {
+    throw Ort::Exception(std::string(name) + ": kernel_shape (2 ints, required), strides (2), dilations (2) and "
+                         "pads (4) have the wrong length", ORT_INVALID_ARGUMENT);
+  }
+  geometry.kh = kernel[0], geometry.kw = kernel[1], geometry.sh = strides[0], geometry.sw = strides[1];
+  geometry.dh = dilations[0], geometry.dw = dilations[1];
+  geometry.pt = pads[0], geometry.pl = pads[1], geometry.pb = pads[2], geometry.pr = pads[3];
+  geometry.group = int_attr(info, "group", 1);
+  const int64_t wide = int_attr(info, "wide", 0);
+  if (wide != 0 && wide != 1) throw Ort::Exception(std::string(name) + ": wide must be 0 or 1", ORT_INVALID_ARGUMENT);
+  geometry.wide = wide == 1;
+  return geometry;
+}
+
+// The geometry of data (N, C, H, W) for the attributes in `attrs`: an error message, empty when valid.
+std::string im2col_shape(const std::vector<int64_t>& shape, const Im2colShape& attrs, Im2colShape& s) {
+  if (shape.size() != 4) return "data must be 4-D (N, C, H, W), got " + shape_text(shape);
+  s = attrs;
+  s.n = shape[0], s.c = shape[1], s.h = shape[2], s.w = shape[3];
+  return im2col_geometry(s);
+}
+
 // im2col_int8 (offset 0) and im2col_uint8 (offset 128): int32 data (N, C, H, W) with values in [-128, 127] ->
 // columns (N, G, C/G * kh * kw, OH * OW) holding x + offset, offset in the padding; wide=1: OH * WP columns
 // (im2col.h).
@@ -253,31 +283,12 @@ template <typename Out, int32_t kOffset>
 struct Im2col {
   static constexpr const char* kName = kOffset == 0 ? "im2col_int8" : "im2col_uint8";
 
-  Im2col(const OrtApi*, const OrtKernelInfo* info) {
-    const std::vector<int64_t> kernel = ints_attr(info, "kernel_shape", {});
-    const std::vector<int64_t> strides = ints_attr(info, "strides", {1, 1});
-    const std::vector<int64_t> dilations = ints_attr(info, "dilations", {1, 1});
-    const std::vector<int64_t> pads = ints_attr(info, "pads", {0, 0, 0, 0});
-    if (kernel.size() != 2 || strides.size() != 2 || dilations.size() != 2 || pads.size() != 4) {
-      throw Ort::Exception(std::string(kName) + ": kernel_shape (2 ints, required), strides (2), dilations (2) and "
-                           "pads (4) have the wrong length", ORT_INVALID_ARGUMENT);
-    }
-    geometry.kh = kernel[0], geometry.kw = kernel[1], geometry.sh = strides[0], geometry.sw = strides[1];
-    geometry.dh = dilations[0], geometry.dw = dilations[1];
-    geometry.pt = pads[0], geometry.pl = pads[1], geometry.pb = pads[2], geometry.pr = pads[3];
-    geometry.group = int_attr(info, "group", 1);
-    const int64_t wide = int_attr(info, "wide", 0);
-    if (wide != 0 && wide != 1) throw Ort::Exception(std::string(kName) + ": wide must be 0 or 1", ORT_INVALID_ARGUMENT);
-    geometry.wide = wide == 1;
-  }
+  Im2col(const OrtApi*, const OrtKernelInfo* info) : geometry(read_im2col_attrs(info, kName)) {}
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
     return guarded(kName, [&] {
-      const std::vector<int64_t>& shape = data.Shape();
-      if (shape.size() != 4) return invalid(kName, "data must be 4-D (N, C, H, W), got " + shape_text(shape));
-      Im2colShape s = geometry;
-      s.n = shape[0], s.c = shape[1], s.h = shape[2], s.w = shape[3];
-      if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
+      Im2colShape s;
+      if (std::string err = im2col_shape(data.Shape(), geometry, s); !err.empty()) return invalid(kName, err);
       const int32_t* x = data.Data();
       std::vector<Out> padded(static_cast<size_t>(s.n * s.c * s.plane_stride()));
       Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.positions()});
@@ -306,9 +317,11 @@ struct Im2col {
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
 // keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
 // axis-1 channel before the bias.
-struct Requantize {
-  Requantize(const OrtApi*, const OrtKernelInfo* info) : width(int_attr(info, "width", 0)) {
-    if (std::string err = parse_steps(ints_attr(info, "steps", {}), steps); !err.empty()) {
+// The requantize attributes: steps, width, scales (checked).
+struct RequantizeAttrs {
+  explicit RequantizeAttrs(const OrtKernelInfo* info) : width(int_attr(info, "width", 0)) {
+    flat = ints_attr(info, "steps", {});
+    if (std::string err = parse_steps(flat, steps); !err.empty()) {
       throw Ort::Exception("requantize: " + err, ORT_INVALID_ARGUMENT);
     }
     if (width < 0) throw Ort::Exception("requantize: width must be >= 0", ORT_INVALID_ARGUMENT);
@@ -321,33 +334,56 @@ struct Requantize {
     }
   }
 
+  // Checks data's shape against the bias (`channels` elements, shape `bias_shape`), scales and width; sets
+  // `inner` (elements per axis-1 index); returns an error message, empty when valid.
+  std::string check(const std::vector<int64_t>& shape, int64_t channels, const std::vector<int64_t>& bias_shape,
+                    int64_t& inner) const {
+    if (channels > 0 && (shape.size() < 2 || shape[1] != channels || bias_shape.size() != 1)) {
+      return "bias must be empty or (C,) for data (N, C, ...), got " + shape_text(bias_shape) + " for " +
+             shape_text(shape);
+    }
+    const int64_t scaled = static_cast<int64_t>(scales.size());
+    if (scaled > 0 && (shape.size() < 2 || shape[1] != scaled || (channels > 0 && channels != scaled))) {
+      return std::to_string(scaled) + " scales for data " + shape_text(shape) + ": they must match axis 1 (and the bias)";
+    }
+    if (width > 0 && (shape.size() < 3 || shape.back() < width)) {
+      return "width " + std::to_string(width) + " needs data of rank >= 3 with a last axis at least as long, got " +
+             shape_text(shape);
+    }
+    inner = 1;
+    for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+    return {};
+  }
+
+  int64_t width;
+  std::vector<int64_t> flat;
+  std::vector<int32_t> scales;
+  std::vector<RequantStep> steps;
+};
+
+// requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
+// keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
+// axis-1 channel before the bias.
+struct Requantize {
+  Requantize(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {}
+
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
       std::vector<int64_t> shape = data.Shape();
       const int64_t channels = bias.NumberOfElement();
-      if (channels > 0 && (shape.size() < 2 || shape[1] != channels || bias.Shape().size() != 1)) {
-        return invalid("requantize", "bias must be empty or (C,) for data (N, C, ...), got " +
-                                         shape_text(bias.Shape()) + " for " + shape_text(shape));
-      }
-      const int64_t scaled = static_cast<int64_t>(scales.size());
-      if (scaled > 0 && (shape.size() < 2 || shape[1] != scaled || (channels > 0 && channels != scaled))) {
-        return invalid("requantize", std::to_string(scaled) + " scales for data " + shape_text(shape) +
-                                         ": they must match axis 1 (and the bias)");
-      }
-      if (width > 0 && (shape.size() < 3 || shape.back() < width)) {
-        return invalid("requantize", "width " + std::to_string(width) + " needs data of rank >= 3 with a last axis "
-                                     "at least as long, got " + shape_text(shape));
-      }
       int64_t inner = 1;
-      for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+      if (std::string err = attrs.check(shape, channels, bias.Shape(), inner); !err.empty()) {
+        return invalid("requantize", err);
+      }
+      const int64_t scaled = static_cast<int64_t>(attrs.scales.size()), width = attrs.width;
       const int64_t count = data.NumberOfElement();
       const int32_t* b = channels > 0 && inner > 0 ? bias.Data() : nullptr;
       const int32_t* x = data.Data();
       if (width == 0) {
         int32_t* y = out.Allocate(shape);
         auto block = [&](int64_t i) {
-          requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, scaled > 0 && inner > 0 ? scales.data()
-                     : nullptr, std::max(channels, scaled), inner, steps, y);
+          requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, scaled > 0 && inner > 0 ?
+                     attrs.scales.data() : nullptr, std::max(channels, scaled), inner, attrs.steps, y);
         };
         parallel_for(context, (count + kBlock - 1) / kBlock, block);
         return Ort::Status{nullptr};
@@ -358,7 +394,7 @@ struct Requantize {
       int32_t* y = out.Allocate(shape);
       auto block = [&](int64_t i) {
         requantize_rows(x, row, width, i * per_block, std::min(rows, (i + 1) * per_block), b, channels, inner / row,
-                        steps, y);
+                        attrs.steps, y);
       };
       parallel_for(context, (rows + per_block - 1) / per_block, block);
       return Ort::Status{nullptr};
@@ -366,9 +402,7 @@ struct Requantize {
   }
 
   static constexpr int64_t kBlock = 1 << 14;  // elements per parallel task
-  int64_t width;
-  std::vector<int32_t> scales;
-  std::vector<RequantStep> steps;
+  RequantizeAttrs attrs;
 };
 
 // -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
@@ -426,6 +460,73 @@ Ort::Status cvm_lut_cuda(OrtKernelContext* ctx, const Int32Tensor& indices, cons
                                         stream_of(ctx)));
   });
 }
+
+// im2col_int8 / im2col_uint8 on the GPU: the same geometry checks, then cuda_im2col (values not range-checked:
+// cvm_cuda.h says why).
+template <int32_t kOffset>
+struct Im2colCuda {
+  static constexpr const char* kName = kOffset == 0 ? "im2col_int8" : "im2col_uint8";
+  using Out = std::conditional_t<kOffset == 0, int8_t, uint8_t>;
+
+  Im2colCuda(const OrtApi*, const OrtKernelInfo* info) : geometry(read_im2col_attrs(info, kName)) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
+    return guarded(kName, [&] {
+      Im2colShape s;
+      if (std::string err = im2col_shape(data.Shape(), geometry, s); !err.empty()) return invalid(kName, err);
+      Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.positions()});
+      const Im2colArgs args{s.n, s.c, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.group, s.oh, s.ow,
+                            s.wide, s.wp(), s.hp()};
+      return launched(kName, cuda_im2col(data.Data(), args, static_cast<uint8_t>(kOffset),
+                                         reinterpret_cast<uint8_t*>(cols), stream_of(ctx)));
+    });
+  }
+
+  Im2colShape geometry;
+};
+
+// requantize on the GPU: the same checks, then cuda_requantize; the scales are copied to the device once.
+struct RequantizeCuda {
+  RequantizeCuda(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {}
+  RequantizeCuda(const RequantizeCuda&) = delete;
+  RequantizeCuda& operator=(const RequantizeCuda&) = delete;
+  ~RequantizeCuda() { cuda_free(device_scales); }
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
+    return guarded("requantize", [&] {
+      std::vector<int64_t> shape = data.Shape();
+      const int64_t channels = bias.NumberOfElement();
+      int64_t inner = 1;
+      if (std::string err = attrs.check(shape, channels, bias.Shape(), inner); !err.empty()) {
+        return invalid("requantize", err);
+      }
+      const int32_t* scales = nullptr;
+      if (!attrs.scales.empty()) {
+        std::lock_guard<std::mutex> lock(upload);
+        if (device_scales == nullptr) {
+          const char* error = nullptr;
+          device_scales = cuda_upload(attrs.scales.data(), static_cast<int64_t>(attrs.scales.size()), &error);
+          if (error) return launched("requantize", error);
+        }
+        scales = device_scales;
+      }
+      const int64_t width = attrs.width, row = shape.back();
+      if (width > 0) shape.back() = width;
+      int32_t* y = out.Allocate(shape);
+      int64_t count = 1;
+      for (int64_t d : shape) count *= d;
+      const int64_t per_channel = width > 0 ? inner / row : inner;
+      return launched("requantize", cuda_requantize(data.Data(), count, channels > 0 ? bias.Data() : nullptr, scales,
+                                                    std::max<int64_t>(channels, attrs.scales.size()), per_channel,
+                                                    row, width, attrs.flat.data(),
+                                                    static_cast<int64_t>(attrs.steps.size()), y, stream_of(ctx)));
+    });
+  }
+
+  RequantizeAttrs attrs;
+  std::mutex upload;
+  int32_t* device_scales = nullptr;
+};
 #endif
 
 // The compute entry of the op in `Slot`: its inputs checked (check_inputs), then the lite API's own entry.
@@ -480,6 +581,10 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<4>(Ort::Custom::CreateLiteCustomOp<GetValidCountsCuda>("get_valid_counts", cuda),
                            "get_valid_counts", 1));
   ops.push_back(checked<5>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda), "cvm_lut", 2));
+  ops.push_back(checked<9>(Ort::Custom::CreateLiteCustomOp<Im2colCuda<0>>("im2col_int8", cuda), "im2col_int8", 1));
+  ops.push_back(checked<10>(Ort::Custom::CreateLiteCustomOp<Im2colCuda<128>>("im2col_uint8", cuda), "im2col_uint8",
+                            1));
+  ops.push_back(checked<11>(Ort::Custom::CreateLiteCustomOp<RequantizeCuda>("requantize", cuda), "requantize", 2));
 #endif
   return ops;
 }
@@ -494,6 +599,16 @@ extern "C" __attribute__((visibility("default"))) int CvmOnnxHasCuda() {
   return 1;
 #else
   return 0;
+#endif
+}
+
+// The ops with a CUDAExecutionProvider kernel in this build, comma-separated ("" without CUDA), for
+// cvm_onnx.native.cuda_ops (via ctypes).
+extern "C" __attribute__((visibility("default"))) const char* CvmOnnxCudaOps() {
+#ifdef CVM_ONNX_WITH_CUDA
+  return "non_max_suppression,get_valid_counts,cvm_lut,im2col_int8,im2col_uint8,requantize";
+#else
+  return "";
 #endif
 }
 

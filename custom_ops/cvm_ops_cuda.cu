@@ -102,6 +102,66 @@ __global__ void valid_counts(const int32_t* x, int64_t n, int64_t k, int64_t thr
   for (int64_t i = total * k + threadIdx.x; i < n * k; i += blockDim.x) yb[i] = -1;
 }
 
+__global__ void gather_windows(const int32_t* x, Im2colArgs s, uint8_t offset, int64_t total, uint8_t* cols) {
+  const int64_t window = s.kh * s.kw, positions = s.oh * (s.wide ? s.wp : s.ow);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    // i = ((plane * kh + fh) * kw + fw) * positions + l, plane = n * C + channel (the input's channel order)
+    const int64_t l = i % positions, k = (i / positions) % window, plane = i / positions / window;
+    const int64_t fh = k / s.kw, fw = k % s.kw;
+    int64_t ih, iw;
+    if (s.wide) {  // padded row-major position, read on past the row's end into the following rows
+      const int64_t p = (l / s.wp + fh * s.dh) * s.wp + l % s.wp + fw * s.dw;
+      ih = p / s.wp - s.pt, iw = p % s.wp - s.pl;
+      if (p / s.wp >= s.hp) ih = -1;  // past the plane's last padded row: the slack, padding
+    } else {
+      ih = (l / s.ow) * s.sh + fh * s.dh - s.pt, iw = (l % s.ow) * s.sw + fw * s.dw - s.pl;
+    }
+    const bool inside = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
+    const uint32_t v = inside ? static_cast<uint32_t>(x[(plane * s.h + ih) * s.w + iw]) : 0u;
+    cols[i] = static_cast<uint8_t>(v + offset);
+  }
+}
+
+constexpr int kMaxSteps = 32;  // steps per launch (kernel parameters); longer runs take several launches
+
+struct Steps {
+  int32_t kind[kMaxSteps], a[kMaxSteps], b[kMaxSteps];
+  int count;
+};
+
+// requantize.h's apply_steps on one value: int32 with two's-complement wrap-around, shift (v + 2^(a-1)) >> a.
+__device__ int32_t apply(int32_t v, const Steps& st) {
+  for (int k = 0; k < st.count; ++k) {
+    const uint32_t a = static_cast<uint32_t>(st.a[k]);
+    switch (st.kind[k]) {
+      case 0: v = static_cast<int32_t>(static_cast<uint32_t>(v) + (1u << (a - 1))) >> a; break;
+      case 1: v = static_cast<int32_t>(static_cast<uint32_t>(v) * a); break;
+      case 2: v = static_cast<int32_t>(static_cast<uint32_t>(v) + a); break;
+      default: v = min(max(v, st.a[k]), st.b[k]);
+    }
+  }
+  return v;
+}
+
+// y[i] = steps(x[src] * scales[c] + bias[c]); with width, i indexes rows of `width` taken from rows of `row`.
+__global__ void requantize_kernel(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
+                                  int64_t channels, int64_t inner, int64_t row, int64_t width, Steps st, int32_t* y) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t src = i, c = 0;
+    if (width > 0) {
+      const int64_t r = i / width;
+      src = r * row + i % width;
+      c = channels > 0 ? (r / inner) % channels : 0;
+    } else if (channels > 0) {
+      c = (i / inner) % channels;
+    }
+    uint32_t v = static_cast<uint32_t>(x[src]);
+    if (scales) v *= static_cast<uint32_t>(scales[c]);
+    if (bias) v += static_cast<uint32_t>(bias[c]);
+    y[i] = apply(static_cast<int32_t>(v), st);
+  }
+}
+
 __global__ void lut(const int32_t* indices, int64_t count, const int32_t* table, int64_t size, int32_t* y) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
     y[i] = table[lut_index(indices[i], size)];
@@ -109,6 +169,52 @@ __global__ void lut(const int32_t* indices, int64_t count, const int32_t* table,
 }
 
 }  // namespace
+
+const char* cuda_im2col(const int32_t* x, const Im2colArgs& s, uint8_t offset, uint8_t* cols, void* stream) {
+  const int64_t total = s.n * s.c * s.kh * s.kw * s.oh * (s.wide ? s.wp : s.ow);
+  if (total == 0) return nullptr;
+  gather_windows<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, s, offset, total, cols);
+  return last_error();
+}
+
+const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
+                            int64_t channels, int64_t inner, int64_t row, int64_t width, const int64_t* steps,
+                            int64_t n_steps, int32_t* y, void* stream) {
+  if (count == 0) return nullptr;
+  const auto s = static_cast<cudaStream_t>(stream);
+  int64_t done = 0;
+  do {  // the first launch reads x (bias, scales, width); any further one continues on y in place
+    Steps st{};
+    st.count = static_cast<int>(n_steps - done < kMaxSteps ? n_steps - done : kMaxSteps);
+    for (int k = 0; k < st.count; ++k) {
+      st.kind[k] = static_cast<int32_t>(steps[3 * (done + k)]);
+      st.a[k] = static_cast<int32_t>(steps[3 * (done + k) + 1]);
+      st.b[k] = static_cast<int32_t>(steps[3 * (done + k) + 2]);
+    }
+    if (done == 0) {
+      requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, count, bias, scales, channels, inner, row, width,
+                                                              st, y);
+    } else {
+      requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, count, nullptr, nullptr, 0, 1, 0, 0, st, y);
+    }
+    done += st.count;
+  } while (done < n_steps);
+  return last_error();
+}
+
+int32_t* cuda_upload(const int32_t* host, int64_t count, const char** error) {
+  int32_t* device = nullptr;
+  cudaError_t err = cudaMalloc(&device, sizeof(int32_t) * (count > 0 ? count : 1));
+  if (err == cudaSuccess && count > 0) {
+    err = cudaMemcpy(device, host, sizeof(int32_t) * count, cudaMemcpyHostToDevice);
+  }
+  *error = last_error(err);
+  return device;
+}
+
+void cuda_free(int32_t* device) {
+  if (device != nullptr) cudaFree(device);
+}
 
 const char* cuda_non_max_suppression(const int32_t* data, const int32_t* valid_count, int64_t batches, int64_t n,
                                      const NmsAttrs& attrs, int32_t* y, void* stream) {

@@ -13,11 +13,12 @@ serving form's window ops and fused requantization:
   window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
   right), group, as ONNX Conv's; wide (0): 1 gives OH * WP columns (WP the padded width; strides 1 only), each
   window position one contiguous copy, the columns past OW of each row holding windows to be dropped. The
-  serving form feeds them to MatMulInteger (``cvm_onnx.native.cpu``); CPU only;
+  serving form feeds them to MatMulInteger (``cvm_onnx.native.cpu``); CPU and CUDA kernels (the CUDA form
+  takes ``im2col_int8``);
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
   (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
   the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
-  axis-1 channel) multiply data before the bias (a per-channel-scale convolution); CPU only.
+  axis-1 channel) multiply data before the bias (a per-channel-scale convolution); CPU and CUDA kernels.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -62,9 +63,20 @@ def ops_used(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in nodes if n.domain == DOMAIN})
 
 
+#: The ops that have a CUDAExecutionProvider kernel in a library built with CUDA (``cuda_ops`` asks a library).
+CUDA_OPS = ("non_max_suppression", "get_valid_counts", "cvm_lut", "im2col_int8", "im2col_uint8", "requantize")
+
+
 def has_cuda_kernels(path: str) -> bool:
     """Whether the library at ``path`` was built with the CUDA kernels (it asks the library itself)."""
     return bool(ctypes.CDLL(path).CvmOnnxHasCuda())
+
+
+def cuda_ops(path: str) -> tuple[str, ...]:
+    """The ops the library at ``path`` registers for CUDAExecutionProvider (none without CUDA kernels)."""
+    fn = ctypes.CDLL(path).CvmOnnxCudaOps
+    fn.restype = ctypes.c_char_p
+    return tuple(op for op in fn().decode().split(",") if op)
 
 
 def status() -> str:

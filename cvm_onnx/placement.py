@@ -1,0 +1,106 @@
+"""Where onnxruntime places a model's nodes with the CUDA provider: a check from its kernel table, and a reading
+of a session's profile.
+
+* ``cuda_kernels.json`` (beside this module) holds the kernels of onnxruntime's CUDAExecutionProvider for the
+  ops cvm-onnx writes, at opset 21, with their type constraints, taken from onnxruntime's own operator-kernel
+  documentation (its source and commit are named in the file). ``without_cuda_kernel(model)`` lists every node
+  that has no CUDA kernel for its types: onnxruntime would run it on the CPU provider, with a copy to and from
+  the host around it. A ``cvm.native`` node needs a CUDA kernel of the native library (``NATIVE_CUDA_OPS``).
+  Constants, and nodes that read only constants (folded when the session is created), need none.
+* ``profiled_placement(path)`` reads an onnxruntime profile (``SessionOptions.enable_profiling``) and gives the
+  provider each node ran on, for the check on a machine with a GPU.
+"""
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from .errors import Problem
+from .native import CUDA_OPS as NATIVE_CUDA_OPS, DOMAIN as NATIVE_DOMAIN
+
+
+@cache
+def table() -> dict:
+    """The kernel table (see the module's docstring)."""
+    return json.loads(Path(__file__).with_name("cuda_kernels.json").read_text())
+
+
+def _type_name(elem_type: int) -> str:
+    return {"FLOAT": "float", "DOUBLE": "double"}.get(TensorProto.DataType.Name(elem_type),
+                                                      TensorProto.DataType.Name(elem_type).lower())
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor of the main graph (inputs, initializers, constants, inferred)."""
+    g = model.graph
+    params = [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in g.initializer]
+    light = onnx.helper.make_model(onnx.helper.make_graph(g.node, g.name, [*g.input, *params], g.output),
+                                   opset_imports=model.opset_import, ir_version=model.ir_version)
+    inferred = onnx.shape_inference.infer_shapes(light)
+    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    return {vi.name: vi.type.tensor_type.elem_type for vi in infos}
+
+
+def _constants(model: onnx.ModelProto) -> set[str]:
+    """Tensors known when the session is created: initializers, and outputs of nodes reading only those."""
+    known = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and all(not t or t in known for t in node.input):
+            known.update(node.output)
+    return known
+
+
+def _kernel_problem(node: onnx.NodeProto, types: dict[str, int]) -> str | None:
+    """Why ``node`` (domain ai.onnx) has no CUDA kernel for its types, or None when it has one."""
+    kernel = table()["kernels"].get(node.op_type)
+    if kernel is None:
+        return f"onnxruntime has no CUDA kernel for {node.op_type}"
+    formal_in = kernel["inputs"]
+    named = [(formal_in[0][:-1] if formal_in[0].endswith("*") else formal_in[min(k, len(formal_in) - 1)], t)
+             for k, t in enumerate(node.input) if t]
+    named += list(zip(kernel["outputs"], node.output))
+    bound: dict[str, str] = {}
+    for constraint, tensor in named:
+        if tensor not in types:
+            return f"the type of {tensor!r} is unknown"
+        name = _type_name(types[tensor])
+        if name not in kernel["types"][constraint]:
+            return f"onnxruntime's CUDA {node.op_type} takes {constraint} in {', '.join(kernel['types'][constraint])}; " \
+                   f"{tensor!r} is {name}"
+        if bound.setdefault(constraint, name) != name:
+            return f"{node.op_type}'s {constraint} is both {bound[constraint]} and {name}"
+    return None
+
+
+def without_cuda_kernel(model: onnx.ModelProto) -> list[Problem]:
+    """Each node of ``model``'s main graph that onnxruntime's CUDA provider cannot run, named, with why."""
+    types = _types(model)
+    known = _constants(model)
+    problems = []
+    for node in model.graph.node:
+        if node.op_type == "Constant" or all(t in known for t in node.output):
+            continue
+        if node.domain == NATIVE_DOMAIN:
+            why = None if node.op_type in NATIVE_CUDA_OPS else \
+                f"the native library has no CUDA kernel for {NATIVE_DOMAIN} {node.op_type}"
+        elif node.domain in ("", "ai.onnx"):
+            why = _kernel_problem(node, types)
+        else:
+            why = f"domain {node.domain!r} has no CUDA kernels (a function call: inline it, or export the serving form)"
+        if why:
+            problems.append(Problem(node.name or node.output[0], why))
+    return problems
+
+
+def profiled_placement(path: str | Path) -> dict[str, str]:
+    """Node name -> the execution provider it ran on, from an onnxruntime profile file (kernel events)."""
+    placed = {}
+    for event in json.loads(Path(path).read_text()):
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and "provider" in args:
+            placed[event["name"].removesuffix("_kernel_time")] = args["provider"]
+    return placed
