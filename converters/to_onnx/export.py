@@ -185,7 +185,7 @@ class _Exporter:
         """A requantization run (requantize.py), with the conv2d/dense that starts it if any, as one flat body
         named after its last node, marked with the CVM nodes it computes."""
         g = self.graph
-        out, last = Entry(chain.nodes[-1]), g.nodes[chain.nodes[-1]]
+        out, last = Entry(chain.all[-1]), g.nodes[chain.all[-1]]
         if chain.head is None:
             x, _ = requantize.steps_of(g, g.nodes[chain.nodes[0]])
             ins, names, head_bound = [Value("data", g.type_of(x).shape, self.bounds[x])], [self.int32(x)], 0
@@ -234,7 +234,7 @@ class _Exporter:
 
     def model(self, source_version: str) -> onnx.ModelProto:
         chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider) if self.fuse else []
-        fused = {c.nodes[-1]: c for c in chains}
+        fused = {c.all[-1]: c for c in chains}
         inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):
             if i in fused:

@@ -224,7 +224,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Chain:
-    """A run: its step nodes in order and the conv2d/dense node whose float32 product starts it, if any."""
+    """A run: its step nodes in order and the conv2d/dense node whose product starts it, if any (on "cuda" a
+    conv2d with no steps after it)."""
 
     nodes: list[int]
     head: int | None = None
@@ -300,7 +301,8 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
 def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu") -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
     cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
-    any (``_head``; ``int8``: integer products allowed)."""
+    any (``_head``; ``int8``: integer products allowed). On "cuda", with ``int8``, every other conv2d that can
+    take integer products is a chain of its own with no steps (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     current: list[int] = []
@@ -319,7 +321,12 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
         current.append(i)
     if len(current) > 1:
         found.append(current)
-    return [Chain(c, _head(graph, c[0], bounds, readers, int8, provider)) for c in found]
+    chains = [Chain(c, _head(graph, c[0], bounds, readers, int8, provider)) for c in found]
+    if int8 and provider == "cuda":  # no Conv on the GPU: every conv2d that can is its integer products + requantize
+        heads = {c.head for c in chains}
+        chains += [Chain([], i) for i, node in enumerate(graph.nodes)
+                   if i not in heads and not node.is_variable and int8_head(graph, node, bounds, provider)]
+    return chains
 
 
 def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
@@ -327,7 +334,8 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
     once, on x + bias per channel in int32 (``attrs``: its ``width`` or ``scales``, see ``nn.conv2d_int8``).
     Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
     (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
-    not; the shift is the runtime's (v + 2^(s-1)) >> s."""
+    not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the
+    clip to int32's own range, which changes nothing."""
     low, high = -INT32_MAX - 1, INT32_MAX
     flat = []
     for s in steps:
@@ -336,7 +344,7 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
         else:
             flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
     bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
-    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat, **attrs)
+    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat or [3, low, high], **attrs)
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,

@@ -122,19 +122,24 @@ def _load(model: ModelLike) -> onnx.ModelProto:
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
-            threads: int | None = None, products: str | None = None) -> ort.InferenceSession:
+            threads: int | None = None, products: str | None = None,
+            profile: str | None = None) -> ort.InferenceSession:
     """An onnxruntime session for ``model`` (a ModelProto, its bytes or a path) on ``provider`` ("cpu", "cuda").
 
     ``native``: None = the native library when built, else the fallback with a warning; True = the native library
     or ``RuntimeFailure``; False = the pure-Python fallback. ``threads``: onnxruntime's intra-op threads (None:
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's integer products
     as "u8u8" (exact everywhere) or "u8s8" (only where ``cpu.products()`` says it is exact); None: that choice.
+    ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
+    path; ``placement.profiled_placement`` reads where each node ran).
     """
     check_onnxruntime()
     proto = _load(model)
     providers = _providers(provider)
     batch = batched_input(proto)
     so = _options(threads or (usable_cpus() if batch else 1), spin=batch)
+    if profile is not None:
+        so.enable_profiling, so.profile_file_prefix = True, profile
     library = library_path()
     if library is not None:
         so.register_custom_ops_library(library)

@@ -1,0 +1,266 @@
+"""The CUDA serving form (``to_onnx(..., provider="cuda")``): exact against the reference executor when run on
+onnxruntime's CPU provider (the same integer arithmetic), every node a kernel of onnxruntime's CUDA provider by
+its kernel table (``cvm_onnx.placement``), and, where a GPU is present, the native CUDA kernels against their
+oracles and a session's node placement read from its profile."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper
+
+import cvm_onnx
+from cvm_onnx import native, placement
+from cvm_onnx.batch import batched
+from cvm_onnx.builder import GraphBuilder
+from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.converters.to_onnx.optimize import clips_as_max_min
+from cvm_onnx.errors import Problem, UnsupportedError
+from cvm_onnx.executor import execute
+from cvm_onnx.native import DOMAIN, library_path
+from cvm_onnx.runtime import run, session
+from harness import tensors
+from test_int8 import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
+                       step)
+
+from conftest import MODELS, RESNET
+
+EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "40"))
+CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
+NO_CUDA = "onnxruntime offers no CUDAExecutionProvider here (install onnxruntime-gpu on a machine with a GPU)"
+pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
+
+
+def weights(shape):
+    """Weights of precision 8 (CVM's limit for conv2d and dense), biased to the edges +-127, 0 and +-1."""
+    return tensors(shape, 8)
+
+
+@st.composite
+def conv_graphs(draw):
+    """A conv2d (random geometry, weights at the int8 edges, optional bias) over data of precision 8, then a
+    requantization run, a clip, or two readers (no run: products + bias alone), and its data (extremes
+    included), 1-2 samples."""
+    (n, c, h, w), kernel, strides, dilations, pads, group = draw(geometries())
+    if pads[0] != pads[2] or pads[1] != pads[3]:  # CVM's padding is symmetric
+        return draw(conv_graphs())
+    oc = group * draw(st.integers(1, 3))
+    if draw(st.integers(0, 4)) == 0:  # a per-channel scale
+        kernel, strides, pads, group, oc = (1, 1), (1, 1), (0, 0, 0, 0), c, c
+    precision = 8
+    b = GraphBuilder()
+    x = b.input("data", (1, c, h, w), precision)
+    inputs = [x, b.param("w", draw(weights((oc, c // group, *kernel))))]
+    use_bias = draw(st.booleans())
+    if use_bias:
+        inputs.append(b.param("b", draw(tensors((oc,), draw(st.sampled_from([8, 20, 31])))), 31))
+    y = b.op("conv2d", *inputs, channels=oc, kernel_size=kernel, strides=strides, dilation=dilations,
+             padding=pads[:2], groups=group, use_bias=use_bias)
+    tail = draw(st.sampled_from(["run", "clip", "two readers"]))
+    if tail == "run":
+        y = b.op("relu", b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 16)), precision=8))
+    elif tail == "clip":
+        y = b.op("clip", y, a_min=draw(st.integers(-300, 0)), a_max=draw(st.integers(1, 300)))
+    else:
+        y = b.op("elemwise_add", b.op("cvm_right_shift", y, shift_bit=2, precision=16),
+                 b.op("cvm_clip", y, precision=12))
+    graph = b.build(y)
+    return (batched(graph, n) if n > 1 else graph), draw(tensors((n, c, h, w), precision))
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=conv_graphs())
+def test_the_cuda_form_is_exact_on_the_cpu_provider_and_every_node_has_a_cuda_kernel(case):
+    """int8 x int8 products (im2col_int8 + MatMulInteger, |w x| <= 127 * 127) or per-channel scales, then one
+    requantize; Max/Min for integer clips: the reference executor's values. No Conv is left."""
+    graph, data = case
+    model = to_onnx(graph, provider="cuda")
+    assert placement.without_cuda_kernel(model) == []
+    assert "Conv" not in {n.op_type for n in model.graph.node}
+    want = execute(graph, {"data": data})
+    got = run(model, {"data": data})
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 3), k=st.integers(1, 40), m=st.integers(1, 5), data=st.data())
+def test_a_dense_run_in_the_cuda_form_is_exact(n, k, m, data):
+    b = GraphBuilder()
+    x = b.input("data", (n, k), 8)
+    y = b.op("dense", x, b.param("w", data.draw(weights((m, k)))), units=m, use_bias=False)
+    graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=data.draw(st.integers(1, 8)), precision=8)))
+    x = data.draw(tensors((n, k), 8))
+    model = to_onnx(graph, provider="cuda")
+    assert placement.without_cuda_kernel(model) == []
+    assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
+
+
+def test_int8_x_int8_products_at_their_largest_sum_are_exact():
+    """K = 576 products of 127 * -127 (ResNet-20's widest layer, every operand at the edge): -9,290,304, exact in
+    the int32 of MatMulInteger, and the route taken is int8 x int8 with no zero points."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 64, 3, 3), 8)
+    y = b.op("conv2d", x, b.param("w", np.full((2, 64, 3, 3), -127)), channels=2, kernel_size=(3, 3),
+             use_bias=False)
+    graph = b.build(b.op("cvm_right_shift", y, shift_bit=1, precision=32))
+    model = to_onnx(graph, provider="cuda")
+    (mm,) = [node for node in model.graph.node if node.op_type == "MatMulInteger"]
+    assert len(mm.input) == 2
+    data = np.full((1, 64, 3, 3), 127, np.int32)
+    got = run(model, {"data": data})[0]
+    assert np.array_equal(got, execute(graph, {"data": data})[0]) and got.min() == (-127 * 127 * 576 + 1) // 2
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(x=st.lists(int32s, min_size=1, max_size=12), lo=st.one_of(st.none(), int32s), hi=st.one_of(st.none(), int32s))
+def test_integer_clips_become_max_and_min_with_the_same_values(x, lo, hi):
+    """ONNX Clip is min(max(x, lo), hi) (lo > hi gives hi): the pass keeps it, absent bounds included."""
+    inputs = ["x", "" if lo is None else "lo", *([] if hi is None else ["hi"])]
+    consts = [onnx.numpy_helper.from_array(np.array(v, np.int32), name)
+              for v, name in ((lo, "lo"), (hi, "hi")) if v is not None]
+    graph = helper.make_graph([helper.make_node("Clip", inputs, ["y"], name="clip")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.INT32, [len(x)])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [len(x)])], consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    feeds = {"x": np.array(x, np.int32)}
+    want = run(model, feeds)[0]
+    rewritten = clips_as_max_min(model)
+    assert "Clip" not in {n.op_type for n in rewritten.graph.node}
+    assert np.array_equal(run(rewritten, feeds)[0], want)
+
+
+def test_float_clips_stay():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Clip", ["x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    assert [n.op_type for n in clips_as_max_min(model).graph.node] == ["Clip"]
+
+
+# -- the kernel table and the placement check --------------------------------------------------------------------
+
+def examples() -> list:
+    found = [MODELS / name for name in ("digits_cnn", "detection", "transforms")]
+    return found + ([RESNET] if (RESNET / "symbol").is_file() else [])
+
+
+@pytest.mark.parametrize("path", examples(), ids=lambda p: p.name)
+@pytest.mark.parametrize("batch", [None, 3])
+def test_every_node_of_the_cuda_forms_has_a_cuda_kernel(path, batch):
+    """Each example model and ResNet-20 (when the shared copy is there), one sample and batched: nothing of the
+    CUDA form falls back to the CPU provider; the CPU serving form, for contrast, has int32 Clips."""
+    graph = cvm_onnx.load(path).graph
+    try:
+        model = to_onnx(graph, provider="cuda", batch=batch)
+    except UnsupportedError:  # a model whose ops do not keep a batch axis
+        assert batch is not None
+        return
+    assert placement.without_cuda_kernel(model) == []
+    assert {p.key: p.value for p in model.metadata_props}["cvm.provider"] == "cuda"
+    cpu_form = placement.without_cuda_kernel(to_onnx(graph, optimize=True, batch=batch))
+    assert Problem("data:clamp", "onnxruntime's CUDA Clip takes T in double, float, float16, int64, int8, uint64, "
+                   "uint8; 'data' is int32") in cpu_form
+
+
+@pytest.mark.parametrize("path", examples(), ids=lambda p: p.name)
+def test_the_cuda_forms_of_the_examples_are_exact_on_the_cpu_provider(path):
+    loaded = cvm_onnx.load(path)
+    data = np.load(path / "input.npy").astype(np.int32)
+    want = execute(loaded.graph, {"data": data})
+    got = run(to_onnx(loaded.graph, provider="cuda"), {"data": data})
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def one_node(op: str, types: list[int], out: int, domain: str = "", **attrs) -> onnx.ModelProto:
+    names = [f"x{k}" for k in range(len(types))]
+    graph = helper.make_graph([helper.make_node(op, names, ["y"], name="n", domain=domain or None, **attrs)], "g",
+                              [helper.make_tensor_value_info(n, t, [2, 2]) for n, t in zip(names, types)],
+                              [helper.make_tensor_value_info("y", out, [2, 2])])
+    opsets = [helper.make_opsetid("", 21)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+
+
+@pytest.mark.parametrize("model, why", [
+    (one_node("Relu", [TensorProto.INT32], TensorProto.INT32), "CUDA Relu takes T in bfloat16, double, float, float16"),
+    (one_node("MatMulInteger", [TensorProto.UINT8, TensorProto.INT8], TensorProto.INT32), "'x0' is uint8"),
+    (one_node("BitwiseAnd", [TensorProto.INT32] * 2, TensorProto.INT32), "no CUDA kernel for BitwiseAnd"),
+    (one_node("Max", [TensorProto.INT8] * 2, TensorProto.INT8), "'x0' is int8"),
+    (one_node("Pad", [TensorProto.INT32, TensorProto.INT64], TensorProto.INT32), "'x0' is int32"),
+    (one_node("cvm_unknown", [TensorProto.INT32], TensorProto.INT32, domain=DOMAIN), "no CUDA kernel for cvm.native"),
+])
+def test_nodes_without_a_cuda_kernel_for_their_types_are_named(model, why):
+    (problem,) = placement.without_cuda_kernel(model)
+    assert problem.where == "n" and why in problem.rule
+
+
+def test_the_kernel_table_is_well_formed():
+    t = placement.table()
+    assert t["opset"] == 21 and "OperatorKernels.md" in t["source"] and "commit" in t["source"]
+    for op, kernel in t["kernels"].items():
+        named = {c.removesuffix("*") for c in kernel["inputs"] + kernel["outputs"]}
+        assert named == set(kernel["types"]), op
+        assert all(kernel["types"][c] for c in named), op
+
+
+def test_the_library_registers_the_cuda_kernels_the_placement_check_assumes():
+    path = library_path()
+    if not native.has_cuda_kernels(path):
+        assert native.cuda_ops(path) == ()
+        pytest.skip("the native library was built without CUDA kernels (no nvcc at install)")
+    assert native.cuda_ops(path) == native.CUDA_OPS
+
+
+# -- with a GPU ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+@pytest.mark.parametrize("path", examples(), ids=lambda p: p.name)
+def test_on_a_gpu_every_node_of_the_cuda_form_runs_on_cuda(path, tmp_path):
+    """The session's profile says where each node ran: nothing on the CPU provider (and exact)."""
+    loaded = cvm_onnx.load(path)
+    model = to_onnx(loaded.graph, provider="cuda")
+    sess = session(model, provider="cuda", profile=str(tmp_path / "profile"))
+    data = np.load(path / "input.npy").astype(np.int32)
+    got = sess.run(None, {"data": data})
+    placed = placement.profiled_placement(sess.end_profiling())
+    assert placed and {p for p in placed.values()} == {"CUDAExecutionProvider"}, json.dumps(placed)
+    want = execute(loaded.graph, {"data": data})
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(geometry=geometries(), data=st.data(), op=st.sampled_from(["im2col_int8", "im2col_uint8"]))
+def test_on_a_gpu_im2col_gathers_every_window(geometry, data, op):
+    shape, kernel, strides, dilations, pads, group = geometry
+    wide = strides == (1, 1) and data.draw(st.booleans())
+    x = data.draw(st.one_of(tensors(shape, 8), tensors(shape, 1).map(lambda t: t - 128)))
+    model = im2col_model(op, shape, kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
+                         group=group, **({"wide": 1} if wide else {}))
+    (got,) = session(model, provider="cuda").run(None, {"x": x})
+    want = im2col_oracle(x, kernel, strides, dilations, pads, group, 0 if op == "im2col_int8" else 128, wide)
+    assert np.array_equal(got.astype(np.int64), want)
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=st.lists(st.integers(1, 12), min_size=3, max_size=4), data=st.data(),
+       steps=st.lists(step, min_size=1, max_size=40))
+def test_on_a_gpu_requantize_applies_its_steps_in_int32(shape, data, steps):
+    """Bias, scales or a width, and more steps than one launch takes (32)."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.integers(-(1 << 31), 1 << 31, shape, dtype=np.int64).astype(np.int32)
+    kind = data.draw(st.sampled_from(["bias", "scales", "width", "none"]))
+    channels = shape[1] if kind in ("bias", "width") else 0
+    bias = rng.integers(-(1 << 31), 1 << 31, channels, dtype=np.int64).astype(np.int32)
+    scales = [int(v) for v in rng.integers(-(1 << 31), 1 << 31, shape[1], dtype=np.int64)] if kind == "scales" else []
+    width = data.draw(st.integers(1, shape[-1])) if kind == "width" else 0
+    model = requantize_model(shape, channels, steps, width, scales)
+    got = session(model, provider="cuda").run(None, {"x": x, "b": bias})[0]
+    want = requantize_oracle(x[..., :width] if width else x, bias, steps, scales)
+    assert np.array_equal(got, want)
