@@ -58,6 +58,20 @@ def test_a_batched_serving_form_in_a_repository(tmp_path, capsys):
     assert np.array_equal(bulk.run_many(model, x).arrays[0], bulk.run_many(graph, x).arrays[0])
 
 
+def test_the_cuda_form_is_served_on_a_gpu_instance(tmp_path, capsys):
+    """convert --provider cuda (the CUDA serving form, verified exact on the CPU provider) gets a KIND_GPU
+    instance group."""
+    repo = tmp_path / "repo"
+    assert main(["convert", str(MODELS / "detection"), "--provider", "cuda", "--verify",
+                 "--triton-repo", str(repo)]) == 0
+    assert "equal element for element on onnxruntime (cpu)" in capsys.readouterr().out
+    model = onnx.load(repo / "detection" / "1" / "model.onnx")
+    assert {p.key: p.value for p in model.metadata_props}["cvm.provider"] == "cuda"
+    cfg = parsed(repo / "detection" / "config.pbtxt")
+    assert [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_GPU"]
+    described(cfg, model)
+
+
 def test_native_ops_bring_their_library_named_by_the_servers_path(tmp_path):
     repo = tmp_path / "repo"
     assert main(["convert", str(MODELS / "detection"), "-o", str(tmp_path / "d.onnx"), "--triton-repo", str(repo),

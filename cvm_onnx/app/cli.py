@@ -108,7 +108,7 @@ def cmd_convert(args) -> int:
         return convert_checked(args)
     imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                            input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
-                           outputs=args.outputs)
+                           outputs=args.outputs, provider=args.provider)
     if imported is not None and args.report:
         from .report import import_markdown
 
@@ -163,7 +163,8 @@ def convert_checked(args) -> int:
     from .report import Report
 
     conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
-                            optimize=args.optimize, check=True, seeds=3 if args.verify else None)
+                            optimize=args.optimize, check=True, seeds=3 if args.verify else None,
+                            target=args.provider)
     with Bar() as bar:
         report = Report(run(conversion, timed=True, progress=bar))
     _warn(report.warnings)
@@ -333,6 +334,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--optimize", action="store_true", help="write the serving form for the CPU provider: "
                    "requantization runs fused, no int32 round trips between float bodies (faster to run; not "
                    "importable back)")
+    c.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="the serving form's target: cuda "
+                   "writes the CUDA serving form (implies --optimize: every node a CUDA kernel of onnxruntime or "
+                   "of the native library; checked and verified on the CPU provider, the same integer arithmetic)")
     c.add_argument("--input-precision", type=int, default=8, metavar="N",
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")

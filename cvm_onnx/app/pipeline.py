@@ -64,6 +64,7 @@ class Conversion:
     check: bool = False
     seeds: int | None = None
     provider: str = "cpu"
+    target: str = "cpu"  # the serving form's provider ("cuda": the CUDA form; checked on ``provider``)
     graph: Graph | None = None
     single: Graph | None = None  # the graph for one sample, when the batch stage made ``graph`` batched
     symbol: str | None = None
@@ -76,7 +77,8 @@ class Conversion:
 
     @property
     def form(self) -> str:
-        form = "optimized flat" if self.optimize else "flat" if self.inline else "function"
+        form = "CUDA serving" if self.target == "cuda" else "optimized flat" if self.optimize else \
+            "flat" if self.inline else "function"
         return f"{form} form" + (f", batch {self.batch}" if self.batch is not None else "")
 
 
@@ -100,7 +102,7 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
 
 def _export(c: Conversion, progress: Progress | None) -> str:
     c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol,
-                      edges=c.edges)
+                      edges=c.edges, provider=c.target)
     props = {p.key: p.value for p in c.model.metadata_props}
     passes = props.get("cvm.optimized")
     routes = Counter(route for _, route, _ in json.loads(props.get(ROUTES, "[]")))

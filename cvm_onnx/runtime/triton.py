@@ -7,8 +7,11 @@ library copied beside the config. The config says:
 * ``max_batch_size: 0``, dims with the batch: an exported model has a fixed first dimension (1, or N for the
   batch form ``--batch N``), and Triton batches only models whose first dimension is variable. A request
   carries exactly the form's N samples; the batch form sets how many (config comment);
-* ``instance_group`` on the CPU: the onnxruntime CPU provider is the one whose results are verified here (the
-  CUDA provider needs the options ``cvm_onnx.runtime.sessions`` sets, which this config does not);
+* ``instance_group`` on the CPU, or on the GPU for the CUDA serving form (``convert --provider cuda``, metadata
+  ``cvm.provider``): every node of that form has a CUDA kernel, it holds no Conv (no cuDNN algorithm choice),
+  and its only float products (a dense layer's Gemm) multiply integers within +-127, exact in TF32's 11
+  significant bits too, with sums within 2^24 accumulated in float32, so the backend's default CUDA options
+  give the same values as ``cvm_onnx.runtime.sessions``'s;
 * ``model_operations { op_library_filename }``: the library by the absolute path the server sees it at,
   ``server_repo/<name>/libcvm_onnx_ops.so`` (the backend hands the name to onnxruntime as given, so a relative
   one would resolve against the server's working directory). ``server_repo`` defaults to ``/models``, where
@@ -23,7 +26,7 @@ from typing import Iterable
 import onnx
 from onnx import TensorProto
 
-from cvm_onnx.core.constants import BATCH, __version__
+from cvm_onnx.core.constants import BATCH, PROVIDER, __version__
 from cvm_onnx.core.errors import FormatError, UnsupportedError
 from cvm_onnx.core.format.model_dir import replace_files
 from cvm_onnx.core.format.onnx_file import onnx_pieces
@@ -62,14 +65,15 @@ def _tensors(kind: str, values) -> list[str]:
 def config(model: onnx.ModelProto, name: str, library: str | None = None) -> str:
     """The text of ``config.pbtxt`` for ``model`` served as ``name``; ``library``: the op library's path on the
     server, when the model uses cvm.native ops."""
-    batch = {p.key: p.value for p in model.metadata_props}.get(BATCH, "1")
+    props = {p.key: p.value for p in model.metadata_props}
+    batch, provider = props.get(BATCH, "1"), props.get(PROVIDER, "cpu")
     initializers = {t.name for t in model.graph.initializer}
     lines = [f"# written by cvm-onnx {__version__}: a fixed batch of {batch} sample(s) per request "
              f"(convert --batch N sets it)",
              f"name: {_quoted(name)}", 'platform: "onnxruntime_onnx"', "max_batch_size: 0",
              *_tensors("input", [i for i in model.graph.input if i.name not in initializers]),
              *_tensors("output", list(model.graph.output)),
-             "instance_group [ { count: 1, kind: KIND_CPU } ]"]
+             f"instance_group [ {{ count: 1, kind: KIND_{'GPU' if provider == 'cuda' else 'CPU'} }} ]"]
     if library is not None:
         lines += ["model_operations {", f"  op_library_filename: {_quoted(library)}", "}"]
     return "\n".join(lines) + "\n"
