@@ -44,3 +44,26 @@ def test_pip_shows_what_to_do_after_a_failed_build():
     tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]
     assert "CVM_ONNX_NATIVE=OFF" in settings["messages"]["after-failure"]
+
+
+CUDA_ARCHITECTURES = ("80", "90")  # A100 and H100: what custom_ops/CMakeLists.txt builds by default
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH (the CUDA kernels are then not built)")
+def test_the_cuda_kernels_compile_for_sm80_and_sm90_without_warnings(tmp_path):
+    """nvcc -c of cvm_ops_cuda.cu (no link, no GPU needed) for each architecture the build targets, every warning an
+    error: what `pip install` with CVM_ONNX_CUDA=ON compiles."""
+    arch = [a for v in CUDA_ARCHITECTURES for a in ("--generate-code", f"arch=compute_{v},code=sm_{v}")]
+    done = subprocess.run(["nvcc", "-c", "-std=c++17", "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror",
+                           *arch, "-o", str(tmp_path / "kernels.o"), str(ROOT / "custom_ops" / "cvm_ops_cuda.cu")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    if shutil.which("cuobjdump"):  # where the toolkit has it: each architecture's code is in the object
+        listed = subprocess.run(["cuobjdump", "--list-elf", str(tmp_path / "kernels.o")], capture_output=True,
+                                text=True)
+        assert all(f"sm_{v}" in listed.stdout for v in CUDA_ARCHITECTURES), listed.stdout
+
+
+def test_the_build_targets_the_architectures_the_compile_test_checks():
+    text = (ROOT / "custom_ops" / "CMakeLists.txt").read_text()
+    assert f'set(CMAKE_CUDA_ARCHITECTURES "{";".join(CUDA_ARCHITECTURES)}")' in text
