@@ -264,3 +264,61 @@ def test_on_a_gpu_requantize_applies_its_steps_in_int32(shape, data, steps):
     got = session(model, provider="cuda").run(None, {"x": x, "b": bias})[0]
     want = requantize_oracle(x[..., :width] if width else x, bias, steps, scales)
     assert np.array_equal(got, want)
+
+
+# -- data on the device: IO binding (the same calls on the CPU provider) ------------------------------------------
+
+def test_bound_calls_reuse_their_buffers_and_equal_plain_calls():
+    """``runtime.Bound`` (static shapes: buffers allocated once per thread, refilled each call) gives what a plain
+    ``run`` gives, call after call, from several threads at once; a wrong shape is one clear error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cvm_onnx.runtime import Bound
+    from cvm_onnx.errors import RuntimeFailure
+
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    model = to_onnx(batched(graph, 4), provider="cuda")
+    sess = session(model, threads=1)
+    bound = Bound(sess)
+    assert bound.static and bound.device == "cpu"
+    xs = [np.random.default_rng(k).integers(-127, 128, (4, 1, 8, 8)).astype(np.int32) for k in range(6)]
+    kept = [x.copy() for x in xs]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(lambda x: bound({"data": x})[0], xs))
+    assert all(np.array_equal(x, k) for x, k in zip(xs, kept))  # the inputs are not the bound buffers
+    for x, g in zip(xs, got):
+        assert np.array_equal(g, run(sess, {"data": x})[0])
+    with pytest.raises(RuntimeFailure, match=r"input data is int32 \(2, 1, 8, 8\); the session takes int32 \(4"):
+        bound({"data": xs[0][:2]})
+
+
+@pytest.mark.parametrize("io_binding", [True, False])
+def test_run_many_through_io_binding_equals_the_reference(io_binding):
+    from cvm_onnx.bulk import run_many
+
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:37]
+    want = run_many(graph, x).arrays[0]
+    model = to_onnx(graph, batch=8, provider="cuda")
+    assert np.array_equal(run_many(model, x, chunk=8, io_binding=io_binding).arrays[0], want)
+
+
+def test_a_cuda_graph_needs_the_cuda_provider():
+    from cvm_onnx.bulk import run_many
+    from cvm_onnx.errors import RuntimeFailure
+
+    model = to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, provider="cuda")
+    with pytest.raises(RuntimeFailure, match="a CUDA graph needs provider 'cuda'"):
+        run_many(model, np.zeros((1, 1, 8, 8), np.int32), cuda_graph=True)
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_on_a_gpu_run_many_keeps_the_data_on_the_device_and_is_exact(cuda_graph):
+    from cvm_onnx.bulk import run_many
+
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:37]
+    model = to_onnx(graph, batch=8, provider="cuda")
+    got = run_many(model, x, chunk=8, provider="cuda", cuda_graph=cuda_graph).arrays[0]
+    assert np.array_equal(got, run_many(graph, x).arrays[0])

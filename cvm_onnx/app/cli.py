@@ -236,12 +236,13 @@ def cmd_run(args) -> int:
             from cvm_onnx.runtime.bulk import run_many
 
             out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar,
-                           edges=edges, workers=args.workers)
+                           edges=edges, workers=args.workers, cuda_graph=args.cuda_graph)
         else:
             from cvm_onnx.runtime.on_ray import run_on_ray
 
             out = run_on_ray(model, args.input, args.output, address=args.ray or None, actors=args.actors,
-                             chunk=args.chunk, provider=args.provider, progress=bar, edges=edges)
+                             chunk=args.chunk, provider=args.provider, progress=bar, edges=edges,
+                             cuda_graph=args.cuda_graph)
     say(f"wrote {args.output}: " + ", ".join(f"{n} {s}" for n, s in zip(out.keys, out.shapes)))
     return 0
 
@@ -253,15 +254,17 @@ def version() -> str:
 
     from cvm_onnx.core.constants import __version__
     from cvm_onnx.native import status
+    from cvm_onnx.runtime.sessions import cuda_status
 
     return "\n".join([f"cvm-onnx {__version__}", f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}, "
-                      f"numpy {np.__version__}, Python {sys.version.split()[0]}", status()])
+                      f"numpy {np.__version__}, Python {sys.version.split()[0]}", status(), cuda_status()])
 
 
 class _Version(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest, nargs=0, help="show the version, the libraries' and whether the "
-                         "native custom-op library is built (with CUDA kernels or not), and exit")
+                         "native custom-op library is built (with CUDA kernels or not), whether CUDA is usable "
+                         "here, and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(version())
@@ -316,6 +319,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--output", required=True, help=".npz to write, one array per output (stacked over the "
                    "samples for N inputs); or .npy for a one-output model; float32 dequantized outputs for float input")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
+    r.add_argument("--cuda-graph", action="store_true", help="with --provider cuda: onnxruntime captures the "
+                   "model's kernels into a CUDA graph once and replays it (the CUDA serving form, convert "
+                   "--provider cuda: every node on the GPU, static shapes); the data is IO-bound either way")
     r.add_argument("--chunk", type=int, default=CHUNK, metavar="N", help=f"samples per unit of work, and per "
                    f"model call where the model takes a batch (default {CHUNK})")
     r.add_argument("--workers", type=positive, metavar="W", help="chunks run at once on this machine, one "

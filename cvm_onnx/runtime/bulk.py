@@ -26,7 +26,7 @@ import tempfile
 import zipfile
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -165,7 +165,9 @@ class Plan:
     """A model ready for runners (picklable, for Ray): ``model`` is a CVM graph (the reference executor) or a
     serialized ONNX model (onnxruntime) taking ``batch`` samples of shape ``sample`` per call; ``split[k]``:
     output k carries the batch on axis 0 (else it is computed from params alone, the same for every sample; in
-    an .onnx file, an output carries the batch when its first dimension is the batch size)."""
+    an .onnx file, an output carries the batch when its first dimension is the batch size). ``io_binding``:
+    calls go through ``runtime.Bound`` (None: on CUDA), the data copied to the device once and the outputs kept
+    there until the call ends; ``cuda_graph``: the session replays a captured CUDA graph (CUDA, static shapes)."""
 
     model: Graph | bytes
     batch: int
@@ -175,16 +177,26 @@ class Plan:
     provider: str = "cpu"
     threads: int | None = None
     edges: Edges | None = None  # a quantized import's float edges: float samples in, float32 outputs out
+    io_binding: bool | None = None
+    cuda_graph: bool = False
+
+    @property
+    def uses_binding(self) -> bool:
+        return self.io_binding if self.io_binding is not None else self.provider == "cuda" or self.cuda_graph
 
 
 def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provider: str = "cpu",
-         threads: int | None = None, edges: Edges | None = None) -> Plan:
+         threads: int | None = None, edges: Edges | None = None, io_binding: bool | None = None,
+         cuda_graph: bool = False) -> Plan:
     """The plan for ``model``: a CVM graph in its batched form (batch ``chunk``) where every op allows it, on
-    the reference executor or, with ``onnxruntime``, exported in the serving form; an ONNX model as given."""
+    the reference executor or, with ``onnxruntime``, exported in the serving form (for ``provider``: the CUDA
+    serving form on "cuda"); an ONNX model as given."""
+    if cuda_graph and io_binding is False:
+        raise RuntimeFailure("a CUDA graph needs IO binding (fixed device buffers): leave io_binding on")
     if chunk < 1:
         raise RuntimeFailure(f"the chunk size must be >= 1, got {chunk}")
     if isinstance(model, onnx.ModelProto):
-        return _onnx_plan(model, provider, threads, edges)
+        return replace(_onnx_plan(model, provider, threads, edges), io_binding=io_binding, cuda_graph=cuda_graph)
     names = tuple(model.nodes[h.node].name for h in model.heads)
     sample = model.nodes[model.inputs[0]].outputs[0].shape
     try:
@@ -193,8 +205,9 @@ def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provide
         form, chunk = model, 1
     split = tuple(chunk > 1 and form.type_of(h).shape != model.type_of(h).shape for h in model.heads)
     if onnxruntime:
-        exported = to_onnx(model, batch=chunk if chunk > 1 else None, optimize=True)
-        return Plan(exported.SerializeToString(), chunk, sample, names, split, provider, threads, edges)
+        exported = to_onnx(model, batch=chunk if chunk > 1 else None, optimize=True, provider=provider)
+        return Plan(exported.SerializeToString(), chunk, sample, names, split, provider, threads, edges,
+                    io_binding, cuda_graph)
     return Plan(form, chunk, sample, names, split, provider, threads, edges)
 
 
@@ -226,11 +239,12 @@ class Runner:
 
     def __init__(self, plan: Plan):
         self.plan = plan
-        self.session, self.precision = None, None
+        self.session, self.precision, self.bound = None, None, None
         if isinstance(plan.model, bytes):
             model = onnx.load_from_string(plan.model)
-            self.session = sessions.session(model, plan.provider, threads=plan.threads)
+            self.session = sessions.session(model, plan.provider, threads=plan.threads, cuda_graph=plan.cuda_graph)
             self.precision = sessions.declared_precision(model, self.session.get_inputs()[0].name)
+            self.bound = sessions.Bound(self.session) if plan.uses_binding else None
 
     def __call__(self, chunk: np.ndarray, index: Sequence[int] | None = None) -> list[np.ndarray]:
         """Outputs for ``chunk`` (samples on axis 0); ``index``: their numbers in the whole input, named in
@@ -298,7 +312,8 @@ class Runner:
         if self.session is None:
             graph = self.plan.model
             return execute(graph, {graph.nodes[graph.inputs[0]].name: x})
-        return sessions.run(self.session, sessions.feed(self.session, x, self.precision))
+        feeds = sessions.feed(self.session, x, self.precision)
+        return self.bound(feeds) if self.bound is not None else sessions.run(self.session, feeds)
 
 
 # -- output -------------------------------------------------------------------------------------------------------
@@ -394,7 +409,8 @@ def _keys(names: Sequence[str]) -> list[str]:
 # -- one machine --------------------------------------------------------------------------------------------------
 def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
              chunk: int = CHUNK, provider: str = "cpu", threads: int | None = None,
-             progress: Progress | None = None, edges: Edges | None = None, workers: int | None = None) -> Output:
+             progress: Progress | None = None, edges: Edges | None = None, workers: int | None = None,
+             io_binding: bool | None = None, cuda_graph: bool = False) -> Output:
     """Run ``model`` (a validated CVM graph on the reference executor, or an ONNX model on onnxruntime) over
     the samples in ``inputs`` (an .npy file, a directory of them, or an array), ``chunk`` samples per unit of
     work. With ``output`` the results are written there, else kept in memory: the ``Output`` returned has them
@@ -404,13 +420,15 @@ def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: st
     ``workers`` units run at once on one session (``Runner.units``), each on one onnxruntime thread; default:
     one per usable CPU for an ONNX model on the CPU when ``threads`` is not given, else 1 (then ``threads`` is
     onnxruntime's, see ``sessions.session``). Units of a few samples on every core are faster than one batch
-    over all cores: each unit's tensors stay in its core's caches (benchmarks/bench.py)."""
+    over all cores: each unit's tensors stay in its core's caches (benchmarks/bench.py). ``io_binding`` and
+    ``cuda_graph``: see ``Plan`` (on CUDA the data of each call stays on the GPU between its nodes)."""
     if workers is None:
         cpu_onnx = provider == "cpu" and threads is None and isinstance(model, onnx.ModelProto)
         workers = sessions.usable_cpus() if cpu_onnx else 1
     if workers < 1:
         raise RuntimeFailure(f"the number of workers must be >= 1, got {workers}")
-    p, data = planned(model, inputs, chunk, provider=provider, threads=1 if workers > 1 else threads, edges=edges)
+    p, data = planned(model, inputs, chunk, provider=provider, threads=1 if workers > 1 else threads, edges=edges,
+                      io_binding=io_binding, cuda_graph=cuda_graph)
     runner = Runner(p)
 
     with Output(output, p.names, data.count, data.stacked) as out:

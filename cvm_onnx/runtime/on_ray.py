@@ -48,15 +48,17 @@ class _Actor:
 def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
                address: str | None = None, actors: int | None = None, chunk: int = CHUNK, provider: str = "cpu",
                runtime_env: dict[str, Any] | None = None, progress: Progress | None = None,
-               edges: Edges | None = None) -> Output:
+               edges: Edges | None = None, cuda_graph: bool = False) -> Output:
     """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU (and one GPU
     for ``provider="cuda"``) and one onnxruntime thread each, ``chunk`` samples per task, ``runtime_env``
     theirs (how cvm-onnx reaches them when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
-    started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``."""
+    started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``. On CUDA
+    each actor's calls go through IO binding (``runtime.Bound``), with ``cuda_graph`` a captured CUDA graph."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
-    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges)
+    p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges,
+                      cuda_graph=cuda_graph)
     ray = _ray()
     import pyarrow as pa
     from ray.data import ActorPoolStrategy, DataContext

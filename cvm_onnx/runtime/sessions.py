@@ -9,8 +9,14 @@
   every sum exact), so no option changes a result by rounding. The optimizer stays fully on: on integer graphs
   every level gives identical results, and constant folding runs the same CPU kernels as the session.
   ``use_deterministic_compute`` is set. For CUDA, ``use_tf32=0`` (TF32 would round float inputs to 10 mantissa
-  bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM;
-  a search may pick FFT or Winograd algorithms, which round).
+  bits, breaking integers carried in floats) and ``cudnn_conv_algo_search=DEFAULT`` (cuDNN's implicit GEMM,
+  exact on integer sums within 2^24 in any order; ``conv_search=`` "HEURISTIC" or "EXHAUSTIVE" lets cuDNN pick
+  its fastest algorithm, which may be FFT or Winograd, whose transforms round: not proven exact, so only on
+  request, and measured exact or not by benchmarks/bench_cuda.py). The CUDA serving form (``to_onnx(...,
+  provider="cuda")``) holds no Conv, so the choice does not touch it.
+* Data on the device (``Bound``): a call binds its inputs and outputs (IO binding), each copied once to the
+  session's device and back; with static shapes the buffers are allocated once per thread and reused, which is
+  what ``cuda_graph=True`` (onnxruntime captures the session's kernels once and replays them) requires.
 * Threads, chosen by measurement (ResNet-20's serving form with the native integer kernels, 2-vCPU EPYC VM,
   benchmarks/bench.py): a model whose inputs hold one sample gets one thread (0.64 ms; two: 1.27 ms); a batched
   model (first dimension > 1) gets one spinning thread per usable CPU (batch 64: 28 ms on two, 42 ms on one;
@@ -24,6 +30,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from functools import cache
 
@@ -33,14 +40,15 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, precision_of
-from cvm_onnx.core.errors import FormatError, Problem, RuntimeFailure
+from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.native import SERVING_KERNELS, cpu, fallback, library_path
+from cvm_onnx.native import SERVING_KERNELS, cpu, fallback, has_cuda_kernels, library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
+CONV_SEARCHES = ("DEFAULT", "HEURISTIC", "EXHAUSTIVE")
 
 ModelLike = onnx.ModelProto | bytes | str | os.PathLike
 
@@ -63,6 +71,29 @@ def check_onnxruntime() -> None:
         raise RuntimeFailure(f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version "
                              f"{IR_VERSION}, which cvm-onnx writes; install onnxruntime >= 1.20 "
                              f"({one_line(e)})") from None
+
+
+def cuda_status() -> str:
+    """One line: whether onnxruntime's CUDA provider starts here (a one-node session on it) and whether the
+    native library has its CUDA kernels, i.e. whether the CUDA serving form can run here."""
+    available = PROVIDERS["cuda"] in ort.get_available_providers()
+    starts, why = False, f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu)"
+    if available:
+        x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT32, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+        try:
+            sess = ort.InferenceSession(model.SerializeToString(), _options(), providers=_providers("cuda"))
+            starts = PROVIDERS["cuda"] in sess.get_providers()
+            why = "CUDAExecutionProvider starts" if starts else "CUDAExecutionProvider does not start (check the " \
+                "CUDA and cuDNN libraries: README, CUDA)"
+        except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
+            why = f"CUDAExecutionProvider does not start: {one_line(e)}"
+    library = library_path()
+    kernels = library is not None and has_cuda_kernels(library)
+    usable = "usable here" if starts and kernels else "not usable here"
+    return f"CUDA: {usable}: {why}; native CUDA kernels: {'built' if kernels else 'not built'}"
 
 
 def usable_cpus() -> int:
@@ -88,17 +119,23 @@ def _options(threads: int = 1, spin: bool = False) -> ort.SessionOptions:
     return so
 
 
-def _providers(provider: str) -> list:
+def _providers(provider: str, conv_search: str = "DEFAULT", cuda_graph: bool = False) -> list:
     if provider not in PROVIDERS:
         raise RuntimeFailure(f"unknown provider {provider!r} (choose from {', '.join(PROVIDERS)})")
+    if conv_search not in CONV_SEARCHES:
+        raise RuntimeFailure(f"conv_search={conv_search!r}: choose from {', '.join(CONV_SEARCHES)}")
     if provider == "cpu":
+        if cuda_graph:
+            raise RuntimeFailure("a CUDA graph needs provider 'cuda'")
         return [PROVIDERS["cpu"]]
     available = ort.get_available_providers()
     if PROVIDERS["cuda"] not in available:
         raise RuntimeFailure(f"provider 'cuda' asked for, but onnxruntime {ort.__version__} offers only "
                              f"{', '.join(available)}; install onnxruntime-gpu (with CUDA and cuDNN) instead of "
                              f"onnxruntime")
-    return [(PROVIDERS["cuda"], CUDA_OPTIONS), PROVIDERS["cpu"]]
+    options = CUDA_OPTIONS | {"cudnn_conv_algo_search": conv_search} | (
+        {"enable_cuda_graph": "1"} if cuda_graph else {})
+    return [(PROVIDERS["cuda"], options), PROVIDERS["cpu"]]
 
 
 def uses_serving_kernels(model: onnx.ModelProto) -> bool:
@@ -122,8 +159,8 @@ def _load(model: ModelLike) -> onnx.ModelProto:
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
-            threads: int | None = None, products: str | None = None,
-            profile: str | None = None) -> ort.InferenceSession:
+            threads: int | None = None, products: str | None = None, profile: str | None = None,
+            conv_search: str = "DEFAULT", cuda_graph: bool = False) -> ort.InferenceSession:
     """An onnxruntime session for ``model`` (a ModelProto, its bytes or a path) on ``provider`` ("cpu", "cuda").
 
     ``native``: None = the native library when built, else the fallback with a warning; True = the native library
@@ -131,11 +168,13 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's integer products
     as "u8u8" (exact everywhere) or "u8s8" (only where ``cpu.products()`` says it is exact); None: that choice.
     ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
-    path; ``placement.profiled_placement`` reads where each node ran).
+    path; ``placement.profiled_placement`` reads where each node ran). ``conv_search`` (CUDA): cuDNN's
+    algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
+    run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).
     """
     check_onnxruntime()
     proto = _load(model)
-    providers = _providers(provider)
+    providers = _providers(provider, conv_search, cuda_graph)
     batch = batched_input(proto)
     so = _options(threads or (usable_cpus() if batch else 1), spin=batch)
     if profile is not None:
@@ -187,12 +226,72 @@ def run(model: ModelLike | ort.InferenceSession, inputs: dict[str, np.ndarray], 
 
 def run_model(model: ModelLike, data: np.ndarray, provider: str = "cpu",
               native: bool | None = None) -> tuple[list[str], list[np.ndarray]]:
-    """Run a single-input model on ``data``; returns the output names and values (input rules: ``feed``)."""
+    """Run a single-input model on ``data``; returns the output names and values (input rules: ``feed``). On
+    CUDA the data goes through ``Bound`` (IO binding)."""
     model = _load(model)
     sess = session(model, provider, native)
     name = sess.get_inputs()[0].name if sess.get_inputs() else ""
-    outs = run(sess, feed(sess, data, declared_precision(model, name)))
+    feeds = feed(sess, data, declared_precision(model, name))
+    outs = Bound(sess)(feeds) if provider == "cuda" else run(sess, feeds)
     return [o.name for o in sess.get_outputs()], outs
+
+
+class Bound:
+    """Calls of ``sess`` with IO binding: ``bound(feeds)`` copies each input to the session's device (the
+    first provider's: the GPU for CUDA), runs with every output left there, then copies the outputs back.
+
+    When every input and output has a static shape, each calling thread allocates its device buffers once and
+    refills them (``OrtValue.update_inplace``): the same addresses every call, as a CUDA graph needs (a session
+    made with ``cuda_graph=True``). Otherwise inputs and outputs are bound afresh each call. Threads never share
+    buffers, so a session may be called from several threads at once."""
+
+    def __init__(self, sess: ort.InferenceSession):
+        self.session = sess
+        self.device = "cuda" if sess.get_providers()[0] == PROVIDERS["cuda"] else "cpu"
+        static = all(isinstance(d, int) for v in (*sess.get_inputs(), *sess.get_outputs()) for d in v.shape)
+        self.static = static and all(o.type in _NUMPY_TYPES for o in sess.get_outputs())
+        self.local = threading.local()
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        try:
+            if self.static:
+                return self._fixed(feeds)
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            for o in self.session.get_outputs():
+                binding.bind_output(o.name, self.device)
+            self.session.run_with_iobinding(binding)
+            return binding.copy_outputs_to_cpu()
+        except CVMError:
+            raise
+        except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
+            raise RuntimeFailure(f"onnxruntime failed to run the model: {one_line(e)}") from None
+
+    def _fixed(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        for i in self.session.get_inputs():
+            given, want = feeds[i.name], np.dtype(_NUMPY_TYPES.get(i.type, np.void))
+            if given.shape != tuple(i.shape) or given.dtype != want:
+                raise RuntimeFailure(f"input {i.name} is {given.dtype} {given.shape}; the session takes {want} "
+                                     f"{tuple(i.shape)}")
+        state = getattr(self.local, "state", None)
+        if state is None:
+            binding, inputs, held = self.session.io_binding(), {}, []
+            for i in self.session.get_inputs():  # on the CPU the OrtValue is the array itself: a private copy
+                held.append(np.array(feeds[i.name], order="C", copy=True))
+                inputs[i.name] = ort.OrtValue.ortvalue_from_numpy(held[-1], self.device, 0)
+                binding.bind_ortvalue_input(i.name, inputs[i.name])
+            outputs = [ort.OrtValue.ortvalue_from_shape_and_type(o.shape, _NUMPY_TYPES[o.type], self.device, 0)
+                       for o in self.session.get_outputs()]
+            for o, value in zip(self.session.get_outputs(), outputs):
+                binding.bind_ortvalue_output(o.name, value)
+            state = self.local.state = (binding, inputs, outputs, held)
+        else:
+            for name, value in state[1].items():
+                value.update_inplace(np.ascontiguousarray(feeds[name]))
+        binding, _, outputs, _ = state
+        self.session.run_with_iobinding(binding)
+        return [value.numpy().copy() for value in outputs]
 
 
 def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = None) -> dict[str, np.ndarray]:
