@@ -1,6 +1,6 @@
 """The CUDA serving form (``to_onnx(..., provider="cuda")``): exact against the reference executor when run on
 onnxruntime's CPU provider (the same integer arithmetic), every node a kernel of onnxruntime's CUDA provider by
-its kernel table (``cvm_onnx.placement``), and, where a GPU is present, the native CUDA kernels against their
+its kernel table (``cvm_onnx.runtime.placement``), and, where a GPU is present, the native CUDA kernels against their
 oracles and a session's node placement read from its profile."""
 from __future__ import annotations
 
@@ -15,15 +15,17 @@ from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper
 
 import cvm_onnx
-from cvm_onnx import native, placement
-from cvm_onnx.batch import batched
-from cvm_onnx.builder import GraphBuilder
+from cvm_onnx import native
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.converters.to_onnx.optimize import clips_as_max_min
-from cvm_onnx.errors import Problem, UnsupportedError
-from cvm_onnx.executor import execute
+from cvm_onnx.core.batch import batched
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import Problem, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.executor import execute
 from cvm_onnx.native import DOMAIN, library_path
-from cvm_onnx.runtime import run, session
+from cvm_onnx.runtime import placement
+from cvm_onnx.runtime.bulk import run_many
+from cvm_onnx.runtime.sessions import Bound, run, session
 from harness import tensors
 from test_int8 import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
                        step)
@@ -269,12 +271,9 @@ def test_on_a_gpu_requantize_applies_its_steps_in_int32(shape, data, steps):
 # -- data on the device: IO binding (the same calls on the CPU provider) ------------------------------------------
 
 def test_bound_calls_reuse_their_buffers_and_equal_plain_calls():
-    """``runtime.Bound`` (static shapes: buffers allocated once per thread, refilled each call) gives what a plain
+    """``sessions.Bound`` (static shapes: buffers allocated once per thread, refilled each call) gives what a plain
     ``run`` gives, call after call, from several threads at once; a wrong shape is one clear error."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from cvm_onnx.runtime import Bound
-    from cvm_onnx.errors import RuntimeFailure
 
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
     model = to_onnx(batched(graph, 4), provider="cuda")
@@ -294,8 +293,6 @@ def test_bound_calls_reuse_their_buffers_and_equal_plain_calls():
 
 @pytest.mark.parametrize("io_binding", [True, False])
 def test_run_many_through_io_binding_equals_the_reference(io_binding):
-    from cvm_onnx.bulk import run_many
-
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
     x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:37]
     want = run_many(graph, x).arrays[0]
@@ -304,9 +301,6 @@ def test_run_many_through_io_binding_equals_the_reference(io_binding):
 
 
 def test_a_cuda_graph_needs_the_cuda_provider():
-    from cvm_onnx.bulk import run_many
-    from cvm_onnx.errors import RuntimeFailure
-
     model = to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, provider="cuda")
     with pytest.raises(RuntimeFailure, match="a CUDA graph needs provider 'cuda'"):
         run_many(model, np.zeros((1, 1, 8, 8), np.int32), cuda_graph=True)
@@ -315,8 +309,6 @@ def test_a_cuda_graph_needs_the_cuda_provider():
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_on_a_gpu_run_many_keeps_the_data_on_the_device_and_is_exact(cuda_graph):
-    from cvm_onnx.bulk import run_many
-
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
     x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:37]
     model = to_onnx(graph, batch=8, provider="cuda")

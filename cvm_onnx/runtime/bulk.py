@@ -166,7 +166,7 @@ class Plan:
     serialized ONNX model (onnxruntime) taking ``batch`` samples of shape ``sample`` per call; ``split[k]``:
     output k carries the batch on axis 0 (else it is computed from params alone, the same for every sample; in
     an .onnx file, an output carries the batch when its first dimension is the batch size). ``io_binding``:
-    calls go through ``runtime.Bound`` (None: on CUDA), the data copied to the device once and the outputs kept
+    calls go through ``sessions.Bound`` (None: on CUDA), the data copied to the device once and the outputs kept
     there until the call ends; ``cuda_graph``: the session replays a captured CUDA graph (CUDA, static shapes)."""
 
     model: Graph | bytes

@@ -54,7 +54,7 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     theirs (how cvm-onnx reaches them when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
     started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``. On CUDA
-    each actor's calls go through IO binding (``runtime.Bound``), with ``cuda_graph`` a captured CUDA graph."""
+    each actor's calls go through IO binding (``sessions.Bound``), with ``cuda_graph`` a captured CUDA graph."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
     p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges,

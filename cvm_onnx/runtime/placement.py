@@ -19,8 +19,9 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from .errors import Problem
-from .native import CUDA_OPS as NATIVE_CUDA_OPS, DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.core.errors import Problem
+from cvm_onnx.native import CUDA_OPS as NATIVE_CUDA_OPS
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 
 @cache
