@@ -19,6 +19,7 @@ const char* cuda_lut(const int32_t* indices, int64_t count, const int32_t* table
 struct Im2colArgs {
   int64_t n, c, h, w, kh, kw, sh, sw, dh, dw, pt, pl, group, oh, ow;
   bool wide;  // columns over the padded width wp = w + pl + pr (strides 1), reading on into the next rows
+  bool batch_inner;  // columns (G, K, N * OH * OW) instead of (N, G, K, OH * OW)
   int64_t wp, hp;
 };
 
@@ -29,11 +30,12 @@ const char* cuda_im2col(const int32_t* x, const Im2colArgs& s, uint8_t offset, u
 
 // requantize.h's requantize and requantize_rows on the GPU: y = the steps (kind, a, b; kShift... kClip) applied in
 // order to x * scales[c] + bias[c] in int32 with wrap-around. width > 0: rows of `row` elements, the first `width`
-// of each kept, c = (r / rows_per_plane) % channels; else c = (i / inner) % channels. bias / scales: device
-// arrays of `channels` int32, or null. steps: host array of count (kind, a, b) triples.
+// of each kept, c = (r / rows_per_plane) % channels; else c = (i / inner) % channels. batch > 0 (batch_inner):
+// y (batch, channels, inner) is read from x (channels, batch, inner). bias / scales: device arrays of `channels`
+// int32, or null. steps: host array of count (kind, a, b) triples.
 const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
-                            int64_t channels, int64_t inner, int64_t row, int64_t width, const int64_t* steps,
-                            int64_t n_steps, int32_t* y, void* stream);
+                            int64_t channels, int64_t inner, int64_t row, int64_t width, int64_t batch,
+                            const int64_t* steps, int64_t n_steps, int32_t* y, void* stream);
 
 // A device copy of `count` int32 values (cudaMalloc + cudaMemcpy), or the CUDA error text in `error`.
 int32_t* cuda_upload(const int32_t* host, int64_t count, const char** error);

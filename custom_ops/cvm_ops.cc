@@ -247,7 +247,7 @@ Ort::Status cvm_lut(const Int32Tensor& indices, const Int32Tensor& table, Int32T
   });
 }
 
-// The im2col attributes (as ONNX Conv's, and wide), checked for their lengths and values 0/1.
+// The im2col attributes (as ONNX Conv's, wide and batch_inner), checked for their lengths and values 0/1.
 Im2colShape read_im2col_attrs(const OrtKernelInfo* info, const char* name) {
   Im2colShape geometry;
   const std::vector<int64_t> kernel = ints_attr(info, "kernel_shape", {});
@@ -265,6 +265,11 @@ Im2colShape read_im2col_attrs(const OrtKernelInfo* info, const char* name) {
   const int64_t wide = int_attr(info, "wide", 0);
   if (wide != 0 && wide != 1) throw Ort::Exception(std::string(name) + ": wide must be 0 or 1", ORT_INVALID_ARGUMENT);
   geometry.wide = wide == 1;
+  const int64_t batch_inner = int_attr(info, "batch_inner", 0);
+  if (batch_inner != 0 && batch_inner != 1) {
+    throw Ort::Exception(std::string(name) + ": batch_inner must be 0 or 1", ORT_INVALID_ARGUMENT);
+  }
+  geometry.batch_inner = batch_inner == 1;
   return geometry;
 }
 
@@ -274,6 +279,13 @@ std::string im2col_shape(const std::vector<int64_t>& shape, const Im2colShape& a
   s = attrs;
   s.n = shape[0], s.c = shape[1], s.h = shape[2], s.w = shape[3];
   return im2col_geometry(s);
+}
+
+// The columns' shape: (N, G, C/G * kh * kw, positions), or (G, C/G * kh * kw, N * positions) with batch_inner.
+std::vector<int64_t> columns_shape(const Im2colShape& s) {
+  const int64_t k = s.c / s.group * s.kh * s.kw;
+  if (s.batch_inner) return {s.group, k, s.n * s.positions()};
+  return {s.n, s.group, k, s.positions()};
 }
 
 // im2col_int8 (offset 0) and im2col_uint8 (offset 128): int32 data (N, C, H, W) with values in [-128, 127] ->
@@ -291,7 +303,7 @@ struct Im2col {
       if (std::string err = im2col_shape(data.Shape(), geometry, s); !err.empty()) return invalid(kName, err);
       const int32_t* x = data.Data();
       std::vector<Out> padded(static_cast<size_t>(s.n * s.c * s.plane_stride()));
-      Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.positions()});
+      Out* cols = out.Allocate(columns_shape(s));
       std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [-128, 127]
       auto plane = [&](int64_t p) {
         if (const int64_t i = pad_narrow(x, s, kOffset, p, reinterpret_cast<uint8_t*>(padded.data())); i >= 0) {
@@ -317,9 +329,10 @@ struct Im2col {
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
 // keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
 // axis-1 channel before the bias.
-// The requantize attributes: steps, width, scales (checked).
+// The requantize attributes: steps, width, scales, batch_inner (checked).
 struct RequantizeAttrs {
-  explicit RequantizeAttrs(const OrtKernelInfo* info) : width(int_attr(info, "width", 0)) {
+  explicit RequantizeAttrs(const OrtKernelInfo* info)
+      : width(int_attr(info, "width", 0)), batch_inner(int_attr(info, "batch_inner", 0)) {
     flat = ints_attr(info, "steps", {});
     if (std::string err = parse_steps(flat, steps); !err.empty()) {
       throw Ort::Exception("requantize: " + err, ORT_INVALID_ARGUMENT);
@@ -332,6 +345,22 @@ struct RequantizeAttrs {
     if (width > 0 && !scales.empty()) {
       throw Ort::Exception("requantize: width and scales do not go together", ORT_INVALID_ARGUMENT);
     }
+    if (batch_inner != 0 && batch_inner != 1) {
+      throw Ort::Exception("requantize: batch_inner must be 0 or 1", ORT_INVALID_ARGUMENT);
+    }
+    if (batch_inner && width > 0) {
+      throw Ort::Exception("requantize: width and batch_inner do not go together", ORT_INVALID_ARGUMENT);
+    }
+  }
+
+  // y's shape for data's: data's, its last axis `width` long with a width, its first two axes swapped with
+  // batch_inner (data (C, N, ...) gives y (N, C, ...)); empty when data cannot give one.
+  std::vector<int64_t> output_shape(std::vector<int64_t> shape) const {
+    if (batch_inner) {
+      if (shape.size() < 2) return {};
+      std::swap(shape[0], shape[1]);
+    }
+    return shape;
   }
 
   // Checks data's shape against the bias (`channels` elements, shape `bias_shape`), scales and width; sets
@@ -356,6 +385,7 @@ struct RequantizeAttrs {
   }
 
   int64_t width;
+  int64_t batch_inner;
   std::vector<int64_t> flat;
   std::vector<int32_t> scales;
   std::vector<RequantStep> steps;
@@ -369,7 +399,8 @@ struct Requantize {
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
-      std::vector<int64_t> shape = data.Shape();
+      std::vector<int64_t> shape = attrs.output_shape(data.Shape());
+      if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");
       const int64_t channels = bias.NumberOfElement();
       int64_t inner = 1;
       if (std::string err = attrs.check(shape, channels, bias.Shape(), inner); !err.empty()) {
@@ -379,8 +410,15 @@ struct Requantize {
       const int64_t count = data.NumberOfElement();
       const int32_t* b = channels > 0 && inner > 0 ? bias.Data() : nullptr;
       const int32_t* x = data.Data();
-      if (width == 0) {
+      if (attrs.batch_inner && count > 0) {  // y (N, C, inner) gathered from x (C, N, inner), then done in place
         int32_t* y = out.Allocate(shape);
+        const int64_t n = shape[0], c = shape[1];
+        auto plane = [&](int64_t p) { std::copy_n(x + ((p % c) * n + p / c) * inner, inner, y + p * inner); };
+        parallel_for(context, n * c, plane);
+        x = y;
+      }
+      if (width == 0) {
+        int32_t* y = out.Allocate(shape);  // (the same buffer when batch_inner allocated it above)
         auto block = [&](int64_t i) {
           requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, scaled > 0 && inner > 0 ?
                      attrs.scales.data() : nullptr, std::max(channels, scaled), inner, attrs.steps, y);
@@ -474,9 +512,9 @@ struct Im2colCuda {
     return guarded(kName, [&] {
       Im2colShape s;
       if (std::string err = im2col_shape(data.Shape(), geometry, s); !err.empty()) return invalid(kName, err);
-      Out* cols = out.Allocate({s.n, s.group, s.c / s.group * s.kh * s.kw, s.positions()});
+      Out* cols = out.Allocate(columns_shape(s));
       const Im2colArgs args{s.n, s.c, s.h, s.w, s.kh, s.kw, s.sh, s.sw, s.dh, s.dw, s.pt, s.pl, s.group, s.oh, s.ow,
-                            s.wide, s.wp(), s.hp()};
+                            s.wide, s.batch_inner, s.wp(), s.hp()};
       return launched(kName, cuda_im2col(data.Data(), args, static_cast<uint8_t>(kOffset),
                                          reinterpret_cast<uint8_t*>(cols), stream_of(ctx)));
     });
@@ -494,7 +532,8 @@ struct RequantizeCuda {
 
   Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
-      std::vector<int64_t> shape = data.Shape();
+      std::vector<int64_t> shape = attrs.output_shape(data.Shape());
+      if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");
       const int64_t channels = bias.NumberOfElement();
       int64_t inner = 1;
       if (std::string err = attrs.check(shape, channels, bias.Shape(), inner); !err.empty()) {
@@ -517,8 +556,9 @@ struct RequantizeCuda {
       for (int64_t d : shape) count *= d;
       const int64_t per_channel = width > 0 ? inner / row : inner;
       return launched("requantize", cuda_requantize(data.Data(), count, channels > 0 ? bias.Data() : nullptr, scales,
+                                                    attrs.batch_inner ? shape[1] :
                                                     std::max<int64_t>(channels, attrs.scales.size()), per_channel,
-                                                    row, width, attrs.flat.data(),
+                                                    row, width, attrs.batch_inner ? shape[0] : 0, attrs.flat.data(),
                                                     static_cast<int64_t>(attrs.steps.size()), y, stream_of(ctx)));
     });
   }

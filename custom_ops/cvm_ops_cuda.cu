@@ -105,8 +105,17 @@ __global__ void valid_counts(const int32_t* x, int64_t n, int64_t k, int64_t thr
 __global__ void gather_windows(const int32_t* x, Im2colArgs s, uint8_t offset, int64_t total, uint8_t* cols) {
   const int64_t window = s.kh * s.kw, positions = s.oh * (s.wide ? s.wp : s.ow);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    // i = ((plane * kh + fh) * kw + fw) * positions + l, plane = n * C + channel (the input's channel order)
-    const int64_t l = i % positions, k = (i / positions) % window, plane = i / positions / window;
+    // i = (plane * window + k) * positions + l, plane = n * C + channel (the input's channel order); batch_inner:
+    // i = ((channel * window + k) * N + n) * positions + l
+    const int64_t l = i % positions, rest = i / positions;
+    int64_t k, plane;
+    if (s.batch_inner) {
+      k = (rest / s.n) % window;
+      plane = (rest % s.n) * s.c + rest / s.n / window;
+    } else {
+      k = rest % window;
+      plane = rest / window;
+    }
     const int64_t fh = k / s.kw, fw = k % s.kw;
     int64_t ih, iw;
     if (s.wide) {  // padded row-major position, read on past the row's end into the following rows
@@ -143,12 +152,18 @@ __device__ int32_t apply(int32_t v, const Steps& st) {
   return v;
 }
 
-// y[i] = steps(x[src] * scales[c] + bias[c]); with width, i indexes rows of `width` taken from rows of `row`.
+// y[i] = steps(x[src] * scales[c] + bias[c]); with width, i indexes rows of `width` taken from rows of `row`; with
+// batch > 0, y (batch, channels, inner) from x (channels, batch, inner).
 __global__ void requantize_kernel(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
-                                  int64_t channels, int64_t inner, int64_t row, int64_t width, Steps st, int32_t* y) {
+                                  int64_t channels, int64_t inner, int64_t row, int64_t width, int64_t batch, Steps st,
+                                  int32_t* y) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
     int64_t src = i, c = 0;
-    if (width > 0) {
+    if (batch > 0) {
+      const int64_t n = i / (channels * inner);
+      c = (i / inner) % channels;
+      src = (c * batch + n) * inner + i % inner;
+    } else if (width > 0) {
       const int64_t r = i / width;
       src = r * row + i % width;
       c = channels > 0 ? (r / inner) % channels : 0;
@@ -178,8 +193,8 @@ const char* cuda_im2col(const int32_t* x, const Im2colArgs& s, uint8_t offset, u
 }
 
 const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
-                            int64_t channels, int64_t inner, int64_t row, int64_t width, const int64_t* steps,
-                            int64_t n_steps, int32_t* y, void* stream) {
+                            int64_t channels, int64_t inner, int64_t row, int64_t width, int64_t batch,
+                            const int64_t* steps, int64_t n_steps, int32_t* y, void* stream) {
   if (count == 0) return nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t done = 0;
@@ -193,9 +208,9 @@ const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias
     }
     if (done == 0) {
       requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, count, bias, scales, channels, inner, row, width,
-                                                              st, y);
+                                                              batch, st, y);
     } else {
-      requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, count, nullptr, nullptr, 0, 1, 0, 0, st, y);
+      requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, count, nullptr, nullptr, 0, 1, 0, 0, 0, st, y);
     }
     done += st.count;
   } while (done < n_steps);

@@ -20,6 +20,7 @@ struct Im2colShape {
   int64_t pt = 0, pl = 0, pb = 0, pr = 0;
   int64_t group = 1;
   bool wide = false;  // columns over the padded width (stride 1 only): see im2col_wide
+  bool batch_inner = false;  // columns (G, K, N * OH * OW) instead of (N, G, K, OH * OW): see column_block
   int64_t oh = 0, ow = 0;
 
   int64_t hp() const { return h + pt + pb; }
@@ -42,6 +43,7 @@ inline std::string im2col_geometry(Im2colShape& s) {
     if (v < 0 || v >= kLimit) return "pads must be non-negative int32 values";
   }
   if (s.wide && (s.sh != 1 || s.sw != 1)) return "wide columns need strides (1, 1)";
+  if (s.wide && s.batch_inner) return "wide and batch_inner columns do not go together";
   if (s.c % s.group != 0) {
     return "the input's " + std::to_string(s.c) + " channels do not divide into group " + std::to_string(s.group);
   }
@@ -110,16 +112,25 @@ inline void copy_every_second(const Out* __restrict src, int64_t count, Out* __r
   for (int64_t i = 0; i < count; ++i) dst[i] = src[2 * i];
 }
 
+// Where the OH * OW columns of window position f = fh * kw + fw of plane `plane` = n * C + ch start: at
+// (plane * kh * kw + f) * OH * OW, or with batch_inner (columns (G, K, N * OH * OW): every sample's columns of one
+// window row side by side, so that one GEMM takes the whole batch) at ((ch * kh * kw + f) * N + n) * OH * OW.
+inline int64_t column_block(const Im2colShape& s, int64_t plane, int64_t f) {
+  const int64_t window = s.kh * s.kw, count = s.oh * s.ow;
+  return s.batch_inner ? (((plane % s.c) * window + f) * s.n + plane / s.c) * count : (plane * window + f) * count;
+}
+
 // cols[n, g, (c * kh + fh) * kw + fw, oh * OW + ow] = xp[n, g * C/G + c, oh*sh + fh*dh, ow*sw + fw*dw] for plane
-// `plane` = n * C + g * C/G + c of the padded copy xp of pad_narrow. Memory order (n, g, c) is the input's channel
-// order, so the planes fill every group; with stride 1 each output row is one contiguous copy.
+// `plane` = n * C + g * C/G + c of the padded copy xp of pad_narrow (batch_inner: cols[g, (c * kh + fh) * kw + fw,
+// (n * OH + oh) * OW + ow]). Memory order (n, g, c) is the input's channel order, so the planes fill every group;
+// with stride 1 each output row is one contiguous copy.
 template <typename Out>
 void im2col(const Out* xp, const Im2colShape& s, int64_t plane, Out* out) {
   const int64_t wp = s.wp();
   const Out* base = xp + plane * s.plane_stride();
-  Out* dst = out + plane * s.kh * s.kw * s.oh * s.ow;
   for (int64_t fh = 0; fh < s.kh; ++fh) {
     for (int64_t fw = 0; fw < s.kw; ++fw) {
+      Out* dst = out + column_block(s, plane, fh * s.kw + fw);
       for (int64_t oh = 0; oh < s.oh; ++oh, dst += s.ow) {
         const Out* src = base + (oh * s.sh + fh * s.dh) * wp + fw * s.dw;
         if (s.sw == 1) {

@@ -145,6 +145,88 @@ def test_float_clips_stay():
     assert [n.op_type for n in clips_as_max_min(model).graph.node] == ["Clip"]
 
 
+# -- batch_inner: the layout that puts a whole batch into one GEMM ------------------------------------------------
+
+def batch_inner_oracle(x, kernel, strides, dilations, pads, group, offset) -> np.ndarray:
+    """im2col with batch_inner: the (N, G, K, L) columns as (G, K, N * L)."""
+    cols = im2col_oracle(x, kernel, strides, dilations, pads, group, offset)
+    n, g, k, positions = cols.shape
+    return cols.transpose(1, 2, 0, 3).reshape(g, k, n * positions)
+
+
+def im2col_case(data, geometry, provider: str, batch_inner: bool):
+    shape, kernel, strides, dilations, pads, group = geometry
+    wide = not batch_inner and strides == (1, 1) and data.draw(st.booleans())
+    op = data.draw(st.sampled_from(["im2col_int8", "im2col_uint8"]))
+    x = data.draw(st.one_of(tensors(shape, 8), tensors(shape, 1).map(lambda t: t - 128)))
+    model = im2col_model(op, shape, kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
+                         group=group, **({"wide": 1} if wide else {}), **({"batch_inner": 1} if batch_inner else {}))
+    if batch_inner:  # (G, K, N * L): rank 3
+        del model.graph.output[0].type.tensor_type.shape.dim[3]
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
+    (got,) = session(model, provider=provider).run(None, {"x": x})
+    offset = 0 if op == "im2col_int8" else 128
+    geometry = (kernel, strides, dilations, pads, group)
+    want = batch_inner_oracle(x, *geometry, offset) if batch_inner else im2col_oracle(x, *geometry, offset, wide)
+    assert np.array_equal(got.astype(np.int64), want)
+    assert [d.dim_value for d in inferred.shape.dim] == list(want.shape)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(geometry=geometries(), data=st.data())
+def test_im2col_batch_inner_puts_every_sample_side_by_side(geometry, data):
+    im2col_case(data, geometry, "cpu", batch_inner=True)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=2, max_size=4), data=st.data(),
+       steps=st.lists(step, min_size=1, max_size=5), threads=st.integers(1, 3))
+def test_requantize_batch_inner_reads_channel_major_data(shape, data, steps, threads):
+    """data (C, N, ...) gives y (N, C, ...), bias and scales per channel (data's axis 0)."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.integers(-(1 << 31), 1 << 31, shape, dtype=np.int64).astype(np.int32)
+    c = shape[0]
+    bias = rng.integers(-(1 << 31), 1 << 31, c if data.draw(st.booleans()) else 0, dtype=np.int64).astype(np.int32)
+    scales = [int(v) for v in rng.integers(-(1 << 31), 1 << 31, c, dtype=np.int64)] if data.draw(st.booleans()) else []
+    model = requantize_batch_inner_model(shape, len(bias), steps, scales)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
+    got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    want = requantize_oracle(np.ascontiguousarray(x.swapaxes(0, 1)), bias, steps, scales)
+    assert np.array_equal(got, want)
+    assert [d.dim_value for d in inferred.shape.dim] == [shape[1], shape[0], *shape[2:]]
+
+
+def requantize_batch_inner_model(shape, channels: int, steps, scales=()) -> onnx.ModelProto:
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
+                            batch_inner=1, **({"scales": list(scales)} if scales else {}))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [shape[1], shape[0], *shape[2:]])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("attrs, message", [(dict(batch_inner=1, width=1), "width and batch_inner"),
+                                            (dict(batch_inner=2), "batch_inner must be 0 or 1")])
+def test_requantize_refuses_a_batch_inner_it_cannot_take(attrs, message):
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[2, 1, 0], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [None] * 3),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=10)
+    with pytest.raises(RuntimeFailure, match=message):
+        run(model, {"x": np.zeros((2, 2, 2), np.int32), "b": np.zeros(0, np.int32)})
+
+
+def test_im2col_refuses_wide_batch_inner_columns():
+    model = im2col_model("im2col_int8", [1, 1, 3, 3], kernel_shape=[1, 1], wide=1, batch_inner=1)
+    with pytest.raises(RuntimeFailure, match="wide and batch_inner columns do not go together"):
+        run(model, {"x": np.zeros((1, 1, 3, 3), np.int32)})
+
+
 # -- the kernel table and the placement check --------------------------------------------------------------------
 
 def examples() -> list:
@@ -237,16 +319,9 @@ def test_on_a_gpu_every_node_of_the_cuda_form_runs_on_cuda(path, tmp_path):
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(geometry=geometries(), data=st.data(), op=st.sampled_from(["im2col_int8", "im2col_uint8"]))
-def test_on_a_gpu_im2col_gathers_every_window(geometry, data, op):
-    shape, kernel, strides, dilations, pads, group = geometry
-    wide = strides == (1, 1) and data.draw(st.booleans())
-    x = data.draw(st.one_of(tensors(shape, 8), tensors(shape, 1).map(lambda t: t - 128)))
-    model = im2col_model(op, shape, kernel_shape=kernel, strides=strides, dilations=dilations, pads=pads,
-                         group=group, **({"wide": 1} if wide else {}))
-    (got,) = session(model, provider="cuda").run(None, {"x": x})
-    want = im2col_oracle(x, kernel, strides, dilations, pads, group, 0 if op == "im2col_int8" else 128, wide)
-    assert np.array_equal(got.astype(np.int64), want)
+@given(geometry=geometries(), data=st.data())
+def test_on_a_gpu_im2col_gathers_every_window(geometry, data):
+    im2col_case(data, geometry, "cuda", batch_inner=data.draw(st.booleans()))
 
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
@@ -257,7 +332,13 @@ def test_on_a_gpu_requantize_applies_its_steps_in_int32(shape, data, steps):
     """Bias, scales or a width, and more steps than one launch takes (32)."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
     x = rng.integers(-(1 << 31), 1 << 31, shape, dtype=np.int64).astype(np.int32)
-    kind = data.draw(st.sampled_from(["bias", "scales", "width", "none"]))
+    kind = data.draw(st.sampled_from(["bias", "scales", "width", "none", "batch_inner"]))
+    if kind == "batch_inner":
+        bias = rng.integers(-(1 << 31), 1 << 31, shape[0], dtype=np.int64).astype(np.int32)
+        got = session(requantize_batch_inner_model(shape, shape[0], steps), provider="cuda").run(
+            None, {"x": x, "b": bias})[0]
+        assert np.array_equal(got, requantize_oracle(np.ascontiguousarray(x.swapaxes(0, 1)), bias, steps))
+        return
     channels = shape[1] if kind in ("bias", "width") else 0
     bias = rng.integers(-(1 << 31), 1 << 31, channels, dtype=np.int64).astype(np.int32)
     scales = [int(v) for v in rng.integers(-(1 << 31), 1 << 31, shape[1], dtype=np.int64)] if kind == "scales" else []

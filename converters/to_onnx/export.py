@@ -317,7 +317,7 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     passes = SERVING + (CUDA if provider == "cuda" else ())
     model = run_passes(passes, model)
     products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    model.metadata_props.add(key=PROVIDER, value=provider)
     model.metadata_props.add(key="cvm.optimized", value=f"requantization runs fused ({products} from integer "
                              f"products); passes: {', '.join(p.name for p in passes)}")
-    model.metadata_props.add(key=PROVIDER, value=provider)
     return model

@@ -206,26 +206,29 @@ def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
 
     On "cuda" (onnxruntime's CUDA MatMulInteger takes int8 x int8 only) the windows are ``im2col_int8`` (x
     itself, 0 in the padding, never wide) and the weights int8, no zero points: cuBLAS's int8 GEMM sums the
-    products in int32, |w x| <= 128 * 127 and K <= ``INT8_K_SIGNED`` products, so no sum overflows and the
-    result is sum w x exactly, in any order."""
+    products in int32, |w x| <= 127 * 127 and K <= ``INT8_K_SIGNED`` products, so no sum overflows and the
+    result is sum w x exactly, in any order. The columns are ``batch_inner`` ((G, K, N * OH * OW): onnxruntime's
+    CUDA MatMulInteger runs one GEMM per batch entry, so the samples go into the GEMM's columns, one GEMM per
+    group), the products come out (OC, N, OH, OW), and ``requantize`` (``batch_inner``) reads them so."""
     n, c, oc, oh, ow, g = _conv_shape(b, a, x)
     (kh, kw), (ph, pw) = a.kernel_size, a.padding
     if channelwise(a, x, oc):
         return x.name, {"scales": [int(v) for v in w.const.reshape(-1)]}
     k = c // g * kh * kw
-    cuda = provider == "cuda"
-    wide = tuple(a.strides) == (1, 1) and not cuda
+    attrs = dict(domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides), dilations=list(a.dilation),
+                 pads=[ph, pw, ph, pw], group=g)
+    weights = b.const([oc, k] if g == 1 else [g, oc // g, k])
+    if provider == "cuda":
+        cols = b.node("im2col_int8", x, batch_inner=1, **attrs)  # (G, K, N * OH * OW)
+        cols = b.Reshape(cols, b.const([k, n * oh * ow])) if g == 1 else cols
+        products = b.MatMulInteger(b.Reshape(b.Cast(w, to=TensorProto.INT8), weights), cols)
+        return b.Reshape(products, b.const([oc, n, oh, ow])), {"batch_inner": 1}
+    wide = tuple(a.strides) == (1, 1)
     width = x.shape[3] + 2 * pw if wide else ow
-    cols = b.node("im2col_int8" if cuda else "im2col_uint8", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw],
-                  strides=list(a.strides), dilations=list(a.dilation), pads=[ph, pw, ph, pw], group=g,
-                  **({"wide": 1} if wide else {}))  # (N, G, K, OH * W')
-    shape = b.const([oc, k] if g == 1 else [g, oc // g, k])
-    if cuda:
-        products = b.MatMulInteger(b.Reshape(b.Cast(w, to=TensorProto.INT8), shape), cols)
-    else:
-        wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
-        zero = b.const(128, np.uint8)
-        products = b.MatMulInteger(b.Reshape(wq, shape), cols, zero, zero)
+    cols = b.node("im2col_uint8", x, **attrs, **({"wide": 1} if wide else {}))  # (N, G, K, OH * W')
+    wq = b.Cast(b.Add(b.Cast(w, to=TensorProto.INT32), b.const(128, np.int32)), to=TensorProto.UINT8)
+    zero = b.const(128, np.uint8)
+    products = b.MatMulInteger(b.Reshape(wq, weights), cols, zero, zero)
     return b.Reshape(products, b.const([n, oc, oh, width])), {"width": ow} if width > ow else {}
 
 

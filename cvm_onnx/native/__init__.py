@@ -12,13 +12,16 @@ serving form's window ops and fused requantization:
   OH * OW)`` int8 / uint8: the windows of a 2-D convolution, ``x + offset`` (0 / 128) and ``offset`` where a
   window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
   right), group, as ONNX Conv's; wide (0): 1 gives OH * WP columns (WP the padded width; strides 1 only), each
-  window position one contiguous copy, the columns past OW of each row holding windows to be dropped. The
+  window position one contiguous copy, the columns past OW of each row holding windows to be dropped;
+  batch_inner (0): 1 gives (G, C/G * kh * kw, N * OH * OW), every sample's columns of a window row side by side
+  (one GEMM for the whole batch; not with wide). The
   serving form feeds them to MatMulInteger (``cvm_onnx.native.cpu``); CPU and CUDA kernels (the CUDA form
   takes ``im2col_int8``);
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
   (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
   the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
-  axis-1 channel) multiply data before the bias (a per-channel-scale convolution); CPU and CUDA kernels.
+  axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
+  data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -154,7 +157,7 @@ IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": Tenso
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
 SERVING_KERNELS = (*IM2COL, "requantize")
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
-                                                   "pads": [0, 0, 0, 0], "group": 1, "wide": 0}
+                                                   "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0}
 
 
 def _ints(ctx, name: str, n: int, low: int) -> list[int]:
@@ -174,8 +177,11 @@ def _infer_im2col(elem_type: int):
         pt, pl, pb, pr = _ints(ctx, "pads", 4, 0)
         group = _ints(ctx, "group", 0, 1)
         wide = _ints(ctx, "wide", 0, 0)
+        batch_inner = _ints(ctx, "batch_inner", 0, 0)
         if wide not in (0, 1) or wide and (sh, sw) != (1, 1):
             raise InferenceError(f"im2col: wide must be 0, or 1 with strides (1, 1); got {wide}, strides {[sh, sw]}")
+        if batch_inner not in (0, 1) or batch_inner and wide:
+            raise InferenceError(f"im2col: batch_inner must be 0, or 1 without wide; got {batch_inner}")
         data = _dims(ctx.get_input_type(0), "im2col data", 4)
         t = TypeProto()
         t.tensor_type.elem_type = elem_type
@@ -191,7 +197,10 @@ def _infer_im2col(elem_type: int):
         if wide and ow is not None:
             ow = w + pl + pr
         t.tensor_type.shape.SetInParent()
-        for d in (n, group, None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow):
+        k, positions = None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow
+        dims = ((group, k, None if None in (n, positions) else n * positions) if batch_inner else
+                (n, group, k, positions))
+        for d in dims:
             dim = t.tensor_type.shape.dim.add()
             if d is not None:
                 dim.dim_value = d
@@ -201,12 +210,13 @@ def _infer_im2col(elem_type: int):
 
 
 def _im2col_schema(name: str, elem_type: int) -> OpSchema:
-    attr_types = {"group": OpSchema.AttrType.INT, "wide": OpSchema.AttrType.INT}
+    attr_types = {"group": OpSchema.AttrType.INT, "wide": OpSchema.AttrType.INT, "batch_inner": OpSchema.AttrType.INT}
     s = OpSchema(
         name, DOMAIN, VERSION,
         "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
         "for uint8), offset in the padding; data values must lie in [-128, 127]. wide=1 (strides 1): OH * WP "
-        "columns, WP the padded width, those past OW in each row to be dropped.",
+        "columns, WP the padded width, those past OW in each row to be dropped. batch_inner=1: columns (G, "
+        "C/G * kh * kw, N * OH * OW), every sample's columns of a window row side by side.",
         inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32")],
         outputs=[OpSchema.FormalParameter("columns", "U", "(N, G, C/G * kh * kw, OH * OW)")],
         type_constraints=[("T", ["tensor(int32)"], "int32 data"),
@@ -225,14 +235,17 @@ def _infer_requantize(ctx) -> None:
     steps = ctx.get_attribute("steps")
     if steps is None or len(steps.ints) % 3:
         raise InferenceError("requantize: steps must hold (kind, a, b) triples")
-    width = ctx.get_attribute("width")
-    width = 0 if width is None else width.i
+    width, batch_inner = ((a.i if a is not None else 0) for a in map(ctx.get_attribute, ("width", "batch_inner")))
+    if batch_inner not in (0, 1) or batch_inner and (width or data is not None and len(data) < 2):
+        raise InferenceError("requantize: batch_inner must be 0, or 1 without a width on data of rank >= 2")
+    if batch_inner and data is not None:  # y's shape: data (C, N, ...) gives (N, C, ...)
+        data = [data[1], data[0], *data[2:]]
     if width < 0 or width and data is not None and (len(data) < 3 or (_known(data[-1]) or width) < width):
         raise InferenceError(f"requantize: width {width} needs data of rank >= 3 with a last axis at least as long")
     scales = ctx.get_attribute("scales")
     if scales is not None and len(scales.ints) and (width or data is not None and (
             len(data) < 2 or (_known(data[1]) or len(scales.ints)) != len(scales.ints))):
-        raise InferenceError("requantize: scales must be one per axis-1 channel, and without a width")
+        raise InferenceError("requantize: scales must be one per channel, and without a width")
     if width and data is not None:
         data = [*data[:-1], onnx.TensorShapeProto.Dimension(dim_value=width)]
     ctx.set_output_type(0, _int32(data))
@@ -244,12 +257,15 @@ def _requantize_schema() -> OpSchema:
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
         "bias empty: none); steps (kind, a, b): 0 shift a (round half up), 1 multiply by a, 2 add a, 3 clip to "
         "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row; scales (one "
-        "per axis-1 channel) multiply data before the bias.",
+        "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
+        "c the channel (data's axis 0).",
         inputs=[OpSchema.FormalParameter("data", "T", "int32"), OpSchema.FormalParameter("bias", "T", "(C,) or (0,)")],
         outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
         attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=True),
                     OpSchema.Attribute("width", onnx.helper.make_attribute("width", 0), "default 0: every element"),
+                    OpSchema.Attribute("batch_inner", onnx.helper.make_attribute("batch_inner", 0),
+                                       "default 0; 1: data (C, N, ...), y (N, C, ...)"),
                     OpSchema.Attribute("scales", OpSchema.AttrType.INTS, "per axis-1 channel", required=False)],
     )
     s.set_type_and_shape_inference_function(_infer_requantize)
