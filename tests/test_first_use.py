@@ -131,6 +131,12 @@ def test_version(capsys, monkeypatch):
         cuda = b"__cudaRegisterFatBinary" in Path(path).read_bytes()  # CUDA kernels are registered with the runtime
         kernels = "CPU and CUDA kernels" if cuda else "CPU kernels, no CUDA kernels"
         assert out[2] == f"native library: {path} ({kernels})"
+        assert out[3].endswith(f"native CUDA kernels: {'built' if cuda else 'not built'}")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():  # onnxruntime, not onnxruntime-gpu
+        assert out[3].startswith(f"CUDA: not usable here: onnxruntime {ort.__version__} has no CUDAExecutionProvider "
+                                 "(install onnxruntime-gpu)")
+    else:
+        assert out[3].startswith(("CUDA: usable here: CUDAExecutionProvider starts", "CUDA: not usable here"))
     monkeypatch.setattr(native, "library_path", lambda: None)
     code, out, _ = run(capsys, "--version")
     assert code == 0 and out[2].startswith("native library: not built (libcvm_onnx_ops.so is missing")
