@@ -103,6 +103,7 @@ def test_a_dense_run_in_the_cuda_form_is_exact(n, k, m, data):
     assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
 
 
+@pytest.mark.isa
 def test_int8_x_int8_products_at_their_largest_sum_are_exact():
     """K = 576 products of 127 * -127 (ResNet-20's widest layer, every operand at the edge): -9,290,304, exact in
     the int32 of MatMulInteger, and the route taken is int8 x int8 with no zero points."""
