@@ -28,13 +28,13 @@ struct Im2colArgs {
 // GPU): they narrow modulo 256. The exporter proves every value it feeds these kernels within [-128, 127].
 const char* cuda_im2col(const int32_t* x, const Im2colArgs& s, uint8_t offset, uint8_t* cols, void* stream);
 
-// requantize.h's requantize and requantize_rows on the GPU: y = the steps (kind, a, b; kShift... kClip) applied in
-// order to x * scales[c] + bias[c] in int32 with wrap-around. width > 0: rows of `row` elements, the first `width`
-// of each kept, c = (r / rows_per_plane) % channels; else c = (i / inner) % channels. batch > 0 (batch_inner):
-// y (batch, channels, inner) is read from x (channels, batch, inner). bias / scales: device arrays of `channels`
-// int32, or null. steps: host array of count (kind, a, b) triples.
-const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
-                            int64_t channels, int64_t inner, int64_t row, int64_t width, int64_t batch,
+// requantize.h's requantize and requantize_rows on the GPU, y (planes = N * C planes of `inner` elements, channel c
+// = plane % channels): y = the steps (kind, a, b; kShift... kClip) applied in order to x * scales[c] + bias[c] in
+// int32 with wrap-around. width > 0: each plane's rows of `width` elements are the first `width` of x's rows of
+// `row`; batch > 0 (batch_inner): x is (channels, batch, inner), plane n * C + c read from x's plane c * N + n.
+// bias / scales: device arrays of `channels` int32, or null. steps: host array of n_steps (kind, a, b) triples.
+const char* cuda_requantize(const int32_t* x, int64_t planes, int64_t channels, int64_t inner, int64_t row,
+                            int64_t width, int64_t batch, const int32_t* bias, const int32_t* scales,
                             const int64_t* steps, int64_t n_steps, int32_t* y, void* stream);
 
 // A device copy of `count` int32 values (cudaMalloc + cudaMemcpy), or the CUDA error text in `error`.

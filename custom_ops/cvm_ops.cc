@@ -552,13 +552,12 @@ struct RequantizeCuda {
       const int64_t width = attrs.width, row = shape.back();
       if (width > 0) shape.back() = width;
       int32_t* y = out.Allocate(shape);
-      int64_t count = 1;
-      for (int64_t d : shape) count *= d;
-      const int64_t per_channel = width > 0 ? inner / row : inner;
-      return launched("requantize", cuda_requantize(data.Data(), count, channels > 0 ? bias.Data() : nullptr, scales,
-                                                    attrs.batch_inner ? shape[1] :
-                                                    std::max<int64_t>(channels, attrs.scales.size()), per_channel,
-                                                    row, width, attrs.batch_inner ? shape[0] : 0, attrs.flat.data(),
+      // planes of y: (N * C) of `inner` elements for rank >= 2, else one plane of everything (no channels)
+      const int64_t planes = shape.size() >= 2 ? shape[0] * shape[1] : 1;
+      const int64_t per_plane = shape.size() >= 2 ? (width > 0 ? inner / row * width : inner) : data.NumberOfElement();
+      return launched("requantize", cuda_requantize(data.Data(), planes, shape.size() >= 2 ? shape[1] : 1, per_plane,
+                                                    row, width, attrs.batch_inner ? shape[0] : 0,
+                                                    channels > 0 ? bias.Data() : nullptr, scales, attrs.flat.data(),
                                                     static_cast<int64_t>(attrs.steps.size()), y, stream_of(ctx)));
     });
   }

@@ -102,32 +102,34 @@ __global__ void valid_counts(const int32_t* x, int64_t n, int64_t k, int64_t thr
   for (int64_t i = total * k + threadIdx.x; i < n * k; i += blockDim.x) yb[i] = -1;
 }
 
-__global__ void gather_windows(const int32_t* x, Im2colArgs s, uint8_t offset, int64_t total, uint8_t* cols) {
-  const int64_t window = s.kh * s.kw, positions = s.oh * (s.wide ? s.wp : s.ow);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    // i = (plane * window + k) * positions + l, plane = n * C + channel (the input's channel order); batch_inner:
-    // i = ((channel * window + k) * N + n) * positions + l
-    const int64_t l = i % positions, rest = i / positions;
-    int64_t k, plane;
-    if (s.batch_inner) {
-      k = (rest / s.n) % window;
-      plane = (rest % s.n) * s.c + rest / s.n / window;
-    } else {
-      k = rest % window;
-      plane = rest / window;
+// One block row per column row: row r holds the `positions` columns of window position k of plane `plane` = n * C +
+// channel (the input's channel order): r = plane * window + k, or with batch_inner r = (channel * window + k) * N +
+// n. Each row's indices are worked out once per block; each element then needs one 32-bit division (its output row
+// and column), so the gather runs at memory speed. A row is one contiguous run of columns.
+__global__ void gather_windows(const int32_t* x, Im2colArgs s, uint8_t offset, int64_t rows, uint8_t* cols) {
+  const int64_t window = s.kh * s.kw;
+  const int32_t positions = static_cast<int32_t>(s.oh * (s.wide ? s.wp : s.ow));
+  const int32_t ow = static_cast<int32_t>(s.ow), wp = static_cast<int32_t>(s.wp);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int64_t k = s.batch_inner ? (r / s.n) % window : r % window;
+    const int64_t plane = s.batch_inner ? (r % s.n) * s.c + r / s.n / window : r / window;
+    const int32_t fh = static_cast<int32_t>(k / s.kw), fw = static_cast<int32_t>(k % s.kw);
+    const int32_t* src = x + plane * s.h * s.w;
+    uint8_t* dst = cols + r * positions;
+    for (int32_t l = blockIdx.x * blockDim.x + threadIdx.x; l < positions; l += gridDim.x * blockDim.x) {
+      int64_t ih, iw;
+      if (s.wide) {  // padded row-major position, read on past the row's end into the following rows
+        const int64_t p = l + (fh * s.dh) * wp + fw * s.dw;
+        ih = p / wp - s.pt, iw = p % wp - s.pl;
+        if (p / wp >= s.hp) ih = -1;  // past the plane's last padded row: the slack, padding
+      } else {
+        const int32_t oh = l / ow;
+        ih = oh * s.sh + fh * s.dh - s.pt, iw = (l - oh * ow) * s.sw + fw * s.dw - s.pl;
+      }
+      const bool inside = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
+      const uint32_t v = inside ? static_cast<uint32_t>(src[ih * s.w + iw]) : 0u;
+      dst[l] = static_cast<uint8_t>(v + offset);
     }
-    const int64_t fh = k / s.kw, fw = k % s.kw;
-    int64_t ih, iw;
-    if (s.wide) {  // padded row-major position, read on past the row's end into the following rows
-      const int64_t p = (l / s.wp + fh * s.dh) * s.wp + l % s.wp + fw * s.dw;
-      ih = p / s.wp - s.pt, iw = p % s.wp - s.pl;
-      if (p / s.wp >= s.hp) ih = -1;  // past the plane's last padded row: the slack, padding
-    } else {
-      ih = (l / s.ow) * s.sh + fh * s.dh - s.pt, iw = (l % s.ow) * s.sw + fw * s.dw - s.pl;
-    }
-    const bool inside = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
-    const uint32_t v = inside ? static_cast<uint32_t>(x[(plane * s.h + ih) * s.w + iw]) : 0u;
-    cols[i] = static_cast<uint8_t>(v + offset);
   }
 }
 
@@ -152,28 +154,22 @@ __device__ int32_t apply(int32_t v, const Steps& st) {
   return v;
 }
 
-// y[i] = steps(x[src] * scales[c] + bias[c]); with width, i indexes rows of `width` taken from rows of `row`; with
-// batch > 0, y (batch, channels, inner) from x (channels, batch, inner).
-__global__ void requantize_kernel(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
-                                  int64_t channels, int64_t inner, int64_t row, int64_t width, int64_t batch, Steps st,
-                                  int32_t* y) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t src = i, c = 0;
-    if (batch > 0) {
-      const int64_t n = i / (channels * inner);
-      c = (i / inner) % channels;
-      src = (c * batch + n) * inner + i % inner;
-    } else if (width > 0) {
-      const int64_t r = i / width;
-      src = r * row + i % width;
-      c = channels > 0 ? (r / inner) % channels : 0;
-    } else if (channels > 0) {
-      c = (i / inner) % channels;
+// One block row per plane p = n * C + c of y (N, C, inner): y[p, j] = steps(x[src] * scales[c] + bias[c]), src
+// from plane p of x (inner_in elements per plane), or plane c * N + n with batch (batch_inner: x is (C, N, ...));
+// with width, y's plane rows of `width` elements come from x's rows of `row`. bias / scales: null when absent.
+__global__ void requantize_kernel(const int32_t* x, int64_t planes, int64_t channels, int64_t inner, int64_t inner_in,
+                                  int64_t row, int64_t width, int64_t batch, const int32_t* bias,
+                                  const int32_t* scales, Steps st, int32_t* y) {
+  for (int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
+    const int64_t c = p % channels;
+    const int32_t* src = x + (batch > 0 ? c * batch + p / channels : p) * inner_in;
+    const uint32_t add = bias ? static_cast<uint32_t>(bias[c]) : 0u;
+    const uint32_t mul = scales ? static_cast<uint32_t>(scales[c]) : 1u;
+    int32_t* dst = y + p * inner;
+    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < inner; j += int64_t{gridDim.x} * blockDim.x) {
+      const int32_t v = width > 0 ? src[(j / width) * row + j % width] : src[j];
+      dst[j] = apply(static_cast<int32_t>(static_cast<uint32_t>(v) * mul + add), st);
     }
-    uint32_t v = static_cast<uint32_t>(x[src]);
-    if (scales) v *= static_cast<uint32_t>(scales[c]);
-    if (bias) v += static_cast<uint32_t>(bias[c]);
-    y[i] = apply(static_cast<int32_t>(v), st);
   }
 }
 
@@ -185,20 +181,30 @@ __global__ void lut(const int32_t* indices, int64_t count, const int32_t* table,
 
 }  // namespace
 
+// A grid of (blocks along a row, rows): each within CUDA's limits, the kernels loop over the rest.
+dim3 row_grid(int64_t per_row, int64_t rows) {
+  const int64_t x = (per_row + kThreads - 1) / kThreads;
+  return dim3(static_cast<unsigned>(x < 1 ? 1 : (x > 1024 ? 1024 : x)),
+              static_cast<unsigned>(rows < 1 ? 1 : (rows > 65535 ? 65535 : rows)));
+}
+
 const char* cuda_im2col(const int32_t* x, const Im2colArgs& s, uint8_t offset, uint8_t* cols, void* stream) {
-  const int64_t total = s.n * s.c * s.kh * s.kw * s.oh * (s.wide ? s.wp : s.ow);
-  if (total == 0) return nullptr;
-  gather_windows<<<blocks_for(total), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, s, offset, total, cols);
+  const int64_t rows = s.n * s.c * s.kh * s.kw, positions = s.oh * (s.wide ? s.wp : s.ow);
+  if (rows == 0 || positions == 0) return nullptr;
+  gather_windows<<<row_grid(positions, rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, s, offset, rows,
+                                                                                                  cols);
   return last_error();
 }
 
-const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias, const int32_t* scales,
-                            int64_t channels, int64_t inner, int64_t row, int64_t width, int64_t batch,
+const char* cuda_requantize(const int32_t* x, int64_t planes, int64_t channels, int64_t inner, int64_t row,
+                            int64_t width, int64_t batch, const int32_t* bias, const int32_t* scales,
                             const int64_t* steps, int64_t n_steps, int32_t* y, void* stream) {
-  if (count == 0) return nullptr;
+  if (planes == 0 || inner == 0) return nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid = row_grid(inner, planes);
+  const int64_t inner_in = width > 0 ? inner / width * row : inner;
   int64_t done = 0;
-  do {  // the first launch reads x (bias, scales, width); any further one continues on y in place
+  do {  // the first launch reads x (bias, scales, width, batch); any further one continues on y in place
     Steps st{};
     st.count = static_cast<int>(n_steps - done < kMaxSteps ? n_steps - done : kMaxSteps);
     for (int k = 0; k < st.count; ++k) {
@@ -207,10 +213,11 @@ const char* cuda_requantize(const int32_t* x, int64_t count, const int32_t* bias
       st.b[k] = static_cast<int32_t>(steps[3 * (done + k) + 2]);
     }
     if (done == 0) {
-      requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, count, bias, scales, channels, inner, row, width,
-                                                              batch, st, y);
+      requantize_kernel<<<grid, kThreads, 0, s>>>(x, planes, channels, inner, inner_in, row, width, batch, bias,
+                                                  scales, st, y);
     } else {
-      requantize_kernel<<<blocks_for(count), kThreads, 0, s>>>(y, count, nullptr, nullptr, 0, 1, 0, 0, 0, st, y);
+      requantize_kernel<<<grid, kThreads, 0, s>>>(y, planes, channels, inner, inner, 0, 0, 0, nullptr, nullptr, st,
+                                                  y);
     }
     done += st.count;
   } while (done < n_steps);
