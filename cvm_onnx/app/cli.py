@@ -157,14 +157,18 @@ def convert_triton(args) -> int:
 
 
 def convert_checked(args) -> int:
-    """CVM -> ONNX through every checked stage; the report (if asked) and a summary, also when a stage fails."""
+    """CVM -> ONNX through every checked stage; the report (if asked) and a summary, also when a stage fails. The
+    CUDA form is checked and compared on the CUDA provider where onnxruntime offers it, else on the CPU one."""
+    import onnxruntime
+
     from .pipeline import Conversion, run
     from .progress import Bar
     from .report import Report
 
+    on_gpu = args.provider == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
                             optimize=args.optimize, check=True, seeds=3 if args.verify else None,
-                            target=args.provider)
+                            target=args.provider, provider="cuda" if on_gpu else "cpu")
     with Bar() as bar:
         report = Report(run(conversion, timed=True, progress=bar))
     _warn(report.warnings)
@@ -342,7 +346,8 @@ def parser() -> argparse.ArgumentParser:
                    "importable back)")
     c.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="the serving form's target: cuda "
                    "writes the CUDA serving form (implies --optimize: every node a CUDA kernel of onnxruntime or "
-                   "of the native library; checked and verified on the CPU provider, the same integer arithmetic)")
+                   "of the native library; --verify compares on the CUDA provider where onnxruntime has it, else on "
+                   "the CPU provider, the same integer arithmetic)")
     c.add_argument("--input-precision", type=int, default=8, metavar="N",
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")
