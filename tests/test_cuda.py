@@ -386,6 +386,8 @@ def test_a_cuda_graph_needs_the_cuda_provider():
     model = to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, provider="cuda")
     with pytest.raises(RuntimeFailure, match="a CUDA graph needs provider 'cuda'"):
         run_many(model, np.zeros((1, 1, 8, 8), np.int32), cuda_graph=True)
+    with pytest.raises(RuntimeFailure, match="a CUDA graph runs one call at a time; got 2 workers"):
+        run_many(model, np.zeros((1, 1, 8, 8), np.int32), provider="cuda", cuda_graph=True, workers=2)
 
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)

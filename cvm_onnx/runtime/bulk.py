@@ -427,6 +427,10 @@ def run_many(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: st
         workers = sessions.usable_cpus() if cpu_onnx else 1
     if workers < 1:
         raise RuntimeFailure(f"the number of workers must be >= 1, got {workers}")
+    if cuda_graph and provider != "cuda":
+        raise RuntimeFailure("a CUDA graph needs provider 'cuda'")
+    if cuda_graph and workers > 1:  # one captured graph replays one set of buffers: one caller at a time
+        raise RuntimeFailure(f"a CUDA graph runs one call at a time; got {workers} workers")
     p, data = planned(model, inputs, chunk, provider=provider, threads=1 if workers > 1 else threads, edges=edges,
                       io_binding=io_binding, cuda_graph=cuda_graph)
     runner = Runner(p)

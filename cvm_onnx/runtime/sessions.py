@@ -243,7 +243,8 @@ class Bound:
     When every input and output has a static shape, each calling thread allocates its device buffers once and
     refills them (``OrtValue.update_inplace``): the same addresses every call, as a CUDA graph needs (a session
     made with ``cuda_graph=True``). Otherwise inputs and outputs are bound afresh each call. Threads never share
-    buffers, so a session may be called from several threads at once."""
+    buffers, so a session may be called from several threads at once, but not a CUDA-graph session (it replays
+    the one set of buffers it was captured with). The device is the provider's first (device 0)."""
 
     def __init__(self, sess: ort.InferenceSession):
         self.session = sess
