@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, reject, settings, strategies as st
 from onnx import TensorProto, helper
 
 import cvm_onnx
@@ -20,13 +20,14 @@ from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.converters.to_onnx.optimize import clips_as_max_min
 from cvm_onnx.core.batch import batched
 from cvm_onnx.core.builder import GraphBuilder
-from cvm_onnx.core.errors import Problem, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.errors import Problem, RuntimeFailure, UnsupportedError, ValidationError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.runtime import placement
 from cvm_onnx.runtime.bulk import run_many
 from cvm_onnx.runtime.sessions import Bound, run, session
 from harness import tensors
+import test_ops_reduce
 from test_int8 import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
                        step)
 
@@ -144,6 +145,51 @@ def test_float_clips_stay():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     assert [n.op_type for n in clips_as_max_min(model).graph.node] == ["Clip"]
+
+
+# -- reductions and max pooling: onnxruntime's CUDA int32 reductions compare and add in float32 --------------------
+
+def int32_reductions(model: onnx.ModelProto) -> list[str]:
+    """The ReduceSum / ReduceMax nodes reading int32 (onnxruntime's CUDA kernels cast them to float32)."""
+    types = placement._types(model)
+    return [n.name for n in model.graph.node if n.op_type in ("ReduceSum", "ReduceMax")
+            and types.get(n.input[0]) == TensorProto.INT32]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=test_ops_reduce.case())
+def test_cuda_form_reductions_are_exact_and_wide_ones_take_float64(case):
+    """sum and max over inputs of any precision: exact on the CPU provider, every node a CUDA kernel, and an
+    int32 ReduceSum / ReduceMax only where every value it sees (partial sums included) is within 2^24."""
+    name, attrs, p, x = case
+    b = GraphBuilder()
+    try:
+        graph = b.build(b.op(name, b.input("data", x.shape, p), **attrs))
+    except ValidationError:  # a sum whose precision would pass 32 bits
+        reject()
+    model = to_onnx(graph, provider="cuda")
+    assert placement.without_cuda_kernel(model) == []
+    count = x.size // max(1, int(np.prod(graph.nodes[-1].outputs[0].shape)))
+    if (2 ** (p - 1) - 1) * (count if name == "sum" else 1) > 2**24:
+        assert int32_reductions(model) == []
+    assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(p=st.sampled_from([8, 24, 25, 31, 32]), data=st.data())
+def test_cuda_form_max_pool2d_is_exact_at_any_precision(p, data):
+    """Inputs wider than 2^24 pool in float64 on CUDA (no int32 Pad there, int32 ReduceMax compares in float32)."""
+    k, s = data.draw(st.sampled_from([(2, 2), (3, 2), (3, 1)])), data.draw(st.integers(1, 2))
+    b = GraphBuilder()
+    try:
+        graph = b.build(b.op("max_pool2d", b.input("data", (1, 2, 5, 5), p), pool_size=k, strides=(s, s),
+                             padding=(1, 1), ceil_mode=data.draw(st.booleans())))
+    except ValidationError:  # a ceil_mode window that would start in the padding
+        reject()
+    x = data.draw(tensors((1, 2, 5, 5), p))
+    model = to_onnx(graph, provider="cuda")
+    assert placement.without_cuda_kernel(model) == [] and int32_reductions(model) == []
+    assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
 
 
 # -- batch_inner: the layout that puts a whole batch into one GEMM ------------------------------------------------

@@ -122,7 +122,7 @@ class _Exporter:
         ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
                for name, e in zip(REGISTRY[node.op].input_names_for(len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
-        body, body_outs = lower(node.op, a, ins, outs)
+        body, body_outs = lower(node.op, a, ins, outs, self.provider)
         in_names = [self.names[e] for e in node.inputs]
         out_names = [self.names[Entry(i, k)] for k in range(len(node.outputs))]
         self.infos.extend(value_info(n, o) for n, o in zip(out_names, node.outputs))

@@ -35,9 +35,12 @@ class Value:
 
 @dataclass
 class Body:
-    """The nodes of one function body under construction. ``b.OpType(*inputs, **attrs)`` appends a node."""
+    """The nodes of one function body under construction. ``b.OpType(*inputs, **attrs)`` appends a node.
+    ``provider``: where the body will run ("cpu", or "cuda" for the CUDA serving form, whose lowerings avoid
+    onnxruntime CUDA kernels that are not exact on integers: reduce.py, nn.max_pool2d)."""
 
     outputs: list[Value]
+    provider: str = "cpu"
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     widened: dict[str, str] = field(default_factory=dict)  # int8 param widened to int32: int32 name -> int8 name
     _count: int = 0
@@ -119,9 +122,11 @@ def unwiden(b: Body, names: list[str]) -> None:
     b.nodes[:] = [n for n in b.nodes if n.output[0] not in b.widened or n.output[0] in read]
 
 
-def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value]) -> tuple[Body, list[str]]:
-    """Run the lowering of ``op`` (int8 params widened first); returns the body and the names of its outputs."""
-    b = Body(outputs)
+def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value],
+          provider: str = "cpu") -> tuple[Body, list[str]]:
+    """Run the lowering of ``op`` (int8 params widened first) for ``provider``; returns the body and the names of
+    its outputs."""
+    b = Body(outputs, provider=provider)
     args = list(inputs) if LOWERINGS[op].native else widen(b, inputs)
     out = LOWERINGS[op].fn(b, a, *args)
     names = [out] if isinstance(out, str) else list(out)
