@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 import cvm_onnx
 from cvm_onnx import native
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.converters.to_onnx.optimize import clips_as_max_min
+from cvm_onnx.converters.to_onnx.optimize import clips_as_max_min, element_types
 from cvm_onnx.core.batch import batched
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import Problem, RuntimeFailure, UnsupportedError, ValidationError
@@ -151,7 +151,7 @@ def test_float_clips_stay():
 
 def int32_reductions(model: onnx.ModelProto) -> list[str]:
     """The ReduceSum / ReduceMax nodes reading int32 (onnxruntime's CUDA kernels cast them to float32)."""
-    types = placement._types(model)
+    types = element_types(model)
     return [n.name for n in model.graph.node if n.op_type in ("ReduceSum", "ReduceMax")
             and types.get(n.input[0]) == TensorProto.INT32]
 

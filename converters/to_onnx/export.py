@@ -289,11 +289,12 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
     form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``; ``int8``
     (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
-    products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. ``provider``: the serving form's target,
-    "cpu", or "cuda" (implies ``optimize``; ``int8`` None means True): convolutions from int8 x int8 products
-    (``nn.conv2d_int8``), then the passes ``optimize.CUDA``, so that every node has a kernel of onnxruntime's
-    CUDA provider (``cvm_onnx.runtime.placement`` checks it); metadata ``cvm.provider`` names the target. A batched model
-    says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
+    products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. ``provider``: the
+    serving form's target, "cpu", or "cuda" (implies ``optimize``; ``int8`` None means True): convolutions from
+    int8 x int8 products (``nn.conv2d_int8``), lowerings that avoid CUDA kernels inexact on integers
+    (``Body.provider``), then the passes ``optimize.CUDA``, so that every node has a kernel of onnxruntime's CUDA
+    provider (``cvm_onnx.runtime.placement`` checks it); metadata ``cvm.provider`` names the target. A batched
+    model says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
     ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
     them).
     """

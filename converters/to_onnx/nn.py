@@ -206,7 +206,7 @@ def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
 
     On "cuda" (onnxruntime's CUDA MatMulInteger takes int8 x int8 only) the windows are ``im2col_int8`` (x
     itself, 0 in the padding, never wide) and the weights int8, no zero points: cuBLAS's int8 GEMM sums the
-    products in int32, |w x| <= 127 * 127 and K <= ``INT8_K_SIGNED`` products, so no sum overflows and the
+    products in int32, |w x| <= 128 * 127 and K <= ``INT8_K_SIGNED`` products, so no sum overflows and the
     result is sum w x exactly, in any order. The columns are ``batch_inner`` ((G, K, N * OH * OW): onnxruntime's
     CUDA MatMulInteger runs one GEMM per batch entry, so the samples go into the GEMM's columns, one GEMM per
     group), the products come out (OC, N, OH, OW), and ``requantize`` (``batch_inner``) reads them so."""

@@ -58,7 +58,7 @@ def _cast_to(node: onnx.NodeProto) -> int | None:
     return next(a.i for a in node.attribute if a.name == "to")
 
 
-def _types(model: onnx.ModelProto) -> dict[str, int]:
+def element_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor shape inference can tell (initializer data left out: only types matter)."""
     g = model.graph
     params = [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in g.initializer]
@@ -84,7 +84,7 @@ def skip_int32_round_trips(model: onnx.ModelProto) -> onnx.ModelProto:
     float64 is exact; float64 -> float32 rounds both ways alike). The int32 casts stay (``drop_unread_casts``
     removes those nobody reads any more).
     """
-    types = _types(model)
+    types = element_types(model)
     producer = {o: n for n in model.graph.node for o in n.output}
     rename: dict[str, str] = {}
     for node in model.graph.node:
@@ -143,7 +143,7 @@ def clips_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every integer ``Clip(x, lo, hi)`` becomes ``Min(Max(x, lo), hi)`` (an absent bound: that step left out),
     named after it: onnxruntime has no CUDA kernel for int32 Clip, and Max and Min have int32 ones. The same
     value: ONNX Clip is min(max(x, lo), hi), which for lo > hi gives hi, as the Min of the Max does."""
-    types = _types(model)
+    types = element_types(model)
     nodes = []
     for node in model.graph.node:
         if node.op_type != "Clip" or node.domain not in ("", "ai.onnx") or types.get(node.input[0]) in FLOATS:

@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
+from cvm_onnx.converters.to_onnx.optimize import element_types
 from cvm_onnx.core.errors import Problem
 from cvm_onnx.native import CUDA_OPS as NATIVE_CUDA_OPS
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
@@ -33,17 +34,6 @@ def table() -> dict:
 def _type_name(elem_type: int) -> str:
     return {"FLOAT": "float", "DOUBLE": "double"}.get(TensorProto.DataType.Name(elem_type),
                                                       TensorProto.DataType.Name(elem_type).lower())
-
-
-def _types(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every tensor of the main graph (inputs, initializers, constants, inferred)."""
-    g = model.graph
-    params = [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in g.initializer]
-    light = onnx.helper.make_model(onnx.helper.make_graph(g.node, g.name, [*g.input, *params], g.output),
-                                   opset_imports=model.opset_import, ir_version=model.ir_version)
-    inferred = onnx.shape_inference.infer_shapes(light)
-    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-    return {vi.name: vi.type.tensor_type.elem_type for vi in infos}
 
 
 def _constants(model: onnx.ModelProto) -> set[str]:
@@ -70,8 +60,8 @@ def _kernel_problem(node: onnx.NodeProto, types: dict[str, int]) -> str | None:
             return f"the type of {tensor!r} is unknown"
         name = _type_name(types[tensor])
         if name not in kernel["types"][constraint]:
-            return f"onnxruntime's CUDA {node.op_type} takes {constraint} in {', '.join(kernel['types'][constraint])}; " \
-                   f"{tensor!r} is {name}"
+            allowed = ", ".join(kernel["types"][constraint])
+            return f"onnxruntime's CUDA {node.op_type} takes {constraint} in {allowed}; {tensor!r} is {name}"
         if bound.setdefault(constraint, name) != name:
             return f"{node.op_type}'s {constraint} is both {bound[constraint]} and {name}"
     return None
@@ -79,7 +69,7 @@ def _kernel_problem(node: onnx.NodeProto, types: dict[str, int]) -> str | None:
 
 def without_cuda_kernel(model: onnx.ModelProto) -> list[Problem]:
     """Each node of ``model``'s main graph that onnxruntime's CUDA provider cannot run, named, with why."""
-    types = _types(model)
+    types = element_types(model)
     known = _constants(model)
     problems = []
     for node in model.graph.node:
