@@ -65,6 +65,10 @@ def test_the_cuda_form_is_served_on_a_gpu_instance(tmp_path, capsys):
     assert main(["convert", str(MODELS / "detection"), "--provider", "cuda", "--verify",
                  "--triton-repo", str(repo)]) == 0
     assert "equal element for element on onnxruntime (cpu)" in capsys.readouterr().out
+    report = tmp_path / "r.md"
+    assert main(["convert", str(MODELS / "detection"), "-o", str(tmp_path / "d.onnx"), "--provider", "cuda",
+                 "--report", str(report)]) == 0
+    assert "CUDA serving form" in report.read_text() and "every node a CUDA kernel" in report.read_text()
     model = onnx.load(repo / "detection" / "1" / "model.onnx")
     assert {p.key: p.value for p in model.metadata_props}["cvm.provider"] == "cuda"
     cfg = parsed(repo / "detection" / "config.pbtxt")

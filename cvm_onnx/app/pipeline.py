@@ -34,6 +34,7 @@ from cvm_onnx.core.format.model_dir import read_symbol_text
 from cvm_onnx.core.format.onnx_file import write_onnx
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
+from cvm_onnx.runtime.placement import without_cuda_kernel
 from cvm_onnx.runtime.sessions import session
 from cvm_onnx.runtime.verify import Progress, Verdict, verify
 
@@ -106,8 +107,13 @@ def _export(c: Conversion, progress: Progress | None) -> str:
     props = {p.key: p.value for p in c.model.metadata_props}
     passes = props.get("cvm.optimized")
     routes = Counter(route for _, route, _ in json.loads(props.get(ROUTES, "[]")))
+    placed = ""
+    if c.target == "cuda":  # a node without a CUDA kernel would run on the CPU provider: a warning naming it
+        missing = without_cuda_kernel(c.model)
+        c.warnings += [Problem(p.where, f"runs on the CPU provider: {p.rule}") for p in missing]
+        placed = f"; {len(missing)} node(s) without a CUDA kernel" if missing else "; every node a CUDA kernel"
     return f"{c.form}, opset {c.model.opset_import[0].version}" + (f"; {passes}" if passes else "") + (
-        "; convolutions: " + ", ".join(f"{n} {route}" for route, n in routes.items()) if routes else "")
+        "; convolutions: " + ", ".join(f"{n} {route}" for route, n in routes.items()) if routes else "") + placed
 
 
 def _check(c: Conversion, progress: Progress | None) -> str:
