@@ -419,6 +419,17 @@ def test_bound_calls_reuse_their_buffers_and_equal_plain_calls():
         bound({"data": xs[0][:2]})
 
 
+def test_bound_calls_with_a_symbolic_dimension_bind_afresh_each_call():
+    x = helper.make_tensor_value_info("x", TensorProto.INT32, ["n", 2])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, ["n", 2])])
+    bound = Bound(session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)))
+    assert not bound.static
+    for n in (1, 3):
+        x = np.arange(2 * n, dtype=np.int32).reshape(n, 2)
+        assert np.array_equal(bound({"x": x})[0], x + x)
+
+
 @pytest.mark.parametrize("io_binding", [True, False])
 def test_run_many_through_io_binding_equals_the_reference(io_binding):
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
