@@ -107,6 +107,26 @@ def test_format_errors_exit_2(model, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "huge.npy", "model", "x.npy", "z.npz"]
 
 
+@pytest.mark.parametrize("content, why", [
+    (b"", "an empty file"), (b"hello\n", "not a .npy file (it does not start with numpy's magic string)"),
+    (bytes(range(256)), "not a .npy file (it does not start with numpy's magic string)"),
+    (None, "it holds Python objects (dtype object), not numbers")])
+def test_garbage_npy_is_named_not_a_pickle(content, why, model, tmp_path, capsys):
+    """A file that is no .npy array gets our reason, not numpy's advice to unpickle it (nor an EOFError), from
+    every command that reads one."""
+    bad = tmp_path / "bad.npy"
+    if content is None:
+        np.save(bad, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    else:
+        bad.write_bytes(content)
+    for argv, what in ((["run", model, "--input", bad, "--output", tmp_path / "o.npz"], "the input array"),
+                       (["verify", model, "--input", bad], "the input array"),
+                       (["quantize", ROOT / "models" / "digits_cnn" / "float.onnx", "--calibration", bad, "-o",
+                         tmp_path / "q"], "the calibration samples")):
+        assert failed(capsys, 2, *argv) == [f"format error: {bad}: cannot read {what}: {why}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy", "model"]
+
+
 def test_validation_errors_exit_3(tmp_path, capsys):
     graph = small_graph()
     graph.params["w"] = np.full((3, 4), 300, np.int32)  # beyond its precision (4 bits hold 7)
@@ -179,7 +199,9 @@ def run_quiet(*argv) -> int:
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["validate"], ["convert", "m"], ["run", "m", "--input", "x.npy"],
                                   ["convert", "m", "-o", "o.onnx", "--input-precision", "eight"],
                                   ["validate", "m", "--unknown"], ["run", "m", "--input", "x", "--output", "y",
-                                                                   "--provider", "tpu"]])
+                                                                   "--provider", "tpu"],
+                                  *[["run", "m", "--input", "x", "--output", "y", option, "0"]
+                                    for option in ("--chunk", "--workers", "--actors")]])
 def test_usage_errors_exit_64(argv, capsys):
     lines = failed(capsys, 64, *argv)
     assert lines[0].startswith("usage: cvm-onnx") and lines[-1].startswith("cvm-onnx")

@@ -15,6 +15,7 @@ from cvm_onnx import native
 from cvm_onnx.app import api
 from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
 from cvm_onnx.core.format.model_dir import replace_file
+from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.runtime.bulk import CHUNK
 
 # Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
@@ -36,18 +37,6 @@ def say(text: object) -> None:
 
 def complain(text: object) -> None:
     print(line(text), file=sys.stderr)
-
-
-def read_npy(path: str) -> np.ndarray:
-    """The array in a .npy file. Mapped first, so a header claiming more data than the file holds is refused
-    instead of allocated."""
-    try:
-        data = np.load(path, mmap_mode="r", allow_pickle=False)
-        if not isinstance(data, np.ndarray):
-            raise ValueError("an .npz archive, not one .npy array")
-        return np.array(data)
-    except (OSError, ValueError) as e:
-        raise FormatError(f"cannot read the input array: {e}", where=path) from None
 
 
 def _warn(problems) -> None:
@@ -192,7 +181,7 @@ def cmd_verify(args) -> int:
         return USAGE_ERROR
     model = api.load(args.model, args.params)
     _warn(model.warnings)
-    data = read_npy(args.input) if args.input else None
+    data = np.array(read_npy(args.input)) if args.input else None
     with Bar() as bar:
         verdict = verify(model.graph, data, seeds=args.seeds, provider=args.provider, progress=bar)
     for text in verdict.lines():
@@ -326,13 +315,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--cuda-graph", action="store_true", help="with --provider cuda: onnxruntime captures the "
                    "model's kernels into a CUDA graph once and replays it (the CUDA serving form, convert "
                    "--provider cuda: every node on the GPU, static shapes); the data is IO-bound either way")
-    r.add_argument("--chunk", type=int, default=CHUNK, metavar="N", help=f"samples per unit of work, and per "
+    r.add_argument("--chunk", type=positive, default=CHUNK, metavar="N", help=f"samples per unit of work, and per "
                    f"model call where the model takes a batch (default {CHUNK})")
     r.add_argument("--workers", type=positive, metavar="W", help="chunks run at once on this machine, one "
                    "onnxruntime thread each (ONNX models; default: one per CPU on the CPU provider)")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run on Ray actors: a new local "
                    "instance, or the cluster at ADDRESS (auto, ray://HOST:10001); extra ray")
-    r.add_argument("--actors", type=int, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")
+    r.add_argument("--actors", type=positive, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")
     c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM", parents=[debug])
     c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")
     c.add_argument("-o", "--output",

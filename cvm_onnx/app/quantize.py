@@ -21,6 +21,7 @@ import onnx
 
 from cvm_onnx.converters.from_onnx import Imported
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, load_onnx
@@ -87,15 +88,11 @@ def _input(model: onnx.ModelProto) -> tuple[str, tuple[int, ...]]:
 
 
 def _calibration(path: str | os.PathLike, shape: tuple[int, ...]) -> np.ndarray:
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise FormatError(f"cannot read the calibration samples: {e}", where=os.fspath(path)) from None
+    data = read_npy(path, "the calibration samples", mmap=False)
     one = shape[1:] if shape and shape[0] == 1 else shape
-    if not isinstance(data, np.ndarray) or data.dtype.kind != "f" or tuple(data.shape[1:]) not in (one, shape) \
-            or len(data) == 0:
+    if data.dtype.kind != "f" or tuple(data.shape[1:]) not in (one, shape) or len(data) == 0:
         raise FormatError(f"calibration samples must be floats of shape (N, {', '.join(map(str, one))}) (N >= 1), "
-                          f"got {getattr(data, 'dtype', '?')} {getattr(data, 'shape', '')}", where=os.fspath(path))
+                          f"got {data.dtype} {data.shape}", where=os.fspath(path))
     return data.reshape((len(data),) + shape)
 
 

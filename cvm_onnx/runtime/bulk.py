@@ -39,6 +39,7 @@ from cvm_onnx.core.constants import BATCH, QUANTIZATION
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.edges import Edges, parse_edges
+from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.runtime import sessions
 
@@ -55,16 +56,6 @@ def _fits(shape: Sequence[int], want: Sequence[int | None]) -> bool:
 
 def _shown(want: Sequence[int | str | None]) -> str:
     return "(" + ", ".join("?" if w is None else str(w) for w in want) + ("," if len(want) == 1 else "") + ")"
-
-
-def _open(path: Path) -> np.ndarray:
-    try:
-        data = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise FormatError(f"cannot read the input array: {e}", where=str(path)) from None
-    if not isinstance(data, np.ndarray):
-        raise FormatError("an .npz archive, not one .npy array", where=str(path))
-    return data
 
 
 @dataclass
@@ -87,7 +78,7 @@ class Samples:
         for path, n, stacked in self.files:
             lo, hi = max(start, first) - first, min(stop, first + n) - first
             if lo < hi:
-                data = _open(path) if isinstance(path, Path) else path
+                data = read_npy(path) if isinstance(path, Path) else path
                 parts.append(data[lo:hi] if stacked else data[None] if n == 1 else data[lo:hi, None])
             first += n
             if first >= stop:
@@ -100,7 +91,7 @@ def samples(source: str | os.PathLike | np.ndarray, want: Sequence[int | None]) 
     ``want`` (None: any size). Raises ``RuntimeFailure`` listing every file that fits no layout."""
     if not isinstance(source, np.ndarray) and Path(source).is_dir():
         return _directory(Path(source), want)
-    data = source if isinstance(source, np.ndarray) else _open(Path(source))
+    data = source if isinstance(source, np.ndarray) else read_npy(Path(source))
     where = "input" if data is source else str(source)
     n, stacked = _count(data.shape, want, where)
     return Samples(_one(data.shape, n, stacked), _dtype(data.dtype, where), n, stacked,
@@ -113,7 +104,7 @@ def _directory(path: Path, want: Sequence[int | None]) -> Samples:
         raise FormatError("no .npy files in the input directory", where=str(path))
     listed, problems, first, dtype, shape = [], [], 0, None, None
     for f in files:
-        data, where = _open(f), f"sample {first} ({f.name})"
+        data, where = read_npy(f), f"sample {first} ({f.name})"
         try:
             n, stacked = _count(data.shape, want, where)
         except RuntimeFailure as e:

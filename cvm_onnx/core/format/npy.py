@@ -1,0 +1,41 @@
+"""One array from a .npy file, or one ``FormatError`` saying what the file is instead (numpy alone would read a
+file without the .npy magic as a pickle and say so, or fail on an empty file with ``EOFError``)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import FormatError
+
+MAGIC = b"\x93NUMPY"
+ZIP = b"PK\x03\x04"
+
+
+def _header(f) -> np.dtype | None:
+    """The dtype the header of a version 1 or 2 .npy file declares (None for another version: numpy says)."""
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    return read(f)[2] if read else None
+
+
+def read_npy(path: str | os.PathLike, what: str = "the input array", mmap: bool = True) -> np.ndarray:
+    """The array in the .npy file ``path``; ``mmap``: memory-mapped, so a header claiming more data than the file
+    holds is refused instead of allocated. An .npz archive, an empty file, a file that is no .npy (a pickle, text)
+    and an array of Python objects are refused naming ``what``."""
+    where = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+            if head != MAGIC:
+                why = ("an empty file" if not head else "an .npz archive, not one .npy array" if head.startswith(ZIP)
+                       else "not a .npy file (it does not start with numpy's magic string)")
+                raise FormatError(f"cannot read {what}: {why}", where=where)
+            f.seek(0)
+            dtype = _header(f)
+        if dtype is not None and dtype.hasobject:
+            raise FormatError(f"cannot read {what}: it holds Python objects (dtype {dtype}), not numbers",
+                              where=where)
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise FormatError(f"cannot read {what}: {getattr(e, 'strerror', None) or e}", where=where) from None
