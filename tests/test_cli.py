@@ -127,6 +127,35 @@ def test_garbage_npy_is_named_not_a_pickle(content, why, model, tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npy", "model"]
 
 
+def test_verify_takes_an_export_and_checks_that_file(model, tmp_path, capsys):
+    """`verify m.onnx` (as its --help says) compares the file itself with the reference executor on the CVM graph
+    it holds: an export and its batch form are exact, one whose rounding was edited is not; the serving form and
+    a model convert did not write are refused saying what to verify instead."""
+    for name, options in (("m.onnx", []), ("b.onnx", ["--batch", "3"]), ("s.onnx", ["--optimize"])):
+        assert run(capsys, "convert", model, "-o", tmp_path / name, *options)[0] == 0
+    for name in ("m.onnx", "b.onnx"):
+        code, out, err = run(capsys, "verify", tmp_path / name)
+        assert (code, err) == (0, "") and out.startswith("exact: 1 output(s) (out) equal element for element"), out
+    edited = onnx.load(tmp_path / "m.onnx")
+    for function in edited.functions:
+        for node in function.node:
+            node.op_type = "Floor" if node.op_type == "Round" else node.op_type
+    onnx.save(edited, tmp_path / "edited.onnx")
+    code, out, _ = run(capsys, "verify", tmp_path / "edited.onnx", "--seeds", "8")
+    assert code == 5 and out.startswith("MISMATCH on input") and \
+        "first differing node (topological order): out (cvm_right_shift)" in out, out
+    [line] = failed(capsys, 4, "verify", tmp_path / "s.onnx")
+    assert line == f"unsupported: {tmp_path / 's.onnx'}: the serving form (--optimize) keeps no CVM graph to verify " \
+                   f"it against: verify it as it is written, cvm-onnx convert MODEL_DIR --optimize --verify"
+    plain = helper.make_model(helper.make_graph(
+        [helper.make_node("Neg", ["data"], ["y"])], "g", [helper.make_tensor_value_info("data", TensorProto.INT32, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [2])]), opset_imports=[helper.make_opsetid("", 13)])
+    onnx.save(plain, tmp_path / "plain.onnx")
+    [line] = failed(capsys, 4, "verify", tmp_path / "plain.onnx")
+    assert line.startswith(f"unsupported: {tmp_path / 'plain.onnx'}: not an export of a CVM model") and \
+        "verify DIR" in line
+
+
 def test_validation_errors_exit_3(tmp_path, capsys):
     graph = small_graph()
     graph.params["w"] = np.full((3, 4), 300, np.int32)  # beyond its precision (4 bits hold 7)

@@ -171,19 +171,21 @@ def convert_checked(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from cvm_onnx.runtime.verify import verify
+    from cvm_onnx.runtime.verify import exported_graph, verify
 
     from .progress import Bar
 
+    onnx_model = None
     if api.is_onnx(args.model):
-        complain(f"cvm-onnx verify: {args.model} is an ONNX file; give the CVM model (directory, or symbol file "
-                 f"with --params): verify converts it and compares the export with the reference executor")
-        return USAGE_ERROR
-    model = api.load(args.model, args.params)
-    _warn(model.warnings)
+        onnx_model = api.load_onnx(args.model, external_data=True)
+        graph = exported_graph(onnx_model, args.model)
+    else:
+        model = api.load(args.model, args.params)
+        _warn(model.warnings)
+        graph = model.graph
     data = np.array(read_npy(args.input)) if args.input else None
     with Bar() as bar:
-        verdict = verify(model.graph, data, seeds=args.seeds, provider=args.provider, progress=bar)
+        verdict = verify(graph, data, seeds=args.seeds, provider=args.provider, onnx_model=onnx_model, progress=bar)
     for text in verdict.lines():
         say(text)
     return 0 if verdict.exact else RuntimeFailure.exit_code
@@ -292,10 +294,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def model_cmd(name, fn, help, aliases=()):
+    def model_cmd(name, fn, help, aliases=(), onnx_file="an .onnx file"):
         c = sub.add_parser(name, help=help, aliases=list(aliases), parents=[debug])
-        c.add_argument("model", help="CVM model directory (symbol + params), a symbol file with --params, or an "
-                       ".onnx file")
+        c.add_argument("model", help=f"CVM model directory (symbol + params), a symbol file with --params, or "
+                       f"{onnx_file}")
         c.add_argument("--params", help="params file when MODEL is a symbol file")
         c.set_defaults(fn=fn)
         return c
@@ -352,8 +354,9 @@ def parser() -> argparse.ArgumentParser:
                    "which become the outputs (keep the integer part of a model that ends in float ops)")
     c.add_argument("--verify", action="store_true", help="also compare with the reference executor, exactly, on "
                    "0, the extremes and 3 random inputs before writing (CVM -> ONNX)")
-    v = model_cmd("verify", cmd_verify, "convert a CVM model and check onnxruntime against the reference "
-                  "executor, element for element; name the first differing node")
+    v = model_cmd("verify", cmd_verify, "convert a CVM model (or take an .onnx file convert wrote) and check "
+                  "onnxruntime against the reference executor, element for element; name the first differing node",
+                  onnx_file="an .onnx file convert wrote (not the --optimize form)")
     v.add_argument("--input", help=".npy input data (default: 0, +-(2^(p-1)-1) and random inputs)")
     v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
     v.add_argument("--seeds", type=int, default=3, metavar="N", help="random inputs without --input (default 3)")

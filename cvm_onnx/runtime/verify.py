@@ -18,9 +18,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import entry_names, to_onnx
 from cvm_onnx.core.attrs import format_value
-from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import read_model
 from cvm_onnx.core.graph import Entry, Graph
@@ -142,6 +143,21 @@ def _as_graph(model) -> Graph:
     if isinstance(model, (str, os.PathLike)):
         return validate(read_model(model)).graph
     return model.graph  # a Loaded
+
+
+def exported_graph(onnx_model: onnx.ModelProto, where: str = "") -> Graph:
+    """The CVM graph an export of ``to_onnx`` came from, read back from its CVM op nodes, to verify the export
+    against: an ONNX model the exporter did not write, and the serving form (--optimize), which keeps no CVM
+    graph, are refused naming what to verify instead."""
+    props = {p.key: p.value for p in onnx_model.metadata_props}
+    if props.get("converted_from") != "CVM":
+        raise UnsupportedError("not an export of a CVM model (no metadata converted_from=CVM), so there is no "
+                               "reference to verify it against: import it (cvm-onnx convert M.onnx -o DIR) and "
+                               "verify DIR", where=where)
+    if "cvm.optimized" in props:
+        raise UnsupportedError("the serving form (--optimize) keeps no CVM graph to verify it against: verify "
+                               "it as it is written, cvm-onnx convert MODEL_DIR --optimize --verify", where=where)
+    return from_onnx(onnx_model)
 
 
 def _feeds(case: Case) -> dict[str, np.ndarray]:
