@@ -156,6 +156,30 @@ def test_verify_takes_an_export_and_checks_that_file(model, tmp_path, capsys):
         "verify DIR" in line
 
 
+def test_info_shows_the_float_edges_of_a_cvm_model_as_of_its_export(model, tmp_path, capsys):
+    """`info` on a quantized import's directory names quantization.json and how its input and outputs become floats,
+    in the same lines as `info` on its export (metadata cvm.quantization)."""
+    from cvm_onnx.core.format import Edge, Edges
+
+    edges = Edges(Edge("data", "uint8", np.array(0.25, np.float32), np.array(3)),
+                  (Edge("out", "int8", np.array([[0.5, 0.125, 3.0]], np.float32), np.zeros((1, 3), np.int64)),))
+    (model / "quantization.json").write_bytes(edges.to_bytes())
+    code, out, _ = run(capsys, "info", model)
+    assert code == 0
+    details = ["  input  data: float, quantized to uint8 (scale 0.25, zero point 3)",
+               "  output out: int8 dequantized to float32 (per channel: 3 scales and zero points)"]
+    lines = out.splitlines()
+    at = lines.index("float edges (quantization.json): `cvm-onnx run` takes float input and gives float32 outputs; "
+                     "its export on onnxruntime alone takes and gives the integers")
+    assert lines[at + 1:at + 3] == details
+    assert run(capsys, "convert", model, "-o", tmp_path / "m.onnx")[0] == 0
+    code, out, _ = run(capsys, "info", tmp_path / "m.onnx")
+    lines = out.splitlines()
+    at = lines.index("float edges (metadata cvm.quantization): `cvm-onnx run` takes float input and gives float32 "
+                     "outputs; onnxruntime alone takes and gives the integers")
+    assert code == 0 and lines[at + 1:at + 3] == details
+
+
 def test_validation_errors_exit_3(tmp_path, capsys):
     graph = small_graph()
     graph.params["w"] = np.full((3, 4), 300, np.int32)  # beyond its precision (4 bits hold 7)

@@ -79,6 +79,12 @@ def cmd_info(args) -> int:
     say("ops:")
     for op, n in g.op_counts().items():
         say(f"  {op:<22}{n:>6}")
+    if model.edges is not None:
+        from .onnx_info import edge_lines
+
+        for text in edge_lines(model.edges, "quantization.json", "its export on onnxruntime alone takes and gives "
+                               "the integers"):
+            say(text)
     if native_ops := sorted(set(g.op_counts()) & set(native.ATTRS)):
         say(f"native ops: {', '.join(native_ops)}: on onnxruntime they run in the custom-op library; "
             f"{native.status()}")

@@ -7,6 +7,8 @@ from onnx import TensorProto
 
 from cvm_onnx import native
 from cvm_onnx.core.constants import QUANTIZATION, SYMBOL, precision_bound, precision_of
+from cvm_onnx.core.errors import FormatError
+from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
 
 
 def _type(vi: onnx.ValueInfoProto) -> str:
@@ -23,6 +25,25 @@ def _precisions(model: onnx.ModelProto) -> dict[str, str]:
                 for p in vi.metadata_props if p.key == "cvm.precision"}
     return declared | {vi.name: declared[f"{vi.name}:clamped"] for vi in model.graph.input
                        if f"{vi.name}:clamped" in declared}
+
+
+def _scale(edge: Edge) -> str:
+    values = edge.scale.reshape(-1)
+    if values.size == 1:
+        return f"scale {str(values[0])}, zero point {int(edge.zero_point.reshape(-1)[0])}"
+    return f"per channel: {values.size} scales and zero points"
+
+
+def edge_lines(edges: Edges, where: str, integers: str) -> list[str]:
+    """The lines of ``cvm-onnx info`` for a quantized import's float edges (``where`` they are kept; ``integers``:
+    what takes the integers instead)."""
+    lines = [f"float edges ({where}): `cvm-onnx run` takes float input and gives float32 outputs; {integers}"]
+    if edges.input is not None:
+        lines.append(f"  input  {edges.input.name}: float, quantized to {edges.input.type} ({_scale(edges.input)})")
+    for e in edges.outputs:
+        if e is not None:
+            lines.append(f"  output {e.name}: {e.type} dequantized to float32 ({_scale(e)})")
+    return lines
 
 
 def describe(model: onnx.ModelProto) -> list[str]:
@@ -46,8 +67,12 @@ def describe(model: onnx.ModelProto) -> list[str]:
             if SYMBOL in props else "converts back to the same graph")
         lines.append(f"converted from CVM ({props.get('cvm.version', 'version unknown')}) by {producer}; {form}")
     if QUANTIZATION in props:
-        lines.append(f"float edges (metadata {QUANTIZATION}): `cvm-onnx run` takes float input and gives float32 "
-                     "outputs; onnxruntime alone takes and gives the integers")
+        try:
+            edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}")
+        except FormatError as e:
+            lines.append(f"float edges: malformed: {e}")
+        else:
+            lines += edge_lines(edges, f"metadata {QUANTIZATION}", "onnxruntime alone takes and gives the integers")
     lines.append(f"nodes: {len(model.graph.node)} in the graph, {len(model.functions)} functions, "
                  f"{len(model.graph.initializer)} initializers")
     ops = native.ops_used(model)
