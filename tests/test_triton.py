@@ -40,10 +40,10 @@ def test_a_batched_serving_form_in_a_repository(tmp_path, capsys):
     repo = tmp_path / "repo"
     assert main(["convert", str(MODELS / "digits_cnn"), "--optimize", "--batch", "16", "--verify",
                  "--triton-repo", str(repo)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == \
-        f"wrote the Triton model {repo / 'digits_cnn'}: config.pbtxt, 1/model.onnx"
     model = onnx.load(repo / "digits_cnn" / "1" / "model.onnx")
     native = ["digits_cnn/libcvm_onnx_ops.so"] if any(n.domain == "cvm.native" for n in model.graph.node) else []
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote the Triton model {repo / 'digits_cnn'}: config.pbtxt, " \
+        f"1/model.onnx{', libcvm_onnx_ops.so' if native else ''}"
     assert bool(native) == (library_path() is not None)  # the serving form's integer products (im2col ops)
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == sorted(
         ["digits_cnn", "digits_cnn/1", "digits_cnn/1/model.onnx", "digits_cnn/config.pbtxt"] + native)
@@ -86,6 +86,26 @@ def test_native_ops_bring_their_library_named_by_the_servers_path(tmp_path):
     cfg = parsed(folder / "config.pbtxt")
     assert list(cfg.model_operations.op_library_filename) == ["/srv/triton/detection/libcvm_onnx_ops.so"]
     described(cfg, onnx.load(folder / "1" / "model.onnx"))
+
+
+@pytest.mark.skipif(library_path() is None, reason="the native library was not built")
+def test_a_model_replacing_one_with_native_ops_leaves_no_stale_library(tmp_path, capsys):
+    """The summary names the library when it is copied; a model without cvm.native ops written over one with them
+    takes the library away with the config naming it."""
+    import shutil
+
+    source, repo = tmp_path / "src" / "m", tmp_path / "repo"
+    shutil.copytree(MODELS / "detection", source)
+    assert main(["convert", str(source), "--triton-repo", str(repo)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"wrote the Triton model {repo / 'm'}: config.pbtxt, 1/model.onnx, libcvm_onnx_ops.so"
+    shutil.rmtree(source)
+    shutil.copytree(MODELS / "digits_cnn", source)
+    assert main(["convert", str(source), "--triton-repo", str(repo)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote the Triton model {repo / 'm'}: config.pbtxt, 1/model.onnx"
+    assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == [
+        "m", "m/1", "m/1/model.onnx", "m/config.pbtxt"]
+    assert not parsed(repo / "m" / "config.pbtxt").HasField("model_operations")
 
 
 def test_any_tensor_name_survives_the_config():

@@ -147,7 +147,10 @@ def convert_triton(args) -> int:
         if fresh:
             shutil.rmtree(folder, ignore_errors=True)
         raise
-    say(f"wrote the Triton model {folder}: config.pbtxt, 1/model.onnx")
+    from cvm_onnx.native import LIBRARY
+
+    say(f"wrote the Triton model {folder}: config.pbtxt, 1/model.onnx" +
+        (f", {LIBRARY}" if (folder / LIBRARY).exists() else ""))
     return 0
 
 

@@ -89,7 +89,8 @@ def model_folder(repo: str | os.PathLike, name: str) -> Path:
 def write_repository(model: onnx.ModelProto, repo: str | os.PathLike, name: str,
                      server_repo: str = SERVER_REPO) -> Path:
     """Write ``model`` into the Triton repository ``repo`` as model ``name``, version 1 (files replaced, each
-    atomically); returns the model's directory. ``server_repo``: where the server will see ``repo``."""
+    atomically; a library left by an earlier model that used cvm.native ops removed when this one does not);
+    returns the model's directory. ``server_repo``: where the server will see ``repo``."""
     folder = model_folder(repo, name)
     files: dict[Path, bytes | Iterable[bytes]] = {}
     library = None
@@ -105,6 +106,8 @@ def write_repository(model: onnx.ModelProto, repo: str | os.PathLike, name: str,
     try:
         (folder / "1").mkdir(parents=True, exist_ok=True)
         replace_files(files)
+        if library is None:
+            (folder / LIBRARY).unlink(missing_ok=True)
     except OSError as e:
         raise FormatError(f"cannot write the Triton repository: {e.strerror or e}", where=str(folder)) from None
     return folder
