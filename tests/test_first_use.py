@@ -162,6 +162,19 @@ def test_exported_model_says_what_it_needs(exported):
         assert inp.doc_string.startswith(f"int32, values within precision {data.precision}")
 
 
+def test_the_readme_names_every_native_op_an_export_may_need(exported):
+    """README "Plain onnxruntime" lists the ops of the cvm.native domain, the serving form's among them, as the
+    library defines them; the serving form of the digits model calls some of them (so it needs the library)."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Plain onnxruntime"):]
+    listed = set(re.findall(r"`([a-z0-9_]+)`", section[:section.index("```")]))
+    assert listed == set(native.ATTRS) | set(native.SERVING_KERNELS)
+    served = native.ops_used(onnx.load(exported["served"]))
+    assert served and set(served) <= listed
+
+
 @needs_native
 def test_plain_onnxruntime_as_the_docs_say(exported):
     """No cvm_onnx at run time: the library path from `python -m cvm_onnx.native`, the input cast to int32."""
