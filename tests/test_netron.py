@@ -162,6 +162,54 @@ def test_served_model_is_the_export_and_the_server_stops(tmp_path):
             urllib.request.urlopen(url, timeout=2)
 
 
+@needs_netron
+def test_a_browser_dropping_connections_prints_no_traceback(capfd):
+    """A client that resets its connection while a large file is sent (a browser closing a tab) is not reported
+    with socketserver's traceback; the server keeps serving."""
+    import struct
+
+    from cvm_onnx.app.view import served
+
+    with served(MODEL, free_port()) as url:
+        host, port = url.rpartition("/")[2].split(":")
+        for _ in range(3):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the 5 MB file cannot all be sent at once
+                s.connect((host, int(port)))
+                s.sendall(b"GET /onnx-metadata.json HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.recv(100)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        time.sleep(0.5)  # the handlers meet the reset
+        with urllib.request.urlopen(url, timeout=WAIT) as r:
+            assert r.status == 200
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_readme_installs_netron_alone_and_says_what_netron_shows_first(monkeypatch):
+    """The README's view step installs the extra `view` as what it holds, netron (reinstalling the package would
+    rebuild the native library), and says, as `view` itself does, that Netron may open on its cookie notice."""
+    import re
+    import types
+
+    from cvm_onnx.app import view
+
+    [extra] = re.findall(r"^view = \[(.*)\]", (ROOT / "pyproject.toml").read_text(), re.M)  # tomllib: Python 3.11
+    assert re.findall(r'"([\w-]+)', extra) == ["netron"]
+    readme = (ROOT / "README.md").read_text()
+    [line] = [x for x in readme.splitlines() if "cvm-onnx view models/" in x]
+    assert line.startswith("pip install netron && cvm-onnx view ") and "-e" not in line.split("&&")[0]
+    assert "cookie notice" in readme and "Accept" in readme
+    said = []
+    if netron is not None:
+        def interrupt(seconds):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(view, "time", types.SimpleNamespace(sleep=interrupt))  # Ctrl-C while serving
+        view.view(MODEL, port=free_port(), browse=False, ready=said.append)
+        assert said[1] == view.CONSENT and "cookie notice" in said[1] and "Accept" in said[1]
+
+
 def test_view_without_netron_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "netron", None)  # import netron raises ImportError
     assert main(["view", str(MODEL), "--no-browser"]) == 4

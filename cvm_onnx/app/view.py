@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socketserver
+import sys
 import tempfile
 import threading
 import time
@@ -18,6 +20,8 @@ from typing import Iterator
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 
 HOST = "127.0.0.1"
+CONSENT = ("Netron may first show its own cookie notice (for its error reports and usage statistics; it asks "
+           "wherever it cannot tell it runs outside the EU, offline too): Accept, and the graph appears")
 
 
 def _netron():
@@ -28,6 +32,19 @@ def _netron():
                                "(or pip install netron)") from None
     logging.getLogger("netron.server").setLevel(logging.WARNING)  # we say where it serves ourselves
     return netron
+
+
+def _quiet(address: tuple[str, int]) -> None:
+    """Netron's server at ``address`` drops a client that went away (a browser closing a connection while a file
+    is sent) without printing socketserver's traceback of BrokenPipeError or ConnectionResetError; it reports
+    other errors as before."""
+    for thread in threading.enumerate():
+        server = getattr(thread, "server", None)
+        if isinstance(server, socketserver.BaseServer) and tuple(server.server_address[:2]) == tuple(address):
+            def handle_error(request, client, report=server.handle_error):
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    report(request, client)
+            server.handle_error = handle_error
 
 
 @contextmanager
@@ -50,6 +67,7 @@ def served(model: str | os.PathLike, port: int = 0, params: str | os.PathLike | 
             address = netron.serve(os.fspath(path), address=(HOST, port), browse=False)
         except OSError as e:
             raise RuntimeFailure(f"Netron cannot listen on {HOST}:{port}: {e.strerror or e}") from None
+        _quiet(address)
         try:
             yield f"http://{address[0]}:{address[1]}"
         finally:
@@ -70,6 +88,7 @@ def view(model: str | os.PathLike, port: int = 0, browse: bool = True, params: s
     try:
         with served(model, port, params) as url:
             ready(f"Netron serves {model} at {url} (Ctrl-C to stop)")
+            ready(CONSENT)
             if browse:
                 webbrowser.open(url)
             while True:
