@@ -464,6 +464,27 @@ def test_run_time_scale_is_refused(tmp_path):
     assert q.name in msg and "run time" in msg
 
 
+def test_a_float_input_read_otherwise_is_refused_naming_its_readers():
+    """A float input that is not a quantized model's (read by a Sigmoid; quantized by a scale computed from it at
+    run time): the refusal names each node that reads it so, and what computes the scale."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 4])
+    y = h.make_tensor_value_info("y", T.FLOAT, [1, 4])
+    only = "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form"
+    nodes = [h.make_node("Sigmoid", ["x"], ["s"], name="sig"), h.make_node("Neg", ["x"], ["n"]),
+             h.make_node("Add", ["s", "n"], ["y"], name="add")]
+    m = h.make_model(h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", 17)])
+    assert problems(m) == f"x: input of non-integer type float: read by Sigmoid 'sig', Neg (unnamed, node 1): {only}"
+    nodes = [h.make_node("ReduceMax", ["x"], ["m"], name="absmax", keepdims=0),
+             h.make_node("Div", ["m", "k"], ["scale"], name="div"),
+             h.make_node("QuantizeLinear", ["x", "scale", "z"], ["q"], name="q"),
+             h.make_node("DequantizeLinear", ["q", "scale", "z"], ["y"], name="dq")]
+    inits = [nh.from_array(np.array(127, np.float32), "k"), nh.from_array(np.array(0, np.int8), "z")]
+    m = h.make_model(h.make_graph(nodes, "g", [x], [y], inits), opset_imports=[h.make_opsetid("", 17)])
+    assert problems(m) == (f"x: input of non-integer type float: read by ReduceMax 'absmax': {only}; QuantizeLinear "
+                           "'q' quantizes it by a scale or zero point computed at run time (by Div 'div'): CVM needs "
+                           "them constant")
+
+
 def test_float_ops_after_the_last_dequantize_are_refused_all_at_once_and_outputs_cut(tmp_path):
     qm = small_qdq(tmp_path)
 

@@ -831,18 +831,33 @@ class InputEdge:
     nodes: list = field(default_factory=list)  # the QuantizeLinear nodes it replaces
 
 
+def _named(graph, n) -> str:
+    return f"{n.op_type} {n.name!r}" if n.name else f"{n.op_type} (unnamed, node {list(graph.node).index(n)})"
+
+
 def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
     """How a float input is quantized: every consumer a QuantizeLinear with the same constant scale and zero point
-    (per tensor). Else why not, as a sentence."""
+    (per tensor). Else why not, as a sentence naming the nodes that read it otherwise."""
     users = [n for n in graph.node if name in n.input]
-    if not users or any(n.op_type != "QuantizeLinear" or list(n.input[:1]) != [name] for n in users):
-        return "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form"
+    if not users:
+        return "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form; no node reads it"
+    producers = {t: n for n in graph.node for t in n.output}
+    others = [n for n in users if n.op_type != "QuantizeLinear" or list(n.input[:1]) != [name]]
+    why = [f"read by {', '.join(_named(graph, n) for n in others)}: only a float input read by QuantizeLinear alone "
+           "(a quantized model) has a CVM form"] if others else []
+    for n in users:
+        computed = [t for t in n.input[1:3] if t and t not in constants] if n not in others else []
+        if computed:
+            by = ", ".join(_named(graph, producers[t]) if t in producers else f"the graph input {t!r}"
+                           for t in computed)
+            why.append(f"{_named(graph, n)} quantizes it by a scale or zero point computed at run time (by {by}): "
+                       "CVM needs them constant")
+    if why:
+        return "; ".join(why)
     found = []
     for n in users:
         s = constants.get(n.input[1]) if len(n.input) > 1 else None
         z = constants.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
-        if s is None or (len(n.input) > 2 and n.input[2] and z is None):
-            return f"QuantizeLinear {n.name!r} of the input has a scale or zero point computed at run time"
         s = np.asarray(s, np.float32)
         if s.size != 1 or not np.isfinite(s).all() or (s <= 0).any():
             return f"QuantizeLinear {n.name!r} of the input needs one finite scale > 0, has {s.reshape(-1)[:4]}"
