@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import select
 import subprocess
 import sys
 import tempfile
@@ -310,6 +311,36 @@ def test_hostile_names_stay_on_one_line(tmp_path, capsys):
     write_model(small_graph(name), tmp_path)
     code, out, _ = run(capsys, "info", tmp_path)
     assert code == 0 and "output y\\ninvalid model: forged\\x1b[31m: shape (1, 3)" in out and "\x1b" not in out
+
+
+def test_native_writes_to_a_terminal_are_held_off_the_bar(monkeypatch):
+    """While Ray runs under the progress bar, what native code writes to stderr's descriptor is held, shown only if
+    the run fails; our own lines reach the terminal at once."""
+    import os
+
+    from cvm_onnx.app.progress import native_stderr_held
+
+    master, slave = os.openpty()
+    terminal = os.fdopen(slave, "w", buffering=1)
+    monkeypatch.setattr(sys, "stderr", terminal)
+
+    def shown() -> str:
+        text = b""
+        while select.select([master], [], [], 0.2)[0]:
+            text += os.read(master, 4096)
+        return text.decode()
+
+    with native_stderr_held():
+        os.write(slave, b"native noise\n")
+        print("ours", file=sys.stderr)
+        assert shown() == "ours\r\n"
+    assert sys.stderr is terminal and shown() == ""
+    with pytest.raises(ZeroDivisionError), native_stderr_held():
+        os.write(slave, b"native trouble\n")
+        1 / 0
+    assert shown() == "native trouble\r\n"
+    terminal.close()
+    os.close(master)
 
 
 def cli_process(*argv, **kwargs) -> subprocess.Popen:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,66 @@ def test_sizes_below_one_are_refused():
         run_on_ray(graph, x, actors=0)
     with pytest.raises(RuntimeFailure, match="the chunk size must be >= 1, got 0"):
         run_on_ray(graph, x, chunk=0)
+
+
+@pytest.fixture
+def unreachable_cluster(monkeypatch):
+    """Ray as a client without the token meets a cluster that requires one (ray.init raises ConnectionError after
+    its retries: `ray start --head` of Ray >= 2.59 with token authentication on); the calls to ray.init kept."""
+    ray = pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
+    calls = []
+
+    def init(address=None, **kwargs):
+        calls.append(address)
+        raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    return calls
+
+
+def test_ray_before_the_model_takes_no_address_and_a_cluster_wanting_a_token_is_named(tmp_path, capsys,
+                                                                                      unreachable_cluster):
+    """`run --ray MODEL ...`: --ray's optional ADDRESS does not swallow the model (a new local instance); a
+    cluster refusing the connection is a runtime error naming token authentication and what to set."""
+    model = ROOT / "models" / "digits_cnn"
+    np.save(tmp_path / "x.npy", np.zeros((3, 1, 8, 8), np.float32))
+    io = ["--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy")]
+    assert main(["run", "--ray", str(model), *io]) == 5
+    assert main(["run", str(model), "--ray=10.0.0.1:6379", *io]) == 5
+    assert unreachable_cluster == [None, "10.0.0.1:6379"]
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[1].startswith(
+        "runtime error: cannot connect to the Ray cluster at 10.0.0.1:6379: ConnectionError: Failed to connect to "
+        "Ray cluster at 10.0.0.1:6379. A Ray cluster started with `ray start` (Ray >= 2.59) requires token "
+        "authentication: set RAY_AUTH_MODE=token and the cluster's token, RAY_AUTH_TOKEN=")
+    assert main(["run", "--ray", str(model), str(model), *io]) == 64  # an address that is a model directory
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"cvm-onnx run: error: argument --ray: ADDRESS {model} is a file or directory, not a Ray address (auto, "
+        "HOST:PORT, ray://HOST:10001)")
+    assert sorted(os.listdir(tmp_path)) == ["x.npy"]
+
+
+def test_the_progress_bar_says_ray_is_starting(unreachable_cluster):
+    said = []
+    graph = api.load(ROOT / "models" / "digits_cnn").graph
+    with pytest.raises(RuntimeFailure, match="token authentication"):
+        run_on_ray(graph, np.zeros((5, 1, 8, 8), np.int8), progress=lambda *a: said.append(a))
+    assert said == [(0, 5, "starting Ray")]
+
+
+def test_an_address_where_nothing_listens_is_said_so_at_once(tmp_path, capsys):
+    """Nothing listens at HOST:PORT: said in seconds (ray.init retries such an address for many minutes)."""
+    pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    np.save(tmp_path / "x.npy", np.zeros((3, 1, 8, 8), np.float32))
+    argv = ["run", str(ROOT / "models" / "digits_cnn"), "--input", str(tmp_path / "x.npy"), "--output",
+            str(tmp_path / "o.npy")]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        assert main([*argv, f"--ray={address}"]) == 5
+        assert capsys.readouterr().err.startswith(f"runtime error: no Ray cluster answers at {address}: ")
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +216,7 @@ def test_a_killed_actor_is_restarted_and_the_result_is_complete_and_exact():
     later: set[int] = set()
 
     def kill_one_actor(done, total, what):  # once the first results are in, with chunks still queued
-        if first:
+        if first or not done:  # (done 0: Ray and its actors are starting)
             return
         first.extend(map_workers())
         os.kill(first[0], signal.SIGKILL)

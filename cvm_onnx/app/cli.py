@@ -226,8 +226,18 @@ def cmd_view(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .progress import Bar
+    from contextlib import nullcontext
 
+    from .progress import Bar, native_stderr_held
+
+    if args.model is None or (args.ray and Path(args.ray).exists()):
+        if args.model is not None or not args.ray:
+            args.usage.print_usage(sys.stderr)
+            complain(f"cvm-onnx run: error: argument --ray: ADDRESS {args.ray} is a file or directory, not a Ray "
+                     "address (auto, HOST:PORT, ray://HOST:10001)" if args.model else
+                     "cvm-onnx run: error: the following arguments are required: model")
+            return USAGE_ERROR
+        args.model, args.ray = args.ray, ""  # `run --ray MODEL ...`: --ray took the model for its ADDRESS
     edges = None
     if api.is_onnx(args.model):
         model = api.load_onnx(args.model, external_data=True)
@@ -235,7 +245,7 @@ def cmd_run(args) -> int:
         loaded = api.load(args.model, args.params)
         _warn(loaded.warnings)
         model, edges = loaded.graph, loaded.edges
-    with Bar() as bar:
+    with native_stderr_held() if args.ray is not None else nullcontext(), Bar() as bar:
         if args.ray is None:
             from cvm_onnx.runtime.bulk import run_many
 
@@ -303,10 +313,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
 
-    def model_cmd(name, fn, help, aliases=(), onnx_file="an .onnx file"):
+    def model_cmd(name, fn, help, aliases=(), onnx_file="an .onnx file", model_nargs=None):
         c = sub.add_parser(name, help=help, aliases=list(aliases), parents=[debug])
-        c.add_argument("model", help=f"CVM model directory (symbol + params), a symbol file with --params, or "
-                       f"{onnx_file}")
+        c.add_argument("model", nargs=model_nargs, help=f"CVM model directory (symbol + params), a symbol file "
+                       f"with --params, or {onnx_file}")
         c.add_argument("--params", help="params file when MODEL is a symbol file")
         c.set_defaults(fn=fn)
         return c
@@ -315,7 +325,9 @@ def parser() -> argparse.ArgumentParser:
               "import it and check the result)", ["check"])
     model_cmd("info", cmd_info, "ops, params, inputs and outputs of a CVM model; of an .onnx file its opsets, "
               "inputs and outputs, provenance and the native library it needs")
-    r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)")
+    r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)",
+                  model_nargs="?")  # `run --ray MODEL`: --ray takes MODEL for its ADDRESS; cmd_run sorts it out
+    r.set_defaults(usage=r)
     r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
                    "or N of them stacked on a new axis 0 or along the model's first axis (when it is 1); or a "
                    "directory of such .npy files (file-name order); floats for a "
@@ -331,7 +343,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", type=positive, metavar="W", help="chunks run at once on this machine, one "
                    "onnxruntime thread each (ONNX models; default: one per CPU on the CPU provider)")
     r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run on Ray actors: a new local "
-                   "instance, or the cluster at ADDRESS (auto, ray://HOST:10001); extra ray")
+                   "instance, or the cluster at ADDRESS (auto, HOST:PORT, ray://HOST:10001); extra ray. --ray "
+                   "followed by MODEL runs MODEL on a new local instance; an ADDRESS goes after MODEL or as "
+                   "--ray=ADDRESS")
     r.add_argument("--actors", type=positive, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")
     c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM", parents=[debug])
     c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")

@@ -1,7 +1,12 @@
 """A progress bar for the CLI: on stderr, only when stderr is a terminal and the work lasts more than a moment."""
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -42,3 +47,35 @@ class Bar:
 
     def __call__(self, done: int, total: int, what: str) -> None:
         self._bar.update(self._task, completed=done, total=total, description=what)
+
+
+@contextmanager
+def native_stderr_held() -> Iterator[None]:
+    """On a terminal, what native code writes to stderr's file descriptor while the block runs (Ray's C++ core
+    worker logging over the bar) goes to a temporary file, written out after the block only if it fails; Python's
+    ``sys.stderr`` (our messages, a ``Bar`` made inside the block) goes on to the terminal through a duplicate of
+    the descriptor. Elsewhere (a file, a pipe) nothing is drawn over, and nothing is held."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    fd = sys.stderr.fileno()
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    terminal = os.fdopen(os.dup(fd), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
+    previous, sys.stderr = sys.stderr, terminal
+    failed = True
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), fd)
+        try:
+            yield
+            failed = False
+        finally:
+            sys.stderr = previous
+            terminal.close()
+            os.dup2(saved, fd)
+            os.close(saved)
+            if failed:
+                held.seek(0)
+                text = held.read()
+                while text:
+                    text = text[os.write(fd, text):]

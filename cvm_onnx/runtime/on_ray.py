@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import warnings
 from typing import Any
 
@@ -23,6 +24,8 @@ from .bulk import CHUNK, ModelArg, Output, Progress, Runner, planned
 
 RETRIES = 3
 """Restarts of a dead actor, and retries of a chunk whose actor died, before the run fails."""
+WAIT = 10
+"""Seconds to wait for a connection to a cluster's address before saying that nothing answers there."""
 
 
 def _ray():
@@ -66,7 +69,9 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        if progress:
+            progress(0, data.count, "starting Ray")
+        _connect(ray, address)
     context = DataContext.get_current()
     saved = context.enable_progress_bars, context.raise_original_map_exception
     # our errors come back as themselves, and are printed once, by the caller
@@ -88,6 +93,8 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
                 num_gpus=1 if provider == "cuda" else None,
                 compute=ActorPoolStrategy(size=pool), runtime_env=runtime_env, max_restarts=RETRIES,
                 max_task_retries=RETRIES)
+        if progress:
+            progress(0, data.count, f"starting {pool} Ray actor(s)")
         done = 0
         with Output(output, p.names, data.count, data.stacked) as out:
             for batch in _batches(results):
@@ -104,6 +111,39 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
         log.setLevel(level)
         if started:
             ray.shutdown()
+
+
+def _listening(address: str | None) -> None:
+    """A ``RuntimeFailure`` unless something accepts a connection at ``address``'s HOST:PORT within ``WAIT``
+    seconds (``ray.init`` retries such an address for many minutes); ``auto``, ``local`` and None are Ray's to
+    find."""
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=WAIT).close()
+    except OSError as e:
+        raise RuntimeFailure(f"no Ray cluster answers at {address}: {e.strerror or e}; start one there (ray start "
+                             "--head) or give the address `ray start` printed (docs/scale-out.md)") from None
+
+
+def _connect(ray, address: str | None) -> None:
+    """``ray.init`` for ``address``, Ray's warnings off (the token notice of a new local instance); a cluster that
+    cannot be reached is a ``RuntimeFailure`` naming token authentication, which a Ray >= 2.59 cluster started
+    with ``ray start`` requires by default while a client given an address does not send a token unless told."""
+    from ray.exceptions import AuthenticationError
+
+    _listening(address)
+    try:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, AuthenticationError) as e:
+        where = f"at {address}" if address else "(RAY_ADDRESS, or a cluster started here)"
+        raise RuntimeFailure(
+            f"cannot connect to the Ray cluster {where}: {type(e).__name__}: {getattr(e, 'message', e)}. A Ray "
+            "cluster started with `ray start` (Ray >= 2.59) requires token authentication: set RAY_AUTH_MODE=token "
+            "and the cluster's token, RAY_AUTH_TOKEN=... or RAY_AUTH_TOKEN_PATH=FILE (`ray get-auth-token` on the "
+            "head prints it), or start the cluster with RAY_AUTH_MODE=disabled; else check the address "
+            "(docs/scale-out.md)") from None
 
 
 def _batches(dataset):
