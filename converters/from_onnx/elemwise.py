@@ -312,8 +312,7 @@ def extreme(ctx, is_max: bool, xs) -> Tensor:
     signed = operands if is_max else [negated(ctx, x) for x in operands]
     acc = signed[0]
     for x in signed[1:]:
-        acc = ctx.result(ctx.op("broadcast_max", acc, x), INT32, max(acc.lo, x.lo), max(acc.hi, x.hi),
-                         broadcast_shape(acc, x))
+        acc = ctx.apply("broadcast_max", acc, x, shape=broadcast_shape(acc, x))
     return replace(acc if is_max else negated(ctx, acc), dtype=xs[0].dtype)
 
 
@@ -322,7 +321,7 @@ def negated(ctx, x: Tensor) -> Tensor:
     check_values(INT32, -x.hi, -x.lo)
     if x.is_const:
         return const(-x.value.astype(np.int64), INT32)
-    return ctx.result(ctx.emit("negative", x.entry), INT32, -x.hi, -x.lo, x.shape)
+    return ctx.apply("negative", x, shape=x.shape)
 
 
 # -- comparisons and logic: 0/1 results ---------------------------------------------------------------------------

@@ -24,13 +24,24 @@ from onnx import TensorProto, helper, numpy_helper
 from cvm_onnx.core.batch import batched
 from cvm_onnx.core.constants import (
     BATCH,
+    CONVERTED_FROM,
     DOMAIN,
     DOMAIN_VERSION,
     IR_VERSION,
+    MARK_ATTRS,
+    MARK_FUSED,
+    MARK_INPUTS,
+    MARK_NODE,
+    MARK_OP,
+    MARK_OPS,
+    NATIVE_LIBRARY,
     OPSET,
+    OPTIMIZED,
+    PRECISION,
     PROVIDER,
     QUANTIZATION,
     ROUTES,
+    SOURCE_VERSION,
     SYMBOL,
     __version__,
 )
@@ -72,7 +83,7 @@ def entry_names(graph: Graph) -> dict[Entry, str]:
 
 def value_info(name: str, t: TensorType, elem_type: int = TensorProto.INT32) -> onnx.ValueInfoProto:
     vi = helper.make_tensor_value_info(name, elem_type, list(t.shape))
-    vi.metadata_props.add(key="cvm.precision", value=str(t.precision))
+    vi.metadata_props.add(key=PRECISION, value=str(t.precision))
     return vi
 
 
@@ -134,8 +145,8 @@ class _Exporter:
             self.domains[NATIVE_DOMAIN] = NATIVE_VERSION
             self.nodes.append(call)
         elif self.inline:
-            marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True),
-                     "cvm.inputs": json.dumps(in_names)}
+            marks = {MARK_NODE: node.name, MARK_OP: node.op, MARK_ATTRS: json.dumps(onnx_attrs(a), sort_keys=True),
+                     MARK_INPUTS: json.dumps(in_names)}
             self.flatten(node.name, marks, body, dict(zip([v.name for v in ins], in_names)) |
                          dict(zip(body_outs, out_names)))
         else:
@@ -201,8 +212,8 @@ class _Exporter:
         if y in {v.name for v in ins}:
             y = body.Identity(y)
         self.infos.append(value_info(self.names[out], last.outputs[0]))
-        marks = {"cvm.fused": json.dumps([g.nodes[i].name for i in chain.all]),
-                 "cvm.ops": json.dumps([g.nodes[i].op for i in chain.all])}
+        marks = {MARK_FUSED: json.dumps([g.nodes[i].name for i in chain.all]),
+                 MARK_OPS: json.dumps([g.nodes[i].op for i in chain.all])}
         self.flatten(last.name, marks, body, dict(zip([v.name for v in ins], names)) | {y: self.names[out]})
 
     def flatten(self, prefix: str, marks: dict[str, str], body: Body, rename: dict[str, str]) -> None:
@@ -257,8 +268,8 @@ class _Exporter:
             t.raw_data = np.ascontiguousarray(value, "i1" if int8 else "<i4").tobytes()
         native = ops_used(model)
         model.doc_string = self.about(native)
-        helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version} | (
-            {"cvm.native_library": f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
+        helper.set_model_props(model, {CONVERTED_FROM: "CVM", SOURCE_VERSION: source_version} | (
+            {NATIVE_LIBRARY: f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
                                    "python -m cvm_onnx.native"} if native else {}) | (
             {ROUTES: json.dumps(requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider))}
             if self.fuse else {}))

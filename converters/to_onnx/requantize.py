@@ -28,15 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.core.constants import FLOAT32_EXACT as FLOAT_EXACT
 from cvm_onnx.core.constants import INT32_MAX, precision_bound
 from cvm_onnx.core.graph import Entry, Graph, Node
 from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from . import nn
 from .lowering import Body, Value, unwiden, widen
 
-FLOAT_EXACT = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Run:
         k = self.e + s
         self.t = self.b.BitwiseAnd(self.b.Add(self.t, self._i32(1 << (k - 1))), self._i32(-(1 << k)))
         self.e = k
-        f = lambda v: None if v is None else (v + (1 << (s - 1))) >> s  # noqa: E731
+        f = lambda v: None if v is None else round_shift(v, s)  # noqa: E731
         self.w, self.lo, self.hi = f(self.w), f(self.lo), f(self.hi)
 
     def _mul(self, m: int) -> None:
@@ -388,7 +389,7 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
         if steps[0].kind == "shift":
             s = steps.pop(0).k
             y = b.Round(product(b, a, *inputs[:2], bias, scale=2.0 ** -s, offset=0.5))
-            head_bound = (head_bound + (1 << (s - 1))) >> s
+            head_bound = round_shift(head_bound, s)
         else:
             y = product(b, a, *inputs[:2], bias)
         r = Run(b, Value(y, (), head_bound), in_float=True)

@@ -45,6 +45,7 @@ class BroadcastAdd(_Additive):
     """x + y."""
 
     name = "broadcast_add"
+    interval = staticmethod(lambda a, i: [(i[0][0] + i[1][0], i[0][1] + i[1][1])])
 
     @staticmethod
     def kernel(a, x, y):
@@ -56,6 +57,7 @@ class BroadcastSub(_Additive):
     """x - y."""
 
     name = "broadcast_sub"
+    interval = staticmethod(lambda a, i: [(i[0][0] - i[1][1], i[0][1] - i[1][0])])
 
     @staticmethod
     def kernel(a, x, y):
@@ -83,6 +85,7 @@ class BroadcastMax(_Broadcast):
     """max(x, y); precision max(p0, p1)."""
 
     name = "broadcast_max"
+    interval = staticmethod(lambda a, i: [(max(i[0][0], i[1][0]), max(i[0][1], i[1][1]))])
     bound = staticmethod(lambda a, s, b, v: [max(b)])
 
     @staticmethod
