@@ -10,10 +10,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from harness import tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from support import tensors
 
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.to_onnx import to_onnx

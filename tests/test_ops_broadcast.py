@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support import INT32_MAX, INT32_MIN
 
 import cvm_onnx.core.ops.broadcast  # noqa: F401  (registration)
 from cvm_onnx.core.ops import registry
 
 OpRuleError = registry.OpRuleError
 op = registry.get
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 SETTINGS = settings(max_examples=120, deadline=None)
 
 
