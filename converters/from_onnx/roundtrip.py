@@ -127,7 +127,7 @@ def import_group(ctx: Importer, name: str, nodes: list[onnx.NodeProto], tensors:
     try:
         raw = json.loads(m.get(MARK_ATTRS, "{}"))
     except ValueError:
-        raise Refuse(f"cvm.attrs is not JSON: {m['cvm.attrs']!r:.80}") from None
+        raise Refuse(f"{MARK_ATTRS} is not JSON: {m[MARK_ATTRS]!r:.80}") from None
     if not isinstance(raw, dict):
         raise Refuse("cvm.attrs must be a JSON object")
     cls = REGISTRY[op]
@@ -143,7 +143,7 @@ def import_group(ctx: Importer, name: str, nodes: list[onnx.NodeProto], tensors:
     try:
         seq = tuple(json.loads(m.get(MARK_INPUTS, "null")))
     except (ValueError, TypeError):
-        raise Refuse(f"cvm.inputs is not a JSON list: {m.get('cvm.inputs')!r:.80}") from None
+        raise Refuse(f"{MARK_INPUTS} is not a JSON list: {m.get(MARK_INPUTS)!r:.80}") from None
     if not all(isinstance(x, str) and x in tensors for x in seq):
         raise Refuse(f"cvm.inputs names tensors that are not defined before it: {list(seq)!r:.120}")
     node = ctx.typed(op, tuple(ctx.entry(tensors[x]) for x in seq), name, attrs)
