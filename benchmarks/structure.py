@@ -3,7 +3,9 @@
 * import floors: the number of modules on the longest import chain of tests/test_imports.py's graph (that
   checkout's own reading of its imports, so the figure follows its layout);
 * the 5 largest modules of cvm_onnx/ and converters/ (lines) and the 5 largest functions (lines from ``def`` to
-  the end of the body, methods and nested functions included).
+  the end of the body, methods and nested functions included);
+* facts stated more than once: the lines of cvm_onnx/ and converters/ outside constants.py that spell out the
+  int32 range, the float-exact ranges, tight(), the shift rounding or a ``"cvm.*"`` metadata key.
 Run: python benchmarks/structure.py [CHECKOUT] (default: this repository)
 """
 from __future__ import annotations
@@ -11,8 +13,17 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import re
 import sys
 from pathlib import Path
+
+RESTATED = {
+    "int32 range": r"\(1 << 31\) - 1|-\(1 << 31\)|2 \*\* 31",
+    "float-exact range": r"(?i)1 << 24\b.*(exact|float)|(exact|float).*1 << 24\b|1 << 53",
+    "tight()": r"def tight\(",
+    "shift rounding": r"1 << \(s - 1\)\)\) >> s|\(\(1 << s\) >> 1\)\) >> s|>> \(.*shift_bit - 1\)\) \+ 1\) >> 1|-\(-lo // 2\)",
+    "metadata key literal": r"[\"']cvm\.(?!native[\"'])[a-z_.]+[\"']",
+}
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -53,6 +64,10 @@ def main() -> None:
     print("largest functions:", ", ".join(f"{name} {k}" for k, name in functions[:5]))
     print(f"modules: {len(files)}, functions: {len(functions)}, "
           f"median function: {sorted(k for k, _ in functions)[len(functions) // 2]} lines")
+    lines = [line for p in files if p.name != "constants.py" for line in p.read_text().splitlines()
+             if not line.lstrip().startswith("#")]
+    print("restated:", ", ".join(f"{what} {sum(bool(re.search(rx, line)) for line in lines)}"
+                                 for what, rx in RESTATED.items()))
 
 
 if __name__ == "__main__":
