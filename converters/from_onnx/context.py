@@ -260,10 +260,7 @@ class Importer:
         """``op`` on tensors (as ``op``) as the ONNX tensor ``result`` checks, with the interval the op's own rule
         gives from the inputs' intervals (``interval`` in core/ops, else its ``bound``)."""
         e = self.op(op, *xs, **attrs)
-        rule = REGISTRY[op]
-        [(lo, hi)] = output_intervals(rule, rule.bind(self.nodes[e.node].attrs), [cvm_shape(x.shape) for x in xs],
-                                      [(x.lo, x.hi) for x in xs], [x.value for x in xs])
-        return self.result(e, dtype, lo, hi, shape)
+        return self.result(e, dtype, *op_interval(op, *xs, **attrs), shape)
 
     def result(self, e: Entry, dtype: int, lo: int, hi: int, shape: tuple[int, ...] | None = None) -> Tensor:
         """The ONNX tensor computed by entry ``e`` with values in [lo, hi], after checking that ONNX computes them
@@ -299,6 +296,15 @@ class Importer:
             if d != n:
                 e = self.emit("repeat", e, repeats=n, axis=axis)
         return replace(t, shape=shape, entry=e)
+
+
+def op_interval(op: str, *xs: Tensor, **attrs) -> tuple[int, int]:
+    """The interval of CVM op ``op``'s output on tensors by the op's own rule (``interval`` in core/ops, else its
+    ``bound``): what a rule's result holds, known before it is emitted."""
+    rule = REGISTRY[op]
+    [(lo, hi)] = output_intervals(rule, rule.bind(rule.parse_attrs(attrs)[0]), [cvm_shape(x.shape) for x in xs],
+                                  [(x.lo, x.hi) for x in xs], [x.value for x in xs])
+    return lo, hi
 
 
 def check_values(dtype: int, lo: int, hi: int) -> None:

@@ -165,8 +165,7 @@ def minus_zero(ctx, x: Scaled) -> Tensor:
     if t.is_const:
         return const(t.value.astype(np.int64) - z, INT32)
     zc = const(z.astype(np.int32), INT32)
-    return ctx.result(ctx.op("broadcast_sub", as_int32(t), zc), INT32, t.lo - int(z.max()), t.hi - int(z.min()),
-                      broadcast_shape(t, zc))
+    return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
 
 
 # -- DequantizeLinear and QuantizeLinear ------------------------------------------------------------------------
@@ -259,7 +258,7 @@ def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     for v, m in zip(vs, p.multipliers):
         if p.clip is not None:
             a, b = p.clip
-            v = ctx.result(ctx.emit("clip", ctx.entry(v), a_min=a, a_max=b), INT32, a, b, v.shape)
+            v = ctx.apply("clip", v, shape=v.shape, a_min=a, a_max=b)
         if p.pre_shift:
             v = ctx.apply("cvm_right_shift", v, shape=v.shape, precision=p.pre_precision, shift_bit=p.pre_shift)
         e = ctx.narrow(v, tight(v.peak))
@@ -279,7 +278,7 @@ def saturate(ctx, r: Tensor, zo: int, lo: int, hi: int, dtype: int, shape: tuple
     """clip(r + zero, lo, hi) as the quantized type."""
     if zo:
         zc = const(np.array(zo, np.int32), INT32)
-        r = ctx.result(ctx.op("broadcast_add", r, zc), INT32, r.lo + zo, r.hi + zo, shape)
+        r = ctx.apply("broadcast_add", r, zc, shape=shape)
     if lo <= r.lo and r.hi <= hi:
         return replace(r, dtype=dtype)
     if lo >= hi:

@@ -70,6 +70,7 @@ class BroadcastMul(_Broadcast):
 
     name = "broadcast_mul"
     bound = staticmethod(lambda a, s, b, v: [b[0] * b[1]])
+    interval = staticmethod(lambda a, i: [(min(p := [x * y for x in i[0] for y in i[1]]), max(p))])
 
     @staticmethod
     def precision(a, precisions, shapes):

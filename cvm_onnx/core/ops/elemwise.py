@@ -35,6 +35,7 @@ class Abs(_Unary):
     """|x|."""
 
     name = "abs"
+    interval = staticmethod(lambda a, i: [(max(i[0][0], -i[0][1], 0), max(-i[0][0], i[0][1]))])
 
     @staticmethod
     def kernel(a, x):
