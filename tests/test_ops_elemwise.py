@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from support import INT32_MAX, INT32_MIN
+from support import INT32_MAX, INT32_MIN, bound, values
+from support.oracles import wrap32
 
 import cvm_onnx.core.ops.elemwise  # noqa: F401  (registration)
 from cvm_onnx.core.ops import registry
@@ -23,23 +24,8 @@ shapes = hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
 precisions = st.integers(1, 32)
 
 
-def bound(p: int) -> int:
-    return (1 << (p - 1)) - 1
-
-
-def wrap32(v: int) -> int:
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
-
-
 def clip_p(v: int, p: int) -> int:
     return max(-bound(p), min(bound(p), v))
-
-
-def values(shape, p: int):
-    """int32 arrays within precision p, with the edges +-(2^(p-1)-1), +-1 and 0 drawn often."""
-    r = bound(p)
-    edges = st.sampled_from(sorted({v for v in (-r, -r + 1, -1, 0, 1, r - 1, r) if -r <= v <= r}))
-    return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
 
 
 @st.composite

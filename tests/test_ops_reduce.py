@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support import bound, values
+from support.oracles import wrap32
 
 import cvm_onnx.core.ops.reduce  # noqa: F401  (registration)
 from cvm_onnx.core.ops import registry
@@ -17,20 +19,6 @@ OpRuleError = registry.OpRuleError
 op = registry.get
 SETTINGS = settings(max_examples=150, deadline=None)
 DTYPES = ["float16", "float32", "float64", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"]
-
-
-def bound(p: int) -> int:
-    return (1 << (p - 1)) - 1
-
-
-def wrap32(v: int) -> int:
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
-
-
-def values(shape, p: int):
-    r = bound(p)
-    edges = st.sampled_from(sorted({v for v in (-r, -r + 1, -1, 0, 1, r - 1, r) if -r <= v <= r}))
-    return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
 
 
 @st.composite

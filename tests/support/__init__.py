@@ -30,6 +30,13 @@ def tensors(shape, precision: int):
     return hnp.arrays(np.int32, tuple(shape), elements=elems)
 
 
+def values(shape, p: int):
+    """int32 arrays within precision p, with the edges +-(2^(p-1)-1), +-(2^(p-1)-2), +-1 and 0 drawn often."""
+    r = bound(p)
+    edges = st.sampled_from(sorted({v for v in (-r, -r + 1, -1, 0, 1, r - 1, r) if -r <= v <= r}))
+    return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
+
+
 shapes = hnp.array_shapes
 
 
