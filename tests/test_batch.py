@@ -194,3 +194,24 @@ def test_a_batched_conversion_batches_the_graph_once(tmp_path, monkeypatch):
     assert calls == [3]
     model = onnx.load(tmp_path / "m.onnx")
     assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][0] == 3
+
+
+def test_a_batched_serving_plan_batches_the_graph_once(monkeypatch):
+    """The bulk runner's onnxruntime plan exports the graph it batched (it batched the one-sample graph again);
+    the model takes the chunk."""
+    from cvm_onnx.runtime import bulk
+
+    calls = []
+
+    def counted(graph, n):
+        calls.append(n)
+        return batched(graph, n)
+
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    exporter = sys.modules["cvm_onnx.converters.to_onnx.export"]
+    monkeypatch.setattr(bulk, "batched", counted)
+    monkeypatch.setattr(exporter, "batched_graph", counted, raising=False)
+    monkeypatch.setattr(exporter, "batched", counted, raising=False)
+    model = onnx.load_from_string(bulk.plan(graph, chunk=4, onnxruntime=True).model)
+    assert calls == [4]
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][0] == 4
