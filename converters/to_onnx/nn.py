@@ -26,7 +26,7 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import FLOAT32_EXACT as FLOAT_EXACT
-from cvm_onnx.core.constants import INT32_MIN
+from cvm_onnx.core.constants import INT32_MAX, INT32_MIN
 from cvm_onnx.core.ops.nn import pool_pads
 from cvm_onnx.core.ops.registry import magnitudes
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
@@ -37,7 +37,7 @@ INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 25
 # int8 x int8 (the CUDA form: |x| <= 127, w in [-128, 127]): K * 127 * 128 <= 2^31 - 1
 INT8_K_SIGNED = (2**31 - 1) // (127 * 128)
 # The most elements the native im2col gives in one call (its int32 indexing), the CUDA form's only columns limit
-COLUMNS_LIMIT = (1 << 31) - 1
+COLUMNS_LIMIT = INT32_MAX
 # The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured.
 # ResNet-20 on an EPYC Zen 4 (1 MiB L2), batch 64 on one thread, the integer route for windows up to 0 / 1 / 4 /
 # 16 MiB a call: 67 / 68 / 62 / 51 ms (the largest layer gathers 9.4 MiB); with today's kernels every layer

@@ -37,6 +37,18 @@ def values(shape, p: int):
     return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
 
 
+@st.composite
+def reduce_case(draw):
+    """sum or max, a shape, valid attributes (axes in any order, some negative) and data within a precision."""
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=3))
+    nd = len(shape)
+    axes = draw(st.lists(st.integers(0, nd - 1), unique=True, max_size=nd))
+    axis = tuple(i - nd if draw(st.booleans()) else i for i in axes)
+    p = draw(st.integers(1, 32))
+    attrs = dict(axis=axis, keepdims=draw(st.booleans()), exclude=draw(st.booleans()))
+    return draw(st.sampled_from(["sum", "max"])), attrs, p, draw(values(shape, p))
+
+
 shapes = hnp.array_shapes
 
 
