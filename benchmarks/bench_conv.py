@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from cvm_onnx.app.api import load
-from cvm_onnx.converters.to_onnx import nn, to_onnx
+from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import session
@@ -32,11 +32,7 @@ def conv_layer(c: int, batch: int, rng: np.random.Generator):
 
 def time_form(graph, data: np.ndarray, form: str, runs: int) -> tuple[float, np.ndarray]:
     """Median milliseconds of one run with conv2d written in ``form``, and the output."""
-    nn.FORM, old = form, nn.FORM
-    try:
-        model = to_onnx(graph)
-    finally:
-        nn.FORM = old
+    model = to_onnx(graph, conv_form=form)
     sess = session(model)
     feeds = {"data": data}
     out = sess.run(None, feeds)[0]

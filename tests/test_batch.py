@@ -3,19 +3,26 @@ reference executor and on onnxruntime, bit for bit; graphs whose ops would not k
 naming the node and the reason."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
-from harness import tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_export import graphs
+from support import graphs, tensors
 
+import cvm_onnx
+from cvm_onnx.app import pipeline
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.batch import batched
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 def singles(graph, data: np.ndarray) -> list[np.ndarray]:
@@ -168,3 +175,43 @@ def test_cli_convert_batch_and_optimize(tmp_path):
     assert main(args) == 0  # the batched, optimized model checked against the batched CVM graph
     [got] = run(str(tmp_path / "n.onnx"), {"data": data[:2]})
     assert np.array_equal(got, singles(graph, data[:2])[0])
+
+
+def test_a_batched_conversion_batches_the_graph_once(tmp_path, monkeypatch):
+    """convert --batch N: the batch stage batches the graph and the export takes it as it is (it batched the
+    one-sample graph again); the model takes N samples."""
+    calls = []
+
+    def counted(graph, n):
+        calls.append(n)
+        return batched(graph, n)
+
+    exporter = sys.modules["cvm_onnx.converters.to_onnx.export"]
+    monkeypatch.setattr(pipeline, "batched", counted)
+    monkeypatch.setattr(exporter, "batched_graph", counted, raising=False)
+    monkeypatch.setattr(exporter, "batched", counted, raising=False)
+    cvm_onnx.convert(MODELS / "digits_cnn", tmp_path / "m.onnx", batch=3)
+    assert calls == [3]
+    model = onnx.load(tmp_path / "m.onnx")
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][0] == 3
+
+
+def test_a_batched_serving_plan_batches_the_graph_once(monkeypatch):
+    """The bulk runner's onnxruntime plan exports the graph it batched (it batched the one-sample graph again);
+    the model takes the chunk."""
+    from cvm_onnx.runtime import bulk
+
+    calls = []
+
+    def counted(graph, n):
+        calls.append(n)
+        return batched(graph, n)
+
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    exporter = sys.modules["cvm_onnx.converters.to_onnx.export"]
+    monkeypatch.setattr(bulk, "batched", counted)
+    monkeypatch.setattr(exporter, "batched_graph", counted, raising=False)
+    monkeypatch.setattr(exporter, "batched", counted, raising=False)
+    model = onnx.load_from_string(bulk.plan(graph, chunk=4, onnxruntime=True).model)
+    assert calls == [4]
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][0] == 4

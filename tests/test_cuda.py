@@ -26,10 +26,9 @@ from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.runtime import placement
 from cvm_onnx.runtime.bulk import run_many
 from cvm_onnx.runtime.sessions import Bound, run, session
-from harness import tensors
-import test_ops_reduce
-from test_int8 import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
-                       step)
+from support import reduce_case, tensors
+from support.native import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
+                            step)
 
 from conftest import MODELS, RESNET
 
@@ -157,7 +156,7 @@ def int32_reductions(model: onnx.ModelProto) -> list[str]:
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(case=test_ops_reduce.case())
+@given(case=reduce_case())
 def test_cuda_form_reductions_are_exact_and_wide_ones_take_float64(case):
     """sum and max over inputs of any precision: exact on the CPU provider, every node a CUDA kernel, and an
     int32 ReduceSum / ReduceMax only where every value it sees (partial sums included) is within 2^24."""

@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime
-from test_quantized_import import float_model, quantized
+from support.quantized import float_model, quantized
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model

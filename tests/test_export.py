@@ -3,12 +3,15 @@ graphs built from the registry are exact, and every exported model passes the ch
 inference, with identical bytes for identical input."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
-from harness import assert_exact, tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import assert_exact, graphs
 
 import cvm_onnx
 from cvm_onnx.converters.to_onnx import DOMAIN, to_onnx
@@ -16,6 +19,8 @@ from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.graph import Graph, Node
 from cvm_onnx.runtime.sessions import run
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 @pytest.mark.parametrize("inline", [False, True])
@@ -56,54 +61,6 @@ def test_unsupported_ops_are_listed_together():
     assert [p.where for p in e.value.problems] == ["a", "b"]
 
 
-# -- random multi-op graphs ---------------------------------------------------------------------------------------
-UNARY = ["relu", "abs", "negative", "cvm_precision"]
-
-
-@st.composite
-def graphs(draw):
-    """A random chain-and-merge graph over a 4-D input, every precision kept within the runtime's rules by
-    requantizing (cvm_right_shift) wherever a value grows past 16 bits, and feeding conv2d/dense 8-bit inputs."""
-    b = GraphBuilder()
-    c = draw(st.integers(1, 3))
-    h = draw(st.integers(2, 5))
-    x = b.input("data", (1, c, h, h), 8)
-    live = [(x, (1, c, h, h), 8)]
-    for k in range(draw(st.integers(1, 6))):
-        e, shape, p = live[draw(st.integers(0, len(live) - 1))]
-        kind = draw(st.sampled_from(["unary", "shift", "conv", "add", "mul", "pool", "clip"]))
-        if kind == "unary":
-            op = draw(st.sampled_from(UNARY))
-            y, q = b.op(op, e), (6 if op == "cvm_precision" else p)
-        elif kind == "shift" or p > 16:
-            s = draw(st.integers(1, max(1, p - 1)))
-            y, q = b.op("cvm_right_shift", e, precision=8, shift_bit=s), 8
-        elif kind == "conv":
-            if p > 8:
-                e, p = b.op("cvm_clip", e, precision=8), 8
-            oc = draw(st.integers(1, 3))
-            w = draw(tensors((oc, shape[1], 3, 3), 8))
-            bias = draw(tensors((oc,), 12))
-            y = b.op("conv2d", e, b.param(f"w{k}", w, 8), b.param(f"b{k}", bias, 12), channels=oc,
-                     kernel_size=(3, 3), padding=(1, 1))
-            shape, q = (1, oc, shape[2], shape[3]), 8 + 8 + (shape[1] * 9).bit_length() + 1
-            q = max(q, 13)
-        elif kind == "add":
-            y, q = b.op("elemwise_add", e, e), p + 1
-        elif kind == "mul":
-            y, q = b.op("broadcast_mul", e, b.param(f"m{k}", np.array([draw(st.integers(-100, 100))]), 8)), p + 8
-        elif kind == "pool" and shape[2] >= 2:
-            y = b.op("max_pool2d", e, pool_size=(2, 2), strides=(1, 1))
-            shape = (1, shape[1], shape[2] - 1, shape[3] - 1)
-            q = p
-        else:
-            y, q = b.op("cvm_clip", e, precision=draw(st.integers(1, 8))), 8
-        live.append((y, shape, q))
-    heads = [live[-1][0]] + ([live[draw(st.integers(0, len(live) - 1))][0]] if draw(st.booleans()) else [])
-    graph = b.build(*heads)
-    return graph, {"data": draw(tensors((1, c, h, h), 9))}
-
-
 @settings(max_examples=25, deadline=None)
 @given(case=graphs(), inline=st.booleans())
 def test_random_graphs_are_exact(case, inline):
@@ -123,3 +80,29 @@ def test_models_load_on_a_plain_onnxruntime_session(inline):
     session = ort.InferenceSession(model.SerializeToString())
     [out] = session.run(None, {"data": np.array([-5, 3, 9, 100], np.int32)})
     assert out.tolist() == [0, 3, 7, 7]
+
+
+def test_the_export_record_holds_the_model_its_routes_and_passes():
+    """``export`` returns the model ``to_onnx`` returns, with the serving form's conv2d routes (those its metadata
+    ``cvm.routes`` states) and the names of the passes run, in order; the other forms have neither."""
+    from cvm_onnx.converters.to_onnx.export import export
+    from cvm_onnx.converters.to_onnx.optimize import SERVING
+    from cvm_onnx.core.constants import ROUTES
+
+    graph = cvm_onnx.load(MODELS / "digits_cnn").graph
+    for form in ({}, {"inline": True}, {"optimize": True}, {"optimize": True, "int8": False}):
+        record = export(graph, **form)
+        bytes_ = record.model.SerializeToString(deterministic=True)
+        assert bytes_ == to_onnx(graph, **form).SerializeToString(deterministic=True)
+        props = {p.key: p.value for p in record.model.metadata_props}
+        if form.get("optimize"):
+            assert record.passes == tuple(p.name for p in SERVING)
+            assert [list(r) for r in record.routes] == json.loads(props[ROUTES])
+            assert {r[0] for r in record.routes} == {n.name for n in graph.nodes if n.op == "conv2d"}
+        else:
+            assert (record.routes, record.passes) == ((), ()) and ROUTES not in props
+
+
+def test_a_conv_form_other_than_fast_or_core_is_refused():
+    with pytest.raises(ValueError, match="conv_form"):
+        to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, conv_form="float")

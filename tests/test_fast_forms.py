@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import assert_exact, single_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto
+from support import assert_exact, single_op
 
 from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx

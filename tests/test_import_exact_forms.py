@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from harness import bound, tensors
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from support import bound, tensors
 
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx

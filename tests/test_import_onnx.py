@@ -8,11 +8,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from harness import bound, tensors
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
+from support import bound, tensors
 
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.core.errors import UnsupportedError

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from harness import tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import tensors
 
 import cvm_onnx
 from cvm_onnx.app.cli import main

@@ -10,10 +10,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from harness import tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from support import tensors
+from support.native import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
+                            step)
 
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -40,48 +42,6 @@ def run_route(model: onnx.ModelProto, feeds: dict, route: str) -> list[np.ndarra
 
 
 # -- the im2col ops alone ---------------------------------------------------------------------------------------
-
-def im2col_oracle(x, kernel, strides, dilations, pads, group, offset, wide=False):
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = kernel, strides, dilations, pads
-    xp = np.pad(x.astype(np.int64) + offset, [(0, 0), (0, 0), (pt, pb), (pl, pr)], constant_values=offset)
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-    if wide:  # each window position: OH padded rows read on from (fh * dh, fw * dw), past the plane into offsets
-        hp, wp = xp.shape[2:]
-        flat = np.concatenate([xp.reshape(n, c, hp * wp), np.full((n, c, dw * (kw - 1)), offset)], axis=2)
-        cols = np.stack([flat[:, :, fh * dh * wp + fw * dw:][:, :, :oh * wp] for fh in range(kh) for fw in range(kw)],
-                        axis=2)
-        return cols.reshape(n, group, c // group * kh * kw, oh * wp)
-    cols = np.empty((n, c, kh, kw, oh, ow), np.int64)
-    for fh in range(kh):
-        for fw in range(kw):
-            rows, columns = fh * dh + np.arange(oh) * sh, fw * dw + np.arange(ow) * sw
-            cols[:, :, fh, fw] = xp[:, :, rows][:, :, :, columns]
-    return cols.reshape(n, group, c // group * kh * kw, oh * ow)
-
-
-def im2col_model(op: str, shape, elem_type=TensorProto.INT32, **attrs) -> onnx.ModelProto:
-    out = TensorProto.INT8 if op == "im2col_int8" else TensorProto.UINT8
-    node = helper.make_node(op, ["x"], ["y"], domain=DOMAIN, **attrs)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem_type, shape)],
-                              [helper.make_tensor_value_info("y", out, [None] * 4)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=10)
-
-
-@st.composite
-def geometries(draw):
-    group = draw(st.sampled_from([1, 1, 2, 3]))
-    c = group * draw(st.integers(1, 3))
-    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    dilations = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
-    h = draw(st.integers(max(1, dilations[0] * (kernel[0] - 1) + 1 - pads[0] - pads[2]), 9))
-    w = draw(st.integers(max(1, dilations[1] * (kernel[1] - 1) + 1 - pads[1] - pads[3]), 9))
-    return (draw(st.integers(1, 2)), c, h, w), kernel, strides, dilations, pads, group
-
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(geometry=geometries(), data=st.data(), op=st.sampled_from(["im2col_int8", "im2col_uint8"]))
@@ -287,46 +247,6 @@ def test_a_library_without_the_feature_probe_means_no_signed_products(monkeypatc
 
 
 # -- the native requantize op -----------------------------------------------------------------------------------
-
-def wrap32(v: np.ndarray) -> np.ndarray:
-    return ((v + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int64)
-
-
-def requantize_oracle(x, bias, steps, scales=()):
-    v = x.astype(np.int64)
-    if len(scales):
-        v = wrap32(v * np.array(scales, np.int64).reshape(1, -1, *([1] * (x.ndim - 2))))
-    if bias.size:
-        v = wrap32(v + bias.astype(np.int64).reshape(1, -1, *([1] * (x.ndim - 2))))
-    for kind, a, b in steps:
-        if kind == 0:
-            v = wrap32(v + (1 << (a - 1))) >> a
-        elif kind == 1:
-            v = wrap32(v * a)
-        elif kind == 2:
-            v = wrap32(v + a)
-        else:
-            v = np.clip(v, a, b)
-    return v.astype(np.int32)
-
-
-def requantize_model(shape, channels: int, steps, width: int = 0, scales=()) -> onnx.ModelProto:
-    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
-                            **({"width": width} if width else {}), **({"scales": list(scales)} if scales else {}))
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
-                                            helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32,
-                                                             [*shape[:-1], width] if width else shape)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=10)
-
-
-int32s = st.integers(-(1 << 31), (1 << 31) - 1)
-step = st.one_of(st.tuples(st.just(0), st.integers(1, 31), st.just(0)),
-                 st.tuples(st.sampled_from([1, 2]), st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)])),
-                           st.just(0)),
-                 st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab)))
-
 
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)

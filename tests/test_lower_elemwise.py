@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import assert_exact, single_op, tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support import assert_exact, single_op, tensors
 
 SETTINGS = settings(max_examples=25, deadline=None)
 precisions = st.integers(1, 32)

@@ -10,15 +10,14 @@ CVM_ONNX_EXAMPLES sets the example count of the property tests there.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from harness import assert_exact, bound, single_op, tensors
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from support import assert_exact, bound, single_op, tensors
 
 from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -33,18 +32,9 @@ PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=
 FORMS = ["fast", "core"]
 
 
-@contextmanager
-def conv_form(name: str):
-    old, lower_nn.FORM = lower_nn.FORM, name
-    try:
-        yield
-    finally:
-        lower_nn.FORM = old
-
-
-def op_types(graph) -> list[str]:
+def op_types(graph, conv_form: str = "fast") -> list[str]:
     """Op types of every function body node of the exported model (which path a lowering took)."""
-    return [n.op_type for f in to_onnx(graph).functions for n in f.node]
+    return [n.op_type for f in to_onnx(graph, conv_form=conv_form).functions for n in f.node]
 
 
 def build(op, inputs, **attrs):
@@ -90,8 +80,7 @@ def conv_cases(draw):
 @given(case=conv_cases(), inline=st.booleans())
 def test_conv2d_exact(form, case, inline):
     inputs, attrs = case
-    with conv_form(form):
-        assert_exact(*build("conv2d", inputs, **attrs), inline=inline)
+    assert_exact(*build("conv2d", inputs, **attrs), inline=inline, conv_form=form)
 
 
 @pytest.mark.isa
@@ -111,9 +100,8 @@ def test_conv2d_chunked_float(form, c, groups, chunks, weight_param):
     bias = pm127(rng, (oc,)) * (1 << 23)
     graph, feeds = single_op("conv2d", [(x, 8, False), (w, 8, weight_param), (bias, 31, True)], channels=oc,
                              kernel_size=(3, 3), padding=(1, 1), groups=groups)
-    with conv_form(form):
-        assert_exact(graph, feeds)
-        convs = op_types(graph).count("Conv")
+    assert_exact(graph, feeds, conv_form=form)
+    convs = op_types(graph, form).count("Conv")
     assert convs == (0 if form == "core" else chunks)
 
 
@@ -129,9 +117,8 @@ def test_conv2d_int_path(form):
     w[2] = -127
     graph, feeds = single_op("conv2d", [(x, 8, False), (w, 8, True)], channels=3, kernel_size=(33, 33),
                              use_bias=False)
-    with conv_form(form):
-        assert_exact(graph, feeds)
-        types = op_types(graph)
+    assert_exact(graph, feeds, conv_form=form)
+    types = op_types(graph, form)
     assert "Conv" not in types and "MatMul" in types
 
 
@@ -154,8 +141,7 @@ def dense_cases(draw):
 @given(case=dense_cases(), inline=st.booleans())
 def test_dense_exact(form, case, inline):
     inputs, attrs = case
-    with conv_form(form):
-        assert_exact(*build("dense", inputs, **attrs), inline=inline)
+    assert_exact(*build("dense", inputs, **attrs), inline=inline, conv_form=form)
 
 
 @pytest.mark.isa
@@ -199,12 +185,14 @@ def test_float_chunks_bounds():
 
 # -- lowerings on any int32 inputs, INT32_MIN included (bound 2^31: a `where` can feed conv2d/dense such values) --
 
-def run_lowering(op: str, attrs: dict, inputs: list[tuple[np.ndarray, int, bool]]) -> np.ndarray:
-    """Lower ``op`` for inputs (value, bound on |value|, is_param), run the body as a model on onnxruntime."""
+def run_lowering(op: str, attrs: dict, inputs: list[tuple[np.ndarray, int, bool]],
+                 conv_form: str = "fast") -> np.ndarray:
+    """Lower ``op`` for inputs (value, bound on |value|, is_param) in ``conv_form``, run the body as a model on
+    onnxruntime."""
     a = REGISTRY[op].bind(REGISTRY[op].parse_attrs(attrs)[0])
     values = [Value(f"x{k}", v.shape, bnd, v if is_param else None) for k, (v, bnd, is_param) in enumerate(inputs)]
     out = Value("y", tuple(REGISTRY[op].shape(a, *(v.shape for v in values))), ANY)
-    body, (name,) = lower(op, a, values, [out])
+    body, (name,) = lower(op, a, values, [out], conv_form)
     io = [helper.make_tensor_value_info(v.name, TensorProto.INT32, list(v.shape)) for v in values]
     graph = helper.make_graph(body.nodes, op, io, [helper.make_tensor_value_info(name, TensorProto.INT32, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
@@ -222,8 +210,7 @@ def test_conv2d_int32_inputs_wrap(form, groups, weight_param):
     x = rng.choice(np.array([-(2**31), 2**31 - 1, 3, -5, 0], np.int32), size=(2, 4, 5, 5))
     w = rng.integers(-127, 128, size=(4, 4 // groups, 3, 3)).astype(np.int32)
     attrs = dict(channels=4, kernel_size=(3, 3), padding=(1, 1), strides=(2, 1), groups=groups, use_bias=False)
-    with conv_form(form):
-        got = run_lowering("conv2d", attrs, [(x, ANY, False), (w, 127, weight_param)])
+    got = run_lowering("conv2d", attrs, [(x, ANY, False), (w, 127, weight_param)], form)
     assert np.array_equal(got, REGISTRY["conv2d"].kernel(REGISTRY["conv2d"].bind(attrs), x, w))
 
 
@@ -235,8 +222,7 @@ def test_dense_int32_inputs_wrap(form):
     w = rng.integers(-127, 128, size=(5, 9)).astype(np.int32)
     b = rng.integers(-(2**31) + 1, 2**31, size=5).astype(np.int32)
     attrs = dict(units=5)
-    with conv_form(form):
-        got = run_lowering("dense", attrs, [(x, ANY, False), (w, 127, True), (b, ANY, True)])
+    got = run_lowering("dense", attrs, [(x, ANY, False), (w, 127, True), (b, ANY, True)], form)
     assert np.array_equal(got, REGISTRY["dense"].kernel(REGISTRY["dense"].bind(attrs), x, w, b))
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from harness import assert_exact, single_op, tensors
+from support import assert_exact, single_op, tensors
 
 SETTINGS = settings(max_examples=20, deadline=None)
 precisions = st.sampled_from([2, 8, 31, 32])

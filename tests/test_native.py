@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 from onnx.shape_inference import InferenceError
-from oracles import iou_oracle
+from support import INT32_MAX, INT32_MIN
+from support.oracles import iou_oracle
 
 from cvm_onnx.core import ops
 from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.native import ATTRS, DOMAIN, fallback, library_path, register_schemas
 from cvm_onnx.runtime import sessions
 
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 P30 = (1 << 29) - 1  # the largest coordinate of the runtime's NMS precision limit (30 bits)
 # The native library on the CPU, the fallback, and the native CUDA kernels where onnxruntime offers CUDA.
 PATHS = ("native", "fallback") + (("cuda",) if "CUDAExecutionProvider" in ort.get_available_providers() else ())

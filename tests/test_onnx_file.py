@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
-from test_export import graphs
+from support import graphs
 
 from cvm_onnx.app.api import import_onnx, write_onnx
 from cvm_onnx.converters.to_onnx import to_onnx

@@ -10,22 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support import INT32_MAX, INT32_MIN, bound, values
+from support.oracles import wrap32
 
 import cvm_onnx.core.ops.broadcast  # noqa: F401  (registration)
 from cvm_onnx.core.ops import registry
 
 OpRuleError = registry.OpRuleError
 op = registry.get
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 SETTINGS = settings(max_examples=120, deadline=None)
-
-
-def bound(p: int) -> int:
-    return (1 << (p - 1)) - 1
-
-
-def wrap32(v: int) -> int:
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
 
 
 FUNCS = {
@@ -45,12 +38,6 @@ PRECISION = {
     "broadcast_greater": lambda p0, p1: p0,
 }
 names = st.sampled_from(sorted(FUNCS))
-
-
-def values(shape, p: int):
-    r = bound(p)
-    edges = st.sampled_from(sorted({v for v in (-r, -r + 1, -1, 0, 1, r - 1, r) if -r <= v <= r}))
-    return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
 
 
 @st.composite

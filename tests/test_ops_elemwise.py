@@ -9,36 +9,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support import INT32_MAX, INT32_MIN, bound, values
+from support.oracles import wrap32
 
 import cvm_onnx.core.ops.elemwise  # noqa: F401  (registration)
 from cvm_onnx.core.ops import registry
+from cvm_onnx.core.ops.elemwise import round_shift
 
 OpRuleError = registry.OpRuleError
 op = registry.get
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 SETTINGS = settings(max_examples=150, deadline=None)
 
 shapes = hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
 precisions = st.integers(1, 32)
 
 
-def bound(p: int) -> int:
-    return (1 << (p - 1)) - 1
-
-
-def wrap32(v: int) -> int:
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
-
-
 def clip_p(v: int, p: int) -> int:
     return max(-bound(p), min(bound(p), v))
-
-
-def values(shape, p: int):
-    """int32 arrays within precision p, with the edges +-(2^(p-1)-1), +-1 and 0 drawn often."""
-    r = bound(p)
-    edges = st.sampled_from(sorted({v for v in (-r, -r + 1, -1, 0, 1, r - 1, r) if -r <= v <= r}))
-    return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
 
 
 @st.composite
@@ -276,3 +263,13 @@ def test_attribute_syntax_and_unknowns():
     assert not errors and typed == {"precision": 8, "shift_bit": 3, "is_sign": False}
     assert any("unknown attribute" in e for e in op("abs").parse_attrs({"axis": "1"})[1])
     assert any("shift_bit is required" in e for e in op("cvm_left_shift").parse_attrs({"precision": "8"})[1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.integers(-(1 << 40), 1 << 40), s=st.integers(1, 40))
+def test_round_shift_rounds_half_up(x, s):
+    """``round_shift``, the one statement of cvm_right_shift's rounding (the kernel, the lowerings' bounds and
+    the importer's intervals call it): x / 2^s rounded half up, on Python ints and int64 arrays alike."""
+    want = floor(Fraction(x, 1 << s) + Fraction(1, 2))
+    assert round_shift(x, s) == want
+    assert round_shift(np.array([x], np.int64), s).tolist() == [want]

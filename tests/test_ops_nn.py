@@ -6,16 +6,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import errors_of, make, wrap
+from support import INT32_MAX, INT32_MIN, bound
+from support.oracles import errors_of, make, wrap
 
 from cvm_onnx.core.ops import REGISTRY, OpRuleError
 
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 FAST = settings(max_examples=60, deadline=None)
-
-
-def bound(p: int) -> int:
-    return (1 << (p - 1)) - 1
 
 
 def run(op, a, *xs):

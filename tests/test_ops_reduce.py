@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
+from support import bound, reduce_case
+from support.oracles import wrap32
 
 import cvm_onnx.core.ops.reduce  # noqa: F401  (registration)
 from cvm_onnx.core.ops import registry
@@ -17,32 +18,6 @@ OpRuleError = registry.OpRuleError
 op = registry.get
 SETTINGS = settings(max_examples=150, deadline=None)
 DTYPES = ["float16", "float32", "float64", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"]
-
-
-def bound(p: int) -> int:
-    return (1 << (p - 1)) - 1
-
-
-def wrap32(v: int) -> int:
-    return (v + (1 << 31)) % (1 << 32) - (1 << 31)
-
-
-def values(shape, p: int):
-    r = bound(p)
-    edges = st.sampled_from(sorted({v for v in (-r, -r + 1, -1, 0, 1, r - 1, r) if -r <= v <= r}))
-    return hnp.arrays(np.int32, shape, elements=st.one_of(edges, st.integers(-r, r)))
-
-
-@st.composite
-def case(draw):
-    """An op, a shape, valid attributes (axes in any order, some negative) and data within a precision."""
-    shape = draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=3))
-    nd = len(shape)
-    axes = draw(st.lists(st.integers(0, nd - 1), unique=True, max_size=nd))
-    axis = tuple(i - nd if draw(st.booleans()) else i for i in axes)
-    p = draw(st.integers(1, 32))
-    attrs = dict(axis=axis, keepdims=draw(st.booleans()), exclude=draw(st.booleans()))
-    return draw(st.sampled_from(["sum", "max"])), attrs, p, draw(values(shape, p))
 
 
 def reduced_set(shape, axis, exclude) -> set[int]:
@@ -98,7 +73,7 @@ def oracle(name, x, axis, keepdims, exclude):
 
 
 @SETTINGS
-@given(case())
+@given(reduce_case())
 def test_against_oracle(c):
     name, attrs, p, x = c
     cls = op(name)
@@ -115,7 +90,7 @@ def test_against_oracle(c):
 
 
 @SETTINGS
-@given(case(), st.booleans())
+@given(reduce_case(), st.booleans())
 def test_precision_is_a_true_bound(c, negative):
     """All elements at +-(2^(p-1)-1): the result stays within the inferred precision whenever that is valid."""
     name, attrs, p, x = c
@@ -234,7 +209,7 @@ def ones_heavy_case(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(case(), ones_heavy_case()))
+@given(st.one_of(reduce_case(), ones_heavy_case()))
 def test_cpu_bug_warning_matches_the_cpu_kernel(c):
     name, attrs, _, x = c
     r = reduced_set(x.shape, attrs["axis"], attrs["exclude"])

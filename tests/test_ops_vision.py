@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracles import INT64_MAX, errors_of, iou_oracle, make
+from support import INT32_MAX, INT32_MIN
+from support.oracles import INT64_MAX, errors_of, iou_oracle, make
 
 from cvm_onnx.core.ops import REGISTRY, OpRuleError
 
-INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 FAST = settings(max_examples=150, deadline=None)
 
 

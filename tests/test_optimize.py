@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from harness import tensors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
-from test_export import graphs
+from support import graphs, tensors
 
 from cvm_onnx.app.api import load
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -132,14 +131,52 @@ def test_the_serving_form_refuses_to_import_with_one_clear_error(tmp_path, capsy
     assert "--optimize" in err and err.count("\n") == 1 and not (tmp_path / "back").exists()
 
 
-def test_serving_passes_are_named_with_their_invariant_and_leave_the_export_alone():
-    """Each pass of the serving form has its own name and a docstring stating its invariant; running them copies
-    the exported model once and leaves it as it was."""
+def test_serving_passes_keep_their_conditions_and_leave_the_export_alone():
+    """Each pass of the serving form has its own name; what each requires holds on the flat form, what it ensures
+    holds after it (each also past the ones before); running them copies the exported model once and leaves it
+    as it was."""
     from cvm_onnx.converters.to_onnx.optimize import SERVING, run_passes
 
-    assert len({p.name for p in SERVING}) == len(SERVING) and all(p.invariant for p in SERVING)
+    assert len({p.name for p in SERVING}) == len(SERVING)
     flat = to_onnx(conv_chain(np.random.default_rng(6), True), inline=True)
     before = flat.SerializeToString(deterministic=True)
     served = run_passes(SERVING, flat)
     assert flat.SerializeToString(deterministic=True) == before
     assert not round_trips(served) and round_trips(flat)
+    assert {c.says: c.broken(flat) for p in SERVING for c in p.requires} == {c.says: [] for p in SERVING
+                                                                           for c in p.requires}
+    assert {c.says: c.broken(served) for p in SERVING for c in p.ensures} == {c.says: [] for p in SERVING
+                                                                            for c in p.ensures}
+
+
+def test_a_pass_given_a_broken_model_is_an_invariant_error():
+    """A pass run on what it does not require (the function form; a node reading a tensor made after it) stops
+    before rewriting, naming itself, the condition and the place."""
+    from cvm_onnx.converters.to_onnx.optimize import InvariantError, drop_unread_casts
+
+    graph = conv_chain(np.random.default_rng(7), False)
+    with pytest.raises(InvariantError, match=r"drop_unread_casts requires the flat form .*broken at "):
+        drop_unread_casts(to_onnx(graph))
+    flat = to_onnx(graph, inline=True)
+    flat.graph.node[0].input.append("later")
+    flat.graph.node[-1].output.append("later")
+    with pytest.raises(InvariantError, match=r"requires every tensor read made before it is read; broken at later"):
+        drop_unread_casts(flat)
+
+
+@pytest.mark.parametrize("name", ["drop_unread_casts", "drop_unread_params", "drop_stale_value_info"])
+def test_a_pass_that_breaks_what_it_ensures_is_an_invariant_error(name):
+    """The same pass with its rewrite left out (the model returned as given) fails its own ensures on the
+    exported flat form, which has what each pass removes."""
+    import dataclasses
+
+    from cvm_onnx.converters.to_onnx import optimize
+
+    flat = to_onnx(conv_chain(np.random.default_rng(8), False), optimize=False, inline=True)
+    flat = optimize.skip_int32_round_trips(flat)  # casts left unread, as in the serving form's first pass
+    flat.graph.value_info.add(name="gone")
+    flat.graph.initializer.add(name="unread", data_type=TensorProto.INT32)
+    lazy = dataclasses.replace(getattr(optimize, name), run=lambda m: m)
+    with pytest.raises(optimize.InvariantError, match=rf"serving pass {name} ensures "):
+        lazy(flat)
+    getattr(optimize, name)(flat)  # the pass itself keeps its word

@@ -165,7 +165,7 @@ def test_resnet20_on_ray_keeps_the_input_order_with_uneven_chunks(resnet_dir, tm
 @on_ray
 def test_a_quantized_model_takes_float_inputs_on_ray(tmp_path):
     """A CVM model imported from a quantized ONNX model: float inputs in, float32 outputs out, as in one process."""
-    from test_quantized_import import small_qdq
+    from support.quantized import small_qdq
 
     onnx.save(small_qdq(tmp_path), tmp_path / "q.onnx")
     cvm_onnx.convert(tmp_path / "q.onnx", tmp_path / "q")

@@ -10,7 +10,6 @@ Crashes found by fuzzing get a regression test at the end. benchmarks/fuzz.py ru
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import errno
 import functools
@@ -18,30 +17,27 @@ import json
 import math
 import os
 import re
-import resource
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
-import time
-import tracemalloc
 from collections.abc import MutableSequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
-from harness import operator_cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.fuzz import EXTREMES, Case, Seeds, bounded, files_of, onnx_seeds, seed_graphs
 
 import cvm_onnx
 from cvm_onnx.app import cli
 from cvm_onnx.app.api import import_onnx, write_onnx
-from cvm_onnx.converters.from_onnx import RULES
+from cvm_onnx.converters.from_onnx import RULES, from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.core.builder import GraphBuilder
@@ -54,86 +50,11 @@ from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.validate import validate
 
-SECONDS = 2.0
-SECONDS_PER_MB = 4.0
-MEMORY_FACTOR = 100
-MEMORY_ALLOWANCE = 16 << 20  # protobuf, numpy and onnx state that does not grow with the input
-ADDRESS_SPACE_ALLOWANCE = 2 << 30  # new thread stacks, allocator arenas, mapped libraries
-EXTREMES = (0, 1, -1, 2, 7, 8, 31, 32, 33, 127, 128, -128, 255, 256, 1 << 24, (1 << 24) + 1, 1 << 30,
-            (1 << 31) - 1, 1 << 31, -(1 << 31), -(1 << 31) - 1, (1 << 32) - 1, 1 << 32, (1 << 63) - 1, 1 << 63,
-            -(1 << 63), 1 << 64, 10 ** 30)
 FUZZ = settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-
-
-# -- seeds: small builder-made graphs covering all the ops-------------------------------------------------------
-def _values(rng: np.random.Generator, shape: tuple[int, ...], p: int = 8) -> np.ndarray:
-    b = (1 << (p - 1)) - 1
-    return rng.integers(-b, b + 1, shape).astype(np.int32)
-
-
-def seed_graphs() -> dict[str, Graph]:
-    rng = np.random.default_rng(7)
-    graphs = {}
-
-    b = GraphBuilder()
-    y = b.op("conv2d", b.input("data", (1, 3, 8, 8), 8), b.param("cw", _values(rng, (4, 3, 3, 3))),
-             b.param("cb", _values(rng, (4,), 12), 12), channels=4, kernel_size=(3, 3), padding=(1, 1))
-    y = b.op("relu", b.op("cvm_right_shift", y, shift_bit=6, precision=8))
-    y = b.op("flatten", b.op("upsampling", b.op("max_pool2d", y, pool_size=(2, 2), strides=(2, 2)), scale=2))
-    y = b.op("dense", y, b.param("dw", _values(rng, (5, 256))), b.param("db", _values(rng, (5,), 10), 10), units=5)
-    graphs["cnn"] = b.build(b.op("cvm_clip", y, precision=8))
-
-    b = GraphBuilder()
-    x = b.input("data", (2, 3, 4), 8)
-    c = b.param("c", _values(rng, (3, 4), 6), 6)
-    d = b.param("d", np.array([[3, -5, 7, 1]], np.int32), 4)
-    q = b.op("broadcast_div", b.op("broadcast_max", b.op("broadcast_mul", b.op(
-        "broadcast_sub", b.op("broadcast_add", x, c), d), c), x), d)
-    e = b.op("elemwise_sub", b.op("elemwise_add", b.op("abs", x), b.op("negative", x)), b.op("clip", x, a_min=-5,
-                                                                                             a_max=5))
-    s = b.op("sum", b.op("cvm_left_shift", e, shift_bit=2, precision=16), axis=(1,), keepdims=True)
-    w = b.op("where", b.op("broadcast_greater", q, x), x, b.op("cvm_clip", q, precision=8))
-    graphs["elementwise"] = b.build(b.op("cvm_right_shift", s, shift_bit=3, precision=8), b.op("max", q, axis=(0, 2)),
-                                    b.op("cvm_precision", x), w)
-
-    b = GraphBuilder()
-    x = b.input("data", (2, 3, 4), 8)
-    t = b.op("transpose", b.op("reshape", b.op("squeeze", b.op("expand_dims", x, axis=1), axis=(1,)),
-                               shape=(3, 2, 4)), axes=(2, 0, 1))
-    t = b.op("tile", b.op("repeat", b.op("strided_slice", t, begin=(0, 1), end=(4, 3), stride=(1, 1)), repeats=2,
-                          axis=1), reps=(1, 2))
-    k = b.op("take", t, b.param("idx", np.array([[0, 3], [1, 9]], np.int32)), axis=0)
-    lut = b.op("cvm_lut", b.op("relu", x), b.param("table", _values(rng, (16,))), in_dim=16)
-    sl = b.op("slice_like", lut, b.param("like", _values(rng, (1, 2, 2))), axis=(1, 2))
-    graphs["transform"] = b.build(k, b.op("concatenate", sl, sl, axis=0))
-
-    b = GraphBuilder()
-    counts, rows = b.op("get_valid_counts", b.input("data", (1, 5, 6), 8), score_threshold=0)
-    graphs["vision"] = b.build(b.op("non_max_suppression", rows, counts, iou_threshold=50, force_suppress=True,
-                                    top_k=3))
-    covered = {n.op for g in graphs.values() for n in g.nodes if not n.is_variable}
-    for op in sorted(set(REGISTRY) - covered):  # an op defined since these seeds: its documented cases
-        graphs.update({f"{op}{k}": graph for k, (_, graph) in enumerate(operator_cases()[op])})
-    return graphs
-
-
-class Seeds(dict):
-    """Seed files by name, with a short repr for hypothesis' reports."""
-
-    def __repr__(self) -> str:
-        return f"Seeds({', '.join(self)})"
-
-
-def files_of(graph: Graph) -> tuple[str, bytes]:
-    """The symbol text and params bytes of a graph, as write_model writes them."""
-    precisions = {n.name: n.outputs[0].precision for n in graph.nodes if n.is_variable}
-    return write_symbol(graph), write_params(graph.params, {k: precisions[k] for k in graph.params})
-
 
 GRAPHS = seed_graphs()
 SEEDS = Seeds({name: files_of(g) for name, g in GRAPHS.items()})
-ONNX_SEEDS = Seeds({f"{name}{'/flat' if inline else ''}": to_onnx(g, inline=inline).SerializeToString()
-                    for name, g in GRAPHS.items() for inline in (False, True)})
+ONNX_SEEDS = onnx_seeds()
 
 
 @functools.cache
@@ -151,58 +72,6 @@ def resnet_onnx_seeds(path: Path) -> dict[str, bytes]:
 def test_seeds_cover_every_op():
     used = {n.op for g in GRAPHS.values() for n in g.nodes if not n.is_variable}
     assert used == set(REGISTRY)
-
-
-# -- the pipelines and their bounds ------------------------------------------------------------------------------
-class Case:
-    """Mutated files: the seed's name, the mutations applied (what hypothesis reports) and the files."""
-
-    def __init__(self, seed: str, steps: tuple[str, ...], files: tuple[Any, ...]):
-        self.seed, self.steps, self.files = seed, steps, files
-
-    def __repr__(self) -> str:
-        return f"Case({self.seed}: {'; '.join(self.steps) or 'unchanged'})"
-
-
-@contextlib.contextmanager
-def address_space_cap(extra: int):
-    """A hard cap on the process' address space, ``extra`` bytes above its current size (Linux), so that a
-    runaway allocation fails at once (MemoryError) instead of taking the machine's memory."""
-    try:
-        with open("/proc/self/statm") as f:
-            size = int(f.read().split()[0]) * resource.getpagesize()
-    except OSError:
-        yield
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = size + extra if hard == resource.RLIM_INFINITY else min(hard, size + extra)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-
-def bounded(run: Callable[[], Any], input_size: int) -> Any:
-    """``run()``'s result, or None when it raised a CVMError; fails on any other exception, on taking more than
-    SECONDS (+ SECONDS_PER_MB), or on allocating more than MEMORY_FACTOR x ``input_size`` (+ MEMORY_ALLOWANCE).
-    The address space is capped meanwhile (with room for thread stacks and mappings), so a runaway allocation
-    fails fast."""
-    budget = MEMORY_FACTOR * input_size + MEMORY_ALLOWANCE
-    tracemalloc.start()
-    start = time.perf_counter()
-    try:
-        with address_space_cap(budget + ADDRESS_SPACE_ALLOWANCE):
-            return run()
-    except CVMError as e:
-        assert e.problems and all(str(p) for p in e.problems)
-        return None
-    finally:
-        seconds = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        assert seconds < SECONDS + SECONDS_PER_MB * input_size / 1e6, f"took {seconds:.2f} s for {input_size} bytes"
-        assert peak <= budget, f"allocated {peak} bytes for {input_size}"
 
 
 def cvm_to_onnx(symbol: str | bytes, params: bytes) -> onnx.ModelProto:
@@ -738,9 +607,15 @@ def test_int_attributes_beyond_int32_are_validation_errors(value):
     assert problem.where == "gvc" and "score_threshold" in problem.rule and "int32" in problem.rule
 
 
-def test_int_attributes_at_the_int32_edges_export():
+@pytest.mark.parametrize("inline", [False, True])
+def test_int_attributes_at_the_int32_edges_export(inline):
+    """score_threshold at both int32 ends is written as given and reads back the same from the export."""
     for value in ((1 << 31) - 1, -(1 << 31)):
-        to_onnx(vision_graph(score_threshold=str(value)))
+        model = to_onnx(vision_graph(score_threshold=str(value)), inline=inline)
+        written = [a.i for n in model.graph.node for a in n.attribute if a.name == "score_threshold"]
+        assert written == [value]
+        [back] = [n for n in from_onnx(model).nodes if n.op == "get_valid_counts"]
+        assert REGISTRY["get_valid_counts"].bind(back.attrs).score_threshold == value
 
 
 def test_tuple_items_beyond_int64_are_syntax_errors():

@@ -8,9 +8,9 @@ import os
 import numpy as np
 import onnx
 import pytest
-from harness import bound, tensors
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from support import bound, tensors
 
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.builder import GraphBuilder

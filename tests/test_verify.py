@@ -23,6 +23,7 @@ from cvm_onnx.app.pipeline import STAGES, Conversion
 from cvm_onnx.app.progress import Bar
 from cvm_onnx.app.report import op_forms
 from cvm_onnx.converters.to_onnx import LOWERINGS, to_onnx
+from cvm_onnx.converters.to_onnx.export import export
 from cvm_onnx.converters.to_onnx.lowering import Lowering
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.executor import execute
@@ -244,7 +245,7 @@ def test_one_pipeline_plain_and_timed(tmp_path, monkeypatch, batch):
     """api.convert and the timed run (convert --report --verify) run the same stages: identical files, one export
     (the comparison checks the exported model, it does not export again)."""
     exports = []
-    monkeypatch.setattr(pipeline, "to_onnx", lambda *a, **k: exports.append(1) or to_onnx(*a, **k))
+    monkeypatch.setattr(pipeline, "export", lambda *a, **k: exports.append(1) or export(*a, **k))
     monkeypatch.setattr(sys.modules["cvm_onnx.runtime.verify"], "to_onnx", None)  # the comparison must not export
     cvm_onnx.convert(MODELS / "digits_cnn", tmp_path / "plain.onnx", batch=batch, optimize=True)
     timed = pipeline.run(Conversion(MODELS / "digits_cnn", tmp_path / "timed.onnx", batch=batch, optimize=True,

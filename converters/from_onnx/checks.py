@@ -33,6 +33,7 @@ from onnx import AttributeProto, TensorProto, helper
 from cvm_onnx import native
 from cvm_onnx.core.constants import DOMAIN as CVM_DOMAIN
 from cvm_onnx.core.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
+from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.errors import FormatError, Problem
 from cvm_onnx.core.format.onnx_safety import (
     MAX_ELEMENTS,
@@ -41,11 +42,9 @@ from cvm_onnx.core.format.onnx_safety import (
     tensor_array,  # noqa: F401  (the rules read it from here)
     tensor_problem,
 )
+from cvm_onnx.core.graph import MAX_DIM  # noqa: F401  (the rules read it from here)
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.ops.registry import REQUIRED
-
-MAX_DIM = 1 << 24
-
 
 def node_label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"node {index} ({node.op_type})"
@@ -78,7 +77,6 @@ OWN_DOMAINS = {CVM_DOMAIN: CVM_DOMAIN_VERSION, native.DOMAIN: native.VERSION}
 #: The ONNX attribute type of each CVM attribute kind (bools as 0/1, tuples as int lists).
 KIND_TYPES = {"int": AttributeProto.INT, "bool": AttributeProto.INT, "optional_int": AttributeProto.INT,
               "tuple": AttributeProto.INTS, "str": AttributeProto.STRING}
-INT_MAX = (1 << 31) - 1
 
 
 def domain_of(name: str) -> str:
@@ -160,7 +158,7 @@ def _of_schema(s: onnx.defs.OpSchema) -> Signature:
 def _of_cvm_op(op: type) -> Signature:
     """A CVM op called in the exporter's function domain: the op registry's attributes (its arity depends on
     them: the import rule checks it)."""
-    return Signature((0, INT_MAX), (1, op.outputs), lambda k: False, lambda k: False,
+    return Signature((0, INT32_MAX), (1, op.outputs), lambda k: False, lambda k: False,
                      {a.name: (KIND_TYPES[a.kind], a.default is REQUIRED) for a in op.attrs})
 
 
@@ -172,7 +170,7 @@ def signature(node: onnx.NodeProto, versions: dict[str, int],
     domain = domain_of(node.domain)
     if domain not in versions:
         return f"its domain {domain!r} is not in the model's opset_import"
-    version = min(versions[domain], INT_MAX)
+    version = min(versions[domain], INT32_MAX)
     if domain == CVM_DOMAIN:
         if node.op_type not in REGISTRY:
             return f"cvm has no op {node.op_type}"
@@ -195,7 +193,7 @@ def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -
     input's types allowed, inputs sharing a type parameter of one type), or None; ops without an onnx schema
     pass. onnxruntime refuses such a node; its import rule would compute on types the op does not take."""
     domain = domain_of(node.domain)
-    if domain == CVM_DOMAIN or not 1 <= version <= INT_MAX or not onnx.defs.has(node.op_type, version, domain):
+    if domain == CVM_DOMAIN or not 1 <= version <= INT32_MAX or not onnx.defs.has(node.op_type, version, domain):
         return None
     s = onnx.defs.get_schema(node.op_type, version, domain)
     allowed = {c.type_param_str: set(c.allowed_type_strs) for c in s.type_constraints}
@@ -216,7 +214,7 @@ def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -
 
 
 def _count(lo: int, hi: int) -> str:
-    return str(lo) if lo == hi else f"at least {lo}" if hi >= INT_MAX else f"{lo} to {hi}"
+    return str(lo) if lo == hi else f"at least {lo}" if hi >= INT32_MAX else f"{lo} to {hi}"
 
 
 def _type_name(t: int) -> str:

@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto
 
-from cvm_onnx.core.constants import ANY, INT32_MAX
+from cvm_onnx.core.constants import ANY, FLOAT32_EXACT, FLOAT64_EXACT, INT32_MAX, INT32_MIN, tight
 from cvm_onnx.core.constants import precision_bound as bound
 from cvm_onnx.core.graph import VARIABLE, Entry, Node, TensorType
 from cvm_onnx.core.ops import REGISTRY, NodeRuleError, type_node
-from cvm_onnx.core.ops.registry import bits
+from cvm_onnx.core.ops.registry import output_intervals
 from cvm_onnx.core.validate import shape_problem
 
 from .registry import Refuse
@@ -35,16 +35,11 @@ INT_RANGES = {
     TensorProto.BOOL: (0, 1),
     TensorProto.INT8: (-(1 << 7), (1 << 7) - 1), TensorProto.UINT8: (0, (1 << 8) - 1),
     TensorProto.INT16: (-(1 << 15), (1 << 15) - 1), TensorProto.UINT16: (0, (1 << 16) - 1),
-    TensorProto.INT32: (-(1 << 31), (1 << 31) - 1), TensorProto.UINT32: (0, (1 << 32) - 1),
+    TensorProto.INT32: (INT32_MIN, INT32_MAX), TensorProto.UINT32: (0, (1 << 32) - 1),
     TensorProto.INT64: (-(1 << 63), (1 << 63) - 1), TensorProto.UINT64: (0, (1 << 64) - 1),
 }
 #: Float types carry integers exactly up to this magnitude (24 and 53 bits of mantissa).
-FLOAT_EXACT = {TensorProto.FLOAT: 1 << 24, TensorProto.DOUBLE: 1 << 53}
-
-
-def tight(peak: int) -> int:
-    """The smallest precision holding every |x| <= peak."""
-    return bits(peak) + 1
+FLOAT_EXACT = {TensorProto.FLOAT: FLOAT32_EXACT, TensorProto.DOUBLE: FLOAT64_EXACT}
 
 
 def cvm_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -260,6 +255,13 @@ class Importer:
             narrowed = [self.narrow(x, tight(x.peak)) for x in xs]
             return self.emit(op, *narrowed, **attrs)
 
+    def apply(self, op: str, *xs: Tensor, dtype: int = TensorProto.INT32, shape: tuple[int, ...] | None = None,
+              **attrs) -> Tensor:
+        """``op`` on tensors (as ``op``) as the ONNX tensor ``result`` checks, with the interval the op's own rule
+        gives from the inputs' intervals (``interval`` in core/ops, else its ``bound``)."""
+        e = self.op(op, *xs, **attrs)
+        return self.result(e, dtype, *op_interval(op, *xs, **attrs), shape)
+
     def result(self, e: Entry, dtype: int, lo: int, hi: int, shape: tuple[int, ...] | None = None) -> Tensor:
         """The ONNX tensor computed by entry ``e`` with values in [lo, hi], after checking that ONNX computes them
         without wrapping (integers) or rounding (floats), and that they fit 32 bits. A CVM label below the
@@ -294,6 +296,15 @@ class Importer:
             if d != n:
                 e = self.emit("repeat", e, repeats=n, axis=axis)
         return replace(t, shape=shape, entry=e)
+
+
+def op_interval(op: str, *xs: Tensor, **attrs) -> tuple[int, int]:
+    """The interval of CVM op ``op``'s output on tensors by the op's own rule (``interval`` in core/ops, else its
+    ``bound``): what a rule's result holds, known before it is emitted."""
+    rule = REGISTRY[op]
+    [(lo, hi)] = output_intervals(rule, rule.bind(rule.parse_attrs(attrs)[0]), [cvm_shape(x.shape) for x in xs],
+                                  [(x.lo, x.hi) for x in xs], [x.value for x in xs])
+    return lo, hi
 
 
 def check_values(dtype: int, lo: int, hi: int) -> None:

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from .checks import tensor_array
 from .context import (FLOAT_EXACT, INT_RANGES, Tensor, bound, check_values, const, cvm_shape, foldable,
-                      is_supported_type, tight, type_name)
+                      is_supported_type, op_interval, tight, type_name)
 from .evaluated import evaluate, table
 from .registry import Refuse, rule
 
@@ -59,15 +59,6 @@ ARITHMETIC = {"Add": ("broadcast_add", np.add), "Sub": ("broadcast_sub", np.subt
               "Mul": ("broadcast_mul", np.multiply)}
 
 
-def _interval(op: str, a: Tensor, b: Tensor) -> tuple[int, int]:
-    if op == "Add":
-        return a.lo + b.lo, a.hi + b.hi
-    if op == "Sub":
-        return a.lo - b.hi, a.hi - b.lo
-    products = [x * y for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
-    return min(products), max(products)
-
-
 @rule("Add", "Sub", "Mul")
 def arithmetic(ctx, node, a, b):
     """x + y, x - y, x * y -> broadcast_add/sub/mul: exact when the result interval fits the element type."""
@@ -82,7 +73,7 @@ def arith(ctx, op: str, a: Tensor, b: Tensor, dtype: int = TensorProto.INT32) ->
         foldable(broadcast_shape(a, b))
         wide = (a.value, b.value) if dtype in FLOAT_EXACT else (a.value.astype(np.int64), b.value.astype(np.int64))
         return folded(fn(*wide), dtype)
-    lo, hi = _interval(op, a, b)
+    lo, hi = op_interval(cvm, a, b)
     check_values(dtype, lo, hi)
     return ctx.result(ctx.op(cvm, a, b), dtype, lo, hi, broadcast_shape(a, b))
 
@@ -312,8 +303,7 @@ def extreme(ctx, is_max: bool, xs) -> Tensor:
     signed = operands if is_max else [negated(ctx, x) for x in operands]
     acc = signed[0]
     for x in signed[1:]:
-        acc = ctx.result(ctx.op("broadcast_max", acc, x), INT32, max(acc.lo, x.lo), max(acc.hi, x.hi),
-                         broadcast_shape(acc, x))
+        acc = ctx.apply("broadcast_max", acc, x, shape=broadcast_shape(acc, x))
     return replace(acc if is_max else negated(ctx, acc), dtype=xs[0].dtype)
 
 
@@ -322,7 +312,7 @@ def negated(ctx, x: Tensor) -> Tensor:
     check_values(INT32, -x.hi, -x.lo)
     if x.is_const:
         return const(-x.value.astype(np.int64), INT32)
-    return ctx.result(ctx.emit("negative", x.entry), INT32, -x.hi, -x.lo, x.shape)
+    return ctx.apply("negative", x, shape=x.shape)
 
 
 # -- comparisons and logic: 0/1 results ---------------------------------------------------------------------------
@@ -349,8 +339,7 @@ def compare(ctx, node, a, b):
 
 def differ(ctx, a: Tensor, b: Tensor) -> Tensor:
     """a != b as max(a > b, b > a), 1 or 0."""
-    return ctx.result(ctx.op("broadcast_max", greater(ctx, a, b), greater(ctx, b, a)), BOOL, 0, 1,
-                      broadcast_shape(a, b))
+    return ctx.apply("broadcast_max", greater(ctx, a, b), greater(ctx, b, a), dtype=BOOL, shape=broadcast_shape(a, b))
 
 
 def equal(ctx, a: Tensor, b: Tensor) -> Tensor:
@@ -373,7 +362,7 @@ def logical_not(ctx, node, x):
     """not x (0/1) = 1 - x -> broadcast_sub."""
     if x.is_const:
         return const(np.logical_not(x.value), BOOL)
-    return ctx.result(ctx.op("broadcast_sub", ones(x), x), BOOL, 1 - x.hi, 1 - x.lo, x.shape)
+    return ctx.apply("broadcast_sub", ones(x), x, dtype=BOOL, shape=x.shape)
 
 
 @rule("And", "Or", since=7)
@@ -396,7 +385,7 @@ def bitwise_not(ctx, node, x):
     tlo, thi = INT_RANGES[x.dtype]
     top = -1 if tlo < 0 else thi
     check_values(x.dtype, top - x.hi, top - x.lo)
-    return ctx.result(ctx.op("broadcast_sub", ones(x, top), x), x.dtype, top - x.hi, top - x.lo, x.shape)
+    return ctx.apply("broadcast_sub", ones(x, top), x, dtype=x.dtype, shape=x.shape)
 
 
 @rule("Neg", since=6)
@@ -405,7 +394,7 @@ def negative(ctx, node, x):
     if x.is_const:
         return folded(-x.value, x.dtype)
     check_values(x.dtype, -x.hi, -x.lo)
-    return ctx.result(ctx.emit("negative", x.entry), x.dtype, -x.hi, -x.lo, x.shape)
+    return ctx.apply("negative", x, dtype=x.dtype, shape=x.shape)
 
 
 @rule("Abs", since=6)
@@ -413,8 +402,7 @@ def abs_(ctx, node, x):
     """|x| -> abs."""
     if x.is_const:
         return folded(np.abs(x.value), x.dtype)
-    lo = x.lo if x.lo >= 0 else -x.hi if x.hi <= 0 else 0
-    return ctx.result(ctx.emit("abs", x.entry), x.dtype, lo, x.peak, x.shape)
+    return ctx.apply("abs", x, dtype=x.dtype, shape=x.shape)
 
 
 @rule("Relu", since=6)
@@ -422,7 +410,7 @@ def relu(ctx, node, x):
     """max(x, 0) -> relu."""
     if x.is_const:
         return folded(np.maximum(x.value, 0), x.dtype)
-    return ctx.result(ctx.emit("relu", x.entry), x.dtype, max(x.lo, 0), max(x.hi, 0), x.shape)
+    return ctx.apply("relu", x, dtype=x.dtype, shape=x.shape)
 
 
 FLOAT_MAX = 3.4e38  # the float attributes of Clip before opset 11 default to +-FLT_MAX: no bound

@@ -18,7 +18,7 @@ import onnx
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import PRECISION as PRECISION_KEY
-from cvm_onnx.core.constants import QUANTIZATION, precision_of
+from cvm_onnx.core.constants import MARK_NODE, MARK_OP, OPTIMIZED, QUANTIZATION, precision_of
 from cvm_onnx.core.errors import Problem, UnsupportedError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
 from cvm_onnx.core.graph import Entry, Graph
@@ -54,7 +54,7 @@ class Unit:
 
     @property
     def where(self) -> str:
-        op = roundtrip.marks(self.nodes[0]).get("cvm.op", "?") if self.group else self.nodes[0].op_type
+        op = roundtrip.marks(self.nodes[0]).get(MARK_OP, "?") if self.group else self.nodes[0].op_type
         return f"{self.name} ({op})"
 
 
@@ -138,11 +138,11 @@ class _Walk:
         names = [n.name or f"{n.op_type}_{i}" for i, n in zip(self.order, nodes)]
         groups: dict[str, list[onnx.NodeProto]] = {}
         for n in nodes:
-            if (g := roundtrip.marks(n).get("cvm.node")) is not None:
+            if (g := roundtrip.marks(n).get(MARK_NODE)) is not None:
                 groups.setdefault(g, []).append(n)
         units, seen = [], {}
         for name, n in zip(names, nodes):
-            g = roundtrip.marks(n).get("cvm.node")
+            g = roundtrip.marks(n).get(MARK_NODE)
             if g is None:
                 units.append(Unit(name, [n]))
                 continue
@@ -154,7 +154,7 @@ class _Walk:
     def supported(self, u: Unit) -> bool:
         """Whether a rule covers the unit; else report why (no CVM op, opset too old, inconsistent markers)."""
         if u.group is not None:
-            op = roundtrip.marks(u.nodes[0]).get("cvm.op")
+            op = roundtrip.marks(u.nodes[0]).get(MARK_OP)
             if any(roundtrip.marks(n) != roundtrip.marks(u.nodes[0]) for n in u.nodes):
                 self.problem(u.where, "the nodes of this flat-form CVM node carry different cvm.op/cvm.attrs")
                 return False
@@ -339,7 +339,7 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
     ``outputs``: cut the graph at these tensors (they become the outputs)."""
     if not 1 <= input_precision <= 32:
         raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
-    if any(p.key == "cvm.optimized" for p in model.metadata_props):
+    if any(p.key == OPTIMIZED for p in model.metadata_props):
         raise UnsupportedError("this is the exporter's serving form (--optimize), whose fused nodes do not map back "
                                "to CVM ops; import the model converted without --optimize")
     if outputs:

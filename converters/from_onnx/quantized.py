@@ -20,6 +20,8 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto, helper
 
+from cvm_onnx.core.constants import INT32_MAX
+
 from . import nn, transform
 from .context import INT_RANGES, Tensor, bound, const, tight, type_name
 from .elemwise import broadcast_shape
@@ -163,8 +165,7 @@ def minus_zero(ctx, x: Scaled) -> Tensor:
     if t.is_const:
         return const(t.value.astype(np.int64) - z, INT32)
     zc = const(z.astype(np.int32), INT32)
-    return ctx.result(ctx.op("broadcast_sub", as_int32(t), zc), INT32, t.lo - int(z.max()), t.hi - int(z.min()),
-                      broadcast_shape(t, zc))
+    return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
 
 
 # -- DequantizeLinear and QuantizeLinear ------------------------------------------------------------------------
@@ -257,11 +258,9 @@ def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     for v, m in zip(vs, p.multipliers):
         if p.clip is not None:
             a, b = p.clip
-            v = ctx.result(ctx.emit("clip", ctx.entry(v), a_min=a, a_max=b), INT32, a, b, v.shape)
+            v = ctx.apply("clip", v, shape=v.shape, a_min=a, a_max=b)
         if p.pre_shift:
-            s = p.pre_shift
-            e = ctx.emit("cvm_right_shift", ctx.entry(v), precision=p.pre_precision, shift_bit=s)
-            v = ctx.result(e, INT32, (v.lo + (1 << (s - 1))) >> s, (v.hi + (1 << (s - 1))) >> s, v.shape)
+            v = ctx.apply("cvm_right_shift", v, shape=v.shape, precision=p.pre_precision, shift_bit=p.pre_shift)
         e = ctx.narrow(v, tight(v.peak))
         mc = const(m.astype(np.int32), INT32)
         products.append(ctx.result(ctx.emit("broadcast_mul", e, ctx.entry(mc)), INT32,
@@ -269,8 +268,7 @@ def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
                                    broadcast_shape(v, mc)))
     total = products[0]
     for t in products[1:]:
-        total = ctx.result(ctx.emit("broadcast_add", total.entry, t.entry), INT32, total.lo + t.lo, total.hi + t.hi,
-                           broadcast_shape(total, t))
+        total = ctx.apply("broadcast_add", total, t, shape=broadcast_shape(total, t))
     b = bound(p.precision)
     e = ctx.emit("cvm_right_shift", total.entry, precision=p.precision, shift_bit=p.shift)
     return ctx.result(e, INT32, -b, b, total.shape)
@@ -280,7 +278,7 @@ def saturate(ctx, r: Tensor, zo: int, lo: int, hi: int, dtype: int, shape: tuple
     """clip(r + zero, lo, hi) as the quantized type."""
     if zo:
         zc = const(np.array(zo, np.int32), INT32)
-        r = ctx.result(ctx.op("broadcast_add", r, zc), INT32, r.lo + zo, r.hi + zo, shape)
+        r = ctx.apply("broadcast_add", r, zc, shape=shape)
     if lo <= r.lo and r.hi <= hi:
         return replace(r, dtype=dtype)
     if lo >= hi:
@@ -330,9 +328,8 @@ def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
                      f"dense take 8-bit operands, two halves hold at most 509 values")
     if c:
         cc = const(np.array(c, np.int32), INT32)
-        x = ctx.result(ctx.op("broadcast_sub", x, cc), INT32, lo, hi, x.shape)
-    h = ctx.result(ctx.emit("cvm_right_shift", ctx.entry(x), precision=8, shift_bit=1), INT32, -(-lo // 2),
-                   -(-hi // 2), x.shape)
+        x = ctx.apply("broadcast_sub", x, cc, shape=x.shape)
+    h = ctx.apply("cvm_right_shift", x, shape=x.shape, precision=8, shift_bit=1)
     g = ctx.result(ctx.op("broadcast_sub", x, h), INT32, lo // 2, hi // 2, x.shape)
     return [h, g], c
 
@@ -403,7 +400,7 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     pos, neg = np.clip(rows, 0, None).sum(axis=1), np.clip(rows, None, 0).sum(axis=1)
     lo, hi = int((pos * xlo + neg * xhi + b).min()), int((pos * xhi + neg * xlo + b).max())
     args = [ctx.narrow(ins, 8, f"the input of {op}"), ctx.entry(const(weights.astype(np.int8), TensorProto.INT8))]
-    if np.abs(total).max() > (1 << 31) - 1:
+    if np.abs(total).max() > INT32_MAX:
         raise Refuse("the bias with the zero point's correction passes 32 bits")
     if total.any():
         args.append(ctx.entry(const(total.astype(np.int32), INT32)))

@@ -14,12 +14,13 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.core.constants import FLOAT64_EXACT
+
 from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
 from .elemwise import arith, negated, scalar
 from .registry import Refuse, rule
 from .transform import ints, normal, strided_slice
 
-DOUBLE_EXACT = 1 << 53
 REDUCE = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}
 
 
@@ -39,7 +40,7 @@ def reduce(ctx, node, x, axes_t=None):
         raise Refuse("reducing an empty axis: CVM has no empty tensors")
     lo, hi = (n * x.lo, n * x.hi) if is_sum else (x.lo, x.hi)
     check_values(x.dtype, lo, hi)
-    if is_sum and n * x.peak > FLOAT_EXACT.get(x.dtype, DOUBLE_EXACT):
+    if is_sum and n * x.peak > FLOAT_EXACT.get(x.dtype, FLOAT64_EXACT):
         raise Refuse(f"precision bound exceeded: partial sums may reach {n * x.peak}, beyond the integers "
                      "onnxruntime adds exactly")
     if x.is_const:
@@ -92,7 +93,7 @@ def cumsum(ctx, node, x, axis_t):
     cmin, cmax = int(counts.min()), int(counts.max())
     lo, hi = min(cmin * x.lo, cmax * x.lo), max(cmin * x.hi, cmax * x.hi)
     check_values(x.dtype, lo, hi)
-    if cmax * x.peak > FLOAT_EXACT.get(x.dtype, DOUBLE_EXACT):
+    if cmax * x.peak > FLOAT_EXACT.get(x.dtype, FLOAT64_EXACT):
         raise Refuse(f"precision bound exceeded: partial sums may reach {cmax * x.peak}, beyond the integers "
                      "the type adds exactly")
     if x.is_const:

@@ -28,14 +28,11 @@ from fractions import Fraction
 
 import numpy as np
 
+from cvm_onnx.core.constants import tight
+from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.core.ops.registry import bits
 
 MAX_SHIFT = 31
-
-
-def tight(peak: int) -> int:
-    """The smallest precision holding every |x| <= peak."""
-    return bits(peak) + 1
 
 
 def round_half_up(x: Fraction) -> int:
@@ -93,7 +90,7 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
     b = max(-lo, hi, 1)
     best = None
     for s in range(0, bits(b) + 1):
-        b1 = (b + ((1 << s) >> 1)) >> s
+        b1 = round_shift(b, s) if s else b
         p1 = tight(b1)
         if s and p1 + s >= 32:
             continue

@@ -24,7 +24,7 @@ from typing import Any
 import onnx
 
 from cvm_onnx.converters.to_onnx.lowering import Value, lower
-from cvm_onnx.core.constants import DOMAIN, SYMBOL
+from cvm_onnx.core.constants import DOMAIN, MARK_ATTRS, MARK_INPUTS, MARK_NODE, MARK_OP, SYMBOL
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format import read_symbol, unpack_symbol, write_symbol
 from cvm_onnx.core.graph import Graph, Node
@@ -36,7 +36,7 @@ from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from .context import Importer, Tensor, cvm_shape
 from .registry import NodeView, Refuse, rule
 
-MARKS = ("cvm.node", "cvm.op", "cvm.attrs", "cvm.inputs")
+MARKS = (MARK_NODE, MARK_OP, MARK_ATTRS, MARK_INPUTS)
 
 
 def marks(node: onnx.NodeProto) -> dict[str, str]:
@@ -48,7 +48,7 @@ def group_inputs(nodes: list[onnx.NodeProto]) -> list[str]:
     """The tensors a flat-form group reads: those marked in ``cvm.inputs`` and those its nodes consume from outside."""
     produced = {o for n in nodes for o in n.output}
     try:
-        marked = [x for x in json.loads(marks(nodes[0]).get("cvm.inputs", "[]")) if isinstance(x, str)]
+        marked = [x for x in json.loads(marks(nodes[0]).get(MARK_INPUTS, "[]")) if isinstance(x, str)]
     except (ValueError, TypeError):
         marked = []
     return list(dict.fromkeys(marked + [x for n in nodes for x in n.input if x and x not in produced]))
@@ -123,11 +123,11 @@ def import_group(ctx: Importer, name: str, nodes: list[onnx.NodeProto], tensors:
                  shapes: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
     """The CVM node of a flat-form group, verified against the exporter's lowering; its output tensors."""
     m = marks(nodes[0])
-    op = m["cvm.op"]
+    op = m[MARK_OP]
     try:
-        raw = json.loads(m.get("cvm.attrs", "{}"))
+        raw = json.loads(m.get(MARK_ATTRS, "{}"))
     except ValueError:
-        raise Refuse(f"cvm.attrs is not JSON: {m['cvm.attrs']!r:.80}") from None
+        raise Refuse(f"{MARK_ATTRS} is not JSON: {m[MARK_ATTRS]!r:.80}") from None
     if not isinstance(raw, dict):
         raise Refuse("cvm.attrs must be a JSON object")
     cls = REGISTRY[op]
@@ -141,9 +141,9 @@ def import_group(ctx: Importer, name: str, nodes: list[onnx.NodeProto], tensors:
     if missing := [o for o in out_names if o not in produced]:
         raise Refuse(f"the flat-form nodes of {name} do not produce its output(s) {missing}")
     try:
-        seq = tuple(json.loads(m.get("cvm.inputs", "null")))
+        seq = tuple(json.loads(m.get(MARK_INPUTS, "null")))
     except (ValueError, TypeError):
-        raise Refuse(f"cvm.inputs is not a JSON list: {m.get('cvm.inputs')!r:.80}") from None
+        raise Refuse(f"{MARK_INPUTS} is not a JSON list: {m.get(MARK_INPUTS)!r:.80}") from None
     if not all(isinstance(x, str) and x in tensors for x in seq):
         raise Refuse(f"cvm.inputs names tensors that are not defined before it: {list(seq)!r:.120}")
     node = ctx.typed(op, tuple(ctx.entry(tensors[x]) for x in seq), name, attrs)

@@ -1,7 +1,7 @@
 """CVM -> ONNX: lowerings of the CVM ops (one module per family) and the model exporter."""
 from cvm_onnx.core.constants import DOMAIN, IR_VERSION, OPSET
 
-from .export import entry_names, to_onnx
+from .export import Export, entry_names, to_onnx
 from .lowering import LOWERINGS
 
-__all__ = ["to_onnx", "entry_names", "DOMAIN", "IR_VERSION", "LOWERINGS", "OPSET"]
+__all__ = ["Export", "to_onnx", "entry_names", "DOMAIN", "IR_VERSION", "LOWERINGS", "OPSET"]

@@ -5,6 +5,7 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import precision_bound
+from cvm_onnx.core.ops.elemwise import round_shift
 
 from .lowering import lowering
 
@@ -28,7 +29,7 @@ def cvm_right_shift(b, a, x):
     s, limit = a.shift_bit, precision_bound(a.precision)
     dtype, to = (np.float32, TensorProto.FLOAT) if x.bound < 1 << 23 else (np.float64, TensorProto.DOUBLE)
     y = b.Round(b.Mul(b.Add(b.Cast(x, to=to), b.const(0.5, dtype)), b.const(2.0 ** -s, dtype)))
-    if (x.bound + (1 << (s - 1))) >> s > limit:
+    if round_shift(x.bound, s) > limit:
         y = b.Clip(y, b.const(-limit, dtype), b.const(limit, dtype))
     return b.Cast(y, to=TensorProto.INT32)
 

@@ -15,22 +15,34 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.core.batch import batched
+from cvm_onnx.core.batch import batched as batched_graph
 from cvm_onnx.core.constants import (
     BATCH,
+    CONVERTED_FROM,
     DOMAIN,
     DOMAIN_VERSION,
     IR_VERSION,
+    MARK_ATTRS,
+    MARK_FUSED,
+    MARK_INPUTS,
+    MARK_NODE,
+    MARK_OP,
+    MARK_OPS,
+    NATIVE_LIBRARY,
     OPSET,
+    OPTIMIZED,
+    PRECISION,
     PROVIDER,
     QUANTIZATION,
     ROUTES,
+    SOURCE_VERSION,
     SYMBOL,
     __version__,
 )
@@ -72,7 +84,7 @@ def entry_names(graph: Graph) -> dict[Entry, str]:
 
 def value_info(name: str, t: TensorType, elem_type: int = TensorProto.INT32) -> onnx.ValueInfoProto:
     vi = helper.make_tensor_value_info(name, elem_type, list(t.shape))
-    vi.metadata_props.add(key="cvm.precision", value=str(t.precision))
+    vi.metadata_props.add(key=PRECISION, value=str(t.precision))
     return vi
 
 
@@ -82,8 +94,11 @@ def unsupported(graph: Graph) -> list[Problem]:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, inline: bool, fuse: bool = False, int8: bool = False, provider: str = "cpu"):
-        self.graph, self.inline, self.fuse, self.int8, self.provider = graph, inline, fuse, int8, provider
+    def __init__(self, graph: Graph, inline: bool, fuse: bool = False, int8: bool = False, provider: str = "cpu",
+                 conv_form: str = "fast"):
+        self.graph, self.inline, self.fuse, self.int8 = graph, inline, fuse, int8
+        self.provider, self.conv_form = provider, conv_form
+        self.routes: list[list[str]] = []
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
         self.nodes: list[onnx.NodeProto] = []
@@ -122,7 +137,7 @@ class _Exporter:
         ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
                for name, e in zip(REGISTRY[node.op].input_names_for(len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
-        body, body_outs = lower(node.op, a, ins, outs, self.provider)
+        body, body_outs = lower(node.op, a, ins, outs, self.provider, self.conv_form)
         in_names = [self.names[e] for e in node.inputs]
         out_names = [self.names[Entry(i, k)] for k in range(len(node.outputs))]
         self.infos.extend(value_info(n, o) for n, o in zip(out_names, node.outputs))
@@ -134,8 +149,8 @@ class _Exporter:
             self.domains[NATIVE_DOMAIN] = NATIVE_VERSION
             self.nodes.append(call)
         elif self.inline:
-            marks = {"cvm.node": node.name, "cvm.op": node.op, "cvm.attrs": json.dumps(onnx_attrs(a), sort_keys=True),
-                     "cvm.inputs": json.dumps(in_names)}
+            marks = {MARK_NODE: node.name, MARK_OP: node.op, MARK_ATTRS: json.dumps(onnx_attrs(a), sort_keys=True),
+                     MARK_INPUTS: json.dumps(in_names)}
             self.flatten(node.name, marks, body, dict(zip([v.name for v in ins], in_names)) |
                          dict(zip(body_outs, out_names)))
         else:
@@ -201,8 +216,8 @@ class _Exporter:
         if y in {v.name for v in ins}:
             y = body.Identity(y)
         self.infos.append(value_info(self.names[out], last.outputs[0]))
-        marks = {"cvm.fused": json.dumps([g.nodes[i].name for i in chain.all]),
-                 "cvm.ops": json.dumps([g.nodes[i].op for i in chain.all])}
+        marks = {MARK_FUSED: json.dumps([g.nodes[i].name for i in chain.all]),
+                 MARK_OPS: json.dumps([g.nodes[i].op for i in chain.all])}
         self.flatten(last.name, marks, body, dict(zip([v.name for v in ins], names)) | {y: self.names[out]})
 
     def flatten(self, prefix: str, marks: dict[str, str], body: Body, rename: dict[str, str]) -> None:
@@ -233,7 +248,9 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
-        chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider) if self.fuse else []
+        chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider, self.conv_form) if self.fuse else []
+        if self.fuse:
+            self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider)
         fused = {c.all[-1]: c for c in chains}
         inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):
@@ -257,11 +274,10 @@ class _Exporter:
             t.raw_data = np.ascontiguousarray(value, "i1" if int8 else "<i4").tobytes()
         native = ops_used(model)
         model.doc_string = self.about(native)
-        helper.set_model_props(model, {"converted_from": "CVM", "cvm.version": source_version} | (
-            {"cvm.native_library": f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
+        helper.set_model_props(model, {CONVERTED_FROM: "CVM", SOURCE_VERSION: source_version} | (
+            {NATIVE_LIBRARY: f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
                                    "python -m cvm_onnx.native"} if native else {}) | (
-            {ROUTES: json.dumps(requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider))}
-            if self.fuse else {}))
+            {ROUTES: json.dumps(self.routes)} if self.fuse else {}))
         return model
 
     def about(self, native: list[str]) -> str:
@@ -277,9 +293,32 @@ class _Exporter:
         return text
 
 
+@dataclass(frozen=True)
+class Export:
+    """What one export made: the model; in the serving form each conv2d's route, (name, route, why not integer
+    products or ""), as its metadata ``cvm.routes`` says (``requantize.conv_routes``), and the names of the
+    passes run over it, in order (``optimize.SERVING``); both empty in the other forms."""
+
+    model: onnx.ModelProto
+    routes: tuple[tuple[str, str, str], ...] = ()
+    passes: tuple[str, ...] = ()
+
+
+CONV_FORMS = ("fast", "core")
+
+
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
             optimize: bool = False, symbol: str | None = None, int8: bool | None = None,
-            edges: Edges | None = None, provider: str = "cpu") -> onnx.ModelProto:
+            edges: Edges | None = None, provider: str = "cpu", conv_form: str = "fast",
+            batched: bool = False) -> onnx.ModelProto:
+    """The model of ``export`` (same arguments)."""
+    return export(graph, inline, source_version, batch, optimize, symbol, int8, edges, provider, conv_form,
+                  batched).model
+
+
+def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
+           optimize: bool = False, symbol: str | None = None, int8: bool | None = None, edges: Edges | None = None,
+           provider: str = "cpu", conv_form: str = "fast", batched: bool = False) -> Export:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
@@ -296,17 +335,22 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     provider (``cvm_onnx.runtime.placement`` checks it); metadata ``cvm.provider`` names the target. A batched
     model says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
     ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
-    them).
+    them). ``conv_form``: how conv2d and dense are written, "fast" (float32 Conv/Gemm where exact) or "core"
+    (int32 MatMul; ``nn.py``). ``batched``: ``graph`` already has batch size ``batch`` (``batched`` made it, as
+    the pipeline's batch stage does), so it is not batched again.
     """
     if provider not in ("cpu", "cuda"):
         raise UnsupportedError(f"provider {provider!r}: the serving form is made for 'cpu' or 'cuda'")
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
-    if batch is not None:
-        graph = batched(graph, batch)
+    if conv_form not in CONV_FORMS:
+        raise ValueError(f"conv_form must be one of {CONV_FORMS}, got {conv_form!r}")
+    if batch is not None and not batched:
+        graph = batched_graph(graph, batch)
     optimize = optimize or provider == "cuda"
     int8 = optimize and (library_path() is not None or provider == "cuda" if int8 is None else int8)
-    model = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8, provider=provider).model(source_version)
+    exporter = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8, provider=provider, conv_form=conv_form)
+    model = exporter.model(source_version)
     if symbol is not None and batch is None and not optimize:
         model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))
     if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.runtime.bulk)
@@ -314,11 +358,12 @@ def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0
     if edges is not None:
         model.metadata_props.add(key=QUANTIZATION, value=edges.to_bytes().decode())
     if not optimize:
-        return model
+        return Export(model)
     passes = SERVING + (CUDA if provider == "cuda" else ())
     model = run_passes(passes, model)
     products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
+    names = tuple(p.name for p in passes)
     model.metadata_props.add(key=PROVIDER, value=provider)
-    model.metadata_props.add(key="cvm.optimized", value=f"requantization runs fused ({products} from integer "
-                             f"products); passes: {', '.join(p.name for p in passes)}")
-    return model
+    model.metadata_props.add(key=OPTIMIZED, value=f"requantization runs fused ({products} from integer "
+                             f"products); passes: {', '.join(names)}")
+    return Export(model, tuple(map(tuple, exporter.routes)), names)

@@ -44,6 +44,7 @@ class Body:
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     widened: dict[str, str] = field(default_factory=dict)  # int8 param widened to int32: int32 name -> int8 name
     _count: int = 0
+    conv_form: str = "fast"  # how conv2d and dense are written: "fast" or "core" (nn.py)
 
     def fresh(self, hint: str) -> str:
         self._count += 1
@@ -123,10 +124,10 @@ def unwiden(b: Body, names: list[str]) -> None:
 
 
 def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value],
-          provider: str = "cpu") -> tuple[Body, list[str]]:
-    """Run the lowering of ``op`` (int8 params widened first) for ``provider``; returns the body and the names of
-    its outputs."""
-    b = Body(outputs, provider=provider)
+          provider: str = "cpu", conv_form: str = "fast") -> tuple[Body, list[str]]:
+    """Run the lowering of ``op`` (int8 params widened first) for ``provider``, conv2d and dense in ``conv_form``
+    (nn.py); returns the body and the names of its outputs."""
+    b = Body(outputs, provider=provider, conv_form=conv_form)
     args = list(inputs) if LOWERINGS[op].native else widen(b, inputs)
     out = LOWERINGS[op].fn(b, a, *args)
     names = [out] if isinstance(out, str) else list(out)

@@ -1,6 +1,6 @@
 """Lowerings of the neural-network ops: conv2d, dense, max_pool2d, upsampling, relu (int32 in, int32 out).
 
-conv2d and dense have two forms, chosen by the module constant ``FORM``:
+conv2d and dense have two forms, chosen by the export's ``conv_form`` (the body's ``b.conv_form``):
 
 * ``"core"``: the core-ops decomposition: Pad + im2col (Slice/Reshape/Concat) + int32 MatMul (+ bias). Exact
   for every input: ORT's int32 MatMul wraps modulo 2^32 (multiply and add), which is the runtime's int32
@@ -25,26 +25,25 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.core.constants import FLOAT32_EXACT as FLOAT_EXACT
+from cvm_onnx.core.constants import INT32_MAX, INT32_MIN
 from cvm_onnx.core.ops.nn import pool_pads
 from cvm_onnx.core.ops.registry import magnitudes
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from .lowering import lowering
 
-FORM = "fast"  # "fast" | "core": how conv2d and dense are written
-FLOAT_EXACT = 1 << 24  # every integer of magnitude <= 2^24 is exactly representable in float32
 INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 255 < 2^31
 # int8 x int8 (the CUDA form: |x| <= 127, w in [-128, 127]): K * 127 * 128 <= 2^31 - 1
 INT8_K_SIGNED = (2**31 - 1) // (127 * 128)
 # The most elements the native im2col gives in one call (its int32 indexing), the CUDA form's only columns limit
-COLUMNS_LIMIT = (1 << 31) - 1
+COLUMNS_LIMIT = INT32_MAX
 # The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured.
 # ResNet-20 on an EPYC Zen 4 (1 MiB L2), batch 64 on one thread, the integer route for windows up to 0 / 1 / 4 /
 # 16 MiB a call: 67 / 68 / 62 / 51 ms (the largest layer gathers 9.4 MiB); with today's kernels every layer
 # integer takes 42 ms against 90 ms for float32 products, and batch 1 0.64 against 1.59 ms. Larger calls are
 # unmeasured.
 INT8_COLUMNS = 1 << 24
-INT32_MIN = -(1 << 31)
 
 
 def float_chunks(x_bound: int, w_sums: np.ndarray) -> list[tuple[int, int]] | None:
@@ -260,7 +259,7 @@ def conv2d(b, a, x, w, bias=None):
     modulo 2^32 exactly as the runtime's int32 accumulator.
     """
     kh, kw = a.kernel_size
-    chunks = float_chunks(x.bound, weight_sums(w, kh * kw)) if FORM == "fast" else None
+    chunks = float_chunks(x.bound, weight_sums(w, kh * kw)) if b.conv_form == "fast" else None
     if chunks is None:
         y = conv2d_core(b, a, x, w)
     elif bias is not None and len(chunks) == 1 and b.outputs[0].bound <= FLOAT_EXACT:
@@ -297,7 +296,7 @@ def dense(b, a, x, w, bias=None):
     needed, the chunks added in int32; the bias inside the Gemm when the sums with it stay within 2^24, else
     added in int32. Otherwise int32 MatMul, which wraps exactly as the runtime's accumulator.
     """
-    chunks = float_chunks(x.bound, weight_sums(w, 1)) if FORM == "fast" else None
+    chunks = float_chunks(x.bound, weight_sums(w, 1)) if b.conv_form == "fast" else None
     if chunks is None:
         y = b.MatMul(x, b.Transpose(w, perm=[1, 0]))
     elif bias is not None and len(chunks) == 1 and b.outputs[0].bound <= FLOAT_EXACT:

@@ -28,15 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import TensorProto
 
+from cvm_onnx.core.constants import FLOAT32_EXACT as FLOAT_EXACT
 from cvm_onnx.core.constants import INT32_MAX, precision_bound
 from cvm_onnx.core.graph import Entry, Graph, Node
 from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from . import nn
 from .lowering import Body, Value, unwiden, widen
 
-FLOAT_EXACT = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,7 @@ class Run:
         k = self.e + s
         self.t = self.b.BitwiseAnd(self.b.Add(self.t, self._i32(1 << (k - 1))), self._i32(-(1 << k)))
         self.e = k
-        f = lambda v: None if v is None else (v + (1 << (s - 1))) >> s  # noqa: E731
+        f = lambda v: None if v is None else round_shift(v, s)  # noqa: E731
         self.w, self.lo, self.hi = f(self.w), f(self.lo), f(self.hi)
 
     def _mul(self, m: int) -> None:
@@ -282,7 +283,7 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
-          int8: bool = False, provider: str = "cpu") -> int | None:
+          int8: bool = False, provider: str = "cpu", conv_form: str = "fast") -> int | None:
     """The conv2d/dense node whose output only the run's ``first`` node reads, when its product can feed the
     run: with ``int8``, a conv2d taking the integer route (``int8_head``); else its single float32
     product, whose sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s
@@ -295,14 +296,16 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
         return None
     if int8 and int8_head(graph, producer, bounds, provider):
         return x.node
-    return x.node if nn.FORM == "fast" and limit <= FLOAT_EXACT else None
+    return x.node if conv_form == "fast" and limit <= FLOAT_EXACT else None
 
 
-def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu") -> list[Chain]:
+def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu",
+         conv_form: str = "fast") -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
     cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
-    any (``_head``; ``int8``: integer products allowed). On "cuda", with ``int8``, every other conv2d that can
-    take integer products is a chain of its own with no steps (its products + bias, one ``requantize``)."""
+    any (``_head``; ``int8``: integer products allowed; ``conv_form`` "core": no float32 product heads). On
+    "cuda", with ``int8``, every other conv2d that can take integer products is a chain of its own with no steps
+    (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     current: list[int] = []
@@ -321,7 +324,7 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
         current.append(i)
     if len(current) > 1:
         found.append(current)
-    chains = [Chain(c, _head(graph, c[0], bounds, readers, int8, provider)) for c in found]
+    chains = [Chain(c, _head(graph, c[0], bounds, readers, int8, provider, conv_form)) for c in found]
     if int8 and provider == "cuda":  # no Conv on the GPU: every conv2d that can is its integer products + requantize
         heads = {c.head for c in chains}
         chains += [Chain([], i) for i, node in enumerate(graph.nodes)
@@ -388,7 +391,7 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
         if steps[0].kind == "shift":
             s = steps.pop(0).k
             y = b.Round(product(b, a, *inputs[:2], bias, scale=2.0 ** -s, offset=0.5))
-            head_bound = (head_bound + (1 << (s - 1))) >> s
+            head_bound = round_shift(head_bound, s)
         else:
             y = product(b, a, *inputs[:2], bias)
         r = Run(b, Value(y, (), head_bound), in_float=True)

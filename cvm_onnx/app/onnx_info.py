@@ -6,7 +6,16 @@ import onnx
 from onnx import TensorProto
 
 from cvm_onnx import native
-from cvm_onnx.core.constants import QUANTIZATION, SYMBOL, precision_bound, precision_of
+from cvm_onnx.core.constants import (
+    CONVERTED_FROM,
+    OPTIMIZED,
+    PRECISION,
+    QUANTIZATION,
+    SOURCE_VERSION,
+    SYMBOL,
+    precision_bound,
+    precision_of,
+)
 from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
 
@@ -22,7 +31,7 @@ def _precisions(model: onnx.ModelProto) -> dict[str, str]:
     """The CVM precision declared for each tensor (metadata ``cvm.precision``; an input's is on its clamped
     value ``<input>:clamped``)."""
     declared = {vi.name: p.value for vi in [*model.graph.value_info, *model.graph.output]
-                for p in vi.metadata_props if p.key == "cvm.precision"}
+                for p in vi.metadata_props if p.key == PRECISION}
     return declared | {vi.name: declared[f"{vi.name}:clamped"] for vi in model.graph.input
                        if f"{vi.name}:clamped" in declared}
 
@@ -61,11 +70,11 @@ def describe(model: onnx.ModelProto) -> list[str]:
                 if precision_of(p) else f", precision {p!r} (not a precision in [1, 32])"
             lines.append(f"{kind} {vi.name}: {_type(vi)}{bound}")
     props = {p.key: p.value for p in model.metadata_props}
-    if props.get("converted_from") == "CVM":
-        form = "the serving form (--optimize; not importable back)" if "cvm.optimized" in props else (
+    if props.get(CONVERTED_FROM) == "CVM":
+        form = "the serving form (--optimize; not importable back)" if OPTIMIZED in props else (
             "its source symbol kept: converts back byte for byte"
             if SYMBOL in props else "converts back to the same graph")
-        lines.append(f"converted from CVM ({props.get('cvm.version', 'version unknown')}) by {producer}; {form}")
+        lines.append(f"converted from CVM ({props.get(SOURCE_VERSION, 'version unknown')}) by {producer}; {form}")
     if QUANTIZATION in props:
         try:
             edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}")

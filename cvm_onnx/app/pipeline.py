@@ -15,7 +15,6 @@ before passed.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
@@ -25,9 +24,8 @@ from typing import Callable
 import onnx
 import onnxruntime
 
-from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.converters.to_onnx.export import Export, export
 from cvm_onnx.core.batch import batched
-from cvm_onnx.core.constants import ROUTES
 from cvm_onnx.core.errors import Problem, RuntimeFailure
 from cvm_onnx.core.format import Edges, read_edges, read_model
 from cvm_onnx.core.format.model_dir import read_symbol_text
@@ -67,11 +65,11 @@ class Conversion:
     provider: str = "cpu"
     target: str = "cpu"  # the serving form's provider ("cuda": the CUDA form; checked on ``provider``)
     graph: Graph | None = None
-    single: Graph | None = None  # the graph for one sample, when the batch stage made ``graph`` batched
     symbol: str | None = None
     edges: Edges | None = None  # a quantized import's float edges (the directory's quantization.json)
     warnings: list[Problem] = field(default_factory=list)
     model: onnx.ModelProto | None = None
+    exported: Export | None = None  # the export stage's record: the model, its conv2d routes and passes
     verdict: Verdict | None = None
     stages: list[StageRun] = field(default_factory=list)
     error: Exception | None = None
@@ -97,22 +95,22 @@ def _validate(c: Conversion, progress: Progress | None) -> str:
 
 
 def _batch(c: Conversion, progress: Progress | None) -> str:
-    c.single, c.graph = c.graph, batched(c.graph, c.batch)
+    c.graph = batched(c.graph, c.batch)
     return ", ".join(f"input {c.graph.nodes[i].name} {c.graph.nodes[i].outputs[0].shape}" for i in c.graph.inputs)
 
 
 def _export(c: Conversion, progress: Progress | None) -> str:
-    c.model = to_onnx(c.single or c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol,
-                      edges=c.edges, provider=c.target)
-    props = {p.key: p.value for p in c.model.metadata_props}
-    passes = props.get("cvm.optimized")
-    routes = Counter(route for _, route, _ in json.loads(props.get(ROUTES, "[]")))
+    c.exported = export(c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol,
+                        edges=c.edges, provider=c.target, batched=c.batch is not None)
+    c.model = c.exported.model
+    passes = "; passes: " + ", ".join(c.exported.passes) if c.exported.passes else ""
+    routes = Counter(route for _, route, _ in c.exported.routes)
     placed = ""
     if c.target == "cuda":  # a node without a CUDA kernel would run on the CPU provider: a warning naming it
         missing = without_cuda_kernel(c.model)
         c.warnings += [Problem(p.where, f"runs on the CPU provider: {p.rule}") for p in missing]
         placed = f"; {len(missing)} node(s) without a CUDA kernel" if missing else "; every node a CUDA kernel"
-    return f"{c.form}, opset {c.model.opset_import[0].version}" + (f"; {passes}" if passes else "") + (
+    return f"{c.form}, opset {c.model.opset_import[0].version}{passes}" + (
         "; convolutions: " + ", ".join(f"{n} {route}" for route, n in routes.items()) if routes else "") + placed
 
 

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime
 
 from cvm_onnx.converters.from_onnx import Imported
-from cvm_onnx.core.constants import DOMAIN, ROUTES, __version__
+from cvm_onnx.core.constants import DOMAIN, MARK_OP, MARK_OPS, __version__
 from cvm_onnx.core.format.model_dir import model_files
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
@@ -48,7 +48,7 @@ class Report:
             self.sizes = {"CVM symbol": files[0].stat().st_size, "CVM params": files[1].stat().st_size}
         if c.model is not None:
             self.ops = op_forms(c.graph, c.model)
-            self.routes = json.loads({p.key: p.value for p in c.model.metadata_props}.get(ROUTES, "[]"))
+            self.routes = [list(r) for r in c.exported.routes] if c.exported else []
             self.sizes["ONNX model"] = c.model.ByteSize()
             self.counts = {"ONNX graph nodes": len(c.model.graph.node), "ONNX functions": len(c.model.functions),
                            "primitive ONNX nodes of the CVM ops": sum(o.onnx_nodes for o in self.ops)}
@@ -130,12 +130,12 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
         if n.domain == DOMAIN:
             op, body, form = n.op_type, functions[(n.domain, n.op_type, n.overload)].node, f"function {DOMAIN}::"
             overloads.setdefault(op, set()).add(n.overload)
-        elif n.domain == NATIVE_DOMAIN and "cvm.ops" not in marks:  # not a fused run's im2col
+        elif n.domain == NATIVE_DOMAIN and MARK_OPS not in marks:  # not a fused run's im2col
             op, body, form = op_of[n.name], [n], f"native custom op {NATIVE_DOMAIN}::{n.op_type}"
-        elif "cvm.op" in marks:
-            op, body, form = marks["cvm.op"], [n], "inlined (flat form)"
-        elif "cvm.ops" in marks:  # a fused run of the optimized form: counted once, under its last op
-            *others, op = json.loads(marks["cvm.ops"])
+        elif MARK_OP in marks:
+            op, body, form = marks[MARK_OP], [n], "inlined (flat form)"
+        elif MARK_OPS in marks:  # a fused run of the optimized form: counted once, under its last op
+            *others, op = json.loads(marks[MARK_OPS])
             body, form = [n], "fused run (optimized form)"
             for other in others:
                 forms.setdefault(other, set()).add(form)

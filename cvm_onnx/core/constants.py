@@ -1,5 +1,5 @@
 """Facts both sides of the converter share, with no imports: the package version, the ONNX versions and domain
-the exporter writes, and the integer bounds every rule is stated in.
+the exporter writes, every metadata key of an exported model, and the integer limits every rule is stated in.
 
 Every module may import this one (it imports nothing of the package), so the version and the bounds have one
 home that the core (``cvm_onnx``) and the converters (``cvm_onnx.converters``) read without an import cycle.
@@ -24,15 +24,34 @@ ROUTES = "cvm.routes"
 PROVIDER = "cvm.provider"
 #: Metadata of a tensor (value_info) of an exported model: its CVM precision (an input's is on ``<input>:clamped``).
 PRECISION = "cvm.precision"
+#: Metadata of a serving-form model: the fused runs and the passes it went through (not importable back).
+OPTIMIZED = "cvm.optimized"
+#: Metadata of an exported model: the format it was converted from ("CVM") and the CVM model's version.
+CONVERTED_FROM, SOURCE_VERSION = "converted_from", "cvm.version"
+#: Metadata of an exported model that calls the native custom-op library: the library and how to find it.
+NATIVE_LIBRARY = "cvm.native_library"
+#: Metadata of each node of the flat form: the CVM node, op, attributes (JSON) and input tensors (JSON) it lowers.
+MARK_NODE, MARK_OP, MARK_ATTRS, MARK_INPUTS = "cvm.node", "cvm.op", "cvm.attrs", "cvm.inputs"
+#: Metadata of each node of a fused requantization run: the CVM nodes it computes and their ops (JSON lists).
+MARK_FUSED, MARK_OPS = "cvm.fused", "cvm.ops"
 
+INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
 #: A bound on |x| that any int32 satisfies, INT32_MIN included.
 ANY = 1 << 31
+#: Every integer of magnitude <= 2^24 is a float32 (24-bit significand), <= 2^53 a float64.
+FLOAT32_EXACT = 1 << 24
+FLOAT64_EXACT = 1 << 53
 
 
 def precision_of(text: str) -> int | None:
     """The precision a ``cvm.precision`` metadata value states (a decimal integer in [1, 32]), else None."""
     return int(text) if text in {str(p) for p in range(1, 33)} else None
+
+
+def tight(peak: int) -> int:
+    """The smallest precision holding every |x| <= peak (peak >= 0): bits(peak) + 1, the sign included."""
+    return int(peak).bit_length() + 1
 
 
 def precision_bound(precision: int) -> int:

@@ -196,7 +196,7 @@ def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provide
         form, chunk = model, 1
     split = tuple(chunk > 1 and form.type_of(h).shape != model.type_of(h).shape for h in model.heads)
     if onnxruntime:
-        exported = to_onnx(model, batch=chunk if chunk > 1 else None, optimize=True, provider=provider)
+        exported = to_onnx(form, batch=chunk if chunk > 1 else None, optimize=True, provider=provider, batched=True)
         return Plan(exported.SerializeToString(), chunk, sample, names, split, provider, threads, edges,
                     io_binding, cuda_graph)
     return Plan(form, chunk, sample, names, split, provider, threads, edges)

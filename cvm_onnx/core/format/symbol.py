@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..attrs import format_value
+from ..constants import INT32_MAX, INT32_MIN
 from ..errors import FormatError, Problem
 from ..graph import VARIABLE, Entry, Graph, Node, TensorType, shape_problem
 
@@ -38,7 +39,7 @@ GRAPH_ATTR_TAGS = {"shape": "list_shape", "storage_id": "list_int", "op_attrs": 
 IN_PLACE_OPS = frozenset({"flatten", "relu", "expand_dims", "reshape", "squeeze", "abs", "cvm_precision",
                           "elemwise_add", "elemwise_sub", "nagetive", "clip", "cvm_clip", "cvm_right_shift",
                           "cvm_left_shift"})
-INT32 = (-(1 << 31), (1 << 31) - 1)
+INT32 = (INT32_MIN, INT32_MAX)
 UINT32 = (0, (1 << 32) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 _SUFFIX = re.compile(r"_\d*$")

@@ -45,6 +45,7 @@ class BroadcastAdd(_Additive):
     """x + y."""
 
     name = "broadcast_add"
+    interval = staticmethod(lambda a, i: [(i[0][0] + i[1][0], i[0][1] + i[1][1])])
 
     @staticmethod
     def kernel(a, x, y):
@@ -56,6 +57,7 @@ class BroadcastSub(_Additive):
     """x - y."""
 
     name = "broadcast_sub"
+    interval = staticmethod(lambda a, i: [(i[0][0] - i[1][1], i[0][1] - i[1][0])])
 
     @staticmethod
     def kernel(a, x, y):
@@ -68,6 +70,7 @@ class BroadcastMul(_Broadcast):
 
     name = "broadcast_mul"
     bound = staticmethod(lambda a, s, b, v: [b[0] * b[1]])
+    interval = staticmethod(lambda a, i: [(min(p := [x * y for x in i[0] for y in i[1]]), max(p))])
 
     @staticmethod
     def precision(a, precisions, shapes):
@@ -83,6 +86,7 @@ class BroadcastMax(_Broadcast):
     """max(x, y); precision max(p0, p1)."""
 
     name = "broadcast_max"
+    interval = staticmethod(lambda a, i: [(max(i[0][0], i[1][0]), max(i[0][1], i[1][1]))])
     bound = staticmethod(lambda a, s, b, v: [max(b)])
 
     @staticmethod

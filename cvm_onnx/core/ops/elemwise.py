@@ -12,6 +12,17 @@ from .broadcast import BroadcastAdd, BroadcastSub
 from .registry import Attr, Op, clip_to_precision, in_range, input_bound, number_precision, register, require
 
 
+def round_shift(x, s: int):
+    """The runtime's rounding right shift by s >= 1 (cvm_right_shift before its clip): ((x >> (s-1)) + 1) >> 1,
+    i.e. floor((x + 2^(s-1)) / 2^s), round half up; for a Python int or an integer array wide enough for x."""
+    return ((x >> (s - 1)) + 1) >> 1
+
+
+def _clipped(lo: int, hi: int, low: int, high: int) -> list[tuple[int, int]]:
+    """The interval of clip(x, low, high) for x in [lo, hi] (clip is monotone)."""
+    return [(min(max(lo, low), high), min(max(hi, low), high))]
+
+
 class _Unary(Op):
     """An attribute-less op on one tensor: output shape and precision are those of the input."""
 
@@ -24,6 +35,7 @@ class Abs(_Unary):
     """|x|."""
 
     name = "abs"
+    interval = staticmethod(lambda a, i: [(max(i[0][0], -i[0][1], 0), max(-i[0][0], i[0][1]))])
 
     @staticmethod
     def kernel(a, x):
@@ -35,6 +47,7 @@ class Negative(_Unary):
     """-x."""
 
     name = "negative"
+    interval = staticmethod(lambda a, i: [(-i[0][1], -i[0][0])])
 
     @staticmethod
     def kernel(a, x):
@@ -93,6 +106,7 @@ class Clip(Op):
     name = "clip"
     family = "elemwise"
     bound = staticmethod(lambda a, s, b, v: [max(abs(a.a_min), abs(a.a_max))])
+    interval = staticmethod(lambda a, i: _clipped(*i[0], a.a_min, a.a_max))
     attrs = (
         Attr("a_min", "int", check=in_range(-INT32_MAX, INT32_MAX)),
         Attr("a_max", "int", check=in_range(-INT32_MAX, INT32_MAX)),
@@ -130,6 +144,7 @@ class CvmClip(_Requantize):
 
     name = "cvm_clip"
     bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), b[0])])
+    interval = staticmethod(lambda a, i: _clipped(*i[0], -precision_bound(a.precision), precision_bound(a.precision)))
     attrs = (PRECISION, IS_SIGN)
 
     @staticmethod
@@ -139,15 +154,16 @@ class CvmClip(_Requantize):
 
 @register
 class CvmRightShift(_Requantize):
-    """Rounding arithmetic right shift, then symmetric clip: clip(((x >> (s-1)) + 1) >> 1, p)."""
+    """Rounding arithmetic right shift, then symmetric clip: clip(round_shift(x, s), p)."""
 
     name = "cvm_right_shift"
     bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), (b[0] >> a.shift_bit) + 1)])
+    interval = staticmethod(lambda a, i: _clipped(*(round_shift(v, a.shift_bit) for v in i[0]),
+                                                  -precision_bound(a.precision), precision_bound(a.precision)))
 
     @staticmethod
     def kernel(a, x):
-        t = ((x.astype(np.int64) >> (a.shift_bit - 1)) + 1) >> 1
-        return clip_to_precision(t, a.precision)
+        return clip_to_precision(round_shift(x.astype(np.int64), a.shift_bit), a.precision)
 
     @staticmethod
     def warnings(a, shapes, precisions):

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..constants import INT32_MAX
+from ..constants import FLOAT32_EXACT, FLOAT64_EXACT, INT32_MAX
 from .registry import Attr, Op, bits, in_range, input_bound, magnitudes, one_of, register, require
 
 
@@ -47,7 +47,7 @@ def exact_dtype(a: np.ndarray, b: np.ndarray, k: int) -> type:
     accumulation modulo 2^32.
     """
     bound = absmax(a) * absmax(b) * k
-    return np.float32 if bound < 1 << 24 else np.float64 if bound < 1 << 53 else np.int64
+    return np.float32 if bound < FLOAT32_EXACT else np.float64 if bound < FLOAT64_EXACT else np.int64
 
 
 def product_precision(name: str, precisions: list[int], reduced: int, use_bias: bool) -> int:
@@ -270,6 +270,7 @@ class Relu(Op):
     name = "relu"
     family = "nn"
     bound = staticmethod(input_bound)
+    interval = staticmethod(lambda a, i: [(max(i[0][0], 0), max(i[0][1], 0))])
 
     @staticmethod
     def kernel(a, x):

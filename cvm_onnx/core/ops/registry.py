@@ -112,6 +112,10 @@ class Op:
     #: their bounds and, for a param, its value (else None); the exporter's lowerings rely on it
     #: (converters/to_onnx/bounds.py). Every op states one.
     bound: ClassVar[Callable[..., list[int]] | None] = None
+    #: ``interval(a, intervals) -> [(lo_k, hi_k)]``: the values each output can take when each input's values lie
+    #: in its interval [lo, hi] (no int32 wrap: the values are within 32 bits), stated by the ops the importer
+    #: applies to intervals (``output_intervals``); the others have the symmetric interval of ``bound``.
+    interval: ClassVar[Callable[..., list[tuple[int, int]]] | None] = None
 
     # -- attribute handling -------------------------------------------------------------------------------
     @classmethod
@@ -255,6 +259,15 @@ def type_node(op: str, attrs: dict[str, Any], types: Sequence[TensorType | None]
 
 
 # -- helpers shared by op definitions ------------------------------------------------------------------------
+def output_intervals(op: type[Op], a: Attrs, shapes: list[Shape], intervals: list[tuple[int, int]],
+                     values: list) -> list[tuple[int, int]]:
+    """Each output's interval [lo, hi] by the op's ``interval`` rule, else [-B, B] with B its ``bound`` from the
+    inputs' magnitudes."""
+    if op.interval is not None:
+        return op.interval(a, intervals)
+    return [(-b, b) for b in op.bound(a, shapes, [max(-lo, hi, 0) for lo, hi in intervals], values)]
+
+
 def input_bound(a: Attrs, shapes: list[Shape], bounds: list[int], values: list) -> list[int]:
     """The bound of an op whose output holds values of its first input, moved or selected (or smaller)."""
     return [bounds[0]]

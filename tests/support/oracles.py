@@ -24,6 +24,11 @@ def wrap(v: int, bits: int) -> int:
     return (v + half) % (1 << bits) - half
 
 
+def wrap32(v: int) -> int:
+    """``v`` as an int32 (the runtime's int32 arithmetic)."""
+    return wrap(v, 32)
+
+
 def iou_oracle(a: list[int], b: list[int]) -> int:
     """The runtime's `iou` of corner boxes [x1, y1, x2, y2]: int32 differences, int64 areas, integer percent with
     the INT64_MAX/100 branch (notes section 3)."""

@@ -1,0 +1,50 @@
+"""The sha256 of the exported bytes of every example model and of ResNet-20, in four forms: function, flat
+(--inline), serving (--optimize) and serving batched (--optimize --batch 4).
+
+Two runs print the same lines exactly when the exports are byte for byte the same, e.g. before and after a
+refactoring. It converts through the public ``cvm_onnx.convert`` (the pipeline's stages and the file writer),
+so it runs on any checkout whose package is importable (PYTHONPATH=checkout, with the native library built or
+copied into its cvm_onnx/ folder: whether the serving form may take integer products depends on it, and the
+header line says which).
+Run: python benchmarks/export_digest.py [RESNET_DIR] (default: $CVM_RESNET20, else ../shared/models/resnet20-cifar
+relative to the repository)
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import cvm_onnx
+
+REPO = Path(__file__).resolve().parent.parent
+FORMS = {"function": {}, "--inline": {"inline": True}, "--optimize": {"optimize": True},
+         "--optimize --batch 4": {"optimize": True, "batch": 4}}
+
+
+def digest(src: Path, form: dict) -> str:
+    """The sha256 of the .onnx file ``convert`` writes, or the class of the error that refused it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dst = Path(tmp) / "m.onnx"
+        try:
+            cvm_onnx.convert(src, dst, **form)
+        except Exception as e:  # noqa: BLE001  (a refusal is part of what is compared)
+            return f"refused ({type(e).__name__})"
+        return hashlib.sha256(dst.read_bytes()).hexdigest()
+
+
+def main() -> None:
+    resnet = Path(sys.argv[1] if len(sys.argv) > 1 else
+                  os.environ.get("CVM_RESNET20", REPO.parent / "shared" / "models" / "resnet20-cifar"))
+    models = sorted(p for p in (REPO / "models").iterdir() if (p / "symbol").is_file()) + [resnet]
+    from cvm_onnx import native  # the same module before and after the layer move
+    print(f"cvm-onnx {cvm_onnx.__version__}, native library: {'built' if native.library_path() else 'absent'}")
+    for model in models:
+        for name, form in FORMS.items():
+            print(f"{model.name:16} {name:22} {digest(model, form)}")
+
+
+if __name__ == "__main__":
+    main()
