@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import entry_names, to_onnx
 from cvm_onnx.core.attrs import format_value
+from cvm_onnx.core.constants import CONVERTED_FROM, OPTIMIZED
 from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import read_model
@@ -150,11 +151,11 @@ def exported_graph(onnx_model: onnx.ModelProto, where: str = "") -> Graph:
     against: an ONNX model the exporter did not write, and the serving form (--optimize), which keeps no CVM
     graph, are refused naming what to verify instead."""
     props = {p.key: p.value for p in onnx_model.metadata_props}
-    if props.get("converted_from") != "CVM":
+    if props.get(CONVERTED_FROM) != "CVM":
         raise UnsupportedError("not an export of a CVM model (no metadata converted_from=CVM), so there is no "
                                "reference to verify it against: import it (cvm-onnx convert M.onnx -o DIR) and "
                                "verify DIR", where=where)
-    if "cvm.optimized" in props:
+    if OPTIMIZED in props:
         raise UnsupportedError("the serving form (--optimize) keeps no CVM graph to verify it against: verify "
                                "it as it is written, cvm-onnx convert MODEL_DIR --optimize --verify", where=where)
     return from_onnx(onnx_model)
