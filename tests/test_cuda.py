@@ -155,19 +155,25 @@ def int32_reductions(model: onnx.ModelProto) -> list[str]:
             and types.get(n.input[0]) == TensorProto.INT32]
 
 
+#: The forms, flat: the function form runs as its inlined bodies, which the flat form writes out.
+FORMS = {"flat": dict(inline=True), "serving": dict(optimize=True), "cuda": dict(provider="cuda")}
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(case=reduce_case())
-def test_cuda_form_reductions_are_exact_and_wide_ones_take_float64(case):
-    """sum and max over inputs of any precision: exact on the CPU provider, every node a CUDA kernel, and an
-    int32 ReduceSum / ReduceMax only where every value it sees (partial sums included) is within 2^24."""
+@given(case=reduce_case(), form=st.sampled_from(sorted(FORMS)))
+def test_reductions_are_exact_and_wide_ones_take_float64_in_every_form(case, form):
+    """sum and max over inputs of any precision: exact on the CPU provider, and, in every form (any may be run
+    on CUDA), an int32 ReduceSum / ReduceMax only where every value it sees (partial sums included) is within
+    2^24; the CUDA form has a CUDA kernel for every node."""
     name, attrs, p, x = case
     b = GraphBuilder()
     try:
         graph = b.build(b.op(name, b.input("data", x.shape, p), **attrs))
     except ValidationError:  # a sum whose precision would pass 32 bits
         reject()
-    model = to_onnx(graph, provider="cuda")
-    assert placement.without_cuda_kernel(model) == []
+    model = to_onnx(graph, **FORMS[form])
+    if form == "cuda":
+        assert placement.without_cuda_kernel(model) == []
     count = x.size // max(1, int(np.prod(graph.nodes[-1].outputs[0].shape)))
     if (2 ** (p - 1) - 1) * (count if name == "sum" else 1) > 2**24:
         assert int32_reductions(model) == []
@@ -175,9 +181,10 @@ def test_cuda_form_reductions_are_exact_and_wide_ones_take_float64(case):
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(p=st.sampled_from([8, 24, 25, 31, 32]), data=st.data())
-def test_cuda_form_max_pool2d_is_exact_at_any_precision(p, data):
-    """Inputs wider than 2^24 pool in float64 on CUDA (no int32 Pad there, int32 ReduceMax compares in float32)."""
+@given(p=st.sampled_from([8, 24, 25, 31, 32]), form=st.sampled_from(sorted(FORMS)), data=st.data())
+def test_max_pool2d_is_exact_at_any_precision_in_every_form(p, form, data):
+    """Inputs wider than 2^24 pool in float64 in every form (CUDA has no int32 Pad, and its int32 ReduceMax
+    compares in float32)."""
     k, s = data.draw(st.sampled_from([(2, 2), (3, 2), (3, 1)])), data.draw(st.integers(1, 2))
     b = GraphBuilder()
     try:
@@ -186,8 +193,10 @@ def test_cuda_form_max_pool2d_is_exact_at_any_precision(p, data):
     except ValidationError:  # a ceil_mode window that would start in the padding
         reject()
     x = data.draw(tensors((1, 2, 5, 5), p))
-    model = to_onnx(graph, provider="cuda")
-    assert placement.without_cuda_kernel(model) == [] and int32_reductions(model) == []
+    model = to_onnx(graph, **FORMS[form])
+    assert int32_reductions(model) == []
+    if form == "cuda":
+        assert placement.without_cuda_kernel(model) == []
     assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
 
 

@@ -250,15 +250,18 @@ def test_max_pool2d_exact(case, inline):
     assert_exact(*build("max_pool2d", inputs, **attrs), inline=inline)
 
 
-@pytest.mark.parametrize("p, path", [(8, "MaxPool"), (25, "MaxPool"), (26, "ReduceMax"), (32, "ReduceMax")])
-def test_max_pool2d_padding_never_wins(p, path):
+@pytest.mark.parametrize("p, pooled", [(8, "FLOAT"), (25, "FLOAT"), (26, "DOUBLE"), (32, "DOUBLE")])
+def test_max_pool2d_padding_never_wins(p, pooled):
     """All values at the most negative of their precision (INT32_MIN + 1 at 32 bits), padding 1 and ceil_mode
-    windows reaching past it: the padded positions must not win. Also the notes' verified example."""
+    windows reaching past it: the padded positions must not win. Also the notes' verified example. Values
+    within 2^24 pool in float32, wider ones in float64."""
     x = np.full((1, 2, 4, 6), -bound(p), np.int32)
     graph, feeds = single_op("max_pool2d", [(x, p, False)], pool_size=(3, 3), strides=(2, 2), padding=(1,),
                              ceil_mode=True)
     assert np.array_equal(assert_exact(graph, feeds)[0], np.full((1, 2, 3, 4), -bound(p)))
-    assert path in op_types(graph)
+    assert "MaxPool" in op_types(graph) and "ReduceMax" not in op_types(graph)
+    casts = [n for n in to_onnx(graph, inline=True).graph.node if n.op_type == "Cast"]
+    assert TensorProto.DataType.Name(casts[0].attribute[0].i) == pooled
     x = -np.arange(1, 10, dtype=np.int32).reshape(1, 1, 3, 3)
     graph, feeds = single_op("max_pool2d", [(x, p, False)], pool_size=(2, 2), strides=(2, 2), padding=(1, 1))
     assert assert_exact(graph, feeds)[0].ravel().tolist() == [-1, -2, -4, -5]

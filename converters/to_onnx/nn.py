@@ -26,7 +26,7 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import FLOAT32_EXACT as FLOAT_EXACT
-from cvm_onnx.core.constants import INT32_MAX, INT32_MIN
+from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.ops.nn import pool_pads
 from cvm_onnx.core.ops.registry import magnitudes
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
@@ -312,14 +312,13 @@ def dense(b, a, x, w, bias=None):
 def max_pool2d(b, a, x):
     """Max over each window; padded positions never win.
 
-    The input is padded explicitly with a value below every input value (float32 -inf when |x| <= 2^24, else
-    INT32_MIN) to the runtime's extent: top/left = padding, bottom/right = enough for the last window (ceil_mode
-    may reach past the padding). Every window holds at least one input position (padding < pool_size; with
-    ceil_mode the last window starts inside the input), so the sentinel never changes a maximum (INT32_MIN
-    cannot beat a real value either). The windows of an unpadded MaxPool over that tensor are then exactly the
+    The input is padded explicitly with -inf, below every input value, to the runtime's extent: top/left =
+    padding, bottom/right = enough for the last window (ceil_mode may reach past the padding). Every window holds
+    at least one input position (padding < pool_size; with ceil_mode the last window starts inside the input), so
+    the sentinel never changes a maximum. The windows of an unpadded MaxPool over that tensor are then exactly the
     runtime's. float32 holds every integer of magnitude <= 2^24 exactly (and ORT's float MaxPool is about 10x
-    faster than its int8 one); wider inputs take Slice windows + ReduceMax in int32, or on CUDA (no int32 Pad
-    there, and its int32 ReduceMax compares in float32) the float MaxPool in float64, which holds every int32.
+    faster than its int8 one); wider inputs pool in float64, which holds every int32 (not int32 windows +
+    ReduceMax: onnxruntime's CUDA int32 ReduceMax compares in float32, and CUDA has no int32 Pad).
     """
     _, _, h, w = x.shape
     _, _, oh, ow = b.outputs[0].shape
@@ -327,12 +326,9 @@ def max_pool2d(b, a, x):
     bottom = max(ph + h, (oh - 1) * sh + kh) - ph - h
     right = max(pw + w, (ow - 1) * sw + kw) - pw - w
     pads = b.const([0, 0, ph, pw, 0, 0, bottom, right])
-    if x.bound <= FLOAT_EXACT or b.provider == "cuda":
-        dtype, to = (np.float32, TensorProto.FLOAT) if x.bound <= FLOAT_EXACT else (np.float64, TensorProto.DOUBLE)
-        xp = b.Pad(b.Cast(x, to=to), pads, b.const(-np.inf, dtype))
-        return _to_int(b, b.MaxPool(xp, kernel_shape=[kh, kw], strides=[sh, sw]))
-    xp = b.Pad(x, pads, b.const(INT32_MIN, np.int32))
-    return b.ReduceMax(windows(b, xp, (kh, kw), (sh, sw), (1, 1), (oh, ow)), b.const([2, 3]), keepdims=0)
+    dtype, to = (np.float32, TensorProto.FLOAT) if x.bound <= FLOAT_EXACT else (np.float64, TensorProto.DOUBLE)
+    xp = b.Pad(b.Cast(x, to=to), pads, b.const(-np.inf, dtype))
+    return _to_int(b, b.MaxPool(xp, kernel_shape=[kh, kw], strides=[sh, sw]))
 
 
 # -- upsampling, relu -------------------------------------------------------------------------------------------

@@ -17,15 +17,15 @@ def sum_(b, a, x):
 
     ReduceSum on int32 saturates instead of wrapping, so it serves only when the output's bound excludes
     overflow (then no partial sum can overflow either). Otherwise the reduced axes are moved last and flattened,
-    and CumSum (which wraps) runs along them; its last element is the sum. On CUDA onnxruntime's int32
-    ReduceSum adds in float32 (cuDNN): exact while every partial sum, at most the output's bound, is within 2^24;
-    above that the sum is taken in float64 (exact to 2^53), cast back.
+    and CumSum (which wraps) runs along them; its last element is the sum. onnxruntime's CUDA int32 ReduceSum
+    adds in float32 (cuDNN): exact while every partial sum, at most the output's bound, is within 2^24; above
+    that, in every form (each may run on CUDA), the sum is taken in float64 (exact to 2^53), cast back.
     """
     axes = reduced_axes(a, len(x.shape))
     if not axes:
         return b.Identity(x)
     bound = b.outputs[0].bound
-    if b.provider == "cuda" and FLOAT_EXACT < bound <= INT32_MAX:
+    if FLOAT_EXACT < bound <= INT32_MAX:
         wide = b.ReduceSum(b.Cast(x, to=TensorProto.DOUBLE), b.const(list(axes)), keepdims=0)
         return b.to_output_shape(b.Cast(wide, to=TensorProto.INT32))
     if bound <= INT32_MAX:
@@ -39,13 +39,13 @@ def sum_(b, a, x):
 
 @lowering("max")
 def max_(b, a, x):
-    """Maximum over the reduced axes; with the default axis=() the runtime's accumulator starts at 0. On CUDA
-    onnxruntime's int32 ReduceMax compares in float32: exact for |x| <= 2^24; wider inputs take float64, which
-    holds every int32."""
+    """Maximum over the reduced axes; with the default axis=() the runtime's accumulator starts at 0.
+    onnxruntime's CUDA int32 ReduceMax compares in float32: exact for |x| <= 2^24; wider inputs take float64,
+    which holds every int32, in every form (each may run on CUDA)."""
     axes = reduced_axes(a, len(x.shape))
     if not axes:
         return b.Identity(x)
-    if b.provider == "cuda" and x.bound > FLOAT_EXACT:
+    if x.bound > FLOAT_EXACT:
         y = b.Cast(b.ReduceMax(b.Cast(x, to=TensorProto.DOUBLE), b.const(list(axes)), keepdims=0),
                    to=TensorProto.INT32)
     else:
