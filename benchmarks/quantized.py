@@ -157,7 +157,7 @@ def agreement(samples: int) -> list[tuple]:
             equal += int((steps == 0).sum())
             total += steps.size
             top1 += int(got.argmax() == want.argmax())
-        worst = max((r.plan.error for r in imp.requants if r.plan), default=0.5)
+        worst = max((p.error for r in imp.requants for p in r.plans), default=0.5)
         rows.append((kind, fmt, act, "sym" if sym else "asym", "per-channel" if pc else "per-tensor", opset,
                      within / total, equal / total, top1 / len(xs), worst))
         print(f"{kind:6} {fmt:9} {act:5} {rows[-1][3]:4} {rows[-1][4]:11} opset {opset}: within one step "

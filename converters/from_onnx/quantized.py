@@ -26,7 +26,7 @@ from . import nn, transform
 from .context import INT_RANGES, Tensor, bound, const, tight, type_name
 from .elemwise import broadcast_shape
 from .registry import RULES, Refuse, float_rule, rule
-from .requant import NoPlan, Plan, plan
+from .requant import NoPlan, Plan, Run, plan, runs
 
 INT32 = TensorProto.INT32
 QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
@@ -80,11 +80,17 @@ Real = (Scaled, Summed, Mapped)
 
 @dataclass(frozen=True)
 class Requant:
-    """One requantization, for the report: the ONNX node, the ratios M, the plan (or M == 1: none)."""
+    """One requantization, for the report: the ONNX node, the ratios M, the plan (or M == 1, or a table: none), or
+    the runs of channels with a plan each (requant.runs) where one plan cannot hold every channel."""
 
     node: str
     ratios: tuple[float, ...]
     plan: Plan | None
+    runs: tuple[Run, ...] = ()
+
+    @property
+    def plans(self) -> list[Plan]:
+        return [self.plan] if self.plan is not None else [r.plan for r in self.runs]
 
 
 def fractions(value: np.ndarray) -> np.ndarray:
@@ -235,13 +241,46 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     if len(vs) == 1 and all(r == 1 for r in ratios[0].flat):  # the same scale: only the zero point moves
         ctx.requants.append(Requant(ctx.base, (1.0,), None))
         return saturate(ctx, vs[0], zo, lo, hi, dtype, shape)
+    tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
+    flat = tuple(float(r) for m in ratios for r in m.flat)
     try:
-        tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
         p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - zo, thi - zo)
     except NoPlan as e:
-        raise Refuse(str(e)) from None
-    ctx.requants.append(Requant(ctx.base, tuple(float(r) for m in ratios for r in m.flat), p))
+        axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
+        if axis is None or vs[0].shape[axis] != shape[axis]:
+            raise Refuse(str(e)) from None
+        try:
+            parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - zo, thi - zo)
+        except NoPlan as e2:
+            raise Refuse(str(e2)) from None
+        ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts)))
+        return saturate(ctx, apply_runs(ctx, vs[0], parts, axis, ratios[0].shape), zo, lo, hi, dtype, shape)
+    ctx.requants.append(Requant(ctx.base, flat, p))
     return saturate(ctx, apply(ctx, vs, p), zo, lo, hi, dtype, shape)
+
+
+def channel_axis(ratio: np.ndarray, rank: int) -> int | None:
+    """The one axis of a rank-``rank`` tensor along which a per-channel ratio varies (None: a scalar, or several)."""
+    axes = [i for i, n in enumerate(ratio.shape) if n > 1]
+    return rank - ratio.ndim + axes[0] if len(axes) == 1 else None
+
+
+def apply_runs(ctx, v: Tensor, parts: list[Run], axis: int, rshape: tuple[int, ...]) -> Tensor:
+    """Each run's channels taken out of v (``take`` along ``axis``), requantized by its plan, concatenated, and put
+    back in channel order by one more ``take``."""
+    outs = []
+    for run in parts:
+        idx = const(run.channels.astype(np.int32), INT32)
+        shape = v.shape[:axis] + (len(run.channels),) + v.shape[axis + 1:]
+        sub = ctx.result(ctx.emit("take", ctx.entry(v), ctx.entry(idx), axis=axis), INT32, v.lo, v.hi, shape)
+        p = run.plan
+        shaped = replace(p, multipliers=tuple(m.reshape((-1,) + rshape[1:]) for m in p.multipliers))
+        outs.append(apply(ctx, [sub], shaped))
+    order = np.concatenate([r.channels for r in parts])
+    y = ctx.result(ctx.emit("concatenate", *(ctx.entry(o) for o in outs), axis=axis), INT32,
+                   min(o.lo for o in outs), max(o.hi for o in outs), v.shape)
+    back = const(np.argsort(order).astype(np.int32), INT32)
+    return ctx.result(ctx.emit("take", ctx.entry(y), ctx.entry(back), axis=axis), INT32, y.lo, y.hi, v.shape)
 
 
 def clipped(bound_: Fraction, scale: np.ndarray, zo: int, lo: int, hi: int) -> int:

@@ -19,6 +19,11 @@ clip or pre-shift: r = round_half_up(sum_i v_i * m_i / 2^k). ``plan`` picks the 
 
 So |r - v * M| <= 1/2 + delta, and r differs from round(v * M) by at most one, only where v * M lies within
 delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument needs it).
+
+Per-channel ratios spread too widely for one shift and one clip (the precision rules bound the product's label by
+the largest multiplier and the widest clipped channel together) are cut into runs (``runs``): channels sorted by
+M, each run the longest prefix of the rest that one plan requantizes within the bound, requantized as a tensor of
+its own (the importer takes its channels out and puts the results back in order).
 """
 from __future__ import annotations
 
@@ -56,6 +61,14 @@ class Plan:
     def error(self) -> float:
         """The worst |r - v * M| in output steps: the final rounding's 1/2 plus delta."""
         return float(Fraction(1, 2) + self.delta)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The channels (indices along the per-channel axis, ascending M) that one plan requantizes."""
+
+    channels: np.ndarray
+    plan: Plan
 
 
 def _multipliers(ms: np.ndarray, k: int) -> np.ndarray:
@@ -96,9 +109,7 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
             continue
         scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
         for k in range(kmax, 0, -1):
-            m = _multipliers(scaled, k)
-            if min(m.flat) < 1:
-                break
+            m = _multipliers(scaled, k)  # a multiplier 0 only where |v| M stays below 1/2: delta says so
             if p1 + tight(max(m.flat)) <= 32:
                 delta = _worst((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(mi, 1 << k) - x * (1 << s))
                                for x, mi in zip(ms.flat, m.flat))
@@ -128,3 +139,34 @@ def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int
         return Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta)
     raise NoPlan("no common shift within CVM's 32 bits requantizes the sum within one step")
 
+
+
+def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int) -> list[Run]:
+    """The single term v in [lo, hi] times per-channel ratios ``ms`` (1-D, Fractions > 0) as runs of channels, each
+    with a plan of its own: channels sorted by M, each run the longest prefix of the rest with a plan (found by
+    bisection; a prefix is only taken when its plan exists). Refused only when one channel alone has no plan."""
+    order = sorted(range(len(ms)), key=lambda i: ms[i])
+
+    def attempt(part: list[int]) -> Plan | None:
+        try:
+            return plan([(lo, hi, np.array([ms[i] for i in part], dtype=object))], low, high)
+        except NoPlan:
+            return None
+
+    out, i = [], 0
+    while i < len(order):
+        found = attempt(order[i:i + 1])
+        if found is None:
+            raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize channel {order[i]} "
+                         f"(M = {float(ms[order[i]]):.3g}) within one step")
+        end, a, b = i + 1, i + 2, len(order)
+        while a <= b:
+            mid = (a + b) // 2
+            p = attempt(order[i:mid])
+            if p is None:
+                b = mid - 1
+            else:
+                end, found, a = mid, p, mid + 1
+        out.append(Run(np.array(order[i:end], np.int64), found))
+        i = end
+    return out

@@ -211,7 +211,7 @@ def cmd_quantize(args) -> int:
     g = done.imported.graph
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
-        f"{max((r.plan.error for r in done.imported.requants if r.plan), default=0.5):.3f} steps)")
+        f"{max((p.error for r in done.imported.requants for p in r.plans), default=0.5):.3f} steps)")
     say(f"against the float model on the {done.samples} calibration samples:")
     for a in done.agreements:
         say(f"  {a.line()}")

@@ -175,16 +175,19 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
                 "| ONNX node | M | multiplier m | pre-shift s | shift k | clip | worst error (steps) |",
                 "|---|---|---|---:|---:|---|---:|"]
         for r in imported.requants:
-            if r.plan is None:
+            if not r.plans:
                 what = "same scale (zero point only)" if r.ratios else "cvm_lut table"
                 out.append(f"| {_cell(r.node)} | {what} | | | | | {'0' if r.ratios else '1/2'} |")
                 continue
-            p = r.plan
-            ms = ", ".join(f"{v:.6g}" for v in r.ratios[:4]) + (f", ... ({len(r.ratios)})" if len(r.ratios) > 4 else "")
-            mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]
-            mults = ", ".join(map(str, mult[:4])) + (f", ... ({len(mult)})" if len(mult) > 4 else "")
-            clip = "" if p.clip is None else f"[{p.clip[0]}, {p.clip[1]}]"
-            out.append(f"| {_cell(r.node)} | {ms} | {mults} | {p.pre_shift} | {p.shift} | {clip} | {p.error:.6f} |")
+            parts = [(r.node, r.ratios, r.plan)] if r.plan is not None else [
+                (f"{r.node} (channels {', '.join(map(str, run.channels[:4]))}{', ...' if len(run.channels) > 4 else ''})",
+                 tuple(r.ratios[i] for i in run.channels), run.plan) for run in r.runs]
+            for node, ratios, p in parts:
+                ms = ", ".join(f"{v:.6g}" for v in ratios[:4]) + (f", ... ({len(ratios)})" if len(ratios) > 4 else "")
+                mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]
+                mults = ", ".join(map(str, mult[:4])) + (f", ... ({len(mult)})" if len(mult) > 4 else "")
+                clip = "" if p.clip is None else f"[{p.clip[0]}, {p.clip[1]}]"
+                out.append(f"| {_cell(node)} | {ms} | {mults} | {p.pre_shift} | {p.shift} | {clip} | {p.error:.6f} |")
     if imported.edges is not None:
         e = imported.edges
         out += ["", "## Float edges (quantization.json)", ""]
