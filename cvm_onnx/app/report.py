@@ -180,7 +180,7 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
                 out.append(f"| {_cell(r.node)} | {what} | | | | | {'0' if r.ratios else '1/2'} |")
                 continue
             parts = [(r.node, r.ratios, r.plan)] if r.plan is not None else [
-                (f"{r.node} (channels {', '.join(map(str, run.channels[:4]))}{', ...' if len(run.channels) > 4 else ''})",
+                (f"{r.node} (channels {', '.join(map(str, run.channels[:4]))}{', ...' * (len(run.channels) > 4)})",
                  tuple(r.ratios[i] for i in run.channels), run.plan) for run in r.runs]
             for node, ratios, p in parts:
                 ms = ", ".join(f"{v:.6g}" for v in ratios[:4]) + (f", ... ({len(ratios)})" if len(ratios) > 4 else "")
