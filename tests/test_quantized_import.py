@@ -79,7 +79,8 @@ class Oracle:
                 out = self.qop(name, op, ins, a, env)
             else:
                 out = self.float_op(op, [env.get(x) if x in env else ("const", self.inits.get(x)) for x in ins], a)
-            env[node.output[0]] = out
+            for name_, value in zip(node.output, out if isinstance(out, list) else [out]):
+                env[name_] = value
         return [env[o.name] for o in self.model.graph.output]
 
     # values: ("int", q), ("real", v, scale, zero-free) with real = v * scale, ("fn", value, f), ("sum", [reals])
@@ -142,7 +143,8 @@ class Oracle:
 
     def check(self, name, r, terms, s_out, zo, lo, hi, bound):
         """Every unsaturated r within ``bound`` steps of the exact rational value."""
-        exact = sum(t[1].astype(object) * (t[2] / s_out) for t in terms)
+        exact = np.atleast_1d(sum(t[1].astype(object) * (t[2] / s_out) for t in terms))
+        r = np.atleast_1d(r)
         inside = (r + zo >= lo) & (r + zo <= hi)
         err = np.abs(r.astype(object) - exact)[np.broadcast_to(inside, r.shape)]
         if err.size:
@@ -188,6 +190,20 @@ class Oracle:
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
         if op == "Add":
             return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
+        if op in ("Mul", "Div") and "const" in (xs[0][0], xs[1][0]):  # by a float constant: the scale times/over it
+            x, c = (xs[0], xs[1][1]) if xs[1][0] == "const" else (xs[1], xs[0][1])
+            c = Fraction(float(c))
+            return ("real", x[1], x[2] * c if op == "Mul" else x[2] / c)
+        if op == "ReduceMean":
+            v = xs[0][1]
+            axes = a.get("axes", None) if len(xs) < 2 else list(xs[1][1])
+            axes = tuple(sorted(x % v.ndim for x in (axes if axes else range(v.ndim))))
+            return ("real", np.asarray(v.sum(axis=axes, keepdims=bool(a.get("keepdims", 1)))),
+                    np.asarray(xs[0][2] / math.prod(v.shape[i] for i in axes), dtype=object))
+        if op == "Split":
+            v, axis = xs[0][1], a.get("axis", 0) % xs[0][1].ndim
+            cuts = np.cumsum(list(xs[1][1]) if len(xs) > 1 else a["split"])[:-1]
+            return [("real", part, xs[0][2]) for part in np.split(v, cuts, axis=axis)]
         if op == "Mul":
             return ("real", xs[0][1] * xs[1][1], xs[0][2] * xs[1][2])
         if op == "Concat":
@@ -427,14 +443,14 @@ def test_float_ops_after_the_last_dequantize_are_refused_all_at_once_and_outputs
     qm = small_qdq(tmp_path)
 
     def fn(m):
-        m.graph.node.append(h.make_node("Softmax", ["y"], ["s"], name="softmax"))
+        m.graph.node.append(h.make_node("Hardmax", ["y"], ["s"], name="hardmax"))
         m.graph.node.append(h.make_node("LpNormalization", ["y"], ["l"], name="lpnorm"))
         del m.graph.output[:]
         m.graph.output.extend([h.make_tensor_value_info("s", T.FLOAT, None),
                                h.make_tensor_value_info("l", T.FLOAT, None)])
     m = edited(qm, fn)
     msg = problems(m)
-    assert "softmax" in msg and "lpnorm" in msg
+    assert "hardmax" in msg and "lpnorm" in msg
     imp = import_model(m, outputs=["y"])
     assert imp.edges.outputs[0] is not None
     with pytest.raises(UnsupportedError, match="nope"):

@@ -22,11 +22,11 @@ from onnx import TensorProto, helper
 
 from cvm_onnx.core.constants import INT32_MAX
 
-from . import nn, transform
+from . import nn, reduce, transform
 from .context import INT_RANGES, Tensor, bound, const, tight, type_name
 from .elemwise import broadcast_shape
 from .registry import RULES, Refuse, float_rule, rule
-from .requant import NoPlan, Plan, Run, plan, runs
+from .requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
 
 INT32 = TensorProto.INT32
 QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
@@ -75,7 +75,21 @@ class Mapped:
         return self.x.shape
 
 
-Real = (Scaled, Summed, Mapped)
+@dataclass(frozen=True, eq=False)
+class Softmaxed:
+    """Softmax of x over one axis (``view``: x's shape as (outer, n, inner), the softmax along n), made integers by
+    the QuantizeLinear that follows."""
+
+    x: Scaled
+    view: tuple[int, int, int]
+    what: str = "Softmax"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+
+Real = (Scaled, Summed, Mapped, Softmaxed)
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,7 @@ class Requant:
     ratios: tuple[float, ...]
     plan: Plan | None
     runs: tuple[Run, ...] = ()
+    softmax: SoftmaxPlan | None = None
 
     @property
     def plans(self) -> list[Plan]:
@@ -231,6 +246,8 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     lo, hi = INT_RANGES[dtype]
     if isinstance(x, Mapped):
         return table(ctx, x, scale, zo, dtype)
+    if isinstance(x, Softmaxed):
+        return softmax(ctx, x, scale, zo, dtype)
     terms = x.terms if isinstance(x, Summed) else (x,)
     if isinstance(x, Scaled):
         lo, hi = (max(lo, clipped(x.clip[0], scale, zo, lo, hi)) if x.clip[0] is not None else lo,
@@ -352,6 +369,65 @@ def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
     e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=n)
     ctx.requants.append(Requant(ctx.base, (), None))
     return ctx.result(e, dtype, int(values.min()), int(values.max()), t.shape)
+
+
+def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
+    """QuantizeLinear(Softmax(x)) in integers (requant.SoftmaxPlan): d = max - t along the axis (CVM max,
+    broadcast_sub), E = cvm_lut(d) with E[k] = round(2^F exp(-k s)), S = sum of E (CVM sum), y = (E c + S 2^(G-1))
+    / (S 2^G) (broadcast_mul, broadcast_add, broadcast_div: floor, all positive), + z_out, clip."""
+    a = per_tensor(x.x, "Softmax")
+    if scale.size != 1:
+        raise Refuse("Softmax with a per-channel output scale has no CVM form")
+    t, (outer, n, inner) = a.t, x.view
+    span = t.hi - t.lo + 1
+    if span > MAX_TABLE:
+        raise Refuse(f"Softmax of {span} integers: its exp table holds at most 2^16 entries (quantize its input)")
+    try:
+        p = softmax_plan(n, 1 / scale.reshape(()).item())
+    except NoPlan as e:
+        raise Refuse(str(e)) from None
+    f, g, c = p.frac_bits, p.shift, p.multiplier
+    k = np.arange(span, dtype=np.float64)
+    table_ = np.floor(np.ldexp(np.exp(-k * float(a.scale.reshape(()).item())), f) + 0.5).astype(np.int64)
+    v = ctx.reshape(as_int32(t), (outer, n, inner))
+    top = ctx.reshape(reduce.reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
+    d = ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, span - 1, v.shape)
+    e = ctx.result(ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(table_, INT32)), in_dim=span), INT32,
+                   int(table_.min()), 1 << f, v.shape)
+    total = ctx.reshape(reduce.reduced(ctx, "sum", e, [1], 1 << f, n << f), (outer, 1, inner))
+
+    def times(y: Tensor, m: int) -> Tensor:
+        return ctx.result(ctx.op("broadcast_mul", y, const(np.array(m, np.int32), INT32)), INT32, y.lo * m,
+                          y.hi * m, y.shape)
+
+    num = times(e, c)
+    half = times(total, 1 << (g - 1))
+    num = ctx.result(ctx.op("broadcast_add", num, half), INT32, num.lo + half.lo, num.hi + half.hi, v.shape)
+    den = times(total, 1 << g)
+    y = ctx.result(ctx.op("broadcast_div", num, den), INT32, 0, (c + (1 << (g - 1))) >> g, v.shape)
+    ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
+    lo, hi = INT_RANGES[dtype]
+    return saturate(ctx, ctx.reshape(y, x.shape), zo, lo, hi, dtype, x.shape)
+
+
+def softmax_view(node, shape: tuple[int, ...], opset: int) -> tuple[int, int, int]:
+    """(outer, n, inner) of a Softmax at ``opset`` semantics: one axis from 13 on (default -1), before it the
+    input coerced to 2-D at the axis (default 1)."""
+    rank = len(shape)
+    axis = node.attr_int("axis", -1 if opset >= 13 else 1)
+    if not -rank <= axis < rank:
+        raise Refuse(f"Softmax axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    if opset >= 13:
+        return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
+
+
+@float_rule("Softmax", since=1)
+def softmax_rule(ctx, node, x):
+    """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``)."""
+    x = per_tensor(scaled(x, "the Softmax input"), "Softmax")
+    return Softmaxed(x, softmax_view(node, x.shape, node.opset))
 
 
 # -- products: Conv, MatMul, Gemm, AveragePool ------------------------------------------------------------------
@@ -599,6 +675,25 @@ def global_average_rule(ctx, node, x):
     return global_average(ctx, scaled(x, "the GlobalAveragePool input"))
 
 
+@float_rule("ReduceMean", since=1)
+def reduce_mean_rule(ctx, node, x, axes_t=None):
+    """ReduceMean: the sum of x - z over the axes (CVM's sum, as ReduceSum) at scale s_x / n, n the count of
+    values reduced: exact, requantized by the QuantizeLinear that follows."""
+    x = per_tensor(scaled(x, "the ReduceMean input"), "ReduceMean")
+    rank = len(x.shape)
+    axes = transform.axes_of(node, axes_t, 18)
+    if not axes and node.attr_int("noop_with_empty_axes", 0):
+        return x
+    axes = sorted(set(transform.normal(axes or list(range(rank)), rank)))
+    keep = node.attr_int("keepdims", 1)
+    n = math.prod(x.shape[i] for i in axes)
+    v = minus_zero(ctx, x)
+    y = reduce.reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else y.shape
+    return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / n, dtype=object),
+                  np.zeros((), np.int64))
+
+
 # -- elementwise ------------------------------------------------------------------------------------------------
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
@@ -619,9 +714,47 @@ def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
                   np.zeros((), np.int64))
 
 
+def constant_factor(t, what: str) -> Fraction:
+    """A float constant scalar > 0 (Mul or Div by it scales a value exactly: its float32/64 value is a rational)."""
+    v = np.asarray(t.value, np.float64)
+    if v.size != 1 or not np.isfinite(v).all() or v.reshape(()) <= 0:
+        raise Refuse(f"{what} must be a finite constant scalar > 0 (got {v.reshape(-1)[:4]}): it then scales the "
+                     "value exactly")
+    return Fraction(float(v.reshape(())))
+
+
+def rescaled(x, factor: Fraction, what: str):
+    """x * factor, exactly: the scale (of each term) times factor; a float function's value times it."""
+    if isinstance(x, Mapped):  # float64 table values: times the numerator, over the denominator (each exact)
+        n, d = float(factor.numerator), float(factor.denominator)
+        return Mapped(x.x, lambda v, f=x.fn: np.asarray(f(v)) * n / d, f"{x.what} * {factor}")
+    if isinstance(x, Summed):
+        return Summed(tuple(rescaled(t, factor, what) for t in x.terms), x.shape)
+    x = scaled(x, what, clipped_ok=True)
+    clip = tuple(None if b is None else b * factor for b in x.clip)
+    return replace(x, scale=np.asarray(x.scale * factor, dtype=object).reshape(x.scale.shape), clip=clip)
+
+
+def is_float_const(t) -> bool:
+    return isinstance(t, Tensor) and t.is_const and np.asarray(t.value).dtype.kind == "f"
+
+
 @float_rule("Mul", since=7)
 def mul_rule(ctx, node, a, b):
+    """(a - za)(b - zb) at scale s_a * s_b; by a float constant c > 0 (hard-swish's 1/6): the scale times c."""
+    if is_float_const(b) or is_float_const(a):
+        x, c = (a, b) if is_float_const(b) else (b, a)
+        return rescaled(x, constant_factor(c, "the Mul constant"), "a Mul operand")
     return multiply(ctx, scaled(a, "a Mul operand"), scaled(b, "a Mul operand"))
+
+
+@float_rule("Div", since=7)
+def div_rule(ctx, node, a, b):
+    """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
+    folded into the requantization that follows."""
+    if not is_float_const(b):
+        raise Refuse("float Div of dequantized values has no integer form: only division by a constant > 0")
+    return rescaled(a, 1 / constant_factor(b, "the divisor"), "the dividend")
 
 
 def relu(ctx, x: Scaled) -> Scaled:
@@ -725,7 +858,7 @@ for _op in FUNCTIONS:
 
 # -- data movement: the integer rules on t ----------------------------------------------------------------------
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
-         "Identity", "Expand", "Tile", "Gather"]
+         "Identity", "Expand", "Tile", "Gather", "Split"]
 
 
 def move_rule(ctx, node, x, *rest):
@@ -737,8 +870,7 @@ def move_rule(ctx, node, x, *rest):
         shape = (x.shape[0], math.prod(x.shape[1:]))  # CVM's flatten keeps the batch axis (a batched form can grow it)
         return replace(x, t=ctx.result(ctx.emit("flatten", x.t.entry), x.t.dtype, x.t.lo, x.t.hi, shape))
     out = RULES[("", node.op_type)].fn(ctx, node, x.t, *rest)
-    out = out[0] if isinstance(out, list) else out
-    return replace(x, t=out)
+    return [replace(x, t=o) for o in out] if isinstance(out, list) else replace(x, t=out)
 
 
 for _op in MOVES:
@@ -854,6 +986,14 @@ def qlinear_global_average_pool(ctx, node, x, xs, xz, ys, yz):
 def qlinear_function(ctx, node, x, xs, xz, ys, yz):
     fn = FUNCTIONS[node.op_type[len("QLinear"):]](node)
     return q(ctx, node, mapped(dq(x, xs, xz), fn, node.op_type), ys, yz)
+
+
+@rule("QLinearSoftmax", since=1, domain=MS)
+def qlinear_softmax(ctx, node, x, xs, xz, ys, yz):
+    """QuantizeLinear(Softmax(DequantizeLinear(x))), Softmax at the semantics of the node's ``opset`` attribute."""
+    xv = dq(x, xs, xz)
+    value = Softmaxed(per_tensor(xv, "QLinearSoftmax"), softmax_view(node, xv.shape, node.attr_int("opset", 13)))
+    return q(ctx, node, value, ys, yz)
 
 
 # -- the graph's float input ------------------------------------------------------------------------------------

@@ -170,3 +170,40 @@ def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int) -> list[Run]:
         out.append(Run(np.array(order[i:end], np.int64), found))
         i = end
     return out
+
+
+@dataclass(frozen=True)
+class SoftmaxPlan:
+    """Softmax in integers (docs/import.md, "Softmax"): E = round(2^F exp(-d s)) for d = max - x >= 0 (a table),
+    S = sum E, y = floor((E c + S 2^(G-1)) / (S 2^G)) with c = round(2^G / s_out); ``delta``: the worst distance
+    of E c / (S 2^G) from the exact softmax / s_out, in output steps."""
+
+    frac_bits: int  # F
+    shift: int  # G
+    multiplier: int  # c
+    delta: Fraction
+
+    @property
+    def error(self) -> float:
+        return float(Fraction(1, 2) + self.delta)
+
+
+def softmax_plan(n: int, q: Fraction) -> SoftmaxPlan:
+    """F, G, c of the least delta = (n + 1) q / 2^(F+1) + |c / 2^G - q| for a softmax over n values into steps of
+    1 / q, within the precision rules for the labels of the values' intervals (E <= 2^F, S <= n 2^F):
+    E c, S 2^(G-1) and S 2^G (broadcast_mul: the sum of the labels <= 32) and E c + S 2^(G-1) (one bit more)."""
+    best = None
+    for g in range(1, 31):
+        c = round_half_up(q * (1 << g))
+        for f in range(1, 31):
+            e, total = tight(1 << f), tight(n << f)
+            if e + tight(c) > 32 or total + tight(1 << g) > 32 or \
+                    max(tight(c << f), tight(n << (f + g - 1))) + 1 > 32:
+                break
+            delta = Fraction(n + 1) * q / (1 << (f + 1)) + abs(Fraction(c, 1 << g) - q)
+            if best is None or delta < best.delta:
+                best = SoftmaxPlan(f, g, c, delta)
+    if best is None or best.delta >= Fraction(1, 2):
+        raise NoPlan(f"a softmax over {n} values into steps of {float(1 / q):.3g} has no integer form within "
+                     "half a step in 32 bits")
+    return best

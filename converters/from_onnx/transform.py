@@ -170,6 +170,30 @@ def slice_(ctx, node, x, starts=None, ends=None, axes=None, steps=None):
     return strided_slice(ctx, x, ranges)
 
 
+@rule("Split", since=2)
+def split(ctx, node, x, split_t=None):
+    """Split -> one strided_slice per output along the axis: sizes from ``split``, else equal parts (opset 18's
+    num_outputs: ceil(dim / n) each, the last smaller)."""
+    rank = len(x.shape)
+    axis = normal([node.attr_int("axis", 0)], rank)[0]
+    d, n = x.shape[axis], len(node.proto.output)
+    sizes = node.attr_ints("split", None) if node.opset < 13 else ints(split_t, "Split split")
+    if sizes is None:
+        k = node.attr_int("num_outputs", n) if node.opset >= 18 else n
+        if node.opset < 18 and d % k:
+            raise Refuse(f"Split of {d} into {k} equal parts")
+        step = -(-d // k)
+        sizes = [min(step, d - i * step) for i in range(k)]
+    if len(sizes) != n or sum(sizes) != d or min(sizes) < 1:
+        raise Refuse(f"Split sizes {sizes} for {n} outputs of an axis of {d}: each >= 1, summing to it")
+    outs, start = [], 0
+    for size in sizes:
+        outs.append(strided_slice(ctx, x, [range(start, start + size) if a == axis else range(dim)
+                                           for a, dim in enumerate(x.shape)]))
+        start += size
+    return outs
+
+
 @rule("Gather", since=1)
 def gather(ctx, node, x, idx, axis: int | None = None):
     """Gather -> take. Constant indices: negatives made positive, out-of-range ones refused (ONNX fails on them,

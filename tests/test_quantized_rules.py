@@ -1,0 +1,221 @@
+"""The quantized front's rules of issue 25, each on one small QDQ (or QOperator) model with an integer input, against
+an exact numpy oracle of the integer form docs/import.md states (equal element for element), with each form's
+distance from the float model checked against its stated bound; the imports export to ONNX bit-exactly."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.errors import CVMError
+from cvm_onnx.executor import execute
+from cvm_onnx.verify import verify
+from test_quantized_import import Oracle
+
+SETTINGS = settings(max_examples=10, deadline=None)
+NP = {T.INT8: np.int8, T.UINT8: np.uint8}
+scales = st.floats(2.0**-10, 2.0**2, width=32)
+
+
+def qdq(nodes, x_shape, x_type, inits: dict, out_type, opset=17, out="y"):
+    """A model of ``nodes`` reading the integer input ``x``, writing ``out``; ``inits`` as numpy values."""
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", x_type, list(x_shape))],
+                     [h.make_tensor_value_info(out, out_type, None)],
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset), h.make_opsetid("com.microsoft", 1)])
+
+
+def imported(m, x: np.ndarray, precision: int = 9):
+    """(import, its output on x by the reference executor); the export computes the same on onnxruntime."""
+    imp = import_model(m, input_precision=precision)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    assert verify(imp.graph, x.astype(np.int32)).exact
+    return imp, got.astype(np.int64)
+
+
+def draw_x(d, shape, dtype):
+    info = np.iinfo(NP[dtype])
+    return np.asarray(d.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=math.prod(shape),
+                                      max_size=math.prod(shape))), np.int64).reshape(shape)
+
+
+def ort_session(model):
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.x64quantprecision", "1")
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+# -- Softmax ----------------------------------------------------------------------------------------------------
+def softmax_oracle(v: np.ndarray, s: float, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
+    """The integer form of docs/import.md with the import's F, G, c: E[k] = round(2^F exp(-k s)) (math.exp),
+    d = max - v along the axis, S = sum E, y = floor((E c + S 2^(G-1)) / (S 2^G)) + z_out, saturated."""
+    outer, n, inner = view
+    v3 = v.reshape(outer, n, inner)
+    d = v3.max(axis=1, keepdims=True) - v3
+    table = np.array([math.floor(math.ldexp(math.exp(-k * s), p.frac_bits) + 0.5) for k in range(int(d.max()) + 1)],
+                     np.int64)
+    e = table[d]
+    total = e.sum(axis=1, keepdims=True)
+    y = (e * p.multiplier + total * (1 << (p.shift - 1))) // (total << p.shift)
+    return np.clip(y + zo, lo, hi).reshape(v.shape)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8]), s=scales,
+       so=st.sampled_from([1 / 256, 1 / 255, 0.01, 0.003]), opset=st.sampled_from([11, 13, 17]),
+       qoperator=st.booleans())
+def test_softmax_equals_its_integer_form_within_its_bound_of_float(d, shape, x_type, out_type, s, so, opset,
+                                                                   qoperator):
+    """Softmax / QLinearSoftmax over any axis (opset 11's 2-D coercion too): equal to the integer form's oracle,
+    and every unsaturated output within 1/2 + delta of softmax(x s) / s_out computed exactly (float64 here, far
+    below the margin)."""
+    rank = len(shape)
+    axis = d.draw(st.integers(-rank, rank - 1))
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    zo = -128 if out_type == T.INT8 else 0
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx), "so": np.float32(so), "zo": NP[out_type](zo)}
+    if qoperator:
+        nodes = [h.make_node("QLinearSoftmax", ["x", "s", "zx", "so", "zo"], ["y"], domain="com.microsoft",
+                             axis=axis, opset=opset)]
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("Softmax", ["xf"], ["sf"], axis=axis),
+                 h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, x_type, inits, out_type, opset=opset if not qoperator else 17)
+    x = draw_x(d, shape, x_type)
+    imp, got = imported(m, x)
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    a = axis % rank
+    view = (math.prod(shape[:a]), shape[a], math.prod(shape[a + 1:])) if opset >= 13 else \
+        (math.prod(shape[:a]), math.prod(shape[a:]), 1)  # before opset 13: coerced to 2-D at the axis
+    lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
+    assert np.array_equal(got, softmax_oracle(x - zx, float(np.float32(s)), view, p, zo, lo, hi))
+    real = (x - zx).reshape(view) * float(np.float32(s))
+    ex = np.exp(real - real.max(axis=1, keepdims=True))
+    exact = (ex / ex.sum(axis=1, keepdims=True)).reshape(shape) / float(np.float32(so)) + zo
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    assert p.delta < Fraction(1, 2)
+
+
+def test_qlinear_softmax_agrees_with_onnxruntime_within_one_step():
+    """onnxruntime's own uint8 QLinearSoftmax (a float table) on every input value of a 256-wide row."""
+    x = np.arange(256, dtype=np.int64).reshape(4, 64)
+    inits = {"s": np.float32(0.05), "zx": np.uint8(128), "so": np.float32(1 / 256), "zo": np.uint8(0)}
+    m = qdq([h.make_node("QLinearSoftmax", ["x", "s", "zx", "so", "zo"], ["y"], domain="com.microsoft", axis=-1,
+                         opset=13)], x.shape, T.UINT8, inits, T.UINT8)
+    _, got = imported(m, x)
+    [want] = ort_session(m).run(None, {"x": x.astype(np.uint8)})
+    assert np.abs(got - want.astype(np.int64)).max() <= 1
+
+
+# -- division and multiplication by a constant, hard-swish, ReduceMean, Split -------------------------------------
+def oracle_equal(m, x: np.ndarray) -> None:
+    """Every output of the import equals the oracle of test_quantized_import (integer arithmetic, each
+    requantization by its plan and within its bound)."""
+    imp = import_model(m, input_precision=9)
+    got = execute(imp.graph, {"data": x.astype(np.int32)})
+    want = Oracle(m, imp).run(x.astype(np.int64))
+    for g_, w_ in zip(got, want):
+        assert np.array_equal(g_.astype(np.int64), np.asarray(w_[1]).reshape(g_.shape))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def q_nodes(src: str, dst: str, k: int) -> list:
+    """QuantizeLinear then DequantizeLinear of ``src`` at scale ``s{k}``, zero point ``z{k}`` (a QDQ pair)."""
+    return [h.make_node("QuantizeLinear", [src, f"s{k}", f"z{k}"], [f"{dst}_q"]),
+            h.make_node("DequantizeLinear", [f"{dst}_q", f"s{k}", f"z{k}"], [dst])]
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, sa=scales, sm=scales, so=scales, x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_hard_swish_as_quantize_static_writes_it(d, s, sa, sm, so, x_type):
+    """x * relu6(x + 3) / 6 in QDQ form (relu6 as the uint8 range of x + 3's quantization, Div by the float 6):
+    the division is the exact rational 1/6 in the last requantization; equal to the oracle. Regression: the Div was
+    refused ("float Div of dequantized values has no integer form")."""
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx), "three": np.uint8(3), "s3": np.float32(1.0),
+             "z3": np.uint8(0), "s1": np.float32(sa), "z1": np.uint8(0), "s2": np.float32(sm),
+             "z2": np.int8(0), "six": np.float32(6), "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["three", "s3", "z3"], ["threef"]),
+             h.make_node("Add", ["xf", "threef"], ["a"]), *q_nodes("a", "r6", 1),
+             h.make_node("Mul", ["xf", "r6"], ["m"]), *q_nodes("m", "mf", 2),
+             h.make_node("Div", ["mf", "six"], ["hs"]),
+             h.make_node("QuantizeLinear", ["hs", "so", "zo"], ["y"])]
+    shape = (1, 3, 4)
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, c=st.floats(2.0**-8, 2.0**8, width=32), op=st.sampled_from(["Div", "Mul"]),
+       before=st.booleans())
+def test_division_and_multiplication_by_a_constant(d, s, so, c, op, before):
+    """Div or Mul of a dequantized value by a float constant c > 0 (either operand of Mul): the scale over or
+    times c, exactly; equal to the oracle."""
+    inits = {"s": np.float32(s), "z": np.int8(3), "c": np.float32(c), "so": np.float32(so), "zo": np.int8(0)}
+    ins = ["c", "xf"] if op == "Mul" and before else ["xf", "c"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ins, ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (2, 5)
+    oracle_equal(qdq(nodes, shape, T.INT8, inits, T.INT8), draw_x(d, shape, T.INT8))
+
+
+@pytest.mark.parametrize("c", [0.0, -2.0, np.inf])
+def test_division_by_a_constant_not_above_zero_is_refused(c):
+    inits = {"s": np.float32(0.1), "z": np.int8(0), "c": np.float32(c), "so": np.float32(0.1), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Div", ["xf", "c"], ["r"],
+                                                                                  name="div6"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"div6 \(Div\).*divisor must be a finite constant scalar > 0"):
+        import_model(qdq(nodes, (2, 3), T.INT8, inits, T.INT8))
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple), s=scales, so=scales,
+       keep=st.booleans(), opset=st.sampled_from([13, 18]), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_reduce_mean_is_a_sum_requantized_by_one_over_n(d, shape, s, so, keep, opset, x_type):
+    """ReduceMean over any axes (an attribute before opset 18, an input from it): the sum of x - z at scale s / n;
+    equal to the oracle, every requantization within its bound of the exact mean."""
+    rank = len(shape)
+    axes = d.draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda a: a % rank))
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(s), "z": NP[x_type](zx), "so": np.float32(so), "zo": np.int8(0)}
+    kw = {"axes": axes} if opset < 18 else {}
+    if opset >= 18:
+        inits["axes"] = np.array(axes, np.int64)
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceMean", ["xf"] + (["axes"] if opset >= 18 else []), ["r"], keepdims=int(keep), **kw),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8, opset=opset), draw_x(d, shape, x_type))
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(2, 6), min_size=1, max_size=3).map(tuple), opset=st.sampled_from(
+    [11, 13, 18]))
+def test_split_is_slices(d, shape, opset):
+    """Split into sizes (an attribute before opset 13, an input from it) of a dequantized value: one strided_slice
+    per part, requantized each; equal to the oracle."""
+    rank = len(shape)
+    axis = d.draw(st.integers(-rank, rank - 1))
+    dim = shape[axis % rank]
+    first = d.draw(st.integers(1, dim - 1))
+    sizes = [first, dim - first]
+    inits = {"s": np.float32(0.03), "z": np.int8(1), "so": np.float32(0.05), "zo": np.int8(0)}
+    kw = {"split": sizes} if opset < 13 else {}
+    if opset >= 13:
+        inits["sizes"] = np.array(sizes, np.int64)
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Split", ["xf"] + (["sizes"] if opset >= 13 else []), ["a", "b"], axis=axis, **kw),
+             h.make_node("QuantizeLinear", ["a", "so", "zo"], ["y"]),
+             h.make_node("QuantizeLinear", ["b", "s", "z"], ["y2"])]
+    m = qdq(nodes, shape, T.INT8, inits, T.INT8, opset=opset)
+    m.graph.output.append(h.make_tensor_value_info("y2", T.INT8, None))
+    oracle_equal(m, draw_x(d, shape, T.INT8))
