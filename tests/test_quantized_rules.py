@@ -9,13 +9,13 @@ from fractions import Fraction
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.errors import CVMError
-from cvm_onnx.executor import execute
-from cvm_onnx.verify import verify
+from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.verify import verify
 from test_quantized_import import Oracle
 
 SETTINGS = settings(max_examples=10, deadline=None)
@@ -219,3 +219,34 @@ def test_split_is_slices(d, shape, opset):
     m = qdq(nodes, shape, T.INT8, inits, T.INT8, opset=opset)
     m.graph.output.append(h.make_tensor_value_info("y2", T.INT8, None))
     oracle_equal(m, draw_x(d, shape, T.INT8))
+
+
+# -- a Clip off the grid before a Resize --------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=st.floats(0.0625, 2.0, width=32), lo=st.floats(-3, 0, width=32),
+       width=st.floats(0.125, 8, width=32), mode=st.sampled_from(["Resize", "MaxPool", "Transpose"]))
+def test_a_clip_off_the_grid_passes_through_moves_to_the_quantize_linear(d, s, lo, width, mode):
+    """DequantizeLinear, Clip to bounds off the grid, then Resize (nearest), MaxPool or Transpose, then
+    QuantizeLinear at the same scale: y = move(clip(x, Q(lo), Q(hi))) with Q rounding half to even (clip then
+    select = select then clip). Regression: "a Clip off the quantization grid must be followed by QuantizeLinear,
+    not the Resize input" refused such a model, which onnxruntime runs."""
+    hi = float(np.float32(lo + width))
+    z = d.draw(st.integers(-20, 20))
+    inits = {"s": np.float32(s), "z": np.int8(z), "lo": np.float32(lo), "hi": np.float32(hi),
+             "scales": np.array([1, 1, 2, 3], np.float32)}
+    move = {"Resize": h.make_node("Resize", ["c", "", "scales"], ["r"], mode="nearest"),
+            "MaxPool": h.make_node("MaxPool", ["c"], ["r"], kernel_shape=[2, 2], strides=[2, 2]),
+            "Transpose": h.make_node("Transpose", ["c"], ["r"], perm=[0, 1, 3, 2])}[mode]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Clip", ["xf", "lo", "hi"], ["c"]),
+             move, h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    shape = (1, 2, 3, 4)
+    qlo, qhi = (int(np.clip(round(Fraction(float(np.float32(b))) / Fraction(float(np.float32(s)))) + z, -128, 127))
+                for b in (lo, hi))
+    assume(qlo < qhi)  # one value left is refused ("fold it")
+    x = draw_x(d, shape, T.INT8)
+    imp, got = imported(qdq(nodes, shape, T.INT8, inits, T.INT8), x)
+    c = np.clip(x, qlo, qhi)
+    want = {"Resize": lambda v: v.repeat(2, axis=2).repeat(3, axis=3),
+            "MaxPool": lambda v: v.reshape(1, 2, 3, 4)[:, :, :2, :].reshape(1, 2, 1, 2, 2, 2).max(axis=(3, 5)),
+            "Transpose": lambda v: v.transpose(0, 1, 3, 2)}[mode](c)
+    assert np.array_equal(got, want)

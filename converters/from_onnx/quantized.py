@@ -862,8 +862,12 @@ MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "
 
 
 def move_rule(ctx, node, x, *rest):
-    """An op that only moves or selects values (MaxPool: the scale is positive): the integer rule on t."""
-    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+    """An op that only moves or selects values (MaxPool: the scale is positive): the integer rule on t. A deferred
+    Clip passes through (clip then select = select then clip; max commutes with the monotone clip), so a Clip off
+    the grid may precede a Resize or MaxPool before the QuantizeLinear."""
+    x = scaled(x, f"the {node.op_type} input", clipped_ok=True)
+    if not x.per_tensor:
+        raise Refuse(f"{node.op_type} needs a per-tensor scale and zero point")
     if any(isinstance(r, Real) for r in rest):
         raise Refuse(f"{node.op_type} with a dequantized value as its parameters")
     if node.op_type == "Flatten" and node.attr_int("axis", 1) == 1 and len(x.shape) > 2 and not x.t.is_const:
