@@ -250,3 +250,44 @@ def test_a_clip_off_the_grid_passes_through_moves_to_the_quantize_linear(d, s, l
             "MaxPool": lambda v: v.reshape(1, 2, 3, 4)[:, :, :2, :].reshape(1, 2, 1, 2, 2, 2).max(axis=(3, 5)),
             "Transpose": lambda v: v.transpose(0, 1, 3, 2)}[mode](c)
     assert np.array_equal(got, want)
+
+
+# -- shape arithmetic folded at import ----------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), shape=st.tuples(st.integers(1, 4), st.integers(1, 5), st.integers(1, 4)),
+       step=st.integers(1, 3), quantized=st.booleans())
+def test_shape_arithmetic_and_range_fold_at_import(d, shape, step, quantized):
+    """Shape, Gather, Mul, Div, Unsqueeze, Concat and Range over the static shape fold to constants: Gather of
+    Range(0, d1, step) along axis 1, reshaped to [d0, -1]; equal to onnx's reference implementation (of a
+    dequantized value too: same scale in and out). Regression: Range was 'no CVM op', Shape of a dequantized
+    value 'has no integer form'."""
+    src = "xf" if quantized else "x"
+    nodes = [h.make_node("Shape", [src], ["sh"]), h.make_node("Gather", ["sh", "i0"], ["n0"], axis=0),
+             h.make_node("Gather", ["sh", "i1"], ["n1"], axis=0), h.make_node("Mul", ["n1", "two"], ["n2"]),
+             h.make_node("Div", ["n2", "two"], ["n3"]), h.make_node("Range", ["zero", "n3", "step"], ["idx"]),
+             h.make_node("Gather", [src, "idx"], ["g"], axis=1), h.make_node("Unsqueeze", ["n0", "ax0"], ["n0u"]),
+             h.make_node("Concat", ["n0u", "m1"], ["target"], axis=0), h.make_node("Reshape", ["g", "target"], ["r"])]
+    inits = {"i0": np.int64(0), "i1": np.int64(1), "two": np.int64(2), "zero": np.int64(0), "step": np.int64(step),
+             "ax0": np.array([0], np.int64), "m1": np.array([-1], np.int64)}
+    if quantized:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])] + nodes + \
+            [h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+        inits.update(s=np.float32(0.1), z=np.int8(2))
+    m = qdq(nodes, shape, T.INT8, inits, T.INT8, out="y" if quantized else "r")
+    x = draw_x(d, shape, T.INT8)
+    _, got = imported(m, x)
+    want = x[:, ::step].reshape(shape[0], -1)
+    assert np.array_equal(got.reshape(want.shape), want)
+    if not quantized:
+        from onnx.reference import ReferenceEvaluator
+
+        [ref] = ReferenceEvaluator(m).run(None, {"x": x.astype(np.int8)})
+        assert np.array_equal(ref, want)
+
+
+def test_range_of_a_value_computed_at_run_time_is_refused():
+    nodes = [h.make_node("ReduceMax", ["x"], ["n"], keepdims=0), h.make_node("Range", ["zero", "n", "one"], ["y"],
+                                                                           name="rng")]
+    m = qdq(nodes, (3,), T.INT32, {"zero": np.int32(0), "one": np.int32(1)}, T.INT32)
+    with pytest.raises(CVMError, match=r"rng \(Range\): shape from values"):
+        import_model(m)

@@ -881,6 +881,12 @@ for _op in MOVES:
     float_rule(_op, since=1)(move_rule)
 
 
+@float_rule("Shape", since=1)
+def shape_rule(ctx, node, x):
+    """The static shape of a dequantized value (shape arithmetic, folded at import)."""
+    return RULES[("", "Shape")].fn(ctx, node, x)  # it reads only x.shape
+
+
 @float_rule("Pad", since=11)
 def pad_rule(ctx, node, x, pads=None, value=None, axes=None):
     """Pad with a real value v: the integer value v / s + z, which must be a whole number."""

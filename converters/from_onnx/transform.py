@@ -20,6 +20,7 @@ from onnx import TensorProto, numpy_helper
 
 from .context import Tensor, check_values, const, cvm_shape, foldable, is_supported_type, type_name
 from .elemwise import arith, broadcast_shape, equal, extreme, greater, np_type, scalar, step
+from .evaluated import evaluate
 from .registry import Refuse, rule
 
 INT32 = TensorProto.INT32
@@ -192,6 +193,19 @@ def split(ctx, node, x, split_t=None):
                                            for a, dim in enumerate(x.shape)]))
         start += size
     return outs
+
+
+@rule("Range", since=11)
+def range_(ctx, node, start, limit, delta):
+    """Range of constants (shape arithmetic): folded at import by onnx's reference implementation; of a value
+    computed at run time, refused (its length would depend on it)."""
+    ins = (start, limit, delta)
+    if not all(t.is_const for t in ins):
+        raise Refuse("shape from values: Range of a value computed at run time (its length would depend on it)")
+    [v] = evaluate(node, {name: t.value for name, t in zip(node.proto.input, ins)})
+    if not v.size:
+        raise Refuse("the Range is empty: CVM has no empty tensors")
+    return const(np.asarray(v), start.dtype)
 
 
 @rule("Gather", since=1)
