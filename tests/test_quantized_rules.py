@@ -52,17 +52,19 @@ def ort_session(model):
 
 
 # -- Softmax ----------------------------------------------------------------------------------------------------
-def softmax_oracle(v: np.ndarray, s: float, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
-    """The integer form of docs/import.md with the import's F, G, c: E[k] = round(2^F exp(-k s)) (math.exp),
-    d = max - v along the axis, S = sum E, y = floor((E c + S 2^(G-1)) / (S 2^G)) + z_out, saturated."""
+def softmax_oracle(v: np.ndarray, s: float, q: Fraction, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
+    """The integer form of docs/import.md with the import's F and b: E[k] = round(2^F exp(-k s)),
+    T[k] = round(2^(F-b) q exp(-k s)) (math.exp, exact integer rounding), d = max - v along the axis,
+    S' = round_half_up(sum E / 2^b) (= sum H + round(sum L / 2^b)), y = floor((2T + S') / (2S')) + z_out, saturated."""
     outer, n, inner = view
     v3 = v.reshape(outer, n, inner)
     d = v3.max(axis=1, keepdims=True) - v3
-    table = np.array([math.floor(math.ldexp(math.exp(-k * s), p.frac_bits) + 0.5) for k in range(int(d.max()) + 1)],
-                     np.int64)
-    e = table[d]
-    total = e.sum(axis=1, keepdims=True)
-    y = (e * p.multiplier + total * (1 << (p.shift - 1))) // (total << p.shift)
+    f, b = p.frac_bits, p.split
+    ex = [math.exp(-k * s) for k in range(int(d.max()) + 1)]
+    big = np.array([math.floor(Fraction(x) * 2**f + Fraction(1, 2)) for x in ex], np.int64)
+    t = np.array([math.floor(Fraction(x * float(q)) * 2**(f - b) + Fraction(1, 2)) for x in ex], np.int64)
+    total = (big[d].sum(axis=1, keepdims=True) + (1 << b >> 1)) >> b
+    y = (2 * t[d] + total) // (2 * total)
     return np.clip(y + zo, lo, hi).reshape(v.shape)
 
 
@@ -96,7 +98,8 @@ def test_softmax_equals_its_integer_form_within_its_bound_of_float(d, shape, x_t
     view = (math.prod(shape[:a]), shape[a], math.prod(shape[a + 1:])) if opset >= 13 else \
         (math.prod(shape[:a]), math.prod(shape[a:]), 1)  # before opset 13: coerced to 2-D at the axis
     lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
-    assert np.array_equal(got, softmax_oracle(x - zx, float(np.float32(s)), view, p, zo, lo, hi))
+    q = 1 / Fraction(float(np.float32(so)))
+    assert np.array_equal(got, softmax_oracle(x - zx, float(np.float32(s)), q, view, p, zo, lo, hi))
     real = (x - zx).reshape(view) * float(np.float32(s))
     ex = np.exp(real - real.max(axis=1, keepdims=True))
     exact = (ex / ex.sum(axis=1, keepdims=True)).reshape(shape) / float(np.float32(so)) + zo
@@ -291,3 +294,21 @@ def test_range_of_a_value_computed_at_run_time_is_refused():
     m = qdq(nodes, (3,), T.INT32, {"zero": np.int32(0), "one": np.int32(1)}, T.INT32)
     with pytest.raises(CVMError, match=r"rng \(Range\): shape from values"):
         import_model(m)
+
+
+@pytest.mark.parametrize("n, so", [(1000, 1 / 255), (6625, 1 / 256)])
+def test_softmax_over_a_long_axis(n, so):
+    """A classifier's 1000 classes and a text recognizer's 6625 characters: within the bound, equal to the oracle."""
+    rng = np.random.default_rng(n)
+    x = rng.integers(-128, 128, size=(2, n))
+    x[0, :n // 2] = 127  # many equal maxima: the largest sum
+    inits = {"s": np.float32(0.1), "zx": np.int8(0), "so": np.float32(so), "zo": np.uint8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node("Softmax", ["xf"], ["sf"]),
+             h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
+    imp, got = imported(qdq(nodes, x.shape, T.INT8, inits, T.UINT8), x)
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    q = 1 / Fraction(float(np.float32(so)))
+    assert np.array_equal(got, softmax_oracle(x, float(np.float32(0.1)), q, (2, n, 1), p, 0, 0, 255))
+    real = x * float(np.float32(0.1))
+    ex = np.exp(real - real.max(axis=1, keepdims=True))
+    assert (np.abs(got - ex / ex.sum(axis=1, keepdims=True) * float(q))[got < 255] <= p.error + 1e-9).all()

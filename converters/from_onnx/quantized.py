@@ -373,8 +373,8 @@ def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
 
 def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
     """QuantizeLinear(Softmax(x)) in integers (requant.SoftmaxPlan): d = max - t along the axis (CVM max,
-    broadcast_sub), E = cvm_lut(d) with E[k] = round(2^F exp(-k s)), S = sum of E (CVM sum), y = (E c + S 2^(G-1))
-    / (S 2^G) (broadcast_mul, broadcast_add, broadcast_div: floor, all positive), + z_out, clip."""
+    broadcast_sub); T, H, L = cvm_lut(d) of their tables; S' = sum H + cvm_right_shift(sum L, b) (CVM sum);
+    y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip."""
     a = per_tensor(x.x, "Softmax")
     if scale.size != 1:
         raise Refuse("Softmax with a per-channel output scale has no CVM form")
@@ -382,32 +382,50 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor
     span = t.hi - t.lo + 1
     if span > MAX_TABLE:
         raise Refuse(f"Softmax of {span} integers: its exp table holds at most 2^16 entries (quantize its input)")
+    q = 1 / scale.reshape(()).item()
     try:
-        p = softmax_plan(n, 1 / scale.reshape(()).item())
+        p = softmax_plan(n, q)
     except NoPlan as e:
         raise Refuse(str(e)) from None
-    f, g, c = p.frac_bits, p.shift, p.multiplier
-    k = np.arange(span, dtype=np.float64)
-    table_ = np.floor(np.ldexp(np.exp(-k * float(a.scale.reshape(()).item())), f) + 0.5).astype(np.int64)
+    f, b = p.frac_bits, p.split
+    tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
     v = ctx.reshape(as_int32(t), (outer, n, inner))
     top = ctx.reshape(reduce.reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
     d = ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, span - 1, v.shape)
-    e = ctx.result(ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(table_, INT32)), in_dim=span), INT32,
-                   int(table_.min()), 1 << f, v.shape)
-    total = ctx.reshape(reduce.reduced(ctx, "sum", e, [1], 1 << f, n << f), (outer, 1, inner))
 
-    def times(y: Tensor, m: int) -> Tensor:
-        return ctx.result(ctx.op("broadcast_mul", y, const(np.array(m, np.int32), INT32)), INT32, y.lo * m,
-                          y.hi * m, y.shape)
+    def lut(values: np.ndarray) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
+        return ctx.result(e, INT32, int(values.min()), int(values.max()), v.shape)
 
-    num = times(e, c)
-    half = times(total, 1 << (g - 1))
-    num = ctx.result(ctx.op("broadcast_add", num, half), INT32, num.lo + half.lo, num.hi + half.hi, v.shape)
-    den = times(total, 1 << g)
-    y = ctx.result(ctx.op("broadcast_div", num, den), INT32, 0, (c + (1 << (g - 1))) >> g, v.shape)
+    def total(y: Tensor) -> Tensor:
+        return ctx.reshape(reduce.reduced(ctx, "sum", y, [1], y.lo * n, y.hi * n), (outer, 1, inner))
+
+    def add(y: Tensor, z: Tensor) -> Tensor:
+        return ctx.result(ctx.op("broadcast_add", y, z), INT32, y.lo + z.lo, y.hi + z.hi, broadcast_shape(y, z))
+
+    def twice(y: Tensor) -> Tensor:
+        return ctx.result(ctx.op("broadcast_mul", y, const(np.array(2, np.int32), INT32)), INT32, 2 * y.lo,
+                          2 * y.hi, y.shape)
+
+    s_ = total(lut(tables[1]))
+    if b:
+        low = total(lut(tables[2]))
+        e = ctx.emit("cvm_right_shift", ctx.narrow(low, tight(low.peak)), precision=tight(n), shift_bit=b)
+        s_ = add(s_, ctx.result(e, INT32, 0, (low.hi + (1 << (b - 1))) >> b, low.shape))
+    num = add(twice(lut(tables[0])), s_)
+    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^(F-b)
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
     return saturate(ctx, ctx.reshape(y, x.shape), zo, lo, hi, dtype, x.shape)
+
+
+def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
+    """T, H, L over k = 0 .. span - 1 (float64 exp, rounded half up once)."""
+    f, b = p.frac_bits, p.split
+    e = np.exp(-np.arange(span, dtype=np.float64) * s)
+    big = np.floor(np.ldexp(e, f) + 0.5).astype(np.int64)
+    t = np.floor(np.ldexp(e * float(q), f - b) + 0.5).astype(np.int64)
+    return t, big >> b, big - ((big >> b) << b)
 
 
 def softmax_view(node, shape: tuple[int, ...], opset: int) -> tuple[int, int, int]:

@@ -174,13 +174,13 @@ def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int) -> list[Run]:
 
 @dataclass(frozen=True)
 class SoftmaxPlan:
-    """Softmax in integers (docs/import.md, "Softmax"): E = round(2^F exp(-d s)) for d = max - x >= 0 (a table),
-    S = sum E, y = floor((E c + S 2^(G-1)) / (S 2^G)) with c = round(2^G / s_out); ``delta``: the worst distance
-    of E c / (S 2^G) from the exact softmax / s_out, in output steps."""
+    """Softmax in integers (docs/import.md, "Softmax"), for d = max - x >= 0 along the axis: the tables
+    E[k] = round(2^F exp(-k s)) split as H = floor(E / 2^b) and L = E - 2^b H, and T[k] = round(2^(F-b) q exp(-k s));
+    S' = sum H + round_half_up(sum L / 2^b) = round_half_up(sum E / 2^b); y = floor((2T + S') / (2S')).
+    ``delta``: the worst distance of T / S' from softmax * q, in output steps."""
 
     frac_bits: int  # F
-    shift: int  # G
-    multiplier: int  # c
+    split: int  # b
     delta: Fraction
 
     @property
@@ -189,20 +189,22 @@ class SoftmaxPlan:
 
 
 def softmax_plan(n: int, q: Fraction) -> SoftmaxPlan:
-    """F, G, c of the least delta = (n + 1) q / 2^(F+1) + |c / 2^G - q| for a softmax over n values into steps of
-    1 / q, within the precision rules for the labels of the values' intervals (E <= 2^F, S <= n 2^F):
-    E c, S 2^(G-1) and S 2^G (broadcast_mul: the sum of the labels <= 32) and E c + S 2^(G-1) (one bit more)."""
+    """F and b of the least delta = (1/2 + q ((n - 1) / 2^(b+1) + 1/2)) / (2^(F-b) - 1/2) for a softmax over n
+    values into steps of 1 / q, within the precision rules for the labels of the values' intervals: the sums of
+    H (<= 2^(F-b)) and L (< 2^b) over n, the shift of sum L by b, S' (<= n 2^(F-b) + n), 2T (T <= q 2^(F-b) + 1),
+    2T + S' and 2S'."""
     best = None
-    for g in range(1, 31):
-        c = round_half_up(q * (1 << g))
-        for f in range(1, 31):
-            e, total = tight(1 << f), tight(n << f)
-            if e + tight(c) > 32 or total + tight(1 << g) > 32 or \
-                    max(tight(c << f), tight(n << (f + g - 1))) + 1 > 32:
-                break
-            delta = Fraction(n + 1) * q / (1 << (f + 1)) + abs(Fraction(c, 1 << g) - q)
+    for f in range(1, 31):
+        for b in range(0, f):
+            h, top = 1 << (f - b), round_half_up(q * (1 << (f - b))) + 1
+            sl = n * ((1 << b) - 1)
+            total = n * h + (n + 1) // 2 * bool(b)
+            if tight(h) + bits(n) > 32 or (b and (tight(sl) > 32 or tight(n) + b >= 32)) or tight(total) + 1 > 32 \
+                    or tight(top) + 3 > 32 or max(tight(2 * top), tight(total)) + 1 > 32 or tight(total) + 3 > 32:
+                continue
+            delta = (Fraction(1, 2) + q * (Fraction(n - 1, 1 << (b + 1)) + Fraction(1, 2))) / (h - Fraction(1, 2))
             if best is None or delta < best.delta:
-                best = SoftmaxPlan(f, g, c, delta)
+                best = SoftmaxPlan(f, b, delta)
     if best is None or best.delta >= Fraction(1, 2):
         raise NoPlan(f"a softmax over {n} values into steps of {float(1 / q):.3g} has no integer form within "
                      "half a step in 32 bits")
