@@ -250,7 +250,7 @@ CONFIG = st.fixed_dictionaries({
     "symmetric": st.booleans(), "per_channel": st.booleans(), "opset": st.sampled_from([13, 17, 19, 21])})
 MODEL = st.fixed_dictionaries({
     "kind": st.sampled_from(["plain", "Add", "Mul", "Concat"]), "seed": st.integers(0, 2**16),
-    "group": st.sampled_from([1, 2]), "stride": st.sampled_from([1, 2]),
+    "group": st.sampled_from([1, 2, 4]), "stride": st.sampled_from([1, 2]),
     "pads": st.sampled_from([(1, 1, 1, 1), (0, 0, 0, 0), (0, 1, 2, 0)]),
     "pool": st.sampled_from(["max", "avg", "global"]), "head": st.sampled_from(["gemm", "matmul", "sigmoid"])})
 

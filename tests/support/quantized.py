@@ -20,9 +20,9 @@ def conv_layer(rng, name, x, c_in, c_out, group=1, k=3, stride=1, pads=(1, 1, 1,
 
 def float_model(kind: str, seed: int, opset: int, group: int, stride: int, pads, pool: str, head: str):
     """A small float CNN: conv (+ relu) [two branches joined by Add, Mul or Concat], a pooling, flatten, Gemm or
-    MatMul (+ Sigmoid)."""
+    MatMul (+ Sigmoid). Group 4: the first conv is depthwise (4 channels in, 4 out)."""
     rng = np.random.default_rng(seed)
-    c = 2 * group
+    c = 4 if group == 4 else 2 * group
     nodes, inits = conv_layer(rng, "c1", "x", c, 4, group, stride=stride, pads=pads)
     nodes.append(h.make_node("Relu", ["c1"], ["r1"]))
     last = "r1"
