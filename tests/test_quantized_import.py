@@ -47,6 +47,33 @@ def one(op_type, inputs, **attrs):
         None, dict(zip(names, [np.asarray(x, np.float64) for x in inputs])))[0]
 
 
+def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
+    """ConvTranspose by its definition, in int64: each input value times the kernel, added at
+    o = i * stride - pad_begin + k * dilation (group by group); output_padding extends the end."""
+    g = a.get("group", 1)
+    (n, cin, hgt, wid), (_, per, kh, kw) = x.shape, w.shape
+    s, d = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+    p, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
+    out = [(size - 1) * st_ - p[i] - p[i + 2] + dd * (k - 1) + 1 + e
+           for i, (size, st_, dd, k, e) in enumerate(zip((hgt, wid), s, d, (kh, kw), extra))]
+    y = np.zeros((n, g * per, *out), np.int64)
+    cg = cin // g
+    for grp in range(g):
+        xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
+        for i in range(kh):
+            for j in range(kw):
+                part = np.einsum("nchw,co->nohw", xs_, w[grp * cg:(grp + 1) * cg, :, i, j].astype(np.int64))
+                for ih in range(hgt):
+                    oh = ih * s[0] - p[0] + i * d[0]
+                    if not 0 <= oh < out[0]:
+                        continue
+                    for iw in range(wid):
+                        ow = iw * s[1] - p[1] + j * d[1]
+                        if 0 <= ow < out[1]:
+                            y[:, grp * per:(grp + 1) * per, oh, ow] += part[:, :, ih, iw]
+    return y
+
+
 class Oracle:
     """Runs a quantized model as docs/import.md states: integers; values (v, scale) with v an integer array whose
     real value is v * scale; QuantizeLinear as the import's plan (multiplier, shifts, clip) of each node; float
@@ -157,12 +184,15 @@ class Oracle:
         return x
 
     def float_op(self, op, xs, a):
-        if op in ("Conv", "Gemm", "MatMul"):
+        if op in ("Conv", "ConvTranspose", "Gemm", "MatMul"):
             x, w = xs[0], xs[1]
             scale_x = x[2].reshape(())
             if op == "Conv":
                 v = one("Conv", [x[1], w[1]] + ([xs[2][1]] if len(xs) > 2 else []), **a)
                 sw = np.broadcast_to(w[2], w[1].shape).reshape(len(w[1]), -1)[:, 0].reshape(-1, 1, 1)
+            elif op == "ConvTranspose":  # weights (C_in, C_out / group, kh, kw), per channel along axis 1
+                v = transposed_conv(x[1], w[1], a) + (xs[2][1].reshape(-1, 1, 1) if len(xs) > 2 else 0)
+                sw = np.tile(np.broadcast_to(w[2], w[1].shape)[0, :, 0, 0], a.get("group", 1)).reshape(-1, 1, 1)
             else:
                 wv = w[1] if op == "MatMul" or a.get("transB", 0) == 0 else w[1].T
                 v = x[1] @ wv + (xs[2][1] if len(xs) > 2 else 0)

@@ -312,3 +312,36 @@ def test_softmax_over_a_long_axis(n, so):
     real = x * float(np.float32(0.1))
     ex = np.exp(real - real.max(axis=1, keepdims=True))
     assert (np.abs(got - ex / ex.sum(axis=1, keepdims=True) * float(q))[got < 255] <= p.error + 1e-9).all()
+
+
+# -- ConvTranspose --------------------------------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), group=st.sampled_from([1, 2]), per=st.integers(1, 3), k=st.sampled_from([(1, 1), (2, 2), (3, 2)]),
+       strides=st.sampled_from([(1, 1), (2, 2), (2, 1)]), dil=st.sampled_from([(1, 1), (2, 1)]),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), per_channel=st.booleans(), with_bias=st.booleans())
+def test_conv_transpose_equals_the_oracle(d, group, per, k, strides, dil, x_type, per_channel, with_bias):
+    """QDQ ConvTranspose (groups, strides, dilations, pads, output_padding, per-channel weights along axis 1 as
+    quantize_static writes them): zeros inserted between the values, a flipped-kernel conv2d; equal to the
+    oracle (onnx's reference ConvTranspose on the integers, then each requantization by its plan)."""
+    cin = 2 * group
+    pads = [d.draw(st.integers(0, dd * (kk - 1))) for dd, kk in zip(dil + dil, k + k)]
+    extra = [d.draw(st.integers(0, s - 1)) for s in strides]  # onnxruntime: output_padding < stride
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    w = rng.integers(-127, 128, size=(cin, per) + k).astype(np.int8)
+    sw = (rng.uniform(0.5, 2, per) * 0.01).astype(np.float32) if per_channel else np.float32(0.01)
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(0.05), "zx": NP[x_type](zx), "w": w, "sw": sw, "so": np.float32(0.1),
+             "zo": np.int8(0)}
+    ins = ["xf", "wf"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1)]
+    if with_bias:
+        inits.update(b=rng.integers(-300, 300, per * group).astype(np.int32),
+                     sb=(np.float32(0.05) * np.tile(np.broadcast_to(sw, (per,)), group)).astype(np.float32))
+        nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0))
+        ins.append("bf")
+    nodes += [h.make_node("ConvTranspose", ins, ["c"], group=group, strides=list(strides), dilations=list(dil),
+                          pads=pads, output_padding=extra, kernel_shape=list(k)),
+              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    shape = (1, cin, 3, 4)
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))

@@ -626,6 +626,58 @@ def conv_rule(ctx, node, x, w, b=None):
                 None if b is None else scaled(b, "the Conv bias"))
 
 
+def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
+    """ConvTranspose (2-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
+    `upsampling` or `repeat` of x - z, times a 0/1 mask), padded d (k - 1) - pads (+ output_padding at the end),
+    by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule's conv2d and window
+    sums on that, exactly."""
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise Refuse("only a 2-D ConvTranspose has a CVM form here")
+    if node.has("output_shape") or node.attr_str("auto_pad", "NOTSET") != "NOTSET":
+        raise Refuse("ConvTranspose with output_shape or auto_pad has no CVM form here (give pads)")
+    x = per_tensor(x, "ConvTranspose")
+    groups = node.attr_int("group", 1, lo=1)
+    if not w.t.is_const:
+        raise Refuse("the ConvTranspose weight is computed at run time: CVM's conv2d needs a constant weight")
+    cin, per, kh, kw = w.shape
+    if cin != x.shape[1] or cin % groups:
+        raise Refuse(f"a ConvTranspose weight of shape {w.shape} for {x.shape[1]} input channels in {groups} groups")
+    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
+    dilations = node.attr_ints("dilations", [1, 1], lo=1, size=2)
+    extra = node.attr_ints("output_padding", [0, 0], lo=0, size=2)
+    pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
+    if any(o >= s for o, s in zip(extra, strides)):
+        raise Refuse(f"ConvTranspose output_padding {extra} must be below the strides {strides}")
+
+    def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), flipped
+        a = a.reshape(groups, cin // groups, per, kh, kw).transpose(0, 2, 1, 3, 4)
+        return a.reshape(groups * per, cin // groups, kh, kw)[:, :, ::-1, ::-1]
+
+    full = np.broadcast_to(w.scale, w.shape)
+    wv = Scaled(const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32),
+                np.ascontiguousarray(flipped(full)), np.zeros((), np.int64))
+    wv, sw = weight(wv, "the ConvTranspose weight")
+    v = minus_zero(ctx, x)
+    n, c, hgt, wid = x.shape
+    up = nn.nearest(ctx, v, [1, 1, *strides])
+    mask = np.zeros((1, 1, hgt * strides[0], wid * strides[1]), np.int32)
+    mask[..., ::strides[0], ::strides[1]] = 1
+    up = ctx.result(ctx.op("broadcast_mul", up, const(mask, INT32)), INT32, min(v.lo, 0), max(v.hi, 0), up.shape)
+    begin = [d * (k - 1) - p for d, k, p in zip(dilations, (kh, kw), pads[:2])]
+    end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
+    up, begin, end = nn.cropped(ctx, up, begin, end)
+    acc, scale = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
+                            **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end), channels=len(wv),
+                            kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
+    return Scaled(acc, scale.reshape(-1, 1, 1), np.zeros((), np.int64))
+
+
+@float_rule("ConvTranspose", since=1)
+def conv_transpose_rule(ctx, node, x, w, b=None):
+    return conv_transpose(ctx, node, scaled(x, "the ConvTranspose input"), scaled(w, "the ConvTranspose weight"),
+                          None if b is None else scaled(b, "the ConvTranspose bias"))
+
+
 @float_rule("MatMul", since=1)
 def matmul_rule(ctx, node, a, b):
     a, b = scaled(a, "the MatMul input"), scaled(b, "the MatMul weight")
