@@ -126,6 +126,20 @@ class Oracle:
         z = int(self.inits[z_name]) if z_name else 0
         return ("int", self.requant(name, x, Fraction(float(self.inits[s_name])), z, lo, hi))
 
+    @staticmethod
+    def settled(rec, term, s_out, zo, lo, hi):
+        """The term with its settled rows set to 0 and their K - z_out per row; every value of those rows is
+        checked to quantize (exactly, half to even, saturated) to K."""
+        _, v, sc = term
+        mask, offset = np.zeros(sc.shape, bool), np.zeros(sc.shape, np.int64)
+        for row, k in rec.settled:
+            mask.flat[row], offset.flat[row] = True, k - zo
+        rows = np.broadcast_to(mask, np.broadcast_shapes(v.shape, sc.shape))
+        exact = np.vectorize(lambda a, m: min(max(round(a * m) + zo, lo), hi), otypes=[np.int64])(
+            np.broadcast_to(v, rows.shape).astype(object), np.broadcast_to(sc / s_out, rows.shape))
+        assert np.array_equal(exact[rows], np.broadcast_to(offset + zo, rows.shape)[rows])
+        return [("real", np.where(rows, 0, v), sc)], offset
+
     def requant(self, name, x, s_out, zo, lo, hi):
         rec = self.plans[name]
         if x[0] == "fn":
@@ -133,6 +147,12 @@ class Oracle:
             real = v * float(sc.reshape(-1)[0])
             return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
         terms = x[1] if x[0] == "sum" else [x]
+        if rec.settled:  # rows of a bias no conv2d holds: QuantizeLinear gives one value K on all of each
+            terms, offset = self.settled(rec, terms[0], s_out, zo, lo, hi)
+            return np.clip(self.requant_terms(rec, name, terms, s_out, zo, lo, hi) + offset, lo, hi)
+        return self.requant_terms(rec, name, terms, s_out, zo, lo, hi)
+
+    def requant_terms(self, rec, name, terms, s_out, zo, lo, hi):
         if not rec.plans:
             return np.clip(terms[0][1] + zo, lo, hi)
         if rec.runs:  # one term, per-channel runs: each run's channels by its own plan
@@ -220,6 +240,9 @@ class Oracle:
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
         if op == "Add":
             return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
+        if op == "Sub":
+            a, b = ([t for t in (x[1] if x[0] == "sum" else [x])] for x in xs)
+            return ("sum", a + [("real", -t[1], t[2]) for t in b])
         if op in ("Mul", "Div") and "const" in (xs[0][0], xs[1][0]):  # by a float constant: the scale times/over it
             x, c = (xs[0], xs[1][1]) if xs[1][0] == "const" else (xs[1], xs[0][1])
             c = Fraction(float(c))
@@ -759,3 +782,36 @@ def test_the_issues_spread_of_channel_scales_is_requantized_in_runs():
     parts = runs(-(127 * 128 * 288), 127 * 128 * 288, ms, -128, 127)
     assert len(parts) > 1 and sorted(np.concatenate([r.channels for r in parts])) == list(range(8))
     assert all(r.plan.delta < Fraction(1, 2) for r in parts)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**16), c_out=st.integers(2, 6), dead=st.integers(0, 5),
+       bias=st.sampled_from([(1 << 31) - 1, -(1 << 31) + 1, 1 << 30, -(1 << 30), 2147268950]),
+       tiny=st.sampled_from([1e-16, 1e-30, 1e-38]), out=st.sampled_from([T.INT8, T.UINT8]))
+def test_a_dead_channel_with_a_huge_bias_is_settled(seed, c_out, dead, bias, tiny, out):
+    """A channel whose weight scale is tiny (1e-16 .. 1e-38, a denormal bias scale too) and whose int32 bias is
+    >= 2^30 (as quantize_static writes a dead channel of a real recognizer): no conv2d label holds the bias, but
+    QuantizeLinear gives that channel one value for every input, added after the requantization of the others;
+    equal to the oracle, which checks that value exactly. Regression: refused ('conv2d of inputs with precisions
+    [8, 8, 32] needs 33 bits'), then 'the bias scale ... is not input scale x weight scale' for a denormal."""
+    rng = np.random.default_rng(seed)
+    dead %= c_out
+    w = rng.integers(-127, 128, size=(c_out, 3, 3, 3))
+    sw = (rng.uniform(0.5, 2, c_out) * 0.01).astype(np.float32)
+    sw[dead] = np.float32(tiny)
+    b = rng.integers(-2000, 2000, c_out)
+    b[dead] = bias
+    m = qdq_conv(w, sw, 0.02, 3, T.INT8, 0.05, 0 if out == T.INT8 else 128, out, bias=b)
+    x = rng.integers(-128, 128, size=(1, 3, 5, 5))
+    imp = oracle_equal(m, x)
+    assert [r.settled for r in imp.requants if r.settled]
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def test_a_huge_bias_on_a_channel_whose_output_varies_is_refused():
+    """M = 2^-31 and a bias of 2^30: (t + 2^30) M lies around 1/2, so the channel's output is not one value."""
+    w = np.full((1, 1, 1, 1), 100)
+    m = qdq_conv(w, np.array([2.0**-20], np.float32), 2.0**-11, 0, T.INT8, 1.0, 0, T.INT8, bias=np.array([1 << 30]),
+                 pads=(0, 0, 0, 0), name="deadconv")
+    msg = problems(m, input_precision=9)
+    assert "q (QuantizeLinear)" in msg and "whose output varies" in msg

@@ -345,3 +345,21 @@ def test_conv_transpose_equals_the_oracle(d, group, per, k, strides, dil, x_type
               h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
     shape = (1, cin, 3, 4)
     oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))
+
+
+@SETTINGS
+@given(d=st.data(), sa=scales, sb=scales, so=scales, x_type=st.sampled_from([T.INT8, T.UINT8]),
+       chain=st.booleans())
+def test_sub_of_dequantized_values(d, sa, sb, so, x_type, chain):
+    """a - b (and a - b + a) of dequantized values: a sum of terms, b's negated (-t + z at the same scale);
+    equal to the oracle. Regression: 'float Sub of dequantized values has no integer form'."""
+    za, zb = (d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255)))) for _ in range(2))
+    inits = {"sa": np.float32(sa), "za": NP[x_type](za), "sb": np.float32(sb), "zb": NP[x_type](zb),
+             "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+             h.make_node("DequantizeLinear", ["x", "sb", "zb"], ["b"]), h.make_node("Sub", ["a", "b"], ["r"])]
+    if chain:
+        nodes.append(h.make_node("Add", ["r", "a"], ["r2"]))
+    nodes.append(h.make_node("QuantizeLinear", ["r2" if chain else "r", "so", "zo"], ["y"]))
+    shape = (2, 6)
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))

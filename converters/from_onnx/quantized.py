@@ -102,6 +102,7 @@ class Requant:
     plan: Plan | None
     runs: tuple[Run, ...] = ()
     softmax: SoftmaxPlan | None = None
+    settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
 
     @property
     def plans(self) -> list[Plan]:
@@ -248,16 +249,26 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         return table(ctx, x, scale, zo, dtype)
     if isinstance(x, Softmaxed):
         return softmax(ctx, x, scale, zo, dtype)
-    terms = x.terms if isinstance(x, Summed) else (x,)
+    offset, settled = None, ()
     if isinstance(x, Scaled):
         lo, hi = (max(lo, clipped(x.clip[0], scale, zo, lo, hi)) if x.clip[0] is not None else lo,
                   min(hi, clipped(x.clip[1], scale, zo, lo, hi)) if x.clip[1] is not None else hi)
+        x, offset, settled = settle(ctx, x, scale, zo, lo, hi)
+    terms = x.terms if isinstance(x, Summed) else (x,)
     vs = [minus_zero(ctx, term) for term in terms]
     ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
     shape = broadcast_shape(*vs)
+
+    def finish(r: Tensor) -> Tensor:  # the settled rows' values added, then z_out and the saturation
+        if offset is not None:
+            oc = const(offset.astype(np.int32), INT32)
+            r = ctx.result(ctx.op("broadcast_add", r, oc), INT32, r.lo + min(int(offset.min()), 0),
+                           r.hi + max(int(offset.max()), 0), broadcast_shape(r, oc))
+        return saturate(ctx, r, zo, lo, hi, dtype, shape)
+
     if len(vs) == 1 and all(r == 1 for r in ratios[0].flat):  # the same scale: only the zero point moves
-        ctx.requants.append(Requant(ctx.base, (1.0,), None))
-        return saturate(ctx, vs[0], zo, lo, hi, dtype, shape)
+        ctx.requants.append(Requant(ctx.base, (1.0,), None, settled=settled))
+        return finish(vs[0])
     tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
     flat = tuple(float(r) for m in ratios for r in m.flat)
     try:
@@ -270,10 +281,48 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
             parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - zo, thi - zo)
         except NoPlan as e2:
             raise Refuse(str(e2)) from None
-        ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts)))
-        return saturate(ctx, apply_runs(ctx, vs[0], parts, axis, ratios[0].shape), zo, lo, hi, dtype, shape)
-    ctx.requants.append(Requant(ctx.base, flat, p))
-    return saturate(ctx, apply(ctx, vs, p), zo, lo, hi, dtype, shape)
+        ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled))
+        return finish(apply_runs(ctx, vs[0], parts, axis, ratios[0].shape))
+    ctx.requants.append(Requant(ctx.base, flat, p, settled=settled))
+    return finish(apply(ctx, vs, p))
+
+
+FAR = 1 << 30  # a zero point this far (a bias kept out of conv2d, ``accumulate``) has no CVM label
+
+
+def settle(ctx, x: Scaled, scale: np.ndarray, zo: int, lo: int, hi: int) -> tuple[Scaled, np.ndarray | None, tuple]:
+    """Rows of x whose zero point is FAR (a dead channel: tiny weight scale, huge bias) and whose QuantizeLinear
+    gives one value K for every t in t's interval (round half to even of the exact values at its ends, saturated:
+    rounding is monotone): t is multiplied by 0 there (zero point 0, the least other ratio), and K - z_out added
+    after the requantization. (x, those offsets per row or None, ((row, K), ...)); another far row is refused."""
+    far = np.abs(x.zero) >= FAR
+    if not far.any():
+        return x, None, ()
+    full = np.broadcast_shapes(x.scale.shape, x.zero.shape)
+    ratio = np.broadcast_to(np.asarray(x.scale / scale.reshape(()).item(), dtype=object), full)
+    zero = np.broadcast_to(x.zero, full)
+    far = np.broadcast_to(far, full)
+    offset, settled = np.zeros(full, np.int64), []
+    for i in zip(*np.nonzero(far)):
+        z, m = int(zero[i]), ratio[i]
+        ends = {min(max(round((v - z) * m) + zo, lo), hi) for v in (x.t.lo, x.t.hi)}
+        if len(ends) > 1:
+            raise Refuse(f"a bias of {-z} at the accumulator's scale (no CVM label holds it) on a channel whose "
+                         "output varies: no CVM form")
+        offset[i] = ends.pop() - zo
+        settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + zo))
+    t = as_int32(x.t)  # 0 on the far rows: min(max(t, L), H) with L = H = 0 there, t's own bounds elsewhere
+    low = const(np.where(far, 0, min(t.lo, 0)).astype(np.int32), INT32)
+    high = const(np.where(far, 0, -max(t.hi, 0)).astype(np.int32), INT32)
+    shape = broadcast_shape(t, low)
+    t = ctx.result(ctx.op("broadcast_max", t, low), INT32, min(t.lo, 0), max(t.hi, 0), shape)
+    t = ctx.result(ctx.op("negative", t), INT32, -t.hi, -t.lo, shape)
+    t = ctx.result(ctx.op("broadcast_max", t, high), INT32, t.lo, t.hi, shape)
+    t = ctx.result(ctx.op("negative", t), INT32, -t.hi, -t.lo, shape)
+    rest = [r for r, f in zip(ratio.flat, far.flat) if not f]
+    fill = min(rest) if rest else Fraction(1)
+    new_scale = np.where(far, fill * scale.reshape(()).item(), np.broadcast_to(x.scale, full)).astype(object)
+    return Scaled(t, new_scale, np.where(far, 0, zero).astype(np.int64), x.clip), offset, tuple(settled)
 
 
 def channel_axis(ratio: np.ndarray, rank: int) -> int | None:
@@ -511,8 +560,10 @@ def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, n
 
 def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None, op: str, groups: int = 1,
                valid: np.ndarray | None = None, window: Callable[[Tensor], Tensor] | None = None,
-               **attrs) -> tuple[Tensor, np.ndarray]:
-    """sum (x - z) * w (+ bias) in int32 by conv2d or dense: (the accumulator, its scale s_x * s_w per row).
+               **attrs) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """sum (x - z) * w (+ bias) in int32 by conv2d or dense: (the accumulator, its scale s_x * s_w per row, the
+    zero point per row: minus the bias of a row that no conv2d label holds, |bias| >= 2^30, kept out of it: a
+    dead channel's, whose weight scale is tiny and bias huge; the QuantizeLinear settles such rows, ``settle``).
     x's 8-bit parts (x - c) times w's parts, concatenated along the reduced axis; then
     sum (x - z) w = sum (x - c) w + (c - z) V, V the sum of the weights a window reads inside the input: per
     output channel (conv2d's int32 bias) where it is the same at every position, else a (C, H, W) param added
@@ -527,6 +578,8 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         b = bias_values(bias, sx * sw, len(w))
     uniform = valid is None or bool((valid == valid[:, :1, :1]).all())
     total = b + (c - z) * (rows.sum(axis=1) if valid is None else valid[:, 0, 0] if uniform else 0)
+    excess = np.where(np.abs(total) >= 1 << 30, total, 0)
+    b, total = b - excess, total - excess
     ins = grouped_concat(ctx, [p for p in xparts for _ in wparts], groups)
     weights = np.concatenate([p for _ in xparts for p in wparts], axis=1)
     xlo, xhi = min(x.t.lo - z, 0), max(x.t.hi - z, 0)
@@ -548,7 +601,7 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     if not uniform:
         corr = const(((c - z) * valid).astype(np.int32), INT32)
         y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
-    return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object)
+    return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object), -excess
 
 
 def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> np.ndarray:
@@ -561,15 +614,15 @@ def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin,
 
 def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     """The bias as integers at the accumulator's scale s_x * s_w (as onnxruntime's QLinearConv adds it): its own
-    scale must be that product to float32 rounding."""
+    scale must be that product to float32 rounding (a denormal float32 holds it to 2^-149 only)."""
     if not bias.t.is_const:
         raise Refuse("the bias is computed at run time: CVM needs a constant bias")
     v = np.broadcast_to(bias.t.value.astype(np.int64) - bias.zero, (n,)) if bias.t.size in (1, n) else None
     s = np.broadcast_to(bias.scale.reshape(-1) if bias.scale.size > 1 else bias.scale.reshape(()), (n,))
     if v is None:
         raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs")
-    for have, want in zip(s, acc_scale):
-        if abs(have / want - 1) > Fraction(1, 1 << 22):
+    for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
+        if abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)):
             raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
     return v.copy()
 
@@ -578,8 +631,8 @@ def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) ->
     """x (..., K) times w (N, K)^T: rows flattened, dense, reshaped back; scale s_x * s_w along the last axis."""
     k = x.shape[-1]
     rows = Scaled(ctx.reshape(x.t, (math.prod(x.shape[:-1]), k)), x.scale.reshape(()), x.zero.reshape(()))
-    acc, scale = accumulate(ctx, rows, w, sw, bias, "dense")
-    return Scaled(ctx.reshape(acc, x.shape[:-1] + (len(w),)), scale, np.zeros((), np.int64))
+    acc, scale, zero = accumulate(ctx, rows, w, sw, bias, "dense")
+    return Scaled(ctx.reshape(acc, x.shape[:-1] + (len(w),)), scale, zero if zero.any() else np.zeros((), np.int64))
 
 
 def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin, end) -> dict:
@@ -611,13 +664,14 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
         begin, end = [0] + begin, [0] + end
     t, begin, end = nn.cropped(ctx, t, begin, end)
     groups = node.attr_int("group", 1, lo=1)
-    acc, scale = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
+    acc, scale, zero = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
                             **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
                             channels=len(wv), kernel_size=tuple(wv.shape[2:]), strides=tuple(strides),
                             dilation=tuple(dilations))
     if one_d:
         acc = ctx.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[3]))
-    return Scaled(acc, scale.reshape(-1, 1, 1) if not one_d else scale.reshape(-1, 1), np.zeros((), np.int64))
+    shape = (-1, 1, 1) if not one_d else (-1, 1)
+    return Scaled(acc, scale.reshape(shape), zero.reshape(shape) if zero.any() else np.zeros((), np.int64))
 
 
 @float_rule("Conv", since=1)
@@ -666,10 +720,10 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     begin = [d * (k - 1) - p for d, k, p in zip(dilations, (kh, kw), pads[:2])]
     end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
     up, begin, end = nn.cropped(ctx, up, begin, end)
-    acc, scale = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
+    acc, scale, zero = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
                             **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end), channels=len(wv),
                             kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
-    return Scaled(acc, scale.reshape(-1, 1, 1), np.zeros((), np.int64))
+    return Scaled(acc, scale.reshape(-1, 1, 1), zero.reshape(-1, 1, 1) if zero.any() else np.zeros((), np.int64))
 
 
 @float_rule("ConvTranspose", since=1)
@@ -713,7 +767,7 @@ def average(ctx, node, x: Scaled) -> Scaled:
     t, begin, end = nn.cropped(ctx, x.t, begin, end)
     ones = np.ones((c, 1) + tuple(kernel), np.int64)
     pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, end)
-    acc, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
+    acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
                         kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
     sx = x.scale.reshape(()).item()
     if node.attr_int("count_include_pad", 0) or pad["valid"] is None:
@@ -771,6 +825,22 @@ def add_rule(ctx, node, a, b):
     terms = []
     for x in (a, b):
         terms += list(x.terms) if isinstance(x, Summed) else [scaled(x, "an Add operand")]
+    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+
+
+def negated(ctx, x: Scaled) -> Scaled:
+    """-x = (-t - (-z)) s: CVM's negative of t, the zero point negated."""
+    if x.t.is_const:
+        return Scaled(const(-x.t.value.astype(np.int64), INT32), x.scale, -x.zero)
+    t = as_int32(x.t)
+    return Scaled(ctx.result(ctx.op("negative", t), INT32, -t.hi, -t.lo, t.shape), x.scale, -x.zero)
+
+
+@float_rule("Sub", since=7)
+def sub_rule(ctx, node, a, b):
+    """a - b: a + (-b), -b = (-t + z) s exactly (``negated``), requantized by the QuantizeLinear that follows."""
+    terms = list(a.terms) if isinstance(a, Summed) else [scaled(a, "a Sub operand")]
+    terms += [negated(ctx, t) for t in (b.terms if isinstance(b, Summed) else [scaled(b, "a Sub operand")])]
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
