@@ -240,6 +240,15 @@ class Oracle:
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
         if op == "Add":
             return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
+        if op == "BatchNormalization":  # a x + c per channel, a and c in float64 as docs/import.md states
+            g, b, mu, var = (np.asarray(c[1], np.float64) for c in xs[1:])
+            a_ = g / np.sqrt(var + np.float64(np.float32(a.get("epsilon", 1e-5))))
+            c_ = b - a_ * mu
+            shape = (-1,) + (1,) * (xs[0][1].ndim - 2)
+            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
+            sign = np.sign(a_).astype(np.int64).reshape(shape)  # the terms as the import writes them: sign, size
+            return ("sum", [("real", xs[0][1] * sign, xs[0][2] * size(a_).reshape(shape)),
+                            ("real", np.sign(c_).astype(np.int64).reshape(shape), size(c_).reshape(shape))])
         if op == "Sub":
             a, b = ([t for t in (x[1] if x[0] == "sum" else [x])] for x in xs)
             return ("sum", a + [("real", -t[1], t[2]) for t in b])

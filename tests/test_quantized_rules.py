@@ -363,3 +363,28 @@ def test_sub_of_dequantized_values(d, sa, sb, so, x_type, chain):
     nodes.append(h.make_node("QuantizeLinear", ["r2" if chain else "r", "so", "zo"], ["y"]))
     shape = (2, 6)
     oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, x_type=st.sampled_from([T.INT8, T.UINT8]), signs=st.booleans())
+def test_batch_normalization_of_a_dequantized_value(d, s, x_type, signs):
+    """BatchNormalization (inference) between DequantizeLinear and QuantizeLinear, as quantize_static leaves it
+    after a ConvTranspose: a x + c per channel (negative and zero a, zero c too); equal to the oracle."""
+    c = 3
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    gamma = rng.normal(size=c).astype(np.float32) if signs else rng.uniform(0.5, 2, c).astype(np.float32)
+    if signs:
+        gamma[0] = 0
+    beta = rng.normal(size=c).astype(np.float32)
+    beta[-1] = 0
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    mu, var = rng.normal(size=c).astype(np.float32), rng.uniform(0.1, 3, c).astype(np.float32)
+    a = np.abs(gamma.astype(np.float64)) / np.sqrt(var + 1e-3)
+    so = (a.max() * 255 * s + np.abs(beta).max() + (a * np.abs(mu)).max()) / 127  # the output's range, as calibrated
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx), "g": gamma, "b": beta, "mu": mu, "var": var,
+             "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("BatchNormalization", ["xf", "g", "b", "mu", "var"], ["bn"], epsilon=1e-3),
+             h.make_node("QuantizeLinear", ["bn", "so", "zo"], ["y"])]
+    shape = (1, c, 2, 3)
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))

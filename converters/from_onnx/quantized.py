@@ -828,6 +828,52 @@ def add_rule(ctx, node, a, b):
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
+@float_rule("BatchNormalization", since=9)
+def batch_norm_rule(ctx, node, x, gamma, beta, mean, var):
+    """Inference BatchNormalization of a dequantized x (one quantize_static leaves after a ConvTranspose):
+    a (x - mean) + beta = a x + c per channel, a = gamma / sqrt(var + epsilon) and c = beta - a mean in float64
+    (those rationals are the ones used: the real square root differs by 2^-52 relative). The sum of x's term,
+    t times sign(a) (broadcast_mul) at scale s |a|, and a constant term sign(c) at scale |c|, requantized by the
+    QuantizeLinear that follows."""
+    x = per_tensor(scaled(x, "the BatchNormalization input"), "BatchNormalization")
+    if node.attr_int("training_mode", 0) or len(x.shape) < 2:
+        raise Refuse("BatchNormalization in training mode or of a tensor without channels has no CVM form")
+    params = []
+    for t, what in ((gamma, "scale"), (beta, "B"), (mean, "input_mean"), (var, "input_var")):
+        if isinstance(t, Scaled) and t.t.is_const:  # a quantized constant (quantize_static quantizes scale and B)
+            value = np.array([float(f) for f in np.broadcast_to((t.t.value.astype(np.int64) - t.zero) * t.scale,
+                                                               t.shape).flat])
+        elif is_float_const(t):
+            value = np.asarray(t.value, np.float64).reshape(-1)
+        else:
+            value = None
+        if value is None or value.size != x.shape[1]:
+            raise Refuse(f"BatchNormalization {what} must be a constant of one value per channel")
+        params.append(value)
+    g, b, mu, v = params
+    with np.errstate(all="ignore"):
+        a = g / np.sqrt(v + np.float64(np.float32(node.attr_float("epsilon", 1e-5))))
+        c = b - a * mu
+    if not (np.isfinite(a).all() and np.isfinite(c).all()):
+        raise Refuse("BatchNormalization with a variance of -epsilon or less, or non-finite parameters")
+    shape = (-1,) + (1,) * (len(x.shape) - 2)
+    sign = np.sign(a).astype(np.int64).reshape(shape)
+    t = as_int32(x.t)
+    if (sign != 1).any():
+        sc = const(sign.astype(np.int32), INT32)
+        peak = max(-t.lo, t.hi)
+        t = ctx.result(ctx.op("broadcast_mul", t, sc), INT32, -peak if (sign < 0).any() else min(t.lo, 0), peak,
+                       broadcast_shape(t, sc))
+    s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+    magnitude = [Fraction(float(abs(q))) if q else Fraction(1) for q in a]
+    terms = [Scaled(t, np.array([s * m for m in magnitude], dtype=object).reshape(shape), sign * z)]
+    if c.any():
+        terms.append(Scaled(const(np.sign(c).astype(np.int64).reshape(shape), INT32),
+                            np.array([Fraction(float(abs(q))) if q else Fraction(1) for q in c],
+                                     dtype=object).reshape(shape), np.zeros((), np.int64)))
+    return Summed(tuple(terms), x.shape)
+
+
 def negated(ctx, x: Scaled) -> Scaled:
     """-x = (-t - (-z)) s: CVM's negative of t, the zero point negated."""
     if x.t.is_const:
