@@ -462,7 +462,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor
         e = ctx.emit("cvm_right_shift", ctx.narrow(low, tight(low.peak)), precision=tight(n), shift_bit=b)
         s_ = add(s_, ctx.result(e, INT32, 0, (low.hi + (1 << (b - 1))) >> b, low.shape))
     num = add(twice(lut(tables[0])), s_)
-    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^(F-b)
+    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^F-b
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
     return saturate(ctx, ctx.reshape(y, x.shape), zo, lo, hi, dtype, x.shape)
