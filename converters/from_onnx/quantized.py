@@ -702,6 +702,10 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
     if any(o >= s for o, s in zip(extra, strides)):
         raise Refuse(f"ConvTranspose output_padding {extra} must be below the strides {strides}")
+    outs = [(n - 1) * s - p - q + d * (k - 1) + 1 + o for n, s, p, q, d, k, o in
+            zip(x.shape[2:], strides, pads[:2], pads[2:], dilations, (kh, kw), extra)]
+    if min(outs) < 1:
+        raise Refuse(f"the ConvTranspose output {outs} is empty: CVM has no empty tensors")
 
     def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), flipped
         a = a.reshape(groups, cin // groups, per, kh, kw).transpose(0, 2, 1, 3, 4)
