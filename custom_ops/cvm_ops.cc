@@ -699,6 +699,7 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, s
 template <int Slot>
 OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs) {
   if (op->KernelComputeV2 == nullptr) throw std::logic_error(std::string(name) + ": its Compute must return a status");
+  if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(std::string(name) + ": its slot is taken");
   CheckedEntry<Slot>::lite = op->KernelComputeV2;
   CheckedEntry<Slot>::op = name;
   CheckedEntry<Slot>::inputs = inputs;
@@ -720,7 +721,7 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<7>(Ort::Custom::CreateLiteCustomOp<Im2col<uint8_t, 128>>("im2col_uint8", cpu),
                            "im2col_uint8", 1));
   ops.push_back(checked<8>(Ort::Custom::CreateLiteCustomOp<Requantize>("requantize", cpu), "requantize", 2));
-  ops.push_back(checked<9>(Ort::Custom::CreateLiteCustomOp<Im2colRows>("im2col_rows", cpu), "im2col_rows", 1));
+  ops.push_back(checked<12>(Ort::Custom::CreateLiteCustomOp<Im2colRows>("im2col_rows", cpu), "im2col_rows", 1));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),
