@@ -205,6 +205,23 @@ def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, pr
     return sessions[best], proto
 
 
+def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | None) -> dict[str, onnx.ModelProto]:
+    """The serving form as the session may run it, by layout: its operand types (``products``, checked) and its
+    one-group products as rows (channels-last between them) and/or columns (``layout``; see ``session``)."""
+    route = products or cpu.products()
+    if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
+        raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
+                             f"uint8 x int8 exactly (here: {cpu.products()})")
+    if layout not in (None, *LAYOUTS):
+        raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
+    choice = layout or ("measure" if cpu.layout_unsure(proto) else "rows")
+    rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
+    candidates = {"rows": cpu.channels_last(proto) if rows else proto} if not rows or choice != "columns" else {}
+    if rows and choice != "rows":
+        candidates["columns"] = cpu.columns_from_rows(proto)
+    return {k: cpu.signed_operands(p) for k, p in candidates.items()} if route == "u8s8" else candidates
+
+
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
             threads: int | None = None, products: str | None = None, profile: str | None = None,
             conv_search: str = "DEFAULT", cuda_graph: bool = False, layout: str | None = None) -> ort.InferenceSession:
@@ -237,21 +254,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
             raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
                                  "(to_onnx(..., int8=False)) to run it elsewhere")
-        route = products or cpu.products()
-        if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
-            raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
-                                 f"uint8 x int8 exactly (here: {cpu.products()})")
-        if layout not in (None, *LAYOUTS):
-            raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
-        choice = layout or ("measure" if cpu.layout_unsure(proto) else "rows")
-        rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
-        candidates = {"rows": proto} if not rows or choice != "columns" else {}
-        if rows and choice != "rows":
-            candidates["columns"] = cpu.columns_from_rows(proto)
-        if rows and "rows" in candidates:
-            candidates["rows"] = cpu.channels_last(proto)
-        if route == "u8s8":
-            candidates = {k: cpu.signed_operands(p) for k, p in candidates.items()}
+        candidates = _serving_forms(proto, products, layout)
         if len(candidates) > 1:
             try:
                 return _measured(candidates, so, providers)[0]
