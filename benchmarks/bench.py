@@ -5,7 +5,8 @@ Every onnxruntime result is first checked bit for bit against the reference exec
 of five medians over many runs (``median_ms``); the load average is printed because other processes on the
 machine change them. The serving form is timed with its convolutions' products in float32 and as integer
 products (native im2col + MatMulInteger, ``cvm_onnx.native.cpu`` picks the operand types: the route and the CPU
-features detected are printed, and which route each convolution took).
+features detected are printed, and which route each convolution took), and also with every one-group product as
+columns (``layout="columns"``, the route before the rows) and with every product uint8 x uint8.
 
 The CVM runtime: with the environment variable CVM_RUNTIME_LIB naming a local build of its library
 (libcvm.so of CortexFoundation/cvm-runtime, built by hand; not part of this project), its CPU device is timed
@@ -107,23 +108,28 @@ def resnet(model: Path, runs: int) -> None:
         data = np.concatenate([one, np.random.default_rng(0).integers(-127, 128, (batch - 1,) + one.shape[1:])])
         data = data.astype(np.int32)
         want = execute(batched(graph, batch), {"data": data})[0]
-        forms = [("function form", {}, None, None)]
+        forms = [("function form", {}, None, None, None)]
         for int8 in (False, True):
             for threads in sorted({1, cpus}):
                 forms.append((f"optimized, {'integer' if int8 else 'float32'} products, {threads} thread(s)",
-                              dict(optimize=True, int8=int8), threads, None))
-        if cpu.products() == "u8s8":  # the route of CPUs without VNNI, timed here too
-            forms.append((f"optimized, integer products as u8u8, {cpus if batch > 1 else 1} thread(s)",
-                          dict(optimize=True, int8=True), cpus if batch > 1 else 1, "u8u8"))
-        for form, options, threads, products in forms:
+                              dict(optimize=True, int8=int8), threads, None, None))
+        unit = cpus if batch > 1 else 1
+        forms.append((f"optimized, integer products as columns (no rows), {unit} thread(s)",
+                      dict(optimize=True, int8=True), unit, None, "columns"))
+        forms.append((f"optimized, integer products all u8u8, {unit} thread(s)", dict(optimize=True, int8=True), unit,
+                      "u8u8", None))
+        for form, options, threads, products, layout in forms:
             onnx_model = to_onnx(graph, batch=batch, **options)
-            sess = session(onnx_model, threads=threads, products=products)
+            sess = session(onnx_model, threads=threads, products=products, layout=layout)
             feeds = {"data": data}
             assert np.array_equal(sess.run(None, feeds)[0], want), "onnxruntime differs from the reference"
             ms = median_ms(lambda: sess.run(None, feeds), max(25, runs // batch))
             note = f"{batch / ms * 1e3:.0f} images/s, {base / (ms / batch):.1f}x {base_name}"
+            routes = sess.get_modelmeta().custom_metadata_map.get("cvm.routes", "")
+            layout = "columns" if layout == "columns" or "columns taken" in routes else "rows"
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
-                note + (f"; {conv_routes(onnx_model, products or cpu.products())}" if options.get("int8") else "") +
+                note + (f"; {conv_routes(onnx_model, products or cpu.products())}, {layout}" if options.get("int8")
+                        else "") +
                 f"; load {os.getloadavg()[0]:.2f}")
         if batch > 1:
             units(graph, data, want, base, base_name)
@@ -235,7 +241,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {machine()}; load average {os.getloadavg()[0]:.2f}")
     print(f"CPU features (CPUID, enabled by the OS): {', '.join(cpu.features()) or 'none detected'}; integer "
-          f"products as {cpu.products()} (uint8 x int8 only where exact: VNNI/AMX and the saturation probe)")
+          f"products as {cpu.products()} (uint8 x int8 where exact: every product with VNNI/AMX and the "
+          f"saturation probe ({cpu.unbounded()}), else the rows of x >= 0)")
     print(f"| {'what':<44} | {'median':>16} | note |")
     print(f"|{'-' * 46}|{'-' * 18}|------|")
     if args.model.exists():

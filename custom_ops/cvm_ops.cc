@@ -326,13 +326,65 @@ struct Im2col {
   Im2colShape geometry;
 };
 
+// im2col_rows (group 1): int32 data (N, C, H, W) -> uint8 rows (N, OH * OW, kh * kw * C) holding x + offset,
+// offset in the padding (im2col.h); offset 0 takes values in [0, 127], 128 values in [-128, 127].
+struct Im2colRows {
+  static constexpr const char* kName = "im2col_rows";
+
+  Im2colRows(const OrtApi* api, const OrtKernelInfo* info)
+      : columns(api, info), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)) {
+    if (offset != 0 && offset != 128) throw Ort::Exception("im2col_rows: offset must be 0 or 128", ORT_INVALID_ARGUMENT);
+    if (nhwc != 0 && nhwc != 1) throw Ort::Exception("im2col_rows: nhwc must be 0 or 1", ORT_INVALID_ARGUMENT);
+    if (columns.geometry.group != 1 || columns.geometry.wide) {
+      throw Ort::Exception("im2col_rows: group must be 1 and wide 0", ORT_INVALID_ARGUMENT);
+    }
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Ort::Custom::Tensor<uint8_t>& out) {
+    return guarded(kName, [&] {
+      const std::vector<int64_t>& shape = data.Shape();
+      if (shape.size() != 4) {
+        return invalid(kName, std::string("data must be 4-D ") + (nhwc ? "(N, H, W, C)" : "(N, C, H, W)") + ", got " +
+                                  shape_text(shape));
+      }
+      Im2colShape s = columns.geometry;
+      s.n = shape[0], s.c = shape[nhwc ? 3 : 1], s.h = shape[nhwc ? 1 : 2], s.w = shape[nhwc ? 2 : 3];
+      if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
+      const int32_t lo = offset == 0 ? 0 : -128;
+      const int32_t* x = data.Data();
+      std::vector<uint8_t> padded(static_cast<size_t>(s.n * s.hp() * s.wp() * s.c));
+      uint8_t* rows = out.Allocate({s.n, s.oh * s.ow, s.kh * s.kw * s.c});
+      std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, 127]
+      auto image = [&](int64_t n) {
+        const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, 127, static_cast<uint32_t>(offset), n, padded.data())
+                               : pad_narrow_hwc(x, s, lo, 127, static_cast<uint32_t>(offset), n, padded.data());
+        if (i >= 0) {
+          for (int64_t seen = bad.load(); i < seen && !bad.compare_exchange_weak(seen, i);) {}
+        }
+      };
+      parallel_for(context, s.n, image);
+      if (const int64_t i = bad.load(); i != INT64_MAX) {
+        return invalid(kName, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
+                                  " is outside [" + std::to_string(lo) + ", 127]");
+      }
+      auto row = [&](int64_t r) { im2col_rows(padded.data(), s, r / s.oh, r % s.oh, rows); };
+      parallel_for(context, s.n * s.oh, row);
+      return Ort::Status{nullptr};
+    });
+  }
+
+  Im2col<uint8_t, 128> columns;  // the geometry attributes, read and checked as the columns ops read them
+  int64_t offset, nhwc;  // nhwc = 1: data (N, H, W, C)
+};
+
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
 // keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
 // axis-1 channel before the bias.
-// The requantize attributes: steps, width, scales, batch_inner (checked).
+// The requantize attributes: steps, width, scales, batch_inner, rows, nhwc (checked).
 struct RequantizeAttrs {
   explicit RequantizeAttrs(const OrtKernelInfo* info)
-      : width(int_attr(info, "width", 0)), batch_inner(int_attr(info, "batch_inner", 0)) {
+      : width(int_attr(info, "width", 0)), batch_inner(int_attr(info, "batch_inner", 0)),
+        rows(ints_attr(info, "rows", {})), nhwc(int_attr(info, "nhwc", 0)) {
     flat = ints_attr(info, "steps", {});
     if (std::string err = parse_steps(flat, steps); !err.empty()) {
       throw Ort::Exception("requantize: " + err, ORT_INVALID_ARGUMENT);
@@ -350,6 +402,15 @@ struct RequantizeAttrs {
     }
     if (batch_inner && width > 0) {
       throw Ort::Exception("requantize: width and batch_inner do not go together", ORT_INVALID_ARGUMENT);
+    }
+    if (!rows.empty() && (rows.size() != 2 || rows[0] < 1 || rows[1] < 1 || rows[0] > INT32_MAX / rows[1] ||
+                          width > 0 || !scales.empty() || batch_inner)) {
+      throw Ort::Exception("requantize: rows must be two positive ints (OH, OW), without width, scales or batch_inner",
+                           ORT_INVALID_ARGUMENT);
+    }
+    if (nhwc != 0 && nhwc != 1) throw Ort::Exception("requantize: nhwc must be 0 or 1", ORT_INVALID_ARGUMENT);
+    if (nhwc && (width > 0 || batch_inner)) {
+      throw Ort::Exception("requantize: nhwc does not go with width or batch_inner", ORT_INVALID_ARGUMENT);
     }
   }
 
@@ -386,6 +447,8 @@ struct RequantizeAttrs {
 
   int64_t width;
   int64_t batch_inner;
+  std::vector<int64_t> rows;  // (OH, OW): data (N, OH * OW, C), the products of the rows route
+  int64_t nhwc;               // 1: the channels on the last axis
   std::vector<int64_t> flat;
   std::vector<int32_t> scales;
   std::vector<RequantStep> steps;
@@ -402,6 +465,7 @@ struct Requantize {
       std::vector<int64_t> shape = attrs.output_shape(data.Shape());
       if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");
       const int64_t channels = bias.NumberOfElement();
+      if (!attrs.rows.empty() || attrs.nhwc) return channels_last(context, data, bias, out);
       int64_t inner = 1;
       if (std::string err = attrs.check(shape, channels, bias.Shape(), inner); !err.empty()) {
         return invalid("requantize", err);
@@ -437,6 +501,48 @@ struct Requantize {
       parallel_for(context, (rows + per_block - 1) / per_block, block);
       return Ort::Status{nullptr};
     });
+  }
+
+  // Channels on the last axis: rows = (OH, OW) takes data (N, OH * OW, C) (the products of the rows route) and
+  // writes y (N, C, OH, OW), or with nhwc (N, OH, OW, C); nhwc alone takes data (..., C) and writes its shape; the
+  // bias and scales are per last-axis channel.
+  Ort::Status channels_last(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
+                            Int32Tensor& out) {
+    const std::vector<int64_t>& shape = data.Shape();
+    const int64_t channels = bias.NumberOfElement(), scaled = static_cast<int64_t>(attrs.scales.size());
+    const std::vector<int64_t>& rows = attrs.rows;
+    const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
+    if (!fits || (channels > 0 && channels != shape.back()) || (scaled > 0 && scaled != shape.back()) ||
+        bias.Shape().size() != 1) {
+      return invalid("requantize", std::string(rows.empty() ? "nhwc needs data (..., C)" : "rows (OH, OW) need data "
+                                   "(N, OH * OW, C)") + " and a bias and scales (C,) or none, got " + shape_text(shape) +
+                                       " and " + shape_text(bias.Shape()));
+    }
+    const int64_t c = shape.back(), count = data.NumberOfElement();
+    const int32_t* b = channels > 0 ? bias.Data() : nullptr;
+    if (attrs.nhwc) {
+      std::vector<int64_t> dims = rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c};
+      int32_t* y = out.Allocate(dims);
+      const int64_t lines = c > 0 ? count / c : 0, per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
+      auto block = [&](int64_t i) {
+        requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
+                        scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, y);
+      };
+      parallel_for(context, (lines + per_block - 1) / per_block, block);
+      return Ort::Status{nullptr};
+    }
+    if (scaled > 0) return invalid("requantize", "scales with rows need nhwc");
+    const int64_t n = shape[0], positions = shape[1];
+    int32_t* y = out.Allocate({n, c, rows[0], rows[1]});
+    const int64_t per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
+    const int64_t blocks = (positions + per_block - 1) / per_block;
+    auto block = [&](int64_t i) {
+      const int64_t image = i / blocks, first = (i % blocks) * per_block;
+      requantize_transposed(data.Data(), positions, c, image, first, std::min(positions, first + per_block), b,
+                            attrs.steps, y);
+    };
+    if (c > 0) parallel_for(context, n * blocks, block);
+    return Ort::Status{nullptr};
   }
 
   static constexpr int64_t kBlock = 1 << 14;  // elements per parallel task
@@ -532,6 +638,7 @@ struct RequantizeCuda {
 
   Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
+      if (!attrs.rows.empty() || attrs.nhwc) return invalid("requantize", "rows and nhwc have CPU kernels only");
       std::vector<int64_t> shape = attrs.output_shape(data.Shape());
       if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");
       const int64_t channels = bias.NumberOfElement();
@@ -592,6 +699,7 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, s
 template <int Slot>
 OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs) {
   if (op->KernelComputeV2 == nullptr) throw std::logic_error(std::string(name) + ": its Compute must return a status");
+  if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(std::string(name) + ": its slot is taken");
   CheckedEntry<Slot>::lite = op->KernelComputeV2;
   CheckedEntry<Slot>::op = name;
   CheckedEntry<Slot>::inputs = inputs;
@@ -613,6 +721,7 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<7>(Ort::Custom::CreateLiteCustomOp<Im2col<uint8_t, 128>>("im2col_uint8", cpu),
                            "im2col_uint8", 1));
   ops.push_back(checked<8>(Ort::Custom::CreateLiteCustomOp<Requantize>("requantize", cpu), "requantize", 2));
+  ops.push_back(checked<12>(Ort::Custom::CreateLiteCustomOp<Im2colRows>("im2col_rows", cpu), "im2col_rows", 1));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

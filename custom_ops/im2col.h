@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "clones.h"
 
 namespace cvm_onnx {
@@ -157,6 +161,133 @@ void im2col_wide(const Out* xp, const Im2colShape& s, int64_t plane, Out* out) {
     for (int64_t fw = 0; fw < s.kw; ++fw, dst += count) {
       std::memcpy(dst, xp + plane * s.plane_stride() + fh * s.dh * wp + fw * s.dw, static_cast<size_t>(count));
     }
+  }
+}
+
+
+// Rows (group 1): rows[n, oh * OW + ow, (fh * kw + fw) * C + c] = x[n, c, oh*sh + fh*dh - pt, ow*sw + fw*dw - pl]
+// + offset, offset in the padding: each output position one row of K = kh * kw * C bytes, the left operand of a
+// product by the (K, OC) weights. Values must lie in [lo, hi] (offset 0: [0, 127]; 128: [-128, 127]).
+
+// dst[j * dst_stride + i] = src[i * src_stride + j] for an 8 x 8 block of bytes (SSE2 unpacks on x86-64).
+inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
+#if defined(__SSE2__)
+  __m128i r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i * src_stride));
+  const __m128i a0 = _mm_unpacklo_epi8(r[0], r[1]), a1 = _mm_unpacklo_epi8(r[2], r[3]);
+  const __m128i a2 = _mm_unpacklo_epi8(r[4], r[5]), a3 = _mm_unpacklo_epi8(r[6], r[7]);
+  const __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+  const __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+  const __m128i c[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2), _mm_unpacklo_epi32(b1, b3),
+                        _mm_unpackhi_epi32(b1, b3)};
+  for (int j = 0; j < 4; ++j) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + 2 * j * dst_stride), c[j]);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + (2 * j + 1) * dst_stride), _mm_unpackhi_epi64(c[j], c[j]));
+  }
+#else
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) dst[j * dst_stride + i] = src[i * src_stride + j];
+  }
+#endif
+}
+
+// Image n of x (n, c, h, w) into xp (HP, WP, C) bytes (images hp() * wp() * C apart) as x + offset, offset in the
+// padding: the narrowing of pad_narrow with the channels innermost (each input row narrowed plane by plane, then
+// transposed in 8 x 8 blocks). Returns the flat index of the first x of the image outside [lo, hi] (then the copy
+// is incomplete), or -1.
+CVM_AVX2_CLONES int64_t pad_narrow_hwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
+                                       uint32_t offset, int64_t n, uint8_t* xp) {
+  const int64_t c = s.c, w = s.w, wp = s.wp(), size = s.hp() * wp * c;
+  uint8_t* base = xp + n * size;
+  std::fill(base, base + size, static_cast<uint8_t>(offset));
+  const uint32_t span = static_cast<uint32_t>(hi) - static_cast<uint32_t>(lo);
+  std::vector<uint8_t> narrow(static_cast<size_t>(c * w));  // one input row of every plane: (C, W)
+  for (int64_t y = 0; y < s.h; ++y) {
+    uint32_t outside = 0;
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const int32_t* src = x + ((n * c + ch) * s.h + y) * w;
+      uint8_t* dst = narrow.data() + ch * w;
+      for (int64_t i = 0; i < w; ++i) {
+        outside |= static_cast<uint32_t>(static_cast<uint32_t>(src[i]) - static_cast<uint32_t>(lo) > span);
+        dst[i] = static_cast<uint8_t>(static_cast<uint32_t>(src[i]) + offset);
+      }
+    }
+    if (outside) {
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const int32_t* src = x + ((n * c + ch) * s.h + y) * w;
+        for (int64_t i = 0; i < w; ++i) {
+          if (src[i] < lo || src[i] > hi) return ((n * c + ch) * s.h + y) * w + i;
+        }
+      }
+    }
+    uint8_t* row = base + ((y + s.pt) * wp + s.pl) * c;  // row[i * C + ch] = narrow[ch * W + i]
+    const int64_t c8 = c - c % 8, w8 = w - w % 8;
+    for (int64_t ch = 0; ch < c8; ch += 8) {
+      for (int64_t i = 0; i < w8; i += 8) transpose8x8(narrow.data() + ch * w + i, w, row + i * c + ch, c);
+    }
+    for (int64_t ch = 0; ch < c; ++ch) {
+      for (int64_t i = ch < c8 ? w8 : 0; i < w; ++i) row[i * c + ch] = narrow[ch * w + i];
+    }
+  }
+  return -1;
+}
+
+// pad_narrow_hwc for data already (n, h, w, c) (channels innermost): each input row one contiguous narrowing.
+CVM_AVX2_CLONES int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
+                                        uint32_t offset, int64_t n, uint8_t* xp) {
+  const int64_t c = s.c, w = s.w, wp = s.wp(), size = s.hp() * wp * c, row = w * c;
+  uint8_t* base = xp + n * size;
+  std::fill(base, base + size, static_cast<uint8_t>(offset));
+  const uint32_t span = static_cast<uint32_t>(hi) - static_cast<uint32_t>(lo);
+  for (int64_t y = 0; y < s.h; ++y) {
+    const int32_t* src = x + (n * s.h + y) * row;
+    uint8_t* dst = base + ((y + s.pt) * wp + s.pl) * c;
+    uint32_t outside = 0;
+    for (int64_t i = 0; i < row; ++i) {
+      outside |= static_cast<uint32_t>(static_cast<uint32_t>(src[i]) - static_cast<uint32_t>(lo) > span);
+      dst[i] = static_cast<uint8_t>(static_cast<uint32_t>(src[i]) + offset);
+    }
+    if (outside) {
+      for (int64_t i = 0; i < row; ++i) {
+        if (src[i] < lo || src[i] > hi) return (n * s.h + y) * row + i;
+      }
+    }
+  }
+  return -1;
+}
+
+// The rows of output row `oh` of image n: for each of the OW positions, kh * pieces copies of `Piece` bytes (a
+// constant for the usual sizes, so that each copy is a few vector moves); the shape's fields are read into locals
+// first (byte stores may alias them).
+template <int64_t Piece>
+inline void copy_rows(const uint8_t* base, int64_t ow_count, int64_t kh, int64_t pieces, int64_t src_step,
+                      int64_t row_step, int64_t piece_step, int64_t piece, uint8_t* dst) {
+  const int64_t size = Piece > 0 ? Piece : piece;
+  for (int64_t ow = 0; ow < ow_count; ++ow) {
+    for (int64_t fh = 0; fh < kh; ++fh) {
+      const uint8_t* src = base + ow * src_step + fh * row_step;
+      for (int64_t fw = 0; fw < pieces; ++fw, dst += size) std::memcpy(dst, src + fw * piece_step, size);
+    }
+  }
+}
+
+// The rows of output row `oh` of image n (OW rows of K bytes) from the copy of pad_narrow_hwc. With dilation 1
+// along W, each (position, fh) is one contiguous copy of kw * C bytes.
+CVM_AVX2_CLONES void im2col_rows(const uint8_t* xp, const Im2colShape& s, int64_t n, int64_t oh, uint8_t* rows) {
+  const int64_t c = s.c, wp = s.wp(), k = s.kh * s.kw * c, kh = s.kh, ow_count = s.ow;
+  const uint8_t* base = xp + (n * s.hp() * wp + oh * s.sh * wp) * c;
+  uint8_t* dst = rows + (n * s.oh + oh) * ow_count * k;
+  const int64_t piece = s.dw == 1 ? s.kw * c : c, pieces = s.dw == 1 ? 1 : s.kw;
+  const int64_t src_step = s.sw * c, row_step = s.dh * wp * c, piece_step = s.dw * c;
+  switch (piece) {
+    case 16: return copy_rows<16>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 32: return copy_rows<32>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 48: return copy_rows<48>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 64: return copy_rows<64>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 96: return copy_rows<96>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 128: return copy_rows<128>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 192: return copy_rows<192>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    default: return copy_rows<0>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
   }
 }
 

@@ -52,17 +52,21 @@ def test_random_graphs(case, n, inline, data):
 
 @st.composite
 def transform_graphs(draw):
-    """(graph, data): flatten / reshape keeping the first axis / transpose keeping it / sum over other axes /
+    """(graph, data): flatten / reshape keeping the first axis (code 0, or the example's literal 1) / transpose
+    keeping it / sum over other axes /
     dense / take along another axis / concatenate off axis 0 / broadcast with a leading-1 param."""
     b = GraphBuilder()
     c, h, w = (draw(st.integers(1, 3)) for _ in range(3))
     x = b.input("data", (1, c, h, w), 8)
-    kind = draw(st.sampled_from(["flatten", "reshape", "transpose", "sum", "take", "concat", "broadcast"]))
+    kind = draw(st.sampled_from(["flatten", "reshape", "reshape1", "transpose", "sum", "take", "concat",
+                                 "broadcast"]))
     if kind == "flatten":
         y = b.op("dense", b.op("flatten", x), b.param("w", draw(tensors((2, c * h * w), 8)), 8), units=2,
                  use_bias=False)
     elif kind == "reshape":
         y = b.op("reshape", x, shape=(0, -1, w))
+    elif kind == "reshape1":  # the example's literal 1 (as an imported GlobalAveragePool writes): N with the batch
+        y = b.op("reshape", b.op("sum", x, axis=(2, 3)), shape=(1, c, 1, 1))
     elif kind == "transpose":
         y = b.op("transpose", x, axes=(0, 3, 1, 2))
     elif kind == "sum":

@@ -35,10 +35,8 @@ def routes() -> list[str]:
     return ["u8u8"] + (["u8s8"] if cpu.products() == "u8s8" else [])
 
 
-def run_route(model: onnx.ModelProto, feeds: dict, route: str) -> list[np.ndarray]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu, "products", lambda: route)
-        return run(model, feeds)
+def run_route(model: onnx.ModelProto, feeds: dict, route: str, layout: str | None = None) -> list[np.ndarray]:
+    return session(model, products=route, layout=layout).run(None, feeds)
 
 
 # -- the im2col ops alone ---------------------------------------------------------------------------------------
@@ -113,6 +111,56 @@ def test_im2col_refuses_a_wrong_input_type():
         session(model)
 
 
+def rows_oracle(x, kernel, strides, dilations, pads, offset):
+    """rows[n, oh * OW + ow, (fh * kw + fw) * C + c] = xp[n, c, oh*sh + fh*dh, ow*sw + fw*dw] + offset."""
+    cols = im2col_oracle(x, kernel, strides, dilations, pads, 1, offset)  # (N, 1, C * kh * kw, OH * OW)
+    n, c = x.shape[:2]
+    windows = cols.reshape(n, c, kernel[0], kernel[1], -1)  # (N, C, kh, kw, P)
+    return windows.transpose(0, 4, 2, 3, 1).reshape(n, -1, kernel[0] * kernel[1] * c)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(geometry=geometries(), data=st.data(), offset=st.sampled_from([0, 128]), threads=st.integers(1, 2))
+def test_im2col_rows_gathers_every_window_as_a_row(geometry, data, offset, threads):
+    """Every window of a one-group convolution as a row in the order (fh, fw, c), x + offset (offset 0: values in
+    [0, 127]), offset in the padding; on 1-2 threads."""
+    (n, c, h, w), kernel, strides, dilations, pads, _ = geometry
+    c = data.draw(st.sampled_from([c, 8, 16, 17]))  # 8 x 8 blocks and their remainders
+    shape = (n, c, h, w)
+    x = data.draw(tensors(shape, 8) if offset else tensors(shape, 8).map(np.abs))
+    if data.draw(st.booleans()):  # the edges of the range
+        x = np.where(np.arange(x.size).reshape(shape) % 2, 127, -128 if offset else 0).astype(np.int32)
+    model = im2col_model("im2col_rows", shape, kernel_shape=kernel, strides=strides, dilations=dilations,
+                         pads=pads, offset=offset)
+    onnx.checker.check_model(model, full_check=True)
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph.output[0].type.tensor_type
+    got = session(model, threads=threads).run(None, {"x": x})[0]
+    want = rows_oracle(x, kernel, strides, dilations, pads, offset)
+    assert got.dtype == np.uint8 and np.array_equal(got.astype(np.int64), want)
+    assert [d.dim_value for d in inferred.shape.dim] == list(want.shape)
+
+
+@pytest.mark.parametrize("offset, value", [(0, -1), (0, 128), (128, -129)])
+def test_im2col_rows_refuses_values_outside_its_range(offset, value):
+    """offset 0 takes [0, 127] (the bound that makes uint8 x int8 pair sums fit int16), 128 takes [-128, 127]."""
+    model = im2col_model("im2col_rows", [1, 1, 2, 2], kernel_shape=[1, 1], offset=offset)
+    x = np.array([[[[0, 1], [value, 2]]]], np.int32)
+    low = 0 if offset == 0 else -128
+    with pytest.raises(RuntimeFailure, match=rf"im2col_rows: data value {value} at flat index 2 is outside "
+                                              rf"\[{low}, 127\]"):
+        run(model, {"x": x})
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[1, 1], offset=1), dict(kernel_shape=[1, 1], group=2),
+                                   dict(kernel_shape=[1, 1], wide=1)])
+def test_im2col_rows_refuses_bad_attributes(attrs):
+    model = im2col_model("im2col_rows", [1, 2, 3, 3], **attrs)
+    with pytest.raises((onnx.checker.ValidationError, onnx.shape_inference.InferenceError), match="im2col_rows"):
+        onnx.checker.check_model(model, full_check=True)
+    with pytest.raises(RuntimeFailure, match="im2col_rows"):
+        run(model, {"x": np.zeros((1, 2, 3, 3), np.int32)})
+
+
 # -- conv2d runs from integer products -------------------------------------------------------------------------
 
 @st.composite
@@ -127,6 +175,8 @@ def conv_runs(draw):
         kernel, strides, pads, group, oc = (1, 1), (1, 1), (0, 0, 0, 0), c, c
     b = GraphBuilder()
     x = b.input("data", (1, c, h, w), 8)
+    if draw(st.booleans()):  # x >= 0: one group takes rows of offset 0 (uint8 x int8 on every x86 CPU)
+        x = b.op("relu", x)
     wshape = (oc, c // group, *kernel)
     inputs = [x, b.param("w", draw(tensors(wshape, 8)), 8)]
     use_bias = draw(st.booleans())
@@ -144,7 +194,8 @@ def conv_runs(draw):
 @given(case=conv_runs())
 def test_conv_runs_from_integer_products_are_exact(case):
     """Exact against the reference executor through every operand route this CPU computes exactly (under qemu
-    Haswell: uint8 x uint8 only), batched too."""
+    Haswell: uint8 x int8 for rows of x >= 0 only), as exported (rows for one group) and with the rows turned into
+    columns at session creation, batched too."""
     graph, data, n = case
     if n > 1:
         from cvm_onnx.core.batch import batched
@@ -159,15 +210,17 @@ def test_conv_runs_from_integer_products_are_exact(case):
     assert (ops.count("MatMulInteger"), len(scaled)) == ((0, 1) if channelwise else (1, 0))
     want = execute(graph, {"data": data})
     for route in routes():
-        got = run_route(model, {"data": data}, route)
-        assert all(np.array_equal(g, w) for g, w in zip(got, want)), route
+        for layout in ("rows", "columns"):
+            got = run_route(model, {"data": data}, route, layout)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want)), (route, layout)
 
 
 @pytest.mark.isa
 def test_the_chosen_route_is_exact_on_this_cpu():
-    """``cpu.products`` picks uint8 x int8 only with VNNI/AMX and an exact probe (so never under qemu Haswell),
-    and the probe's operands (int16 pair sums that saturate) are exact through the route it picks."""
-    if cpu.products() == "u8s8":
+    """``cpu.unbounded`` (uint8 x int8 for every product) holds only with VNNI/AMX and an exact probe (so never
+    under qemu Haswell), and the probe's operands (int16 pair sums that saturate) are exact through the route the
+    session picks."""
+    if cpu.unbounded():
         assert cpu.EXACT_SIGNED & set(cpu.features()) and cpu._probe_exact()
     else:
         assert not cpu.EXACT_SIGNED & set(cpu.features()) or not cpu._probe_exact()
@@ -183,11 +236,49 @@ def test_the_chosen_route_is_exact_on_this_cpu():
     assert np.array_equal(run(model, {"data": data})[0], execute(graph, {"data": data})[0])
 
 
+@pytest.mark.isa
+def test_rows_of_nonnegative_windows_are_exact_at_the_edge_of_the_pair_sum_bound():
+    """Windows in [0, 127] (after a relu) times weights at -127 and 127 (a conv2d's 8 bits): every int16 pair sum of the
+    uint8 x int8 products is within 2 * 127 * 128 = 32512, so that route is exact on every x86 CPU (under qemu
+    Haswell: vpmaddubsw, which saturates), and ``products()`` offers it there; the same weights over windows up
+    to 255 (offset 128) are left uint8 x uint8 unless ``unbounded()``."""
+    assert cpu.products() == "u8s8"  # every x86 CPU: at least the rows of offset 0
+    b = GraphBuilder()
+    c = 64
+    w = b.param("w", np.where(np.arange(8 * c * 9).reshape(8, c, 3, 3) % 3 == 0, -127, 127), 8)
+    x = b.input("data", (1, c, 4, 4), 8)
+    heads = []
+    for source in (b.op("relu", x), x):  # offset 0, offset 128
+        y = b.op("conv2d", source, w, channels=8, kernel_size=(3, 3), padding=(1, 1), use_bias=False)
+        heads.append(b.op("clip", b.op("cvm_right_shift", y, shift_bit=1, precision=32), a_min=-(1 << 22),
+                          a_max=1 << 22))
+    graph = b.build(*heads)
+    model = to_onnx(graph, optimize=True, int8=True)
+    offsets = sorted(a.i for n in model.graph.node if n.op_type == "im2col_rows" for a in n.attribute
+                     if a.name == "offset")
+    assert offsets == [0, 128]
+    signed = cpu.signed_operands(model)
+    int8_weights = sum(n.op_type == "MatMulInteger" and len(n.input) < 4 for n in signed.graph.node)
+    assert int8_weights == (2 if cpu.unbounded() else 1)
+    for data in (np.full((1, c, 4, 4), 127), np.where(np.arange(c * 16).reshape(1, c, 4, 4) % 5 == 0, -127, 127)):
+        data = data.astype(np.int32)
+        assert all(np.array_equal(g, w) for g, w in zip(run(model, {"data": data}), execute(graph, {"data": data})))
+
+
+@pytest.mark.isa
+def test_the_saturation_probe_fails_exactly_where_uint8_x_int8_is_not_exact_for_every_operand():
+    """Without VNNI the probe's operands (pair sums 2 * 255 * 127) come out wrong: the route ``unbounded()``
+    guards really is inexact there, so the bound of the rows of offset 0 is what makes them exact."""
+    if not cpu.EXACT_SIGNED & set(cpu.features()):
+        assert not cpu._probe_exact() and not cpu.unbounded()
+    assert cpu._probe_bounded()
+
+
 def test_signed_columns_rewrites_only_matmul_operands():
     b = GraphBuilder()
     x = b.input("data", (1, 2, 4, 4), 8)
-    w = b.param("w", np.ones((3, 2, 3, 3), np.int32), 8)
-    y = b.op("cvm_right_shift", b.op("conv2d", x, w, channels=3, kernel_size=(3, 3), use_bias=False),
+    w = b.param("w", np.ones((4, 1, 3, 3), np.int32), 8)  # two groups: columns (one group takes rows)
+    y = b.op("cvm_right_shift", b.op("conv2d", x, w, channels=4, kernel_size=(3, 3), use_bias=False, groups=2),
              shift_bit=2, precision=8)
     model = to_onnx(b.build(b.op("relu", y)), optimize=True, int8=True)
     signed = cpu.signed_columns(model)
@@ -233,17 +324,17 @@ def test_the_integer_route_is_taken_where_its_windows_fit_the_cost_model():
         assert route in ops and not ({"MatMulInteger", "Conv"} - {route}) & ops
 
 
-def test_a_library_without_the_feature_probe_means_no_signed_products(monkeypatch, tmp_path):
-    """A library that does not load (or lacks ``cvm_onnx_cpu_features``) reports no features, so the exported
-    uint8 x uint8 products stay."""
+def test_a_library_without_the_feature_probe_means_no_unbounded_signed_products(monkeypatch, tmp_path):
+    """A library that does not load (or lacks ``cvm_onnx_cpu_features``) reports no features, so only the
+    products whose bound proves uint8 x int8 exact may become signed."""
     monkeypatch.setattr(cpu, "library_path", lambda: str(tmp_path / "missing.so"))
     cpu.features.cache_clear()
-    cpu.products.cache_clear()
+    cpu.unbounded.cache_clear()
     try:
-        assert cpu.features() == () and cpu.products() == "u8u8"
+        assert cpu.features() == () and not cpu.unbounded()
     finally:
         cpu.features.cache_clear()
-        cpu.products.cache_clear()
+        cpu.unbounded.cache_clear()
 
 
 # -- the native requantize op -----------------------------------------------------------------------------------
@@ -345,12 +436,14 @@ def test_each_convolutions_route_is_recorded_with_why_not(tmp_path, monkeypatch)
     s = requantized(conv(a, "scale", groups=2))
     big = requantized(conv(s, "big", kernel_size=(3, 3), padding=(1, 1)))
     twice = conv(big, "twice")
-    graph = b.build(b.op("elemwise_add", requantized(twice), requantized(twice)))
+    positive = requantized(conv(b.op("relu", x), "positive"))
+    graph = b.build(b.op("elemwise_add", requantized(twice), requantized(twice)), positive)
     routes = lambda m: json.loads({p.key: p.value for p in m.metadata_props}["cvm.routes"])  # noqa: E731
     assert routes(to_onnx(graph, optimize=True, int8=True)) == [
-        ["int", "integer products", ""], ["scale", "per-channel scale", ""],
+        ["int", "integer products (rows: uint8 x int8 with VNNI)", ""], ["scale", "per-channel scale", ""],
         ["big", "float32/int32 products", "its windows, 450 bytes, exceed the cost model's 400 bytes a call"],
-        ["twice", "float32/int32 products", "its output is not read by one requantization run alone"]]
+        ["twice", "float32/int32 products", "its output is not read by one requantization run alone"],
+        ["positive", "integer products (rows of x >= 0: uint8 x int8 on every x86 CPU)", ""]]
     assert {r[2] for r in routes(to_onnx(graph, optimize=True, int8=False))} == {
         "integer products are off (no native library, or int8=False)"}
     write_model(graph, tmp_path / "m")
@@ -358,7 +451,8 @@ def test_each_convolutions_route_is_recorded_with_why_not(tmp_path, monkeypatch)
                  str(tmp_path / "r.md")]) == 0
     report = (tmp_path / "r.md").read_text()
     assert "| twice | float32/int32 products | its output is not read by one requantization run alone |" in report
-    assert "convolutions: 1 integer products, 1 per-channel scale, 2 float32/int32 products" in report
+    assert ("convolutions: 1 integer products (rows: uint8 x int8 with VNNI), 1 per-channel scale, 2 float32/int32 "
+            "products, 1 integer products (rows of x >= 0: uint8 x int8 on every x86 CPU)") in report
 
 
 @pytest.mark.parametrize("kernel, groups", [((3, 3), 1), ((1, 1), 2), (None, None)])
@@ -384,7 +478,7 @@ def test_runs_reading_an_int8_param_read_it_as_int32(kernel, groups):
 @pytest.mark.isa
 def test_a_session_takes_the_products_route_asked_for_only_where_exact():
     """``products="u8u8"`` anywhere (exact at the int8 edges); "u8s8" only where ``cpu.products()`` says it is
-    exact (under qemu Haswell it is refused); anything else refused."""
+    exact for some products (under qemu Haswell: the rows of x >= 0); anything else refused."""
     b = GraphBuilder()
     x = b.input("data", (1, 2, 4, 4), 8)
     y = b.op("conv2d", x, b.param("w", np.full((2, 2, 3, 3), -127), 8), channels=2, kernel_size=(3, 3),
@@ -418,3 +512,220 @@ def test_a_refused_convolution_outside_any_run_says_why_it_was_refused(monkeypat
                        "its windows, 1,100 bytes, exceed the cost model's 400 bytes a call"]]
     data = np.full((1, 1100, 1, 1), 127, np.int32)
     assert np.array_equal(run(model, {"data": data})[0], execute(graph, {"data": data})[0])
+
+
+# -- which values are proven >= 0 (the rows of offset 0) ---------------------------------------------------------
+
+@st.composite
+def sign_graphs(draw):
+    """A chain of ops over the input (some proving x >= 0, some keeping it, some not), and data at the edges."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 2, 4, 4), 8)
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["relu", "clip", "cvm_right_shift", "max_pool2d", "broadcast_add", "negative",
+                                     "elemwise_sub", "cvm_clip"]))
+        if kind == "relu":
+            x = b.op("relu", x)
+        elif kind == "clip":
+            x = b.op("clip", x, a_min=draw(st.integers(-5, 5)), a_max=draw(st.integers(6, 200)))
+        elif kind == "cvm_right_shift":
+            x = b.op("cvm_right_shift", x, shift_bit=draw(st.integers(1, 3)), precision=8)
+        elif kind == "cvm_clip":
+            x = b.op("cvm_clip", x, precision=draw(st.integers(2, 8)))
+        elif kind == "max_pool2d":
+            x = b.op("max_pool2d", x, pool_size=(2, 2), padding=(1, 1))
+        elif kind == "broadcast_add":
+            x = b.op("broadcast_add", x, b.param(f"p{len(b.nodes)}", draw(tensors((1, 2, 1, 1), 4)), 4))
+        elif kind == "negative":
+            x = b.op("negative", x)
+        else:
+            x = b.op("elemwise_sub", x, b.op("relu", x))
+    data = draw(st.one_of(tensors((1, 2, 4, 4), 8), st.just(np.full((1, 2, 4, 4), 127, np.int32)),
+                          st.just(np.full((1, 2, 4, 4), -127, np.int32))))
+    return b.build(x), data
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=sign_graphs())
+def test_values_proven_nonnegative_are_never_negative(case):
+    """``bounds.nonnegative`` claims an entry only where every value it takes is >= 0 (checked on the reference
+    executor's values of every entry), and claims relu outputs."""
+    from cvm_onnx.converters.to_onnx.bounds import nonnegative
+    from cvm_onnx.core.graph import Entry
+
+    graph, data = case
+    claimed = nonnegative(graph)
+    values = execute(graph, {"data": data}, keep_all=True)
+    assert all(int(values[e].min(initial=0)) >= 0 for e in claimed if e in values)
+    assert all(Entry(i) in claimed for i, n in enumerate(graph.nodes) if n.op == "relu")
+
+
+def test_resnet20_convolutions_after_a_relu_take_rows_of_offset_0(resnet):
+    """18 of ResNet-20's 22 convolutions from integer products read a relu's output (rows of offset 0)."""
+    model = to_onnx(resnet, optimize=True, int8=True)
+    offsets = [a.i for n in model.graph.node if n.op_type == "im2col_rows" for a in n.attribute if a.name == "offset"]
+    assert sorted(offsets) == [0] * 18 + [128] * 4
+
+
+@pytest.mark.parametrize("first, second", [((0, 5), (10, 20)), ((-50, 50), (-10, 3)), ((10, 20), (-5, 12)),
+                                           ((-300, -200), (-250, 0))])
+def test_two_clips_in_a_row_are_one_step_and_exact(first, second):
+    """requantize takes clip(clip(v, a, b), lo, hi) as clip(v, clip(a, lo, hi), clip(b, lo, hi)), disjoint
+    ranges too (every value becomes a bound)."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 4, 5, 5), 8)
+    y = b.op("conv2d", x, b.param("w", np.arange(-72, 72).reshape(4, 4, 3, 3), 8), channels=4, kernel_size=(3, 3),
+             padding=(1, 1), use_bias=False)
+    y = b.op("clip", b.op("clip", b.op("cvm_right_shift", y, shift_bit=2, precision=16), a_min=first[0],
+                          a_max=first[1]), a_min=second[0], a_max=second[1])
+    graph = b.build(y)
+    model = to_onnx(graph, optimize=True, int8=True)
+    (steps,) = [list(a.ints) for n in model.graph.node if n.op_type == "requantize" for a in n.attribute
+                if a.name == "steps"]
+    assert steps[0::3].count(3) == 1
+    data = np.random.default_rng(0).integers(-127, 128, (1, 4, 5, 5)).astype(np.int32)
+    assert np.array_equal(run(model, {"data": data})[0], execute(graph, {"data": data})[0])
+
+
+def test_the_layout_measured_at_session_creation_is_exact_and_recorded(resnet):
+    """layout="measure" times the rows and the columns (``cpu.columns_from_rows``) and keeps the faster; the
+    session's cvm.routes says so; either way the outputs are the reference's. Without VNNI (where rows and columns
+    take different operand types) that is the default."""
+    model = to_onnx(resnet, optimize=True, int8=True)
+    columns = cpu.columns_from_rows(model)
+    assert {n.op_type for n in columns.graph.node if n.domain == DOMAIN} == {"im2col_uint8", "requantize"}
+    data = np.random.default_rng(0).integers(-127, 128, (1, 3, 32, 32)).astype(np.int32)
+    want = execute(resnet, {"data": data})[0]
+    sess = session(model, layout="measure")
+    assert np.array_equal(sess.run(None, {"data": data})[0], want)
+    routes = json.loads(sess.get_modelmeta().custom_metadata_map["cvm.routes"])
+    assert all("layout measured at session creation: rows " in r[1] for r in routes
+               if r[1].startswith("integer products"))
+    assert np.array_equal(session(model, layout="columns").run(None, {"data": data})[0], want)
+    assert cpu.layout_unsure(model) == (not cpu.unbounded())
+    from cvm_onnx.core.batch import batched
+
+    assert cpu.layout_unsure(to_onnx(batched(resnet, cpu.ROWS_BATCH + 1), optimize=True, int8=True))
+    with pytest.raises(RuntimeFailure, match="layout='diagonal'"):
+        session(model, layout="diagonal")
+
+
+# -- channels-last between rows products (cpu.channels_last) -----------------------------------------------------
+
+@st.composite
+def residual_graphs(draw):
+    """A ResNet-like chain: a stem conv, blocks of conv -> run -> conv -> run joined by elemwise_add with their
+    input, a per-channel scale (folded batch norm) and a relu, maybe a strided conv; the output after a run, an
+    add, or a flatten. Weights at the int8 edges."""
+    c = draw(st.integers(1, 9))
+    hw = draw(st.integers(2, 7))
+    b = GraphBuilder()
+
+    def run(y, relu=True):
+        y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(4, 9)), precision=8)
+        return b.op("relu", y) if relu else y
+
+    def conv(x, c_in, c_out, k=3, stride=1, groups=1):
+        w = b.param(f"w{len(b.nodes)}", draw(tensors((c_out, c_in // groups, k, k), 8)), 8)
+        return b.op("conv2d", x, w, channels=c_out, kernel_size=(k, k), padding=(k // 2, k // 2),
+                    strides=(stride, stride), groups=groups, use_bias=False)
+
+    x = run(conv(b.input("data", (1, 3, hw, hw), 8), 3, c))
+    for _ in range(draw(st.integers(1, 2))):
+        y = run(conv(run(conv(x, c, c)), c, c), relu=False)
+        x = b.op("cvm_clip", b.op("elemwise_add", x, y), precision=8)
+        if draw(st.booleans()):
+            x = run(conv(x, c, c, k=1, groups=c))  # a per-channel scale
+        x = b.op("relu", x)
+    if draw(st.booleans()):
+        x = run(conv(x, c, 2 * c, stride=2))
+    end = draw(st.sampled_from(["run", "add", "flatten"]))
+    if end == "add":
+        x = b.op("elemwise_add", x, x)
+    elif end == "flatten":
+        x = b.op("flatten", x)
+    return b.build(x), draw(tensors((1, 3, hw, hw), 8))
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=residual_graphs())
+def test_channels_last_between_rows_products_is_exact(case):
+    """The rows route with its tensors kept channels-last (residual adds, per-channel scales, the output read back
+    as NCHW) equals the reference executor, and equals the model without the pass."""
+    graph, data = case
+    model = to_onnx(graph, optimize=True, int8=True)
+    last = cpu.channels_last(model)
+    assert any(a.name == "nhwc" for n in last.graph.node for a in n.attribute)
+    want = execute(graph, {"data": data})[0]
+    assert np.array_equal(session(model, layout="rows").run(None, {"data": data})[0], want)
+    for products in routes():
+        assert np.array_equal(session(model, products=products, layout="columns").run(None, {"data": data})[0], want)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(shape=st.lists(st.integers(1, 6), min_size=2, max_size=4), data=st.data(),
+       steps=st.lists(step, min_size=1, max_size=4))
+def test_requantize_channels_last_takes_bias_and_scales_per_last_axis(shape, data, steps):
+    """nhwc=1: bias and scales per last-axis channel, against the oracle on the transposed data."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.integers(-(1 << 31), 1 << 31, shape, dtype=np.int64).astype(np.int32)
+    c = shape[-1]
+    bias = rng.integers(-(1 << 31), 1 << 31, c if data.draw(st.booleans()) else 0, dtype=np.int64).astype(np.int32)
+    scales = [int(v) for v in rng.integers(-(1 << 31), 1 << 31, c, dtype=np.int64)] if data.draw(st.booleans()) else []
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
+                            nhwc=1, **({"scales": scales} if scales else {}))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [bias.size])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
+    moved = np.moveaxis(x, -1, 1)  # the oracle takes the channels on axis 1
+    want = np.moveaxis(requantize_oracle(moved, bias, steps, scales), 1, -1)
+    assert np.array_equal(run(model, {"x": x, "b": bias})[0], want)
+
+
+def test_im2col_rows_reads_channels_last_data_as_its_nchw_twin():
+    x = np.random.default_rng(0).integers(0, 128, (2, 5, 6, 7)).astype(np.int32)
+    attrs = dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], offset=0)
+    nchw = run(im2col_model("im2col_rows", list(x.shape), **attrs), {"x": x})[0]
+    moved = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    assert np.array_equal(run(im2col_model("im2col_rows", list(moved.shape), nhwc=1, **attrs), {"x": moved})[0], nchw)
+
+
+FUSED = [(3, 1, 0, 3), (0, 3, 1, 0, 3), (3, 1, 0, 3, 1, 0, 3), (0, 3, 1, 0, 3, 1, 0, 3)]  # requantize.h's one-pass runs
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(kinds=st.sampled_from(FUSED), data=st.data(), n=st.integers(1, 3000), nhwc=st.booleans())
+def test_requantize_runs_taken_in_one_pass_equal_the_oracle(kinds, data, n, nhwc):
+    """The step sequences the kernel applies in one pass (clip, mul, shift, clip, ...), at the int32 edges."""
+    steps = []
+    for kind in kinds:
+        if kind == 0:
+            steps.append((0, data.draw(st.integers(1, 31)), 0))
+        elif kind == 1:
+            steps.append((1, data.draw(st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)]))), 0))
+        else:
+            steps.append((3, *sorted(data.draw(st.tuples(int32s, int32s)))))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    x = rng.integers(-(1 << 31), 1 << 31, (1, 3, n), dtype=np.int64).astype(np.int32)
+    x.reshape(-1)[:4] = [0, -1, (1 << 31) - 1, -(1 << 31)][:x.size]
+    bias = rng.integers(-(1 << 31), 1 << 31, 3, dtype=np.int64).astype(np.int32)
+    if nhwc:
+        x = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+        node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
+                                nhwc=1)
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, list(x.shape)),
+                                                helper.make_tensor_value_info("b", TensorProto.INT32, [3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT32, list(x.shape))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                        helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+        want = np.moveaxis(requantize_oracle(np.moveaxis(x, -1, 1), bias, steps), 1, -1)
+    else:
+        model = requantize_model(list(x.shape), 3, steps)
+        want = requantize_oracle(x, bias, steps)
+    assert np.array_equal(run(model, {"x": x, "b": bias})[0], want)

@@ -55,7 +55,7 @@ from cvm_onnx.native import LIBRARY, library_path, ops_used
 from cvm_onnx.native import VERSION as NATIVE_VERSION
 
 from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
-from .bounds import value_bounds
+from .bounds import nonnegative, value_bounds
 from .lowering import LOWERINGS, Body, Value, lower
 from .optimize import CUDA, SERVING, run_passes
 
@@ -101,6 +101,7 @@ class _Exporter:
         self.routes: list[list[str]] = []
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
+        self.nonneg = nonnegative(graph)
         self.nodes: list[onnx.NodeProto] = []
         self.functions: dict[bytes, onnx.FunctionProto] = {}
         self.overloads: dict[str, int] = {}
@@ -206,7 +207,7 @@ class _Exporter:
             ins, names, head_bound = [Value("data", g.type_of(x).shape, self.bounds[x])], [self.int32(x)], 0
         else:
             head = g.nodes[chain.head]
-            ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
+            ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e), e in self.nonneg)
                    for name, e in zip(REGISTRY[head.op].input_names_for(len(head.inputs)), head.inputs)]
             names, head_bound = [self.names[e] for e in head.inputs], self.bounds[Entry(chain.head)]
         body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound,
@@ -250,7 +251,8 @@ class _Exporter:
     def model(self, source_version: str) -> onnx.ModelProto:
         chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider, self.conv_form) if self.fuse else []
         if self.fuse:
-            self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider)
+            self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider,
+                                                 self.nonneg)
         fused = {c.all[-1]: c for c in chains}
         inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):

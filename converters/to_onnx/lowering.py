@@ -25,12 +25,14 @@ from cvm_onnx.core.ops import Attrs
 
 @dataclass(frozen=True)
 class Value:
-    """A tensor of a function body: its name, static shape, a proven bound on |x| and, for a param, its value."""
+    """A tensor of a function body: its name, static shape, a proven bound on |x|, for a param its value, and
+    whether it is proven >= 0 (``bounds.nonnegative``)."""
 
     name: str
     shape: tuple[int, ...]
     bound: int
     const: np.ndarray | None = field(default=None, compare=False, repr=False)
+    nonneg: bool = False
 
 
 @dataclass

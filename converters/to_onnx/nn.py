@@ -33,6 +33,7 @@ from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from .lowering import lowering
 
+ROWS = True  # whether integer products of one group take the rows route on the CPU (conv2d_rows), else columns
 INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 255 < 2^31
 # int8 x int8 (the CUDA form: |x| <= 127, w in [-128, 127]): K * 127 * 128 <= 2^31 - 1
 INT8_K_SIGNED = (2**31 - 1) // (127 * 128)
@@ -213,6 +214,8 @@ def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
     (kh, kw), (ph, pw) = a.kernel_size, a.padding
     if channelwise(a, x, oc):
         return x.name, {"scales": [int(v) for v in w.const.reshape(-1)]}
+    if g == 1 and ROWS and provider == "cpu":
+        return conv2d_rows(b, a, x, w)
     k = c // g * kh * kw
     attrs = dict(domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides), dilations=list(a.dilation),
                  pads=[ph, pw, ph, pw], group=g)
@@ -229,6 +232,26 @@ def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
     zero = b.const(128, np.uint8)
     products = b.MatMulInteger(b.Reshape(wq, weights), cols, zero, zero)
     return b.Reshape(products, b.const([n, oc, oh, width])), {"width": ow} if width > ow else {}
+
+
+def conv2d_rows(b, a, x, w) -> tuple[str, dict]:
+    """conv(x, w) (one group) as rows: the native ``im2col_rows`` gathers each output position's window as one
+    row, K = kh * kw * C bytes in the order (fh, fw, c), holding x itself when x is proven >= 0 (offset 0: values
+    in [0, 127], checked by the kernel) or x + 128 (offset 128, zero point 128); MatMulInteger multiplies the rows
+    by the constant (K, OC) weights w + 128 (uint8, zero point 128): sum (x + o - o)(w + 128 - 128) = sum w x.
+    uint8 x uint8 here (exact on every ISA); ``cvm_onnx.native.cpu`` makes the weights int8 at session creation where
+    uint8 x int8 is exact (docs/semantics.md: offset 0 bounds every int16 pair sum by 2 * 127 * 128 < 2^15).
+
+    Returns the products, (N, OH * OW, OC), and ``requantize``'s ``rows`` (OH, OW), which writes them as NCHW."""
+    n, c, oc, oh, ow, _ = _conv_shape(b, a, x)
+    (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    offset = 0 if x.nonneg else 128
+    rows = b.node("im2col_rows", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
+                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], offset=offset)  # (N, OH * OW, K)
+    wt = b.Reshape(b.Transpose(w, perm=[2, 3, 1, 0]), b.const([kh * kw * c, oc]))
+    wq = b.Cast(b.Add(wt, b.const(128, np.int32)), to=TensorProto.UINT8)
+    zero = b.const(128, np.uint8)
+    return b.MatMulInteger(rows, wq, zero if offset else "", zero), {"rows": [oh, ow]}
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:

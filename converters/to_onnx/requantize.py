@@ -262,11 +262,19 @@ def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int], provider: str 
                          provider)
 
 
-def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int8: bool,
-                provider: str = "cpu") -> list[list[str]]:
-    """Each conv2d's route in the serving form, [name, route, why not integer products (or "")]: "integer
-    products" (``nn.conv2d_int8``), "per-channel scale" (its run's requantize multiplies) or "float32/int32
-    products" (a float32 Conv where exact, else the core form)."""
+#: The integer products' routes by layout (``nn.conv2d_int8``; the operand types ``cvm_onnx.native.cpu`` gives them
+#: on the CPU; the CUDA form's are int8 x int8).
+INTEGER_ROUTES = {"rows0": "integer products (rows of x >= 0: uint8 x int8 on every x86 CPU)",
+                  "rows": "integer products (rows: uint8 x int8 with VNNI)",
+                  "columns": "integer products (columns: uint8 x int8 with VNNI)",
+                  "cuda": "integer products (int8 x int8)"}
+
+
+def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int8: bool, provider: str = "cpu",
+                nonneg: set[Entry] = frozenset()) -> list[list[str]]:
+    """Each conv2d's route in the serving form, [name, route, why not integer products (or "")]: integer
+    products (``INTEGER_ROUTES``; ``nonneg``: the entries proven >= 0), "per-channel scale" (its run's
+    requantize multiplies) or "float32/int32 products" (a float32 Conv where exact, else the core form)."""
     heads = {c.head for c in chains if c.head is not None}
     routes = []
     for i, node in enumerate(graph.nodes):
@@ -276,8 +284,10 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
         why = ("integer products are off (no native library, or int8=False)" if not int8 else
                nn.int8_refusal(a, x, w, node.outputs[0].shape, provider) or
                ("its output is not read by one requantization run alone" if i not in heads else None))
+        layout = ("cuda" if provider == "cuda" else "columns" if a.groups > 1 or not nn.ROWS else
+                  "rows0" if node.inputs[0] in nonneg else "rows")
         route = ("float32/int32 products" if why else
-                 "per-channel scale" if nn.channelwise(a, x, node.outputs[0].shape[1]) else "integer products")
+                 "per-channel scale" if nn.channelwise(a, x, node.outputs[0].shape[1]) else INTEGER_ROUTES[layout])
         routes.append([node.name, route, why or ""])
     return routes
 
@@ -334,18 +344,23 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
 
 def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
     """The run as one native ``requantize`` node: the steps in the order the CVM ops take them, each clip at
-    once, on x + bias per channel in int32 (``attrs``: its ``width`` or ``scales``, see ``nn.conv2d_int8``).
+    once (two clips in a row as one: clamps compose, clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi),
+    clip(b, lo, hi))), on x + bias per channel in int32 (``attrs``: its ``width`` or ``scales``, see ``nn.conv2d_int8``).
     Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
     (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
     not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the
     clip to int32's own range, which changes nothing."""
     low, high = -INT32_MAX - 1, INT32_MAX
-    flat = []
+    flat: list[int] = []
     for s in steps:
-        if s.kind == "clip":
-            flat += [3, low if s.lo is None else s.lo, high if s.hi is None else s.hi]
-        else:
+        if s.kind != "clip":
             flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
+            continue
+        lo, hi = low if s.lo is None else s.lo, high if s.hi is None else s.hi
+        if flat[-3:-2] == [3]:  # clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi), clip(b, lo, hi)): one pass
+            flat[-2:] = [min(max(flat[-2], lo), hi), min(max(flat[-1], lo), hi)]
+        else:
+            flat += [3, lo, hi]
     bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
     return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat or [3, low, high], **attrs)
 

@@ -74,7 +74,8 @@ class Report:
         if self.routes:
             out += ["", "## Convolution routes (serving form)", "",
                     ("Integer products: native im2col + MatMulInteger, as uint8 x int8 where this CPU computes it "
-                     f"exactly, else uint8 x uint8 (this CPU: {products()}). Per-channel scale: multiplied in its "
+                     f"exactly (rows of x >= 0 on every x86 CPU, all with VNNI), else uint8 x uint8 (this CPU: "
+                     f"{products()}). Per-channel scale: multiplied in its "
                      "run's requantize. Float32/int32 products: ONNX Conv where float32 is exact, else the core "
                      "form (docs/semantics.md)."), "", "| conv2d | route | why not integer products |", "|---|---|---|"]
             out += [f"| {name} | {route} | {_cell(why) or '-'} |" for name, route, why in self.routes]

@@ -66,7 +66,15 @@ def _grown(node: Node, shape: tuple[int, ...], n: int, precision: int) -> Tensor
 
 def _batched_op(node: Node, before: list[TensorType], types: list[TensorType], from_input: list[bool],
                 n: int) -> Node:
-    """``node`` with its outputs re-inferred from its batched input ``types`` (``before``: for one example)."""
+    """``node`` with its outputs re-inferred from its batched input ``types`` (``before``: for one example).
+
+    A reshape whose target starts with the example's 1 (a literal 1 where its input has the batch) takes code 0
+    there instead, which copies the input's first dimension: the same target for one example, N with the batch,
+    each example's elements still its own contiguous slice."""
+    if node.op == "reshape" and from_input[0] and before[0].shape[:1] == (1,):
+        target = tuple(REGISTRY["reshape"].bind(node.attrs).shape)
+        if target[:1] == (1,):
+            node = replace(node, attrs={**node.attrs, "shape": (0, *target[1:])})
     try:
         typed = type_node(node.op, node.attrs, types)
     except NodeRuleError as e:

@@ -17,11 +17,19 @@ serving form's window ops and fused requantization:
   (one GEMM for the whole batch; not with wide). The
   serving form feeds them to MatMulInteger (``cvm_onnx.native.cpu``); CPU and CUDA kernels (the CUDA form
   takes ``im2col_int8``);
+* ``im2col_rows(data (N, C, H, W) int32) -> (N, OH * OW, kh * kw * C)`` uint8: the windows as rows, row
+  ``oh * OW + ow`` holding ``x + offset`` in the order (fh, fw, c), ``offset`` in the padding; attributes as the
+  im2col ops' (group 1, no wide or batch_inner), offset (128): 128 takes values in [-128, 127], 0 values in
+  [0, 127], and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
+  (K, OC) weights (``cvm_onnx.native.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
   (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
   the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
   axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
-  data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels.
+  data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
+  rows (OH, OW): data (N, OH * OW, C), the bias per last-axis channel, written as y (N, C, OH, OW) (the products
+  of ``im2col_rows``); nhwc (0): 1 puts the channels (bias, scales) on the last axis, with rows writing y (N, OH,
+  OW, C); rows and nhwc on the CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -155,9 +163,10 @@ def _infer_lut(ctx) -> None:
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
-SERVING_KERNELS = (*IM2COL, "requantize")
+SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
-                                                   "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0}
+                                                   "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0,
+                                                   "offset": 128, "nhwc": 0}
 
 
 def _ints(ctx, name: str, n: int, low: int) -> list[int]:
@@ -171,7 +180,7 @@ def _ints(ctx, name: str, n: int, low: int) -> list[int]:
     return values
 
 
-def _infer_im2col(elem_type: int):
+def _infer_im2col(elem_type: int, rows: bool = False):
     def infer(ctx) -> None:
         (kh, kw), (sh, sw), (dh, dw) = (_ints(ctx, a, 2, 1) for a in ("kernel_shape", "strides", "dilations"))
         pt, pl, pb, pr = _ints(ctx, "pads", 4, 0)
@@ -182,12 +191,17 @@ def _infer_im2col(elem_type: int):
             raise InferenceError(f"im2col: wide must be 0, or 1 with strides (1, 1); got {wide}, strides {[sh, sw]}")
         if batch_inner not in (0, 1) or batch_inner and wide:
             raise InferenceError(f"im2col: batch_inner must be 0, or 1 without wide; got {batch_inner}")
+        nhwc = _ints(ctx, "nhwc", 0, 0) if rows else 0
+        if rows and (group != 1 or wide or batch_inner or _ints(ctx, "offset", 0, 0) not in (0, 128) or
+                     nhwc not in (0, 1)):
+            raise InferenceError("im2col_rows: group must be 1, wide and batch_inner 0, offset 0 or 128 and nhwc "
+                                 "0 or 1")
         data = _dims(ctx.get_input_type(0), "im2col data", 4)
         t = TypeProto()
         t.tensor_type.elem_type = elem_type
         if data is None:
             return ctx.set_output_type(0, t)
-        n, c, h, w = map(_known, data)
+        n, c, h, w = map(_known, [data[0], data[3], data[1], data[2]] if nhwc else data)
         if c is not None and c % group:
             raise InferenceError(f"im2col: {c} input channels do not divide into group {group}")
         oh = None if h is None else (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
@@ -198,7 +212,8 @@ def _infer_im2col(elem_type: int):
             ow = w + pl + pr
         t.tensor_type.shape.SetInParent()
         k, positions = None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow
-        dims = ((group, k, None if None in (n, positions) else n * positions) if batch_inner else
+        dims = ((n, positions, k) if rows else
+                (group, k, None if None in (n, positions) else n * positions) if batch_inner else
                 (n, group, k, positions))
         for d in dims:
             dim = t.tensor_type.shape.dim.add()
@@ -211,21 +226,27 @@ def _infer_im2col(elem_type: int):
 
 def _im2col_schema(name: str, elem_type: int) -> OpSchema:
     attr_types = {"group": OpSchema.AttrType.INT, "wide": OpSchema.AttrType.INT, "batch_inner": OpSchema.AttrType.INT}
+    rows = name == "im2col_rows"
+    doc = ("The windows of a 2-D convolution (group 1) as rows (N, OH * OW, kh * kw * C), each in the order "
+           "(fh, fw, c): x + offset, offset in the padding; offset 128 takes data in [-128, 127], 0 data in [0, 127]; "
+           "nhwc=1: data (N, H, W, C)."
+           if rows else
+           "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
+           "for uint8), offset in the padding; data values must lie in [-128, 127]. wide=1 (strides 1): OH * WP "
+           "columns, WP the padded width, those past OW in each row to be dropped. batch_inner=1: columns (G, "
+           "C/G * kh * kw, N * OH * OW), every sample's columns of a window row side by side.")
     s = OpSchema(
-        name, DOMAIN, VERSION,
-        "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
-        "for uint8), offset in the padding; data values must lie in [-128, 127]. wide=1 (strides 1): OH * WP "
-        "columns, WP the padded width, those past OW in each row to be dropped. batch_inner=1: columns (G, "
-        "C/G * kh * kw, N * OH * OW), every sample's columns of a window row side by side.",
+        name, DOMAIN, VERSION, doc,
         inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32")],
-        outputs=[OpSchema.FormalParameter("columns", "U", "(N, G, C/G * kh * kw, OH * OW)")],
+        outputs=[OpSchema.FormalParameter("rows" if rows else "columns", "U",
+                                          "(N, OH * OW, kh * kw * C)" if rows else "(N, G, C/G * kh * kw, OH * OW)")],
         type_constraints=[("T", ["tensor(int32)"], "int32 data"),
-                          ("U", [f"tensor({TensorProto.DataType.Name(elem_type).lower()})"], "the columns")],
+                          ("U", [f"tensor({TensorProto.DataType.Name(elem_type).lower()})"], "the windows")],
         attributes=[OpSchema.Attribute(a, attr_types.get(a, OpSchema.AttrType.INTS), "as ONNX Conv's", required=True)
                     if v is None else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
-                    for a, v in IM2COL_ATTRS.items()],
+                    for a, v in IM2COL_ATTRS.items() if rows or a not in ("offset", "nhwc")],
     )
-    s.set_type_and_shape_inference_function(_infer_im2col(elem_type))
+    s.set_type_and_shape_inference_function(_infer_im2col(elem_type, rows))
     return s
 
 
@@ -243,11 +264,24 @@ def _infer_requantize(ctx) -> None:
     if width < 0 or width and data is not None and (len(data) < 3 or (_known(data[-1]) or width) < width):
         raise InferenceError(f"requantize: width {width} needs data of rank >= 3 with a last axis at least as long")
     scales = ctx.get_attribute("scales")
+    nhwc = ctx.get_attribute("nhwc")
+    nhwc = 0 if nhwc is None else nhwc.i
+    if nhwc not in (0, 1) or nhwc and (width or batch_inner):
+        raise InferenceError("requantize: nhwc must be 0 or 1, and not with a width or batch_inner")
+    axis = -1 if nhwc else 1
     if scales is not None and len(scales.ints) and (width or data is not None and (
-            len(data) < 2 or (_known(data[1]) or len(scales.ints)) != len(scales.ints))):
+            len(data) < 2 or (_known(data[axis]) or len(scales.ints)) != len(scales.ints))):
         raise InferenceError("requantize: scales must be one per channel, and without a width")
     if width and data is not None:
         data = [*data[:-1], onnx.TensorShapeProto.Dimension(dim_value=width)]
+    rows = ctx.get_attribute("rows")
+    if rows is not None and len(rows.ints):
+        oh, ow = list(rows.ints) if len(rows.ints) == 2 and min(rows.ints) > 0 else (0, 0)
+        if not oh or width or batch_inner or scales is not None and len(scales.ints) or data is not None and (
+                len(data) != 3 or (_known(data[1]) or oh * ow) != oh * ow):
+            raise InferenceError("requantize: rows (OH, OW) need data (N, OH * OW, C), without width or scales")
+        hw = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in (oh, ow)]
+        data = None if data is None else [data[0], *hw, data[2]] if nhwc else [data[0], data[2], *hw]
     ctx.set_output_type(0, _int32(data))
 
 
@@ -266,7 +300,11 @@ def _requantize_schema() -> OpSchema:
                     OpSchema.Attribute("width", onnx.helper.make_attribute("width", 0), "default 0: every element"),
                     OpSchema.Attribute("batch_inner", onnx.helper.make_attribute("batch_inner", 0),
                                        "default 0; 1: data (C, N, ...), y (N, C, ...)"),
-                    OpSchema.Attribute("scales", OpSchema.AttrType.INTS, "per axis-1 channel", required=False)],
+                    OpSchema.Attribute("scales", OpSchema.AttrType.INTS, "per axis-1 channel", required=False),
+                    OpSchema.Attribute("rows", OpSchema.AttrType.INTS, "(OH, OW): data (N, OH * OW, C) -> "
+                                       "(N, C, OH, OW)", required=False),
+                    OpSchema.Attribute("nhwc", onnx.helper.make_attribute("nhwc", 0), "1: channels on the last axis "
+                                       "(with rows: y (N, OH, OW, C))")],
     )
     s.set_type_and_shape_inference_function(_infer_requantize)
     return s
@@ -301,7 +339,7 @@ def _schemas() -> list[OpSchema]:
         _schema("cvm_lut", "Table lookup: y = table.flat[clip(indices, 0, table.size - 1)].",
                 [("indices", "indices, any shape"), ("table", "the table, any shape, not empty")],
                 [("y", "the indices' shape")], _infer_lut),
-        *(_im2col_schema(name, t) for name, t in IM2COL.items()),
+        *(_im2col_schema(name, t) for name, t in {**IM2COL, "im2col_rows": TensorProto.UINT8}.items()),
         _requantize_schema(),
     ]
 

@@ -1,22 +1,31 @@
 """Which integer products onnxruntime computes exactly on this CPU: the serving form's operand types.
 
-The serving form's convolutions multiply in onnxruntime's MatMulInteger (MLAS), weights as the constant left
-operand ``w + 128`` (uint8, zero point 128), the windows as the right one. Exactness per operand type, x86:
+The serving form's convolutions multiply in onnxruntime's MatMulInteger (MLAS). A convolution of one group is
+*rows* (``im2col_rows``): each output position's window as a row of uint8, x itself where x is proven >= 0
+(offset 0, values in [0, 127]) else x + 128 (zero point 128), times the constant weights (K, OC) as
+``w + 128`` (uint8, zero point 128). A grouped one is *columns*: the weights ``w + 128`` as the constant left
+operand, the windows ``x + 128`` (``im2col_uint8``) as the right one. Exactness per operand type, x86:
 
-* **uint8 x uint8** (the windows as ``x + 128``, zero point 128): exact on every ISA. MLAS widens both to
-  int16 (values <= 255) and sums pairs with vpmaddwd into int32: no saturation; raw sums <= K * 255 * 255 <
-  2^31 for K <= 33025 (the exporter's limit), and the zero-point corrections are exact integer terms.
-* **uint8 x int8** (the windows as ``x``): exact only where MLAS takes VNNI (AVX512-VNNI, AVX-VNNI: vpdpbusd
-  adds four u8 x s8 products straight into int32) or AMX (tdpbusd); raw sums <= K * 255 * 128 < 2^31. On
-  AVX2 or AVX-512 without VNNI it sums pairs in int16 with saturation (vpmaddubsw; 2 * 255 * 127 > 32767):
-  wrong results (506/512 under ``qemu-x86_64 -cpu Haswell``). Measured here 2-2.5x faster than uint8 x uint8.
+* **uint8 x uint8**: exact on every ISA. MLAS widens both to int16 (values <= 255) and sums pairs with vpmaddwd
+  into int32: no saturation; raw sums <= K * 255 * 255 < 2^31 for K <= 33025 (the exporter's limit), and the
+  zero-point corrections are exact integer terms.
+* **uint8 x int8** (the weights as int8 ``w``, or the columns' windows as int8 ``x``): where MLAS takes VNNI
+  (AVX512-VNNI, AVX-VNNI: vpdpbusd adds four u8 x s8 products straight into int32) or AMX (tdpbusd), exact for
+  any operands; raw sums <= K * 255 * 128 < 2^31. On AVX2 or AVX-512 without VNNI it sums pairs of products in
+  int16 with saturation (vpmaddubsw), so it is exact exactly when no pair sum leaves [-2^15, 2^15 - 1]: for rows
+  of offset 0 (the uint8 operand in [0, 127]) and int8 weights every pair sum |a0 w0 + a1 w1| <= 2 * 127 * 128 =
+  32512 < 2^15, whatever pairs MLAS forms; with the uint8 operand up to 255 (2 * 255 * 127 > 32767) they can
+  saturate: wrong results (506/512 under ``qemu-x86_64 -cpu Haswell``). Measured here 2-2.5x faster than
+  uint8 x uint8.
 * int8 x int8: exact, but x86 MLAS has no kernel for it (a portable one: 14 GMAC/s against 140 for u8 x s8
   here), so it is not used.
 
-The exported model is uint8 x uint8 (exact everywhere); ``signed_columns`` turns it into
-uint8 x int8 at session creation when ``products()`` says so: VNNI or AMX reported by CPUID (with the register
-state the OS enables) *and* a probe with operands that saturate int16 pair sums computes exactly in this very
-onnxruntime. Either test alone would trust something unchecked (the dispatch inside MLAS, or the CPU).
+The exported model is uint8 x uint8 (exact everywhere); ``signed_operands`` turns products into uint8 x int8 at
+session creation where they are exact here: every one where ``unbounded()`` (VNNI or AMX reported by CPUID, with
+the register state the OS enables, *and* a probe whose int16 pair sums would saturate computes exactly in this
+very onnxruntime), else the rows of offset 0 where a probe at the edge of their bound (pair sums 2 * 127 * -128
+and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch inside MLAS, or the
+CPU).
 """
 from __future__ import annotations
 
@@ -50,40 +59,112 @@ def features() -> tuple[str, ...]:
     return tuple(name for bit, name in FEATURES.items() if bits & bit)
 
 
-def _probe_exact() -> bool:
-    """Whether MatMulInteger uint8 (constant, zero point 128) x int8 is exact on operands whose int16 pair sums
-    saturate (255 * 127 twice, and 255 * -128 twice)."""
-    k, n = 64, 32
-    a = np.full((16, k), 255, np.uint8)
-    b = np.where(np.arange(k * n).reshape(k, n) % 3 == 0, -128, 127).astype(np.int8)
+def _exact(a: np.ndarray, b: np.ndarray, a_constant: bool) -> bool:
+    """Whether MatMulInteger a (uint8, zero point 128 when ``a_constant``, else 0) x b (int8) is exact here, one of
+    them a constant (an initializer, as the serving form's weights) and the other the input."""
+    za = np.uint8(128 if a_constant else 0)
+    const, var = (("a", a), ("b", b)) if a_constant else (("b", b), ("a", a))
     node = helper.make_node("MatMulInteger", ["a", "b", "za"], ["y"])
-    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info("b", TensorProto.INT8, [k, n])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, [16, n])],
-                              [numpy_helper.from_array(a, "a"), numpy_helper.from_array(np.uint8(128), "za")])
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(var[0], helper.np_dtype_to_tensor_dtype(
+        var[1].dtype), var[1].shape)], [helper.make_tensor_value_info("y", TensorProto.INT32, [a.shape[0], b.shape[1]])],
+        [numpy_helper.from_array(const[1], const[0]), numpy_helper.from_array(za, "za")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    got = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"b": b})
-    return bool(np.array_equal(got[0], (a.astype(np.int64) - 128) @ b.astype(np.int64)))
+    got = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {var[0]: var[1]})
+    return bool(np.array_equal(got[0], (a.astype(np.int64) - int(za)) @ b.astype(np.int64)))
+
+
+def _edge_weights(k: int, n: int) -> np.ndarray:
+    return np.where(np.arange(k * n).reshape(k, n) % 3 == 0, -128, 127).astype(np.int8)
+
+
+def _probe_exact() -> bool:
+    """Whether uint8 x int8 is exact on operands whose int16 pair sums saturate (255 * 127 twice, and 255 * -128
+    twice): the columns' constant weights x windows, and the rows' windows x constant weights."""
+    a = np.full((16, 64), 255, np.uint8)
+    return _exact(a, _edge_weights(64, 32), a_constant=True) and _exact(a, _edge_weights(64, 32), a_constant=False)
+
+
+def _probe_bounded() -> bool:
+    """Whether uint8 x int8 is exact on rows of offset 0 at the edge of their bound: windows 127 (and 0) times
+    constant weights -128 and 127, pair sums down to 2 * 127 * -128 and up to 2 * 127 * 127."""
+    a = np.where(np.arange(16 * 64).reshape(16, 64) % 5 == 4, 0, 127).astype(np.uint8)
+    return _exact(a, _edge_weights(64, 32), a_constant=False)
+
+
+@cache
+def unbounded() -> bool:
+    """Whether uint8 x int8 is exact here for any operands (VNNI or AMX, and the saturation probe exact)."""
+    return bool(EXACT_SIGNED & set(features())) and _probe_exact()
 
 
 @cache
 def products() -> str:
-    """``"u8s8"`` where uint8 x int8 products are exact here (see above), else ``"u8u8"``."""
-    return "u8s8" if EXACT_SIGNED & set(features()) and _probe_exact() else "u8u8"
+    """``"u8s8"`` where uint8 x int8 products are exact here for some convolutions (all: ``unbounded()``; else
+    the rows of offset 0), else ``"u8u8"``."""
+    return "u8s8" if unbounded() or _probe_bounded() else "u8u8"
+
+
+def _rows_offset(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "offset"), 128)
+
+
+def signed_operands(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A session-time pass (a copy of ``model``) for a CPU where ``products()`` is "u8s8": the weights of every
+    rows product whose uint8 x int8 form is exact here (all where ``unbounded()``, else those of offset 0) become
+    int8 (``w + 128 - 128``, constant-folded by onnxruntime), read with no zero point; and where ``unbounded()``
+    the columns too (``signed_columns``). Invariant: the products are the same integers."""
+    out = signed_columns(model) if unbounded() else _copy(model)
+    graph = out.graph
+    consts = _consts(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    nodes = []
+    for m in graph.node:
+        rows = producer.get(m.input[0]) if m.op_type == "MatMulInteger" and m.domain in ("", "ai.onnx") else None
+        if (rows is not None and rows.domain == DOMAIN and rows.op_type == "im2col_rows" and len(m.input) == 4
+                and _is_128(consts.get(m.input[3])) and (unbounded() or _rows_offset(rows) == 0)):
+            wide, narrow = f"{m.input[1]}:int32", f"{m.input[1]}:int8"
+            c128 = f"{m.input[1]}:128"
+            nodes += [helper.make_node("Constant", [], [c128], value=numpy_helper.from_array(np.int32(128), c128)),
+                      helper.make_node("Cast", [m.input[1]], [wide], to=TensorProto.INT32),
+                      helper.make_node("Sub", [wide, c128], [narrow + ":wide"]),
+                      helper.make_node("Cast", [narrow + ":wide"], [narrow], to=TensorProto.INT8)]
+            m.input[1] = narrow
+            del m.input[3]
+            while m.input and m.input[-1] == "":
+                del m.input[-1]
+        nodes.append(m)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return out
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _consts(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    consts.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                   if n.op_type == "Constant" and n.attribute[0].name == "value"})
+    return consts
+
+
+def _is_128(v: np.ndarray | None) -> bool:
+    return v is not None and v.dtype == np.uint8 and v.size == 1 and int(v.reshape(-1)[0]) == 128
 
 
 def signed_columns(model: onnx.ModelProto) -> onnx.ModelProto:
     """A session-time pass (a copy of ``model``): every ``im2col_uint8`` read only as MatMulInteger's right
     operand with zero point 128 becomes ``im2col_int8`` read with no zero point. Invariant: the products are
-    the same integers, sum a (x + 128 - 128) = sum a x, now as uint8 x int8 (for a CPU where ``products()``
-    says those are exact)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    the same integers, sum a (x + 128 - 128) = sum a x, now as uint8 x int8 (for a CPU where ``unbounded()``)."""
+    out = _copy(model)
     graph = out.graph
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
-    consts.update({n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in graph.node
-                   if n.op_type == "Constant" and n.attribute[0].name == "value"})
+    consts = _consts(graph)
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in graph.node:
         for k, t in enumerate(n.input):
@@ -93,11 +174,152 @@ def signed_columns(model: onnx.ModelProto) -> onnx.ModelProto:
         if n.domain != DOMAIN or n.op_type != "im2col_uint8" or n.output[0] in outputs:
             continue
         uses = readers.get(n.output[0], [])
-        if uses and all(m.op_type == "MatMulInteger" and k == 1 and len(m.input) == 4 and
-                        consts.get(m.input[3]) is not None and consts[m.input[3]].dtype == np.uint8 and
-                        consts[m.input[3]].size == 1 and int(consts[m.input[3]].reshape(-1)[0]) == 128
+        if uses and all(m.op_type == "MatMulInteger" and k == 1 and len(m.input) == 4 and _is_128(consts.get(m.input[3]))
                         for m, k in uses):
             n.op_type = "im2col_int8"
             for m, _ in uses:
                 del m.input[3]
+    return out
+
+
+#: The largest batch at which rows were measured faster than columns with VNNI (ResNet-20, one thread, a Xeon with
+#: AVX-512 VNNI: batch 1 0.61 against 0.68 ms, batch 8 4.1-4.3 against 4.6-4.7 ms, batch 64 53-60 against 50-53 ms).
+ROWS_BATCH = 8
+
+
+def layout_unsure(model: onnx.ModelProto) -> bool:
+    """Whether the cost model cannot tell rows from columns here: without ``unbounded()`` the rows of offset 0
+    multiply uint8 x int8 and the columns uint8 x uint8 (2-2.5x apart) but the rows gather more (unmeasured: no
+    such CPU at hand); with it both are uint8 x int8, and rows were faster up to a batch of ``ROWS_BATCH``, not
+    beyond."""
+    rows = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == "im2col_rows"]
+    dims = model.graph.input[0].type.tensor_type.shape.dim if model.graph.input else []
+    batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 0
+    return bool(rows) and (batch > ROWS_BATCH or not unbounded() and products() == "u8s8" and any(
+        _rows_offset(n) == 0 for n in rows))
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """The static shape of every tensor shape inference gives (the cvm.native schemas included)."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    g = inferred.graph
+    out = {t.name: list(t.dims) for t in g.initializer}
+    for vi in [*g.input, *g.value_info, *g.output]:
+        if vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = [d.dim_value if d.HasField("dim_value") else -1 for d in vi.type.tensor_type.shape.dim]
+    return out
+
+
+def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A session-time pass (a copy of ``model``): every rows product, ``im2col_rows`` -> MatMulInteger(rows, B
+    (K, OC) uint8, ..., 128) -> ``requantize`` (rows), becomes the columns form of ``nn.conv2d_int8``: ``im2col_uint8``
+    (wide with strides 1) read by MatMulInteger(A, columns, 128, 128), A (OC, K) the same uint8 weights in the
+    order (c, fh, fw) (a Reshape/Transpose of B, folded by onnxruntime), reshaped to (N, OC, OH, W') for a
+    ``requantize`` with the width OW. Invariant: the same products, sum (w + 128 - 128)(x + 128 - 128) = sum w x
+    (x + 128 is in [0, 255] for the rows of offset 0 too), so the same outputs."""
+    out = _copy(model)
+    graph = out.graph
+    shapes = _shapes(out)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    for q in graph.node:
+        rows_attr = next((list(a.ints) for a in q.attribute if a.name == "rows"), None)
+        m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type == "requantize" and rows_attr else None
+        r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
+        if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or len(readers[m.output[0]]) != 1 or \
+                len(readers[r.output[0]]) != 1 or len(m.input) != 4 or shapes.get(r.input[0], [-1])[1:].count(-1):
+            continue
+        attrs = {a.name: list(a.ints) for a in r.attribute if a.name != "offset"}
+        (kh, kw), (n_, c, h, w), oc = attrs["kernel_shape"], shapes[r.input[0]], shapes[m.input[1]][1]
+        pads, strides = attrs.get("pads", [0] * 4), attrs.get("strides", [1, 1])
+        oh, ow = rows_attr
+        wide = strides == [1, 1]
+        width = w + pads[1] + pads[3] if wide else ow
+        name = q.output[0]
+        const = lambda v, t: helper.make_node("Constant", [], [f"{name}:{t}"], value=numpy_helper.from_array(  # noqa: E731
+            np.asarray(v, np.uint8 if t == "128" else np.int64), f"{name}:{t}"))
+        nodes = [const([kh, kw, c, oc], "kkco"), const([oc, c * kh * kw], "ok"), const(128, "128"),
+                 const([n_, oc, oh, width], "nchw"),
+                 helper.make_node("Reshape", [m.input[1], f"{name}:kkco"], [f"{name}:w4"]),
+                 helper.make_node("Transpose", [f"{name}:w4"], [f"{name}:w4t"], perm=[3, 2, 0, 1]),
+                 helper.make_node("Reshape", [f"{name}:w4t", f"{name}:ok"], [f"{name}:a"]),
+                 helper.make_node("im2col_uint8", [r.input[0]], [f"{name}:cols"], domain=DOMAIN,
+                                  **{k: v for k, v in attrs.items()}, **({"wide": 1} if wide else {})),
+                 helper.make_node("MatMulInteger", [f"{name}:a", f"{name}:cols", f"{name}:128", f"{name}:128"],
+                                  [f"{name}:products"]),
+                 helper.make_node("Reshape", [f"{name}:products", f"{name}:nchw"], [f"{name}:p4"])]
+        del q.input[0]
+        q.input.insert(0, f"{name}:p4")
+        kept = [a for a in q.attribute if a.name != "rows"]
+        del q.attribute[:]
+        q.attribute.extend(kept + ([helper.make_attribute("width", ow)] if width > ow else []))
+        replaced[id(r)], replaced[id(m)] = [], nodes  # at the product's place: after x and the weights
+    nodes = [n for node in graph.node for n in replaced.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return out
+
+
+def _int_attr(node: onnx.NodeProto, name: str) -> int:
+    return next((a.i for a in node.attribute if a.name == name), 0)
+
+
+def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A session-time pass (a copy of ``model``) for the rows route: the tensors that rows products start are
+    kept channels-last (NHWC) instead of being transposed back to NCHW and forth again by the next ``im2col_rows``.
+    In node order, a tensor is NHWC when made by a ``requantize`` of rows (it gets ``nhwc``), by a ``requantize``
+    without rows or width of an NHWC tensor (``nhwc``: its bias and scales per last axis), or by an Add of two NHWC
+    tensors; an ``im2col_rows`` of an NHWC tensor reads it so (``nhwc``); every other reader (and a graph output)
+    gets one Transpose back to NCHW. Invariant: every NHWC tensor holds its NCHW values permuted (0, 2, 3, 1), and
+    each op computes the same values per element (the steps and Add are elementwise, their channel the last axis),
+    so every NCHW tensor, the outputs included, is unchanged."""
+    out = _copy(model)
+    graph = out.graph
+    nhwc: set[str] = set()
+    back: dict[str, str] = {}  # NHWC tensor -> its NCHW Transpose
+    nodes: list[onnx.NodeProto] = []
+
+    def nchw(t: str) -> str:
+        if t not in back:
+            back[t] = f"{t}:nchw"
+            nodes.append(helper.make_node("Transpose", [t], [back[t]], perm=[0, 3, 1, 2]))
+        return back[t]
+
+    def set_nhwc(node: onnx.NodeProto) -> None:
+        node.attribute.extend([helper.make_attribute("nhwc", 1)])
+
+    for node in graph.node:
+        native = node.domain == DOMAIN
+        rows = native and node.op_type == "requantize" and any(a.name == "rows" for a in node.attribute)
+        steps = native and node.op_type == "requantize" and not rows and not _int_attr(node, "width") and \
+            node.input[0] in nhwc
+        add = node.op_type == "Add" and node.domain in ("", "ai.onnx") and all(t in nhwc for t in node.input)
+        reads = native and node.op_type == "im2col_rows" and node.input[0] in nhwc
+        if rows or steps or reads:
+            set_nhwc(node)
+        if not (steps or add or reads):
+            node.input[:] = [nchw(t) if t in nhwc else t for t in node.input]
+        if rows or steps or add:
+            nhwc.add(node.output[0])
+        nodes.append(node)
+    outputs = {o.name for o in graph.output}
+    for t in sorted(nhwc & outputs):  # a graph output keeps its name and NCHW values
+        for n in nodes:
+            n.output[:] = [f"{t}:nhwc" if o == t else o for o in n.output]
+            n.input[:] = [f"{t}:nhwc" if i == t else i for i in n.input]
+        nodes.append(helper.make_node("Transpose", [f"{t}:nhwc"], [t], perm=[0, 3, 1, 2]))
+    for vi in graph.value_info:
+        if vi.name in nhwc - outputs and vi.type.tensor_type.HasField("shape") and \
+                len(vi.type.tensor_type.shape.dim) == 4:
+            dims = [onnx.TensorShapeProto.Dimension() for _ in range(4)]
+            for k, d in zip((0, 3, 1, 2), vi.type.tensor_type.shape.dim):
+                dims[k].CopyFrom(d)
+            del vi.type.tensor_type.shape.dim[:]
+            vi.type.tensor_type.shape.dim.extend(dims)
+    del graph.node[:]
+    graph.node.extend(nodes)
     return out

@@ -24,13 +24,19 @@
   several one-thread calls at once instead, which is faster still (units of 8: 21 ms for 64). The graph
   optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
   NCHWc layout; batch 64: 98 against 137 ms, both with float32 products).
+* Layout of the serving form's one-group integer products (``layout=``): as exported (rows, the tensors between
+  them kept channels-last: ``cpu.channels_last``), or as columns where that was measured faster at session
+  creation (``cpu.layout_unsure``: both timed on zeros, the choice and the timings written into the session's
+  ``cvm.routes``).
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
+import time
 import warnings
 from functools import cache
 
@@ -39,7 +45,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, precision_of
+from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precision_of
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
 from cvm_onnx.core.format.onnx_safety import readable
@@ -158,16 +164,77 @@ def _load(model: ModelLike) -> onnx.ModelProto:
     return readable(proto, os.path.dirname(os.path.abspath(model)))
 
 
+LAYOUTS = ("rows", "columns", "measure")
+
+
+def _zeros(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
+    return {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], _NUMPY_TYPES.get(i.type, np.int32))
+            for i in sess.get_inputs()}
+
+
+def _timed(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
+    """The lowest of three medians of three runs (ms), after a warm-up run."""
+    sess.run(None, feeds)
+    medians = []
+    for _ in range(3):
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            sess.run(None, feeds)
+            times.append(time.perf_counter() - t)
+        medians.append(float(np.median(times)))
+    return 1e3 * min(medians)
+
+
+def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, providers: list,
+              ) -> tuple[ort.InferenceSession, onnx.ModelProto]:
+    """The session of the faster candidate layout (timed on zeros), its model's ``cvm.routes`` recording the
+    measurement on every integer-products route."""
+    sessions = {k: ort.InferenceSession(p.SerializeToString(), so, providers=providers) for k, p in candidates.items()}
+    times = {k: _timed(sess, _zeros(sess)) for k, sess in sessions.items()}
+    best = min(times, key=times.get)
+    note = (f"; layout measured at session creation: {', '.join(f'{k} {ms:.3f} ms' for k, ms in times.items())}, "
+            f"{best} taken")
+    proto = candidates[best]
+    props = {p.key: p for p in proto.metadata_props}
+    if ROUTES in props:
+        routes = [[name, route + (note if route.startswith("integer products") else ""), why]
+                  for name, route, why in json.loads(props[ROUTES].value)]
+        props[ROUTES].value = json.dumps(routes)
+        return ort.InferenceSession(proto.SerializeToString(), so, providers=providers), proto
+    return sessions[best], proto
+
+
+def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | None) -> dict[str, onnx.ModelProto]:
+    """The serving form as the session may run it, by layout: its operand types (``products``, checked) and its
+    one-group products as rows (channels-last between them) and/or columns (``layout``; see ``session``)."""
+    route = products or cpu.products()
+    if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
+        raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
+                             f"uint8 x int8 exactly (here: {cpu.products()})")
+    if layout not in (None, *LAYOUTS):
+        raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
+    choice = layout or ("measure" if cpu.layout_unsure(proto) else "rows")
+    rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
+    candidates = {"rows": cpu.channels_last(proto) if rows else proto} if not rows or choice != "columns" else {}
+    if rows and choice != "rows":
+        candidates["columns"] = cpu.columns_from_rows(proto)
+    return {k: cpu.signed_operands(p) for k, p in candidates.items()} if route == "u8s8" else candidates
+
+
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
             threads: int | None = None, products: str | None = None, profile: str | None = None,
-            conv_search: str = "DEFAULT", cuda_graph: bool = False) -> ort.InferenceSession:
+            conv_search: str = "DEFAULT", cuda_graph: bool = False, layout: str | None = None) -> ort.InferenceSession:
     """An onnxruntime session for ``model`` (a ModelProto, its bytes or a path) on ``provider`` ("cpu", "cuda").
 
     ``native``: None = the native library when built, else the fallback with a warning; True = the native library
     or ``RuntimeFailure``; False = the pure-Python fallback. ``threads``: onnxruntime's intra-op threads (None:
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's integer products
-    as "u8u8" (exact everywhere) or "u8s8" (only where ``cpu.products()`` says it is exact); None: that choice.
-    ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
+    as "u8u8" (exact everywhere) or "u8s8" (uint8 x int8 for the products where ``cpu`` proves it exact here, where
+    ``cpu.products()`` offers it); None: that choice. ``layout``: the one-group integer products as exported,
+    "rows", or as "columns" (``cpu.columns_from_rows``), or "measure": both timed here and the faster kept, its
+    timings recorded in the session's metadata ``cvm.routes``; None: "measure" where ``cpu.layout_unsure``, else
+    "rows". ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
     path; ``placement.profiled_placement`` reads where each node ran). ``conv_search`` (CUDA): cuDNN's
     algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
     run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).
@@ -187,12 +254,13 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
             raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
                                  "(to_onnx(..., int8=False)) to run it elsewhere")
-        route = products or cpu.products()
-        if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
-            raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
-                                 f"uint8 x int8 exactly (here: {cpu.products()})")
-        if route == "u8s8":
-            proto = cpu.signed_columns(proto)
+        candidates = _serving_forms(proto, products, layout)
+        if len(candidates) > 1:
+            try:
+                return _measured(candidates, so, providers)[0]
+            except Exception as e:
+                raise RuntimeFailure(f"onnxruntime refused the model: {one_line(e)}") from None
+        (proto,) = candidates.values()
     if fallback.uses_native(proto):
         if native is True and library is None:
             raise RuntimeFailure("native=True, but the native custom-op library was not built with this install "

@@ -36,7 +36,7 @@ def im2col_model(op: str, shape, elem_type=TensorProto.INT32, **attrs) -> onnx.M
     out = TensorProto.INT8 if op == "im2col_int8" else TensorProto.UINT8
     node = helper.make_node(op, ["x"], ["y"], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem_type, shape)],
-                              [helper.make_tensor_value_info("y", out, [None] * 4)])
+                              [helper.make_tensor_value_info("y", out, [None] * (3 if op == "im2col_rows" else 4))])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
                              ir_version=10)
 
