@@ -4,7 +4,8 @@
   elements, data of exactly the declared size; external data inside the model's directory, within its file;
 * the graph: every input of a node defined (graph input, initializer or another node's output), each tensor
   produced once, no cycle;
-* declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24];
+* declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24] (a dim < 0, as
+  Paddle's exports write, is unknown, as onnxruntime reads it);
 * every string UTF-8; tensors of a type that can be read (bool, integer, float); declared element types that exist;
 * versions: an IR version and one ai.onnx opset that the installed onnx and onnxruntime read, the project's own
   domains at their versions, every node's domain imported;
@@ -53,8 +54,8 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
 def _shape_problem(vi: onnx.ValueInfoProto) -> str | None:
     if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
         return None
-    dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
-    if any(not 0 <= d <= MAX_DIM for d in dims) or math.prod(dims) > MAX_ELEMENTS:
+    dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value >= 0]
+    if any(d > MAX_DIM for d in dims) or math.prod(dims) > MAX_ELEMENTS:  # a dim < 0 is unknown (as -1 to onnxruntime)
         return f"declares shape {dims}: dims must lie in [0, 2^24], at most 2^30 elements"
     return None
 

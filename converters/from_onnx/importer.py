@@ -3,9 +3,10 @@
 The walk: safety checks (``checks``); a static pass naming every node no rule covers (no CVM op, opset too
 old); graph inputs become CVM variables (one input is named ``data``), initializers constants; each node (or
 flat-form group, see ``roundtrip``) is imported by its rule; graph outputs become the heads. A node whose rule
-refuses is reported with its name and reason, and the walk goes on with the nodes that do not depend on it, so
-one ``UnsupportedError`` lists every problem; nothing is returned (or written) unless there is none. The graph
-returned has passed ``validate``.
+refuses is reported with its name and reason, and the walk goes on with the nodes that do not depend on it, and
+past a quantizing node after it (QuantizeLinear, QLinear*: its quantized output becomes a stand-in holding any
+value of its type), so one ``UnsupportedError`` lists every problem; nothing is returned (or written) unless there
+is none. The graph returned has passed ``validate``.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from cvm_onnx.core.validate import validate
 
 from . import elemwise, nn, quantized, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
 from .checks import checked_order, tensor_array, type_problem
-from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
+from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, tight, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 INPUT_NAME = "data"
@@ -64,7 +65,9 @@ def _domain(d: str) -> str:
 
 class _Walk:
     def __init__(self, model: onnx.ModelProto, input_precision: int, base_dir: Path | None):
+        self.model = model
         self.graph = model.graph
+        self.inferred: dict[str, tuple[int, tuple[int, ...] | None]] | None = None  # by onnx's shape inference
         self.metadata = {p.key: p.value for p in model.metadata_props}
         self.base_dir = base_dir
         self.order = checked_order(model, base_dir)
@@ -80,7 +83,7 @@ class _Walk:
         for vi in [*self.graph.input, *self.graph.output, *self.graph.value_info]:
             self.meta.update({vi.name: p.value for p in vi.metadata_props if p.key == PRECISION_KEY})
             dims = vi.type.tensor_type.shape.dim
-            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
                 self.shapes[vi.name] = tuple(d.dim_value for d in dims)
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
@@ -101,16 +104,14 @@ class _Walk:
 
     # -- the walk ---------------------------------------------------------------------------------------------------
     def run(self) -> Imported:
-        units = []
-        for u in self.units():
-            if self.supported(u):
-                units.append(u)
-            else:
-                self.failed.update(o for n in u.nodes for o in n.output)
+        units = [(u, self.supported(u)) for u in self.units()]
         inputs = self.inputs()
         self.initializers()
-        for u in units:
-            self.unit(u)
+        for u, supported in units:
+            if supported:
+                self.unit(u)
+            else:
+                self.skipped(u)
         heads = self.heads()
         while self.ctx.pending:  # declared params that no node reads (the CVM graph had them too)
             name, t = next(iter(self.ctx.pending.items()))
@@ -230,15 +231,15 @@ class _Walk:
             self.problem(s.values.name, "sparse initializers are not supported")
 
     def unit(self, u: Unit) -> None:
+        if id(u.nodes[0]) in self.replaced:
+            return
         names = roundtrip.group_inputs(u.nodes) if u.group else list(u.nodes[0].input)
         missing = [x for x in names if x and x not in self.tensors]
         if missing:
             for x in missing:
                 if x not in self.failed:
                     self.problem(u.where, f"consumes {x!r}, an inner tensor of a flat-form CVM node")
-            self.failed.update(o for n in u.nodes for o in n.output)
-            return
-        if id(u.nodes[0]) in self.replaced:
+            self.skipped(u)
             return
         self.ctx.base = u.name
         first = len(self.ctx.nodes)
@@ -268,13 +269,40 @@ class _Walk:
                         raise Refuse(f"output {k} ({name!r}) has no CVM form")
         except Refuse as e:
             self.problem(u.where, str(e))
-            self.failed.update(o for n in u.nodes for o in n.output)
+            self.skipped(u)
             return
         for name, t in outs.items():
             if t is not None:
                 self.tensors[name] = replace(t, name=name) if isinstance(t, Tensor) and t.is_const and \
                     t.name is None else t
         self.origins.append((u.where, [n.name for n in self.ctx.nodes[first:]]))
+
+    def skipped(self, u: Unit) -> None:
+        """A unit not imported (refused, or reading what was not): its outputs are failed, except the quantized
+        tensors a quantizing node (QuantizeLinear, QLinear*, QGemm) gives, which become stand-ins, so that the
+        nodes after them are still imported and every problem of the model is reported in one pass."""
+        for n in u.nodes:
+            for name in n.output:
+                t = self.stand_in(n, name) if name else None
+                if t is None:
+                    self.failed.add(name)
+                else:
+                    self.tensors[name] = t
+
+    def stand_in(self, node: onnx.NodeProto, name: str) -> Tensor | None:
+        """An input-like CVM variable holding any value of the quantized type of ``name`` (its declared or
+        inferred type and static shape), where ``node`` quantizes; else None. Only ever made for a model with a
+        problem already reported, which is therefore never written."""
+        if node.op_type != "QuantizeLinear" and not node.op_type.startswith("QLinear") and node.op_type != "QGemm":
+            return None
+        if self.inferred is None:
+            self.inferred = inferred_types(self.model)
+        dtype, shape = self.inferred.get(name, (None, None))
+        if dtype not in quantized.QUANTIZED_TYPES or shape is None:
+            return None
+        lo, hi = INT_RANGES[dtype]
+        e = self.ctx.variable(f"{name}:unknown", cvm_shape(shape), tight(max(-lo, hi)))
+        return Tensor(dtype, shape, lo, hi, e)
 
     def heads(self) -> list[Entry]:
         heads = []
@@ -287,7 +315,7 @@ class _Walk:
                 edge = None
                 if isinstance(t, quantized.Real):
                     t, scale, zero = quantized.output_edge(t)
-                    edge = Edge(o.name, type_name(t.dtype), scale, zero)
+                    edge = Edge(o.name, edge_type(t, zero), scale, zero)
                 e = self.ctx.entry(t)
                 heads.append(e if edge is None else self._named_head(e, o.name, heads))
                 self.output_edges.append(edge)
@@ -303,6 +331,36 @@ class _Walk:
             self.ctx.names.add(name)
             self.ctx.nodes[e.node] = replace(node, name=name)
         return e
+
+
+def edge_type(t: Tensor, zero: np.ndarray) -> str:
+    """The quantized type named in a dequantized output's edge: its own, or for integers of another type (a cut at
+    a Concat of inputs of different scales gives int32) the first of int8, uint8, int16, uint16 holding its
+    values and zero points; else refused."""
+    if t.dtype in quantized.QUANTIZED_TYPES:
+        return type_name(t.dtype)
+    lo, hi = min(t.lo, int(zero.min())), max(t.hi, int(zero.max()))
+    for dtype in quantized.QUANTIZED_TYPES:
+        if INT_RANGES[dtype][0] <= lo and hi <= INT_RANGES[dtype][1]:
+            return type_name(dtype)
+    raise Refuse(f"a dequantized output of {type_name(t.dtype)} values in [{lo}, {hi}], beyond 16 bits, has no "
+                 "float edge: cut the graph (--outputs) at a quantized tensor")
+
+
+def inferred_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ...] | None]]:
+    """Element type and static shape (None where a dim is unknown) of every tensor onnx's shape inference
+    finds, declared ones included; {} where it fails."""
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001  (onnx's inference raises several types)
+        graph = model.graph
+    out = {}
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        tt = vi.type.tensor_type
+        dims = tt.shape.dim
+        static = tt.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims)
+        out[vi.name] = (tt.elem_type, tuple(d.dim_value for d in dims) if static else None)
+    return out
 
 
 def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:

@@ -232,11 +232,25 @@ def quantize_rule(ctx, node, x, s, z=None):
     if node.attr_int("block_size", 0):
         raise Refuse("blocked quantization (block_size) has no CVM form")
     scale, zero = scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point")
-    if isinstance(x, Tensor):
+    if isinstance(x, Tensor) and not (x.is_const and x.value.dtype.kind == "f"):
         raise Refuse("QuantizeLinear of a float tensor that is not a dequantized value (nor the graph's input)")
     rank = len(x.shape)
     axis = axis_of(node, rank, scale.size)
+    if isinstance(x, Tensor):
+        return quantized_constant(x, s.value, along(zero, axis, rank), axis, dtype)
     return quantize(ctx, x, along(scale, axis, rank), along(zero, axis, rank), dtype)
+
+
+def quantized_constant(x: Tensor, scale: np.ndarray, zero: np.ndarray, axis: int, dtype: int) -> Tensor:
+    """QuantizeLinear of a float constant (weights held in a Constant node, as Paddle's exports write them),
+    folded as onnxruntime computes it: saturate(round_half_even(float32(x) / float32(scale)) + zero)."""
+    lo, hi = INT_RANGES[dtype]
+    s = along(np.asarray(scale, np.float32), axis, len(x.shape))
+    with np.errstate(all="ignore"):
+        q = np.rint(np.asarray(x.value, np.float32) / s)
+    if not np.isfinite(q).all():
+        raise Refuse("QuantizeLinear of a constant holding non-finite values")
+    return const(np.clip(q.astype(np.float64) + zero, lo, hi).astype(np.int64), dtype)
 
 
 def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:

@@ -207,7 +207,7 @@ def cmd_quantize(args) -> int:
     with Bar() as bar:
         done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
                         symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
-                        save_onnx=args.save_onnx, progress=bar)
+                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs)
     g = done.imported.graph
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
@@ -389,7 +389,8 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--no-browser", action="store_true", help="do not open a browser; just serve")
     q = sub.add_parser("quantize", help="quantize a float ONNX model with onnxruntime.quantization (static, "
                        "calibrated) and import it as a CVM model", parents=[debug])
-    q.add_argument("model", help="the float .onnx model (one input, batch 1)")
+    q.add_argument("model", help="the float .onnx model as shipped (one input; dynamic dims are fixed to one "
+                   "calibration sample, batch 1)")
     q.add_argument("--calibration", required=True, metavar="C.npy", help="calibration samples: N inputs stacked on "
                    "axis 0, floats")
     q.add_argument("-o", "--output", required=True, metavar="DIR", help="the CVM model directory to write (with "
@@ -402,6 +403,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--form", choices=["qdq", "qoperator"], default="qdq", help="the quantized ONNX form made and "
                    "imported (default qdq)")
     q.add_argument("--save-onnx", metavar="Q.onnx", help="also keep the quantized ONNX model")
+    q.add_argument("--outputs", nargs="+", metavar="NAME", help="cut the float model at these tensors first, which "
+                   "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
     q.set_defaults(fn=cmd_quantize)
     return p
 

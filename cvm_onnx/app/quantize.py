@@ -1,25 +1,36 @@
-"""A float ONNX model to CVM: onnxruntime.quantization's static quantizer and calibrators, then the importer.
+"""A float ONNX model to CVM: onnxruntime's own pre-processing and static quantizer, then the importer.
 
-``quantize(F.onnx, C.npy, DIR)`` calibrates on the N samples stacked on axis 0 of C.npy (the model takes batch 1;
-``method``: minmax, entropy or percentile), writes the int8 model onnxruntime.quantization.quantize_static makes
-(QDQ or QOperator form, activations uint8 or int8, symmetric or not, weights int8 per tensor or per channel),
-imports it as the CVM model DIR with its float edges (``quantization.json``), and compares the CVM model with
-the float model on the calibration samples, output by output. No calibration code of our own: the calibrators
-are onnxruntime's.
+``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
+1. refuses, in one line, what CVM cannot hold at all: several inputs, control flow (If, Loop, Scan), recurrent
+   layers (LSTM, GRU, RNN);
+2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
+   (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
+   pre-processes the model with onnxruntime.quantization.shape_inference.quant_pre_process (symbolic shape
+   inference where it succeeds, onnxruntime's basic graph optimizations: constant folding, BatchNormalization
+   folded into the Conv before it; onnx shape inference);
+3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
+   the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
+   int8, symmetric or not, weights int8 per tensor or per channel);
+4. imports it as the CVM model DIR with its float edges (``quantization.json``), and compares the CVM model and
+   onnxruntime's quantized model with the float model on the calibration samples, output by output.
+No calibration or graph-rewriting code of our own: the tools are onnxruntime's and onnx's. onnxruntime's own
+log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
 
-from cvm_onnx.converters.from_onnx import Imported
+from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.runtime.bulk import run_many
@@ -28,23 +39,37 @@ from .api import convert, load_onnx
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 Progress = Callable[[int, int, str], None]
+#: The opset the model is raised to before quantization (where lower): the QDQ forms the importer reads best.
+OPSET = 13
+CONTROL_FLOW = ("If", "Loop", "Scan")
+RECURRENT = ("LSTM", "GRU", "RNN", "DynamicQuantizeLSTM")
+ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 
 
 @dataclass(frozen=True)
 class Agreement:
-    """One output, CVM against the float model on the calibration samples: top-1 agreement (argmax over the last
-    axis, when it has more than one element) and the absolute difference in output steps."""
+    """One output against the float model on the calibration samples: |CVM - float| and |onnxruntime's quantized
+    model - float| in output steps (mean, max, share within one step); top-1 agreement (argmax over the classes)
+    only for a classifier-shaped output, (1, C) or (C,) per sample with C > 1, where it means something."""
 
     name: str
     top1: float | None
     mean_steps: float
     max_steps: float
     within_one_step: float
+    ort_top1: float | None = None
+    ort_mean_steps: float | None = None
+    ort_max_steps: float | None = None
 
     def line(self) -> str:
         top = "" if self.top1 is None else f"top-1 agreement {self.top1:.2%}, "
-        return (f"{self.name}: {top}|CVM - float| mean {self.mean_steps:.2f}, max {self.max_steps:.1f} output "
+        text = (f"{self.name}: {top}|CVM - float| mean {self.mean_steps:.2f}, max {self.max_steps:.1f} output "
                 f"steps; {self.within_one_step:.2%} of elements within one step")
+        if self.ort_mean_steps is not None:
+            ort_top = "" if self.ort_top1 is None else f"top-1 {self.ort_top1:.2%}, "
+            text += (f" (onnxruntime's quantized model: {ort_top}mean {self.ort_mean_steps:.2f}, max "
+                     f"{self.ort_max_steps:.1f})")
+        return text
 
 
 @dataclass(frozen=True)
@@ -76,73 +101,193 @@ class _Reader:
         self.i = 0
 
 
-def _input(model: onnx.ModelProto) -> tuple[str, tuple[int, ...]]:
+@contextlib.contextmanager
+def quiet_onnxruntime() -> Iterator[None]:
+    """onnxruntime's own log lines off (its default C++ logger at severity error, Python logging up to error: the
+    failures are raised as ours)
+    for the duration; its default severity (warning) and logging are restored after."""
+    import onnxruntime as ort
+
+    quiet = logging.root.manager.disable
+    logging.disable(logging.ERROR)
+    ort.set_default_logger_severity(3)
+    try:
+        yield
+    finally:
+        ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
+        logging.disable(quiet)
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node, those of subgraphs (If branches, Loop bodies) too."""
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                yield from _nodes(g)
+
+
+def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     inits = {t.name for t in model.graph.initializer}
-    inputs = [v for v in model.graph.input if v.name not in inits]
+    return [v for v in model.graph.input if v.name not in inits]
+
+
+def refusal(model: onnx.ModelProto) -> str | None:
+    """Why the float model as a whole has no CVM form (several inputs, control flow, recurrent layers), as one
+    sentence; None if nothing of the kind."""
+    why = []
+    inputs = _inputs(model)
     if len(inputs) != 1:
-        raise UnsupportedError(f"the model has {len(inputs)} inputs; CVM takes one")
-    dims = inputs[0].type.tensor_type.shape.dim
-    if not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-        raise UnsupportedError("the input needs a static shape (batch 1)", where=inputs[0].name)
-    return inputs[0].name, tuple(d.dim_value for d in dims)
+        why.append(f"{len(inputs)} inputs ({', '.join(v.name for v in inputs) or 'none'}): a CVM model takes one")
+    ops = Counter(n.op_type for n in _nodes(model.graph))
+    for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
+        if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
+            why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    return "; ".join(why) or None
 
 
-def _calibration(path: str | os.PathLike, shape: tuple[int, ...]) -> np.ndarray:
+def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple[str, tuple[int, ...]]:
+    """The input's name and its shape for one calibration sample (batch 1): its static dims, its dynamic ones
+    taken from the samples (N, *sample) or (N, *sample[1:]) when the first dim is the batch."""
+    v = _inputs(model)[0]
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+            for d in v.type.tensor_type.shape.dim]
+    one = tuple(data.shape[1:])
+    shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
+    if shape is None or shape[0] != 1 or any(d is not None and d != s for d, s in zip(dims, shape)):
+        want = ", ".join("?" if d is None else str(d) for d in dims)
+        raise FormatError(f"calibration samples must be floats of shape (N, {want}) or (N, {want.partition(', ')[2]})"
+                          f" with batch 1 (N >= 1), got {data.dtype} {data.shape}", where=where)
+    return v.name, shape
+
+
+def _calibration(path: str | os.PathLike) -> np.ndarray:
     data = read_npy(path, "the calibration samples", mmap=False)
-    one = shape[1:] if shape and shape[0] == 1 else shape
-    if data.dtype.kind != "f" or tuple(data.shape[1:]) not in (one, shape) or len(data) == 0:
-        raise FormatError(f"calibration samples must be floats of shape (N, {', '.join(map(str, one))}) (N >= 1), "
-                          f"got {data.dtype} {data.shape}", where=os.fspath(path))
-    return data.reshape((len(data),) + shape)
+    if data.dtype.kind != "f" or data.ndim < 1 or len(data) == 0:
+        raise FormatError(f"calibration samples must be floats, N >= 1 of them stacked on axis 0, got {data.dtype} "
+                          f"{data.shape}", where=os.fspath(path))
+    return data
+
+
+def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
+    """``model`` with its input's dims set to ``shape`` (dynamic dims fixed)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    v = _inputs(out)[0]
+    for d, n in zip(v.type.tensor_type.shape.dim, shape):
+        d.Clear()
+        d.dim_value = n
+    return out
+
+
+def prepare(model: onnx.ModelProto, path: Path) -> None:
+    """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
+    onnx.version_converter can, then pre-processed by onnxruntime's quant_pre_process (symbolic shape inference
+    where it succeeds, else without it)."""
+    from onnx import version_converter
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+    if opset < OPSET:
+        try:
+            model = version_converter.convert_version(model, OPSET)
+        except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
+            pass
+    source = path.with_suffix(".source.onnx")
+    onnx.save(model, source)
+    failure = None
+    for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
+        try:
+            quant_pre_process(source, path, skip_symbolic_shape=not symbolic)
+            return
+        except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
+            failure = e
+    raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
+                         f"{type(failure).__name__}: {failure}")
 
 
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
-             progress: Progress | None = None) -> Quantized:
-    """Quantize the float model ``src`` with onnxruntime.quantization.quantize_static calibrated on
-    ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``), and
-    compare it with the float model on those samples. ``save_onnx``: also keep the quantized ONNX model there."""
-    from onnxruntime import InferenceSession
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-
+             progress: Progress | None = None, outputs: list[str] | None = None) -> Quantized:
+    """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
+    on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
+    and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
+    first. ``save_onnx``: also keep the quantized ONNX model there."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
-    model = load_onnx(src)
-    name, shape = _input(model)
-    samples = _calibration(calibration, shape)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(save_onnx) if save_onnx is not None else Path(tmp) / "quantized.onnx"
-        quiet = logging.root.manager.disable
-        logging.disable(logging.WARNING)  # quantize_static's advice to pre-process the model, on every call
-        try:
-            quantize_static(
-                os.fspath(src), os.fspath(out), _Reader(name, samples, shape, progress),
-                quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
-                activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
-                weight_type=QuantType.QInt8, per_channel=per_channel,
-                calibrate_method=getattr(CalibrationMethod, METHODS[method]),
-                extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
-        except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
-            raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
-                                 where=os.fspath(src)) from None
-        finally:
-            logging.disable(quiet)
-        imported = convert(out, dst)
-    floats = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    want = [np.stack([floats.run(None, {name: x})[k] for x in samples]) for k in range(len(floats.get_outputs()))]
+    model = load_onnx(src, external_data=True)
+    if (why := refusal(model)) is not None:
+        raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
+    data = _calibration(calibration)
+    name, shape = _sample_shape(model, data, os.fspath(calibration))
+    samples = data.reshape((len(data),) + shape)
+    with quiet_onnxruntime():
+        model = fixed(model, shape)
+        if outputs:
+            model = cut(model, outputs)
+        with tempfile.TemporaryDirectory() as tmp:
+            prepared = Path(tmp) / "prepared.onnx"
+            prepare(model, prepared)
+            out = Path(save_onnx) if save_onnx is not None else Path(tmp) / "quantized.onnx"
+            _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
+                             activation, form, src)
+            imported = convert(out, dst)
+            quantized = out.read_bytes()
+        want = _run_onnx(model.SerializeToString(), name, samples)
+        ort = _run_onnx(quantized, name, samples)
     got = run_many(imported.graph, samples.astype(np.float32), edges=imported.edges, progress=progress).arrays
-    agreements = [_agreement(o.name, g, w, e) for o, g, w, e in
-                  zip(floats.get_outputs(), got, want, imported.edges.outputs if imported.edges else [])]
+    agreements = [_agreement(o.name, g, w, q, e) for o, g, w, q, e in
+                  zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
     return Quantized(imported, agreements, len(samples))
 
 
-def _agreement(name: str, got: np.ndarray, want: np.ndarray, edge) -> Agreement:
-    got, want = got.reshape(want.shape).astype(np.float64), want.astype(np.float64)
+def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, symmetric: bool, method: str,
+                     activation: str, form: str, where) -> None:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    try:
+        quantize_static(
+            os.fspath(src), os.fspath(out), reader,
+            quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
+            activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
+            weight_type=QuantType.QInt8, per_channel=per_channel,
+            calibrate_method=getattr(CalibrationMethod, METHODS[method]),
+            extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
+    except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
+        raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
+                             where=os.fspath(where)) from None
+
+
+def _run_onnx(model: bytes, name: str, samples: np.ndarray) -> list[np.ndarray]:
+    """Every output of an ONNX model on each sample, stacked (onnxruntime with exact int8 products:
+    session.x64quantprecision, docs/import.md)."""
+    from onnxruntime import InferenceSession, SessionOptions
+
+    so = SessionOptions()
+    so.add_session_config_entry("session.x64quantprecision", "1")
+    sess = InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    runs = [sess.run(None, {name: x}) for x in samples]
+    return [np.stack([r[k] for r in runs]) for k in range(len(sess.get_outputs()))]
+
+
+def _classifier(shape: tuple[int, ...]) -> bool:
+    """Whether outputs of ``shape`` (N samples stacked) are class scores: (N, C) or (N, 1, C), C > 1."""
+    return len(shape) in (2, 3) and shape[-1] > 1 and (len(shape) == 2 or shape[1] == 1)
+
+
+def _agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge) -> Agreement:
+    want = want.astype(np.float64)
     step = float(np.max(edge.scale)) if edge is not None else 1.0
-    diff = np.abs(got - want) / step
-    top1 = None
-    if want.shape[-1] > 1:
-        top1 = float((got.reshape(len(got), -1, want.shape[-1]).argmax(-1) ==
-                      want.reshape(len(want), -1, want.shape[-1]).argmax(-1)).mean())
-    return Agreement(name, top1, float(diff.mean()), float(diff.max()), float((diff <= 1).mean()))
+    classes = _classifier(want.shape)
+
+    def steps(y: np.ndarray) -> tuple[np.ndarray, float | None]:
+        y = y.reshape(want.shape).astype(np.float64)
+        top1 = float((y.reshape(len(y), -1).argmax(-1) == want.reshape(len(want), -1).argmax(-1)).mean()) \
+            if classes else None
+        return np.abs(y - want) / step, top1
+
+    diff, top1 = steps(got)
+    ort_diff, ort_top1 = steps(ort)
+    return Agreement(name, top1, float(diff.mean()), float(diff.max()), float((diff <= 1).mean()),
+                     ort_top1, float(ort_diff.mean()), float(ort_diff.max()))
