@@ -20,7 +20,6 @@ from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
 import cvm_onnx
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.converters.from_onnx.quantized import quantized_constant
 from cvm_onnx.converters.from_onnx.context import const
 from cvm_onnx.errors import FormatError, UnsupportedError
 from cvm_onnx.executor import execute
@@ -176,6 +175,8 @@ def test_onnxruntime_log_lines_are_silenced(tmp_path):
 def test_quantize_linear_of_a_constant_folds_as_onnxruntime_computes_it(seed, per_channel, dtype, ties, wide):
     """Against onnxruntime's QuantizeLinear on the same constant, exactly: half-way values (ties), values past the
     type's range (saturation), per-channel scales along axis 0."""
+    from cvm_onnx.converters.from_onnx.quantized import quantized_constant
+
     rng = np.random.default_rng(seed)
     c = 3
     scale = rng.uniform(1e-3, 1, c if per_channel else 1).astype(np.float32)
@@ -252,21 +253,23 @@ def test_an_unfolded_batchnorm_is_refused_saying_how_to_fold_it(tmp_path):
 
 
 def test_every_refusal_is_listed_in_one_pass(tmp_path):
-    """Two float ops without an integer form, one after the other with a quantized Conv between them: both are
-    listed (before, the walk stopped at the first and the second appeared one fix later)."""
+    """Two float ops that rules refuse as the walk reaches them (a float Mod of dequantized values), one after the
+    other with a quantized Conv between them: both are listed (before, the walk stopped at the first, and the
+    second appeared one fix later)."""
     rng = np.random.default_rng(4)
     nodes, inits = conv_layer(rng, "c1", "x", 2, 2)
-    n2, i2 = conv_layer(rng, "c2", "f1", 2, 2)
-    n3, i3 = conv_layer(rng, "c3", "f2", 2, 2)
-    nodes += [h.make_node("Floor", ["c1"], ["f1"], name="floor1"), *n2,
-              h.make_node("Floor", ["c2"], ["f2"], name="floor2"), *n3]
+    n2, i2 = conv_layer(rng, "c2", "m1", 2, 2)
+    n3, i3 = conv_layer(rng, "c3", "m2", 2, 2)
+    nodes += [h.make_node("Mod", ["c1", "three"], ["m1"], name="mod1", fmod=1), *n2,
+              h.make_node("Mod", ["c2", "three"], ["m2"], name="mod2", fmod=1), *n3]
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
-                     [h.make_tensor_value_info("c3", T.FLOAT, None)], inits + i2 + i3)
+                     [h.make_tensor_value_info("c3", T.FLOAT, None)],
+                     inits + i2 + i3 + [nh.from_array(np.array(3, np.float32), "three")])
     q = quantize_static(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path, per_channel=False)
     with pytest.raises(UnsupportedError) as e:
         import_model(q)
     refused = [p.where for p in e.value.problems]
-    assert refused == ["floor1 (Floor)", "floor2 (Floor)"], str(e.value)
+    assert refused == ["mod1 (Mod)", "mod2 (Mod)"], str(e.value)
 
 
 def concat_of_two_scales() -> onnx.ModelProto:
