@@ -46,9 +46,9 @@ from typing import Callable
 
 import numpy as np
 
-from cvm_onnx.errors import CVMError, UnsupportedError
-from cvm_onnx.quantize import agreement, outputs, quantize
-from cvm_onnx.verify import verify
+from cvm_onnx.core.errors import CVMError, UnsupportedError
+from cvm_onnx.app.quantize import agreement, outputs, quantize
+from cvm_onnx.runtime.verify import verify
 
 
 def imagenet(x: np.ndarray) -> np.ndarray:

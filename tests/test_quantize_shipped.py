@@ -21,11 +21,11 @@ from onnx import TensorProto as T, helper as h, numpy_helper as nh
 import cvm_onnx
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.context import const
-from cvm_onnx.errors import FormatError, UnsupportedError
-from cvm_onnx.executor import execute
-from cvm_onnx.format import read_edges
-from cvm_onnx.quantize import quantize
-from cvm_onnx.verify import verify
+from cvm_onnx.core.errors import FormatError, UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import read_edges
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.runtime.verify import verify
 
 from test_quantized_import import Reader, conv_layer, ort_session
 
@@ -105,7 +105,7 @@ def test_quantize_takes_a_model_as_shipped(tmp_path, case):
 
 
 def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp_path, capsys):
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
 
     src, cal = saved(tmp_path, float_cnn())
     assert main(["quantize", str(src), "--calibration", str(cal), "-o", str(tmp_path / "m"), "--outputs", "r"]) == 0
@@ -119,7 +119,7 @@ def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp
 @pytest.mark.parametrize(("shape", "classes"), [((6, 5), True), ((6, 1, 5), True), ((6, 1), False),
                                                 ((6, 1, 4, 4, 4), False), ((6, 2, 5), False)])
 def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
-    from cvm_onnx.quantize import agreement
+    from cvm_onnx.app.quantize import agreement
 
     want = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     a = agreement("y", want, want, want, None)
@@ -143,7 +143,7 @@ def lstm_if_model() -> onnx.ModelProto:
 
 
 def test_several_inputs_control_flow_and_lstm_are_refused_in_one_line(tmp_path, capsys):
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
 
     onnx.save(lstm_if_model(), tmp_path / "vad.onnx")
     np.save(tmp_path / "c.npy", np.zeros((2, 3), np.float32))
@@ -162,7 +162,7 @@ def test_onnxruntime_log_lines_are_silenced(tmp_path):
     loud = subprocess.run([sys.executable, "-c", "import onnxruntime as o; o.InferenceSession(" + repr(str(src)) +
                            ", providers=['CPUExecutionProvider'])"], capture_output=True, text=True)
     assert "Removing initializer 'unused'" in loud.stderr
-    run = subprocess.run([sys.executable, "-m", "cvm_onnx.cli", "quantize", str(src), "--calibration", str(cal),
+    run = subprocess.run([sys.executable, "-m", "cvm_onnx.app.cli", "quantize", str(src), "--calibration", str(cal),
                           "-o", str(tmp_path / "m")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "onnxruntime" not in run.stderr.lower() and "W:" not in run.stderr and "\x1b[" not in run.stderr, run.stderr
@@ -293,7 +293,7 @@ def test_a_cut_at_a_concat_of_different_scales_writes_edges_run_reads(tmp_path):
     """The bug: convert --outputs at such a Concat exited 0 but wrote "type": "int32", which run, info and convert
     then refused. Its edge is now a type holding the values (int16 for uint8 beside int8), and run on the model
     directory gives onnxruntime's floats of the cut model exactly."""
-    from cvm_onnx.cli import main
+    from cvm_onnx.app.cli import main
 
     onnx.save(concat_of_two_scales(), tmp_path / "q.onnx")
     assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "m"), "--outputs", "j"]) == 0
