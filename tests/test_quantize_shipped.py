@@ -127,6 +127,41 @@ def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
     assert a.mean_steps == a.ort_mean_steps == 0
 
 
+@pytest.mark.parametrize(("group", "add", "bias"), [(1, True, False), (2, False, True), (1, True, True)])
+def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
+    """onnxruntime folds BatchNormalization into a Conv only; PaddleOCR's detector has one after ConvTranspose ->
+    Add(bias). Folded into the ConvTranspose: parameters chosen so that float32 computes both forms exactly
+    (dyadic values, var + epsilon = 4), so the folded model gives the same floats, bit for bit."""
+    from cvm_onnx.app.quantize import fold_batchnorm
+
+    rng = np.random.default_rng(group)
+    c_in, c = 4, 6
+    inits = [nh.from_array((rng.integers(-8, 9, (c_in, c // group, 2, 2)) / 4).astype(np.float32), "w"),
+             nh.from_array(2.0 ** rng.integers(-2, 3, c).astype(np.float32), "g"),
+             nh.from_array((rng.integers(-8, 9, c) / 8).astype(np.float32), "be"),
+             nh.from_array((rng.integers(-8, 9, c) / 8).astype(np.float32), "mu"),
+             nh.from_array(np.full(c, 4, np.float32), "var")]
+    inits += [nh.from_array((rng.integers(-8, 9, (1, c, 1, 1)) / 8).astype(np.float32), "cb")] if add else []
+    inits += [nh.from_array((rng.integers(-8, 9, c) / 8).astype(np.float32), "b")] if bias else []
+    nodes = [h.make_node("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["t"], strides=[2, 2],
+                         group=group)]
+    if add:
+        nodes.append(h.make_node("Add", ["t", "cb"], ["ta"]))
+    nodes.append(h.make_node("BatchNormalization", ["ta" if add else "t", "g", "be", "mu", "var"], ["y"],
+                             epsilon=0.0))
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, c_in, 3, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    folded = onnx.ModelProto()
+    folded.CopyFrom(model)
+    fold_batchnorm(folded.graph)
+    assert [n.op_type for n in folded.graph.node] == ["ConvTranspose"] and len(folded.graph.initializer) == 2
+    x = rng.integers(-8, 9, (1, c_in, 3, 3)).astype(np.float32)
+    [want] = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    [got] = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.array_equal(got, want)
+
+
 def lstm_if_model() -> onnx.ModelProto:
     """The shape of silero-vad's model: three inputs, an If whose branches run an LSTM."""
     lstm = h.make_node("LSTM", ["x3", "W", "R"], ["", "hn"], hidden_size=2)

@@ -213,7 +213,63 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     kept = [o for o in out.opset_import if o.domain in used]
     del out.opset_import[:]
     out.opset_import.extend(kept)
+    fold_batchnorm(out.graph)
     onnx.save(out, path)
+
+
+def fold_batchnorm(graph: onnx.GraphProto) -> None:
+    """Fold each BatchNormalization (inference form, constant parameters) that follows a ConvTranspose with
+    constant weights, directly or through an Add of a per-channel constant (its bias, as Paddle writes it), and
+    is the only reader of its input: onnxruntime's optimizer folds it into a Conv only. With a = scale /
+    sqrt(var + epsilon) per output channel (in float32, as onnxruntime's Conv fusion computes it), the weights
+    become W * a along the output channels and the bias (bias - mean) * a + B."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers = Counter(x for n in graph.node for x in n.input)
+    readers.update(o.name for o in graph.output)
+
+    def value(name: str) -> np.ndarray | None:
+        return numpy_helper.to_array(inits[name]).astype(np.float32) if name in inits else None
+
+    for bn in [n for n in graph.node if n.op_type == "BatchNormalization" and len(n.output) == 1]:
+        params = [value(x) for x in bn.input[1:5]]
+        up, add, bias = producer.get(bn.input[0]), None, np.zeros(1, np.float32)
+        if up is not None and up.op_type == "Add" and readers[up.output[0]] == 1:
+            k = next((k for k in (0, 1) if value(up.input[k]) is not None), None)
+            add, bias = up, value(up.input[k]).reshape(-1) if k is not None else None
+            up = producer.get(up.input[1 - k]) if k is not None else None
+        if up is None or up.op_type != "ConvTranspose" or readers[up.output[0]] != 1 or \
+                any(p is None for p in params) or value(up.input[1]) is None or \
+                (len(up.input) > 2 and up.input[2] and value(up.input[2]) is None):
+            continue
+        w = value(up.input[1])
+        group = next((a.i for a in up.attribute if a.name == "group"), 1)
+        c = w.shape[1] * group
+        if bias.size not in (1, c) or any(p.size != c for p in params):
+            continue
+        if len(up.input) > 2 and up.input[2]:
+            bias = bias + value(up.input[2]).reshape(c)
+        scale, beta, mean, var = (p.reshape(c) for p in params)
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        a = (scale / np.sqrt(var + np.float32(eps))).astype(np.float32)
+        w2 = w.reshape((group, -1, w.shape[1]) + w.shape[2:]) * a.reshape(group, 1, -1, *[1] * (w.ndim - 2))
+        b2 = (np.broadcast_to(bias, (c,)) - mean) * a + beta
+        names = (f"{up.output[0]}:folded_w", f"{up.output[0]}:folded_b")
+        graph.initializer.extend([numpy_helper.from_array(w2.reshape(w.shape).astype(np.float32), names[0]),
+                                  numpy_helper.from_array(b2.astype(np.float32), names[1])])
+        old = [*up.input[1:], *bn.input[1:], *(add.input if add is not None else [])]
+        del up.input[1:]
+        up.input.extend(names)
+        up.output[0] = bn.output[0]
+        graph.node.remove(bn)
+        if add is not None:
+            graph.node.remove(add)
+        readers.subtract(old)
+        for name in old:
+            if name in inits and readers[name] <= 0:
+                graph.initializer.remove(inits.pop(name))
 
 
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,
