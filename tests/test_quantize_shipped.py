@@ -127,6 +127,29 @@ def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
     assert a.mean_steps == a.ort_mean_steps == 0
 
 
+def test_a_float_input_read_by_slices_imports(tmp_path):
+    """YOLOX's "Focus": the float input read by four strided Slices and a Concat, then a Conv. onnxruntime's
+    optimizer would fuse them into SpaceToDepth + Gather (ops CVM lacks), and quantize_static would leave the
+    input unquantized (no QuantizeLinear reads it): the fusion is left out and the input quantized first."""
+    rng = np.random.default_rng(6)
+    inits = [nh.from_array(np.array([v], np.int64), n) for v, n in [(0, "zero"), (1, "one"), (2, "two"),
+                                                                     (1 << 30, "end"), (2, "ax2"), (3, "ax3")]]
+    nodes = [h.make_node("Slice", ["x", hs, "end", "ax2", "two"], [f"h{hs}"]) for hs in ("zero", "one")]
+    nodes += [h.make_node("Slice", [f"h{hs}", ws, "end", "ax3", "two"], [f"s{hs}{ws}"])
+              for hs in ("zero", "one") for ws in ("zero", "one")]
+    nodes.append(h.make_node("Concat", ["szerozero", "sonezero", "szeroone", "soneone"], ["f"], axis=1))
+    n, i = conv_layer(rng, "c", "f", 8, 4)
+    g = h.make_graph(nodes + n, "focus", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8])],
+                     [h.make_tensor_value_info("c", T.FLOAT, None)], inits + i)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(4, 2, 8, 8)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    q = onnx.load(tmp_path / "q.onnx")
+    assert "SpaceToDepth" not in {n.op_type for n in q.graph.node}
+    assert all(n.op_type == "QuantizeLinear" for n in q.graph.node if "x" in n.input)
+    exact_export(done.imported.graph)
+
+
 @pytest.mark.parametrize(("group", "add", "bias"), [(1, True, False), (2, False, True), (1, True, True)])
 def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
     """onnxruntime folds BatchNormalization into a Conv only; PaddleOCR's detector has one after ConvTranspose ->

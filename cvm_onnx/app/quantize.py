@@ -5,12 +5,14 @@
    layers (LSTM, GRU, RNN);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
-   pre-processes the model with onnxruntime.quantization.shape_inference.quant_pre_process (symbolic shape
-   inference where it succeeds, onnxruntime's basic graph optimizations: constant folding, BatchNormalization
-   folded into the Conv before it; onnx shape inference);
+   pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
+   basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
+   fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference) and folds a
+   BatchNormalization after ConvTranspose;
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
-   int8, symmetric or not, weights int8 per tensor or per channel);
+   int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
+   Reshape reading the float input quantizes it);
 4. imports it as the CVM model DIR with its float edges (``quantization.json``), and compares the CVM model and
    onnxruntime's quantized model with the float model on the calibration samples, output by output.
 No calibration or graph-rewriting code of our own: the tools are onnxruntime's and onnx's. onnxruntime's own
@@ -44,6 +46,9 @@ OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
 RECURRENT = ("LSTM", "GRU", "RNN", "DynamicQuantizeLSTM")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
+#: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
+#: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
+UNFUSED = ("SliceConcatToSpaceToDepthFusion",)
 
 
 @dataclass(frozen=True)
@@ -185,8 +190,10 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
 
 def prepare(model: onnx.ModelProto, path: Path) -> None:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
-    onnx.version_converter can, then pre-processed by onnxruntime's quant_pre_process (symbolic shape inference
-    where it succeeds, else without it)."""
+    onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
+    folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
+    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded."""
+    import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -196,12 +203,20 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
             model = version_converter.convert_version(model, OPSET)
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
             pass
-    source = path.with_suffix(".source.onnx")
+    source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     onnx.save(model, source)
+    try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = os.fspath(optimized)
+        ort.InferenceSession(os.fspath(source), options, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=list(UNFUSED))
+    except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
+        raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
     failure = None
     for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
         try:
-            quant_pre_process(source, path, skip_symbolic_shape=not symbolic)
+            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic)
             break
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
@@ -336,7 +351,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
             weight_type=QuantType.QInt8, per_channel=per_channel,
             calibrate_method=getattr(CalibrationMethod, METHODS[method]),
-            extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True})
+            extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
+                           "ForceQuantizeNoInputCheck": True})
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
         raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
                              where=os.fspath(where)) from None
