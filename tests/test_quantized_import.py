@@ -268,6 +268,9 @@ class Oracle:
             return [("real", part, xs[0][2]) for part in np.split(v, cuts, axis=axis)]
         if op == "Mul":
             return ("real", xs[0][1] * xs[1][1], xs[0][2] * xs[1][2])
+        if op == "Pow":
+            k = int(np.asarray(xs[1][1]).reshape(()))
+            return ("real", xs[0][1] ** k, xs[0][2] ** k)
         if op == "Concat":
             axis = a["axis"]
             v = np.concatenate([x[1] for x in xs], axis=axis)
@@ -311,7 +314,7 @@ CONFIG = st.fixed_dictionaries({
     "fmt": st.sampled_from(["QDQ", "QOperator"]), "activation": st.sampled_from(["int8", "uint8"]),
     "symmetric": st.booleans(), "per_channel": st.booleans(), "opset": st.sampled_from([13, 17, 19, 21])})
 MODEL = st.fixed_dictionaries({
-    "kind": st.sampled_from(["plain", "Add", "Mul", "Concat"]), "seed": st.integers(0, 2**16),
+    "kind": st.sampled_from(["plain", "Add", "Mul", "Concat", "Pow"]), "seed": st.integers(0, 2**16),
     "group": st.sampled_from([1, 2, 4]), "stride": st.sampled_from([1, 2]),
     "pads": st.sampled_from([(1, 1, 1, 1), (0, 0, 0, 0), (0, 1, 2, 0)]),
     "pool": st.sampled_from(["max", "avg", "global"]), "head": st.sampled_from(["gemm", "matmul", "sigmoid"])})

@@ -961,6 +961,19 @@ def div_rule(ctx, node, a, b):
     return rescaled(a, 1 / constant_factor(b, "the divisor"), "the dividend")
 
 
+@float_rule("Pow", since=7)
+def pow_rule(ctx, node, x, y):
+    """x^k for a constant integer exponent 1 <= k <= 4 (a LayerNormalization's square): k - 1 exact Muls."""
+    k = np.asarray(y.value) if isinstance(y, Tensor) and y.is_const and y.value.size == 1 else None
+    if k is None or k.reshape(()) != round(float(k.reshape(()))) or not 1 <= int(k.reshape(())) <= 4:
+        raise Refuse("Pow of a dequantized value has an integer form for a constant exponent 1, 2, 3 or 4 only")
+    base = scaled(x, "the Pow base")
+    out = base
+    for _ in range(int(k.reshape(())) - 1):
+        out = multiply(ctx, out, base)
+    return out
+
+
 def relu(ctx, x: Scaled) -> Scaled:
     """max(t, zero): exact, the scale is positive."""
     if x.clip != (None, None):

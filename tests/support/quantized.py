@@ -19,8 +19,9 @@ def conv_layer(rng, name, x, c_in, c_out, group=1, k=3, stride=1, pads=(1, 1, 1,
 
 
 def float_model(kind: str, seed: int, opset: int, group: int, stride: int, pads, pool: str, head: str):
-    """A small float CNN: conv (+ relu) [two branches joined by Add, Mul or Concat], a pooling, flatten, Gemm or
-    MatMul (+ Sigmoid). Group 4: the first conv is depthwise (4 channels in, 4 out)."""
+    """A small float CNN: conv (+ relu) [two branches joined by Add, Mul or Concat; or squared by Pow, then a 1x1
+    conv, which quantizes it: quantize_static leaves Pow unquantized], a pooling, flatten, Gemm or MatMul
+    (+ Sigmoid). Group 4: the first conv is depthwise (4 channels in, 4 out)."""
     rng = np.random.default_rng(seed)
     c = 4 if group == 4 else 2 * group
     nodes, inits = conv_layer(rng, "c1", "x", c, 4, group, stride=stride, pads=pads)
@@ -32,6 +33,13 @@ def float_model(kind: str, seed: int, opset: int, group: int, stride: int, pads,
         inits += i2
         nodes.append(h.make_node(kind, ["r1", "c2"], ["j"], **({"axis": 1} if kind == "Concat" else {})))
         last = "j"
+    if kind == "Pow":
+        inits.append(nh.from_array(np.array(2, np.float32), "two"))
+        nodes.append(h.make_node("Pow", ["r1", "two"], ["j"]))
+        n3, i3 = conv_layer(rng, "cj", "j", 4, 4, k=1, pads=(0, 0, 0, 0))
+        nodes += n3
+        inits += i3
+        last = "cj"
     if pool == "max":
         nodes.append(h.make_node("MaxPool", [last], ["p"], kernel_shape=[2, 2], strides=[2, 2]))
     elif pool == "avg":
