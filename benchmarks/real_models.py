@@ -135,8 +135,10 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     try:
         done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut)
     except UnsupportedError as e:
-        reasons = Counter(re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems)  # numbers apart
-        out.update(whole=False, refusals=len(e.problems), why=dict(reasons.most_common()))
+        keys = [re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems]  # a rule, its numbers apart
+        first = {k: p.rule for k, p in zip(reversed(keys), reversed(e.problems))}
+        why = {(first[k] if n == 1 else k): n for k, n in Counter(keys).most_common()}
+        out.update(whole=False, refusals=len(e.problems), why=why)
         return out
     except CVMError as e:
         out.update(whole=False, refusals=1, why={str(e): 1})
