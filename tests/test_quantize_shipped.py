@@ -116,6 +116,23 @@ def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp
     assert model.graph.type_of(model.graph.heads[0]).shape == (1, 4, 4, 4)
 
 
+@pytest.mark.parametrize(("dims", "samples", "want"), [
+    (["batch", 3, None, -1], (5, 3, 48, 192), (1, 3, 48, 192)), (["batch", 3, None, -1], (5, 1, 3, 8, 9), (1, 3, 8, 9)),
+    ([1, 2, 4, 4], (6, 2, 4, 4), (1, 2, 4, 4)), ([3, 5], (2, 3, 5), (3, 5)), (["n", 7], (4, 7), (1, 7)),
+    (["batch", 3, None, -1], (5, 2, 3, 8, 9), None), ([3, 5], (2, 5), None), ([1, 2, 4, 4], (6, 2, 4, 5), None)])
+def test_dynamic_dims_come_from_the_calibration_samples(dims, samples, want):
+    from cvm_onnx.app.quantize import _sample_shape
+
+    g = h.make_graph([h.make_node("Identity", ["x"], ["y"])], "m", [h.make_tensor_value_info("x", T.FLOAT, dims)],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)])
+    data = np.zeros(samples, np.float32)
+    if want is None:
+        with pytest.raises(FormatError, match="calibration samples must be floats of shape"):
+            _sample_shape(h.make_model(g), data, "c.npy")
+    else:
+        assert _sample_shape(h.make_model(g), data, "c.npy") == ("x", want)
+
+
 @pytest.mark.parametrize(("shape", "classes"), [((6, 5), True), ((6, 1, 5), True), ((6, 1), False),
                                                 ((6, 1, 4, 4, 4), False), ((6, 2, 5), False)])
 def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):

@@ -15,8 +15,9 @@
    Reshape reading the float input quantizes it);
 4. imports it as the CVM model DIR with its float edges (``quantization.json``), and compares the CVM model and
    onnxruntime's quantized model with the float model on the calibration samples, output by output.
-No calibration or graph-rewriting code of our own: the tools are onnxruntime's and onnx's. onnxruntime's own
-log lines (its C++ logger, its Python loggers) are silenced meanwhile.
+No calibration code of our own, and one graph rewrite (that BatchNormalization, which onnxruntime's optimizer
+leaves): the tools are onnxruntime's and onnx's. onnxruntime's own log lines (its C++ logger, its Python
+loggers) are silenced meanwhile.
 """
 from __future__ import annotations
 
@@ -111,9 +112,8 @@ class _Reader:
 
 @contextlib.contextmanager
 def quiet_onnxruntime() -> Iterator[None]:
-    """onnxruntime's own log lines off (its default C++ logger at severity error, Python logging up to error: the
-    failures are raised as ours)
-    for the duration; its default severity (warning) and logging are restored after."""
+    """onnxruntime's own log lines off for the duration (its default C++ logger at severity error, Python logging
+    up to error: failures are raised as ours); its default severity (warning) and logging are restored after."""
     import onnxruntime as ort
 
     quiet = logging.root.manager.disable
@@ -155,14 +155,14 @@ def refusal(model: onnx.ModelProto) -> str | None:
 
 
 def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple[str, tuple[int, ...]]:
-    """The input's name and its shape for one calibration sample (batch 1): its static dims, its dynamic ones
-    taken from the samples (N, *sample) or (N, *sample[1:]) when the first dim is the batch."""
+    """The input's name and its shape for one calibration sample: its static dims, its dynamic ones taken from the
+    samples, (N, *shape) or (N, *shape[1:]) where the first dim is 1 or dynamic (the batch, then 1)."""
     v = _inputs(model)[0]
     dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
             for d in v.type.tensor_type.shape.dim]
     one = tuple(data.shape[1:])
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
-    if shape is None or shape[0] != 1 or any(d is not None and d != s for d, s in zip(dims, shape)):
+    if shape is None or (dims[0] is None and shape[0] != 1) or any(d not in (None, s) for d, s in zip(dims, shape)):
         rest = "".join(f", {'?' if d is None else d}" for d in dims[1:])
         raise FormatError(f"calibration samples must be floats of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
                           f", got {data.dtype} {data.shape}", where=where)
