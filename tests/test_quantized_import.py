@@ -204,6 +204,8 @@ class Oracle:
         return x
 
     def float_op(self, op, xs, a):
+        if op == "MatMul" and xs[1][0] == "real" and xs[1][1].ndim > 2:  # of two computed tensors, per tensor
+            return ("real", xs[0][1] @ xs[1][1], xs[0][2].reshape(()) * xs[1][2].reshape(()))
         if op in ("Conv", "ConvTranspose", "Gemm", "MatMul"):
             x, w = xs[0], xs[1]
             scale_x = x[2].reshape(())
@@ -222,7 +224,7 @@ class Oracle:
         if op == "Relu":
             return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
                 ("fn", xs[0][1], lambda r, f=xs[0][2]: np.maximum(f(r), 0))
-        if op in ("MaxPool", "Flatten", "Reshape"):
+        if op in ("MaxPool", "Flatten", "Reshape", "Transpose"):
             v = np.rint(one(op, [xs[0][1]] + [c[1] for c in xs[1:]], **a)).astype(np.int64)
             return ("int", v) if xs[0][0] == "int" else ("real", v, xs[0][2])
         if op == "AveragePool":
@@ -337,6 +339,32 @@ def test_import_equals_the_oracle_and_exports_exactly(tmp_path_factory, config, 
         for g_, w_, e in zip(got, want, edges.outputs):
             assert w_[0] == "real" and w_[1].dtype == np.int64  # (q - zero) of the last DequantizeLinear
             assert np.array_equal(g_ - e.zero_point, w_[1].reshape(g_.shape))
+    assert verify(imp.graph, seeds=1).exact
+
+
+@settings(max_examples=10, deadline=None)
+@given(config=CONFIG, seed=st.integers(0, 2**16), heads=st.integers(1, 3), m=st.integers(1, 5),
+       k=st.integers(1, 9))
+def test_matmul_of_two_computed_tensors_equals_the_oracle(tmp_path_factory, config, seed, heads, m, k):
+    """Attention's products (PP-OCRv4's recognizer): x (1, heads, m, k) times its own transpose through a conv,
+    both computed, quantized per tensor; the import equals the oracle's exact integer products and requantization
+    and exports exactly."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = conv_layer(rng, "c", "x", heads, heads, k=1, pads=(0, 0, 0, 0))
+    nodes += [h.make_node("Transpose", ["c"], ["ct"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["x", "ct"], ["y"])]
+    g = h.make_graph(nodes, "att", [h.make_tensor_value_info("x", T.FLOAT, [1, heads, m, k])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    fm = h.make_model(g, opset_imports=[h.make_opsetid("", config["opset"])])
+    qm, shape = quantized(fm, tmp_path_factory.mktemp("att"), config["fmt"], config["activation"],
+                          config["symmetric"], config["per_channel"])
+    imp = import_model(qm)
+    oracle = Oracle(qm, imp)
+    for x in [rng.normal(size=shape).astype(np.float32) * 2, np.zeros(shape, np.float32)]:
+        q = imp.edges.input.quantize(x)
+        [got] = execute(imp.graph, {"data": q})
+        [want] = oracle.run(q)
+        assert got.shape == want[1].shape == (1, heads, m, m)
+        assert np.array_equal(got - imp.edges.outputs[0].zero_point, want[1])
     assert verify(imp.graph, seeds=1).exact
 
 

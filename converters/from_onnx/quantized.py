@@ -31,6 +31,7 @@ from .requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
 INT32 = TensorProto.INT32
 QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
 MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
+MAX_PRODUCTS = 1 << 24  # elements of the products tensor of a MatMul of two computed tensors
 MS = "com.microsoft"
 
 
@@ -753,10 +754,33 @@ def conv_transpose_rule(ctx, node, x, w, b=None):
 @float_rule("MatMul", since=1)
 def matmul_rule(ctx, node, a, b):
     a, b = scaled(a, "the MatMul input"), scaled(b, "the MatMul weight")
+    if not b.t.is_const:
+        return variable_matmul(ctx, a, b)
     if len(b.shape) != 2:
         raise Refuse(f"a MatMul weight of shape {b.shape}: dense takes one weight matrix")
     w, sw = weight(b, "the MatMul weight", transpose=True)
     return dense(ctx, a, w, sw, None)
+
+
+def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
+    """a @ b of two computed tensors (attention's Q K^T and weights x V), per tensor, at scale s_a s_b: the
+    products (a - za)[..., M, K, 1] (b - zb)[..., 1, K, N] (broadcast_mul), summed over K, exactly in int32."""
+    a, b = per_tensor(a, "MatMul"), per_tensor(b, "MatMul")
+    if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
+        raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: CVM's form takes matrices (rank >= 2) that chain")
+    va, vb = minus_zero(ctx, a), minus_zero(ctx, b)
+    ea, eb = ctx.reshape(va, a.shape + (1,)), ctx.reshape(vb, b.shape[:-2] + (1,) + b.shape[-2:])
+    corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
+    shape = broadcast_shape(ea, eb)
+    if math.prod(shape) > MAX_PRODUCTS:
+        raise Refuse(f"MatMul of shapes {a.shape} and {b.shape} would compute {math.prod(shape)} products at once "
+                     f"(at most 2^24)")
+    prod = ctx.result(ctx.op("broadcast_mul", ea, eb), INT32, min(corners), max(corners), shape)
+    k = a.shape[-1]
+    total = reduce.reduced(ctx, "sum", prod, [len(shape) - 2], k * prod.lo, k * prod.hi)
+    total = ctx.reshape(total, shape[:-2] + shape[-1:])  # reduced drops the axes of size 1
+    return Scaled(total, np.asarray(a.scale.reshape(()).item() * b.scale.reshape(()).item(), dtype=object),
+                  np.zeros((), np.int64))
 
 
 @float_rule("Gemm", since=7)
@@ -1161,6 +1185,8 @@ def qlinear_conv(ctx, node, x, xs, xz, w, ws, wz, ys, yz, b=None):
 @rule("QLinearMatMul", since=10)
 def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
     av, bv = dq(a, a_s, az), dq(b, bs, bz, 1)
+    if not bv.t.is_const:
+        return q(ctx, node, variable_matmul(ctx, av, bv), ys, yz)
     if len(bv.shape) != 2:
         raise Refuse(f"a QLinearMatMul weight of shape {bv.shape}: dense takes one weight matrix")
     w, sw = weight(bv, "the QLinearMatMul weight B", transpose=True)
