@@ -73,10 +73,11 @@ def saved(tmp_path: Path, model: onnx.ModelProto, samples: int = 6) -> tuple[Pat
     return tmp_path / "f.onnx", tmp_path / "c.npy"
 
 
-def quantize_static(model: onnx.ModelProto, tmp_path: Path, per_channel: bool) -> onnx.ModelProto:
+def quantize_static(model: onnx.ModelProto, tmp_path: Path, per_channel: bool,
+                    shape=(1, 2, 4, 4)) -> onnx.ModelProto:
     """onnxruntime's quantize_static alone, without pre-processing (QDQ, uint8 activations)."""
     onnx.save(model, tmp_path / "raw.onnx")
-    quantization.quantize_static(str(tmp_path / "raw.onnx"), str(tmp_path / "rawq.onnx"), Reader([1, 2, 4, 4]),
+    quantization.quantize_static(str(tmp_path / "raw.onnx"), str(tmp_path / "rawq.onnx"), Reader(list(shape)),
                                  per_channel=per_channel)
     return onnx.load(tmp_path / "rawq.onnx")
 
@@ -144,11 +145,8 @@ def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
     assert a.mean_steps == a.ort_mean_steps == 0
 
 
-def test_a_float_input_read_by_slices_imports(tmp_path):
-    """YOLOX's "Focus": the float input read by four strided Slices and a Concat, then a Conv. onnxruntime's
-    optimizer would fuse them into SpaceToDepth + Gather (ops CVM lacks), and quantize_static would leave the
-    input unquantized (no QuantizeLinear reads it): the fusion is left out and the input quantized first."""
-    rng = np.random.default_rng(6)
+def focus_model(rng) -> onnx.ModelProto:
+    """YOLOX's "Focus": the float input read by four strided Slices and a Concat, then a Conv."""
     inits = [nh.from_array(np.array([v], np.int64), n) for v, n in [(0, "zero"), (1, "one"), (2, "two"),
                                                                      (1 << 30, "end"), (2, "ax2"), (3, "ax3")]]
     nodes = [h.make_node("Slice", ["x", hs, "end", "ax2", "two"], [f"h{hs}"]) for hs in ("zero", "one")]
@@ -158,7 +156,45 @@ def test_a_float_input_read_by_slices_imports(tmp_path):
     n, i = conv_layer(rng, "c", "f", 8, 4)
     g = h.make_graph(nodes + n, "focus", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8])],
                      [h.make_tensor_value_info("c", T.FLOAT, None)], inits + i)
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path / "f.onnx")
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+
+
+def test_a_float_input_moved_before_its_quantize_linear_is_quantized_first(tmp_path):
+    """An NHWC input (as TensorFlow exports write it) transposed, then a Conv: quantize_static quantizes the input
+    after the Transpose. Quantization commutes with ops that only move values, so the CVM input is quantized
+    first and the Transpose runs on its integers: up to that QuantizeLinear (cut there) the CVM model gives
+    onnxruntime's integers exactly, and the whole model exports exactly. Where the moved pieces are quantized at
+    different scales (the Focus Slices, each quantized on its own), no one input quantization exists: refused."""
+    rng = np.random.default_rng(7)
+    nodes, inits = conv_layer(rng, "c", "t", 2, 4)
+    g = h.make_graph([h.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]), *nodes], "nhwc",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 4, 2])],
+                     [h.make_tensor_value_info("c", T.FLOAT, None)], inits)
+    q = quantize_static(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path, False, (1, 4, 4, 2))
+    assert [n.op_type for n in q.graph.node if "x" in n.input] == ["Transpose"]
+    exact_export(import_model(q).graph)
+    (quantizer,) = [n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "t"]
+    imported = import_model(q, outputs=[quantizer.output[0]])
+    q.graph.output[0].name = quantizer.output[0]
+    del q.graph.output[0].type.tensor_type.shape.dim[:]
+    q.graph.output[0].type.tensor_type.elem_type = next(t.data_type for t in q.graph.initializer
+                                                         if t.name == quantizer.input[2])
+    sess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+    for x in rng.normal(scale=3, size=(3, 1, 4, 4, 2)).astype(np.float32):
+        [want] = sess.run(None, {"x": x})
+        [got] = execute(imported.graph, {"data": imported.edges.input.quantize(x)})
+        assert np.array_equal(got, want)
+    focus = quantize_static(focus_model(rng), tmp_path, per_channel=False, shape=(1, 2, 8, 8))
+    with pytest.raises(UnsupportedError, match="quantized by QuantizeLinear nodes of different scales"):
+        import_model(focus)
+
+
+def test_a_float_input_read_by_slices_imports(tmp_path):
+    """The Focus model in the QDQ form: onnxruntime's optimizer would fuse its Slices and Concat into SpaceToDepth +
+    Gather (ops CVM lacks), and quantize_static would leave the input unquantized (no QuantizeLinear reads it):
+    the fusion is left out and the input quantized first."""
+    rng = np.random.default_rng(6)
+    onnx.save(focus_model(rng), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(4, 2, 8, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
     q = onnx.load(tmp_path / "q.onnx")

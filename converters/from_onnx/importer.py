@@ -214,9 +214,8 @@ class _Walk:
             lo, hi = INT_RANGES[edge.dtype]  # the integer input saturates as QuantizeLinear does
             self.ctx.base = f"{v.name}:saturated"
             q = Tensor(edge.dtype, shape, lo, hi, self.ctx.emit("clip", e, a_min=lo, a_max=hi))
-            for n in edge.nodes:
-                self.replaced.add(id(n))
-                self.tensors[n.output[0]] = q
+            self.tensors[v.name] = q  # ops that only move values between the input and its quantizers move q
+            self.replaced.update(id(n) for n in edge.nodes)
             self.input_edge = Edge(names[-1], type_name(edge.dtype), edge.scale, edge.zero)
         self.failed.update(v.name for v in vis if v.name not in self.tensors)
         return names
@@ -237,7 +236,10 @@ class _Walk:
             self.problem(s.values.name, "sparse initializers are not supported")
 
     def unit(self, u: Unit) -> None:
-        if id(u.nodes[0]) in self.replaced:
+        if id(u.nodes[0]) in self.replaced:  # a quantizer of the float input: its integers (moved), as they are
+            n = u.nodes[0]
+            if n.input[0] in self.tensors:
+                self.tensors[n.output[0]] = self.tensors[n.input[0]]
             return
         names = roundtrip.group_inputs(u.nodes) if u.group else list(u.nodes[0].input)
         missing = [x for x in names if x and x not in self.tensors]

@@ -1264,18 +1264,49 @@ def _named(graph, n) -> str:
     return f"{n.op_type} {n.name!r}" if n.name else f"{n.op_type} (unnamed, node {list(graph.node).index(n)})"
 
 
+#: Ops that only select or move values: between the float input and its QuantizeLinear they commute with it.
+INPUT_MOVES = ("Slice", "Concat", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def quantizers(graph, name: str) -> tuple[list, list[str]]:
+    """The QuantizeLinear nodes that quantize the float input ``name``, read directly or through ops that only
+    move values (INPUT_MOVES, every data input from the input: an NHWC input's Transpose, YOLOX's Focus Slices),
+    and what reads it (or a moved copy) otherwise: nodes (named) and graph outputs."""
+    outputs = {o.name for o in graph.output}
+    reached, todo, found, moves, others = {name}, [name], {}, [], {}
+    while todo:
+        x = todo.pop(0)
+        if x in outputs and x != name:
+            others[x] = f"the graph output {x!r}"
+        for n in (n for n in graph.node if x in n.input):
+            data = list(n.input) if n.op_type == "Concat" else list(n.input[:1])
+            if n.op_type == "QuantizeLinear" and data == [x]:
+                found[id(n)] = n
+            elif n.op_type in INPUT_MOVES and x in data and x not in n.input[len(data):]:
+                moves.append(n)
+                if n.output[0] not in reached:
+                    reached.add(n.output[0])
+                    todo.append(n.output[0])
+            else:
+                others[id(n)] = _named(graph, n)
+    for n in moves:
+        if any(d not in reached for d in (n.input if n.op_type == "Concat" else n.input[:1])):
+            others[id(n)] = _named(graph, n)
+    return list(found.values()), list(others.values())
+
+
 def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
     """How a float input is quantized: every consumer a QuantizeLinear with the same constant scale and zero point
-    (per tensor). Else why not, as a sentence naming the nodes that read it otherwise."""
-    users = [n for n in graph.node if name in n.input]
-    if not users:
+    (per tensor), directly or through ops that only move values (``quantizers``). Else why not, as a sentence
+    naming the nodes that read it otherwise."""
+    users, others = quantizers(graph, name)
+    if not users and not others:
         return "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form; no node reads it"
     producers = {t: n for n in graph.node for t in n.output}
-    others = [n for n in users if n.op_type != "QuantizeLinear" or list(n.input[:1]) != [name]]
-    why = [f"read by {', '.join(_named(graph, n) for n in others)}: only a float input read by QuantizeLinear alone "
-           "(a quantized model) has a CVM form"] if others else []
+    why = [f"read by {', '.join(others)}: only a float input read by QuantizeLinear alone (a quantized model) has "
+           "a CVM form"] if others else []
     for n in users:
-        computed = [t for t in n.input[1:3] if t and t not in constants] if n not in others else []
+        computed = [t for t in n.input[1:3] if t and t not in constants]
         if computed:
             by = ", ".join(_named(graph, producers[t]) if t in producers else f"the graph input {t!r}"
                            for t in computed)
