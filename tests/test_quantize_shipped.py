@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from support.quantized import Reader, conv_layer
 
 import cvm_onnx
 from cvm_onnx.converters.from_onnx import import_model
@@ -26,8 +27,6 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import read_edges
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.runtime.verify import verify
-
-from test_quantized_import import Reader, conv_layer, ort_session
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 
