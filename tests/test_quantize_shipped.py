@@ -355,14 +355,6 @@ def test_per_channel_axis_below_opset_13_is_refused_as_onnxruntime_refuses_it(tm
                          "cvm-onnx quantize does" in p for p in lines)
 
 
-def test_an_unfolded_batchnorm_is_refused_saying_how_to_fold_it(tmp_path):
-    q = quantize_static(float_cnn(bn=True), tmp_path, per_channel=False)
-    assert "BatchNormalization" in {n.op_type for n in q.graph.node}
-    with pytest.raises(UnsupportedError, match="no CVM op for ONNX BatchNormalization: fold it into the Conv before "
-                                               "it .*quant_pre_process"):
-        import_model(q)
-
-
 def test_every_refusal_is_listed_in_one_pass(tmp_path):
     """Two float ops that rules refuse as the walk reaches them (a float Mod of dequantized values), one after the
     other with a quantized Conv between them: both are listed (before, the walk stopped at the first, and the

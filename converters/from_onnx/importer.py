@@ -32,9 +32,6 @@ from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, tigh
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 INPUT_NAME = "data"
-#: What to do about an op that has no rule but has a known way out.
-HINTS = {("", "BatchNormalization"): "fold it into the Conv before it (onnxruntime.quantization.shape_inference."
-                                     "quant_pre_process does, and cvm-onnx quantize runs it)"}
 
 
 @dataclass
@@ -171,9 +168,7 @@ class _Walk:
         domain = _domain(n.domain)
         r = RULES.get((domain, n.op_type)) or FLOAT_RULES.get((domain, n.op_type))
         if r is None:
-            hint = HINTS.get((domain, n.op_type))
-            self.problem(u.where, f"no CVM op for ONNX {domain + '::' if domain else ''}{n.op_type}"
-                                  + (f": {hint}" if hint else ""))
+            self.problem(u.where, f"no CVM op for ONNX {domain + '::' if domain else ''}{n.op_type}")
             return False
         if self.opsets.get(domain, 0) < r.since:
             self.problem(u.where, f"needs opset {r.since} of {domain or 'ai.onnx'} (the model imports "
