@@ -9,78 +9,28 @@ computes, bounded by 32 bits alone. Where no arithmetic form exists, an operand 
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from .checks import tensor_array
 from .context import (FLOAT_EXACT, INT_RANGES, Tensor, bound, check_values, const, cvm_shape, foldable,
-                      is_supported_type, op_interval, tight, type_name)
+                      is_supported_type, tight, type_name)
+from .emit import (BOOL, INT32, arith, broadcast_shape, differ, equal, extreme, folded, greater, logical_not,
+                  np_type, ones, scalar, step, wide)
 from .evaluated import evaluate, table
 from .registry import Refuse, rule
 
-BOOL = TensorProto.BOOL
-INT32 = TensorProto.INT32
-
-
-def np_type(dtype: int) -> np.dtype:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
-
-
-def broadcast_shape(*ts: Tensor) -> tuple[int, ...]:
-    """ONNX multidirectional (numpy) broadcasting of the operands' shapes."""
-    try:
-        return tuple(np.broadcast_shapes(*(t.shape for t in ts)))
-    except ValueError:
-        raise Refuse(f"shapes {[t.shape for t in ts]} do not broadcast") from None
-
-
-def folded(value: np.ndarray, dtype: int) -> Tensor:
-    """A constant result in the ONNX element type ``dtype``."""
-    return const(np.asarray(value).astype(np_type(dtype)), dtype)
-
-
-def scalar(t: Tensor | None, what: str) -> int | None:
-    """The integer value of an optional constant scalar input."""
-    if t is None:
-        return None
-    if not t.is_const or t.value.size != 1:
-        raise Refuse(f"{what} must be a constant scalar")
-    v = t.value.reshape(()).item()
-    if not float(v).is_integer():  # False for nan and inf too (int() of them raises)
-        raise Refuse(f"{what} = {v} is not an integer")
-    return int(v)
 
 
 # -- arithmetic -------------------------------------------------------------------------------------------------
-ARITHMETIC = {"Add": ("broadcast_add", np.add), "Sub": ("broadcast_sub", np.subtract),
-              "Mul": ("broadcast_mul", np.multiply)}
 
 
 @rule("Add", "Sub", "Mul")
 def arithmetic(ctx, node, a, b):
     """x + y, x - y, x * y -> broadcast_add/sub/mul: exact when the result interval fits the element type."""
     return arith(ctx, node.op_type, a, b, a.dtype)
-
-
-def arith(ctx, op: str, a: Tensor, b: Tensor, dtype: int = TensorProto.INT32) -> Tensor:
-    """``a op b`` (Add, Sub, Mul) of element type ``dtype``; the default, int32, is for the steps of a rule's
-    rewrite, which ONNX never computes: only CVM's 32 bits bound them."""
-    cvm, fn = ARITHMETIC[op]
-    if a.is_const and b.is_const:
-        foldable(broadcast_shape(a, b))
-        wide = (a.value, b.value) if dtype in FLOAT_EXACT else (a.value.astype(np.int64), b.value.astype(np.int64))
-        return folded(fn(*wide), dtype)
-    lo, hi = op_interval(cvm, a, b)
-    check_values(dtype, lo, hi)
-    return ctx.result(ctx.op(cvm, a, b), dtype, lo, hi, broadcast_shape(a, b))
-
-
-def wide(v: np.ndarray) -> np.ndarray:
-    """Integers as int64 for folding, unsigned ones as they are (uint64 values pass int64)."""
-    return v if v.dtype.kind in "uf" else v.astype(np.int64)
 
 
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -145,11 +95,6 @@ def mod(ctx, node, a, b):
     lo, hi = (0, limit) if b.lo > 0 else (-limit, 0) if b.hi < 0 else (-limit, limit)
     m = step(ctx, "broadcast_add", r, step(ctx, "broadcast_mul", flip, b, min(b.lo, 0), max(b.hi, 0)), lo, hi)
     return replace(m, dtype=a.dtype)
-
-
-def step(ctx, op: str, a: Tensor, b: Tensor, lo: int, hi: int) -> Tensor:
-    """CVM op ``op`` of a and b, a step of a rewrite whose values provably lie in [lo, hi] (within 32 bits)."""
-    return ctx.result(ctx.op(op, a, b), INT32, lo, hi, broadcast_shape(a, b))
 
 
 BITS = {TensorProto.INT8: 8, TensorProto.UINT8: 8, TensorProto.INT16: 16, TensorProto.UINT16: 16,
@@ -290,31 +235,6 @@ def extremum(ctx, node, *xs):
     return extreme(ctx, node.op_type == "Max", xs)
 
 
-def extreme(ctx, is_max: bool, xs) -> Tensor:
-    """The elementwise max (or min) of tensors ``xs`` of one type."""
-    consts = [x for x in xs if x.is_const]
-    operands = [x for x in xs if not x.is_const]
-    if consts:
-        foldable(broadcast_shape(*consts))
-        operands.append(folded(functools.reduce(np.maximum if is_max else np.minimum, [c.value for c in consts]),
-                               xs[0].dtype))
-    if len(operands) == 1:
-        return operands[0]
-    signed = operands if is_max else [negated(ctx, x) for x in operands]
-    acc = signed[0]
-    for x in signed[1:]:
-        acc = ctx.apply("broadcast_max", acc, x, shape=broadcast_shape(acc, x))
-    return replace(acc if is_max else negated(ctx, acc), dtype=xs[0].dtype)
-
-
-def negated(ctx, x: Tensor) -> Tensor:
-    """-x as a step in CVM's int32 (exact where |x| fits 32 bits)."""
-    check_values(INT32, -x.hi, -x.lo)
-    if x.is_const:
-        return const(-x.value.astype(np.int64), INT32)
-    return ctx.apply("negative", x, shape=x.shape)
-
-
 # -- comparisons and logic: 0/1 results ---------------------------------------------------------------------------
 COMPARE = {"Greater": np.greater, "Less": np.less, "GreaterOrEqual": np.greater_equal,
            "LessOrEqual": np.less_equal, "Equal": np.equal, "Xor": np.not_equal}
@@ -333,36 +253,14 @@ def compare(ctx, node, a, b):
     if op in ("Greater", "Less"):
         return greater(ctx, a, b)
     if op in ("GreaterOrEqual", "LessOrEqual"):
-        return logical_not(ctx, None, greater(ctx, a, b))
+        return logical_not(ctx, greater(ctx, a, b))
     return differ(ctx, a, b) if op == "Xor" else equal(ctx, a, b)
 
 
-def differ(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """a != b as max(a > b, b > a), 1 or 0."""
-    return ctx.apply("broadcast_max", greater(ctx, a, b), greater(ctx, b, a), dtype=BOOL, shape=broadcast_shape(a, b))
-
-
-def equal(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """a == b as 1 - (a != b)."""
-    return logical_not(ctx, None, differ(ctx, a, b))
-
-
-def greater(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """a > b as 1 or 0."""
-    return ctx.result(ctx.op("broadcast_greater", a, b), BOOL, 0, 1, broadcast_shape(a, b))
-
-
-def ones(t: Tensor, value: int = 1) -> Tensor:
-    """A constant ``value`` of ``t``'s CVM rank, broadcasting to ``t``."""
-    return const(np.full((1,) * len(cvm_shape(t.shape)), value, np.int64), INT32)
-
-
 @rule("Not", since=1)
-def logical_not(ctx, node, x):
+def not_rule(ctx, node, x):
     """not x (0/1) = 1 - x -> broadcast_sub."""
-    if x.is_const:
-        return const(np.logical_not(x.value), BOOL)
-    return ctx.apply("broadcast_sub", ones(x), x, dtype=BOOL, shape=x.shape)
+    return logical_not(ctx, x)
 
 
 @rule("And", "Or", since=7)

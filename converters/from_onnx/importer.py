@@ -26,7 +26,8 @@ from cvm_onnx.core.graph import Entry, Graph
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.validate import validate
 
-from . import elemwise, nn, quantized, reduce, roundtrip, transform  # noqa: F401  (registers the rules)
+# registers the rules (in this order: RULES lists them so)
+from . import elemwise, transform, nn, reduce, quantized, roundtrip  # noqa: F401, I001
 from .checks import checked_order, tensor_array, type_problem
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, tight, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse

@@ -21,11 +21,10 @@ import numpy as np
 from onnx import TensorProto
 
 from .checks import MAX_DIM
-from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
-from .elemwise import broadcast_shape, type_name
+from .context import FLOAT_EXACT, Tensor, check_values, const, type_name
+from .emit import (aligned, attrs_2d, broadcast_shape, cropped, ints, nearest, normal, onnx_pads, select, spatial_2d)
 from .evaluated import affine
-from .registry import REQUIRED, Refuse, rule
-from .transform import ints, normal, strided_slice
+from .registry import Refuse, rule
 
 INT32 = TensorProto.INT32
 
@@ -163,69 +162,6 @@ def mul(ctx, t: Tensor, k: int, dtype: int) -> Tensor:
 
 
 # -- convolution and pooling geometry ---------------------------------------------------------------------------
-def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int],
-              crop: bool = False):
-    """(begin, end) pads per spatial axis from ``pads`` or ``auto_pad``. SAME_* pads the total
-    (ceil(size/s) - 1) * s + dilated kernel - size, half at the begin for SAME_UPPER (truncated toward zero,
-    as onnxruntime computes it), the rest at the end, SAME_LOWER the other way round. A negative total is no
-    padding, except with ``crop`` (onnxruntime's MaxPool), where it crops the input."""
-    auto = node.attr_str("auto_pad", "NOTSET", ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
-    n = len(spatial)
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations):
-            total = (-(-size // s) - 1) * s + (k - 1) * d + 1 - size
-            total = total if crop else max(total, 0)
-            t = total + (auto == "SAME_LOWER")
-            head = t // 2 if t >= 0 else -(-t // 2)
-            begin.append(head)
-            end.append(total - head)
-        return begin, end
-    if auto == "VALID":
-        return [0] * n, [0] * n
-    pads = node.attr_ints("pads", [0] * 2 * n, size=2 * n)
-    return list(pads[:n]), list(pads[n:])
-
-
-def cropped(ctx, x: Tensor, begin: list[int], end: list[int]) -> tuple[Tensor, list[int], list[int]]:
-    """Negative pads (2 spatial axes) as a crop of the input; the pads left are >= 0."""
-    ranges = [range(d) for d in x.shape[:2]]
-    ranges += [range(max(-b, 0), d - max(-e, 0)) for d, b, e in zip(x.shape[2:], begin, end)]
-    return strided_slice(ctx, x, ranges), [max(b, 0) for b in begin], [max(e, 0) for e in end]
-
-
-def aligned(size: int, k: int, s: int, pb: int, pe: int) -> tuple[int, int, int]:
-    """(P, offset, out): CVM's symmetric padding P >= pb, pe with P - pb a multiple of the stride, so ONNX output
-    o is CVM output o + offset; ``out`` ONNX outputs."""
-    out = (size + pb + pe - k) // s + 1
-    if out <= 0:
-        raise Refuse(f"the kernel ({k}) is larger than the padded input ({size + pb + pe})")
-    p = pb if pb >= pe else pb + -(-(pe - pb) // s) * s
-    return p, (p - pb) // s, out
-
-
-def select(ctx, y: Tensor, offsets: list[int], steps: list[int], outs: list[int]) -> Tensor:
-    """The ONNX windows among CVM's on the two spatial axes."""
-    ranges = [range(d) for d in y.shape[:2]]
-    ranges += [range(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offsets, steps, outs)]
-    return strided_slice(ctx, y, ranges)
-
-
-def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
-    """A 1-D (N, C, L) input as (N, C, 1, L); 2-D as is; others refused."""
-    if len(x.shape) == 3:
-        return ctx.reshape(x, x.shape[:2] + (1,) + x.shape[2:])
-    if len(x.shape) != 4:
-        raise Refuse(f"{what} on a {len(x.shape) - 2}-D image: only 1-D and 2-D have a CVM form")
-    return x
-
-
-def attrs_2d(node, name: str, default: int | None, one_d: bool, fill: int) -> list[int]:
-    """A per-spatial-axis attribute (values >= 1) of a 1-D or 2-D image, as 2 values (``fill`` first for 1-D);
-    ``default`` None: required."""
-    n = 1 if one_d else 2
-    v = node.attr_ints(name, REQUIRED if default is None else [default] * n, lo=1, size=n)
-    return [fill] + v if one_d else v
 
 
 @rule("Conv", "ConvInteger", since=1)
@@ -338,26 +274,6 @@ def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s:
     else:
         raise Refuse(f"Resize nearest_mode={nearest} is not an ONNX value")
     return np.clip(idx, 0, size - 1)
-
-
-def nearest(ctx, x: Tensor, scales: list[int]) -> Tensor:
-    """Nearest upsampling by integer scales: upsampling for (1, 1, s, s), else a repeat per stretched axis."""
-    if all(s == 1 for s in scales):
-        return x
-    shape = tuple(d * s for d, s in zip(x.shape, scales))
-    if x.is_const:
-        v = x.value
-        foldable(shape)
-        for axis, s in enumerate(scales):
-            v = np.repeat(v, s, axis=axis)
-        return const(v, x.dtype)
-    if len(scales) == 4 and scales[:2] == [1, 1] and scales[2] == scales[3]:
-        return ctx.result(ctx.emit("upsampling", x.entry, scale=scales[2]), x.dtype, x.lo, x.hi, shape)
-    e = x.entry
-    for axis, s in enumerate(scales):
-        if s > 1:
-            e = ctx.emit("repeat", e, repeats=s, axis=axis)
-    return ctx.result(e, x.dtype, x.lo, x.hi, shape)
 
 
 def scaled(size: int, scale: float) -> int:

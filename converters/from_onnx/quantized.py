@@ -22,9 +22,9 @@ from onnx import TensorProto, helper
 
 from cvm_onnx.core.constants import INT32_MAX
 
-from . import nn, reduce, transform
 from .context import INT_RANGES, Tensor, bound, const, tight, type_name
-from .elemwise import broadcast_shape
+from .emit import (aligned, attrs_2d, axes_of, broadcast_shape, concatenated, cropped, nearest, normal, onnx_pads,
+                   reduced, select, spatial_2d)
 from .registry import RULES, Refuse, float_rule, rule
 from .requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
 
@@ -454,7 +454,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor
     f, b = p.frac_bits, p.split
     tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
     v = ctx.reshape(as_int32(t), (outer, n, inner))
-    top = ctx.reshape(reduce.reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
+    top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
     d = ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, span - 1, v.shape)
 
     def lut(values: np.ndarray) -> Tensor:
@@ -462,7 +462,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor
         return ctx.result(e, INT32, int(values.min()), int(values.max()), v.shape)
 
     def total(y: Tensor) -> Tensor:
-        return ctx.reshape(reduce.reduced(ctx, "sum", y, [1], y.lo * n, y.hi * n), (outer, 1, inner))
+        return ctx.reshape(reduced(ctx, "sum", y, [1], y.lo * n, y.hi * n), (outer, 1, inner))
 
     def add(y: Tensor, z: Tensor) -> Tensor:
         return ctx.result(ctx.op("broadcast_add", y, z), INT32, y.lo + z.lo, y.hi + z.hi, broadcast_shape(y, z))
@@ -652,32 +652,32 @@ def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) ->
 
 def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin, end) -> dict:
     """conv2d's symmetric padding for ONNX pads (begin, end): the aligned padding, the strided_slice of ONNX's
-    outputs (nn.aligned, nn.select) and the window sums V where some window reads padding."""
-    plans = [nn.aligned(n, d * (k - 1) + 1, s, b, e)
+    outputs (aligned, select) and the window sums V where some window reads padding."""
+    plans = [aligned(n, d * (k - 1) + 1, s, b, e)
              for n, k, s, d, b, e in zip(size, w.shape[2:], strides, dilations, begin, end)]
     outs = [p[2] for p in plans]
     return {"padding": tuple(p[0] for p in plans),
-            "window": lambda y: nn.select(ctx, y, [p[1] for p in plans], [1, 1], outs),
+            "window": lambda y: select(ctx, y, [p[1] for p in plans], [1, 1], outs),
             "valid": window_sums(w, size, strides, dilations, begin, outs) if any(begin + end) else None}
 
 
 def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
-    """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn.conv does, the zero point's
+    """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn's Conv rule does, the zero point's
     share of the padding corrected by the window sums V)."""
     wv, sw = weight(w, "the Conv weight")
     x = per_tensor(x, "Conv")
     one_d = len(x.shape) == 3
-    t = nn.spatial_2d(ctx, x.t, "Conv")
+    t = spatial_2d(ctx, x.t, "Conv")
     wv = wv.reshape(wv.shape[:2] + (1,) + wv.shape[2:]) if one_d else wv
     if wv.ndim != 4:
         raise Refuse(f"a {wv.ndim - 2}-D convolution has no CVM form")
-    strides = nn.attrs_2d(node, "strides", 1, one_d, 1)
-    dilations = nn.attrs_2d(node, "dilations", 1, one_d, 1)
-    begin, end = nn.onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    begin, end = onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
                               dilations[-len(x.shape) + 2:])
     if one_d:
         begin, end = [0] + begin, [0] + end
-    t, begin, end = nn.cropped(ctx, t, begin, end)
+    t, begin, end = cropped(ctx, t, begin, end)
     groups = node.attr_int("group", 1, lo=1)
     acc, scale, zero = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
                             **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
@@ -732,13 +732,13 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     wv, sw = weight(wv, "the ConvTranspose weight")
     v = minus_zero(ctx, x)
     n, c, hgt, wid = x.shape
-    up = nn.nearest(ctx, v, [1, 1, *strides])
+    up = nearest(ctx, v, [1, 1, *strides])
     mask = np.zeros((1, 1, hgt * strides[0], wid * strides[1]), np.int32)
     mask[..., ::strides[0], ::strides[1]] = 1
     up = ctx.result(ctx.op("broadcast_mul", up, const(mask, INT32)), INT32, min(v.lo, 0), max(v.hi, 0), up.shape)
     begin = [d * (k - 1) - p for d, k, p in zip(dilations, (kh, kw), pads[:2])]
     end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
-    up, begin, end = nn.cropped(ctx, up, begin, end)
+    up, begin, end = cropped(ctx, up, begin, end)
     acc, scale, zero = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
                             **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end), channels=len(wv),
                             kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
@@ -777,7 +777,7 @@ def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
                      f"(at most 2^24)")
     prod = ctx.result(ctx.op("broadcast_mul", ea, eb), INT32, min(corners), max(corners), shape)
     k = a.shape[-1]
-    total = reduce.reduced(ctx, "sum", prod, [len(shape) - 2], k * prod.lo, k * prod.hi)
+    total = reduced(ctx, "sum", prod, [len(shape) - 2], k * prod.lo, k * prod.hi)
     total = ctx.reshape(total, shape[:-2] + shape[-1:])  # reduced drops the axes of size 1
     return Scaled(total, np.asarray(a.scale.reshape(()).item() * b.scale.reshape(()).item(), dtype=object),
                   np.zeros((), np.int64))
@@ -804,9 +804,9 @@ def average(ctx, node, x: Scaled) -> Scaled:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1)
     strides = node.attr_ints("strides", [1, 1], lo=1)
-    begin, end = nn.onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
     c = x.shape[1]
-    t, begin, end = nn.cropped(ctx, x.t, begin, end)
+    t, begin, end = cropped(ctx, x.t, begin, end)
     ones = np.ones((c, 1) + tuple(kernel), np.int64)
     pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, end)
     acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
@@ -847,14 +847,14 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
     values reduced: exact, requantized by the QuantizeLinear that follows."""
     x = per_tensor(scaled(x, "the ReduceMean input"), "ReduceMean")
     rank = len(x.shape)
-    axes = transform.axes_of(node, axes_t, 18)
+    axes = axes_of(node, axes_t, 18)
     if not axes and node.attr_int("noop_with_empty_axes", 0):
         return x
-    axes = sorted(set(transform.normal(axes or list(range(rank)), rank)))
+    axes = sorted(set(normal(axes or list(range(rank)), rank)))
     keep = node.attr_int("keepdims", 1)
     n = math.prod(x.shape[i] for i in axes)
     v = minus_zero(ctx, x)
-    y = reduce.reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
+    y = reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else y.shape
     return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / n, dtype=object),
                   np.zeros((), np.int64))
@@ -1146,9 +1146,9 @@ def concat_rule(ctx, node, *xs):
     zero point that the QuantizeLinear that follows requantizes channel by channel."""
     xs = [per_tensor(scaled(x, "a Concat input"), "Concat") for x in xs]
     rank = len(xs[0].shape)
-    axis = transform.normal([node.attr_int("axis")], rank)[0]
+    axis = normal([node.attr_int("axis")], rank)[0]
     same = all(x.scale == xs[0].scale and x.zero == xs[0].zero for x in xs)
-    t = transform.concat(ctx, node, *(as_int32(x.t) for x in xs))
+    t = concatenated(ctx, node.attr_int("axis"), *(as_int32(x.t) for x in xs))
     if same:
         return Scaled(replace(t, dtype=xs[0].t.dtype) if len({x.t.dtype for x in xs}) == 1 else t, xs[0].scale,
                       xs[0].zero)

@@ -17,9 +17,8 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import FLOAT64_EXACT
 
 from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
-from .elemwise import arith, negated, scalar
+from .emit import arith, ints, negated, normal, reduced, scalar, strided_slice
 from .registry import Refuse, rule
-from .transform import ints, normal, strided_slice
 
 REDUCE = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}
 
@@ -51,18 +50,6 @@ def reduce(ctx, node, x, axes_t=None):
     else:
         y = reduced(ctx, "sum" if is_sum else "max", x, axes, lo, hi)
     return ctx.reshape(replace(y, dtype=x.dtype), shape)
-
-
-def reduced(ctx, op: str, x: Tensor, axes: list[int], lo: int, hi: int) -> Tensor:
-    """CVM ``op`` (sum, max) of x over ``axes``, dropped, with values in [lo, hi]; kept axes of size 1 go first
-    (the CPU kernel misreads some of them)."""
-    rank = len(x.shape)
-    kept = [i for i in range(rank) if i not in axes and x.shape[i] > 1]
-    if len(kept) + len(axes) < rank:
-        x = ctx.reshape(x, tuple(x.shape[i] for i in sorted(kept + axes)))
-        axes = [sorted(kept + axes).index(a) for a in axes]
-    e = ctx.op(op, x, axis=tuple(axes), keepdims=False)
-    return ctx.result(e, x.dtype, lo, hi, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 
 MAX_STEPS = 1024  # positions along a CumProd axis (one product node each)

@@ -19,37 +19,12 @@ import numpy as np
 from onnx import TensorProto, numpy_helper
 
 from .context import Tensor, check_values, const, cvm_shape, foldable, is_supported_type, type_name
-from .elemwise import arith, broadcast_shape, equal, extreme, greater, np_type, scalar, step
+from .emit import (arith, axes_of, broadcast_shape, concatenated, equal, extreme, greater, ints, normal, np_type,
+                  scalar, step, strided_slice)
 from .evaluated import evaluate
 from .registry import Refuse, rule
 
 INT32 = TensorProto.INT32
-
-
-def ints(t: Tensor | None, what: str) -> list[int] | None:
-    """The values of an optional constant integer input."""
-    if t is None:
-        return None
-    if not t.is_const:
-        raise Refuse(f"{what} must be a constant")
-    values = t.value.reshape(-1)
-    if values.dtype.kind == "f" and not (np.isfinite(values).all() and np.array_equal(values, np.round(values))):
-        raise Refuse(f"{what} must hold integers")
-    return [int(v) for v in values]
-
-
-def axes_of(node, t: Tensor | None, since: int) -> list[int] | None:
-    """The ``axes`` of a node: an attribute before opset ``since``, a constant input from it on."""
-    return node.attr_ints("axes", None) if node.opset < since else ints(t, "axes")
-
-
-def normal(axes: list[int], rank: int, what: str = "axis") -> list[int]:
-    out = []
-    for a in axes:
-        if not -rank <= a < rank:
-            raise Refuse(f"{what} {a} is out of range for rank {rank}")
-        out.append(a % rank)
-    return out
 
 
 @rule("Reshape", since=5)
@@ -109,20 +84,7 @@ def transpose(ctx, node, x):
 
 @rule("Concat", since=4)
 def concat(ctx, node, *xs):
-    rank = len(xs[0].shape)
-    axis = normal([node.attr_int("axis")], rank)[0]
-    if any(len(x.shape) != rank or x.shape[:axis] + x.shape[axis + 1:] != xs[0].shape[:axis] + xs[0].shape[axis + 1:]
-           for x in xs):
-        raise Refuse(f"Concat of shapes {[x.shape for x in xs]} along axis {axis}: the other axes differ")
-    xs = [x for x in xs if x.size] or xs[:1]
-    if all(x.is_const for x in xs):
-        return const(np.concatenate([x.value for x in xs], axis=axis), xs[0].dtype)
-    if len(xs) == 1:
-        return xs[0]
-    shape = list(xs[0].shape)
-    shape[axis] = sum(x.shape[axis] for x in xs)
-    e = ctx.op("concatenate", *xs, axis=axis)
-    return ctx.result(e, xs[0].dtype, min(x.lo for x in xs), max(x.hi for x in xs), tuple(shape))
+    return concatenated(ctx, node.attr_int("axis"), *xs)
 
 
 def onnx_range(dim: int, start: int, end: int, step: int) -> range:
@@ -132,23 +94,6 @@ def onnx_range(dim: int, start: int, end: int, step: int) -> range:
     if step > 0:
         return range(min(max(start, 0), dim), min(max(end, 0), dim), step)
     return range(min(max(start, 0), dim - 1), min(max(end, -1), dim - 1), step)
-
-
-def strided_slice(ctx, x: Tensor, ranges: list[range]) -> Tensor:
-    """``x`` restricted to one index range per axis: strided_slice with end one step past the last index
-    (written as -(dim+1) when that is -1, since strided_slice reads a negative end from the back)."""
-    shape = tuple(len(r) for r in ranges)
-    if 0 in shape:
-        raise Refuse(f"the slice of {x.shape} is empty: CVM has no empty tensors")
-    if all(r == range(d) for r, d in zip(ranges, x.shape)):
-        return x
-    if x.is_const:
-        return const(x.value[np.ix_(*(np.array(r) for r in ranges))], x.dtype)
-    ends = [r[-1] + (1 if r.step > 0 else -1) for r in ranges]
-    e = ctx.emit("strided_slice", x.entry, begin=tuple(r.start for r in ranges),
-                 end=tuple(v if v >= 0 else -d - 1 for v, d in zip(ends, x.shape)),
-                 stride=tuple(r.step for r in ranges))
-    return ctx.result(e, x.dtype, x.lo, x.hi, shape)
 
 
 @rule("Slice", since=1)

@@ -1,0 +1,286 @@
+"""The emit helpers the import rules share: broadcasting, constant scalars and axes, the arithmetic and comparison
+steps of rewrites, slicing and joining, the convolution and pooling geometry, reductions over axes. Rule modules
+import these from here and never from one another.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from .context import FLOAT_EXACT, Tensor, check_values, const, cvm_shape, foldable, op_interval
+from .registry import REQUIRED, Refuse
+
+
+BOOL = TensorProto.BOOL
+
+
+INT32 = TensorProto.INT32
+
+
+def np_type(dtype: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+
+
+def broadcast_shape(*ts: Tensor) -> tuple[int, ...]:
+    """ONNX multidirectional (numpy) broadcasting of the operands' shapes."""
+    try:
+        return tuple(np.broadcast_shapes(*(t.shape for t in ts)))
+    except ValueError:
+        raise Refuse(f"shapes {[t.shape for t in ts]} do not broadcast") from None
+
+
+def folded(value: np.ndarray, dtype: int) -> Tensor:
+    """A constant result in the ONNX element type ``dtype``."""
+    return const(np.asarray(value).astype(np_type(dtype)), dtype)
+
+
+def scalar(t: Tensor | None, what: str) -> int | None:
+    """The integer value of an optional constant scalar input."""
+    if t is None:
+        return None
+    if not t.is_const or t.value.size != 1:
+        raise Refuse(f"{what} must be a constant scalar")
+    v = t.value.reshape(()).item()
+    if not float(v).is_integer():  # False for nan and inf too (int() of them raises)
+        raise Refuse(f"{what} = {v} is not an integer")
+    return int(v)
+
+
+ARITHMETIC = {"Add": ("broadcast_add", np.add), "Sub": ("broadcast_sub", np.subtract),
+              "Mul": ("broadcast_mul", np.multiply)}
+
+
+def arith(ctx, op: str, a: Tensor, b: Tensor, dtype: int = TensorProto.INT32) -> Tensor:
+    """``a op b`` (Add, Sub, Mul) of element type ``dtype``; the default, int32, is for the steps of a rule's
+    rewrite, which ONNX never computes: only CVM's 32 bits bound them."""
+    cvm, fn = ARITHMETIC[op]
+    if a.is_const and b.is_const:
+        foldable(broadcast_shape(a, b))
+        wide = (a.value, b.value) if dtype in FLOAT_EXACT else (a.value.astype(np.int64), b.value.astype(np.int64))
+        return folded(fn(*wide), dtype)
+    lo, hi = op_interval(cvm, a, b)
+    check_values(dtype, lo, hi)
+    return ctx.result(ctx.op(cvm, a, b), dtype, lo, hi, broadcast_shape(a, b))
+
+
+def wide(v: np.ndarray) -> np.ndarray:
+    """Integers as int64 for folding, unsigned ones as they are (uint64 values pass int64)."""
+    return v if v.dtype.kind in "uf" else v.astype(np.int64)
+
+
+def step(ctx, op: str, a: Tensor, b: Tensor, lo: int, hi: int) -> Tensor:
+    """CVM op ``op`` of a and b, a step of a rewrite whose values provably lie in [lo, hi] (within 32 bits)."""
+    return ctx.result(ctx.op(op, a, b), INT32, lo, hi, broadcast_shape(a, b))
+
+
+def extreme(ctx, is_max: bool, xs) -> Tensor:
+    """The elementwise max (or min) of tensors ``xs`` of one type."""
+    consts = [x for x in xs if x.is_const]
+    operands = [x for x in xs if not x.is_const]
+    if consts:
+        foldable(broadcast_shape(*consts))
+        operands.append(folded(functools.reduce(np.maximum if is_max else np.minimum, [c.value for c in consts]),
+                               xs[0].dtype))
+    if len(operands) == 1:
+        return operands[0]
+    signed = operands if is_max else [negated(ctx, x) for x in operands]
+    acc = signed[0]
+    for x in signed[1:]:
+        acc = ctx.apply("broadcast_max", acc, x, shape=broadcast_shape(acc, x))
+    return replace(acc if is_max else negated(ctx, acc), dtype=xs[0].dtype)
+
+
+def negated(ctx, x: Tensor) -> Tensor:
+    """-x as a step in CVM's int32 (exact where |x| fits 32 bits)."""
+    check_values(INT32, -x.hi, -x.lo)
+    if x.is_const:
+        return const(-x.value.astype(np.int64), INT32)
+    return ctx.apply("negative", x, shape=x.shape)
+
+
+def differ(ctx, a: Tensor, b: Tensor) -> Tensor:
+    """a != b as max(a > b, b > a), 1 or 0."""
+    return ctx.apply("broadcast_max", greater(ctx, a, b), greater(ctx, b, a), dtype=BOOL, shape=broadcast_shape(a, b))
+
+
+def equal(ctx, a: Tensor, b: Tensor) -> Tensor:
+    """a == b as 1 - (a != b)."""
+    return logical_not(ctx, differ(ctx, a, b))
+
+
+def greater(ctx, a: Tensor, b: Tensor) -> Tensor:
+    """a > b as 1 or 0."""
+    return ctx.result(ctx.op("broadcast_greater", a, b), BOOL, 0, 1, broadcast_shape(a, b))
+
+
+def ones(t: Tensor, value: int = 1) -> Tensor:
+    """A constant ``value`` of ``t``'s CVM rank, broadcasting to ``t``."""
+    return const(np.full((1,) * len(cvm_shape(t.shape)), value, np.int64), INT32)
+
+
+def logical_not(ctx, x: Tensor) -> Tensor:
+    """not x (0/1) = 1 - x -> broadcast_sub."""
+    if x.is_const:
+        return const(np.logical_not(x.value), BOOL)
+    return ctx.apply("broadcast_sub", ones(x), x, dtype=BOOL, shape=x.shape)
+
+
+def ints(t: Tensor | None, what: str) -> list[int] | None:
+    """The values of an optional constant integer input."""
+    if t is None:
+        return None
+    if not t.is_const:
+        raise Refuse(f"{what} must be a constant")
+    values = t.value.reshape(-1)
+    if values.dtype.kind == "f" and not (np.isfinite(values).all() and np.array_equal(values, np.round(values))):
+        raise Refuse(f"{what} must hold integers")
+    return [int(v) for v in values]
+
+
+def axes_of(node, t: Tensor | None, since: int) -> list[int] | None:
+    """The ``axes`` of a node: an attribute before opset ``since``, a constant input from it on."""
+    return node.attr_ints("axes", None) if node.opset < since else ints(t, "axes")
+
+
+def normal(axes: list[int], rank: int, what: str = "axis") -> list[int]:
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise Refuse(f"{what} {a} is out of range for rank {rank}")
+        out.append(a % rank)
+    return out
+
+
+def concatenated(ctx, axis: int, *xs: Tensor) -> Tensor:
+    """xs joined along ONNX axis ``axis`` -> concatenate (empty inputs dropped; constants folded)."""
+    rank = len(xs[0].shape)
+    axis = normal([axis], rank)[0]
+    if any(len(x.shape) != rank or x.shape[:axis] + x.shape[axis + 1:] != xs[0].shape[:axis] + xs[0].shape[axis + 1:]
+           for x in xs):
+        raise Refuse(f"Concat of shapes {[x.shape for x in xs]} along axis {axis}: the other axes differ")
+    xs = [x for x in xs if x.size] or xs[:1]
+    if all(x.is_const for x in xs):
+        return const(np.concatenate([x.value for x in xs], axis=axis), xs[0].dtype)
+    if len(xs) == 1:
+        return xs[0]
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    e = ctx.op("concatenate", *xs, axis=axis)
+    return ctx.result(e, xs[0].dtype, min(x.lo for x in xs), max(x.hi for x in xs), tuple(shape))
+
+
+def strided_slice(ctx, x: Tensor, ranges: list[range]) -> Tensor:
+    """``x`` restricted to one index range per axis: strided_slice with end one step past the last index
+    (written as -(dim+1) when that is -1, since strided_slice reads a negative end from the back)."""
+    shape = tuple(len(r) for r in ranges)
+    if 0 in shape:
+        raise Refuse(f"the slice of {x.shape} is empty: CVM has no empty tensors")
+    if all(r == range(d) for r, d in zip(ranges, x.shape)):
+        return x
+    if x.is_const:
+        return const(x.value[np.ix_(*(np.array(r) for r in ranges))], x.dtype)
+    ends = [r[-1] + (1 if r.step > 0 else -1) for r in ranges]
+    e = ctx.emit("strided_slice", x.entry, begin=tuple(r.start for r in ranges),
+                 end=tuple(v if v >= 0 else -d - 1 for v, d in zip(ends, x.shape)),
+                 stride=tuple(r.step for r in ranges))
+    return ctx.result(e, x.dtype, x.lo, x.hi, shape)
+
+
+def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int],
+              crop: bool = False):
+    """(begin, end) pads per spatial axis from ``pads`` or ``auto_pad``. SAME_* pads the total
+    (ceil(size/s) - 1) * s + dilated kernel - size, half at the begin for SAME_UPPER (truncated toward zero,
+    as onnxruntime computes it), the rest at the end, SAME_LOWER the other way round. A negative total is no
+    padding, except with ``crop`` (onnxruntime's MaxPool), where it crops the input."""
+    auto = node.attr_str("auto_pad", "NOTSET", ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
+    n = len(spatial)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+            total = (-(-size // s) - 1) * s + (k - 1) * d + 1 - size
+            total = total if crop else max(total, 0)
+            t = total + (auto == "SAME_LOWER")
+            head = t // 2 if t >= 0 else -(-t // 2)
+            begin.append(head)
+            end.append(total - head)
+        return begin, end
+    if auto == "VALID":
+        return [0] * n, [0] * n
+    pads = node.attr_ints("pads", [0] * 2 * n, size=2 * n)
+    return list(pads[:n]), list(pads[n:])
+
+
+def cropped(ctx, x: Tensor, begin: list[int], end: list[int]) -> tuple[Tensor, list[int], list[int]]:
+    """Negative pads (2 spatial axes) as a crop of the input; the pads left are >= 0."""
+    ranges = [range(d) for d in x.shape[:2]]
+    ranges += [range(max(-b, 0), d - max(-e, 0)) for d, b, e in zip(x.shape[2:], begin, end)]
+    return strided_slice(ctx, x, ranges), [max(b, 0) for b in begin], [max(e, 0) for e in end]
+
+
+def aligned(size: int, k: int, s: int, pb: int, pe: int) -> tuple[int, int, int]:
+    """(P, offset, out): CVM's symmetric padding P >= pb, pe with P - pb a multiple of the stride, so ONNX output
+    o is CVM output o + offset; ``out`` ONNX outputs."""
+    out = (size + pb + pe - k) // s + 1
+    if out <= 0:
+        raise Refuse(f"the kernel ({k}) is larger than the padded input ({size + pb + pe})")
+    p = pb if pb >= pe else pb + -(-(pe - pb) // s) * s
+    return p, (p - pb) // s, out
+
+
+def select(ctx, y: Tensor, offsets: list[int], steps: list[int], outs: list[int]) -> Tensor:
+    """The ONNX windows among CVM's on the two spatial axes."""
+    ranges = [range(d) for d in y.shape[:2]]
+    ranges += [range(o, o + s * (n - 1) + 1, s) for o, s, n in zip(offsets, steps, outs)]
+    return strided_slice(ctx, y, ranges)
+
+
+def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
+    """A 1-D (N, C, L) input as (N, C, 1, L); 2-D as is; others refused."""
+    if len(x.shape) == 3:
+        return ctx.reshape(x, x.shape[:2] + (1,) + x.shape[2:])
+    if len(x.shape) != 4:
+        raise Refuse(f"{what} on a {len(x.shape) - 2}-D image: only 1-D and 2-D have a CVM form")
+    return x
+
+
+def attrs_2d(node, name: str, default: int | None, one_d: bool, fill: int) -> list[int]:
+    """A per-spatial-axis attribute (values >= 1) of a 1-D or 2-D image, as 2 values (``fill`` first for 1-D);
+    ``default`` None: required."""
+    n = 1 if one_d else 2
+    v = node.attr_ints(name, REQUIRED if default is None else [default] * n, lo=1, size=n)
+    return [fill] + v if one_d else v
+
+
+def nearest(ctx, x: Tensor, scales: list[int]) -> Tensor:
+    """Nearest upsampling by integer scales: upsampling for (1, 1, s, s), else a repeat per stretched axis."""
+    if all(s == 1 for s in scales):
+        return x
+    shape = tuple(d * s for d, s in zip(x.shape, scales))
+    if x.is_const:
+        v = x.value
+        foldable(shape)
+        for axis, s in enumerate(scales):
+            v = np.repeat(v, s, axis=axis)
+        return const(v, x.dtype)
+    if len(scales) == 4 and scales[:2] == [1, 1] and scales[2] == scales[3]:
+        return ctx.result(ctx.emit("upsampling", x.entry, scale=scales[2]), x.dtype, x.lo, x.hi, shape)
+    e = x.entry
+    for axis, s in enumerate(scales):
+        if s > 1:
+            e = ctx.emit("repeat", e, repeats=s, axis=axis)
+    return ctx.result(e, x.dtype, x.lo, x.hi, shape)
+
+
+def reduced(ctx, op: str, x: Tensor, axes: list[int], lo: int, hi: int) -> Tensor:
+    """CVM ``op`` (sum, max) of x over ``axes``, dropped, with values in [lo, hi]; kept axes of size 1 go first
+    (the CPU kernel misreads some of them)."""
+    rank = len(x.shape)
+    kept = [i for i in range(rank) if i not in axes and x.shape[i] > 1]
+    if len(kept) + len(axes) < rank:
+        x = ctx.reshape(x, tuple(x.shape[i] for i in sorted(kept + axes)))
+        axes = [sorted(kept + axes).index(a) for a in axes]
+    e = ctx.op(op, x, axis=tuple(axes), keepdims=False)
+    return ctx.result(e, x.dtype, lo, hi, tuple(d for i, d in enumerate(x.shape) if i not in axes))
