@@ -58,6 +58,11 @@ def float_rule(*op_types: str, since: int = 7, domain: str = "") -> Callable:
     return rule(*op_types, since=since, domain=domain, table=FLOAT_RULES)
 
 
+def integer_rule(node) -> Callable:
+    """The integer rule of ``node``'s (default-domain) op: a float rule runs it on a dequantized value's integers."""
+    return RULES[("", node.op_type)].fn
+
+
 @dataclass(frozen=True)
 class NodeView:
     """An ONNX node as rules read it: its name, op type, attributes and the domain's opset.

@@ -1,0 +1,25 @@
+"""The quantized front: models written by onnxruntime.quantization (QDQ and QOperator forms) as integer CVM ops.
+
+Every float tensor between a DequantizeLinear and a QuantizeLinear is held exactly, as integers with a rational
+scale (``Real``): ``Scaled`` (t - zero) * scale, with t a CVM integer tensor and scale, zero scalars or arrays
+broadcast over it (per channel); ``Summed``, a sum of those (an Add of tensors of different scales); ``Mapped``,
+a float function of a ``Scaled`` (Sigmoid, Tanh, ...). DequantizeLinear makes a ``Scaled`` of its integer input
+and emits nothing. Float ops on ``Real`` values are integer ops: Conv/MatMul/Gemm accumulate in int32 at scale
+s_x * s_w, MaxPool/Reshape/... run the integer rules on t, Relu is max(t, zero). QuantizeLinear requantizes a
+``Real`` into its integer type (``requant.plan``: multiply, cvm_right_shift, saturation as clip); a ``Mapped``
+becomes a cvm_lut table over its input's integers. A QOperator node is the same composition
+(QLinearConv = QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w)))). See docs/import.md.
+
+The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
+scales), ``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
+``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
+integers), ``qoperator`` (the QLinear* compositions) and ``edges`` (the graph's float input and outputs).
+"""
+# registers the rules, in the order of the module they were split from
+from . import values, requantization, products, elementwise, moves, qoperator  # noqa: F401, I001
+from .edges import InputEdge, input_edge, input_precision, output_edge
+from .requantization import Requant, quantized_constant
+from .values import QUANTIZED_TYPES, Real
+
+__all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "input_edge", "input_precision", "output_edge",
+           "quantized_constant"]

@@ -1,0 +1,114 @@
+"""The graph's float edges: the float input quantized by its QuantizeLinear node(s) (``input_edge``), and the float
+outputs read from the last dequantized values (``output_edge``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..context import INT_RANGES, Tensor, tight
+from ..registry import Refuse
+from .values import QUANTIZED_TYPES, Scaled
+
+
+@dataclass
+class InputEdge:
+    """The float graph input quantized by QuantizeLinear node(s) of one constant scale and zero point."""
+
+    dtype: int
+    scale: np.ndarray  # float32
+    zero: np.ndarray
+    nodes: list = field(default_factory=list)  # the QuantizeLinear nodes it replaces
+
+
+def _named(graph, n) -> str:
+    return f"{n.op_type} {n.name!r}" if n.name else f"{n.op_type} (unnamed, node {list(graph.node).index(n)})"
+
+
+#: Ops that only select or move values: between the float input and its QuantizeLinear they commute with it.
+INPUT_MOVES = ("Slice", "Concat", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+
+
+def quantizers(graph, name: str) -> tuple[list, list[str]]:
+    """The QuantizeLinear nodes that quantize the float input ``name``, read directly or through ops that only
+    move values (INPUT_MOVES, every data input from the input: an NHWC input's Transpose, YOLOX's Focus Slices),
+    and what reads it (or a moved copy) otherwise: nodes (named) and graph outputs."""
+    outputs = {o.name for o in graph.output}
+    reached, todo, found, moves, others = {name}, [name], {}, [], {}
+    while todo:
+        x = todo.pop(0)
+        if x in outputs and x != name:
+            others[x] = f"the graph output {x!r}"
+        for n in (n for n in graph.node if x in n.input):
+            data = list(n.input) if n.op_type == "Concat" else list(n.input[:1])
+            if n.op_type == "QuantizeLinear" and data == [x]:
+                found[id(n)] = n
+            elif n.op_type in INPUT_MOVES and x in data and x not in n.input[len(data):]:
+                moves.append(n)
+                if n.output[0] not in reached:
+                    reached.add(n.output[0])
+                    todo.append(n.output[0])
+            else:
+                others[id(n)] = _named(graph, n)
+    for n in moves:
+        if any(d not in reached for d in (n.input if n.op_type == "Concat" else n.input[:1])):
+            others[id(n)] = _named(graph, n)
+    return list(found.values()), list(others.values())
+
+
+def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
+    """How a float input is quantized: every consumer a QuantizeLinear with the same constant scale and zero point
+    (per tensor), directly or through ops that only move values (``quantizers``). Else why not, as a sentence
+    naming the nodes that read it otherwise."""
+    users, others = quantizers(graph, name)
+    if not users and not others:
+        return "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form; no node reads it"
+    producers = {t: n for n in graph.node for t in n.output}
+    why = [f"read by {', '.join(others)}: only a float input read by QuantizeLinear alone (a quantized model) has "
+           "a CVM form"] if others else []
+    for n in users:
+        computed = [t for t in n.input[1:3] if t and t not in constants]
+        if computed:
+            by = ", ".join(_named(graph, producers[t]) if t in producers else f"the graph input {t!r}"
+                           for t in computed)
+            why.append(f"{_named(graph, n)} quantizes it by a scale or zero point computed at run time (by {by}): "
+                       "CVM needs them constant")
+    if why:
+        return "; ".join(why)
+    found = []
+    for n in users:
+        s = constants.get(n.input[1]) if len(n.input) > 1 else None
+        z = constants.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
+        s = np.asarray(s, np.float32)
+        if s.size != 1 or not np.isfinite(s).all() or (s <= 0).any():
+            return f"QuantizeLinear {n.name!r} of the input needs one finite scale > 0, has {s.reshape(-1)[:4]}"
+        zv = np.zeros((), np.int64) if z is None else np.asarray(z)
+        dtype = next((a.i for a in n.attribute if a.name == "output_dtype" and a.i), None) or \
+            (TensorProto.UINT8 if z is None else helper.np_dtype_to_tensor_dtype(zv.dtype))
+        if dtype not in QUANTIZED_TYPES:
+            return f"QuantizeLinear {n.name!r} of the input to a type CVM does not take"
+        found.append((dtype, s.reshape(()), zv.astype(np.int64).reshape(())))
+    if any(f[0] != found[0][0] or f[1] != found[0][1] or f[2] != found[0][2] for f in found):
+        return "the input is quantized by QuantizeLinear nodes of different scales or zero points"
+    return InputEdge(found[0][0], found[0][1], found[0][2], users)
+
+
+def input_precision(dtype: int) -> int:
+    lo, hi = INT_RANGES[dtype]
+    return tight(max(-lo, hi))
+
+
+def output_edge(x) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor."""
+    if not isinstance(x, Scaled) or x.clip != (None, None):
+        raise Refuse("a float output computed after the last QuantizeLinear has no integer form: cut the graph "
+                     "(--outputs) at a quantized tensor")
+    s = np.array([float(v) for v in x.scale.flat], np.float64).reshape(x.scale.shape)
+    if not (s.astype(np.float32).astype(np.float64) == s).all() or \
+            not all(Fraction(float(v)) == f for v, f in zip(s.flat, x.scale.flat)):
+        raise Refuse("a float output that no DequantizeLinear produced (its scale is not a float32): cut the graph "
+                     "(--outputs) at a quantized tensor")
+    return x.t, s.astype(np.float32), x.zero

@@ -1,0 +1,76 @@
+"""The ops that only move or select values of a dequantized tensor (MaxPool, Reshape, Slice, ...): the integer rule on
+its integers, the scale and zero point kept; Shape, Pad, Concat.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+
+from ..context import const
+from ..emit import concatenated, normal
+from ..registry import Refuse, float_rule, integer_rule
+from .elementwise import real_bound
+from .values import Real, Scaled, as_int32, per_tensor, scaled
+
+
+MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
+         "Identity", "Expand", "Tile", "Gather", "Split"]
+
+
+def move_rule(ctx, node, x, *rest):
+    """An op that only moves or selects values (MaxPool: the scale is positive): the integer rule on t. A deferred
+    Clip passes through (clip then select = select then clip; max commutes with the monotone clip), so a Clip off
+    the grid may precede a Resize or MaxPool before the QuantizeLinear."""
+    x = scaled(x, f"the {node.op_type} input", clipped_ok=True)
+    if not x.per_tensor:
+        raise Refuse(f"{node.op_type} needs a per-tensor scale and zero point")
+    if any(isinstance(r, Real) for r in rest):
+        raise Refuse(f"{node.op_type} with a dequantized value as its parameters")
+    if node.op_type == "Flatten" and node.attr_int("axis", 1) == 1 and len(x.shape) > 2 and not x.t.is_const:
+        shape = (x.shape[0], math.prod(x.shape[1:]))  # CVM's flatten keeps the batch axis (a batched form can grow it)
+        return replace(x, t=ctx.result(ctx.emit("flatten", x.t.entry), x.t.dtype, x.t.lo, x.t.hi, shape))
+    out = integer_rule(node)(ctx, node, x.t, *rest)
+    return [replace(x, t=o) for o in out] if isinstance(out, list) else replace(x, t=out)
+
+
+for _op in MOVES:
+    float_rule(_op, since=1)(move_rule)
+
+
+@float_rule("Shape", since=1)
+def shape_rule(ctx, node, x):
+    """The static shape of a dequantized value (shape arithmetic, folded at import)."""
+    return integer_rule(node)(ctx, node, x)  # it reads only x.shape
+
+
+@float_rule("Pad", since=11)
+def pad_rule(ctx, node, x, pads=None, value=None, axes=None):
+    """Pad with a real value v: the integer value v / s + z, which must be a whole number."""
+    x = per_tensor(scaled(x, "the Pad input"), "Pad")
+    v = Fraction(0) if value is None else real_bound(value, "Pad constant_value")
+    q = v / x.scale.reshape(()).item() + int(x.zero.reshape(()))
+    if q.denominator != 1:
+        raise Refuse(f"Pad value {float(v)} is not on the input's quantization grid")
+    fill = const(np.array([int(q)], np.int64), x.t.dtype)
+    return replace(x, t=integer_rule(node)(ctx, node, x.t, pads, fill, axes))
+
+
+@float_rule("Concat", since=4)
+def concat_rule(ctx, node, *xs):
+    """Concat: of the integers when every input has the same scale and zero point, else along a per-axis scale and
+    zero point that the QuantizeLinear that follows requantizes channel by channel."""
+    xs = [per_tensor(scaled(x, "a Concat input"), "Concat") for x in xs]
+    rank = len(xs[0].shape)
+    axis = normal([node.attr_int("axis")], rank)[0]
+    same = all(x.scale == xs[0].scale and x.zero == xs[0].zero for x in xs)
+    t = concatenated(ctx, node.attr_int("axis"), *(as_int32(x.t) for x in xs))
+    if same:
+        return Scaled(replace(t, dtype=xs[0].t.dtype) if len({x.t.dtype for x in xs}) == 1 else t, xs[0].scale,
+                      xs[0].zero)
+    shape = (-1,) + (1,) * (rank - 1 - axis)
+    scale = np.concatenate([np.full(x.shape[axis], x.scale.reshape(()).item(), dtype=object) for x in xs])
+    zero = np.concatenate([np.full(x.shape[axis], int(x.zero.reshape(())), np.int64) for x in xs])
+    return Scaled(t, scale.reshape(shape), zero.reshape(shape))

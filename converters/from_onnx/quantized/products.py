@@ -1,0 +1,369 @@
+"""The products and sums of dequantized values: Conv, ConvTranspose, MatMul, Gemm (int32 accumulation at scale
+s_x * s_w), AveragePool, GlobalAveragePool, ReduceMean.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from cvm_onnx.core.constants import INT32_MAX
+
+from ..context import Tensor, const, tight
+from ..emit import (aligned, attrs_2d, axes_of, broadcast_shape, cropped, nearest, normal, onnx_pads,
+                   reduced, select, spatial_2d)
+from ..registry import Refuse, float_rule
+from .values import INT32, Scaled, as_int32, minus_zero, per_tensor, scaled
+
+MAX_PRODUCTS = 1 << 24  # elements of the products tensor of a MatMul of two computed tensors
+
+
+def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
+    """(parts, c): 8-bit tensors summing to x - c. x itself when it fits 8 bits; else c centres x's interval and
+    the parts are ceil((x - c) / 2) (cvm_right_shift by 1 rounds half up) and the rest, floor((x - c) / 2)."""
+    if tight(x.peak) <= 8:
+        return [x], 0
+    c = (x.lo + x.hi + 1) // 2
+    lo, hi = x.lo - c, x.hi - c
+    if max(-lo, hi) > 254:
+        raise Refuse(f"a product operand of {x.hi - x.lo + 1} values (in [{x.lo}, {x.hi}]): CVM's conv2d and "
+                     f"dense take 8-bit operands, two halves hold at most 509 values")
+    if c:
+        cc = const(np.array(c, np.int32), INT32)
+        x = ctx.apply("broadcast_sub", x, cc, shape=x.shape)
+    h = ctx.apply("cvm_right_shift", x, shape=x.shape, precision=8, shift_bit=1)
+    g = ctx.result(ctx.op("broadcast_sub", x, h), INT32, lo // 2, hi // 2, x.shape)
+    return [h, g], c
+
+
+def weight_parts(w: np.ndarray, what: str) -> list[np.ndarray]:
+    """w as 8-bit parts: itself, or clip(w, -127, 127) and the rest."""
+    if np.abs(w).max(initial=0) <= 127:
+        return [w]
+    first = np.clip(w, -127, 127)
+    if np.abs(w - first).max() > 127:
+        raise Refuse(f"{what} minus its zero point reaches {int(np.abs(w).max())}: CVM's products take 8 bits")
+    return [first, w - first]
+
+
+def grouped_concat(ctx, parts: list[Tensor], groups: int) -> Tensor:
+    """Concatenate (N, C, ...) parts along the channels, group by group (part 0's channels of group g, part 1's,
+    ...), so a grouped conv2d sees every part of its group."""
+    if len(parts) == 1:
+        return parts[0]
+    n, c = parts[0].shape[:2]
+    rest = parts[0].shape[2:]
+    if groups > 1:
+        parts = [ctx.reshape(p, (n, groups, c // groups) + rest) for p in parts]
+    axis = 2 if groups > 1 else 1
+    shape = list(parts[0].shape)
+    shape[axis] *= len(parts)
+    y = ctx.result(ctx.op("concatenate", *parts, axis=axis), INT32, min(p.lo for p in parts),
+                   max(p.hi for p in parts), tuple(shape))
+    return ctx.reshape(y, (n, c * len(parts)) + rest)
+
+
+def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(w - zero as int64 with the output channels first, the scale of each output channel) of a constant weight
+    quantized per tensor or per output channel; ``transpose``: a (K, N) matrix."""
+    if not w.t.is_const:
+        raise Refuse(f"{what} is computed at run time: CVM's conv2d and dense need a constant weight here")
+    v = w.t.value.astype(np.int64) - w.zero
+    full = np.broadcast_to(w.scale, v.shape)
+    if transpose:
+        v, full = v.T, full.T
+    rows = full.reshape(len(v), -1)
+    if not (rows == rows[:, :1]).all():
+        raise Refuse(f"{what} is quantized along an axis other than its output channels")
+    return v, rows[:, 0].copy()
+
+
+def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None, op: str, groups: int = 1,
+               valid: np.ndarray | None = None, window: Callable[[Tensor], Tensor] | None = None,
+               **attrs) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """sum (x - z) * w (+ bias) in int32 by conv2d or dense: (the accumulator, its scale s_x * s_w per row, the
+    zero point per row: minus the bias of a row that no conv2d label holds, |bias| >= 2^30, kept out of it: a
+    dead channel's, whose weight scale is tiny and bias huge; the QuantizeLinear settles such rows, ``settle``).
+    x's 8-bit parts (x - c) times w's parts, concatenated along the reduced axis; then
+    sum (x - z) w = sum (x - c) w + (c - z) V, V the sum of the weights a window reads inside the input: per
+    output channel (conv2d's int32 bias) where it is the same at every position, else a (C, H, W) param added
+    after ``window`` (the strided_slice picking ONNX's outputs among conv2d's, which pads with zeros)."""
+    x = per_tensor(x, f"the input of {op}")
+    sx, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+    xparts, c = halves(ctx, as_int32(x.t))
+    wparts = weight_parts(w, "the weight")
+    rows = w.reshape(len(w), -1)
+    b = np.zeros(len(w), np.int64)
+    if bias is not None:
+        b = bias_values(bias, sx * sw, len(w))
+    uniform = valid is None or bool((valid == valid[:, :1, :1]).all())
+    total = b + (c - z) * (rows.sum(axis=1) if valid is None else valid[:, 0, 0] if uniform else 0)
+    excess = np.where(np.abs(total) >= 1 << 30, total, 0)
+    b, total = b - excess, total - excess
+    ins = grouped_concat(ctx, [p for p in xparts for _ in wparts], groups)
+    weights = np.concatenate([p for _ in xparts for p in wparts], axis=1)
+    xlo, xhi = min(x.t.lo - z, 0), max(x.t.hi - z, 0)
+    pos, neg = np.clip(rows, 0, None).sum(axis=1), np.clip(rows, None, 0).sum(axis=1)
+    lo, hi = int((pos * xlo + neg * xhi + b).min()), int((pos * xhi + neg * xlo + b).max())
+    args = [ctx.narrow(ins, 8, f"the input of {op}"), ctx.entry(const(weights.astype(np.int8), TensorProto.INT8))]
+    if np.abs(total).max() > INT32_MAX:
+        raise Refuse("the bias with the zero point's correction passes 32 bits")
+    if total.any():
+        args.append(ctx.entry(const(total.astype(np.int32), INT32)))
+    if op == "conv2d":
+        e = ctx.emit(op, *args, use_bias=bool(total.any()), groups=groups, **attrs)
+    else:
+        e = ctx.emit(op, *args, use_bias=bool(total.any()), units=len(w))
+    reach = int((np.abs(rows).sum(axis=1) * max(abs(x.t.lo - c), abs(x.t.hi - c)) + np.abs(total)).max())
+    y = ctx.result(e, INT32, -reach, reach)  # every conv2d output, those window drops included
+    if window is not None:
+        y = window(y)
+    if not uniform:
+        corr = const(((c - z) * valid).astype(np.int32), INT32)
+        y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
+    return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object), -excess
+
+
+def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> np.ndarray:
+    """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
+    image (the padding reads zeros)."""
+    masks = [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
+             for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
+    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks)
+
+
+def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
+    """The bias as integers at the accumulator's scale s_x * s_w (as onnxruntime's QLinearConv adds it): its own
+    scale must be that product to float32 rounding (a denormal float32 holds it to 2^-149 only)."""
+    if not bias.t.is_const:
+        raise Refuse("the bias is computed at run time: CVM needs a constant bias")
+    v = np.broadcast_to(bias.t.value.astype(np.int64) - bias.zero, (n,)) if bias.t.size in (1, n) else None
+    s = np.broadcast_to(bias.scale.reshape(-1) if bias.scale.size > 1 else bias.scale.reshape(()), (n,))
+    if v is None:
+        raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs")
+    for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
+        if abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)):
+            raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
+    return v.copy()
+
+
+def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) -> Scaled:
+    """x (..., K) times w (N, K)^T: rows flattened, dense, reshaped back; scale s_x * s_w along the last axis."""
+    k = x.shape[-1]
+    rows = Scaled(ctx.reshape(x.t, (math.prod(x.shape[:-1]), k)), x.scale.reshape(()), x.zero.reshape(()))
+    acc, scale, zero = accumulate(ctx, rows, w, sw, bias, "dense")
+    return Scaled(ctx.reshape(acc, x.shape[:-1] + (len(w),)), scale, zero if zero.any() else np.zeros((), np.int64))
+
+
+def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin, end) -> dict:
+    """conv2d's symmetric padding for ONNX pads (begin, end): the aligned padding, the strided_slice of ONNX's
+    outputs (aligned, select) and the window sums V where some window reads padding."""
+    plans = [aligned(n, d * (k - 1) + 1, s, b, e)
+             for n, k, s, d, b, e in zip(size, w.shape[2:], strides, dilations, begin, end)]
+    outs = [p[2] for p in plans]
+    return {"padding": tuple(p[0] for p in plans),
+            "window": lambda y: select(ctx, y, [p[1] for p in plans], [1, 1], outs),
+            "valid": window_sums(w, size, strides, dilations, begin, outs) if any(begin + end) else None}
+
+
+def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
+    """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn's Conv rule does, the zero point's
+    share of the padding corrected by the window sums V)."""
+    wv, sw = weight(w, "the Conv weight")
+    x = per_tensor(x, "Conv")
+    one_d = len(x.shape) == 3
+    t = spatial_2d(ctx, x.t, "Conv")
+    wv = wv.reshape(wv.shape[:2] + (1,) + wv.shape[2:]) if one_d else wv
+    if wv.ndim != 4:
+        raise Refuse(f"a {wv.ndim - 2}-D convolution has no CVM form")
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    begin, end = onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
+                              dilations[-len(x.shape) + 2:])
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    t, begin, end = cropped(ctx, t, begin, end)
+    groups = node.attr_int("group", 1, lo=1)
+    acc, scale, zero = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
+                            **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
+                            channels=len(wv), kernel_size=tuple(wv.shape[2:]), strides=tuple(strides),
+                            dilation=tuple(dilations))
+    if one_d:
+        acc = ctx.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[3]))
+    shape = (-1, 1, 1) if not one_d else (-1, 1)
+    return Scaled(acc, scale.reshape(shape), zero.reshape(shape) if zero.any() else np.zeros((), np.int64))
+
+
+@float_rule("Conv", since=1)
+def conv_rule(ctx, node, x, w, b=None):
+    return conv(ctx, node, scaled(x, "the Conv input"), scaled(w, "the Conv weight"),
+                None if b is None else scaled(b, "the Conv bias"))
+
+
+def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
+    """ConvTranspose (2-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
+    `upsampling` or `repeat` of x - z, times a 0/1 mask), padded d (k - 1) - pads (+ output_padding at the end),
+    by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule's conv2d and window
+    sums on that, exactly."""
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise Refuse("only a 2-D ConvTranspose has a CVM form here")
+    if node.has("output_shape") or node.attr_str("auto_pad", "NOTSET") != "NOTSET":
+        raise Refuse("ConvTranspose with output_shape or auto_pad has no CVM form here (give pads)")
+    x = per_tensor(x, "ConvTranspose")
+    groups = node.attr_int("group", 1, lo=1)
+    if not w.t.is_const:
+        raise Refuse("the ConvTranspose weight is computed at run time: CVM's conv2d needs a constant weight")
+    cin, per, kh, kw = w.shape
+    if cin != x.shape[1] or cin % groups:
+        raise Refuse(f"a ConvTranspose weight of shape {w.shape} for {x.shape[1]} input channels in {groups} groups")
+    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
+    dilations = node.attr_ints("dilations", [1, 1], lo=1, size=2)
+    extra = node.attr_ints("output_padding", [0, 0], lo=0, size=2)
+    pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
+    if any(o >= s for o, s in zip(extra, strides)):
+        raise Refuse(f"ConvTranspose output_padding {extra} must be below the strides {strides}")
+    outs = [(n - 1) * s - p - q + d * (k - 1) + 1 + o for n, s, p, q, d, k, o in
+            zip(x.shape[2:], strides, pads[:2], pads[2:], dilations, (kh, kw), extra)]
+    if min(outs) < 1:
+        raise Refuse(f"the ConvTranspose output {outs} is empty: CVM has no empty tensors")
+
+    def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), flipped
+        a = a.reshape(groups, cin // groups, per, kh, kw).transpose(0, 2, 1, 3, 4)
+        return a.reshape(groups * per, cin // groups, kh, kw)[:, :, ::-1, ::-1]
+
+    full = np.broadcast_to(w.scale, w.shape)
+    wv = Scaled(const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32),
+                np.ascontiguousarray(flipped(full)), np.zeros((), np.int64))
+    wv, sw = weight(wv, "the ConvTranspose weight")
+    v = minus_zero(ctx, x)
+    n, c, hgt, wid = x.shape
+    up = nearest(ctx, v, [1, 1, *strides])
+    mask = np.zeros((1, 1, hgt * strides[0], wid * strides[1]), np.int32)
+    mask[..., ::strides[0], ::strides[1]] = 1
+    up = ctx.result(ctx.op("broadcast_mul", up, const(mask, INT32)), INT32, min(v.lo, 0), max(v.hi, 0), up.shape)
+    begin = [d * (k - 1) - p for d, k, p in zip(dilations, (kh, kw), pads[:2])]
+    end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
+    up, begin, end = cropped(ctx, up, begin, end)
+    acc, scale, zero = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
+                            **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end), channels=len(wv),
+                            kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
+    return Scaled(acc, scale.reshape(-1, 1, 1), zero.reshape(-1, 1, 1) if zero.any() else np.zeros((), np.int64))
+
+
+@float_rule("ConvTranspose", since=1)
+def conv_transpose_rule(ctx, node, x, w, b=None):
+    return conv_transpose(ctx, node, scaled(x, "the ConvTranspose input"), scaled(w, "the ConvTranspose weight"),
+                          None if b is None else scaled(b, "the ConvTranspose bias"))
+
+
+@float_rule("MatMul", since=1)
+def matmul_rule(ctx, node, a, b):
+    a, b = scaled(a, "the MatMul input"), scaled(b, "the MatMul weight")
+    if not b.t.is_const:
+        return variable_matmul(ctx, a, b)
+    if len(b.shape) != 2:
+        raise Refuse(f"a MatMul weight of shape {b.shape}: dense takes one weight matrix")
+    w, sw = weight(b, "the MatMul weight", transpose=True)
+    return dense(ctx, a, w, sw, None)
+
+
+def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
+    """a @ b of two computed tensors (attention's Q K^T and weights x V), per tensor, at scale s_a s_b: the
+    products (a - za)[..., M, K, 1] (b - zb)[..., 1, K, N] (broadcast_mul), summed over K, exactly in int32."""
+    a, b = per_tensor(a, "MatMul"), per_tensor(b, "MatMul")
+    if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
+        raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: CVM's form takes matrices (rank >= 2) that chain")
+    va, vb = minus_zero(ctx, a), minus_zero(ctx, b)
+    ea, eb = ctx.reshape(va, a.shape + (1,)), ctx.reshape(vb, b.shape[:-2] + (1,) + b.shape[-2:])
+    corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
+    shape = broadcast_shape(ea, eb)
+    if math.prod(shape) > MAX_PRODUCTS:
+        raise Refuse(f"MatMul of shapes {a.shape} and {b.shape} would compute {math.prod(shape)} products at once "
+                     f"(at most 2^24)")
+    prod = ctx.result(ctx.op("broadcast_mul", ea, eb), INT32, min(corners), max(corners), shape)
+    k = a.shape[-1]
+    total = reduced(ctx, "sum", prod, [len(shape) - 2], k * prod.lo, k * prod.hi)
+    total = ctx.reshape(total, shape[:-2] + shape[-1:])  # reduced drops the axes of size 1
+    return Scaled(total, np.asarray(a.scale.reshape(()).item() * b.scale.reshape(()).item(), dtype=object),
+                  np.zeros((), np.int64))
+
+
+@float_rule("Gemm", since=7)
+def gemm_rule(ctx, node, a, b, c=None):
+    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_float("beta", 1.0) != 1.0 or node.attr_int("transA", 0):
+        raise Refuse("a quantized Gemm with alpha, beta != 1 or transA has no CVM form here")
+    a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
+    if len(a.shape) != 2:
+        raise Refuse(f"Gemm input of shape {a.shape}")
+    w, sw = weight(b, "the Gemm weight", transpose=not node.attr_int("transB", 0))
+    return dense(ctx, a, w, sw, None if c is None else scaled(c, "the Gemm bias C"))
+
+
+def average(ctx, node, x: Scaled) -> Scaled:
+    """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
+    (count per output position when padding is not counted)."""
+    x = per_tensor(x, "AveragePool")
+    if node.attr_int("ceil_mode", 0) or any(d != 1 for d in node.attr_ints("dilations", [])):
+        raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
+    if len(x.shape) != 4:
+        raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
+    kernel = node.attr_ints("kernel_shape", lo=1)
+    strides = node.attr_ints("strides", [1, 1], lo=1)
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    c = x.shape[1]
+    t, begin, end = cropped(ctx, x.t, begin, end)
+    ones = np.ones((c, 1) + tuple(kernel), np.int64)
+    pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, end)
+    acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
+                        kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
+    sx = x.scale.reshape(()).item()
+    if node.attr_int("count_include_pad", 0) or pad["valid"] is None:
+        return Scaled(acc, np.asarray(sx / math.prod(kernel), dtype=object), np.zeros((), np.int64))
+    count = pad["valid"][0]  # the window sums of weights 1: the input positions each window reads
+    return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
+                  np.zeros((), np.int64))
+
+
+@float_rule("AveragePool", since=7)
+def average_rule(ctx, node, x):
+    return average(ctx, node, scaled(x, "the AveragePool input"))
+
+
+def global_average(ctx, x: Scaled) -> Scaled:
+    """GlobalAveragePool: sum of x - z over the image, at scale s_x / (H * W)."""
+    x = per_tensor(x, "GlobalAveragePool")
+    v = minus_zero(ctx, x)
+    axes = tuple(range(2, len(x.shape)))
+    n = math.prod(x.shape[2:])
+    e = ctx.op("sum", v, axis=axes, keepdims=False)
+    s = ctx.result(e, INT32, min(v.lo * n, 0), max(v.hi * n, 0), x.shape[:2])
+    return Scaled(ctx.reshape(s, x.shape[:2] + (1,) * len(axes)), np.asarray(x.scale.reshape(()).item() / n,
+                                                                          dtype=object), np.zeros((), np.int64))
+
+
+@float_rule("GlobalAveragePool", since=1)
+def global_average_rule(ctx, node, x):
+    return global_average(ctx, scaled(x, "the GlobalAveragePool input"))
+
+
+@float_rule("ReduceMean", since=1)
+def reduce_mean_rule(ctx, node, x, axes_t=None):
+    """ReduceMean: the sum of x - z over the axes (CVM's sum, as ReduceSum) at scale s_x / n, n the count of
+    values reduced: exact, requantized by the QuantizeLinear that follows."""
+    x = per_tensor(scaled(x, "the ReduceMean input"), "ReduceMean")
+    rank = len(x.shape)
+    axes = axes_of(node, axes_t, 18)
+    if not axes and node.attr_int("noop_with_empty_axes", 0):
+        return x
+    axes = sorted(set(normal(axes or list(range(rank)), rank)))
+    keep = node.attr_int("keepdims", 1)
+    n = math.prod(x.shape[i] for i in axes)
+    v = minus_zero(ctx, x)
+    y = reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else y.shape
+    return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / n, dtype=object),
+                  np.zeros((), np.int64))

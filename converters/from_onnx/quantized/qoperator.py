@@ -1,0 +1,106 @@
+"""The QOperator form (QLinearConv, QLinearMatMul, QGemm, QLinearAdd, ...): compositions of the QDQ rules,
+QuantizeLinear(op(DequantizeLinear(x), ...)).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import Tensor
+from ..registry import Refuse, rule
+from .elementwise import FUNCTIONS, add_rule, mapped, multiply
+from .moves import concat_rule
+from .products import average, conv, dense, global_average, variable_matmul, weight
+from .requantization import dequantize, out_type, quantize, softmax_view
+from .values import MS, Scaled, Softmaxed, per_tensor, scale_of, zero_of
+
+
+def dequantized(x, s, z, axis: int | None = None) -> Scaled:
+    """DequantizeLinear(x, s, z) of a QOperator node's input."""
+    return dequantize(None, x, s, z, axis)
+
+
+def requantized(ctx, node, value, s, z) -> Tensor:
+    """QuantizeLinear(value, s, z) of a QOperator node's output."""
+    dtype = out_type(node, z)
+    return quantize(ctx, value, scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point"), dtype)
+
+
+def bias_of(b: Tensor | None, x: Scaled, w: Scaled) -> Scaled | None:
+    if b is None:
+        return None
+    return Scaled(b, np.asarray(x.scale.reshape(()).item() * np.broadcast_to(w.scale, (w.t.shape[0],) +
+                                                                         (1,) * (len(w.shape) - 1)).reshape(-1)),
+                  np.zeros((), np.int64))
+
+
+@rule("QLinearConv", since=10)
+def qlinear_conv(ctx, node, x, xs, xz, w, ws, wz, ys, yz, b=None):
+    xv, wv = dequantized(x, xs, xz), dequantized(w, ws, wz, 0)
+    return requantized(ctx, node, conv(ctx, node, xv, wv, bias_of(b, xv, wv)), ys, yz)
+
+
+@rule("QLinearMatMul", since=10)
+def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
+    av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, 1)
+    if not bv.t.is_const:
+        return requantized(ctx, node, variable_matmul(ctx, av, bv), ys, yz)
+    if len(bv.shape) != 2:
+        raise Refuse(f"a QLinearMatMul weight of shape {bv.shape}: dense takes one weight matrix")
+    w, sw = weight(bv, "the QLinearMatMul weight B", transpose=True)
+    return requantized(ctx, node, dense(ctx, av, w, sw, None), ys, yz)
+
+
+@rule("QGemm", since=1, domain=MS)
+def qgemm(ctx, node, a, a_s, az, b, bs, bz, c=None, ys=None, yz=None):
+    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_int("transA", 0):
+        raise Refuse("QGemm with alpha != 1 or transA has no CVM form here")
+    trans = bool(node.attr_int("transB", 0))
+    av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, 0 if trans else 1)
+    w, sw = weight(bv, "the QGemm weight B", transpose=not trans)
+    bias = None if c is None else Scaled(c, np.asarray(av.scale.reshape(()).item() * sw), np.zeros((), np.int64))
+    y = dense(ctx, av, w, sw, bias)
+    return y if ys is None else requantized(ctx, node, y, ys, yz)
+
+
+@rule("QLinearAdd", "QLinearMul", since=1, domain=MS)
+def qlinear_binary(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
+    av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz)
+    value = add_rule(ctx, node, av, bv) if node.op_type == "QLinearAdd" else multiply(ctx, av, bv)
+    return requantized(ctx, node, value, ys, yz)
+
+
+@rule("QLinearConcat", since=1, domain=MS)
+def qlinear_concat(ctx, node, ys, yz, *triples):
+    xs = [dequantized(*triples[i:i + 3]) for i in range(0, len(triples), 3)]
+    return requantized(ctx, node, concat_rule(ctx, node, *xs), ys, yz)
+
+
+def _channels_first(node) -> None:
+    if node.attr_int("channels_last", 0):
+        raise Refuse("channels_last has no CVM form here")
+
+
+@rule("QLinearAveragePool", since=1, domain=MS)
+def qlinear_average_pool(ctx, node, x, xs, xz, ys, yz):
+    _channels_first(node)
+    return requantized(ctx, node, average(ctx, node, dequantized(x, xs, xz)), ys, yz)
+
+
+@rule("QLinearGlobalAveragePool", since=1, domain=MS)
+def qlinear_global_average_pool(ctx, node, x, xs, xz, ys, yz):
+    _channels_first(node)
+    return requantized(ctx, node, global_average(ctx, dequantized(x, xs, xz)), ys, yz)
+
+
+@rule("QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftsign", since=1, domain=MS)
+def qlinear_function(ctx, node, x, xs, xz, ys, yz):
+    fn = FUNCTIONS[node.op_type[len("QLinear"):]](node)
+    return requantized(ctx, node, mapped(dequantized(x, xs, xz), fn, node.op_type), ys, yz)
+
+
+@rule("QLinearSoftmax", since=1, domain=MS)
+def qlinear_softmax(ctx, node, x, xs, xz, ys, yz):
+    """QuantizeLinear(Softmax(DequantizeLinear(x))), Softmax at the semantics of the node's ``opset`` attribute."""
+    xv = dequantized(x, xs, xz)
+    value = Softmaxed(per_tensor(xv, "QLinearSoftmax"), softmax_view(node, xv.shape, node.attr_int("opset", 13)))
+    return requantized(ctx, node, value, ys, yz)

@@ -1,0 +1,359 @@
+"""DequantizeLinear (a ``Scaled`` of its integer input, nothing emitted) and QuantizeLinear: a ``Real`` requantized into
+its integer type (``requant.plan``: multiply, cvm_right_shift, saturation as clip; per-channel runs; a far zero point
+settled), a ``Mapped`` as a cvm_lut table, a ``Softmaxed`` by its softmax plan. ``Requant`` records each for the report.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+from onnx import TensorProto
+
+from ..context import INT_RANGES, Tensor, bound, const, tight, type_name
+from ..emit import broadcast_shape, reduced
+from ..registry import Refuse, float_rule, rule
+from ..requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
+from .values import (INT32, MS, QUANTIZED_TYPES, Mapped, Real, Scaled, Softmaxed, Summed, along, as_int32, axis_of,
+                     minus_zero, per_tensor, scale_of, scaled, zero_of)
+
+MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
+
+
+@dataclass(frozen=True)
+class Requant:
+    """One requantization, for the report: the ONNX node, the ratios M, the plan (or M == 1, or a table: none), or
+    the runs of channels with a plan each (requant.runs) where one plan cannot hold every channel."""
+
+    node: str
+    ratios: tuple[float, ...]
+    plan: Plan | None
+    runs: tuple[Run, ...] = ()
+    softmax: SoftmaxPlan | None = None
+    settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
+
+    @property
+    def plans(self) -> list[Plan]:
+        return [self.plan] if self.plan is not None else [r.plan for r in self.runs]
+
+
+# -- DequantizeLinear and QuantizeLinear ------------------------------------------------------------------------
+def dequantize(node, x, s: Tensor | None, z: Tensor | None, axis: int | None = None) -> Scaled:
+    if isinstance(x, Real) or x.dtype not in (*QUANTIZED_TYPES, INT32):
+        raise Refuse(f"DequantizeLinear of {'a float value' if isinstance(x, Real) else type_name(x.dtype)}: "
+                     f"CVM takes int8, uint8, int16, uint16 or int32")
+    if node is not None and node.attr_int("block_size", 0):
+        raise Refuse("blocked quantization (block_size) has no CVM form")
+    scale = scale_of(s, "x_scale")
+    zero = zero_of(z, x.dtype, "x_zero_point")
+    rank = len(x.shape)
+    if axis is None:
+        axis = axis_of(node, rank, scale.size) if node is not None else 0
+    return Scaled(x, along(scale, axis, rank), along(zero, axis, rank))
+
+
+@rule("DequantizeLinear", since=10)
+@rule("DequantizeLinear", since=1, domain=MS)
+def dequantize_rule(ctx, node, x, s, z=None):
+    """x -> (x - zero) * scale, held exactly: nothing is emitted."""
+    return dequantize(node, x, s, z)
+
+
+def out_type(node, z: Tensor | None) -> int:
+    if z is not None:
+        dtype = z.dtype
+    else:
+        dtype = node.attr_int("output_dtype", 0) or TensorProto.UINT8
+    if dtype not in QUANTIZED_TYPES:
+        raise Refuse(f"quantization to {type_name(dtype)}: CVM takes int8, uint8, int16 or uint16")
+    return dtype
+
+
+@float_rule("QuantizeLinear", since=10)
+@float_rule("QuantizeLinear", since=1, domain=MS)
+@rule("QuantizeLinear", since=10)
+@rule("QuantizeLinear", since=1, domain=MS)
+def quantize_rule(ctx, node, x, s, z=None):
+    """round(x / scale) + zero, saturated: a requantization of x's integers (or a table for a float function)."""
+    dtype = out_type(node, z)
+    if node.attr_int("block_size", 0):
+        raise Refuse("blocked quantization (block_size) has no CVM form")
+    scale, zero = scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point")
+    if isinstance(x, Tensor) and not (x.is_const and x.value.dtype.kind == "f"):
+        raise Refuse("QuantizeLinear of a float tensor that is not a dequantized value (nor the graph's input)")
+    rank = len(x.shape)
+    axis = axis_of(node, rank, scale.size)
+    if isinstance(x, Tensor):
+        return quantized_constant(x, s.value, along(zero, axis, rank), axis, dtype)
+    return quantize(ctx, x, along(scale, axis, rank), along(zero, axis, rank), dtype)
+
+
+def quantized_constant(x: Tensor, scale: np.ndarray, zero: np.ndarray, axis: int, dtype: int) -> Tensor:
+    """QuantizeLinear of a float constant (weights held in a Constant node, as Paddle's exports write them),
+    folded as onnxruntime computes it: saturate(round_half_even(float32(x) / float32(scale)) + zero)."""
+    lo, hi = INT_RANGES[dtype]
+    s = along(np.asarray(scale, np.float32), axis, len(x.shape))
+    with np.errstate(all="ignore"):
+        q = np.rint(np.asarray(x.value, np.float32) / s)
+    if not np.isfinite(q).all():
+        raise Refuse("QuantizeLinear of a constant holding non-finite values")
+    return const(np.clip(q.astype(np.float64) + zero, lo, hi).astype(np.int64), dtype)
+
+
+def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
+    """The integers of type ``dtype`` that QuantizeLinear(x, scale, zero) gives."""
+    if zero.size != 1:
+        raise Refuse("a per-channel output zero point has no CVM form here")
+    zo = int(zero.reshape(()))
+    lo, hi = INT_RANGES[dtype]
+    if isinstance(x, Mapped):
+        return table(ctx, x, scale, zo, dtype)
+    if isinstance(x, Softmaxed):
+        return softmax(ctx, x, scale, zo, dtype)
+    offset, settled = None, ()
+    if isinstance(x, Scaled):
+        lo, hi = (max(lo, clipped(x.clip[0], scale, zo, lo, hi)) if x.clip[0] is not None else lo,
+                  min(hi, clipped(x.clip[1], scale, zo, lo, hi)) if x.clip[1] is not None else hi)
+        x, offset, settled = settle(ctx, x, scale, zo, lo, hi)
+    terms = x.terms if isinstance(x, Summed) else (x,)
+    vs = [minus_zero(ctx, term) for term in terms]
+    ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
+    shape = broadcast_shape(*vs)
+
+    def finish(r: Tensor) -> Tensor:  # the settled rows' values added, then z_out and the saturation
+        if offset is not None:
+            oc = const(offset.astype(np.int32), INT32)
+            r = ctx.result(ctx.op("broadcast_add", r, oc), INT32, r.lo + min(int(offset.min()), 0),
+                           r.hi + max(int(offset.max()), 0), broadcast_shape(r, oc))
+        return saturate(ctx, r, zo, lo, hi, dtype, shape)
+
+    if len(vs) == 1 and all(r == 1 for r in ratios[0].flat):  # the same scale: only the zero point moves
+        ctx.requants.append(Requant(ctx.base, (1.0,), None, settled=settled))
+        return finish(vs[0])
+    tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
+    flat = tuple(float(r) for m in ratios for r in m.flat)
+    try:
+        p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - zo, thi - zo)
+    except NoPlan as e:
+        axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
+        if axis is None or vs[0].shape[axis] != shape[axis]:
+            raise Refuse(str(e)) from None
+        try:
+            parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - zo, thi - zo)
+        except NoPlan as e2:
+            raise Refuse(str(e2)) from None
+        ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled))
+        return finish(apply_runs(ctx, vs[0], parts, axis, ratios[0].shape))
+    ctx.requants.append(Requant(ctx.base, flat, p, settled=settled))
+    return finish(apply(ctx, vs, p))
+
+
+FAR = 1 << 30  # a zero point this far (a bias kept out of conv2d, ``accumulate``) has no CVM label
+
+
+def settle(ctx, x: Scaled, scale: np.ndarray, zo: int, lo: int, hi: int) -> tuple[Scaled, np.ndarray | None, tuple]:
+    """Rows of x whose zero point is FAR (a dead channel: tiny weight scale, huge bias) and whose QuantizeLinear
+    gives one value K for every t in t's interval (round half to even of the exact values at its ends, saturated:
+    rounding is monotone): t is multiplied by 0 there (zero point 0, the least other ratio), and K - z_out added
+    after the requantization. (x, those offsets per row or None, ((row, K), ...)); another far row is refused."""
+    far = np.abs(x.zero) >= FAR
+    if not far.any():
+        return x, None, ()
+    full = np.broadcast_shapes(x.scale.shape, x.zero.shape)
+    ratio = np.broadcast_to(np.asarray(x.scale / scale.reshape(()).item(), dtype=object), full)
+    zero = np.broadcast_to(x.zero, full)
+    far = np.broadcast_to(far, full)
+    offset, settled = np.zeros(full, np.int64), []
+    for i in zip(*np.nonzero(far)):
+        z, m = int(zero[i]), ratio[i]
+        ends = {min(max(round((v - z) * m) + zo, lo), hi) for v in (x.t.lo, x.t.hi)}
+        if len(ends) > 1:
+            raise Refuse(f"a bias of {-z} at the accumulator's scale (no CVM label holds it) on a channel whose "
+                         "output varies: no CVM form")
+        offset[i] = ends.pop() - zo
+        settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + zo))
+    t = as_int32(x.t)  # 0 on the far rows: min(max(t, L), H) with L = H = 0 there, t's own bounds elsewhere
+    low = const(np.where(far, 0, min(t.lo, 0)).astype(np.int32), INT32)
+    high = const(np.where(far, 0, -max(t.hi, 0)).astype(np.int32), INT32)
+    shape = broadcast_shape(t, low)
+    t = ctx.result(ctx.op("broadcast_max", t, low), INT32, min(t.lo, 0), max(t.hi, 0), shape)
+    t = ctx.result(ctx.op("negative", t), INT32, -t.hi, -t.lo, shape)
+    t = ctx.result(ctx.op("broadcast_max", t, high), INT32, t.lo, t.hi, shape)
+    t = ctx.result(ctx.op("negative", t), INT32, -t.hi, -t.lo, shape)
+    rest = [r for r, f in zip(ratio.flat, far.flat) if not f]
+    fill = min(rest) if rest else Fraction(1)
+    new_scale = np.where(far, fill * scale.reshape(()).item(), np.broadcast_to(x.scale, full)).astype(object)
+    return Scaled(t, new_scale, np.where(far, 0, zero).astype(np.int64), x.clip), offset, tuple(settled)
+
+
+def channel_axis(ratio: np.ndarray, rank: int) -> int | None:
+    """The one axis of a rank-``rank`` tensor along which a per-channel ratio varies (None: a scalar, or several)."""
+    axes = [i for i, n in enumerate(ratio.shape) if n > 1]
+    return rank - ratio.ndim + axes[0] if len(axes) == 1 else None
+
+
+def apply_runs(ctx, v: Tensor, parts: list[Run], axis: int, rshape: tuple[int, ...]) -> Tensor:
+    """Each run's channels taken out of v (``take`` along ``axis``), requantized by its plan, concatenated, and put
+    back in channel order by one more ``take``."""
+    outs = []
+    for run in parts:
+        idx = const(run.channels.astype(np.int32), INT32)
+        shape = v.shape[:axis] + (len(run.channels),) + v.shape[axis + 1:]
+        sub = ctx.result(ctx.emit("take", ctx.entry(v), ctx.entry(idx), axis=axis), INT32, v.lo, v.hi, shape)
+        p = run.plan
+        shaped = replace(p, multipliers=tuple(m.reshape((-1,) + rshape[1:]) for m in p.multipliers))
+        outs.append(apply(ctx, [sub], shaped))
+    order = np.concatenate([r.channels for r in parts])
+    y = ctx.result(ctx.emit("concatenate", *(ctx.entry(o) for o in outs), axis=axis), INT32,
+                   min(o.lo for o in outs), max(o.hi for o in outs), v.shape)
+    back = const(np.argsort(order).astype(np.int32), INT32)
+    return ctx.result(ctx.emit("take", ctx.entry(y), ctx.entry(back), axis=axis), INT32, y.lo, y.hi, v.shape)
+
+
+def clipped(bound_: Fraction, scale: np.ndarray, zo: int, lo: int, hi: int) -> int:
+    """QuantizeLinear of one real value (round half to even), saturated."""
+    if scale.size != 1:
+        raise Refuse("a Clip before a per-channel QuantizeLinear has no CVM form")
+    q = bound_ / scale.reshape(()).item()
+    return min(max(round(q) + zo, lo), hi)
+
+
+def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
+    """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py)."""
+    products = []
+    for v, m in zip(vs, p.multipliers):
+        if p.clip is not None:
+            a, b = p.clip
+            v = ctx.apply("clip", v, shape=v.shape, a_min=a, a_max=b)
+        if p.pre_shift:
+            v = ctx.apply("cvm_right_shift", v, shape=v.shape, precision=p.pre_precision, shift_bit=p.pre_shift)
+        e = ctx.narrow(v, tight(v.peak))
+        mc = const(m.astype(np.int32), INT32)
+        products.append(ctx.result(ctx.emit("broadcast_mul", e, ctx.entry(mc)), INT32,
+                                   min(v.lo * int(m.max()), 0), max(v.hi * int(m.max()), 0),
+                                   broadcast_shape(v, mc)))
+    total = products[0]
+    for t in products[1:]:
+        total = ctx.apply("broadcast_add", total, t, shape=broadcast_shape(total, t))
+    b = bound(p.precision)
+    e = ctx.emit("cvm_right_shift", total.entry, precision=p.precision, shift_bit=p.shift)
+    return ctx.result(e, INT32, -b, b, total.shape)
+
+
+def saturate(ctx, r: Tensor, zo: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:
+    """clip(r + zero, lo, hi) as the quantized type."""
+    if zo:
+        zc = const(np.array(zo, np.int32), INT32)
+        r = ctx.apply("broadcast_add", r, zc, shape=shape)
+    if lo <= r.lo and r.hi <= hi:
+        return replace(r, dtype=dtype)
+    if lo >= hi:
+        raise Refuse(f"the Clip leaves the single value {lo}: fold it")
+    e = ctx.emit("clip", ctx.entry(r), a_min=lo, a_max=hi)
+    return ctx.result(e, dtype, max(lo, r.lo), min(hi, r.hi), shape)
+
+
+def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
+    """QuantizeLinear(fn(x)) as cvm_lut over x's integers lo..hi: entry i = sat(round(fn((lo+i-z) * s) / s_out) +
+    z_out), in float64, rounding half to even."""
+    a = per_tensor(x.x, x.what)
+    t = a.t
+    n = t.hi - t.lo + 1
+    if n > MAX_TABLE:
+        raise Refuse(f"{x.what} over {n} integers: a table of at most 2^16 entries has a CVM form "
+                     f"(quantize its input first)")
+    if scale.size != 1:
+        raise Refuse(f"{x.what} with a per-channel output scale has no CVM form")
+    q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
+    real = (q - int(a.zero.reshape(()))) * float(a.scale.reshape(()).item())
+    lo, hi = INT_RANGES[dtype]
+    with np.errstate(all="ignore"):
+        image = x.fn(real)
+    if np.isnan(image).any():
+        raise Refuse(f"{x.what} is undefined on part of its input's range")
+    values = np.clip(np.rint(image / float(scale.reshape(()).item())) + zo, lo, hi).astype(np.int64)
+    index = as_int32(t)
+    if t.lo:
+        c = const(np.array(t.lo, np.int32), INT32)
+        index = ctx.result(ctx.op("broadcast_sub", index, c), INT32, 0, n - 1, t.shape)
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=n)
+    ctx.requants.append(Requant(ctx.base, (), None))
+    return ctx.result(e, dtype, int(values.min()), int(values.max()), t.shape)
+
+
+def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
+    """QuantizeLinear(Softmax(x)) in integers (requant.SoftmaxPlan): d = max - t along the axis (CVM max,
+    broadcast_sub); T, H, L = cvm_lut(d) of their tables; S' = sum H + cvm_right_shift(sum L, b) (CVM sum);
+    y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip."""
+    a = per_tensor(x.x, "Softmax")
+    if scale.size != 1:
+        raise Refuse("Softmax with a per-channel output scale has no CVM form")
+    t, (outer, n, inner) = a.t, x.view
+    span = t.hi - t.lo + 1
+    if span > MAX_TABLE:
+        raise Refuse(f"Softmax of {span} integers: its exp table holds at most 2^16 entries (quantize its input)")
+    q = 1 / scale.reshape(()).item()
+    try:
+        p = softmax_plan(n, q)
+    except NoPlan as e:
+        raise Refuse(str(e)) from None
+    f, b = p.frac_bits, p.split
+    tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
+    v = ctx.reshape(as_int32(t), (outer, n, inner))
+    top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
+    d = ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, span - 1, v.shape)
+
+    def lut(values: np.ndarray) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
+        return ctx.result(e, INT32, int(values.min()), int(values.max()), v.shape)
+
+    def total(y: Tensor) -> Tensor:
+        return ctx.reshape(reduced(ctx, "sum", y, [1], y.lo * n, y.hi * n), (outer, 1, inner))
+
+    def add(y: Tensor, z: Tensor) -> Tensor:
+        return ctx.result(ctx.op("broadcast_add", y, z), INT32, y.lo + z.lo, y.hi + z.hi, broadcast_shape(y, z))
+
+    def twice(y: Tensor) -> Tensor:
+        return ctx.result(ctx.op("broadcast_mul", y, const(np.array(2, np.int32), INT32)), INT32, 2 * y.lo,
+                          2 * y.hi, y.shape)
+
+    s_ = total(lut(tables[1]))
+    if b:
+        low = total(lut(tables[2]))
+        e = ctx.emit("cvm_right_shift", ctx.narrow(low, tight(low.peak)), precision=tight(n), shift_bit=b)
+        s_ = add(s_, ctx.result(e, INT32, 0, (low.hi + (1 << (b - 1))) >> b, low.shape))
+    num = add(twice(lut(tables[0])), s_)
+    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^F-b
+    ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
+    lo, hi = INT_RANGES[dtype]
+    return saturate(ctx, ctx.reshape(y, x.shape), zo, lo, hi, dtype, x.shape)
+
+
+def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
+    """T, H, L over k = 0 .. span - 1 (float64 exp, rounded half up once)."""
+    f, b = p.frac_bits, p.split
+    e = np.exp(-np.arange(span, dtype=np.float64) * s)
+    big = np.floor(np.ldexp(e, f) + 0.5).astype(np.int64)
+    t = np.floor(np.ldexp(e * float(q), f - b) + 0.5).astype(np.int64)
+    return t, big >> b, big - ((big >> b) << b)
+
+
+def softmax_view(node, shape: tuple[int, ...], opset: int) -> tuple[int, int, int]:
+    """(outer, n, inner) of a Softmax at ``opset`` semantics: one axis from 13 on (default -1), before it the
+    input coerced to 2-D at the axis (default 1)."""
+    rank = len(shape)
+    axis = node.attr_int("axis", -1 if opset >= 13 else 1)
+    if not -rank <= axis < rank:
+        raise Refuse(f"Softmax axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    if opset >= 13:
+        return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
+
+
+@float_rule("Softmax", since=1)
+def softmax_rule(ctx, node, x):
+    """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``)."""
+    x = per_tensor(scaled(x, "the Softmax input"), "Softmax")
+    return Softmaxed(x, softmax_view(node, x.shape, node.opset))

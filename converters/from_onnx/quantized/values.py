@@ -1,0 +1,157 @@
+"""The dequantized values: float tensors held exactly as integers with rational scales (``Scaled``, ``Summed``,
+``Mapped``, ``Softmaxed``; ``Real`` is any of them), and reading their scales, zero points and axes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from ..context import INT_RANGES, Tensor, const, type_name
+from ..emit import broadcast_shape
+from ..registry import Refuse
+
+INT32 = TensorProto.INT32
+QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
+MS = "com.microsoft"
+
+
+@dataclass(frozen=True, eq=False)
+class Scaled:
+    """The float tensor (t - zero) * scale; scale (Fractions > 0) and zero (ints) broadcast over t. ``clip``: a
+    Clip to real bounds deferred to the QuantizeLinear that follows (monotone rounding commutes with it)."""
+
+    t: Tensor
+    scale: np.ndarray
+    zero: np.ndarray
+    clip: tuple[Fraction | None, Fraction | None] = (None, None)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.t.shape
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.scale.size == 1 and self.zero.size == 1
+
+
+@dataclass(frozen=True, eq=False)
+class Summed:
+    """sum_i terms_i: an Add of ``Scaled`` tensors of different scales, computed exactly by QuantizeLinear."""
+
+    terms: tuple[Scaled, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Mapped:
+    """fn(x) for a float elementwise ``fn`` (float64 numpy), made a table over x's integers by QuantizeLinear."""
+
+    x: Scaled
+    fn: Callable[[np.ndarray], np.ndarray]
+    what: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+
+@dataclass(frozen=True, eq=False)
+class Softmaxed:
+    """Softmax of x over one axis (``view``: x's shape as (outer, n, inner), the softmax along n), made integers by
+    the QuantizeLinear that follows."""
+
+    x: Scaled
+    view: tuple[int, int, int]
+    what: str = "Softmax"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+
+Real = (Scaled, Summed, Mapped, Softmaxed)
+
+
+def fractions(value: np.ndarray) -> np.ndarray:
+    return np.array([Fraction(float(v)) for v in value.flat], dtype=object).reshape(value.shape)
+
+
+def along(value: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """A per-axis 1-D array shaped to broadcast along ``axis`` of a rank-``rank`` tensor (a scalar as is)."""
+    if value.size == 1:
+        return value.reshape(())
+    return value.reshape((-1,) + (1,) * (rank - 1 - axis))
+
+
+def scale_of(t: Tensor | None, what: str) -> np.ndarray:
+    """A constant scale as Fractions; refused when computed at run time, or zero, negative or not finite."""
+    if t is None:
+        raise Refuse(f"{what} is missing")
+    if not t.is_const:
+        raise Refuse(f"{what} is computed at run time: CVM needs constant scales")
+    v = np.asarray(t.value, np.float64)
+    bad = v[~(np.isfinite(v) & (v > 0))]
+    if bad.size:
+        raise Refuse(f"{what} {bad.reshape(-1)[0]} must be finite and > 0")
+    return fractions(np.asarray(t.value))
+
+
+def zero_of(t: Tensor | None, dtype: int, what: str) -> np.ndarray:
+    """A constant zero point (0 if omitted) within the range of the quantized type ``dtype``."""
+    if t is None:
+        return np.zeros((), np.int64)
+    if not t.is_const:
+        raise Refuse(f"{what} is computed at run time: CVM needs constant zero points")
+    v = np.asarray(t.value)
+    if v.dtype.kind not in "iub":
+        raise Refuse(f"{what} of type {type_name(t.dtype)} is not an integer")
+    lo, hi = INT_RANGES.get(dtype, (0, 0))
+    if v.size and (v.min() < lo or v.max() > hi):
+        raise Refuse(f"{what} {int(v.min()) if v.min() < lo else int(v.max())} lies outside {type_name(dtype)} "
+                     f"[{lo}, {hi}]")
+    return v.astype(np.int64)
+
+
+def axis_of(node, rank: int, size: int) -> int:
+    axis = node.attr_int("axis", 1)
+    if size > 1 and not -rank <= axis < rank:
+        raise Refuse(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def per_tensor(x: Scaled, what: str) -> Scaled:
+    if not x.per_tensor:
+        raise Refuse(f"{what} needs a per-tensor scale and zero point")
+    if x.clip != (None, None):
+        raise Refuse(f"a Clip off the quantization grid must be followed by QuantizeLinear, not {what}")
+    return x
+
+
+def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
+    """``x`` as a ``Scaled``, or why it has no integer form here."""
+    if isinstance(x, Scaled):
+        if x.clip != (None, None) and not clipped_ok:
+            raise Refuse(f"a Clip off the quantization grid must be followed by QuantizeLinear, not {what}")
+        return x
+    if isinstance(x, Tensor):
+        raise Refuse(f"{what} is a float tensor that no DequantizeLinear produced: it has no integer form")
+    raise Refuse(f"{what} ({'a sum' if isinstance(x, Summed) else x.what}) must be quantized (QuantizeLinear) first")
+
+
+def as_int32(t: Tensor) -> Tensor:
+    return replace(t, dtype=INT32, name=None) if not t.is_const else const(t.value.astype(np.int64), INT32)
+
+
+def minus_zero(ctx, x: Scaled) -> Tensor:
+    """t - zero as an int32 tensor (a constant one folded)."""
+    t, z = x.t, x.zero
+    if not z.any():
+        return as_int32(t)
+    if t.is_const:
+        return const(t.value.astype(np.int64) - z, INT32)
+    zc = const(z.astype(np.int32), INT32)
+    return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
