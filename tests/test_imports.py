@@ -167,6 +167,51 @@ def test_an_upward_import_is_found(source, target):
     assert upward(g) == {(source, target)}
 
 
+FROM_ONNX = "cvm_onnx.converters.from_onnx"
+#: The import rule modules of from_onnx: leaves, which take their shared helpers from ``emit`` (and the registry,
+#: context, checks) and never from one another. ``quantized`` is a package whose modules import only those before
+#: them in QUANTIZED.
+RULE_MODULES = ("elemwise", "nn", "transform", "reduce", "roundtrip", "quantized")
+QUANTIZED = ("values", "requantization", "products", "elementwise", "moves", "qoperator", "edges")
+
+
+def rule_module(module: str) -> str | None:
+    """The rule module (or package) of from_onnx that ``module`` is, or is in."""
+    return next((r for r in RULE_MODULES if module == f"{FROM_ONNX}.{r}" or module.startswith(f"{FROM_ONNX}.{r}.")),
+                None)
+
+
+def between_rules(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The imports from one rule module to another, and those in ``quantized`` to a module not before it."""
+    inner = [f"{FROM_ONNX}.quantized.{q}" for q in QUANTIZED]
+    out = set()
+    for m, ts in g.items():
+        for t in ts:
+            if rule_module(m) and rule_module(t) and rule_module(m) != rule_module(t):
+                out.add((m, t))
+            elif m in inner and t in inner and inner.index(t) >= inner.index(m):
+                out.add((m, t))
+    return out
+
+
+def test_rule_modules_import_no_other_rule_module():
+    g = graph()
+    assert {f"{FROM_ONNX}.{r}" for r in RULE_MODULES} <= set(g)
+    assert between_rules(g) == set()
+
+
+@pytest.mark.parametrize("source, target", [
+    (f"{FROM_ONNX}.nn", f"{FROM_ONNX}.transform"),
+    (f"{FROM_ONNX}.quantized.products", f"{FROM_ONNX}.nn"),
+    (f"{FROM_ONNX}.quantized.products", f"{FROM_ONNX}.quantized.qoperator"),
+])
+def test_an_import_between_rules_is_found(source, target):
+    """The check itself: one planted import from a rule module to another (or up ``quantized``) is reported."""
+    g = graph()
+    g[source] = g[source] | {target}
+    assert between_rules(g) == {(source, target)}
+
+
 def test_a_checkout_imports_without_an_install():
     """From the source tree alone (no editable finder, no installed copy: site-packages read as a plain folder,
     its .pth files unread), ``cvm_onnx.converters`` is the top-level converters/ folder."""
