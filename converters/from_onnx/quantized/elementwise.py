@@ -13,7 +13,7 @@ import numpy as np
 from ..context import Tensor, const
 from ..emit import broadcast_shape
 from ..registry import Refuse, float_rule
-from .values import INT32, Mapped, Scaled, Summed, as_int32, minus_zero, per_tensor, scaled
+from .values import INT32, Mapped, Scaled, Summed, as_int32, minus_zero, per_tensor, real_bound, scaled
 
 
 @float_rule("Add", since=7)
@@ -171,17 +171,6 @@ def relu_rule(ctx, node, x):
     if isinstance(x, Mapped):
         return mapped(x, lambda v: np.maximum(v, 0), "Relu")
     return relu(ctx, scaled(x, "the Relu input", clipped_ok=True))
-
-
-def real_bound(t: Tensor | None, what: str) -> Fraction | None:
-    if t is None:
-        return None
-    if not t.is_const or t.value.size != 1:
-        raise Refuse(f"{what} must be a constant scalar")
-    v = float(np.asarray(t.value).reshape(()))
-    if not math.isfinite(v):
-        return None
-    return Fraction(v)
 
 
 @float_rule("Clip", since=11)

@@ -12,8 +12,7 @@ import numpy as np
 from ..context import const
 from ..emit import concatenated, normal
 from ..registry import Refuse, float_rule, integer_rule
-from .elementwise import real_bound
-from .values import Real, Scaled, as_int32, per_tensor, scaled
+from .values import Real, Scaled, as_int32, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Callable
@@ -155,3 +156,15 @@ def minus_zero(ctx, x: Scaled) -> Tensor:
         return const(t.value.astype(np.int64) - z, INT32)
     zc = const(z.astype(np.int32), INT32)
     return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
+
+
+def real_bound(t: Tensor | None, what: str) -> Fraction | None:
+    """The real value of an optional constant scalar bound (Clip min/max, a Pad value); None for one not finite."""
+    if t is None:
+        return None
+    if not t.is_const or t.value.size != 1:
+        raise Refuse(f"{what} must be a constant scalar")
+    v = float(np.asarray(t.value).reshape(()))
+    if not math.isfinite(v):
+        return None
+    return Fraction(v)
