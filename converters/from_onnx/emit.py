@@ -254,6 +254,19 @@ def attrs_2d(node, name: str, default: int | None, one_d: bool, fill: int) -> li
     return [fill] + v if one_d else v
 
 
+def conv_window(ctx, node, x4: Tensor, shape: tuple[int, ...], kernel: list[int]):
+    """(x4, strides, dilations, begin, end) of a 1-D or 2-D Conv (or pooling) of an input of ONNX shape ``shape``
+    (``x4`` its 2-D form) by a kernel of spatial size ``kernel``: 2 values each, negative pads cropped off x4."""
+    one_d = len(shape) == 3
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    begin, end = onnx_pads(node, shape[2:], kernel, strides[-len(shape) + 2:], dilations[-len(shape) + 2:])
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    x4, begin, end = cropped(ctx, x4, begin, end)
+    return x4, strides, dilations, begin, end
+
+
 def nearest(ctx, x: Tensor, scales: list[int]) -> Tensor:
     """Nearest upsampling by integer scales: upsampling for (1, 1, s, s), else a repeat per stretched axis."""
     if all(s == 1 for s in scales):

@@ -22,7 +22,8 @@ from onnx import TensorProto
 
 from .checks import MAX_DIM
 from .context import FLOAT_EXACT, Tensor, check_values, const, type_name
-from .emit import (aligned, attrs_2d, broadcast_shape, cropped, ints, nearest, normal, onnx_pads, select, spatial_2d)
+from .emit import (aligned, attrs_2d, broadcast_shape, conv_window, cropped, ints, nearest, normal, onnx_pads, select,
+                   spatial_2d)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -177,13 +178,7 @@ def conv(ctx, node, x, w, b=None, w_zero=None):
     x4, w4 = spatial_2d(ctx, x, node.op_type), spatial_2d(ctx, w, node.op_type)
     m, cg, kh, kw = w4.shape
     groups = node.attr_int("group", 1, lo=1)
-    strides = attrs_2d(node, "strides", 1, one_d, 1)
-    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
-    begin, end = onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
-                           dilations[-len(x.shape) + 2:])
-    if one_d:
-        begin, end = [0] + begin, [0] + end
-    x4, begin, end = cropped(ctx, x4, begin, end)
+    x4, strides, dilations, begin, end = conv_window(ctx, node, x4, x.shape, list(w.shape[2:]))
     n, c, h, wd = x4.shape
     plans = [aligned(size, d * (k - 1) + 1, s, pb, pe)
              for size, k, s, d, pb, pe in zip((h, wd), (kh, kw), strides, dilations, begin, end)]

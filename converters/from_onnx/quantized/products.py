@@ -14,7 +14,7 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import INT32_MAX
 
 from ..context import Tensor, const, tight
-from ..emit import (aligned, attrs_2d, axes_of, broadcast_shape, cropped, nearest, normal, onnx_pads,
+from ..emit import (aligned, axes_of, broadcast_shape, conv_window, cropped, nearest, normal, onnx_pads,
                    reduced, select, spatial_2d)
 from ..registry import Refuse, float_rule
 from .values import INT32, Scaled, as_int32, minus_zero, per_tensor, scaled
@@ -180,13 +180,7 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     wv = wv.reshape(wv.shape[:2] + (1,) + wv.shape[2:]) if one_d else wv
     if wv.ndim != 4:
         raise Refuse(f"a {wv.ndim - 2}-D convolution has no CVM form")
-    strides = attrs_2d(node, "strides", 1, one_d, 1)
-    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
-    begin, end = onnx_pads(node, x.shape[2:], list(w.shape[2:]), strides[-len(x.shape) + 2:],
-                              dilations[-len(x.shape) + 2:])
-    if one_d:
-        begin, end = [0] + begin, [0] + end
-    t, begin, end = cropped(ctx, t, begin, end)
+    t, strides, dilations, begin, end = conv_window(ctx, node, t, x.shape, list(w.shape[2:]))
     groups = node.attr_int("group", 1, lo=1)
     acc, scale, zero = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
                             **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
