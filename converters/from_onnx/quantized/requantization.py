@@ -105,17 +105,17 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     """The integers of type ``dtype`` that QuantizeLinear(x, scale, zero) gives."""
     if zero.size != 1:
         raise Refuse("a per-channel output zero point has no CVM form here")
-    zo = int(zero.reshape(()))
+    out_zero = int(zero.reshape(()))
     lo, hi = INT_RANGES[dtype]
     if isinstance(x, Mapped):
-        return table(ctx, x, scale, zo, dtype)
+        return table(ctx, x, scale, out_zero, dtype)
     if isinstance(x, Softmaxed):
-        return softmax(ctx, x, scale, zo, dtype)
+        return softmax(ctx, x, scale, out_zero, dtype)
     offset, settled = None, ()
     if isinstance(x, Scaled):
-        lo, hi = (max(lo, clipped(x.clip[0], scale, zo, lo, hi)) if x.clip[0] is not None else lo,
-                  min(hi, clipped(x.clip[1], scale, zo, lo, hi)) if x.clip[1] is not None else hi)
-        x, offset, settled = settle(ctx, x, scale, zo, lo, hi)
+        lo, hi = (max(lo, clipped(x.clip[0], scale, out_zero, lo, hi)) if x.clip[0] is not None else lo,
+                  min(hi, clipped(x.clip[1], scale, out_zero, lo, hi)) if x.clip[1] is not None else hi)
+        x, offset, settled = settle(ctx, x, scale, out_zero, lo, hi)
     terms = x.terms if isinstance(x, Summed) else (x,)
     vs = [minus_zero(ctx, term) for term in terms]
     ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
@@ -126,7 +126,7 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
             oc = const(offset.astype(np.int32), INT32)
             r = ctx.result(ctx.op("broadcast_add", r, oc), INT32, r.lo + min(int(offset.min()), 0),
                            r.hi + max(int(offset.max()), 0), broadcast_shape(r, oc))
-        return saturate(ctx, r, zo, lo, hi, dtype, shape)
+        return saturate(ctx, r, out_zero, lo, hi, dtype, shape)
 
     if len(vs) == 1 and all(r == 1 for r in ratios[0].flat):  # the same scale: only the zero point moves
         ctx.requants.append(Requant(ctx.base, (1.0,), None, settled=settled))
@@ -134,13 +134,13 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
     flat = tuple(float(r) for m in ratios for r in m.flat)
     try:
-        p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - zo, thi - zo)
+        p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - out_zero, thi - out_zero)
     except NoPlan as e:
         axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
         if axis is None or vs[0].shape[axis] != shape[axis]:
             raise Refuse(str(e)) from None
         try:
-            parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - zo, thi - zo)
+            parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - out_zero, thi - out_zero)
         except NoPlan as e2:
             raise Refuse(str(e2)) from None
         ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled))
@@ -152,7 +152,8 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
 FAR = 1 << 30  # a zero point this far (a bias kept out of conv2d, ``accumulate``) has no CVM label
 
 
-def settle(ctx, x: Scaled, scale: np.ndarray, zo: int, lo: int, hi: int) -> tuple[Scaled, np.ndarray | None, tuple]:
+def settle(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int,
+           hi: int) -> tuple[Scaled, np.ndarray | None, tuple]:
     """Rows of x whose zero point is FAR (a dead channel: tiny weight scale, huge bias) and whose QuantizeLinear
     gives one value K for every t in t's interval (round half to even of the exact values at its ends, saturated:
     rounding is monotone): t is multiplied by 0 there (zero point 0, the least other ratio), and K - z_out added
@@ -167,12 +168,12 @@ def settle(ctx, x: Scaled, scale: np.ndarray, zo: int, lo: int, hi: int) -> tupl
     offset, settled = np.zeros(full, np.int64), []
     for i in zip(*np.nonzero(far)):
         z, m = int(zero[i]), ratio[i]
-        ends = {min(max(round((v - z) * m) + zo, lo), hi) for v in (x.t.lo, x.t.hi)}
+        ends = {min(max(round((v - z) * m) + out_zero, lo), hi) for v in (x.t.lo, x.t.hi)}
         if len(ends) > 1:
             raise Refuse(f"a bias of {-z} at the accumulator's scale (no CVM label holds it) on a channel whose "
                          "output varies: no CVM form")
-        offset[i] = ends.pop() - zo
-        settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + zo))
+        offset[i] = ends.pop() - out_zero
+        settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + out_zero))
     t = as_int32(x.t)  # 0 on the far rows: min(max(t, L), H) with L = H = 0 there, t's own bounds elsewhere
     low = const(np.where(far, 0, min(t.lo, 0)).astype(np.int32), INT32)
     high = const(np.where(far, 0, -max(t.hi, 0)).astype(np.int32), INT32)
@@ -211,12 +212,12 @@ def apply_runs(ctx, v: Tensor, parts: list[Run], axis: int, rshape: tuple[int, .
     return ctx.result(ctx.emit("take", ctx.entry(y), ctx.entry(back), axis=axis), INT32, y.lo, y.hi, v.shape)
 
 
-def clipped(bound_: Fraction, scale: np.ndarray, zo: int, lo: int, hi: int) -> int:
+def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int) -> int:
     """QuantizeLinear of one real value (round half to even), saturated."""
     if scale.size != 1:
         raise Refuse("a Clip before a per-channel QuantizeLinear has no CVM form")
     q = bound_ / scale.reshape(()).item()
-    return min(max(round(q) + zo, lo), hi)
+    return min(max(round(q) + out_zero, lo), hi)
 
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
@@ -241,10 +242,10 @@ def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     return ctx.result(e, INT32, -b, b, total.shape)
 
 
-def saturate(ctx, r: Tensor, zo: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:
+def saturate(ctx, r: Tensor, out_zero: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:
     """clip(r + zero, lo, hi) as the quantized type."""
-    if zo:
-        zc = const(np.array(zo, np.int32), INT32)
+    if out_zero:
+        zc = const(np.array(out_zero, np.int32), INT32)
         r = ctx.apply("broadcast_add", r, zc, shape=shape)
     if lo <= r.lo and r.hi <= hi:
         return replace(r, dtype=dtype)
@@ -254,7 +255,7 @@ def saturate(ctx, r: Tensor, zo: int, lo: int, hi: int, dtype: int, shape: tuple
     return ctx.result(e, dtype, max(lo, r.lo), min(hi, r.hi), shape)
 
 
-def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
+def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
     """QuantizeLinear(fn(x)) as cvm_lut over x's integers lo..hi: entry i = sat(round(fn((lo+i-z) * s) / s_out) +
     z_out), in float64, rounding half to even."""
     a = per_tensor(x.x, x.what)
@@ -272,7 +273,7 @@ def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
         image = x.fn(real)
     if np.isnan(image).any():
         raise Refuse(f"{x.what} is undefined on part of its input's range")
-    values = np.clip(np.rint(image / float(scale.reshape(()).item())) + zo, lo, hi).astype(np.int64)
+    values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
     index = as_int32(t)
     if t.lo:
         c = const(np.array(t.lo, np.int32), INT32)
@@ -282,7 +283,7 @@ def table(ctx, x: Mapped, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
     return ctx.result(e, dtype, int(values.min()), int(values.max()), t.shape)
 
 
-def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor:
+def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
     """QuantizeLinear(Softmax(x)) in integers (requant.SoftmaxPlan): d = max - t along the axis (CVM max,
     broadcast_sub); T, H, L = cvm_lut(d) of their tables; S' = sum H + cvm_right_shift(sum L, b) (CVM sum);
     y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip."""
@@ -327,7 +328,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, zo: int, dtype: int) -> Tensor
     y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^F-b
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
-    return saturate(ctx, ctx.reshape(y, x.shape), zo, lo, hi, dtype, x.shape)
+    return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
 
 
 def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
