@@ -317,6 +317,38 @@ def test_onnxruntime_loads_the_chosen_opset_and_ir_version():
     assert (sessions.OPSET, sessions.IR_VERSION) == (21, 10)
 
 
+def test_onnxruntime_is_probed_once(monkeypatch):
+    """session() asks onnxruntime about the versions once per process, not once per session (the probe is the
+    one-node graph named "probe")."""
+    made = []
+
+    def counting(model, *args, **kwargs):
+        made.append(onnx.load_from_string(model).graph.name)
+        return real(model, *args, **kwargs)
+
+    real = ort.InferenceSession
+    monkeypatch.setattr(runtime.ort, "InferenceSession", counting)
+    for _ in range(3):
+        runtime.session(NMS_MODEL, native=False)
+    assert made.count("probe") <= 1 and len(made) - made.count("probe") == 3
+
+
+def test_messages_do_not_keep_exceptions():
+    """one_line keeps no reference to the exceptions it reads (a cache of them kept every one alive)."""
+    import gc
+    import weakref
+
+    class Refusal(Exception):  # a subclass: built-in exceptions take no weak references
+        pass
+
+    e = Refusal("a\nb")
+    assert runtime.one_line(e) == "a b"
+    ref = weakref.ref(e)
+    del e
+    gc.collect()
+    assert ref() is None
+
+
 # -- schemas: checker and strict shape inference ----------------------------------------------------------------
 def infer(model: onnx.ModelProto) -> dict[str, list[int]]:
     onnx.checker.check_model(model, full_check=True)

@@ -59,24 +59,31 @@ CONV_SEARCHES = ("DEFAULT", "HEURISTIC", "EXHAUSTIVE")
 ModelLike = onnx.ModelProto | bytes | str | os.PathLike
 
 
-@cache
 def one_line(e: Exception) -> str:
     """onnxruntime's message on one line (it breaks some over several)."""
     return " ".join(str(e).split())
 
 
-def check_onnxruntime() -> None:
-    """Raise ``RuntimeFailure`` unless the installed onnxruntime loads opset ``OPSET``, IR ``IR_VERSION`` models."""
+@cache
+def _onnxruntime_problem() -> str | None:
+    """Why the installed onnxruntime cannot load a tiny model of opset ``OPSET`` and IR ``IR_VERSION``, else None
+    (asked once per process)."""
     x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
     y = helper.make_tensor_value_info("y", TensorProto.INT32, [1])
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
     try:
         ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cpu"]])
-    except Exception as e:
-        raise RuntimeFailure(f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version "
-                             f"{IR_VERSION}, which cvm-onnx writes; install onnxruntime >= 1.20 "
-                             f"({one_line(e)})") from None
+    except Exception as e:  # noqa: BLE001  (onnxruntime's refusals come in several types)
+        return (f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version {IR_VERSION}, "
+                f"which cvm-onnx writes; install onnxruntime >= 1.20 ({one_line(e)})")
+    return None
+
+
+def check_onnxruntime() -> None:
+    """Raise ``RuntimeFailure`` unless the installed onnxruntime loads opset ``OPSET``, IR ``IR_VERSION`` models."""
+    if (problem := _onnxruntime_problem()) is not None:
+        raise RuntimeFailure(problem)
 
 
 def cuda_status() -> str:
