@@ -15,6 +15,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from cvm_onnx.core import ops
+from cvm_onnx.core.format import onnx_file
 from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.runtime import sessions
 
@@ -23,9 +24,7 @@ def model(op: str, inputs, outputs, **attrs):
     node = helper.make_node(op, [n for n, _ in inputs], [n for n, _ in outputs], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], op, [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in inputs],
                               [helper.make_tensor_value_info(n, TensorProto.INT32, s) for n, s in outputs])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", sessions.OPSET),
-                                                   helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=sessions.IR_VERSION)
+    return onnx_file.onnx_model(graph, domains={DOMAIN: 1})
 
 
 def boxes(n: int, seed: int = 0) -> np.ndarray:

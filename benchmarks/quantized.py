@@ -43,6 +43,7 @@ from onnxruntime import quantization as q
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -98,7 +99,7 @@ def model(kind: str, opset: int, seed: int = 0) -> tuple[onnx.ModelProto, tuple[
         add(dense(rng, "y", "f", 16 if kind == "branch" else 8, 10))
     g = h.make_graph(nodes, kind, [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
                      [h.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", opset)]), shape
+    return onnx_model(g, opset), shape
 
 
 class Reader(q.CalibrationDataReader):

@@ -18,6 +18,8 @@ from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run
+from cvm_onnx.core.format.onnx_file import onnx_model
+from harness import bound, tensors
 
 SETTINGS = settings(max_examples=10, deadline=None)
 TYPES = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16, T.UINT16: np.uint16, T.INT32: np.int32,
@@ -32,7 +34,7 @@ def model(op, ins, shape, x_type, inits=(), opset=26, out_type=None, **attrs):
         [helper.make_tensor_value_info("x", x_type, list(shape))],
         [helper.make_tensor_value_info("y", out_type or x_type, None)],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    return onnx_model(graph, opset)
 
 
 def exact(m, x: np.ndarray, want: np.ndarray, precision: int) -> None:

@@ -19,6 +19,8 @@ from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
+from cvm_onnx.core.format.onnx_file import onnx_model
+from harness import bound, tensors
 
 SETTINGS = settings(max_examples=12, deadline=None)
 NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT32: np.int32, T.INT64: np.int64, T.FLOAT: np.float32}
@@ -30,7 +32,7 @@ def model(nodes, x_shape, out_type=T.INT32, x_type=T.INT32, inits=(), opset=17, 
         nodes, "t", [helper.make_tensor_value_info("x", x_type, list(x_shape))],
         [helper.make_tensor_value_info(o, out_type, None) for o in outputs],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    return onnx_model(graph, opset)
 
 
 def node(op, ins, out="y", **attrs):

@@ -17,13 +17,14 @@ from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.core.errors import FormatError, UnsupportedError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def add_model(w: onnx.TensorProto, nodes=None, shape=(4,)) -> onnx.ModelProto:
     nodes = nodes or [helper.make_node("Add", ["x", w.name], ["y"], name="add")]
     graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", T.INT32, list(shape))],
                               [helper.make_tensor_value_info("y", T.INT32, list(shape))], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return onnx_model(graph, 17)
 
 
 def external(w: onnx.TensorProto, location: str, offset: int = 0, length: int | None = None) -> onnx.TensorProto:
@@ -138,7 +139,7 @@ def test_cli_exit_codes_and_nothing_written(tmp_path, capsys):
 def _model(nodes, inputs, initializers=()):
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", T.INT32, None)],
                               list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return onnx_model(graph)
 
 
 @pytest.mark.parametrize("case", ["crossed_clip", "expand"])

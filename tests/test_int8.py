@@ -25,6 +25,8 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
 from cvm_onnx.native import DOMAIN, cpu, library_path
 from cvm_onnx.runtime.sessions import run, session
+from cvm_onnx.core.format.onnx_file import onnx_model
+from harness import tensors
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
@@ -409,8 +411,7 @@ def test_requantize_refuses_a_width_or_scales_its_data_cannot_take(shape, attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [None] * len(shape)),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                              ir_version=10)
+    model = onnx_model(graph, domains={DOMAIN: 1})
     with pytest.raises(RuntimeFailure, match="requantize: (width|.*scales)"):
         run(model, {"x": np.zeros(shape, np.int32), "b": np.zeros(0, np.int32)})
 

@@ -26,6 +26,8 @@ from cvm_onnx.converters.to_onnx.lowering import Value, lower
 from cvm_onnx.core.constants import IR_VERSION, OPSET
 from cvm_onnx.core.errors import ValidationError
 from cvm_onnx.core.ops import REGISTRY
+from cvm_onnx.core.format.onnx_file import onnx_model
+from harness import assert_exact, bound, single_op, tensors
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "100"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -195,7 +197,7 @@ def run_lowering(op: str, attrs: dict, inputs: list[tuple[np.ndarray, int, bool]
     body, (name,) = lower(op, a, values, [out], conv_form)
     io = [helper.make_tensor_value_info(v.name, TensorProto.INT32, list(v.shape)) for v in values]
     graph = helper.make_graph(body.nodes, op, io, [helper.make_tensor_value_info(name, TensorProto.INT32, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    model = onnx_model(graph)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {v.name: x for v, (x, _, _) in zip(values, inputs)})[0]
 

@@ -82,6 +82,18 @@ def heldout():
     return x, y, json.loads((d / "accuracy.json").read_text())
 
 
+@pytest.mark.parametrize("path", sorted(MODELS.rglob("*.onnx")), ids=lambda p: str(p.relative_to(MODELS)))
+def test_shipped_onnx_files_have_the_ir_version_their_opsets_need(path):
+    """Not the newest of the onnx that wrote them (onnx 1.23 stamps IR 14, which onnxruntime 1.31 cannot load)."""
+    import onnx
+
+    from cvm_onnx.format.onnx_file import ir_version
+
+    model = onnx.load(path, load_external_data=False)
+    assert model.ir_version == ir_version(model.opset_import)
+    session(path)
+
+
 def test_digits_accuracies_are_recorded_and_its_commands_reproduce_it(tmp_path):
     """The digits model: accuracies recomputed from the shipped files (the CVM model within one point of the float
     model), and its README's `cvm-onnx quantize` command writes the shipped model byte for byte."""

@@ -7,6 +7,7 @@ import onnx
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 from support import graphs
+from cvm_onnx.core.format.onnx_file import onnx_model, onnx_pieces
 
 from cvm_onnx.app.api import import_onnx, write_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -39,8 +40,7 @@ def test_pieces_of_every_kind_of_field(tmp_path):
     inits.append(external)
     graph = helper.make_graph([helper.make_node("Add", ["x", "typed"], ["y"])], "g", [x],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, [2])], inits, doc_string="d")
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10,
-                              producer_name="p", doc_string="doc")
+    model = onnx_model(graph, producer_name="p", doc_string="doc")
     helper.set_model_props(model, {"k": "v"})
     assert parsed(onnx_pieces(model)) == model
     write_onnx(model, tmp_path / "m.onnx")

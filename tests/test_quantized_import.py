@@ -30,6 +30,7 @@ from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import read_edges
 from cvm_onnx.runtime.verify import verify
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 SETTINGS = settings(max_examples=12, deadline=None)
@@ -43,7 +44,7 @@ def one(op_type, inputs, **attrs):
     g = h.make_graph([h.make_node(op_type, names, ["o"], **attrs)], "one",
                      [h.make_tensor_value_info(n, T.DOUBLE, None) for n in names],
                      [h.make_tensor_value_info("o", T.DOUBLE, None)])
-    return ReferenceEvaluator(h.make_model(g, opset_imports=[h.make_opsetid("", 21)])).run(
+    return ReferenceEvaluator(onnx_model(g, 21)).run(
         None, dict(zip(names, [np.asarray(x, np.float64) for x in inputs])))[0]
 
 
@@ -395,7 +396,7 @@ def test_one_layer_agrees_with_onnxruntime_within_one_step(tmp_path_factory, for
         nodes, shape = [h.make_node("Gemm", ["x", "w", "b"], ["y"])], [1, 6]
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, shape)],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    fm = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    fm = onnx_model(g, 17)
     qm, shape = quantized(fm, tmp_path_factory.mktemp("q"), fmt, activation, symmetric, per_channel)
     imp = import_model(qm)
     sess = ort_session(qm)
@@ -423,7 +424,7 @@ def test_input_quantization_is_onnxruntime_quantize_linear():
                          [h.make_tensor_value_info("q", elem, None)],
                          [nh.from_array(np.array(0.0625, np.float32), "s"),
                           h.make_tensor("z", elem, [], [zero])])
-        [want] = ort_session(h.make_model(g, opset_imports=[h.make_opsetid("", 17)])).run(None, {"x": x})
+        [want] = ort_session(onnx_model(g, 17)).run(None, {"x": x})
         assert np.array_equal(e.quantize(x), want.astype(np.int32))
 
 
@@ -591,7 +592,7 @@ def test_a_product_operand_wider_than_cvm_allows_is_refused(tmp_path):
         "m", [h.make_tensor_value_info("x", T.INT16, [1, 2, 4, 4])], [h.make_tensor_value_info("y", T.INT16, None)],
         [nh.from_array(np.array(0.5, np.float32), "s"), nh.from_array(np.array(0, np.int16), "z"),
          nh.from_array(w, "w")])
-    msg = problems(h.make_model(g, opset_imports=[h.make_opsetid("", 21)]), input_precision=16)
+    msg = problems(onnx_model(g, 21), input_precision=16)
     assert "conv16" in msg and "8-bit operands" in msg
 
 
@@ -606,7 +607,7 @@ def test_a_clip_off_the_grid_is_deferred_to_the_quantize_linear(tmp_path):
         [nh.from_array(np.array(s, np.float32), "s"), nh.from_array(np.array(0, np.int8), "z"),
          nh.from_array(np.array(0.25, np.float32), "so"), nh.from_array(np.array(0.0, np.float32), "lo"),
          nh.from_array(np.array(6.0, np.float32), "hi")])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(g, 17)
     x = np.arange(-127, 128, dtype=np.int8).reshape(1, 255)
     [want] = ort_session(m).run(None, {"x": x})
     [got] = execute(import_model(m, input_precision=8).graph, {"data": x.astype(np.int32)})
@@ -626,7 +627,7 @@ def test_quantize_command_calibrates_imports_and_compares(tmp_path, capsys, meth
     nodes.append(h.make_node("MatMul", ["f", "w"], ["y"]))
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "f.onnx")
+    onnx.save(onnx_model(g, 17), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(6, 2, 4, 4)).astype(np.float32))
     args = ["quantize", str(tmp_path / "f.onnx"), "--calibration", str(tmp_path / "c.npy"), "-o",
             str(tmp_path / "m"), "--method", method, "--per-channel", "--save-onnx", str(tmp_path / "q.onnx")]
@@ -641,6 +642,23 @@ def test_quantize_command_calibrates_imports_and_compares(tmp_path, capsys, meth
     np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
     assert main(args[:3] + [str(tmp_path / "bad.npy")] + args[4:]) == 2
     assert "calibration samples must be floats of shape (N, 2, 4, 4)" in capsys.readouterr().err
+
+
+def test_quantized_model_has_the_ir_version_its_opsets_need(tmp_path):
+    """A float model stamped with a newer IR version than its opset needs (onnx 1.23's make_model stamps 14):
+    the quantized model saved carries the IR version its opset needs, so an older onnxruntime reads it too."""
+    from cvm_onnx.converters.from_onnx.checks import supported_versions
+    from cvm_onnx.quantize import quantize
+
+    rng = np.random.default_rng(6)
+    nodes, inits = conv_layer(rng, "y", "x", 2, 3)
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=supported_versions()[0]),
+              tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(3, 2, 4, 4)).astype(np.float32))
+    quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    assert onnx.load(tmp_path / "q.onnx").ir_version == 8 < supported_versions()[0]
 
 
 # -- the requantization plan ------------------------------------------------------------------------------------
@@ -701,7 +719,7 @@ def test_a_deferred_clip_above_zero_keeps_per_channel_requantization_exact():
         "m", [h.make_tensor_value_info("x", T.INT8, [1, 2, 255])], [h.make_tensor_value_info("y", T.UINT8, None)],
         [nh.from_array(s, "s"), nh.from_array(np.zeros(2, np.int8), "z"), nh.from_array(np.array(0.07, np.float32), "so"),
          nh.from_array(np.array(0, np.uint8), "zo"), nh.from_array(np.array(1.01, np.float32), "lo")])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(g, 17)
     x = np.broadcast_to(np.arange(-127, 128, dtype=np.int8), (1, 2, 255)).copy()
     [got] = execute(import_model(m, input_precision=8).graph, {"data": x.astype(np.int32)})
     real = np.maximum(x.astype(np.float64) * s.astype(np.float64).reshape(1, 2, 1), 1.01)

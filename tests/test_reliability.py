@@ -483,6 +483,7 @@ HASHES = """
 import hashlib, sys
 from pathlib import Path
 from cvm_onnx.app import api
+from cvm_onnx.core.format.onnx_file import onnx_model
 out = Path(sys.argv[1])
 for i, model in enumerate(sys.argv[2:]):
     for inline in (False, True):
@@ -707,7 +708,7 @@ def test_strings_that_are_not_utf8_are_format_errors(tmp_path):
 def int_model(nodes, outputs=("y",), opset: int = 21) -> bytes:
     vi = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.INT32, [1, 4]) for n in ("data", *outputs)]
     graph = onnx.helper.make_graph(nodes, "g", vi[:1], vi[1:])
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)]).SerializeToString()
+    return onnx_model(graph, opset).SerializeToString()
 
 
 @pytest.mark.parametrize("node, problem", [

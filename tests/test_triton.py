@@ -18,6 +18,7 @@ from cvm_onnx.app.cli import main
 from cvm_onnx.native import library_path
 from cvm_onnx.runtime import bulk
 from cvm_onnx.runtime.triton import TYPES, config
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
@@ -115,7 +116,7 @@ def test_any_tensor_name_survives_the_config():
                zip(names[1:], [TensorProto.INT32, TensorProto.FLOAT, TensorProto.INT64, TensorProto.UINT8])]
     nodes = [helper.make_node("Cast", [names[0]], [n], to=o.type.tensor_type.elem_type)
              for n, o in zip(names[1:], outputs)]
-    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs))
+    model = onnx_model(helper.make_graph(nodes, "g", inputs, outputs))
     cfg = text_format.Parse(config(model, "m ☃", "/models/m/lib.so"), model_config_pb2.ModelConfig())
     assert cfg.name == "m ☃" and list(cfg.model_operations.op_library_filename) == ["/models/m/lib.so"]
     described(cfg, model)

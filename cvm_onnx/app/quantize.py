@@ -12,7 +12,8 @@
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
-   Reshape reading the float input quantizes it);
+   Reshape reading the float input quantizes it), stamped with the IR version its opsets need (not the float
+   model's);
 4. imports it as the CVM model DIR with its float edges (``quantization.json``), and compares the CVM model and
    onnxruntime's quantized model with the float model on the calibration samples, output by output.
 No calibration code of our own, and one graph rewrite (that BatchNormalization, which onnxruntime's optimizer
@@ -36,6 +37,7 @@ import onnx
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.npy import read_npy
+from cvm_onnx.core.format.onnx_file import ir_version, write_onnx
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, load_onnx
@@ -313,6 +315,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             out = Path(save_onnx) if save_onnx is not None else Path(tmp) / "quantized.onnx"
             _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
                              activation, form, src)
+            _stamp(out)
             imported = convert(out, dst)
             quantized = out.read_bytes()
     agreements = compare(model, quantized, imported, samples, progress)
@@ -329,6 +332,16 @@ def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, sample
         ort = _run_onnx(quantized, name, samples)
     got = run_many(imported.graph, samples.astype(np.float32), edges=imported.edges, progress=progress).arrays
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+
+
+def _stamp(path: Path) -> None:
+    """The quantized model at ``path`` with the IR version its opsets need (``onnx_file.ir_version``): the
+    quantizer keeps the float model's, which may be the newest of the onnx that wrote it (onnx 1.23's 14, which
+    onnxruntime 1.31 cannot load)."""
+    model = onnx.load(path, load_external_data=False)
+    if model.ir_version != (ir := ir_version(model.opset_import)):
+        model.ir_version = ir
+        write_onnx(model, path)
 
 
 def compare(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,

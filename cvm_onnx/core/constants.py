@@ -7,7 +7,9 @@ pyproject.toml reads ``__version__`` from here.
 """
 __version__ = "0.1.0"
 
-#: The ONNX opset and IR version of every exported model, and the domain of its CVM op nodes and functions.
+#: The ONNX opset of every exported model: the newest that every onnx and onnxruntime pyproject.toml declares
+#: reads, fixed (never the installed onnx's newest) so an export is the same bytes under each of them; the IR
+#: version that opset needs (``format.onnx_file.ir_version``); the domain of its CVM op nodes and functions.
 OPSET = 21
 IR_VERSION = 10
 DOMAIN = "cvm"

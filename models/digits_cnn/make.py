@@ -33,6 +33,7 @@ from cvm_onnx import load, to_onnx
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run, session
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 SEED = 0
 HELD_OUT = 0.2
@@ -150,7 +151,7 @@ def float_onnx(p: dict[str, np.ndarray]) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in p.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="digits_cnn/make.py")
+    return onnx_model(graph, 17, producer_name="digits_cnn/make.py")
 
 
 def quantized_onnx_logits(model: Path, xf: np.ndarray) -> np.ndarray:

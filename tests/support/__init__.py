@@ -142,3 +142,44 @@ def graphs(draw):
     heads = [live[-1][0]] + ([live[draw(st.integers(0, len(live) - 1))][0]] if draw(st.booleans()) else [])
     graph = b.build(*heads)
     return graph, {"data": draw(tensors((1, c, h, h), 9))}
+def _nodes(graph: onnx.GraphProto):
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            for g in [a.g] if a.HasField("g") else list(a.graphs):
+                yield from _nodes(g)
+
+
+def readable_node_test(model: onnx.ModelProto, data=None) -> onnx.ModelProto | None:
+    """One of onnx's backend node test models at the newest ai.onnx opset the installed onnx and onnxruntime read,
+    with the IR version that opset needs: onnx stamps every node test with its own newest opset and IR version,
+    whatever op it tests. Where a node's op has a newer version than that opset, the model at the older one must
+    pass onnx's checker (full_check) and, given the test's ``data`` (inputs, outputs), onnx's reference
+    implementation of the older version must give the test's outputs; else None (this onnxruntime cannot run
+    the test)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from cvm_onnx.converters.from_onnx.checks import supported_versions
+    from cvm_onnx.core.format.onnx_file import ir_version
+
+    target = supported_versions()[1]
+    default = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    have = default[0].version if default else target
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for o in out.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = min(have, target)
+    out.ir_version = ir_version(out.opset_import)
+    if have > target and any(n.domain in ("", "ai.onnx") and onnx.defs.get_schema(n.op_type, have).since_version
+                             > target for n in _nodes(model.graph)):
+        try:
+            onnx.checker.check_model(out, full_check=True)
+            if data is not None:
+                inputs, outputs = data
+                got = ReferenceEvaluator(out).run(None, dict(zip([i.name for i in out.graph.input], inputs)))
+                if not all(np.array_equal(g, w) for g, w in zip(got, outputs)):
+                    return None
+        except Exception:  # noqa: BLE001  (the older version refuses the test: it is not one this onnxruntime runs)
+            return None
+    return out

@@ -5,6 +5,10 @@ the model without its initializers is serialized once, and each initializer foll
 field (whose length is computed first from ``ByteSize``): its small fields serialized, then its ``raw_data``
 written as it is. Protobuf parsers take the fields of a message in any order, so the result is the same
 message; identical models give identical bytes.
+
+Versions: every model cvm-onnx writes or builds (exports, quantize's output, the shipped and the tests' models)
+carries the lowest IR version its opsets need (``ir_version``), never the installed onnx's newest (onnx 1.23
+stamps IR 14, which onnxruntime 1.31 cannot load); ``onnx_model`` builds one so.
 """
 from __future__ import annotations
 
@@ -14,13 +18,30 @@ from typing import Iterator
 
 import onnx
 from google.protobuf.message import Message
+from onnx import helper
 
+from ..constants import OPSET
 from ..errors import FormatError
 from .model_dir import replace_file
 
 GRAPH = 7  # ModelProto.graph
 INITIALIZER = 5  # GraphProto.initializer
 RAW_DATA = 9  # TensorProto.raw_data
+
+
+def ir_version(opsets) -> int:
+    """The IR version of a model importing ``opsets`` (OperatorSetIdProto): the lowest they need
+    (``onnx.helper.find_min_ir_version_for``; domains onnx does not know, cvm-onnx's own, need none), so every
+    onnx and onnxruntime that reads the opsets reads the model."""
+    return helper.find_min_ir_version_for(list(opsets), ignore_unknown=True)
+
+
+def onnx_model(graph: onnx.GraphProto, opset: int = OPSET, domains: dict[str, int] | None = None,
+               **kwargs) -> onnx.ModelProto:
+    """``onnx.helper.make_model`` importing ai.onnx ``opset`` (cvm-onnx's, ``OPSET``, by default) and the other
+    ``domains`` (name: version), stamped with the IR version they need (``ir_version``)."""
+    opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (domains or {}).items()]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=ir_version(opsets), **kwargs)
 
 
 def _varint(n: int) -> bytes:
