@@ -43,12 +43,13 @@ from cvm_onnx.core.attrs import AttrSyntaxError, parse_tuple
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError, ValidationError
 from cvm_onnx.core.format import read_params, read_symbol, write_model, write_params, write_symbol
-from cvm_onnx.core.format.onnx_file import onnx_pieces
+from cvm_onnx.core.format.onnx_file import onnx_model, onnx_pieces
 from cvm_onnx.core.format.params import LIST_MAGIC
 from cvm_onnx.core.format.symbol import op_name
 from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.validate import validate
+from harness import operator_cases
 
 FUZZ = settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
@@ -483,7 +484,6 @@ HASHES = """
 import hashlib, sys
 from pathlib import Path
 from cvm_onnx.app import api
-from cvm_onnx.core.format.onnx_file import onnx_model
 out = Path(sys.argv[1])
 for i, model in enumerate(sys.argv[2:]):
     for inline in (False, True):
