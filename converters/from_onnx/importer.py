@@ -18,8 +18,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from cvm_onnx.converters.to_onnx.float_edges import without_float_edges
 from cvm_onnx.core.constants import PRECISION as PRECISION_KEY
-from cvm_onnx.core.constants import MARK_NODE, MARK_OP, OPTIMIZED, QUANTIZATION, precision_of
+from cvm_onnx.core.constants import FLOAT_IO, MARK_NODE, MARK_OP, OPTIMIZED, QUANTIZATION, precision_of
 from cvm_onnx.core.errors import Problem, UnsupportedError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
 from cvm_onnx.core.graph import Entry, Graph
@@ -404,6 +405,8 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
     if any(p.key == OPTIMIZED for p in model.metadata_props):
         raise UnsupportedError("this is the exporter's serving form (--optimize), whose fused nodes do not map back "
                                "to CVM ops; import the model converted without --optimize")
+    if any(p.key == FLOAT_IO for p in model.metadata_props):
+        model = without_float_edges(model)
     if outputs:
         model = cut(model, outputs)
     return _Walk(model, input_precision, None if base_dir is None else Path(base_dir)).run()

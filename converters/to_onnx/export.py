@@ -56,6 +56,7 @@ from cvm_onnx.native import VERSION as NATIVE_VERSION
 
 from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
 from .bounds import nonnegative, value_bounds
+from .float_edges import with_float_edges
 from .lowering import LOWERINGS, Body, Value, lower
 from .optimize import CUDA, SERVING, run_passes
 
@@ -312,15 +313,15 @@ CONV_FORMS = ("fast", "core")
 def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
             optimize: bool = False, symbol: str | None = None, int8: bool | None = None,
             edges: Edges | None = None, provider: str = "cpu", conv_form: str = "fast",
-            batched: bool = False) -> onnx.ModelProto:
+            batched: bool = False, float_io: bool = False) -> onnx.ModelProto:
     """The model of ``export`` (same arguments)."""
     return export(graph, inline, source_version, batch, optimize, symbol, int8, edges, provider, conv_form,
-                  batched).model
+                  batched, float_io).model
 
 
 def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
            optimize: bool = False, symbol: str | None = None, int8: bool | None = None, edges: Edges | None = None,
-           provider: str = "cpu", conv_form: str = "fast", batched: bool = False) -> Export:
+           provider: str = "cpu", conv_form: str = "fast", batched: bool = False, float_io: bool = False) -> Export:
     """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
 
     ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
@@ -339,8 +340,12 @@ def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0"
     ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
     them). ``conv_form``: how conv2d and dense are written, "fast" (float32 Conv/Gemm where exact) or "core"
     (int32 MatMul; ``nn.py``). ``batched``: ``graph`` already has batch size ``batch`` (``batched`` made it, as
-    the pipeline's batch stage does), so it is not batched again.
+    the pipeline's batch stage does), so it is not batched again. ``float_io``: the edges in the graph instead,
+    float32 input and outputs (``float_edges``).
     """
+    if float_io and edges is None:
+        raise UnsupportedError("float input and outputs need a quantized model (a model directory with "
+                               "quantization.json, as convert and quantize write for a quantized ONNX model)")
     if provider not in ("cpu", "cuda"):
         raise UnsupportedError(f"provider {provider!r}: the serving form is made for 'cpu' or 'cuda'")
     if problems := unsupported(graph):
@@ -360,7 +365,7 @@ def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0"
     if edges is not None:
         model.metadata_props.add(key=QUANTIZATION, value=edges.to_bytes().decode())
     if not optimize:
-        return Export(model)
+        return Export(with_float_edges(model, edges) if float_io else model)
     passes = SERVING + (CUDA if provider == "cuda" else ())
     model = run_passes(passes, model)
     products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
@@ -368,4 +373,4 @@ def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0"
     model.metadata_props.add(key=PROVIDER, value=provider)
     model.metadata_props.add(key=OPTIMIZED, value=f"requantization runs fused ({products} from integer "
                              f"products); passes: {', '.join(names)}")
-    return Export(model, tuple(map(tuple, exporter.routes)), names)
+    return Export(with_float_edges(model, edges) if float_io else model, tuple(map(tuple, exporter.routes)), names)

@@ -13,7 +13,9 @@ import numpy as np
 
 from cvm_onnx import native
 from cvm_onnx.app import api
+from cvm_onnx.core.constants import FLOAT_IO
 from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
+from cvm_onnx.core.format.edges import parse_edges
 from cvm_onnx.core.format.model_dir import replace_file
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.runtime.bulk import CHUNK
@@ -99,11 +101,15 @@ def cmd_convert(args) -> int:
         args.usage.print_usage(sys.stderr)
         complain("cvm-onnx convert: error: the following arguments are required: -o/--output (or --triton-repo)")
         return USAGE_ERROR
+    if args.float_io and api.is_onnx(args.source):
+        complain(f"cvm-onnx convert: --float-io exports a quantized CVM model; {args.source} is an ONNX file")
+        return USAGE_ERROR
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
     imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                            input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
-                           outputs=args.outputs, provider=args.provider)
+                           outputs=args.outputs, provider=args.provider,
+                           float_io=args.float_io)
     if imported is not None and args.report:
         from .report import import_markdown
 
@@ -165,7 +171,7 @@ def convert_checked(args) -> int:
 
     on_gpu = args.provider == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
-                            optimize=args.optimize, check=True, seeds=3 if args.verify else None,
+                            optimize=args.optimize, float_io=args.float_io, check=True, seeds=3 if args.verify else None,
                             target=args.provider, provider="cuda" if on_gpu else "cpu")
     with Bar() as bar:
         report = Report(run(conversion, timed=True, progress=bar))
@@ -188,13 +194,16 @@ def cmd_verify(args) -> int:
     if api.is_onnx(args.model):
         onnx_model = api.load_onnx(args.model, external_data=True)
         graph = exported_graph(onnx_model, args.model)
+        props = {p.key: p.value for p in onnx_model.metadata_props}
+        edges = parse_edges(props[FLOAT_IO], f"metadata {FLOAT_IO}") if FLOAT_IO in props else None
     else:
         model = api.load(args.model, args.params)
         _warn(model.warnings)
-        graph = model.graph
+        graph, edges = model.graph, model.edges if args.float_io else None
     data = np.array(read_npy(args.input)) if args.input else None
     with Bar() as bar:
-        verdict = verify(graph, data, seeds=args.seeds, provider=args.provider, onnx_model=onnx_model, progress=bar)
+        verdict = verify(graph, data, seeds=args.seeds, provider=args.provider, onnx_model=onnx_model, progress=bar,
+                         edges=edges)
     for text in verdict.lines():
         say(text)
     return 0 if verdict.exact else RuntimeFailure.exit_code
@@ -362,6 +371,9 @@ def parser() -> argparse.ArgumentParser:
                    "writes the CUDA serving form (implies --optimize: every node a CUDA kernel of onnxruntime or "
                    "of the native library; --verify compares on the CUDA provider where onnxruntime has it, else on "
                    "the CPU provider, the same integer arithmetic)")
+    c.add_argument("--float-io", action="store_true", help="a quantized CVM model (with quantization.json): "
+                   "float32 input and outputs, quantized and dequantized in the graph (QuantizeLinear, "
+                   "DequantizeLinear) around the exact integer model, as cvm-onnx run computes them")
     c.add_argument("--input-precision", type=int, default=8, metavar="N",
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")
@@ -383,6 +395,8 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--input", help=".npy input data (default: 0, +-(2^(p-1)-1) and random inputs)")
     v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
     v.add_argument("--seeds", type=int, default=3, metavar="N", help="random inputs without --input (default 3)")
+    v.add_argument("--float-io", action="store_true", help="check the export with float input and outputs (convert "
+                   "--float-io) against cvm-onnx run, on float inputs: 0, +-3.4e38, +-inf, rounding ties, random")
     w = model_cmd("view", cmd_view, "show a model (.onnx, or a CVM model converted on the fly) in Netron on "
                   "127.0.0.1")
     w.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")

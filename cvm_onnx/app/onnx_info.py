@@ -8,6 +8,7 @@ from onnx import TensorProto
 from cvm_onnx import native
 from cvm_onnx.core.constants import (
     CONVERTED_FROM,
+    FLOAT_IO,
     OPTIMIZED,
     PRECISION,
     QUANTIZATION,
@@ -33,7 +34,7 @@ def _precisions(model: onnx.ModelProto) -> dict[str, str]:
     declared = {vi.name: p.value for vi in [*model.graph.value_info, *model.graph.output]
                 for p in vi.metadata_props if p.key == PRECISION}
     return declared | {vi.name: declared[f"{vi.name}:clamped"] for vi in model.graph.input
-                       if f"{vi.name}:clamped" in declared}
+                       if f"{vi.name}:clamped" in declared and vi.type.tensor_type.elem_type != TensorProto.FLOAT}
 
 
 def _scale(edge: Edge) -> str:
@@ -82,6 +83,9 @@ def describe(model: onnx.ModelProto) -> list[str]:
             lines.append(f"float edges: malformed: {e}")
         else:
             lines += edge_lines(edges, f"metadata {QUANTIZATION}", "onnxruntime alone takes and gives the integers")
+    if FLOAT_IO in props:
+        lines.append(f"float edges in the graph (metadata {FLOAT_IO}): float32 input quantized by QuantizeLinear, "
+                     "float32 outputs by DequantizeLinear, for any onnxruntime or Triton client")
     lines.append(f"nodes: {len(model.graph.node)} in the graph, {len(model.functions)} functions, "
                  f"{len(model.graph.initializer)} initializers")
     ops = native.ops_used(model)

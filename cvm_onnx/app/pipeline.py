@@ -60,6 +60,7 @@ class Conversion:
     inline: bool = False
     batch: int | None = None
     optimize: bool = False
+    float_io: bool = False  # a quantized model's float edges in the graph: float32 input and outputs
     check: bool = False
     seeds: int | None = None
     provider: str = "cpu"
@@ -78,7 +79,8 @@ class Conversion:
     def form(self) -> str:
         form = "CUDA serving" if self.target == "cuda" else "optimized flat" if self.optimize else \
             "flat" if self.inline else "function"
-        return f"{form} form" + (f", batch {self.batch}" if self.batch is not None else "")
+        return f"{form} form" + (f", batch {self.batch}" if self.batch is not None else "") + (
+            ", float input and outputs" if self.float_io else "")
 
 
 def _read(c: Conversion, progress: Progress | None) -> str:
@@ -101,7 +103,7 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
 
 def _export(c: Conversion, progress: Progress | None) -> str:
     c.exported = export(c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol,
-                        edges=c.edges, provider=c.target, batched=c.batch is not None)
+                        edges=c.edges, provider=c.target, batched=c.batch is not None, float_io=c.float_io)
     c.model = c.exported.model
     passes = "; passes: " + ", ".join(c.exported.passes) if c.exported.passes else ""
     routes = Counter(route for _, route, _ in c.exported.routes)
@@ -126,7 +128,8 @@ def _compare(c: Conversion, progress: Progress | None) -> str:
         if progress:
             progress(STAGES.index(COMPARE), len(STAGES), f"compare: {what}")
 
-    verdict = c.verdict = verify(c.graph, onnx_model=c.model, seeds=c.seeds, provider=c.provider, progress=step)
+    verdict = c.verdict = verify(c.graph, onnx_model=c.model, seeds=c.seeds, provider=c.provider, progress=step,
+                                 edges=c.edges if c.float_io else None)
     if not verdict.exact:
         d = verdict.divergence
         raise RuntimeFailure(f"not exact on input {verdict.failed_case!r}"

@@ -20,6 +20,8 @@ SYMBOL = "cvm.symbol.zlib"
 BATCH = "cvm.batch"
 #: Metadata of a model exported from a quantized import: its float edges, the text of its ``quantization.json``.
 QUANTIZATION = "cvm.quantization"
+#: Metadata of such a model exported with its float edges in the graph (float input and outputs): the same text.
+FLOAT_IO = "cvm.float_io"
 #: Metadata of a serving-form model: each conv2d's route, a JSON list of [name, route, why not integer products].
 ROUTES = "cvm.routes"
 #: Metadata of a serving-form model: the provider it was made for, "cpu" or "cuda" (every node a CUDA kernel).

@@ -375,7 +375,9 @@ def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = N
 
     With a precision, integer data is taken as the reference executor takes it (``integer_input``). An integer
     ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads int8
-    inputs); any other mismatch is a ``RuntimeFailure``, as is an output that is not a tensor of numbers.
+    inputs); float data for a float32 input (an export with float edges) is rounded to float32, as ``cvm-onnx
+    run`` rounds it before quantizing; any other mismatch is a ``RuntimeFailure``, as is an output that is not a
+    tensor of numbers.
     """
     inputs = sess.get_inputs()
     if len(inputs) != 1:
@@ -385,10 +387,10 @@ def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = N
         raise RuntimeFailure([Problem(o.name, f"output of type {o.type}: run gives tensors of numbers only")
                               for o in bad])
     want = np.dtype(_NUMPY_TYPES.get(inputs[0].type, np.void))
-    if precision is not None:
+    if precision is not None and want.kind != "f":
         data = integer_input(data, precision, inputs[0].name)
     if data.dtype != want:
-        if not np.can_cast(data.dtype, want, casting="safe"):
+        if not np.can_cast(data.dtype, want, casting="same_kind" if data.dtype.kind == want.kind == "f" else "safe"):
             raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data")
         data = data.astype(want)
     check_shape(inputs[0].name, inputs[0].shape, data.shape)

@@ -4,6 +4,12 @@ Inputs are the given ones, or generated within each input's declared precision p
 +bound, all -bound, then ``seeds`` random draws (uniform, with one element in ten set to -bound, 0 or +bound).
 Every output of every input must be equal (same dtype, shape and values: ``np.array_equal``, no tolerance).
 
+With the float edges of a quantized model (``edges``), the export takes them in the graph (``float_io``: float32
+in, float32 out) and is compared with ``cvm-onnx run`` on the CVM model, ``edges.finish(execute(graph,
+edges.prepare(x)))``, for float32 inputs: 0, +-3.4e38 and +-inf (saturating), values on rounding ties
+((k + 1/2) * scale and their neighbours), then ``seeds`` random draws across the quantized range and a little
+beyond it.
+
 On a mismatch the export runs again with every CVM entry as an extra graph output (named by the exporter's
 ``entry_names``), and the nodes are compared with the executor's values in topological order: the first node with
 a differing output is reported with its op, attributes and a few differing positions.
@@ -24,7 +30,8 @@ from cvm_onnx.core.attrs import format_value
 from cvm_onnx.core.constants import CONVERTED_FROM, OPTIMIZED
 from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
-from cvm_onnx.core.format import read_model
+from cvm_onnx.core.format import Edge, Edges, read_model
+from cvm_onnx.core.format.edges import TYPES
 from cvm_onnx.core.graph import Entry, Graph
 from cvm_onnx.core.validate import validate
 from cvm_onnx.runtime.sessions import run, session
@@ -52,7 +59,7 @@ class Difference:
     expected: np.ndarray
     got: np.ndarray
     count: int = 0
-    positions: list[tuple[tuple[int, ...], int, int]] = field(default_factory=list)
+    positions: list[tuple[tuple[int, ...], int | float, int | float]] = field(default_factory=list)
 
     @classmethod
     def of(cls, name: str, expected: np.ndarray, got: np.ndarray) -> Difference | None:
@@ -62,7 +69,7 @@ class Difference:
         if expected.shape == got.shape:
             where = np.argwhere(expected != got)
             d.count = len(where)
-            d.positions = [(tuple(int(i) for i in ix), int(expected[tuple(ix)]), int(got[tuple(ix)]))
+            d.positions = [(tuple(int(i) for i in ix), expected[tuple(ix)].item(), got[tuple(ix)].item())
                            for ix in where[:SHOWN]]
         return d
 
@@ -138,6 +145,27 @@ def generated_cases(graph: Graph, seeds: int = 3) -> list[Case]:
     return cases
 
 
+def float_cases(graph: Graph, edge: Edge, seeds: int = 3) -> list[Case]:
+    """Float32 inputs for an export with float edges (see the module docstring)."""
+    [i] = graph.inputs
+    name, shape = graph.nodes[i].name, graph.nodes[i].outputs[0].shape
+    lo, hi = TYPES[edge.type]
+    steps = np.arange(lo - int(edge.zero_point.max()) - 2, hi - int(edge.zero_point.min()) + 2)
+    ties = ((steps + 0.5) * np.float64(edge.scale.reshape(-1)[0])).astype(np.float32)
+    ties = np.concatenate([np.nextafter(ties, -np.inf), ties, np.nextafter(ties, np.inf)])
+    big = float(np.finfo(np.float32).max)
+    cases = [Case(n, {name: np.full(shape, v, np.float32)}) for n, v in
+             (("zeros", 0.0), ("+3.4e38", big), ("-3.4e38", -big), ("+inf", np.inf), ("-inf", -np.inf))]
+    cases.append(Case("ties", {name: np.resize(ties, shape).astype(np.float32)}))
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        x = (rng.uniform(steps[0], steps[-1], size=shape) * edge.scale.reshape(-1)[0]).astype(np.float32)
+        pick = rng.random(shape) < 0.2
+        x[pick] = rng.choice(np.concatenate([ties, [0, big, -big]]).astype(np.float32), int(pick.sum()))
+        cases.append(Case(f"seed {seed}", {name: x}))
+    return cases
+
+
 def _as_graph(model) -> Graph:
     if isinstance(model, Graph):
         return model
@@ -161,15 +189,28 @@ def exported_graph(onnx_model: onnx.ModelProto, where: str = "") -> Graph:
     return from_onnx(onnx_model)
 
 
-def _feeds(case: Case) -> dict[str, np.ndarray]:
-    return {k: np.asarray(v).astype(np.int32) for k, v in case.inputs.items()}
+def _feeds(case: Case, edges: Edges | None = None) -> dict[str, np.ndarray]:
+    """The case as the export takes it: float32 with float edges, else int32."""
+    return {k: np.asarray(v).astype(np.int32 if edges is None else np.float32) for k, v in case.inputs.items()}
+
+
+def _reference(graph: Graph, case: Case, edges: Edges | None, keep_all: bool = False):
+    """The reference executor on the case (quantized first with float edges, as ``cvm-onnx run`` does)."""
+    if edges is None:
+        return execute(graph, case.inputs, keep_all)
+    values = execute(graph, {k: edges.prepare(np.float32(v)) for k, v in case.inputs.items()}, keep_all)
+    return values if keep_all else edges.finish(values)
 
 
 def locate(graph: Graph, onnx_model: onnx.ModelProto, case: Case, provider: str = "cpu",
-           native: bool | None = None) -> Divergence | None:
+           native: bool | None = None, edges: Edges | None = None) -> Divergence | None:
     """Run ``onnx_model`` with every non-param CVM entry it computes as a graph output and return the first node
-    (in topological order) whose value differs from the reference executor's, or None."""
+    (in topological order) whose value differs from the reference executor's, or None. With float edges in the
+    graph, an entry at an edge is the tensor ``<name>:quantized``."""
     names = entry_names(graph)
+    if edges is not None:
+        produced = {t for n in onnx_model.graph.node for t in n.output}
+        names = {e: f"{n}:quantized" if f"{n}:quantized" in produced else n for e, n in names.items()}
     probe = onnx.ModelProto()
     probe.CopyFrom(onnx_model)
     produced = {t for n in probe.graph.node for t in n.output}
@@ -182,8 +223,8 @@ def locate(graph: Graph, onnx_model: onnx.ModelProto, case: Case, provider: str 
                 probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.INT32,
                                                                         graph.type_of(e).shape))
     sess = session(probe, provider, native)
-    got = dict(zip((o.name for o in sess.get_outputs()), run(sess, _feeds(case))))
-    want = execute(graph, case.inputs, keep_all=True)
+    got = dict(zip((o.name for o in sess.get_outputs()), run(sess, _feeds(case, edges))))
+    want = _reference(graph, case, edges, keep_all=True)
     for i, entries in watched.items():
         diffs = [d for e in entries if (d := Difference.of(names[e], want[e], got[names[e]]))]
         if diffs:
@@ -196,18 +237,20 @@ def locate(graph: Graph, onnx_model: onnx.ModelProto, case: Case, provider: str 
 
 def verify(model, data: np.ndarray | Mapping[str, np.ndarray] | None = None, *, seeds: int = 3,
            provider: str = "cpu", onnx_model: onnx.ModelProto | None = None, inline: bool = False,
-           native: bool | None = None, progress: Progress | None = None) -> Verdict:
+           native: bool | None = None, progress: Progress | None = None, edges: Edges | None = None) -> Verdict:
     """Check that ``onnx_model`` (default: ``to_onnx(graph, inline)``) computes exactly what the reference executor
     computes for ``model`` (a validated Graph, a ``Loaded`` or a model path).
 
     ``data``: the input ``data`` (or a mapping of input names to arrays); None generates the cases described in
-    the module docstring. Runtime errors (onnxruntime refusing the model, a bad input) raise ``RuntimeFailure``.
+    the module docstring. ``edges``: a quantized model's float edges, in the graph of the export (default:
+    ``to_onnx(graph, inline, edges=edges, float_io=True)``), which takes float data. Runtime errors (onnxruntime
+    refusing the model, a bad input) raise ``RuntimeFailure``.
     """
     graph = _as_graph(model)
     if onnx_model is None:
-        onnx_model = to_onnx(graph, inline=inline)
+        onnx_model = to_onnx(graph, inline=inline, edges=edges, float_io=edges is not None)
     if data is None:
-        cases = generated_cases(graph, seeds)
+        cases = generated_cases(graph, seeds) if edges is None else float_cases(graph, edges.input, seeds)
     else:
         cases = [Case("given", dict(data) if isinstance(data, Mapping) else {"data": np.asarray(data)})]
     total = len(cases) + 1
@@ -219,8 +262,10 @@ def verify(model, data: np.ndarray | Mapping[str, np.ndarray] | None = None, *, 
     for k, case in enumerate(cases, 1):
         if progress:
             progress(k, total, f"input {case.name}")
-        want = execute(graph, case.inputs)
-        got = run(sess, _feeds(case))
+        if edges is not None and any(np.asarray(v).dtype.kind != "f" for v in case.inputs.values()):
+            raise RuntimeFailure("the export with float edges takes float data; give float input")
+        want = _reference(graph, case, edges)
+        got = run(sess, _feeds(case, edges))
         if len(got) != len(want):
             raise RuntimeFailure(f"the ONNX model has {len(got)} outputs, the CVM model {len(want)}")
         diffs = [d for name, w, g in zip(out_names, want, got) if (d := Difference.of(name, w, g))]
@@ -228,7 +273,7 @@ def verify(model, data: np.ndarray | Mapping[str, np.ndarray] | None = None, *, 
             verdict.exact, verdict.failed_case, verdict.differences = False, case.name, diffs
             if progress:
                 progress(k, total, "locating the first differing node")
-            verdict.divergence = locate(graph, onnx_model, case, provider, native)
+            verdict.divergence = locate(graph, onnx_model, case, provider, native, edges)
             break
     if progress:
         progress(total, total, "done")

@@ -39,7 +39,8 @@ class Edge:
     def quantize(self, x: np.ndarray) -> np.ndarray:
         """QuantizeLinear in float32: saturate(round_half_even(x / scale) + zero_point), as int32."""
         lo, hi = TYPES[self.type]
-        q = np.rint(np.asarray(x, np.float32) / self.scale) + self.zero_point
+        with np.errstate(over="ignore"):  # beyond float32: inf, saturated below
+            q = np.rint(np.asarray(x, np.float32) / self.scale) + self.zero_point
         return np.clip(q, lo, hi).astype(np.int32)
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
@@ -65,6 +66,8 @@ class Edges:
             return data
         if self.input is None:
             raise RuntimeFailure("float input data, but this model takes integers (its input is not quantized)")
+        if np.isnan(data).any():
+            raise RuntimeFailure("NaN in the float input data: it has no quantized value")
         return self.input.quantize(data)
 
     def finish(self, outputs: list[np.ndarray]) -> list[np.ndarray]:
