@@ -17,10 +17,9 @@ from support import bound, tensors
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
-from cvm_onnx.core.format.onnx_file import onnx_model
-from harness import bound, tensors
 
 SETTINGS = settings(max_examples=12, deadline=None)
 NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT32: np.int32, T.INT64: np.int64, T.FLOAT: np.float32}

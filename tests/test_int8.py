@@ -23,10 +23,9 @@ from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN, cpu, library_path
 from cvm_onnx.runtime.sessions import run, session
-from cvm_onnx.core.format.onnx_file import onnx_model
-from harness import tensors
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")

@@ -23,11 +23,9 @@ from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.converters.to_onnx.bounds import ANY
 from cvm_onnx.converters.to_onnx.lowering import Value, lower
-from cvm_onnx.core.constants import IR_VERSION, OPSET
 from cvm_onnx.core.errors import ValidationError
-from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.format.onnx_file import onnx_model
-from harness import assert_exact, bound, single_op, tensors
+from cvm_onnx.core.ops import REGISTRY
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "100"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

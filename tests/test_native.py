@@ -21,8 +21,8 @@ from support.oracles import iou_oracle
 
 from cvm_onnx.core import ops
 from cvm_onnx.core.errors import RuntimeFailure
-from cvm_onnx.native import ATTRS, DOMAIN, fallback, library_path, register_schemas
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.native import ATTRS, DOMAIN, fallback, library_path, register_schemas
 from cvm_onnx.runtime import sessions
 
 P30 = (1 << 29) - 1  # the largest coordinate of the runtime's NMS precision limit (30 bits)
@@ -329,9 +329,9 @@ def test_onnxruntime_is_probed_once(monkeypatch):
         return real(model, *args, **kwargs)
 
     real = ort.InferenceSession
-    monkeypatch.setattr(runtime.ort, "InferenceSession", counting)
+    monkeypatch.setattr(sessions.ort, "InferenceSession", counting)
     for _ in range(3):
-        runtime.session(NMS_MODEL, native=False)
+        sessions.session(NMS_MODEL, native=False)
     assert made.count("probe") <= 1 and len(made) - made.count("probe") == 3
 
 
@@ -344,7 +344,7 @@ def test_messages_do_not_keep_exceptions():
         pass
 
     e = Refusal("a\nb")
-    assert runtime.one_line(e) == "a b"
+    assert sessions.one_line(e) == "a b"
     ref = weakref.ref(e)
     del e
     gc.collect()

@@ -7,11 +7,10 @@ import onnx
 from hypothesis import given, settings
 from onnx import TensorProto, helper, numpy_helper
 from support import graphs
-from cvm_onnx.core.format.onnx_file import onnx_model, onnx_pieces
 
 from cvm_onnx.app.api import import_onnx, write_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.core.format.onnx_file import onnx_pieces
+from cvm_onnx.core.format.onnx_file import onnx_model, onnx_pieces
 from cvm_onnx.runtime.sessions import run
 
 

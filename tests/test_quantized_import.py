@@ -29,8 +29,8 @@ from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import read_edges
-from cvm_onnx.runtime.verify import verify
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.verify import verify
 
 quantization = pytest.importorskip("onnxruntime.quantization")
 SETTINGS = settings(max_examples=12, deadline=None)

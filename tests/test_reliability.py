@@ -49,7 +49,6 @@ from cvm_onnx.core.format.symbol import op_name
 from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.validate import validate
-from harness import operator_cases
 
 FUZZ = settings(max_examples=100, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 

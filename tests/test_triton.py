@@ -15,10 +15,10 @@ from tritonclient.grpc import model_config_pb2
 import cvm_onnx
 from cvm_onnx.app import api
 from cvm_onnx.app.cli import main
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import library_path
 from cvm_onnx.runtime import bulk
 from cvm_onnx.runtime.triton import TYPES, config
-from cvm_onnx.core.format.onnx_file import onnx_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"

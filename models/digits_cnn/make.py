@@ -32,8 +32,8 @@ from sklearn.datasets import load_digits
 from cvm_onnx import load, to_onnx
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.core.executor import execute
-from cvm_onnx.runtime.sessions import run, session
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.sessions import run, session
 
 SEED = 0
 HELD_OUT = 0.2
