@@ -312,7 +312,7 @@ def test_cuda_needs_the_cuda_provider():
 
 
 def test_onnxruntime_loads_the_chosen_opset_and_ir_version():
-    """Opset 21 (what onnxruntime 1.20 reads) and the IR version it needs, never the installed onnx's newest."""
+    """Opset 21 (what every onnxruntime from 1.20 on reads) and the IR version it needs, never the installed onnx's newest."""
     from cvm_onnx.core.format.onnx_file import ir_version
 
     sessions.check_onnxruntime()
