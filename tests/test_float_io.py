@@ -61,7 +61,8 @@ def cases(draw):
     z = int(edges.input.zero_point)
     tie = st.builds(lambda k, ulp: np.nextafter(F32((k + 0.5) * s), F32(ulp * np.inf)) if ulp else F32((k + 0.5) * s),
                     st.integers(lo - z - 3, hi - z + 3), st.sampled_from([-1, 0, 1]))
-    extreme = st.sampled_from([np.inf, -np.inf, 3.4028235e38, -3.4028235e38, TINY, -TINY, 0.0, -0.0])
+    big = float(np.finfo(F32).max)
+    extreme = st.sampled_from([np.inf, -np.inf, big, -big, TINY, -TINY, 0.0, -0.0])
     x = draw(hnp.arrays(F32, shape, elements=st.one_of(tie, extreme, st.floats(width=32, allow_nan=False))))
     return graph, edges, x
 
