@@ -87,7 +87,7 @@ def test_shipped_onnx_files_have_the_ir_version_their_opsets_need(path):
     """Not the newest of the onnx that wrote them (onnx 1.23 stamps IR 14, which onnxruntime 1.31 cannot load)."""
     import onnx
 
-    from cvm_onnx.format.onnx_file import ir_version
+    from cvm_onnx.core.format.onnx_file import ir_version
 
     model = onnx.load(path, load_external_data=False)
     assert model.ir_version == ir_version(model.opset_import)

@@ -648,7 +648,7 @@ def test_quantized_model_has_the_ir_version_its_opsets_need(tmp_path):
     """A float model stamped with a newer IR version than its opset needs (onnx 1.23's make_model stamps 14):
     the quantized model saved carries the IR version its opset needs, so an older onnxruntime reads it too."""
     from cvm_onnx.converters.from_onnx.checks import supported_versions
-    from cvm_onnx.quantize import quantize
+    from cvm_onnx.app.quantize import quantize
 
     rng = np.random.default_rng(6)
     nodes, inits = conv_layer(rng, "y", "x", 2, 3)

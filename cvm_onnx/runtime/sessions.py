@@ -76,7 +76,7 @@ def _onnxruntime_problem() -> str | None:
         ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cpu"]])
     except Exception as e:  # noqa: BLE001  (onnxruntime's refusals come in several types)
         return (f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version {IR_VERSION}, "
-                f"which cvm-onnx writes; install onnxruntime >= 1.27 ({one_line(e)})")
+                f"which cvm-onnx writes; install onnxruntime >= 1.31 ({one_line(e)})")
     return None
 
 
