@@ -149,9 +149,9 @@ def test_verify_takes_an_export_and_checks_that_file(model, tmp_path, capsys):
     [line] = failed(capsys, 4, "verify", tmp_path / "s.onnx")
     assert line == f"unsupported: {tmp_path / 's.onnx'}: the serving form (--optimize) keeps no CVM graph to verify " \
                    f"it against: verify it as it is written, cvm-onnx convert MODEL_DIR --optimize --verify"
-    plain = helper.make_model(helper.make_graph(
+    plain = onnx_model(helper.make_graph(
         [helper.make_node("Neg", ["data"], ["y"])], "g", [helper.make_tensor_value_info("data", TensorProto.INT32, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [2])]), opset_imports=[helper.make_opsetid("", 13)])
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [2])]), 13)
     onnx.save(plain, tmp_path / "plain.onnx")
     [line] = failed(capsys, 4, "verify", tmp_path / "plain.onnx")
     assert line.startswith(f"unsupported: {tmp_path / 'plain.onnx'}: not an export of a CVM model") and \

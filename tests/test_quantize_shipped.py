@@ -20,12 +20,13 @@ from onnx import TensorProto as T, helper as h, numpy_helper as nh
 from support.quantized import Reader, conv_layer
 
 import cvm_onnx
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.context import const
 from cvm_onnx.core.errors import FormatError, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import read_edges
-from cvm_onnx.app.quantize import quantize
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 quantization = pytest.importorskip("onnxruntime.quantization")
@@ -128,9 +129,9 @@ def test_dynamic_dims_come_from_the_calibration_samples(dims, samples, want):
     data = np.zeros(samples, np.float32)
     if want is None:
         with pytest.raises(FormatError, match="calibration samples must be floats of shape"):
-            _sample_shape(h.make_model(g), data, "c.npy")
+            _sample_shape(onnx_model(g), data, "c.npy")
     else:
-        assert _sample_shape(h.make_model(g), data, "c.npy") == ("x", want)
+        assert _sample_shape(onnx_model(g), data, "c.npy") == ("x", want)
 
 
 @pytest.mark.parametrize(("shape", "classes"), [((6, 5), True), ((6, 1, 5), True), ((6, 1), False),
@@ -155,7 +156,7 @@ def focus_model(rng) -> onnx.ModelProto:
     n, i = conv_layer(rng, "c", "f", 8, 4)
     g = h.make_graph(nodes + n, "focus", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 8, 8])],
                      [h.make_tensor_value_info("c", T.FLOAT, None)], inits + i)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    return onnx_model(g, 13)
 
 
 def test_a_float_input_moved_before_its_quantize_linear_is_quantized_first(tmp_path):
@@ -169,7 +170,7 @@ def test_a_float_input_moved_before_its_quantize_linear_is_quantized_first(tmp_p
     g = h.make_graph([h.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]), *nodes], "nhwc",
                      [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 4, 2])],
                      [h.make_tensor_value_info("c", T.FLOAT, None)], inits)
-    q = quantize_static(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path, False, (1, 4, 4, 2))
+    q = quantize_static(onnx_model(g, 13), tmp_path, False, (1, 4, 4, 2))
     assert [n.op_type for n in q.graph.node if "x" in n.input] == ["Transpose"]
     exact_export(import_model(q).graph)
     (quantizer,) = [n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "t"]
@@ -226,7 +227,7 @@ def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
                              epsilon=0.0))
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, c_in, 3, 3])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    model = onnx_model(g, 13)
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
     fold_batchnorm(folded.graph)
@@ -249,7 +250,7 @@ def lstm_if_model() -> onnx.ModelProto:
                                     h.make_tensor_value_info("state", T.FLOAT, [2, 1, 2]),
                                     h.make_tensor_value_info("flag", T.BOOL, [])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(np.array([0], np.int64), "axes")])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 16)])
+    return onnx_model(g, 16)
 
 
 def test_several_inputs_control_flow_and_lstm_are_refused_in_one_line(tmp_path, capsys):
@@ -301,7 +302,7 @@ def test_quantize_linear_of_a_constant_folds_as_onnxruntime_computes_it(seed, pe
     g = h.make_graph([h.make_node("Constant", [], ["w"], value=nh.from_array(x, "wv")),
                       h.make_node("QuantizeLinear", ["w", "s", "z"], ["q"], axis=0)], "q", [],
                      [h.make_tensor_value_info("q", dtype, None)], inits)
-    [want] = ort.InferenceSession(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]).SerializeToString(),
+    [want] = ort.InferenceSession(onnx_model(g, 13).SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(None, {})
     got = quantized_constant(const(x, T.FLOAT), scale.reshape(shape), zero.astype(np.int64).reshape(
         (-1, 1, 1) if per_channel else ()), 0, dtype)
@@ -368,7 +369,7 @@ def test_every_refusal_is_listed_in_one_pass(tmp_path):
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
                      [h.make_tensor_value_info("c3", T.FLOAT, None)],
                      inits + i2 + i3 + [nh.from_array(np.array(3, np.float32), "three")])
-    q = quantize_static(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), tmp_path, per_channel=False)
+    q = quantize_static(onnx_model(g, 13), tmp_path, per_channel=False)
     with pytest.raises(UnsupportedError) as e:
         import_model(q)
     refused = [p.where for p in e.value.problems]
@@ -389,7 +390,7 @@ def concat_of_two_scales() -> onnx.ModelProto:
              h.make_node("DequantizeLinear", ["qj", "s", "zu"], ["y"])]
     g = h.make_graph(nodes, "cat", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], [s, zu, zi])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    return onnx_model(g, 13)
 
 
 def test_a_cut_at_a_concat_of_different_scales_writes_edges_run_reads(tmp_path):

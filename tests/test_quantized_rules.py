@@ -15,6 +15,7 @@ from onnx import TensorProto as T, helper as h, numpy_helper as nh
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 from test_quantized_import import Oracle
 
@@ -28,7 +29,7 @@ def qdq(nodes, x_shape, x_type, inits: dict, out_type, opset=17, out="y"):
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", x_type, list(x_shape))],
                      [h.make_tensor_value_info(out, out_type, None)],
                      [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", opset), h.make_opsetid("com.microsoft", 1)])
+    return onnx_model(g, opset, {"com.microsoft": 1})
 
 
 def imported(m, x: np.ndarray, precision: int = 9):

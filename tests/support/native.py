@@ -7,6 +7,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN
 
 from .oracles import wrap
@@ -37,8 +38,7 @@ def im2col_model(op: str, shape, elem_type=TensorProto.INT32, **attrs) -> onnx.M
     node = helper.make_node(op, ["x"], ["y"], domain=DOMAIN, **attrs)
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", elem_type, shape)],
                               [helper.make_tensor_value_info("y", out, [None] * (3 if op == "im2col_rows" else 4))])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=10)
+    return onnx_model(graph, domains={DOMAIN: 1})
 
 
 @st.composite
@@ -79,8 +79,7 @@ def requantize_model(shape, channels: int, steps, width: int = 0, scales=()) -> 
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32,
                                                              [*shape[:-1], width] if width else shape)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=10)
+    return onnx_model(graph, domains={DOMAIN: 1})
 
 
 int32s = st.integers(-(1 << 31), (1 << 31) - 1)

@@ -9,6 +9,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from onnxruntime import quantization
 
+from cvm_onnx.core.format.onnx_file import onnx_model
+
 
 def conv_layer(rng, name, x, c_in, c_out, group=1, k=3, stride=1, pads=(1, 1, 1, 1), dilation=1):
     w = nh.from_array(rng.normal(size=(c_out, c_in // group, k, k)).astype(np.float32), f"{name}_w")
@@ -51,7 +53,7 @@ def float_model(kind: str, seed: int, opset: int, group: int, stride: int, pads,
     shapes = {"x": [1, c, 6, 6]}
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, shapes["x"])],
                      [h.make_tensor_value_info("f", T.FLOAT, None)], inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    m = onnx_model(g, opset)
     m = onnx.shape_inference.infer_shapes(m)
     n_f = [v for v in m.graph.value_info if v.name == "f"] or list(m.graph.output)
     width = n_f[0].type.tensor_type.shape.dim[1].dim_value
@@ -99,5 +101,5 @@ def small_qdq(tmp, activation="uint8"):
     nodes, inits = conv_layer(rng, "y", "x", 2, 2)
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    qm, _ = quantized(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp, "QDQ", activation, False, True)
+    qm, _ = quantized(onnx_model(g, 17), tmp, "QDQ", activation, False, True)
     return qm
