@@ -22,13 +22,13 @@ import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import numpy_helper
+from support import readable_node_test
 
 from cvm_onnx.converters.from_onnx import from_onnx
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run
-from harness import readable_node_test
 
 INTEGER = {T.INT8, T.INT16, T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64}
 

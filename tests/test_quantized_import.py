@@ -355,7 +355,7 @@ def test_matmul_of_two_computed_tensors_equals_the_oracle(tmp_path_factory, conf
     nodes += [h.make_node("Transpose", ["c"], ["ct"], perm=[0, 1, 3, 2]), h.make_node("MatMul", ["x", "ct"], ["y"])]
     g = h.make_graph(nodes, "att", [h.make_tensor_value_info("x", T.FLOAT, [1, heads, m, k])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    fm = h.make_model(g, opset_imports=[h.make_opsetid("", config["opset"])])
+    fm = onnx_model(g, config["opset"])
     qm, shape = quantized(fm, tmp_path_factory.mktemp("att"), config["fmt"], config["activation"],
                           config["symmetric"], config["per_channel"])
     imp = import_model(qm)
@@ -520,14 +520,14 @@ def test_a_float_input_read_otherwise_is_refused_naming_its_readers():
     only = "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form"
     nodes = [h.make_node("Sigmoid", ["x"], ["s"], name="sig"), h.make_node("Neg", ["x"], ["n"]),
              h.make_node("Add", ["s", "n"], ["y"], name="add")]
-    m = h.make_model(h.make_graph(nodes, "g", [x], [y]), opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(h.make_graph(nodes, "g", [x], [y]), 17)
     assert problems(m) == f"x: input of non-integer type float: read by Sigmoid 'sig', Neg (unnamed, node 1): {only}"
     nodes = [h.make_node("ReduceMax", ["x"], ["m"], name="absmax", keepdims=0),
              h.make_node("Div", ["m", "k"], ["scale"], name="div"),
              h.make_node("QuantizeLinear", ["x", "scale", "z"], ["q"], name="q"),
              h.make_node("DequantizeLinear", ["q", "scale", "z"], ["y"], name="dq")]
     inits = [nh.from_array(np.array(127, np.float32), "k"), nh.from_array(np.array(0, np.int8), "z")]
-    m = h.make_model(h.make_graph(nodes, "g", [x], [y], inits), opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(h.make_graph(nodes, "g", [x], [y], inits), 17)
     assert problems(m) == (f"x: input of non-integer type float: read by ReduceMax 'absmax': {only}; QuantizeLinear "
                            "'q' quantizes it by a scale or zero point computed at run time (by Div 'div'): CVM needs "
                            "them constant")
@@ -796,7 +796,7 @@ def qdq_conv(w: np.ndarray, sw: np.ndarray, sx: float, zx: int, xtype: int, so: 
     c = w.shape[1] * group
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", xtype, [1, c, 5, 5])],
                      [h.make_tensor_value_info("y", otype, None)], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    return onnx_model(g, 17)
 
 
 def oracle_equal(m: onnx.ModelProto, x: np.ndarray, precision: int = 9):
