@@ -35,6 +35,8 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.placement import without_cuda_kernel
 from cvm_onnx.runtime.sessions import Bound, cuda_status, session
 
+from bench import median_ms  # benchmarks/ is the script's folder on sys.path
+
 RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
 FORMS = {
     "function": dict(),
@@ -42,21 +44,6 @@ FORMS = {
     "serving (cpu)": dict(optimize=True),
     "serving (cuda)": dict(provider="cuda"),
 }
-
-
-def median_ms(fn, runs: int, warmup: int = 3, rounds: int = 5) -> float:
-    """The lowest of ``rounds`` medians of ``runs // rounds`` timed calls (ms)."""
-    for _ in range(warmup):
-        fn()
-    medians = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(max(1, runs // rounds)):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        medians.append(float(np.median(times)))
-    return 1e3 * min(medians)
 
 
 def cpu_line() -> str:
