@@ -4,7 +4,7 @@ The pipelines under test are the converter's: CVM files -> read -> validate -> e
 load -> import (-> export again). Inputs are valid models mutated the way a stranger's file can be broken
 (truncated, bytes flipped, numbers set to extremes, keys and elements deleted, duplicated or swapped). Every
 outcome must be success or a ``CVMError``; anything else is a crash. Each run must stay within ``SECONDS`` (plus
-``SECONDS_PER_MB`` of input) and allocate at most ``MEMORY_FACTOR`` times the input's size (plus a fixed allowance
+``SECONDS_PER_MB`` of input) of CPU time, and a few times that on the wall clock, and allocate at most ``MEMORY_FACTOR`` times the input's size (plus a fixed allowance
 for the libraries' own state).
 Crashes found by fuzzing get a regression test at the end. benchmarks/fuzz.py runs the same properties longer.
 """
@@ -22,6 +22,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import MutableSequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import fuzz
 from support.fuzz import EXTREMES, Case, Seeds, bounded, files_of, onnx_seeds, seed_graphs
 
 import cvm_onnx
@@ -410,6 +412,23 @@ def test_fuzzed_resnet(resnet_dir, data):
 @given(st.data())
 def test_fuzzed_resnet_onnx(resnet_dir, data):
     check_onnx(data.draw(mutated_onnx(resnet_onnx_seeds(resnet_dir))))
+
+
+def test_the_time_bound_counts_work_and_catches_a_hang(monkeypatch):
+    """The bound is on CPU time (other jobs on the cores do not count) with a wall-clock backstop for a run that
+    waits without working."""
+    monkeypatch.setattr(fuzz, "SECONDS", 0.05)
+
+    def busy():
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+
+    with pytest.raises(AssertionError, match="of CPU"):
+        bounded(busy, 0)
+    with pytest.raises(AssertionError, match=r"took \S+ s for 0 bytes"):
+        bounded(lambda: time.sleep(0.4), 0)
+    assert bounded(lambda: time.sleep(0.1), 0) is None  # waiting within the backstop is not work
 
 
 # -- validation reports every problem at once ----------------------------------------------------------------------
