@@ -26,13 +26,14 @@ from onnx.reference import ReferenceEvaluator
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def conv_sums(x: np.ndarray, w: np.ndarray, attrs: dict) -> np.ndarray:
     g = h.make_graph([h.make_node("Conv", ["a", "b"], ["o"], **attrs)], "c",
                      [h.make_tensor_value_info("a", T.DOUBLE, None), h.make_tensor_value_info("b", T.DOUBLE, None)],
                      [h.make_tensor_value_info("o", T.DOUBLE, None)])
-    model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    model = onnx_model(g, opset=13)
     return np.rint(ReferenceEvaluator(model).run(None, {"a": x, "b": w})[0]).astype(np.int64)
 
 

@@ -27,21 +27,24 @@ import argparse
 import logging
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
 
 from cvm_onnx.app.api import load
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.format import read_edges
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import cpu
 from cvm_onnx.runtime.sessions import session, usable_cpus
-from bench import machine, median_ms  # noqa: E402  (benchmarks/ is the script's directory)
+
+from bench import machine, median_ms  # benchmarks/ is the script's folder on sys.path
 
 
 # -- the float network ------------------------------------------------------------------------------------------
@@ -77,7 +80,7 @@ def resnet20(rng: np.random.Generator) -> onnx.ModelProto:
     nodes.append(h.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"]))
     graph = h.make_graph(nodes, "resnet20_float", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 32, 32])],
                          [h.make_tensor_value_info("y", T.FLOAT, [1, 10])], inits)
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    return onnx_model(graph, opset=17)
 
 
 def any_batch(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -22,6 +22,7 @@ from cvm_onnx.core.batch import batched
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import Problem, RuntimeFailure, UnsupportedError, ValidationError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.runtime import placement
 from cvm_onnx.runtime.bulk import run_many
@@ -130,7 +131,7 @@ def test_integer_clips_become_max_and_min_with_the_same_values(x, lo, hi):
     graph = helper.make_graph([helper.make_node("Clip", inputs, ["y"], name="clip")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.INT32, [len(x)])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, [len(x)])], consts)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    model = onnx_model(graph)
     feeds = {"x": np.array(x, np.int32)}
     want = run(model, feeds)[0]
     rewritten = clips_as_max_min(model)
@@ -142,7 +143,7 @@ def test_float_clips_stay():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
     graph = helper.make_graph([helper.make_node("Clip", ["x"], ["y"])], "g", [x],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    model = onnx_model(graph)
     assert [n.op_type for n in clips_as_max_min(model).graph.node] == ["Clip"]
 
 
@@ -259,8 +260,7 @@ def requantize_batch_inner_model(shape, channels: int, steps, scales=()) -> onnx
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, [shape[1], shape[0], *shape[2:]])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                             ir_version=10)
+    return onnx_model(graph, domains={DOMAIN: 1})
 
 
 @pytest.mark.parametrize("attrs, message", [(dict(batch_inner=1, width=1), "width and batch_inner"),
@@ -270,8 +270,7 @@ def test_requantize_refuses_a_batch_inner_it_cannot_take(attrs, message):
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [None] * 3),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                              ir_version=10)
+    model = onnx_model(graph, domains={DOMAIN: 1})
     with pytest.raises(RuntimeFailure, match=message):
         run(model, {"x": np.zeros((2, 2, 2), np.int32), "b": np.zeros(0, np.int32)})
 
@@ -321,8 +320,7 @@ def one_node(op: str, types: list[int], out: int, domain: str = "", **attrs) -> 
     graph = helper.make_graph([helper.make_node(op, names, ["y"], name="n", domain=domain or None, **attrs)], "g",
                               [helper.make_tensor_value_info(n, t, [2, 2]) for n, t in zip(names, types)],
                               [helper.make_tensor_value_info("y", out, [2, 2])])
-    opsets = [helper.make_opsetid("", 21)] + ([helper.make_opsetid(domain, 1)] if domain else [])
-    return helper.make_model(graph, opset_imports=opsets, ir_version=10)
+    return onnx_model(graph, domains={domain: 1} if domain else None)
 
 
 @pytest.mark.parametrize("model, why", [
@@ -431,7 +429,7 @@ def test_bound_calls_with_a_symbolic_dimension_bind_afresh_each_call():
     x = helper.make_tensor_value_info("x", TensorProto.INT32, ["n", 2])
     graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "g", [x],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, ["n", 2])])
-    bound = Bound(session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)))
+    bound = Bound(session(onnx_model(graph)))
     assert not bound.static
     for n in (1, 3):
         x = np.arange(2 * n, dtype=np.int32).reshape(n, 2)

@@ -679,8 +679,7 @@ def test_requantize_channels_last_takes_bias_and_scales_per_last_axis(shape, dat
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [bias.size])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, shape)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(DOMAIN, 1)],
-                              ir_version=10)
+    model = onnx_model(graph, domains={DOMAIN: 1})
     onnx.checker.check_model(model, full_check=True)
     moved = np.moveaxis(x, -1, 1)  # the oracle takes the channels on axis 1
     want = np.moveaxis(requantize_oracle(moved, bias, steps, scales), 1, -1)
@@ -722,8 +721,7 @@ def test_requantize_runs_taken_in_one_pass_equal_the_oracle(kinds, data, n, nhwc
         graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, list(x.shape)),
                                                 helper.make_tensor_value_info("b", TensorProto.INT32, [3])],
                                   [helper.make_tensor_value_info("y", TensorProto.INT32, list(x.shape))])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                        helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+        model = onnx_model(graph, domains={DOMAIN: 1})
         want = np.moveaxis(requantize_oracle(np.moveaxis(x, -1, 1), bias, steps), 1, -1)
     else:
         model = requantize_model(list(x.shape), 3, steps)

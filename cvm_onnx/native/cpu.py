@@ -37,7 +37,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.core.constants import IR_VERSION, OPSET
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN, library_path
 
 #: Bits of the native library's ``cvm_onnx_cpu_features``.
@@ -69,7 +69,7 @@ def _exact(a: np.ndarray, b: np.ndarray, a_constant: bool) -> bool:
     graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(var[0], helper.np_dtype_to_tensor_dtype(
         var[1].dtype), var[1].shape)], [helper.make_tensor_value_info("y", TensorProto.INT32, [a.shape[0], b.shape[1]])],
         [numpy_helper.from_array(const[1], const[0]), numpy_helper.from_array(za, "za")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    model = onnx_model(graph)
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     got = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(

@@ -48,6 +48,7 @@ from onnx import TensorProto, helper
 from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precision_of
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, fallback, has_cuda_kernels, library_path
@@ -71,7 +72,7 @@ def _onnxruntime_problem() -> str | None:
     x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
     y = helper.make_tensor_value_info("y", TensorProto.INT32, [1])
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    model = onnx_model(graph)
     try:
         ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cpu"]])
     except Exception as e:  # noqa: BLE001  (onnxruntime's refusals come in several types)
@@ -95,7 +96,7 @@ def cuda_status() -> str:
         x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
         graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x],
                                   [helper.make_tensor_value_info("y", TensorProto.INT32, [1])])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+        model = onnx_model(graph)
         try:
             sess = ort.InferenceSession(model.SerializeToString(), _options(), providers=_providers("cuda"))
             starts = PROVIDERS["cuda"] in sess.get_providers()
