@@ -192,7 +192,7 @@ def run_lowering(op: str, attrs: dict, inputs: list[tuple[np.ndarray, int, bool]
     a = REGISTRY[op].bind(REGISTRY[op].parse_attrs(attrs)[0])
     values = [Value(f"x{k}", v.shape, bnd, v if is_param else None) for k, (v, bnd, is_param) in enumerate(inputs)]
     out = Value("y", tuple(REGISTRY[op].shape(a, *(v.shape for v in values))), ANY)
-    body, (name,) = lower(op, a, values, [out], conv_form)
+    body, (name,) = lower(op, a, values, [out], conv_form=conv_form)
     io = [helper.make_tensor_value_info(v.name, TensorProto.INT32, list(v.shape)) for v in values]
     graph = helper.make_graph(body.nodes, op, io, [helper.make_tensor_value_info(name, TensorProto.INT32, None)])
     model = onnx_model(graph)

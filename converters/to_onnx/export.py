@@ -139,7 +139,7 @@ class _Exporter:
         ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
                for name, e in zip(REGISTRY[node.op].input_names_for(len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
-        body, body_outs = lower(node.op, a, ins, outs, self.provider, self.conv_form)
+        body, body_outs = lower(node.op, a, ins, outs, conv_form=self.conv_form)
         in_names = [self.names[e] for e in node.inputs]
         out_names = [self.names[Entry(i, k)] for k in range(len(node.outputs))]
         self.infos.extend(value_info(n, o) for n, o in zip(out_names, node.outputs))
@@ -333,9 +333,9 @@ def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0"
     (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
     products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. ``provider``: the
     serving form's target, "cpu", or "cuda" (implies ``optimize``; ``int8`` None means True): convolutions from
-    int8 x int8 products (``nn.conv2d_int8``), lowerings that avoid CUDA kernels inexact on integers
-    (``Body.provider``), then the passes ``optimize.CUDA``, so that every node has a kernel of onnxruntime's CUDA
-    provider (``cvm_onnx.runtime.placement`` checks it); metadata ``cvm.provider`` names the target. A batched
+    int8 x int8 products (``nn.conv2d_int8``), then the passes ``optimize.CUDA``, so that every node has a
+    kernel of onnxruntime's CUDA provider (``cvm_onnx.runtime.placement`` checks it; reductions and max_pool2d
+    are exact on CUDA in every form); metadata ``cvm.provider`` names the target. A batched
     model says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
     ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
     them). ``conv_form``: how conv2d and dense are written, "fast" (float32 Conv/Gemm where exact) or "core"

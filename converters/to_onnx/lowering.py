@@ -37,12 +37,9 @@ class Value:
 
 @dataclass
 class Body:
-    """The nodes of one function body under construction. ``b.OpType(*inputs, **attrs)`` appends a node.
-    ``provider``: where the body will run ("cpu", or "cuda" for the CUDA serving form, whose lowerings avoid
-    onnxruntime CUDA kernels that are not exact on integers: reduce.py, nn.max_pool2d)."""
+    """The nodes of one function body under construction. ``b.OpType(*inputs, **attrs)`` appends a node."""
 
     outputs: list[Value]
-    provider: str = "cpu"
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     widened: dict[str, str] = field(default_factory=dict)  # int8 param widened to int32: int32 name -> int8 name
     _count: int = 0
@@ -126,10 +123,10 @@ def unwiden(b: Body, names: list[str]) -> None:
 
 
 def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value],
-          provider: str = "cpu", conv_form: str = "fast") -> tuple[Body, list[str]]:
-    """Run the lowering of ``op`` (int8 params widened first) for ``provider``, conv2d and dense in ``conv_form``
-    (nn.py); returns the body and the names of its outputs."""
-    b = Body(outputs, provider=provider, conv_form=conv_form)
+          conv_form: str = "fast") -> tuple[Body, list[str]]:
+    """Run the lowering of ``op`` (int8 params widened first), conv2d and dense in ``conv_form`` (nn.py); returns
+    the body and the names of its outputs."""
+    b = Body(outputs, conv_form=conv_form)
     args = list(inputs) if LOWERINGS[op].native else widen(b, inputs)
     out = LOWERINGS[op].fn(b, a, *args)
     names = [out] if isinstance(out, str) else list(out)
