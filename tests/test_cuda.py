@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import onnx
@@ -88,7 +89,7 @@ def test_the_cuda_form_is_exact_on_the_cpu_provider_and_every_node_has_a_cuda_ke
     assert "Conv" not in {n.op_type for n in model.graph.node}
     want = execute(graph, {"data": data})
     got = run(model, {"data": data})
-    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -312,7 +313,7 @@ def test_the_cuda_forms_of_the_examples_are_exact_on_the_cpu_provider(path):
     data = np.load(path / "input.npy").astype(np.int32)
     want = execute(loaded.graph, {"data": data})
     got = run(to_onnx(loaded.graph, provider="cuda"), {"data": data})
-    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 def one_node(op: str, types: list[int], out: int, domain: str = "", **attrs) -> onnx.ModelProto:
@@ -346,10 +347,12 @@ def test_the_kernel_table_is_well_formed():
 
 
 def test_the_library_registers_the_cuda_kernels_the_placement_check_assumes():
+    """With nvcc at install (CI has it) the build must have its CUDA kernels: CVM_ONNX_CUDA=AUTO leaves them out
+    quietly when its CUDA probe fails, and that is a regression here, not a skip."""
     path = library_path()
-    if not native.has_cuda_kernels(path):
+    if shutil.which("nvcc") is None and not native.has_cuda_kernels(path):
         assert native.cuda_ops(path) == ()
-        pytest.skip("the native library was built without CUDA kernels (no nvcc at install)")
+        pytest.skip("no nvcc on PATH: the native library was built without CUDA kernels")
     assert native.cuda_ops(path) == native.CUDA_OPS
 
 
@@ -367,7 +370,7 @@ def test_on_a_gpu_every_node_of_the_cuda_form_runs_on_cuda(path, tmp_path):
     placed = placement.profiled_placement(sess.end_profiling())
     assert placed and {p for p in placed.values()} == {"CUDAExecutionProvider"}, json.dumps(placed)
     want = execute(loaded.graph, {"data": data})
-    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)

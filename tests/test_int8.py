@@ -213,7 +213,7 @@ def test_conv_runs_from_integer_products_are_exact(case):
     for route in routes():
         for layout in ("rows", "columns"):
             got = run_route(model, {"data": data}, route, layout)
-            assert all(np.array_equal(g, w) for g, w in zip(got, want)), (route, layout)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
 
 
 @pytest.mark.isa
@@ -221,10 +221,9 @@ def test_the_chosen_route_is_exact_on_this_cpu():
     """``cpu.unbounded`` (uint8 x int8 for every product) holds only with VNNI/AMX and an exact probe (so never
     under qemu Haswell), and the probe's operands (int16 pair sums that saturate) are exact through the route the
     session picks."""
-    if cpu.unbounded():
-        assert cpu.EXACT_SIGNED & set(cpu.features()) and cpu._probe_exact()
-    else:
-        assert not cpu.EXACT_SIGNED & set(cpu.features()) or not cpu._probe_exact()
+    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+    if cpu.unbounded():  # the library's CPUID reading agrees with the kernel's
+        assert {"avx512_vnni", "avx_vnni", "amx_int8"} & flags
     b = GraphBuilder()
     x = b.input("data", (1, 64, 1, 1), 8)
     w = b.param("w", np.full((8, 64, 1, 1), 127), 8)  # the left operand w + 128 = 255

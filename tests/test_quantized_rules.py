@@ -9,15 +9,18 @@ from fractions import Fraction
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import assume, given, settings, strategies as st
-from onnx import TensorProto as T, helper as h, numpy_helper as nh
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from support.quantized import Oracle
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
-from test_quantized_import import Oracle
 
 SETTINGS = settings(max_examples=10, deadline=None)
 NP = {T.INT8: np.int8, T.UINT8: np.uint8}
@@ -127,7 +130,7 @@ def oracle_equal(m, x: np.ndarray) -> None:
     imp = import_model(m, input_precision=9)
     got = execute(imp.graph, {"data": x.astype(np.int32)})
     want = Oracle(m, imp).run(x.astype(np.int64))
-    for g_, w_ in zip(got, want):
+    for g_, w_ in zip(got, want, strict=True):
         assert np.array_equal(g_.astype(np.int64), np.asarray(w_[1]).reshape(g_.shape))
     assert verify(imp.graph, x.astype(np.int32)).exact
 

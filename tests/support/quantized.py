@@ -1,12 +1,16 @@
 """Small float CNNs quantized by onnxruntime.quantization.quantize_static: the source models of the quantized
-import's tests."""
+import's tests, and the numpy oracle of docs/import.md they are checked against."""
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
 from onnxruntime import quantization
 
 from cvm_onnx.core.format.onnx_file import onnx_model
@@ -103,3 +107,281 @@ def small_qdq(tmp, activation="uint8"):
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
     qm, _ = quantized(onnx_model(g, 17), tmp, "QDQ", activation, False, True)
     return qm
+
+
+INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
+
+
+# -- the oracle -------------------------------------------------------------------------------------------------
+def one(op_type, inputs, **attrs):
+    """One ONNX op on float64 arrays with onnx.reference (exact on the integers used here)."""
+    names = [f"i{k}" for k in range(len(inputs))]
+    g = h.make_graph([h.make_node(op_type, names, ["o"], **attrs)], "one",
+                     [h.make_tensor_value_info(n, T.DOUBLE, None) for n in names],
+                     [h.make_tensor_value_info("o", T.DOUBLE, None)])
+    return ReferenceEvaluator(onnx_model(g, 21)).run(
+        None, dict(zip(names, [np.asarray(x, np.float64) for x in inputs])))[0]
+
+
+def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
+    """ConvTranspose by its definition, in int64: each input value times the kernel, added at
+    o = i * stride - pad_begin + k * dilation (group by group); output_padding extends the end."""
+    g = a.get("group", 1)
+    (n, cin, hgt, wid), (_, per, kh, kw) = x.shape, w.shape
+    s, d = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+    p, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
+    out = [(size - 1) * st_ - p[i] - p[i + 2] + dd * (k - 1) + 1 + e
+           for i, (size, st_, dd, k, e) in enumerate(zip((hgt, wid), s, d, (kh, kw), extra))]
+    y = np.zeros((n, g * per, *out), np.int64)
+    cg = cin // g
+    for grp in range(g):
+        xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
+        for i in range(kh):
+            for j in range(kw):
+                part = np.einsum("nchw,co->nohw", xs_, w[grp * cg:(grp + 1) * cg, :, i, j].astype(np.int64))
+                for ih in range(hgt):
+                    oh = ih * s[0] - p[0] + i * d[0]
+                    if not 0 <= oh < out[0]:
+                        continue
+                    for iw in range(wid):
+                        ow = iw * s[1] - p[1] + j * d[1]
+                        if 0 <= ow < out[1]:
+                            y[:, grp * per:(grp + 1) * per, oh, ow] += part[:, :, ih, iw]
+    return y
+
+
+class Oracle:
+    """Runs a quantized model as docs/import.md states: integers; values (v, scale) with v an integer array whose
+    real value is v * scale; QuantizeLinear as the import's plan (multiplier, shifts, clip) of each node; float
+    functions as a float64 table. Checks each requantization against its bound."""
+
+    def __init__(self, model, imported):
+        self.model = model
+        self.inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
+        self.types = {t.name: t.data_type for t in model.graph.initializer}
+        self.plans = {r.node: r for r in imported.requants}
+        self.worst = 0.0
+
+    def const(self, name):
+        return self.inits[name] if name else None
+
+    def run(self, q: np.ndarray) -> list[np.ndarray]:
+        env = {self.model.graph.input[0].name: ("int", q.astype(np.int64))}  # an integer input (a QDQ layer)
+        for i, node in enumerate(self.model.graph.node):
+            ins = list(node.input)
+            a = {x.name: h.get_attribute_value(x) for x in node.attribute}
+            name = node.name or f"{node.op_type}_{i}"
+            op = node.op_type
+            if op == "QuantizeLinear" and ins[0] == self.model.graph.input[0].name:
+                out = ("int", q.astype(np.int64))
+            elif op == "DequantizeLinear":
+                out = self.dq(env.get(ins[0]), ins, a)
+            elif op == "QuantizeLinear":
+                out = self.q(name, env[ins[0]], ins[1], ins[2] if len(ins) > 2 else "")
+            elif op.startswith("QLinear") or op == "QGemm":
+                out = self.qop(name, op, ins, a, env)
+            else:
+                out = self.float_op(op, [env.get(x) if x in env else ("const", self.inits.get(x)) for x in ins], a)
+            for name_, value in zip(node.output, out if isinstance(out, list) else [out]):
+                env[name_] = value
+        return [env[o.name] for o in self.model.graph.output]
+
+    # values: ("int", q), ("real", v, scale, zero-free) with real = v * scale, ("fn", value, f), ("sum", [reals])
+    def dq(self, x, ins, a):
+        q = x[1] if x is not None else self.inits[ins[0]].astype(np.int64)
+        s = self.const(ins[1]).astype(np.float64)
+        z = self.const(ins[2]) if len(ins) > 2 and ins[2] else np.zeros((), np.int64)
+        axis = a.get("axis", 1)
+        if s.size > 1:
+            shape = (-1,) + (1,) * (q.ndim - 1 - axis % q.ndim)
+            s, z = s.reshape(shape), z.reshape(shape)
+        return ("real", q - z.astype(np.int64), np.vectorize(Fraction, otypes=[object])(s))
+
+    def q(self, name, x, s_name, z_name):
+        lo, hi = INT_RANGE[self.types.get(z_name, T.UINT8)]
+        z = int(self.inits[z_name]) if z_name else 0
+        return ("int", self.requant(name, x, Fraction(float(self.inits[s_name])), z, lo, hi))
+
+    @staticmethod
+    def settled(rec, term, s_out, zo, lo, hi):
+        """The term with its settled rows set to 0 and their K - z_out per row; every value of those rows is
+        checked to quantize (exactly, half to even, saturated) to K."""
+        _, v, sc = term
+        mask, offset = np.zeros(sc.shape, bool), np.zeros(sc.shape, np.int64)
+        for row, k in rec.settled:
+            mask.flat[row], offset.flat[row] = True, k - zo
+        rows = np.broadcast_to(mask, np.broadcast_shapes(v.shape, sc.shape))
+        exact = np.vectorize(lambda a, m: min(max(round(a * m) + zo, lo), hi), otypes=[np.int64])(
+            np.broadcast_to(v, rows.shape).astype(object), np.broadcast_to(sc / s_out, rows.shape))
+        assert np.array_equal(exact[rows], np.broadcast_to(offset + zo, rows.shape)[rows])
+        return [("real", np.where(rows, 0, v), sc)], offset
+
+    def requant(self, name, x, s_out, zo, lo, hi):
+        rec = self.plans[name]
+        if x[0] == "fn":
+            _, (kind, v, sc), f = x
+            real = v * float(sc.reshape(-1)[0])
+            return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
+        terms = x[1] if x[0] == "sum" else [x]
+        if rec.settled:  # rows of a bias no conv2d holds: QuantizeLinear gives one value K on all of each
+            terms, offset = self.settled(rec, terms[0], s_out, zo, lo, hi)
+            return np.clip(self.requant_terms(rec, name, terms, s_out, zo, lo, hi) + offset, lo, hi)
+        return self.requant_terms(rec, name, terms, s_out, zo, lo, hi)
+
+    def requant_terms(self, rec, name, terms, s_out, zo, lo, hi):
+        if not rec.plans:
+            return np.clip(terms[0][1] + zo, lo, hi)
+        if rec.runs:  # one term, per-channel runs: each run's channels by its own plan
+            v, scale = terms[0][1], terms[0][2]
+            axis = v.ndim - scale.ndim + next(i for i, n in enumerate(scale.shape) if n > 1)
+            r = np.empty(np.broadcast_shapes(v.shape, scale.shape), np.int64)
+            for run in rec.runs:
+                sub = np.take(v, run.channels, axis=axis)
+                shape = [1] * sub.ndim
+                shape[axis] = -1
+                got = self.plan_of(run.plan, [sub], [m.reshape(shape) for m in run.plan.multipliers])
+                idx = [slice(None)] * r.ndim
+                idx[axis] = run.channels
+                r[tuple(idx)] = got
+            self.check(name, r, terms, s_out, zo, lo, hi, max(run.plan.error for run in rec.runs))
+            return np.clip(r + zo, lo, hi)
+        p = rec.plan
+        r = self.plan_of(p, [t[1] for t in terms], p.multipliers)
+        self.check(name, r, terms, s_out, zo, lo, hi, p.error)
+        return np.clip(r + zo, lo, hi)
+
+    @staticmethod
+    def plan_of(p, vs, multipliers):
+        """r of the plan ``p`` on the integers ``vs`` (docs/import.md, Requantization)."""
+        if len(vs) == 1:
+            v = vs[0]
+            if p.clip is not None:
+                v = np.clip(v, *p.clip)
+            if p.pre_shift:
+                v = (v + (1 << (p.pre_shift - 1))) >> p.pre_shift
+            total = v * multipliers[0]
+        else:
+            total = sum(v * m for v, m in zip(vs, multipliers))
+        return (total + (1 << (p.shift - 1))) >> p.shift
+
+    def check(self, name, r, terms, s_out, zo, lo, hi, bound):
+        """Every unsaturated r within ``bound`` steps of the exact rational value."""
+        exact = np.atleast_1d(sum(t[1].astype(object) * (t[2] / s_out) for t in terms))
+        r = np.atleast_1d(r)
+        inside = (r + zo >= lo) & (r + zo <= hi)
+        err = np.abs(r.astype(object) - exact)[np.broadcast_to(inside, r.shape)]
+        if err.size:
+            worst = float(max(err.flat))
+            assert worst <= bound + 1e-12, (name, worst, bound)
+            self.worst = max(self.worst, worst)
+
+    def as_real(self, x, what):
+        assert x[0] == "real", (what, x[0])
+        return x
+
+    def float_op(self, op, xs, a):
+        if op == "MatMul" and xs[1][0] == "real" and xs[1][1].ndim > 2:  # of two computed tensors, per tensor
+            return ("real", xs[0][1] @ xs[1][1], xs[0][2].reshape(()) * xs[1][2].reshape(()))
+        if op in ("Conv", "ConvTranspose", "Gemm", "MatMul"):
+            x, w = xs[0], xs[1]
+            scale_x = x[2].reshape(())
+            if op == "Conv":
+                v = one("Conv", [x[1], w[1]] + ([xs[2][1]] if len(xs) > 2 else []), **a)
+                sw = np.broadcast_to(w[2], w[1].shape).reshape(len(w[1]), -1)[:, 0].reshape(-1, 1, 1)
+            elif op == "ConvTranspose":  # weights (C_in, C_out / group, kh, kw), per channel along axis 1
+                v = transposed_conv(x[1], w[1], a) + (xs[2][1].reshape(-1, 1, 1) if len(xs) > 2 else 0)
+                sw = np.tile(np.broadcast_to(w[2], w[1].shape)[0, :, 0, 0], a.get("group", 1)).reshape(-1, 1, 1)
+            else:
+                wv = w[1] if op == "MatMul" or a.get("transB", 0) == 0 else w[1].T
+                v = x[1] @ wv + (xs[2][1] if len(xs) > 2 else 0)
+                sw = np.broadcast_to(w[2], w[1].shape)
+                sw = (sw.T if a.get("transB", 0) else sw)[0]
+            return ("real", np.rint(v).astype(np.int64), scale_x * sw)
+        if op == "Relu":
+            return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
+                ("fn", xs[0][1], lambda r, f=xs[0][2]: np.maximum(f(r), 0))
+        if op in ("MaxPool", "Flatten", "Reshape", "Transpose"):
+            v = np.rint(one(op, [xs[0][1]] + [c[1] for c in xs[1:]], **a)).astype(np.int64)
+            return ("int", v) if xs[0][0] == "int" else ("real", v, xs[0][2])
+        if op == "AveragePool":
+            c = xs[0][1].shape[1]
+            ones = np.ones((c, 1) + tuple(a["kernel_shape"]))
+            v = one("Conv", [xs[0][1], ones], group=c, strides=a.get("strides", [1, 1]), pads=a.get("pads", [0] * 4))
+            count = one("Conv", [np.ones((1, 1) + xs[0][1].shape[2:]), np.ones((1, 1) + tuple(a["kernel_shape"]))],
+                        strides=a.get("strides", [1, 1]), pads=a.get("pads", [0] * 4))
+            if a.get("count_include_pad", 0):
+                count = np.full_like(count, math.prod(a["kernel_shape"]))
+            return ("real", np.rint(v).astype(np.int64),
+                    xs[0][2] / np.vectorize(lambda n: Fraction(int(n)), otypes=[object])(count[0]))
+        if op == "GlobalAveragePool":
+            v = xs[0][1].sum(axis=(2, 3), keepdims=True)
+            return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
+        if op == "Add":
+            return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
+        if op == "BatchNormalization":  # a x + c per channel, a and c in float64 as docs/import.md states
+            g, b, mu, var = (np.asarray(c[1], np.float64) for c in xs[1:])
+            a_ = g / np.sqrt(var + np.float64(np.float32(a.get("epsilon", 1e-5))))
+            c_ = b - a_ * mu
+            shape = (-1,) + (1,) * (xs[0][1].ndim - 2)
+            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
+            sign = np.sign(a_).astype(np.int64).reshape(shape)  # the terms as the import writes them: sign, size
+            return ("sum", [("real", xs[0][1] * sign, xs[0][2] * size(a_).reshape(shape)),
+                            ("real", np.sign(c_).astype(np.int64).reshape(shape), size(c_).reshape(shape))])
+        if op == "Sub":
+            a, b = ([t for t in (x[1] if x[0] == "sum" else [x])] for x in xs)
+            return ("sum", a + [("real", -t[1], t[2]) for t in b])
+        if op in ("Mul", "Div") and "const" in (xs[0][0], xs[1][0]):  # by a float constant: the scale times/over it
+            x, c = (xs[0], xs[1][1]) if xs[1][0] == "const" else (xs[1], xs[0][1])
+            c = Fraction(float(c))
+            return ("real", x[1], x[2] * c if op == "Mul" else x[2] / c)
+        if op == "ReduceMean":
+            v = xs[0][1]
+            axes = a.get("axes", None) if len(xs) < 2 else list(xs[1][1])
+            axes = tuple(sorted(x % v.ndim for x in (axes if axes else range(v.ndim))))
+            return ("real", np.asarray(v.sum(axis=axes, keepdims=bool(a.get("keepdims", 1)))),
+                    np.asarray(xs[0][2] / math.prod(v.shape[i] for i in axes), dtype=object))
+        if op == "Split":
+            v, axis = xs[0][1], a.get("axis", 0) % xs[0][1].ndim
+            cuts = np.cumsum(list(xs[1][1]) if len(xs) > 1 else a["split"])[:-1]
+            return [("real", part, xs[0][2]) for part in np.split(v, cuts, axis=axis)]
+        if op == "Mul":
+            return ("real", xs[0][1] * xs[1][1], xs[0][2] * xs[1][2])
+        if op == "Pow":
+            k = int(np.asarray(xs[1][1]).reshape(()))
+            return ("real", xs[0][1] ** k, xs[0][2] ** k)
+        if op == "Concat":
+            axis = a["axis"]
+            v = np.concatenate([x[1] for x in xs], axis=axis)
+            scale = np.concatenate([np.broadcast_to(np.asarray(x[2], dtype=object).reshape((1,) * x[1].ndim),
+                                                    x[1].shape[:axis] + (x[1].shape[axis],) + (1,) *
+                                                    (x[1].ndim - axis - 1)) for x in xs], axis=axis)
+            return ("real", v, scale)
+        if op == "Sigmoid":
+            return ("fn", xs[0], lambda r: 1 / (1 + np.exp(-r)))
+        raise AssertionError(f"the oracle has no {op}")
+
+    def qop(self, name, op, ins, a, env):
+        def dq3(k, axis=1):
+            return self.dq(env.get(ins[k]), ins[k:k + 3], {"axis": axis})
+
+        if op == "QLinearConv":
+            x, w = dq3(0), dq3(3, 0)
+            b = ("real", self.inits[ins[8]].astype(np.int64), None) if len(ins) > 8 else None
+            val = self.float_op("Conv", [x, w] + ([b] if b else []), a)
+            return self.q(name, val, ins[6], ins[7])
+        if op == "QGemm":
+            x, w = dq3(0), dq3(3, 0 if a.get("transB", 0) else 1)
+            b = ("real", self.inits[ins[6]].astype(np.int64), None) if len(ins) > 6 and ins[6] else None
+            val = self.float_op("Gemm", [x, w] + ([b] if b else []), a)
+            return self.q(name, val, ins[7], ins[8])
+        if op == "QLinearMatMul":
+            val = self.float_op("MatMul", [dq3(0), dq3(3)], a)
+            return self.q(name, val, ins[6], ins[7])
+        if op in ("QLinearAdd", "QLinearMul"):
+            val = self.float_op(op[len("QLinear"):], [dq3(0), dq3(3)], a)
+            return self.q(name, val, ins[6], ins[7])
+        if op == "QLinearConcat":
+            xs = [dq3(k) for k in range(2, len(ins), 3)]
+            return self.q(name, self.float_op("Concat", xs, a), ins[0], ins[1])
+        val = self.float_op(op[len("QLinear"):], [dq3(0)], a)
+        return self.q(name, val, ins[3], ins[4])
