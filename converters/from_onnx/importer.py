@@ -30,7 +30,7 @@ from cvm_onnx.core.validate import validate
 # registers the rules (in this order: RULES lists them so)
 from . import elemwise, transform, nn, reduce, quantized, roundtrip  # noqa: F401, I001
 from .checks import checked_order, tensor_array, type_problem
-from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, tight, type_name
+from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 INPUT_NAME = "data"
@@ -306,7 +306,7 @@ class _Walk:
         if dtype not in quantized.QUANTIZED_TYPES or shape is None:
             return None
         lo, hi = INT_RANGES[dtype]
-        e = self.ctx.variable(f"{name}:unknown", cvm_shape(shape), tight(max(-lo, hi)))
+        e = self.ctx.variable(f"{name}:unknown", cvm_shape(shape), quantized.input_precision(dtype))
         return Tensor(dtype, shape, lo, hi, e)
 
     def heads(self) -> list[Entry]:

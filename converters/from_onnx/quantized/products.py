@@ -17,7 +17,7 @@ from ..context import Tensor, const, tight
 from ..emit import (aligned, axes_of, broadcast_shape, conv_window, cropped, nearest, normal, onnx_pads,
                    reduced, select, spatial_2d)
 from ..registry import Refuse, float_rule
-from .values import INT32, Scaled, as_int32, minus_zero, per_tensor, scaled
+from .values import FAR, INT32, Scaled, as_int32, minus_zero, per_tensor, scaled
 
 MAX_PRODUCTS = 1 << 24  # elements of the products tensor of a MatMul of two computed tensors
 
@@ -102,7 +102,7 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         b = bias_values(bias, sx * sw, len(w))
     uniform = valid is None or bool((valid == valid[:, :1, :1]).all())
     total = b + (c - z) * (rows.sum(axis=1) if valid is None else valid[:, 0, 0] if uniform else 0)
-    excess = np.where(np.abs(total) >= 1 << 30, total, 0)
+    excess = np.where(np.abs(total) >= FAR, total, 0)
     b, total = b - excess, total - excess
     ins = grouped_concat(ctx, [p for p in xparts for _ in wparts], groups)
     weights = np.concatenate([p for _ in xparts for p in wparts], axis=1)

@@ -15,7 +15,7 @@ from ..context import INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import broadcast_shape, reduced
 from ..registry import Refuse, float_rule, rule
 from ..requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
-from .values import (INT32, MS, QUANTIZED_TYPES, Mapped, Real, Scaled, Softmaxed, Summed, along, as_int32, axis_of,
+from .values import (FAR, INT32, MS, QUANTIZED_TYPES, Mapped, Real, Scaled, Softmaxed, Summed, along, as_int32, axis_of,
                      minus_zero, per_tensor, scale_of, scaled, zero_of)
 
 MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
@@ -149,7 +149,6 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     return finish(apply(ctx, vs, p))
 
 
-FAR = 1 << 30  # a zero point this far (a bias kept out of conv2d, ``accumulate``) has no CVM label
 
 
 def settle(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int,

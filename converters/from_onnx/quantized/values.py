@@ -18,6 +18,9 @@ from ..registry import Refuse
 INT32 = TensorProto.INT32
 QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
 MS = "com.microsoft"
+#: A zero point this far from 0 (a dead channel's bias, kept out of conv2d by ``accumulate``) has no CVM label:
+#: the products keep such biases out, and the QuantizeLinear settles those rows to their one value.
+FAR = 1 << 30
 
 
 @dataclass(frozen=True, eq=False)
