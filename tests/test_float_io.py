@@ -149,3 +149,23 @@ def test_edges_that_are_not_the_graphs_are_a_format_error():
     next(t for t in bad.graph.initializer if t.name == "logits:zero_point").raw_data = np.int32(31).tobytes()
     with pytest.raises(FormatError, match="cvm.float_io: the graph's float edges are not the ones it names"):
         import_model(bad)
+
+
+@pytest.mark.parametrize("key", ["cvm.float_io", "cvm.quantization"])
+def test_verify_and_info_refuse_edges_for_another_number_of_outputs(key, tmp_path, capsys):
+    """The float edges in an export's metadata are read with the graph's output count, as the import reads them."""
+    model = cvm_onnx.load(DIGITS)
+    onnx_model = to_onnx(model.graph, edges=model.edges, float_io=key == "cvm.float_io")
+    props = {p.key: p for p in onnx_model.metadata_props}
+    doc = json.loads(props[key].value)
+    props[key].value = json.dumps(doc | {"outputs": doc["outputs"] * 2})
+    path = tmp_path / "m.onnx"
+    onnx.save(onnx_model, path)
+    command = ["verify", str(path)] if key == "cvm.float_io" else ["info", str(path)]
+    code = main(command)
+    text = capsys.readouterr()
+    said = f"metadata {key}: 2 output edges for a model of 1 outputs"
+    if key == "cvm.float_io":
+        assert code == 2 and f"format error: {said}" in text.err
+    else:
+        assert code == 0 and f"float edges: malformed: {said}" in text.out

@@ -195,7 +195,8 @@ def cmd_verify(args) -> int:
         onnx_model = api.load_onnx(args.model, external_data=True)
         graph = exported_graph(onnx_model, args.model)
         props = {p.key: p.value for p in onnx_model.metadata_props}
-        edges = parse_edges(props[FLOAT_IO], f"metadata {FLOAT_IO}") if FLOAT_IO in props else None
+        edges = (parse_edges(props[FLOAT_IO], f"metadata {FLOAT_IO}", len(onnx_model.graph.output))
+                 if FLOAT_IO in props else None)
     else:
         model = api.load(args.model, args.params)
         _warn(model.warnings)

@@ -78,7 +78,7 @@ def describe(model: onnx.ModelProto) -> list[str]:
         lines.append(f"converted from CVM ({props.get(SOURCE_VERSION, 'version unknown')}) by {producer}; {form}")
     if QUANTIZATION in props:
         try:
-            edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}")
+            edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}", len(model.graph.output))
         except FormatError as e:
             lines.append(f"float edges: malformed: {e}")
         else:
