@@ -31,6 +31,9 @@ from cvm_onnx.core.validate import shape_problem
 
 from .registry import Refuse
 
+INT32 = TensorProto.INT32
+BOOL = TensorProto.BOOL
+
 INT_RANGES = {
     TensorProto.BOOL: (0, 1),
     TensorProto.INT8: (-(1 << 7), (1 << 7) - 1), TensorProto.UINT8: (0, (1 << 8) - 1),

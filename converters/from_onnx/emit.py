@@ -10,18 +10,28 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto, helper
 
-from .context import FLOAT_EXACT, Tensor, check_values, const, cvm_shape, foldable, op_interval
+from .context import BOOL, FLOAT_EXACT, INT32, Tensor, check_values, const, cvm_shape, foldable, op_interval
 from .registry import REQUIRED, Refuse
 
-
-BOOL = TensorProto.BOOL
-
-
-INT32 = TensorProto.INT32
 
 
 def np_type(dtype: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+
+
+def as_int32(t: Tensor) -> Tensor:
+    """The same values as an int32 tensor (a constant converted)."""
+    return replace(t, dtype=INT32, name=None) if not t.is_const else const(t.value.astype(np.int64), INT32)
+
+
+def minus_zero(ctx, t: Tensor, z: np.ndarray) -> Tensor:
+    """t - z as an int32 tensor, ``z`` a zero point broadcast against t (a constant t folded)."""
+    if not z.any():
+        return as_int32(t)
+    if t.is_const:
+        return const(t.value.astype(np.int64) - z, INT32)
+    zc = const(z.astype(np.int32), INT32)
+    return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
 
 
 def broadcast_shape(*ts: Tensor) -> tuple[int, ...]:

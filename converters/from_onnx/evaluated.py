@@ -15,12 +15,9 @@ import warnings
 
 import numpy as np
 import onnx
-from onnx import TensorProto
 
-from .context import INT32_MAX, Tensor, const, cvm_shape, foldable
+from .context import INT32, INT32_MAX, Tensor, const, cvm_shape, foldable
 from .registry import Refuse
-
-INT32 = TensorProto.INT32
 MAX_TABLE = 1 << 16  # entries of a table (the variable's values times the constant operands' positions)
 
 

@@ -18,16 +18,13 @@ import math
 from dataclasses import replace
 
 import numpy as np
-from onnx import TensorProto
 
 from .checks import MAX_DIM
-from .context import FLOAT_EXACT, Tensor, check_values, const, type_name
-from .emit import (aligned, attrs_2d, broadcast_shape, conv_window, cropped, ints, nearest, normal, onnx_pads, select,
-                   spatial_2d)
+from .context import FLOAT_EXACT, INT32, Tensor, check_values, const, type_name
+from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, conv_window, cropped, ints, minus_zero, nearest, normal,
+                   onnx_pads, select, spatial_2d)
 from .evaluated import affine
 from .registry import Refuse, rule
-
-INT32 = TensorProto.INT32
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -61,18 +58,14 @@ def transposed(ctx, t: Tensor, perm: tuple[int, ...]) -> Tensor:
 
 def minus_zero_point(ctx, t: Tensor, zp: Tensor | None, channel_axis: int | None = None) -> Tensor:
     """t - zero_point as int32 (a per-channel zero point lies along ``channel_axis``)."""
-    if zp is None or (zp.is_const and not zp.value.any()):
-        return Tensor(INT32, t.shape, t.lo, t.hi, t.entry, t.value, t.name)
+    if zp is None:
+        return as_int32(t)
     if not zp.is_const:
         raise Refuse("a zero point must be a constant")
     z = zp.value.astype(np.int64)
     if z.size > 1 and channel_axis is not None:
         z = z.reshape((-1,) + (1,) * (len(t.shape) - 1 - channel_axis))
-    if t.is_const:
-        return const(t.value.astype(np.int64) - z, INT32)
-    zc = const(z.astype(np.int32), INT32)
-    e = ctx.op("broadcast_sub", t, zc)
-    return ctx.result(e, INT32, t.lo - int(z.max()), t.hi - int(z.min()), broadcast_shape(t, zc))
+    return minus_zero(ctx, t, z)
 
 
 def dense(ctx, x: Tensor, w: Tensor, dtype: int, bias: Tensor | None = None) -> Tensor:

@@ -18,13 +18,11 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
-from .context import Tensor, check_values, const, cvm_shape, foldable, is_supported_type, type_name
+from .context import INT32, Tensor, check_values, const, cvm_shape, foldable, is_supported_type, type_name
 from .emit import (arith, axes_of, broadcast_shape, concatenated, equal, extreme, greater, ints, normal, np_type,
                   scalar, step, strided_slice)
 from .evaluated import evaluate
 from .registry import Refuse, rule
-
-INT32 = TensorProto.INT32
 
 
 @rule("Reshape", since=5)

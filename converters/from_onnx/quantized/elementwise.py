@@ -10,12 +10,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..context import Tensor, const
-from ..emit import broadcast_shape
+from ..context import INT32, Tensor, const
+from ..emit import as_int32, broadcast_shape, minus_zero
 from ..registry import Refuse, float_rule
-from .values import INT32, Mapped, Scaled, Summed, as_int32, minus_zero, per_tensor, real_bound, scaled
-
-
+from .values import Mapped, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers, requantized by the QuantizeLinear that follows."""
@@ -89,7 +87,7 @@ def sub_rule(ctx, node, a, b):
 
 def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
     """(a - za)(b - zb) in int32, at scale s_a * s_b."""
-    va, vb = minus_zero(ctx, a), minus_zero(ctx, b)
+    va, vb = minus_zero(ctx, a.t, a.zero), minus_zero(ctx, b.t, b.zero)
     corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
     e = ctx.op("broadcast_mul", va, vb)
     scale = np.asarray(a.scale * b.scale, dtype=object).reshape(np.broadcast_shapes(a.scale.shape, b.scale.shape))

@@ -10,9 +10,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..context import const
-from ..emit import concatenated, normal
+from ..emit import as_int32, concatenated, normal
 from ..registry import Refuse, float_rule, integer_rule
-from .values import Real, Scaled, as_int32, per_tensor, real_bound, scaled
+from .values import Real, Scaled, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",

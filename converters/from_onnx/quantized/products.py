@@ -13,12 +13,11 @@ from onnx import TensorProto
 
 from cvm_onnx.core.constants import INT32_MAX
 
-from ..context import Tensor, const, tight
-from ..emit import (aligned, axes_of, broadcast_shape, conv_window, cropped, nearest, normal, onnx_pads,
-                   reduced, select, spatial_2d)
+from ..context import INT32, Tensor, const, tight
+from ..emit import (aligned, as_int32, axes_of, broadcast_shape, conv_window, cropped, minus_zero, nearest, normal,
+                    onnx_pads, reduced, select, spatial_2d)
 from ..registry import Refuse, float_rule
-from .values import FAR, INT32, Scaled, as_int32, minus_zero, per_tensor, scaled
-
+from .values import FAR, Scaled, per_tensor, scaled
 MAX_PRODUCTS = 1 << 24  # elements of the products tensor of a MatMul of two computed tensors
 
 
@@ -233,7 +232,7 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     wv = Scaled(const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32),
                 np.ascontiguousarray(flipped(full)), np.zeros((), np.int64))
     wv, sw = weight(wv, "the ConvTranspose weight")
-    v = minus_zero(ctx, x)
+    v = minus_zero(ctx, x.t, x.zero)
     n, c, hgt, wid = x.shape
     up = nearest(ctx, v, [1, 1, *strides])
     mask = np.zeros((1, 1, hgt * strides[0], wid * strides[1]), np.int32)
@@ -271,7 +270,7 @@ def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
     a, b = per_tensor(a, "MatMul"), per_tensor(b, "MatMul")
     if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
         raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: CVM's form takes matrices (rank >= 2) that chain")
-    va, vb = minus_zero(ctx, a), minus_zero(ctx, b)
+    va, vb = minus_zero(ctx, a.t, a.zero), minus_zero(ctx, b.t, b.zero)
     ea, eb = ctx.reshape(va, a.shape + (1,)), ctx.reshape(vb, b.shape[:-2] + (1,) + b.shape[-2:])
     corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
     shape = broadcast_shape(ea, eb)
@@ -330,7 +329,7 @@ def average_rule(ctx, node, x):
 def global_average(ctx, x: Scaled) -> Scaled:
     """GlobalAveragePool: sum of x - z over the image, at scale s_x / (H * W)."""
     x = per_tensor(x, "GlobalAveragePool")
-    v = minus_zero(ctx, x)
+    v = minus_zero(ctx, x.t, x.zero)
     axes = tuple(range(2, len(x.shape)))
     n = math.prod(x.shape[2:])
     e = ctx.op("sum", v, axis=axes, keepdims=False)
@@ -356,7 +355,7 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
     axes = sorted(set(normal(axes or list(range(rank)), rank)))
     keep = node.attr_int("keepdims", 1)
     n = math.prod(x.shape[i] for i in axes)
-    v = minus_zero(ctx, x)
+    v = minus_zero(ctx, x.t, x.zero)
     y = reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else y.shape
     return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / n, dtype=object),

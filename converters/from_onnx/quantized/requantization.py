@@ -11,12 +11,12 @@ from fractions import Fraction
 import numpy as np
 from onnx import TensorProto
 
-from ..context import INT_RANGES, Tensor, bound, const, tight, type_name
-from ..emit import broadcast_shape, reduced
+from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
+from ..emit import as_int32, broadcast_shape, minus_zero, reduced
 from ..registry import Refuse, float_rule, rule
 from ..requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
-from .values import (FAR, INT32, MS, QUANTIZED_TYPES, Mapped, Real, Scaled, Softmaxed, Summed, along, as_int32, axis_of,
-                     minus_zero, per_tensor, scale_of, scaled, zero_of)
+from .values import (FAR, MS, QUANTIZED_TYPES, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of, per_tensor,
+                     scale_of, scaled, zero_of)
 
 MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
 
@@ -117,7 +117,7 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
                   min(hi, clipped(x.clip[1], scale, out_zero, lo, hi)) if x.clip[1] is not None else hi)
         x, offset, settled = settle(ctx, x, scale, out_zero, lo, hi)
     terms = x.terms if isinstance(x, Summed) else (x,)
-    vs = [minus_zero(ctx, term) for term in terms]
+    vs = [minus_zero(ctx, term.t, term.zero) for term in terms]
     ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
     shape = broadcast_shape(*vs)
 

@@ -4,18 +4,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
 import numpy as np
 from onnx import TensorProto
 
-from ..context import INT_RANGES, Tensor, const, type_name
-from ..emit import broadcast_shape
+from ..context import INT_RANGES, Tensor, type_name
 from ..registry import Refuse
 
-INT32 = TensorProto.INT32
 QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
 MS = "com.microsoft"
 #: A zero point this far from 0 (a dead channel's bias, kept out of conv2d by ``accumulate``) has no CVM label:
@@ -144,21 +142,6 @@ def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
     if isinstance(x, Tensor):
         raise Refuse(f"{what} is a float tensor that no DequantizeLinear produced: it has no integer form")
     raise Refuse(f"{what} ({'a sum' if isinstance(x, Summed) else x.what}) must be quantized (QuantizeLinear) first")
-
-
-def as_int32(t: Tensor) -> Tensor:
-    return replace(t, dtype=INT32, name=None) if not t.is_const else const(t.value.astype(np.int64), INT32)
-
-
-def minus_zero(ctx, x: Scaled) -> Tensor:
-    """t - zero as an int32 tensor (a constant one folded)."""
-    t, z = x.t, x.zero
-    if not z.any():
-        return as_int32(t)
-    if t.is_const:
-        return const(t.value.astype(np.int64) - z, INT32)
-    zc = const(z.astype(np.int32), INT32)
-    return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
 
 
 def real_bound(t: Tensor | None, what: str) -> Fraction | None:
