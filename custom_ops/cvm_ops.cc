@@ -737,6 +737,12 @@ std::vector<OpPtr> create_ops() {
   return ops;
 }
 
+// The ops, created once: they outlive every session that uses them.
+const std::vector<OpPtr>& registered_ops() {
+  static const std::vector<OpPtr> ops = create_ops();
+  return ops;
+}
+
 }  // namespace
 
 }  // namespace cvm_onnx
@@ -750,14 +756,21 @@ extern "C" __attribute__((visibility("default"))) int CvmOnnxHasCuda() {
 #endif
 }
 
-// The ops with a CUDAExecutionProvider kernel in this build, comma-separated ("" without CUDA), for
-// cvm_onnx.native.cuda_ops (via ctypes).
+// The ops registered for CUDAExecutionProvider, comma-separated ("" without CUDA), for cvm_onnx.native.cuda_ops
+// (via ctypes).
 extern "C" __attribute__((visibility("default"))) const char* CvmOnnxCudaOps() {
-#ifdef CVM_ONNX_WITH_CUDA
-  return "non_max_suppression,get_valid_counts,cvm_lut,im2col_int8,im2col_uint8,requantize";
-#else
-  return "";
-#endif
+  static const std::string names = [] {
+    std::string joined;
+    try {
+      for (const auto& op : cvm_onnx::registered_ops()) {
+        if (std::string(op->GetExecutionProviderType(op.get())) != "CUDAExecutionProvider") continue;
+        joined += (joined.empty() ? "" : ",") + std::string(op->GetName(op.get()));
+      }
+    } catch (const std::exception&) {  // a broken registration: RegisterCustomOps reports it
+    }
+    return joined;
+  }();
+  return names.c_str();
 }
 
 // The entry point onnxruntime calls from SessionOptions.register_custom_ops_library.
@@ -772,8 +785,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   }
   Ort::InitApi(api);
   try {
-    // The ops and domains must outlive every session that uses them.
-    static const std::vector<cvm_onnx::OpPtr> ops = cvm_onnx::create_ops();
+    // The domains must outlive every session that uses them.
+    const std::vector<cvm_onnx::OpPtr>& ops = cvm_onnx::registered_ops();
     static std::mutex mutex;
     static std::vector<Ort::CustomOpDomain> domains;
     Ort::CustomOpDomain domain{cvm_onnx::kDomain};

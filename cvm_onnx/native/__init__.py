@@ -74,10 +74,6 @@ def ops_used(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in nodes if n.domain == DOMAIN})
 
 
-#: The ops that have a CUDAExecutionProvider kernel in a library built with CUDA (``cuda_ops`` asks a library).
-CUDA_OPS = ("non_max_suppression", "get_valid_counts", "cvm_lut", "im2col_int8", "im2col_uint8", "requantize")
-
-
 def has_cuda_kernels(path: str) -> bool:
     """Whether the library at ``path`` was built with the CUDA kernels (it asks the library itself)."""
     return bool(ctypes.CDLL(path).CvmOnnxHasCuda())
