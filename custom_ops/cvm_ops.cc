@@ -747,15 +747,6 @@ const std::vector<OpPtr>& registered_ops() {
 
 }  // namespace cvm_onnx
 
-// Whether this build has the CUDA kernels (1) or only the CPU ones (0), for `cvm-onnx --version` (via ctypes).
-extern "C" __attribute__((visibility("default"))) int CvmOnnxHasCuda() {
-#ifdef CVM_ONNX_WITH_CUDA
-  return 1;
-#else
-  return 0;
-#endif
-}
-
 // The ops registered for CUDAExecutionProvider, comma-separated ("" without CUDA), for cvm_onnx.native.cuda_ops
 // (via ctypes).
 extern "C" __attribute__((visibility("default"))) const char* CvmOnnxCudaOps() {

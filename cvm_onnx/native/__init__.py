@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from functools import cache
 from pathlib import Path
 
 import onnx
@@ -74,14 +75,16 @@ def ops_used(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in nodes if n.domain == DOMAIN})
 
 
-def has_cuda_kernels(path: str) -> bool:
-    """Whether the library at ``path`` was built with the CUDA kernels (it asks the library itself)."""
-    return bool(ctypes.CDLL(path).CvmOnnxHasCuda())
-
-
-def cuda_ops(path: str) -> tuple[str, ...]:
-    """The ops the library at ``path`` registers for CUDAExecutionProvider (none without CUDA kernels)."""
-    fn = ctypes.CDLL(path).CvmOnnxCudaOps
+@cache
+def cuda_ops(path: str | None) -> tuple[str, ...]:
+    """The ops the library at ``path`` registers for CUDAExecutionProvider (it asks the library): none without
+    CUDA kernels, and none where there is no library or it does not load (``status`` says which)."""
+    try:
+        fn = ctypes.CDLL(path).CvmOnnxCudaOps if path is not None else None
+    except (OSError, AttributeError):
+        fn = None
+    if fn is None:
+        return ()
     fn.restype = ctypes.c_char_p
     return tuple(op for op in fn().decode().split(",") if op)
 
@@ -93,10 +96,10 @@ def status() -> str:
         return (f"native library: not built ({LIBRARY} is missing: the {DOMAIN} ops run through the slow "
                 "pure-Python fallback; see docs/custom_ops.md)")
     try:
-        kernels = "CPU and CUDA kernels" if has_cuda_kernels(path) else "CPU kernels, no CUDA kernels"
-    except (OSError, AttributeError) as e:  # not loadable, or built before the library said
-        kernels = f"kernels unknown: {e}"
-    return f"native library: {path} ({kernels})"
+        ctypes.CDLL(path)
+    except OSError as e:
+        return f"native library: {path} (does not load: {e})"
+    return f"native library: {path} ({'CPU and CUDA kernels' if cuda_ops(path) else 'CPU kernels, no CUDA kernels'})"
 
 
 # -- schemas ------------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ of a session's profile.
   ops cvm-onnx writes, at opset 21, with their type constraints, taken from onnxruntime's own operator-kernel
   documentation (its source and commit are named in the file). ``without_cuda_kernel(model)`` lists every node
   that has no CUDA kernel for its types: onnxruntime would run it on the CPU provider, with a copy to and from
-  the host around it. A ``cvm.native`` node needs a CUDA kernel of the installed native library (``native_cuda_ops``).
+  the host around it. A ``cvm.native`` node needs a CUDA kernel of the installed native library (``cuda_ops``).
   Constants, and nodes that read only constants (folded when the session is created), need none.
 * ``profiled_placement(path)`` reads an onnxruntime profile (``SessionOptions.enable_profiling``) and gives the
   provider each node ran on, for the check on a machine with a GPU.
@@ -23,13 +23,6 @@ from cvm_onnx.converters.to_onnx.optimize import element_types
 from cvm_onnx.core.errors import Problem
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import cuda_ops, library_path
-
-
-@cache
-def native_cuda_ops() -> tuple[str, ...]:
-    """The ops the installed native library registers for CUDAExecutionProvider (none if it is not built)."""
-    path = library_path()
-    return () if path is None else cuda_ops(path)
 
 
 @cache
@@ -83,7 +76,7 @@ def without_cuda_kernel(model: onnx.ModelProto) -> list[Problem]:
         if node.op_type == "Constant" or all(t in known for t in node.output):
             continue
         if node.domain == NATIVE_DOMAIN:
-            why = None if node.op_type in native_cuda_ops() else \
+            why = None if node.op_type in cuda_ops(library_path()) else \
                 f"the native library has no CUDA kernel for {NATIVE_DOMAIN} {node.op_type}"
         elif node.domain in ("", "ai.onnx"):
             why = _kernel_problem(node, types)

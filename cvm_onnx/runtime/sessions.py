@@ -51,7 +51,7 @@ from cvm_onnx.core.executor import integer_input
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.native import SERVING_KERNELS, cpu, fallback, has_cuda_kernels, library_path
+from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -66,15 +66,20 @@ def one_line(e: Exception) -> str:
 
 
 @cache
+def _probe() -> bytes:
+    """A one-node model (int32 Identity) of opset ``OPSET`` and IR ``IR_VERSION``, to start a session with."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [1])
+    return onnx_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])) \
+        .SerializeToString()
+
+
+@cache
 def _onnxruntime_problem() -> str | None:
     """Why the installed onnxruntime cannot load a tiny model of opset ``OPSET`` and IR ``IR_VERSION``, else None
     (asked once per process)."""
-    x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.INT32, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
-    model = onnx_model(graph)
     try:
-        ort.InferenceSession(model.SerializeToString(), _options(), providers=[PROVIDERS["cpu"]])
+        ort.InferenceSession(_probe(), _options(), providers=[PROVIDERS["cpu"]])
     except Exception as e:  # noqa: BLE001  (onnxruntime's refusals come in several types)
         return (f"onnxruntime {ort.__version__} cannot load models of opset {OPSET} and IR version {IR_VERSION}, "
                 f"which cvm-onnx writes; install onnxruntime >= 1.31 ({one_line(e)})")
@@ -93,19 +98,14 @@ def cuda_status() -> str:
     available = PROVIDERS["cuda"] in ort.get_available_providers()
     starts, why = False, f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu)"
     if available:
-        x = helper.make_tensor_value_info("x", TensorProto.INT32, [1])
-        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x],
-                                  [helper.make_tensor_value_info("y", TensorProto.INT32, [1])])
-        model = onnx_model(graph)
         try:
-            sess = ort.InferenceSession(model.SerializeToString(), _options(), providers=_providers("cuda"))
+            sess = ort.InferenceSession(_probe(), _options(), providers=_providers("cuda"))
             starts = PROVIDERS["cuda"] in sess.get_providers()
             why = "CUDAExecutionProvider starts" if starts else "CUDAExecutionProvider does not start (check the " \
                 "CUDA and cuDNN libraries: README, CUDA)"
         except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
             why = f"CUDAExecutionProvider does not start: {one_line(e)}"
-    library = library_path()
-    kernels = library is not None and has_cuda_kernels(library)
+    kernels = bool(cuda_ops(library_path()))
     usable = "usable here" if starts and kernels else "not usable here"
     return f"CUDA: {usable}: {why}; native CUDA kernels: {'built' if kernels else 'not built'}"
 
