@@ -411,3 +411,16 @@ def test_schemas_reject_int64():
     model = onnx_model(graph, domains={DOMAIN: 1})
     with pytest.raises((InferenceError, onnx.checker.ValidationError)):
         infer(model)
+
+
+def test_a_library_that_does_not_load_is_reported_in_one_line(tmp_path, monkeypatch):
+    """`cvm-onnx --version`'s lines name a library that does not load, rather than raising (cuda_status raised
+    OSError before)."""
+    import cvm_onnx.native as native
+
+    broken = tmp_path / "libcvm_onnx_ops.so"
+    broken.write_bytes(b"not a shared library")
+    monkeypatch.setattr(native, "library_path", lambda: str(broken))
+    monkeypatch.setattr(sessions, "library_path", lambda: str(broken))
+    assert "does not load" in native.status()
+    assert sessions.cuda_status().endswith("native CUDA kernels: not built")
