@@ -30,7 +30,6 @@ from cvm_onnx.core.format import read_edges
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
-quantization = pytest.importorskip("onnxruntime.quantization")
 SETTINGS = settings(max_examples=12, deadline=None)
 
 
