@@ -17,6 +17,7 @@ from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import FormatError, RuntimeFailure
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.runtime import bulk
+from support import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["digits_cnn", "detection", "transforms"]
@@ -43,13 +44,6 @@ def one_by_one(graph, x: np.ndarray) -> list[np.ndarray]:
     """The oracle: the reference executor on each sample alone, outputs stacked."""
     runs = [api.run_cvm(graph, s) for s in x]
     return [np.stack([r[k] for r in runs]) for k in range(len(graph.heads))]
-
-
-def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert np.array_equal(g, w)
 
 
 def leftovers(directory: Path) -> list[str]:

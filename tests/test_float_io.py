@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -23,8 +22,8 @@ from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import TYPES, Edge, Edges
 from cvm_onnx.runtime.sessions import run, run_model
 from cvm_onnx.runtime.verify import verify
+from conftest import MODELS
 
-MODELS = Path(__file__).parents[1] / "models"
 DIGITS = MODELS / "digits_cnn"
 F32 = np.float32
 TINY = float(np.finfo(F32).smallest_subnormal)

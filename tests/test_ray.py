@@ -22,6 +22,7 @@ from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.runtime import bulk
 from cvm_onnx.runtime.on_ray import run_on_ray
+from support import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,13 +131,6 @@ on_ray = pytest.mark.usefixtures("local_ray")
 def random_samples(graph, n: int, seed: int = 0, dtype=np.int8) -> np.ndarray:
     shape = graph.nodes[graph.inputs[0]].outputs[0].shape
     return np.random.default_rng(seed).integers(-127, 128, (n, *shape)).astype(dtype)
-
-
-def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert np.array_equal(g, w)
 
 
 @on_ray

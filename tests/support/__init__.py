@@ -68,6 +68,14 @@ def single_op(op: str, inputs: list[tuple[np.ndarray, int, bool]], **attrs):
     return b.build(*heads), feeds
 
 
+def assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    """Outputs equal bit for bit: as many, each of the same type and shape."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert np.array_equal(g, w)
+
+
 def assert_exact(graph, feeds, inline: bool = False, **export) -> list[np.ndarray]:
     """Export ``graph`` (``export``: more arguments of ``to_onnx``), check the model, run it on onnxruntime and
     compare every output bit for bit."""
