@@ -36,6 +36,7 @@ from cvm_onnx.core.constants import DOMAIN as CVM_DOMAIN
 from cvm_onnx.core.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.errors import FormatError, Problem
+from cvm_onnx.core.format.onnx_file import dims
 from cvm_onnx.core.format.onnx_safety import (
     MAX_ELEMENTS,
     call_problems,
@@ -52,11 +53,9 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
 
 
 def _shape_problem(vi: onnx.ValueInfoProto) -> str | None:
-    if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):
-        return None
-    dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value") and d.dim_value >= 0]
-    if any(d > MAX_DIM for d in dims) or math.prod(dims) > MAX_ELEMENTS:  # a dim < 0 is unknown (as -1 to onnxruntime)
-        return f"declares shape {dims}: dims must lie in [0, 2^24], at most 2^30 elements"
+    known = [d for d in dims(vi) or () if d is not None]
+    if any(d > MAX_DIM for d in known) or math.prod(known) > MAX_ELEMENTS:
+        return f"declares shape {known}: dims must lie in [0, 2^24], at most 2^30 elements"
     return None
 
 

@@ -23,6 +23,7 @@ from cvm_onnx.core.constants import PRECISION as PRECISION_KEY
 from cvm_onnx.core.constants import FLOAT_IO, MARK_NODE, MARK_OP, OPTIMIZED, QUANTIZATION, precision_of
 from cvm_onnx.core.errors import Problem, UnsupportedError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
+from cvm_onnx.core.format.onnx_file import dims, static_shape
 from cvm_onnx.core.graph import Entry, Graph
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.validate import validate
@@ -84,10 +85,8 @@ class _Walk:
         self.shapes: dict[str, tuple[int, ...]] = {}
         for vi in [*self.graph.input, *self.graph.output, *self.graph.value_info]:
             self.meta.update({vi.name: p.value for p in vi.metadata_props if p.key == PRECISION_KEY})
-            dims = vi.type.tensor_type.shape.dim
-            known = all(d.HasField("dim_value") and d.dim_value >= 0 for d in dims)  # a dim < 0 is unknown
-            if vi.type.tensor_type.HasField("shape") and known:
-                self.shapes[vi.name] = tuple(d.dim_value for d in dims)
+            if (d := dims(vi)) is not None and None not in d:
+                self.shapes[vi.name] = d
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
         self.input_edge: Edge | None = None
@@ -185,14 +184,13 @@ class _Walk:
         names = []
         for v in vis:
             tt = v.type.tensor_type
-            dims = tt.shape.dim
             edge = None
             if tt.elem_type not in INT_RANGES:
                 edge = quantized.input_edge(self.graph, v.name, self.constants())
                 if isinstance(edge, str):
                     self.problem(v.name, f"input of non-integer type {type_name(tt.elem_type)}: {edge}")
                     continue
-            if not tt.HasField("shape") or not all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
+            if (shape := static_shape(v)) is None:
                 self.problem(v.name, "input needs a static shape (every dim known and > 0)")
                 continue
             p = self.precision(v.name) or self.precision(f"{v.name}:clamped") or self.input_precision
@@ -201,7 +199,6 @@ class _Walk:
             if not 1 <= p <= 32:
                 self.problem(v.name, f"input precision {p} must lie in [1, 32]")
                 continue
-            shape = tuple(d.dim_value for d in dims)
             e = self.ctx.variable(INPUT_NAME if len(vis) == 1 else v.name, cvm_shape(shape), p)
             names.append(self.ctx.nodes[e.node].name)
             if edge is None:
@@ -361,10 +358,7 @@ def inferred_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ..
         graph = model.graph
     out = {}
     for vi in [*graph.input, *graph.output, *graph.value_info]:
-        tt = vi.type.tensor_type
-        dims = tt.shape.dim
-        static = tt.HasField("shape") and all(d.HasField("dim_value") and d.dim_value > 0 for d in dims)
-        out[vi.name] = (tt.elem_type, tuple(d.dim_value for d in dims) if static else None)
+        out[vi.name] = (vi.type.tensor_type.elem_type, static_shape(vi))
     return out
 
 

@@ -37,7 +37,7 @@ import onnx
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.npy import read_npy
-from cvm_onnx.core.format.onnx_file import ir_version, write_onnx
+from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, load_onnx
@@ -160,8 +160,7 @@ def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple
     """The input's name and its shape for one calibration sample: its static dims, its dynamic ones taken from the
     samples, (N, *shape) or (N, *shape[1:]) where the first dim is 1 or dynamic (the batch, then 1)."""
     v = _inputs(model)[0]
-    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-            for d in v.type.tensor_type.shape.dim]
+    dims = [d or None for d in onnx_dims(v) or ()]
     one = tuple(data.shape[1:])
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
     if shape is None or (dims[0] is None and shape[0] != 1) or any(d not in (None, s) for d, s in zip(dims, shape)):

@@ -40,6 +40,7 @@ from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure,
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.edges import Edges, parse_edges
 from cvm_onnx.core.format.npy import read_npy
+from cvm_onnx.core.format.onnx_file import dims
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.runtime import sessions
 
@@ -208,10 +209,7 @@ def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None, edges
         raise RuntimeFailure(f"the model has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); "
                              f"runners feed exactly one")
 
-    def dims(vi) -> list[int | None]:
-        return [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-
-    sample = dims(inputs[0])
+    sample = list(dims(inputs[0]) or ())
     props = {p.key: p.value for p in model.metadata_props}
     marked = props.get(BATCH, "")
     if edges is None and QUANTIZATION in props:  # exported from a quantized import: its float edges
@@ -219,7 +217,7 @@ def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None, edges
     batch = int(marked) if marked.isdigit() and sample and sample[0] == int(marked) else 1
     if batch > 1:
         sample[0] = 1
-    split = tuple(batch > 1 and dims(o)[:1] == [batch] for o in model.graph.output)
+    split = tuple(batch > 1 and (dims(o) or ())[:1] == (batch,) for o in model.graph.output)
     return Plan(model.SerializeToString(), batch, tuple(sample), tuple(o.name for o in model.graph.output), split,
                 provider, threads, edges)
 

@@ -48,7 +48,7 @@ from onnx import TensorProto, helper
 from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precision_of
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
-from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.core.format.onnx_file import dims, onnx_model
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
@@ -116,11 +116,7 @@ def usable_cpus() -> int:
 
 def batched_input(model: onnx.ModelProto) -> bool:
     """Whether an input's first dimension is larger than one (or symbolic)."""
-    for vi in model.graph.input:
-        dims = vi.type.tensor_type.shape.dim
-        if dims and not (dims[0].HasField("dim_value") and dims[0].dim_value <= 1):
-            return True
-    return False
+    return any((d := dims(vi)) and (d[0] is None or d[0] > 1) for vi in model.graph.input)
 
 
 def _options(threads: int = 1, spin: bool = False) -> ort.SessionOptions:

@@ -29,7 +29,7 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import BATCH, PROVIDER, __version__
 from cvm_onnx.core.errors import FormatError, UnsupportedError
 from cvm_onnx.core.format.model_dir import replace_files
-from cvm_onnx.core.format.onnx_file import onnx_pieces
+from cvm_onnx.core.format.onnx_file import dims, onnx_pieces
 from cvm_onnx.native import LIBRARY, fallback, library_path
 
 SERVER_REPO = "/models"
@@ -56,9 +56,9 @@ def _tensors(kind: str, values) -> list[str]:
         if t.elem_type not in TYPES:
             raise UnsupportedError(f"{kind} {vi.name}: ONNX type {TensorProto.DataType.Name(t.elem_type)} has no "
                                    f"Triton data type")
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        shape = [-1 if d is None else d for d in dims(vi) or ()]
         lines += ["  {", f"    name: {_quoted(vi.name)}", f"    data_type: {TYPES[t.elem_type]}",
-                  f"    dims: [ {', '.join(map(str, dims))} ]", "  }" + ("," if k < len(values) - 1 else "")]
+                  f"    dims: [ {', '.join(map(str, shape))} ]", "  }" + ("," if k < len(values) - 1 else "")]
     return lines + ["]"]
 
 

@@ -36,6 +36,21 @@ def ir_version(opsets) -> int:
     return helper.find_min_ir_version_for(list(opsets), ignore_unknown=True)
 
 
+def dims(vi: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
+    """A value's declared dims, each None where unknown (a dim_param, no value, or a value < 0, which onnxruntime
+    reads as -1); None where it declares no tensor shape."""
+    t = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None for d in t.shape.dim)
+
+
+def static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
+    """A value's shape where it declares every dim and each is > 0 (a shape a CVM tensor can have), else None."""
+    d = dims(vi)
+    return d if d is not None and all(d) else None
+
+
 def onnx_model(graph: onnx.GraphProto, opset: int = OPSET, domains: dict[str, int] | None = None,
                **kwargs) -> onnx.ModelProto:
     """``onnx.helper.make_model`` importing ai.onnx ``opset`` (cvm-onnx's, ``OPSET``, by default) and the other
