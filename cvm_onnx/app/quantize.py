@@ -52,6 +52,8 @@ ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
 UNFUSED = ("SliceConcatToSpaceToDepthFusion",)
+#: The opset of ONNX's LayerNormalization: a model holding written-out ones (``layernorms``) is raised to it.
+LAYERNORM_OPSET = 17
 
 
 @dataclass(frozen=True)
@@ -199,11 +201,13 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
-    if opset < OPSET:
+    want = LAYERNORM_OPSET if layernorms(model.graph) else OPSET
+    if opset < want:
         try:
-            model = version_converter.convert_version(model, OPSET)
+            model = version_converter.convert_version(model, want)
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
             pass
+    fuse_layernorm(model)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     onnx.save(model, source)
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
@@ -231,6 +235,113 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     out.opset_import.extend(kept)
     fold_batchnorm(out.graph)
     onnx.save(out, path)
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The float values of the graph's initializers and Constant nodes (value attribute), by name."""
+    from onnx import numpy_helper
+
+    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    return out
+
+
+def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
+                                                      np.ndarray | None]]:
+    """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports): ReduceMean(x) over the
+    last k axes, d = x - mean, ReduceMean(Pow(d, 2)) over the same axes, + epsilon, Sqrt, d / that, then
+    optionally * gamma and + beta (constants); every intermediate read only inside the pattern. Each as (its
+    nodes, x, axis -k, epsilon, gamma, beta)."""
+    consts = _constants(graph)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    for o in graph.output:
+        readers.setdefault(o.name, []).append(None)
+
+    def only(name: str, op: str) -> onnx.NodeProto | None:
+        r = readers.get(name, [])
+        return r[0] if len(r) == 1 and r[0] is not None and r[0].op_type == op else None
+
+    def other(n: onnx.NodeProto, name: str) -> np.ndarray | None:
+        rest = [x for x in n.input if x != name]
+        v = consts.get(rest[0]) if len(rest) == 1 and len(n.input) == 2 else None
+        return v if v is not None and v.dtype.kind == "f" else None
+
+    def axes(n: onnx.NodeProto) -> tuple[int, ...] | None:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if attrs.get("keepdims", 1) != 1 or len(n.input) != 1 or "axes" not in attrs:
+            return None
+        k = sorted(attrs["axes"])
+        return tuple(k) if k and all(a < 0 for a in k) and k == list(range(-len(k), 0)) else None
+
+    found = []
+    for mean in graph.node:
+        if mean.op_type != "ReduceMean" or (ax := axes(mean)) is None:
+            continue
+        x = mean.input[0]
+        sub = only(mean.output[0], "Sub")
+        if sub is None or list(sub.input) != [x, mean.output[0]]:
+            continue
+        d = sub.output[0]
+        users = readers.get(d, [])
+        if len(users) != 2 or None in users or sorted(u.op_type for u in users) != ["Div", "Pow"]:
+            continue
+        pw, div = sorted(users, key=lambda u: u.op_type, reverse=True)
+        two = consts.get(pw.input[1]) if list(pw.input)[:1] == [d] else None
+        if two is None or two.size != 1 or float(two.reshape(())) != 2.0 or list(div.input) != [d, div.input[1]]:
+            continue
+        var = only(pw.output[0], "ReduceMean")
+        add = only(var.output[0], "Add") if var is not None and axes(var) == ax else None
+        eps = other(add, var.output[0]) if add is not None else None
+        sqrt = only(add.output[0], "Sqrt") if eps is not None and eps.size == 1 else None
+        if sqrt is None or only(sqrt.output[0], "Div") is not div or div.input[1] != sqrt.output[0]:
+            continue
+        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, div], div, None, None
+        if (mul := only(last.output[0], "Mul")) is not None and (gamma := other(mul, last.output[0])) is not None:
+            nodes.append(mul)
+            last = mul
+            if (plus := only(last.output[0], "Add")) is not None and \
+                    (beta := other(plus, last.output[0])) is not None:
+                nodes.append(plus)
+        found.append((nodes, x, -len(ax), float(eps.reshape(())), gamma, beta))
+    return found
+
+
+def fuse_layernorm(model: onnx.ModelProto) -> None:
+    """Each written-out LayerNormalization (``layernorms``) as one LayerNormalization node (opset 17), which
+    quantize_static quantizes as one op and the importer holds in integers (docs/import.md); gamma and beta
+    broadcast to the normalized shape. Nothing changes below opset 17 or where the normalized shape is unknown."""
+    from onnx import numpy_helper, shape_inference
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    found = layernorms(model.graph) if opset >= LAYERNORM_OPSET else []
+    if not found:
+        return
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+              for v in shape_inference.infer_shapes(model).graph.value_info}
+    shapes.update({v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+                   for v in model.graph.input})
+    for nodes, x, axis, eps, gamma, beta in found:
+        shape = shapes.get(x)
+        if not shape or len(shape) < -axis or not all(shape[axis:]):
+            continue
+        norm = tuple(shape[axis:])
+        last = nodes[-1].output[0]
+        names = [f"{last}:ln_scale", f"{last}:ln_bias"]
+        g = np.broadcast_to(np.ones(1, np.float32) if gamma is None else gamma.astype(np.float32), norm)
+        b = np.broadcast_to(np.zeros(1, np.float32) if beta is None else beta.astype(np.float32), norm)
+        model.graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(g), names[0]),
+                                        numpy_helper.from_array(np.ascontiguousarray(b), names[1])])
+        at = list(model.graph.node).index(nodes[-1])
+        model.graph.node.insert(at, onnx.helper.make_node("LayerNormalization", [x, *names], [last],
+                                                          name=f"{last}:LayerNormalization", axis=axis,
+                                                          epsilon=eps))
+        for n in nodes:
+            model.graph.node.remove(n)
 
 
 def fold_batchnorm(graph: onnx.GraphProto) -> None:

@@ -15,8 +15,8 @@ from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import as_int32, broadcast_shape, minus_zero, reduced
 from ..registry import Refuse, float_rule, rule
 from ..requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
-from .values import (FAR, MS, QUANTIZED_TYPES, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of, per_tensor,
-                     scale_of, scaled, zero_of)
+from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
+                     per_tensor, scale_of, scaled, zero_of)
 
 MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
 
@@ -31,6 +31,7 @@ class Requant:
     plan: Plan | None
     runs: tuple[Run, ...] = ()
     softmax: SoftmaxPlan | None = None
+    layernorm: object | None = None  # norm.LayerNormPlan
     settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
 
     @property
@@ -111,6 +112,8 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         return table(ctx, x, scale, out_zero, dtype)
     if isinstance(x, Softmaxed):
         return softmax(ctx, x, scale, out_zero, dtype)
+    if isinstance(x, Deferred):
+        return x.quantized(ctx, scale, out_zero, dtype)
     offset, settled = None, ()
     if isinstance(x, Scaled):
         lo, hi = (max(lo, clipped(x.clip[0], scale, out_zero, lo, hi)) if x.clip[0] is not None else lo,

@@ -1,5 +1,5 @@
 """The dequantized values: float tensors held exactly as integers with rational scales (``Scaled``, ``Summed``,
-``Mapped``, ``Softmaxed``; ``Real`` is any of them), and reading their scales, zero points and axes.
+``Mapped``, ``Softmaxed``, a ``Deferred`` form; ``Real`` is any of them), and reading their scales, zero points and axes.
 """
 from __future__ import annotations
 
@@ -75,7 +75,14 @@ class Softmaxed:
         return self.x.shape
 
 
-Real = (Scaled, Summed, Mapped, Softmaxed)
+class Deferred:
+    """A float value with an integer form of its own (LayerNormalization's ``Normalized``), which the QuantizeLinear
+    that follows makes by calling ``quantized(ctx, scale, out_zero, dtype)``; ``what`` names it."""
+
+    what: str
+
+
+Real = (Scaled, Summed, Mapped, Softmaxed, Deferred)
 
 
 def fractions(value: np.ndarray) -> np.ndarray:

@@ -1,0 +1,267 @@
+"""LayerNormalization of a dequantized value, in integers: a ``Normalized`` value made integers by the QuantizeLinear
+that follows (docs/import.md, "LayerNormalization: the integer form and its bound").
+
+Over each row of n values t along the normalized axes, with u = t - c (c centres t's interval):
+D_i = n u_i - sum u = n^2 (x_i - mean) / (n s) and V = n sum u^2 - (sum u)^2 = n^2 var / s^2, both exact, so
+(x_i - mean) / sqrt(var + eps) = D_i / sqrt(V + G) with G = eps n^2 / s^2. 1 / sqrt(V + G) comes from one table
+(``cvm_lut``) of R = round(2^(F+m) / sqrt(v + G)) at 3 * 2^(T-2) * m + the bucket, for the row's level m (V < 2^T:
+m = 0 and the bucket V, v = V exactly; else 4^(m-1) 2^T <= V < 4^m 2^T, the bucket floor(V / 4^m), v its middle), then N = trunc(D R / 2^(m+j)) and
+the output round_half_up((N m_i + B_i) / 2^k) + z_out with m_i = round(gamma_i 2^(k-F+j) / s_out) and
+B_i = round(beta_i 2^k / s_out). ``layernorm_plan`` picks T, F, j and k for the least bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from cvm_onnx.core.constants import tight
+
+from ..context import INT32, INT_RANGES, Tensor, const
+from ..emit import as_int32, reduced
+from ..registry import Refuse, float_rule
+from ..requant import NoPlan, round_half_up
+from .requantization import Requant, saturate
+from .values import Deferred, Scaled, per_tensor, scaled
+
+MAX_TABLE = 1 << 16  # entries of the 1 / sqrt table
+MAX_SHIFT = 31
+
+
+@dataclass(frozen=True)
+class LayerNormPlan:
+    """The integer LayerNormalization's parameters: centre c, table bits T and levels K (m in 0..K), the table R,
+    F, j, the clip bound of N, the output multipliers m_i and offsets B_i with shift k, and the worst distance
+    ``delta`` (in output steps, before the final rounding) from the exact LayerNormalization of the integers."""
+
+    n: int
+    centre: int
+    table_bits: int
+    levels: int
+    table: np.ndarray
+    frac_bits: int
+    extra: int  # j
+    n_bound: int
+    multipliers: np.ndarray
+    offsets: np.ndarray
+    shift: int
+    precision: int
+    delta: Fraction
+
+    @property
+    def error(self) -> float:
+        return float(Fraction(1, 2) + self.delta)
+
+
+def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) -> tuple[np.ndarray, float]:
+    """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
+    2^T - 1 only: the levels follow each other), and E = the worst |D| |R - 2^(F+m) / sqrt(V + G)| /
+    2^m over every reachable V (V = 0 or V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the
+    bucket's ends (the distance is monotone in V within a bucket) with a relative margin of 2^-40."""
+    size, step = 1 << t_bits, 3 << (t_bits - 2)
+    table = np.zeros(size + levels * step if levels else v_max + 1, np.int64)
+    worst = 0.0
+    for m in range(levels + 1):
+        k = np.arange(size, dtype=np.int64)
+        if m:
+            k = k[size >> 2:]
+            lo, hi = k << (2 * m), ((k + 1) << (2 * m)) - 1
+            mid = lo + ((1 << (2 * m)) - 1) / 2
+        else:
+            k = k[(k >= n - 1) & (k <= v_max)]
+            lo = hi = k
+            mid = k.astype(np.float64)
+        keep = lo <= v_max
+        k, lo, hi, mid = k[keep], lo[keep], np.minimum(hi[keep], v_max), mid[keep]
+        if not k.size:
+            continue
+        r = np.floor(np.ldexp(1 / np.sqrt(mid + g), f + m) + 0.5).astype(np.int64)
+        table[m * step + k] = r
+        for v in (lo, hi):
+            e = np.abs(r - np.ldexp(1 / np.sqrt(v + g), f + m)) * np.sqrt((n - 1) * v.astype(np.float64))
+            worst = max(worst, float(np.max(np.ldexp(e, -m))))
+    return table, worst * (1 + 2.0**-40)
+
+
+def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: np.ndarray, beta: np.ndarray,
+                   low: int, high: int) -> LayerNormPlan:
+    """The plan of least delta for rows of n integers in [lo, hi] at scale s, epsilon ``eps``, and per-position
+    gamma / s_out and beta / s_out (``gamma``, ``beta``: Fractions), into the output range [low, high]."""
+    w = hi - lo
+    centre = (lo + hi) // 2
+    peak = max(centre - lo, hi - centre)
+    d_max, v_max = (n - 1) * w, n * n * w * w // 4
+    if max(n * n * peak * peak, (n * peak) ** 2) >= 1 << 31:
+        raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
+    g = float(eps * n * n / (s * s))
+    t_bits, levels = 16, 0
+    while True:
+        levels = 0
+        while v_max >= (1 << (2 * levels + t_bits)):
+            levels += 1
+        if (1 << t_bits) + levels * (3 << (t_bits - 2)) <= MAX_TABLE or t_bits <= 4:
+            break
+        t_bits -= 1
+    if (1 << t_bits) + levels * (3 << (t_bits - 2)) > MAX_TABLE:
+        raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
+    d_bits = tight(d_max)
+    # the largest entry, over 2^F: at the least V > 0 of level 0, or 2^m / sqrt(4^m 2^(T-2)) at a level m >= 1
+    r_first = max(1 / math.sqrt(n - 1 + g) if n > 1 else 0.0, 2.0 ** (1 - t_bits / 2) if levels else 0.0)
+    f = 0
+    while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
+        f += 1
+    table, worst = level_table(n, v_max, g, t_bits, levels, f)
+    if tight(int(table.max(initial=0))) + d_bits > 32:
+        raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
+    precision = tight(max(-low, high))
+    big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
+    best = None
+    for j in range(0, f + 1):
+        err = Fraction(worst) / (1 << j) + 1  # the table's error, and trunc's
+        nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
+        c = [x / (1 << (f - j)) for x in gamma.flat]
+        for k in range(MAX_SHIFT - precision, 0, -1):
+            ms = [round_half_up(x * (1 << k)) for x in c]
+            bs = [round_half_up(x * (1 << k)) for x in beta.flat]
+            label = tight(nb) + tight(max(map(abs, ms), default=0))
+            if label > 32 or max(label, tight(max(map(abs, bs), default=0))) + 1 > 32:
+                continue
+            delta = max((abs(ci) * err + nb * abs(Fraction(mi, 1 << k) - ci) + abs(Fraction(bi, 1 << k) - b)
+                         for ci, mi, bi, b in zip(c, ms, bs, beta.flat)), default=Fraction(0))
+            if best is None or delta < best.delta:
+                best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
+                                     np.array(bs, np.int64), k, precision, delta)
+            break
+    if best is None or best.delta >= Fraction(1, 2):
+        raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
+                     "integer form within half a step in 32 bits")
+    return best
+
+
+@dataclass(frozen=True, eq=False)
+class Normalized(Deferred):
+    """LayerNormalization of x over its last n values (``view``: (outer, n)), with gamma and beta per position
+    (Fractions, flat n) and epsilon, made integers by the QuantizeLinear that follows (``quantized``)."""
+
+    x: Scaled
+    view: tuple[int, int]
+    gamma: np.ndarray
+    beta: np.ndarray
+    eps: Fraction
+    what: str = "LayerNormalization"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        """The integers of QuantizeLinear(LayerNormalization(x)), by ``layernorm_plan``'s form."""
+        if scale.size != 1:
+            raise Refuse("LayerNormalization with a per-channel output scale has no CVM form")
+        s_out = scale.reshape(()).item()
+        t, (outer, n) = self.x.t, self.view
+        lo, hi = INT_RANGES[dtype]
+        try:
+            p = layernorm_plan(n, t.lo, t.hi, self.x.scale.reshape(()).item(), self.eps, self.gamma / s_out,
+                               self.beta / s_out, lo - out_zero, hi - out_zero)
+        except NoPlan as e:
+            raise Refuse(str(e)) from None
+        ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
+        return saturate(ctx, ctx.reshape(emit(ctx, as_int32(t), outer, n, p), self.shape), out_zero, lo, hi, dtype,
+                        self.shape)
+
+
+def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
+    """The plan's CVM ops on the rows of t: u, D, V, the level and bucket, R, N, and the output's shift."""
+    def op(name: str, a: Tensor, b: Tensor, lo: int, hi: int, shape) -> Tensor:
+        return ctx.result(ctx.op(name, a, b), INT32, lo, hi, shape)
+
+    def c32(value) -> Tensor:
+        return const(np.asarray(value, np.int64).astype(np.int32), INT32)
+
+    rows, col = (outer, n), (outer, 1)
+    u = ctx.reshape(t, rows)
+    if p.centre:
+        u = op("broadcast_sub", u, c32(p.centre), u.lo - p.centre, u.hi - p.centre, rows)
+    w = u.hi - u.lo
+    total = ctx.reshape(reduced(ctx, "sum", u, [1], n * u.lo, n * u.hi), col)
+    scaled_u = op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows)
+    d = op("broadcast_sub", scaled_u, total, -(n - 1) * w, (n - 1) * w, rows)  # n u_i - sum u = sum (u_i - u_j)
+    peak = max(-u.lo, u.hi)
+    square = op("broadcast_mul", u, u, 0, peak * peak, rows)
+    squares = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
+    v = op("broadcast_sub", op("broadcast_mul", squares, c32(n), 0, n * n * peak * peak, col),
+           op("broadcast_mul", total, total, 0, (n * peak) ** 2, col), 0, n * n * w * w // 4, col)
+    size = 1 << p.table_bits
+    if p.levels:
+        thresholds = c32([[(size << (2 * m)) - 1 for m in range(p.levels)]])
+        above = op("broadcast_greater", v, thresholds, 0, 1, (outer, p.levels))
+        level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+        powers = c32([1 << (2 * m) for m in range(p.levels + 1)])
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=p.levels + 1)
+        bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, v.hi, col)
+        step = 3 << (p.table_bits - 2)
+        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+                   p.table.size - 1, col)
+    else:
+        level, index = None, v
+    table = c32(p.table)
+    r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(table), in_dim=p.table.size), INT32, 0,
+                   int(p.table.max(initial=0)), col)
+    prod = op("broadcast_mul", d, r, -d.hi * r.hi, d.hi * r.hi, rows)
+    if level is not None:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32([1 << (m + p.extra) for m in range(p.levels + 1)])),
+                     in_dim=p.levels + 1)
+        prod = op("broadcast_div", prod, ctx.result(e, INT32, 1 << p.extra, 1 << (p.levels + p.extra), col),
+                  prod.lo, prod.hi, rows)
+    elif p.extra:
+        prod = op("broadcast_div", prod, c32(1 << p.extra), prod.lo, prod.hi, rows)
+    if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
+        e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
+        prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
+    m = c32(p.multipliers.reshape(1, n))
+    peak_m = int(np.abs(p.multipliers).max(initial=0))
+    y = op("broadcast_mul", prod, m, -prod.hi * peak_m, prod.hi * peak_m, rows)
+    if p.offsets.any():
+        b = c32(p.offsets.reshape(1, n))
+        y = op("broadcast_add", y, b, y.lo + int(p.offsets.min()), y.hi + int(p.offsets.max()), rows)
+    bnd = (1 << (p.precision - 1)) - 1
+    e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(max(-y.lo, y.hi))), precision=p.precision, shift_bit=p.shift)
+    return ctx.result(e, INT32, -bnd, bnd, rows)
+
+
+def real_values(x, size: int, what: str) -> np.ndarray:
+    """A constant gamma or beta (a dequantized constant, as quantize_static writes them, or a float one) as exact
+    Fractions broadcast over the normalized positions (flat ``size``)."""
+    if isinstance(x, Scaled) and x.t.is_const:
+        v = np.broadcast_to((x.t.value.astype(np.int64) - x.zero) * x.scale, x.shape)
+    elif isinstance(x, Tensor) and x.is_const and np.asarray(x.value).dtype.kind == "f":
+        v = np.array([Fraction(float(q)) for q in np.asarray(x.value).flat], dtype=object).reshape(x.shape)
+    else:
+        raise Refuse(f"LayerNormalization {what} must be a constant")
+    if v.size not in (1, size):
+        raise Refuse(f"LayerNormalization {what} of {v.size} values for {size} normalized positions")
+    return np.array([Fraction(q) for q in np.broadcast_to(v.reshape(-1), (size,))], dtype=object)
+
+
+@float_rule("LayerNormalization", since=17)
+def layer_norm_rule(ctx, node, x, gamma, beta=None):
+    """LayerNormalization (inference: its Mean and InvStdDev outputs unused) of a per-tensor dequantized x over the
+    axes from ``axis`` on: a ``Normalized`` value, integers by the QuantizeLinear that follows."""
+    if len([o for o in node.proto.output if o]) > 1:
+        raise Refuse("LayerNormalization's Mean and InvStdDev outputs have no CVM form")
+    x = per_tensor(scaled(x, "the LayerNormalization input"), "LayerNormalization")
+    rank = len(x.shape)
+    axis = node.attr_int("axis", -1)
+    if not -rank <= axis < rank:
+        raise Refuse(f"LayerNormalization axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    n = math.prod(x.shape[axis:])
+    eps = Fraction(float(np.float32(node.attr_float("epsilon", 1e-5))))
+    if not eps > 0:
+        raise Refuse("LayerNormalization epsilon must be > 0 (a constant row is 0 / 0 otherwise)")
+    g = real_values(gamma, n, "Scale")
+    b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
+    return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps)
