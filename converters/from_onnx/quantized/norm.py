@@ -70,7 +70,7 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) 
             lo, hi = k << (2 * m), ((k + 1) << (2 * m)) - 1
             mid = lo + ((1 << (2 * m)) - 1) / 2
         else:
-            k = k[(k >= n - 1) & (k <= v_max)]
+            k = k[(k >= max(n - 1, 1)) & (k <= v_max)]  # V = 0: D = 0, the entry 0
             lo = hi = k
             mid = k.astype(np.float64)
         keep = lo <= v_max
@@ -92,7 +92,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     w = hi - lo
     centre = (lo + hi) // 2
     peak = max(centre - lo, hi - centre)
-    d_max, v_max = (n - 1) * w, n * n * w * w // 4
+    d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
     if max(n * n * peak * peak, (n * peak) ** 2) >= 1 << 31:
         raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
     g = float(eps * n * n / (s * s))
@@ -150,6 +150,7 @@ class Normalized(Deferred):
     gamma: np.ndarray
     beta: np.ndarray
     eps: Fraction
+    node: str = ""
     what: str = "LayerNormalization"
 
     @property
@@ -167,7 +168,7 @@ class Normalized(Deferred):
             p = layernorm_plan(n, t.lo, t.hi, self.x.scale.reshape(()).item(), self.eps, self.gamma / s_out,
                                self.beta / s_out, lo - out_zero, hi - out_zero)
         except NoPlan as e:
-            raise Refuse(str(e)) from None
+            raise Refuse(f"{self.node} (LayerNormalization): {e}") from None
         ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
         return saturate(ctx, ctx.reshape(emit(ctx, as_int32(t), outer, n, p), self.shape), out_zero, lo, hi, dtype,
                         self.shape)
@@ -264,4 +265,4 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
         raise Refuse("LayerNormalization epsilon must be > 0 (a constant row is 0 / 0 otherwise)")
     g = real_values(gamma, n, "Scale")
     b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
-    return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps)
+    return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps, node.name)
