@@ -321,10 +321,8 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
     found = layernorms(model.graph) if opset >= LAYERNORM_OPSET else []
     if not found:
         return
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
-              for v in shape_inference.infer_shapes(model).graph.value_info}
-    shapes.update({v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
-                   for v in model.graph.input})
+    known = [*shape_inference.infer_shapes(model).graph.value_info, *model.graph.input]
+    shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}
     for nodes, x, axis, eps, gamma, beta in found:
         shape = shapes.get(x)
         if not shape or len(shape) < -axis or not all(shape[axis:]):

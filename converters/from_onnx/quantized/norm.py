@@ -2,12 +2,13 @@
 that follows (docs/import.md, "LayerNormalization: the integer form and its bound").
 
 Over each row of n values t along the normalized axes, with u = t - c (c centres t's interval):
-D_i = n u_i - sum u = n^2 (x_i - mean) / (n s) and V = n sum u^2 - (sum u)^2 = n^2 var / s^2, both exact, so
+D_i = n u_i - sum u = n (x_i - mean) / s and V = n sum u^2 - (sum u)^2 = n^2 var / s^2, both exact, so
 (x_i - mean) / sqrt(var + eps) = D_i / sqrt(V + G) with G = eps n^2 / s^2. 1 / sqrt(V + G) comes from one table
 (``cvm_lut``) of R = round(2^(F+m) / sqrt(v + G)) at 3 * 2^(T-2) * m + the bucket, for the row's level m (V < 2^T:
-m = 0 and the bucket V, v = V exactly; else 4^(m-1) 2^T <= V < 4^m 2^T, the bucket floor(V / 4^m), v its middle), then N = trunc(D R / 2^(m+j)) and
-the output round_half_up((N m_i + B_i) / 2^k) + z_out with m_i = round(gamma_i 2^(k-F+j) / s_out) and
-B_i = round(beta_i 2^k / s_out). ``layernorm_plan`` picks T, F, j and k for the least bound.
+m = 0 and the bucket V, v = V exactly; else 4^(m-1) 2^T <= V < 4^m 2^T, the bucket floor(V / 4^m), v its middle),
+then N = trunc(D R / 2^(m+j)) and the output round_half_up((N m_i + B_i) / 2^k) + z_out with
+m_i = round(gamma_i 2^(k-F+j) / s_out) and B_i = round(beta_i 2^k / s_out). ``layernorm_plan`` picks T, F, j and k
+for the least bound.
 """
 from __future__ import annotations
 

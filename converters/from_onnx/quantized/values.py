@@ -1,5 +1,6 @@
 """The dequantized values: float tensors held exactly as integers with rational scales (``Scaled``, ``Summed``,
-``Mapped``, ``Softmaxed``, a ``Deferred`` form; ``Real`` is any of them), and reading their scales, zero points and axes.
+``Mapped``, ``Softmaxed``, a ``Deferred`` form; ``Real`` is any of them), and reading their scales, zero points and
+axes.
 """
 from __future__ import annotations
 
