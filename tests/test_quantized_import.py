@@ -563,6 +563,55 @@ def test_the_issues_spread_of_channel_scales_is_requantized_in_runs():
     assert all(r.plan.delta < Fraction(1, 2) for r in parts)
 
 
+@settings(max_examples=25, deadline=None)
+@given(lo=st.integers(-(1 << 24), -1), hi=st.integers(1, 1 << 24),
+       ratios=st.lists(st.floats(2.0**-16, 2.0**-1, width=32), min_size=2, max_size=12),
+       target=st.sampled_from([Fraction(1, 2), Fraction(1, 16), Fraction(1, 64), Fraction(1, 1024)]),
+       out=st.sampled_from([(-128, 127), (0, 255)]))
+def test_runs_meet_their_target_where_a_channel_alone_can(lo, hi, ratios, target, out):
+    """runs(..., target): every channel in exactly one run, each run's plan within the precision rules (plan) and
+    its delta at most the target or, where its first channel alone cannot reach the target, that channel's own
+    delta; each run is the longest such prefix of the channels sorted by M."""
+    from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, runs
+
+    ms = np.array([Fraction(r) for r in ratios], dtype=object)
+    parts = runs(lo, hi, ms, *out, target)
+    assert sorted(np.concatenate([r.channels for r in parts])) == list(range(len(ms)))
+    order = sorted(range(len(ms)), key=lambda i: ms[i])
+    start = 0
+    for r in parts:
+        assert list(r.channels) == order[start:start + len(r.channels)]
+        alone = plan([(lo, hi, ms[r.channels[:1]])], *out).delta
+        bound = max(target, alone)
+        assert r.plan.delta <= bound and r.plan.delta < Fraction(1, 2)
+        start += len(r.channels)
+        if start < len(ms):  # the run could not take the next channel within its bound
+            longer = order[start - len(r.channels):start + 1]
+            try:
+                assert plan([(lo, hi, ms[longer])], *out).delta > bound
+            except NoPlan:
+                pass
+
+
+def test_widely_spread_channel_scales_are_requantized_finely():
+    """A per-channel layer with the detector's spread of ratios (PP-OCRv4's conv2d_455: M in [0.00039, 0.029]):
+    one plan holds every channel only with delta 0.36 (a result off round(v M) for about a third of the values
+    near a half-integer); cut into runs, every channel is requantized within FINE = 1/64 and equals the oracle.
+    Regression: the import kept the one plan (its CVM model 1.5x as far from the float model as onnxruntime's)."""
+    from cvm_onnx.converters.from_onnx.quantized.requantization import FINE
+
+    rng = np.random.default_rng(5)
+    c_out = 8
+    w = rng.integers(-127, 128, size=(c_out, 16, 3, 3))
+    sw = (np.float32(0.05 * 0.00039 / 0.02) * np.float32(74.0) ** np.linspace(0, 1, c_out)).astype(np.float32)
+    m = qdq_conv(w, sw, 0.02, 3, T.INT8, 0.05, 128, T.UINT8)
+    x = rng.integers(-128, 128, size=(1, 16, 5, 5))
+    imp = oracle_equal(m, x)
+    [rec] = imp.requants
+    assert rec.runs and max(p.delta for p in rec.plans) <= FINE
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**16), c_out=st.integers(2, 6), dead=st.integers(0, 5),
        bias=st.sampled_from([(1 << 31) - 1, -(1 << 31) + 1, 1 << 30, -(1 << 30), 2147268950]),

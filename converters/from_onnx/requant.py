@@ -141,28 +141,31 @@ def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int
 
 
 
-def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int) -> list[Run]:
+def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction = Fraction(1, 2)) -> list[Run]:
     """The single term v in [lo, hi] times per-channel ratios ``ms`` (1-D, Fractions > 0) as runs of channels, each
-    with a plan of its own: channels sorted by M, each run the longest prefix of the rest with a plan (found by
-    bisection; a prefix is only taken when its plan exists). Refused only when one channel alone has no plan."""
+    with a plan of its own: channels sorted by M, each run the longest prefix of the rest whose plan's delta is below
+    at most ``target`` or its first channel's alone (found by bisection; a prefix is only taken when its plan
+    exists, and every plan's delta is below 1/2). Refused only when one channel alone has no plan."""
     order = sorted(range(len(ms)), key=lambda i: ms[i])
 
-    def attempt(part: list[int]) -> Plan | None:
+    def attempt(part: list[int], bound: Fraction) -> Plan | None:
         try:
-            return plan([(lo, hi, np.array([ms[i] for i in part], dtype=object))], low, high)
+            p = plan([(lo, hi, np.array([ms[i] for i in part], dtype=object))], low, high)
         except NoPlan:
             return None
+        return p if p.delta <= bound else None
 
     out, i = [], 0
     while i < len(order):
-        found = attempt(order[i:i + 1])
+        found = attempt(order[i:i + 1], Fraction(1, 2))
         if found is None:
             raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize channel {order[i]} "
                          f"(M = {float(ms[order[i]]):.3g}) within one step")
+        bound = max(target, found.delta)
         end, a, b = i + 1, i + 2, len(order)
         while a <= b:
             mid = (a + b) // 2
-            p = attempt(order[i:mid])
+            p = attempt(order[i:mid], bound)
             if p is None:
                 b = mid - 1
             else:

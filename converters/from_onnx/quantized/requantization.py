@@ -19,6 +19,9 @@ from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, S
                      per_tensor, scale_of, scaled, zero_of)
 
 MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
+#: A per-channel requantization whose one plan's delta passes this is cut into runs of channels, each within it
+#: where a run can be (docs/import.md): widely spread channel scales cost one plan most of its multiplier's bits.
+FINE = Fraction(1, 64)
 
 
 @dataclass(frozen=True)
@@ -136,18 +139,23 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         return finish(vs[0])
     tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
     flat = tuple(float(r) for m in ratios for r in m.flat)
+    axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
+    if axis is not None and vs[0].shape[axis] != shape[axis]:
+        axis = None
     try:
         p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - out_zero, thi - out_zero)
     except NoPlan as e:
-        axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
-        if axis is None or vs[0].shape[axis] != shape[axis]:
+        if axis is None:
             raise Refuse(str(e)) from None
+        p = None
+    if axis is not None and (p is None or p.delta > FINE):  # runs of channels, each within FINE where one can be
         try:
-            parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - out_zero, thi - out_zero)
+            parts = runs(vs[0].lo, vs[0].hi, ratios[0].reshape(-1), tlo - out_zero, thi - out_zero, FINE)
         except NoPlan as e2:
             raise Refuse(str(e2)) from None
-        ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled))
-        return finish(apply_runs(ctx, vs[0], parts, axis, ratios[0].shape))
+        if p is None or len(parts) > 1:
+            ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled))
+            return finish(apply_runs(ctx, vs[0], parts, axis, ratios[0].shape))
     ctx.requants.append(Requant(ctx.base, flat, p, settled=settled))
     return finish(apply(ctx, vs, p))
 
