@@ -23,7 +23,9 @@ delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument
 Per-channel ratios spread too widely for one shift and one clip (the precision rules bound the product's label by
 the largest multiplier and the widest clipped channel together) are cut into runs (``runs``): channels sorted by
 M, each run the longest prefix of the rest that one plan requantizes within the bound, requantized as a tensor of
-its own (the importer takes its channels out and puts the results back in order).
+its own (the importer takes its channels out and puts the results back in order). With a ``target`` below 1/2
+(the importer's FINE), runs also cut a plan that exists but is coarse: each run's delta at most the target, or its
+first channel's own where that is larger.
 """
 from __future__ import annotations
 
