@@ -13,15 +13,22 @@ batch over that latency.
 Prints the GPU (name, driver), onnxruntime's version and the CPU (model and its avx2/avx512_vnni/amx flags).
 Where onnxruntime has no usable CUDA provider it says so and stops (``--cpu`` still times the CPU provider).
 
-Run: python benchmarks/bench_cuda.py [--model DIR] [--batches 1,64,1024] [--runs N] [--cpu] [--no-torch]
+``--profile`` adds, for the CUDA serving form at each batch, the time per op type from onnxruntime's profile (the
+calls after the first three): the host's time in each node, which for asynchronous CUDA kernels is their launch,
+or their wait where a node synchronizes.
+
+Run: python benchmarks/bench_cuda.py [--model DIR] [--batches 1,64,1024] [--forms NAME,...] [--runs N] [--cpu]
+[--no-torch] [--profile]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +38,7 @@ import onnxruntime as ort
 from cvm_onnx.app.api import load
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.batch import batched
+from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.placement import without_cuda_kernel
 from cvm_onnx.runtime.sessions import Bound, cuda_status, session
@@ -69,9 +77,12 @@ def row(*cells) -> None:
 def timed(model, provider: str, data: np.ndarray, want: list[np.ndarray], runs: int, batch: int,
           **options) -> str:
     """'ms (images/s)' of the model on ``provider`` through IO binding, or why it was not timed."""
-    sess = session(model, provider, **options)
-    call = Bound(sess)
-    got = call({sess.get_inputs()[0].name: data})
+    try:
+        sess = session(model, provider, **options)
+        call = Bound(sess)
+        got = call({sess.get_inputs()[0].name: data})
+    except RuntimeFailure as e:
+        return f"not run: {e}"
     if not all(np.array_equal(g, w) for g, w in zip(got, want)):
         return "NOT EXACT (not timed)"
     ms = median_ms(lambda: call({sess.get_inputs()[0].name: data}), runs)
@@ -140,10 +151,33 @@ def torch_ms(graph, data: np.ndarray, runs: int) -> str:
     return f"{ms:.3f} ms ({len(data) / ms * 1e3:,.0f} img/s)"
 
 
+def profiled(model, data: np.ndarray, runs: int = 20, warmup: int = 3) -> list[str]:
+    """Per op type: node time per call (us), provider and node count, from onnxruntime's profile of ``runs`` calls
+    after ``warmup`` (the first calls load kernels and pick cuBLAS algorithms)."""
+    sess = session(model, "cuda", profile=str(Path(tempfile.gettempdir()) / "bench_cuda"))
+    call = Bound(sess)
+    for _ in range(warmup + runs):
+        call({sess.get_inputs()[0].name: data})
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    calls = sorted(e["ts"] for e in events if e.get("name") == "model_run")
+    start = calls[warmup] if len(calls) > warmup else 0
+    spent: dict[tuple[str, str], list[int]] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= start:
+            spent.setdefault((e["args"]["op_name"], e["args"]["provider"]), []).append(e["dur"])
+    total = sum(sum(v) for v in spent.values()) / runs
+    lines = [f"node time per call, {total:.0f} us in all (onnxruntime profile, {runs} calls after {warmup}):"]
+    for (op, provider), durs in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"  {op:16s} {provider:24s} {sum(durs) / runs:9.1f} us  {len(durs) // runs} node(s)")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=RESNET)
     ap.add_argument("--batches", default="1,64,1024")
+    ap.add_argument("--forms", default=",".join(FORMS), help="which forms, in this order")
+    ap.add_argument("--profile", action="store_true", help="the CUDA serving form's GPU time per op type")
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--cpu", action="store_true", help="also time onnxruntime's CPU provider")
     ap.add_argument("--no-torch", action="store_true")
@@ -172,7 +206,8 @@ def main() -> int:
         want = execute(g, {"data": data})
         print(f"(reference executor, batch {batch}: {time.perf_counter() - t:.1f} s)", file=sys.stderr)
         runs = max(5, args.runs // max(1, batch // 64))
-        for name, how in FORMS.items():
+        for name in args.forms.split(","):
+            how = FORMS[name]
             model = to_onnx(graph, batch=batch if batch > 1 else None, **how)
             missing = len(without_cuda_kernel(model))
             if cuda:
@@ -185,6 +220,8 @@ def main() -> int:
                         missing)
             if args.cpu:
                 row(batch, name, "cpu", "-", timed(model, "cpu", data, want, runs, batch), "")
+        if cuda and args.profile:
+            print("\n".join(profiled(to_onnx(graph, batch=batch if batch > 1 else None, provider="cuda"), data)))
         if cuda and not args.no_torch:
             row(batch, "PyTorch fp32 (TF32 off)", "cuda", "cudnn.benchmark", torch_ms(graph, data, runs), "")
     return 0

@@ -346,6 +346,23 @@ def test_nodes_without_a_cuda_kernel_for_their_types_are_named(model, why):
     assert problem.where == "n" and why in problem.rule
 
 
+def test_the_cpu_serving_form_is_refused_for_cuda_naming_its_channels_last_requantize(resnet_dir):
+    """Its requantize nodes with rows/nhwc have a CUDA registration whose kernel refuses them at run time (seen on
+    an H200): the placement check names them and a CUDA session is refused before it is made, on any machine."""
+    graph = cvm_onnx.load(resnet_dir).graph
+    model = to_onnx(graph, optimize=True)
+    assert any(a.name in ("rows", "nhwc") and (a.i or a.ints) for n in model.graph.node if n.op_type == "requantize"
+               for a in n.attribute)
+    if not native.cuda_ops(library_path()):
+        pytest.skip("this build of the native library has no CUDA kernels")
+    refused = placement.cuda_refusals(model)
+    assert refused and all("takes no" in p.rule and "provider 'cuda'" in p.rule for p in refused)
+    assert set(refused) <= set(placement.without_cuda_kernel(model))
+    assert placement.cuda_refusals(to_onnx(graph, provider="cuda")) == []
+    with pytest.raises(RuntimeFailure, match="would fail on CUDA.*takes no"):
+        session(model, "cuda")
+
+
 def test_the_kernel_table_is_well_formed():
     t = placement.table()
     assert t["opset"] == 21 and "OperatorKernels.md" in t["source"] and "commit" in t["source"]

@@ -163,6 +163,9 @@ def _infer_lut(ctx) -> None:
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
 SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
+#: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
+#: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
+CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc")}
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
                                                    "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0,
                                                    "offset": 128, "nhwc": 0}

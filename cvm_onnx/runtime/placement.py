@@ -5,7 +5,9 @@ of a session's profile.
   ops cvm-onnx writes, at opset 21, with their type constraints, taken from onnxruntime's own operator-kernel
   documentation (its source and commit are named in the file). ``without_cuda_kernel(model)`` lists every node
   that has no CUDA kernel for its types: onnxruntime would run it on the CPU provider, with a copy to and from
-  the host around it. A ``cvm.native`` node needs a CUDA kernel of the installed native library (``cuda_ops``).
+  the host around it. A ``cvm.native`` node needs a CUDA kernel of the installed native library (``cuda_ops``)
+  that takes its attributes: ``cuda_refusals`` names those the native CUDA kernel would refuse at run time (a
+  session places them on CUDA, where they fail; ``sessions.session`` refuses such a model for "cuda" up front).
   Constants, and nodes that read only constants (folded when the session is created), need none.
 * ``profiled_placement(path)`` reads an onnxruntime profile (``SessionOptions.enable_profiling``) and gives the
   provider each node ran on, for the check on a machine with a GPU.
@@ -22,7 +24,7 @@ from onnx import TensorProto
 from cvm_onnx.converters.to_onnx.optimize import element_types
 from cvm_onnx.core.errors import Problem
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.native import cuda_ops, library_path
+from cvm_onnx.native import CPU_ONLY_ATTRIBUTES, cuda_ops, library_path
 
 
 @cache
@@ -67,6 +69,21 @@ def _kernel_problem(node: onnx.NodeProto, types: dict[str, int]) -> str | None:
     return None
 
 
+def _cpu_only(node: onnx.NodeProto) -> str | None:
+    """Why the native CUDA kernel of ``node`` (domain cvm.native) refuses its attributes, or None."""
+    set_ = [a.name for a in node.attribute if a.name in CPU_ONLY_ATTRIBUTES.get(node.op_type, ())
+            and (a.i or a.ints)]
+    return (f"the native CUDA {node.op_type} takes no {' or '.join(set_)} (the CPU serving form's channels-last "
+            f"layout: export the CUDA form, provider 'cuda')") if set_ else None
+
+
+def cuda_refusals(model: onnx.ModelProto) -> list[Problem]:
+    """Each ``cvm.native`` node that onnxruntime would place on CUDA and whose CUDA kernel refuses it."""
+    ops = cuda_ops(library_path())
+    return [Problem(n.name or n.output[0], why) for n in model.graph.node
+            if n.domain == NATIVE_DOMAIN and n.op_type in ops and (why := _cpu_only(n))]
+
+
 def without_cuda_kernel(model: onnx.ModelProto) -> list[Problem]:
     """Each node of ``model``'s main graph that onnxruntime's CUDA provider cannot run, named, with why."""
     types = element_types(model)
@@ -76,7 +93,7 @@ def without_cuda_kernel(model: onnx.ModelProto) -> list[Problem]:
         if node.op_type == "Constant" or all(t in known for t in node.output):
             continue
         if node.domain == NATIVE_DOMAIN:
-            why = None if node.op_type in cuda_ops(library_path()) else \
+            why = _cpu_only(node) if node.op_type in cuda_ops(library_path()) else \
                 f"the native library has no CUDA kernel for {NATIVE_DOMAIN} {node.op_type}"
         elif node.domain in ("", "ai.onnx"):
             why = _kernel_problem(node, types)

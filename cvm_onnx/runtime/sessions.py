@@ -52,6 +52,7 @@ from cvm_onnx.core.format.onnx_file import dims, onnx_model
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
+from cvm_onnx.runtime.placement import cuda_refusals
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -245,6 +246,8 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     """
     check_onnxruntime()
     proto = _load(model)
+    if provider == "cuda" and (refused := cuda_refusals(proto)):
+        raise RuntimeFailure(f"{len(refused)} node(s) would fail on CUDA, {refused[0]}")
     providers = _providers(provider, conv_search, cuda_graph)
     batch = batched_input(proto)
     so = _options(threads or (usable_cpus() if batch else 1), spin=batch)
