@@ -102,33 +102,58 @@ __global__ void valid_counts(const int32_t* x, int64_t n, int64_t k, int64_t thr
   for (int64_t i = total * k + threadIdx.x; i < n * k; i += blockDim.x) yb[i] = -1;
 }
 
-// One block row per column row: row r holds the `positions` columns of window position k of plane `plane` = n * C +
-// channel (the input's channel order): r = plane * window + k, or with batch_inner r = (channel * window + k) * N +
-// n. Each row's indices are worked out once per block; each element then needs one 32-bit division (its output row
-// and column), so the gather runs at memory speed. A row is one contiguous run of columns.
-__global__ void gather_windows(const int32_t* x, Im2colArgs s, uint8_t offset, int64_t rows, uint8_t* cols) {
-  const int64_t window = s.kh * s.kw;
-  const int32_t positions = static_cast<int32_t>(s.oh * (s.wide ? s.wp : s.ow));
-  const int32_t ow = static_cast<int32_t>(s.ow), wp = static_cast<int32_t>(s.wp);
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const int64_t k = s.batch_inner ? (r / s.n) % window : r % window;
-    const int64_t plane = s.batch_inner ? (r % s.n) * s.c + r / s.n / window : r / window;
-    const int32_t fh = static_cast<int32_t>(k / s.kw), fw = static_cast<int32_t>(k % s.kw);
-    const int32_t* src = x + plane * s.h * s.w;
-    uint8_t* dst = cols + r * positions;
-    for (int32_t l = blockIdx.x * blockDim.x + threadIdx.x; l < positions; l += gridDim.x * blockDim.x) {
-      int64_t ih, iw;
-      if (s.wide) {  // padded row-major position, read on past the row's end into the following rows
-        const int64_t p = l + (fh * s.dh) * wp + fw * s.dw;
-        ih = p / wp - s.pt, iw = p % wp - s.pl;
-        if (p / wp >= s.hp) ih = -1;  // past the plane's last padded row: the slack, padding
-      } else {
-        const int32_t oh = l / ow;
-        ih = oh * s.sh + fh * s.dh - s.pt, iw = (l - oh * ow) * s.sw + fw * s.dw - s.pl;
+constexpr int kPer = 4;  // values per thread in im2col and requantize
+
+// Grid (position blocks, planes): a thread takes kPer consecutive columns l of a plane p = n * C + c (the input's
+// channel order) and writes them for every window position k of that plane, in row r = p * window + k, or with
+// batch_inner r = (c * window + k) * N + n, as one 4-byte store where the row length allows. The output positions
+// (i, j) of its columns are worked out once and reused for every plane and window position, so no element costs a
+// division, and a plane's window positions read the same few input rows (cached).
+__global__ void gather_windows(const int32_t* x, Im2colArgs s, uint8_t offset, int64_t planes, uint8_t* cols) {
+  const int32_t window = static_cast<int32_t>(s.kh * s.kw), kw = static_cast<int32_t>(s.kw);
+  const int32_t width = static_cast<int32_t>(s.wide ? s.wp : s.ow);
+  const int32_t positions = static_cast<int32_t>(s.oh) * width;  // columns stay under 2^31 elements (im2col.h)
+  const int32_t h = static_cast<int32_t>(s.h), w = static_cast<int32_t>(s.w), hp = static_cast<int32_t>(s.hp);
+  const int32_t sh = static_cast<int32_t>(s.sh), sw = static_cast<int32_t>(s.sw);
+  const int32_t dh = static_cast<int32_t>(s.dh), dw = static_cast<int32_t>(s.dw);
+  const int32_t pt = static_cast<int32_t>(s.pt), pl = static_cast<int32_t>(s.pl);
+  for (int64_t l0 = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kPer; l0 < positions;
+       l0 += int64_t{gridDim.x} * blockDim.x * kPer) {
+    const int32_t count = positions - l0 < kPer ? static_cast<int32_t>(positions - l0) : kPer;
+    const bool packed = count == kPer && positions % kPer == 0;  // r * positions + l0: 4-byte aligned
+    int32_t oi[kPer], oj[kPer];
+    for (int32_t e = 0, i = static_cast<int32_t>(l0 / width), j = static_cast<int32_t>(l0 - int64_t{i} * width);
+         e < kPer; ++e) {
+      oi[e] = i, oj[e] = j;
+      if (++j == width) j = 0, ++i;
+    }
+    for (int64_t p = blockIdx.y; p < planes; p += gridDim.y) {
+      const int32_t* src = x + p * s.h * s.w;
+      const int64_t n = p / s.c, c = p - n * s.c;
+      for (int32_t k = 0, fh = 0, fw = 0; k < window; ++k) {
+        uint32_t bytes = 0;
+        for (int e = 0; e < kPer; ++e) {
+          int32_t ih, iw;
+          if (s.wide) {  // padded row-major position l + fh * dh * wp + fw * dw, read on past the row's end
+            int32_t ii = oi[e] + fh * dh, jj = oj[e] + fw * dw;
+            if (jj >= width) jj -= width, ++ii;  // fw * dw < wp: at most one row further
+            ih = ii < hp ? ii - pt : -1;  // past the plane's last padded row: padding
+            iw = jj - pl;
+          } else {
+            ih = oi[e] * sh + fh * dh - pt, iw = oj[e] * sw + fw * dw - pl;
+          }
+          const bool inside = e < count && ih >= 0 && ih < h && iw >= 0 && iw < w;
+          const uint32_t v = inside ? static_cast<uint32_t>(src[int64_t{ih} * w + iw]) : 0u;
+          bytes |= ((v + offset) & 0xffu) << (8 * e);
+        }
+        uint8_t* dst = cols + (s.batch_inner ? (c * window + k) * s.n + n : p * window + k) * positions + l0;
+        if (packed) {
+          *reinterpret_cast<uint32_t*>(dst) = bytes;
+        } else {
+          for (int e = 0; e < count; ++e) dst[e] = static_cast<uint8_t>(bytes >> (8 * e));
+        }
+        if (++fw == kw) fw = 0, ++fh;
       }
-      const bool inside = ih >= 0 && ih < s.h && iw >= 0 && iw < s.w;
-      const uint32_t v = inside ? static_cast<uint32_t>(src[ih * s.w + iw]) : 0u;
-      dst[l] = static_cast<uint8_t>(v + offset);
     }
   }
 }
@@ -140,23 +165,30 @@ struct Steps {
   int count;
 };
 
-// requantize.h's apply_steps on one value: int32 with two's-complement wrap-around, shift (v + 2^(a-1)) >> a.
-__device__ int32_t apply(int32_t v, const Steps& st) {
+// requantize.h's apply_steps on kPer values: int32 with two's-complement wrap-around, shift (v + 2^(a-1)) >> a.
+__device__ void apply(int32_t (&v)[kPer], const Steps& st) {
   for (int k = 0; k < st.count; ++k) {
     const uint32_t a = static_cast<uint32_t>(st.a[k]);
     switch (st.kind[k]) {
-      case 0: v = static_cast<int32_t>(static_cast<uint32_t>(v) + (1u << (a - 1))) >> a; break;
-      case 1: v = static_cast<int32_t>(static_cast<uint32_t>(v) * a); break;
-      case 2: v = static_cast<int32_t>(static_cast<uint32_t>(v) + a); break;
-      default: v = min(max(v, st.a[k]), st.b[k]);
+      case 0:
+        for (int e = 0; e < kPer; ++e) v[e] = static_cast<int32_t>(static_cast<uint32_t>(v[e]) + (1u << (a - 1))) >> a;
+        break;
+      case 1:
+        for (int e = 0; e < kPer; ++e) v[e] = static_cast<int32_t>(static_cast<uint32_t>(v[e]) * a);
+        break;
+      case 2:
+        for (int e = 0; e < kPer; ++e) v[e] = static_cast<int32_t>(static_cast<uint32_t>(v[e]) + a);
+        break;
+      default:
+        for (int e = 0; e < kPer; ++e) v[e] = min(max(v[e], st.a[k]), st.b[k]);
     }
   }
-  return v;
 }
 
 // One block row per plane p = n * C + c of y (N, C, inner): y[p, j] = steps(x[src] * scales[c] + bias[c]), src
 // from plane p of x (inner_in elements per plane), or plane c * N + n with batch (batch_inner: x is (C, N, ...));
 // with width, y's plane rows of `width` elements come from x's rows of `row`. bias / scales: null when absent.
+// Each thread takes kPer consecutive values, walking x's rows without a division per value.
 __global__ void requantize_kernel(const int32_t* x, int64_t planes, int64_t channels, int64_t inner, int64_t inner_in,
                                   int64_t row, int64_t width, int64_t batch, const int32_t* bias,
                                   const int32_t* scales, Steps st, int32_t* y) {
@@ -166,9 +198,22 @@ __global__ void requantize_kernel(const int32_t* x, int64_t planes, int64_t chan
     const uint32_t add = bias ? static_cast<uint32_t>(bias[c]) : 0u;
     const uint32_t mul = scales ? static_cast<uint32_t>(scales[c]) : 1u;
     int32_t* dst = y + p * inner;
-    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < inner; j += int64_t{gridDim.x} * blockDim.x) {
-      const int32_t v = width > 0 ? src[(j / width) * row + j % width] : src[j];
-      dst[j] = apply(static_cast<int32_t>(static_cast<uint32_t>(v) * mul + add), st);
+    for (int64_t j0 = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * kPer; j0 < inner;
+         j0 += int64_t{gridDim.x} * blockDim.x * kPer) {
+      const int64_t count = inner - j0 < kPer ? inner - j0 : kPer;
+      int32_t v[kPer] = {};
+      if (width > 0) {
+        int64_t i = j0 / width, jj = j0 - i * width;
+        for (int e = 0; e < count; ++e) {
+          v[e] = src[i * row + jj];
+          if (++jj == width) jj = 0, ++i;
+        }
+      } else {
+        for (int e = 0; e < count; ++e) v[e] = src[j0 + e];
+      }
+      for (int e = 0; e < kPer; ++e) v[e] = static_cast<int32_t>(static_cast<uint32_t>(v[e]) * mul + add);
+      apply(v, st);
+      for (int e = 0; e < count; ++e) dst[j0 + e] = v[e];
     }
   }
 }
@@ -189,10 +234,10 @@ dim3 row_grid(int64_t per_row, int64_t rows) {
 }
 
 const char* cuda_im2col(const int32_t* x, const Im2colArgs& s, uint8_t offset, uint8_t* cols, void* stream) {
-  const int64_t rows = s.n * s.c * s.kh * s.kw, positions = s.oh * (s.wide ? s.wp : s.ow);
-  if (rows == 0 || positions == 0) return nullptr;
-  gather_windows<<<row_grid(positions, rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, s, offset, rows,
-                                                                                                  cols);
+  const int64_t planes = s.n * s.c, positions = s.oh * (s.wide ? s.wp : s.ow);
+  if (planes == 0 || positions == 0 || s.kh * s.kw == 0) return nullptr;
+  gather_windows<<<row_grid((positions + kPer - 1) / kPer, planes), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, s, offset,
+                                                                                                    planes, cols);
   return last_error();
 }
 
@@ -201,7 +246,7 @@ const char* cuda_requantize(const int32_t* x, int64_t planes, int64_t channels, 
                             const int64_t* steps, int64_t n_steps, int32_t* y, void* stream) {
   if (planes == 0 || inner == 0) return nullptr;
   const auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid = row_grid(inner, planes);
+  const dim3 grid = row_grid((inner + kPer - 1) / kPer, planes);
   const int64_t inner_in = width > 0 ? inner / width * row : inner;
   int64_t done = 0;
   do {  // the first launch reads x (bias, scales, width, batch); any further one continues on y in place
