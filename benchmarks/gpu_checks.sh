@@ -10,7 +10,8 @@
 #      and CUDA graphs;
 #   3. each example and ResNet-20 converted to the CUDA form and verified exact on the GPU (one sample, and
 #      ResNet-20 batched by 64);
-#   4. benchmarks/bench_cuda.py: every form at batch 1, 64 and 1024 on CUDA, beside the CPU and PyTorch.
+#   4. benchmarks/bench_cuda.py: every form at batch 1, 64 and 1024 on CUDA, beside the CPU and PyTorch, and the
+#      CUDA form's time per op type.
 set -eu
 RESNET=${RESNET:-../shared/models/resnet20-cifar}
 OUT=${OUT:-out/gpu}
@@ -23,4 +24,4 @@ for model in models/digits_cnn models/detection models/transforms "$RESNET"; do
   cvm-onnx convert "$model" -o "$OUT/$(basename "$model").cuda.onnx" --provider cuda --verify
 done
 cvm-onnx convert "$RESNET" -o "$OUT/resnet20.cuda.b64.onnx" --provider cuda --batch 64 --verify
-python benchmarks/bench_cuda.py --cpu
+python benchmarks/bench_cuda.py --cpu --profile
