@@ -327,13 +327,19 @@ struct Im2col {
 };
 
 // im2col_rows (group 1): int32 data (N, C, H, W) -> uint8 rows (N, OH * OW, kh * kw * C) holding x + offset,
-// offset in the padding (im2col.h); offset 0 takes values in [0, 127], 128 values in [-128, 127].
+// offset in the padding (im2col.h); offset 0 takes values in [0, 127], 128 values in [-128, 127]. zero (-1: none)
+// in [0, 255], with offset 0: values in [0, 255] as themselves, `zero` in the padding (a product with that zero
+// point reads the padding as 0).
 struct Im2colRows {
   static constexpr const char* kName = "im2col_rows";
 
   Im2colRows(const OrtApi* api, const OrtKernelInfo* info)
-      : columns(api, info), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)) {
+      : columns(api, info), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)),
+        zero(int_attr(info, "zero", -1)) {
     if (offset != 0 && offset != 128) throw Ort::Exception("im2col_rows: offset must be 0 or 128", ORT_INVALID_ARGUMENT);
+    if (zero != -1 && (zero < 0 || zero > 255 || offset != 0)) {
+      throw Ort::Exception("im2col_rows: zero must be -1, or in [0, 255] with offset 0", ORT_INVALID_ARGUMENT);
+    }
     if (nhwc != 0 && nhwc != 1) throw Ort::Exception("im2col_rows: nhwc must be 0 or 1", ORT_INVALID_ARGUMENT);
     if (columns.geometry.group != 1 || columns.geometry.wide) {
       throw Ort::Exception("im2col_rows: group must be 1 and wide 0", ORT_INVALID_ARGUMENT);
@@ -350,14 +356,15 @@ struct Im2colRows {
       Im2colShape s = columns.geometry;
       s.n = shape[0], s.c = shape[nhwc ? 3 : 1], s.h = shape[nhwc ? 1 : 2], s.w = shape[nhwc ? 2 : 3];
       if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
-      const int32_t lo = offset == 0 ? 0 : -128;
+      const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
+      const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
       const int32_t* x = data.Data();
       std::vector<uint8_t> padded(static_cast<size_t>(s.n * s.hp() * s.wp() * s.c));
       uint8_t* rows = out.Allocate({s.n, s.oh * s.ow, s.kh * s.kw * s.c});
-      std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, 127]
+      std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
       auto image = [&](int64_t n) {
-        const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, 127, static_cast<uint32_t>(offset), n, padded.data())
-                               : pad_narrow_hwc(x, s, lo, 127, static_cast<uint32_t>(offset), n, padded.data());
+        const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data())
+                               : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data());
         if (i >= 0) {
           for (int64_t seen = bad.load(); i < seen && !bad.compare_exchange_weak(seen, i);) {}
         }
@@ -365,7 +372,7 @@ struct Im2colRows {
       parallel_for(context, s.n, image);
       if (const int64_t i = bad.load(); i != INT64_MAX) {
         return invalid(kName, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
-                                  " is outside [" + std::to_string(lo) + ", 127]");
+                                  " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
       }
       auto row = [&](int64_t r) { im2col_rows(padded.data(), s, r / s.oh, r % s.oh, rows); };
       parallel_for(context, s.n * s.oh, row);
@@ -374,7 +381,7 @@ struct Im2colRows {
   }
 
   Im2col<uint8_t, 128> columns;  // the geometry attributes, read and checked as the columns ops read them
-  int64_t offset, nhwc;  // nhwc = 1: data (N, H, W, C)
+  int64_t offset, nhwc, zero;  // nhwc = 1: data (N, H, W, C); zero >= 0: data in [0, 255], zero in the padding
 };
 
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0

@@ -166,8 +166,9 @@ void im2col_wide(const Out* xp, const Im2colShape& s, int64_t plane, Out* out) {
 
 
 // Rows (group 1): rows[n, oh * OW + ow, (fh * kw + fw) * C + c] = x[n, c, oh*sh + fh*dh - pt, ow*sw + fw*dw - pl]
-// + offset, offset in the padding: each output position one row of K = kh * kw * C bytes, the left operand of a
-// product by the (K, OC) weights. Values must lie in [lo, hi] (offset 0: [0, 127]; 128: [-128, 127]).
+// + offset, `fill` in the padding: each output position one row of K = kh * kw * C bytes, the left operand of a
+// product by the (K, OC) weights. Values must lie in [lo, hi] (offset 0: [0, 127]; 128: [-128, 127]; with a zero
+// point: [0, 255], the zero point the fill).
 
 // dst[j * dst_stride + i] = src[i * src_stride + j] for an 8 x 8 block of bytes (SSE2 unpacks on x86-64).
 inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride) {
@@ -191,15 +192,15 @@ inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, i
 #endif
 }
 
-// Image n of x (n, c, h, w) into xp (HP, WP, C) bytes (images hp() * wp() * C apart) as x + offset, offset in the
+// Image n of x (n, c, h, w) into xp (HP, WP, C) bytes (images hp() * wp() * C apart) as x + offset, `fill` in the
 // padding: the narrowing of pad_narrow with the channels innermost (each input row narrowed plane by plane, then
 // transposed in 8 x 8 blocks). Returns the flat index of the first x of the image outside [lo, hi] (then the copy
 // is incomplete), or -1.
 CVM_AVX2_CLONES int64_t pad_narrow_hwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
-                                       uint32_t offset, int64_t n, uint8_t* xp) {
+                                       uint32_t offset, uint8_t fill, int64_t n, uint8_t* xp) {
   const int64_t c = s.c, w = s.w, wp = s.wp(), size = s.hp() * wp * c;
   uint8_t* base = xp + n * size;
-  std::fill(base, base + size, static_cast<uint8_t>(offset));
+  std::fill(base, base + size, fill);
   const uint32_t span = static_cast<uint32_t>(hi) - static_cast<uint32_t>(lo);
   std::vector<uint8_t> narrow(static_cast<size_t>(c * w));  // one input row of every plane: (C, W)
   for (int64_t y = 0; y < s.h; ++y) {
@@ -234,10 +235,10 @@ CVM_AVX2_CLONES int64_t pad_narrow_hwc(const int32_t* x, const Im2colShape& s, i
 
 // pad_narrow_hwc for data already (n, h, w, c) (channels innermost): each input row one contiguous narrowing.
 CVM_AVX2_CLONES int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
-                                        uint32_t offset, int64_t n, uint8_t* xp) {
+                                        uint32_t offset, uint8_t fill, int64_t n, uint8_t* xp) {
   const int64_t c = s.c, w = s.w, wp = s.wp(), size = s.hp() * wp * c, row = w * c;
   uint8_t* base = xp + n * size;
-  std::fill(base, base + size, static_cast<uint8_t>(offset));
+  std::fill(base, base + size, fill);
   const uint32_t span = static_cast<uint32_t>(hi) - static_cast<uint32_t>(lo);
   for (int64_t y = 0; y < s.h; ++y) {
     const int32_t* src = x + (n * s.h + y) * row;

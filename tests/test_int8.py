@@ -24,6 +24,7 @@ from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.core.graph import Entry
 from cvm_onnx.native import DOMAIN, cpu, library_path
 from cvm_onnx.runtime.sessions import run, session
 
@@ -550,7 +551,6 @@ def test_values_proven_nonnegative_are_never_negative(case):
     """``bounds.nonnegative`` claims an entry only where every value it takes is >= 0 (checked on the reference
     executor's values of every entry), and claims relu outputs."""
     from cvm_onnx.converters.to_onnx.bounds import nonnegative
-    from cvm_onnx.core.graph import Entry
 
     graph, data = case
     claimed = nonnegative(graph)
@@ -726,3 +726,148 @@ def test_requantize_runs_taken_in_one_pass_equal_the_oracle(kinds, data, n, nhwc
         model = requantize_model(list(x.shape), 3, steps)
         want = requantize_oracle(x, bias, steps)
     assert np.array_equal(run(model, {"x": x, "b": bias})[0], want)
+
+
+# -- conv2d of quantized operands: the halves of u - z, u in [0, 255] ---------------------------------------------
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(geometry=geometries(), data=st.data(), threads=st.integers(1, 2))
+def test_im2col_rows_with_a_zero_point_gathers_u_itself_and_the_zero_point_in_the_padding(geometry, data, threads):
+    """With ``zero`` (offset 0) the rows hold u in [0, 255] itself and ``zero`` in the padding."""
+    (n, c, h, w), kernel, strides, dilations, pads, _ = geometry
+    zero = data.draw(st.sampled_from([0, 1, 127, 128, 254, 255]))
+    u = data.draw(tensors((n, c, h, w), 9).map(np.abs))
+    model = im2col_model("im2col_rows", u.shape, kernel_shape=kernel, strides=strides, dilations=dilations,
+                         pads=pads, offset=0, zero=zero)
+    onnx.checker.check_model(model, full_check=True)
+    got = session(model, threads=threads).run(None, {"x": u})[0]
+    assert np.array_equal(got.astype(np.int64), rows_oracle(u - zero, kernel, strides, dilations, pads, zero))
+
+
+@pytest.mark.parametrize("value", [-1, 256])
+def test_im2col_rows_with_a_zero_point_refuses_values_outside_uint8(value):
+    model = im2col_model("im2col_rows", [1, 1, 2, 2], kernel_shape=[1, 1], offset=0, zero=7)
+    x = np.array([[[[0, 255], [value, 2]]]], np.int32)
+    with pytest.raises(RuntimeFailure, match=rf"data value {value} at flat index 2 is outside \[0, 255\]"):
+        run(model, {"x": x})
+
+
+@pytest.mark.parametrize("attrs", [dict(offset=128, zero=3), dict(offset=0, zero=256), dict(offset=0, zero=-2)])
+def test_im2col_rows_refuses_a_zero_point_it_cannot_take(attrs):
+    model = im2col_model("im2col_rows", [1, 2, 3, 3], kernel_shape=[1, 1], **attrs)
+    with pytest.raises((onnx.checker.ValidationError, onnx.shape_inference.InferenceError), match="zero"):
+        onnx.checker.check_model(model, full_check=True)
+    with pytest.raises(RuntimeFailure, match="zero"):
+        run(model, {"x": np.zeros((1, 2, 3, 3), np.int32)})
+
+
+def quantized_conv(b, u, c: int, zero: int, w: np.ndarray, bias: np.ndarray | None, **attrs):
+    """conv2d of u - zero as the quantized importer writes it (from_onnx's ``products.halves``): h = (u - zero)
+    shifted by 1, g = u - zero - h, concatenated, cvm_clip(8), by the weights [w, w]."""
+    v = b.op("broadcast_sub", u, b.param(f"z{len(b.nodes)}", np.array([zero]), 9)) if zero else u
+    h = b.op("cvm_right_shift", v, shift_bit=1, precision=8)
+    x = b.op("cvm_clip", b.op("concatenate", h, b.op("broadcast_sub", v, h), axis=1), precision=8)
+    inputs = [x, b.param(f"w{len(b.nodes)}", np.concatenate([w, w], axis=1), 8)]
+    if bias is not None:
+        inputs.append(b.param(f"b{len(b.nodes)}", bias, 20))
+    return b.op("conv2d", *inputs, channels=w.shape[0], use_bias=bias is not None, **attrs)
+
+
+@st.composite
+def quantized_conv_runs(draw):
+    """u = clip(data, 0, U) (U <= 255), a ``quantized_conv`` of u - zero (weights at the int8 edges, a random
+    geometry of one group), perhaps + a param per output position, then clip, shift, a multiplier per channel,
+    shift, + a zero point, clip to [0, 255]; data at the edges. ``ok``: whether the bounds allow the unsigned
+    route (max(zero, U - zero) <= 254)."""
+    (n, c, h, w), kernel, strides, dilations, pads, _ = draw(geometries())
+    if pads[0] != pads[2] or pads[1] != pads[3]:
+        return draw(quantized_conv_runs())
+    oc = draw(st.integers(2, 5))
+    top = draw(st.sampled_from([255, 255, 200, 128]))
+    zero = draw(st.sampled_from([0, 1, 127, 128, 200, 254, 255]))
+    b = GraphBuilder()
+    u = b.op("clip", b.input("data", (1, c, h, w), 10), a_min=0, a_max=top)
+    wv = draw(tensors((oc, c, *kernel), 8))
+    bias = draw(st.none() | tensors((oc,), 20))
+    y = quantized_conv(b, u, c, zero, wv, bias, kernel_size=kernel, strides=strides, dilation=dilations,
+                       padding=pads[:2])
+    oh = (h + 2 * pads[0] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+    ow = (w + 2 * pads[1] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+    if draw(st.booleans()):
+        y = b.op("broadcast_add", y, b.param(f"p{len(b.nodes)}", draw(tensors((oc, oh, ow), 18)), 18))
+    y = b.op("clip", y, a_min=-draw(st.integers(0, 1 << 19)), a_max=draw(st.integers(1, 1 << 19)))
+    y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 4)), precision=16)
+    muls = draw(st.lists(st.integers(-(1 << 14), 1 << 14), min_size=oc, max_size=oc))
+    y = b.op("broadcast_mul", y, b.param(f"m{len(b.nodes)}", np.array(muls).reshape(oc, 1, 1), 16))
+    y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(8, 20)), precision=10)
+    y = b.op("broadcast_add", y, b.param(f"q{len(b.nodes)}", np.array([draw(st.integers(0, 255))]), 9))
+    graph = b.build(b.op("clip", y, a_min=0, a_max=255))
+    data = draw(st.one_of(tensors((n, c, h, w), 10), st.just(np.full((n, c, h, w), top, np.int32)),
+                          st.just(np.where(np.arange(n * c * h * w).reshape(n, c, h, w) % 2, top, 0))))
+    return graph, data.astype(np.int32), n, max(zero, top - zero) <= 254
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=quantized_conv_runs())
+def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
+    """A conv2d of the halves of u - zero takes integer products of u itself (``requantize.Unsigned``: one
+    MatMulInteger of K = C * kh * kw, no Conv) exactly where the bounds prove its conditions, the per-position param
+    and the per-channel multiplier inside its native run; exact against the reference executor through every
+    operand route this CPU computes exactly (under qemu Haswell uint8 x uint8 for them), batched too."""
+    graph, data, n, ok = case
+    if n > 1:
+        from cvm_onnx.core.batch import batched
+
+        graph = batched(graph, n)
+    model = to_onnx(graph, optimize=True, int8=True)
+    ops = [node.op_type for node in model.graph.node]
+    zeros = [a.i for node in model.graph.node if node.op_type == "im2col_rows" for a in node.attribute
+             if a.name == "zero"]
+    assert len(zeros) == ok  # else the conv2d of the halves (2C channels) as any conv2d
+    if ok:
+        assert ops.count("MatMulInteger") == 1 and ops.count("requantize") == 2
+        assert {"Conv", "Mul", "Gather", "Concat"}.isdisjoint(ops)
+    want = execute(graph, {"data": data})
+    for route in routes():
+        for layout in ("rows", "columns"):
+            got = run_route(model, {"data": data}, route, layout)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
+
+
+def test_the_unsigned_route_needs_equal_weight_halves_and_its_own_nodes():
+    """Not taken where the conv2d's two weight halves differ, or where another node reads one of the halves."""
+    for case in ("halves", "reader"):
+        b = GraphBuilder()
+        u = b.op("relu", b.input("data", (1, 2, 4, 4), 9))
+        w = np.arange(-18, 18).reshape(2, 2, 3, 3)
+        y = quantized_conv(b, u, 2, 128, w, None, kernel_size=(3, 3), padding=(1, 1))
+        if case == "halves":
+            conv = b.nodes[y.node]
+            b.params[b.nodes[conv.inputs[1].node].name][0, 0, 0, 0] += 1
+        y = b.op("cvm_right_shift", b.op("cvm_right_shift", y, shift_bit=2, precision=16), shift_bit=2, precision=8)
+        if case == "reader":  # the halves' cvm_right_shift read outside them too
+            h = next(Entry(i) for i, node in enumerate(b.nodes) if node.op == "cvm_right_shift")
+            graph = b.build(y, b.op("relu", h))
+        else:
+            graph = b.build(y)
+        model = to_onnx(graph, optimize=True, int8=True)
+        assert not [a for n in model.graph.node if n.op_type == "im2col_rows" for a in n.attribute if a.name == "zero"]
+        data = np.random.default_rng(0).integers(-255, 256, (1, 2, 4, 4)).astype(np.int32)
+        assert all(np.array_equal(g, w) for g, w in zip(run(model, {"data": data}), execute(graph, {"data": data})))
+
+
+def test_rows_with_a_zero_point_stay_uint8_x_uint8_without_unbounded_signed_products(monkeypatch):
+    """Their uint8 operand reaches 255, so uint8 x int8 pair sums can saturate without VNNI (2 * 255 * 127 >
+    2^15): ``signed_operands`` turns their weights int8 only where ``cpu.unbounded()``."""
+    b = GraphBuilder()
+    u = b.op("relu", b.input("data", (1, 2, 4, 4), 9))
+    y = quantized_conv(b, u, 2, 128, np.full((3, 2, 3, 3), 127), None, kernel_size=(3, 3), padding=(1, 1))
+    graph = b.build(b.op("cvm_right_shift", b.op("cvm_right_shift", y, shift_bit=2, precision=16), shift_bit=2,
+                         precision=8))
+    model = to_onnx(graph, optimize=True, int8=True)
+    for unbounded in (False, True):
+        monkeypatch.setattr(cpu, "unbounded", lambda unbounded=unbounded: unbounded)
+        signed = cpu.signed_operands(model)
+        casts = [a.i for n in signed.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
+        assert (TensorProto.INT8 in casts) == unbounded

@@ -204,13 +204,17 @@ class _Exporter:
         g = self.graph
         out, last = Entry(chain.all[-1]), g.nodes[chain.all[-1]]
         if chain.head is None:
-            x, _ = requantize.steps_of(g, g.nodes[chain.nodes[0]])
+            x, _ = requantize.steps_of(g, g.nodes[chain.nodes[0]], self.int8 and self.provider == "cpu")
             ins, names, head_bound = [Value("data", g.type_of(x).shape, self.bounds[x])], [self.int32(x)], 0
         else:
             head = g.nodes[chain.head]
             ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e), e in self.nonneg)
                    for name, e in zip(REGISTRY[head.op].input_names_for(len(head.inputs)), head.inputs)]
             names, head_bound = [self.names[e] for e in head.inputs], self.bounds[Entry(chain.head)]
+            if chain.unsigned is not None:  # the data is u (requantize.Unsigned); the weight a constant of the body
+                u = chain.unsigned.data
+                ins[0] = Value(ins[0].name, g.type_of(u).shape, self.bounds[u], None, u in self.nonneg)
+                names[0] = self.int32(u)
         body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound,
                                        self.int8, self.provider)
         if any(n.domain == NATIVE_DOMAIN for n in body.nodes):
@@ -250,7 +254,8 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
-        chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider, self.conv_form) if self.fuse else []
+        chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider, self.conv_form,
+                                 self.nonneg) if self.fuse else []
         if self.fuse:
             self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider,
                                                  self.nonneg)

@@ -156,18 +156,19 @@ def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.
     return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
 
 
-def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> str | None:
-    """Why a conv2d does not take ``conv2d_int8``, or None when it does: it must be exact (|x| <= 127, the
-    weight a param within [-128, 127], at most ``INT8_K`` products per output: C/G * kh * kw; on "cuda",
-    int8 x int8, ``INT8_K_SIGNED``) and expected faster (its windows, N * C * kh * kw * OH * OW bytes, at most
-    ``INT8_COLUMNS`` on the CPU; on "cuda" only the kernel's ``COLUMNS_LIMIT``: the GPU gathers them at memory
-    speed, and any other route there is a float Conv or a CPU fallback)."""
+def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", most_x: int = 127) -> str | None:
+    """Why a conv2d does not take ``conv2d_int8``, or None when it does: it must be exact (|x| <= ``most_x``, 127
+    (for ``conv2d_unsigned``: its u, 255), the weight a param within [-128, 127], at most ``INT8_K`` products per
+    output: C/G * kh * kw; on "cuda", int8 x int8, ``INT8_K_SIGNED``) and expected faster (its windows,
+    N * C * kh * kw * OH * OW bytes, at most ``INT8_COLUMNS`` on the CPU; on "cuda" only the kernel's
+    ``COLUMNS_LIMIT``: the GPU gathers them at memory speed, and any other route there is a float Conv or a CPU
+    fallback)."""
     kh, kw = a.kernel_size
     n, c = x.shape[:2]
     columns = n * c * kh * kw * out_shape[2] * out_shape[3]
     most_k, most_columns = (INT8_K_SIGNED, COLUMNS_LIMIT) if provider == "cuda" else (INT8_K, INT8_COLUMNS)
-    if x.bound > 127:
-        return f"its input's bound {x.bound} exceeds int8's 127"
+    if x.bound > most_x:
+        return f"its input's bound {x.bound} exceeds {'int8' if most_x == 127 else 'uint8'}'s {most_x}"
     if w.const is None:
         return "its weight is not a param"
     if int(w.const.min(initial=0)) < -128 or int(w.const.max(initial=0)) > 127:
@@ -252,6 +253,23 @@ def conv2d_rows(b, a, x, w) -> tuple[str, dict]:
     wq = b.Cast(b.Add(wt, b.const(128, np.int32)), to=TensorProto.UINT8)
     zero = b.const(128, np.uint8)
     return b.MatMulInteger(rows, wq, zero if offset else "", zero), {"rows": [oh, ow]}
+
+
+def conv2d_unsigned(b, a, u, w: np.ndarray, zero: int) -> tuple[str, dict]:
+    """conv(u - zero, w) (one group; u in [0, 255], zero in [0, 255], the convolution's zero padding being
+    u - zero = 0) as rows: ``im2col_rows`` with ``zero`` gathers u itself (checked in [0, 255]) and ``zero`` in the
+    padding, and MatMulInteger multiplies the rows, zero point ``zero``, by the constant (K, OC) weights w + 128
+    (uint8, zero point 128): sum (u - zero)(w + 128 - 128) = sum (u - zero) w, each padded term 0. uint8 x uint8
+    (exact on every ISA: raw sums <= K * 255 * 255 < 2^31); ``cvm_onnx.native.cpu`` makes the weights int8 only
+    where uint8 x int8 is exact for any operands (VNNI). Returns the products, (N, OH * OW, OC), and
+    ``requantize``'s ``rows`` (OH, OW)."""
+    n, c, oc, oh, ow, _ = _conv_shape(b, a, u)
+    (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    rows = b.node("im2col_rows", u, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
+                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], offset=0, zero=zero)  # (N, OH * OW, K)
+    wq = (w.astype(np.int32).transpose(2, 3, 1, 0).reshape(kh * kw * c, oc) + 128).astype(np.uint8)
+    return b.MatMulInteger(rows, b.const(wq, np.uint8), b.const(zero, np.uint8), b.const(128, np.uint8)), \
+        {"rows": [oh, ow]}
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:

@@ -42,13 +42,14 @@ from .lowering import Body, Value, unwiden, widen
 
 @dataclass(frozen=True)
 class Step:
-    """One monotone step: ``kind`` "shift" (k = bits), "mul" / "add" (k = constant) or "clip" (lo, hi; None =
-    unbounded)."""
+    """One monotone step: ``kind`` "shift" (k = bits), "mul" / "add" (k = constant), "clip" (lo, hi; None =
+    unbounded) or "cmul" (a multiplier per axis-1 channel, ``ks``; k = the largest |multiplier|; native runs only)."""
 
     kind: str
     k: int = 0
     lo: int | None = None
     hi: int | None = None
+    ks: tuple[int, ...] = ()
 
 
 def _limit(precision: int) -> Step:
@@ -63,9 +64,21 @@ def _scalar(graph: Graph, e: Entry) -> int | None:
     return int(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
 
 
-def steps_of(graph: Graph, node: Node) -> tuple[Entry, list[Step]] | None:
+def channel_values(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The values of a param that broadcasts along axis 1 of ``shape`` only, one per channel ((C,) + (1,) * k,
+    leading 1s allowed, rank at most ``shape``'s, C = shape[1] > 1), else None."""
+    node = graph.nodes[e.node]
+    value = graph.params.get(node.name) if node.is_variable else None
+    if value is None or len(shape) < 2 or shape[1] < 2 or value.ndim > len(shape) or value.size != shape[1]:
+        return None
+    dims = (1,) * (len(shape) - value.ndim) + value.shape
+    return tuple(int(v) for v in value.reshape(-1)) if dims[1] == shape[1] else None
+
+
+def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, list[Step]] | None:
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
-    tensor (a broadcast op counts only with a one-number param that leaves the other input's shape)."""
+    tensor (a broadcast op counts only with a one-number param that leaves the other input's shape; with
+    ``channels``, a broadcast_mul by one multiplier per axis-1 channel too, "cmul", for native runs)."""
     a = REGISTRY[node.op].bind(node.attrs)
     if node.op == "cvm_right_shift":
         return node.inputs[0], [Step("shift", a.shift_bit), _limit(a.precision)]
@@ -84,6 +97,12 @@ def steps_of(graph: Graph, node: Node) -> tuple[Entry, list[Step]] | None:
             if c is not None and graph.type_of(x).shape == node.outputs[0].shape:
                 kind, k = ("mul", c) if node.op == "broadcast_mul" else ("add", c if node.op == "broadcast_add" else -c)
                 return x, [Step(kind, k)]
+    if channels and node.op == "broadcast_mul":
+        for data, const in ((0, 1), (1, 0)):
+            x, shape = node.inputs[data], node.outputs[0].shape
+            ks = channel_values(graph, node.inputs[const], shape)
+            if ks is not None and graph.type_of(x).shape == shape:
+                return x, [Step("cmul", max(abs(k) for k in ks), ks=ks)]
     return None
 
 
@@ -154,6 +173,8 @@ class Run:
             return e + step.k <= 31 and top + (1 << (e + step.k - 1)) <= INT32_MAX
         if step.kind == "mul":  # the multiplier itself must be an int32 constant (cvm_left_shift 31: 2^31 is not)
             return top * abs(step.k) <= INT32_MAX and -INT32_MAX - 1 <= step.k <= INT32_MAX
+        if step.kind == "cmul":  # every multiplier an int32 (k: the largest magnitude)
+            return top * step.k <= INT32_MAX and all(-INT32_MAX - 1 <= k <= INT32_MAX for k in step.ks)
         return top + (abs(step.k) << e) <= INT32_MAX
 
     def _int32(self) -> None:
@@ -167,6 +188,11 @@ class Run:
         self.e = k
         f = lambda v: None if v is None else round_shift(v, s)  # noqa: E731
         self.w, self.lo, self.hi = f(self.w), f(self.lo), f(self.hi)
+
+    def _cmul(self, k: int) -> None:
+        """Bounds only (a native run multiplies; no int32 body has this step): the clipped value, at most
+        ``_clipped()``, times multipliers of magnitude <= k; the clip is taken (a bound per channel is not kept)."""
+        self.w, self.lo, self.hi = self._clipped() * k, None, None
 
     def _mul(self, m: int) -> None:
         self._int32()
@@ -224,16 +250,40 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Unsigned:
+    """A conv2d's data as the halves of u - zero (the quantized importer's 8-bit operands, from_onnx's
+    ``products.halves``): ``nodes`` = [v = u - zero (absent when zero is 0), h = cvm_right_shift(v, 1), g = v - h,
+    concatenate((h, g), axis 1), cvm_clip(8)], read by a conv2d (one group) whose weight is [w, w] along the input
+    channels; ``data`` is u (proven in [0, 255]), ``weight`` w (OC, C, kh, kw).
+
+    The conv2d computes conv(v, w) (zero padding): with v in [-254, 254] (u in [0, U], U <= 255, and
+    max(zero, U - zero) <= 254), h = floor((v + 1) / 2) and g = v - h = floor(v / 2) both lie in [-127, 127], so
+    neither cvm_right_shift's clip to 8 bits nor cvm_clip changes a value and h + g = v; conv(concat(h, g), [w, w])
+    = conv(h, w) + conv(g, w) = conv(h + g, w) (each output the same integer sum of products, regrouped; the
+    padding is 0 in h, g and v alike), hence the same int32 result as the runtime's accumulator."""
+
+    nodes: tuple[int, ...]
+    data: Entry
+    zero: int
+    weight: np.ndarray
+
+
+@dataclass(frozen=True)
 class Chain:
     """A run: its step nodes in order and the conv2d/dense node whose product starts it, if any (on "cuda" a
-    conv2d with no steps after it)."""
+    conv2d with no steps after it); ``unsigned``: the head's data computed from u (``Unsigned``); ``offset``: a
+    broadcast_add of a param (OC, OH, OW) between the head and the steps (an integer-products head of rows only)."""
 
     nodes: list[int]
     head: int | None = None
+    unsigned: Unsigned | None = None
+    offset: int | None = None
 
     @property
     def all(self) -> list[int]:
-        return ([] if self.head is None else [self.head]) + self.nodes
+        before = [] if self.unsigned is None else list(self.unsigned.nodes)
+        return before + ([] if self.head is None else [self.head]) + \
+            ([] if self.offset is None else [self.offset]) + self.nodes
 
 
 def _readers(graph: Graph) -> dict[Entry, int]:
@@ -262,11 +312,80 @@ def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int], provider: str 
                          provider)
 
 
+def _producer(graph: Graph, e: Entry, op: str, readers: dict[Entry, int], count: int = 1) -> Node | None:
+    """The node making ``e`` when it is an ``op`` read exactly ``count`` times (never a head)."""
+    node = graph.nodes[e.node]
+    return node if node.op == op and not e.index and readers.get(e) == count else None
+
+
+def unsigned_source(graph: Graph, conv: int, bounds: dict[Entry, int], nonneg: set[Entry],
+                    readers: dict[Entry, int]) -> Unsigned | None:
+    """The ``Unsigned`` form of conv2d ``conv``'s data, when its nodes are exactly that pattern, each read only
+    inside it, and the bounds prove its conditions (u >= 0, U <= 255, max(zero, U - zero) <= 254, the halves'
+    cvm_right_shift of 8 bits or more); else None."""
+    node = graph.nodes[conv]
+    a = REGISTRY["conv2d"].bind(node.attrs)
+    w = graph.params.get(graph.nodes[node.inputs[1].node].name)
+    clip = _producer(graph, node.inputs[0], "cvm_clip", readers)
+    cat = clip and REGISTRY["cvm_clip"].bind(clip.attrs).precision == 8 and \
+        _producer(graph, clip.inputs[0], "concatenate", readers)
+    if a.groups != 1 or w is None or not cat or REGISTRY["concatenate"].bind(cat.attrs).axis != 1 or \
+            len(cat.inputs) != 2:
+        return None
+    h_e, g_e = cat.inputs
+    h, g = _producer(graph, h_e, "cvm_right_shift", readers, 2), _producer(graph, g_e, "broadcast_sub", readers)
+    if h is None or g is None or list(g.inputs) != [h.inputs[0], h_e]:
+        return None
+    ha = REGISTRY["cvm_right_shift"].bind(h.attrs)
+    v_e = h.inputs[0]
+    v = _producer(graph, v_e, "broadcast_sub", readers, 2)
+    zero = v and _scalar(graph, v.inputs[1])
+    u_e, chain = (v.inputs[0], [v_e.node]) if zero is not None and v is not None else (v_e, [])
+    zero = zero or 0
+    c = graph.type_of(u_e).shape[1] if len(graph.type_of(u_e).shape) == 4 else 0
+    if ha.shift_bit != 1 or ha.precision < 8 or graph.type_of(u_e).shape != graph.type_of(v_e).shape or \
+            u_e not in nonneg or bounds[u_e] > 255 or not 0 <= zero <= 255 or \
+            max(zero, bounds[u_e] - zero) > 254 or w.shape[1] != 2 * c or not np.array_equal(w[:, :c], w[:, c:]):
+        return None
+    return Unsigned(tuple(chain + [h_e.node, g_e.node, clip.inputs[0].node, node.inputs[0].node]), u_e, zero,
+                    w[:, :c])
+
+
+def unsigned_head(graph: Graph, node: int, bounds: dict[Entry, int], nonneg: set[Entry],
+                  readers: dict[Entry, int]) -> Unsigned | None:
+    """conv2d ``node``'s ``Unsigned`` data where its integer products take that form (``nn.int8_refusal`` with
+    u's bound, up to 255, on the CPU's rows), else None."""
+    if graph.nodes[node].op != "conv2d" or not nn.ROWS:
+        return None
+    src = unsigned_source(graph, node, bounds, nonneg, readers)
+    if src is None:
+        return None
+    a = REGISTRY["conv2d"].bind(graph.nodes[node].attrs)
+    u = Value("", graph.type_of(src.data).shape, bounds[src.data])
+    w = Value("", src.weight.shape, 0, src.weight)
+    return src if nn.int8_refusal(a, u, w, graph.nodes[node].outputs[0].shape, most_x=255) is None else None
+
+
+def offset_param(graph: Graph, node: Node) -> np.ndarray | None:
+    """The param (OC, OH, OW) that a broadcast_add adds to a conv2d's output (OC, OH, OW per element, the batch
+    broadcast; a leading 1 allowed), else None."""
+    if node.op != "broadcast_add":
+        return None
+    src = graph.nodes[node.inputs[1].node]
+    p = graph.params.get(src.name) if src.is_variable else None
+    shape = graph.type_of(node.inputs[0]).shape
+    if p is None or len(shape) != 4 or p.shape not in (tuple(shape[1:]), (1, *shape[1:])) or \
+            node.outputs[0].shape != shape:
+        return None
+    return p.reshape(shape[1:])
+
+
 #: The integer products' routes by layout (``nn.conv2d_int8``; the operand types ``cvm_onnx.native.cpu`` gives them
 #: on the CPU; the CUDA form's are int8 x int8).
 INTEGER_ROUTES = {"rows0": "integer products (rows of x >= 0: uint8 x int8 on every x86 CPU)",
                   "rows": "integer products (rows: uint8 x int8 with VNNI)",
                   "columns": "integer products (columns: uint8 x int8 with VNNI)",
+                  "unsigned": "integer products (rows of u - z, u in [0, 255]: uint8 x int8 with VNNI)",
                   "cuda": "integer products (int8 x int8)"}
 
 
@@ -275,12 +394,15 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
     """Each conv2d's route in the serving form, [name, route, why not integer products (or "")]: integer
     products (``INTEGER_ROUTES``; ``nonneg``: the entries proven >= 0), "per-channel scale" (its run's
     requantize multiplies) or "float32/int32 products" (a float32 Conv where exact, else the core form)."""
-    heads = {c.head for c in chains if c.head is not None}
+    heads = {c.head: c for c in chains if c.head is not None}
     routes = []
     for i, node in enumerate(graph.nodes):
         if node.op != "conv2d":
             continue
         a, (x, w) = REGISTRY[node.op].bind(node.attrs), _operands(graph, node, bounds)
+        if i in heads and heads[i].unsigned is not None:
+            routes.append([node.name, INTEGER_ROUTES["unsigned"], ""])
+            continue
         why = ("integer products are off (no native library, or int8=False)" if not int8 else
                nn.int8_refusal(a, x, w, node.outputs[0].shape, provider) or
                ("its output is not read by one requantization run alone" if i not in heads else None))
@@ -293,35 +415,53 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
-          int8: bool = False, provider: str = "cpu", conv_form: str = "fast") -> int | None:
-    """The conv2d/dense node whose output only the run's ``first`` node reads, when its product can feed the
-    run: with ``int8``, a conv2d taking the integer route (``int8_head``); else its single float32
-    product, whose sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s
-    too, every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1)
-    2^-(s+1), exact when 2B + 1 <= 2^24."""
-    x, steps = steps_of(graph, graph.nodes[first])
+          int8: bool = False, provider: str = "cpu", conv_form: str = "fast",
+          nonneg: set[Entry] = frozenset()) -> tuple[int, Unsigned | None, int | None] | None:
+    """(the conv2d/dense node whose output only the run's ``first`` node reads, its ``Unsigned`` data, the
+    ``offset`` node), when its product can feed the run: with ``int8``, a conv2d taking the integer route
+    (``int8_head``, or on the CPU ``unsigned_head``), also through a broadcast_add of a param (OC, OH, OW)
+    (``offset_param``) where its products are rows; else its single float32 product, whose sums are exact
+    integers when its bound B (bias included) is <= 2^24; taking a first shift s too, every partial sum of
+    (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1) 2^-(s+1), exact when 2B + 1 <= 2^24."""
+    x, steps = steps_of(graph, graph.nodes[first], int8 and provider == "cpu")
     producer = graph.nodes[x.node]
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
-    if producer.op not in ("conv2d", "dense") or x.index or readers.get(x) != 1:
+    if x.index or readers.get(x) != 1:
         return None
+    if int8 and provider == "cpu" and offset_param(graph, producer) is not None:
+        e = producer.inputs[0]
+        conv = graph.nodes[e.node]
+        if conv.op != "conv2d" or e.index or readers.get(e) != 1:
+            return None
+        unsigned = unsigned_head(graph, e.node, bounds, nonneg, readers)
+        a = REGISTRY["conv2d"].bind(conv.attrs)
+        rows = a.groups == 1 and nn.ROWS and not nn.channelwise(a, *_operands(graph, conv, bounds)[:1],
+                                                                conv.outputs[0].shape[1])
+        if unsigned is not None or rows and int8_head(graph, conv, bounds, provider):
+            return e.node, unsigned, x.node
+        return None
+    if producer.op not in ("conv2d", "dense"):
+        return None
+    if int8 and provider == "cpu" and (unsigned := unsigned_head(graph, x.node, bounds, nonneg, readers)):
+        return x.node, unsigned, None
     if int8 and int8_head(graph, producer, bounds, provider):
-        return x.node
-    return x.node if conv_form == "fast" and limit <= FLOAT_EXACT else None
+        return x.node, None, None
+    return (x.node, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
 
 
 def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu",
-         conv_form: str = "fast") -> list[Chain]:
+         conv_form: str = "fast", nonneg: set[Entry] = frozenset()) -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
     cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
-    any (``_head``; ``int8``: integer products allowed; ``conv_form`` "core": no float32 product heads). On
-    "cuda", with ``int8``, every other conv2d that can take integer products is a chain of its own with no steps
-    (its products + bias, one ``requantize``)."""
+    any (``_head``; ``int8``: integer products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``:
+    the entries proven >= 0). On "cuda", with ``int8``, every other conv2d that can take integer products is a
+    chain of its own with no steps (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     current: list[int] = []
     run: Run | None = None
     for i, node in enumerate(graph.nodes):
-        step = None if node.is_variable else steps_of(graph, node)
+        step = None if node.is_variable else steps_of(graph, node, int8 and provider == "cpu")
         if step is None:
             continue
         x, steps = step
@@ -334,7 +474,15 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
         current.append(i)
     if len(current) > 1:
         found.append(current)
-    chains = [Chain(c, _head(graph, c[0], bounds, readers, int8, provider, conv_form)) for c in found]
+    heads = [_head(graph, c[0], bounds, readers, int8, provider, conv_form, nonneg) for c in found]
+    taken = {i for h in heads if h is not None and h[1] is not None for i in h[1].nodes}
+    chains = []
+    for c, head in zip(found, heads):  # u - zero may end an earlier run: that run ends at u instead
+        c = c[:-1] if c[-1] in taken else c
+        if head is not None:
+            chains.append(Chain(c, head[0], head[1], head[2]))
+        elif len(c) > 1:
+            chains.append(Chain(c))
     if int8 and provider == "cuda":  # no Conv on the GPU: every conv2d that can is its integer products + requantize
         heads = {c.head for c in chains}
         chains += [Chain([], i) for i, node in enumerate(graph.nodes)
@@ -343,16 +491,21 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
 
 
 def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
-    """The run as one native ``requantize`` node: the steps in the order the CVM ops take them, each clip at
+    """The run as native ``requantize`` nodes: the steps in the order the CVM ops take them, each clip at
     once (two clips in a row as one: clamps compose, clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi),
     clip(b, lo, hi))), on x + bias per channel in int32 (``attrs``: its ``width`` or ``scales``, see ``nn.conv2d_int8``).
-    Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
-    (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
-    not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the
-    clip to int32's own range, which changes nothing."""
+    A per-channel multiplication ("cmul") starts the next node, whose ``scales`` multiply each channel before its
+    steps (the first node writes NCHW, or NHWC where ``cpu.channels_last`` keeps it, the scales then taken per last
+    axis). Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32
+    computation (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the
+    runtime's does not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is
+    written as the clip to int32's own range, which changes nothing."""
     low, high = -INT32_MAX - 1, INT32_MAX
     flat: list[int] = []
-    for s in steps:
+    for k, s in enumerate(steps):
+        if s.kind == "cmul":
+            x = _native_run(b, x, bias, steps[:k], **attrs)
+            return _native_run(b, x, None, steps[k + 1:], scales=list(s.ks))
         if s.kind != "clip":
             flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
             continue
@@ -384,18 +537,32 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     return b, y
 
 
+def _offset(b: Body, graph: Graph, chain: Chain, products: str) -> str:
+    """The rows products (N, OH * OW, OC) plus the chain's ``offset`` param (OC, OH, OW), transposed to
+    (OH * OW, OC), in int32 (the batch broadcast): the runtime's conv2d output (products + bias) + param, as int32
+    additions, which wrap modulo 2^32 in any order, so adding the param before the bias gives the same int32."""
+    if chain.offset is None:
+        return products
+    p = offset_param(graph, graph.nodes[chain.offset]).astype(np.int32)
+    return b.Add(products, b.const(np.ascontiguousarray(p.reshape(p.shape[0], -1).T), np.int32))
+
+
 def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int,
               int8: bool, provider: str) -> str:
     """``lower_run``'s body in ``b`` (int8 params already widened); returns its output's name."""
-    steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i])[1]]
+    steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i], int8 and provider == "cpu")[1]]
     if chain.head is None:
         if int8:
             return _native_run(b, inputs[0].name, None, steps)
         r = Run(b, inputs[0])
+    elif int8 and chain.unsigned is not None:
+        a = REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs)
+        products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)
+        return _native_run(b, _offset(b, graph, chain, products), inputs[2] if a.use_bias else None, steps, **attrs)
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, provider):
         products, attrs = nn.conv2d_int8(b, a, *inputs[:2], provider)
-        return _native_run(b, products, inputs[2] if a.use_bias else None, steps, **attrs)
+        return _native_run(b, _offset(b, graph, chain, products), inputs[2] if a.use_bias else None, steps, **attrs)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)

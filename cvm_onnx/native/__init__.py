@@ -20,7 +20,8 @@ serving form's window ops and fused requantization:
 * ``im2col_rows(data (N, C, H, W) int32) -> (N, OH * OW, kh * kw * C)`` uint8: the windows as rows, row
   ``oh * OW + ow`` holding ``x + offset`` in the order (fh, fw, c), ``offset`` in the padding; attributes as the
   im2col ops' (group 1, no wide or batch_inner), offset (128): 128 takes values in [-128, 127], 0 values in
-  [0, 127], and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
+  [0, 127], zero (-1: none): with offset 0, a zero point in [0, 255] that fills the padding, the data in [0, 255]
+  as themselves, and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
   (K, OC) weights (``cvm_onnx.native.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
   (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
@@ -168,7 +169,7 @@ SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
 CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc")}
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
                                                    "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0,
-                                                   "offset": 128, "nhwc": 0}
+                                                   "offset": 128, "nhwc": 0, "zero": -1}
 
 
 def _ints(ctx, name: str, n: int, low: int) -> list[int]:
@@ -194,10 +195,11 @@ def _infer_im2col(elem_type: int, rows: bool = False):
         if batch_inner not in (0, 1) or batch_inner and wide:
             raise InferenceError(f"im2col: batch_inner must be 0, or 1 without wide; got {batch_inner}")
         nhwc = _ints(ctx, "nhwc", 0, 0) if rows else 0
-        if rows and (group != 1 or wide or batch_inner or _ints(ctx, "offset", 0, 0) not in (0, 128) or
-                     nhwc not in (0, 1)):
-            raise InferenceError("im2col_rows: group must be 1, wide and batch_inner 0, offset 0 or 128 and nhwc "
-                                 "0 or 1")
+        offset, zero = (_ints(ctx, "offset", 0, 0), _ints(ctx, "zero", 0, -1)) if rows else (0, -1)
+        if rows and (group != 1 or wide or batch_inner or offset not in (0, 128) or nhwc not in (0, 1) or
+                     zero != -1 and (offset or not 0 <= zero <= 255)):
+            raise InferenceError("im2col_rows: group must be 1, wide and batch_inner 0, offset 0 or 128, nhwc "
+                                 "0 or 1 and zero -1 or, with offset 0, in [0, 255]")
         data = _dims(ctx.get_input_type(0), "im2col data", 4)
         t = TypeProto()
         t.tensor_type.elem_type = elem_type
@@ -231,7 +233,7 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
     rows = name == "im2col_rows"
     doc = ("The windows of a 2-D convolution (group 1) as rows (N, OH * OW, kh * kw * C), each in the order "
            "(fh, fw, c): x + offset, offset in the padding; offset 128 takes data in [-128, 127], 0 data in [0, 127]; "
-           "nhwc=1: data (N, H, W, C)."
+           "zero in [0, 255] (offset 0): data in [0, 255], zero in the padding; nhwc=1: data (N, H, W, C)."
            if rows else
            "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
            "for uint8), offset in the padding; data values must lie in [-128, 127]. wide=1 (strides 1): OH * WP "
@@ -246,7 +248,7 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
                           ("U", [f"tensor({TensorProto.DataType.Name(elem_type).lower()})"], "the windows")],
         attributes=[OpSchema.Attribute(a, attr_types.get(a, OpSchema.AttrType.INTS), "as ONNX Conv's", required=True)
                     if v is None else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
-                    for a, v in IM2COL_ATTRS.items() if rows or a not in ("offset", "nhwc")],
+                    for a, v in IM2COL_ATTRS.items() if rows or a not in ("offset", "nhwc", "zero")],
     )
     s.set_type_and_shape_inference_function(_infer_im2col(elem_type, rows))
     return s

@@ -2,8 +2,9 @@
 
 The serving form's convolutions multiply in onnxruntime's MatMulInteger (MLAS). A convolution of one group is
 *rows* (``im2col_rows``): each output position's window as a row of uint8, x itself where x is proven >= 0
-(offset 0, values in [0, 127]) else x + 128 (zero point 128), times the constant weights (K, OC) as
-``w + 128`` (uint8, zero point 128). A grouped one is *columns*: the weights ``w + 128`` as the constant left
+(offset 0, values in [0, 127]) else x + 128 (zero point 128), or for quantized operands u - z the u themselves
+(``zero`` z, values in [0, 255]: ``nn.conv2d_unsigned``), times the constant weights (K, OC) as ``w + 128``
+(uint8, zero point 128). A grouped one is *columns*: the weights ``w + 128`` as the constant left
 operand, the windows ``x + 128`` (``im2col_uint8``) as the right one. Exactness per operand type, x86:
 
 * **uint8 x uint8**: exact on every ISA. MLAS widens both to int16 (values <= 255) and sums pairs with vpmaddwd
@@ -14,17 +15,17 @@ operand, the windows ``x + 128`` (``im2col_uint8``) as the right one. Exactness 
   any operands; raw sums <= K * 255 * 128 < 2^31. On AVX2 or AVX-512 without VNNI it sums pairs of products in
   int16 with saturation (vpmaddubsw), so it is exact exactly when no pair sum leaves [-2^15, 2^15 - 1]: for rows
   of offset 0 (the uint8 operand in [0, 127]) and int8 weights every pair sum |a0 w0 + a1 w1| <= 2 * 127 * 128 =
-  32512 < 2^15, whatever pairs MLAS forms; with the uint8 operand up to 255 (2 * 255 * 127 > 32767) they can
-  saturate: wrong results (506/512 under ``qemu-x86_64 -cpu Haswell``). Measured here 2-2.5x faster than
-  uint8 x uint8.
+  32512 < 2^15, whatever pairs MLAS forms; with the uint8 operand up to 255 (2 * 255 * 127 > 32767: offset 128,
+  and rows with a ``zero``) they can saturate: wrong results (506/512 under ``qemu-x86_64 -cpu Haswell``).
+  Measured here 2-2.5x faster than uint8 x uint8.
 * int8 x int8: exact, but x86 MLAS has no kernel for it (a portable one: 14 GMAC/s against 140 for u8 x s8
   here), so it is not used.
 
 The exported model is uint8 x uint8 (exact everywhere); ``signed_operands`` turns products into uint8 x int8 at
 session creation where they are exact here: every one where ``unbounded()`` (VNNI or AMX reported by CPUID, with
 the register state the OS enables, *and* a probe whose int16 pair sums would saturate computes exactly in this
-very onnxruntime), else the rows of offset 0 where a probe at the edge of their bound (pair sums 2 * 127 * -128
-and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch inside MLAS, or the
+very onnxruntime), else the rows of offset 0 without a ``zero`` where a probe at the edge of their bound (pair
+sums 2 * 127 * -128 and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch inside MLAS, or the
 CPU).
 """
 from __future__ import annotations
@@ -112,6 +113,11 @@ def _rows_offset(node: onnx.NodeProto) -> int:
     return next((a.i for a in node.attribute if a.name == "offset"), 128)
 
 
+def _bounded_rows(node: onnx.NodeProto) -> bool:
+    """Whether an ``im2col_rows`` holds values in [0, 127] (offset 0 without a zero point; with one they reach 255)."""
+    return _rows_offset(node) == 0 and _int_attr(node, "zero", -1) < 0
+
+
 def signed_operands(model: onnx.ModelProto) -> onnx.ModelProto:
     """A session-time pass (a copy of ``model``) for a CPU where ``products()`` is "u8s8": the weights of every
     rows product whose uint8 x int8 form is exact here (all where ``unbounded()``, else those of offset 0) become
@@ -125,7 +131,7 @@ def signed_operands(model: onnx.ModelProto) -> onnx.ModelProto:
     for m in graph.node:
         rows = producer.get(m.input[0]) if m.op_type == "MatMulInteger" and m.domain in ("", "ai.onnx") else None
         if (rows is not None and rows.domain == DOMAIN and rows.op_type == "im2col_rows" and len(m.input) == 4
-                and _is_128(consts.get(m.input[3])) and (unbounded() or _rows_offset(rows) == 0)):
+                and _is_128(consts.get(m.input[3])) and (unbounded() or _bounded_rows(rows))):
             wide, narrow = f"{m.input[1]}:int32", f"{m.input[1]}:int8"
             c128 = f"{m.input[1]}:128"
             nodes += [helper.make_node("Constant", [], [c128], value=numpy_helper.from_array(np.int32(128), c128)),
@@ -197,7 +203,7 @@ def layout_unsure(model: onnx.ModelProto) -> bool:
     dims = model.graph.input[0].type.tensor_type.shape.dim if model.graph.input else []
     batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 0
     return bool(rows) and (batch > ROWS_BATCH or not unbounded() and products() == "u8s8" and any(
-        _rows_offset(n) == 0 for n in rows))
+        _bounded_rows(n) for n in rows))
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
@@ -231,7 +237,8 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
         rows_attr = next((list(a.ints) for a in q.attribute if a.name == "rows"), None)
         m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type == "requantize" and rows_attr else None
         r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
-        if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or len(readers[m.output[0]]) != 1 or \
+        if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or _int_attr(r, "zero", -1) >= 0 or \
+                len(readers[m.output[0]]) != 1 or \
                 len(readers[r.output[0]]) != 1 or len(m.input) != 4 or shapes.get(r.input[0], [-1])[1:].count(-1):
             continue
         attrs = {a.name: list(a.ints) for a in r.attribute if a.name != "offset"}
@@ -265,8 +272,8 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _int_attr(node: onnx.NodeProto, name: str) -> int:
-    return next((a.i for a in node.attribute if a.name == name), 0)
+def _int_attr(node: onnx.NodeProto, name: str, default: int = 0) -> int:
+    return next((a.i for a in node.attribute if a.name == name), default)
 
 
 def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
