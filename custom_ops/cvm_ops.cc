@@ -419,6 +419,30 @@ struct RequantizeAttrs {
     if (nhwc && (width > 0 || batch_inner)) {
       throw Ort::Exception("requantize: nhwc does not go with width or batch_inner", ORT_INVALID_ARGUMENT);
     }
+    const std::vector<int64_t> counts = ints_attr(info, "channel_counts", {});
+    const std::vector<int64_t> all = ints_attr(info, "channel_steps", {});
+    size_t at = 0;
+    for (int64_t count : counts) {
+      if (count < 0 || static_cast<size_t>(count) * 3 > all.size() - at) {
+        throw Ort::Exception("requantize: channel_counts must count the triples of channel_steps",
+                             ORT_INVALID_ARGUMENT);
+      }
+      const std::vector<int64_t> one(all.begin() + static_cast<std::ptrdiff_t>(at),
+                                     all.begin() + static_cast<std::ptrdiff_t>(at + 3 * count));
+      per_channel.emplace_back();
+      if (std::string err = parse_steps(one, per_channel.back()); !err.empty()) {
+        throw Ort::Exception("requantize: channel " + std::to_string(per_channel.size() - 1) + ": " + err,
+                             ORT_INVALID_ARGUMENT);
+      }
+      at += 3 * static_cast<size_t>(count);
+    }
+    if (at != all.size()) {
+      throw Ort::Exception("requantize: channel_counts must count the triples of channel_steps", ORT_INVALID_ARGUMENT);
+    }
+    if (!per_channel.empty() && (!steps.empty() || width > 0 || batch_inner || nhwc || !scales.empty())) {
+      throw Ort::Exception("requantize: channel_steps go without steps, width, batch_inner, nhwc or scales",
+                           ORT_INVALID_ARGUMENT);
+    }
   }
 
   // y's shape for data's: data's, its last axis `width` long with a width, its first two axes swapped with
@@ -443,6 +467,11 @@ struct RequantizeAttrs {
     if (scaled > 0 && (shape.size() < 2 || shape[1] != scaled || (channels > 0 && channels != scaled))) {
       return std::to_string(scaled) + " scales for data " + shape_text(shape) + ": they must match axis 1 (and the bias)";
     }
+    const int64_t programs = static_cast<int64_t>(per_channel.size());
+    if (programs > 0 && (shape.size() < 2 || shape[1] != programs || (channels > 0 && channels != programs))) {
+      return "steps for " + std::to_string(programs) + " channels and data " + shape_text(shape) +
+             ": they must match axis 1 (and the bias)";
+    }
     if (width > 0 && (shape.size() < 3 || shape.back() < width)) {
       return "width " + std::to_string(width) + " needs data of rank >= 3 with a last axis at least as long, got " +
              shape_text(shape);
@@ -459,6 +488,7 @@ struct RequantizeAttrs {
   std::vector<int64_t> flat;
   std::vector<int32_t> scales;
   std::vector<RequantStep> steps;
+  ChannelSteps per_channel;  // channel_steps: each channel's own steps (empty: `steps` for all)
 };
 
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
@@ -492,7 +522,8 @@ struct Requantize {
         int32_t* y = out.Allocate(shape);  // (the same buffer when batch_inner allocated it above)
         auto block = [&](int64_t i) {
           requantize(x, i * kBlock, std::min(count, (i + 1) * kBlock), b, scaled > 0 && inner > 0 ?
-                     attrs.scales.data() : nullptr, std::max(channels, scaled), inner, attrs.steps, y);
+                     attrs.scales.data() : nullptr, std::max({channels, scaled,
+                     static_cast<int64_t>(attrs.per_channel.size())}), inner, attrs.steps, y, attrs.per_channel);
         };
         parallel_for(context, (count + kBlock - 1) / kBlock, block);
         return Ort::Status{nullptr};
@@ -519,8 +550,9 @@ struct Requantize {
     const int64_t channels = bias.NumberOfElement(), scaled = static_cast<int64_t>(attrs.scales.size());
     const std::vector<int64_t>& rows = attrs.rows;
     const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
+    const int64_t programs = static_cast<int64_t>(attrs.per_channel.size());
     if (!fits || (channels > 0 && channels != shape.back()) || (scaled > 0 && scaled != shape.back()) ||
-        bias.Shape().size() != 1) {
+        (programs > 0 && programs != shape.back()) || bias.Shape().size() != 1) {
       return invalid("requantize", std::string(rows.empty() ? "nhwc needs data (..., C)" : "rows (OH, OW) need data "
                                    "(N, OH * OW, C)") + " and a bias and scales (C,) or none, got " + shape_text(shape) +
                                        " and " + shape_text(bias.Shape()));
@@ -546,7 +578,7 @@ struct Requantize {
     auto block = [&](int64_t i) {
       const int64_t image = i / blocks, first = (i % blocks) * per_block;
       requantize_transposed(data.Data(), positions, c, image, first, std::min(positions, first + per_block), b,
-                            attrs.steps, y);
+                            attrs.steps, y, attrs.per_channel);
     };
     if (c > 0) parallel_for(context, n * blocks, block);
     return Ort::Status{nullptr};
@@ -645,7 +677,9 @@ struct RequantizeCuda {
 
   Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
-      if (!attrs.rows.empty() || attrs.nhwc) return invalid("requantize", "rows and nhwc have CPU kernels only");
+      if (!attrs.rows.empty() || attrs.nhwc || !attrs.per_channel.empty()) {
+        return invalid("requantize", "rows, nhwc and channel_steps have CPU kernels only");
+      }
       std::vector<int64_t> shape = attrs.output_shape(data.Shape());
       if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");
       const int64_t channels = bias.NumberOfElement();

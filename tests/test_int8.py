@@ -560,10 +560,13 @@ def test_values_proven_nonnegative_are_never_negative(case):
 
 
 def test_resnet20_convolutions_after_a_relu_take_rows_of_offset_0(resnet):
-    """18 of ResNet-20's 22 convolutions from integer products read a relu's output (rows of offset 0)."""
+    """18 of ResNet-20's 22 convolutions from integer products read a relu's output (rows of offset 0); two of the
+    other four read the same tensor with the same geometry and share one im2col_rows (merge_repeated_windows)."""
     model = to_onnx(resnet, optimize=True, int8=True)
-    offsets = [a.i for n in model.graph.node if n.op_type == "im2col_rows" for a in n.attribute if a.name == "offset"]
-    assert sorted(offsets) == [0] * 18 + [128] * 4
+    rows = {n.output[0]: n for n in model.graph.node if n.op_type == "im2col_rows"}
+    offsets = [a.i for m in model.graph.node if m.op_type == "MatMulInteger" and m.input[0] in rows
+               for a in rows[m.input[0]].attribute if a.name == "offset"]
+    assert sorted(offsets) == [0] * 18 + [128] * 4 and len(rows) == 21
 
 
 @pytest.mark.parametrize("first, second", [((0, 5), (10, 20)), ((-50, 50), (-10, 3)), ((10, 20), (-5, 12)),
@@ -871,3 +874,128 @@ def test_rows_with_a_zero_point_stay_uint8_x_uint8_without_unbounded_signed_prod
         signed = cpu.signed_operands(model)
         casts = [a.i for n in signed.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
         assert (TensorProto.INT8 in casts) == unbounded
+
+
+# -- requantize with each channel's own steps, and the runs of a convolution's channel groups ---------------------
+
+def ints_attrs(**attrs) -> list[onnx.AttributeProto]:
+    return [helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS) for k, v in attrs.items()]
+
+
+def channel_steps_model(shape, channels: int, per, rows=None) -> onnx.ModelProto:
+    """One requantize with ``channel_steps`` (``per``: each channel's (kind, a, b) triples); ``rows`` (OH, OW)."""
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, **({"rows": rows} if rows else {}))
+    node.attribute.extend(ints_attrs(channel_counts=[len(p) for p in per],
+                                     channel_steps=[v for p in per for s in p for v in s]))
+    out = [shape[0], shape[2], *rows] if rows else shape
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, out)])
+    return onnx_model(graph, domains={DOMAIN: 1})
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 2), c=st.integers(1, 6), inner=st.sampled_from([1, 5, 64, 1500]), data=st.data(),
+       rows=st.booleans(), threads=st.integers(1, 2))
+def test_requantize_applies_each_channels_own_steps(n, c, inner, data, rows, threads):
+    """Channel c of y is channel c of x + bias[c] through its own steps (int32 wrapping as the oracle), for data
+    (N, C, ...) and for the rows route's (N, OH * OW, C) written as (N, C, OH, OW); on 1-2 threads."""
+    per = [data.draw(st.lists(step, max_size=5)) for _ in range(c)]
+    bias = data.draw(st.sampled_from([np.zeros(0, np.int32), np.arange(c, dtype=np.int32) * 1000003 - 7]))
+    shape = (n, inner, c) if rows else (n, c, inner)
+    x = data.draw(st.one_of(tensors(shape, 32), st.just(np.full(shape, (1 << 31) - 1, np.int32))))
+    model = channel_steps_model(list(shape), len(bias), per, [inner, 1] if rows else None)
+    onnx.checker.check_model(model, full_check=True)
+    got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    nchw = x.transpose(0, 2, 1) if rows else x
+    want = np.concatenate([requantize_oracle(nchw[:, k:k + 1], bias[k:k + 1], per[k]) for k in range(c)], axis=1)
+    assert np.array_equal(got.reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    (dict(channel_counts=[1], channel_steps=[0, 1]), "count the triples"),
+    (dict(channel_counts=[1, 1], channel_steps=[0, 1, 0]), "count the triples"),
+    (dict(channel_counts=[1, 0], channel_steps=[0, 40, 0]), "channel 0"),
+    (dict(channel_counts=[0, 0], channel_steps=[], steps=[3, 0, 1]), "without steps"),
+    (dict(channel_counts=[0, 0], channel_steps=[], nhwc=1), "nhwc"),
+    (dict(channel_counts=[0, 0, 0], channel_steps=[]), "match axis 1")])
+def test_requantize_refuses_channel_steps_it_cannot_take(attrs, message):
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN)
+    node.attribute.extend(ints_attrs(**{k: v for k, v in attrs.items() if k != "nhwc"}))
+    node.attribute.extend([helper.make_attribute("nhwc", attrs["nhwc"])] if "nhwc" in attrs else [])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [1, 2, 3]),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 2, 3])])
+    with pytest.raises(RuntimeFailure, match=message):
+        run(onnx_model(graph, domains={DOMAIN: 1}), {"x": np.zeros((1, 2, 3), np.int32), "b": np.zeros(0, np.int32)})
+
+
+@st.composite
+def channel_group_runs(draw):
+    """A conv2d (of u - zero's halves, or of x >= 0 or any x), perhaps + a param per position, its channels taken
+    in groups (a random partition), each group its own run (clip, perhaps a shift, a multiplier per channel or one
+    for the group, shift), the runs concatenated in a random order and taken back into channel order (``exact``:
+    the right inverse; else a wrong one), then clip. ``kind``: "unsigned", "nonneg" or "any"."""
+    oc = draw(st.integers(2, 7))
+    c, h, w = draw(st.integers(1, 3)), draw(st.integers(3, 7)), draw(st.integers(3, 7))
+    kind = draw(st.sampled_from(["unsigned", "nonneg", "any"]))
+    b = GraphBuilder()
+    data = b.input("data", (1, c, h, w), 9 if kind == "unsigned" else 8)
+    wv = draw(tensors((oc, c, 3, 3), 8))
+    bias = draw(st.none() | tensors((oc,), 16))
+    if kind == "unsigned":
+        y = quantized_conv(b, b.op("relu", data), c, 128, wv, bias, kernel_size=(3, 3), padding=(1, 1))
+    else:
+        x = b.op("relu", data) if kind == "nonneg" else data
+        inputs = [x, b.param("w", wv, 8)] + ([] if bias is None else [b.param("bias", bias, 16)])
+        y = b.op("conv2d", *inputs, channels=oc, kernel_size=(3, 3), padding=(1, 1), use_bias=bias is not None)
+    if draw(st.booleans()):
+        y = b.op("broadcast_add", y, b.param("offset", draw(tensors((oc, h, w), 12)), 12))
+    order = draw(st.permutations(range(oc)))
+    cuts = sorted(draw(st.sets(st.integers(1, oc - 1), max_size=oc - 1)))
+    groups = [order[lo:hi] for lo, hi in zip([0, *cuts], [*cuts, oc])]
+    outs = []
+    for k, g in enumerate(groups):
+        v = b.op("take", y, b.param(f"idx{k}", np.array(g), 8), axis=1)
+        v = b.op("clip", v, a_min=-draw(st.integers(1, 1 << 20)), a_max=draw(st.integers(1, 1 << 20)))
+        if draw(st.booleans()):
+            v = b.op("cvm_right_shift", v, shift_bit=draw(st.integers(1, 3)), precision=16)
+        else:
+            v = b.op("cvm_clip", v, precision=16)
+        m = draw(st.lists(st.integers(-(1 << 14), 1 << 14), min_size=len(g), max_size=len(g)))
+        mul = np.array(m).reshape(-1, 1, 1) if draw(st.booleans()) else np.array(m[:1])
+        v = b.op("broadcast_mul", v, b.param(f"m{k}", mul, 16))
+        outs.append(b.op("cvm_right_shift", v, shift_bit=draw(st.integers(6, 20)), precision=9))
+    at = draw(st.permutations(range(len(groups))))
+    concat_order = np.concatenate([groups[k] for k in at])
+    back = np.argsort(concat_order)
+    exact = draw(st.integers(0, 4)) > 0
+    if not exact:
+        back = np.roll(back, 1)
+    y = b.op("take", b.op("concatenate", *[outs[k] for k in at], axis=1), b.param("back", back, 8), axis=1)
+    graph = b.build(b.op("clip", y, a_min=0, a_max=255))
+    x = draw(tensors((1, c, h, w), 9 if kind == "unsigned" else 8))
+    return graph, x, (exact or oc == 1 or np.array_equal(concat_order[back], np.arange(oc))), len(groups)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=channel_group_runs())
+def test_the_runs_of_a_convolutions_channel_groups_are_one_requantize_and_exact(case):
+    """Where the concatenated runs are taken back into channel order the convolution is one integer product and
+    one requantize with each channel's own steps (no take, concatenate or Conv left), else the runs stay as they
+    are; exact against the reference executor through every operand route this CPU computes exactly, as rows and
+    as columns."""
+    graph, data, merged, groups = case
+    model = to_onnx(graph, optimize=True, int8=True)
+    ops = [n.op_type for n in model.graph.node]
+    own = [n for n in model.graph.node if any(a.name == "channel_counts" for a in n.attribute)]
+    assert len(own) == merged
+    if merged:
+        assert ops.count("MatMulInteger") == 1 and {"Conv", "Gather", "Concat"}.isdisjoint(ops)
+    want = execute(graph, {"data": data})
+    for route in routes():
+        for layout in ("rows", "columns"):
+            got = run_route(model, {"data": data}, route, layout)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)

@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import DOMAIN
+from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
@@ -213,6 +214,48 @@ def drop_stale_value_info(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _window_key(node: onnx.NodeProto) -> bytes | None:
+    """What determines a native im2col node's output (its op, inputs and attributes), else None."""
+    if node.domain != NATIVE_DOMAIN or not node.op_type.startswith("im2col"):
+        return None
+    key = onnx.NodeProto(op_type=node.op_type, domain=node.domain, input=node.input, attribute=node.attribute)
+    return key.SerializeToString(deterministic=True)
+
+
+def _repeated_windows(model: onnx.ModelProto) -> list[str]:
+    seen, repeated = set(), []
+    for n in model.graph.node:
+        if (key := _window_key(n)) is not None:
+            repeated += [n.name] if key in seen else []
+            seen.add(key)
+    return repeated
+
+
+NO_REPEATED_WINDOWS = Condition("no two native im2col nodes of the same inputs and attributes", _repeated_windows)
+
+
+@model_pass(NO_REPEATED_WINDOWS)
+def merge_repeated_windows(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A native im2col node with the same op, inputs and attributes as an earlier one (the runs that take channel
+    groups of one convolution, ``requantize.Chain.take``) is removed, its readers reading the earlier one's output:
+    the op is a function of its input and attributes (pure data movement), so the windows are the same bytes."""
+    first: dict[bytes, str] = {}
+    rename: dict[str, str] = {}
+    nodes = []
+    for node in model.graph.node:
+        node.input[:] = [rename.get(t, t) for t in node.input]
+        key = _window_key(node)
+        if key is not None and key in first:
+            rename[node.output[0]] = first[key]
+            continue
+        if key is not None:
+            first[key] = node.output[0]
+        nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
 def _integer_clips(model: onnx.ModelProto) -> list[str]:
     types = element_types(model)
     return [n.name for n in model.graph.node
@@ -249,6 +292,7 @@ def clips_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 #: The passes of the serving form after export, in order.
-SERVING: tuple[Pass, ...] = (skip_int32_round_trips, drop_unread_casts, drop_unread_params, drop_stale_value_info)
+SERVING: tuple[Pass, ...] = (merge_repeated_windows, skip_int32_round_trips, drop_unread_casts, drop_unread_params,
+                             drop_stale_value_info)
 #: The passes of the CUDA serving form after ``SERVING``: every node a kernel of onnxruntime's CUDA provider.
 CUDA: tuple[Pass, ...] = (clips_as_max_min,)

@@ -23,7 +23,7 @@ otherwise), clips there and casts the integer back to int32.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from onnx import TensorProto
@@ -272,18 +272,57 @@ class Unsigned:
 class Chain:
     """A run: its step nodes in order and the conv2d/dense node whose product starts it, if any (on "cuda" a
     conv2d with no steps after it); ``unsigned``: the head's data computed from u (``Unsigned``); ``offset``: a
-    broadcast_add of a param (OC, OH, OW) between the head and the steps (an integer-products head of rows only)."""
+    broadcast_add of a param (OC, OH, OW) between the head and the steps (an integer-products head of rows only);
+    ``take``: a take of some of the head's output channels (``channels``, clipped into range as take does) between
+    them, the head (and its unsigned and offset nodes) then shared by the runs of every take reading it."""
 
     nodes: list[int]
     head: int | None = None
     unsigned: Unsigned | None = None
     offset: int | None = None
+    take: int | None = None
+    channels: np.ndarray | None = None
 
     @property
     def all(self) -> list[int]:
         before = [] if self.unsigned is None else list(self.unsigned.nodes)
-        return before + ([] if self.head is None else [self.head]) + \
-            ([] if self.offset is None else [self.offset]) + self.nodes
+        return before + [i for i in (self.head, self.offset, self.take) if i is not None] + self.nodes
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """The runs of a head's channel groups (``Chain.take``) put back together: ``concat`` concatenates their
+    outputs along axis 1 and ``back`` (a take along axis 1) puts every channel back at its place in the head's
+    output, so channel c of the result is its group's run applied to channel c of the head's (``grouped``
+    checks it). One native ``requantize`` computes it with each channel's own steps."""
+
+    parts: tuple[Chain, ...]
+    concat: int
+    back: int
+
+    @property
+    def head(self) -> int:
+        return self.parts[0].head
+
+    @property
+    def unsigned(self) -> Unsigned | None:
+        return self.parts[0].unsigned
+
+    @property
+    def all(self) -> list[int]:
+        first = self.parts[0]
+        shared = [] if first.unsigned is None else list(first.unsigned.nodes)
+        shared += [i for i in (first.head, first.offset) if i is not None]
+        return shared + [i for c in self.parts for i in [c.take, *c.nodes]] + [self.concat, self.back]
+
+    def channel_steps(self, graph: Graph, channels: int) -> list[list[Step]]:
+        """Channel c's steps: its group's, a per-channel multiplier ("cmul") taken as its own ("mul")."""
+        out: list[list[Step]] = [[] for _ in range(channels)]
+        for c in self.parts:
+            steps = [step for i in c.nodes for step in steps_of(graph, graph.nodes[i], True)[1]]
+            for k, ch in enumerate(c.channels):
+                out[ch] = [Step("mul", s.ks[k]) if s.kind == "cmul" else s for s in steps]
+        return out
 
 
 def _readers(graph: Graph) -> dict[Entry, int]:
@@ -428,25 +467,93 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
     if x.index or readers.get(x) != 1:
         return None
+    take, shared = None, 1
+    if int8 and provider == "cpu" and taken_channels(graph, producer) is not None:
+        take, x = x.node, producer.inputs[0]
+        producer, shared = graph.nodes[x.node], readers.get(x)
     if int8 and provider == "cpu" and offset_param(graph, producer) is not None:
         e = producer.inputs[0]
         conv = graph.nodes[e.node]
-        if conv.op != "conv2d" or e.index or readers.get(e) != 1:
+        if conv.op != "conv2d" or e.index or readers.get(e) != 1 or x.index or readers.get(x) != shared:
             return None
         unsigned = unsigned_head(graph, e.node, bounds, nonneg, readers)
-        a = REGISTRY["conv2d"].bind(conv.attrs)
-        rows = a.groups == 1 and nn.ROWS and not nn.channelwise(a, *_operands(graph, conv, bounds)[:1],
-                                                                conv.outputs[0].shape[1])
-        if unsigned is not None or rows and int8_head(graph, conv, bounds, provider):
-            return e.node, unsigned, x.node
+        if unsigned is not None or _rows(graph, conv, bounds) and int8_head(graph, conv, bounds, provider):
+            return e.node, unsigned, x.node, take
+        return None
+    if take is not None:
+        if producer.op != "conv2d" or x.index or readers.get(x) != shared:
+            return None
+        unsigned = unsigned_head(graph, x.node, bounds, nonneg, readers)
+        if unsigned is not None or _rows(graph, producer, bounds) and int8_head(graph, producer, bounds, provider):
+            return x.node, unsigned, None, take
         return None
     if producer.op not in ("conv2d", "dense"):
         return None
     if int8 and provider == "cpu" and (unsigned := unsigned_head(graph, x.node, bounds, nonneg, readers)):
-        return x.node, unsigned, None
+        return x.node, unsigned, None, None
     if int8 and int8_head(graph, producer, bounds, provider):
-        return x.node, None, None
-    return (x.node, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
+        return x.node, None, None, None
+    return (x.node, None, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
+
+
+def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int]) -> list[Chain | Grouped]:
+    """``chains`` with the runs of every head's channel groups merged into one ``Grouped`` where their outputs
+    are concatenated along axis 1 (each read only there, in any order) and taken back so that every channel of the
+    head lands at its own place: channel c of the result is concatenated position back[c] (clipped, as take
+    does), which must be position i of a group whose take picked channel c. Elsewhere they stay runs of their own."""
+    parts: dict[int, list[Chain]] = {}
+    for c in chains:
+        if c.take is not None:
+            parts.setdefault(c.head, []).append(c)
+    last = {Entry(c.all[-1]): c for c in chains if c.take is not None}
+    merged: dict[int, Grouped] = {}
+    for head, group in parts.items():
+        ends = [Entry(c.nodes[-1]) for c in group]
+        cat = _producer_of_reader(graph, ends[0], readers)
+        if cat is None or cat[1].op != "concatenate" or REGISTRY["concatenate"].bind(cat[1].attrs).axis % 4 != 1 or \
+                sorted(cat[1].inputs) != sorted(ends) or len(set(ends)) != len(ends) or \
+                any(readers.get(e) != 1 for e in ends):
+            continue
+        back = _producer_of_reader(graph, Entry(cat[0]), readers)
+        order = [last[e] for e in cat[1].inputs]
+        out = graph.nodes[head].outputs[0].shape
+        picks = None if back is None else taken_channels(graph, back[1])
+        if picks is None or graph.nodes[back[0]].outputs[0].shape != out or len(picks) != out[1] or \
+                readers.get(Entry(cat[0])) != 1:
+            continue
+        position = [(c, i) for c in order for i in range(len(c.channels))]
+        picks = np.clip(picks, 0, len(position) - 1)
+        if all(int(position[j][0].channels[position[j][1]]) == ch for ch, j in enumerate(picks)):
+            merged[head] = Grouped(tuple(order), cat[0], back[0])
+    return [c for c in chains if c.take is None or c.head not in merged] + list(merged.values())
+
+
+def _producer_of_reader(graph: Graph, e: Entry, readers: dict[Entry, int]) -> tuple[int, Node] | None:
+    """(index, node) of the one node reading ``e`` when ``e`` is read exactly once, else None."""
+    if readers.get(e) != 1:
+        return None
+    return next(((i, n) for i, n in enumerate(graph.nodes) if e in n.inputs), None)
+
+
+def _rows(graph: Graph, conv: Node, bounds: dict[Entry, int]) -> bool:
+    """Whether a conv2d's integer products on the CPU are rows (one group, not a per-channel scale)."""
+    a = REGISTRY["conv2d"].bind(conv.attrs)
+    return a.groups == 1 and nn.ROWS and not nn.channelwise(a, _operands(graph, conv, bounds)[0],
+                                                            conv.outputs[0].shape[1])
+
+
+def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
+    """The channels a take picks along axis 1 of a 4-D tensor by a 1-D param (clipped into range, as take does),
+    else None."""
+    if node.op != "take":
+        return None
+    shape = graph.type_of(node.inputs[0]).shape
+    axis = REGISTRY["take"].bind(node.attrs).axis
+    src = graph.nodes[node.inputs[1].node]
+    idx = graph.params.get(src.name) if src.is_variable else None
+    if len(shape) != 4 or axis is None or axis % 4 != 1 or idx is None or idx.ndim != 1 or not idx.size:
+        return None
+    return np.clip(idx.astype(np.int64), 0, shape[1] - 1)
 
 
 def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu",
@@ -475,14 +582,26 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
     if len(current) > 1:
         found.append(current)
     heads = [_head(graph, c[0], bounds, readers, int8, provider, conv_form, nonneg) for c in found]
+    sharing: dict[int, int] = {}  # a head read through takes: how many runs take its channels
+    for h in heads:
+        if h is not None and h[3] is not None:
+            sharing[h[0]] = sharing.get(h[0], 0) + 1
+    for k, h in enumerate(heads):  # shared only where every reader of the head (or its offset) is such a run
+        if h is not None and h[3] is not None and \
+                sharing[h[0]] != readers[graph.nodes[h[3]].inputs[0]]:
+            heads[k] = None
     taken = {i for h in heads if h is not None and h[1] is not None for i in h[1].nodes}
     chains = []
     for c, head in zip(found, heads):  # u - zero may end an earlier run: that run ends at u instead
         c = c[:-1] if c[-1] in taken else c
         if head is not None:
-            chains.append(Chain(c, head[0], head[1], head[2]))
+            take = head[3]
+            chans = None if take is None else taken_channels(graph, graph.nodes[take])
+            chains.append(Chain(c, head[0], head[1], head[2], take, chans))
         elif len(c) > 1:
             chains.append(Chain(c))
+    if int8 and provider == "cpu":
+        chains = grouped(graph, chains, readers)
     if int8 and provider == "cuda":  # no Conv on the GPU: every conv2d that can is its integer products + requantize
         heads = {c.head for c in chains}
         chains += [Chain([], i) for i, node in enumerate(graph.nodes)
@@ -500,12 +619,20 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
     computation (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the
     runtime's does not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is
     written as the clip to int32's own range, which changes nothing."""
-    low, high = -INT32_MAX - 1, INT32_MAX
-    flat: list[int] = []
     for k, s in enumerate(steps):
         if s.kind == "cmul":
             x = _native_run(b, x, bias, steps[:k], **attrs)
             return _native_run(b, x, None, steps[k + 1:], scales=list(s.ks))
+    bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
+    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=_flat(steps), **attrs)
+
+
+def _flat(steps: list[Step]) -> list[int]:
+    """The steps (no "cmul") as requantize's (kind, a, b) triples, two clips in a row as one; no steps as the clip
+    to int32's own range."""
+    low, high = -INT32_MAX - 1, INT32_MAX
+    flat: list[int] = []
+    for s in steps:
         if s.kind != "clip":
             flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
             continue
@@ -514,8 +641,7 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
             flat[-2:] = [min(max(flat[-2], lo), hi), min(max(flat[-1], lo), hi)]
         else:
             flat += [3, lo, hi]
-    bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
-    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=flat or [3, low, high], **attrs)
+    return flat or [3, low, high]
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
@@ -544,17 +670,51 @@ def _offset(b: Body, graph: Graph, chain: Chain, products: str) -> str:
     if chain.offset is None:
         return products
     p = offset_param(graph, graph.nodes[chain.offset]).astype(np.int32)
+    p = p if chain.channels is None else p[chain.channels]
     return b.Add(products, b.const(np.ascontiguousarray(p.reshape(p.shape[0], -1).T), np.int32))
+
+
+def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) -> str:
+    """A ``Grouped`` run: the head's integer products (rows), its offset, then one ``requantize`` with each
+    channel's own steps (``channel_steps``), flattened as ``_native_run`` flattens one run's."""
+    first = chain.parts[0]
+    a = REGISTRY["conv2d"].bind(graph.nodes[first.head].attrs)
+    if first.unsigned is not None:
+        products, attrs = nn.conv2d_unsigned(b, a, inputs[0], first.unsigned.weight, first.unsigned.zero)
+    else:
+        products, attrs = nn.conv2d_rows(b, a, *inputs[:2])
+    products = _offset(b, graph, replace(first, channels=None), products)
+    per = chain.channel_steps(graph, graph.nodes[first.head].outputs[0].shape[1])
+    flat = [_flat(steps) for steps in per]
+    bias = b.Cast(inputs[2], to=TensorProto.INT32) if a.use_bias else b.const(np.zeros(0, np.int32), np.int32)
+    return b.node("requantize", products, bias, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in flat],
+                  channel_steps=[v for f in flat for v in f], **attrs)
 
 
 def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int,
               int8: bool, provider: str) -> str:
     """``lower_run``'s body in ``b`` (int8 params already widened); returns its output's name."""
+    if isinstance(chain, Grouped):
+        return _grouped_body(b, graph, chain, inputs)
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i], int8 and provider == "cpu")[1]]
     if chain.head is None:
         if int8:
             return _native_run(b, inputs[0].name, None, steps)
         r = Run(b, inputs[0])
+    elif chain.channels is not None:  # only integer-products heads are shared (``_head``)
+        a = REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs)
+        idx = b.const(chain.channels)
+        bias = Value(b.Gather(inputs[2].name, idx, axis=0), (len(chain.channels),), inputs[2].bound) \
+            if a.use_bias else None
+        if chain.unsigned is not None:
+            products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight[chain.channels],
+                                                 chain.unsigned.zero)
+        else:
+            w = inputs[1]
+            w = Value(b.Gather(w.name, idx, axis=0), (len(chain.channels), *w.shape[1:]), w.bound,
+                      w.const[chain.channels])
+            products, attrs = nn.conv2d_rows(b, a, inputs[0], w)
+        return _native_run(b, _offset(b, graph, chain, products), bias, steps, **attrs)
     elif int8 and chain.unsigned is not None:
         a = REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs)
         products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)

@@ -30,7 +30,8 @@ serving form's window ops and fused requantization:
   data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
   rows (OH, OW): data (N, OH * OW, C), the bias per last-axis channel, written as y (N, C, OH, OW) (the products
   of ``im2col_rows``); nhwc (0): 1 puts the channels (bias, scales) on the last axis, with rows writing y (N, OH,
-  OW, C); rows and nhwc on the CPU only.
+  OW, C); channel_steps and channel_counts (instead of steps): each channel's own steps (not with width,
+  batch_inner, nhwc or scales); rows, nhwc and channel_steps on the CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -166,7 +167,7 @@ IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": Tenso
 SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
-CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc")}
+CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc", "channel_counts")}
 IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "strides": [1, 1], "dilations": [1, 1],
                                                    "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0,
                                                    "offset": 128, "nhwc": 0, "zero": -1}
@@ -257,9 +258,13 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
 def _infer_requantize(ctx) -> None:
     data = _dims(ctx.get_input_type(0), "requantize data")
     _dims(ctx.get_input_type(1), "requantize bias", 1)
-    steps = ctx.get_attribute("steps")
-    if steps is None or len(steps.ints) % 3:
+    steps, counts, per = map(ctx.get_attribute, ("steps", "channel_counts", "channel_steps"))
+    if counts is None and (steps is None or len(steps.ints) % 3):
         raise InferenceError("requantize: steps must hold (kind, a, b) triples")
+    if counts is not None and (steps is not None and len(steps.ints) or per is None or
+                               min(counts.ints, default=0) < 0 or 3 * sum(counts.ints) != len(per.ints)):
+        raise InferenceError("requantize: channel_counts must count the (kind, a, b) triples of channel_steps, "
+                             "without steps")
     width, batch_inner = ((a.i if a is not None else 0) for a in map(ctx.get_attribute, ("width", "batch_inner")))
     if batch_inner not in (0, 1) or batch_inner and (width or data is not None and len(data) < 2):
         raise InferenceError("requantize: batch_inner must be 0, or 1 without a width on data of rank >= 2")
@@ -296,11 +301,16 @@ def _requantize_schema() -> OpSchema:
         "bias empty: none); steps (kind, a, b): 0 shift a (round half up), 1 multiply by a, 2 add a, 3 clip to "
         "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row; scales (one "
         "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
-        "c the channel (data's axis 0).",
+        "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
+        "(not with width, batch_inner, nhwc or scales; CPU only).",
         inputs=[OpSchema.FormalParameter("data", "T", "int32"), OpSchema.FormalParameter("bias", "T", "(C,) or (0,)")],
         outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
-        attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=True),
+        attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=False),
+                    OpSchema.Attribute("channel_steps", OpSchema.AttrType.INTS, "each axis-1 channel's own steps, "
+                                       "one list after the other (instead of steps)", required=False),
+                    OpSchema.Attribute("channel_counts", OpSchema.AttrType.INTS, "how many steps each channel's list "
+                                       "holds", required=False),
                     OpSchema.Attribute("width", onnx.helper.make_attribute("width", 0), "default 0: every element"),
                     OpSchema.Attribute("batch_inner", onnx.helper.make_attribute("batch_inner", 0),
                                        "default 0; 1: data (C, N, ...), y (N, C, ...)"),

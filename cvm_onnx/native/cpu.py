@@ -222,7 +222,7 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     (K, OC) uint8, ..., 128) -> ``requantize`` (rows), becomes the columns form of ``nn.conv2d_int8``: ``im2col_uint8``
     (wide with strides 1) read by MatMulInteger(A, columns, 128, 128), A (OC, K) the same uint8 weights in the
     order (c, fh, fw) (a Reshape/Transpose of B, folded by onnxruntime), reshaped to (N, OC, OH, W') for a
-    ``requantize`` with the width OW. Invariant: the same products, sum (w + 128 - 128)(x + 128 - 128) = sum w x
+    ``requantize`` with the width OW (not one with each channel's own steps, which has no width form). Invariant: the same products, sum (w + 128 - 128)(x + 128 - 128) = sum w x
     (x + 128 is in [0, 255] for the rows of offset 0 too), so the same outputs."""
     out = _copy(model)
     graph = out.graph
@@ -235,11 +235,12 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     replaced: dict[int, list[onnx.NodeProto]] = {}
     for q in graph.node:
         rows_attr = next((list(a.ints) for a in q.attribute if a.name == "rows"), None)
+        if any(a.name == "channel_counts" for a in q.attribute):  # each channel's own steps: no width form
+            continue
         m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type == "requantize" and rows_attr else None
         r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
         if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or _int_attr(r, "zero", -1) >= 0 or \
-                len(readers[m.output[0]]) != 1 or \
-                len(readers[r.output[0]]) != 1 or len(m.input) != 4 or shapes.get(r.input[0], [-1])[1:].count(-1):
+                len(readers[m.output[0]]) != 1 or len(m.input) != 4 or shapes.get(r.input[0], [-1])[1:].count(-1):
             continue
         attrs = {a.name: list(a.ints) for a in r.attribute if a.name != "offset"}
         (kh, kw), (n_, c, h, w), oc = attrs["kernel_shape"], shapes[r.input[0]], shapes[m.input[1]][1]
@@ -265,7 +266,10 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
         kept = [a for a in q.attribute if a.name != "rows"]
         del q.attribute[:]
         q.attribute.extend(kept + ([helper.make_attribute("width", ow)] if width > ow else []))
-        replaced[id(r)], replaced[id(m)] = [], nodes  # at the product's place: after x and the weights
+        replaced[id(m)] = nodes  # at the product's place: after x and the weights
+    for r in graph.node:  # rows shared by several products (merge_repeated_windows) go once none reads them
+        if r.op_type == "im2col_rows" and all(id(m) in replaced for m in readers.get(r.output[0], [None])):
+            replaced[id(r)] = []
     nodes = [n for node in graph.node for n in replaced.get(id(node), [node])]
     del graph.node[:]
     graph.node.extend(nodes)
@@ -282,7 +286,8 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
     In node order, a tensor is NHWC when made by a ``requantize`` of rows (it gets ``nhwc``), by a ``requantize``
     without rows or width of an NHWC tensor (``nhwc``: its bias and scales per last axis), or by an Add of two NHWC
     tensors; an ``im2col_rows`` of an NHWC tensor reads it so (``nhwc``); every other reader (and a graph output)
-    gets one Transpose back to NCHW. Invariant: every NHWC tensor holds its NCHW values permuted (0, 2, 3, 1), and
+    gets one Transpose back to NCHW (a ``requantize`` of rows with each channel's own steps stays NCHW: its
+    kernel has no NHWC form). Invariant: every NHWC tensor holds its NCHW values permuted (0, 2, 3, 1), and
     each op computes the same values per element (the steps and Add are elementwise, their channel the last axis),
     so every NCHW tensor, the outputs included, is unchanged."""
     out = _copy(model)
@@ -302,9 +307,10 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
 
     for node in graph.node:
         native = node.domain == DOMAIN
-        rows = native and node.op_type == "requantize" and any(a.name == "rows" for a in node.attribute)
+        own = any(a.name == "channel_counts" for a in node.attribute)  # each channel's own steps: NCHW only
+        rows = native and node.op_type == "requantize" and any(a.name == "rows" for a in node.attribute) and not own
         steps = native and node.op_type == "requantize" and not rows and not _int_attr(node, "width") and \
-            node.input[0] in nhwc
+            node.input[0] in nhwc and not own
         add = node.op_type == "Add" and node.domain in ("", "ai.onnx") and all(t in nhwc for t in node.input)
         reads = native and node.op_type == "im2col_rows" and node.input[0] in nhwc
         if rows or steps or reads:
