@@ -547,15 +547,18 @@ struct Requantize {
   Ort::Status channels_last(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
                             Int32Tensor& out) {
     const std::vector<int64_t>& shape = data.Shape();
-    const int64_t channels = bias.NumberOfElement(), scaled = static_cast<int64_t>(attrs.scales.size());
     const std::vector<int64_t>& rows = attrs.rows;
     const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
+    // with rows, a bias (OH * OW, C): one per position and channel
+    const bool per_position = fits && !rows.empty() && bias.Shape().size() == 2 && bias.Shape()[0] == shape[1];
+    const int64_t channels = per_position ? bias.Shape()[1] : bias.NumberOfElement();
+    const int64_t scaled = static_cast<int64_t>(attrs.scales.size());
     const int64_t programs = static_cast<int64_t>(attrs.per_channel.size());
     if (!fits || (channels > 0 && channels != shape.back()) || (scaled > 0 && scaled != shape.back()) ||
-        (programs > 0 && programs != shape.back()) || bias.Shape().size() != 1) {
+        (programs > 0 && programs != shape.back()) || (bias.Shape().size() != 1 && !per_position)) {
       return invalid("requantize", std::string(rows.empty() ? "nhwc needs data (..., C)" : "rows (OH, OW) need data "
-                                   "(N, OH * OW, C)") + " and a bias and scales (C,) or none, got " + shape_text(shape) +
-                                       " and " + shape_text(bias.Shape()));
+                                   "(N, OH * OW, C)") + " and a bias and scales (C,) or none (with rows also a bias "
+                                   "(OH * OW, C)), got " + shape_text(shape) + " and " + shape_text(bias.Shape()));
     }
     const int64_t c = shape.back(), count = data.NumberOfElement();
     const int32_t* b = channels > 0 ? bias.Data() : nullptr;
@@ -565,7 +568,7 @@ struct Requantize {
       const int64_t lines = c > 0 ? count / c : 0, per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
       auto block = [&](int64_t i) {
         requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
-                        scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, y);
+                        scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, y, per_position ? shape[1] : 0);
       };
       parallel_for(context, (lines + per_block - 1) / per_block, block);
       return Ort::Status{nullptr};
@@ -578,7 +581,7 @@ struct Requantize {
     auto block = [&](int64_t i) {
       const int64_t image = i / blocks, first = (i % blocks) * per_block;
       requantize_transposed(data.Data(), positions, c, image, first, std::min(positions, first + per_block), b,
-                            attrs.steps, y, attrs.per_channel);
+                            attrs.steps, y, attrs.per_channel, per_position);
     };
     if (c > 0) parallel_for(context, n * blocks, block);
     return Ort::Status{nullptr};

@@ -167,14 +167,16 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 
 // Channels innermost (NHWC, or the (N, P, C) products of the rows route): y[i] = the steps applied to
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
-// `channels` values, in chunks of about 1024 values.
-CVM_AVX2_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias,
+// `channels` values, in chunks of about 1024 values. positions > 0: the bias is per position and channel,
+// (P, C), row r's the bias row r % positions.
+CVM_AVX2_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                      const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
-                                     int32_t* y) {
+                                     int32_t* y, int64_t positions = 0) {
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
   for (int64_t first = begin; first < end; first += group) {
     const int64_t last = std::min(end, first + group);
     for (int64_t r = first; r < last; ++r) {
+      const int32_t* bias = bias_all && positions ? bias_all + (r % positions) * channels : bias_all;
       const int32_t* u = x + r * channels;
       int32_t* v = y + r * channels;
       if (scales) {
@@ -217,20 +219,21 @@ inline void transpose4x4(const int32_t* src, int64_t src_stride, int32_t* dst, i
 // y[n, c, p] = the steps (channel c's own where `per` is not empty) applied to x[n, p, c] + bias[c] (no bias:
 // null), for the positions [begin, end) of image n, in blocks of about 1024 elements: the block's steps on the
 // (position, channel) order, then written out channel by channel (with `per`: written out, then each channel's
-// steps on its positions).
+// steps on its positions). per_position: the bias is (P, C), x[n, p, c] + bias[p, c].
 CVM_AVX2_CLONES void requantize_transposed(const int32_t* x, int64_t positions, int64_t channels, int64_t n,
                                            int64_t begin, int64_t end, const int32_t* bias,
                                            const std::vector<RequantStep>& steps, int32_t* y,
-                                           const ChannelSteps& per = {}) {
+                                           const ChannelSteps& per = {}, bool per_position = false) {
   const int64_t block = std::max<int64_t>(1, 1024 / channels);
   std::vector<int32_t> v(static_cast<size_t>(block * channels));
   for (int64_t first = begin; first < end; first += block) {
     const int64_t count = std::min(end, first + block) - first;
     const int32_t* u = x + (n * positions + first) * channels;
     for (int64_t p = 0; p < count; ++p) {
+      const int32_t* b = bias && per_position ? bias + (first + p) * channels : bias;
       for (int64_t c = 0; c < channels; ++c) {
         v[p * channels + c] = static_cast<int32_t>(static_cast<uint32_t>(u[p * channels + c]) +
-                                                   static_cast<uint32_t>(bias ? bias[c] : 0));
+                                                   static_cast<uint32_t>(b ? b[c] : 0));
       }
     }
     if (per.empty()) apply_steps_fast(v.data(), count * channels, steps);

@@ -999,3 +999,27 @@ def test_the_runs_of_a_convolutions_channel_groups_are_one_requantize_and_exact(
         for layout in ("rows", "columns"):
             got = run_route(model, {"data": data}, route, layout)
             assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 3), oh=st.integers(1, 9), ow=st.integers(1, 40), c=st.integers(1, 9), data=st.data(),
+       nhwc=st.booleans(), threads=st.integers(1, 2))
+def test_requantize_of_rows_adds_a_bias_per_position_and_channel(n, oh, ow, c, data, nhwc, threads):
+    """With rows (OH, OW) a bias (OH * OW, C) is added per position and channel (wrapping in int32) before the
+    steps, written as (N, C, OH, OW) or with nhwc (N, OH, OW, C)."""
+    steps = data.draw(st.lists(step, max_size=4))
+    x = data.draw(tensors((n, oh * ow, c), 32))
+    bias = data.draw(tensors((oh * ow, c), 32))
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, rows=[oh, ow], nhwc=int(nhwc))
+    node.attribute.extend(ints_attrs(steps=[v for s in steps for v in s]))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [n, oh * ow, c]),
+                                            helper.make_tensor_value_info("b", TensorProto.INT32, [oh * ow, c])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32,
+                                                             [n, oh, ow, c] if nhwc else [n, c, oh, ow])])
+    model = onnx_model(graph, domains={DOMAIN: 1})
+    onnx.checker.check_model(model, full_check=True)
+    got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    summed = ((x.astype(np.int64) + bias + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)  # (N, P, C)
+    want = requantize_oracle(summed.transpose(0, 2, 1), np.zeros(0, np.int32), steps).reshape(n, c, oh, ow)
+    assert np.array_equal(got, want.transpose(0, 2, 3, 1) if nhwc else want)

@@ -612,7 +612,8 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
 def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
     """The run as native ``requantize`` nodes: the steps in the order the CVM ops take them, each clip at
     once (two clips in a row as one: clamps compose, clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi),
-    clip(b, lo, hi))), on x + bias per channel in int32 (``attrs``: its ``width`` or ``scales``, see ``nn.conv2d_int8``).
+    clip(b, lo, hi))), on x + bias per channel (or per position and channel, ``_bias``) in int32 (``attrs``: its
+    ``width`` or ``scales``, see ``nn.conv2d_int8``).
     A per-channel multiplication ("cmul") starts the next node, whose ``scales`` multiply each channel before its
     steps (the first node writes NCHW, or NHWC where ``cpu.channels_last`` keeps it, the scales then taken per last
     axis). Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32
@@ -663,15 +664,23 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     return b, y
 
 
-def _offset(b: Body, graph: Graph, chain: Chain, products: str) -> str:
-    """The rows products (N, OH * OW, OC) plus the chain's ``offset`` param (OC, OH, OW), transposed to
-    (OH * OW, OC), in int32 (the batch broadcast): the runtime's conv2d output (products + bias) + param, as int32
-    additions, which wrap modulo 2^32 in any order, so adding the param before the bias gives the same int32."""
+def _bias(b: Body, graph: Graph, chain: Chain, bias: Value | None) -> Value | None:
+    """What ``requantize`` adds to a head's rows products (N, OH * OW, OC): its bias (``bias``, the chain's
+    ``channels`` of it where it takes some), or with an ``offset`` param (OC, OH, OW) the constant (OH * OW, OC)
+    bias[c] + param[c, p] wrapped to int32 (one per position and channel): the runtime adds the bias, then the
+    param, in int32, and int32 additions wrap modulo 2^32 in any order, so the sum is the same int32."""
+    ch = chain.channels
     if chain.offset is None:
-        return products
-    p = offset_param(graph, graph.nodes[chain.offset]).astype(np.int32)
-    p = p if chain.channels is None else p[chain.channels]
-    return b.Add(products, b.const(np.ascontiguousarray(p.reshape(p.shape[0], -1).T), np.int32))
+        if bias is None or ch is None:
+            return bias
+        return Value(b.Gather(bias.name, b.const(ch), axis=0), (len(ch),), bias.bound)
+    p = offset_param(graph, graph.nodes[chain.offset]).astype(np.int64)
+    if bias is not None:
+        src = graph.nodes[graph.nodes[chain.head].inputs[2].node]
+        p = p + graph.params[src.name].astype(np.int64).reshape(-1, 1, 1)
+    p = (p if ch is None else p[ch]).reshape(len(p) if ch is None else len(ch), -1)
+    wrapped = ((p + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
+    return Value(b.const(np.ascontiguousarray(wrapped.T), np.int32), wrapped.T.shape, 0)
 
 
 def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) -> str:
@@ -683,10 +692,10 @@ def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) ->
         products, attrs = nn.conv2d_unsigned(b, a, inputs[0], first.unsigned.weight, first.unsigned.zero)
     else:
         products, attrs = nn.conv2d_rows(b, a, *inputs[:2])
-    products = _offset(b, graph, replace(first, channels=None), products)
+    bias = _bias(b, graph, replace(first, channels=None), inputs[2] if a.use_bias else None)
     per = chain.channel_steps(graph, graph.nodes[first.head].outputs[0].shape[1])
     flat = [_flat(steps) for steps in per]
-    bias = b.Cast(inputs[2], to=TensorProto.INT32) if a.use_bias else b.const(np.zeros(0, np.int32), np.int32)
+    bias = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
     return b.node("requantize", products, bias, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in flat],
                   channel_steps=[v for f in flat for v in f], **attrs)
 
@@ -704,8 +713,6 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
     elif chain.channels is not None:  # only integer-products heads are shared (``_head``)
         a = REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs)
         idx = b.const(chain.channels)
-        bias = Value(b.Gather(inputs[2].name, idx, axis=0), (len(chain.channels),), inputs[2].bound) \
-            if a.use_bias else None
         if chain.unsigned is not None:
             products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight[chain.channels],
                                                  chain.unsigned.zero)
@@ -714,15 +721,15 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
             w = Value(b.Gather(w.name, idx, axis=0), (len(chain.channels), *w.shape[1:]), w.bound,
                       w.const[chain.channels])
             products, attrs = nn.conv2d_rows(b, a, inputs[0], w)
-        return _native_run(b, _offset(b, graph, chain, products), bias, steps, **attrs)
+        return _native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     elif int8 and chain.unsigned is not None:
         a = REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs)
         products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)
-        return _native_run(b, _offset(b, graph, chain, products), inputs[2] if a.use_bias else None, steps, **attrs)
+        return _native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, provider):
         products, attrs = nn.conv2d_int8(b, a, *inputs[:2], provider)
-        return _native_run(b, _offset(b, graph, chain, products), inputs[2] if a.use_bias else None, steps, **attrs)
+        return _native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)

@@ -29,7 +29,8 @@ serving form's window ops and fused requantization:
   axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
   data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
   rows (OH, OW): data (N, OH * OW, C), the bias per last-axis channel, written as y (N, C, OH, OW) (the products
-  of ``im2col_rows``); nhwc (0): 1 puts the channels (bias, scales) on the last axis, with rows writing y (N, OH,
+  of ``im2col_rows``; the bias may then be (OH * OW, C), one per position and channel); nhwc (0): 1 puts the
+  channels (bias, scales) on the last axis, with rows writing y (N, OH,
   OW, C); channel_steps and channel_counts (instead of steps): each channel's own steps (not with width,
   batch_inner, nhwc or scales); rows, nhwc and channel_steps on the CPU only.
 
@@ -257,7 +258,10 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
 
 def _infer_requantize(ctx) -> None:
     data = _dims(ctx.get_input_type(0), "requantize data")
-    _dims(ctx.get_input_type(1), "requantize bias", 1)
+    rows = ctx.get_attribute("rows")
+    bias = _dims(ctx.get_input_type(1), "requantize bias")
+    if bias is not None and len(bias) != 1 and not (len(bias) == 2 and rows is not None and len(rows.ints)):
+        raise InferenceError(f"requantize bias must be 1-D (2-D (OH * OW, C) with rows), got rank {len(bias)}")
     steps, counts, per = map(ctx.get_attribute, ("steps", "channel_counts", "channel_steps"))
     if counts is None and (steps is None or len(steps.ints) % 3):
         raise InferenceError("requantize: steps must hold (kind, a, b) triples")
@@ -283,7 +287,6 @@ def _infer_requantize(ctx) -> None:
         raise InferenceError("requantize: scales must be one per channel, and without a width")
     if width and data is not None:
         data = [*data[:-1], onnx.TensorShapeProto.Dimension(dim_value=width)]
-    rows = ctx.get_attribute("rows")
     if rows is not None and len(rows.ints):
         oh, ow = list(rows.ints) if len(rows.ints) == 2 and min(rows.ints) > 0 else (0, 0)
         if not oh or width or batch_inner or scales is not None and len(scales.ints) or data is not None and (
@@ -303,7 +306,8 @@ def _requantize_schema() -> OpSchema:
         "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
         "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
         "(not with width, batch_inner, nhwc or scales; CPU only).",
-        inputs=[OpSchema.FormalParameter("data", "T", "int32"), OpSchema.FormalParameter("bias", "T", "(C,) or (0,)")],
+        inputs=[OpSchema.FormalParameter("data", "T", "int32"),
+                OpSchema.FormalParameter("bias", "T", "(C,) or (0,); with rows also (OH * OW, C)")],
         outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
         attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=False),

@@ -222,7 +222,8 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     (K, OC) uint8, ..., 128) -> ``requantize`` (rows), becomes the columns form of ``nn.conv2d_int8``: ``im2col_uint8``
     (wide with strides 1) read by MatMulInteger(A, columns, 128, 128), A (OC, K) the same uint8 weights in the
     order (c, fh, fw) (a Reshape/Transpose of B, folded by onnxruntime), reshaped to (N, OC, OH, W') for a
-    ``requantize`` with the width OW (not one with each channel's own steps, which has no width form). Invariant: the same products, sum (w + 128 - 128)(x + 128 - 128) = sum w x
+    ``requantize`` with the width OW (not one with each channel's own steps or a bias per position, which have no
+    width form). Invariant: the same products, sum (w + 128 - 128)(x + 128 - 128) = sum w x
     (x + 128 is in [0, 255] for the rows of offset 0 too), so the same outputs."""
     out = _copy(model)
     graph = out.graph
@@ -235,7 +236,8 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     replaced: dict[int, list[onnx.NodeProto]] = {}
     for q in graph.node:
         rows_attr = next((list(a.ints) for a in q.attribute if a.name == "rows"), None)
-        if any(a.name == "channel_counts" for a in q.attribute):  # each channel's own steps: no width form
+        if any(a.name == "channel_counts" for a in q.attribute) or len(q.input) > 1 and \
+                len(shapes.get(q.input[1], [])) == 2:  # each channel's own steps, a bias per position: no width form
             continue
         m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type == "requantize" and rows_attr else None
         r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
