@@ -439,8 +439,9 @@ struct RequantizeAttrs {
     if (at != all.size()) {
       throw Ort::Exception("requantize: channel_counts must count the triples of channel_steps", ORT_INVALID_ARGUMENT);
     }
-    if (!per_channel.empty() && (!steps.empty() || width > 0 || batch_inner || nhwc || !scales.empty())) {
-      throw Ort::Exception("requantize: channel_steps go without steps, width, batch_inner, nhwc or scales",
+    arrays = channel_arrays(per_channel);
+    if (!per_channel.empty() && (!steps.empty() || width > 0 || batch_inner || !scales.empty())) {
+      throw Ort::Exception("requantize: channel_steps go without steps, width, batch_inner or scales",
                            ORT_INVALID_ARGUMENT);
     }
   }
@@ -489,6 +490,7 @@ struct RequantizeAttrs {
   std::vector<int32_t> scales;
   std::vector<RequantStep> steps;
   ChannelSteps per_channel;  // channel_steps: each channel's own steps (empty: `steps` for all)
+  ChannelArrays arrays;      // per_channel side by side, where every channel has the same kinds of steps
 };
 
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
@@ -568,7 +570,8 @@ struct Requantize {
       const int64_t lines = c > 0 ? count / c : 0, per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
       auto block = [&](int64_t i) {
         requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
-                        scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, y, per_position ? shape[1] : 0);
+                        scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, y, per_position ? shape[1] : 0,
+                        attrs.per_channel, attrs.arrays);
       };
       parallel_for(context, (lines + per_block - 1) / per_block, block);
       return Ort::Status{nullptr};
@@ -581,7 +584,7 @@ struct Requantize {
     auto block = [&](int64_t i) {
       const int64_t image = i / blocks, first = (i % blocks) * per_block;
       requantize_transposed(data.Data(), positions, c, image, first, std::min(positions, first + per_block), b,
-                            attrs.steps, y, attrs.per_channel, per_position);
+                            attrs.steps, y, attrs.per_channel, per_position, attrs.arrays);
     };
     if (c > 0) parallel_for(context, n * blocks, block);
     return Ort::Status{nullptr};
@@ -682,6 +685,9 @@ struct RequantizeCuda {
     return guarded("requantize", [&] {
       if (!attrs.rows.empty() || attrs.nhwc || !attrs.per_channel.empty()) {
         return invalid("requantize", "rows, nhwc and channel_steps have CPU kernels only");
+      }
+      for (const RequantStep& s : attrs.steps) {
+        if (s.kind == kShift && s.a == 0) return invalid("requantize", "shift 0 has a CPU kernel only");
       }
       std::vector<int64_t> shape = attrs.output_shape(data.Shape());
       if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");

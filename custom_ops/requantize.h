@@ -23,13 +23,13 @@ struct RequantStep {
 };
 
 // Parses the flat attribute [kind, a, b, ...]; returns an error message, empty when every step is valid: shift
-// 1..31, mul/add an int32, clip lo <= hi within int32.
+// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32.
 inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<RequantStep>& steps) {
   if (flat.size() % 3 != 0) return "steps must hold (kind, a, b) triples";
   const auto int32 = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
   for (size_t i = 0; i < flat.size(); i += 3) {
     const RequantStep s{flat[i], flat[i + 1], flat[i + 2]};
-    const bool ok = (s.kind == kShift && s.a >= 1 && s.a <= 31) || ((s.kind == kMul || s.kind == kAdd) && int32(s.a)) ||
+    const bool ok = (s.kind == kShift && s.a >= 0 && s.a <= 31) || ((s.kind == kMul || s.kind == kAdd) && int32(s.a)) ||
                     (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b);
     if (!ok) return "step " + std::to_string(i / 3) + " is not a valid (kind, a, b)";
     steps.push_back(s);
@@ -46,7 +46,7 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
     const uint32_t a = static_cast<uint32_t>(s.a);
     switch (s.kind) {
       case kShift: {
-        const uint32_t half = 1u << (s.a - 1);
+        const uint32_t half = s.a ? 1u << (s.a - 1) : 0u;
         const int shift = static_cast<int>(s.a);
         for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + half) >> shift;
         break;
@@ -69,7 +69,7 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
 template <int64_t Kind>
 __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantStep& s) {
   if constexpr (Kind == kShift) {
-    return static_cast<int32_t>(static_cast<uint32_t>(x) + (1u << (s.a - 1))) >> s.a;
+    return static_cast<int32_t>(static_cast<uint32_t>(x) + (s.a ? 1u << (s.a - 1) : 0u)) >> s.a;
   } else if constexpr (Kind == kMul) {
     return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(s.a));
   } else if constexpr (Kind == kAdd) {
@@ -117,6 +117,66 @@ __attribute__((always_inline)) inline void apply_steps_fast(int32_t* v, int64_t 
 
 // Steps per channel (the channel_steps attribute): steps[c] for channel c; empty when the op has one list for all.
 using ChannelSteps = std::vector<std::vector<RequantStep>>;
+
+// Channel steps of one sequence of kinds, their constants laid out as a block of values with the channel
+// innermost (max(1, 1024 / C) lines of C, the blocks of requantize_last and requantize_transposed): step k of the
+// value at block index i is kinds[k] with a[k][i], b[k][i] of its channel i % C (a shift as its half, 2^(s-1) or
+// 0, and s). Empty kinds: the channels' kinds differ.
+struct ChannelArrays {
+  std::vector<int64_t> kinds;
+  std::vector<std::vector<int32_t>> a, b;
+};
+
+inline ChannelArrays channel_arrays(const ChannelSteps& per) {
+  ChannelArrays out;
+  if (per.empty()) return out;
+  for (const std::vector<RequantStep>& p : per) {
+    if (p.size() != per[0].size()) return out;
+    for (size_t k = 0; k < p.size(); ++k) {
+      if (p[k].kind != per[0][k].kind) return out;
+    }
+  }
+  const size_t channels = per.size(), block = std::max<size_t>(1, 1024 / channels) * channels;
+  for (size_t k = 0; k < per[0].size(); ++k) {
+    out.kinds.push_back(per[0][k].kind);
+    out.a.emplace_back(block);
+    out.b.emplace_back(block);
+    for (size_t i = 0; i < block; ++i) {
+      const RequantStep& s = per[i % channels][k];
+      const bool shift = s.kind == kShift;
+      out.a[k][i] = static_cast<int32_t>(shift ? (s.a ? 1u << (s.a - 1) : 0u) : static_cast<uint32_t>(s.a));
+      out.b[k][i] = static_cast<int32_t>(shift ? s.a : s.b);
+    }
+  }
+  return out;
+}
+
+// Each channel's steps (ChannelArrays) on the first n values of a block (channel innermost), step by step: the
+// same arithmetic as apply_steps, each value with its channel's constants.
+__attribute__((always_inline)) inline void apply_channel_arrays(int32_t* __restrict v, int64_t n,
+                                                                const ChannelArrays& p) {
+  for (size_t k = 0; k < p.kinds.size(); ++k) {
+    const int32_t* __restrict a = p.a[k].data();
+    const int32_t* __restrict b = p.b[k].data();
+    switch (p.kinds[k]) {
+      case kShift:
+        for (int64_t i = 0; i < n; ++i) {
+          v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + static_cast<uint32_t>(a[i])) >> b[i];
+        }
+        break;
+      case kMul:
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) *
+                                                                    static_cast<uint32_t>(a[i]));
+        break;
+      case kAdd:
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) +
+                                                                    static_cast<uint32_t>(a[i]));
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) v[i] = std::min(std::max(v[i], a[i]), b[i]);
+    }
+  }
+}
 
 // The kernels below are compiled for AVX2 and the baseline (clones.h): 2.2x faster with AVX2 (16 K elements, five
 // steps: 5.6 against 12.2 us).
@@ -168,11 +228,14 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 // Channels innermost (NHWC, or the (N, P, C) products of the rows route): y[i] = the steps applied to
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
 // `channels` values, in chunks of about 1024 values. positions > 0: the bias is per position and channel,
-// (P, C), row r's the bias row r % positions.
+// (P, C), row r's the bias row r % positions. `per` not empty: channel c's own steps, applied to the chunk's
+// values of channel c gathered side by side (then put back).
 CVM_AVX2_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                      const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
-                                     int32_t* y, int64_t positions = 0) {
+                                     int32_t* y, int64_t positions = 0, const ChannelSteps& per = {},
+                                     const ChannelArrays& arrays = {}) {
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
+  std::vector<int32_t> lane(per.empty() ? 0 : static_cast<size_t>(group));
   for (int64_t first = begin; first < end; first += group) {
     const int64_t last = std::min(end, first + group);
     for (int64_t r = first; r < last; ++r) {
@@ -191,7 +254,21 @@ CVM_AVX2_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t en
         std::copy(u, u + channels, v);
       }
     }
-    apply_steps_fast(y + first * channels, (last - first) * channels, steps);
+    if (per.empty()) {
+      apply_steps_fast(y + first * channels, (last - first) * channels, steps);
+      continue;
+    }
+    const int64_t count = last - first;
+    int32_t* v = y + first * channels;
+    if (!arrays.kinds.empty()) {
+      apply_channel_arrays(v, count * channels, arrays);
+      continue;
+    }
+    for (int64_t c = 0; c < channels; ++c) {
+      for (int64_t r = 0; r < count; ++r) lane[r] = v[r * channels + c];
+      apply_steps_fast(lane.data(), count, per[c]);
+      for (int64_t r = 0; r < count; ++r) v[r * channels + c] = lane[r];
+    }
   }
 }
 
@@ -219,11 +296,13 @@ inline void transpose4x4(const int32_t* src, int64_t src_stride, int32_t* dst, i
 // y[n, c, p] = the steps (channel c's own where `per` is not empty) applied to x[n, p, c] + bias[c] (no bias:
 // null), for the positions [begin, end) of image n, in blocks of about 1024 elements: the block's steps on the
 // (position, channel) order, then written out channel by channel (with `per`: written out, then each channel's
-// steps on its positions). per_position: the bias is (P, C), x[n, p, c] + bias[p, c].
+// steps on its positions). per_position: the bias is (P, C), x[n, p, c] + bias[p, c]. `arrays` (``per`` of one
+// sequence of kinds): the block's steps channel by channel side by side, before it is written out.
 CVM_AVX2_CLONES void requantize_transposed(const int32_t* x, int64_t positions, int64_t channels, int64_t n,
                                            int64_t begin, int64_t end, const int32_t* bias,
                                            const std::vector<RequantStep>& steps, int32_t* y,
-                                           const ChannelSteps& per = {}, bool per_position = false) {
+                                           const ChannelSteps& per = {}, bool per_position = false,
+                                           const ChannelArrays& arrays = {}) {
   const int64_t block = std::max<int64_t>(1, 1024 / channels);
   std::vector<int32_t> v(static_cast<size_t>(block * channels));
   for (int64_t first = begin; first < end; first += block) {
@@ -236,7 +315,11 @@ CVM_AVX2_CLONES void requantize_transposed(const int32_t* x, int64_t positions, 
                                                    static_cast<uint32_t>(b ? b[c] : 0));
       }
     }
-    if (per.empty()) apply_steps_fast(v.data(), count * channels, steps);
+    if (per.empty()) {
+      apply_steps_fast(v.data(), count * channels, steps);
+    } else if (!arrays.kinds.empty()) {
+      apply_channel_arrays(v.data(), count * channels, arrays);
+    }
     int32_t* dst = y + n * channels * positions + first;  // dst[c * positions + p] = v[p * channels + c]
     const int64_t c4 = channels - channels % 4, p4 = count - count % 4;
     for (int64_t c = 0; c < c4; c += 4) {
@@ -246,7 +329,7 @@ CVM_AVX2_CLONES void requantize_transposed(const int32_t* x, int64_t positions, 
     for (int64_t c = 0; c < channels; ++c) {
       for (int64_t p = c < c4 ? p4 : 0; p < count; ++p) dst[c * positions + p] = v[p * channels + c];
     }
-    if (!per.empty()) {
+    if (!per.empty() && arrays.kinds.empty()) {
       for (int64_t c = 0; c < channels; ++c) apply_steps_fast(dst + c * positions, count, per[c]);
     }
   }

@@ -492,3 +492,11 @@ def test_on_a_gpu_run_many_keeps_the_data_on_the_device_and_is_exact(cuda_graph)
     model = to_onnx(graph, batch=8, provider="cuda")
     got = run_many(model, x, chunk=8, provider="cuda", cuda_graph=cuda_graph).arrays[0]
     assert np.array_equal(got, run_many(graph, x).arrays[0])
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_on_a_gpu_requantize_refuses_shift_0():
+    """Shift 0 (the CPU kernel's identity step, aligning channel_steps) has no CUDA kernel: refused, not computed."""
+    model = requantize_model([1, 2, 3], 0, [(0, 0, 0)])
+    with pytest.raises(RuntimeFailure, match="shift 0"):
+        run(model, {"x": np.zeros((1, 2, 3), np.int32), "b": np.zeros(0, np.int32)}, provider="cuda")

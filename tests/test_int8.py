@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from support import tensors
-from support.native import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
-                            step)
+from support.native import (cpu_step, geometries, im2col_model, im2col_oracle, int32s, requantize_model,
+                            requantize_oracle, step)
 
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -343,7 +343,7 @@ def test_a_library_without_the_feature_probe_means_no_unbounded_signed_products(
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(),
-       steps=st.lists(step, min_size=1, max_size=6))
+       steps=st.lists(cpu_step, min_size=1, max_size=6))
 def test_requantize_applies_its_steps_in_int32(shape, data, steps):
     """Every step in order with int32 wrap-around (the exporter only emits runs that never wrap), + a bias per
     axis-1 channel, against a numpy oracle, at the int32 edges too."""
@@ -829,7 +829,7 @@ def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
              if a.name == "zero"]
     assert len(zeros) == ok  # else the conv2d of the halves (2C channels) as any conv2d
     if ok:
-        assert ops.count("MatMulInteger") == 1 and ops.count("requantize") == 2
+        assert ops.count("MatMulInteger") == 1 and ops.count("requantize") == 1  # the multiplier per channel too
         assert {"Conv", "Mul", "Gather", "Concat"}.isdisjoint(ops)
     want = execute(graph, {"data": data})
     for route in routes():
@@ -882,12 +882,14 @@ def ints_attrs(**attrs) -> list[onnx.AttributeProto]:
     return [helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS) for k, v in attrs.items()]
 
 
-def channel_steps_model(shape, channels: int, per, rows=None) -> onnx.ModelProto:
-    """One requantize with ``channel_steps`` (``per``: each channel's (kind, a, b) triples); ``rows`` (OH, OW)."""
-    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, **({"rows": rows} if rows else {}))
+def channel_steps_model(shape, channels: int, per, rows=None, nhwc: bool = False) -> onnx.ModelProto:
+    """One requantize with ``channel_steps`` (``per``: each channel's (kind, a, b) triples); ``rows`` (OH, OW);
+    ``nhwc``: the channels on the last axis."""
+    node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, **({"rows": rows} if rows else {}),
+                            **({"nhwc": 1} if nhwc else {}))
     node.attribute.extend(ints_attrs(channel_counts=[len(p) for p in per],
                                      channel_steps=[v for p in per for s in p for v in s]))
-    out = [shape[0], shape[2], *rows] if rows else shape
+    out = ([shape[0], *rows, shape[2]] if nhwc else [shape[0], shape[2], *rows]) if rows else shape
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, out)])
@@ -897,19 +899,24 @@ def channel_steps_model(shape, channels: int, per, rows=None) -> onnx.ModelProto
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(n=st.integers(1, 2), c=st.integers(1, 6), inner=st.sampled_from([1, 5, 64, 1500]), data=st.data(),
-       rows=st.booleans(), threads=st.integers(1, 2))
-def test_requantize_applies_each_channels_own_steps(n, c, inner, data, rows, threads):
+       layout=st.sampled_from(["nchw", "rows", "rows nhwc", "nhwc"]), threads=st.integers(1, 2))
+def test_requantize_applies_each_channels_own_steps(n, c, inner, data, layout, threads):
     """Channel c of y is channel c of x + bias[c] through its own steps (int32 wrapping as the oracle), for data
-    (N, C, ...) and for the rows route's (N, OH * OW, C) written as (N, C, OH, OW); on 1-2 threads."""
-    per = [data.draw(st.lists(step, max_size=5)) for _ in range(c)]
+    (N, C, ...), for the rows route's (N, OH * OW, C) written as (N, C, OH, OW) or (N, OH, OW, C), and for data
+    (N, ..., C) (nhwc); on 1-2 threads."""
+    per = [data.draw(st.lists(cpu_step, max_size=5)) for _ in range(c)]
     bias = data.draw(st.sampled_from([np.zeros(0, np.int32), np.arange(c, dtype=np.int32) * 1000003 - 7]))
-    shape = (n, inner, c) if rows else (n, c, inner)
+    last = layout != "nchw"
+    shape = (n, inner, c) if last else (n, c, inner)
     x = data.draw(st.one_of(tensors(shape, 32), st.just(np.full(shape, (1 << 31) - 1, np.int32))))
-    model = channel_steps_model(list(shape), len(bias), per, [inner, 1] if rows else None)
+    model = channel_steps_model(list(shape), len(bias), per, [inner, 1] if "rows" in layout else None,
+                                "nhwc" in layout)
     onnx.checker.check_model(model, full_check=True)
     got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
-    nchw = x.transpose(0, 2, 1) if rows else x
+    nchw = x.transpose(0, 2, 1) if last else x
     want = np.concatenate([requantize_oracle(nchw[:, k:k + 1], bias[k:k + 1], per[k]) for k in range(c)], axis=1)
+    if "nhwc" in layout:
+        want = want.transpose(0, 2, 1)
     assert np.array_equal(got.reshape(want.shape), want)
 
 
@@ -918,12 +925,12 @@ def test_requantize_applies_each_channels_own_steps(n, c, inner, data, rows, thr
     (dict(channel_counts=[1, 1], channel_steps=[0, 1, 0]), "count the triples"),
     (dict(channel_counts=[1, 0], channel_steps=[0, 40, 0]), "channel 0"),
     (dict(channel_counts=[0, 0], channel_steps=[], steps=[3, 0, 1]), "without steps"),
-    (dict(channel_counts=[0, 0], channel_steps=[], nhwc=1), "nhwc"),
+    (dict(channel_counts=[0, 0], channel_steps=[], width=2), "width"),
     (dict(channel_counts=[0, 0, 0], channel_steps=[]), "match axis 1")])
 def test_requantize_refuses_channel_steps_it_cannot_take(attrs, message):
     node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN)
-    node.attribute.extend(ints_attrs(**{k: v for k, v in attrs.items() if k != "nhwc"}))
-    node.attribute.extend([helper.make_attribute("nhwc", attrs["nhwc"])] if "nhwc" in attrs else [])
+    node.attribute.extend(ints_attrs(**{k: v for k, v in attrs.items() if k != "width"}))
+    node.attribute.extend([helper.make_attribute("width", attrs["width"])] if "width" in attrs else [])
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [1, 2, 3]),
                                             helper.make_tensor_value_info("b", TensorProto.INT32, [0])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 2, 3])])
@@ -991,9 +998,9 @@ def test_the_runs_of_a_convolutions_channel_groups_are_one_requantize_and_exact(
     model = to_onnx(graph, optimize=True, int8=True)
     ops = [n.op_type for n in model.graph.node]
     own = [n for n in model.graph.node if any(a.name == "channel_counts" for a in n.attribute)]
-    assert len(own) == merged
+    assert {"Gather", "Concat"}.isdisjoint(ops) == merged
     if merged:
-        assert ops.count("MatMulInteger") == 1 and {"Conv", "Gather", "Concat"}.isdisjoint(ops)
+        assert ops.count("MatMulInteger") == 1 and "Conv" not in ops and len(own) == 1
     want = execute(graph, {"data": data})
     for route in routes():
         for layout in ("rows", "columns"):

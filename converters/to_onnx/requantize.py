@@ -299,6 +299,7 @@ class Grouped:
     parts: tuple[Chain, ...]
     concat: int
     back: int
+    tail: tuple[int, ...] = ()  # step nodes after ``back``, each the only reader of the previous
 
     @property
     def head(self) -> int:
@@ -313,15 +314,20 @@ class Grouped:
         first = self.parts[0]
         shared = [] if first.unsigned is None else list(first.unsigned.nodes)
         shared += [i for i in (first.head, first.offset) if i is not None]
-        return shared + [i for c in self.parts for i in [c.take, *c.nodes]] + [self.concat, self.back]
+        return shared + [i for c in self.parts for i in [c.take, *c.nodes]] + [self.concat, self.back, *self.tail]
 
     def channel_steps(self, graph: Graph, channels: int) -> list[list[Step]]:
-        """Channel c's steps: its group's, a per-channel multiplier ("cmul") taken as its own ("mul")."""
+        """Channel c's steps: its group's, then the tail's, a per-channel multiplier ("cmul") taken as its own
+        ("mul")."""
+        def own(steps: list[Step], k: int) -> list[Step]:
+            return [Step("mul", s.ks[k]) if s.kind == "cmul" else s for s in steps]
+
+        tail = [step for i in self.tail for step in steps_of(graph, graph.nodes[i], True)[1]]
         out: list[list[Step]] = [[] for _ in range(channels)]
         for c in self.parts:
             steps = [step for i in c.nodes for step in steps_of(graph, graph.nodes[i], True)[1]]
             for k, ch in enumerate(c.channels):
-                out[ch] = [Step("mul", s.ks[k]) if s.kind == "cmul" else s for s in steps]
+                out[ch] = own(steps, k) + own(tail, ch)
         return out
 
 
@@ -496,11 +502,14 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
     return (x.node, None, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
 
 
-def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int]) -> list[Chain | Grouped]:
+def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds: dict[Entry, int],
+            taken: set[int]) -> list[Chain | Grouped]:
     """``chains`` with the runs of every head's channel groups merged into one ``Grouped`` where their outputs
     are concatenated along axis 1 (each read only there, in any order) and taken back so that every channel of the
     head lands at its own place: channel c of the result is concatenated position back[c] (clipped, as take
-    does), which must be position i of a group whose take picked channel c. Elsewhere they stay runs of their own."""
+    does), which must be position i of a group whose take picked channel c. Elsewhere they stay runs of their own.
+    A run (``chains``) reading the take back alone joins as the ``tail``, or a single step node there outside
+    every run and ``taken`` (the nodes of an ``Unsigned``) whose steps ``Run`` takes from the take's bound."""
     parts: dict[int, list[Chain]] = {}
     for c in chains:
         if c.take is not None:
@@ -525,7 +534,25 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int]) -> lis
         picks = np.clip(picks, 0, len(position) - 1)
         if all(int(position[j][0].channels[position[j][1]]) == ch for ch, j in enumerate(picks)):
             merged[head] = Grouped(tuple(order), cat[0], back[0])
-    return [c for c in chains if c.take is None or c.head not in merged] + list(merged.values())
+    inside = {i for c in chains for i in c.all}
+    starts = {c.nodes[0]: c for c in chains if c.head is None}
+    absorbed: set[int] = set()
+    for head, g in merged.items():
+        e = Entry(g.back)
+        nxt = _producer_of_reader(graph, e, readers)
+        if nxt is None:
+            continue
+        i, node = nxt
+        if i in starts:
+            merged[head] = replace(g, tail=tuple(starts[i].nodes))
+            absorbed.add(i)
+            continue
+        step = steps_of(graph, node, True)
+        run = Run(Body([]), Value("x", (), bounds[e]))
+        if i not in inside and i not in taken and step is not None and step[0] == e and all(map(run.apply, step[1])):
+            merged[head] = replace(g, tail=(i,))
+    return [c for c in chains if (c.take is None or c.head not in merged) and
+            (c.head is not None or c.nodes[0] not in absorbed)] + list(merged.values())
 
 
 def _producer_of_reader(graph: Graph, e: Entry, readers: dict[Entry, int]) -> tuple[int, Node] | None:
@@ -601,7 +628,7 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
         elif len(c) > 1:
             chains.append(Chain(c))
     if int8 and provider == "cpu":
-        chains = grouped(graph, chains, readers)
+        chains = grouped(graph, chains, readers, bounds, taken)
     if int8 and provider == "cuda":  # no Conv on the GPU: every conv2d that can is its integer products + requantize
         heads = {c.head for c in chains}
         chains += [Chain([], i) for i, node in enumerate(graph.nodes)
@@ -613,19 +640,65 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
     """The run as native ``requantize`` nodes: the steps in the order the CVM ops take them, each clip at
     once (two clips in a row as one: clamps compose, clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi),
     clip(b, lo, hi))), on x + bias per channel (or per position and channel, ``_bias``) in int32 (``attrs``: its
-    ``width`` or ``scales``, see ``nn.conv2d_int8``).
-    A per-channel multiplication ("cmul") starts the next node, whose ``scales`` multiply each channel before its
-    steps (the first node writes NCHW, or NHWC where ``cpu.channels_last`` keeps it, the scales then taken per last
-    axis). Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32
-    computation (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the
-    runtime's does not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is
-    written as the clip to int32's own range, which changes nothing."""
+    ``width`` or ``scales``, see ``nn.conv2d_int8``). With a per-channel multiplication ("cmul") each channel
+    gets its own steps (``channel_steps``, the multiplier its own), or, where ``attrs`` has no such form (a width,
+    batch_inner, scales), the cmul starts the next node, whose ``scales`` multiply each channel before its steps.
+    Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
+    (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
+    not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the
+    clip to int32's own range, which changes nothing."""
+    bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
+    cmul = [s for s in steps if s.kind == "cmul"]
+    if cmul and not {"width", "batch_inner", "scales"} & attrs.keys():  # each channel its own steps, one pass
+        per = _aligned([_flat([Step("mul", s.ks[c]) if s.kind == "cmul" else s for s in steps])
+                        for c in range(len(cmul[0].ks))])
+        return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in per],
+                      channel_steps=[v for f in per for v in f], **attrs)
     for k, s in enumerate(steps):
         if s.kind == "cmul":
             x = _native_run(b, x, bias, steps[:k], **attrs)
             return _native_run(b, x, None, steps[k + 1:], scales=list(s.ks))
-    bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
     return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=_flat(steps), **attrs)
+
+
+#: A step of each kind that leaves every value as it is: shift 0, multiply by 1, add 0, clip to int32's range.
+IDENTITY = {0: [0, 0, 0], 1: [1, 1, 0], 2: [2, 0, 0], 3: [3, -INT32_MAX - 1, INT32_MAX]}
+
+
+def _supersequence(a: list[int], b: list[int]) -> list[int]:
+    """A shortest sequence holding both ``a`` and ``b`` as subsequences (longest common subsequence kept once)."""
+    n, m = len(a), len(b)
+    common = [[0] * (m + 1) for _ in range(n + 1)]  # common[i][j]: LCS length of a[i:] and b[j:]
+    for i in reversed(range(n)):
+        for j in reversed(range(m)):
+            common[i][j] = common[i + 1][j + 1] + 1 if a[i] == b[j] else max(common[i + 1][j], common[i][j + 1])
+    out, i, j = [], 0, 0
+    while i < n and j < m:
+        if a[i] == b[j]:
+            out, i, j = out + [a[i]], i + 1, j + 1
+        elif common[i + 1][j] >= common[i][j + 1]:
+            out, i = out + [a[i]], i + 1
+        else:
+            out, j = out + [b[j]], j + 1
+    return out + a[i:] + b[j:]
+
+
+def _aligned(programs: list[list[int]]) -> list[list[int]]:
+    """Flat step lists with ``IDENTITY`` steps inserted so that all have one sequence of kinds (a common
+    supersequence of theirs): each computes the same values, and ``requantize`` applies them side by side."""
+    kinds = programs[0][0::3]
+    for p in programs[1:]:
+        kinds = _supersequence(kinds, p[0::3])
+    out = []
+    for p in programs:
+        q, j = [], 0
+        for kind in kinds:  # leftmost embedding: kinds is a supersequence of p's, so every step of p is placed
+            if j < len(p) // 3 and p[3 * j] == kind:
+                q, j = q + p[3 * j:3 * j + 3], j + 1
+            else:
+                q += IDENTITY[kind]
+        out.append(q)
+    return out
 
 
 def _flat(steps: list[Step]) -> list[int]:
@@ -694,7 +767,7 @@ def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) ->
         products, attrs = nn.conv2d_rows(b, a, *inputs[:2])
     bias = _bias(b, graph, replace(first, channels=None), inputs[2] if a.use_bias else None)
     per = chain.channel_steps(graph, graph.nodes[first.head].outputs[0].shape[1])
-    flat = [_flat(steps) for steps in per]
+    flat = _aligned([_flat(steps) for steps in per])
     bias = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
     return b.node("requantize", products, bias, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in flat],
                   channel_steps=[v for f in flat for v in f], **attrs)

@@ -30,9 +30,9 @@ serving form's window ops and fused requantization:
   data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
   rows (OH, OW): data (N, OH * OW, C), the bias per last-axis channel, written as y (N, C, OH, OW) (the products
   of ``im2col_rows``; the bias may then be (OH * OW, C), one per position and channel); nhwc (0): 1 puts the
-  channels (bias, scales) on the last axis, with rows writing y (N, OH,
-  OW, C); channel_steps and channel_counts (instead of steps): each channel's own steps (not with width,
-  batch_inner, nhwc or scales); rows, nhwc and channel_steps on the CPU only.
+  channels (bias, scales) on the last axis, with rows writing y (N, OH, OW, C); channel_steps and
+  channel_counts (instead of steps): each channel's own steps (not with width, batch_inner or scales); rows, nhwc
+  and channel_steps on the CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -301,11 +301,12 @@ def _requantize_schema() -> OpSchema:
     s = OpSchema(
         "requantize", DOMAIN, VERSION,
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
-        "bias empty: none); steps (kind, a, b): 0 shift a (round half up), 1 multiply by a, 2 add a, 3 clip to "
+        "bias empty: none); steps (kind, a, b): 0 shift a (round half up; 0: none, CPU only), 1 multiply by a, 2 "
+        "add a, 3 clip to "
         "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row; scales (one "
         "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
         "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
-        "(not with width, batch_inner, nhwc or scales; CPU only).",
+        "(not with width, batch_inner or scales; CPU only).",
         inputs=[OpSchema.FormalParameter("data", "T", "int32"),
                 OpSchema.FormalParameter("bias", "T", "(C,) or (0,); with rows also (OH * OW, C)")],
         outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],

@@ -288,8 +288,7 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
     In node order, a tensor is NHWC when made by a ``requantize`` of rows (it gets ``nhwc``), by a ``requantize``
     without rows or width of an NHWC tensor (``nhwc``: its bias and scales per last axis), or by an Add of two NHWC
     tensors; an ``im2col_rows`` of an NHWC tensor reads it so (``nhwc``); every other reader (and a graph output)
-    gets one Transpose back to NCHW (a ``requantize`` of rows with each channel's own steps stays NCHW: its
-    kernel has no NHWC form). Invariant: every NHWC tensor holds its NCHW values permuted (0, 2, 3, 1), and
+    gets one Transpose back to NCHW. Invariant: every NHWC tensor holds its NCHW values permuted (0, 2, 3, 1), and
     each op computes the same values per element (the steps and Add are elementwise, their channel the last axis),
     so every NCHW tensor, the outputs included, is unchanged."""
     out = _copy(model)
@@ -309,10 +308,9 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
 
     for node in graph.node:
         native = node.domain == DOMAIN
-        own = any(a.name == "channel_counts" for a in node.attribute)  # each channel's own steps: NCHW only
-        rows = native and node.op_type == "requantize" and any(a.name == "rows" for a in node.attribute) and not own
+        rows = native and node.op_type == "requantize" and any(a.name == "rows" for a in node.attribute)
         steps = native and node.op_type == "requantize" and not rows and not _int_attr(node, "width") and \
-            node.input[0] in nhwc and not own
+            node.input[0] in nhwc
         add = node.op_type == "Add" and node.domain in ("", "ai.onnx") and all(t in nhwc for t in node.input)
         reads = native and node.op_type == "im2col_rows" and node.input[0] in nhwc
         if rows or steps or reads:

@@ -62,7 +62,7 @@ def requantize_oracle(x, bias, steps, scales=()):
         v = wrap(v + bias.astype(np.int64).reshape(1, -1, *([1] * (x.ndim - 2))), 32)
     for kind, a, b in steps:
         if kind == 0:
-            v = wrap(v + (1 << (a - 1)), 32) >> a
+            v = wrap(v + (1 << (a - 1) if a else 0), 32) >> a
         elif kind == 1:
             v = wrap(v * a, 32)
         elif kind == 2:
@@ -87,3 +87,5 @@ step = st.one_of(st.tuples(st.just(0), st.integers(1, 31), st.just(0)),
                  st.tuples(st.sampled_from([1, 2]), st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)])),
                            st.just(0)),
                  st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab)))
+#: Steps of the CPU kernel, which also takes shift 0 (the value itself: identity steps aligning channel_steps).
+cpu_step = st.one_of(step, st.just((0, 0, 0)))
