@@ -258,3 +258,19 @@ def test_a_run_over_an_int8_param():
     graph = b.build(b.op("elemwise_add", b.input("data", SHAPE, 8), y))
     model = check(graph, {"data": np.arange(24, dtype=np.int32).reshape(SHAPE) - 12})
     assert [len(r) for r in fused(model)] == [3]
+
+
+def test_runs_of_branches_interleaved_in_node_order_are_each_fused():
+    """Two branches whose step nodes alternate in node order (a residual block's two requantizations) are two runs,
+    not cut at every node of the other branch."""
+    b = GraphBuilder()
+    x = b.input("data", SHAPE, 16)
+    p = b.op("cvm_right_shift", x, shift_bit=2, precision=16, name="p1")
+    q = b.op("cvm_right_shift", x, shift_bit=3, precision=16, name="q1")
+    p = b.op("clip", p, a_min=-1000, a_max=900, name="p2")
+    q = b.op("clip", q, a_min=-800, a_max=700, name="q2")
+    p = b.op("broadcast_mul", p, b.param("m", np.array([3])), name="p3")
+    graph = b.build(b.op("elemwise_add", p, q))
+    feeds = {"data": np.arange(-12, 12).reshape(SHAPE).astype(np.int32) * 2731}
+    model = check(graph, feeds)
+    assert fused(model) == [["p1", "p2", "p3"], ["q1", "q2"]]

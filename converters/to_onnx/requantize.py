@@ -585,29 +585,31 @@ def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
 
 def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu",
          conv_form: str = "fast", nonneg: set[Entry] = frozenset()) -> list[Chain]:
-    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head),
-    cut where a step has no exact int32 form (``Run.apply``); each with the conv2d/dense that starts it, if
+    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head;
+    chains of other branches may lie between them in node order), cut where a step has no exact int32 form
+    (``Run.apply``); each with the conv2d/dense that starts it, if
     any (``_head``; ``int8``: integer products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``:
     the entries proven >= 0). On "cuda", with ``int8``, every other conv2d that can take integer products is a
     chain of its own with no steps (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
-    current: list[int] = []
-    run: Run | None = None
+    growing: dict[Entry, tuple[list[int], Run]] = {}  # the chains that may go on, by their last node's output
     for i, node in enumerate(graph.nodes):
         step = None if node.is_variable else steps_of(graph, node, int8 and provider == "cpu")
         if step is None:
             continue
         x, steps = step
-        if not (current and x == Entry(current[-1]) and readers.get(x) == 1 and all(map(run.apply, steps))):
-            if len(current) > 1:
-                found.append(current)
-            run = Run(Body([]), Value("x", (), bounds[x]))
-            current = [i] if all(map(run.apply, steps)) else []
+        chain = growing.pop(x, None) if readers.get(x) == 1 else None
+        if chain is not None and all(map(chain[1].apply, steps)):
+            chain[0].append(i)
+            growing[Entry(i)] = chain
             continue
-        current.append(i)
-    if len(current) > 1:
-        found.append(current)
+        if chain is not None and len(chain[0]) > 1:
+            found.append(chain[0])
+        run = Run(Body([]), Value("x", (), bounds[x]))
+        if all(map(run.apply, steps)):
+            growing[Entry(i)] = ([i], run)
+    found = sorted(found + [c for c, _ in growing.values() if len(c) > 1])
     heads = [_head(graph, c[0], bounds, readers, int8, provider, conv_form, nonneg) for c in found]
     sharing: dict[int, int] = {}  # a head read through takes: how many runs take its channels
     for h in heads:
