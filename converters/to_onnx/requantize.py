@@ -299,6 +299,7 @@ class Grouped:
     parts: tuple[Chain, ...]
     concat: int
     back: int
+    source: tuple[tuple[int, int], ...]  # channel c of the result: (part, position in its take) that back picks
     tail: tuple[int, ...] = ()  # step nodes after ``back``, each the only reader of the previous
 
     @property
@@ -316,19 +317,15 @@ class Grouped:
         shared += [i for i in (first.head, first.offset) if i is not None]
         return shared + [i for c in self.parts for i in [c.take, *c.nodes]] + [self.concat, self.back, *self.tail]
 
-    def channel_steps(self, graph: Graph, channels: int) -> list[list[Step]]:
-        """Channel c's steps: its group's, then the tail's, a per-channel multiplier ("cmul") taken as its own
-        ("mul")."""
+    def channel_steps(self, graph: Graph) -> list[list[Step]]:
+        """Channel c's steps: those of the group (and position in it) that the take back picks for c, then the
+        tail's, a per-channel multiplier ("cmul") taken as its own ("mul")."""
         def own(steps: list[Step], k: int) -> list[Step]:
             return [Step("mul", s.ks[k]) if s.kind == "cmul" else s for s in steps]
 
         tail = [step for i in self.tail for step in steps_of(graph, graph.nodes[i], True)[1]]
-        out: list[list[Step]] = [[] for _ in range(channels)]
-        for c in self.parts:
-            steps = [step for i in c.nodes for step in steps_of(graph, graph.nodes[i], True)[1]]
-            for k, ch in enumerate(c.channels):
-                out[ch] = own(steps, k) + own(tail, ch)
-        return out
+        parts = [[step for i in c.nodes for step in steps_of(graph, graph.nodes[i], True)[1]] for c in self.parts]
+        return [own(parts[g], k) + own(tail, ch) for ch, (g, k) in enumerate(self.source)]
 
 
 def _readers(graph: Graph) -> dict[Entry, int]:
@@ -530,10 +527,11 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds
         if picks is None or graph.nodes[back[0]].outputs[0].shape != out or len(picks) != out[1] or \
                 readers.get(Entry(cat[0])) != 1:
             continue
-        position = [(c, i) for c in order for i in range(len(c.channels))]
+        position = [(g, i) for g, c in enumerate(order) for i in range(len(c.channels))]
         picks = np.clip(picks, 0, len(position) - 1)
-        if all(int(position[j][0].channels[position[j][1]]) == ch for ch, j in enumerate(picks)):
-            merged[head] = Grouped(tuple(order), cat[0], back[0])
+        source = tuple(position[j] for j in picks)
+        if all(int(order[g].channels[i]) == ch for ch, (g, i) in enumerate(source)):
+            merged[head] = Grouped(tuple(order), cat[0], back[0], source)
     inside = {i for c in chains for i in c.all}
     starts = {c.nodes[0]: c for c in chains if c.head is None}
     absorbed: set[int] = set()
@@ -768,7 +766,7 @@ def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) ->
     else:
         products, attrs = nn.conv2d_rows(b, a, *inputs[:2])
     bias = _bias(b, graph, replace(first, channels=None), inputs[2] if a.use_bias else None)
-    per = chain.channel_steps(graph, graph.nodes[first.head].outputs[0].shape[1])
+    per = chain.channel_steps(graph)
     flat = _aligned([_flat(steps) for steps in per])
     bias = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
     return b.node("requantize", products, bias, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in flat],

@@ -25,8 +25,8 @@ The exported model is uint8 x uint8 (exact everywhere); ``signed_operands`` turn
 session creation where they are exact here: every one where ``unbounded()`` (VNNI or AMX reported by CPUID, with
 the register state the OS enables, *and* a probe whose int16 pair sums would saturate computes exactly in this
 very onnxruntime), else the rows of offset 0 without a ``zero`` where a probe at the edge of their bound (pair
-sums 2 * 127 * -128 and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch inside MLAS, or the
-CPU).
+sums 2 * 127 * -128 and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch
+inside MLAS, or the CPU).
 """
 from __future__ import annotations
 
