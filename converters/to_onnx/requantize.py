@@ -458,33 +458,38 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
           int8: bool = False, provider: str = "cpu", conv_form: str = "fast",
-          nonneg: set[Entry] = frozenset()) -> tuple[int, Unsigned | None, int | None] | None:
-    """(the conv2d/dense node whose output only the run's ``first`` node reads, its ``Unsigned`` data, the
-    ``offset`` node), when its product can feed the run: with ``int8``, a conv2d taking the integer route
-    (``int8_head``, or on the CPU ``unsigned_head``), also through a broadcast_add of a param (OC, OH, OW)
-    (``offset_param``) where its products are rows; else its single float32 product, whose sums are exact
-    integers when its bound B (bias included) is <= 2^24; taking a first shift s too, every partial sum of
-    (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1) 2^-(s+1), exact when 2B + 1 <= 2^24."""
+          nonneg: set[Entry] = frozenset()) -> tuple[int, Unsigned | None, int | None, int | None] | None:
+    """(the conv2d/dense node whose product the run's ``first`` node reads, its ``Unsigned`` data, the ``offset``
+    node, the ``take`` node), when its product can feed the run: with ``int8``, a conv2d taking the integer route
+    (``int8_head``, or on the CPU ``unsigned_head``); on the CPU also through a broadcast_add of a param (OC, OH,
+    OW) (``offset_param``) and a take of some of its channels (``taken_channels``; the head then read by other
+    takes too, which ``runs`` checks), both where its products are rows; else its single float32 product, whose
+    sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s too, every partial
+    sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1) 2^-(s+1), exact when
+    2B + 1 <= 2^24. Each node between the head and ``first`` is read only by the next (the take's input by the
+    takes)."""
     x, steps = steps_of(graph, graph.nodes[first], int8 and provider == "cpu")
     producer = graph.nodes[x.node]
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
     if x.index or readers.get(x) != 1:
         return None
-    take, shared = None, 1
+    take = None
     if int8 and provider == "cpu" and taken_channels(graph, producer) is not None:
         take, x = x.node, producer.inputs[0]
-        producer, shared = graph.nodes[x.node], readers.get(x)
+        producer = graph.nodes[x.node]
+        if x.index:
+            return None
     if int8 and provider == "cpu" and offset_param(graph, producer) is not None:
         e = producer.inputs[0]
         conv = graph.nodes[e.node]
-        if conv.op != "conv2d" or e.index or readers.get(e) != 1 or x.index or readers.get(x) != shared:
+        if conv.op != "conv2d" or e.index or readers.get(e) != 1 or take is None and readers.get(x) != 1:
             return None
         unsigned = unsigned_head(graph, e.node, bounds, nonneg, readers)
         if unsigned is not None or _rows(graph, conv, bounds) and int8_head(graph, conv, bounds, provider):
             return e.node, unsigned, x.node, take
         return None
     if take is not None:
-        if producer.op != "conv2d" or x.index or readers.get(x) != shared:
+        if producer.op != "conv2d":
             return None
         unsigned = unsigned_head(graph, x.node, bounds, nonneg, readers)
         if unsigned is not None or _rows(graph, producer, bounds) and int8_head(graph, producer, bounds, provider):
