@@ -99,8 +99,8 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
     least = min(ms.flat)
     a_hi, a_lo = math.ceil((high + 1) / least), math.floor((low - 1) / least)
     clip = None
-    if lo < a_lo or hi > a_hi:
-        lo, hi = max(lo, a_lo), min(hi, a_hi)
+    if lo < a_lo or hi > a_hi:  # (a_lo < 0 < a_hi: an interval wholly beyond one keeps a clip of two values)
+        lo, hi = min(max(lo, a_lo), a_hi - 1), max(min(hi, a_hi), a_lo + 1)
         clip = (lo, hi)
     b = max(-lo, hi, 1)
     best = None
