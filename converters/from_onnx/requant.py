@@ -20,6 +20,12 @@ clip or pre-shift: r = round_half_up(sum_i v_i * m_i / 2^k). ``plan`` picks the 
 So |r - v * M| <= 1/2 + delta, and r differs from round(v * M) by at most one, only where v * M lies within
 delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument needs it).
 
+A single term whose one-part delta passes ``SPLIT`` (or that has no one-part plan) is also planned in two parts
+(``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b) with
+floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals round_half_up(v1 m / 2^k) exactly; b = 30 -
+label(v1) and label(v1) + label(m1) <= 31 keep every product and sum within 32 bits, so m gets about 61 - 2
+label(v1) bits. The closer of the two plans is kept; delta's formula is the same.
+
 Per-channel ratios spread too widely for one shift and one clip (the precision rules bound the product's label by
 the largest multiplier and the widest clipped channel together) are cut into runs (``runs``): channels sorted by
 M, each run the longest prefix of the rest that one plan requantizes within the bound, requantized as a tensor of
@@ -40,6 +46,9 @@ from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.core.ops.registry import bits
 
 MAX_SHIFT = 31
+#: A single term whose one-part plan's delta passes this is also planned in two parts (docs/import.md, "Two-part
+#: products"): the two-part form costs four more CVM ops and is not one fused run in the serving form.
+SPLIT = Fraction(1, 1024)
 
 
 def round_half_up(x: Fraction) -> int:
@@ -58,6 +67,14 @@ class Plan:
     shift: int
     precision: int
     delta: Fraction  # worst |v1 * m / 2^k - v * M| (before the final rounding), in output steps
+    split: int = 0  # b > 0: the product in two parts, m = m1 2^b + m0 (a single term only)
+    low_precision: int = 0  # the label of floor(v1 m0 / 2^b) (split only)
+
+    @property
+    def parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(m1, m0) with m = m1 2^b + m0 and 0 <= m0 < 2^b, for a split plan."""
+        m = self.multipliers[0]
+        return m >> self.split, m & ((1 << self.split) - 1)
 
     @property
     def error(self) -> float:
@@ -85,17 +102,21 @@ class NoPlan(ValueError):
     """No clip, shift and multipliers meet both the precision rules and the one-step error bound."""
 
 
-def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int) -> Plan:
+def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
+         split_above: Fraction | None = SPLIT) -> Plan:
     """The requantization of ``sum_i v_i * M_i`` (``terms``: (lo_i, hi_i, M_i) with M_i an object array of
-    Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped."""
+    Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped. A single
+    term whose best one-part plan has delta above ``split_above`` (or none) takes the best two-part plan where that
+    is closer; ``split_above`` None: one part only."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
     if len(terms) == 1:
-        return _single(*terms[0], low, high, precision, kmax)
+        return _single(*terms[0], low, high, precision, kmax, split_above)
     return _several(terms, precision, kmax)
 
 
-def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: int, kmax: int) -> Plan:
+def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: int, kmax: int,
+            split_above: Fraction | None) -> Plan:
     least = min(ms.flat)
     a_hi, a_lo = math.ceil((high + 1) / least), math.floor((low - 1) / least)
     clip = None
@@ -103,25 +124,51 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
         lo, hi = min(max(lo, a_lo), a_hi - 1), max(min(hi, a_hi), a_lo + 1)
         clip = (lo, hi)
     b = max(-lo, hi, 1)
-    best = None
+    shifts = []  # (s, B1, label(v1)) of each allowed pre-shift
     for s in range(0, bits(b) + 1):
         b1 = round_shift(b, s) if s else b
-        p1 = tight(b1)
-        if s and p1 + s >= 32:
-            continue
+        if not (s and tight(b1) + s >= 32):
+            shifts.append((s, b1, tight(b1)))
+    best = None
+    for s, b1, p1 in shifts:
         scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
         for k in range(kmax, 0, -1):
             m = _multipliers(scaled, k)  # a multiplier 0 only where |v| M stays below 1/2: delta says so
             if p1 + tight(max(m.flat)) <= 32:
-                delta = _worst((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(mi, 1 << k) - x * (1 << s))
-                               for x, mi in zip(ms.flat, m.flat))
+                delta = _delta(ms, m, s, k, b1)
                 if best is None or delta < best.delta:
                     best = Plan(clip, s, p1, (m.astype(np.int64),), k, precision, delta)
                 break
+    if split_above is not None and (best is None or best.delta > split_above):
+        for s, b1, p1 in shifts:
+            two = _split(ms, s, b1, p1, clip, precision, kmax)
+            if two is not None and (best is None or two.delta < best.delta):
+                best = two
     if best is None or best.delta >= Fraction(1, 2):
         raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize by M in [{float(least):.3g}, "
                      f"{float(max(ms.flat)):.3g}] within one step")
     return best
+
+
+def _delta(ms: np.ndarray, m: np.ndarray, s: int, k: int, b1: int) -> Fraction:
+    """The worst M 2^(s-1) [s > 0] + B1 |m / 2^k - M 2^s| over the channels."""
+    return _worst((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(mi, 1 << k) - x * (1 << s))
+                  for x, mi in zip(ms.flat, m.flat))
+
+
+def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax: int) -> Plan | None:
+    """The two-part plan of pre-shift s (None if none): split b = 30 - label(v1), the largest the add of
+    -2^(b-1) to v1 m0 allows (m0 < 2^b), and the largest k with k - b <= kmax and label(v1) + label(m1) <= 31."""
+    b = 30 - p1
+    if b < 1:
+        return None
+    scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
+    for k in range(b + kmax, b, -1):
+        m = _multipliers(scaled, k)
+        if p1 + tight(max(m.flat) >> b) <= 31:
+            low = tight(-((-b1 * max(int(x) & ((1 << b) - 1) for x in m.flat)) >> b))
+            return Plan(clip, s, p1, (m.astype(np.int64),), k, precision, _delta(ms, m, s, k, b1), b, low)
+    return None
 
 
 def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int) -> Plan:

@@ -188,7 +188,8 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
                 mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]
                 mults = ", ".join(map(str, mult[:4])) + (f", ... ({len(mult)})" if len(mult) > 4 else "")
                 clip = "" if p.clip is None else f"[{p.clip[0]}, {p.clip[1]}]"
-                out.append(f"| {_cell(node)} | {ms} | {mults} | {p.pre_shift} | {p.shift} | {clip} | {p.error:.6f} |")
+                shift = f"{p.shift} (two parts, b = {p.split})" if p.split else p.shift
+                out.append(f"| {_cell(node)} | {ms} | {mults} | {p.pre_shift} | {shift} | {clip} | {p.error:.6f} |")
     if imported.edges is not None:
         e = imported.edges
         out += ["", "## Float edges (quantization.json)", ""]

@@ -231,25 +231,55 @@ def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int
 
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
-    """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py)."""
+    """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py); a split
+    plan's product in two parts (``split``)."""
+    if p.split:
+        return split(ctx, prepared(ctx, vs[0], p), p)
     products = []
     for v, m in zip(vs, p.multipliers):
-        if p.clip is not None:
-            a, b = p.clip
-            v = ctx.apply("clip", v, shape=v.shape, a_min=a, a_max=b)
-        if p.pre_shift:
-            v = ctx.apply("cvm_right_shift", v, shape=v.shape, precision=p.pre_precision, shift_bit=p.pre_shift)
-        e = ctx.narrow(v, tight(v.peak))
-        mc = const(m.astype(np.int32), INT32)
-        products.append(ctx.result(ctx.emit("broadcast_mul", e, ctx.entry(mc)), INT32,
-                                   min(v.lo * int(m.max()), 0), max(v.hi * int(m.max()), 0),
-                                   broadcast_shape(v, mc)))
+        products.append(product(ctx, prepared(ctx, v, p), m))
     total = products[0]
     for t in products[1:]:
         total = ctx.apply("broadcast_add", total, t, shape=broadcast_shape(total, t))
-    b = bound(p.precision)
-    e = ctx.emit("cvm_right_shift", total.entry, precision=p.precision, shift_bit=p.shift)
-    return ctx.result(e, INT32, -b, b, total.shape)
+    return shifted(ctx, total, p.precision, p.shift)
+
+
+def prepared(ctx, v: Tensor, p: Plan) -> Tensor:
+    """v1: v clipped and pre-shifted as the plan says, its label narrowed to its interval."""
+    if p.clip is not None:
+        a, b = p.clip
+        v = ctx.apply("clip", v, shape=v.shape, a_min=a, a_max=b)
+    if p.pre_shift:
+        v = ctx.apply("cvm_right_shift", v, shape=v.shape, precision=p.pre_precision, shift_bit=p.pre_shift)
+    return ctx.result(ctx.narrow(v, tight(v.peak)), v.dtype, v.lo, v.hi, v.shape)
+
+
+def product(ctx, v: Tensor, m: np.ndarray) -> Tensor:
+    """v * m (broadcast_mul by the constant m >= 0)."""
+    mc = const(m.astype(np.int32), INT32)
+    e = ctx.emit("broadcast_mul", v.entry, ctx.entry(mc))
+    return ctx.result(e, INT32, min(v.lo * int(m.max()), 0), max(v.hi * int(m.max()), 0), broadcast_shape(v, mc))
+
+
+def shifted(ctx, x: Tensor, precision: int, k: int) -> Tensor:
+    """cvm_right_shift(x, k) into ``precision``, its interval the symmetric bound of that precision."""
+    b = bound(precision)
+    e = ctx.emit("cvm_right_shift", x.entry, precision=precision, shift_bit=k)
+    return ctx.result(e, INT32, -b, b, x.shape)
+
+
+def split(ctx, v1: Tensor, p: Plan) -> Tensor:
+    """round_half_up(v1 m / 2^k) with m = m1 2^b + m0 (docs/import.md, "Two-part products"): p1 = v1 m1 and
+    p0 = v1 m0 (broadcast_mul), floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b) (broadcast_add first), then
+    cvm_right_shift(p1 + floor(p0 / 2^b), k - b)."""
+    b = p.split
+    m1, m0 = p.parts
+    high, low = product(ctx, v1, m1), product(ctx, v1, m0)
+    c = const(np.array(-(1 << (b - 1)), np.int32), INT32)
+    low = ctx.apply("broadcast_add", low, c, shape=low.shape)
+    low = ctx.apply("cvm_right_shift", low, shape=low.shape, precision=p.low_precision, shift_bit=b)
+    total = ctx.apply("broadcast_add", high, low, shape=broadcast_shape(high, low))
+    return shifted(ctx, total, p.precision, p.shift - b)
 
 
 def saturate(ctx, r: Tensor, out_zero: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:

@@ -1,0 +1,147 @@
+"""Two-part requantization products (docs/import.md, "Two-part products"): r = round_half_up(v1 m / 2^k) with
+m = m1 2^b + m0 computed as cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b), floor(p0 / 2^b) as
+cvm_right_shift(p0 - 2^(b-1), b); each plan's labels within CVM's rules, its result equal to the one-part
+formula with the full m, and imports equal to the exact oracle, exported to ONNX exactly."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import Oracle
+from test_quantized_rules import qdq
+
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.requant import SPLIT, NoPlan, plan, round_half_up, tight
+from cvm_onnx.core.constants import precision_bound
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.ops.elemwise import round_shift
+from cvm_onnx.runtime.verify import verify
+
+EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "150"))
+wide = st.integers(-(1 << 40), 1 << 40)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(p1=wide, p0=wide, b=st.integers(1, 30), j=st.integers(1, 31))
+@example(p1=0, p0=-1, b=1, j=1).via("a negative low part: floor, not truncation")
+@example(p1=-1, p0=(1 << 29) - 1, b=30, j=1).via("the low part one below 2^b")
+def test_the_two_part_identity(p1, p0, b, j):
+    """round_half_up((p1 2^b + p0) / 2^k) = round_shift(p1 + floor(p0 / 2^b), k - b) and floor(p0 / 2^b) =
+    round_shift(p0 - 2^(b-1), b), for any integers (k = b + j): the rounding constant 2^(k-1) is a multiple of
+    2^b, so p0's fraction below 2^b never carries."""
+    k = b + j
+    assert round_shift(p0 - (1 << (b - 1)), b) == p0 // (1 << b)
+    assert round_half_up(Fraction(p1 * (1 << b) + p0, 1 << k)) == round_shift(p1 + round_shift(p0 - (1 << (b - 1)),
+                                                                                                 b), j)
+
+
+def same(p, q) -> bool:
+    """Plans equal field for field (multipliers as arrays)."""
+    return q is not None and all(np.array_equal(a, b) for a, b in zip(p.multipliers, q.multipliers)) and \
+        dataclasses.replace(p, multipliers=()) == dataclasses.replace(q, multipliers=())
+
+
+def cvm_shift(x, s: int, p: int):
+    """cvm_right_shift as the runtime's FORMAL kernel computes it: round_shift, then the symmetric clip of p."""
+    return np.clip(round_shift(x, s), -precision_bound(p), precision_bound(p))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(lo=st.integers(-(1 << 31) + 1, 0), hi=st.integers(0, (1 << 31) - 1),
+       ratios=st.lists(st.floats(2.0**-40, 2.0**8, width=32), min_size=1, max_size=4),
+       out=st.sampled_from([(-128, 127), (0, 255), (-32768, 32767), (0, 65535)]), zero=st.integers(-300, 300),
+       seed=st.integers(0, 99))
+@example(lo=-(1 << 31) + 1, hi=(1 << 31) - 1, ratios=[2.0**-30], out=(-128, 127), zero=0, seed=0)
+@example(lo=-(1 << 20), hi=1 << 20, ratios=[0.00039, 0.029], out=(0, 255), zero=128, seed=1)
+def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, ratios, out, zero, seed):
+    """The plan is in two parts exactly where the one-part plan's delta passes SPLIT (or none exists) and two
+    parts come closer; a two-part plan's labels keep every broadcast_mul and broadcast_add within 32 bits and
+    every cvm_right_shift's precision + shift within 31 (the CPU device clips as FORMAL does), with 0 <= m0 < 2^b;
+    its integer steps (each with its label's clip) equal round_half_up(v1 m / 2^k) on integers across the
+    interval (its ends, 0, the clip's ends, random ones), and r lies within 1/2 + delta of v M unsaturated."""
+    hi = max(hi, lo + 1)
+    zero = min(max(zero, out[0]), out[1])
+    ms = np.array([Fraction(r) for r in ratios], dtype=object)
+    low, high = out[0] - zero, out[1] - zero
+    try:
+        one = plan([(lo, hi, ms)], low, high, split_above=None)  # the best one-part plan
+    except NoPlan:
+        one = None
+    try:
+        p = plan([(lo, hi, ms)], low, high)
+    except NoPlan:
+        assert one is None
+        return
+    if one is not None and one.delta <= SPLIT:
+        assert same(p, one)
+    if not p.split:
+        assert same(p, one)
+        return
+    assert one is None or p.delta < one.delta
+    b, k, label = p.split, p.shift, p.pre_precision
+    m = p.multipliers[0].astype(object)
+    m1, m0 = (x.astype(object) for x in p.parts)
+    assert all(0 <= x < 1 << b for x in m0.flat) and all(m1 * (1 << b) + m0 == m)
+    clip = p.clip or (lo, hi)
+    b1 = max(-clip[0], clip[1], 1)
+    b1 = round_shift(b1, p.pre_shift) if p.pre_shift else b1
+    assert tight(b1) <= label and label + p.pre_shift <= 31 if p.pre_shift else tight(b1) == label
+    assert label + tight(max(m1)) <= 31  # p1, then p1 + floor(p0 / 2^b) within 32
+    assert max(label + tight(max(m0)), tight(1 << (b - 1))) + 1 <= 32  # p0 - 2^(b-1)
+    assert tight(-((-b1 * max(m0)) >> b)) <= p.low_precision <= label and p.low_precision + b <= 31
+    assert 1 <= k - b and p.precision + (k - b) <= 31
+    rng = np.random.default_rng(seed)
+    v = np.unique(np.concatenate([[lo, hi, 0, 1, -1, *clip], rng.integers(lo, hi + 1, 300)]).clip(lo, hi))
+    v = v.astype(object)[:, None]
+    v1 = np.clip(v, *clip)
+    if p.pre_shift:
+        v1 = cvm_shift(v1, p.pre_shift, p.pre_precision)
+    low_part = cvm_shift(v1 * m0 - (1 << (b - 1)), b, p.low_precision)
+    r = cvm_shift(v1 * m1 + low_part, k - b, p.precision)
+    want = np.vectorize(lambda x: round_half_up(Fraction(x, 1 << k)), otypes=[object])(v1 * m)
+    assert np.array_equal(r, np.clip(want, -precision_bound(p.precision), precision_bound(p.precision)))
+    exact = v * ms[None, :]
+    inside = (exact >= low - 1) & (exact <= high + 1)
+    assert all(abs(a - e) <= Fraction(1, 2) + p.delta for a, e in zip(want[inside], exact[inside]))
+    assert all(np.clip(want, low, high)[exact > high + 1] == high)
+    assert all(np.clip(want, low, high)[exact < low - 1] == low)
+
+
+@settings(max_examples=max(EXAMPLES // 5, 10), deadline=None)
+@given(d=st.data(), p_in=st.integers(12, 30), c=st.integers(1, 4), s_out=st.floats(2.0**-8, 1.0, width=32),
+       out=st.sampled_from([T.INT8, T.UINT8]))
+def test_a_per_channel_requantization_of_a_wide_sum_equals_the_oracle(d, p_in, c, s_out, out):
+    """DequantizeLinear of an int32 input of p_in <= 30 bits (an accumulator: 31-bit sums have no plan) with per-channel scales, then
+    QuantizeLinear: the import (two-part where its plan is) equals the exact oracle element for element, the
+    oracle's result within 1/2 + delta of v M, on the input's extremes, 0, +-1 and random values; the export to
+    ONNX computes the same."""
+    scales = np.array(d.draw(st.lists(st.floats(2.0**-24, 2.0**-4, width=32), min_size=c, max_size=c)), np.float32)
+    zo = d.draw(st.integers(-128, 127) if out == T.INT8 else st.integers(0, 255))
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"], axis=1),
+             h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], (2, c, 4), T.INT32,
+            {"s": scales, "z": np.zeros(c, np.int32), "so": np.float32(s_out),
+             "zo": np.array(zo, np.int8 if out == T.INT8 else np.uint8)}, out)
+    top = precision_bound(p_in)
+    x = np.array(d.draw(st.lists(st.one_of(st.sampled_from([top, -top, 0, 1, -1]), st.integers(-top, top)),
+                                 min_size=8 * c, max_size=8 * c)), np.int64).reshape(2, c, 4)
+    imp = import_model(m, input_precision=p_in)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [want] = Oracle(m, imp).run(x)
+    assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def test_a_detector_spread_is_one_two_part_plan():
+    """PP-OCRv4's conv2d_455 spread (M in [0.00039, 0.029]) from a 20-bit sum: one one-part plan has delta 0.3;
+    one two-part plan holds every channel within SPLIT-sized error (no runs needed), and the import equals the
+    oracle."""
+    ms = np.array([Fraction(0.00039), Fraction(0.0029), Fraction(0.029)], dtype=object)
+    one = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128, split_above=None)
+    p = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128)
+    assert one.delta > Fraction(1, 4) and p.split and p.delta < Fraction(1, 128)
