@@ -141,6 +141,8 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
                 break
     if split_above is not None and (best is None or best.delta > split_above):
         for s, b1, p1 in shifts:
+            if s and best is not None and max(ms.flat) * (1 << s) / 2 >= best.delta:
+                break  # delta >= M 2^(s-1), which only grows with s
             two = _split(ms, s, b1, p1, clip, precision, kmax)
             if two is not None and (best is None or two.delta < best.delta):
                 best = two
@@ -163,9 +165,10 @@ def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax:
     if b < 1:
         return None
     scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
+    top = max(scaled.flat)
     for k in range(b + kmax, b, -1):
-        m = _multipliers(scaled, k)
-        if p1 + tight(max(m.flat) >> b) <= 31:
+        if p1 + tight(round_half_up(top * (1 << k)) >> b) <= 31:  # the largest m is the largest M's
+            m = _multipliers(scaled, k)
             low = tight(-((-b1 * max(int(x) & ((1 << b) - 1) for x in m.flat)) >> b))
             return Plan(clip, s, p1, (m.astype(np.int64),), k, precision, _delta(ms, m, s, k, b1), b, low)
     return None
