@@ -113,35 +113,48 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
     assert all(np.clip(want, low, high)[exact < low - 1] == low)
 
 
-@settings(max_examples=max(EXAMPLES // 5, 10), deadline=None)
-@given(d=st.data(), p_in=st.integers(12, 30), c=st.integers(1, 4), s_out=st.floats(2.0**-8, 1.0, width=32),
-       out=st.sampled_from([T.INT8, T.UINT8]))
-def test_a_per_channel_requantization_of_a_wide_sum_equals_the_oracle(d, p_in, c, s_out, out):
-    """DequantizeLinear of an int32 input of p_in <= 30 bits (an accumulator: 31-bit sums have no plan) with per-channel scales, then
-    QuantizeLinear: the import (two-part where its plan is) equals the exact oracle element for element, the
-    oracle's result within 1/2 + delta of v M, on the input's extremes, 0, +-1 and random values; the export to
-    ONNX computes the same."""
-    scales = np.array(d.draw(st.lists(st.floats(2.0**-24, 2.0**-4, width=32), min_size=c, max_size=c)), np.float32)
-    zo = d.draw(st.integers(-128, 127) if out == T.INT8 else st.integers(0, 255))
+def requantized(scales: np.ndarray, s_out: float, out: int, zo: int, p_in: int, x: np.ndarray):
+    """DequantizeLinear of the int32 input x of p_in bits with per-channel ``scales`` (axis 1), then QuantizeLinear
+    at s_out, zo into ``out``: the import, after checking that it equals the exact oracle element for element (the
+    oracle's result within 1/2 + delta of v M) and that its export to ONNX computes the same."""
+    c = len(scales)
     m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"], axis=1),
-             h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], (2, c, 4), T.INT32,
-            {"s": scales, "z": np.zeros(c, np.int32), "so": np.float32(s_out),
+             h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], x.shape, T.INT32,
+            {"s": np.asarray(scales, np.float32), "z": np.zeros(c, np.int32), "so": np.float32(s_out),
              "zo": np.array(zo, np.int8 if out == T.INT8 else np.uint8)}, out)
-    top = precision_bound(p_in)
-    x = np.array(d.draw(st.lists(st.one_of(st.sampled_from([top, -top, 0, 1, -1]), st.integers(-top, top)),
-                                 min_size=8 * c, max_size=8 * c)), np.int64).reshape(2, c, 4)
     imp = import_model(m, input_precision=p_in)
     [got] = execute(imp.graph, {"data": x.astype(np.int32)})
     [want] = Oracle(m, imp).run(x)
     assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
     assert verify(imp.graph, x.astype(np.int32)).exact
+    return imp
+
+
+@settings(max_examples=max(EXAMPLES // 5, 10), deadline=None)
+@given(d=st.data(), p_in=st.integers(12, 30), c=st.integers(1, 4), s_out=st.floats(2.0**-8, 1.0, width=32),
+       out=st.sampled_from([T.INT8, T.UINT8]))
+def test_a_per_channel_requantization_of_a_wide_sum_equals_the_oracle(d, p_in, c, s_out, out):
+    """DequantizeLinear of an int32 input of p_in <= 30 bits (an accumulator: 31-bit sums have no plan) with
+    per-channel scales, then QuantizeLinear: the import (two-part where its plan is) equals the exact oracle on the
+    input's extremes, 0, +-1 and random values, and exports to ONNX exactly (``requantized``)."""
+    scales = np.array(d.draw(st.lists(st.floats(2.0**-24, 2.0**-4, width=32), min_size=c, max_size=c)), np.float32)
+    zo = d.draw(st.integers(-128, 127) if out == T.INT8 else st.integers(0, 255))
+    top = precision_bound(p_in)
+    x = np.array(d.draw(st.lists(st.one_of(st.sampled_from([top, -top, 0, 1, -1]), st.integers(-top, top)),
+                                 min_size=8 * c, max_size=8 * c)), np.int64).reshape(2, c, 4)
+    requantized(scales, s_out, out, zo, p_in, x)
 
 
 def test_a_detector_spread_is_one_two_part_plan():
-    """PP-OCRv4's conv2d_455 spread (M in [0.00039, 0.029]) from a 20-bit sum: one one-part plan has delta 0.3;
-    one two-part plan holds every channel within SPLIT-sized error (no runs needed), and the import equals the
-    oracle."""
+    """PP-OCRv4's conv2d_455 spread (M in [0.00039, 0.029]) from a 21-bit sum: the best one-part plan has delta
+    0.3; one two-part plan holds every channel within 1/128 (no runs), and its import equals the oracle on every
+    value of a ramp over the sum's range."""
     ms = np.array([Fraction(0.00039), Fraction(0.0029), Fraction(0.029)], dtype=object)
     one = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128, split_above=None)
     p = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128)
     assert one.delta > Fraction(1, 4) and p.split and p.delta < Fraction(1, 128)
+    s_out = 0.05
+    x = np.linspace(-(1 << 20), 1 << 20, 3 * 4001).round().astype(np.int64).reshape(1, 3, -1)
+    imp = requantized(np.array([0.00039, 0.0029, 0.029]) * s_out, s_out, T.UINT8, 128, 22, x)
+    [rec] = imp.requants
+    assert rec.plan is not None and rec.plan.split
