@@ -86,7 +86,7 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
     assert one is None or p.delta < one.delta
     b, k, label = p.split, p.shift, p.pre_precision
     m = p.multipliers[0].astype(object)
-    m1, m0 = (x.astype(object) for x in p.parts)
+    m1, m0 = (x.astype(object) for x in p.parts[0])
     assert all(0 <= x < 1 << b for x in m0.flat) and all(m1 * (1 << b) + m0 == m)
     clip = p.clip or (lo, hi)
     b1 = max(-clip[0], clip[1], 1)
@@ -158,3 +158,66 @@ def test_a_detector_spread_is_one_two_part_plan():
     imp = requantized(np.array([0.00039, 0.0029, 0.029]) * s_out, s_out, T.UINT8, 128, 22, x)
     [rec] = imp.requants
     assert rec.plan is not None and rec.plan.split
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(d=st.data(), n=st.integers(2, 3), c=st.integers(1, 3),
+       out=st.sampled_from([(-128, 127), (0, 255), (-32768, 32767)]), zero=st.integers(-300, 300),
+       seed=st.integers(0, 99))
+def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, n, c, out, zero, seed):
+    """A sum of n terms (an Add), each v_i in its own interval of up to 31 bits with per-channel ratios 2^-24..2^12:
+    two parts exactly where one part's delta passes SPLIT (or none exists) and two come closer; the highs'
+    sum, the lows' sum minus 2^(b-1), their sum and every shift within CVM's rules; its integer steps equal
+    round_half_up(sum_i v_i m_i / 2^k) on integers across the intervals, within 1/2 + delta of sum_i v_i M_i.
+    Regression: a Sub of terms of ratios ~1300 and ~2300 had no one-part plan and was refused."""
+    terms = []
+    for _ in range(n):
+        width = d.draw(st.integers(1, 30))
+        lo, hi = -d.draw(st.integers(0, 1 << width)), d.draw(st.integers(1, 1 << width))
+        ratios = d.draw(st.lists(st.floats(2.0**-24, 2.0**12, width=32), min_size=c, max_size=c))
+        terms.append((lo, hi, np.array([Fraction(r) for r in ratios], dtype=object)))
+    zero = min(max(zero, out[0]), out[1])
+    low, high = out[0] - zero, out[1] - zero
+    try:
+        one = plan(terms, low, high, split_above=None)
+    except NoPlan:
+        one = None
+    try:
+        p = plan(terms, low, high)
+    except NoPlan:
+        assert one is None
+        return
+    if one is not None and one.delta <= SPLIT or not p.split:
+        assert same(p, one)
+        return
+    assert one is None or p.delta < one.delta
+    b, k = p.split, p.shift
+    labels = [tight(max(-lo, hi, 1)) for lo, hi, _ in terms]
+    parts = [(m1.astype(object), m0.astype(object)) for m1, m0 in p.parts]
+    for m, (m1, m0) in zip(p.multipliers, parts):
+        assert all(0 <= x < 1 << b for x in m0) and all(m1 * (1 << b) + m0 == m.astype(object))
+
+    def chain(ls):
+        out_ = ls[0]
+        for x in ls[1:]:
+            out_ = max(out_, x) + 1
+        return out_
+
+    high_label = chain([q + tight(max(m1)) for q, (m1, _) in zip(labels, parts)])
+    low_label = chain([q + tight(max(m0)) for q, (_, m0) in zip(labels, parts)])
+    assert high_label <= 31 and max(low_label, tight(1 << (b - 1))) + 1 <= 32
+    worst = sum(max(-lo, hi, 1) * max(m0) for (lo, hi, _), (_, m0) in zip(terms, parts))
+    assert tight(-((-worst) >> b)) <= p.low_precision and p.low_precision + b <= 31
+    assert max(high_label, p.low_precision) + 1 <= 32 and 1 <= k - b and p.precision + (k - b) <= 31
+    rng = np.random.default_rng(seed)
+    vs = [np.concatenate([[lo, hi, 0], rng.integers(lo, hi + 1, 200)]).clip(lo, hi).astype(object)[:, None]
+          for lo, hi, _ in terms]
+    highs = sum(v * m1 for v, (m1, _) in zip(vs, parts))
+    lows = cvm_shift(sum(v * m0 for v, (_, m0) in zip(vs, parts)) - (1 << (b - 1)), b, p.low_precision)
+    r = cvm_shift(highs + lows, k - b, p.precision)
+    exact_sum = sum(v * m.astype(object) for v, m in zip(vs, p.multipliers))
+    want = np.vectorize(lambda x: round_half_up(Fraction(x, 1 << k)), otypes=[object])(exact_sum)
+    assert np.array_equal(r, np.clip(want, -precision_bound(p.precision), precision_bound(p.precision)))
+    exact = sum(v * t[2][None, :] for v, t in zip(vs, terms))
+    inside = (exact >= low - 1) & (exact <= high + 1)
+    assert all(abs(a - e) <= Fraction(1, 2) + p.delta for a, e in zip(want[inside], exact[inside]))

@@ -20,11 +20,12 @@ clip or pre-shift: r = round_half_up(sum_i v_i * m_i / 2^k). ``plan`` picks the 
 So |r - v * M| <= 1/2 + delta, and r differs from round(v * M) by at most one, only where v * M lies within
 delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument needs it).
 
-A single term whose one-part delta passes ``SPLIT`` (or that has no one-part plan) is also planned in two parts
+A term whose one-part delta passes ``SPLIT`` (or that has no one-part plan) is also planned in two parts
 (``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b) with
 floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals round_half_up(v1 m / 2^k) exactly; b = 30 -
 label(v1) and label(v1) + label(m1) <= 31 keep every product and sum within 32 bits, so m gets about 61 - 2
-label(v1) bits. The closer of the two plans is kept; delta's formula is the same.
+label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
+(``_several_split``): the highs and the lows summed apart, then the same two shifts.
 
 Per-channel ratios spread too widely for one shift and one clip (the precision rules bound the product's label by
 the largest multiplier and the widest clipped channel together) are cut into runs (``runs``): channels sorted by
@@ -46,7 +47,7 @@ from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.core.ops.registry import bits
 
 MAX_SHIFT = 31
-#: A single term whose one-part plan's delta passes this is also planned in two parts (docs/import.md, "Two-part
+#: A requantization whose one-part plan's delta passes this is also planned in two parts (docs/import.md, "Two-part
 #: products"): the two-part form costs four more CVM ops and is not one fused run in the serving form.
 SPLIT = Fraction(1, 1024)
 
@@ -67,14 +68,13 @@ class Plan:
     shift: int
     precision: int
     delta: Fraction  # worst |v1 * m / 2^k - v * M| (before the final rounding), in output steps
-    split: int = 0  # b > 0: the product in two parts, m = m1 2^b + m0 (a single term only)
-    low_precision: int = 0  # the label of floor(v1 m0 / 2^b) (split only)
+    split: int = 0  # b > 0: each product in two parts, m = m1 2^b + m0
+    low_precision: int = 0  # the label of floor(sum_i v_i m0_i / 2^b) (split only)
 
     @property
-    def parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """(m1, m0) with m = m1 2^b + m0 and 0 <= m0 < 2^b, for a split plan."""
-        m = self.multipliers[0]
-        return m >> self.split, m & ((1 << self.split) - 1)
+    def parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each term's (m1, m0) with m = m1 2^b + m0 and 0 <= m0 < 2^b, for a split plan."""
+        return [(m >> self.split, m & ((1 << self.split) - 1)) for m in self.multipliers]
 
     @property
     def error(self) -> float:
@@ -105,14 +105,14 @@ class NoPlan(ValueError):
 def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
          split_above: Fraction | None = SPLIT) -> Plan:
     """The requantization of ``sum_i v_i * M_i`` (``terms``: (lo_i, hi_i, M_i) with M_i an object array of
-    Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped. A single
-    term whose best one-part plan has delta above ``split_above`` (or none) takes the best two-part plan where that
-    is closer; ``split_above`` None: one part only."""
+    Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped. A plan
+    whose best one-part form has delta above ``split_above`` (or none) takes the best two-part form where that is
+    closer; ``split_above`` None: one part only."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
     if len(terms) == 1:
         return _single(*terms[0], low, high, precision, kmax, split_above)
-    return _several(terms, precision, kmax)
+    return _several(terms, precision, kmax, split_above)
 
 
 def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: int, kmax: int,
@@ -174,23 +174,61 @@ def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax:
     return None
 
 
-def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int) -> Plan:
+def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int,
+             split_above: Fraction | None) -> Plan:
     bounds = [max(-lo, hi, 1) for lo, hi, _ in terms]
+    best = None
     for k in range(kmax, 0, -1):
         ms = [_multipliers(m, k) for _, _, m in terms]
-        label = 0
-        for i, (b, m) in enumerate(zip(bounds, ms)):
-            p = tight(b) + tight(max(m.flat))
-            label = p if i == 0 else max(label, p) + 1
-        if label > 32:
+        if _chain([tight(b) + tight(max(m.flat)) for b, m in zip(bounds, ms)]) > 32:
             continue
-        delta = sum(_worst(b * abs(Fraction(mi, 1 << k) - x) for x, mi in zip(t[2].flat, m.flat))
-                    for b, t, m in zip(bounds, terms, ms))
-        if delta >= Fraction(1, 2):
-            break
-        return Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta)
-    raise NoPlan("no common shift within CVM's 32 bits requantizes the sum within one step")
+        delta = _sum_delta(terms, bounds, ms, k)
+        if delta < Fraction(1, 2):
+            best = Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta)
+        break
+    if split_above is not None and (best is None or best.delta > split_above):
+        two = _several_split(terms, bounds, precision, kmax)
+        if two is not None and (best is None or two.delta < best.delta):
+            best = two
+    if best is None:
+        raise NoPlan("no common shift within CVM's 32 bits requantizes the sum within one step")
+    return best
 
+
+def _chain(labels: list[int]) -> int:
+    """The label of the sum of terms of these labels, added left to right (broadcast_add: max + 1)."""
+    out = labels[0]
+    for p in labels[1:]:
+        out = max(out, p) + 1
+    return out
+
+
+def _sum_delta(terms, bounds: list[int], ms: list[np.ndarray], k: int) -> Fraction:
+    """sum_i B_i |m_i / 2^k - M_i|, each term's worst channel."""
+    return sum(_worst(b * abs(Fraction(mi, 1 << k) - x) for x, mi in zip(t[2].flat, m.flat))
+               for b, t, m in zip(bounds, terms, ms))
+
+
+def _several_split(terms, bounds: list[int], precision: int, kmax: int) -> Plan | None:
+    """A sum's two-part plan (None if none or delta >= 1/2): the highs v_i m1_i and the lows v_i m0_i summed
+    apart, b the largest with the lows' sum minus 2^(b-1) within 32 bits, k the largest with the highs' sum plus
+    floor(lows / 2^b) within 32."""
+    labels = [tight(b) for b in bounds]
+    b = 31 - _chain([p + 1 for p in labels])
+    if b < 1:
+        return None
+    tops = [max(m.flat) for _, _, m in terms]
+    for k in range(b + kmax, b, -1):
+        high = _chain([p + tight(round_half_up(t * (1 << k)) >> b) for p, t in zip(labels, tops)])
+        if high > 31:
+            continue
+        ms = [_multipliers(m, k) for _, _, m in terms]
+        low = tight(-((-sum(x * max(int(v) & ((1 << b) - 1) for v in m.flat) for x, m in zip(bounds, ms))) >> b))
+        delta = _sum_delta(terms, bounds, ms, k)
+        if low + b > 31 or max(high, low) + 1 > 32 or delta >= Fraction(1, 2):
+            return None
+        return Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta, b, low)
+    return None
 
 
 def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction = Fraction(1, 2)) -> list[Run]:

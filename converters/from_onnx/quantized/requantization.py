@@ -232,16 +232,19 @@ def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py); a split
-    plan's product in two parts (``split``)."""
+    plan's products in two parts (``split``)."""
     if p.split:
-        return split(ctx, prepared(ctx, vs[0], p), p)
-    products = []
-    for v, m in zip(vs, p.multipliers):
-        products.append(product(ctx, prepared(ctx, v, p), m))
-    total = products[0]
-    for t in products[1:]:
-        total = ctx.apply("broadcast_add", total, t, shape=broadcast_shape(total, t))
-    return shifted(ctx, total, p.precision, p.shift)
+        return split(ctx, [prepared(ctx, v, p) for v in vs], p)
+    products = [product(ctx, prepared(ctx, v, p), m) for v, m in zip(vs, p.multipliers)]
+    return shifted(ctx, total(ctx, products), p.precision, p.shift)
+
+
+def total(ctx, xs: list[Tensor]) -> Tensor:
+    """The sum of xs, added left to right (broadcast_add)."""
+    out = xs[0]
+    for t in xs[1:]:
+        out = ctx.apply("broadcast_add", out, t, shape=broadcast_shape(out, t))
+    return out
 
 
 def prepared(ctx, v: Tensor, p: Plan) -> Tensor:
@@ -268,18 +271,19 @@ def shifted(ctx, x: Tensor, precision: int, k: int) -> Tensor:
     return ctx.result(e, INT32, -b, b, x.shape)
 
 
-def split(ctx, v1: Tensor, p: Plan) -> Tensor:
-    """round_half_up(v1 m / 2^k) with m = m1 2^b + m0 (docs/import.md, "Two-part products"): p1 = v1 m1 and
-    p0 = v1 m0 (broadcast_mul), floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b) (broadcast_add first), then
-    cvm_right_shift(p1 + floor(p0 / 2^b), k - b)."""
+def split(ctx, vs: list[Tensor], p: Plan) -> Tensor:
+    """round_half_up(sum_i v_i m_i / 2^k) with m_i = m1_i 2^b + m0_i (docs/import.md, "Two-part products"):
+    P1 = sum v_i m1_i and P0 = sum v_i m0_i (broadcast_mul, broadcast_add), floor(P0 / 2^b) =
+    cvm_right_shift(P0 - 2^(b-1), b) (broadcast_add first), then cvm_right_shift(P1 + floor(P0 / 2^b), k - b)."""
     b = p.split
-    m1, m0 = p.parts
-    high, low = product(ctx, v1, m1), product(ctx, v1, m0)
+    parts = p.parts
+    high = total(ctx, [product(ctx, v, m1) for v, (m1, _) in zip(vs, parts)])
+    low = total(ctx, [product(ctx, v, m0) for v, (_, m0) in zip(vs, parts)])
     c = const(np.array(-(1 << (b - 1)), np.int32), INT32)
     low = ctx.apply("broadcast_add", low, c, shape=low.shape)
     low = ctx.apply("cvm_right_shift", low, shape=low.shape, precision=p.low_precision, shift_bit=b)
-    total = ctx.apply("broadcast_add", high, low, shape=broadcast_shape(high, low))
-    return shifted(ctx, total, p.precision, p.shift - b)
+    return shifted(ctx, ctx.apply("broadcast_add", high, low, shape=broadcast_shape(high, low)), p.precision,
+                   p.shift - b)
 
 
 def saturate(ctx, r: Tensor, out_zero: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:
