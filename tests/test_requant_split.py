@@ -13,8 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import Oracle
-from test_quantized_rules import qdq
+from support.quantized import Oracle, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.requant import SPLIT, NoPlan, plan, round_half_up, tight

@@ -422,3 +422,11 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
             y = (nn * ms[i] + bs[i] + (1 << (k - 1))) >> k
             out[row, i] = min(max(y + zo, lo), hi)
     return out.reshape(x.shape)
+
+
+def qdq(nodes, x_shape, x_type, inits: dict, out_type, opset=17, out="y"):
+    """A model of ``nodes`` reading the integer input ``x``, writing ``out``; ``inits`` as numpy values."""
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", x_type, list(x_shape))],
+                     [h.make_tensor_value_info(out, out_type, None)],
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return onnx_model(g, opset, {"com.microsoft": 1})
