@@ -9,12 +9,15 @@ import os
 from fractions import Fraction
 
 import numpy as np
+import onnx
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import Oracle, qdq
 
+from cvm_onnx.app.api import load
+from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.requant import SPLIT, NoPlan, plan, round_half_up, tight
 from cvm_onnx.core.constants import precision_bound
@@ -73,7 +76,7 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
     except NoPlan:
         one = None
     try:
-        p = plan([(lo, hi, ms)], low, high)
+        p = plan([(lo, hi, ms)], low, high, split_above=SPLIT)
     except NoPlan:
         assert one is None
         return
@@ -112,16 +115,17 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
     assert all(np.clip(want, low, high)[exact < low - 1] == low)
 
 
-def requantized(scales: np.ndarray, s_out: float, out: int, zo: int, p_in: int, x: np.ndarray):
+def requantized(scales: np.ndarray, s_out: float, out: int, zo: int, p_in: int, x: np.ndarray, two_part: bool):
     """DequantizeLinear of the int32 input x of p_in bits with per-channel ``scales`` (axis 1), then QuantizeLinear
-    at s_out, zo into ``out``: the import, after checking that it equals the exact oracle element for element (the
-    oracle's result within 1/2 + delta of v M) and that its export to ONNX computes the same."""
+    at s_out, zo into ``out``: the import (``two_part`` as import_model's), after checking that it equals the exact
+    oracle element for element (the oracle's result within 1/2 + delta of v M) and that its export to ONNX
+    computes the same."""
     c = len(scales)
     m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"], axis=1),
              h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], x.shape, T.INT32,
             {"s": np.asarray(scales, np.float32), "z": np.zeros(c, np.int32), "so": np.float32(s_out),
              "zo": np.array(zo, np.int8 if out == T.INT8 else np.uint8)}, out)
-    imp = import_model(m, input_precision=p_in)
+    imp = import_model(m, input_precision=p_in, two_part=two_part)
     [got] = execute(imp.graph, {"data": x.astype(np.int32)})
     [want] = Oracle(m, imp).run(x)
     assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
@@ -131,17 +135,18 @@ def requantized(scales: np.ndarray, s_out: float, out: int, zo: int, p_in: int, 
 
 @settings(max_examples=max(EXAMPLES // 5, 10), deadline=None)
 @given(d=st.data(), p_in=st.integers(12, 30), c=st.integers(1, 4), s_out=st.floats(2.0**-8, 1.0, width=32),
-       out=st.sampled_from([T.INT8, T.UINT8]))
-def test_a_per_channel_requantization_of_a_wide_sum_equals_the_oracle(d, p_in, c, s_out, out):
+       out=st.sampled_from([T.INT8, T.UINT8]), two_part=st.booleans())
+def test_a_per_channel_requantization_of_a_wide_sum_equals_the_oracle(d, p_in, c, s_out, out, two_part):
     """DequantizeLinear of an int32 input of p_in <= 30 bits (an accumulator: 31-bit sums have no plan) with
-    per-channel scales, then QuantizeLinear: the import (two-part where its plan is) equals the exact oracle on the
-    input's extremes, 0, +-1 and random values, and exports to ONNX exactly (``requantized``)."""
+    per-channel scales, then QuantizeLinear: the import (by default two parts only where one part has no plan;
+    with two_part also where one part errs by more than SPLIT) equals the exact oracle on the input's extremes, 0,
+    +-1 and random values, and exports to ONNX exactly (``requantized``)."""
     scales = np.array(d.draw(st.lists(st.floats(2.0**-24, 2.0**-4, width=32), min_size=c, max_size=c)), np.float32)
     zo = d.draw(st.integers(-128, 127) if out == T.INT8 else st.integers(0, 255))
     top = precision_bound(p_in)
     x = np.array(d.draw(st.lists(st.one_of(st.sampled_from([top, -top, 0, 1, -1]), st.integers(-top, top)),
                                  min_size=8 * c, max_size=8 * c)), np.int64).reshape(2, c, 4)
-    requantized(scales, s_out, out, zo, p_in, x)
+    requantized(scales, s_out, out, zo, p_in, x, two_part)
 
 
 def test_a_detector_spread_is_one_two_part_plan():
@@ -150,13 +155,15 @@ def test_a_detector_spread_is_one_two_part_plan():
     value of a ramp over the sum's range."""
     ms = np.array([Fraction(0.00039), Fraction(0.0029), Fraction(0.029)], dtype=object)
     one = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128, split_above=None)
-    p = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128)
+    p = plan([(-(1 << 20), 1 << 20, ms)], 0 - 128, 255 - 128, split_above=SPLIT)
     assert one.delta > Fraction(1, 4) and p.split and p.delta < Fraction(1, 128)
     s_out = 0.05
     x = np.linspace(-(1 << 20), 1 << 20, 3 * 4001).round().astype(np.int64).reshape(1, 3, -1)
-    imp = requantized(np.array([0.00039, 0.0029, 0.029]) * s_out, s_out, T.UINT8, 128, 22, x)
+    imp = requantized(np.array([0.00039, 0.0029, 0.029]) * s_out, s_out, T.UINT8, 128, 22, x, two_part=True)
     [rec] = imp.requants
     assert rec.plan is not None and rec.plan.split
+    [default] = requantized(np.array([0.00039, 0.0029, 0.029]) * s_out, s_out, T.UINT8, 128, 22, x, False).requants
+    assert default.plan is None and not any(run.plan.split for run in default.runs)  # one part: runs of channels
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -182,7 +189,7 @@ def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, 
     except NoPlan:
         one = None
     try:
-        p = plan(terms, low, high)
+        p = plan(terms, low, high, split_above=SPLIT)
     except NoPlan:
         assert one is None
         return
@@ -220,3 +227,20 @@ def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, 
     exact = sum(v * t[2][None, :] for v, t in zip(vs, terms))
     inside = (exact >= low - 1) & (exact <= high + 1)
     assert all(abs(a - e) <= Fraction(1, 2) + p.delta for a, e in zip(want[inside], exact[inside]))
+
+
+def test_two_part_is_asked_for_on_the_command_line(tmp_path):
+    """`convert --two-part` imports the detector spread in one two-part plan; without it, one-part runs of channels
+    (the default): the same model, fewer CVM nodes."""
+    s_out = 0.05
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"], axis=1),
+             h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], (1, 3, 4), T.INT32,
+            {"s": np.array([0.00039, 0.0029, 0.029], np.float32) * np.float32(s_out), "z": np.zeros(3, np.int32),
+             "so": np.float32(s_out), "zo": np.array(128, np.uint8)}, T.UINT8)
+    onnx.save(m, tmp_path / "q.onnx")
+    nodes = {}
+    for flag in ([], ["--two-part"]):
+        out = tmp_path / ("two" if flag else "one")
+        assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(out), "--input-precision", "22", *flag]) == 0
+        nodes[bool(flag)] = [n.op for n in load(out).graph.nodes]
+    assert nodes[True].count("broadcast_mul") == 2 and nodes[False].count("broadcast_mul") > 2

@@ -33,6 +33,7 @@ from . import elemwise, transform, nn, reduce, quantized, roundtrip  # noqa: F40
 from .checks import checked_order, tensor_array, type_problem
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
+from .requant import SPLIT
 
 INPUT_NAME = "data"
 
@@ -391,9 +392,11 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
 
 
 def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str | os.PathLike | None = None,
-                 outputs: list[str] | None = None) -> Imported:
+                 outputs: list[str] | None = None, two_part: bool = False) -> Imported:
     """``from_onnx`` with what a report and a model directory need besides the graph (``Imported``).
-    ``outputs``: cut the graph at these tensors (they become the outputs)."""
+    ``outputs``: cut the graph at these tensors (they become the outputs). ``two_part``: a requantization whose
+    32-bit product errs by more than ``requant.SPLIT`` of a step takes two products (docs/import.md, "Two-part
+    products"): closer to the quantized model's arithmetic, a slower serving form."""
     if not 1 <= input_precision <= 32:
         raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
     if any(p.key == OPTIMIZED for p in model.metadata_props):
@@ -403,7 +406,10 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
         model = without_float_edges(model)
     if outputs:
         model = cut(model, outputs)
-    return _Walk(model, input_precision, None if base_dir is None else Path(base_dir)).run()
+    walk = _Walk(model, input_precision, None if base_dir is None else Path(base_dir))
+    if two_part:
+        walk.ctx.split_above = SPLIT
+    return walk.run()
 
 
 def from_onnx(model: onnx.ModelProto, input_precision: int = 8,

@@ -20,11 +20,11 @@ clip or pre-shift: r = round_half_up(sum_i v_i * m_i / 2^k). ``plan`` picks the 
 So |r - v * M| <= 1/2 + delta, and r differs from round(v * M) by at most one, only where v * M lies within
 delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument needs it).
 
-A term whose one-part delta passes ``SPLIT`` (or that has no one-part plan) is also planned in two parts
-(``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b) with
-floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals round_half_up(v1 m / 2^k) exactly; b = 30 -
-label(v1) and label(v1) + label(m1) <= 31 keep every product and sum within 32 bits, so m gets about 61 - 2
-label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
+A term that has no one-part plan (the importer's default) or, with ``two_part``, whose one-part delta passes
+``SPLIT``, is also planned in two parts (``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm_right_shift(v1 m1
++ floor(v1 m0 / 2^b), k - b) with floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals
+round_half_up(v1 m / 2^k) exactly; b = 30 - label(v1) and label(v1) + label(m1) <= 31 keep every product and sum
+within 32 bits, so m gets about 61 - 2 label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
 (``_several_split``): the highs and the lows summed apart, then the same two shifts.
 
 Per-channel ratios spread too widely for one shift and one clip (the precision rules bound the product's label by
@@ -47,8 +47,9 @@ from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.core.ops.registry import bits
 
 MAX_SHIFT = 31
-#: A requantization whose one-part plan's delta passes this is also planned in two parts (docs/import.md, "Two-part
-#: products"): the two-part form costs four more CVM ops and is not one fused run in the serving form.
+#: With ``two_part``, a requantization whose one-part plan's delta passes this is also planned in two parts
+#: (docs/import.md, "Two-part products"): the two-part form costs four more CVM ops and is not one fused run in the
+#: serving form, so it is asked for, not the default.
 SPLIT = Fraction(1, 1024)
 
 
@@ -103,11 +104,11 @@ class NoPlan(ValueError):
 
 
 def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
-         split_above: Fraction | None = SPLIT) -> Plan:
+         split_above: Fraction | None = None) -> Plan:
     """The requantization of ``sum_i v_i * M_i`` (``terms``: (lo_i, hi_i, M_i) with M_i an object array of
     Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped. A plan
-    whose best one-part form has delta above ``split_above`` (or none) takes the best two-part form where that is
-    closer; ``split_above`` None: one part only."""
+    with no one-part form, or whose best one-part form has delta above ``split_above``, takes the best two-part form
+    where that is closer; ``split_above`` None: one part only, 1/2: two parts only where one part has no plan."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
     if len(terms) == 1:
@@ -231,16 +232,18 @@ def _several_split(terms, bounds: list[int], precision: int, kmax: int) -> Plan 
     return None
 
 
-def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction = Fraction(1, 2)) -> list[Run]:
+def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction = Fraction(1, 2),
+         split_above: Fraction | None = None) -> list[Run]:
     """The single term v in [lo, hi] times per-channel ratios ``ms`` (1-D, Fractions > 0) as runs of channels, each
     with a plan of its own: channels sorted by M, each run the longest prefix of the rest whose plan's delta is below
     at most ``target`` or its first channel's alone (found by bisection; a prefix is only taken when its plan
-    exists, and every plan's delta is below 1/2). Refused only when one channel alone has no plan."""
+    exists, and every plan's delta is below 1/2; ``split_above`` as in ``plan``). Refused only when one channel
+    alone has no plan."""
     order = sorted(range(len(ms)), key=lambda i: ms[i])
 
     def attempt(part: list[int], bound: Fraction) -> Plan | None:
         try:
-            p = plan([(lo, hi, np.array([ms[i] for i in part], dtype=object))], low, high)
+            p = plan([(lo, hi, np.array([ms[i] for i in part], dtype=object))], low, high, split_above)
         except NoPlan:
             return None
         return p if p.delta <= bound else None

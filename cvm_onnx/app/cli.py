@@ -109,7 +109,7 @@ def cmd_convert(args) -> int:
     imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                            input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
                            outputs=args.outputs, provider=args.provider,
-                           float_io=args.float_io)
+                           float_io=args.float_io, two_part=args.two_part)
     if imported is not None and args.report:
         from .report import import_markdown
 
@@ -217,7 +217,7 @@ def cmd_quantize(args) -> int:
     with Bar() as bar:
         done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
                         symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
-                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs)
+                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=args.two_part)
     g = done.imported.graph
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
@@ -388,6 +388,9 @@ def parser() -> argparse.ArgumentParser:
                    "requantization")
     c.add_argument("--outputs", nargs="+", metavar="NAME", help="ONNX -> CVM: cut the graph at these tensors, "
                    "which become the outputs (keep the integer part of a model that ends in float ops)")
+    c.add_argument("--two-part", action="store_true", help="ONNX -> CVM: a requantization whose 32-bit product errs "
+                   "by more than 2^-10 step takes two products (closer to the quantized model's arithmetic; a "
+                   "slower serving form)")
     c.add_argument("--verify", action="store_true", help="also compare with the reference executor, exactly, on "
                    "0, the extremes and 3 random inputs before writing (CVM -> ONNX)")
     v = model_cmd("verify", cmd_verify, "convert a CVM model (or take an .onnx file convert wrote) and check "
@@ -420,6 +423,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--save-onnx", metavar="Q.onnx", help="also keep the quantized ONNX model")
     q.add_argument("--outputs", nargs="+", metavar="NAME", help="cut the float model at these tensors first, which "
                    "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
+    q.add_argument("--two-part", action="store_true", help="a requantization whose 32-bit product errs by more than "
+                   "2^-10 step takes two products (closer to the quantized model's arithmetic; a slower serving form)")
     q.set_defaults(fn=cmd_quantize)
     return p
 

@@ -400,11 +400,12 @@ def fold_batchnorm(graph: onnx.GraphProto) -> None:
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
-             progress: Progress | None = None, outputs: list[str] | None = None) -> Quantized:
+             progress: Progress | None = None, outputs: list[str] | None = None,
+             two_part: bool = False) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
-    first. ``save_onnx``: also keep the quantized ONNX model there."""
+    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
@@ -424,7 +425,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
                              activation, form, src)
             _stamp(out)
-            imported = convert(out, dst)
+            imported = convert(out, dst, two_part=two_part)
             quantized = out.read_bytes()
     agreements = compare(model, quantized, imported, samples, progress)
     return Quantized(imported, agreements, len(samples), model, quantized)
