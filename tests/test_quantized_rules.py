@@ -218,6 +218,17 @@ def test_split_is_slices(d, shape, opset):
     oracle_equal(m, draw_x(d, shape, T.INT8))
 
 
+def test_split_into_zero_outputs_is_refused_naming_the_node():
+    """Opset 18's num_outputs = 0 is one refusal naming the node and the attribute. Regression: a ZeroDivisionError
+    (found by test_hostile_onnx's mutations)."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Split", ["xf"], ["a", "b"], name="sp", axis=0, num_outputs=0),
+             h.make_node("QuantizeLinear", ["a", "s", "z"], ["y"])]
+    m = qdq(nodes, (4,), T.INT8, {"s": np.float32(0.03), "z": np.int8(1)}, T.INT8, opset=18)
+    with pytest.raises(CVMError, match=r"sp \(Split\): Split attribute num_outputs=0"):
+        import_model(m)
+
+
 # -- a Clip off the grid before a Resize --------------------------------------------------------------------------
 @SETTINGS
 @given(d=st.data(), s=st.floats(0.0625, 2.0, width=32), lo=st.floats(-3, 0, width=32),
