@@ -41,6 +41,16 @@ def run_route(model: onnx.ModelProto, feeds: dict, route: str, layout: str | Non
     return session(model, products=route, layout=layout).run(None, feeds)
 
 
+def assert_exact_on_every_route(model: onnx.ModelProto, graph, data: np.ndarray) -> None:
+    """The serving form ``model`` of ``graph`` equals the reference executor on ``data`` through every operand
+    route this CPU computes exactly, as rows and as columns."""
+    want = execute(graph, {"data": data})
+    for route in routes():
+        for layout in ("rows", "columns"):
+            got = run_route(model, {"data": data}, route, layout)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
+
+
 # -- the im2col ops alone ---------------------------------------------------------------------------------------
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -210,11 +220,7 @@ def test_conv_runs_from_integer_products_are_exact(case):
     ops = [node.op_type for node in model.graph.node]
     scaled = [node for node in model.graph.node if any(a.name == "scales" for a in node.attribute)]
     assert (ops.count("MatMulInteger"), len(scaled)) == ((0, 1) if channelwise else (1, 0))
-    want = execute(graph, {"data": data})
-    for route in routes():
-        for layout in ("rows", "columns"):
-            got = run_route(model, {"data": data}, route, layout)
-            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
+    assert_exact_on_every_route(model, graph, data)
 
 
 @pytest.mark.isa
@@ -831,11 +837,7 @@ def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
     if ok:
         assert ops.count("MatMulInteger") == 1 and ops.count("requantize") == 1  # the multiplier per channel too
         assert {"Conv", "Mul", "Gather", "Concat"}.isdisjoint(ops)
-    want = execute(graph, {"data": data})
-    for route in routes():
-        for layout in ("rows", "columns"):
-            got = run_route(model, {"data": data}, route, layout)
-            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
+    assert_exact_on_every_route(model, graph, data)
 
 
 def test_the_unsigned_route_needs_equal_weight_halves_and_its_own_nodes():
@@ -1004,11 +1006,7 @@ def test_the_runs_of_a_convolutions_channel_groups_are_one_requantize_and_exact(
     assert {"Gather", "Concat"}.isdisjoint(ops) == merged
     if merged:
         assert ops.count("MatMulInteger") == 1 and "Conv" not in ops and len(own) == 1
-    want = execute(graph, {"data": data})
-    for route in routes():
-        for layout in ("rows", "columns"):
-            got = run_route(model, {"data": data}, route, layout)
-            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (route, layout)
+    assert_exact_on_every_route(model, graph, data)
 
 
 @pytest.mark.isa
