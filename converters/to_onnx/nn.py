@@ -235,6 +235,13 @@ def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
     return b.Reshape(products, b.const([n, oc, oh, width])), {"width": ow} if width > ow else {}
 
 
+def _im2col_rows(b, a, x, **attrs) -> str:
+    """The native ``im2col_rows`` of conv2d ``a``'s geometry on x: (N, OH * OW, K), K = kh * kw * C."""
+    (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    return b.node("im2col_rows", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
+                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], **attrs)
+
+
 def conv2d_rows(b, a, x, w) -> tuple[str, dict]:
     """conv(x, w) (one group) as rows: the native ``im2col_rows`` gathers each output position's window as one
     row, K = kh * kw * C bytes in the order (fh, fw, c), holding x itself when x is proven >= 0 (offset 0: values
@@ -245,10 +252,9 @@ def conv2d_rows(b, a, x, w) -> tuple[str, dict]:
 
     Returns the products, (N, OH * OW, OC), and ``requantize``'s ``rows`` (OH, OW), which writes them as NCHW."""
     n, c, oc, oh, ow, _ = _conv_shape(b, a, x)
-    (kh, kw), (ph, pw) = a.kernel_size, a.padding
+    kh, kw = a.kernel_size
     offset = 0 if x.nonneg else 128
-    rows = b.node("im2col_rows", x, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
-                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], offset=offset)  # (N, OH * OW, K)
+    rows = _im2col_rows(b, a, x, offset=offset)
     wt = b.Reshape(b.Transpose(w, perm=[2, 3, 1, 0]), b.const([kh * kw * c, oc]))
     wq = b.Cast(b.Add(wt, b.const(128, np.int32)), to=TensorProto.UINT8)
     zero = b.const(128, np.uint8)
@@ -264,9 +270,8 @@ def conv2d_unsigned(b, a, u, w: np.ndarray, zero: int) -> tuple[str, dict]:
     where uint8 x int8 is exact for any operands (VNNI). Returns the products, (N, OH * OW, OC), and
     ``requantize``'s ``rows`` (OH, OW)."""
     n, c, oc, oh, ow, _ = _conv_shape(b, a, u)
-    (kh, kw), (ph, pw) = a.kernel_size, a.padding
-    rows = b.node("im2col_rows", u, domain=NATIVE_DOMAIN, kernel_shape=[kh, kw], strides=list(a.strides),
-                  dilations=list(a.dilation), pads=[ph, pw, ph, pw], offset=0, zero=zero)  # (N, OH * OW, K)
+    kh, kw = a.kernel_size
+    rows = _im2col_rows(b, a, u, offset=0, zero=zero)
     wq = (w.astype(np.int32).transpose(2, 3, 1, 0).reshape(kh * kw * c, oc) + 128).astype(np.uint8)
     return b.MatMulInteger(rows, b.const(wq, np.uint8), b.const(zero, np.uint8), b.const(128, np.uint8)), \
         {"rows": [oh, ow]}

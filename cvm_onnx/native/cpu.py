@@ -109,13 +109,9 @@ def products() -> str:
     return "u8s8" if unbounded() or _probe_bounded() else "u8u8"
 
 
-def _rows_offset(node: onnx.NodeProto) -> int:
-    return next((a.i for a in node.attribute if a.name == "offset"), 128)
-
-
 def _bounded_rows(node: onnx.NodeProto) -> bool:
     """Whether an ``im2col_rows`` holds values in [0, 127] (offset 0 without a zero point; with one they reach 255)."""
-    return _rows_offset(node) == 0 and _int_attr(node, "zero", -1) < 0
+    return _int_attr(node, "offset", 128) == 0 and _int_attr(node, "zero", -1) < 0
 
 
 def signed_operands(model: onnx.ModelProto) -> onnx.ModelProto:
