@@ -520,12 +520,12 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds
     merged: dict[int, Grouped] = {}
     for head, group in parts.items():
         ends = [Entry(c.nodes[-1]) for c in group]
-        cat = _producer_of_reader(graph, ends[0], readers)
+        cat = _only_reader(graph, ends[0], readers)
         if cat is None or cat[1].op != "concatenate" or REGISTRY["concatenate"].bind(cat[1].attrs).axis % 4 != 1 or \
                 sorted(cat[1].inputs) != sorted(ends) or len(set(ends)) != len(ends) or \
                 any(readers.get(e) != 1 for e in ends):
             continue
-        back = _producer_of_reader(graph, Entry(cat[0]), readers)
+        back = _only_reader(graph, Entry(cat[0]), readers)
         order = [last[e] for e in cat[1].inputs]
         out = graph.nodes[head].outputs[0].shape
         picks = None if back is None else taken_channels(graph, back[1])
@@ -542,7 +542,7 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds
     absorbed: set[int] = set()
     for head, g in merged.items():
         e = Entry(g.back)
-        nxt = _producer_of_reader(graph, e, readers)
+        nxt = _only_reader(graph, e, readers)
         if nxt is None:
             continue
         i, node = nxt
@@ -558,7 +558,7 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds
             (c.head is not None or c.nodes[0] not in absorbed)] + list(merged.values())
 
 
-def _producer_of_reader(graph: Graph, e: Entry, readers: dict[Entry, int]) -> tuple[int, Node] | None:
+def _only_reader(graph: Graph, e: Entry, readers: dict[Entry, int]) -> tuple[int, Node] | None:
     """(index, node) of the one node reading ``e`` when ``e`` is read exactly once, else None."""
     if readers.get(e) != 1:
         return None
@@ -652,18 +652,28 @@ def _native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs)
     (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
     not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the
     clip to int32's own range, which changes nothing."""
-    bias_name = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
     cmul = [s for s in steps if s.kind == "cmul"]
     if cmul and not {"width", "batch_inner", "scales"} & attrs.keys():  # each channel its own steps, one pass
-        per = _aligned([_flat([Step("mul", s.ks[c]) if s.kind == "cmul" else s for s in steps])
-                        for c in range(len(cmul[0].ks))])
-        return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in per],
-                      channel_steps=[v for f in per for v in f], **attrs)
+        per = [[Step("mul", s.ks[c]) if s.kind == "cmul" else s for s in steps] for c in range(len(cmul[0].ks))]
+        return _channel_run(b, x, bias, per, **attrs)
     for k, s in enumerate(steps):
         if s.kind == "cmul":
             x = _native_run(b, x, bias, steps[:k], **attrs)
             return _native_run(b, x, None, steps[k + 1:], scales=list(s.ks))
-    return b.node("requantize", x, bias_name, domain=NATIVE_DOMAIN, steps=_flat(steps), **attrs)
+    return b.node("requantize", x, _bias_name(b, bias), domain=NATIVE_DOMAIN, steps=_flat(steps), **attrs)
+
+
+def _bias_name(b: Body, bias: Value | None) -> str:
+    """``requantize``'s bias input: the bias as int32, or an empty one."""
+    return b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
+
+
+def _channel_run(b: Body, x: str, bias: Value | None, per: list[list[Step]], **attrs) -> str:
+    """One ``requantize`` with each channel's own steps (``per``, no "cmul"), flattened (``_flat``) and aligned to
+    one sequence of kinds (``_aligned``)."""
+    flat = _aligned([_flat(steps) for steps in per])
+    return b.node("requantize", x, _bias_name(b, bias), domain=NATIVE_DOMAIN,
+                  channel_counts=[len(f) // 3 for f in flat], channel_steps=[v for f in flat for v in f], **attrs)
 
 
 #: A step of each kind that leaves every value as it is: shift 0, multiply by 1, add 0, clip to int32's range.
@@ -763,7 +773,7 @@ def _bias(b: Body, graph: Graph, chain: Chain, bias: Value | None) -> Value | No
 
 def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) -> str:
     """A ``Grouped`` run: the head's integer products (rows), its offset, then one ``requantize`` with each
-    channel's own steps (``channel_steps``), flattened as ``_native_run`` flattens one run's."""
+    channel's own steps (``_channel_run``)."""
     first = chain.parts[0]
     a = REGISTRY["conv2d"].bind(graph.nodes[first.head].attrs)
     if first.unsigned is not None:
@@ -771,11 +781,7 @@ def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) ->
     else:
         products, attrs = nn.conv2d_rows(b, a, *inputs[:2])
     bias = _bias(b, graph, replace(first, channels=None), inputs[2] if a.use_bias else None)
-    per = chain.channel_steps(graph)
-    flat = _aligned([_flat(steps) for steps in per])
-    bias = b.Cast(bias, to=TensorProto.INT32) if bias is not None else b.const(np.zeros(0, np.int32), np.int32)
-    return b.node("requantize", products, bias, domain=NATIVE_DOMAIN, channel_counts=[len(f) // 3 for f in flat],
-                  channel_steps=[v for f in flat for v in f], **attrs)
+    return _channel_run(b, products, bias, chain.channel_steps(graph), **attrs)
 
 
 def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int,
