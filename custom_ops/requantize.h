@@ -22,6 +22,9 @@ struct RequantStep {
   int64_t kind, a, b;
 };
 
+// What a shift by a (0..31) adds before shifting: 2^(a-1), the rounding half, or 0 for a = 0 (the value itself).
+inline uint32_t shift_half(int64_t a) { return a ? 1u << (a - 1) : 0u; }
+
 // Parses the flat attribute [kind, a, b, ...]; returns an error message, empty when every step is valid: shift
 // 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32.
 inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<RequantStep>& steps) {
@@ -46,7 +49,7 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
     const uint32_t a = static_cast<uint32_t>(s.a);
     switch (s.kind) {
       case kShift: {
-        const uint32_t half = s.a ? 1u << (s.a - 1) : 0u;
+        const uint32_t half = shift_half(s.a);
         const int shift = static_cast<int>(s.a);
         for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + half) >> shift;
         break;
@@ -69,7 +72,7 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
 template <int64_t Kind>
 __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantStep& s) {
   if constexpr (Kind == kShift) {
-    return static_cast<int32_t>(static_cast<uint32_t>(x) + (s.a ? 1u << (s.a - 1) : 0u)) >> s.a;
+    return static_cast<int32_t>(static_cast<uint32_t>(x) + shift_half(s.a)) >> s.a;
   } else if constexpr (Kind == kMul) {
     return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(s.a));
   } else if constexpr (Kind == kAdd) {
@@ -144,7 +147,7 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
     for (size_t i = 0; i < block; ++i) {
       const RequantStep& s = per[i % channels][k];
       const bool shift = s.kind == kShift;
-      out.a[k][i] = static_cast<int32_t>(shift ? (s.a ? 1u << (s.a - 1) : 0u) : static_cast<uint32_t>(s.a));
+      out.a[k][i] = static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
       out.b[k][i] = static_cast<int32_t>(shift ? s.a : s.b);
     }
   }
