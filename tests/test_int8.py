@@ -884,18 +884,51 @@ def ints_attrs(**attrs) -> list[onnx.AttributeProto]:
     return [helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS) for k, v in attrs.items()]
 
 
-def channel_steps_model(shape, channels: int, per, rows=None, nhwc: bool = False) -> onnx.ModelProto:
+def channel_steps_model(shape, channels: int, per, rows=None, nhwc: bool = False, bias_shape=None) -> onnx.ModelProto:
     """One requantize with ``channel_steps`` (``per``: each channel's (kind, a, b) triples); ``rows`` (OH, OW);
-    ``nhwc``: the channels on the last axis."""
+    ``nhwc``: the channels on the last axis; the bias (``channels``,) or of ``bias_shape``."""
     node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, **({"rows": rows} if rows else {}),
                             **({"nhwc": 1} if nhwc else {}))
     node.attribute.extend(ints_attrs(channel_counts=[len(p) for p in per],
                                      channel_steps=[v for p in per for s in p for v in s]))
     out = ([shape[0], *rows, shape[2]] if nhwc else [shape[0], shape[2], *rows]) if rows else shape
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.INT32, shape),
-                                            helper.make_tensor_value_info("b", TensorProto.INT32, [channels])],
+                                            helper.make_tensor_value_info("b", TensorProto.INT32,
+                                                                          bias_shape or [channels])],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, out)])
     return onnx_model(graph, domains={DOMAIN: 1})
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 3), c=st.sampled_from([1, 3, 16, 24, 64, 100]), positions=st.sampled_from([1, 5, 64, 97]),
+       data=st.data(), layout=st.sampled_from(["rows", "rows nhwc", "nhwc"]),
+       bias=st.sampled_from(["none", "channel", "position"]), threads=st.integers(1, 2))
+def test_requantize_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positions, data, layout, bias, threads):
+    """Channels whose own steps have the same kinds (the serving form's, each chain fused on 16-lane vectors with
+    per-lane constants, 64 values at a time, then 16, then one) give channel c of x + bias through channel c's
+    steps, the bias none, (C,) or per position (P, C) with rows; for any channel count and position count (chunks
+    ending mid-period and where the bias rows wrap); on 1-2 threads."""
+    kinds = data.draw(st.lists(cpu_step.map(lambda s: s[0] if s[0] < 3 else 3), max_size=11))
+    per = [[data.draw(cpu_step.filter(lambda s, k=k: (s[0] if s[0] < 3 else 3) == k)) for k in kinds]
+           for _ in range(c)]
+    if bias == "position" and "rows" not in layout:
+        bias = "channel"
+    b = {"none": np.zeros(0, np.int32), "channel": data.draw(tensors((c,), 32)),
+         "position": data.draw(tensors((positions, c), 32))}[bias]
+    x = data.draw(tensors((n, positions, c), 32))
+    model = channel_steps_model([n, positions, c], b.size, per, [positions, 1] if "rows" in layout else None,
+                                "nhwc" in layout, list(b.shape))
+    got = session(model, threads=threads).run(None, {"x": x, "b": b})[0]
+    summed = wrap32(x.astype(np.int64) + (b if b.size else 0))
+    want = np.concatenate([requantize_oracle(summed[:, :, k:k + 1].transpose(0, 2, 1), np.zeros(0, np.int32), per[k])
+                           for k in range(c)], axis=1)  # (N, C, P)
+    assert np.array_equal(got.reshape(want.transpose(0, 2, 1).shape if "nhwc" in layout else want.shape),
+                          want.transpose(0, 2, 1) if "nhwc" in layout else want)
+
+
+def wrap32(v: np.ndarray) -> np.ndarray:
+    return ((v + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
 
 
 @pytest.mark.isa
@@ -1028,6 +1061,6 @@ def test_requantize_of_rows_adds_a_bias_per_position_and_channel(n, oh, ow, c, d
     model = onnx_model(graph, domains={DOMAIN: 1})
     onnx.checker.check_model(model, full_check=True)
     got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
-    summed = ((x.astype(np.int64) + bias + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)  # (N, P, C)
+    summed = wrap32(x.astype(np.int64) + bias)  # (N, P, C)
     want = requantize_oracle(summed.transpose(0, 2, 1), np.zeros(0, np.int32), steps).reshape(n, c, oh, ow)
     assert np.array_equal(got, want.transpose(0, 2, 3, 1) if nhwc else want)
