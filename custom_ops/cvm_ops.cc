@@ -121,9 +121,9 @@ NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
 }
 
 // -- input checks: an error message, empty when the inputs are valid --------------------------------------------
-// Every input present (not an omitted '') and an int32 tensor: checked before the lite API builds its arguments,
-// which read an absent input's shape through a null value.
-std::string check_inputs(OrtKernelContext* context, size_t count) {
+// Every input present (not an omitted '') and a tensor of `type` (int32, or uint8 for im2col_rows of bytes):
+// checked before the lite API builds its arguments, which read an absent input's shape through a null value.
+std::string check_inputs(OrtKernelContext* context, size_t count, ONNXTensorElementDataType type) {
   Ort::KernelContext ctx(context);
   if (ctx.GetInputCount() != count) {
     return "takes " + std::to_string(count) + " inputs, got " + std::to_string(ctx.GetInputCount());
@@ -131,8 +131,9 @@ std::string check_inputs(OrtKernelContext* context, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     Ort::ConstValue value = ctx.GetInput(i);
     if (static_cast<const OrtValue*>(value) == nullptr) return "input " + std::to_string(i) + " is absent";
-    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) {
-      return "input " + std::to_string(i) + " must be an int32 tensor";
+    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() != type) {
+      return "input " + std::to_string(i) + " must be an " +
+             (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 ? "uint8" : "int32") + " tensor";
     }
   }
   return {};
@@ -329,9 +330,11 @@ struct Im2col {
 // im2col_rows (group 1): int32 data (N, C, H, W) -> uint8 rows (N, OH * OW, kh * kw * C) holding x + offset,
 // offset in the padding (im2col.h); offset 0 takes values in [0, 127], 128 values in [-128, 127]. zero (-1: none)
 // in [0, 255], with offset 0: values in [0, 255] as themselves, `zero` in the padding (a product with that zero
-// point reads the padding as 0).
+// point reads the padding as 0). In = uint8_t: uint8 data (N, H, W, C) (nhwc 1, a zero), every value as itself.
+template <typename In>
 struct Im2colRows {
   static constexpr const char* kName = "im2col_rows";
+  static constexpr bool kBytes = std::is_same_v<In, uint8_t>;
 
   Im2colRows(const OrtApi* api, const OrtKernelInfo* info)
       : columns(api, info), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)),
@@ -341,12 +344,16 @@ struct Im2colRows {
       throw Ort::Exception("im2col_rows: zero must be -1, or in [0, 255] with offset 0", ORT_INVALID_ARGUMENT);
     }
     if (nhwc != 0 && nhwc != 1) throw Ort::Exception("im2col_rows: nhwc must be 0 or 1", ORT_INVALID_ARGUMENT);
+    if (kBytes && (nhwc != 1 || zero < 0)) {
+      throw Ort::Exception("im2col_rows: uint8 data needs nhwc 1 and a zero", ORT_INVALID_ARGUMENT);
+    }
     if (columns.geometry.group != 1 || columns.geometry.wide) {
       throw Ort::Exception("im2col_rows: group must be 1 and wide 0", ORT_INVALID_ARGUMENT);
     }
   }
 
-  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Ort::Custom::Tensor<uint8_t>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
+                      Ort::Custom::Tensor<uint8_t>& out) {
     return guarded(kName, [&] {
       const std::vector<int64_t>& shape = data.Shape();
       if (shape.size() != 4) {
@@ -358,15 +365,17 @@ struct Im2colRows {
       if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
       const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
       const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
-      const int32_t* x = data.Data();
+      const In* x = data.Data();
       std::vector<uint8_t> padded(static_cast<size_t>(s.n * s.hp() * s.wp() * s.c));
       uint8_t* rows = out.Allocate({s.n, s.oh * s.ow, s.kh * s.kw * s.c});
       std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
       auto image = [&](int64_t n) {
-        const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data())
-                               : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data());
-        if (i >= 0) {
-          for (int64_t seen = bad.load(); i < seen && !bad.compare_exchange_weak(seen, i);) {}
+        if constexpr (kBytes) {
+          pad_copy_nhwc(x, s, fill, n, padded.data());
+        } else {
+          const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data())
+                                 : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data());
+          for (int64_t seen = bad.load(); i >= 0 && i < seen && !bad.compare_exchange_weak(seen, i);) {}
         }
       };
       parallel_for(context, s.n, image);
@@ -493,6 +502,91 @@ struct RequantizeAttrs {
   ChannelArrays arrays;      // per_channel side by side, where every channel has the same kinds of steps
 };
 
+constexpr int64_t kBlock = 1 << 14;  // elements per parallel task of requantize
+
+// requantize with the channels on the last axis (op `name`): rows = (OH, OW) takes data (N, OH * OW, C) (the
+// products of the rows route) and writes y (N, C, OH, OW), or with nhwc (N, OH, OW, C); nhwc alone takes data
+// (..., C) and writes its shape; the bias and scales are per last-axis channel. Out = uint8_t (requantize_uint8,
+// nhwc only): y as bytes, exact since every chain ends with a clip within [0, 255] (RequantizeAttrs checks).
+template <typename Out>
+Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name, const RequantizeAttrs& attrs,
+                                     const Int32Tensor& data, const Int32Tensor& bias, Ort::Custom::Tensor<Out>& out) {
+  const std::vector<int64_t>& shape = data.Shape();
+  const std::vector<int64_t>& rows = attrs.rows;
+  const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
+  // with rows, a bias (OH * OW, C): one per position and channel
+  const bool per_position = fits && !rows.empty() && bias.Shape().size() == 2 && bias.Shape()[0] == shape[1];
+  const int64_t channels = per_position ? bias.Shape()[1] : bias.NumberOfElement();
+  const int64_t scaled = static_cast<int64_t>(attrs.scales.size());
+  const int64_t programs = static_cast<int64_t>(attrs.per_channel.size());
+  if (!fits || (channels > 0 && channels != shape.back()) || (scaled > 0 && scaled != shape.back()) ||
+      (programs > 0 && programs != shape.back()) || (bias.Shape().size() != 1 && !per_position)) {
+    return invalid(name, std::string(rows.empty() ? "nhwc needs data (..., C)" : "rows (OH, OW) need data "
+                   "(N, OH * OW, C)") + " and a bias and scales (C,) or none (with rows also a bias "
+                   "(OH * OW, C)), got " + shape_text(shape) + " and " + shape_text(bias.Shape()));
+  }
+  const int64_t c = shape.back(), count = data.NumberOfElement();
+  const int32_t* b = channels > 0 ? bias.Data() : nullptr;
+  const int64_t per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
+  if (attrs.nhwc) {
+    Out* y = out.Allocate(rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c});
+    int32_t* words = nullptr;
+    uint8_t* bytes = nullptr;
+    if constexpr (std::is_same_v<Out, uint8_t>) {
+      bytes = y;
+    } else {
+      words = y;
+    }
+    const int64_t lines = c > 0 ? count / c : 0;
+    auto block = [&](int64_t i) {
+      requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
+                      scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, words, per_position ? shape[1] : 0,
+                      attrs.per_channel, attrs.arrays, bytes);
+    };
+    parallel_for(context, (lines + per_block - 1) / per_block, block);
+    return Ort::Status{nullptr};
+  }
+  if constexpr (std::is_same_v<Out, int32_t>) {
+    if (scaled > 0) return invalid(name, "scales with rows need nhwc");
+    const int64_t n = shape[0], positions = shape[1];
+    int32_t* y = out.Allocate({n, c, rows[0], rows[1]});
+    const int64_t blocks = (positions + per_block - 1) / per_block;
+    auto block = [&](int64_t i) {
+      const int64_t image = i / blocks, first = (i % blocks) * per_block;
+      requantize_transposed(data.Data(), positions, c, image, first, std::min(positions, first + per_block), b,
+                            attrs.steps, y, attrs.per_channel, per_position, attrs.arrays);
+    };
+    if (c > 0) parallel_for(context, n * blocks, block);
+  }
+  return Ort::Status{nullptr};  // (requantize_uint8 has nhwc: RequantizeUint8 checks)
+}
+
+// requantize_uint8(data int32, bias int32): requantize with nhwc, y written as uint8; every chain (steps, or each
+// channel's) must end with a clip within [0, 255], which makes the narrowing exact.
+struct RequantizeUint8 {
+  RequantizeUint8(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
+    const auto ends_in_bytes = [](const std::vector<RequantStep>& steps) {
+      return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
+    };
+    const bool bytes = attrs.per_channel.empty() ? ends_in_bytes(attrs.steps)
+                                                 : std::all_of(attrs.per_channel.begin(), attrs.per_channel.end(),
+                                                               ends_in_bytes);
+    if (!attrs.nhwc || !bytes) {
+      throw Ort::Exception("requantize_uint8: needs nhwc 1 and every chain ending with a clip within [0, 255]",
+                           ORT_INVALID_ARGUMENT);
+    }
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
+                      Ort::Custom::Tensor<uint8_t>& out) {
+    return guarded("requantize_uint8", [&] {
+      return requantize_channels_last(context, "requantize_uint8", attrs, data, bias, out);
+    });
+  }
+
+  RequantizeAttrs attrs;
+};
+
 // requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
 // keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
 // axis-1 channel before the bias.
@@ -504,7 +598,9 @@ struct Requantize {
       std::vector<int64_t> shape = attrs.output_shape(data.Shape());
       if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");
       const int64_t channels = bias.NumberOfElement();
-      if (!attrs.rows.empty() || attrs.nhwc) return channels_last(context, data, bias, out);
+      if (!attrs.rows.empty() || attrs.nhwc) {
+        return requantize_channels_last(context, "requantize", attrs, data, bias, out);
+      }
       int64_t inner = 1;
       if (std::string err = attrs.check(shape, channels, bias.Shape(), inner); !err.empty()) {
         return invalid("requantize", err);
@@ -543,54 +639,6 @@ struct Requantize {
     });
   }
 
-  // Channels on the last axis: rows = (OH, OW) takes data (N, OH * OW, C) (the products of the rows route) and
-  // writes y (N, C, OH, OW), or with nhwc (N, OH, OW, C); nhwc alone takes data (..., C) and writes its shape; the
-  // bias and scales are per last-axis channel.
-  Ort::Status channels_last(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
-                            Int32Tensor& out) {
-    const std::vector<int64_t>& shape = data.Shape();
-    const std::vector<int64_t>& rows = attrs.rows;
-    const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
-    // with rows, a bias (OH * OW, C): one per position and channel
-    const bool per_position = fits && !rows.empty() && bias.Shape().size() == 2 && bias.Shape()[0] == shape[1];
-    const int64_t channels = per_position ? bias.Shape()[1] : bias.NumberOfElement();
-    const int64_t scaled = static_cast<int64_t>(attrs.scales.size());
-    const int64_t programs = static_cast<int64_t>(attrs.per_channel.size());
-    if (!fits || (channels > 0 && channels != shape.back()) || (scaled > 0 && scaled != shape.back()) ||
-        (programs > 0 && programs != shape.back()) || (bias.Shape().size() != 1 && !per_position)) {
-      return invalid("requantize", std::string(rows.empty() ? "nhwc needs data (..., C)" : "rows (OH, OW) need data "
-                                   "(N, OH * OW, C)") + " and a bias and scales (C,) or none (with rows also a bias "
-                                   "(OH * OW, C)), got " + shape_text(shape) + " and " + shape_text(bias.Shape()));
-    }
-    const int64_t c = shape.back(), count = data.NumberOfElement();
-    const int32_t* b = channels > 0 ? bias.Data() : nullptr;
-    if (attrs.nhwc) {
-      std::vector<int64_t> dims = rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c};
-      int32_t* y = out.Allocate(dims);
-      const int64_t lines = c > 0 ? count / c : 0, per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
-      auto block = [&](int64_t i) {
-        requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
-                        scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, y, per_position ? shape[1] : 0,
-                        attrs.per_channel, attrs.arrays);
-      };
-      parallel_for(context, (lines + per_block - 1) / per_block, block);
-      return Ort::Status{nullptr};
-    }
-    if (scaled > 0) return invalid("requantize", "scales with rows need nhwc");
-    const int64_t n = shape[0], positions = shape[1];
-    int32_t* y = out.Allocate({n, c, rows[0], rows[1]});
-    const int64_t per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
-    const int64_t blocks = (positions + per_block - 1) / per_block;
-    auto block = [&](int64_t i) {
-      const int64_t image = i / blocks, first = (i % blocks) * per_block;
-      requantize_transposed(data.Data(), positions, c, image, first, std::min(positions, first + per_block), b,
-                            attrs.steps, y, attrs.per_channel, per_position, attrs.arrays);
-    };
-    if (c > 0) parallel_for(context, n * blocks, block);
-    return Ort::Status{nullptr};
-  }
-
-  static constexpr int64_t kBlock = 1 << 14;  // elements per parallel task
   RequantizeAttrs attrs;
 };
 
@@ -731,10 +779,11 @@ struct CheckedEntry {
   static inline OrtStatusPtr(ORT_API_CALL* lite)(void*, OrtKernelContext*) = nullptr;
   static inline const char* op = nullptr;
   static inline size_t inputs = 0;
+  static inline ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
 
   static OrtStatusPtr ORT_API_CALL compute(void* kernel, OrtKernelContext* context) {
     Ort::Status status = guarded(op, [&] {
-      const std::string err = check_inputs(context, inputs);
+      const std::string err = check_inputs(context, inputs, type);
       return err.empty() ? Ort::Status{nullptr} : invalid(op, err);
     });
     return status.IsOK() ? lite(kernel, context) : status.release();
@@ -745,14 +794,17 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, s
   return INPUT_OUTPUT_REQUIRED;
 }
 
-// A lite custom op with required inputs and outputs and the checked compute entry of `Slot` (one per op).
+// A lite custom op with required inputs and outputs (of `type`) and the checked compute entry of `Slot` (one per
+// op).
 template <int Slot>
-OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs) {
+OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs,
+              ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) {
   if (op->KernelComputeV2 == nullptr) throw std::logic_error(std::string(name) + ": its Compute must return a status");
   if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(std::string(name) + ": its slot is taken");
   CheckedEntry<Slot>::lite = op->KernelComputeV2;
   CheckedEntry<Slot>::op = name;
   CheckedEntry<Slot>::inputs = inputs;
+  CheckedEntry<Slot>::type = type;
   op->KernelComputeV2 = &CheckedEntry<Slot>::compute;
   op->GetInputCharacteristic = &required;
   op->GetOutputCharacteristic = &required;
@@ -771,7 +823,12 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<7>(Ort::Custom::CreateLiteCustomOp<Im2col<uint8_t, 128>>("im2col_uint8", cpu),
                            "im2col_uint8", 1));
   ops.push_back(checked<8>(Ort::Custom::CreateLiteCustomOp<Requantize>("requantize", cpu), "requantize", 2));
-  ops.push_back(checked<12>(Ort::Custom::CreateLiteCustomOp<Im2colRows>("im2col_rows", cpu), "im2col_rows", 1));
+  ops.push_back(checked<12>(Ort::Custom::CreateLiteCustomOp<Im2colRows<int32_t>>("im2col_rows", cpu), "im2col_rows",
+                            1));
+  ops.push_back(checked<13>(Ort::Custom::CreateLiteCustomOp<Im2colRows<uint8_t>>("im2col_rows", cpu), "im2col_rows",
+                            1, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8));
+  ops.push_back(checked<14>(Ort::Custom::CreateLiteCustomOp<RequantizeUint8>("requantize_uint8", cpu),
+                            "requantize_uint8", 2));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

@@ -257,6 +257,17 @@ CVM_AVX2_CLONES int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, 
   return -1;
 }
 
+// pad_narrow_nhwc for uint8 data (n, h, w, c) taken as themselves (any value fits the rows): each input row one
+// contiguous copy.
+CVM_AVX2_CLONES void pad_copy_nhwc(const uint8_t* x, const Im2colShape& s, uint8_t fill, int64_t n, uint8_t* xp) {
+  const int64_t c = s.c, wp = s.wp(), size = s.hp() * wp * c, row = s.w * c;
+  uint8_t* base = xp + n * size;
+  std::fill(base, base + size, fill);
+  for (int64_t y = 0; y < s.h; ++y) {
+    std::memcpy(base + ((y + s.pt) * wp + s.pl) * c, x + (n * s.h + y) * row, static_cast<size_t>(row));
+  }
+}
+
 // The rows of output row `oh` of image n: for each of the OW positions, kh * pieces copies of `Piece` bytes (a
 // constant for the usual sizes, so that each copy is a few vector moves); the shape's fields are read into locals
 // first (byte stores may alias them).

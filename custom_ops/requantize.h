@@ -198,6 +198,14 @@ __attribute__((always_inline)) inline void with_kind(int64_t kind, Body&& body) 
   }
 }
 
+// Step Kind on Count vectors of 16 lanes, their constants from a and b on.
+template <int64_t Kind, int Count>
+__attribute__((always_inline)) inline void tile_step(Lanes* y, const int32_t* a, const int32_t* b) {
+  for (int j = 0; j < Count; ++j) {
+    y[j] = array_step<Kind, Lanes, ULanes>(y[j], load_lanes(a + j * kLanes), load_lanes(b + j * kLanes));
+  }
+}
+
 // Count vectors of 16 lanes from index i on, their constants from index at = i % period on: v = each channel's
 // steps applied to x + add (add null: x), all the steps on values kept in registers, one dispatch on a step's kind
 // for all Count vectors.
@@ -209,14 +217,17 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
     y[j] = load_lanes(x + i + j * kLanes);
     if (add) y[j] = (Lanes)((ULanes)y[j] + (ULanes)load_lanes(add + i + j * kLanes));
   }
-  for (size_t k = 0; k < p.kinds.size(); ++k) {
-    const int32_t* a = p.a.data() + k * p.period + at;
-    const int32_t* b = p.b.data() + k * p.period + at;
-    with_kind(p.kinds[k], [&](auto kind) {
-      for (int j = 0; j < Count; ++j) {
-        y[j] = array_step<kind, Lanes, ULanes>(y[j], load_lanes(a + j * kLanes), load_lanes(b + j * kLanes));
-      }
-    });
+  const int32_t* a = p.a.data() + at;
+  const int32_t* b = p.b.data() + at;
+  for (const int64_t kind : p.kinds) {
+    switch (kind) {
+      case kShift: tile_step<kShift, Count>(y, a, b); break;
+      case kMul: tile_step<kMul, Count>(y, a, b); break;
+      case kAdd: tile_step<kAdd, Count>(y, a, b); break;
+      default: tile_step<kClip, Count>(y, a, b);
+    }
+    a += p.period;
+    b += p.period;
   }
   std::memcpy(v + i, y, sizeof y);
 }
@@ -296,49 +307,55 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 // `channels` values, in chunks of about 1024 values (ending where the bias rows wrap around). positions > 0: the
 // bias is per position and channel, (P, C), row r's the bias row r % positions. `per` not empty: channel c's own
 // steps, in one pass with the bias where `arrays` holds them and there are no scales and no bias (C,), else
-// applied to the chunk's values of channel c gathered side by side (then put back).
+// applied to the chunk's values of channel c gathered side by side (then put back). bytes not null: y is written
+// there as bytes instead (y unused), each chunk narrowed from int32; the caller proves every value in [0, 255].
 CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                        const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
                                        int32_t* y, int64_t positions = 0, const ChannelSteps& per = {},
-                                       const ChannelArrays& arrays = {}) {
+                                       const ChannelArrays& arrays = {}, uint8_t* bytes = nullptr) {
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
   const bool fused = !arrays.kinds.empty() && !scales && (positions > 0 || !bias_all);
   std::vector<int32_t> lane(per.empty() || fused ? 0 : static_cast<size_t>(group));
+  std::vector<int32_t> chunk(bytes ? static_cast<size_t>(group * channels) : 0);
   for (int64_t first = begin, last = 0; first < end; first = last) {
     last = std::min({end, first + group, positions > 0 ? (first / positions + 1) * positions : end});
     const int64_t count = last - first;
-    int32_t* v = y + first * channels;
+    int32_t* v = bytes ? chunk.data() : y + first * channels;
     if (fused) {
       apply_channel_arrays(x + first * channels, bias_all ? bias_all + (first % positions) * channels : nullptr,
                            count * channels, arrays, v);
-      continue;
-    }
-    for (int64_t r = first; r < last; ++r) {
-      const int32_t* bias = bias_all && positions ? bias_all + (r % positions) * channels : bias_all;
-      const int32_t* u = x + r * channels;
-      int32_t* w = y + r * channels;
-      if (scales) {
-        for (int64_t c = 0; c < channels; ++c) {
-          w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) * static_cast<uint32_t>(scales[c]) +
-                                      static_cast<uint32_t>(bias ? bias[c] : 0));
-        }
-      } else if (bias) {
-        for (int64_t c = 0; c < channels; ++c) w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) +
-                                                                           static_cast<uint32_t>(bias[c]));
-      } else {
-        std::copy(u, u + channels, w);
-      }
-    }
-    if (per.empty()) {
-      apply_steps_fast(v, count * channels, steps);
-    } else if (!arrays.kinds.empty()) {
-      apply_channel_arrays(v, nullptr, count * channels, arrays, v);
     } else {
-      for (int64_t c = 0; c < channels; ++c) {
-        for (int64_t r = 0; r < count; ++r) lane[r] = v[r * channels + c];
-        apply_steps_fast(lane.data(), count, per[c]);
-        for (int64_t r = 0; r < count; ++r) v[r * channels + c] = lane[r];
+      for (int64_t r = 0; r < count; ++r) {
+        const int32_t* bias = bias_all && positions ? bias_all + ((first + r) % positions) * channels : bias_all;
+        const int32_t* u = x + (first + r) * channels;
+        int32_t* w = v + r * channels;
+        if (scales) {
+          for (int64_t c = 0; c < channels; ++c) {
+            w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) * static_cast<uint32_t>(scales[c]) +
+                                        static_cast<uint32_t>(bias ? bias[c] : 0));
+          }
+        } else if (bias) {
+          for (int64_t c = 0; c < channels; ++c) w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) +
+                                                                             static_cast<uint32_t>(bias[c]));
+        } else {
+          std::copy(u, u + channels, w);
+        }
       }
+      if (per.empty()) {
+        apply_steps_fast(v, count * channels, steps);
+      } else if (!arrays.kinds.empty()) {
+        apply_channel_arrays(v, nullptr, count * channels, arrays, v);
+      } else {
+        for (int64_t c = 0; c < channels; ++c) {
+          for (int64_t r = 0; r < count; ++r) lane[r] = v[r * channels + c];
+          apply_steps_fast(lane.data(), count, per[c]);
+          for (int64_t r = 0; r < count; ++r) v[r * channels + c] = lane[r];
+        }
+      }
+    }
+    if (bytes) {
+      uint8_t* out = bytes + first * channels;
+      for (int64_t i = 0; i < count * channels; ++i) out[i] = static_cast<uint8_t>(v[i]);
     }
   }
 }

@@ -840,6 +840,88 @@ def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
     assert_exact_on_every_route(model, graph, data)
 
 
+@st.composite
+def stacked_quantized_convs(draw):
+    """Two 3x3 quantized convolutions of u - zero in a row, each with a run (clip, shift, a multiplier per channel,
+    shift, + a zero point, clip to [0, 255]; the zero points in [1, 254]: the unsigned route for both); the first
+    run's output read by the second convolution alone, or also the model's output, or also read by a relu."""
+    c, h, w = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    b = GraphBuilder()
+    x = b.op("clip", b.input("data", (1, c, h, w), 10), a_min=0, a_max=255)
+
+    def conv_run(u, c_in: int):
+        oc = draw(st.integers(1, 4))
+        y = quantized_conv(b, u, c_in, draw(st.sampled_from([1, 127, 128, 254])), draw(tensors((oc, c_in, 3, 3), 8)),
+                           draw(st.none() | tensors((oc,), 20)), kernel_size=(3, 3), padding=(1, 1))
+        y = b.op("cvm_right_shift", b.op("clip", y, a_min=-(1 << 19), a_max=1 << 19), shift_bit=2, precision=16)
+        muls = draw(st.lists(st.integers(-(1 << 14), 1 << 14), min_size=oc, max_size=oc))
+        y = b.op("broadcast_mul", y, b.param(f"m{len(b.nodes)}", np.array(muls).reshape(oc, 1, 1), 16))
+        y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(8, 20)), precision=10)
+        y = b.op("broadcast_add", y, b.param(f"q{len(b.nodes)}", np.array([draw(st.integers(0, 255))]), 9))
+        return b.op("clip", y, a_min=0, a_max=255), oc
+
+    first, oc = conv_run(x, c)
+    y, _ = conv_run(first, oc)
+    other = draw(st.sampled_from(["none", "output", "relu"]))
+    outs = [y] + ([first] if other == "output" else [b.op("relu", first)] if other == "relu" else [])
+    data = draw(st.one_of(tensors((1, c, h, w), 10), st.just(np.full((1, c, h, w), 255, np.int32))))
+    return b.build(*outs), data.astype(np.int32), other
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=stacked_quantized_convs())
+def test_bytes_between_quantized_convs_are_exact(case):
+    """channels_last writes the first convolution's requantized values as uint8 (``requantize_uint8``) exactly
+    where they are read by the second one's rows alone, and the model equals the reference executor on every route
+    (the rows with the bytes, and without the pass the columns)."""
+    graph, data, other = case
+    model = to_onnx(graph, optimize=True, int8=True)
+    last = cpu.channels_last(model)
+    assert [n.op_type for n in last.graph.node].count("requantize_uint8") == (other == "none")
+    assert_exact_on_every_route(model, graph, data)
+
+
+def test_rows_read_uint8_channels_last_data_as_its_int32_twin():
+    """im2col_rows of uint8 (N, H, W, C) data (nhwc, a zero) gives the rows of the same values as int32; uint8 data
+    without nhwc or a zero is refused, naming the op and the rule."""
+    x = np.random.default_rng(0).integers(0, 256, (2, 5, 6, 7))
+    attrs = dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 1], offset=0, zero=9, nhwc=1)
+    words = run(im2col_model("im2col_rows", list(x.shape), **attrs), {"x": x.astype(np.int32)})[0]
+    assert np.array_equal(run(im2col_model("im2col_rows", list(x.shape), TensorProto.UINT8, **attrs),
+                              {"x": x.astype(np.uint8)})[0], words)
+    for bad in ({"nhwc": 0}, {"zero": -1}):
+        with pytest.raises(RuntimeFailure, match="im2col_rows: uint8 data needs nhwc 1 and a zero"):
+            run(im2col_model("im2col_rows", list(x.shape), TensorProto.UINT8, **{**attrs, **bad}),
+                {"x": x.astype(np.uint8)})
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 2), c=st.sampled_from([1, 3, 16, 24]), positions=st.sampled_from([1, 7, 64]), data=st.data(),
+       rows=st.booleans(), threads=st.integers(1, 2))
+def test_requantize_uint8_writes_the_values_of_requantize_as_bytes(n, c, positions, data, rows, threads):
+    """requantize_uint8 (nhwc; every channel's chain ends with a clip within [0, 255]) gives requantize's values as
+    uint8, with rows or without; a chain ending otherwise, or no nhwc, is refused naming the op and the rule."""
+    ends = [(3, *sorted(data.draw(st.tuples(st.integers(0, 255), st.integers(0, 255))))) for _ in range(c)]
+    per = [[*data.draw(st.lists(cpu_step, max_size=4)), end] for end in ends]
+    x = data.draw(tensors((n, positions, c), 32))
+    bias = data.draw(tensors((c,), 32))
+    model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True)
+    want = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    model.graph.node[0].op_type = "requantize_uint8"
+    model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
+    got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    per[0][-1] = (3, -1, 255)
+    for bad in (channel_steps_model([n, positions, c], c, per, None, True),
+                channel_steps_model([n, positions, c], c, [[*p[:-1], e] for p, e in zip(per, ends)], None, False)):
+        bad.graph.node[0].op_type = "requantize_uint8"
+        bad.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
+        with pytest.raises(RuntimeFailure, match="requantize_uint8: needs nhwc 1 and every chain ending with a clip"):
+            run(bad, {"x": x, "b": bias})
+
+
 def test_the_unsigned_route_needs_equal_weight_halves_and_its_own_nodes():
     """Not taken where the conv2d's two weight halves differ, or where another node reads one of the halves."""
     for case in ("halves", "reader"):

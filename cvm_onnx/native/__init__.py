@@ -32,7 +32,9 @@ serving form's window ops and fused requantization:
   of ``im2col_rows``; the bias may then be (OH * OW, C), one per position and channel); nhwc (0): 1 puts the
   channels (bias, scales) on the last axis, with rows writing y (N, OH, OW, C); channel_steps and
   channel_counts (instead of steps): each channel's own steps (not with width, batch_inner or scales); rows, nhwc
-  and channel_steps on the CPU only.
+  and channel_steps on the CPU only;
+* ``requantize_uint8(data, bias) -> uint8``: requantize with nhwc 1 writing bytes, every chain ending with a clip
+  within [0, 255]; ``im2col_rows`` also takes such uint8 data (N, H, W, C) (nhwc 1, a zero); CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -106,12 +108,14 @@ def status() -> str:
 
 
 # -- schemas ------------------------------------------------------------------------------------------------------
-def _dims(t: TypeProto, what: str, rank: int | None = None) -> list | None:
-    """The dims of an int32 tensor type (None if its rank is unknown); checks the type and, if given, the rank."""
+def _dims(t: TypeProto, what: str, rank: int | None = None, bytes_too: bool = False) -> list | None:
+    """The dims of an int32 tensor type (or uint8 with ``bytes_too``; None if its rank is unknown); checks the type
+    and, if given, the rank."""
     if t is None or not t.HasField("tensor_type"):
         raise InferenceError(f"{what} must be a tensor")
-    if t.tensor_type.elem_type not in (TensorProto.UNDEFINED, TensorProto.INT32):
-        raise InferenceError(f"{what} must be int32, got {TensorProto.DataType.Name(t.tensor_type.elem_type)}")
+    if t.tensor_type.elem_type not in (TensorProto.UNDEFINED, TensorProto.INT32, *[TensorProto.UINT8] * bytes_too):
+        raise InferenceError(f"{what} must be int32{' or uint8' * bytes_too}, got "
+                             f"{TensorProto.DataType.Name(t.tensor_type.elem_type)}")
     if not t.tensor_type.HasField("shape"):
         return None
     dims = list(t.tensor_type.shape.dim)
@@ -124,9 +128,9 @@ def _known(dim) -> int | None:
     return dim.dim_value if dim.HasField("dim_value") else None
 
 
-def _int32(dims: list | None) -> TypeProto:
+def _int32(dims: list | None, elem_type: int = TensorProto.INT32) -> TypeProto:
     t = TypeProto()
-    t.tensor_type.elem_type = TensorProto.INT32
+    t.tensor_type.elem_type = elem_type
     if dims is not None:
         t.tensor_type.shape.SetInParent()
         for d in dims:
@@ -165,7 +169,7 @@ def _infer_lut(ctx) -> None:
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
-SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
+SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
 CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc", "channel_counts")}
@@ -202,7 +206,10 @@ def _infer_im2col(elem_type: int, rows: bool = False):
                      zero != -1 and (offset or not 0 <= zero <= 255)):
             raise InferenceError("im2col_rows: group must be 1, wide and batch_inner 0, offset 0 or 128, nhwc "
                                  "0 or 1 and zero -1 or, with offset 0, in [0, 255]")
-        data = _dims(ctx.get_input_type(0), "im2col data", 4)
+        data = _dims(ctx.get_input_type(0), "im2col data", 4, bytes_too=rows)
+        if rows and data is not None and ctx.get_input_type(0).tensor_type.elem_type == TensorProto.UINT8 and (
+                not nhwc or zero < 0):
+            raise InferenceError("im2col_rows: uint8 data needs nhwc 1 and a zero")
         t = TypeProto()
         t.tensor_type.elem_type = elem_type
         if data is None:
@@ -235,7 +242,8 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
     rows = name == "im2col_rows"
     doc = ("The windows of a 2-D convolution (group 1) as rows (N, OH * OW, kh * kw * C), each in the order "
            "(fh, fw, c): x + offset, offset in the padding; offset 128 takes data in [-128, 127], 0 data in [0, 127]; "
-           "zero in [0, 255] (offset 0): data in [0, 255], zero in the padding; nhwc=1: data (N, H, W, C)."
+           "zero in [0, 255] (offset 0): data in [0, 255], zero in the padding; nhwc=1: data (N, H, W, C); uint8 "
+           "data (nhwc=1, a zero): every value as itself."
            if rows else
            "The windows of a 2-D convolution as columns (N, G, C/G * kh * kw, OH * OW): x + offset (0 for int8, 128 "
            "for uint8), offset in the padding; data values must lie in [-128, 127]. wide=1 (strides 1): OH * WP "
@@ -243,10 +251,10 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
            "C/G * kh * kw, N * OH * OW), every sample's columns of a window row side by side.")
     s = OpSchema(
         name, DOMAIN, VERSION, doc,
-        inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32")],
+        inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32 (rows: also uint8, nhwc)")],
         outputs=[OpSchema.FormalParameter("rows" if rows else "columns", "U",
                                           "(N, OH * OW, kh * kw * C)" if rows else "(N, G, C/G * kh * kw, OH * OW)")],
-        type_constraints=[("T", ["tensor(int32)"], "int32 data"),
+        type_constraints=[("T", ["tensor(int32)", *["tensor(uint8)"] * rows], "the data"),
                           ("U", [f"tensor({TensorProto.DataType.Name(elem_type).lower()})"], "the windows")],
         attributes=[OpSchema.Attribute(a, attr_types.get(a, OpSchema.AttrType.INTS), "as ONNX Conv's", required=True)
                     if v is None else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
@@ -256,7 +264,7 @@ def _im2col_schema(name: str, elem_type: int) -> OpSchema:
     return s
 
 
-def _infer_requantize(ctx) -> None:
+def _infer_requantize(ctx, elem_type: int = TensorProto.INT32) -> None:
     data = _dims(ctx.get_input_type(0), "requantize data")
     rows = ctx.get_attribute("rows")
     bias = _dims(ctx.get_input_type(1), "requantize bias")
@@ -294,23 +302,29 @@ def _infer_requantize(ctx) -> None:
             raise InferenceError("requantize: rows (OH, OW) need data (N, OH * OW, C), without width or scales")
         hw = [onnx.TensorShapeProto.Dimension(dim_value=d) for d in (oh, ow)]
         data = None if data is None else [data[0], *hw, data[2]] if nhwc else [data[0], data[2], *hw]
-    ctx.set_output_type(0, _int32(data))
+    ctx.set_output_type(0, _int32(data, elem_type))
 
 
-def _requantize_schema() -> OpSchema:
+def _requantize_schema(name: str = "requantize") -> OpSchema:
+    """requantize's schema, or requantize_uint8's (the same with nhwc, y uint8: every chain ends with a clip
+    within [0, 255]; CPU only)."""
+    bytes_out = name == "requantize_uint8"
     s = OpSchema(
-        "requantize", DOMAIN, VERSION,
+        name, DOMAIN, VERSION,
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
         "bias empty: none); steps (kind, a, b): 0 shift a (round half up; 0: none, CPU only), 1 multiply by a, 2 "
         "add a, 3 clip to "
         "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row; scales (one "
         "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
         "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
-        "(not with width, batch_inner or scales; CPU only).",
+        "(not with width, batch_inner or scales; CPU only)." + (
+            " requantize_uint8: with nhwc=1, y as uint8; every chain must end with a clip within [0, 255]."
+            if bytes_out else ""),
         inputs=[OpSchema.FormalParameter("data", "T", "int32"),
                 OpSchema.FormalParameter("bias", "T", "(C,) or (0,); with rows also (OH * OW, C)")],
-        outputs=[OpSchema.FormalParameter("y", "T", "data-shaped")],
-        type_constraints=[("T", ["tensor(int32)"], "int32 tensors")],
+        outputs=[OpSchema.FormalParameter("y", "U", "data-shaped")],
+        type_constraints=[("T", ["tensor(int32)"], "int32 tensors"),
+                          ("U", ["tensor(uint8)" if bytes_out else "tensor(int32)"], "y")],
         attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=False),
                     OpSchema.Attribute("channel_steps", OpSchema.AttrType.INTS, "each axis-1 channel's own steps, "
                                        "one list after the other (instead of steps)", required=False),
@@ -325,7 +339,8 @@ def _requantize_schema() -> OpSchema:
                     OpSchema.Attribute("nhwc", onnx.helper.make_attribute("nhwc", 0), "1: channels on the last axis "
                                        "(with rows: y (N, OH, OW, C))")],
     )
-    s.set_type_and_shape_inference_function(_infer_requantize)
+    s.set_type_and_shape_inference_function(
+        lambda ctx: _infer_requantize(ctx, TensorProto.UINT8 if bytes_out else TensorProto.INT32))
     return s
 
 
@@ -360,6 +375,7 @@ def _schemas() -> list[OpSchema]:
                 [("y", "the indices' shape")], _infer_lut),
         *(_im2col_schema(name, t) for name, t in {**IM2COL, "im2col_rows": TensorProto.UINT8}.items()),
         _requantize_schema(),
+        _requantize_schema("requantize_uint8"),
     ]
 
 

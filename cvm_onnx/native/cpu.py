@@ -284,9 +284,12 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
     In node order, a tensor is NHWC when made by a ``requantize`` of rows (it gets ``nhwc``), by a ``requantize``
     without rows or width of an NHWC tensor (``nhwc``: its bias and scales per last axis), or by an Add of two NHWC
     tensors; an ``im2col_rows`` of an NHWC tensor reads it so (``nhwc``); every other reader (and a graph output)
-    gets one Transpose back to NCHW. Invariant: every NHWC tensor holds its NCHW values permuted (0, 2, 3, 1), and
-    each op computes the same values per element (the steps and Add are elementwise, their channel the last axis),
-    so every NCHW tensor, the outputs included, is unchanged."""
+    gets one Transpose back to NCHW. An NHWC ``requantize`` read only by ``im2col_rows`` with a ``zero`` (which take
+    values in [0, 255] as themselves), every chain of which ends with a clip within [0, 255], writes uint8 instead
+    (``requantize_uint8``; ``bytes_between_rows``). Invariant: every NHWC tensor holds its NCHW values permuted
+    (0, 2, 3, 1), and each op computes the same values per element (the steps and Add are elementwise, their
+    channel the last axis; uint8 holds every value in [0, 255] exactly), so every NCHW tensor, the outputs
+    included, is unchanged."""
     out = _copy(model)
     graph = out.graph
     nhwc: set[str] = set()
@@ -332,4 +335,43 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
             vi.type.tensor_type.shape.dim.extend(dims)
     del graph.node[:]
     graph.node.extend(nodes)
+    bytes_between_rows(graph)
     return out
+
+
+def _ends_in_bytes(steps: list[int]) -> bool:
+    """Whether flat (kind, a, b) steps end with a clip within [0, 255]."""
+    return len(steps) >= 3 and steps[-3] == 3 and steps[-2] >= 0 and steps[-1] <= 255
+
+
+def _chains_end_in_bytes(node: onnx.NodeProto) -> bool:
+    """Whether every chain of a ``requantize`` (its steps, or each channel's) ends with a clip within [0, 255]."""
+    attrs = {a.name: list(a.ints) for a in node.attribute if a.type == onnx.AttributeProto.INTS}
+    if "channel_counts" not in attrs:
+        return _ends_in_bytes(attrs.get("steps", []))
+    ends = np.cumsum(attrs["channel_counts"]) * 3
+    return all(_ends_in_bytes(attrs["channel_steps"][end - 3 * count:end])
+               for count, end in zip(attrs["channel_counts"], ends))
+
+
+def bytes_between_rows(graph: onnx.GraphProto) -> None:
+    """In place, after ``channels_last``: each NHWC ``requantize`` whose every chain ends with a clip within [0, 255]
+    and whose every reader is an NHWC ``im2col_rows`` with a ``zero`` (rows of values in [0, 255] as themselves;
+    not a graph output) becomes ``requantize_uint8``, its tensor uint8: a quarter of the bytes, and no narrowing
+    by the reader. Invariant: the readers' rows hold the same bytes (every value in [0, 255] is its uint8)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    outputs = {o.name for o in graph.output}
+    changed = set()
+    for n in graph.node:
+        uses = readers.get(n.output[0], []) if n.domain == DOMAIN and n.op_type == "requantize" else []
+        if uses and n.output[0] not in outputs and _int_attr(n, "nhwc") == 1 and _chains_end_in_bytes(n) and all(
+                m.domain == DOMAIN and m.op_type == "im2col_rows" and _int_attr(m, "nhwc") == 1 and
+                _int_attr(m, "zero", -1) >= 0 for m in uses):
+            n.op_type = "requantize_uint8"
+            changed.add(n.output[0])
+    for vi in graph.value_info:
+        if vi.name in changed:
+            vi.type.tensor_type.elem_type = TensorProto.UINT8
