@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -508,9 +509,12 @@ constexpr int64_t kBlock = 1 << 14;  // elements per parallel task of requantize
 // products of the rows route) and writes y (N, C, OH, OW), or with nhwc (N, OH, OW, C); nhwc alone takes data
 // (..., C) and writes its shape; the bias and scales are per last-axis channel. Out = uint8_t (requantize_uint8,
 // nhwc only): y as bytes, exact since every chain ends with a clip within [0, 255] (RequantizeAttrs checks).
+// addend (requantize_add, nhwc only): y's shape, added after the steps (Addend).
 template <typename Out>
 Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name, const RequantizeAttrs& attrs,
-                                     const Int32Tensor& data, const Int32Tensor& bias, Ort::Custom::Tensor<Out>& out) {
+                                     const Int32Tensor& data, const Int32Tensor& bias, Ort::Custom::Tensor<Out>& out,
+                                     const Int32Tensor* addend = nullptr, const std::vector<RequantStep>& addend_steps = {},
+                                     const std::vector<RequantStep>& sum_steps = {}) {
   const std::vector<int64_t>& shape = data.Shape();
   const std::vector<int64_t>& rows = attrs.rows;
   const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
@@ -529,7 +533,14 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
   const int32_t* b = channels > 0 ? bias.Data() : nullptr;
   const int64_t per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
   if (attrs.nhwc) {
-    Out* y = out.Allocate(rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c});
+    const std::vector<int64_t> dims = rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c};
+    if (addend && addend->Shape() != dims) {
+      return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " +
+                           shape_text(addend->Shape()));
+    }
+    const std::optional<Addend> second = addend ? std::optional<Addend>(Addend{addend->Data(), addend_steps,
+                                                                               sum_steps}) : std::nullopt;
+    Out* y = out.Allocate(dims);
     int32_t* words = nullptr;
     uint8_t* bytes = nullptr;
     if constexpr (std::is_same_v<Out, uint8_t>) {
@@ -541,7 +552,7 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
     auto block = [&](int64_t i) {
       requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
                       scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, words, per_position ? shape[1] : 0,
-                      attrs.per_channel, attrs.arrays, bytes);
+                      attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
     };
     parallel_for(context, (lines + per_block - 1) / per_block, block);
     return Ort::Status{nullptr};
@@ -640,6 +651,32 @@ struct Requantize {
   }
 
   RequantizeAttrs attrs;
+};
+
+// requantize_add(data int32, bias int32, addend int32): requantize with nhwc, then y = sum_steps(y +
+// addend_steps(addend)) (Addend; the attributes addend_steps and sum_steps, (kind, a, b) triples): a residual
+// block's end, its shortcut run, Add and the run after it, in the pass of the convolution's run.
+struct RequantizeAdd {
+  static constexpr const char* kName = "requantize_add";
+
+  RequantizeAdd(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
+    for (auto [name, steps] : {std::pair{"addend_steps", &addend_steps}, std::pair{"sum_steps", &sum_steps}}) {
+      if (std::string err = parse_steps(ints_attr(info, name, {}), *steps); !err.empty()) {
+        throw Ort::Exception(std::string(kName) + ": " + name + ": " + err, ORT_INVALID_ARGUMENT);
+      }
+    }
+    if (!attrs.nhwc) throw Ort::Exception("requantize_add: needs nhwc 1", ORT_INVALID_ARGUMENT);
+  }
+
+  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
+                      const Int32Tensor& addend, Int32Tensor& out) {
+    return guarded(kName, [&] {
+      return requantize_channels_last(context, kName, attrs, data, bias, out, &addend, addend_steps, sum_steps);
+    });
+  }
+
+  RequantizeAttrs attrs;
+  std::vector<RequantStep> addend_steps, sum_steps;
 };
 
 // -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
@@ -829,6 +866,8 @@ std::vector<OpPtr> create_ops() {
                             1, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8));
   ops.push_back(checked<14>(Ort::Custom::CreateLiteCustomOp<RequantizeUint8>("requantize_uint8", cpu),
                             "requantize_uint8", 2));
+  ops.push_back(checked<15>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd>("requantize_add", cpu), "requantize_add",
+                            3));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

@@ -302,21 +302,32 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 }
 
 
+// The second operand of requantize_add, laid out as y: y = after(the steps' value + steps(x)), the sum in int32
+// with wrap-around (as onnxruntime's Add).
+struct Addend {
+  const int32_t* x;
+  const std::vector<RequantStep>& steps;
+  const std::vector<RequantStep>& after;
+};
+
 // Channels innermost (NHWC, or the (N, P, C) products of the rows route): y[i] = the steps applied to
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
 // `channels` values, in chunks of about 1024 values (ending where the bias rows wrap around). positions > 0: the
 // bias is per position and channel, (P, C), row r's the bias row r % positions. `per` not empty: channel c's own
 // steps, in one pass with the bias where `arrays` holds them and there are no scales and no bias (C,), else
-// applied to the chunk's values of channel c gathered side by side (then put back). bytes not null: y is written
-// there as bytes instead (y unused), each chunk narrowed from int32; the caller proves every value in [0, 255].
+// applied to the chunk's values of channel c gathered side by side (then put back). addend not null: each chunk
+// then gets the addend's (Addend). bytes not null: y is written there as bytes instead (y unused), each chunk
+// narrowed from int32; the caller proves every value in [0, 255].
 CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                        const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
                                        int32_t* y, int64_t positions = 0, const ChannelSteps& per = {},
-                                       const ChannelArrays& arrays = {}, uint8_t* bytes = nullptr) {
+                                       const ChannelArrays& arrays = {}, uint8_t* bytes = nullptr,
+                                       const Addend* addend = nullptr) {
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
   const bool fused = !arrays.kinds.empty() && !scales && (positions > 0 || !bias_all);
   std::vector<int32_t> lane(per.empty() || fused ? 0 : static_cast<size_t>(group));
   std::vector<int32_t> chunk(bytes ? static_cast<size_t>(group * channels) : 0);
+  std::vector<int32_t> second(addend ? static_cast<size_t>(group * channels) : 0);
   for (int64_t first = begin, last = 0; first < end; first = last) {
     last = std::min({end, first + group, positions > 0 ? (first / positions + 1) * positions : end});
     const int64_t count = last - first;
@@ -352,6 +363,14 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
           for (int64_t r = 0; r < count; ++r) v[r * channels + c] = lane[r];
         }
       }
+    }
+    if (addend) {
+      std::copy_n(addend->x + first * channels, count * channels, second.data());
+      apply_steps_fast(second.data(), count * channels, addend->steps);
+      for (int64_t i = 0; i < count * channels; ++i) {
+        v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + static_cast<uint32_t>(second[i]));
+      }
+      apply_steps_fast(v, count * channels, addend->after);
     }
     if (bytes) {
       uint8_t* out = bytes + first * channels;

@@ -844,13 +844,14 @@ def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
 def stacked_quantized_convs(draw):
     """Two 3x3 quantized convolutions of u - zero in a row, each with a run (clip, shift, a multiplier per channel,
     shift, + a zero point, clip to [0, 255]; the zero points in [1, 254]: the unsigned route for both); the first
-    run's output read by the second convolution alone, or also the model's output, or also read by a relu."""
+    run's output read by the second convolution alone, or also the model's output, or also read by a relu, or by a
+    residual block's end (a third convolution's run scaled, + the first's clipped and scaled, shifted, clipped)."""
     c, h, w = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
     b = GraphBuilder()
     x = b.op("clip", b.input("data", (1, c, h, w), 10), a_min=0, a_max=255)
 
-    def conv_run(u, c_in: int):
-        oc = draw(st.integers(1, 4))
+    def conv_run(u, c_in: int, oc: int | None = None, scaled: bool = False):
+        oc = oc or draw(st.integers(1, 4))
         y = quantized_conv(b, u, c_in, draw(st.sampled_from([1, 127, 128, 254])), draw(tensors((oc, c_in, 3, 3), 8)),
                            draw(st.none() | tensors((oc,), 20)), kernel_size=(3, 3), padding=(1, 1))
         y = b.op("cvm_right_shift", b.op("clip", y, a_min=-(1 << 19), a_max=1 << 19), shift_bit=2, precision=16)
@@ -858,11 +859,21 @@ def stacked_quantized_convs(draw):
         y = b.op("broadcast_mul", y, b.param(f"m{len(b.nodes)}", np.array(muls).reshape(oc, 1, 1), 16))
         y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(8, 20)), precision=10)
         y = b.op("broadcast_add", y, b.param(f"q{len(b.nodes)}", np.array([draw(st.integers(0, 255))]), 9))
-        return b.op("clip", y, a_min=0, a_max=255), oc
+        y = b.op("clip", y, a_min=0, a_max=255)
+        if scaled:  # a residual branch at the shortcut's scale
+            y = b.op("broadcast_mul", y, b.param(f"s{len(b.nodes)}", np.array([draw(st.integers(1, 1 << 12))]), 14))
+        return y, oc
 
     first, oc = conv_run(x, c)
     y, _ = conv_run(first, oc)
-    other = draw(st.sampled_from(["none", "output", "relu"]))
+    other = draw(st.sampled_from(["none", "output", "relu", "residual"]))
+    if other == "residual":  # a residual block's end: the shortcut's run + the branch, shifted, clipped
+        short = b.op("broadcast_mul", b.op("cvm_clip", first, precision=9),
+                     b.param("short", np.array([draw(st.integers(1, 1 << 12))]), 14))
+        branch, _ = conv_run(first, oc, oc, scaled=True)
+        total = b.op("elemwise_add", branch, short)
+        y = b.op("clip", b.op("cvm_right_shift", total, shift_bit=draw(st.integers(1, 12)), precision=16), a_min=0,
+                 a_max=255)
     outs = [y] + ([first] if other == "output" else [b.op("relu", first)] if other == "relu" else [])
     data = draw(st.one_of(tensors((1, c, h, w), 10), st.just(np.full((1, c, h, w), 255, np.int32))))
     return b.build(*outs), data.astype(np.int32), other
@@ -871,15 +882,55 @@ def stacked_quantized_convs(draw):
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(case=stacked_quantized_convs())
-def test_bytes_between_quantized_convs_are_exact(case):
+def test_bytes_between_quantized_convs_and_residual_ends_are_exact(case):
     """channels_last writes the first convolution's requantized values as uint8 (``requantize_uint8``) exactly
-    where they are read by the second one's rows alone, and the model equals the reference executor on every route
-    (the rows with the bytes, and without the pass the columns)."""
+    where they are read by the second one's rows alone, and takes a residual block's end (shortcut run, Add, run)
+    into the branch's requantize (``requantize_add``); the model equals the reference executor on every route (the
+    rows with the passes, and without them the columns)."""
     graph, data, other = case
     model = to_onnx(graph, optimize=True, int8=True)
-    last = cpu.channels_last(model)
-    assert [n.op_type for n in last.graph.node].count("requantize_uint8") == (other == "none")
+    ops = [n.op_type for n in cpu.channels_last(model).graph.node]
+    assert ops.count("requantize_uint8") == (other == "none")
+    assert ops.count("requantize_add") == (other == "residual")
     assert_exact_on_every_route(model, graph, data)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 2), c=st.sampled_from([1, 3, 16]), positions=st.sampled_from([1, 7, 64]), data=st.data(),
+       rows=st.booleans(), threads=st.integers(1, 2))
+def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data, rows, threads):
+    """requantize_add(data, bias, addend) = sum_steps(requantize(data, bias) + addend_steps(addend)), the sum
+    wrapping in int32, with rows or without, each channel's own steps or one list; an addend not of y's shape, no
+    nhwc or bad addend steps are refused naming the op and the rule."""
+    per = [data.draw(st.lists(cpu_step, max_size=4)) for _ in range(c)]
+    x, bias = data.draw(tensors((n, positions, c), 32)), data.draw(tensors((c,), 32))
+    addend = data.draw(tensors((n, positions, 1, c) if rows else (n, positions, c), 32))
+    extra = {"addend_steps": [v for s in data.draw(st.lists(cpu_step, max_size=3)) for v in s],
+             "sum_steps": [v for s in data.draw(st.lists(cpu_step, max_size=3)) for v in s]}
+    model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True)
+    first = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
+    added = requantize_oracle(np.moveaxis(addend, -1, 1), np.zeros(0, np.int32), np.reshape(extra["addend_steps"],
+                                                                                           (-1, 3)))
+    summed = wrap32(first.astype(np.int64) + np.moveaxis(added, 1, -1))
+    want = np.moveaxis(requantize_oracle(np.moveaxis(summed, -1, 1), np.zeros(0, np.int32),
+                                         np.reshape(extra["sum_steps"], (-1, 3))), 1, -1)
+
+    def fused(shape, **attrs) -> onnx.ModelProto:
+        m = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, attrs.pop("nhwc", True))
+        m.graph.node[0].op_type = "requantize_add"
+        m.graph.node[0].input.append("a")
+        m.graph.node[0].attribute.extend(ints_attrs(**{**extra, **attrs}))
+        m.graph.input.append(helper.make_tensor_value_info("a", TensorProto.INT32, shape))
+        return m
+
+    got = session(fused(list(addend.shape)), threads=threads).run(None, {"x": x, "b": bias, "a": addend})[0]
+    assert np.array_equal(got, want)
+    for shape, attrs, message in [((n, positions + 1, c), {}, "the addend must have y's shape"),
+                                  (addend.shape, {"nhwc": False}, "needs nhwc 1"),
+                                  (addend.shape, {"sum_steps": [0, 40, 0]}, "sum_steps: step 0")]:
+        with pytest.raises(RuntimeFailure, match=f"requantize_add: {message}"):
+            run(fused(list(shape), **attrs), {"x": x, "b": bias, "a": np.zeros(shape, np.int32)})
 
 
 def test_rows_read_uint8_channels_last_data_as_its_int32_twin():

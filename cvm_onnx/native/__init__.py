@@ -34,7 +34,10 @@ serving form's window ops and fused requantization:
   channel_counts (instead of steps): each channel's own steps (not with width, batch_inner or scales); rows, nhwc
   and channel_steps on the CPU only;
 * ``requantize_uint8(data, bias) -> uint8``: requantize with nhwc 1 writing bytes, every chain ending with a clip
-  within [0, 255]; ``im2col_rows`` also takes such uint8 data (N, H, W, C) (nhwc 1, a zero); CPU only.
+  within [0, 255]; ``im2col_rows`` also takes such uint8 data (N, H, W, C) (nhwc 1, a zero); CPU only;
+* ``requantize_add(data, bias, addend) -> int32``: requantize with nhwc 1, then ``sum_steps(y +
+  addend_steps(addend))`` (attributes of (kind, a, b) triples; the addend y-shaped): a residual block's end in
+  one pass; CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -169,7 +172,7 @@ def _infer_lut(ctx) -> None:
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
-SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8")
+SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8", "requantize_add")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
 CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc", "channel_counts")}
@@ -307,8 +310,8 @@ def _infer_requantize(ctx, elem_type: int = TensorProto.INT32) -> None:
 
 def _requantize_schema(name: str = "requantize") -> OpSchema:
     """requantize's schema, or requantize_uint8's (the same with nhwc, y uint8: every chain ends with a clip
-    within [0, 255]; CPU only)."""
-    bytes_out = name == "requantize_uint8"
+    within [0, 255]; CPU only), or requantize_add's (the same with nhwc and an addend of y's shape; CPU only)."""
+    bytes_out, add = name == "requantize_uint8", name == "requantize_add"
     s = OpSchema(
         name, DOMAIN, VERSION,
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
@@ -319,9 +322,11 @@ def _requantize_schema(name: str = "requantize") -> OpSchema:
         "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
         "(not with width, batch_inner or scales; CPU only)." + (
             " requantize_uint8: with nhwc=1, y as uint8; every chain must end with a clip within [0, 255]."
-            if bytes_out else ""),
+            if bytes_out else " requantize_add: with nhwc=1, then y = sum_steps(y + addend_steps(addend))."
+            if add else ""),
         inputs=[OpSchema.FormalParameter("data", "T", "int32"),
-                OpSchema.FormalParameter("bias", "T", "(C,) or (0,); with rows also (OH * OW, C)")],
+                OpSchema.FormalParameter("bias", "T", "(C,) or (0,); with rows also (OH * OW, C)"),
+                *[OpSchema.FormalParameter("addend", "T", "y-shaped")] * add],
         outputs=[OpSchema.FormalParameter("y", "U", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors"),
                           ("U", ["tensor(uint8)" if bytes_out else "tensor(int32)"], "y")],
@@ -337,7 +342,9 @@ def _requantize_schema(name: str = "requantize") -> OpSchema:
                     OpSchema.Attribute("rows", OpSchema.AttrType.INTS, "(OH, OW): data (N, OH * OW, C) -> "
                                        "(N, C, OH, OW)", required=False),
                     OpSchema.Attribute("nhwc", onnx.helper.make_attribute("nhwc", 0), "1: channels on the last axis "
-                                       "(with rows: y (N, OH, OW, C))")],
+                                       "(with rows: y (N, OH, OW, C))"),
+                    *[OpSchema.Attribute(a, OpSchema.AttrType.INTS, f"(kind, a, b) triples {what}", required=False)
+                      for a, what in (("addend_steps", "on the addend"), ("sum_steps", "on the sum")) if add]],
     )
     s.set_type_and_shape_inference_function(
         lambda ctx: _infer_requantize(ctx, TensorProto.UINT8 if bytes_out else TensorProto.INT32))
@@ -376,6 +383,7 @@ def _schemas() -> list[OpSchema]:
         *(_im2col_schema(name, t) for name, t in {**IM2COL, "im2col_rows": TensorProto.UINT8}.items()),
         _requantize_schema(),
         _requantize_schema("requantize_uint8"),
+        _requantize_schema("requantize_add"),
     ]
 
 

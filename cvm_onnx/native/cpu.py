@@ -335,8 +335,62 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
             vi.type.tensor_type.shape.dim.extend(dims)
     del graph.node[:]
     graph.node.extend(nodes)
+    residual_ends(graph)
     bytes_between_rows(graph)
     return out
+
+
+def residual_ends(graph: onnx.GraphProto) -> None:
+    """In place, after ``channels_last``: each Add of two NHWC ``requantize`` outputs that only it reads, one of them
+    a run of steps alone (no rows, channel steps, scales, width or bias: a residual block's shortcut), whose sum
+    only such a run reads (the block's end), becomes one ``requantize_add`` at the Add's place: the other
+    ``requantize`` with the shortcut's data as its addend, ``addend_steps`` the shortcut's steps and ``sum_steps``
+    the end's, writing the end's output. Invariant: the same int32 values, element for element (its sum wraps as
+    Add's)."""
+    consts = _consts(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    outputs = {o.name for o in graph.output}
+
+    def channels_last_requantize(n: onnx.NodeProto | None) -> bool:
+        return n is not None and n.domain == DOMAIN and n.op_type == "requantize" and _int_attr(n, "nhwc") == 1
+
+    def steps_alone(n: onnx.NodeProto) -> bool:
+        names = {a.name for a in n.attribute}
+        bias = consts.get(n.input[1])
+        return "steps" in names and not names & {"rows", "channel_counts", "scales", "width"} and \
+            bias is not None and bias.size == 0
+
+    def only_read(t: str) -> onnx.NodeProto | None:  # the requantize making t, read by one node and not an output
+        n = producer.get(t)
+        return n if channels_last_requantize(n) and len(readers.get(t, [])) == 1 and t not in outputs else None
+
+    fused: dict[int, onnx.NodeProto | None] = {}
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or add.output[0] in outputs:
+            continue
+        ins, ends = [only_read(t) for t in add.input], readers.get(add.output[0], [])
+        if None in ins or len(ends) != 1 or not channels_last_requantize(ends[0]) or not steps_alone(ends[0]):
+            continue
+        short = next((n for n in reversed(ins) if steps_alone(n)), None)
+        if short is None:
+            continue
+        main, end = ins[0] if short is ins[1] else ins[1], ends[0]
+        node = helper.make_node("requantize_add", [main.input[0], main.input[1], short.input[0]], [end.output[0]],
+                                name=main.name, domain=DOMAIN)
+        node.attribute.extend([*main.attribute, helper.make_attribute("addend_steps", _ints_attr(short, "steps")),
+                               helper.make_attribute("sum_steps", _ints_attr(end, "steps"))])
+        fused.update({id(add): node, id(main): None, id(short): None, id(end): None})
+    nodes = [fused.get(id(n), n) for n in graph.node]
+    del graph.node[:]
+    graph.node.extend(n for n in nodes if n is not None)
+
+
+def _ints_attr(node: onnx.NodeProto, name: str) -> list[int]:
+    return next(list(a.ints) for a in node.attribute if a.name == name)
 
 
 def _ends_in_bytes(steps: list[int]) -> bool:
