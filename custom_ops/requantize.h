@@ -124,10 +124,14 @@ __attribute__((always_inline)) inline void apply_steps_fast(int32_t* v, int64_t 
 // Steps per channel (the channel_steps attribute): steps[c] for channel c; empty when the op has one list for all.
 using ChannelSteps = std::vector<std::vector<RequantStep>>;
 
+// Values per dispatch of apply_channel_arrays: 8 vectors of 16 lanes, independent chains that hide the steps'
+// latencies (8 of AVX-512's 32 registers).
+constexpr size_t kTile = 128;
+
 // Channel steps of one sequence of kinds, their constants laid out for values with the channel innermost: step k
 // of the value at index i (i % C its channel) is kinds[k] with a[k * period + i % period], b[k * period +
-// i % period] (a shift as its half, 2^(s-1) or 0, and s), period = lcm(C, 64): every run of 64 values from a
-// multiple of 64 finds its constants side by side. Empty kinds: the channels' kinds differ.
+// i % period] (a shift as its half, 2^(s-1) or 0, and s), period = lcm(C, kTile): every run of kTile values from
+// a multiple of kTile finds its constants side by side. Empty kinds: the channels' kinds differ.
 struct ChannelArrays {
   std::vector<int64_t> kinds;
   size_t period = 0;
@@ -144,7 +148,7 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
     }
   }
   const size_t channels = per.size(), steps = per[0].size();
-  out.period = std::lcm<size_t>(channels, 64);
+  out.period = std::lcm<size_t>(channels, kTile);
   out.a.resize(steps * out.period);
   out.b.resize(steps * out.period);
   for (size_t k = 0; k < steps; ++k) {
@@ -233,7 +237,7 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
 }
 
 // v[i] = each channel's steps (ChannelArrays) applied to x[i] + add[i] (add null: x[i]) for i < n, x's first value
-// of channel 0: the whole chain on 64 values at a time (then 16, then one), kept in registers from the first step
+// of channel 0: the whole chain on kTile values at a time (then 16, then one), kept in registers from the first step
 // to the last, each lane with its channel's constants. x and v may be the same.
 __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x, const int32_t* add, int64_t n,
                                                                 const ChannelArrays& p, int32_t* v) {
@@ -243,7 +247,7 @@ __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x
     i += by;
     at = at + static_cast<size_t>(by) == p.period ? 0 : at + static_cast<size_t>(by);
   };
-  for (; i + 4 * kLanes <= n; advance(4 * kLanes)) lanes_chain<4>(x, add, i, at, p, v);
+  for (; i + static_cast<int64_t>(kTile) <= n; advance(kTile)) lanes_chain<kTile / kLanes>(x, add, i, at, p, v);
   for (; i + kLanes <= n; advance(kLanes)) lanes_chain<1>(x, add, i, at, p, v);
   for (; i < n; advance(1)) {
     int32_t y = static_cast<int32_t>(static_cast<uint32_t>(x[i]) + static_cast<uint32_t>(add ? add[i] : 0));
