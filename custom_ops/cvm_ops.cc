@@ -456,6 +456,18 @@ struct RequantizeAttrs {
     }
   }
 
+  // The CPU kernels' form (the CUDA kernel runs the steps as given): every chain simplified (requantize.h), the
+  // channels' chains together where they have one sequence of kinds.
+  void simplify_chains() {
+    steps = simplified(steps);
+    if (arrays.kinds.empty()) {
+      for (std::vector<RequantStep>& chain : per_channel) chain = simplified(chain);
+    } else {
+      simplify(per_channel);
+    }
+    arrays = channel_arrays(per_channel);
+  }
+
   // y's shape for data's: data's, its last axis `width` long with a width, its first two axes swapped with
   // batch_inner (data (C, N, ...) gives y (N, C, ...)); empty when data cannot give one.
   std::vector<int64_t> output_shape(std::vector<int64_t> shape) const {
@@ -586,6 +598,7 @@ struct RequantizeUint8 {
       throw Ort::Exception("requantize_uint8: needs nhwc 1 and every chain ending with a clip within [0, 255]",
                            ORT_INVALID_ARGUMENT);
     }
+    attrs.simplify_chains();
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
@@ -602,7 +615,7 @@ struct RequantizeUint8 {
 // keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
 // axis-1 channel before the bias.
 struct Requantize {
-  Requantize(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {}
+  Requantize(const OrtApi*, const OrtKernelInfo* info) : attrs(info) { attrs.simplify_chains(); }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias, Int32Tensor& out) {
     return guarded("requantize", [&] {
@@ -666,6 +679,9 @@ struct RequantizeAdd {
       }
     }
     if (!attrs.nhwc) throw Ort::Exception("requantize_add: needs nhwc 1", ORT_INVALID_ARGUMENT);
+    attrs.simplify_chains();
+    addend_steps = simplified(addend_steps);
+    sum_steps = simplified(sum_steps);
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,

@@ -124,6 +124,96 @@ __attribute__((always_inline)) inline void apply_steps_fast(int32_t* v, int64_t 
 // Steps per channel (the channel_steps attribute): steps[c] for channel c; empty when the op has one list for all.
 using ChannelSteps = std::vector<std::vector<RequantStep>>;
 
+// The values a chain of steps can hold at some point: [lo, hi] within int32.
+struct Range {
+  int64_t lo = INT32_MIN, hi = INT32_MAX;
+};
+
+// The values step s gives for values in r (int32 wrap-around anywhere in r: every value the step can give).
+inline Range after(const RequantStep& s, Range r) {
+  const auto fits = [](int64_t lo, int64_t hi) { return lo >= INT32_MIN && hi <= INT32_MAX; };
+  switch (s.kind) {
+    case kClip:
+      return {std::clamp(r.lo, s.a, s.b), std::clamp(r.hi, s.a, s.b)};
+    case kShift: {
+      const int64_t half = shift_half(s.a);
+      if (!fits(r.lo + half, r.hi + half)) return {int64_t{INT32_MIN} >> s.a, int64_t{INT32_MAX} >> s.a};
+      return {(r.lo + half) >> s.a, (r.hi + half) >> s.a};
+    }
+    case kMul: {
+      const int64_t p = r.lo * s.a, q = r.hi * s.a;
+      return fits(std::min(p, q), std::max(p, q)) ? Range{std::min(p, q), std::max(p, q)} : Range{};
+    }
+    default:
+      return fits(r.lo + s.a, r.hi + s.a) ? Range{r.lo + s.a, r.hi + s.a} : Range{};
+  }
+}
+
+// Whether step s leaves every value in r as it is.
+inline bool identity(const RequantStep& s, Range r) {
+  switch (s.kind) {
+    case kClip: return s.a <= r.lo && r.hi <= s.b;
+    case kMul: return s.a == 1;
+    default: return s.a == 0;  // a shift by 0, an add of 0
+  }
+}
+
+// The same chains in fewer steps, their kinds kept the same for every chain (chains[c] channel c's; each chain's
+// values tracked by Range from any int32): a step that leaves every chain's values as they are goes; two clips in a
+// row are one, clip(clip(x, a1, b1), a2, b2) = clip(x, min(max(a1, a2), b2), max(min(b1, b2), a2)); add c, clip
+// (a, b), add -c, where neither add wraps around, is clip(a - c, b - c).
+inline void simplify(ChannelSteps& chains) {
+  for (bool changed = !chains.empty(); changed;) {
+    changed = false;
+    std::vector<Range> r(chains.size());  // each chain's values before step k
+    const auto all = [&](auto&& rule) {
+      for (size_t c = 0; c < chains.size(); ++c) {
+        if (!rule(chains[c], r[c])) return false;
+      }
+      return true;
+    };
+    const auto erase = [&](size_t k, size_t count) {
+      for (std::vector<RequantStep>& chain : chains) {
+        chain.erase(chain.begin() + static_cast<std::ptrdiff_t>(k), chain.begin() + static_cast<std::ptrdiff_t>(k + count));
+      }
+    };
+    const std::vector<RequantStep>& first = chains[0];
+    for (size_t k = 0; k < first.size() && !changed; ++k) {
+      const auto kind = [&](size_t j) { return j < first.size() ? first[j].kind : int64_t{-1}; };
+      if (all([&](const std::vector<RequantStep>& chain, Range v) { return identity(chain[k], v); })) {
+        erase(k, 1);
+        changed = true;
+      } else if (kind(k) == kClip && kind(k + 1) == kClip) {
+        for (std::vector<RequantStep>& chain : chains) {
+          const RequantStep &one = chain[k], &two = chain[k + 1];
+          chain[k] = {kClip, std::min(std::max(one.a, two.a), two.b), std::max(std::min(one.b, two.b), two.a)};
+        }
+        erase(k + 1, 1);
+        changed = true;
+      } else if (kind(k) == kAdd && kind(k + 1) == kClip && kind(k + 2) == kAdd &&
+                 all([&](const std::vector<RequantStep>& chain, Range v) {
+                   const int64_t add = chain[k].a, lo = chain[k + 1].a - add, hi = chain[k + 1].b - add;
+                   return chain[k + 2].a == -add && v.lo + add >= INT32_MIN && v.hi + add <= INT32_MAX &&
+                          lo >= INT32_MIN && hi <= INT32_MAX;
+                 })) {
+        for (std::vector<RequantStep>& chain : chains) {
+          chain[k] = {kClip, chain[k + 1].a - chain[k].a, chain[k + 1].b - chain[k].a};
+        }
+        erase(k + 1, 2);
+        changed = true;
+      }
+      for (size_t c = 0; c < chains.size() && !changed; ++c) r[c] = after(chains[c][k], r[c]);
+    }
+  }
+}
+
+// One chain simplified.
+inline std::vector<RequantStep> simplified(const std::vector<RequantStep>& chain) {
+  ChannelSteps one{chain};
+  simplify(one);
+  return one[0];
+}
+
 // Values per dispatch of apply_channel_arrays: 8 vectors of 16 lanes, independent chains that hide the steps'
 // latencies (8 of AVX-512's 32 registers).
 constexpr size_t kTile = 128;

@@ -1060,6 +1060,55 @@ def test_requantize_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positi
                           want.transpose(0, 2, 1) if "nhwc" in layout else want)
 
 
+@st.composite
+def simplifiable_chain(draw, kinds: list[str]):
+    """Steps of the given pieces, each of which the CPU kernels may simplify away or merge: "clip" (any, or one
+    wider than the values), "clips" (two in a row), "id" (shift 0, multiply by 1 or add 0), "around" (add c,
+    clip, add -c, c at the int32 edges too), "shift", "mul"."""
+    edge = st.sampled_from([-(1 << 31), (1 << 31) - 1, 0, 1, -1, 255, -255, 121, -121, 1 << 20])
+    value = st.one_of(int32s, edge)
+    clip = st.tuples(value, value).map(sorted).map(lambda ab: (3, *ab))
+    steps = []
+    for kind in kinds:
+        if kind == "clip":
+            steps.append(draw(clip))
+        elif kind == "clips":
+            steps += [draw(clip), draw(clip)]
+        elif kind == "id":
+            steps.append(draw(st.sampled_from([(0, 0, 0), (1, 1, 0), (2, 0, 0), (3, -(1 << 31), (1 << 31) - 1)])))
+        elif kind == "around":  # c often large: x + c wraps around for some x, unless the range before rules it out
+            c = draw(st.one_of(st.sampled_from([(1 << 31) - 1, 1 - (1 << 31), 1 << 30, -(1 << 30)]), value))
+            steps += [(2, c, 0), draw(clip), (2, -c, 0) if -c < (1 << 31) else (2, c, 0)]
+        elif kind == "shift":
+            steps.append((0, draw(st.integers(0, 31)), 0))
+        else:
+            steps.append((1, draw(value), 0))
+    return steps
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["clip", "clips", "id", "around", "shift", "mul"]), min_size=1, max_size=8),
+       data=st.data(), c=st.sampled_from([1, 2, 16]), layout=st.sampled_from(["nchw", "nhwc", "rows"]))
+def test_requantize_chains_the_kernel_simplifies_stay_exact(kinds, data, c, layout):
+    """Steps that leave every value as it is, clips in a row and add c, clip, add -c (which the CPU kernels drop or
+    merge where the values' range proves it, each channel's chains kept of one sequence of kinds) give the
+    oracle's values, at the int32 edges, for one list and for each channel's own."""
+    per = [data.draw(simplifiable_chain(kinds)) for _ in range(c)]
+    shape = (2, 37, c) if layout != "nchw" else (2, c, 37)
+    x = data.draw(st.one_of(tensors(shape, 32), st.sampled_from([np.full(shape, v, np.int32) for v in
+                                                                 (-(1 << 31), (1 << 31) - 1, 0, -121, 134)])))
+    nchw = x.transpose(0, 2, 1) if layout != "nchw" else x
+    want = np.concatenate([requantize_oracle(nchw[:, k:k + 1], np.zeros(0, np.int32), per[k]) for k in range(c)], 1)
+    model = channel_steps_model(list(shape), 0, per, [37, 1] if layout == "rows" else None, layout == "nhwc")
+    got = session(model).run(None, {"x": x, "b": np.zeros(0, np.int32)})[0]
+    assert np.array_equal(got.reshape(want.transpose(0, 2, 1).shape if layout == "nhwc" else want.shape),
+                          want.transpose(0, 2, 1) if layout == "nhwc" else want)
+    one = requantize_model(list(nchw.shape), 0, per[0])
+    assert np.array_equal(run(one, {"x": nchw, "b": np.zeros(0, np.int32)})[0], want[:, :1] if c == 1 else
+                          requantize_oracle(nchw, np.zeros(0, np.int32), per[0]))
+
+
 def wrap32(v: np.ndarray) -> np.ndarray:
     return ((v + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
 
