@@ -122,9 +122,10 @@ NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
 }
 
 // -- input checks: an error message, empty when the inputs are valid --------------------------------------------
-// Every input present (not an omitted '') and a tensor of `type` (int32, or uint8 for im2col_rows of bytes):
-// checked before the lite API builds its arguments, which read an absent input's shape through a null value.
-std::string check_inputs(OrtKernelContext* context, size_t count, ONNXTensorElementDataType type) {
+// Every input present (not an omitted '') and an int32 tensor, or uint8 for input i where bit i of `bytes` is set
+// (data made by the uint8 requantize ops): checked before the lite API builds its arguments, which read an absent
+// input's shape through a null value.
+std::string check_inputs(OrtKernelContext* context, size_t count, unsigned bytes) {
   Ort::KernelContext ctx(context);
   if (ctx.GetInputCount() != count) {
     return "takes " + std::to_string(count) + " inputs, got " + std::to_string(ctx.GetInputCount());
@@ -132,9 +133,10 @@ std::string check_inputs(OrtKernelContext* context, size_t count, ONNXTensorElem
   for (size_t i = 0; i < count; ++i) {
     Ort::ConstValue value = ctx.GetInput(i);
     if (static_cast<const OrtValue*>(value) == nullptr) return "input " + std::to_string(i) + " is absent";
-    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() != type) {
-      return "input " + std::to_string(i) + " must be an " +
-             (type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 ? "uint8" : "int32") + " tensor";
+    const bool byte = bytes >> i & 1u;
+    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() !=
+                                 (byte ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)) {
+      return "input " + std::to_string(i) + " must be an " + (byte ? "uint8" : "int32") + " tensor";
     }
   }
   return {};
@@ -522,10 +524,11 @@ constexpr int64_t kBlock = 1 << 14;  // elements per parallel task of requantize
 // (..., C) and writes its shape; the bias and scales are per last-axis channel. Out = uint8_t (requantize_uint8,
 // nhwc only): y as bytes, exact since every chain ends with a clip within [0, 255] (RequantizeAttrs checks).
 // addend (requantize_add, nhwc only): y's shape, added after the steps (Addend).
-template <typename Out>
+template <typename Out, typename In = int32_t>
 Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name, const RequantizeAttrs& attrs,
                                      const Int32Tensor& data, const Int32Tensor& bias, Ort::Custom::Tensor<Out>& out,
-                                     const Int32Tensor* addend = nullptr, const std::vector<RequantStep>& addend_steps = {},
+                                     const Ort::Custom::Tensor<In>* addend = nullptr,
+                                     const std::vector<RequantStep>& addend_steps = {},
                                      const std::vector<RequantStep>& sum_steps = {}) {
   const std::vector<int64_t>& shape = data.Shape();
   const std::vector<int64_t>& rows = attrs.rows;
@@ -550,8 +553,14 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
       return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " +
                            shape_text(addend->Shape()));
     }
-    const std::optional<Addend> second = addend ? std::optional<Addend>(Addend{addend->Data(), addend_steps,
-                                                                               sum_steps}) : std::nullopt;
+    std::optional<Addend> second;
+    if (addend) {
+      if constexpr (std::is_same_v<In, uint8_t>) {
+        second.emplace(Addend{nullptr, addend->Data(), addend_steps, sum_steps});
+      } else {
+        second.emplace(Addend{addend->Data(), nullptr, addend_steps, sum_steps});
+      }
+    }
     Out* y = out.Allocate(dims);
     int32_t* words = nullptr;
     uint8_t* bytes = nullptr;
@@ -584,13 +593,15 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
   return Ort::Status{nullptr};  // (requantize_uint8 has nhwc: RequantizeUint8 checks)
 }
 
+// Whether a chain ends with a clip within [0, 255] (its values then bytes).
+bool ends_in_bytes(const std::vector<RequantStep>& steps) {
+  return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
+}
+
 // requantize_uint8(data int32, bias int32): requantize with nhwc, y written as uint8; every chain (steps, or each
 // channel's) must end with a clip within [0, 255], which makes the narrowing exact.
 struct RequantizeUint8 {
   RequantizeUint8(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
-    const auto ends_in_bytes = [](const std::vector<RequantStep>& steps) {
-      return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
-    };
     const bool bytes = attrs.per_channel.empty() ? ends_in_bytes(attrs.steps)
                                                  : std::all_of(attrs.per_channel.begin(), attrs.per_channel.end(),
                                                                ends_in_bytes);
@@ -666,11 +677,14 @@ struct Requantize {
   RequantizeAttrs attrs;
 };
 
-// requantize_add(data int32, bias int32, addend int32): requantize with nhwc, then y = sum_steps(y +
-// addend_steps(addend)) (Addend; the attributes addend_steps and sum_steps, (kind, a, b) triples): a residual
-// block's end, its shortcut run, Add and the run after it, in the pass of the convolution's run.
+// requantize_add(data int32, bias int32, addend int32 or uint8 (In)): requantize with nhwc, then y =
+// sum_steps(y + addend_steps(addend)) (Addend; the attributes addend_steps and sum_steps, (kind, a, b) triples): a
+// residual block's end, its shortcut run, Add and the run after it, in the pass of the convolution's run. Out =
+// uint8_t (requantize_add_uint8): y as bytes, sum_steps ending with a clip within [0, 255].
+template <typename In, typename Out>
 struct RequantizeAdd {
-  static constexpr const char* kName = "requantize_add";
+  static constexpr bool kBytes = std::is_same_v<Out, uint8_t>;
+  static constexpr const char* kName = kBytes ? "requantize_add_uint8" : "requantize_add";
 
   RequantizeAdd(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
     for (auto [name, steps] : {std::pair{"addend_steps", &addend_steps}, std::pair{"sum_steps", &sum_steps}}) {
@@ -678,14 +692,17 @@ struct RequantizeAdd {
         throw Ort::Exception(std::string(kName) + ": " + name + ": " + err, ORT_INVALID_ARGUMENT);
       }
     }
-    if (!attrs.nhwc) throw Ort::Exception("requantize_add: needs nhwc 1", ORT_INVALID_ARGUMENT);
+    if (!attrs.nhwc) throw Ort::Exception(std::string(kName) + ": needs nhwc 1", ORT_INVALID_ARGUMENT);
+    if (kBytes && !ends_in_bytes(sum_steps)) {
+      throw Ort::Exception("requantize_add_uint8: sum_steps must end with a clip within [0, 255]", ORT_INVALID_ARGUMENT);
+    }
     attrs.simplify_chains();
     addend_steps = simplified(addend_steps);
     sum_steps = simplified(sum_steps);
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
-                      const Int32Tensor& addend, Int32Tensor& out) {
+                      const Ort::Custom::Tensor<In>& addend, Ort::Custom::Tensor<Out>& out) {
     return guarded(kName, [&] {
       return requantize_channels_last(context, kName, attrs, data, bias, out, &addend, addend_steps, sum_steps);
     });
@@ -832,11 +849,11 @@ struct CheckedEntry {
   static inline OrtStatusPtr(ORT_API_CALL* lite)(void*, OrtKernelContext*) = nullptr;
   static inline const char* op = nullptr;
   static inline size_t inputs = 0;
-  static inline ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+  static inline unsigned bytes = 0;
 
   static OrtStatusPtr ORT_API_CALL compute(void* kernel, OrtKernelContext* context) {
     Ort::Status status = guarded(op, [&] {
-      const std::string err = check_inputs(context, inputs, type);
+      const std::string err = check_inputs(context, inputs, bytes);
       return err.empty() ? Ort::Status{nullptr} : invalid(op, err);
     });
     return status.IsOK() ? lite(kernel, context) : status.release();
@@ -847,17 +864,16 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, s
   return INPUT_OUTPUT_REQUIRED;
 }
 
-// A lite custom op with required inputs and outputs (of `type`) and the checked compute entry of `Slot` (one per
-// op).
+// A lite custom op with required inputs and outputs (int32, or uint8 for input i where bit i of `bytes` is set) and
+// the checked compute entry of `Slot` (one per op).
 template <int Slot>
-OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs,
-              ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32) {
+OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs, unsigned bytes = 0) {
   if (op->KernelComputeV2 == nullptr) throw std::logic_error(std::string(name) + ": its Compute must return a status");
   if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(std::string(name) + ": its slot is taken");
   CheckedEntry<Slot>::lite = op->KernelComputeV2;
   CheckedEntry<Slot>::op = name;
   CheckedEntry<Slot>::inputs = inputs;
-  CheckedEntry<Slot>::type = type;
+  CheckedEntry<Slot>::bytes = bytes;
   op->KernelComputeV2 = &CheckedEntry<Slot>::compute;
   op->GetInputCharacteristic = &required;
   op->GetOutputCharacteristic = &required;
@@ -879,11 +895,19 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<12>(Ort::Custom::CreateLiteCustomOp<Im2colRows<int32_t>>("im2col_rows", cpu), "im2col_rows",
                             1));
   ops.push_back(checked<13>(Ort::Custom::CreateLiteCustomOp<Im2colRows<uint8_t>>("im2col_rows", cpu), "im2col_rows",
-                            1, ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8));
+                            1, 1));
   ops.push_back(checked<14>(Ort::Custom::CreateLiteCustomOp<RequantizeUint8>("requantize_uint8", cpu),
                             "requantize_uint8", 2));
-  ops.push_back(checked<15>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd>("requantize_add", cpu), "requantize_add",
-                            3));
+  ops.push_back(checked<15>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<int32_t, int32_t>>("requantize_add", cpu),
+                            "requantize_add", 3));
+  ops.push_back(checked<16>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<uint8_t, int32_t>>("requantize_add", cpu),
+                            "requantize_add", 3, 4));
+  ops.push_back(checked<17>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<int32_t, uint8_t>>("requantize_add_uint8",
+                                                                                             cpu),
+                            "requantize_add_uint8", 3));
+  ops.push_back(checked<18>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<uint8_t, uint8_t>>("requantize_add_uint8",
+                                                                                             cpu),
+                            "requantize_add_uint8", 3, 4));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

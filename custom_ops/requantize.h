@@ -397,9 +397,10 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 
 
 // The second operand of requantize_add, laid out as y: y = after(the steps' value + steps(x)), the sum in int32
-// with wrap-around (as onnxruntime's Add).
+// with wrap-around (as onnxruntime's Add); x int32, or bytes (x null) taken as their values.
 struct Addend {
   const int32_t* x;
+  const uint8_t* bytes;
   const std::vector<RequantStep>& steps;
   const std::vector<RequantStep>& after;
 };
@@ -459,7 +460,11 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
       }
     }
     if (addend) {
-      std::copy_n(addend->x + first * channels, count * channels, second.data());
+      if (addend->x) {
+        std::copy_n(addend->x + first * channels, count * channels, second.data());
+      } else {
+        std::copy_n(addend->bytes + first * channels, count * channels, second.data());
+      }
       apply_steps_fast(second.data(), count * channels, addend->steps);
       for (int64_t i = 0; i < count * channels; ++i) {
         v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + static_cast<uint32_t>(second[i]));

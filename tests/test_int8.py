@@ -844,8 +844,9 @@ def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
 def stacked_quantized_convs(draw):
     """Two 3x3 quantized convolutions of u - zero in a row, each with a run (clip, shift, a multiplier per channel,
     shift, + a zero point, clip to [0, 255]; the zero points in [1, 254]: the unsigned route for both); the first
-    run's output read by the second convolution alone, or also the model's output, or also read by a relu, or by a
-    residual block's end (a third convolution's run scaled, + the first's clipped and scaled, shifted, clipped)."""
+    run's output read by the second convolution alone, or also the model's output, or also read by a relu; or one
+    or two residual blocks after the first (each a convolution's run scaled, + the block's input clipped and
+    scaled, shifted, clipped; the first block's end read by the second block's convolution and shortcut)."""
     c, h, w = draw(st.integers(1, 3)), draw(st.integers(1, 6)), draw(st.integers(1, 6))
     b = GraphBuilder()
     x = b.op("clip", b.input("data", (1, c, h, w), 10), a_min=0, a_max=255)
@@ -865,15 +866,17 @@ def stacked_quantized_convs(draw):
         return y, oc
 
     first, oc = conv_run(x, c)
-    y, _ = conv_run(first, oc)
-    other = draw(st.sampled_from(["none", "output", "relu", "residual"]))
-    if other == "residual":  # a residual block's end: the shortcut's run + the branch, shifted, clipped
-        short = b.op("broadcast_mul", b.op("cvm_clip", first, precision=9),
-                     b.param("short", np.array([draw(st.integers(1, 1 << 12))]), 14))
+    other = draw(st.sampled_from(["none", "output", "relu", "residual", "residuals"]))
+    blocks = {"residual": 1, "residuals": 2}.get(other, 0)
+    if not blocks:
+        y, _ = conv_run(first, oc)
+    for _ in range(blocks):  # a residual block's end: the shortcut's run +
+        short = b.op("broadcast_mul", b.op("cvm_clip", first, precision=9),  # the branch, shifted, clipped
+                     b.param(f"short{len(b.nodes)}", np.array([draw(st.integers(1, 1 << 12))]), 14))
         branch, _ = conv_run(first, oc, oc, scaled=True)
         total = b.op("elemwise_add", branch, short)
-        y = b.op("clip", b.op("cvm_right_shift", total, shift_bit=draw(st.integers(1, 12)), precision=16), a_min=0,
-                 a_max=255)
+        first = y = b.op("clip", b.op("cvm_right_shift", total, shift_bit=draw(st.integers(1, 12)), precision=16),
+                         a_min=0, a_max=255)
     outs = [y] + ([first] if other == "output" else [b.op("relu", first)] if other == "relu" else [])
     data = draw(st.one_of(tensors((1, c, h, w), 10), st.just(np.full((1, c, h, w), 255, np.int32))))
     return b.build(*outs), data.astype(np.int32), other
@@ -885,52 +888,61 @@ def stacked_quantized_convs(draw):
 def test_bytes_between_quantized_convs_and_residual_ends_are_exact(case):
     """channels_last writes the first convolution's requantized values as uint8 (``requantize_uint8``) exactly
     where they are read by the second one's rows alone, and takes a residual block's end (shortcut run, Add, run)
-    into the branch's requantize (``requantize_add``); the model equals the reference executor on every route (the
+    into the branch's requantize (``requantize_add``, writing bytes where the next block's rows and shortcut alone
+    read them); the model equals the reference executor on every route (the
     rows with the passes, and without them the columns)."""
     graph, data, other = case
     model = to_onnx(graph, optimize=True, int8=True)
     ops = [n.op_type for n in cpu.channels_last(model).graph.node]
-    assert ops.count("requantize_uint8") == (other == "none")
-    assert ops.count("requantize_add") == (other == "residual")
+    assert ops.count("requantize_uint8") == (other in ("none", "residual", "residuals"))  # read by rows (+ addend)
+    assert ops.count("requantize_add") == other.startswith("residual")
+    assert ops.count("requantize_add_uint8") == (other == "residuals")  # the first end: read as bytes
     assert_exact_on_every_route(model, graph, data)
 
 
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(n=st.integers(1, 2), c=st.sampled_from([1, 3, 16]), positions=st.sampled_from([1, 7, 64]), data=st.data(),
-       rows=st.booleans(), threads=st.integers(1, 2))
-def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data, rows, threads):
+       rows=st.booleans(), threads=st.integers(1, 2), bytes_in=st.booleans(), bytes_out=st.booleans())
+def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data, rows, threads, bytes_in, bytes_out):
     """requantize_add(data, bias, addend) = sum_steps(requantize(data, bias) + addend_steps(addend)), the sum
-    wrapping in int32, with rows or without, each channel's own steps or one list; an addend not of y's shape, no
-    nhwc or bad addend steps are refused naming the op and the rule."""
+    wrapping in int32, with rows or without, each channel's own steps or one list, the addend int32 or uint8, y
+    int32 or (requantize_add_uint8, sum_steps ending with a clip within [0, 255]) uint8; an addend not of y's
+    shape, no nhwc, bad steps or (uint8) sum_steps ending otherwise are refused naming the op and the rule."""
     per = [data.draw(st.lists(cpu_step, max_size=4)) for _ in range(c)]
     x, bias = data.draw(tensors((n, positions, c), 32)), data.draw(tensors((c,), 32))
-    addend = data.draw(tensors((n, positions, 1, c) if rows else (n, positions, c), 32))
+    shape = (n, positions, 1, c) if rows else (n, positions, c)
+    addend = data.draw(tensors(shape, 9).map(np.abs).map(lambda a: a.astype(np.uint8)) if bytes_in else
+                       tensors(shape, 32))
+    sums = data.draw(st.lists(cpu_step, max_size=3)) + [(3, 0, data.draw(st.integers(0, 255)))] * bytes_out
     extra = {"addend_steps": [v for s in data.draw(st.lists(cpu_step, max_size=3)) for v in s],
-             "sum_steps": [v for s in data.draw(st.lists(cpu_step, max_size=3)) for v in s]}
+             "sum_steps": [v for s in sums for v in s]}
     model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True)
     first = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
     added = requantize_oracle(np.moveaxis(addend, -1, 1), np.zeros(0, np.int32), np.reshape(extra["addend_steps"],
                                                                                            (-1, 3)))
     summed = wrap32(first.astype(np.int64) + np.moveaxis(added, 1, -1))
-    want = np.moveaxis(requantize_oracle(np.moveaxis(summed, -1, 1), np.zeros(0, np.int32),
-                                         np.reshape(extra["sum_steps"], (-1, 3))), 1, -1)
+    want = np.moveaxis(requantize_oracle(np.moveaxis(summed, -1, 1), np.zeros(0, np.int32), sums), 1, -1)
+    name = "requantize_add_uint8" if bytes_out else "requantize_add"
 
     def fused(shape, **attrs) -> onnx.ModelProto:
         m = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, attrs.pop("nhwc", True))
-        m.graph.node[0].op_type = "requantize_add"
+        m.graph.node[0].op_type = name
         m.graph.node[0].input.append("a")
         m.graph.node[0].attribute.extend(ints_attrs(**{**extra, **attrs}))
-        m.graph.input.append(helper.make_tensor_value_info("a", TensorProto.INT32, shape))
+        m.graph.input.append(helper.make_tensor_value_info("a", TensorProto.UINT8 if bytes_in else TensorProto.INT32,
+                                                           shape))
+        m.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8 if bytes_out else TensorProto.INT32
         return m
 
-    got = session(fused(list(addend.shape)), threads=threads).run(None, {"x": x, "b": bias, "a": addend})[0]
-    assert np.array_equal(got, want)
-    for shape, attrs, message in [((n, positions + 1, c), {}, "the addend must have y's shape"),
-                                  (addend.shape, {"nhwc": False}, "needs nhwc 1"),
-                                  (addend.shape, {"sum_steps": [0, 40, 0]}, "sum_steps: step 0")]:
-        with pytest.raises(RuntimeFailure, match=f"requantize_add: {message}"):
-            run(fused(list(shape), **attrs), {"x": x, "b": bias, "a": np.zeros(shape, np.int32)})
+    got = session(fused(list(shape)), threads=threads).run(None, {"x": x, "b": bias, "a": addend})[0]
+    assert got.dtype == (np.uint8 if bytes_out else np.int32) and np.array_equal(got, want)
+    bad = [((n, positions + 1, c), {}, "the addend must have y's shape"), (shape, {"nhwc": False}, "needs nhwc 1"),
+           (shape, {"addend_steps": [0, 40, 0]}, "addend_steps: step 0")]
+    bad += [(shape, {"sum_steps": [3, -1, 255]}, "sum_steps must end with a clip within")] * bytes_out
+    for bad_shape, attrs, message in bad:
+        with pytest.raises(RuntimeFailure, match=f"{name}: {message}"):
+            run(fused(list(bad_shape), **attrs), {"x": x, "b": bias, "a": np.zeros(bad_shape, addend.dtype)})
 
 
 def test_rows_read_uint8_channels_last_data_as_its_int32_twin():

@@ -36,8 +36,9 @@ serving form's window ops and fused requantization:
 * ``requantize_uint8(data, bias) -> uint8``: requantize with nhwc 1 writing bytes, every chain ending with a clip
   within [0, 255]; ``im2col_rows`` also takes such uint8 data (N, H, W, C) (nhwc 1, a zero); CPU only;
 * ``requantize_add(data, bias, addend) -> int32``: requantize with nhwc 1, then ``sum_steps(y +
-  addend_steps(addend))`` (attributes of (kind, a, b) triples; the addend y-shaped): a residual block's end in
-  one pass; CPU only.
+  addend_steps(addend))`` (attributes of (kind, a, b) triples; the addend y-shaped, int32 or uint8): a residual
+  block's end in one pass; ``requantize_add_uint8`` writes bytes (sum_steps ending with a clip within
+  [0, 255]); CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -172,7 +173,8 @@ def _infer_lut(ctx) -> None:
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
 #: The serving form's kernels (no Python fallback: a model using them needs the library).
-SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8", "requantize_add")
+SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8", "requantize_add",
+                   "requantize_add_uint8")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
 CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc", "channel_counts")}
@@ -310,8 +312,10 @@ def _infer_requantize(ctx, elem_type: int = TensorProto.INT32) -> None:
 
 def _requantize_schema(name: str = "requantize") -> OpSchema:
     """requantize's schema, or requantize_uint8's (the same with nhwc, y uint8: every chain ends with a clip
-    within [0, 255]; CPU only), or requantize_add's (the same with nhwc and an addend of y's shape; CPU only)."""
-    bytes_out, add = name == "requantize_uint8", name == "requantize_add"
+    within [0, 255]; CPU only), or requantize_add's (the same with nhwc and an addend of y's shape, int32 or uint8;
+    CPU only), or requantize_add_uint8's (requantize_add's with y uint8: sum_steps end with a clip within
+    [0, 255])."""
+    bytes_out, add = name.endswith("_uint8"), name.startswith("requantize_add")
     s = OpSchema(
         name, DOMAIN, VERSION,
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
@@ -321,15 +325,16 @@ def _requantize_schema(name: str = "requantize") -> OpSchema:
         "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
         "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
         "(not with width, batch_inner or scales; CPU only)." + (
-            " requantize_uint8: with nhwc=1, y as uint8; every chain must end with a clip within [0, 255]."
-            if bytes_out else " requantize_add: with nhwc=1, then y = sum_steps(y + addend_steps(addend))."
-            if add else ""),
+            " requantize_add: with nhwc=1, then y = sum_steps(y + addend_steps(addend)), the addend int32 or uint8."
+            * add + " uint8: with nhwc=1, y as uint8; every chain (requantize_add: sum_steps) must end with a clip "
+            "within [0, 255]." * bytes_out),
         inputs=[OpSchema.FormalParameter("data", "T", "int32"),
                 OpSchema.FormalParameter("bias", "T", "(C,) or (0,); with rows also (OH * OW, C)"),
-                *[OpSchema.FormalParameter("addend", "T", "y-shaped")] * add],
+                *[OpSchema.FormalParameter("addend", "A", "y-shaped")] * add],
         outputs=[OpSchema.FormalParameter("y", "U", "data-shaped")],
         type_constraints=[("T", ["tensor(int32)"], "int32 tensors"),
-                          ("U", ["tensor(uint8)" if bytes_out else "tensor(int32)"], "y")],
+                          ("U", ["tensor(uint8)" if bytes_out else "tensor(int32)"], "y"),
+                          *[("A", ["tensor(int32)", "tensor(uint8)"], "the addend")] * add],
         attributes=[OpSchema.Attribute("steps", OpSchema.AttrType.INTS, "(kind, a, b) triples", required=False),
                     OpSchema.Attribute("channel_steps", OpSchema.AttrType.INTS, "each axis-1 channel's own steps, "
                                        "one list after the other (instead of steps)", required=False),
@@ -384,6 +389,7 @@ def _schemas() -> list[OpSchema]:
         _requantize_schema(),
         _requantize_schema("requantize_uint8"),
         _requantize_schema("requantize_add"),
+        _requantize_schema("requantize_add_uint8"),
     ]
 
 

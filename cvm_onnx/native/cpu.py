@@ -409,22 +409,29 @@ def _chains_end_in_bytes(node: onnx.NodeProto) -> bool:
 
 
 def bytes_between_rows(graph: onnx.GraphProto) -> None:
-    """In place, after ``channels_last``: each NHWC ``requantize`` whose every chain ends with a clip within [0, 255]
-    and whose every reader is an NHWC ``im2col_rows`` with a ``zero`` (rows of values in [0, 255] as themselves;
-    not a graph output) becomes ``requantize_uint8``, its tensor uint8: a quarter of the bytes, and no narrowing
-    by the reader. Invariant: the readers' rows hold the same bytes (every value in [0, 255] is its uint8)."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
+    """In place, after ``residual_ends``: each NHWC ``requantize`` whose every chain ends with a clip within [0, 255]
+    (a ``requantize_add``: its ``sum_steps``) and whose every reader takes values in [0, 255] as themselves (an NHWC
+    ``im2col_rows`` with a ``zero``, or a ``requantize_add`` as its addend; not a graph output) becomes
+    ``requantize_uint8`` (``requantize_add_uint8``), its tensor uint8: a quarter of the bytes, and no narrowing by
+    the reader. Invariant: the readers take the same values (every value in [0, 255] is its uint8)."""
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
+        for k, t in enumerate(n.input):
+            readers.setdefault(t, []).append((n, k))
     outputs = {o.name for o in graph.output}
+
+    def takes_bytes(m: onnx.NodeProto, k: int) -> bool:
+        rows = m.op_type == "im2col_rows" and _int_attr(m, "nhwc") == 1 and _int_attr(m, "zero", -1) >= 0
+        return m.domain == DOMAIN and (rows or m.op_type == "requantize_add" and k == 2)
+
     changed = set()
     for n in graph.node:
-        uses = readers.get(n.output[0], []) if n.domain == DOMAIN and n.op_type == "requantize" else []
-        if uses and n.output[0] not in outputs and _int_attr(n, "nhwc") == 1 and _chains_end_in_bytes(n) and all(
-                m.domain == DOMAIN and m.op_type == "im2col_rows" and _int_attr(m, "nhwc") == 1 and
-                _int_attr(m, "zero", -1) >= 0 for m in uses):
-            n.op_type = "requantize_uint8"
+        add = n.op_type == "requantize_add"
+        uses = readers.get(n.output[0], []) if n.domain == DOMAIN and n.op_type == "requantize" or add else []
+        ends = _ends_in_bytes(_ints_attr(n, "sum_steps")) if add else uses and _chains_end_in_bytes(n)
+        if uses and n.output[0] not in outputs and _int_attr(n, "nhwc") == 1 and ends and all(
+                takes_bytes(m, k) for m, k in uses):
+            n.op_type += "_uint8"
             changed.add(n.output[0])
     for vi in graph.value_info:
         if vi.name in changed:
