@@ -172,9 +172,10 @@ def _infer_lut(ctx) -> None:
 
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
-#: The serving form's kernels (no Python fallback: a model using them needs the library).
-SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8", "requantize_add",
-                   "requantize_add_uint8")
+#: The serving form's kernels (no Python fallback: a model using them needs the library). The session's CPU
+#: passes (``cpu.channels_last``) also write requantize_uint8, requantize_add and requantize_add_uint8, which no
+#: export holds.
+SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
 CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc", "channel_counts")}
