@@ -369,15 +369,17 @@ struct Im2colRows {
       const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
       const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
       const In* x = data.Data();
-      std::vector<uint8_t> padded(static_cast<size_t>(s.n * s.hp() * s.wp() * s.c));
+      // uninitialized: the pad functions write every byte of their image
+      const std::unique_ptr<uint8_t[]> buffer(new uint8_t[static_cast<size_t>(s.n * s.hp() * s.wp() * s.c)]);
+      uint8_t* padded = buffer.get();
       uint8_t* rows = out.Allocate({s.n, s.oh * s.ow, s.kh * s.kw * s.c});
       std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
       auto image = [&](int64_t n) {
         if constexpr (kBytes) {
-          pad_copy_nhwc(x, s, fill, n, padded.data());
+          pad_copy_nhwc(x, s, fill, n, padded);
         } else {
-          const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data())
-                                 : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded.data());
+          const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded)
+                                 : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded);
           for (int64_t seen = bad.load(); i >= 0 && i < seen && !bad.compare_exchange_weak(seen, i);) {}
         }
       };
@@ -386,7 +388,7 @@ struct Im2colRows {
         return invalid(kName, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
                                   " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
       }
-      auto row = [&](int64_t r) { im2col_rows(padded.data(), s, r / s.oh, r % s.oh, rows); };
+      auto row = [&](int64_t r) { im2col_rows(padded, s, r / s.oh, r % s.oh, rows); };
       parallel_for(context, s.n * s.oh, row);
       return Ort::Status{nullptr};
     });
