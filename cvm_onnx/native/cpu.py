@@ -144,6 +144,15 @@ def signed_operands(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    """Each tensor's readers, (node, input index), in node order."""
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for n in graph.node:
+        for k, t in enumerate(n.input):
+            readers.setdefault(t, []).append((n, k))
+    return readers
+
+
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -168,10 +177,7 @@ def signed_columns(model: onnx.ModelProto) -> onnx.ModelProto:
     out = _copy(model)
     graph = out.graph
     consts = _consts(graph)
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for n in graph.node:
-        for k, t in enumerate(n.input):
-            readers.setdefault(t, []).append((n, k))
+    readers = _readers(graph)
     outputs = {o.name for o in graph.output}
     for n in graph.node:
         if n.domain != DOMAIN or n.op_type != "im2col_uint8" or n.output[0] in outputs:
@@ -225,10 +231,7 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = out.graph
     shapes = _shapes(out)
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
+    readers = _readers(graph)
     replaced: dict[int, list[onnx.NodeProto]] = {}
     for q in graph.node:
         rows_attr = next((list(a.ints) for a in q.attribute if a.name == "rows"), None)
@@ -266,7 +269,7 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
         q.attribute.extend(kept + ([helper.make_attribute("width", ow)] if width > ow else []))
         replaced[id(m)] = nodes  # at the product's place: after x and the weights
     for r in graph.node:  # rows shared by several products (merge_repeated_windows) go once none reads them
-        if r.op_type == "im2col_rows" and all(id(m) in replaced for m in readers.get(r.output[0], [None])):
+        if r.op_type == "im2col_rows" and all(id(m) in replaced for m, _ in readers.get(r.output[0], [(None, 0)])):
             replaced[id(r)] = []
     nodes = [n for node in graph.node for n in replaced.get(id(node), [node])]
     del graph.node[:]
@@ -349,10 +352,7 @@ def residual_ends(graph: onnx.GraphProto) -> None:
     Add's)."""
     consts = _consts(graph)
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
+    readers = _readers(graph)
     outputs = {o.name for o in graph.output}
 
     def channels_last_requantize(n: onnx.NodeProto | None) -> bool:
@@ -372,7 +372,7 @@ def residual_ends(graph: onnx.GraphProto) -> None:
     for add in graph.node:
         if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or add.output[0] in outputs:
             continue
-        ins, ends = [only_read(t) for t in add.input], readers.get(add.output[0], [])
+        ins, ends = [only_read(t) for t in add.input], [m for m, _ in readers.get(add.output[0], [])]
         if None in ins or len(ends) != 1 or not channels_last_requantize(ends[0]) or not steps_alone(ends[0]):
             continue
         short = next((n for n in reversed(ins) if steps_alone(n)), None)
@@ -414,10 +414,7 @@ def bytes_between_rows(graph: onnx.GraphProto) -> None:
     ``im2col_rows`` with a ``zero``, or a ``requantize_add`` as its addend; not a graph output) becomes
     ``requantize_uint8`` (``requantize_add_uint8``), its tensor uint8: a quarter of the bytes, and no narrowing by
     the reader. Invariant: the readers take the same values (every value in [0, 255] is its uint8)."""
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for n in graph.node:
-        for k, t in enumerate(n.input):
-            readers.setdefault(t, []).append((n, k))
+    readers = _readers(graph)
     outputs = {o.name for o in graph.output}
 
     def takes_bytes(m: onnx.NodeProto, k: int) -> bool:
