@@ -1054,9 +1054,12 @@ def test_requantize_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positi
     per-lane constants, 64 values at a time, then 16, then one) give channel c of x + bias through channel c's
     steps, the bias none, (C,) or per position (P, C) with rows; for any channel count and position count (chunks
     ending mid-period and where the bias rows wrap); on 1-2 threads."""
-    kinds = data.draw(st.lists(cpu_step.map(lambda s: s[0] if s[0] < 3 else 3), max_size=11))
-    per = [[data.draw(cpu_step.filter(lambda s, k=k: (s[0] if s[0] < 3 else 3) == k)) for k in kinds]
-           for _ in range(c)]
+    value = st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)]))
+    of_kind = {0: st.tuples(st.just(0), st.integers(0, 31), st.just(0)), 1: st.tuples(st.just(1), value, st.just(0)),
+               2: st.tuples(st.just(2), value, st.just(0)),
+               3: st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab))}
+    kinds = data.draw(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=11))
+    per = [[data.draw(of_kind[k]) for k in kinds] for _ in range(c)]
     if bias == "position" and "rows" not in layout:
         bias = "channel"
     b = {"none": np.zeros(0, np.int32), "channel": data.draw(tensors((c,), 32)),
