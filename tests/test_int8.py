@@ -945,6 +945,31 @@ def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data,
             run(fused(list(bad_shape), **attrs), {"x": x, "b": bias, "a": np.zeros(bad_shape, addend.dtype)})
 
 
+@pytest.mark.parametrize("shortcut", [(1, 4, 4, 3), (1, 1, 1, 3)])
+def test_residual_ends_take_adds_of_one_shape_only(shortcut):
+    """cpu.residual_ends fuses Add(requantize, shortcut run) -> run into one requantize_add where both operands have
+    one shape, and leaves a broadcasting Add (whose addend is not y-shaped) as it is; either way the values are the
+    Add's."""
+    def rq(x, out, steps):
+        return helper.make_node("requantize", [x, "b0"], [out], domain=DOMAIN, nhwc=1, steps=steps)
+
+    nodes = [rq("a", "r1", [3, -5, 5]), rq("s", "r2", [3, -9, 9, 1, 3, 0]), helper.make_node("Add", ["r1", "r2"], ["t"]),
+             rq("t", "y", [0, 1, 0, 3, -4, 4])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.INT32, [1, 4, 4, 3]),
+                                           helper.make_tensor_value_info("s", TensorProto.INT32, list(shortcut))],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4, 4, 3])],
+                              [onnx.numpy_helper.from_array(np.zeros(0, np.int32), "b0")])
+    model = onnx_model(graph, domains={DOMAIN: 1})
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    cpu.residual_ends(fused.graph, cpu._shapes(model))
+    assert [n.op_type for n in fused.graph.node].count("requantize_add") == (shortcut == (1, 4, 4, 3))
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.integers(-20, 20, (1, 4, 4, 3)).astype(np.int32),
+             "s": rng.integers(-20, 20, shortcut).astype(np.int32)}
+    assert np.array_equal(run(fused, feeds)[0], run(model, feeds)[0])
+
+
 def test_rows_read_uint8_channels_last_data_as_its_int32_twin():
     """im2col_rows of uint8 (N, H, W, C) data (nhwc, a zero) gives the rows of the same values as int32; uint8 data
     without nhwc or a zero is refused, naming the op and the rule."""

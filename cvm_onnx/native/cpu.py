@@ -289,7 +289,8 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
     tensors; an ``im2col_rows`` of an NHWC tensor reads it so (``nhwc``); every other reader (and a graph output)
     gets one Transpose back to NCHW. An NHWC ``requantize`` read only by ``im2col_rows`` with a ``zero`` (which take
     values in [0, 255] as themselves), every chain of which ends with a clip within [0, 255], writes uint8 instead
-    (``requantize_uint8``; ``bytes_between_rows``). Invariant: every NHWC tensor holds its NCHW values permuted
+    (``requantize_uint8``; ``bytes_between_rows``), and residual blocks' ends are one ``requantize_add`` each
+    (``residual_ends``). Invariant: every NHWC tensor holds its NCHW values permuted
     (0, 2, 3, 1), and each op computes the same values per element (the steps and Add are elementwise, their
     channel the last axis; uint8 holds every value in [0, 255] exactly), so every NCHW tensor, the outputs
     included, is unchanged."""
@@ -338,14 +339,14 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
             vi.type.tensor_type.shape.dim.extend(dims)
     del graph.node[:]
     graph.node.extend(nodes)
-    residual_ends(graph)
+    residual_ends(graph, _shapes(model))
     bytes_between_rows(graph)
     return out
 
 
-def residual_ends(graph: onnx.GraphProto) -> None:
-    """In place, after ``channels_last``: each Add of two NHWC ``requantize`` outputs that only it reads, one of them
-    a run of steps alone (no rows, channel steps, scales, width or bias: a residual block's shortcut), whose sum
+def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
+    """In place, after ``channels_last``: each Add of two NHWC ``requantize`` outputs of one known shape (in
+    ``shapes``: no broadcasting) that only it reads, one of them a run of steps alone (no rows, channel steps, scales, width or bias: a residual block's shortcut), whose sum
     only such a run reads (the block's end), becomes one ``requantize_add`` at the Add's place: the other
     ``requantize`` with the shortcut's data as its addend, ``addend_steps`` the shortcut's steps and ``sum_steps``
     the end's, writing the end's output. Invariant: the same int32 values, element for element (its sum wraps as
@@ -373,7 +374,9 @@ def residual_ends(graph: onnx.GraphProto) -> None:
         if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or add.output[0] in outputs:
             continue
         ins, ends = [only_read(t) for t in add.input], [m for m, _ in readers.get(add.output[0], [])]
-        if None in ins or len(ends) != 1 or not channels_last_requantize(ends[0]) or not steps_alone(ends[0]):
+        known = [shapes.get(t, [-1]) for t in add.input]
+        if None in ins or len(ends) != 1 or not channels_last_requantize(ends[0]) or not steps_alone(ends[0]) or \
+                known[0] != known[1] or -1 in known[0]:
             continue
         short = next((n for n in reversed(ins) if steps_alone(n)), None)
         if short is None:
