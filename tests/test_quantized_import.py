@@ -394,7 +394,7 @@ def test_plan_meets_the_precision_rules_and_its_bound(lo, span, ratios, out, zer
     and random ones) r is within plan.error of v * M wherever the output does not saturate; beyond the clip the
     result saturates as unclipped arithmetic would. Into 8 bits from sums within 30 bits, where no one plan holds
     every ratio, runs of channels do, and a single ratio always has a plan."""
-    from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, runs, tight
+    from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, round_half_up, runs, tight
 
     hi = min(lo + span, (1 << 31) - 1)
     zero = min(max(zero, out[0]), out[1])  # a zero point lies within its type (zero_of refuses others)
@@ -415,6 +415,8 @@ def test_plan_meets_the_precision_rules_and_its_bound(lo, span, ratios, out, zer
     b1 = (max(-clip[0], clip[1], 1) + ((1 << p.pre_shift) >> 1)) >> p.pre_shift
     if not p.split:  # a two-part plan's labels: test_requant_split
         assert max(tight(b1), p.pre_precision) + tight(int(p.multipliers[0].max())) <= 32
+        if p.precision + p.shift < 31:  # k is the largest the rules allow for its pre-shift
+            assert p.pre_precision + tight(round_half_up(max(ms) * (1 << (p.pre_shift + p.shift + 1)))) > 32
     last = p.shift - p.split  # the final cvm_right_shift's (after a two-part product's low part: b)
     assert p.precision + last <= 31 and last >= 1 and p.pre_precision + p.pre_shift <= 31
     rng = np.random.default_rng(seed)

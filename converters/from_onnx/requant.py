@@ -130,16 +130,16 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
         b1 = round_shift(b, s) if s else b
         if not (s and tight(b1) + s >= 32):
             shifts.append((s, b1, tight(b1)))
-    best = None
+    best, top = None, max(ms.flat)
     for s, b1, p1 in shifts:
-        scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
-        for k in range(kmax, 0, -1):
+        # the largest k whose largest multiplier (the largest M's: rounding is monotone) keeps the product's label
+        k = next((k for k in range(kmax, 0, -1) if p1 + tight(round_half_up(top * (1 << (s + k)))) <= 32), None)
+        if k is not None:
+            scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
             m = _multipliers(scaled, k)  # a multiplier 0 only where |v| M stays below 1/2: delta says so
-            if p1 + tight(max(m.flat)) <= 32:
-                delta = _delta(ms, m, s, k, b1)
-                if best is None or delta < best.delta:
-                    best = Plan(clip, s, p1, (m.astype(np.int64),), k, precision, delta)
-                break
+            delta = _delta(ms, m, s, k, b1)
+            if best is None or delta < best.delta:
+                best = Plan(clip, s, p1, (m.astype(np.int64),), k, precision, delta)
     if split_above is not None and (best is None or best.delta > split_above):
         for s, b1, p1 in shifts:
             if s and best is not None and max(ms.flat) * (1 << s) / 2 >= best.delta:
