@@ -13,10 +13,11 @@ by two oracles:
 
 Per kind of piece (its float ops): the elements, the share where CVM differs from the exact arithmetic, the
 largest difference, the mean signed difference (a bias), and the share where onnxruntime differs from it. Then the
-whole model by the exact arithmetic against the float model, in output steps, beside CVM's: the distance an exact
-implementation of the QDQ model has.
+whole model against the float model within the output's range (real_models.in_range), in output steps (each
+sample's mean), by CVM, by the exact arithmetic (the distance an exact implementation of the QDQ model has) and by
+onnxruntime's default session, each as a ratio to onnxruntime's, over all samples and its range over sets of 8.
 
-Run: python benchmarks/layer_exactness.py MODEL_QDQ.onnx FLOAT.onnx SAMPLES.npy   (N samples of the input's shape;
+Run: python benchmarks/layer_exactness.py MODEL_QDQ.onnx FLOAT.onnx SAMPLES.npy [--two-part]   (N samples of the input's shape;
 the first is used per node, all of them for the whole model)
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from onnx.reference import ReferenceEvaluator
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
-from real_models import cpu
+from real_models import cpu, in_range
 
 NP = {T.UINT8: np.uint8, T.INT8: np.int8, T.UINT16: np.uint16, T.INT16: np.int16}
 
@@ -93,6 +94,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("float_model")
     ap.add_argument("samples")
+    ap.add_argument("--two-part", action="store_true", help="import with two-part products")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     import onnxruntime as ort
@@ -104,7 +106,7 @@ def main() -> None:
     quantizers = [n for n in g.node if n.op_type == "QuantizeLinear"]
     names = [n.output[0] for n in quantizers]
     zeros = {n.output[0]: next(i for i in g.initializer if i.name == n.input[2]).data_type for n in quantizers}
-    imp = import_model(q, outputs=names)
+    imp = import_model(q, outputs=names, two_part=args.two_part)
     cvm = dict(zip(names, execute(imp.graph, {"data": imp.edges.input.quantize(x)})))
 
     pieces = onnx.ModelProto()  # every DequantizeLinear of a quantized activation reads a new input: its CVM values
@@ -152,21 +154,28 @@ def main() -> None:
               f"{o / size:.3%} |")
 
     # the whole model: CVM and the exact arithmetic against the float model
-    whole = import_model(q)
+    whole = import_model(q, two_part=args.two_part)
     full = exact(q, {})
     ref = ReferenceEvaluator(full)
     fsess = ort.InferenceSession(onnx.load(args.float_model).SerializeToString(), providers=["CPUExecutionProvider"])
+    qsess = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
     step = float(np.max(whole.edges.outputs[0].scale))
-    dist = {"CVM": [], "exact QDQ arithmetic": []}
+    dist = {"CVM": [], "exact QDQ arithmetic": [], "onnxruntime (as real_models.py runs it)": []}
     for s in samples:
-        f = fsess.run(None, {fsess.get_inputs()[0].name: s[None]})[0].astype(np.float64)
+        f = in_range(fsess.run(None, {fsess.get_inputs()[0].name: s[None]})[0].astype(np.float64),
+                     whole.edges.outputs[0])
         [c] = execute(whole.graph, {"data": whole.edges.input.quantize(s[None])})
         e = ref.run(None, {g.input[0].name: s[None]})[0]
-        dist["CVM"].append(np.abs(whole.edges.outputs[0].dequantize(c).reshape(f.shape) - f) / step)
-        dist["exact QDQ arithmetic"].append(np.abs(np.asarray(e, np.float64).reshape(f.shape) - f) / step)
+        o = qsess.run(None, {g.input[0].name: s[None]})[0]
+        for k, y in zip(dist, (whole.edges.outputs[0].dequantize(c), e, o)):
+            dist[k].append(np.abs(np.asarray(y, np.float64).reshape(f.shape) - f).mean() / step)
+    base = np.array(dist["onnxruntime (as real_models.py runs it)"])
     for k, v in dist.items():
-        v = np.concatenate([a.ravel() for a in v])
-        print(f"whole model, {len(samples)} samples, {k} vs float: mean {v.mean():.4f} steps, max {v.max():.1f}")
+        v = np.array(v)
+        sets = [v[i:i + 8].sum() / base[i:i + 8].sum() for i in range(0, len(v) - 7, 8)]
+        spread = f" (sets of 8: {min(sets):.2f}x-{max(sets):.2f}x)" if sets else ""
+        print(f"whole model, {len(samples)} samples, {k} vs float: mean {v.mean():.4f} steps, "
+              f"{v.sum() / base.sum():.3f}x onnxruntime's{spread}")
 
 
 if __name__ == "__main__":
