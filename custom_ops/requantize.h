@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -300,12 +301,49 @@ __attribute__((always_inline)) inline void tile_step(Lanes* y, const int32_t* a,
   }
 }
 
-// Count vectors of 16 lanes from index i on, their constants from index at = i % period on: v = each channel's
-// steps applied to x + add (add null: x), all the steps on values kept in registers, one dispatch on a step's kind
-// for all Count vectors.
+// 16 bytes: the low byte of each of 16 int32 lanes (__builtin_convertvector narrows lane by lane), or 16 uint8
+// values widened to int32 lanes.
+using ByteLanes = uint8_t __attribute__((vector_size(16)));
+
+// The second operand of requantize_add, laid out as y: y = after(the steps' value + steps(x)), the sum in int32
+// with wrap-around (as onnxruntime's Add); x int32, or bytes (x null) taken as their values.
+struct Addend {
+  const int32_t* x;
+  const uint8_t* bytes;
+  const std::vector<RequantStep>& steps;
+  const std::vector<RequantStep>& after;
+};
+
+// Step Kind with the constants a, b in every lane on Count vectors of 16 lanes.
+template <int64_t Kind, int Count>
+__attribute__((always_inline)) inline void tile_step(Lanes* y, Lanes a, Lanes b) {
+  for (int j = 0; j < Count; ++j) y[j] = array_step<Kind, Lanes, ULanes>(y[j], a, b);
+}
+
+// Steps (one list, the same constants in every lane) on Count vectors of 16 lanes: apply_steps' arithmetic (a
+// switch, not with_kind: its lambda may stay a call, which would keep the vectors in memory).
 template <int Count>
+__attribute__((always_inline)) inline void tile_steps(Lanes* y, const std::vector<RequantStep>& steps) {
+  for (const RequantStep& s : steps) {
+    const bool shift = s.kind == kShift;
+    const Lanes a = Lanes{} + static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
+    const Lanes b = Lanes{} + static_cast<int32_t>(shift ? s.a : s.b);
+    switch (s.kind) {
+      case kShift: tile_step<kShift, Count>(y, a, b); break;
+      case kMul: tile_step<kMul, Count>(y, a, b); break;
+      case kAdd: tile_step<kAdd, Count>(y, a, b); break;
+      default: tile_step<kClip, Count>(y, a, b);
+    }
+  }
+}
+
+// Count vectors of 16 lanes from index i on, their constants from index at = i % period on: v = each channel's
+// steps applied to x + add (add null: x), then with an addend (its x or bytes indexed as v) after(that +
+// steps(addend)), all the steps on values kept in registers, one dispatch on a step's kind for all Count vectors;
+// Out uint8_t: v written as the low bytes (the caller proves every value in [0, 255]).
+template <int Count, typename Out>
 __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const int32_t* add, int64_t i, size_t at,
-                                                       const ChannelArrays& p, int32_t* v) {
+                                                       const ChannelArrays& p, const Addend* addend, Out* v) {
   Lanes y[Count];
   for (int j = 0; j < Count; ++j) {
     y[j] = load_lanes(x + i + j * kLanes);
@@ -323,29 +361,60 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
     a += p.period;
     b += p.period;
   }
-  std::memcpy(v + i, y, sizeof y);
+  if (addend) {
+    Lanes z[Count];
+    for (int j = 0; j < Count; ++j) {
+      if (addend->x) {
+        z[j] = load_lanes(addend->x + i + j * kLanes);
+      } else {
+        ByteLanes u;
+        std::memcpy(&u, addend->bytes + i + j * kLanes, sizeof u);
+        z[j] = __builtin_convertvector(u, Lanes);
+      }
+    }
+    tile_steps<Count>(z, addend->steps);
+    for (int j = 0; j < Count; ++j) y[j] = (Lanes)((ULanes)y[j] + (ULanes)z[j]);
+    tile_steps<Count>(y, addend->after);
+  }
+  if constexpr (std::is_same_v<Out, uint8_t>) {
+    for (int j = 0; j < Count; ++j) {
+      const ByteLanes u = __builtin_convertvector(y[j], ByteLanes);
+      std::memcpy(v + i + j * kLanes, &u, sizeof u);
+    }
+  } else {
+    std::memcpy(v + i, y, sizeof y);
+  }
 }
 
 // v[i] = each channel's steps (ChannelArrays) applied to x[i] + add[i] (add null: x[i]) for i < n, x's first value
-// of channel 0: the whole chain on kTile values at a time (then 16, then one), kept in registers from the first step
-// to the last, each lane with its channel's constants. x and v may be the same.
+// of channel 0, then the addend's (lanes_chain; null: none), as int32 or (Out uint8_t) bytes: the whole chain on
+// kTile values at a time (then 16, then one), kept in registers from the first step to the last, each lane with its
+// channel's constants. x and v may be the same.
+template <typename Out>
 __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x, const int32_t* add, int64_t n,
-                                                                const ChannelArrays& p, int32_t* v) {
+                                                                const ChannelArrays& p, Out* v,
+                                                                const Addend* addend = nullptr) {
   int64_t i = 0;
   size_t at = 0;  // i % period
   const auto advance = [&](int64_t by) {
     i += by;
     at = at + static_cast<size_t>(by) == p.period ? 0 : at + static_cast<size_t>(by);
   };
-  for (; i + static_cast<int64_t>(kTile) <= n; advance(kTile)) lanes_chain<kTile / kLanes>(x, add, i, at, p, v);
-  for (; i + kLanes <= n; advance(kLanes)) lanes_chain<1>(x, add, i, at, p, v);
+  for (; i + static_cast<int64_t>(kTile) <= n; advance(kTile)) lanes_chain<kTile / kLanes>(x, add, i, at, p, addend, v);
+  for (; i + kLanes <= n; advance(kLanes)) lanes_chain<1>(x, add, i, at, p, addend, v);
   for (; i < n; advance(1)) {
     int32_t y = static_cast<int32_t>(static_cast<uint32_t>(x[i]) + static_cast<uint32_t>(add ? add[i] : 0));
     for (size_t k = 0; k < p.kinds.size(); ++k) {
       const size_t c = k * p.period + at;
       with_kind(p.kinds[k], [&](auto kind) { y = array_step<kind, int32_t, uint32_t>(y, p.a[c], p.b[c]); });
     }
-    v[i] = y;
+    if (addend) {
+      int32_t z = addend->x ? addend->x[i] : addend->bytes[i];
+      apply_steps(&z, 1, addend->steps);
+      y = static_cast<int32_t>(static_cast<uint32_t>(y) + static_cast<uint32_t>(z));
+      apply_steps(&y, 1, addend->after);
+    }
+    v[i] = static_cast<Out>(y);
   }
 }
 
@@ -396,23 +465,14 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 }
 
 
-// The second operand of requantize_add, laid out as y: y = after(the steps' value + steps(x)), the sum in int32
-// with wrap-around (as onnxruntime's Add); x int32, or bytes (x null) taken as their values.
-struct Addend {
-  const int32_t* x;
-  const uint8_t* bytes;
-  const std::vector<RequantStep>& steps;
-  const std::vector<RequantStep>& after;
-};
-
 // Channels innermost (NHWC, or the (N, P, C) products of the rows route): y[i] = the steps applied to
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
 // `channels` values, in chunks of about 1024 values (ending where the bias rows wrap around). positions > 0: the
 // bias is per position and channel, (P, C), row r's the bias row r % positions. `per` not empty: channel c's own
-// steps, in one pass with the bias where `arrays` holds them and there are no scales and no bias (C,), else
-// applied to the chunk's values of channel c gathered side by side (then put back). addend not null: each chunk
-// then gets the addend's (Addend). bytes not null: y is written there as bytes instead (y unused), each chunk
-// narrowed from int32; the caller proves every value in [0, 255].
+// steps, in one pass with the bias, the addend's and the narrowing where `arrays` holds them and there are no
+// scales and no bias (C,), else applied to the chunk's values of channel c gathered side by side (then put back).
+// addend not null: each chunk then gets the addend's (Addend). bytes not null: y is written there as bytes instead
+// (y unused), each chunk narrowed from int32; the caller proves every value in [0, 255].
 CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                        const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
                                        int32_t* y, int64_t positions = 0, const ChannelSteps& per = {},
@@ -421,49 +481,58 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
   const bool fused = !arrays.kinds.empty() && !scales && (positions > 0 || !bias_all);
   std::vector<int32_t> lane(per.empty() || fused ? 0 : static_cast<size_t>(group));
-  std::vector<int32_t> chunk(bytes ? static_cast<size_t>(group * channels) : 0);
-  std::vector<int32_t> second(addend ? static_cast<size_t>(group * channels) : 0);
+  std::vector<int32_t> chunk(bytes && !fused ? static_cast<size_t>(group * channels) : 0);
+  std::vector<int32_t> second(addend && !fused ? static_cast<size_t>(group * channels) : 0);
   for (int64_t first = begin, last = 0; first < end; first = last) {
     last = std::min({end, first + group, positions > 0 ? (first / positions + 1) * positions : end});
-    const int64_t count = last - first;
-    int32_t* v = bytes ? chunk.data() : y + first * channels;
-    if (fused) {
-      apply_channel_arrays(x + first * channels, bias_all ? bias_all + (first % positions) * channels : nullptr,
-                           count * channels, arrays, v);
-    } else {
-      for (int64_t r = 0; r < count; ++r) {
-        const int32_t* bias = bias_all && positions ? bias_all + ((first + r) % positions) * channels : bias_all;
-        const int32_t* u = x + (first + r) * channels;
-        int32_t* w = v + r * channels;
-        if (scales) {
-          for (int64_t c = 0; c < channels; ++c) {
-            w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) * static_cast<uint32_t>(scales[c]) +
-                                        static_cast<uint32_t>(bias ? bias[c] : 0));
-          }
-        } else if (bias) {
-          for (int64_t c = 0; c < channels; ++c) w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) +
-                                                                             static_cast<uint32_t>(bias[c]));
-        } else {
-          std::copy(u, u + channels, w);
-        }
+    const int64_t count = last - first, at = first * channels;
+    if (fused) {  // the bias, the steps, the addend's and the narrowing in one pass, in registers
+      const int32_t* bias = bias_all ? bias_all + (first % positions) * channels : nullptr;
+      std::optional<Addend> from;  // the addend from the chunk's first value on
+      if (addend) {
+        from.emplace(Addend{addend->x ? addend->x + at : nullptr, addend->bytes ? addend->bytes + at : nullptr,
+                            addend->steps, addend->after});
       }
-      if (per.empty()) {
-        apply_steps_fast(v, count * channels, steps);
-      } else if (!arrays.kinds.empty()) {
-        apply_channel_arrays(v, nullptr, count * channels, arrays, v);
+      if (bytes) {
+        apply_channel_arrays(x + at, bias, count * channels, arrays, bytes + at, from ? &*from : nullptr);
       } else {
+        apply_channel_arrays(x + at, bias, count * channels, arrays, y + at, from ? &*from : nullptr);
+      }
+      continue;
+    }
+    int32_t* v = bytes ? chunk.data() : y + at;
+    for (int64_t r = 0; r < count; ++r) {
+      const int32_t* bias = bias_all && positions ? bias_all + ((first + r) % positions) * channels : bias_all;
+      const int32_t* u = x + (first + r) * channels;
+      int32_t* w = v + r * channels;
+      if (scales) {
         for (int64_t c = 0; c < channels; ++c) {
-          for (int64_t r = 0; r < count; ++r) lane[r] = v[r * channels + c];
-          apply_steps_fast(lane.data(), count, per[c]);
-          for (int64_t r = 0; r < count; ++r) v[r * channels + c] = lane[r];
+          w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) * static_cast<uint32_t>(scales[c]) +
+                                      static_cast<uint32_t>(bias ? bias[c] : 0));
         }
+      } else if (bias) {
+        for (int64_t c = 0; c < channels; ++c) w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) +
+                                                                           static_cast<uint32_t>(bias[c]));
+      } else {
+        std::copy(u, u + channels, w);
+      }
+    }
+    if (per.empty()) {
+      apply_steps_fast(v, count * channels, steps);
+    } else if (!arrays.kinds.empty()) {
+      apply_channel_arrays(v, nullptr, count * channels, arrays, v);
+    } else {
+      for (int64_t c = 0; c < channels; ++c) {
+        for (int64_t r = 0; r < count; ++r) lane[r] = v[r * channels + c];
+        apply_steps_fast(lane.data(), count, per[c]);
+        for (int64_t r = 0; r < count; ++r) v[r * channels + c] = lane[r];
       }
     }
     if (addend) {
       if (addend->x) {
-        std::copy_n(addend->x + first * channels, count * channels, second.data());
+        std::copy_n(addend->x + at, count * channels, second.data());
       } else {
-        std::copy_n(addend->bytes + first * channels, count * channels, second.data());
+        std::copy_n(addend->bytes + at, count * channels, second.data());
       }
       apply_steps_fast(second.data(), count * channels, addend->steps);
       for (int64_t i = 0; i < count * channels; ++i) {
@@ -472,7 +541,7 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
       apply_steps_fast(v, count * channels, addend->after);
     }
     if (bytes) {
-      uint8_t* out = bytes + first * channels;
+      uint8_t* out = bytes + at;
       for (int64_t i = 0; i < count * channels; ++i) out[i] = static_cast<uint8_t>(v[i]);
     }
   }

@@ -900,6 +900,21 @@ def test_bytes_between_quantized_convs_and_residual_ends_are_exact(case):
     assert_exact_on_every_route(model, graph, data)
 
 
+def requantize_add_model(shape, per, rows, addend_shape, bytes_in: bool, bytes_out: bool, bias_shape=None,
+                         **attrs) -> onnx.ModelProto:
+    """One requantize_add (requantize_add_uint8 with ``bytes_out``) of data ``shape`` (N, P, C) with each channel's
+    own steps ``per``, ``rows`` (OH, OW) or none, an int32 or (``bytes_in``) uint8 addend of ``addend_shape``, the
+    bias (C,) or of ``bias_shape``, and the further attributes (addend_steps, sum_steps; nhwc False: none)."""
+    m = channel_steps_model(shape, shape[2], per, rows, attrs.pop("nhwc", True), bias_shape)
+    m.graph.node[0].op_type = "requantize_add_uint8" if bytes_out else "requantize_add"
+    m.graph.node[0].input.append("a")
+    m.graph.node[0].attribute.extend(ints_attrs(**attrs))
+    m.graph.input.append(helper.make_tensor_value_info("a", TensorProto.UINT8 if bytes_in else TensorProto.INT32,
+                                                       addend_shape))
+    m.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8 if bytes_out else TensorProto.INT32
+    return m
+
+
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(n=st.integers(1, 2), c=st.sampled_from([1, 3, 16]), positions=st.sampled_from([1, 7, 64]), data=st.data(),
@@ -926,14 +941,8 @@ def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data,
     name = "requantize_add_uint8" if bytes_out else "requantize_add"
 
     def fused(shape, **attrs) -> onnx.ModelProto:
-        m = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, attrs.pop("nhwc", True))
-        m.graph.node[0].op_type = name
-        m.graph.node[0].input.append("a")
-        m.graph.node[0].attribute.extend(ints_attrs(**{**extra, **attrs}))
-        m.graph.input.append(helper.make_tensor_value_info("a", TensorProto.UINT8 if bytes_in else TensorProto.INT32,
-                                                           shape))
-        m.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8 if bytes_out else TensorProto.INT32
-        return m
+        return requantize_add_model([n, positions, c], per, [positions, 1] if rows else None, shape, bytes_in,
+                                    bytes_out, **{**extra, **attrs})
 
     got = session(fused(list(shape)), threads=threads).run(None, {"x": x, "b": bias, "a": addend})[0]
     assert got.dtype == (np.uint8 if bytes_out else np.int32) and np.array_equal(got, want)
@@ -990,12 +999,18 @@ def test_rows_read_uint8_channels_last_data_as_its_int32_twin():
        rows=st.booleans(), threads=st.integers(1, 2))
 def test_requantize_uint8_writes_the_values_of_requantize_as_bytes(n, c, positions, data, rows, threads):
     """requantize_uint8 (nhwc; every channel's chain ends with a clip within [0, 255]) gives requantize's values as
-    uint8, with rows or without; a chain ending otherwise, or no nhwc, is refused naming the op and the rule."""
-    ends = [(3, *sorted(data.draw(st.tuples(st.integers(0, 255), st.integers(0, 255))))) for _ in range(c)]
-    per = [[*data.draw(st.lists(cpu_step, max_size=4)), end] for end in ends]
-    x = data.draw(tensors((n, positions, c), 32))
-    bias = data.draw(tensors((c,), 32))
-    model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True)
+    uint8, with rows or without, the chains of any kinds or of one sequence of kinds (then narrowed in registers),
+    the bias none, (C,) or with rows per position; a chain ending otherwise, or no nhwc, is refused naming the op
+    and the rule."""
+    ends = [(3, *sorted(data.draw(st.one_of(st.just((0, 255)), st.tuples(st.integers(0, 255), st.integers(0, 255))))))
+            for _ in range(c)]
+    chains = data.draw(st.one_of(st.lists(st.lists(cpu_step, max_size=4), min_size=c, max_size=c),
+                                 chains_of_one_kind_sequence(c)))
+    per = [[*p, end] for p, end in zip(chains, ends)]
+    x = data.draw(tensors((n, positions, c), data.draw(st.sampled_from([12, 32]))))
+    bias = data.draw(st.one_of(st.just(np.zeros(0, np.int32)), tensors((c,), 32),
+                               *[tensors((positions, c), 32)] * rows))
+    model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True, list(bias.shape))
     want = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
     model.graph.node[0].op_type = "requantize_uint8"
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
@@ -1007,7 +1022,7 @@ def test_requantize_uint8_writes_the_values_of_requantize_as_bytes(n, c, positio
         bad.graph.node[0].op_type = "requantize_uint8"
         bad.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
         with pytest.raises(RuntimeFailure, match="requantize_uint8: needs nhwc 1 and every chain ending with a clip"):
-            run(bad, {"x": x, "b": bias})
+            run(bad, {"x": x, "b": np.zeros(c, np.int32)})
 
 
 def test_the_unsigned_route_needs_equal_weight_halves_and_its_own_nodes():
@@ -1069,6 +1084,17 @@ def channel_steps_model(shape, channels: int, per, rows=None, nhwc: bool = False
     return onnx_model(graph, domains={DOMAIN: 1})
 
 
+@st.composite
+def chains_of_one_kind_sequence(draw, c: int):
+    """c channels' own steps (up to 11), all of one sequence of kinds, each step of its kind drawn directly."""
+    value = st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)]))
+    of_kind = {0: st.tuples(st.just(0), st.integers(0, 31), st.just(0)), 1: st.tuples(st.just(1), value, st.just(0)),
+               2: st.tuples(st.just(2), value, st.just(0)),
+               3: st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab))}
+    kinds = draw(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=11))
+    return [[draw(of_kind[k]) for k in kinds] for _ in range(c)]
+
+
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(n=st.integers(1, 3), c=st.sampled_from([1, 3, 16, 24, 64, 100]), positions=st.sampled_from([1, 5, 64, 97]),
@@ -1079,12 +1105,7 @@ def test_requantize_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positi
     per-lane constants, 64 values at a time, then 16, then one) give channel c of x + bias through channel c's
     steps, the bias none, (C,) or per position (P, C) with rows; for any channel count and position count (chunks
     ending mid-period and where the bias rows wrap); on 1-2 threads."""
-    value = st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)]))
-    of_kind = {0: st.tuples(st.just(0), st.integers(0, 31), st.just(0)), 1: st.tuples(st.just(1), value, st.just(0)),
-               2: st.tuples(st.just(2), value, st.just(0)),
-               3: st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab))}
-    kinds = data.draw(st.lists(st.sampled_from([0, 1, 2, 3]), max_size=11))
-    per = [[data.draw(of_kind[k]) for k in kinds] for _ in range(c)]
+    per = data.draw(chains_of_one_kind_sequence(c))
     if bias == "position" and "rows" not in layout:
         bias = "channel"
     b = {"none": np.zeros(0, np.int32), "channel": data.draw(tensors((c,), 32)),
@@ -1098,6 +1119,67 @@ def test_requantize_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positi
                            for k in range(c)], axis=1)  # (N, C, P)
     assert np.array_equal(got.reshape(want.transpose(0, 2, 1).shape if "nhwc" in layout else want.shape),
                           want.transpose(0, 2, 1) if "nhwc" in layout else want)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 2), c=st.sampled_from([1, 3, 16, 24, 64]), positions=st.sampled_from([1, 5, 64, 97]),
+       data=st.data(), rows=st.booleans(), bias=st.sampled_from(["none", "channel", "position"]),
+       bytes_in=st.booleans(), bytes_out=st.booleans(), threads=st.integers(1, 2))
+def test_requantize_add_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positions, data, rows, bias, bytes_in,
+                                                                         bytes_out, threads):
+    """requantize_add[_uint8] whose channels' steps have one sequence of kinds (the serving form's: the bias, each
+    channel's chain, the addend's steps, the sum's and the narrowing to bytes in one pass on 16-lane vectors) gives
+    sum_steps(channel c's steps(x + bias) + addend_steps(addend)), the sums wrapping in int32, as int32 or bytes; the
+    bias none, (C,) or per position (P, C) with rows; any channel and position count; on 1-2 threads."""
+    per = data.draw(chains_of_one_kind_sequence(c))
+    if bias == "position" and not rows:
+        bias = "channel"
+    b = {"none": np.zeros(0, np.int32), "channel": data.draw(tensors((c,), 32)),
+         "position": data.draw(tensors((positions, c), 32))}[bias]
+    x = data.draw(tensors((n, positions, c), data.draw(st.sampled_from([12, 32]))))
+    shape = (n, positions, 1, c) if rows else (n, positions, c)
+    addend = data.draw(tensors(shape, 9).map(np.abs).map(lambda a: a.astype(np.uint8)) if bytes_in else
+                       tensors(shape, data.draw(st.sampled_from([12, 32]))))
+    added_steps = data.draw(st.lists(cpu_step, max_size=3))
+    sums = data.draw(st.lists(cpu_step, max_size=3)) + [(3, 0, data.draw(st.sampled_from([255, 99])))] * bytes_out
+    summed = wrap32(x.astype(np.int64) + (b if b.size else 0))
+    first = np.concatenate([requantize_oracle(summed[:, :, k:k + 1].transpose(0, 2, 1), np.zeros(0, np.int32), per[k])
+                            for k in range(c)], axis=1)  # (N, C, P)
+    added = requantize_oracle(np.moveaxis(addend.reshape(n, positions, c), -1, 1), np.zeros(0, np.int32), added_steps)
+    want = requantize_oracle(wrap32(first.astype(np.int64) + added), np.zeros(0, np.int32), sums).transpose(0, 2, 1)
+    model = requantize_add_model([n, positions, c], per, [positions, 1] if rows else None, list(shape), bytes_in,
+                                 bytes_out, list(b.shape), addend_steps=[v for s in added_steps for v in s],
+                                 sum_steps=[v for s in sums for v in s])
+    got = session(model, threads=threads).run(None, {"x": x, "b": b, "a": addend})[0]
+    assert got.dtype == (np.uint8 if bytes_out else np.int32) and np.array_equal(got.reshape(want.shape), want)
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("bytes_in, bytes_out", [(False, False), (True, True), (False, True)])
+@pytest.mark.parametrize("c", [16, 3])
+def test_requantize_add_in_registers_keeps_each_values_own_lanes(bytes_in, bytes_out, c):
+    """The serving form's shape of requantize_add (channels of one sequence of kinds, rows, a bias per position;
+    with 3 channels, 7 values of each image after the last 16 lanes): values spread over [0, 255], so that any value
+    written from another's lanes, or an addend's steps left out, shows."""
+    n, positions = 2, 77
+    rng = np.random.default_rng(7)
+    per = [[(0, 1 + k % 3, 0), (3, -40, 400)] for k in range(c)]
+    x = rng.integers(-600, 1200, (n, positions, c)).astype(np.int32)
+    b = rng.integers(-50, 50, (positions, c)).astype(np.int32)
+    addend = rng.integers(0, 256, (n, positions, 1, c)).astype(np.uint8 if bytes_in else np.int32)
+    added_steps, sums = [(1, 3, 0)], [(0, 2, 0), (3, 0, 255)]
+    first = np.concatenate([requantize_oracle((x + b)[:, :, k:k + 1].transpose(0, 2, 1), np.zeros(0, np.int32),
+                                              per[k]) for k in range(c)], axis=1)  # (N, C, P)
+    added = requantize_oracle(np.moveaxis(addend.reshape(n, positions, c).astype(np.int32), -1, 1),
+                              np.zeros(0, np.int32), added_steps)
+    want = requantize_oracle(first + added, np.zeros(0, np.int32), sums).transpose(0, 2, 1)
+    assert len(np.unique(want)) > 100
+    model = requantize_add_model([n, positions, c], per, [positions, 1], list(addend.shape), bytes_in, bytes_out,
+                                 [positions, c], addend_steps=[v for s in added_steps for v in s],
+                                 sum_steps=[v for s in sums for v in s])
+    got = run(model, {"x": x, "b": b, "a": addend})[0]
+    assert got.dtype == (np.uint8 if bytes_out else np.int32) and np.array_equal(got.reshape(want.shape), want)
 
 
 @st.composite
