@@ -180,3 +180,49 @@ def test_a_pass_that_breaks_what_it_ensures_is_an_invariant_error(name):
     with pytest.raises(optimize.InvariantError, match=rf"serving pass {name} ensures "):
         lazy(flat)
     getattr(optimize, name)(flat)  # the pass itself keeps its word
+
+
+def clips(model: onnx.ModelProto) -> int:
+    return sum(n.op_type == "Clip" for n in model.graph.node)
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(2, 32), lo=st.integers(-2**30, 2**30 - 1), width=st.integers(1, 2**31),
+       data=st.lists(st.integers(-2**31, 2**31 - 1), min_size=6, max_size=6), read_twice=st.booleans())
+def test_the_input_clamp_and_a_clip_become_one_clip(p, lo, width, data, read_twice):
+    """The input's clamp to its precision followed by a CVM clip (bounds within, across or beyond the clamp's) is
+    one Clip in the serving form, exact on any int32 data, the input's declared precision kept; a clamped input
+    that another op also reads keeps both."""
+    from cvm_onnx.runtime.sessions import declared_precision
+
+    b = GraphBuilder()
+    x = b.input("data", (6,), p)
+    y = b.op("clip", x, a_min=lo, a_max=min(lo + width, 2**30))
+    graph = b.build(b.op("negative", x), y) if read_twice else b.build(y)
+    model = check(graph, {"data": np.array(data, np.int32)})
+    assert clips(model) == (2 if read_twice else 1) and declared_precision(model, "data") == p
+
+
+@settings(max_examples=60, deadline=None)
+@given(bounds=st.lists(st.integers(-5, 5), min_size=6, max_size=6),
+       data=st.lists(st.integers(-2**31, 2**31 - 1), min_size=4, max_size=4) | st.just(list(range(-8, 9))))
+def test_merged_clips_equal_the_chain_for_any_bounds(bounds, data):
+    """Three Clips in a row with any constant int32 bounds (crossed ones, lo > hi, included) become one, with the
+    chain's value for every x (onnxruntime on both models)."""
+    from onnx import helper, numpy_helper
+
+    from cvm_onnx.converters.to_onnx.optimize import merge_clip_pairs
+
+    nodes = [helper.make_node("Constant", [], [f"c{k}"], value=numpy_helper.from_array(np.array(v, np.int32)))
+             for k, v in enumerate(bounds)]
+    nodes += [helper.make_node("Clip", [t, f"c{2 * k}", f"c{2 * k + 1}"], [f"y{k}"])
+              for k, t in enumerate(["x", "y0", "y1"])]
+    x = np.array(data, np.int32)
+    model = helper.make_model(helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [len(data)])],
+        [helper.make_tensor_value_info("y2", TensorProto.INT32, [len(data)])]),
+        opset_imports=[helper.make_opsetid("", 17)])
+    want = run(model, {"x": x})[0]
+    merged = merge_clip_pairs(model)
+    assert clips(merged) == 1 and len(merged.graph.node) <= 3
+    assert np.array_equal(run(merged, {"x": x})[0], want)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
-from cvm_onnx.core.constants import DOMAIN
+from cvm_onnx.core.constants import DOMAIN, PRECISION
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 
@@ -291,8 +291,76 @@ def clips_as_max_min(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _integer_scalars(graph: onnx.GraphProto) -> dict[str, int]:
+    """The integer scalar each Constant node (``value``) makes, by its output's name."""
+    out = {}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.attribute[0].name == "value":
+            v = numpy_helper.to_array(n.attribute[0].t)
+            if v.size == 1 and v.dtype.kind in "iu":
+                out[n.output[0]] = int(v.reshape(-1)[0])
+    return out
+
+
+def _clip(x: int, lo: int, hi: int) -> int:
+    """ONNX Clip of one value: min(max(x, lo), hi) (hi for lo > hi)."""
+    return min(max(x, lo), hi)
+
+
+def _move_declared(graph: onnx.GraphProto, src: str, dst: str) -> None:
+    """The ``cvm.precision`` of value ``src`` put on graph input ``dst`` (if ``dst`` is one and ``src`` has it)."""
+    declared = [p for vi in graph.value_info if vi.name == src for p in vi.metadata_props if p.key == PRECISION]
+    for vi in graph.input:
+        if vi.name == dst:
+            vi.metadata_props.extend(declared)
+
+
+@model_pass()
+def merge_clip_pairs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``Clip(Clip(x, a1, b1), a2, b2)`` with integer constant bounds, the inner Clip's output read by the outer
+    alone and no graph output, becomes ``Clip(x, A, B)`` in the outer's place, A = clip(a1, a2, b2) and
+    B = clip(b1, a2, b2) (each the tensor of one of the four bounds: no new constant); the inner Clip and the
+    Constants nobody reads any more are removed. (The input's clamp to its precision followed by a clip: the
+    precision declared on the clamped value, ``<input>:clamped``, moves to the graph input itself.)
+
+    Exact for every x (ONNX Clip is min(max(x, lo), hi)): g = clip(., a2, b2) is nondecreasing. For a1 > b1 the
+    inner is b1, so the left side is g(b1) = B, and A >= B makes clip(x, A, B) = B too. For a1 <= b1 the inner is
+    the median of a1, x, b1, and a nondecreasing g commutes with medians: the left side is med(A, g(x), B). If
+    a2 > b2, g is b2 everywhere and A = B = b2. Else A, B lie in [a2, b2], where g(x) = x; outside it g(x) is
+    the nearer end of [a2, b2], beyond neither A nor B on x's side: med(A, g(x), B) = med(A, x, B) = clip(x, A, B).
+    """
+    graph = model.graph
+    scalars = _integer_scalars(graph)
+    reads: dict[str, int] = {}
+    for t in [t for n in graph.node for t in n.input] + [o.name for o in graph.output]:
+        reads[t] = reads.get(t, 0) + 1
+    clips: dict[str, onnx.NodeProto] = {}
+    dropped: set[str] = set()  # the inner Clips' outputs
+    freed: set[str] = set()
+    for node in graph.node:
+        if node.op_type != "Clip" or node.domain not in ("", "ai.onnx") or len(node.input) != 3 \
+                or not all(t in scalars for t in node.input[1:]):
+            continue
+        inner = clips.get(node.input[0])
+        if inner is not None and reads[node.input[0]] == 1:
+            (a1, b1), (a2, b2) = inner.input[1:], node.input[1:]
+            value = {scalars[t]: t for t in (a1, b1, a2, b2)}
+            lo, hi = (value[_clip(scalars[t], scalars[a2], scalars[b2])] for t in (a1, b1))
+            freed.update({a1, b1, a2, b2} - {lo, hi})
+            node.input[:] = [inner.input[0], lo, hi]
+            dropped.add(inner.output[0])
+            _move_declared(graph, inner.output[0], inner.input[0])
+        clips[node.output[0]] = node
+    nodes = [n for n in graph.node if n.op_type != "Clip" or n.output[0] not in dropped]
+    read = {t for n in nodes for t in n.input} | {o.name for o in graph.output}
+    nodes = [n for n in nodes if not (n.op_type == "Constant" and n.output[0] in freed - read)]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
 #: The passes of the serving form after export, in order.
-SERVING: tuple[Pass, ...] = (merge_repeated_windows, skip_int32_round_trips, drop_unread_casts, drop_unread_params,
-                             drop_stale_value_info)
+SERVING: tuple[Pass, ...] = (merge_repeated_windows, merge_clip_pairs, skip_int32_round_trips, drop_unread_casts,
+                             drop_unread_params, drop_stale_value_info)
 #: The passes of the CUDA serving form after ``SERVING``: every node a kernel of onnxruntime's CUDA provider.
 CUDA: tuple[Pass, ...] = (clips_as_max_min,)

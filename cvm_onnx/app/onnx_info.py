@@ -30,8 +30,8 @@ def _type(vi: onnx.ValueInfoProto) -> str:
 
 def _precisions(model: onnx.ModelProto) -> dict[str, str]:
     """The CVM precision declared for each tensor (metadata ``cvm.precision``; an input's is on its clamped
-    value ``<input>:clamped``)."""
-    declared = {vi.name: p.value for vi in [*model.graph.value_info, *model.graph.output]
+    value ``<input>:clamped``, or on the input itself where a serving form merged the clamp away)."""
+    declared = {vi.name: p.value for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]
                 for p in vi.metadata_props if p.key == PRECISION}
     return declared | {vi.name: declared[f"{vi.name}:clamped"] for vi in model.graph.input
                        if f"{vi.name}:clamped" in declared and vi.type.tensor_type.elem_type != TensorProto.FLOAT}

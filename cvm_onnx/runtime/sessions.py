@@ -410,13 +410,13 @@ def check_shape(name: str, shape: list, given: tuple[int, ...]) -> None:
 
 
 def declared_precision(model: onnx.ModelProto, name: str) -> int | None:
-    """The precision the exporter declares for input ``name`` (metadata of its clamped value), if any."""
-    for vi in model.graph.value_info:
-        if vi.name == f"{name}:clamped":
-            text = next((p.value for p in vi.metadata_props if p.key == PRECISION), None)
-            if text is not None and precision_of(text) is None:
+    """The precision the exporter declares for input ``name`` (metadata of its clamped value, or of the input
+    itself in a serving form that merged the clamp away), if any."""
+    for vi in [*model.graph.input, *model.graph.value_info]:
+        for text in (p.value for p in vi.metadata_props if p.key == PRECISION and vi.name in (name, f"{name}:clamped")):
+            if precision_of(text) is None:
                 raise FormatError(f"metadata {PRECISION}={text!r} is not a precision in [1, 32]", where=vi.name)
-            return None if text is None else precision_of(text)
+            return precision_of(text)
     return None
 
 
