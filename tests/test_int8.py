@@ -770,16 +770,39 @@ def test_im2col_rows_refuses_a_zero_point_it_cannot_take(attrs):
         run(model, {"x": np.zeros((1, 2, 3, 3), np.int32)})
 
 
-def quantized_conv(b, u, c: int, zero: int, w: np.ndarray, bias: np.ndarray | None, **attrs):
-    """conv2d of u - zero as the quantized importer writes it (from_onnx's ``products.halves``): h = (u - zero)
-    shifted by 1, g = u - zero - h, concatenated, cvm_clip(8), by the weights [w, w]."""
+def quantized_conv(b, u, c: int, zero: int, w: np.ndarray, bias: np.ndarray | None, op: str = "conv2d", **attrs):
+    """conv2d (or dense) of u - zero as the quantized importer writes it (from_onnx's ``products.halves``):
+    h = (u - zero) shifted by 1, g = u - zero - h, concatenated, cvm_clip(8), by the weights [w, w]."""
     v = b.op("broadcast_sub", u, b.param(f"z{len(b.nodes)}", np.array([zero]), 9)) if zero else u
     h = b.op("cvm_right_shift", v, shift_bit=1, precision=8)
     x = b.op("cvm_clip", b.op("concatenate", h, b.op("broadcast_sub", v, h), axis=1), precision=8)
     inputs = [x, b.param(f"w{len(b.nodes)}", np.concatenate([w, w], axis=1), 8)]
     if bias is not None:
         inputs.append(b.param(f"b{len(b.nodes)}", bias, 20))
-    return b.op("conv2d", *inputs, channels=w.shape[0], use_bias=bias is not None, **attrs)
+    size = {"channels" if op == "conv2d" else "units": w.shape[0]}
+    return b.op(op, *inputs, **size, use_bias=bias is not None, **attrs)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 70), oc=st.integers(1, 12), top=st.sampled_from([255, 200, 128]),
+       zero=st.sampled_from([0, 1, 127, 128, 200, 254, 255]), data=st.data())
+def test_dense_of_quantized_operands_takes_u_itself_and_is_exact(n, c, oc, top, zero, data):
+    """A dense of the halves of u - zero (the quantized import's last Gemm) takes one MatMulInteger of u itself
+    (uint8, zero point ``zero``) and one requantize exactly where the bounds prove ``requantize.Unsigned``'s
+    conditions, else its float form; exact against the reference executor (weights and data at the edges)."""
+    b = GraphBuilder()
+    u = b.op("clip", b.input("data", (n, c), 10), a_min=0, a_max=top)
+    bias = data.draw(st.none() | tensors((oc,), 20))
+    y = quantized_conv(b, u, c, zero, data.draw(tensors((oc, c), 8)), bias, op="dense")
+    y = b.op("cvm_right_shift", y, shift_bit=data.draw(st.integers(1, 12)), precision=16)
+    graph = b.build(b.op("clip", y, a_min=0, a_max=255))  # a run of two steps
+    model = to_onnx(graph, optimize=True, int8=True)
+    ops = [node.op_type for node in model.graph.node]
+    ok = max(zero, top - zero) <= 254
+    assert (ops.count("MatMulInteger"), "Gemm" in ops, "Concat" in ops) == ((1, False, False) if ok else (0, True, True))
+    x = data.draw(st.one_of(tensors((n, c), 10), st.just(np.full((n, c), top, np.int32))))
+    assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
 
 
 @st.composite

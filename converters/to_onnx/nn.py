@@ -334,6 +334,21 @@ def dense_float(b, x, w, chunks: list[tuple[int, int]], bias=None) -> str:
                           for lo, hi in chunks])
 
 
+def dense_unsigned_exact(w: np.ndarray) -> bool:
+    """Whether ``dense_unsigned`` is exact for weight ``w`` (OC, K): within int8, at most ``INT8_K`` products."""
+    return w.shape[1] <= INT8_K and int(w.min(initial=0)) >= -128 and int(w.max(initial=0)) <= 127
+
+
+def dense_unsigned(b, u, w: np.ndarray, zero: int) -> str:
+    """(u - zero) @ w^T (u (N, K) in [0, 255], zero in [0, 255], w (OC, K) within int8, K <= ``INT8_K``) as
+    MatMulInteger of u cast to uint8 (exact: u is proven in [0, 255]), zero point ``zero``, by the constant (K, OC)
+    weights w + 128 (uint8, zero point 128): sum (u - zero)(w + 128 - 128) = sum (u - zero) w, each raw sum
+    <= K * 255 * 255 < 2^31 (uint8 x uint8, exact on every ISA), so the int32 result is the runtime's."""
+    wq = (w.astype(np.int32).T + 128).astype(np.uint8)
+    return b.MatMulInteger(b.Cast(u, to=TensorProto.UINT8), b.const(wq, np.uint8), b.const(zero, np.uint8),
+                           b.const(128, np.uint8))
+
+
 @lowering("dense")
 def dense(b, a, x, w, bias=None):
     """y = x @ w^T (int32 accumulation), then + bias.

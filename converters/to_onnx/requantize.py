@@ -366,12 +366,12 @@ def unsigned_source(graph: Graph, conv: int, bounds: dict[Entry, int], nonneg: s
     inside it, and the bounds prove its conditions (u >= 0, U <= 255, max(zero, U - zero) <= 254, the halves'
     cvm_right_shift of 8 bits or more); else None."""
     node = graph.nodes[conv]
-    a = REGISTRY["conv2d"].bind(node.attrs)
+    groups = REGISTRY["conv2d"].bind(node.attrs).groups if node.op == "conv2d" else 1
     w = graph.params.get(graph.nodes[node.inputs[1].node].name)
     clip = _producer(graph, node.inputs[0], "cvm_clip", readers)
     cat = clip and REGISTRY["cvm_clip"].bind(clip.attrs).precision == 8 and \
         _producer(graph, clip.inputs[0], "concatenate", readers)
-    if a.groups != 1 or w is None or not cat or REGISTRY["concatenate"].bind(cat.attrs).axis != 1 or \
+    if groups != 1 or w is None or not cat or REGISTRY["concatenate"].bind(cat.attrs).axis != 1 or \
             len(cat.inputs) != 2:
         return None
     h_e, g_e = cat.inputs
@@ -384,7 +384,7 @@ def unsigned_source(graph: Graph, conv: int, bounds: dict[Entry, int], nonneg: s
     zero = v and _scalar(graph, v.inputs[1])
     u_e, chain = (v.inputs[0], [v_e.node]) if zero is not None and v is not None else (v_e, [])
     zero = zero or 0
-    c = graph.type_of(u_e).shape[1] if len(graph.type_of(u_e).shape) == 4 else 0
+    c = graph.type_of(u_e).shape[1] if len(graph.type_of(u_e).shape) == (4 if node.op == "conv2d" else 2) else 0
     if ha.shift_bit != 1 or ha.precision < 8 or graph.type_of(u_e).shape != graph.type_of(v_e).shape or \
             u_e not in nonneg or bounds[u_e] > 255 or not 0 <= zero <= 255 or \
             max(zero, bounds[u_e] - zero) > 254 or w.shape[1] != 2 * c or not np.array_equal(w[:, :c], w[:, c:]):
@@ -396,12 +396,13 @@ def unsigned_source(graph: Graph, conv: int, bounds: dict[Entry, int], nonneg: s
 def unsigned_head(graph: Graph, node: int, bounds: dict[Entry, int], nonneg: set[Entry],
                   readers: dict[Entry, int]) -> Unsigned | None:
     """conv2d ``node``'s ``Unsigned`` data where its integer products take that form (``nn.int8_refusal`` with
-    u's bound, up to 255, on the CPU's rows), else None."""
-    if graph.nodes[node].op != "conv2d" or not nn.ROWS:
-        return None
-    src = unsigned_source(graph, node, bounds, nonneg, readers)
-    if src is None:
-        return None
+    u's bound, up to 255, on the CPU's rows), dense ``node``'s where they are exact (``nn.dense_unsigned``), else
+    None."""
+    op = graph.nodes[node].op
+    src = unsigned_source(graph, node, bounds, nonneg, readers) if op == "dense" or op == "conv2d" and nn.ROWS \
+        else None
+    if src is None or op == "dense":
+        return src if src is None or nn.dense_unsigned_exact(src.weight) else None
     a = REGISTRY["conv2d"].bind(graph.nodes[node].attrs)
     u = Value("", graph.type_of(src.data).shape, bounds[src.data])
     w = Value("", src.weight.shape, 0, src.weight)
@@ -807,8 +808,12 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
             products, attrs = nn.conv2d_rows(b, a, inputs[0], w)
         return _native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     elif int8 and chain.unsigned is not None:
-        a = REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs)
-        products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)
+        head = graph.nodes[chain.head]
+        a = REGISTRY[head.op].bind(head.attrs)
+        if head.op == "dense":
+            products, attrs = nn.dense_unsigned(b, inputs[0], chain.unsigned.weight, chain.unsigned.zero), {}
+        else:
+            products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)
         return _native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, provider):
