@@ -212,16 +212,16 @@ def test_merged_clips_equal_the_chain_for_any_bounds(bounds, data):
     from onnx import helper, numpy_helper
 
     from cvm_onnx.converters.to_onnx.optimize import merge_clip_pairs
+    from cvm_onnx.core.format.onnx_file import onnx_model
 
     nodes = [helper.make_node("Constant", [], [f"c{k}"], value=numpy_helper.from_array(np.array(v, np.int32)))
              for k, v in enumerate(bounds)]
     nodes += [helper.make_node("Clip", [t, f"c{2 * k}", f"c{2 * k + 1}"], [f"y{k}"])
               for k, t in enumerate(["x", "y0", "y1"])]
     x = np.array(data, np.int32)
-    model = helper.make_model(helper.make_graph(
+    model = onnx_model(helper.make_graph(  # the IR version opset 17 needs: onnxruntime 1.31 reads up to 13
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [len(data)])],
-        [helper.make_tensor_value_info("y2", TensorProto.INT32, [len(data)])]),
-        opset_imports=[helper.make_opsetid("", 17)])
+        [helper.make_tensor_value_info("y2", TensorProto.INT32, [len(data)])]), opset=17)
     want = run(model, {"x": x})[0]
     merged = merge_clip_pairs(model)
     assert clips(merged) == 1 and len(merged.graph.node) <= 3
