@@ -474,6 +474,16 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
     if x.index or readers.get(x) != 1:
         return None
+
+    def rows_head(conv: int, offset: int | None, take: int | None):  # a conv2d whose integer products are rows
+        node = graph.nodes[conv]
+        if node.op != "conv2d":
+            return None
+        unsigned = unsigned_head(graph, conv, bounds, nonneg, readers)
+        if unsigned is not None or _rows(graph, node, bounds) and int8_head(graph, node, bounds, provider):
+            return conv, unsigned, offset, take
+        return None
+
     take = None
     if int8 and provider == "cpu" and taken_channels(graph, producer) is not None:
         take, x = x.node, producer.inputs[0]
@@ -482,20 +492,11 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
             return None
     if int8 and provider == "cpu" and offset_param(graph, producer) is not None:
         e = producer.inputs[0]
-        conv = graph.nodes[e.node]
-        if conv.op != "conv2d" or e.index or readers.get(e) != 1 or take is None and readers.get(x) != 1:
+        if e.index or readers.get(e) != 1 or take is None and readers.get(x) != 1:
             return None
-        unsigned = unsigned_head(graph, e.node, bounds, nonneg, readers)
-        if unsigned is not None or _rows(graph, conv, bounds) and int8_head(graph, conv, bounds, provider):
-            return e.node, unsigned, x.node, take
-        return None
+        return rows_head(e.node, x.node, take)
     if take is not None:
-        if producer.op != "conv2d":
-            return None
-        unsigned = unsigned_head(graph, x.node, bounds, nonneg, readers)
-        if unsigned is not None or _rows(graph, producer, bounds) and int8_head(graph, producer, bounds, provider):
-            return x.node, unsigned, None, take
-        return None
+        return rows_head(x.node, None, take)
     if producer.op not in ("conv2d", "dense"):
         return None
     if int8 and provider == "cpu" and (unsigned := unsigned_head(graph, x.node, bounds, nonneg, readers)):
