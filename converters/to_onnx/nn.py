@@ -272,9 +272,14 @@ def conv2d_unsigned(b, a, u, w: np.ndarray, zero: int) -> tuple[str, dict]:
     n, c, oc, oh, ow, _ = _conv_shape(b, a, u)
     kh, kw = a.kernel_size
     rows = _im2col_rows(b, a, u, offset=0, zero=zero)
-    wq = (w.astype(np.int32).transpose(2, 3, 1, 0).reshape(kh * kw * c, oc) + 128).astype(np.uint8)
-    return b.MatMulInteger(rows, b.const(wq, np.uint8), b.const(zero, np.uint8), b.const(128, np.uint8)), \
-        {"rows": [oh, ow]}
+    return _unsigned_products(b, rows, w.transpose(2, 3, 1, 0).reshape(kh * kw * c, oc), zero), {"rows": [oh, ow]}
+
+
+def _unsigned_products(b, u, wk: np.ndarray, zero: int) -> str:
+    """MatMulInteger of uint8 u (zero point ``zero``) by the constant (K, OC) int8 weights ``wk`` as wk + 128
+    (uint8, zero point 128): sum (u - zero)(wk + 128 - 128) = sum (u - zero) wk."""
+    wq = (wk.astype(np.int32) + 128).astype(np.uint8)
+    return b.MatMulInteger(u, b.const(wq, np.uint8), b.const(zero, np.uint8), b.const(128, np.uint8))
 
 
 def conv2d_float(b, a, x, w, chunks: list[tuple[int, int]], bias=None) -> str:
@@ -344,9 +349,7 @@ def dense_unsigned(b, u, w: np.ndarray, zero: int) -> str:
     MatMulInteger of u cast to uint8 (exact: u is proven in [0, 255]), zero point ``zero``, by the constant (K, OC)
     weights w + 128 (uint8, zero point 128): sum (u - zero)(w + 128 - 128) = sum (u - zero) w, each raw sum
     <= K * 255 * 255 < 2^31 (uint8 x uint8, exact on every ISA), so the int32 result is the runtime's."""
-    wq = (w.astype(np.int32).T + 128).astype(np.uint8)
-    return b.MatMulInteger(b.Cast(u, to=TensorProto.UINT8), b.const(wq, np.uint8), b.const(zero, np.uint8),
-                           b.const(128, np.uint8))
+    return _unsigned_products(b, b.Cast(u, to=TensorProto.UINT8), w.T, zero)
 
 
 @lowering("dense")
