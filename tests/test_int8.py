@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from support import tensors
-from support.native import (cpu_step, geometries, im2col_model, im2col_oracle, int32s, requantize_model,
-                            requantize_oracle, step)
+from support.native import (channels_oracle, cpu_step, geometries, im2col_model, im2col_oracle, int32s,
+                            requantize_add_oracle, requantize_model, requantize_oracle, step)
+from support.oracles import wrap32
 
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.to_onnx import to_onnx
@@ -955,12 +956,8 @@ def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data,
     sums = data.draw(st.lists(cpu_step, max_size=3)) + [(3, 0, data.draw(st.integers(0, 255)))] * bytes_out
     extra = {"addend_steps": [v for s in data.draw(st.lists(cpu_step, max_size=3)) for v in s],
              "sum_steps": [v for s in sums for v in s]}
-    model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True)
-    first = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
-    added = requantize_oracle(np.moveaxis(addend, -1, 1), np.zeros(0, np.int32), np.reshape(extra["addend_steps"],
-                                                                                           (-1, 3)))
-    summed = wrap32(first.astype(np.int64) + np.moveaxis(added, 1, -1))
-    want = np.moveaxis(requantize_oracle(np.moveaxis(summed, -1, 1), np.zeros(0, np.int32), sums), 1, -1)
+    want = requantize_add_oracle(x, bias, per, addend.reshape(n, positions, c), np.reshape(extra["addend_steps"],
+                                                                                         (-1, 3)), sums).reshape(shape)
     name = "requantize_add_uint8" if bytes_out else "requantize_add"
 
     def fused(shape, **attrs) -> onnx.ModelProto:
@@ -1034,11 +1031,10 @@ def test_requantize_uint8_writes_the_values_of_requantize_as_bytes(n, c, positio
     bias = data.draw(st.one_of(st.just(np.zeros(0, np.int32)), tensors((c,), 32),
                                *[tensors((positions, c), 32)] * rows))
     model = channel_steps_model([n, positions, c], c, per, [positions, 1] if rows else None, True, list(bias.shape))
-    want = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
     model.graph.node[0].op_type = "requantize_uint8"
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
     got = session(model, threads=threads).run(None, {"x": x, "b": bias})[0]
-    assert got.dtype == np.uint8 and np.array_equal(got, want)
+    assert got.dtype == np.uint8 and np.array_equal(got.reshape(n, positions, c), channels_oracle(x, bias, per))
     per[0][-1] = (3, -1, 255)
     for bad in (channel_steps_model([n, positions, c], c, per, None, True),
                 channel_steps_model([n, positions, c], c, [[*p[:-1], e] for p, e in zip(per, ends)], None, False)):
@@ -1137,9 +1133,7 @@ def test_requantize_of_channels_with_one_sequence_of_kinds_is_exact(n, c, positi
     model = channel_steps_model([n, positions, c], b.size, per, [positions, 1] if "rows" in layout else None,
                                 "nhwc" in layout, list(b.shape))
     got = session(model, threads=threads).run(None, {"x": x, "b": b})[0]
-    summed = wrap32(x.astype(np.int64) + (b if b.size else 0))
-    want = np.concatenate([requantize_oracle(summed[:, :, k:k + 1].transpose(0, 2, 1), np.zeros(0, np.int32), per[k])
-                           for k in range(c)], axis=1)  # (N, C, P)
+    want = channels_oracle(x, b, per).transpose(0, 2, 1)  # (N, C, P)
     assert np.array_equal(got.reshape(want.transpose(0, 2, 1).shape if "nhwc" in layout else want.shape),
                           want.transpose(0, 2, 1) if "nhwc" in layout else want)
 
@@ -1166,11 +1160,7 @@ def test_requantize_add_of_channels_with_one_sequence_of_kinds_is_exact(n, c, po
                        tensors(shape, data.draw(st.sampled_from([12, 32]))))
     added_steps = data.draw(st.lists(cpu_step, max_size=3))
     sums = data.draw(st.lists(cpu_step, max_size=3)) + [(3, 0, data.draw(st.sampled_from([255, 99])))] * bytes_out
-    summed = wrap32(x.astype(np.int64) + (b if b.size else 0))
-    first = np.concatenate([requantize_oracle(summed[:, :, k:k + 1].transpose(0, 2, 1), np.zeros(0, np.int32), per[k])
-                            for k in range(c)], axis=1)  # (N, C, P)
-    added = requantize_oracle(np.moveaxis(addend.reshape(n, positions, c), -1, 1), np.zeros(0, np.int32), added_steps)
-    want = requantize_oracle(wrap32(first.astype(np.int64) + added), np.zeros(0, np.int32), sums).transpose(0, 2, 1)
+    want = requantize_add_oracle(x, b, per, addend.reshape(n, positions, c), added_steps, sums)
     model = requantize_add_model([n, positions, c], per, [positions, 1] if rows else None, list(shape), bytes_in,
                                  bytes_out, list(b.shape), addend_steps=[v for s in added_steps for v in s],
                                  sum_steps=[v for s in sums for v in s])
@@ -1192,11 +1182,7 @@ def test_requantize_add_in_registers_keeps_each_values_own_lanes(bytes_in, bytes
     b = rng.integers(-50, 50, (positions, c)).astype(np.int32)
     addend = rng.integers(0, 256, (n, positions, 1, c)).astype(np.uint8 if bytes_in else np.int32)
     added_steps, sums = [(1, 3, 0)], [(0, 2, 0), (3, 0, 255)]
-    first = np.concatenate([requantize_oracle((x + b)[:, :, k:k + 1].transpose(0, 2, 1), np.zeros(0, np.int32),
-                                              per[k]) for k in range(c)], axis=1)  # (N, C, P)
-    added = requantize_oracle(np.moveaxis(addend.reshape(n, positions, c).astype(np.int32), -1, 1),
-                              np.zeros(0, np.int32), added_steps)
-    want = requantize_oracle(first + added, np.zeros(0, np.int32), sums).transpose(0, 2, 1)
+    want = requantize_add_oracle(x, b, per, addend.reshape(n, positions, c), added_steps, sums)
     assert len(np.unique(want)) > 100
     model = requantize_add_model([n, positions, c], per, [positions, 1], list(addend.shape), bytes_in, bytes_out,
                                  [positions, c], addend_steps=[v for s in added_steps for v in s],
@@ -1250,12 +1236,8 @@ def test_requantize_chains_the_kernel_simplifies_stay_exact(kinds, data, c, layo
     assert np.array_equal(got.reshape(want.transpose(0, 2, 1).shape if layout == "nhwc" else want.shape),
                           want.transpose(0, 2, 1) if layout == "nhwc" else want)
     one = requantize_model(list(nchw.shape), 0, per[0])
-    assert np.array_equal(run(one, {"x": nchw, "b": np.zeros(0, np.int32)})[0], want[:, :1] if c == 1 else
+    assert np.array_equal(run(one, {"x": nchw, "b": np.zeros(0, np.int32)})[0],
                           requantize_oracle(nchw, np.zeros(0, np.int32), per[0]))
-
-
-def wrap32(v: np.ndarray) -> np.ndarray:
-    return ((v + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
 
 
 @pytest.mark.isa

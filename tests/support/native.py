@@ -72,6 +72,22 @@ def requantize_oracle(x, bias, steps, scales=()):
     return v.astype(np.int32)
 
 
+def channels_oracle(x, bias, per):
+    """Each channel's own steps ``per[k]`` on x (N, P, C) + bias (none, (C,) or (P, C)), channels last:
+    ``requantize_oracle`` channel by channel, (N, P, C) int32."""
+    v = wrap(x.astype(np.int64) + (bias.astype(np.int64) if bias.size else 0), 32)
+    none = np.zeros(0, np.int32)
+    return np.stack([requantize_oracle(v[..., k], none, per[k]) for k in range(x.shape[-1])], axis=-1)
+
+
+def requantize_add_oracle(x, bias, per, addend, addend_steps, sum_steps):
+    """requantize_add's values, channels last (N, P, C): ``channels_oracle``, plus the addend (N, P, C) after its
+    steps, wrapping in int32, then the sum's steps."""
+    none = np.zeros(0, np.int32)
+    added = requantize_oracle(addend.astype(np.int64), none, addend_steps)
+    return requantize_oracle(wrap(channels_oracle(x, bias, per).astype(np.int64) + added, 32), none, sum_steps)
+
+
 def requantize_model(shape, channels: int, steps, width: int = 0, scales=()) -> onnx.ModelProto:
     node = helper.make_node("requantize", ["x", "b"], ["y"], domain=DOMAIN, steps=[v for s in steps for v in s],
                             **({"width": width} if width else {}), **({"scales": list(scales)} if scales else {}))
