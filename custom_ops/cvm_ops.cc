@@ -453,7 +453,6 @@ struct RequantizeAttrs {
     if (at != all.size()) {
       throw Ort::Exception("requantize: channel_counts must count the triples of channel_steps", ORT_INVALID_ARGUMENT);
     }
-    arrays = channel_arrays(per_channel);
     if (!per_channel.empty() && (!steps.empty() || width > 0 || batch_inner || !scales.empty())) {
       throw Ort::Exception("requantize: channel_steps go without steps, width, batch_inner or scales",
                            ORT_INVALID_ARGUMENT);
@@ -464,10 +463,10 @@ struct RequantizeAttrs {
   // channels' chains together where they have one sequence of kinds.
   void simplify_chains() {
     steps = simplified(steps);
-    if (arrays.kinds.empty()) {
-      for (std::vector<RequantStep>& chain : per_channel) chain = simplified(chain);
-    } else {
+    if (same_kinds(per_channel)) {
       simplify(per_channel);
+    } else {
+      for (std::vector<RequantStep>& chain : per_channel) chain = simplified(chain);
     }
     arrays = channel_arrays(per_channel);
   }
@@ -516,7 +515,7 @@ struct RequantizeAttrs {
   std::vector<int32_t> scales;
   std::vector<RequantStep> steps;
   ChannelSteps per_channel;  // channel_steps: each channel's own steps (empty: `steps` for all)
-  ChannelArrays arrays;      // per_channel side by side, where every channel has the same kinds of steps
+  ChannelArrays arrays;      // per_channel side by side where it has one sequence of kinds (simplify_chains)
 };
 
 constexpr int64_t kBlock = 1 << 14;  // elements per parallel task of requantize

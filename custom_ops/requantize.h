@@ -229,15 +229,21 @@ struct ChannelArrays {
   std::vector<int32_t> a, b;
 };
 
-inline ChannelArrays channel_arrays(const ChannelSteps& per) {
-  ChannelArrays out;
-  if (per.empty()) return out;
+// Whether every channel's chain has one sequence of kinds (none for no channels).
+inline bool same_kinds(const ChannelSteps& per) {
+  if (per.empty()) return false;
   for (const std::vector<RequantStep>& p : per) {
-    if (p.size() != per[0].size()) return out;
+    if (p.size() != per[0].size()) return false;
     for (size_t k = 0; k < p.size(); ++k) {
-      if (p[k].kind != per[0][k].kind) return out;
+      if (p[k].kind != per[0][k].kind) return false;
     }
   }
+  return true;
+}
+
+inline ChannelArrays channel_arrays(const ChannelSteps& per) {
+  ChannelArrays out;
+  if (!same_kinds(per)) return out;
   const size_t channels = per.size(), steps = per[0].size();
   out.period = std::lcm<size_t>(channels, kTile);
   out.a.resize(steps * out.period);
