@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "conv.h"
 #include "cvm_kernels.h"
 #include "im2col.h"
 #include "requantize.h"
@@ -339,62 +340,67 @@ struct Im2colRows {
   static constexpr const char* kName = "im2col_rows";
   static constexpr bool kBytes = std::is_same_v<In, uint8_t>;
 
-  Im2colRows(const OrtApi* api, const OrtKernelInfo* info)
-      : columns(api, info), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)),
+  // name: the op whose attributes these are (im2col_rows, or a conv_requantize op, which gathers the same rows).
+  Im2colRows(const OrtApi*, const OrtKernelInfo* info, const char* name = kName)
+      : geometry(read_im2col_attrs(info, name)), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)),
         zero(int_attr(info, "zero", -1)) {
-    if (offset != 0 && offset != 128) throw Ort::Exception("im2col_rows: offset must be 0 or 128", ORT_INVALID_ARGUMENT);
-    if (zero != -1 && (zero < 0 || zero > 255 || offset != 0)) {
-      throw Ort::Exception("im2col_rows: zero must be -1, or in [0, 255] with offset 0", ORT_INVALID_ARGUMENT);
-    }
-    if (nhwc != 0 && nhwc != 1) throw Ort::Exception("im2col_rows: nhwc must be 0 or 1", ORT_INVALID_ARGUMENT);
-    if (kBytes && (nhwc != 1 || zero < 0)) {
-      throw Ort::Exception("im2col_rows: uint8 data needs nhwc 1 and a zero", ORT_INVALID_ARGUMENT);
-    }
-    if (columns.geometry.group != 1 || columns.geometry.wide) {
-      throw Ort::Exception("im2col_rows: group must be 1 and wide 0", ORT_INVALID_ARGUMENT);
-    }
+    const auto refuse = [&](const char* rule) { throw Ort::Exception(std::string(name) + ": " + rule, ORT_INVALID_ARGUMENT); };
+    if (offset != 0 && offset != 128) refuse("offset must be 0 or 128");
+    if (zero != -1 && (zero < 0 || zero > 255 || offset != 0)) refuse("zero must be -1, or in [0, 255] with offset 0");
+    if (nhwc != 0 && nhwc != 1) refuse("nhwc must be 0 or 1");
+    if (kBytes && (nhwc != 1 || zero < 0)) refuse("uint8 data needs nhwc 1 and a zero");
+    if (geometry.group != 1 || geometry.wide || geometry.batch_inner) refuse("group must be 1, wide and batch_inner 0");
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
                       Ort::Custom::Tensor<uint8_t>& out) {
     return guarded(kName, [&] {
-      const std::vector<int64_t>& shape = data.Shape();
-      if (shape.size() != 4) {
-        return invalid(kName, std::string("data must be 4-D ") + (nhwc ? "(N, H, W, C)" : "(N, C, H, W)") + ", got " +
-                                  shape_text(shape));
-      }
-      Im2colShape s = columns.geometry;
-      s.n = shape[0], s.c = shape[nhwc ? 3 : 1], s.h = shape[nhwc ? 1 : 2], s.w = shape[nhwc ? 2 : 3];
-      if (std::string err = im2col_geometry(s); !err.empty()) return invalid(kName, err);
-      const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
-      const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
-      const In* x = data.Data();
-      // uninitialized: the pad functions write every byte of their image
-      const std::unique_ptr<uint8_t[]> buffer(new uint8_t[static_cast<size_t>(s.n * s.hp() * s.wp() * s.c)]);
-      uint8_t* padded = buffer.get();
+      Im2colShape s;
+      std::unique_ptr<uint8_t[]> padded;
+      if (Ort::Status status = pad(context, data, kName, s, padded); !status.IsOK()) return status;
       uint8_t* rows = out.Allocate({s.n, s.oh * s.ow, s.kh * s.kw * s.c});
-      std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
-      auto image = [&](int64_t n) {
-        if constexpr (kBytes) {
-          pad_copy_nhwc(x, s, fill, n, padded);
-        } else {
-          const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded)
-                                 : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded);
-          for (int64_t seen = bad.load(); i >= 0 && i < seen && !bad.compare_exchange_weak(seen, i);) {}
-        }
-      };
-      parallel_for(context, s.n, image);
-      if (const int64_t i = bad.load(); i != INT64_MAX) {
-        return invalid(kName, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
-                                  " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      }
-      auto row = [&](int64_t r) { im2col_rows(padded, s, r / s.oh, r % s.oh, rows); };
+      auto row = [&](int64_t r) { im2col_rows(padded.get(), s, r / s.oh, r % s.oh, rows); };
       parallel_for(context, s.n * s.oh, row);
       return Ort::Status{nullptr};
     });
   }
 
-  Im2col<uint8_t, 128> columns;  // the geometry attributes, read and checked as the columns ops read them
+  // The geometry of data in s and its padded copy (HP, WP, C) bytes per image (pad_narrow_hwc), for op `name`.
+  Ort::Status pad(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data, const char* name, Im2colShape& s,
+                  std::unique_ptr<uint8_t[]>& buffer) const {
+    const std::vector<int64_t>& shape = data.Shape();
+    if (shape.size() != 4) {
+      return invalid(name, std::string("data must be 4-D ") + (nhwc ? "(N, H, W, C)" : "(N, C, H, W)") + ", got " +
+                               shape_text(shape));
+    }
+    s = geometry;
+    s.n = shape[0], s.c = shape[nhwc ? 3 : 1], s.h = shape[nhwc ? 1 : 2], s.w = shape[nhwc ? 2 : 3];
+    if (std::string err = im2col_geometry(s); !err.empty()) return invalid(name, err);
+    const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
+    const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
+    const In* x = data.Data();
+    // uninitialized: the pad functions write every byte of their image
+    buffer.reset(new uint8_t[static_cast<size_t>(s.n * s.hp() * s.wp() * s.c)]);
+    uint8_t* padded = buffer.get();
+    std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
+    auto image = [&](int64_t n) {
+      if constexpr (kBytes) {
+        pad_copy_nhwc(x, s, fill, n, padded);
+      } else {
+        const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded)
+                               : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded);
+        for (int64_t seen = bad.load(); i >= 0 && i < seen && !bad.compare_exchange_weak(seen, i);) {}
+      }
+    };
+    parallel_for(context, s.n, image);
+    if (const int64_t i = bad.load(); i != INT64_MAX) {
+      return invalid(name, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
+                               " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+    return Ort::Status{nullptr};
+  }
+
+  Im2colShape geometry;  // the geometry attributes, read and checked as the columns ops read them
   int64_t offset, nhwc, zero;  // nhwc = 1: data (N, H, W, C); zero >= 0: data in [0, 255], zero in the padding
 };
 
@@ -572,7 +578,7 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
     }
     const int64_t lines = c > 0 ? count / c : 0;
     auto block = [&](int64_t i) {
-      requantize_last(data.Data(), i * per_block, std::min(lines, (i + 1) * per_block), b,
+      requantize_last(data.Data() + i * per_block * c, i * per_block, std::min(lines, (i + 1) * per_block), b,
                       scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, words, per_position ? shape[1] : 0,
                       attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
     };
@@ -711,6 +717,166 @@ struct RequantizeAdd {
 
   RequantizeAttrs attrs;
   std::vector<RequantStep> addend_steps, sum_steps;
+};
+
+// conv_requantize (y int32), conv_requantize_uint8 (y uint8) and, with an addend, conv_requantize_add[_uint8]: a
+// rows product and the requantize after it in one kernel (conv.h). data as im2col_rows takes it (In; its attributes
+// kernel_shape, strides, dilations, pads, offset, zero, nhwc); weights uint8 (K, OC), a constant, read as w - 128;
+// product_zero z in [0, 255]; bias int32, none, (OC,) or (OH * OW, OC); the requantize attributes steps or
+// channel_counts and channel_steps (with an addend also addend_steps and sum_steps). y (N, OH, OW, OC) = the
+// requantization of sum_k (rows[k] - z) * w[k] + bias: the values of im2col_rows, then MatMulInteger(rows, weights,
+// z, 128), then requantize[_uint8 | _add | _add_uint8] with nhwc 1 and rows (OH, OW). isa: the products' kernel
+// (ProductIsa; 0, the default: the fastest this CPU runs).
+template <typename In, typename Out>
+struct ConvKernel {
+  static constexpr bool kBytes = std::is_same_v<Out, uint8_t>;
+
+  ConvKernel(const OrtApi* api, const OrtKernelInfo* info, const char* op, bool add)
+      : name(op), rows(api, info, op), attrs(info), product_zero(int_attr(info, "product_zero", 0)),
+        isa(int_attr(info, "isa", kIsaBest)) {
+    const auto refuse = [&](const std::string& rule) {
+      throw Ort::Exception(std::string(name) + ": " + rule, ORT_INVALID_ARGUMENT);
+    };
+    if (!attrs.rows.empty() || attrs.width || attrs.batch_inner || !attrs.scales.empty()) {
+      refuse("rows, width, batch_inner and scales do not go with a convolution");
+    }
+    if (product_zero < 0 || product_zero > 255) refuse("product_zero must be in [0, 255]");
+    if (isa < kIsaBest || isa > kIsaAvx512Vnni || (isa != kIsaBest && !isa_available(isa))) {
+      refuse("isa " + std::to_string(isa) + " is not a kernel this CPU runs");
+    }
+    if (isa == kIsaBest) isa = best_isa();
+    if (add) {
+      for (auto [attr, steps] : {std::pair{"addend_steps", &addend_steps}, std::pair{"sum_steps", &sum_steps}}) {
+        if (std::string err = parse_steps(ints_attr(info, attr, {}), *steps); !err.empty()) refuse(attr + (": " + err));
+      }
+    }
+    const bool bytes = add ? ends_in_bytes(sum_steps)
+                           : attrs.per_channel.empty() ? ends_in_bytes(attrs.steps)
+                                                       : std::all_of(attrs.per_channel.begin(), attrs.per_channel.end(),
+                                                                     ends_in_bytes);
+    if (kBytes && !bytes) refuse(std::string(add ? "sum_steps" : "every chain") + " must end with a clip within [0, 255]");
+    attrs.simplify_chains();
+    addend_steps = simplified(addend_steps);
+    sum_steps = simplified(sum_steps);
+    int is_constant = 0;
+    const Ort::ConstValue w = Ort::ConstKernelInfo(info).GetTensorConstantInput(1, &is_constant);
+    if (!is_constant) refuse("the weights must be a constant (an initializer)");
+    const Ort::TensorTypeAndShapeInfo type = w.GetTensorTypeAndShapeInfo();
+    const std::vector<int64_t> shape = type.GetShape();
+    if (type.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 2 || shape[0] < 1 ||
+        shape[1] < 1) {
+      refuse("the weights must be uint8 (K, OC), got " + shape_text(shape));
+    }
+    weights = pack_weights(w.GetTensorData<uint8_t>(), shape[0], shape[1]);
+  }
+
+  template <typename A>
+  Ort::Status run(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
+                  const Ort::Custom::Tensor<uint8_t>& w, const Int32Tensor& bias, const Ort::Custom::Tensor<A>* addend,
+                  Ort::Custom::Tensor<Out>& out) const {
+    Im2colShape s;
+    std::unique_ptr<uint8_t[]> padded;
+    if (Ort::Status status = rows.pad(context, data, name, s, padded); !status.IsOK()) return status;
+    const int64_t k = s.kh * s.kw * s.c, oc = weights.oc, positions = s.oh * s.ow, total = s.n * positions;
+    if (w.Shape() != std::vector<int64_t>{weights.k, oc} || k != weights.k) {
+      return invalid(name, "the weights " + shape_text(w.Shape()) + " must be (K, OC) with K = kh * kw * C = " +
+                               std::to_string(k));
+    }
+    const std::vector<int64_t>& b = bias.Shape();
+    const bool per_position = b == std::vector<int64_t>{positions, oc}, per_channel = b == std::vector<int64_t>{oc};
+    if (!per_position && !per_channel && bias.NumberOfElement() != 0) {
+      return invalid(name, "the bias must be empty, (OC,) or (OH * OW, OC) = " +
+                               shape_text({positions, oc}) + ", got " + shape_text(b));
+    }
+    const int64_t programs = static_cast<int64_t>(attrs.per_channel.size());
+    if (programs > 0 && programs != oc) {
+      return invalid(name, "steps for " + std::to_string(programs) + " channels and " + std::to_string(oc) +
+                               " output channels");
+    }
+    const std::vector<int64_t> dims{s.n, s.oh, s.ow, oc};
+    if (addend && addend->Shape() != dims) {
+      return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " + shape_text(addend->Shape()));
+    }
+    std::optional<Addend> second;
+    if (addend) {
+      if constexpr (std::is_same_v<A, uint8_t>) {
+        second.emplace(Addend{nullptr, addend->Data(), addend_steps, sum_steps});
+      } else {
+        second.emplace(Addend{addend->Data(), nullptr, addend_steps, sum_steps});
+      }
+    }
+    Out* y = out.Allocate(dims);
+    int32_t* words = nullptr;
+    uint8_t* bytes = nullptr;
+    if constexpr (kBytes) {
+      bytes = y;
+    } else {
+      words = y;
+    }
+    // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap)
+    std::vector<int32_t> init(weights.sums.size());
+    for (int64_t o = 0; o < oc; ++o) {
+      init[o] = static_cast<int32_t>(static_cast<uint32_t>(-product_zero) * static_cast<uint32_t>(weights.sums[o]) +
+                                     static_cast<uint32_t>(per_channel ? bias.Data()[o] : 0));
+    }
+    const int32_t* by_position = per_position ? bias.Data() : nullptr;
+    const int64_t tile = tile_positions(weights.k4), k4 = weights.k4;
+    auto task = [&](int64_t t) {
+      thread_local std::vector<uint8_t> a;  // the tile's rows; bytes beyond K and rows beyond count: any values,
+      thread_local std::vector<int32_t> c;  // (zero weights there; their products are not read)
+      const int64_t first = t * tile, count = std::min(tile, total - first);
+      const int64_t padded_rows = (count + kTileRows - 1) / kTileRows * kTileRows;
+      if (a.size() < static_cast<size_t>(padded_rows * k4)) a.resize(static_cast<size_t>(padded_rows * k4));
+      if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
+      gather_windows(padded.get(), s, first, count, k4, a.data());
+      products(isa, a.data(), k4, padded_rows, weights, init.data(), c.data());
+      requantize_last(c.data(), first, first + count, by_position, nullptr, oc, attrs.steps, words,
+                      per_position ? positions : 0, attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
+    };
+    parallel_for(context, (total + tile - 1) / tile, task);
+    return Ort::Status{nullptr};
+  }
+
+  const char* name;
+  Im2colRows<In> rows;  // the rows' attributes and the padded copy
+  RequantizeAttrs attrs;
+  int64_t product_zero, isa;
+  std::vector<RequantStep> addend_steps, sum_steps;
+  PackedWeights weights;
+};
+
+template <typename In, typename Out>
+struct ConvRequantize {
+  static constexpr const char* kName = std::is_same_v<Out, uint8_t> ? "conv_requantize_uint8" : "conv_requantize";
+
+  ConvRequantize(const OrtApi* api, const OrtKernelInfo* info) : kernel(api, info, kName, false) {}
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
+                      const Ort::Custom::Tensor<uint8_t>& weights, const Int32Tensor& bias,
+                      Ort::Custom::Tensor<Out>& out) {
+    return guarded(kName, [&] {
+      return kernel.template run<int32_t>(context, data, weights, bias, nullptr, out);
+    });
+  }
+
+  ConvKernel<In, Out> kernel;
+};
+
+// The addend (AddIn, int32 or uint8) of conv_requantize_add[_uint8]: data uint8 (N, H, W, C).
+template <typename AddIn, typename Out>
+struct ConvRequantizeAdd {
+  static constexpr const char* kName = std::is_same_v<Out, uint8_t> ? "conv_requantize_add_uint8"
+                                                                    : "conv_requantize_add";
+
+  ConvRequantizeAdd(const OrtApi* api, const OrtKernelInfo* info) : kernel(api, info, kName, true) {}
+
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<uint8_t>& data,
+                      const Ort::Custom::Tensor<uint8_t>& weights, const Int32Tensor& bias,
+                      const Ort::Custom::Tensor<AddIn>& addend, Ort::Custom::Tensor<Out>& out) {
+    return guarded(kName, [&] { return kernel.run(context, data, weights, bias, &addend, out); });
+  }
+
+  ConvKernel<uint8_t, Out> kernel;
 };
 
 // -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
@@ -909,6 +1075,28 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<18>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<uint8_t, uint8_t>>("requantize_add_uint8",
                                                                                              cpu),
                             "requantize_add_uint8", 3, 4));
+  ops.push_back(checked<19>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<uint8_t, int32_t>>("conv_requantize", cpu),
+                            "conv_requantize", 3, 0b11));
+  ops.push_back(checked<20>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<int32_t, int32_t>>("conv_requantize", cpu),
+                            "conv_requantize", 3, 0b10));
+  ops.push_back(checked<21>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<uint8_t, uint8_t>>("conv_requantize_uint8",
+                                                                                              cpu),
+                            "conv_requantize_uint8", 3, 0b11));
+  ops.push_back(checked<22>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<int32_t, uint8_t>>("conv_requantize_uint8",
+                                                                                              cpu),
+                            "conv_requantize_uint8", 3, 0b10));
+  ops.push_back(checked<23>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, int32_t>>("conv_requantize_add",
+                                                                                                 cpu),
+                            "conv_requantize_add", 4, 0b1011));
+  ops.push_back(checked<24>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, int32_t>>("conv_requantize_add",
+                                                                                                 cpu),
+                            "conv_requantize_add", 4, 0b0011));
+  ops.push_back(checked<25>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, uint8_t>>(
+                                "conv_requantize_add_uint8", cpu),
+                            "conv_requantize_add_uint8", 4, 0b1011));
+  ops.push_back(checked<26>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, uint8_t>>(
+                                "conv_requantize_add_uint8", cpu),
+                            "conv_requantize_add_uint8", 4, 0b0011));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

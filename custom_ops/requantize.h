@@ -473,7 +473,7 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 
 // Channels innermost (NHWC, or the (N, P, C) products of the rows route): y[i] = the steps applied to
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
-// `channels` values, in chunks of about 1024 values (ending where the bias rows wrap around). positions > 0: the
+// `channels` values (x holds them from row `begin` on; every other pointer from row 0), in chunks of about 1024 values (ending where the bias rows wrap around). positions > 0: the
 // bias is per position and channel, (P, C), row r's the bias row r % positions. `per` not empty: channel c's own
 // steps, in one pass with the bias, the addend's and the narrowing where `arrays` holds them and there are no
 // scales and no bias (C,), else applied to the chunk's values of channel c gathered side by side (then put back).
@@ -500,16 +500,18 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
                             addend->steps, addend->after});
       }
       if (bytes) {
-        apply_channel_arrays(x + at, bias, count * channels, arrays, bytes + at, from ? &*from : nullptr);
+        apply_channel_arrays(x + (first - begin) * channels, bias, count * channels, arrays, bytes + at,
+                             from ? &*from : nullptr);
       } else {
-        apply_channel_arrays(x + at, bias, count * channels, arrays, y + at, from ? &*from : nullptr);
+        apply_channel_arrays(x + (first - begin) * channels, bias, count * channels, arrays, y + at,
+                             from ? &*from : nullptr);
       }
       continue;
     }
     int32_t* v = bytes ? chunk.data() : y + at;
     for (int64_t r = 0; r < count; ++r) {
       const int32_t* bias = bias_all && positions ? bias_all + ((first + r) % positions) * channels : bias_all;
-      const int32_t* u = x + (first + r) * channels;
+      const int32_t* u = x + (first - begin + r) * channels;
       int32_t* w = v + r * channels;
       if (scales) {
         for (int64_t c = 0; c < channels; ++c) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import onnx
@@ -597,9 +598,9 @@ def test_two_clips_in_a_row_are_one_step_and_exact(first, second):
 
 
 def test_the_layout_measured_at_session_creation_is_exact_and_recorded(resnet):
-    """layout="measure" times the rows and the columns (``cpu.columns_from_rows``) and keeps the faster; the
-    session's cvm.routes says so; either way the outputs are the reference's. Without VNNI (where rows and columns
-    take different operand types) that is the default."""
+    """layout="measure" times the rows, the fused kernels (``cpu.fused_convolutions``) and the columns
+    (``cpu.columns_from_rows``) and keeps the fastest; the session's cvm.routes says so; every way the outputs are
+    the reference's. Without VNNI that is the default."""
     model = to_onnx(resnet, optimize=True, int8=True)
     columns = cpu.columns_from_rows(model)
     assert {n.op_type for n in columns.graph.node if n.domain == DOMAIN} == {"im2col_uint8", "requantize"}
@@ -608,13 +609,10 @@ def test_the_layout_measured_at_session_creation_is_exact_and_recorded(resnet):
     sess = session(model, layout="measure")
     assert np.array_equal(sess.run(None, {"data": data})[0], want)
     routes = json.loads(sess.get_modelmeta().custom_metadata_map["cvm.routes"])
-    assert all("layout measured at session creation: rows " in r[1] for r in routes
-               if r[1].startswith("integer products"))
-    assert np.array_equal(session(model, layout="columns").run(None, {"data": data})[0], want)
-    assert cpu.layout_unsure(model) == (not cpu.unbounded())
-    from cvm_onnx.core.batch import batched
-
-    assert cpu.layout_unsure(to_onnx(batched(resnet, cpu.ROWS_BATCH + 1), optimize=True, int8=True))
+    assert all(re.search(r"layout measured at session creation: rows .* ms, fused .* ms, columns .* ms", r[1])
+               for r in routes if r[1].startswith("integer products"))
+    for layout in ("rows", "fused", "columns"):
+        assert np.array_equal(session(model, layout=layout).run(None, {"data": data})[0], want), layout
     with pytest.raises(RuntimeFailure, match="layout='diagonal'"):
         session(model, layout="diagonal")
 

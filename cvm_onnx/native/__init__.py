@@ -38,7 +38,11 @@ serving form's window ops and fused requantization:
 * ``requantize_add(data, bias, addend) -> int32``: requantize with nhwc 1, then ``sum_steps(y +
   addend_steps(addend))`` (attributes of (kind, a, b) triples; the addend y-shaped, int32 or uint8): a residual
   block's end in one pass; ``requantize_add_uint8`` writes bytes (sum_steps ending with a clip within
-  [0, 255]); CPU only.
+  [0, 255]); CPU only;
+* ``conv_requantize(data, weights (K, OC) uint8 constant, bias) -> (N, OH, OW, OC)`` int32 (``_uint8``: uint8;
+  ``conv_requantize_add[_uint8]`` with an addend): ``im2col_rows``, MatMulInteger(rows, weights, product_zero,
+  128) and the requantize after it (nhwc, rows) in one kernel: the windows gathered into tiles in the L1 cache,
+  the products exact in int32 (VNNI, AVX2 or plain C: attribute isa), requantized from the tile; CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
 says that it was not built and exits 1.
@@ -173,8 +177,8 @@ def _infer_lut(ctx) -> None:
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
 #: The serving form's kernels (no Python fallback: a model using them needs the library). The session's CPU
-#: passes (``cpu.channels_last``) also write requantize_uint8, requantize_add and requantize_add_uint8, which no
-#: export holds.
+#: passes (``cpu.channels_last``, ``cpu.fused_convolutions``) also write requantize_uint8, requantize_add[_uint8]
+#: and conv_requantize[...], which no export holds.
 SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
@@ -195,50 +199,84 @@ def _ints(ctx, name: str, n: int, low: int) -> list[int]:
     return values
 
 
-def _infer_im2col(elem_type: int, rows: bool = False):
-    def infer(ctx) -> None:
-        (kh, kw), (sh, sw), (dh, dw) = (_ints(ctx, a, 2, 1) for a in ("kernel_shape", "strides", "dilations"))
-        pt, pl, pb, pr = _ints(ctx, "pads", 4, 0)
-        group = _ints(ctx, "group", 0, 1)
-        wide = _ints(ctx, "wide", 0, 0)
-        batch_inner = _ints(ctx, "batch_inner", 0, 0)
-        if wide not in (0, 1) or wide and (sh, sw) != (1, 1):
-            raise InferenceError(f"im2col: wide must be 0, or 1 with strides (1, 1); got {wide}, strides {[sh, sw]}")
-        if batch_inner not in (0, 1) or batch_inner and wide:
-            raise InferenceError(f"im2col: batch_inner must be 0, or 1 without wide; got {batch_inner}")
-        nhwc = _ints(ctx, "nhwc", 0, 0) if rows else 0
-        offset, zero = (_ints(ctx, "offset", 0, 0), _ints(ctx, "zero", 0, -1)) if rows else (0, -1)
-        if rows and (group != 1 or wide or batch_inner or offset not in (0, 128) or nhwc not in (0, 1) or
-                     zero != -1 and (offset or not 0 <= zero <= 255)):
-            raise InferenceError("im2col_rows: group must be 1, wide and batch_inner 0, offset 0 or 128, nhwc "
-                                 "0 or 1 and zero -1 or, with offset 0, in [0, 255]")
-        data = _dims(ctx.get_input_type(0), "im2col data", 4, bytes_too=rows)
-        if rows and data is not None and ctx.get_input_type(0).tensor_type.elem_type == TensorProto.UINT8 and (
-                not nhwc or zero < 0):
-            raise InferenceError("im2col_rows: uint8 data needs nhwc 1 and a zero")
-        t = TypeProto()
-        t.tensor_type.elem_type = elem_type
-        if data is None:
-            return ctx.set_output_type(0, t)
-        n, c, h, w = map(_known, [data[0], data[3], data[1], data[2]] if nhwc else data)
-        if c is not None and c % group:
-            raise InferenceError(f"im2col: {c} input channels do not divide into group {group}")
-        oh = None if h is None else (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-        ow = None if w is None else (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
-        if (oh is not None and oh < 1) or (ow is not None and ow < 1):
-            raise InferenceError("im2col: the kernel is larger than the padded input")
-        if wide and ow is not None:
-            ow = w + pl + pr
+def _windows(ctx, rows: bool) -> tuple[int | None, ...] | None:
+    """An im2col op's attributes checked and its output geometry (N, OH, OW, K, positions) (unknown sizes None; OW
+    and positions over the padded width with wide), or None where the data's shape is unknown."""
+    (kh, kw), (sh, sw), (dh, dw) = (_ints(ctx, a, 2, 1) for a in ("kernel_shape", "strides", "dilations"))
+    pt, pl, pb, pr = _ints(ctx, "pads", 4, 0)
+    group = _ints(ctx, "group", 0, 1)
+    wide = _ints(ctx, "wide", 0, 0)
+    batch_inner = _ints(ctx, "batch_inner", 0, 0)
+    if wide not in (0, 1) or wide and (sh, sw) != (1, 1):
+        raise InferenceError(f"im2col: wide must be 0, or 1 with strides (1, 1); got {wide}, strides {[sh, sw]}")
+    if batch_inner not in (0, 1) or batch_inner and wide:
+        raise InferenceError(f"im2col: batch_inner must be 0, or 1 without wide; got {batch_inner}")
+    nhwc = _ints(ctx, "nhwc", 0, 0) if rows else 0
+    offset, zero = (_ints(ctx, "offset", 0, 0), _ints(ctx, "zero", 0, -1)) if rows else (0, -1)
+    if rows and (group != 1 or wide or batch_inner or offset not in (0, 128) or nhwc not in (0, 1) or
+                 zero != -1 and (offset or not 0 <= zero <= 255)):
+        raise InferenceError("im2col_rows: group must be 1, wide and batch_inner 0, offset 0 or 128, nhwc "
+                             "0 or 1 and zero -1 or, with offset 0, in [0, 255]")
+    data = _dims(ctx.get_input_type(0), "im2col data", 4, bytes_too=rows)
+    if rows and data is not None and ctx.get_input_type(0).tensor_type.elem_type == TensorProto.UINT8 and (
+            not nhwc or zero < 0):
+        raise InferenceError("im2col_rows: uint8 data needs nhwc 1 and a zero")
+    if data is None:
+        return None
+    n, c, h, w = map(_known, [data[0], data[3], data[1], data[2]] if nhwc else data)
+    if c is not None and c % group:
+        raise InferenceError(f"im2col: {c} input channels do not divide into group {group}")
+    oh = None if h is None else (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = None if w is None else (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if (oh is not None and oh < 1) or (ow is not None and ow < 1):
+        raise InferenceError("im2col: the kernel is larger than the padded input")
+    if wide and ow is not None:
+        ow = w + pl + pr
+    k, positions = None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow
+    return n, oh, ow, k, positions
+
+
+def _typed(elem_type: int, dims: tuple[int | None, ...] | None) -> TypeProto:
+    t = TypeProto()
+    t.tensor_type.elem_type = elem_type
+    if dims is not None:
         t.tensor_type.shape.SetInParent()
-        k, positions = None if c is None else c // group * kh * kw, None if None in (oh, ow) else oh * ow
-        dims = ((n, positions, k) if rows else
-                (group, k, None if None in (n, positions) else n * positions) if batch_inner else
-                (n, group, k, positions))
         for d in dims:
             dim = t.tensor_type.shape.dim.add()
             if d is not None:
                 dim.dim_value = d
-        ctx.set_output_type(0, t)
+    return t
+
+
+def _infer_im2col(elem_type: int, rows: bool = False):
+    def infer(ctx) -> None:
+        geometry = _windows(ctx, rows)
+        if geometry is None:
+            return ctx.set_output_type(0, _typed(elem_type, None))
+        n, _, _, k, positions = geometry
+        group, batch_inner = _ints(ctx, "group", 0, 1), _ints(ctx, "batch_inner", 0, 0)
+        ctx.set_output_type(0, _typed(elem_type, (n, positions, k) if rows else
+                                      (group, k, None if None in (n, positions) else n * positions) if batch_inner
+                                      else (n, group, k, positions)))
+
+    return infer
+
+
+def _infer_conv(elem_type: int):
+    """conv_requantize[...]'s: y (N, OH, OW, OC), the weights (K, OC) with K = kh * kw * C."""
+    def infer(ctx) -> None:
+        geometry = _windows(ctx, rows=True)
+        weights = _dims(ctx.get_input_type(1), "conv weights", 2, bytes_too=True)
+        oc = None if weights is None else _known(weights[1])
+        k = None if weights is None else _known(weights[0])
+        if geometry is not None and None not in (k, geometry[3]) and k != geometry[3]:
+            raise InferenceError(f"conv_requantize: the weights' K {k} is not kh * kw * C = {geometry[3]}")
+        counts, product_zero = ctx.get_attribute("channel_counts"), ctx.get_attribute("product_zero")
+        if product_zero is not None and not 0 <= product_zero.i <= 255:
+            raise InferenceError("conv_requantize: product_zero must be in [0, 255]")
+        if counts is not None and oc is not None and len(counts.ints) != oc:
+            raise InferenceError(f"conv_requantize: steps for {len(counts.ints)} channels and {oc} output channels")
+        ctx.set_output_type(0, _typed(elem_type, None if geometry is None else (*geometry[:3], oc)))
 
     return infer
 
@@ -357,6 +395,43 @@ def _requantize_schema(name: str = "requantize") -> OpSchema:
     return s
 
 
+def _conv_schema(name: str) -> OpSchema:
+    """conv_requantize's schema (y int32), conv_requantize_uint8's (y uint8), conv_requantize_add's and
+    conv_requantize_add_uint8's (an addend): CPU only, written by the session (``cpu.fused_convolutions``)."""
+    bytes_out, add = name.endswith("_uint8"), "_add" in name
+    steps = [("steps", "(kind, a, b) triples"), ("channel_steps", "each output channel's own steps"),
+             ("channel_counts", "how many steps each channel's list holds"),
+             *[("addend_steps", "(kind, a, b) triples on the addend"), ("sum_steps", "(kind, a, b) triples on the "
+                                                                                     "sum")] * add]
+    s = OpSchema(
+        name, DOMAIN, VERSION,
+        "A convolution of one group and its requantization in one kernel: the windows of data as im2col_rows takes "
+        "them (its attributes), the products sum_k (rows[k] - product_zero) * (weights[k] - 128) exact in int32, "
+        "then requantize's steps with the bias (none, (OC,) or (OH * OW, OC)), as requantize with nhwc=1 and rows "
+        "(OH, OW) would: y (N, OH, OW, OC)." + (" Then y = sum_steps(y + addend_steps(addend))." * add) +
+        (" y as uint8: every chain (with an addend: sum_steps) ends with a clip within [0, 255]." * bytes_out),
+        inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32, or nhwc (N, H, W, C) int32 or uint8"),
+                OpSchema.FormalParameter("weights", "W", "(K, OC) uint8, a constant; K = kh * kw * C"),
+                OpSchema.FormalParameter("bias", "B", "int32: (0,), (OC,) or (OH * OW, OC)"),
+                *[OpSchema.FormalParameter("addend", "A", "y-shaped")] * add],
+        outputs=[OpSchema.FormalParameter("y", "U", "(N, OH, OW, OC)")],
+        type_constraints=[("T", ["tensor(int32)", "tensor(uint8)"], "the data"), ("W", ["tensor(uint8)"], "weights"),
+                          ("B", ["tensor(int32)"], "the bias"),
+                          ("U", ["tensor(uint8)" if bytes_out else "tensor(int32)"], "y"),
+                          *[("A", ["tensor(int32)", "tensor(uint8)"], "the addend")] * add],
+        attributes=[*(OpSchema.Attribute(a, OpSchema.AttrType.INTS, "as ONNX Conv's", required=True)
+                      if v is None else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
+                      for a, v in IM2COL_ATTRS.items() if a not in ("group", "wide", "batch_inner")),
+                    OpSchema.Attribute("product_zero", onnx.helper.make_attribute("product_zero", 0),
+                                       "the rows' zero point in [0, 255]"),
+                    OpSchema.Attribute("isa", onnx.helper.make_attribute("isa", 0), "the products' kernel: 0 the "
+                                       "fastest here, 1 baseline, 2 AVX2, 3 AVX-VNNI, 4 AVX-512 VNNI"),
+                    *(OpSchema.Attribute(a, OpSchema.AttrType.INTS, what, required=False) for a, what in steps)],
+    )
+    s.set_type_and_shape_inference_function(_infer_conv(TensorProto.UINT8 if bytes_out else TensorProto.INT32))
+    return s
+
+
 def _schema(name: str, doc: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], infer) -> OpSchema:
     s = OpSchema(
         name, DOMAIN, VERSION, doc,
@@ -391,6 +466,8 @@ def _schemas() -> list[OpSchema]:
         _requantize_schema("requantize_uint8"),
         _requantize_schema("requantize_add"),
         _requantize_schema("requantize_add_uint8"),
+        *(_conv_schema(name) for name in ("conv_requantize", "conv_requantize_uint8", "conv_requantize_add",
+                                          "conv_requantize_add_uint8")),
     ]
 
 

@@ -191,21 +191,12 @@ def signed_columns(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-#: The largest batch at which rows were measured faster than columns with VNNI (ResNet-20, one thread, a Xeon with
-#: AVX-512 VNNI: batch 1 0.61 against 0.68 ms, batch 8 4.1-4.3 against 4.6-4.7 ms, batch 64 53-60 against 50-53 ms).
-ROWS_BATCH = 8
-
-
-def layout_unsure(model: onnx.ModelProto) -> bool:
-    """Whether the cost model cannot tell rows from columns here: without ``unbounded()`` the rows of offset 0
-    multiply uint8 x int8 and the columns uint8 x uint8 (2-2.5x apart) but the rows gather more (unmeasured: no
-    such CPU at hand); with it both are uint8 x int8, and rows were faster up to a batch of ``ROWS_BATCH``, not
-    beyond."""
-    rows = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == "im2col_rows"]
-    dims = model.graph.input[0].type.tensor_type.shape.dim if model.graph.input else []
-    batch = dims[0].dim_value if dims and dims[0].HasField("dim_value") else 0
-    return bool(rows) and (batch > ROWS_BATCH or not unbounded() and products() == "u8s8" and any(
-        _bounded_rows(n) for n in rows))
+def fused_first() -> bool:
+    """Whether the serving form runs each rows product as one kernel by default here (``fused_convolutions``):
+    where that kernel multiplies with VNNI (AVX-512 VNNI or AVX-VNNI), measured faster than the three nodes at batch
+    1 and 64 (benchmarks/quantized_side_by_side.py); elsewhere (its AVX2 route, vpmaddwd: no such CPU measured)
+    the session times the layouts."""
+    return bool({"avx512_vnni", "avx_vnni"} & set(features()))
 
 
 def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
@@ -440,3 +431,49 @@ def bytes_between_rows(graph: onnx.GraphProto) -> None:
     for vi in graph.value_info:
         if vi.name in changed:
             vi.type.tensor_type.elem_type = TensorProto.UINT8
+
+
+#: The one kernel each requantize after a rows product becomes (``fused_convolutions``).
+CONV_OPS = {"requantize": "conv_requantize", "requantize_uint8": "conv_requantize_uint8",
+            "requantize_add": "conv_requantize_add", "requantize_add_uint8": "conv_requantize_add_uint8"}
+ROWS_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "offset", "zero", "nhwc")
+
+
+def fused_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A session-time pass (a copy of ``model``), after ``channels_last``: every rows product whose three nodes are
+    ``im2col_rows`` -> MatMulInteger(rows, weights uint8 (K, OC) constant, z, 128) read only by an NHWC
+    ``requantize[_uint8 | _add | _add_uint8]`` of its rows (no scales) becomes one ``conv_requantize[...]`` (conv.h:
+    the windows gathered into tiles in the L1 cache, multiplied by the weights packed once, requantized from the
+    tile of products), with the rows' attributes, ``product_zero`` z and the requantize's steps; rows no product
+    reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
+    of MatMulInteger; docs/semantics.md)."""
+    out = _copy(model)
+    graph = out.graph
+    consts = _consts(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    readers = _readers(graph)
+    outputs = {o.name for o in graph.output}
+    replaced: dict[int, onnx.NodeProto | None] = {}
+    for q in graph.node:
+        m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type in CONV_OPS else None
+        r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
+        if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or len(m.input) != 4 or \
+                _int_attr(q, "nhwc") != 1 or not any(a.name == "rows" for a in q.attribute) or \
+                any(a.name == "scales" for a in q.attribute) or len(readers[m.output[0]]) != 1 or \
+                m.output[0] in outputs or not _is_128(consts.get(m.input[3])):
+            continue
+        weights, zero = consts.get(m.input[1]), consts.get(m.input[2]) if m.input[2] else np.uint8(0)
+        if weights is None or weights.dtype != np.uint8 or weights.ndim != 2 or zero is None or \
+                zero.dtype != np.uint8 or zero.size != 1:
+            continue
+        node = helper.make_node(CONV_OPS[q.op_type], [r.input[0], m.input[1], *q.input[1:]], list(q.output),
+                                name=q.name, domain=DOMAIN, product_zero=int(zero.reshape(-1)[0]))
+        node.attribute.extend([a for a in r.attribute if a.name in ROWS_ATTRS] +
+                              [a for a in q.attribute if a.name not in ("rows", "nhwc")])
+        replaced.update({id(q): node, id(m): None})
+    nodes = [n for n in (replaced.get(id(n), n) for n in graph.node) if n is not None]
+    used = {t for n in nodes for t in n.input} | outputs
+    del graph.node[:]
+    graph.node.extend(n for n in nodes if n.output[0] in used or not (  # rows and constants no node reads any more
+        n.domain == DOMAIN and n.op_type == "im2col_rows" or n.op_type == "Constant"))
+    return out

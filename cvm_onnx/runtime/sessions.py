@@ -25,9 +25,10 @@
   optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
   NCHWc layout; batch 64: 98 against 137 ms, both with float32 products).
 * Layout of the serving form's one-group integer products (``layout=``): as exported (rows, the tensors between
-  them kept channels-last: ``cpu.channels_last``), or as columns where that was measured faster at session
-  creation (``cpu.layout_unsure``: both timed on zeros, the choice and the timings written into the session's
-  ``cvm.routes``).
+  them kept channels-last: ``cpu.channels_last``), each convolution fused into one kernel (``cpu.fused_convolutions``;
+  the default where it multiplies with VNNI: ``cpu.fused_first``), or as columns; elsewhere the three are timed on
+  zeros at session creation and the fastest kept, the choice and the timings written into the session's
+  ``cvm.routes``.
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
@@ -169,7 +170,7 @@ def _load(model: ModelLike) -> onnx.ModelProto:
     return readable(proto, os.path.dirname(os.path.abspath(model)))
 
 
-LAYOUTS = ("rows", "columns", "measure")
+LAYOUTS = ("rows", "fused", "columns", "measure")
 
 
 def _zeros(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
@@ -219,11 +220,15 @@ def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | N
                              f"uint8 x int8 exactly (here: {cpu.products()})")
     if layout not in (None, *LAYOUTS):
         raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
-    choice = layout or ("measure" if cpu.layout_unsure(proto) else "rows")
+    choice = layout or ("fused" if cpu.fused_first() else "measure")
     rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
-    candidates = {"rows": cpu.channels_last(proto) if rows else proto} if not rows or choice != "columns" else {}
-    if rows and choice != "rows":
-        candidates["columns"] = cpu.columns_from_rows(proto)
+    if not rows:
+        candidates = {"rows": proto}
+    else:
+        kept = LAYOUTS[:3] if choice == "measure" else (choice,)
+        last = cpu.channels_last(proto) if "columns" not in kept or len(kept) > 1 else proto
+        candidates = {k: last if k == "rows" else cpu.fused_convolutions(last) if k == "fused" else
+                      cpu.columns_from_rows(proto) for k in kept}
     return {k: cpu.signed_operands(p) for k, p in candidates.items()} if route == "u8s8" else candidates
 
 
@@ -237,9 +242,9 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's integer products
     as "u8u8" (exact everywhere) or "u8s8" (uint8 x int8 for the products where ``cpu`` proves it exact here, where
     ``cpu.products()`` offers it); None: that choice. ``layout``: the one-group integer products as exported,
-    "rows", or as "columns" (``cpu.columns_from_rows``), or "measure": both timed here and the faster kept, its
-    timings recorded in the session's metadata ``cvm.routes``; None: "measure" where ``cpu.layout_unsure``, else
-    "rows". ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
+    "rows", or each convolution one kernel, "fused" (``cpu.fused_convolutions``), or as "columns"
+    (``cpu.columns_from_rows``), or "measure": the three timed here and the fastest kept, its timings recorded in
+    the session's metadata ``cvm.routes``; None: "fused" where ``cpu.fused_first``, else "measure". ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
     path; ``placement.profiled_placement`` reads where each node ran). ``conv_search`` (CUDA): cuDNN's
     algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
     run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).

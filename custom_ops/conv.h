@@ -1,0 +1,296 @@
+// A convolution's rows product and its requantization in one kernel (the serving form's conv_requantize ops on
+// the CPU): tiles of output positions, each position's window gathered as a row of bytes into a tile that stays
+// in the L1 cache, multiplied by weights packed once, and requantized from the tile of int32 products, so that
+// neither the rows nor the products go through memory (docs/custom_ops.md).
+//
+// Exact on every ISA: the products are uint8 x int8 summed into int32 without saturation (4-way byte dot
+// products with VNNI, vpdpbusd; pairs of int16 products with AVX2, vpmaddwd; plain int32 arithmetic in the
+// baseline), and every sum is the exact integer (docs/semantics.md).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define CVM_ONNX_X86_PRODUCTS 1
+#endif
+
+#include "im2col.h"
+#include "requantize.h"
+
+extern "C" uint32_t cvm_onnx_cpu_features();
+
+namespace cvm_onnx {
+
+// Which kernel multiplies: the fastest the CPU has (0), or one asked for by name (the tests run each one here).
+enum ProductIsa : int64_t { kIsaBest = 0, kIsaBaseline = 1, kIsaAvx2 = 2, kIsaAvxVnni = 3, kIsaAvx512Vnni = 4 };
+
+inline bool isa_available(int64_t isa) {
+#if defined(CVM_ONNX_X86_PRODUCTS)
+  const uint32_t f = cvm_onnx_cpu_features();  // bits of cpu_features.cc: 1 avx2, 4 avx512_vnni, 8 avx_vnni
+  switch (isa) {
+    case kIsaBaseline: return true;
+    case kIsaAvx2: return f & 1u;
+    case kIsaAvxVnni: return (f & 1u) && (f & 8u);
+    case kIsaAvx512Vnni: return f & 4u;
+    default: return false;
+  }
+#else
+  return isa == kIsaBaseline;
+#endif
+}
+
+inline int64_t best_isa() {
+  for (int64_t isa : {kIsaAvx512Vnni, kIsaAvxVnni, kIsaAvx2}) {
+    if (isa_available(isa)) return isa;
+  }
+  return kIsaBaseline;
+}
+
+constexpr int64_t kBlockLanes = 16;  // output channels per block of packed weights
+
+// Weights B (K, OC) uint8, read as w = B - 128 (int8), packed once: blocks of 16 output channels (the last filled
+// up with zero weights), K rounded up to k4 (a multiple of 4, zero weights beyond K). `bytes`: per block and group of
+// four k, [16 channels][4 k] int8, the second operand of a 4-way byte dot product per 32-bit lane (VNNI). `pairs`:
+// the same weights as int16, per block and group of four k, [2 pairs][16 channels][2 k] (vpmaddwd). `sums`: each
+// channel's sum of w over K.
+struct PackedWeights {
+  int64_t k = 0, oc = 0, k4 = 0, blocks = 0;
+  std::vector<int8_t> bytes;
+  std::vector<int16_t> pairs;
+  std::vector<int32_t> sums;
+};
+
+inline PackedWeights pack_weights(const uint8_t* b, int64_t k, int64_t oc) {
+  PackedWeights p;
+  p.k = k, p.oc = oc, p.k4 = (k + 3) / 4 * 4, p.blocks = (oc + kBlockLanes - 1) / kBlockLanes;
+  const size_t size = static_cast<size_t>(p.blocks * p.k4 * kBlockLanes);
+  p.bytes.assign(size, 0);
+  p.pairs.assign(size, 0);
+  p.sums.assign(static_cast<size_t>(p.blocks * kBlockLanes), 0);
+  for (int64_t i = 0; i < k; ++i) {
+    for (int64_t o = 0; o < oc; ++o) {
+      const int32_t w = static_cast<int32_t>(b[i * oc + o]) - 128;
+      const int64_t block = o / kBlockLanes, lane = o % kBlockLanes, group = (block * p.k4 + i / 4 * 4) * kBlockLanes;
+      p.bytes[static_cast<size_t>(group + lane * 4 + i % 4)] = static_cast<int8_t>(w);
+      p.pairs[static_cast<size_t>(group + (i % 4 / 2) * 32 + lane * 2 + i % 2)] = static_cast<int16_t>(w);
+      p.sums[static_cast<size_t>(o)] += w;
+    }
+  }
+  return p;
+}
+
+// The kernels: c[r * oc + o] = init[o] + sum_k a[r * lda + k] * w[k, o] for the rows r < rows (a multiple of 24),
+// int32 with wrap-around (the exact sum wherever it lies in int32); a holds k4 bytes per row (zero beyond K is not
+// needed: the weights are zero there). init holds blocks * 16 values.
+
+// Baseline: plain int32 arithmetic.
+inline void products_baseline(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p,
+                              const int32_t* init, int32_t* c) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < p.oc; ++o) {
+      const int8_t* w = p.bytes.data() + (o / kBlockLanes) * p.k4 * kBlockLanes + (o % kBlockLanes) * 4;
+      uint32_t sum = static_cast<uint32_t>(init[o]);
+      for (int64_t i = 0; i < p.k4; ++i) {
+        sum += static_cast<uint32_t>(static_cast<int32_t>(a[r * lda + i]) * w[i / 4 * 4 * kBlockLanes + i % 4]);
+      }
+      c[r * p.oc + o] = static_cast<int32_t>(sum);
+    }
+  }
+}
+
+#if defined(CVM_ONNX_X86_PRODUCTS)
+inline int32_t four_bytes(const uint8_t* a) {
+  int32_t v;
+  std::memcpy(&v, a, sizeof v);
+  return v;
+}
+
+// acc += the 4-way dot products of a (uint8) and w (int8) in each 32-bit lane (vpdpbusd), as assembly: with the
+// intrinsic GCC 12 copies every accumulator to another register and back around each product (3x the instructions).
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline __m512i dot(__m512i acc, __m512i a,
+                                                                                         __m512i w) {
+  asm("vpdpbusd %[w], %[a], %[acc]" : [acc] "+v"(acc) : [a] "v"(a), [w] "v"(w));
+  return acc;
+}
+
+// The same on 256 bits with the VEX encoding of AVX-VNNI (an EVEX one would need AVX-512).
+__attribute__((target("avx2,avxvnni"), always_inline)) inline __m256i dot(__m256i acc, __m256i a, __m256i w) {
+  asm("%{vex%} vpdpbusd %[w], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(a), [w] "x"(w));
+  return acc;
+}
+
+// R rows x NB blocks of 16 channels, AVX-512 VNNI: per group of four k, one broadcast of each row's four bytes and
+// one vpdpbusd per (row, block) (uint8 x int8, four products added into each int32 lane, no saturation).
+template <int R, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(const uint8_t* a, int64_t lda,
+                                                                             const int8_t* w, int64_t block_stride,
+                                                                             int64_t groups, const int32_t* init,
+                                                                             int32_t* c, int64_t ldc, int lanes) {
+  __m512i acc[R][NB];
+#pragma GCC unroll 16
+  for (int j = 0; j < NB; ++j) {
+    const __m512i start = _mm512_loadu_si512(init + j * kBlockLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) acc[r][j] = start;
+  }
+  for (int64_t q = 0; q < groups; ++q) {
+    __m512i wv[NB];
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + j * block_stride + q * 64);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_set1_epi32(four_bytes(a + r * lda + q * 4));
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, wv[j]);
+    }
+  }
+  const __mmask16 last = static_cast<__mmask16>((1u << lanes) - 1);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NB; ++j) _mm512_mask_storeu_epi32(c + r * ldc + j * kBlockLanes, j == NB - 1 ? last : 0xFFFF,
+                                                         acc[r][j]);
+  }
+}
+
+template <int R, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(const uint8_t* a, int64_t lda,
+                                                                             int64_t rows, const PackedWeights& p,
+                                                                             int64_t block, const int32_t* init,
+                                                                             int32_t* c) {
+  const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - (block + NB - 1) * kBlockLanes));
+  const int8_t* w = p.bytes.data() + block * p.k4 * kBlockLanes;
+  for (int64_t r = 0; r < rows; r += R) {
+    tile_avx512vnni<R, NB>(a + r * lda, lda, w, p.k4 * kBlockLanes, p.k4 / 4, init + block * kBlockLanes,
+                           c + r * p.oc + block * kBlockLanes, p.oc, lanes);
+  }
+}
+
+// Up to four blocks at a time, as many rows as keep the accumulators in AVX-512's 32 registers (R divides 24).
+inline void products_avx512vnni(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p,
+                                const int32_t* init, int32_t* c) {
+  for (int64_t block = 0; block < p.blocks; block += 4) {
+    switch (std::min<int64_t>(4, p.blocks - block)) {
+      case 1: rows_avx512vnni<12, 1>(a, lda, rows, p, block, init, c); break;
+      case 2: rows_avx512vnni<8, 2>(a, lda, rows, p, block, init, c); break;
+      case 3: rows_avx512vnni<6, 3>(a, lda, rows, p, block, init, c); break;
+      default: rows_avx512vnni<6, 4>(a, lda, rows, p, block, init, c);
+    }
+  }
+}
+
+// Stores 16 int32 lanes (two vectors of 8) at c, the first `lanes` only.
+__attribute__((target("avx2"))) inline void store_lanes(int32_t* c, __m256i lo, __m256i hi, int lanes) {
+  if (lanes == kBlockLanes) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), lo);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 8), hi);
+    return;
+  }
+  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  _mm256_maskstore_epi32(c, _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), index), lo);
+  _mm256_maskstore_epi32(c + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes - 8), index), hi);
+}
+
+// 6 rows x one block of 16 channels (two vectors of 8), AVX-VNNI: vpdpbusd on 256 bits.
+__attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* a, int64_t lda, const int8_t* w,
+                                                                   int64_t groups, const int32_t* init, int32_t* c,
+                                                                   int64_t ldc, int lanes) {
+  constexpr int R = 6;
+  __m256i lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
+    hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
+  }
+  for (int64_t q = 0; q < groups; ++q) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
+    for (int r = 0; r < R; ++r) {
+      const __m256i av = _mm256_set1_epi32(four_bytes(a + r * lda + q * 4));
+      lo[r] = dot(lo[r], av, w0);
+      hi[r] = dot(hi[r], av, w1);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
+}
+
+// 6 rows x one block of 16 channels, AVX2: each row's four bytes as two pairs of int16 (k, k+1) and (k+2, k+3),
+// vpmaddwd with the int16 weights (two products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
+__attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* a, int64_t lda, const int16_t* w,
+                                                        int64_t groups, const int32_t* init, int32_t* c, int64_t ldc,
+                                                        int lanes) {
+  constexpr int R = 6;
+  __m256i lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
+    hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
+  }
+  for (int64_t q = 0; q < groups; ++q) {
+    const int16_t* wq = w + q * 64;
+    for (int r = 0; r < R; ++r) {
+      const uint32_t v = static_cast<uint32_t>(four_bytes(a + r * lda + q * 4));
+      const __m256i p0 = _mm256_set1_epi32(static_cast<int32_t>((v & 0xFFu) | ((v << 8) & 0xFF0000u)));
+      const __m256i p1 = _mm256_set1_epi32(static_cast<int32_t>(((v >> 16) & 0xFFu) | ((v >> 8) & 0xFF0000u)));
+      const __m256i* at = reinterpret_cast<const __m256i*>(wq);  // (pair, channels 0-7 or 8-15), 16 int16 each
+      lo[r] = _mm256_add_epi32(lo[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at)),
+                                                       _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 2))));
+      hi[r] = _mm256_add_epi32(hi[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at + 1)),
+                                                       _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 3))));
+    }
+  }
+  for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
+}
+
+template <bool Vnni>
+void products_avx2(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p, const int32_t* init,
+                   int32_t* c) {
+  for (int64_t block = 0; block < p.blocks; ++block) {
+    const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - block * kBlockLanes));
+    const int64_t at = block * p.k4 * kBlockLanes;
+    for (int64_t r = 0; r < rows; r += 6) {
+      int32_t* out = c + r * p.oc + block * kBlockLanes;
+      if constexpr (Vnni) {
+        tile_avxvnni(a + r * lda, lda, p.bytes.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
+      } else {
+        tile_avx2(a + r * lda, lda, p.pairs.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
+      }
+    }
+  }
+}
+#endif
+
+// The products of `rows` rows (a multiple of 24) with the kernel of `isa` (available here).
+inline void products(int64_t isa, const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p,
+                     const int32_t* init, int32_t* c) {
+#if defined(CVM_ONNX_X86_PRODUCTS)
+  switch (isa) {
+    case kIsaAvx512Vnni: return products_avx512vnni(a, lda, rows, p, init, c);
+    case kIsaAvxVnni: return products_avx2<true>(a, lda, rows, p, init, c);
+    case kIsaAvx2: return products_avx2<false>(a, lda, rows, p, init, c);
+    default: break;
+  }
+#endif
+  products_baseline(a, lda, rows, p, init, c);
+}
+
+constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: every kernel's R divides it
+
+// Positions per tile: as many multiples of 24 as keep its rows (k4 bytes each) within 16 KB, at least 24, at most 96.
+inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k4 / kTileRows, 1, 4) * kTileRows; }
+
+// The rows of the positions [first, first + count) (global: image g / (OH * OW)) from the padded copy xp, k4 bytes
+// apart from a on; the bytes from K to k4 of each row are left as they are.
+CVM_AVX2_CLONES void gather_windows(const uint8_t* xp, const Im2colShape& s, int64_t first, int64_t count,
+                                    int64_t k4, uint8_t* a) {
+  const int64_t positions = s.oh * s.ow;
+  for (int64_t g = first; g < first + count;) {
+    const int64_t n = g / positions, p = g % positions, oh = p / s.ow, ow = p % s.ow;
+    const int64_t run = std::min(first + count - g, s.ow - ow);  // the rest of this output row in the tile
+    window_rows(xp, s, n, oh, ow, run, k4, a + (g - first) * k4);
+    g += run;
+  }
+}
+
+}  // namespace cvm_onnx

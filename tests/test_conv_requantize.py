@@ -1,0 +1,180 @@
+"""The fused convolution kernels (conv_requantize[...], custom_ops/conv.h) against exact numpy oracles: the windows
+as im2col_rows gathers them, the products sum (rows - z) * (weights - 128) in int64 wrapped to int32, then the
+requantize steps (support.native's oracles), on every products kernel this CPU runs (isa), over random
+geometries, channel counts across the kernels' blocks of 16, extreme values and every output and addend type."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from support import tensors
+from support.native import channels_oracle, cpu_step, requantize_add_oracle
+from support.oracles import wrap
+
+from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.native import DOMAIN, library_path
+from cvm_onnx.native.cpu import features
+from cvm_onnx.runtime.sessions import run
+
+EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
+pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
+
+
+def isas() -> list[int]:
+    """The products kernels this CPU runs (conv.h ProductIsa): baseline, AVX2, AVX-VNNI, AVX-512 VNNI."""
+    have = set(features())
+    return [1] + [2] * ("avx2" in have) + [3] * ({"avx2", "avx_vnni"} <= have) + [4] * ("avx512_vnni" in have)
+
+
+def rows_oracle(x, nhwc, kernel, strides, dilations, pads, offset, zero):
+    """(N, OH * OW, kh * kw * C) int64: each window in the order (fh, fw, c), x + offset, the fill in the padding."""
+    x = x.transpose(0, 3, 1, 2) if nhwc else x
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (dh, dw), (pt, pl, pb, pr) = kernel, strides, dilations, pads
+    fill = zero if zero >= 0 else offset
+    xp = np.pad(x.astype(np.int64) + offset, [(0, 0), (0, 0), (pt, pb), (pl, pr)], constant_values=fill)
+    oh, ow = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1, (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    taps = [xp[:, :, fh * dh + np.arange(oh)[:, None] * sh, fw * dw + np.arange(ow)[None, :] * sw]
+            for fh in range(kh) for fw in range(kw)]  # each (N, C, OH, OW)
+    return np.stack(taps, axis=1).transpose(0, 3, 4, 1, 2).reshape(n, oh * ow, kh * kw * c), (oh, ow)
+
+
+def conv_model(op, x_shape, x_type, weights, bias_shape, attrs, addend=None) -> onnx.ModelProto:
+    inputs = ["x", "w", "b"] + ["a"] * (addend is not None)
+    node = helper.make_node(op, inputs, ["y"], domain=DOMAIN)
+    node.attribute.extend(helper.make_attribute(k, v, attr_type=onnx.AttributeProto.INTS if isinstance(v, list) else
+                                                None) for k, v in attrs.items())
+    values = [helper.make_tensor_value_info("x", x_type, x_shape),
+              helper.make_tensor_value_info("b", TensorProto.INT32, bias_shape)]
+    if addend is not None:
+        values.append(helper.make_tensor_value_info("a", addend, None))
+    out = TensorProto.UINT8 if op.endswith("_uint8") else TensorProto.INT32
+    graph = helper.make_graph([node], "g", values, [helper.make_tensor_value_info("y", out, None)],
+                              [numpy_helper.from_array(weights, "w")])
+    return onnx_model(graph, domains={DOMAIN: 1})
+
+
+@st.composite
+def convolutions(draw):
+    """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps."""
+    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    dilations = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(max(1, dilations[0] * (kernel[0] - 1) + 1 - pads[0] - pads[2]), 9))
+    w = draw(st.integers(max(1, dilations[1] * (kernel[1] - 1) + 1 - pads[1] - pads[3]), 9))
+    n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 4, 5, 16, 32]))
+    oc = draw(st.sampled_from([1, 3, 16, 17, 40, 64, 70]))
+    kind = draw(st.sampled_from(["uint8", "zero", "offset0", "offset128"]))
+    nhwc = kind == "uint8" or draw(st.booleans())
+    lo, hi = {"offset0": (0, 127), "offset128": (-128, 127)}.get(kind, (0, 255))
+    shape = (n, h, w, c) if nhwc else (n, c, h, w)
+    x = draw(st.one_of(st.just(np.full(shape, hi)), st.just(np.full(shape, lo)),
+                       st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s).integers(lo, hi + 1, shape))))
+    weights = draw(st.one_of(st.sampled_from([0, 255]).map(lambda v: np.full((kernel[0] * kernel[1] * c, oc), v)),
+                             st.integers(0, 2**32 - 1).map(lambda s: np.random.default_rng(s).integers(
+                                 0, 256, (kernel[0] * kernel[1] * c, oc))))).astype(np.uint8)
+    attrs = dict(kernel_shape=list(kernel), strides=list(strides), dilations=list(dilations), pads=list(pads),
+                 nhwc=int(nhwc), offset=128 if kind == "offset128" else 0,
+                 product_zero=draw(st.sampled_from([0, 128, 255]) | st.integers(0, 255)))
+    if kind in ("uint8", "zero"):
+        attrs["zero"] = draw(st.integers(0, 255))
+    return x.astype(np.uint8 if kind == "uint8" else np.int32), weights, attrs
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=convolutions(), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
+       bytes_out=st.booleans(), add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       one_list=st.booleans())
+def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, bytes_out, add, one_list):
+    """conv_requantize[_uint8 | _add | _add_uint8](x, w, bias) on every products kernel here equals the rows of
+    x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (each channel's own or
+    one list) with the bias (none, per channel or per position and channel), the addend's and the sum's (uint8
+    data)."""
+    x, weights, attrs = case
+    assume(add is None or x.dtype == np.uint8)  # the _add kernels take uint8 data (channels-last bytes)
+    rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
+                                 attrs["pads"], attrs["offset"], attrs.get("zero", -1))
+    oc, positions, n = weights.shape[1], oh * ow, x.shape[0]
+    products = wrap((rows - attrs["product_zero"]) @ (weights.astype(np.int64) - 128), 32)
+    b = data.draw(tensors({"none": (0,), "channel": (oc,), "position": (positions, oc)}[bias], 32))
+    ends = [(3, 0, data.draw(st.integers(0, 255)))] if bytes_out else []
+    if one_list:
+        chain = data.draw(st.lists(cpu_step, max_size=4)) + ([] if add else ends)
+        per, steps = [chain] * oc, {"steps": [v for s in chain for v in s]}
+    else:
+        per = [data.draw(st.lists(cpu_step, max_size=3)) + ([] if add else ends) for _ in range(oc)]
+        steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
+    op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
+    feeds = {"x": x, "b": b}
+    if add is None:
+        want = channels_oracle(products, b, per)
+    else:
+        shape = (n, positions, oc)
+        feeds["a"] = data.draw(tensors(shape, 9).map(np.abs).map(lambda a: a.astype(np.uint8))
+                               if add == TensorProto.UINT8 else tensors(shape, 32)).reshape(n, oh, ow, oc)
+        addend_steps, sum_steps = data.draw(st.lists(cpu_step, max_size=3)), data.draw(st.lists(cpu_step, max_size=3))
+        sum_steps += ends
+        steps.update(addend_steps=[v for s in addend_steps for v in s], sum_steps=[v for s in sum_steps for v in s])
+        want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), addend_steps, sum_steps)
+    want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
+    for isa in isas():
+        model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
+                           weights, list(b.shape), {**attrs, **steps, "isa": isa}, add)
+        got = run(model, feeds)[0]
+        assert got.dtype == want.dtype and np.array_equal(got, want), isa
+
+
+def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
+    """Rows of 255 times weights -128 (and 127) over K = 3 * 3 * 1,024: |sum| = 9,216 * 255 * 128 > 2^28, no
+    saturation anywhere (VNNI adds four products straight into int32, AVX2 pairs of them), with the zero point 0
+    and 255."""
+    c, oc = 1024, 20
+    x = np.full((1, 3, 3, c), 255, np.uint8)
+    for fill in (0, 255):
+        weights = np.full((9 * c, oc), fill, np.uint8)
+        for zero in (0, 255):
+            want = wrap(np.full((1, 1, 1, oc), (255 - zero) * 9 * c * (fill - 128), np.int64), 32).astype(np.int32)
+            for isa in isas():
+                model = conv_model("conv_requantize", [1, 3, 3, c], TensorProto.UINT8, weights, [0], dict(
+                    kernel_shape=[3, 3], nhwc=1, offset=0, zero=0, product_zero=zero, steps=[], isa=isa))
+                got = run(model, {"x": x, "b": np.zeros(0, np.int32)})[0]
+                assert np.array_equal(got, want), (fill, zero, isa)
+
+
+def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
+    """A non-constant weight, an unknown kernel, a zero point outside uint8, a bias, addend or input of the wrong
+    shape, and bytes out of a chain that does not end in them: one error naming the op and the rule."""
+    x, weights = np.zeros((1, 4, 4, 3), np.uint8), np.zeros((27, 5), np.uint8)
+    base = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], nhwc=1, offset=0, zero=0, steps=[3, 0, 9])
+    feeds = {"x": x, "b": np.zeros(5, np.int32)}
+
+    def refused(model, feeds, message):
+        with pytest.raises(RuntimeFailure, match=message):
+            run(model, feeds)
+
+    model = conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], base)
+    loose = onnx.ModelProto()
+    loose.CopyFrom(model)
+    loose.graph.input.append(helper.make_tensor_value_info("w", TensorProto.UINT8, [27, 5]))
+    del loose.graph.initializer[:]
+    refused(loose, {**feeds, "w": weights}, "conv_requantize: the weights must be a constant")
+    refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], {**base, "isa": 9}), feeds,
+            "conv_requantize: isa 9 is not a kernel this CPU runs")
+    refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], {**base, "product_zero": 256}),
+            feeds, "conv_requantize: product_zero must be in")
+    refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [4], base),
+            {"x": x, "b": np.zeros(4, np.int32)}, r"conv_requantize: the bias must be empty, \(OC,\)")
+    refused(conv_model("conv_requantize", [1, 4, 4, 2], TensorProto.UINT8, weights, [5], base),
+            {**feeds, "x": np.zeros((1, 4, 4, 2), np.uint8)}, "conv_requantize: the weights .* must be")
+    refused(conv_model("conv_requantize_uint8", [1, 4, 4, 3], TensorProto.UINT8, weights, [5],
+                       {**base, "steps": [3, -1, 9]}), feeds, "conv_requantize_uint8: every chain must end with a clip")
+    refused(conv_model("conv_requantize_add", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], base, TensorProto.INT32),
+            {**feeds, "a": np.zeros((1, 4, 4, 4), np.int32)}, "conv_requantize_add: the addend must have y's shape")
