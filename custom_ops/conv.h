@@ -84,19 +84,20 @@ inline PackedWeights pack_weights(const uint8_t* b, int64_t k, int64_t oc) {
   return p;
 }
 
-// The kernels: c[r * oc + o] = init[o] + sum_k a[r * lda + k] * w[k, o] for the rows r < rows (a multiple of 24),
-// int32 with wrap-around (the exact sum wherever it lies in int32); a holds k4 bytes per row (zero beyond K is not
-// needed: the weights are zero there). init holds blocks * 16 values.
+// The kernels: c[r * oc + o] = init[o] + sum_k a[r][offsets[k / 4] + k % 4] * w[k, o] for the rows r < rows (a
+// multiple of 24), int32 with wrap-around (the exact sum wherever it lies in int32): row r's window read where it
+// lies (each group of four k one 32-bit load), K rounded up to k4 (the bytes past K may hold anything: the
+// weights are zero there). init holds blocks * 16 values.
 
 // Baseline: plain int32 arithmetic.
-inline void products_baseline(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p,
+inline void products_baseline(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                               const int32_t* init, int32_t* c) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t o = 0; o < p.oc; ++o) {
       const int8_t* w = p.bytes.data() + (o / kBlockLanes) * p.k4 * kBlockLanes + (o % kBlockLanes) * 4;
       uint32_t sum = static_cast<uint32_t>(init[o]);
       for (int64_t i = 0; i < p.k4; ++i) {
-        sum += static_cast<uint32_t>(static_cast<int32_t>(a[r * lda + i]) * w[i / 4 * 4 * kBlockLanes + i % 4]);
+        sum += static_cast<uint32_t>(static_cast<int32_t>(a[r][offsets[i / 4] + i % 4]) * w[i / 4 * 4 * kBlockLanes + i % 4]);
       }
       c[r * p.oc + o] = static_cast<int32_t>(sum);
     }
@@ -127,7 +128,7 @@ __attribute__((target("avx2,avxvnni"), always_inline)) inline __m256i dot(__m256
 // R rows x NB blocks of 16 channels, AVX-512 VNNI: per group of four k, one broadcast of each row's four bytes and
 // one vpdpbusd per (row, block) (uint8 x int8, four products added into each int32 lane, no saturation).
 template <int R, int NB>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(const uint8_t* a, int64_t lda,
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(const uint8_t* const* a, const int32_t* offsets,
                                                                              const int8_t* w, int64_t block_stride,
                                                                              int64_t groups, const int32_t* init,
                                                                              int32_t* c, int64_t ldc, int lanes) {
@@ -144,40 +145,47 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(cons
     for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w + j * block_stride + q * 64);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512i av = _mm512_set1_epi32(four_bytes(a + r * lda + q * 4));
+      const __m512i av = _mm512_set1_epi32(four_bytes(a[r] + offsets[q]));
 #pragma GCC unroll 16
       for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, wv[j]);
     }
   }
+  // a masked store only where the last block is partial: a load cannot take its value from a masked store's
+  // (here that stall cost the requantization after it a fifth of its time)
   const __mmask16 last = static_cast<__mmask16>((1u << lanes) - 1);
   for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < NB; ++j) _mm512_mask_storeu_epi32(c + r * ldc + j * kBlockLanes, j == NB - 1 ? last : 0xFFFF,
-                                                         acc[r][j]);
+    for (int j = 0; j < NB; ++j) {
+      if (j < NB - 1 || lanes == kBlockLanes) {
+        _mm512_storeu_si512(c + r * ldc + j * kBlockLanes, acc[r][j]);
+      } else {
+        _mm512_mask_storeu_epi32(c + r * ldc + j * kBlockLanes, last, acc[r][j]);
+      }
+    }
   }
 }
 
 template <int R, int NB>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(const uint8_t* a, int64_t lda,
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(const uint8_t* const* a, const int32_t* offsets,
                                                                              int64_t rows, const PackedWeights& p,
                                                                              int64_t block, const int32_t* init,
                                                                              int32_t* c) {
   const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - (block + NB - 1) * kBlockLanes));
   const int8_t* w = p.bytes.data() + block * p.k4 * kBlockLanes;
   for (int64_t r = 0; r < rows; r += R) {
-    tile_avx512vnni<R, NB>(a + r * lda, lda, w, p.k4 * kBlockLanes, p.k4 / 4, init + block * kBlockLanes,
+    tile_avx512vnni<R, NB>(a + r, offsets, w, p.k4 * kBlockLanes, p.k4 / 4, init + block * kBlockLanes,
                            c + r * p.oc + block * kBlockLanes, p.oc, lanes);
   }
 }
 
 // Up to four blocks at a time, as many rows as keep the accumulators in AVX-512's 32 registers (R divides 24).
-inline void products_avx512vnni(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p,
+inline void products_avx512vnni(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                                 const int32_t* init, int32_t* c) {
   for (int64_t block = 0; block < p.blocks; block += 4) {
     switch (std::min<int64_t>(4, p.blocks - block)) {
-      case 1: rows_avx512vnni<12, 1>(a, lda, rows, p, block, init, c); break;
-      case 2: rows_avx512vnni<8, 2>(a, lda, rows, p, block, init, c); break;
-      case 3: rows_avx512vnni<6, 3>(a, lda, rows, p, block, init, c); break;
-      default: rows_avx512vnni<6, 4>(a, lda, rows, p, block, init, c);
+      case 1: rows_avx512vnni<12, 1>(a, offsets, rows, p, block, init, c); break;
+      case 2: rows_avx512vnni<8, 2>(a, offsets, rows, p, block, init, c); break;
+      case 3: rows_avx512vnni<6, 3>(a, offsets, rows, p, block, init, c); break;
+      default: rows_avx512vnni<6, 4>(a, offsets, rows, p, block, init, c);
     }
   }
 }
@@ -195,7 +203,7 @@ __attribute__((target("avx2"))) inline void store_lanes(int32_t* c, __m256i lo, 
 }
 
 // 6 rows x one block of 16 channels (two vectors of 8), AVX-VNNI: vpdpbusd on 256 bits.
-__attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* a, int64_t lda, const int8_t* w,
+__attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* const* a, const int32_t* offsets, const int8_t* w,
                                                                    int64_t groups, const int32_t* init, int32_t* c,
                                                                    int64_t ldc, int lanes) {
   constexpr int R = 6;
@@ -208,7 +216,7 @@ __attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* 
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
     for (int r = 0; r < R; ++r) {
-      const __m256i av = _mm256_set1_epi32(four_bytes(a + r * lda + q * 4));
+      const __m256i av = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
       lo[r] = dot(lo[r], av, w0);
       hi[r] = dot(hi[r], av, w1);
     }
@@ -218,7 +226,7 @@ __attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* 
 
 // 6 rows x one block of 16 channels, AVX2: each row's four bytes as two pairs of int16 (k, k+1) and (k+2, k+3),
 // vpmaddwd with the int16 weights (two products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
-__attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* a, int64_t lda, const int16_t* w,
+__attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* const* a, const int32_t* offsets, const int16_t* w,
                                                         int64_t groups, const int32_t* init, int32_t* c, int64_t ldc,
                                                         int lanes) {
   constexpr int R = 6;
@@ -230,7 +238,7 @@ __attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* a, int64_t 
   for (int64_t q = 0; q < groups; ++q) {
     const int16_t* wq = w + q * 64;
     for (int r = 0; r < R; ++r) {
-      const uint32_t v = static_cast<uint32_t>(four_bytes(a + r * lda + q * 4));
+      const uint32_t v = static_cast<uint32_t>(four_bytes(a[r] + offsets[q]));
       const __m256i p0 = _mm256_set1_epi32(static_cast<int32_t>((v & 0xFFu) | ((v << 8) & 0xFF0000u)));
       const __m256i p1 = _mm256_set1_epi32(static_cast<int32_t>(((v >> 16) & 0xFFu) | ((v >> 8) & 0xFF0000u)));
       const __m256i* at = reinterpret_cast<const __m256i*>(wq);  // (pair, channels 0-7 or 8-15), 16 int16 each
@@ -244,7 +252,7 @@ __attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* a, int64_t 
 }
 
 template <bool Vnni>
-void products_avx2(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p, const int32_t* init,
+void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p, const int32_t* init,
                    int32_t* c) {
   for (int64_t block = 0; block < p.blocks; ++block) {
     const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - block * kBlockLanes));
@@ -252,9 +260,9 @@ void products_avx2(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeig
     for (int64_t r = 0; r < rows; r += 6) {
       int32_t* out = c + r * p.oc + block * kBlockLanes;
       if constexpr (Vnni) {
-        tile_avxvnni(a + r * lda, lda, p.bytes.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
+        tile_avxvnni(a + r, offsets, p.bytes.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
       } else {
-        tile_avx2(a + r * lda, lda, p.pairs.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
+        tile_avx2(a + r, offsets, p.pairs.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
       }
     }
   }
@@ -262,17 +270,17 @@ void products_avx2(const uint8_t* a, int64_t lda, int64_t rows, const PackedWeig
 #endif
 
 // The products of `rows` rows (a multiple of 24) with the kernel of `isa` (available here).
-inline void products(int64_t isa, const uint8_t* a, int64_t lda, int64_t rows, const PackedWeights& p,
+inline void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                      const int32_t* init, int32_t* c) {
 #if defined(CVM_ONNX_X86_PRODUCTS)
   switch (isa) {
-    case kIsaAvx512Vnni: return products_avx512vnni(a, lda, rows, p, init, c);
-    case kIsaAvxVnni: return products_avx2<true>(a, lda, rows, p, init, c);
-    case kIsaAvx2: return products_avx2<false>(a, lda, rows, p, init, c);
+    case kIsaAvx512Vnni: return products_avx512vnni(a, offsets, rows, p, init, c);
+    case kIsaAvxVnni: return products_avx2<true>(a, offsets, rows, p, init, c);
+    case kIsaAvx2: return products_avx2<false>(a, offsets, rows, p, init, c);
     default: break;
   }
 #endif
-  products_baseline(a, lda, rows, p, init, c);
+  products_baseline(a, offsets, rows, p, init, c);
 }
 
 constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: every kernel's R divides it
@@ -280,10 +288,47 @@ constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: ever
 // Positions per tile: as many multiples of 24 as keep its rows (k4 bytes each) within 16 KB, at least 24, at most 96.
 inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k4 / kTileRows, 1, 4) * kTileRows; }
 
+// Whether the kernels read each window straight from the padded copy: every group of four k (in the order fh, fw,
+// c) lies within one tap's C bytes, so one 32-bit load at a fixed offset from the position's first byte.
+inline bool windows_in_place(const Im2colShape& s) { return s.c % 4 == 0; }
+
+// The offset of each group of four k from a position's first byte in the padded copy ((fh * dh * WP + fw * dw) * C
+// + c, windows_in_place), or within a gathered row (4 q).
+inline std::vector<int32_t> window_offsets(const Im2colShape& s, int64_t k4) {
+  std::vector<int32_t> out(static_cast<size_t>(k4 / 4));
+  for (int64_t q = 0; q < k4 / 4; ++q) {
+    const int64_t k = 4 * q, tap = k / s.c, c = k % s.c, fh = tap / s.kw, fw = tap % s.kw;
+    out[static_cast<size_t>(q)] = static_cast<int32_t>(windows_in_place(s) ? (fh * s.dh * s.wp() + fw * s.dw) * s.c + c
+                                                                            : k);
+  }
+  return out;
+}
+
+// The first byte of the windows of the positions [first, first + count) (global: image g / (OH * OW)) in the
+// padded copy xp, at[0:rows]; the rows past count repeat the last (their products are not read).
+inline void window_starts(const uint8_t* xp, const Im2colShape& s, int64_t first, int64_t count, int64_t rows,
+                          const uint8_t** at) {
+  const int64_t positions = s.oh * s.ow, image = s.hp() * s.wp() * s.c, row = s.sh * s.wp() * s.c, step = s.sw * s.c;
+  const int64_t n = first / positions;
+  int64_t oh = first % positions / s.ow;
+  int64_t ow = first % s.ow;
+  const uint8_t* line = xp + n * image + oh * row;  // output row oh's windows (the next image's follow on)
+  for (int64_t i = 0; i < count; ++i) {
+    at[i] = line + ow * step;
+    if (++ow == s.ow) {
+      ow = 0;
+      line += oh + 1 == s.oh ? image - oh * row : row;
+      oh = oh + 1 == s.oh ? 0 : oh + 1;
+    }
+  }
+  std::fill(at + count, at + rows, at[count - 1]);
+}
+
 // The rows of the positions [first, first + count) (global: image g / (OH * OW)) from the padded copy xp, k4 bytes
-// apart from a on; the bytes from K to k4 of each row are left as they are.
+// apart from a on, and at[0:rows] pointing at them (the rows past count at the last); the bytes from K to k4 of each
+// row are left as they are.
 CVM_AVX2_CLONES void gather_windows(const uint8_t* xp, const Im2colShape& s, int64_t first, int64_t count,
-                                    int64_t k4, uint8_t* a) {
+                                    int64_t k4, uint8_t* a, int64_t rows, const uint8_t** at) {
   const int64_t positions = s.oh * s.ow;
   for (int64_t g = first; g < first + count;) {
     const int64_t n = g / positions, p = g % positions, oh = p / s.ow, ow = p % s.ow;
@@ -291,6 +336,7 @@ CVM_AVX2_CLONES void gather_windows(const uint8_t* xp, const Im2colShape& s, int
     window_rows(xp, s, n, oh, ow, run, k4, a + (g - first) * k4);
     g += run;
   }
+  for (int64_t i = 0; i < rows; ++i) at[i] = a + std::min(i, count - 1) * k4;
 }
 
 }  // namespace cvm_onnx

@@ -821,15 +821,23 @@ struct ConvKernel {
     }
     const int32_t* by_position = per_position ? bias.Data() : nullptr;
     const int64_t tile = tile_positions(weights.k4), k4 = weights.k4;
+    const bool in_place = windows_in_place(s);
+    const std::vector<int32_t> offsets = window_offsets(s, k4);
     auto task = [&](int64_t t) {
-      thread_local std::vector<uint8_t> a;  // the tile's rows; bytes beyond K and rows beyond count: any values,
-      thread_local std::vector<int32_t> c;  // (zero weights there; their products are not read)
+      thread_local std::vector<uint8_t> a;  // gathered rows (not in_place); bytes beyond K: any values (zero
+      thread_local std::vector<const uint8_t*> at;  // weights there); each row's first byte
+      thread_local std::vector<int32_t> c;
       const int64_t first = t * tile, count = std::min(tile, total - first);
       const int64_t padded_rows = (count + kTileRows - 1) / kTileRows * kTileRows;
-      if (a.size() < static_cast<size_t>(padded_rows * k4)) a.resize(static_cast<size_t>(padded_rows * k4));
+      if (at.size() < static_cast<size_t>(padded_rows)) at.resize(static_cast<size_t>(padded_rows));
       if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
-      gather_windows(padded.get(), s, first, count, k4, a.data());
-      products(isa, a.data(), k4, padded_rows, weights, init.data(), c.data());
+      if (in_place) {
+        window_starts(padded.get(), s, first, count, padded_rows, at.data());
+      } else {
+        if (a.size() < static_cast<size_t>(count * k4)) a.resize(static_cast<size_t>(count * k4));
+        gather_windows(padded.get(), s, first, count, k4, a.data(), padded_rows, at.data());
+      }
+      products(isa, at.data(), offsets.data(), padded_rows, weights, init.data(), c.data());
       requantize_last(c.data(), first, first + count, by_position, nullptr, oc, attrs.steps, words,
                       per_position ? positions : 0, attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
     };

@@ -225,7 +225,7 @@ constexpr size_t kTile = 128;
 // a multiple of kTile finds its constants side by side. Empty kinds: the channels' kinds differ.
 struct ChannelArrays {
   std::vector<int64_t> kinds;
-  size_t period = 0;
+  size_t period = 0, channels = 0;
   std::vector<int32_t> a, b;
 };
 
@@ -246,6 +246,7 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
   if (!same_kinds(per)) return out;
   const size_t channels = per.size(), steps = per[0].size();
   out.period = std::lcm<size_t>(channels, kTile);
+  out.channels = channels;
   out.a.resize(steps * out.period);
   out.b.resize(steps * out.period);
   for (size_t k = 0; k < steps; ++k) {
@@ -397,9 +398,8 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
 // kTile values at a time (then 16, then one), kept in registers from the first step to the last, each lane with its
 // channel's constants. x and v may be the same.
 template <typename Out>
-__attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x, const int32_t* add, int64_t n,
-                                                                const ChannelArrays& p, Out* v,
-                                                                const Addend* addend = nullptr) {
+__attribute__((always_inline)) inline void channel_chains(const int32_t* x, const int32_t* add, int64_t n,
+                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
   int64_t i = 0;
   size_t at = 0;  // i % period
   const auto advance = [&](int64_t by) {
@@ -422,6 +422,84 @@ __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x
     }
     v[i] = static_cast<Out>(y);
   }
+}
+
+// Step Kind on one vector with the constants a, b (a fold's element).
+template <int64_t Kind>
+__attribute__((always_inline)) inline void lane_step(Lanes& y, Lanes a, Lanes b) {
+  y = array_step<Kind, Lanes, ULanes>(y, a, b);
+}
+
+template <int64_t... Kinds, size_t... K>
+__attribute__((always_inline)) inline void lane_steps(Lanes& y, const Lanes* a, const Lanes* b,
+                                                      std::index_sequence<K...>) {
+  (lane_step<Kinds>(y, a[K], b[K]), ...);
+}
+
+// channel_chains where the channels are a multiple of 16 and the kinds Kinds... are known: the values taken 16
+// channels at a time over every row, so that each block's constants are loaded once for all rows and stay in
+// registers (channel_chains loads them for every vector: ten loads per vector of values).
+template <typename Out, int64_t... Kinds>
+__attribute__((always_inline)) inline void channel_blocks(const int32_t* x, const int32_t* add, int64_t n,
+                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
+  constexpr size_t steps = sizeof...(Kinds);
+  const int64_t channels = static_cast<int64_t>(p.channels), rows = n / channels;
+  for (int64_t block = 0; block < channels; block += kLanes) {
+    Lanes a[steps], b[steps];
+    for (size_t k = 0; k < steps; ++k) {
+      a[k] = load_lanes(p.a.data() + k * p.period + block);
+      b[k] = load_lanes(p.b.data() + k * p.period + block);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r * channels + block;
+      Lanes y = load_lanes(x + i);
+      if (add) y = (Lanes)((ULanes)y + (ULanes)load_lanes(add + i));
+      lane_steps<Kinds...>(y, a, b, std::make_index_sequence<steps>{});
+      if (addend) {
+        Lanes z;
+        if (addend->x) {
+          z = load_lanes(addend->x + i);
+        } else {
+          ByteLanes u;
+          std::memcpy(&u, addend->bytes + i, sizeof u);
+          z = __builtin_convertvector(u, Lanes);
+        }
+        tile_steps<1>(&z, addend->steps);
+        y = (Lanes)((ULanes)y + (ULanes)z);
+        tile_steps<1>(&y, addend->after);
+      }
+      if constexpr (std::is_same_v<Out, uint8_t>) {
+        const ByteLanes u = __builtin_convertvector(y, ByteLanes);
+        std::memcpy(v + i, &u, sizeof u);
+      } else {
+        std::memcpy(v + i, &y, sizeof y);
+      }
+    }
+  }
+}
+
+// Whether kinds are Kinds... .
+template <int64_t... Kinds>
+inline bool kinds_are(const std::vector<int64_t>& kinds) {
+  constexpr int64_t want[] = {Kinds...};
+  return kinds.size() == sizeof...(Kinds) && std::equal(kinds.begin(), kinds.end(), want);
+}
+
+// channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's
+// requantization (clip, shift, multiply, shift, clip; then a multiply before a residual Add), channel_blocks.
+template <typename Out>
+__attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x, const int32_t* add, int64_t n,
+                                                                const ChannelArrays& p, Out* v,
+                                                                const Addend* addend = nullptr) {
+  if (p.channels % kLanes == 0 && n % static_cast<int64_t>(p.channels) == 0) {  // rows of 16-channel blocks
+    if (kinds_are<kClip, kShift, kMul, kShift, kClip>(p.kinds)) {
+      return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip>(x, add, n, p, v, addend);
+    }
+    if (kinds_are<kClip, kShift, kMul, kShift, kClip, kMul>(p.kinds)) {
+      return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip, kMul>(x, add, n, p, v, addend);
+    }
+  }
+  channel_chains<Out>(x, add, n, p, v, addend);
 }
 
 // The kernels below are compiled for AVX2 and the baseline (clones.h), those of the channels-last products also for

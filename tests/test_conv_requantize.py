@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from support import tensors
-from support.native import channels_oracle, cpu_step, requantize_add_oracle
+from support.native import channels_oracle, cpu_step, int32s, requantize_add_oracle
 from support.oracles import wrap
 
 from cvm_onnx.core.errors import RuntimeFailure
@@ -88,16 +88,29 @@ def convolutions(draw):
     return x.astype(np.uint8 if kind == "uint8" else np.int32), weights, attrs
 
 
+def clip_step():
+    return st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab))
+
+
+#: A quantized import's requantization (clip, shift, multiply, shift, clip; then a multiply before a residual Add),
+#: whose kernels take compile-time kinds (requantize.h channel_blocks), with random constants.
+import_chain = st.tuples(clip_step(), st.tuples(st.just(0), st.integers(0, 31), st.just(0)),
+                         st.tuples(st.just(1), int32s, st.just(0)),
+                         st.tuples(st.just(0), st.integers(0, 31), st.just(0)), clip_step()).map(list)
+import_chain_and_multiply = st.tuples(import_chain, st.tuples(st.just(1), int32s, st.just(0))).map(
+    lambda c: [*c[0], c[1]])
+
+
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(case=convolutions(), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
        bytes_out=st.booleans(), add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
-       one_list=st.booleans())
-def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, bytes_out, add, one_list):
+       chains=st.sampled_from(["one list", "each channel's", "an import's"]))
+def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, bytes_out, add, chains):
     """conv_requantize[_uint8 | _add | _add_uint8](x, w, bias) on every products kernel here equals the rows of
-    x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (each channel's own or
-    one list) with the bias (none, per channel or per position and channel), the addend's and the sum's (uint8
-    data)."""
+    x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (one list, each
+    channel's own, or each channel's of a quantized import's kinds) with the bias (none, per channel or per position
+    and channel), the addend's and the sum's (uint8 data)."""
     x, weights, attrs = case
     assume(add is None or x.dtype == np.uint8)  # the _add kernels take uint8 data (channels-last bytes)
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
@@ -106,11 +119,13 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
     products = wrap((rows - attrs["product_zero"]) @ (weights.astype(np.int64) - 128), 32)
     b = data.draw(tensors({"none": (0,), "channel": (oc,), "position": (positions, oc)}[bias], 32))
     ends = [(3, 0, data.draw(st.integers(0, 255)))] if bytes_out else []
-    if one_list:
+    if chains == "one list":
         chain = data.draw(st.lists(cpu_step, max_size=4)) + ([] if add else ends)
         per, steps = [chain] * oc, {"steps": [v for s in chain for v in s]}
     else:
-        per = [data.draw(st.lists(cpu_step, max_size=3)) + ([] if add else ends) for _ in range(oc)]
+        drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
+            [import_chain, import_chain_and_multiply]))
+        per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
     feeds = {"x": x, "b": b}

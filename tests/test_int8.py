@@ -997,6 +997,30 @@ def test_residual_ends_take_adds_of_one_shape_only(shortcut):
     assert np.array_equal(run(fused, feeds)[0], run(model, feeds)[0])
 
 
+def test_residual_ends_take_a_projection_shortcut_as_the_addend():
+    """An Add of two channels-last requantize runs neither of which is a run of steps alone (a block whose shortcut
+    is a 1x1 projection), read by a run of steps alone, is one requantize_add: the first run with the second's
+    output as its addend (no addend_steps, the second kept); the values are the Add's."""
+    def rq(x, out, steps, bias="b0"):
+        return helper.make_node("requantize", [x, bias], [out], domain=DOMAIN, nhwc=1, steps=steps)
+
+    nodes = [rq("a", "r1", [3, -50, 50], "b1"), rq("s", "r2", [3, -9, 9, 1, 3, 0], "b1"),
+             helper.make_node("Add", ["r1", "r2"], ["t"]), rq("t", "y", [0, 1, 0, 3, -40, 40])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(t, TensorProto.INT32, [1, 4, 4, 3])
+                                           for t in ("a", "s")],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4, 4, 3])],
+                              [onnx.numpy_helper.from_array(np.zeros(0, np.int32), "b0"),
+                               onnx.numpy_helper.from_array(np.array([5, -7, 1 << 30], np.int32), "b1")])
+    model = onnx_model(graph, domains={DOMAIN: 1})
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    cpu.residual_ends(fused.graph, cpu._shapes(model))
+    assert [n.op_type for n in fused.graph.node] == ["requantize", "requantize_add"]
+    rng = np.random.default_rng(0)
+    feeds = {t: rng.integers(-100, 100, (1, 4, 4, 3)).astype(np.int32) for t in ("a", "s")}
+    assert np.array_equal(run(fused, feeds)[0], run(model, feeds)[0])
+
+
 def test_rows_read_uint8_channels_last_data_as_its_int32_twin():
     """im2col_rows of uint8 (N, H, W, C) data (nhwc, a zero) gives the rows of the same values as int32; uint8 data
     without nhwc or a zero is refused, naming the op and the rule."""

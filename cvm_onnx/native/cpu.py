@@ -36,7 +36,7 @@ from functools import cache
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN, library_path
@@ -341,11 +341,12 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
     """In place, after ``channels_last``: each Add of two NHWC ``requantize`` outputs of one known shape (in
-    ``shapes``: no broadcasting) that only it reads, one of them a run of steps alone (no rows, channel steps, scales, width or bias: a residual block's shortcut), whose sum
-    only such a run reads (the block's end), becomes one ``requantize_add`` at the Add's place: the other
-    ``requantize`` with the shortcut's data as its addend, ``addend_steps`` the shortcut's steps and ``sum_steps``
-    the end's, writing the end's output. Invariant: the same int32 values, element for element (its sum wraps as
-    Add's)."""
+    ``shapes``: no broadcasting) that only it reads, whose sum only a run of steps alone (no rows, channel steps,
+    scales, width or bias) reads (the block's end), becomes one ``requantize_add`` at the Add's place, writing the
+    end's output with ``sum_steps`` the end's: where one operand is such a run (a residual block's shortcut), the
+    other ``requantize`` with the shortcut's data as its addend and ``addend_steps`` the shortcut's steps; else (a
+    projection shortcut) the first with the second's output as its addend, no ``addend_steps``, the second kept.
+    Invariant: the same int32 values, element for element (its sum wraps as Add's)."""
     consts = _consts(graph)
     producer = {o: n for n in graph.node for o in n.output}
     readers = _readers(graph)
@@ -374,14 +375,13 @@ def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
                 known[0] != known[1] or -1 in known[0]:
             continue
         short = next((n for n in reversed(ins) if steps_alone(n)), None)
-        if short is None:
-            continue
-        main, end = ins[0] if short is ins[1] else ins[1], ends[0]
-        node = helper.make_node("requantize_add", [main.input[0], main.input[1], short.input[0]], [end.output[0]],
+        main, end = ins[1] if short is ins[0] else ins[0], ends[0]
+        addend, steps = (short.input[0], _ints_attr(short, "steps")) if short else (add.input[1], [])
+        node = helper.make_node("requantize_add", [main.input[0], main.input[1], addend], [end.output[0]],
                                 name=main.name, domain=DOMAIN)
-        node.attribute.extend([*main.attribute, helper.make_attribute("addend_steps", _ints_attr(short, "steps")),
+        node.attribute.extend([*main.attribute, AttributeProto(name="addend_steps", type=AttributeProto.INTS, ints=steps),
                                helper.make_attribute("sum_steps", _ints_attr(end, "steps"))])
-        fused.update({id(add): node, id(main): None, id(short): None, id(end): None})
+        fused.update({id(add): node, id(main): None, id(end): None, **({id(short): None} if short else {})})
     nodes = [fused.get(id(n), n) for n in graph.node]
     del graph.node[:]
     graph.node.extend(n for n in nodes if n is not None)
