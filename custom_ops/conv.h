@@ -293,15 +293,14 @@ inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k
 inline bool windows_in_place(const Im2colShape& s) { return s.c % 4 == 0; }
 
 // The offset of each group of four k from a position's first byte in the padded copy ((fh * dh * WP + fw * dw) * C
-// + c, windows_in_place), or within a gathered row (4 q).
-inline std::vector<int32_t> window_offsets(const Im2colShape& s, int64_t k4) {
-  std::vector<int32_t> out(static_cast<size_t>(k4 / 4));
+// + c, windows_in_place), or within a gathered row (4 q), in out.
+inline void window_offsets(const Im2colShape& s, int64_t k4, std::vector<int32_t>& out) {
+  out.resize(static_cast<size_t>(k4 / 4));
   for (int64_t q = 0; q < k4 / 4; ++q) {
     const int64_t k = 4 * q, tap = k / s.c, c = k % s.c, fh = tap / s.kw, fw = tap % s.kw;
     out[static_cast<size_t>(q)] = static_cast<int32_t>(windows_in_place(s) ? (fh * s.dh * s.wp() + fw * s.dw) * s.c + c
                                                                             : k);
   }
-  return out;
 }
 
 // The first byte of the windows of the positions [first, first + count) (global: image g / (OH * OW)) in the

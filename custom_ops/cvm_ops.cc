@@ -356,18 +356,20 @@ struct Im2colRows {
                       Ort::Custom::Tensor<uint8_t>& out) {
     return guarded(kName, [&] {
       Im2colShape s;
-      std::unique_ptr<uint8_t[]> padded;
+      thread_local std::vector<uint8_t> padded;
       if (Ort::Status status = pad(context, data, kName, s, padded); !status.IsOK()) return status;
       uint8_t* rows = out.Allocate({s.n, s.oh * s.ow, s.kh * s.kw * s.c});
-      auto row = [&](int64_t r) { im2col_rows(padded.get(), s, r / s.oh, r % s.oh, rows); };
+      const uint8_t* xp = padded.data();  // (a lambda on another thread would name that thread's `padded`)
+      auto row = [&](int64_t r) { im2col_rows(xp, s, r / s.oh, r % s.oh, rows); };
       parallel_for(context, s.n * s.oh, row);
       return Ort::Status{nullptr};
     });
   }
 
-  // The geometry of data in s and its padded copy (HP, WP, C) bytes per image (pad_narrow_hwc), for op `name`.
+  // The geometry of data in s and its padded copy (HP, WP, C) bytes per image (pad_narrow_hwc) in buffer (the
+  // caller's, kept from call to call), for op `name`.
   Ort::Status pad(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data, const char* name, Im2colShape& s,
-                  std::unique_ptr<uint8_t[]>& buffer) const {
+                  std::vector<uint8_t>& buffer) const {
     const std::vector<int64_t>& shape = data.Shape();
     if (shape.size() != 4) {
       return invalid(name, std::string("data must be 4-D ") + (nhwc ? "(N, H, W, C)" : "(N, C, H, W)") + ", got " +
@@ -379,9 +381,9 @@ struct Im2colRows {
     const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
     const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
     const In* x = data.Data();
-    // uninitialized: the pad functions write every byte of their image
-    buffer.reset(new uint8_t[static_cast<size_t>(s.n * s.hp() * s.wp() * s.c)]);
-    uint8_t* padded = buffer.get();
+    // the pad functions write every byte of their image
+    if (buffer.size() < static_cast<size_t>(s.n * s.hp() * s.wp() * s.c)) buffer.resize(s.n * s.hp() * s.wp() * s.c);
+    uint8_t* padded = buffer.data();
     std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
     auto image = [&](int64_t n) {
       if constexpr (kBytes) {
@@ -775,7 +777,8 @@ struct ConvKernel {
                   const Ort::Custom::Tensor<uint8_t>& w, const Int32Tensor& bias, const Ort::Custom::Tensor<A>* addend,
                   Ort::Custom::Tensor<Out>& out) const {
     Im2colShape s;
-    std::unique_ptr<uint8_t[]> padded;
+    thread_local std::vector<uint8_t> padded;
+    thread_local std::vector<int32_t> init, offsets;
     if (Ort::Status status = rows.pad(context, data, name, s, padded); !status.IsOK()) return status;
     const int64_t k = s.kh * s.kw * s.c, oc = weights.oc, positions = s.oh * s.ow, total = s.n * positions;
     if (w.Shape() != std::vector<int64_t>{weights.k, oc} || k != weights.k) {
@@ -814,7 +817,7 @@ struct ConvKernel {
       words = y;
     }
     // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap)
-    std::vector<int32_t> init(weights.sums.size());
+    init.assign(weights.sums.size(), 0);
     for (int64_t o = 0; o < oc; ++o) {
       init[o] = static_cast<int32_t>(static_cast<uint32_t>(-product_zero) * static_cast<uint32_t>(weights.sums[o]) +
                                      static_cast<uint32_t>(per_channel ? bias.Data()[o] : 0));
@@ -822,7 +825,11 @@ struct ConvKernel {
     const int32_t* by_position = per_position ? bias.Data() : nullptr;
     const int64_t tile = tile_positions(weights.k4), k4 = weights.k4;
     const bool in_place = windows_in_place(s);
-    const std::vector<int32_t> offsets = window_offsets(s, k4);
+    window_offsets(s, k4, offsets);
+    // the tasks run on other threads too, where `padded`, `init` and `offsets` would name that thread's own
+    const uint8_t* xp = padded.data();
+    const int32_t* start = init.data();
+    const int32_t* offset = offsets.data();
     auto task = [&](int64_t t) {
       thread_local std::vector<uint8_t> a;  // gathered rows (not in_place); bytes beyond K: any values (zero
       thread_local std::vector<const uint8_t*> at;  // weights there); each row's first byte
@@ -832,12 +839,12 @@ struct ConvKernel {
       if (at.size() < static_cast<size_t>(padded_rows)) at.resize(static_cast<size_t>(padded_rows));
       if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
       if (in_place) {
-        window_starts(padded.get(), s, first, count, padded_rows, at.data());
+        window_starts(xp, s, first, count, padded_rows, at.data());
       } else {
         if (a.size() < static_cast<size_t>(count * k4)) a.resize(static_cast<size_t>(count * k4));
-        gather_windows(padded.get(), s, first, count, k4, a.data(), padded_rows, at.data());
+        gather_windows(xp, s, first, count, k4, a.data(), padded_rows, at.data());
       }
-      products(isa, at.data(), offsets.data(), padded_rows, weights, init.data(), c.data());
+      products(isa, at.data(), offset, padded_rows, weights, start, c.data());
       requantize_last(c.data(), first, first + count, by_position, nullptr, oc, attrs.steps, words,
                       per_position ? positions : 0, attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
     };

@@ -260,12 +260,16 @@ CVM_AVX2_CLONES int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, 
 // pad_narrow_nhwc for uint8 data (n, h, w, c) taken as themselves (any value fits the rows): each input row one
 // contiguous copy.
 CVM_AVX2_CLONES void pad_copy_nhwc(const uint8_t* x, const Im2colShape& s, uint8_t fill, int64_t n, uint8_t* xp) {
-  const int64_t c = s.c, wp = s.wp(), size = s.hp() * wp * c, row = s.w * c;
-  uint8_t* base = xp + n * size;
-  std::fill(base, base + size, fill);
+  const int64_t c = s.c, line = s.wp() * c, row = s.w * c;
+  uint8_t* base = xp + n * s.hp() * line;
+  std::fill(base, base + s.pt * line, fill);  // the rows above
   for (int64_t y = 0; y < s.h; ++y) {
-    std::memcpy(base + ((y + s.pt) * wp + s.pl) * c, x + (n * s.h + y) * row, static_cast<size_t>(row));
+    uint8_t* dst = base + (y + s.pt) * line;
+    std::fill(dst, dst + s.pl * c, fill);
+    std::memcpy(dst + s.pl * c, x + (n * s.h + y) * row, static_cast<size_t>(row));
+    std::fill(dst + s.pl * c + row, dst + line, fill);
   }
+  std::fill(base + (s.h + s.pt) * line, base + s.hp() * line, fill);  // the rows below
 }
 
 // The rows of `ow_count` positions of one output row: for each, kh * pieces copies of `Piece` bytes (a constant

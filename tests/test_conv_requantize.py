@@ -20,7 +20,7 @@ from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.native.cpu import features
-from cvm_onnx.runtime.sessions import run
+from cvm_onnx.runtime.sessions import run, session
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
@@ -105,12 +105,12 @@ import_chain_and_multiply = st.tuples(import_chain, st.tuples(st.just(1), int32s
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(case=convolutions(), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
        bytes_out=st.booleans(), add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
-       chains=st.sampled_from(["one list", "each channel's", "an import's"]))
-def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, bytes_out, add, chains):
+       chains=st.sampled_from(["one list", "each channel's", "an import's"]), threads=st.integers(1, 2))
+def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, bytes_out, add, chains, threads):
     """conv_requantize[_uint8 | _add | _add_uint8](x, w, bias) on every products kernel here equals the rows of
     x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (one list, each
     channel's own, or each channel's of a quantized import's kinds) with the bias (none, per channel or per position
-    and channel), the addend's and the sum's (uint8 data)."""
+    and channel), the addend's and the sum's (uint8 data); on one thread or two."""
     x, weights, attrs = case
     assume(add is None or x.dtype == np.uint8)  # the _add kernels take uint8 data (channels-last bytes)
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
@@ -143,7 +143,7 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
     for isa in isas():
         model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
                            weights, list(b.shape), {**attrs, **steps, "isa": isa}, add)
-        got = run(model, feeds)[0]
+        got = session(model, threads=threads).run(None, feeds)[0]
         assert got.dtype == want.dtype and np.array_equal(got, want), isa
 
 
