@@ -5,8 +5,10 @@ Every onnxruntime result is first checked bit for bit against the reference exec
 of five medians over many runs (``median_ms``); the load average is printed because other processes on the
 machine change them. The serving form is timed with its convolutions' products in float32 and as integer
 products (native im2col + MatMulInteger, ``cvm_onnx.native.cpu`` picks the operand types: the route and the CPU
-features detected are printed, and which route each convolution took), and also with every one-group product as
-columns (``layout="columns"``, the route before the rows) and with every product uint8 x uint8.
+features detected are printed, and which route each convolution took; where VNNI multiplies, each convolution is one
+fused kernel, ``layout="fused"``), and also with every one-group product as columns (``layout="columns"``), as
+rows of three nodes (``layout="rows"``), as rows with every product uint8 x uint8, and as fused kernels on their
+AVX2 route (``cpu.fused_convolutions(..., isa=2)``: what an AVX2-only CPU runs, timed on this one).
 
 The CVM runtime: with the environment variable CVM_RUNTIME_LIB naming a local build of its library
 (libcvm.so of CortexFoundation/cvm-runtime, built by hand; not part of this project), its CPU device is timed
@@ -35,9 +37,9 @@ from cvm_onnx.core.batch import batched
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
-from cvm_onnx.native import cpu
+from cvm_onnx.native import cpu, library_path
 from cvm_onnx.runtime import bulk
-from cvm_onnx.runtime.sessions import session, usable_cpus
+from cvm_onnx.runtime.sessions import LAYOUTS, session, usable_cpus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cvm_runtime import CvmRuntime  # noqa: E402  (the C API wrapper the tests use too)
@@ -116,17 +118,30 @@ def resnet(model: Path, runs: int) -> None:
         unit = cpus if batch > 1 else 1
         forms.append((f"optimized, integer products as columns (no rows), {unit} thread(s)",
                       dict(optimize=True, int8=True), unit, None, "columns"))
-        forms.append((f"optimized, integer products all u8u8, {unit} thread(s)", dict(optimize=True, int8=True), unit,
-                      "u8u8", None))
+        forms.append((f"optimized, integer products as rows (3 nodes), {unit} thread(s)",
+                      dict(optimize=True, int8=True), unit, None, "rows"))
+        forms.append((f"optimized, rows all u8u8 (MLAS), {unit} thread(s)", dict(optimize=True, int8=True), unit,
+                      "u8u8", "rows"))
+        if "avx2" in cpu.features():
+            forms.append((f"optimized, fused kernels on AVX2 only, {unit} thread(s)", dict(optimize=True, int8=True),
+                          unit, None, "fused AVX2"))
         for form, options, threads, products, layout in forms:
             onnx_model = to_onnx(graph, batch=batch, **options)
-            sess = session(onnx_model, threads=threads, products=products, layout=layout)
+            if layout == "fused AVX2":  # conv.h's AVX2 kernel (vpmaddwd) on this CPU: an AVX2-only CPU's route
+                served = cpu.fused_convolutions(cpu.channels_last(onnx_model), isa=2)
+                so = ort.SessionOptions()
+                so.intra_op_num_threads = threads
+                so.register_custom_ops_library(library_path())
+                sess = ort.InferenceSession(served.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            else:
+                sess = session(onnx_model, threads=threads, products=products, layout=layout)
             feeds = {"data": data}
             assert np.array_equal(sess.run(None, feeds)[0], want), "onnxruntime differs from the reference"
             ms = median_ms(lambda: sess.run(None, feeds), max(25, runs // batch))
             note = f"{batch / ms * 1e3:.0f} images/s, {base / (ms / batch):.1f}x {base_name}"
             routes = sess.get_modelmeta().custom_metadata_map.get("cvm.routes", "")
-            layout = "columns" if layout == "columns" or "columns taken" in routes else "rows"
+            layout = layout or next((k for k in LAYOUTS if f"{k} taken" in routes),
+                                    "fused" if cpu.fused_first() else "rows")
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
                 note + (f"; {conv_routes(onnx_model, products or cpu.products())}, {layout}" if options.get("int8")
                         else "") +

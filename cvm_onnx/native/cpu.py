@@ -439,13 +439,13 @@ CONV_OPS = {"requantize": "conv_requantize", "requantize_uint8": "conv_requantiz
 ROWS_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "offset", "zero", "nhwc")
 
 
-def fused_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
+def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
     """A session-time pass (a copy of ``model``), after ``channels_last``: every rows product whose three nodes are
     ``im2col_rows`` -> MatMulInteger(rows, weights uint8 (K, OC) constant, z, 128) read only by an NHWC
     ``requantize[_uint8 | _add | _add_uint8]`` of its rows (no scales) becomes one ``conv_requantize[...]`` (conv.h:
     the windows gathered into tiles in the L1 cache, multiplied by the weights packed once, requantized from the
-    tile of products), with the rows' attributes, ``product_zero`` z and the requantize's steps; rows no product
-    reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
+    tile of products), with the rows' attributes, ``product_zero`` z and the requantize's steps (``isa`` > 0: that
+    products kernel, conv.h ProductIsa, for benchmarks); rows no product reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
     of MatMulInteger; docs/semantics.md)."""
     out = _copy(model)
     graph = out.graph
@@ -467,7 +467,8 @@ def fused_convolutions(model: onnx.ModelProto) -> onnx.ModelProto:
                 zero.dtype != np.uint8 or zero.size != 1:
             continue
         node = helper.make_node(CONV_OPS[q.op_type], [r.input[0], m.input[1], *q.input[1:]], list(q.output),
-                                name=q.name, domain=DOMAIN, product_zero=int(zero.reshape(-1)[0]))
+                                name=q.name, domain=DOMAIN, product_zero=int(zero.reshape(-1)[0]),
+                                **({"isa": isa} if isa else {}))
         node.attribute.extend([a for a in r.attribute if a.name in ROWS_ATTRS] +
                               [a for a in q.attribute if a.name not in ("rows", "nhwc")])
         replaced.update({id(q): node, id(m): None})
