@@ -27,14 +27,18 @@ extern "C" uint32_t cvm_onnx_cpu_features();
 namespace cvm_onnx {
 
 // Which kernel multiplies: the fastest the CPU has (0), or one asked for by name (the tests run each one here).
-enum ProductIsa : int64_t { kIsaBest = 0, kIsaBaseline = 1, kIsaAvx2 = 2, kIsaAvxVnni = 3, kIsaAvx512Vnni = 4 };
+// kIsaAvx2Bytes takes rows of values in [0, 127] only (offset 0 without a zero point: bounded_rows).
+enum ProductIsa : int64_t {
+  kIsaBest = 0, kIsaBaseline = 1, kIsaAvx2 = 2, kIsaAvxVnni = 3, kIsaAvx512Vnni = 4, kIsaAvx2Bytes = 5
+};
 
 inline bool isa_available(int64_t isa) {
 #if defined(CVM_ONNX_X86_PRODUCTS)
   const uint32_t f = cvm_onnx_cpu_features();  // bits of cpu_features.cc: 1 avx2, 4 avx512_vnni, 8 avx_vnni
   switch (isa) {
     case kIsaBaseline: return true;
-    case kIsaAvx2: return f & 1u;
+    case kIsaAvx2:
+    case kIsaAvx2Bytes: return f & 1u;
     case kIsaAvxVnni: return (f & 1u) && (f & 8u);
     case kIsaAvx512Vnni: return f & 4u;
     default: return false;
@@ -44,8 +48,9 @@ inline bool isa_available(int64_t isa) {
 #endif
 }
 
-inline int64_t best_isa() {
-  for (int64_t isa : {kIsaAvx512Vnni, kIsaAvxVnni, kIsaAvx2}) {
+// The fastest kernel here for rows of values in [0, 127] (`bounded`) or in [0, 255].
+inline int64_t best_isa(bool bounded) {
+  for (int64_t isa : {kIsaAvx512Vnni, kIsaAvxVnni, bounded ? kIsaAvx2Bytes : kIsaAvx2, kIsaAvx2}) {
     if (isa_available(isa)) return isa;
   }
   return kIsaBaseline;
@@ -224,6 +229,35 @@ __attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* 
   for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
 }
 
+// acc += the 4-way dot products of a (uint8, each in [0, 127]) and w (int8) in each 32-bit lane, AVX2: vpmaddubsw
+// sums pairs of products into int16 with saturation, which the bound keeps from acting (|pair| <= 2 * 127 * 128 =
+// 32512), then vpmaddwd sums pairs of those into int32.
+__attribute__((target("avx2"), always_inline)) inline __m256i bytes_dot(__m256i acc, __m256i a, __m256i w) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), _mm256_set1_epi16(1)));
+}
+
+// tile_avxvnni on AVX2 for rows of values in [0, 127] (bytes_dot; the same packed bytes).
+__attribute__((target("avx2"))) inline void tile_avx2_bytes(const uint8_t* const* a, const int32_t* offsets,
+                                                              const int8_t* w, int64_t groups, const int32_t* init,
+                                                              int32_t* c, int64_t ldc, int lanes) {
+  constexpr int R = 6;
+  __m256i lo[R], hi[R];
+  for (int r = 0; r < R; ++r) {
+    lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
+    hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
+  }
+  for (int64_t q = 0; q < groups; ++q) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
+    for (int r = 0; r < R; ++r) {
+      const __m256i av = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
+      lo[r] = bytes_dot(lo[r], av, w0);
+      hi[r] = bytes_dot(hi[r], av, w1);
+    }
+  }
+  for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
+}
+
 // 6 rows x one block of 16 channels, AVX2: each row's four bytes as two pairs of int16 (k, k+1) and (k+2, k+3),
 // vpmaddwd with the int16 weights (two products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
 __attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* const* a, const int32_t* offsets, const int16_t* w,
@@ -235,12 +269,14 @@ __attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* const* a, c
     lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
     hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
   }
+  // bytes (k, k+1) and (k+2, k+3) of each lane's four as two int16 (the 0x80 indexes give zero bytes)
+  const __m256i first = _mm256_set1_epi32(static_cast<int32_t>(0x80018000u));
+  const __m256i second = _mm256_set1_epi32(static_cast<int32_t>(0x80038002u));
   for (int64_t q = 0; q < groups; ++q) {
     const int16_t* wq = w + q * 64;
     for (int r = 0; r < R; ++r) {
-      const uint32_t v = static_cast<uint32_t>(four_bytes(a[r] + offsets[q]));
-      const __m256i p0 = _mm256_set1_epi32(static_cast<int32_t>((v & 0xFFu) | ((v << 8) & 0xFF0000u)));
-      const __m256i p1 = _mm256_set1_epi32(static_cast<int32_t>(((v >> 16) & 0xFFu) | ((v >> 8) & 0xFF0000u)));
+      const __m256i v = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
+      const __m256i p0 = _mm256_shuffle_epi8(v, first), p1 = _mm256_shuffle_epi8(v, second);
       const __m256i* at = reinterpret_cast<const __m256i*>(wq);  // (pair, channels 0-7 or 8-15), 16 int16 each
       lo[r] = _mm256_add_epi32(lo[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at)),
                                                        _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 2))));
@@ -251,18 +287,22 @@ __attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* const* a, c
   for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
 }
 
-template <bool Vnni>
-void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p, const int32_t* init,
-                   int32_t* c) {
+// One block of 16 channels and 6 rows at a time, with the kernel of `isa` (AVX-VNNI, AVX2 bytes or pairs).
+template <int64_t Isa>
+void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
+                   const int32_t* init, int32_t* c) {
   for (int64_t block = 0; block < p.blocks; ++block) {
     const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - block * kBlockLanes));
     const int64_t at = block * p.k4 * kBlockLanes;
     for (int64_t r = 0; r < rows; r += 6) {
       int32_t* out = c + r * p.oc + block * kBlockLanes;
-      if constexpr (Vnni) {
-        tile_avxvnni(a + r, offsets, p.bytes.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
+      const int32_t* start = init + block * kBlockLanes;
+      if constexpr (Isa == kIsaAvxVnni) {
+        tile_avxvnni(a + r, offsets, p.bytes.data() + at, p.k4 / 4, start, out, p.oc, lanes);
+      } else if constexpr (Isa == kIsaAvx2Bytes) {
+        tile_avx2_bytes(a + r, offsets, p.bytes.data() + at, p.k4 / 4, start, out, p.oc, lanes);
       } else {
-        tile_avx2(a + r, offsets, p.pairs.data() + at, p.k4 / 4, init + block * kBlockLanes, out, p.oc, lanes);
+        tile_avx2(a + r, offsets, p.pairs.data() + at, p.k4 / 4, start, out, p.oc, lanes);
       }
     }
   }
@@ -275,8 +315,9 @@ inline void products(int64_t isa, const uint8_t* const* a, const int32_t* offset
 #if defined(CVM_ONNX_X86_PRODUCTS)
   switch (isa) {
     case kIsaAvx512Vnni: return products_avx512vnni(a, offsets, rows, p, init, c);
-    case kIsaAvxVnni: return products_avx2<true>(a, offsets, rows, p, init, c);
-    case kIsaAvx2: return products_avx2<false>(a, offsets, rows, p, init, c);
+    case kIsaAvxVnni: return products_avx2<kIsaAvxVnni>(a, offsets, rows, p, init, c);
+    case kIsaAvx2Bytes: return products_avx2<kIsaAvx2Bytes>(a, offsets, rows, p, init, c);
+    case kIsaAvx2: return products_avx2<kIsaAvx2>(a, offsets, rows, p, init, c);
     default: break;
   }
 #endif

@@ -739,14 +739,16 @@ struct ConvKernel {
     const auto refuse = [&](const std::string& rule) {
       throw Ort::Exception(std::string(name) + ": " + rule, ORT_INVALID_ARGUMENT);
     };
-    if (!attrs.rows.empty() || attrs.width || attrs.batch_inner || !attrs.scales.empty()) {
-      refuse("rows, width, batch_inner and scales do not go with a convolution");
+    if (!attrs.rows.empty() || attrs.width || attrs.batch_inner) {
+      refuse("rows, width and batch_inner do not go with a convolution");
     }
     if (product_zero < 0 || product_zero > 255) refuse("product_zero must be in [0, 255]");
-    if (isa < kIsaBest || isa > kIsaAvx512Vnni || (isa != kIsaBest && !isa_available(isa))) {
+    if (isa < kIsaBest || isa > kIsaAvx2Bytes || (isa != kIsaBest && !isa_available(isa))) {
       refuse("isa " + std::to_string(isa) + " is not a kernel this CPU runs");
     }
-    if (isa == kIsaBest) isa = best_isa();
+    const bool bounded = rows.offset == 0 && rows.zero < 0;  // values in [0, 127], which pad() checks
+    if (isa == kIsaAvx2Bytes && !bounded) refuse("isa 5 takes rows of values in [0, 127] (offset 0, no zero)");
+    if (isa == kIsaBest) isa = best_isa(bounded);
     if (add) {
       for (auto [attr, steps] : {std::pair{"addend_steps", &addend_steps}, std::pair{"sum_steps", &sum_steps}}) {
         if (std::string err = parse_steps(ints_attr(info, attr, {}), *steps); !err.empty()) refuse(attr + (": " + err));
@@ -768,6 +770,9 @@ struct ConvKernel {
     if (type.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 || shape.size() != 2 || shape[0] < 1 ||
         shape[1] < 1) {
       refuse("the weights must be uint8 (K, OC), got " + shape_text(shape));
+    }
+    if (!attrs.scales.empty() && static_cast<int64_t>(attrs.scales.size()) != shape[1]) {
+      refuse(std::to_string(attrs.scales.size()) + " scales for " + std::to_string(shape[1]) + " output channels");
     }
     weights = pack_weights(w.GetTensorData<uint8_t>(), shape[0], shape[1]);
   }
@@ -816,13 +821,15 @@ struct ConvKernel {
     } else {
       words = y;
     }
-    // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap)
+    // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap;
+    // with scales the bias is added after them, by requantize_last)
+    const bool scaled = !attrs.scales.empty(), folded = per_channel && !scaled;
     init.assign(weights.sums.size(), 0);
     for (int64_t o = 0; o < oc; ++o) {
       init[o] = static_cast<int32_t>(static_cast<uint32_t>(-product_zero) * static_cast<uint32_t>(weights.sums[o]) +
-                                     static_cast<uint32_t>(per_channel ? bias.Data()[o] : 0));
+                                     static_cast<uint32_t>(folded ? bias.Data()[o] : 0));
     }
-    const int32_t* by_position = per_position ? bias.Data() : nullptr;
+    const int32_t* later_bias = per_position || (per_channel && scaled) ? bias.Data() : nullptr;
     const int64_t tile = tile_positions(weights.k4), k4 = weights.k4;
     const bool in_place = windows_in_place(s);
     window_offsets(s, k4, offsets);
@@ -845,8 +852,9 @@ struct ConvKernel {
         gather_windows(xp, s, first, count, k4, a.data(), padded_rows, at.data());
       }
       products(isa, at.data(), offset, padded_rows, weights, start, c.data());
-      requantize_last(c.data(), first, first + count, by_position, nullptr, oc, attrs.steps, words,
-                      per_position ? positions : 0, attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
+      requantize_last(c.data(), first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc,
+                      attrs.steps, words, per_position ? positions : 0, attrs.per_channel, attrs.arrays, bytes,
+                      second ? &*second : nullptr);
     };
     parallel_for(context, (total + tile - 1) / tile, task);
     return Ort::Status{nullptr};
@@ -877,21 +885,21 @@ struct ConvRequantize {
   ConvKernel<In, Out> kernel;
 };
 
-// The addend (AddIn, int32 or uint8) of conv_requantize_add[_uint8]: data uint8 (N, H, W, C).
-template <typename AddIn, typename Out>
+// The addend (AddIn, int32 or uint8) of conv_requantize_add[_uint8].
+template <typename In, typename AddIn, typename Out>
 struct ConvRequantizeAdd {
   static constexpr const char* kName = std::is_same_v<Out, uint8_t> ? "conv_requantize_add_uint8"
                                                                     : "conv_requantize_add";
 
   ConvRequantizeAdd(const OrtApi* api, const OrtKernelInfo* info) : kernel(api, info, kName, true) {}
 
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<uint8_t>& data,
+  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
                       const Ort::Custom::Tensor<uint8_t>& weights, const Int32Tensor& bias,
                       const Ort::Custom::Tensor<AddIn>& addend, Ort::Custom::Tensor<Out>& out) {
     return guarded(kName, [&] { return kernel.run(context, data, weights, bias, &addend, out); });
   }
 
-  ConvKernel<uint8_t, Out> kernel;
+  ConvKernel<In, Out> kernel;
 };
 
 // -- CUDA kernels: the same checks, then the launchers of cvm_ops_cuda.cu on onnxruntime's stream --------------
@@ -1100,18 +1108,23 @@ std::vector<OpPtr> create_ops() {
   ops.push_back(checked<22>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<int32_t, uint8_t>>("conv_requantize_uint8",
                                                                                               cpu),
                             "conv_requantize_uint8", 3, 0b10));
-  ops.push_back(checked<23>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, int32_t>>("conv_requantize_add",
-                                                                                                 cpu),
-                            "conv_requantize_add", 4, 0b1011));
-  ops.push_back(checked<24>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, int32_t>>("conv_requantize_add",
-                                                                                                 cpu),
-                            "conv_requantize_add", 4, 0b0011));
-  ops.push_back(checked<25>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, uint8_t>>(
-                                "conv_requantize_add_uint8", cpu),
-                            "conv_requantize_add_uint8", 4, 0b1011));
-  ops.push_back(checked<26>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, uint8_t>>(
-                                "conv_requantize_add_uint8", cpu),
-                            "conv_requantize_add_uint8", 4, 0b0011));
+  // conv_requantize_add[_uint8]: data uint8 or int32, the addend uint8 or int32 (bit 0: data, bit 3: the addend)
+  ops.push_back(checked<23>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, uint8_t, int32_t>>(
+                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b1011));
+  ops.push_back(checked<24>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, int32_t, int32_t>>(
+                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b0011));
+  ops.push_back(checked<25>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, uint8_t, int32_t>>(
+                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b1010));
+  ops.push_back(checked<26>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, int32_t, int32_t>>(
+                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b0010));
+  ops.push_back(checked<27>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, uint8_t, uint8_t>>(
+                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b1011));
+  ops.push_back(checked<28>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, int32_t, uint8_t>>(
+                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b0011));
+  ops.push_back(checked<29>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, uint8_t, uint8_t>>(
+                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b1010));
+  ops.push_back(checked<30>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, int32_t, uint8_t>>(
+                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b0010));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
   ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import onnx
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from support import tensors
@@ -26,10 +26,12 @@ EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
 
 
-def isas() -> list[int]:
-    """The products kernels this CPU runs (conv.h ProductIsa): baseline, AVX2, AVX-VNNI, AVX-512 VNNI."""
+def isas(bounded: bool = False) -> list[int]:
+    """The products kernels this CPU runs (conv.h ProductIsa): baseline, AVX2 pairs, AVX-VNNI, AVX-512 VNNI, and for
+    rows of values in [0, 127] (``bounded``: offset 0 without a zero point) AVX2 bytes."""
     have = set(features())
-    return [1] + [2] * ("avx2" in have) + [3] * ({"avx2", "avx_vnni"} <= have) + [4] * ("avx512_vnni" in have)
+    return [1] + [2] * ("avx2" in have) + [3] * ({"avx2", "avx_vnni"} <= have) + [4] * ("avx512_vnni" in have) + \
+        [5] * (bounded and "avx2" in have)
 
 
 def rows_oracle(x, nhwc, kernel, strides, dilations, pads, offset, zero):
@@ -108,11 +110,10 @@ import_chain_and_multiply = st.tuples(import_chain, st.tuples(st.just(1), int32s
        chains=st.sampled_from(["one list", "each channel's", "an import's"]), threads=st.integers(1, 2))
 def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, bytes_out, add, chains, threads):
     """conv_requantize[_uint8 | _add | _add_uint8](x, w, bias) on every products kernel here equals the rows of
-    x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (one list, each
-    channel's own, or each channel's of a quantized import's kinds) with the bias (none, per channel or per position
-    and channel), the addend's and the sum's (uint8 data); on one thread or two."""
+    x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (one list, then also
+    with scales, each channel's own, or each channel's of a quantized import's kinds) with the bias (none, per
+    channel or per position and channel), the addend's and the sum's; on one thread or two."""
     x, weights, attrs = case
-    assume(add is None or x.dtype == np.uint8)  # the _add kernels take uint8 data (channels-last bytes)
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
                                  attrs["pads"], attrs["offset"], attrs.get("zero", -1))
     oc, positions, n = weights.shape[1], oh * ow, x.shape[0]
@@ -122,6 +123,10 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
     if chains == "one list":
         chain = data.draw(st.lists(cpu_step, max_size=4)) + ([] if add else ends)
         per, steps = [chain] * oc, {"steps": [v for s in chain for v in s]}
+        if data.draw(st.booleans()):  # each channel's products times its scale before the bias
+            scales = data.draw(st.lists(int32s, min_size=oc, max_size=oc))
+            steps["scales"] = scales
+            products = wrap(products * np.array(scales, np.int64), 32)
     else:
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
             [import_chain, import_chain_and_multiply]))
@@ -140,7 +145,7 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
         steps.update(addend_steps=[v for s in addend_steps for v in s], sum_steps=[v for s in sum_steps for v in s])
         want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), addend_steps, sum_steps)
     want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
-    for isa in isas():
+    for isa in isas(bounded=attrs["offset"] == 0 and "zero" not in attrs):
         model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
                            weights, list(b.shape), {**attrs, **steps, "isa": isa}, add)
         got = session(model, threads=threads).run(None, feeds)[0]
@@ -148,20 +153,24 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
 
 
 def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
-    """Rows of 255 times weights -128 (and 127) over K = 3 * 3 * 1,024: |sum| = 9,216 * 255 * 128 > 2^28, no
-    saturation anywhere (VNNI adds four products straight into int32, AVX2 pairs of them), with the zero point 0
-    and 255."""
+    """Rows of 255 (uint8 data) and of 127 (int32 data of offset 0, the AVX2 bytes kernel's bound) times weights -128
+    (and 127) over K = 3 * 3 * 1,024: |sum| up to 9,216 * 255 * 128 > 2^28 and pairs of products at the edge of
+    int16 (2 * 127 * -128), no saturation anywhere, with the zero point 0 and 255."""
     c, oc = 1024, 20
-    x = np.full((1, 3, 3, c), 255, np.uint8)
-    for fill in (0, 255):
-        weights = np.full((9 * c, oc), fill, np.uint8)
-        for zero in (0, 255):
-            want = wrap(np.full((1, 1, 1, oc), (255 - zero) * 9 * c * (fill - 128), np.int64), 32).astype(np.int32)
-            for isa in isas():
-                model = conv_model("conv_requantize", [1, 3, 3, c], TensorProto.UINT8, weights, [0], dict(
-                    kernel_shape=[3, 3], nhwc=1, offset=0, zero=0, product_zero=zero, steps=[], isa=isa))
-                got = run(model, {"x": x, "b": np.zeros(0, np.int32)})[0]
-                assert np.array_equal(got, want), (fill, zero, isa)
+    for value, dtype, bounded in ((255, np.uint8, False), (127, np.int32, True)):
+        x = np.full((1, 3, 3, c), value, dtype)
+        rows = {"zero": 0} if dtype == np.uint8 else {}
+        for fill in (0, 255):
+            weights = np.full((9 * c, oc), fill, np.uint8)
+            for zero in (0, 255):
+                want = wrap(np.full((1, 1, 1, oc), (value - zero) * 9 * c * (fill - 128), np.int64), 32)
+                for isa in isas(bounded):
+                    model = conv_model("conv_requantize", [1, 3, 3, c], TensorProto.UINT8 if dtype == np.uint8 else
+                                       TensorProto.INT32, weights, [0], dict(kernel_shape=[3, 3], nhwc=1, offset=0,
+                                                                            product_zero=zero, steps=[], isa=isa,
+                                                                            **rows))
+                    got = run(model, {"x": x, "b": np.zeros(0, np.int32)})[0]
+                    assert np.array_equal(got, want.astype(np.int32)), (value, fill, zero, isa)
 
 
 def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
@@ -183,6 +192,9 @@ def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
     refused(loose, {**feeds, "w": weights}, "conv_requantize: the weights must be a constant")
     refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], {**base, "isa": 9}), feeds,
             "conv_requantize: isa 9 is not a kernel this CPU runs")
+    if "avx2" in features():
+        refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], {**base, "isa": 5}),
+                feeds, r"conv_requantize: isa 5 takes rows of values in \[0, 127\]")
     refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], {**base, "product_zero": 256}),
             feeds, "conv_requantize: product_zero must be in")
     refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [4], base),

@@ -400,6 +400,7 @@ def _conv_schema(name: str) -> OpSchema:
     conv_requantize_add_uint8's (an addend): CPU only, written by the session (``cpu.fused_convolutions``)."""
     bytes_out, add = name.endswith("_uint8"), "_add" in name
     steps = [("steps", "(kind, a, b) triples"), ("channel_steps", "each output channel's own steps"),
+             ("scales", "one int32 per output channel, multiplying the products before the bias"),
              ("channel_counts", "how many steps each channel's list holds"),
              *[("addend_steps", "(kind, a, b) triples on the addend"), ("sum_steps", "(kind, a, b) triples on the "
                                                                                      "sum")] * add]
@@ -407,8 +408,8 @@ def _conv_schema(name: str) -> OpSchema:
         name, DOMAIN, VERSION,
         "A convolution of one group and its requantization in one kernel: the windows of data as im2col_rows takes "
         "them (its attributes), the products sum_k (rows[k] - product_zero) * (weights[k] - 128) exact in int32, "
-        "then requantize's steps with the bias (none, (OC,) or (OH * OW, OC)), as requantize with nhwc=1 and rows "
-        "(OH, OW) would: y (N, OH, OW, OC)." + (" Then y = sum_steps(y + addend_steps(addend))." * add) +
+        "then requantize's steps with the bias (none, (OC,) or (OH * OW, OC)) and scales, as requantize with nhwc=1 "
+        "and rows (OH, OW) would: y (N, OH, OW, OC)." + (" Then y = sum_steps(y + addend_steps(addend))." * add) +
         (" y as uint8: every chain (with an addend: sum_steps) ends with a clip within [0, 255]." * bytes_out),
         inputs=[OpSchema.FormalParameter("data", "T", "(N, C, H, W) int32, or nhwc (N, H, W, C) int32 or uint8"),
                 OpSchema.FormalParameter("weights", "W", "(K, OC) uint8, a constant; K = kh * kw * C"),
@@ -425,7 +426,8 @@ def _conv_schema(name: str) -> OpSchema:
                     OpSchema.Attribute("product_zero", onnx.helper.make_attribute("product_zero", 0),
                                        "the rows' zero point in [0, 255]"),
                     OpSchema.Attribute("isa", onnx.helper.make_attribute("isa", 0), "the products' kernel: 0 the "
-                                       "fastest here, 1 baseline, 2 AVX2, 3 AVX-VNNI, 4 AVX-512 VNNI"),
+                                       "fastest here, 1 baseline, 2 AVX2 pairs, 3 AVX-VNNI, 4 AVX-512 VNNI, 5 AVX2 "
+                                       "bytes (rows of values in [0, 127])"),
                     *(OpSchema.Attribute(a, OpSchema.AttrType.INTS, what, required=False) for a, what in steps)],
     )
     s.set_type_and_shape_inference_function(_infer_conv(TensorProto.UINT8 if bytes_out else TensorProto.INT32))

@@ -441,11 +441,12 @@ ROWS_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "offset", "zero", 
 
 def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
     """A session-time pass (a copy of ``model``), after ``channels_last``: every rows product whose three nodes are
-    ``im2col_rows`` -> MatMulInteger(rows, weights uint8 (K, OC) constant, z, 128) read only by an NHWC
-    ``requantize[_uint8 | _add | _add_uint8]`` of its rows (no scales) becomes one ``conv_requantize[...]`` (conv.h:
+    ``im2col_rows`` -> MatMulInteger(rows, weights uint8 (K, OC) from constants alone, z, 128) read only by an NHWC
+    ``requantize[_uint8 | _add | _add_uint8]`` of its rows becomes one ``conv_requantize[...]`` (conv.h:
     the windows gathered into tiles in the L1 cache, multiplied by the weights packed once, requantized from the
     tile of products), with the rows' attributes, ``product_zero`` z and the requantize's steps (``isa`` > 0: that
-    products kernel, conv.h ProductIsa, for benchmarks); rows no product reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
+    products kernel, conv.h ProductIsa, for benchmarks; 2, AVX2: its bytes kernel, 5, for rows of values in
+    [0, 127]); rows no product reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
     of MatMulInteger; docs/semantics.md)."""
     out = _copy(model)
     graph = out.graph
@@ -453,22 +454,29 @@ def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
     producer = {o: n for n in graph.node for o in n.output}
     readers = _readers(graph)
     outputs = {o.name for o in graph.output}
+    inputs = {i.name for i in graph.input}
+
+    @cache
+    def constant(t: str) -> bool:  # computed from constants alone by standard ops: onnxruntime folds it
+        n = producer.get(t)
+        return t in consts and t not in inputs or n is not None and n.domain in ("", "ai.onnx") and all(
+            map(constant, filter(None, n.input)))
+
     replaced: dict[int, onnx.NodeProto | None] = {}
     for q in graph.node:
         m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type in CONV_OPS else None
         r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
         if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or len(m.input) != 4 or \
                 _int_attr(q, "nhwc") != 1 or not any(a.name == "rows" for a in q.attribute) or \
-                any(a.name == "scales" for a in q.attribute) or len(readers[m.output[0]]) != 1 or \
+                len(readers[m.output[0]]) != 1 or \
                 m.output[0] in outputs or not _is_128(consts.get(m.input[3])):
             continue
-        weights, zero = consts.get(m.input[1]), consts.get(m.input[2]) if m.input[2] else np.uint8(0)
-        if weights is None or weights.dtype != np.uint8 or weights.ndim != 2 or zero is None or \
-                zero.dtype != np.uint8 or zero.size != 1:
+        zero = consts.get(m.input[2]) if m.input[2] else np.uint8(0)
+        if not constant(m.input[1]) or zero is None or zero.dtype != np.uint8 or zero.size != 1:
             continue
         node = helper.make_node(CONV_OPS[q.op_type], [r.input[0], m.input[1], *q.input[1:]], list(q.output),
                                 name=q.name, domain=DOMAIN, product_zero=int(zero.reshape(-1)[0]),
-                                **({"isa": isa} if isa else {}))
+                                **({"isa": 5 if isa == 2 and _bounded_rows(r) else isa} if isa else {}))
         node.attribute.extend([a for a in r.attribute if a.name in ROWS_ATTRS] +
                               [a for a in q.attribute if a.name not in ("rows", "nhwc")])
         replaced.update({id(q): node, id(m): None})
