@@ -58,10 +58,11 @@ Ort::Status guarded(const char* op, Body&& body) {
   }
 }
 
-// Runs body(i) for i in [0, items) on the session's intra-op threads (inline with one thread). The bodies write
-// disjoint outputs and throw nothing, so the result is the same for any number of threads.
+// Runs body(i) for i in [0, items) on the session's intra-op threads (inline with one thread or one item). The
+// bodies write disjoint outputs and throw nothing, so the result is the same for any number of threads.
 template <typename Body>
 void parallel_for(OrtKernelContext* context, int64_t items, Body& body) {
+  if (items == 1) return body(0);  // (onnxruntime's dispatch costs more than a small kernel)
   Ort::KernelContext(context).ParallelFor([](void* b, size_t i) { (*static_cast<Body*>(b))(static_cast<int64_t>(i)); },
                                           static_cast<size_t>(items), 0, &body);
 }
