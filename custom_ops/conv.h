@@ -124,8 +124,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline __m
   return acc;
 }
 
-// The same on 256 bits with the VEX encoding of AVX-VNNI (an EVEX one would need AVX-512).
-__attribute__((target("avx2,avxvnni"), always_inline)) inline __m256i dot(__m256i acc, __m256i a, __m256i w) {
+// The same on 256 bits with the VEX encoding of AVX-VNNI (an EVEX one would need AVX-512); assembly needs no target
+// option, so the AVX2 kernels share their code with it.
+__attribute__((target("avx2"), always_inline)) inline __m256i dot(__m256i acc, __m256i a, __m256i w) {
   asm("%{vex%} vpdpbusd %[w], %[a], %[acc]" : [acc] "+x"(acc) : [a] "x"(a), [w] "x"(w));
   return acc;
 }
@@ -207,28 +208,6 @@ __attribute__((target("avx2"))) inline void store_lanes(int32_t* c, __m256i lo, 
   _mm256_maskstore_epi32(c + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes - 8), index), hi);
 }
 
-// 6 rows x one block of 16 channels (two vectors of 8), AVX-VNNI: vpdpbusd on 256 bits.
-__attribute__((target("avx2,avxvnni"))) inline void tile_avxvnni(const uint8_t* const* a, const int32_t* offsets, const int8_t* w,
-                                                                   int64_t groups, const int32_t* init, int32_t* c,
-                                                                   int64_t ldc, int lanes) {
-  constexpr int R = 6;
-  __m256i lo[R], hi[R];
-  for (int r = 0; r < R; ++r) {
-    lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
-    hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
-  }
-  for (int64_t q = 0; q < groups; ++q) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
-    for (int r = 0; r < R; ++r) {
-      const __m256i av = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
-      lo[r] = dot(lo[r], av, w0);
-      hi[r] = dot(hi[r], av, w1);
-    }
-  }
-  for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
-}
-
 // acc += the 4-way dot products of a (uint8, each in [0, 127]) and w (int8) in each 32-bit lane, AVX2: vpmaddubsw
 // sums pairs of products into int16 with saturation, which the bound keeps from acting (|pair| <= 2 * 127 * 128 =
 // 32512), then vpmaddwd sums pairs of those into int32.
@@ -236,34 +215,16 @@ __attribute__((target("avx2"), always_inline)) inline __m256i bytes_dot(__m256i 
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), _mm256_set1_epi16(1)));
 }
 
-// tile_avxvnni on AVX2 for rows of values in [0, 127] (bytes_dot; the same packed bytes).
-__attribute__((target("avx2"))) inline void tile_avx2_bytes(const uint8_t* const* a, const int32_t* offsets,
-                                                              const int8_t* w, int64_t groups, const int32_t* init,
-                                                              int32_t* c, int64_t ldc, int lanes) {
+// 6 rows x one block of 16 channels (two vectors of 8), per group of four k: AVX-VNNI's vpdpbusd on 256 bits
+// (kIsaAvxVnni) or AVX2's bytes_dot (kIsaAvx2Bytes: rows of values in [0, 127]) with the packed bytes, or (kIsaAvx2)
+// each row's four bytes as two pairs of int16 (k, k+1) and (k+2, k+3), vpmaddwd with the packed int16 pairs (two
+// products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
+template <int64_t Isa>
+__attribute__((target("avx2"))) void tile_256(const uint8_t* const* a, const int32_t* offsets, const PackedWeights& p,
+                                                int64_t block, const int32_t* init, int32_t* c, int64_t ldc, int lanes) {
   constexpr int R = 6;
-  __m256i lo[R], hi[R];
-  for (int r = 0; r < R; ++r) {
-    lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
-    hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
-  }
-  for (int64_t q = 0; q < groups; ++q) {
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + q * 64 + 32));
-    for (int r = 0; r < R; ++r) {
-      const __m256i av = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
-      lo[r] = bytes_dot(lo[r], av, w0);
-      hi[r] = bytes_dot(hi[r], av, w1);
-    }
-  }
-  for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
-}
-
-// 6 rows x one block of 16 channels, AVX2: each row's four bytes as two pairs of int16 (k, k+1) and (k+2, k+3),
-// vpmaddwd with the int16 weights (two products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
-__attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* const* a, const int32_t* offsets, const int16_t* w,
-                                                        int64_t groups, const int32_t* init, int32_t* c, int64_t ldc,
-                                                        int lanes) {
-  constexpr int R = 6;
+  const int8_t* bytes = p.bytes.data() + block * p.k4 * kBlockLanes;
+  const int16_t* pairs = p.pairs.data() + block * p.k4 * kBlockLanes;
   __m256i lo[R], hi[R];
   for (int r = 0; r < R; ++r) {
     lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
@@ -272,38 +233,38 @@ __attribute__((target("avx2"))) inline void tile_avx2(const uint8_t* const* a, c
   // bytes (k, k+1) and (k+2, k+3) of each lane's four as two int16 (the 0x80 indexes give zero bytes)
   const __m256i first = _mm256_set1_epi32(static_cast<int32_t>(0x80018000u));
   const __m256i second = _mm256_set1_epi32(static_cast<int32_t>(0x80038002u));
-  for (int64_t q = 0; q < groups; ++q) {
-    const int16_t* wq = w + q * 64;
+  for (int64_t q = 0, groups = p.k4 / 4; q < groups; ++q) {
+    const __m256i* at = reinterpret_cast<const __m256i*>(Isa == kIsaAvx2 ? static_cast<const void*>(pairs + q * 64)
+                                                                         : static_cast<const void*>(bytes + q * 64));
     for (int r = 0; r < R; ++r) {
       const __m256i v = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
-      const __m256i p0 = _mm256_shuffle_epi8(v, first), p1 = _mm256_shuffle_epi8(v, second);
-      const __m256i* at = reinterpret_cast<const __m256i*>(wq);  // (pair, channels 0-7 or 8-15), 16 int16 each
-      lo[r] = _mm256_add_epi32(lo[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at)),
-                                                       _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 2))));
-      hi[r] = _mm256_add_epi32(hi[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at + 1)),
-                                                       _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 3))));
+      if constexpr (Isa == kIsaAvx2) {  // at: (pair, channels 0-7 or 8-15), 16 int16 each
+        const __m256i p0 = _mm256_shuffle_epi8(v, first), p1 = _mm256_shuffle_epi8(v, second);
+        lo[r] = _mm256_add_epi32(lo[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at)),
+                                                         _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 2))));
+        hi[r] = _mm256_add_epi32(hi[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at + 1)),
+                                                         _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 3))));
+      } else if constexpr (Isa == kIsaAvxVnni) {  // at: channels 0-7, then 8-15, four bytes each
+        lo[r] = dot(lo[r], v, _mm256_loadu_si256(at));
+        hi[r] = dot(hi[r], v, _mm256_loadu_si256(at + 1));
+      } else {
+        lo[r] = bytes_dot(lo[r], v, _mm256_loadu_si256(at));
+        hi[r] = bytes_dot(hi[r], v, _mm256_loadu_si256(at + 1));
+      }
     }
   }
   for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
 }
 
-// One block of 16 channels and 6 rows at a time, with the kernel of `isa` (AVX-VNNI, AVX2 bytes or pairs).
+// One block of 16 channels and 6 rows at a time, with the kernel of `Isa` (AVX-VNNI, AVX2 bytes or pairs).
 template <int64_t Isa>
 void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                    const int32_t* init, int32_t* c) {
   for (int64_t block = 0; block < p.blocks; ++block) {
     const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - block * kBlockLanes));
-    const int64_t at = block * p.k4 * kBlockLanes;
     for (int64_t r = 0; r < rows; r += 6) {
-      int32_t* out = c + r * p.oc + block * kBlockLanes;
-      const int32_t* start = init + block * kBlockLanes;
-      if constexpr (Isa == kIsaAvxVnni) {
-        tile_avxvnni(a + r, offsets, p.bytes.data() + at, p.k4 / 4, start, out, p.oc, lanes);
-      } else if constexpr (Isa == kIsaAvx2Bytes) {
-        tile_avx2_bytes(a + r, offsets, p.bytes.data() + at, p.k4 / 4, start, out, p.oc, lanes);
-      } else {
-        tile_avx2(a + r, offsets, p.pairs.data() + at, p.k4 / 4, start, out, p.oc, lanes);
-      }
+      tile_256<Isa>(a + r, offsets, p, block, init + block * kBlockLanes, c + r * p.oc + block * kBlockLanes, p.oc,
+                    lanes);
     }
   }
 }

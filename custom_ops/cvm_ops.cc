@@ -24,6 +24,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -529,6 +530,29 @@ struct RequantizeAttrs {
 
 constexpr int64_t kBlock = 1 << 14;  // elements per parallel task of requantize
 
+// The addend of requantize_add and conv_requantize_add (none: null), its data as int32 or bytes (A), with the steps
+// on it and those after the sum.
+template <typename A>
+std::optional<Addend> addend_of(const Ort::Custom::Tensor<A>* addend, const std::vector<RequantStep>& steps,
+                                const std::vector<RequantStep>& after) {
+  if (!addend) return std::nullopt;
+  if constexpr (std::is_same_v<A, uint8_t>) {
+    return Addend{nullptr, addend->Data(), steps, after};
+  } else {
+    return Addend{addend->Data(), nullptr, steps, after};
+  }
+}
+
+// y as the int32 or the byte output of requantize_last (the other null).
+template <typename Out>
+std::pair<int32_t*, uint8_t*> words_or_bytes(Out* y) {
+  if constexpr (std::is_same_v<Out, uint8_t>) {
+    return {nullptr, y};
+  } else {
+    return {y, nullptr};
+  }
+}
+
 // requantize with the channels on the last axis (op `name`): rows = (OH, OW) takes data (N, OH * OW, C) (the
 // products of the rows route) and writes y (N, C, OH, OW), or with nhwc (N, OH, OW, C); nhwc alone takes data
 // (..., C) and writes its shape; the bias and scales are per last-axis channel. Out = uint8_t (requantize_uint8,
@@ -563,22 +587,10 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
       return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " +
                            shape_text(addend->Shape()));
     }
-    std::optional<Addend> second;
-    if (addend) {
-      if constexpr (std::is_same_v<In, uint8_t>) {
-        second.emplace(Addend{nullptr, addend->Data(), addend_steps, sum_steps});
-      } else {
-        second.emplace(Addend{addend->Data(), nullptr, addend_steps, sum_steps});
-      }
-    }
-    Out* y = out.Allocate(dims);
-    int32_t* words = nullptr;
+    const std::optional<Addend> second = addend_of(addend, addend_steps, sum_steps);
+    int32_t* words = nullptr;  // (not a structured binding: C++17 lambdas cannot capture one)
     uint8_t* bytes = nullptr;
-    if constexpr (std::is_same_v<Out, uint8_t>) {
-      bytes = y;
-    } else {
-      words = y;
-    }
+    std::tie(words, bytes) = words_or_bytes(out.Allocate(dims));
     const int64_t lines = c > 0 ? count / c : 0;
     auto block = [&](int64_t i) {
       requantize_last(data.Data() + i * per_block * c, i * per_block, std::min(lines, (i + 1) * per_block), b,
@@ -806,22 +818,10 @@ struct ConvKernel {
     if (addend && addend->Shape() != dims) {
       return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " + shape_text(addend->Shape()));
     }
-    std::optional<Addend> second;
-    if (addend) {
-      if constexpr (std::is_same_v<A, uint8_t>) {
-        second.emplace(Addend{nullptr, addend->Data(), addend_steps, sum_steps});
-      } else {
-        second.emplace(Addend{addend->Data(), nullptr, addend_steps, sum_steps});
-      }
-    }
-    Out* y = out.Allocate(dims);
-    int32_t* words = nullptr;
+    const std::optional<Addend> second = addend_of(addend, addend_steps, sum_steps);
+    int32_t* words = nullptr;  // (not a structured binding: C++17 lambdas cannot capture one)
     uint8_t* bytes = nullptr;
-    if constexpr (kBytes) {
-      bytes = y;
-    } else {
-      words = y;
-    }
+    std::tie(words, bytes) = words_or_bytes(out.Allocate(dims));
     // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap;
     // with scales the bias is added after them, by requantize_last)
     const bool scaled = !attrs.scales.empty(), folded = per_channel && !scaled;

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from support import tensors
-from support.native import channels_oracle, cpu_step, int32s, requantize_add_oracle
+from support.native import channels_oracle, cpu_step, int32s, requantize_add_oracle, windows
 from support.oracles import wrap
 
 from cvm_onnx.core.errors import RuntimeFailure
@@ -65,12 +65,7 @@ def conv_model(op, x_shape, x_type, weights, bias_shape, attrs, addend=None) -> 
 @st.composite
 def convolutions(draw):
     """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps."""
-    kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
-    dilations = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
-    h = draw(st.integers(max(1, dilations[0] * (kernel[0] - 1) + 1 - pads[0] - pads[2]), 9))
-    w = draw(st.integers(max(1, dilations[1] * (kernel[1] - 1) + 1 - pads[1] - pads[3]), 9))
+    kernel, strides, dilations, pads, (h, w) = draw(windows())
     n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 4, 5, 16, 32]))
     oc = draw(st.sampled_from([1, 3, 16, 17, 40, 64, 70]))
     kind = draw(st.sampled_from(["uint8", "zero", "offset0", "offset128"]))
@@ -152,6 +147,7 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
         assert got.dtype == want.dtype and np.array_equal(got, want), isa
 
 
+@pytest.mark.isa
 def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
     """Rows of 255 (uint8 data) and of 127 (int32 data of offset 0, the AVX2 bytes kernel's bound) times weights -128
     (and 127) over K = 3 * 3 * 1,024: |sum| up to 9,216 * 255 * 128 > 2^28 and pairs of products at the edge of

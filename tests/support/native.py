@@ -42,15 +42,22 @@ def im2col_model(op: str, shape, elem_type=TensorProto.INT32, **attrs) -> onnx.M
 
 
 @st.composite
-def geometries(draw):
-    group = draw(st.sampled_from([1, 1, 2, 3]))
-    c = group * draw(st.integers(1, 3))
+def windows(draw):
+    """A 2-D window geometry: kernel, strides, dilations, pads and an input size (h, w) the kernel fits."""
     kernel = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     strides = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     dilations = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
     h = draw(st.integers(max(1, dilations[0] * (kernel[0] - 1) + 1 - pads[0] - pads[2]), 9))
     w = draw(st.integers(max(1, dilations[1] * (kernel[1] - 1) + 1 - pads[1] - pads[3]), 9))
+    return kernel, strides, dilations, pads, (h, w)
+
+
+@st.composite
+def geometries(draw):
+    group = draw(st.sampled_from([1, 1, 2, 3]))
+    c = group * draw(st.integers(1, 3))
+    kernel, strides, dilations, pads, (h, w) = draw(windows())
     return (draw(st.integers(1, 2)), c, h, w), kernel, strides, dilations, pads, group
 
 
