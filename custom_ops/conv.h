@@ -1,17 +1,17 @@
 // A convolution's rows product and its requantization in one kernel (the serving form's conv_requantize ops on
-// the CPU): tiles of output positions, each position's window gathered as a row of bytes into a tile that stays
-// in the L1 cache, multiplied by weights packed once, and requantized from the tile of int32 products, so that
-// neither the rows nor the products go through memory (docs/custom_ops.md).
+// the CPU): tiles of output positions, each position's window read where it lies in the padded copy (or gathered
+// as a row of bytes into a tile in the L1 cache), multiplied by weights packed once, and requantized from the tile
+// of int32 products, so that neither the rows nor the products go through memory (docs/custom_ops.md).
 //
 // Exact on every ISA: the products are uint8 x int8 summed into int32 without saturation (4-way byte dot
-// products with VNNI, vpdpbusd; pairs of int16 products with AVX2, vpmaddwd; plain int32 arithmetic in the
-// baseline), and every sum is the exact integer (docs/semantics.md).
+// products with VNNI, vpdpbusd; pairs of int16 products with AVX2, vpmaddwd, or for rows of values in [0, 127]
+// pairs in int16 by vpmaddubsw, which the bound keeps from saturating; plain int32 arithmetic in the baseline),
+// and every sum is the exact integer modulo 2^32 (docs/semantics.md).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -102,7 +102,8 @@ inline void products_baseline(const uint8_t* const* a, const int32_t* offsets, i
       const int8_t* w = p.bytes.data() + (o / kBlockLanes) * p.k4 * kBlockLanes + (o % kBlockLanes) * 4;
       uint32_t sum = static_cast<uint32_t>(init[o]);
       for (int64_t i = 0; i < p.k4; ++i) {
-        sum += static_cast<uint32_t>(static_cast<int32_t>(a[r][offsets[i / 4] + i % 4]) * w[i / 4 * 4 * kBlockLanes + i % 4]);
+        const int32_t x = a[r][offsets[i / 4] + i % 4];
+        sum += static_cast<uint32_t>(x * w[i / 4 * 4 * kBlockLanes + i % 4]);
       }
       c[r * p.oc + o] = static_cast<int32_t>(sum);
     }
@@ -134,7 +135,8 @@ __attribute__((target("avx2"), always_inline)) inline __m256i dot(__m256i acc, _
 // R rows x NB blocks of 16 channels, AVX-512 VNNI: per group of four k, one broadcast of each row's four bytes and
 // one vpdpbusd per (row, block) (uint8 x int8, four products added into each int32 lane, no saturation).
 template <int R, int NB>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(const uint8_t* const* a, const int32_t* offsets,
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(const uint8_t* const* a,
+                                                                             const int32_t* offsets,
                                                                              const int8_t* w, int64_t block_stride,
                                                                              int64_t groups, const int32_t* init,
                                                                              int32_t* c, int64_t ldc, int lanes) {
@@ -156,8 +158,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(cons
       for (int j = 0; j < NB; ++j) acc[r][j] = dot(acc[r][j], av, wv[j]);
     }
   }
-  // a masked store only where the last block is partial: a load cannot take its value from a masked store's
-  // (here that stall cost the requantization after it a fifth of its time)
+  // a masked store only where the last block is partial (the requantization reads these values straight back, and
+  // store-to-load forwarding may not work from a masked store)
   const __mmask16 last = static_cast<__mmask16>((1u << lanes) - 1);
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < NB; ++j) {
@@ -171,7 +173,8 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(cons
 }
 
 template <int R, int NB>
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(const uint8_t* const* a, const int32_t* offsets,
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(const uint8_t* const* a,
+                                                                             const int32_t* offsets,
                                                                              int64_t rows, const PackedWeights& p,
                                                                              int64_t block, const int32_t* init,
                                                                              int32_t* c) {
@@ -221,7 +224,8 @@ __attribute__((target("avx2"), always_inline)) inline __m256i bytes_dot(__m256i 
 // products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
 template <int64_t Isa>
 __attribute__((target("avx2"))) void tile_256(const uint8_t* const* a, const int32_t* offsets, const PackedWeights& p,
-                                                int64_t block, const int32_t* init, int32_t* c, int64_t ldc, int lanes) {
+                                                int64_t block, const int32_t* init, int32_t* c, int64_t ldc,
+                                                int lanes) {
   constexpr int R = 6;
   const int8_t* bytes = p.bytes.data() + block * p.k4 * kBlockLanes;
   const int16_t* pairs = p.pairs.data() + block * p.k4 * kBlockLanes;

@@ -346,7 +346,9 @@ struct Im2colRows {
   Im2colRows(const OrtApi*, const OrtKernelInfo* info, const char* name = kName)
       : geometry(read_im2col_attrs(info, name)), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)),
         zero(int_attr(info, "zero", -1)) {
-    const auto refuse = [&](const char* rule) { throw Ort::Exception(std::string(name) + ": " + rule, ORT_INVALID_ARGUMENT); };
+    const auto refuse = [&](const char* rule) {
+      throw Ort::Exception(std::string(name) + ": " + rule, ORT_INVALID_ARGUMENT);
+    };
     if (offset != 0 && offset != 128) refuse("offset must be 0 or 128");
     if (zero != -1 && (zero < 0 || zero > 255 || offset != 0)) refuse("zero must be -1, or in [0, 255] with offset 0");
     if (nhwc != 0 && nhwc != 1) refuse("nhwc must be 0 or 1");
@@ -771,7 +773,9 @@ struct ConvKernel {
                            : attrs.per_channel.empty() ? ends_in_bytes(attrs.steps)
                                                        : std::all_of(attrs.per_channel.begin(), attrs.per_channel.end(),
                                                                      ends_in_bytes);
-    if (kBytes && !bytes) refuse(std::string(add ? "sum_steps" : "every chain") + " must end with a clip within [0, 255]");
+    if (kBytes && !bytes) {
+      refuse(std::string(add ? "sum_steps" : "every chain") + " must end with a clip within [0, 255]");
+    }
     attrs.simplify_chains();
     addend_steps = simplified(addend_steps);
     sum_steps = simplified(sum_steps);
@@ -816,7 +820,8 @@ struct ConvKernel {
     }
     const std::vector<int64_t> dims{s.n, s.oh, s.ow, oc};
     if (addend && addend->Shape() != dims) {
-      return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " + shape_text(addend->Shape()));
+      return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " +
+                               shape_text(addend->Shape()));
     }
     const std::optional<Addend> second = addend_of(addend, addend_steps, sum_steps);
     int32_t* words = nullptr;  // (not a structured binding: C++17 lambdas cannot capture one)

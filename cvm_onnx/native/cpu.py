@@ -27,6 +27,10 @@ the register state the OS enables, *and* a probe whose int16 pair sums would sat
 very onnxruntime), else the rows of offset 0 without a ``zero`` where a probe at the edge of their bound (pair
 sums 2 * 127 * -128 and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch
 inside MLAS, or the CPU).
+
+``fused_convolutions`` (the default layout where CPUID reports VNNI) replaces each rows product and its requantize
+by one native kernel that multiplies in its own code (custom_ops/conv.h: VNNI, AVX2 or plain C, exact on each), so
+the operand types above concern only the MatMulInteger products left.
 """
 from __future__ import annotations
 
