@@ -125,20 +125,19 @@ NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
 }
 
 // -- input checks: an error message, empty when the inputs are valid --------------------------------------------
-// Every input present (not an omitted '') and an int32 tensor, or uint8 for input i where bit i of `bytes` is set
-// (data made by the uint8 requantize ops): checked before the lite API builds its arguments, which read an absent
-// input's shape through a null value.
-std::string check_inputs(OrtKernelContext* context, size_t count, unsigned bytes) {
+// Every input present (not an omitted '') and a tensor of the element type its op declares (`types`, from the
+// Compute signature): checked before the lite API builds its arguments, which read an absent input's shape through
+// a null value.
+std::string check_inputs(OrtKernelContext* context, const std::vector<ONNXTensorElementDataType>& types) {
   Ort::KernelContext ctx(context);
-  if (ctx.GetInputCount() != count) {
-    return "takes " + std::to_string(count) + " inputs, got " + std::to_string(ctx.GetInputCount());
+  if (ctx.GetInputCount() != types.size()) {
+    return "takes " + std::to_string(types.size()) + " inputs, got " + std::to_string(ctx.GetInputCount());
   }
-  for (size_t i = 0; i < count; ++i) {
+  for (size_t i = 0; i < types.size(); ++i) {
     Ort::ConstValue value = ctx.GetInput(i);
     if (static_cast<const OrtValue*>(value) == nullptr) return "input " + std::to_string(i) + " is absent";
-    const bool byte = bytes >> i & 1u;
-    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() !=
-                                 (byte ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32)) {
+    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() != types[i]) {
+      const bool byte = types[i] == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
       return "input " + std::to_string(i) + " must be an " + (byte ? "uint8" : "int32") + " tensor";
     }
   }
@@ -410,10 +409,23 @@ struct Im2colRows {
   int64_t offset, nhwc, zero;  // nhwc = 1: data (N, H, W, C); zero >= 0: data in [0, 255], zero in the padding
 };
 
-// requantize(data int32, bias int32 (C,)): the serving form's fused requantization run (requantize.h); width > 0
-// keeps the first `width` elements of each last-axis row (data of rank >= 3); scales (C int32s) multiply data per
-// axis-1 channel before the bias.
-// The requantize attributes: steps, width, scales, batch_inner, rows, nhwc (checked).
+// Whether a chain ends with a clip within [0, 255] (its values then bytes).
+bool ends_in_bytes(const std::vector<RequantStep>& steps) {
+  return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
+}
+
+// The addend_steps and sum_steps of an op with an addend (op `name`), each a list of (kind, a, b) triples.
+void read_addend_steps(const OrtKernelInfo* info, const char* name, std::vector<RequantStep>& addend,
+                       std::vector<RequantStep>& sum) {
+  for (auto [attr, steps] : {std::pair{"addend_steps", &addend}, std::pair{"sum_steps", &sum}}) {
+    if (std::string err = parse_steps(ints_attr(info, attr, {}), *steps); !err.empty()) {
+      throw Ort::Exception(std::string(name) + ": " + attr + ": " + err, ORT_INVALID_ARGUMENT);
+    }
+  }
+}
+
+// The requantize attributes: steps, width, scales, batch_inner, rows, nhwc, channel_counts and channel_steps
+// (checked).
 struct RequantizeAttrs {
   explicit RequantizeAttrs(const OrtKernelInfo* info)
       : width(int_attr(info, "width", 0)), batch_inner(int_attr(info, "batch_inner", 0)),
@@ -469,6 +481,12 @@ struct RequantizeAttrs {
       throw Ort::Exception("requantize: channel_steps go without steps, width, batch_inner or scales",
                            ORT_INVALID_ARGUMENT);
     }
+  }
+
+  // Whether every chain (steps, or each channel's) ends with a clip within [0, 255].
+  bool chains_end_in_bytes() const {
+    return per_channel.empty() ? ends_in_bytes(steps) : std::all_of(per_channel.begin(), per_channel.end(),
+                                                                    ends_in_bytes);
   }
 
   // The CPU kernels' form (the CUDA kernel runs the steps as given): every chain simplified (requantize.h), the
@@ -617,19 +635,11 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
   return Ort::Status{nullptr};  // (requantize_uint8 has nhwc: RequantizeUint8 checks)
 }
 
-// Whether a chain ends with a clip within [0, 255] (its values then bytes).
-bool ends_in_bytes(const std::vector<RequantStep>& steps) {
-  return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
-}
-
 // requantize_uint8(data int32, bias int32): requantize with nhwc, y written as uint8; every chain (steps, or each
 // channel's) must end with a clip within [0, 255], which makes the narrowing exact.
 struct RequantizeUint8 {
   RequantizeUint8(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
-    const bool bytes = attrs.per_channel.empty() ? ends_in_bytes(attrs.steps)
-                                                 : std::all_of(attrs.per_channel.begin(), attrs.per_channel.end(),
-                                                               ends_in_bytes);
-    if (!attrs.nhwc || !bytes) {
+    if (!attrs.nhwc || !attrs.chains_end_in_bytes()) {
       throw Ort::Exception("requantize_uint8: needs nhwc 1 and every chain ending with a clip within [0, 255]",
                            ORT_INVALID_ARGUMENT);
     }
@@ -711,11 +721,7 @@ struct RequantizeAdd {
   static constexpr const char* kName = kBytes ? "requantize_add_uint8" : "requantize_add";
 
   RequantizeAdd(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
-    for (auto [name, steps] : {std::pair{"addend_steps", &addend_steps}, std::pair{"sum_steps", &sum_steps}}) {
-      if (std::string err = parse_steps(ints_attr(info, name, {}), *steps); !err.empty()) {
-        throw Ort::Exception(std::string(kName) + ": " + name + ": " + err, ORT_INVALID_ARGUMENT);
-      }
-    }
+    read_addend_steps(info, kName, addend_steps, sum_steps);
     if (!attrs.nhwc) throw Ort::Exception(std::string(kName) + ": needs nhwc 1", ORT_INVALID_ARGUMENT);
     if (kBytes && !ends_in_bytes(sum_steps)) {
       throw Ort::Exception("requantize_add_uint8: sum_steps must end with a clip within [0, 255]", ORT_INVALID_ARGUMENT);
@@ -764,16 +770,8 @@ struct ConvKernel {
     const bool bounded = rows.offset == 0 && rows.zero < 0;  // values in [0, 127], which pad() checks
     if (isa == kIsaAvx2Bytes && !bounded) refuse("isa 5 takes rows of values in [0, 127] (offset 0, no zero)");
     if (isa == kIsaBest) isa = best_isa(bounded);
-    if (add) {
-      for (auto [attr, steps] : {std::pair{"addend_steps", &addend_steps}, std::pair{"sum_steps", &sum_steps}}) {
-        if (std::string err = parse_steps(ints_attr(info, attr, {}), *steps); !err.empty()) refuse(attr + (": " + err));
-      }
-    }
-    const bool bytes = add ? ends_in_bytes(sum_steps)
-                           : attrs.per_channel.empty() ? ends_in_bytes(attrs.steps)
-                                                       : std::all_of(attrs.per_channel.begin(), attrs.per_channel.end(),
-                                                                     ends_in_bytes);
-    if (kBytes && !bytes) {
+    if (add) read_addend_steps(info, op, addend_steps, sum_steps);
+    if (kBytes && !(add ? ends_in_bytes(sum_steps) : attrs.chains_end_in_bytes())) {
       refuse(std::string(add ? "sum_steps" : "every chain") + " must end with a clip within [0, 255]");
     }
     attrs.simplify_chains();
@@ -796,16 +794,16 @@ struct ConvKernel {
 
   template <typename A>
   Ort::Status run(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
-                  const Ort::Custom::Tensor<uint8_t>& w, const Int32Tensor& bias, const Ort::Custom::Tensor<A>* addend,
+                  const Ort::Custom::Tensor<uint8_t>&, const Int32Tensor& bias, const Ort::Custom::Tensor<A>* addend,
                   Ort::Custom::Tensor<Out>& out) const {
     Im2colShape s;
     thread_local std::vector<uint8_t> padded;
     thread_local std::vector<int32_t> init, offsets;
     if (Ort::Status status = rows.pad(context, data, name, s, padded); !status.IsOK()) return status;
     const int64_t k = s.kh * s.kw * s.c, oc = weights.oc, positions = s.oh * s.ow, total = s.n * positions;
-    if (w.Shape() != std::vector<int64_t>{weights.k, oc} || k != weights.k) {
-      return invalid(name, "the weights " + shape_text(w.Shape()) + " must be (K, OC) with K = kh * kw * C = " +
-                               std::to_string(k));
+    if (k != weights.k) {  // (the weights are the constant packed when the kernel was made)
+      return invalid(name, "the weights (" + std::to_string(weights.k) + ", " + std::to_string(oc) +
+                               ") must be (K, OC) with K = kh * kw * C = " + std::to_string(k));
     }
     const std::vector<int64_t>& b = bias.Shape();
     const bool per_position = b == std::vector<int64_t>{positions, oc}, per_channel = b == std::vector<int64_t>{oc};
@@ -1044,12 +1042,11 @@ template <int Slot>
 struct CheckedEntry {
   static inline OrtStatusPtr(ORT_API_CALL* lite)(void*, OrtKernelContext*) = nullptr;
   static inline const char* op = nullptr;
-  static inline size_t inputs = 0;
-  static inline unsigned bytes = 0;
+  static inline std::vector<ONNXTensorElementDataType> types;
 
   static OrtStatusPtr ORT_API_CALL compute(void* kernel, OrtKernelContext* context) {
     Ort::Status status = guarded(op, [&] {
-      const std::string err = check_inputs(context, inputs, bytes);
+      const std::string err = check_inputs(context, types);
       return err.empty() ? Ort::Status{nullptr} : invalid(op, err);
     });
     return status.IsOK() ? lite(kernel, context) : status.release();
@@ -1060,88 +1057,65 @@ OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, s
   return INPUT_OUTPUT_REQUIRED;
 }
 
-// A lite custom op with required inputs and outputs (int32, or uint8 for input i where bit i of `bytes` is set) and
-// the checked compute entry of `Slot` (one per op).
+// A lite custom op with required inputs and outputs and the checked compute entry of `Slot` (one per op), which
+// checks the inputs against the types of the op's Compute signature.
 template <int Slot>
-OpPtr checked(Ort::Custom::OrtLiteCustomOp* op, const char* name, size_t inputs, unsigned bytes = 0) {
-  if (op->KernelComputeV2 == nullptr) throw std::logic_error(std::string(name) + ": its Compute must return a status");
-  if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(std::string(name) + ": its slot is taken");
+OpPtr checked(Ort::Custom::OrtLiteCustomOp* op) {
+  const std::string name = op->GetName(op);
+  if (op->KernelComputeV2 == nullptr) throw std::logic_error(name + ": its Compute must return a status");
+  if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(name + ": its slot is taken");
   CheckedEntry<Slot>::lite = op->KernelComputeV2;
-  CheckedEntry<Slot>::op = name;
-  CheckedEntry<Slot>::inputs = inputs;
-  CheckedEntry<Slot>::bytes = bytes;
+  CheckedEntry<Slot>::op = op->GetName(op);
+  for (size_t i = 0; i < op->GetInputTypeCount(op); ++i) CheckedEntry<Slot>::types.push_back(op->GetInputType(op, i));
   op->KernelComputeV2 = &CheckedEntry<Slot>::compute;
   op->GetInputCharacteristic = &required;
   op->GetOutputCharacteristic = &required;
   return OpPtr(op);
 }
 
+// The kernel struct Kernel as op `name` on `provider`, checked<Slot>.
+template <int Slot, typename Kernel>
+OpPtr lite_op(const char* name, const char* provider) {
+  return checked<Slot>(Ort::Custom::CreateLiteCustomOp<Kernel>(name, provider));
+}
+
 std::vector<OpPtr> create_ops() {
   std::vector<OpPtr> ops;
   const char* cpu = "CPUExecutionProvider";
-  ops.push_back(checked<0>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppression>("non_max_suppression", cpu),
-                           "non_max_suppression", 2));
-  ops.push_back(checked<1>(Ort::Custom::CreateLiteCustomOp<GetValidCounts>("get_valid_counts", cpu),
-                           "get_valid_counts", 1));
-  ops.push_back(checked<2>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut), "cvm_lut", 2));
-  ops.push_back(checked<6>(Ort::Custom::CreateLiteCustomOp<Im2col<int8_t, 0>>("im2col_int8", cpu), "im2col_int8", 1));
-  ops.push_back(checked<7>(Ort::Custom::CreateLiteCustomOp<Im2col<uint8_t, 128>>("im2col_uint8", cpu),
-                           "im2col_uint8", 1));
-  ops.push_back(checked<8>(Ort::Custom::CreateLiteCustomOp<Requantize>("requantize", cpu), "requantize", 2));
-  ops.push_back(checked<12>(Ort::Custom::CreateLiteCustomOp<Im2colRows<int32_t>>("im2col_rows", cpu), "im2col_rows",
-                            1));
-  ops.push_back(checked<13>(Ort::Custom::CreateLiteCustomOp<Im2colRows<uint8_t>>("im2col_rows", cpu), "im2col_rows",
-                            1, 1));
-  ops.push_back(checked<14>(Ort::Custom::CreateLiteCustomOp<RequantizeUint8>("requantize_uint8", cpu),
-                            "requantize_uint8", 2));
-  ops.push_back(checked<15>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<int32_t, int32_t>>("requantize_add", cpu),
-                            "requantize_add", 3));
-  ops.push_back(checked<16>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<uint8_t, int32_t>>("requantize_add", cpu),
-                            "requantize_add", 3, 4));
-  ops.push_back(checked<17>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<int32_t, uint8_t>>("requantize_add_uint8",
-                                                                                             cpu),
-                            "requantize_add_uint8", 3));
-  ops.push_back(checked<18>(Ort::Custom::CreateLiteCustomOp<RequantizeAdd<uint8_t, uint8_t>>("requantize_add_uint8",
-                                                                                             cpu),
-                            "requantize_add_uint8", 3, 4));
-  ops.push_back(checked<19>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<uint8_t, int32_t>>("conv_requantize", cpu),
-                            "conv_requantize", 3, 0b11));
-  ops.push_back(checked<20>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<int32_t, int32_t>>("conv_requantize", cpu),
-                            "conv_requantize", 3, 0b10));
-  ops.push_back(checked<21>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<uint8_t, uint8_t>>("conv_requantize_uint8",
-                                                                                              cpu),
-                            "conv_requantize_uint8", 3, 0b11));
-  ops.push_back(checked<22>(Ort::Custom::CreateLiteCustomOp<ConvRequantize<int32_t, uint8_t>>("conv_requantize_uint8",
-                                                                                              cpu),
-                            "conv_requantize_uint8", 3, 0b10));
-  // conv_requantize_add[_uint8]: data uint8 or int32, the addend uint8 or int32 (bit 0: data, bit 3: the addend)
-  ops.push_back(checked<23>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, uint8_t, int32_t>>(
-                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b1011));
-  ops.push_back(checked<24>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, int32_t, int32_t>>(
-                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b0011));
-  ops.push_back(checked<25>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, uint8_t, int32_t>>(
-                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b1010));
-  ops.push_back(checked<26>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, int32_t, int32_t>>(
-                                "conv_requantize_add", cpu), "conv_requantize_add", 4, 0b0010));
-  ops.push_back(checked<27>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, uint8_t, uint8_t>>(
-                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b1011));
-  ops.push_back(checked<28>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<uint8_t, int32_t, uint8_t>>(
-                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b0011));
-  ops.push_back(checked<29>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, uint8_t, uint8_t>>(
-                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b1010));
-  ops.push_back(checked<30>(Ort::Custom::CreateLiteCustomOp<ConvRequantizeAdd<int32_t, int32_t, uint8_t>>(
-                                "conv_requantize_add_uint8", cpu), "conv_requantize_add_uint8", 4, 0b0010));
+  ops.push_back(lite_op<0, NonMaxSuppression>("non_max_suppression", cpu));
+  ops.push_back(lite_op<1, GetValidCounts>("get_valid_counts", cpu));
+  ops.push_back(checked<2>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut)));
+  ops.push_back(lite_op<6, Im2col<int8_t, 0>>("im2col_int8", cpu));
+  ops.push_back(lite_op<7, Im2col<uint8_t, 128>>("im2col_uint8", cpu));
+  ops.push_back(lite_op<8, Requantize>("requantize", cpu));
+  ops.push_back(lite_op<12, Im2colRows<int32_t>>("im2col_rows", cpu));
+  ops.push_back(lite_op<13, Im2colRows<uint8_t>>("im2col_rows", cpu));
+  ops.push_back(lite_op<14, RequantizeUint8>("requantize_uint8", cpu));
+  ops.push_back(lite_op<15, RequantizeAdd<int32_t, int32_t>>("requantize_add", cpu));
+  ops.push_back(lite_op<16, RequantizeAdd<uint8_t, int32_t>>("requantize_add", cpu));
+  ops.push_back(lite_op<17, RequantizeAdd<int32_t, uint8_t>>("requantize_add_uint8", cpu));
+  ops.push_back(lite_op<18, RequantizeAdd<uint8_t, uint8_t>>("requantize_add_uint8", cpu));
+  ops.push_back(lite_op<19, ConvRequantize<uint8_t, int32_t>>("conv_requantize", cpu));
+  ops.push_back(lite_op<20, ConvRequantize<int32_t, int32_t>>("conv_requantize", cpu));
+  ops.push_back(lite_op<21, ConvRequantize<uint8_t, uint8_t>>("conv_requantize_uint8", cpu));
+  ops.push_back(lite_op<22, ConvRequantize<int32_t, uint8_t>>("conv_requantize_uint8", cpu));
+  // conv_requantize_add[_uint8]: the data and the addend each uint8 or int32
+  ops.push_back(lite_op<23, ConvRequantizeAdd<uint8_t, uint8_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(lite_op<24, ConvRequantizeAdd<uint8_t, int32_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(lite_op<25, ConvRequantizeAdd<int32_t, uint8_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(lite_op<26, ConvRequantizeAdd<int32_t, int32_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(lite_op<27, ConvRequantizeAdd<uint8_t, uint8_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(lite_op<28, ConvRequantizeAdd<uint8_t, int32_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(lite_op<29, ConvRequantizeAdd<int32_t, uint8_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(lite_op<30, ConvRequantizeAdd<int32_t, int32_t, uint8_t>>("conv_requantize_add_uint8", cpu));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
-  ops.push_back(checked<3>(Ort::Custom::CreateLiteCustomOp<NonMaxSuppressionCuda>("non_max_suppression", cuda),
-                           "non_max_suppression", 2));
-  ops.push_back(checked<4>(Ort::Custom::CreateLiteCustomOp<GetValidCountsCuda>("get_valid_counts", cuda),
-                           "get_valid_counts", 1));
-  ops.push_back(checked<5>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda), "cvm_lut", 2));
-  ops.push_back(checked<9>(Ort::Custom::CreateLiteCustomOp<Im2colCuda<0>>("im2col_int8", cuda), "im2col_int8", 1));
-  ops.push_back(checked<10>(Ort::Custom::CreateLiteCustomOp<Im2colCuda<128>>("im2col_uint8", cuda), "im2col_uint8",
-                            1));
-  ops.push_back(checked<11>(Ort::Custom::CreateLiteCustomOp<RequantizeCuda>("requantize", cuda), "requantize", 2));
+  ops.push_back(lite_op<3, NonMaxSuppressionCuda>("non_max_suppression", cuda));
+  ops.push_back(lite_op<4, GetValidCountsCuda>("get_valid_counts", cuda));
+  ops.push_back(checked<5>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda)));
+  ops.push_back(lite_op<9, Im2colCuda<0>>("im2col_int8", cuda));
+  ops.push_back(lite_op<10, Im2colCuda<128>>("im2col_uint8", cuda));
+  ops.push_back(lite_op<11, RequantizeCuda>("requantize", cuda));
 #endif
   return ops;
 }

@@ -344,10 +344,39 @@ __attribute__((always_inline)) inline void tile_steps(Lanes* y, const std::vecto
   }
 }
 
+// The Count vectors y of the values from index i on, with an addend (its x or bytes indexed as v; null: none)
+// after(y + steps(addend)), written to v; Out uint8_t: as the low bytes (the caller proves every value in
+// [0, 255]).
+template <int Count, typename Out>
+__attribute__((always_inline)) inline void add_and_store(Lanes* y, const Addend* addend, int64_t i, Out* v) {
+  if (addend) {
+    Lanes z[Count];
+    for (int j = 0; j < Count; ++j) {
+      if (addend->x) {
+        z[j] = load_lanes(addend->x + i + j * kLanes);
+      } else {
+        ByteLanes u;
+        std::memcpy(&u, addend->bytes + i + j * kLanes, sizeof u);
+        z[j] = __builtin_convertvector(u, Lanes);
+      }
+    }
+    tile_steps<Count>(z, addend->steps);
+    for (int j = 0; j < Count; ++j) y[j] = (Lanes)((ULanes)y[j] + (ULanes)z[j]);
+    tile_steps<Count>(y, addend->after);
+  }
+  for (int j = 0; j < Count; ++j) {
+    if constexpr (std::is_same_v<Out, uint8_t>) {
+      const ByteLanes u = __builtin_convertvector(y[j], ByteLanes);
+      std::memcpy(v + i + j * kLanes, &u, sizeof u);
+    } else {
+      std::memcpy(v + i + j * kLanes, &y[j], sizeof y[j]);
+    }
+  }
+}
+
 // Count vectors of 16 lanes from index i on, their constants from index at = i % period on: v = each channel's
-// steps applied to x + add (add null: x), then with an addend (its x or bytes indexed as v) after(that +
-// steps(addend)), all the steps on values kept in registers, one dispatch on a step's kind for all Count vectors;
-// Out uint8_t: v written as the low bytes (the caller proves every value in [0, 255]).
+// steps applied to x + add (add null: x), then add_and_store's, all the steps on values kept in registers, one
+// dispatch on a step's kind for all Count vectors.
 template <int Count, typename Out>
 __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const int32_t* add, int64_t i, size_t at,
                                                        const ChannelArrays& p, const Addend* addend, Out* v) {
@@ -368,29 +397,7 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
     a += p.period;
     b += p.period;
   }
-  if (addend) {
-    Lanes z[Count];
-    for (int j = 0; j < Count; ++j) {
-      if (addend->x) {
-        z[j] = load_lanes(addend->x + i + j * kLanes);
-      } else {
-        ByteLanes u;
-        std::memcpy(&u, addend->bytes + i + j * kLanes, sizeof u);
-        z[j] = __builtin_convertvector(u, Lanes);
-      }
-    }
-    tile_steps<Count>(z, addend->steps);
-    for (int j = 0; j < Count; ++j) y[j] = (Lanes)((ULanes)y[j] + (ULanes)z[j]);
-    tile_steps<Count>(y, addend->after);
-  }
-  if constexpr (std::is_same_v<Out, uint8_t>) {
-    for (int j = 0; j < Count; ++j) {
-      const ByteLanes u = __builtin_convertvector(y[j], ByteLanes);
-      std::memcpy(v + i + j * kLanes, &u, sizeof u);
-    }
-  } else {
-    std::memcpy(v + i, y, sizeof y);
-  }
+  add_and_store<Count>(y, addend, i, v);
 }
 
 // v[i] = each channel's steps (ChannelArrays) applied to x[i] + add[i] (add null: x[i]) for i < n, x's first value
@@ -455,25 +462,7 @@ __attribute__((always_inline)) inline void channel_blocks(const int32_t* x, cons
       Lanes y = load_lanes(x + i);
       if (add) y = (Lanes)((ULanes)y + (ULanes)load_lanes(add + i));
       lane_steps<Kinds...>(y, a, b, std::make_index_sequence<steps>{});
-      if (addend) {
-        Lanes z;
-        if (addend->x) {
-          z = load_lanes(addend->x + i);
-        } else {
-          ByteLanes u;
-          std::memcpy(&u, addend->bytes + i, sizeof u);
-          z = __builtin_convertvector(u, Lanes);
-        }
-        tile_steps<1>(&z, addend->steps);
-        y = (Lanes)((ULanes)y + (ULanes)z);
-        tile_steps<1>(&y, addend->after);
-      }
-      if constexpr (std::is_same_v<Out, uint8_t>) {
-        const ByteLanes u = __builtin_convertvector(y, ByteLanes);
-        std::memcpy(v + i, &u, sizeof u);
-      } else {
-        std::memcpy(v + i, &y, sizeof y);
-      }
+      add_and_store<1>(&y, addend, i, v);
     }
   }
 }
