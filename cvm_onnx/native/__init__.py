@@ -136,13 +136,19 @@ def _known(dim) -> int | None:
     return dim.dim_value if dim.HasField("dim_value") else None
 
 
-def _int32(dims: list | None, elem_type: int = TensorProto.INT32) -> TypeProto:
+def _int32(dims: list | tuple | None, elem_type: int = TensorProto.INT32) -> TypeProto:
+    """A tensor type (int32 unless ``elem_type``) of the shape ``dims``, each a Dimension, a size or None (unknown);
+    no shape for None."""
     t = TypeProto()
     t.tensor_type.elem_type = elem_type
     if dims is not None:
         t.tensor_type.shape.SetInParent()
         for d in dims:
-            t.tensor_type.shape.dim.add().CopyFrom(d)
+            dim = t.tensor_type.shape.dim.add()
+            if isinstance(d, onnx.TensorShapeProto.Dimension):
+                dim.CopyFrom(d)
+            elif d is not None:
+                dim.dim_value = d
     return t
 
 
@@ -236,28 +242,16 @@ def _windows(ctx, rows: bool) -> tuple[int | None, ...] | None:
     return n, oh, ow, k, positions
 
 
-def _typed(elem_type: int, dims: tuple[int | None, ...] | None) -> TypeProto:
-    t = TypeProto()
-    t.tensor_type.elem_type = elem_type
-    if dims is not None:
-        t.tensor_type.shape.SetInParent()
-        for d in dims:
-            dim = t.tensor_type.shape.dim.add()
-            if d is not None:
-                dim.dim_value = d
-    return t
-
-
 def _infer_im2col(elem_type: int, rows: bool = False):
     def infer(ctx) -> None:
         geometry = _windows(ctx, rows)
         if geometry is None:
-            return ctx.set_output_type(0, _typed(elem_type, None))
+            return ctx.set_output_type(0, _int32(None, elem_type))
         n, _, _, k, positions = geometry
         group, batch_inner = _ints(ctx, "group", 0, 1), _ints(ctx, "batch_inner", 0, 0)
-        ctx.set_output_type(0, _typed(elem_type, (n, positions, k) if rows else
+        ctx.set_output_type(0, _int32((n, positions, k) if rows else
                                       (group, k, None if None in (n, positions) else n * positions) if batch_inner
-                                      else (n, group, k, positions)))
+                                      else (n, group, k, positions), elem_type))
 
     return infer
 
@@ -276,7 +270,7 @@ def _infer_conv(elem_type: int):
             raise InferenceError("conv_requantize: product_zero must be in [0, 255]")
         if counts is not None and oc is not None and len(counts.ints) != oc:
             raise InferenceError(f"conv_requantize: steps for {len(counts.ints)} channels and {oc} output channels")
-        ctx.set_output_type(0, _typed(elem_type, None if geometry is None else (*geometry[:3], oc)))
+        ctx.set_output_type(0, _int32(None if geometry is None else (*geometry[:3], oc), elem_type))
 
     return infer
 

@@ -226,7 +226,7 @@ def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | N
         candidates = {"rows": proto}
     else:
         kept = LAYOUTS[:3] if choice == "measure" else (choice,)
-        last = cpu.channels_last(proto) if "columns" not in kept or len(kept) > 1 else proto
+        last = cpu.channels_last(proto) if {"rows", "fused"} & set(kept) else None
         candidates = {k: last if k == "rows" else cpu.fused_convolutions(last) if k == "fused" else
                       cpu.columns_from_rows(proto) for k in kept}
     return {k: cpu.signed_operands(p) for k, p in candidates.items()} if route == "u8s8" else candidates
