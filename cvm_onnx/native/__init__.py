@@ -193,6 +193,10 @@ IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "stride
                                                    "pads": [0, 0, 0, 0], "group": 1, "wide": 0, "batch_inner": 0,
                                                    "offset": 128, "nhwc": 0, "zero": -1}
 
+#: The attributes of the windows an ``im2col_rows`` (group 1, no wide or batch_inner columns) or a
+#: ``conv_requantize`` op gathers.
+ROWS_ATTRS = tuple(a for a in IM2COL_ATTRS if a not in ("group", "wide", "batch_inner"))
+
 
 def _ints(ctx, name: str, n: int, low: int) -> list[int]:
     attr = ctx.get_attribute(name)
@@ -414,9 +418,9 @@ def _conv_schema(name: str) -> OpSchema:
                           ("B", ["tensor(int32)"], "the bias"),
                           ("U", ["tensor(uint8)" if bytes_out else "tensor(int32)"], "y"),
                           *[("A", ["tensor(int32)", "tensor(uint8)"], "the addend")] * add],
-        attributes=[*(OpSchema.Attribute(a, OpSchema.AttrType.INTS, "as ONNX Conv's", required=True)
-                      if v is None else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
-                      for a, v in IM2COL_ATTRS.items() if a not in ("group", "wide", "batch_inner")),
+        attributes=[*(OpSchema.Attribute(a, OpSchema.AttrType.INTS, "as ONNX Conv's", required=True) if v is None
+                      else OpSchema.Attribute(a, onnx.helper.make_attribute(a, v), f"default {v}")
+                      for a, v in ((a, IM2COL_ATTRS[a]) for a in ROWS_ATTRS)),
                     OpSchema.Attribute("product_zero", onnx.helper.make_attribute("product_zero", 0),
                                        "the rows' zero point in [0, 255]"),
                     OpSchema.Attribute("isa", onnx.helper.make_attribute("isa", 0), "the products' kernel: 0 the "

@@ -43,7 +43,7 @@ import onnxruntime as ort
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from cvm_onnx.core.format.onnx_file import onnx_model
-from cvm_onnx.native import DOMAIN, library_path
+from cvm_onnx.native import DOMAIN, ROWS_ATTRS, library_path
 
 #: Bits of the native library's ``cvm_onnx_cpu_features``.
 FEATURES = {1: "avx2", 2: "avx512bw", 4: "avx512_vnni", 8: "avx_vnni", 16: "amx_int8"}
@@ -197,9 +197,9 @@ def signed_columns(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def fused_first() -> bool:
     """Whether the serving form runs each rows product as one kernel by default here (``fused_convolutions``):
-    where that kernel multiplies with VNNI (AVX-512 VNNI or AVX-VNNI), measured faster than the three nodes at batch
-    1 and 64 (benchmarks/quantized_side_by_side.py); elsewhere (its AVX2 route, vpmaddwd: no such CPU measured)
-    the session times the layouts."""
+    where that kernel multiplies with VNNI (AVX-512 VNNI or AVX-VNNI), measured faster than the three-node rows at
+    batch 1 and 64 (benchmarks/bench.py); elsewhere (its AVX2 kernels: no AVX2-only CPU measured) the session
+    times the layouts."""
     return bool({"avx512_vnni", "avx_vnni"} & set(features()))
 
 
@@ -383,7 +383,8 @@ def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
         addend, steps = (short.input[0], _ints_attr(short, "steps")) if short else (add.input[1], [])
         node = helper.make_node("requantize_add", [main.input[0], main.input[1], addend], [end.output[0]],
                                 name=main.name, domain=DOMAIN)
-        node.attribute.extend([*main.attribute, AttributeProto(name="addend_steps", type=AttributeProto.INTS, ints=steps),
+        node.attribute.extend([*main.attribute,
+                               AttributeProto(name="addend_steps", type=AttributeProto.INTS, ints=steps),
                                helper.make_attribute("sum_steps", _ints_attr(end, "steps"))])
         fused.update({id(add): node, id(main): None, id(end): None, **({id(short): None} if short else {})})
     nodes = [fused.get(id(n), n) for n in graph.node]
@@ -440,17 +441,16 @@ def bytes_between_rows(graph: onnx.GraphProto) -> None:
 #: The one kernel each requantize after a rows product becomes (``fused_convolutions``).
 CONV_OPS = {"requantize": "conv_requantize", "requantize_uint8": "conv_requantize_uint8",
             "requantize_add": "conv_requantize_add", "requantize_add_uint8": "conv_requantize_add_uint8"}
-ROWS_ATTRS = ("kernel_shape", "strides", "dilations", "pads", "offset", "zero", "nhwc")
 
 
 def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
     """A session-time pass (a copy of ``model``), after ``channels_last``: every rows product whose three nodes are
     ``im2col_rows`` -> MatMulInteger(rows, weights uint8 (K, OC) from constants alone, z, 128) read only by an NHWC
-    ``requantize[_uint8 | _add | _add_uint8]`` of its rows becomes one ``conv_requantize[...]`` (conv.h:
-    the windows gathered into tiles in the L1 cache, multiplied by the weights packed once, requantized from the
-    tile of products), with the rows' attributes, ``product_zero`` z and the requantize's steps (``isa`` > 0: that
-    products kernel, conv.h ProductIsa, for benchmarks; 2, AVX2: its bytes kernel, 5, for rows of values in
-    [0, 127]); rows no product reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
+    ``requantize[_uint8 | _add | _add_uint8]`` of its rows becomes one ``conv_requantize[...]`` (conv.h: the
+    windows read in place, multiplied by the weights packed once, requantized from the tile of products), with the
+    rows' attributes, ``product_zero`` z and the requantize's attributes (``isa`` > 0: that products kernel, conv.h
+    ProductIsa, for benchmarks; 2, AVX2: its bytes kernel, 5, for rows of values in [0, 127]); rows no product
+    reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
     of MatMulInteger; docs/semantics.md)."""
     out = _copy(model)
     graph = out.graph

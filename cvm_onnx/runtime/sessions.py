@@ -242,12 +242,12 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's MatMulInteger products
     as "u8u8" (exact everywhere) or "u8s8" (uint8 x int8 for the products where ``cpu`` proves it exact here, where
     ``cpu.products()`` offers it); None: that choice (the fused kernels multiply in their own code, exact on every
-    CPU, and take no choice). ``layout``: the one-group integer products as exported,
-    "rows", or each convolution one kernel, "fused" (``cpu.fused_convolutions``), or as "columns"
-    (``cpu.columns_from_rows``), or "measure": the three timed here and the fastest kept, its timings recorded in
-    the session's metadata ``cvm.routes``; None: "fused" where ``cpu.fused_first``, else "measure". ``profile``: a file-name prefix; the session writes onnxruntime's profile (``end_profiling()`` gives its
-    path; ``placement.profiled_placement`` reads where each node ran). ``conv_search`` (CUDA): cuDNN's
-    algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
+    CPU, and take no choice). ``layout``: the one-group integer products as exported, "rows", or each convolution
+    one kernel, "fused" (``cpu.fused_convolutions``), or as "columns" (``cpu.columns_from_rows``), or "measure":
+    the three timed here and the fastest kept, its timings recorded in the session's metadata ``cvm.routes``;
+    None: "fused" where ``cpu.fused_first``, else "measure". ``profile``: a file-name prefix; the session writes
+    onnxruntime's profile (``end_profiling()`` gives its path; ``placement.profiled_placement`` reads where each
+    node ran). ``conv_search`` (CUDA): cuDNN's algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
     run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).
     """
     check_onnxruntime()
