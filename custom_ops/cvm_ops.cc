@@ -24,7 +24,6 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -550,27 +549,36 @@ struct RequantizeAttrs {
 
 constexpr int64_t kBlock = 1 << 14;  // elements per parallel task of requantize
 
-// The addend of requantize_add and conv_requantize_add (none: null), its data as int32 or bytes (A), with the steps
-// on it and those after the sum.
-template <typename A>
-std::optional<Addend> addend_of(const Ort::Custom::Tensor<A>* addend, const std::vector<RequantStep>& steps,
-                                const std::vector<RequantStep>& after) {
-  if (!addend) return std::nullopt;
-  if constexpr (std::is_same_v<A, uint8_t>) {
-    return Addend{nullptr, addend->Data(), steps, after};
-  } else {
-    return Addend{addend->Data(), nullptr, steps, after};
-  }
-}
+// What a channels-last requantization writes and adds: y, allocated with `dims`, as int32 words or (Out uint8_t)
+// bytes (the other null), and the addend of requantize_add and the conv ops (none: null), its data int32 or bytes
+// (A), with the steps on it and those after the sum.
+struct Ends {
+  std::optional<Addend> addend;
+  int32_t* words = nullptr;
+  uint8_t* bytes = nullptr;
+};
 
-// y as the int32 or the byte output of requantize_last (the other null).
-template <typename Out>
-std::pair<int32_t*, uint8_t*> words_or_bytes(Out* y) {
-  if constexpr (std::is_same_v<Out, uint8_t>) {
-    return {nullptr, y};
-  } else {
-    return {y, nullptr};
+// The Ends of op `name`; an error naming it where the addend's shape is not y's.
+template <typename A, typename Out>
+Ort::Status ends_of(const char* name, const std::vector<int64_t>& dims, const Ort::Custom::Tensor<A>* addend,
+                    const std::vector<RequantStep>& steps, const std::vector<RequantStep>& after,
+                    Ort::Custom::Tensor<Out>& out, Ends& ends) {
+  if (addend && addend->Shape() != dims) {
+    return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " + shape_text(addend->Shape()));
   }
+  if (addend) {
+    if constexpr (std::is_same_v<A, uint8_t>) {
+      ends.addend.emplace(Addend{nullptr, addend->Data(), steps, after});
+    } else {
+      ends.addend.emplace(Addend{addend->Data(), nullptr, steps, after});
+    }
+  }
+  if constexpr (std::is_same_v<Out, uint8_t>) {
+    ends.bytes = out.Allocate(dims);
+  } else {
+    ends.words = out.Allocate(dims);
+  }
+  return Ort::Status{nullptr};
 }
 
 // requantize with the channels on the last axis (op `name`): rows = (OH, OW) takes data (N, OH * OW, C) (the
@@ -603,19 +611,16 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
   const int64_t per_block = std::max<int64_t>(1, kBlock / std::max<int64_t>(c, 1));
   if (attrs.nhwc) {
     const std::vector<int64_t> dims = rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c};
-    if (addend && addend->Shape() != dims) {
-      return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " +
-                           shape_text(addend->Shape()));
+    Ends ends;
+    if (Ort::Status status = ends_of(name, dims, addend, addend_steps, sum_steps, out, ends); !status.IsOK()) {
+      return status;
     }
-    const std::optional<Addend> second = addend_of(addend, addend_steps, sum_steps);
-    int32_t* words = nullptr;  // (not a structured binding: C++17 lambdas cannot capture one)
-    uint8_t* bytes = nullptr;
-    std::tie(words, bytes) = words_or_bytes(out.Allocate(dims));
     const int64_t lines = c > 0 ? count / c : 0;
     auto block = [&](int64_t i) {
       requantize_last(data.Data() + i * per_block * c, i * per_block, std::min(lines, (i + 1) * per_block), b,
-                      scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, words, per_position ? shape[1] : 0,
-                      attrs.per_channel, attrs.arrays, bytes, second ? &*second : nullptr);
+                      scaled > 0 ? attrs.scales.data() : nullptr, c, attrs.steps, ends.words,
+                      per_position ? shape[1] : 0, attrs.per_channel, attrs.arrays, ends.bytes,
+                      ends.addend ? &*ends.addend : nullptr);
     };
     parallel_for(context, (lines + per_block - 1) / per_block, block);
     return Ort::Status{nullptr};
@@ -817,14 +822,10 @@ struct ConvKernel {
                                " output channels");
     }
     const std::vector<int64_t> dims{s.n, s.oh, s.ow, oc};
-    if (addend && addend->Shape() != dims) {
-      return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " +
-                               shape_text(addend->Shape()));
+    Ends ends;
+    if (Ort::Status status = ends_of(name, dims, addend, addend_steps, sum_steps, out, ends); !status.IsOK()) {
+      return status;
     }
-    const std::optional<Addend> second = addend_of(addend, addend_steps, sum_steps);
-    int32_t* words = nullptr;  // (not a structured binding: C++17 lambdas cannot capture one)
-    uint8_t* bytes = nullptr;
-    std::tie(words, bytes) = words_or_bytes(out.Allocate(dims));
     // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap;
     // with scales the bias is added after them, by requantize_last)
     const bool scaled = !attrs.scales.empty(), folded = per_channel && !scaled;
@@ -857,8 +858,8 @@ struct ConvKernel {
       }
       products(isa, at.data(), offset, padded_rows, weights, start, c.data());
       requantize_last(c.data(), first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc,
-                      attrs.steps, words, per_position ? positions : 0, attrs.per_channel, attrs.arrays, bytes,
-                      second ? &*second : nullptr);
+                      attrs.steps, ends.words, per_position ? positions : 0, attrs.per_channel, attrs.arrays,
+                      ends.bytes, ends.addend ? &*ends.addend : nullptr);
     };
     parallel_for(context, (total + tile - 1) / tile, task);
     return Ort::Status{nullptr};

@@ -540,8 +540,9 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 
 // Channels innermost (NHWC, or the (N, P, C) products of the rows route): y[i] = the steps applied to
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
-// `channels` values (x holds them from row `begin` on; every other pointer from row 0), in chunks of about 1024 values (ending where the bias rows wrap around). positions > 0: the
-// bias is per position and channel, (P, C), row r's the bias row r % positions. `per` not empty: channel c's own
+// `channels` values (x holds them from row `begin` on; every other pointer from row 0), in chunks of about 1024
+// values (ending where the bias rows wrap around). positions > 0: the bias is per position and channel, (P, C), row
+// r's the bias row r % positions. `per` not empty: channel c's own
 // steps, in one pass with the bias, the addend's and the narrowing where `arrays` holds them and there are no
 // scales and no bias (C,), else applied to the chunk's values of channel c gathered side by side (then put back).
 // addend not null: each chunk then gets the addend's (Addend). bytes not null: y is written there as bytes instead
