@@ -127,7 +127,8 @@ def resnet(model: Path, runs: int) -> None:
                           unit, None, "fused AVX2"))
         for form, options, threads, products, layout in forms:
             onnx_model = to_onnx(graph, batch=batch, **options)
-            if layout == "fused AVX2":  # conv.h's AVX2 kernel (vpmaddwd) on this CPU: an AVX2-only CPU's route
+            if layout == "fused AVX2":  # conv.h's AVX2 kernels on this CPU, an AVX2-only CPU's route; a session
+                # of its own (session() would add its passes to the passed model again)
                 served = cpu.fused_convolutions(cpu.channels_last(onnx_model), isa=2)
                 so = ort.SessionOptions()
                 so.intra_op_num_threads = threads
