@@ -413,14 +413,28 @@ bool ends_in_bytes(const std::vector<RequantStep>& steps) {
   return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
 }
 
-// The addend_steps and sum_steps of an op with an addend (op `name`), each a list of (kind, a, b) triples.
-void read_addend_steps(const OrtKernelInfo* info, const char* name, std::vector<RequantStep>& addend,
-                       std::vector<RequantStep>& sum) {
-  for (auto [attr, steps] : {std::pair{"addend_steps", &addend}, std::pair{"sum_steps", &sum}}) {
+// The steps of an op with an addend, simplified: addend_steps on an int32 addend (words) or on a uint8 one
+// (bytes: its values in [0, 255], so that a clip holding them goes), sum_steps after the sum (after).
+struct AddendSteps {
+  std::vector<RequantStep> words, bytes, after;
+};
+
+// The AddendSteps of op `name` (its attributes addend_steps and sum_steps, each a list of (kind, a, b) triples);
+// bytes_out: sum_steps must end with a clip within [0, 255] (y written as bytes).
+AddendSteps read_addend_steps(const OrtKernelInfo* info, const char* name, bool bytes_out) {
+  AddendSteps out;
+  for (auto [attr, steps] : {std::pair{"addend_steps", &out.words}, std::pair{"sum_steps", &out.after}}) {
     if (std::string err = parse_steps(ints_attr(info, attr, {}), *steps); !err.empty()) {
       throw Ort::Exception(std::string(name) + ": " + attr + ": " + err, ORT_INVALID_ARGUMENT);
     }
   }
+  if (bytes_out && !ends_in_bytes(out.after)) {
+    throw Ort::Exception(std::string(name) + ": sum_steps must end with a clip within [0, 255]", ORT_INVALID_ARGUMENT);
+  }
+  out.bytes = simplified(out.words, Range{0, 255});
+  out.words = simplified(out.words);
+  out.after = simplified(out.after);
+  return out;
 }
 
 // The requantize attributes: steps, width, scales, batch_inner, rows, nhwc, channel_counts and channel_steps
@@ -561,16 +575,15 @@ struct Ends {
 // The Ends of op `name`; an error naming it where the addend's shape is not y's.
 template <typename A, typename Out>
 Ort::Status ends_of(const char* name, const std::vector<int64_t>& dims, const Ort::Custom::Tensor<A>* addend,
-                    const std::vector<RequantStep>& steps, const std::vector<RequantStep>& after,
-                    Ort::Custom::Tensor<Out>& out, Ends& ends) {
+                    const AddendSteps& steps, Ort::Custom::Tensor<Out>& out, Ends& ends) {
   if (addend && addend->Shape() != dims) {
     return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " + shape_text(addend->Shape()));
   }
   if (addend) {
     if constexpr (std::is_same_v<A, uint8_t>) {
-      ends.addend.emplace(Addend{nullptr, addend->Data(), steps, after});
+      ends.addend.emplace(Addend{nullptr, addend->Data(), steps.bytes, steps.after});
     } else {
-      ends.addend.emplace(Addend{addend->Data(), nullptr, steps, after});
+      ends.addend.emplace(Addend{addend->Data(), nullptr, steps.words, steps.after});
     }
   }
   if constexpr (std::is_same_v<Out, uint8_t>) {
@@ -590,8 +603,7 @@ template <typename Out, typename In = int32_t>
 Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name, const RequantizeAttrs& attrs,
                                      const Int32Tensor& data, const Int32Tensor& bias, Ort::Custom::Tensor<Out>& out,
                                      const Ort::Custom::Tensor<In>* addend = nullptr,
-                                     const std::vector<RequantStep>& addend_steps = {},
-                                     const std::vector<RequantStep>& sum_steps = {}) {
+                                     const AddendSteps& addend_steps = {}) {
   const std::vector<int64_t>& shape = data.Shape();
   const std::vector<int64_t>& rows = attrs.rows;
   const bool fits = rows.empty() ? !shape.empty() : shape.size() == 3 && shape[1] == rows[0] * rows[1];
@@ -612,7 +624,7 @@ Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name
   if (attrs.nhwc) {
     const std::vector<int64_t> dims = rows.empty() ? shape : std::vector<int64_t>{shape[0], rows[0], rows[1], c};
     Ends ends;
-    if (Ort::Status status = ends_of(name, dims, addend, addend_steps, sum_steps, out, ends); !status.IsOK()) {
+    if (Ort::Status status = ends_of(name, dims, addend, addend_steps, out, ends); !status.IsOK()) {
       return status;
     }
     const int64_t lines = c > 0 ? count / c : 0;
@@ -725,26 +737,21 @@ struct RequantizeAdd {
   static constexpr bool kBytes = std::is_same_v<Out, uint8_t>;
   static constexpr const char* kName = kBytes ? "requantize_add_uint8" : "requantize_add";
 
-  RequantizeAdd(const OrtApi*, const OrtKernelInfo* info) : attrs(info) {
-    read_addend_steps(info, kName, addend_steps, sum_steps);
+  RequantizeAdd(const OrtApi*, const OrtKernelInfo* info)
+      : attrs(info), addend_steps(read_addend_steps(info, kName, kBytes)) {
     if (!attrs.nhwc) throw Ort::Exception(std::string(kName) + ": needs nhwc 1", ORT_INVALID_ARGUMENT);
-    if (kBytes && !ends_in_bytes(sum_steps)) {
-      throw Ort::Exception("requantize_add_uint8: sum_steps must end with a clip within [0, 255]", ORT_INVALID_ARGUMENT);
-    }
     attrs.simplify_chains();
-    addend_steps = simplified(addend_steps);
-    sum_steps = simplified(sum_steps);
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
                       const Ort::Custom::Tensor<In>& addend, Ort::Custom::Tensor<Out>& out) {
     return guarded(kName, [&] {
-      return requantize_channels_last(context, kName, attrs, data, bias, out, &addend, addend_steps, sum_steps);
+      return requantize_channels_last(context, kName, attrs, data, bias, out, &addend, addend_steps);
     });
   }
 
   RequantizeAttrs attrs;
-  std::vector<RequantStep> addend_steps, sum_steps;
+  AddendSteps addend_steps;
 };
 
 // conv_requantize (y int32), conv_requantize_uint8 (y uint8) and, with an addend, conv_requantize_add[_uint8]: a
@@ -775,13 +782,9 @@ struct ConvKernel {
     const bool bounded = rows.offset == 0 && rows.zero < 0;  // values in [0, 127], which pad() checks
     if (isa == kIsaAvx2Bytes && !bounded) refuse("isa 5 takes rows of values in [0, 127] (offset 0, no zero)");
     if (isa == kIsaBest) isa = best_isa(bounded);
-    if (add) read_addend_steps(info, op, addend_steps, sum_steps);
-    if (kBytes && !(add ? ends_in_bytes(sum_steps) : attrs.chains_end_in_bytes())) {
-      refuse(std::string(add ? "sum_steps" : "every chain") + " must end with a clip within [0, 255]");
-    }
+    if (add) addend_steps = read_addend_steps(info, op, kBytes);
+    if (kBytes && !add && !attrs.chains_end_in_bytes()) refuse("every chain must end with a clip within [0, 255]");
     attrs.simplify_chains();
-    addend_steps = simplified(addend_steps);
-    sum_steps = simplified(sum_steps);
     int is_constant = 0;
     const Ort::ConstValue w = Ort::ConstKernelInfo(info).GetTensorConstantInput(1, &is_constant);
     if (!is_constant) refuse("the weights must be a constant (an initializer)");
@@ -823,7 +826,7 @@ struct ConvKernel {
     }
     const std::vector<int64_t> dims{s.n, s.oh, s.ow, oc};
     Ends ends;
-    if (Ort::Status status = ends_of(name, dims, addend, addend_steps, sum_steps, out, ends); !status.IsOK()) {
+    if (Ort::Status status = ends_of(name, dims, addend, addend_steps, out, ends); !status.IsOK()) {
       return status;
     }
     // the accumulators start at -z * sum(w) + bias[o] (int32 wrap-around, as the sum then the bias would wrap;
@@ -869,7 +872,7 @@ struct ConvKernel {
   Im2colRows<In> rows;  // the rows' attributes and the padded copy
   RequantizeAttrs attrs;
   int64_t product_zero, isa;
-  std::vector<RequantStep> addend_steps, sum_steps;
+  AddendSteps addend_steps;
   PackedWeights weights;
 };
 

@@ -160,13 +160,13 @@ inline bool identity(const RequantStep& s, Range r) {
 }
 
 // The same chains in fewer steps, their kinds kept the same for every chain (chains[c] channel c's; each chain's
-// values tracked by Range from any int32): a step that leaves every chain's values as they are goes; two clips in a
-// row are one, clip(clip(x, a1, b1), a2, b2) = clip(x, min(max(a1, a2), b2), max(min(b1, b2), a2)); add c, clip
-// (a, b), add -c, where neither add wraps around, is clip(a - c, b - c).
-inline void simplify(ChannelSteps& chains) {
+// values tracked by Range from `from`, the values the chains are applied to): a step that leaves every chain's
+// values as they are goes; two clips in a row are one, clip(clip(x, a1, b1), a2, b2) = clip(x, min(max(a1, a2), b2),
+// max(min(b1, b2), a2)); add c, clip (a, b), add -c, where neither add wraps around, is clip(a - c, b - c).
+inline void simplify(ChannelSteps& chains, Range from = {}) {
   for (bool changed = !chains.empty(); changed;) {
     changed = false;
-    std::vector<Range> r(chains.size());  // each chain's values before step k
+    std::vector<Range> r(chains.size(), from);  // each chain's values before step k
     const auto all = [&](auto&& rule) {
       for (size_t c = 0; c < chains.size(); ++c) {
         if (!rule(chains[c], r[c])) return false;
@@ -208,10 +208,10 @@ inline void simplify(ChannelSteps& chains) {
   }
 }
 
-// One chain simplified.
-inline std::vector<RequantStep> simplified(const std::vector<RequantStep>& chain) {
+// One chain simplified (applied to values in `from`).
+inline std::vector<RequantStep> simplified(const std::vector<RequantStep>& chain, Range from = {}) {
   ChannelSteps one{chain};
-  simplify(one);
+  simplify(one, from);
   return one[0];
 }
 
@@ -311,6 +311,15 @@ __attribute__((always_inline)) inline void tile_step(Lanes* y, const int32_t* a,
 // 16 bytes: the low byte of each of 16 int32 lanes (__builtin_convertvector narrows lane by lane), or 16 uint8
 // values widened to int32 lanes.
 using ByteLanes = uint8_t __attribute__((vector_size(16)));
+using ShortLanes = uint16_t __attribute__((vector_size(32)));
+
+// The 16 bytes from p on as int32 lanes: widened through 16-bit lanes (GCC 12 widens bytes to int32 directly one
+// byte at a time; bytes to words and words to int32 are vector instructions).
+__attribute__((always_inline)) inline Lanes widen_bytes(const uint8_t* p) {
+  ByteLanes u;
+  std::memcpy(&u, p, sizeof u);
+  return (Lanes)__builtin_convertvector(__builtin_convertvector(u, ShortLanes), ULanes);
+}
 
 // The second operand of requantize_add, laid out as y: y = after(the steps' value + steps(x)), the sum in int32
 // with wrap-around (as onnxruntime's Add); x int32, or bytes (x null) taken as their values.
@@ -344,6 +353,17 @@ __attribute__((always_inline)) inline void tile_steps(Lanes* y, const std::vecto
   }
 }
 
+// 16 values written to v[i:i + 16]: int32, or (Out uint8_t) their low bytes.
+template <typename Out>
+__attribute__((always_inline)) inline void store_lanes(Lanes y, Out* v, int64_t i) {
+  if constexpr (std::is_same_v<Out, uint8_t>) {
+    const ByteLanes u = __builtin_convertvector(y, ByteLanes);
+    std::memcpy(v + i, &u, sizeof u);
+  } else {
+    std::memcpy(v + i, &y, sizeof y);
+  }
+}
+
 // The Count vectors y of the values from index i on, with an addend (its x or bytes indexed as v; null: none)
 // after(y + steps(addend)), written to v; Out uint8_t: as the low bytes (the caller proves every value in
 // [0, 255]).
@@ -355,23 +375,14 @@ __attribute__((always_inline)) inline void add_and_store(Lanes* y, const Addend*
       if (addend->x) {
         z[j] = load_lanes(addend->x + i + j * kLanes);
       } else {
-        ByteLanes u;
-        std::memcpy(&u, addend->bytes + i + j * kLanes, sizeof u);
-        z[j] = __builtin_convertvector(u, Lanes);
+        z[j] = widen_bytes(addend->bytes + i + j * kLanes);
       }
     }
     tile_steps<Count>(z, addend->steps);
     for (int j = 0; j < Count; ++j) y[j] = (Lanes)((ULanes)y[j] + (ULanes)z[j]);
     tile_steps<Count>(y, addend->after);
   }
-  for (int j = 0; j < Count; ++j) {
-    if constexpr (std::is_same_v<Out, uint8_t>) {
-      const ByteLanes u = __builtin_convertvector(y[j], ByteLanes);
-      std::memcpy(v + i + j * kLanes, &u, sizeof u);
-    } else {
-      std::memcpy(v + i + j * kLanes, &y[j], sizeof y[j]);
-    }
-  }
+  for (int j = 0; j < Count; ++j) store_lanes(y[j], v, i + j * kLanes);
 }
 
 // Count vectors of 16 lanes from index i on, their constants from index at = i % period on: v = each channel's
@@ -443,12 +454,81 @@ __attribute__((always_inline)) inline void lane_steps(Lanes& y, const Lanes* a, 
   (lane_step<Kinds>(y, a[K], b[K]), ...);
 }
 
+// Whether kinds are Kinds... .
+template <int64_t... Kinds>
+inline bool kinds_are(const std::vector<int64_t>& kinds) {
+  constexpr int64_t want[] = {Kinds...};
+  return kinds.size() == sizeof...(Kinds) && std::equal(kinds.begin(), kinds.end(), want);
+}
+
+// Steps of the kinds Kinds... (known at compile time), each with its constants in every lane, broadcast once.
+template <int64_t... Kinds>
+struct UniformLanes {
+  static constexpr size_t kSteps = sizeof...(Kinds);
+  Lanes a[kSteps + 1], b[kSteps + 1];
+
+  // Whether steps are of the kinds Kinds... .
+  static bool fits(const std::vector<RequantStep>& steps) {
+    constexpr int64_t want[] = {Kinds..., -1};
+    if (steps.size() != kSteps) return false;
+    for (size_t k = 0; k < kSteps; ++k) {
+      if (steps[k].kind != want[k]) return false;
+    }
+    return true;
+  }
+
+  explicit UniformLanes(const std::vector<RequantStep>& steps) {
+    for (size_t k = 0; k < kSteps; ++k) {
+      const RequantStep& s = steps[k];
+      const bool shift = s.kind == kShift;
+      a[k] = Lanes{} + static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
+      b[k] = Lanes{} + static_cast<int32_t>(shift ? s.a : s.b);
+    }
+  }
+
+  __attribute__((always_inline)) Lanes operator()(Lanes y) const {
+    lane_steps<Kinds...>(y, a, b, std::make_index_sequence<kSteps>{});
+    return y;
+  }
+};
+
+// What channel_blocks does after a block's steps: add_and_store's work for one vector (any addend, or none).
+struct AnyEnd {
+  const Addend* addend;
+
+  template <typename Out>
+  __attribute__((always_inline)) void operator()(Lanes y, int64_t i, Out* v) const {
+    add_and_store<1>(&y, addend, i, v);
+  }
+};
+
+// The same for an addend (A int32_t: its x, uint8_t: its bytes) whose steps and steps after the sum are of kinds
+// known at compile time (Steps and After, UniformLanes), their constants in registers.
+template <typename A, typename Steps, typename After>
+struct UniformEnd {
+  const A* addend;
+  Steps steps;
+  After after;
+
+  template <typename Out>
+  __attribute__((always_inline)) void operator()(Lanes y, int64_t i, Out* v) const {
+    Lanes z;
+    if constexpr (std::is_same_v<A, uint8_t>) {
+      z = widen_bytes(addend + i);
+    } else {
+      z = load_lanes(addend + i);
+    }
+    store_lanes(after((Lanes)((ULanes)y + (ULanes)steps(z))), v, i);
+  }
+};
+
 // channel_chains where the channels are a multiple of 16 and the kinds Kinds... are known: the values taken 16
 // channels at a time over every row, so that each block's constants are loaded once for all rows and stay in
-// registers (channel_chains loads them for every vector: ten loads per vector of values).
-template <typename Out, int64_t... Kinds>
-__attribute__((always_inline)) inline void channel_blocks(const int32_t* x, const int32_t* add, int64_t n,
-                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
+// registers (channel_chains loads them for every vector: ten loads per vector of values); end(y, i, v) adds the
+// addend and writes.
+template <typename Out, typename End, int64_t... Kinds>
+__attribute__((always_inline)) inline void blocks_then(const int32_t* x, const int32_t* add, int64_t n,
+                                                       const ChannelArrays& p, Out* v, const End& end) {
   constexpr size_t steps = sizeof...(Kinds);
   const int64_t channels = static_cast<int64_t>(p.channels), rows = n / channels;
   for (int64_t block = 0; block < channels; block += kLanes) {
@@ -462,16 +542,39 @@ __attribute__((always_inline)) inline void channel_blocks(const int32_t* x, cons
       Lanes y = load_lanes(x + i);
       if (add) y = (Lanes)((ULanes)y + (ULanes)load_lanes(add + i));
       lane_steps<Kinds...>(y, a, b, std::make_index_sequence<steps>{});
-      add_and_store<1>(&y, addend, i, v);
+      end(y, i, v);
     }
   }
 }
 
-// Whether kinds are Kinds... .
-template <int64_t... Kinds>
-inline bool kinds_are(const std::vector<int64_t>& kinds) {
-  constexpr int64_t want[] = {Kinds...};
-  return kinds.size() == sizeof...(Kinds) && std::equal(kinds.begin(), kinds.end(), want);
+// blocks_then with UniformEnd, where the addend's steps (A its type, data its values) are of Steps' kinds.
+template <typename Out, typename A, typename Steps, int64_t... Kinds>
+__attribute__((always_inline)) inline bool uniform_end(const int32_t* x, const int32_t* add, int64_t n,
+                                                       const ChannelArrays& p, Out* v, const Addend& addend,
+                                                       const A* data) {
+  using After = UniformLanes<kShift, kClip>;
+  if (!Steps::fits(addend.steps) || !After::fits(addend.after)) return false;
+  const UniformEnd<A, Steps, After> end{data, Steps(addend.steps), After(addend.after)};
+  blocks_then<Out, UniformEnd<A, Steps, After>, Kinds...>(x, add, n, p, v, end);
+  return true;
+}
+
+// blocks_then with UniformEnd where the addend's steps are none, a multiply or a clip and a multiply (a quantized
+// import's residual Add; a uint8 addend's clip within [0, 255] has gone) and those after the sum a shift and a
+// clip; else with AnyEnd.
+template <typename Out, int64_t... Kinds>
+__attribute__((always_inline)) inline void channel_blocks(const int32_t* x, const int32_t* add, int64_t n,
+                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
+  if (addend) {
+    const auto ends = [&](const auto* data) __attribute__((always_inline)) {
+      using A = std::remove_const_t<std::remove_pointer_t<decltype(data)>>;
+      return uniform_end<Out, A, UniformLanes<>, Kinds...>(x, add, n, p, v, *addend, data) ||
+             uniform_end<Out, A, UniformLanes<kMul>, Kinds...>(x, add, n, p, v, *addend, data) ||
+             uniform_end<Out, A, UniformLanes<kClip, kMul>, Kinds...>(x, add, n, p, v, *addend, data);
+    };
+    if (addend->x ? ends(addend->x) : ends(addend->bytes)) return;
+  }
+  blocks_then<Out, AnyEnd, Kinds...>(x, add, n, p, v, AnyEnd{addend});
 }
 
 // channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's

@@ -63,11 +63,12 @@ def conv_model(op, x_shape, x_type, weights, bias_shape, attrs, addend=None) -> 
 
 
 @st.composite
-def convolutions(draw):
-    """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps."""
+def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70)):
+    """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps;
+    ``channels``: the output channel counts drawn from."""
     kernel, strides, dilations, pads, (h, w) = draw(windows())
     n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 4, 5, 16, 32]))
-    oc = draw(st.sampled_from([1, 3, 16, 17, 40, 64, 70]))
+    oc = draw(st.sampled_from(channels))
     kind = draw(st.sampled_from(["uint8", "zero", "offset0", "offset128"]))
     nhwc = kind == "uint8" or draw(st.booleans())
     lo, hi = {"offset0": (0, 127), "offset128": (-128, 127)}.get(kind, (0, 255))
@@ -90,12 +91,14 @@ def clip_step():
 
 
 #: A quantized import's requantization (clip, shift, multiply, shift, clip; then a multiply before a residual Add),
-#: whose kernels take compile-time kinds (requantize.h channel_blocks), with random constants.
-import_chain = st.tuples(clip_step(), st.tuples(st.just(0), st.integers(0, 31), st.just(0)),
-                         st.tuples(st.just(1), int32s, st.just(0)),
-                         st.tuples(st.just(0), st.integers(0, 31), st.just(0)), clip_step()).map(list)
-import_chain_and_multiply = st.tuples(import_chain, st.tuples(st.just(1), int32s, st.just(0))).map(
-    lambda c: [*c[0], c[1]])
+#: whose kernels take compile-time kinds (requantize.h channel_blocks), with random constants (shifts of at least
+#: one: a shift by 0 goes, and the kinds with it).
+shift, multiply = st.tuples(st.just(0), st.integers(1, 31), st.just(0)), st.tuples(st.just(1), int32s, st.just(0))
+import_chain = st.tuples(clip_step(), shift, multiply, shift, clip_step()).map(list)
+import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[0], c[1]])
+#: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
+#: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
+import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
 
 
 @pytest.mark.isa
@@ -108,6 +111,23 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
     x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (one list, then also
     with scales, each channel's own, or each channel's of a quantized import's kinds) with the bias (none, per
     channel or per position and channel), the addend's and the sum's; on one thread or two."""
+    check_conv(case, data, bias, bytes_out, add, chains, threads)
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=convolutions(channels=(16, 48)), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
+       bytes_out=st.booleans(), add=st.sampled_from([TensorProto.INT32, TensorProto.UINT8]),
+       threads=st.integers(1, 2))
+def test_conv_requantize_adds_an_imports_residual_exactly(case, data, bias, bytes_out, add, threads):
+    """The same with a quantized import's chains and residual Add (the addend's steps none, a multiply, or a clip
+    and a multiply; a shift and a clip after the sum) over channels in blocks of 16: the kernels that take these
+    kinds at compile time, their constants in registers (requantize.h channel_blocks)."""
+    check_conv(case, data, bias, bytes_out, add, "an import's", threads)
+
+
+def check_conv(case, data, bias, bytes_out, add, chains, threads):
+    """The body of the two properties above: draws the bias, steps and addend, asserts every kernel's y."""
     x, weights, attrs = case
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
                                  attrs["pads"], attrs["offset"], attrs.get("zero", -1))
@@ -135,8 +155,12 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
         shape = (n, positions, oc)
         feeds["a"] = data.draw(tensors(shape, 9).map(np.abs).map(lambda a: a.astype(np.uint8))
                                if add == TensorProto.UINT8 else tensors(shape, 32)).reshape(n, oh, ow, oc)
-        addend_steps, sum_steps = data.draw(st.lists(cpu_step, max_size=3)), data.draw(st.lists(cpu_step, max_size=3))
-        sum_steps += ends
+        if chains == "an import's":
+            addend_steps = data.draw(import_addend)
+            sum_steps = [data.draw(shift), *(ends or [data.draw(clip_step())])]
+        else:
+            addend_steps = data.draw(st.lists(cpu_step, max_size=3))
+            sum_steps = data.draw(st.lists(cpu_step, max_size=3)) + ends
         steps.update(addend_steps=[v for s in addend_steps for v in s], sum_steps=[v for s in sum_steps for v in s])
         want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), addend_steps, sum_steps)
     want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
