@@ -301,11 +301,16 @@ inline bool windows_in_place(const Im2colShape& s) { return s.c % 4 == 0; }
 // The offset of each group of four k from a position's first byte in the padded copy ((fh * dh * WP + fw * dw) * C
 // + c, windows_in_place), or within a gathered row (4 q), in out.
 inline void window_offsets(const Im2colShape& s, int64_t k4, std::vector<int32_t>& out) {
-  out.resize(static_cast<size_t>(k4 / 4));
-  for (int64_t q = 0; q < k4 / 4; ++q) {
-    const int64_t k = 4 * q, tap = k / s.c, c = k % s.c, fh = tap / s.kw, fw = tap % s.kw;
-    out[static_cast<size_t>(q)] = static_cast<int32_t>(windows_in_place(s) ? (fh * s.dh * s.wp() + fw * s.dw) * s.c + c
-                                                                            : k);
+  out.clear();
+  if (!windows_in_place(s)) {
+    for (int64_t k = 0; k < k4; k += 4) out.push_back(static_cast<int32_t>(k));
+    return;
+  }
+  for (int64_t fh = 0; fh < s.kh; ++fh) {
+    for (int64_t fw = 0; fw < s.kw; ++fw) {
+      const int64_t tap = (fh * s.dh * s.wp() + fw * s.dw) * s.c;
+      for (int64_t c = 0; c < s.c; c += 4) out.push_back(static_cast<int32_t>(tap + c));
+    }
   }
 }
 
