@@ -2,17 +2,17 @@
 // tensors, with the CVM runtime's FORMAL semantics (docs/custom_ops.md states them), and im2col_int8 /
 // im2col_uint8, which gather convolution windows for the serving form's integer products (CPU only).
 //
-// Built against onnxruntime's lite custom-op API without linking libonnxruntime (ORT_API_MANUAL_INIT): the C API
+// Built against onnxruntime's C and C++ API headers without linking libonnxruntime (ORT_API_MANUAL_INIT): the C API
 // function table comes from the runtime that loads the library through RegisterCustomOps. Every op has a CPU
 // kernel; with CVM_ONNX_WITH_CUDA it also has a CUDAExecutionProvider kernel (cvm_ops_cuda.cu). Inputs are never
 // modified.
 //
-// Hostile nodes are refused, never run: every input and output is declared required (the lite API declares them
-// optional), so onnxruntime refuses a node with an absent input ('') when it loads the model; each kernel's entry
-// checks that its inputs are present int32 tensors before the lite API reads them, then the kernel checks their
-// ranks and shapes, and the attributes are read as ints only. Each refusal is an onnxruntime error status.
+// Hostile nodes are refused, never run: every input and output is declared required, so onnxruntime refuses a node
+// with an absent input ('') when it loads the model; each kernel's entry reads its inputs as tensors of the element
+// types its Compute declares (Tensor, NativeOp), then the kernel checks their ranks and shapes, and the attributes
+// are read as ints only. Each refusal is an onnxruntime error status.
 #define ORT_API_MANUAL_INIT
-#include <onnxruntime_lite_custom_op.h>
+#include <onnxruntime_cxx_api.h>
 #undef ORT_API_MANUAL_INIT
 
 #include <algorithm>
@@ -24,8 +24,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "conv.h"
@@ -41,8 +43,6 @@ namespace cvm_onnx {
 namespace {
 
 constexpr const char* kDomain = "cvm.native";
-using Int32Tensor = Ort::Custom::Tensor<int32_t>;
-using OpPtr = std::unique_ptr<Ort::Custom::OrtLiteCustomOp>;
 
 Ort::Status invalid(const char* op, const std::string& message) {
   return Ort::Status((std::string(op) + ": " + message).c_str(), ORT_INVALID_ARGUMENT);
@@ -123,25 +123,70 @@ NmsAttrs read_nms_attrs(const OrtKernelInfo* info) {
   return a;
 }
 
-// -- input checks: an error message, empty when the inputs are valid --------------------------------------------
-// Every input present (not an omitted '') and a tensor of the element type its op declares (`types`, from the
-// Compute signature): checked before the lite API builds its arguments, which read an absent input's shape through
-// a null value.
-std::string check_inputs(OrtKernelContext* context, const std::vector<ONNXTensorElementDataType>& types) {
-  Ort::KernelContext ctx(context);
-  if (ctx.GetInputCount() != types.size()) {
-    return "takes " + std::to_string(types.size()) + " inputs, got " + std::to_string(ctx.GetInputCount());
-  }
-  for (size_t i = 0; i < types.size(); ++i) {
-    Ort::ConstValue value = ctx.GetInput(i);
-    if (static_cast<const OrtValue*>(value) == nullptr) return "input " + std::to_string(i) + " is absent";
-    if (!value.IsTensor() || value.GetTensorTypeAndShapeInfo().GetElementType() != types[i]) {
-      const bool byte = types[i] == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-      return "input " + std::to_string(i) + " must be an " + (byte ? "uint8" : "int32") + " tensor";
+// -- the kernels' arguments ------------------------------------------------------------------------------------
+template <typename T>
+constexpr ONNXTensorElementDataType kElementType = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+template <>
+constexpr ONNXTensorElementDataType kElementType<int32_t> = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+template <>
+constexpr ONNXTensorElementDataType kElementType<uint8_t> = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+template <>
+constexpr ONNXTensorElementDataType kElementType<int8_t> = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+
+// A Compute argument: input or output `index` of the kernel context, a tensor of T. An input (read) has its shape
+// and data, read with one type-and-shape query; an output has its data once Allocate gives it a shape.
+template <typename T>
+class Tensor {
+ public:
+  Tensor(OrtKernelContext* context, size_t index) : context_(context), index_(index) {}
+
+  // Reads input `index`: an error message, empty when it is a present tensor of T.
+  std::string read() {
+    const OrtApi& api = Ort::GetApi();
+    const OrtValue* value = nullptr;
+    Ort::ThrowOnError(api.KernelContext_GetInput(context_, index_, &value));
+    if (value == nullptr) return "input " + std::to_string(index_) + " is absent";
+    int is_tensor = 0;
+    Ort::ThrowOnError(api.IsTensor(value, &is_tensor));
+    ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    if (is_tensor) {
+      const Ort::TensorTypeAndShapeInfo info = Ort::ConstValue(value).GetTensorTypeAndShapeInfo();
+      type = info.GetElementType();
+      shape_ = info.GetShape();
     }
+    if (type != kElementType<T>) {
+      return "input " + std::to_string(index_) + " must be an " + (std::is_same_v<T, int32_t> ? "int32" : "uint8") +
+             " tensor";
+    }
+    void* data = nullptr;
+    Ort::ThrowOnError(api.GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+    data_ = static_cast<T*>(data);
+    return {};
   }
-  return {};
-}
+
+  const std::vector<int64_t>& Shape() const { return shape_; }
+  const T* Data() const { return data_; }
+  int64_t NumberOfElement() const {
+    return std::accumulate(shape_.begin(), shape_.end(), int64_t{1}, std::multiplies<int64_t>());
+  }
+
+  // The output's data, allocated with `shape` on the first call (later calls: the same data).
+  T* Allocate(const std::vector<int64_t>& shape) {
+    if (data_ == nullptr) {
+      data_ = Ort::KernelContext(context_).GetOutput(index_, shape).template GetTensorMutableData<T>();
+      shape_ = shape;
+    }
+    return data_;
+  }
+
+ private:
+  OrtKernelContext* context_;
+  size_t index_;
+  std::vector<int64_t> shape_;
+  T* data_ = nullptr;
+};
+
+using Int32Tensor = Tensor<int32_t>;
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "(";
@@ -240,17 +285,21 @@ struct GetValidCounts {
   int64_t score_threshold;
 };
 
-Ort::Status cvm_lut(const Int32Tensor& indices, const Int32Tensor& table, Int32Tensor& out) {
-  return guarded("cvm_lut", [&] {
-    const int64_t size = table.NumberOfElement();
-    if (std::string err = check_lut(size); !err.empty()) return invalid("cvm_lut", err);
-    int32_t* y = out.Allocate(indices.Shape());
-    const int32_t* idx = indices.Data();
-    const int32_t* tab = table.Data();
-    for (int64_t i = 0, count = indices.NumberOfElement(); i < count; ++i) y[i] = tab[lut_index(idx[i], size)];
-    return Ort::Status{nullptr};
-  });
-}
+struct Lut {
+  Lut(const OrtApi*, const OrtKernelInfo*) {}
+
+  Ort::Status Compute(const Int32Tensor& indices, const Int32Tensor& table, Int32Tensor& out) {
+    return guarded("cvm_lut", [&] {
+      const int64_t size = table.NumberOfElement();
+      if (std::string err = check_lut(size); !err.empty()) return invalid("cvm_lut", err);
+      int32_t* y = out.Allocate(indices.Shape());
+      const int32_t* idx = indices.Data();
+      const int32_t* tab = table.Data();
+      for (int64_t i = 0, count = indices.NumberOfElement(); i < count; ++i) y[i] = tab[lut_index(idx[i], size)];
+      return Ort::Status{nullptr};
+    });
+  }
+};
 
 // The im2col attributes (as ONNX Conv's, wide and batch_inner), checked for their lengths and values 0/1.
 Im2colShape read_im2col_attrs(const OrtKernelInfo* info, const char* name) {
@@ -302,7 +351,7 @@ struct Im2col {
 
   Im2col(const OrtApi*, const OrtKernelInfo* info) : geometry(read_im2col_attrs(info, kName)) {}
 
-  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, Tensor<Out>& out) {
     return guarded(kName, [&] {
       Im2colShape s;
       if (std::string err = im2col_shape(data.Shape(), geometry, s); !err.empty()) return invalid(kName, err);
@@ -354,8 +403,8 @@ struct Im2colRows {
     if (geometry.group != 1 || geometry.wide || geometry.batch_inner) refuse("group must be 1, wide and batch_inner 0");
   }
 
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
-                      Ort::Custom::Tensor<uint8_t>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<In>& data,
+                      Tensor<uint8_t>& out) {
     return guarded(kName, [&] {
       Im2colShape s;
       thread_local std::vector<uint8_t> padded;
@@ -370,7 +419,7 @@ struct Im2colRows {
 
   // The geometry of data in s and its padded copy (HP, WP, C) bytes per image (pad_narrow_hwc) in buffer (the
   // caller's, kept from call to call), for op `name`.
-  Ort::Status pad(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data, const char* name, Im2colShape& s,
+  Ort::Status pad(OrtKernelContext* context, const Tensor<In>& data, const char* name, Im2colShape& s,
                   std::vector<uint8_t>& buffer) const {
     const std::vector<int64_t>& shape = data.Shape();
     if (shape.size() != 4) {
@@ -574,8 +623,8 @@ struct Ends {
 
 // The Ends of op `name`; an error naming it where the addend's shape is not y's.
 template <typename A, typename Out>
-Ort::Status ends_of(const char* name, const std::vector<int64_t>& dims, const Ort::Custom::Tensor<A>* addend,
-                    const AddendSteps& steps, Ort::Custom::Tensor<Out>& out, Ends& ends) {
+Ort::Status ends_of(const char* name, const std::vector<int64_t>& dims, const Tensor<A>* addend,
+                    const AddendSteps& steps, Tensor<Out>& out, Ends& ends) {
   if (addend && addend->Shape() != dims) {
     return invalid(name, "the addend must have y's shape " + shape_text(dims) + ", got " + shape_text(addend->Shape()));
   }
@@ -601,8 +650,8 @@ Ort::Status ends_of(const char* name, const std::vector<int64_t>& dims, const Or
 // addend (requantize_add, nhwc only): y's shape, added after the steps (Addend).
 template <typename Out, typename In = int32_t>
 Ort::Status requantize_channels_last(OrtKernelContext* context, const char* name, const RequantizeAttrs& attrs,
-                                     const Int32Tensor& data, const Int32Tensor& bias, Ort::Custom::Tensor<Out>& out,
-                                     const Ort::Custom::Tensor<In>* addend = nullptr,
+                                     const Int32Tensor& data, const Int32Tensor& bias, Tensor<Out>& out,
+                                     const Tensor<In>* addend = nullptr,
                                      const AddendSteps& addend_steps = {}) {
   const std::vector<int64_t>& shape = data.Shape();
   const std::vector<int64_t>& rows = attrs.rows;
@@ -664,7 +713,7 @@ struct RequantizeUint8 {
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
-                      Ort::Custom::Tensor<uint8_t>& out) {
+                      Tensor<uint8_t>& out) {
     return guarded("requantize_uint8", [&] {
       return requantize_channels_last(context, "requantize_uint8", attrs, data, bias, out);
     });
@@ -744,7 +793,7 @@ struct RequantizeAdd {
   }
 
   Ort::Status Compute(OrtKernelContext* context, const Int32Tensor& data, const Int32Tensor& bias,
-                      const Ort::Custom::Tensor<In>& addend, Ort::Custom::Tensor<Out>& out) {
+                      const Tensor<In>& addend, Tensor<Out>& out) {
     return guarded(kName, [&] {
       return requantize_channels_last(context, kName, attrs, data, bias, out, &addend, addend_steps);
     });
@@ -801,9 +850,9 @@ struct ConvKernel {
   }
 
   template <typename A>
-  Ort::Status run(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
-                  const Ort::Custom::Tensor<uint8_t>&, const Int32Tensor& bias, const Ort::Custom::Tensor<A>* addend,
-                  Ort::Custom::Tensor<Out>& out) const {
+  Ort::Status run(OrtKernelContext* context, const Tensor<In>& data,
+                  const Tensor<uint8_t>&, const Int32Tensor& bias, const Tensor<A>* addend,
+                  Tensor<Out>& out) const {
     Im2colShape s;
     thread_local std::vector<uint8_t> padded;
     thread_local std::vector<int32_t> init, offsets;
@@ -882,9 +931,9 @@ struct ConvRequantize {
 
   ConvRequantize(const OrtApi* api, const OrtKernelInfo* info) : kernel(api, info, kName, false) {}
 
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
-                      const Ort::Custom::Tensor<uint8_t>& weights, const Int32Tensor& bias,
-                      Ort::Custom::Tensor<Out>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<In>& data,
+                      const Tensor<uint8_t>& weights, const Int32Tensor& bias,
+                      Tensor<Out>& out) {
     return guarded(kName, [&] {
       return kernel.template run<int32_t>(context, data, weights, bias, nullptr, out);
     });
@@ -901,9 +950,9 @@ struct ConvRequantizeAdd {
 
   ConvRequantizeAdd(const OrtApi* api, const OrtKernelInfo* info) : kernel(api, info, kName, true) {}
 
-  Ort::Status Compute(OrtKernelContext* context, const Ort::Custom::Tensor<In>& data,
-                      const Ort::Custom::Tensor<uint8_t>& weights, const Int32Tensor& bias,
-                      const Ort::Custom::Tensor<AddIn>& addend, Ort::Custom::Tensor<Out>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<In>& data,
+                      const Tensor<uint8_t>& weights, const Int32Tensor& bias,
+                      const Tensor<AddIn>& addend, Tensor<Out>& out) {
     return guarded(kName, [&] { return kernel.run(context, data, weights, bias, &addend, out); });
   }
 
@@ -955,16 +1004,19 @@ struct GetValidCountsCuda {
   int64_t score_threshold;
 };
 
-Ort::Status cvm_lut_cuda(OrtKernelContext* ctx, const Int32Tensor& indices, const Int32Tensor& table,
-                         Int32Tensor& out) {
-  return guarded("cvm_lut", [&] {
-    const int64_t size = table.NumberOfElement();
-    if (std::string err = check_lut(size); !err.empty()) return invalid("cvm_lut", err);
-    int32_t* y = out.Allocate(indices.Shape());
-    return launched("cvm_lut", cuda_lut(indices.Data(), indices.NumberOfElement(), table.Data(), size, y,
-                                        stream_of(ctx)));
-  });
-}
+struct LutCuda {
+  LutCuda(const OrtApi*, const OrtKernelInfo*) {}
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& indices, const Int32Tensor& table, Int32Tensor& out) {
+    return guarded("cvm_lut", [&] {
+      const int64_t size = table.NumberOfElement();
+      if (std::string err = check_lut(size); !err.empty()) return invalid("cvm_lut", err);
+      int32_t* y = out.Allocate(indices.Shape());
+      return launched("cvm_lut", cuda_lut(indices.Data(), indices.NumberOfElement(), table.Data(), size, y,
+                                          stream_of(ctx)));
+    });
+  }
+};
 
 // im2col_int8 / im2col_uint8 on the GPU: the same geometry checks, then cuda_im2col (values not range-checked:
 // cvm_cuda.h says why).
@@ -975,7 +1027,7 @@ struct Im2colCuda {
 
   Im2colCuda(const OrtApi*, const OrtKernelInfo* info) : geometry(read_im2col_attrs(info, kName)) {}
 
-  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, Ort::Custom::Tensor<Out>& out) {
+  Ort::Status Compute(OrtKernelContext* ctx, const Int32Tensor& data, Tensor<Out>& out) {
     return guarded(kName, [&] {
       Im2colShape s;
       if (std::string err = im2col_shape(data.Shape(), geometry, s); !err.empty()) return invalid(kName, err);
@@ -1041,85 +1093,180 @@ struct RequantizeCuda {
 };
 #endif
 
-// The compute entry of the op in `Slot`: its inputs checked (check_inputs), then the lite API's own entry.
-template <int Slot>
-struct CheckedEntry {
-  static inline OrtStatusPtr(ORT_API_CALL* lite)(void*, OrtKernelContext*) = nullptr;
-  static inline const char* op = nullptr;
-  static inline std::vector<ONNXTensorElementDataType> types;
+// -- the ops: each kernel struct registered through onnxruntime's C API ---------------------------------------
+// A kernel struct K has K(const OrtApi*, const OrtKernelInfo*) (attributes read and checked; throws to refuse the
+// node) and Ort::Status Compute([OrtKernelContext*,] const Tensor<T>&..., Tensor<U>&...): its inputs, then its
+// outputs, whose element types are the op's.
+
+// An op's description for onnxruntime: its name, provider and element types; its kernels (CreateKernel) are K's.
+struct NativeOp : OrtCustomOp {
+  std::string name, provider;
+  std::vector<ONNXTensorElementDataType> inputs, outputs;
+};
+using OpPtr = std::unique_ptr<NativeOp>;
+
+// What K's Compute takes: whether the context first, then the element types of its inputs (const Tensor<T>&) and
+// outputs (Tensor<T>&) in order.
+template <typename Method>
+struct Signature;
+
+template <typename T>
+struct Arg;
+template <typename T>
+struct Arg<const Tensor<T>&> {
+  static constexpr bool kInput = true;
+  using Type = T;
+};
+template <typename T>
+struct Arg<Tensor<T>&> {
+  static constexpr bool kInput = false;
+  using Type = T;
+};
+
+template <typename K, typename... A>
+struct Signature<Ort::Status (K::*)(A...)> {
+  static constexpr bool kContext = false;
+  using Args = std::tuple<A...>;
+};
+template <typename K, typename... A>
+struct Signature<Ort::Status (K::*)(OrtKernelContext*, A...)> {
+  static constexpr bool kContext = true;
+  using Args = std::tuple<A...>;
+};
+
+// The kernel of op `name`: K and the op's name, for its errors.
+template <typename K>
+struct Instance {
+  Instance(const char* op, const OrtApi* api, const OrtKernelInfo* info) : name(op), kernel(api, info) {}
+  const char* name;
+  K kernel;
+};
+
+// K's entry: Compute's arguments read from the kernel context, then Compute.
+template <typename K>
+struct Entry {
+  using Sig = Signature<decltype(&K::Compute)>;
+  static constexpr size_t kArgs = std::tuple_size_v<typename Sig::Args>;
+  template <size_t I>
+  using ArgOf = Arg<std::tuple_element_t<I, typename Sig::Args>>;
+
+  template <size_t... I>
+  static constexpr size_t inputs(std::index_sequence<I...>) {
+    return (0 + ... + ArgOf<I>::kInput);
+  }
+  static constexpr size_t kInputs = inputs(std::make_index_sequence<kArgs>{});
+
+  // Argument i's index among the inputs, or among the outputs (the arguments are the inputs, then the outputs).
+  static constexpr size_t index(size_t i) { return i < kInputs ? i : i - kInputs; }
+
+  template <size_t... I>
+  static OrtStatusPtr run(Instance<K>& self, OrtKernelContext* context, std::index_sequence<I...>) {
+    std::tuple<std::decay_t<std::tuple_element_t<I, typename Sig::Args>>...> args{
+        std::decay_t<std::tuple_element_t<I, typename Sig::Args>>(context, index(I))...};
+    Ort::Status status = guarded(self.name, [&] {
+      size_t count = 0;
+      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetInputCount(context, &count));
+      if (count != kInputs) {
+        return invalid(self.name, "takes " + std::to_string(kInputs) + " inputs, got " + std::to_string(count));
+      }
+      std::string err;  // the first input's that is not a tensor of its type
+      const auto read = [&](auto& arg, size_t i) {
+        if (err.empty() && i < kInputs) err = arg.read();
+      };
+      (read(std::get<I>(args), I), ...);
+      if (!err.empty()) return invalid(self.name, err);
+      if constexpr (Sig::kContext) {
+        return self.kernel.Compute(context, std::get<I>(args)...);
+      } else {
+        return self.kernel.Compute(std::get<I>(args)...);
+      }
+    });
+    return status.release();
+  }
 
   static OrtStatusPtr ORT_API_CALL compute(void* kernel, OrtKernelContext* context) {
-    Ort::Status status = guarded(op, [&] {
-      const std::string err = check_inputs(context, types);
-      return err.empty() ? Ort::Status{nullptr} : invalid(op, err);
-    });
-    return status.IsOK() ? lite(kernel, context) : status.release();
+    return run(*static_cast<Instance<K>*>(kernel), context, std::make_index_sequence<kArgs>{});
+  }
+
+  // The element types of the inputs (in) or of the outputs.
+  template <size_t... I>
+  static std::vector<ONNXTensorElementDataType> types(bool in, std::index_sequence<I...>) {
+    std::vector<ONNXTensorElementDataType> out;
+    for (const auto& [input, type] : {std::pair{ArgOf<I>::kInput, kElementType<typename ArgOf<I>::Type>}...}) {
+      if (input == in) out.push_back(type);
+    }
+    return out;
   }
 };
 
-OrtCustomOpInputOutputCharacteristic ORT_API_CALL required(const OrtCustomOp*, size_t) {
-  return INPUT_OUTPUT_REQUIRED;
-}
+const NativeOp& op_of(const OrtCustomOp* op) { return *static_cast<const NativeOp*>(op); }
 
-// A lite custom op with required inputs and outputs and the checked compute entry of `Slot` (one per op), which
-// checks the inputs against the types of the op's Compute signature.
-template <int Slot>
-OpPtr checked(Ort::Custom::OrtLiteCustomOp* op) {
-  const std::string name = op->GetName(op);
-  if (op->KernelComputeV2 == nullptr) throw std::logic_error(name + ": its Compute must return a status");
-  if (CheckedEntry<Slot>::lite != nullptr) throw std::logic_error(name + ": its slot is taken");
-  CheckedEntry<Slot>::lite = op->KernelComputeV2;
-  CheckedEntry<Slot>::op = op->GetName(op);
-  for (size_t i = 0; i < op->GetInputTypeCount(op); ++i) CheckedEntry<Slot>::types.push_back(op->GetInputType(op, i));
-  op->KernelComputeV2 = &CheckedEntry<Slot>::compute;
-  op->GetInputCharacteristic = &required;
-  op->GetOutputCharacteristic = &required;
-  return OpPtr(op);
-}
-
-// The kernel struct Kernel as op `name` on `provider`, checked<Slot>.
-template <int Slot, typename Kernel>
-OpPtr lite_op(const char* name, const char* provider) {
-  return checked<Slot>(Ort::Custom::CreateLiteCustomOp<Kernel>(name, provider));
+// The kernel struct K as op `name` on `provider`: every input and output required, one version for all opsets.
+template <typename K>
+OpPtr native_op(const char* name, const char* provider) {
+  auto op = std::make_unique<NativeOp>();  // value-initialized: every other OrtCustomOp field null
+  OrtCustomOp& c = *op;
+  c.version = ORT_API_VERSION;
+  op->name = name;
+  op->provider = provider;
+  op->inputs = Entry<K>::types(true, std::make_index_sequence<Entry<K>::kArgs>{});
+  op->outputs = Entry<K>::types(false, std::make_index_sequence<Entry<K>::kArgs>{});
+  c.CreateKernel = [](const OrtCustomOp* o, const OrtApi* api, const OrtKernelInfo* info) -> void* {
+    return new Instance<K>(op_of(o).name.c_str(), api, info);
+  };
+  c.GetName = [](const OrtCustomOp* o) { return op_of(o).name.c_str(); };
+  c.GetExecutionProviderType = [](const OrtCustomOp* o) { return op_of(o).provider.c_str(); };
+  c.GetInputType = [](const OrtCustomOp* o, size_t i) { return op_of(o).inputs[i]; };
+  c.GetInputTypeCount = [](const OrtCustomOp* o) { return op_of(o).inputs.size(); };
+  c.GetOutputType = [](const OrtCustomOp* o, size_t i) { return op_of(o).outputs[i]; };
+  c.GetOutputTypeCount = [](const OrtCustomOp* o) { return op_of(o).outputs.size(); };
+  c.KernelComputeV2 = &Entry<K>::compute;
+  c.KernelDestroy = [](void* kernel) { delete static_cast<Instance<K>*>(kernel); };
+  c.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  c.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  c.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+  c.GetStartVersion = [](const OrtCustomOp*) { return 1; };
+  c.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
+  return op;
 }
 
 std::vector<OpPtr> create_ops() {
   std::vector<OpPtr> ops;
   const char* cpu = "CPUExecutionProvider";
-  ops.push_back(lite_op<0, NonMaxSuppression>("non_max_suppression", cpu));
-  ops.push_back(lite_op<1, GetValidCounts>("get_valid_counts", cpu));
-  ops.push_back(checked<2>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cpu, cvm_lut)));
-  ops.push_back(lite_op<6, Im2col<int8_t, 0>>("im2col_int8", cpu));
-  ops.push_back(lite_op<7, Im2col<uint8_t, 128>>("im2col_uint8", cpu));
-  ops.push_back(lite_op<8, Requantize>("requantize", cpu));
-  ops.push_back(lite_op<12, Im2colRows<int32_t>>("im2col_rows", cpu));
-  ops.push_back(lite_op<13, Im2colRows<uint8_t>>("im2col_rows", cpu));
-  ops.push_back(lite_op<14, RequantizeUint8>("requantize_uint8", cpu));
-  ops.push_back(lite_op<15, RequantizeAdd<int32_t, int32_t>>("requantize_add", cpu));
-  ops.push_back(lite_op<16, RequantizeAdd<uint8_t, int32_t>>("requantize_add", cpu));
-  ops.push_back(lite_op<17, RequantizeAdd<int32_t, uint8_t>>("requantize_add_uint8", cpu));
-  ops.push_back(lite_op<18, RequantizeAdd<uint8_t, uint8_t>>("requantize_add_uint8", cpu));
-  ops.push_back(lite_op<19, ConvRequantize<uint8_t, int32_t>>("conv_requantize", cpu));
-  ops.push_back(lite_op<20, ConvRequantize<int32_t, int32_t>>("conv_requantize", cpu));
-  ops.push_back(lite_op<21, ConvRequantize<uint8_t, uint8_t>>("conv_requantize_uint8", cpu));
-  ops.push_back(lite_op<22, ConvRequantize<int32_t, uint8_t>>("conv_requantize_uint8", cpu));
+  ops.push_back(native_op<NonMaxSuppression>("non_max_suppression", cpu));
+  ops.push_back(native_op<GetValidCounts>("get_valid_counts", cpu));
+  ops.push_back(native_op<Lut>("cvm_lut", cpu));
+  ops.push_back(native_op<Im2col<int8_t, 0>>("im2col_int8", cpu));
+  ops.push_back(native_op<Im2col<uint8_t, 128>>("im2col_uint8", cpu));
+  ops.push_back(native_op<Requantize>("requantize", cpu));
+  ops.push_back(native_op<Im2colRows<int32_t>>("im2col_rows", cpu));
+  ops.push_back(native_op<Im2colRows<uint8_t>>("im2col_rows", cpu));
+  ops.push_back(native_op<RequantizeUint8>("requantize_uint8", cpu));
+  ops.push_back(native_op<RequantizeAdd<int32_t, int32_t>>("requantize_add", cpu));
+  ops.push_back(native_op<RequantizeAdd<uint8_t, int32_t>>("requantize_add", cpu));
+  ops.push_back(native_op<RequantizeAdd<int32_t, uint8_t>>("requantize_add_uint8", cpu));
+  ops.push_back(native_op<RequantizeAdd<uint8_t, uint8_t>>("requantize_add_uint8", cpu));
+  ops.push_back(native_op<ConvRequantize<uint8_t, int32_t>>("conv_requantize", cpu));
+  ops.push_back(native_op<ConvRequantize<int32_t, int32_t>>("conv_requantize", cpu));
+  ops.push_back(native_op<ConvRequantize<uint8_t, uint8_t>>("conv_requantize_uint8", cpu));
+  ops.push_back(native_op<ConvRequantize<int32_t, uint8_t>>("conv_requantize_uint8", cpu));
   // conv_requantize_add[_uint8]: the data and the addend each uint8 or int32
-  ops.push_back(lite_op<23, ConvRequantizeAdd<uint8_t, uint8_t, int32_t>>("conv_requantize_add", cpu));
-  ops.push_back(lite_op<24, ConvRequantizeAdd<uint8_t, int32_t, int32_t>>("conv_requantize_add", cpu));
-  ops.push_back(lite_op<25, ConvRequantizeAdd<int32_t, uint8_t, int32_t>>("conv_requantize_add", cpu));
-  ops.push_back(lite_op<26, ConvRequantizeAdd<int32_t, int32_t, int32_t>>("conv_requantize_add", cpu));
-  ops.push_back(lite_op<27, ConvRequantizeAdd<uint8_t, uint8_t, uint8_t>>("conv_requantize_add_uint8", cpu));
-  ops.push_back(lite_op<28, ConvRequantizeAdd<uint8_t, int32_t, uint8_t>>("conv_requantize_add_uint8", cpu));
-  ops.push_back(lite_op<29, ConvRequantizeAdd<int32_t, uint8_t, uint8_t>>("conv_requantize_add_uint8", cpu));
-  ops.push_back(lite_op<30, ConvRequantizeAdd<int32_t, int32_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<uint8_t, uint8_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<uint8_t, int32_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<int32_t, uint8_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<int32_t, int32_t, int32_t>>("conv_requantize_add", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<uint8_t, uint8_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<uint8_t, int32_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<int32_t, uint8_t, uint8_t>>("conv_requantize_add_uint8", cpu));
+  ops.push_back(native_op<ConvRequantizeAdd<int32_t, int32_t, uint8_t>>("conv_requantize_add_uint8", cpu));
 #ifdef CVM_ONNX_WITH_CUDA
   const char* cuda = "CUDAExecutionProvider";
-  ops.push_back(lite_op<3, NonMaxSuppressionCuda>("non_max_suppression", cuda));
-  ops.push_back(lite_op<4, GetValidCountsCuda>("get_valid_counts", cuda));
-  ops.push_back(checked<5>(Ort::Custom::CreateLiteCustomOp("cvm_lut", cuda, cvm_lut_cuda)));
-  ops.push_back(lite_op<9, Im2colCuda<0>>("im2col_int8", cuda));
-  ops.push_back(lite_op<10, Im2colCuda<128>>("im2col_uint8", cuda));
-  ops.push_back(lite_op<11, RequantizeCuda>("requantize", cuda));
+  ops.push_back(native_op<NonMaxSuppressionCuda>("non_max_suppression", cuda));
+  ops.push_back(native_op<GetValidCountsCuda>("get_valid_counts", cuda));
+  ops.push_back(native_op<LutCuda>("cvm_lut", cuda));
+  ops.push_back(native_op<Im2colCuda<0>>("im2col_int8", cuda));
+  ops.push_back(native_op<Im2colCuda<128>>("im2col_uint8", cuda));
+  ops.push_back(native_op<RequantizeCuda>("requantize", cuda));
 #endif
   return ops;
 }

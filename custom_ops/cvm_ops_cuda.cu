@@ -1,7 +1,6 @@
 // CUDA kernels of the cvm.native ops, with the same semantics as the CPU kernels in cvm_ops.cc: the integer rules
 // (IoU, suppression, lookup clip) come from cvm_kernels.h, shared by both. cvm_ops.cc registers them for
-// CUDAExecutionProvider; this file has no onnxruntime dependency (nvcc's front end cannot parse the lite
-// custom-op header), only kernels and their launchers (cvm_cuda.h).
+// CUDAExecutionProvider; this file has no onnxruntime dependency, only kernels and their launchers (cvm_cuda.h).
 #include <cuda_runtime.h>
 
 #include "cvm_cuda.h"

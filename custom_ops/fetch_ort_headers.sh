@@ -18,7 +18,7 @@ INCLUDE="$DEST/root/usr/include/onnxruntime"
 
 fail() { echo "fetch_ort_headers: $*" >&2; exit 1; }
 
-if [ -f "$INCLUDE/onnxruntime_lite_custom_op.h" ]; then
+if [ -f "$INCLUDE/onnxruntime_cxx_api.h" ]; then
   echo "$INCLUDE"
   exit 0
 fi
@@ -60,5 +60,5 @@ apt-get "$@" -q update >&2 || fail "apt-get update of the $SUITE index failed"
 DEB=$(ls "$DEST"/deb/"$PACKAGE"_*.deb 2>/dev/null | head -n 1)
 [ -n "$DEB" ] || fail "no $PACKAGE .deb was downloaded"
 dpkg -x "$DEB" "$DEST/root" || fail "dpkg -x $DEB failed"
-[ -f "$INCLUDE/onnxruntime_lite_custom_op.h" ] || fail "$DEB has no onnxruntime_lite_custom_op.h"
+[ -f "$INCLUDE/onnxruntime_cxx_api.h" ] || fail "$DEB has no onnxruntime_cxx_api.h"
 echo "$INCLUDE"

@@ -28,7 +28,7 @@ def test_missing_headers_fail_the_build_saying_how_to_fix_it(tmp_path):
     message = " ".join(done.stderr.split())
     assert done.returncode != 0
     assert "the native custom-op library cannot be built" in message
-    assert "has no onnxruntime_lite_custom_op.h" in message
+    assert "has no onnxruntime_cxx_api.h" in message
     assert "CVM_ONNX_ORT_INCLUDE_DIR" in message and "CVM_ONNX_NATIVE=OFF" in message
 
 

@@ -204,8 +204,8 @@ def native_model(op: str, absent: int) -> tuple[onnx.ModelProto, np.ndarray]:
 @pytest.mark.parametrize("op, absent", [("non_max_suppression", 0), ("non_max_suppression", 1),
                                         ("get_valid_counts", 0), ("cvm_lut", 0), ("cvm_lut", 1)])
 def test_absent_input_of_a_native_op_is_refused_not_a_segfault(tmp_path, op, absent, native):
-    """A non_max_suppression whose data input was '' died of SIGSEGV inside onnxruntime's run: the lite custom-op
-    API declared every input optional, and read the absent one's shape through a null value."""
+    """A native op whose input is '' is refused with one error, never run (a non_max_suppression whose data input
+    was '' once died of SIGSEGV: its absent input was read through a null value)."""
     import subprocess
     import sys
 
