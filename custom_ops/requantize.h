@@ -547,34 +547,67 @@ __attribute__((always_inline)) inline void blocks_then(const int32_t* x, const i
   }
 }
 
-// blocks_then with UniformEnd, where the addend's steps (A its type, data its values) are of Steps' kinds.
-template <typename Out, typename A, typename Steps, int64_t... Kinds>
-__attribute__((always_inline)) inline bool uniform_end(const int32_t* x, const int32_t* add, int64_t n,
-                                                       const ChannelArrays& p, Out* v, const Addend& addend,
-                                                       const A* data) {
+// body(UniformEnd) and true where the addend's steps (A its type, data its values) are of Steps' kinds and a shift
+// and a clip follow the sum; else false.
+template <typename A, typename Steps, typename Body>
+__attribute__((always_inline)) inline bool uniform_end(const Addend& addend, const A* data, Body& body) {
   using After = UniformLanes<kShift, kClip>;
   if (!Steps::fits(addend.steps) || !After::fits(addend.after)) return false;
-  const UniformEnd<A, Steps, After> end{data, Steps(addend.steps), After(addend.after)};
-  blocks_then<Out, UniformEnd<A, Steps, After>, Kinds...>(x, add, n, p, v, end);
+  body(UniformEnd<A, Steps, After>{data, Steps(addend.steps), After(addend.after)});
   return true;
 }
 
-// blocks_then with UniformEnd where the addend's steps are none, a multiply or a clip and a multiply (a quantized
-// import's residual Add; a uint8 addend's clip within [0, 255] has gone) and those after the sum a shift and a
-// clip; else with AnyEnd.
-template <typename Out, int64_t... Kinds>
-__attribute__((always_inline)) inline void channel_blocks(const int32_t* x, const int32_t* add, int64_t n,
-                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
+// body(end), end what follows a chain's steps on each vector: UniformEnd where the addend's steps are none, a
+// multiply or a clip and a multiply (a quantized import's residual Add; a uint8 addend's clip within [0, 255] has
+// gone) and a shift and a clip follow the sum; else AnyEnd (any addend, or none).
+template <typename Body>
+__attribute__((always_inline)) inline void with_end(const Addend* addend, Body&& body) {
   if (addend) {
     const auto ends = [&](const auto* data) __attribute__((always_inline)) {
       using A = std::remove_const_t<std::remove_pointer_t<decltype(data)>>;
-      return uniform_end<Out, A, UniformLanes<>, Kinds...>(x, add, n, p, v, *addend, data) ||
-             uniform_end<Out, A, UniformLanes<kMul>, Kinds...>(x, add, n, p, v, *addend, data) ||
-             uniform_end<Out, A, UniformLanes<kClip, kMul>, Kinds...>(x, add, n, p, v, *addend, data);
+      return uniform_end<A, UniformLanes<>>(*addend, data, body) ||
+             uniform_end<A, UniformLanes<kMul>>(*addend, data, body) ||
+             uniform_end<A, UniformLanes<kClip, kMul>>(*addend, data, body);
     };
     if (addend->x ? ends(addend->x) : ends(addend->bytes)) return;
   }
-  blocks_then<Out, AnyEnd, Kinds...>(x, add, n, p, v, AnyEnd{addend});
+  body(AnyEnd{addend});
+}
+
+// blocks_then with with_end's end.
+template <typename Out, int64_t... Kinds>
+__attribute__((always_inline)) inline void channel_blocks(const int32_t* x, const int32_t* add, int64_t n,
+                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
+  with_end(addend, [&](const auto& end) __attribute__((always_inline)) {
+    blocks_then<Out, std::decay_t<decltype(end)>, Kinds...>(x, add, n, p, v, end);
+  });
+}
+
+// v = steps(x), the same steps for every value, of Steps' kinds, then with_end's end, over n values (a multiple of
+// 16), the chain in registers: true; false where the steps are of other kinds.
+template <typename Out, typename Steps>
+__attribute__((always_inline)) inline bool uniform_steps(const int32_t* x, int64_t n,
+                                                         const std::vector<RequantStep>& steps, Out* v,
+                                                         const Addend* addend) {
+  if (!Steps::fits(steps)) return false;
+  const Steps chain(steps);
+  with_end(addend, [&](const auto& end) __attribute__((always_inline)) {
+    for (int64_t i = 0; i < n; i += kLanes) end(chain(load_lanes(x + i)), i, v);
+  });
+  return true;
+}
+
+// uniform_steps where the steps are a CVM model's requantization (clip, multiply, shift, clip, after a shift or
+// not, then a multiply before a residual Add or not) and n a multiple of 16: true; else false.
+template <typename Out>
+__attribute__((always_inline)) inline bool uniform_chain(const int32_t* x, int64_t n,
+                                                         const std::vector<RequantStep>& steps, Out* v,
+                                                         const Addend* addend) {
+  return n % kLanes == 0 &&
+         (uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip>>(x, n, steps, v, addend) ||
+          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip>>(x, n, steps, v, addend) ||
+          uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend) ||
+          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend));
 }
 
 // channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's
@@ -645,11 +678,12 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 // x[i] * scales[c] + bias[c], c = i % channels (no scales or no bias: null), for the rows [begin, end) of
 // `channels` values (x holds them from row `begin` on; every other pointer from row 0), in chunks of about 1024
 // values (ending where the bias rows wrap around). positions > 0: the bias is per position and channel, (P, C), row
-// r's the bias row r % positions. `per` not empty: channel c's own
-// steps, in one pass with the bias, the addend's and the narrowing where `arrays` holds them and there are no
-// scales and no bias (C,), else applied to the chunk's values of channel c gathered side by side (then put back).
-// addend not null: each chunk then gets the addend's (Addend). bytes not null: y is written there as bytes instead
-// (y unused), each chunk narrowed from int32; the caller proves every value in [0, 255].
+// r's the bias row r % positions. `per` not empty: channel c's own steps, in one pass with the bias, the addend's
+// and the narrowing where `arrays` holds them and there are no scales and no bias (C,), else applied to the chunk's
+// values of channel c gathered side by side (then put back); `per` empty, no scales and no bias: one pass too where
+// the steps are of uniform_chain's kinds. addend not null: each chunk then gets the addend's (Addend). bytes not
+// null: y is written there as bytes instead (y unused), each chunk narrowed from int32; the caller proves every
+// value in [0, 255].
 CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                        const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
                                        int32_t* y, int64_t positions = 0, const ChannelSteps& per = {},
@@ -657,50 +691,55 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
                                        const Addend* addend = nullptr) {
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
   const bool fused = !arrays.kinds.empty() && !scales && (positions > 0 || !bias_all);
-  std::vector<int32_t> lane(per.empty() || fused ? 0 : static_cast<size_t>(group));
-  std::vector<int32_t> chunk(bytes && !fused ? static_cast<size_t>(group * channels) : 0);
-  std::vector<int32_t> second(addend && !fused ? static_cast<size_t>(group * channels) : 0);
+  const bool one_chain = per.empty() && !scales && !bias_all;  // uniform_chain, where its kinds are the steps'
+  std::vector<int32_t> lane, chunk, second;  // the steps' loops' values (sized where used)
   for (int64_t first = begin, last = 0; first < end; first = last) {
     last = std::min({end, first + group, positions > 0 ? (first / positions + 1) * positions : end});
-    const int64_t count = last - first, at = first * channels;
+    const int64_t count = last - first, at = first * channels, n = count * channels;
+    const int32_t* u = x + (first - begin) * channels;  // the chunk's values
+    std::optional<Addend> from;  // the addend from the chunk's first value on
+    if (addend) {
+      from.emplace(Addend{addend->x ? addend->x + at : nullptr, addend->bytes ? addend->bytes + at : nullptr,
+                          addend->steps, addend->after});
+    }
+    const Addend* chunk_addend = from ? &*from : nullptr;
     if (fused) {  // the bias, the steps, the addend's and the narrowing in one pass, in registers
       const int32_t* bias = bias_all ? bias_all + (first % positions) * channels : nullptr;
-      std::optional<Addend> from;  // the addend from the chunk's first value on
-      if (addend) {
-        from.emplace(Addend{addend->x ? addend->x + at : nullptr, addend->bytes ? addend->bytes + at : nullptr,
-                            addend->steps, addend->after});
-      }
       if (bytes) {
-        apply_channel_arrays(x + (first - begin) * channels, bias, count * channels, arrays, bytes + at,
-                             from ? &*from : nullptr);
+        apply_channel_arrays(u, bias, n, arrays, bytes + at, chunk_addend);
       } else {
-        apply_channel_arrays(x + (first - begin) * channels, bias, count * channels, arrays, y + at,
-                             from ? &*from : nullptr);
+        apply_channel_arrays(u, bias, n, arrays, y + at, chunk_addend);
       }
       continue;
     }
+    if (one_chain && (bytes ? uniform_chain(u, n, steps, bytes + at, chunk_addend)
+                            : uniform_chain(u, n, steps, y + at, chunk_addend))) {
+      continue;  // the steps, the addend's and the narrowing in one pass, in registers
+    }
+    if (bytes) chunk.resize(static_cast<size_t>(n));
     int32_t* v = bytes ? chunk.data() : y + at;
     for (int64_t r = 0; r < count; ++r) {
       const int32_t* bias = bias_all && positions ? bias_all + ((first + r) % positions) * channels : bias_all;
-      const int32_t* u = x + (first - begin + r) * channels;
+      const int32_t* row = u + r * channels;
       int32_t* w = v + r * channels;
       if (scales) {
         for (int64_t c = 0; c < channels; ++c) {
-          w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) * static_cast<uint32_t>(scales[c]) +
+          w[c] = static_cast<int32_t>(static_cast<uint32_t>(row[c]) * static_cast<uint32_t>(scales[c]) +
                                       static_cast<uint32_t>(bias ? bias[c] : 0));
         }
       } else if (bias) {
-        for (int64_t c = 0; c < channels; ++c) w[c] = static_cast<int32_t>(static_cast<uint32_t>(u[c]) +
+        for (int64_t c = 0; c < channels; ++c) w[c] = static_cast<int32_t>(static_cast<uint32_t>(row[c]) +
                                                                            static_cast<uint32_t>(bias[c]));
       } else {
-        std::copy(u, u + channels, w);
+        std::copy(row, row + channels, w);
       }
     }
     if (per.empty()) {
-      apply_steps_fast(v, count * channels, steps);
+      apply_steps_fast(v, n, steps);
     } else if (!arrays.kinds.empty()) {
-      apply_channel_arrays(v, nullptr, count * channels, arrays, v);
+      apply_channel_arrays(v, nullptr, n, arrays, v);
     } else {
+      lane.resize(static_cast<size_t>(count));
       for (int64_t c = 0; c < channels; ++c) {
         for (int64_t r = 0; r < count; ++r) lane[r] = v[r * channels + c];
         apply_steps_fast(lane.data(), count, per[c]);
@@ -708,20 +747,21 @@ CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t 
       }
     }
     if (addend) {
+      second.resize(static_cast<size_t>(n));
       if (addend->x) {
-        std::copy_n(addend->x + at, count * channels, second.data());
+        std::copy_n(addend->x + at, n, second.data());
       } else {
-        std::copy_n(addend->bytes + at, count * channels, second.data());
+        std::copy_n(addend->bytes + at, n, second.data());
       }
-      apply_steps_fast(second.data(), count * channels, addend->steps);
-      for (int64_t i = 0; i < count * channels; ++i) {
+      apply_steps_fast(second.data(), n, addend->steps);
+      for (int64_t i = 0; i < n; ++i) {
         v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + static_cast<uint32_t>(second[i]));
       }
-      apply_steps_fast(v, count * channels, addend->after);
+      apply_steps_fast(v, n, addend->after);
     }
     if (bytes) {
       uint8_t* out = bytes + at;
-      for (int64_t i = 0; i < count * channels; ++i) out[i] = static_cast<uint8_t>(v[i]);
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v[i]);
     }
   }
 }

@@ -99,6 +99,10 @@ import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
 #: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
 import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
+#: A CVM model's requantization, one list for every channel (clip, multiply, shift, clip, after a shift or not, then
+#: a multiply before a residual Add or not), whose kernels also take compile-time kinds (requantize.h uniform_chain).
+cvm_chain = st.tuples(st.lists(shift, max_size=1), clip_step(), multiply, shift, clip_step(),
+                      st.lists(multiply, max_size=1)).map(lambda t: [*t[0], *t[1:5], *t[5]])
 
 
 @pytest.mark.isa
@@ -117,13 +121,14 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(case=convolutions(channels=(16, 48)), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
-       bytes_out=st.booleans(), add=st.sampled_from([TensorProto.INT32, TensorProto.UINT8]),
-       threads=st.integers(1, 2))
-def test_conv_requantize_adds_an_imports_residual_exactly(case, data, bias, bytes_out, add, threads):
-    """The same with a quantized import's chains and residual Add (the addend's steps none, a multiply, or a clip
-    and a multiply; a shift and a clip after the sum) over channels in blocks of 16: the kernels that take these
-    kinds at compile time, their constants in registers (requantize.h channel_blocks)."""
-    check_conv(case, data, bias, bytes_out, add, "an import's", threads)
+       bytes_out=st.booleans(), add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       chains=st.sampled_from(["an import's", "a CVM model's"]), threads=st.integers(1, 2))
+def test_conv_requantize_runs_the_usual_chains_exactly(case, data, bias, bytes_out, add, chains, threads):
+    """The same with a quantized import's chains (each channel's) or a CVM model's (one list), and a residual Add
+    of an import's kinds (the addend's steps none, a multiply, or a clip and a multiply; a shift and a clip after
+    the sum), over channels in blocks of 16: the kernels that take these kinds at compile time, their constants in
+    registers (requantize.h channel_blocks and uniform_chain)."""
+    check_conv(case, data, bias, bytes_out, add, chains, threads)
 
 
 def check_conv(case, data, bias, bytes_out, add, chains, threads):
@@ -135,10 +140,10 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
     products = wrap((rows - attrs["product_zero"]) @ (weights.astype(np.int64) - 128), 32)
     b = data.draw(tensors({"none": (0,), "channel": (oc,), "position": (positions, oc)}[bias], 32))
     ends = [(3, 0, data.draw(st.integers(0, 255)))] if bytes_out else []
-    if chains == "one list":
-        chain = data.draw(st.lists(cpu_step, max_size=4)) + ([] if add else ends)
+    if chains in ("one list", "a CVM model's"):
+        chain = data.draw(st.lists(cpu_step, max_size=4) if chains == "one list" else cvm_chain) + ([] if add else ends)
         per, steps = [chain] * oc, {"steps": [v for s in chain for v in s]}
-        if data.draw(st.booleans()):  # each channel's products times its scale before the bias
+        if chains == "one list" and data.draw(st.booleans()):  # each channel's products times its scale, then bias
             scales = data.draw(st.lists(int32s, min_size=oc, max_size=oc))
             steps["scales"] = scales
             products = wrap(products * np.array(scales, np.int64), 32)
@@ -155,7 +160,7 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
         shape = (n, positions, oc)
         feeds["a"] = data.draw(tensors(shape, 9).map(np.abs).map(lambda a: a.astype(np.uint8))
                                if add == TensorProto.UINT8 else tensors(shape, 32)).reshape(n, oh, ow, oc)
-        if chains == "an import's":
+        if chains in ("an import's", "a CVM model's"):
             addend_steps = data.draw(import_addend)
             sum_steps = [data.draw(shift), *(ends or [data.draw(clip_step())])]
         else:
