@@ -458,7 +458,6 @@ def test_layernorm_equals_its_integer_form_within_its_bound_of_float(d, shape, x
                                        max_size=math.prod(gshape))), np.int64).reshape(gshape)
     beta = np.asarray(d.draw(st.lists(st.integers(-2**20, 2**20), min_size=math.prod(norm),
                                       max_size=math.prod(norm))), np.int64).reshape(norm) if has_beta else None
-    m, inits = layernorm_model(shape, axis, x_type, s, zx, eps, gamma, sg, beta, float_params, so, zo, out_type)
     kind = d.draw(st.sampled_from(["any", "extremes", "constant rows"]))
     x = draw_x(d, shape, x_type)
     info = np.iinfo(NP[x_type])
@@ -467,6 +466,25 @@ def test_layernorm_equals_its_integer_form_within_its_bound_of_float(d, shape, x
     elif kind == "constant rows":
         x = np.broadcast_to(x.reshape(view)[:, :1], view).reshape(shape).copy()
         x.reshape(-1)[0] = int(info.max) if x.reshape(-1)[0] != int(info.max) else int(info.min)  # one row not
+    check_layernorm(shape, axis, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x)
+
+
+def test_layernorm_with_a_beta_that_saturates_its_outputs_is_exact():
+    """A beta far past |gamma| sqrt(n - 1) plus the output range (716489 * s * s_gamma = 2.1e6 output steps for
+    |gamma| = 26 steps) saturates every output of its position; the import bounds it (it refused, finding no B_i
+    within 32 bits)."""
+    x = np.array([[-128, 127, 5, -3], [0, 9, -50, 100]], np.int8)
+    gamma, beta = np.array([0] * 7 + [18]).reshape(2, 4), np.array([0] * 7 + [716489]).reshape(2, 4)
+    check_layernorm((2, 4), 0, T.INT8, T.INT8, 2.0, 0.015625, 1e-12, 0.02286708913743496, False, 0, 0, gamma, beta, x)
+
+
+def check_layernorm(shape, axis, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x):
+    """The LayerNormalization of the two tests above imported and run on x: equal to the integer form's oracle, every
+    unsaturated output within 1/2 + delta of the exact value, or refused only for a gamma wider than 256 steps."""
+    a = axis % len(shape)
+    view = (math.prod(shape[:a]), math.prod(shape[a:]))
+    has_beta = beta is not None
+    m, inits = layernorm_model(shape, axis, x_type, s, zx, eps, gamma, sg, beta, float_params, so, zo, out_type)
     n = view[1]
     g, b = exact_params(inits, float_params, n, has_beta)
     s_, so_ = Fraction(float(np.float32(s))), Fraction(float(np.float32(so)))

@@ -118,6 +118,12 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
         raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     precision = tight(max(-low, high))
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
+    # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
+    # output range plus 2 from 0 saturates every output of position i, and so does the bound in its place (the same
+    # outputs; B_i within 32 bits)
+    root = math.isqrt(max(n - 1, 0)) + 1  # > sqrt(n - 1)
+    beta = np.array([max(-limit, min(limit, bi)) for gi, bi in zip(gamma.flat, beta.flat)
+                     for limit in [abs(gi) * root + high - low + 2]], dtype=object)
     best = None
     for j in range(0, f + 1):
         err = Fraction(worst) / (1 << j) + 1  # the table's error, and trunc's
