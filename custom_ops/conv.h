@@ -1,7 +1,7 @@
 // A convolution's rows product and its requantization in one kernel (the serving form's conv_requantize ops on
-// the CPU): tiles of output positions, each position's window read where it lies in the padded copy (or gathered
-// as a row of bytes into a tile in the L1 cache), multiplied by weights packed once, and requantized from the tile
-// of int32 products, so that neither the rows nor the products go through memory (docs/custom_ops.md).
+// the CPU): tiles of output positions, each position's window read where it lies in the padded copy, multiplied by
+// weights packed once, and requantized from the tile of int32 products, so that neither the rows nor the products
+// go through memory (docs/custom_ops.md).
 //
 // Exact on every ISA: the products are uint8 x int8 summed into int32 without saturation (4-way byte dot
 // products with VNNI, vpdpbusd; pairs of int16 products with AVX2, vpmaddwd, or for rows of values in [0, 127]
@@ -58,28 +58,30 @@ inline int64_t best_isa(bool bounded) {
 
 constexpr int64_t kBlockLanes = 16;  // output channels per block of packed weights
 
-// Weights B (K, OC) uint8, read as w = B - 128 (int8), packed once: blocks of 16 output channels (the last filled
-// up with zero weights), K rounded up to k4 (a multiple of 4, zero weights beyond K). `bytes`: per block and group of
-// four k, [16 channels][4 k] int8, the second operand of a 4-way byte dot product per 32-bit lane (VNNI). `pairs`:
-// the same weights as int16, per block and group of four k, [2 pairs][16 channels][2 k] (vpmaddwd). `sums`: each
-// channel's sum of w over K.
+// Weights B (K, OC) uint8, K = taps * C in the order (tap, c), read as w = B - 128 (int8), packed once: blocks of
+// 16 output channels (the last filled up with zero weights), each tap's C channels rounded up to c4 (a multiple of
+// 4, zero weights beyond C), k4 = taps * c4. `bytes`: per block and group of four k, [16 channels][4 k] int8, the
+// second operand of a 4-way byte dot product per 32-bit lane (VNNI). `pairs`: the same weights as int16, per block
+// and group of four k, [2 pairs][16 channels][2 k] (vpmaddwd). `sums`: each channel's sum of w over K.
 struct PackedWeights {
-  int64_t k = 0, oc = 0, k4 = 0, blocks = 0;
+  int64_t k = 0, oc = 0, c = 0, c4 = 0, k4 = 0, blocks = 0;
   std::vector<int8_t> bytes;
   std::vector<int16_t> pairs;
   std::vector<int32_t> sums;
 };
 
-inline PackedWeights pack_weights(const uint8_t* b, int64_t k, int64_t oc) {
+inline PackedWeights pack_weights(const uint8_t* b, int64_t taps, int64_t c, int64_t oc) {
   PackedWeights p;
-  p.k = k, p.oc = oc, p.k4 = (k + 3) / 4 * 4, p.blocks = (oc + kBlockLanes - 1) / kBlockLanes;
+  p.k = taps * c, p.oc = oc, p.c = c, p.c4 = (c + 3) / 4 * 4, p.k4 = taps * p.c4;
+  p.blocks = (oc + kBlockLanes - 1) / kBlockLanes;
   const size_t size = static_cast<size_t>(p.blocks * p.k4 * kBlockLanes);
   p.bytes.assign(size, 0);
   p.pairs.assign(size, 0);
   p.sums.assign(static_cast<size_t>(p.blocks * kBlockLanes), 0);
-  for (int64_t i = 0; i < k; ++i) {
+  for (int64_t k = 0; k < p.k; ++k) {
+    const int64_t i = k / c * p.c4 + k % c;  // k's place among the k4
     for (int64_t o = 0; o < oc; ++o) {
-      const int32_t w = static_cast<int32_t>(b[i * oc + o]) - 128;
+      const int32_t w = static_cast<int32_t>(b[k * oc + o]) - 128;
       const int64_t block = o / kBlockLanes, lane = o % kBlockLanes, group = (block * p.k4 + i / 4 * 4) * kBlockLanes;
       p.bytes[static_cast<size_t>(group + lane * 4 + i % 4)] = static_cast<int8_t>(w);
       p.pairs[static_cast<size_t>(group + (i % 4 / 2) * 32 + lane * 2 + i % 2)] = static_cast<int16_t>(w);
@@ -91,7 +93,7 @@ inline PackedWeights pack_weights(const uint8_t* b, int64_t k, int64_t oc) {
 
 // The kernels: c[r * oc + o] = init[o] + sum_k a[r][offsets[k / 4] + k % 4] * w[k, o] for the rows r < rows (a
 // multiple of 24), int32 with wrap-around (the exact sum wherever it lies in int32): row r's window read where it
-// lies (each group of four k one 32-bit load), K rounded up to k4 (the bytes past K may hold anything: the
+// lies (each group of four k one 32-bit load), over the k4 (the bytes past each tap's C may hold anything: the
 // weights are zero there). init holds blocks * 16 values.
 
 // Baseline: plain int32 arithmetic.
@@ -294,22 +296,19 @@ constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: ever
 // Positions per tile: as many multiples of 24 as keep its rows (k4 bytes each) within 16 KB, at least 24, at most 96.
 inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k4 / kTileRows, 1, 4) * kTileRows; }
 
-// Whether the kernels read each window straight from the padded copy: every group of four k (in the order fh, fw,
-// c) lies within one tap's C bytes, so one 32-bit load at a fixed offset from the position's first byte.
-inline bool windows_in_place(const Im2colShape& s) { return s.c % 4 == 0; }
+// Bytes of the padded copy after its last image that a window's last group of four may read (window_offsets).
+constexpr int64_t kPaddedSlack = 3;
 
-// The offset of each group of four k from a position's first byte in the padded copy ((fh * dh * WP + fw * dw) * C
-// + c, windows_in_place), or within a gathered row (4 q), in out.
-inline void window_offsets(const Im2colShape& s, int64_t k4, std::vector<int32_t>& out) {
+// The offset of each group of four k from a position's first byte in the padded copy, (fh * dh * WP + fw * dw) * C
+// + c for c < c4 in steps of 4, in out: one 32-bit load each. Where C is not a multiple of 4, a tap's last group
+// reads the next pixel's first bytes (or, past the last image, up to kPaddedSlack bytes), which meet zero
+// weights (pack_weights).
+inline void window_offsets(const Im2colShape& s, int64_t c4, std::vector<int32_t>& out) {
   out.clear();
-  if (!windows_in_place(s)) {
-    for (int64_t k = 0; k < k4; k += 4) out.push_back(static_cast<int32_t>(k));
-    return;
-  }
   for (int64_t fh = 0; fh < s.kh; ++fh) {
     for (int64_t fw = 0; fw < s.kw; ++fw) {
       const int64_t tap = (fh * s.dh * s.wp() + fw * s.dw) * s.c;
-      for (int64_t c = 0; c < s.c; c += 4) out.push_back(static_cast<int32_t>(tap + c));
+      for (int64_t c = 0; c < c4; c += 4) out.push_back(static_cast<int32_t>(tap + c));
     }
   }
 }
@@ -332,21 +331,6 @@ inline void window_starts(const uint8_t* xp, const Im2colShape& s, int64_t first
     }
   }
   std::fill(at + count, at + rows, at[count - 1]);
-}
-
-// The rows of the positions [first, first + count) (global: image g / (OH * OW)) from the padded copy xp, k4 bytes
-// apart from a on, and at[0:rows] pointing at them (the rows past count at the last); the bytes from K to k4 of each
-// row are left as they are.
-CVM_AVX2_CLONES void gather_windows(const uint8_t* xp, const Im2colShape& s, int64_t first, int64_t count,
-                                    int64_t k4, uint8_t* a, int64_t rows, const uint8_t** at) {
-  const int64_t positions = s.oh * s.ow;
-  for (int64_t g = first; g < first + count;) {
-    const int64_t n = g / positions, p = g % positions, oh = p / s.ow, ow = p % s.ow;
-    const int64_t run = std::min(first + count - g, s.ow - ow);  // the rest of this output row in the tile
-    window_rows(xp, s, n, oh, ow, run, k4, a + (g - first) * k4);
-    g += run;
-  }
-  for (int64_t i = 0; i < rows; ++i) at[i] = a + std::min(i, count - 1) * k4;
 }
 
 }  // namespace cvm_onnx

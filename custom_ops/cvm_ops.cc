@@ -389,7 +389,7 @@ struct Im2colRows {
   static constexpr const char* kName = "im2col_rows";
   static constexpr bool kBytes = std::is_same_v<In, uint8_t>;
 
-  // name: the op whose attributes these are (im2col_rows, or a conv_requantize op, which gathers the same rows).
+  // name: the op whose attributes these are (im2col_rows, or a conv_requantize op, which reads the same rows).
   Im2colRows(const OrtApi*, const OrtKernelInfo* info, const char* name = kName)
       : geometry(read_im2col_attrs(info, name)), offset(int_attr(info, "offset", 128)), nhwc(int_attr(info, "nhwc", 0)),
         zero(int_attr(info, "zero", -1)) {
@@ -418,7 +418,7 @@ struct Im2colRows {
   }
 
   // The geometry of data in s and its padded copy (HP, WP, C) bytes per image (pad_narrow_hwc) in buffer (the
-  // caller's, kept from call to call), for op `name`.
+  // caller's, kept from call to call; kPaddedSlack bytes more after the last image), for op `name`.
   Ort::Status pad(OrtKernelContext* context, const Tensor<In>& data, const char* name, Im2colShape& s,
                   std::vector<uint8_t>& buffer) const {
     const std::vector<int64_t>& shape = data.Shape();
@@ -433,7 +433,8 @@ struct Im2colRows {
     const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
     const In* x = data.Data();
     // the pad functions write every byte of their image
-    if (buffer.size() < static_cast<size_t>(s.n * s.hp() * s.wp() * s.c)) buffer.resize(s.n * s.hp() * s.wp() * s.c);
+    const size_t size = static_cast<size_t>(s.n * s.hp() * s.wp() * s.c + kPaddedSlack);
+    if (buffer.size() < size) buffer.resize(size);
     uint8_t* padded = buffer.data();
     std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
     auto image = [&](int64_t n) {
@@ -846,7 +847,12 @@ struct ConvKernel {
     if (!attrs.scales.empty() && static_cast<int64_t>(attrs.scales.size()) != shape[1]) {
       refuse(std::to_string(attrs.scales.size()) + " scales for " + std::to_string(shape[1]) + " output channels");
     }
-    weights = pack_weights(w.GetTensorData<uint8_t>(), shape[0], shape[1]);
+    const int64_t taps = rows.geometry.kh * rows.geometry.kw;
+    if (shape[0] % taps != 0) {
+      refuse("the weights (K, OC) must have K = kh * kw * C, got " + shape_text(shape) + " for a " +
+             std::to_string(rows.geometry.kh) + " x " + std::to_string(rows.geometry.kw) + " kernel");
+    }
+    weights = pack_weights(w.GetTensorData<uint8_t>(), taps, shape[0] / taps, shape[1]);
   }
 
   template <typename A>
@@ -887,27 +893,20 @@ struct ConvKernel {
                                      static_cast<uint32_t>(folded ? bias.Data()[o] : 0));
     }
     const int32_t* later_bias = per_position || (per_channel && scaled) ? bias.Data() : nullptr;
-    const int64_t tile = tile_positions(weights.k4), k4 = weights.k4;
-    const bool in_place = windows_in_place(s);
-    window_offsets(s, k4, offsets);
+    const int64_t tile = tile_positions(weights.k4);
+    window_offsets(s, weights.c4, offsets);
     // the tasks run on other threads too, where `padded`, `init` and `offsets` would name that thread's own
     const uint8_t* xp = padded.data();
     const int32_t* start = init.data();
     const int32_t* offset = offsets.data();
     auto task = [&](int64_t t) {
-      thread_local std::vector<uint8_t> a;  // gathered rows (not in_place); bytes beyond K: any values (zero
-      thread_local std::vector<const uint8_t*> at;  // weights there); each row's first byte
+      thread_local std::vector<const uint8_t*> at;  // each row's first byte
       thread_local std::vector<int32_t> c;
       const int64_t first = t * tile, count = std::min(tile, total - first);
       const int64_t padded_rows = (count + kTileRows - 1) / kTileRows * kTileRows;
       if (at.size() < static_cast<size_t>(padded_rows)) at.resize(static_cast<size_t>(padded_rows));
       if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
-      if (in_place) {
-        window_starts(xp, s, first, count, padded_rows, at.data());
-      } else {
-        if (a.size() < static_cast<size_t>(count * k4)) a.resize(static_cast<size_t>(count * k4));
-        gather_windows(xp, s, first, count, k4, a.data(), padded_rows, at.data());
-      }
+      window_starts(xp, s, first, count, padded_rows, at.data());
       products(isa, at.data(), offset, padded_rows, weights, start, c.data());
       requantize_last(c.data(), first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc,
                       attrs.steps, ends.words, per_position ? positions : 0, attrs.per_channel, attrs.arrays,

@@ -199,8 +199,8 @@ def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
 
 
 def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
-    """A non-constant weight, an unknown kernel, a zero point outside uint8, a bias, addend or input of the wrong
-    shape, and bytes out of a chain that does not end in them: one error naming the op and the rule."""
+    """A non-constant weight, an unknown kernel, a zero point outside uint8, a bias, addend, input or weights of the
+    wrong shape, and bytes out of a chain that does not end in them: one error naming the op and the rule."""
     x, weights = np.zeros((1, 4, 4, 3), np.uint8), np.zeros((27, 5), np.uint8)
     base = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], nhwc=1, offset=0, zero=0, steps=[3, 0, 9])
     feeds = {"x": x, "b": np.zeros(5, np.int32)}
@@ -226,6 +226,8 @@ def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
             {"x": x, "b": np.zeros(4, np.int32)}, r"conv_requantize: the bias must be empty, \(OC,\)")
     refused(conv_model("conv_requantize", [1, 4, 4, 2], TensorProto.UINT8, weights, [5], base),
             {**feeds, "x": np.zeros((1, 4, 4, 2), np.uint8)}, "conv_requantize: the weights .* must be")
+    refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights[:26], [5], base), feeds,
+            r"conv_requantize: the weights \(K, OC\) must have K = kh \* kw \* C, got \(26, 5\) for a 3 x 3 kernel")
     refused(conv_model("conv_requantize_uint8", [1, 4, 4, 3], TensorProto.UINT8, weights, [5],
                        {**base, "steps": [3, -1, 9]}), feeds, "conv_requantize_uint8: every chain must end with a clip")
     refused(conv_model("conv_requantize_add", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], base, TensorProto.INT32),

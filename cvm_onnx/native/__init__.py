@@ -41,7 +41,7 @@ serving form's window ops and fused requantization:
   [0, 255]); CPU only;
 * ``conv_requantize(data, weights (K, OC) uint8 constant, bias) -> (N, OH, OW, OC)`` int32 (``_uint8``: uint8;
   ``conv_requantize_add[_uint8]`` with an addend): ``im2col_rows``, MatMulInteger(rows, weights, product_zero,
-  128) and the requantize after it (nhwc, rows) in one kernel: the windows gathered into tiles in the L1 cache,
+  128) and the requantize after it (nhwc, rows) in one kernel: each window read where it lies in the padded copy,
   the products exact in int32 (VNNI, AVX2 or plain C: attribute isa), requantized from the tile; CPU only.
 
 ``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
@@ -194,7 +194,7 @@ IM2COL_ATTRS: dict[str, list[int] | int | None] = {"kernel_shape": None, "stride
                                                    "offset": 128, "nhwc": 0, "zero": -1}
 
 #: The attributes of the windows an ``im2col_rows`` (group 1, no wide or batch_inner columns) or a
-#: ``conv_requantize`` op gathers.
+#: ``conv_requantize`` op reads.
 ROWS_ATTRS = tuple(a for a in IM2COL_ATTRS if a not in ("group", "wide", "batch_inner"))
 
 
