@@ -492,13 +492,56 @@ struct UniformLanes {
   }
 };
 
-// What channel_blocks does after a block's steps: add_and_store's work for one vector (any addend, or none).
+// Steps of any kinds (one list, the same constants in every lane), at most kMax, their constants broadcast once
+// (fits: not more than kMax).
+struct LaneSteps {
+  static constexpr size_t kMax = 8;
+  size_t count = 0;
+  bool fits = true;
+  int64_t kinds[kMax] = {};
+  Lanes a[kMax], b[kMax];
+
+  explicit LaneSteps(const std::vector<RequantStep>& steps) : count(steps.size()), fits(steps.size() <= kMax) {
+    for (size_t k = 0; k < count && fits; ++k) {
+      const RequantStep& s = steps[k];
+      const bool shift = s.kind == kShift;
+      kinds[k] = s.kind;
+      a[k] = Lanes{} + static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
+      b[k] = Lanes{} + static_cast<int32_t>(shift ? s.a : s.b);
+    }
+  }
+
+  __attribute__((always_inline)) Lanes operator()(Lanes y) const {
+    for (size_t k = 0; k < count; ++k) {
+      switch (kinds[k]) {
+        case kShift: y = array_step<kShift, Lanes, ULanes>(y, a[k], b[k]); break;
+        case kMul: y = array_step<kMul, Lanes, ULanes>(y, a[k], b[k]); break;
+        case kAdd: y = array_step<kAdd, Lanes, ULanes>(y, a[k], b[k]); break;
+        default: y = array_step<kClip, Lanes, ULanes>(y, a[k], b[k]);
+      }
+    }
+    return y;
+  }
+};
+
+// What follows a chain's steps on each vector: add_and_store's work (any addend, or none), the addend's steps and
+// those after the sum with their constants broadcast once (LaneSteps; add_and_store itself past LaneSteps::kMax).
 struct AnyEnd {
   const Addend* addend;
+  LaneSteps steps, after;
+
+  explicit AnyEnd(const Addend* a)
+      : addend(a), steps(a ? a->steps : std::vector<RequantStep>{}), after(a ? a->after : std::vector<RequantStep>{}) {}
 
   template <typename Out>
   __attribute__((always_inline)) void operator()(Lanes y, int64_t i, Out* v) const {
-    add_and_store<1>(&y, addend, i, v);
+    if (addend && steps.fits && after.fits) {
+      const Lanes z = addend->x ? load_lanes(addend->x + i) : widen_bytes(addend->bytes + i);
+      y = after((Lanes)((ULanes)y + (ULanes)steps(z)));
+    } else if (addend) {
+      return add_and_store<1>(&y, addend, i, v);
+    }
+    store_lanes(y, v, i);
   }
 };
 
@@ -571,7 +614,7 @@ __attribute__((always_inline)) inline void with_end(const Addend* addend, Body&&
     };
     if (addend->x ? ends(addend->x) : ends(addend->bytes)) return;
   }
-  body(AnyEnd{addend});
+  body(AnyEnd(addend));
 }
 
 // blocks_then with with_end's end.
@@ -583,22 +626,22 @@ __attribute__((always_inline)) inline void channel_blocks(const int32_t* x, cons
   });
 }
 
-// v = steps(x), the same steps for every value, of Steps' kinds, then with_end's end, over n values (a multiple of
-// 16), the chain in registers: true; false where the steps are of other kinds.
+// v = steps(x), the same steps for every value, of Steps' kinds, then AnyEnd's, over n values (a multiple of 16),
+// the chain in registers: true; false where the steps are of other kinds.
 template <typename Out, typename Steps>
 __attribute__((always_inline)) inline bool uniform_steps(const int32_t* x, int64_t n,
                                                          const std::vector<RequantStep>& steps, Out* v,
                                                          const Addend* addend) {
   if (!Steps::fits(steps)) return false;
   const Steps chain(steps);
-  with_end(addend, [&](const auto& end) __attribute__((always_inline)) {
-    for (int64_t i = 0; i < n; i += kLanes) end(chain(load_lanes(x + i)), i, v);
-  });
+  const AnyEnd end(addend);
+  for (int64_t i = 0; i < n; i += kLanes) end(chain(load_lanes(x + i)), i, v);
   return true;
 }
 
 // uniform_steps where the steps are a CVM model's requantization (clip, multiply, shift, clip, after a shift or
-// not, then a multiply before a residual Add or not) and n a multiple of 16: true; else false.
+// not; then a multiply before a residual Add, or a second multiply and shift, whose clip simplify drops, or
+// neither) and n a multiple of 16: true; else false.
 template <typename Out>
 __attribute__((always_inline)) inline bool uniform_chain(const int32_t* x, int64_t n,
                                                          const std::vector<RequantStep>& steps, Out* v,
@@ -607,7 +650,9 @@ __attribute__((always_inline)) inline bool uniform_chain(const int32_t* x, int64
          (uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip>>(x, n, steps, v, addend) ||
           uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip>>(x, n, steps, v, addend) ||
           uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend) ||
-          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend));
+          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend) ||
+          uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip, kMul, kShift>>(x, n, steps, v, addend) ||
+          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip, kMul, kShift>>(x, n, steps, v, addend));
 }
 
 // channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's

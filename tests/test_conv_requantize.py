@@ -99,10 +99,12 @@ import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
 #: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
 import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
-#: A CVM model's requantization, one list for every channel (clip, multiply, shift, clip, after a shift or not, then
-#: a multiply before a residual Add or not), whose kernels also take compile-time kinds (requantize.h uniform_chain).
+#: A CVM model's requantization, one list for every channel (clip, multiply, shift, clip, after a shift or not; then
+#: a multiply before a residual Add, or a second multiply, shift and clip or without its clip, or none), whose
+#: kernels also take compile-time kinds (requantize.h uniform_chain).
 cvm_chain = st.tuples(st.lists(shift, max_size=1), clip_step(), multiply, shift, clip_step(),
-                      st.lists(multiply, max_size=1)).map(lambda t: [*t[0], *t[1:5], *t[5]])
+                      st.just([]) | multiply.map(lambda m: [m]) | st.tuples(multiply, shift).map(list) |
+                      st.tuples(multiply, shift, clip_step()).map(list)).map(lambda t: [*t[0], *t[1:5], *t[5]])
 
 
 @pytest.mark.isa
