@@ -403,8 +403,7 @@ struct Im2colRows {
     if (geometry.group != 1 || geometry.wide || geometry.batch_inner) refuse("group must be 1, wide and batch_inner 0");
   }
 
-  Ort::Status Compute(OrtKernelContext* context, const Tensor<In>& data,
-                      Tensor<uint8_t>& out) {
+  Ort::Status Compute(OrtKernelContext* context, const Tensor<In>& data, Tensor<uint8_t>& out) {
     return guarded(kName, [&] {
       Im2colShape s;
       thread_local std::vector<uint8_t> padded;
@@ -847,18 +846,17 @@ struct ConvKernel {
     if (!attrs.scales.empty() && static_cast<int64_t>(attrs.scales.size()) != shape[1]) {
       refuse(std::to_string(attrs.scales.size()) + " scales for " + std::to_string(shape[1]) + " output channels");
     }
-    const int64_t taps = rows.geometry.kh * rows.geometry.kw;
-    if (shape[0] % taps != 0) {
+    const int64_t kh = rows.geometry.kh, kw = rows.geometry.kw;
+    if (kh < 1 || kw < 1 || kh > shape[0] || kw > shape[0] / kh || shape[0] % (kh * kw) != 0) {
       refuse("the weights (K, OC) must have K = kh * kw * C, got " + shape_text(shape) + " for a " +
-             std::to_string(rows.geometry.kh) + " x " + std::to_string(rows.geometry.kw) + " kernel");
+             std::to_string(kh) + " x " + std::to_string(kw) + " kernel");
     }
-    weights = pack_weights(w.GetTensorData<uint8_t>(), taps, shape[0] / taps, shape[1]);
+    weights = pack_weights(w.GetTensorData<uint8_t>(), kh * kw, shape[0] / (kh * kw), shape[1]);
   }
 
   template <typename A>
-  Ort::Status run(OrtKernelContext* context, const Tensor<In>& data,
-                  const Tensor<uint8_t>&, const Int32Tensor& bias, const Tensor<A>* addend,
-                  Tensor<Out>& out) const {
+  Ort::Status run(OrtKernelContext* context, const Tensor<In>& data, const Tensor<uint8_t>&, const Int32Tensor& bias,
+                  const Tensor<A>* addend, Tensor<Out>& out) const {
     Im2colShape s;
     thread_local std::vector<uint8_t> padded;
     thread_local std::vector<int32_t> init, offsets;

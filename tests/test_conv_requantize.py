@@ -230,6 +230,9 @@ def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
             {**feeds, "x": np.zeros((1, 4, 4, 2), np.uint8)}, "conv_requantize: the weights .* must be")
     refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights[:26], [5], base), feeds,
             r"conv_requantize: the weights \(K, OC\) must have K = kh \* kw \* C, got \(26, 5\) for a 3 x 3 kernel")
+    for kernel in ([0, 3], [-3, -9], [2**40, 2**40], [28, 1]):  # no division by zero, no overflow
+        refused(conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.UINT8, weights, [5],
+                           {**base, "kernel_shape": kernel}), feeds, "conv_requantize: the weights .* must have K")
     refused(conv_model("conv_requantize_uint8", [1, 4, 4, 3], TensorProto.UINT8, weights, [5],
                        {**base, "steps": [3, -1, 9]}), feeds, "conv_requantize_uint8: every chain must end with a clip")
     refused(conv_model("conv_requantize_add", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], base, TensorProto.INT32),
