@@ -272,14 +272,14 @@ CVM_AVX2_CLONES void pad_copy_nhwc(const uint8_t* x, const Im2colShape& s, uint8
   std::fill(base + (s.h + s.pt) * line, base + s.hp() * line, fill);  // the rows below
 }
 
-// The rows of `ow_count` positions of one output row: for each, kh * pieces copies of `Piece` bytes (a constant
-// for the usual sizes, so that each copy is a few vector moves), then `gap` bytes left as they are (rows `gap`
-// bytes longer than K); the shape's fields are read into locals first (byte stores may alias them).
+// The rows of output row `oh` of image n: for each of the OW positions, kh * pieces copies of `Piece` bytes (a
+// constant for the usual sizes, so that each copy is a few vector moves); the shape's fields are read into locals
+// first (byte stores may alias them).
 template <int64_t Piece>
 inline void copy_rows(const uint8_t* base, int64_t ow_count, int64_t kh, int64_t pieces, int64_t src_step,
-                      int64_t row_step, int64_t piece_step, int64_t piece, int64_t gap, uint8_t* dst) {
+                      int64_t row_step, int64_t piece_step, int64_t piece, uint8_t* dst) {
   const int64_t size = Piece > 0 ? Piece : piece;
-  for (int64_t ow = 0; ow < ow_count; ++ow, dst += gap) {
+  for (int64_t ow = 0; ow < ow_count; ++ow) {
     for (int64_t fh = 0; fh < kh; ++fh) {
       const uint8_t* src = base + ow * src_step + fh * row_step;
       for (int64_t fw = 0; fw < pieces; ++fw, dst += size) std::memcpy(dst, src + fw * piece_step, size);
@@ -287,32 +287,24 @@ inline void copy_rows(const uint8_t* base, int64_t ow_count, int64_t kh, int64_t
   }
 }
 
-// Rows of positions [first, first + ow_count) of output row `oh` of image n (all within that row), each `stride`
-// >= K bytes apart from dst on, from the copy of pad_narrow_hwc: copy_rows for the shape's sizes.
-__attribute__((always_inline)) inline void window_rows(const uint8_t* xp, const Im2colShape& s, int64_t n,
-                                                       int64_t oh, int64_t first, int64_t ow_count, int64_t stride,
-                                                       uint8_t* dst) {
-  const int64_t c = s.c, wp = s.wp(), k = s.kh * s.kw * c, kh = s.kh, gap = stride - k;
-  const uint8_t* base = xp + (n * s.hp() * wp + oh * s.sh * wp + first * s.sw) * c;
-  const int64_t piece = s.dw == 1 ? s.kw * c : c, pieces = s.dw == 1 ? 1 : s.kw;
-  const int64_t src_step = s.sw * c, row_step = s.dh * wp * c, piece_step = s.dw * c;
-  switch (piece) {
-    case 16: return copy_rows<16>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    case 32: return copy_rows<32>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    case 48: return copy_rows<48>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    case 64: return copy_rows<64>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    case 96: return copy_rows<96>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    case 128: return copy_rows<128>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    case 192: return copy_rows<192>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-    default: return copy_rows<0>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, gap, dst);
-  }
-}
-
 // The rows of output row `oh` of image n (OW rows of K bytes) from the copy of pad_narrow_hwc. With dilation 1
 // along W, each (position, fh) is one contiguous copy of kw * C bytes.
 CVM_AVX2_CLONES void im2col_rows(const uint8_t* xp, const Im2colShape& s, int64_t n, int64_t oh, uint8_t* rows) {
-  const int64_t k = s.kh * s.kw * s.c;
-  window_rows(xp, s, n, oh, 0, s.ow, k, rows + (n * s.oh + oh) * s.ow * k);
+  const int64_t c = s.c, wp = s.wp(), k = s.kh * s.kw * c, kh = s.kh, ow_count = s.ow;
+  const uint8_t* base = xp + (n * s.hp() * wp + oh * s.sh * wp) * c;
+  uint8_t* dst = rows + (n * s.oh + oh) * ow_count * k;
+  const int64_t piece = s.dw == 1 ? s.kw * c : c, pieces = s.dw == 1 ? 1 : s.kw;
+  const int64_t src_step = s.sw * c, row_step = s.dh * wp * c, piece_step = s.dw * c;
+  switch (piece) {
+    case 16: return copy_rows<16>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 32: return copy_rows<32>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 48: return copy_rows<48>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 64: return copy_rows<64>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 96: return copy_rows<96>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 128: return copy_rows<128>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    case 192: return copy_rows<192>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+    default: return copy_rows<0>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
+  }
 }
 
 }  // namespace cvm_onnx
