@@ -72,6 +72,47 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
   }
 }
 
+inline int64_t kind_of(const RequantStep& s) { return s.kind; }
+inline int64_t kind_of(int64_t kind) { return kind; }
+
+// Step kinds known at compile time. With<T>: T<K...>.
+template <int64_t... K>
+struct Kinds {
+  template <template <int64_t...> class T>
+  using With = T<K...>;
+
+  // Whether `steps` (RequantSteps, or their kinds) are of the kinds K... .
+  template <typename Steps>
+  static bool of(const Steps& steps) {
+    constexpr int64_t want[] = {K..., -1};
+    if (steps.size() != sizeof...(K)) return false;
+    for (size_t k = 0; k < sizeof...(K); ++k) {
+      if (kind_of(steps[k]) != want[k]) return false;
+    }
+    return true;
+  }
+};
+
+// Sequences of kinds (Kinds...): with(steps, body) calls body(Kinds{}) for the first that `steps` are of and
+// returns true; false where none is.
+template <typename... Chains>
+struct KindsList {
+  template <typename Steps, typename Body>
+  __attribute__((always_inline)) static bool with(const Steps& steps, Body&& body) {
+    return ((Chains::of(steps) && (body(Chains{}), true)) || ...);
+  }
+};
+
+// A CVM model's requantization as simplify leaves it: clip, multiply, shift, clip, after a shift or not; then
+// nothing, a multiply before a residual Add, or a second multiply and shift, with its clip or without (where the
+// values are within it already).
+using CvmChains = KindsList<Kinds<kClip, kMul, kShift, kClip>, Kinds<kShift, kClip, kMul, kShift, kClip>,
+                            Kinds<kClip, kMul, kShift, kClip, kMul>, Kinds<kShift, kClip, kMul, kShift, kClip, kMul>,
+                            Kinds<kClip, kMul, kShift, kClip, kMul, kShift>,
+                            Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift>,
+                            Kinds<kClip, kMul, kShift, kClip, kMul, kShift, kClip>,
+                            Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift, kClip>>;
+
 // One step of a kind known at compile time: the same arithmetic as apply_steps' loops.
 template <int64_t Kind>
 __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantStep& s) {
@@ -86,40 +127,28 @@ __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantSt
   }
 }
 
-template <int64_t... Kinds, size_t... I>
+template <int64_t... K, size_t... I>
 __attribute__((always_inline)) inline void steps_fused(int32_t* __restrict v, int64_t n, const RequantStep* steps,
                                                        std::index_sequence<I...>) {
   const RequantStep s[] = {steps[I]...};
   for (int64_t i = 0; i < n; ++i) {
     int32_t x = v[i];
-    ((x = step_of<Kinds>(x, s[I])), ...);
+    ((x = step_of<K>(x, s[I])), ...);
     v[i] = x;
   }
 }
 
-// When the steps' kinds are Kinds..., applies them in one pass over v[0:n] (the whole chain on each value in
-// registers) and returns true.
-template <int64_t... Kinds>
-__attribute__((always_inline)) inline bool fused(int32_t* v, int64_t n, const std::vector<RequantStep>& steps) {
-  constexpr int64_t kinds[] = {Kinds...};
-  if (steps.size() != sizeof...(Kinds)) return false;
-  for (size_t k = 0; k < steps.size(); ++k) {
-    if (steps[k].kind != kinds[k]) return false;
-  }
-  steps_fused<Kinds...>(v, n, steps.data(), std::make_index_sequence<sizeof...(Kinds)>{});
-  return true;
+// The steps, of the kinds K..., in one pass over v[0:n] (the whole chain on each value in registers).
+template <int64_t... K>
+__attribute__((always_inline)) inline void steps_fused(Kinds<K...>, int32_t* v, int64_t n, const RequantStep* steps) {
+  steps_fused<K...>(v, n, steps, std::make_index_sequence<sizeof...(K)>{});
 }
 
-// apply_steps, in one pass for the usual runs (clip, multiply, shift, clip; after a shift; twice over: ResNet-20's
-// runs once two clips in a row are one), else one loop per step.
+// apply_steps, in one pass for a CVM model's chains (CvmChains), else one loop per step.
 __attribute__((always_inline)) inline void apply_steps_fast(int32_t* v, int64_t n,
                                                             const std::vector<RequantStep>& steps) {
-  if (fused<kClip, kMul, kShift, kClip>(v, n, steps) || fused<kShift, kClip, kMul, kShift, kClip>(v, n, steps) ||
-      fused<kClip, kMul, kShift, kClip, kMul, kShift, kClip>(v, n, steps) ||
-      fused<kShift, kClip, kMul, kShift, kClip, kMul, kShift, kClip>(v, n, steps)) {
-    return;
-  }
-  apply_steps(v, n, steps);
+  const auto fused = [&](auto kinds) __attribute__((always_inline)) { steps_fused(kinds, v, n, steps.data()); };
+  if (!CvmChains::with(steps, fused)) apply_steps(v, n, steps);
 }
 
 // Steps per channel (the channel_steps attribute): steps[c] for channel c; empty when the op has one list for all.
@@ -456,41 +485,26 @@ __attribute__((always_inline)) inline void lane_step(Lanes& y, Lanes a, Lanes b)
   y = array_step<Kind, Lanes, ULanes>(y, a, b);
 }
 
-template <int64_t... Kinds, size_t... K>
+template <int64_t... K, size_t... I>
 __attribute__((always_inline)) inline void lane_steps(Lanes& y, const Lanes* a, const Lanes* b,
-                                                      std::index_sequence<K...>) {
-  (lane_step<Kinds>(y, a[K], b[K]), ...);
+                                                      std::index_sequence<I...>) {
+  (lane_step<K>(y, a[I], b[I]), ...);
 }
 
-// Whether kinds are Kinds... .
-template <int64_t... Kinds>
-inline bool kinds_are(const std::vector<int64_t>& kinds) {
-  constexpr int64_t want[] = {Kinds...};
-  return kinds.size() == sizeof...(Kinds) && std::equal(kinds.begin(), kinds.end(), want);
-}
-
-// Steps of the kinds Kinds... (known at compile time), each with its constants in every lane, broadcast once.
-template <int64_t... Kinds>
+// Steps of the kinds K... (known at compile time), each with its constants in every lane, broadcast once.
+template <int64_t... K>
 struct UniformLanes {
-  static constexpr size_t kSteps = sizeof...(Kinds);
+  static constexpr size_t kSteps = sizeof...(K);
   Lanes a[kSteps + 1], b[kSteps + 1];
 
-  // Whether steps are of the kinds Kinds... .
-  static bool fits(const std::vector<RequantStep>& steps) {
-    constexpr int64_t want[] = {Kinds..., -1};
-    if (steps.size() != kSteps) return false;
-    for (size_t k = 0; k < kSteps; ++k) {
-      if (steps[k].kind != want[k]) return false;
-    }
-    return true;
-  }
+  static bool fits(const std::vector<RequantStep>& steps) { return Kinds<K...>::of(steps); }
 
   explicit UniformLanes(const std::vector<RequantStep>& steps) {
     for (size_t k = 0; k < kSteps; ++k) step_lanes(steps[k], a[k], b[k]);
   }
 
   __attribute__((always_inline)) Lanes operator()(Lanes y) const {
-    lane_steps<Kinds...>(y, a, b, std::make_index_sequence<kSteps>{});
+    lane_steps<K...>(y, a, b, std::make_index_sequence<kSteps>{});
     return y;
   }
 };
@@ -565,14 +579,14 @@ struct UniformEnd {
   }
 };
 
-// channel_chains where the channels are a multiple of 16 and the kinds Kinds... are known: the values taken 16
+// channel_chains where the channels are a multiple of 16 and the kinds K... are known: the values taken 16
 // channels at a time over every row, so that each block's constants are loaded once for all rows and stay in
 // registers (channel_chains loads them for every vector: ten loads per vector of values); end(y, i, v) adds the
 // addend and writes.
-template <typename Out, typename End, int64_t... Kinds>
+template <typename Out, typename End, int64_t... K>
 __attribute__((always_inline)) inline void blocks_then(const int32_t* x, const int32_t* add, int64_t n,
                                                        const ChannelArrays& p, Out* v, const End& end) {
-  constexpr size_t steps = sizeof...(Kinds);
+  constexpr size_t steps = sizeof...(K);
   const int64_t channels = static_cast<int64_t>(p.channels), rows = n / channels;
   for (int64_t block = 0; block < channels; block += kLanes) {
     Lanes a[steps], b[steps];
@@ -584,7 +598,7 @@ __attribute__((always_inline)) inline void blocks_then(const int32_t* x, const i
       const int64_t i = r * channels + block;
       Lanes y = load_lanes(x + i);
       if (add) y = (Lanes)((ULanes)y + (ULanes)load_lanes(add + i));
-      lane_steps<Kinds...>(y, a, b, std::make_index_sequence<steps>{});
+      lane_steps<K...>(y, a, b, std::make_index_sequence<steps>{});
       end(y, i, v);
     }
   }
@@ -618,41 +632,25 @@ __attribute__((always_inline)) inline void with_end(const Addend* addend, Body&&
 }
 
 // blocks_then with with_end's end.
-template <typename Out, int64_t... Kinds>
+template <typename Out, int64_t... K>
 __attribute__((always_inline)) inline void channel_blocks(const int32_t* x, const int32_t* add, int64_t n,
                                                           const ChannelArrays& p, Out* v, const Addend* addend) {
   with_end(addend, [&](const auto& end) __attribute__((always_inline)) {
-    blocks_then<Out, std::decay_t<decltype(end)>, Kinds...>(x, add, n, p, v, end);
+    blocks_then<Out, std::decay_t<decltype(end)>, K...>(x, add, n, p, v, end);
   });
 }
 
-// v = steps(x), the same steps for every value, of Steps' kinds, then AnyEnd's, over n values (a multiple of 16),
-// the chain in registers: true; false where the steps are of other kinds.
-template <typename Out, typename Steps>
-__attribute__((always_inline)) inline bool uniform_steps(const int32_t* x, int64_t n,
-                                                         const std::vector<RequantStep>& steps, Out* v,
-                                                         const Addend* addend) {
-  if (!Steps::fits(steps)) return false;
-  const Steps chain(steps);
-  const AnyEnd end(addend);
-  for (int64_t i = 0; i < n; i += kLanes) end(chain(load_lanes(x + i)), i, v);
-  return true;
-}
-
-// uniform_steps where the steps are a CVM model's requantization (clip, multiply, shift, clip, after a shift or
-// not; then a multiply before a residual Add, or a second multiply and shift, whose clip simplify drops, or
-// neither) and n a multiple of 16: true; else false.
+// v = steps(x), the same steps for every value, then AnyEnd's, over n values, 16 at a time: in registers where n is
+// a multiple of 16 and the steps are of CvmChains (true); else false.
 template <typename Out>
 __attribute__((always_inline)) inline bool uniform_chain(const int32_t* x, int64_t n,
                                                          const std::vector<RequantStep>& steps, Out* v,
                                                          const Addend* addend) {
-  return n % kLanes == 0 &&
-         (uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip>>(x, n, steps, v, addend) ||
-          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip>>(x, n, steps, v, addend) ||
-          uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend) ||
-          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip, kMul>>(x, n, steps, v, addend) ||
-          uniform_steps<Out, UniformLanes<kClip, kMul, kShift, kClip, kMul, kShift>>(x, n, steps, v, addend) ||
-          uniform_steps<Out, UniformLanes<kShift, kClip, kMul, kShift, kClip, kMul, kShift>>(x, n, steps, v, addend));
+  return n % kLanes == 0 && CvmChains::with(steps, [&](auto kinds) __attribute__((always_inline)) {
+    const typename decltype(kinds)::template With<UniformLanes> chain(steps);
+    const AnyEnd end(addend);
+    for (int64_t i = 0; i < n; i += kLanes) end(chain(load_lanes(x + i)), i, v);
+  });
 }
 
 // channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's
@@ -662,10 +660,10 @@ __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x
                                                                 const ChannelArrays& p, Out* v,
                                                                 const Addend* addend = nullptr) {
   if (p.channels % kLanes == 0 && n % static_cast<int64_t>(p.channels) == 0) {  // rows of 16-channel blocks
-    if (kinds_are<kClip, kShift, kMul, kShift, kClip>(p.kinds)) {
+    if (Kinds<kClip, kShift, kMul, kShift, kClip>::of(p.kinds)) {
       return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip>(x, add, n, p, v, addend);
     }
-    if (kinds_are<kClip, kShift, kMul, kShift, kClip, kMul>(p.kinds)) {
+    if (Kinds<kClip, kShift, kMul, kShift, kClip, kMul>::of(p.kinds)) {
       return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip, kMul>(x, add, n, p, v, addend);
     }
   }
