@@ -64,7 +64,7 @@ constexpr int64_t kBlockLanes = 16;  // output channels per block of packed weig
 // second operand of a 4-way byte dot product per 32-bit lane (VNNI). `pairs`: the same weights as int16, per block
 // and group of four k, [2 pairs][16 channels][2 k] (vpmaddwd). `sums`: each channel's sum of w over K.
 struct PackedWeights {
-  int64_t k = 0, oc = 0, c = 0, c4 = 0, k4 = 0, blocks = 0;
+  int64_t k = 0, oc = 0, c4 = 0, k4 = 0, blocks = 0;
   std::vector<int8_t> bytes;
   std::vector<int16_t> pairs;
   std::vector<int32_t> sums;
@@ -72,7 +72,7 @@ struct PackedWeights {
 
 inline PackedWeights pack_weights(const uint8_t* b, int64_t taps, int64_t c, int64_t oc) {
   PackedWeights p;
-  p.k = taps * c, p.oc = oc, p.c = c, p.c4 = (c + 3) / 4 * 4, p.k4 = taps * p.c4;
+  p.k = taps * c, p.oc = oc, p.c4 = (c + 3) / 4 * 4, p.k4 = taps * p.c4;
   p.blocks = (oc + kBlockLanes - 1) / kBlockLanes;
   const size_t size = static_cast<size_t>(p.blocks * p.k4 * kBlockLanes);
   p.bytes.assign(size, 0);
