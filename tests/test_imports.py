@@ -220,3 +220,30 @@ def test_a_checkout_imports_without_an_install():
     out = subprocess.run([sys.executable, "-S", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.splitlines()[0]).resolve() == ROOT / "converters" / "to_onnx" / "__init__.py"
+
+
+HEAVY = ("numpy", "onnx", "onnxruntime", "ray", "rich", "sympy", "threadpoolctl")
+
+
+def loaded_by(*argv: str) -> set[str]:
+    """The heavy modules that ``cvm-onnx ARGV`` has imported when it returns (run in a fresh interpreter)."""
+    code = ("import contextlib, io, sys\nfrom cvm_onnx.app.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()): code = main({list(argv)!r})\n"
+            f"assert code == 0, code\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_help_imports_nothing_heavy():
+    """`cvm-onnx --help` (and the package itself) starts without numpy, onnx, onnxruntime, Ray, rich or sympy."""
+    assert loaded_by("--help") == set()
+    assert loaded_by("run", "--help") == set()
+
+
+def test_info_of_a_cvm_model_needs_numpy_alone():
+    """`info` of a CVM model reads and validates it with numpy; onnx and onnxruntime load only for ONNX files
+    and the native library's status."""
+    assert loaded_by("info", "models/digits_cnn") == {"numpy"}
+    assert "onnxruntime" not in loaded_by("info", "models/detection")

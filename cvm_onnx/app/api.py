@@ -4,21 +4,37 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnx
 
-from cvm_onnx.converters.from_onnx import Imported, from_onnx, import_model, source_symbol
-from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.errors import FormatError, Problem, UnsupportedError
-from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import Edges, read_edges, read_model, write_model
-from cvm_onnx.core.format.onnx_file import write_onnx
-from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
 
-from .pipeline import Conversion, run
+if TYPE_CHECKING:
+    import onnx
+
+    from cvm_onnx.converters.from_onnx import Imported
+
+# The converters' names this module passes on are imported when first used: loading a CVM model needs neither
+# onnx nor the converters.
+
+
+def __getattr__(name: str):
+    if name == "from_onnx":
+        from cvm_onnx.converters.from_onnx import from_onnx as value
+    elif name == "import_model":
+        from cvm_onnx.converters.from_onnx import import_model as value
+    elif name == "to_onnx":
+        from cvm_onnx.converters.to_onnx import to_onnx as value
+    elif name == "write_onnx":
+        from cvm_onnx.core.format.onnx_file import write_onnx as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 @dataclass
@@ -46,6 +62,10 @@ def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.Mode
     (an empty file parses as an empty model). ``external_data``: external tensors read into the model from the
     file's directory, under the importer's checks (``format.onnx_safety``), as a model to run needs them;
     else left external."""
+    import onnx
+
+    from cvm_onnx.core.format.onnx_safety import readable
+
     try:
         model = onnx.load(os.fspath(path), load_external_data=False)
     except FileNotFoundError:
@@ -62,6 +82,8 @@ def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.Mode
 
 def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
     """Read an .onnx file (external data from its directory) and import it as a validated CVM graph."""
+    from cvm_onnx.converters.from_onnx import from_onnx
+
     return from_onnx(load_onnx(path), input_precision, base_dir=Path(path).parent)
 
 
@@ -76,6 +98,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
     ``import_model`` (two products where one errs by more than 2^-10 step). Returns the import
     (ONNX -> CVM). Nothing is written when conversion fails."""
+    from cvm_onnx.converters.from_onnx import import_model, source_symbol
+
+    from .pipeline import Conversion, run
+
     if not is_onnx(src):
         run(Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize, target=provider,
                        float_io=float_io))
@@ -95,6 +121,8 @@ def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[
     """Run a validated CVM graph on the reference executor; ``data`` is the input (integers). With the ``edges`` of
     a quantized import, float data is quantized as the source model's first QuantizeLinear does and the outputs
     are dequantized to float32, comparable with onnxruntime running the source model."""
+    from cvm_onnx.core.executor import execute
+
     if edges is None or np.asarray(data).dtype.kind != "f":
         return execute(graph, {"data": data})
     return edges.finish(execute(graph, {"data": edges.prepare(data)}))

@@ -9,16 +9,11 @@ import traceback
 import warnings
 from pathlib import Path
 
-import numpy as np
-
-from cvm_onnx import native
-from cvm_onnx.app import api
-from cvm_onnx.core.constants import FLOAT_IO
+from cvm_onnx.core.constants import CHUNK
 from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
-from cvm_onnx.core.format.edges import parse_edges
-from cvm_onnx.core.format.model_dir import replace_file
-from cvm_onnx.core.format.npy import read_npy
-from cvm_onnx.runtime.bulk import CHUNK
+
+# Each command imports what it needs when it runs (numpy, onnx, onnxruntime, Ray, the converters), so that
+# `--help`, a usage error and `info` start at once.
 
 # Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
 # errors) and EX_SOFTWARE, then the shell's 128 + signal number.
@@ -47,6 +42,8 @@ def _warn(problems) -> None:
 
 
 def cmd_validate(args) -> int:
+    from . import api
+
     if api.is_onnx(args.model):
         model = api.validate(api.import_onnx(args.model))
         what = "imports as a CVM model"
@@ -61,12 +58,16 @@ def cmd_validate(args) -> int:
 
 
 def cmd_info(args) -> int:
+    from . import api
+
     if api.is_onnx(args.model):
         from .onnx_info import describe
 
         for text in [f"model: {args.model}", *describe(api.load_onnx(args.model))]:
             say(text)
         return 0
+    from cvm_onnx.core.ops import REGISTRY
+
     model = api.load(args.model, args.params)
     g = model.graph
     say(f"model: {args.model}")
@@ -87,14 +88,17 @@ def cmd_info(args) -> int:
         for text in edge_lines(model.edges, "quantization.json", "its export on onnxruntime alone takes and gives "
                                "the integers"):
             say(text)
-    if native_ops := sorted(set(g.op_counts()) & set(native.ATTRS)):
-        say(f"native ops: {', '.join(native_ops)}: on onnxruntime they run in the custom-op library; "
-            f"{native.status()}")
+    if native_ops := sorted(op for op in g.op_counts() if REGISTRY[op].native_attrs is not None):
+        from cvm_onnx.native import status
+
+        say(f"native ops: {', '.join(native_ops)}: on onnxruntime they run in the custom-op library; {status()}")
     _warn(model.warnings)
     return 0
 
 
 def cmd_convert(args) -> int:
+    from . import api
+
     if args.triton_repo is not None:
         return convert_triton(args)
     if args.output is None:
@@ -120,6 +124,8 @@ def cmd_convert(args) -> int:
 
 
 def write_report(path: str, text: str) -> None:
+    from cvm_onnx.core.format.model_dir import replace_file
+
     try:
         replace_file(Path(path), text.encode())
     except OSError as e:
@@ -129,6 +135,8 @@ def write_report(path: str, text: str) -> None:
 def convert_triton(args) -> int:
     """CVM -> ONNX as ``convert`` does (to -o, else straight into the repository), then the Triton repository."""
     from cvm_onnx.runtime.triton import model_folder, write_repository
+
+    from . import api
 
     if api.is_onnx(args.source):
         complain(f"cvm-onnx convert: --triton-repo takes a CVM model (directory, or symbol file with --params); "
@@ -186,8 +194,14 @@ def convert_checked(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    import numpy as np
+
+    from cvm_onnx.core.constants import FLOAT_IO
+    from cvm_onnx.core.format.edges import parse_edges
+    from cvm_onnx.core.format.npy import read_npy
     from cvm_onnx.runtime.verify import exported_graph, verify
 
+    from . import api
     from .progress import Bar
 
     onnx_model = None
@@ -238,6 +252,7 @@ def cmd_view(args) -> int:
 def cmd_run(args) -> int:
     from contextlib import nullcontext
 
+    from . import api
     from .progress import Bar, native_stderr_held
 
     if args.model is None or (args.ray and Path(args.ray).exists()):
@@ -273,6 +288,7 @@ def cmd_run(args) -> int:
 
 def version() -> str:
     """``cvm-onnx --version``: this package's version, the libraries it runs on and the native library's state."""
+    import numpy as np
     import onnx
     import onnxruntime
 

@@ -1,11 +1,11 @@
 """What an ONNX model holds and needs, for ``cvm-onnx info model.onnx``: its opsets, the native ops it uses and
-the library to register for them, its inputs and outputs (type, shape, CVM precision) and where it came from."""
+the library to register for them, its inputs and outputs (type, shape, CVM precision) and where it came from;
+and a CVM model's float edges. onnx is imported where an ONNX model is described (``info`` of a CVM model
+needs none of it)."""
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto
+from typing import TYPE_CHECKING
 
-from cvm_onnx import native
 from cvm_onnx.core.constants import (
     CONVERTED_FROM,
     FLOAT_IO,
@@ -20,8 +20,13 @@ from cvm_onnx.core.constants import (
 from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
 
+if TYPE_CHECKING:
+    import onnx
+
 
 def _type(vi: onnx.ValueInfoProto) -> str:
+    from onnx import TensorProto
+
     t = vi.type.tensor_type
     dims = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in t.shape.dim)
     known = t.elem_type in TensorProto.DataType.values()
@@ -31,6 +36,8 @@ def _type(vi: onnx.ValueInfoProto) -> str:
 def _precisions(model: onnx.ModelProto) -> dict[str, str]:
     """The CVM precision declared for each tensor (metadata ``cvm.precision``; an input's is on its clamped
     value ``<input>:clamped``, or on the input itself where a serving form merged the clamp away)."""
+    from onnx import TensorProto
+
     declared = {vi.name: p.value for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]
                 for p in vi.metadata_props if p.key == PRECISION}
     return declared | {vi.name: declared[f"{vi.name}:clamped"] for vi in model.graph.input
@@ -58,6 +65,8 @@ def edge_lines(edges: Edges, where: str, integers: str) -> list[str]:
 
 def describe(model: onnx.ModelProto) -> list[str]:
     """The lines of ``cvm-onnx info`` for an ONNX model."""
+    from cvm_onnx import native
+
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     producer = " ".join(x for x in (model.producer_name, model.producer_version) if x) or "unknown"
     lines = [f"ONNX model: IR version {model.ir_version}, opsets {opsets}; producer {producer}"]

@@ -41,6 +41,9 @@ MARK_FUSED, MARK_OPS = "cvm.fused", "cvm.ops"
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1
+#: Samples per unit of work of ``run`` by default (``cvm_onnx.runtime.bulk``), the batch of the README's batched
+#: ResNet-20 figures.
+CHUNK = 64
 #: A bound on |x| that any int32 satisfies, INT32_MIN included.
 ANY = 1 << 31
 #: Every integer of magnitude <= 2^24 is a float32 (24-bit significand), <= 2^53 a float64.

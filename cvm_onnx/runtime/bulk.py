@@ -35,7 +35,7 @@ import onnx
 
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.batch import batched
-from cvm_onnx.core.constants import BATCH, QUANTIZATION
+from cvm_onnx.core.constants import BATCH, CHUNK, QUANTIZATION
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.edges import Edges, parse_edges
@@ -46,8 +46,6 @@ from cvm_onnx.runtime import sessions
 
 Progress = Callable[[int, int, str], None]
 ModelArg = Graph | onnx.ModelProto
-CHUNK = 64
-"""Samples per unit of work by default, the batch of the README's batched ResNet-20 figures."""
 
 
 # -- samples ------------------------------------------------------------------------------------------------------
