@@ -214,6 +214,52 @@ def test_runtime_errors_exit_5(model, tmp_path, capsys):
     assert not (tmp_path / "o.npz").exists()
 
 
+def test_a_float_io_export_refuses_integer_input(tmp_path, capsys):
+    """The shipped int8 input fed to the export with float input (convert --float-io) is not taken as pixel
+    values: exit 5 saying so; its float samples run."""
+    digits = ROOT / "models" / "digits_cnn"
+    assert cli.main(["convert", str(digits), "-o", str(tmp_path / "f.onnx"), "--float-io"]) == 0
+    capsys.readouterr()
+    [line] = failed(capsys, 5, "run", tmp_path / "f.onnx", "--input", digits / "input.npy", "--output",
+                    tmp_path / "y.npy")
+    assert "got int8 data, which would be taken as float values: give float data" in line
+    assert not (tmp_path / "y.npy").exists()
+    np.save(tmp_path / "x.npy", np.load(digits / "calibration.npy")[:3])
+    assert run(capsys, "run", tmp_path / "f.onnx", "--input", tmp_path / "x.npy", "--output", tmp_path / "y.npy")[0] == 0
+    assert np.load(tmp_path / "y.npy").shape == (3, 10)
+
+
+def test_verify_takes_the_samples_run_takes(model, tmp_path, capsys):
+    """verify --input compares every sample of what run --input takes: a stack on a new axis, samples along the
+    model's first axis, a directory of .npy files."""
+    x = np.arange(-10, 10, dtype=np.int8).reshape(5, 4)
+    np.save(tmp_path / "along.npy", x)
+    np.save(tmp_path / "stacked.npy", x[:, None])
+    (tmp_path / "dir").mkdir()
+    np.save(tmp_path / "dir" / "a.npy", x[:2])
+    np.save(tmp_path / "dir" / "b.npy", x[2:])
+    for source in ("along.npy", "stacked.npy", "dir"):
+        code, out, err = run(capsys, "verify", model, "--input", tmp_path / source)
+        assert (code, err) == (0, "")
+        assert out.endswith("for 5 input(s): sample 0, sample 1, sample 2, sample 3, sample 4\n"), out
+
+
+def test_verify_names_float_io_for_float_samples(tmp_path, capsys):
+    """Float samples for the integer export are refused naming --float-io (the model has quantization.json); with
+    --float-io they are compared; --float-io where there are no float edges is refused, not ignored."""
+    digits = ROOT / "models" / "digits_cnn"
+    np.save(tmp_path / "x.npy", np.load(digits / "calibration.npy")[:4])
+    [line] = failed(capsys, 5, "verify", digits, "--input", tmp_path / "x.npy")
+    assert line.startswith("runtime error: data: float32 samples, but the export compared takes integers") and \
+        "verify MODEL --float-io" in line
+    code, out, _ = run(capsys, "verify", digits, "--input", tmp_path / "x.npy", "--float-io")
+    assert code == 0 and out.endswith("for 4 input(s): sample 0, sample 1, sample 2, sample 3\n")
+    [line] = failed(capsys, 5, "verify", digits, "--input", digits / "input.npy", "--float-io")
+    assert "int8 samples, but the export with float input and outputs takes floats" in line
+    [line] = failed(capsys, 4, "verify", ROOT / "models" / "detection", "--float-io")
+    assert "--float-io: float input and outputs need a quantized model" in line
+
+
 INTEGER_DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
 
 
@@ -261,6 +307,36 @@ def test_usage_errors_exit_64(argv, capsys):
     lines = failed(capsys, 64, *argv)
     assert lines[0].startswith("usage: cvm-onnx") and lines[-1].startswith("cvm-onnx")
     assert "error: " in lines[-1]
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["run", "M", "--input", "X", "--output", "O", "--provider", "cuda"], "--provider chooses onnxruntime's provider"),
+    (["run", "M", "--input", "X", "--output", "O", "--actors", "2"], "--actors applies with --ray only"),
+    (["run", "M.onnx", "--input", "X", "--output", "O", "--cuda-graph"], "--cuda-graph applies with --provider cuda"),
+    (["run", "--ray", "M", "--input", "X", "--output", "O", "--workers", "2"], "with --ray, use --actors"),
+    (["run", "M.onnx", "--params", "M/params", "--input", "X", "--output", "O"], "MODEL is an .onnx file"),
+    (["convert", "M", "-o", "O.onnx", "--triton-server-repo", "/srv"], "--triton-server-repo applies with --triton-repo"),
+    (["convert", "M.onnx", "-o", "D", "--batch", "4"], "--batch applies to a CVM model"),
+    (["convert", "M.onnx", "-o", "D", "--verify"], "--verify applies to a CVM model"),
+    (["convert", "M.onnx", "-o", "D", "--provider", "cuda"], "--provider applies to a CVM model"),
+    (["convert", "M.onnx", "-o", "D", "--float-io"], "--float-io applies to a CVM model"),
+    (["convert", "M.onnx", "--triton-repo", "R"], "--triton-repo applies to a CVM model"),
+    (["convert", "M", "-o", "O.onnx", "--two-part"], "--two-part applies to an .onnx SOURCE"),
+    (["convert", "M", "-o", "O.onnx", "--outputs", "y"], "--outputs applies to an .onnx SOURCE"),
+    (["convert", "M", "-o", "O.onnx", "--input-precision", "9"], "--input-precision applies to an .onnx SOURCE"),
+    (["verify", "M", "--input", "X", "--seeds", "5"], "--seeds sets the random inputs, drawn without --input"),
+    (["info", "M.onnx", "--params", "M/params"], "MODEL is an .onnx file"),
+    (["view", "M", "--port", "99999"], "must be a port number in [0, 65535]"),
+])
+def test_options_that_do_not_apply_exit_64(argv, why, model, tmp_path, capsys):
+    """An option given where it does not apply is refused as a usage error, before anything runs, naming it."""
+    assert cli.main(["convert", str(model), "-o", str(tmp_path / "M.onnx")]) == 0
+    np.save(tmp_path / "X.npy", np.zeros((1, 4), np.int8))
+    names = {"M": model, "M.onnx": tmp_path / "M.onnx", "M/params": model / "params", "X": tmp_path / "X.npy"}
+    capsys.readouterr()
+    lines = failed(capsys, 64, *[names.get(a, tmp_path / a if a in ("O", "O.onnx", "D", "R") else a) for a in argv])
+    assert lines[0].startswith("usage: cvm-onnx") and why in lines[-1], lines
+    assert not any((tmp_path / a).exists() for a in ("O", "O.onnx", "D", "R"))
 
 
 def test_help_exits_0(capsys):

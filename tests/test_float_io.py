@@ -133,7 +133,7 @@ def test_float_io_needs_a_quantized_cvm_model(tmp_path, capsys):
     assert main(["convert", str(MODELS / "transforms"), "-o", str(tmp_path / "m.onnx"), "--float-io"]) == 4
     assert "need a quantized model" in capsys.readouterr().err
     assert main(["convert", str(DIGITS / "float.onnx"), "-o", str(tmp_path / "m"), "--float-io"]) == 64
-    assert "--float-io exports a quantized CVM model" in capsys.readouterr().err
+    assert "--float-io applies to a CVM model (CVM -> ONNX)" in capsys.readouterr().err
     plain = tmp_path / "plain"
     shutil.copytree(DIGITS, plain)
     doc = json.loads((plain / "quantization.json").read_text())

@@ -132,7 +132,7 @@ def test_nothing_is_left_when_the_conversion_fails(tmp_path, capsys):
 def test_only_a_cvm_model_goes_into_a_repository(tmp_path, capsys):
     api.write_onnx(cvm_onnx.to_onnx(api.load(MODELS / "digits_cnn").graph), tmp_path / "m.onnx")
     assert main(["convert", str(tmp_path / "m.onnx"), "--triton-repo", str(tmp_path / "repo")]) == 64
-    assert "--triton-repo takes a CVM model" in capsys.readouterr().err
+    assert "--triton-repo applies to a CVM model (CVM -> ONNX); SOURCE is an .onnx file" in capsys.readouterr().err
     assert main(["convert", str(MODELS / "digits_cnn")]) == 64
     assert not (tmp_path / "repo").exists()
 

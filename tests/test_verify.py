@@ -160,7 +160,7 @@ def test_cli_verify_exit_codes(monkeypatch, capsys):
     first_take = next(n for n in graph_of(MODELS / "transforms").nodes if n.op == "take")
     assert main(["verify", str(MODELS / "transforms"), "--input", str(MODELS / "transforms" / "input.npy")]) == 5
     out = capsys.readouterr().out
-    assert out.startswith("MISMATCH on input 'given'")
+    assert out.startswith("MISMATCH on input 'sample 0'")
     assert f"first differing node (topological order): {first_take.name} (take)" in out
     assert main(["verify", "missing.onnx"]) == 2  # an .onnx file is read (test_cli: verify on an export)
     assert capsys.readouterr().err == "format error: missing.onnx: no such file\n"

@@ -21,6 +21,8 @@ USAGE_ERROR = 64
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 BROKEN_PIPE = 141
+#: Where a Triton server sees the model repository by default (convert --triton-server-repo).
+TRITON_SERVER_REPO = "/models"
 
 
 def line(text: object) -> str:
@@ -101,17 +103,10 @@ def cmd_convert(args) -> int:
 
     if args.triton_repo is not None:
         return convert_triton(args)
-    if args.output is None:
-        args.usage.print_usage(sys.stderr)
-        complain("cvm-onnx convert: error: the following arguments are required: -o/--output (or --triton-repo)")
-        return USAGE_ERROR
-    if args.float_io and api.is_onnx(args.source):
-        complain(f"cvm-onnx convert: --float-io exports a quantized CVM model; {args.source} is an ONNX file")
-        return USAGE_ERROR
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
     imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
-                           input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
+                           input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
                            outputs=args.outputs, provider=args.provider,
                            float_io=args.float_io, two_part=args.two_part)
     if imported is not None and args.report:
@@ -138,10 +133,6 @@ def convert_triton(args) -> int:
 
     from . import api
 
-    if api.is_onnx(args.source):
-        complain(f"cvm-onnx convert: --triton-repo takes a CVM model (directory, or symbol file with --params); "
-                 f"{args.source} is an ONNX file")
-        return USAGE_ERROR
     source = Path(args.source).resolve()
     name = (source if source.is_dir() else source.parent).name
     folder = model_folder(args.triton_repo, name)
@@ -156,7 +147,7 @@ def convert_triton(args) -> int:
                                   where=str(folder)) from None
         args.triton_repo, repo = None, args.triton_repo
         cmd_convert(args)
-        write_repository(api.load_onnx(args.output), repo, name, args.triton_server_repo)
+        write_repository(api.load_onnx(args.output), repo, name, args.triton_server_repo or TRITON_SERVER_REPO)
     except BaseException:
         if fresh:
             shutil.rmtree(folder, ignore_errors=True)
@@ -194,12 +185,10 @@ def convert_checked(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    import numpy as np
-
-    from cvm_onnx.core.constants import FLOAT_IO
+    from cvm_onnx.core.constants import FLOAT_IO, QUANTIZATION
+    from cvm_onnx.core.errors import UnsupportedError
     from cvm_onnx.core.format.edges import parse_edges
-    from cvm_onnx.core.format.npy import read_npy
-    from cvm_onnx.runtime.verify import exported_graph, verify
+    from cvm_onnx.runtime.verify import exported_graph, given_cases, verify
 
     from . import api
     from .progress import Bar
@@ -211,14 +200,22 @@ def cmd_verify(args) -> int:
         props = {p.key: p.value for p in onnx_model.metadata_props}
         edges = (parse_edges(props[FLOAT_IO], f"metadata {FLOAT_IO}", len(onnx_model.graph.output))
                  if FLOAT_IO in props else None)
+        quantized = QUANTIZATION in props
+        if args.float_io and edges is None:
+            raise UnsupportedError("--float-io: this .onnx file takes and gives integers (convert --float-io writes "
+                                   "the export with float input and outputs)", where=args.model)
     else:
         model = api.load(args.model, args.params)
         _warn(model.warnings)
-        graph, edges = model.graph, model.edges if args.float_io else None
-    data = np.array(read_npy(args.input)) if args.input else None
+        graph, edges, quantized = model.graph, model.edges if args.float_io else None, model.edges is not None
+        if args.float_io and edges is None:
+            raise UnsupportedError("--float-io: float input and outputs need a quantized model (a model directory "
+                                   "with quantization.json, as convert and quantize write for a quantized ONNX "
+                                   "model)", where=args.model)
+    cases = None if args.input is None else given_cases(graph, args.input, edges, quantized and edges is None)
     with Bar() as bar:
-        verdict = verify(graph, data, seeds=args.seeds, provider=args.provider, onnx_model=onnx_model, progress=bar,
-                         edges=edges)
+        verdict = verify(graph, seeds=3 if args.seeds is None else args.seeds, provider=args.provider,
+                         onnx_model=onnx_model, progress=bar, edges=edges, cases=cases)
     for text in verdict.lines():
         say(text)
     return 0 if verdict.exact else RuntimeFailure.exit_code
@@ -255,14 +252,6 @@ def cmd_run(args) -> int:
     from . import api
     from .progress import Bar, native_stderr_held
 
-    if args.model is None or (args.ray and Path(args.ray).exists()):
-        if args.model is not None or not args.ray:
-            args.usage.print_usage(sys.stderr)
-            complain(f"cvm-onnx run: error: argument --ray: ADDRESS {args.ray} is a file or directory, not a Ray "
-                     "address (auto, HOST:PORT, ray://HOST:10001)" if args.model else
-                     "cvm-onnx run: error: the following arguments are required: model")
-            return USAGE_ERROR
-        args.model, args.ray = args.ray, ""  # `run --ray MODEL ...`: --ray took the model for its ADDRESS
     edges = None
     if api.is_onnx(args.model):
         model = api.load_onnx(args.model, external_data=True)
@@ -322,6 +311,77 @@ def positive(text: str) -> int:
     return n
 
 
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535] (0: a free one), not {text!r}")
+    return n
+
+
+def _onnx(path: str | None) -> bool:
+    from .api import is_onnx
+
+    return path is not None and is_onnx(path)
+
+
+_CVM_SOURCE = "applies to a CVM model (CVM -> ONNX); SOURCE is an .onnx file"
+_ONNX_SOURCE = "applies to an .onnx SOURCE (ONNX -> CVM); SOURCE is a CVM model"
+_SYMBOL_FILE = "applies to a CVM model (a symbol file's params); MODEL is an .onnx file"
+
+#: Per command, the options that apply only in some uses: (option, whether it applies, why not). An option given
+#: a value other than its default where it does not apply is a usage error, never ignored.
+SCOPES = {
+    "run": [
+        ("--params", lambda a: not _onnx(a.model), _SYMBOL_FILE),
+        ("--provider", lambda a: _onnx(a.model), "chooses onnxruntime's provider for an .onnx model; a CVM model "
+         "runs on the reference executor (for CUDA convert it first: convert MODEL -o m.onnx --provider cuda)"),
+        ("--cuda-graph", lambda a: a.provider == "cuda", "applies with --provider cuda only"),
+        ("--workers", lambda a: a.ray is None, "applies to a run on this machine; with --ray, use --actors"),
+        ("--actors", lambda a: a.ray is not None, "applies with --ray only"),
+    ],
+    "convert": [
+        ("--params", lambda a: not _onnx(a.source), "applies to a CVM model (a symbol file's params); SOURCE is an "
+         ".onnx file"),
+        *((option, lambda a: not _onnx(a.source), _CVM_SOURCE) for option in
+          ("--inline", "--batch", "--optimize", "--provider", "--float-io", "--verify", "--triton-repo")),
+        ("--triton-server-repo", lambda a: a.triton_repo is not None, "applies with --triton-repo only"),
+        *((option, lambda a: _onnx(a.source), _ONNX_SOURCE) for option in
+          ("--input-precision", "--outputs", "--two-part")),
+    ],
+    "verify": [
+        ("--params", lambda a: not _onnx(a.model), _SYMBOL_FILE),
+        ("--seeds", lambda a: a.input is None, "sets the random inputs, drawn without --input only"),
+    ],
+    **{command: [("--params", lambda a: not _onnx(a.model), _SYMBOL_FILE)] for command in ("validate", "check",
+                                                                                           "info", "view")},
+}
+
+
+def check_usage(args) -> None:
+    """The command line's combinations that argparse cannot check: ``run --ray MODEL`` (--ray took MODEL for its
+    ADDRESS), convert's output, and the options given where they do not apply (``SCOPES``). Exits with
+    ``USAGE_ERROR`` (through the command's parser) on the first that fails."""
+    usage = args.usage
+    if args.command == "run" and (args.model is None or (args.ray and Path(args.ray).exists())):
+        if args.model is not None:
+            usage.error(f"argument --ray: ADDRESS {args.ray} is a file or directory, not a Ray address (auto, "
+                        "HOST:PORT, ray://HOST:10001)")
+        if not args.ray:
+            usage.error("the following arguments are required: model")
+        args.model, args.ray = args.ray, ""
+    if args.command == "convert" and args.output is None and args.triton_repo is None:
+        usage.error("the following arguments are required: -o/--output (or --triton-repo)")
+    misplaced = [f"{option} {why}" for option, applies, why in SCOPES.get(args.command, ())
+                 if getattr(args, option[2:].replace("-", "_")) != usage.get_default(option[2:].replace("-", "_"))
+                 and not applies(args)]
+    if misplaced:
+        usage.error("; ".join(misplaced))
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exiting with ``USAGE_ERROR`` on a usage error."""
 
@@ -344,7 +404,7 @@ def parser() -> argparse.ArgumentParser:
         c.add_argument("model", nargs=model_nargs, help=f"CVM model directory (symbol + params), a symbol file "
                        f"with --params, or {onnx_file}")
         c.add_argument("--params", help="params file when MODEL is a symbol file")
-        c.set_defaults(fn=fn)
+        c.set_defaults(fn=fn, usage=c)
         return c
 
     model_cmd("validate", cmd_validate, "check a CVM model against the runtime's load-time rules (an .onnx file: "
@@ -353,7 +413,6 @@ def parser() -> argparse.ArgumentParser:
               "inputs and outputs, provenance and the native library it needs")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)",
                   model_nargs="?")  # `run --ray MODEL`: --ray takes MODEL for its ADDRESS; cmd_run sorts it out
-    r.set_defaults(usage=r)
     r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
                    "or N of them stacked on a new axis 0 or along the model's first axis (when it is 1); or a "
                    "directory of such .npy files (file-name order); floats for a "
@@ -391,12 +450,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--float-io", action="store_true", help="a quantized CVM model (with quantization.json): "
                    "float32 input and outputs, quantized and dequantized in the graph (QuantizeLinear, "
                    "DequantizeLinear) around the exact integer model, as cvm-onnx run computes them")
-    c.add_argument("--input-precision", type=int, default=8, metavar="N",
+    c.add_argument("--input-precision", type=int, metavar="N",
                    help="bits of the ONNX model's input values, |x| <= 2^(N-1)-1 (default 8; the runtime clamps "
                         "its input to them)")
     c.add_argument("--triton-repo", metavar="REPO", help="also write a Triton model repository: "
                    "REPO/<model directory's name>/1/model.onnx, config.pbtxt and the native op library if used")
-    c.add_argument("--triton-server-repo", metavar="DIR", default="/models", help="where the Triton server sees "
+    c.add_argument("--triton-server-repo", metavar="DIR", help="where the Triton server sees "
                    "REPO, for the op library's path in config.pbtxt (default /models)")
     c.set_defaults(fn=cmd_convert, usage=c)
     c.add_argument("--report", metavar="FILE", help="write a Markdown report: stages, op table, sizes, timings "
@@ -412,14 +471,16 @@ def parser() -> argparse.ArgumentParser:
     v = model_cmd("verify", cmd_verify, "convert a CVM model (or take an .onnx file convert wrote) and check "
                   "onnxruntime against the reference executor, element for element; name the first differing node",
                   onnx_file="an .onnx file convert wrote (not the --optimize form)")
-    v.add_argument("--input", help=".npy input data (default: 0, +-(2^(p-1)-1) and random inputs)")
+    v.add_argument("--input", help="the inputs to compare on, as run --input takes them: one .npy sample, N of them "
+                   "stacked, or a directory of .npy files; each sample is compared (default: 0, +-(2^(p-1)-1) and "
+                   "random inputs); floats with --float-io")
     v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
-    v.add_argument("--seeds", type=int, default=3, metavar="N", help="random inputs without --input (default 3)")
+    v.add_argument("--seeds", type=int, metavar="N", help="random inputs without --input (default 3)")
     v.add_argument("--float-io", action="store_true", help="check the export with float input and outputs (convert "
                    "--float-io) against cvm-onnx run, on float inputs: 0, +-3.4e38, +-inf, rounding ties, random")
     w = model_cmd("view", cmd_view, "show a model (.onnx, or a CVM model converted on the fly) in Netron on "
                   "127.0.0.1")
-    w.add_argument("--port", type=int, default=0, help="port to serve on (default: a free one)")
+    w.add_argument("--port", type=port, default=0, help="port to serve on (default: a free one)")
     w.add_argument("--no-browser", action="store_true", help="do not open a browser; just serve")
     q = sub.add_parser("quantize", help="quantize a float ONNX model with onnxruntime.quantization (static, "
                        "calibrated) and import it as a CVM model", parents=[debug])
@@ -441,7 +502,7 @@ def parser() -> argparse.ArgumentParser:
                    "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
     q.add_argument("--two-part", action="store_true", help="a requantization whose 32-bit product errs by more than "
                    "2^-10 step takes two products (closer to the quantized model's arithmetic; a slower serving form)")
-    q.set_defaults(fn=cmd_quantize)
+    q.set_defaults(fn=cmd_quantize, usage=q)
     return p
 
 
@@ -458,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is 0, the error family's code, or one of the codes above."""
     try:
         args = parser().parse_args(argv)
+        check_usage(args)
     except SystemExit as e:  # --help (0) or a usage error
         return e.code
     try:

@@ -382,8 +382,8 @@ def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = N
     With a precision, integer data is taken as the reference executor takes it (``integer_input``). An integer
     ``data`` narrower than the model's input type is widened (int8 -> int32, as the CVM runtime reads int8
     inputs); float data for a float32 input (an export with float edges) is rounded to float32, as ``cvm-onnx
-    run`` rounds it before quantizing; any other mismatch is a ``RuntimeFailure``, as is an output that is not a
-    tensor of numbers.
+    run`` rounds it before quantizing, and integer data for it refused (it would be taken as float values); any
+    other mismatch is a ``RuntimeFailure``, as is an output that is not a tensor of numbers.
     """
     inputs = sess.get_inputs()
     if len(inputs) != 1:
@@ -395,6 +395,10 @@ def feed(sess: ort.InferenceSession, data: np.ndarray, precision: int | None = N
     want = np.dtype(_NUMPY_TYPES.get(inputs[0].type, np.void))
     if precision is not None and want.kind != "f":
         data = integer_input(data, precision, inputs[0].name)
+    if want.kind == "f" and data.dtype.kind != "f":  # integers are not taken for values to quantize
+        raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data, which would be "
+                             "taken as float values: give float data (an export with float input, convert "
+                             "--float-io, quantizes it itself), or the integers to the export without --float-io")
     if data.dtype != want:
         if not np.can_cast(data.dtype, want, casting="same_kind" if data.dtype.kind == want.kind == "f" else "safe"):
             raise RuntimeFailure(f"input {inputs[0].name} is {inputs[0].type}; got {data.dtype} data")

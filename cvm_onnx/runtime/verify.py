@@ -1,6 +1,7 @@
 """Exact verification: a CVM model's ONNX export on onnxruntime against the reference executor, every element.
 
-Inputs are the given ones, or generated within each input's declared precision p (|x| <= 2^(p-1)-1): all 0, all
+Inputs are the given ones (``samples``: each sample of an input as ``cvm-onnx run`` takes it, a case of its
+own), or generated within each input's declared precision p (|x| <= 2^(p-1)-1): all 0, all
 +bound, all -bound, then ``seeds`` random draws (uniform, with one element in ten set to -bound, 0 or +bound).
 Every output of every input must be equal (same dtype, shape and values: ``np.array_equal``, no tolerance).
 
@@ -34,17 +35,19 @@ from cvm_onnx.core.format import Edge, Edges, read_model
 from cvm_onnx.core.format.edges import TYPES
 from cvm_onnx.core.graph import Entry, Graph
 from cvm_onnx.core.validate import validate
+from cvm_onnx.runtime.bulk import samples as read_samples
 from cvm_onnx.runtime.sessions import run, session
 
 Progress = Callable[[int, int, str], None]
 """``progress(done, total, what)``: called before each step of a long task."""
 
 SHOWN = 5  # differing positions reported per tensor
+NAMED = 12  # cases named in a verdict; of more, the first and the last few
 
 
 @dataclass(frozen=True)
 class Case:
-    """One set of inputs, named for the verdict ("zeros", "+127", "seed 0", "given")."""
+    """One set of inputs, named for the verdict ("zeros", "+127", "seed 0", "given", "sample 3")."""
 
     name: str
     inputs: dict[str, np.ndarray]
@@ -116,8 +119,9 @@ class Verdict:
 
     def lines(self) -> list[str]:
         if self.exact:
+            named = self.cases if len(self.cases) <= NAMED else [*self.cases[:NAMED - 3], "...", *self.cases[-2:]]
             return [(f"exact: {len(self.outputs)} output(s) ({', '.join(self.outputs)}) equal element for element "
-                     f"on onnxruntime ({self.provider}) for {len(self.cases)} input(s): {', '.join(self.cases)}")]
+                     f"on onnxruntime ({self.provider}) for {len(self.cases)} input(s): {', '.join(named)}")]
         out = [f"MISMATCH on input {self.failed_case!r} (onnxruntime {self.provider}):"]
         out += ["  output " + s if k == 0 else "  " + s for d in self.differences for k, s in enumerate(d.lines())]
         out += self.divergence.lines() if self.divergence else ["no single node differs (only the graph outputs)"]
@@ -164,6 +168,28 @@ def float_cases(graph: Graph, edge: Edge, seeds: int = 3) -> list[Case]:
         x[pick] = rng.choice(np.concatenate([ties, [0, big, -big]]).astype(np.float32), int(pick.sum()))
         cases.append(Case(f"seed {seed}", {name: x}))
     return cases
+
+
+def given_cases(graph: Graph, source: str | os.PathLike | np.ndarray, edges: Edges | None = None,
+                quantized: bool = False) -> list[Case]:
+    """One case per sample in ``source`` (an .npy file, a directory of them or an array), laid out as ``cvm-onnx
+    run --input`` takes them (``bulk.samples``), named "sample k". Float samples need ``edges`` (the export with
+    float input and outputs), integers none; ``quantized``: the model has float edges that are not compared, so
+    the refusal of float samples names the float form."""
+    [i] = graph.inputs
+    name, shape = graph.nodes[i].name, graph.nodes[i].outputs[0].shape
+    found = read_samples(source, shape)
+    floats = found.dtype.kind == "f"
+    if edges is not None and not floats:
+        raise RuntimeFailure(f"{found.dtype} samples, but the export with float input and outputs takes floats: "
+                             f"give the float samples (or the integers without --float-io)", where=name)
+    if edges is None and floats:
+        hint = ("; for float samples, verify the export with float input and outputs: verify MODEL --float-io "
+                "(its quantization.json quantizes them), or an .onnx that convert --float-io wrote" if quantized
+                else ": this model has no float edges (quantization.json) to quantize them")
+        raise RuntimeFailure(f"{found.dtype} samples, but the export compared takes integers{hint}", where=name)
+    data = found.chunk(0, found.count)
+    return [Case(f"sample {k}", {name: data[k].reshape(shape)}) for k in range(found.count)]
 
 
 def _as_graph(model) -> Graph:
@@ -237,21 +263,22 @@ def locate(graph: Graph, onnx_model: onnx.ModelProto, case: Case, provider: str 
 
 def verify(model, data: np.ndarray | Mapping[str, np.ndarray] | None = None, *, seeds: int = 3,
            provider: str = "cpu", onnx_model: onnx.ModelProto | None = None, inline: bool = False,
-           native: bool | None = None, progress: Progress | None = None, edges: Edges | None = None) -> Verdict:
+           native: bool | None = None, progress: Progress | None = None, edges: Edges | None = None,
+           cases: list[Case] | None = None) -> Verdict:
     """Check that ``onnx_model`` (default: ``to_onnx(graph, inline)``) computes exactly what the reference executor
     computes for ``model`` (a validated Graph, a ``Loaded`` or a model path).
 
     ``data``: the input ``data`` (or a mapping of input names to arrays); None generates the cases described in
-    the module docstring. ``edges``: a quantized model's float edges, in the graph of the export (default:
+    the module docstring; ``cases`` (``given_cases``) replaces both. ``edges``: a quantized model's float edges, in the graph of the export (default:
     ``to_onnx(graph, inline, edges=edges, float_io=True)``), which takes float data. Runtime errors (onnxruntime
     refusing the model, a bad input) raise ``RuntimeFailure``.
     """
     graph = _as_graph(model)
     if onnx_model is None:
         onnx_model = to_onnx(graph, inline=inline, edges=edges, float_io=edges is not None)
-    if data is None:
+    if cases is None and data is None:
         cases = generated_cases(graph, seeds) if edges is None else float_cases(graph, edges.input, seeds)
-    else:
+    elif cases is None:
         cases = [Case("given", dict(data) if isinstance(data, Mapping) else {"data": np.asarray(data)})]
     total = len(cases) + 1
     if progress:
