@@ -229,6 +229,13 @@ def test_a_float_io_export_refuses_integer_input(tmp_path, capsys):
     assert np.load(tmp_path / "y.npy").shape == (3, 10)
 
 
+def test_convert_for_cuda_says_where_every_node_runs(tmp_path, capsys):
+    """convert --provider cuda --verify (not only --report) says whether every node has a CUDA kernel."""
+    code, out, _ = run(capsys, "convert", ROOT / "models" / "digits_cnn", "-o", tmp_path / "c.onnx", "--provider",
+                       "cuda", "--verify")
+    assert code == 0 and "  CUDA provider: every node a CUDA kernel" in out.splitlines()
+
+
 def test_verify_takes_the_samples_run_takes(model, tmp_path, capsys):
     """verify --input compares every sample of what run --input takes: a stack on a new axis, samples along the
     model's first axis, a directory of .npy files."""
@@ -339,6 +346,13 @@ def test_options_that_do_not_apply_exit_64(argv, why, model, tmp_path, capsys):
     assert not any((tmp_path / a).exists() for a in ("O", "O.onnx", "D", "R"))
 
 
+def test_run_help_names_every_integer_type_it_takes(capsys):
+    """run --input takes any integer type (uint8 images too), not only int8 and int32 as its help once said."""
+    code, out, _ = run(capsys, "run", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "of any integer type" in text and "uint8" in text and "int8 or int32" not in text
+
+
 def test_help_exits_0(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "validate" in out and "docs/cli.md" in out
@@ -418,6 +432,38 @@ def test_native_writes_to_a_terminal_are_held_off_the_bar(monkeypatch):
     assert shown() == "native trouble\r\n"
     terminal.close()
     os.close(master)
+
+
+def test_the_bar_shows_no_count_before_it_knows_the_total():
+    """While Ray starts the total is not known yet: the bar shows no `0/?`, then done/total."""
+    from rich.progress import MofNCompleteColumn
+
+    from cvm_onnx.app.progress import Bar
+
+    bar = Bar()
+    [count] = [c for c in bar._bar.columns if isinstance(c, MofNCompleteColumn)]
+    [task] = bar._bar.tasks
+    assert str(count.render(task)) == ""
+    bar(2, 5, "samples")
+    assert str(count.render(task)) == "2/5"
+
+
+def test_native_writes_to_a_pipe_are_held_too(monkeypatch):
+    """On a pipe (or a file) too, a run that succeeds prints only its own lines: Ray's core worker logging to the
+    descriptor is held."""
+    import os
+
+    from cvm_onnx.app.progress import native_stderr_held
+
+    read, write = os.pipe()
+    stream = os.fdopen(write, "w", buffering=1)
+    monkeypatch.setattr(sys, "stderr", stream)
+    with native_stderr_held():
+        os.write(write, b"[... E 1 1] core_worker.cc:2465: Actor with class name ...\n")
+        print("ours", file=sys.stderr)
+    stream.close()
+    with os.fdopen(read, "rb") as got:
+        assert got.read() == b"ours\n"
 
 
 def cli_process(*argv, **kwargs) -> subprocess.Popen:

@@ -129,3 +129,22 @@ def test_no_machine_paths_in_the_documents():
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = doc.read_text()
         assert here not in text and "/tmp/" not in text and "/root/" not in text, doc
+
+
+WRITES = ("-o", "--output", "--report", "--triton-repo", "--save-onnx")
+
+
+def test_documented_commands_on_the_shipped_models_write_to_out():
+    """A documented command that a checkout can run as written (it reads models/) writes only under out/, which git
+    ignores: none leaves detection.onnx or logits.npy in the checkout."""
+    docs = [ROOT / "README.md", ROOT / "models" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    outside = []
+    for doc in docs:
+        for block in blocks(doc, "bash"):
+            for line in block.splitlines():
+                words = shlex.split(line.split("#")[0])
+                if words[:1] != ["cvm-onnx"] or not any(w.startswith("models/") for w in words):
+                    continue
+                outside += [(str(doc.relative_to(ROOT)), line) for k, w in enumerate(words[:-1])
+                            if w in WRITES and not words[k + 1].startswith("out/")]
+    assert outside == []

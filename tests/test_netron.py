@@ -41,10 +41,10 @@ try:
 except ImportError:
     webdriver = None
 
-needs_netron = pytest.mark.skipif(netron is None, reason="netron is not installed (pip install 'cvm-onnx[view]')")
+needs_netron = pytest.mark.skipif(netron is None, reason="netron is not installed (pip install netron)")
 needs_browser = pytest.mark.skipif(
     webdriver is None or CHROMIUM is None or DRIVER is None,
-    reason="needs selenium (pip install 'cvm-onnx[test]') and Chromium with its driver "
+    reason="needs selenium (pip install -e '.[test]') and Chromium with its driver "
            "(Debian: apt-get install chromium chromium-driver)")
 
 # Offline Netron blocks on a cookie-consent message until a `consent` cookie exists, and loops on "Please update"
@@ -213,4 +213,4 @@ def test_readme_installs_netron_alone_and_says_what_netron_shows_first(monkeypat
 def test_view_without_netron_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "netron", None)  # import netron raises ImportError
     assert main(["view", str(MODEL), "--no-browser"]) == 4
-    assert "pip install 'cvm-onnx[view]'" in capsys.readouterr().err
+    assert "pip install netron (or, in the checkout, pip install -e '.[view]')" in capsys.readouterr().err

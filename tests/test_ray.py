@@ -41,7 +41,7 @@ def test_without_the_extra_ray_says_how_to_install_it(tmp_path, monkeypatch, cap
     code = main(["run", str(ROOT / "models" / "digits_cnn"), "--input", str(tmp_path / "x.npy"), "--output",
                  str(tmp_path / "o.npy"), "--ray"])
     assert (code, capsys.readouterr().err) == (
-        4, "unsupported: running on Ray needs the extra ray: pip install 'cvm-onnx[ray]'\n")
+        4, "unsupported: running on Ray needs the extra ray: in the checkout, pip install -e '.[ray]'\n")
     assert not (tmp_path / "o.npy").exists()
 
 
@@ -76,10 +76,10 @@ def test_ray_before_the_model_takes_no_address_and_a_cluster_wanting_a_token_is_
     cluster refusing the connection is a runtime error naming token authentication and what to set."""
     model = ROOT / "models" / "digits_cnn"
     np.save(tmp_path / "x.npy", np.zeros((3, 1, 8, 8), np.float32))
-    io = ["--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy")]
-    assert main(["run", "--ray", str(model), *io]) == 5
+    io = ["--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy"), "--chunk", "1"]  # 3 chunks
+    assert main(["run", "--ray=local", str(model), *io]) == 5
     assert main(["run", str(model), "--ray=10.0.0.1:6379", *io]) == 5
-    assert unreachable_cluster == [None, "10.0.0.1:6379"]
+    assert unreachable_cluster == ["local", "10.0.0.1:6379"]
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and lines[1].startswith(
         "runtime error: cannot connect to the Ray cluster at 10.0.0.1:6379: ConnectionError: Failed to connect to "
@@ -90,6 +90,32 @@ def test_ray_before_the_model_takes_no_address_and_a_cluster_wanting_a_token_is_
         f"cvm-onnx run: error: argument --ray: ADDRESS {model} is a file or directory, not a Ray address (auto, "
         "HOST:PORT, ray://HOST:10001)")
     assert sorted(os.listdir(tmp_path)) == ["x.npy"]
+
+
+def test_ray_without_a_cluster_to_join_runs_here_and_says_why(tmp_path, capsys, monkeypatch):
+    """`run --ray` where no cluster runs (RAY_ADDRESS unset, none started here) would start a new local instance,
+    which has this machine's CPUs only; on a cluster, one chunk is one actor's work: either way the run goes on
+    here, equal to the run without --ray, with one note."""
+    ray = pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
+    from ray._private import services
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", lambda address: None)  # no cluster here
+    monkeypatch.setattr(ray, "init", None)  # never called
+    model = ROOT / "models" / "digits_cnn"
+    np.save(tmp_path / "x.npy", random_samples(api.load(model).graph, 70))
+    io = ["--input", str(tmp_path / "x.npy"), "--output"]
+    assert main(["run", "--ray", str(model), *io, str(tmp_path / "ray.npy"), "--actors", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("note: --ray: no Ray cluster to join") and len(err.splitlines()) == 1
+    assert main(["run", str(model), *io, str(tmp_path / "here.npy")]) == 0
+    assert_same([np.load(tmp_path / "ray.npy")], [np.load(tmp_path / "here.npy")])
+    capsys.readouterr()
+    monkeypatch.setattr(services, "canonicalize_bootstrap_address", lambda address: "10.0.0.1:6379")  # a cluster
+    assert main(["run", "--ray", str(model), *io, str(tmp_path / "one.npy"), "--chunk", "70"]) == 0
+    assert capsys.readouterr().err == ("note: --ray: 70 sample(s) make one chunk of --chunk 70, which one actor would "
+                                       "run alone after Ray's connection and its start-up: runs here without Ray\n")
+    assert_same([np.load(tmp_path / "one.npy")], [np.load(tmp_path / "here.npy")])
 
 
 def test_the_progress_bar_says_ray_is_starting(unreachable_cluster):
@@ -108,7 +134,7 @@ def test_an_address_where_nothing_listens_is_said_so_at_once(tmp_path, capsys):
         port = s.getsockname()[1]
     np.save(tmp_path / "x.npy", np.zeros((3, 1, 8, 8), np.float32))
     argv = ["run", str(ROOT / "models" / "digits_cnn"), "--input", str(tmp_path / "x.npy"), "--output",
-            str(tmp_path / "o.npy")]
+            str(tmp_path / "o.npy"), "--chunk", "1"]  # 3 chunks: Ray could be faster
     for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
         assert main([*argv, f"--ray={address}"]) == 5
         assert capsys.readouterr().err.startswith(f"runtime error: no Ray cluster answers at {address}: ")
@@ -143,6 +169,21 @@ def test_example_models_on_ray_equal_the_single_process_run(name):
     x = random_samples(graph, 11, seed=1)
     assert bulk.plan(model, 4, onnxruntime=True).batch == (4 if name == "digits_cnn" else 1)
     assert_same(run_on_ray(model, x, actors=2, chunk=4).arrays, bulk.run_many(graph, x, chunk=4).arrays)
+
+
+@on_ray
+def test_no_more_actors_than_chunks():
+    """Three samples are one chunk: one actor, so Ray Data does not warn that the operator received fewer inputs
+    than its minimum number of concurrent actors."""
+    import warnings
+
+    graph = api.load(ROOT / "models" / "digits_cnn").graph
+    x = random_samples(graph, 3, seed=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = run_on_ray(graph, x, actors=2).arrays
+    assert not [w for w in caught if "concurrent actors" in str(w.message)]
+    assert_same(got, bulk.run_many(graph, x).arrays)
 
 
 @on_ray

@@ -270,7 +270,8 @@ def cmd_run(args) -> int:
 
             out = run_on_ray(model, args.input, args.output, address=args.ray or None, actors=args.actors,
                              chunk=args.chunk, provider=args.provider, progress=bar, edges=edges,
-                             cuda_graph=args.cuda_graph)
+                             cuda_graph=args.cuda_graph,
+                             here_if_faster=lambda why: complain(f"note: --ray: {why}: runs here without Ray"))
     say(f"wrote {args.output}: " + ", ".join(f"{n} {s}" for n, s in zip(out.keys, out.shapes)))
     return 0
 
@@ -413,10 +414,12 @@ def parser() -> argparse.ArgumentParser:
               "inputs and outputs, provenance and the native library it needs")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)",
                   model_nargs="?")  # `run --ray MODEL`: --ray takes MODEL for its ADDRESS; cmd_run sorts it out
-    r.add_argument("--input", required=True, help=".npy holding one input (int8 or int32) of the model's shape, "
-                   "or N of them stacked on a new axis 0 or along the model's first axis (when it is 1); or a "
-                   "directory of such .npy files (file-name order); floats for a "
-                   "model imported from a quantized ONNX model (quantized as its first QuantizeLinear does)")
+    r.add_argument("--input", required=True, help=".npy holding one input of the model's shape, of any integer "
+                   "type (int8 and int32 clamped to the input precision as the runtime does; others, such as uint8 "
+                   "images, must fit it), or N of them stacked on a new axis 0 or along the model's first axis "
+                   "(when it is 1); or a directory of such .npy files (file-name order); floats for a model "
+                   "imported from a quantized ONNX model (quantized as its first QuantizeLinear does) and for an "
+                   "export with float input (convert --float-io), which takes floats only")
     r.add_argument("--output", required=True, help=".npz to write, one array per output (stacked over the "
                    "samples for N inputs); or .npy for a one-output model; float32 dequantized outputs for float input")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
@@ -427,10 +430,10 @@ def parser() -> argparse.ArgumentParser:
                    f"model call where the model takes a batch (default {CHUNK})")
     r.add_argument("--workers", type=positive, metavar="W", help="chunks run at once on this machine, one "
                    "onnxruntime thread each (ONNX models; default: one per CPU on the CPU provider)")
-    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run on Ray actors: a new local "
-                   "instance, or the cluster at ADDRESS (auto, HOST:PORT, ray://HOST:10001); extra ray. --ray "
-                   "followed by MODEL runs MODEL on a new local instance; an ADDRESS goes after MODEL or as "
-                   "--ray=ADDRESS")
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run on Ray actors: the cluster at "
+                   "ADDRESS (auto, HOST:PORT, ray://HOST:10001; local: a new local instance), or without ADDRESS "
+                   "the one RAY_ADDRESS names or `ray start` started here, else on this machine without Ray (a new "
+                   "local instance cannot be faster); extra ray. An ADDRESS goes after MODEL or as --ray=ADDRESS")
     r.add_argument("--actors", type=positive, metavar="K", help="Ray actors, one CPU each (default: one per CPU)")
     c = sub.add_parser("convert", help="convert a CVM model to ONNX, or an ONNX model to CVM", parents=[debug])
     c.add_argument("source", help="CVM model directory (or a symbol file with --params), or an .onnx file")

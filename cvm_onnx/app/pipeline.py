@@ -71,6 +71,7 @@ class Conversion:
     warnings: list[Problem] = field(default_factory=list)
     model: onnx.ModelProto | None = None
     exported: Export | None = None  # the export stage's record: the model, its conv2d routes and passes
+    placement: str = ""  # the CUDA form's: whether every node has a CUDA kernel (runtime.placement)
     verdict: Verdict | None = None
     stages: list[StageRun] = field(default_factory=list)
     error: Exception | None = None
@@ -111,7 +112,8 @@ def _export(c: Conversion, progress: Progress | None) -> str:
     if c.target == "cuda":  # a node without a CUDA kernel would run on the CPU provider: a warning naming it
         missing = without_cuda_kernel(c.model)
         c.warnings += [Problem(p.where, f"runs on the CPU provider: {p.rule}") for p in missing]
-        placed = f"; {len(missing)} node(s) without a CUDA kernel" if missing else "; every node a CUDA kernel"
+        c.placement = f"{len(missing)} node(s) without a CUDA kernel" if missing else "every node a CUDA kernel"
+        placed = f"; {c.placement}"
     return f"{c.form}, opset {c.model.opset_import[0].version}{passes}" + (
         "; convolutions: " + ", ".join(f"{n} {route}" for route, n in routes.items()) if routes else "") + placed
 

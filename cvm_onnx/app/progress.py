@@ -10,6 +10,14 @@ from typing import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+
+class _Count(MofNCompleteColumn):
+    """done/total once the total is known; nothing before (rich would show ``0/?``)."""
+
+    def render(self, task) -> Text:
+        return super().render(task) if task.total is not None else Text("")
 
 
 class Bar:
@@ -18,7 +26,7 @@ class Bar:
 
     def __init__(self, delay: float = 0.5):
         console = Console(stderr=True)
-        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
                              TimeElapsedColumn(), console=console, transient=True)
         self._task = self._bar.add_task("", total=None)
         self._lock = threading.Lock()
@@ -51,18 +59,20 @@ class Bar:
 
 @contextmanager
 def native_stderr_held() -> Iterator[None]:
-    """On a terminal, what native code writes to stderr's file descriptor while the block runs (Ray's C++ core
-    worker logging over the bar) goes to a temporary file, written out after the block only if it fails; Python's
-    ``sys.stderr`` (our messages, a ``Bar`` made inside the block) goes on to the terminal through a duplicate of
-    the descriptor. Elsewhere (a file, a pipe) nothing is drawn over, and nothing is held."""
-    if not sys.stderr.isatty():
+    """What native code writes to stderr's file descriptor while the block runs (Ray's C++ core worker logging)
+    goes to a temporary file, written out after the block only if it fails; Python's ``sys.stderr`` (our
+    messages, a ``Bar`` made inside the block) goes on through a duplicate of the descriptor. So on a terminal
+    nothing draws over the bar, and on a terminal, a file or a pipe alike a run that succeeds prints only its
+    own lines. A ``sys.stderr`` with no descriptor (captured in-process) holds nothing."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
         yield
         return
-    fd = sys.stderr.fileno()
     sys.stderr.flush()
     saved = os.dup(fd)
-    terminal = os.fdopen(os.dup(fd), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
-    previous, sys.stderr = sys.stderr, terminal
+    ours = os.fdopen(os.dup(fd), "w", buffering=1, encoding=sys.stderr.encoding, errors=sys.stderr.errors)
+    previous, sys.stderr = sys.stderr, ours
     failed = True
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), fd)
@@ -71,7 +81,7 @@ def native_stderr_held() -> Iterator[None]:
             failed = False
         finally:
             sys.stderr = previous
-            terminal.close()
+            ours.close()
             os.dup2(saved, fd)
             os.close(saved)
             if failed:

@@ -39,6 +39,7 @@ class Report:
         self.source, self.output = str(c.src), str(c.dst)
         self.stages: list[StageRun] = c.stages
         self.warnings, self.verdict, self.error = c.warnings, c.verdict, c.error
+        self.placement = c.placement
         self.sizes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.ops: list[OpForm] = []
@@ -101,6 +102,8 @@ class Report:
         if "ONNX model" in self.sizes:
             out.append(f"  ONNX model {_bytes(self.sizes['ONNX model'])}, "
                        + ", ".join(f"{v} {k}" for k, v in self.counts.items()))
+        if self.placement:
+            out.append(f"  CUDA provider: {self.placement}")
         if self.verdict is not None:
             out += ["  " + s for s in self.verdict.lines()]
         return out

@@ -1,6 +1,6 @@
 """Netron on loopback: an .onnx file as it is, a CVM model converted on the fly to a temporary .onnx.
 
-Netron is the optional extra ``view`` (``pip install 'cvm-onnx[view]'``). The server listens on 127.0.0.1 only.
+Netron is the optional extra ``view`` (``pip install netron``). The server listens on 127.0.0.1 only.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def _netron():
     try:
         import netron
     except ImportError:
-        raise UnsupportedError("viewing needs Netron, an optional extra: pip install 'cvm-onnx[view]' "
-                               "(or pip install netron)") from None
+        raise UnsupportedError("viewing needs Netron, the optional extra view: pip install netron "
+                               "(or, in the checkout, pip install -e '.[view]')") from None
     logging.getLogger("netron.server").setLevel(logging.WARNING)  # we say where it serves ourselves
     return netron
 

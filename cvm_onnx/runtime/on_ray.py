@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,12 +28,14 @@ WAIT = 10
 """Seconds to wait for a connection to a cluster's address before saying that nothing answers there."""
 
 
-def _ray():
+def _ray(data: bool = True):
+    """The ray module (with ray.data unless ``data`` is False); ``UnsupportedError`` without the extra."""
     try:
         import ray
-        import ray.data
+        if data:
+            import ray.data
     except ImportError:
-        raise UnsupportedError("running on Ray needs the extra ray: pip install 'cvm-onnx[ray]'") from None
+        raise UnsupportedError("running on Ray needs the extra ray: in the checkout, pip install -e '.[ray]'") from None
     return ray
 
 
@@ -51,15 +53,26 @@ class _Actor:
 def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: str | os.PathLike | None = None,
                address: str | None = None, actors: int | None = None, chunk: int = CHUNK, provider: str = "cpu",
                runtime_env: dict[str, Any] | None = None, progress: Progress | None = None,
-               edges: Edges | None = None, cuda_graph: bool = False) -> Output:
+               edges: Edges | None = None, cuda_graph: bool = False,
+               here_if_faster: Callable[[str], None] | None = None) -> Output:
     """``bulk.run_many`` on Ray: ``actors`` actors (default one per CPU of the cluster), one CPU (and one GPU
     for ``provider="cuda"``) and one onnxruntime thread each, ``chunk`` samples per task, ``runtime_env``
     theirs (how cvm-onnx reaches them when the cluster image lacks it). Uses the Ray instance this process is connected to, else connects to
     ``address`` and disconnects at the end (None: as ``ray.init``, the cluster ``RAY_ADDRESS`` names or one
     started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``. On CUDA
-    each actor's calls go through IO binding (``sessions.Bound``), with ``cuda_graph`` a captured CUDA graph."""
+    each actor's calls go through IO binding (``sessions.Bound``), with ``cuda_graph`` a captured CUDA graph.
+
+    ``here_if_faster``: where Ray cannot be faster than ``bulk.run_many`` on this machine's CPUs (``slower``), the
+    samples run there instead and ``here_if_faster`` is told why."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
+    if here_if_faster is not None and provider == "cpu" and not cuda_graph:
+        from .bulk import plan, run_many, samples
+
+        count = 0 if _ray(data=False).is_initialized() else samples(inputs, plan(model, 1).sample).count
+        if why := slower(address, count, chunk):
+            here_if_faster(why)
+            return run_many(model, inputs, output, chunk=chunk, progress=progress, edges=edges)
     p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges,
                       cuda_graph=cuda_graph)
     ray = _ray()
@@ -80,7 +93,8 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     level = log.level
     log.setLevel(logging.CRITICAL)
     try:
-        pool = actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        # no more actors than chunks: an actor without a chunk only costs its start-up
+        pool = min(actors or max(1, int(ray.cluster_resources().get("CPU", 1))), -(-data.count // chunk))
         blocks = []
         for a in range(0, data.count, chunk):
             b = min(a + chunk, data.count)
@@ -111,6 +125,41 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
         log.setLevel(level)
         if started:
             ray.shutdown()
+
+
+def slower(address: str | None, count: int, chunk: int) -> str | None:
+    """Why Ray, reached at ``address`` from a process not yet connected to it, cannot run ``count`` samples
+    (``chunk`` a task) faster than ``bulk.run_many`` on this machine, or None: a new local instance would have
+    this machine's CPUs only (``starts_local_instance``), and one chunk is one actor's work after Ray's
+    connection and the actor's start-up (seconds), which the chunk alone takes less than here."""
+    if address != "local" and starts_local_instance(address):
+        return ("no Ray cluster to join (RAY_ADDRESS unset, none started here by `ray start`); a new local "
+                "instance would add its start-up to this machine's CPUs, which the run here uses too")
+    if 0 < count <= chunk:
+        return (f"{count} sample(s) make one chunk of --chunk {chunk}, which one actor would run alone after Ray's "
+                "connection and its start-up")
+    return None
+
+
+def starts_local_instance(address: str | None) -> bool:
+    """Whether ``run_on_ray(address=...)`` would start a new Ray instance on this machine: this process is not
+    connected to one, and ``address`` None names no cluster (``RAY_ADDRESS`` unset, none started here by ``ray
+    start``) or is ``local``. Such an instance has this machine's CPUs only, which ``bulk.run_many`` uses too
+    (``workers``), without Ray's start-up (tens of seconds on a busy machine) and its copies through the object
+    store: on one machine Ray cannot be faster."""
+    ray = _ray(data=False)
+    if ray.is_initialized():
+        return False
+    if address == "local":
+        return True
+    if address is not None:
+        return False
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        return canonicalize_bootstrap_address(None) is None
+    except Exception:  # noqa: BLE001  (Ray's own lookup failed: ray.init will say why)
+        return False
 
 
 def _listening(address: str | None) -> None:
