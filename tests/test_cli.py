@@ -346,6 +346,22 @@ def test_options_that_do_not_apply_exit_64(argv, why, model, tmp_path, capsys):
     assert not any((tmp_path / a).exists() for a in ("O", "O.onnx", "D", "R"))
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "m", "--input", "x", "--output", "o", "--provider", "cuda", "--ray"],  # the actors' CUDA serving form
+    ["run", "m.onnx", "--input", "x", "--output", "o", "--provider", "cuda", "--cuda-graph"],
+    ["run", "m", "--input", "x", "--output", "o", "--ray=auto", "--actors", "2"],
+    ["run", "m", "--params", "p", "--input", "x", "--output", "o", "--workers", "2"],
+    ["convert", "m", "--triton-repo", "r", "--triton-server-repo", "/srv", "--batch", "4", "--verify"],
+    ["convert", "m.onnx", "-o", "d", "--two-part", "--outputs", "y", "--input-precision", "9", "--report", "r.md"],
+    ["verify", "m", "--seeds", "5", "--params", "p"],
+    ["view", "m", "--port", "65535"],
+])
+def test_options_where_they_apply_pass_the_check(argv):
+    """The check refuses only misplaced options: each of these combinations applies."""
+    args = cli.parser().parse_args(argv)
+    cli.check_usage(args)
+
+
 def test_run_help_names_every_integer_type_it_takes(capsys):
     """run --input takes any integer type (uint8 images too), not only int8 and int32 as its help once said."""
     code, out, _ = run(capsys, "run", "--help")

@@ -338,8 +338,9 @@ _SYMBOL_FILE = "applies to a CVM model (a symbol file's params); MODEL is an .on
 SCOPES = {
     "run": [
         ("--params", lambda a: not _onnx(a.model), _SYMBOL_FILE),
-        ("--provider", lambda a: _onnx(a.model), "chooses onnxruntime's provider for an .onnx model; a CVM model "
-         "runs on the reference executor (for CUDA convert it first: convert MODEL -o m.onnx --provider cuda)"),
+        ("--provider", lambda a: _onnx(a.model) or a.ray is not None, "chooses onnxruntime's provider for an .onnx "
+         "model (or, with --ray, the serving form the actors run); a CVM model runs here on the reference executor "
+         "(for CUDA convert it first: convert MODEL -o m.onnx --provider cuda)"),
         ("--cuda-graph", lambda a: a.provider == "cuda", "applies with --provider cuda only"),
         ("--workers", lambda a: a.ray is None, "applies to a run on this machine; with --ray, use --actors"),
         ("--actors", lambda a: a.ray is not None, "applies with --ray only"),
