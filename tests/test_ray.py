@@ -4,6 +4,7 @@ file left, a killed actor retried. Without the extra, --ray says how to install 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from cvm_onnx.app.cli import main
 from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.runtime import bulk
+from cvm_onnx.runtime import on_ray as ray_runs
 from cvm_onnx.runtime.on_ray import run_on_ray
 from support import assert_same
 
@@ -67,6 +69,7 @@ def unreachable_cluster(monkeypatch):
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray_runs, "JOIN", 0.0)  # a run here never beats Ray: the CLI goes on to ray.init
     return calls
 
 
@@ -94,8 +97,9 @@ def test_ray_before_the_model_takes_no_address_and_a_cluster_wanting_a_token_is_
 
 def test_ray_without_a_cluster_to_join_runs_here_and_says_why(tmp_path, capsys, monkeypatch):
     """`run --ray` where no cluster runs (RAY_ADDRESS unset, none started here) would start a new local instance,
-    which has this machine's CPUs only; on a cluster, one chunk is one actor's work: either way the run goes on
-    here, equal to the run without --ray, with one note."""
+    which has this machine's CPUs only; on a cluster, one chunk is one actor's work, and a run that takes less
+    here than Ray adds (on_ray.JOIN, estimated from its first chunk) does not pay: the run goes on here, equal to
+    the run without --ray, with one note."""
     ray = pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
     from ray._private import services
 
@@ -116,6 +120,11 @@ def test_ray_without_a_cluster_to_join_runs_here_and_says_why(tmp_path, capsys, 
     assert capsys.readouterr().err == ("note: --ray: 70 sample(s) make one chunk of --chunk 70, which one actor would "
                                        "run alone after Ray's connection and its start-up: runs here without Ray\n")
     assert_same([np.load(tmp_path / "one.npy")], [np.load(tmp_path / "here.npy")])
+    assert main(["run", "--ray", str(model), *io, str(tmp_path / "five.npy"), "--chunk", "16"]) == 0  # 5 chunks
+    [note] = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"note: --ray: the run here takes about \d+\.\d s \(5 chunks of 16, the first in \d+\.\d\d s\), "
+                        r"less than Ray adds to it .*: runs here without Ray", note), note
+    assert_same([np.load(tmp_path / "five.npy")], [np.load(tmp_path / "here.npy")])
 
 
 def test_the_progress_bar_says_ray_is_starting(unreachable_cluster):
@@ -126,9 +135,10 @@ def test_the_progress_bar_says_ray_is_starting(unreachable_cluster):
     assert said == [(0, 5, "starting Ray")]
 
 
-def test_an_address_where_nothing_listens_is_said_so_at_once(tmp_path, capsys):
+def test_an_address_where_nothing_listens_is_said_so_at_once(tmp_path, capsys, monkeypatch):
     """Nothing listens at HOST:PORT: said in seconds (ray.init retries such an address for many minutes)."""
     pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
+    monkeypatch.setattr(ray_runs, "JOIN", 0.0)  # a run here never beats Ray
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

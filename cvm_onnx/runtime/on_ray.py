@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import warnings
 from typing import Any, Callable
 
@@ -20,8 +21,12 @@ import numpy as np
 from cvm_onnx.core.errors import CVMError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import Edges
 
-from .bulk import CHUNK, ModelArg, Output, Progress, Runner, planned
+from .bulk import CHUNK, ModelArg, Output, Plan, Progress, Runner, Samples, planned
+from .sessions import usable_cpus
 
+JOIN = 5.0
+"""Seconds Ray adds to a run from a process not yet connected to it: the connection (about 3 s) and the actors'
+start-up (about 1.6 s), measured on a busy 2-vCPU VM. A run estimated to take less here runs here."""
 RETRIES = 3
 """Restarts of a dead actor, and retries of a chunk whose actor died, before the run fails."""
 WAIT = 10
@@ -62,15 +67,25 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     started on this machine with ``ray start``, else a new local one). ``edges``: as in ``run_many``. On CUDA
     each actor's calls go through IO binding (``sessions.Bound``), with ``cuda_graph`` a captured CUDA graph.
 
-    ``here_if_faster``: where Ray cannot be faster than ``bulk.run_many`` on this machine's CPUs (``slower``), the
-    samples run there instead and ``here_if_faster`` is told why."""
+    ``here_if_faster``: from a process not yet connected to Ray, on the CPU provider, where Ray cannot be faster
+    than ``bulk.run_many`` on this machine (``slower``), or the run there is estimated from its first chunk to take
+    less than ``JOIN``, the samples run there instead and ``here_if_faster`` is told why."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
-    if here_if_faster is not None and provider == "cpu" and not cuda_graph:
-        from .bulk import plan, run_many, samples
+    if here_if_faster is not None and provider == "cpu" and not cuda_graph and not _ray(False).is_initialized():
+        from .bulk import run_many
 
-        count = 0 if _ray(data=False).is_initialized() else samples(inputs, plan(model, 1).sample).count
-        if why := slower(address, count, chunk):
+        local, data = planned(model, inputs, chunk, edges=edges)
+        why = slower(address, data.count, chunk)
+        if why is None:  # costs the first chunk's run here, at most a chunk's share of the run here
+            took = _first_chunk(local, data, chunk)
+            chunks = -(-data.count // chunk)
+            workers = min(chunks, usable_cpus() if isinstance(local.model, bytes) else 1)
+            if (estimate := took * chunks / workers) < JOIN:
+                why = (f"the run here takes about {estimate:.1f} s ({chunks} chunks of {chunk}, the first in "
+                       f"{took:.2f} s), less than Ray adds to it (connecting or starting, and the actors' start-up: about "
+                       f"{JOIN:.0f} s)")
+        if why:
             here_if_faster(why)
             return run_many(model, inputs, output, chunk=chunk, progress=progress, edges=edges)
     p, data = planned(model, inputs, chunk, onnxruntime=True, provider=provider, threads=1, edges=edges,
@@ -125,6 +140,15 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
         log.setLevel(level)
         if started:
             ray.shutdown()
+
+
+def _first_chunk(local: Plan, data: Samples, chunk: int) -> float:
+    """Seconds the first chunk of ``data`` takes here on ``local``'s runner (its session made first, not timed)."""
+    runner = Runner(local)
+    part = data.chunk(0, min(chunk, data.count))
+    start = time.perf_counter()
+    runner(part, range(len(part)))
+    return time.perf_counter() - start
 
 
 def slower(address: str | None, count: int, chunk: int) -> str | None:
