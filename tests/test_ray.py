@@ -122,7 +122,7 @@ def test_ray_without_a_cluster_to_join_runs_here_and_says_why(tmp_path, capsys, 
     assert_same([np.load(tmp_path / "one.npy")], [np.load(tmp_path / "here.npy")])
     assert main(["run", "--ray", str(model), *io, str(tmp_path / "five.npy"), "--chunk", "16"]) == 0  # 5 chunks
     [note] = capsys.readouterr().err.splitlines()
-    assert re.fullmatch(r"note: --ray: the run here takes about \d+\.\d s \(5 chunks of 16, the first in \d+\.\d\d s\), "
+    assert re.fullmatch(r"note: --ray: the run here takes about \d+\.\d\d s \(5 chunks of 16, the first in \d+\.\d\d s\), "
                         r"less than Ray adds to it .*: runs here without Ray", note), note
     assert_same([np.load(tmp_path / "five.npy")], [np.load(tmp_path / "here.npy")])
 

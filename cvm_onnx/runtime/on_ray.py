@@ -82,7 +82,7 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
             chunks = -(-data.count // chunk)
             workers = min(chunks, usable_cpus() if isinstance(local.model, bytes) else 1)
             if (estimate := took * chunks / workers) < JOIN:
-                why = (f"the run here takes about {estimate:.1f} s ({chunks} chunks of {chunk}, the first in "
+                why = (f"the run here takes about {estimate:.2f} s ({chunks} chunks of {chunk}, the first in "
                        f"{took:.2f} s), less than Ray adds to it (connecting or starting, and the actors' start-up: about "
                        f"{JOIN:.0f} s)")
         if why:
