@@ -365,8 +365,8 @@ SCOPES = {
 
 def check_usage(args) -> None:
     """The command line's combinations that argparse cannot check: ``run --ray MODEL`` (--ray took MODEL for its
-    ADDRESS), convert's output, and the options given where they do not apply (``SCOPES``). Exits with
-    ``USAGE_ERROR`` (through the command's parser) on the first that fails."""
+    ADDRESS), convert's output, and the options given where they do not apply (``SCOPES``, all of them named).
+    Exits with ``USAGE_ERROR`` through the command's parser."""
     usage = args.usage
     if args.command == "run" and (args.model is None or (args.ray and Path(args.ray).exists())):
         if args.model is not None:
@@ -414,7 +414,7 @@ def parser() -> argparse.ArgumentParser:
     model_cmd("info", cmd_info, "ops, params, inputs and outputs of a CVM model; of an .onnx file its opsets, "
               "inputs and outputs, provenance and the native library it needs")
     r = model_cmd("run", cmd_run, "run a CVM model (reference executor) or an ONNX model (onnxruntime)",
-                  model_nargs="?")  # `run --ray MODEL`: --ray takes MODEL for its ADDRESS; cmd_run sorts it out
+                  model_nargs="?")  # `run --ray MODEL`: --ray takes MODEL for its ADDRESS; check_usage sorts it out
     r.add_argument("--input", required=True, help=".npy holding one input of the model's shape, of any integer "
                    "type (int8 and int32 clamped to the input precision as the runtime does; others, such as uint8 "
                    "images, must fit it), or N of them stacked on a new axis 0 or along the model's first axis "

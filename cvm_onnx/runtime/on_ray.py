@@ -40,7 +40,8 @@ def _ray(data: bool = True):
         if data:
             import ray.data
     except ImportError:
-        raise UnsupportedError("running on Ray needs the extra ray: in the checkout, pip install -e '.[ray]'") from None
+        raise UnsupportedError("running on Ray needs the extra ray: in the checkout, pip install -e '.[ray]'") \
+            from None
     return ray
 
 
@@ -83,8 +84,8 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
             workers = min(chunks, usable_cpus() if isinstance(local.model, bytes) else 1)
             if (estimate := took * chunks / workers) < JOIN:
                 why = (f"the run here takes about {estimate:.2f} s ({chunks} chunks of {chunk}, the first in "
-                       f"{took:.2f} s), less than Ray adds to it (connecting or starting, and the actors' start-up: about "
-                       f"{JOIN:.0f} s)")
+                       f"{took:.2f} s), less than Ray adds to it (connecting or starting, and the actors' "
+                       f"start-up: about {JOIN:.0f} s)")
         if why:
             here_if_faster(why)
             return run_many(model, inputs, output, chunk=chunk, progress=progress, edges=edges)

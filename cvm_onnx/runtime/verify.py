@@ -1,7 +1,7 @@
 """Exact verification: a CVM model's ONNX export on onnxruntime against the reference executor, every element.
 
-Inputs are the given ones (``samples``: each sample of an input as ``cvm-onnx run`` takes it, a case of its
-own), or generated within each input's declared precision p (|x| <= 2^(p-1)-1): all 0, all
+Inputs are the given ones (``given_cases``: each sample of an input as ``cvm-onnx run`` takes it, a case of
+its own), or generated within each input's declared precision p (|x| <= 2^(p-1)-1): all 0, all
 +bound, all -bound, then ``seeds`` random draws (uniform, with one element in ten set to -bound, 0 or +bound).
 Every output of every input must be equal (same dtype, shape and values: ``np.array_equal``, no tolerance).
 
@@ -269,7 +269,8 @@ def verify(model, data: np.ndarray | Mapping[str, np.ndarray] | None = None, *, 
     computes for ``model`` (a validated Graph, a ``Loaded`` or a model path).
 
     ``data``: the input ``data`` (or a mapping of input names to arrays); None generates the cases described in
-    the module docstring; ``cases`` (``given_cases``) replaces both. ``edges``: a quantized model's float edges, in the graph of the export (default:
+    the module docstring; ``cases`` (``given_cases``) replaces both. ``edges``: a quantized model's float edges,
+    in the graph of the export (default:
     ``to_onnx(graph, inline, edges=edges, float_io=True)``), which takes float data. Runtime errors (onnxruntime
     refusing the model, a bad input) raise ``RuntimeFailure``.
     """
