@@ -98,7 +98,7 @@ def test_ray_before_the_model_takes_no_address_and_a_cluster_wanting_a_token_is_
 def test_ray_without_a_cluster_to_join_runs_here_and_says_why(tmp_path, capsys, monkeypatch):
     """`run --ray` where no cluster runs (RAY_ADDRESS unset, none started here) would start a new local instance,
     which has this machine's CPUs only; on a cluster, one chunk is one actor's work, and a run that takes less
-    here than Ray adds (on_ray.JOIN, estimated from its first chunk) does not pay: the run goes on here, equal to
+    here than Ray adds (on_ray.JOIN, estimated from one call) does not pay: the run goes on here, equal to
     the run without --ray, with one note."""
     ray = pytest.importorskip("ray", reason="the extra ray is not installed (pip install -e '.[test,ray]')")
     from ray._private import services
@@ -122,7 +122,7 @@ def test_ray_without_a_cluster_to_join_runs_here_and_says_why(tmp_path, capsys, 
     assert_same([np.load(tmp_path / "one.npy")], [np.load(tmp_path / "here.npy")])
     assert main(["run", "--ray", str(model), *io, str(tmp_path / "five.npy"), "--chunk", "16"]) == 0  # 5 chunks
     [note] = capsys.readouterr().err.splitlines()
-    assert re.fullmatch(r"note: --ray: the run here takes about \d+\.\d\d s \(5 chunks of 16, the first in \d+\.\d\d s\), "
+    assert re.fullmatch(r"note: --ray: the run here takes about \d+\.\d\d s \(70 calls, the first in \d+\.\d\d\d s\), "
                         r"less than Ray adds to it .*: runs here without Ray", note), note
     assert_same([np.load(tmp_path / "five.npy")], [np.load(tmp_path / "here.npy")])
 

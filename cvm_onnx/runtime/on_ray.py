@@ -69,23 +69,25 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
     each actor's calls go through IO binding (``sessions.Bound``), with ``cuda_graph`` a captured CUDA graph.
 
     ``here_if_faster``: from a process not yet connected to Ray, on the CPU provider, where Ray cannot be faster
-    than ``bulk.run_many`` on this machine (``slower``), or the run there is estimated from its first chunk to take
-    less than ``JOIN``, the samples run there instead and ``here_if_faster`` is told why."""
+    than ``bulk.run_many`` on this machine (``slower``), or the run there is estimated to take less than ``JOIN``
+    (one call on the first sample, timed, times the calls, over the workers; a batched call usually takes less
+    per sample, so the estimate leans towards Ray), the samples run there instead and ``here_if_faster`` is told
+    why."""
     if actors is not None and actors < 1:
         raise RuntimeFailure(f"the number of actors must be >= 1, got {actors}")
     if here_if_faster is not None and provider == "cpu" and not cuda_graph and not _ray(False).is_initialized():
         from .bulk import run_many
 
-        local, data = planned(model, inputs, chunk, edges=edges)
+        local, data = planned(model, inputs, 1, edges=edges)  # one sample a call (a batched .onnx: its batch)
         why = slower(address, data.count, chunk)
-        if why is None:  # costs the first chunk's run here, at most a chunk's share of the run here
-            took = _first_chunk(local, data, chunk)
-            chunks = -(-data.count // chunk)
-            workers = min(chunks, usable_cpus() if isinstance(local.model, bytes) else 1)
-            if (estimate := took * chunks / workers) < JOIN:
-                why = (f"the run here takes about {estimate:.2f} s ({chunks} chunks of {chunk}, the first in "
-                       f"{took:.2f} s), less than Ray adds to it (connecting or starting, and the actors' "
-                       f"start-up: about {JOIN:.0f} s)")
+        if why is None:
+            took = _first_call(local, data)
+            calls = -(-data.count // local.batch)
+            workers = min(calls, usable_cpus() if isinstance(local.model, bytes) else 1)
+            if (estimate := took * calls / workers) < JOIN:
+                why = (f"the run here takes about {estimate:.2f} s ({calls} calls, the first in {took:.3f} s), "
+                       f"less than Ray adds to it (connecting or starting, and the actors' start-up: about "
+                       f"{JOIN:.0f} s)")
         if why:
             here_if_faster(why)
             return run_many(model, inputs, output, chunk=chunk, progress=progress, edges=edges)
@@ -143,12 +145,12 @@ def run_on_ray(model: ModelArg, inputs: str | os.PathLike | np.ndarray, output: 
             ray.shutdown()
 
 
-def _first_chunk(local: Plan, data: Samples, chunk: int) -> float:
-    """Seconds the first chunk of ``data`` takes here on ``local``'s runner (its session made first, not timed)."""
+def _first_call(local: Plan, data: Samples) -> float:
+    """Seconds one call of ``local``'s runner takes here on the first sample of ``data`` (the session made first,
+    not timed)."""
     runner = Runner(local)
-    part = data.chunk(0, min(chunk, data.count))
     start = time.perf_counter()
-    runner(part, range(len(part)))
+    runner(data.chunk(0, 1), [0])
     return time.perf_counter() - start
 
 
