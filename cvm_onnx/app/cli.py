@@ -18,6 +18,7 @@ from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
 from cvm_onnx.core.format.edges import parse_edges
 from cvm_onnx.core.format.model_dir import replace_file
 from cvm_onnx.core.format.npy import read_npy
+from cvm_onnx.core.gas import measure
 from cvm_onnx.runtime.bulk import CHUNK
 
 # Exit codes besides the error families' (errors.py): sysexits' EX_USAGE (argparse's own 2 is taken by format
@@ -57,6 +58,7 @@ def cmd_validate(args) -> int:
     g = model.graph
     say(f"ok: {args.model}: {what + ' of ' if what else ''}{sum(not n.is_variable for n in g.nodes)} op nodes, "
         f"{len(g.params)} params, valid for the CVM runtime")
+    say(model.gas.line())
     return 0
 
 
@@ -78,6 +80,7 @@ def cmd_info(args) -> int:
         say(f"output {g.nodes[h.node].name}: shape {t.shape}, precision {t.precision}")
     nbytes = sum(v.nbytes for v in g.params.values())
     say(f"params: {len(g.params)} arrays, {sum(v.size for v in g.params.values())} values, {nbytes} bytes")
+    say(model.gas.line())
     say("ops:")
     for op, n in g.op_counts().items():
         say(f"  {op:<22}{n:>6}")
@@ -106,16 +109,20 @@ def cmd_convert(args) -> int:
         return USAGE_ERROR
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
-    imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
+    done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                            input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
                            outputs=args.outputs, provider=args.provider,
                            float_io=args.float_io, two_part=args.two_part)
+    imported = done if api.is_onnx(args.source) else None
+    gas = done.gas if imported is None else measure(imported.graph.nodes)
     if imported is not None and args.report:
         from .report import import_markdown
 
-        write_report(args.report, import_markdown(args.source, args.output, imported))
+        one_part = api.one_part_gas(api.load_onnx(args.source), Path(args.source).parent) if args.two_part else None
+        write_report(args.report, import_markdown(args.source, args.output, imported, gas, one_part))
     say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
+    say(("the CVM model's " if imported is None else "") + gas.line())
     return 0
 
 
@@ -222,6 +229,10 @@ def cmd_quantize(args) -> int:
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
         f"{max((p.error for r in done.imported.requants for p in r.plans), default=0.5):.3f} steps)")
+    from .report import gas_lines
+
+    for text in gas_lines(done.imported, measure(g.nodes), done.one_part_gas):
+        say(text)
     say(f"against the float model on the {done.samples} calibration samples:")
     for a in done.agreements:
         say(f"  {a.line()}")
