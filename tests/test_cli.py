@@ -361,9 +361,10 @@ def test_process_exit_statuses(model, tmp_path):
     assert closed.wait(60) == cli.BROKEN_PIPE and closed.stderr.read() == b""
 
 
-def test_run_reproduces_the_runtimes_resnet20_output(resnet_dir, tmp_path, capsys):
+def test_run_reproduces_the_runtimes_resnet20_output(onchain_resnet_dir, tmp_path, capsys):
     """`cvm-onnx run` on the real on-chain model, on the reference executor and on its ONNX export, gives the
     runtime's published output, one int32 array of the head's shape."""
+    resnet_dir = onchain_resnet_dir
     want = np.load(resnet_dir / "expected.npy")
     assert run(capsys, "convert", resnet_dir, "-o", tmp_path / "r.onnx")[0] == 0
     for source in (resnet_dir, tmp_path / "r.onnx"):

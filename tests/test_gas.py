@@ -104,7 +104,8 @@ def test_conv2d_and_dense_agree_with_the_oracle(data):
     use_bias = draw(st.booleans())
     if draw(st.booleans()):
         g, cg, ocg = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 3))
-        kh, kw, h, w = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(3, 7)), draw(st.integers(3, 7))
+        kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        h, w = draw(st.integers(3, 7)), draw(st.integers(3, 7))
         x = np.zeros((draw(st.integers(1, 3)), g * cg, h, w), np.int32)
         inputs = [(x, 8, False), (_values(draw, (g * ocg, cg, kh, kw)), 8, True)]
         if use_bias:
@@ -284,10 +285,15 @@ def test_quantize_prints_the_gas_and_what_two_part_products_add(tmp_path, capsys
     [runs] = [t for t in out if "in runs of channels" in t]  # relu2's channel scales take two runs
     assert runs.startswith("  the 1 requantization(s) in runs of channels (relu2_QuantizeLinear): gas ")
     assert 0 < int(runs.split("gas ")[1].split(",")[0]) < ops + memory
-    assert main(args + [str(tmp_path / "two"), "--two-part"]) == 0
+    assert main(args + [str(tmp_path / "two"), "--two-part", "--save-onnx", str(tmp_path / "q.onnx")]) == 0
     out = capsys.readouterr().out.splitlines()
     ops2, memory2, _ = getops_oracle((tmp_path / "two" / "symbol").read_text())
     assert f"gas {ops2 + memory2} = ops {ops2} + memory {memory2} (the runtime's GetOps)" in out
     assert any(t.startswith("  the 3 requantization(s) in two-part products") for t in out)
-    assert (f"  in one-part products the same model's gas is {ops + memory} (ops {ops}, memory {memory}): "
-            f"two-part products add {ops2 + memory2 - ops - memory:+d}") in out
+    one_part = (f"in one-part products the same model's gas is {ops + memory} (ops {ops}, memory {memory}): "
+                f"two-part products add {ops2 + memory2 - ops - memory:+d}")
+    assert f"  {one_part}" in out
+    report = tmp_path / "r.md"
+    assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "back"), "--two-part", "--report",
+                 str(report)]) == 0
+    assert f"- {one_part}" in report.read_text().splitlines()

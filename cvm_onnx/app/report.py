@@ -188,7 +188,8 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
     g = imported.graph
     out = [f"# Import report: {src} -> {dst}", "",
            f"cvm-onnx {__version__}, onnx {onnx.__version__}. {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
-           f"{len(g.params)} params.", "", "## Gas", "", *[f"- {t.strip()}" for t in gas_lines(imported, gas, one_part)],
+           f"{len(g.params)} params.", "", "## Gas", "",
+           *[f"- {t.strip()}" for t in gas_lines(imported, gas, one_part)],
            "", "## ONNX nodes and the CVM ops they became", "",
            "| ONNX node | CVM ops |", "|---|---|"]
     kinds = {n.name: n.op for n in g.nodes}
