@@ -20,6 +20,7 @@ MODELS = ROOT / "models"
 _spec = importlib.util.spec_from_file_location("make_resnet20", MODELS / "resnet20" / "make.py")
 make_resnet20 = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_resnet20)
+RESNET = make_resnet20.ONCHAIN  # the on-chain model's directory, for lists made at collection (it may be absent)
 
 
 @pytest.fixture(scope="session")
