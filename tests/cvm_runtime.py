@@ -29,6 +29,13 @@ class CvmRuntime:
         self.in_bytes, out_bytes, self.out_size = (v.value for v in sizes)
         self.out = ctypes.create_string_buffer(out_bytes)
 
+    def gas(self) -> int:
+        """CVMAPIGetGasFromModel: the runtime's GetOps, ops + memory."""
+        gas = ctypes.c_ulonglong()
+        if self.lib.CVMAPIGetGasFromModel(self.net, ctypes.byref(gas)):
+            raise RuntimeError("the CVM runtime did not give the gas")
+        return gas.value
+
     def run(self, x: np.ndarray) -> np.ndarray:
         data = x.astype(np.int8 if self.in_bytes == x.size else np.int32).tobytes()
         if self.lib.CVMAPIInference(self.net, data, len(data), self.out):

@@ -21,8 +21,6 @@ from support import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ["digits_cnn", "detection", "transforms"]
-RESNET = ROOT.parent / "shared" / "models" / "resnet20-cifar"
-needs_resnet = pytest.mark.skipif(not RESNET.is_dir(), reason="../shared/models/resnet20-cifar is absent")
 
 
 def graph_of(path) -> cvm_onnx.core.graph.Graph:
@@ -66,9 +64,8 @@ def test_cli_runs_stacked_samples_exactly_in_order(name, tmp_path, capsys):
     assert leftovers(tmp_path) == []
 
 
-@needs_resnet
-def test_resnet20_batched_serving_form_equals_one_by_one(tmp_path):
-    graph = graph_of(RESNET)
+def test_resnet20_batched_serving_form_equals_one_by_one(resnet_dir, tmp_path):
+    graph = graph_of(resnet_dir)
     x = random_samples(graph, 37, seed=3)
     want = one_by_one(graph, x)
     served = cvm_onnx.to_onnx(graph, batch=16, optimize=True)

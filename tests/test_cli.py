@@ -68,11 +68,14 @@ def test_family_codes_are_distinct_and_documented():
 
 
 def test_commands_succeed(model, tmp_path, capsys):
+    # gas: memory 5 x (4 data + 12 w + 3 dense + 3 shift) = 110; ops 3 x (4 x 3) dense + 3 shift = 39
+    gas = "gas 149 = ops 39 + memory 110 (the runtime's GetOps)"
     code, out, err = run(capsys, "validate", model)
-    assert (code, err) == (0, "") and out == f"ok: {model}: 2 op nodes, 1 params, valid for the CVM runtime\n"
+    assert (code, err) == (0, "") and out == f"ok: {model}: 2 op nodes, 1 params, valid for the CVM runtime\n{gas}\n"
     code, out, _ = run(capsys, "info", model)
     assert code == 0 and "input  data: shape (1, 4), precision 8" in out and "output out: shape (1, 3)" in out
-    assert run(capsys, "convert", model, "-o", tmp_path / "m.onnx")[:2] == (0, f"wrote {tmp_path / 'm.onnx'}\n")
+    assert run(capsys, "convert", model, "-o", tmp_path / "m.onnx")[:2] == (
+        0, f"wrote {tmp_path / 'm.onnx'}\nthe CVM model's {gas}\n")
     onnx.checker.check_model(onnx.load(tmp_path / "m.onnx"))
     x = np.array([[127, -127, 3, 0]], np.int8)
     np.save(tmp_path / "x.npy", x)
@@ -497,9 +500,10 @@ def test_process_exit_statuses(model, tmp_path):
     assert closed.wait(60) == cli.BROKEN_PIPE and closed.stderr.read() == b""
 
 
-def test_run_reproduces_the_runtimes_resnet20_output(resnet_dir, tmp_path, capsys):
+def test_run_reproduces_the_runtimes_resnet20_output(onchain_resnet_dir, tmp_path, capsys):
     """`cvm-onnx run` on the real on-chain model, on the reference executor and on its ONNX export, gives the
     runtime's published output, one int32 array of the head's shape."""
+    resnet_dir = onchain_resnet_dir
     want = np.load(resnet_dir / "expected.npy")
     assert run(capsys, "convert", resnet_dir, "-o", tmp_path / "r.onnx")[0] == 0
     for source in (resnet_dir, tmp_path / "r.onnx"):

@@ -293,17 +293,20 @@ def test_im2col_refuses_wide_batch_inner_columns():
 
 # -- the kernel table and the placement check --------------------------------------------------------------------
 
+MODEL_DIRS = ["digits_cnn", "detection", "transforms", "resnet20"]  # model_dir names (conftest)
+
+
 def examples() -> list:
     found = [MODELS / name for name in ("digits_cnn", "detection", "transforms")]
     return found + ([RESNET] if (RESNET / "symbol").is_file() else [])
 
 
-@pytest.mark.parametrize("path", examples(), ids=lambda p: p.name)
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, indirect=True)
 @pytest.mark.parametrize("batch", [None, 3])
-def test_every_node_of_the_cuda_forms_has_a_cuda_kernel(path, batch):
-    """Each example model and ResNet-20 (when the shared copy is there), one sample and batched: nothing of the
-    CUDA form falls back to the CPU provider; the CPU serving form, for contrast, has int32 Clips."""
-    graph = cvm_onnx.load(path).graph
+def test_every_node_of_the_cuda_forms_has_a_cuda_kernel(model_dir, batch):
+    """Each example model and ResNet-20, one sample and batched: nothing of the CUDA form falls back to the CPU
+    provider; the CPU serving form, for contrast, has int32 Clips."""
+    graph = cvm_onnx.load(model_dir).graph
     try:
         model = to_onnx(graph, provider="cuda", batch=batch)
     except UnsupportedError:  # a model whose ops do not keep a batch axis
@@ -316,10 +319,10 @@ def test_every_node_of_the_cuda_forms_has_a_cuda_kernel(path, batch):
     assert clamp in [p.rule for p in cpu_form]  # the input's clamp (merged with a clip after it on digits_cnn)
 
 
-@pytest.mark.parametrize("path", examples(), ids=lambda p: p.name)
-def test_the_cuda_forms_of_the_examples_are_exact_on_the_cpu_provider(path):
-    loaded = cvm_onnx.load(path)
-    data = np.load(path / "input.npy").astype(np.int32)
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, indirect=True)
+def test_the_cuda_forms_of_the_examples_are_exact_on_the_cpu_provider(model_dir):
+    loaded = cvm_onnx.load(model_dir)
+    data = np.load(model_dir / "input.npy").astype(np.int32)
     want = execute(loaded.graph, {"data": data})
     got = run(to_onnx(loaded.graph, provider="cuda"), {"data": data})
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
@@ -387,9 +390,10 @@ def test_the_library_registers_the_cuda_kernels_the_placement_check_assumes():
 # -- with a GPU ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
-@pytest.mark.parametrize("path", examples(), ids=lambda p: p.name)
-def test_on_a_gpu_every_node_of_the_cuda_form_runs_on_cuda(path, tmp_path):
+@pytest.mark.parametrize("model_dir", MODEL_DIRS, indirect=True)
+def test_on_a_gpu_every_node_of_the_cuda_form_runs_on_cuda(model_dir, tmp_path):
     """The session's profile says where each node ran: nothing on the CPU provider (and exact)."""
+    path = model_dir
     loaded = cvm_onnx.load(path)
     model = to_onnx(loaded.graph, provider="cuda")
     sess = session(model, provider="cuda", profile=str(tmp_path / "profile"))

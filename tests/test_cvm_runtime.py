@@ -1,6 +1,7 @@
 """The models this project reads and writes run on the CVM runtime itself exactly as on the reference executor,
 element for element, on its CPU and FORMAL devices: the example models, ResNet-20 and models that
-onnxruntime.quantization wrote and the quantized front imported. Needs a local build of the runtime named by
+onnxruntime.quantization wrote and the quantized front imported; and each one's gas is the runtime's
+(CVMAPIGetGasFromModel). Needs a local build of the runtime named by
 CVM_RUNTIME_LIB (tests/cvm_runtime.py); skipped without one."""
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ def reference(graph, x) -> np.ndarray:
 @pytest.mark.parametrize("model_dir", ["digits_cnn", "detection", "transforms", "resnet20"],
                          indirect=True)
 def test_example_models(model_dir, device):
-    graph = load(model_dir).graph
+    model = load(model_dir)
     x = np.load(model_dir / "input.npy")
-    assert np.array_equal(CvmRuntime(LIB, model_dir, DEVICES[device]).run(x), reference(graph, x))
+    runtime = CvmRuntime(LIB, model_dir, DEVICES[device])
+    assert np.array_equal(runtime.run(x), reference(model.graph, x))
+    assert runtime.gas() == model.gas.total
 
 
 @pytest.mark.parametrize("fmt, activation, symmetric, per_channel",
@@ -41,9 +44,11 @@ def test_quantized_imports(tmp_path, fmt, activation, symmetric, per_channel):
     qm, shape = quantized(fm, tmp_path, fmt, activation, symmetric, per_channel)
     imp = import_model(qm)
     write_model(imp.graph, tmp_path / "cvm")
+    gas = load(tmp_path / "cvm").gas.total
     rng = np.random.default_rng(0)
     xs = [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(8)]
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        assert runtime.gas() == gas
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))

@@ -24,7 +24,8 @@ MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 @pytest.mark.parametrize("inline", [False, True])
-def test_resnet20_on_onnxruntime_reproduces_the_runtime(resnet_dir, resnet, inline):
+def test_resnet20_on_onnxruntime_reproduces_expected(resnet_dir, resnet, inline):
+    """expected.npy: the runtime's output for the on-chain model, the reference executor's for the stand-in."""
     model = to_onnx(resnet, inline=inline)
     onnx.checker.check_model(model, full_check=True)
     x = np.load(resnet_dir / "input.npy")

@@ -107,7 +107,8 @@ def test_validate_on_an_exported_model(exported, capsys):
     code, out, err = run(capsys, "validate", exported["detection"])
     ops = sum(not n.is_variable for n in graph.nodes)
     assert code == 0 and out == [f"ok: {exported['detection']}: imports as a CVM model of {ops} op nodes, "
-                                 f"{len(graph.params)} params, valid for the CVM runtime"]
+                                 f"{len(graph.params)} params, valid for the CVM runtime",
+                                 cvm_onnx.load(MODELS / "detection").gas.line()]  # the same gas as the source's
 
 
 def test_an_empty_symbol_object_is_summarized_first(tmp_path, capsys):

@@ -173,8 +173,8 @@ def test_params_corrupted_bytes_give_format_errors_only(flips, cut):
         assert list(out) and all(a.dtype in (np.int8, np.int32) for a in out.values())
 
 
-def test_resnet_params(resnet_dir):
-    data = (resnet_dir / "params").read_bytes()
+def test_resnet_params(onchain_resnet_dir):
+    data = (onchain_resnet_dir / "params").read_bytes()
     params = read_params(data)
     assert len(params) == 108
     assert Counter(a.dtype for a in params.values()) == {np.dtype(np.int8): 34, np.dtype(np.int32): 74}
@@ -253,8 +253,8 @@ def test_tiny_example_reads_back():
 
 
 # -- symbol: ResNet-20 (2019 dialect) ----------------------------------------------------------------------------
-def test_resnet_symbol(resnet_dir):
-    text = (resnet_dir / "symbol").read_text()
+def test_resnet_symbol(onchain_resnet_dir):
+    text = (onchain_resnet_dir / "symbol").read_text()
     doc = json.loads(text)
     assert layout(doc) == text  # the writer's layout is the runtime's, byte for byte
     g = read_symbol(text)
@@ -273,8 +273,8 @@ def test_resnet_symbol(resnet_dir):
     assert g.nodes[3].attrs["kernel_size"] == "[1, 1]"
 
 
-def test_resnet_written_and_read_back(resnet_dir):
-    g = read_symbol((resnet_dir / "symbol").read_bytes())
+def test_resnet_written_and_read_back(onchain_resnet_dir):
+    g = read_symbol((onchain_resnet_dir / "symbol").read_bytes())
     text = write_symbol(g)
     back = read_symbol(text)
     assert back.nodes == g.nodes and back.heads == g.heads
@@ -644,11 +644,11 @@ def test_model_directory_errors(tmp_path):
     expect_error(lambda: write_model(tiny_model(), tmp_path / "file"), "cannot write the model")
 
 
-def test_resnet_model_directory(resnet_dir, tmp_path):
-    g = read_model(resnet_dir)
+def test_resnet_model_directory(onchain_resnet_dir, tmp_path):
+    g = read_model(onchain_resnet_dir)
     assert len(g.params) == 108 and [g.nodes[i].name for i in g.inputs] == ["data"]
     write_model(g, tmp_path)
-    assert (tmp_path / "params").read_bytes() == (resnet_dir / "params").read_bytes()
+    assert (tmp_path / "params").read_bytes() == (onchain_resnet_dir / "params").read_bytes()
     back = read_model(tmp_path)
     assert back.nodes == g.nodes and back.heads == g.heads
     assert all(np.array_equal(back.params[k], v) and back.params[k].dtype == v.dtype for k, v in g.params.items())

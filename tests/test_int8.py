@@ -568,13 +568,19 @@ def test_values_proven_nonnegative_are_never_negative(case):
 
 
 def test_resnet20_convolutions_after_a_relu_take_rows_of_offset_0(resnet):
-    """18 of ResNet-20's 22 convolutions from integer products read a relu's output (rows of offset 0); two of the
-    other four read the same tensor with the same geometry and share one im2col_rows (merge_repeated_windows)."""
+    """ResNet-20's convolutions from integer products (all but the per-channel scales: 1x1, one channel a group)
+    that read a relu's output take rows of offset 0, the others of 128; those reading the same tensor with the same
+    geometry share one im2col_rows (merge_repeated_windows). On chain: 18 of 22 offset 0, 21 im2col_rows."""
     model = to_onnx(resnet, optimize=True, int8=True)
     rows = {n.output[0]: n for n in model.graph.node if n.op_type == "im2col_rows"}
     offsets = [a.i for m in model.graph.node if m.op_type == "MatMulInteger" and m.input[0] in rows
                for a in rows[m.input[0]].attribute if a.name == "offset"]
-    assert sorted(offsets) == [0] * 18 + [128] * 4 and len(rows) == 21
+    g = resnet
+    convs = [n for n in g.nodes if n.op == "conv2d" and not (
+        n.attrs["kernel_size"] == (1, 1) and n.attrs["groups"] == n.attrs["channels"] == g.type_of(n.inputs[0]).shape[1])]
+    after_relu = sum(g.nodes[n.inputs[0].node].op == "relu" for n in convs)
+    windows = {(n.inputs[0], *(n.attrs.get(k) for k in ("kernel_size", "strides", "padding", "dilation"))) for n in convs}
+    assert sorted(offsets) == [0] * after_relu + [128] * (len(convs) - after_relu) and len(rows) == len(windows)
 
 
 @pytest.mark.parametrize("first, second", [((0, 5), (10, 20)), ((-50, 50), (-10, 3)), ((10, 20), (-5, 12)),

@@ -179,3 +179,36 @@ def test_detection_tail_against_an_nms_oracle():
     assert kept + [[-1] * 6] * (len(rows) - len(kept)) == want[0].tolist()
     assert len(valid) < len(rows) and len(kept) == nms.attrs["max_output_size"] < len(valid)
     assert any(r not in kept for r in sorted(valid, key=lambda r: -r[1])[:len(kept)])  # a suppressed box
+
+
+# -- resnet20: the generated stand-in for the on-chain ResNet-20 -------------------------------------------------
+def test_the_resnet20_stand_in_is_generated_byte_for_byte_again(tmp_path):
+    spec = importlib.util.spec_from_file_location("make_resnet20_again", MODELS / "resnet20" / "make.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    first, second = make.main(tmp_path / "a"), make.main(tmp_path / "b")
+    names = ["expected.npy", "input.npy", "params", "symbol"]
+    assert sorted(f.name for f in first.iterdir()) == names
+    assert [f.name for f in (MODELS / "resnet20").iterdir() if f.name != "__pycache__"] == ["make.py"]  # not shipped
+    for f in names:
+        assert (first / f).read_bytes() == (second / f).read_bytes(), f
+    model = cvm_onnx.load(first)
+    assert model.warnings == []
+    [y] = execute(model.graph, np.load(first / "input.npy"))
+    assert np.array_equal(y, np.load(first / "expected.npy")) and len(set(y.reshape(-1).tolist())) > 5
+
+
+def test_the_resnet20_stand_in_has_the_on_chain_models_shapes(onchain_resnet_dir, tmp_path):
+    spec = importlib.util.spec_from_file_location("make_resnet20_shapes", MODELS / "resnet20" / "make.py")
+    make = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    stand_in, onchain = cvm_onnx.load(make.main(tmp_path)).graph, cvm_onnx.load(onchain_resnet_dir).graph
+
+    def layers(g):
+        return {(n.op, g.type_of(n.inputs[0]).shape, g.type_of(n.inputs[1]).shape, n.outputs[0].shape)
+                for n in g.nodes if n.op in ("conv2d", "dense")}
+
+    assert layers(stand_in) == layers(onchain)
+    for g in (stand_in, onchain):
+        assert [g.nodes[i].outputs[0].shape for i in g.inputs] == [(1, 3, 32, 32)]
+        assert [g.type_of(h).shape for h in g.heads] == [(1, 10)]

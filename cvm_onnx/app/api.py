@@ -10,6 +10,7 @@ import numpy as np
 
 from cvm_onnx.core.errors import FormatError, Problem, UnsupportedError
 from cvm_onnx.core.format import Edges, read_edges, read_model, write_model
+from cvm_onnx.core.gas import Gas, measure
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
 
@@ -39,18 +40,19 @@ def __getattr__(name: str):
 
 @dataclass
 class Loaded:
-    """A validated CVM model and the portability warnings validation raised."""
+    """A validated CVM model, the portability warnings validation raised and its gas (core/gas.py)."""
 
     graph: Graph
     warnings: list[Problem]
     edges: Edges | None = None  # a quantized import's float edges (quantization.json), if any
+    gas: Gas | None = None
 
 
 def load(path: str | os.PathLike, params: str | os.PathLike | None = None) -> Loaded:
     """Read a CVM model (a directory with ``symbol`` and ``params``, or a symbol file and ``params``) and validate it;
     a directory's ``quantization.json`` (float edges) too."""
     v = validate(read_model(path, params))
-    return Loaded(v.graph, v.warnings, read_edges(path) if Path(path).is_dir() else None)
+    return Loaded(v.graph, v.warnings, read_edges(path) if Path(path).is_dir() else None, v.gas)
 
 
 def is_onnx(path: str | os.PathLike) -> bool:
@@ -90,22 +92,24 @@ def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
             optimize: bool = False, outputs: list[str] | None = None, provider: str = "cpu",
-            float_io: bool = False, two_part: bool = False) -> Imported | None:
+            float_io: bool = False, two_part: bool = False) -> Imported | Conversion:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
     the bits of its input). ``batch``, ``optimize``, ``provider`` (the serving form's target) and ``float_io`` (a
     quantized model's float edges in the graph, float32 input and outputs) as in ``to_onnx`` (CVM -> ONNX). A model this function
     exported comes back with its symbol and params files byte for byte. A quantized ONNX model is imported with
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
     ``import_model`` (two products where one errs by more than 2^-10 step). Returns the import
-    (ONNX -> CVM). Nothing is written when conversion fails."""
+    (ONNX -> CVM) or the conversion's record, the model's gas included (CVM -> ONNX). Nothing is written when
+    conversion fails."""
     from cvm_onnx.converters.from_onnx import import_model, source_symbol
 
     from .pipeline import Conversion, run
 
     if not is_onnx(src):
-        run(Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize, target=provider,
-                       float_io=float_io))
-        return
+        c = Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize, target=provider,
+                       float_io=float_io)
+        run(c)
+        return c
     model = load_onnx(src)
     imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs, two_part=two_part)
     graph = imported.graph
@@ -115,6 +119,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     graph = validate(graph).graph
     write_model(graph, dst, symbol=source_symbol(model, graph), edges=imported.edges)
     return imported
+
+
+def one_part_gas(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> Gas:
+    """The gas of ``model`` imported with one-part products only (``import_model``'s default), to set against
+    a ``two_part`` import's."""
+    from cvm_onnx.converters.from_onnx import import_model
+
+    return measure(import_model(model, base_dir=base_dir).graph.nodes)
 
 
 def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[np.ndarray]:
@@ -129,4 +141,4 @@ def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[
 
 
 __all__ = ["Loaded", "load", "load_onnx", "to_onnx", "from_onnx", "import_onnx", "import_model", "write_onnx",
-           "convert", "run_cvm", "write_model", "is_onnx"]
+           "convert", "one_part_gas", "run_cvm", "write_model", "is_onnx"]

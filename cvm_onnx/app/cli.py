@@ -56,6 +56,7 @@ def cmd_validate(args) -> int:
     g = model.graph
     say(f"ok: {args.model}: {what + ' of ' if what else ''}{sum(not n.is_variable for n in g.nodes)} op nodes, "
         f"{len(g.params)} params, valid for the CVM runtime")
+    say(model.gas.line())
     return 0
 
 
@@ -81,6 +82,7 @@ def cmd_info(args) -> int:
         say(f"output {g.nodes[h.node].name}: shape {t.shape}, precision {t.precision}")
     nbytes = sum(v.nbytes for v in g.params.values())
     say(f"params: {len(g.params)} arrays, {sum(v.size for v in g.params.values())} values, {nbytes} bytes")
+    say(model.gas.line())
     say("ops:")
     for op, n in g.op_counts().items():
         say(f"  {op:<22}{n:>6}")
@@ -105,16 +107,21 @@ def cmd_convert(args) -> int:
         return convert_triton(args)
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
-    imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
-                           input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
-                           outputs=args.outputs, provider=args.provider,
-                           float_io=args.float_io, two_part=args.two_part)
+    done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
+                       input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
+                       outputs=args.outputs, provider=args.provider, float_io=args.float_io, two_part=args.two_part)
+    imported = done if api.is_onnx(args.source) else None
+    from cvm_onnx.core.gas import measure
+
+    gas = done.gas if imported is None else measure(imported.graph.nodes)
     if imported is not None and args.report:
         from .report import import_markdown
 
-        write_report(args.report, import_markdown(args.source, args.output, imported))
+        one_part = api.one_part_gas(api.load_onnx(args.source), Path(args.source).parent) if args.two_part else None
+        write_report(args.report, import_markdown(args.source, args.output, imported, gas, one_part))
     say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
+    say(("the CVM model's " if imported is None else "") + gas.line())
     return 0
 
 
@@ -233,6 +240,12 @@ def cmd_quantize(args) -> int:
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
         f"{max((p.error for r in done.imported.requants for p in r.plans), default=0.5):.3f} steps)")
+    from cvm_onnx.core.gas import measure
+
+    from .report import gas_lines
+
+    for text in gas_lines(done.imported, measure(g.nodes), done.one_part_gas):
+        say(text)
     say(f"against the float model on the {done.samples} calibration samples:")
     for a in done.agreements:
         say(f"  {a.line()}")

@@ -30,6 +30,7 @@ from cvm_onnx.core.errors import Problem, RuntimeFailure
 from cvm_onnx.core.format import Edges, read_edges, read_model
 from cvm_onnx.core.format.model_dir import read_symbol_text
 from cvm_onnx.core.format.onnx_file import write_onnx
+from cvm_onnx.core.gas import Gas
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
 from cvm_onnx.runtime.placement import without_cuda_kernel
@@ -69,6 +70,7 @@ class Conversion:
     symbol: str | None = None
     edges: Edges | None = None  # a quantized import's float edges (the directory's quantization.json)
     warnings: list[Problem] = field(default_factory=list)
+    gas: Gas | None = None  # the CVM model's (before any batch), from the validate stage
     model: onnx.ModelProto | None = None
     exported: Export | None = None  # the export stage's record: the model, its conv2d routes and passes
     placement: str = ""  # the CUDA form's: whether every node has a CUDA kernel (runtime.placement)
@@ -93,8 +95,8 @@ def _read(c: Conversion, progress: Progress | None) -> str:
 
 def _validate(c: Conversion, progress: Progress | None) -> str:
     v = validate(c.graph)
-    c.graph, c.warnings = v.graph, v.warnings
-    return f"{len(v.warnings)} warning(s)"
+    c.graph, c.warnings, c.gas = v.graph, v.warnings, v.gas
+    return f"{len(v.warnings)} warning(s); {v.gas.line()}"
 
 
 def _batch(c: Conversion, progress: Progress | None) -> str:

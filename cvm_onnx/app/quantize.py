@@ -38,9 +38,10 @@ from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
+from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
-from .api import convert, load_onnx
+from .api import convert, load_onnx, one_part_gas
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 Progress = Callable[[int, int, str], None]
@@ -92,6 +93,7 @@ class Quantized:
     samples: int
     float_model: onnx.ModelProto
     onnx_model: bytes
+    one_part_gas: Gas | None = None  # with two_part: the gas of the same model imported in one-part products
 
 
 class _Reader:
@@ -405,7 +407,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
-    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s."""
+    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and the
+    gas of the one-part import recorded beside it."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
@@ -428,7 +431,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             imported = convert(out, dst, two_part=two_part)
             quantized = out.read_bytes()
     agreements = compare(model, quantized, imported, samples, progress)
-    return Quantized(imported, agreements, len(samples), model, quantized)
+    one_part = one_part_gas(onnx.load_from_string(quantized)) if two_part else None
+    return Quantized(imported, agreements, len(samples), model, quantized, one_part)
 
 
 def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,

@@ -1,6 +1,6 @@
 """The conversion report of a timed run (``pipeline.run(..., timed=True)``), rendered as Markdown (``--report``)
 and as a short terminal summary: every stage with its time, every CVM op with the ONNX form it was converted to,
-sizes, warnings and the comparison's verdict. It renders; it runs nothing."""
+sizes, the model's gas, warnings and the comparison's verdict. It renders; it runs nothing."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ import onnxruntime
 from cvm_onnx.converters.from_onnx import Imported
 from cvm_onnx.core.constants import DOMAIN, MARK_OP, MARK_OPS, __version__
 from cvm_onnx.core.format.model_dir import model_files
+from cvm_onnx.core.gas import Gas
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native.cpu import products
@@ -40,6 +41,7 @@ class Report:
         self.stages: list[StageRun] = c.stages
         self.warnings, self.verdict, self.error = c.warnings, c.verdict, c.error
         self.placement = c.placement
+        self.gas: Gas | None = c.gas
         self.sizes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.ops: list[OpForm] = []
@@ -84,6 +86,8 @@ class Report:
             out += ["", "## Sizes", "", "| | |", "|---|---:|"]
             out += [f"| {k} | {_bytes(v)} |" for k, v in self.sizes.items()]
             out += [f"| {k} | {v} |" for k, v in self.counts.items()]
+        if self.gas is not None:
+            out += ["", "## Gas", "", f"The CVM model's {self.gas.line()}."]
         if self.warnings:
             out += ["", "## Validation warnings", ""] + [f"- {_cell(str(w))}" for w in self.warnings]
         if self.verdict is not None:
@@ -99,6 +103,8 @@ class Report:
         if self.ops:
             kinds = ", ".join(f"{o.op} x{o.nodes}" for o in self.ops)
             out.append(f"  {sum(o.nodes for o in self.ops)} CVM op nodes ({kinds})")
+        if self.gas is not None:
+            out.append(f"  the CVM model's {self.gas.line()}")
         if "ONNX model" in self.sizes:
             out.append(f"  ONNX model {_bytes(self.sizes['ONNX model'])}, "
                        + ", ".join(f"{v} {k}" for k, v in self.counts.items()))
@@ -159,14 +165,35 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
     return rows
 
 
-def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Imported) -> str:
-    """The report of an ONNX -> CVM import: which CVM ops each ONNX node became and, for a quantized model, every
-    requantization (its ratios M, multipliers, shifts, and the worst distance from the exact value, in output
-    steps: 1/2 for the rounding plus the approximation of M; docs/import.md)."""
+def gas_lines(imported: Imported, gas: Gas, one_part: Gas | None = None) -> list[str]:
+    """The gas of an import; the share of the ONNX nodes whose requantization takes runs of channels or two-part
+    products (their CVM nodes, params included); with ``one_part`` (the gas of the one-part import), the
+    difference."""
+    out = [gas.line()]
+    origins = {where.rpartition(" (")[0]: set(names) for where, names in imported.origins}
+    for what, picked in (("runs of channels", [r for r in imported.requants if r.runs]),
+                         ("two-part products", [r for r in imported.requants if any(p.split for p in r.plans)])):
+        if picked:
+            names = set().union(*(origins.get(r.node, set()) for r in picked))
+            out.append(f"  the {len(picked)} requantization(s) in {what} ({', '.join(r.node for r in picked[:3])}"
+                       f"{', ...' * (len(picked) > 3)}): gas {gas.of(names)}, their ONNX nodes' CVM nodes")
+    if one_part is not None:
+        out.append(f"  in one-part products the same model's gas is {one_part.total} (ops {one_part.ops}, memory "
+                   f"{one_part.memory}): two-part products add {gas.total - one_part.total:+d}")
+    return out
+
+
+def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Imported, gas: Gas,
+                    one_part: Gas | None = None) -> str:
+    """The report of an ONNX -> CVM import: which CVM ops each ONNX node became, the gas (``gas_lines``) and, for
+    a quantized model, every requantization (its ratios M, multipliers, shifts, and the worst distance from the
+    exact value, in output steps: 1/2 for the rounding plus the approximation of M; docs/import.md)."""
     g = imported.graph
     out = [f"# Import report: {src} -> {dst}", "",
            f"cvm-onnx {__version__}, onnx {onnx.__version__}. {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
-           f"{len(g.params)} params.", "", "## ONNX nodes and the CVM ops they became", "",
+           f"{len(g.params)} params.", "", "## Gas", "",
+           *[f"- {t.strip()}" for t in gas_lines(imported, gas, one_part)],
+           "", "## ONNX nodes and the CVM ops they became", "",
            "| ONNX node | CVM ops |", "|---|---|"]
     kinds = {n.name: n.op for n in g.nodes}
     for where, names in imported.origins:

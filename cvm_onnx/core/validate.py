@@ -1,8 +1,9 @@
 """Validation: the runtime's load-time rules applied to a whole graph, every problem reported at once.
 
 ``validate(graph)`` returns a new graph whose op nodes carry typed attributes (as given, no defaults added) and
-inferred output types, plus the portability warnings; or raises ``ValidationError`` listing every problem, each
-naming the node and the rule. A node whose inputs failed is skipped, so one mistake is reported once.
+inferred output types, the portability warnings and the model's gas (core/gas.py); or raises ``ValidationError``
+listing every problem, each naming the node and the rule, the runtime's three gas limits included. A node whose
+inputs failed is skipped, so one mistake is reported once.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .errors import Problem, ValidationError
+from .gas import Gas, measure
 from .graph import Graph, Node, TensorType, shape_problem
 from .ops import REGISTRY, NodeRuleError, type_node
 from .ops.registry import max_abs
@@ -22,6 +24,7 @@ INPUT_NAME = "data"
 class Validated:
     graph: Graph
     warnings: list[Problem]
+    gas: Gas
 
 
 def _variable(node: Node, graph: Graph, problems: list[Problem], inputs: tuple[str, ...]) -> Node | None:
@@ -143,6 +146,8 @@ def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated
             problems.append(Problem("heads", f"head {h.node} is not a node"))
         elif (n := typed_nodes[h.node]) is not None and h.index >= len(n.outputs):
             problems.append(Problem("heads", f"head {n.name} has no output {h.index}"))
+    gas = measure(typed_nodes)
+    problems.extend(gas.problems)
     if problems:
         raise ValidationError(problems)
-    return Validated(replace(graph, nodes=list(typed_nodes)), warnings)
+    return Validated(replace(graph, nodes=list(typed_nodes)), warnings, gas)

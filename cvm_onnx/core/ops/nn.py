@@ -128,6 +128,12 @@ class Conv2D(Op):
         return product_precision("conv2d", precisions, cg * kh * kw, a.use_bias)
 
     @staticmethod
+    def base_ops(a, shapes, out):
+        """3 per product of an output's window (weight size / channels), 1 more with a bias."""
+        oc, cg, kh, kw = shapes[1]
+        return cg * kh * kw * 3 + a.use_bias
+
+    @staticmethod
     def kernel(a, x, w, b=None):
         n, c, h, wd = x.shape
         oc, cg, kh, kw = w.shape
@@ -178,6 +184,11 @@ class Dense(Op):
         return product_precision("dense", precisions, shapes[0][1], a.use_bias)
 
     @staticmethod
+    def base_ops(a, shapes, out):
+        """3 per product (the weight's second dimension, K), 1 more with a bias."""
+        return shapes[1][1] * 3 + a.use_bias
+
+    @staticmethod
     def kernel(a, x, w, b=None):
         dtype = exact_dtype(x, w, x.shape[1])
         y = np.matmul(x.astype(dtype), w.T.astype(dtype)).astype(np.int64)
@@ -225,6 +236,11 @@ class MaxPool2D(Op):
                     f"(out-1)*stride-padding = {(o - 1) * s - p} must be < {axis} = {size}")
             out.append(o)
         return n, c, out[0], out[1]
+
+    @staticmethod
+    def base_ops(a, shapes, out):
+        """The window's size, pool_size[0] * pool_size[1]."""
+        return a.pool_size[0] * a.pool_size[1]
 
     @staticmethod
     def kernel(a, x):

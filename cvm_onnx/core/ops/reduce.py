@@ -101,6 +101,11 @@ class Sum(_Reduce):
     def precision(cls, a, precisions, shapes):
         return precisions[0] + bits(prod(shapes[0]) // prod(cls.shape(a, shapes[0])))
 
+    @staticmethod
+    def base_ops(a, shapes, out):
+        """The elements summed into each output: input size / output size."""
+        return prod(shapes[0]) // prod(out)
+
 
 @register
 class Max(_Reduce):

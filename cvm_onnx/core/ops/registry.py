@@ -169,6 +169,12 @@ class Op:
         return []
 
     @staticmethod
+    def base_ops(a: Attrs, shapes: list[Shape], out: Shape) -> int:
+        """The runtime's cost of one element of output 0 (``CvmRuntime::GetOps``, its "base ops"; ``out`` is output
+        0's shape): 1 unless the op states its own (core/gas.py)."""
+        return 1
+
+    @staticmethod
     def batch_refusal(a: Attrs, shapes: list[Shape], derived: list[bool], n: int) -> str | None:
         """Why the op cannot take a batch of ``n`` although its output shapes keep the batch axis (``derived``:
         which inputs are computed from the model's input), or None (cvm_onnx/core/batch.py)."""
