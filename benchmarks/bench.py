@@ -95,7 +95,7 @@ def resnet(model: Path, runs: int) -> None:
     graph = load(model).graph
     row("ResNet-20 load + validate", f"{median_ms(lambda: load(model), 10):.1f} ms")
     row("ResNet-20 export (function form)", f"{median_ms(lambda: to_onnx(graph), 10):.1f} ms")
-    row("ResNet-20 export (optimized flat form)", f"{median_ms(lambda: to_onnx(graph, optimize=True), 5):.1f} ms")
+    row("ResNet-20 export (optimized flat form)", f"{median_ms(lambda: to_onnx(graph, Target.default()), 5):.1f} ms")
     one = np.load(model / "input.npy").astype(np.int32)
     ref_ms = median_ms(lambda: execute(graph, {"data": one}), max(5, runs // 20))
     base, base_name = CVM_RUNTIME_MS["CPU device"], "the CVM CPU device's (by hand)"
@@ -166,7 +166,7 @@ def units(graph, data: np.ndarray, want: np.ndarray, base: float, base_name: str
     units of ``chunk`` samples, one per usable CPU at once on one session, one onnxruntime thread each."""
     workers = usable_cpus()
     for chunk in (4, 8, 16):
-        p = bulk.plan(to_onnx(graph, batch=chunk, optimize=True), chunk, threads=1)
+        p = bulk.plan(to_onnx(graph, Target.default(), batch=chunk), chunk, threads=1)
         runner, samples = bulk.Runner(p), bulk.samples(data, p.sample)
         got = np.concatenate([outs[0] for _, outs in runner.units(samples, chunk, workers)])
         assert np.array_equal(got.reshape(want.shape), want), "the units differ from the reference"

@@ -3,6 +3,7 @@
     import cvm_onnx
     model = cvm_onnx.load("resnet20-cifar")            # read + validate (symbol, params)
     onnx_model = cvm_onnx.to_onnx(model.graph)         # one cvm-domain function node per CVM op
+    served = cvm_onnx.to_onnx(model.graph, cvm_onnx.Target.native())  # the serving form for this machine
     [y] = cvm_onnx.run_cvm(model.graph, x)             # the reference executor (FORMAL semantics)
     print(cvm_onnx.verify(model.graph))                # onnxruntime vs the executor, element for element
 """
@@ -20,6 +21,7 @@ from cvm_onnx.app.api import (
 )
 from cvm_onnx.core.constants import __version__
 from cvm_onnx.runtime.verify import verify
+from cvm_onnx.serving.target import Target
 
-__all__ = ["Loaded", "__version__", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm", "to_onnx",
-           "verify", "write_model", "write_onnx"]
+__all__ = ["Loaded", "Target", "__version__", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm",
+           "to_onnx", "verify", "write_model", "write_onnx"]

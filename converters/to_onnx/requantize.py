@@ -34,6 +34,7 @@ from cvm_onnx.core.graph import Entry, Graph, Node
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+from cvm_onnx.serving.target import Target
 
 from . import nn
 from .lowering import Body, Value, unwiden, widen
@@ -432,7 +433,7 @@ INTEGER_ROUTES = {"rows0": "integer products (rows of x >= 0: uint8 x int8 on ev
                   "cuda": "integer products (int8 x int8)"}
 
 
-def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int8: bool, provider: str = "cpu",
+def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], target: Target,
                 nonneg: set[Entry] = frozenset()) -> list[list[str]]:
     """Each conv2d's route in the serving form, [name, route, why not integer products (or "")]: integer
     products (``INTEGER_ROUTES``; ``nonneg``: the entries proven >= 0), "per-channel scale" (its run's
@@ -446,10 +447,10 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
         if i in heads and heads[i].unsigned is not None:
             routes.append([node.name, INTEGER_ROUTES["unsigned"], ""])
             continue
-        why = ("integer products are off (no native library, or int8=False)" if not int8 else
-               nn.int8_refusal(a, x, w, node.outputs[0].shape, provider) or
+        why = ("integer products are off (the target's products are float)" if target.products != "integer" else
+               nn.int8_refusal(a, x, w, node.outputs[0].shape, target.provider) or
                ("its output is not read by one requantization run alone" if i not in heads else None))
-        layout = ("cuda" if provider == "cuda" else "columns" if a.groups > 1 or not nn.ROWS else
+        layout = ("cuda" if target.provider == "cuda" else "columns" if a.groups > 1 or not nn.ROWS else
                   "rows0" if node.inputs[0] in nonneg else "rows")
         route = ("float32/int32 products" if why else
                  "per-channel scale" if nn.channelwise(a, x, node.outputs[0].shape[1]) else INTEGER_ROUTES[layout])
@@ -458,10 +459,10 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], int
 
 
 def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
-          int8: bool = False, provider: str = "cpu", conv_form: str = "fast",
+          target: Target, conv_form: str = "fast",
           nonneg: set[Entry] = frozenset()) -> tuple[int, Unsigned | None, int | None, int | None] | None:
     """(the conv2d/dense node whose product the run's ``first`` node reads, its ``Unsigned`` data, the ``offset``
-    node, the ``take`` node), when its product can feed the run: with ``int8``, a conv2d taking the integer route
+    node, the ``take`` node), when its product can feed the run: with the target's integer products, a conv2d taking the integer route
     (``int8_head``, or on the CPU ``unsigned_head``); on the CPU also through a broadcast_add of a param (OC, OH,
     OW) (``offset_param``) and a take of some of its channels (``taken_channels``; the head then read by other
     takes too, which ``runs`` checks), both where its products are rows; else its single float32 product, whose
@@ -469,7 +470,8 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
     sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1) 2^-(s+1), exact when
     2B + 1 <= 2^24. Each node between the head and ``first`` is read only by the next (the take's input by the
     takes)."""
-    x, steps = steps_of(graph, graph.nodes[first], int8 and provider == "cpu")
+    cpu = target.cpu_integer
+    x, steps = steps_of(graph, graph.nodes[first], cpu)
     producer = graph.nodes[x.node]
     limit = 2 * bounds[x] + 1 if steps[0].kind == "shift" else bounds[x]
     if x.index or readers.get(x) != 1:
@@ -480,17 +482,17 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
         if node.op != "conv2d":
             return None
         unsigned = unsigned_head(graph, conv, bounds, nonneg, readers)
-        if unsigned is not None or _rows(graph, node, bounds) and int8_head(graph, node, bounds, provider):
+        if unsigned is not None or _rows(graph, node, bounds) and int8_head(graph, node, bounds, target.provider):
             return conv, unsigned, offset, take
         return None
 
     take = None
-    if int8 and provider == "cpu" and taken_channels(graph, producer) is not None:
+    if cpu and taken_channels(graph, producer) is not None:
         take, x = x.node, producer.inputs[0]
         producer = graph.nodes[x.node]
         if x.index:
             return None
-    if int8 and provider == "cpu" and offset_param(graph, producer) is not None:
+    if cpu and offset_param(graph, producer) is not None:
         e = producer.inputs[0]
         if e.index or readers.get(e) != 1 or take is None and readers.get(x) != 1:
             return None
@@ -499,9 +501,9 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
         return rows_head(x.node, None, take)
     if producer.op not in ("conv2d", "dense"):
         return None
-    if int8 and provider == "cpu" and (unsigned := unsigned_head(graph, x.node, bounds, nonneg, readers)):
+    if cpu and (unsigned := unsigned_head(graph, x.node, bounds, nonneg, readers)):
         return x.node, unsigned, None, None
-    if int8 and int8_head(graph, producer, bounds, provider):
+    if target.products == "integer" and int8_head(graph, producer, bounds, target.provider):
         return x.node, None, None, None
     return (x.node, None, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
 
@@ -588,19 +590,19 @@ def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
     return np.clip(idx.astype(np.int64), 0, shape[1] - 1)
 
 
-def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: str = "cpu",
-         conv_form: str = "fast", nonneg: set[Entry] = frozenset()) -> list[Chain]:
+def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str = "fast",
+         nonneg: set[Entry] = frozenset()) -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head;
     chains of other branches may lie between them in node order), cut where a step has no exact int32 form
     (``Run.apply``); each with the conv2d/dense that starts it, if
-    any (``_head``; ``int8``: integer products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``:
-    the entries proven >= 0). On "cuda", with ``int8``, every other conv2d that can take integer products is a
+    any (``_head``; the ``target``'s products "integer": integer products allowed; ``conv_form`` "core": no float32
+    product heads; ``nonneg``: the entries proven >= 0). On "cuda", with integer products, every other conv2d that can take integer products is a
     chain of its own with no steps (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     growing: dict[Entry, tuple[list[int], Run]] = {}  # the chains that may go on, by their last node's output
     for i, node in enumerate(graph.nodes):
-        step = None if node.is_variable else steps_of(graph, node, int8 and provider == "cpu")
+        step = None if node.is_variable else steps_of(graph, node, target.cpu_integer)
         if step is None:
             continue
         x, steps = step
@@ -615,7 +617,7 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
         if all(map(run.apply, steps)):
             growing[Entry(i)] = ([i], run)
     found = sorted(found + [c for c, _ in growing.values() if len(c) > 1])
-    heads = [_head(graph, c[0], bounds, readers, int8, provider, conv_form, nonneg) for c in found]
+    heads = [_head(graph, c[0], bounds, readers, target, conv_form, nonneg) for c in found]
     sharing: dict[int, int] = {}  # a head read through takes: how many runs take its channels
     for h in heads:
         if h is not None and h[3] is not None:
@@ -634,12 +636,13 @@ def runs(graph: Graph, bounds: dict[Entry, int], int8: bool = False, provider: s
             chains.append(Chain(c, head[0], head[1], head[2], take, chans))
         elif len(c) > 1:
             chains.append(Chain(c))
-    if int8 and provider == "cpu":
+    if target.cpu_integer:
         chains = grouped(graph, chains, readers, bounds, taken)
-    if int8 and provider == "cuda":  # no Conv on the GPU: every conv2d that can is its integer products + requantize
+    if target.provider == "cuda" and target.products == "integer":  # no Conv on the GPU: every conv2d that can is
+        # its integer products + requantize
         heads = {c.head for c in chains}
         chains += [Chain([], i) for i, node in enumerate(graph.nodes)
-                   if i not in heads and not node.is_variable and int8_head(graph, node, bounds, provider)]
+                   if i not in heads and not node.is_variable and int8_head(graph, node, bounds, "cuda")]
     return chains
 
 
@@ -736,20 +739,20 @@ def _flat(steps: list[Step]) -> list[int]:
 
 
 def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
-              head_bound: int = 0, int8: bool = False, provider: str = "cpu") -> tuple[Body, str]:
+              head_bound: int, target: Target) -> tuple[Body, str]:
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
     ``head_bound`` bounds the head's output); returns it and its output's name.
 
     With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
     float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
     tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
-    (constants). With ``int8`` (the native library's kernels) the steps are one native ``requantize`` node
+    (constants). With the ``target``'s integer products (the native library's kernels) the steps are one native ``requantize`` node
     (``_native_run``), from the run's input, from a conv2d head's exact integer products where it takes that
     route (``nn.int8_route``, ``nn.conv2d_int8``), or from the head's float32 product (bias included, an
     integer within 2^24) cast to int32.
     """
     b = Body([out])
-    y = _run_body(b, graph, chain, widen(b, inputs), out, head_bound, int8, provider)
+    y = _run_body(b, graph, chain, widen(b, inputs), out, head_bound, target)
     unwiden(b, [y])
     return b, y
 
@@ -787,11 +790,12 @@ def _grouped_body(b: Body, graph: Graph, chain: Grouped, inputs: list[Value]) ->
 
 
 def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Value, head_bound: int,
-              int8: bool, provider: str) -> str:
+              target: Target) -> str:
     """``lower_run``'s body in ``b`` (int8 params already widened); returns its output's name."""
     if isinstance(chain, Grouped):
         return _grouped_body(b, graph, chain, inputs)
-    steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i], int8 and provider == "cpu")[1]]
+    int8, provider = target.products == "integer", target.provider
+    steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i], target.cpu_integer)[1]]
     if chain.head is None:
         if int8:
             return _native_run(b, inputs[0].name, None, steps)

@@ -108,7 +108,7 @@ def cmd_convert(args) -> int:
         return convert_checked(args)
     imported = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                            input_precision=args.input_precision, batch=args.batch, optimize=args.optimize,
-                           outputs=args.outputs, provider=args.provider,
+                           outputs=args.outputs, provider=args.provider, target=args.target,
                            float_io=args.float_io, two_part=args.two_part)
     if imported is not None and args.report:
         from .report import import_markdown
@@ -169,10 +169,11 @@ def convert_checked(args) -> int:
     from .progress import Bar
     from .report import Report
 
-    on_gpu = args.provider == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    on_gpu = (args.target or args.provider) == "cuda" and \
+        "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
                             optimize=args.optimize, float_io=args.float_io, check=True, seeds=3 if args.verify else None,
-                            target=args.provider, provider="cuda" if on_gpu else "cpu")
+                            target=args.target or args.provider, provider="cuda" if on_gpu else "cpu")
     with Bar() as bar:
         report = Report(run(conversion, timed=True, progress=bar))
     _warn(report.warnings)
@@ -372,6 +373,9 @@ def parser() -> argparse.ArgumentParser:
                    "writes the CUDA serving form (implies --optimize: every node a CUDA kernel of onnxruntime or "
                    "of the native library; --verify compares on the CUDA provider where onnxruntime has it, else on "
                    "the CPU provider, the same integer arithmetic)")
+    c.add_argument("--target", choices=["cpu", "cuda", "native"], help="the serving form's target: cpu (as "
+                   "--optimize), cuda (as --provider cuda), native (this machine's best: the layout and operand types "
+                   "of its integer products fixed at export, so plain onnxruntime runs it as fast as cvm-onnx run)")
     c.add_argument("--float-io", action="store_true", help="a quantized CVM model (with quantization.json): "
                    "float32 input and outputs, quantized and dequantized in the graph (QuantizeLinear, "
                    "DequantizeLinear) around the exact integer model, as cvm-onnx run computes them")

@@ -54,6 +54,9 @@ from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 from cvm_onnx.runtime.placement import cuda_refusals
+from cvm_onnx.serving.cpu_layout import layout_passes
+from cvm_onnx.serving.passes import Sequential
+from cvm_onnx.serving.target import Target
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -212,24 +215,32 @@ def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, pr
 
 
 def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | None) -> dict[str, onnx.ModelProto]:
-    """The serving form as the session may run it, by layout: its operand types (``products``, checked) and its
-    one-group products as rows (channels-last between them) and/or columns (``layout``; see ``session``)."""
-    route = products or cpu.products()
-    if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
+    """The serving form as the session may run it, by layout. A model whose target fixed its layout at export
+    (``Target.of``) runs as it is (``products`` and ``layout`` must be None); one exported with layout "session"
+    gets here the passes of its layout (``cpu_layout.layout_passes``): ``layout``, else this machine's
+    (``Target.native``; "measure": each timed), and its operands: ``products`` "u8u8", or "u8s8" for the widest
+    operands this CPU computes exactly (``native.cpu``), else this machine's."""
+    fixed = Target.of(proto)
+    if fixed is not None and fixed.layout != "session":
+        if products is not None or layout is not None:
+            raise RuntimeFailure(f"this model's layout ({fixed.layout}) and operands ({fixed.operands}) were fixed at "
+                                 f"export for its target; export it with layout 'session' to choose them here")
+        if fixed.operands == "u8s8" and not cpu.unbounded() or fixed.operands == "u8s8-rows0" and \
+                cpu.products() != "u8s8":
+            raise RuntimeFailure(f"this model multiplies uint8 x int8 ({fixed.operands}), which onnxruntime does not "
+                                 f"compute exactly on this CPU (here: {cpu.products()}, every product: "
+                                 f"{cpu.unbounded()}); export it for this machine's target")
+        return {fixed.layout: proto}
+    if products not in (None, "u8u8", "u8s8") or (products == "u8s8" and cpu.products() != "u8s8"):
         raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
                              f"uint8 x int8 exactly (here: {cpu.products()})")
     if layout not in (None, *LAYOUTS):
         raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
-    choice = layout or ("fused" if cpu.fused_first() else "measure")
+    here = Target.native()
+    operands = "u8u8" if products == "u8u8" else here.operands
     rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
-    if not rows:
-        candidates = {"rows": proto}
-    else:
-        kept = LAYOUTS[:3] if choice == "measure" else (choice,)
-        last = cpu.channels_last(proto) if {"rows", "fused"} & set(kept) else None
-        candidates = {k: last if k == "rows" else cpu.fused_convolutions(last) if k == "fused" else
-                      cpu.columns_from_rows(proto) for k in kept}
-    return {k: cpu.signed_operands(p) for k, p in candidates.items()} if route == "u8s8" else candidates
+    kept = ("rows",) if not rows else LAYOUTS[:3] if layout == "measure" else (layout or here.layout,)
+    return {k: Sequential(layout_passes(k if rows else "session", operands))(proto).model for k in kept}
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
@@ -266,7 +277,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
         if library is None or native is False:
             raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
-                                 "(to_onnx(..., int8=False)) to run it elsewhere")
+                                 "for a target of products='float' (Target(products='float')) to run it elsewhere")
         candidates = _serving_forms(proto, products, layout)
         if len(candidates) > 1:
             try:
