@@ -50,8 +50,8 @@ RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-c
 FORMS = {
     "function": dict(),
     "flat": dict(inline=True),
-    "serving (cpu)": dict(optimize=True),
-    "serving (cuda)": dict(provider="cuda"),
+    "serving (cpu)": dict(target=Target.default()),
+    "serving (cuda)": dict(target=Target("cuda")),
 }
 
 

@@ -111,10 +111,3 @@ def products() -> str:
     the rows of offset 0), else ``"u8u8"``."""
     return "u8s8" if unbounded() or _probe_bounded() else "u8u8"
 
-
-def fused_first() -> bool:
-    """Whether the serving form runs each rows product as one kernel by default here (``fused_convolutions``):
-    where that kernel multiplies with VNNI (AVX-512 VNNI or AVX-VNNI), measured faster than the three-node rows at
-    batch 1 and 64 (benchmarks/bench.py); elsewhere (its AVX2 kernels: no AVX2-only CPU measured) the session
-    times the layouts."""
-    return bool({"avx512_vnni", "avx_vnni"} & set(features()))

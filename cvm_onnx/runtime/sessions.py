@@ -24,11 +24,12 @@
   several one-thread calls at once instead, which is faster still (units of 8: 21 ms for 64). The graph
   optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
   NCHWc layout; batch 64: 98 against 137 ms, both with float32 products).
-* Layout of the serving form's one-group integer products (``layout=``): as exported (rows, the tensors between
-  them kept channels-last: ``cpu.channels_last``), each convolution fused into one kernel (``cpu.fused_convolutions``;
-  the default where it multiplies with VNNI: ``cpu.fused_first``), or as columns; elsewhere the three are timed on
-  zeros at session creation and the fastest kept, the choice and the timings written into the session's
-  ``cvm.routes``.
+* Layout of the serving form's one-group integer products: a model whose target fixed it at export
+  (``cvm_onnx.serving.target``) runs as exported. One exported with layout "session" gets the target layout's
+  passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
+  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros and
+  the fastest kept, the choice and the timings written into the session's ``cvm.routes``); by default this
+  machine's (``Target.native()``).
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
@@ -253,10 +254,10 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's MatMulInteger products
     as "u8u8" (exact everywhere) or "u8s8" (uint8 x int8 for the products where ``cpu`` proves it exact here, where
     ``cpu.products()`` offers it); None: that choice (the fused kernels multiply in their own code, exact on every
-    CPU, and take no choice). ``layout``: the one-group integer products as exported, "rows", or each convolution
-    one kernel, "fused" (``cpu.fused_convolutions``), or as "columns" (``cpu.columns_from_rows``), or "measure":
-    the three timed here and the fastest kept, its timings recorded in the session's metadata ``cvm.routes``;
-    None: "fused" where ``cpu.fused_first``, else "measure". ``profile``: a file-name prefix; the session writes
+    CPU, and take no choice). ``layout``: the one-group integer products as rows, "rows", or each convolution
+    one kernel, "fused", or as "columns", or "measure": the three timed here and the fastest kept, its timings
+    recorded in the session's metadata ``cvm.routes``; None: ``Target.native()``'s. A model whose target fixed
+    its layout takes neither option (see above). ``profile``: a file-name prefix; the session writes
     onnxruntime's profile (``end_profiling()`` gives its path; ``placement.profiled_placement`` reads where each
     node ran). ``conv_search`` (CUDA): cuDNN's algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
     run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).
