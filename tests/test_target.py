@@ -116,3 +116,40 @@ def test_convert_target_native_writes_this_machines_target(tmp_path):
     assert Target.of(onnx.load(out)) == Target.native()
     assert main(["convert", str(MODELS / "digits_cnn"), "-o", str(out), "--optimize"]) == 0
     assert Target.of(onnx.load(out)) == Target.default()
+
+
+def two_convolutions():
+    """relu > conv2d 3x3 (one group: rows) > shift > relu > conv2d 3x3 of two groups (columns) > shift > relu."""
+    from cvm_onnx.core.builder import GraphBuilder
+
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    x = b.op("relu", b.input("data", (1, 4, 6, 6), 8))
+    y = b.op("conv2d", x, b.param("w1", rng.integers(-127, 128, (4, 4, 3, 3)), 8), channels=4, kernel_size=(3, 3),
+             padding=(1, 1), use_bias=False)
+    y = b.op("relu", b.op("cvm_right_shift", y, shift_bit=8, precision=8))
+    y = b.op("conv2d", y, b.param("w2", rng.integers(-127, 128, (4, 2, 3, 3)), 8), channels=4, kernel_size=(3, 3),
+             padding=(1, 1), groups=2, use_bias=False)
+    return b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=8, precision=8)))
+
+
+@needs_library
+@pytest.mark.parametrize("layout, rows", [("rows", "rows (channels-last)"), ("fused", "fused"),
+                                          ("columns", "columns")])
+def test_the_route_map_says_where_each_convolution_runs(layout, rows):
+    """One Route per conv2d: the one-group convolution in the target's layout, the grouped one as columns, each
+    kernel a node of the model, and the same map from ``cvm-onnx info``."""
+    from cvm_onnx.app.onnx_info import describe
+    from cvm_onnx.serving.routes import route_map
+
+    graph = two_convolutions()
+    model = to_onnx(graph, Target(layout=layout))
+    first, second = route_map(model)
+    assert (first.layout, second.layout) == (rows, "columns")
+    assert first.kernel.split(" > ")[0] in {n.op_type for n in model.graph.node}
+    assert first.chain == "shift > clip" and second.isa == "MLAS u8u8"
+    assert not first.why and not second.why
+    info = describe(model)
+    assert any(line.strip().startswith(f"{first.conv}: ") and rows in line for line in info)
+    floats = route_map(to_onnx(graph, Target(products="float")))
+    assert {(r.layout, r.kernel) for r in floats} == {("float32 products", "Conv")}

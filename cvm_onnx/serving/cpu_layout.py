@@ -290,6 +290,7 @@ def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
         node.attribute.extend([*main.attribute,
                                AttributeProto(name="addend_steps", type=AttributeProto.INTS, ints=steps),
                                helper.make_attribute("sum_steps", _ints_attr(end, "steps"))])
+        node.metadata_props.extend(main.metadata_props)  # the run it computes (``routes``)
         fused.update({id(add): node, id(main): None, id(end): None, **({id(short): None} if short else {})})
     nodes = [fused.get(id(n), n) for n in graph.node]
     del graph.node[:]
@@ -387,6 +388,7 @@ def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
                                 **({"isa": 5 if isa == 2 and _bounded_rows(r) else isa} if isa else {}))
         node.attribute.extend([a for a in r.attribute if a.name in ROWS_ATTRS] +
                               [a for a in q.attribute if a.name not in ("rows", "nhwc")])
+        node.metadata_props.extend(q.metadata_props)  # the run it computes (``routes``)
         replaced.update({id(q): node, id(m): None})
     nodes = [n for n in (replaced.get(id(n), n) for n in graph.node) if n is not None]
     used = {t for n in nodes for t in n.input} | outputs
