@@ -78,20 +78,21 @@ def channel_values(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int,
 
 def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, list[Step]] | None:
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
-    tensor (a broadcast op counts only with a one-number param that leaves the other input's shape; with
+    tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other input's shape; with
     ``channels``, a broadcast_mul by one multiplier per axis-1 channel too, "cmul", for native runs)."""
-    a = REGISTRY[node.op].bind(node.attrs)
-    if node.op == "cvm_right_shift":
+    op = REGISTRY[node.op]
+    a = op.bind(node.attrs)
+    if op.step == "shift":
         return node.inputs[0], [Step("shift", a.shift_bit), _limit(a.precision)]
-    if node.op == "cvm_left_shift":
+    if op.step == "left_shift":
         return node.inputs[0], [Step("mul", 1 << a.shift_bit), _limit(a.precision)]
-    if node.op == "cvm_clip":
+    if op.step == "limit":
         return node.inputs[0], [_limit(a.precision)]
-    if node.op == "clip":
+    if op.step == "clip":
         return node.inputs[0], [Step("clip", lo=a.a_min, hi=a.a_max)]
-    if node.op == "relu":
+    if op.step == "relu":
         return node.inputs[0], [Step("clip", lo=0)]
-    if node.op in ("broadcast_mul", "broadcast_add", "broadcast_sub"):
+    if op.step == "scalar":
         for data, const in ((0, 1), (1, 0)) if node.op != "broadcast_sub" else ((0, 1),):
             c = _scalar(graph, node.inputs[const])
             x = node.inputs[data]
