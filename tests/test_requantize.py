@@ -1,4 +1,4 @@
-"""Requantization runs of the serving form (converters/to_onnx/requantize.py): a chain of shifts, clips, relu
+"""Requantization runs of the serving form (converters/to_onnx/requantize/): a chain of shifts, clips, relu
 and scalar multiplications fused into one int32 body, exact against the reference executor on every input."""
 from __future__ import annotations
 

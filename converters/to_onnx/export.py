@@ -199,7 +199,7 @@ class _Exporter:
         return call
 
     def run(self, chain: requantize.Chain) -> None:
-        """A requantization run (requantize.py), with the conv2d/dense that starts it if any, as one flat body
+        """A requantization run (requantize/), with the conv2d/dense that starts it if any, as one flat body
         named after its last node, marked with the CVM nodes it computes."""
         g = self.graph
         out, last = Entry(chain.all[-1]), g.nodes[chain.all[-1]]
@@ -328,7 +328,7 @@ def export(graph: Graph, target: Target | None = None, *, inline: bool = False, 
     """Export a validated CVM graph: for a ``target`` (``cvm_onnx.serving.target.Target``) its serving form, else
     the function form (``inline``: the flat form). The bytes are a function of the arguments alone.
 
-    The serving form: the flat form with requantization runs fused (``requantize.py``; where the target's products
+    The serving form: the flat form with requantization runs fused (``requantize/``; where the target's products
     are "integer" a run may start from a conv2d's exact integer products, ``nn.conv2d_int8``: native im2col +
     MatMulInteger, instead of its float32 Conv), then the target's pass pipeline (``cvm_onnx.serving.pipeline``:
     for CUDA every node a kernel of onnxruntime's CUDA provider, ``cvm_onnx.runtime.placement`` checks it; for a
