@@ -90,7 +90,8 @@ def conv_routes(model, products: str) -> str:
     per-channel scales (their run's ``requantize`` multiplies) or take float32 products."""
     ops = [node.op_type for node in model.graph.node]
     scales = sum(any(a.name == "scales" for a in node.attribute) for node in model.graph.node)
-    return (f"convolutions: {ops.count('MatMulInteger')} integer ({products}), {scales} per-channel "
+    integer = ops.count("MatMulInteger") + sum(op.startswith("conv_requantize") for op in ops)
+    return (f"convolutions: {integer} integer ({products}), {scales} per-channel "
             f"scales, {ops.count('Conv')} float32")
 
 

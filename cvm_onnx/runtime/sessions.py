@@ -29,7 +29,7 @@
   passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
   channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros and
   the fastest kept, the choice and the timings written into the session's ``cvm.routes``); by default this
-  machine's (``Target.native()``).
+  machine's (``Target.native()``) where its kernels multiply with VNNI, elsewhere "measure".
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
@@ -57,7 +57,7 @@ from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_pa
 from cvm_onnx.runtime.placement import cuda_refusals
 from cvm_onnx.serving.cpu_layout import layout_passes
 from cvm_onnx.serving.passes import Sequential
-from cvm_onnx.serving.target import Target
+from cvm_onnx.serving.target import VNNI, Target
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -219,7 +219,7 @@ def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | N
     """The serving form as the session may run it, by layout. A model whose target fixed its layout at export
     (``Target.of``) runs as it is (``products`` and ``layout`` must be None); one exported with layout "session"
     gets here the passes of its layout (``cpu_layout.layout_passes``): ``layout``, else this machine's
-    (``Target.native``; "measure": each timed), and its operands: ``products`` "u8u8", or "u8s8" for the widest
+    (``Target.native``) where its kernels multiply with VNNI, elsewhere "measure" (each timed), and its operands: ``products`` "u8u8", or "u8s8" for the widest
     operands this CPU computes exactly (``native.cpu``), else this machine's."""
     fixed = Target.of(proto)
     if fixed is not None and fixed.layout != "session":
@@ -240,7 +240,8 @@ def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | N
     here = Target.native()
     operands = "u8u8" if products == "u8u8" else here.operands
     rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
-    kept = ("rows",) if not rows else LAYOUTS[:3] if layout == "measure" else (layout or here.layout,)
+    layout = layout or (here.layout if here.isa in VNNI else "measure")
+    kept = ("rows",) if not rows else LAYOUTS[:3] if layout == "measure" else (layout,)
     return {k: Sequential(layout_passes(k if rows else "session", operands))(proto).model for k in kept}
 
 
@@ -256,7 +257,8 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     ``cpu.products()`` offers it); None: that choice (the fused kernels multiply in their own code, exact on every
     CPU, and take no choice). ``layout``: the one-group integer products as rows, "rows", or each convolution
     one kernel, "fused", or as "columns", or "measure": the three timed here and the fastest kept, its timings
-    recorded in the session's metadata ``cvm.routes``; None: ``Target.native()``'s. A model whose target fixed
+    recorded in the session's metadata ``cvm.routes``; None: ``Target.native()``'s with VNNI, else "measure". A
+    model whose target fixed
     its layout takes neither option (see above). ``profile``: a file-name prefix; the session writes
     onnxruntime's profile (``end_profiling()`` gives its path; ``placement.profiled_placement`` reads where each
     node ran). ``conv_search`` (CUDA): cuDNN's algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;

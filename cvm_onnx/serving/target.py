@@ -33,7 +33,11 @@ PRODUCTS = ("integer", "float")
 ISAS = ("any", "baseline", "avx2", "avx_vnni", "avx512_vnni")
 #: The kernels' ISA on a CPU reporting these features (native.cpu.features), the best first.
 _ISA_OF = (("avx512_vnni", "avx512_vnni"), ("avx_vnni", "avx_vnni"), ("avx2", "avx2"))
-#: The layout each ISA's CPU serves fastest (benchmarks/bench.py, layouts of ResNet-20 at batch 1 and 64).
+#: The ISAs whose fused kernels multiply with VNNI: the fused layout measured fastest (benchmarks/bench.py).
+VNNI = ("avx512_vnni", "avx_vnni")
+#: The layout each ISA's CPU gets: fused with VNNI (measured); on AVX2 fused too (its AVX2 kernels, timed on a
+#: VNNI CPU, beat the rows of uint8 x uint8 products; an AVX2-only CPU is not measured); rows on the baseline (not
+#: measured). A session of a layout-"session" model times the layouts instead where the kernels lack VNNI.
 LAYOUT_OF_ISA = {"avx512_vnni": "fused", "avx_vnni": "fused", "avx2": "fused", "baseline": "rows"}
 #: The names ``--target`` takes.
 NAMES = ("cpu", "cuda", "native")
