@@ -39,11 +39,8 @@ INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 25
 INT8_K_SIGNED = (2**31 - 1) // (127 * 128)
 # The most elements the native im2col gives in one call (its int32 indexing), the CUDA form's only columns limit
 COLUMNS_LIMIT = INT32_MAX
-# The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured.
-# ResNet-20 on an EPYC Zen 4 (1 MiB L2), batch 64 on one thread, the integer route for windows up to 0 / 1 / 4 /
-# 16 MiB a call: 67 / 68 / 62 / 51 ms (the largest layer gathers 9.4 MiB); with today's kernels every layer
-# integer takes 42 ms against 90 ms for float32 products, and batch 1 0.64 against 1.59 ms. Larger calls are
-# unmeasured.
+# The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured
+# (benchmarks/RESULTS.md, "Measurements behind the code's choices"); larger calls are unmeasured.
 INT8_COLUMNS = 1 << 24
 
 

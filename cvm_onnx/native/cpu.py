@@ -17,9 +17,9 @@ operand, the windows ``x + 128`` (``im2col_uint8``) as the right one. Exactness 
   of offset 0 (the uint8 operand in [0, 127]) and int8 weights every pair sum |a0 w0 + a1 w1| <= 2 * 127 * 128 =
   32512 < 2^15, whatever pairs MLAS forms; with the uint8 operand up to 255 (2 * 255 * 127 > 32767: offset 128,
   and rows with a ``zero``) they can saturate: wrong results (506/512 under ``qemu-x86_64 -cpu Haswell``).
-  Measured here 2-2.5x faster than uint8 x uint8.
-* int8 x int8: exact, but x86 MLAS has no kernel for it (a portable one: 14 GMAC/s against 140 for u8 x s8
-  here), so it is not used.
+  Faster than uint8 x uint8 (benchmarks/RESULTS.md).
+* int8 x int8: exact, but x86 MLAS has no kernel for it (only a portable one, far slower than u8 x s8:
+  benchmarks/RESULTS.md), so it is not used.
 
 The exported model is uint8 x uint8 (exact everywhere); ``signed_operands`` turns products into uint8 x int8 at
 session creation where they are exact here: every one where ``unbounded()`` (VNNI or AMX reported by CPUID, with

@@ -17,13 +17,11 @@
 * Data on the device (``Bound``): a call binds its inputs and outputs (IO binding), each copied once to the
   session's device and back; with static shapes the buffers are allocated once per thread and reused, which is
   what ``cuda_graph=True`` (onnxruntime captures the session's kernels once and replays them) requires.
-* Threads, chosen by measurement (ResNet-20's serving form with the native integer kernels, 2-vCPU EPYC VM,
-  benchmarks/bench.py): a model whose inputs hold one sample gets one thread (0.64 ms; two: 1.27 ms); a batched
-  model (first dimension > 1) gets one spinning thread per usable CPU (batch 64: 28 ms on two, 42 ms on one;
-  the native kernels split their work over them too). ``threads=`` overrides the count; ``bulk.run_many`` runs
-  several one-thread calls at once instead, which is faster still (units of 8: 21 ms for 64). The graph
-  optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
-  NCHWc layout; batch 64: 98 against 137 ms, both with float32 products).
+* Threads, chosen by measurement (benchmarks/RESULTS.md, "Measurements behind the code's choices"): a model
+  whose inputs hold one sample gets one thread; a batched model (first dimension > 1) gets one spinning thread
+  per usable CPU (the native kernels split their work over them too). ``threads=`` overrides the count;
+  ``bulk.run_many`` runs several one-thread calls at once instead, which is faster still. The graph optimizer
+  stays at its highest level, which was also the fastest.
 * Layout of the serving form's one-group integer products: a model whose target fixed it at export
   (``cvm_onnx.serving.target``) runs as exported. One exported with layout "session" gets the target layout's
   passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
