@@ -110,12 +110,20 @@ def test_a_session_refuses_operands_this_cpu_does_not_compute_exactly(monkeypatc
     sessions.session(to_onnx(graph, Target(layout="rows")))  # uint8 x uint8: exact everywhere
 
 
-def test_convert_target_native_writes_this_machines_target(tmp_path):
-    out = tmp_path / "m.onnx"
-    assert main(["convert", str(MODELS / "digits_cnn"), "-o", str(out), "--target", "native"]) == 0
+def test_convert_target_names_a_target_and_the_old_flags_are_its_aliases(tmp_path):
+    """``--target native`` writes this machine's target, its report lists each conv2d's layout; ``--target cpu``
+    writes what ``--optimize`` writes and ``--target cuda`` what ``--provider cuda`` writes, byte for byte."""
+    source, out = str(MODELS / "digits_cnn"), tmp_path / "m.onnx"
+    assert main(["convert", source, "-o", str(out), "--target", "native", "--report", str(tmp_path / "r.md")]) == 0
     assert Target.of(onnx.load(out)) == Target.native()
-    assert main(["convert", str(MODELS / "digits_cnn"), "-o", str(out), "--optimize"]) == 0
-    assert Target.of(onnx.load(out)) == Target.default()
+    table = (tmp_path / "r.md").read_text().split("## Convolution routes", 1)[1]
+    assert "| layout | kernel | ISA | chain |" in table and f"| {Target.native().layout}" in table
+    for alias, name in ((["--optimize"], "cpu"), (["--provider", "cuda"], "cuda")):
+        files = []
+        for flags in (alias, ["--target", name]):
+            assert main(["convert", source, "-o", str(out), *flags]) == 0
+            files.append(out.read_bytes())
+        assert files[0] == files[1] and Target.of(onnx.load(out)) == Target.default(name)
 
 
 def two_convolutions():

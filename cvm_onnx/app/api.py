@@ -78,8 +78,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     ``import_model`` (two products where one errs by more than 2^-10 step). Returns the import
     (ONNX -> CVM). Nothing is written when conversion fails."""
     if not is_onnx(src):
-        run(Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize, target=target or provider,
-                       float_io=float_io))
+        run(Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize or target is not None,
+                       target=target or provider, float_io=float_io))
         return
     model = load_onnx(src)
     imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs, two_part=two_part)

@@ -172,7 +172,8 @@ def convert_checked(args) -> int:
     on_gpu = (args.target or args.provider) == "cuda" and \
         "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
-                            optimize=args.optimize, float_io=args.float_io, check=True, seeds=3 if args.verify else None,
+                            optimize=args.optimize or args.target is not None, float_io=args.float_io, check=True,
+                            seeds=3 if args.verify else None,
                             target=args.target or args.provider, provider="cuda" if on_gpu else "cpu")
     with Bar() as bar:
         report = Report(run(conversion, timed=True, progress=bar))
