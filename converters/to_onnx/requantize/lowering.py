@@ -76,10 +76,10 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
     """``lower_run``'s body in ``b`` (int8 params already widened); returns its output's name."""
     if isinstance(chain, Grouped):
         return _grouped_body(b, graph, chain, inputs)
-    int8, provider = target.products == "integer", target.provider
+    integer = target.products == "integer"  # the native library's kernels
     steps = [step for i in chain.nodes for step in steps_of(graph, graph.nodes[i], target.cpu_integer)[1]]
     if chain.head is None:
-        if int8:
+        if integer:
             return native_run(b, inputs[0].name, None, steps)
         r = Run(b, inputs[0])
     elif chain.channels is not None:  # only integer-products heads are shared (``_head``)
@@ -94,7 +94,7 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
                       w.const[chain.channels])
             products, attrs = nn.conv2d_rows(b, a, inputs[0], w)
         return native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
-    elif int8 and chain.unsigned is not None:
+    elif integer and chain.unsigned is not None:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)
         if head.op == "dense":
@@ -102,16 +102,16 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
         else:
             products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)
         return native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
-    elif int8 and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
-            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, provider):
-        products, attrs = nn.conv2d_int8(b, a, *inputs[:2], provider)
+    elif integer and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
+            a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, target.provider):
+        products, attrs = nn.conv2d_int8(b, a, *inputs[:2], target.provider)
         return native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     else:
         head = graph.nodes[chain.head]
         a = REGISTRY[head.op].bind(head.attrs)
         product = nn.conv2d_float32 if head.op == "conv2d" else nn.dense_float32
         bias = inputs[2] if a.use_bias else None
-        if int8:  # the float32 product holds an integer within 2^24 (``_head``): exact as int32
+        if integer:  # the float32 product holds an integer within 2^24 (``_head``): exact as int32
             return native_run(b, b.Cast(product(b, a, *inputs[:2], bias), to=TensorProto.INT32), None, steps)
         if steps[0].kind == "shift":
             s = steps.pop(0).k
