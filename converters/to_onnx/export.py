@@ -329,7 +329,7 @@ def export(graph: Graph, target: Target | None = None, *, inline: bool = False, 
     the function form (``inline``: the flat form). The bytes are a function of the arguments alone.
 
     The serving form: the flat form with requantization runs fused (``requantize/``; where the target's products
-    are "integer" a run may start from a conv2d's exact integer products, ``nn.conv2d_int8``: native im2col +
+    are "integer" a run may start from a conv2d's exact integer products, ``nn.conv2d_integer``: native im2col +
     MatMulInteger, instead of its float32 Conv), then the target's pass pipeline (``cvm_onnx.serving.pipeline``:
     for CUDA every node a kernel of onnxruntime's CUDA provider, ``cvm_onnx.runtime.placement`` checks it; for a
     CPU target its layout and operands). Metadata ``cvm.target`` states the target, ``cvm.provider`` its provider.

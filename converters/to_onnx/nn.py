@@ -153,8 +153,8 @@ def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.
     return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
 
 
-def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", most_x: int = 127) -> str | None:
-    """Why a conv2d does not take ``conv2d_int8``, or None when it does: it must be exact (|x| <= ``most_x``, 127
+def integer_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", most_x: int = 127) -> str | None:
+    """Why a conv2d does not take ``conv2d_integer``, or None when it does: it must be exact (|x| <= ``most_x``, 127
     (for ``conv2d_unsigned``: its u, 255), the weight a param within [-128, 127], at most ``INT8_K`` products per
     output: C/G * kh * kw; on "cuda", int8 x int8, ``INT8_K_SIGNED``) and expected faster (its windows,
     N * C * kh * kw * OH * OW bytes, at most ``INT8_COLUMNS`` on the CPU; on "cuda" only the kernel's
@@ -177,9 +177,9 @@ def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", mos
     return None
 
 
-def int8_route(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> bool:
-    """Whether a conv2d takes ``conv2d_int8`` (``int8_refusal`` says why not)."""
-    return int8_refusal(a, x, w, out_shape, provider) is None
+def integer_route(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> bool:
+    """Whether a conv2d takes ``conv2d_integer`` (``integer_refusal`` says why not)."""
+    return integer_refusal(a, x, w, out_shape, provider) is None
 
 
 def channelwise(a, x, oc: int) -> bool:
@@ -189,11 +189,11 @@ def channelwise(a, x, oc: int) -> bool:
             and tuple(a.padding) == (0, 0))
 
 
-def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
+def conv2d_integer(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
     128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.native.cpu`` gives the argument per
-    ISA; ``int8_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
+    ISA; ``integer_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
 
     Returns the products, (N, OC, OH, W') with W' >= OW, and the attributes of the ``requantize`` that
     finishes them. With strides 1 the columns are wide (W' the padded width: each window position one

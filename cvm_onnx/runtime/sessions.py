@@ -217,8 +217,9 @@ def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | N
     """The serving form as the session may run it, by layout. A model whose target fixed its layout at export
     (``Target.of``) runs as it is (``products`` and ``layout`` must be None); one exported with layout "session"
     gets here the passes of its layout (``cpu_layout.layout_passes``): ``layout``, else this machine's
-    (``Target.native``) where its kernels multiply with VNNI, elsewhere "measure" (each timed), and its operands: ``products`` "u8u8", or "u8s8" for the widest
-    operands this CPU computes exactly (``native.cpu``), else this machine's."""
+    (``Target.native``) where its kernels multiply with VNNI, elsewhere "measure" (each timed), and its operands:
+    ``products`` "u8u8", or "u8s8" for the widest operands this CPU computes exactly (``native.cpu``), else this
+    machine's."""
     fixed = Target.of(proto)
     if fixed is not None and fixed.layout != "session":
         if products is not None or layout is not None:

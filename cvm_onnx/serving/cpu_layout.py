@@ -87,9 +87,9 @@ def _is_128(v: np.ndarray | None) -> bool:
 
 
 def signed_columns(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model``: every ``im2col_uint8`` read only as MatMulInteger's right
-    operand with zero point 128 becomes ``im2col_int8`` read with no zero point. Invariant: the products are
-    the same integers, sum a (x + 128 - 128) = sum a x, now as uint8 x int8 (for a CPU where ``native.cpu.unbounded()``)."""
+    """A copy of ``model``: every ``im2col_uint8`` read only as MatMulInteger's right operand with zero point 128
+    becomes ``im2col_int8`` read with no zero point. Invariant: the products are the same integers, sum a (x + 128 -
+    128) = sum a x, now as uint8 x int8 (for a CPU where ``native.cpu.unbounded()``)."""
     out = _copy(model)
     graph = out.graph
     consts = _consts(graph)
@@ -120,7 +120,7 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model``: every rows product, ``im2col_rows`` -> MatMulInteger(rows, B
-    (K, OC) uint8, ..., 128) -> ``requantize`` (rows), becomes the columns form of ``nn.conv2d_int8``: ``im2col_uint8``
+    (K, OC) uint8, ..., 128) -> ``requantize`` (rows), becomes the columns form of ``nn.conv2d_integer``: ``im2col_uint8``
     (wide with strides 1) read by MatMulInteger(A, columns, 128, 128), A (OC, K) the same uint8 weights in the
     order (c, fh, fw) (a Reshape/Transpose of B, folded by onnxruntime), reshaped to (N, OC, OH, W') for a
     ``requantize`` with the width OW (not one with each channel's own steps or a bias per position, which have no

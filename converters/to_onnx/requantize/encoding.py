@@ -17,7 +17,7 @@ def native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) 
     """The run as native ``requantize`` nodes: the steps in the order the CVM ops take them, each clip at
     once (two clips in a row as one: clamps compose, clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi),
     clip(b, lo, hi))), on x + bias per channel (or per position and channel, ``_bias``) in int32 (``attrs``: its
-    ``width`` or ``scales``, see ``nn.conv2d_int8``). With a per-channel multiplication ("cmul") each channel
+    ``width`` or ``scales``, see ``nn.conv2d_integer``). With a per-channel multiplication ("cmul") each channel
     gets its own steps (``channel_steps``, the multiplier its own), or, where ``attrs`` has no such form (a width,
     batch_inner, scales), the cmul starts the next node, whose ``scales`` multiply each channel before its steps.
     Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation

@@ -25,14 +25,13 @@ def lower_run(graph: Graph, chain: Chain, inputs: list[Value], out: Value,
     """The body of ``chain`` reading ``inputs`` (the run's input, or the head's data, weight[, bias] and then
     ``head_bound`` bounds the head's output); returns it and its output's name.
 
-    With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in
-    float32), which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a
-    tie, as in cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights
-    (constants). With the ``target``'s integer products (the native library's kernels) the steps are one native ``requantize`` node
-    (``native_run``), from the run's input, from a conv2d head's exact integer products where it takes that
-    route (``nn.int8_route``, ``nn.conv2d_int8``), or from the head's float32 product (bias included, an
-    integer within 2^24) cast to int32.
-    """
+    With a head, the run starts from its float32 Conv/Gemm (clips before the first int32 step are taken in float32),
+    which also takes a first shift: Round((y + 1/2) * 2^-s) is floor((y + 2^(s-1)) / 2^s) (never a tie, as in
+    cvm_right_shift's lowering), with y + 1/2 and the scaling folded into its bias and weights (constants). With the
+    ``target``'s integer products (the native library's kernels) the steps are one native ``requantize`` node
+    (``native_run``), from the run's input, from a conv2d head's exact integer products where it takes that route
+    (``nn.integer_route``, ``nn.conv2d_integer``), or from the head's float32 product (bias included, an integer
+    within 2^24) cast to int32. """
     b = Body([out])
     y = _run_body(b, graph, chain, widen(b, inputs), out, head_bound, target)
     unwiden(b, [y])
@@ -102,9 +101,9 @@ def _run_body(b: Body, graph: Graph, chain: Chain, inputs: list[Value], out: Val
         else:
             products, attrs = nn.conv2d_unsigned(b, a, inputs[0], chain.unsigned.weight, chain.unsigned.zero)
         return native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
-    elif integer and graph.nodes[chain.head].op == "conv2d" and nn.int8_route(
+    elif integer and graph.nodes[chain.head].op == "conv2d" and nn.integer_route(
             a := REGISTRY["conv2d"].bind(graph.nodes[chain.head].attrs), *inputs[:2], out.shape, target.provider):
-        products, attrs = nn.conv2d_int8(b, a, *inputs[:2], target.provider)
+        products, attrs = nn.conv2d_integer(b, a, *inputs[:2], target.provider)
         return native_run(b, products, _bias(b, graph, chain, inputs[2] if a.use_bias else None), steps, **attrs)
     else:
         head = graph.nodes[chain.head]

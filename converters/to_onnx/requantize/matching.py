@@ -115,11 +115,11 @@ def _operands(graph: Graph, node: Node, bounds: dict[Entry, int]) -> tuple[Value
     return x, w
 
 
-def int8_head(graph: Graph, node: Node, bounds: dict[Entry, int], provider: str = "cpu") -> bool:
-    """Whether ``node`` is a conv2d that starts a run from its integer products (``nn.int8_route``)."""
+def integer_head(graph: Graph, node: Node, bounds: dict[Entry, int], provider: str = "cpu") -> bool:
+    """Whether ``node`` is a conv2d that starts a run from its integer products (``nn.integer_route``)."""
     if node.op != "conv2d":
         return False
-    return nn.int8_route(REGISTRY[node.op].bind(node.attrs), *_operands(graph, node, bounds), node.outputs[0].shape,
+    return nn.integer_route(REGISTRY[node.op].bind(node.attrs), *_operands(graph, node, bounds), node.outputs[0].shape,
                          provider)
 
 
@@ -164,7 +164,7 @@ def unsigned_source(graph: Graph, conv: int, bounds: dict[Entry, int], nonneg: s
 
 def unsigned_head(graph: Graph, node: int, bounds: dict[Entry, int], nonneg: set[Entry],
                   readers: dict[Entry, int]) -> Unsigned | None:
-    """conv2d ``node``'s ``Unsigned`` data where its integer products take that form (``nn.int8_refusal`` with
+    """conv2d ``node``'s ``Unsigned`` data where its integer products take that form (``nn.integer_refusal`` with
     u's bound, up to 255, on the CPU's rows), dense ``node``'s where they are exact (``nn.dense_unsigned``), else
     None."""
     op = graph.nodes[node].op
@@ -175,7 +175,7 @@ def unsigned_head(graph: Graph, node: int, bounds: dict[Entry, int], nonneg: set
     a = REGISTRY["conv2d"].bind(graph.nodes[node].attrs)
     u = Value("", graph.type_of(src.data).shape, bounds[src.data])
     w = Value("", src.weight.shape, 0, src.weight)
-    return src if nn.int8_refusal(a, u, w, graph.nodes[node].outputs[0].shape, most_x=255) is None else None
+    return src if nn.integer_refusal(a, u, w, graph.nodes[node].outputs[0].shape, most_x=255) is None else None
 
 
 def offset_param(graph: Graph, node: Node) -> np.ndarray | None:
@@ -192,7 +192,7 @@ def offset_param(graph: Graph, node: Node) -> np.ndarray | None:
     return p.reshape(shape[1:])
 
 
-#: The integer products' routes by layout (``nn.conv2d_int8``; the operand types ``cvm_onnx.native.cpu`` gives them
+#: The integer products' routes by layout (``nn.conv2d_integer``; the operand types ``cvm_onnx.native.cpu`` gives them
 #: on the CPU; the CUDA form's are int8 x int8).
 INTEGER_ROUTES = {"rows0": "integer products (rows of x >= 0: uint8 x int8 on every x86 CPU)",
                   "rows": "integer products (rows: uint8 x int8 with VNNI)",
@@ -216,7 +216,7 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], tar
             routes.append([node.name, INTEGER_ROUTES["unsigned"], ""])
             continue
         why = ("integer products are off (the target's products are float)" if target.products != "integer" else
-               nn.int8_refusal(a, x, w, node.outputs[0].shape, target.provider) or
+               nn.integer_refusal(a, x, w, node.outputs[0].shape, target.provider) or
                ("its output is not read by one requantization run alone" if i not in heads else None))
         layout = ("cuda" if target.provider == "cuda" else "columns" if a.groups > 1 or not nn.ROWS else
                   "rows0" if node.inputs[0] in nonneg else "rows")
@@ -230,13 +230,13 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
           target: Target, conv_form: str = "fast",
           nonneg: set[Entry] = frozenset()) -> tuple[int, Unsigned | None, int | None, int | None] | None:
     """(the conv2d/dense node whose product the run's ``first`` node reads, its ``Unsigned`` data, the ``offset``
-    node, the ``take`` node), when its product can feed the run: with the target's integer products, a conv2d taking the integer route
-    (``int8_head``, or on the CPU ``unsigned_head``); on the CPU also through a broadcast_add of a param (OC, OH,
-    OW) (``offset_param``) and a take of some of its channels (``taken_channels``; the head then read by other
-    takes too, which ``runs`` checks), both where its products are rows; else its single float32 product, whose
-    sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s too, every partial
-    sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1) 2^-(s+1), exact when
-    2B + 1 <= 2^24. Each node between the head and ``first`` is read only by the next (the take's input by the
+    node, the ``take`` node), when its product can feed the run: with the target's integer products, a conv2d taking
+    the integer route (``integer_head``, or on the CPU ``unsigned_head``); on the CPU also through a broadcast_add
+    of a param (OC, OH, OW) (``offset_param``) and a take of some of its channels (``taken_channels``; the head then
+    read by other takes too, which ``runs`` checks), both where its products are rows; else its single float32
+    product, whose sums are exact integers when its bound B (bias included) is <= 2^24; taking a first shift s too,
+    every partial sum of (y + 1/2) * 2^-s is a multiple of 2^-(s+1) of magnitude at most (2B + 1) 2^-(s+1), exact
+    when 2B + 1 <= 2^24. Each node between the head and ``first`` is read only by the next (the take's input by the
     takes)."""
     cpu = target.cpu_integer
     x, steps = steps_of(graph, graph.nodes[first], cpu)
@@ -250,7 +250,7 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
         if node.op != "conv2d":
             return None
         unsigned = unsigned_head(graph, conv, bounds, nonneg, readers)
-        if unsigned is not None or _rows(graph, node, bounds) and int8_head(graph, node, bounds, target.provider):
+        if unsigned is not None or _rows(graph, node, bounds) and integer_head(graph, node, bounds, target.provider):
             return conv, unsigned, offset, take
         return None
 
@@ -271,7 +271,7 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
         return None
     if cpu and (unsigned := unsigned_head(graph, x.node, bounds, nonneg, readers)):
         return x.node, unsigned, None, None
-    if target.products == "integer" and int8_head(graph, producer, bounds, target.provider):
+    if target.products == "integer" and integer_head(graph, producer, bounds, target.provider):
         return x.node, None, None, None
     return (x.node, None, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
 
@@ -360,12 +360,12 @@ def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
 
 def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str = "fast",
          nonneg: set[Entry] = frozenset()) -> list[Chain]:
-    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head;
-    chains of other branches may lie between them in node order), cut where a step has no exact int32 form
-    (``Run.apply``); each with the conv2d/dense that starts it, if
-    any (``_head``; the ``target``'s products "integer": integer products allowed; ``conv_form`` "core": no float32
-    product heads; ``nonneg``: the entries proven >= 0). On "cuda", with integer products, every other conv2d that can take integer products is a
-    chain of its own with no steps (its products + bias, one ``requantize``)."""
+    """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head; chains
+    of other branches may lie between them in node order), cut where a step has no exact int32 form (``Run.apply``);
+    each with the conv2d/dense that starts it, if any (``_head``; the ``target``'s products "integer": integer
+    products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``: the entries proven >= 0). On
+    "cuda", with integer products, every other conv2d that can take integer products is a chain of its own with no
+    steps (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
     found: list[list[int]] = []
     growing: dict[Entry, tuple[list[int], Run]] = {}  # the chains that may go on, by their last node's output
@@ -410,5 +410,5 @@ def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str 
         # its integer products + requantize
         heads = {c.head for c in chains}
         chains += [Chain([], i) for i, node in enumerate(graph.nodes)
-                   if i not in heads and not node.is_variable and int8_head(graph, node, bounds, "cuda")]
+                   if i not in heads and not node.is_variable and integer_head(graph, node, bounds, "cuda")]
     return chains

@@ -46,8 +46,9 @@ def channel_values(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int,
 
 def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, list[Step]] | None:
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
-    tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other input's shape; with
-    ``channels``, a broadcast_mul by one multiplier per axis-1 channel too, "cmul", for native runs)."""
+    tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other
+    input's shape; with ``channels``, a broadcast_mul by one multiplier per axis-1 channel too, "cmul", for native
+    runs)."""
     op = REGISTRY[node.op]
     a = op.bind(node.attrs)
     if op.step == "shift":
