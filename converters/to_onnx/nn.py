@@ -240,12 +240,12 @@ def _im2col_rows(b, a, x, **attrs) -> str:
 
 
 def conv2d_rows(b, a, x, w) -> tuple[str, dict]:
-    """conv(x, w) (one group) as rows: the native ``im2col_rows`` gathers each output position's window as one
-    row, K = kh * kw * C bytes in the order (fh, fw, c), holding x itself when x is proven >= 0 (offset 0: values
-    in [0, 127], checked by the kernel) or x + 128 (offset 128, zero point 128); MatMulInteger multiplies the rows
-    by the constant (K, OC) weights w + 128 (uint8, zero point 128): sum (x + o - o)(w + 128 - 128) = sum w x.
-    uint8 x uint8 here (exact on every ISA); ``cvm_onnx.native.cpu`` makes the weights int8 at session creation where
-    uint8 x int8 is exact (docs/semantics.md: offset 0 bounds every int16 pair sum by 2 * 127 * 128 < 2^15).
+    """conv(x, w) (one group) as rows: the native ``im2col_rows`` gathers each output position's window as one row,
+    K = kh * kw * C bytes in the order (fh, fw, c), holding x itself when x is proven >= 0 (offset 0: values in [0,
+    127], checked by the kernel) or x + 128 (offset 128, zero point 128); MatMulInteger multiplies the rows by the
+    constant (K, OC) weights w + 128 (uint8, zero point 128): sum (x + o - o)(w + 128 - 128) = sum w x. uint8 x
+    uint8 here (exact on every ISA); the target's operands (``cvm_onnx.serving.cpu_layout``) make the weights int8
+    where uint8 x int8 is exact (docs/semantics.md: offset 0 bounds every int16 pair sum by 2 * 127 * 128 < 2^15).
 
     Returns the products, (N, OH * OW, OC), and ``requantize``'s ``rows`` (OH, OW), which writes them as NCHW."""
     n, c, oc, oh, ow, _ = _conv_shape(b, a, x)
@@ -263,8 +263,8 @@ def conv2d_unsigned(b, a, u, w: np.ndarray, zero: int) -> tuple[str, dict]:
     u - zero = 0) as rows: ``im2col_rows`` with ``zero`` gathers u itself (checked in [0, 255]) and ``zero`` in the
     padding, and MatMulInteger multiplies the rows, zero point ``zero``, by the constant (K, OC) weights w + 128
     (uint8, zero point 128): sum (u - zero)(w + 128 - 128) = sum (u - zero) w, each padded term 0. uint8 x uint8
-    (exact on every ISA: raw sums <= K * 255 * 255 < 2^31); ``cvm_onnx.native.cpu`` makes the weights int8 only
-    where uint8 x int8 is exact for any operands (VNNI). Returns the products, (N, OH * OW, OC), and
+    (exact on every ISA: raw sums <= K * 255 * 255 < 2^31); the target's operands make the weights int8 only
+    where uint8 x int8 is exact for any operands (VNNI: operands "u8s8"). Returns the products, (N, OH * OW, OC), and
     ``requantize``'s ``rows`` (OH, OW)."""
     n, c, oc, oh, ow, _ = _conv_shape(b, a, u)
     kh, kw = a.kernel_size

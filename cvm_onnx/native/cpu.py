@@ -21,14 +21,15 @@ operand, the windows ``x + 128`` (``im2col_uint8``) as the right one. Exactness 
 * int8 x int8: exact, but x86 MLAS has no kernel for it (only a portable one, far slower than u8 x s8:
   benchmarks/RESULTS.md), so it is not used.
 
-The exported model is uint8 x uint8 (exact everywhere); ``signed_operands`` turns products into uint8 x int8 at
-session creation where they are exact here: every one where ``unbounded()`` (VNNI or AMX reported by CPUID, with
-the register state the OS enables, *and* a probe whose int16 pair sums would saturate computes exactly in this
-very onnxruntime), else the rows of offset 0 without a ``zero`` where a probe at the edge of their bound (pair
-sums 2 * 127 * -128 and 2 * 127 * 127) is exact. Either test alone would trust something unchecked (the dispatch
-inside MLAS, or the CPU).
+A serving form's target says its operand types (``cvm_onnx.serving.target``): uint8 x uint8 is exact everywhere;
+``Target.native()`` takes uint8 x int8 (``serving.cpu_layout.signed_operands``, at export, or at session creation
+for a model whose target left the layout to the session) where it is exact here: every product where ``unbounded()``
+(VNNI or AMX reported by CPUID, with the register state the OS enables, *and* a probe whose int16 pair sums would
+saturate computes exactly in this very onnxruntime), else the rows of offset 0 without a ``zero`` where a probe at
+the edge of their bound (pair sums 2 * 127 * -128 and 2 * 127 * 127) is exact. Either test alone would trust
+something unchecked (the dispatch inside MLAS, or the CPU).
 
-``fused_convolutions`` (the default layout where CPUID reports VNNI) replaces each rows product and its requantize
+The layout "fused" (``serving.cpu_layout.fused_convolutions``) replaces each rows product and its requantize
 by one native kernel that multiplies in its own code (custom_ops/conv.h: VNNI, AVX2 or plain C, exact on each), so
 the operand types above concern only the MatMulInteger products left.
 """
