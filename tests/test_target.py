@@ -110,6 +110,22 @@ def test_a_session_refuses_operands_this_cpu_does_not_compute_exactly(monkeypatc
     sessions.session(to_onnx(graph, Target(layout="rows")))  # uint8 x uint8: exact everywhere
 
 
+@needs_library
+def test_a_fused_model_without_the_native_library_is_refused_with_one_error():
+    """A target's fused layout holds conv_requantize alone (no plain requantize): a session without the native
+    library refuses it as a serving form (its kernels have no fallback), not as an unknown op."""
+    from cvm_onnx.core.builder import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.op("relu", b.input("data", (1, 4, 6, 6), 8))
+    y = b.op("conv2d", x, b.param("w", np.full((4, 4, 3, 3), -3), 8), channels=4, kernel_size=(3, 3),
+             padding=(1, 1), use_bias=False)
+    model = to_onnx(b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=8, precision=8))), Target(layout="fused"))
+    assert [n.op_type for n in model.graph.node if n.domain == native.DOMAIN] == ["conv_requantize"]
+    with pytest.raises(RuntimeFailure, match="native im2col and requantize kernels"):
+        sessions.session(model, native=False)
+
+
 def test_convert_target_names_a_target_and_the_old_flags_are_its_aliases(tmp_path):
     """``--target native`` writes this machine's target, its report lists each conv2d's layout; ``--target cpu``
     writes what ``--optimize`` writes and ``--target cuda`` what ``--provider cuda`` writes, byte for byte."""
