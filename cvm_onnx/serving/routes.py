@@ -56,28 +56,35 @@ def chain_kinds(node: onnx.NodeProto) -> str:
                                 else "")
 
 
-def _kernel(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], isa_here: str) -> tuple[str, str, str]:
-    """(layout, kernel, isa) of the run whose requantize kernel is ``node``."""
+def _kernel(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], here: Target) -> tuple[str, str, str]:
+    """(layout, kernel, isa) of the run whose requantize kernel is ``node``, in a model made for ``here``."""
     if node.op_type.startswith("conv_requantize"):
         isa = _attr(node, "isa") or 0
-        return "fused", node.op_type, _ISA_NAMES.get(isa, str(isa)) + (f" (here: {isa_here})" if not isa else "")
+        return "fused", node.op_type, _ISA_NAMES.get(isa, str(isa)) + (f" (here: {here.isa})" if not isa else "")
     if _attr(node, "scales") is not None:
         return "per-channel scale", node.op_type, "int32 multiply"
     source = producer.get(node.input[0])
-    while source is not None and source.op_type == "Reshape":
+    while source is not None and source.op_type in ("Reshape", "Transpose"):
         source = producer.get(source.input[0])
     if source is None or source.op_type != "MatMulInteger":
         return "float32 products", (source.op_type if source is not None else "-") + f" > {node.op_type}", "MLAS"
-    left, right = producer.get(source.input[0]), producer.get(source.input[1])
-    signed = right is not None and right.op_type == "Cast" or (left is not None and left.op_type == "im2col_int8") \
-        or (right is not None and right.op_type == "im2col_int8")
-    operands = "u8s8" if signed else "u8u8"
-    if left is not None and left.op_type == "im2col_rows":
-        layout = "rows (channels-last)" if _attr(left, "nhwc") or _attr(node, "nhwc") else "rows"
-        return layout, f"im2col_rows > MatMulInteger > {node.op_type}", f"MLAS {operands}"
-    window = right if right is not None and right.op_type.startswith("im2col") else left
-    kind = window.op_type if window is not None else "?"
-    return "columns", f"{kind} > MatMulInteger > {node.op_type}", f"MLAS {operands}"
+    operands = []
+    for t in source.input[:2]:
+        n = producer.get(t)
+        while n is not None and n.op_type in ("Reshape", "Transpose"):
+            n = producer.get(n.input[0])
+        operands.append(n)
+    window = next((n.op_type for n in operands if n is not None and n.op_type.startswith("im2col")), "?")
+    if here.provider == "cuda":
+        return "cuda", f"{window} > MatMulInteger > {node.op_type}", "cuBLAS int8 x int8"
+    signed = window == "im2col_int8" or any(n is not None and n.op_type == "Cast" and _attr(n, "to") ==
+                                            onnx.TensorProto.INT8 for n in operands)
+    kind = "MLAS u8s8" if signed else "MLAS u8u8"
+    if window == "im2col_rows":
+        rows = operands[0]
+        layout = "rows (channels-last)" if _attr(rows, "nhwc") or _attr(node, "nhwc") else "rows"
+        return layout, f"{window} > MatMulInteger > {node.op_type}", kind
+    return "columns", f"{window} > MatMulInteger > {node.op_type}", kind
 
 
 def route_map(model: onnx.ModelProto) -> list[Route]:
@@ -98,7 +105,7 @@ def route_map(model: onnx.ModelProto) -> list[Route]:
             continue
         head, op = json.loads(marks[MARK_FUSED])[0], json.loads(marks.get(MARK_OPS, "[]"))[:1]
         if op == ["conv2d"]:
-            kernels[head] = (*_kernel(n, producer, here.isa), chain_kinds(n))
+            kernels[head] = (*_kernel(n, producer, here), chain_kinds(n))
     routes = []
     for conv, route, why in json.loads(props[ROUTES]):
         layout, kernel, isa, chain = kernels.get(conv, ("float32 products" if route.startswith("float32") else "-",
