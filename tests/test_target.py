@@ -177,6 +177,7 @@ def test_the_route_map_says_where_each_convolution_runs(layout, rows):
     assert any(line.strip().startswith(f"{first.conv}: ") and rows in line for line in info)
     floats = route_map(to_onnx(graph, Target(products="float")))
     assert {(r.layout, r.kernel) for r in floats} == {("float32 products", "Conv")}
-    signed = route_map(to_onnx(graph, Target(layout=layout, operands="u8s8-rows0")))
-    assert signed[0].isa == (first.isa if layout == "fused" else "MLAS u8s8") and signed[1].isa == "MLAS u8u8"
+    signed = route_map(to_onnx(graph, Target(layout=layout, operands="u8s8-rows0")))  # the rows of x >= 0 alone
+    assert signed[0].isa == {"rows": "MLAS u8s8", "fused": first.isa, "columns": "MLAS u8u8"}[layout]
+    assert signed[1].isa == "MLAS u8u8"
     assert {(r.layout, r.isa) for r in route_map(to_onnx(graph, Target("cuda")))} == {("cuda", "cuBLAS int8 x int8")}
