@@ -65,6 +65,10 @@ from onnx.shape_inference import InferenceError
 from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
+#: The native requantize step kinds, each (kind, a, b) triple's first int (custom_ops/requantize.h: kShift, kMul,
+#: kAdd, kClip): shift by a bits, multiply by a, add a, clip to [a, b].
+SHIFT, MULTIPLY, ADD, CLIP = 0, 1, 2, 3
+STEP_KINDS = ("shift", "multiply", "add", "clip")
 VERSION = 1
 LIBRARY = "libcvm_onnx_ops.so"
 

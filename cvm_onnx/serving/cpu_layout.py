@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from cvm_onnx.native import DOMAIN, ROWS_ATTRS
+from cvm_onnx.native import CLIP, DOMAIN, ROWS_ATTRS
 
 from .passes import FLAT, ORDERED, Pass
 
@@ -303,7 +303,7 @@ def _ints_attr(node: onnx.NodeProto, name: str) -> list[int]:
 
 def _ends_in_bytes(steps: list[int]) -> bool:
     """Whether flat (kind, a, b) steps end with a clip within [0, 255]."""
-    return len(steps) >= 3 and steps[-3] == 3 and steps[-2] >= 0 and steps[-1] <= 255
+    return len(steps) >= 3 and steps[-3] == CLIP and steps[-2] >= 0 and steps[-1] <= 255
 
 
 def _chains_end_in_bytes(node: onnx.NodeProto) -> bool:

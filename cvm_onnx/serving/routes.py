@@ -13,14 +13,12 @@ from dataclasses import dataclass
 import onnx
 
 from cvm_onnx.core.constants import MARK_FUSED, MARK_OPS, ROUTES
-from cvm_onnx.native import DOMAIN
+from cvm_onnx.native import DOMAIN, STEP_KINDS
 
 from .cpu_layout import layout_passes
 from .passes import Sequential
 from .target import Target
 
-#: The native ``requantize`` step kinds, by their number in a (kind, a, b) triple (docs/custom_ops.md).
-STEP_KINDS = ("shift", "multiply", "add", "clip")
 #: What each native kernel's products are multiplied by.
 _ISA_NAMES = {0: "picked at run time", 1: "plain C", 2: "AVX2 vpmaddwd", 3: "AVX-VNNI", 4: "AVX-512 VNNI",
               5: "AVX2 vpmaddubsw"}

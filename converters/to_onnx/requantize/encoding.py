@@ -1,12 +1,13 @@
-"""The native ``requantize`` encoding of a run: its steps as (kind, a, b) int triples (``_flat``: 0 shift, 1
-multiply, 2 add, 3 clip), each channel's own steps aligned to one sequence of kinds (``_aligned``), and the
-``requantize`` nodes that run them."""
+"""The native ``requantize`` encoding of a run: its steps as (kind, a, b) int triples (``_flat``; the kinds are
+``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP), each channel's own steps aligned to one sequence of kinds
+(``_aligned``), and the ``requantize`` nodes that run them."""
 from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import INT32_MAX
+from cvm_onnx.native import ADD, CLIP, MULTIPLY, SHIFT
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from ..lowering import Body, Value
@@ -49,7 +50,7 @@ def channel_run(b: Body, x: str, bias: Value | None, per: list[list[Step]], **at
 
 
 #: A step of each kind that leaves every value as it is: shift 0, multiply by 1, add 0, clip to int32's range.
-IDENTITY = {0: [0, 0, 0], 1: [1, 1, 0], 2: [2, 0, 0], 3: [3, -INT32_MAX - 1, INT32_MAX]}
+IDENTITY = {SHIFT: [SHIFT, 0, 0], MULTIPLY: [MULTIPLY, 1, 0], ADD: [ADD, 0, 0], CLIP: [CLIP, -INT32_MAX - 1, INT32_MAX]}
 
 
 def _supersequence(a: list[int], b: list[int]) -> list[int]:
@@ -95,11 +96,11 @@ def _flat(steps: list[Step]) -> list[int]:
     flat: list[int] = []
     for s in steps:
         if s.kind != "clip":
-            flat += [{"shift": 0, "mul": 1, "add": 2}[s.kind], s.k, 0]
+            flat += [{"shift": SHIFT, "mul": MULTIPLY, "add": ADD}[s.kind], s.k, 0]
             continue
         lo, hi = low if s.lo is None else s.lo, high if s.hi is None else s.hi
-        if flat[-3:-2] == [3]:  # clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi), clip(b, lo, hi)): one pass
+        if flat[-3:-2] == [CLIP]:  # clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi), clip(b, lo, hi)): one pass
             flat[-2:] = [min(max(flat[-2], lo), hi), min(max(flat[-1], lo), hi)]
         else:
-            flat += [3, lo, hi]
-    return flat or [3, low, high]
+            flat += [CLIP, lo, hi]
+    return flat or [CLIP, low, high]
