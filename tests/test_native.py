@@ -440,3 +440,17 @@ def test_the_step_kinds_are_the_kernels():
     assert kernels == {"kShift": native.SHIFT, "kMul": native.MULTIPLY, "kAdd": native.ADD, "kClip": native.CLIP}
     assert [native.STEP_KINDS[k] for k in (native.SHIFT, native.MULTIPLY, native.ADD, native.CLIP)] == [
         "shift", "multiply", "add", "clip"]
+
+
+def test_the_cpu_feature_bits_are_the_librarys():
+    """native.cpu.FEATURES (how Python reads cvm_onnx_cpu_features) has the bits of the library's Feature
+    enumerators, read from the C++ sources: kAvx2 is avx2's bit, kAvx512Vnni avx512_vnni's, and so on."""
+    import re
+    from pathlib import Path
+
+    from cvm_onnx.native import cpu
+
+    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "custom_ops").rglob("*.cc"))
+    (enum,) = re.findall(r"enum\s+Feature\b[^{]*\{([^}]*)\}", sources)
+    bits = {name: 1 << int(shift) for name, shift in re.findall(r"k(\w+)\s*=\s*1u\s*<<\s*(\d+)", enum)}
+    assert {bits[name]: name.lower() for name in bits} == {b: f.replace("_", "") for b, f in cpu.FEATURES.items()}
