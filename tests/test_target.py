@@ -33,6 +33,7 @@ needs_library = pytest.mark.skipif(library_path() is None, reason="the native cu
     ({"isa": "neon"}, "target isa 'neon'"),
     ({"provider": "cuda", "layout": "fused"}, "only a CPU target with integer products has a layout"),
     ({"products": "float", "operands": "u8s8"}, "only a CPU target with integer products has a layout"),
+    ({"provider": "cuda", "isa": "avx2"}, "only a CPU target with integer products has a layout"),
 ])
 def test_a_target_outside_its_choices_is_refused_naming_the_field(fields, message):
     with pytest.raises(UnsupportedError, match=message):

@@ -31,8 +31,8 @@ PRODUCTS = ("integer", "float")
 #: The fused kernels' products ISA a CPU target was chosen for (custom_ops/conv.h picks its own at run time);
 #: "any": not chosen for one CPU.
 ISAS = ("any", "baseline", "avx2", "avx_vnni", "avx512_vnni")
-#: The kernels' ISA on a CPU reporting these features (native.cpu.features), the best first.
-_ISA_OF = (("avx512_vnni", "avx512_vnni"), ("avx_vnni", "avx_vnni"), ("avx2", "avx2"))
+#: The kernels' ISAs a CPU's features (native.cpu.features) may name, the best first (else "baseline").
+_BEST_FIRST = ("avx512_vnni", "avx_vnni", "avx2")
 #: The ISAs whose fused kernels multiply with VNNI: the fused layout measured fastest (benchmarks/bench.py).
 VNNI = ("avx512_vnni", "avx_vnni")
 #: The layout each ISA's CPU gets: fused with VNNI (measured); on AVX2 fused too (its AVX2 kernels, timed on a
@@ -59,9 +59,9 @@ class Target:
                                       ("isa", self.isa, ISAS)):
             if value not in choices:
                 raise UnsupportedError(f"target {field} {value!r}: choose one of {', '.join(choices)}")
-        if not self.cpu_integer and (self.layout, self.operands) != ("session", "u8u8"):
-            raise UnsupportedError(f"target layout {self.layout!r} and operands {self.operands!r}: only a CPU "
-                                   "target with integer products has a layout or operands to choose")
+        if not self.cpu_integer and (self.layout, self.operands, self.isa) != ("session", "u8u8", "any"):
+            raise UnsupportedError(f"target layout {self.layout!r}, operands {self.operands!r} and isa {self.isa!r}: "
+                                   "only a CPU target with integer products has a layout, operands or ISA to choose")
 
     @property
     def cpu_integer(self) -> bool:
@@ -88,7 +88,7 @@ class Target:
         if library_path() is None:
             return cls("cpu", "float")
         features = set(cpu.features())
-        isa = next((isa for feature, isa in _ISA_OF if feature in features), "baseline")
+        isa = next((isa for isa in _BEST_FIRST if isa in features), "baseline")
         operands = "u8s8" if cpu.unbounded() else "u8s8-rows0" if cpu.products() == "u8s8" else "u8u8"
         return cls("cpu", "integer", LAYOUT_OF_ISA[isa], operands, isa)
 
