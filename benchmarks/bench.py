@@ -5,10 +5,11 @@ Every onnxruntime result is first checked bit for bit against the reference exec
 of five medians over many runs (``median_ms``); the load average is printed because other processes on the
 machine change them. The serving form is timed with its convolutions' products in float32 and as integer
 products (native im2col + MatMulInteger, ``cvm_onnx.native.cpu`` picks the operand types: the route and the CPU
-features detected are printed, and which route each convolution took; where VNNI multiplies, each convolution is one
-fused kernel, ``layout="fused"``), and also with every one-group product as columns (``layout="columns"``), as
-rows of three nodes (``layout="rows"``), as rows with every product uint8 x uint8, and as fused kernels on their
-AVX2 route (``cpu.fused_convolutions(..., isa=2)``: what an AVX2-only CPU runs, timed on this one).
+features detected are printed, and which route each convolution took; the layout is this machine's target's,
+``Target.native()``), and also with every one-group product as columns (``layout="columns"``), as rows of three
+nodes (``layout="rows"``), as rows with every product uint8 x uint8, as fused kernels on their AVX2 route
+(``cpu_layout.fused_convolutions(..., isa=2)``: what an AVX2-only CPU runs, timed on this one), and exported for
+this machine's target run by plain onnxruntime (default options, the native library registered).
 
 The CVM runtime: with the environment variable CVM_RUNTIME_LIB naming a local build of its library
 (libcvm.so of CortexFoundation/cvm-runtime, built by hand; not part of this project), its CPU device is timed
@@ -44,6 +45,8 @@ from cvm_onnx.core.format import write_model
 from cvm_onnx.native import cpu, library_path
 from cvm_onnx.runtime import bulk
 from cvm_onnx.runtime.sessions import LAYOUTS, session, usable_cpus
+from cvm_onnx.serving import cpu_layout
+from cvm_onnx.serving.target import Target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cvm_runtime import CvmRuntime  # noqa: E402  (the C API wrapper the tests use too)
@@ -94,7 +97,8 @@ def conv_routes(model, products: str) -> str:
     per-channel scales (their run's ``requantize`` multiplies) or take float32 products."""
     ops = [node.op_type for node in model.graph.node]
     scales = sum(any(a.name == "scales" for a in node.attribute) for node in model.graph.node)
-    return (f"convolutions: {ops.count('MatMulInteger')} integer ({products}), {scales} per-channel "
+    integer = ops.count("MatMulInteger") + sum(op.startswith("conv_requantize") for op in ops)
+    return (f"convolutions: {integer} integer ({products}), {scales} per-channel "
             f"scales, {ops.count('Conv')} float32")
 
 
@@ -102,7 +106,7 @@ def resnet(model: Path, runs: int) -> None:
     graph = load(model).graph
     row("ResNet-20 load + validate", f"{median_ms(lambda: load(model), 10):.1f} ms")
     row("ResNet-20 export (function form)", f"{median_ms(lambda: to_onnx(graph), 10):.1f} ms")
-    row("ResNet-20 export (optimized flat form)", f"{median_ms(lambda: to_onnx(graph, optimize=True), 5):.1f} ms")
+    row("ResNet-20 export (optimized flat form)", f"{median_ms(lambda: to_onnx(graph, Target.default()), 5):.1f} ms")
     one = np.load(model / "input.npy").astype(np.int32)
     ref_ms = median_ms(lambda: execute(graph, {"data": one}), max(5, runs // 20))
     base, base_name = CVM_RUNTIME_MS["CPU device"], "the CVM CPU device's (by hand)"
@@ -118,25 +122,27 @@ def resnet(model: Path, runs: int) -> None:
         data = data.astype(np.int32)
         want = execute(batched(graph, batch), {"data": data})[0]
         forms = [("function form", {}, None, None, None)]
-        for int8 in (False, True):
+        for products in ("float", "integer"):
             for threads in sorted({1, cpus}):
-                forms.append((f"optimized, {'integer' if int8 else 'float32'} products, {threads} thread(s)",
-                              dict(optimize=True, int8=int8), threads, None, None))
+                forms.append((f"optimized, {'integer' if products == 'integer' else 'float32'} products, {threads} "
+                              "thread(s)", dict(target=Target(products=products)), threads, None, None))
         unit = cpus if batch > 1 else 1
-        forms.append((f"optimized, integer products as columns (no rows), {unit} thread(s)",
-                      dict(optimize=True, int8=True), unit, None, "columns"))
-        forms.append((f"optimized, integer products as rows (3 nodes), {unit} thread(s)",
-                      dict(optimize=True, int8=True), unit, None, "rows"))
-        forms.append((f"optimized, rows all u8u8 (MLAS), {unit} thread(s)", dict(optimize=True, int8=True), unit,
-                      "u8u8", "rows"))
+        integer = dict(target=Target())
+        forms.append((f"optimized, integer products as columns (no rows), {unit} thread(s)", integer, unit, None,
+                      "columns"))
+        forms.append((f"optimized, integer products as rows (3 nodes), {unit} thread(s)", integer, unit, None, "rows"))
+        forms.append((f"optimized, rows all u8u8 (MLAS), {unit} thread(s)", integer, unit, "u8u8", "rows"))
         if "avx2" in cpu.features():
-            forms.append((f"optimized, fused kernels on AVX2 only, {unit} thread(s)", dict(optimize=True, int8=True),
-                          unit, None, "fused AVX2"))
+            forms.append((f"optimized, fused kernels on AVX2 only, {unit} thread(s)", integer, unit, None,
+                          "fused AVX2"))
+        forms.append((f"--target native on plain onnxruntime, {unit} thread(s)", dict(target=Target.native()), unit,
+                      None, "plain"))
         for form, options, threads, products, layout in forms:
             onnx_model = to_onnx(graph, batch=batch, **options)
-            if layout == "fused AVX2":  # conv.h's AVX2 kernels on this CPU, an AVX2-only CPU's route; a session
-                # of its own (session() would add its passes to the passed model again)
-                served = cpu.fused_convolutions(cpu.channels_last(onnx_model), isa=2)
+            if layout in ("fused AVX2", "plain"):  # a session of onnxruntime's own: conv.h's AVX2 kernels on this
+                # CPU (an AVX2-only CPU's route), or the file exported for this machine as a user runs it
+                served = onnx_model if layout == "plain" else cpu_layout.fused_convolutions(
+                    cpu_layout.channels_last(onnx_model), isa=2)
                 so = ort.SessionOptions()
                 so.intra_op_num_threads = threads
                 so.register_custom_ops_library(library_path())
@@ -148,11 +154,10 @@ def resnet(model: Path, runs: int) -> None:
             ms = median_ms(lambda: sess.run(None, feeds), max(25, runs // batch))
             note = f"{batch / ms * 1e3:.0f} images/s, {base / (ms / batch):.1f}x {base_name}"
             routes = sess.get_modelmeta().custom_metadata_map.get("cvm.routes", "")
-            layout = layout or next((k for k in LAYOUTS if f"{k} taken" in routes),
-                                    "fused" if cpu.fused_first() else "rows")
+            layout = layout or next((k for k in LAYOUTS if f"{k} taken" in routes), Target.native().layout)
+            integer = options.get("target") is not None and options["target"].products == "integer"
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
-                note + (f"; {conv_routes(onnx_model, products or cpu.products())}, {layout}" if options.get("int8")
-                        else "") +
+                note + (f"; {conv_routes(onnx_model, products or cpu.products())}, {layout}" if integer else "") +
                 f"; load {os.getloadavg()[0]:.2f}")
         if batch > 1:
             units(graph, data, want, base, base_name)
@@ -173,7 +178,7 @@ def units(graph, data: np.ndarray, want: np.ndarray, base: float, base_name: str
     units of ``chunk`` samples, one per usable CPU at once on one session, one onnxruntime thread each."""
     workers = usable_cpus()
     for chunk in (4, 8, 16):
-        p = bulk.plan(to_onnx(graph, batch=chunk, optimize=True), chunk, threads=1)
+        p = bulk.plan(to_onnx(graph, Target.default(), batch=chunk), chunk, threads=1)
         runner, samples = bulk.Runner(p), bulk.samples(data, p.sample)
         got = np.concatenate([outs[0] for _, outs in runner.units(samples, chunk, workers)])
         assert np.array_equal(got.reshape(want.shape), want), "the units differ from the reference"

@@ -42,6 +42,7 @@ from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.placement import without_cuda_kernel
 from cvm_onnx.runtime.sessions import Bound, cuda_status, session
+from cvm_onnx.serving.target import Target
 
 from bench import median_ms  # benchmarks/ is the script's folder on sys.path
 
@@ -49,8 +50,8 @@ RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-c
 FORMS = {
     "function": dict(),
     "flat": dict(inline=True),
-    "serving (cpu)": dict(optimize=True),
-    "serving (cuda)": dict(provider="cuda"),
+    "serving (cpu)": dict(target=Target.default()),
+    "serving (cuda)": dict(target=Target("cuda")),
 }
 
 
@@ -221,7 +222,7 @@ def main() -> int:
             if args.cpu:
                 row(batch, name, "cpu", "-", timed(model, "cpu", data, want, runs, batch), "")
         if cuda and args.profile:
-            print("\n".join(profiled(to_onnx(graph, batch=batch if batch > 1 else None, provider="cuda"), data)))
+            print("\n".join(profiled(to_onnx(graph, Target("cuda"), batch=batch if batch > 1 else None), data)))
         if cuda and not args.no_torch:
             row(batch, "PyTorch fp32 (TF32 off)", "cuda", "cudnn.benchmark", torch_ms(graph, data, runs), "")
     return 0

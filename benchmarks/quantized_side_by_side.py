@@ -6,7 +6,7 @@ weights in numpy, batch norms folded into the convolutions' biases) is written a
 the same way twice from the same calibration samples:
 
 * by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM),
-  exported as the serving form (``to_onnx(..., optimize=True)``, integer products) and run with
+  exported as the serving form (``to_onnx(..., Target.default())``, integer products) and run with
   ``cvm_onnx.runtime.sessions.session`` (float images quantized by the model's input edge, outputs dequantized: the
   timing includes both);
 * by onnxruntime's quantize_static alone, in the QDQ and QOperator forms, run by a default onnxruntime session
@@ -43,6 +43,7 @@ from cvm_onnx.core.format import read_edges
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import cpu
 from cvm_onnx.runtime.sessions import session, usable_cpus
+from cvm_onnx.serving.target import Target
 
 from bench import machine, median_ms  # benchmarks/ is the script's folder on sys.path
 
@@ -242,7 +243,7 @@ def main() -> None:
             ms = median_ms(lambda: sess.run(None, {"x": feeds[0]}), max(25, args.runs // batch))
             print(f"| {name:<52} | {batch:>5} | {ms:>6.3f} ms | {batch / ms * 1e3:>8.0f} | {equal:>7.2%} | {worst:>9} |",
                   flush=True)
-        served = session(to_onnx(graph, batch=batch, optimize=True, int8=True), threads=threads)
+        served = session(to_onnx(graph, Target(), batch=batch), threads=threads)
         name = served.get_inputs()[0].name
 
         def run(x: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ import numpy as np
 
 import cvm_onnx
 from cvm_onnx.runtime import bulk
+from cvm_onnx.serving.target import Target
 
 RESNET = Path(__file__).resolve().parents[2] / "shared" / "models" / "resnet20-cifar"
 
@@ -63,7 +64,7 @@ def main() -> None:
     from cvm_onnx.runtime.on_ray import run_on_ray
 
     graph = cvm_onnx.load(RESNET).graph
-    served = cvm_onnx.to_onnx(graph, batch=args.chunk, optimize=True)
+    served = cvm_onnx.to_onnx(graph, Target.default(), batch=args.chunk)
     x = np.random.default_rng(0).integers(-127, 128, (args.samples, 1, 3, 32, 32)).astype(np.int8)
     n, calls = args.samples, -(-args.samples // args.chunk)
     print(f"ResNet-20, {n} inputs, serving form batch {args.chunk} ({calls} calls); {cpu()}; "

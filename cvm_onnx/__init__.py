@@ -3,6 +3,7 @@
     import cvm_onnx
     model = cvm_onnx.load("resnet20-cifar")            # read + validate (symbol, params)
     onnx_model = cvm_onnx.to_onnx(model.graph)         # one cvm-domain function node per CVM op
+    served = cvm_onnx.to_onnx(model.graph, cvm_onnx.Target.native())  # the serving form for this machine
     [y] = cvm_onnx.run_cvm(model.graph, x)             # the reference executor (FORMAL semantics)
     print(cvm_onnx.verify(model.graph))                # onnxruntime vs the executor, element for element
 
@@ -20,6 +21,8 @@ _API = ("Loaded", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "r
 def __getattr__(name: str):
     if name == "verify":
         from cvm_onnx.runtime.verify import verify as value
+    elif name == "Target":
+        from cvm_onnx.serving.target import Target as value
     elif name in _API:
         from cvm_onnx.app import api
 
@@ -31,8 +34,8 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_API, "verify"])
+    return sorted([*globals(), *_API, "Target", "verify"])
 
 
-__all__ = ["Loaded", "__version__", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm", "to_onnx",
-           "verify", "write_model", "write_onnx"]
+__all__ = ["Loaded", "Target", "__version__", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm",
+           "to_onnx", "verify", "write_model", "write_onnx"]

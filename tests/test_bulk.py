@@ -17,6 +17,7 @@ from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import FormatError, RuntimeFailure
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.runtime import bulk
+from cvm_onnx.serving.target import Target
 from support import assert_same
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +69,7 @@ def test_resnet20_batched_serving_form_equals_one_by_one(resnet_dir, tmp_path):
     graph = graph_of(resnet_dir)
     x = random_samples(graph, 37, seed=3)
     want = one_by_one(graph, x)
-    served = cvm_onnx.to_onnx(graph, batch=16, optimize=True)
+    served = cvm_onnx.to_onnx(graph, Target.default(), batch=16)
     p = bulk.plan(served)
     assert (p.batch, p.sample, p.split) == (16, (1, 3, 32, 32), (True,))
     assert_same(bulk.run_many(served, x, chunk=16).arrays, want)  # 16 + 16 + 5 padded
@@ -201,7 +202,7 @@ def test_a_multi_output_model_writes_an_npz_of_stacked_arrays(tmp_path):
     want = one_by_one(graph, x)
     with pytest.raises(FormatError, match=r"the model has 3 outputs \(relu, neg, w_neg\); write them to an .npz"):
         bulk.run_many(graph, x, tmp_path / "o.npy")
-    for model in (graph, cvm_onnx.to_onnx(graph, batch=4, optimize=True)):
+    for model in (graph, cvm_onnx.to_onnx(graph, Target.default(), batch=4)):
         assert bulk.plan(model, 4).split == (True, True, False)
         bulk.run_many(model, x, tmp_path / "o.npz", chunk=4)
         with np.load(tmp_path / "o.npz") as z:

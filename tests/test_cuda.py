@@ -1,4 +1,4 @@
-"""The CUDA serving form (``to_onnx(..., provider="cuda")``): exact against the reference executor when run on
+"""The CUDA serving form (``to_onnx(..., Target("cuda"))``): exact against the reference executor when run on
 onnxruntime's CPU provider (the same integer arithmetic), every node a kernel of onnxruntime's CUDA provider by
 its kernel table (``cvm_onnx.runtime.placement``), and, where a GPU is present, the native CUDA kernels against their
 oracles and a session's node placement read from its profile."""
@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 import cvm_onnx
 from cvm_onnx import native
 from cvm_onnx.converters.to_onnx import to_onnx
-from cvm_onnx.converters.to_onnx.optimize import clips_as_max_min, element_types
+from cvm_onnx.serving.flat import clips_as_max_min, element_types
 from cvm_onnx.core.batch import batched
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import Problem, RuntimeFailure, UnsupportedError, ValidationError
@@ -28,6 +28,7 @@ from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.runtime import placement
 from cvm_onnx.runtime.bulk import run_many
 from cvm_onnx.runtime.sessions import Bound, run, session
+from cvm_onnx.serving.target import Target
 from support import reduce_case, tensors
 from support.native import (geometries, im2col_model, im2col_oracle, int32s, requantize_model, requantize_oracle,
                             step)
@@ -93,7 +94,7 @@ def test_the_cuda_form_is_exact_on_the_cpu_provider_and_every_node_has_a_cuda_ke
     """int8 x int8 products (im2col_int8 + MatMulInteger, |w x| <= 127 * 127) or per-channel scales, then one
     requantize; Max/Min for integer clips: the reference executor's values. No Conv is left."""
     graph, data = case
-    model = to_onnx(graph, provider="cuda")
+    model = to_onnx(graph, Target("cuda"))
     assert off_cuda(model) == []
     assert "Conv" not in {n.op_type for n in model.graph.node}
     want = execute(graph, {"data": data})
@@ -109,7 +110,7 @@ def test_a_dense_run_in_the_cuda_form_is_exact(n, k, m, data):
     y = b.op("dense", x, b.param("w", data.draw(weights((m, k)))), units=m, use_bias=False)
     graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=data.draw(st.integers(1, 8)), precision=8)))
     x = data.draw(tensors((n, k), 8))
-    model = to_onnx(graph, provider="cuda")
+    model = to_onnx(graph, Target("cuda"))
     assert off_cuda(model) == []
     assert np.array_equal(run(model, {"data": x})[0], execute(graph, {"data": x})[0])
 
@@ -123,7 +124,7 @@ def test_int8_x_int8_products_at_their_largest_sum_are_exact():
     y = b.op("conv2d", x, b.param("w", np.full((2, 64, 3, 3), -127)), channels=2, kernel_size=(3, 3),
              use_bias=False)
     graph = b.build(b.op("cvm_right_shift", y, shift_bit=1, precision=32))
-    model = to_onnx(graph, provider="cuda")
+    model = to_onnx(graph, Target("cuda"))
     (mm,) = [node for node in model.graph.node if node.op_type == "MatMulInteger"]
     assert len(mm.input) == 2
     data = np.full((1, 64, 3, 3), 127, np.int32)
@@ -144,7 +145,7 @@ def test_integer_clips_become_max_and_min_with_the_same_values(x, lo, hi):
     model = onnx_model(graph)
     feeds = {"x": np.array(x, np.int32)}
     want = run(model, feeds)[0]
-    rewritten = clips_as_max_min(model)
+    rewritten = clips_as_max_min(model).model
     assert "Clip" not in {n.op_type for n in rewritten.graph.node}
     assert np.array_equal(run(rewritten, feeds)[0], want)
 
@@ -154,7 +155,7 @@ def test_float_clips_stay():
     graph = helper.make_graph([helper.make_node("Clip", ["x"], ["y"])], "g", [x],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     model = onnx_model(graph)
-    assert [n.op_type for n in clips_as_max_min(model).graph.node] == ["Clip"]
+    assert [n.op_type for n in clips_as_max_min(model).model.graph.node] == ["Clip"]
 
 
 # -- reductions and max pooling: onnxruntime's CUDA int32 reductions compare and add in float32 --------------------
@@ -167,7 +168,7 @@ def int32_reductions(model: onnx.ModelProto) -> list[str]:
 
 
 #: The forms, flat: the function form runs as its inlined bodies, which the flat form writes out.
-FORMS = {"flat": dict(inline=True), "serving": dict(optimize=True), "cuda": dict(provider="cuda")}
+FORMS = {"flat": dict(inline=True), "serving": dict(target=Target.default()), "cuda": dict(target=Target("cuda"))}
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -308,13 +309,13 @@ def test_every_node_of_the_cuda_forms_has_a_cuda_kernel(model_dir, batch):
     provider; the CPU serving form, for contrast, has int32 Clips."""
     graph = cvm_onnx.load(model_dir).graph
     try:
-        model = to_onnx(graph, provider="cuda", batch=batch)
+        model = to_onnx(graph, Target("cuda"), batch=batch)
     except UnsupportedError:  # a model whose ops do not keep a batch axis
         assert batch is not None
         return
     assert off_cuda(model) == []
     assert {p.key: p.value for p in model.metadata_props}["cvm.provider"] == "cuda"
-    cpu_form = placement.without_cuda_kernel(to_onnx(graph, optimize=True, batch=batch))
+    cpu_form = placement.without_cuda_kernel(to_onnx(graph, Target.default(), batch=batch))
     clamp = "onnxruntime's CUDA Clip takes T in double, float, float16, int64, int8, uint64, uint8; 'data' is int32"
     assert clamp in [p.rule for p in cpu_form]  # the input's clamp (merged with a clip after it on digits_cnn)
 
@@ -324,7 +325,7 @@ def test_the_cuda_forms_of_the_examples_are_exact_on_the_cpu_provider(model_dir)
     loaded = cvm_onnx.load(model_dir)
     data = np.load(model_dir / "input.npy").astype(np.int32)
     want = execute(loaded.graph, {"data": data})
-    got = run(to_onnx(loaded.graph, provider="cuda"), {"data": data})
+    got = run(to_onnx(loaded.graph, Target("cuda")), {"data": data})
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
@@ -353,7 +354,7 @@ def test_the_cpu_serving_form_is_refused_for_cuda_naming_its_channels_last_requa
     """Its requantize nodes with rows/nhwc have a CUDA registration whose kernel refuses them at run time (seen on
     an H200): the placement check names them and a CUDA session is refused before it is made, on any machine."""
     graph = cvm_onnx.load(resnet_dir).graph
-    model = to_onnx(graph, optimize=True)
+    model = to_onnx(graph, Target.default())
     assert any(a.name in ("rows", "nhwc") and (a.i or a.ints) for n in model.graph.node if n.op_type == "requantize"
                for a in n.attribute)
     if not native.cuda_ops(library_path()):
@@ -361,7 +362,7 @@ def test_the_cpu_serving_form_is_refused_for_cuda_naming_its_channels_last_requa
     refused = placement.cuda_refusals(model)
     assert refused and all("takes no" in p.rule and "provider 'cuda'" in p.rule for p in refused)
     assert set(refused) <= set(placement.without_cuda_kernel(model))
-    assert placement.cuda_refusals(to_onnx(graph, provider="cuda")) == []
+    assert placement.cuda_refusals(to_onnx(graph, Target("cuda"))) == []
     with pytest.raises(RuntimeFailure, match="would fail on CUDA.*takes no"):
         session(model, "cuda")
 
@@ -382,7 +383,7 @@ def test_the_library_registers_the_cuda_kernels_the_placement_check_assumes():
     if shutil.which("nvcc") is None and not native.cuda_ops(path):
         assert native.cuda_ops(path) == ()
         pytest.skip("no nvcc on PATH: the native library was built without CUDA kernels")
-    native_ops = {n.op_type for m in examples() for n in to_onnx(cvm_onnx.load(m).graph, provider="cuda").graph.node
+    native_ops = {n.op_type for m in examples() for n in to_onnx(cvm_onnx.load(m).graph, Target("cuda")).graph.node
                   if n.domain == DOMAIN}
     assert native_ops and native_ops <= set(native.cuda_ops(path)) 
 
@@ -395,7 +396,7 @@ def test_on_a_gpu_every_node_of_the_cuda_form_runs_on_cuda(model_dir, tmp_path):
     """The session's profile says where each node ran: nothing on the CPU provider (and exact)."""
     path = model_dir
     loaded = cvm_onnx.load(path)
-    model = to_onnx(loaded.graph, provider="cuda")
+    model = to_onnx(loaded.graph, Target("cuda"))
     sess = session(model, provider="cuda", profile=str(tmp_path / "profile"))
     data = np.load(path / "input.npy").astype(np.int32)
     got = sess.run(None, {"data": data})
@@ -445,7 +446,7 @@ def test_bound_calls_reuse_their_buffers_and_equal_plain_calls():
     from concurrent.futures import ThreadPoolExecutor
 
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
-    model = to_onnx(batched(graph, 4), provider="cuda")
+    model = to_onnx(batched(graph, 4), Target("cuda"))
     sess = session(model, threads=1)
     bound = Bound(sess)
     assert bound.static and bound.device == "cpu"
@@ -476,12 +477,12 @@ def test_run_many_through_io_binding_equals_the_reference(io_binding):
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
     x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:37]
     want = run_many(graph, x).arrays[0]
-    model = to_onnx(graph, batch=8, provider="cuda")
+    model = to_onnx(graph, Target("cuda"), batch=8)
     assert np.array_equal(run_many(model, x, chunk=8, io_binding=io_binding).arrays[0], want)
 
 
 def test_a_cuda_graph_needs_the_cuda_provider():
-    model = to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, provider="cuda")
+    model = to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, Target("cuda"))
     with pytest.raises(RuntimeFailure, match="a CUDA graph needs provider 'cuda'"):
         run_many(model, np.zeros((1, 1, 8, 8), np.int32), cuda_graph=True)
     with pytest.raises(RuntimeFailure, match="a CUDA graph runs one call at a time; got 2 workers"):
@@ -493,7 +494,7 @@ def test_a_cuda_graph_needs_the_cuda_provider():
 def test_on_a_gpu_run_many_keeps_the_data_on_the_device_and_is_exact(cuda_graph):
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
     x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:37]
-    model = to_onnx(graph, batch=8, provider="cuda")
+    model = to_onnx(graph, Target("cuda"), batch=8)
     got = run_many(model, x, chunk=8, provider="cuda", cuda_graph=cuda_graph).arrays[0]
     assert np.array_equal(got, run_many(graph, x).arrays[0])
 

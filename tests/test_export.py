@@ -87,17 +87,18 @@ def test_the_export_record_holds_the_model_its_routes_and_passes():
     """``export`` returns the model ``to_onnx`` returns, with the serving form's conv2d routes (those its metadata
     ``cvm.routes`` states) and the names of the passes run, in order; the other forms have neither."""
     from cvm_onnx.converters.to_onnx.export import export
-    from cvm_onnx.converters.to_onnx.optimize import SERVING
     from cvm_onnx.core.constants import ROUTES
+    from cvm_onnx.serving import pipeline
 
     graph = cvm_onnx.load(MODELS / "digits_cnn").graph
-    for form in ({}, {"inline": True}, {"optimize": True}, {"optimize": True, "int8": False}):
+    for form in ({}, {"inline": True}, {"target": cvm_onnx.Target.default()},
+                 {"target": cvm_onnx.Target(products="float")}, {"target": cvm_onnx.Target.native()}):
         record = export(graph, **form)
         bytes_ = record.model.SerializeToString(deterministic=True)
         assert bytes_ == to_onnx(graph, **form).SerializeToString(deterministic=True)
         props = {p.key: p.value for p in record.model.metadata_props}
-        if form.get("optimize"):
-            assert record.passes == tuple(p.name for p in SERVING)
+        if form.get("target"):
+            assert record.passes == pipeline(form["target"]).names
             assert [list(r) for r in record.routes] == json.loads(props[ROUTES])
             assert {r[0] for r in record.routes} == {n.name for n in graph.nodes if n.op == "conv2d"}
         else:

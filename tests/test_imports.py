@@ -26,6 +26,7 @@ LAYERS = [
     ("cvm_onnx.core.ops",),
     ("cvm_onnx.core",),
     ("cvm_onnx.native",),
+    ("cvm_onnx.serving",),
     ("cvm_onnx.converters.to_onnx",),
     ("cvm_onnx.converters.from_onnx", "cvm_onnx.converters"),
     ("cvm_onnx.runtime",),

@@ -29,6 +29,8 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.native import DOMAIN, cpu, library_path
 from cvm_onnx.runtime.sessions import run, session
+from cvm_onnx.serving import cpu_layout
+from cvm_onnx.serving.target import Target
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
@@ -215,7 +217,7 @@ def test_conv_runs_from_integer_products_are_exact(case):
         from cvm_onnx.core.batch import batched
 
         graph = batched(graph, n)
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     conv = next(node for node in graph.nodes if node.op == "conv2d")
     channelwise = conv.attrs["kernel_size"] == (1, 1) and conv.attrs["groups"] == data.shape[1] == \
         conv.attrs["channels"] and conv.attrs["strides"] == (1, 1) and conv.attrs["padding"] == (0, 0)
@@ -223,6 +225,31 @@ def test_conv_runs_from_integer_products_are_exact(case):
     scaled = [node for node in model.graph.node if any(a.name == "scales" for a in node.attribute)]
     assert (ops.count("MatMulInteger"), len(scaled)) == ((0, 1) if channelwise else (1, 0))
     assert_exact_on_every_route(model, graph, data)
+
+
+def targets_here() -> list[Target]:
+    """The CPU targets with a fixed layout whose operands this CPU computes exactly."""
+    operands = ["u8u8"] + (["u8s8-rows0"] if cpu.products() == "u8s8" else []) + (["u8s8"] if cpu.unbounded() else [])
+    return [Target(layout=layout, operands=o) for layout in ("rows", "fused", "columns") for o in operands]
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=conv_runs(), data=st.data())
+def test_a_target_with_a_fixed_layout_is_exact_on_plain_onnxruntime(case, data):
+    """Exported for any target of a fixed layout and operands this CPU computes exactly, the file run by plain
+    onnxruntime (default options, the native library registered) equals the reference executor, batched too."""
+    graph, x, n = case
+    if n > 1:
+        from cvm_onnx.core.batch import batched
+
+        graph = batched(graph, n)
+    target = data.draw(st.sampled_from(targets_here()))
+    model = to_onnx(graph, target)
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    got = ort.InferenceSession(model.SerializeToString(), so).run(None, {"data": x})
+    assert all(np.array_equal(g, w) for g, w in zip(got, execute(graph, {"data": x}), strict=True)), target
 
 
 @pytest.mark.isa
@@ -240,7 +267,7 @@ def test_the_chosen_route_is_exact_on_this_cpu():
              shift_bit=1, precision=32)
     graph = b.build(b.op("clip", y, a_min=-(1 << 20), a_max=1 << 20))
     data = np.where(np.arange(64) % 4 < 2, 127, -127).reshape(1, 64, 1, 1).astype(np.int32)  # 2 * 255 * 127 > 2^15
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
     assert np.array_equal(run(model, {"data": data})[0], execute(graph, {"data": data})[0])
 
@@ -262,11 +289,11 @@ def test_rows_of_nonnegative_windows_are_exact_at_the_edge_of_the_pair_sum_bound
         heads.append(b.op("clip", b.op("cvm_right_shift", y, shift_bit=1, precision=32), a_min=-(1 << 22),
                           a_max=1 << 22))
     graph = b.build(*heads)
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     offsets = sorted(a.i for n in model.graph.node if n.op_type == "im2col_rows" for a in n.attribute
                      if a.name == "offset")
     assert offsets == [0, 128]
-    signed = cpu.signed_operands(model)
+    signed = cpu_layout.signed_operands(model, cpu.unbounded())
     int8_weights = sum(n.op_type == "MatMulInteger" and len(n.input) < 4 for n in signed.graph.node)
     assert int8_weights == (2 if cpu.unbounded() else 1)
     for data in (np.full((1, c, 4, 4), 127), np.where(np.arange(c * 16).reshape(1, c, 4, 4) % 5 == 0, -127, 127)):
@@ -289,8 +316,8 @@ def test_signed_columns_rewrites_only_matmul_operands():
     w = b.param("w", np.ones((4, 1, 3, 3), np.int32), 8)  # two groups: columns (one group takes rows)
     y = b.op("cvm_right_shift", b.op("conv2d", x, w, channels=4, kernel_size=(3, 3), use_bias=False, groups=2),
              shift_bit=2, precision=8)
-    model = to_onnx(b.build(b.op("relu", y)), optimize=True, int8=True)
-    signed = cpu.signed_columns(model)
+    model = to_onnx(b.build(b.op("relu", y)), Target())
+    signed = cpu_layout.signed_columns(model)
     ops = {n.op_type: n for n in signed.graph.node}
     assert "im2col_int8" in ops and "im2col_uint8" not in ops and len(ops["MatMulInteger"].input) == 3
     assert "im2col_uint8" in {n.op_type for n in model.graph.node}  # the exported model is left as it was
@@ -299,7 +326,7 @@ def test_signed_columns_rewrites_only_matmul_operands():
     exposed.CopyFrom(model)
     cols = next(n for n in exposed.graph.node if n.op_type == "im2col_uint8").output[0]
     exposed.graph.output.add().CopyFrom(helper.make_tensor_value_info(cols, TensorProto.UINT8, [None] * 4))
-    assert "im2col_uint8" in {n.op_type for n in cpu.signed_columns(exposed).graph.node}
+    assert "im2col_uint8" in {n.op_type for n in cpu_layout.signed_columns(exposed).graph.node}
 
 
 def test_without_the_native_library_the_integer_form_is_refused_with_one_error():
@@ -308,11 +335,11 @@ def test_without_the_native_library_the_integer_form_is_refused_with_one_error()
     y = b.op("cvm_right_shift", b.op("conv2d", x, b.param("w", np.ones((1, 1, 3, 3)), 8), channels=1,
                                      kernel_size=(3, 3), padding=(1, 1), use_bias=False), shift_bit=1, precision=8)
     graph = b.build(b.op("relu", y))
-    model = to_onnx(graph, optimize=True, int8=True)
-    with pytest.raises(RuntimeFailure, match="native im2col and requantize kernels.*int8=False"):
+    model = to_onnx(graph, Target())
+    with pytest.raises(RuntimeFailure, match="native im2col and requantize kernels.*products='float'"):
         session(model, native=False)
     assert "MatMulInteger" in {n.op_type for n in model.graph.node}
-    assert "MatMulInteger" not in {n.op_type for n in to_onnx(graph, optimize=True, int8=False).graph.node}
+    assert "MatMulInteger" not in {n.op_type for n in to_onnx(graph, Target(products="float")).graph.node}
 
 
 def test_the_integer_route_is_taken_where_its_windows_fit_the_cost_model():
@@ -329,7 +356,7 @@ def test_the_integer_route_is_taken_where_its_windows_fit_the_cost_model():
     fits = nn.INT8_COLUMNS // (16 * 9 * 64 * 64)  # images whose windows fit
     assert fits >= 1
     for n, route in ((fits, "MatMulInteger"), (fits + 1, "Conv")):
-        ops = {node.op_type for node in to_onnx(batched(graph, n), optimize=True, int8=True).graph.node}
+        ops = {node.op_type for node in to_onnx(batched(graph, n), Target()).graph.node}
         assert route in ops and not ({"MatMulInteger", "Conv"} - {route}) & ops
 
 
@@ -447,13 +474,13 @@ def test_each_convolutions_route_is_recorded_with_why_not(tmp_path, monkeypatch)
     positive = requantized(conv(b.op("relu", x), "positive"))
     graph = b.build(b.op("elemwise_add", requantized(twice), requantized(twice)), positive)
     routes = lambda m: json.loads({p.key: p.value for p in m.metadata_props}["cvm.routes"])  # noqa: E731
-    assert routes(to_onnx(graph, optimize=True, int8=True)) == [
+    assert routes(to_onnx(graph, Target())) == [
         ["int", "integer products (rows: uint8 x int8 with VNNI)", ""], ["scale", "per-channel scale", ""],
         ["big", "float32/int32 products", "its windows, 450 bytes, exceed the cost model's 400 bytes a call"],
         ["twice", "float32/int32 products", "its output is not read by one requantization run alone"],
         ["positive", "integer products (rows of x >= 0: uint8 x int8 on every x86 CPU)", ""]]
-    assert {r[2] for r in routes(to_onnx(graph, optimize=True, int8=False))} == {
-        "integer products are off (no native library, or int8=False)"}
+    assert {r[2] for r in routes(to_onnx(graph, Target(products="float")))} == {
+        "integer products are off (the target's products are float)"}
     write_model(graph, tmp_path / "m")
     assert main(["convert", str(tmp_path / "m"), "-o", str(tmp_path / "m.onnx"), "--optimize", "--report",
                  str(tmp_path / "r.md")]) == 0
@@ -479,7 +506,7 @@ def test_runs_reading_an_int8_param_read_it_as_int32(kernel, groups):
     data = np.arange(32, dtype=np.int32).reshape(1, 2, 4, 4) % 7
     want = execute(graph, {"data": data})
     for route in routes():
-        assert np.array_equal(run_route(to_onnx(graph, optimize=True, int8=True), {"data": data}, route)[0],
+        assert np.array_equal(run_route(to_onnx(graph, Target()), {"data": data}, route)[0],
                               want[0]), route
 
 
@@ -492,7 +519,7 @@ def test_a_session_takes_the_products_route_asked_for_only_where_exact():
     y = b.op("conv2d", x, b.param("w", np.full((2, 2, 3, 3), -127), 8), channels=2, kernel_size=(3, 3),
              padding=(1, 1), use_bias=False)
     graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=4, precision=8)))
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     data = np.full((1, 2, 4, 4), 127, np.int32)
     want = execute(graph, {"data": data})[0]
     assert np.array_equal(session(model, products="u8u8").run(None, {"data": data})[0], want)
@@ -514,7 +541,7 @@ def test_a_refused_convolution_outside_any_run_says_why_it_was_refused(monkeypat
     y = b.op("conv2d", x, b.param("w", np.full((1, 1100, 1, 1), 127), 8), channels=1, kernel_size=(1, 1),
              use_bias=False, name="wide_sum")  # 127 * 127 * 1100 > 2^24
     graph = b.build(b.op("relu", b.op("cvm_right_shift", y, shift_bit=16, precision=8)))
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     routes = json.loads({p.key: p.value for p in model.metadata_props}["cvm.routes"])
     assert routes == [["wide_sum", "float32/int32 products",
                        "its windows, 1,100 bytes, exceed the cost model's 400 bytes a call"]]
@@ -571,7 +598,7 @@ def test_resnet20_convolutions_after_a_relu_take_rows_of_offset_0(resnet):
     """ResNet-20's convolutions from integer products (all but the per-channel scales: 1x1, one channel a group)
     that read a relu's output take rows of offset 0, the others of 128; those reading the same tensor with the same
     geometry share one im2col_rows (merge_repeated_windows). On chain: 18 of 22 offset 0, 21 im2col_rows."""
-    model = to_onnx(resnet, optimize=True, int8=True)
+    model = to_onnx(resnet, Target())
     rows = {n.output[0]: n for n in model.graph.node if n.op_type == "im2col_rows"}
     offsets = [a.i for m in model.graph.node if m.op_type == "MatMulInteger" and m.input[0] in rows
                for a in rows[m.input[0]].attribute if a.name == "offset"]
@@ -595,7 +622,7 @@ def test_two_clips_in_a_row_are_one_step_and_exact(first, second):
     y = b.op("clip", b.op("clip", b.op("cvm_right_shift", y, shift_bit=2, precision=16), a_min=first[0],
                           a_max=first[1]), a_min=second[0], a_max=second[1])
     graph = b.build(y)
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     (steps,) = [list(a.ints) for n in model.graph.node if n.op_type == "requantize" for a in n.attribute
                 if a.name == "steps"]
     assert steps[0::3].count(3) == 1
@@ -604,11 +631,11 @@ def test_two_clips_in_a_row_are_one_step_and_exact(first, second):
 
 
 def test_the_layout_measured_at_session_creation_is_exact_and_recorded(resnet):
-    """layout="measure" times the rows, the fused kernels (``cpu.fused_convolutions``) and the columns
-    (``cpu.columns_from_rows``) and keeps the fastest; the session's cvm.routes says so; every way the outputs are
+    """layout="measure" times the rows, the fused kernels (``cpu_layout.fused_convolutions``) and the columns
+    (``cpu_layout.columns_from_rows``) and keeps the fastest; the session's cvm.routes says so; every way the outputs are
     the reference's. Without VNNI that is the default."""
-    model = to_onnx(resnet, optimize=True, int8=True)
-    columns = cpu.columns_from_rows(model)
+    model = to_onnx(resnet, Target())
+    columns = cpu_layout.columns_from_rows(model)
     assert {n.op_type for n in columns.graph.node if n.domain == DOMAIN} == {"im2col_uint8", "requantize"}
     data = np.random.default_rng(0).integers(-127, 128, (1, 3, 32, 32)).astype(np.int32)
     want = execute(resnet, {"data": data})[0]
@@ -623,7 +650,7 @@ def test_the_layout_measured_at_session_creation_is_exact_and_recorded(resnet):
         session(model, layout="diagonal")
 
 
-# -- channels-last between rows products (cpu.channels_last) -----------------------------------------------------
+# -- channels-last between rows products (cpu_layout.channels_last) -----------------------------------------------------
 
 @st.composite
 def residual_graphs(draw):
@@ -667,8 +694,8 @@ def test_channels_last_between_rows_products_is_exact(case):
     """The rows route with its tensors kept channels-last (residual adds, per-channel scales, the output read back
     as NCHW) equals the reference executor, and equals the model without the pass."""
     graph, data = case
-    model = to_onnx(graph, optimize=True, int8=True)
-    last = cpu.channels_last(model)
+    model = to_onnx(graph, Target())
+    last = cpu_layout.channels_last(model)
     assert any(a.name == "nhwc" for n in last.graph.node for a in n.attribute)
     want = execute(graph, {"data": data})[0]
     assert np.array_equal(session(model, layout="rows").run(None, {"data": data})[0], want)
@@ -802,7 +829,7 @@ def test_dense_of_quantized_operands_takes_u_itself_and_is_exact(n, c, oc, top, 
     y = quantized_conv(b, u, c, zero, data.draw(tensors((oc, c), 8)), bias, op="dense")
     y = b.op("cvm_right_shift", y, shift_bit=data.draw(st.integers(1, 12)), precision=16)
     graph = b.build(b.op("clip", y, a_min=0, a_max=255))  # a run of two steps
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     ops = [node.op_type for node in model.graph.node]
     ok = max(zero, top - zero) <= 254
     assert (ops.count("MatMulInteger"), "Gemm" in ops, "Concat" in ops) == ((1, False, False) if ok else (0, True, True))
@@ -857,7 +884,7 @@ def test_conv_runs_of_quantized_operands_take_u_itself_and_are_exact(case):
         from cvm_onnx.core.batch import batched
 
         graph = batched(graph, n)
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     ops = [node.op_type for node in model.graph.node]
     zeros = [a.i for node in model.graph.node if node.op_type == "im2col_rows" for a in node.attribute
              if a.name == "zero"]
@@ -920,8 +947,8 @@ def test_bytes_between_quantized_convs_and_residual_ends_are_exact(case):
     read them); the model equals the reference executor on every route (the
     rows with the passes, and without them the columns)."""
     graph, data, other = case
-    model = to_onnx(graph, optimize=True, int8=True)
-    ops = [n.op_type for n in cpu.channels_last(model).graph.node]
+    model = to_onnx(graph, Target())
+    ops = [n.op_type for n in cpu_layout.channels_last(model).graph.node]
     assert ops.count("requantize_uint8") == (other in ("none", "residual", "residuals"))  # read by rows (+ addend)
     assert ops.count("requantize_add") == other.startswith("residual")
     assert ops.count("requantize_add_uint8") == (other == "residuals")  # the first end: read as bytes
@@ -980,7 +1007,7 @@ def test_requantize_add_is_requantize_then_add_then_a_run(n, c, positions, data,
 
 @pytest.mark.parametrize("shortcut", [(1, 4, 4, 3), (1, 1, 1, 3)])
 def test_residual_ends_take_adds_of_one_shape_only(shortcut):
-    """cpu.residual_ends fuses Add(requantize, shortcut run) -> run into one requantize_add where both operands have
+    """cpu_layout.residual_ends fuses Add(requantize, shortcut run) -> run into one requantize_add where both operands have
     one shape, and leaves a broadcasting Add (whose addend is not y-shaped) as it is; either way the values are the
     Add's."""
     def rq(x, out, steps):
@@ -995,7 +1022,7 @@ def test_residual_ends_take_adds_of_one_shape_only(shortcut):
     model = onnx_model(graph, domains={DOMAIN: 1})
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
-    cpu.residual_ends(fused.graph, cpu._shapes(model))
+    cpu_layout.residual_ends(fused.graph, cpu_layout._shapes(model))
     assert [n.op_type for n in fused.graph.node].count("requantize_add") == (shortcut == (1, 4, 4, 3))
     rng = np.random.default_rng(0)
     feeds = {"a": rng.integers(-20, 20, (1, 4, 4, 3)).astype(np.int32),
@@ -1020,7 +1047,7 @@ def test_residual_ends_take_a_projection_shortcut_as_the_addend():
     model = onnx_model(graph, domains={DOMAIN: 1})
     fused = onnx.ModelProto()
     fused.CopyFrom(model)
-    cpu.residual_ends(fused.graph, cpu._shapes(model))
+    cpu_layout.residual_ends(fused.graph, cpu_layout._shapes(model))
     assert [n.op_type for n in fused.graph.node] == ["requantize", "requantize_add"]
     rng = np.random.default_rng(0)
     feeds = {t: rng.integers(-100, 100, (1, 4, 4, 3)).astype(np.int32) for t in ("a", "s")}
@@ -1088,24 +1115,23 @@ def test_the_unsigned_route_needs_equal_weight_halves_and_its_own_nodes():
             graph = b.build(y, b.op("relu", h))
         else:
             graph = b.build(y)
-        model = to_onnx(graph, optimize=True, int8=True)
+        model = to_onnx(graph, Target())
         assert not [a for n in model.graph.node if n.op_type == "im2col_rows" for a in n.attribute if a.name == "zero"]
         data = np.random.default_rng(0).integers(-255, 256, (1, 2, 4, 4)).astype(np.int32)
         assert all(np.array_equal(g, w) for g, w in zip(run(model, {"data": data}), execute(graph, {"data": data})))
 
 
-def test_rows_with_a_zero_point_stay_uint8_x_uint8_without_unbounded_signed_products(monkeypatch):
+def test_rows_with_a_zero_point_stay_uint8_x_uint8_without_unbounded_signed_products():
     """Their uint8 operand reaches 255, so uint8 x int8 pair sums can saturate without VNNI (2 * 255 * 127 >
-    2^15): ``signed_operands`` turns their weights int8 only where ``cpu.unbounded()``."""
+    2^15): ``signed_operands`` turns their weights int8 only for ``every`` (``cpu.unbounded()``)."""
     b = GraphBuilder()
     u = b.op("relu", b.input("data", (1, 2, 4, 4), 9))
     y = quantized_conv(b, u, 2, 128, np.full((3, 2, 3, 3), 127), None, kernel_size=(3, 3), padding=(1, 1))
     graph = b.build(b.op("cvm_right_shift", b.op("cvm_right_shift", y, shift_bit=2, precision=16), shift_bit=2,
                          precision=8))
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     for unbounded in (False, True):
-        monkeypatch.setattr(cpu, "unbounded", lambda unbounded=unbounded: unbounded)
-        signed = cpu.signed_operands(model)
+        signed = cpu_layout.signed_operands(model, every=unbounded)
         casts = [a.i for n in signed.graph.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
         assert (TensorProto.INT8 in casts) == unbounded
 
@@ -1370,7 +1396,7 @@ def test_the_runs_of_a_convolutions_channel_groups_are_one_requantize_and_exact(
     are; exact against the reference executor through every operand route this CPU computes exactly, as rows and
     as columns."""
     graph, data, merged, groups = case
-    model = to_onnx(graph, optimize=True, int8=True)
+    model = to_onnx(graph, Target())
     ops = [n.op_type for n in model.graph.node]
     own = [n for n in model.graph.node if any(a.name == "channel_counts" for a in n.attribute)]
     assert {"Gather", "Concat"}.isdisjoint(ops) == merged

@@ -424,3 +424,33 @@ def test_a_library_that_does_not_load_is_reported_in_one_line(tmp_path, monkeypa
     monkeypatch.setattr(sessions, "library_path", lambda: str(broken))
     assert "does not load" in native.status()
     assert sessions.cuda_status().endswith("native CUDA kernels: not built")
+
+
+def test_the_step_kinds_are_the_kernels():
+    """cvm_onnx.native's step kinds (what the exporter writes in requantize's (kind, a, b) triples) are the
+    kernels' StepKind enumerators, read from the C++ sources, so that the two cannot drift apart."""
+    import re
+    from pathlib import Path
+
+    from cvm_onnx import native
+
+    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "custom_ops").rglob("*.h"))
+    (enum,) = re.findall(r"enum\s+StepKind\b[^{]*\{([^}]*)\}", sources)
+    kernels = {name: int(value) for name, value in re.findall(r"(k\w+)\s*=\s*(\d+)", enum)}
+    assert kernels == {"kShift": native.SHIFT, "kMul": native.MULTIPLY, "kAdd": native.ADD, "kClip": native.CLIP}
+    assert [native.STEP_KINDS[k] for k in (native.SHIFT, native.MULTIPLY, native.ADD, native.CLIP)] == [
+        "shift", "multiply", "add", "clip"]
+
+
+def test_the_cpu_feature_bits_are_the_librarys():
+    """native.cpu.FEATURES (how Python reads cvm_onnx_cpu_features) has the bits of the library's Feature
+    enumerators, read from the C++ sources: kAvx2 is avx2's bit, kAvx512Vnni avx512_vnni's, and so on."""
+    import re
+    from pathlib import Path
+
+    from cvm_onnx.native import cpu
+
+    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "custom_ops").rglob("*.cc"))
+    (enum,) = re.findall(r"enum\s+Feature\b[^{]*\{([^}]*)\}", sources)
+    bits = {name: 1 << int(shift) for name, shift in re.findall(r"k(\w+)\s*=\s*1u\s*<<\s*(\d+)", enum)}
+    assert {bits[name]: name.lower() for name in bits} == {b: f.replace("_", "") for b, f in cpu.FEATURES.items()}

@@ -15,12 +15,13 @@ from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run
+from cvm_onnx.serving.target import Target
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
 
 
 def check(graph, feeds, int8: bool | None = None) -> onnx.ModelProto:
-    model = to_onnx(graph, optimize=True, int8=int8)
+    model = to_onnx(graph, Target.default() if int8 is None else Target(products="integer" if int8 else "float"))
     onnx.checker.check_model(model, full_check=True)
     want = execute(graph, feeds)
     got = run(model, feeds)
@@ -108,8 +109,8 @@ def test_int32_ops_keep_their_casts():
 @given(data=tensors((1, 3, 32, 32), 8), seed=st.integers(0, 2**32 - 1))
 def test_resnet20(resnet_dir, data, seed):
     graph = load(resnet_dir).graph
-    model = to_onnx(graph, optimize=True)  # with the native library: integer products (test_int8.py)
-    float32 = to_onnx(graph, optimize=True, int8=False)
+    model = to_onnx(graph, Target.default())  # with the native library: integer products (test_int8.py)
+    float32 = to_onnx(graph, Target(products="float"))
     flat = to_onnx(graph, inline=True)
     assert not round_trips(model) and not round_trips(float32) and len(float32.graph.node) < len(flat.graph.node)
     noise = np.random.default_rng(seed).integers(-127, 128, data.shape).astype(np.int32)
@@ -122,7 +123,7 @@ def test_the_serving_form_refuses_to_import_with_one_clear_error(tmp_path, capsy
     from cvm_onnx.converters.from_onnx import from_onnx
     from cvm_onnx.core.errors import UnsupportedError
 
-    model = to_onnx(conv_chain(np.random.default_rng(5), False), optimize=True)
+    model = to_onnx(conv_chain(np.random.default_rng(5), False), Target.default())
     with pytest.raises(UnsupportedError, match="serving form"):
         from_onnx(model)
     onnx.save(model, tmp_path / "s.onnx")
@@ -135,12 +136,15 @@ def test_serving_passes_keep_their_conditions_and_leave_the_export_alone():
     """Each pass of the serving form has its own name; what each requires holds on the flat form, what it ensures
     holds after it (each also past the ones before); running them copies the exported model once and leaves it
     as it was."""
-    from cvm_onnx.converters.to_onnx.optimize import SERVING, run_passes
+    from cvm_onnx.serving.flat import SERVING
+    from cvm_onnx.serving.passes import Sequential
 
     assert len({p.name for p in SERVING}) == len(SERVING)
     flat = to_onnx(conv_chain(np.random.default_rng(6), True), inline=True)
     before = flat.SerializeToString(deterministic=True)
-    served = run_passes(SERVING, flat)
+    result = Sequential(SERVING)(flat)
+    served = result.model
+    assert result.modified
     assert flat.SerializeToString(deterministic=True) == before
     assert not round_trips(served) and round_trips(flat)
     assert {c.says: c.broken(flat) for p in SERVING for c in p.requires} == {c.says: [] for p in SERVING
@@ -152,7 +156,8 @@ def test_serving_passes_keep_their_conditions_and_leave_the_export_alone():
 def test_a_pass_given_a_broken_model_is_an_invariant_error():
     """A pass run on what it does not require (the function form; a node reading a tensor made after it) stops
     before rewriting, naming itself, the condition and the place."""
-    from cvm_onnx.converters.to_onnx.optimize import InvariantError, drop_unread_casts
+    from cvm_onnx.serving.flat import drop_unread_casts
+    from cvm_onnx.serving.passes import InvariantError
 
     graph = conv_chain(np.random.default_rng(7), False)
     with pytest.raises(InvariantError, match=r"drop_unread_casts requires the flat form .*broken at "):
@@ -170,16 +175,17 @@ def test_a_pass_that_breaks_what_it_ensures_is_an_invariant_error(name):
     exported flat form, which has what each pass removes."""
     import dataclasses
 
-    from cvm_onnx.converters.to_onnx import optimize
+    from cvm_onnx.serving import flat as passes
+    from cvm_onnx.serving.passes import InvariantError
 
-    flat = to_onnx(conv_chain(np.random.default_rng(8), False), optimize=False, inline=True)
-    flat = optimize.skip_int32_round_trips(flat)  # casts left unread, as in the serving form's first pass
+    flat = to_onnx(conv_chain(np.random.default_rng(8), False), inline=True)
+    flat = passes.skip_int32_round_trips(flat).model  # casts left unread, as in the serving form's first pass
     flat.graph.value_info.add(name="gone")
     flat.graph.initializer.add(name="unread", data_type=TensorProto.INT32)
-    lazy = dataclasses.replace(getattr(optimize, name), run=lambda m: m)
-    with pytest.raises(optimize.InvariantError, match=rf"serving pass {name} ensures "):
+    lazy = dataclasses.replace(getattr(passes, name), run=lambda m: m)
+    with pytest.raises(InvariantError, match=rf"serving pass {name} ensures "):
         lazy(flat)
-    getattr(optimize, name)(flat)  # the pass itself keeps its word
+    assert getattr(passes, name)(flat).modified  # the pass itself keeps its word
 
 
 def clips(model: onnx.ModelProto) -> int:
@@ -211,7 +217,7 @@ def test_merged_clips_equal_the_chain_for_any_bounds(bounds, data):
     chain's value for every x (onnxruntime on both models)."""
     from onnx import helper, numpy_helper
 
-    from cvm_onnx.converters.to_onnx.optimize import merge_clip_pairs
+    from cvm_onnx.serving.flat import merge_clip_pairs
     from cvm_onnx.core.format.onnx_file import onnx_model
 
     nodes = [helper.make_node("Constant", [], [f"c{k}"], value=numpy_helper.from_array(np.array(v, np.int32)))
@@ -223,6 +229,6 @@ def test_merged_clips_equal_the_chain_for_any_bounds(bounds, data):
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT32, [len(data)])],
         [helper.make_tensor_value_info("y2", TensorProto.INT32, [len(data)])]), opset=17)
     want = run(model, {"x": x})[0]
-    merged = merge_clip_pairs(model)
+    merged = merge_clip_pairs(model).model
     assert clips(merged) == 1 and len(merged.graph.node) <= 3
     assert np.array_equal(run(merged, {"x": x})[0], want)

@@ -1,4 +1,4 @@
-"""Requantization runs of the serving form (converters/to_onnx/requantize.py): a chain of shifts, clips, relu
+"""Requantization runs of the serving form (converters/to_onnx/requantize/): a chain of shifts, clips, relu
 and scalar multiplications fused into one int32 body, exact against the reference executor on every input."""
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from cvm_onnx.core.errors import ValidationError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.native import library_path
 from cvm_onnx.runtime.sessions import run
+from cvm_onnx.serving.target import Target
 
 SHAPE = (1, 2, 3, 4)
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "150"))  # fewer under qemu (.ci/run)
@@ -33,9 +34,9 @@ def check(graph, feeds, int8: bool | None = None) -> onnx.ModelProto:
     """Exact against the reference in the serving form with ONNX-op runs and, with the native library, with its
     kernels (integer products, native requantize); returns the form ``int8`` asks for (None: the ONNX-op one,
     whose structure the tests inspect)."""
-    forms = {False: to_onnx(graph, optimize=True, int8=False)}
+    forms = {False: to_onnx(graph, Target(products="float"))}
     if library_path() is not None:
-        forms[True] = to_onnx(graph, optimize=True, int8=True)
+        forms[True] = to_onnx(graph, Target())
     want = execute(graph, feeds)
     for model in forms.values():
         onnx.checker.check_model(model, full_check=True)
@@ -224,7 +225,7 @@ def test_resnet20_runs(resnet, int8):
     """Every shift sits in a run; every convolution starts one, from its float32 product (each read by a shift
     takes that shift in a Round, as a dense read by one does) or, with integer products, from its MatMulInteger."""
     graph = resnet
-    model = to_onnx(graph, optimize=True, int8=int8)
+    model = to_onnx(graph, Target(products="integer" if int8 else "float"))
     fused_nodes = {name for r in fused(model) for name in r}
     shifts = [n.name for n in graph.nodes if n.op == "cvm_right_shift"]
     assert set(shifts) <= fused_nodes  # every requantization is in a run

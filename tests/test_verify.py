@@ -205,7 +205,7 @@ def test_report_of_the_optimized_batched_form(model_dir, tmp_path, capsys):
     for stage in STAGES:
         assert f"| {stage.name} | passed |" in text
     assert "optimized flat form, batch 4" in text and "fused run (optimized form)" in text
-    from cvm_onnx.converters.to_onnx.optimize import SERVING
+    from cvm_onnx.serving.flat import SERVING
 
     assert "passes: " + ", ".join(p.name for p in SERVING) in text  # the serving passes, listed in order
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}

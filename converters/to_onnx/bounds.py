@@ -33,17 +33,9 @@ def value_bounds(graph: Graph) -> dict[Entry, int]:
     return out
 
 
-#: Ops whose output is >= 0 when every data input is (monotone maps fixing 0, selections, and sums or products of
-#: non-negative values); relu, and clip with a_min >= 0, are >= 0 whatever their input.
-KEEP_NONNEGATIVE = frozenset({
-    "cvm_right_shift", "cvm_left_shift", "cvm_clip", "max_pool2d", "upsampling", "flatten", "reshape", "transpose",
-    "expand_dims", "squeeze", "strided_slice", "slice_like", "repeat", "tile", "concatenate", "elemwise_add",
-    "broadcast_add", "broadcast_mul", "broadcast_max", "max"})
-
-
 def nonnegative(graph: Graph) -> set[Entry]:
-    """The entries proven >= 0: params whose values are, relu, clip with a_min >= 0 (or a_max >= 0 over a
-    non-negative input), and the ops of ``KEEP_NONNEGATIVE`` over non-negative inputs."""
+    """The entries proven >= 0: params whose values are, and each op's outputs where its definition says so of
+    its inputs (``Op.nonnegative``: relu, clip with a_min >= 0, the ops that keep non-negative inputs so)."""
     out: set[Entry] = set()
     for i, node in enumerate(graph.nodes):
         if node.is_variable:
@@ -51,9 +43,7 @@ def nonnegative(graph: Graph) -> set[Entry]:
             if value is not None and int(value.min(initial=0)) >= 0:
                 out.add(Entry(i))
             continue
-        inputs = all(e in out for e in node.inputs)
-        a = REGISTRY[node.op].bind(node.attrs) if node.op == "clip" else None
-        if node.op == "relu" or a is not None and (a.a_min >= 0 or inputs and a.a_max >= 0) or \
-                node.op in KEEP_NONNEGATIVE and inputs:
+        op = REGISTRY[node.op]
+        if op.nonnegative(op.bind(node.attrs), all(e in out for e in node.inputs)):
             out.update(Entry(i, k) for k in range(len(node.outputs)))
     return out

@@ -44,6 +44,7 @@ from cvm_onnx.core.constants import (
     ROUTES,
     SOURCE_VERSION,
     SYMBOL,
+    TARGET,
     __version__,
 )
 from cvm_onnx.core.errors import Problem, UnsupportedError
@@ -51,14 +52,15 @@ from cvm_onnx.core.format import Edges, pack_symbol
 from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
 from cvm_onnx.core.ops import REGISTRY, Attrs
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
-from cvm_onnx.native import LIBRARY, library_path, ops_used
+from cvm_onnx.native import LIBRARY, ops_used
 from cvm_onnx.native import VERSION as NATIVE_VERSION
+from cvm_onnx.serving import pipeline
+from cvm_onnx.serving.target import Target
 
 from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
 from .bounds import nonnegative, value_bounds
 from .float_edges import with_float_edges
 from .lowering import LOWERINGS, Body, Value, lower
-from .optimize import CUDA, SERVING, run_passes
 
 
 def onnx_attrs(a: Attrs) -> dict[str, Any]:
@@ -95,10 +97,8 @@ def unsupported(graph: Graph) -> list[Problem]:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, inline: bool, fuse: bool = False, int8: bool = False, provider: str = "cpu",
-                 conv_form: str = "fast"):
-        self.graph, self.inline, self.fuse, self.int8 = graph, inline, fuse, int8
-        self.provider, self.conv_form = provider, conv_form
+    def __init__(self, graph: Graph, inline: bool, target: Target | None = None, conv_form: str = "fast"):
+        self.graph, self.inline, self.target, self.conv_form = graph, inline, target, conv_form
         self.routes: list[list[str]] = []
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
@@ -199,12 +199,12 @@ class _Exporter:
         return call
 
     def run(self, chain: requantize.Chain) -> None:
-        """A requantization run (requantize.py), with the conv2d/dense that starts it if any, as one flat body
+        """A requantization run (requantize/), with the conv2d/dense that starts it if any, as one flat body
         named after its last node, marked with the CVM nodes it computes."""
         g = self.graph
         out, last = Entry(chain.all[-1]), g.nodes[chain.all[-1]]
         if chain.head is None:
-            x, _ = requantize.steps_of(g, g.nodes[chain.nodes[0]], self.int8 and self.provider == "cpu")
+            x, _ = requantize.steps_of(g, g.nodes[chain.nodes[0]], self.target.cpu_integer)
             ins, names, head_bound = [Value("data", g.type_of(x).shape, self.bounds[x])], [self.int32(x)], 0
         else:
             head = g.nodes[chain.head]
@@ -216,7 +216,7 @@ class _Exporter:
                 ins[0] = Value(ins[0].name, g.type_of(u).shape, self.bounds[u], None, u in self.nonneg)
                 names[0] = self.int32(u)
         body, y = requantize.lower_run(g, chain, ins, Value("", last.outputs[0].shape, self.bounds[out]), head_bound,
-                                       self.int8, self.provider)
+                                       self.target)
         if any(n.domain == NATIVE_DOMAIN for n in body.nodes):
             self.domains[NATIVE_DOMAIN] = 1
         if y in {v.name for v in ins}:
@@ -254,11 +254,10 @@ class _Exporter:
         return outputs
 
     def model(self, source_version: str) -> onnx.ModelProto:
-        chains = requantize.runs(self.graph, self.bounds, self.int8, self.provider, self.conv_form,
-                                 self.nonneg) if self.fuse else []
-        if self.fuse:
-            self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.int8, self.provider,
-                                                 self.nonneg)
+        fuse = self.target is not None
+        chains = requantize.runs(self.graph, self.bounds, self.target, self.conv_form, self.nonneg) if fuse else []
+        if fuse:
+            self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.target, self.nonneg)
         fused = {c.all[-1]: c for c in chains}
         inside = {i for c in fused.values() for i in c.all[:-1]}
         for i, node in enumerate(self.graph.nodes):
@@ -285,7 +284,7 @@ class _Exporter:
         helper.set_model_props(model, {CONVERTED_FROM: "CVM", SOURCE_VERSION: source_version} | (
             {NATIVE_LIBRARY: f"{LIBRARY} (domain {NATIVE_DOMAIN}: {', '.join(native)}); its path: "
                                    "python -m cvm_onnx.native"} if native else {}) | (
-            {ROUTES: json.dumps(self.routes)} if self.fuse else {}))
+            {ROUTES: json.dumps(self.routes)} if self.target is not None else {}))
         return model
 
     def about(self, native: list[str]) -> str:
@@ -305,7 +304,7 @@ class _Exporter:
 class Export:
     """What one export made: the model; in the serving form each conv2d's route, (name, route, why not integer
     products or ""), as its metadata ``cvm.routes`` says (``requantize.conv_routes``), and the names of the
-    passes run over it, in order (``optimize.SERVING``); both empty in the other forms."""
+    passes run over it, in order (``cvm_onnx.serving.pipeline``); both empty in the other forms."""
 
     model: onnx.ModelProto
     routes: tuple[tuple[str, str, str], ...] = ()
@@ -315,67 +314,61 @@ class Export:
 CONV_FORMS = ("fast", "core")
 
 
-def to_onnx(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
-            optimize: bool = False, symbol: str | None = None, int8: bool | None = None,
-            edges: Edges | None = None, provider: str = "cpu", conv_form: str = "fast",
-            batched: bool = False, float_io: bool = False) -> onnx.ModelProto:
+def to_onnx(graph: Graph, target: Target | None = None, *, inline: bool = False, source_version: str = "cvm_1.0.0",
+            batch: int | None = None, symbol: str | None = None, edges: Edges | None = None, batched: bool = False,
+            float_io: bool = False, conv_form: str = "fast") -> onnx.ModelProto:
     """The model of ``export`` (same arguments)."""
-    return export(graph, inline, source_version, batch, optimize, symbol, int8, edges, provider, conv_form,
-                  batched, float_io).model
+    return export(graph, target, inline=inline, source_version=source_version, batch=batch, symbol=symbol,
+                  edges=edges, batched=batched, float_io=float_io, conv_form=conv_form).model
 
 
-def export(graph: Graph, inline: bool = False, source_version: str = "cvm_1.0.0", batch: int | None = None,
-           optimize: bool = False, symbol: str | None = None, int8: bool | None = None, edges: Edges | None = None,
-           provider: str = "cpu", conv_form: str = "fast", batched: bool = False, float_io: bool = False) -> Export:
-    """Export a validated CVM graph; ``inline`` writes the flat form. Identical input gives identical bytes.
+def export(graph: Graph, target: Target | None = None, *, inline: bool = False, source_version: str = "cvm_1.0.0",
+           batch: int | None = None, symbol: str | None = None, edges: Edges | None = None, batched: bool = False,
+           float_io: bool = False, conv_form: str = "fast") -> Export:
+    """Export a validated CVM graph: for a ``target`` (``cvm_onnx.serving.target.Target``) its serving form, else
+    the function form (``inline``: the flat form). The bytes are a function of the arguments alone.
 
-    ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata ``cvm.symbol.zlib`` so the
-    import writes it back byte for byte (when the graph imported is still the one it describes).
+    The serving form: the flat form with requantization runs fused (``requantize/``; where the target's products
+    are "integer" a run may start from a conv2d's exact integer products, ``nn.conv2d_integer``: native im2col +
+    MatMulInteger, instead of its float32 Conv), then the target's pass pipeline (``cvm_onnx.serving.pipeline``:
+    for CUDA every node a kernel of onnxruntime's CUDA provider, ``cvm_onnx.runtime.placement`` checks it; for a
+    CPU target its layout and operands). Metadata ``cvm.target`` states the target, ``cvm.provider`` its provider.
 
-    ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.core.batch.batched``; refused with
-    ``UnsupportedError`` where an op would not keep the batch axis). ``optimize``: the serving form, the flat
-    form with requantization runs fused (``requantize.py``), then the passes ``optimize.SERVING``; ``int8``
-    (serving form only; None: when the native library is built) lets a run start from a conv2d's exact integer
-    products (``nn.conv2d_int8``: native im2col + MatMulInteger) instead of its float32 Conv. ``provider``: the
-    serving form's target, "cpu", or "cuda" (implies ``optimize``; ``int8`` None means True): convolutions from
-    int8 x int8 products (``nn.conv2d_int8``), then the passes ``optimize.CUDA``, so that every node has a
-    kernel of onnxruntime's CUDA provider (``cvm_onnx.runtime.placement`` checks it; reductions and max_pool2d
-    are exact on CUDA in every form); metadata ``cvm.provider`` names the target. A batched
-    model says its batch size in metadata ``cvm.batch``. ``edges``: a quantized import's float edges, kept in metadata
-    ``cvm.quantization`` (the model itself takes and gives integers; ``cvm-onnx run`` and the import back read
-    them). ``conv_form``: how conv2d and dense are written, "fast" (float32 Conv/Gemm where exact) or "core"
-    (int32 MatMul; ``nn.py``). ``batched``: ``graph`` already has batch size ``batch`` (``batched`` made it, as
-    the pipeline's batch stage does), so it is not batched again. ``float_io``: the edges in the graph instead,
-    float32 input and outputs (``float_edges``).
+    ``symbol``: the text of the symbol file ``graph`` was read from, kept (packed) in the metadata
+    ``cvm.symbol.zlib`` so the import writes it back byte for byte (when the graph imported is still the one it
+    describes). ``batch``: the input's first dimension 1 becomes this batch size (``cvm_onnx.core.batch.batched``;
+    refused with ``UnsupportedError`` where an op would not keep the batch axis); a batched model says its batch
+    size in metadata ``cvm.batch``; ``batched``: ``graph`` already has batch size ``batch``. ``edges``: a quantized
+    import's float edges, kept in metadata ``cvm.quantization`` (the model itself takes and gives integers;
+    ``cvm-onnx run`` and the import back read them); ``float_io``: the edges in the graph instead, float32 input
+    and outputs (``float_edges``). ``conv_form``: how conv2d and dense are written, "fast" (float32 Conv/Gemm
+    where exact) or "core" (int32 MatMul; ``nn.py``).
     """
     if float_io and edges is None:
         raise UnsupportedError("float input and outputs need a quantized model (a model directory with "
                                "quantization.json, as convert and quantize write for a quantized ONNX model)")
-    if provider not in ("cpu", "cuda"):
-        raise UnsupportedError(f"provider {provider!r}: the serving form is made for 'cpu' or 'cuda'")
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
     if conv_form not in CONV_FORMS:
         raise ValueError(f"conv_form must be one of {CONV_FORMS}, got {conv_form!r}")
     if batch is not None and not batched:
         graph = batched_graph(graph, batch)
-    optimize = optimize or provider == "cuda"
-    int8 = optimize and (library_path() is not None or provider == "cuda" if int8 is None else int8)
-    exporter = _Exporter(graph, inline or optimize, fuse=optimize, int8=int8, provider=provider, conv_form=conv_form)
+    exporter = _Exporter(graph, inline or target is not None, target, conv_form=conv_form)
     model = exporter.model(source_version)
-    if symbol is not None and batch is None and not optimize:
+    if symbol is not None and batch is None and target is None:
         model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))
     if batch is not None:  # the samples' axis, for runners that split a batch (cvm_onnx.runtime.bulk)
         model.metadata_props.add(key=BATCH, value=str(batch))
     if edges is not None:
         model.metadata_props.add(key=QUANTIZATION, value=edges.to_bytes().decode())
-    if not optimize:
+    if target is None:
         return Export(with_float_edges(model, edges) if float_io else model)
-    passes = SERVING + (CUDA if provider == "cuda" else ())
-    model = run_passes(passes, model)
+    passes = pipeline(target)
+    model = passes(model).model
     products = sum(n.op_type == "MatMulInteger" for n in model.graph.node)
-    names = tuple(p.name for p in passes)
-    model.metadata_props.add(key=PROVIDER, value=provider)
+    model.metadata_props.add(key=PROVIDER, value=target.provider)
+    model.metadata_props.add(key=TARGET, value=target.text())
     model.metadata_props.add(key=OPTIMIZED, value=f"requantization runs fused ({products} from integer "
-                             f"products); passes: {', '.join(names)}")
-    return Export(with_float_edges(model, edges) if float_io else model, tuple(map(tuple, exporter.routes)), names)
+                             f"products); passes: {', '.join(passes.names)}")
+    return Export(with_float_edges(model, edges) if float_io else model, tuple(map(tuple, exporter.routes)),
+                  passes.names)

@@ -39,11 +39,8 @@ INT8_K = 33025  # the most products one uint8 x uint8 sum may take: K * 255 * 25
 INT8_K_SIGNED = (2**31 - 1) // (127 * 128)
 # The most elements the native im2col gives in one call (its int32 indexing), the CUDA form's only columns limit
 COLUMNS_LIMIT = INT32_MAX
-# The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured.
-# ResNet-20 on an EPYC Zen 4 (1 MiB L2), batch 64 on one thread, the integer route for windows up to 0 / 1 / 4 /
-# 16 MiB a call: 67 / 68 / 62 / 51 ms (the largest layer gathers 9.4 MiB); with today's kernels every layer
-# integer takes 42 ms against 90 ms for float32 products, and batch 1 0.64 against 1.59 ms. Larger calls are
-# unmeasured.
+# The most bytes of windows one im2col call may gather for the integer route to be taken: as far as measured
+# (benchmarks/RESULTS.md, "Measurements behind the code's choices"); larger calls are unmeasured.
 INT8_COLUMNS = 1 << 24
 
 
@@ -156,8 +153,8 @@ def conv2d_float32(b, a, x, w, bias=None, scale: float = 1.0, offset: float = 0.
     return b.Conv(b.Cast(x, to=TensorProto.FLOAT), wf, *biases, **_conv_attrs(a))
 
 
-def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", most_x: int = 127) -> str | None:
-    """Why a conv2d does not take ``conv2d_int8``, or None when it does: it must be exact (|x| <= ``most_x``, 127
+def integer_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", most_x: int = 127) -> str | None:
+    """Why a conv2d does not take ``conv2d_integer``, or None when it does: it must be exact (|x| <= ``most_x``, 127
     (for ``conv2d_unsigned``: its u, 255), the weight a param within [-128, 127], at most ``INT8_K`` products per
     output: C/G * kh * kw; on "cuda", int8 x int8, ``INT8_K_SIGNED``) and expected faster (its windows,
     N * C * kh * kw * OH * OW bytes, at most ``INT8_COLUMNS`` on the CPU; on "cuda" only the kernel's
@@ -180,9 +177,9 @@ def int8_refusal(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu", mos
     return None
 
 
-def int8_route(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> bool:
-    """Whether a conv2d takes ``conv2d_int8`` (``int8_refusal`` says why not)."""
-    return int8_refusal(a, x, w, out_shape, provider) is None
+def integer_route(a, x, w, out_shape: tuple[int, ...], provider: str = "cpu") -> bool:
+    """Whether a conv2d takes ``conv2d_integer`` (``integer_refusal`` says why not)."""
+    return integer_refusal(a, x, w, out_shape, provider) is None
 
 
 def channelwise(a, x, oc: int) -> bool:
@@ -192,11 +189,11 @@ def channelwise(a, x, oc: int) -> bool:
             and tuple(a.padding) == (0, 0))
 
 
-def conv2d_int8(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
+def conv2d_integer(b, a, x, w, provider: str = "cpu") -> tuple[str, dict]:
     """conv(x, w) in int32 from integer products: the native ``im2col_uint8`` gathers the windows as
     x + 128 (uint8, 128 in the padding), MatMulInteger multiplies (w + 128) (uint8) by them, both zero points
     128: y = sum (w + 128 - 128) (x + 128 - 128) = sum w x exactly (``cvm_onnx.native.cpu`` gives the argument per
-    ISA; ``int8_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
+    ISA; ``integer_route`` the conditions). The result is exact, so it is the runtime's int32 accumulator's.
 
     Returns the products, (N, OC, OH, W') with W' >= OW, and the attributes of the ``requantize`` that
     finishes them. With strides 1 the columns are wide (W' the padded width: each window position one
@@ -243,12 +240,12 @@ def _im2col_rows(b, a, x, **attrs) -> str:
 
 
 def conv2d_rows(b, a, x, w) -> tuple[str, dict]:
-    """conv(x, w) (one group) as rows: the native ``im2col_rows`` gathers each output position's window as one
-    row, K = kh * kw * C bytes in the order (fh, fw, c), holding x itself when x is proven >= 0 (offset 0: values
-    in [0, 127], checked by the kernel) or x + 128 (offset 128, zero point 128); MatMulInteger multiplies the rows
-    by the constant (K, OC) weights w + 128 (uint8, zero point 128): sum (x + o - o)(w + 128 - 128) = sum w x.
-    uint8 x uint8 here (exact on every ISA); ``cvm_onnx.native.cpu`` makes the weights int8 at session creation where
-    uint8 x int8 is exact (docs/semantics.md: offset 0 bounds every int16 pair sum by 2 * 127 * 128 < 2^15).
+    """conv(x, w) (one group) as rows: the native ``im2col_rows`` gathers each output position's window as one row,
+    K = kh * kw * C bytes in the order (fh, fw, c), holding x itself when x is proven >= 0 (offset 0: values in [0,
+    127], checked by the kernel) or x + 128 (offset 128, zero point 128); MatMulInteger multiplies the rows by the
+    constant (K, OC) weights w + 128 (uint8, zero point 128): sum (x + o - o)(w + 128 - 128) = sum w x. uint8 x
+    uint8 here (exact on every ISA); the target's operands (``cvm_onnx.serving.cpu_layout``) make the weights int8
+    where uint8 x int8 is exact (docs/semantics.md: offset 0 bounds every int16 pair sum by 2 * 127 * 128 < 2^15).
 
     Returns the products, (N, OH * OW, OC), and ``requantize``'s ``rows`` (OH, OW), which writes them as NCHW."""
     n, c, oc, oh, ow, _ = _conv_shape(b, a, x)
@@ -266,8 +263,8 @@ def conv2d_unsigned(b, a, u, w: np.ndarray, zero: int) -> tuple[str, dict]:
     u - zero = 0) as rows: ``im2col_rows`` with ``zero`` gathers u itself (checked in [0, 255]) and ``zero`` in the
     padding, and MatMulInteger multiplies the rows, zero point ``zero``, by the constant (K, OC) weights w + 128
     (uint8, zero point 128): sum (u - zero)(w + 128 - 128) = sum (u - zero) w, each padded term 0. uint8 x uint8
-    (exact on every ISA: raw sums <= K * 255 * 255 < 2^31); ``cvm_onnx.native.cpu`` makes the weights int8 only
-    where uint8 x int8 is exact for any operands (VNNI). Returns the products, (N, OH * OW, OC), and
+    (exact on every ISA: raw sums <= K * 255 * 255 < 2^31); the target's operands make the weights int8 only
+    where uint8 x int8 is exact for any operands (VNNI: operands "u8s8"). Returns the products, (N, OH * OW, OC), and
     ``requantize``'s ``rows`` (OH, OW)."""
     n, c, oc, oh, ow, _ = _conv_shape(b, a, u)
     kh, kw = a.kernel_size

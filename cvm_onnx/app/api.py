@@ -92,9 +92,10 @@ def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
             optimize: bool = False, outputs: list[str] | None = None, provider: str = "cpu",
-            float_io: bool = False, two_part: bool = False) -> Imported | Conversion:
+            float_io: bool = False, two_part: bool = False, target: str | None = None) -> Imported | Conversion:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
-    the bits of its input). ``batch``, ``optimize``, ``provider`` (the serving form's target) and ``float_io`` (a
+    the bits of its input). ``target`` names the serving form's target (``Target.named``: "cpu", the same as
+    ``optimize``; "cuda", the same as ``provider="cuda"``; "native", this machine's best); ``batch`` and ``float_io`` (a
     quantized model's float edges in the graph, float32 input and outputs) as in ``to_onnx`` (CVM -> ONNX). A model this function
     exported comes back with its symbol and params files byte for byte. A quantized ONNX model is imported with
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
@@ -106,8 +107,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     from .pipeline import Conversion, run
 
     if not is_onnx(src):
-        c = Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize, target=provider,
-                       float_io=float_io)
+        c = Conversion(src, dst, params, inline=inline, batch=batch, optimize=optimize or target is not None,
+                       target=target or provider, float_io=float_io)
         run(c)
         return c
     model = load_onnx(src)

@@ -109,7 +109,8 @@ def cmd_convert(args) -> int:
         return convert_checked(args)
     done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                        input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
-                       outputs=args.outputs, provider=args.provider, float_io=args.float_io, two_part=args.two_part)
+                       outputs=args.outputs, provider=args.provider, target=args.target,
+                       float_io=args.float_io, two_part=args.two_part)
     imported = done if api.is_onnx(args.source) else None
     from cvm_onnx.core.gas import measure
 
@@ -175,10 +176,12 @@ def convert_checked(args) -> int:
     from .progress import Bar
     from .report import Report
 
-    on_gpu = args.provider == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    on_gpu = (args.target or args.provider) == "cuda" and \
+        "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     conversion = Conversion(args.source, args.output, params=args.params, inline=args.inline, batch=args.batch,
-                            optimize=args.optimize, float_io=args.float_io, check=True, seeds=3 if args.verify else None,
-                            target=args.provider, provider="cuda" if on_gpu else "cpu")
+                            optimize=args.optimize or args.target is not None, float_io=args.float_io, check=True,
+                            seeds=3 if args.verify else None,
+                            target=args.target or args.provider, provider="cuda" if on_gpu else "cpu")
     with Bar() as bar:
         report = Report(run(conversion, timed=True, progress=bar))
     _warn(report.warnings)
@@ -362,7 +365,8 @@ SCOPES = {
         ("--params", lambda a: not _onnx(a.source), "applies to a CVM model (a symbol file's params); SOURCE is an "
          ".onnx file"),
         *((option, lambda a: not _onnx(a.source), _CVM_SOURCE) for option in
-          ("--inline", "--batch", "--optimize", "--provider", "--float-io", "--verify", "--triton-repo")),
+          ("--inline", "--batch", "--optimize", "--provider", "--target", "--float-io", "--verify",
+           "--triton-repo")),
         ("--triton-server-repo", lambda a: a.triton_repo is not None, "applies with --triton-repo only"),
         *((option, lambda a: _onnx(a.source), _ONNX_SOURCE) for option in
           ("--input-precision", "--outputs", "--two-part")),
@@ -464,6 +468,9 @@ def parser() -> argparse.ArgumentParser:
                    "writes the CUDA serving form (implies --optimize: every node a CUDA kernel of onnxruntime or "
                    "of the native library; --verify compares on the CUDA provider where onnxruntime has it, else on "
                    "the CPU provider, the same integer arithmetic)")
+    c.add_argument("--target", choices=["cpu", "cuda", "native"], help="the serving form's target: cpu (as "
+                   "--optimize), cuda (as --provider cuda), native (this machine's best: the layout and operand types "
+                   "of its integer products fixed at export, so plain onnxruntime runs it as fast as cvm-onnx run)")
     c.add_argument("--float-io", action="store_true", help="a quantized CVM model (with quantization.json): "
                    "float32 input and outputs, quantized and dequantized in the graph (QuantizeLinear, "
                    "DequantizeLinear) around the exact integer model, as cvm-onnx run computes them")

@@ -19,6 +19,7 @@ from cvm_onnx.core.constants import (
 )
 from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
+from cvm_onnx.serving.routes import route_lines
 
 if TYPE_CHECKING:
     import onnx
@@ -97,6 +98,7 @@ def describe(model: onnx.ModelProto) -> list[str]:
                      "float32 outputs by DequantizeLinear, for any onnxruntime or Triton client")
     lines.append(f"nodes: {len(model.graph.node)} in the graph, {len(model.functions)} functions, "
                  f"{len(model.graph.initializer)} initializers")
+    lines += route_lines(model)
     ops = native.ops_used(model)
     if not ops:
         lines.append("native ops: none (plain onnxruntime runs it, no custom-op library needed)")

@@ -36,6 +36,7 @@ from cvm_onnx.core.validate import validate
 from cvm_onnx.runtime.placement import without_cuda_kernel
 from cvm_onnx.runtime.sessions import session
 from cvm_onnx.runtime.verify import Progress, Verdict, verify
+from cvm_onnx.serving.target import Target
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Conversion:
     check: bool = False
     seeds: int | None = None
     provider: str = "cpu"
-    target: str = "cpu"  # the serving form's provider ("cuda": the CUDA form; checked on ``provider``)
+    target: str = "cpu"  # the serving form's target (Target.named: "cuda" or "native" imply it; checked on ``provider``)
     graph: Graph | None = None
     symbol: str | None = None
     edges: Edges | None = None  # a quantized import's float edges (the directory's quantization.json)
@@ -80,8 +81,8 @@ class Conversion:
 
     @property
     def form(self) -> str:
-        form = "CUDA serving" if self.target == "cuda" else "optimized flat" if self.optimize else \
-            "flat" if self.inline else "function"
+        form = "CUDA serving" if self.target == "cuda" else "native serving" if self.target == "native" else \
+            "optimized flat" if self.optimize else "flat" if self.inline else "function"
         return f"{form} form" + (f", batch {self.batch}" if self.batch is not None else "") + (
             ", float input and outputs" if self.float_io else "")
 
@@ -105,8 +106,9 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
 
 
 def _export(c: Conversion, progress: Progress | None) -> str:
-    c.exported = export(c.graph, inline=c.inline, batch=c.batch, optimize=c.optimize, symbol=c.symbol,
-                        edges=c.edges, provider=c.target, batched=c.batch is not None, float_io=c.float_io)
+    target = Target.named(c.target) if c.optimize or c.target != "cpu" else None
+    c.exported = export(c.graph, target, inline=c.inline, batch=c.batch, symbol=c.symbol, edges=c.edges,
+                        batched=c.batch is not None, float_io=c.float_io)
     c.model = c.exported.model
     passes = "; passes: " + ", ".join(c.exported.passes) if c.exported.passes else ""
     routes = Counter(route for _, route, _ in c.exported.routes)

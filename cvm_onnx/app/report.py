@@ -17,6 +17,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native.cpu import products
+from cvm_onnx.serving.routes import Route, route_map
 
 from .pipeline import Conversion, StageRun
 
@@ -45,13 +46,13 @@ class Report:
         self.sizes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.ops: list[OpForm] = []
-        self.routes: list[list[str]] = []
+        self.routes: list[Route] = []
         if any(s.name == "read" and s.status == "passed" for s in self.stages):
             files = model_files(c.src, c.params)
             self.sizes = {"CVM symbol": files[0].stat().st_size, "CVM params": files[1].stat().st_size}
         if c.model is not None:
             self.ops = op_forms(c.graph, c.model)
-            self.routes = [list(r) for r in c.exported.routes] if c.exported else []
+            self.routes = route_map(c.model)
             self.sizes["ONNX model"] = c.model.ByteSize()
             self.counts = {"ONNX graph nodes": len(c.model.graph.node), "ONNX functions": len(c.model.functions),
                            "primitive ONNX nodes of the CVM ops": sum(o.onnx_nodes for o in self.ops)}
@@ -80,8 +81,12 @@ class Report:
                      f"exactly (rows of x >= 0 on every x86 CPU, all with VNNI), else uint8 x uint8 (this CPU: "
                      f"{products()}). Per-channel scale: multiplied in its "
                      "run's requantize. Float32/int32 products: ONNX Conv where float32 is exact, else the core "
-                     "form (docs/semantics.md)."), "", "| conv2d | route | why not integer products |", "|---|---|---|"]
-            out += [f"| {name} | {route} | {_cell(why) or '-'} |" for name, route, why in self.routes]
+                     "form (docs/semantics.md). Layout, kernel, ISA and chain: what computes it on this machine "
+                     "(cvm_onnx.serving.routes)."), "",
+                    "| conv2d | route | why not integer products | layout | kernel | ISA | chain |",
+                    "|---|---|---|---|---|---|---|"]
+            out += [f"| {r.conv} | {r.route} | {_cell(r.why) or '-'} | {r.layout} | {_cell(r.kernel)} | {r.isa} | "
+                    f"{_cell(r.chain)} |" for r in self.routes]
         if self.sizes or self.counts:
             out += ["", "## Sizes", "", "| | |", "|---|---:|"]
             out += [f"| {k} | {_bytes(v)} |" for k, v in self.sizes.items()]

@@ -26,6 +26,8 @@ FLOAT_IO = "cvm.float_io"
 ROUTES = "cvm.routes"
 #: Metadata of a serving-form model: the provider it was made for, "cpu" or "cuda" (every node a CUDA kernel).
 PROVIDER = "cvm.provider"
+#: Metadata of a serving-form model: the target it was made for (``cvm_onnx.serving.target.Target``), JSON.
+TARGET = "cvm.target"
 #: Metadata of a tensor (value_info) of an exported model: its CVM precision (an input's is on ``<input>:clamped``).
 PRECISION = "cvm.precision"
 #: Metadata of a serving-form model: the fused runs and the passes it went through (not importable back).

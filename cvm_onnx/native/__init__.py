@@ -65,6 +65,10 @@ from onnx.shape_inference import InferenceError
 from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
+#: The native requantize step kinds, each (kind, a, b) triple's first int (custom_ops/requantize.h: kShift, kMul,
+#: kAdd, kClip): shift by a bits, multiply by a, add a, clip to [a, b].
+SHIFT, MULTIPLY, ADD, CLIP = 0, 1, 2, 3
+STEP_KINDS = ("shift", "multiply", "add", "clip")
 VERSION = 1
 LIBRARY = "libcvm_onnx_ops.so"
 
@@ -182,10 +186,11 @@ def _infer_lut(ctx) -> None:
 
 #: The im2col ops: output element type, and the attributes with their defaults (None: required).
 IM2COL: dict[str, int] = {"im2col_int8": TensorProto.INT8, "im2col_uint8": TensorProto.UINT8}
-#: The serving form's kernels (no Python fallback: a model using them needs the library). The session's CPU
-#: passes (``cpu.channels_last``, ``cpu.fused_convolutions``) also write requantize_uint8, requantize_add[_uint8]
-#: and conv_requantize[...], which no export holds.
-SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize")
+#: The serving form's kernels (no Python fallback: a model using them needs the library): the exported ones, and
+#: those the CPU layout passes write (``cvm_onnx.serving.cpu_layout``: at export for a target of a fixed layout,
+#: else at session creation).
+SERVING_KERNELS = (*IM2COL, "im2col_rows", "requantize", "requantize_uint8", "requantize_add", "requantize_add_uint8",
+                   "conv_requantize", "conv_requantize_uint8", "conv_requantize_add", "conv_requantize_add_uint8")
 #: Attributes that the CUDA kernel of an op refuses when set (non-zero, non-empty): the CPU serving form's
 #: channels-last layout (cvm_ops.cc, RequantizeCuda::Compute).
 CPU_ONLY_ATTRIBUTES: dict[str, tuple[str, ...]] = {"requantize": ("rows", "nhwc", "channel_counts")}
@@ -395,7 +400,8 @@ def _requantize_schema(name: str = "requantize") -> OpSchema:
 
 def _conv_schema(name: str) -> OpSchema:
     """conv_requantize's schema (y int32), conv_requantize_uint8's (y uint8), conv_requantize_add's and
-    conv_requantize_add_uint8's (an addend): CPU only, written by the session (``cpu.fused_convolutions``)."""
+    conv_requantize_add_uint8's (an addend): CPU only, written by the layout "fused"
+    (``cvm_onnx.serving.cpu_layout.fused_convolutions``)."""
     bytes_out, add = name.endswith("_uint8"), "_add" in name
     steps = [("steps", "(kind, a, b) triples"), ("channel_steps", "each output channel's own steps"),
              ("scales", "one int32 per output channel, multiplying the products before the bias"),

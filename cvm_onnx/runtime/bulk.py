@@ -43,6 +43,7 @@ from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.format.onnx_file import dims
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.runtime import sessions
+from cvm_onnx.serving.target import Target
 
 Progress = Callable[[int, int, str], None]
 ModelArg = Graph | onnx.ModelProto
@@ -195,7 +196,7 @@ def plan(model: ModelArg, chunk: int = CHUNK, onnxruntime: bool = False, provide
         form, chunk = model, 1
     split = tuple(chunk > 1 and form.type_of(h).shape != model.type_of(h).shape for h in model.heads)
     if onnxruntime:
-        exported = to_onnx(form, batch=chunk if chunk > 1 else None, optimize=True, provider=provider, batched=True)
+        exported = to_onnx(form, Target.default(provider), batch=chunk if chunk > 1 else None, batched=True)
         return Plan(exported.SerializeToString(), chunk, sample, names, split, provider, threads, edges,
                     io_binding, cuda_graph)
     return Plan(form, chunk, sample, names, split, provider, threads, edges)

@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto
 
-from cvm_onnx.converters.to_onnx.optimize import element_types
+from cvm_onnx.serving.flat import element_types
 from cvm_onnx.core.errors import Problem
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import CPU_ONLY_ATTRIBUTES, cuda_ops, library_path

@@ -17,18 +17,17 @@
 * Data on the device (``Bound``): a call binds its inputs and outputs (IO binding), each copied once to the
   session's device and back; with static shapes the buffers are allocated once per thread and reused, which is
   what ``cuda_graph=True`` (onnxruntime captures the session's kernels once and replays them) requires.
-* Threads, chosen by measurement (ResNet-20's serving form with the native integer kernels, 2-vCPU EPYC VM,
-  benchmarks/bench.py): a model whose inputs hold one sample gets one thread (0.64 ms; two: 1.27 ms); a batched
-  model (first dimension > 1) gets one spinning thread per usable CPU (batch 64: 28 ms on two, 42 ms on one;
-  the native kernels split their work over them too). ``threads=`` overrides the count; ``bulk.run_many`` runs
-  several one-thread calls at once instead, which is faster still (units of 8: 21 ms for 64). The graph
-  optimizer stays at its highest level, which was also the fastest (batch 1: 2.8 ms against 3.7 ms without the
-  NCHWc layout; batch 64: 98 against 137 ms, both with float32 products).
-* Layout of the serving form's one-group integer products (``layout=``): as exported (rows, the tensors between
-  them kept channels-last: ``cpu.channels_last``), each convolution fused into one kernel (``cpu.fused_convolutions``;
-  the default where it multiplies with VNNI: ``cpu.fused_first``), or as columns; elsewhere the three are timed on
-  zeros at session creation and the fastest kept, the choice and the timings written into the session's
-  ``cvm.routes``.
+* Threads, chosen by measurement (benchmarks/RESULTS.md, "Measurements behind the code's choices"): a model
+  whose inputs hold one sample gets one thread; a batched model (first dimension > 1) gets one spinning thread
+  per usable CPU (the native kernels split their work over them too). ``threads=`` overrides the count;
+  ``bulk.run_many`` runs several one-thread calls at once instead, which is faster still. The graph optimizer
+  stays at its highest level, which was also the fastest.
+* Layout of the serving form's one-group integer products: a model whose target fixed it at export
+  (``cvm_onnx.serving.target``) runs as exported. One exported with layout "session" gets the target layout's
+  passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
+  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros and
+  the fastest kept, the choice and the timings written into the session's ``cvm.routes``); by default this
+  machine's (``Target.native()``) where its kernels multiply with VNNI, elsewhere "measure".
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
@@ -54,6 +53,9 @@ from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 from cvm_onnx.runtime.placement import cuda_refusals
+from cvm_onnx.serving.cpu_layout import layout_passes
+from cvm_onnx.serving.passes import Sequential
+from cvm_onnx.serving.target import VNNI, Target
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -212,24 +214,34 @@ def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, pr
 
 
 def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | None) -> dict[str, onnx.ModelProto]:
-    """The serving form as the session may run it, by layout: its operand types (``products``, checked) and its
-    one-group products as rows (channels-last between them) and/or columns (``layout``; see ``session``)."""
-    route = products or cpu.products()
-    if route not in ("u8u8", "u8s8") or (route == "u8s8" and cpu.products() != "u8s8"):
+    """The serving form as the session may run it, by layout. A model whose target fixed its layout at export
+    (``Target.of``) runs as it is (``products`` and ``layout`` must be None); one exported with layout "session"
+    gets here the passes of its layout (``cpu_layout.layout_passes``): ``layout``, else this machine's
+    (``Target.native``) where its kernels multiply with VNNI, elsewhere "measure" (each timed), and its operands:
+    ``products`` "u8u8", or "u8s8" for the widest operands this CPU computes exactly (``native.cpu``), else this
+    machine's."""
+    fixed = Target.of(proto)
+    if fixed is not None and fixed.layout != "session":
+        if products is not None or layout is not None:
+            raise RuntimeFailure(f"this model's layout ({fixed.layout}) and operands ({fixed.operands}) were fixed at "
+                                 f"export for its target; export it with layout 'session' to choose them here")
+        if fixed.operands == "u8s8" and not cpu.unbounded() or fixed.operands == "u8s8-rows0" and \
+                cpu.products() != "u8s8":
+            raise RuntimeFailure(f"this model multiplies uint8 x int8 ({fixed.operands}), which onnxruntime does not "
+                                 f"compute exactly on this CPU (here: {cpu.products()}, every product: "
+                                 f"{cpu.unbounded()}); export it for this machine's target")
+        return {fixed.layout: proto}
+    if products not in (None, "u8u8", "u8s8") or (products == "u8s8" and cpu.products() != "u8s8"):
         raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
                              f"uint8 x int8 exactly (here: {cpu.products()})")
     if layout not in (None, *LAYOUTS):
         raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
-    choice = layout or ("fused" if cpu.fused_first() else "measure")
+    here = Target.native()
+    operands = "u8u8" if products == "u8u8" else here.operands
     rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
-    if not rows:
-        candidates = {"rows": proto}
-    else:
-        kept = LAYOUTS[:3] if choice == "measure" else (choice,)
-        last = cpu.channels_last(proto) if {"rows", "fused"} & set(kept) else None
-        candidates = {k: last if k == "rows" else cpu.fused_convolutions(last) if k == "fused" else
-                      cpu.columns_from_rows(proto) for k in kept}
-    return {k: cpu.signed_operands(p) for k, p in candidates.items()} if route == "u8s8" else candidates
+    layout = layout or (here.layout if here.isa in VNNI else "measure")
+    kept = ("rows",) if not rows else LAYOUTS[:3] if layout == "measure" else (layout,)
+    return {k: Sequential(layout_passes(k if rows else "session", operands))(proto).model for k in kept}
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
@@ -242,10 +254,11 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     one, or every usable CPU for a batched model; see above). ``products``: the serving form's MatMulInteger products
     as "u8u8" (exact everywhere) or "u8s8" (uint8 x int8 for the products where ``cpu`` proves it exact here, where
     ``cpu.products()`` offers it); None: that choice (the fused kernels multiply in their own code, exact on every
-    CPU, and take no choice). ``layout``: the one-group integer products as exported, "rows", or each convolution
-    one kernel, "fused" (``cpu.fused_convolutions``), or as "columns" (``cpu.columns_from_rows``), or "measure":
-    the three timed here and the fastest kept, its timings recorded in the session's metadata ``cvm.routes``;
-    None: "fused" where ``cpu.fused_first``, else "measure". ``profile``: a file-name prefix; the session writes
+    CPU, and take no choice). ``layout``: the one-group integer products as rows, "rows", or each convolution
+    one kernel, "fused", or as "columns", or "measure": the three timed here and the fastest kept, its timings
+    recorded in the session's metadata ``cvm.routes``; None: ``Target.native()``'s with VNNI, else "measure". A
+    model whose target fixed
+    its layout takes neither option (see above). ``profile``: a file-name prefix; the session writes
     onnxruntime's profile (``end_profiling()`` gives its path; ``placement.profiled_placement`` reads where each
     node ran). ``conv_search`` (CUDA): cuDNN's algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
     run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).
@@ -266,7 +279,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
         if library is None or native is False:
             raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
-                                 "(to_onnx(..., int8=False)) to run it elsewhere")
+                                 "for a target of products='float' (Target(products='float')) to run it elsewhere")
         candidates = _serving_forms(proto, products, layout)
         if len(candidates) > 1:
             try:

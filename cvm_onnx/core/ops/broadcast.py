@@ -45,6 +45,8 @@ class BroadcastAdd(_Additive):
     """x + y."""
 
     name = "broadcast_add"
+    keeps_nonnegative = True
+    step = "scalar"
     interval = staticmethod(lambda a, i: [(i[0][0] + i[1][0], i[0][1] + i[1][1])])
 
     @staticmethod
@@ -57,6 +59,7 @@ class BroadcastSub(_Additive):
     """x - y."""
 
     name = "broadcast_sub"
+    step = "scalar"
     interval = staticmethod(lambda a, i: [(i[0][0] - i[1][1], i[0][1] - i[1][0])])
 
     @staticmethod
@@ -69,6 +72,8 @@ class BroadcastMul(_Broadcast):
     """x * y; precision p0 + p1."""
 
     name = "broadcast_mul"
+    keeps_nonnegative = True
+    step = "scalar"
     bound = staticmethod(lambda a, s, b, v: [b[0] * b[1]])
     interval = staticmethod(lambda a, i: [(min(p := [x * y for x in i[0] for y in i[1]]), max(p))])
 
@@ -86,6 +91,7 @@ class BroadcastMax(_Broadcast):
     """max(x, y); precision max(p0, p1)."""
 
     name = "broadcast_max"
+    keeps_nonnegative = True
     interval = staticmethod(lambda a, i: [(max(i[0][0], i[1][0]), max(i[0][1], i[1][1]))])
     bound = staticmethod(lambda a, s, b, v: [max(b)])
 

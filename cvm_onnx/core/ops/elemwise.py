@@ -82,6 +82,7 @@ class ElemwiseAdd(BroadcastAdd):
     """x + y for two tensors of identical shape (broadcast_add without broadcasting)."""
 
     name = "elemwise_add"
+    step = None  # a run's scalar steps are broadcasts of one number
     family = "elemwise"
     shape = staticmethod(_same_shape)
 
@@ -91,6 +92,7 @@ class ElemwiseSub(BroadcastSub):
     """x - y for two tensors of identical shape (broadcast_sub without broadcasting)."""
 
     name = "elemwise_sub"
+    step = None  # a run's scalar steps are broadcasts of one number
     family = "elemwise"
     shape = staticmethod(_same_shape)
 
@@ -104,6 +106,7 @@ class Clip(Op):
     """
 
     name = "clip"
+    step = "clip"
     family = "elemwise"
     bound = staticmethod(lambda a, s, b, v: [max(abs(a.a_min), abs(a.a_max))])
     interval = staticmethod(lambda a, i: _clipped(*i[0], a.a_min, a.a_max))
@@ -120,6 +123,10 @@ class Clip(Op):
     @staticmethod
     def kernel(a, x):
         return np.maximum(np.minimum(x, a.a_max), a.a_min).astype(np.int32)
+
+    @classmethod
+    def nonnegative(cls, a, inputs):
+        return a.a_min >= 0 or inputs and a.a_max >= 0
 
 
 PRECISION = Attr("precision", "int", check=in_range(1, 32))
@@ -143,6 +150,8 @@ class CvmClip(_Requantize):
     """Symmetric clip to +-(2^(p-1)-1)."""
 
     name = "cvm_clip"
+    keeps_nonnegative = True
+    step = "limit"
     bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), b[0])])
     interval = staticmethod(lambda a, i: _clipped(*i[0], -precision_bound(a.precision), precision_bound(a.precision)))
     attrs = (PRECISION, IS_SIGN)
@@ -157,6 +166,8 @@ class CvmRightShift(_Requantize):
     """Rounding arithmetic right shift, then symmetric clip: clip(round_shift(x, s), p)."""
 
     name = "cvm_right_shift"
+    keeps_nonnegative = True
+    step = "shift"
     bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), (b[0] >> a.shift_bit) + 1)])
     interval = staticmethod(lambda a, i: _clipped(*(round_shift(v, a.shift_bit) for v in i[0]),
                                                   -precision_bound(a.precision), precision_bound(a.precision)))
@@ -183,6 +194,8 @@ class CvmLeftShift(_Requantize):
     """
 
     name = "cvm_left_shift"
+    keeps_nonnegative = True
+    step = "left_shift"
     bound = staticmethod(lambda a, s, b, v: [min(precision_bound(a.precision), b[0] << a.shift_bit)])
 
     @staticmethod

@@ -211,6 +211,7 @@ class MaxPool2D(Op):
     """Max over each window; padded positions never win (every valid window holds an input position)."""
 
     name = "max_pool2d"
+    keeps_nonnegative = True
     family = "nn"
     bound = staticmethod(input_bound)
     attrs = (
@@ -260,6 +261,7 @@ class UpSampling(Op):
     """Nearest-neighbour upsampling: y[n,c,h,w] = x[n,c,h/scale,w/scale] (integer division)."""
 
     name = "upsampling"
+    keeps_nonnegative = True
     family = "nn"
     bound = staticmethod(input_bound)
     attrs = (
@@ -284,6 +286,7 @@ class Relu(Op):
     """max(x, 0)."""
 
     name = "relu"
+    step = "relu"
     family = "nn"
     bound = staticmethod(input_bound)
     interval = staticmethod(lambda a, i: [(max(i[0][0], 0), max(i[0][1], 0))])
@@ -291,3 +294,7 @@ class Relu(Op):
     @staticmethod
     def kernel(a, x):
         return np.maximum(x, np.int32(0))
+
+    @classmethod
+    def nonnegative(cls, a, inputs):
+        return True

@@ -112,6 +112,7 @@ class Max(_Reduce):
     """Max over the reduced axes (from 0 for the default axis=()); precision p_in."""
 
     name = "max"
+    keeps_nonnegative = True
     bound = staticmethod(input_bound)
     ufunc = np.maximum
 

@@ -116,6 +116,18 @@ class Op:
     #: in its interval [lo, hi] (no int32 wrap: the values are within 32 bits), stated by the ops the importer
     #: applies to intervals (``output_intervals``); the others have the symmetric interval of ``bound``.
     interval: ClassVar[Callable[..., list[tuple[int, int]]] | None] = None
+    #: Whether every output is >= 0 when every input is (monotone maps fixing 0, selections, and sums or products
+    #: of non-negative values): read by ``nonnegative``, the exporter's proof of x >= 0 (to_onnx/bounds.py).
+    keeps_nonnegative: ClassVar[bool] = False
+    #: The monotone step the op is on its data input, for a requantization run (to_onnx/requantize/
+    #: ``steps_of``): "shift" (cvm_right_shift), "left_shift", "limit" (cvm_clip: clip to the precision), "clip",
+    #: "relu", "scalar" (a broadcast op by a one-number param); None: no step.
+    step: ClassVar[str | None] = None
+
+    @classmethod
+    def nonnegative(cls, a: Attrs, inputs: bool) -> bool:
+        """Whether every output is >= 0, given whether every input is (``inputs``)."""
+        return cls.keeps_nonnegative and inputs
 
     # -- attribute handling -------------------------------------------------------------------------------
     @classmethod

@@ -32,6 +32,7 @@ class ExpandDims(Op):
     """Insert ``num_newaxis`` dims of size 1 before ``axis`` in [-ndim-1, ndim] (negative: +ndim+1)."""
 
     name = "expand_dims"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("axis", "int"), Attr("num_newaxis", "int", 1, in_range(1, 4096)))
@@ -52,6 +53,7 @@ class Flatten(Op):
     """Row-major reinterpretation as (d0, d1*...*dn); a 1-D input becomes (d0, 1)."""
 
     name = "flatten"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
 
@@ -75,6 +77,7 @@ class Reshape(Op):
     """
 
     name = "reshape"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("shape", "tuple"),)
@@ -138,6 +141,7 @@ class Squeeze(Op):
     """
 
     name = "squeeze"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("axis", "tuple", ()),)
@@ -172,6 +176,7 @@ class Transpose(Op):
     """Permute the axes: output axis i is input axis ``axes[i]``; ``axes=()`` reverses them."""
 
     name = "transpose"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("axes", "tuple", ()),)
@@ -212,6 +217,7 @@ class StridedSlice(Op):
     """
 
     name = "strided_slice"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("begin", "tuple", (0,)), Attr("end", "tuple", (1,)), Attr("stride", "tuple", ()))
@@ -239,6 +245,7 @@ class Repeat(Op):
     """Repeat each element ``repeats`` (> 0) times along ``axis`` in [-ndim, ndim-1]: y[..d..] = x[..d // r..]."""
 
     name = "repeat"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("repeats", "int", check=_positive), Attr("axis", "int", 0))
@@ -261,6 +268,7 @@ class Tile(Op):
     """
 
     name = "tile"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(input_bound)
     attrs = (Attr("reps", "tuple", (0,)),)
@@ -364,6 +372,7 @@ class SliceLike(Op):
     """
 
     name = "slice_like"
+    keeps_nonnegative = True
     family = "transform"
     input_names = ("data", "shape_like")
     bound = staticmethod(input_bound)
@@ -393,6 +402,7 @@ class Concatenate(Op):
     """
 
     name = "concatenate"
+    keeps_nonnegative = True
     family = "transform"
     bound = staticmethod(lambda a, s, b, v: [max(b)])
     attrs = (Attr("axis", "int", 1),)

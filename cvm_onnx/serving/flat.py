@@ -1,87 +1,22 @@
-"""The serving form's passes: small rewrites of the exported flat form, each keeping every CVM tensor's value.
-
-The serving form (``to_onnx(..., optimize=True)``) is made in two stages: the exporter writes the flat form
-with the requantization runs fused (``requantize.py``, chosen on the CVM graph where the bounds are known),
-then ``SERVING`` runs over the ONNX model in order. Each pass is a ``Pass``: a name, a function
-``pass(model) -> model`` whose docstring states the invariant it keeps, and, in onnx-ir's style, the conditions
-it ``requires`` of the model it is given and ``ensures`` of the model it returns, checked around every run: a
-broken one is an ``InvariantError`` naming the pass, the condition and where it breaks (a bug of the exporter,
-never of the input). Like onnx-ir's in-place passes they rewrite the model they are given and return it;
-``run_passes`` copies the exported model once first.
+"""The serving form's flat-form passes: small rewrites of the exported flat form, each keeping every CVM tensor's
+value (``SERVING``, for every target; ``CUDA`` besides for the CUDA provider).
 
 The model that comes out is no longer the exporter's canonical flat form (``from_onnx`` verifies a flat-form
-node against its lowering, so it does not import an optimized model): it is meant for running. The passes it
-went through are named in its metadata ``cvm.optimized``.
+node against its lowering, so it does not import a serving form): it is meant for running. The passes it went
+through are named in its metadata ``cvm.optimized``.
 """
 from __future__ import annotations
-
-import inspect
-from dataclasses import dataclass
-from typing import Callable
 
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from cvm_onnx.core.constants import DOMAIN, PRECISION
+from cvm_onnx.core.constants import PRECISION
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
+
+from .passes import NO_STALE_VALUE_INFO, Condition, Pass, model_pass
 
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE)
-
-
-class InvariantError(AssertionError):
-    """A serving pass was given a model that breaks what it requires, or returned one that breaks what it
-    ensures: an internal error of the exporter."""
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A property of a model: ``says`` states it, ``broken(model)`` lists the places where it does not hold."""
-
-    says: str
-    broken: Callable[[onnx.ModelProto], list[str]]
-
-
-@dataclass(frozen=True)
-class Pass:
-    """A named rewrite ``run(model) -> model`` (in place); its docstring states the invariant it keeps, and the
-    conditions it ``requires`` before and ``ensures`` after are checked around each call."""
-
-    name: str
-    run: Callable[[onnx.ModelProto], onnx.ModelProto]
-    requires: tuple[Condition, ...] = ()
-    ensures: tuple[Condition, ...] = ()
-
-    @property
-    def invariant(self) -> str:
-        return inspect.cleandoc(self.run.__doc__ or "")
-
-    def check(self, when: str, conditions: tuple[Condition, ...], model: onnx.ModelProto) -> None:
-        for c in conditions:
-            if places := c.broken(model):
-                raise InvariantError(f"serving pass {self.name} {when} {c.says}; broken at "
-                                     f"{', '.join(places[:5])}" + (f" and {len(places) - 5} more" if len(places) > 5
-                                                                   else ""))
-
-    def __call__(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        self.check("requires", self.requires, model)
-        out = self.run(model)
-        self.check("ensures", self.ensures, out)
-        return out
-
-
-def _not_flat(model: onnx.ModelProto) -> list[str]:
-    return [n.name for n in model.graph.node if n.domain == DOMAIN] + [f"function {f.name}" for f in model.functions]
-
-
-def _read_before_made(model: onnx.ModelProto) -> list[str]:
-    g = model.graph
-    made = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    late = []
-    for n in g.node:
-        late += [f"{t} (read by {n.name})" for t in n.input if t not in made]
-        made.update(n.output)
-    return late + [f"output {o.name}" for o in g.output if o.name not in made]
 
 
 def _unread_casts(model: onnx.ModelProto) -> list[str]:
@@ -94,40 +29,8 @@ def _unread_params(model: onnx.ModelProto) -> list[str]:
     return [t.name for t in model.graph.initializer if t.name not in read]
 
 
-def _stale_value_info(model: onnx.ModelProto) -> list[str]:
-    g = model.graph
-    made = {o for n in g.node for o in n.output} | {t.name for t in g.initializer}
-    return [vi.name for vi in g.value_info if vi.name not in made]
-
-
-#: The flat form: every node in the main graph, none calling a function of the cvm domain.
-FLAT = Condition("the flat form (no cvm function)", _not_flat)
-#: Every tensor a node reads, and every graph output, is made before: a graph input, an initializer or a node
-#: earlier in the list (the graph is in topological order, nothing dangles).
-ORDERED = Condition("every tensor read made before it is read", _read_before_made)
 NO_UNREAD_CASTS = Condition("every Cast's output read", _unread_casts)
 NO_UNREAD_PARAMS = Condition("every initializer read", _unread_params)
-NO_STALE_VALUE_INFO = Condition("value_info only for tensors a node or an initializer makes", _stale_value_info)
-
-
-def model_pass(*ensures: Condition) -> Callable[[Callable[[onnx.ModelProto], onnx.ModelProto]], Pass]:
-    """``fn`` as a ``Pass`` named after it: it requires the flat form in order and ensures that again, with
-    ``ensures`` besides."""
-    def make(fn: Callable[[onnx.ModelProto], onnx.ModelProto]) -> Pass:
-        return Pass(fn.__name__, fn, (FLAT, ORDERED), (FLAT, ORDERED, *ensures))
-
-    return make
-
-
-def run_passes(passes: list[Pass] | tuple[Pass, ...], model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` after every pass in order."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for p in passes:
-        out = p(out)
-    return out
-
-
 def _cast_to(node: onnx.NodeProto) -> int | None:
     if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
         return None

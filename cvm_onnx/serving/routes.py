@@ -1,0 +1,126 @@
+"""The route map of a serving form: for each CVM conv2d, its route (``cvm.routes``, chosen at export) and what
+computes it in the model as it runs (its layout, kernel nodes, the ISA that multiplies and the requantize chain's
+step kinds), read from the model's nodes, metadata ``cvm.routes`` and ``cvm.target`` by ``route_map`` alone.
+
+A model exported with layout "session" is mapped as a session here lays it out (this machine's target's layout
+passes, as ``runtime.sessions`` runs them), so the map says what runs on this machine.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import onnx
+
+from cvm_onnx.core.constants import MARK_FUSED, MARK_OPS, ROUTES
+from cvm_onnx.native import DOMAIN, STEP_KINDS
+
+from .cpu_layout import layout_passes
+from .passes import Sequential
+from .target import Target
+
+#: What each native kernel's products are multiplied by.
+_ISA_NAMES = {0: "picked at run time", 1: "plain C", 2: "AVX2 vpmaddwd", 3: "AVX-VNNI", 4: "AVX-512 VNNI",
+              5: "AVX2 vpmaddubsw"}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One conv2d's route: the ``route`` export chose (and ``why`` not integer products), the ``layout`` it runs
+    in, the ``kernel`` nodes computing it, the ``isa`` multiplying its products and its ``chain``'s step kinds."""
+
+    conv: str
+    route: str
+    why: str
+    layout: str
+    kernel: str
+    isa: str
+    chain: str
+
+
+def _attr(node: onnx.NodeProto, name: str) -> list[int] | int | None:
+    a = next((a for a in node.attribute if a.name == name), None)
+    return None if a is None else list(a.ints) if a.type == onnx.AttributeProto.INTS else a.i
+
+
+def chain_kinds(node: onnx.NodeProto) -> str:
+    """The step kinds of a native requantize kernel's chain (each channel's own steps: "per channel")."""
+    if _attr(node, "channel_counts") is not None:
+        return "per channel"
+    kinds = [STEP_KINDS[k] for k in (_attr(node, "steps") or [])[::3] if 0 <= k < len(STEP_KINDS)]
+    sums = [STEP_KINDS[k] for k in (_attr(node, "sum_steps") or [])[::3] if 0 <= k < len(STEP_KINDS)]
+    return " > ".join(kinds) + (f"; add; {' > '.join(sums)}" if node.op_type.startswith(("requantize_add",
+                                                                                          "conv_requantize_add"))
+                                else "")
+
+
+def _kernel(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], here: Target) -> tuple[str, str, str]:
+    """(layout, kernel, isa) of the run whose requantize kernel is ``node``, in a model made for ``here``."""
+    if node.op_type.startswith("conv_requantize"):
+        isa = _attr(node, "isa") or 0
+        return "fused", node.op_type, _ISA_NAMES.get(isa, str(isa)) + (f" (here: {here.isa})" if not isa else "")
+    if _attr(node, "scales") is not None:
+        return "per-channel scale", node.op_type, "int32 multiply"
+    source = producer.get(node.input[0])
+    while source is not None and source.op_type in ("Reshape", "Transpose"):
+        source = producer.get(source.input[0])
+    if source is None or source.op_type != "MatMulInteger":
+        return "float32 products", (source.op_type if source is not None else "-") + f" > {node.op_type}", "MLAS"
+    operands = []
+    for t in source.input[:2]:
+        n = producer.get(t)
+        while n is not None and n.op_type in ("Reshape", "Transpose"):
+            n = producer.get(n.input[0])
+        operands.append(n)
+    window = next((n.op_type for n in operands if n is not None and n.op_type.startswith("im2col")), "?")
+    if here.provider == "cuda":
+        return "cuda", f"{window} > MatMulInteger > {node.op_type}", "cuBLAS int8 x int8"
+    signed = window == "im2col_int8" or any(n is not None and n.op_type == "Cast" and _attr(n, "to") ==
+                                            onnx.TensorProto.INT8 for n in operands)
+    kind = "MLAS u8s8" if signed else "MLAS u8u8"
+    if window == "im2col_rows":
+        rows = operands[0]
+        layout = "rows (channels-last)" if _attr(rows, "nhwc") or _attr(node, "nhwc") else "rows"
+        return layout, f"{window} > MatMulInteger > {node.op_type}", kind
+    return "columns", f"{window} > MatMulInteger > {node.op_type}", kind
+
+
+def route_map(model: onnx.ModelProto) -> list[Route]:
+    """Each conv2d's ``Route`` in ``model`` (a serving form; none for another form), as it runs here."""
+    props = {p.key: p.value for p in model.metadata_props}
+    if ROUTES not in props:
+        return []
+    target = Target.of(model)
+    deferred = target is not None and target.cpu_integer and target.layout == "session"
+    here = Target.native() if deferred or target is None else target
+    if deferred and here.cpu_integer:
+        model = Sequential(layout_passes(here.layout, here.operands))(model).model
+    producer = {o: n for n in model.graph.node for o in n.output}
+    kernels: dict[str, tuple[str, str, str, str]] = {}
+    for n in model.graph.node:
+        marks = {p.key: p.value for p in n.metadata_props}
+        if n.domain != DOMAIN or MARK_FUSED not in marks or not n.op_type.startswith(("requantize", "conv_")):
+            continue
+        head, op = json.loads(marks[MARK_FUSED])[0], json.loads(marks.get(MARK_OPS, "[]"))[:1]
+        if op == ["conv2d"]:
+            kernels[head] = (*_kernel(n, producer, here), chain_kinds(n))
+    routes = []
+    for conv, route, why in json.loads(props[ROUTES]):
+        layout, kernel, isa, chain = kernels.get(conv, ("float32 products" if route.startswith("float32") else "-",
+                                                        "Conv" if route.startswith("float32") else "-", "MLAS", "-"))
+        routes.append(Route(conv, route.split(";")[0], why, layout, kernel, isa, chain))
+    return routes
+
+
+def route_lines(model: onnx.ModelProto) -> list[str]:
+    """The route map as text lines, one per conv2d, with a header naming the target it runs for."""
+    routes = route_map(model)
+    if not routes:
+        return []
+    target = Target.of(model)
+    deferred = target is not None and target.cpu_integer and target.layout == "session"
+    lines = [f"routes ({len(routes)} conv2d; target {target.text() if target else 'unstated'}"
+             f"{', laid out as a session here lays it out' if deferred else ''}):"]
+    lines += [f"  {r.conv}: {r.route}; {r.layout}: {r.kernel}; {r.isa}; chain {r.chain}"
+              + (f"; not integer products: {r.why}" if r.why else "") for r in routes]
+    return lines
