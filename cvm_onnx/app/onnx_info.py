@@ -19,7 +19,6 @@ from cvm_onnx.core.constants import (
 )
 from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
-from cvm_onnx.serving.routes import route_lines
 
 if TYPE_CHECKING:
     import onnx
@@ -67,6 +66,7 @@ def edge_lines(edges: Edges, where: str, integers: str) -> list[str]:
 def describe(model: onnx.ModelProto) -> list[str]:
     """The lines of ``cvm-onnx info`` for an ONNX model."""
     from cvm_onnx import native
+    from cvm_onnx.serving.routes import route_lines
 
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     producer = " ".join(x for x in (model.producer_name, model.producer_version) if x) or "unknown"
