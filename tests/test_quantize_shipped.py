@@ -145,6 +145,22 @@ def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
     assert a.mean_steps == a.ort_mean_steps == 0
 
 
+def test_top1_is_given_for_class_scores_not_for_regressions_beside_them():
+    """MTCNN's heads: boxes (N, 4) and landmarks (N, 10) from Gemm, probabilities (N, 2) from a Softmax (then a
+    Reshape): only the Softmax's output is class scores; a model of one Gemm output (1, 4) keeps its top-1 (a
+    logits head), two unlabelled heads of that shape get none. Regression: top-1 for box and landmark outputs."""
+    from cvm_onnx.app.quantize import class_scores
+
+    nodes = [h.make_node("Gemm", ["x", "w1"], ["boxes"]), h.make_node("Gemm", ["x", "w2"], ["marks"]),
+             h.make_node("Gemm", ["x", "w3"], ["logits"]), h.make_node("Softmax", ["logits"], ["p"]),
+             h.make_node("Reshape", ["p", "shape"], ["prob"])]
+    outs = [h.make_tensor_value_info(n, T.FLOAT, None) for n in ("boxes", "marks", "prob")]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])], outs)
+    assert class_scores(g, [(6, 4), (6, 10), (6, 2)]) == {"prob"}
+    assert class_scores(h.make_graph(nodes[:1], "m", g.input, outs[:1]), [(6, 4)]) == {"boxes"}
+    assert class_scores(h.make_graph(nodes[:2], "m", g.input, outs[:2]), [(6, 4), (6, 10)]) == set()
+
+
 def focus_model(rng) -> onnx.ModelProto:
     """YOLOX's "Focus": the float input read by four strided Slices and a Concat, then a Conv."""
     inits = [nh.from_array(np.array([v], np.int64), n) for v, n in [(0, "zero"), (1, "one"), (2, "two"),

@@ -60,7 +60,7 @@ LAYERNORM_OPSET = 17
 class Agreement:
     """One output against the float model on the calibration samples: |CVM - float| and |onnxruntime's quantized
     model - float| in output steps (mean, max, share within one step); top-1 agreement (argmax over the classes)
-    only for a classifier-shaped output, (1, C) or (C,) per sample with C > 1, where it means something."""
+    only for class scores (``class_scores``), where it means something."""
 
     name: str
     top1: float | None
@@ -458,7 +458,8 @@ def compare(model: onnx.ModelProto, quantized: bytes, imported: Imported, sample
     """Each output of the CVM model ``imported`` and of onnxruntime's quantized model against the float
     ``model`` on ``samples`` (N samples of the input's shape, batch 1)."""
     want, ort, got = outputs(model, quantized, imported, samples, progress)
-    return [agreement(o.name, g, w, q, e) for o, g, w, q, e in
+    scores = class_scores(model.graph, [w.shape for w in want])
+    return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in
             zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
 
 
@@ -492,17 +493,41 @@ def _run_onnx(model: bytes, name: str, samples: np.ndarray) -> list[np.ndarray]:
     return [np.stack([r[k] for r in runs]) for k in range(len(sess.get_outputs()))]
 
 
+#: Ops that keep a Softmax's values what they are (class scores) on the way to an output.
+KEEPS_SCORES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def class_scores(graph: onnx.GraphProto, shapes: list[tuple[int, ...]]) -> set[str]:
+    """The outputs whose top-1 agreement means something: classifier-shaped ones (``_classifier``, the stacked
+    ``shapes``) computed by a Softmax or LogSoftmax (through ``KEEPS_SCORES``); where no output is, the one
+    classifier-shaped output of a model with one (a logits head). So a detector's box and landmark regressions
+    beside its Softmax'ed scores (MTCNN) are not class scores, nor are several unlabelled heads."""
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def softmaxed(name: str) -> bool:
+        n = producer.get(name)
+        while n is not None and n.op_type in KEEPS_SCORES:
+            n = producer.get(n.input[0])
+        return n is not None and n.op_type in ("Softmax", "LogSoftmax")
+
+    shaped = [o.name for o, shape in zip(graph.output, shapes) if _classifier(shape)]
+    scored = {name for name in shaped if softmaxed(name)}
+    return scored or (set(shaped) if len(shaped) == 1 else set())
+
+
 def _classifier(shape: tuple[int, ...]) -> bool:
     """Whether outputs of ``shape`` (N samples stacked) are class scores: (N, C) or (N, 1, C), C > 1."""
     return len(shape) in (2, 3) and shape[-1] > 1 and (len(shape) == 2 or shape[1] == 1)
 
 
-def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge) -> Agreement:
+def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge,
+              scores: bool | None = None) -> Agreement:
     """The ``Agreement`` of the CVM outputs ``got`` and onnxruntime's ``ort`` with the float ``want``, in steps of
-    the output's ``edge`` (its largest scale; 1 for integers)."""
+    the output's ``edge`` (its largest scale; 1 for integers); top-1 where ``scores`` (class scores: by default
+    where the output is classifier-shaped)."""
     want = want.astype(np.float64)
     step = float(np.max(edge.scale)) if edge is not None else 1.0
-    classes = _classifier(want.shape)
+    classes = _classifier(want.shape) if scores is None else scores
 
     def steps(y: np.ndarray) -> tuple[np.ndarray, float | None]:
         y = y.reshape(want.shape).astype(np.float64)

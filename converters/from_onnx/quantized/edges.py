@@ -11,7 +11,9 @@ from onnx import TensorProto, helper
 
 from ..context import INT_RANGES, Tensor, tight
 from ..registry import Refuse
-from .values import QUANTIZED_TYPES, Scaled
+from ..requant import NoPlan, softmax_plan
+from .requantization import quantize
+from .values import QUANTIZED_TYPES, Mapped, Scaled, Softmaxed
 
 
 @dataclass
@@ -101,8 +103,46 @@ def input_precision(dtype: int) -> int:
     return tight(max(-lo, hi))
 
 
-def output_edge(x) -> tuple[Tensor, np.ndarray, np.ndarray]:
-    """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor."""
+#: The type of a float function's (or Softmax's) output computed after the last QuantizeLinear: int16, zero point 0.
+TAIL_TYPE, TAIL_STEPS = TensorProto.INT16, 32767
+
+
+def tail(ctx, x) -> Scaled:
+    """A float function or Softmax after the last QuantizeLinear (a float output), quantized here: int16 with zero
+    point 0 and scale s = the least float32 with N s >= m, m the largest finite |value| it takes on its input's
+    integers (1 for Softmax), N = 32767 (for Softmax the largest 2^j - 1 <= 32767 its integer form has a plan for);
+    its table (or softmax form) is then QuantizeLinear's at that scale."""
+    if isinstance(x, Softmaxed):
+        m = 1.0
+    else:
+        t, z, s = x.x.t, int(x.x.zero.reshape(())), float(x.x.scale.reshape(()).item())
+        if t.hi - t.lo >= 1 << 16:
+            raise Refuse(f"{x.what} over {t.hi - t.lo + 1} integers: a table of at most 2^16 entries has a CVM form")
+        with np.errstate(all="ignore"):
+            image = np.asarray(x.fn((np.arange(t.lo, t.hi + 1, dtype=np.int64) - z) * s), np.float64)
+        finite = np.abs(image[np.isfinite(image)])
+        m = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    for steps in (TAIL_STEPS >> j for j in range(8)):
+        scale = np.float32(m / steps)
+        while float(scale) * steps < m:
+            scale = np.nextafter(scale, np.float32(np.inf))
+        exact = Fraction(float(scale))
+        if isinstance(x, Softmaxed):
+            try:
+                softmax_plan(x.view[1], 1 / exact)
+            except NoPlan:
+                continue
+        break
+    zero = np.zeros((), np.int64)
+    exact = np.asarray(exact, dtype=object)
+    return Scaled(quantize(ctx, x, exact, zero, TAIL_TYPE), exact, zero)
+
+
+def output_edge(ctx, x) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor, or a float
+    function or Softmax of one (``tail``)."""
+    if isinstance(x, (Mapped, Softmaxed)):
+        x = tail(ctx, x)
     if not isinstance(x, Scaled) or x.clip != (None, None):
         raise Refuse("a float output computed after the last QuantizeLinear has no integer form: cut the graph "
                      "(--outputs) at a quantized tensor")

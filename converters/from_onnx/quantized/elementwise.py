@@ -3,6 +3,7 @@ float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the Qua
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from fractions import Fraction
@@ -11,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from ..context import INT32, Tensor, const
-from ..emit import as_int32, broadcast_shape, minus_zero
+from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule
 from .values import Mapped, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
@@ -140,13 +141,18 @@ def div_rule(ctx, node, a, b):
 
 @float_rule("Pow", since=7)
 def pow_rule(ctx, node, x, y):
-    """x^k for a constant integer exponent 1 <= k <= 4 (a LayerNormalization's square): k - 1 exact Muls."""
-    k = np.asarray(y.value) if isinstance(y, Tensor) and y.is_const and y.value.size == 1 else None
-    if k is None or k.reshape(()) != round(float(k.reshape(()))) or not 1 <= int(k.reshape(())) <= 4:
-        raise Refuse("Pow of a dequantized value has an integer form for a constant exponent 1, 2, 3 or 4 only")
+    """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square) k - 1 exact Muls;
+    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range."""
+    k = constant_values(y)
+    if k is None or k.size != 1 or not np.isfinite(k).all():
+        raise Refuse("Pow of a dequantized value by an exponent computed at run time (or not finite) has no "
+                     "integer form: only a constant exponent")
+    k = float(k.reshape(()))
+    if k != round(k) or not 1 <= k <= 4 or isinstance(x, Mapped):
+        return defined("Pow", mapped(x, lambda v: np.power(v, k), "Pow"))
     base = scaled(x, "the Pow base")
     out = base
-    for _ in range(int(k.reshape(())) - 1):
+    for _ in range(int(k) - 1):
         out = multiply(ctx, out, base)
     return out
 
@@ -178,7 +184,12 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
     if isinstance(x, Mapped):
         return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
                       "Clip")
-    x = scaled(x, "the Clip input", clipped_ok=True)
+    return bounded(ctx, scaled(x, "the Clip input", clipped_ok=True), lo, hi)
+
+
+def bounded(ctx, x: Scaled, lo: Fraction | None, hi: Fraction | None) -> Scaled:
+    """x clipped to the real bounds lo, hi (None: unbounded): the integer clip when they lie on x's grid, else a
+    clip deferred to the QuantizeLinear, Q(clip(x, lo, hi)) = clip(Q(x), Q(lo), Q(hi)) (rounding is monotone)."""
     if x.clip != (None, None) or not x.per_tensor:  # Clip of a Clip, or per-channel: deferred, bounds combined
         old = x.clip
         lo = old[0] if lo is None else lo if old[0] is None else max(lo, old[0])
@@ -198,11 +209,105 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
     return replace(x, clip=(lo, hi))
 
 
+def constant_values(t) -> np.ndarray | None:
+    """The float64 values of a float constant, or of a quantized constant as DequantizeLinear computes them
+    (float32 (q - z) * s); None for a computed value."""
+    if is_float_const(t):
+        return np.asarray(t.value, np.float64)
+    if isinstance(t, Scaled) and t.t.is_const:
+        q = np.broadcast_to(t.t.value.astype(np.int64) - t.zero, np.broadcast_shapes(t.shape, t.scale.shape))
+        s = np.array([float(v) for v in np.broadcast_to(t.scale, q.shape).flat], np.float32).reshape(q.shape)
+        return (q.astype(np.float32) * s).astype(np.float64)
+    return None
+
+
+@float_rule("Max", "Min", since=6)
+def extremum_rule(ctx, node, *xs):
+    """max/min of dequantized values and constants. Of values of one scale and zero point: the integer max/min of
+    their integers (the scale is positive). With a constant c: max(x, c) = Clip(x, c, inf), min(x, c) =
+    Clip(x, -inf, c) (``bounded``: exact on the grid, else deferred to the QuantizeLinear); a constant array must
+    lie on x's grid. Of a float function's value: the table's values max'ed (min'ed) with a scalar c."""
+    is_max = node.op_type == "Max"
+    consts = [c for c in (constant_values(x) for x in xs) if c is not None]
+    values = [x for x in xs if constant_values(x) is None]
+    c = functools.reduce(np.maximum if is_max else np.minimum, consts) if consts else None
+    if not values:
+        raise Refuse(f"{node.op_type} of constants only: fold it")
+    if len(values) == 1 and isinstance(values[0], Mapped):
+        if c is None or c.size != 1:
+            raise Refuse(f"{node.op_type} of a float function's value with anything but one constant scalar")
+        cf = float(c.reshape(()))
+        return mapped(values[0], lambda v: (np.maximum if is_max else np.minimum)(v, cf), node.op_type)
+    xs_ = [scaled(x, f"a {node.op_type} operand", clipped_ok=len(values) == 1) for x in values]
+    x = xs_[0]
+    if len(xs_) > 1:
+        xs_ = [per_tensor(v, node.op_type) for v in xs_]
+        if any(v.scale.reshape(()).item() != x.scale.reshape(()).item() or int(v.zero.reshape(())) !=
+               int(x.zero.reshape(())) for v in xs_):
+            raise Refuse(f"{node.op_type} of dequantized values of different scales or zero points has no integer "
+                         "form: quantize them alike")
+        t = extreme(ctx, is_max, [as_int32(v.t) for v in xs_])
+        x = replace(x, t=replace(t, dtype=x.t.dtype) if len({v.t.dtype for v in xs_}) == 1 else t)
+    if c is None:
+        return x
+    if c.size == 1:
+        cf = float(c.reshape(()))
+        if math.isinf(cf):
+            if (cf < 0) == is_max:
+                return x
+            raise Refuse(f"{node.op_type} with {cf} is that constant: fold it")
+        b = Fraction(cf)
+        return bounded(ctx, x, b, None) if is_max else bounded(ctx, x, None, b)
+    x = per_tensor(x, f"{node.op_type} with a constant array")
+    s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+    grid = np.array([Fraction(float(v)) / s + z for v in c.flat], dtype=object)
+    if any(g.denominator != 1 for g in grid) or not np.isfinite(c).all():
+        raise Refuse(f"{node.op_type} with a constant array off the input's quantization grid: only a scalar "
+                     "constant, or one on the grid, has an exact form")
+    k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
+    t = extreme(ctx, is_max, [as_int32(x.t), const(k, INT32)])
+    return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
+
+
+@float_rule("PRelu", since=7)
+def prelu_rule(ctx, node, x, slope):
+    """max(x, 0) + a min(x, 0) for a constant slope a (per channel, or any shape broadcast to x): the sum of
+    p = max(t, z) at x's scale and zero point and of (t - p) sign(a) (<= 0 times the sign, broadcast_sub and
+    broadcast_mul) at scale s |a|, requantized together by the QuantizeLinear that follows (its bound: a sum's)."""
+    x = per_tensor(scaled(x, "the PRelu input"), "PRelu")
+    a = constant_values(slope)
+    if a is None or not np.isfinite(a).all():
+        raise Refuse("PRelu with a slope computed at run time or not finite: only a constant slope has an exact form")
+    if tuple(np.broadcast_shapes(a.shape, x.shape)) != tuple(x.shape):
+        raise Refuse(f"PRelu slope of shape {a.shape} does not broadcast to the input's {x.shape}")
+    while a.ndim and a.shape[0] == 1 and a.ndim > 1:
+        a = a.reshape(a.shape[1:])
+    p = relu(ctx, x)
+    if p is x:
+        return x
+    v = ctx.result(ctx.op("broadcast_sub", as_int32(x.t), as_int32(p.t)), INT32, x.t.lo - int(x.zero.reshape(())),
+                   0, x.shape)
+    sign = np.sign(a).astype(np.int64)
+    if (sign != 1).any():
+        sc = const(sign.astype(np.int32), INT32)
+        v = ctx.result(ctx.op("broadcast_mul", v, sc), INT32, v.lo if (sign > 0).any() else 0,
+                       -v.lo if (sign < 0).any() else 0, broadcast_shape(v, sc))
+    s = x.scale.reshape(()).item()
+    size = np.array([s * (Fraction(float(abs(q))) if q else Fraction(1)) for q in a.flat], dtype=object)
+    return Summed((p, Scaled(v, size.reshape(a.shape), np.zeros((), np.int64))), broadcast_shape(p.t, v))
+
+
 def mapped(x, fn: Callable, what: str) -> Mapped:
+    """fn of x as a table's function; a Clip deferred on x is applied first (the table is of exact values)."""
     if isinstance(x, Mapped):
         f = x.fn
         return Mapped(x.x, lambda v: fn(f(v)), f"{what}({x.what})")
-    return Mapped(per_tensor(scaled(x, f"the {what} input"), what), fn, what)
+    x = scaled(x, f"the {what} input", clipped_ok=True)
+    if x.clip != (None, None):
+        lo, hi = (None if b is None else float(b) for b in x.clip)
+        return Mapped(per_tensor(replace(x, clip=(None, None)), what), lambda v: fn(np.clip(v, lo, hi)),
+                      f"{what}(Clip)")
+    return Mapped(per_tensor(x, what), fn, what)
 
 
 def _erf(v):
@@ -213,7 +318,8 @@ FUNCTIONS: dict[str, Callable] = {
     "Sigmoid": lambda n: lambda v: 1 / (1 + np.exp(-v)),
     "Tanh": lambda n: np.tanh,
     "Exp": lambda n: np.exp,
-    "Log": lambda n: lambda v: np.log(np.where(v > 0, v, np.nan)),
+    "Log": lambda n: lambda v: np.log(np.where(v >= 0, v, np.nan)),  # log(0) = -inf saturates, as in onnxruntime
+    "Reciprocal": lambda n: lambda v: 1 / v,  # 1 / 0 = inf (a dequantized 0 is +0) saturates
     "Sqrt": lambda n: lambda v: np.sqrt(np.where(v >= 0, v, np.nan)),
     "Erf": lambda n: _erf,
     "Softplus": lambda n: lambda v: np.logaddexp(0, v),
@@ -231,8 +337,26 @@ FUNCTIONS: dict[str, Callable] = {
 
 
 def function_rule(ctx, node, x):
-    """A float elementwise function: a table over x's integers, built by the QuantizeLinear that follows."""
-    return mapped(x, FUNCTIONS[node.op_type](node), node.op_type)
+    """A float elementwise function: a table over x's integers, built by the QuantizeLinear that follows; refused
+    here, naming the node, where it is undefined on x's range."""
+    return defined(node.op_type, mapped(x, FUNCTIONS[node.op_type](node), node.op_type))
+
+
+def defined(op: str, m: Mapped) -> Mapped:
+    """``m``, or a refusal saying which of its input's integers give an undefined (NaN) value."""
+    t, z, s = m.x.t, int(m.x.zero.reshape(())), m.x.scale.reshape(()).item()
+    if t.hi - t.lo >= 1 << 16:
+        return m  # too many values for a table: the QuantizeLinear refuses it
+    q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        image = np.asarray(m.fn((q - z) * float(s)), np.float64)
+    bad = q[np.broadcast_to(np.isnan(image), q.shape)]
+    if bad.size:
+        first = float((int(bad[0]) - z) * s)
+        raise Refuse(f"{op} is undefined on {bad.size} of its input's {q.size} values, at {first} first: its input's "
+                     f"integers reach {int(bad[0])} of [{t.lo}, {t.hi}] at zero point {z} and scale {float(s)}; "
+                     f"quantize it to values where {op} is defined (a Clip before its QuantizeLinear)")
+    return m
 
 
 for _op in FUNCTIONS:

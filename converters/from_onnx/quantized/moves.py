@@ -16,11 +16,12 @@ from .values import Real, Scaled, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
-         "Identity", "Expand", "Tile", "Gather", "Split"]
+         "Identity", "Expand", "Tile", "Gather", "Split", "GlobalMaxPool", "ReduceMax", "ReduceMin"]
 
 
 def move_rule(ctx, node, x, *rest):
-    """An op that only moves or selects values (MaxPool: the scale is positive): the integer rule on t. A deferred
+    """An op that only moves or selects values (MaxPool, GlobalMaxPool, ReduceMax, ReduceMin: the scale is positive,
+    so the max of values of one scale is the value of their integers' max): the integer rule on t. A deferred
     Clip passes through (clip then select = select then clip; max commutes with the monotone clip), so a Clip off
     the grid may precede a Resize or MaxPool before the QuantizeLinear."""
     x = scaled(x, f"the {node.op_type} input", clipped_ok=True)

@@ -1,0 +1,281 @@
+"""The quantized front's rules of issue 34 (ops real float models use that had no integer form: Max/Min with a
+constant, PRelu, GlobalMaxPool, ReduceMax/Min/Sum, Reciprocal, Log at 0, Pow tables, a float tail after the last
+QuantizeLinear), each on one small QDQ model with an integer input, against an exact oracle: the rational value
+rounded (same-scale forms), or the oracle of docs/import.md with every requantization checked against its bound."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import Oracle, qdq
+
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.verify import verify
+
+SETTINGS = settings(max_examples=10, deadline=None)
+NP = {T.INT8: np.int8, T.UINT8: np.uint8}
+RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
+scales = st.floats(2.0**-8, 2.0**2, width=32)
+x_types = st.sampled_from([T.INT8, T.UINT8])
+
+
+def draw_x(d, shape, dtype):
+    lo, hi = RANGE[dtype]
+    return np.asarray(d.draw(st.lists(st.integers(lo, hi), min_size=math.prod(shape), max_size=math.prod(shape))),
+                      np.int64).reshape(shape)
+
+
+def run(m, x: np.ndarray):
+    """(the import, its outputs on x by the reference executor); the export computes the same on onnxruntime."""
+    imp = import_model(m, input_precision=9)
+    got = execute(imp.graph, {"data": x.astype(np.int32)})
+    assert verify(imp.graph, x.astype(np.int32)).exact
+    return imp, [g.astype(np.int64) for g in got]
+
+
+def oracle_equal(m, x: np.ndarray) -> None:
+    """Every output equals the oracle of docs/import.md (each requantization by its plan, within its bound)."""
+    imp, got = run(m, x)
+    want = Oracle(m, imp).run(x.astype(np.int64))
+    for g_, w_ in zip(got, want, strict=True):
+        assert np.array_equal(g_, np.asarray(w_[1]).reshape(g_.shape))
+
+
+def quantized(real, s: Fraction, z: int, dtype) -> np.ndarray:
+    """QuantizeLinear of exact rationals: round half to even, + z, saturated."""
+    lo, hi = RANGE[dtype]
+    return np.vectorize(lambda r: min(max(round(r / s) + z, lo), hi), otypes=[np.int64])(real)
+
+
+def zero(d, dtype) -> int:
+    return d.draw(st.integers(*RANGE[dtype]))
+
+
+# -- Max and Min with a constant, of values of one scale -----------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=scales, c=st.floats(-40, 40, width=32), op=st.sampled_from(["Max", "Min"]), x_type=x_types,
+       on_grid=st.booleans(), first=st.booleans())
+def test_max_min_with_a_constant_is_a_clip(d, s, c, op, x_type, on_grid, first):
+    """Max(x, c) = Clip(x, c, inf), Min(x, c) = Clip(x, -inf, c), quantized at x's own scale: exactly
+    Q(max((x - z) s, c)) for every x, c on the grid or off it (then the clip is deferred to the QuantizeLinear).
+    Regression: 'float Max of dequantized values has no integer form' (tf2onnx's maximum after LeakyRelu)."""
+    z = zero(d, x_type)
+    if on_grid:
+        c = float(np.float32(d.draw(st.integers(-60, 60)) * np.float32(s)))
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "c": np.float32(c)}
+    ins = ["c", "xf"] if first else ["xf", "c"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ins, ["r"]),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    shape = (2, 7)
+    x = draw_x(d, shape, x_type)
+    sf, cf = Fraction(float(np.float32(s))), Fraction(float(np.float32(c)))
+    real = np.vectorize(lambda v: (max if op == "Max" else min)((v - z) * sf, cf), otypes=[object])(x)
+    want = quantized(real, sf, z, x_type)
+    try:
+        _, [got] = run(qdq(nodes, shape, x_type, inits, x_type), x)
+    except CVMError as e:  # a constant that leaves one value of the type: refused as such
+        assert "single value" in str(e)
+        return
+    assert np.array_equal(got, want)
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, op=st.sampled_from(["Max", "Min"]), x_type=x_types)
+def test_max_min_of_values_of_one_scale(d, s, so, op, x_type):
+    """Max/Min of two dequantized values of one scale and zero point (the halves of a Split): the integer max/min
+    of their integers, requantized at another scale; equal to the oracle (Max/Min on the integers, then the plan)."""
+    z = zero(d, x_type)
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Split", ["xf"], ["a", "b"], axis=1, num_outputs=2), h.make_node(op, ["a", "b"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (3, 8)
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(qdq(nodes, shape, x_type, inits, T.INT8, opset=18), x)
+    v = (np.maximum if op == "Max" else np.minimum)(x[:, :4], x[:, 4:]) - z
+    [r] = imp.requants
+    want = v if r.plan is None else Oracle.plan_of(r.plan, [v], r.plan.multipliers)  # None: the same scale
+    assert np.array_equal(got, np.clip(want, -128, 127))
+
+
+def test_max_with_a_constant_array_off_the_grid_is_refused_naming_the_node():
+    inits = {"s": np.float32(0.5), "z": np.int8(0), "c": np.array([0.3, 1.0], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Max", ["xf", "c"], ["r"],
+                                                                                  name="max7"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    with pytest.raises(CVMError, match=r"max7 \(Max\).*constant array off the input's quantization grid"):
+        import_model(qdq(nodes, (3, 2), T.INT8, inits, T.INT8))
+
+
+# -- PRelu -------------------------------------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, x_type=x_types, kind=st.sampled_from(["channel", "scalar", "rank4"]))
+def test_prelu_is_a_sum_of_two_parts(d, s, so, x_type, kind):
+    """PRelu(x) = max(x, 0) + a min(x, 0) with a per-channel (or scalar) slope of any sign, zero included: the sum
+    of two exact terms requantized together; equal to the oracle, within the sum's bound of the exact value.
+    Regression: 'no CVM op for ONNX PRelu' (MTCNN)."""
+    c = 4
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    shape = {"channel": (c, 1, 1), "scalar": (1,), "rank4": (1, c, 1, 1)}[kind]
+    slope = rng.uniform(-0.5, 1.5, size=shape).astype(np.float32)
+    if kind != "scalar":
+        slope.reshape(-1)[0] = 0
+    z = zero(d, x_type)
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "a": slope, "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("PRelu", ["xf", "a"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    xshape = (1, c, 2, 3)
+    oracle_equal(qdq(nodes, xshape, x_type, inits, T.INT8), draw_x(d, xshape, x_type))
+
+
+# -- GlobalMaxPool, ReduceMax, ReduceMin, ReduceSum -------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=3, max_size=4).map(tuple), s=scales, so=scales,
+       op=st.sampled_from(["GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum"]), keep=st.booleans(),
+       opset=st.sampled_from([13, 18]), x_type=x_types)
+def test_reductions_of_one_quantized_tensor(d, shape, s, so, op, keep, opset, x_type):
+    """GlobalMaxPool, ReduceMax, ReduceMin of x: the max/min of its integers (one positive scale); ReduceSum: the sum
+    of x - z at x's scale; any axes (attribute or input as the opset has it); equal to the oracle.
+    Regression: 'no CVM op for ONNX GlobalMaxPool', 'float ReduceMax of dequantized values has no integer form'."""
+    rank = len(shape)
+    z = zero(d, x_type)
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(0)}
+    attrs, extra = {}, []
+    if op != "GlobalMaxPool":
+        axes = d.draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda a: a % rank))
+        attrs["keepdims"] = int(keep)
+        if opset >= (13 if op == "ReduceSum" else 18):
+            inits["axes"], extra = np.array(axes, np.int64), ["axes"]
+        else:
+            attrs["axes"] = axes
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"] + extra, ["r"], **attrs),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8, opset=opset), draw_x(d, shape, x_type))
+
+
+# -- tables: Log (0 included), Reciprocal, Pow, Exp ----------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=scales, so=st.floats(2.0**-6, 1.0, width=32), op=st.sampled_from(["Log", "Reciprocal", "Exp",
+                                                                                         "Pow"]),
+       k=st.sampled_from([0.5, -1.0, 5.0, 1.5]))
+def test_tables_over_the_quantized_range(d, s, so, op, k):
+    """Log, Reciprocal, Exp, Pow by a constant exponent outside 1..4, of a uint8 input of zero point 0 (a Clip to a
+    small positive bound quantized, as audio front ends write it): a table of the exact values, where log(0) = -inf
+    and 1/0 = inf saturate as QuantizeLinear saturates them; equal to the oracle. Regression: 'Log is undefined on
+    part of its input's range', 'no integer form' for Reciprocal and Pow by 0.5."""
+    inits = {"s": np.float32(s), "z": np.uint8(0), "so": np.float32(so), "zo": np.int8(0)}
+    extra = []
+    if op == "Pow":
+        inits["k"], extra = np.float32(k), ["k"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"] + extra, ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (2, 9)
+    x = draw_x(d, shape, T.UINT8)
+    x[0, 0] = 0
+    oracle_equal(qdq(nodes, shape, T.UINT8, inits, T.INT8), x)
+
+
+def test_log_where_its_input_reaches_below_zero_is_refused_naming_the_log():
+    """A Log whose input's integers reach below the zero point is refused at the Log (not the QuantizeLinear after
+    it), saying which value and which integers made it undefined."""
+    inits = {"s": np.float32(0.25), "z": np.int8(0), "so": np.float32(0.1), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Log", ["xf"], ["r"], name="mel_log"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"], name="q_after")]
+    with pytest.raises(CVMError, match=r"mel_log \(Log\): Log is undefined on 127 of its input's 255 values, at -31.75 "
+                                       r"first: its input's integers reach -127 of \[-127, 127\] at zero point 0"):
+        import_model(qdq(nodes, (2, 3), T.INT8, inits, T.INT8))
+
+
+def test_log_of_a_clip_deferred_to_the_table():
+    """Clip(x, 1e-10) then Log without a QuantizeLinear between: the table is of log(clip(x)), so 0 gives
+    log(1e-10) (the float model's value), not -inf; equal to that exact table."""
+    inits = {"s": np.float32(0.5), "z": np.int8(0), "lo": np.float32(1e-10), "so": np.float32(0.25),
+             "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Clip", ["xf", "lo"], ["c"]),
+             h.make_node("Log", ["c"], ["r"]), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    x = np.arange(-128, 128, dtype=np.int64).reshape(16, 16)
+    _, [got] = run(qdq(nodes, x.shape, T.INT8, inits, T.INT8), x)
+    real = np.log(np.maximum(x * 0.5, float(np.float32(1e-10))))
+    assert np.array_equal(got, np.clip(np.rint(real / 0.25), -128, 127).astype(np.int64))
+    assert got[0, 0] == -92  # log(1e-10) / 0.25 = -92.1
+
+
+# -- a float tail after the last QuantizeLinear ---------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=scales, op=st.sampled_from(["Sigmoid", "Tanh", "Softmax"]), x_type=x_types)
+def test_a_float_tail_is_quantized_to_int16_at_the_scale_stated(d, s, op, x_type):
+    """DequantizeLinear then Sigmoid, Tanh or Softmax as the float output: int16 at zero point 0 and the scale
+    s_t = the least float32 with N s_t >= the largest |value| (1 for Softmax), N = 32767 (Softmax: 2^j - 1 <= 32767),
+    as docs/import.md states;
+    Sigmoid/Tanh equal to that exact table, Softmax within one step of the exact softmax of the quantized input.
+    Regression: 'a float output computed after the last QuantizeLinear has no integer form'."""
+    z = zero(d, x_type)
+    inits = {"s": np.float32(s), "z": NP[x_type](z)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"], ["y"])]
+    shape = (2, 6)
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(qdq(nodes, shape, x_type, inits, T.FLOAT), x)
+    [edge] = imp.edges.outputs
+    assert edge.zero_point.reshape(()) == 0 and edge.type == "int16"
+    st_ = float(np.asarray(edge.scale).reshape(()))
+    real = (np.arange(RANGE[x_type][0], RANGE[x_type][1] + 1) - z) * float(np.float32(s))
+    f = {"Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Tanh": np.tanh}.get(op)
+    top = 1.0 if f is None else np.abs(f(real)).max()
+    n = 32767 if f is not None else round(1 / st_)  # Softmax: the finest 2^j - 1 its integer form has a plan for
+    v = (x - z) * float(np.float32(s))
+    assert n in [32767 >> j for j in range(8)] and n * st_ <= top * (1 + 2.0**-22)
+    assert n * st_ >= (1.0 if f is None else np.abs(f(v)).max())
+    if f is not None:
+        assert np.array_equal(got, np.clip(np.rint(f(v) / st_), -32768, 32767).astype(np.int64))
+    else:
+        e = np.exp(v - v.max(axis=1, keepdims=True))
+        assert np.abs(got - e / e.sum(axis=1, keepdims=True) / st_).max() < 1
+
+
+# -- biases of shape (1, C), (1, 1, C) ---------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), sx=scales, sw=scales, so=scales, x_type=x_types, rows=st.sampled_from([(), (1,)]))
+def test_a_gemm_bias_of_shape_1_c_is_one_value_per_output(d, sx, sw, so, x_type, rows):
+    """Gemm's C of shape (1, N) (or (N,)), int32 at s_x s_w: one bias per output column, as broadcasting reads it;
+    equal to the oracle. Regression: an internal error, 'input operand has more dimensions than allowed by the
+    axis remapping' (an integer-input model's one-hot MatMul bias)."""
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    n = 4
+    inits = {"s": np.float32(sx), "z": NP[x_type](zero(d, x_type)),
+             "w": rng.integers(-127, 128, size=(3, n)).astype(np.int8), "sw": np.float32(sw), "zw": np.int8(0),
+             "b": rng.integers(-1000, 1000, size=rows + (n,)).astype(np.int32),
+             "sb": np.float32(np.float32(sx) * np.float32(sw)), "zb": np.int32(0), "so": np.float32(so),
+             "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"]), h.make_node("Gemm", ["xf", "wf", "bf"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    oracle_equal(qdq(nodes, (2, 3), x_type, inits, T.INT8), draw_x(d, (2, 3), x_type))
+
+
+@pytest.mark.parametrize(("shape", "ok"), [((1, 1, 3), True), ((3,), True), ((1, 3), True), ((1,), True),
+                                          ((3, 1), False), ((1, 3, 1), False), ((2, 3), False)])
+def test_bias_values_read_a_bias_along_its_last_axis(shape, ok):
+    """A bias varying along its last axis only is (C,); one varying along another axis is refused, not broadcast."""
+    from cvm_onnx.converters.from_onnx.context import INT32, const
+    from cvm_onnx.converters.from_onnx.quantized.products import bias_values
+    from cvm_onnx.converters.from_onnx.quantized.values import Scaled
+    from cvm_onnx.converters.from_onnx.registry import Refuse
+
+    value = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
+    b = Scaled(const(value, INT32), np.asarray(Fraction(1, 8), dtype=object), np.zeros((), np.int64))
+    acc = np.array([Fraction(1, 8)] * 3, dtype=object)
+    if ok:
+        assert list(bias_values(b, acc, 3)) == list(np.broadcast_to(value.reshape(-1), (3,)))
+    else:
+        with pytest.raises(Refuse, match="one value per output"):
+            bias_values(b, acc, 3)
