@@ -37,6 +37,7 @@ import onnx
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.npy import read_npy
+from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
 from cvm_onnx.runtime.bulk import run_many
 
@@ -95,7 +96,8 @@ class Quantized:
 
 
 class _Reader:
-    """onnxruntime.quantization's CalibrationDataReader over the samples, one feed per sample, counting them."""
+    """onnxruntime.quantization's CalibrationDataReader over the samples (of the input's type), one feed per sample,
+    counting them."""
 
     def __init__(self, name: str, samples: np.ndarray, shape: tuple[int, ...], progress: Progress | None):
         self.name, self.samples, self.shape, self.progress = name, samples, shape, progress
@@ -104,7 +106,7 @@ class _Reader:
     def get_next(self):
         if self.i >= len(self.samples):
             return None
-        feed = {self.name: np.asarray(self.samples[self.i], np.float32).reshape(self.shape)}
+        feed = {self.name: np.asarray(self.samples[self.i]).reshape(self.shape)}
         self.i += 1
         if self.progress:
             self.progress(self.i, len(self.samples), "calibrating")
@@ -167,17 +169,61 @@ def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
     if shape is None or (dims[0] is None and shape[0] != 1) or any(d not in (None, s) for d, s in zip(dims, shape)):
         rest = "".join(f", {'?' if d is None else d}" for d in dims[1:])
-        raise FormatError(f"calibration samples must be floats of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
+        kind = "floats" if data.dtype.kind == "f" else "integers"
+        raise FormatError(f"calibration samples must be {kind} of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
                           f", got {data.dtype} {data.shape}", where=where)
     return v.name, shape
 
 
-def _calibration(path: str | os.PathLike) -> np.ndarray:
+#: The input types ``quantize`` takes: float32 (quantized by its QuantizeLinear) and the integer types (read as
+#: integers by the importer until the first float tensor, which is quantized).
+INTEGER_INPUTS = {onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT16: np.int16,
+                  onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.INT32: np.int32,
+                  onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.INT64: np.int64,
+                  onnx.TensorProto.UINT64: np.uint64}
+
+
+def input_type(model: onnx.ModelProto) -> np.dtype:
+    """The numpy type of the model's input: float32 or an integer type; any other is refused, naming the input."""
+    v = _inputs(model)[0]
+    elem = v.type.tensor_type.elem_type
+    if elem == onnx.TensorProto.FLOAT:
+        return np.dtype(np.float32)
+    if elem in INTEGER_INPUTS:
+        return np.dtype(INTEGER_INPUTS[elem])
+    kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
+    raise UnsupportedError(f"the input {v.name!r} is {kind.lower()}: quantize takes a float32 or an integer input")
+
+
+def _calibration(path: str | os.PathLike, name: str, dtype: np.dtype) -> np.ndarray:
+    """The samples, as the input's type: floats for a float input; for an integer input integers (or floats
+    holding integers) within its type."""
     data = read_npy(path, "the calibration samples", mmap=False)
-    if data.dtype.kind != "f" or data.ndim < 1 or len(data) == 0:
-        raise FormatError(f"calibration samples must be floats, N >= 1 of them stacked on axis 0, got {data.dtype} "
+    if data.ndim < 1 or len(data) == 0 or data.dtype.kind not in "fiu" or (dtype.kind == "f" and data.dtype.kind != "f"):
+        want = "floats" if dtype.kind == "f" else f"integers ({dtype.name}, as the input {name!r})"
+        raise FormatError(f"calibration samples must be {want}, N >= 1 of them stacked on axis 0, got {data.dtype} "
                           f"{data.shape}", where=os.fspath(path))
-    return data
+    if dtype.kind == "f":
+        return data
+    info = np.iinfo(dtype)
+    if data.dtype.kind == "f" and not (np.isfinite(data).all() and (data == np.round(data)).all()):
+        raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must be integers, got "
+                          f"{data.dtype} values that are not", where=os.fspath(path))
+    if data.size and (data.min() < info.min or data.max() > info.max):
+        raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must lie in [{info.min}, "
+                          f"{info.max}], got [{data.min()}, {data.max()}]", where=os.fspath(path))
+    return data.astype(dtype)
+
+
+def integer_precision(samples: np.ndarray) -> int:
+    """The CVM input precision of an integer input: its type's (9 bits for uint8, 8 for int8, 17 and 16 for the
+    16-bit types), or for a wider type the least holding the calibration samples' values (at least 2; the runtime
+    clamps others to it), at most 32."""
+    if samples.dtype.itemsize <= 2:
+        info = np.iinfo(samples.dtype)
+        return tight(max(-int(info.min), int(info.max)))
+    peak = max(-int(samples.min()), int(samples.max()), 1) if samples.size else 1
+    return min(tight(peak), 32)
 
 
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
@@ -411,7 +457,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
-    data = _calibration(calibration)
+    dtype = input_type(model)
+    data = _calibration(calibration, _inputs(model)[0].name, dtype)
     name, shape = _sample_shape(model, data, os.fspath(calibration))
     samples = data.reshape((len(data),) + shape)
     with quiet_onnxruntime():
@@ -425,7 +472,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
                              activation, form, src)
             _stamp(out)
-            imported = convert(out, dst, two_part=two_part)
+            precision = 8 if dtype.kind == "f" else integer_precision(samples)
+            imported = convert(out, dst, two_part=two_part, input_precision=precision)
             quantized = out.read_bytes()
     agreements = compare(model, quantized, imported, samples, progress)
     return Quantized(imported, agreements, len(samples), model, quantized)
@@ -439,7 +487,10 @@ def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, sample
     with quiet_onnxruntime():
         want = _run_onnx(model.SerializeToString(), name, samples)
         ort = _run_onnx(quantized, name, samples)
-    got = run_many(imported.graph, samples.astype(np.float32), edges=imported.edges, progress=progress).arrays
+    data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
+    got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
+    if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
+        got = imported.edges.finish(got)
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
 
 

@@ -362,6 +362,7 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
     n = math.prod(x.shape[i] for i in axes)
     v = minus_zero(ctx, x.t, x.zero)
     y = reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
-    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else y.shape
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
+        tuple(d for i, d in enumerate(x.shape) if i not in axes)
     return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / (n if mean else 1), dtype=object),
                   np.zeros((), np.int64))
