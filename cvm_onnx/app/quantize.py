@@ -199,7 +199,8 @@ def _calibration(path: str | os.PathLike, name: str, dtype: np.dtype) -> np.ndar
     """The samples, as the input's type: floats for a float input; for an integer input integers (or floats
     holding integers) within its type."""
     data = read_npy(path, "the calibration samples", mmap=False)
-    if data.ndim < 1 or len(data) == 0 or data.dtype.kind not in "fiu" or (dtype.kind == "f" and data.dtype.kind != "f"):
+    kinds = "f" if dtype.kind == "f" else "fiu"
+    if data.ndim < 1 or len(data) == 0 or data.dtype.kind not in kinds:
         want = "floats" if dtype.kind == "f" else f"integers ({dtype.name}, as the input {name!r})"
         raise FormatError(f"calibration samples must be {want}, N >= 1 of them stacked on axis 0, got {data.dtype} "
                           f"{data.shape}", where=os.fspath(path))
