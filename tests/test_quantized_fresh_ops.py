@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -317,3 +317,76 @@ def test_quantize_linear_of_a_float_tensor_of_integers(d, so, zo, x_type):
     inside = np.abs(got) < 127
     assert all(abs(g - zo - e) <= Fraction(1, 2) + Fraction(r.plan.error if r.plan else 0)
                for g, e in zip(got[inside].flat, exact[inside].flat))
+
+
+# -- sums with constants, Max/Min of different forms, a Clip to a computed bound, a float tail of a sum -------------
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, c=st.floats(-50, 50, width=32), op=st.sampled_from(["Add", "Sub"]),
+       x_type=x_types)
+def test_add_sub_of_a_float_constant_is_a_term(d, s, so, c, op, x_type):
+    """x + c, x - c for a float constant c: the sum of x's term and sign(c) at scale |c| (0: a zero term),
+    requantized together; equal to the oracle's sum (the constant as its exact rational), within its bound.
+    Regression: 'a Sub operand is a float tensor that no DequantizeLinear produced' (a log-mel's max - 80)."""
+    z = zero(d, x_type)
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "c": np.float32(c), "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf", "c"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (2, 5)
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(qdq(nodes, shape, x_type, inits, T.INT8), x)
+    [r] = imp.requants
+    cf = Fraction(float(np.float32(c)))
+    sign = (1 if cf > 0 else -1 if cf < 0 else 0) * (1 if op == "Add" else -1)
+    want = Oracle.plan_of(r.plan, [x - z, np.full(x.shape, sign)], r.plan.multipliers)
+    assert np.array_equal(got, np.clip(want, -128, 127))
+    exact = (x - z).astype(object) * Fraction(float(np.float32(s))) / Fraction(float(np.float32(so))) + \
+        (cf if op == "Add" else -cf) / Fraction(float(np.float32(so)))
+    inside = (got > -128) & (got < 127)
+    assert all(abs(g - e) <= Fraction(1, 2) + Fraction(r.plan.error) for g, e in zip(got[inside], exact[inside]))
+
+
+@SETTINGS
+@given(d=st.data(), sa=scales, sb=scales, so=scales, op=st.sampled_from(["Max", "Min"]), x_type=x_types)
+def test_max_min_of_values_of_different_scales(d, sa, sb, so, op, x_type):
+    """Max/Min of two dequantized values of different scales: the max (min) of each one's requantization at the
+    output's scale (rounding is monotone); equal to that, each by its plan, and within 1/2 + the larger delta of the
+    exact max (min). Regression: 'float Max of dequantized values has no integer form'."""
+    za, zb = zero(d, x_type), zero(d, x_type)
+    assume(np.float32(sa) != np.float32(sb) or za != zb)  # alike: the integers' max (test above)
+    inits = {"sa": np.float32(sa), "za": NP[x_type](za), "sb": np.float32(sb), "zb": NP[x_type](zb),
+             "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+             h.make_node("DequantizeLinear", ["x", "sb", "zb"], ["b0"]),
+             h.make_node("Transpose", ["b0"], ["b"], perm=[1, 0]), h.make_node("Transpose", ["a"], ["at"], perm=[1, 0]),
+             h.make_node(op, ["at", "b"], ["r"]), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (3, 4)
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(qdq(nodes, shape, x_type, inits, T.INT8), x)
+    parts = []
+    for rec, v in zip(imp.requants, (x.T - za, x.T - zb)):
+        parts.append(np.clip(v if rec.plan is None else Oracle.plan_of(rec.plan, [v], rec.plan.multipliers), -128,
+                             127))
+    f = np.maximum if op == "Max" else np.minimum
+    assert np.array_equal(got, f(*parts))
+
+
+def test_a_clip_to_a_computed_bound_at_the_output_is_a_float_tail():
+    """A log-mel's top_db: Clip(x, ReduceMax(x) - 80) as the float output (nothing quantizes it): max(x, m) for
+    m = max(x) - 80, quantized to int16 at the scale docs/import.md states (the least float32 with 32767 s >= the
+    largest |value| the interval of x allows); within one step of the exact value, and equal to max of the
+    requantizations. Regression: 'Clip min must be a constant scalar'."""
+    s = np.float32(0.75)
+    inits = {"s": s, "z": np.int8(0), "c": np.float32(80.0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceMax", ["xf"], ["m"], keepdims=0), h.make_node("Sub", ["m", "c"], ["lo"]),
+             h.make_node("Clip", ["xf", "lo"], ["y"])]
+    x = np.arange(-127, 128, dtype=np.int64).reshape(5, 51)
+    imp, [got] = run(qdq(nodes, x.shape, T.INT8, inits, T.FLOAT, opset=13), x)
+    [edge] = imp.edges.outputs
+    st_ = Fraction(float(np.asarray(edge.scale).reshape(())))
+    want = np.float32(128 * 0.75 / 32767)  # x's interval [-96, 95.25] (int8 at 9 bits) bounds max(x, m) too
+    while float(want) * 32767 < 128 * 0.75:
+        want = np.nextafter(want, np.float32(1))
+    assert edge.type == "int16" and st_ == Fraction(float(want))
+    real = np.maximum(x * 0.75, x.max() * 0.75 - 80)
+    assert np.abs(got * float(st_) - real).max() <= float(st_)

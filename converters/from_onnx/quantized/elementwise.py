@@ -11,17 +11,33 @@ from typing import Callable
 
 import numpy as np
 
-from ..context import INT32, Tensor, const
+from ..context import INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule
-from .values import Mapped, Scaled, Summed, per_tensor, real_bound, scaled
+from .requantization import quantize
+from .values import Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
-    """a + b: exact as a sum of scaled integers, requantized by the QuantizeLinear that follows."""
+    """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
+    QuantizeLinear that follows."""
     terms = []
     for x in (a, b):
-        terms += list(x.terms) if isinstance(x, Summed) else [scaled(x, "an Add operand")]
+        terms += summands(x, "an Add operand")
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+
+
+def summands(x, what: str) -> list[Scaled]:
+    """The terms of a sum: a sum's, a dequantized value, or a float constant c as sign(c) at scale |c| (per
+    element; 1 where c is 0)."""
+    if isinstance(x, Summed):
+        return list(x.terms)
+    if is_float_const(x):
+        c = np.asarray(x.value, np.float64)
+        if not np.isfinite(c).all():
+            raise Refuse(f"{what} is a constant that is not finite")
+        size = np.array([Fraction(float(abs(v))) if v else Fraction(1) for v in c.flat], dtype=object)
+        return [Scaled(const(np.sign(c).astype(np.int64), INT32), size.reshape(c.shape), np.zeros((), np.int64))]
+    return [scaled(x, what)]
 
 
 @float_rule("BatchNormalization", since=9)
@@ -80,9 +96,10 @@ def negated(ctx, x: Scaled) -> Scaled:
 
 @float_rule("Sub", since=7)
 def sub_rule(ctx, node, a, b):
-    """a - b: a + (-b), -b = (-t + z) s exactly (``negated``), requantized by the QuantizeLinear that follows."""
-    terms = list(a.terms) if isinstance(a, Summed) else [scaled(a, "a Sub operand")]
-    terms += [negated(ctx, t) for t in (b.terms if isinstance(b, Summed) else [scaled(b, "a Sub operand")])]
+    """a - b: a + (-b), -b = (-t + z) s exactly (``negated``; a float constant as in Add), requantized by the
+    QuantizeLinear that follows."""
+    terms = summands(a, "a Sub operand")
+    terms += [negated(ctx, t) for t in summands(b, "a Sub operand")]
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
@@ -179,7 +196,19 @@ def relu_rule(ctx, node, x):
 
 @float_rule("Clip", since=11)
 def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
-    """Clip to real bounds: an integer clip when they lie on x's grid, else deferred to the QuantizeLinear."""
+    """Clip to real bounds: an integer clip when they lie on x's grid, else deferred to the QuantizeLinear; to a
+    computed bound (a log-mel's top_db: max - 80), Max then Min (``Extreme``)."""
+    if any(isinstance(b, Real) and constant_values(b) is None for b in (lo_t, hi_t)):
+        out = x
+        for b, is_max in ((lo_t, True), (hi_t, False)):
+            c = None if b is None else constant_values(b)
+            if c is not None and (c == (-np.inf if is_max else np.inf)).all():
+                continue  # an infinite bound clips nothing
+            if c is not None and not np.isfinite(c).all():
+                raise Refuse("a Clip bound with non-finite values beside finite ones")
+            if b is not None:
+                out = Extreme(is_max, (out, b if c is None else c))
+        return out
     lo, hi = real_bound(lo_t, "Clip min"), real_bound(hi_t, "Clip max")
     if isinstance(x, Mapped):
         return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
@@ -238,14 +267,15 @@ def extremum_rule(ctx, node, *xs):
             raise Refuse(f"{node.op_type} of a float function's value with anything but one constant scalar")
         cf = float(c.reshape(()))
         return mapped(values[0], lambda v: (np.maximum if is_max else np.minimum)(v, cf), node.op_type)
+    alike = all(isinstance(v, Scaled) and v.per_tensor and v.clip == (None, None) for v in values) and all(
+        v.scale.reshape(()).item() == values[0].scale.reshape(()).item() and int(v.zero.reshape(())) ==
+        int(values[0].zero.reshape(())) for v in values)
+    if len(values) > 1 and not alike:  # of different scales, sums, functions: max (min) of their quantizations
+        operands = tuple(values) + (() if c is None else (c,))
+        return Extreme(is_max, operands)
     xs_ = [scaled(x, f"a {node.op_type} operand", clipped_ok=len(values) == 1) for x in values]
     x = xs_[0]
     if len(xs_) > 1:
-        xs_ = [per_tensor(v, node.op_type) for v in xs_]
-        if any(v.scale.reshape(()).item() != x.scale.reshape(()).item() or int(v.zero.reshape(())) !=
-               int(x.zero.reshape(())) for v in xs_):
-            raise Refuse(f"{node.op_type} of dequantized values of different scales or zero points has no integer "
-                         "form: quantize them alike")
         t = extreme(ctx, is_max, [as_int32(v.t) for v in xs_])
         x = replace(x, t=replace(t, dtype=x.t.dtype) if len({v.t.dtype for v in xs_}) == 1 else t)
     if c is None:
@@ -267,6 +297,37 @@ def extremum_rule(ctx, node, *xs):
     k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
     t = extreme(ctx, is_max, [as_int32(x.t), const(k, INT32)])
     return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
+
+
+class Extreme(Deferred):
+    """max (min) of real values of any forms and float constants: QuantizeLinear of it is the max (min) of each
+    operand's QuantizeLinear at the output's scale (its requantization, table, ...; a constant's exactly rounded),
+    as rounding is monotone: each operand's integer is within 1/2 + delta of its exact value, and so is the max
+    (|max(p, q) - max(P, Q)| <= max(|p - P|, |q - Q|))."""
+
+    def __init__(self, is_max: bool, operands: tuple):
+        self.is_max, self.operands = is_max, operands
+        self.what = "Max" if is_max else "Min"
+        try:
+            self.shape = tuple(np.broadcast_shapes(*(np.shape(x) if isinstance(x, np.ndarray) else x.shape
+                                                     for x in operands)))
+        except ValueError:
+            raise Refuse(f"{self.what} of shapes that do not broadcast") from None
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        if scale.size != 1:
+            raise Refuse(f"{self.what} of values of different scales with a per-channel output scale has no CVM form")
+        s = scale.reshape(()).item()
+        lo, hi = INT_RANGES[dtype]
+        ints = []
+        for x in self.operands:
+            if isinstance(x, np.ndarray):
+                q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
+                ints.append(const(q.reshape(x.shape), INT32))
+            else:
+                ints.append(as_int32(quantize(ctx, x, scale, np.asarray(out_zero), dtype)))
+        t = extreme(ctx, self.is_max, ints)
+        return replace(t, dtype=dtype, lo=max(t.lo, lo), hi=min(t.hi, hi))
 
 
 @float_rule("PRelu", since=7)
