@@ -197,6 +197,27 @@ def test_quantize_takes_an_integer_input(tmp_path, per_channel):
     exact_export(model.graph)
 
 
+def test_quantize_per_channel_takes_a_matmul_bias_of_shape_1_n(tmp_path):
+    """MatMul + Add of a (1, N) bias, which onnxruntime's optimizer fuses into a Gemm with C of shape (1, N): per
+    channel it imports whole (the bias read as (N,)). Regression: quantize_static's per-channel int32-bias
+    adjustment failed, 'The truth value of an array with more than one element is ambiguous' (exit 5)."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w"),
+             nh.from_array(rng.normal(size=(1, 4)).astype(np.float32), "b")]
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     inits)
+    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(6, 8)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=True,
+                    save_onnx=tmp_path / "q.onnx")
+    q = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in q.graph.node if n.op_type in ("Gemm", "MatMul")] == ["Gemm"]
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps
+    exact_export(done.imported.graph)
+
+
 @pytest.mark.parametrize(("dtype", "samples", "match"), [
     (T.FLOAT16, np.zeros((2, 4), np.float16), "the input 'x' is float16: quantize takes a float32 or an integer"),
     (T.INT64, np.full((2, 4), 0.5, np.float32), "for the int64 input 'x' must be integers, got float32 values"),

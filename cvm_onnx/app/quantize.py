@@ -7,8 +7,8 @@
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
-   fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference) and folds a
-   BatchNormalization after ConvTranspose;
+   fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
+   BatchNormalization after ConvTranspose and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -281,6 +281,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     del out.opset_import[:]
     out.opset_import.extend(kept)
     fold_batchnorm(out.graph)
+    flatten_biases(out.graph)
     onnx.save(out, path)
 
 
@@ -387,6 +388,29 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
                                                           epsilon=eps))
         for n in nodes:
             model.graph.node.remove(n)
+
+
+def flatten_biases(graph: onnx.GraphProto) -> None:
+    """Each Gemm's bias C that is a constant of shape (1, ..., 1, N) (onnxruntime's fusion of MatMul + Add writes
+    the Add's (1, N)) as the (N,) it broadcasts as: quantize_static's per-channel adjustment of weight scales for
+    int32 biases indexes the bias by channel and fails on any other shape ('The truth value of an array ... is
+    ambiguous')."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type != "Gemm" or len(n.input) < 3 or n.input[2] not in inits:
+            continue
+        c = numpy_helper.to_array(inits[n.input[2]])
+        if c.ndim < 2 or any(d != 1 for d in c.shape[:-1]):
+            continue
+        name = f"{n.input[2]}:flat"
+        if name not in inits:
+            inits[name] = numpy_helper.from_array(c.reshape(-1), name)
+            graph.initializer.append(inits[name])
+        old, n.input[2] = n.input[2], name
+        if all(old not in m.input for m in graph.node) and old not in {o.name for o in graph.output}:
+            graph.initializer.remove(inits.pop(old))
 
 
 def fold_batchnorm(graph: onnx.GraphProto) -> None:

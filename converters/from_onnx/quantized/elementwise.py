@@ -255,7 +255,8 @@ def extremum_rule(ctx, node, *xs):
     """max/min of dequantized values and constants. Of values of one scale and zero point: the integer max/min of
     their integers (the scale is positive). With a constant c: max(x, c) = Clip(x, c, inf), min(x, c) =
     Clip(x, -inf, c) (``bounded``: exact on the grid, else deferred to the QuantizeLinear); a constant array must
-    lie on x's grid. Of a float function's value: the table's values max'ed (min'ed) with a scalar c."""
+    lie on x's grid. Of a float function's value: the table's values max'ed (min'ed) with a scalar c. Of values
+    of different scales, a sum, Softmax: deferred (``Extreme``)."""
     is_max = node.op_type == "Max"
     consts = [c for c in (constant_values(x) for x in xs) if c is not None]
     values = [x for x in xs if constant_values(x) is None]
@@ -270,7 +271,8 @@ def extremum_rule(ctx, node, *xs):
     alike = all(isinstance(v, Scaled) and v.per_tensor and v.clip == (None, None) for v in values) and all(
         v.scale.reshape(()).item() == values[0].scale.reshape(()).item() and int(v.zero.reshape(())) ==
         int(values[0].zero.reshape(())) for v in values)
-    if len(values) > 1 and not alike:  # of different scales, sums, functions: max (min) of their quantizations
+    if (len(values) > 1 and not alike) or not isinstance(values[0], (Scaled, Tensor)):  # the max (min) of
+        # their quantizations (Extreme)
         operands = tuple(values) + (() if c is None else (c,))
         return Extreme(is_max, operands)
     xs_ = [scaled(x, f"a {node.op_type} operand", clipped_ok=len(values) == 1) for x in values]
