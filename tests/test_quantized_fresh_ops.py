@@ -390,3 +390,21 @@ def test_a_clip_to_a_computed_bound_at_the_output_is_a_float_tail():
     assert edge.type == "int16" and st_ == Fraction(float(want))
     real = np.maximum(x * 0.75, x.max() * 0.75 - 80)
     assert np.abs(got * float(st_) - real).max() <= float(st_)
+
+
+@SETTINGS
+@given(d=st.data(), s=st.floats(2.0**-6, 2.0**-1, width=32), so=st.floats(2.0**-8, 2.0**-5, width=32), x_type=x_types)
+def test_a_function_of_a_sum_of_one_scale_is_a_table(d, s, so, x_type):
+    """Exp(x - ReduceMax(x)) (a written-out softmax's numerator) with both terms at x's scale: the integers added
+    (broadcast_add), then one table of exp over the sum's integers; equal to the exact table of exp((t - max t) s).
+    Regression: 'the Exp input (a sum) must be quantized (QuantizeLinear) first'."""
+    z = zero(d, x_type)
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(-128)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceMax", ["xf"], ["m"], axes=[1], keepdims=1), h.make_node("Sub", ["xf", "m"], ["d"]),
+             h.make_node("Exp", ["d"], ["e"]), h.make_node("QuantizeLinear", ["e", "so", "zo"], ["y"])]
+    shape = (3, 5)
+    x = draw_x(d, shape, x_type)
+    _, [got] = run(qdq(nodes, shape, x_type, inits, T.INT8, opset=13), x)
+    real = (x - x.max(axis=1, keepdims=True)) * float(np.float32(s))
+    assert np.array_equal(got, np.clip(np.rint(np.exp(real) / float(np.float32(so))) - 128, -128, 127))

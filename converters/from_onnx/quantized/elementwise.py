@@ -400,9 +400,28 @@ FUNCTIONS: dict[str, Callable] = {
 
 
 def function_rule(ctx, node, x):
-    """A float elementwise function: a table over x's integers, built by the QuantizeLinear that follows; refused
-    here, naming the node, where it is undefined on x's range."""
-    return defined(node.op_type, mapped(x, FUNCTIONS[node.op_type](node), node.op_type))
+    """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
+    ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
+    on x's range."""
+    return defined(node.op_type, mapped(collapsed(ctx, x), FUNCTIONS[node.op_type](node), node.op_type))
+
+
+def collapsed(ctx, x):
+    """A sum whose terms share one scalar scale s (a written-out softmax's x - max(x)) as one dequantized value:
+    sum_i (t_i - z_i) s = (sum_i t_i - sum_i z_i) s, the integers added by broadcast_add (exact in int32); any
+    other value as it is."""
+    if not isinstance(x, Summed) or any(t.scale.size != 1 or t.zero.size != 1 or t.clip != (None, None)
+                                        for t in x.terms):
+        return x
+    s = x.terms[0].scale.reshape(()).item()
+    if any(t.scale.reshape(()).item() != s for t in x.terms):
+        return x
+    acc = as_int32(x.terms[0].t)
+    for term in x.terms[1:]:
+        u = as_int32(term.t)
+        acc = ctx.result(ctx.op("broadcast_add", acc, u), INT32, acc.lo + u.lo, acc.hi + u.hi, broadcast_shape(acc, u))
+    zero = sum(int(t.zero.reshape(())) for t in x.terms)
+    return Scaled(acc, np.asarray(s, dtype=object), np.asarray(zero, np.int64))
 
 
 def defined(op: str, m: Mapped) -> Mapped:
