@@ -8,6 +8,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -408,3 +409,44 @@ def test_a_function_of_a_sum_of_one_scale_is_a_table(d, s, so, x_type):
     _, [got] = run(qdq(nodes, shape, x_type, inits, T.INT8, opset=13), x)
     real = (x - x.max(axis=1, keepdims=True)) * float(np.float32(s))
     assert np.array_equal(got, np.clip(np.rint(np.exp(real) / float(np.float32(so))) - 128, -128, 127))
+
+
+# -- MaxPool with dilations ----------------------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), k=st.tuples(st.integers(1, 3), st.integers(1, 3)), dil=st.tuples(st.integers(1, 3),
+                                                                                       st.integers(1, 3)),
+       strides=st.tuples(st.integers(1, 3), st.integers(1, 3)), ceil=st.booleans(),
+       pad=st.sampled_from(["pads", "VALID"]), one_d=st.booleans())
+def test_dilated_max_pool_equals_onnxruntime(d, k, dil, strides, ceil, pad, one_d):
+    """MaxPool with dilations (explicit pads or VALID, ceil_mode, 1-D or 2-D) of an int8 input: equal to
+    onnxruntime's. Regression: 'MaxPool with dilations has no CVM form'."""
+    n_sp = 1 if one_d else 2
+    k, dil, strides = k[:n_sp], dil[:n_sp], strides[:n_sp]
+    assume(any(v > 1 for v in dil))
+    size = tuple(d.draw(st.integers(max(dd * (kk - 1) + 1, 2), 9)) for kk, dd in zip(k, dil))
+    attrs = {"kernel_shape": list(k), "dilations": list(dil), "strides": list(strides), "ceil_mode": int(ceil)}
+    if pad == "pads":
+        attrs["pads"] = [d.draw(st.integers(0, kk - 1)) for kk in k] * 2
+    else:
+        attrs["auto_pad"] = pad
+    shape = (1, 2) + size
+    m = qdq([h.make_node("MaxPool", ["x"], ["y"], **attrs)], shape, T.INT8, {}, T.INT8, opset=13)
+    x = np.clip(draw_x(d, shape, T.INT8), -127, 127)
+    try:
+        [want] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": x.astype(np.int8)})
+    except Exception:  # noqa: BLE001  (a geometry onnxruntime itself rejects)
+        assume(False)
+    imp = import_model(m, input_precision=8)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    assert got.shape == want.shape and np.array_equal(got, want.astype(np.int64))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def test_dilated_max_pool_with_same_padding_is_refused_naming_the_node():
+    """onnxruntime pads a dilated MaxPool's SAME_UPPER for the undilated kernel (2 outputs of 3 where ONNX says 3):
+    refused rather than matching one of the two."""
+    m = qdq([h.make_node("MaxPool", ["x"], ["y"], name="pool3", kernel_shape=[2], dilations=[2],
+                         auto_pad="SAME_UPPER")], (1, 2, 3), T.INT8, {}, T.INT8, opset=13)
+    with pytest.raises(CVMError, match=r"pool3 \(MaxPool\): MaxPool with dilations and auto_pad SAME_\*"):
+        import_model(m)

@@ -21,8 +21,8 @@ import numpy as np
 
 from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, Tensor, check_values, const, type_name
-from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, conv_window, cropped, ints, minus_zero, nearest, normal,
-                   onnx_pads, select, spatial_2d)
+from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme, ints,
+                   minus_zero, nearest, normal, onnx_pads, select, spatial_2d, strided_slice)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -211,9 +211,9 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
 
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
-    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either."""
+    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``."""
     if any(d != 1 for d in node.attr_ints("dilations", [])):
-        raise Refuse("MaxPool with dilations has no CVM form")
+        return [dilated(ctx, node, x), None]
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
     one_d = len(x.shape) == 3
@@ -233,6 +233,55 @@ def max_pool(ctx, node, x):
     y = ctx.result(e, x.dtype, x.lo, x.hi)
     y = select(ctx, y, [p[2] for p in plans], [s // p[1] for s, p in zip(strides, plans)], [p[3] for p in plans])
     return [ctx.reshape(y, (n, c, y.shape[3])) if one_d else y, None]
+
+
+#: Kernel positions of a dilated MaxPool (one strided_slice and one broadcast_max each).
+MAX_TAPS = 64
+
+
+def dilated(ctx, node, x: Tensor) -> Tensor:
+    """MaxPool with dilations d: y[o] = max over kernel positions i of x[o s - b + i d] (b the begin pad; positions
+    in the padding never win): the input padded with its least value x.lo (concatenate of constants), one
+    strided_slice per kernel position (start i d, step s, ONNX's output count, ceil mode as ``pool_plan``
+    counts it), and their broadcast_max. Exact: the same windows, the same max."""
+    if node.attr_int("storage_order", 0) != 0:
+        raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    one_d = len(x.shape) == 3
+    x4 = spatial_2d(ctx, x, "MaxPool")
+    kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    if node.attr_str("auto_pad", "NOTSET").startswith("SAME"):
+        raise Refuse("MaxPool with dilations and auto_pad SAME_*: onnxruntime pads it for the undilated kernel "
+                     "(fewer outputs than ONNX's ceil(size / stride)); give explicit pads")
+    if math.prod(kernel) > MAX_TAPS:
+        raise Refuse(f"dilated MaxPool of {math.prod(kernel)} kernel positions: one slice each, at most {MAX_TAPS}")
+    spatial = len(x.shape) - 2
+    begin, end = onnx_pads(node, x.shape[2:], kernel[-spatial:], strides[-spatial:], dilations[-spatial:], crop=True)
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    x4, begin, end = cropped(ctx, x4, begin, end)
+    n, c, h, w = x4.shape
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    outs = [pool_plan(size, k, s, pb, pe, bool(node.attr_int("ceil_mode", 0)))[3]
+            for size, k, s, pb, pe in zip((h, w), spans, strides, begin, end)]
+    reach = [max((o - 1) * s + k - size - pb, 0) for o, s, k, size, pb in zip(outs, strides, spans, (h, w), begin)]
+    padded = x4
+    for axis, (pb, pe) in enumerate(zip(begin, reach), start=2):
+        fill = [const(np.full(padded.shape[:axis] + (p,) + padded.shape[axis + 1:], x.lo, np.int64), x.dtype)
+                for p in (pb, pe) if p]
+        if fill:
+            parts = (fill[:1] if pb else []) + [padded] + (fill[-1:] if pe else [])
+            padded = concatenated(ctx, axis, *parts)
+    taps = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            taps.append(strided_slice(ctx, padded, [range(n), range(c)] + [
+                range(k * d, k * d + s * (o - 1) + 1, s)
+                for k, d, s, o in zip((i, j), dilations, strides, outs)]))
+    y = extreme(ctx, True, [as_int32(t) for t in taps]) if len(taps) > 1 else taps[0]
+    y = replace(y, dtype=x.dtype, lo=max(y.lo, x.lo), hi=min(y.hi, x.hi))
+    return ctx.reshape(y, (n, c, y.shape[3])) if one_d else y
 
 
 # -- nearest resizing -------------------------------------------------------------------------------------------
