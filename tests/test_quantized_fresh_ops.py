@@ -450,3 +450,42 @@ def test_dilated_max_pool_with_same_padding_is_refused_naming_the_node():
                          auto_pad="SAME_UPPER")], (1, 2, 3), T.INT8, {}, T.INT8, opset=13)
     with pytest.raises(CVMError, match=r"pool3 \(MaxPool\): MaxPool with dilations and auto_pad SAME_\*"):
         import_model(m)
+
+
+# -- Resize linear at integer scales ----------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), f=st.tuples(st.integers(1, 4), st.integers(1, 4)), s=scales, so=scales, x_type=x_types,
+       mode=st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]))
+def test_linear_resize_at_integer_scales(d, f, s, so, x_type, mode):
+    """Resize linear by integer scales (each coordinate mode): the interpolation's integers v = den_h den_w
+    (y / s) are exactly onnx's reference value times den_h den_w / s, and the output their requantization by the
+    plan; within its bound of the exact value. Regression: 'Resize mode=linear: only nearest has an exact CVM
+    form'."""
+    assume(f != (1, 1))
+    z = zero(d, x_type)
+    shape = (1, 2, d.draw(st.integers(1, 4)), d.draw(st.integers(2, 4)))
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(0),
+             "scales": np.array([1, 1, *f], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="linear", coordinate_transformation_mode=mode),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(qdq(nodes, shape, x_type, inits, T.INT8, opset=13), x)
+    from support.quantized import one
+    ref = one("Resize", [(x - z).astype(np.float64), np.array([]), np.array([1, 1, *f], np.float64)], mode="linear",
+              coordinate_transformation_mode=mode)
+    den = math.prod(2 * k if mode in ("half_pixel", "pytorch_half_pixel") else
+                    k if mode == "asymmetric" else n * k - 1 for k, n in zip(f, shape[2:]) if k > 1)
+    v = ref * den
+    assert np.abs(v - np.rint(v)).max() < 1e-6  # multiples of 1 / den (the reference adds in float64: 1/3 rounds)
+    [r] = imp.requants
+    want = np.clip(Oracle.plan_of(r.plan, [np.rint(v).astype(np.int64)], r.plan.multipliers), -128, 127)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    exact = np.rint(v).astype(np.int64).astype(object) * (Fraction(float(np.float32(s))) / den /
+                                                         Fraction(float(np.float32(so))))
+    inside = (got > -128) & (got < 127)
+    assert all(abs(g - e) <= Fraction(1, 2) + Fraction(r.plan.error) for g, e in zip(got[inside], exact[inside]))
+    m = qdq(nodes, shape, x_type, inits, T.INT8, opset=13)  # onnxruntime's border and coordinates: the same values
+    [theirs] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})
+    assert np.abs(got - theirs.astype(np.int64)).max() <= 1

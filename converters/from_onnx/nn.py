@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, Tensor, check_values, const, type_name
-from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme, ints,
-                   minus_zero, nearest, normal, onnx_pads, select, spatial_2d, strided_slice)
+from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
+                   integer_scales, minus_zero, nearest, onnx_pads, resized_shape, scaled_size, select,
+                   source_coordinate, spatial_2d, strided_slice)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -288,18 +288,7 @@ def dilated(ctx, node, x: Tensor) -> Tensor:
 def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s: int) -> np.ndarray:
     """The input index ONNX Resize reads for outputs ``o`` (integer scale s = out/size), in exact rational
     arithmetic: the coordinate num/den by the transformation mode, rounded by the nearest mode, clamped."""
-    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
-        num, den = 2 * o + 1 - s, 2 * s
-    elif mode == "pytorch_half_pixel":
-        num, den = 0 * o, 1
-    elif mode == "align_corners":
-        num, den = (o * (size - 1), out - 1) if out > 1 else (0 * o, 1)
-    elif mode == "asymmetric":
-        num, den = o, s
-    elif mode == "tf_half_pixel_for_nn":
-        num, den = 2 * o + 1, 2 * s
-    else:
-        raise Refuse(f"Resize coordinate_transformation_mode={mode} has no exact CVM form")
+    num, den = source_coordinate(mode, o, size, out, s)
     if nearest == "floor":
         idx = num // den
     elif nearest == "ceil":
@@ -313,46 +302,15 @@ def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s:
     return np.clip(idx, 0, size - 1)
 
 
-def scaled(size: int, scale: float) -> int:
-    """floor(size * scale), the output size of a scaled axis; refused unless finite and at most 2^24."""
-    out = size * float(scale)
-    if not math.isfinite(out) or out > MAX_DIM:
-        raise Refuse(f"scale {scale} of an axis of {size} gives no output size in [0, 2^24]")
-    return math.floor(out)
-
-
-def integer_scales(x: Tensor, out: list[int]) -> list[int]:
-    if len(out) != len(x.shape) or any(not 1 <= d <= o <= MAX_DIM or o % d for o, d in zip(out, x.shape)):
-        raise Refuse(f"resizing {x.shape} to {tuple(out)} is not an upsampling by integer scales")
-    return [o // d for o, d in zip(out, x.shape)]
-
-
 @rule("Resize", since=11)
 def resize(ctx, node, x, roi=None, scales=None, sizes=None):
     """Resize nearest with integer scales, for every coordinate transformation and nearest mode that picks
     x[o // s] (checked exactly on every output index)."""
     mode = node.attr_str("mode", "nearest")
     if mode != "nearest":
-        raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form")
-    rank = len(x.shape)
-    axes = normal(node.attr_ints("axes", list(range(rank))), rank)
-    full = list(x.shape)
-    if sizes is not None and sizes.size:
-        if node.attr_str("keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise Refuse("Resize keep_aspect_ratio_policy other than stretch has no CVM form")
-        values = ints(sizes, "Resize sizes")
-        if len(values) != len(axes):
-            raise Refuse(f"Resize sizes {values} must hold one value per axis ({len(axes)})")
-        for a, v in zip(axes, values):
-            full[a] = v
-    elif scales is not None and scales.size:
-        if not scales.is_const:
-            raise Refuse("Resize scales must be a constant")
-        values = scales.value.reshape(-1)
-        if len(values) != len(axes):
-            raise Refuse(f"Resize scales {values.tolist()} must hold one value per axis ({len(axes)})")
-        for a, v in zip(axes, values):
-            full[a] = scaled(x.shape[a], v)
+        raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form on integers (linear: between "
+                     "quantized tensors)")
+    full = resized_shape(node, x, scales, sizes)
     factors = integer_scales(x, full)
     transform = node.attr_str("coordinate_transformation_mode", "half_pixel")
     rounding = node.attr_str("nearest_mode", "round_prefer_floor")
@@ -373,5 +331,5 @@ def upsample(ctx, node, x, scales=None):
         scales.is_const else None
     if values is None:
         raise Refuse("Upsample scales must be a constant")
-    return nearest(ctx, x, integer_scales(x, [scaled(d, v) for d, v in zip(x.shape, values)]))
+    return nearest(ctx, x, integer_scales(x, [scaled_size(d, v) for d, v in zip(x.shape, values)]))
 
