@@ -489,3 +489,38 @@ def test_linear_resize_at_integer_scales(d, f, s, so, x_type, mode):
     [theirs] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x.astype(NP[x_type])})
     assert np.abs(got - theirs.astype(np.int64)).max() <= 1
+
+
+# -- functions of two dequantized values: one table over both integers ----------------------------------------------
+@SETTINGS
+@given(d=st.data(), sa=scales, sb=scales, so=scales, zb=st.integers(-128, 0), op=st.sampled_from(["Div", "Exp"]))
+def test_a_function_of_two_values_is_one_table(d, sa, sb, so, zb, op):
+    """a / b of two computed values (b clipped to b >= s_b > 0 on its grid), and Exp(a - b) of values of two
+    scales: one cvm_lut over both operands' integers (256 x 256 entries at most), each the exactly rounded
+    float64 value; equal to that table. Regression: 'float Div of dequantized values has no integer form', 'the
+    Exp input (a sum) must be quantized (QuantizeLinear) first'."""
+    inits = {"sa": np.float32(sa), "za": np.int8(0), "sb": np.float32(sb), "zb": np.int8(zb),
+             "so": np.float32(so), "zo": np.int8(0), "low": np.float32(sb)}  # b >= one step: t_b > z_b
+    body = [h.make_node("Clip", ["bt", "low"], ["bc"]), h.make_node("Div", ["a", "bc"], ["r"])] if op == "Div" \
+        else [h.make_node("Sub", ["a", "bt"], ["dd"]), h.make_node("Exp", ["dd"], ["r"])]
+    nodes = [h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a0"]),
+             h.make_node("DequantizeLinear", ["x", "sb", "zb"], ["b"]),
+             h.make_node("Transpose", ["a0"], ["a"], perm=[1, 0]), h.make_node("Transpose", ["b"], ["bt"], perm=[1, 0]),
+             *body, h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (4, 4)
+    x = draw_x(d, shape, T.INT8)
+    va = x.T.astype(np.float64) * float(np.float32(sa))
+    tb = np.maximum(x, zb + 1) if op == "Div" else x
+    vb = (tb - zb).T.astype(np.float64) * float(np.float32(sb))
+    _, [got] = run(qdq(nodes, shape, T.INT8, inits, T.INT8), x)
+    real = va / vb if op == "Div" else np.exp(va - vb)
+    assert np.array_equal(got, np.clip(np.rint(real / float(np.float32(so))), -128, 127).astype(np.int64))
+
+
+def test_a_division_by_a_value_reaching_zero_over_zero_is_refused_naming_the_div():
+    inits = {"s": np.float32(0.5), "z": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]),
+             h.make_node("Transpose", ["a"], ["b"], perm=[1, 0]), h.make_node("Div", ["a", "b"], ["r"], name="ratio"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    with pytest.raises(CVMError, match=r"ratio \(Div\): Div is undefined on part of its operands' ranges \(0 / 0\)"):
+        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.INT8))

@@ -14,7 +14,7 @@ import numpy as np
 from ..context import INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule
-from .requantization import quantize
+from .requantization import MAX_TABLE, Requant, quantize
 from .values import Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
@@ -150,9 +150,10 @@ def mul_rule(ctx, node, a, b):
 @float_rule("Div", since=7)
 def div_rule(ctx, node, a, b):
     """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
-    folded into the requantization that follows."""
+    folded into the requantization that follows; by a computed value: a table of a / b over both operands'
+    integers (``Paired``)."""
     if not is_float_const(b):
-        raise Refuse("float Div of dequantized values has no integer form: only division by a constant > 0")
+        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div").checked()
     return rescaled(a, 1 / constant_factor(b, "the divisor"), "the dividend")
 
 
@@ -301,6 +302,52 @@ def extremum_rule(ctx, node, *xs):
     return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
 
 
+class Paired(Deferred):
+    """fn(a, b) of two dequantized values (a / b of computed values, exp(x - m) at two scales): QuantizeLinear of it
+    is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
+    broadcast_add), R_a R_b <= 2^16 entries, each sat(round(fn(real a, real b) / s_out) + z_out) in float64 (the
+    exactly rounded value of fn at the exact inputs; an infinite value saturates)."""
+
+    def __init__(self, fn, a: Scaled, b: Scaled, what: str):
+        self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
+        self.shape = broadcast_shape(a.t, b.t)
+        if (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE:
+            raise Refuse(f"{what} of two values over {a.t.hi - a.t.lo + 1} x {b.t.hi - b.t.lo + 1} integers: a table "
+                         f"of at most 2^16 entries has a CVM form")
+
+    def grid(self) -> np.ndarray:
+        """fn at every (a, b) pair of the operands' integers, rows a, columns b."""
+        def real(x: Scaled) -> np.ndarray:
+            q = np.arange(x.t.lo, x.t.hi + 1, dtype=np.int64)
+            return (q - int(x.zero.reshape(()))) * float(x.scale.reshape(()).item())
+        with np.errstate(all="ignore"):
+            return np.asarray(self.fn(real(self.a)[:, None], real(self.b)[None, :]), np.float64)
+
+    def checked(self) -> Paired:
+        """Refused where fn is undefined (NaN: 0 / 0) on the operands' ranges."""
+        if np.isnan(self.grid()).any():
+            raise Refuse(f"{self.what} is undefined on part of its operands' ranges (0 / 0): its divisor's integers "
+                         f"reach its zero point {int(self.b.zero.reshape(()))} in [{self.b.t.lo}, {self.b.t.hi}]")
+        return self
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        if scale.size != 1:
+            raise Refuse(f"{self.what} with a per-channel output scale has no CVM form")
+        lo, hi = INT_RANGES[dtype]
+        image = self.grid()
+        values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+        ra, rb = self.a.t.hi - self.a.t.lo + 1, self.b.t.hi - self.b.t.lo + 1
+        ia = minus_zero(ctx, self.a.t, np.asarray(self.a.t.lo))
+        ib = minus_zero(ctx, self.b.t, np.asarray(self.b.t.lo))
+        if rb > 1:
+            k = const(np.array(rb, np.int32), INT32)
+            ia = ctx.result(ctx.op("broadcast_mul", ia, k), INT32, 0, (ra - 1) * rb, ia.shape)
+        index = ctx.result(ctx.op("broadcast_add", ia, ib), INT32, 0, ra * rb - 1, self.shape)
+        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values.reshape(-1), INT32)), in_dim=ra * rb)
+        ctx.requants.append(Requant(ctx.base, (), None))
+        return ctx.result(e, dtype, int(values.min()), int(values.max()), self.shape)
+
+
 class Extreme(Deferred):
     """max (min) of real values of any forms and float constants: QuantizeLinear of it is the max (min) of each
     operand's QuantizeLinear at the output's scale (its requantization, table, ...; a constant's exactly rounded),
@@ -403,7 +450,11 @@ def function_rule(ctx, node, x):
     """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
     ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
     on x's range."""
-    return defined(node.op_type, mapped(collapsed(ctx, x), FUNCTIONS[node.op_type](node), node.op_type))
+    fn = FUNCTIONS[node.op_type](node)
+    x = collapsed(ctx, x)
+    if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
+        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum").checked()
+    return defined(node.op_type, mapped(x, fn, node.op_type))
 
 
 def collapsed(ctx, x):
