@@ -335,7 +335,8 @@ class Paired(Deferred):
             raise Refuse(f"{self.what} with a per-channel output scale has no CVM form")
         lo, hi = INT_RANGES[dtype]
         image = self.grid()
-        values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+        with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
+            values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
         ra, rb = self.a.t.hi - self.a.t.lo + 1, self.b.t.hi - self.b.t.lo + 1
         ia = minus_zero(ctx, self.a.t, np.asarray(self.a.t.lo))
         ib = minus_zero(ctx, self.b.t, np.asarray(self.b.t.lo))

@@ -317,11 +317,11 @@ def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tenso
     q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
     real = (q - int(a.zero.reshape(()))) * float(a.scale.reshape(()).item())
     lo, hi = INT_RANGES[dtype]
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
         image = x.fn(real)
-    if np.isnan(image).any():
-        raise Refuse(f"{x.what} is undefined on part of its input's range")
-    values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+        if np.isnan(image).any():
+            raise Refuse(f"{x.what} is undefined on part of its input's range")
+        values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
     index = as_int32(t)
     if t.lo:
         c = const(np.array(t.lo, np.int32), INT32)
