@@ -524,3 +524,18 @@ def test_a_division_by_a_value_reaching_zero_over_zero_is_refused_naming_the_div
              h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
     with pytest.raises(CVMError, match=r"ratio \(Div\): Div is undefined on part of its operands' ranges \(0 / 0\)"):
         import_model(qdq(nodes, (3, 3), T.INT8, inits, T.INT8))
+
+
+def test_a_division_as_the_float_output_is_a_tail_of_its_table():
+    """a / b (b >= one step) as the float output: its table at the int16 scale of its largest finite |value|."""
+    inits = {"s": np.float32(0.5), "z": np.int8(0), "low": np.float32(0.5)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]),
+             h.make_node("Transpose", ["a"], ["b0"], perm=[1, 0]), h.make_node("Clip", ["b0", "low"], ["b"]),
+             h.make_node("Div", ["a", "b"], ["y"])]
+    x = np.arange(-8, 8, dtype=np.int64).reshape(4, 4)
+    imp, [got] = run(qdq(nodes, x.shape, T.INT8, inits, T.FLOAT), x)
+    [edge] = imp.edges.outputs
+    st_ = float(np.asarray(edge.scale).reshape(()))
+    assert edge.type == "int16" and 32767 * st_ >= 128  # -64 / 0.5: the largest |a / b| over both ranges
+    real = (x * 0.5) / np.maximum(x.T * 0.5, 0.5)
+    assert np.array_equal(got, np.rint(real / st_).astype(np.int64))

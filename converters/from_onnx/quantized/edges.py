@@ -103,14 +103,15 @@ def input_precision(dtype: int) -> int:
     return tight(max(-lo, hi))
 
 
-#: The type of a float function's (or Softmax's) output computed after the last QuantizeLinear: int16, zero point 0.
+#: The type of a value computed after the last QuantizeLinear (a float output): int16, zero point 0.
 TAIL_TYPE, TAIL_STEPS = TensorProto.INT16, 32767
 
 
 def span(x) -> tuple[float, float] | None:
     """An interval holding every finite value of a real value computed after the last QuantizeLinear (None: none
     known): a dequantized value's from its integers, a sum's the sum of its terms', a function's the least and
-    largest finite value it takes on its input's integers, Softmax's [0, 1], Max (Min) the max (min) of the ends."""
+    largest finite value it takes on its input's integers (on both operands' for a function of two), Softmax's
+    [0, 1], Max (Min) the max (min) of the ends."""
     if isinstance(x, np.ndarray):
         return (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
     if isinstance(x, Scaled):
@@ -130,6 +131,10 @@ def span(x) -> tuple[float, float] | None:
         return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     if isinstance(x, Softmaxed):
         return 0.0, 1.0
+    if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
+        with np.errstate(all="ignore"):
+            finite = x.grid()[np.isfinite(x.grid())]
+        return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     operands = getattr(x, "operands", None)  # an Extreme
     parts = None if operands is None else [span(v) for v in operands]
     if parts is None or None in parts:
