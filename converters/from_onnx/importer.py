@@ -317,7 +317,7 @@ class _Walk:
             try:
                 edge = None
                 if isinstance(t, quantized.Real):
-                    t, scale, zero = quantized.output_edge(t)
+                    t, scale, zero = quantized.output_edge(self.ctx, t)
                     edge = Edge(o.name, edge_type(t, zero), scale, zero)
                 e = self.ctx.entry(t)
                 heads.append(e if edge is None else self._named_head(e, o.name, heads))

@@ -19,10 +19,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, Tensor, check_values, const, type_name
-from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, conv_window, cropped, ints, minus_zero, nearest, normal,
-                   onnx_pads, select, spatial_2d)
+from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
+                   integer_scales, minus_zero, nearest, onnx_pads, resized_shape, scaled_size, select,
+                   source_coordinate, spatial_2d, strided_slice)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -211,9 +211,9 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
 
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
-    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either."""
+    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``."""
     if any(d != 1 for d in node.attr_ints("dilations", [])):
-        raise Refuse("MaxPool with dilations has no CVM form")
+        return [dilated(ctx, node, x), None]
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
     one_d = len(x.shape) == 3
@@ -235,22 +235,60 @@ def max_pool(ctx, node, x):
     return [ctx.reshape(y, (n, c, y.shape[3])) if one_d else y, None]
 
 
+#: Kernel positions of a dilated MaxPool (one strided_slice and one broadcast_max each).
+MAX_TAPS = 64
+
+
+def dilated(ctx, node, x: Tensor) -> Tensor:
+    """MaxPool with dilations d: y[o] = max over kernel positions i of x[o s - b + i d] (b the begin pad; positions
+    in the padding never win): the input padded with its least value x.lo (concatenate of constants), one
+    strided_slice per kernel position (start i d, step s, ONNX's output count, ceil mode as ``pool_plan``
+    counts it), and their broadcast_max. Exact: the same windows, the same max."""
+    if node.attr_int("storage_order", 0) != 0:
+        raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    one_d = len(x.shape) == 3
+    x4 = spatial_2d(ctx, x, "MaxPool")
+    kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)
+    strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    if node.attr_str("auto_pad", "NOTSET").startswith("SAME"):
+        raise Refuse("MaxPool with dilations and auto_pad SAME_*: onnxruntime pads it for the undilated kernel "
+                     "(fewer outputs than ONNX's ceil(size / stride)); give explicit pads")
+    if math.prod(kernel) > MAX_TAPS:
+        raise Refuse(f"dilated MaxPool of {math.prod(kernel)} kernel positions: one slice each, at most {MAX_TAPS}")
+    spatial = len(x.shape) - 2
+    begin, end = onnx_pads(node, x.shape[2:], kernel[-spatial:], strides[-spatial:], dilations[-spatial:], crop=True)
+    if one_d:
+        begin, end = [0] + begin, [0] + end
+    x4, begin, end = cropped(ctx, x4, begin, end)
+    n, c, h, w = x4.shape
+    spans = [d * (k - 1) + 1 for k, d in zip(kernel, dilations)]
+    outs = [pool_plan(size, k, s, pb, pe, bool(node.attr_int("ceil_mode", 0)))[3]
+            for size, k, s, pb, pe in zip((h, w), spans, strides, begin, end)]
+    reach = [max((o - 1) * s + k - size - pb, 0) for o, s, k, size, pb in zip(outs, strides, spans, (h, w), begin)]
+    padded = x4
+    for axis, (pb, pe) in enumerate(zip(begin, reach), start=2):
+        fill = [const(np.full(padded.shape[:axis] + (p,) + padded.shape[axis + 1:], x.lo, np.int64), x.dtype)
+                for p in (pb, pe) if p]
+        if fill:
+            parts = (fill[:1] if pb else []) + [padded] + (fill[-1:] if pe else [])
+            padded = concatenated(ctx, axis, *parts)
+    taps = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            taps.append(strided_slice(ctx, padded, [range(n), range(c)] + [
+                range(k * d, k * d + s * (o - 1) + 1, s)
+                for k, d, s, o in zip((i, j), dilations, strides, outs)]))
+    y = extreme(ctx, True, [as_int32(t) for t in taps]) if len(taps) > 1 else taps[0]
+    y = replace(y, dtype=x.dtype, lo=max(y.lo, x.lo), hi=min(y.hi, x.hi))
+    return ctx.reshape(y, (n, c, y.shape[3])) if one_d else y
+
+
 # -- nearest resizing -------------------------------------------------------------------------------------------
 def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s: int) -> np.ndarray:
     """The input index ONNX Resize reads for outputs ``o`` (integer scale s = out/size), in exact rational
     arithmetic: the coordinate num/den by the transformation mode, rounded by the nearest mode, clamped."""
-    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
-        num, den = 2 * o + 1 - s, 2 * s
-    elif mode == "pytorch_half_pixel":
-        num, den = 0 * o, 1
-    elif mode == "align_corners":
-        num, den = (o * (size - 1), out - 1) if out > 1 else (0 * o, 1)
-    elif mode == "asymmetric":
-        num, den = o, s
-    elif mode == "tf_half_pixel_for_nn":
-        num, den = 2 * o + 1, 2 * s
-    else:
-        raise Refuse(f"Resize coordinate_transformation_mode={mode} has no exact CVM form")
+    num, den = source_coordinate(mode, o, size, out, s)
     if nearest == "floor":
         idx = num // den
     elif nearest == "ceil":
@@ -264,46 +302,15 @@ def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s:
     return np.clip(idx, 0, size - 1)
 
 
-def scaled(size: int, scale: float) -> int:
-    """floor(size * scale), the output size of a scaled axis; refused unless finite and at most 2^24."""
-    out = size * float(scale)
-    if not math.isfinite(out) or out > MAX_DIM:
-        raise Refuse(f"scale {scale} of an axis of {size} gives no output size in [0, 2^24]")
-    return math.floor(out)
-
-
-def integer_scales(x: Tensor, out: list[int]) -> list[int]:
-    if len(out) != len(x.shape) or any(not 1 <= d <= o <= MAX_DIM or o % d for o, d in zip(out, x.shape)):
-        raise Refuse(f"resizing {x.shape} to {tuple(out)} is not an upsampling by integer scales")
-    return [o // d for o, d in zip(out, x.shape)]
-
-
 @rule("Resize", since=11)
 def resize(ctx, node, x, roi=None, scales=None, sizes=None):
     """Resize nearest with integer scales, for every coordinate transformation and nearest mode that picks
     x[o // s] (checked exactly on every output index)."""
     mode = node.attr_str("mode", "nearest")
     if mode != "nearest":
-        raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form")
-    rank = len(x.shape)
-    axes = normal(node.attr_ints("axes", list(range(rank))), rank)
-    full = list(x.shape)
-    if sizes is not None and sizes.size:
-        if node.attr_str("keep_aspect_ratio_policy", "stretch") != "stretch":
-            raise Refuse("Resize keep_aspect_ratio_policy other than stretch has no CVM form")
-        values = ints(sizes, "Resize sizes")
-        if len(values) != len(axes):
-            raise Refuse(f"Resize sizes {values} must hold one value per axis ({len(axes)})")
-        for a, v in zip(axes, values):
-            full[a] = v
-    elif scales is not None and scales.size:
-        if not scales.is_const:
-            raise Refuse("Resize scales must be a constant")
-        values = scales.value.reshape(-1)
-        if len(values) != len(axes):
-            raise Refuse(f"Resize scales {values.tolist()} must hold one value per axis ({len(axes)})")
-        for a, v in zip(axes, values):
-            full[a] = scaled(x.shape[a], v)
+        raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form on integers (linear: between "
+                     "quantized tensors)")
+    full = resized_shape(node, x, scales, sizes)
     factors = integer_scales(x, full)
     transform = node.attr_str("coordinate_transformation_mode", "half_pixel")
     rounding = node.attr_str("nearest_mode", "round_prefer_floor")
@@ -324,5 +331,5 @@ def upsample(ctx, node, x, scales=None):
         scales.is_const else None
     if values is None:
         raise Refuse("Upsample scales must be a constant")
-    return nearest(ctx, x, integer_scales(x, [scaled(d, v) for d, v in zip(x.shape, values)]))
+    return nearest(ctx, x, integer_scales(x, [scaled_size(d, v) for d, v in zip(x.shape, values)]))
 

@@ -1,5 +1,5 @@
-"""Import rules of the reductions: ReduceSum, ReduceMax, ReduceMin -> sum and max over explicit axes, then a
-reshape to ONNX's shape; CumSum and CumProd along a constant axis.
+"""Import rules of the reductions: ReduceSum, ReduceMax, ReduceMin, GlobalMaxPool -> sum and max over explicit axes,
+then a reshape to ONNX's shape; CumSum and CumProd along a constant axis.
 
 The axes are always listed (CVM's max with the default axis=() starts from 0). Kept axes of size 1 are
 reshaped away before reducing, which avoids the runtime CPU kernel's misreading of some of them. ReduceSum is
@@ -50,6 +50,20 @@ def reduce(ctx, node, x, axes_t=None):
     else:
         y = reduced(ctx, "sum" if is_sum else "max", x, axes, lo, hi)
     return ctx.reshape(replace(y, dtype=x.dtype), shape)
+
+
+@rule("GlobalMaxPool", since=1)
+def global_max_pool(ctx, node, x):
+    """The max over every axis after the first two (N, C, spatial...), kept as 1s: CVM's max over them, reshaped."""
+    if len(x.shape) < 3:
+        raise Refuse(f"GlobalMaxPool of a rank-{len(x.shape)} tensor: it needs (N, C, spatial...)")
+    axes = list(range(2, len(x.shape)))
+    if 0 in x.shape[2:]:
+        raise Refuse("reducing an empty axis: CVM has no empty tensors")
+    shape = x.shape[:2] + (1,) * len(axes)
+    if x.is_const:
+        return const(np.max(x.value, axis=tuple(axes), keepdims=True), x.dtype)
+    return ctx.reshape(replace(reduced(ctx, "max", x, axes, x.lo, x.hi), dtype=x.dtype), shape)
 
 
 MAX_STEPS = 1024  # positions along a CumProd axis (one product node each)

@@ -7,8 +7,8 @@
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
-   fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference) and folds a
-   BatchNormalization after ConvTranspose;
+   fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
+   BatchNormalization after ConvTranspose and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -37,6 +37,7 @@ import onnx
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.npy import read_npy
+from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
@@ -61,7 +62,7 @@ LAYERNORM_OPSET = 17
 class Agreement:
     """One output against the float model on the calibration samples: |CVM - float| and |onnxruntime's quantized
     model - float| in output steps (mean, max, share within one step); top-1 agreement (argmax over the classes)
-    only for a classifier-shaped output, (1, C) or (C,) per sample with C > 1, where it means something."""
+    only for class scores (``class_scores``), where it means something."""
 
     name: str
     top1: float | None
@@ -97,7 +98,8 @@ class Quantized:
 
 
 class _Reader:
-    """onnxruntime.quantization's CalibrationDataReader over the samples, one feed per sample, counting them."""
+    """onnxruntime.quantization's CalibrationDataReader over the samples (of the input's type), one feed per sample,
+    counting them."""
 
     def __init__(self, name: str, samples: np.ndarray, shape: tuple[int, ...], progress: Progress | None):
         self.name, self.samples, self.shape, self.progress = name, samples, shape, progress
@@ -106,7 +108,7 @@ class _Reader:
     def get_next(self):
         if self.i >= len(self.samples):
             return None
-        feed = {self.name: np.asarray(self.samples[self.i], np.float32).reshape(self.shape)}
+        feed = {self.name: np.asarray(self.samples[self.i]).reshape(self.shape)}
         self.i += 1
         if self.progress:
             self.progress(self.i, len(self.samples), "calibrating")
@@ -169,17 +171,62 @@ def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
     if shape is None or (dims[0] is None and shape[0] != 1) or any(d not in (None, s) for d, s in zip(dims, shape)):
         rest = "".join(f", {'?' if d is None else d}" for d in dims[1:])
-        raise FormatError(f"calibration samples must be floats of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
+        kind = "floats" if data.dtype.kind == "f" else "integers"
+        raise FormatError(f"calibration samples must be {kind} of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
                           f", got {data.dtype} {data.shape}", where=where)
     return v.name, shape
 
 
-def _calibration(path: str | os.PathLike) -> np.ndarray:
+#: The input types ``quantize`` takes: float32 (quantized by its QuantizeLinear) and the integer types (read as
+#: integers by the importer until the first float tensor, which is quantized).
+INTEGER_INPUTS = {onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT16: np.int16,
+                  onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.INT32: np.int32,
+                  onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.INT64: np.int64,
+                  onnx.TensorProto.UINT64: np.uint64}
+
+
+def input_type(model: onnx.ModelProto) -> np.dtype:
+    """The numpy type of the model's input: float32 or an integer type; any other is refused, naming the input."""
+    v = _inputs(model)[0]
+    elem = v.type.tensor_type.elem_type
+    if elem == onnx.TensorProto.FLOAT:
+        return np.dtype(np.float32)
+    if elem in INTEGER_INPUTS:
+        return np.dtype(INTEGER_INPUTS[elem])
+    kind = onnx.TensorProto.DataType.Name(elem) if elem in onnx.TensorProto.DataType.values() else f"type {elem}"
+    raise UnsupportedError(f"the input {v.name!r} is {kind.lower()}: quantize takes a float32 or an integer input")
+
+
+def _calibration(path: str | os.PathLike, name: str, dtype: np.dtype) -> np.ndarray:
+    """The samples, as the input's type: floats for a float input; for an integer input integers (or floats
+    holding integers) within its type."""
     data = read_npy(path, "the calibration samples", mmap=False)
-    if data.dtype.kind != "f" or data.ndim < 1 or len(data) == 0:
-        raise FormatError(f"calibration samples must be floats, N >= 1 of them stacked on axis 0, got {data.dtype} "
+    kinds = "f" if dtype.kind == "f" else "fiu"
+    if data.ndim < 1 or len(data) == 0 or data.dtype.kind not in kinds:
+        want = "floats" if dtype.kind == "f" else f"integers ({dtype.name}, as the input {name!r})"
+        raise FormatError(f"calibration samples must be {want}, N >= 1 of them stacked on axis 0, got {data.dtype} "
                           f"{data.shape}", where=os.fspath(path))
-    return data
+    if dtype.kind == "f":
+        return data
+    info = np.iinfo(dtype)
+    if data.dtype.kind == "f" and not (np.isfinite(data).all() and (data == np.round(data)).all()):
+        raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must be integers, got "
+                          f"{data.dtype} values that are not", where=os.fspath(path))
+    if data.size and (data.min() < info.min or data.max() > info.max):
+        raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must lie in [{info.min}, "
+                          f"{info.max}], got [{data.min()}, {data.max()}]", where=os.fspath(path))
+    return data.astype(dtype)
+
+
+def integer_precision(samples: np.ndarray) -> int:
+    """The CVM input precision of an integer input: its type's (9 bits for uint8, 8 for int8, 17 and 16 for the
+    16-bit types), or for a wider type the least holding the calibration samples' values (at least 2; the runtime
+    clamps others to it), at most 32."""
+    if samples.dtype.itemsize <= 2:
+        info = np.iinfo(samples.dtype)
+        return tight(max(-int(info.min), int(info.max)))
+    peak = max(-int(samples.min()), int(samples.max()), 1) if samples.size else 1
+    return min(tight(peak), 32)
 
 
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
@@ -236,6 +283,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     del out.opset_import[:]
     out.opset_import.extend(kept)
     fold_batchnorm(out.graph)
+    flatten_biases(out.graph)
     onnx.save(out, path)
 
 
@@ -344,6 +392,29 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
             model.graph.node.remove(n)
 
 
+def flatten_biases(graph: onnx.GraphProto) -> None:
+    """Each Gemm's bias C that is a constant of shape (1, ..., 1, N) (onnxruntime's fusion of MatMul + Add writes
+    the Add's (1, N)) as the (N,) it broadcasts as: quantize_static's per-channel adjustment of weight scales for
+    int32 biases indexes the bias by channel and fails on any other shape ('The truth value of an array ... is
+    ambiguous')."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type != "Gemm" or len(n.input) < 3 or n.input[2] not in inits:
+            continue
+        c = numpy_helper.to_array(inits[n.input[2]])
+        if c.ndim < 2 or any(d != 1 for d in c.shape[:-1]):
+            continue
+        name = f"{n.input[2]}:flat"
+        if name not in inits:
+            inits[name] = numpy_helper.from_array(c.reshape(-1), name)
+            graph.initializer.append(inits[name])
+        old, n.input[2] = n.input[2], name
+        if all(old not in m.input for m in graph.node) and old not in {o.name for o in graph.output}:
+            graph.initializer.remove(inits.pop(old))
+
+
 def fold_batchnorm(graph: onnx.GraphProto) -> None:
     """Fold each BatchNormalization (inference form, constant parameters) that follows a ConvTranspose with
     constant weights, directly or through an Add of a per-channel constant (its bias, as Paddle writes it), and
@@ -414,7 +485,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
-    data = _calibration(calibration)
+    dtype = input_type(model)
+    data = _calibration(calibration, _inputs(model)[0].name, dtype)
     name, shape = _sample_shape(model, data, os.fspath(calibration))
     samples = data.reshape((len(data),) + shape)
     with quiet_onnxruntime():
@@ -428,7 +500,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
                              activation, form, src)
             _stamp(out)
-            imported = convert(out, dst, two_part=two_part)
+            precision = 8 if dtype.kind == "f" else integer_precision(samples)
+            imported = convert(out, dst, two_part=two_part, input_precision=precision)
             quantized = out.read_bytes()
     agreements = compare(model, quantized, imported, samples, progress)
     one_part = one_part_gas(onnx.load_from_string(quantized)) if two_part else None
@@ -443,7 +516,10 @@ def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, sample
     with quiet_onnxruntime():
         want = _run_onnx(model.SerializeToString(), name, samples)
         ort = _run_onnx(quantized, name, samples)
-    got = run_many(imported.graph, samples.astype(np.float32), edges=imported.edges, progress=progress).arrays
+    data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
+    got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
+    if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
+        got = imported.edges.finish(got)
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
 
 
@@ -462,7 +538,8 @@ def compare(model: onnx.ModelProto, quantized: bytes, imported: Imported, sample
     """Each output of the CVM model ``imported`` and of onnxruntime's quantized model against the float
     ``model`` on ``samples`` (N samples of the input's shape, batch 1)."""
     want, ort, got = outputs(model, quantized, imported, samples, progress)
-    return [agreement(o.name, g, w, q, e) for o, g, w, q, e in
+    scores = class_scores(model.graph, [w.shape for w in want])
+    return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in
             zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
 
 
@@ -496,17 +573,41 @@ def _run_onnx(model: bytes, name: str, samples: np.ndarray) -> list[np.ndarray]:
     return [np.stack([r[k] for r in runs]) for k in range(len(sess.get_outputs()))]
 
 
+#: Ops that keep a Softmax's values what they are (class scores) on the way to an output.
+KEEPS_SCORES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def class_scores(graph: onnx.GraphProto, shapes: list[tuple[int, ...]]) -> set[str]:
+    """The outputs whose top-1 agreement means something: classifier-shaped ones (``_classifier``, the stacked
+    ``shapes``) computed by a Softmax or LogSoftmax (through ``KEEPS_SCORES``); where no output is, the one
+    classifier-shaped output of a model with one (a logits head). So a detector's box and landmark regressions
+    beside its Softmax'ed scores (MTCNN) are not class scores, nor are several unlabelled heads."""
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def softmaxed(name: str) -> bool:
+        n = producer.get(name)
+        while n is not None and n.op_type in KEEPS_SCORES:
+            n = producer.get(n.input[0])
+        return n is not None and n.op_type in ("Softmax", "LogSoftmax")
+
+    shaped = [o.name for o, shape in zip(graph.output, shapes) if _classifier(shape)]
+    scored = {name for name in shaped if softmaxed(name)}
+    return scored or (set(shaped) if len(shaped) == 1 else set())
+
+
 def _classifier(shape: tuple[int, ...]) -> bool:
     """Whether outputs of ``shape`` (N samples stacked) are class scores: (N, C) or (N, 1, C), C > 1."""
     return len(shape) in (2, 3) and shape[-1] > 1 and (len(shape) == 2 or shape[1] == 1)
 
 
-def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge) -> Agreement:
+def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edge,
+              scores: bool | None = None) -> Agreement:
     """The ``Agreement`` of the CVM outputs ``got`` and onnxruntime's ``ort`` with the float ``want``, in steps of
-    the output's ``edge`` (its largest scale; 1 for integers)."""
+    the output's ``edge`` (its largest scale; 1 for integers); top-1 where ``scores`` (class scores: by default
+    where the output is classifier-shaped)."""
     want = want.astype(np.float64)
     step = float(np.max(edge.scale)) if edge is not None else 1.0
-    classes = _classifier(want.shape)
+    classes = _classifier(want.shape) if scores is None else scores
 
     def steps(y: np.ndarray) -> tuple[np.ndarray, float | None]:
         y = y.reshape(want.shape).astype(np.float64)

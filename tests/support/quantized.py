@@ -112,6 +112,11 @@ def small_qdq(tmp, activation="uint8"):
 INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
 
 
+#: The float functions of the oracle, by op: from the constant inputs (the Pow exponent) to a float64 function.
+FN = {"Log": lambda c: np.log, "Exp": lambda c: np.exp, "Reciprocal": lambda c: lambda r: 1 / r,
+      "Tanh": lambda c: np.tanh, "Pow": lambda c: lambda r, k=float(np.asarray(c[0][1]).reshape(())): np.power(r, k)}
+
+
 # -- the oracle -------------------------------------------------------------------------------------------------
 def one(op_type, inputs, **attrs):
     """One ONNX op on float64 arrays with onnx.reference (exact on the integers used here)."""
@@ -221,7 +226,8 @@ class Oracle:
         if x[0] == "fn":
             _, (kind, v, sc), f = x
             real = v * float(sc.reshape(-1)[0])
-            return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
+            with np.errstate(all="ignore"):
+                return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
         terms = x[1] if x[0] == "sum" else [x]
         if rec.settled:  # rows of a bias no conv2d holds: QuantizeLinear gives one value K on all of each
             terms, offset = self.settled(rec, terms[0], s_out, zo, lo, hi)
@@ -346,7 +352,7 @@ class Oracle:
             return [("real", part, xs[0][2]) for part in np.split(v, cuts, axis=axis)]
         if op == "Mul":
             return ("real", xs[0][1] * xs[1][1], xs[0][2] * xs[1][2])
-        if op == "Pow":
+        if op == "Pow" and float(np.asarray(xs[1][1]).reshape(())) in (1, 2, 3, 4):  # exact products; else a table
             k = int(np.asarray(xs[1][1]).reshape(()))
             return ("real", xs[0][1] ** k, xs[0][2] ** k)
         if op == "Concat":
@@ -358,6 +364,21 @@ class Oracle:
             return ("real", v, scale)
         if op == "Sigmoid":
             return ("fn", xs[0], lambda r: 1 / (1 + np.exp(-r)))
+        if op in FN:  # a table of the exact input values (log 0 = -inf and 1 / 0 = inf saturate)
+            f = FN[op](xs[1:])
+            return ("fn", xs[0], f) if xs[0][0] == "real" else ("fn", xs[0][1], lambda r, g=xs[0][2]: f(g(r)))
+        if op in ("GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum"):
+            v = xs[0][1]
+            axes = tuple(range(2, v.ndim)) if op == "GlobalMaxPool" else a.get("axes") if len(xs) < 2 else \
+                list(xs[1][1])
+            axes = tuple(sorted(x % v.ndim for x in (axes if axes else range(v.ndim))))
+            f = {"ReduceSum": np.sum, "ReduceMin": np.min}.get(op, np.max)
+            return ("real", np.asarray(f(v, axis=axes, keepdims=bool(a.get("keepdims", 1)))), xs[0][2])
+        if op == "PRelu":  # max(x, 0) + a min(x, 0): the sum of the two parts, the second at scale s |a| (signed)
+            v, sl = xs[0][1], np.asarray(xs[1][1], np.float64)
+            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
+            return ("sum", [("real", np.maximum(v, 0), xs[0][2]),
+                            ("real", np.minimum(v, 0) * np.sign(sl).astype(np.int64), xs[0][2] * size(sl))])
         raise AssertionError(f"the oracle has no {op}")
 
     def qop(self, name, op, ins, a, env):

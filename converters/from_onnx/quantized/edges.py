@@ -11,7 +11,9 @@ from onnx import TensorProto, helper
 
 from ..context import INT_RANGES, Tensor, tight
 from ..registry import Refuse
-from .values import QUANTIZED_TYPES, Scaled
+from ..requant import NoPlan, softmax_plan
+from .requantization import quantize
+from .values import QUANTIZED_TYPES, Mapped, Scaled, Softmaxed, Summed
 
 
 @dataclass
@@ -101,14 +103,82 @@ def input_precision(dtype: int) -> int:
     return tight(max(-lo, hi))
 
 
-def output_edge(x) -> tuple[Tensor, np.ndarray, np.ndarray]:
-    """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor."""
-    if not isinstance(x, Scaled) or x.clip != (None, None):
-        raise Refuse("a float output computed after the last QuantizeLinear has no integer form: cut the graph "
-                     "(--outputs) at a quantized tensor")
+#: The type of a value computed after the last QuantizeLinear (a float output): int16, zero point 0.
+TAIL_TYPE, TAIL_STEPS = TensorProto.INT16, 32767
+
+
+def span(x) -> tuple[float, float] | None:
+    """An interval holding every finite value of a real value computed after the last QuantizeLinear (None: none
+    known): a dequantized value's from its integers, a sum's the sum of its terms', a function's the least and
+    largest finite value it takes on its input's integers (on both operands' for a function of two), Softmax's
+    [0, 1], Max (Min) the max (min) of the ends."""
+    if isinstance(x, np.ndarray):
+        return (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if isinstance(x, Scaled):
+        ends = [(t - z) * float(f) for t in (x.t.lo, x.t.hi) for z in (int(x.zero.min()), int(x.zero.max()))
+                for f in (min(x.scale.flat), max(x.scale.flat))]
+        return min(ends), max(ends)
+    if isinstance(x, Summed):
+        parts = [span(t) for t in x.terms]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if isinstance(x, Mapped):
+        t, z, s = x.x.t, int(x.x.zero.reshape(())), float(x.x.scale.reshape(()).item())
+        if t.hi - t.lo >= 1 << 16:
+            raise Refuse(f"{x.what} over {t.hi - t.lo + 1} integers: a table of at most 2^16 entries has a CVM form")
+        with np.errstate(all="ignore"):
+            image = np.asarray(x.fn((np.arange(t.lo, t.hi + 1, dtype=np.int64) - z) * s), np.float64)
+        finite = image[np.isfinite(image)]
+        return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    if isinstance(x, Softmaxed):
+        return 0.0, 1.0
+    if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
+        with np.errstate(all="ignore"):
+            finite = x.grid()[np.isfinite(x.grid())]
+        return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    operands = getattr(x, "operands", None)  # an Extreme
+    parts = None if operands is None else [span(v) for v in operands]
+    if parts is None or None in parts:
+        return None
+    pick = max if x.is_max else min
+    return pick(p[0] for p in parts), pick(p[1] for p in parts)
+
+
+def tail(ctx, x) -> Scaled:
+    """A value computed after the last QuantizeLinear (a float output: a float function, Softmax, a sum, Max/Min,
+    a deferred Clip), quantized here: int16 with zero point 0 and scale s = the least float32 with N s >= m, m the
+    largest |value| of the interval ``span`` holds it in (a function's largest finite |value| on its input's
+    integers, 1 for Softmax), N = 32767 (for Softmax the largest 2^j - 1 <= 32767 its integer form has a plan
+    for); then QuantizeLinear's integer form at that scale."""
+    ends = span(x)
+    if ends is None:
+        raise Refuse(f"a float output ({getattr(x, 'what', 'a value')}) computed after the last QuantizeLinear has "
+                     "no integer form here: cut the graph (--outputs) at a quantized tensor")
+    m = max(abs(ends[0]), abs(ends[1])) or 1.0
+    for steps in (TAIL_STEPS >> j for j in range(8)):
+        scale = np.float32(m / steps)
+        while float(scale) * steps < m:
+            scale = np.nextafter(scale, np.float32(np.inf))
+        exact = Fraction(float(scale))
+        if isinstance(x, Softmaxed):
+            try:
+                softmax_plan(x.view[1], 1 / exact)
+            except NoPlan:
+                continue
+        break
+    zero = np.zeros((), np.int64)
+    exact = np.asarray(exact, dtype=object)
+    return Scaled(quantize(ctx, x, exact, zero, TAIL_TYPE), exact, zero)
+
+
+def output_edge(ctx, x) -> tuple[Tensor, np.ndarray, np.ndarray]:
+    """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor; any other real
+    value (a float tail, a scale no float32 holds) quantized by ``tail``."""
+    if not (isinstance(x, Scaled) and x.clip == (None, None) and float32_scales(x)):
+        x = tail(ctx, x)
     s = np.array([float(v) for v in x.scale.flat], np.float64).reshape(x.scale.shape)
-    if not (s.astype(np.float32).astype(np.float64) == s).all() or \
-            not all(Fraction(float(v)) == f for v, f in zip(s.flat, x.scale.flat)):
-        raise Refuse("a float output that no DequantizeLinear produced (its scale is not a float32): cut the graph "
-                     "(--outputs) at a quantized tensor")
     return x.t, s.astype(np.float32), x.zero
+
+
+def float32_scales(x: Scaled) -> bool:
+    """Whether every scale of x is a float32 number (as DequantizeLinear's are)."""
+    return all(Fraction(float(np.float32(float(f)))) == f for f in x.scale.flat)

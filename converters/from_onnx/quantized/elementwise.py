@@ -3,6 +3,7 @@ float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the Qua
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from fractions import Fraction
@@ -10,17 +11,33 @@ from typing import Callable
 
 import numpy as np
 
-from ..context import INT32, Tensor, const
-from ..emit import as_int32, broadcast_shape, minus_zero
+from ..context import INT32, INT_RANGES, Tensor, const
+from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule
-from .values import Mapped, Scaled, Summed, per_tensor, real_bound, scaled
+from .requantization import MAX_TABLE, Requant, quantize
+from .values import Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
-    """a + b: exact as a sum of scaled integers, requantized by the QuantizeLinear that follows."""
+    """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
+    QuantizeLinear that follows."""
     terms = []
     for x in (a, b):
-        terms += list(x.terms) if isinstance(x, Summed) else [scaled(x, "an Add operand")]
+        terms += summands(x, "an Add operand")
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+
+
+def summands(x, what: str) -> list[Scaled]:
+    """The terms of a sum: a sum's, a dequantized value, or a float constant c as sign(c) at scale |c| (per
+    element; 1 where c is 0)."""
+    if isinstance(x, Summed):
+        return list(x.terms)
+    if is_float_const(x):
+        c = np.asarray(x.value, np.float64)
+        if not np.isfinite(c).all():
+            raise Refuse(f"{what} is a constant that is not finite")
+        size = np.array([Fraction(float(abs(v))) if v else Fraction(1) for v in c.flat], dtype=object)
+        return [Scaled(const(np.sign(c).astype(np.int64), INT32), size.reshape(c.shape), np.zeros((), np.int64))]
+    return [scaled(x, what)]
 
 
 @float_rule("BatchNormalization", since=9)
@@ -79,9 +96,10 @@ def negated(ctx, x: Scaled) -> Scaled:
 
 @float_rule("Sub", since=7)
 def sub_rule(ctx, node, a, b):
-    """a - b: a + (-b), -b = (-t + z) s exactly (``negated``), requantized by the QuantizeLinear that follows."""
-    terms = list(a.terms) if isinstance(a, Summed) else [scaled(a, "a Sub operand")]
-    terms += [negated(ctx, t) for t in (b.terms if isinstance(b, Summed) else [scaled(b, "a Sub operand")])]
+    """a - b: a + (-b), -b = (-t + z) s exactly (``negated``; a float constant as in Add), requantized by the
+    QuantizeLinear that follows."""
+    terms = summands(a, "a Sub operand")
+    terms += [negated(ctx, t) for t in summands(b, "a Sub operand")]
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
@@ -132,21 +150,27 @@ def mul_rule(ctx, node, a, b):
 @float_rule("Div", since=7)
 def div_rule(ctx, node, a, b):
     """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
-    folded into the requantization that follows."""
+    folded into the requantization that follows; by a computed value: a table of a / b over both operands'
+    integers (``Paired``)."""
     if not is_float_const(b):
-        raise Refuse("float Div of dequantized values has no integer form: only division by a constant > 0")
+        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div").checked()
     return rescaled(a, 1 / constant_factor(b, "the divisor"), "the dividend")
 
 
 @float_rule("Pow", since=7)
 def pow_rule(ctx, node, x, y):
-    """x^k for a constant integer exponent 1 <= k <= 4 (a LayerNormalization's square): k - 1 exact Muls."""
-    k = np.asarray(y.value) if isinstance(y, Tensor) and y.is_const and y.value.size == 1 else None
-    if k is None or k.reshape(()) != round(float(k.reshape(()))) or not 1 <= int(k.reshape(())) <= 4:
-        raise Refuse("Pow of a dequantized value has an integer form for a constant exponent 1, 2, 3 or 4 only")
+    """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square) k - 1 exact Muls;
+    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range."""
+    k = constant_values(y)
+    if k is None or k.size != 1 or not np.isfinite(k).all():
+        raise Refuse("Pow of a dequantized value by an exponent computed at run time (or not finite) has no "
+                     "integer form: only a constant exponent")
+    k = float(k.reshape(()))
+    if k != round(k) or not 1 <= k <= 4 or isinstance(x, Mapped):
+        return defined("Pow", mapped(x, lambda v: np.power(v, k), "Pow"))
     base = scaled(x, "the Pow base")
     out = base
-    for _ in range(int(k.reshape(())) - 1):
+    for _ in range(int(k) - 1):
         out = multiply(ctx, out, base)
     return out
 
@@ -173,12 +197,29 @@ def relu_rule(ctx, node, x):
 
 @float_rule("Clip", since=11)
 def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
-    """Clip to real bounds: an integer clip when they lie on x's grid, else deferred to the QuantizeLinear."""
+    """Clip to real bounds: an integer clip when they lie on x's grid, else deferred to the QuantizeLinear; to a
+    computed bound (a log-mel's top_db: max - 80), Max then Min (``Extreme``)."""
+    if any(isinstance(b, Real) and constant_values(b) is None for b in (lo_t, hi_t)):
+        out = x
+        for b, is_max in ((lo_t, True), (hi_t, False)):
+            c = None if b is None else constant_values(b)
+            if c is not None and (c == (-np.inf if is_max else np.inf)).all():
+                continue  # an infinite bound clips nothing
+            if c is not None and not np.isfinite(c).all():
+                raise Refuse("a Clip bound with non-finite values beside finite ones")
+            if b is not None:
+                out = Extreme(is_max, (out, b if c is None else c))
+        return out
     lo, hi = real_bound(lo_t, "Clip min"), real_bound(hi_t, "Clip max")
     if isinstance(x, Mapped):
         return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
                       "Clip")
-    x = scaled(x, "the Clip input", clipped_ok=True)
+    return bounded(ctx, scaled(x, "the Clip input", clipped_ok=True), lo, hi)
+
+
+def bounded(ctx, x: Scaled, lo: Fraction | None, hi: Fraction | None) -> Scaled:
+    """x clipped to the real bounds lo, hi (None: unbounded): the integer clip when they lie on x's grid, else a
+    clip deferred to the QuantizeLinear, Q(clip(x, lo, hi)) = clip(Q(x), Q(lo), Q(hi)) (rounding is monotone)."""
     if x.clip != (None, None) or not x.per_tensor:  # Clip of a Clip, or per-channel: deferred, bounds combined
         old = x.clip
         lo = old[0] if lo is None else lo if old[0] is None else max(lo, old[0])
@@ -198,11 +239,186 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
     return replace(x, clip=(lo, hi))
 
 
+def constant_values(t) -> np.ndarray | None:
+    """The float64 values of a float constant, or of a quantized constant as DequantizeLinear computes them
+    (float32 (q - z) * s); None for a computed value."""
+    if is_float_const(t):
+        return np.asarray(t.value, np.float64)
+    if isinstance(t, Scaled) and t.t.is_const:
+        q = np.broadcast_to(t.t.value.astype(np.int64) - t.zero, np.broadcast_shapes(t.shape, t.scale.shape))
+        s = np.array([float(v) for v in np.broadcast_to(t.scale, q.shape).flat], np.float32).reshape(q.shape)
+        return (q.astype(np.float32) * s).astype(np.float64)
+    return None
+
+
+@float_rule("Max", "Min", since=6)
+def extremum_rule(ctx, node, *xs):
+    """max/min of dequantized values and constants. Of values of one scale and zero point: the integer max/min of
+    their integers (the scale is positive). With a constant c: max(x, c) = Clip(x, c, inf), min(x, c) =
+    Clip(x, -inf, c) (``bounded``: exact on the grid, else deferred to the QuantizeLinear); a constant array must
+    lie on x's grid. Of a float function's value: the table's values max'ed (min'ed) with a scalar c. Of values
+    of different scales, a sum, Softmax: deferred (``Extreme``)."""
+    is_max = node.op_type == "Max"
+    consts = [c for c in (constant_values(x) for x in xs) if c is not None]
+    values = [x for x in xs if constant_values(x) is None]
+    c = functools.reduce(np.maximum if is_max else np.minimum, consts) if consts else None
+    if not values:
+        raise Refuse(f"{node.op_type} of constants only: fold it")
+    if len(values) == 1 and isinstance(values[0], Mapped):
+        if c is None or c.size != 1:
+            raise Refuse(f"{node.op_type} of a float function's value with anything but one constant scalar")
+        cf = float(c.reshape(()))
+        return mapped(values[0], lambda v: (np.maximum if is_max else np.minimum)(v, cf), node.op_type)
+    alike = all(isinstance(v, Scaled) and v.per_tensor and v.clip == (None, None) for v in values) and all(
+        v.scale.reshape(()).item() == values[0].scale.reshape(()).item() and int(v.zero.reshape(())) ==
+        int(values[0].zero.reshape(())) for v in values)
+    if (len(values) > 1 and not alike) or not isinstance(values[0], (Scaled, Tensor)):  # the max (min) of
+        # their quantizations (Extreme)
+        operands = tuple(values) + (() if c is None else (c,))
+        return Extreme(is_max, operands)
+    xs_ = [scaled(x, f"a {node.op_type} operand", clipped_ok=len(values) == 1) for x in values]
+    x = xs_[0]
+    if len(xs_) > 1:
+        t = extreme(ctx, is_max, [as_int32(v.t) for v in xs_])
+        x = replace(x, t=replace(t, dtype=x.t.dtype) if len({v.t.dtype for v in xs_}) == 1 else t)
+    if c is None:
+        return x
+    if c.size == 1:
+        cf = float(c.reshape(()))
+        if math.isinf(cf):
+            if (cf < 0) == is_max:
+                return x
+            raise Refuse(f"{node.op_type} with {cf} is that constant: fold it")
+        b = Fraction(cf)
+        return bounded(ctx, x, b, None) if is_max else bounded(ctx, x, None, b)
+    x = per_tensor(x, f"{node.op_type} with a constant array")
+    s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+    grid = np.array([Fraction(float(v)) / s + z for v in c.flat], dtype=object)
+    if any(g.denominator != 1 for g in grid) or not np.isfinite(c).all():
+        raise Refuse(f"{node.op_type} with a constant array off the input's quantization grid: only a scalar "
+                     "constant, or one on the grid, has an exact form")
+    k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
+    t = extreme(ctx, is_max, [as_int32(x.t), const(k, INT32)])
+    return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
+
+
+class Paired(Deferred):
+    """fn(a, b) of two dequantized values (a / b of computed values, exp(x - m) at two scales): QuantizeLinear of it
+    is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
+    broadcast_add), R_a R_b <= 2^16 entries, each sat(round(fn(real a, real b) / s_out) + z_out) in float64 (the
+    exactly rounded value of fn at the exact inputs; an infinite value saturates)."""
+
+    def __init__(self, fn, a: Scaled, b: Scaled, what: str):
+        self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
+        self.shape = broadcast_shape(a.t, b.t)
+        if (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE:
+            raise Refuse(f"{what} of two values over {a.t.hi - a.t.lo + 1} x {b.t.hi - b.t.lo + 1} integers: a table "
+                         f"of at most 2^16 entries has a CVM form")
+
+    def grid(self) -> np.ndarray:
+        """fn at every (a, b) pair of the operands' integers, rows a, columns b."""
+        def real(x: Scaled) -> np.ndarray:
+            q = np.arange(x.t.lo, x.t.hi + 1, dtype=np.int64)
+            return (q - int(x.zero.reshape(()))) * float(x.scale.reshape(()).item())
+        with np.errstate(all="ignore"):
+            return np.asarray(self.fn(real(self.a)[:, None], real(self.b)[None, :]), np.float64)
+
+    def checked(self) -> Paired:
+        """Refused where fn is undefined (NaN: 0 / 0) on the operands' ranges."""
+        if np.isnan(self.grid()).any():
+            raise Refuse(f"{self.what} is undefined on part of its operands' ranges (0 / 0): its divisor's integers "
+                         f"reach its zero point {int(self.b.zero.reshape(()))} in [{self.b.t.lo}, {self.b.t.hi}]")
+        return self
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        if scale.size != 1:
+            raise Refuse(f"{self.what} with a per-channel output scale has no CVM form")
+        lo, hi = INT_RANGES[dtype]
+        image = self.grid()
+        with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
+            values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+        ra, rb = self.a.t.hi - self.a.t.lo + 1, self.b.t.hi - self.b.t.lo + 1
+        ia = minus_zero(ctx, self.a.t, np.asarray(self.a.t.lo))
+        ib = minus_zero(ctx, self.b.t, np.asarray(self.b.t.lo))
+        if rb > 1:
+            k = const(np.array(rb, np.int32), INT32)
+            ia = ctx.result(ctx.op("broadcast_mul", ia, k), INT32, 0, (ra - 1) * rb, ia.shape)
+        index = ctx.result(ctx.op("broadcast_add", ia, ib), INT32, 0, ra * rb - 1, self.shape)
+        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values.reshape(-1), INT32)), in_dim=ra * rb)
+        ctx.requants.append(Requant(ctx.base, (), None))
+        return ctx.result(e, dtype, int(values.min()), int(values.max()), self.shape)
+
+
+class Extreme(Deferred):
+    """max (min) of real values of any forms and float constants: QuantizeLinear of it is the max (min) of each
+    operand's QuantizeLinear at the output's scale (its requantization, table, ...; a constant's exactly rounded),
+    as rounding is monotone: each operand's integer is within 1/2 + delta of its exact value, and so is the max
+    (|max(p, q) - max(P, Q)| <= max(|p - P|, |q - Q|))."""
+
+    def __init__(self, is_max: bool, operands: tuple):
+        self.is_max, self.operands = is_max, operands
+        self.what = "Max" if is_max else "Min"
+        try:
+            self.shape = tuple(np.broadcast_shapes(*(np.shape(x) if isinstance(x, np.ndarray) else x.shape
+                                                     for x in operands)))
+        except ValueError:
+            raise Refuse(f"{self.what} of shapes that do not broadcast") from None
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        if scale.size != 1:
+            raise Refuse(f"{self.what} of values of different scales with a per-channel output scale has no CVM form")
+        s = scale.reshape(()).item()
+        lo, hi = INT_RANGES[dtype]
+        ints = []
+        for x in self.operands:
+            if isinstance(x, np.ndarray):
+                q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
+                ints.append(const(q.reshape(x.shape), INT32))
+            else:
+                ints.append(as_int32(quantize(ctx, x, scale, np.asarray(out_zero), dtype)))
+        t = extreme(ctx, self.is_max, ints)
+        return replace(t, dtype=dtype, lo=max(t.lo, lo), hi=min(t.hi, hi))
+
+
+@float_rule("PRelu", since=7)
+def prelu_rule(ctx, node, x, slope):
+    """max(x, 0) + a min(x, 0) for a constant slope a (per channel, or any shape broadcast to x): the sum of
+    p = max(t, z) at x's scale and zero point and of (t - p) sign(a) (<= 0 times the sign, broadcast_sub and
+    broadcast_mul) at scale s |a|, requantized together by the QuantizeLinear that follows (its bound: a sum's)."""
+    x = per_tensor(scaled(x, "the PRelu input"), "PRelu")
+    a = constant_values(slope)
+    if a is None or not np.isfinite(a).all():
+        raise Refuse("PRelu with a slope computed at run time or not finite: only a constant slope has an exact form")
+    if tuple(np.broadcast_shapes(a.shape, x.shape)) != tuple(x.shape):
+        raise Refuse(f"PRelu slope of shape {a.shape} does not broadcast to the input's {x.shape}")
+    while a.ndim and a.shape[0] == 1 and a.ndim > 1:
+        a = a.reshape(a.shape[1:])
+    p = relu(ctx, x)
+    if p is x:
+        return x
+    v = ctx.result(ctx.op("broadcast_sub", as_int32(x.t), as_int32(p.t)), INT32, x.t.lo - int(x.zero.reshape(())),
+                   0, x.shape)
+    sign = np.sign(a).astype(np.int64)
+    if (sign != 1).any():
+        sc = const(sign.astype(np.int32), INT32)
+        v = ctx.result(ctx.op("broadcast_mul", v, sc), INT32, v.lo if (sign > 0).any() else 0,
+                       -v.lo if (sign < 0).any() else 0, broadcast_shape(v, sc))
+    s = x.scale.reshape(()).item()
+    size = np.array([s * (Fraction(float(abs(q))) if q else Fraction(1)) for q in a.flat], dtype=object)
+    return Summed((p, Scaled(v, size.reshape(a.shape), np.zeros((), np.int64))), broadcast_shape(p.t, v))
+
+
 def mapped(x, fn: Callable, what: str) -> Mapped:
+    """fn of x as a table's function; a Clip deferred on x is applied first (the table is of exact values)."""
     if isinstance(x, Mapped):
         f = x.fn
         return Mapped(x.x, lambda v: fn(f(v)), f"{what}({x.what})")
-    return Mapped(per_tensor(scaled(x, f"the {what} input"), what), fn, what)
+    x = scaled(x, f"the {what} input", clipped_ok=True)
+    if x.clip != (None, None):
+        lo, hi = (None if b is None else float(b) for b in x.clip)
+        return Mapped(per_tensor(replace(x, clip=(None, None)), what), lambda v: fn(np.clip(v, lo, hi)),
+                      f"{what}(Clip)")
+    return Mapped(per_tensor(x, what), fn, what)
 
 
 def _erf(v):
@@ -213,7 +429,8 @@ FUNCTIONS: dict[str, Callable] = {
     "Sigmoid": lambda n: lambda v: 1 / (1 + np.exp(-v)),
     "Tanh": lambda n: np.tanh,
     "Exp": lambda n: np.exp,
-    "Log": lambda n: lambda v: np.log(np.where(v > 0, v, np.nan)),
+    "Log": lambda n: lambda v: np.log(np.where(v >= 0, v, np.nan)),  # log(0) = -inf saturates, as in onnxruntime
+    "Reciprocal": lambda n: lambda v: 1 / v,  # 1 / 0 = inf (a dequantized 0 is +0) saturates
     "Sqrt": lambda n: lambda v: np.sqrt(np.where(v >= 0, v, np.nan)),
     "Erf": lambda n: _erf,
     "Softplus": lambda n: lambda v: np.logaddexp(0, v),
@@ -231,8 +448,49 @@ FUNCTIONS: dict[str, Callable] = {
 
 
 def function_rule(ctx, node, x):
-    """A float elementwise function: a table over x's integers, built by the QuantizeLinear that follows."""
-    return mapped(x, FUNCTIONS[node.op_type](node), node.op_type)
+    """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
+    ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
+    on x's range."""
+    fn = FUNCTIONS[node.op_type](node)
+    x = collapsed(ctx, x)
+    if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
+        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum").checked()
+    return defined(node.op_type, mapped(x, fn, node.op_type))
+
+
+def collapsed(ctx, x):
+    """A sum whose terms share one scalar scale s (a written-out softmax's x - max(x)) as one dequantized value:
+    sum_i (t_i - z_i) s = (sum_i t_i - sum_i z_i) s, the integers added by broadcast_add (exact in int32); any
+    other value as it is."""
+    if not isinstance(x, Summed) or any(t.scale.size != 1 or t.zero.size != 1 or t.clip != (None, None)
+                                        for t in x.terms):
+        return x
+    s = x.terms[0].scale.reshape(()).item()
+    if any(t.scale.reshape(()).item() != s for t in x.terms):
+        return x
+    acc = as_int32(x.terms[0].t)
+    for term in x.terms[1:]:
+        u = as_int32(term.t)
+        acc = ctx.result(ctx.op("broadcast_add", acc, u), INT32, acc.lo + u.lo, acc.hi + u.hi, broadcast_shape(acc, u))
+    zero = sum(int(t.zero.reshape(())) for t in x.terms)
+    return Scaled(acc, np.asarray(s, dtype=object), np.asarray(zero, np.int64))
+
+
+def defined(op: str, m: Mapped) -> Mapped:
+    """``m``, or a refusal saying which of its input's integers give an undefined (NaN) value."""
+    t, z, s = m.x.t, int(m.x.zero.reshape(())), m.x.scale.reshape(()).item()
+    if t.hi - t.lo >= 1 << 16:
+        return m  # too many values for a table: the QuantizeLinear refuses it
+    q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        image = np.asarray(m.fn((q - z) * float(s)), np.float64)
+    bad = q[np.broadcast_to(np.isnan(image), q.shape)]
+    if bad.size:
+        first = float((int(bad[0]) - z) * s)
+        raise Refuse(f"{op} is undefined on {bad.size} of its input's {q.size} values, at {first} first: its input's "
+                     f"integers reach {int(bad[0])} of [{t.lo}, {t.hi}] at zero point {z} and scale {float(s)}; "
+                     f"quantize it to values where {op} is defined (a Clip before its QuantizeLinear)")
+    return m
 
 
 for _op in FUNCTIONS:

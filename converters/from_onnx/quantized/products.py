@@ -137,13 +137,17 @@ def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin,
 
 def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     """The bias as integers at the accumulator's scale s_x * s_w (as onnxruntime's QLinearConv adds it): its own
-    scale must be that product to float32 rounding (a denormal float32 holds it to 2^-149 only)."""
+    scale must be that product to float32 rounding (a denormal float32 holds it to 2^-149 only). A bias of any rank
+    that varies along its last axis only ((1, 1, C), (1, C): one value per output, as broadcasting reads it) is
+    that (C,)."""
     if not bias.t.is_const:
         raise Refuse("the bias is computed at run time: CVM needs a constant bias")
-    v = np.broadcast_to(bias.t.value.astype(np.int64) - bias.zero, (n,)) if bias.t.size in (1, n) else None
-    s = np.broadcast_to(bias.scale.reshape(-1) if bias.scale.size > 1 else bias.scale.reshape(()), (n,))
-    if v is None:
-        raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs")
+    value = np.asarray(bias.t.value.astype(np.int64) - bias.zero)
+    scale = np.asarray(bias.scale)
+    if any(a.size not in (1, n) or (a.size > 1 and a.shape[-1] != n) for a in (value, scale)):
+        raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs: one value per output (C,) or (1, ..., C)")
+    v = np.broadcast_to(value.reshape(-1), (n,))
+    s = np.broadcast_to(scale.reshape(-1) if scale.size > 1 else scale.reshape(()), (n,))
     for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
         if abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)):
             raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
@@ -343,13 +347,14 @@ def global_average_rule(ctx, node, x):
     return global_average(ctx, scaled(x, "the GlobalAveragePool input"))
 
 
-@float_rule("ReduceMean", since=1)
+@float_rule("ReduceMean", "ReduceSum", since=1)
 def reduce_mean_rule(ctx, node, x, axes_t=None):
-    """ReduceMean: the sum of x - z over the axes (CVM's sum, as ReduceSum) at scale s_x / n, n the count of
-    values reduced: exact, requantized by the QuantizeLinear that follows."""
-    x = per_tensor(scaled(x, "the ReduceMean input"), "ReduceMean")
+    """ReduceMean, ReduceSum: the sum of x - z over the axes (CVM's sum, as ReduceSum) at scale s_x / n (n the
+    count of values reduced) or s_x: exact, requantized by the QuantizeLinear that follows."""
+    mean = node.op_type == "ReduceMean"
+    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
     rank = len(x.shape)
-    axes = axes_of(node, axes_t, 18)
+    axes = axes_of(node, axes_t, 18 if mean else 13)
     if not axes and node.attr_int("noop_with_empty_axes", 0):
         return x
     axes = sorted(set(normal(axes or list(range(rank)), rank)))
@@ -357,6 +362,7 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
     n = math.prod(x.shape[i] for i in axes)
     v = minus_zero(ctx, x.t, x.zero)
     y = reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
-    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else y.shape
-    return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / n, dtype=object),
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
+        tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / (n if mean else 1), dtype=object),
                   np.zeros((), np.int64))

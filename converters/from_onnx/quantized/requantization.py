@@ -79,17 +79,18 @@ def out_type(node, z: Tensor | None) -> int:
 @rule("QuantizeLinear", since=10)
 @rule("QuantizeLinear", since=1, domain=MS)
 def quantize_rule(ctx, node, x, s, z=None):
-    """round(x / scale) + zero, saturated: a requantization of x's integers (or a table for a float function)."""
+    """round(x / scale) + zero, saturated: a requantization of x's integers (or a table for a float function); of a
+    float tensor the importer holds as integers (the first float tensor after an integer input), at scale 1."""
     dtype = out_type(node, z)
     if node.attr_int("block_size", 0):
         raise Refuse("blocked quantization (block_size) has no CVM form")
     scale, zero = scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point")
-    if isinstance(x, Tensor) and not (x.is_const and x.value.dtype.kind == "f"):
-        raise Refuse("QuantizeLinear of a float tensor that is not a dequantized value (nor the graph's input)")
     rank = len(x.shape)
     axis = axis_of(node, rank, scale.size)
-    if isinstance(x, Tensor):
+    if isinstance(x, Tensor) and x.is_const and x.value.dtype.kind == "f":
         return quantized_constant(x, s.value, along(zero, axis, rank), axis, dtype)
+    if isinstance(x, Tensor):  # a float tensor of integers (after an integer input: a Cast, a OneHot): scale 1
+        x = Scaled(x, np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
     return quantize(ctx, x, along(scale, axis, rank), along(zero, axis, rank), dtype)
 
 
@@ -316,11 +317,11 @@ def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tenso
     q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
     real = (q - int(a.zero.reshape(()))) * float(a.scale.reshape(()).item())
     lo, hi = INT_RANGES[dtype]
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
         image = x.fn(real)
-    if np.isnan(image).any():
-        raise Refuse(f"{x.what} is undefined on part of its input's range")
-    values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+        if np.isnan(image).any():
+            raise Refuse(f"{x.what} is undefined on part of its input's range")
+        values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
     index = as_int32(t)
     if t.lo:
         c = const(np.array(t.lo, np.int32), INT32)
