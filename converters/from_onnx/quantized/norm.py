@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 
@@ -50,6 +51,7 @@ class LayerNormPlan:
     shift: int
     precision: int
     delta: Fraction
+    quarter: int = 0  # q: V as floor(V / 4^q) from the row's mean-centred sums when n^2 max|u|^2 passes 32 bits
 
     @property
     def error(self) -> float:
@@ -86,6 +88,36 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) 
     return table, worst * (1 + 2.0**-40)
 
 
+def small_rows(n: int, t_bits: int, quarter: int) -> int:
+    """A bound on P = sum (u - q)^2 of every row whose level m is below ``quarter`` (V < 4^(q-1) 2^T), with
+    n P = V + r^2, r^2 <= (n - 1)^2."""
+    return -(-((1 << (2 * quarter - 2 + t_bits)) + (n - 1) ** 2) // n)
+
+
+def table_shape(v_max: int, quarter: int) -> tuple[int, int] | None:
+    """(T, K): the most table bits T (at most 16, at least 2Q) whose K levels cover V <= v_max in at most 2^16
+    entries, with K >= Q; None if there is none."""
+    for t_bits in range(16, max(4, 2 * quarter) - 1, -1):
+        levels = 0
+        while v_max >= (1 << (2 * levels + t_bits)):
+            levels += 1
+        if (1 << t_bits) + levels * (3 << (t_bits - 2)) <= MAX_TABLE:
+            return (t_bits, levels) if levels >= quarter else None
+    return None
+
+
+def quartered_fits(n: int, w: int, v_max: int, t_bits: int, quarter: int) -> bool:
+    """Whether ``quartered``'s steps keep every CVM label within 32 bits (a product's label is the sum of its
+    operands' labels) for rows of n values of width w."""
+    unit = 1 << (2 * quarter)
+    p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n
+    tn = tight(n)
+    return (tight(w) + tn <= 32 and 2 * tight(w) + tight(n) <= 32 and 2 * tight(n - 1) <= 32
+            and tight(p_top // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
+            and tight(small_rows(n, t_bits, quarter)) + tn <= 32 and tight(n * unit + n * n) <= 31
+            and tight(v_max >> (2 * quarter)) <= 31 and tight(p_top) <= 32)
+
+
 def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: np.ndarray, beta: np.ndarray,
                    low: int, high: int) -> LayerNormPlan:
     """The plan of least delta for rows of n integers in [lo, hi] at scale s, epsilon ``eps``, and per-position
@@ -94,19 +126,21 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     centre = (lo + hi) // 2
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
-    if max(n * n * peak * peak, (n * peak) ** 2) >= 1 << 31:
-        raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
-    g = float(eps * n * n / (s * s))
-    t_bits, levels = 16, 0
-    while True:
-        levels = 0
-        while v_max >= (1 << (2 * levels + t_bits)):
-            levels += 1
-        if (1 << t_bits) + levels * (3 << (t_bits - 2)) <= MAX_TABLE or t_bits <= 4:
-            break
-        t_bits -= 1
-    if (1 << t_bits) + levels * (3 << (t_bits - 2)) > MAX_TABLE:
+    shape = None
+    if max(n * n * peak * peak, (n * peak) ** 2) < 1 << 31:
+        quarter, shape = 0, table_shape(v_max, 0)
+    else:
+        for quarter in range(1, 16):
+            shape = table_shape(v_max, quarter)
+            if shape is not None and quartered_fits(n, w, v_max, shape[0], quarter):
+                break
+            shape = None
+        if shape is None:
+            raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
+    if shape is None:
         raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
+    t_bits, levels = shape
+    g = float(eps * n * n / (s * s))
     d_bits = tight(d_max)
     # the largest entry, over 2^F: at the least V > 0 of level 0, or 2^m / sqrt(4^m 2^(T-2)) at a level m >= 1
     r_first = max(1 / math.sqrt(n - 1 + g) if n > 1 else 0.0, 2.0 ** (1 - t_bits / 2) if levels else 0.0)
@@ -139,7 +173,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
                          for ci, mi, bi, b in zip(c, ms, bs, beta.flat)), default=Fraction(0))
             if best is None or delta < best.delta:
                 best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
-                                     np.array(bs, np.int64), k, precision, delta)
+                                     np.array(bs, np.int64), k, precision, delta, quarter)
             break
     if best is None or best.delta >= Fraction(1, 2):
         raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
@@ -181,14 +215,18 @@ class Normalized(Deferred):
                         self.shape)
 
 
+def proven(ctx, name: str, a: Tensor, b: Tensor, lo: int, hi: int, shape) -> Tensor:
+    """CVM op ``name`` of a and b, whose values the form proves lie in [lo, hi]."""
+    return ctx.result(ctx.op(name, a, b), INT32, lo, hi, shape)
+
+
+def c32(value) -> Tensor:
+    return const(np.asarray(value, np.int64).astype(np.int32), INT32)
+
+
 def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     """The plan's CVM ops on the rows of t: u, D, V, the level and bucket, R, N, and the output's shift."""
-    def op(name: str, a: Tensor, b: Tensor, lo: int, hi: int, shape) -> Tensor:
-        return ctx.result(ctx.op(name, a, b), INT32, lo, hi, shape)
-
-    def c32(value) -> Tensor:
-        return const(np.asarray(value, np.int64).astype(np.int32), INT32)
-
+    op = partial(proven, ctx)
     rows, col = (outer, n), (outer, 1)
     u = ctx.reshape(t, rows)
     if p.centre:
@@ -197,13 +235,14 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     total = ctx.reshape(reduced(ctx, "sum", u, [1], n * u.lo, n * u.hi), col)
     scaled_u = op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows)
     d = op("broadcast_sub", scaled_u, total, -(n - 1) * w, (n - 1) * w, rows)  # n u_i - sum u = sum (u_i - u_j)
-    peak = max(-u.lo, u.hi)
-    square = op("broadcast_mul", u, u, 0, peak * peak, rows)
-    squares = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
-    v = op("broadcast_sub", op("broadcast_mul", squares, c32(n), 0, n * n * peak * peak, col),
-           op("broadcast_mul", total, total, 0, (n * peak) ** 2, col), 0, n * n * w * w // 4, col)
     size = 1 << p.table_bits
-    if p.levels:
+    if p.quarter:
+        level, bucket = quartered(ctx, u, total, n, p)
+        step = 3 << (p.table_bits - 2)
+        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+                   p.table.size - 1, col)
+    elif p.levels:
+        v = variance(ctx, u, total, n, rows, col)
         thresholds = c32([[(size << (2 * m)) - 1 for m in range(p.levels)]])
         above = op("broadcast_greater", v, thresholds, 0, 1, (outer, p.levels))
         level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
@@ -214,7 +253,7 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
         index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
                    p.table.size - 1, col)
     else:
-        level, index = None, v
+        level, index = None, variance(ctx, u, total, n, rows, col)
     table = c32(p.table)
     r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(table), in_dim=p.table.size), INT32, 0,
                    int(p.table.max(initial=0)), col)
@@ -238,6 +277,68 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     bnd = (1 << (p.precision - 1)) - 1
     e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(max(-y.lo, y.hi))), precision=p.precision, shift_bit=p.shift)
     return ctx.result(e, INT32, -bnd, bnd, rows)
+
+
+def variance(ctx, u: Tensor, total: Tensor, n: int, rows, col) -> Tensor:
+    """V = n sum u^2 - (sum u)^2 of each row, exactly (n^2 max|u|^2 within 32 bits)."""
+    op = partial(proven, ctx)
+    peak, w = max(-u.lo, u.hi), u.hi - u.lo
+    square = op("broadcast_mul", u, u, 0, peak * peak, rows)
+    squares = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
+    return op("broadcast_sub", op("broadcast_mul", squares, c32(n), 0, n * n * peak * peak, col),
+              op("broadcast_mul", total, total, 0, (n * peak) ** 2, col), 0, n * n * w * w // 4, col)
+
+
+def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
+    """The level m and bucket of V where V passes 32 bits, from integers that do not (docs/import.md): the row's
+    truncated mean q = trunc(sum u / n), r = sum u - n q, P = sum (u - q)^2, so V = n P - r^2; V_q = floor(V / 4^Q)
+    = n floor(P / 4^Q) + floor((n (P mod 4^Q) - r^2 + C) / 4^Q) - C / 4^Q (C = 4^Q ceil(n^2 / 4^Q) makes the
+    dividend positive); the level from V_q (every threshold 4^k 2^T is a multiple of 4^Q, T >= 2Q), the bucket
+    floor(V_q / 4^(m-Q)) at levels m >= Q, else floor(V / 4^m) of V = n min(P, P_s) - r^2, exact on those rows."""
+    op = partial(proven, ctx)
+    outer = u.shape[0]
+    rows, col = (outer, n), (outer, 1)
+    w, quarter, size = u.hi - u.lo, p.quarter, 1 << p.table_bits
+    unit = 1 << (2 * quarter)
+    mean = op("broadcast_div", total, c32(n), u.lo, u.hi, col)
+    rest = op("broadcast_sub", total, op("broadcast_mul", mean, c32(n), n * u.lo, n * u.hi, col), 1 - n, n - 1, col)
+    du = op("broadcast_sub", u, mean, -w, w, rows)
+    p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n  # n P = V + r^2, V <= n^2 w^2 / 4
+    sq = ctx.reshape(reduced(ctx, "sum", op("broadcast_mul", du, du, 0, w * w, rows), [1], 0, p_top), col)
+    high = op("broadcast_div", sq, c32(unit), 0, p_top // unit, col)
+    low = op("broadcast_sub", sq, op("broadcast_mul", high, c32(unit), 0, p_top // unit * unit, col), 0, unit - 1,
+             col)
+    r2 = op("broadcast_mul", rest, rest, 0, (n - 1) ** 2, col)
+    lift = -(-n * n // unit)
+    y = op("broadcast_add", op("broadcast_sub", op("broadcast_mul", low, c32(n), 0, n * (unit - 1), col), r2,
+                               -(n - 1) ** 2, n * (unit - 1), col), c32(lift * unit),
+           lift * unit - (n - 1) ** 2, n * (unit - 1) + lift * unit, col)
+    v_top = (n * n * w * w // 4) >> (2 * quarter)
+    vq = op("broadcast_sub", op("broadcast_add", op("broadcast_mul", high, c32(n), 0, n * (p_top // unit), col),
+                                op("broadcast_div", y, c32(unit), 0, (n * (unit - 1)) // unit + lift, col),
+                                0, n * (p_top // unit) + (n * (unit - 1)) // unit + lift, col),
+            c32(lift), 0, v_top, col)
+    thresholds = c32([[((size << (2 * m)) >> (2 * quarter)) - 1 for m in range(p.levels)]])
+    above = op("broadcast_greater", vq, thresholds, 0, 1, (outer, p.levels))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+    p_small = small_rows(n, p.table_bits, quarter)
+    e = ctx.emit("clip", ctx.entry(sq), a_min=0, a_max=p_small)
+    small = op("broadcast_sub", op("broadcast_mul", ctx.result(e, INT32, 0, p_small, col), c32(n), 0, n * p_small,
+                                   col), r2, -(n - 1) ** 2, n * p_small, col)
+
+    def lut(values: list[int]) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32(values)), in_dim=p.levels + 1)
+        return ctx.result(e, INT32, min(values), max(values), col)
+
+    # < 2^T on every row: floor(V / 4^m) at a level m >= Q; V_q < 2^(T-2) below
+    top = op("broadcast_div", vq, lut([1 << (2 * max(m - quarter, 0)) for m in range(p.levels + 1)]), 0, size - 1,
+             col)
+    bottom = op("broadcast_div", small, lut([1 << (2 * min(m, quarter - 1)) for m in range(p.levels + 1)]),
+                small.lo, small.hi, col)
+    above_q = op("broadcast_greater", level, c32(quarter - 1), 0, 1, col)
+    gap = op("broadcast_sub", top, bottom, -bottom.hi, top.hi - bottom.lo, col)
+    pick = op("broadcast_mul", above_q, gap, min(gap.lo, 0), max(gap.hi, 0), col)
+    return level, op("broadcast_add", bottom, pick, 0, size - 1, col)
 
 
 def real_values(x, size: int, what: str) -> np.ndarray:
