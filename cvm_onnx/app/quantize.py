@@ -251,9 +251,10 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
                                                       np.ndarray | None]]:
     """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports): ReduceMean(x) over the
-    last k axes, d = x - mean, ReduceMean(Pow(d, 2)) over the same axes, + epsilon, Sqrt, d / that, then
-    optionally * gamma and + beta (constants); every intermediate read only inside the pattern. Each as (its
-    nodes, x, axis -k, epsilon, gamma, beta)."""
+    last k axes (an attribute, or a constant input from opset 18), d = x - mean, ReduceMean(Pow(d, 2) or
+    Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that (or d * Reciprocal(that)), then optionally * gamma
+    and + beta (constants); every intermediate read only inside the pattern. Each as (its nodes, x, axis -k,
+    epsilon, gamma, beta)."""
     consts = _constants(graph)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -273,11 +274,28 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
 
     def axes(n: onnx.NodeProto) -> tuple[int, ...] | None:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        if attrs.get("keepdims", 1) != 1 or len(n.input) != 1 or "axes" not in attrs:
+        given = consts.get(n.input[1]) if len(n.input) == 2 else None
+        if attrs.get("keepdims", 1) != 1 or ("axes" in attrs) == (given is not None) or len(n.input) > 2:
             return None
-        k = sorted(attrs["axes"])
+        k = sorted(attrs["axes"] if given is None else given.reshape(-1).tolist())
         return tuple(k) if k and all(a < 0 for a in k) and k == list(range(-len(k), 0)) else None
 
+    def squares(n: onnx.NodeProto, d: str) -> bool:  # Pow(d, 2) or Mul(d, d)
+        if n.op_type == "Mul":
+            return list(n.input) == [d, d]
+        two = consts.get(n.input[1]) if n.op_type == "Pow" and list(n.input)[:1] == [d] else None
+        return two is not None and two.size == 1 and float(two.reshape(())) == 2.0
+
+    def divides(n: onnx.NodeProto, d: str, sqrt: str) -> bool:  # d / sqrt, or d * Reciprocal(sqrt)
+        if n.op_type == "Div":
+            return list(n.input) == [d, sqrt]
+        if n.op_type != "Mul" or len(n.input) != 2 or d not in n.input or n.input[0] == n.input[1]:
+            return False
+        r = producer.get(n.input[1] if n.input[0] == d else n.input[0])
+        return r is not None and r.op_type == "Reciprocal" and list(r.input) == [sqrt] and \
+            only(r.output[0], "Mul") is n
+
+    producer = {o: n for n in graph.node for o in n.output}
     found = []
     for mean in graph.node:
         if mean.op_type != "ReduceMean" or (ax := axes(mean)) is None:
@@ -287,20 +305,19 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
         if sub is None or list(sub.input) != [x, mean.output[0]]:
             continue
         d = sub.output[0]
-        users = readers.get(d, [])
-        if len(users) != 2 or None in users or sorted(u.op_type for u in users) != ["Div", "Pow"]:
+        users = list({id(u): u for u in readers.get(d, [None])}.values())
+        if len(users) != 2 or None in users:
             continue
-        pw, div = sorted(users, key=lambda u: u.op_type, reverse=True)
-        two = consts.get(pw.input[1]) if list(pw.input)[:1] == [d] else None
-        if two is None or two.size != 1 or float(two.reshape(())) != 2.0 or list(div.input) != [d, div.input[1]]:
-            continue
-        var = only(pw.output[0], "ReduceMean")
+        pw = next((u for u in users if squares(u, d)), None)
+        div = next((u for u in users if u is not pw), None)
+        var = only(pw.output[0], "ReduceMean") if pw is not None else None
         add = only(var.output[0], "Add") if var is not None and axes(var) == ax else None
         eps = other(add, var.output[0]) if add is not None else None
         sqrt = only(add.output[0], "Sqrt") if eps is not None and eps.size == 1 else None
-        if sqrt is None or only(sqrt.output[0], "Div") is not div or div.input[1] != sqrt.output[0]:
+        if sqrt is None or div is None or not divides(div, d, sqrt.output[0]):
             continue
-        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, div], div, None, None
+        inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != d]
+        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, *inside, div], div, None, None
         if (mul := only(last.output[0], "Mul")) is not None and (gamma := other(mul, last.output[0])) is not None:
             nodes.append(mul)
             last = mul

@@ -52,16 +52,18 @@ class LayerNormPlan:
     precision: int
     delta: Fraction
     quarter: int = 0  # q: V as floor(V / 4^q) from the row's mean-centred sums when n^2 max|u|^2 passes 32 bits
+    split: int = 0  # h: R holds h more bits, D R taken in two products (R >> h, R mod 2^h); 0: one product
 
     @property
     def error(self) -> float:
         return float(Fraction(1, 2) + self.delta)
 
 
-def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) -> tuple[np.ndarray, float]:
+def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
+                h: int = 0) -> tuple[np.ndarray, float]:
     """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
-    2^T - 1 only: the levels follow each other), and E = the worst |D| |R - 2^(F+m) / sqrt(V + G)| /
-    2^m over every reachable V (V = 0 or V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the
+    2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / sqrt(v + G)) with h extra bits (the split
+    form's), and E = the worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the
     bucket's ends (the distance is monotone in V within a bucket) with a relative margin of 2^-40."""
     size, step = 1 << t_bits, 3 << (t_bits - 2)
     table = np.zeros(size + levels * step if levels else v_max + 1, np.int64)
@@ -80,10 +82,11 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) 
         k, lo, hi, mid = k[keep], lo[keep], np.minimum(hi[keep], v_max), mid[keep]
         if not k.size:
             continue
-        r = np.floor(np.ldexp(1 / np.sqrt(mid + g), f + m) + 0.5).astype(np.int64)
+        r = np.floor(np.ldexp(1 / np.sqrt(mid + g), f + m + h) + 0.5).astype(np.int64)
         table[m * step + k] = r
         for v in (lo, hi):
-            e = np.abs(r - np.ldexp(1 / np.sqrt(v + g), f + m)) * np.sqrt((n - 1) * v.astype(np.float64))
+            e = np.abs(np.ldexp(r.astype(np.float64), -h) - np.ldexp(1 / np.sqrt(v + g), f + m)) * \
+                np.sqrt((n - 1) * v.astype(np.float64))
             worst = max(worst, float(np.max(np.ldexp(e, -m))))
     return table, worst * (1 + 2.0**-40)
 
@@ -147,9 +150,6 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     f = 0
     while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
         f += 1
-    table, worst = level_table(n, v_max, g, t_bits, levels, f)
-    if tight(int(table.max(initial=0))) + d_bits > 32:
-        raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     precision = tight(max(-low, high))
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
@@ -158,9 +158,31 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     root = math.isqrt(max(n - 1, 0)) + 1  # > sqrt(n - 1)
     beta = np.array([max(-limit, min(limit, bi)) for gi, bi in zip(gamma.flat, beta.flat)
                      for limit in [abs(gi) * root + high - low + 2]], dtype=object)
+    shape = (n, centre, t_bits, levels, quarter, precision)
+    best = best_plan(shape, v_max, g, f, d_bits, 0, gamma, beta)
+    if (best is None or best.delta >= Fraction(1, 2)) and (h := 31 - d_bits) > 0:  # R in two parts
+        best = best_plan(shape, v_max, g, f, d_bits, h, gamma, beta)
+    if best is None or best.delta >= Fraction(1, 2):
+        raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
+                     "integer form within half a step in 32 bits")
+    return best
+
+
+def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, gamma: np.ndarray,
+              beta: np.ndarray) -> LayerNormPlan | None:
+    """The plan of least delta for table bits F and split h (0: one product D R; else D (R >> h) and D (R mod 2^h),
+    each truncated), over j and k; None when no table or no multipliers fit 32 bits."""
+    n, centre, t_bits, levels, quarter, precision = shape
+    table, worst = level_table(n, v_max, g, t_bits, levels, f, h)
+    if tight(int(table.max(initial=0)) >> h) + d_bits > 32:
+        if h:
+            return None
+        raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     best = None
     for j in range(0, f + 1):
-        err = Fraction(worst) / (1 << j) + 1  # the table's error, and trunc's
+        if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+            break
+        err = Fraction(worst) / (1 << j) + (2 if h else 1)  # the table's error, and trunc's (once per part)
         nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
         c = [x / (1 << (f - j)) for x in gamma.flat]
         for k in range(MAX_SHIFT - precision, 0, -1):
@@ -173,11 +195,8 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
                          for ci, mi, bi, b in zip(c, ms, bs, beta.flat)), default=Fraction(0))
             if best is None or delta < best.delta:
                 best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
-                                     np.array(bs, np.int64), k, precision, delta, quarter)
+                                     np.array(bs, np.int64), k, precision, delta, quarter, h)
             break
-    if best is None or best.delta >= Fraction(1, 2):
-        raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
-                     "integer form within half a step in 32 bits")
     return best
 
 
@@ -254,17 +273,10 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
                    p.table.size - 1, col)
     else:
         level, index = None, variance(ctx, u, total, n, rows, col)
-    table = c32(p.table)
-    r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(table), in_dim=p.table.size), INT32, 0,
-                   int(p.table.max(initial=0)), col)
-    prod = op("broadcast_mul", d, r, -d.hi * r.hi, d.hi * r.hi, rows)
-    if level is not None:
-        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32([1 << (m + p.extra) for m in range(p.levels + 1)])),
-                     in_dim=p.levels + 1)
-        prod = op("broadcast_div", prod, ctx.result(e, INT32, 1 << p.extra, 1 << (p.levels + p.extra), col),
-                  prod.lo, prod.hi, rows)
-    elif p.extra:
-        prod = op("broadcast_div", prod, c32(1 << p.extra), prod.lo, prod.hi, rows)
+    prod = quotient(ctx, d, index, level, p.table >> p.split, p.extra, p.levels)
+    if p.split:  # the low h bits of R: D R0 / 2^(m+j+h), truncated on its own
+        low = quotient(ctx, d, index, level, p.table & ((1 << p.split) - 1), p.extra + p.split, p.levels)
+        prod = op("broadcast_add", prod, low, prod.lo + low.lo, prod.hi + low.hi, rows)
     if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
         e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
         prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
@@ -277,6 +289,24 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     bnd = (1 << (p.precision - 1)) - 1
     e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(max(-y.lo, y.hi))), precision=p.precision, shift_bit=p.shift)
     return ctx.result(e, INT32, -bnd, bnd, rows)
+
+
+def quotient(ctx, d: Tensor, index: Tensor, level: Tensor | None, table: np.ndarray, extra: int,
+             levels: int) -> Tensor:
+    """trunc(D R / 2^(m + extra)) with R = table[index] (``cvm_lut``), m the row's level (a lookup of 2^(m+extra))."""
+    op = partial(proven, ctx)
+    col, rows = index.shape, d.shape
+    r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(table)), in_dim=table.size), INT32, 0,
+                   int(table.max(initial=0)), col)
+    prod = op("broadcast_mul", d, r, -d.hi * r.hi, d.hi * r.hi, rows)
+    if level is not None:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32([1 << (m + extra) for m in range(levels + 1)])),
+                     in_dim=levels + 1)
+        return op("broadcast_div", prod, ctx.result(e, INT32, 1 << extra, 1 << (levels + extra), col),
+                  prod.lo, prod.hi, rows)
+    if extra:
+        return op("broadcast_div", prod, c32(1 << extra), prod.lo, prod.hi, rows)
+    return prod
 
 
 def variance(ctx, u: Tensor, total: Tensor, n: int, rows, col) -> Tensor:
