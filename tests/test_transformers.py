@@ -18,10 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from support.quantized import qdq
 from support.transformers import encoder
 from test_quantized_rules import check_layernorm
 
-from cvm_onnx.app.quantize import layernorms, quantize
+from cvm_onnx.app.quantize import fuse_gelu, gelus, layernorms, quantize
+from cvm_onnx.converters.from_onnx import import_model
 
 from cvm_onnx.converters.from_onnx.context import INT32, Importer, Tensor
 from cvm_onnx.converters.from_onnx.emit import reduced
@@ -234,3 +238,82 @@ def test_layernorm_with_a_wide_gamma_takes_r_in_two_parts(wide, seed, kind):
     assert p.split > 0 and p.delta < Fraction(1, 2)
     gamma = np.full(n, 127) * np.where(rng.integers(0, 2, n) == 0, -1, 1)
     check_layernorm((2, n), -1, T.UINT8, T.UINT8, 0.027, so, 1e-5, sg, False, 75, 75, gamma, None, x)
+
+
+# -- GELU ---------------------------------------------------------------------------------------------------------
+def gelu_erf(v):
+    return 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))
+
+
+def gelu_tanh(v):
+    return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(form=st.sampled_from([("Gelu", "", 20, {}), ("Gelu", "", 20, {"approximate": "tanh"}),
+                             ("Gelu", "com.microsoft", 17, {}), ("FastGelu", "com.microsoft", 17, {})]),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), s=st.floats(2.0**-6, 2.0**-2, width=32),
+       so=st.floats(2.0**-7, 2.0**-3, width=32), zx=st.integers(0, 127), zo=st.integers(-128, 127))
+def test_gelu_is_one_table_of_its_form(form, x_type, s, so, zx, zo):
+    """Gelu (erf, or approximate="tanh": it was read as erf) and com.microsoft Gelu / FastGelu between
+    DequantizeLinear and QuantizeLinear: one cvm_lut; on every input integer equal to
+    sat(round_half_even(f((x - z) s) / s_out) + z_out), f the form in float64."""
+    op, domain, opset, attrs = form
+    inits = {"s": np.float32(s), "zx": (np.int8 if x_type == T.INT8 else np.uint8)(zx), "so": np.float32(so),
+             "zo": np.int8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node(op, ["xf"], ["g"], domain=domain, **attrs),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    m = qdq(nodes, (256,), x_type, inits, T.INT8, opset=opset)
+    lo = -128 if x_type == T.INT8 else 0
+    x = np.arange(lo, lo + 256)
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    f = gelu_tanh if op == "FastGelu" or attrs else gelu_erf
+    want = np.clip(np.rint(f((x - zx) * float(np.float32(s))) / float(np.float32(so))) + zo, -128, 127)
+    assert np.array_equal(got, want)
+    assert [nd.op for nd in imp.graph.nodes].count("cvm_lut") == 1
+
+
+def gelu_graph(kind: str):
+    """x -> a written-out GELU as exporters write it -> y (plus a residual Add reading x, outside the GELU)."""
+    c = {"half": 0.5, "one": 1.0, "sqrt2": math.sqrt(2), "k": 0.044715, "r": math.sqrt(2 / math.pi), "three": 3.0}
+    if kind == "erf":  # PyTorch's nn.GELU: x * (1 + erf(x / sqrt 2)) * 0.5
+        nodes = [("Div", ["x", "sqrt2"], "a"), ("Erf", ["a"], "b"), ("Add", ["b", "one"], "c"),
+                 ("Mul", ["x", "c"], "d"), ("Mul", ["d", "half"], "y")]
+    elif kind == "erf, half first":  # 0.5 * x * (1 + erf(x * (1 / sqrt 2)))
+        c["isqrt2"] = 1 / math.sqrt(2)
+        nodes = [("Mul", ["half", "x"], "h"), ("Mul", ["x", "isqrt2"], "a"), ("Erf", ["a"], "b"),
+                 ("Add", ["one", "b"], "c"), ("Mul", ["h", "c"], "y")]
+    elif kind == "tanh, x x x":  # HF's gelu_new with the cube as products
+        nodes = [("Mul", ["x", "x"], "x2"), ("Mul", ["x2", "x"], "x3"), ("Mul", ["k", "x3"], "a"),
+                 ("Add", ["x", "a"], "b"), ("Mul", ["r", "b"], "e"), ("Tanh", ["e"], "t"), ("Add", ["t", "one"], "u"),
+                 ("Mul", ["half", "x"], "h"), ("Mul", ["h", "u"], "y")]
+    else:  # not a GELU: x * erf(x)
+        nodes = [("Erf", ["x"], "b"), ("Mul", ["x", "b"], "y")]
+    ns = [h.make_node(op, ins, [out]) for op, ins, out in nodes] + [h.make_node("Add", ["y", "x"], ["z"])]
+    g = h.make_graph(ns, "g", [h.make_tensor_value_info("x", T.FLOAT, [4])],
+                     [h.make_tensor_value_info("z", T.FLOAT, [4])],
+                     [nh.from_array(np.array(v, np.float32), k) for k, v in c.items()])
+    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("kind, form", [("erf", "Gelu"), ("erf, half first", "Gelu"), ("tanh, x x x", "FastGelu"),
+                                        ("x erf(x)", None)])
+def test_written_out_gelus_are_fused_into_one_node(kind, form):
+    """Each written-out GELU becomes one com.microsoft node of its form reading x and writing y (the residual Add
+    kept); a function that is no GELU is left alone."""
+    m = gelu_graph(kind)
+    fuse_gelu(m)
+    ops = [n.op_type for n in m.graph.node]
+    if form is None:
+        assert "Gelu" not in ops and "FastGelu" not in ops
+        return
+    assert ops == [form, "Add"] and list(m.graph.node[0].input) == ["x"] and list(m.graph.node[0].output) == ["y"]
+    onnx.checker.check_model(m)
+
+
+def test_encoder_gelus_are_fused():
+    for gelu, form in (("erf", "Gelu"), ("tanh", "FastGelu")):
+        m = encoder(seed=3, gelu=gelu, layers=2)
+        assert [f[3] for f in gelus(m.graph)] == [form, form]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import tempfile
 from collections import Counter
@@ -208,6 +209,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
             pass
     fuse_layernorm(model)
+    fuse_gelu(model)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     onnx.save(model, source)
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
@@ -357,6 +359,100 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
                                                           epsilon=eps))
         for n in nodes:
             model.graph.node.remove(n)
+
+
+#: The elementwise ops a written-out GELU is made of.
+GELU_OPS = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power,
+            "Tanh": np.tanh, "Erf": np.vectorize(math.erf, otypes=[np.float64])}
+GELU_GRID = np.linspace(-10, 10, 2001)
+#: GELU's two forms, by the op that replaces each (com.microsoft Gelu: erf; FastGelu: tanh).
+GELU_FORMS = {"Gelu": lambda v: 0.5 * v * (1 + GELU_OPS["Erf"](v / math.sqrt(2))),
+              "FastGelu": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))}
+
+
+def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, str]]:
+    """The GELUs written out as elementwise ops (x / sqrt 2, Erf, + 1, * x, * 0.5; or the tanh form with Pow 3 or
+    x * x * x), in any order and association: for each Erf or Tanh, a tensor x up to 6 such ops before it, the
+    ops that compute from x alone (and scalar float constants), and among their outputs one that equals a GELU form
+    of x within 1e-5 on [-10, 10] (evaluated in float64) and whose intermediates nothing else reads. Each as (its
+    nodes in graph order, x, the output, the form's op)."""
+    consts = {k: v for k, v in _constants(graph).items() if v.dtype.kind == "f" and v.size == 1}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto | None]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    for o in graph.output:
+        readers.setdefault(o.name, []).append(None)
+    order = {id(n): i for i, n in enumerate(graph.node)}
+    found, taken = [], set()
+
+    def region(x: str) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+        """The ops computing from x alone, with their values on the grid."""
+        values, nodes, grown = {x: GELU_GRID}, [], True
+        while grown:
+            grown = False
+            for n in {id(r): r for t in list(values) for r in readers.get(t, []) if r is not None}.values():
+                if n.op_type not in GELU_OPS or n.output[0] in values or len(n.output) != 1 or \
+                        not all(i in values or i in consts for i in n.input) or id(n) in taken:
+                    continue
+                args = [values[i] if i in values else consts[i].astype(np.float64).reshape(()) for i in n.input]
+                with np.errstate(all="ignore"):
+                    values[n.output[0]] = GELU_OPS[n.op_type](*args)
+                nodes.append(n)
+                grown = True
+        return nodes, values
+
+    def gelu_of(nodes: list[onnx.NodeProto], values: dict[str, np.ndarray]):
+        """(the ops computing a GELU of x, its output's node first; the form), if one output among ``nodes`` is
+        a GELU whose intermediates are read by those ops alone."""
+        made = {n.output[0]: n for n in nodes}
+        for t in made:
+            form = next((k for k, f in GELU_FORMS.items()
+                         if np.allclose(values[t], f(GELU_GRID), rtol=0, atol=1e-5)), None)
+            if form is None:
+                continue
+            sub, todo = {}, [t]
+            while todo:
+                n = made.get(todo.pop())
+                if n is not None and id(n) not in sub:
+                    sub[id(n)] = n
+                    todo.extend(n.input)
+            inner = [n.output[0] for n in sub.values() if n.output[0] != t]
+            if all(r is not None and id(r) in sub for o in inner for r in readers[o]):
+                return [made[t], *(n for n in sub.values() if n is not made[t])], form
+        return None
+
+    for e in graph.node:
+        if e.op_type not in ("Erf", "Tanh") or id(e) in taken:
+            continue
+        x, hops = e.input[0], 0
+        while x is not None and hops < 6:
+            nodes, values = region(x)
+            if (hit := gelu_of(nodes, values)) is not None:
+                sub, form = hit
+                found.append((sorted(sub, key=lambda n: order[id(n)]), x, sub[0].output[0], form))
+                taken.update(id(n) for n in sub)
+                break
+            up = producer.get(x)
+            x = next((i for i in up.input if i not in consts), None) if up is not None and \
+                up.op_type in GELU_OPS else None
+            hops += 1
+    return found
+
+
+def fuse_gelu(model: onnx.ModelProto) -> None:
+    """Each written-out GELU (``gelus``) as one com.microsoft Gelu or FastGelu node, which the importer makes one
+    table over its input's integers (docs/import.md), in place of the several requantizations of its ops."""
+    found = gelus(model.graph)
+    for nodes, x, out, form in found:
+        at = list(model.graph.node).index(nodes[-1])
+        model.graph.node.insert(at, onnx.helper.make_node(form, [x], [out], name=f"{out}:{form}",
+                                                          domain="com.microsoft"))
+        for n in nodes:
+            model.graph.node.remove(n)
+    if found and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
 def fold_batchnorm(graph: onnx.GraphProto) -> None:
