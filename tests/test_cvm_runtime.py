@@ -47,3 +47,27 @@ def test_quantized_imports(tmp_path, fmt, activation, symmetric, per_channel):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("dims, form", [
+    (dict(s=9, d=32, heads=4, ff=64), dict(gelu="erf", ln="fused")),
+    (dict(s=5, d=384, heads=6, ff=64), dict(gelu="tanh", ln="pow")),
+])
+def test_encoder_blocks(tmp_path, dims, form):
+    """Issue 35's encoder blocks (tests/support/transformers.py) as `cvm-onnx quantize` imports them: attention's
+    dense of two computed 8-bit tensors per head, LayerNorm (n = 384: V past 32 bits), the GELU table."""
+    import onnx
+    from support.transformers import encoder
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(encoder(seed=1, **dims, **form), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 1, dims["s"], dims["d"])).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    assert "dense" in [nd.op for nd in imp.graph.nodes]
+    xs = [imp.edges.input.quantize(rng.normal(size=(1, dims["s"], dims["d"])).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
