@@ -63,8 +63,9 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
                 h: int = 0) -> tuple[np.ndarray, float]:
     """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
     2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / sqrt(v + G)) with h extra bits (the split
-    form's), and E = the worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the
-    bucket's ends (the distance is monotone in V within a bucket) with a relative margin of 2^-40."""
+    form's), and E = the worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or
+    V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the bucket's ends (the distance is monotone in V
+    within a bucket) with a relative margin of 2^-40."""
     size, step = 1 << t_bits, 3 << (t_bits - 2)
     table = np.zeros(size + levels * step if levels else v_max + 1, np.int64)
     worst = 0.0

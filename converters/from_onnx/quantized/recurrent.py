@@ -1,0 +1,211 @@
+"""LSTM of a dequantized sequence with float weights (as quantize_static leaves it between a DequantizeLinear and a
+QuantizeLinear), unrolled over its fixed length into CVM ops (docs/import.md, "LSTM: the integer form").
+
+Per direction and step t, with h held as integers at scale 1/127 (8 bits, ``dense``'s operand) and c at 2^-G:
+the gate pre-activations x W^T + b and h R^T are each requantized (one plan each) to steps of 2^-8, added and
+clipped to [-16, 16]; sigmoid and tanh tables give the gates at 2^-G; c' = round(f c / 2^G) + round(i g / 2^G);
+tanh(c') from a table over c' rounded to 2^-9 and clipped to [-8, 8]; h' = round(o tanh(c') 127 / 2^2G), and the
+output Y = o tanh(c') exactly at 2^-2G.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from cvm_onnx.core.constants import tight
+
+from ..context import INT32, Tensor, const
+from ..emit import as_int32, concatenated, strided_slice
+from ..registry import Refuse, float_rule
+from .products import dense
+from ..requant import NoPlan, plan
+from .requantization import Requant, apply
+from .values import Scaled, per_tensor, scaled
+
+INDEX_BITS = 8  # gate pre-activations in steps of 2^-8
+GATE_REACH = 16  # clipped to [-16, 16]: sigmoid and tanh are within 2^-23 of their limits beyond
+CELL_BITS = 9  # tanh(c) looked up at c rounded to 2^-9
+CELL_REACH = 8  # clipped to [-8, 8]
+H_STEPS = 127  # h at scale 1/127
+
+
+def gate_bits(steps: int, c0: float) -> int:
+    """G: gates at 2^-G, c at 2^-G, |c| <= |c0| + steps (|c'| <= f |c| + |i g| <= |c| + 1), so that the labels of
+    f c (2^G times 2^G (|c0| + steps)) and of o tanh(c) 127 (2^2G times 127) stay within 32 bits."""
+    g = 12
+    while g > 4 and (tight(1 << g) + tight((1 << g) * (math.ceil(c0) + steps + 1)) > 32 or
+                     tight(1 << (2 * g)) + tight(H_STEPS) > 32):
+        g -= 1
+    return g
+
+
+def quantized_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(w as int8 per row, symmetric, and each row's scale as an exact Fraction): round(w / s), s = max|w| / 127."""
+    peak = np.abs(w).max(axis=1)
+    s = [Fraction(float(np.float32(p / 127))) if p > 0 else Fraction(1) for p in peak]
+    q = np.array([[round(Fraction(float(v)) / si) for v in row] for row, si in zip(w.astype(np.float64), s)],
+                 np.int64)
+    return np.clip(q, -127, 127), np.array(s, dtype=object)
+
+
+def table(ctx, index: Tensor, values: np.ndarray, lo: int, hi: int) -> Tensor:
+    """cvm_lut of ``index`` (0-based, within the table) into ``values``."""
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values.astype(np.int32), INT32)), in_dim=values.size)
+    return ctx.result(e, INT32, lo, hi, index.shape)
+
+
+def to_grid(ctx, x: Scaled, bound: int) -> Tensor:
+    """x (zero point 0, a scale per column) in steps of 2^-8, clipped to +-bound: one requantization plan
+    (requant.plan) into [-bound, bound], recorded for the report."""
+    grid = Fraction(1, 1 << INDEX_BITS)
+    ratios = np.asarray(x.scale / grid, dtype=object).reshape(-1)
+    v = as_int32(x.t)
+    try:
+        p = plan([(v.lo, v.hi, ratios)], -bound, bound, Fraction(1, 2))
+    except NoPlan as e:
+        raise Refuse(f"LSTM gates: {e}") from None
+    ctx.requants.append(Requant(ctx.base, tuple(float(r) for r in ratios), p))
+    r = apply(ctx, [v], p)
+    e = ctx.emit("clip", ctx.entry(r), a_min=-bound, a_max=bound)
+    return ctx.result(e, INT32, max(r.lo, -bound), min(r.hi, bound), r.shape)
+
+
+def step(ctx, name: str, a: Tensor, b: Tensor, lo: int, hi: int) -> Tensor:
+    e = ctx.op(name, a, b)
+    return ctx.result(e, INT32, lo, hi, ctx.type_of(e).shape)
+
+
+def shift(ctx, x: Tensor, k: int) -> Tensor:
+    """round_half_up(x / 2^k) (cvm_right_shift by k >= 1)."""
+    peak = max(-x.lo, x.hi)
+    bound = (peak + (1 << (k - 1))) >> k
+    e = ctx.emit("cvm_right_shift", ctx.narrow(x, tight(peak)), precision=tight(bound), shift_bit=k)
+    return ctx.result(e, INT32, -bound, bound, x.shape)
+
+
+def c32(v) -> Tensor:
+    return const(np.asarray(v, np.int64).astype(np.int32), INT32)
+
+
+def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, c0: np.ndarray,
+              order: list[int], g: int) -> tuple[list[Tensor], Tensor, Tensor]:
+    """One direction over the steps in ``order``: (y per step at 2^-2G, the last h at 1/127, the last c at 2^-G)."""
+    steps, batch = xs.shape[0], xs.shape[1]
+    hidden = r.shape[1]
+    wq, sw = quantized_rows(w)
+    rq, sr = quantized_rows(r)
+    xw = dense(ctx, xs, wq, sw, None)  # (steps, batch, 4H) at s_x sw per column
+    reach = GATE_REACH << INDEX_BITS
+    z = np.zeros((), np.int64)
+    sig = np.array([round(Fraction(1 << g) / (1 + math.exp(-k / (1 << INDEX_BITS)))) for k in range(-reach, reach + 1)])
+    tnh = np.array([round((1 << g) * math.tanh(k / (1 << INDEX_BITS))) for k in range(-reach, reach + 1)])
+    creach = CELL_REACH << CELL_BITS
+    ctab = np.array([round((1 << g) * math.tanh(k / (1 << CELL_BITS))) for k in range(-creach, creach + 1)])
+    total = b[:4 * hidden] + b[4 * hidden:]  # Wb + Rb, float64 sums of float32 numbers: exact
+    if total.any():  # at the input products' scale, rounded (half a unit of s_x s_W, far below the 2^-8 grid)
+        units = np.array([round(Fraction(float(v)) / sc) for v, sc in zip(total, xw.scale.reshape(-1))], np.int64)
+        add = c32(units.reshape(1, 1, -1))
+        xw = Scaled(ctx.result(ctx.op("broadcast_add", xw.t, add), INT32, xw.t.lo + int(units.min()),
+                               xw.t.hi + int(units.max()), xw.shape), xw.scale, xw.zero)
+    h = c32(np.rint(h0 * H_STEPS).astype(np.int64)) if h0.any() else None
+    one = 1 << g
+    # |h R^T| <= max_r sum |R_q| s_R (|h| <= 1); |x W^T + b| <= max|x - z| s_x max_r sum |W_q| s_W + max |b|
+    reach_h = GATE_REACH + math.ceil(max((sum(abs(int(q)) for q in row) * sc for row, sc in zip(rq, sr)),
+                                         default=0)) + 1
+    c = c32(np.rint(c0 * one).astype(np.int64))
+    ys = []
+    for t in order:
+        xt = Scaled(ctx.reshape(strided_slice(ctx, xw.t, [range(t, t + 1), range(batch), range(4 * hidden)]),
+                                (batch, 4 * hidden)), xw.scale, xw.zero)
+        # each product requantized to the 2^-8 grid on its own, x W^T + b clipped where the sum is past +-16
+        # whatever h R^T (|h R^T| <= reach_h - 17)
+        pre = to_grid(ctx, xt, reach_h << INDEX_BITS)
+        if h is not None:
+            hs = Scaled(ctx.reshape(h, (batch, hidden)) if h.shape != (batch, hidden) else h,
+                        np.asarray(Fraction(1, H_STEPS), dtype=object), z)
+            zh = to_grid(ctx, dense(ctx, hs, rq, sr, None), reach_h << INDEX_BITS)
+            pre = step(ctx, "broadcast_add", pre, zh, pre.lo + zh.lo, pre.hi + zh.hi)
+        pre = as_int32(pre)
+        e = ctx.emit("clip", ctx.entry(pre), a_min=-reach, a_max=reach)
+        pre = ctx.result(e, INT32, max(pre.lo, -reach), min(pre.hi, reach), pre.shape)
+        idx = step(ctx, "broadcast_add", pre, c32(reach), pre.lo + reach, pre.hi + reach)
+        gates = [strided_slice(ctx, idx, [range(batch), range(k * hidden, (k + 1) * hidden)]) for k in range(4)]
+        i, o, f = (table(ctx, gates[k], sig, 0, one) for k in (0, 1, 2))
+        cand = table(ctx, gates[3], tnh, -one, one)
+        peak = max(-c.lo, c.hi)
+        fc = shift(ctx, step(ctx, "broadcast_mul", f, c, -one * peak, one * peak), g)
+        ig = shift(ctx, step(ctx, "broadcast_mul", i, cand, -one * one, one * one), g)
+        c = step(ctx, "broadcast_add", fc, ig, fc.lo + ig.lo, fc.hi + ig.hi)
+        if g > CELL_BITS:
+            ci = shift(ctx, c, g - CELL_BITS)
+        else:
+            ci = step(ctx, "broadcast_mul", c, c32(1 << (CELL_BITS - g)), c.lo << (CELL_BITS - g),
+                      c.hi << (CELL_BITS - g))
+        e = ctx.emit("clip", ctx.entry(ci), a_min=-creach, a_max=creach)
+        ci = ctx.result(e, INT32, max(ci.lo, -creach), min(ci.hi, creach), ci.shape)
+        tc = table(ctx, step(ctx, "broadcast_add", ci, c32(creach), ci.lo + creach, ci.hi + creach), ctab, -one, one)
+        y = step(ctx, "broadcast_mul", o, tc, -one * one, one * one)
+        ys.append(y)
+        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), -one * one * H_STEPS, one * one * H_STEPS), 2 * g)
+    return ys, h, c
+
+
+def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A constant float input (quantized constants dequantized exactly) as float64 of ``shape``."""
+    if t is None:
+        return np.zeros(shape)
+    if isinstance(t, Scaled) and t.t.is_const:
+        v = np.array([float(q) for q in np.broadcast_to((t.t.value.astype(np.int64) - t.zero) * t.scale,
+                                                        t.shape).flat]).reshape(t.shape)
+    elif isinstance(t, Tensor) and t.is_const and np.asarray(t.value).dtype.kind == "f":
+        v = np.asarray(t.value, np.float64)
+    else:
+        raise Refuse(f"the LSTM {what} must be a constant")
+    if v.shape != shape:
+        raise Refuse(f"the LSTM {what} of shape {v.shape}, not {shape}")
+    return v
+
+
+@float_rule("LSTM", since=7)
+def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
+    """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
+    X with constant W, R, B, initial_h, initial_c (zeros when absent), every sequence the full length: unrolled
+    (``direction``). Outputs Y at 2^-2G, Y_h at 1/127 and Y_c at 2^-G, requantized by what follows."""
+    xs = per_tensor(scaled(x, "the LSTM input"), "LSTM")
+    if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or node.has("activations"):
+        raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
+    if len(xs.shape) != 3:
+        raise Refuse(f"an LSTM input of shape {xs.shape}")
+    steps, batch, size = xs.shape
+    way = node.attr_str("direction", "forward", choices=("forward", "reverse", "bidirectional"))
+    dirs = 2 if way == "bidirectional" else 1
+    hidden = node.attr_int("hidden_size", lo=1)
+    wv = floats(w, "W", (dirs, 4 * hidden, size))
+    rv = floats(r, "R", (dirs, 4 * hidden, hidden))
+    bv = floats(b, "B", (dirs, 8 * hidden))
+    if lens is not None and not (lens.is_const and (np.asarray(lens.value) == steps).all()):
+        raise Refuse("LSTM sequence_lens other than the full length of every sequence has no CVM form")
+    if p is not None and floats(p, "P", (dirs, 3 * hidden)).any():
+        raise Refuse("LSTM with peepholes has no CVM form here")
+    hv = floats(h0, "initial_h", (dirs, batch, hidden))
+    cv = floats(c0, "initial_c", (dirs, batch, hidden))
+    g = gate_bits(steps, float(np.abs(cv).max(initial=0)))
+    outs = []
+    for d in range(dirs):
+        order = list(range(steps)) if (way == "forward" or d == 0) and way != "reverse" else \
+            list(range(steps - 1, -1, -1))
+        ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g)
+        if order[0] != 0:
+            ys = ys[::-1]
+        outs.append((ys, h, c))
+    one = Fraction(1, 1 << (2 * g))
+    z = np.zeros((), np.int64)
+    y = concatenated(ctx, 0, *(ctx.reshape(concatenated(ctx, 1, *(ctx.reshape(o[0][k], (1, 1, batch, hidden))
+                                                                for o in outs)), (1, dirs, batch, hidden))
+                               for k in range(steps)))
+    yh = concatenated(ctx, 0, *(ctx.reshape(o[1], (1, batch, hidden)) for o in outs))
+    yc = concatenated(ctx, 0, *(ctx.reshape(o[2], (1, batch, hidden)) for o in outs))
+    return [Scaled(y, np.asarray(one, dtype=object), z), Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z),
+            Scaled(yc, np.asarray(Fraction(1, 1 << g), dtype=object), z)]
