@@ -71,3 +71,22 @@ def test_encoder_blocks(tmp_path, dims, form):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def test_lstm(tmp_path):
+    """Issue 35's unrolled LSTM (bidirectional, tests/test_transformers.py's model) as `cvm-onnx quantize` imports
+    it: per-step dense of the computed h by R, gate tables, the state's shifts."""
+    import onnx
+    from test_transformers import lstm_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
