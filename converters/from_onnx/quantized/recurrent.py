@@ -42,12 +42,15 @@ def gate_bits(steps: int, c0: float) -> int:
 
 
 def quantized_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(w as int8 per row, symmetric, and each row's scale as an exact Fraction): round(w / s), s = max|w| / 127."""
+    """(w as int8 per row, symmetric, and each row's scale as an exact Fraction): round_half_even(w / s),
+    s = float32(max|w| / 127); quotients within 2^-20 of a half-integer are recomputed in exact Fractions."""
     peak = np.abs(w).max(axis=1)
-    s = [Fraction(float(np.float32(p / 127))) if p > 0 else Fraction(1) for p in peak]
-    q = np.array([[round(Fraction(float(v)) / si) for v in row] for row, si in zip(w.astype(np.float64), s)],
-                 np.int64)
-    return np.clip(q, -127, 127), np.array(s, dtype=object)
+    s32 = np.array([np.float32(p / 127) if p > 0 else np.float32(1) for p in peak], np.float64)
+    ratio = w.astype(np.float64) / s32[:, None]
+    q = np.rint(ratio)
+    for i, j in zip(*np.nonzero(np.abs(np.abs(ratio - np.trunc(ratio)) - 0.5) < 2.0**-20)):
+        q[i, j] = round(Fraction(float(w[i, j])) / Fraction(float(s32[i])))
+    return np.clip(q, -127, 127).astype(np.int64), np.array([Fraction(float(v)) for v in s32], dtype=object)
 
 
 def table(ctx, index: Tensor, values: np.ndarray, lo: int, hi: int) -> Tensor:
@@ -112,8 +115,8 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
     h = c32(np.rint(h0 * H_STEPS).astype(np.int64)) if h0.any() else None
     one = 1 << g
     # |h R^T| <= max_r sum |R_q| s_R (|h| <= 1); |x W^T + b| <= max|x - z| s_x max_r sum |W_q| s_W + max |b|
-    reach_h = GATE_REACH + math.ceil(max((sum(abs(int(q)) for q in row) * sc for row, sc in zip(rq, sr)),
-                                         default=0)) + 1
+    # |h R^T| <= max_r sum |R_q| s_R (|h| <= 1), bounded in float64 with a margin of one
+    reach_h = GATE_REACH + math.ceil(float((np.abs(rq).sum(axis=1) * sr.astype(np.float64)).max(initial=0))) + 2
     c = c32(np.rint(c0 * one).astype(np.int64))
     ys = []
     for t in order:
