@@ -73,15 +73,16 @@ def test_encoder_blocks(tmp_path, dims, form):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
-def test_lstm(tmp_path):
-    """Issue 35's unrolled LSTM (bidirectional, tests/test_transformers.py's model) as `cvm-onnx quantize` imports
-    it: per-step dense of the computed h by R, gate tables, the state's shifts."""
+@pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {})])
+def test_recurrent_layers(tmp_path, op, attrs):
+    """Issue 35's unrolled LSTM and GRU (bidirectional, tests/test_transformers.py's model) as `cvm-onnx quantize`
+    imports them: per-step dense of the computed h by R, gate tables, the state's shifts."""
     import onnx
     from test_transformers import lstm_model
 
     from cvm_onnx.app.quantize import quantize
 
-    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8), tmp_path / "f.onnx")
+    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, op=op, **attrs), tmp_path / "f.onnx")
     rng = np.random.default_rng(0)
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported

@@ -390,18 +390,20 @@ def test_lstm_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, 
     assert verify(graph, x.astype(np.int32)).exact
 
 
-def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False) -> onnx.ModelProto:
-    """x (steps, 1, size) -> MatMul -> LSTM (``way``, bias, initial states when ``states``) -> MatMul by the
-    identity: quantize_static quantizes the LSTM's input and output around the float LSTM."""
+def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, op="LSTM",
+               **attrs) -> onnx.ModelProto:
+    """x (steps, 1, size) -> MatMul -> LSTM or GRU (``way``, bias, initial states when ``states``) -> MatMul by
+    the identity: quantize_static quantizes the layer's input and output around the float layer."""
     rng = np.random.default_rng(seed)
     dirs = 2 if way == "bidirectional" else 1
-    inits = {"w0": rng.normal(size=(size, size)) / 2, "W": rng.normal(size=(dirs, 4 * hidden, size)) / 2,
-             "R": rng.normal(size=(dirs, 4 * hidden, hidden)) / 3, "B": rng.normal(size=(dirs, 8 * hidden)) / 3,
+    k = 4 if op == "LSTM" else 3
+    inits = {"w0": rng.normal(size=(size, size)) / 2, "W": rng.normal(size=(dirs, k * hidden, size)) / 2,
+             "R": rng.normal(size=(dirs, k * hidden, hidden)) / 3, "B": rng.normal(size=(dirs, 2 * k * hidden)) / 3,
              "h0": rng.uniform(-1, 1, (dirs, 1, hidden)), "c0": rng.uniform(-2, 2, (dirs, 1, hidden)),
              "w1": np.eye(hidden)}
-    ins = ["a", "W", "R", "B"] + (["", "h0", "c0"] if states else [])
+    ins = ["a", "W", "R", "B"] + ((["", "h0", "c0"] if op == "LSTM" else ["", "h0"]) if states else [])
     nodes = [h.make_node("MatMul", ["x", "w0"], ["a"]),
-             h.make_node("LSTM", ins, ["Y0"], hidden_size=hidden, direction=way),
+             h.make_node(op, ins, ["Y0"], hidden_size=hidden, direction=way, **attrs),
              h.make_node("MatMul", ["Y0", "w1"], ["y"])]
     g = h.make_graph(nodes, "lstm", [h.make_tensor_value_info("x", T.FLOAT, [steps, 1, size])],
                      [h.make_tensor_value_info("y", T.FLOAT, [steps, dirs, 1, hidden])],
@@ -411,14 +413,82 @@ def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False) -
     return m
 
 
-@pytest.mark.parametrize("way, states", [("forward", False), ("reverse", True), ("bidirectional", False)])
-def test_lstm_imports_whole_exact_and_as_close_to_float_as_onnxruntime(tmp_path, way, states):
-    """An LSTM between quantized tensors (refused before): unrolled, exported bit-exactly, its mean distance from
-    the float model within 1.1x onnxruntime's quantized model's (which runs the LSTM in float)."""
-    onnx.save(lstm_model(way, 0, states=states), tmp_path / "f.onnx")
+@pytest.mark.parametrize("op, way, states, attrs", [
+    ("LSTM", "forward", False, {}), ("LSTM", "reverse", True, {}), ("LSTM", "bidirectional", False, {}),
+    ("GRU", "forward", True, {}), ("GRU", "bidirectional", False, {"linear_before_reset": 1}),
+    ("GRU", "reverse", True, {"linear_before_reset": 1})])
+def test_recurrent_layers_import_whole_exact_and_as_close_to_float_as_onnxruntime(tmp_path, op, way, states, attrs):
+    """An LSTM or GRU between quantized tensors (refused before): unrolled, exported bit-exactly, its mean distance
+    from the float model within 1.1x onnxruntime's quantized model's (which runs the layer in float)."""
+    onnx.save(lstm_model(way, 0, states=states, op=op, **attrs), tmp_path / "f.onnx")
     rng = np.random.default_rng(1)
     np.save(tmp_path / "c.npy", rng.normal(size=(32, 12, 1, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+def gru_oracle(x, wq, rq, js, xb256, rbh256, h0, order, g, before):
+    """The integer GRU of docs/import.md for exactly quantized weights (as lstm_oracle): gates z, r from the
+    sigmoid table, the candidate from the tanh table at x W_h^T + 256 b_h + rhu(r (h R_h^T j + 256 R_bh), G)
+    (linear_before_reset) or + (rhu(r h, G) R_h^T) j; y = (2^G - z) n 127 + z h 2^G, h' = rhu(y, 2G)."""
+    hidden = rq.shape[1]
+    sig = [round((1 << g) / (1 + math.exp(-k / 256))) for k in range(-4096, 4097)]
+    tnh = [round((1 << g) * math.tanh(k / 256)) for k in range(-4096, 4097)]
+    look = np.vectorize(lambda tab, k: tab[int(k) + 4096], otypes=[object], excluded={0})
+    h = np.rint(h0 * 127).astype(np.int64).astype(object)
+    one, ys = 1 << g, {}
+    for t in order:
+        px = x[t].astype(object) @ wq.T.astype(object) + xb256
+        ph_ = (h @ rq.T.astype(object)) * js
+        z = look(sig, np.clip(px[:, :hidden] + ph_[:, :hidden], -4096, 4096))
+        r = look(sig, np.clip(px[:, hidden:2 * hidden] + ph_[:, hidden:2 * hidden], -4096, 4096))
+        if before:
+            pre = px[:, 2 * hidden:] + rhu(r * (ph_[:, 2 * hidden:] + rbh256), g)
+        else:
+            pre = px[:, 2 * hidden:] + (rhu(r * h, g) @ rq[2 * hidden:].T.astype(object)) * js[2 * hidden:]
+        n = look(tnh, np.clip(pre, -4096, 4096))
+        ys[t] = (one - z) * n * 127 + z * h * one
+        h = rhu(ys[t], 2 * g)
+    return [ys[t] for t in order], h
+
+
+@settings(max_examples=10, deadline=None)
+@given(steps=st.integers(1, 4), batch=st.integers(1, 2), size=st.integers(1, 4), hidden=st.integers(1, 3),
+       reverse=st.booleans(), states=st.booleans(), before=st.booleans(), seed=st.integers(0, 2**16))
+def test_gru_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, states, before, seed):
+    """``gru_direction``'s unrolled steps equal the integer oracle exactly (both linear_before_reset forms),
+    weights quantized exactly as in the LSTM's test, biases on 2^-8, initial state zero or not."""
+    from cvm_onnx.converters.from_onnx.quantized.recurrent import gru_direction
+
+    rng = np.random.default_rng(seed)
+
+    def rows(shape):
+        q = rng.integers(-127, 128, shape)
+        q[np.arange(shape[0]), rng.integers(0, shape[1], shape[0])] = 127 * rng.choice([-1, 1], shape[0])
+        return q
+
+    wq, rq = rows((3 * hidden, size)), rows((3 * hidden, hidden))
+    js = rng.integers(1, 3, 3 * hidden)
+    w, r = wq / 16.0, rq * (127 * js[:, None] / 256.0)
+    b = rng.integers(-512, 513, 6 * hidden) / 256.0
+    h0 = rng.uniform(-1, 1, (batch, hidden)) if states else np.zeros((batch, hidden))
+    x = rng.integers(-128, 128, (steps, batch, size))
+    x.flat[0], x.flat[-1] = -128, 127
+    order = list(range(steps))[::-1] if reverse else list(range(steps))
+    g = 10
+    ctx = Importer()
+    data = ctx.variable("data", (steps, batch, size), 9)
+    xs = Scaled(Tensor(T.INT8, (steps, batch, size), -128, 127, data), np.asarray(Fraction(1, 16), object),
+                np.zeros((), np.int64))
+    ys, h = gru_direction(ctx, xs, w, r, b, h0, order, g, before)
+    graph = validate(Graph(ctx.nodes, tuple(t.entry for t in [*ys, h]), ctx.params)).graph
+    got = execute(graph, {"data": x.astype(np.int32)})
+    b256 = (b * 256).astype(np.int64)
+    xb = b256[:3 * hidden] + np.concatenate([b256[3 * hidden:5 * hidden], 0 * b256[5 * hidden:] if before
+                                             else b256[5 * hidden:]])
+    wys, wh = gru_oracle(x, wq, rq, js, xb, b256[5 * hidden:], h0, order, g, before)
+    for have, want in zip(got, [*wys, wh]):
+        assert np.array_equal(have.astype(np.int64), np.asarray(want, np.int64).reshape(have.shape))
+    assert verify(graph, x.astype(np.int32)).exact

@@ -13,7 +13,7 @@ becomes a cvm_lut table over its input's integers. A QOperator node is the same 
 The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
 scales), ``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
-integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, unrolled), ``qoperator`` (the QLinear* compositions) and ``edges`` (the graph's
+integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM and GRU, unrolled), ``qoperator`` (the QLinear* compositions) and ``edges`` (the graph's
 float input and outputs).
 """
 # registers the rules, in the order of the module they were split from
