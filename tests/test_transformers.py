@@ -492,3 +492,27 @@ def test_gru_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, s
     for have, want in zip(got, [*wys, wh]):
         assert np.array_equal(have.astype(np.int64), np.asarray(want, np.int64).reshape(have.shape))
     assert verify(graph, x.astype(np.int32)).exact
+
+
+# -- the importer's speed on large weights ------------------------------------------------------------------------
+@pytest.mark.parametrize("transpose", [False, True])
+def test_weight_scales_are_read_per_output_channel_without_broadcasting(transpose):
+    """``weight`` reads a scale per tensor or per output channel from the scale's own shape (it compared a Fraction
+    per weight: a minute for a ViT's Gemms) and still refuses a scale along another axis, naming it."""
+    from cvm_onnx.converters.from_onnx.quantized.products import weight
+    from cvm_onnx.converters.from_onnx.registry import Refuse
+
+    rng = np.random.default_rng(0)
+    q = rng.integers(-127, 128, (5, 3))
+    per = np.array([Fraction(k + 1, 64) for k in range(5)], dtype=object)
+    cases = [(np.asarray(Fraction(1, 32), dtype=object), [Fraction(1, 32)] * 5),
+             (per.reshape(5, 1), list(per))]
+    for scale, want in cases:
+        t = Tensor(T.INT8, q.shape, -127, 127, value=q.T if transpose else q)
+        s = scale.T if transpose and scale.ndim == 2 else scale
+        v, sw = weight(Scaled(t, s, np.zeros((), np.int64)), "the weight", transpose=transpose)
+        assert np.array_equal(v, q) and list(sw) == want
+    along = np.array([Fraction(k + 1, 64) for k in range(3)], dtype=object).reshape(1, 3)
+    t = Tensor(T.INT8, q.shape, -127, 127, value=q.T if transpose else q)
+    with pytest.raises(Refuse, match="quantized along an axis other than its output channels"):
+        weight(Scaled(t, along.T if transpose else along, np.zeros((), np.int64)), "the weight", transpose=transpose)

@@ -180,18 +180,23 @@ def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, g
             return None
         raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     best = None
+    extremes_b = [min(beta.flat), max(beta.flat)] if beta.size else []
     for j in range(0, f + 1):
         if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
             break
         err = Fraction(worst) / (1 << j) + (2 if h else 1)  # the table's error, and trunc's (once per part)
         nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
         c = [x / (1 << (f - j)) for x in gamma.flat]
+        extremes_c = [min(c), max(c)] if c else []
         for k in range(MAX_SHIFT - precision, 0, -1):
+            # round_half_up is monotone: the extremes of c and beta give the largest |m_i| and |B_i|
+            peak_m = max((abs(round_half_up(x * (1 << k))) for x in extremes_c), default=0)
+            peak_b = max((abs(round_half_up(x * (1 << k))) for x in extremes_b), default=0)
+            label = tight(nb) + tight(peak_m)
+            if label > 32 or max(label, tight(peak_b)) + 1 > 32:
+                continue
             ms = [round_half_up(x * (1 << k)) for x in c]
             bs = [round_half_up(x * (1 << k)) for x in beta.flat]
-            label = tight(nb) + tight(max(map(abs, ms), default=0))
-            if label > 32 or max(label, tight(max(map(abs, bs), default=0))) + 1 > 32:
-                continue
             delta = max((abs(ci) * err + nb * abs(Fraction(mi, 1 << k) - ci) + abs(Fraction(bi, 1 << k) - b)
                          for ci, mi, bi, b in zip(c, ms, bs, beta.flat)), default=Fraction(0))
             if best is None or delta < best.delta:

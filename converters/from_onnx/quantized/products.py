@@ -72,10 +72,11 @@ def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, n
     if not w.t.is_const:
         raise Refuse(f"{what} is computed at run time: CVM's conv2d and dense need a constant weight here")
     v = w.t.value.astype(np.int64) - w.zero
-    full = np.broadcast_to(w.scale, v.shape)
+    scale = np.asarray(w.scale, dtype=object)
+    scale = scale.reshape((1,) * (v.ndim - scale.ndim) + scale.shape)  # the scale's own shape, at v's rank
     if transpose:
-        v, full = v.T, full.T
-    rows = full.reshape(len(v), -1)
+        v, scale = v.T, scale.T
+    rows = np.broadcast_to(scale, (len(v),) + scale.shape[1:]).reshape(len(v), -1)
     if not (rows == rows[:, :1]).all():
         raise Refuse(f"{what} is quantized along an axis other than its output channels")
     return v, rows[:, 0].copy()
