@@ -516,3 +516,63 @@ def test_weight_scales_are_read_per_output_channel_without_broadcasting(transpos
     t = Tensor(T.INT8, q.shape, -127, 127, value=q.T if transpose else q)
     with pytest.raises(Refuse, match="quantized along an axis other than its output channels"):
         weight(Scaled(t, along.T if transpose else along, np.zeros((), np.int64)), "the weight", transpose=transpose)
+
+
+# -- state inputs and Ifs folded (silero-vad's shape) ---------------------------------------------------------------
+def vad_model() -> onnx.ModelProto:
+    """silero-vad's shape: inputs x (8, 1, 4), state (2, 1, 6) and sr (int64); If sr == 16000 runs an LSTM from the
+    state (h, c = state[0], state[1]) through MatMul, else a MatMul alone; outputs y."""
+    rng = np.random.default_rng(7)
+    c = {k: nh.from_array(np.asarray(v, np.float32), k) for k, v in {
+        "W": rng.normal(size=(1, 24, 4)) / 2, "R": rng.normal(size=(1, 24, 6)) / 3, "B": rng.normal(size=(1, 48)) / 3,
+        "w1": rng.normal(size=(6, 6)) / 2, "w2": rng.normal(size=(4, 6)) / 2, "w0": np.eye(4)}.items()}
+    ints = {k: nh.from_array(np.asarray(v, np.int64), k) for k, v in {
+        "rate": 16000, "i0": [0], "i1": [1], "i2": [2], "ax": [0]}.items()}
+    then = h.make_graph([h.make_node("Slice", ["state", "i0", "i1", "ax"], ["h0"]),
+                         h.make_node("Slice", ["state", "i1", "i2", "ax"], ["c0"]),
+                         h.make_node("LSTM", ["a", "W", "R", "B", "", "h0", "c0"], ["Y"], hidden_size=6),
+                         h.make_node("Squeeze", ["Y", "i1"], ["Ys"]),
+                         h.make_node("MatMul", ["Ys", "w1"], ["yt"])], "then", [],
+                        [h.make_tensor_value_info("yt", T.FLOAT, None)])
+    other = h.make_graph([h.make_node("MatMul", ["a", "w2"], ["ye"])], "else", [],
+                         [h.make_tensor_value_info("ye", T.FLOAT, None)])
+    nodes = [h.make_node("MatMul", ["x", "w0"], ["a"]), h.make_node("Equal", ["sr", "rate"], ["is16k"]),
+             h.make_node("If", ["is16k"], ["y"], then_branch=then, else_branch=other, name="by_rate")]
+    g = h.make_graph(nodes, "vad", [h.make_tensor_value_info("x", T.FLOAT, [8, 1, 4]),
+                                    h.make_tensor_value_info("state", T.FLOAT, [2, 1, 6]),
+                                    h.make_tensor_value_info("sr", T.INT64, [])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [*c.values(), *ints.values()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("rate, runs_lstm", [(16000, True), (8000, False)])
+def test_state_inputs_folded_and_the_if_they_decide_inlined(tmp_path, rate, runs_lstm):
+    """`quantize --fold state sr=16000`: the state zeros, sr a constant, the If on sr replaced by the branch it
+    takes (its LSTM unrolled, or the other branch's MatMul); imports whole, exports exactly, and matches the float
+    model fed the same constants as closely as onnxruntime's quantized model (1.1x); without --fold it is refused
+    in one line (three inputs, an If)."""
+    from cvm_onnx.app.cli import main
+
+    onnx.save(vad_model(), tmp_path / "vad.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 8, 1, 4)).astype(np.float32))
+    done = quantize(tmp_path / "vad.onnx", tmp_path / "c.npy", tmp_path / "m", fold={"state": None, "sr": rate})
+    assert not [n for n in done.float_model.graph.node if n.op_type == "If"]
+    assert any(n.op_type == "LSTM" for n in done.float_model.graph.node) == runs_lstm
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+    assert main(["quantize", str(tmp_path / "vad.onnx"), "--calibration", str(tmp_path / "c.npy"), "-o",
+                 str(tmp_path / "m2"), "--fold", "state", f"sr={rate}"]) == 0
+    assert main(["quantize", str(tmp_path / "vad.onnx"), "--calibration", str(tmp_path / "c.npy"), "-o",
+                 str(tmp_path / "m3")]) != 0
+
+
+def test_folding_a_name_that_is_no_input_is_refused_naming_it(tmp_path):
+    from cvm_onnx.app.quantize import folded_inputs
+    from cvm_onnx.core.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="no input 'states'"):
+        folded_inputs(vad_model(), {"states": None})

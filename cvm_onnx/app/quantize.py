@@ -181,6 +181,88 @@ def _calibration(path: str | os.PathLike) -> np.ndarray:
     return data
 
 
+def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None]) -> onnx.ModelProto:
+    """``model`` with the named graph inputs (a recurrent model's states, a sample rate) as constants of their
+    declared shape and type: the value given, else zeros. Refused: a name that is no input, a dim not declared."""
+    from onnx import helper, numpy_helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inputs = {v.name: v for v in _inputs(out)}
+    for name, value in values.items():
+        v = inputs.get(name)
+        if v is None:
+            raise UnsupportedError(f"--fold {name}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+        shape = onnx_dims(v)
+        if shape is None or any(not d or d < 0 for d in shape):
+            raise UnsupportedError(f"--fold {name}: its shape is not declared in full ({shape}), so it has no "
+                                   f"constant value")
+        dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        array = np.full(tuple(shape), 0 if value is None else value).astype(dtype)
+        out.graph.input.remove(v)
+        out.graph.initializer.append(numpy_helper.from_array(array, name))
+    fold_constant_ifs(out)
+    return out
+
+
+def fold_constant_ifs(model: onnx.ModelProto) -> None:
+    """Each If whose condition the graph's constants alone decide (evaluated by onnx's reference evaluator): its
+    branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>``, Identity to the If's outputs."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in [n for n in graph.node if n.op_type == "If"]:
+        needed, todo, ok = [], [node.input[0]], True
+        while todo and ok:
+            name = todo.pop()
+            if name in inits or any(name == n.output[0] for n in needed):
+                continue
+            up = producer.get(name)
+            ok = up is not None and up.op_type not in ("If", "Loop", "Scan")
+            if ok:
+                needed.append(up)
+                todo.extend(up.input)
+        if not ok:
+            continue
+        order = {id(n): k for k, n in enumerate(graph.node)}
+        sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "cond", [],
+                                [helper.make_tensor_value_info(node.input[0], onnx.TensorProto.BOOL, None)],
+                                [t for t in graph.initializer])
+        try:
+            m = helper.make_model(sub, opset_imports=model.opset_import)
+            [cond] = ReferenceEvaluator(m).run(None, {})
+        except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the If stays)
+            continue
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(np.asarray(cond).reshape(-1)[0])
+                                                                 else "else_branch"))
+        local = {o for n in branch.node for o in n.output} | {t.name for t in branch.initializer}
+        prefix = f"{node.name or node.output[0]}/"
+        new = []
+        for t in branch.initializer:
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            c.name = prefix + t.name
+            graph.initializer.append(c)
+        for k, n in enumerate(branch.node):
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.input[:] = [prefix + x if x in local else x for x in n.input]
+            c.output[:] = [prefix + x if x else x for x in n.output]
+            c.name = f"{prefix}{n.name or n.op_type}/{k}"
+            new.append(c)
+        for b_out, out in zip(branch.output, node.output):
+            if out:
+                new.append(helper.make_node("Identity", [prefix + b_out.name if b_out.name in local else b_out.name],
+                                            [out], name=f"{prefix}{out}"))
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        for k, n in enumerate(new):
+            graph.node.insert(at + k, n)
+
+
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     """``model`` with its input's dims set to ``shape`` (dynamic dims fixed)."""
     out = onnx.ModelProto()
@@ -514,14 +596,17 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
              progress: Progress | None = None, outputs: list[str] | None = None,
-             two_part: bool = False) -> Quantized:
+             two_part: bool = False, fold: dict[str, float | None] | None = None) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
-    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s."""
+    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s.
+    ``fold``: graph inputs made constants first (a value, or None: zeros), and the Ifs they decide folded."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
+    if fold:
+        model = folded_inputs(model, fold)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     data = _calibration(calibration)
