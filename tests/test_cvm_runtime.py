@@ -52,3 +52,47 @@ def test_quantized_imports(tmp_path, fmt, activation, symmetric, per_channel):
         assert runtime.gas() == gas
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("dims, form", [
+    (dict(s=9, d=32, heads=4, ff=64), dict(gelu="erf", ln="fused")),
+    (dict(s=5, d=384, heads=6, ff=64), dict(gelu="tanh", ln="pow")),
+])
+def test_encoder_blocks(tmp_path, dims, form):
+    """Issue 35's encoder blocks (tests/support/transformers.py) as `cvm-onnx quantize` imports them: attention's
+    dense of two computed 8-bit tensors per head, LayerNorm (n = 384: V past 32 bits), the GELU table."""
+    import onnx
+    from support.transformers import encoder
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(encoder(seed=1, **dims, **form), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 1, dims["s"], dims["d"])).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    assert "dense" in [nd.op for nd in imp.graph.nodes]
+    xs = [imp.edges.input.quantize(rng.normal(size=(1, dims["s"], dims["d"])).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {})])
+def test_recurrent_layers(tmp_path, op, attrs):
+    """Issue 35's unrolled LSTM and GRU (bidirectional, tests/test_transformers.py's model) as `cvm-onnx quantize`
+    imports them: per-step dense of the computed h by R, gate tables, the state's shifts."""
+    import onnx
+    from test_transformers import lstm_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, op=op, **attrs), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))

@@ -517,7 +517,7 @@ def test_layernorm_refusals_name_the_node():
     m, _ = layernorm_model((2, 4), -1, T.UINT8, 0.1, 0, 0.0, gamma, 0.01, None, False, 0.05, 0, T.UINT8)
     with pytest.raises(CVMError, match=r"ln \(LayerNormalization\): .*epsilon must be > 0"):
         import_model(m, input_precision=9)
-    m, _ = layernorm_model((2, 4096), -1, T.UINT8, 0.1, 0, 1e-5, np.ones(4096, np.int64), 0.01, None, False,
+    m, _ = layernorm_model((1, 30000), -1, T.UINT8, 0.1, 0, 1e-5, np.ones(30000, np.int64), 0.01, None, False,
                            0.05, 0, T.UINT8)
     with pytest.raises(CVMError, match=r"LayerNormalization.*passes 32 bits in its variance"):
         import_model(m, input_precision=9)

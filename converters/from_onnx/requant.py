@@ -92,7 +92,8 @@ class Run:
 
 
 def _multipliers(ms: np.ndarray, k: int) -> np.ndarray:
-    return np.array([round_half_up(m * (1 << k)) for m in ms.flat], dtype=object).reshape(ms.shape)
+    each = {m: round_half_up(m * (1 << k)) for m in set(ms.flat)}  # per distinct M (per-tensor weights repeat one)
+    return np.array([each[m] for m in ms.flat], dtype=object).reshape(ms.shape)
 
 
 def _worst(values) -> Fraction:
@@ -156,7 +157,7 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
 def _delta(ms: np.ndarray, m: np.ndarray, s: int, k: int, b1: int) -> Fraction:
     """The worst M 2^(s-1) [s > 0] + B1 |m / 2^k - M 2^s| over the channels."""
     return _worst((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(mi, 1 << k) - x * (1 << s))
-                  for x, mi in zip(ms.flat, m.flat))
+                  for x, mi in set(zip(ms.flat, m.flat)))
 
 
 def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax: int) -> Plan | None:

@@ -231,6 +231,18 @@ def cmd_verify(args) -> int:
     return 0 if verdict.exact else RuntimeFailure.exit_code
 
 
+def folds(given: list[str] | None) -> dict[str, float | None] | None:
+    """``--fold NAME[=VALUE] ...`` as {name: value or None (zeros)}."""
+    out = {}
+    for item in given or []:
+        name, eq, value = item.partition("=")
+        try:
+            out[name] = float(value) if eq else None
+        except ValueError:
+            raise UnsupportedError(f"--fold {item}: the value must be a number") from None
+    return out or None
+
+
 def cmd_quantize(args) -> int:
     from .progress import Bar
     from .quantize import quantize
@@ -238,7 +250,8 @@ def cmd_quantize(args) -> int:
     with Bar() as bar:
         done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
                         symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
-                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=args.two_part)
+                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=args.two_part,
+                        fold=folds(args.fold))
     g = done.imported.graph
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
@@ -526,6 +539,9 @@ def parser() -> argparse.ArgumentParser:
                    "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
     q.add_argument("--two-part", action="store_true", help="a requantization whose 32-bit product errs by more than "
                    "2^-10 step takes two products (closer to the quantized model's arithmetic; a slower serving form)")
+    q.add_argument("--fold", nargs="+", metavar="NAME[=VALUE]", help="make these graph inputs constants first "
+                   "(a recurrent model's states: zeros by default; a sample rate: its value), and fold the Ifs they "
+                   "decide")
     q.set_defaults(fn=cmd_quantize, usage=q)
     return p
 

@@ -2,7 +2,7 @@
 
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. refuses, in one line, what CVM cannot hold at all: several inputs, control flow (If, Loop, Scan), recurrent
-   layers (LSTM, GRU, RNN);
+   layers other than LSTM and GRU (RNN);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import tempfile
 from collections import Counter
@@ -49,7 +50,7 @@ Progress = Callable[[int, int, str], None]
 #: The opset the model is raised to before quantization (where lower): the QDQ forms the importer reads best.
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
-RECURRENT = ("LSTM", "GRU", "RNN", "DynamicQuantizeLSTM")
+RECURRENT = ("RNN", "DynamicQuantizeLSTM")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -229,6 +230,88 @@ def integer_precision(samples: np.ndarray) -> int:
     return min(tight(peak), 32)
 
 
+def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None]) -> onnx.ModelProto:
+    """``model`` with the named graph inputs (a recurrent model's states, a sample rate) as constants of their
+    declared shape and type: the value given, else zeros. Refused: a name that is no input, a dim not declared."""
+    from onnx import helper, numpy_helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inputs = {v.name: v for v in _inputs(out)}
+    for name, value in values.items():
+        v = inputs.get(name)
+        if v is None:
+            raise UnsupportedError(f"--fold {name}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+        shape = onnx_dims(v)
+        if shape is None or any(not d or d < 0 for d in shape):
+            raise UnsupportedError(f"--fold {name}: its shape is not declared in full ({shape}), so it has no "
+                                   f"constant value")
+        dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        array = np.full(tuple(shape), 0 if value is None else value).astype(dtype)
+        out.graph.input.remove(v)
+        out.graph.initializer.append(numpy_helper.from_array(array, name))
+    fold_constant_ifs(out)
+    return out
+
+
+def fold_constant_ifs(model: onnx.ModelProto) -> None:
+    """Each If whose condition the graph's constants alone decide (evaluated by onnx's reference evaluator): its
+    branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>``, Identity to the If's outputs."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in [n for n in graph.node if n.op_type == "If"]:
+        needed, todo, ok = [], [node.input[0]], True
+        while todo and ok:
+            name = todo.pop()
+            if name in inits or any(name == n.output[0] for n in needed):
+                continue
+            up = producer.get(name)
+            ok = up is not None and up.op_type not in ("If", "Loop", "Scan")
+            if ok:
+                needed.append(up)
+                todo.extend(up.input)
+        if not ok:
+            continue
+        order = {id(n): k for k, n in enumerate(graph.node)}
+        sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "cond", [],
+                                [helper.make_tensor_value_info(node.input[0], onnx.TensorProto.BOOL, None)],
+                                [t for t in graph.initializer])
+        try:
+            m = helper.make_model(sub, opset_imports=model.opset_import)
+            [cond] = ReferenceEvaluator(m).run(None, {})
+        except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the If stays)
+            continue
+        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(np.asarray(cond).reshape(-1)[0])
+                                                                 else "else_branch"))
+        local = {o for n in branch.node for o in n.output} | {t.name for t in branch.initializer}
+        prefix = f"{node.name or node.output[0]}/"
+        new = []
+        for t in branch.initializer:
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            c.name = prefix + t.name
+            graph.initializer.append(c)
+        for k, n in enumerate(branch.node):
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.input[:] = [prefix + x if x in local else x for x in n.input]
+            c.output[:] = [prefix + x if x else x for x in n.output]
+            c.name = f"{prefix}{n.name or n.op_type}/{k}"
+            new.append(c)
+        for b_out, out in zip(branch.output, node.output):
+            if out:
+                new.append(helper.make_node("Identity", [prefix + b_out.name if b_out.name in local else b_out.name],
+                                            [out], name=f"{prefix}{out}"))
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        for k, n in enumerate(new):
+            graph.node.insert(at + k, n)
+
+
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     """``model`` with its input's dims set to ``shape`` (dynamic dims fixed)."""
     out = onnx.ModelProto()
@@ -257,6 +340,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
             pass
     fuse_layernorm(model)
+    fuse_gelu(model)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     onnx.save(model, source)
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
@@ -301,9 +385,10 @@ def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
                                                       np.ndarray | None]]:
     """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports): ReduceMean(x) over the
-    last k axes, d = x - mean, ReduceMean(Pow(d, 2)) over the same axes, + epsilon, Sqrt, d / that, then
-    optionally * gamma and + beta (constants); every intermediate read only inside the pattern. Each as (its
-    nodes, x, axis -k, epsilon, gamma, beta)."""
+    last k axes (an attribute, or a constant input from opset 18), d = x - mean, ReduceMean(Pow(d, 2) or
+    Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that (or d * Reciprocal(that)), then optionally * gamma
+    and + beta (constants); every intermediate read only inside the pattern. Each as (its nodes, x, axis -k,
+    epsilon, gamma, beta)."""
     consts = _constants(graph)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -323,11 +408,28 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
 
     def axes(n: onnx.NodeProto) -> tuple[int, ...] | None:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        if attrs.get("keepdims", 1) != 1 or len(n.input) != 1 or "axes" not in attrs:
+        given = consts.get(n.input[1]) if len(n.input) == 2 else None
+        if attrs.get("keepdims", 1) != 1 or ("axes" in attrs) == (given is not None) or len(n.input) > 2:
             return None
-        k = sorted(attrs["axes"])
+        k = sorted(attrs["axes"] if given is None else given.reshape(-1).tolist())
         return tuple(k) if k and all(a < 0 for a in k) and k == list(range(-len(k), 0)) else None
 
+    def squares(n: onnx.NodeProto, d: str) -> bool:  # Pow(d, 2) or Mul(d, d)
+        if n.op_type == "Mul":
+            return list(n.input) == [d, d]
+        two = consts.get(n.input[1]) if n.op_type == "Pow" and list(n.input)[:1] == [d] else None
+        return two is not None and two.size == 1 and float(two.reshape(())) == 2.0
+
+    def divides(n: onnx.NodeProto, d: str, sqrt: str) -> bool:  # d / sqrt, or d * Reciprocal(sqrt)
+        if n.op_type == "Div":
+            return list(n.input) == [d, sqrt]
+        if n.op_type != "Mul" or len(n.input) != 2 or d not in n.input or n.input[0] == n.input[1]:
+            return False
+        r = producer.get(n.input[1] if n.input[0] == d else n.input[0])
+        return r is not None and r.op_type == "Reciprocal" and list(r.input) == [sqrt] and \
+            only(r.output[0], "Mul") is n
+
+    producer = {o: n for n in graph.node for o in n.output}
     found = []
     for mean in graph.node:
         if mean.op_type != "ReduceMean" or (ax := axes(mean)) is None:
@@ -337,20 +439,19 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
         if sub is None or list(sub.input) != [x, mean.output[0]]:
             continue
         d = sub.output[0]
-        users = readers.get(d, [])
-        if len(users) != 2 or None in users or sorted(u.op_type for u in users) != ["Div", "Pow"]:
+        users = list({id(u): u for u in readers.get(d, [None])}.values())
+        if len(users) != 2 or None in users:
             continue
-        pw, div = sorted(users, key=lambda u: u.op_type, reverse=True)
-        two = consts.get(pw.input[1]) if list(pw.input)[:1] == [d] else None
-        if two is None or two.size != 1 or float(two.reshape(())) != 2.0 or list(div.input) != [d, div.input[1]]:
-            continue
-        var = only(pw.output[0], "ReduceMean")
+        pw = next((u for u in users if squares(u, d)), None)
+        div = next((u for u in users if u is not pw), None)
+        var = only(pw.output[0], "ReduceMean") if pw is not None else None
         add = only(var.output[0], "Add") if var is not None and axes(var) == ax else None
         eps = other(add, var.output[0]) if add is not None else None
         sqrt = only(add.output[0], "Sqrt") if eps is not None and eps.size == 1 else None
-        if sqrt is None or only(sqrt.output[0], "Div") is not div or div.input[1] != sqrt.output[0]:
+        if sqrt is None or div is None or not divides(div, d, sqrt.output[0]):
             continue
-        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, div], div, None, None
+        inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != d]
+        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, *inside, div], div, None, None
         if (mul := only(last.output[0], "Mul")) is not None and (gamma := other(mul, last.output[0])) is not None:
             nodes.append(mul)
             last = mul
@@ -415,6 +516,100 @@ def flatten_biases(graph: onnx.GraphProto) -> None:
             graph.initializer.remove(inits.pop(old))
 
 
+#: The elementwise ops a written-out GELU is made of.
+GELU_OPS = {"Div": np.divide, "Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Pow": np.power,
+            "Tanh": np.tanh, "Erf": np.vectorize(math.erf, otypes=[np.float64])}
+GELU_GRID = np.linspace(-10, 10, 2001)
+#: GELU's two forms, by the op that replaces each (com.microsoft Gelu: erf; FastGelu: tanh).
+GELU_FORMS = {"Gelu": lambda v: 0.5 * v * (1 + GELU_OPS["Erf"](v / math.sqrt(2))),
+              "FastGelu": lambda v: 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))}
+
+
+def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, str]]:
+    """The GELUs written out as elementwise ops (x / sqrt 2, Erf, + 1, * x, * 0.5; or the tanh form with Pow 3 or
+    x * x * x), in any order and association: for each Erf or Tanh, a tensor x up to 6 such ops before it, the
+    ops that compute from x alone (and scalar float constants), and among their outputs one that equals a GELU form
+    of x within 1e-5 on [-10, 10] (evaluated in float64) and whose intermediates nothing else reads. Each as (its
+    nodes in graph order, x, the output, the form's op)."""
+    consts = {k: v for k, v in _constants(graph).items() if v.dtype.kind == "f" and v.size == 1}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto | None]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    for o in graph.output:
+        readers.setdefault(o.name, []).append(None)
+    order = {id(n): i for i, n in enumerate(graph.node)}
+    found, taken = [], set()
+
+    def region(x: str) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+        """The ops computing from x alone, with their values on the grid."""
+        values, nodes, grown = {x: GELU_GRID}, [], True
+        while grown:
+            grown = False
+            for n in {id(r): r for t in list(values) for r in readers.get(t, []) if r is not None}.values():
+                if n.op_type not in GELU_OPS or n.output[0] in values or len(n.output) != 1 or \
+                        not all(i in values or i in consts for i in n.input) or id(n) in taken:
+                    continue
+                args = [values[i] if i in values else consts[i].astype(np.float64).reshape(()) for i in n.input]
+                with np.errstate(all="ignore"):
+                    values[n.output[0]] = GELU_OPS[n.op_type](*args)
+                nodes.append(n)
+                grown = True
+        return nodes, values
+
+    def gelu_of(nodes: list[onnx.NodeProto], values: dict[str, np.ndarray]):
+        """(the ops computing a GELU of x, its output's node first; the form), if one output among ``nodes`` is
+        a GELU whose intermediates are read by those ops alone."""
+        made = {n.output[0]: n for n in nodes}
+        for t in made:
+            form = next((k for k, f in GELU_FORMS.items()
+                         if np.allclose(values[t], f(GELU_GRID), rtol=0, atol=1e-5)), None)
+            if form is None:
+                continue
+            sub, todo = {}, [t]
+            while todo:
+                n = made.get(todo.pop())
+                if n is not None and id(n) not in sub:
+                    sub[id(n)] = n
+                    todo.extend(n.input)
+            inner = [n.output[0] for n in sub.values() if n.output[0] != t]
+            if all(r is not None and id(r) in sub for o in inner for r in readers[o]):
+                return [made[t], *(n for n in sub.values() if n is not made[t])], form
+        return None
+
+    for e in graph.node:
+        if e.op_type not in ("Erf", "Tanh") or id(e) in taken:
+            continue
+        x, hops = e.input[0], 0
+        while x is not None and hops < 6:
+            nodes, values = region(x)
+            if (hit := gelu_of(nodes, values)) is not None:
+                sub, form = hit
+                found.append((sorted(sub, key=lambda n: order[id(n)]), x, sub[0].output[0], form))
+                taken.update(id(n) for n in sub)
+                break
+            up = producer.get(x)
+            x = next((i for i in up.input if i not in consts), None) if up is not None and \
+                up.op_type in GELU_OPS else None
+            hops += 1
+    return found
+
+
+def fuse_gelu(model: onnx.ModelProto) -> None:
+    """Each written-out GELU (``gelus``) as one com.microsoft Gelu or FastGelu node, which the importer makes one
+    table over its input's integers (docs/import.md), in place of the several requantizations of its ops."""
+    found = gelus(model.graph)
+    for nodes, x, out, form in found:
+        at = list(model.graph.node).index(nodes[-1])
+        model.graph.node.insert(at, onnx.helper.make_node(form, [x], [out], name=f"{out}:{form}",
+                                                          domain="com.microsoft"))
+        for n in nodes:
+            model.graph.node.remove(n)
+    if found and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+
+
 def fold_batchnorm(graph: onnx.GraphProto) -> None:
     """Fold each BatchNormalization (inference form, constant parameters) that follows a ConvTranspose with
     constant weights, directly or through an Add of a per-channel constant (its bias, as Paddle writes it), and
@@ -474,15 +669,18 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
              progress: Progress | None = None, outputs: list[str] | None = None,
-             two_part: bool = False) -> Quantized:
+             two_part: bool = False, fold: dict[str, float | None] | None = None) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and the
-    gas of the one-part import recorded beside it."""
+    gas of the one-part import recorded beside it. ``fold``: graph inputs made constants first (a value, or None:
+    zeros), and the Ifs they decide folded."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
+    if fold:
+        model = folded_inputs(model, fold)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     dtype = input_type(model)

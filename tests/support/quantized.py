@@ -412,8 +412,9 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
                      beta: list[Fraction], s_out: Fraction, zo: int, lo: int, hi: int, p) -> np.ndarray:
     """QuantizeLinear(LayerNormalization) by the integer form of docs/import.md, with the import's T, K, F, j and k
     and everything else recomputed here: u = x - c, D = n u - sum u, V = n sum u^2 - (sum u)^2, the level m and
-    bucket of V, R = round(2^(F+m) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
-    N = trunc(D R / 2^(m+j)), y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out),
+    bucket of V, R = round(2^(F+m+h) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
+    N = trunc(D R / 2^(m+j)) (h = 0), else trunc(D (R >> h) / 2^(m+j)) + trunc(D (R mod 2^h) / 2^(m+j+h)),
+    y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out),
     B_i = round(beta_i 2^k / s_out), + z_out, saturated. The plan's clip of N is not applied (it must be exact)."""
     outer, n = view
     u = x.reshape(outer, n).astype(object) - p.centre
@@ -428,7 +429,7 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
         if vi == 0:
             return 0, 0
         mid = vi if m == 0 else (vi >> (2 * m) << (2 * m)) + ((1 << (2 * m)) - 1) / 2
-        return math.floor(math.ldexp(1 / math.sqrt(mid + g), p.frac_bits + m) + 0.5), m
+        return math.floor(math.ldexp(1 / math.sqrt(mid + g), p.frac_bits + m + p.split) + 0.5), m
 
     assert q  # T >= 2
     rm = [one(int(vi)) for vi in v.reshape(-1)]
@@ -438,8 +439,11 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
     out = np.empty((outer, n), np.int64)
     for row, (r, m) in enumerate(rm):
         for i in range(n):
-            prod = int(d[row, i]) * r
-            nn = abs(prod) >> (m + j) if prod >= 0 else -(abs(prod) >> (m + j))  # C's truncation
+            nn = 0
+            for part, shift in ([(r >> p.split, m + j), (r & ((1 << p.split) - 1), m + j + p.split)] if p.split
+                                else [(r, m + j)]):
+                prod = int(d[row, i]) * part
+                nn += abs(prod) >> shift if prod >= 0 else -(abs(prod) >> shift)  # C's truncation
             y = (nn * ms[i] + bs[i] + (1 << (k - 1))) >> k
             out[row, i] = min(max(y + zo, lo), hi)
     return out.reshape(x.shape)

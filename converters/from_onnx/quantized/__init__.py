@@ -13,11 +13,11 @@ becomes a cvm_lut table over its input's integers. A QOperator node is the same 
 The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
 scales), ``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
-integers), ``norm`` (LayerNormalization), ``qoperator`` (the QLinear* compositions) and ``edges`` (the graph's
+integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM and GRU, unrolled), ``qoperator`` (the QLinear* compositions) and ``edges`` (the graph's
 float input and outputs).
 """
 # registers the rules, in the order of the module they were split from
-from . import values, requantization, products, elementwise, moves, norm, qoperator  # noqa: F401, I001
+from . import values, requantization, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
 from .edges import InputEdge, input_edge, input_precision, output_edge
 from .requantization import Requant, quantized_constant
 from .values import QUANTIZED_TYPES, Real

@@ -15,7 +15,7 @@ from ..context import INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule
 from .requantization import MAX_TABLE, Requant, quantize
-from .values import Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
+from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
@@ -425,6 +425,14 @@ def _erf(v):
     return np.vectorize(math.erf, otypes=[np.float64])(v)
 
 
+def _gelu(v):
+    return 0.5 * v * (1 + _erf(v / math.sqrt(2)))
+
+
+def _gelu_tanh(v):
+    return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
 FUNCTIONS: dict[str, Callable] = {
     "Sigmoid": lambda n: lambda v: 1 / (1 + np.exp(-v)),
     "Tanh": lambda n: np.tanh,
@@ -443,7 +451,7 @@ FUNCTIONS: dict[str, Callable] = {
     "Elu": lambda n: lambda v: np.where(v >= 0, v, n.attr_float("alpha", 1.0) * np.expm1(v)),
     "Selu": lambda n: lambda v: n.attr_float("gamma", 1.0507009873554805) * np.where(
         v > 0, v, n.attr_float("alpha", 1.6732632423543772) * np.expm1(v)),
-    "Gelu": lambda n: lambda v: 0.5 * v * (1 + _erf(v / math.sqrt(2))),
+    "Gelu": lambda n: _gelu_tanh if n.attr_str("approximate", "none") == "tanh" else _gelu,
 }
 
 
@@ -495,3 +503,12 @@ def defined(op: str, m: Mapped) -> Mapped:
 
 for _op in FUNCTIONS:
     float_rule(_op, since=6)(function_rule)
+
+
+@float_rule("Gelu", "FastGelu", since=1, domain=MS)
+def ms_gelu_rule(ctx, node, x, bias=None):
+    """com.microsoft Gelu (erf) and FastGelu (tanh form), as ``cvm-onnx quantize`` fuses written-out GELUs: a table
+    over x's integers, built by the QuantizeLinear that follows."""
+    if bias is not None:
+        raise Refuse(f"{node.op_type} with a bias input has no CVM form here")
+    return mapped(x, _gelu if node.op_type == "Gelu" else _gelu_tanh, node.op_type)

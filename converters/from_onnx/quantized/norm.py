@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 
@@ -50,17 +51,21 @@ class LayerNormPlan:
     shift: int
     precision: int
     delta: Fraction
+    quarter: int = 0  # q: V as floor(V / 4^q) from the row's mean-centred sums when n^2 max|u|^2 passes 32 bits
+    split: int = 0  # h: R holds h more bits, D R taken in two products (R >> h, R mod 2^h); 0: one product
 
     @property
     def error(self) -> float:
         return float(Fraction(1, 2) + self.delta)
 
 
-def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) -> tuple[np.ndarray, float]:
+def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
+                h: int = 0) -> tuple[np.ndarray, float]:
     """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
-    2^T - 1 only: the levels follow each other), and E = the worst |D| |R - 2^(F+m) / sqrt(V + G)| /
-    2^m over every reachable V (V = 0 or V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the
-    bucket's ends (the distance is monotone in V within a bucket) with a relative margin of 2^-40."""
+    2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / sqrt(v + G)) with h extra bits (the split
+    form's), and E = the worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or
+    V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the bucket's ends (the distance is monotone in V
+    within a bucket) with a relative margin of 2^-40."""
     size, step = 1 << t_bits, 3 << (t_bits - 2)
     table = np.zeros(size + levels * step if levels else v_max + 1, np.int64)
     worst = 0.0
@@ -78,12 +83,43 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int) 
         k, lo, hi, mid = k[keep], lo[keep], np.minimum(hi[keep], v_max), mid[keep]
         if not k.size:
             continue
-        r = np.floor(np.ldexp(1 / np.sqrt(mid + g), f + m) + 0.5).astype(np.int64)
+        r = np.floor(np.ldexp(1 / np.sqrt(mid + g), f + m + h) + 0.5).astype(np.int64)
         table[m * step + k] = r
         for v in (lo, hi):
-            e = np.abs(r - np.ldexp(1 / np.sqrt(v + g), f + m)) * np.sqrt((n - 1) * v.astype(np.float64))
+            e = np.abs(np.ldexp(r.astype(np.float64), -h) - np.ldexp(1 / np.sqrt(v + g), f + m)) * \
+                np.sqrt((n - 1) * v.astype(np.float64))
             worst = max(worst, float(np.max(np.ldexp(e, -m))))
     return table, worst * (1 + 2.0**-40)
+
+
+def small_rows(n: int, t_bits: int, quarter: int) -> int:
+    """A bound on P = sum (u - q)^2 of every row whose level m is below ``quarter`` (V < 4^(q-1) 2^T), with
+    n P = V + r^2, r^2 <= (n - 1)^2."""
+    return -(-((1 << (2 * quarter - 2 + t_bits)) + (n - 1) ** 2) // n)
+
+
+def table_shape(v_max: int, quarter: int) -> tuple[int, int] | None:
+    """(T, K): the most table bits T (at most 16, at least 2Q) whose K levels cover V <= v_max in at most 2^16
+    entries, with K >= Q; None if there is none."""
+    for t_bits in range(16, max(4, 2 * quarter) - 1, -1):
+        levels = 0
+        while v_max >= (1 << (2 * levels + t_bits)):
+            levels += 1
+        if (1 << t_bits) + levels * (3 << (t_bits - 2)) <= MAX_TABLE:
+            return (t_bits, levels) if levels >= quarter else None
+    return None
+
+
+def quartered_fits(n: int, w: int, v_max: int, t_bits: int, quarter: int) -> bool:
+    """Whether ``quartered``'s steps keep every CVM label within 32 bits (a product's label is the sum of its
+    operands' labels) for rows of n values of width w."""
+    unit = 1 << (2 * quarter)
+    p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n
+    tn = tight(n)
+    return (tight(w) + tn <= 32 and 2 * tight(w) + tight(n) <= 32 and 2 * tight(n - 1) <= 32
+            and tight(p_top // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
+            and tight(small_rows(n, t_bits, quarter)) + tn <= 32 and tight(n * unit + n * n) <= 31
+            and tight(v_max >> (2 * quarter)) <= 31 and tight(p_top) <= 32)
 
 
 def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: np.ndarray, beta: np.ndarray,
@@ -94,28 +130,27 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     centre = (lo + hi) // 2
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
-    if max(n * n * peak * peak, (n * peak) ** 2) >= 1 << 31:
-        raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
-    g = float(eps * n * n / (s * s))
-    t_bits, levels = 16, 0
-    while True:
-        levels = 0
-        while v_max >= (1 << (2 * levels + t_bits)):
-            levels += 1
-        if (1 << t_bits) + levels * (3 << (t_bits - 2)) <= MAX_TABLE or t_bits <= 4:
-            break
-        t_bits -= 1
-    if (1 << t_bits) + levels * (3 << (t_bits - 2)) > MAX_TABLE:
+    shape = None
+    if max(n * n * peak * peak, (n * peak) ** 2) < 1 << 31:
+        quarter, shape = 0, table_shape(v_max, 0)
+    else:
+        for quarter in range(1, 16):
+            shape = table_shape(v_max, quarter)
+            if shape is not None and quartered_fits(n, w, v_max, shape[0], quarter):
+                break
+            shape = None
+        if shape is None:
+            raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
+    if shape is None:
         raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
+    t_bits, levels = shape
+    g = float(eps * n * n / (s * s))
     d_bits = tight(d_max)
     # the largest entry, over 2^F: at the least V > 0 of level 0, or 2^m / sqrt(4^m 2^(T-2)) at a level m >= 1
     r_first = max(1 / math.sqrt(n - 1 + g) if n > 1 else 0.0, 2.0 ** (1 - t_bits / 2) if levels else 0.0)
     f = 0
     while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
         f += 1
-    table, worst = level_table(n, v_max, g, t_bits, levels, f)
-    if tight(int(table.max(initial=0))) + d_bits > 32:
-        raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     precision = tight(max(-low, high))
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
@@ -124,26 +159,50 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     root = math.isqrt(max(n - 1, 0)) + 1  # > sqrt(n - 1)
     beta = np.array([max(-limit, min(limit, bi)) for gi, bi in zip(gamma.flat, beta.flat)
                      for limit in [abs(gi) * root + high - low + 2]], dtype=object)
+    shape = (n, centre, t_bits, levels, quarter, precision)
+    best = best_plan(shape, v_max, g, f, d_bits, 0, gamma, beta)
+    if (best is None or best.delta >= Fraction(1, 2)) and (h := 31 - d_bits) > 0:  # R in two parts
+        best = best_plan(shape, v_max, g, f, d_bits, h, gamma, beta)
+    if best is None or best.delta >= Fraction(1, 2):
+        raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
+                     "integer form within half a step in 32 bits")
+    return best
+
+
+def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, gamma: np.ndarray,
+              beta: np.ndarray) -> LayerNormPlan | None:
+    """The plan of least delta for table bits F and split h (0: one product D R; else D (R >> h) and D (R mod 2^h),
+    each truncated), over j and k; None when no table or no multipliers fit 32 bits."""
+    n, centre, t_bits, levels, quarter, precision = shape
+    table, worst = level_table(n, v_max, g, t_bits, levels, f, h)
+    if tight(int(table.max(initial=0)) >> h) + d_bits > 32:
+        if h:
+            return None
+        raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     best = None
+    extremes_b = [min(beta.flat), max(beta.flat)] if beta.size else []
     for j in range(0, f + 1):
-        err = Fraction(worst) / (1 << j) + 1  # the table's error, and trunc's
+        if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+            break
+        err = Fraction(worst) / (1 << j) + (2 if h else 1)  # the table's error, and trunc's (once per part)
         nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
         c = [x / (1 << (f - j)) for x in gamma.flat]
+        extremes_c = [min(c), max(c)] if c else []
         for k in range(MAX_SHIFT - precision, 0, -1):
+            # round_half_up is monotone: the extremes of c and beta give the largest |m_i| and |B_i|
+            peak_m = max((abs(round_half_up(x * (1 << k))) for x in extremes_c), default=0)
+            peak_b = max((abs(round_half_up(x * (1 << k))) for x in extremes_b), default=0)
+            label = tight(nb) + tight(peak_m)
+            if label > 32 or max(label, tight(peak_b)) + 1 > 32:
+                continue
             ms = [round_half_up(x * (1 << k)) for x in c]
             bs = [round_half_up(x * (1 << k)) for x in beta.flat]
-            label = tight(nb) + tight(max(map(abs, ms), default=0))
-            if label > 32 or max(label, tight(max(map(abs, bs), default=0))) + 1 > 32:
-                continue
             delta = max((abs(ci) * err + nb * abs(Fraction(mi, 1 << k) - ci) + abs(Fraction(bi, 1 << k) - b)
                          for ci, mi, bi, b in zip(c, ms, bs, beta.flat)), default=Fraction(0))
             if best is None or delta < best.delta:
                 best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
-                                     np.array(bs, np.int64), k, precision, delta)
+                                     np.array(bs, np.int64), k, precision, delta, quarter, h)
             break
-    if best is None or best.delta >= Fraction(1, 2):
-        raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
-                     "integer form within half a step in 32 bits")
     return best
 
 
@@ -181,14 +240,18 @@ class Normalized(Deferred):
                         self.shape)
 
 
+def proven(ctx, name: str, a: Tensor, b: Tensor, lo: int, hi: int, shape) -> Tensor:
+    """CVM op ``name`` of a and b, whose values the form proves lie in [lo, hi]."""
+    return ctx.result(ctx.op(name, a, b), INT32, lo, hi, shape)
+
+
+def c32(value) -> Tensor:
+    return const(np.asarray(value, np.int64).astype(np.int32), INT32)
+
+
 def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     """The plan's CVM ops on the rows of t: u, D, V, the level and bucket, R, N, and the output's shift."""
-    def op(name: str, a: Tensor, b: Tensor, lo: int, hi: int, shape) -> Tensor:
-        return ctx.result(ctx.op(name, a, b), INT32, lo, hi, shape)
-
-    def c32(value) -> Tensor:
-        return const(np.asarray(value, np.int64).astype(np.int32), INT32)
-
+    op = partial(proven, ctx)
     rows, col = (outer, n), (outer, 1)
     u = ctx.reshape(t, rows)
     if p.centre:
@@ -197,13 +260,14 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     total = ctx.reshape(reduced(ctx, "sum", u, [1], n * u.lo, n * u.hi), col)
     scaled_u = op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows)
     d = op("broadcast_sub", scaled_u, total, -(n - 1) * w, (n - 1) * w, rows)  # n u_i - sum u = sum (u_i - u_j)
-    peak = max(-u.lo, u.hi)
-    square = op("broadcast_mul", u, u, 0, peak * peak, rows)
-    squares = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
-    v = op("broadcast_sub", op("broadcast_mul", squares, c32(n), 0, n * n * peak * peak, col),
-           op("broadcast_mul", total, total, 0, (n * peak) ** 2, col), 0, n * n * w * w // 4, col)
     size = 1 << p.table_bits
-    if p.levels:
+    if p.quarter:
+        level, bucket = quartered(ctx, u, total, n, p)
+        step = 3 << (p.table_bits - 2)
+        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+                   p.table.size - 1, col)
+    elif p.levels:
+        v = variance(ctx, u, total, n, rows, col)
         thresholds = c32([[(size << (2 * m)) - 1 for m in range(p.levels)]])
         above = op("broadcast_greater", v, thresholds, 0, 1, (outer, p.levels))
         level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
@@ -214,18 +278,11 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
         index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
                    p.table.size - 1, col)
     else:
-        level, index = None, v
-    table = c32(p.table)
-    r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(table), in_dim=p.table.size), INT32, 0,
-                   int(p.table.max(initial=0)), col)
-    prod = op("broadcast_mul", d, r, -d.hi * r.hi, d.hi * r.hi, rows)
-    if level is not None:
-        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32([1 << (m + p.extra) for m in range(p.levels + 1)])),
-                     in_dim=p.levels + 1)
-        prod = op("broadcast_div", prod, ctx.result(e, INT32, 1 << p.extra, 1 << (p.levels + p.extra), col),
-                  prod.lo, prod.hi, rows)
-    elif p.extra:
-        prod = op("broadcast_div", prod, c32(1 << p.extra), prod.lo, prod.hi, rows)
+        level, index = None, variance(ctx, u, total, n, rows, col)
+    prod = quotient(ctx, d, index, level, p.table >> p.split, p.extra, p.levels)
+    if p.split:  # the low h bits of R: D R0 / 2^(m+j+h), truncated on its own
+        low = quotient(ctx, d, index, level, p.table & ((1 << p.split) - 1), p.extra + p.split, p.levels)
+        prod = op("broadcast_add", prod, low, prod.lo + low.lo, prod.hi + low.hi, rows)
     if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
         e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
         prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
@@ -238,6 +295,86 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     bnd = (1 << (p.precision - 1)) - 1
     e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(max(-y.lo, y.hi))), precision=p.precision, shift_bit=p.shift)
     return ctx.result(e, INT32, -bnd, bnd, rows)
+
+
+def quotient(ctx, d: Tensor, index: Tensor, level: Tensor | None, table: np.ndarray, extra: int,
+             levels: int) -> Tensor:
+    """trunc(D R / 2^(m + extra)) with R = table[index] (``cvm_lut``), m the row's level (a lookup of 2^(m+extra))."""
+    op = partial(proven, ctx)
+    col, rows = index.shape, d.shape
+    r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(table)), in_dim=table.size), INT32, 0,
+                   int(table.max(initial=0)), col)
+    prod = op("broadcast_mul", d, r, -d.hi * r.hi, d.hi * r.hi, rows)
+    if level is not None:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32([1 << (m + extra) for m in range(levels + 1)])),
+                     in_dim=levels + 1)
+        return op("broadcast_div", prod, ctx.result(e, INT32, 1 << extra, 1 << (levels + extra), col),
+                  prod.lo, prod.hi, rows)
+    if extra:
+        return op("broadcast_div", prod, c32(1 << extra), prod.lo, prod.hi, rows)
+    return prod
+
+
+def variance(ctx, u: Tensor, total: Tensor, n: int, rows, col) -> Tensor:
+    """V = n sum u^2 - (sum u)^2 of each row, exactly (n^2 max|u|^2 within 32 bits)."""
+    op = partial(proven, ctx)
+    peak, w = max(-u.lo, u.hi), u.hi - u.lo
+    square = op("broadcast_mul", u, u, 0, peak * peak, rows)
+    squares = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
+    return op("broadcast_sub", op("broadcast_mul", squares, c32(n), 0, n * n * peak * peak, col),
+              op("broadcast_mul", total, total, 0, (n * peak) ** 2, col), 0, n * n * w * w // 4, col)
+
+
+def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
+    """The level m and bucket of V where V passes 32 bits, from integers that do not (docs/import.md): the row's
+    truncated mean q = trunc(sum u / n), r = sum u - n q, P = sum (u - q)^2, so V = n P - r^2; V_q = floor(V / 4^Q)
+    = n floor(P / 4^Q) + floor((n (P mod 4^Q) - r^2 + C) / 4^Q) - C / 4^Q (C = 4^Q ceil(n^2 / 4^Q) makes the
+    dividend positive); the level from V_q (every threshold 4^k 2^T is a multiple of 4^Q, T >= 2Q), the bucket
+    floor(V_q / 4^(m-Q)) at levels m >= Q, else floor(V / 4^m) of V = n min(P, P_s) - r^2, exact on those rows."""
+    op = partial(proven, ctx)
+    outer = u.shape[0]
+    rows, col = (outer, n), (outer, 1)
+    w, quarter, size = u.hi - u.lo, p.quarter, 1 << p.table_bits
+    unit = 1 << (2 * quarter)
+    mean = op("broadcast_div", total, c32(n), u.lo, u.hi, col)
+    rest = op("broadcast_sub", total, op("broadcast_mul", mean, c32(n), n * u.lo, n * u.hi, col), 1 - n, n - 1, col)
+    du = op("broadcast_sub", u, mean, -w, w, rows)
+    p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n  # n P = V + r^2, V <= n^2 w^2 / 4
+    sq = ctx.reshape(reduced(ctx, "sum", op("broadcast_mul", du, du, 0, w * w, rows), [1], 0, p_top), col)
+    high = op("broadcast_div", sq, c32(unit), 0, p_top // unit, col)
+    low = op("broadcast_sub", sq, op("broadcast_mul", high, c32(unit), 0, p_top // unit * unit, col), 0, unit - 1,
+             col)
+    r2 = op("broadcast_mul", rest, rest, 0, (n - 1) ** 2, col)
+    lift = -(-n * n // unit)
+    y = op("broadcast_add", op("broadcast_sub", op("broadcast_mul", low, c32(n), 0, n * (unit - 1), col), r2,
+                               -(n - 1) ** 2, n * (unit - 1), col), c32(lift * unit),
+           lift * unit - (n - 1) ** 2, n * (unit - 1) + lift * unit, col)
+    v_top = (n * n * w * w // 4) >> (2 * quarter)
+    vq = op("broadcast_sub", op("broadcast_add", op("broadcast_mul", high, c32(n), 0, n * (p_top // unit), col),
+                                op("broadcast_div", y, c32(unit), 0, (n * (unit - 1)) // unit + lift, col),
+                                0, n * (p_top // unit) + (n * (unit - 1)) // unit + lift, col),
+            c32(lift), 0, v_top, col)
+    thresholds = c32([[((size << (2 * m)) >> (2 * quarter)) - 1 for m in range(p.levels)]])
+    above = op("broadcast_greater", vq, thresholds, 0, 1, (outer, p.levels))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+    p_small = small_rows(n, p.table_bits, quarter)
+    e = ctx.emit("clip", ctx.entry(sq), a_min=0, a_max=p_small)
+    small = op("broadcast_sub", op("broadcast_mul", ctx.result(e, INT32, 0, p_small, col), c32(n), 0, n * p_small,
+                                   col), r2, -(n - 1) ** 2, n * p_small, col)
+
+    def lut(values: list[int]) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32(values)), in_dim=p.levels + 1)
+        return ctx.result(e, INT32, min(values), max(values), col)
+
+    # < 2^T on every row: floor(V / 4^m) at a level m >= Q; V_q < 2^(T-2) below
+    top = op("broadcast_div", vq, lut([1 << (2 * max(m - quarter, 0)) for m in range(p.levels + 1)]), 0, size - 1,
+             col)
+    bottom = op("broadcast_div", small, lut([1 << (2 * min(m, quarter - 1)) for m in range(p.levels + 1)]),
+                small.lo, small.hi, col)
+    above_q = op("broadcast_greater", level, c32(quarter - 1), 0, 1, col)
+    gap = op("broadcast_sub", top, bottom, -bottom.hi, top.hi - bottom.lo, col)
+    pick = op("broadcast_mul", above_q, gap, min(gap.lo, 0), max(gap.hi, 0), col)
+    return level, op("broadcast_add", bottom, pick, 0, size - 1, col)
 
 
 def real_values(x, size: int, what: str) -> np.ndarray:

@@ -14,11 +14,11 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import INT32_MAX
 
 from ..context import INT32, Tensor, const, tight
-from ..emit import (aligned, as_int32, axes_of, broadcast_shape, conv_window, cropped, minus_zero, nearest, normal,
-                    onnx_pads, reduced, select, spatial_2d)
+from ..emit import (aligned, as_int32, axes_of, concatenated, conv_window, cropped, minus_zero, nearest, normal,
+                    onnx_pads, reduced, select, spatial_2d, strided_slice)
 from ..registry import Refuse, float_rule
 from .values import FAR, Scaled, per_tensor, scaled
-MAX_PRODUCTS = 1 << 24  # elements of the products tensor of a MatMul of two computed tensors
+MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
 
 
 def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
@@ -72,10 +72,11 @@ def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, n
     if not w.t.is_const:
         raise Refuse(f"{what} is computed at run time: CVM's conv2d and dense need a constant weight here")
     v = w.t.value.astype(np.int64) - w.zero
-    full = np.broadcast_to(w.scale, v.shape)
+    scale = np.asarray(w.scale, dtype=object)
+    scale = scale.reshape((1,) * (v.ndim - scale.ndim) + scale.shape)  # the scale's own shape, at v's rank
     if transpose:
-        v, full = v.T, full.T
-    rows = full.reshape(len(v), -1)
+        v, scale = v.T, scale.T
+    rows = np.broadcast_to(scale, (len(v),) + scale.shape[1:]).reshape(len(v), -1)
     if not (rows == rows[:, :1]).all():
         raise Refuse(f"{what} is quantized along an axis other than its output channels")
     return v, rows[:, 0].copy()
@@ -268,24 +269,69 @@ def matmul_rule(ctx, node, a, b):
     return dense(ctx, a, w, sw, None)
 
 
+def flat_index(i: tuple[int, ...], dims: tuple[int, ...]) -> int:
+    """The flat index into batch axes ``dims`` (broadcast: size-1 axes read index 0) of the broadcast index i."""
+    flat = 0
+    for j, d in zip(i[len(i) - len(dims):], dims):
+        flat = flat * d + (j if d > 1 else 0)
+    return flat
+
+
+def lead(shape: tuple[int, ...], batch: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` with leading 1s up to the rank of batch axes ``batch`` plus its matrix axes."""
+    return (1,) * (len(batch) + 2 - len(shape)) + tuple(shape)
+
+
 def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
-    """a @ b of two computed tensors (attention's Q K^T and weights x V), per tensor, at scale s_a s_b: the
-    products (a - za)[..., M, K, 1] (b - zb)[..., 1, K, N] (broadcast_mul), summed over K, exactly in int32."""
+    """a @ b of two computed tensors (attention's Q K^T and weights x V), per tensor, at scale s_a s_b, exactly in
+    int32: one ``dense`` per matrix of the broadcast batch axes. With A + c_a = a, B + c_b = b the 8-bit parts of
+    ``halves`` (concatenated along K, each part of A against each of B), d_a = c_a - z_a, d_b = c_b - z_b:
+    sum_k (a - z_a)(b - z_b) = A . B + d_b sum_k a + d_a sum_k b - K (d_b c_a + d_a c_b - d_a d_b)."""
     a, b = per_tensor(a, "MatMul"), per_tensor(b, "MatMul")
     if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
         raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: CVM's form takes matrices (rank >= 2) that chain")
-    va, vb = minus_zero(ctx, a.t, a.zero), minus_zero(ctx, b.t, b.zero)
-    ea, eb = ctx.reshape(va, a.shape + (1,)), ctx.reshape(vb, b.shape[:-2] + (1,) + b.shape[-2:])
-    corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
-    shape = broadcast_shape(ea, eb)
-    if math.prod(shape) > MAX_PRODUCTS:
-        raise Refuse(f"MatMul of shapes {a.shape} and {b.shape} would compute {math.prod(shape)} products at once "
-                     f"(at most 2^24)")
-    prod = ctx.result(ctx.op("broadcast_mul", ea, eb), INT32, min(corners), max(corners), shape)
-    k = a.shape[-1]
-    total = reduced(ctx, "sum", prod, [len(shape) - 2], k * prod.lo, k * prod.hi)
-    total = ctx.reshape(total, shape[:-2] + shape[-1:])  # reduced drops the axes of size 1
-    return Scaled(total, np.asarray(a.scale.reshape(()).item() * b.scale.reshape(()).item(), dtype=object),
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    if math.prod(batch) > MAX_MATRICES:
+        raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: {math.prod(batch)} matrix products, one dense "
+                     f"each (at most {MAX_MATRICES})")
+    za, zb = int(a.zero.reshape(())), int(b.zero.reshape(()))
+    ta = as_int32(a.t)
+    axes = tuple(range(len(b.shape) - 2)) + (len(b.shape) - 1, len(b.shape) - 2)
+    tb = ctx.result(ctx.op("transpose", as_int32(b.t), axes=axes), INT32, b.t.lo, b.t.hi,
+                    tuple(b.shape[i] for i in axes))
+    pa, ca = halves(ctx, ta)
+    pb, cb = halves(ctx, tb)
+    da, db = ca - za, cb - zb
+    ins = ctx.narrow(concatenated(ctx, -1, *(p for p in pa for _ in pb)), 8, "the data of dense")
+    ws = ctx.narrow(concatenated(ctx, -1, *(p for _ in pa for p in pb)), 8, "the weight of dense")
+    ins, ws = ctx.tensor(ins), ctx.tensor(ws)
+    ins, ws = ctx.reshape(ins, (math.prod(a.shape[:-2]), m, ins.shape[-1])), ctx.reshape(
+        ws, (math.prod(b.shape[:-2]), n, ws.shape[-1]))
+    rows = []
+    for i in np.ndindex(*batch):
+        ia, ib = flat_index(i, a.shape[:-2]), flat_index(i, b.shape[:-2])
+        x = ctx.reshape(strided_slice(ctx, ins, [range(ia, ia + 1), range(m), range(ins.shape[-1])]),
+                        (m, ins.shape[-1]))
+        w = ctx.reshape(strided_slice(ctx, ws, [range(ib, ib + 1), range(n), range(ws.shape[-1])]),
+                        (n, ws.shape[-1]))
+        e = ctx.emit("dense", ctx.narrow(x, 8), ctx.narrow(w, 8), units=n, use_bias=False)
+        rows.append(ctx.reshape(ctx.tensor(e), (1, m, n)))
+    y = ctx.reshape(concatenated(ctx, 0, *rows), tuple(batch) + (m, n))
+    corners = [x * v for x in (a.t.lo - za, a.t.hi - za) for v in (b.t.lo - zb, b.t.hi - zb)]
+    lo, hi = k * min(corners), k * max(corners)
+    if db:
+        sa = ctx.reshape(reduced(ctx, "sum", ta, [len(a.shape) - 1], k * ta.lo, k * ta.hi),
+                         lead(a.shape, batch)[:-1] + (1,))
+        y = ctx.apply("broadcast_add", y, ctx.apply("broadcast_mul", sa, const(np.array(db, np.int32), INT32)))
+    if da:
+        sb = ctx.reshape(reduced(ctx, "sum", tb, [len(b.shape) - 1], k * tb.lo, k * tb.hi),
+                         lead(b.shape, batch)[:-2] + (1, n))
+        y = ctx.apply("broadcast_add", y, ctx.apply("broadcast_mul", sb, const(np.array(da, np.int32), INT32)))
+    if (c0 := -k * (db * ca + da * cb - da * db)):
+        y = ctx.apply("broadcast_add", y, const(np.array(c0, np.int32), INT32))
+    y = ctx.result(y.entry, INT32, lo, hi, tuple(batch) + (m, n))
+    return Scaled(y, np.asarray(a.scale.reshape(()).item() * b.scale.reshape(()).item(), dtype=object),
                   np.zeros((), np.int64))
 
 
