@@ -13,8 +13,9 @@ the same way twice from the same calibration samples:
   (its own int8 kernels: QLinearConv, MatMulInteger, ...);
 * the same QDQ model read by OpenVINO (an optional benchmark dependency, the extra ``bench``: without it its rows
   are left out, and the script says so), compiled for its CPU plugin twice: with the plugin's default inference
-  precision (its int8 kernels where the QDQ pattern allows, the other layers in bf16 on a CPU with bf16, else
-  f32) and with ``INFERENCE_PRECISION_HINT`` f32. Its results depend on the CPU.
+  precision hint (bf16 on a CPU with bf16) and with ``INFERENCE_PRECISION_HINT`` f32. It runs the layers it
+  matches as quantized in int8 and the others in the precision it picks for the CPU (printed under the table,
+  per layer kind), so its results depend on the CPU.
 
 Each result is compared with an exact oracle of the quantized model (docs/import.md: the QDQ graph's real
 arithmetic, here in numpy: integer accumulation exact in float64, the scales applied in float64, QuantizeLinear
@@ -54,6 +55,7 @@ from cvm_onnx.runtime.sessions import session, usable_cpus
 from cvm_onnx.serving.target import Target
 
 from bench import machine, median_ms  # benchmarks/ is the script's folder on sys.path
+
 
 # -- the float network ------------------------------------------------------------------------------------------
 def resnet20(rng: np.random.Generator) -> onnx.ModelProto:
@@ -352,7 +354,8 @@ def main() -> None:
         (e1, w1), (e64, w64) = fidelity[form.name, 1], fidelity[form.name, 64]
         equal = f"{e1:.2%}" if e1 == e64 else f"{e1:.2%} (batch 64: {e64:.2%})"
         worst = f"{w1}" if w1 == w64 else f"{w1} (batch 64: {w64})"
-        cells = [f"{min(times[form.name, b]):.3f}-{max(times[form.name, b]):.3f} ms" for b in batches]
+        cells = [f"{min(times[form.name, b]):.3f}" + (f"-{max(times[form.name, b]):.3f}" if args.rounds > 1 else "")
+                 + " ms" for b in batches]
         table.append(f"| {form.name} | {equal} | {worst} | {' | '.join(cells)} | "
                      f"{form.ops if form.ops is not None else ''} | {form.gas if form.gas is not None else ''} |")
     notes = [note for form in forms for note in form.notes]
