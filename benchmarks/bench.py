@@ -11,6 +11,12 @@ nodes (``layout="rows"``), as rows with every product uint8 x uint8, as fused ke
 (``cpu_layout.fused_convolutions(..., isa=2)``: what an AVX2-only CPU runs, timed on this one), and exported for
 this machine's target run by plain onnxruntime (default options, the native library registered).
 
+OpenVINO (the extra ``bench``; its rows are left out without it) on the same ResNet-20 where it can read the
+export: the flat form and the serving form with float32 products (standard ONNX operators only), with the CPU
+plugin's default inference precision hint (bf16 on a CPU with bf16) and with f32. The function form (cvm local
+functions) and the serving form with integer products (cvm.native custom ops) it cannot read: their rows say
+why. Each OpenVINO row gives the share of outputs equal to the reference executor's, not an assertion.
+
 The CVM runtime: with the environment variable CVM_RUNTIME_LIB naming a local build of its library
 (libcvm.so of CortexFoundation/cvm-runtime, built by hand; not part of this project), its CPU device is timed
 side by side in the same process through its C API (output checked against the reference) and every ratio
@@ -34,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from cvm_onnx.app.api import load
@@ -159,6 +166,7 @@ def resnet(model: Path, runs: int) -> None:
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
                 note + (f"; {conv_routes(onnx_model, products or cpu.products())}, {layout}" if integer else "") +
                 f"; load {os.getloadavg()[0]:.2f}")
+        openvino(graph, batch, data, want, runs, base, base_name)
         if batch > 1:
             units(graph, data, want, base, base_name)
     if os.environ.get("CVM_RUNTIME_LIB"):
@@ -171,6 +179,45 @@ def resnet(model: Path, runs: int) -> None:
     row("ResNet-20 reference executor batch 1", f"{ref_ms:.1f} ms", "numpy, FORMAL semantics")
     for name, ms in CVM_RUNTIME_MS.items():
         row(f"ResNet-20 CVM runtime {name} batch 1", f"{ms:.2f} ms", "its C API, measured by hand (see above)")
+
+
+def openvino(graph, batch: int, data: np.ndarray, want: np.ndarray, runs: int, base: float, base_name: str) -> None:
+    """ResNet-20 on OpenVINO's CPU plugin (one thread at batch 1, every usable CPU at batch 64), each form it reads
+    at its default precision hint and at f32, the share of outputs equal to the reference stated."""
+    try:
+        import openvino as ov
+    except ImportError:
+        if batch == 1:
+            row("ResNet-20 on OpenVINO", "-", "OpenVINO is not installed (pip install -e \".[bench]\"): left out")
+        return
+    core, threads = ov.Core(), 1 if batch == 1 else usable_cpus()
+    default = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+    version = ov.__version__.split("-")[0]
+    forms = [("function form", {}), ("flat form", dict(inline=True)),
+             ("serving form, float32 products", dict(target=Target(products="float"))),
+             ("serving form, integer products", dict(target=Target()))]
+    for form, options in forms:
+        with tempfile.TemporaryDirectory() as tmp:
+            onnx.save(to_onnx(graph, batch=batch, **options), Path(tmp) / "model.onnx")
+            try:
+                model = core.read_model(str(Path(tmp) / "model.onnx"))
+            except RuntimeError as e:
+                lines = [line.strip("- ") for line in str(e).splitlines()]
+                why = next((line for line in lines if line.startswith("No conversion rule")), lines[-1])
+                row(f"ResNet-20 OpenVINO {version} batch {batch}, {form}", "-", f"OpenVINO cannot read it: {why}")
+                continue
+        for precision in (None, "f32"):
+            config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+            if precision:
+                config["INFERENCE_PRECISION_HINT"] = precision
+            request = core.compile_model(model, "CPU", config).create_infer_request()
+            feeds = {0: data}
+            request.infer(feeds)
+            equal = float((request.get_output_tensor(0).data.reshape(want.shape) == want).mean())
+            ms = median_ms(lambda: request.infer(feeds), max(25, runs // batch))
+            row(f"ResNet-20 OpenVINO {version} batch {batch}, {form}, precision hint {precision or default}",
+                f"{ms:.2f} ms", f"{batch / ms * 1e3:.0f} images/s, {base / (ms / batch):.1f}x {base_name}; "
+                f"{equal:.2%} of outputs equal to the reference; {threads} thread(s); load {os.getloadavg()[0]:.2f}")
 
 
 def units(graph, data: np.ndarray, want: np.ndarray, base: float, base_name: str) -> None:

@@ -1,25 +1,32 @@
-"""A quantized model side by side: cvm-onnx's exact serving form against onnxruntime's own int8 execution.
+"""A quantized model side by side: cvm-onnx's exact serving form against onnxruntime's and OpenVINO's int8.
 
 A float ResNet-20-shaped network (CIFAR layout: a 3x3 stem, three stages of three basic blocks with 16/32/64
 channels, 1x1 projections where a stage halves the size, global average pooling, a 64 -> 10 Gemm; random He
 weights in numpy, batch norms folded into the convolutions' biases) is written as float ONNX, then quantized
 the same way twice from the same calibration samples:
 
-* by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM),
-  exported as the serving form (``to_onnx(..., Target.default())``, integer products) and run with
-  ``cvm_onnx.runtime.sessions.session`` (float images quantized by the model's input edge, outputs dequantized: the
-  timing includes both);
+* by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM;
+  the same QDQ model also imported with ``--two-part`` products), each exported as the serving form
+  (``to_onnx(..., Target())``, integer products) and run with ``cvm_onnx.runtime.sessions.session`` (float images
+  quantized by the model's input edge, outputs dequantized: the timing includes both);
 * by onnxruntime's quantize_static alone, in the QDQ and QOperator forms, run by a default onnxruntime session
-  (its own int8 kernels: QLinearConv, MatMulInteger, ...).
+  (its own int8 kernels: QLinearConv, MatMulInteger, ...);
+* the same QDQ model read by OpenVINO (an optional benchmark dependency, the extra ``bench``: without it its rows
+  are left out, and the script says so), compiled for its CPU plugin twice: with the plugin's default inference
+  precision hint (bf16 on a CPU with bf16) and with ``INFERENCE_PRECISION_HINT`` f32. It runs the layers it
+  matches as quantized in int8 and the others in the precision it picks for the CPU (printed under the table,
+  per layer kind), so its results depend on the CPU.
 
 Each result is compared with an exact oracle of the quantized model (docs/import.md: the QDQ graph's real
 arithmetic, here in numpy: integer accumulation exact in float64, the scales applied in float64, QuantizeLinear
 rounding half to even), in output steps (|y - oracle| / the output's scale): the share of elements exactly
-equal and the largest difference. Latencies: best of five medians, batch 1 (one thread) and batch 64 (every
-CPU), every onnxruntime session created once.
+equal and the largest difference, at batch 1 and at batch 64. Latencies: best of five medians, batch 1 (one
+thread) and batch 64 (every usable CPU), every session created once; the forms alternate in ``--rounds``
+rounds and each cell gives the lowest and highest round. For the CVM forms, the CVM op nodes and the gas
+(``cvm_onnx.core.gas``, the runtime's GetOps). One table, printed and with ``--markdown FILE`` also written there.
 
-Run: python benchmarks/quantized_side_by_side.py [--calibration N] [--runs N] [--activation uint8|int8]
-     [--per-tensor]
+Run: python benchmarks/quantized_side_by_side.py [--calibration N] [--runs N] [--rounds N] [--activation uint8|int8]
+     [--per-tensor] [--markdown FILE]
 """
 from __future__ import annotations
 
@@ -27,7 +34,9 @@ import argparse
 import logging
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -36,7 +45,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from cvm_onnx.app.api import load
+from cvm_onnx.app.api import convert, load
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.format import read_edges
@@ -191,7 +200,35 @@ def output_scale(qdq: onnx.ModelProto) -> float:
     return float(inits[node.input[1]].reshape(-1)[0])
 
 
-# -- the run ----------------------------------------------------------------------------------------------------
+# -- the forms --------------------------------------------------------------------------------------------------
+Runner = Callable[[np.ndarray], np.ndarray]  # float images (batch, 3, 32, 32) -> the float outputs
+
+
+@dataclass
+class Form:
+    """One way of running the quantized model: ``make(batch, threads)`` builds its session once and returns its
+    runner; CVM forms carry their op node count and gas; ``notes`` collects what a make learnt (precisions)."""
+
+    name: str
+    make: Callable[[int, int], Runner]
+    ops: int | None = None
+    gas: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def cvm_form(name: str, directory: Path) -> Form:
+    """A CVM import's serving form (integer products) in a cvm-onnx session, float in and out by its edges."""
+    loaded, edges = load(directory), read_edges(directory)
+
+    def make(batch: int, threads: int) -> Runner:
+        served = session(to_onnx(loaded.graph, Target(), batch=batch), threads=threads)
+        name = served.get_inputs()[0].name
+        return lambda x: edges.outputs[0].dequantize(
+            served.run(None, {name: edges.input.quantize(x).astype(np.int32)})[0])
+
+    return Form(name, make, sum(not n.is_variable for n in loaded.graph.nodes), loaded.gas.total)
+
+
 def ort_session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -199,12 +236,71 @@ def ort_session(model: onnx.ModelProto, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def ort_form(name: str, model: onnx.ModelProto) -> Form:
+    def make(batch: int, threads: int) -> Runner:
+        sess = ort_session(any_batch(model), threads)
+        return lambda x: sess.run(None, {"x": x})[0]
+
+    return Form(name, make)
+
+
+def openvino_forms(path: Path) -> list[Form]:
+    """The QDQ model at ``path`` on OpenVINO's CPU plugin, with its default inference precision and with f32;
+    none when OpenVINO is not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return []
+    core = ov.Core()
+    default = core.get_property("CPU", "INFERENCE_PRECISION_HINT").get_type_name()
+
+    def openvino_form(precision: str | None) -> Form:
+        hint = f"default precision hint ({default})" if precision is None else f"precision hint {precision}"
+
+        def make(batch: int, threads: int) -> Runner:
+            model = core.read_model(str(path))
+            model.reshape({"x": [batch, 3, 32, 32]})
+            config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+            if precision:
+                config["INFERENCE_PRECISION_HINT"] = precision
+            request = core.compile_model(model, "CPU", config).create_infer_request()
+            if batch == 1:
+                form.notes.append(f"{form.name}: {layer_precisions(request.get_compiled_model())}")
+
+            def run(x: np.ndarray) -> np.ndarray:
+                request.infer({0: x})
+                return request.get_output_tensor(0).data.copy()
+
+            return run
+
+        form = Form(f"OpenVINO {ov.__version__.split('-')[0]}, QDQ model, {hint}", make)
+        return form
+
+    return [openvino_form(None), openvino_form("f32")]
+
+
+def layer_precisions(compiled) -> str:
+    """The compiled model's convolutions and fully connected layers, and its other layers but constants, by the
+    precision they run in (OpenVINO's runtime model)."""
+    counts: dict[str, int] = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        kind, precision = info["layerType"].astype(str), info["runtimePrecision"].astype(str)
+        if kind not in ("Input", "Output", "Const"):
+            key = f"{kind} {precision}" if kind in ("Convolution", "FullyConnected") else f"other layers {precision}"
+            counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} x {key}" for key, n in sorted(counts.items()))
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calibration", type=int, default=64, help="calibration images (default 64)")
     ap.add_argument("--runs", type=int, default=400, help="timed runs at batch 1 (fewer at batch 64)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds the forms alternate in (default 2)")
     ap.add_argument("--activation", choices=["uint8", "int8"], default="uint8")
     ap.add_argument("--per-tensor", action="store_true", help="weights per tensor (default: per channel)")
+    ap.add_argument("--markdown", type=Path, help="also write the table (and the machine) to this file")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     rng = np.random.default_rng(0)
@@ -212,11 +308,14 @@ def main() -> None:
     calibration = rng.normal(size=(args.calibration, 3, 32, 32)).astype(np.float32)
     images = rng.normal(size=(64, 3, 32, 32)).astype(np.float32)
     flags = {f for f in Path("/proc/cpuinfo").read_text().split() if f in (
-        "avx2", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")} if Path("/proc/cpuinfo").exists() else set()
-    print(f"machine: {machine()}; CPU flags: {', '.join(sorted(flags)) or 'none'}; cvm-onnx products: "
-          f"{cpu.products()} (every product: {cpu.unbounded()}); load average {os.getloadavg()[0]:.2f}")
-    print(f"quantization: {args.activation} activations, weights int8 per "
-          f"{'tensor' if args.per_tensor else 'channel'}, minmax on {args.calibration} random images")
+        "avx2", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")} \
+        if Path("/proc/cpuinfo").exists() else set()
+    lines = [f"machine: {machine()}; CPU flags: {', '.join(sorted(flags)) or 'none'}; cvm-onnx products: "
+             f"{cpu.products()} (every product: {cpu.unbounded()}); load average {os.getloadavg()[0]:.2f}",
+             f"quantization: {args.activation} activations, weights int8 per "
+             f"{'tensor' if args.per_tensor else 'channel'}, minmax on {args.calibration} random images"]
+    print(*lines, sep="\n", flush=True)
+    batches = {1: 1, 64: usable_cpus()}  # batch: threads
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         onnx.save(float_model, tmp / "float.onnx")
@@ -226,36 +325,46 @@ def main() -> None:
                  **opts)
         quantize(tmp / "float.onnx", tmp / "calibration.npy", tmp / "cvm_qop", form="qoperator",
                  save_onnx=tmp / "qop.onnx", **opts)
+        convert(tmp / "qdq.onnx", tmp / "cvm_two_part", two_part=True)
         qdq, qop = onnx.load(tmp / "qdq.onnx"), onnx.load(tmp / "qop.onnx")
-        graph, edges = load(tmp / "cvm").graph, read_edges(tmp / "cvm")
-    want = oracle(qdq, images)
-    scale = output_scale(qdq)
-    print(f"| {'what':<52} | {'batch':>5} | {'median':>9} | {'images/s':>8} | {'equal':>7} | {'max steps':>9} |")
-    print(f"|{'-' * 54}|{'-' * 7}|{'-' * 11}|{'-' * 10}|{'-' * 9}|{'-' * 11}|")
-    for batch in (1, 64):
-        threads = 1 if batch == 1 else usable_cpus()
-        feeds = [images[k:k + batch] for k in range(0, 64, batch)]
-        forms = {"onnxruntime, QDQ model (quantize_static)": ort_session(any_batch(qdq), threads),
-                 "onnxruntime, QOperator model (quantize_static)": ort_session(any_batch(qop), threads)}
-        for name, sess in forms.items():
-            got = np.concatenate([sess.run(None, {"x": f})[0] for f in feeds])
-            equal, worst = steps(got, want, scale)
-            ms = median_ms(lambda: sess.run(None, {"x": feeds[0]}), max(25, args.runs // batch))
-            print(f"| {name:<52} | {batch:>5} | {ms:>6.3f} ms | {batch / ms * 1e3:>8.0f} | {equal:>7.2%} | {worst:>9} |",
-                  flush=True)
-        served = session(to_onnx(graph, Target(), batch=batch), threads=threads)
-        name = served.get_inputs()[0].name
-
-        def run(x: np.ndarray) -> np.ndarray:
-            q = edges.input.quantize(x).astype(np.int32)
-            return edges.outputs[0].dequantize(served.run(None, {name: q})[0])
-
-        got = np.concatenate([run(f) for f in feeds])
-        equal, worst = steps(got, want, scale)
-        ms = median_ms(lambda: run(feeds[0]), max(25, args.runs // batch))
-        print(f"| {'cvm-onnx serving form (cvm-onnx quantize, exact CVM)':<52} | {batch:>5} | {ms:>6.3f} ms | "
-              f"{batch / ms * 1e3:>8.0f} | {equal:>7.2%} | {worst:>9} |", flush=True)
-    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+        onnx.save(any_batch(qdq), tmp / "qdq_any_batch.onnx")
+        on_openvino = openvino_forms(tmp / "qdq_any_batch.onnx")
+        if not on_openvino:
+            lines.append("OpenVINO is not installed: its rows are left out (pip install -e \".[bench]\" adds it)")
+            print(lines[-1])
+        forms = [cvm_form("cvm-onnx serving form (exact CVM, one-part import)", tmp / "cvm"),
+                 cvm_form("cvm-onnx serving form (exact CVM, --two-part import)", tmp / "cvm_two_part"),
+                 ort_form("onnxruntime, QDQ model", qdq), ort_form("onnxruntime, QOperator model", qop), *on_openvino]
+        runners = {(form.name, batch): form.make(batch, threads) for form in forms
+                   for batch, threads in batches.items()}
+    want, scale = oracle(qdq, images), output_scale(qdq)
+    fidelity = {}
+    for (name, batch), run in runners.items():
+        got = np.concatenate([run(images[k:k + batch]) for k in range(0, 64, batch)])
+        fidelity[name, batch] = steps(got.reshape(want.shape), want, scale)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in runners}
+    for _ in range(args.rounds):
+        for batch in batches:
+            for form in forms:
+                run, x = runners[form.name, batch], images[:batch]
+                times[form.name, batch].append(median_ms(lambda: run(x), max(25, args.runs // batch)))
+    table = [f"| form | equal to the exact oracle | max steps | batch 1, 1 thread | batch 64, {batches[64]} threads "
+             "| CVM op nodes | gas |", "|---|---|---|---|---|---|---|"]
+    for form in forms:
+        (e1, w1), (e64, w64) = fidelity[form.name, 1], fidelity[form.name, 64]
+        equal = f"{e1:.2%}" if e1 == e64 else f"{e1:.2%} (batch 64: {e64:.2%})"
+        worst = f"{w1}" if w1 == w64 else f"{w1} (batch 64: {w64})"
+        cells = [f"{min(times[form.name, b]):.3f}" + (f"-{max(times[form.name, b]):.3f}" if args.rounds > 1 else "")
+                 + " ms" for b in batches]
+        table.append(f"| {form.name} | {equal} | {worst} | {' | '.join(cells)} | "
+                     f"{form.ops if form.ops is not None else ''} | {form.gas if form.gas is not None else ''} |")
+    notes = [note for form in forms for note in form.notes]
+    report = ["", *table, "", f"- latency: the lowest and highest of {args.rounds} round(s), each the best of five "
+              "medians; the forms alternate in each round", *(f"- {note}" for note in notes),
+              f"- load average at the end {os.getloadavg()[0]:.2f}"]
+    print(*report, sep="\n")
+    if args.markdown:
+        args.markdown.write_text("\n\n".join(lines) + "\n" + "\n".join(report) + "\n")
 
 
 if __name__ == "__main__":
