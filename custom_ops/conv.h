@@ -276,20 +276,9 @@ void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows
 }
 #endif
 
-// The products of `rows` rows (a multiple of 24) with the kernel of `isa` (available here).
-inline void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
-                     const int32_t* init, int32_t* c) {
-#if defined(CVM_ONNX_X86_PRODUCTS)
-  switch (isa) {
-    case kIsaAvx512Vnni: return products_avx512vnni(a, offsets, rows, p, init, c);
-    case kIsaAvxVnni: return products_avx2<kIsaAvxVnni>(a, offsets, rows, p, init, c);
-    case kIsaAvx2Bytes: return products_avx2<kIsaAvx2Bytes>(a, offsets, rows, p, init, c);
-    case kIsaAvx2: return products_avx2<kIsaAvx2>(a, offsets, rows, p, init, c);
-    default: break;
-  }
-#endif
-  products_baseline(a, offsets, rows, p, init, c);
-}
+// The products of `rows` rows (a multiple of 24) with the kernel of `isa` (available here), products.cc.
+void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
+              const int32_t* init, int32_t* c);
 
 constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: every kernel's R divides it
 

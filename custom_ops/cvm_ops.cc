@@ -32,8 +32,7 @@
 
 #include "conv.h"
 #include "cvm_kernels.h"
-#include "im2col.h"
-#include "requantize.h"
+#include "kernels.h"
 #ifdef CVM_ONNX_WITH_CUDA
 #include "cvm_cuda.h"
 #endif

@@ -12,7 +12,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "clones.h"
+#include "isa.h"
 
 namespace cvm_onnx {
 
@@ -75,11 +75,13 @@ inline bool narrow_row(const int32_t* x, int64_t count, uint32_t offset, uint8_t
   return seen <= 255u;
 }
 
+namespace body {  // (isa.h)
+
 // Copies plane `plane` of x (n, c, h, w) into xp (n, c, h + pt + pb, w + pl + pr; planes plane_stride() apart)
 // as the bytes of x + offset, offset in the padding. Returns the flat index of the first x of the plane outside
 // [-128, 127] (then the plane is incomplete), or -1: x + offset fits the columns' type exactly (offset 0 for
 // int8, 128 for uint8).
-CVM_AVX2_CLONES int64_t pad_narrow(const int32_t* x, const Im2colShape& s, uint32_t offset, int64_t plane,
+CVM_KERNEL_BODY int64_t pad_narrow(const int32_t* x, const Im2colShape& s, uint32_t offset, int64_t plane,
                                    uint8_t* xp) {
   const int64_t wp = s.wp(), stride = s.plane_stride();
   std::fill(xp + plane * stride, xp + (plane + 1) * stride, static_cast<uint8_t>(offset));
@@ -93,6 +95,8 @@ CVM_AVX2_CLONES int64_t pad_narrow(const int32_t* x, const Im2colShape& s, uint3
   }
   return -1;
 }
+
+}  // namespace body
 
 // dst[0:count] = src[0:count]. Rows are short (a call to memmove per row would cost more than the copy): the
 // usual widths are copied with a constant size, which compiles to a few vector moves.
@@ -192,11 +196,13 @@ inline void transpose8x8(const uint8_t* src, int64_t src_stride, uint8_t* dst, i
 #endif
 }
 
+namespace body {  // (isa.h)
+
 // Image n of x (n, c, h, w) into xp (HP, WP, C) bytes (images hp() * wp() * C apart) as x + offset, `fill` in the
 // padding: the narrowing of pad_narrow with the channels innermost (each input row narrowed plane by plane, then
 // transposed in 8 x 8 blocks). Returns the flat index of the first x of the image outside [lo, hi] (then the copy
 // is incomplete), or -1.
-CVM_AVX2_CLONES int64_t pad_narrow_hwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
+CVM_KERNEL_BODY int64_t pad_narrow_hwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
                                        uint32_t offset, uint8_t fill, int64_t n, uint8_t* xp) {
   const int64_t c = s.c, w = s.w, wp = s.wp(), size = s.hp() * wp * c;
   uint8_t* base = xp + n * size;
@@ -234,7 +240,7 @@ CVM_AVX2_CLONES int64_t pad_narrow_hwc(const int32_t* x, const Im2colShape& s, i
 }
 
 // pad_narrow_hwc for data already (n, h, w, c) (channels innermost): each input row one contiguous narrowing.
-CVM_AVX2_CLONES int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
+CVM_KERNEL_BODY int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, int32_t lo, int32_t hi,
                                         uint32_t offset, uint8_t fill, int64_t n, uint8_t* xp) {
   const int64_t c = s.c, w = s.w, wp = s.wp(), size = s.hp() * wp * c, row = w * c;
   uint8_t* base = xp + n * size;
@@ -259,7 +265,7 @@ CVM_AVX2_CLONES int64_t pad_narrow_nhwc(const int32_t* x, const Im2colShape& s, 
 
 // pad_narrow_nhwc for uint8 data (n, h, w, c) taken as themselves (any value fits the rows): each input row one
 // contiguous copy.
-CVM_AVX2_CLONES void pad_copy_nhwc(const uint8_t* x, const Im2colShape& s, uint8_t fill, int64_t n, uint8_t* xp) {
+CVM_KERNEL_BODY void pad_copy_nhwc(const uint8_t* x, const Im2colShape& s, uint8_t fill, int64_t n, uint8_t* xp) {
   const int64_t c = s.c, line = s.wp() * c, row = s.w * c;
   uint8_t* base = xp + n * s.hp() * line;
   std::fill(base, base + s.pt * line, fill);  // the rows above
@@ -271,6 +277,8 @@ CVM_AVX2_CLONES void pad_copy_nhwc(const uint8_t* x, const Im2colShape& s, uint8
   }
   std::fill(base + (s.h + s.pt) * line, base + s.hp() * line, fill);  // the rows below
 }
+
+}  // namespace body
 
 // The rows of output row `oh` of image n: for each of the OW positions, kh * pieces copies of `Piece` bytes (a
 // constant for the usual sizes, so that each copy is a few vector moves); the shape's fields are read into locals
@@ -287,9 +295,11 @@ inline void copy_rows(const uint8_t* base, int64_t ow_count, int64_t kh, int64_t
   }
 }
 
+namespace body {  // (isa.h)
+
 // The rows of output row `oh` of image n (OW rows of K bytes) from the copy of pad_narrow_hwc. With dilation 1
 // along W, each (position, fh) is one contiguous copy of kw * C bytes.
-CVM_AVX2_CLONES void im2col_rows(const uint8_t* xp, const Im2colShape& s, int64_t n, int64_t oh, uint8_t* rows) {
+CVM_KERNEL_BODY void im2col_rows(const uint8_t* xp, const Im2colShape& s, int64_t n, int64_t oh, uint8_t* rows) {
   const int64_t c = s.c, wp = s.wp(), k = s.kh * s.kw * c, kh = s.kh, ow_count = s.ow;
   const uint8_t* base = xp + (n * s.hp() * wp + oh * s.sh * wp) * c;
   uint8_t* dst = rows + (n * s.oh + oh) * ow_count * k;
@@ -306,5 +316,7 @@ CVM_AVX2_CLONES void im2col_rows(const uint8_t* xp, const Im2colShape& s, int64_
     default: return copy_rows<0>(base, ow_count, kh, pieces, src_step, row_step, piece_step, piece, dst);
   }
 }
+
+}  // namespace body
 
 }  // namespace cvm_onnx

@@ -16,7 +16,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "clones.h"
+#include "isa.h"
 
 namespace cvm_onnx {
 
@@ -670,15 +670,16 @@ __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x
   channel_chains<Out>(x, add, n, p, v, addend);
 }
 
-// The kernels below are compiled for AVX2 and the baseline (clones.h), those of the channels-last products also for
-// AVX-512: 2.2x faster with AVX2 (16 K elements, five steps: 5.6 against 12.2 us).
+// The kernels' bodies (namespace body), inlined into one function per ISA by the ISA units (isa.h, kernels.h):
+// for AVX2 and the baseline, those of the channels-last products also for AVX-512.
+namespace body {
 
 // y[begin:end] = the steps (channel c's own where `per` is not empty) applied to x * scales[c] + bias[c] (c the
 // axis-1 index of x (N, C, inner...); no bias or no scales: null), in chunks that stay in the L1 cache. Any range
 // gives the same elements as the whole: calls on disjoint ranges may run in parallel.
-CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias,
+CVM_KERNEL_BODY void requantize(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias,
                                 const int32_t* scales, int64_t channels, int64_t inner,
-                                const std::vector<RequantStep>& steps, int32_t* y, const ChannelSteps& per = {}) {
+                                const std::vector<RequantStep>& steps, int32_t* y, const ChannelSteps& per) {
   const bool per_channel = bias || scales || !per.empty();
   for (int64_t start = begin; start < end;) {
     const int64_t plane = per_channel ? start / inner : 0;
@@ -700,7 +701,7 @@ CVM_AVX2_CLONES void requantize(const int32_t* x, int64_t begin, int64_t end, co
 // The rows [begin, end) of y (rows of `width`) = the steps applied to the first `width` elements of the same rows of
 // x (rows of `row` >= width) + bias[c], c = (r / rows_per_plane) % channels for row r (no bias: bias null). Short
 // rows are gathered into chunks of about 1024 elements, so that each step's loop stays long.
-CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t width, int64_t begin, int64_t end,
+CVM_KERNEL_BODY void requantize_rows(const int32_t* x, int64_t row, int64_t width, int64_t begin, int64_t end,
                                      const int32_t* bias, int64_t channels, int64_t rows_per_plane,
                                      const std::vector<RequantStep>& steps, int32_t* y) {
   const int64_t group = std::max<int64_t>(1, 1024 / width);
@@ -727,11 +728,10 @@ CVM_AVX2_CLONES void requantize_rows(const int32_t* x, int64_t row, int64_t widt
 // the steps are of uniform_chain's kinds. addend not null: each chunk then gets the addend's (Addend). bytes not
 // null: y is written there as bytes instead (y unused), each chunk narrowed from int32; the caller proves every
 // value in [0, 255].
-CVM_AVX512_CLONES void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
+CVM_KERNEL_BODY void requantize_last(const int32_t* x, int64_t begin, int64_t end, const int32_t* bias_all,
                                        const int32_t* scales, int64_t channels, const std::vector<RequantStep>& steps,
-                                       int32_t* y, int64_t positions = 0, const ChannelSteps& per = {},
-                                       const ChannelArrays& arrays = {}, uint8_t* bytes = nullptr,
-                                       const Addend* addend = nullptr) {
+                                       int32_t* y, int64_t positions, const ChannelSteps& per,
+                                       const ChannelArrays& arrays, uint8_t* bytes, const Addend* addend) {
   const int64_t group = std::max<int64_t>(1, 1024 / channels);
   const bool fused = !arrays.kinds.empty() && !scales && (positions > 0 || !bias_all);
   const bool one_chain = per.empty() && !scales && !bias_all;  // uniform_chain, where its kinds are the steps'
@@ -835,11 +835,11 @@ inline void transpose4x4(const int32_t* src, int64_t src_stride, int32_t* dst, i
 // (position, channel) order, then written out channel by channel (with `per`: written out, then each channel's
 // steps on its positions). per_position: the bias is (P, C), x[n, p, c] + bias[p, c]. `arrays` (``per`` of one
 // sequence of kinds): the bias (none or per position) and the steps in one pass, before the block is written out.
-CVM_AVX512_CLONES void requantize_transposed(const int32_t* x, int64_t positions, int64_t channels, int64_t n,
+CVM_KERNEL_BODY void requantize_transposed(const int32_t* x, int64_t positions, int64_t channels, int64_t n,
                                              int64_t begin, int64_t end, const int32_t* bias,
                                              const std::vector<RequantStep>& steps, int32_t* y,
-                                             const ChannelSteps& per = {}, bool per_position = false,
-                                             const ChannelArrays& arrays = {}) {
+                                             const ChannelSteps& per, bool per_position,
+                                             const ChannelArrays& arrays) {
   const int64_t block = std::max<int64_t>(1, 1024 / channels);
   std::vector<int32_t> v(static_cast<size_t>(block * channels));
   for (int64_t first = begin; first < end; first += block) {
@@ -875,5 +875,7 @@ CVM_AVX512_CLONES void requantize_transposed(const int32_t* x, int64_t positions
     }
   }
 }
+
+}  // namespace body
 
 }  // namespace cvm_onnx

@@ -39,6 +39,33 @@ def test_native_off_builds_without_the_library_and_says_so(tmp_path):
     assert "the native custom-op library is NOT built (CVM_ONNX_NATIVE=OFF)" in " ".join(done.stderr.split())
 
 
+def test_pip_builds_the_library_in_a_folder_that_a_new_build_environment_keeps(tmp_path):
+    """pip's build isolation makes scikit-build-core delete its project's CMakeCache.txt and CMakeFiles/ (the
+    objects) on every install: the project it runs (custom_ops/wheel) builds custom_ops/ in native/ instead, passing
+    the options on and the library's errors and warnings through."""
+    tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["scikit-build"]
+    assert settings["cmake"]["source-dir"] == "custom_ops/wheel"
+    if shutil.which("cmake") is None:
+        pytest.skip("no cmake on PATH")
+    build = tmp_path / "build"
+
+    def configure(*args: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["cmake", "-S", ROOT / "custom_ops" / "wheel", "-B", build, "-DCVM_ONNX_CUDA=OFF", *args],
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+
+    done = configure("-DCVM_ONNX_NATIVE=OFF", CVM_ONNX_ORT_INCLUDE_DIR=str(tmp_path / "nowhere"))
+    assert done.returncode == 0, done.stderr
+    assert "the native custom-op library is NOT built (CVM_ONNX_NATIVE=OFF)" in " ".join(done.stderr.split())
+    assert (build / "native" / "CMakeCache.txt").is_file()
+    shutil.rmtree(build / "CMakeFiles")  # what scikit-build-core does in a new build environment
+    (build / "CMakeCache.txt").unlink()
+    done = configure(CVM_ONNX_ORT_INCLUDE_DIR=str(tmp_path / "nowhere"))  # the option's default (ON) again
+    assert done.returncode != 0 and (build / "native" / "CMakeFiles").is_dir()
+    message = " ".join(done.stderr.split())
+    assert "the native custom-op library cannot be built" in message and "has no onnxruntime_cxx_api.h" in message
+
+
 def test_pip_shows_what_to_do_after_a_failed_build():
     """The message scikit-build-core prints after a failed build (shown by pip) names the way out."""
     tomllib = pytest.importorskip("tomllib" if sys.version_info >= (3, 11) else "tomli")

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from support import needs_fallback
 
 import cvm_onnx
 from cvm_onnx import native
@@ -215,6 +216,7 @@ def test_batch_must_be_positive(n, tmp_path, capsys):
                                                   f"integer, not '{n}'"
 
 
+@needs_fallback
 def test_missing_native_library_warns_once_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sessions, "library_path", lambda: None)
     code, _, err = run(capsys, "convert", MODELS / "detection", "-o", tmp_path / "m.onnx", "--verify")
@@ -222,6 +224,17 @@ def test_missing_native_library_warns_once_in_one_line(tmp_path, capsys, monkeyp
     assert [line for line in err if "native" in line or "Warning" in line] == [
         "warning: the native custom-op library was not built with this install (see docs/custom_ops.md); the "
         "cvm.native ops run through the slow pure-Python fallback"]
+
+
+def test_missing_native_library_and_fallback_is_one_error_saying_what_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sessions, "library_path", lambda: None)
+    monkeypatch.setitem(sys.modules, "onnxruntime_extensions", None)  # import onnxruntime_extensions raises ImportError
+    code, _, err = run(capsys, "convert", MODELS / "detection", "-o", tmp_path / "m.onnx", "--verify")
+    assert code == 4
+    assert [line for line in err if not line.startswith("warning:")] == [
+        "unsupported: the native custom-op library is not built with this install, and its pure-Python "
+        "fallback needs onnxruntime-extensions, the extra fallback (pip install onnxruntime-extensions); or "
+        "reinstall with the library (README, Building)"]
 
 
 def test_view_checks_the_file_format_first(tmp_path):

@@ -5,6 +5,7 @@ INT64_MAX/100 branch, stable score sort, limits with -1 = none, strict `>` for v
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 
 import numpy as np
@@ -16,18 +17,20 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 from onnx.shape_inference import InferenceError
-from support import INT32_MAX, INT32_MIN
+from support import HAS_FALLBACK, INT32_MAX, INT32_MIN, needs_fallback
 from support.oracles import iou_oracle
 
 from cvm_onnx.core import ops
-from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import ATTRS, DOMAIN, fallback, library_path, register_schemas
 from cvm_onnx.runtime import sessions
 
 P30 = (1 << 29) - 1  # the largest coordinate of the runtime's NMS precision limit (30 bits)
-# The native library on the CPU, the fallback, and the native CUDA kernels where onnxruntime offers CUDA.
-PATHS = ("native", "fallback") + (("cuda",) if "CUDAExecutionProvider" in ort.get_available_providers() else ())
+# The native library on the CPU, the fallback where onnxruntime-extensions is installed (always in CI), and the native
+# CUDA kernels where onnxruntime offers CUDA.
+PATHS = ("native",) + (("fallback",) if HAS_FALLBACK else ()) + \
+    (("cuda",) if "CUDAExecutionProvider" in ort.get_available_providers() else ())
 
 
 def nms_oracle(data, valid_count, max_output_size, iou_threshold, force_suppress, top_k):
@@ -274,6 +277,7 @@ def test_native_library_runs_in_the_normal_install(monkeypatch):
         sessions.run(any_rows, {**NMS_FEEDS, "data": NMS_FEEDS["data"][:, :, :5].copy()})  # the C++ kernel's check
 
 
+@needs_fallback
 def test_missing_library_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(sessions, "library_path", lambda: None)
     with pytest.warns(RuntimeWarning, match="fallback"):
@@ -282,6 +286,17 @@ def test_missing_library_falls_back_with_a_warning(monkeypatch):
     assert np.array_equal(y[0, 0], NMS_FEEDS["data"][0, 0]) and (y[0, 1] == -1).all()
     with pytest.raises(RuntimeFailure, match="not built"):
         sessions.session(NMS_MODEL, native=True)
+
+
+@pytest.mark.filterwarnings("ignore:the native custom-op library was not built:RuntimeWarning")
+def test_the_fallback_without_onnxruntime_extensions_says_what_to_install(monkeypatch):
+    """The fallback imports onnxruntime-extensions only when it runs; without it, one error names the package."""
+    monkeypatch.setitem(sys.modules, "onnxruntime_extensions", None)  # import onnxruntime_extensions raises ImportError
+    monkeypatch.setattr(sessions, "library_path", lambda: None)
+    for native in (None, False):
+        with pytest.raises(UnsupportedError, match=r"fallback needs onnxruntime-extensions, the extra fallback "
+                                                   r"\(pip install onnxruntime-extensions\)"):
+            sessions.session(NMS_MODEL, native=native)
 
 
 def test_fallback_rewrite_writes_every_attribute():
@@ -319,6 +334,7 @@ def test_onnxruntime_loads_the_chosen_opset_and_ir_version():
     assert (sessions.OPSET, sessions.IR_VERSION) == (21, ir_version([helper.make_opsetid("", 21)])) == (21, 10)
 
 
+@needs_fallback
 def test_onnxruntime_is_probed_once(monkeypatch):
     """session() asks onnxruntime about the versions once per process, not once per session (the probe is the
     one-node graph named "probe")."""

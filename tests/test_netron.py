@@ -2,8 +2,8 @@
 headless Chromium loads the page; the graph must render with the CVM op names, shapes on the edges, the
 runtime's input names on the function parameters, and a function body that opens. Screenshots go to artifacts/.
 
-Needs Debian's chromium and chromium-driver, and the Python packages selenium and netron (extras test, view);
-each test is skipped with the reason when they are absent.
+Needs Debian's chromium and chromium-driver, and the Python packages selenium and netron (the extra browser;
+.ci/run installs it all); each test is skipped with the reason when they are absent.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ except ImportError:
 needs_netron = pytest.mark.skipif(netron is None, reason="netron is not installed (pip install netron)")
 needs_browser = pytest.mark.skipif(
     webdriver is None or CHROMIUM is None or DRIVER is None,
-    reason="needs selenium (pip install -e '.[test]') and Chromium with its driver "
+    reason="needs selenium (the extra browser: pip install selenium) and Chromium with its driver "
            "(Debian: apt-get install chromium chromium-driver)")
 
 # Offline Netron blocks on a cookie-consent message until a `consent` cookie exists, and loops on "Please update"

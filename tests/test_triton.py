@@ -1,6 +1,6 @@
 """`cvm-onnx convert --triton-repo`: a Triton model repository whose config.pbtxt parses with Triton's own
-model-config protobuf classes (tritonclient) and describes the model file beside it. The server itself is not
-run here (no Triton server on this machine)."""
+model-config protobuf classes (tritonclient, the extra triton: the tests that parse it skip without it) and
+describes the model file beside it. The server itself is not run here (no Triton server on this machine)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +10,6 @@ import onnx
 import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper
-from tritonclient.grpc import model_config_pb2
 
 import cvm_onnx
 from cvm_onnx.app import api
@@ -24,13 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
 
 
-def parsed(path: Path) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+def classes():
+    """tritonclient's model-config protobuf module (.ci/run installs the extra triton, so CI runs these tests)."""
+    return pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient, the extra triton "
+                               "(pip install 'tritonclient[grpc]')")
 
 
-def described(cfg: model_config_pb2.ModelConfig, model: onnx.ModelProto) -> None:
+def parsed(path: Path):
+    return text_format.Parse(path.read_text(), classes().ModelConfig())
+
+
+def described(cfg, model: onnx.ModelProto) -> None:
     """The config lists the model's inputs and outputs, in order, with their types and full static dims."""
-    DataType = model_config_pb2.DataType
+    DataType = classes().DataType
     for entries, values in ((cfg.input, model.graph.input), (cfg.output, model.graph.output)):
         assert [(e.name, DataType.Name(e.data_type), list(e.dims)) for e in entries] == [
             (v.name, TYPES[v.type.tensor_type.elem_type], [d.dim_value for d in v.type.tensor_type.shape.dim])
@@ -52,7 +57,7 @@ def test_a_batched_serving_form_in_a_repository(tmp_path, capsys):
     assert (cfg.name, cfg.platform, cfg.max_batch_size) == ("digits_cnn", "onnxruntime_onnx", 0)
     described(cfg, model)
     assert list(cfg.input[0].dims) == [16, 1, 8, 8] and list(cfg.output[0].dims) == [16, 10]
-    assert [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_CPU"]
+    assert [classes().ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_CPU"]
     assert cfg.HasField("model_operations") == bool(native)
     graph = api.load(MODELS / "digits_cnn").graph  # what is served is exact
     x = np.load(MODELS / "digits_cnn" / "heldout_x.npy")[:40]
@@ -73,7 +78,7 @@ def test_the_cuda_form_is_served_on_a_gpu_instance(tmp_path, capsys):
     model = onnx.load(repo / "detection" / "1" / "model.onnx")
     assert {p.key: p.value for p in model.metadata_props}["cvm.provider"] == "cuda"
     cfg = parsed(repo / "detection" / "config.pbtxt")
-    assert [model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_GPU"]
+    assert [classes().ModelInstanceGroup.Kind.Name(g.kind) for g in cfg.instance_group] == ["KIND_GPU"]
     described(cfg, model)
 
 
@@ -117,7 +122,7 @@ def test_any_tensor_name_survives_the_config():
     nodes = [helper.make_node("Cast", [names[0]], [n], to=o.type.tensor_type.elem_type)
              for n, o in zip(names[1:], outputs)]
     model = onnx_model(helper.make_graph(nodes, "g", inputs, outputs))
-    cfg = text_format.Parse(config(model, "m ☃", "/models/m/lib.so"), model_config_pb2.ModelConfig())
+    cfg = text_format.Parse(config(model, "m ☃", "/models/m/lib.so"), classes().ModelConfig())
     assert cfg.name == "m ☃" and list(cfg.model_operations.op_library_filename) == ["/models/m/lib.so"]
     described(cfg, model)
 

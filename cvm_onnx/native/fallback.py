@@ -1,4 +1,5 @@
-"""The pure-Python fallback of the cvm.native ops: onnxruntime-extensions PyOps running the reference kernels.
+"""The pure-Python fallback of the cvm.native ops: onnxruntime-extensions PyOps running the reference kernels
+(onnxruntime-extensions is the extra ``fallback``, imported only when the fallback runs).
 
 onnxruntime-extensions serves Python ops in the domain ``ai.onnx.contrib`` only, and onnxruntime lets one library
 own a domain, so the fallback cannot take ``cvm.native`` over: ``to_fallback`` rewrites a model's cvm.native
@@ -14,7 +15,7 @@ import onnx
 from onnx import helper
 
 from cvm_onnx import native
-from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "ai.onnx.contrib"
@@ -39,9 +40,15 @@ def _kernel(name: str):
 
 
 def library() -> str:
-    """Register the PyOps (once per process) and return the onnxruntime-extensions library to register."""
+    """Register the PyOps (once per process) and return the onnxruntime-extensions library to register
+    (``UnsupportedError`` without onnxruntime-extensions, the extra ``fallback``)."""
     global _registered
-    from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+    try:
+        from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+    except ImportError:
+        raise UnsupportedError("the native custom-op library is not built with this install, and its pure-Python "
+                               "fallback needs onnxruntime-extensions, the extra fallback (pip install "
+                               "onnxruntime-extensions); or reinstall with the library (README, Building)") from None
 
     if not _registered:
         i32 = PyCustomOpDef.dt_int32

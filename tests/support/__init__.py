@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -17,6 +18,13 @@ from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.constants import INT32_MAX, INT32_MIN  # noqa: F401  (the tests read them from here)
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run
+
+
+#: onnxruntime-extensions, which the pure-Python fallback of the cvm.native ops needs (the extra fallback; .ci/run
+#: installs it, so that CI runs the tests marked with this).
+HAS_FALLBACK = importlib.util.find_spec("onnxruntime_extensions") is not None
+needs_fallback = pytest.mark.skipif(not HAS_FALLBACK, reason="the pure-Python fallback needs onnxruntime-extensions "
+                                    "(the extra fallback: pip install onnxruntime-extensions)")
 
 
 def bound(p: int) -> int:
