@@ -19,6 +19,7 @@ from ..emit import (aligned, as_int32, axes_of, broadcast_shape, conv_window, cr
 from ..registry import Refuse, float_rule
 from .values import FAR, Scaled, per_tensor, scaled
 MAX_PRODUCTS = 1 << 24  # elements of the products tensor of a MatMul of two computed tensors
+MAX_WINDOW_SUMS = 1 << 22  # values of a padded convolution's window sums (a constant per output position)
 
 
 def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
@@ -129,10 +130,13 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
 
 def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> np.ndarray:
     """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
-    image (the padding reads zeros)."""
+    image (the padding reads zeros); refused from its shape above MAX_WINDOW_SUMS values, before computing it."""
+    if (n := len(w) * math.prod(outs)) > MAX_WINDOW_SUMS:
+        raise Refuse(f"the zero point's share of the padding would be a constant of {len(w)} x {outs[0]} x {outs[1]}"
+                     f" = {n} values (at most 2^22): pad the input with its zero point, or quantize it symmetric")
     masks = [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
              for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
-    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks)
+    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks, optimize=True)
 
 
 def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
@@ -140,10 +144,15 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     scale must be that product to float32 rounding (a denormal float32 holds it to 2^-149 only)."""
     if not bias.t.is_const:
         raise Refuse("the bias is computed at run time: CVM needs a constant bias")
-    v = np.broadcast_to(bias.t.value.astype(np.int64) - bias.zero, (n,)) if bias.t.size in (1, n) else None
-    s = np.broadcast_to(bias.scale.reshape(-1) if bias.scale.size > 1 else bias.scale.reshape(()), (n,))
-    if v is None:
-        raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs")
+    shape = bias.t.shape
+    if bias.t.size not in (1, n) or any(d != 1 for d in shape[:-1]):
+        raise Refuse(f"a bias of shape {shape} for {n} outputs: one value per output channel, shape ({n},)")
+    full = np.broadcast_shapes(shape, bias.zero.shape, bias.scale.shape)
+    if math.prod(full) != bias.t.size:
+        raise Refuse(f"a bias of shape {shape} dequantized by a scale of shape {bias.scale.shape}: one scale per "
+                     "bias value")
+    v = np.broadcast_to((bias.t.value.astype(np.int64) - bias.zero).reshape(-1), (n,))
+    s = np.broadcast_to(np.broadcast_to(bias.scale, full).reshape(-1), (n,))
     for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
         if abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)):
             raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
@@ -152,6 +161,7 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
 
 def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) -> Scaled:
     """x (..., K) times w (N, K)^T: rows flattened, dense, reshaped back; scale s_x * s_w along the last axis."""
+    x = per_tensor(x, "the input of a Gemm or MatMul (dense)")
     k = x.shape[-1]
     rows = Scaled(ctx.reshape(x.t, (math.prod(x.shape[:-1]), k)), x.scale.reshape(()), x.zero.reshape(()))
     acc, scale, zero = accumulate(ctx, rows, w, sw, bias, "dense")
