@@ -12,6 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import INT32_MAX
+from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, const, tight
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, conv_window, cropped, minus_zero, nearest, normal,
@@ -94,8 +95,12 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     after ``window`` (the strided_slice picking ONNX's outputs among conv2d's, which pads with zeros)."""
     x = per_tensor(x, f"the input of {op}")
     sx, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
-    xparts, c = halves(ctx, as_int32(x.t))
     wparts = weight_parts(w, "the weight")
+    copies = (1 if tight(x.t.peak) <= 8 else 2) * len(wparts)
+    if copies > 1 and x.t.size * copies > MAX_ELEMENTS:
+        raise Refuse(f"the input of {op} as {copies} 8-bit parts (its 9-bit values in halves, times the weight's "
+                     f"parts) would hold {x.t.size * copies} values (more than 2^30)")
+    xparts, c = halves(ctx, as_int32(x.t))
     rows = w.reshape(len(w), -1)
     b = np.zeros(len(w), np.int64)
     if bias is not None:
@@ -132,8 +137,8 @@ def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin,
     """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
     image (the padding reads zeros); refused from its shape above MAX_WINDOW_SUMS values, before computing it."""
     if (n := len(w) * math.prod(outs)) > MAX_WINDOW_SUMS:
-        raise Refuse(f"the zero point's share of the padding would be a constant of {len(w)} x {outs[0]} x {outs[1]}"
-                     f" = {n} values (at most 2^22): pad the input with its zero point, or quantize it symmetric")
+        raise Refuse(f"the padded convolution's zero-point correction (its window sums) would be a constant of "
+                     f"{len(w)} x {outs[0]} x {outs[1]} = {n} values (at most 2^22): the input is too large here")
     masks = [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
              for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
     return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks, optimize=True)
