@@ -23,9 +23,13 @@ loggers) are silenced meanwhile.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import shutil
+import sys
 import tempfile
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +40,8 @@ import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.format.edges import FILE as EDGES
+from cvm_onnx.core.format.model_dir import replace_files
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
 from cvm_onnx.runtime.bulk import run_many
@@ -54,6 +60,9 @@ ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 UNFUSED = ("SliceConcatToSpaceToDepthFusion",)
 #: The opset of ONNX's LayerNormalization: a model holding written-out ones (``layernorms``) is raised to it.
 LAYERNORM_OPSET = 17
+INTEGER_TYPES = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+                 onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64,
+                 onnx.TensorProto.BOOL)
 
 
 @dataclass(frozen=True)
@@ -117,17 +126,40 @@ class _Reader:
 @contextlib.contextmanager
 def quiet_onnxruntime() -> Iterator[None]:
     """onnxruntime's own log lines off for the duration (its default C++ logger at severity error, Python logging
-    up to error: failures are raised as ours); its default severity (warning) and logging are restored after."""
+    up to error: failures are raised as ours; what onnxruntime.quantization prints, "Collecting tensor data and
+    making histogram ...", to sys.stdout and to file descriptor 1 alike); its default severity (warning), logging and
+    stdout are restored after."""
     import onnxruntime as ort
 
     quiet = logging.root.manager.disable
     logging.disable(logging.ERROR)
     ort.set_default_logger_severity(3)
     try:
-        yield
+        with silenced_stdout(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy's overflow warnings inside the calibrators
+            yield
     finally:
         ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
         logging.disable(quiet)
+
+
+@contextlib.contextmanager
+def silenced_stdout() -> Iterator[None]:
+    """sys.stdout and file descriptor 1 (C++ and tqdm writes) to the null device for the duration."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (a daemon): only sys.stdout
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+        return
+    try:
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(io.StringIO()):
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -172,12 +204,32 @@ def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple
     return v.name, shape
 
 
+#: Values a calibration set may hold (as float32: 4 GiB).
+MAX_SAMPLES = 1 << 30
+
+
 def _calibration(path: str | os.PathLike) -> np.ndarray:
-    data = read_npy(path, "the calibration samples", mmap=False)
-    if data.dtype.kind != "f" or data.ndim < 1 or len(data) == 0:
-        raise FormatError(f"calibration samples must be floats, N >= 1 of them stacked on axis 0, got {data.dtype} "
-                          f"{data.shape}", where=os.fspath(path))
-    return data
+    """The calibration samples as float32, checked before they are read: the header's dtype (float16, 32 or 64) and
+    shape (N >= 1 samples on axis 0, at most MAX_SAMPLES values, as many as the file holds: it is memory-mapped),
+    then every value finite and within float32."""
+    where = os.fspath(path)
+    data = read_npy(path, "the calibration samples", mmap=True)
+    if data.dtype.kind != "f" or data.dtype.itemsize > 8 or data.ndim < 1 or len(data) == 0:
+        raise FormatError(f"calibration samples must be floats (float16, float32 or float64), N >= 1 of them stacked "
+                          f"on axis 0, got {data.dtype} {data.shape}", where=where)
+    if data.size > MAX_SAMPLES:
+        raise FormatError(f"calibration samples of shape {data.shape} hold {data.size} values (at most 2^30)",
+                          where=where)
+    with np.errstate(over="ignore", invalid="ignore"):
+        samples = np.asarray(data, np.float32)
+    bad = ~np.isfinite(samples)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = data[at]
+        why = "beyond float32" if np.isfinite(value) else str(value)
+        raise FormatError(f"calibration sample {at[0]} holds {why} at {at[1:]} ({int(bad.sum())} value(s) not "
+                          "finite in float32): calibration samples must be finite", where=where)
+    return samples
 
 
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
@@ -411,24 +463,92 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
+    if (why := not_float(model)) is not None:
+        raise UnsupportedError(why, where=os.fspath(src))
+    if (why := non_finite(model)) is not None:
+        raise UnsupportedError(why, where=os.fspath(src))
     data = _calibration(calibration)
     name, shape = _sample_shape(model, data, os.fspath(calibration))
     samples = data.reshape((len(data),) + shape)
-    with quiet_onnxruntime():
+    with staged(dst) as stage, quiet_onnxruntime():
         model = fixed(model, shape)
         if outputs:
             model = cut(model, outputs)
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / "prepared.onnx"
             prepare(model, prepared)
-            out = Path(save_onnx) if save_onnx is not None else Path(tmp) / "quantized.onnx"
+            out = Path(tmp) / "quantized.onnx"
             _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
                              activation, form, src)
             _stamp(out)
-            imported = convert(out, dst, two_part=two_part)
+            imported = convert(out, stage, two_part=two_part)
             quantized = out.read_bytes()
-    agreements = compare(model, quantized, imported, samples, progress)
+        agreements = compare(model, quantized, imported, samples, progress)
+        if save_onnx is not None:
+            write_bytes(Path(save_onnx), quantized)
     return Quantized(imported, agreements, len(samples), model, quantized)
+
+
+def not_float(model: onnx.ModelProto) -> str | None:
+    """Why the model's input is not the float32 that quantize_static calibrates (an integer model is imported by
+    convert as it is), or None."""
+    t = _inputs(model)[0].type.tensor_type.elem_type
+    if t == onnx.TensorProto.FLOAT:
+        return None
+    name = onnx.TensorProto.DataType.Name(t).lower() if t in onnx.TensorProto.DataType.values() else str(t)
+    if t in INTEGER_TYPES:
+        return f"this model takes {name}: it is already integer (import it with cvm-onnx convert)"
+    return f"this model takes {name}: quantize calibrates float32 models"
+
+
+def non_finite(model: onnx.ModelProto) -> str | None:
+    """The first float initializer holding NaN or infinity (onnxruntime.quantization fails on it, "scale issue"),
+    as a sentence naming it, or None."""
+    from onnx import numpy_helper
+
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+    for t in model.graph.initializer:
+        if t.data_type in floats:
+            v = numpy_helper.to_array(t)
+            if not np.isfinite(v).all():
+                at = tuple(int(i) for i in np.argwhere(~np.isfinite(v))[0])
+                return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
+                        "from finite weights only")
+    return None
+
+
+@contextlib.contextmanager
+def staged(dst: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling directory of ``dst`` to write the model into; renamed to ``dst`` (or its files moved
+    into an existing ``dst``) only when the block succeeds, removed otherwise, with any parent it created."""
+    dst = Path(dst)
+    made = next((p for p in reversed([dst.parent, *dst.parent.parents]) if not p.exists()), None)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    except OSError as e:
+        raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
+    try:
+        yield stage
+        if not dst.exists():
+            os.rename(stage, dst)
+        else:
+            replace_files({dst / p.name: p.read_bytes() for p in stage.iterdir()})
+            if not (stage / EDGES).exists():
+                (dst / EDGES).unlink(missing_ok=True)
+    except OSError as e:
+        raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made is not None and not dst.exists():
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    try:
+        replace_files({path: data})
+    except OSError as e:
+        raise FormatError(f"cannot write the quantized ONNX model: {e.strerror or e}", str(path)) from None
 
 
 def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
