@@ -59,7 +59,8 @@ def _small(kind: str, opset: int = 17) -> onnx.ModelProto:
     return onnx_model(h.make_graph(nodes, "m", [x], [y], [w]), opset)
 
 
-def _quantized(model: onnx.ModelProto, fmt: str, activation: str, per_channel: bool, dynamic: bool = False) -> bytes:
+def _quantized(model: onnx.ModelProto, fmt: str, activation: str, per_channel: bool, dynamic: bool = False,
+               weight: str = "int8") -> bytes:
     from onnxruntime import quantization as q
 
     with tempfile.TemporaryDirectory() as d:
@@ -69,9 +70,11 @@ def _quantized(model: onnx.ModelProto, fmt: str, activation: str, per_channel: b
             q.quantize_dynamic(str(src), str(dst), weight_type=q.QuantType.QInt8, per_channel=per_channel)
         else:
             shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+            types = {"int8": q.QuantType.QInt8, "uint8": q.QuantType.QUInt8, "int16": q.QuantType.QInt16,
+                     "int4": q.QuantType.QInt4}
             q.quantize_static(str(src), str(dst), Reader(shape), quant_format=getattr(q.QuantFormat, fmt),
-                              activation_type=q.QuantType.QInt8 if activation == "int8" else q.QuantType.QUInt8,
-                              weight_type=q.QuantType.QInt8, per_channel=per_channel)
+                              activation_type=types[activation], weight_type=types[weight],
+                              per_channel=per_channel)
         return dst.read_bytes()
 
 
@@ -97,6 +100,9 @@ def seeds(full: bool = True) -> dict[str, bytes]:
         for kind in ("softmax", "leaky", "addmul"):
             for fmt in ("QDQ", "QOperator"):
                 out[f"{kind}/{fmt}"] = _quantized(_small(kind), fmt, "uint8", kind == "addmul")
+        plain = float_model("plain", 6, 17, 1, 1, (1, 1, 1, 1), "avg", "matmul")
+        out["plain/QDQ/int16"] = _quantized(plain, "QDQ", "int16", True)
+        out["plain/QDQ/int4-weights"] = _quantized(plain, "QDQ", "uint8", True, weight="int4")
         out["plain/dynamic"] = _quantized(float_model("plain", 5, 17, 1, 1, (1, 1, 1, 1), "max", "gemm"), "", "",
                                           False, dynamic=True)
     logging.disable(logging.NOTSET)
