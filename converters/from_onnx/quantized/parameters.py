@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from ..context import INT32, INT_RANGES, Tensor, type_name
 from .values import MS, QUANTIZED_TYPES, Real
 
@@ -24,8 +25,8 @@ PER_TENSOR, AXIS_ATTR = "tensor", "attr"
 @dataclass(frozen=True)
 class Group:
     """One quantized tensor of a node: the positions of the tensor (None: the node's output), its scale and zero
-    point, and the axis its scale may run along (PER_TENSOR: none; AXIS_ATTR: the node's ``axis``, default 1; an
-    int: that axis, negative from the end)."""
+    point, and the axis its scale may run along (PER_TENSOR: none; AXIS_ATTR: the node's ``axis``, default 1;
+    "transB": QGemm's N, axis 0 or 1 by its transB; an int: that axis, negative from the end)."""
 
     data: int | None
     scale: int
@@ -74,7 +75,7 @@ def problem(node, ins: list, key: tuple[str, str]) -> str | None:
     if key == (MS, "QLinearConcat") and (len(ins) - 2) % 3:
         return (f"QLinearConcat takes Y_scale, Y_zero_point, then (tensor, scale, zero point) per input: "
                 f"{len(ins)} inputs are not 2 + 3k")
-    if node.attr_int("block_size", 0) if key[1] in ("QuantizeLinear", "DequantizeLinear") else 0:
+    if key[1] in ("QuantizeLinear", "DequantizeLinear") and node.attr_int("block_size", 0):
         return "blocked quantization (block_size) has no CVM form: quantize per tensor or per channel"
     for g in gs:
         if (why := _group_problem(node, ins, key, g)) is not None:
