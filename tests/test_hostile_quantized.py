@@ -348,3 +348,15 @@ def test_histogram_calibration_prints_nothing_of_onnxruntime(float_cnn, capfd, m
 def test_quantize_of_mutated_models_and_calibration_sets_fails_cleanly_leaving_nothing(case):
     outcome = HQ.check_quantize(*case.files)
     assert outcome in ("ok", "FormatError", "UnsupportedError", "RuntimeFailure"), (case, outcome)
+
+
+def test_samples_that_overflow_the_float_model_are_named(float_cnn, capsys):
+    """Finite samples of 3e38 make the float model's activations inf: onnxruntime's ``supplied range of [-inf, inf]
+    is not finite`` came through without the cause; now the calibration file and the sample are named."""
+    c = np.load(float_cnn / "c.npy")
+    c[2] = 3e38
+    np.save(float_cnn / "big.npy", c)
+    assert cli.main(quantize_cli(float_cnn, float_cnn / "big.npy", "--method", "entropy")) == 5
+    err = capsys.readouterr().err
+    assert f"{float_cnn / 'big.npy'}: the float model computes inf or NaN on calibration sample 2" in err, err
+    assert not (float_cnn / "out").exists()

@@ -478,8 +478,16 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             prepared = Path(tmp) / "prepared.onnx"
             prepare(model, prepared)
             out = Path(tmp) / "quantized.onnx"
-            _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
-                             activation, form, src)
+            try:
+                _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric,
+                                 method, activation, form, src)
+            except RuntimeFailure:
+                if (k := overflowing(prepared, name, samples)) is not None:
+                    raise RuntimeFailure(f"the float model computes inf or NaN on calibration sample {k} (its "
+                                         "activations pass float32's range): onnxruntime.quantization needs finite "
+                                         "ranges; give samples as the model expects them",
+                                         where=os.fspath(calibration)) from None
+                raise
             _stamp(out)
             imported = convert(out, stage, two_part=two_part)
             quantized = out.read_bytes()
@@ -487,6 +495,21 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     return Quantized(imported, agreements, len(samples), model, quantized)
+
+
+def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:
+    """The first calibration sample on which the float ``model`` computes a non-finite output, or None (also when
+    onnxruntime cannot run it: the quantizer's own failure is then the one reported)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs = _run_onnx(model.read_bytes(), name, samples)
+    except Exception:  # noqa: BLE001  (onnxruntime raises several types)
+        return None
+    bad = [np.flatnonzero(~np.isfinite(o.reshape(len(o), -1)).all(axis=1)) for o in outs
+           if o.dtype.kind == "f"]
+    first = [int(b[0]) for b in bad if b.size]
+    return min(first) if first else None
 
 
 def not_float(model: onnx.ModelProto) -> str | None:
