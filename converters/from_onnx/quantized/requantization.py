@@ -185,8 +185,8 @@ def settle(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int,
         if len(ends) > 1:
             raise Refuse(f"output channel {int(np.ravel_multi_index(i, full))}: its bias is {-z} steps of the "
                          "accumulator's scale (input scale x weight scale), beyond any CVM label (2^30), and its "
-                         "output varies: the weight's scale is too small for the bias (that channel's float weights "
-                         "near 0, or far smaller or larger than the others'); no CVM form")
+                         "output varies: the channel's bias is too large for its weights' scale (float weights near "
+                         "0, or a huge bias, in the Conv, Gemm or MatMul before this node); no CVM form")
         offset[i] = ends.pop() - out_zero
         settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + out_zero))
     t = as_int32(x.t)  # 0 on the far rows: min(max(t, L), H) with L = H = 0 there, t's own bounds elsewhere
