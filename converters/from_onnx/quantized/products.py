@@ -319,8 +319,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
         raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
-    kernel = node.attr_ints("kernel_shape", lo=1)
-    strides = node.attr_ints("strides", [1, 1], lo=1)
+    kernel = node.attr_ints("kernel_shape", lo=1, size=2)
+    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)
