@@ -553,14 +553,15 @@ def staged(dst: str | os.PathLike) -> Iterator[Path]:
         raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
     try:
         yield stage
-        if not dst.exists():
-            os.rename(stage, dst)
-        else:
-            replace_files({dst / p.name: p.read_bytes() for p in stage.iterdir()})
-            if not (stage / EDGES).exists():
-                (dst / EDGES).unlink(missing_ok=True)
-    except OSError as e:
-        raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
+        try:
+            if not dst.exists():
+                os.rename(stage, dst)
+            else:
+                replace_files({dst / p.name: p.read_bytes() for p in stage.iterdir()})
+                if not (stage / EDGES).exists():
+                    (dst / EDGES).unlink(missing_ok=True)
+        except OSError as e:
+            raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         if made is not None and not dst.exists():
