@@ -237,7 +237,7 @@ def _mutate_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
     elif kind == "bias":
         b = next((node.input[k] for k in (8, 6) if k < len(node.input) and node.op_type in ("QLinearConv", "QGemm")
                   and node.input[k] and _init(model, node.input[k]) is not None), None)
-        b = b or next((n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and
+        b = b or next((n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input and
                        (t := _init(model, n.input[0])) is not None and t.data_type == T.INT32), None)
         if b is None:
             steps.append("keep (no int32 bias)")
