@@ -9,10 +9,16 @@ The ``*-files`` and ``*-rules`` targets are hostile .onnx files (the reliability
 attribute and input-name mutations of every import rule's op type, seeded by onnx's backend node tests and the
 exporter's models, or by an exported ResNet-20), each given to ``convert`` and to ``run`` in a child process, so
 a signal or a hang is counted as an outcome rather than ending the run; the counts by outcome are printed.
+``quantized`` is the same for models onnxruntime.quantization writes (tests/support/hostile_quantized.py: QDQ
+and QOperator, per tensor and per channel, uint8 and int8, dynamic), mutated in their quantization parameters,
+QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact.
+``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets. Each child may add
+CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 
     python benchmarks/fuzz.py --minutes 5              # all targets, time split evenly
     python benchmarks/fuzz.py --minutes 2 onnx params  # some targets
     python benchmarks/fuzz.py --count 10000 onnx-rules onnx-files resnet-rules resnet-files   # a fixed number
+    nice python benchmarks/fuzz.py --count 10000 quantized                                    # the quantized front
 """
 from __future__ import annotations
 
@@ -33,8 +39,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_hostile_onnx as H  # noqa: E402
 import test_reliability as R  # noqa: E402
 from conftest import RESNET  # noqa: E402
+from support import hostile_quantized as HQ  # noqa: E402
 
 CASE_SECONDS = 60  # a child that answers no case within this is a hang
+CHILD_MEMORY = 4 << 30  # address space a child may add to what it holds once started (a blow-up fails there)
 
 TARGETS = {
     "symbols": (lambda: R.mutated_symbols(R.SEEDS), R.check_cvm),
@@ -51,6 +59,8 @@ CHILD_TARGETS = {
     "onnx-rules": lambda: H.mutated_nodes(H.rule_seeds()),
     "resnet-files": lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)),
     "resnet-rules": lambda: H.mutated_nodes(R.resnet_onnx_seeds(RESNET)),
+    "quantized": lambda: HQ.mutated(HQ.seeds()),
+    "quantize": lambda: HQ.mutated_calibration(),
 }
 PROJECT = ("cvm_onnx", "converters")
 
@@ -112,29 +122,42 @@ def convert_and_run(data: bytes) -> str:
     return f"convert: {converted}; run: {ran}"
 
 
-def _serve(conn) -> None:
+#: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
+#: model (exported back and verified exact), quantizing a float model.
+CHECKS = {"quantized": "quantized", "quantize": "quantize"}
+
+
+def _serve(conn, kind: str) -> None:
+    import resource
     import warnings
 
     warnings.simplefilter("ignore")
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (size + CHILD_MEMORY, resource.RLIM_INFINITY))
+    check = {"quantized": lambda files: f"convert: {HQ.check(files[0])}",
+             "quantize": lambda files: f"convert: {HQ.check_quantize(*files)}"}.get(
+        kind, lambda files: convert_and_run(files[0]))
     while True:
-        conn.send(convert_and_run(conn.recv()))
+        conn.send(check(conn.recv()))
 
 
 class Child:
     """A child process checking one file at a time (``convert_and_run``); a case that kills it (a signal) or
     takes more than CASE_SECONDS is that case's outcome, and a new child takes over."""
 
-    def __init__(self):
+    def __init__(self, kind: str = "files"):
         self.context = multiprocessing.get_context("spawn")
+        self.kind = kind
         self._start()
 
     def _start(self) -> None:
         self.conn, there = self.context.Pipe()
-        self.proc = self.context.Process(target=_serve, args=(there,), daemon=True)
+        self.proc = self.context.Process(target=_serve, args=(there, self.kind), daemon=True)
         self.proc.start()
 
-    def __call__(self, data: bytes) -> str:
-        self.conn.send(data)
+    def __call__(self, files: tuple) -> str:
+        self.conn.send(files)
         if self.conn.poll(CASE_SECONDS):
             try:
                 return self.conn.recv()
@@ -159,14 +182,14 @@ class Child:
 class ChildCheck:
     """The check of a child target: the outcome of each case, counted; anything but ok or an error family raises."""
 
-    def __init__(self):
-        self.child = Child()
+    def __init__(self, kind: str = "files"):
+        self.child = Child(kind)
         self.outcomes: Counter[str] = Counter()
 
     def __call__(self, case) -> None:
-        outcome = self.child(case.files[0])
+        outcome = self.child(case.files)
         self.outcomes[outcome] += 1
-        if not outcome.startswith("convert: ") or "internal" in outcome or "bound" in outcome:
+        if not outcome.startswith("convert: ") or any(w in outcome for w in HQ.FAILURES + ("bound",)):
             raise AssertionError(outcome)
 
 
@@ -198,7 +221,8 @@ class Run:
 
 
 def fuzz(name: str, seconds: float, chunk: int, count: int | None = None) -> Run:
-    strategy, check = (CHILD_TARGETS[name], ChildCheck()) if name in CHILD_TARGETS else TARGETS[name]
+    strategy, check = (CHILD_TARGETS[name], ChildCheck(CHECKS.get(name, "files"))) if name in CHILD_TARGETS \
+        else TARGETS[name]
     run = Run(check, time.monotonic() + seconds, count)
     while not run.done():
         @settings(max_examples=chunk, deadline=None, database=None, phases=[Phase.generate],

@@ -216,7 +216,7 @@ def test_bad_scales_are_refused_naming_the_node(tmp_path, bad):
     assert dq.name in msg and "finite and > 0" in msg
     q = next(n for n in qm.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
     msg = problems(edited(qm, lambda m: set_init(m, q.input[1], np.array(bad, np.float32))))
-    assert q.name in msg and "finite scale > 0" in msg
+    assert q.name in msg and "must be finite and > 0" in msg
 
 
 def test_run_time_scale_is_refused(tmp_path):
@@ -238,19 +238,20 @@ def test_a_float_input_read_otherwise_is_refused_naming_its_readers():
     run time): the refusal names each node that reads it so, and what computes the scale."""
     x = h.make_tensor_value_info("x", T.FLOAT, [1, 4])
     y = h.make_tensor_value_info("y", T.FLOAT, [1, 4])
-    only = "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form"
+    only = ("CVM takes a float input only where QuantizeLinear quantizes it (a quantized model, as "
+            "onnxruntime.quantization writes it)")
     nodes = [h.make_node("Sigmoid", ["x"], ["s"], name="sig"), h.make_node("Neg", ["x"], ["n"]),
              h.make_node("Add", ["s", "n"], ["y"], name="add")]
     m = onnx_model(h.make_graph(nodes, "g", [x], [y]), 17)
-    assert problems(m) == f"x: input of non-integer type float: read by Sigmoid 'sig', Neg (unnamed, node 1): {only}"
+    assert problems(m) == f"x: the float input is read by Sigmoid 'sig', Neg (unnamed, node 1): {only}"
     nodes = [h.make_node("ReduceMax", ["x"], ["m"], name="absmax", keepdims=0),
              h.make_node("Div", ["m", "k"], ["scale"], name="div"),
              h.make_node("QuantizeLinear", ["x", "scale", "z"], ["q"], name="q"),
              h.make_node("DequantizeLinear", ["q", "scale", "z"], ["y"], name="dq")]
     inits = [nh.from_array(np.array(127, np.float32), "k"), nh.from_array(np.array(0, np.int8), "z")]
     m = onnx_model(h.make_graph(nodes, "g", [x], [y], inits), 17)
-    assert problems(m) == (f"x: input of non-integer type float: read by ReduceMax 'absmax': {only}; QuantizeLinear "
-                           "'q' quantizes it by a scale or zero point computed at run time (by Div 'div'): CVM needs "
+    assert problems(m) == (f"x: the float input is read by ReduceMax 'absmax': {only}; QuantizeLinear 'q' quantizes "
+                           "the float input by a scale or zero point computed at run time (by Div 'div'): CVM needs "
                            "them constant")
 
 
@@ -650,4 +651,4 @@ def test_a_huge_bias_on_a_channel_whose_output_varies_is_refused():
     m = qdq_conv(w, np.array([2.0**-20], np.float32), 2.0**-11, 0, T.INT8, 1.0, 0, T.INT8, bias=np.array([1 << 30]),
                  pads=(0, 0, 0, 0), name="deadconv")
     msg = problems(m, input_precision=9)
-    assert "q (QuantizeLinear)" in msg and "whose output varies" in msg
+    assert "q (QuantizeLinear)" in msg and "its output varies" in msg and "output channel 0" in msg

@@ -6,14 +6,15 @@
   produced once, no cycle;
 * declared shapes (inputs, outputs, value_info) of at most 2^30 elements, each dim in [0, 2^24] (a dim < 0, as
   Paddle's exports write, is unknown, as onnxruntime reads it);
-* every string UTF-8; tensors of a type that can be read (bool, integer, float); declared element types that exist;
+* every string UTF-8; tensors of a type that can be read (bool, integer, float; a valid type CVM lacks, int4 or
+  float8, is ``UnsupportedError`` when nothing else is wrong); declared element types that exist;
 * versions: an IR version and one ai.onnx opset that the installed onnx and onnxruntime read, the project's own
   domains at their versions, every node's domain imported;
 * every node against its op's schema for the model's opset (onnx.defs for ai.onnx and the domains onnx knows, the
-  op registry for the exporter's cvm domain, the registered schemas of cvm.native): input and output counts, ''
-  (an absent input or output) only where the schema marks the position optional, no unknown, repeated or
-  mistyped attribute, every required one present. Import rules can then read typed, present values
-  (``registry.NodeView``).
+  op registry for the exporter's cvm domain, the registered schemas of cvm.native, onnxruntime's of its contrib
+  domain com.microsoft): input and output counts, '' (an absent input or output) only where the schema marks
+  the position optional, no unknown, repeated or mistyped attribute, every required one present. Import rules
+  can then read typed, present values (``registry.NodeView``).
 
 ``checked_order`` returns the nodes in a topological order or raises ``FormatError`` listing the problems.
 ``tensor_array`` (from ``format.onnx_safety``) reads a checked tensor, external data included.
@@ -35,7 +36,7 @@ from cvm_onnx import native
 from cvm_onnx.core.constants import DOMAIN as CVM_DOMAIN
 from cvm_onnx.core.constants import DOMAIN_VERSION as CVM_DOMAIN_VERSION
 from cvm_onnx.core.constants import INT32_MAX
-from cvm_onnx.core.errors import FormatError, Problem
+from cvm_onnx.core.errors import FormatError, Problem, UnsupportedError
 from cvm_onnx.core.format.onnx_file import dims
 from cvm_onnx.core.format.onnx_safety import (
     MAX_ELEMENTS,
@@ -43,6 +44,7 @@ from cvm_onnx.core.format.onnx_safety import (
     not_utf8,
     tensor_array,  # noqa: F401  (the rules read it from here)
     tensor_problem,
+    unsupported_type,
 )
 from cvm_onnx.core.graph import MAX_DIM  # noqa: F401  (the rules read it from here)
 from cvm_onnx.core.ops import REGISTRY
@@ -181,11 +183,45 @@ def signature(node: onnx.NodeProto, versions: dict[str, int],
     if version < 1 or not onnx.defs.has(node.op_type, version, domain):
         if domain in ("", native.DOMAIN):
             return f"{domain or 'ai.onnx'} has no op {node.op_type} in version {versions[domain]}"
+        if domain in CONTRIB_DOMAINS:
+            return contrib_signature(domain, node.op_type, version)
         return None
     s = onnx.defs.get_schema(node.op_type, version, domain)
     if s.deprecated:
         return f"{node.op_type} is deprecated in {domain or 'ai.onnx'} version {version}"
     return _of_schema(s)
+
+
+#: Domains whose schemas onnxruntime registers (its contrib ops: QGemm, QLinearAdd, ...), not onnx.
+CONTRIB_DOMAINS = ("com.microsoft",)
+
+
+@functools.cache
+def _contrib_schemas() -> dict[tuple[str, str], list]:
+    """onnxruntime's registered schemas of CONTRIB_DOMAINS by (domain, op), each op's versions newest first."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+    out: dict[tuple[str, str], list] = {}
+    for s in ort_c.get_all_operator_schema():
+        if s.domain in CONTRIB_DOMAINS:
+            out.setdefault((s.domain, s.name), []).append(s)
+    return {k: sorted(v, key=lambda s: -s.since_version) for k, v in out.items()}
+
+
+def contrib_signature(domain: str, op: str, version: int) -> Signature | str:
+    """A contrib op's signature by onnxruntime's own schema (what its kernels are registered against): input
+    and output counts, optional positions and attributes, as for an onnx schema; the reason where it has none."""
+    s = next((s for s in _contrib_schemas().get((domain, op), []) if s.since_version <= version), None)
+    if s is None:
+        return f"onnxruntime has no op {domain}::{op} in version {version}"
+    names = [f.name for f in s.inputs]
+
+    def optional(formals: list) -> Callable[[int], bool]:
+        return lambda k: bool(formals) and formals[min(k, len(formals) - 1)].option.name == "Optional"
+
+    return Signature((s.min_input, s.max_input), (s.min_output, s.max_output), optional(s.inputs),
+                     optional(s.outputs), {n: (int(a.type.value), bool(a.required)) for n, a in s.attributes.items()},
+                     lambda k: names[min(k, len(names) - 1)] if names else str(k))
 
 
 def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -> str | None:
@@ -277,6 +313,8 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
     functions = frozenset((f.domain, f.name, f.overload) for f in model.functions)
     problems = [Problem(where, f"tensor {rule}") for where, t in _tensors(graph)
                 if (rule := tensor_problem(t, base_dir)) is not None] + call_problems(model)
+    unsupported = [Problem(where, f"tensor {unsupported_type(t.data_type)}") for where, t in _tensors(graph)
+                   if unsupported_type(t.data_type)]
     for vi in [*graph.input, *graph.output, *graph.value_info]:
         problems += [Problem(vi.name, rule) for rule in (_shape_problem(vi), _value_type_problem(vi)) if rule]
     defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
@@ -319,6 +357,8 @@ def checked_order(model: onnx.ModelProto, base_dir: Path | None) -> list[int]:
         stuck = [node_label(graph.node[i], i) for i in range(len(graph.node)) if waiting[i] > 0]
         problems.append(Problem("graph", f"the nodes form a cycle (or depend on one): {', '.join(stuck[:8])}"
                                          + (" ..." if len(stuck) > 8 else "")))
+    if problems and problems == unsupported:  # valid tensors of a type CVM lacks (int4, float8 ...)
+        raise UnsupportedError(problems)
     if problems:
         raise FormatError(problems)
     return order

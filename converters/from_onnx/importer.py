@@ -189,7 +189,8 @@ class _Walk:
             if tt.elem_type not in INT_RANGES:
                 edge = quantized.input_edge(self.graph, v.name, self.constants())
                 if isinstance(edge, str):
-                    self.problem(v.name, f"input of non-integer type {type_name(tt.elem_type)}: {edge}")
+                    self.problem(v.name, edge if tt.elem_type == TensorProto.FLOAT else
+                                 f"input of non-integer type {type_name(tt.elem_type)}: {edge}")
                     continue
             if (shape := static_shape(v)) is None:
                 self.problem(v.name, "input needs a static shape (every dim known and > 0)")
@@ -253,6 +254,9 @@ class _Walk:
                 n = u.nodes[0]
                 key = (_domain(n.domain), n.op_type)
                 ins = [self.tensors[x] if x else None for x in n.input]
+                view = NodeView(n, u.name, self.opsets[_domain(n.domain)])
+                if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
+                    raise Refuse(wrong)
                 if any(isinstance(x, quantized.Real) for x in ins):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
@@ -264,7 +268,7 @@ class _Walk:
                         raise Refuse(wrong)
                 else:
                     raise Refuse(f"no CVM op for ONNX {n.op_type} on integers (only between quantized tensors)")
-                out = r.fn(self.ctx, NodeView(n, u.name, self.opsets[_domain(n.domain)]), *ins)
+                out = r.fn(self.ctx, view, *ins)
                 out = [out] if isinstance(out, (Tensor, *quantized.Real)) else list(out)
                 outs = {name: t for name, t in zip(n.output, out) if name}
                 for k, name in enumerate(n.output):

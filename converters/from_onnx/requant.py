@@ -37,7 +37,7 @@ first channel's own where that is larger.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
@@ -113,7 +113,16 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
     if len(terms) == 1:
-        return _single(*terms[0], low, high, precision, kmax, split_above)
+        lo, hi, ms = terms[0]
+        flat = list(ms.flat)
+        distinct = sorted(set(flat))
+        if len(distinct) == len(flat):
+            return _single(lo, hi, ms, low, high, precision, kmax, split_above)
+        # each distinct M planned once (an AveragePool's count per position repeats a few values): the same plan
+        p = _single(lo, hi, np.array(distinct, dtype=object), low, high, precision, kmax, split_above)
+        at = {m: i for i, m in enumerate(distinct)}
+        index = np.array([at[m] for m in flat], np.int64).reshape(ms.shape)
+        return replace(p, multipliers=tuple(m[index] for m in p.multipliers))
     return _several(terms, precision, kmax, split_above)
 
 

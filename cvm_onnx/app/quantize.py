@@ -23,10 +23,14 @@ loggers) are silenced meanwhile.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import os
+import shutil
+import sys
 import tempfile
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +41,8 @@ import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.format.edges import FILE as EDGES
+from cvm_onnx.core.format.model_dir import replace_files
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
@@ -57,6 +63,8 @@ ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 UNFUSED = ("SliceConcatToSpaceToDepthFusion",)
 #: The opset of ONNX's LayerNormalization: a model holding written-out ones (``layernorms``) is raised to it.
 LAYERNORM_OPSET = 17
+#: The float types of weights quantize_static quantizes.
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
 
 @dataclass(frozen=True)
@@ -122,17 +130,40 @@ class _Reader:
 @contextlib.contextmanager
 def quiet_onnxruntime() -> Iterator[None]:
     """onnxruntime's own log lines off for the duration (its default C++ logger at severity error, Python logging
-    up to error: failures are raised as ours); its default severity (warning) and logging are restored after."""
+    up to error: failures are raised as ours; what onnxruntime.quantization prints, "Collecting tensor data and
+    making histogram ...", to sys.stdout and to file descriptor 1 alike); its default severity (warning), logging and
+    stdout are restored after."""
     import onnxruntime as ort
 
     quiet = logging.root.manager.disable
     logging.disable(logging.ERROR)
     ort.set_default_logger_severity(3)
     try:
-        yield
+        with silenced_stdout(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy's overflow warnings inside the calibrators
+            yield
     finally:
         ort.set_default_logger_severity(ORT_DEFAULT_SEVERITY)
         logging.disable(quiet)
+
+
+@contextlib.contextmanager
+def silenced_stdout() -> Iterator[None]:
+    """sys.stdout and file descriptor 1 (C++ and tqdm writes) to the null device for the duration."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (a daemon): only sys.stdout
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+        return
+    try:
+        with open(os.devnull, "w") as null, contextlib.redirect_stdout(io.StringIO()):
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -198,24 +229,49 @@ def input_type(model: onnx.ModelProto) -> np.dtype:
     raise UnsupportedError(f"the input {v.name!r} is {kind.lower()}: quantize takes a float32 or an integer input")
 
 
+#: Values a calibration set may hold (as float32: 4 GiB).
+MAX_SAMPLES = 1 << 30
+
+
 def _calibration(path: str | os.PathLike, name: str, dtype: np.dtype) -> np.ndarray:
-    """The samples, as the input's type: floats for a float input; for an integer input integers (or floats
-    holding integers) within its type."""
-    data = read_npy(path, "the calibration samples", mmap=False)
-    kinds = "f" if dtype.kind == "f" else "fiu"
-    if data.ndim < 1 or len(data) == 0 or data.dtype.kind not in kinds:
-        want = "floats" if dtype.kind == "f" else f"integers ({dtype.name}, as the input {name!r})"
+    """The calibration samples as the input's type, checked before they are read: the header's dtype and shape (N
+    >= 1 samples on axis 0, at most MAX_SAMPLES values, as many as the file holds: it is memory-mapped). For a float
+    input, floats (float16, 32 or 64) every one finite within float32, as float32; for an integer input, integers
+    (or floats holding integers) within its type."""
+    where = os.fspath(path)
+    data = read_npy(path, "the calibration samples", mmap=True)
+    floats = dtype.kind == "f"
+    if data.dtype.kind not in ("f" if floats else "fiu") or (data.dtype.kind == "f" and data.dtype.itemsize > 8) \
+            or data.ndim < 1 or len(data) == 0:
+        want = "floats (float16, float32 or float64)" if floats else f"integers ({dtype.name}, as the input {name!r})"
         raise FormatError(f"calibration samples must be {want}, N >= 1 of them stacked on axis 0, got {data.dtype} "
-                          f"{data.shape}", where=os.fspath(path))
-    if dtype.kind == "f":
-        return data
+                          f"{data.shape}", where=where)
+    if data.size > MAX_SAMPLES:
+        raise FormatError(f"calibration samples of shape {data.shape} hold {data.size} values (at most 2^30)",
+                          where=where)
+    if not floats:
+        return _integer_samples(np.asarray(data), name, dtype, where)
+    with np.errstate(over="ignore", invalid="ignore"):
+        samples = np.asarray(data, np.float32)
+    bad = ~np.isfinite(samples)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = data[at]
+        why = "beyond float32" if np.isfinite(value) else str(value)
+        raise FormatError(f"calibration sample {at[0]} holds {why} at {at[1:]} ({int(bad.sum())} value(s) not "
+                          "finite in float32): calibration samples must be finite", where=where)
+    return samples
+
+
+def _integer_samples(data: np.ndarray, name: str, dtype: np.dtype, where: str) -> np.ndarray:
+    """Samples for the integer input ``name``: integers, or floats holding integers, within ``dtype``."""
     info = np.iinfo(dtype)
     if data.dtype.kind == "f" and not (np.isfinite(data).all() and (data == np.round(data)).all()):
         raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must be integers, got "
-                          f"{data.dtype} values that are not", where=os.fspath(path))
+                          f"{data.dtype} values that are not", where=where)
     if data.size and (data.min() < info.min or data.max() > info.max):
         raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must lie in [{info.min}, "
-                          f"{info.max}], got [{data.min()}, {data.max()}]", where=os.fspath(path))
+                          f"{info.max}], got [{data.min()}, {data.max()}]", where=where)
     return data.astype(dtype)
 
 
@@ -683,27 +739,121 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         model = folded_inputs(model, fold)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
+    if (why := not_float(model)) is not None:
+        raise UnsupportedError(why, where=os.fspath(src))
+    if (why := non_finite(model)) is not None:
+        raise UnsupportedError(why, where=os.fspath(src))
     dtype = input_type(model)
     data = _calibration(calibration, _inputs(model)[0].name, dtype)
     name, shape = _sample_shape(model, data, os.fspath(calibration))
     samples = data.reshape((len(data),) + shape)
-    with quiet_onnxruntime():
+    with staged(dst) as stage, quiet_onnxruntime():
         model = fixed(model, shape)
         if outputs:
             model = cut(model, outputs)
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / "prepared.onnx"
             prepare(model, prepared)
-            out = Path(save_onnx) if save_onnx is not None else Path(tmp) / "quantized.onnx"
-            _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric, method,
-                             activation, form, src)
+            out = Path(tmp) / "quantized.onnx"
+            try:
+                _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric,
+                                 method, activation, form, src)
+            except RuntimeFailure:
+                if (k := overflowing(prepared, name, samples)) is not None:
+                    raise RuntimeFailure(f"the float model computes inf or NaN on calibration sample {k} (its "
+                                         "activations pass float32's range): onnxruntime.quantization needs finite "
+                                         "ranges; give samples as the model expects them",
+                                         where=os.fspath(calibration)) from None
+                raise
             _stamp(out)
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
-            imported = convert(out, dst, two_part=two_part, input_precision=precision)
+            imported = convert(out, stage, two_part=two_part, input_precision=precision)
             quantized = out.read_bytes()
-    agreements = compare(model, quantized, imported, samples, progress)
+        agreements = compare(model, quantized, imported, samples, progress)
+        if save_onnx is not None:
+            write_bytes(Path(save_onnx), quantized)
     one_part = one_part_gas(onnx.load_from_string(quantized)) if two_part else None
     return Quantized(imported, agreements, len(samples), model, quantized, one_part)
+
+
+def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:
+    """The first calibration sample on which the float ``model`` computes a non-finite output, or None (also when
+    onnxruntime cannot run it: the quantizer's own failure is then the one reported)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outs = _run_onnx(model.read_bytes(), name, samples)
+    except Exception:  # noqa: BLE001  (onnxruntime raises several types)
+        return None
+    bad = [np.flatnonzero(~np.isfinite(o.reshape(len(o), -1)).all(axis=1)) for o in outs
+           if o.dtype.kind == "f"]
+    first = [int(b[0]) for b in bad if b.size]
+    return min(first) if first else None
+
+
+def not_float(model: onnx.ModelProto) -> str | None:
+    """Why there is nothing for quantize_static to calibrate, or None: an integer input with no float weight (an
+    integer model: convert imports it as it is). An integer input with float weights is quantized from its first
+    float tensor on."""
+    t = _inputs(model)[0].type.tensor_type.elem_type
+    if t not in INTEGER_INPUTS or any(
+            i.data_type in FLOAT_TYPES for i in model.graph.initializer) or any(
+            a.name == "value" and a.t.data_type in FLOAT_TYPES for n in model.graph.node if n.op_type == "Constant"
+            for a in n.attribute):
+        return None
+    name = onnx.TensorProto.DataType.Name(t).lower()
+    return f"this model takes {name}: it is already integer, with no float weight to quantize (import it with " \
+           "cvm-onnx convert)"
+
+
+def non_finite(model: onnx.ModelProto) -> str | None:
+    """The first float initializer holding NaN or infinity (onnxruntime.quantization fails on it, "scale issue"),
+    as a sentence naming it, or None."""
+    from onnx import numpy_helper
+
+    for t in model.graph.initializer:
+        if t.data_type in FLOAT_TYPES:
+            v = numpy_helper.to_array(t)
+            if not np.isfinite(v).all():
+                at = tuple(int(i) for i in np.argwhere(~np.isfinite(v))[0])
+                return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
+                        "from finite weights only")
+    return None
+
+
+@contextlib.contextmanager
+def staged(dst: str | os.PathLike) -> Iterator[Path]:
+    """A temporary sibling directory of ``dst`` to write the model into; renamed to ``dst`` (or its files moved
+    into an existing ``dst``) only when the block succeeds, removed otherwise, with any parent it created."""
+    dst = Path(dst)
+    made = next((p for p in reversed([dst.parent, *dst.parent.parents]) if not p.exists()), None)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent))
+    except OSError as e:
+        raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
+    try:
+        yield stage
+        try:
+            if not dst.exists():
+                os.rename(stage, dst)
+            else:
+                replace_files({dst / p.name: p.read_bytes() for p in stage.iterdir()})
+                if not (stage / EDGES).exists():
+                    (dst / EDGES).unlink(missing_ok=True)
+        except OSError as e:
+            raise FormatError(f"cannot write the model: {e.strerror or e}", str(dst)) from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made is not None and not dst.exists():
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    try:
+        replace_files({path: data})
+    except OSError as e:
+        raise FormatError(f"cannot write the quantized ONNX model: {e.strerror or e}", str(path)) from None
 
 
 def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,

@@ -11,16 +11,18 @@ becomes a cvm_lut table over its input's integers. A QOperator node is the same 
 (QLinearConv = QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w)))). See docs/import.md.
 
 The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
-scales), ``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
+scales), ``parameters`` (every quantization parameter checked against its op's schema before a rule computes),
+``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
-integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM and GRU, unrolled), ``qoperator`` (the QLinear* compositions) and ``edges`` (the graph's
-float input and outputs).
+integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM and GRU, unrolled), ``qoperator`` (the QLinear*
+compositions) and ``edges`` (the graph's float input and outputs).
 """
 # registers the rules, in the order of the module they were split from
-from . import values, requantization, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
+from . import values, parameters, requantization, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
 from .edges import InputEdge, input_edge, input_precision, output_edge
+from .parameters import problem as parameter_problem
 from .requantization import Requant, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
 __all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "input_edge", "input_precision", "output_edge",
-           "quantized_constant"]
+           "parameter_problem", "quantized_constant"]

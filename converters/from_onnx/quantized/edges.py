@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 from onnx import TensorProto, helper
 
-from ..context import INT_RANGES, Tensor, tight
+from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant import NoPlan, softmax_plan
 from .requantization import quantize
@@ -61,41 +61,73 @@ def quantizers(graph, name: str) -> tuple[list, list[str]]:
     return list(found.values()), list(others.values())
 
 
+#: What a float graph input must be for CVM: quantized by QuantizeLinear alone (as onnxruntime.quantization writes).
+ONLY = ("CVM takes a float input only where QuantizeLinear quantizes it (a quantized model, as "
+        "onnxruntime.quantization writes it)")
+#: The positions of quantization parameters (scales, zero points) in the ops that read them.
+PARAMETERS = {"QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2), "QLinearConv": (1, 2, 4, 5, 6, 7),
+              "QLinearMatMul": (1, 2, 4, 5, 6, 7), "QGemm": (1, 2, 4, 5, 7, 8), "QLinearAdd": (1, 2, 4, 5, 6, 7),
+              "QLinearMul": (1, 2, 4, 5, 6, 7)}
+
+
 def input_edge(graph, name: str, constants: dict) -> InputEdge | str:
     """How a float input is quantized: every consumer a QuantizeLinear with the same constant scale and zero point
     (per tensor), directly or through ops that only move values (``quantizers``). Else why not, as a sentence
     naming the nodes that read it otherwise."""
+    params = [_named(graph, n) for n in graph.node
+              if any(k < len(n.input) and n.input[k] == name for k in PARAMETERS.get(n.op_type, ()))]
+    if params:
+        return (f"the graph input {name!r} is a quantization parameter (scale or zero point) of {', '.join(params)}:"
+                " given at run time; CVM needs scales and zero points constant (initializers)")
     users, others = quantizers(graph, name)
     if not users and not others:
-        return "only a float input read by QuantizeLinear alone (a quantized model) has a CVM form; no node reads it"
+        return f"the float input is read by no node: {ONLY}"
     producers = {t: n for n in graph.node for t in n.output}
-    why = [f"read by {', '.join(others)}: only a float input read by QuantizeLinear alone (a quantized model) has "
-           "a CVM form"] if others else []
+    why = [f"the float input is read by {', '.join(others)}: {ONLY}"] if others else []
     for n in users:
         computed = [t for t in n.input[1:3] if t and t not in constants]
         if computed:
             by = ", ".join(_named(graph, producers[t]) if t in producers else f"the graph input {t!r}"
                            for t in computed)
-            why.append(f"{_named(graph, n)} quantizes it by a scale or zero point computed at run time (by {by}): "
-                       "CVM needs them constant")
+            why.append(f"{_named(graph, n)} quantizes the float input by a scale or zero point computed at run "
+                       f"time (by {by}): CVM needs them constant")
     if why:
         return "; ".join(why)
     found = []
     for n in users:
         s = constants.get(n.input[1]) if len(n.input) > 1 else None
         z = constants.get(n.input[2]) if len(n.input) > 2 and n.input[2] else None
-        s = np.asarray(s, np.float32)
-        if s.size != 1 or not np.isfinite(s).all() or (s <= 0).any():
-            return f"QuantizeLinear {n.name!r} of the input needs one finite scale > 0, has {s.reshape(-1)[:4]}"
+        if (bad := _input_parameters_problem(graph, n, s, z)) is not None:
+            return bad
         zv = np.zeros((), np.int64) if z is None else np.asarray(z)
         dtype = next((a.i for a in n.attribute if a.name == "output_dtype" and a.i), None) or \
             (TensorProto.UINT8 if z is None else helper.np_dtype_to_tensor_dtype(zv.dtype))
         if dtype not in QUANTIZED_TYPES:
-            return f"QuantizeLinear {n.name!r} of the input to a type CVM does not take"
-        found.append((dtype, s.reshape(()), zv.astype(np.int64).reshape(())))
+            return f"{_named(graph, n)} quantizes the float input to {type_name(dtype)}: CVM takes int8, uint8, " \
+                   "int16 or uint16"
+        found.append((dtype, np.asarray(s, np.float32).reshape(()), zv.astype(np.int64).reshape(())))
     if any(f[0] != found[0][0] or f[1] != found[0][1] or f[2] != found[0][2] for f in found):
-        return "the input is quantized by QuantizeLinear nodes of different scales or zero points"
+        return "the float input is quantized by QuantizeLinear nodes of different scales or zero points"
     return InputEdge(found[0][0], found[0][1], found[0][2], users)
+
+
+def _input_parameters_problem(graph, n, s: np.ndarray | None, z: np.ndarray | None) -> str | None:
+    """Why the scale ``s`` and zero point ``z`` of ``n``, quantizing the float input, are not one finite scale > 0
+    and one integer zero point in range (CVM's input is quantized per tensor), or None."""
+    who = f"{_named(graph, n)} quantizing the float input"
+    if s is None or s.dtype.kind != "f" or s.size == 0:
+        return f"{who}: its scale must be a float scalar, has {'none' if s is None else f'{s.dtype} {s.shape}'}"
+    if s.size > 1:
+        return (f"{who}: its scale has {s.size} values (per-channel or per-axis quantization of the input): CVM's "
+                "input takes one scale and zero point; quantize the input per tensor")
+    if not (np.isfinite(s).all() and (s > 0).all()):
+        return f"{who}: its scale {float(s.reshape(-1)[0])} must be finite and > 0"
+    if z is not None:
+        if z.dtype.kind not in "iu":
+            return f"{who}: its zero point is {z.dtype}, not an integer"
+        if z.size != 1:
+            return f"{who}: its zero point has {z.size} values for one scale (they must have the same shape)"
+    return None
 
 
 def input_precision(dtype: int) -> int:

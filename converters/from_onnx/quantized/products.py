@@ -12,6 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import INT32_MAX
+from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, const, tight
 from ..emit import (aligned, as_int32, axes_of, concatenated, conv_window, cropped, minus_zero, nearest, normal,
@@ -19,6 +20,7 @@ from ..emit import (aligned, as_int32, axes_of, concatenated, conv_window, cropp
 from ..registry import Refuse, float_rule
 from .values import FAR, Scaled, per_tensor, scaled
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
+MAX_WINDOW_SUMS = 1 << 22  # values of a padded convolution's window sums (a constant per output position)
 
 
 def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
@@ -94,8 +96,12 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     after ``window`` (the strided_slice picking ONNX's outputs among conv2d's, which pads with zeros)."""
     x = per_tensor(x, f"the input of {op}")
     sx, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
-    xparts, c = halves(ctx, as_int32(x.t))
     wparts = weight_parts(w, "the weight")
+    copies = (1 if tight(x.t.peak) <= 8 else 2) * len(wparts)
+    if copies > 1 and x.t.size * copies > MAX_ELEMENTS:
+        raise Refuse(f"the input of {op} as {copies} 8-bit parts (its 9-bit values in halves, times the weight's "
+                     f"parts) would hold {x.t.size * copies} values (more than 2^30)")
+    xparts, c = halves(ctx, as_int32(x.t))
     rows = w.reshape(len(w), -1)
     b = np.zeros(len(w), np.int64)
     if bias is not None:
@@ -130,10 +136,13 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
 
 def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> np.ndarray:
     """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
-    image (the padding reads zeros)."""
+    image (the padding reads zeros); refused from its shape above MAX_WINDOW_SUMS values, before computing it."""
+    if (n := len(w) * math.prod(outs)) > MAX_WINDOW_SUMS:
+        raise Refuse(f"the padded convolution's zero-point correction (its window sums) would be a constant of "
+                     f"{len(w)} x {outs[0]} x {outs[1]} = {n} values (at most 2^22): the input is too large here")
     masks = [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
              for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
-    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks)
+    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks, optimize=True)
 
 
 def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
@@ -143,12 +152,15 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     that (C,)."""
     if not bias.t.is_const:
         raise Refuse("the bias is computed at run time: CVM needs a constant bias")
-    value = np.asarray(bias.t.value.astype(np.int64) - bias.zero)
-    scale = np.asarray(bias.scale)
-    if any(a.size not in (1, n) or (a.size > 1 and a.shape[-1] != n) for a in (value, scale)):
-        raise Refuse(f"a bias of shape {bias.t.shape} for {n} outputs: one value per output (C,) or (1, ..., C)")
-    v = np.broadcast_to(value.reshape(-1), (n,))
-    s = np.broadcast_to(scale.reshape(-1) if scale.size > 1 else scale.reshape(()), (n,))
+    shape = bias.t.shape
+    if bias.t.size not in (1, n) or any(d != 1 for d in shape[:-1]):
+        raise Refuse(f"a bias of shape {shape} for {n} outputs: one value per output channel, (C,) or (1, ..., C)")
+    full = np.broadcast_shapes(shape, bias.zero.shape, bias.scale.shape)
+    if math.prod(full) != bias.t.size:
+        raise Refuse(f"a bias of shape {shape} dequantized by a scale of shape {bias.scale.shape}: one scale per "
+                     "bias value")
+    v = np.broadcast_to((bias.t.value.astype(np.int64) - bias.zero).reshape(-1), (n,))
+    s = np.broadcast_to(np.broadcast_to(bias.scale, full).reshape(-1), (n,))
     for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
         if abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)):
             raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
@@ -157,6 +169,7 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
 
 def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) -> Scaled:
     """x (..., K) times w (N, K)^T: rows flattened, dense, reshaped back; scale s_x * s_w along the last axis."""
+    x = per_tensor(x, "the input of a Gemm or MatMul (dense)")
     k = x.shape[-1]
     rows = Scaled(ctx.reshape(x.t, (math.prod(x.shape[:-1]), k)), x.scale.reshape(()), x.zero.reshape(()))
     acc, scale, zero = accumulate(ctx, rows, w, sw, bias, "dense")
@@ -354,8 +367,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
         raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
-    kernel = node.attr_ints("kernel_shape", lo=1)
-    strides = node.attr_ints("strides", [1, 1], lo=1)
+    kernel = node.attr_ints("kernel_shape", lo=1, size=2)
+    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)

@@ -63,7 +63,7 @@ def qgemm(ctx, node, a, a_s, az, b, bs, bz, c=None, ys=None, yz=None):
 
 
 @rule("QLinearAdd", "QLinearMul", since=1, domain=MS)
-def qlinear_binary(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
+def qlinear_binary(ctx, node, a, a_s, az, b, bs, bz, ys, yz=None):
     av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz)
     value = add_rule(ctx, node, av, bv) if node.op_type == "QLinearAdd" else multiply(ctx, av, bv)
     return requantized(ctx, node, value, ys, yz)
@@ -81,7 +81,7 @@ def _channels_first(node) -> None:
 
 
 @rule("QLinearAveragePool", since=1, domain=MS)
-def qlinear_average_pool(ctx, node, x, xs, xz, ys, yz):
+def qlinear_average_pool(ctx, node, x, xs, xz, ys, yz=None):
     _channels_first(node)
     return requantized(ctx, node, average(ctx, node, dequantized(x, xs, xz)), ys, yz)
 
@@ -93,7 +93,7 @@ def qlinear_global_average_pool(ctx, node, x, xs, xz, ys, yz):
 
 
 @rule("QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftsign", since=1, domain=MS)
-def qlinear_function(ctx, node, x, xs, xz, ys, yz):
+def qlinear_function(ctx, node, x, xs, xz, ys, yz=None):
     fn = FUNCTIONS[node.op_type[len("QLinear"):]](node)
     return requantized(ctx, node, mapped(dequantized(x, xs, xz), fn, node.op_type), ys, yz)
 

@@ -184,8 +184,10 @@ def settle(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int,
         z, m = int(zero[i]), ratio[i]
         ends = {min(max(round((v - z) * m) + out_zero, lo), hi) for v in (x.t.lo, x.t.hi)}
         if len(ends) > 1:
-            raise Refuse(f"a bias of {-z} at the accumulator's scale (no CVM label holds it) on a channel whose "
-                         "output varies: no CVM form")
+            raise Refuse(f"output channel {int(np.ravel_multi_index(i, full))}: its bias is {-z} steps of the "
+                         "accumulator's scale (input scale x weight scale), beyond any CVM label (2^30), and its "
+                         "output varies: the channel's bias is too large for its weights' scale (float weights near "
+                         "0, or a huge bias, in the Conv, Gemm or MatMul before this node); no CVM form")
         offset[i] = ends.pop() - out_zero
         settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + out_zero))
     t = as_int32(x.t)  # 0 on the far rows: min(max(t, L), H) with L = H = 0 there, t's own bounds elsewhere

@@ -80,6 +80,15 @@ def not_utf8(message: Any, path: str) -> Iterator[str]:
                 yield from not_utf8(item, where)
 
 
+def unsupported_type(data_type: int) -> str | None:
+    """Why a tensor of a valid ONNX type that is not read here (int4, uint4, float8, string, complex ...) is
+    unsupported, or None for a type that is read or is no ONNX type (UNDEFINED, unknown numbers)."""
+    if data_type in ITEMSIZE or data_type == TensorProto.UNDEFINED or data_type not in TensorProto.DataType.values():
+        return None
+    return (f"has data type {TensorProto.DataType.Name(data_type)}, which has no CVM form (bool, 8- to 64-bit "
+            "integer and float16/32/64 tensors do: quantize weights to int8 or uint8)")
+
+
 def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
     """Why a tensor cannot be read safely, or None."""
     dims = list(t.dims)
@@ -90,8 +99,9 @@ def tensor_problem(t: onnx.TensorProto, base_dir: Path | None) -> str | None:
         return f"declares {size} elements (more than 2^30): refused before allocating it"
     item = ITEMSIZE.get(t.data_type)
     if item is None:
-        name = TensorProto.DataType.Name(t.data_type) if t.data_type in TensorProto.DataType.values() else t.data_type
-        return f"has data type {name}, which cannot be read (bool, integer and float types can)"
+        if unsupported_type(t.data_type):
+            return unsupported_type(t.data_type)
+        return f"has data type {t.data_type}, which is no ONNX tensor type"
     if t.data_location == TensorProto.EXTERNAL:
         path, err = external_path(t, base_dir)
         if err:

@@ -1,0 +1,457 @@
+"""Hostile quantized models: seeds written by onnxruntime.quantization (quantize_static in QDQ and QOperator form,
+per tensor and per channel, uint8 and int8 activations; quantize_dynamic), each mutated the way a user of
+onnxruntime.quantization can break one (scales 0, negative, NaN, inf, subnormal, huge, empty, of other shapes or
+types; zero points out of range, mistyped or of other shapes; axes; block_size; QLinear inputs missing or extra;
+weights retyped to int4, float8, int16...; bias shapes; a scale as a graph input; huge legal inputs), or by the
+generic field mutations of the reliability tests. ``check`` imports a mutant, and exports every import back and
+verifies it exact (the float-edge export too). tests/test_hostile_quantized.py runs a few; benchmarks/fuzz.py
+(``quantized``) runs many, each in a child process under a time and memory limit."""
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from cvm_onnx.core.format.onnx_file import onnx_model
+
+from .fuzz import Case
+from .quantized import Reader, float_model
+
+#: Positions of the scales and zero points of each quantizing op (QLinearConcat's are counted per node).
+SCALES = {"QuantizeLinear": (1,), "DequantizeLinear": (1,), "QLinearConv": (1, 4, 6), "QLinearMatMul": (1, 4, 6),
+          "QGemm": (1, 4, 7), "QLinearAdd": (1, 4, 6), "QLinearMul": (1, 4, 6), "QLinearAveragePool": (1, 3),
+          "QLinearGlobalAveragePool": (1, 3), "QLinearSigmoid": (1, 3), "QLinearLeakyRelu": (1, 3),
+          "QLinearSoftmax": (1, 3)}
+BAD_SCALES = (0.0, -0.0, -0.5, float("nan"), float("inf"), -float("inf"), 1e-45, 1e-39, 1e-30, 3e38, 1e30, 1.0)
+NEW_TYPES = (T.INT4, T.UINT4, T.FLOAT8E4M3FN, T.FLOAT8E5M2, T.INT16, T.UINT16, T.INT32, T.UINT8, T.INT8, T.FLOAT,
+             T.FLOAT16, T.INT64, T.DOUBLE)
+
+
+def scale_places(node: onnx.NodeProto) -> list[int]:
+    if node.op_type == "QLinearConcat":
+        return [0] + list(range(3, len(node.input), 3))
+    return [k for k in SCALES.get(node.op_type, ()) if k < len(node.input)]
+
+
+def _small(kind: str, opset: int = 17) -> onnx.ModelProto:
+    """Float models for the ops float_model lacks: Softmax, LeakyRelu, Concat of the input, a MatMul head."""
+    rng = np.random.default_rng(len(kind))
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6])
+    y = h.make_tensor_value_info("y", T.FLOAT, None)
+    w = nh.from_array(rng.normal(size=(6, 5)).astype(np.float32), "w")
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"])]
+    if kind == "softmax":
+        nodes.append(h.make_node("Softmax", ["m"], ["y"], axis=-1))
+    elif kind == "leaky":
+        nodes.append(h.make_node("LeakyRelu", ["m"], ["y"], alpha=0.1))
+    else:  # "addmul": Add and Mul of two products
+        w2 = nh.from_array(rng.normal(size=(6, 5)).astype(np.float32), "w2")
+        nodes += [h.make_node("MatMul", ["x", "w2"], ["m2"]), h.make_node("Add", ["m", "m2"], ["a"]),
+                  h.make_node("Mul", ["a", "m2"], ["y"])]
+        return onnx_model(h.make_graph(nodes, "m", [x], [y], [w, w2]), opset)
+    return onnx_model(h.make_graph(nodes, "m", [x], [y], [w]), opset)
+
+
+def _quantized(model: onnx.ModelProto, fmt: str, activation: str, per_channel: bool, dynamic: bool = False,
+               weight: str = "int8") -> bytes:
+    from onnxruntime import quantization as q
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = Path(d) / "f.onnx", Path(d) / "q.onnx"
+        onnx.save(model, src)
+        if dynamic:
+            q.quantize_dynamic(str(src), str(dst), weight_type=q.QuantType.QInt8, per_channel=per_channel)
+        else:
+            shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+            types = {"int8": q.QuantType.QInt8, "uint8": q.QuantType.QUInt8, "int16": q.QuantType.QInt16,
+                     "int4": q.QuantType.QInt4}
+            q.quantize_static(str(src), str(dst), Reader(shape), quant_format=getattr(q.QuantFormat, fmt),
+                              activation_type=types[activation], weight_type=types[weight],
+                              per_channel=per_channel)
+        return dst.read_bytes()
+
+
+@functools.cache
+def seeds(full: bool = True) -> dict[str, bytes]:
+    """Quantized models by name; ``full``: every form, else the Add CNN's four (the test suite's short run)."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    cnns = [("plain", "max", "gemm"), ("Add", "avg", "matmul"), ("Concat", "global", "sigmoid"),
+            ("Mul", "max", "gemm")]
+    out = {}
+    for i, (kind, pool, head) in enumerate(cnns):
+        if not full and kind != "Add":
+            continue
+        fm = float_model(kind, seed=i, opset=17, group=2 if i == 3 else 1, stride=1 + i % 2,
+                         pads=(1, 1, 1, 1) if i % 2 == 0 else (0, 1, 2, 0), pool=pool, head=head)
+        for fmt in ("QDQ", "QOperator"):
+            for activation, per_channel in (("uint8", False), ("int8", True)):
+                out[f"{kind}-{pool}-{head}/{fmt}/{activation}/{'channel' if per_channel else 'tensor'}"] = \
+                    _quantized(fm, fmt, activation, per_channel)
+    if full:
+        for kind in ("softmax", "leaky", "addmul"):
+            for fmt in ("QDQ", "QOperator"):
+                out[f"{kind}/{fmt}"] = _quantized(_small(kind), fmt, "uint8", kind == "addmul")
+        plain = float_model("plain", 6, 17, 1, 1, (1, 1, 1, 1), "avg", "matmul")
+        out["plain/QDQ/int16"] = _quantized(plain, "QDQ", "int16", True)
+        out["plain/QDQ/int4-weights"] = _quantized(plain, "QDQ", "uint8", True, weight="int4")
+        out["plain/dynamic"] = _quantized(float_model("plain", 5, 17, 1, 1, (1, 1, 1, 1), "max", "gemm"), "", "",
+                                          False, dynamic=True)
+    logging.disable(logging.NOTSET)
+    return out
+
+
+def _init(model: onnx.ModelProto, name: str) -> onnx.TensorProto | None:
+    return next((t for t in model.graph.initializer if t.name == name), None)
+
+
+def _set(model: onnx.ModelProto, name: str, t: onnx.TensorProto) -> None:
+    t.name = name
+    for i, old in enumerate(model.graph.initializer):
+        if old.name == name:
+            model.graph.initializer[i].CopyFrom(t)
+            return
+    model.graph.initializer.append(t)
+
+
+def _quantizing(model: onnx.ModelProto) -> list[int]:
+    return [i for i, n in enumerate(model.graph.node) if scale_places(n)]
+
+
+def _retyped(draw, value: np.ndarray, dtype: int) -> onnx.TensorProto:
+    """``value`` as a tensor of ``dtype`` (values wrapped or rounded as that type holds them)."""
+    flat = value.reshape(-1)
+    if dtype in (T.INT4, T.UINT4):
+        lo, hi = (-8, 7) if dtype == T.INT4 else (0, 15)
+        vals = np.clip(np.rint(flat.astype(np.float64)), lo, hi).astype(np.int64).tolist()
+        return h.make_tensor("t", dtype, value.shape, vals)
+    if dtype in (T.FLOAT8E4M3FN, T.FLOAT8E5M2):
+        return h.make_tensor("t", dtype, value.shape, flat.astype(np.float32).tolist())
+    np_type = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    with np.errstate(all="ignore"):
+        return nh.from_array(value.astype(np.float64).astype(np_type) if np_type.kind == "f"
+                             else np.asarray(value).astype(np.int64).astype(np_type), "t")
+
+
+def _mutate_scale(draw, model: onnx.ModelProto, name: str, steps: list[str]) -> None:
+    t = _init(model, name)
+    if t is None:
+        steps.append(f"keep {name} (computed)")
+        return
+    v = nh.to_array(t).astype(np.float32)
+    how = draw(st.sampled_from(["value", "value", "shape", "dtype", "input", "huge"]))
+    if how == "value":
+        v = v.copy()
+        bad = draw(st.sampled_from(BAD_SCALES))
+        if v.size:
+            v.reshape(-1)[draw(st.integers(0, v.size - 1))] = bad
+        _set(model, name, nh.from_array(v, name))
+        steps.append(f"scale {name} value {bad}")
+    elif how == "shape":
+        n = max(v.size, 1)
+        shape = draw(st.sampled_from([(0,), (1, 1), (1, n), (n, 1), (n + 1,), (2,), (), (1,), (n * 2,), (3, 2)]))
+        new = np.resize(v.reshape(-1) if v.size else np.ones(1, np.float32), shape).astype(np.float32)
+        _set(model, name, nh.from_array(np.abs(new) + np.float32(1e-3), name))
+        steps.append(f"scale {name} shape {shape}")
+    elif how == "dtype":
+        dtype = draw(st.sampled_from([T.FLOAT16, T.DOUBLE, T.INT32, T.INT8, T.BFLOAT16, T.FLOAT8E4M3FN]))
+        _set(model, name, _retyped(draw, v, dtype))
+        steps.append(f"scale {name} type {T.DataType.Name(dtype)}")
+    elif how == "input":  # the scale given at run time
+        model.graph.initializer.remove(t)
+        model.graph.input.append(h.make_tensor_value_info(name, T.FLOAT, list(v.shape)))
+        steps.append(f"scale {name} as a graph input")
+    else:
+        n = draw(st.sampled_from([(1 << 24) + 1, 1 << 20, 70000]))
+        _set(model, name, nh.from_array(np.full(n, 0.5, np.float32), name))
+        steps.append(f"scale {name} of {n} values")
+
+
+def _mutate_zero(draw, model: onnx.ModelProto, node: onnx.NodeProto, k: int, steps: list[str]) -> None:
+    name = node.input[k] if k < len(node.input) else ""
+    t = _init(model, name) if name else None
+    if t is None:
+        steps.append(f"keep zero point {k} of {node.name}")
+        return
+    v = nh.to_array(t)
+    how = draw(st.sampled_from(["dtype", "shape", "extreme", "absent"]))
+    if how == "dtype":
+        dtype = draw(st.sampled_from(NEW_TYPES))
+        _set(model, name, _retyped(draw, v, dtype))
+        steps.append(f"zero point {name} type {T.DataType.Name(dtype)}")
+    elif how == "shape":
+        n = max(v.size, 1)
+        shape = draw(st.sampled_from([(0,), (2,), (1, 1), (n + 1,), (1, n), ()]))
+        _set(model, name, nh.from_array(np.resize(v.reshape(-1) if v.size else np.zeros(1, v.dtype), shape)
+                                        .astype(v.dtype), name))
+        steps.append(f"zero point {name} shape {shape}")
+    elif how == "extreme":
+        value = draw(st.sampled_from([-129, 128, 256, -1, 1 << 15, 1 << 31]))
+        _set(model, name, nh.from_array(np.full(v.shape, value, np.int64), name))
+        steps.append(f"zero point {name} = {value} as int64")
+    else:
+        node.input[k] = ""
+        steps.append(f"zero point {k} of {node.name} absent")
+
+
+def _mutate_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
+    idx = _quantizing(model)
+    if not idx:
+        steps.append("keep (no quantizing node)")
+        return
+    node = model.graph.node[draw(st.sampled_from(idx))]
+    places = scale_places(node)
+    kind = draw(st.sampled_from(["scale", "scale", "zero", "axis", "block_size", "arity", "bias", "weight"]))
+    if kind == "scale":
+        _mutate_scale(draw, model, node.input[draw(st.sampled_from(places))], steps)
+    elif kind == "zero":
+        _mutate_zero(draw, model, node, draw(st.sampled_from(places)) + 1, steps)
+    elif kind in ("axis", "block_size"):
+        value = draw(st.sampled_from([-5, -2, -1, 0, 1, 2, 3, 4, 1 << 31]
+                                     if kind == "axis" else [0, 1, 2, 16, -1]))
+        for a in list(node.attribute):
+            if a.name == kind:
+                node.attribute.remove(a)
+        if value < 1 << 31:
+            node.attribute.append(h.make_attribute(kind, value))
+        steps.append(f"{node.name} {kind}={value}")
+    elif kind == "arity":
+        how = draw(st.sampled_from(["drop", "extra", "empty", "truncate"]))
+        if how == "drop" and node.input:
+            del node.input[-1]
+        elif how == "extra":
+            node.input.append(draw(st.sampled_from(list(node.input) or ["x"])))
+        elif how == "empty" and node.input:
+            node.input[draw(st.integers(0, len(node.input) - 1))] = ""
+        elif how == "truncate":
+            del node.input[draw(st.integers(0, len(node.input))):]
+        steps.append(f"{node.name} inputs {how}")
+    elif kind == "bias":
+        b = next((node.input[k] for k in (8, 6) if k < len(node.input) and node.op_type in ("QLinearConv", "QGemm")
+                  and node.input[k] and _init(model, node.input[k]) is not None), None)
+        b = b or next((n.input[0] for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input and
+                       (t := _init(model, n.input[0])) is not None and t.data_type == T.INT32), None)
+        if b is None:
+            steps.append("keep (no int32 bias)")
+            return
+        v = nh.to_array(_init(model, b))
+        c = v.size
+        how = draw(st.sampled_from(["shape", "dtype"]))
+        if how == "shape":
+            shape = draw(st.sampled_from([(1, c), (c, 1), (c + 1,), (), (1, 1, c)]))
+            _set(model, b, nh.from_array(np.resize(v, shape).astype(np.int32), b))
+        else:
+            _set(model, b, _retyped(draw, v, draw(st.sampled_from([T.INT8, T.FLOAT, T.INT64, T.INT4]))))
+        steps.append(f"bias {b} {how}")
+    else:  # a quantized weight (an integer initializer read by a quantizing node) retyped or reshaped
+        ws = [x for x in node.input if x and (t := _init(model, x)) is not None and t.data_type in
+              (T.INT8, T.UINT8, T.INT16, T.UINT16) and len(t.dims) >= 1 and np.prod(t.dims) > 1]
+        if not ws:
+            steps.append(f"keep (no weight at {node.name})")
+            return
+        w = draw(st.sampled_from(ws))
+        v = nh.to_array(_init(model, w))
+        if draw(st.booleans()):
+            dtype = draw(st.sampled_from(NEW_TYPES))
+            _set(model, w, _retyped(draw, v, dtype))
+            steps.append(f"weight {w} type {T.DataType.Name(dtype)}")
+        else:
+            shape = draw(st.sampled_from([v.shape[::-1], (v.size,), (1,) + v.shape, v.shape[:-1] + (1,)]))
+            _set(model, w, nh.from_array(np.resize(v, shape), w))
+            steps.append(f"weight {w} shape {shape}")
+
+
+def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
+    """The float input's dims made large (legal up to 2^30 elements) or its type changed."""
+    v = model.graph.input[0]
+    dims = v.type.tensor_type.shape.dim
+    if draw(st.booleans()) and len(dims) >= 3:
+        k = draw(st.integers(2, len(dims) - 1))
+        big = draw(st.sampled_from([1 << 20, 4096, 1 << 24, 100000]))
+        dims[k].dim_value = big
+        steps.append(f"input dim {k} = {big}")
+    else:
+        dtype = draw(st.sampled_from([T.INT32, T.UINT8, T.FLOAT16, T.DOUBLE, T.INT4]))
+        v.type.tensor_type.elem_type = dtype
+        steps.append(f"input type {T.DataType.Name(dtype)}")
+
+
+@st.composite
+def mutated(draw, seeds: dict[str, bytes]) -> Case:
+    """A seed with 1 to 3 quantization mutations, or one of the generic mutations of tests/test_reliability.py."""
+    name = draw(st.sampled_from(sorted(seeds)))
+    if draw(st.integers(0, 4)) == 0:
+        import test_reliability as R
+
+        case = draw(R.mutated_onnx({name: seeds[name]}))
+        return Case(name, ("generic",) + case.steps, case.files)
+    model = onnx.load_from_string(seeds[name])
+    steps: list[str] = []
+    for _ in range(draw(st.integers(1, 3))):
+        if draw(st.integers(0, 7)) == 0:
+            _mutate_input(draw, model, steps)
+        else:
+            _mutate_node(draw, model, steps)
+    return Case(name, tuple(steps), (model.SerializeToString(),))
+
+
+def check(data: bytes) -> str:
+    """What the importer makes of a quantized .onnx file: ``ok`` (and then its export, with and without the float
+    edges, verified exact against the reference executor), an error family (every problem one line, naming a
+    place), or ``internal ...``; a failed conversion must leave no output behind."""
+    from cvm_onnx.app import api
+    from cvm_onnx.core.errors import CVMError
+    from cvm_onnx.core.format import read_edges
+    from cvm_onnx.runtime.verify import verify
+
+    with tempfile.TemporaryDirectory() as d:
+        path, out = Path(d) / "model.onnx", Path(d) / "out"
+        path.write_bytes(data)
+        try:
+            api.convert(path, out)
+        except CVMError as e:
+            if out.exists():
+                return f"left-behind {type(e).__name__}"
+            if not e.problems or not all(p.where and str(p) and "\n" not in str(p) for p in e.problems):
+                return f"unnamed {type(e).__name__}: {e}"
+            return type(e).__name__
+        except Exception as e:  # noqa: BLE001  (every outcome is recorded)
+            return f"internal {type(e).__name__}: {str(e)[:120]}"
+        try:
+            edges = read_edges(out)
+            loaded = api.load(out)
+            if not verify(loaded, seeds=1).exact:
+                return "ok, export NOT exact"
+            if edges is not None and edges.input is not None and not verify(loaded, seeds=1, edges=edges).exact:
+                return "ok, float-edge export NOT exact"
+        except CVMError as e:
+            return f"ok, export failed: {type(e).__name__}: {str(e)[:160]}"
+        except Exception as e:  # noqa: BLE001
+            return f"ok, export internal {type(e).__name__}: {str(e)[:120]}"
+        return "ok"
+
+
+#: Outcomes that are failures: anything but ok (exact) or an error family of one named line per problem.
+FAILURES = ("internal", "NOT exact", "export failed", "unnamed", "left-behind", "hang", "signal", "child exit")
+
+
+@functools.cache
+def float_seeds() -> dict[str, tuple[bytes, bytes]]:
+    """Float models and their calibration samples (six, float32) for ``cvm-onnx quantize``."""
+    out = {}
+    for kind, pool, head in (("plain", "max", "gemm"), ("Add", "avg", "matmul")):
+        fm = float_model(kind, 1, 17, 1, 1, (1, 1, 1, 1), pool, head)
+        shape = [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
+        samples = np.random.default_rng(1).normal(size=(6, *shape[1:])).astype(np.float32)
+        out[kind] = (fm.SerializeToString(), _npy(samples))
+    return out
+
+
+def _npy(a: np.ndarray) -> bytes:
+    import io
+
+    f = io.BytesIO()
+    np.save(f, a, allow_pickle=True)
+    return f.getvalue()
+
+
+def _header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
+    import io
+
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+    return f.getvalue() + bytes(64)
+
+
+@st.composite
+def mutated_calibration(draw) -> Case:
+    """A float model and its calibration set for ``quantize``, one or both broken: samples with NaN, inf or values
+    beyond float32, of another dtype or shape, none, a header claiming terabytes, a truncated or foreign file; a
+    model with NaN, tiny or huge weights, an integer input, a dynamic batch; and the options (method, form,
+    per channel)."""
+    name = draw(st.sampled_from(sorted(float_seeds())))
+    model_bytes, npy = float_seeds()[name]
+    samples = np.load(__import__("io").BytesIO(npy))
+    steps: list[str] = []
+    how = draw(st.sampled_from(["value", "dtype", "shape", "header", "file", "model", "none"]))
+    if how == "value":
+        s = samples.astype(np.float64)
+        bad = draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e300, 1e-320, 3e38, 0.0]))
+        s.reshape(-1)[draw(st.integers(0, s.size - 1))] = bad
+        npy = _npy(s)
+        steps.append(f"a sample value {bad}")
+    elif how == "dtype":
+        dtype = draw(st.sampled_from(["float16", "float64", "int32", "uint8", "bool", "complex64", "object",
+                                      "longdouble"]))
+        npy = _npy(samples.astype(dtype))
+        steps.append(f"samples {dtype}")
+    elif how == "shape":
+        shape = draw(st.sampled_from([(0,) + samples.shape[1:], samples.shape[1:], (6, 1) + samples.shape[1:],
+                                      (6, samples.shape[1] + 1) + samples.shape[2:], (), (6, 7), (3, 2) +
+                                      samples.shape[1:]]))
+        npy = _npy(np.resize(samples, shape))
+        steps.append(f"samples shape {shape}")
+    elif how == "header":
+        shape = draw(st.sampled_from([(10 ** 9,) + samples.shape[1:], (1 << 40, 2), (7,) + samples.shape[1:]]))
+        npy = _header(shape)
+        steps.append(f"header claims {shape}")
+    elif how == "file":
+        npy = draw(st.sampled_from([b"", npy[:40], npy[: len(npy) // 2], b"PK\x03\x04zip", b"not npy",
+                                    __import__("pickle").dumps([1, 2])]))
+        steps.append(f"file of {len(npy)} bytes")
+    elif how == "model":
+        m = onnx.load_from_string(model_bytes)
+        what = draw(st.sampled_from(["nan", "inf", "tiny", "huge", "int32", "dynamic"]))
+        if what in ("nan", "inf", "tiny", "huge"):
+            t = m.graph.initializer[draw(st.integers(0, len(m.graph.initializer) - 1))]
+            v = nh.to_array(t).copy()
+            if what in ("nan", "inf"):
+                v.reshape(-1)[0] = np.nan if what == "nan" else np.inf
+            else:
+                v = v * np.float32(1e-30 if what == "tiny" else 1e30)
+            t.CopyFrom(nh.from_array(v.astype(np.float32), t.name))
+            steps.append(f"initializer {t.name} {what}")
+        elif what == "int32":
+            m.graph.input[0].type.tensor_type.elem_type = T.INT32
+            steps.append("input int32")
+        else:
+            m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+            steps.append("dynamic batch")
+        model_bytes = m.SerializeToString()
+    method = draw(st.sampled_from(["minmax", "entropy", "percentile"]))
+    form = draw(st.sampled_from(["qdq", "qoperator"]))
+    channel = draw(st.booleans())
+    steps.append(f"--method {method} --form {form}{' --per-channel' if channel else ''}")
+    return Case(name, tuple(steps), (model_bytes, npy, method, form, channel))
+
+
+def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel: bool) -> str:
+    """What ``cvm-onnx quantize`` makes of a float model and calibration file: ``ok`` (the model written), an error
+    family (one named line per problem, nothing written: no DIR, no staging directory), or ``internal ...``."""
+    from cvm_onnx.app.quantize import quantize
+    from cvm_onnx.core.errors import CVMError
+
+    with tempfile.TemporaryDirectory() as d:
+        src, cal, out = Path(d) / "f.onnx", Path(d) / "c.npy", Path(d) / "out" / "m"
+        src.write_bytes(model)
+        cal.write_bytes(npy)
+        try:
+            quantize(src, cal, out, per_channel=per_channel, method=method, form=form)
+        except CVMError as e:
+            if (Path(d) / "out").exists():
+                return f"left-behind {type(e).__name__}"
+            if not e.problems or not all(p.where and str(p) and "\n" not in str(p) for p in e.problems):
+                return f"unnamed {type(e).__name__}: {str(e)[:200]}"
+            return type(e).__name__
+        except Exception as e:  # noqa: BLE001  (every outcome is recorded)
+            return f"internal {type(e).__name__}: {str(e)[:120]}"
+        left = sorted(p.name for p in (Path(d) / "out").iterdir())
+        return "ok" if left == ["m"] else f"left-behind staging {left}"
