@@ -421,3 +421,22 @@ def test_samples_that_overflow_the_float_model_are_named(float_cnn, capsys):
     err = capsys.readouterr().err
     assert f"{float_cnn / 'big.npy'}: the float model computes inf or NaN on calibration sample 2" in err, err
     assert not (float_cnn / "out").exists()
+
+
+def test_an_infinite_clip_bound_is_no_bad_weight():
+    """An initializer read only as a bound (Clip's max = inf, as torch exports clamp(min=...)) is no weight: only
+    NaN is refused there; inf in a weight is refused, naming it."""
+    from cvm_onnx.app.quantize import non_finite
+
+    def model(value, op):
+        nodes = [h.make_node("Clip", ["x", "lo", "c"], ["y"]) if op == "Clip" else h.make_node("MatMul", ["x", "c"],
+                                                                                                ["y"])]
+        g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 1])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)],
+                         [nh.from_array(np.array(0, np.float32), "lo"),
+                          nh.from_array(np.full((1, 1) if op == "MatMul" else (), value, np.float32), "c")])
+        return h.make_model(g)
+
+    assert non_finite(model(np.inf, "Clip")) is None
+    assert "'c' holds nan" in non_finite(model(np.nan, "Clip"))
+    assert "'c' holds inf" in non_finite(model(np.inf, "MatMul"))

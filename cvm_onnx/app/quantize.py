@@ -807,15 +807,22 @@ def not_float(model: onnx.ModelProto) -> str | None:
 
 
 def non_finite(model: onnx.ModelProto) -> str | None:
-    """The first float initializer holding NaN or infinity (onnxruntime.quantization fails on it, "scale issue"),
-    as a sentence naming it, or None."""
+    """The first float initializer holding NaN, or infinity where it is not only a bound (of Clip, Max, Min), as a
+    sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only ("scale
+    issue")."""
     from onnx import numpy_helper
 
+    readers: dict[str, set[str]] = {}
+    for n in model.graph.node:
+        for x in n.input:
+            readers.setdefault(x, set()).add(n.op_type)
     for t in model.graph.initializer:
         if t.data_type in FLOAT_TYPES:
             v = numpy_helper.to_array(t)
-            if not np.isfinite(v).all():
-                at = tuple(int(i) for i in np.argwhere(~np.isfinite(v))[0])
+            bound = readers.get(t.name, set()) <= {"Clip", "Max", "Min"}
+            bad = np.isnan(v) if bound else ~np.isfinite(v)
+            if bad.any():
+                at = tuple(int(i) for i in np.argwhere(bad)[0])
                 return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
                         "from finite weights only")
     return None
