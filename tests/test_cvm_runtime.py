@@ -96,3 +96,119 @@ def test_recurrent_layers(tmp_path, op, attrs):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def _dq(s=0.25, z=0, x_type=None):
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    x_type = T.INT8 if x_type is None else x_type
+    zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
+    return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
+
+
+def _fresh_case(name: str):
+    """(model, input precision, integer input type) of one quantized-import rule of issue 34 (docs/import.md), the
+    shapes and forms tests/test_quantized_fresh_ops.py checks against its oracles."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from support.quantized import qdq
+
+    n = h.make_node
+    q = n("QuantizeLinear", ["r", "so", "zo"], ["y"])
+    out = {"so": np.float32(0.37), "zo": np.int8(3)}
+    dq, inits = _dq(0.3, 5)
+    one = {  # DequantizeLinear, op(s) writing r, QuantizeLinear: (ops, more initializers, x shape, opset)
+        "max_const_on_grid": ([n("Max", ["xf", "c"], ["r"])], {"c": np.float32(-3 * 0.3)}, (2, 7), 17),
+        "min_const_off_grid": ([n("Min", ["c", "xf"], ["r"])], {"c": np.float32(4.1)}, (2, 7), 17),
+        "max_of_one_scale": ([n("Split", ["xf"], ["a", "b"], axis=1, num_outputs=2), n("Max", ["a", "b"], ["r"])],
+                             {}, (3, 8), 18),
+        "min_of_two_scales": ([n("DequantizeLinear", ["x", "sb", "zb"], ["b0"]),
+                               n("Transpose", ["b0"], ["b"], perm=[1, 0]), n("Transpose", ["xf"], ["at"], perm=[1, 0]),
+                               n("Min", ["at", "b"], ["r"])], {"sb": np.float32(0.11), "zb": np.int8(-7)}, (3, 4),
+                              17),
+        "prelu_channel": ([n("PRelu", ["xf", "a"], ["r"])],
+                          {"a": np.array([0, -0.4, 0.7, 1.3], np.float32).reshape(4, 1, 1)}, (1, 4, 2, 3), 17),
+        "prelu_scalar": ([n("PRelu", ["xf", "a"], ["r"])], {"a": np.array([0.21], np.float32)}, (1, 4, 2, 3), 17),
+        "global_max_pool": ([n("GlobalMaxPool", ["xf"], ["r"])], {}, (1, 3, 4, 5), 17),
+        "reduce_max": ([n("ReduceMax", ["xf"], ["r"], axes=[1, 3], keepdims=1)], {}, (2, 3, 4, 5), 13),
+        "reduce_min": ([n("ReduceMin", ["xf", "ax"], ["r"], keepdims=0)], {"ax": np.array([-1], np.int64)},
+                       (2, 3, 5), 18),
+        "reduce_sum": ([n("ReduceSum", ["xf", "ax"], ["r"], keepdims=0)], {"ax": np.array([2], np.int64)},
+                       (1, 3, 4), 13),
+        "reduce_mean": ([n("ReduceMean", ["xf"], ["r"], axes=[2], keepdims=0)], {}, (1, 3, 4), 11),
+        "add_const": ([n("Sub", ["xf", "c"], ["r"])], {"c": np.float32(12.3)}, (2, 5), 17),
+        "exp_of_x_minus_max": ([n("ReduceMax", ["xf"], ["m"], axes=[1], keepdims=1), n("Sub", ["xf", "m"], ["d"]),
+                                n("Exp", ["d"], ["r"])], {}, (3, 5), 13),
+        "resize_half_pixel": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                                 coordinate_transformation_mode="half_pixel")],
+                              {"sc": np.array([1, 1, 2, 3], np.float32)}, (1, 2, 3, 4), 13),
+        "resize_align_corners": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                                    coordinate_transformation_mode="align_corners")],
+                                 {"sc": np.array([1, 1, 4, 2], np.float32)}, (1, 2, 2, 3), 13),
+        "resize_asymmetric": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                                 coordinate_transformation_mode="asymmetric")],
+                              {"sc": np.array([1, 1, 1, 3], np.float32)}, (1, 2, 3, 4), 13),
+        "div_of_values": ([n("Transpose", ["xf"], ["b0"], perm=[1, 0]), n("Mul", ["b0", "k"], ["b1"]),
+                           n("Clip", ["b1", "low"], ["b"]), n("Div", ["xf", "b"], ["r"])],
+                          {"k": np.float32(0.5), "low": np.float32(0.15)}, (4, 4), 17),
+    }
+    if name in one:
+        ops, more, shape, opset = one[name]
+        return qdq(dq + ops + [q], shape, T.INT8, {**inits, **more, **out}, T.INT8, opset=opset), 8, T.INT8
+    if name in ("log", "reciprocal", "pow_half", "pow_minus_one", "exp"):
+        dq, inits = _dq(0.05, 0, T.UINT8)
+        op, more = {"log": ("Log", []), "reciprocal": ("Reciprocal", []), "pow_half": ("Pow", ["k"]),
+                    "pow_minus_one": ("Pow", ["k"]), "exp": ("Exp", [])}[name]
+        k = {"k": np.float32(0.5 if name == "pow_half" else -1)} if more else {}
+        return qdq(dq + [n(op, ["xf"] + more, ["r"]), q], (2, 9), T.UINT8, {**inits, **k, **out, "so": np.float32(0.2)},
+                   T.INT8), 9, T.UINT8
+    if name.startswith("max_pool_dilated"):
+        attrs = dict(kernel_shape=[2, 3], dilations=[2, 2], strides=[1, 2], pads=[1, 0, 1, 0], ceil_mode=1) \
+            if name.endswith("2d") else dict(kernel_shape=[3], dilations=[3], strides=[2], auto_pad="VALID")
+        shape = (1, 2, 7, 9) if name.endswith("2d") else (1, 2, 9)
+        return qdq([n("MaxPool", ["x"], ["y"], **attrs)], shape, T.INT8, {}, T.INT8, opset=13), 8, T.INT8
+    if name.startswith("tail_"):  # a float output computed after the last DequantizeLinear: int16 at its scale
+        op = name[5:]
+        more = {"c": np.float32(20.0), "low": np.float32(0.3)}
+        ops = {"sigmoid": [n("Sigmoid", ["xf"], ["y"])], "tanh": [n("Tanh", ["xf"], ["y"])],
+               "softmax": [n("Softmax", ["xf"], ["y"], axis=1)],
+               "clip_to_max": [n("ReduceMax", ["xf"], ["m"], keepdims=0), n("Sub", ["m", "c"], ["lo"]),
+                               n("Clip", ["xf", "lo"], ["y"])],
+               "div": [n("Transpose", ["xf"], ["b0"], perm=[1, 0]), n("Clip", ["b0", "low"], ["b"]),
+                       n("Div", ["xf", "b"], ["y"])]}[op]
+        return qdq(dq + ops, (4, 4), T.INT8, {**inits, **more}, T.FLOAT, opset=13), 8, T.INT8
+    if name.startswith("int_input_"):  # an integer input Cast to float and quantized (quantize_static's form)
+        x_type = {"int16": T.INT16, "int32": T.INT32}[name[10:]]
+        return qdq([n("Cast", ["x"], ["xf"], to=T.FLOAT), n("QuantizeLinear", ["xf", "so", "zo"], ["y"])], (2, 4),
+                   x_type, {"so": np.float32(3.7), "zo": np.int8(-2)}, T.INT8), 10, x_type
+    raise KeyError(name)
+
+
+FRESH = ["max_const_on_grid", "min_const_off_grid", "max_of_one_scale", "min_of_two_scales", "prelu_channel",
+         "prelu_scalar", "global_max_pool", "reduce_max", "reduce_min", "reduce_sum", "reduce_mean", "add_const",
+         "exp_of_x_minus_max", "resize_half_pixel", "resize_align_corners", "resize_asymmetric", "div_of_values", "log",
+         "reciprocal", "pow_half", "pow_minus_one", "exp", "max_pool_dilated_2d", "max_pool_dilated_1d",
+         "tail_sigmoid", "tail_tanh", "tail_softmax", "tail_clip_to_max", "tail_div", "int_input_int16",
+         "int_input_int32"]
+
+
+@pytest.mark.parametrize("name", FRESH)
+def test_fresh_quantized_rules(tmp_path, name):
+    """Each quantized-import rule of issue 34 (docs/import.md) on one small model: loads on the runtime's CPU and
+    FORMAL devices and gives the reference executor's integers on inputs over the input's whole range, its
+    extremes included."""
+    from onnx import TensorProto as T
+
+    m, precision, x_type = _fresh_case(name)
+    imp = import_model(m, input_precision=precision)
+    write_model(imp.graph, tmp_path / "cvm")
+    shape = tuple(d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim)
+    top = 2 ** (precision - 1) - 1
+    lo, hi = {T.INT8: (-top, top), T.UINT8: (0, 255)}.get(x_type, (-top, top))
+    rng = np.random.default_rng(0)
+    xs = [np.full(shape, lo), np.full(shape, hi), np.zeros(shape, np.int64)] + \
+        [rng.integers(lo, hi + 1, size=shape) for _ in range(5)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
