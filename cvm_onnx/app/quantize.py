@@ -585,8 +585,13 @@ def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, 
     """The GELUs written out as elementwise ops (x / sqrt 2, Erf, + 1, * x, * 0.5; or the tanh form with Pow 3 or
     x * x * x), in any order and association: for each Erf or Tanh, a tensor x up to 6 such ops before it, the
     ops that compute from x alone (and scalar float constants), and among their outputs one that equals a GELU form
-    of x within 1e-5 on [-10, 10] (evaluated in float64) and whose intermediates nothing else reads. Each as (its
-    nodes in graph order, x, the output, the form's op)."""
+    of x within 1e-5 on [-10, 10] (evaluated in float64) and whose intermediates nothing else reads; and whose
+    output only ops that quantize_static quantizes by default read (a QuantizeLinear then follows the fused node, as
+    one followed the written-out GELU's last Mul; GlobalMaxPool or a graph output would read an unquantized table).
+    Each as (its nodes in graph order, x, the output, the form's op)."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    quantized = QDQRegistry.keys() | QLinearOpsRegistry.keys()
     consts = {k: v for k, v in _constants(graph).items() if v.dtype.kind == "f" and v.size == 1}
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto | None]] = {}
@@ -642,6 +647,8 @@ def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, 
             nodes, values = region(x)
             if (hit := gelu_of(nodes, values)) is not None:
                 sub, form = hit
+                if not all(r is not None and r.op_type in quantized for r in readers[sub[0].output[0]]):
+                    break
                 found.append((sorted(sub, key=lambda n: order[id(n)]), x, sub[0].output[0], form))
                 taken.update(id(n) for n in sub)
                 break
