@@ -12,7 +12,9 @@ from support import bound, reduce_case
 from support.oracles import wrap32
 
 import cvm_onnx.core.ops.reduce  # noqa: F401  (registration)
+from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.ops import registry
+from cvm_onnx.core.validate import validate
 
 OpRuleError = registry.OpRuleError
 op = registry.get
@@ -246,3 +248,19 @@ def test_cpu_bug_cases(shape, axis, bug):
     formal = [[int(np.ravel_multi_index(i, shape)) for i in g] for g in windows(shape, r)]
     assert (cpu_reads(shape, r, out_shape(shape, axis, False, False)) != formal) == bug
     assert any("CPU" in w for w in sm.warnings(sm.bind({"axis": axis}), [shape], [8])) == bug
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=2, max_size=4), st.integers(0, 3), st.integers(0, 3))
+def test_heads_of_different_row_counts_are_warned_as_the_c_api_refuses_them(shape, a, b):
+    """The C API interleaves several heads row by row (a row: all axes but the last) and refuses heads of different
+    row counts at every inference; validate warns naming each head's rows, and only then."""
+    shape = tuple(shape)
+    g = GraphBuilder()
+    x = g.input("data", shape, 8)
+    heads = [g.op("sum", x, name=f"h{i}", axis=(k % len(shape),), keepdims=True) for i, k in enumerate((a, b))]
+    warned = [w for w in validate(g.build(*heads)).warnings if w.where == "heads"]
+    rows = [int(np.prod([1 if i == k % len(shape) else d for i, d in enumerate(shape)][:-1])) for k in (a, b)]
+    assert len(warned) == (rows[0] != rows[1])
+    if warned:
+        assert f"h0 {rows[0]}, h1 {rows[1]}" in warned[0].rule and "does not run on chain" in warned[0].rule

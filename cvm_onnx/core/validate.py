@@ -150,4 +150,21 @@ def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated
     problems.extend(gas.problems)
     if problems:
         raise ValidationError(problems)
-    return Validated(replace(graph, nodes=list(typed_nodes)), warnings, gas)
+    typed = replace(graph, nodes=list(typed_nodes))
+    warnings.extend(_head_rows(typed))
+    return Validated(typed, warnings, gas)
+
+
+def _head_rows(graph: Graph) -> list[Problem]:
+    """The C API's output rule: several heads are interleaved row by row (a row: all axes but the last), so heads
+    with different row counts make every inference fail ("detection model output cannot concat") although the
+    model loads; a warning naming each head's rows."""
+    if len(graph.heads) < 2:
+        return []
+    rows = {graph.nodes[h.node].name: int(np.prod(graph.type_of(h).shape[:-1], dtype=np.int64)) for h in graph.heads}
+    if len(set(rows.values())) < 2:
+        return []
+    said = ", ".join(f"{name} {r}" for name, r in rows.items())
+    return [Problem("heads", f"the CVM runtime's C API interleaves several outputs row by row (all axes but the "
+                             f"last) and refuses at every inference heads of different row counts ({said}): the "
+                             "model loads but does not run on chain")]
