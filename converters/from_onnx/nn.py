@@ -212,14 +212,15 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
     """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``."""
-    if any(d != 1 for d in node.attr_ints("dilations", [])):
-        return [dilated(ctx, node, x), None]
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
     one_d = len(x.shape) == 3
     x4 = spatial_2d(ctx, x, "MaxPool")
     kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)
     strides = attrs_2d(node, "strides", 1, one_d, 1)
+    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
+    if any(d != 1 for d in dilations):
+        return [dilated(ctx, node, x, x4, kernel, strides, dilations), None]
     begin, end = onnx_pads(node, x.shape[2:], kernel[-len(x.shape) + 2:], strides[-len(x.shape) + 2:],
                            [1] * (len(x.shape) - 2), crop=True)
     if one_d:
@@ -239,18 +240,13 @@ def max_pool(ctx, node, x):
 MAX_TAPS = 64
 
 
-def dilated(ctx, node, x: Tensor) -> Tensor:
+def dilated(ctx, node, x: Tensor, x4: Tensor, kernel: list[int], strides: list[int], dilations: list[int]) -> Tensor:
     """MaxPool with dilations d: y[o] = max over kernel positions i of x[o s - b + i d] (b the begin pad; positions
     in the padding never win): the input padded with its least value x.lo (concatenate of constants), one
     strided_slice per kernel position (start i d, step s, ONNX's output count, ceil mode as ``pool_plan``
-    counts it), and their broadcast_max. Exact: the same windows, the same max."""
-    if node.attr_int("storage_order", 0) != 0:
-        raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    counts it), and their broadcast_max. Exact: the same windows, the same max. ``x4``: x with two spatial axes;
+    ``kernel``, ``strides``, ``dilations``: two values each (``max_pool`` reads them)."""
     one_d = len(x.shape) == 3
-    x4 = spatial_2d(ctx, x, "MaxPool")
-    kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)
-    strides = attrs_2d(node, "strides", 1, one_d, 1)
-    dilations = attrs_2d(node, "dilations", 1, one_d, 1)
     if node.attr_str("auto_pad", "NOTSET").startswith("SAME"):
         raise Refuse("MaxPool with dilations and auto_pad SAME_*: onnxruntime pads it for the undilated kernel "
                      "(fewer outputs than ONNX's ceil(size / stride)); give explicit pads")
