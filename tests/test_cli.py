@@ -511,3 +511,14 @@ def test_run_reproduces_the_runtimes_resnet20_output(onchain_resnet_dir, tmp_pat
         with np.load(tmp_path / "out.npz") as got:
             [y] = got.values()
             assert y.dtype == np.int32 and np.array_equal(y, want)
+
+
+def test_validate_warns_of_heads_the_c_api_refuses(tmp_path, capsys):
+    """A model whose heads have different row counts validates, with one warning naming each head's rows."""
+    b = GraphBuilder()
+    x = b.input("data", (1, 2, 3), 8)
+    write_model(b.build(b.op("sum", x, name="rows2", axis=(2,), keepdims=True),
+                        b.op("sum", x, name="rows1", axis=(1, 2), keepdims=True)), tmp_path / "m")
+    assert cli.main(["validate", str(tmp_path / "m")]) == 0
+    err = capsys.readouterr().err
+    assert "rows2 2, rows1 1" in err and "does not run on chain" in err

@@ -52,7 +52,9 @@ def cmd_validate(args) -> int:
     else:
         model = api.load(args.model, args.params)
         what = ""
-    _warn(model.warnings)
+    from cvm_onnx.core.validate import c_api_warnings
+
+    _warn([*model.warnings, *c_api_warnings(model.graph)])
     g = model.graph
     say(f"ok: {args.model}: {what + ' of ' if what else ''}{sum(not n.is_variable for n in g.nodes)} op nodes, "
         f"{len(g.params)} params, valid for the CVM runtime")
@@ -96,7 +98,9 @@ def cmd_info(args) -> int:
         from cvm_onnx.native import status
 
         say(f"native ops: {', '.join(native_ops)}: on onnxruntime they run in the custom-op library; {status()}")
-    _warn(model.warnings)
+    from cvm_onnx.core.validate import c_api_warnings
+
+    _warn([*model.warnings, *c_api_warnings(model.graph)])
     return 0
 
 
@@ -123,6 +127,10 @@ def cmd_convert(args) -> int:
     say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
     say(("the CVM model's " if imported is None else "") + gas.line())
+    if imported is not None:
+        from cvm_onnx.core.validate import c_api_warnings
+
+        _warn(c_api_warnings(imported.graph))
     return 0
 
 

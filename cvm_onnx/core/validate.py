@@ -150,15 +150,13 @@ def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated
     problems.extend(gas.problems)
     if problems:
         raise ValidationError(problems)
-    typed = replace(graph, nodes=list(typed_nodes))
-    warnings.extend(_head_rows(typed))
-    return Validated(typed, warnings, gas)
+    return Validated(replace(graph, nodes=list(typed_nodes)), warnings, gas)
 
 
-def _head_rows(graph: Graph) -> list[Problem]:
-    """The C API's output rule: several heads are interleaved row by row (a row: all axes but the last), so heads
-    with different row counts make every inference fail ("detection model output cannot concat") although the
-    model loads; a warning naming each head's rows."""
+def c_api_warnings(graph: Graph) -> list[Problem]:
+    """The C API's output rule, outside the graph's validity: several heads are interleaved row by row (a row: all
+    axes but the last), so heads with different row counts make every inference fail ("detection model output
+    cannot concat") although the model loads; a warning naming each head's rows. ``graph``: validated."""
     if len(graph.heads) < 2:
         return []
     rows = {graph.nodes[h.node].name: int(np.prod(graph.type_of(h).shape[:-1], dtype=np.int64)) for h in graph.heads}
