@@ -20,7 +20,7 @@
 
 namespace cvm_onnx {
 
-enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3 };
+enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3, kMul64 = 4 };
 
 struct RequantStep {
   int64_t kind, a, b;
@@ -29,15 +29,26 @@ struct RequantStep {
 // What a shift by a (0..31) adds before shifting: 2^(a-1), the rounding half, or 0 for a = 0 (the value itself).
 inline uint32_t shift_half(int64_t a) { return a ? 1u << (a - 1) : 0u; }
 
+// kMul64 (a = m, b = s): floor(v * m / 2^s) in 64 bits, m = m1 2^s + m0 (m1 = m >> s an int32, 0 <= m0 < 2^s),
+// computed as v * m1 + floor(v * m0 / 2^s) (each product within 2^62), wrapped to int32: a CVM graph's product in
+// two parts (v * m1, v * m0, the add of -2^(s-1), cvm_right_shift by s, the add of both) where the exporter
+// proves that none of those int32 ops wraps or clips (docs/import.md, "Two-part products").
+__attribute__((always_inline)) inline int32_t mul64(int32_t v, int64_t m, int64_t s) {
+  const int64_t high = static_cast<int64_t>(v) * (m >> s);
+  const int64_t low = static_cast<int64_t>(v) * (m & ((int64_t{1} << s) - 1));
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(high + (low >> s))));
+}
+
 // Parses the flat attribute [kind, a, b, ...]; returns an error message, empty when every step is valid: shift
-// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32.
+// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32, mul64 s in 0..31 and m >> s an int32.
 inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<RequantStep>& steps) {
   if (flat.size() % 3 != 0) return "steps must hold (kind, a, b) triples";
   const auto int32 = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
   for (size_t i = 0; i < flat.size(); i += 3) {
     const RequantStep s{flat[i], flat[i + 1], flat[i + 2]};
     const bool ok = (s.kind == kShift && s.a >= 0 && s.a <= 31) || ((s.kind == kMul || s.kind == kAdd) && int32(s.a)) ||
-                    (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b);
+                    (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b) ||
+                    (s.kind == kMul64 && s.b >= 0 && s.b <= 31 && int32(s.a >> s.b));
     if (!ok) return "step " + std::to_string(i / 3) + " is not a valid (kind, a, b)";
     steps.push_back(s);
   }
@@ -63,6 +74,9 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
         break;
       case kAdd:
         for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + a);
+        break;
+      case kMul64:
+        for (int64_t i = 0; i < n; ++i) v[i] = mul64(v[i], s.a, s.b);
         break;
       default: {
         const int32_t lo = static_cast<int32_t>(s.a), hi = static_cast<int32_t>(s.b);
@@ -174,6 +188,11 @@ inline Range after(const RequantStep& s, Range r) {
       const int64_t p = r.lo * s.a, q = r.hi * s.a;
       return fits(std::min(p, q), std::max(p, q)) ? Range{std::min(p, q), std::max(p, q)} : Range{};
     }
+    case kMul64: {  // monotone in v; the ends exact where they stay within int32 (|v m1| < 2^62)
+      const auto at = [&](int64_t v) { return v * (s.a >> s.b) + ((v * (s.a & ((int64_t{1} << s.b) - 1))) >> s.b); };
+      const int64_t p = at(r.lo), q = at(r.hi);
+      return fits(std::min(p, q), std::max(p, q)) ? Range{std::min(p, q), std::max(p, q)} : Range{};
+    }
     default:
       return fits(r.lo + s.a, r.hi + s.a) ? Range{r.lo + s.a, r.hi + s.a} : Range{};
   }
@@ -184,6 +203,7 @@ inline bool identity(const RequantStep& s, Range r) {
   switch (s.kind) {
     case kClip: return s.a <= r.lo && r.hi <= s.b;
     case kMul: return s.a == 1;
+    case kMul64: return s.a == (int64_t{1} << s.b);
     default: return s.a == 0;  // a shift by 0, an add of 0
   }
 }
@@ -272,7 +292,10 @@ inline bool same_kinds(const ChannelSteps& per) {
 
 inline ChannelArrays channel_arrays(const ChannelSteps& per) {
   ChannelArrays out;
-  if (!same_kinds(per)) return out;
+  const auto wide = [](const RequantStep& s) { return s.kind == kMul64; };
+  if (!same_kinds(per) || std::any_of(per[0].begin(), per[0].end(), wide)) {
+    return out;  // kMul64's multiplier is no int32 lane constant: apply_steps per channel
+  }
   const size_t channels = per.size(), steps = per[0].size();
   out.period = std::lcm<size_t>(channels, kTile);
   out.channels = channels;
@@ -385,6 +408,11 @@ __attribute__((always_inline)) inline void tile_steps(Lanes* y, const std::vecto
       case kShift: tile_step<kShift, Count>(y, a, b); break;
       case kMul: tile_step<kMul, Count>(y, a, b); break;
       case kAdd: tile_step<kAdd, Count>(y, a, b); break;
+      case kMul64:
+        for (int j = 0; j < Count; ++j) {
+          for (int64_t l = 0; l < kLanes; ++l) y[j][l] = mul64(y[j][l], s.a, s.b);
+        }
+        break;
       default: tile_step<kClip, Count>(y, a, b);
     }
   }
@@ -520,6 +548,8 @@ struct LaneSteps {
 
   explicit LaneSteps(const std::vector<RequantStep>& steps) : count(steps.size()), fits(steps.size() <= kMax) {
     for (size_t k = 0; k < count && fits; ++k) {
+      fits = steps[k].kind != kMul64;  // no int32 lane constant: add_and_store's tile_steps
+      if (!fits) break;
       kinds[k] = steps[k].kind;
       step_lanes(steps[k], a[k], b[k]);
     }
