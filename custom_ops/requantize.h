@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -20,7 +21,7 @@
 
 namespace cvm_onnx {
 
-enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3 };
+enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3, kMul64 = 4 };
 
 struct RequantStep {
   int64_t kind, a, b;
@@ -29,15 +30,34 @@ struct RequantStep {
 // What a shift by a (0..31) adds before shifting: 2^(a-1), the rounding half, or 0 for a = 0 (the value itself).
 inline uint32_t shift_half(int64_t a) { return a ? 1u << (a - 1) : 0u; }
 
+// A step's two int32 constants per lane (array_step): a shift as its half and s; a mul64 (m, s) as m1 = m >> s and
+// m0 2^(31 - s) (m0 = m mod 2^s), since floor(v m / 2^s) = v m1 + floor(v m0 2^(31-s) / 2^31); else a and b.
+inline std::pair<int32_t, int32_t> lane_constants(int64_t kind, int64_t a, int64_t b) {
+  if (kind == kShift) return {static_cast<int32_t>(shift_half(a)), static_cast<int32_t>(a)};
+  if (kind == kMul64) return {static_cast<int32_t>(a >> b), static_cast<int32_t>((a & ((int64_t{1} << b) - 1)) << (31 - b))};
+  return {static_cast<int32_t>(static_cast<uint32_t>(a)), static_cast<int32_t>(b)};
+}
+
+// kMul64 (a = m, b = s): floor(v * m / 2^s) in 64 bits, m = m1 2^s + m0 (m1 = m >> s an int32, 0 <= m0 < 2^s),
+// computed as v * m1 + floor(v * m0 / 2^s) (each product within 2^62), wrapped to int32: a CVM graph's product in
+// two parts (v * m1, v * m0, the add of -2^(s-1), cvm_right_shift by s, the add of both) where the exporter
+// proves that none of those int32 ops wraps or clips (docs/import.md, "Two-part products").
+__attribute__((always_inline)) inline int32_t mul64(int32_t v, int64_t m, int64_t s) {
+  const int64_t high = static_cast<int64_t>(v) * (m >> s);
+  const int64_t low = static_cast<int64_t>(v) * (m & ((int64_t{1} << s) - 1));
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(high + (low >> s))));
+}
+
 // Parses the flat attribute [kind, a, b, ...]; returns an error message, empty when every step is valid: shift
-// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32.
+// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32, mul64 s in 0..31 and m >> s an int32.
 inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<RequantStep>& steps) {
   if (flat.size() % 3 != 0) return "steps must hold (kind, a, b) triples";
   const auto int32 = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
   for (size_t i = 0; i < flat.size(); i += 3) {
     const RequantStep s{flat[i], flat[i + 1], flat[i + 2]};
     const bool ok = (s.kind == kShift && s.a >= 0 && s.a <= 31) || ((s.kind == kMul || s.kind == kAdd) && int32(s.a)) ||
-                    (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b);
+                    (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b) ||
+                    (s.kind == kMul64 && s.b >= 0 && s.b <= 31 && int32(s.a >> s.b));
     if (!ok) return "step " + std::to_string(i / 3) + " is not a valid (kind, a, b)";
     steps.push_back(s);
   }
@@ -63,6 +83,9 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
         break;
       case kAdd:
         for (int64_t i = 0; i < n; ++i) v[i] = static_cast<int32_t>(static_cast<uint32_t>(v[i]) + a);
+        break;
+      case kMul64:
+        for (int64_t i = 0; i < n; ++i) v[i] = mul64(v[i], s.a, s.b);
         break;
       default: {
         const int32_t lo = static_cast<int32_t>(s.a), hi = static_cast<int32_t>(s.b);
@@ -174,6 +197,11 @@ inline Range after(const RequantStep& s, Range r) {
       const int64_t p = r.lo * s.a, q = r.hi * s.a;
       return fits(std::min(p, q), std::max(p, q)) ? Range{std::min(p, q), std::max(p, q)} : Range{};
     }
+    case kMul64: {  // monotone in v; the ends exact where they stay within int32 (|v m1| < 2^62)
+      const auto at = [&](int64_t v) { return v * (s.a >> s.b) + ((v * (s.a & ((int64_t{1} << s.b) - 1))) >> s.b); };
+      const int64_t p = at(r.lo), q = at(r.hi);
+      return fits(std::min(p, q), std::max(p, q)) ? Range{std::min(p, q), std::max(p, q)} : Range{};
+    }
     default:
       return fits(r.lo + s.a, r.hi + s.a) ? Range{r.lo + s.a, r.hi + s.a} : Range{};
   }
@@ -184,6 +212,7 @@ inline bool identity(const RequantStep& s, Range r) {
   switch (s.kind) {
     case kClip: return s.a <= r.lo && r.hi <= s.b;
     case kMul: return s.a == 1;
+    case kMul64: return s.a == (int64_t{1} << s.b);
     default: return s.a == 0;  // a shift by 0, an add of 0
   }
 }
@@ -250,8 +279,8 @@ constexpr size_t kTile = 128;
 
 // Channel steps of one sequence of kinds, their constants laid out for values with the channel innermost: step k
 // of the value at index i (i % C its channel) is kinds[k] with a[k * period + i % period], b[k * period +
-// i % period] (a shift as its half, 2^(s-1) or 0, and s), period = lcm(C, kTile): every run of kTile values from
-// a multiple of kTile finds its constants side by side. Empty kinds: the channels' kinds differ.
+// i % period] (lane_constants: a shift as its half, 2^(s-1) or 0, and s), period = lcm(C, kTile): every run of
+// kTile values from a multiple of kTile finds its constants side by side. Empty kinds: the channels' kinds differ.
 struct ChannelArrays {
   std::vector<int64_t> kinds;
   size_t period = 0, channels = 0;
@@ -282,9 +311,7 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
     out.kinds.push_back(per[0][k].kind);
     for (size_t i = 0; i < out.period; ++i) {
       const RequantStep& s = per[i % channels][k];
-      const bool shift = s.kind == kShift;
-      out.a[k * out.period + i] = static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
-      out.b[k * out.period + i] = static_cast<int32_t>(shift ? s.a : s.b);
+      std::tie(out.a[k * out.period + i], out.b[k * out.period + i]) = lane_constants(s.kind, s.a, s.b);
     }
   }
   return out;
@@ -295,6 +322,7 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
 using Lanes = int32_t __attribute__((vector_size(64)));
 using ULanes = uint32_t __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
+using WideLanes = int64_t __attribute__((vector_size(128)));  // 16 int64 lanes (mul64's products)
 
 __attribute__((always_inline)) inline Lanes load_lanes(const int32_t* p) {
   Lanes v;
@@ -302,7 +330,7 @@ __attribute__((always_inline)) inline Lanes load_lanes(const int32_t* p) {
   return v;
 }
 
-// Step Kind with the constants a, b (a shift as its half and s), on one value (T int32_t, U uint32_t) or on 16
+// Step Kind with the constants a, b (lane_constants), on one value (T int32_t, U uint32_t) or on 16
 // lanes (T Lanes, U ULanes): apply_steps' arithmetic, with int32 wrap-around.
 template <int64_t Kind, typename T, typename U>
 __attribute__((always_inline)) inline T array_step(T x, T a, T b) {
@@ -312,6 +340,14 @@ __attribute__((always_inline)) inline T array_step(T x, T a, T b) {
     return (T)((U)x * (U)a);
   } else if constexpr (Kind == kAdd) {
     return (T)((U)x + (U)a);
+  } else if constexpr (Kind == kMul64) {  // a = m1, b = m0 2^(31 - s) (lane_constants): x m1 + floor(x b / 2^31)
+    if constexpr (std::is_same_v<T, int32_t>) {
+      const int64_t low = (static_cast<int64_t>(x) * static_cast<int64_t>(b)) >> 31;
+      return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(a) + static_cast<uint32_t>(low));
+    } else {
+      const WideLanes p = __builtin_convertvector(x, WideLanes) * __builtin_convertvector(b, WideLanes);
+      return (T)((U)x * (U)a + (U)__builtin_convertvector(p >> 31, T));
+    }
   } else {
     x = x < a ? a : x;
     return x > b ? b : x;
@@ -325,6 +361,7 @@ __attribute__((always_inline)) inline void with_kind(int64_t kind, Body&& body) 
     case kShift: return body(std::integral_constant<int64_t, kShift>{});
     case kMul: return body(std::integral_constant<int64_t, kMul>{});
     case kAdd: return body(std::integral_constant<int64_t, kAdd>{});
+    case kMul64: return body(std::integral_constant<int64_t, kMul64>{});
     default: return body(std::integral_constant<int64_t, kClip>{});
   }
 }
@@ -365,11 +402,11 @@ __attribute__((always_inline)) inline void tile_step(Lanes* y, Lanes a, Lanes b)
   for (int j = 0; j < Count; ++j) y[j] = array_step<Kind, Lanes, ULanes>(y[j], a, b);
 }
 
-// Step s's constants in every lane: a and b (a shift as its half and s).
+// Step s's constants in every lane: a and b (lane_constants).
 __attribute__((always_inline)) inline void step_lanes(const RequantStep& s, Lanes& a, Lanes& b) {
-  const bool shift = s.kind == kShift;
-  a = Lanes{} + static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
-  b = Lanes{} + static_cast<int32_t>(shift ? s.a : s.b);
+  const auto [ca, cb] = lane_constants(s.kind, s.a, s.b);
+  a = Lanes{} + ca;
+  b = Lanes{} + cb;
 }
 
 // Steps (one list, the same constants in every lane) on Count vectors of 16 lanes: apply_steps' arithmetic (a
@@ -378,13 +415,13 @@ __attribute__((always_inline)) inline void step_lanes(const RequantStep& s, Lane
 template <int Count>
 __attribute__((always_inline)) inline void tile_steps(Lanes* y, const std::vector<RequantStep>& steps) {
   for (const RequantStep& s : steps) {
-    const bool shift = s.kind == kShift;
-    const Lanes a = Lanes{} + static_cast<int32_t>(shift ? shift_half(s.a) : static_cast<uint32_t>(s.a));
-    const Lanes b = Lanes{} + static_cast<int32_t>(shift ? s.a : s.b);
+    const auto [ca, cb] = lane_constants(s.kind, s.a, s.b);
+    const Lanes a = Lanes{} + ca, b = Lanes{} + cb;
     switch (s.kind) {
       case kShift: tile_step<kShift, Count>(y, a, b); break;
       case kMul: tile_step<kMul, Count>(y, a, b); break;
       case kAdd: tile_step<kAdd, Count>(y, a, b); break;
+      case kMul64: tile_step<kMul64, Count>(y, a, b); break;
       default: tile_step<kClip, Count>(y, a, b);
     }
   }
@@ -440,6 +477,7 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
       case kShift: tile_step<kShift, Count>(y, a, b); break;
       case kMul: tile_step<kMul, Count>(y, a, b); break;
       case kAdd: tile_step<kAdd, Count>(y, a, b); break;
+      case kMul64: tile_step<kMul64, Count>(y, a, b); break;
       default: tile_step<kClip, Count>(y, a, b);
     }
     a += p.period;
@@ -531,6 +569,7 @@ struct LaneSteps {
         case kShift: y = array_step<kShift, Lanes, ULanes>(y, a[k], b[k]); break;
         case kMul: y = array_step<kMul, Lanes, ULanes>(y, a[k], b[k]); break;
         case kAdd: y = array_step<kAdd, Lanes, ULanes>(y, a[k], b[k]); break;
+        case kMul64: y = array_step<kMul64, Lanes, ULanes>(y, a[k], b[k]); break;
         default: y = array_step<kClip, Lanes, ULanes>(y, a[k], b[k]);
       }
     }
@@ -665,6 +704,9 @@ __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x
     }
     if (Kinds<kClip, kShift, kMul, kShift, kClip, kMul>::of(p.kinds)) {
       return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip, kMul>(x, add, n, p, v, addend);
+    }
+    if (Kinds<kClip, kShift, kMul64, kShift, kClip>::of(p.kinds)) {  // the same with a product in two parts
+      return channel_blocks<Out, kClip, kShift, kMul64, kShift, kClip>(x, add, n, p, v, addend);
     }
   }
   channel_chains<Out>(x, add, n, p, v, addend);

@@ -16,7 +16,7 @@ from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import ValidationError
 from cvm_onnx.core.executor import execute
-from cvm_onnx.native import library_path
+from cvm_onnx.native import MUL64, library_path
 from cvm_onnx.runtime.sessions import run
 from cvm_onnx.serving.target import Target
 
@@ -277,3 +277,114 @@ def test_runs_of_branches_interleaved_in_node_order_are_each_fused():
     feeds = {"data": np.arange(-12, 12).reshape(SHAPE).astype(np.int32) * 2731}
     model = check(graph, feeds)
     assert fused(model) == [["p1", "p2", "p3"], ["q1", "q2"]]
+
+
+@st.composite
+def two_part_products(draw):
+    """A requantization as the quantized importer writes it with ``two_part`` (docs/import.md, "Two-part
+    products"): v = cvm_right_shift(data) of label P, p1 = v * m1, p0 = v * m0 (0 <= m0 < 2^b; each multiplier
+    one param or one per channel), t = cvm_right_shift(p0 - 2^(b-1), b) into precision q, cvm_right_shift(p1 + t,
+    k) into 8 bits [+ z, clip], with random labels at and past the importer's (q < P lets t's clip act, a wide
+    m1 lets the product wrap); its input at the precision's edges. Returns the graph, its feeds, the nodes from p1
+    on and whether the importer's labels hold (P + label(m1) <= 31, P + b + 1 <= 31, q >= P)."""
+    b = GraphBuilder()
+    p_in, p = draw(st.integers(8, 32)), draw(st.integers(2, 24))
+    x = b.op("cvm_right_shift", b.input("data", SHAPE, p_in), shift_bit=draw(st.integers(1, 8)), precision=p)
+    split = draw(st.integers(1, 31))
+    per_channel = draw(st.sampled_from([(False, False), (True, True), (True, False), (False, True)]))
+    shape = lambda per: (SHAPE[1], 1, 1) if per else (1,)  # noqa: E731
+    high = draw(st.integers(0, 31 - p).map(lambda bits: (1 << bits) - 1) | st.integers(0, (1 << (32 - p)) - 1))
+    m1 = np.array([draw(st.integers(0, high)) for _ in range(np.prod(shape(per_channel[0])))]).reshape(
+        shape(per_channel[0]))
+    m0 = np.array([draw(st.integers(0, (1 << split) - 1)) for _ in range(np.prod(shape(per_channel[1])))]).reshape(
+        shape(per_channel[1]))
+    q = draw(st.integers(1, 32))
+    p1 = b.op("broadcast_mul", x, b.param("m1", m1))
+    p0 = b.op("broadcast_mul", x, b.param("m0", m0))
+    low = b.op("broadcast_add", p0, b.param("half", np.array([-(1 << (split - 1))])))
+    t = b.op("cvm_right_shift", low, shift_bit=split, precision=q)
+    s = b.op("broadcast_add", p1, t)
+    y = b.op("cvm_right_shift", s, shift_bit=draw(st.integers(1, 31)), precision=8)
+    if draw(st.booleans()):
+        y = b.op("clip", b.op("broadcast_add", y, b.param("z", np.array([draw(st.integers(-128, 127))]))),
+                 a_min=-128, a_max=127)
+    try:
+        graph = b.build(y)
+    except ValidationError:
+        assume(False)
+    names = {n.name for n in graph.nodes[graph.nodes.index(next(n for n in graph.nodes if n.op == "broadcast_mul")):]
+             if not n.is_variable}
+    importer = p + int(m1.max()).bit_length() + 1 <= 31 and p + split + 1 <= 31 and q >= p
+    return graph, {"data": draw(tensors(SHAPE, min(p_in + 1, 32)))}, names, importer
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=two_part_products())
+def test_a_product_in_two_parts_is_one_step_and_exact(case):
+    """The four CVM ops of a product in two parts (and the multiplies reading v) are one native step (mul64: v m in
+    64 bits, floor over 2^b) of the run from v's shift to the end, exact against the reference executor; where
+    the importer's labels hold (its proof: no int32 op wraps, t's clip does not act) one run takes them and every
+    node after them."""
+    graph, feeds, names, importer = case
+    model = check(graph, feeds, int8=library_path() is not None)
+    if library_path() is None or not importer:
+        return
+    assert any(names <= set(r) for r in fused(model)), (names, fused(model))
+    steps = [list(a.ints) for n in model.graph.node for a in n.attribute if a.name in ("steps", "channel_steps")]
+    assert any(MUL64 in s[0::3] for s in steps)
+
+
+def test_a_two_part_import_is_served_as_fast_as_one_part(tmp_path):
+    """A ResNet-shaped block quantized per channel (QDQ, uint8; benchmarks/quantized_side_by_side.py's network in
+    small) and imported with two-part products: its serving form has the same ONNX nodes as the one-part import's
+    (each two-part product one mul64 step of its convolution's requantize, no float32/int32 product left), every
+    convolution takes integer products, and it equals the reference executor."""
+    from collections import Counter
+
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from support.quantized import conv_layer, quantized
+
+    from cvm_onnx.converters.from_onnx import import_model
+    from cvm_onnx.core.format.onnx_file import onnx_model
+
+    if library_path() is None:
+        pytest.skip("the native custom-op library was not built")
+    rng = np.random.default_rng(20)
+    nodes, inits = [], []
+
+    def conv(x, c_in, c_out, name, k=3, stride=1):
+        n, i = conv_layer(rng, name, x, c_in, c_out, k=k, stride=stride, pads=[k // 2] * 4)
+        nodes.extend(n)
+        inits.extend(i)
+        return name
+
+    def relu(x):
+        nodes.append(h.make_node("Relu", [x], [f"{x}_relu"]))
+        return f"{x}_relu"
+
+    x = relu(conv("x", 3, 8, "stem"))
+    y = conv(relu(conv(x, 8, 8, "b1c1")), 8, 8, "b1c2")
+    nodes.append(h.make_node("Add", [y, x], ["b1"]))
+    x = relu("b1")
+    y = conv(relu(conv(x, 8, 16, "b2c1", stride=2)), 16, 16, "b2c2")
+    nodes.append(h.make_node("Add", [y, conv(x, 8, 16, "b2p", k=1, stride=2)], ["b2"]))
+    nodes += [h.make_node("GlobalAveragePool", [relu("b2")], ["pool"]), h.make_node("Flatten", ["pool"], ["flat"])]
+    inits.append(onnx.numpy_helper.from_array(rng.normal(size=(16, 4)).astype(np.float32), "fc_w"))
+    nodes.append(h.make_node("Gemm", ["flat", "fc_w"], ["y"]))
+    g = h.make_graph(nodes, "block", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    qm, _ = quantized(onnx_model(g, 17), tmp_path, "QDQ", "uint8", False, True)
+    one, two = (import_model(qm, two_part=split).graph for split in (False, True))
+    forked = Counter(e for n in two.nodes if n.op == "broadcast_mul" for e in n.inputs[:1])
+    assert sum(c == 2 for c in forked.values()) >= 5  # the import has products in two parts
+    served = {name: to_onnx(graph, Target()) for name, graph in (("one", one), ("two", two))}
+    ops = {name: Counter(n.op_type for n in m.graph.node) for name, m in served.items()}
+    assert ops["two"] == ops["one"]
+    routes = json.loads({p.key: p.value for p in served["two"].metadata_props}["cvm.routes"])
+    assert len(routes) == sum(n.op == "conv2d" for n in two.nodes)
+    assert all(r[1].startswith("integer products") and not r[2] for r in routes), routes
+    feeds = {"data": np.random.default_rng(1).integers(0, 256, (1, 3, 8, 8)).astype(np.int32)}
+    for got, want in zip(run(served["two"], feeds), execute(two, feeds)):
+        assert np.array_equal(got, want)

@@ -24,7 +24,7 @@ serving form's window ops and fused requantization:
   as themselves, and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
   (K, OC) weights (``cvm_onnx.native.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
-  (kind, a, b) triples: shift, multiply, add, clip) on data + bias per channel in one pass; width (0): > 0 keeps
+  (kind, a, b) triples: shift, multiply, add, clip, mul64) on data + bias per channel in one pass; width (0): > 0 keeps
   the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
   axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
   data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
@@ -66,9 +66,10 @@ from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
 #: The native requantize step kinds, each (kind, a, b) triple's first int (custom_ops/requantize.h: kShift, kMul,
-#: kAdd, kClip): shift by a bits, multiply by a, add a, clip to [a, b].
-SHIFT, MULTIPLY, ADD, CLIP = 0, 1, 2, 3
-STEP_KINDS = ("shift", "multiply", "add", "clip")
+#: kAdd, kClip, kMul64): shift by a bits, multiply by a, add a, clip to [a, b], floor(v a / 2^b) in 64 bits (a product
+#: in two parts, docs/import.md; CPU only).
+SHIFT, MULTIPLY, ADD, CLIP, MUL64 = 0, 1, 2, 3, 4
+STEP_KINDS = ("shift", "multiply", "add", "clip", "mul64")
 VERSION = 1
 LIBRARY = "libcvm_onnx_ops.so"
 
@@ -363,7 +364,8 @@ def _requantize_schema(name: str = "requantize") -> OpSchema:
         "A requantization run in one pass: y = the steps applied in order to data + bias[c] (c the axis-1 index; "
         "bias empty: none); steps (kind, a, b): 0 shift a (round half up; 0: none, CPU only), 1 multiply by a, 2 "
         "add a, 3 clip to "
-        "[a, b]; int32 arithmetic. width > 0 keeps the first width elements of each last-axis row; scales (one "
+        "[a, b], 4 floor(v a / 2^b) in 64 bits (CPU only); int32 arithmetic."
+        " width > 0 keeps the first width elements of each last-axis row; scales (one "
         "per axis-1 channel) multiply data before the bias. batch_inner=1: data (C, N, ...) gives y (N, C, ...), "
         "c the channel (data's axis 0). channel_steps and channel_counts instead of steps: channel c's own steps "
         "(not with width, batch_inner or scales; CPU only)." + (

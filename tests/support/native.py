@@ -74,6 +74,8 @@ def requantize_oracle(x, bias, steps, scales=()):
             v = wrap(v * a, 32)
         elif kind == 2:
             v = wrap(v + a, 32)
+        elif kind == 4:  # floor(v a / 2^b), exact in Python integers
+            v = wrap(v.astype(object) * a >> b, 32).astype(np.int64)
         else:
             v = np.clip(v, a, b)
     return v.astype(np.int32)
@@ -110,5 +112,11 @@ step = st.one_of(st.tuples(st.just(0), st.integers(1, 31), st.just(0)),
                  st.tuples(st.sampled_from([1, 2]), st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31)])),
                            st.just(0)),
                  st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab)))
-#: Steps of the CPU kernel, which also takes shift 0 (the value itself: identity steps aligning channel_steps).
-cpu_step = st.one_of(step, st.just((0, 0, 0)))
+#: A product in two parts (the CPU kernel's mul64): (4, m1 2^b + m0, b), m1 an int32, 0 <= m0 < 2^b.
+mul64 = st.integers(0, 31).flatmap(lambda b: st.tuples(
+    st.just(4), st.tuples(st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31), (1 << 31) - 1])),
+                          st.integers(0, (1 << b) - 1) | st.sampled_from([0, (1 << b) - 1])).map(
+        lambda m: (m[0] << b) + m[1]), st.just(b)))
+#: Steps of the CPU kernel, which also takes shift 0 (the value itself: identity steps aligning channel_steps) and
+#: mul64.
+cpu_step = st.one_of(step, st.just((0, 0, 0)), mul64)

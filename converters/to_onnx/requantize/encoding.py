@@ -1,5 +1,5 @@
 """The native ``requantize`` encoding of a run: its steps as (kind, a, b) int triples (``_flat``; the kinds are
-``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP), each channel's own steps aligned to one sequence of kinds
+``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP, MUL64), each channel's own steps aligned to one sequence of kinds
 (``_aligned``), and the ``requantize`` nodes that run them."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import INT32_MAX
-from cvm_onnx.native import ADD, CLIP, MULTIPLY, SHIFT
+from cvm_onnx.native import ADD, CLIP, MUL64, MULTIPLY, SHIFT
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from ..lowering import Body, Value
-from .steps import Step
+from .steps import Step, channel_step
 
 
 def native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) -> str:
@@ -20,16 +20,20 @@ def native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) 
     clip(b, lo, hi))), on x + bias per channel (or per position and channel, ``_bias``) in int32 (``attrs``: its
     ``width`` or ``scales``, see ``nn.conv2d_integer``). With a per-channel multiplication ("cmul") each channel
     gets its own steps (``channel_steps``, the multiplier its own), or, where ``attrs`` has no such form (a width,
-    batch_inner, scales), the cmul starts the next node, whose ``scales`` multiply each channel before its steps.
+    batch_inner, scales), the cmul starts the next node, whose ``scales`` multiply each channel before its steps (a
+    "cmul64", a product in two parts per channel, the next node with each channel's own steps from it on).
     Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
     (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
     not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the
     clip to int32's own range, which changes nothing."""
-    cmul = [s for s in steps if s.kind == "cmul"]
+    cmul = [s for s in steps if s.kind in ("cmul", "cmul64")]
     if cmul and not {"width", "batch_inner", "scales"} & attrs.keys():  # each channel its own steps, one pass
-        per = [[Step("mul", s.ks[c]) if s.kind == "cmul" else s for s in steps] for c in range(len(cmul[0].ks))]
+        per = [[channel_step(s, c) for s in steps] for c in range(len(cmul[0].ks))]
         return channel_run(b, x, bias, per, **attrs)
     for k, s in enumerate(steps):
+        if s.kind == "cmul64":
+            x = native_run(b, x, bias, steps[:k], **attrs)
+            return channel_run(b, x, None, [[channel_step(t, c) for t in steps[k:]] for c in range(len(s.ks))])
         if s.kind == "cmul":
             x = native_run(b, x, bias, steps[:k], **attrs)
             return native_run(b, x, None, steps[k + 1:], scales=list(s.ks))
@@ -49,8 +53,10 @@ def channel_run(b: Body, x: str, bias: Value | None, per: list[list[Step]], **at
                   channel_counts=[len(f) // 3 for f in flat], channel_steps=[v for f in flat for v in f], **attrs)
 
 
-#: A step of each kind that leaves every value as it is: shift 0, multiply by 1, add 0, clip to int32's range.
-IDENTITY = {SHIFT: [SHIFT, 0, 0], MULTIPLY: [MULTIPLY, 1, 0], ADD: [ADD, 0, 0], CLIP: [CLIP, -INT32_MAX - 1, INT32_MAX]}
+#: A step of each kind that leaves every value as it is: shift 0, multiply by 1, add 0, clip to int32's range,
+#: floor(v 1 / 2^0).
+IDENTITY = {SHIFT: [SHIFT, 0, 0], MULTIPLY: [MULTIPLY, 1, 0], ADD: [ADD, 0, 0], CLIP: [CLIP, -INT32_MAX - 1, INT32_MAX],
+            MUL64: [MUL64, 1, 0]}
 
 
 def _supersequence(a: list[int], b: list[int]) -> list[int]:
@@ -90,13 +96,14 @@ def _aligned(programs: list[list[int]]) -> list[list[int]]:
 
 
 def _flat(steps: list[Step]) -> list[int]:
-    """The steps (no "cmul") as requantize's (kind, a, b) triples, two clips in a row as one; no steps as the clip
-    to int32's own range."""
+    """The steps (no "cmul" or "cmul64") as requantize's (kind, a, b) triples ("mul64": (MUL64, k, b)), two clips
+    in a row as one; no steps as the clip to int32's own range."""
     low, high = -INT32_MAX - 1, INT32_MAX
     flat: list[int] = []
     for s in steps:
         if s.kind != "clip":
-            flat += [{"shift": SHIFT, "mul": MULTIPLY, "add": ADD}[s.kind], s.k, 0]
+            flat += [{"shift": SHIFT, "mul": MULTIPLY, "add": ADD, "mul64": MUL64}[s.kind], s.k,
+                     s.b if s.kind == "mul64" else 0]
             continue
         lo, hi = low if s.lo is None else s.lo, high if s.hi is None else s.hi
         if flat[-3:-2] == [CLIP]:  # clip(clip(v, a, b), lo, hi) = clip(v, clip(a, lo, hi), clip(b, lo, hi)): one pass

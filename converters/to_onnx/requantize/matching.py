@@ -15,7 +15,7 @@ from cvm_onnx.serving.target import Target
 from .. import nn
 from ..lowering import Body, Value
 from .run import Run
-from .steps import Step, scalar_param, steps_of
+from .steps import Step, channel_step, scalar_param, steps_of, two_part
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class Chain:
     conv2d with no steps after it); ``unsigned``: the head's data computed from u (``Unsigned``); ``offset``: a
     broadcast_add of a param (OC, OH, OW) between the head and the steps (an integer-products head of rows only);
     ``take``: a take of some of the head's output channels (``channels``, clipped into range as take does) between
-    them, the head (and its unsigned and offset nodes) then shared by the runs of every take reading it."""
+    them, the head (and its unsigned and offset nodes) then shared by the runs of every take reading it; ``inner``:
+    the other nodes of the products in two parts that end at some of ``nodes`` (``steps.two_part``)."""
 
     nodes: list[int]
     head: int | None = None
@@ -51,11 +52,13 @@ class Chain:
     offset: int | None = None
     take: int | None = None
     channels: np.ndarray | None = None
+    inner: tuple[int, ...] = ()
 
     @property
     def all(self) -> list[int]:
         before = [] if self.unsigned is None else list(self.unsigned.nodes)
-        return before + [i for i in (self.head, self.offset, self.take) if i is not None] + self.nodes
+        return before + [i for i in (self.head, self.offset, self.take) if i is not None] + list(self.inner) + \
+            self.nodes
 
 
 @dataclass(frozen=True)
@@ -84,13 +87,14 @@ class Grouped:
         first = self.parts[0]
         shared = [] if first.unsigned is None else list(first.unsigned.nodes)
         shared += [i for i in (first.head, first.offset) if i is not None]
-        return shared + [i for c in self.parts for i in [c.take, *c.nodes]] + [self.concat, self.back, *self.tail]
+        return shared + [i for c in self.parts for i in [c.take, *c.inner, *c.nodes]] + \
+            [self.concat, self.back, *self.tail]
 
     def channel_steps(self, graph: Graph) -> list[list[Step]]:
         """Channel c's steps: those of the group (and position in it) that the take back picks for c, then the
-        tail's, a per-channel multiplier ("cmul") taken as its own ("mul")."""
+        tail's, a per-channel multiplier ("cmul", "cmul64") taken as its own ("mul", "mul64")."""
         def own(steps: list[Step], k: int) -> list[Step]:
-            return [Step("mul", s.ks[k]) if s.kind == "cmul" else s for s in steps]
+            return [channel_step(s, k) for s in steps]
 
         tail = [step for i in self.tail for step in steps_of(graph, graph.nodes[i], True)[1]]
         parts = [[step for i in c.nodes for step in steps_of(graph, graph.nodes[i], True)[1]] for c in self.parts]
@@ -318,16 +322,22 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds
         if nxt is None:
             continue
         i, node = nxt
-        if i in starts:
+        if i in starts and not starts[i].inner:
             merged[head] = replace(g, tail=tuple(starts[i].nodes))
             absorbed.add(i)
             continue
         step = steps_of(graph, node, True)
         run = Run(Body([]), Value("x", (), bounds[e]))
-        if i not in inside and i not in taken and step is not None and step[0] == e and all(map(run.apply, step[1])):
+        if i not in inside and i not in taken and step is not None and step[0] == e and \
+                two_part(graph, node) is None and all(map(run.apply, step[1])):
             merged[head] = replace(g, tail=(i,))
     return [c for c in chains if (c.take is None or c.head not in merged) and
             (c.head is not None or c.nodes[0] not in absorbed)] + list(merged.values())
+
+
+def _inner(nodes: list[int], parts: dict[int, tuple[Entry, tuple[int, ...]]]) -> tuple[int, ...]:
+    """The inner nodes of the products in two parts (``two_parts``) ending at some of ``nodes``."""
+    return tuple(j for i in nodes if i in parts for j in parts[i][1])
 
 
 def _only_reader(graph: Graph, e: Entry, readers: dict[Entry, int]) -> tuple[int, Node] | None:
@@ -358,20 +368,36 @@ def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
     return np.clip(idx.astype(np.int64), 0, shape[1] - 1)
 
 
+def two_parts(graph: Graph, readers: dict[Entry, int]) -> dict[int, tuple[Entry, tuple[int, ...]]]:
+    """The products in two parts (``steps.two_part``) whose v is read by their two multiplies alone and each inner
+    node by the next alone: their last node -> (v, the inner nodes)."""
+    found = {}
+    for i, node in enumerate(graph.nodes):
+        part = None if node.is_variable else two_part(graph, node)
+        if part is not None and readers.get(part[0]) == 2 and all(readers.get(Entry(j)) == 1 for j in part[1]):
+            found[i] = part[:2]
+    return found
+
+
 def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str = "fast",
          nonneg: set[Entry] = frozenset()) -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head; chains
     of other branches may lie between them in node order), cut where a step has no exact int32 form (``Run.apply``);
     each with the conv2d/dense that starts it, if any (``_head``; the ``target``'s products "integer": integer
-    products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``: the entries proven >= 0). On
+    products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``: the entries proven >= 0). On the
+    CPU with integer products a product in two parts (``two_parts``) is one step, its inner nodes the chain's. On
     "cuda", with integer products, every other conv2d that can take integer products is a chain of its own with no
     steps (its products + bias, one ``requantize``)."""
     readers = _readers(graph)
+    parts = two_parts(graph, readers) if target.cpu_integer else {}
+    for v, _ in parts.values():  # the two multiplies of v read it as one step
+        readers[v] = 1
+    inner = {j for _, nodes in parts.values() for j in nodes}
     found: list[list[int]] = []
     growing: dict[Entry, tuple[list[int], Run]] = {}  # the chains that may go on, by their last node's output
     for i, node in enumerate(graph.nodes):
-        step = None if node.is_variable else steps_of(graph, node, target.cpu_integer)
-        if step is None:
+        step = None if node.is_variable or i in inner else steps_of(graph, node, target.cpu_integer)
+        if step is None or two_part(graph, node) is not None and i not in parts:
             continue
         x, steps = step
         chain = growing.pop(x, None) if readers.get(x) == 1 else None
@@ -401,9 +427,9 @@ def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str 
         if head is not None:
             take = head[3]
             chans = None if take is None else taken_channels(graph, graph.nodes[take])
-            chains.append(Chain(c, head[0], head[1], head[2], take, chans))
+            chains.append(Chain(c, head[0], head[1], head[2], take, chans, _inner(c, parts)))
         elif len(c) > 1:
-            chains.append(Chain(c))
+            chains.append(Chain(c, inner=_inner(c, parts)))
     if target.cpu_integer:
         chains = grouped(graph, chains, readers, bounds, taken)
     if target.provider == "cuda" and target.products == "integer":  # no Conv on the GPU: every conv2d that can is

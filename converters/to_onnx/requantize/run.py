@@ -53,7 +53,10 @@ class Run:
             if m is not None and self._fits(step, m, e):
                 if relief is not None:
                     relief()
-                getattr(self, "_" + step.kind)(step.k)
+                if step.kind in ("mul64", "cmul64"):
+                    self._mul64(step)
+                else:
+                    getattr(self, "_" + step.kind)(step.k)
                 self._tighten()
                 return True
         return False
@@ -82,7 +85,24 @@ class Run:
             return top * abs(step.k) <= INT32_MAX and -INT32_MAX - 1 <= step.k <= INT32_MAX
         if step.kind == "cmul":  # every multiplier an int32 (k: the largest magnitude)
             return top * step.k <= INT32_MAX and all(-INT32_MAX - 1 <= k <= INT32_MAX for k in step.ks)
+        if step.kind in ("mul64", "cmul64"):  # the two-part form's int32 ops on the value itself
+            return e == 0 and all(Run._two_part_fits(k, step.b, step.low, m) for k in (step.ks or (step.k,)))
         return top + (abs(step.k) << e) <= INT32_MAX
+
+    @staticmethod
+    def _two_part_fits(k: int, b: int, low: int, m: int) -> bool:
+        """Whether the CVM ops of a two-part product (``steps.two_part``; m1 = k >> b, 0 <= m0 = k mod 2^b) on
+        values |v| <= m stay within int32 and the low part's clip to +-``low`` does not act: |v m1| and
+        |v m0| + 2^(b-1) within int32, |floor(v m0 / 2^b)| <= ceil(m m0 / 2^b) <= low, and their sum within int32."""
+        m1, m0 = k >> b, k & ((1 << b) - 1)
+        t = -(-m * m0 >> b)
+        return -INT32_MAX - 1 <= m1 <= INT32_MAX and m * abs(m1) + t <= INT32_MAX and \
+            m * m0 + (1 << (b - 1)) <= INT32_MAX and t <= low
+
+    def _mul64(self, step: Step) -> None:
+        """Bounds only (a native run multiplies; no int32 body has this step): the clipped value, at most
+        ``_clipped()``, times multipliers of magnitude <= k, over 2^b, floored; the clip is taken."""
+        self.w, self.lo, self.hi = -(-self._clipped() * abs(step.k) >> step.b), None, None
 
     def _int32(self) -> None:
         if self.float:

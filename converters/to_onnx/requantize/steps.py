@@ -1,5 +1,5 @@
 """The steps of a requantization run: which CVM nodes are monotone integer steps on one tensor (``Op.step``),
-and the steps each is (``steps_of``)."""
+and the steps each is (``steps_of``); a product in two parts as one step (``two_part``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,13 +12,25 @@ from cvm_onnx.core.ops import REGISTRY
 @dataclass(frozen=True)
 class Step:
     """One monotone step: ``kind`` "shift" (k = bits), "mul" / "add" (k = constant), "clip" (lo, hi; None =
-    unbounded) or "cmul" (a multiplier per axis-1 channel, ``ks``; k = the largest |multiplier|; native runs only)."""
+    unbounded) or "cmul" (a multiplier per axis-1 channel, ``ks``; k = the largest |multiplier|; native runs only);
+    "mul64": a product in two parts (``two_part``), floor(v k / 2^b) with k = m1 2^b + m0, "cmul64" the same with
+    a multiplier per axis-1 channel (``ks``, k = the largest |multiplier|), ``low`` the bound of the low part's
+    cvm_right_shift precision (native runs only)."""
 
     kind: str
     k: int = 0
     lo: int | None = None
     hi: int | None = None
     ks: tuple[int, ...] = ()
+    b: int = 0
+    low: int = 0
+
+
+def channel_step(step: Step, c: int) -> Step:
+    """Channel c's own form of a step: "cmul" and "cmul64" with its multiplier as "mul" and "mul64"."""
+    if step.kind in ("cmul", "cmul64"):
+        return Step(step.kind[1:], step.ks[c], b=step.b, low=step.low)
+    return step
 
 
 def _limit(precision: int) -> Step:
@@ -44,11 +56,59 @@ def channel_values(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int,
     return tuple(int(v) for v in value.reshape(-1)) if dims[1] == shape[1] else None
 
 
+def _multipliers(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A broadcast_mul's param as one multiplier (a 1-tuple) or one per axis-1 channel of ``shape``, else None."""
+    c = scalar_param(graph, e)
+    return (c,) if c is not None else channel_values(graph, e, shape)
+
+
+def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | None:
+    """A product in two parts ending at ``node`` (the quantized importer's, docs/import.md "Two-part products"):
+    p1 = broadcast_mul(v, m1), p0 = broadcast_mul(v, m0), t = cvm_right_shift(broadcast_add(p0, -2^(b-1)), b) into
+    precision q, ``node`` = broadcast_add(p1, t) (in either order), m1 and m0 each one param or one per axis-1
+    channel, 0 <= m0 < 2^b (so k >> b is m1 and k mod 2^b is m0), every tensor of v's shape: (v, the four inner
+    nodes, the step "mul64" or "cmul64" with k = m1 2^b + m0, ``low`` = q's bound), else None. Where none of these int32 ops wraps and the shift's clip to q does not act
+    (``Run`` checks it from v's bound), ``node`` is floor((v m1 2^b + v m0) / 2^b) = floor(v k / 2^b): v m1 2^b is
+    a multiple of 2^b, and cvm_right_shift of p0 - 2^(b-1) by b is floor(p0 / 2^b). The caller checks that v is
+    read by the two multiplies alone and each inner node by the next alone."""
+    if node.op != "broadcast_add" or len(node.inputs) != 2:
+        return None
+    shape = node.outputs[0].shape
+    for hi_e, lo_e in (tuple(node.inputs), tuple(reversed(node.inputs))):
+        high, shift = graph.nodes[hi_e.node], graph.nodes[lo_e.node]
+        if high.op != "broadcast_mul" or shift.op != "cvm_right_shift" or hi_e.index or lo_e.index:
+            continue
+        add = graph.nodes[shift.inputs[0].node]
+        if add.op != "broadcast_add" or shift.inputs[0].index:
+            continue
+        a = REGISTRY["cvm_right_shift"].bind(shift.attrs)
+        b, c = a.shift_bit, scalar_param(graph, add.inputs[1])
+        low = graph.nodes[add.inputs[0].node]
+        if b < 1 or c != -(1 << (b - 1)) or low.op != "broadcast_mul" or add.inputs[0].index:
+            continue
+        v = high.inputs[0]
+        if low.inputs[0] != v or graph.type_of(v).shape != shape or \
+                any(graph.type_of(e).shape != shape for e in (hi_e, lo_e, shift.inputs[0], add.inputs[0])):
+            continue
+        m1, m0 = _multipliers(graph, high.inputs[1], shape), _multipliers(graph, low.inputs[1], shape)
+        if m1 is None or m0 is None or not all(0 <= m < (1 << b) for m in m0):
+            continue
+        inner = (hi_e.node, add.inputs[0].node, shift.inputs[0].node, lo_e.node)
+        if len(m1) == len(m0) == 1:
+            return v, inner, Step("mul64", (m1[0] << b) + m0[0], b=b, low=precision_bound(a.precision))
+        n = max(len(m1), len(m0))
+        ks = tuple((m1[c % len(m1)] << b) + m0[c % len(m0)] for c in range(n))
+        return v, inner, Step("cmul64", max(abs(k) for k in ks), ks=ks, b=b, low=precision_bound(a.precision))
+    return None
+
+
 def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, list[Step]] | None:
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
     tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other
-    input's shape; with ``channels``, a broadcast_mul by one multiplier per axis-1 channel too, "cmul", for native
-    runs)."""
+    input's shape; with ``channels``, for native runs, a broadcast_mul by one multiplier per axis-1 channel too,
+    "cmul", and the end of a product in two parts, ``two_part``, whose input is v)."""
+    if channels and (part := two_part(graph, node)) is not None:
+        return part[0], [part[2]]
     op = REGISTRY[node.op]
     a = op.bind(node.attrs)
     if op.step == "shift":
