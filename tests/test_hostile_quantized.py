@@ -440,3 +440,14 @@ def test_an_infinite_clip_bound_is_no_bad_weight():
     assert non_finite(model(np.inf, "Clip")) is None
     assert "'c' holds nan" in non_finite(model(np.nan, "Clip"))
     assert "'c' holds inf" in non_finite(model(np.inf, "MatMul"))
+
+
+def test_a_scalar_into_a_qlinear_matmul_is_refused_naming_it():
+    """The fuzzer's case: the first QuantizeLinear's input deleted (it quantizes its scale: a scalar) before a
+    QLinearMatMul: an internal IndexError before; now one refusal naming the node."""
+    m = onnx.load_from_string(HQ._quantized(HQ._small("softmax"), "QOperator", "uint8", False))
+    assert m.graph.node[0].op_type == "QuantizeLinear" and m.graph.node[1].op_type == "QLinearMatMul"
+    del m.graph.node[0].input[0]
+    with pytest.raises(UnsupportedError, match="rank 1 or more") as e:
+        import_model(m)
+    assert "QLinearMatMul" in str(e.value)

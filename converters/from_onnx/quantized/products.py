@@ -170,6 +170,8 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
 def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) -> Scaled:
     """x (..., K) times w (N, K)^T: rows flattened, dense, reshaped back; scale s_x * s_w along the last axis."""
     x = per_tensor(x, "the input of a Gemm or MatMul (dense)")
+    if not x.shape:
+        raise Refuse("a scalar times a matrix: MatMul and Gemm multiply tensors of rank 1 or more")
     k = x.shape[-1]
     rows = Scaled(ctx.reshape(x.t, (math.prod(x.shape[:-1]), k)), x.scale.reshape(()), x.zero.reshape(()))
     acc, scale, zero = accumulate(ctx, rows, w, sw, bias, "dense")
