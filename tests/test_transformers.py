@@ -34,6 +34,7 @@ from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan, quarter
 from cvm_onnx.converters.from_onnx.quantized.products import variable_matmul
 from cvm_onnx.converters.from_onnx.quantized.values import Scaled
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
 from cvm_onnx.runtime.verify import verify
@@ -295,7 +296,7 @@ def gelu_graph(kind: str):
     g = h.make_graph(ns, "g", [h.make_tensor_value_info("x", T.FLOAT, [4])],
                      [h.make_tensor_value_info("z", T.FLOAT, [4])],
                      [nh.from_array(np.array(v, np.float32), k) for k, v in c.items()])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    return onnx_model(g, 17)
 
 
 @pytest.mark.parametrize("kind, form", [("erf", "Gelu"), ("erf, half first", "Gelu"), ("tanh, x x x", "FastGelu"),
@@ -328,7 +329,7 @@ def test_a_gelu_read_unquantized_stays_written_out_and_imports(tmp_path, reader)
     g = h.make_graph(ns, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6])],
                      [h.make_tensor_value_info("z" if reader == "GlobalMaxPool" else "y", T.FLOAT, None)],
                      [nh.from_array(np.asarray(v, np.float32), k) for k, v in c.items()])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(g, 17)
     onnx.save(m, tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(8, 1, 4, 6)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm")
@@ -431,7 +432,7 @@ def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, o
     g = h.make_graph(nodes, "lstm", [h.make_tensor_value_info("x", T.FLOAT, [steps, 1, size])],
                      [h.make_tensor_value_info("y", T.FLOAT, [steps, dirs, 1, hidden])],
                      [nh.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(g, 17)
     m.ir_version = 8
     return m
 
@@ -565,7 +566,7 @@ def vad_model() -> onnx.ModelProto:
                                     h.make_tensor_value_info("state", T.FLOAT, [2, 1, 6]),
                                     h.make_tensor_value_info("sr", T.INT64, [])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], [*c.values(), *ints.values()])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m = onnx_model(g, 17)
     m.ir_version = 8
     return m
 
