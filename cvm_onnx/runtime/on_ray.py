@@ -25,8 +25,8 @@ from .bulk import CHUNK, ModelArg, Output, Plan, Progress, Runner, Samples, plan
 from .sessions import usable_cpus
 
 JOIN = 5.0
-"""Seconds Ray adds to a run from a process not yet connected to it: the connection (about 3 s) and the actors'
-start-up (about 1.6 s), measured on a busy 2-vCPU VM. A run estimated to take less here runs here."""
+"""Seconds Ray adds to a run from a process not yet connected to it (the connection and the actors' start-up;
+docs/scale-out.md): a run estimated to take less here runs here."""
 RETRIES = 3
 """Restarts of a dead actor, and retries of a chunk whose actor died, before the run fails."""
 WAIT = 10
