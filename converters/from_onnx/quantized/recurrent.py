@@ -253,25 +253,34 @@ def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
     return v
 
 
+def unrolled(node, op: str, gates: int, x, w, r, b, lens):
+    """What LSTM (4 gates) and GRU (3) share: the per-tensor input X of shape (steps, batch, size), the direction,
+    the number of directions, hidden_size, and W, R, B as floats of ONNX's shapes; a sequence_lens other than the
+    full length of every sequence refused."""
+    xs = per_tensor(scaled(x, f"the {op} input"), op)
+    if len(xs.shape) != 3:
+        raise Refuse(f"an {op} input of shape {xs.shape}: (sequence, batch, features) expected")
+    steps, _, size = xs.shape
+    way = node.attr_str("direction", "forward", choices=("forward", "reverse", "bidirectional"))
+    dirs = 2 if way == "bidirectional" else 1
+    hidden = node.attr_int("hidden_size", lo=1)
+    wv = floats(w, f"{op} W", (dirs, gates * hidden, size))
+    rv = floats(r, f"{op} R", (dirs, gates * hidden, hidden))
+    bv = floats(b, f"{op} B", (dirs, 2 * gates * hidden))
+    if lens is not None and not (lens.is_const and (np.asarray(lens.value) == steps).all()):
+        raise Refuse(f"{op} sequence_lens other than the full length of every sequence has no CVM form")
+    return xs, way, dirs, hidden, wv, rv, bv
+
+
 @float_rule("LSTM", since=7)
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
     X with constant W, R, B, initial_h, initial_c (zeros when absent), every sequence the full length: unrolled
     (``direction``). Outputs Y at 2^-2G, Y_h at 1/127 and Y_c at 2^-G, requantized by what follows."""
-    xs = per_tensor(scaled(x, "the LSTM input"), "LSTM")
     if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or node.has("activations"):
         raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
-    if len(xs.shape) != 3:
-        raise Refuse(f"an LSTM input of shape {xs.shape}")
-    steps, batch, size = xs.shape
-    way = node.attr_str("direction", "forward", choices=("forward", "reverse", "bidirectional"))
-    dirs = 2 if way == "bidirectional" else 1
-    hidden = node.attr_int("hidden_size", lo=1)
-    wv = floats(w, "LSTM W", (dirs, 4 * hidden, size))
-    rv = floats(r, "LSTM R", (dirs, 4 * hidden, hidden))
-    bv = floats(b, "LSTM B", (dirs, 8 * hidden))
-    if lens is not None and not (lens.is_const and (np.asarray(lens.value) == steps).all()):
-        raise Refuse("LSTM sequence_lens other than the full length of every sequence has no CVM form")
+    xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "LSTM", 4, x, w, r, b, lens)
+    steps, batch, _ = xs.shape
     if p is not None and floats(p, "LSTM P", (dirs, 3 * hidden)).any():
         raise Refuse("LSTM with peepholes has no CVM form here")
     hv = floats(h0, "LSTM initial_h", (dirs, batch, hidden))
@@ -301,20 +310,10 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     """GRU (default activations, no clip, layout 0, either linear_before_reset; forward, reverse or bidirectional)
     of a per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full
     length: unrolled (``gru_direction``). Outputs Y at 1 / (127 2^2G), Y_h at 1/127."""
-    xs = per_tensor(scaled(x, "the GRU input"), "GRU")
     if node.attr_int("layout", 0) or node.has("clip") or node.has("activations"):
         raise Refuse("GRU with layout 1, clip or other activations has no CVM form here")
-    if len(xs.shape) != 3:
-        raise Refuse(f"a GRU input of shape {xs.shape}")
-    steps, batch, size = xs.shape
-    way = node.attr_str("direction", "forward", choices=("forward", "reverse", "bidirectional"))
-    dirs = 2 if way == "bidirectional" else 1
-    hidden = node.attr_int("hidden_size", lo=1)
-    wv = floats(w, "GRU W", (dirs, 3 * hidden, size))
-    rv = floats(r, "GRU R", (dirs, 3 * hidden, hidden))
-    bv = floats(b, "GRU B", (dirs, 6 * hidden))
-    if lens is not None and not (lens.is_const and (np.asarray(lens.value) == steps).all()):
-        raise Refuse("GRU sequence_lens other than the full length of every sequence has no CVM form")
+    xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "GRU", 3, x, w, r, b, lens)
+    steps, batch, _ = xs.shape
     hv = floats(h0, "GRU initial_h", (dirs, batch, hidden))
     g = min(gate_bits(steps, 0.0), 10)  # z h one, labels (G + 2) + 9 + (G + 2) within 32
     before = bool(node.attr_int("linear_before_reset", 0))
