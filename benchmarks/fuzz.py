@@ -1,4 +1,4 @@
-"""A longer fuzz run over the reliability properties of tests/test_reliability.py and tests/test_hostile_onnx.py.
+"""A longer fuzz run over the reliability properties of tests/core/test_reliability.py and tests/from_onnx/test_hostile_onnx.py.
 
 The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present) and the
 same check: every outcome is success or a CVMError, within the time and memory bounds. Unlike the tests, a run

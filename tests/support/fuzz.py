@@ -1,5 +1,5 @@
 """The fuzzing support of the reliability tests: extreme numbers, seed models covering every op, mutated cases,
-and ``bounded``, which runs one case within the time and memory bounds (tests/test_reliability.py states them)."""
+and ``bounded``, which runs one case within the time and memory bounds (tests/core/test_reliability.py states them)."""
 from __future__ import annotations
 
 import contextlib

@@ -4,7 +4,7 @@ onnxruntime.quantization can break one (scales 0, negative, NaN, inf, subnormal,
 types; zero points out of range, mistyped or of other shapes; axes; block_size; QLinear inputs missing or extra;
 weights retyped to int4, float8, int16...; bias shapes; a scale as a graph input; huge legal inputs), or by the
 generic field mutations of the reliability tests. ``check`` imports a mutant, and exports every import back and
-verifies it exact (the float-edge export too). tests/test_hostile_quantized.py runs a few; benchmarks/fuzz.py
+verifies it exact (the float-edge export too). tests/from_onnx/test_hostile_quantized.py runs a few; benchmarks/fuzz.py
 (``quantized``) runs many, each in a child process under a time and memory limit."""
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
 
 @st.composite
 def mutated(draw, seeds: dict[str, bytes]) -> Case:
-    """A seed with 1 to 3 quantization mutations, or one of the generic mutations of tests/test_reliability.py."""
+    """A seed with 1 to 3 quantization mutations, or one of the generic mutations of tests/core/test_reliability.py."""
     name = draw(st.sampled_from(sorted(seeds)))
     if draw(st.integers(0, 4)) == 0:
         import test_reliability as R

@@ -22,7 +22,7 @@ from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import run
 
-MODELS = Path(__file__).resolve().parents[1] / "models"
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 def singles(graph, data: np.ndarray) -> list[np.ndarray]:

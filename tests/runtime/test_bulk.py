@@ -20,7 +20,7 @@ from cvm_onnx.runtime import bulk
 from cvm_onnx.serving.target import Target
 from support import assert_same
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ["digits_cnn", "detection", "transforms"]
 
 

@@ -25,7 +25,7 @@ from cvm_onnx.core.format.params import write_params
 from cvm_onnx.core.ops import REGISTRY, OpRuleError
 from cvm_onnx.core.validate import shape_problem, validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 
 

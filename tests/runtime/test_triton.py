@@ -19,7 +19,7 @@ from cvm_onnx.native import library_path
 from cvm_onnx.runtime import bulk
 from cvm_onnx.runtime.triton import TYPES, config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 
 

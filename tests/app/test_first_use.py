@@ -20,7 +20,7 @@ from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.runtime import sessions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "models"
 needs_native = pytest.mark.skipif(native.library_path() is None, reason="the native library was not built")
 

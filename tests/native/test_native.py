@@ -450,7 +450,7 @@ def test_the_step_kinds_are_the_kernels():
 
     from cvm_onnx import native
 
-    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "custom_ops").rglob("*.h"))
+    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[2] / "custom_ops").rglob("*.h"))
     (enum,) = re.findall(r"enum\s+StepKind\b[^{]*\{([^}]*)\}", sources)
     kernels = {name: int(value) for name, value in re.findall(r"(k\w+)\s*=\s*(\d+)", enum)}
     assert kernels == {"kShift": native.SHIFT, "kMul": native.MULTIPLY, "kAdd": native.ADD, "kClip": native.CLIP,
@@ -467,7 +467,7 @@ def test_the_cpu_feature_bits_are_the_librarys():
 
     from cvm_onnx.native import cpu
 
-    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[1] / "custom_ops").rglob("*.cc"))
+    sources = "\n".join(p.read_text() for p in (Path(__file__).parents[2] / "custom_ops").rglob("*.cc"))
     (enum,) = re.findall(r"enum\s+Feature\b[^{]*\{([^}]*)\}", sources)
     bits = {name: 1 << int(shift) for name, shift in re.findall(r"k(\w+)\s*=\s*1u\s*<<\s*(\d+)", enum)}
     assert {bits[name]: name.lower() for name in bits} == {b: f.replace("_", "") for b, f in cpu.FEATURES.items()}

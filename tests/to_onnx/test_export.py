@@ -20,7 +20,7 @@ from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.graph import Graph, Node
 from cvm_onnx.runtime.sessions import run
 
-MODELS = Path(__file__).resolve().parents[1] / "models"
+MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 @pytest.mark.parametrize("inline", [False, True])

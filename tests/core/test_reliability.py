@@ -525,7 +525,7 @@ def test_conversion_is_deterministic_across_processes(resnet_dir, tmp_path):
         (tmp_path / seed).mkdir()
         env = {**os.environ, "PYTHONHASHSEED": seed}
         done = subprocess.run([sys.executable, "-c", HASHES, str(tmp_path / seed), *models], env=env,
-                              cwd=Path(__file__).parents[1], capture_output=True, text=True, timeout=300)
+                              cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert outputs[0] == outputs[1] and outputs[0].count("\n") == 4 * len(models)

@@ -455,7 +455,7 @@ def test_a_deferred_clip_above_zero_keeps_per_channel_requantization_exact():
     assert np.abs(got - exact).max() <= 1
 
 
-DIGITS = Path(__file__).resolve().parents[1] / "models" / "digits_cnn"
+DIGITS = Path(__file__).resolve().parents[2] / "models" / "digits_cnn"
 
 
 @pytest.mark.parametrize("form", [dict(), dict(optimize=True, batch=16)])

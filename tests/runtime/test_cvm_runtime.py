@@ -3,14 +3,14 @@ element for element, on its CPU and FORMAL devices: the example models, ResNet-2
 onnxruntime.quantization wrote and the quantized front imported, one small model per quantized-import rule and the
 second corpus's shipped models (where their packages are installed); and each example's gas is the runtime's
 (CVMAPIGetGasFromModel). Needs a local build of the runtime named by
-CVM_RUNTIME_LIB (tests/cvm_runtime.py); skipped without one."""
+CVM_RUNTIME_LIB (tests/support/cvm_runtime.py); skipped without one."""
 from __future__ import annotations
 
 import itertools
 
 import numpy as np
 import pytest
-from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
+from support.cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import float_model, qdq, quantized
@@ -83,7 +83,7 @@ def test_encoder_blocks(tmp_path, dims, form):
 
 @pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {})])
 def test_recurrent_layers(tmp_path, op, attrs):
-    """Issue 35's unrolled LSTM and GRU (bidirectional, tests/test_transformers.py's model) as `cvm-onnx quantize`
+    """Issue 35's unrolled LSTM and GRU (bidirectional, tests/from_onnx/test_transformers.py's model) as `cvm-onnx quantize`
     imports them: per-step dense of the computed h by R, gate tables, the state's shifts."""
     import onnx
     from test_transformers import lstm_model
@@ -108,7 +108,7 @@ def _dq(s: float, z: int, x_type: int):
 
 def _fresh_case(name: str):
     """(model, input precision, integer input type) of one quantized-import rule of issue 34 (docs/import.md), the
-    shapes and forms tests/test_quantized_fresh_ops.py checks against its oracles."""
+    shapes and forms tests/from_onnx/test_quantized_fresh_ops.py checks against its oracles."""
     n = h.make_node
     q = n("QuantizeLinear", ["r", "so", "zo"], ["y"])
     out = {"so": np.float32(0.37), "zo": np.int8(3)}

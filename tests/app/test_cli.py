@@ -26,7 +26,7 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model, write_params, write_symbol
 from cvm_onnx.core.format.onnx_file import onnx_model
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 CODES = {"format error": 2, "invalid model": 3, "unsupported": 4, "runtime error": 5}
 
 

@@ -30,7 +30,7 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.runtime.verify import generated_cases, verify
 
-MODELS = Path(__file__).parents[1] / "models"
+MODELS = Path(__file__).parents[2] / "models"
 EXAMPLES = ["digits_cnn", "detection", "transforms"]
 
 

@@ -25,7 +25,7 @@ from cvm_onnx.core.ops import type_node
 from cvm_onnx.core.validate import validate
 
 FAST = settings(max_examples=60, deadline=None)
-MODELS_DETECTION = Path(__file__).resolve().parents[1] / "models" / "detection"
+MODELS_DETECTION = Path(__file__).resolve().parents[2] / "models" / "detection"
 
 
 def getops_oracle(symbol: str) -> tuple[int, int, list[str]]:

@@ -22,7 +22,7 @@ from cvm_onnx.converters.to_onnx import LOWERINGS, to_onnx
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.native import ATTRS as NATIVE_ATTRS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 CASES = operator_cases()

@@ -26,7 +26,7 @@ from cvm_onnx.runtime import on_ray as ray_runs
 from cvm_onnx.runtime.on_ray import run_on_ray
 from support import assert_same
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ray_is_imported_only_when_asked_for():

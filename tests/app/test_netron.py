@@ -21,7 +21,7 @@ import pytest
 import cvm_onnx
 from cvm_onnx.app.cli import main
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 MODEL = ROOT / "models" / "digits_cnn"
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
