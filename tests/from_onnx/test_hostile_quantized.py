@@ -4,6 +4,7 @@ onnxruntime.quantization writes (tests/support/hostile_quantized.py), each broke
 run of that fuzzer; benchmarks/fuzz.py (``quantized``) runs it long."""
 from __future__ import annotations
 
+import math
 import time
 from fractions import Fraction
 
@@ -235,15 +236,27 @@ def test_an_average_pool_of_a_huge_input_is_planned_once_per_distinct_scale(seed
     assert "QLinearMatMul" in msg and "QLinearAveragePool" not in msg
 
 
+def _apply(p, v: int, channel: int) -> int:
+    """docs/import.md's one-term form, written from the doc: clip, pre-shift and final shift rounding half up."""
+    def shift(x, s):
+        return (x + (1 << (s - 1))) >> s if s else x
+    if p.clip:
+        v = min(max(v, p.clip[0]), p.clip[1])
+    m = int(p.multipliers[0].flat[channel])
+    return shift(shift(v, p.pre_shift) * m, p.shift)
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.fractions(Fraction(1, 1 << 20), Fraction(4)), min_size=1, max_size=4),
        st.lists(st.integers(0, 3), min_size=1, max_size=30), st.integers(-300, 0), st.integers(1, 300))
 def test_a_plan_over_repeated_ratios_is_the_plan_over_every_ratio(ratios, picks, lo, hi):
-    """plan() plans each distinct M once: multipliers, shifts, clip and delta equal those of planning every M."""
+    """plan() plans each distinct M once: over repeated ratios it is the plan of the distinct ratios, each channel
+    given its ratio's multiplier, and on every v in [lo, hi] each channel's result is within 1/2 + delta of v M
+    (saturated to the output range), delta < 1/2."""
     ms = np.array([ratios[i % len(ratios)] for i in picks], dtype=object)
+    distinct = sorted(set(ms.flat))
     try:
-        p = requant.tight(128)
-        want = requant._single(lo, hi, ms, -128, 127, p, requant.MAX_SHIFT - p, None)
+        want = requant.plan([(lo, hi, np.array(distinct, dtype=object))], -128, 127)
     except requant.NoPlan:
         with pytest.raises(requant.NoPlan):
             requant.plan([(lo, hi, ms)], -128, 127)
@@ -251,7 +264,17 @@ def test_a_plan_over_repeated_ratios_is_the_plan_over_every_ratio(ratios, picks,
     got = requant.plan([(lo, hi, ms)], -128, 127)
     assert (got.clip, got.pre_shift, got.shift, got.delta, got.split) == \
         (want.clip, want.pre_shift, want.shift, want.delta, want.split)
-    assert np.array_equal(got.multipliers[0], want.multipliers[0])
+    assert got.multipliers[0].tolist() == [want.multipliers[0][distinct.index(m)] for m in ms.flat]
+    assert got.delta < Fraction(1, 2)
+    if got.split:
+        return  # the two-part form's integers: tests/from_onnx/test_requant_split.py
+    for c, m in enumerate(ms.flat):
+        for v in range(lo, hi + 1):
+            exact = v * m
+            r = min(max(_apply(got, v, c), -128), 127)
+            assert abs(r - min(max(exact, Fraction(-128)), Fraction(127))) <= Fraction(1, 2) + got.delta
+            if abs(exact - math.floor(exact) - Fraction(1, 2)) > got.delta:  # not within delta of a half-integer
+                assert r == min(max(math.floor(exact + Fraction(1, 2)), -128), 127)
 
 
 @pytest.mark.parametrize("fmt, op", [("QDQ", "AveragePool"), ("QOperator", "QLinearAveragePool")])
