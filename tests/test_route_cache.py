@@ -230,3 +230,17 @@ def test_convert_target_native_fixes_the_layout_a_session_here_takes(cache, tmp_
     assert Target.of(model).layout == remembered_layout
     data = np.random.default_rng(2).integers(-127, 128, (1, 3, 16, 16)).astype(np.int32)
     assert np.array_equal(session(model).run(None, {"data": data})[0], execute(graph, {"data": data})[0])
+
+
+def test_layout_choice_is_the_sessions_choice_and_none_without_one(cache):
+    from cvm_onnx.runtime.sessions import layout_choice
+
+    if not Target.native().cpu_integer:
+        pytest.skip("no native library: no integer-products layouts to choose from")
+    model = to_onnx(_conv_graph(), Target())
+    first = layout_choice(model)
+    assert first.source == "measured" and set(first.times) == set(LAYOUTS)
+    assert layout_choice(model) == replace(first, source="cache") == remembered(model)
+    assert layout_choice(model, fresh=True).source == "measured"
+    assert layout_choice(to_onnx(_conv_graph(), Target(layout="rows"))) is None  # fixed at export
+    assert layout_choice(to_onnx(_conv_graph(), Target(products="float"))) is None  # no integer products
