@@ -48,15 +48,15 @@ from onnx import TensorProto, helper
 from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precision_of
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
-from cvm_onnx.core.format.onnx_file import dims, onnx_model
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 from cvm_onnx.runtime.placement import cuda_refusals
-from cvm_onnx.serving.cpu_layout import layout_passes
 from cvm_onnx.serving import route_cache
+from cvm_onnx.serving.cpu_layout import layout_passes
 from cvm_onnx.serving.passes import Sequential
-from cvm_onnx.serving.route_cache import batched_input, usable_cpus
+from cvm_onnx.serving.route_cache import batched_input, usable_cpus  # noqa: F401  (usable_cpus: for bulk, on_ray)
 from cvm_onnx.serving.target import Target
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -284,7 +284,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
         raise RuntimeFailure(f"{len(refused)} node(s) would fail on CUDA, {refused[0]}")
     providers = _providers(provider, conv_search, cuda_graph)
     batch = batched_input(proto)
-    so = _options(threads or (usable_cpus() if batch else 1), spin=batch)
+    so = _options(threads or route_cache.default_threads(proto), spin=batch)
     if profile is not None:
         so.enable_profiling, so.profile_file_prefix = True, profile
     library = library_path()
