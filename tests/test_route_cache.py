@@ -244,3 +244,37 @@ def test_layout_choice_is_the_sessions_choice_and_none_without_one(cache):
     assert layout_choice(model, fresh=True).source == "measured"
     assert layout_choice(to_onnx(_conv_graph(), Target(layout="rows"))) is None  # fixed at export
     assert layout_choice(to_onnx(_conv_graph(), Target(products="float"))) is None  # no integer products
+
+
+def test_a_layout_onnxruntime_refuses_is_measured_without_and_named(cache, monkeypatch):
+    """Where onnxruntime refuses one candidate (here a columns form made unloadable), the session warns naming it,
+    measures the others, and remembers a choice among them; the next session takes it without a warning."""
+    import onnx
+
+    from cvm_onnx.runtime import sessions
+
+    if not Target.native().cpu_integer:
+        pytest.skip("no native library: no integer-products layouts to choose from")
+    forms = sessions._serving_forms
+
+    def broken_columns(*args):
+        candidates, operands = forms(*args)
+        if "columns" in candidates:
+            bad = onnx.ModelProto()
+            bad.CopyFrom(candidates["columns"])
+            bad.graph.node.append(onnx.helper.make_node("no_such_kernel", [bad.graph.input[0].name], ["unread"],
+                                                        domain="cvm.native"))
+            candidates["columns"] = bad
+        return candidates, operands
+
+    monkeypatch.setattr(sessions, "_serving_forms", broken_columns)
+    graph = _conv_graph()
+    model = to_onnx(graph, Target())
+    data = np.random.default_rng(3).integers(-127, 128, (1, 3, 16, 16)).astype(np.int32)
+    with pytest.warns(RuntimeWarning, match="layout columns: onnxruntime refused it"):
+        sess = session(model)
+    assert np.array_equal(sess.run(None, {"data": data})[0], execute(graph, {"data": data})[0])
+    assert set(remembered(model).times) == {"rows", "fused"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        session(model)

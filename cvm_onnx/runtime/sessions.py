@@ -176,12 +176,22 @@ def _zeros(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
 def _choice(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, providers: list,
             key: route_cache.RouteKey, fresh: bool) -> tuple[route_cache.Choice, dict[str, ort.InferenceSession]]:
     """The layout ``route_cache.choose`` takes for ``key`` (remembered, else the candidates' sessions timed on
-    zeros) and the sessions it made (none where the choice was remembered)."""
+    zeros) and the sessions it made (none where the choice was remembered). A candidate onnxruntime refuses is left
+    out with a ``RuntimeWarning`` naming it; where it refuses every one, its error on the first is raised."""
     sessions: dict[str, ort.InferenceSession] = {}
 
     def runs() -> dict:
+        refused = {}
         for k, p in candidates.items():
-            sessions[k] = ort.InferenceSession(p.SerializeToString(), so, providers=providers)
+            try:
+                sessions[k] = ort.InferenceSession(p.SerializeToString(), so, providers=providers)
+            except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
+                refused[k] = e
+        if not sessions:
+            raise next(iter(refused.values()))
+        for k, e in refused.items():
+            warnings.warn(f"layout {k}: onnxruntime refused it ({one_line(e)}); measured without it", RuntimeWarning,
+                          stacklevel=6)
         return {k: (lambda s=sess, f=_zeros(sess): s.run(None, f)) for k, sess in sessions.items()}
 
     return route_cache.choose(key, runs, tuple(candidates), fresh), sessions

@@ -243,9 +243,8 @@ def measure(runs: Mapping[str, Callable[[], object]], clock: Callable[[], float]
 def choose(key: RouteKey, candidates: Callable[[], Mapping[str, Callable[[], object]]], layouts: tuple[str, ...],
            fresh: bool = False, clock: Callable[[], float] = time.perf_counter) -> Choice:
     """The layout for ``key`` among ``layouts``: the one remembered (unless ``fresh``), else the fastest of the
-    runs ``candidates()`` makes (``measure``), remembered."""
-    if not fresh and (known := lookup(key)) is not None and known.layout in layouts and set(known.times) == set(
-            layouts):
+    runs ``candidates()`` makes (``measure``; those it could make), remembered."""
+    if not fresh and (known := lookup(key)) is not None and known.layout in layouts:
         return known
     choice = measure(candidates(), clock)
     remember(key, choice)
