@@ -5,9 +5,10 @@ Every onnxruntime result is first checked bit for bit against the reference exec
 of five medians over many runs (``median_ms``); the load average is printed because other processes on the
 machine change them. The serving form is timed with its convolutions' products in float32 and as integer
 products (native im2col + MatMulInteger, ``cvm_onnx.native.cpu`` picks the operand types: the route and the CPU
-features detected are printed, and which route each convolution took; the layout is this machine's target's,
-``Target.native()``), and also with every one-group product as columns (``layout="columns"``), as rows of three
-nodes (``layout="rows"``), as rows with every product uint8 x uint8, as fused kernels on their AVX2 route
+features detected are printed, and which route each convolution took; the layout is the one the session takes:
+remembered in the route cache for this model, CPU and threads, else measured, and the row says which), and also
+with every one-group product as columns (``layout="columns"``), as rows of three nodes (``layout="rows"``), as
+fused kernels (``layout="fused"``), as rows with every product uint8 x uint8, as fused kernels on their AVX2 route
 (``cpu_layout.fused_convolutions(..., isa=2)``: what an AVX2-only CPU runs, timed on this one), and exported for
 this machine's target run by plain onnxruntime (default options, the native library registered).
 
@@ -138,6 +139,8 @@ def resnet(model: Path, runs: int) -> None:
         forms.append((f"optimized, integer products as columns (no rows), {unit} thread(s)", integer, unit, None,
                       "columns"))
         forms.append((f"optimized, integer products as rows (3 nodes), {unit} thread(s)", integer, unit, None, "rows"))
+        forms.append((f"optimized, fused kernels (their best ISA here), {unit} thread(s)", integer, unit, None,
+                      "fused"))
         forms.append((f"optimized, rows all u8u8 (MLAS), {unit} thread(s)", integer, unit, "u8u8", "rows"))
         if "avx2" in cpu.features():
             forms.append((f"optimized, fused kernels on AVX2 only, {unit} thread(s)", integer, unit, None,
@@ -161,7 +164,9 @@ def resnet(model: Path, runs: int) -> None:
             ms = median_ms(lambda: sess.run(None, feeds), max(25, runs // batch))
             note = f"{batch / ms * 1e3:.0f} images/s, {base / (ms / batch):.1f}x {base_name}"
             routes = sess.get_modelmeta().custom_metadata_map.get("cvm.routes", "")
-            layout = layout or next((k for k in LAYOUTS if f"{k} taken" in routes), Target.native().layout)
+            chosen = next((k for k in LAYOUTS if f"{k} taken" in routes), Target.native().layout)
+            layout = layout or chosen + (" (from the route cache)" if "from the route cache" in routes else
+                                         " (measured at session creation)" if "measured at" in routes else "")
             integer = options.get("target") is not None and options["target"].products == "integer"
             row(f"ResNet-20 ORT batch {batch}, {form}", f"{ms:.2f} ms",
                 note + (f"; {conv_routes(onnx_model, products or cpu.products())}, {layout}" if integer else "") +

@@ -8,6 +8,7 @@ output needs the on-chain model and is skipped, saying where it looked.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,18 @@ _spec = importlib.util.spec_from_file_location("make_resnet20", MODELS / "resnet
 make_resnet20 = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(make_resnet20)
 RESNET = make_resnet20.ONCHAIN  # the on-chain model's directory, for lists made at collection (it may be absent)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def route_cache_here(tmp_path_factory: pytest.TempPathFactory):
+    """The route cache (serving.route_cache) in this test session's temporary directory, never the user's."""
+    before = os.environ.get("CVM_ONNX_CACHE_DIR")
+    os.environ["CVM_ONNX_CACHE_DIR"] = str(tmp_path_factory.mktemp("route-cache"))
+    yield
+    if before is None:
+        del os.environ["CVM_ONNX_CACHE_DIR"]
+    else:
+        os.environ["CVM_ONNX_CACHE_DIR"] = before
 
 
 @pytest.fixture(scope="session")

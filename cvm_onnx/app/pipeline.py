@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import onnx
@@ -34,7 +34,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
 from cvm_onnx.runtime.placement import without_cuda_kernel
-from cvm_onnx.runtime.sessions import session
+from cvm_onnx.runtime.sessions import layout_choice, session
 from cvm_onnx.runtime.verify import Progress, Verdict, verify
 from cvm_onnx.serving.target import Target
 
@@ -105,12 +105,27 @@ def _batch(c: Conversion, progress: Progress | None) -> str:
     return ", ".join(f"input {c.graph.nodes[i].name} {c.graph.nodes[i].outputs[0].shape}" for i in c.graph.inputs)
 
 
+def _native_layout(c: Conversion, target: Target) -> tuple[Target, str]:
+    """``target`` (this machine's) with the layout a session here takes for the model (``layout_choice``: the
+    route cache's, else measured), and a note saying which; as it was where there is no layout to choose."""
+    probe = export(c.graph, replace(target, layout="session", operands="u8u8", isa="any"), inline=c.inline,
+                   batch=c.batch, symbol=c.symbol, edges=c.edges, batched=c.batch is not None, float_io=c.float_io)
+    choice = layout_choice(probe.model)
+    if choice is None:
+        return target, ""
+    source = "from the route cache" if choice.source == "cache" else "measured here"
+    return replace(target, layout=choice.layout), f"; layout {choice.layout}, {source} ({choice.timed()})"
+
+
 def _export(c: Conversion, progress: Progress | None) -> str:
     target = Target.named(c.target) if c.optimize or c.target != "cpu" else None
+    chosen = ""
+    if c.target == "native" and target.cpu_integer:
+        target, chosen = _native_layout(c, target)
     c.exported = export(c.graph, target, inline=c.inline, batch=c.batch, symbol=c.symbol, edges=c.edges,
                         batched=c.batch is not None, float_io=c.float_io)
     c.model = c.exported.model
-    passes = "; passes: " + ", ".join(c.exported.passes) if c.exported.passes else ""
+    passes = ("; passes: " + ", ".join(c.exported.passes) if c.exported.passes else "") + chosen
     routes = Counter(route for _, route, _ in c.exported.routes)
     placed = ""
     if c.target == "cuda":  # a node without a CUDA kernel would run on the CPU provider: a warning naming it

@@ -25,9 +25,10 @@
 * Layout of the serving form's one-group integer products: a model whose target fixed it at export
   (``cvm_onnx.serving.target``) runs as exported. One exported with layout "session" gets the target layout's
   passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
-  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros and
-  the fastest kept, the choice and the timings written into the session's ``cvm.routes``); by default this
-  machine's (``Target.native()``) where its kernels multiply with VNNI, elsewhere "measure".
+  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros, the
+  fastest kept and remembered, the choice and the timings written into the session's ``cvm.routes``); by default
+  the layout remembered for this model on this CPU with these threads (``cvm_onnx.serving.route_cache``), else
+  "measure": on every CPU, a session keeps the fastest of the three.
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
   model stamped with them must load, else ``RuntimeFailure`` says which onnxruntime is needed.
 """
@@ -36,7 +37,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import warnings
 from functools import cache
 
@@ -48,14 +48,16 @@ from onnx import TensorProto, helper
 from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precision_of
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
-from cvm_onnx.core.format.onnx_file import dims, onnx_model
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.format.onnx_safety import readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 from cvm_onnx.runtime.placement import cuda_refusals
+from cvm_onnx.serving import route_cache
 from cvm_onnx.serving.cpu_layout import layout_passes
 from cvm_onnx.serving.passes import Sequential
-from cvm_onnx.serving.target import VNNI, Target
+from cvm_onnx.serving.route_cache import batched_input, usable_cpus  # noqa: F401  (usable_cpus: for bulk, on_ray)
+from cvm_onnx.serving.target import Target
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 CUDA_OPTIONS = {"use_tf32": "0", "cudnn_conv_algo_search": "DEFAULT"}
@@ -112,15 +114,6 @@ def cuda_status() -> str:
     kernels = bool(cuda_ops(library_path()))
     usable = "usable here" if starts and kernels else "not usable here"
     return f"CUDA: {usable}: {why}; native CUDA kernels: {'built' if kernels else 'not built'}"
-
-
-def usable_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def batched_input(model: onnx.ModelProto) -> bool:
-    """Whether an input's first dimension is larger than one (or symbolic)."""
-    return any((d := dims(vi)) and (d[0] is None or d[0] > 1) for vi in model.graph.input)
 
 
 def _options(threads: int = 1, spin: bool = False) -> ort.SessionOptions:
@@ -180,46 +173,80 @@ def _zeros(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
             for i in sess.get_inputs()}
 
 
-def _timed(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
-    """The lowest of three medians of three runs (ms), after a warm-up run."""
-    sess.run(None, feeds)
-    medians = []
-    for _ in range(3):
-        times = []
-        for _ in range(3):
-            t = time.perf_counter()
-            sess.run(None, feeds)
-            times.append(time.perf_counter() - t)
-        medians.append(float(np.median(times)))
-    return 1e3 * min(medians)
+def _choice(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, providers: list,
+            key: route_cache.RouteKey, fresh: bool) -> tuple[route_cache.Choice, dict[str, ort.InferenceSession]]:
+    """The layout ``route_cache.choose`` takes for ``key`` (remembered, else the candidates' sessions timed on
+    zeros) and the sessions it made (none where the choice was remembered). A candidate onnxruntime refuses is left
+    out with a ``RuntimeWarning`` naming it; where it refuses every one, its error on the first is raised."""
+    sessions: dict[str, ort.InferenceSession] = {}
+
+    def runs() -> dict:
+        refused = {}
+        for k, p in candidates.items():
+            try:
+                sessions[k] = ort.InferenceSession(p.SerializeToString(), so, providers=providers)
+            except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
+                refused[k] = e
+        if not sessions:
+            raise next(iter(refused.values()))
+        for k, e in refused.items():
+            warnings.warn(f"layout {k}: onnxruntime refused it ({one_line(e)}); measured without it", RuntimeWarning,
+                          stacklevel=6)
+        return {k: (lambda s=sess, f=_zeros(sess): s.run(None, f)) for k, sess in sessions.items()}
+
+    return route_cache.choose(key, runs, tuple(candidates), fresh), sessions
 
 
 def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, providers: list,
-              ) -> tuple[ort.InferenceSession, onnx.ModelProto]:
-    """The session of the faster candidate layout (timed on zeros), its model's ``cvm.routes`` recording the
-    measurement on every integer-products route."""
-    sessions = {k: ort.InferenceSession(p.SerializeToString(), so, providers=providers) for k, p in candidates.items()}
-    times = {k: _timed(sess, _zeros(sess)) for k, sess in sessions.items()}
-    best = min(times, key=times.get)
-    note = (f"; layout measured at session creation: {', '.join(f'{k} {ms:.3f} ms' for k, ms in times.items())}, "
-            f"{best} taken")
-    proto = candidates[best]
+              key: route_cache.RouteKey, fresh: bool) -> tuple[ort.InferenceSession, onnx.ModelProto]:
+    """The session of the layout ``_choice`` takes, its model's ``cvm.routes`` recording the choice on every
+    integer-products route."""
+    choice, sessions = _choice(candidates, so, providers, key, fresh)
+    proto = candidates[choice.layout]
     props = {p.key: p for p in proto.metadata_props}
     if ROUTES in props:
+        note = f"; {choice.note()}"
         routes = [[name, route + (note if route.startswith("integer products") else ""), why]
                   for name, route, why in json.loads(props[ROUTES].value)]
         props[ROUTES].value = json.dumps(routes)
         return ort.InferenceSession(proto.SerializeToString(), so, providers=providers), proto
-    return sessions[best], proto
+    return sessions.get(choice.layout) or ort.InferenceSession(proto.SerializeToString(), so, providers=providers), \
+        proto
 
 
-def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | None) -> dict[str, onnx.ModelProto]:
-    """The serving form as the session may run it, by layout. A model whose target fixed its layout at export
-    (``Target.of``) runs as it is (``products`` and ``layout`` must be None); one exported with layout "session"
-    gets here the passes of its layout (``cpu_layout.layout_passes``): ``layout``, else this machine's
-    (``Target.native``) where its kernels multiply with VNNI, elsewhere "measure" (each timed), and its operands:
-    ``products`` "u8u8", or "u8s8" for the widest operands this CPU computes exactly (``native.cpu``), else this
-    machine's."""
+def layout_choice(model: ModelLike, threads: int | None = None, fresh: bool = False) -> route_cache.Choice | None:
+    """The layout a CPU session of ``model`` with ``threads`` takes (``session``'s default: remembered, else
+    measured and remembered; ``fresh``: measured anew), for a serving form exported with layout "session" whose
+    products are rows; None for any other model."""
+    check_onnxruntime()
+    proto = _load(model)
+    library = library_path()
+    if library is None or not uses_serving_kernels(proto):
+        return None
+    fixed = Target.of(proto)
+    if fixed is not None and fixed.layout != "session":
+        return None
+    candidates, operands = _serving_forms(proto, None, "measure")
+    if len(candidates) < 2:
+        return None
+    so = _options(threads or route_cache.default_threads(proto), spin=batched_input(proto))
+    so.register_custom_ops_library(library)
+    key = route_cache.RouteKey.of(proto, so.intra_op_num_threads, operands)
+    try:
+        return _choice(candidates, so, _providers("cpu"), key, fresh)[0]
+    except (CVMError, Warning):
+        raise
+    except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
+        raise RuntimeFailure(f"onnxruntime refused the model: {one_line(e)}") from None
+
+
+def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | None,
+                   ) -> tuple[dict[str, onnx.ModelProto], str]:
+    """The serving form as the session may run it, by layout, and its operands. A model whose target fixed its
+    layout at export (``Target.of``) runs as it is (``products`` and ``layout`` must be None); one exported with
+    layout "session" gets here the passes of its layout (``cpu_layout.layout_passes``): ``layout``, else (None, or
+    "measure") each of rows, fused and columns, for ``route_cache`` to choose from, and its operands: ``products``
+    "u8u8", or "u8s8" for the widest operands this CPU computes exactly (``native.cpu``), else this machine's."""
     fixed = Target.of(proto)
     if fixed is not None and fixed.layout != "session":
         if products is not None or layout is not None:
@@ -230,18 +257,16 @@ def _serving_forms(proto: onnx.ModelProto, products: str | None, layout: str | N
             raise RuntimeFailure(f"this model multiplies uint8 x int8 ({fixed.operands}), which onnxruntime does not "
                                  f"compute exactly on this CPU (here: {cpu.products()}, every product: "
                                  f"{cpu.unbounded()}); export it for this machine's target")
-        return {fixed.layout: proto}
+        return {fixed.layout: proto}, fixed.operands
     if products not in (None, "u8u8", "u8s8") or (products == "u8s8" and cpu.products() != "u8s8"):
         raise RuntimeFailure(f"products={products!r}: choose 'u8u8', or 'u8s8' where this CPU computes "
                              f"uint8 x int8 exactly (here: {cpu.products()})")
     if layout not in (None, *LAYOUTS):
         raise RuntimeFailure(f"layout={layout!r}: choose one of {', '.join(LAYOUTS)}")
-    here = Target.native()
-    operands = "u8u8" if products == "u8u8" else here.operands
+    operands = "u8u8" if products == "u8u8" else Target.native().operands
     rows = any(n.op_type == "im2col_rows" and n.domain == NATIVE_DOMAIN for n in proto.graph.node)
-    layout = layout or (here.layout if here.isa in VNNI else "measure")
-    kept = ("rows",) if not rows else LAYOUTS[:3] if layout == "measure" else (layout,)
-    return {k: Sequential(layout_passes(k if rows else "session", operands))(proto).model for k in kept}
+    kept = ("rows",) if not rows else LAYOUTS[:3] if layout in (None, "measure") else (layout,)
+    return {k: Sequential(layout_passes(k if rows else "session", operands))(proto).model for k in kept}, operands
 
 
 def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
@@ -255,10 +280,10 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
     as "u8u8" (exact everywhere) or "u8s8" (uint8 x int8 for the products where ``cpu`` proves it exact here, where
     ``cpu.products()`` offers it); None: that choice (the fused kernels multiply in their own code, exact on every
     CPU, and take no choice). ``layout``: the one-group integer products as rows, "rows", or each convolution
-    one kernel, "fused", or as "columns", or "measure": the three timed here and the fastest kept, its timings
-    recorded in the session's metadata ``cvm.routes``; None: ``Target.native()``'s with VNNI, else "measure". A
-    model whose target fixed
-    its layout takes neither option (see above). ``profile``: a file-name prefix; the session writes
+    one kernel, "fused", or as "columns", or "measure": the three timed here and the fastest kept and remembered
+    (``serving.route_cache``), its timings recorded in the session's metadata ``cvm.routes``; None: the layout
+    remembered for this model, CPU and thread count, else "measure". A model whose target fixed its layout takes
+    neither option (see above). ``profile``: a file-name prefix; the session writes
     onnxruntime's profile (``end_profiling()`` gives its path; ``placement.profiled_placement`` reads where each
     node ran). ``conv_search`` (CUDA): cuDNN's algorithm search, see above. ``cuda_graph`` (CUDA): onnxruntime captures the kernels into a CUDA graph;
     run such a session through ``Bound`` (fixed buffers), with every node on the GPU (the CUDA serving form).
@@ -269,7 +294,7 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
         raise RuntimeFailure(f"{len(refused)} node(s) would fail on CUDA, {refused[0]}")
     providers = _providers(provider, conv_search, cuda_graph)
     batch = batched_input(proto)
-    so = _options(threads or (usable_cpus() if batch else 1), spin=batch)
+    so = _options(threads or route_cache.default_threads(proto), spin=batch)
     if profile is not None:
         so.enable_profiling, so.profile_file_prefix = True, profile
     library = library_path()
@@ -280,10 +305,13 @@ def session(model: ModelLike, provider: str = "cpu", native: bool | None = None,
             raise RuntimeFailure("this serving form runs the native im2col and requantize kernels, which need the "
                                  "native custom-op library (see docs/custom_ops.md); export it again without them "
                                  "for a target of products='float' (Target(products='float')) to run it elsewhere")
-        candidates = _serving_forms(proto, products, layout)
+        candidates, operands = _serving_forms(proto, products, layout)
         if len(candidates) > 1:
+            key = route_cache.RouteKey.of(proto, so.intra_op_num_threads, operands)
             try:
-                return _measured(candidates, so, providers)[0]
+                return _measured(candidates, so, providers, key, fresh=layout == "measure")[0]
+            except (CVMError, Warning):
+                raise
             except Exception as e:
                 raise RuntimeFailure(f"onnxruntime refused the model: {one_line(e)}") from None
         (proto,) = candidates.values()

@@ -128,7 +128,10 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
     (x + 128 is in [0, 255] for the rows of offset 0 too), so the same outputs."""
     out = _copy(model)
     graph = out.graph
-    shapes = _shapes(out)
+    try:
+        shapes = _shapes(out)
+    except onnx.shape_inference.InferenceError:  # a node the kernels will refuse, naming it: no columns
+        shapes = {}
     producer = {o: n for n in graph.node for o in n.output}
     readers = _readers(graph)
     replaced: dict[int, list[onnx.NodeProto]] = {}
@@ -140,7 +143,7 @@ def columns_from_rows(model: onnx.ModelProto) -> onnx.ModelProto:
         m = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type == "requantize" and rows_attr else None
         r = producer.get(m.input[0]) if m is not None and m.op_type == "MatMulInteger" else None
         if r is None or r.domain != DOMAIN or r.op_type != "im2col_rows" or _int_attr(r, "zero", -1) >= 0 or \
-                len(readers[m.output[0]]) != 1 or len(m.input) != 4 or shapes.get(r.input[0], [-1])[1:].count(-1):
+                len(readers[m.output[0]]) != 1 or len(m.input) != 4 or -1 in shapes.get(r.input[0], [-1, -1])[1:]:
             continue
         attrs = {a.name: list(a.ints) for a in r.attribute if a.name != "offset"}
         (kh, kw), (n_, c, h, w), oc = attrs["kernel_shape"], shapes[r.input[0]], shapes[m.input[1]][1]

@@ -2,8 +2,10 @@
 computes it in the model as it runs (its layout, kernel nodes, the ISA that multiplies and the requantize chain's
 step kinds), read from the model's nodes, metadata ``cvm.routes`` and ``cvm.target`` by ``route_map`` alone.
 
-A model exported with layout "session" is mapped as a session here lays it out (this machine's target's layout
-passes, as ``runtime.sessions`` runs them), so the map says what runs on this machine.
+A model exported with layout "session" is mapped as a session here lays it out (the layout remembered for it on
+this CPU, ``route_cache``, with this machine's operands, as ``runtime.sessions`` runs them), so the map says what
+runs on this machine; where no layout is remembered yet, as this machine's target's (``Target.native``), which a
+session here replaces by the fastest it measures.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from cvm_onnx.native import DOMAIN, STEP_KINDS
 
 from .cpu_layout import layout_passes
 from .passes import Sequential
+from .route_cache import Choice, RouteKey, default_threads, lookup
 from .target import Target
 
 #: What each native kernel's products are multiplied by.
@@ -85,6 +88,19 @@ def _kernel(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], here: Tar
     return "columns", f"{window} > MatMulInteger > {node.op_type}", kind
 
 
+def remembered(model: onnx.ModelProto, threads: int | None = None) -> Choice | None:
+    """The layout remembered here (``route_cache``) for a serving form exported with layout "session", as a session
+    with ``threads`` (None: as many as it gets by default) and this machine's operands runs it; None where there is
+    none, or the model's layout is not left to the session."""
+    target = Target.of(model)
+    if target is None or not target.cpu_integer or target.layout != "session":
+        return None
+    here = Target.native()
+    if not here.cpu_integer:
+        return None
+    return lookup(RouteKey.of(model, threads or default_threads(model), here.operands))
+
+
 def route_map(model: onnx.ModelProto) -> list[Route]:
     """Each conv2d's ``Route`` in ``model`` (a serving form; none for another form), as it runs here."""
     props = {p.key: p.value for p in model.metadata_props}
@@ -94,7 +110,8 @@ def route_map(model: onnx.ModelProto) -> list[Route]:
     deferred = target is not None and target.cpu_integer and target.layout == "session"
     here = Target.native() if deferred or target is None else target
     if deferred and here.cpu_integer:
-        model = Sequential(layout_passes(here.layout, here.operands))(model).model
+        known = remembered(model)
+        model = Sequential(layout_passes(known.layout if known else here.layout, here.operands))(model).model
     producer = {o: n for n in model.graph.node for o in n.output}
     kernels: dict[str, tuple[str, str, str, str]] = {}
     for n in model.graph.node:
@@ -121,6 +138,12 @@ def route_lines(model: onnx.ModelProto) -> list[str]:
     deferred = target is not None and target.cpu_integer and target.layout == "session"
     lines = [f"routes ({len(routes)} conv2d; target {target.text() if target else 'unstated'}"
              f"{', laid out as a session here lays it out' if deferred else ''}):"]
+    if deferred and Target.native().cpu_integer:
+        known = remembered(model)
+        lines.append(f"  layout {known.layout}, from the route cache (measured on this CPU: {known.timed()})"
+                     if known else f"  layout not measured here yet: mapped as this machine's target's "
+                     f"({Target.native().layout}); a session here measures rows, fused and columns and keeps the "
+                     "fastest")
     lines += [f"  {r.conv}: {r.route}; {r.layout}: {r.kernel}; {r.isa}; chain {r.chain}"
               + (f"; not integer products: {r.why}" if r.why else "") for r in routes]
     return lines

@@ -9,7 +9,8 @@ the same Target gives the same bytes on any machine, and the model states its Ta
 the native library is built, the rows left as exported for the session to lay out (layout "session"), uint8 x
 uint8 operands (exact on every CPU). ``Target.native()`` is this machine's best (``--target native``): the
 layout and operands fixed at export from the CPU's features (CPUID through the native library, and
-onnxruntime's products probed: ``native.cpu``), so that plain onnxruntime runs the file as ``cvm-onnx run`` does.
+onnxruntime's products probed: ``native.cpu``), so that plain onnxruntime runs the file as ``cvm-onnx run`` does;
+``convert --target native`` replaces its layout by the one measured fastest for the model here (``route_cache``).
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ ISAS = ("any", "baseline", "avx2", "avx_vnni", "avx512_vnni")
 _BEST_FIRST = ("avx512_vnni", "avx_vnni", "avx2")
 #: The ISAs whose fused kernels multiply with VNNI: the fused layout measured fastest (benchmarks/bench.py).
 VNNI = ("avx512_vnni", "avx_vnni")
-#: The layout each ISA's CPU gets: fused with VNNI (measured); on AVX2 fused too (its AVX2 kernels, timed on a
-#: VNNI CPU, beat the rows of uint8 x uint8 products; an AVX2-only CPU is not measured); rows on the baseline (not
-#: measured). A session of a layout-"session" model times the layouts instead where the kernels lack VNNI.
+#: The layout each ISA's CPU gets before any measurement: fused with VNNI (measured); on AVX2 fused too (its AVX2
+#: kernels, timed on a VNNI CPU, beat the rows of uint8 x uint8 products; an AVX2-only CPU is not measured); rows on
+#: the baseline (not measured). A session of a layout-"session" model, and ``convert --target native``, take the
+#: layout measured fastest for the model here instead (``route_cache``).
 LAYOUT_OF_ISA = {"avx512_vnni": "fused", "avx_vnni": "fused", "avx2": "fused", "baseline": "rows"}
 #: The names ``--target`` takes.
 NAMES = ("cpu", "cuda", "native")
@@ -81,7 +83,8 @@ class Target:
 
     @classmethod
     def native(cls) -> Target:
-        """This machine's best CPU target: its kernels' ISA, that ISA's layout (``LAYOUT_OF_ISA``) and the
+        """This machine's best CPU target: its kernels' ISA, that ISA's layout (``LAYOUT_OF_ISA``; for one model,
+        the app's ``--target native`` takes the layout measured for it, ``runtime.sessions.layout_choice``) and the
         widest operands onnxruntime computes exactly here; float products without the native library."""
         from cvm_onnx.native import cpu  # onnxruntime, probed: only when this machine's target is asked for
 

@@ -28,7 +28,7 @@ from cvm_onnx.core.format import write_model
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.graph import Entry
 from cvm_onnx.native import DOMAIN, cpu, library_path
-from cvm_onnx.runtime.sessions import run, session
+from cvm_onnx.runtime.sessions import LAYOUTS, run, session
 from cvm_onnx.serving import cpu_layout
 from cvm_onnx.serving.target import Target
 
@@ -175,6 +175,9 @@ def test_im2col_rows_refuses_bad_attributes(attrs):
         onnx.checker.check_model(model, full_check=True)
     with pytest.raises(RuntimeFailure, match="im2col_rows"):
         run(model, {"x": np.zeros((1, 2, 3, 3), np.int32)})
+    for layout in LAYOUTS:  # each layout's passes leave the node for onnxruntime to refuse (the columns' too)
+        with pytest.raises(RuntimeFailure, match="im2col_rows"):
+            session(model, layout=layout)
 
 
 # -- conv2d runs from integer products -------------------------------------------------------------------------
@@ -633,7 +636,7 @@ def test_two_clips_in_a_row_are_one_step_and_exact(first, second):
 def test_the_layout_measured_at_session_creation_is_exact_and_recorded(resnet):
     """layout="measure" times the rows, the fused kernels (``cpu_layout.fused_convolutions``) and the columns
     (``cpu_layout.columns_from_rows``) and keeps the fastest; the session's cvm.routes says so; every way the outputs are
-    the reference's. Without VNNI that is the default."""
+    the reference's. Where no layout is remembered (serving.route_cache) that is the default."""
     model = to_onnx(resnet, Target())
     columns = cpu_layout.columns_from_rows(model)
     assert {n.op_type for n in columns.graph.node if n.domain == DOMAIN} == {"im2col_uint8", "requantize"}
