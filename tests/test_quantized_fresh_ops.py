@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import Oracle, qdq
+from test_quantized_rules import softmax_oracle
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -539,3 +540,138 @@ def test_a_division_as_the_float_output_is_a_tail_of_its_table():
     assert edge.type == "int16" and 32767 * st_ >= 128  # -64 / 0.5: the largest |a / b| over both ranges
     real = (x * 0.5) / np.maximum(x.T * 0.5, 0.5)
     assert np.array_equal(got, np.rint(real / st_).astype(np.int64))
+
+
+# -- a written-out softmax: Exp(x - m) / ReduceSum(Exp(x - m)) ------------------------------------------------------
+def written_softmax(shape, axes, shift: str, form: str, keep: bool, sum_qdq: bool, expand: bool, out_type,
+                    zx: int, zo: int, opset: int = 17):
+    """DequantizeLinear(x) -> [less a shift constant along ``axes``] -> Exp -> ReduceSum over ``axes`` (keepdims or
+    not, then reshaped to the keepdims shape) [-> QuantizeLinear/DequantizeLinear] [-> Expand] -> Div, or Mul by
+    its Reciprocal -> [QuantizeLinear]. shift: none; max (ReduceMax over ``axes``, requantized at its own scale,
+    as Magika's); const (a float constant of the keepdims shape); max-float (ReduceMax read unquantized)."""
+    keep_shape = [1 if a in axes else n for a, n in enumerate(shape)]
+    inits = {"s": np.float32(0.0625), "zx": np.int8(zx), "sm": np.float32(0.09), "zm": np.int8(0),
+             "axes": np.array(axes, np.int64), "kshape": np.array(keep_shape, np.int64),
+             "full": np.array(shape, np.int64), "ss": np.float32(0.05), "zs": np.uint8(0),
+             "c": np.linspace(-3, 4, math.prod(keep_shape)).reshape(keep_shape).astype(np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
+    if shift in ("max", "max-float"):
+        nodes.append(h.make_node("ReduceMax", ["xf"], ["mx"], axes=axes, keepdims=1))
+        if shift == "max":
+            nodes += [h.make_node("QuantizeLinear", ["mx", "sm", "zm"], ["mq"]),
+                      h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["m"])]
+        nodes.append(h.make_node("Sub", ["xf", "mx" if shift == "max-float" else "m"], ["u"]))
+    elif shift == "const":
+        nodes.append(h.make_node("Sub", ["xf", "c"], ["u"]))
+    nodes += [h.make_node("Exp", ["u" if shift != "none" else "xf"], ["e"]),
+              h.make_node("ReduceSum", ["e", "axes"], ["sum0"], keepdims=int(keep))]
+    last = "sum0"
+    if not keep:
+        nodes.append(h.make_node("Reshape", [last, "kshape"], ["sumk"]))
+        last = "sumk"
+    if sum_qdq:
+        nodes += [h.make_node("QuantizeLinear", [last, "ss", "zs"], ["sq"]),
+                  h.make_node("DequantizeLinear", ["sq", "ss", "zs"], ["sd"])]
+        last = "sd"
+    if expand:
+        nodes.append(h.make_node("Expand", [last, "full"], ["sx"]))
+        last = "sx"
+    if form == "div":
+        nodes.append(h.make_node("Div", ["e", last], ["p"], name="softmax_div"))
+    else:
+        nodes += [h.make_node("Reciprocal", [last], ["r"]),
+                  h.make_node("Mul", ["e", "r"] if form == "mul" else ["r", "e"], ["p"], name="softmax_div")]
+    if out_type == T.FLOAT:
+        return qdq(nodes, shape, T.INT8, inits, T.FLOAT, opset=opset, out="p")
+    inits.update(so=np.float32(1 / 256), zo=NP[out_type](zo))
+    nodes.append(h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"]))
+    return qdq(nodes, shape, T.INT8, inits, out_type, opset=opset)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       shift=st.sampled_from(["none", "max", "const", "max-float"]), form=st.sampled_from(["div", "mul", "mul-r"]),
+       keep=st.booleans(), sum_qdq=st.booleans(), expand=st.booleans(),
+       out_type=st.sampled_from([T.INT8, T.UINT8, T.FLOAT]))
+def test_a_written_out_softmax_imports_as_softmax(d, shape, shift, form, keep, sum_qdq, expand, out_type):
+    """Exp(x - m) / ReduceSum(Exp(x - m)) over contiguous axes (m constant along them: none, a max requantized at
+    its own scale, a constant, a float max; Div or Mul by a Reciprocal; the sum kept or reshaped back, through a
+    QuantizeLinear/DequantizeLinear pair, expanded) is softmax(x) along those axes: equal, integer for integer, to
+    the integer form's oracle (test_quantized_rules), within 1/2 + delta of the exact softmax of the quantized
+    input, and to the Softmax node's import where one axis is reduced; quantized by the QuantizeLinear after it
+    or, as the float output, to int16 at the stated scale; the nodes only it read emit nothing. Regression: 'the
+    ReduceSum input (Exp of a sum) must be quantized (QuantizeLinear) first' (Magika)."""
+    rank = len(shape)
+    a = d.draw(st.integers(0, rank - 1))
+    b = d.draw(st.integers(a, rank - 1))
+    axes = list(range(a, b + 1))
+    zx = zero(d, T.INT8)
+    zo = -128 if out_type == T.INT8 else 0
+    m = written_softmax(shape, axes, shift, form, keep, sum_qdq, expand, out_type, zx, zo)
+    x = draw_x(d, shape, T.INT8)
+    imp, [got] = run(m, x)
+    assert not [w for w, nodes in imp.origins if nodes and not w.startswith(("softmax_div", "DequantizeLinear_0",
+                                                                               "QuantizeLinear"))]
+    view = (math.prod(shape[:a]), math.prod(shape[a:b + 1]), math.prod(shape[b + 1:]))
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    if out_type == T.FLOAT:
+        [edge] = imp.edges.outputs
+        assert edge.type == "int16" and int(np.asarray(edge.zero_point).reshape(())) == 0
+        so, (lo, hi) = float(np.asarray(edge.scale).reshape(())), (-32768, 32767)
+    else:
+        so, (lo, hi) = 1 / 256, RANGE[out_type]
+    q = 1 / Fraction(so)
+    assert np.array_equal(got, softmax_oracle(x - zx, 0.0625, q, view, p, zo, lo, hi))
+    real = ((x - zx) * 0.0625).reshape(view)
+    ex = np.exp(real - real.max(axis=1, keepdims=True))
+    exact = (ex / ex.sum(axis=1, keepdims=True)).reshape(shape) * float(q) + zo
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    if a == b and out_type != T.FLOAT:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("Softmax", ["xf"], ["p"], axis=a), h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+        inits = {"s": np.float32(0.0625), "zx": np.int8(zx), "so": np.float32(1 / 256), "zo": NP[out_type](zo)}
+        _, [theirs] = run(qdq(nodes, shape, T.INT8, inits, out_type), x)
+        assert np.array_equal(got, theirs)
+
+
+@pytest.mark.parametrize("case", ["shift-along-another-axis", "divisor-reshaped-across", "divisor-transposed",
+                                  "two-exps", "axes-not-contiguous"])
+def test_what_is_not_a_softmax_is_not_read_as_one(case):
+    """Chains that are not softmax(x) along the summed axes are not read as one: a shift that varies along the
+    summed axis is refused as the softmax's input, naming the Div; a divisor holding other rows' sums (reshaped
+    across, transposed), an Exp other than the summed one, axes that are not contiguous: the ReduceSum of an Exp is
+    refused as before, naming it."""
+    inits = {"s": np.float32(0.0625), "z": np.int8(0), "so": np.float32(1 / 256), "zo": np.int8(-128),
+             "a1": np.array([1], np.int64), "a2": np.array([2], np.int64), "a02": np.array([0, 2], np.int64),
+             "across": np.array([3, 1, 3], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])]
+    e, axes, keep, den = "e", "a1", 1, "sum"
+    if case == "shift-along-another-axis":  # x - max over axis 2, summed over axis 1
+        nodes += [h.make_node("ReduceMax", ["xf"], ["mx"], axes=[2], keepdims=1),
+                  h.make_node("Sub", ["xf", "mx"], ["u"]), h.make_node("Exp", ["u"], ["e"])]
+    else:
+        nodes.append(h.make_node("Exp", ["xf"], ["e"]))
+    if case == "two-exps":
+        nodes += [h.make_node("Neg", ["xf"], ["xn"]), h.make_node("Exp", ["xn"], ["e2"])]
+        e = "e2"
+    if case == "axes-not-contiguous":
+        axes = "a02"
+    if case == "divisor-reshaped-across":  # the (3, 3) sums over axis 2 placed as (3, 1, 3): along axis 1
+        axes, keep = "a2", 0
+    nodes.append(h.make_node("ReduceSum", [e, axes], ["sum"], keepdims=keep, name="the_sum"))
+    if case == "divisor-reshaped-across":
+        nodes.append(h.make_node("Reshape", ["sum", "across"], ["den"]))
+        den = "den"
+    if case == "divisor-transposed":
+        nodes.append(h.make_node("Transpose", ["sum"], ["den"], perm=[0, 2, 1]))
+        den = "den"
+    nodes += [h.make_node("Div", ["e", den], ["p"], name="softmax_div"),
+              h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    m = qdq(nodes, (3, 3, 3), T.INT8, inits, T.INT8)
+    if case == "shift-along-another-axis":
+        want = r"softmax_div \(Div\): the written-out softmax's input \(a sum\) must be quantized"
+    else:
+        want = r"the_sum \(ReduceSum\): the ReduceSum input \(.*\) must be quantized"
+    with pytest.raises(CVMError, match=want):
+        import_model(m)
