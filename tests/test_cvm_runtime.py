@@ -14,7 +14,7 @@ from cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import float_model, qdq, quantized
-from test_quantized_fresh_ops import written_softmax
+from test_quantized_fresh_ops import declared, written_softmax
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
@@ -159,6 +159,10 @@ def _fresh_case(name: str):
         k = {"k": np.float32(0.5 if name == "pow_half" else -1)} if more else {}
         return qdq(dq + [n(op, ["xf"] + more, ["r"]), q], (2, 9), T.UINT8, {**inits, **k, **out, "so": np.float32(0.2)},
                    T.INT8), 9, T.UINT8
+    if name == "max_pool_dilated_same_upper":  # its output shape declared as ONNX gives it: ceil(size / stride)
+        m = qdq([n("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], dilations=[2, 2], strides=[2, 1],
+                   auto_pad="SAME_UPPER")], (1, 2, 7, 9), T.INT8, {}, T.INT8, opset=13)
+        return declared(m, (1, 2, 4, 9)), 8, T.INT8
     if name.startswith("max_pool_dilated"):
         attrs = dict(kernel_shape=[2, 3], dilations=[2, 2], strides=[1, 2], pads=[1, 0, 1, 0], ceil_mode=1) \
             if name.endswith("2d") else dict(kernel_shape=[3], dilations=[3], strides=[2], auto_pad="VALID")
@@ -189,6 +193,7 @@ FRESH = ["max_const_on_grid", "min_const_off_grid", "max_of_one_scale", "min_of_
          "prelu_scalar", "global_max_pool", "reduce_max", "reduce_min", "reduce_sum", "reduce_mean", "add_const",
          "exp_of_x_minus_max", "resize_half_pixel", "resize_align_corners", "resize_asymmetric", "div_of_values", "log",
          "reciprocal", "pow_half", "pow_minus_one", "exp", "max_pool_dilated_2d", "max_pool_dilated_1d",
+         "max_pool_dilated_same_upper",
          "tail_sigmoid", "tail_tanh", "tail_softmax", "tail_clip_to_max", "tail_div", "int_input_int16",
          "int_input_int32", "written_softmax", "written_softmax_tail"]
 

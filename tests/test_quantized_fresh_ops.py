@@ -8,12 +8,14 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx.reference import ReferenceEvaluator
 from support.quantized import Oracle, qdq
 from test_quantized_rules import softmax_oracle
 
@@ -444,12 +446,89 @@ def test_dilated_max_pool_equals_onnxruntime(d, k, dil, strides, ceil, pad, one_
     assert verify(imp.graph, x.astype(np.int32)).exact
 
 
-def test_dilated_max_pool_with_same_padding_is_refused_naming_the_node():
-    """onnxruntime pads a dilated MaxPool's SAME_UPPER for the undilated kernel (2 outputs of 3 where ONNX says 3):
-    refused rather than matching one of the two."""
+def declared(m, shape):
+    """``m`` with its output's shape declared."""
+    m.graph.output[0].CopyFrom(h.make_tensor_value_info(m.graph.output[0].name, T.INT8, list(shape)))
+    return m
+
+
+def same_pool_oracle(x: np.ndarray, k, dil, strides) -> np.ndarray:
+    """ONNX's MaxPool with auto_pad SAME_UPPER, from its text: ceil(size / s) outputs per axis, the total pad
+    (out - 1) s + (k - 1) d + 1 - size split with the odd one at the end; each output the max over the window's
+    positions inside the input."""
+    sizes = x.shape[2:]
+    outs = [-(-n // s) for n, s in zip(sizes, strides)]
+    begins = [((o - 1) * s + (kk - 1) * d + 1 - n) // 2 for o, s, kk, d, n in zip(outs, strides, k, dil, sizes)]
+    y = np.empty(x.shape[:2] + tuple(outs), np.int64)
+    for o in np.ndindex(*outs):
+        taps = [[o_ * s - b + i * d for i in range(kk) if 0 <= o_ * s - b + i * d < n]
+                for o_, s, b, kk, d, n in zip(o, strides, begins, k, dil, sizes)]
+        y[(...,) + o] = x[(...,) + np.ix_(*taps)].reshape(x.shape[:2] + (-1,)).max(-1)
+    return y
+
+
+@SETTINGS
+@given(d=st.data(), k=st.tuples(st.integers(1, 3), st.integers(1, 3)), dil=st.tuples(st.integers(1, 3),
+                                                                                       st.integers(1, 3)),
+       strides=st.tuples(st.integers(1, 3), st.integers(1, 3)), ceil=st.booleans(), one_d=st.booleans())
+def test_dilated_max_pool_with_same_upper_padding_follows_onnx(d, k, dil, strides, ceil, one_d):
+    """A dilated MaxPool with auto_pad SAME_UPPER whose output shape the model declares as ONNX states it
+    (ceil(size / stride), as onnx's shape inference gives): equal to the windows of ONNX's text (an exact oracle)
+    and to onnx.reference's MaxPool. Regression: 'MaxPool with dilations and auto_pad SAME_*' refused."""
+    n_sp = 1 if one_d else 2
+    k, dil, strides = k[:n_sp], dil[:n_sp], strides[:n_sp]
+    assume(any(v > 1 for v in dil))
+    assume(all(s <= (kk - 1) * dd + 1 for s, kk, dd in zip(strides, k, dil)))  # a total pad >= 0 on every size
+    size = tuple(d.draw(st.integers(1, 9)) for _ in k)
+    outs = [-(-n // s) for n, s in zip(size, strides)]
+    begins = [((o - 1) * s + (kk - 1) * dd + 1 - n) // 2
+              for o, s, kk, dd, n in zip(outs, strides, k, dil, size)]
+    assume(all(any(0 <= j * s - b + i * dd < n for i in range(kk)) for o, s, b, kk, dd, n in
+               zip(outs, strides, begins, k, dil, size) for j in range(o)))  # no window of padding only (refused)
+    shape = (1, 2) + size
+    attrs = {"kernel_shape": list(k), "dilations": list(dil), "strides": list(strides), "ceil_mode": int(ceil),
+             "auto_pad": "SAME_UPPER"}
+    want_shape = shape[:2] + tuple(-(-n // s) for n, s in zip(size, strides))
+    m = declared(qdq([h.make_node("MaxPool", ["x"], ["y"], **attrs)], shape, T.INT8, {}, T.INT8, opset=13),
+                 want_shape)
+    inferred = onnx.shape_inference.infer_shapes(m).graph.output[0].type.tensor_type.shape.dim
+    assert tuple(v.dim_value for v in inferred) == want_shape
+    x = np.clip(draw_x(d, shape, T.INT8), -127, 127)
+    imp = import_model(m, input_precision=8)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    want = same_pool_oracle(x, k, dil, strides)
+    assert got.shape == want_shape and np.array_equal(got, want)
+    [ref] = ReferenceEvaluator(m).run(None, {"x": x.astype(np.int8)})
+    assert ref.shape == want_shape and np.array_equal(got, ref.astype(np.int64))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+@pytest.mark.parametrize("declare", [None, (1, 2, 2)])
+def test_dilated_max_pool_with_same_padding_undeclared_is_refused_naming_the_node(declare):
+    """Without the output shape declared as ONNX gives it (none; onnxruntime's 2 outputs of 3), refused naming
+    the node and both shapes."""
     m = qdq([h.make_node("MaxPool", ["x"], ["y"], name="pool3", kernel_shape=[2], dilations=[2],
                          auto_pad="SAME_UPPER")], (1, 2, 3), T.INT8, {}, T.INT8, opset=13)
-    with pytest.raises(CVMError, match=r"pool3 \(MaxPool\): MaxPool with dilations and auto_pad SAME_\*"):
+    if declare:
+        m = declared(m, declare)
+    said = "declares no output shape" if declare is None else r"declares the output shape \(1, 2, 2\)"
+    with pytest.raises(CVMError, match=r"pool3 \(MaxPool\): MaxPool with dilations and auto_pad SAME_UPPER: ONNX "
+                                       r"gives the output shape \(1, 2, 3\) .* the model " + said):
+        import_model(m)
+
+
+@pytest.mark.parametrize("case", ["negative-total", "padding-only", "same-lower"])
+def test_dilated_max_pool_with_same_padding_without_a_stated_form_is_refused(case):
+    """A stride beyond the dilated kernel (a negative total pad, whose split ONNX does not state), a window of
+    padding only (1 value, kernel 2 at dilation 2), SAME_LOWER (ONNX's text, onnx.reference and onnxruntime each
+    pad it differently): refused naming the node."""
+    size, strides, out = {"negative-total": (4, 4, 1), "padding-only": (1, 1, 1), "same-lower": (5, 1, 5)}[case]
+    m = declared(qdq([h.make_node("MaxPool", ["x"], ["y"], name="pool4", kernel_shape=[2], dilations=[2],
+                                  strides=[strides], auto_pad="SAME_LOWER" if case == "same-lower" else "SAME_UPPER")],
+                     (1, 2, size), T.INT8, {}, T.INT8, opset=13), (1, 2, out))
+    want = {"negative-total": "pads a negative total -1", "padding-only": "a window of padding only",
+            "same-lower": "SAME_LOWER: ONNX's text, its reference implementation"}[case]
+    with pytest.raises(CVMError, match=r"pool4 \(MaxPool\): .*" + want):
         import_model(m)
 
 

@@ -89,6 +89,7 @@ class _Walk:
             self.meta.update({vi.name: p.value for p in vi.metadata_props if p.key == PRECISION_KEY})
             if (d := dims(vi)) is not None and None not in d:
                 self.shapes[vi.name] = d
+        self.ctx.shapes = self.shapes
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
         self.input_edge: Edge | None = None
