@@ -572,6 +572,87 @@ def test_linear_resize_at_integer_scales(d, f, s, so, x_type, mode):
     assert np.abs(got - theirs.astype(np.int64)).max() <= 1
 
 
+def resize_oracle(x: np.ndarray, out: tuple[int, ...], factors: list[Fraction], mode: str) -> np.ndarray:
+    """ONNX's linear Resize in exact rationals, axis by axis: the coordinate by the mode at the scale ONNX uses,
+    clamped to [0, size - 1], and (1 - r) x[i] + r x[min(i + 1, size - 1)], i = floor, r the rest."""
+    y = x.astype(object)
+    for axis, (n, o, f) in enumerate(zip(x.shape, out, factors)):
+        if o == n and f == 1:
+            continue
+        cs = []
+        for k in range(o):
+            if mode == "align_corners":
+                c = Fraction(k * (n - 1), o - 1) if o > 1 else Fraction(0)
+            elif mode == "asymmetric":
+                c = k / f
+            elif mode == "pytorch_half_pixel" and o == 1:
+                c = Fraction(0)
+            else:
+                c = (k + Fraction(1, 2)) / f - Fraction(1, 2)
+            cs.append(min(max(c, Fraction(0)), Fraction(n - 1)))
+        y = np.stack([(1 - (c - math.floor(c))) * np.take(y, math.floor(c), axis) +
+                      (c - math.floor(c)) * np.take(y, min(math.floor(c) + 1, n - 1), axis) for c in cs], axis)
+    return y
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, x_type=x_types, by_sizes=st.booleans(),
+       mode=st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]))
+def test_linear_resize_at_rational_scales(d, s, so, x_type, by_sizes, mode):
+    """Resize linear to any output size (``sizes``: the scale out / size) or by float scales that are not whole
+    (1.5, 0.75, ...: the exact dyadic the float is), down or up: the interpolation's integers are the exact
+    rational value of ONNX's formula times the weights' denominator (whole numbers), and the output their
+    requantization by its plan, within its bound of the exact value; within one step of onnxruntime's Resize.
+    Regression: 'resizing ... is not an upsampling by integer scales'."""
+    z = zero(d, x_type)
+    shape = (1, 2, d.draw(st.integers(1, 5)), d.draw(st.integers(2, 5)))
+    if by_sizes:
+        out = shape[:2] + (d.draw(st.integers(1, 9)), d.draw(st.integers(1, 9)))
+        factors = [Fraction(o, n) for o, n in zip(out, shape)]
+        resize_in, more = ["xf", "", "", "sizes"], {"sizes": np.array(out, np.int64)}
+    else:
+        f = [d.draw(st.sampled_from([0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0])) for _ in range(2)]
+        out = shape[:2] + tuple(math.floor(n * v) for n, v in zip(shape[2:], f))
+        factors = [Fraction(1), Fraction(1)] + [Fraction(v) for v in f]
+        resize_in, more = ["xf", "", "scales"], {"scales": np.array([1, 1, *f], np.float32)}
+    assume(min(out) >= 1 and any(o != n for o, n in zip(out, shape)))
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(0), **more}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", resize_in, ["r"], mode="linear", coordinate_transformation_mode=mode),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, x_type, inits, T.INT8, opset=13)
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(m, x)
+    exact = resize_oracle(x - z, out, factors, mode)
+    [r] = imp.requants
+    assume(r.plan is not None)  # a ratio of 1 (s_out = s / den) moves only the zero point
+    sx, sy = Fraction(float(np.float32(s))), Fraction(float(np.float32(so)))
+    den = round(sx / sy / Fraction(r.ratios[0]))  # the weights' denominator: the grid of the integers
+    v = exact * den
+    assert all(e.denominator == 1 for e in v.flat)
+    want = np.clip(Oracle.plan_of(r.plan, [v.astype(np.int64)], r.plan.multipliers), -128, 127)
+    assert got.shape == out and np.array_equal(got, want)
+    inside = (got > -128) & (got < 127)
+    assert all(abs(g - e * sx / sy) <= Fraction(1, 2) + Fraction(r.plan.error)
+               for g, e in zip(got[inside], exact[inside]))
+    [theirs] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})
+    assert np.abs(got - theirs.astype(np.int64)).max() <= 1
+
+
+def test_linear_resize_whose_weights_pass_31_bits_is_refused_naming_the_node():
+    """Scale 0.6 is the float32 5033165 / 2^23: half-pixel weights over 2 x 5033165 (25 bits) times 8-bit integers
+    need 33 bits: refused naming the node."""
+    inits = {"s": np.float32(0.1), "z": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0),
+             "scales": np.array([1, 1, 1, 0.6], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="linear", name="shrink"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"shrink \(Resize\): Resize linear from \(1, 1, 2, 5\) to \(1, 1, 2, 3\): its "
+                                       r"weights on axis 3 \(denominator 10066330\) .* need more than 32 bits"):
+        import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
+
+
 # -- functions of two dequantized values: one table over both integers ----------------------------------------------
 @SETTINGS
 @given(d=st.data(), sa=scales, sb=scales, so=scales, zb=st.integers(-128, 0), op=st.sampled_from(["Div", "Exp"]))

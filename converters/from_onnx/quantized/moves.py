@@ -9,8 +9,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..context import INT32, const
-from ..emit import as_int32, concatenated, integer_scales, normal, resized_shape, source_coordinate
+from ..context import INT32, const, tight
+from ..checks import MAX_DIM
+from ..emit import as_int32, concatenated, normal, resized_shape
 from ..registry import Refuse, float_rule, integer_rule
 from .values import Real, Scaled, per_tensor, real_bound, scaled
 
@@ -43,12 +44,12 @@ for _op in MOVES:
 
 
 def linear_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Scaled:
-    """Resize linear (bilinear, ...) at integer scales f, axis by axis: each output o reads the input coordinate
-    num / den (exact rationals by the coordinate transformation mode; den = 2f for half_pixel), i = floor(num / den),
+    """Resize linear (bilinear, ...) at rational scales, axis by axis: each output o reads the input coordinate
+    num / den (``linear_coordinate``: exact rationals by the coordinate transformation mode), i = floor(num / den),
     r = num - i den, and y = ((den - r) x[i] + r x[i + 1]) / den, the indices clamped to the axis (onnxruntime's
     border). On the integers: two ``take``s, ``broadcast_mul`` by the integer weights den - r and r,
-    ``broadcast_add``: exactly (t' - den z) s / den per axis, weights summing to den. Cubic and non-integer scales
-    are refused."""
+    ``broadcast_add``: exactly (t' - den z) s / den per axis, weights summing to den; refused where a product and
+    its sum pass 32 bits (precision(t) + precision(den) + 1). Cubic is refused."""
     if x.per_tensor is False:
         raise Refuse("Resize needs a per-tensor scale and zero point")
     if node.opset < 11:
@@ -59,13 +60,24 @@ def linear_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Sc
     if node.attr_int("antialias", 0):
         raise Refuse("Resize linear with antialias has no exact CVM form here")
     full = resized_shape(node, x.t, scales, sizes)
-    factors = integer_scales(x.t, full)
+    if len(full) != len(x.shape) or any(not 1 <= o <= MAX_DIM for o in full):
+        raise Refuse(f"Resize of {x.shape} to {tuple(full)}: every output axis must hold 1 to 2^24 values")
+    factors = resize_scales(node, x.t.shape, full, scales, sizes)
     mode = node.attr_str("coordinate_transformation_mode", "half_pixel")
     t, zero, scale = as_int32(x.t), int(x.zero.reshape(())), x.scale.reshape(()).item()
-    for axis, (d, f, o) in enumerate(zip(x.shape, factors, full)):
-        if f == 1:
+    coordinates = [None if f == 1 and o == d else linear_coordinate(mode, np.arange(o), d, o, f)
+                   for d, f, o in zip(x.shape, factors, full)]
+    peak = max(-t.lo, t.hi)
+    for axis, c in enumerate(coordinates):
+        if c is not None:
+            if tight(peak) + tight(c[1]) + 1 > 32:
+                raise Refuse(f"Resize linear from {x.shape} to {tuple(full)}: its weights on axis {axis} (denominator "
+                             f"{c[1]}) times integers up to {peak} need more than 32 bits")
+            peak *= c[1]
+    for axis, (d, c, o) in enumerate(zip(x.shape, coordinates, full)):
+        if c is None:
             continue
-        num, den = source_coordinate(mode, np.arange(o), d, o, f)
+        num, den = c
         low = num // den
         frac = num - low * den
         lo, hi = (const(np.clip(i, 0, d - 1).astype(np.int32), INT32) for i in (low, low + 1))
@@ -85,6 +97,42 @@ def linear_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Sc
         t = replace(y, lo=max(y.lo, t.lo * den), hi=min(y.hi, t.hi * den))  # a weighted mean of x times den
         zero, scale = zero * den, scale / den
     return Scaled(t, np.asarray(scale, dtype=object), np.asarray(zero, np.int64))
+
+
+def resize_scales(node, shape: tuple[int, ...], full: list[int], scales, sizes) -> list[Fraction]:
+    """The scale ONNX Resize uses per axis in its coordinates, exactly: out / size where ``sizes`` are given, else the
+    float ``scales`` value (1 on the axes not listed)."""
+    if sizes is not None and sizes.size:
+        return [Fraction(o, d) if d else Fraction(1) for o, d in zip(full, shape)]
+    rank = len(shape)
+    out = [Fraction(1)] * rank
+    for a, v in zip(normal(node.attr_ints("axes", list(range(rank))), rank), scales.value.reshape(-1)):
+        if not v > 0:
+            raise Refuse(f"Resize scale {v} must be > 0")
+        out[a] = Fraction(float(v))
+    return out
+
+
+def linear_coordinate(mode: str, o: np.ndarray, size: int, out: int, scale: Fraction) -> tuple[np.ndarray, int]:
+    """The input coordinate num / den (integers) ONNX Resize reads for outputs ``o`` at ``scale`` = p / q, exactly:
+    half_pixel (o + 1/2) / scale - 1/2 = ((2o + 1) q - p) / 2p (pytorch_half_pixel: the same where out > 1, else
+    0; half_pixel_symmetric: the same where size * scale is a whole number), asymmetric o q / p, align_corners
+    o (size - 1) / (out - 1) (0 where out = 1), tf_half_pixel_for_nn (o + 1/2) / scale."""
+    p, q = scale.numerator, scale.denominator
+    if mode == "half_pixel_symmetric" and (size * scale).denominator != 1:
+        raise Refuse(f"Resize half_pixel_symmetric where {size} x scale {float(scale)} is not a whole number has no "
+                     "exact CVM form here")
+    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
+        return (2 * o + 1) * q - p, 2 * p
+    if mode == "pytorch_half_pixel" or (mode == "align_corners" and out == 1):
+        return 0 * o, 1
+    if mode == "align_corners":
+        return o * (size - 1), out - 1
+    if mode == "asymmetric":
+        return o * q, p
+    if mode == "tf_half_pixel_for_nn":
+        return (2 * o + 1) * q, 2 * p
+    raise Refuse(f"Resize linear with coordinate_transformation_mode={mode} has no exact CVM form")
 
 
 @float_rule("Shape", since=1)
