@@ -572,9 +572,21 @@ def test_linear_resize_at_integer_scales(d, f, s, so, x_type, mode):
     assert np.abs(got - theirs.astype(np.int64)).max() <= 1
 
 
-def resize_oracle(x: np.ndarray, out: tuple[int, ...], factors: list[Fraction], mode: str) -> np.ndarray:
-    """ONNX's linear Resize in exact rationals, axis by axis: the coordinate by the mode at the scale ONNX uses,
-    clamped to [0, size - 1], and (1 - r) x[i] + r x[min(i + 1, size - 1)], i = floor, r the rest."""
+def cubic_coefficients(t: Fraction, a: Fraction) -> list[Fraction]:
+    """ONNX's cubic coefficients of x[i - 1 .. i + 2] at t = c - i (onnx.reference's _cubic_coeffs)."""
+    def near(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def far(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def resize_oracle(x: np.ndarray, out: tuple[int, ...], factors: list[Fraction], mode: str,
+                  a: Fraction | None = None) -> np.ndarray:
+    """ONNX's linear (``a`` None) or cubic Resize in exact rationals, axis by axis: the coordinate c by the mode at
+    the scale ONNX uses; linear: c clamped to [0, size - 1], (1 - r) x[i] + r x[min(i + 1, size - 1)], i = floor,
+    r the rest; cubic: sum_k c_k(r) x[i - 1 + k], the indices clamped (edge padding)."""
     y = x.astype(object)
     for axis, (n, o, f) in enumerate(zip(x.shape, out, factors)):
         if o == n and f == 1:
@@ -589,41 +601,50 @@ def resize_oracle(x: np.ndarray, out: tuple[int, ...], factors: list[Fraction], 
                 c = Fraction(0)
             else:
                 c = (k + Fraction(1, 2)) / f - Fraction(1, 2)
-            cs.append(min(max(c, Fraction(0)), Fraction(n - 1)))
-        y = np.stack([(1 - (c - math.floor(c))) * np.take(y, math.floor(c), axis) +
-                      (c - math.floor(c)) * np.take(y, min(math.floor(c) + 1, n - 1), axis) for c in cs], axis)
+            cs.append(min(max(c, Fraction(0)), Fraction(n - 1)) if a is None else c)
+        if a is None:
+            y = np.stack([(1 - (c - math.floor(c))) * np.take(y, math.floor(c), axis) +
+                          (c - math.floor(c)) * np.take(y, min(math.floor(c) + 1, n - 1), axis) for c in cs], axis)
+        else:
+            y = np.stack([sum(w * np.take(y, min(max(math.floor(c) - 1 + k, 0), n - 1), axis) for k, w in
+                              enumerate(cubic_coefficients(c - math.floor(c), a))) for c in cs], axis)
     return y
 
 
 @SETTINGS
 @given(d=st.data(), s=scales, so=scales, x_type=x_types, by_sizes=st.booleans(),
-       mode=st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]))
-def test_linear_resize_at_rational_scales(d, s, so, x_type, by_sizes, mode):
-    """Resize linear to any output size (``sizes``: the scale out / size) or by float scales that are not whole
-    (1.5, 0.75, ...: the exact dyadic the float is), down or up: the interpolation's integers are the exact
-    rational value of ONNX's formula times the weights' denominator (whole numbers), and the output their
-    requantization by its plan, within its bound of the exact value; within one step of onnxruntime's Resize.
-    Regression: 'resizing ... is not an upsampling by integer scales'."""
+       mode=st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
+       cubic=st.sampled_from([None, -0.75, -0.5]))
+def test_resize_linear_and_cubic_at_rational_scales(d, s, so, x_type, by_sizes, mode, cubic):
+    """Resize linear or cubic (A = -0.75, -0.5; cubic along the last axis: both axes pass 32 bits but at small
+    scales) to any output size (``sizes``: the scale out / size) or by float scales that are not whole (1.5,
+    0.75, ...: the exact dyadic the float is), down or up: the interpolation's integers are the exact rational
+    value of ONNX's formula times the weights' denominator (whole numbers), and the output their requantization by
+    its plan, within its bound of the exact value; within one step of onnxruntime's Resize. Regression: 'resizing
+    ... is not an upsampling by integer scales', 'Resize mode=cubic: only nearest ...'."""
     z = zero(d, x_type)
     shape = (1, 2, d.draw(st.integers(1, 5)), d.draw(st.integers(2, 5)))
     if by_sizes:
-        out = shape[:2] + (d.draw(st.integers(1, 9)), d.draw(st.integers(1, 9)))
+        out = shape[:3] + (d.draw(st.integers(1, 9)),) if cubic else \
+            shape[:2] + (d.draw(st.integers(1, 9)), d.draw(st.integers(1, 9)))
         factors = [Fraction(o, n) for o, n in zip(out, shape)]
         resize_in, more = ["xf", "", "", "sizes"], {"sizes": np.array(out, np.int64)}
     else:
-        f = [d.draw(st.sampled_from([0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0])) for _ in range(2)]
+        f = [1.0 if cubic and k == 0 else d.draw(st.sampled_from([0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0]))
+             for k in range(2)]
         out = shape[:2] + tuple(math.floor(n * v) for n, v in zip(shape[2:], f))
         factors = [Fraction(1), Fraction(1)] + [Fraction(v) for v in f]
         resize_in, more = ["xf", "", "scales"], {"scales": np.array([1, 1, *f], np.float32)}
     assume(min(out) >= 1 and any(o != n for o, n in zip(out, shape)))
     inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(0), **more}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-             h.make_node("Resize", resize_in, ["r"], mode="linear", coordinate_transformation_mode=mode),
+             h.make_node("Resize", resize_in, ["r"], mode="cubic" if cubic else "linear",
+                         coordinate_transformation_mode=mode, **({"cubic_coeff_a": cubic} if cubic else {})),
              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
     m = qdq(nodes, shape, x_type, inits, T.INT8, opset=13)
     x = draw_x(d, shape, x_type)
     imp, [got] = run(m, x)
-    exact = resize_oracle(x - z, out, factors, mode)
+    exact = resize_oracle(x - z, out, factors, mode, None if cubic is None else Fraction(cubic))
     [r] = imp.requants
     assume(r.plan is not None)  # a ratio of 1 (s_out = s / den) moves only the zero point
     sx, sy = Fraction(float(np.float32(s))), Fraction(float(np.float32(so)))
@@ -649,7 +670,17 @@ def test_linear_resize_whose_weights_pass_31_bits_is_refused_naming_the_node():
              h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="linear", name="shrink"),
              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
     with pytest.raises(CVMError, match=r"shrink \(Resize\): Resize linear from \(1, 1, 2, 5\) to \(1, 1, 2, 3\): its "
-                                       r"weights on axis 3 \(denominator 10066330\) .* need more than 32 bits"):
+                                       r"weights on axis 3 \(over 10066330\) .* need more than 32 bits"):
+        import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
+
+
+def test_cubic_resize_with_exclude_outside_is_refused_naming_the_node():
+    inits = {"s": np.float32(0.1), "z": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0),
+             "scales": np.array([1, 1, 1, 2], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="cubic", exclude_outside=1, name="grow"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"grow \(Resize\): Resize cubic with exclude_outside"):
         import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
 
 
