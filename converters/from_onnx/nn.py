@@ -244,12 +244,12 @@ def dilated(ctx, node, x: Tensor, x4: Tensor, kernel: list[int], strides: list[i
     """MaxPool with dilations d: y[o] = max over kernel positions i of x[o s - b + i d] (b the begin pad; positions
     in the padding never win): the input padded with its least value x.lo (concatenate of constants), one
     strided_slice per kernel position (start i d, step s, ONNX's output count, ceil mode as ``pool_plan``
-    counts it), and their broadcast_max. Exact: the same windows, the same max. ``x4``: x with two spatial axes;
-    ``kernel``, ``strides``, ``dilations``: two values each (``max_pool`` reads them)."""
+    counts it), and their broadcast_max. Exact: the same windows, the same max. auto_pad SAME_UPPER: as ONNX states it
+    where the model declares its output shape (``same_declared``). ``x4``: x with two spatial axes; ``kernel``,
+    ``strides``, ``dilations``: two values each (``max_pool`` reads them)."""
     one_d = len(x.shape) == 3
     if node.attr_str("auto_pad", "NOTSET").startswith("SAME"):
-        raise Refuse("MaxPool with dilations and auto_pad SAME_*: onnxruntime pads it for the undilated kernel "
-                     "(fewer outputs than ONNX's ceil(size / stride)); give explicit pads")
+        same_declared(ctx, node, x, kernel, strides, dilations)
     if math.prod(kernel) > MAX_TAPS:
         raise Refuse(f"dilated MaxPool of {math.prod(kernel)} kernel positions: one slice each, at most {MAX_TAPS}")
     spatial = len(x.shape) - 2
@@ -278,6 +278,37 @@ def dilated(ctx, node, x: Tensor, x4: Tensor, kernel: list[int], strides: list[i
     y = extreme(ctx, True, [as_int32(t) for t in taps]) if len(taps) > 1 else taps[0]
     y = replace(y, dtype=x.dtype, lo=max(y.lo, x.lo), hi=min(y.hi, x.hi))
     return ctx.reshape(y, (n, c, y.shape[3])) if one_d else y
+
+
+def same_declared(ctx, node, x: Tensor, kernel: list[int], strides: list[int], dilations: list[int]) -> None:
+    """A dilated MaxPool with auto_pad SAME_UPPER: ONNX gives ceil(size / stride) outputs per axis, padded by the
+    total (out - 1) stride + dilated kernel - size, the odd one at the end (``onnx_pads``), as onnx.reference
+    computes it, where onnxruntime pads for the undilated kernel and gives fewer; imported so only where the model
+    declares that output shape, the total is >= 0 (a negative one, a stride beyond the dilated kernel, has no split
+    ONNX states) and every window reads an input value, else refused. SAME_LOWER is refused: onnx.reference splits
+    its padding unlike ONNX's text (and gives other output counts with strides)."""
+    auto = node.attr_str("auto_pad")
+    if auto == "SAME_LOWER":
+        raise Refuse("MaxPool with dilations and auto_pad SAME_LOWER: ONNX's text, its reference implementation "
+                     "(onnx.reference) and onnxruntime each pad it differently; give explicit pads")
+    spatial = x.shape[2:]
+    n = len(spatial)
+    want = tuple(x.shape[:2]) + tuple(-(-size // s) for size, s in zip(spatial, strides[-n:]))
+    totals = [(o - 1) * s + (k - 1) * d + 1 - size
+              for o, s, k, d, size in zip(want[2:], strides[-n:], kernel[-n:], dilations[-n:], spatial)]
+    if min(totals) < 0:
+        raise Refuse(f"MaxPool with dilations and auto_pad {auto} pads a negative total {min(totals)} (a stride "
+                     "beyond the dilated kernel): ONNX states no split of it; give explicit pads")
+    for o, s, k, d, size, t in zip(want[2:], strides[-n:], kernel[-n:], dilations[-n:], spatial, totals):
+        if any(all(not 0 <= j * s - t // 2 + i * d < size for i in range(k)) for j in range(o)):
+            raise Refuse(f"MaxPool with dilations and auto_pad {auto} over {size} values (kernel {k}, dilation {d}): "
+                         "a window of padding only, which no input value fills")
+    declared = ctx.shapes.get(node.proto.output[0])
+    if declared != want:
+        said = "declares no output shape" if declared is None else f"declares the output shape {declared}"
+        raise Refuse(f"MaxPool with dilations and auto_pad {auto}: ONNX gives the output shape {want} (padded for "
+                     f"the dilated kernel), onnxruntime fewer outputs (padded for the undilated one); the model "
+                     f"{said}: declare {want} (value_info) or give explicit pads")
 
 
 # -- nearest resizing -------------------------------------------------------------------------------------------

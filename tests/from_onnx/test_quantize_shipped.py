@@ -633,3 +633,21 @@ def test_shipped_keyword_embedding_cnn(tmp_path):
     done = shipped_quantize(tmp_path, "openwakeword", "resources/models/embedding_model.onnx", x, per_channel=True)
     assert len(done.agreements) == 1
     exact_export(done.imported.graph)
+
+
+def test_shipped_file_type_classifier_with_a_written_out_softmax(tmp_path):
+    """Magika (magika, 3 MB, jax2tf: an int32 byte input, LayerNorms written out, its softmax written out as
+    Exp(x - max) / ReduceSum(Exp) that quantize_static leaves in float) as shipped: imports whole, its softmax as one
+    (the model's output: the int16 float tail), top-1 reported, within 1.1x onnxruntime's distance from the float
+    model, and it exports exactly. Regression: 'the ReduceSum input (Exp of a sum) must be quantized
+    (QuantizeLinear) first' and the same for the Div."""
+    rng = np.random.default_rng(0)
+    x = np.full((4, 2048), 256, np.int32)
+    for k, size in enumerate((2048, 700, 300, 64)):
+        x[k, :size] = rng.integers(32, 127, size) if k % 2 else rng.integers(0, 256, size)
+    done = shipped_quantize(tmp_path, "magika", "models/standard_v3_3/model.onnx", x, per_channel=False)
+    [edge] = done.imported.edges.outputs
+    assert edge.type == "int16" and [r for r in done.imported.requants if r.softmax]
+    (a,) = done.agreements
+    assert a.top1 is not None and a.mean_steps <= 1.1 * a.ort_mean_steps
+    exact_export(done.imported.graph)

@@ -8,13 +8,17 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
 from support.quantized import Oracle, qdq
+from test_quantized_rules import softmax_oracle
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -443,12 +447,89 @@ def test_dilated_max_pool_equals_onnxruntime(d, k, dil, strides, ceil, pad, one_
     assert verify(imp.graph, x.astype(np.int32)).exact
 
 
-def test_dilated_max_pool_with_same_padding_is_refused_naming_the_node():
-    """onnxruntime pads a dilated MaxPool's SAME_UPPER for the undilated kernel (2 outputs of 3 where ONNX says 3):
-    refused rather than matching one of the two."""
+def declared(m, shape):
+    """``m`` with its output's shape declared."""
+    m.graph.output[0].CopyFrom(h.make_tensor_value_info(m.graph.output[0].name, T.INT8, list(shape)))
+    return m
+
+
+def same_pool_oracle(x: np.ndarray, k, dil, strides) -> np.ndarray:
+    """ONNX's MaxPool with auto_pad SAME_UPPER, from its text: ceil(size / s) outputs per axis, the total pad
+    (out - 1) s + (k - 1) d + 1 - size split with the odd one at the end; each output the max over the window's
+    positions inside the input."""
+    sizes = x.shape[2:]
+    outs = [-(-n // s) for n, s in zip(sizes, strides)]
+    begins = [((o - 1) * s + (kk - 1) * d + 1 - n) // 2 for o, s, kk, d, n in zip(outs, strides, k, dil, sizes)]
+    y = np.empty(x.shape[:2] + tuple(outs), np.int64)
+    for o in np.ndindex(*outs):
+        taps = [[o_ * s - b + i * d for i in range(kk) if 0 <= o_ * s - b + i * d < n]
+                for o_, s, b, kk, d, n in zip(o, strides, begins, k, dil, sizes)]
+        y[(...,) + o] = x[(...,) + np.ix_(*taps)].reshape(x.shape[:2] + (-1,)).max(-1)
+    return y
+
+
+@SETTINGS
+@given(d=st.data(), k=st.tuples(st.integers(1, 3), st.integers(1, 3)), dil=st.tuples(st.integers(1, 3),
+                                                                                       st.integers(1, 3)),
+       strides=st.tuples(st.integers(1, 3), st.integers(1, 3)), ceil=st.booleans(), one_d=st.booleans())
+def test_dilated_max_pool_with_same_upper_padding_follows_onnx(d, k, dil, strides, ceil, one_d):
+    """A dilated MaxPool with auto_pad SAME_UPPER whose output shape the model declares as ONNX states it
+    (ceil(size / stride), as onnx's shape inference gives): equal to the windows of ONNX's text (an exact oracle)
+    and to onnx.reference's MaxPool. Regression: 'MaxPool with dilations and auto_pad SAME_*' refused."""
+    n_sp = 1 if one_d else 2
+    k, dil, strides = k[:n_sp], dil[:n_sp], strides[:n_sp]
+    assume(any(v > 1 for v in dil))
+    assume(all(s <= (kk - 1) * dd + 1 for s, kk, dd in zip(strides, k, dil)))  # a total pad >= 0 on every size
+    size = tuple(d.draw(st.integers(1, 9)) for _ in k)
+    outs = [-(-n // s) for n, s in zip(size, strides)]
+    begins = [((o - 1) * s + (kk - 1) * dd + 1 - n) // 2
+              for o, s, kk, dd, n in zip(outs, strides, k, dil, size)]
+    assume(all(any(0 <= j * s - b + i * dd < n for i in range(kk)) for o, s, b, kk, dd, n in
+               zip(outs, strides, begins, k, dil, size) for j in range(o)))  # no window of padding only (refused)
+    shape = (1, 2) + size
+    attrs = {"kernel_shape": list(k), "dilations": list(dil), "strides": list(strides), "ceil_mode": int(ceil),
+             "auto_pad": "SAME_UPPER"}
+    want_shape = shape[:2] + tuple(-(-n // s) for n, s in zip(size, strides))
+    m = declared(qdq([h.make_node("MaxPool", ["x"], ["y"], **attrs)], shape, T.INT8, {}, T.INT8, opset=13),
+                 want_shape)
+    inferred = onnx.shape_inference.infer_shapes(m).graph.output[0].type.tensor_type.shape.dim
+    assert tuple(v.dim_value for v in inferred) == want_shape
+    x = np.clip(draw_x(d, shape, T.INT8), -127, 127)
+    imp = import_model(m, input_precision=8)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    want = same_pool_oracle(x, k, dil, strides)
+    assert got.shape == want_shape and np.array_equal(got, want)
+    [ref] = ReferenceEvaluator(m).run(None, {"x": x.astype(np.int8)})
+    assert ref.shape == want_shape and np.array_equal(got, ref.astype(np.int64))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+@pytest.mark.parametrize("declare", [None, (1, 2, 2)])
+def test_dilated_max_pool_with_same_padding_undeclared_is_refused_naming_the_node(declare):
+    """Without the output shape declared as ONNX gives it (none; onnxruntime's 2 outputs of 3), refused naming
+    the node and both shapes."""
     m = qdq([h.make_node("MaxPool", ["x"], ["y"], name="pool3", kernel_shape=[2], dilations=[2],
                          auto_pad="SAME_UPPER")], (1, 2, 3), T.INT8, {}, T.INT8, opset=13)
-    with pytest.raises(CVMError, match=r"pool3 \(MaxPool\): MaxPool with dilations and auto_pad SAME_\*"):
+    if declare:
+        m = declared(m, declare)
+    said = "declares no output shape" if declare is None else r"declares the output shape \(1, 2, 2\)"
+    with pytest.raises(CVMError, match=r"pool3 \(MaxPool\): MaxPool with dilations and auto_pad SAME_UPPER: ONNX "
+                                       r"gives the output shape \(1, 2, 3\) .* the model " + said):
+        import_model(m)
+
+
+@pytest.mark.parametrize("case", ["negative-total", "padding-only", "same-lower"])
+def test_dilated_max_pool_with_same_padding_without_a_stated_form_is_refused(case):
+    """A stride beyond the dilated kernel (a negative total pad, whose split ONNX does not state), a window of
+    padding only (1 value, kernel 2 at dilation 2), SAME_LOWER (ONNX's text, onnx.reference and onnxruntime each
+    pad it differently): refused naming the node."""
+    size, strides, out = {"negative-total": (4, 4, 1), "padding-only": (1, 1, 1), "same-lower": (5, 1, 5)}[case]
+    m = declared(qdq([h.make_node("MaxPool", ["x"], ["y"], name="pool4", kernel_shape=[2], dilations=[2],
+                                  strides=[strides], auto_pad="SAME_LOWER" if case == "same-lower" else "SAME_UPPER")],
+                     (1, 2, size), T.INT8, {}, T.INT8, opset=13), (1, 2, out))
+    want = {"negative-total": "pads a negative total -1", "padding-only": "a window of padding only",
+            "same-lower": "SAME_LOWER: ONNX's text, its reference implementation"}[case]
+    with pytest.raises(CVMError, match=r"pool4 \(MaxPool\): .*" + want):
         import_model(m)
 
 
@@ -489,6 +570,118 @@ def test_linear_resize_at_integer_scales(d, f, s, so, x_type, mode):
     [theirs] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x.astype(NP[x_type])})
     assert np.abs(got - theirs.astype(np.int64)).max() <= 1
+
+
+def cubic_coefficients(t: Fraction, a: Fraction) -> list[Fraction]:
+    """ONNX's cubic coefficients of x[i - 1 .. i + 2] at t = c - i (onnx.reference's _cubic_coeffs)."""
+    def near(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def far(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def resize_oracle(x: np.ndarray, out: tuple[int, ...], factors: list[Fraction], mode: str,
+                  a: Fraction | None = None) -> np.ndarray:
+    """ONNX's linear (``a`` None) or cubic Resize in exact rationals, axis by axis: the coordinate c by the mode at
+    the scale ONNX uses; linear: c clamped to [0, size - 1], (1 - r) x[i] + r x[min(i + 1, size - 1)], i = floor,
+    r the rest; cubic: sum_k c_k(r) x[i - 1 + k], the indices clamped (edge padding)."""
+    y = x.astype(object)
+    for axis, (n, o, f) in enumerate(zip(x.shape, out, factors)):
+        if o == n and f == 1:
+            continue
+        cs = []
+        for k in range(o):
+            if mode == "align_corners":
+                c = Fraction(k * (n - 1), o - 1) if o > 1 else Fraction(0)
+            elif mode == "asymmetric":
+                c = k / f
+            elif mode == "pytorch_half_pixel" and o == 1:
+                c = Fraction(0)
+            else:
+                c = (k + Fraction(1, 2)) / f - Fraction(1, 2)
+            cs.append(min(max(c, Fraction(0)), Fraction(n - 1)) if a is None else c)
+        if a is None:
+            y = np.stack([(1 - (c - math.floor(c))) * np.take(y, math.floor(c), axis) +
+                          (c - math.floor(c)) * np.take(y, min(math.floor(c) + 1, n - 1), axis) for c in cs], axis)
+        else:
+            y = np.stack([sum(w * np.take(y, min(max(math.floor(c) - 1 + k, 0), n - 1), axis) for k, w in
+                              enumerate(cubic_coefficients(c - math.floor(c), a))) for c in cs], axis)
+    return y
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, x_type=x_types, by_sizes=st.booleans(),
+       mode=st.sampled_from(["half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners"]),
+       cubic=st.sampled_from([None, -0.75, -0.5]))
+def test_resize_linear_and_cubic_at_rational_scales(d, s, so, x_type, by_sizes, mode, cubic):
+    """Resize linear or cubic (A = -0.75, -0.5; cubic along the last axis: both axes pass 32 bits but at small
+    scales) to any output size (``sizes``: the scale out / size) or by float scales that are not whole (1.5,
+    0.75, ...: the exact dyadic the float is), down or up: the interpolation's integers are the exact rational
+    value of ONNX's formula times the weights' denominator (whole numbers), and the output their requantization by
+    its plan, within its bound of the exact value; within one step of onnxruntime's Resize. Regression: 'resizing
+    ... is not an upsampling by integer scales', 'Resize mode=cubic: only nearest ...'."""
+    z = zero(d, x_type)
+    shape = (1, 2, d.draw(st.integers(1, 5)), d.draw(st.integers(2, 5)))
+    if by_sizes:
+        out = shape[:3] + (d.draw(st.integers(1, 9)),) if cubic else \
+            shape[:2] + (d.draw(st.integers(1, 9)), d.draw(st.integers(1, 9)))
+        factors = [Fraction(o, n) for o, n in zip(out, shape)]
+        resize_in, more = ["xf", "", "", "sizes"], {"sizes": np.array(out, np.int64)}
+    else:
+        f = [1.0 if cubic and k == 0 else d.draw(st.sampled_from([0.5, 0.75, 1.0, 1.25, 1.5, 2.5, 3.0]))
+             for k in range(2)]
+        out = shape[:2] + tuple(math.floor(n * v) for n, v in zip(shape[2:], f))
+        factors = [Fraction(1), Fraction(1)] + [Fraction(v) for v in f]
+        resize_in, more = ["xf", "", "scales"], {"scales": np.array([1, 1, *f], np.float32)}
+    assume(min(out) >= 1 and any(o != n for o, n in zip(out, shape)))
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(0), **more}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", resize_in, ["r"], mode="cubic" if cubic else "linear",
+                         coordinate_transformation_mode=mode, **({"cubic_coeff_a": cubic} if cubic else {})),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, x_type, inits, T.INT8, opset=13)
+    x = draw_x(d, shape, x_type)
+    imp, [got] = run(m, x)
+    exact = resize_oracle(x - z, out, factors, mode, None if cubic is None else Fraction(cubic))
+    [r] = imp.requants
+    assume(r.plan is not None)  # a ratio of 1 (s_out = s / den) moves only the zero point
+    sx, sy = Fraction(float(np.float32(s))), Fraction(float(np.float32(so)))
+    den = round(sx / sy / Fraction(r.ratios[0]))  # the weights' denominator: the grid of the integers
+    v = exact * den
+    assert all(e.denominator == 1 for e in v.flat)
+    want = np.clip(Oracle.plan_of(r.plan, [v.astype(np.int64)], r.plan.multipliers), -128, 127)
+    assert got.shape == out and np.array_equal(got, want)
+    inside = (got > -128) & (got < 127)
+    assert all(abs(g - e * sx / sy) <= Fraction(1, 2) + Fraction(r.plan.error)
+               for g, e in zip(got[inside], exact[inside]))
+    [theirs] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})
+    assert np.abs(got - theirs.astype(np.int64)).max() <= 1
+
+
+def test_linear_resize_whose_weights_pass_31_bits_is_refused_naming_the_node():
+    """Scale 0.6 is the float32 5033165 / 2^23: half-pixel weights over 2 x 5033165 (25 bits) times 8-bit integers
+    need 33 bits: refused naming the node."""
+    inits = {"s": np.float32(0.1), "z": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0),
+             "scales": np.array([1, 1, 1, 0.6], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="linear", name="shrink"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"shrink \(Resize\): Resize linear from \(1, 1, 2, 5\) to \(1, 1, 2, 3\): its "
+                                       r"weights on axis 3 \(over 10066330\) .* need more than 32 bits"):
+        import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
+
+
+def test_cubic_resize_with_exclude_outside_is_refused_naming_the_node():
+    inits = {"s": np.float32(0.1), "z": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0),
+             "scales": np.array([1, 1, 1, 2], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="cubic", exclude_outside=1, name="grow"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"grow \(Resize\): Resize cubic with exclude_outside"):
+        import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
 
 
 # -- functions of two dequantized values: one table over both integers ----------------------------------------------
@@ -539,3 +732,142 @@ def test_a_division_as_the_float_output_is_a_tail_of_its_table():
     assert edge.type == "int16" and 32767 * st_ >= 128  # -64 / 0.5: the largest |a / b| over both ranges
     real = (x * 0.5) / np.maximum(x.T * 0.5, 0.5)
     assert np.array_equal(got, np.rint(real / st_).astype(np.int64))
+
+
+# -- a written-out softmax: Exp(x - m) / ReduceSum(Exp(x - m)) ------------------------------------------------------
+def written_softmax(shape, axes, shift: str, form: str, keep: bool, sum_qdq: bool, expand: bool, out_type,
+                    zx: int, zo: int, opset: int = 17):
+    """DequantizeLinear(x) -> [less a shift constant along ``axes``] -> Exp -> ReduceSum over ``axes`` (keepdims or
+    not, then reshaped to the keepdims shape) [-> QuantizeLinear/DequantizeLinear] [-> Expand] -> Div, or Mul by
+    its Reciprocal -> [QuantizeLinear]. shift: none; max (ReduceMax over ``axes``, requantized at its own scale,
+    as Magika's); const (a float constant of the keepdims shape; before opset 13 a Constant node, the axes an
+    attribute); max-float (ReduceMax read unquantized)."""
+    keep_shape = [1 if a in axes else n for a, n in enumerate(shape)]
+    inits = {"s": np.float32(0.0625), "zx": np.int8(zx), "sm": np.float32(0.09), "zm": np.int8(0),
+             "axes": np.array(axes, np.int64), "kshape": np.array(keep_shape, np.int64),
+             "full": np.array(shape, np.int64), "ss": np.float32(0.05), "zs": np.uint8(0),
+             "c": np.linspace(-3, 4, math.prod(keep_shape)).reshape(keep_shape).astype(np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
+    if shift in ("max", "max-float"):
+        nodes.append(h.make_node("ReduceMax", ["xf"], ["mx"], axes=axes, keepdims=1))
+        if shift == "max":
+            nodes += [h.make_node("QuantizeLinear", ["mx", "sm", "zm"], ["mq"]),
+                      h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["m"])]
+        nodes.append(h.make_node("Sub", ["xf", "mx" if shift == "max-float" else "m"], ["u"]))
+    elif shift == "const":
+        if opset < 13:
+            nodes.append(h.make_node("Constant", [], ["cn"], value=nh.from_array(inits.pop("c"), "cv")))
+        nodes.append(h.make_node("Sub", ["xf", "c" if opset >= 13 else "cn"], ["u"]))
+    nodes += [h.make_node("Exp", ["u" if shift != "none" else "xf"], ["e"]),
+              h.make_node("ReduceSum", ["e", "axes"], ["sum0"], keepdims=int(keep)) if opset >= 13 else
+              h.make_node("ReduceSum", ["e"], ["sum0"], keepdims=int(keep), axes=axes)]
+    last = "sum0"
+    if not keep:
+        nodes.append(h.make_node("Reshape", [last, "kshape"], ["sumk"]))
+        last = "sumk"
+    if sum_qdq:
+        nodes += [h.make_node("QuantizeLinear", [last, "ss", "zs"], ["sq"]),
+                  h.make_node("DequantizeLinear", ["sq", "ss", "zs"], ["sd"])]
+        last = "sd"
+    if expand:
+        nodes.append(h.make_node("Expand", [last, "full"], ["sx"]))
+        last = "sx"
+    if form == "div":
+        nodes.append(h.make_node("Div", ["e", last], ["p"], name="softmax_div"))
+    else:
+        nodes += [h.make_node("Reciprocal", [last], ["r"]),
+                  h.make_node("Mul", ["e", "r"] if form == "mul" else ["r", "e"], ["p"], name="softmax_div")]
+    if out_type == T.FLOAT:
+        return qdq(nodes, shape, T.INT8, inits, T.FLOAT, opset=opset, out="p")
+    inits.update(so=np.float32(1 / 256), zo=NP[out_type](zo))
+    nodes.append(h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"]))
+    return qdq(nodes, shape, T.INT8, inits, out_type, opset=opset)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       shift=st.sampled_from(["none", "max", "const", "max-float"]), form=st.sampled_from(["div", "mul", "mul-r"]),
+       keep=st.booleans(), sum_qdq=st.booleans(), expand=st.booleans(),
+       out_type=st.sampled_from([T.INT8, T.UINT8, T.FLOAT]), opset=st.sampled_from([11, 17]))
+def test_a_written_out_softmax_imports_as_softmax(d, shape, shift, form, keep, sum_qdq, expand, out_type, opset):
+    """Exp(x - m) / ReduceSum(Exp(x - m)) over contiguous axes (m constant along them: none, a max requantized at
+    its own scale, a constant, a float max; Div or Mul by a Reciprocal; the sum kept or reshaped back, through a
+    QuantizeLinear/DequantizeLinear pair, expanded) is softmax(x) along those axes: equal, integer for integer, to
+    the integer form's oracle (test_quantized_rules), within 1/2 + delta of the exact softmax of the quantized
+    input, and to the Softmax node's import where one axis is reduced; quantized by the QuantizeLinear after it
+    or, as the float output, to int16 at the stated scale; the nodes only it read emit nothing. Regression: 'the
+    ReduceSum input (Exp of a sum) must be quantized (QuantizeLinear) first' (Magika)."""
+    rank = len(shape)
+    a = d.draw(st.integers(0, rank - 1))
+    b = d.draw(st.integers(a, rank - 1))
+    axes = list(range(a, b + 1))
+    zx = zero(d, T.INT8)
+    zo = -128 if out_type == T.INT8 else 0
+    m = written_softmax(shape, axes, shift, form, keep, sum_qdq, expand, out_type, zx, zo, opset)
+    x = draw_x(d, shape, T.INT8)
+    imp, [got] = run(m, x)
+    emitting = {w.split(" ")[0] for w, nodes in imp.origins if nodes}  # the max, the Exp, the sum: dropped
+    assert emitting <= {"softmax_div", f"QuantizeLinear_{len(m.graph.node) - 1}"}
+    view = (math.prod(shape[:a]), math.prod(shape[a:b + 1]), math.prod(shape[b + 1:]))
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    if out_type == T.FLOAT:
+        [edge] = imp.edges.outputs
+        assert edge.type == "int16" and int(np.asarray(edge.zero_point).reshape(())) == 0
+        so, (lo, hi) = float(np.asarray(edge.scale).reshape(())), (-32768, 32767)
+    else:
+        so, (lo, hi) = 1 / 256, RANGE[out_type]
+    q = 1 / Fraction(so)
+    assert np.array_equal(got, softmax_oracle(x - zx, 0.0625, q, view, p, zo, lo, hi))
+    real = ((x - zx) * 0.0625).reshape(view)
+    ex = np.exp(real - real.max(axis=1, keepdims=True))
+    exact = (ex / ex.sum(axis=1, keepdims=True)).reshape(shape) * float(q) + zo
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    if a == b and out_type != T.FLOAT:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("Softmax", ["xf"], ["p"], axis=a), h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+        inits = {"s": np.float32(0.0625), "zx": np.int8(zx), "so": np.float32(1 / 256), "zo": NP[out_type](zo)}
+        _, [theirs] = run(qdq(nodes, shape, T.INT8, inits, out_type), x)
+        assert np.array_equal(got, theirs)
+
+
+@pytest.mark.parametrize("case", ["shift-along-another-axis", "divisor-reshaped-across", "divisor-transposed",
+                                  "two-exps", "axes-not-contiguous"])
+def test_what_is_not_a_softmax_is_not_read_as_one(case):
+    """Chains that are not softmax(x) along the summed axes are not read as one: a shift that varies along the
+    summed axis is refused as the softmax's input, naming the Div; a divisor holding other rows' sums (reshaped
+    across, transposed), an Exp other than the summed one, axes that are not contiguous: the ReduceSum of an Exp is
+    refused as before, naming it."""
+    inits = {"s": np.float32(0.0625), "z": np.int8(0), "so": np.float32(1 / 256), "zo": np.int8(-128),
+             "a1": np.array([1], np.int64), "a2": np.array([2], np.int64), "a02": np.array([0, 2], np.int64),
+             "across": np.array([3, 1, 3], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])]
+    e, axes, keep, den = "e", "a1", 1, "sum"
+    if case == "shift-along-another-axis":  # x - max over axis 2, summed over axis 1
+        nodes += [h.make_node("ReduceMax", ["xf"], ["mx"], axes=[2], keepdims=1),
+                  h.make_node("Sub", ["xf", "mx"], ["u"]), h.make_node("Exp", ["u"], ["e"])]
+    else:
+        nodes.append(h.make_node("Exp", ["xf"], ["e"]))
+    if case == "two-exps":
+        nodes += [h.make_node("Neg", ["xf"], ["xn"]), h.make_node("Exp", ["xn"], ["e2"])]
+        e = "e2"
+    if case == "axes-not-contiguous":
+        axes = "a02"
+    if case == "divisor-reshaped-across":  # the (3, 3) sums over axis 2 placed as (3, 1, 3): along axis 1
+        axes, keep = "a2", 0
+    nodes.append(h.make_node("ReduceSum", [e, axes], ["sum"], keepdims=keep, name="the_sum"))
+    if case == "divisor-reshaped-across":
+        nodes.append(h.make_node("Reshape", ["sum", "across"], ["den"]))
+        den = "den"
+    if case == "divisor-transposed":
+        nodes.append(h.make_node("Transpose", ["sum"], ["den"], perm=[0, 2, 1]))
+        den = "den"
+    nodes += [h.make_node("Div", ["e", den], ["p"], name="softmax_div"),
+              h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    m = qdq(nodes, (3, 3, 3), T.INT8, inits, T.INT8)
+    if case == "shift-along-another-axis":
+        want = r"softmax_div \(Div\): the written-out softmax's input \(a sum\) must be quantized"
+    else:
+        want = r"the_sum \(ReduceSum\): the ReduceSum input \(.*\) must be quantized"
+    with pytest.raises(CVMError, match=want):
+        import_model(m)

@@ -14,6 +14,7 @@ from support.cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import float_model, qdq, quantized
+from test_quantized_fresh_ops import declared, written_softmax
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
@@ -144,6 +145,13 @@ def _fresh_case(name: str):
         "resize_asymmetric": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
                                  coordinate_transformation_mode="asymmetric")],
                               {"sc": np.array([1, 1, 1, 3], np.float32)}, (1, 2, 3, 4), 13),
+        "resize_to_sizes": ([n("Resize", ["xf", "", "", "sz"], ["r"], mode="linear")],
+                            {"sz": np.array([1, 2, 5, 7], np.int64)}, (1, 2, 3, 4), 13),
+        "resize_by_0_75": ([n("Resize", ["xf", "", "sc"], ["r"], mode="linear",
+                              coordinate_transformation_mode="asymmetric")],
+                           {"sc": np.array([1, 1, 0.75, 1.5], np.float32)}, (1, 2, 5, 3), 13),
+        "resize_cubic": ([n("Resize", ["xf", "", "sc"], ["r"], mode="cubic")],
+                         {"sc": np.array([1, 1, 2, 2], np.float32)}, (1, 2, 3, 4), 13),
         "div_of_values": ([n("Transpose", ["xf"], ["b0"], perm=[1, 0]), n("Mul", ["b0", "k"], ["b1"]),
                            n("Clip", ["b1", "low"], ["b"]), n("Div", ["xf", "b"], ["r"])],
                           {"k": np.float32(0.5), "low": np.float32(0.15)}, (4, 4), 17),
@@ -158,6 +166,10 @@ def _fresh_case(name: str):
         k = {"k": np.float32(0.5 if name == "pow_half" else -1)} if more else {}
         return qdq(dq + [n(op, ["xf"] + more, ["r"]), q], (2, 9), T.UINT8, {**inits, **k, **out, "so": np.float32(0.2)},
                    T.INT8), 9, T.UINT8
+    if name == "max_pool_dilated_same_upper":  # its output shape declared as ONNX gives it: ceil(size / stride)
+        m = qdq([n("MaxPool", ["x"], ["y"], kernel_shape=[2, 3], dilations=[2, 2], strides=[2, 1],
+                   auto_pad="SAME_UPPER")], (1, 2, 7, 9), T.INT8, {}, T.INT8, opset=13)
+        return declared(m, (1, 2, 4, 9)), 8, T.INT8
     if name.startswith("max_pool_dilated"):
         attrs = dict(kernel_shape=[2, 3], dilations=[2, 2], strides=[1, 2], pads=[1, 0, 1, 0], ceil_mode=1) \
             if name.endswith("2d") else dict(kernel_shape=[3], dilations=[3], strides=[2], auto_pad="VALID")
@@ -173,6 +185,10 @@ def _fresh_case(name: str):
                "div": [n("Transpose", ["xf"], ["b0"], perm=[1, 0]), n("Clip", ["b0", "low"], ["b"]),
                        n("Div", ["xf", "b"], ["y"])]}[op]
         return qdq(dq + ops, (4, 4), T.INT8, {**inits, **more}, T.FLOAT, opset=13), 8, T.INT8
+    if name.startswith("written_softmax"):  # Magika's form: x - max(x) and the sum (reshaped back) requantized;
+        tail = name.endswith("_tail")  # as the float output, times the Reciprocal of the expanded sum
+        return written_softmax((2, 3, 5), [2], "max", "mul" if tail else "div", False, True, tail,
+                               T.FLOAT if tail else T.INT8, 5, -128), 8, T.INT8
     if name.startswith("int_input_"):  # an integer input Cast to float and quantized (quantize_static's form)
         x_type, precision = {"int16": (T.INT16, 16), "int32": (T.INT32, 24)}[name[10:]]
         return qdq([n("Cast", ["x"], ["xf"], to=T.FLOAT), n("QuantizeLinear", ["xf", "so", "zo"], ["y"])], (2, 4),
@@ -182,10 +198,12 @@ def _fresh_case(name: str):
 
 FRESH = ["max_const_on_grid", "min_const_off_grid", "max_of_one_scale", "min_of_two_scales", "prelu_channel",
          "prelu_scalar", "global_max_pool", "reduce_max", "reduce_min", "reduce_sum", "reduce_mean", "add_const",
-         "exp_of_x_minus_max", "resize_half_pixel", "resize_align_corners", "resize_asymmetric", "div_of_values", "log",
+         "exp_of_x_minus_max", "resize_half_pixel", "resize_align_corners", "resize_asymmetric", "resize_to_sizes",
+         "resize_by_0_75", "resize_cubic", "div_of_values", "log",
          "reciprocal", "pow_half", "pow_minus_one", "exp", "max_pool_dilated_2d", "max_pool_dilated_1d",
+         "max_pool_dilated_same_upper",
          "tail_sigmoid", "tail_tanh", "tail_softmax", "tail_clip_to_max", "tail_div", "int_input_int16",
-         "int_input_int32"]
+         "int_input_int32", "written_softmax", "written_softmax_tail"]
 
 
 @pytest.mark.parametrize("name", FRESH)
@@ -218,15 +236,13 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
        for k, size in (("pnet", 24), ("rnet", 24), ("onet", 48))},
     "magika": ("magika", "models/standard_v3_3/model.onnx", (1, 2048), lambda r, s: r.integers(0, 257, s)),
 }
-#: Where a model is cut: Magika before its written-out softmax's sum (docs/import.md), its Exp the int16 output.
-CUTS = {"magika": ["jax2tf_get_logits_/pjit_get_logits_/Exp:0"]}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)
                                                if not (pc and k == "magika")])  # Magika: a minute on 2 vCPUs
 def test_shipped_models(tmp_path, name, per_channel):
     """The second corpus's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the log-mel's
-    Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and Exp of x - max(x)):
+    Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out softmax):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from test_quantize_shipped import shipped
@@ -238,7 +254,7 @@ def test_shipped_models(tmp_path, name, per_channel):
     rng = np.random.default_rng(0)
     samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
     np.save(tmp_path / "c.npy", samples.astype(np.int32 if name == "magika" else np.float32))
-    imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name)).imported
+    imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
     xs = [imp.edges.input.quantize(sample(rng, shape).astype(np.float32)) if imp.edges.input else
           sample(rng, shape).astype(np.int32) for _ in range(3)]
     for device in DEVICES.values():

@@ -15,14 +15,16 @@ scales), ``parameters`` (every quantization parameter checked against its op's s
 ``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
 integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM and GRU, unrolled), ``qoperator`` (the QLinear*
-compositions) and ``edges`` (the graph's float input and outputs).
+compositions), ``edges`` (the graph's float input and outputs) and ``chains`` (written-out softmaxes, found in
+the graph before the walk).
 """
 # registers the rules, in the order of the module they were split from
 from . import values, parameters, requantization, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
+from .chains import SoftmaxChain, softmax_chains, softmax_value
 from .edges import InputEdge, input_edge, input_precision, output_edge
 from .parameters import problem as parameter_problem
 from .requantization import Requant, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
-__all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "input_edge", "input_precision", "output_edge",
-           "parameter_problem", "quantized_constant"]
+__all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "input_edge", "input_precision",
+           "output_edge", "parameter_problem", "quantized_constant", "softmax_chains", "softmax_value"]

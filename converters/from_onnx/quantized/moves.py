@@ -9,8 +9,9 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..context import INT32, const
-from ..emit import as_int32, concatenated, integer_scales, normal, resized_shape, source_coordinate
+from ..context import INT32, const, tight
+from ..checks import MAX_DIM
+from ..emit import as_int32, concatenated, normal, resized_shape
 from ..registry import Refuse, float_rule, integer_rule
 from .values import Real, Scaled, per_tensor, real_bound, scaled
 
@@ -24,8 +25,8 @@ def move_rule(ctx, node, x, *rest):
     so the max of values of one scale is the value of their integers' max): the integer rule on t. A deferred
     Clip passes through (clip then select = select then clip; max commutes with the monotone clip), so a Clip off
     the grid may precede a Resize or MaxPool before the QuantizeLinear."""
-    if node.op_type == "Resize" and node.attr_str("mode", "nearest") == "linear":
-        return linear_resize(ctx, node, scaled(x, "the Resize input"), *rest)
+    if node.op_type == "Resize" and node.attr_str("mode", "nearest") in ("linear", "cubic"):
+        return interpolated_resize(ctx, node, scaled(x, "the Resize input"), *rest)
     x = scaled(x, f"the {node.op_type} input", clipped_ok=True)
     if not x.per_tensor:
         raise Refuse(f"{node.op_type} needs a per-tensor scale and zero point")
@@ -42,49 +43,126 @@ for _op in MOVES:
     float_rule(_op, since=1)(move_rule)
 
 
-def linear_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Scaled:
-    """Resize linear (bilinear, ...) at integer scales f, axis by axis: each output o reads the input coordinate
-    num / den (exact rationals by the coordinate transformation mode; den = 2f for half_pixel), i = floor(num / den),
-    r = num - i den, and y = ((den - r) x[i] + r x[i + 1]) / den, the indices clamped to the axis (onnxruntime's
-    border). On the integers: two ``take``s, ``broadcast_mul`` by the integer weights den - r and r,
-    ``broadcast_add``: exactly (t' - den z) s / den per axis, weights summing to den. Cubic and non-integer scales
-    are refused."""
+def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Scaled:
+    """Resize linear (bilinear, ...) or cubic at rational scales, axis by axis: each output o reads the input
+    coordinate num / den (``linear_coordinate``: exact rationals by the coordinate transformation mode),
+    i = floor(num / den), r = num - i den, and y = sum_k w_k x[i + k] / W over the taps (``taps``: linear x[i],
+    x[i + 1] with weights den - r, r over W = den; cubic x[i - 1 .. i + 2] with ONNX's cubic coefficients of
+    t = r / den times W = den^3 q_A, A = p_A / q_A, all whole), the indices clamped to the axis (onnxruntime's
+    border, onnx.reference's edge padding). On the integers: a ``take`` and a ``broadcast_mul`` per tap,
+    ``broadcast_add``: exactly (t' - W z) s / W per axis, the weights summing to W; refused where a product and
+    the sum of the taps pass 32 bits, and for cubic with exclude_outside."""
     if x.per_tensor is False:
         raise Refuse("Resize needs a per-tensor scale and zero point")
     if node.opset < 11:
-        raise Refuse("Resize linear before opset 11 has no exact CVM form here")
+        raise Refuse("Resize linear or cubic before opset 11 has no exact CVM form here")
     if roi is not None and roi.size and node.attr_str("coordinate_transformation_mode", "half_pixel") == \
             "tf_crop_and_resize":
         raise Refuse("Resize tf_crop_and_resize has no CVM form")
     if node.attr_int("antialias", 0):
-        raise Refuse("Resize linear with antialias has no exact CVM form here")
+        raise Refuse("Resize with antialias has no exact CVM form here")
+    cubic = node.attr_str("mode", "nearest") == "cubic"
+    if cubic and node.attr_int("exclude_outside", 0):
+        raise Refuse("Resize cubic with exclude_outside (weights renormalized by a computed sum) has no exact CVM form "
+                     "here")
     full = resized_shape(node, x.t, scales, sizes)
-    factors = integer_scales(x.t, full)
+    if len(full) != len(x.shape) or any(not 1 <= o <= MAX_DIM for o in full):
+        raise Refuse(f"Resize of {x.shape} to {tuple(full)}: every output axis must hold 1 to 2^24 values")
+    factors = resize_scales(node, x.t.shape, full, scales, sizes)
     mode = node.attr_str("coordinate_transformation_mode", "half_pixel")
+    a = Fraction(float(np.float32(node.attr_float("cubic_coeff_a", -0.75)))) if cubic else None
     t, zero, scale = as_int32(x.t), int(x.zero.reshape(())), x.scale.reshape(()).item()
-    for axis, (d, f, o) in enumerate(zip(x.shape, factors, full)):
-        if f == 1:
+    plans = [None if f == 1 and o == d else taps(linear_coordinate(mode, np.arange(o), d, o, f), a)
+             for d, f, o in zip(x.shape, factors, full)]
+    peak = max(-t.lo, t.hi)
+    for axis, plan in enumerate(plans):
+        if plan is not None:
+            top = max(int(np.abs(w).max()) for _, w in plan[0])
+            if tight(peak) + tight(top) + (len(plan[0]) - 1).bit_length() > 32:
+                raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights on axis "
+                             f"{axis} (over {plan[1]}) times integers up to {peak} need more than 32 bits")
+            peak *= int(sum(np.abs(w) for _, w in plan[0]).max())
+    for axis, (d, plan, o) in enumerate(zip(x.shape, plans, full)):
+        if plan is None:
             continue
-        num, den = source_coordinate(mode, np.arange(o), d, o, f)
-        low = num // den
-        frac = num - low * den
-        lo, hi = (const(np.clip(i, 0, d - 1).astype(np.int32), INT32) for i in (low, low + 1))
         shape = t.shape[:axis] + (o,) + t.shape[axis + 1:]
         along = (-1,) + (1,) * (len(shape) - axis - 1)
         parts = []
-        for idx, w in ((lo, den - frac), (hi, frac)):
+        for idx, w in plan[0]:
             if not w.any():
                 continue
-            e = ctx.result(ctx.emit("take", ctx.entry(t), ctx.entry(idx), axis=axis), INT32, t.lo, t.hi, shape)
+            e = ctx.result(ctx.emit("take", ctx.entry(t), ctx.entry(const(np.clip(idx, 0, d - 1).astype(np.int32),
+                                                                             INT32)), axis=axis),
+                           INT32, t.lo, t.hi, shape)
+            ends = [t.lo * int(w.min()), t.lo * int(w.max()), t.hi * int(w.min()), t.hi * int(w.max()), 0]
             wc = const(w.reshape(along).astype(np.int32), INT32)
-            parts.append(ctx.result(ctx.op("broadcast_mul", e, wc), INT32, min(t.lo * int(w.max()), 0),
-                                    max(t.hi * int(w.max()), 0), shape))
+            parts.append(ctx.result(ctx.op("broadcast_mul", e, wc), INT32, min(ends), max(ends), shape))
         y = parts[0]
         for p in parts[1:]:
             y = ctx.result(ctx.op("broadcast_add", y, p), INT32, y.lo + p.lo, y.hi + p.hi, shape)
-        t = replace(y, lo=max(y.lo, t.lo * den), hi=min(y.hi, t.hi * den))  # a weighted mean of x times den
-        zero, scale = zero * den, scale / den
+        if not cubic:  # a weighted mean of x times den
+            y = replace(y, lo=max(y.lo, t.lo * plan[1]), hi=min(y.hi, t.hi * plan[1]))
+        t, zero, scale = y, zero * plan[1], scale / plan[1]
     return Scaled(t, np.asarray(scale, dtype=object), np.asarray(zero, np.int64))
+
+
+def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """([(input index, integer weight) per tap], W) of outputs at coordinates num / den: linear (``a`` None):
+    x[i] by den - r and x[i + 1] by r, W = den; cubic with coefficient A = p / q: x[i - 1 + k] by W c_k(r / den),
+    W = q den^3, c_0 = A u^3 - 5A u^2 + 8A u - 4A (u = 1 + t), c_1 = (A + 2) t^3 - (A + 3) t^2 + 1, c_2 and c_3 the
+    same of 1 - t (ONNX's coefficients, summing to 1), in integers of r, den, p, q."""
+    num, den = coordinate
+    low = num // den
+    r = num - low * den
+    if a is None:
+        return [(low, den - r), (low + 1, r)], den
+    p, q = a.numerator, a.denominator
+
+    def near(v):  # W c(v / den) for |v / den| <= 1
+        return (p + 2 * q) * v ** 3 - (p + 3 * q) * v ** 2 * den + q * den ** 3
+
+    def far(v):  # W c(v / den) for 1 <= v / den <= 2
+        return p * (v ** 3 - 5 * v ** 2 * den + 8 * v * den ** 2 - 4 * den ** 3)
+
+    r = r.astype(object)
+    weights = [far(r + den), near(r), near(den - r), far(2 * den - r)]
+    return [(low - 1 + k, np.array(w, dtype=np.int64)) for k, w in enumerate(weights)], q * den ** 3
+
+
+def resize_scales(node, shape: tuple[int, ...], full: list[int], scales, sizes) -> list[Fraction]:
+    """The scale ONNX Resize uses per axis in its coordinates, exactly: out / size where ``sizes`` are given, else the
+    float ``scales`` value (1 on the axes not listed)."""
+    if sizes is not None and sizes.size:
+        return [Fraction(o, d) if d else Fraction(1) for o, d in zip(full, shape)]
+    rank = len(shape)
+    out = [Fraction(1)] * rank
+    for a, v in zip(normal(node.attr_ints("axes", list(range(rank))), rank), scales.value.reshape(-1)):
+        if not v > 0:
+            raise Refuse(f"Resize scale {v} must be > 0")
+        out[a] = Fraction(float(v))
+    return out
+
+
+def linear_coordinate(mode: str, o: np.ndarray, size: int, out: int, scale: Fraction) -> tuple[np.ndarray, int]:
+    """The input coordinate num / den (integers) ONNX Resize reads for outputs ``o`` at ``scale`` = p / q, exactly:
+    half_pixel (o + 1/2) / scale - 1/2 = ((2o + 1) q - p) / 2p (pytorch_half_pixel: the same where out > 1, else
+    0; half_pixel_symmetric: the same where size * scale is a whole number), asymmetric o q / p, align_corners
+    o (size - 1) / (out - 1) (0 where out = 1), tf_half_pixel_for_nn (o + 1/2) / scale."""
+    p, q = scale.numerator, scale.denominator
+    if mode == "half_pixel_symmetric" and (size * scale).denominator != 1:
+        raise Refuse(f"Resize half_pixel_symmetric where {size} x scale {float(scale)} is not a whole number has no "
+                     "exact CVM form here")
+    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
+        return (2 * o + 1) * q - p, 2 * p
+    if mode == "pytorch_half_pixel" or (mode == "align_corners" and out == 1):
+        return 0 * o, 1
+    if mode == "align_corners":
+        return o * (size - 1), out - 1
+    if mode == "asymmetric":
+        return o * q, p
+    if mode == "tf_half_pixel_for_nn":
+        return (2 * o + 1) * q, 2 * p
+    raise Refuse(f"Resize linear with coordinate_transformation_mode={mode} has no exact CVM form")
 
 
 @float_rule("Shape", since=1)
