@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -62,6 +63,7 @@ from onnx import TensorProto, TypeProto
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
+from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
@@ -105,6 +107,53 @@ def cuda_ops(path: str | None) -> tuple[str, ...]:
         return ()
     fn.restype = ctypes.c_char_p
     return tuple(op for op in fn().decode().split(",") if op)
+
+
+#: How a requantize op's chains run in the CPU kernels (custom_ops/chain_path.cc, PathSpeed): some chain in one
+#: loop over the values per step (the generic path), some with its kinds dispatched at run time on values in
+#: registers, or every chain in one pass compiled for its kinds.
+STEP_LOOPS, RUN_TIME_KINDS, COMPILED_KINDS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ChainPath:
+    """The path of a requantize op's chains in the CPU kernels: ``speed`` (the slowest chain's: STEP_LOOPS,
+    RUN_TIME_KINDS or COMPILED_KINDS) and the library's description of it (``text``)."""
+
+    speed: int
+    text: str
+
+
+@cache
+def _chain_probe(path: str | None):
+    try:
+        fn = ctypes.CDLL(path).cvm_onnx_chain_path if path is not None else None
+    except (OSError, AttributeError):
+        return None
+    ints = ctypes.POINTER(ctypes.c_int64)
+    fn.argtypes = [ints, ctypes.c_int64] * 5 + [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def chain_path(attrs: dict[str, list[int]], channels_last: bool, addend: str | None) -> ChainPath | None:
+    """The path a requantize op's chains take in the CPU kernels, as the library's kernels choose it (its
+    ``cvm_onnx_chain_path``: their own matchers on the chains simplified as they hold them): ``attrs`` the op's
+    steps, channel_counts, channel_steps, addend_steps and sum_steps (absent: empty), ``channels_last`` whether it
+    runs with the channels innermost (nhwc, rows or a conv_requantize op), ``addend`` its addend's type ("int32",
+    "uint8"; None: none). None where the library is not built or does not load; ``FormatError`` for chains the
+    kernels refuse."""
+    fn = _chain_probe(library_path())
+    if fn is None:
+        return None
+    arrays = [(ctypes.c_int64 * len(v))(*v) for v in (list(attrs.get(a, ())) for a in (
+        "steps", "channel_counts", "channel_steps", "addend_steps", "sum_steps"))]
+    text = ctypes.create_string_buffer(512)
+    speed = fn(*(x for a in arrays for x in (a, len(a))), int(channels_last), {None: 0, "int32": 1, "uint8": 2}[addend],
+               text, len(text))
+    if speed < 0:
+        raise FormatError(f"requantize chains: {text.value.decode()}")
+    return ChainPath(speed, text.value.decode())
 
 
 def status() -> str:
