@@ -1,7 +1,9 @@
 // The path a requantize op's chains take in the CPU kernels (requantize.h), as the kernels choose it: the chains in
 // the kernels' form (kernel_chains, addend_chains) matched by the kernels' own matchers (CvmChains,
 // ChannelBlockChains, with_end, LaneSteps). For cvm_onnx.native.chain_path (ctypes): the route map prints it and
-// the tests check that every chain the exporter writes is on a fast path.
+// the tests check that every chain the exporter writes is on a fast path. Where a kernel also asks the data (a
+// multiple of 16 values for uniform_chain, whole rows for channel_blocks), the path is the one it takes where the
+// data allows.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
