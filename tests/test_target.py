@@ -134,7 +134,8 @@ def test_convert_target_names_a_target_and_the_old_flags_are_its_aliases(tmp_pat
     assert main(["convert", source, "-o", str(out), "--target", "native", "--report", str(tmp_path / "r.md")]) == 0
     assert Target.of(onnx.load(out)) == Target.native()
     table = (tmp_path / "r.md").read_text().split("## Convolution routes", 1)[1]
-    assert "| layout | kernel | ISA | chain |" in table and f"| {Target.native().layout}" in table
+    assert "| layout | kernel | ISA | chain | path |" in table and f"| {Target.native().layout}" in table
+    assert "channel lanes (" in table  # (its convolutions' chains' path: test_chain_paths.KNOWN)
     for alias, name in ((["--optimize"], "cpu"), (["--provider", "cuda"], "cuda")):
         files = []
         for flags in (alias, ["--target", name]):
