@@ -66,8 +66,8 @@ def side_by_side(tmp: Path) -> list[Path]:
     rng = np.random.default_rng(0)
     onnx.save(resnet20(rng), tmp / "float.onnx")
     np.save(tmp / "calibration.npy", rng.normal(size=(64, 3, 32, 32)).astype(np.float32))
-    quantize(tmp / "float.onnx", tmp / "calibration.npy", tmp / "side_by_side_q", form="qdq", save_onnx=tmp / "qdq.onnx",
-             per_channel=True, activation="uint8")
+    quantize(tmp / "float.onnx", tmp / "calibration.npy", tmp / "side_by_side_q", form="qdq",
+             save_onnx=tmp / "qdq.onnx", per_channel=True, activation="uint8")
     dirs = []
     for name, two_part in (("side-by-side-1part", False), ("side-by-side-2parts", True)):
         cvm_onnx.convert(tmp / "qdq.onnx", tmp / name, two_part=two_part)

@@ -26,7 +26,7 @@ struct Path {
 };
 
 std::string kinds_text(const std::vector<int64_t>& kinds) {
-  static const char* const names[] = {"shift", "mul", "add", "clip", "mul64"};
+  static const char* const names[] = {"shift", "multiply", "add", "clip", "mul64"};  // (cvm_onnx.native.STEP_KINDS)
   std::string out;
   for (const int64_t k : kinds) {
     out += (out.empty() ? "" : " > ") + (k >= 0 && k <= kMul64 ? std::string(names[k]) : std::to_string(k));
@@ -64,7 +64,8 @@ Path end_of(const AddendSteps& chains, bool bytes, bool blocks) {
   }
   if (compiled) return {kCompiledKinds, "compiled end" + text};
   const AnyEnd end(&addend);
-  return end.steps.fits && end.after.fits ? Path{kRunTimeKinds, "lane end" + text} : Path{kStepLoops, "loops end" + text};
+  if (end.steps.fits && end.after.fits) return {kRunTimeKinds, "lane end" + text};
+  return {kStepLoops, "loops end" + text};
 }
 
 // The path of a requantize op's chains: `steps`, or each channel's (`per`), with an addend's after them or not.
@@ -92,7 +93,9 @@ Path chain_path(std::vector<RequantStep> steps, ChannelSteps per, bool channels_
   return {std::min(main.speed, end.speed), main.text + ", " + end.text};
 }
 
-std::vector<int64_t> ints(const int64_t* p, int64_t n) { return n > 0 ? std::vector<int64_t>(p, p + n) : std::vector<int64_t>{}; }
+std::vector<int64_t> ints(const int64_t* p, int64_t n) {
+  return n > 0 ? std::vector<int64_t>(p, p + n) : std::vector<int64_t>{};
+}
 
 }  // namespace
 }  // namespace cvm_onnx

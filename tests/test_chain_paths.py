@@ -19,8 +19,8 @@ from conftest import MODELS, RESNET, ROOT
 import cvm_onnx
 from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.graph import Graph
-from cvm_onnx.native import (ADD, CLIP, COMPILED_KINDS, MUL64, MULTIPLY, RUN_TIME_KINDS, SHIFT, STEP_LOOPS,
-                             chain_path, library_path)
+from cvm_onnx.native import (ADD, CLIP, COMPILED_KINDS, MUL64, MULTIPLY, RUN_TIME_KINDS, SHIFT, STEP_KINDS,
+                             STEP_LOOPS, ChainPath, chain_path, library_path)
 from cvm_onnx.serving.routes import chain_paths
 from cvm_onnx.serving.target import LAYOUTS, Target
 
@@ -45,6 +45,12 @@ def test_the_path_speeds_are_the_librarys():
     (enum,) = re.findall(r"enum\s+PathSpeed\b[^{]*\{([^}]*)\}", (ROOT / "custom_ops" / "chain_path.cc").read_text())
     speeds = {name: int(value) for name, value in re.findall(r"(k\w+)\s*=\s*(\d+)", enum)}
     assert speeds == {"kStepLoops": STEP_LOOPS, "kRunTimeKinds": RUN_TIME_KINDS, "kCompiledKinds": COMPILED_KINDS}
+
+
+@pytest.mark.parametrize("kind", range(len(STEP_KINDS)))
+def test_one_step_is_one_pass_named_as_python_names_its_kind(kind):
+    step = {CLIP: (CLIP, 0, 255), MUL64: (MUL64, 5, 1)}.get(kind, (kind, 3, 0))
+    assert chain_path({"steps": list(step)}, False, None) == ChainPath(COMPILED_KINDS, f"one pass ({STEP_KINDS[kind]})")
 
 
 def test_one_list_of_a_compiled_sequence_runs_in_one_pass():
@@ -108,26 +114,26 @@ SIDE = ("side-by-side one part", *TWO)
 #: must match some chain of each of its models in each of its layouts, so that an entry a new fast path makes
 #: stale fails too.
 KNOWN = [
-    (("detection", STAND_IN), ALL, r"step loops \(mul > shift > clip\)",
+    (("detection", STAND_IN), ALL, r"step loops \(multiply > shift > clip\)",
      "a run starting with a multiply (detection's heads, the stand-in's pool), no clip before it: CvmChains' "
      "sequences start with a clip or a shift"),
     (("digits_cnn",), ALL, r"step loops \(add > add\)",
      "two adds in a row (a quantized import's zero points), which the kernels' simplification does not merge"),
-    (("digits_cnn",), ALL, r"channel lanes \(clip > shift > mul > shift > clip > add > clip; (8|16) channels\)",
+    (("digits_cnn",), ALL, r"channel lanes \(clip > shift > multiply > shift > clip > add > clip; (8|16) channels\)",
      "a quantized import's requantization to a zero point (add, clip after the clip): not among ChannelBlockChains"),
-    (("digits_cnn", *SIDE), ALL, r"per channel: 0 of 10 in one pass \(clip > (shift > mul|mul64) > shift > "
+    (("digits_cnn", *SIDE), ALL, r"per channel: 0 of 10 in one pass \(clip > (shift > multiply|mul64) > shift > "
      r"(clip > )?add > clip\)",
      "the classifier's Gemm: 10 channels, channels outermost, each channel's chain alone: not among CvmChains"),
-    (("resnet20",), ALL, r"step loops \(shift > clip > mul > shift > clip > mul > mul > shift\)",
+    (("resnet20",), ALL, r"step loops \(shift > clip > multiply > shift > clip > multiply > multiply > shift\)",
      "the dense's run: two multiplies in a row, which the kernels' simplification does not merge"),
     (("resnet20", STAND_IN), ("rows", "fused"), r"one pass \(.*\), lane end ",
      "a residual end after one list of steps: uniform_chain ends with AnyEnd, the addend's kinds dispatched at run "
      "time (requantize.h compiles ends only after 16-channel blocks)"),
-    (("resnet20",), ("columns",), r"step loops \(clip > mul > shift\)",
+    (("resnet20",), ("columns",), r"step loops \(clip > multiply > shift\)",
      "the columns layout has no residual-end kernel: a residual branch's run before the Add is a requantize of its "
      "own, ending with a shift (CvmChains' end with a clip or a multiply)"),
-    (SIDE, ("columns",), r"step loops \((clip > mul|shift > clip)\)",
-     "the columns layout has no residual-end kernel: the Add's operands' runs (clip > mul) and the run after it "
+    (SIDE, ("columns",), r"step loops \((clip > multiply|shift > clip)\)",
+     "the columns layout has no residual-end kernel: the Add's operands' runs (clip > multiply) and the run after it "
      "(shift > clip) are requantize nodes of their own"),
     (TWO, ALL, r"channel lanes \(clip > mul64 > shift > clip",
      "the two-part import's chains have no shift before the product: ChannelBlockChains holds clip > shift > mul64 "

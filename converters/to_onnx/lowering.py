@@ -154,8 +154,8 @@ def op_model(graph: Graph, conv_form: str = "fast") -> onnx.ModelProto:
     them (``bounds.value_bounds``). How tests and benchmarks/bench_conv.py reach the core form, which the export
     never writes."""
     (i, node), bounds = next((i, n) for i, n in enumerate(graph.nodes) if not n.is_variable), value_bounds(graph)
-    ins = [Value(graph.nodes[e.node].name, graph.type_of(e).shape, bounds[e], graph.params.get(graph.nodes[e.node].name))
-           for e in node.inputs]
+    names = [graph.nodes[e.node].name for e in node.inputs]
+    ins = [Value(name, graph.type_of(e).shape, bounds[e], graph.params.get(name)) for name, e in zip(names, node.inputs)]
     outs = [Value("", o.shape, bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
     body, names = lower(node.op, REGISTRY[node.op].bind(node.attrs), ins, outs, conv_form=conv_form)
     inputs = [helper.make_tensor_value_info(v.name, TensorProto.INT32, list(v.shape)) for v in ins if v.const is None]
