@@ -68,9 +68,8 @@ def chain_paths(model: onnx.ModelProto) -> dict[str, ChainPath]:
     nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type in REQUANTIZE_KERNELS]
     if not nodes:
         return {}
-    adding = [n for n in nodes if "_add" in n.op_type]
     types = {}
-    if adding:
+    if any("_add" in n.op_type for n in nodes):  # the addends' types: int32 or uint8
         inferred = onnx.shape_inference.infer_shapes(model).graph
         types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.input, *inferred.value_info)}
     paths = {}
