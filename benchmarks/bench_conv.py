@@ -1,21 +1,19 @@
 """conv2d on onnxruntime CPU: the fast form (float32 Conv, exact by the 2^24 bound) against the core form
 (Pad + im2col + int32 MatMul), on ResNet-like layers: C -> C channels, 3x3, padding 1, 32x32, with bias.
 
-Both forms are checked bit for bit against the reference executor before timing. ``--model DIR`` also times a
-whole CVM model directory (with its ``input.npy``), e.g. the ResNet-20 CIFAR model.
-Run: python benchmarks/bench_conv.py [--batch N] [--runs N] [--model DIR]
+Each layer is lowered alone in each form (``lowering.op_model``: the export writes the fast form only), and both
+forms are checked bit for bit against the reference executor before timing.
+Run: python benchmarks/bench_conv.py [--batch N] [--runs N]
 """
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from cvm_onnx.app.api import load
-from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.converters.to_onnx.lowering import op_model
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.sessions import session
@@ -32,7 +30,7 @@ def conv_layer(c: int, batch: int, rng: np.random.Generator):
 
 def time_form(graph, data: np.ndarray, form: str, runs: int) -> tuple[float, np.ndarray]:
     """Median milliseconds of one run with conv2d written in ``form``, and the output."""
-    model = to_onnx(graph, conv_form=form)
+    model = op_model(graph, form)
     sess = session(model)
     feeds = {"data": data}
     out = sess.run(None, feeds)[0]
@@ -48,14 +46,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--model", type=Path, help="a CVM model directory with input.npy")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print(f"onnxruntime {ort.__version__} CPU, batch {args.batch}, median of {args.runs} runs")
     print(f"{'layer':>22} {'fast (ms)':>10} {'core (ms)':>10} {'core/fast':>10}")
     cases = [(f"{c}->{c} 3x3 32x32", *conv_layer(c, args.batch, rng)) for c in (16, 32, 64)]
-    if args.model:
-        cases.append((args.model.name, load(args.model).graph, np.load(args.model / "input.npy").astype(np.int32)))
     for name, graph, data in cases:
         want = execute(graph, {"data": data})[0]
         ms = {}

@@ -461,28 +461,19 @@ bool ends_in_bytes(const std::vector<RequantStep>& steps) {
   return !steps.empty() && steps.back().kind == kClip && steps.back().a >= 0 && steps.back().b <= 255;
 }
 
-// The steps of an op with an addend, simplified: addend_steps on an int32 addend (words) or on a uint8 one
-// (bytes: its values in [0, 255], so that a clip holding them goes), sum_steps after the sum (after).
-struct AddendSteps {
-  std::vector<RequantStep> words, bytes, after;
-};
-
-// The AddendSteps of op `name` (its attributes addend_steps and sum_steps, each a list of (kind, a, b) triples);
-// bytes_out: sum_steps must end with a clip within [0, 255] (y written as bytes).
+// The AddendSteps (requantize.h) of op `name` (its attributes addend_steps and sum_steps, each a list of (kind, a, b)
+// triples); bytes_out: sum_steps must end with a clip within [0, 255] (y written as bytes).
 AddendSteps read_addend_steps(const OrtKernelInfo* info, const char* name, bool bytes_out) {
-  AddendSteps out;
-  for (auto [attr, steps] : {std::pair{"addend_steps", &out.words}, std::pair{"sum_steps", &out.after}}) {
+  std::vector<RequantStep> addend, sum;
+  for (auto [attr, steps] : {std::pair{"addend_steps", &addend}, std::pair{"sum_steps", &sum}}) {
     if (std::string err = parse_steps(ints_attr(info, attr, {}), *steps); !err.empty()) {
       throw Ort::Exception(std::string(name) + ": " + attr + ": " + err, ORT_INVALID_ARGUMENT);
     }
   }
-  if (bytes_out && !ends_in_bytes(out.after)) {
+  if (bytes_out && !ends_in_bytes(sum)) {
     throw Ort::Exception(std::string(name) + ": sum_steps must end with a clip within [0, 255]", ORT_INVALID_ARGUMENT);
   }
-  out.bytes = simplified(out.words, Range{0, 255});
-  out.words = simplified(out.words);
-  out.after = simplified(out.after);
-  return out;
+  return addend_chains(addend, sum);
 }
 
 // The requantize attributes: steps, width, scales, batch_inner, rows, nhwc, channel_counts and channel_steps
@@ -550,17 +541,8 @@ struct RequantizeAttrs {
                                                                     ends_in_bytes);
   }
 
-  // The CPU kernels' form (the CUDA kernel runs the steps as given): every chain simplified (requantize.h), the
-  // channels' chains together where they have one sequence of kinds.
-  void simplify_chains() {
-    steps = simplified(steps);
-    if (same_kinds(per_channel)) {
-      simplify(per_channel);
-    } else {
-      for (std::vector<RequantStep>& chain : per_channel) chain = simplified(chain);
-    }
-    arrays = channel_arrays(per_channel);
-  }
+  // The CPU kernels' form (requantize.h, kernel_chains).
+  void simplify_chains() { arrays = kernel_chains(steps, per_channel); }
 
   // y's shape for data's: data's, its last axis `width` long with a width, its first two axes swapped with
   // batch_inner (data (C, N, ...) gives y (N, C, ...)); empty when data cannot give one.

@@ -273,6 +273,17 @@ inline std::vector<RequantStep> simplified(const std::vector<RequantStep>& chain
   return one[0];
 }
 
+// The steps of an op with an addend as the CPU kernels run them, simplified: addend_steps on an int32 addend (words)
+// or on a uint8 one (bytes: its values in [0, 255], so that a clip holding them goes), sum_steps after the sum
+// (after).
+struct AddendSteps {
+  std::vector<RequantStep> words, bytes, after;
+};
+
+inline AddendSteps addend_chains(const std::vector<RequantStep>& addend, const std::vector<RequantStep>& sum) {
+  return {simplified(addend), simplified(addend, Range{0, 255}), simplified(sum)};
+}
+
 // Values per dispatch of apply_channel_arrays: 8 vectors of 16 lanes, independent chains that hide the steps'
 // latencies (8 of AVX-512's 32 registers).
 constexpr size_t kTile = 128;
@@ -315,6 +326,19 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
     }
   }
   return out;
+}
+
+// A requantize op's chains as the CPU kernels run them (the CUDA kernel runs the steps as given): `steps` and each
+// channel's chain simplified, the channels' together where they have one sequence of kinds; returns the channels'
+// chains side by side (channel_arrays).
+inline ChannelArrays kernel_chains(std::vector<RequantStep>& steps, ChannelSteps& per) {
+  steps = simplified(steps);
+  if (same_kinds(per)) {
+    simplify(per);
+  } else {
+    for (std::vector<RequantStep>& chain : per) chain = simplified(chain);
+  }
+  return channel_arrays(per);
 }
 
 // 16 int32 lanes (GCC/Clang vector extensions): one AVX-512 register, two AVX2 or four SSE2 ones, the same
@@ -692,22 +716,30 @@ __attribute__((always_inline)) inline bool uniform_chain(const int32_t* x, int64
   });
 }
 
-// channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's
-// requantization (clip, shift, multiply, shift, clip; then a multiply before a residual Add), channel_blocks.
+// channel_blocks of the kinds K... (Kinds<K...>, as KindsList::with gives them).
+template <typename Out, int64_t... K>
+__attribute__((always_inline)) inline void channel_blocks(Kinds<K...>, const int32_t* x, const int32_t* add, int64_t n,
+                                                          const ChannelArrays& p, Out* v, const Addend* addend) {
+  channel_blocks<Out, K...>(x, add, n, p, v, addend);
+}
+
+// The channels' kinds that channel_blocks runs, known at compile time: a quantized import's requantization (clip,
+// shift, multiply, shift, clip; then a multiply before a residual Add; the same with a product in two parts).
+using ChannelBlockChains = KindsList<Kinds<kClip, kShift, kMul, kShift, kClip>,
+                                     Kinds<kClip, kShift, kMul, kShift, kClip, kMul>,
+                                     Kinds<kClip, kShift, kMul64, kShift, kClip>>;
+
+// channel_chains; where the channels are a multiple of 16 and the kinds of ChannelBlockChains, channel_blocks.
 template <typename Out>
 __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x, const int32_t* add, int64_t n,
                                                                 const ChannelArrays& p, Out* v,
                                                                 const Addend* addend = nullptr) {
-  if (p.channels % kLanes == 0 && n % static_cast<int64_t>(p.channels) == 0) {  // rows of 16-channel blocks
-    if (Kinds<kClip, kShift, kMul, kShift, kClip>::of(p.kinds)) {
-      return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip>(x, add, n, p, v, addend);
-    }
-    if (Kinds<kClip, kShift, kMul, kShift, kClip, kMul>::of(p.kinds)) {
-      return channel_blocks<Out, kClip, kShift, kMul, kShift, kClip, kMul>(x, add, n, p, v, addend);
-    }
-    if (Kinds<kClip, kShift, kMul64, kShift, kClip>::of(p.kinds)) {  // the same with a product in two parts
-      return channel_blocks<Out, kClip, kShift, kMul64, kShift, kClip>(x, add, n, p, v, addend);
-    }
+  const auto blocks = [&](auto kinds) __attribute__((always_inline)) {
+    channel_blocks<Out>(kinds, x, add, n, p, v, addend);
+  };
+  if (p.channels % kLanes == 0 && n % static_cast<int64_t>(p.channels) == 0 &&  // rows of 16-channel blocks
+      ChannelBlockChains::with(p.kinds, blocks)) {
+    return;
   }
   channel_chains<Out>(x, add, n, p, v, addend);
 }

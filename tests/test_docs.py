@@ -115,6 +115,23 @@ def test_command_tables_list_every_option(doc, prefix):
     assert "--version" in text and "--debug" in text
 
 
+def test_the_native_ops_attribute_tables_are_their_schemas():
+    """docs/custom_ops.md's table of the native ops' attributes is what their schemas state
+    (``native.attribute_table``), and its first table's defaults are theirs too."""
+    from cvm_onnx import native
+
+    lines = (ROOT / "docs" / "custom_ops.md").read_text().splitlines()
+    table = native.attribute_table()
+    at = lines.index(table[0])
+    assert lines[at:at + len(table)] == table and not lines[at + len(table)].startswith("|")
+    schemas = native.attributes()
+    first = [line.split(" | ") for line in lines[:at] if re.match(r"\| `\w+` \| `", line)]
+    assert [row[0][3:-1] for row in first] == ["non_max_suppression", "get_valid_counts", "cvm_lut"]
+    for row in first:
+        stated = {n: int(v) for n, v in re.findall(r"`(\w+)` \((-?\d+)\)", row[3])}
+        assert stated == {n: d for n, (_, d) in schemas[row[0][3:-1]].items()}, row
+
+
 def test_operators_doc_is_generated_from_the_exporter():
     spec = importlib.util.spec_from_file_location("make_operators", ROOT / "docs" / "make_operators.py")
     make = importlib.util.module_from_spec(spec)

@@ -97,8 +97,8 @@ def unsupported(graph: Graph) -> list[Problem]:
 
 
 class _Exporter:
-    def __init__(self, graph: Graph, inline: bool, target: Target | None = None, conv_form: str = "fast"):
-        self.graph, self.inline, self.target, self.conv_form = graph, inline, target, conv_form
+    def __init__(self, graph: Graph, inline: bool, target: Target | None = None):
+        self.graph, self.inline, self.target = graph, inline, target
         self.routes: list[list[str]] = []
         self.names = entry_names(graph)
         self.bounds = value_bounds(graph)
@@ -139,7 +139,7 @@ class _Exporter:
         ins = [Value(name, g.type_of(e).shape, self.bounds[e], self.param(e))
                for name, e in zip(REGISTRY[node.op].input_names_for(len(node.inputs)), node.inputs)]
         outs = [Value("", o.shape, self.bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
-        body, body_outs = lower(node.op, a, ins, outs, conv_form=self.conv_form)
+        body, body_outs = lower(node.op, a, ins, outs)
         in_names = [self.names[e] for e in node.inputs]
         out_names = [self.names[Entry(i, k)] for k in range(len(node.outputs))]
         self.infos.extend(value_info(n, o) for n, o in zip(out_names, node.outputs))
@@ -255,7 +255,7 @@ class _Exporter:
 
     def model(self, source_version: str) -> onnx.ModelProto:
         fuse = self.target is not None
-        chains = requantize.runs(self.graph, self.bounds, self.target, self.conv_form, self.nonneg) if fuse else []
+        chains = requantize.runs(self.graph, self.bounds, self.target, self.nonneg) if fuse else []
         if fuse:
             self.routes = requantize.conv_routes(self.graph, self.bounds, chains, self.target, self.nonneg)
         fused = {c.all[-1]: c for c in chains}
@@ -311,20 +311,17 @@ class Export:
     passes: tuple[str, ...] = ()
 
 
-CONV_FORMS = ("fast", "core")
-
-
 def to_onnx(graph: Graph, target: Target | None = None, *, inline: bool = False, source_version: str = "cvm_1.0.0",
             batch: int | None = None, symbol: str | None = None, edges: Edges | None = None, batched: bool = False,
-            float_io: bool = False, conv_form: str = "fast") -> onnx.ModelProto:
+            float_io: bool = False) -> onnx.ModelProto:
     """The model of ``export`` (same arguments)."""
     return export(graph, target, inline=inline, source_version=source_version, batch=batch, symbol=symbol,
-                  edges=edges, batched=batched, float_io=float_io, conv_form=conv_form).model
+                  edges=edges, batched=batched, float_io=float_io).model
 
 
 def export(graph: Graph, target: Target | None = None, *, inline: bool = False, source_version: str = "cvm_1.0.0",
            batch: int | None = None, symbol: str | None = None, edges: Edges | None = None, batched: bool = False,
-           float_io: bool = False, conv_form: str = "fast") -> Export:
+           float_io: bool = False) -> Export:
     """Export a validated CVM graph: for a ``target`` (``cvm_onnx.serving.target.Target``) its serving form, else
     the function form (``inline``: the flat form). The bytes are a function of the arguments alone.
 
@@ -341,19 +338,16 @@ def export(graph: Graph, target: Target | None = None, *, inline: bool = False, 
     size in metadata ``cvm.batch``; ``batched``: ``graph`` already has batch size ``batch``. ``edges``: a quantized
     import's float edges, kept in metadata ``cvm.quantization`` (the model itself takes and gives integers;
     ``cvm-onnx run`` and the import back read them); ``float_io``: the edges in the graph instead, float32 input
-    and outputs (``float_edges``). ``conv_form``: how conv2d and dense are written, "fast" (float32 Conv/Gemm
-    where exact) or "core" (int32 MatMul; ``nn.py``).
+    and outputs (``float_edges``).
     """
     if float_io and edges is None:
         raise UnsupportedError("float input and outputs need a quantized model (a model directory with "
                                "quantization.json, as convert and quantize write for a quantized ONNX model)")
     if problems := unsupported(graph):
         raise UnsupportedError(problems)
-    if conv_form not in CONV_FORMS:
-        raise ValueError(f"conv_form must be one of {CONV_FORMS}, got {conv_form!r}")
     if batch is not None and not batched:
         graph = batched_graph(graph, batch)
-    exporter = _Exporter(graph, inline or target is not None, target, conv_form=conv_form)
+    exporter = _Exporter(graph, inline or target is not None, target)
     model = exporter.model(source_version)
     if symbol is not None and batch is None and target is None:
         model.metadata_props.add(key=SYMBOL, value=pack_symbol(symbol))

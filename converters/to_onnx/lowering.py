@@ -20,7 +20,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from cvm_onnx.core.ops import Attrs
+from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.core.graph import Entry, Graph
+from cvm_onnx.core.ops import REGISTRY, Attrs
+
+from .bounds import value_bounds
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class Body:
     nodes: list[onnx.NodeProto] = field(default_factory=list)
     widened: dict[str, str] = field(default_factory=dict)  # int8 param widened to int32: int32 name -> int8 name
     _count: int = 0
-    conv_form: str = "fast"  # how conv2d and dense are written: "fast" or "core" (nn.py)
+    conv_form: str = "fast"  # how conv2d and dense are written: "fast" or "core" (nn.py, CONV_FORMS)
 
     def fresh(self, hint: str) -> str:
         self._count += 1
@@ -122,10 +126,17 @@ def unwiden(b: Body, names: list[str]) -> None:
     b.nodes[:] = [n for n in b.nodes if n.output[0] not in b.widened or n.output[0] in read]
 
 
+#: How conv2d and dense may be written (nn.py): the export's "fast" and the "core" form, which tests and
+#: benchmarks/bench_conv.py reach through ``lower``.
+CONV_FORMS = ("fast", "core")
+
+
 def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value],
           conv_form: str = "fast") -> tuple[Body, list[str]]:
-    """Run the lowering of ``op`` (int8 params widened first), conv2d and dense in ``conv_form`` (nn.py); returns
-    the body and the names of its outputs."""
+    """Run the lowering of ``op`` (int8 params widened first), conv2d and dense in ``conv_form`` (``CONV_FORMS``;
+    ``ValueError`` for another); returns the body and the names of its outputs."""
+    if conv_form not in CONV_FORMS:
+        raise ValueError(f"conv_form must be one of {CONV_FORMS}, got {conv_form!r}")
     b = Body(outputs, conv_form=conv_form)
     args = list(inputs) if LOWERINGS[op].native else widen(b, inputs)
     out = LOWERINGS[op].fn(b, a, *args)
@@ -135,3 +146,19 @@ def lower(op: str, a: Attrs, inputs: list[Value], outputs: list[Value],
     inputs_names = {v.name for v in inputs}
     names = [b.Identity(n) if n in inputs_names else n for n in names]
     return b, names
+
+
+def op_model(graph: Graph, conv_form: str = "fast") -> onnx.ModelProto:
+    """The one op of ``graph`` (its other nodes its inputs and params) lowered in ``conv_form`` (``lower``) as a
+    model: its inputs the graph's, its params initializers (int8 ones as int8), its bounds as the export takes
+    them (``bounds.value_bounds``). How tests and benchmarks/bench_conv.py reach the core form, which the export
+    never writes."""
+    (i, node), bounds = next((i, n) for i, n in enumerate(graph.nodes) if not n.is_variable), value_bounds(graph)
+    names = [graph.nodes[e.node].name for e in node.inputs]
+    ins = [Value(name, graph.type_of(e).shape, bounds[e], graph.params.get(name)) for name, e in zip(names, node.inputs)]
+    outs = [Value("", o.shape, bounds[Entry(i, k)]) for k, o in enumerate(node.outputs)]
+    body, names = lower(node.op, REGISTRY[node.op].bind(node.attrs), ins, outs, conv_form=conv_form)
+    inputs = [helper.make_tensor_value_info(v.name, TensorProto.INT32, list(v.shape)) for v in ins if v.const is None]
+    params = [numpy_helper.from_array(v.const, v.name) for v in ins if v.const is not None]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.INT32, list(v.shape)) for n, v in zip(names, outs)]
+    return onnx_model(helper.make_graph(body.nodes, node.op, inputs, outputs, params))

@@ -1,6 +1,7 @@
 """Lowerings of the neural-network ops: conv2d, dense, max_pool2d, upsampling, relu (int32 in, int32 out).
 
-conv2d and dense have two forms, chosen by the export's ``conv_form`` (the body's ``b.conv_form``):
+conv2d and dense have two forms, chosen by ``lowering.lower``'s ``conv_form`` (the body's ``b.conv_form``; the
+export writes "fast"):
 
 * ``"core"``: the core-ops decomposition: Pad + im2col (Slice/Reshape/Concat) + int32 MatMul (+ bias). Exact
   for every input: ORT's int32 MatMul wraps modulo 2^32 (multiply and add), which is the runtime's int32

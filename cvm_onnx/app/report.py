@@ -82,11 +82,12 @@ class Report:
                      f"{products()}). Per-channel scale: multiplied in its "
                      "run's requantize. Float32/int32 products: ONNX Conv where float32 is exact, else the core "
                      "form (docs/semantics.md). Layout, kernel, ISA and chain: what computes it on this machine "
-                     "(cvm_onnx.serving.routes)."), "",
-                    "| conv2d | route | why not integer products | layout | kernel | ISA | chain |",
-                    "|---|---|---|---|---|---|---|"]
+                     "(cvm_onnx.serving.routes); path: how the CPU kernels run the chain (compiled for its kinds, "
+                     "kinds at run time, or one loop per step)."), "",
+                    "| conv2d | route | why not integer products | layout | kernel | ISA | chain | path |",
+                    "|---|---|---|---|---|---|---|---|"]
             out += [f"| {r.conv} | {r.route} | {_cell(r.why) or '-'} | {r.layout} | {_cell(r.kernel)} | {r.isa} | "
-                    f"{_cell(r.chain)} |" for r in self.routes]
+                    f"{_cell(r.chain)} | {_cell(r.path)} |" for r in self.routes]
         if self.sizes or self.counts:
             out += ["", "## Sizes", "", "| | |", "|---|---:|"]
             out += [f"| {k} | {_bytes(v)} |" for k, v in self.sizes.items()]

@@ -1,59 +1,24 @@
 """The native custom-op library: its ONNX domain, where the built library is, and the ONNX schemas of its ops.
 
 The library (``libcvm_onnx_ops.so``, built from custom_ops/ at install time) owns the ONNX domain ``cvm.native``,
-version 1, with three int32 ops following the CVM runtime's FORMAL semantics (docs/custom_ops.md) and the
-serving form's window ops and fused requantization:
+version 1: the CVM runtime's ``non_max_suppression``, ``get_valid_counts`` and ``cvm_lut`` (FORMAL semantics), and
+the serving form's kernels: the window ops (``im2col_int8``, ``im2col_uint8``, ``im2col_rows``), the fused
+requantization (``requantize``, ``requantize_uint8``, ``requantize_add[_uint8]``) and the convolution with its
+requantization (``conv_requantize[_uint8]``, ``conv_requantize_add[_uint8]``). docs/custom_ops.md states their
+semantics. Their interface is stated once, by the schemas here (``_schemas``; ``attributes`` lists each op's
+attributes with their types and defaults): the kernels and docs/custom_ops.md's table are checked against it.
 
-* ``non_max_suppression(data (B, N, 6), valid_count (B,)) -> data-shaped``; attributes max_output_size (-1),
-  iou_threshold (50), force_suppress (0), top_k (-1);
-* ``get_valid_counts(data (B, N, K)) -> valid_count (B,), data-shaped``; attribute score_threshold (0);
-* ``cvm_lut(indices, table) -> indices-shaped``, ``y = table.flat[clip(indices, 0, table.size - 1)]``;
-* ``im2col_int8`` / ``im2col_uint8(data (N, C, H, W) int32, values in [-128, 127]) -> (N, G, C/G * kh * kw,
-  OH * OW)`` int8 / uint8: the windows of a 2-D convolution, ``x + offset`` (0 / 128) and ``offset`` where a
-  window lies in the padding; attributes kernel_shape (required), strides, dilations, pads (top, left, bottom,
-  right), group, as ONNX Conv's; wide (0): 1 gives OH * WP columns (WP the padded width; strides 1 only), each
-  window position one contiguous copy, the columns past OW of each row holding windows to be dropped;
-  batch_inner (0): 1 gives (G, C/G * kh * kw, N * OH * OW), every sample's columns of a window row side by side
-  (one GEMM for the whole batch; not with wide). The
-  serving form feeds them to MatMulInteger (``cvm_onnx.native.cpu``); CPU and CUDA kernels (the CUDA form
-  takes ``im2col_int8``);
-* ``im2col_rows(data (N, C, H, W) int32) -> (N, OH * OW, kh * kw * C)`` uint8: the windows as rows, row
-  ``oh * OW + ow`` holding ``x + offset`` in the order (fh, fw, c), ``offset`` in the padding; attributes as the
-  im2col ops' (group 1, no wide or batch_inner), offset (128): 128 takes values in [-128, 127], 0 values in
-  [0, 127], zero (-1: none): with offset 0, a zero point in [0, 255] that fills the padding, the data in [0, 255]
-  as themselves, and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
-  (K, OC) weights (``cvm_onnx.native.cpu``); CPU only;
-* ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
-  (kind, a, b) triples: shift, multiply, add, clip, mul64) on data + bias per channel in one pass; width (0): > 0 keeps
-  the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
-  axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
-  data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
-  rows (OH, OW): data (N, OH * OW, C), the bias per last-axis channel, written as y (N, C, OH, OW) (the products
-  of ``im2col_rows``; the bias may then be (OH * OW, C), one per position and channel); nhwc (0): 1 puts the
-  channels (bias, scales) on the last axis, with rows writing y (N, OH, OW, C); channel_steps and
-  channel_counts (instead of steps): each channel's own steps (not with width, batch_inner or scales); rows, nhwc
-  and channel_steps on the CPU only;
-* ``requantize_uint8(data, bias) -> uint8``: requantize with nhwc 1 writing bytes, every chain ending with a clip
-  within [0, 255]; ``im2col_rows`` also takes such uint8 data (N, H, W, C) (nhwc 1, a zero); CPU only;
-* ``requantize_add(data, bias, addend) -> int32``: requantize with nhwc 1, then ``sum_steps(y +
-  addend_steps(addend))`` (attributes of (kind, a, b) triples; the addend y-shaped, int32 or uint8): a residual
-  block's end in one pass; ``requantize_add_uint8`` writes bytes (sum_steps ending with a clip within
-  [0, 255]); CPU only;
-* ``conv_requantize(data, weights (K, OC) uint8 constant, bias) -> (N, OH, OW, OC)`` int32 (``_uint8``: uint8;
-  ``conv_requantize_add[_uint8]`` with an addend): ``im2col_rows``, MatMulInteger(rows, weights, product_zero,
-  128) and the requantize after it (nhwc, rows) in one kernel: each window read where it lies in the padded copy,
-  the products exact in int32 (VNNI, AVX2 or plain C: attribute isa), requantized from the tile; CPU only.
-
-``python -m cvm_onnx.native`` prints the library's path (for ``SessionOptions.register_custom_ops_library``), or
-says that it was not built and exits 1.
-
-Importing this module registers the ops' schemas with onnx (idempotent), so ``onnx.checker`` (full_check) and
-strict shape inference check and infer through them. The pure-Python fallback is in ``cvm_onnx.native.fallback``.
+Importing this module registers the schemas with onnx (idempotent), so ``onnx.checker`` (full_check) and strict
+shape inference check and infer through them. ``chain_path`` asks the library which path a requantize op's chains
+take in its CPU kernels. ``python -m cvm_onnx.native`` prints the library's path (for
+``SessionOptions.register_custom_ops_library``), or says that it was not built and exits 1. The pure-Python fallback
+is in ``cvm_onnx.native.fallback``.
 """
 from __future__ import annotations
 
 import ctypes
 import sys
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -62,6 +27,7 @@ from onnx import TensorProto, TypeProto
 from onnx.defs import OpSchema
 from onnx.shape_inference import InferenceError
 
+from cvm_onnx.core.errors import FormatError
 from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
@@ -105,6 +71,53 @@ def cuda_ops(path: str | None) -> tuple[str, ...]:
         return ()
     fn.restype = ctypes.c_char_p
     return tuple(op for op in fn().decode().split(",") if op)
+
+
+#: How a requantize op's chains run in the CPU kernels (custom_ops/chain_path.cc, PathSpeed): some chain in one
+#: loop over the values per step (the generic path), some with its kinds dispatched at run time on values in
+#: registers, or every chain in one pass compiled for its kinds.
+STEP_LOOPS, RUN_TIME_KINDS, COMPILED_KINDS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ChainPath:
+    """The path of a requantize op's chains in the CPU kernels: ``speed`` (the slowest chain's: STEP_LOOPS,
+    RUN_TIME_KINDS or COMPILED_KINDS) and the library's description of it (``text``)."""
+
+    speed: int
+    text: str
+
+
+@cache
+def _chain_probe(path: str | None):
+    try:
+        fn = ctypes.CDLL(path).cvm_onnx_chain_path if path is not None else None
+    except (OSError, AttributeError):
+        return None
+    ints = ctypes.POINTER(ctypes.c_int64)
+    fn.argtypes = [ints, ctypes.c_int64] * 5 + [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def chain_path(attrs: dict[str, list[int]], channels_last: bool, addend: str | None) -> ChainPath | None:
+    """The path a requantize op's chains take in the CPU kernels, as the library's kernels choose it (its
+    ``cvm_onnx_chain_path``: their own matchers on the chains simplified as they hold them): ``attrs`` the op's
+    steps, channel_counts, channel_steps, addend_steps and sum_steps (absent: empty), ``channels_last`` whether it
+    runs with the channels innermost (nhwc, rows or a conv_requantize op), ``addend`` its addend's type ("int32",
+    "uint8"; None: none). None where the library is not built or does not load; ``FormatError`` for chains the
+    kernels refuse."""
+    fn = _chain_probe(library_path())
+    if fn is None:
+        return None
+    arrays = [(ctypes.c_int64 * len(v))(*v) for v in (list(attrs.get(a, ())) for a in (
+        "steps", "channel_counts", "channel_steps", "addend_steps", "sum_steps"))]
+    text = ctypes.create_string_buffer(512)
+    speed = fn(*(x for a in arrays for x in (a, len(a))), int(channels_last), {None: 0, "int32": 1, "uint8": 2}[addend],
+               text, len(text))
+    if speed < 0:
+        raise FormatError(f"requantize chains: {text.value.decode()}")
+    return ChainPath(speed, text.value.decode())
 
 
 def status() -> str:
@@ -477,6 +490,37 @@ def _schemas() -> list[OpSchema]:
         *(_conv_schema(name) for name in ("conv_requantize", "conv_requantize_uint8", "conv_requantize_add",
                                           "conv_requantize_add_uint8")),
     ]
+
+
+#: An attribute the op cannot go without (``attributes``).
+REQUIRED = "required"
+
+
+def attributes() -> dict[str, dict[str, tuple[str, int | list[int] | str | None]]]:
+    """The native ops' attributes as their schemas state them, the one statement of the ops' interface (the
+    kernels' reads in custom_ops/cvm_ops.cc and docs/custom_ops.md's table are checked against it): op ->
+    attribute -> (type "int" or "ints", default: a value, ``REQUIRED``, or None for a list that is empty when
+    absent), in the order of the schemas and of the attributes' names."""
+    out = {}
+    for s in _schemas():
+        attrs = {}
+        for name, a in sorted(s.attributes.items()):
+            kind = "ints" if a.type == OpSchema.AttrType.INTS else "int"
+            default = onnx.helper.get_attribute_value(a.default_value) if a.default_value.name else None
+            attrs[name] = (kind, REQUIRED if a.required else list(default) if kind == "ints" and default is not None
+                           else default)
+        out[s.name] = attrs
+    return out
+
+
+def attribute_table() -> list[str]:
+    """docs/custom_ops.md's table of the native ops' attributes (``attributes``), as markdown lines."""
+    def cell(name: str, kind: str, default) -> str:
+        return f"`{name}` ({kind}{'' if default is None else f', {default}'})"
+
+    return ["| op | attributes (type, default; none: an empty list) |", "|---|---|",
+            *(f"| `{op}` | {', '.join(cell(n, *v) for n, v in attrs.items()) or 'none'} |"
+              for op, attrs in attributes().items())]
 
 
 def register_schemas() -> None:

@@ -1,6 +1,7 @@
 """The route map of a serving form: for each CVM conv2d, its route (``cvm.routes``, chosen at export) and what
-computes it in the model as it runs (its layout, kernel nodes, the ISA that multiplies and the requantize chain's
-step kinds), read from the model's nodes, metadata ``cvm.routes`` and ``cvm.target`` by ``route_map`` alone.
+computes it in the model as it runs (its layout, kernel nodes, the ISA that multiplies, the requantize chain's
+step kinds and the path the kernels take for the chain), read from the model's nodes, metadata ``cvm.routes`` and
+``cvm.target`` by ``route_map`` alone; ``chain_paths``: the path of every requantize kernel's chains.
 
 A model exported with layout "session" is mapped as a session here lays it out (the layout remembered for it on
 this CPU, ``route_cache``, with this machine's operands, as ``runtime.sessions`` runs them), so the map says what
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import onnx
 
 from cvm_onnx.core.constants import MARK_FUSED, MARK_OPS, ROUTES
-from cvm_onnx.native import DOMAIN, STEP_KINDS
+from cvm_onnx.native import DOMAIN, STEP_KINDS, ChainPath, chain_path
 
 from .cpu_layout import layout_passes
 from .passes import Sequential
@@ -30,7 +31,8 @@ _ISA_NAMES = {0: "picked at run time", 1: "plain C", 2: "AVX2 vpmaddwd", 3: "AVX
 @dataclass(frozen=True)
 class Route:
     """One conv2d's route: the ``route`` export chose (and ``why`` not integer products), the ``layout`` it runs
-    in, the ``kernel`` nodes computing it, the ``isa`` multiplying its products and its ``chain``'s step kinds."""
+    in, the ``kernel`` nodes computing it, the ``isa`` multiplying its products, its ``chain``'s step kinds and the
+    ``path`` the CPU kernels take for the chain (``chain_paths``; "-" where none or unknown)."""
 
     conv: str
     route: str
@@ -39,6 +41,7 @@ class Route:
     kernel: str
     isa: str
     chain: str
+    path: str = "-"
 
 
 def _attr(node: onnx.NodeProto, name: str) -> list[int] | int | None:
@@ -55,6 +58,35 @@ def chain_kinds(node: onnx.NodeProto) -> str:
     return " > ".join(kinds) + (f"; add; {' > '.join(sums)}" if node.op_type.startswith(("requantize_add",
                                                                                           "conv_requantize_add"))
                                 else "")
+
+
+#: The native requantize kernels, whose chains the CPU kernels run (requantize.h).
+REQUANTIZE_KERNELS = ("requantize", "requantize_uint8", "requantize_add", "requantize_add_uint8", "conv_requantize",
+                      "conv_requantize_uint8", "conv_requantize_add", "conv_requantize_add_uint8")
+
+
+def chain_paths(model: onnx.ModelProto) -> dict[str, ChainPath]:
+    """The path (``native.chain_path``) of each native requantize kernel's chains in ``model``, by node name (its
+    output's where unnamed); empty without the native library."""
+    nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type in REQUANTIZE_KERNELS]
+    if not nodes:
+        return {}
+    types = {}
+    if any("_add" in n.op_type for n in nodes):  # the addends' types: int32 or uint8
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+        types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.input, *inferred.value_info)}
+    paths = {}
+    for n in nodes:
+        attrs = {a.name: list(a.ints) for a in n.attribute if a.type == onnx.AttributeProto.INTS}
+        channels_last = n.op_type.startswith("conv_") or bool(_attr(n, "nhwc")) or bool(attrs.get("rows"))
+        addend = None
+        if "_add" in n.op_type:
+            addend = "uint8" if types.get(n.input[-1]) == onnx.TensorProto.UINT8 else "int32"
+        path = chain_path(attrs, channels_last, addend)
+        if path is None:
+            return {}
+        paths[n.name or n.output[0]] = path
+    return paths
 
 
 def _kernel(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto], here: Target) -> tuple[str, str, str]:
@@ -113,19 +145,22 @@ def route_map(model: onnx.ModelProto) -> list[Route]:
         known = remembered(model)
         model = Sequential(layout_passes(known.layout if known else here.layout, here.operands))(model).model
     producer = {o: n for n in model.graph.node for o in n.output}
-    kernels: dict[str, tuple[str, str, str, str]] = {}
+    paths = chain_paths(model) if here.cpu_integer else {}
+    kernels: dict[str, tuple[str, str, str, str, str]] = {}
     for n in model.graph.node:
         marks = {p.key: p.value for p in n.metadata_props}
         if n.domain != DOMAIN or MARK_FUSED not in marks or not n.op_type.startswith(("requantize", "conv_")):
             continue
         head, op = json.loads(marks[MARK_FUSED])[0], json.loads(marks.get(MARK_OPS, "[]"))[:1]
         if op == ["conv2d"]:
-            kernels[head] = (*_kernel(n, producer, here), chain_kinds(n))
+            path = paths.get(n.name or n.output[0])
+            kernels[head] = (*_kernel(n, producer, here), chain_kinds(n), path.text if path else "-")
     routes = []
     for conv, route, why in json.loads(props[ROUTES]):
-        layout, kernel, isa, chain = kernels.get(conv, ("float32 products" if route.startswith("float32") else "-",
-                                                        "Conv" if route.startswith("float32") else "-", "MLAS", "-"))
-        routes.append(Route(conv, route.split(";")[0], why, layout, kernel, isa, chain))
+        layout, kernel, isa, chain, path = kernels.get(conv, (
+            "float32 products" if route.startswith("float32") else "-", "Conv" if route.startswith("float32") else "-",
+            "MLAS", "-", "-"))
+        routes.append(Route(conv, route.split(";")[0], why, layout, kernel, isa, chain, path))
     return routes
 
 
@@ -145,5 +180,6 @@ def route_lines(model: onnx.ModelProto) -> list[str]:
                      f"({Target.native().layout}); a session here measures rows, fused and columns and keeps the "
                      "fastest")
     lines += [f"  {r.conv}: {r.route}; {r.layout}: {r.kernel}; {r.isa}; chain {r.chain}"
-              + (f"; not integer products: {r.why}" if r.why else "") for r in routes]
+              + (f"; path {r.path}" if r.path != "-" else "") + (f"; not integer products: {r.why}" if r.why else "")
+              for r in routes]
     return lines

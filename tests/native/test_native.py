@@ -459,6 +459,40 @@ def test_the_step_kinds_are_the_kernels():
         "shift", "multiply", "add", "clip", "mul64"]
 
 
+def test_the_kernels_read_each_attribute_with_its_schemas_default():
+    """The one statement of the native ops' interface is their schemas (``native.attributes``): the kernels
+    (custom_ops/cvm_ops.cc, read as text) read every attribute a schema names, each with the schema's type and
+    default (an absent list empty, a required one refused when empty), and no attribute no schema names."""
+    import re
+    from pathlib import Path
+
+    from cvm_onnx import native
+
+    here = Path(__file__).parents[1] / "custom_ops"
+    ops_cc, headers = (here / "cvm_ops.cc").read_text(), "\n".join(p.read_text() for p in here.glob("*.h"))
+
+    def value(expr: str):
+        if expr.startswith("{"):
+            return [int(v) for v in re.findall(r"-?\d+", expr)]
+        if expr.startswith("k"):  # an enumerator
+            return int(re.search(rf"\b{expr}\s*=\s*(-?\d+)", headers)[1])
+        if expr.startswith("a."):  # a field's initializer (NmsAttrs)
+            return int(re.search(rf"\b{expr[2:]}\s*=\s*(-?\d+);", headers)[1])
+        return int(expr)
+
+    reads = re.findall(r'\b(int|ints)_attr\(info, "(\w+)", (-?\d+|\{[-\d, ]*\}|k\w+|a\.\w+)\)', ops_cc)
+    assert len(reads) >= 20
+    schemas = native.attributes()
+    for kind, name, expr in reads:
+        stated = {op: attrs[name] for op, attrs in schemas.items() if name in attrs}
+        assert stated, f"the kernels read {name}, which no schema names"
+        for op, (want_kind, default) in stated.items():
+            want = [] if default in (None, native.REQUIRED) else default
+            assert (kind, value(expr)) == (want_kind, want), (op, name, expr)
+    named = {name for attrs in schemas.values() for name in attrs}
+    assert not [n for n in named if f'"{n}"' not in ops_cc]
+
+
 def test_the_cpu_feature_bits_are_the_librarys():
     """native.cpu.FEATURES (how Python reads cvm_onnx_cpu_features) has the bits of the library's Feature
     enumerators, read from the C++ sources: kAvx2 is avx2's bit, kAvx512Vnni avx512_vnni's, and so on."""

@@ -134,7 +134,8 @@ def test_convert_target_names_a_target_and_the_old_flags_are_its_aliases(tmp_pat
     assert main(["convert", source, "-o", str(out), "--target", "native", "--report", str(tmp_path / "r.md")]) == 0
     assert Target.of(onnx.load(out)) == Target.native()
     table = (tmp_path / "r.md").read_text().split("## Convolution routes", 1)[1]
-    assert "| layout | kernel | ISA | chain |" in table and f"| {Target.native().layout}" in table
+    assert "| layout | kernel | ISA | chain | path |" in table and f"| {Target.native().layout}" in table
+    assert "channel lanes (" in table  # (its convolutions' chains' path: test_chain_paths.KNOWN)
     for alias, name in ((["--optimize"], "cpu"), (["--provider", "cuda"], "cuda")):
         files = []
         for flags in (alias, ["--target", name]):
@@ -173,12 +174,15 @@ def test_the_route_map_says_where_each_convolution_runs(layout, rows):
     assert (first.layout, second.layout) == (rows, "columns")
     assert first.kernel.split(" > ")[0] in {n.op_type for n in model.graph.node}
     assert first.chain == "shift > clip" and second.isa == "MLAS u8u8"
+    assert first.path.endswith("(shift > clip)") and second.path.endswith("(shift > clip)")  # (chain_paths)
     assert not first.why and not second.why
     info = describe(model)
-    assert any(line.strip().startswith(f"{first.conv}: ") and rows in line for line in info)
+    assert any(line.strip().startswith(f"{first.conv}: ") and rows in line and f"; path {first.path}" in line
+               for line in info)
     floats = route_map(to_onnx(graph, Target(products="float")))
-    assert {(r.layout, r.kernel) for r in floats} == {("float32 products", "Conv")}
+    assert {(r.layout, r.kernel, r.path) for r in floats} == {("float32 products", "Conv", "-")}
     signed = route_map(to_onnx(graph, Target(layout=layout, operands="u8s8-rows0")))  # the rows of x >= 0 alone
     assert signed[0].isa == {"rows": "MLAS u8s8", "fused": first.isa, "columns": "MLAS u8u8"}[layout]
     assert signed[1].isa == "MLAS u8u8"
-    assert {(r.layout, r.isa) for r in route_map(to_onnx(graph, Target("cuda")))} == {("cuda", "cuBLAS int8 x int8")}
+    assert {(r.layout, r.isa, r.path) for r in route_map(to_onnx(graph, Target("cuda")))} == {
+        ("cuda", "cuBLAS int8 x int8", "-")}

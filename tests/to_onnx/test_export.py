@@ -103,8 +103,3 @@ def test_the_export_record_holds_the_model_its_routes_and_passes():
             assert {r[0] for r in record.routes} == {n.name for n in graph.nodes if n.op == "conv2d"}
         else:
             assert (record.routes, record.passes) == ((), ()) and ROUTES not in props
-
-
-def test_a_conv_form_other_than_fast_or_core_is_refused():
-    with pytest.raises(ValueError, match="conv_form"):
-        to_onnx(cvm_onnx.load(MODELS / "digits_cnn").graph, conv_form="float")

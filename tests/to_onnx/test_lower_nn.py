@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -22,8 +23,9 @@ from support import assert_exact, bound, single_op, tensors
 from cvm_onnx.converters.to_onnx import nn as lower_nn
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.converters.to_onnx.bounds import ANY
-from cvm_onnx.converters.to_onnx.lowering import Value, lower
+from cvm_onnx.converters.to_onnx.lowering import Value, lower, op_model
 from cvm_onnx.core.errors import ValidationError
+from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.ops import REGISTRY
 
@@ -33,8 +35,24 @@ FORMS = ["fast", "core"]
 
 
 def op_types(graph, conv_form: str = "fast") -> list[str]:
-    """Op types of every function body node of the exported model (which path a lowering took)."""
-    return [n.op_type for f in to_onnx(graph, conv_form=conv_form).functions for n in f.node]
+    """Op types of the nodes computing ``graph``'s op (which path a lowering took): the function bodies of the
+    export, or the core form's body."""
+    if conv_form == "core":
+        return [n.op_type for n in op_model(graph, "core").graph.node]
+    return [n.op_type for f in to_onnx(graph).functions for n in f.node]
+
+
+def check_form(graph, feeds, conv_form: str, inline: bool = False) -> None:
+    """``graph`` (``single_op``) equals the reference executor bit for bit: exported (``assert_exact``), or with
+    ``conv_form`` "core" its op's core form (``op_model``) run on onnxruntime."""
+    if conv_form == "fast":
+        assert_exact(graph, feeds, inline=inline)
+        return
+    model = op_model(graph, "core")
+    onnx.checker.check_model(model, full_check=True)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, execute(graph, feeds), strict=True):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
 
 
 def build(op, inputs, **attrs):
@@ -80,7 +98,7 @@ def conv_cases(draw):
 @given(case=conv_cases(), inline=st.booleans())
 def test_conv2d_exact(form, case, inline):
     inputs, attrs = case
-    assert_exact(*build("conv2d", inputs, **attrs), inline=inline, conv_form=form)
+    check_form(*build("conv2d", inputs, **attrs), form, inline)
 
 
 @pytest.mark.isa
@@ -100,7 +118,7 @@ def test_conv2d_chunked_float(form, c, groups, chunks, weight_param):
     bias = pm127(rng, (oc,)) * (1 << 23)
     graph, feeds = single_op("conv2d", [(x, 8, False), (w, 8, weight_param), (bias, 31, True)], channels=oc,
                              kernel_size=(3, 3), padding=(1, 1), groups=groups)
-    assert_exact(graph, feeds, conv_form=form)
+    check_form(graph, feeds, form)
     convs = op_types(graph, form).count("Conv")
     assert convs == (0 if form == "core" else chunks)
 
@@ -117,7 +135,7 @@ def test_conv2d_int_path(form):
     w[2] = -127
     graph, feeds = single_op("conv2d", [(x, 8, False), (w, 8, True)], channels=3, kernel_size=(33, 33),
                              use_bias=False)
-    assert_exact(graph, feeds, conv_form=form)
+    check_form(graph, feeds, form)
     types = op_types(graph, form)
     assert "Conv" not in types and "MatMul" in types
 
@@ -141,7 +159,7 @@ def dense_cases(draw):
 @given(case=dense_cases(), inline=st.booleans())
 def test_dense_exact(form, case, inline):
     inputs, attrs = case
-    assert_exact(*build("dense", inputs, **attrs), inline=inline, conv_form=form)
+    check_form(*build("dense", inputs, **attrs), form, inline)
 
 
 @pytest.mark.isa
@@ -181,6 +199,13 @@ def test_float_chunks_bounds():
     assert lower_nn.float_chunks(127, sums + np.array([[1, 0, 0, 0, 0, 0]])) is None
     assert lower_nn.float_chunks(1, np.array([[1 << 24, 1], [0, 1 << 24]])) == [(0, 1), (1, 2)]
     assert lower_nn.float_chunks(0, np.array([[(1 << 24) + 1]])) is None
+
+
+def test_a_conv_form_other_than_fast_or_core_is_refused():
+    x, w = np.ones((1, 1, 3, 3), np.int32), np.ones((1, 1, 1, 1), np.int32)
+    with pytest.raises(ValueError, match="conv_form"):
+        run_lowering("conv2d", dict(channels=1, kernel_size=(1, 1), use_bias=False), [(x, 1, False), (w, 1, True)],
+                     "float")
 
 
 # -- lowerings on any int32 inputs, INT32_MIN included (bound 2^31: a `where` can feed conv2d/dense such values) --

@@ -230,8 +230,7 @@ def conv_routes(graph: Graph, bounds: dict[Entry, int], chains: list[Chain], tar
     return routes
 
 
-def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int],
-          target: Target, conv_form: str = "fast",
+def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entry, int], target: Target,
           nonneg: set[Entry] = frozenset()) -> tuple[int, Unsigned | None, int | None, int | None] | None:
     """(the conv2d/dense node whose product the run's ``first`` node reads, its ``Unsigned`` data, the ``offset``
     node, the ``take`` node), when its product can feed the run: with the target's integer products, a conv2d taking
@@ -277,7 +276,7 @@ def _head(graph: Graph, first: int, bounds: dict[Entry, int], readers: dict[Entr
         return x.node, unsigned, None, None
     if target.products == "integer" and integer_head(graph, producer, bounds, target.provider):
         return x.node, None, None, None
-    return (x.node, None, None, None) if conv_form == "fast" and limit <= FLOAT_EXACT else None
+    return (x.node, None, None, None) if limit <= FLOAT_EXACT else None
 
 
 def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds: dict[Entry, int],
@@ -379,12 +378,11 @@ def two_parts(graph: Graph, readers: dict[Entry, int]) -> dict[int, tuple[Entry,
     return found
 
 
-def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str = "fast",
-         nonneg: set[Entry] = frozenset()) -> list[Chain]:
+def runs(graph: Graph, bounds: dict[Entry, int], target: Target, nonneg: set[Entry] = frozenset()) -> list[Chain]:
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head; chains
     of other branches may lie between them in node order), cut where a step has no exact int32 form (``Run.apply``);
     each with the conv2d/dense that starts it, if any (``_head``; the ``target``'s products "integer": integer
-    products allowed; ``conv_form`` "core": no float32 product heads; ``nonneg``: the entries proven >= 0). On the
+    products allowed; ``nonneg``: the entries proven >= 0). On the
     CPU with integer products a product in two parts (``two_parts``) is one step, its inner nodes the chain's. On
     "cuda", with integer products, every other conv2d that can take integer products is a chain of its own with no
     steps (its products + bias, one ``requantize``)."""
@@ -411,7 +409,7 @@ def runs(graph: Graph, bounds: dict[Entry, int], target: Target, conv_form: str 
         if all(map(run.apply, steps)):
             growing[Entry(i)] = ([i], run)
     found = sorted(found + [c for c, _ in growing.values() if len(c) > 1])
-    heads = [_head(graph, c[0], bounds, readers, target, conv_form, nonneg) for c in found]
+    heads = [_head(graph, c[0], bounds, readers, target, nonneg) for c in found]
     sharing: dict[int, int] = {}  # a head read through takes: how many runs take its channels
     for h in heads:
         if h is not None and h[3] is not None:
