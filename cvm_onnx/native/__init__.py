@@ -24,7 +24,7 @@ serving form's window ops and fused requantization:
   as themselves, and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
   (K, OC) weights (``cvm_onnx.native.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
-  (kind, a, b) triples: shift, multiply, add, clip, mul64) on data + bias per channel in one pass; width (0): > 0 keeps
+  (kind, a, b) triples: shift, multiply, add, clip, mul64, even) on data + bias per channel in one pass; width (0): > 0 keeps
   the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
   axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
   data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
@@ -66,10 +66,11 @@ from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
 #: The native requantize step kinds, each (kind, a, b) triple's first int (custom_ops/requantize.h: kShift, kMul,
-#: kAdd, kClip, kMul64): shift by a bits, multiply by a, add a, clip to [a, b], floor(v a / 2^b) in 64 bits (a product
-#: in two parts, docs/import.md; CPU only).
-SHIFT, MULTIPLY, ADD, CLIP, MUL64 = 0, 1, 2, 3, 4
-STEP_KINDS = ("shift", "multiply", "add", "clip", "mul64")
+#: kAdd, kClip, kMul64, kEven): shift by a bits, multiply by a, add a, clip to [a, b], floor(v a / 2^b) in 64 bits (a
+#: product in two parts, docs/import.md; CPU only), shift by a bits rounding half to even (docs/import.md, "Ties"; CPU
+#: only).
+SHIFT, MULTIPLY, ADD, CLIP, MUL64, EVEN = 0, 1, 2, 3, 4, 5
+STEP_KINDS = ("shift", "multiply", "add", "clip", "mul64", "even")
 VERSION = 1
 LIBRARY = "libcvm_onnx_ops.so"
 
