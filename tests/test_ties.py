@@ -138,6 +138,37 @@ def test_a_dyadic_plan_rounds_half_to_even_exactly(a, p, lo, span, per, out, see
     assert np.array_equal(np.clip(halves[0] + halves[1], low, high), exact)
 
 
+def add_qdq(sa: float, sb: float, so: float, z_out: int, otype: int) -> onnx.ModelProto:
+    """x (int8) at scale sa, requantized to sb (QuantizeLinear, DequantizeLinear), the two added, QuantizeLinear(so,
+    z_out): an Add of terms at scales sa and sb."""
+    onp = np.int8 if otype == T.INT8 else np.uint8
+    nodes = [h.make_node("DequantizeLinear", ["x", "sa"], ["af"]), h.make_node("QuantizeLinear", ["af", "sb"], ["q"]),
+             h.make_node("DequantizeLinear", ["q", "sb"], ["bf"]), h.make_node("Add", ["af", "bf"], ["s"]),
+             h.make_node("QuantizeLinear", ["s", "so", "zo"], ["y"])]
+    inits = [nh.from_array(np.array(sa, np.float32), "sa"), nh.from_array(np.array(sb, np.float32), "sb"),
+             nh.from_array(np.array(so, np.float32), "so"), nh.from_array(np.array(z_out, onp), "zo")]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.INT8, [1, 4, 8, 8])],
+                     [h.make_tensor_value_info("y", otype, None)], inits)
+    return onnx_model(g, 17)
+
+
+@settings(max_examples=25, deadline=None)
+@given(ea=st.integers(-3, 3), eb=st.integers(-3, 3), otype=st.sampled_from([T.INT8, T.UINT8]), seed=st.integers(0, 2**16))
+def test_an_add_of_dyadic_ratios_rounds_ties_as_quantize_linear(ea, eb, otype, seed):
+    """An Add of two terms whose scales are the output's times 2^ea and 2^eb (a sum: k the larger of their
+    exponents): the CVM graph equals the exact oracle on every value, ties included, and so does onnxruntime (its
+    float32 arithmetic is exact on powers of two)."""
+    so = 2.0 ** -6
+    m = add_qdq(so * 2.0 ** ea, so * 2.0 ** eb, so, 0 if otype == T.INT8 else 128, otype)
+    x = np.random.default_rng(seed).integers(-127, 128, size=(1, 4, 8, 8))
+    imp, got = cvm(m, x)
+    want = Exact(m, imp).run(x)[0][1]
+    assert np.array_equal(got.reshape(want.shape), want)
+    assert np.array_equal(onnxruntime(m, x.astype(np.int8)).astype(np.int64), want)
+    sums = [r.plan for r in imp.requants if r.plan is not None and len(r.plan.multipliers) == 2]
+    assert len(sums) == 1 and bool(sums[0].even) == (min(ea, eb) < 0)  # ties only where some ratio is not whole
+
+
 # -- the issue's hidden case ----------------------------------------------------------------------------------------
 def hidden_case(tmp_path) -> onnx.ModelProto:
     """A depthwise 3x3 Conv (group 8) + a pointwise Conv + Relu + a 2x2 AveragePool + Flatten + Gemm, input
