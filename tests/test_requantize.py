@@ -443,7 +443,8 @@ def test_a_shift_rounding_half_to_even_is_one_step_and_exact(case):
     from cvm_onnx.native import EVEN
 
     def kinds(model: onnx.ModelProto) -> list[list[int]]:
-        return [list(a.ints)[0::3] for n in model.graph.node for a in n.attribute if a.name in ("steps", "channel_steps")]
+        return [list(a.ints)[0::3] for n in model.graph.node for a in n.attribute
+                if a.name in ("steps", "channel_steps")]
 
     graph, feeds, names, importer = case
     assert not any(EVEN in k for k in kinds(to_onnx(graph, Target("cuda"))))  # no CUDA kernel: left unfused

@@ -93,7 +93,8 @@ def test_pools_round_ties_as_quantize_linear(kind, k, c, ratio, s_out, otype, se
     if Fraction(s_in) / Fraction(float(np.float32(s_out))) != ratio:
         return  # float32 scales whose ratio is not this dyadic number
     z_out = 0 if otype == T.INT8 else 128
-    exact_in_float = Fraction(s_out).numerator == 1 and Fraction(s_out).denominator & (Fraction(s_out).denominator - 1) == 0
+    d = Fraction(s_out).denominator
+    exact_in_float = Fraction(s_out).numerator == 1 and d & (d - 1) == 0
     m = pool_qdq(kind, k, c, size, s_in, float(np.float32(s_out)), z_out, otype)
     q = near_ties(rng, (2, c, size, size), k)
     for one in q:
@@ -153,7 +154,8 @@ def add_qdq(sa: float, sb: float, so: float, z_out: int, otype: int) -> onnx.Mod
 
 
 @settings(max_examples=25, deadline=None)
-@given(ea=st.integers(-3, 3), eb=st.integers(-3, 3), otype=st.sampled_from([T.INT8, T.UINT8]), seed=st.integers(0, 2**16))
+@given(ea=st.integers(-3, 3), eb=st.integers(-3, 3), otype=st.sampled_from([T.INT8, T.UINT8]),
+       seed=st.integers(0, 2**16))
 def test_an_add_of_dyadic_ratios_rounds_ties_as_quantize_linear(ea, eb, otype, seed):
     """An Add of two terms whose scales are the output's times 2^ea and 2^eb (a sum: k the larger of their
     exponents): the CVM graph equals the exact oracle on every value, ties included, and so does onnxruntime (its
@@ -202,7 +204,8 @@ def integer_tail(model: onnx.ModelProto) -> onnx.ModelProto:
     g = model.graph
     first = next(n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == g.input[0].name)
     last = [n for n in g.node if n.op_type == "QuantizeLinear"][-1]
-    keep = [n for n in g.node if n is not first and not (n.op_type == "DequantizeLinear" and n.input[0] == last.output[0])]
+    keep = [n for n in g.node
+            if n is not first and not (n.op_type == "DequantizeLinear" and n.input[0] == last.output[0])]
     for n in keep:
         n.input[:] = ["x" if i == first.output[0] else i for i in n.input]
     graph = h.make_graph(keep, "tail", [h.make_tensor_value_info("x", T.INT8, [1, 8, 8, 8])],

@@ -118,7 +118,7 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     where that is closer; ``split_above`` None: one part only, 1/2: two parts only where one part has no plan."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
-    exact = _even(terms, low, high, precision, kmax)
+    exact = _even(terms, low, high, precision)
     if exact is not None:
         return exact
     if len(terms) == 1:
@@ -158,8 +158,7 @@ def _tie_in(lo: int, hi: int, a: int) -> bool:
     return (hi // h - (lo - 1) // h) - (hi // (2 * h) - (lo - 1) // (2 * h)) > 0
 
 
-def _even(terms: list[tuple[int, int, np.ndarray]], low: int, high: int, precision: int,
-          kmax: int) -> Plan | None:
+def _even(terms: list[tuple[int, int, np.ndarray]], low: int, high: int, precision: int) -> Plan | None:
     """The exact plan rounding half to even (docs/import.md, "Ties"), where every M_i is p / 2^a exactly, some v
     meets a tie (one term: v in its clipped interval an odd multiple of 2^(a-1) for some channel's a >= 1; a sum:
     any a >= 1), and the labels allow it: k = the largest a, m_i = M_i 2^k, t = sum_i v_i m_i within 31 bits (so
@@ -168,8 +167,7 @@ def _even(terms: list[tuple[int, int, np.ndarray]], low: int, high: int, precisi
     adic = [_two_adic(x) for xs in scales for x in xs]
     if None in adic or max(adic) == 0 or precision + max(adic) + 1 > MAX_SHIFT:
         return None
-    k = max(adic)
-    clip, bounds = None, []
+    k, clip = max(adic), None
     if len(terms) == 1:
         lo, hi, ms = terms[0]
         clip, lo, hi = _clipped(lo, hi, ms, low, high)
@@ -183,8 +181,8 @@ def _even(terms: list[tuple[int, int, np.ndarray]], low: int, high: int, precisi
     if _chain([tight(b) + tight(t) for b, t in zip(bounds, tops)]) > 31:
         return None
     big = sum(b * t for b, t in zip(bounds, tops))
-    half = tight(((big + 3 * (1 << (k - 1))) >> (k + 1)) + 1)  # |floor((t + c + 2^k) / 2^(k+1))|, c the adds'
-    shifts = max(precision, half) if max(precision, half) + k + 1 <= MAX_SHIFT else precision
+    reach = tight(((big + 3 * (1 << (k - 1))) >> (k + 1)) + 1)  # |floor((t + c + 2^k) / 2^(k+1))|, c the adds'
+    shifts = max(precision, reach) if max(precision, reach) + k + 1 <= MAX_SHIFT else precision
     p1 = tight(bounds[0]) if len(terms) == 1 else 0
     return Plan(clip, 0, p1, tuple(np.array([int(x) for x in m.flat], np.int64).reshape(m.shape) for m in ms), k,
                 precision, Fraction(0), even=shifts)

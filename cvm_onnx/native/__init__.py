@@ -24,8 +24,8 @@ serving form's window ops and fused requantization:
   as themselves, and nhwc (0): 1 takes data (N, H, W, C). The CPU serving form's left operand of MatMulInteger by the
   (K, OC) weights (``cvm_onnx.native.cpu``); CPU only;
 * ``requantize(data, bias (C,) or (0,)) -> data-shaped``: a requantization run's steps (attribute ``steps``,
-  (kind, a, b) triples: shift, multiply, add, clip, mul64, even) on data + bias per channel in one pass; width (0): > 0 keeps
-  the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
+  (kind, a, b) triples: shift, multiply, add, clip, mul64, even) on data + bias per channel in one pass; width (0):
+  > 0 keeps the first ``width`` elements of each last-axis row (the products of wide columns); scales (one int32 per
   axis-1 channel) multiply data before the bias (a per-channel-scale convolution); batch_inner (0): 1 takes
   data (C, N, ...) (the products of ``batch_inner`` columns) and gives y (N, C, ...); CPU and CUDA kernels;
   rows (OH, OW): data (N, OH * OW, C), the bias per last-axis channel, written as y (N, C, OH, OW) (the products

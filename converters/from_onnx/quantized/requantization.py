@@ -284,7 +284,8 @@ def shifted(ctx, x: Tensor, precision: int, k: int) -> Tensor:
 def half_even(ctx, t: Tensor, precision: int, k: int) -> Tensor:
     """round_half_even(t / 2^k) (docs/import.md, "Ties"): cvm_right_shift(t + 2^(k-1) - 1, k + 1) +
     cvm_right_shift(t - 2^(k-1), k + 1), i.e. floor((t + 3 2^(k-1) - 1) / 2^(k+1)) + floor((t + 2^(k-1)) / 2^(k+1)),
-    each shift into ``precision``; the interval from t's ends (every op is monotone)."""
+    each shift into ``precision`` (the add of 0, for k = 1, left out); the interval from t's ends (every op is
+    monotone)."""
     b = bound(precision)
 
     def at(x: int) -> int:
@@ -292,7 +293,7 @@ def half_even(ctx, t: Tensor, precision: int, k: int) -> Tensor:
 
     halves = []
     for c in (-(1 << (k - 1)), (1 << (k - 1)) - 1):
-        u = ctx.apply("broadcast_add", t, const(np.array(c, np.int32), INT32), shape=t.shape)
+        u = ctx.apply("broadcast_add", t, const(np.array(c, np.int32), INT32), shape=t.shape) if c else t
         e = ctx.emit("cvm_right_shift", u.entry, precision=precision, shift_bit=k + 1)
         halves.append(ctx.result(e, INT32, -b, b, t.shape))
     e = ctx.op("broadcast_add", *halves)

@@ -1,6 +1,6 @@
 """The native ``requantize`` encoding of a run: its steps as (kind, a, b) int triples (``_flat``; the kinds are
-``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP, MUL64, EVEN), each channel's own steps aligned to one sequence of kinds
-(``_aligned``), and the ``requantize`` nodes that run them."""
+``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP, MUL64, EVEN), each channel's own steps aligned to one sequence of
+kinds (``_aligned``), and the ``requantize`` nodes that run them."""
 from __future__ import annotations
 
 import numpy as np

@@ -15,8 +15,8 @@ class Step:
     unbounded) or "cmul" (a multiplier per axis-1 channel, ``ks``; k = the largest |multiplier|; native runs only);
     "mul64": a product in two parts (``two_part``), floor(v k / 2^b) with k = m1 2^b + m0, "cmul64" the same with
     a multiplier per axis-1 channel (``ks``, k = the largest |multiplier|), ``low`` the bound of the low part's
-    cvm_right_shift precision (native runs only); "even": round_half_even(v / 2^k) (``half_even``), ``low`` the bound of its two
-    cvm_right_shifts' precision (native runs only)."""
+    cvm_right_shift precision (native runs only); "even": round_half_even(v / 2^k) (``half_even``), ``low`` the
+    bound of its two cvm_right_shifts' precision (native runs only)."""
 
     kind: str
     k: int = 0
