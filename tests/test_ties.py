@@ -171,6 +171,34 @@ def test_an_add_of_dyadic_ratios_rounds_ties_as_quantize_linear(ea, eb, otype, s
     assert len(sums) == 1 and bool(sums[0].even) == (min(ea, eb) < 0)  # ties only where some ratio is not whole
 
 
+@settings(max_examples=20, deadline=None)
+@given(c_out=st.integers(2, 6), ew=st.lists(st.integers(-9, -3), min_size=6, max_size=6), ex=st.integers(-8, -4),
+       eo=st.integers(-6, 0), otype=st.sampled_from([T.INT8, T.UINT8]), seed=st.integers(0, 2**16))
+def test_a_conv_of_power_of_two_scales_rounds_ties_per_channel(c_out, ew, ex, eo, otype, seed):
+    """A QDQ Conv whose input, per-channel weight and output scales are powers of two (M = 2^(ex + ew_c - eo) per
+    channel, many values at ties): the CVM graph equals the exact oracle and onnxruntime on every value."""
+    rng = np.random.default_rng(seed)
+    onp = np.int8 if otype == T.INT8 else np.uint8
+    w = rng.integers(-127, 128, size=(c_out, 2, 3, 3))
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=0),
+             h.make_node("Conv", ["xf", "wf"], ["cf"], pads=[1, 1, 1, 1]),
+             h.make_node("QuantizeLinear", ["cf", "so", "zo"], ["y"])]
+    inits = [nh.from_array(np.array(2.0 ** ex, np.float32), "sx"), nh.from_array(w.astype(np.int8), "w"),
+             nh.from_array(np.array([2.0 ** e for e in ew[:c_out]], np.float32), "sw"),
+             nh.from_array(np.array(2.0 ** eo, np.float32), "so"),
+             nh.from_array(np.array(0 if otype == T.INT8 else 128, onp), "zo")]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.INT8, [1, 2, 5, 5])],
+                     [h.make_tensor_value_info("y", otype, None)], inits)
+    m = onnx_model(g, 17)
+    x = rng.integers(-127, 128, size=(1, 2, 5, 5))
+    imp, got = cvm(m, x)
+    want = Exact(m, imp).run(x)[0][1]
+    assert np.array_equal(got.reshape(want.shape), want)
+    assert np.array_equal(onnxruntime(m, x.astype(np.int8)).astype(np.int64), want)
+    assert all(p.even for r in imp.requants for p in r.plans)  # every M non-integer, its ties within reach
+
+
 # -- the issue's hidden case ----------------------------------------------------------------------------------------
 def hidden_case(tmp_path) -> onnx.ModelProto:
     """A depthwise 3x3 Conv (group 8) + a pointwise Conv + Relu + a 2x2 AveragePool + Flatten + Gemm, input
