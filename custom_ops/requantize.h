@@ -162,6 +162,10 @@ __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantSt
     return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(s.a));
   } else if constexpr (Kind == kAdd) {
     return static_cast<int32_t>(static_cast<uint32_t>(x) + static_cast<uint32_t>(s.a));
+  } else if constexpr (Kind == kEven) {  // half_even without a branch: s = 0 adds nothing and shifts by 0
+    const uint32_t some = s.a != 0;
+    const uint32_t odd = static_cast<uint32_t>(x >> s.a) & some;
+    return static_cast<int32_t>(static_cast<uint32_t>(x) + shift_half(s.a) - some + odd) >> s.a;
   } else {
     return std::min(std::max(x, static_cast<int32_t>(s.a)), static_cast<int32_t>(s.b));
   }
@@ -184,11 +188,17 @@ __attribute__((always_inline)) inline void steps_fused(Kinds<K...>, int32_t* v, 
   steps_fused<K...>(v, n, steps, std::make_index_sequence<sizeof...(K)>{});
 }
 
-// apply_steps, in one pass for a CVM model's chains (CvmChains), else one loop per step.
+// A quantized import's requantization whose shift rounds half to even (docs/import.md, "Ties"): a pool's at one
+// scale (clip, even), a product's (clip, multiply, even), each with its final clip or without, after a shift or not.
+using EvenChains = KindsList<Kinds<kClip, kEven>, Kinds<kClip, kEven, kClip>, Kinds<kClip, kMul, kEven>,
+                             Kinds<kClip, kMul, kEven, kClip>, Kinds<kShift, kClip, kMul, kEven, kClip>>;
+
+// apply_steps, in one pass for a CVM model's chains (CvmChains) and an import's that round half to even
+// (EvenChains), else one loop per step.
 __attribute__((always_inline)) inline void apply_steps_fast(int32_t* v, int64_t n,
                                                             const std::vector<RequantStep>& steps) {
   const auto fused = [&](auto kinds) __attribute__((always_inline)) { steps_fused(kinds, v, n, steps.data()); };
-  if (!CvmChains::with(steps, fused)) apply_steps(v, n, steps);
+  if (!CvmChains::with(steps, fused) && !EvenChains::with(steps, fused)) apply_steps(v, n, steps);
 }
 
 // Steps per channel (the channel_steps attribute): steps[c] for channel c; empty when the op has one list for all.
