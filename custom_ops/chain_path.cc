@@ -26,10 +26,11 @@ struct Path {
 };
 
 std::string kinds_text(const std::vector<int64_t>& kinds) {
-  static const char* const names[] = {"shift", "multiply", "add", "clip", "mul64"};  // (cvm_onnx.native.STEP_KINDS)
+  // (cvm_onnx.native.STEP_KINDS)
+  static const char* const names[] = {"shift", "multiply", "add", "clip", "mul64", "even"};
   std::string out;
   for (const int64_t k : kinds) {
-    out += (out.empty() ? "" : " > ") + (k >= 0 && k <= kMul64 ? std::string(names[k]) : std::to_string(k));
+    out += (out.empty() ? "" : " > ") + (k >= 0 && k <= kEven ? std::string(names[k]) : std::to_string(k));
   }
   return out.empty() ? "no steps" : out;
 }
@@ -40,10 +41,11 @@ std::vector<int64_t> kinds_of(const std::vector<RequantStep>& steps) {
   return kinds;
 }
 
-// One list of steps, as apply_steps_fast and uniform_chain take it: one pass where CvmChains holds its kinds, or
-// where it is one step or none (apply_steps' loop for that kind).
+// One list of steps, as apply_steps_fast and uniform_chain take it: one pass where CvmChains or EvenChains holds its
+// kinds, or where it is one step or none (apply_steps' loop for that kind).
 Path one_list(const std::vector<RequantStep>& steps) {
-  const bool compiled = steps.size() <= 1 || CvmChains::with(steps, [](auto) {});
+  const bool compiled =
+      steps.size() <= 1 || CvmChains::with(steps, [](auto) {}) || EvenChains::with(steps, [](auto) {});
   return {compiled ? kCompiledKinds : kStepLoops,
           std::string(compiled ? "one pass" : "step loops") + " (" + kinds_text(kinds_of(steps)) + ")"};
 }

@@ -1035,6 +1035,7 @@ struct RequantizeCuda {
       for (const RequantStep& s : attrs.steps) {
         if (s.kind == kShift && s.a == 0) return invalid("requantize", "shift 0 has a CPU kernel only");
         if (s.kind == kMul64) return invalid("requantize", "mul64 has a CPU kernel only");
+        if (s.kind == kEven) return invalid("requantize", "even has a CPU kernel only");
       }
       std::vector<int64_t> shape = attrs.output_shape(data.Shape());
       if (shape.empty()) return invalid("requantize", "batch_inner needs data of rank >= 2");

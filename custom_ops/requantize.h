@@ -21,7 +21,7 @@
 
 namespace cvm_onnx {
 
-enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3, kMul64 = 4 };
+enum StepKind : int64_t { kShift = 0, kMul = 1, kAdd = 2, kClip = 3, kMul64 = 4, kEven = 5 };
 
 struct RequantStep {
   int64_t kind, a, b;
@@ -35,6 +35,7 @@ inline uint32_t shift_half(int64_t a) { return a ? 1u << (a - 1) : 0u; }
 inline std::pair<int32_t, int32_t> lane_constants(int64_t kind, int64_t a, int64_t b) {
   if (kind == kShift) return {static_cast<int32_t>(shift_half(a)), static_cast<int32_t>(a)};
   if (kind == kMul64) return {static_cast<int32_t>(a >> b), static_cast<int32_t>((a & ((int64_t{1} << b) - 1)) << (31 - b))};
+  if (kind == kEven) return {static_cast<int32_t>(a ? (1u << (a - 1)) - 1u : 0u), static_cast<int32_t>(a)};
   return {static_cast<int32_t>(static_cast<uint32_t>(a)), static_cast<int32_t>(b)};
 }
 
@@ -48,8 +49,20 @@ __attribute__((always_inline)) inline int32_t mul64(int32_t v, int64_t m, int64_
   return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint64_t>(high + (low >> s))));
 }
 
+// kEven (a = s): round_half_even(v / 2^s) = floor((v + 2^(s-1) - 1 + bit s of v) / 2^s) for s >= 1 (bit s of v is
+// floor(v / 2^s) mod 2: at v / 2^s = n + 1/2 the sum reaches the next multiple of 2^s exactly when n is odd), v
+// for s = 0, wrapped to int32: a CVM graph's shift rounding half to even (cvm_right_shift(v + 2^(s-1) - 1, s + 1)
+// + cvm_right_shift(v - 2^(s-1), s + 1)) where the exporter proves that none of its int32 ops wraps or clips
+// (docs/import.md, "Ties"). In lanes (array_step): the constants 2^(s-1) - 1 (0 for s = 0) and s.
+__attribute__((always_inline)) inline int32_t half_even(int32_t v, int64_t s) {
+  if (!s) return v;
+  const uint32_t odd = static_cast<uint32_t>(v >> s) & 1u;
+  return static_cast<int32_t>(static_cast<uint32_t>(v) + (1u << (s - 1)) - 1u + odd) >> s;
+}
+
 // Parses the flat attribute [kind, a, b, ...]; returns an error message, empty when every step is valid: shift
-// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32, mul64 s in 0..31 and m >> s an int32.
+// 0..31 (0: the value itself), mul/add an int32, clip lo <= hi within int32, mul64 s in 0..31 and m >> s an int32,
+// even s in 0..31.
 inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<RequantStep>& steps) {
   if (flat.size() % 3 != 0) return "steps must hold (kind, a, b) triples";
   const auto int32 = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
@@ -57,7 +70,8 @@ inline std::string parse_steps(const std::vector<int64_t>& flat, std::vector<Req
     const RequantStep s{flat[i], flat[i + 1], flat[i + 2]};
     const bool ok = (s.kind == kShift && s.a >= 0 && s.a <= 31) || ((s.kind == kMul || s.kind == kAdd) && int32(s.a)) ||
                     (s.kind == kClip && int32(s.a) && int32(s.b) && s.a <= s.b) ||
-                    (s.kind == kMul64 && s.b >= 0 && s.b <= 31 && int32(s.a >> s.b));
+                    (s.kind == kMul64 && s.b >= 0 && s.b <= 31 && int32(s.a >> s.b)) ||
+                    (s.kind == kEven && s.a >= 0 && s.a <= 31);
     if (!ok) return "step " + std::to_string(i / 3) + " is not a valid (kind, a, b)";
     steps.push_back(s);
   }
@@ -86,6 +100,9 @@ __attribute__((always_inline)) inline void apply_steps(int32_t* v, int64_t n,
         break;
       case kMul64:
         for (int64_t i = 0; i < n; ++i) v[i] = mul64(v[i], s.a, s.b);
+        break;
+      case kEven:
+        for (int64_t i = 0; i < n; ++i) v[i] = half_even(v[i], s.a);
         break;
       default: {
         const int32_t lo = static_cast<int32_t>(s.a), hi = static_cast<int32_t>(s.b);
@@ -145,6 +162,10 @@ __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantSt
     return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(s.a));
   } else if constexpr (Kind == kAdd) {
     return static_cast<int32_t>(static_cast<uint32_t>(x) + static_cast<uint32_t>(s.a));
+  } else if constexpr (Kind == kEven) {  // half_even without a branch: s = 0 adds nothing and shifts by 0
+    const uint32_t some = s.a != 0;
+    const uint32_t odd = static_cast<uint32_t>(x >> s.a) & some;
+    return static_cast<int32_t>(static_cast<uint32_t>(x) + shift_half(s.a) - some + odd) >> s.a;
   } else {
     return std::min(std::max(x, static_cast<int32_t>(s.a)), static_cast<int32_t>(s.b));
   }
@@ -167,11 +188,17 @@ __attribute__((always_inline)) inline void steps_fused(Kinds<K...>, int32_t* v, 
   steps_fused<K...>(v, n, steps, std::make_index_sequence<sizeof...(K)>{});
 }
 
-// apply_steps, in one pass for a CVM model's chains (CvmChains), else one loop per step.
+// A quantized import's requantization whose shift rounds half to even (docs/import.md, "Ties"): a pool's at one
+// scale (clip, even), a product's (clip, multiply, even), each with its final clip or without, after a shift or not.
+using EvenChains = KindsList<Kinds<kClip, kEven>, Kinds<kClip, kEven, kClip>, Kinds<kClip, kMul, kEven>,
+                             Kinds<kClip, kMul, kEven, kClip>, Kinds<kShift, kClip, kMul, kEven, kClip>>;
+
+// apply_steps, in one pass for a CVM model's chains (CvmChains) and an import's that round half to even
+// (EvenChains), else one loop per step.
 __attribute__((always_inline)) inline void apply_steps_fast(int32_t* v, int64_t n,
                                                             const std::vector<RequantStep>& steps) {
   const auto fused = [&](auto kinds) __attribute__((always_inline)) { steps_fused(kinds, v, n, steps.data()); };
-  if (!CvmChains::with(steps, fused)) apply_steps(v, n, steps);
+  if (!CvmChains::with(steps, fused) && !EvenChains::with(steps, fused)) apply_steps(v, n, steps);
 }
 
 // Steps per channel (the channel_steps attribute): steps[c] for channel c; empty when the op has one list for all.
@@ -202,6 +229,13 @@ inline Range after(const RequantStep& s, Range r) {
       const int64_t p = at(r.lo), q = at(r.hi);
       return fits(std::min(p, q), std::max(p, q)) ? Range{std::min(p, q), std::max(p, q)} : Range{};
     }
+    case kEven: {  // monotone; the ends exact where v + 2^(s-1) stays within int32
+      if (!s.a) return r;
+      const int64_t half = int64_t{1} << (s.a - 1);
+      if (!fits(r.lo - half, r.hi + half)) return {int64_t{INT32_MIN} >> s.a, int64_t{INT32_MAX} >> s.a};
+      const auto at = [&](int64_t v) { return (v + half - 1 + ((v >> s.a) & 1)) >> s.a; };
+      return {at(r.lo), at(r.hi)};
+    }
     default:
       return fits(r.lo + s.a, r.hi + s.a) ? Range{r.lo + s.a, r.hi + s.a} : Range{};
   }
@@ -213,6 +247,7 @@ inline bool identity(const RequantStep& s, Range r) {
     case kClip: return s.a <= r.lo && r.hi <= s.b;
     case kMul: return s.a == 1;
     case kMul64: return s.a == (int64_t{1} << s.b);
+    case kEven: return s.a == 0;
     default: return s.a == 0;  // a shift by 0, an add of 0
   }
 }
@@ -372,6 +407,9 @@ __attribute__((always_inline)) inline T array_step(T x, T a, T b) {
       const WideLanes p = __builtin_convertvector(x, WideLanes) * __builtin_convertvector(b, WideLanes);
       return (T)((U)x * (U)a + (U)__builtin_convertvector(p >> 31, T));
     }
+  } else if constexpr (Kind == kEven) {  // a = 2^(s-1) - 1 (0 for s = 0), b = s: x + a + bit s of x (s > 0), >> s
+    const T odd = (x >> b) & ((T)(b != 0) & 1);
+    return (T)((U)x + (U)a + (U)odd) >> b;
   } else {
     x = x < a ? a : x;
     return x > b ? b : x;
@@ -386,6 +424,7 @@ __attribute__((always_inline)) inline void with_kind(int64_t kind, Body&& body) 
     case kMul: return body(std::integral_constant<int64_t, kMul>{});
     case kAdd: return body(std::integral_constant<int64_t, kAdd>{});
     case kMul64: return body(std::integral_constant<int64_t, kMul64>{});
+    case kEven: return body(std::integral_constant<int64_t, kEven>{});
     default: return body(std::integral_constant<int64_t, kClip>{});
   }
 }
@@ -446,6 +485,7 @@ __attribute__((always_inline)) inline void tile_steps(Lanes* y, const std::vecto
       case kMul: tile_step<kMul, Count>(y, a, b); break;
       case kAdd: tile_step<kAdd, Count>(y, a, b); break;
       case kMul64: tile_step<kMul64, Count>(y, a, b); break;
+      case kEven: tile_step<kEven, Count>(y, a, b); break;
       default: tile_step<kClip, Count>(y, a, b);
     }
   }
@@ -502,6 +542,7 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
       case kMul: tile_step<kMul, Count>(y, a, b); break;
       case kAdd: tile_step<kAdd, Count>(y, a, b); break;
       case kMul64: tile_step<kMul64, Count>(y, a, b); break;
+      case kEven: tile_step<kEven, Count>(y, a, b); break;
       default: tile_step<kClip, Count>(y, a, b);
     }
     a += p.period;
@@ -594,6 +635,7 @@ struct LaneSteps {
         case kMul: y = array_step<kMul, Lanes, ULanes>(y, a[k], b[k]); break;
         case kAdd: y = array_step<kAdd, Lanes, ULanes>(y, a[k], b[k]); break;
         case kMul64: y = array_step<kMul64, Lanes, ULanes>(y, a[k], b[k]); break;
+        case kEven: y = array_step<kEven, Lanes, ULanes>(y, a[k], b[k]); break;
         default: y = array_step<kClip, Lanes, ULanes>(y, a[k], b[k]);
       }
     }

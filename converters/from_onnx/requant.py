@@ -27,6 +27,11 @@ round_half_up(v1 m / 2^k) exactly; b = 30 - label(v1) and label(v1) + label(m1) 
 within 32 bits, so m gets about 61 - 2 label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
 (``_several_split``): the highs and the lows summed apart, then the same two shifts.
 
+Ties (``_even``): where every M_i is p_i / 2^(a_i) exactly and some v meets a tie (v M = n + 1/2), the plan is
+exact (s = 0, m_i = M_i 2^k, k = max a_i, delta = 0) and rounds half to even as QuantizeLinear does:
+r = cvm_right_shift(t + 2^(k-1) - 1, k + 1) + cvm_right_shift(t - 2^(k-1), k + 1) = round_half_even(t / 2^k) for
+t = sum_i v_i m_i (docs/import.md, "Ties"). Elsewhere ties are unreachable or the planned product decides them.
+
 Per-channel ratios spread too widely for one shift and one clip (the precision rules bound the product's label by
 the largest multiplier and the widest clipped channel together) are cut into runs (``runs``): channels sorted by
 M, each run the longest prefix of the rest that one plan requantizes within the bound, requantized as a tensor of
@@ -71,6 +76,7 @@ class Plan:
     delta: Fraction  # worst |v1 * m / 2^k - v * M| (before the final rounding), in output steps
     split: int = 0  # b > 0: each product in two parts, m = m1 2^b + m0
     low_precision: int = 0  # the label of floor(sum_i v_i m0_i / 2^b) (split only)
+    even: int = 0  # > 0: m / 2^k = M exactly and r rounds half to even (``_even``); the two shifts' precision
 
     @property
     def parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -112,6 +118,9 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     where that is closer; ``split_above`` None: one part only, 1/2: two parts only where one part has no plan."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
+    exact = _even(terms, low, high, precision)
+    if exact is not None:
+        return exact
     if len(terms) == 1:
         lo, hi, ms = terms[0]
         flat = list(ms.flat)
@@ -126,14 +135,63 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     return _several(terms, precision, kmax, split_above)
 
 
+def _clipped(lo: int, hi: int, ms: np.ndarray, low: int, high: int) -> tuple[tuple[int, int] | None, int, int]:
+    """(the clip or None, v's interval after it): beyond a_hi = ceil((high + 1) / min M) and a_lo = floor((low - 1)
+    / min M) every rounding of v M saturates."""
+    least = min(ms.flat)
+    a_hi, a_lo = math.ceil((high + 1) / least), math.floor((low - 1) / least)
+    if lo < a_lo or hi > a_hi:  # (a_lo < 0 < a_hi: an interval wholly beyond one keeps a clip of two values)
+        lo, hi = min(max(lo, a_lo), a_hi - 1), max(min(hi, a_hi), a_lo + 1)
+        return (lo, hi), lo, hi
+    return None, lo, hi
+
+
+def _two_adic(x: Fraction) -> int | None:
+    """a with x = p / 2^a (p an integer), or None where x's denominator is not a power of two."""
+    d = x.denominator
+    return d.bit_length() - 1 if d & (d - 1) == 0 else None
+
+
+def _tie_in(lo: int, hi: int, a: int) -> bool:
+    """Whether [lo, hi] holds an odd multiple of 2^(a-1) (a >= 1): where v p / 2^a (p odd) is a half-integer."""
+    h = 1 << (a - 1)
+    return (hi // h - (lo - 1) // h) - (hi // (2 * h) - (lo - 1) // (2 * h)) > 0
+
+
+def _even(terms: list[tuple[int, int, np.ndarray]], low: int, high: int, precision: int) -> Plan | None:
+    """The exact plan rounding half to even (docs/import.md, "Ties"), where every M_i is p / 2^a exactly, some v
+    meets a tie (one term: v in its clipped interval an odd multiple of 2^(a-1) for some channel's a >= 1; a sum:
+    any a >= 1), and the labels allow it: k = the largest a, m_i = M_i 2^k, t = sum_i v_i m_i within 31 bits (so
+    t + c fits 32), and precision + k + 1 <= 31 for the two shifts by k + 1. Else None (today's plan)."""
+    scales = [sorted(set(ms.flat)) for _, _, ms in terms]
+    adic = [_two_adic(x) for xs in scales for x in xs]
+    if None in adic or max(adic) == 0 or precision + max(adic) + 1 > MAX_SHIFT:
+        return None
+    k, clip = max(adic), None
+    if len(terms) == 1:
+        lo, hi, ms = terms[0]
+        clip, lo, hi = _clipped(lo, hi, ms, low, high)
+        if not any(_tie_in(lo, hi, a) for a in {_two_adic(x) for x in scales[0]} if a):
+            return None
+        bounds = [max(-lo, hi, 1)]
+    else:
+        bounds = [max(-lo, hi, 1) for lo, hi, _ in terms]
+    ms = [np.asarray(m * (1 << k), dtype=object).reshape(m.shape) for _, _, m in terms]
+    tops = [int(max(m.flat)) for m in ms]
+    if _chain([tight(b) + tight(t) for b, t in zip(bounds, tops)]) > 31:
+        return None
+    big = sum(b * t for b, t in zip(bounds, tops))
+    reach = tight(((big + 3 * (1 << (k - 1))) >> (k + 1)) + 1)  # |floor((t + c + 2^k) / 2^(k+1))|, c the adds'
+    shifts = max(precision, reach) if max(precision, reach) + k + 1 <= MAX_SHIFT else precision
+    p1 = tight(bounds[0]) if len(terms) == 1 else 0
+    return Plan(clip, 0, p1, tuple(np.array([int(x) for x in m.flat], np.int64).reshape(m.shape) for m in ms), k,
+                precision, Fraction(0), even=shifts)
+
+
 def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: int, kmax: int,
             split_above: Fraction | None) -> Plan:
     least = min(ms.flat)
-    a_hi, a_lo = math.ceil((high + 1) / least), math.floor((low - 1) / least)
-    clip = None
-    if lo < a_lo or hi > a_hi:  # (a_lo < 0 < a_hi: an interval wholly beyond one keeps a clip of two values)
-        lo, hi = min(max(lo, a_lo), a_hi - 1), max(min(hi, a_hi), a_lo + 1)
-        clip = (lo, hi)
+    clip, lo, hi = _clipped(lo, hi, ms, low, high)
     b = max(-lo, hi, 1)
     shifts = []  # (s, B1, label(v1)) of each allowed pre-shift
     for s in range(0, bits(b) + 1):

@@ -207,8 +207,8 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
         out.append(f"| {_cell(where)} | {_cell(', '.join(ops)) or '(none: a name, a constant or a scale)'} |")
     if imported.requants:
         out += ["", "## Requantizations", "",
-                "r = round_half_up(sum v * m / 2^k) after an optional clip and pre-shift s; worst error = 1/2 + "
-                "the approximation of M, in output steps.", "",
+                "r = round_half_up(sum v * m / 2^k) after an optional clip and pre-shift s (round_half_even where "
+                "marked: m / 2^k = M exactly); worst error = 1/2 + the approximation of M, in output steps.", "",
                 "| ONNX node | M | multiplier m | pre-shift s | shift k | clip | worst error (steps) |",
                 "|---|---|---|---:|---:|---|---:|"]
         for r in imported.requants:
@@ -224,7 +224,8 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
                 mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]
                 mults = ", ".join(map(str, mult[:4])) + (f", ... ({len(mult)})" if len(mult) > 4 else "")
                 clip = "" if p.clip is None else f"[{p.clip[0]}, {p.clip[1]}]"
-                shift = f"{p.shift} (two parts, b = {p.split})" if p.split else p.shift
+                shift = f"{p.shift} (two parts, b = {p.split})" if p.split else \
+                    f"{p.shift} (half to even)" if p.even else p.shift
                 out.append(f"| {_cell(node)} | {ms} | {mults} | {p.pre_shift} | {shift} | {clip} | {p.error:.6f} |")
     if imported.edges is not None:
         e = imported.edges

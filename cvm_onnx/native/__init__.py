@@ -32,10 +32,11 @@ from cvm_onnx.core.ops import REGISTRY
 
 DOMAIN = "cvm.native"
 #: The native requantize step kinds, each (kind, a, b) triple's first int (custom_ops/requantize.h: kShift, kMul,
-#: kAdd, kClip, kMul64): shift by a bits, multiply by a, add a, clip to [a, b], floor(v a / 2^b) in 64 bits (a product
-#: in two parts, docs/import.md; CPU only).
-SHIFT, MULTIPLY, ADD, CLIP, MUL64 = 0, 1, 2, 3, 4
-STEP_KINDS = ("shift", "multiply", "add", "clip", "mul64")
+#: kAdd, kClip, kMul64, kEven): shift by a bits, multiply by a, add a, clip to [a, b], floor(v a / 2^b) in 64 bits (a
+#: product in two parts, docs/import.md; CPU only), shift by a bits rounding half to even (docs/import.md, "Ties"; CPU
+#: only).
+SHIFT, MULTIPLY, ADD, CLIP, MUL64, EVEN = 0, 1, 2, 3, 4, 5
+STEP_KINDS = ("shift", "multiply", "add", "clip", "mul64", "even")
 VERSION = 1
 LIBRARY = "libcvm_onnx_ops.so"
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from support import tensors
-from support.native import channels_oracle, cpu_step, int32s, mul64, requantize_add_oracle, windows
+from support.native import channels_oracle, cpu_step, even, int32s, mul64, requantize_add_oracle, windows
 from support.oracles import wrap
 
 from cvm_onnx.core.errors import RuntimeFailure
@@ -98,6 +98,8 @@ import_chain = st.tuples(clip_step(), shift, multiply, shift, clip_step()).map(l
 import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[0], c[1]])
 #: The same with its product in two parts (mul64), as a ``two_part`` import's.
 import_two_part_chain = st.tuples(clip_step(), shift, mul64, shift, clip_step()).map(list)
+#: The same where M is p / 2^a and ties are met: its shift rounds half to even (even), as such an import's.
+import_even_chain = st.tuples(clip_step(), shift, multiply, even, clip_step()).map(list)
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
 #: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
 import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
@@ -118,7 +120,7 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
     """conv_requantize[_uint8 | _add | _add_uint8](x, w, bias) on every products kernel here equals the rows of
     x (im2col_rows), times w - 128 less the rows' zero point, exact, then requantize's steps (one list, then also
     with scales, each channel's own, or each channel's of a quantized import's kinds, its product in one part or
-    two) with the bias (none, per
+    two, its shift rounding half up or to even) with the bias (none, per
     channel or per position and channel), the addend's and the sum's; on one thread or two."""
     check_conv(case, data, bias, bytes_out, add, chains, threads)
 
@@ -154,7 +156,7 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
             products = wrap(products * np.array(scales, np.int64), 32)
     else:
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
-            [import_chain, import_chain_and_multiply, import_two_part_chain]))
+            [import_chain, import_chain_and_multiply, import_two_part_chain, import_even_chain]))
         per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out

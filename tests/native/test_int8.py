@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from support import tensors
-from support.native import (channels_oracle, cpu_step, geometries, im2col_model, im2col_oracle, int32s,
+from support.native import (channels_oracle, cpu_step, even, geometries, im2col_model, im2col_oracle, int32s,
                             requantize_add_oracle, requantize_model, requantize_oracle, step)
 from support.oracles import wrap32
 
@@ -392,6 +392,30 @@ def test_requantize_applies_its_steps_in_int32(shape, data, steps):
     bias = np.array(data.draw(st.lists(int32s, min_size=channels, max_size=channels)), np.int64).astype(np.int32)
     model = requantize_model(shape, channels, steps)
     onnx.checker.check_model(model, full_check=True)
+    assert np.array_equal(run(model, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
+
+
+#: A quantized import's requantization whose shift rounds half to even (requantize.h EvenChains: one pass): a clip,
+#: a multiply or none, the even shift, its final clip or none, after a shift or not.
+_clip = st.tuples(int32s, int32s).map(sorted).map(lambda ab: (3, *ab))
+even_chain = st.tuples(st.lists(st.tuples(st.just(0), st.integers(1, 31), st.just(0)), max_size=1), _clip,
+                       st.lists(st.tuples(st.just(1), int32s, st.just(0)), max_size=1), even,
+                       st.lists(_clip, max_size=1)).map(lambda t: [*t[0], t[1], *t[2], t[3], *t[4]])
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(n=st.integers(1, 3), c=st.integers(1, 4), inner=st.integers(1, 600), steps=even_chain, data=st.data())
+def test_requantize_of_an_imports_chain_rounding_half_to_even(n, c, inner, steps, data):
+    """The chains of an import whose shift rounds half to even, in one pass (the kinds known at compile time), against
+    the numpy oracle (round_half_even of a Fraction where the kernel's int32 sum does not wrap), at the int32 edges
+    too and at ties."""
+    size = n * c * inner
+    x = np.array(data.draw(st.lists(st.one_of(int32s, st.sampled_from([0, -1, (1 << 31) - 1, -(1 << 31)]),
+                                              st.integers(-64, 64).map(lambda j: j * 8 + 4)),
+                                    min_size=size, max_size=size)), np.int64).reshape(n, c, inner).astype(np.int32)
+    bias = np.zeros(c, np.int32) if data.draw(st.booleans()) else np.zeros(0, np.int32)
+    model = requantize_model([n, c, inner], bias.size, steps)
     assert np.array_equal(run(model, {"x": x, "b": bias})[0], requantize_oracle(x, bias, steps))
 
 

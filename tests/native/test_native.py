@@ -454,9 +454,9 @@ def test_the_step_kinds_are_the_kernels():
     (enum,) = re.findall(r"enum\s+StepKind\b[^{]*\{([^}]*)\}", sources)
     kernels = {name: int(value) for name, value in re.findall(r"(k\w+)\s*=\s*(\d+)", enum)}
     assert kernels == {"kShift": native.SHIFT, "kMul": native.MULTIPLY, "kAdd": native.ADD, "kClip": native.CLIP,
-                       "kMul64": native.MUL64}
-    assert [native.STEP_KINDS[k] for k in (native.SHIFT, native.MULTIPLY, native.ADD, native.CLIP, native.MUL64)] == [
-        "shift", "multiply", "add", "clip", "mul64"]
+                       "kMul64": native.MUL64, "kEven": native.EVEN}
+    assert [native.STEP_KINDS[k] for k in (native.SHIFT, native.MULTIPLY, native.ADD, native.CLIP, native.MUL64,
+                                           native.EVEN)] == ["shift", "multiply", "add", "clip", "mul64", "even"]
 
 
 def test_the_kernels_read_each_attribute_with_its_schemas_default():

@@ -388,3 +388,68 @@ def test_a_two_part_import_is_served_as_fast_as_one_part(tmp_path):
     feeds = {"data": np.random.default_rng(1).integers(0, 256, (1, 3, 8, 8)).astype(np.int32)}
     for got, want in zip(run(served["two"], feeds), execute(two, feeds)):
         assert np.array_equal(got, want)
+
+
+@st.composite
+def half_even_shifts(draw):
+    """A requantization as the quantized importer writes it where ties can be met (docs/import.md, "Ties"): v =
+    cvm_right_shift(data) of label P, t = v * m (m one param or one per channel; or t = v), then
+    cvm_right_shift(t + 2^(k-1) - 1, k + 1) + cvm_right_shift(t - 2^(k-1), k + 1) (each shift into precision q, the
+    add of 0 left out for k = 1, the two in either order) [+ z], clip, with random labels at and past the importer's
+    (a narrow q lets a shift's clip act, a wide m lets the product or the adds wrap); its input at the precision's
+    edges. Returns the graph, its feeds, the nodes from the product on and whether the importer's proof holds: |t|
+    + 2^(k-1) within int32 and neither shift's clip acting at t's bound."""
+    b = GraphBuilder()
+    p_in, p = draw(st.integers(8, 32)), draw(st.integers(2, 24))
+    x = b.op("cvm_right_shift", b.input("data", SHAPE, p_in), shift_bit=draw(st.integers(1, 8)), precision=p)
+    k = draw(st.integers(1, 29))
+    q = draw(st.integers(2, 31 - k))
+    per = draw(st.sampled_from([None, False, True]))
+    if per is None:
+        t, top = x, 1
+    else:
+        m = np.array([draw(st.integers(0, (1 << draw(st.integers(0, 32 - p))) - 1))
+                      for _ in range(SHAPE[1] if per else 1)]).reshape((SHAPE[1], 1, 1) if per else (1,))
+        t, top = b.op("broadcast_mul", x, b.param("m", m), name="product"), int(m.max())
+    halves = []
+    for c in sorted([(1 << (k - 1)) - 1, -(1 << (k - 1))], reverse=draw(st.booleans())):
+        u = b.op("broadcast_add", t, b.param(f"c{len(halves)}", np.array([c]))) if c else t
+        halves.append(b.op("cvm_right_shift", u, shift_bit=k + 1, precision=q))
+    y = b.op("broadcast_add", *halves, name="even")
+    if draw(st.booleans()):
+        y = b.op("broadcast_add", y, b.param("z", np.array([draw(st.integers(-128, 127))])))
+    y = b.op("clip", y, a_min=-128, a_max=127)
+    try:
+        graph = b.build(y)
+    except ValidationError:
+        assume(False)
+    ops = [n for n in graph.nodes if not n.is_variable]
+    names = {n.name for n in ops[1:]}  # every node after v's shift
+    bound_t = ((1 << (p - 1)) - 1) * top
+    half, cap = 1 << (k - 1), (1 << (q - 1)) - 1
+    importer = bound_t + half <= (1 << 31) - 1 and (bound_t + 3 * half - 1) >> (k + 1) <= cap and \
+        -((-bound_t + half) >> (k + 1)) <= cap
+    return graph, {"data": draw(tensors(SHAPE, min(p_in + 1, 32)))}, names, importer
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=half_even_shifts())
+def test_a_shift_rounding_half_to_even_is_one_step_and_exact(case):
+    """The five CVM ops of a shift rounding half to even (two adds, two shifts by k + 1, their sum) are one native
+    step (even: round_half_even(t / 2^k)) of the run through them, exact against the reference executor; where the
+    importer's proof holds (no int32 op wraps, no shift's clip acts) one run takes them and every node after them;
+    a CUDA target leaves them unfused (its requantize has no such step)."""
+    from cvm_onnx.native import EVEN
+
+    def kinds(model: onnx.ModelProto) -> list[list[int]]:
+        return [list(a.ints)[0::3] for n in model.graph.node for a in n.attribute
+                if a.name in ("steps", "channel_steps")]
+
+    graph, feeds, names, importer = case
+    assert not any(EVEN in k for k in kinds(to_onnx(graph, Target("cuda"))))  # no CUDA kernel: left unfused
+    model = check(graph, feeds, int8=library_path() is not None)
+    if library_path() is None or not importer:
+        return
+    assert any(names <= set(r) for r in fused(model)), (names, fused(model))
+    assert any(EVEN in k for k in kinds(model))

@@ -2,6 +2,8 @@
 int64, wrapped to int32 as the kernel computes), one-node models of each, and their strategies."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import onnx
 from hypothesis import strategies as st
@@ -76,6 +78,8 @@ def requantize_oracle(x, bias, steps, scales=()):
             v = wrap(v + a, 32)
         elif kind == 4:  # floor(v a / 2^b), exact in Python integers
             v = wrap(v.astype(object) * a >> b, 32).astype(np.int64)
+        elif kind == 5:  # round_half_even(v / 2^a) (Python's round of a Fraction); wrapped where v + 2^(a-1) wraps
+            v = np.vectorize(lambda x: half_even(int(x), a), otypes=[np.int64])(v) if v.size else v
         else:
             v = np.clip(v, a, b)
     return v.astype(np.int32)
@@ -117,6 +121,18 @@ mul64 = st.integers(0, 31).flatmap(lambda b: st.tuples(
     st.just(4), st.tuples(st.one_of(int32s, st.sampled_from([0, 1, -1, -(1 << 31), (1 << 31) - 1])),
                           st.integers(0, (1 << b) - 1) | st.sampled_from([0, (1 << b) - 1])).map(
         lambda m: (m[0] << b) + m[1]), st.just(b)))
-#: Steps of the CPU kernel, which also takes shift 0 (the value itself: identity steps aligning channel_steps) and
-#: mul64.
-cpu_step = st.one_of(step, st.just((0, 0, 0)), mul64)
+#: A shift rounding half to even (the CPU kernel's even): (5, s, 0), s in 0..31 (0: the value itself).
+even = st.tuples(st.just(5), st.integers(0, 31), st.just(0))
+#: Steps of the CPU kernel, which also takes shift 0 (the value itself: identity steps aligning channel_steps),
+#: mul64 and even.
+cpu_step = st.one_of(step, st.just((0, 0, 0)), mul64, even)
+
+
+def half_even(v: int, s: int) -> int:
+    """round_half_even(v / 2^s) for an int32 v where v + 2^(s-1) is one (the kernel's proven domain); past it, the
+    kernel's int32 sum (v + 2^(s-1) - 1 + bit s of v, wrapped) shifted."""
+    if not s:
+        return v
+    if v + (1 << (s - 1)) <= (1 << 31) - 1:
+        return round(Fraction(v, 1 << s))
+    return wrap(v + (1 << (s - 1)) - 1 + ((v >> s) & 1), 32) >> s

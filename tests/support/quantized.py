@@ -268,6 +268,8 @@ class Oracle:
             total = v * multipliers[0]
         else:
             total = sum(v * m for v, m in zip(vs, multipliers))
+        if p.even:  # round half to even: floor((t + 2^(k-1) - 1 + bit k of t) / 2^k)
+            return (total + (1 << (p.shift - 1)) - 1 + ((total >> p.shift) & 1)) >> p.shift
         return (total + (1 << (p.shift - 1))) >> p.shift
 
     def check(self, name, r, terms, s_out, zo, lo, hi, bound):

@@ -238,9 +238,13 @@ def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py); a split
-    plan's products in two parts (``split``)."""
+    plan's products in two parts (``split``); an even plan's shift rounding half to even (``half_even``)."""
     if p.split:
         return split(ctx, [prepared(ctx, v, p) for v in vs], p)
+    if p.even:  # a multiplier of 1 (M = 1 / 2^k: a pool at one scale) is left out
+        products = [prepared(ctx, v, p) if (m == 1).all() else product(ctx, prepared(ctx, v, p), m)
+                    for v, m in zip(vs, p.multipliers)]
+        return half_even(ctx, total(ctx, products), p.even, p.shift)
     products = [product(ctx, prepared(ctx, v, p), m) for v, m in zip(vs, p.multipliers)]
     return shifted(ctx, total(ctx, products), p.precision, p.shift)
 
@@ -275,6 +279,25 @@ def shifted(ctx, x: Tensor, precision: int, k: int) -> Tensor:
     b = bound(precision)
     e = ctx.emit("cvm_right_shift", x.entry, precision=precision, shift_bit=k)
     return ctx.result(e, INT32, -b, b, x.shape)
+
+
+def half_even(ctx, t: Tensor, precision: int, k: int) -> Tensor:
+    """round_half_even(t / 2^k) (docs/import.md, "Ties"): cvm_right_shift(t + 2^(k-1) - 1, k + 1) +
+    cvm_right_shift(t - 2^(k-1), k + 1), i.e. floor((t + 3 2^(k-1) - 1) / 2^(k+1)) + floor((t + 2^(k-1)) / 2^(k+1)),
+    each shift into ``precision`` (the add of 0, for k = 1, left out); the interval from t's ends (every op is
+    monotone)."""
+    b = bound(precision)
+
+    def at(x: int) -> int:
+        return sum(min(max((x + c + (1 << k)) >> (k + 1), -b), b) for c in ((1 << (k - 1)) - 1, -(1 << (k - 1))))
+
+    halves = []
+    for c in (-(1 << (k - 1)), (1 << (k - 1)) - 1):
+        u = ctx.apply("broadcast_add", t, const(np.array(c, np.int32), INT32), shape=t.shape) if c else t
+        e = ctx.emit("cvm_right_shift", u.entry, precision=precision, shift_bit=k + 1)
+        halves.append(ctx.result(e, INT32, -b, b, t.shape))
+    e = ctx.op("broadcast_add", *halves)
+    return ctx.result(e, INT32, at(t.lo), at(t.hi), t.shape)
 
 
 def split(ctx, vs: list[Tensor], p: Plan) -> Tensor:

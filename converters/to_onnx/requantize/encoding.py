@@ -1,13 +1,13 @@
 """The native ``requantize`` encoding of a run: its steps as (kind, a, b) int triples (``_flat``; the kinds are
-``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP, MUL64), each channel's own steps aligned to one sequence of kinds
-(``_aligned``), and the ``requantize`` nodes that run them."""
+``cvm_onnx.native``'s SHIFT, MULTIPLY, ADD, CLIP, MUL64, EVEN), each channel's own steps aligned to one sequence of
+kinds (``_aligned``), and the ``requantize`` nodes that run them."""
 from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto
 
 from cvm_onnx.core.constants import INT32_MAX
-from cvm_onnx.native import ADD, CLIP, MUL64, MULTIPLY, SHIFT
+from cvm_onnx.native import ADD, CLIP, EVEN, MUL64, MULTIPLY, SHIFT
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 
 from ..lowering import Body, Value
@@ -54,9 +54,9 @@ def channel_run(b: Body, x: str, bias: Value | None, per: list[list[Step]], **at
 
 
 #: A step of each kind that leaves every value as it is: shift 0, multiply by 1, add 0, clip to int32's range,
-#: floor(v 1 / 2^0).
+#: floor(v 1 / 2^0), a shift by 0 rounding half to even.
 IDENTITY = {SHIFT: [SHIFT, 0, 0], MULTIPLY: [MULTIPLY, 1, 0], ADD: [ADD, 0, 0], CLIP: [CLIP, -INT32_MAX - 1, INT32_MAX],
-            MUL64: [MUL64, 1, 0]}
+            MUL64: [MUL64, 1, 0], EVEN: [EVEN, 0, 0]}
 
 
 def _supersequence(a: list[int], b: list[int]) -> list[int]:
@@ -96,13 +96,13 @@ def _aligned(programs: list[list[int]]) -> list[list[int]]:
 
 
 def _flat(steps: list[Step]) -> list[int]:
-    """The steps (no "cmul" or "cmul64") as requantize's (kind, a, b) triples ("mul64": (MUL64, k, b)), two clips
-    in a row as one; no steps as the clip to int32's own range."""
+    """The steps (no "cmul" or "cmul64") as requantize's (kind, a, b) triples ("mul64": (MUL64, k, b), "even":
+    (EVEN, k, 0)), two clips in a row as one; no steps as the clip to int32's own range."""
     low, high = -INT32_MAX - 1, INT32_MAX
     flat: list[int] = []
     for s in steps:
         if s.kind != "clip":
-            flat += [{"shift": SHIFT, "mul": MULTIPLY, "add": ADD, "mul64": MUL64}[s.kind], s.k,
+            flat += [{"shift": SHIFT, "mul": MULTIPLY, "add": ADD, "mul64": MUL64, "even": EVEN}[s.kind], s.k,
                      s.b if s.kind == "mul64" else 0]
             continue
         lo, hi = low if s.lo is None else s.lo, high if s.hi is None else s.hi

@@ -55,6 +55,8 @@ class Run:
                     relief()
                 if step.kind in ("mul64", "cmul64"):
                     self._mul64(step)
+                elif step.kind == "even":
+                    self._even(step.k)
                 else:
                     getattr(self, "_" + step.kind)(step.k)
                 self._tighten()
@@ -87,6 +89,8 @@ class Run:
             return top * step.k <= INT32_MAX and all(-INT32_MAX - 1 <= k <= INT32_MAX for k in step.ks)
         if step.kind in ("mul64", "cmul64"):  # the two-part form's int32 ops on the value itself
             return e == 0 and all(Run._two_part_fits(k, step.b, step.low, m) for k in (step.ks or (step.k,)))
+        if step.kind == "even":  # the half-to-even form's int32 ops on the value itself
+            return e == 0 and Run._even_fits(step.k, step.low, m)
         return top + (abs(step.k) << e) <= INT32_MAX
 
     @staticmethod
@@ -98,6 +102,20 @@ class Run:
         t = -(-m * m0 >> b)
         return -INT32_MAX - 1 <= m1 <= INT32_MAX and m * abs(m1) + t <= INT32_MAX and \
             m * m0 + (1 << (b - 1)) <= INT32_MAX and t <= low
+
+    @staticmethod
+    def _even_fits(k: int, low: int, m: int) -> bool:
+        """Whether the CVM ops of a shift rounding half to even (``steps.half_even``) on values |t| <= m stay within
+        int32 and neither shift's clip to +-``low`` acts: |t| + 2^(k-1) within int32, and floor((t + c + 2^k) /
+        2^(k+1)) within +-low for c = 2^(k-1) - 1 at t = m and c = -2^(k-1) at t = -m (each shift is monotone)."""
+        half = 1 << (k - 1)
+        return m + half <= INT32_MAX and (m + half - 1 + (1 << k)) >> (k + 1) <= low and \
+            -((-m - half + (1 << k)) >> (k + 1)) <= low
+
+    def _even(self, k: int) -> None:
+        """Bounds only (a native run rounds; no int32 body has this step): the clipped value over 2^k, rounded (its
+        magnitude at most floor((M + 2^(k-1)) / 2^k)); the clip is taken."""
+        self.w, self.lo, self.hi = (self._clipped() + (1 << (k - 1))) >> k, None, None
 
     def _mul64(self, step: Step) -> None:
         """Bounds only (a native run multiplies; no int32 body has this step): the clipped value, at most

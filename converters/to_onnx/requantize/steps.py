@@ -15,7 +15,8 @@ class Step:
     unbounded) or "cmul" (a multiplier per axis-1 channel, ``ks``; k = the largest |multiplier|; native runs only);
     "mul64": a product in two parts (``two_part``), floor(v k / 2^b) with k = m1 2^b + m0, "cmul64" the same with
     a multiplier per axis-1 channel (``ks``, k = the largest |multiplier|), ``low`` the bound of the low part's
-    cvm_right_shift precision (native runs only)."""
+    cvm_right_shift precision (native runs only); "even": round_half_even(v / 2^k) (``half_even``), ``low`` the
+    bound of its two cvm_right_shifts' precision (native runs only)."""
 
     kind: str
     k: int = 0
@@ -102,12 +103,46 @@ def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | 
     return None
 
 
+def half_even(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | None:
+    """A shift rounding half to even ending at ``node`` (the quantized importer's, docs/import.md "Ties"): ``node`` =
+    broadcast_add of cvm_right_shift(t + 2^(k-1) - 1, k + 1) and cvm_right_shift(t - 2^(k-1), k + 1) (in either
+    order; each add a broadcast_add of one param, the one of 0 absent), every tensor of t's shape: (t, the inner
+    nodes, the step "even" with ``low`` = the lesser bound of the two shifts' precisions), else None. Where neither
+    add wraps and neither shift's clip acts (``Run`` checks it from t's bound), ``node`` is floor((t + 3 2^(k-1) - 1)
+    / 2^(k+1)) + floor((t + 2^(k-1)) / 2^(k+1)) = round_half_even(t / 2^k). The caller checks that t is read by
+    these two alone and each inner node by the next alone."""
+    if node.op != "broadcast_add" or len(node.inputs) != 2 or any(e.index for e in node.inputs):
+        return None
+    shape = node.outputs[0].shape
+    found = []
+    for e in node.inputs:
+        shift = graph.nodes[e.node]
+        if shift.op != "cvm_right_shift" or shift.inputs[0].index or graph.type_of(shift.inputs[0]).shape != shape:
+            return None
+        a = REGISTRY["cvm_right_shift"].bind(shift.attrs)
+        add = graph.nodes[shift.inputs[0].node]
+        c = scalar_param(graph, add.inputs[1]) if add.op == "broadcast_add" and len(add.inputs) == 2 else None
+        t, inner = (add.inputs[0], (shift.inputs[0].node, e.node)) if c is not None else (shift.inputs[0], (e.node,))
+        found.append((a.shift_bit - 1, c or 0, t, inner, precision_bound(a.precision)))
+    (k, c1, t, inner1, p1), (k2, c2, t2, inner2, p2) = found
+    if k < 1 or k2 != k or t != t2 or graph.type_of(t).shape != shape or \
+            sorted((c1, c2)) != [-(1 << (k - 1)), (1 << (k - 1)) - 1]:
+        return None
+    return t, inner1 + inner2, Step("even", k, low=min(p1, p2))
+
+
+def forked(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | None:
+    """``two_part`` or ``half_even``: one step whose input is read by two nodes inside it."""
+    return two_part(graph, node) or half_even(graph, node)
+
+
 def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, list[Step]] | None:
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
     tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other
     input's shape; with ``channels``, for native runs, a broadcast_mul by one multiplier per axis-1 channel too,
-    "cmul", and the end of a product in two parts, ``two_part``, whose input is v)."""
-    if channels and (part := two_part(graph, node)) is not None:
+    "cmul", and the end of a product in two parts or of a shift rounding half to even, ``forked``, whose input is
+    v)."""
+    if channels and (part := forked(graph, node)) is not None:
         return part[0], [part[2]]
     op = REGISTRY[node.op]
     a = op.bind(node.attrs)
