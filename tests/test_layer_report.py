@@ -1,0 +1,146 @@
+"""The per-layer report (cvm_onnx.app.layers, ``quantize --report``, ``convert --report --samples``) against an
+independent computation on a small QDQ model: the CVM values of each tensor from an import cut there (``--outputs``),
+the float model by an onnxruntime session of its own, the exact arithmetic in Fractions (round half to even)."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from support.quantized import conv_layer, quantized
+
+from cvm_onnx.app.layers import layer_report
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
+
+
+def conv_pool(seed: int) -> onnx.ModelProto:
+    """x (1, 2, 4, 4) -> Conv 3x3 (3 channels, pads 1) -> c -> AveragePool 2x2 stride 2 -> p."""
+    rng = np.random.default_rng(seed)
+    nodes, inits = conv_layer(rng, "c", "x", 2, 3)
+    nodes.append(h.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]))
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [h.make_tensor_value_info("p", T.FLOAT, None)], inits)
+    return onnx_model(g, 17)
+
+
+def fr(v) -> Fraction:
+    return Fraction(float(v))
+
+
+def saturate(v: Fraction, zero: int, lo: int, hi: int) -> int:
+    return min(max(round(v) + zero, lo), hi)  # Fraction's round: half to even
+
+
+class Exact:
+    """The QDQ conv_pool model's pieces in Fractions, read from its initializers by name."""
+
+    def __init__(self, q: onnx.ModelProto):
+        self.c = {t.name: nh.to_array(t) for t in q.graph.initializer}
+        self.type = {T.UINT8: (0, 255), T.INT8: (-128, 127)}[
+            next(t.data_type for t in q.graph.initializer if t.name == "x_zero_point")]
+
+    def s_z(self, name: str) -> tuple[Fraction, int]:
+        return fr(self.c[f"{name}_scale"]), int(self.c[f"{name}_zero_point"])
+
+    def input(self, x: np.ndarray) -> np.ndarray:
+        s, z = self.s_z("x")
+        return np.array([saturate(fr(v) / s, z, *self.type) for v in x.flat]).reshape(x.shape)
+
+    def conv(self, xq: np.ndarray) -> np.ndarray:
+        sx, zx = self.s_z("x")
+        so, zo = self.s_z("c")
+        w, sw, zw = self.c["c_w_quantized"], self.c["c_w_scale"], self.c["c_w_zero_point"]
+        b, sb = self.c["c_b_quantized"], self.c["c_b_quantized_scale"]
+        sw, zw, sb = np.broadcast_to(sw, (3,)), np.broadcast_to(zw, (3,)), np.broadcast_to(sb, (3,))
+        pad = np.pad(xq[0].astype(np.int64) - zx, ((0, 0), (1, 1), (1, 1)))
+        out = np.zeros((1, 3, 4, 4), np.int64)
+        for o in range(3):
+            for i in range(4):
+                for j in range(4):
+                    acc = int((pad[:, i:i + 3, j:j + 3] * (w[o].astype(np.int64) - int(zw[o]))).sum())
+                    real = acc * sx * fr(sw[o]) + int(b[o]) * fr(sb[o])
+                    out[0, o, i, j] = saturate(real / so, zo, *self.type)
+        return out
+
+    def pool(self, cq: np.ndarray, out: str) -> np.ndarray:
+        si, zi = self.s_z("c")
+        so, zo = self.s_z(out)
+        v = cq.astype(np.int64) - zi
+        res = np.zeros((1, 3, 2, 2), np.int64)
+        for o in range(3):
+            for i in range(2):
+                for j in range(2):
+                    real = Fraction(int(v[0, o, 2 * i:2 * i + 2, 2 * j:2 * j + 2].sum()), 4) * si
+                    res[0, o, i, j] = saturate(real / so, zo, *self.type)
+        return res
+
+
+@pytest.mark.parametrize("seed, activation, symmetric, per_channel", [(1, "uint8", False, True),
+                                                                       (2, "int8", True, False)])
+def test_report_numbers_equal_an_independent_computation(tmp_path, seed, activation, symmetric, per_channel):
+    f = conv_pool(seed)
+    q, _ = quantized(f, tmp_path, "QDQ", activation, symmetric, per_channel)
+    qs = {n.output[0]: n for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    assert sorted(qs) == ["c_QuantizeLinear_Output", "p_QuantizeLinear_Output", "x_QuantizeLinear_Output"]
+    pool_out = qs["p_QuantizeLinear_Output"].input[1][:-len("_scale")]
+    samples = 1.5 * np.random.default_rng(seed + 10).normal(size=(5, 1, 2, 4, 4)).astype(np.float32)
+
+    rows = {r.name: r for r in layer_report(q, import_model(q), samples, f)}
+
+    cvm = {}  # each tensor's CVM values from an import cut at it
+    for name in qs:
+        cut = import_model(q, outputs=[name])
+        cvm[name] = np.stack([execute(cut.graph, {"data": cut.edges.input.quantize(x)})[0].reshape(
+            (1, 3, 4, 4) if name[0] == "c" else (1, 3, 2, 2) if name[0] == "p" else (1, 2, 4, 4)) for x in samples])
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    g = onnx.ModelProto()
+    g.CopyFrom(f)
+    g.graph.output.append(h.make_tensor_value_info("c", T.FLOAT, None))
+    sess = ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    p, c = zip(*(sess.run(["p", "c"], {"x": x}) for x in samples))
+    floats = {"x_QuantizeLinear_Output": samples, "c_QuantizeLinear_Output": np.stack(c),
+              "p_QuantizeLinear_Output": np.stack(p)}
+    ex = Exact(q)
+    exact = {"x_QuantizeLinear_Output": np.stack([ex.input(x) for x in samples]),
+             "c_QuantizeLinear_Output": np.stack([ex.conv(v) for v in cvm["x_QuantizeLinear_Output"]]),
+             "p_QuantizeLinear_Output": np.stack([ex.pool(v, pool_out) for v in cvm["c_QuantizeLinear_Output"]])}
+    assert list(rows) == ["x_QuantizeLinear_Output", "c_QuantizeLinear_Output", "p_QuantizeLinear_Output"]
+    assert [rows[n].op for n in rows] == ["(the input)", "Conv", "AveragePool"]
+    for name, r in rows.items():
+        node = qs[name]
+        s = float(nh.to_array(next(t for t in q.graph.initializer if t.name == node.input[1])))
+        z = int(nh.to_array(next(t for t in q.graph.initializer if t.name == node.input[2])))
+        d = np.abs((cvm[name].astype(np.float64) - z) - floats[name].astype(np.float64) / s)
+        e = np.abs(cvm[name].astype(np.int64) - exact[name])
+        assert (r.scale, r.elements) == (s, d.size)
+        assert r.float_max == d.max() and r.float_mean == pytest.approx(d.mean(), rel=1e-12, abs=0)  # sum order
+        assert (r.equal, r.off) == ((e == 0).sum() / e.size, e.max())
+
+
+def test_without_a_float_model_the_float_columns_are_absent(tmp_path):
+    q, _ = quantized(conv_pool(3), tmp_path, "QDQ", "uint8", False, False)
+    rows = layer_report(q, import_model(q), np.zeros((2, 1, 2, 4, 4), np.float32))
+    assert [(r.float_mean, r.float_max) for r in rows] == [(None, None)] * 3
+    assert all(r.equal is not None and r.elements == 2 * size for r, size in zip(rows, (32, 48, 12)))
+
+
+def test_the_import_names_the_entry_of_every_tensor_it_computes(tmp_path):
+    """``Imported.tensors``: each computed tensor's entry holds what an import cut at that tensor gives."""
+    q, _ = quantized(conv_pool(4), tmp_path, "QDQ", "int8", False, True)
+    whole = import_model(q)
+    x = np.random.default_rng(0).normal(size=(1, 2, 4, 4)).astype(np.float32)
+    values = execute(whole.graph, {"data": whole.edges.input.quantize(x)}, keep_all=True)
+    names = [n for n in whole.tensors if n.endswith("_QuantizeLinear_Output")]
+    assert sorted(names) == ["c_QuantizeLinear_Output", "p_QuantizeLinear_Output", "x_QuantizeLinear_Output"]
+    for name in names:
+        cut = import_model(q, outputs=[name])
+        [want] = execute(cut.graph, {"data": cut.edges.input.quantize(x)})
+        assert np.array_equal(values[whole.tensors[name]].reshape(-1), want.reshape(-1)), name
