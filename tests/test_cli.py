@@ -570,7 +570,8 @@ def test_quantize_report_prints_and_writes_every_quantized_tensor(tmp_path, caps
     tensors = [n.output[0] for n in q.graph.node if n.op_type == "QuantizeLinear"]
     assert len(tensors) == 3 and tensors[1] == name + "_QuantizeLinear_Output"
     doc = json.loads((tmp_path / "r.json").read_text())
-    assert doc["samples"] == 4 and [r["name"] for r in doc["layers"]] == tensors
+    assert (doc["samples"], doc["float_model"], doc["note"]) == (4, True, None)
+    assert [r["name"] for r in doc["layers"]] == tensors
     assert [r["op"] for r in doc["layers"]] == ["(the input)", "Conv", "AveragePool"]
     assert all(r["elements"] == 4 * n for r, n in zip(doc["layers"], (32, 48, 12)))
     assert all(r[k] is not None for r in doc["layers"] for k in ("float_mean", "float_max", "equal", "off"))

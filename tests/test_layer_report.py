@@ -92,7 +92,9 @@ def test_report_numbers_equal_an_independent_computation(tmp_path, seed, activat
     pool_out = qs["p_QuantizeLinear_Output"].input[1][:-len("_scale")]
     samples = 1.5 * np.random.default_rng(seed + 10).normal(size=(5, 1, 2, 4, 4)).astype(np.float32)
 
-    rows = {r.name: r for r in layer_report(q, import_model(q), samples, f)}
+    report = layer_report(q, import_model(q), samples, f)
+    assert (report.samples, report.float_model, report.note) == (5, True, None)
+    rows = {r.name: r for r in report.layers}
 
     cvm = {}  # each tensor's CVM values from an import cut at it
     for name in qs:
@@ -127,7 +129,7 @@ def test_report_numbers_equal_an_independent_computation(tmp_path, seed, activat
 
 def test_without_a_float_model_the_float_columns_are_absent(tmp_path):
     q, _ = quantized(conv_pool(3), tmp_path, "QDQ", "uint8", False, False)
-    rows = layer_report(q, import_model(q), np.zeros((2, 1, 2, 4, 4), np.float32))
+    rows = layer_report(q, import_model(q), np.zeros((2, 1, 2, 4, 4), np.float32)).layers
     assert [(r.float_mean, r.float_max) for r in rows] == [(None, None)] * 3
     assert all(r.equal is not None and r.elements == 2 * size for r, size in zip(rows, (32, 48, 12)))
 
@@ -144,3 +146,58 @@ def test_the_import_names_the_entry_of_every_tensor_it_computes(tmp_path):
         cut = import_model(q, outputs=[name])
         [want] = execute(cut.graph, {"data": cut.edges.input.quantize(x)})
         assert np.array_equal(values[whole.tensors[name]].reshape(-1), want.reshape(-1)), name
+
+
+def test_pieces_the_reference_evaluator_cannot_run_leave_the_exact_columns_empty_and_say_why(tmp_path, monkeypatch):
+    import onnx.reference
+
+    class Refusing:
+        def __init__(self, model):
+            raise NotImplementedError("no kernel for com.example::Op")
+
+    f = conv_pool(5)
+    q, _ = quantized(f, tmp_path, "QDQ", "uint8", False, False)
+    monkeypatch.setattr(onnx.reference, "ReferenceEvaluator", Refusing)
+    report = layer_report(q, import_model(q), np.zeros((1, 1, 2, 4, 4), np.float32), f)
+    assert report.note == ("the exact arithmetic was not computed: onnx's reference evaluator cannot run the pieces "
+                           "(NotImplementedError: no kernel for com.example::Op)")
+    assert [(r.equal, r.off) for r in report.layers] == [(None, None)] * 3
+    assert all(r.float_mean is not None for r in report.layers)
+
+
+def test_a_qoperator_models_tensors_against_the_float_model_saturated_as_their_type(tmp_path):
+    """QOperator form: each QLinear node's output against the float tensor of its name less `_quantized`, clipped
+    to its type's range (the Relu fused into the QLinearConv is that clip); no exact arithmetic there."""
+    rng = np.random.default_rng(6)
+    nodes, inits = conv_layer(rng, "c", "x", 2, 3)
+    nodes += [h.make_node("Relu", ["c"], ["r"]),
+              h.make_node("AveragePool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2])]
+    f = onnx_model(h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                                [h.make_tensor_value_info("p", T.FLOAT, None)], inits), 17)
+    q, _ = quantized(f, tmp_path, "QOperator", "uint8", False, True)
+    assert [n.op_type for n in q.graph.node] == ["QuantizeLinear", "QLinearConv", "QLinearAveragePool",
+                                                 "DequantizeLinear"]
+    samples = 1.5 * np.random.default_rng(7).normal(size=(4, 1, 2, 4, 4)).astype(np.float32)
+    rows = {r.name: r for r in layer_report(q, import_model(q), samples, f).layers}
+    assert list(rows) == ["x_quantized", "c_quantized", "p_quantized"]
+    inits_q = {t.name: nh.to_array(t) for t in q.graph.initializer}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    g = onnx.ModelProto()
+    g.CopyFrom(f)
+    g.graph.output.append(h.make_tensor_value_info("c", T.FLOAT, None))
+    sess = ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    for name, float_name in (("c_quantized", "c"), ("p_quantized", "p")):
+        cut = import_model(q, outputs=[name])
+        s, z = float(inits_q[name[:-10] + "_scale"]), int(inits_q[name[:-10] + "_zero_point"])
+        d = []
+        for x in samples:
+            [got] = execute(cut.graph, {"data": cut.edges.input.quantize(x)})
+            [want] = sess.run([float_name], {"x": x})
+            d.append(np.abs((got.reshape(-1).astype(np.float64) - z)
+                            - np.clip(want.reshape(-1).astype(np.float64) / s, -z, 255 - z)))
+        d = np.concatenate(d)
+        r = rows[name]
+        assert (r.equal, r.off, r.elements) == (None, None, d.size)
+        assert r.float_max == d.max() and r.float_mean == pytest.approx(d.mean(), rel=1e-12, abs=0)
+    assert rows["x_quantized"].equal == 1.0

@@ -130,7 +130,7 @@ def cmd_convert(args) -> int:
 
             layers = measured_layers(imported, *measured)
         write_report(args.report, import_markdown(args.source, args.output, imported, gas, one_part,
-                                                  None if layers is None else markdown(*layers)))
+                                                  None if layers is None else markdown(layers)))
     say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
     say(("the CVM model's " if imported is None else "") + gas.line())
@@ -139,7 +139,7 @@ def cmd_convert(args) -> int:
 
         _warn(c_api_warnings(imported.graph))
     if layers is not None:
-        show_layers(layers[0], f"per quantized tensor, on the {layers[1]} samples of {args.samples}:")
+        show_layers(layers, f"per quantized tensor, on the {layers.samples} samples of {args.samples}:")
     return 0
 
 
@@ -155,19 +155,18 @@ def samples_for_report(args):
 
 
 def measured_layers(imported, model, samples, float_model):
-    """Each quantized tensor's distance on the samples: the rows, the number of samples, whether against a float
-    model too."""
+    """Each quantized tensor's distance on the samples (``layers.layer_report``)."""
     from .layers import layer_report
     from .progress import Bar
     from .quantize import quiet_onnxruntime
 
     with Bar() as bar, quiet_onnxruntime():
-        rows = layer_report(model, imported, samples, float_model, bar)
-    return rows, len(samples), float_model is not None
+        return layer_report(model, imported, samples, float_model, bar)
 
 
-def show_layers(rows, title: str) -> None:
-    """The per-tensor report as a table on stdout (rich; names from the model printed escaped, never as markup)."""
+def show_layers(report, title: str) -> None:
+    """The per-tensor report as a table on stdout (rich; names from the model printed escaped, never as markup),
+    and why the exact arithmetic is missing, if it is, as a warning."""
     from rich.console import Console
     from rich.measure import Measurement
     from rich.table import Table
@@ -179,11 +178,13 @@ def show_layers(rows, title: str) -> None:
     table = Table(*COLUMNS, box=None, pad_edge=False)
     for c in table.columns[2:]:
         c.justify = "right"
-    for r in rows:
+    for r in report.layers:
         table.add_row(*(Text(line(c)) for c in cells(r)))
     console = Console(file=sys.stdout, highlight=False)
     console.width = max(console.width, Measurement.get(console, console.options.update_width(1 << 16), table).maximum)
     console.print(table)
+    if report.note:
+        _warn([f"per-layer report: {report.note}"])
 
 
 def write_report(path: str, text: str) -> None:
@@ -328,9 +329,8 @@ def cmd_quantize(args) -> int:
     if done.layers is not None:
         from .layers import markdown, to_json
 
-        text = to_json(done.layers, done.samples) if args.report.endswith(".json") else \
-            "\n".join([f"# Per-layer report: {args.model} -> {args.output}", "", *markdown(done.layers, done.samples,
-                                                                                        True)]) + "\n"
+        text = to_json(done.layers) if args.report.endswith(".json") else \
+            "\n".join([f"# Per-layer report: {args.model} -> {args.output}", "", *markdown(done.layers)]) + "\n"
         write_report(args.report, text)
         show_layers(done.layers, f"per quantized tensor, on the {done.samples} calibration samples (report: "
                     f"{args.report}):")

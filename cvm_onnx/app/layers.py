@@ -65,6 +65,17 @@ class Layer:
 
 
 @dataclass(frozen=True)
+class LayerReport:
+    """The rows, one per quantized tensor in the model's order, measured on ``samples`` samples, against a float
+    model or not; ``note``: why the exact arithmetic is missing, if it is."""
+
+    layers: list[Layer]
+    samples: int
+    float_model: bool
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class _Tensor:
     """A quantized tensor of the ONNX model: its scale and zero point as broadcast over it, the float tensor it
     stands for, the float ops computing it, whether a QuantizeLinear gives it (a piece ends there), and its type's
@@ -214,29 +225,31 @@ def exact(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.Mo
     return m
 
 
-def pieces(model: onnx.ModelProto, tensors: list[_Tensor]) -> tuple[onnx.ModelProto, list[str]]:
+def pieces(model: onnx.ModelProto, tensors: list[_Tensor],
+           shapes: dict[str, tuple[int, ...]]) -> tuple[onnx.ModelProto, list[str]]:
     """The pieces of ``model`` ending in the QuantizeLinear-made ``tensors``, each DequantizeLinear of a quantized
-    tensor reading the new graph input ``name:cvm`` (its CVM values), in float64 (``exact``); the names computed."""
+    tensor reading the new graph input ``name:cvm`` (its CVM values, of ``shapes``), in float64 (``exact``); the
+    names computed."""
     names = [t.name for t in tensors if t.quantized]
     known = {t.name for t in tensors}
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    fed = {}
+    fed = set()
     for n in m.graph.node:
         if n.op_type == "DequantizeLinear" and n.input[0] in known:
-            fed[n.input[0]] = _shape(model, n.input[0])
+            fed.add(n.input[0])
             n.input[0] += ":cvm"
-    m.graph.input.extend(h.make_tensor_value_info(t + ":cvm", T.INT32, None) for t in fed)
+    m.graph.input.extend(h.make_tensor_value_info(t + ":cvm", T.INT32, shapes[t]) for t in fed)
     m = cut(m, names)
     used = {x for n in m.graph.node for x in n.input}
     keep = [v for v in m.graph.input if v.name in used]
     del m.graph.input[:]
     m.graph.input.extend(keep)
-    return exact(m, {t + ":cvm": s for t, s in fed.items() if s is not None}), names
+    return exact(m, {t + ":cvm": shapes[t] for t in fed}), names
 
 
 def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray,
-                 float_model: onnx.ModelProto | None = None, progress: Progress | None = None) -> list[Layer]:
+                 float_model: onnx.ModelProto | None = None, progress: Progress | None = None) -> LayerReport:
     """Per quantized tensor of the quantized ONNX ``model`` that ``imported`` (its import) computes, its distance
     on ``samples`` (N inputs stacked on a new axis 0, each of the model's input shape) from ``float_model`` and
     from the exact arithmetic (the module's docstring)."""
@@ -245,11 +258,16 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
     tensors = quantized_tensors(model, set(imported.tensors))
     graph = replace(imported.graph, heads=[imported.tensors[t.name] for t in tensors])
     [data_name] = [graph.nodes[i].name for i in graph.inputs]
-    exact_model, exact_names = pieces(model, tensors)
-    evaluator = ReferenceEvaluator(exact_model) if exact_names else None
+    shapes = {t.name: _onnx_shape(_shape(model, t.name), graph.type_of(imported.tensors[t.name]).shape)
+              for t in tensors}
+    exact_model, exact_names = pieces(model, tensors, shapes)
+    evaluator, note = None, None
+    try:
+        evaluator = ReferenceEvaluator(exact_model) if exact_names else None
+    except Exception as e:  # noqa: BLE001  (onnx's reference evaluator raises several types)
+        exact_names, note = [], _no_exact(e)
     fed = [i.name for i in exact_model.graph.input]
     floats = _Floats(float_model, [t.float_name for t in tensors]) if float_model is not None else None
-    shapes = {t.name: _shape(model, t.name) for t in tensors}
     acc = {t.name: np.zeros(5) for t in tensors}  # |CVM - float| sum and max, equal, |CVM - exact| max, elements
     for k in range(0, len(samples), CHUNK):
         chunk = samples[k:k + CHUNK]
@@ -258,12 +276,15 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
             if progress:
                 progress(k + j + 1, len(samples), "per-layer report")
             data = imported.edges.prepare(x) if imported.edges is not None else x
-            cvm = {t.name: _shaped(v.astype(np.int64), shapes[t.name])
+            cvm = {t.name: v.astype(np.int64).reshape(shapes[t.name])
                    for t, v in zip(tensors, execute(graph, {data_name: data}))}
             ex = {}
-            if evaluator is not None:
+            if evaluator is not None and exact_names:
                 feed = {name: x if not name.endswith(":cvm") else cvm[name[:-4]] for name in fed}
-                ex = dict(zip(exact_names, evaluator.run(exact_names, feed)))
+                try:
+                    ex = dict(zip(exact_names, evaluator.run(exact_names, feed)))
+                except Exception as e:  # noqa: BLE001  (as above)
+                    exact_names, note = [], _no_exact(e)
             for t in tensors:
                 q, a = cvm[t.name], acc[t.name]
                 a[4] += q.size
@@ -286,12 +307,17 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
         rows.append(Layer(t.name, t.op, float(t.scale.max()), int(n), float(fsum / n) if has_float else None,
                           float(fmax) if has_float else None, float(eq / n) if exactly else None,
                           int(off) if exactly else None))
-    return rows
+    return LayerReport(rows, len(samples), float_model is not None, note)
 
 
-def _shaped(value: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
-    """A CVM value in its ONNX tensor's declared shape, where it has one of the value's size."""
-    return value.reshape(shape) if shape and 0 not in shape and math.prod(shape) == value.size else value
+def _onnx_shape(declared: tuple[int, ...] | None, cvm: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's ONNX shape: as declared where that holds its CVM value's elements, else its CVM shape."""
+    return declared if declared and 0 not in declared and math.prod(declared) == math.prod(cvm) else tuple(cvm)
+
+
+def _no_exact(e: Exception) -> str:
+    return (f"the exact arithmetic was not computed: onnx's reference evaluator cannot run the pieces "
+            f"({type(e).__name__}: {e})")
 
 
 class _Floats:
@@ -352,19 +378,20 @@ def cells(r: Layer) -> list[str]:
             opt(r.equal, ".2%"), opt(r.off, "d")]
 
 
-def markdown(rows: list[Layer], samples: int, float_model: bool) -> list[str]:
+def markdown(report: LayerReport) -> list[str]:
     """The report as Markdown lines: what was measured, then the table."""
-    against = ("the float model's tensor of the same name and " if float_model else "") + \
+    against = ("the float model's tensor of the same name and " if report.float_model else "") + \
         "the exact arithmetic of the quantized model given the same integers in"
-    out = [f"Each quantized tensor the CVM model computes, on {samples} sample(s), in its own steps (its scale; "
-           f"per channel, the largest), against {against} (a piece's DequantizeLinear, float ops and "
-           "QuantizeLinear in float64, rounding half to even).", "",
-           "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in rows]
+    out = [f"Each quantized tensor the CVM model computes, on {report.samples} sample(s), in its own steps (its "
+           f"scale; per channel, the largest), against {against} (a piece's DequantizeLinear, float ops and "
+           "QuantizeLinear in float64, rounding half to even)." + (f" Note: {report.note}." if report.note else ""),
+           "", "| " + " | ".join(COLUMNS) + " |", "|---|---|" + "---:|" * (len(COLUMNS) - 2)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in cells(r)) + " |" for r in report.layers]
     return out
 
 
-def to_json(rows: list[Layer], samples: int) -> str:
-    """The report as JSON: ``{"samples": N, "layers": [{name, op, scale, elements, float_mean, float_max, equal,
-    off}, ...]}``, null where a distance was not measured."""
-    return json.dumps({"samples": samples, "layers": [asdict(r) for r in rows]}, indent=1) + "\n"
+def to_json(report: LayerReport) -> str:
+    """The report as JSON: ``{"samples": N, "float_model": bool, "note": str or null, "layers": [{name, op, scale,
+    elements, float_mean, float_max, equal, off}, ...]}``, null where a distance was not measured."""
+    return json.dumps({"samples": report.samples, "float_model": report.float_model, "note": report.note,
+                       "layers": [asdict(r) for r in report.layers]}, indent=1) + "\n"

@@ -52,7 +52,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, load_onnx, one_part_gas
-from .layers import Layer, layer_report
+from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 Progress = Callable[[int, int, str], None]
@@ -108,7 +108,7 @@ class Quantized:
     float_model: onnx.ModelProto
     onnx_model: bytes
     one_part_gas: Gas | None = None  # with two_part: the gas of the same model imported in one-part products
-    layers: list[Layer] | None = None
+    layers: LayerReport | None = None
 
 
 class _Reader:
