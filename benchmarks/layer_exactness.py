@@ -131,8 +131,8 @@ def main() -> None:
             "onnxruntime differs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(head.format("piece"))
     for key, (c, size, dif, at, mx, total, o, tie) in sorted(kinds.items(), key=lambda kv: -kv[1][2]):
-        print(f"| {key} | {int(c)} | {int(size)} | {dif / size:.3%} ({int(dif)}) | {at / max(dif, 1):.1%} | {int(mx)} | "
-              f"{total / size:+.5f} | {tie / size:.3%} ({int(tie)}) | {o / size:.3%} ({int(o)}) |")
+        print(f"| {key} | {int(c)} | {int(size)} | {dif / size:.3%} ({int(dif)}) | {at / max(dif, 1):.1%} | "
+              f"{int(mx)} | {total / size:+.5f} | {tie / size:.3%} ({int(tie)}) | {o / size:.3%} ({int(o)}) |")
     if args.per_layer:
         print(head.format("tensor (its piece)"))
         for n in quantizers:

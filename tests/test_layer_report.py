@@ -201,3 +201,34 @@ def test_a_qoperator_models_tensors_against_the_float_model_saturated_as_their_t
         assert (r.equal, r.off, r.elements) == (None, None, d.size)
         assert r.float_max == d.max() and r.float_mean == pytest.approx(d.mean(), rel=1e-12, abs=0)
     assert rows["x_quantized"].equal == 1.0
+
+
+def test_a_qoperator_tensor_only_moved_on_takes_its_producers_scale(tmp_path):
+    """A MaxPool's output read only by a Flatten (no scale beside it): measured at the scale of the QLinearConv
+    it moves, against the float MaxPool's output."""
+    rng = np.random.default_rng(8)
+    nodes, inits = conv_layer(rng, "c", "x", 2, 3)
+    inits.append(nh.from_array(rng.normal(size=(12, 2)).astype(np.float32), "w2"))
+    nodes += [h.make_node("Relu", ["c"], ["r"]),
+              h.make_node("MaxPool", ["r"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+              h.make_node("Flatten", ["m"], ["fl"]), h.make_node("Gemm", ["fl", "w2"], ["y"])]
+    f = onnx_model(h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                                [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+    q, _ = quantized(f, tmp_path, "QOperator", "uint8", False, False)
+    pool = next(n for n in q.graph.node if n.op_type == "MaxPool")
+    assert [n.op_type for n in q.graph.node if pool.output[0] in n.input] == ["Flatten"]
+    samples = np.random.default_rng(9).normal(size=(3, 1, 2, 4, 4)).astype(np.float32)
+    rows = {r.name: r for r in layer_report(q, import_model(q), samples, f).layers}
+    assert [r.op for r in rows.values()] == ["(the input)", "QLinearConv", "MaxPool", "Flatten", "QGemm"]
+    conv = next(n for n in q.graph.node if n.op_type == "QLinearConv")
+    inits_q = {t.name: nh.to_array(t) for t in q.graph.initializer}
+    s, z = float(inits_q[conv.input[6]]), int(inits_q[conv.input[7]])
+    cut = import_model(q, outputs=[pool.output[0]])
+    g = onnx.ModelProto()
+    g.CopyFrom(f)
+    g.graph.output.append(h.make_tensor_value_info("m", T.FLOAT, None))
+    sess = ort.InferenceSession(g.SerializeToString(), providers=["CPUExecutionProvider"])
+    d = np.concatenate([np.abs(
+        (execute(cut.graph, {"data": cut.edges.input.quantize(x)})[0].reshape(-1).astype(np.float64) - z)
+        - np.clip(sess.run(["m"], {"x": x})[0].reshape(-1).astype(np.float64) / s, -z, 255 - z)) for x in samples])
+    assert rows[pool.output[0]].float_max == d.max() and rows[pool.output[0]].scale == s

@@ -43,6 +43,14 @@ Progress = Callable[[int, int, str], None]
 #: quantized into a graph output (quant_utils' TENSOR_NAME_QUANT_SUFFIX and QUANT_INPUT_SUFFIX): the float
 #: model's tensor is the name less it.
 SUFFIXES = ("_quantized", "_QuantizeLinear_Input")
+#: Where a quantizing node's output scale is among its inputs (its zero point follows): QuantizeLinear and the
+#: QOperator ops of onnx and com.microsoft.
+OUTPUT_SCALE = {"QuantizeLinear": 1, "QLinearConv": 6, "QLinearMatMul": 6, "QLinearAdd": 6, "QLinearMul": 6,
+                "QGemm": 7, "QLinearConcat": 0, "QLinearAveragePool": 3, "QLinearGlobalAveragePool": 3,
+                "QLinearSigmoid": 3, "QLinearLeakyRelu": 3, "QLinearSoftmax": 3, "QLinearReduceMean": 3}
+#: Ops whose output holds values of their first input, at its scale (a QOperator model runs them on integers).
+MOVES = ("MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Gather", "Identity",
+         "DepthToSpace", "SpaceToDepth", "Resize", "Pad", "Split", "Tile", "Expand")
 #: Samples whose float activations are collected at once (collect_activations keeps every one of them).
 CHUNK = 16
 
@@ -105,8 +113,8 @@ def _axis(node: onnx.NodeProto) -> int:
 
 def quantized_tensors(model: onnx.ModelProto, computed: set[str]) -> list[_Tensor]:
     """The quantized tensors of ``model`` among ``computed`` (the import's tensors), in node order, with their
-    scale and zero point: a QuantizeLinear's own, else those a DequantizeLinear reading it or a QOperator node
-    (its (x, scale, zero point) triple) gives it."""
+    scale and zero point: a QuantizeLinear's own, else those of the QOperator node giving it (``OUTPUT_SCALE``,
+    through ``MOVES``), else those a DequantizeLinear or QOperator node reading it gives it."""
     g = model.graph
     consts = _constants(g)
     made = {o: n for n in g.node for o in n.output}
@@ -132,6 +140,17 @@ def quantized_tensors(model: onnx.ModelProto, computed: set[str]) -> list[_Tenso
                 todo += [i for i in n.input if i and i not in consts]
         return "+".join(reversed(out)) or "(the input)"
 
+    def given(name: str) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """A QOperator tensor's scale: its producer's output scale (through ops that move values), else the
+        (x, scale, zero point) triple of a node reading it."""
+        x = name
+        while (n := made.get(x)) is not None and n.op_type in MOVES and n.input:
+            x = n.input[0]
+        if n is not None and n.op_type in OUTPUT_SCALE and (f := scaled(n, OUTPUT_SCALE[n.op_type] - 1)) is not None:
+            return f
+        return next((f for r, k in readers.get(name, []) if _dequantizes(r, k) and (f := scaled(r, k)) is not None),
+                    None)
+
     out, seen = [], set()
     for n in g.node:
         for name in n.output:
@@ -140,9 +159,7 @@ def quantized_tensors(model: onnx.ModelProto, computed: set[str]) -> list[_Tenso
             if n.op_type == "QuantizeLinear":
                 found, float_name, op = scaled(n, 0), n.input[0], ops(n.input[0])
             else:
-                found = next((f for r, k in readers.get(name, []) if _dequantizes(r, k)
-                              and (f := scaled(r, k)) is not None), None)
-                float_name, op = name, n.op_type
+                found, float_name, op = given(name), name, n.op_type
             float_name = next((float_name[:-len(x)] for x in SUFFIXES if float_name.endswith(x)), float_name)
             if found is None:
                 continue
