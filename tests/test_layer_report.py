@@ -232,3 +232,38 @@ def test_a_qoperator_tensor_only_moved_on_takes_its_producers_scale(tmp_path):
         (execute(cut.graph, {"data": cut.edges.input.quantize(x)})[0].reshape(-1).astype(np.float64) - z)
         - np.clip(sess.run(["m"], {"x": x})[0].reshape(-1).astype(np.float64) / s, -z, 255 - z)) for x in samples])
     assert rows[pool.output[0]].float_max == d.max() and rows[pool.output[0]].scale == s
+
+
+def test_an_integer_inputs_first_quantized_tensor_against_its_exact_quantization(tmp_path):
+    """An integer input cast to float and quantized (quantize's integer inputs): its QuantizeLinear reads a
+    float32 Cast, measured against round half to even of x / s in Fractions (the reference evaluator ran it)."""
+    rng = np.random.default_rng(10)
+    w = nh.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    f = onnx_model(h.make_graph([h.make_node("Cast", ["x"], ["xf"], to=T.FLOAT),
+                                 h.make_node("MatMul", ["xf", "w"], ["y"])], "m",
+                                [h.make_tensor_value_info("x", T.INT32, [1, 4])],
+                                [h.make_tensor_value_info("y", T.FLOAT, None)], [w]), 17)
+    onnx.save(f, tmp_path / "f.onnx")
+    from onnxruntime import quantization
+
+    class Reader(quantization.CalibrationDataReader):
+        items = iter([{"x": rng.integers(-50, 50, size=(1, 4)).astype(np.int32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantization.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
+                                 weight_type=quantization.QuantType.QInt8)
+    q = onnx.load(tmp_path / "q.onnx")
+    samples = rng.integers(-80, 80, size=(3, 1, 4)).astype(np.int32)
+    report = layer_report(q, import_model(q), samples, f)
+    assert report.note is None
+    first = report.layers[0]
+    node = next(n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "xf")
+    inits = {t.name: nh.to_array(t) for t in q.graph.initializer}
+    s, z, info = fr(inits[node.input[1]]), int(inits[node.input[2]]), np.iinfo(inits[node.input[2]].dtype)
+    cut = import_model(q, outputs=[node.output[0]])
+    got = np.concatenate([execute(cut.graph, {"data": x})[0].reshape(-1) for x in samples])
+    want = np.array([saturate(Fraction(int(v)) / s, z, int(info.min), int(info.max)) for v in samples.reshape(-1)])
+    assert (first.name, first.elements) == (node.output[0], 12)
+    assert (first.equal, first.off) == ((got == want).mean(), np.abs(got - want).max())

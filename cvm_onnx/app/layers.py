@@ -222,11 +222,8 @@ def exact(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.Mo
             s = inits[n.input[1]].astype(np.float64)
             z = inits[zero] if zero else np.zeros((), np.uint8)
             info = np.iinfo(z.dtype)
-            src = n.input[0]
-            if src in (i.name for i in g.input):
-                nodes.append(h.make_node("Cast", [src], [f"q{k}x"], to=T.DOUBLE))
-                src = f"q{k}x"
-            nodes += [h.make_node("Div", [src, const(f"q{k}s", s)], [f"q{k}d"]),
+            nodes += [h.make_node("Cast", [n.input[0]], [f"q{k}x"], to=T.DOUBLE),  # the input, a Cast's float32
+                      h.make_node("Div", [f"q{k}x", const(f"q{k}s", s)], [f"q{k}d"]),
                       h.make_node("Round", [f"q{k}d"], [f"q{k}r"]),
                       h.make_node("Add", [f"q{k}r", const(f"q{k}z", z.astype(np.float64))], [f"q{k}a"]),
                       h.make_node("Clip", [f"q{k}a", const(f"q{k}lo", info.min), const(f"q{k}hi", info.max)],
