@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -82,15 +84,21 @@ class Exact:
         return res
 
 
-@pytest.mark.parametrize("seed, activation, symmetric, per_channel", [(1, "uint8", False, True),
-                                                                       (2, "int8", True, False)])
-def test_report_numbers_equal_an_independent_computation(tmp_path, seed, activation, symmetric, per_channel):
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**16), activation=st.sampled_from(["uint8", "int8"]), symmetric=st.booleans(),
+       per_channel=st.booleans(), spread=st.sampled_from([0.5, 1.5, 4.0]))
+@example(seed=1, activation="uint8", symmetric=False, per_channel=True, spread=1.5)
+@example(seed=2, activation="int8", symmetric=True, per_channel=False, spread=1.5)
+def test_report_numbers_equal_an_independent_computation(tmp_path_factory, seed, activation, symmetric, per_channel,
+                                                         spread):
+    """Random weights, types and samples (inside the calibration range, or past it: saturated values)."""
+    tmp_path = tmp_path_factory.mktemp("report")
     f = conv_pool(seed)
     q, _ = quantized(f, tmp_path, "QDQ", activation, symmetric, per_channel)
     qs = {n.output[0]: n for n in q.graph.node if n.op_type == "QuantizeLinear"}
     assert sorted(qs) == ["c_QuantizeLinear_Output", "p_QuantizeLinear_Output", "x_QuantizeLinear_Output"]
     pool_out = qs["p_QuantizeLinear_Output"].input[1][:-len("_scale")]
-    samples = 1.5 * np.random.default_rng(seed + 10).normal(size=(5, 1, 2, 4, 4)).astype(np.float32)
+    samples = spread * np.random.default_rng(seed + 10).normal(size=(5, 1, 2, 4, 4)).astype(np.float32)
 
     report = layer_report(q, import_model(q), samples, f)
     assert (report.samples, report.float_model, report.note) == (5, True, None)
