@@ -275,3 +275,17 @@ def test_an_integer_inputs_first_quantized_tensor_against_its_exact_quantization
     want = np.array([saturate(Fraction(int(v)) / s, z, int(info.min), int(info.max)) for v in samples.reshape(-1)])
     assert (first.name, first.elements) == (node.output[0], 12)
     assert (first.equal, first.off) == ((got == want).mean(), np.abs(got - want).max())
+
+
+def test_a_float_tensor_of_another_size_is_not_compared(tmp_path):
+    """A float model whose tensors of the same names have other sizes (another model given as --float-model):
+    those rows get no float columns, not an error; the input's still do."""
+    q, _ = quantized(conv_pool(11), tmp_path, "QDQ", "uint8", False, True)
+    rng = np.random.default_rng(12)
+    nodes, inits = conv_layer(rng, "c", "x", 2, 5)  # 5 channels, not 3
+    nodes.append(h.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]))
+    other = onnx_model(h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                                    [h.make_tensor_value_info("p", T.FLOAT, None)], inits), 17)
+    rows = layer_report(q, import_model(q), np.zeros((2, 1, 2, 4, 4), np.float32), other).layers
+    assert [(r.float_mean is None, r.float_max is None) for r in rows] == [(False, False), (True, True), (True, True)]
+    assert all(r.equal is not None for r in rows)

@@ -1,9 +1,9 @@
 """Where an import's distance comes from, per quantized tensor (``quantize --report``, ``convert --report
 --samples``).
 
-Every quantized tensor of the ONNX model (a QuantizeLinear's output, or a tensor a DequantizeLinear or a QOperator
-node reads with its scale and zero point) that the import computes is measured on samples, in that tensor's own
-steps (its scale), against
+Every quantized tensor of the ONNX model that the import computes (a QuantizeLinear's output; in a QOperator model
+also a QLinear node's output, at its output scale, and what ops moving its values make of it) is measured on
+samples, in that tensor's own steps (its scale), against
 
 * the float model (where given): |(q - z) s - x| / s, x the float model's tensor of the same name (a QDQ model:
   the QuantizeLinear's input; a QOperator model: the name less ``_quantized``), computed by onnxruntime through
@@ -302,7 +302,9 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
             for t in tensors:
                 q, a = cvm[t.name], acc[t.name]
                 a[4] += q.size
-                if (f := fl.get(t.float_name)) is not None:
+                if (f := fl.get(t.float_name)) is not None and f[j].size != q.size:
+                    floats.drop(t.float_name)  # not the same tensor: no float columns for it
+                elif f is not None:
                     f = f[j].astype(np.float64).reshape(q.shape) / t.scale
                     if not t.quantized:  # a QOperator node's output: its fused Relu or Clip is the saturation
                         f = np.clip(f, t.lo - t.zero, t.hi - t.zero)
@@ -318,8 +320,8 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
         fsum, fmax, eq, off, n = acc[t.name]
         has_float = floats is not None and floats.has(t.float_name)
         exactly = t.name in exact_names
-        rows.append(Layer(t.name, t.op, float(t.scale.max()), int(n), float(fsum / n) if has_float else None,
-                          float(fmax) if has_float else None, float(eq / n) if exactly else None,
+        rows.append(Layer(t.name, t.op, float(t.scale.max()), int(n), float(fsum / n) if has_float and n else None,
+                          float(fmax) if has_float else None, float(eq / n) if exactly and n else None,
                           int(off) if exactly else None))
     return LayerReport(rows, len(samples), float_model is not None, note)
 
@@ -352,6 +354,9 @@ class _Floats:
 
     def has(self, name: str) -> bool:
         return name in self.names
+
+    def drop(self, name: str) -> None:
+        self.names.discard(name)
 
     def run(self, samples: np.ndarray) -> dict[str, list[np.ndarray]]:
         from onnxruntime.quantization.qdq_loss_debug import collect_activations
