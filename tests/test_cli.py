@@ -614,3 +614,12 @@ def test_convert_report_measures_the_samples_given(tmp_path, capsys):
                    "--samples", tmp_path / "bad.npy")
     assert "samples must be floats of shape (N, 2, 4, 4)" in lines[0]
     assert not (tmp_path / "d3").exists() and not (tmp_path / "r3.md").exists()
+    other = conv_pool_float("c")
+    other.graph.input[0].name = "z"
+    other.graph.node[0].input[0] = "z"
+    onnx.save(other, tmp_path / "other.onnx")
+    lines = failed(capsys, 4, "convert", tmp_path / "q.onnx", "-o", tmp_path / "d3", "--report", tmp_path / "r3.md",
+                   "--samples", tmp_path / "s.npy", "--float-model", tmp_path / "other.onnx")
+    assert lines == [f"unsupported: {tmp_path / 'other.onnx'}: the float model takes z, not the quantized model's "
+                     "input 'x'"]
+    assert not (tmp_path / "d3").exists() and not (tmp_path / "r3.md").exists()

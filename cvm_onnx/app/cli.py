@@ -145,13 +145,19 @@ def cmd_convert(args) -> int:
 
 def samples_for_report(args):
     """``convert --report R --samples S [--float-model F]``: the quantized model, its samples (checked as
-    quantize's calibration samples) and the float model."""
+    quantize's calibration samples) and the float model (checked to run on the first sample)."""
     from .api import load_onnx
-    from .quantize import samples_of
+    from .layers import check_float_model
+    from .quantize import quiet_onnxruntime, samples_of
 
     model = load_onnx(args.source, external_data=True)
     _, _, samples = samples_of(model, args.samples)
-    return model, samples, load_onnx(args.float_model, external_data=True) if args.float_model else None
+    float_model = None
+    if args.float_model:
+        float_model = load_onnx(args.float_model, external_data=True)
+        with quiet_onnxruntime():
+            check_float_model(float_model, model.graph.input[0].name, samples[0], args.float_model)
+    return model, samples, float_model
 
 
 def measured_layers(imported, model, samples, float_model):

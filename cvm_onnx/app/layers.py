@@ -35,7 +35,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from cvm_onnx.converters.from_onnx import Imported, cut
-from cvm_onnx.core.errors import RuntimeFailure
+from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
 
 Progress = Callable[[int, int, str], None]
@@ -334,6 +334,23 @@ def _onnx_shape(declared: tuple[int, ...] | None, cvm: tuple[int, ...]) -> tuple
 def _no_exact(e: Exception) -> str:
     return (f"the exact arithmetic was not computed: onnx's reference evaluator cannot run the pieces "
             f"({type(e).__name__}: {e})")
+
+
+def check_float_model(model: onnx.ModelProto, name: str, sample: np.ndarray, where: str) -> None:
+    """Refuse a float model that does not take the quantized model's input ``name`` or cannot run on ``sample``
+    (onnxruntime), naming the file, before anything is measured or written."""
+    import onnxruntime as ort
+
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [v.name for v in model.graph.input if v.name not in inits]
+    if inputs != [name]:
+        raise UnsupportedError(f"the float model takes {', '.join(inputs) or 'no input'}, not the quantized "
+                               f"model's input {name!r}", where=where)
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: sample})
+    except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
+        raise RuntimeFailure(f"the float model does not run on the first sample: {type(e).__name__}: {e}",
+                             where=where) from None
 
 
 class _Floats:
