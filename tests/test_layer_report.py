@@ -45,6 +45,9 @@ class Exact:
 
     def __init__(self, q: onnx.ModelProto):
         self.c = {t.name: nh.to_array(t) for t in q.graph.initializer}
+        if "c_b_quantized_scale" not in self.c:  # QOperator: QLinearConv's bias is at x_scale * w_scale
+            self.c["c_b_quantized_scale"] = np.array([fr(self.c["x_scale"]) * fr(v) for v in
+                                                      np.broadcast_to(self.c["c_w_scale"], (3,))], dtype=object)
         self.type = {T.UINT8: (0, 255), T.INT8: (-128, 127)}[
             next(t.data_type for t in q.graph.initializer if t.name == "x_zero_point")]
 
@@ -173,9 +176,10 @@ def test_pieces_the_reference_evaluator_cannot_run_leave_the_exact_columns_empty
     assert all(r.float_mean is not None for r in report.layers)
 
 
-def test_a_qoperator_models_tensors_against_the_float_model_saturated_as_their_type(tmp_path):
+def test_a_qoperator_models_tensors_against_the_float_model_and_the_exact_arithmetic(tmp_path):
     """QOperator form: each QLinear node's output against the float tensor of its name less `_quantized`, clipped
-    to its type's range (the Relu fused into the QLinearConv is that clip); no exact arithmetic there."""
+    to its type's range (the Relu fused into the QLinearConv is that clip), and against its exact arithmetic (the
+    bias at x_scale w_scale) in Fractions."""
     rng = np.random.default_rng(6)
     nodes, inits = conv_layer(rng, "c", "x", 2, 3)
     nodes += [h.make_node("Relu", ["c"], ["r"]),
@@ -195,18 +199,22 @@ def test_a_qoperator_models_tensors_against_the_float_model_saturated_as_their_t
     g.CopyFrom(f)
     g.graph.output.append(h.make_tensor_value_info("c", T.FLOAT, None))
     sess = ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    for name, float_name in (("c_quantized", "c"), ("p_quantized", "p")):
+    ex = Exact(q)
+    cvm = {}
+    for name in ("x_quantized", "c_quantized", "p_quantized"):
         cut = import_model(q, outputs=[name])
+        cvm[name] = [execute(cut.graph, {"data": cut.edges.input.quantize(x)})[0].reshape(
+            {"x": (1, 2, 4, 4), "c": (1, 3, 4, 4), "p": (1, 3, 2, 2)}[name[0]]) for x in samples]
+    exact = {"c_quantized": [ex.conv(v) for v in cvm["x_quantized"]],
+             "p_quantized": [ex.pool(v, "p") for v in cvm["c_quantized"]]}
+    for name, float_name in (("c_quantized", "c"), ("p_quantized", "p")):
         s, z = float(inits_q[name[:-10] + "_scale"]), int(inits_q[name[:-10] + "_zero_point"])
-        d = []
-        for x in samples:
-            [got] = execute(cut.graph, {"data": cut.edges.input.quantize(x)})
-            [want] = sess.run([float_name], {"x": x})
-            d.append(np.abs((got.reshape(-1).astype(np.float64) - z)
-                            - np.clip(want.reshape(-1).astype(np.float64) / s, -z, 255 - z)))
-        d = np.concatenate(d)
+        d = np.concatenate([np.abs((got.reshape(-1).astype(np.float64) - z) - np.clip(
+            sess.run([float_name], {"x": x})[0].reshape(-1).astype(np.float64) / s, -z, 255 - z))
+            for got, x in zip(cvm[name], samples)])
+        e = np.abs(np.concatenate(cvm[name]).astype(np.int64) - np.concatenate(exact[name]))
         r = rows[name]
-        assert (r.equal, r.off, r.elements) == (None, None, d.size)
+        assert (r.equal, r.off, r.elements) == ((e == 0).mean(), e.max(), d.size)
         assert r.float_max == d.max() and r.float_mean == pytest.approx(d.mean(), rel=1e-12, abs=0)
     assert rows["x_quantized"].equal == 1.0
 

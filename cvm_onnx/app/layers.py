@@ -10,8 +10,8 @@ samples, in that tensor's own steps (its scale), against
   onnxruntime.quantization.qdq_loss_debug (the model with its intermediate tensors as outputs,
   ``collect_activations``, graph optimizations off);
 * the exact arithmetic of the quantized model given the same integers in: each piece of a QDQ model (the
-  DequantizeLinear nodes, the float ops between, the QuantizeLinear) run alone on the CVM values of the quantized
-  tensors it reads, in float64 with onnx's reference evaluator, DequantizeLinear as (q - z) s and QuantizeLinear
+  DequantizeLinear nodes, the float ops between, the QuantizeLinear; a QOperator node of ``EXPANDED`` written as
+  one, ``qdq_form``) run alone on the CVM values of the quantized tensors it reads, in float64 with onnx's reference evaluator, DequantizeLinear as (q - z) s and QuantizeLinear
   as round half to even of y / s, + z, saturated (``exact``: float64 is exact on these integers up to its own
   rounding of products and sums, 2^-52 relative, far inside a requantization's error). So a tensor off the exact
   arithmetic is off by its own requantization, not by what came before.
@@ -59,8 +59,8 @@ CHUNK = 16
 class Layer:
     """One quantized tensor's distance, over the samples, in its own steps: from the float model (mean and max of
     |CVM - float| / scale; None without a float model or where it has no tensor of that name) and from the exact
-    arithmetic given the same integers in (the share of values equal, the largest |CVM - exact|; None where the
-    tensor is no QuantizeLinear's output)."""
+    arithmetic given the same integers in (the share of values equal, the largest |CVM - exact|; None where no
+    piece ends in the tensor: a QOperator one that QGemm, QLinearConcat or an op moving values gives)."""
 
     name: str
     op: str
@@ -239,15 +239,59 @@ def exact(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.Mo
     return m
 
 
-def pieces(model: onnx.ModelProto, tensors: list[_Tensor],
-           shapes: dict[str, tuple[int, ...]]) -> tuple[onnx.ModelProto, list[str]]:
-    """The pieces of ``model`` ending in the QuantizeLinear-made ``tensors``, each DequantizeLinear of a quantized
-    tensor reading the new graph input ``name:cvm`` (its CVM values, of ``shapes``), in float64 (``exact``); the
-    names computed."""
-    names = [t.name for t in tensors if t.quantized]
-    known = {t.name for t in tensors}
+#: The QOperator ops ``qdq_form`` writes as DequantizeLinear, their float op and QuantizeLinear: (the positions of
+#: their quantized inputs, each followed by its scale and zero point; of the output's scale; the float op).
+EXPANDED = {"QLinearConv": ((0, 3), 6, "Conv"), "QLinearMatMul": ((0, 3), 6, "MatMul"),
+            "QLinearAdd": ((0, 3), 6, "Add"), "QLinearMul": ((0, 3), 6, "Mul"),
+            "QLinearSigmoid": ((0,), 3, "Sigmoid"), "QLinearLeakyRelu": ((0,), 3, "LeakyRelu"),
+            "QLinearAveragePool": ((0,), 3, "AveragePool"), "QLinearGlobalAveragePool": ((0,), 3, "GlobalAveragePool")}
+
+
+def qdq_form(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its QOperator nodes of ``EXPANDED`` (channels first) as the QDQ pieces they compute:
+    DequantizeLinear of each quantized input (a QLinearConv's int32 bias at scale x_scale w_scale, zero point 0,
+    per channel where w_scale is), the float op with the node's attributes, QuantizeLinear to its output. Other
+    nodes stay as they are."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    g = m.graph
+    consts = _constants(g)
+    nodes = []
+    for k, n in enumerate(g.node):
+        spec = EXPANDED.get(n.op_type)
+        attrs = {a.name: h.get_attribute_value(a) for a in n.attribute}
+        if spec is None or n.domain not in ("", "ai.onnx", "com.microsoft") or attrs.get("channels_last", 0):
+            nodes.append(n)
+            continue
+        quantized, out, op = spec
+        floats = []
+        for i in quantized:
+            floats.append(f"{n.output[0]}:in{i}")
+            nodes.append(h.make_node("DequantizeLinear", [x for x in n.input[i:i + 3]], [floats[-1]],
+                                     **({"axis": 0} if n.op_type == "QLinearConv" and i == 3 else
+                                        {"axis": -1} if n.op_type == "QLinearMatMul" and i == 3 else {})))
+        if n.op_type == "QLinearConv" and len(n.input) > 8 and n.input[8]:
+            name = f"{n.output[0]}:bias_scale"
+            g.initializer.append(nh.from_array(np.asarray(consts[n.input[1]], np.float64) *
+                                               np.asarray(consts[n.input[4]], np.float64), name))
+            floats.append(f"{n.output[0]}:bias")
+            nodes.append(h.make_node("DequantizeLinear", [n.input[8], name], [floats[-1]], axis=0))
+        attrs.pop("channels_last", None)  # 0 here: the float op's own layout
+        nodes += [h.make_node(op, floats, [f"{n.output[0]}:float"], **attrs),
+                  h.make_node("QuantizeLinear", [f"{n.output[0]}:float", *n.input[out:out + 2]], [n.output[0]])]
+    del g.node[:]
+    g.node.extend(nodes)
+    return m
+
+
+def pieces(model: onnx.ModelProto, tensors: list[_Tensor],
+           shapes: dict[str, tuple[int, ...]]) -> tuple[onnx.ModelProto, list[str]]:
+    """The pieces of ``model`` (its QOperator nodes in the QDQ form, ``qdq_form``) ending in the QuantizeLinear-made
+    ``tensors``, each DequantizeLinear of a quantized tensor reading the new graph input ``name:cvm`` (its CVM
+    values, of ``shapes``), in float64 (``exact``); the names computed."""
+    m = qdq_form(model)
+    known = {t.name for t in tensors}
+    names = [o for n in m.graph.node if n.op_type == "QuantizeLinear" for o in n.output if o in known]
     fed = set()
     for n in m.graph.node:
         if n.op_type == "DequantizeLinear" and n.input[0] in known:
