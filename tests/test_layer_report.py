@@ -224,10 +224,11 @@ def test_a_qoperator_tensor_only_moved_on_takes_its_producers_scale(tmp_path):
     it moves, against the float MaxPool's output."""
     rng = np.random.default_rng(8)
     nodes, inits = conv_layer(rng, "c", "x", 2, 3)
-    inits.append(nh.from_array(rng.normal(size=(12, 2)).astype(np.float32), "w2"))
+    inits += [nh.from_array(rng.normal(size=(12, 2)).astype(np.float32), "w2"),
+              nh.from_array(rng.normal(size=(2,)).astype(np.float32), "b2")]
     nodes += [h.make_node("Relu", ["c"], ["r"]),
               h.make_node("MaxPool", ["r"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
-              h.make_node("Flatten", ["m"], ["fl"]), h.make_node("Gemm", ["fl", "w2"], ["y"])]
+              h.make_node("Flatten", ["m"], ["fl"]), h.make_node("Gemm", ["fl", "w2", "b2"], ["y"])]
     f = onnx_model(h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
                                 [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
     q, _ = quantized(f, tmp_path, "QOperator", "uint8", False, False)
@@ -248,6 +249,47 @@ def test_a_qoperator_tensor_only_moved_on_takes_its_producers_scale(tmp_path):
         (execute(cut.graph, {"data": cut.edges.input.quantize(x)})[0].reshape(-1).astype(np.float64) - z)
         - np.clip(sess.run(["m"], {"x": x})[0].reshape(-1).astype(np.float64) / s, -z, 255 - z)) for x in samples])
     assert rows[pool.output[0]].float_max == d.max() and rows[pool.output[0]].scale == s
+    gemm = next(n for n in q.graph.node if n.op_type == "QGemm")  # its exact arithmetic: the bias at sa sb
+    assert len(gemm.input) == 9 and all(gemm.input)
+    a_in = import_model(q, outputs=[gemm.input[0]])
+    got = import_model(q, outputs=[gemm.output[0]])
+    sa, za, wq, sb, zb, bias, sy, zy = (inits_q[x] for x in (*gemm.input[1:3], *gemm.input[3:9]))
+    e = []
+    for x in samples:
+        a = execute(a_in.graph, {"data": a_in.edges.input.quantize(x)})[0].reshape(-1).astype(np.int64) - int(za)
+        want = [saturate((int(a @ (wq[:, j].astype(np.int64) - int(zb))) + int(bias[j])) * fr(sa) * fr(sb) / fr(sy),
+                         int(zy), 0, 255) for j in range(2)]
+        e.append(np.abs(execute(got.graph, {"data": got.edges.input.quantize(x)})[0].reshape(-1) - want))
+    e = np.concatenate(e)
+    assert (rows[gemm.output[0]].equal, rows[gemm.output[0]].off) == ((e == 0).mean(), e.max())
+
+
+def test_a_qlinear_concat_against_its_exact_arithmetic(tmp_path):
+    """QLinearConcat: each input requantized to the output's scale, round half to even, in Fractions."""
+    rng = np.random.default_rng(13)
+    n1, i1 = conv_layer(rng, "c1", "x", 2, 2)
+    n2, i2 = conv_layer(rng, "c2", "x", 2, 3)
+    f = onnx_model(h.make_graph(n1 + n2 + [h.make_node("Concat", ["c1", "c2"], ["y"], axis=1)], "m",
+                                [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                                [h.make_tensor_value_info("y", T.FLOAT, None)], i1 + i2), 17)
+    q, _ = quantized(f, tmp_path, "QOperator", "uint8", False, False)
+    [cat] = [n for n in q.graph.node if n.op_type == "QLinearConcat"]
+    inits = {t.name: nh.to_array(t) for t in q.graph.initializer}
+    samples = np.random.default_rng(14).normal(size=(3, 1, 2, 4, 4)).astype(np.float32)
+    rows = {r.name: r for r in layer_report(q, import_model(q), samples, f).layers}
+    sy, zy = fr(inits[cat.input[0]]), int(inits[cat.input[1]])
+    cuts = [import_model(q, outputs=[x]) for x in cat.input[2::3]]
+    e = []
+    for x in samples:
+        parts = [np.array([saturate((int(v) - int(inits[z])) * fr(inits[s]) / sy, zy, 0, 255) for v in
+                           execute(c.graph, {"data": c.edges.input.quantize(x)})[0].reshape(-1)])
+                 for c, s, z in zip(cuts, cat.input[3::3], cat.input[4::3])]
+        out = import_model(q, outputs=[cat.output[0]])
+        e.append(np.abs(execute(out.graph, {"data": out.edges.input.quantize(x)})[0].reshape(-1)
+                        - np.concatenate(parts)))
+    e = np.concatenate(e)
+    assert (rows[cat.output[0]].op, rows[cat.output[0]].equal, rows[cat.output[0]].off) == (
+        "QLinearConcat", (e == 0).mean(), e.max())
 
 
 def test_an_integer_inputs_first_quantized_tensor_against_its_exact_quantization(tmp_path):

@@ -60,7 +60,7 @@ class Layer:
     """One quantized tensor's distance, over the samples, in its own steps: from the float model (mean and max of
     |CVM - float| / scale; None without a float model or where it has no tensor of that name) and from the exact
     arithmetic given the same integers in (the share of values equal, the largest |CVM - exact|; None where no
-    piece ends in the tensor: a QOperator one that QGemm, QLinearConcat or an op moving values gives)."""
+    piece ends in the tensor: a QOperator one an op moving values gives, or a node ``qdq_form`` leaves)."""
 
     name: str
     op: str
@@ -248,10 +248,10 @@ EXPANDED = {"QLinearConv": ((0, 3), 6, "Conv"), "QLinearMatMul": ((0, 3), 6, "Ma
 
 
 def qdq_form(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its QOperator nodes of ``EXPANDED`` (channels first) as the QDQ pieces they compute:
-    DequantizeLinear of each quantized input (a QLinearConv's int32 bias at scale x_scale w_scale, zero point 0,
-    per channel where w_scale is), the float op with the node's attributes, QuantizeLinear to its output. Other
-    nodes stay as they are."""
+    """``model`` with its QOperator nodes of ``EXPANDED`` (channels first), QLinearConcat and QGemm (alpha 1, a
+    quantized output) as the QDQ pieces they compute: DequantizeLinear of each quantized input (a QLinearConv's or
+    QGemm's int32 bias at scale a_scale b_scale, zero point 0, per channel where b_scale is), the float op with
+    the node's attributes, QuantizeLinear to its output. Other nodes stay as they are."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -260,22 +260,31 @@ def qdq_form(model: onnx.ModelProto) -> onnx.ModelProto:
     for k, n in enumerate(g.node):
         spec = EXPANDED.get(n.op_type)
         attrs = {a.name: h.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "QLinearConcat" and n.domain == "com.microsoft":  # (y_scale, y_zero_point, (x, s, z)...)
+            spec = (tuple(range(2, len(n.input), 3)), 0, "Concat")
+        elif n.op_type == "QGemm" and n.domain == "com.microsoft" and len(n.input) > 7 and n.input[7] and \
+                attrs.get("alpha", 1.0) == 1.0:  # a float output, or alpha != 1: left as it is
+            spec = ((0, 3), 7, "Gemm")
         if spec is None or n.domain not in ("", "ai.onnx", "com.microsoft") or attrs.get("channels_last", 0):
             nodes.append(n)
             continue
         quantized, out, op = spec
         floats = []
+        column = 0 if attrs.get("transB", 0) else -1  # a QGemm's or QLinearMatMul's B: per column of the product
         for i in quantized:
             floats.append(f"{n.output[0]}:in{i}")
             nodes.append(h.make_node("DequantizeLinear", [x for x in n.input[i:i + 3]], [floats[-1]],
                                      **({"axis": 0} if n.op_type == "QLinearConv" and i == 3 else
-                                        {"axis": -1} if n.op_type == "QLinearMatMul" and i == 3 else {})))
-        if n.op_type == "QLinearConv" and len(n.input) > 8 and n.input[8]:
+                                        {"axis": column} if n.op_type in ("QLinearMatMul", "QGemm") and i == 3
+                                        else {})))
+        bias = {"QLinearConv": 8, "QGemm": 6}.get(n.op_type)
+        if bias is not None and len(n.input) > bias and n.input[bias]:  # int32 at scale a_scale b_scale
             name = f"{n.output[0]}:bias_scale"
             g.initializer.append(nh.from_array(np.asarray(consts[n.input[1]], np.float64) *
                                                np.asarray(consts[n.input[4]], np.float64), name))
             floats.append(f"{n.output[0]}:bias")
-            nodes.append(h.make_node("DequantizeLinear", [n.input[8], name], [floats[-1]], axis=0))
+            nodes.append(h.make_node("DequantizeLinear", [n.input[bias], name], [floats[-1]],
+                                     axis=0 if n.op_type == "QLinearConv" else -1))
         attrs.pop("channels_last", None)  # 0 here: the float op's own layout
         nodes += [h.make_node(op, floats, [f"{n.output[0]}:float"], **attrs),
                   h.make_node("QuantizeLinear", [f"{n.output[0]}:float", *n.input[out:out + 2]], [n.output[0]])]
