@@ -11,7 +11,7 @@ is none. The graph returned has passed ``validate``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,12 +41,14 @@ INPUT_NAME = "data"
 @dataclass
 class Imported:
     """An import: the validated graph; for a quantized model its float edges and requantizations; which CVM
-    nodes each ONNX node (``name (OpType)``) became."""
+    nodes each ONNX node (``name (OpType)``) became; ``tensors``: the CVM entry computing each ONNX tensor the
+    graph computes (not constants), by name (a cut at that tensor, ``outputs``, would make it a head)."""
 
     graph: Graph
     edges: Edges | None
     requants: list[quantized.Requant]
     origins: list[tuple[str, list[str]]]
+    tensors: dict[str, Entry] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,7 +131,8 @@ class _Walk:
         graph = validate(Graph(self.ctx.nodes, heads, self.ctx.params), inputs=tuple(inputs)).graph
         quantized_edges = self.input_edge is not None or any(e is not None for e in self.output_edges)
         edges = Edges(self.input_edge, tuple(self.output_edges)) if quantized_edges else self.kept_edges(graph)
-        return Imported(graph, edges, self.ctx.requants, self.origins)
+        computed = {name: t.entry for name, t in self.tensors.items() if isinstance(t, Tensor) and t.entry is not None}
+        return Imported(graph, edges, self.ctx.requants, self.origins, computed)
 
     def kept_edges(self, graph: Graph) -> Edges | None:
         """The float edges a model exported from a quantized import keeps in its metadata, if any: they come

@@ -111,6 +111,7 @@ def cmd_convert(args) -> int:
         return convert_triton(args)
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
+    measured = samples_for_report(args) if args.samples is not None else None  # checked before anything is written
     done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                        input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
                        outputs=args.outputs, provider=args.provider, target=args.target,
@@ -119,11 +120,17 @@ def cmd_convert(args) -> int:
     from cvm_onnx.core.gas import measure
 
     gas = done.gas if imported is None else measure(imported.graph.nodes)
+    layers = None
     if imported is not None and args.report:
         from .report import import_markdown
 
         one_part = api.one_part_gas(api.load_onnx(args.source), Path(args.source).parent) if args.two_part else None
-        write_report(args.report, import_markdown(args.source, args.output, imported, gas, one_part))
+        if measured is not None:
+            from .layers import markdown
+
+            layers = measured_layers(imported, *measured)
+        write_report(args.report, import_markdown(args.source, args.output, imported, gas, one_part,
+                                                  None if layers is None else markdown(layers)))
     say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
     say(("the CVM model's " if imported is None else "") + gas.line())
@@ -131,7 +138,59 @@ def cmd_convert(args) -> int:
         from cvm_onnx.core.validate import c_api_warnings
 
         _warn(c_api_warnings(imported.graph))
+    if layers is not None:
+        show_layers(layers, f"per quantized tensor, on the {layers.samples} samples of {args.samples}:")
     return 0
+
+
+def samples_for_report(args):
+    """``convert --report R --samples S [--float-model F]``: the quantized model, its samples (checked as
+    quantize's calibration samples) and the float model (checked to run on the first sample)."""
+    from .api import load_onnx
+    from .layers import check_float_model
+    from .quantize import quiet_onnxruntime, samples_of
+
+    model = load_onnx(args.source, external_data=True)
+    _, _, samples = samples_of(model, args.samples)
+    float_model = None
+    if args.float_model:
+        float_model = load_onnx(args.float_model, external_data=True)
+        with quiet_onnxruntime():
+            check_float_model(float_model, model.graph.input[0].name, samples[0], args.float_model)
+    return model, samples, float_model
+
+
+def measured_layers(imported, model, samples, float_model):
+    """Each quantized tensor's distance on the samples (``layers.layer_report``)."""
+    from .layers import layer_report
+    from .progress import Bar
+    from .quantize import quiet_onnxruntime
+
+    with Bar() as bar, quiet_onnxruntime():
+        return layer_report(model, imported, samples, float_model, bar)
+
+
+def show_layers(report, title: str) -> None:
+    """The per-tensor report as a table on stdout (rich; names from the model printed escaped, never as markup),
+    and why the exact arithmetic is missing, if it is, as a warning."""
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+    from rich.text import Text
+
+    from .layers import COLUMNS, cells
+
+    say(title)
+    table = Table(*COLUMNS, box=None, pad_edge=False)
+    for c in table.columns[2:]:
+        c.justify = "right"
+    for r in report.layers:
+        table.add_row(*(Text(line(c)) for c in cells(r)))
+    console = Console(file=sys.stdout, highlight=False)
+    console.width = max(console.width, Measurement.get(console, console.options.update_width(1 << 16), table).maximum)
+    console.print(table)
+    if report.note:
+        _warn([f"per-layer report: {report.note}"])
 
 
 def write_report(path: str, text: str) -> None:
@@ -259,7 +318,7 @@ def cmd_quantize(args) -> int:
         done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
                         symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
                         save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=args.two_part,
-                        fold=folds(args.fold))
+                        fold=folds(args.fold), report=args.report is not None)
     g = done.imported.graph
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
@@ -273,6 +332,14 @@ def cmd_quantize(args) -> int:
     say(f"against the float model on the {done.samples} calibration samples:")
     for a in done.agreements:
         say(f"  {a.line()}")
+    if done.layers is not None:
+        from .layers import markdown, to_json
+
+        text = to_json(done.layers) if args.report.endswith(".json") else \
+            "\n".join([f"# Per-layer report: {args.model} -> {args.output}", "", *markdown(done.layers)]) + "\n"
+        write_report(args.report, text)
+        show_layers(done.layers, f"per quantized tensor, on the {done.samples} calibration samples (report: "
+                    f"{args.report}):")
     return 0
 
 
@@ -391,6 +458,9 @@ SCOPES = {
         ("--triton-server-repo", lambda a: a.triton_repo is not None, "applies with --triton-repo only"),
         *((option, lambda a: _onnx(a.source), _ONNX_SOURCE) for option in
           ("--input-precision", "--outputs", "--two-part")),
+        ("--samples", lambda a: _onnx(a.source) and a.report is not None, "applies to an .onnx SOURCE with "
+         "--report (the per-tensor distances go into the import's report)"),
+        ("--float-model", lambda a: a.samples is not None, "applies with --samples only"),
     ],
     "verify": [
         ("--params", lambda a: not _onnx(a.model), _SYMBOL_FILE),
@@ -506,6 +576,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--report", metavar="FILE", help="write a Markdown report: stages, op table, sizes, timings "
                    "(CVM -> ONNX); for an ONNX import, which ONNX node became which CVM ops and every "
                    "requantization")
+    c.add_argument("--samples", metavar="S.npy", help="ONNX -> CVM, with --report, a quantized model: N inputs "
+                   "stacked on axis 0 (floats, as quantize's --calibration); the report and stdout then give each "
+                   "quantized tensor's distance on them from the exact arithmetic, in its own steps")
+    c.add_argument("--float-model", metavar="F.onnx", help="with --samples: the float model the quantized one was "
+                   "made from; its tensors of the same names give each quantized tensor's distance from it too")
     c.add_argument("--outputs", nargs="+", metavar="NAME", help="ONNX -> CVM: cut the graph at these tensors, "
                    "which become the outputs (keep the integer part of a model that ends in float ops)")
     c.add_argument("--two-part", action="store_true", help="ONNX -> CVM: a requantization whose 32-bit product errs "
@@ -547,6 +622,9 @@ def parser() -> argparse.ArgumentParser:
                    "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
     q.add_argument("--two-part", action="store_true", help="a requantization whose 32-bit product errs by more than "
                    "2^-10 step takes two products (closer to the quantized model's arithmetic; a slower serving form)")
+    q.add_argument("--report", metavar="FILE", help="also measure every quantized tensor on the calibration "
+                   "samples, in its own steps, against the float model and the exact arithmetic: a table on stdout, "
+                   "written to FILE as Markdown (JSON if FILE ends in .json)")
     q.add_argument("--fold", nargs="+", metavar="NAME[=VALUE]", help="make these graph inputs constants first "
                    "(a recurrent model's states: zeros by default; a sample rate: its value), and fold the Ifs they "
                    "decide")

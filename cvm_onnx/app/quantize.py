@@ -15,7 +15,9 @@
    Reshape reading the float input quantizes it), stamped with the IR version its opsets need (not the float
    model's);
 4. imports it as the CVM model DIR with its float edges (``quantization.json``), and compares the CVM model and
-   onnxruntime's quantized model with the float model on the calibration samples, output by output.
+   onnxruntime's quantized model with the float model on the calibration samples, output by output; with
+   ``report``, every quantized tensor too (``layers.layer_report``: against the pre-processed float model and
+   the exact arithmetic).
 No calibration code of our own, and one graph rewrite (that BatchNormalization, which onnxruntime's optimizer
 leaves): the tools are onnxruntime's and onnx's. onnxruntime's own log lines (its C++ logger, its Python
 loggers) are silenced meanwhile.
@@ -50,6 +52,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, load_onnx, one_part_gas
+from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 Progress = Callable[[int, int, str], None]
@@ -96,7 +99,8 @@ class Agreement:
 @dataclass(frozen=True)
 class Quantized:
     """What ``quantize`` made: the import (graph, edges, requantizations), the agreement per output on the
-    calibration samples, the float model as compared (input dims fixed, cut) and the quantized ONNX model."""
+    calibration samples, the float model as compared (input dims fixed, cut) and the quantized ONNX model; with
+    ``report``, the distance of every quantized tensor on the calibration samples (``layers``)."""
 
     imported: Imported
     agreements: list[Agreement]
@@ -104,6 +108,7 @@ class Quantized:
     float_model: onnx.ModelProto
     onnx_model: bytes
     one_part_gas: Gas | None = None  # with two_part: the gas of the same model imported in one-part products
+    layers: LayerReport | None = None
 
 
 class _Reader:
@@ -273,6 +278,15 @@ def _integer_samples(data: np.ndarray, name: str, dtype: np.dtype, where: str) -
         raise FormatError(f"calibration samples for the {dtype.name} input {name!r} must lie in [{info.min}, "
                           f"{info.max}], got [{data.min()}, {data.max()}]", where=where)
     return data.astype(dtype)
+
+
+def samples_of(model: onnx.ModelProto, path: str | os.PathLike) -> tuple[str, tuple[int, ...], np.ndarray]:
+    """The samples in ``path`` for the model's one input, checked (``_calibration``, ``_sample_shape``): its name,
+    the shape of one sample (batch 1), and the N samples stacked on a new axis 0."""
+    name = _inputs(model)[0].name
+    data = _calibration(path, name, input_type(model))
+    name, shape = _sample_shape(model, data, os.fspath(path))
+    return name, shape, data.reshape((len(data),) + shape)
 
 
 def integer_precision(samples: np.ndarray) -> int:
@@ -732,13 +746,15 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
              progress: Progress | None = None, outputs: list[str] | None = None,
-             two_part: bool = False, fold: dict[str, float | None] | None = None) -> Quantized:
+             two_part: bool = False, fold: dict[str, float | None] | None = None,
+             report: bool = False) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and the
     gas of the one-part import recorded beside it. ``fold``: graph inputs made constants first (a value, or None:
-    zeros), and the Ifs they decide folded."""
+    zeros), and the Ifs they decide folded. ``report``: each quantized tensor's distance on the calibration
+    samples from the pre-processed float model and from the exact arithmetic (``layers.layer_report``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
@@ -751,9 +767,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     if (why := non_finite(model)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
     dtype = input_type(model)
-    data = _calibration(calibration, _inputs(model)[0].name, dtype)
-    name, shape = _sample_shape(model, data, os.fspath(calibration))
-    samples = data.reshape((len(data),) + shape)
+    name, shape, samples = samples_of(model, calibration)
     with staged(dst) as stage, quiet_onnxruntime():
         model = fixed(model, shape)
         if outputs:
@@ -776,11 +790,13 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
             imported = convert(out, stage, two_part=two_part, input_precision=precision)
             quantized = out.read_bytes()
+            layers = layer_report(onnx.load_from_string(quantized), imported, samples, onnx.load(prepared),
+                                  progress) if report else None
         agreements = compare(model, quantized, imported, samples, progress)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     one_part = one_part_gas(onnx.load_from_string(quantized)) if two_part else None
-    return Quantized(imported, agreements, len(samples), model, quantized, one_part)
+    return Quantized(imported, agreements, len(samples), model, quantized, one_part, layers)
 
 
 def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:

@@ -190,10 +190,11 @@ def gas_lines(imported: Imported, gas: Gas, one_part: Gas | None = None) -> list
 
 
 def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Imported, gas: Gas,
-                    one_part: Gas | None = None) -> str:
+                    one_part: Gas | None = None, layers: list[str] | None = None) -> str:
     """The report of an ONNX -> CVM import: which CVM ops each ONNX node became, the gas (``gas_lines``) and, for
     a quantized model, every requantization (its ratios M, multipliers, shifts, and the worst distance from the
-    exact value, in output steps: 1/2 for the rounding plus the approximation of M; docs/import.md)."""
+    exact value, in output steps: 1/2 for the rounding plus the approximation of M; docs/import.md); ``layers``:
+    the per-tensor distances measured on samples (``layers.markdown``)."""
     g = imported.graph
     out = [f"# Import report: {src} -> {dst}", "",
            f"cvm-onnx {__version__}, onnx {onnx.__version__}. {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
@@ -236,4 +237,6 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
         for k, o in enumerate(e.outputs):
             out.append(f"- output {k}: " + ("integers" if o is None else f"{o.name}: {o.type}, scale "
                                             f"{o.scale.tolist()}, zero point {o.zero_point.tolist()}"))
+    if layers is not None:
+        out += ["", "## Per quantized tensor", "", *layers]
     return "\n".join(out) + "\n"

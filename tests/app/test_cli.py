@@ -340,6 +340,10 @@ def test_usage_errors_exit_64(argv, capsys):
     (["convert", "M", "-o", "O.onnx", "--two-part"], "--two-part applies to an .onnx SOURCE"),
     (["convert", "M", "-o", "O.onnx", "--outputs", "y"], "--outputs applies to an .onnx SOURCE"),
     (["convert", "M", "-o", "O.onnx", "--input-precision", "9"], "--input-precision applies to an .onnx SOURCE"),
+    (["convert", "M.onnx", "-o", "D", "--samples", "X"], "--samples applies to an .onnx SOURCE with --report"),
+    (["convert", "M", "-o", "O.onnx", "--report", "R", "--samples", "X"], "--samples applies to an .onnx SOURCE"),
+    (["convert", "M.onnx", "-o", "D", "--report", "R", "--float-model", "M.onnx"], "--float-model applies with "
+     "--samples only"),
     (["verify", "M", "--input", "X", "--seeds", "5"], "--seeds sets the random inputs, drawn without --input"),
     (["info", "M.onnx", "--params", "M/params"], "MODEL is an .onnx file"),
     (["view", "M", "--port", "99999"], "must be a port number in [0, 65535]"),
@@ -362,6 +366,7 @@ def test_options_that_do_not_apply_exit_64(argv, why, model, tmp_path, capsys):
     ["run", "m", "--params", "p", "--input", "x", "--output", "o", "--workers", "2"],
     ["convert", "m", "--triton-repo", "r", "--triton-server-repo", "/srv", "--batch", "4", "--verify"],
     ["convert", "m.onnx", "-o", "d", "--two-part", "--outputs", "y", "--input-precision", "9", "--report", "r.md"],
+    ["convert", "m.onnx", "-o", "d", "--report", "r.md", "--samples", "s.npy", "--float-model", "f.onnx"],
     ["verify", "m", "--seeds", "5", "--params", "p"],
     ["view", "m", "--port", "65535"],
 ])
@@ -527,3 +532,94 @@ def test_validate_warns_of_heads_the_c_api_refuses(tmp_path, capsys):
     assert cli.main(["validate", str(tmp_path / "m")]) == 0
     err = capsys.readouterr().err
     assert "rows2 2, rows1 1" in err and "does not run on chain" in err
+
+
+# -- the per-layer report (quantize --report, convert --report --samples) ---------------------------------------
+def conv_pool_float(name: str) -> onnx.ModelProto:
+    """x (1, 2, 4, 4) -> Conv 3x3 (3 channels) named ``name`` -> AveragePool 2x2 -> y."""
+    rng = np.random.default_rng(7)
+    w = onnx.numpy_helper.from_array(rng.normal(size=(3, 2, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], [name], pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", [name], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return onnx_model(g, 17)
+
+
+def table_rows(out: str, names: list[str]) -> list[list[str]]:
+    """The cells of the table's rows printed for ``names``, split at runs of spaces (the names hold none)."""
+    lines = out.splitlines()
+    return [re.split(r" {2,}", next(t for t in lines if t.startswith(n + " ")).strip()) for n in names]
+
+
+def test_quantize_report_prints_and_writes_every_quantized_tensor(tmp_path, capsys):
+    """`quantize --report`: one table row per QuantizeLinear of the quantized model, in its order, the same numbers
+    on stdout, in the Markdown and in the JSON file (those of cvm_onnx.app.layers, tested on its own); a name from
+    the model printed escaped, not read as markup."""
+    import json
+
+    from cvm_onnx.app.layers import cells
+
+    name = "c[bold]\x1b"
+    onnx.save(conv_pool_float(name), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 2, 4, 4)).astype(np.float32))
+    base = ["quantize", tmp_path / "f.onnx", "--calibration", tmp_path / "c.npy", "--save-onnx", tmp_path / "q.onnx"]
+    code, out, err = run(capsys, *base, "-o", tmp_path / "m", "--report", tmp_path / "r.json")
+    assert code == 0, err
+    q = onnx.load(tmp_path / "q.onnx")
+    tensors = [n.output[0] for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    assert len(tensors) == 3 and tensors[1] == name + "_QuantizeLinear_Output"
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert (doc["samples"], doc["float_model"], doc["note"]) == (4, True, None)
+    assert [r["name"] for r in doc["layers"]] == tensors
+    assert [r["op"] for r in doc["layers"]] == ["(the input)", "Conv", "AveragePool"]
+    assert all(r["elements"] == 4 * n for r, n in zip(doc["layers"], (32, 48, 12)))
+    assert all(r[k] is not None for r in doc["layers"] for k in ("float_mean", "float_max", "equal", "off"))
+    from cvm_onnx.app.layers import Layer
+
+    want = [cells(Layer(**r)) for r in doc["layers"]]
+    printed = [n.replace("\x1b", "\\x1b") for n in tensors]
+    assert "\x1b" not in out and table_rows(out, printed) == [[p] + w[1:] for p, w in zip(printed, want)]
+    code, out, err = run(capsys, *base, "-o", tmp_path / "m2", "--report", tmp_path / "r.md")
+    assert code == 0, err
+    md = (tmp_path / "r.md").read_text().splitlines()
+    assert [line for line in md if line.startswith("| ") and "QuantizeLinear_Output" in line] == [
+        "| " + " | ".join(w) + " |" for w in want]
+
+
+def test_convert_report_measures_the_samples_given(tmp_path, capsys):
+    """`convert q.onnx --report R --samples S [--float-model F]`: the report's per-tensor section and the table,
+    the float columns only with the float model; bad samples are refused before anything is written."""
+    from support.quantized import quantized
+
+    f = conv_pool_float("c")
+    q, _ = quantized(f, tmp_path, "QDQ", "uint8", False, True)
+    onnx.save(q, tmp_path / "q.onnx")
+    np.save(tmp_path / "s.npy", np.random.default_rng(2).normal(size=(3, 2, 4, 4)).astype(np.float32))
+    code, out, err = run(capsys, "convert", tmp_path / "q.onnx", "-o", tmp_path / "d", "--report", tmp_path / "r.md",
+                         "--samples", tmp_path / "s.npy", "--float-model", tmp_path / "f.onnx")
+    assert code == 0, err
+    names = [n.output[0] for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    rows = table_rows(out, names)
+    assert [r[1] for r in rows] == ["(the input)", "Conv", "AveragePool"] and all("-" not in r for r in rows)
+    assert [r[3] for r in rows] == ["96", "144", "36"]  # 3 samples of 32, 48 and 12 values
+    md = (tmp_path / "r.md").read_text()
+    assert "## Per quantized tensor" in md and "on 3 sample(s)" in md
+    code, out, err = run(capsys, "convert", tmp_path / "q.onnx", "-o", tmp_path / "d2", "--report",
+                         tmp_path / "r2.md", "--samples", tmp_path / "s.npy")
+    assert code == 0, err
+    assert [r[4:6] for r in table_rows(out, names)] == [["-", "-"]] * 3
+    np.save(tmp_path / "bad.npy", np.zeros((3, 5), np.float32))
+    lines = failed(capsys, 2, "convert", tmp_path / "q.onnx", "-o", tmp_path / "d3", "--report", tmp_path / "r3.md",
+                   "--samples", tmp_path / "bad.npy")
+    assert "samples must be floats of shape (N, 2, 4, 4)" in lines[0]
+    assert not (tmp_path / "d3").exists() and not (tmp_path / "r3.md").exists()
+    other = conv_pool_float("c")
+    other.graph.input[0].name = "z"
+    other.graph.node[0].input[0] = "z"
+    onnx.save(other, tmp_path / "other.onnx")
+    lines = failed(capsys, 4, "convert", tmp_path / "q.onnx", "-o", tmp_path / "d3", "--report", tmp_path / "r3.md",
+                   "--samples", tmp_path / "s.npy", "--float-model", tmp_path / "other.onnx")
+    assert lines == [f"unsupported: {tmp_path / 'other.onnx'}: the float model takes z, not the quantized model's "
+                     "input 'x'"]
+    assert not (tmp_path / "d3").exists() and not (tmp_path / "r3.md").exists()
