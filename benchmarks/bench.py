@@ -57,7 +57,7 @@ from cvm_onnx.serving import cpu_layout
 from cvm_onnx.serving.target import Target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from cvm_runtime import CvmRuntime  # noqa: E402  (the C API wrapper the tests use too)
+from support.cvm_runtime import CvmRuntime  # noqa: E402  (the C API wrapper the tests use too)
 
 _spec = importlib.util.spec_from_file_location("make_resnet20", Path(__file__).resolve().parents[1] / "models" /
                                                "resnet20" / "make.py")
