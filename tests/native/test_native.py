@@ -468,7 +468,7 @@ def test_the_kernels_read_each_attribute_with_its_schemas_default():
 
     from cvm_onnx import native
 
-    here = Path(__file__).parents[1] / "custom_ops"
+    here = Path(__file__).parents[2] / "custom_ops"
     ops_cc, headers = (here / "cvm_ops.cc").read_text(), "\n".join(p.read_text() for p in here.glob("*.h"))
 
     def value(expr: str):
