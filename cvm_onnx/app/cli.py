@@ -547,9 +547,9 @@ def parser() -> argparse.ArgumentParser:
                    "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
     q.add_argument("--two-part", action="store_true", help="a requantization whose 32-bit product errs by more than "
                    "2^-10 step takes two products (closer to the quantized model's arithmetic; a slower serving form)")
-    q.add_argument("--fold", nargs="+", metavar="NAME[=VALUE]", help="make these graph inputs constants first "
-                   "(a recurrent model's states: zeros by default; a sample rate: its value), and fold the Ifs they "
-                   "decide")
+    q.add_argument("--fold", nargs="+", action="extend", metavar="NAME[=VALUE]", help="make these graph inputs "
+                   "constants first (a recurrent model's states: zeros by default; a sample rate, an attention mask: "
+                   "its value), and fold the Ifs they or the input's shape decide (repeatable)")
     q.set_defaults(fn=cmd_quantize, usage=q)
     return p
 
