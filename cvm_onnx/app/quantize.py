@@ -837,12 +837,12 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     if fold:
         left = [v for v in _inputs(model) if v.name not in fold]
-        shape = None
+        shape, named = None, None
         if len(left) == 1:  # one sample's shape: the folded inputs' dims of the same names, the Ifs it decides
             data = _calibration(calibration, left[0].name, input_type(model, left[0]))
             shape = _sample_shape(model, data, os.fspath(calibration), left[0])[1]
             named = {d.dim_param: n for d, n in zip(left[0].type.tensor_type.shape.dim, shape) if d.dim_param}
-        model = folded_inputs(model, fold, named if shape else None)
+        model = folded_inputs(model, fold, named)
         if shape is not None:
             model = fixed(model, shape)
             fold_constant_ifs(model, shapes=True)
