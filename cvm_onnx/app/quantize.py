@@ -192,6 +192,9 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if len(inputs) > 1 or ops["If"]:
+        why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
+                   "they or the input's shape decide")
     return "; ".join(why) or None
 
 

@@ -170,3 +170,14 @@ def test_fold_constant_ifs_leaves_an_if_on_an_input():
     m = nested_vad()
     fold_constant_ifs(m)
     assert [n.op_type for n in m.graph.node].count("If") == 1
+
+
+def test_a_refusal_for_several_inputs_or_ifs_names_fold(tmp_path):
+    """Without --fold, silero's shape is refused in one line naming its inputs, its Ifs and --fold."""
+    onnx.save(nested_vad(), tmp_path / "vad.onnx")
+    np.save(tmp_path / "c.npy", np.zeros((2, 1, 4), np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "vad.onnx", tmp_path / "c.npy", tmp_path / "m")
+    text = str(e.value)
+    assert len(text.splitlines()) == 1 and "3 inputs (x, state, sr)" in text and "If x2" in text and "--fold" in text
+
