@@ -194,7 +194,7 @@ def refusal(model: onnx.ModelProto) -> str | None:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
     if len(inputs) > 1 or ops["If"]:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
-                   "they or the input's shape decide")
+                   "they decide")
     return "; ".join(why) or None
 
 
@@ -834,18 +834,20 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and the
     gas of the one-part import recorded beside it. ``fold``: graph inputs made constants first (a value, or None:
-    zeros), and the Ifs they decide folded."""
+    zeros), and the Ifs they decide folded; with one input left, the Ifs its shape (fixed to a sample's) decides
+    folded too, with or without ``fold``."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
-    if fold:
-        left = [v for v in _inputs(model) if v.name not in fold]
+    if fold or any(n.op_type == "If" for n in model.graph.node):
+        left = [v for v in _inputs(model) if v.name not in (fold or {})]
         shape, named = None, None
         if len(left) == 1:  # one sample's shape: the folded inputs' dims of the same names, the Ifs it decides
             data = _calibration(calibration, left[0].name, input_type(model, left[0]))
             shape = _sample_shape(model, data, os.fspath(calibration), left[0])[1]
             named = {d.dim_param: n for d, n in zip(left[0].type.tensor_type.shape.dim, shape) if d.dim_param}
-        model = folded_inputs(model, fold, named)
+        if fold:
+            model = folded_inputs(model, fold, named)
         if shape is not None:
             model = fixed(model, shape)
             fold_constant_ifs(model, shapes=True)

@@ -181,3 +181,27 @@ def test_a_refusal_for_several_inputs_or_ifs_names_fold(tmp_path):
     text = str(e.value)
     assert len(text.splitlines()) == 1 and "3 inputs (x, state, sr)" in text and "If x2" in text and "--fold" in text
 
+
+def test_an_if_on_the_input_shape_is_folded_without_fold(tmp_path):
+    """One input, an If on its batch size (as exporters write a squeeze of a batch of one): the input's shape fixed
+    to a sample's decides it, so quantize imports the model whole without --fold. Regression: refused (control
+    flow)."""
+    rng = np.random.default_rng(4)
+    then = h.make_graph([h.make_node("Squeeze", ["a", "i0"], ["s"]), h.make_node("Unsqueeze", ["s", "i0"], ["t"])],
+                        "then", [], [h.make_tensor_value_info("t", T.FLOAT, None)])
+    other = h.make_graph([h.make_node("Neg", ["a"], ["e"])], "else", [], [h.make_tensor_value_info("e", T.FLOAT, None)])
+    nodes = [h.make_node("MatMul", ["x", "w0"], ["a"]), h.make_node("Shape", ["a"], ["sa"]),
+             h.make_node("Gather", ["sa", "i0"], ["batch"]), h.make_node("Equal", ["batch", "i1"], ["one"]),
+             h.make_node("If", ["one"], ["b"], then_branch=then, else_branch=other),
+             h.make_node("MatMul", ["b", "w1"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     consts(rng, w0=(4, 4), w1=(4, 3)) + ints(i0=[0], i1=[1]))
+    onnx.save(onnx_model(g, 17), tmp_path / "m.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 4)).astype(np.float32))
+    done = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "q")
+    assert not [n for n in done.float_model.graph.node if n.op_type in ("If", "Neg")]
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
