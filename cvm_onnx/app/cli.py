@@ -625,9 +625,9 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--report", metavar="FILE", help="also measure every quantized tensor on the calibration "
                    "samples, in its own steps, against the float model and the exact arithmetic: a table on stdout, "
                    "written to FILE as Markdown (JSON if FILE ends in .json)")
-    q.add_argument("--fold", nargs="+", metavar="NAME[=VALUE]", help="make these graph inputs constants first "
-                   "(a recurrent model's states: zeros by default; a sample rate: its value), and fold the Ifs they "
-                   "decide")
+    q.add_argument("--fold", nargs="+", action="extend", metavar="NAME[=VALUE]", help="make these graph inputs "
+                   "constants first (a recurrent model's states: zeros by default; a sample rate, an attention mask: "
+                   "its value), and fold the Ifs they or the input's shape decide (repeatable)")
     q.set_defaults(fn=cmd_quantize, usage=q)
     return p
 

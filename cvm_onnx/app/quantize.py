@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
+from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
 from cvm_onnx.core.format.model_dir import replace_files
@@ -196,13 +197,18 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if len(inputs) > 1 or ops["If"]:
+        why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
+                   "they decide")
     return "; ".join(why) or None
 
 
-def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str) -> tuple[str, tuple[int, ...]]:
-    """The input's name and its shape for one calibration sample: its static dims, its dynamic ones taken from the
-    samples, (N, *shape) or (N, *shape[1:]) where the first dim is 1 or dynamic (the batch, then 1)."""
-    v = _inputs(model)[0]
+def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str,
+                  v: onnx.ValueInfoProto | None = None) -> tuple[str, tuple[int, ...]]:
+    """The input's (``v``, else the model's first) name and its shape for one calibration sample: its static dims,
+    its dynamic ones taken from the samples, (N, *shape) or (N, *shape[1:]) where the first dim is 1 or dynamic (the
+    batch, then 1)."""
+    v = _inputs(model)[0] if v is None else v
     dims = [d or None for d in onnx_dims(v) or ()]
     one = tuple(data.shape[1:])
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
@@ -222,9 +228,10 @@ INTEGER_INPUTS = {onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uin
                   onnx.TensorProto.UINT64: np.uint64}
 
 
-def input_type(model: onnx.ModelProto) -> np.dtype:
-    """The numpy type of the model's input: float32 or an integer type; any other is refused, naming the input."""
-    v = _inputs(model)[0]
+def input_type(model: onnx.ModelProto, v: onnx.ValueInfoProto | None = None) -> np.dtype:
+    """The numpy type of the model's input (``v``, else its first): float32 or an integer type; any other is
+    refused, naming the input."""
+    v = _inputs(model)[0] if v is None else v
     elem = v.type.tensor_type.elem_type
     if elem == onnx.TensorProto.FLOAT:
         return np.dtype(np.float32)
@@ -300,9 +307,13 @@ def integer_precision(samples: np.ndarray) -> int:
     return min(tight(peak), 32)
 
 
-def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None]) -> onnx.ModelProto:
-    """``model`` with the named graph inputs (a recurrent model's states, a sample rate) as constants of their
-    declared shape and type: the value given, else zeros. Refused: a name that is no input, a dim not declared."""
+def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
+                  sizes: dict[str, int] | None = None) -> onnx.ModelProto:
+    """``model`` with the named graph inputs (a recurrent model's states, a sample rate, an attention mask) as
+    constants of their declared shape and type: the value given, else zeros. A dim not declared takes its size from
+    ``sizes`` by its name (the sizes of the input left, in one calibration sample: a mask's sequence length), else
+    1 (the batch of one sample, as the quantized input's). Refused: a name that is no input, an input that declares
+    no shape."""
     from onnx import helper, numpy_helper
 
     out = onnx.ModelProto()
@@ -313,73 +324,158 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None]) -> on
         if v is None:
             raise UnsupportedError(f"--fold {name}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
         shape = onnx_dims(v)
-        if shape is None or any(not d or d < 0 for d in shape):
-            raise UnsupportedError(f"--fold {name}: its shape is not declared in full ({shape}), so it has no "
-                                   f"constant value")
+        if shape is None:
+            raise UnsupportedError(f"--fold {name}: it declares no shape, so it has no constant value")
         dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
-        array = np.full(tuple(shape), 0 if value is None else value).astype(dtype)
+        named = [d.dim_param for d in v.type.tensor_type.shape.dim]
+        shape = tuple((sizes or {}).get(p, 1) if d is None else d for d, p in zip(shape, named))
+        array = np.full(shape, 0 if value is None else value).astype(dtype)
         out.graph.input.remove(v)
         out.graph.initializer.append(numpy_helper.from_array(array, name))
     fold_constant_ifs(out)
     return out
 
 
-def fold_constant_ifs(model: onnx.ModelProto) -> None:
+def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
     """Each If whose condition the graph's constants alone decide (evaluated by onnx's reference evaluator): its
-    branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>``, Identity to the If's outputs."""
-    from onnx import helper
+    branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>`` (in the branch's subgraphs too),
+    Identity to the If's outputs; repeated until none is left (an inlined branch's own Ifs too). ``shapes`` (the
+    input's shape fixed): first the nodes that compute constants, a Shape or Size of a tensor whose shape onnx's
+    shape inference states in full among them, replaced by their values, each time."""
+    graph = model.graph
+    folded = True
+    while folded:
+        folded = shapes and fold_constants(model) > 0
+        inits = {t.name for t in graph.initializer}
+        producer = {o: n for n in graph.node for o in n.output}
+        for node in [n for n in graph.node if n.op_type == "If"]:
+            if (cond := _condition(model, node.input[0], inits, producer)) is not None:
+                _inline(graph, node, cond)
+                folded = True
+
+
+#: Ops whose outputs are drawn at random: never folded to constants.
+RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def fold_constants(model: onnx.ModelProto) -> int:
+    """The main graph's nodes that compute constants (every input a constant; a Shape or Size of a tensor whose
+    shape onnx's shape inference, with data propagation, states in full) replaced by initializers of their values
+    (onnx's reference evaluator); control flow, random draws and nodes whose outputs' shapes are not known or hold
+    more than MAX_FOLDED elements (checked before computing them) stay. Returns how many were replaced."""
+    from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
-    inits = {t.name for t in graph.initializer}
-    producer = {o: n for n in graph.node for o in n.output}
-    for node in [n for n in graph.node if n.op_type == "If"]:
-        needed, todo, ok = [], [node.input[0]], True
-        while todo and ok:
-            name = todo.pop()
-            if name in inits or any(name == n.output[0] for n in needed):
+    try:
+        g = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+    except Exception:  # noqa: BLE001  (onnx's inference raises several types: no shape is then known)
+        g = onnx.GraphProto()
+    known = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*g.value_info, *g.input, *g.output]
+             if v.type.tensor_type.HasField("shape")
+             and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)}
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    done = []
+    for n in graph.node:
+        if n.op_type in RANDOM or any(a.HasField("g") or a.graphs for a in n.attribute) or \
+                any(o and (o not in known or math.prod(known[o]) > MAX_FOLDED) for o in n.output):
+            continue
+        if n.op_type in ("Shape", "Size") and (n.input[0] in known or n.input[0] in values):
+            dims = np.array(known[n.input[0]] if n.input[0] in known else values[n.input[0]].shape, np.int64)
+            attrs = {a.name: a.i for a in n.attribute}
+            outs = [dims.prod() if n.op_type == "Size" else dims[attrs.get("start", 0):attrs.get("end", len(dims))]]
+        elif all(not x or x in values for x in n.input):
+            try:
+                sub = helper.make_graph([n], "constant", [], [helper.make_value_info(o, onnx.TypeProto())
+                                                             for o in n.output if o],
+                                        [numpy_helper.from_array(values[x], x) for x in set(n.input) if x])
+                outs = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
+            except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the node stays)
                 continue
-            up = producer.get(name)
-            ok = up is not None and up.op_type not in ("If", "Loop", "Scan")
-            if ok:
-                needed.append(up)
-                todo.extend(up.input)
-        if not ok:
+        else:
             continue
-        order = {id(n): k for k, n in enumerate(graph.node)}
-        sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "cond", [],
-                                [helper.make_tensor_value_info(node.input[0], onnx.TensorProto.BOOL, None)],
-                                [t for t in graph.initializer])
-        try:
-            m = helper.make_model(sub, opset_imports=model.opset_import)
-            [cond] = ReferenceEvaluator(m).run(None, {})
-        except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the If stays)
+        values.update((o, np.asarray(v)) for o, v in zip([o for o in n.output if o], outs))
+        done.append(n)
+    for n in done:
+        graph.node.remove(n)
+        graph.initializer.extend(numpy_helper.from_array(values[o], o) for o in n.output if o)
+    return len(done)
+
+
+def _condition(model: onnx.ModelProto, name: str, inits: set[str], producer: dict[str, onnx.NodeProto]) \
+        -> bool | None:
+    """The value of the If condition ``name`` where the graph's constants decide it, else None."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    needed, todo = [], [name]
+    while todo:
+        x = todo.pop()
+        if x in inits or any(x in n.output for n in needed):
             continue
-        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(np.asarray(cond).reshape(-1)[0])
-                                                                 else "else_branch"))
-        local = {o for n in branch.node for o in n.output} | {t.name for t in branch.initializer}
-        prefix = f"{node.name or node.output[0]}/"
-        new = []
-        for t in branch.initializer:
-            c = onnx.TensorProto()
-            c.CopyFrom(t)
-            c.name = prefix + t.name
-            graph.initializer.append(c)
-        for k, n in enumerate(branch.node):
-            c = onnx.NodeProto()
-            c.CopyFrom(n)
-            c.input[:] = [prefix + x if x in local else x for x in n.input]
-            c.output[:] = [prefix + x if x else x for x in n.output]
-            c.name = f"{prefix}{n.name or n.op_type}/{k}"
-            new.append(c)
-        for b_out, out in zip(branch.output, node.output):
-            if out:
-                new.append(helper.make_node("Identity", [prefix + b_out.name if b_out.name in local else b_out.name],
-                                            [out], name=f"{prefix}{out}"))
-        at = list(graph.node).index(node)
-        graph.node.remove(node)
-        for k, n in enumerate(new):
-            graph.node.insert(at + k, n)
+        up = producer.get(x)
+        if up is None or up.op_type in ("If", "Loop", "Scan"):
+            return None
+        needed.append(up)
+        todo.extend(i for i in up.input if i)
+    order = {id(n): k for k, n in enumerate(model.graph.node)}
+    sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "cond", [],
+                            [helper.make_tensor_value_info(name, onnx.TensorProto.BOOL, None)],
+                            list(model.graph.initializer))
+    try:
+        [cond] = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
+    except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the If stays)
+        return None
+    return bool(np.asarray(cond).reshape(-1)[0])
+
+
+def _inline(graph: onnx.GraphProto, node: onnx.NodeProto, cond: bool) -> None:
+    """The If ``node`` replaced in ``graph`` by its branch for ``cond``."""
+    from onnx import helper
+
+    branch = next(a.g for a in node.attribute if a.name == ("then_branch" if cond else "else_branch"))
+    local = {o for n in branch.node for o in n.output} | {t.name for t in branch.initializer}
+    prefix = f"{node.name or node.output[0]}/"
+    new = []
+    for t in branch.initializer:
+        c = onnx.TensorProto()
+        c.CopyFrom(t)
+        c.name = prefix + t.name
+        graph.initializer.append(c)
+    for k, n in enumerate(branch.node):
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        c.input[:] = [prefix + x if x in local else x for x in n.input]
+        c.output[:] = [prefix + x if x else x for x in n.output]
+        c.name = f"{prefix}{n.name or n.op_type}/{k}"
+        for a in c.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                _renamed_outer(sub, local, prefix)
+        new.append(c)
+    for b_out, out in zip(branch.output, node.output):
+        if out:
+            new.append(helper.make_node("Identity", [prefix + b_out.name if b_out.name in local else b_out.name],
+                                        [out], name=f"{prefix}{out}"))
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for k, n in enumerate(new):
+        graph.node.insert(at + k, n)
+
+
+def _renamed_outer(graph: onnx.GraphProto, names: set[str], prefix: str) -> None:
+    """In a subgraph of an inlined branch (and the subgraphs within), its reads of the branch's tensors ``names``
+    that the subgraph does not itself define, renamed ``<prefix><name>``."""
+    own = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node
+                                                                                    for o in n.output}
+    outer = names - own
+    for n in graph.node:
+        n.input[:] = [prefix + x if x in outer else x for x in n.input]
+        for a in n.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                _renamed_outer(sub, outer, prefix)
+    for v in graph.output:
+        if v.name in outer:
+            v.name = prefix + v.name
 
 
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
@@ -753,13 +849,24 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and the
     gas of the one-part import recorded beside it. ``fold``: graph inputs made constants first (a value, or None:
-    zeros), and the Ifs they decide folded. ``report``: each quantized tensor's distance on the calibration
-    samples from the pre-processed float model and from the exact arithmetic (``layers.layer_report``)."""
+    zeros), and the Ifs they decide folded; with one input left, the Ifs its shape (fixed to a sample's) decides
+    folded too, with or without ``fold``. ``report``: each quantized tensor's distance on the calibration samples
+    from the pre-processed float model and from the exact arithmetic (``layers.layer_report``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
-    if fold:
-        model = folded_inputs(model, fold)
+    if fold or any(n.op_type == "If" for n in model.graph.node):
+        left = [v for v in _inputs(model) if v.name not in (fold or {})]
+        shape, named = None, None
+        if len(left) == 1:  # one sample's shape: the folded inputs' dims of the same names, the Ifs it decides
+            data = _calibration(calibration, left[0].name, input_type(model, left[0]))
+            shape = _sample_shape(model, data, os.fspath(calibration), left[0])[1]
+            named = {d.dim_param: n for d, n in zip(left[0].type.tensor_type.shape.dim, shape) if d.dim_param}
+        if fold:
+            model = folded_inputs(model, fold, named)
+        if shape is not None:
+            model = fixed(model, shape)
+            fold_constant_ifs(model, shapes=True)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     if (why := not_float(model)) is not None:

@@ -295,6 +295,25 @@ def gather_nd_oracle(x: np.ndarray, idx: np.ndarray, b: int) -> np.ndarray:
 
 
 @SETTINGS
+@given(st.data(), shapes, shapes, st.integers(2, 12), st.sampled_from([T.INT32, T.INT64]))
+def test_gather_of_input_indices_reads_negatives_as_onnx_does(d, data_shape, idx_shape, p, itype):
+    """Gather(c, x), x the input (token ids): indices in [-dim, dim-1] as ONNX reads them, negatives from the end
+    (equal to onnx's reference evaluator); beyond, where onnxruntime fails the run, as take clips the wrapped index.
+    Regression: refused where the input's precision reached below 0 ("may lie outside")."""
+    from onnx.reference import ReferenceEvaluator
+
+    axis = d.draw(st.integers(-len(data_shape), len(data_shape) - 1))
+    dim = data_shape[axis]
+    c = d.draw(tensors(data_shape, 20))
+    m = model("Gather", ["c", "x"], idx_shape, itype, {"c": c}, out_type=T.INT32, axis=axis)
+    x = draw_x(d, idx_shape, itype, p)
+    valid = np.clip(x, -dim, dim - 1)
+    [want] = ReferenceEvaluator(m).run(None, {"x": valid})
+    exact(m, valid, want, p)
+    exact(m, x, np.take(c, np.clip(np.where(x < 0, x + dim, x), 0, dim - 1), axis=axis), p)
+
+
+@SETTINGS
 @given(st.data(), st.lists(st.integers(1, 3), min_size=2, max_size=4).map(tuple), st.booleans())
 def test_gather_nd(d, shape, indices_are_input):
     b = d.draw(st.integers(0, min(1, len(shape) - 1)))

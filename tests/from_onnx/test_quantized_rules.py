@@ -165,13 +165,44 @@ def test_division_and_multiplication_by_a_constant(d, s, so, c, op, before):
     oracle_equal(qdq(nodes, shape, T.INT8, inits, T.INT8), draw_x(d, shape, T.INT8))
 
 
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple), s=scales, so=scales,
+       c=st.floats(2.0**-8, 2.0**8, width=32), op=st.sampled_from(["Div", "Mul"]))
+def test_division_and_multiplication_by_a_constant_of_one_value_throughout(d, shape, s, so, c, op):
+    """Div or Mul by a float constant tensor holding one value c throughout (a mean pooling's token count, a
+    mask's ones), of a shape broadcasting into x's: the same integers as by the scalar c (itself equal to the
+    oracle). Regression: refused ("must be a finite constant scalar")."""
+    c_shape = tuple(d.draw(st.sampled_from([1, n])) for n in shape[len(shape) - d.draw(st.integers(1, len(shape))):])
+    assume(np.prod(c_shape) > 1)
+    x = draw_x(d, shape, T.INT8)
+    outs = []
+    for const in (np.float32(c), np.full(c_shape, c, np.float32)):
+        inits = {"s": np.float32(s), "z": np.int8(3), "c": const, "so": np.float32(so), "zo": np.int8(0)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf", "c"], ["r"]),
+                 h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+        imp, got = imported(qdq(nodes, shape, T.INT8, inits, T.INT8), x)
+        outs.append(got)
+    assert np.array_equal(*outs)
+
+
+@pytest.mark.parametrize("c, x_shape", [(np.array([[2.0, 3.0]], np.float32), (1, 2)),
+                                        (np.full((2, 2), 2.0, np.float32), (1, 2)),
+                                        (np.full((1, 1, 2), 2.0, np.float32), (1, 2))])
+def test_division_by_a_constant_of_several_values_or_broadcasting_x_is_refused(c, x_shape):
+    inits = {"s": np.float32(0.1), "z": np.int8(0), "c": c, "so": np.float32(0.1), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Div", ["xf", "c"], ["r"], name="div6"), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"div6 \(Div\).*divisor must be a finite constant > 0, a scalar or one"):
+        import_model(qdq(nodes, x_shape, T.INT8, inits, T.INT8))
+
+
 @pytest.mark.parametrize("c", [0.0, -2.0, np.inf])
 def test_division_by_a_constant_not_above_zero_is_refused(c):
     inits = {"s": np.float32(0.1), "z": np.int8(0), "c": np.float32(c), "so": np.float32(0.1), "zo": np.int8(0)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Div", ["xf", "c"], ["r"],
                                                                                   name="div6"),
              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
-    with pytest.raises(CVMError, match=r"div6 \(Div\).*divisor must be a finite constant scalar > 0"):
+    with pytest.raises(CVMError, match=r"div6 \(Div\).*divisor must be a finite constant > 0"):
         import_model(qdq(nodes, (2, 3), T.INT8, inits, T.INT8))
 
 

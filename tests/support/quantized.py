@@ -457,3 +457,58 @@ def qdq(nodes, x_shape, x_type, inits: dict, out_type, opset=17, out="y"):
                      [h.make_tensor_value_info(out, out_type, None)],
                      [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
     return onnx_model(g, opset, {"com.microsoft": 1})
+
+
+def declared(m, shape):
+    """``m`` with its output's shape declared."""
+    m.graph.output[0].CopyFrom(h.make_tensor_value_info(m.graph.output[0].name, T.INT8, list(shape)))
+    return m
+
+
+def written_softmax(shape, axes, shift: str, form: str, keep: bool, sum_qdq: bool, expand: bool, out_type,
+                    zx: int, zo: int, opset: int = 17):
+    """DequantizeLinear(x) -> [less a shift constant along ``axes``] -> Exp -> ReduceSum over ``axes`` (keepdims or
+    not, then reshaped to the keepdims shape) [-> QuantizeLinear/DequantizeLinear] [-> Expand] -> Div, or Mul by
+    its Reciprocal -> [QuantizeLinear]. shift: none; max (ReduceMax over ``axes``, requantized at its own scale,
+    as Magika's); const (a float constant of the keepdims shape; before opset 13 a Constant node, the axes an
+    attribute); max-float (ReduceMax read unquantized)."""
+    keep_shape = [1 if a in axes else n for a, n in enumerate(shape)]
+    inits = {"s": np.float32(0.0625), "zx": np.int8(zx), "sm": np.float32(0.09), "zm": np.int8(0),
+             "axes": np.array(axes, np.int64), "kshape": np.array(keep_shape, np.int64),
+             "full": np.array(shape, np.int64), "ss": np.float32(0.05), "zs": np.uint8(0),
+             "c": np.linspace(-3, 4, math.prod(keep_shape)).reshape(keep_shape).astype(np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
+    if shift in ("max", "max-float"):
+        nodes.append(h.make_node("ReduceMax", ["xf"], ["mx"], axes=axes, keepdims=1))
+        if shift == "max":
+            nodes += [h.make_node("QuantizeLinear", ["mx", "sm", "zm"], ["mq"]),
+                      h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["m"])]
+        nodes.append(h.make_node("Sub", ["xf", "mx" if shift == "max-float" else "m"], ["u"]))
+    elif shift == "const":
+        if opset < 13:
+            nodes.append(h.make_node("Constant", [], ["cn"], value=nh.from_array(inits.pop("c"), "cv")))
+        nodes.append(h.make_node("Sub", ["xf", "c" if opset >= 13 else "cn"], ["u"]))
+    nodes += [h.make_node("Exp", ["u" if shift != "none" else "xf"], ["e"]),
+              h.make_node("ReduceSum", ["e", "axes"], ["sum0"], keepdims=int(keep)) if opset >= 13 else
+              h.make_node("ReduceSum", ["e"], ["sum0"], keepdims=int(keep), axes=axes)]
+    last = "sum0"
+    if not keep:
+        nodes.append(h.make_node("Reshape", [last, "kshape"], ["sumk"]))
+        last = "sumk"
+    if sum_qdq:
+        nodes += [h.make_node("QuantizeLinear", [last, "ss", "zs"], ["sq"]),
+                  h.make_node("DequantizeLinear", ["sq", "ss", "zs"], ["sd"])]
+        last = "sd"
+    if expand:
+        nodes.append(h.make_node("Expand", [last, "full"], ["sx"]))
+        last = "sx"
+    if form == "div":
+        nodes.append(h.make_node("Div", ["e", last], ["p"], name="softmax_div"))
+    else:
+        nodes += [h.make_node("Reciprocal", [last], ["r"]),
+                  h.make_node("Mul", ["e", "r"] if form == "mul" else ["r", "e"], ["p"], name="softmax_div")]
+    if out_type == T.FLOAT:
+        return qdq(nodes, shape, T.INT8, inits, T.FLOAT, opset=opset, out="p")
+    inits.update(so=np.float32(1 / 256), zo={T.INT8: np.int8, T.UINT8: np.uint8}[out_type](zo))
+    nodes.append(h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"]))
+    return qdq(nodes, shape, T.INT8, inits, out_type, opset=opset)

