@@ -52,7 +52,7 @@ from cvm_onnx.runtime.bulk import run_many
 from .api import convert, load_onnx, one_part_gas
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
-Progress = Callable[[int, int, str], None]
+Progress = Callable[[int, int | None, str], None]  # (done, total or None: not counted, the stage's name)
 #: The opset the model is raised to before quantization (where lower): the QDQ forms the importer reads best.
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
@@ -116,6 +116,8 @@ class _Reader:
 
     def get_next(self):
         if self.i >= len(self.samples):
+            if self.progress:
+                self.progress(0, None, "quantizing (onnxruntime)")
             return None
         feed = {self.name: np.asarray(self.samples[self.i]).reshape(self.shape)}
         self.i += 1
@@ -760,6 +762,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             model = cut(model, outputs)
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / "prepared.onnx"
+            if progress:
+                progress(0, None, "preparing the float model (onnxruntime)")
             prepare(model, prepared)
             out = Path(tmp) / "quantized.onnx"
             try:
@@ -774,7 +778,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
-            imported = convert(out, stage, two_part=two_part, input_precision=precision)
+            imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
             quantized = out.read_bytes()
         agreements = compare(model, quantized, imported, samples, progress)
         if save_onnx is not None:
