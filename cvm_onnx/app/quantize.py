@@ -780,6 +780,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
             imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
             quantized = out.read_bytes()
+        if progress:
+            progress(0, None, "comparing with the float model")
         agreements = compare(model, quantized, imported, samples, progress)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
