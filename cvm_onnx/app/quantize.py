@@ -2,7 +2,7 @@
 
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. refuses, in one line, what CVM cannot hold at all: several inputs, control flow (If, Loop, Scan), recurrent
-   layers other than LSTM and GRU (RNN);
+   layers other than LSTM, GRU and RNN (onnxruntime's DynamicQuantizeLSTM);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -56,7 +56,7 @@ Progress = Callable[[int, int | None, str], None]  # (done, total or None: not c
 #: The opset the model is raised to before quantization (where lower): the QDQ forms the importer reads best.
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
-RECURRENT = ("RNN", "DynamicQuantizeLSTM")
+RECURRENT = ("DynamicQuantizeLSTM",)
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
