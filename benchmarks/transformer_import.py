@@ -2,7 +2,7 @@
 and 2x its size in memory on 2 cores, ``--per-channel`` within 2x the default's time).
 
 The float model is tests/support/transformers.py's ``encoder`` at ViT-S/16's dimensions (197 tokens, d 384,
-6 heads, MLP 1536; 12 layers: 85 MB of float weights), quantized by quantize_static (QDQ, uint8 activations,
+6 heads, MLP 1536; 12 layers: 85 MB, 81 MiB, of float weights), quantized by quantize_static (QDQ, uint8 activations,
 int8 weights, minmax on a few normal samples) through ``cvm_onnx.app.quantize``'s own pre-processing, per tensor
 and per channel; each quantized model is cached in the work folder. Each import runs in a fresh process (so its
 peak RSS is its own): ``import_model``, then ``validate``, timed apart, and the sha256 of the files written
@@ -11,7 +11,8 @@ alternates the forms. ``--whole``: the whole ``cvm_onnx.app.quantize.quantize`` 
 ``cvm-onnx quantize`` runs it, on ``--samples`` samples), timed stage by stage from its progress reports, with the
 peak RSS so far at the end of each.
 
-Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N] [--whole]
+Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N]
+[--whole]
 (``--profile N``: print cProfile's N most costly functions of the import, cumulative)
 """
 from __future__ import annotations
