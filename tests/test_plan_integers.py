@@ -110,3 +110,29 @@ def test_a_layernorm_plans_multipliers_and_delta_are_their_definitions(n, lo, w,
     assert p.delta == max(abs(ci) * err + p.n_bound * abs(Fraction(int(mi), 1 << p.shift) - ci)
                           + abs(Fraction(int(bi), 1 << p.shift) - b)
                           for ci, mi, bi, b in zip(c, p.multipliers, p.offsets, clamped))
+
+
+@SETTINGS
+@given(want=st.one_of(f32, st.integers(1, 1 << 20).map(lambda k: Fraction(k, 1 << 170))),
+       off=st.sampled_from([-1, 0, 1]), rel=st.booleans(), jitter=st.integers(-3, 3))
+@example(want=Fraction(3, 1 << 10), off=0, rel=True, jitter=0).via("exactly want / 2^22 off: kept")
+@example(want=Fraction(3, 1 << 170), off=0, rel=False, jitter=0).via("exactly 2^-149 off a denormal's: kept")
+def test_the_bias_scale_check_is_its_definition(want, off, rel, jitter):
+    """bias_values (integers) refuses a bias scale exactly where |have - want| > max(want / 2^22, 2^-149), tried at
+    either bound, one unit of 2^-200 either side, and near it."""
+    from onnx import TensorProto
+
+    from cvm_onnx.converters.from_onnx.context import const
+    from cvm_onnx.converters.from_onnx.quantized.products import bias_values
+    from cvm_onnx.converters.from_onnx.quantized.values import Scaled
+    from cvm_onnx.converters.from_onnx.registry import Refuse
+
+    bound = want / (1 << 22) if rel else Fraction(1, 1 << 149)
+    have = want + (bound + Fraction(off, 1 << 200)) * (1 if jitter >= 0 else -1) * (1 + Fraction(jitter, 1 << 30))
+    bias = Scaled(const(np.array([3], np.int64), TensorProto.INT32), np.array([have], dtype=object), np.zeros((), np.int64))
+    try:
+        bias_values(bias, np.array([want], dtype=object), 1)
+        refused = False
+    except Refuse:
+        refused = True
+    assert refused == (abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)))
