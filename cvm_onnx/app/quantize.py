@@ -34,7 +34,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -429,15 +429,33 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     onnx.save(out, path)
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """The float values of the graph's initializers and Constant nodes (value attribute), by name."""
-    from onnx import numpy_helper
+class _Constants(Mapping):
+    """The values of the graph's initializers and Constant nodes (value attribute), by name, each made an array
+    when first read (the patterns read a few small ones: the weights are not copied)."""
 
-    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return out
+    def __init__(self, graph: onnx.GraphProto):
+        self.protos = {t.name: t for t in graph.initializer}
+        for n in graph.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.protos[n.output[0]] = n.attribute[0].t
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self.protos[name])
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.protos)
+
+    def __len__(self) -> int:
+        return len(self.protos)
+
+
+def _constants(graph: onnx.GraphProto) -> _Constants:
+    return _Constants(graph)
 
 
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
@@ -594,7 +612,8 @@ def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, 
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     quantized = QDQRegistry.keys() | QLinearOpsRegistry.keys()
-    consts = {k: v for k, v in _constants(graph).items() if v.dtype.kind == "f" and v.size == 1}
+    every = _constants(graph)
+    consts = {k: every[k] for k, t in every.protos.items() if math.prod(t.dims) == 1 and every[k].dtype.kind == "f"}
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto | None]] = {}
     for n in graph.node:
