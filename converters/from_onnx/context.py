@@ -165,7 +165,8 @@ class Importer:
         e = Entry(len(self.nodes) - 1)
         self.bounds[e] = bound(precision)
         if value is not None:
-            self.params[name] = value.reshape(shape).astype(stored or (np.int8 if precision <= 8 else np.int32))
+            dtype = stored or (np.int8 if precision <= 8 else np.int32)
+            self.params[name] = value.reshape(shape).astype(dtype, copy=False)  # no copy where it has the type
             self.bounds[e] = int(np.abs(value.astype(np.int64)).max(initial=0))
         return e
 

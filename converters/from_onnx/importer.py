@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -97,6 +98,7 @@ class _Walk:
         self.input_edge: Edge | None = None
         self.output_edges: list[Edge | None] = []
         self.origins: list[tuple[str, list[str]]] = []
+        self.progress: Callable[[int, int | None, str], None] | None = None
 
     def problem(self, where: str, rule: str) -> None:
         self.problems.append(Problem(where, rule))
@@ -114,11 +116,13 @@ class _Walk:
         units = [(u, self.supported(u)) for u in self.units()]
         inputs = self.inputs()
         self.initializers()
-        for u, supported in units:
+        for i, (u, supported) in enumerate(units):
             if supported:
                 self.unit(u)
             else:
                 self.skipped(u)
+            if self.progress:
+                self.progress(i + 1, len(units), "importing")
         heads = self.heads()
         while self.ctx.pending:  # declared params that no node reads (the CVM graph had them too)
             name, t = next(iter(self.ctx.pending.items()))
@@ -128,6 +132,8 @@ class _Walk:
                 self.problem(name, str(e))
         if self.problems:
             raise UnsupportedError(self.problems)
+        if self.progress:
+            self.progress(0, None, "validating")
         graph = validate(Graph(self.ctx.nodes, heads, self.ctx.params), inputs=tuple(inputs)).graph
         quantized_edges = self.input_edge is not None or any(e is not None for e in self.output_edges)
         edges = Edges(self.input_edge, tuple(self.output_edges)) if quantized_edges else self.kept_edges(graph)
@@ -440,11 +446,13 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
 
 
 def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str | os.PathLike | None = None,
-                 outputs: list[str] | None = None, two_part: bool = False) -> Imported:
+                 outputs: list[str] | None = None, two_part: bool = False,
+                 progress: Callable[[int, int | None, str], None] | None = None) -> Imported:
     """``from_onnx`` with what a report and a model directory need besides the graph (``Imported``).
     ``outputs``: cut the graph at these tensors (they become the outputs). ``two_part``: a requantization whose
     32-bit product errs by more than ``requant.SPLIT`` of a step takes two products (docs/import.md, "Two-part
-    products"): closer to the quantized model's arithmetic, a slower serving form."""
+    products"): closer to the quantized model's arithmetic, a slower serving form. ``progress(done, total,
+    stage)`` is told of each node group imported ("importing") and of the final check ("validating")."""
     if not 1 <= input_precision <= 32:
         raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
     if any(p.key == OPTIMIZED for p in model.metadata_props):
@@ -457,6 +465,7 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
     walk = _Walk(model, input_precision, None if base_dir is None else Path(base_dir))
     if two_part:
         walk.ctx.split_above = SPLIT
+    walk.progress = progress
     return walk.run()
 
 

@@ -46,7 +46,8 @@ def rule(*op_types: str, since: int = 7, domain: str = "", table: dict | None = 
 
 REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "REQUIRED"})()
 _KINDS = {"int": (AttributeProto.INT,), "ints": (AttributeProto.INTS,), "float": (AttributeProto.FLOAT,),
-          "floats": (AttributeProto.FLOATS,), "string": (AttributeProto.STRING,), "tensor": (AttributeProto.TENSOR,)}
+          "floats": (AttributeProto.FLOATS,), "string": (AttributeProto.STRING,), "tensor": (AttributeProto.TENSOR,),
+          "strings": (AttributeProto.STRINGS,)}
 
 
 def attr_type_name(t: int) -> str:
@@ -127,6 +128,11 @@ class NodeView:
         if choices is not None and v is not default and v not in choices:
             raise Refuse(f"{self.op_type} attribute {name}={v!r} must be one of {', '.join(choices)}")
         return v
+
+    def attr_strs(self, name: str, default: Any = REQUIRED) -> list[str]:
+        """A STRINGS attribute."""
+        v = self._read(name, "strings", default)
+        return v if v is default else [x.decode("utf-8", "replace") for x in v]
 
     def attr_tensor(self, name: str, default: Any = REQUIRED) -> onnx.TensorProto:
         return self._read(name, "tensor", default)

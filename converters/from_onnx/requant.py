@@ -97,13 +97,31 @@ class Run:
     plan: Plan
 
 
+def _ratios(ms: np.ndarray) -> tuple[list[int], list[int]]:
+    """The numerators and denominators of the ratios (Fractions or ints), flat."""
+    flat = list(ms.flat)
+    return [x.numerator for x in flat], [x.denominator for x in flat]
+
+
+def _rounded(nums: list[int], dens: list[int], t: int) -> list[int]:
+    """round_half_up(N / D 2^t) = floor((2^(t+1) N + D) / 2D) of each ratio N / D, in integers."""
+    return [((n << (t + 1)) + d) // (d << 1) for n, d in zip(nums, dens)]
+
+
 def _multipliers(ms: np.ndarray, k: int) -> np.ndarray:
-    each = {m: round_half_up(m * (1 << k)) for m in set(ms.flat)}  # per distinct M (per-tensor weights repeat one)
-    return np.array([each[m] for m in ms.flat], dtype=object).reshape(ms.shape)
+    return np.array(_rounded(*_ratios(ms), k), dtype=object).reshape(ms.shape)
 
 
-def _worst(values) -> Fraction:
-    return max(values, default=Fraction(0))
+def exact_max(nums: list[int], dens: list[int]) -> Fraction:
+    """The exact max of nums[i] / dens[i] (dens > 0; 0 for none): Python's int / int is correctly rounded, hence
+    monotone, so the max is among the quotients whose float equals the largest float."""
+    if not nums:
+        return Fraction(0)
+    if len(set(dens)) == 1:
+        return Fraction(max(nums), dens[0])
+    approx = [a / b for a, b in zip(nums, dens)]
+    top = max(approx)
+    return max(Fraction(a, b) for a, b, f in zip(nums, dens, approx) if f == top)
 
 
 class NoPlan(ValueError):
@@ -124,13 +142,15 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     if len(terms) == 1:
         lo, hi, ms = terms[0]
         flat = list(ms.flat)
-        distinct = sorted(set(flat))
-        if len(distinct) == len(flat):
+        at: dict[tuple[int, int], int] = {}  # keyed by (N, D): a Fraction's hash costs a modular inverse
+        index = [at.setdefault((x.numerator, x.denominator), len(at)) for x in flat]
+        if len(at) == len(flat):
             return _single(lo, hi, ms, low, high, precision, kmax, split_above)
         # each distinct M planned once (an AveragePool's count per position repeats a few values): the same plan
-        p = _single(lo, hi, np.array(distinct, dtype=object), low, high, precision, kmax, split_above)
-        at = {m: i for i, m in enumerate(distinct)}
-        index = np.array([at[m] for m in flat], np.int64).reshape(ms.shape)
+        first = dict(zip(index, flat))
+        p = _single(lo, hi, np.array([first[i] for i in range(len(at))], dtype=object), low, high, precision, kmax,
+                    split_above)
+        index = np.array(index, np.int64).reshape(ms.shape)
         return replace(p, multipliers=tuple(m[index] for m in p.multipliers))
     return _several(terms, precision, kmax, split_above)
 
@@ -199,13 +219,17 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
         if not (s and tight(b1) + s >= 32):
             shifts.append((s, b1, tight(b1)))
     best, top = None, max(ms.flat)
+    nums, dens = _ratios(ms)
     for s, b1, p1 in shifts:
+        if s and best is not None and top * (1 << s) / 2 >= best.delta:
+            break  # delta >= M 2^(s-1), which only grows with s
         # the largest k whose largest multiplier (the largest M's: rounding is monotone) keeps the product's label
-        k = next((k for k in range(kmax, 0, -1) if p1 + tight(round_half_up(top * (1 << (s + k)))) <= 32), None)
+        k = next((k for k in range(kmax, 0, -1) if p1 + tight(_rounded([top.numerator], [top.denominator], s + k)[0])
+                  <= 32), None)
         if k is not None:
-            scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
-            m = _multipliers(scaled, k)  # a multiplier 0 only where |v| M stays below 1/2: delta says so
-            delta = _delta(ms, m, s, k, b1)
+            m = np.array(_rounded(nums, dens, s + k), dtype=object).reshape(ms.shape)  # M 2^s 2^k, rounded
+            # a multiplier 0 only where |v| M stays below 1/2: delta says so
+            delta = _delta(ms, m, s, k, b1, (nums, dens))
             if best is None or delta < best.delta:
                 best = Plan(clip, s, p1, (m.astype(np.int64),), k, precision, delta)
     if split_above is not None and (best is None or best.delta > split_above):
@@ -221,10 +245,15 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
     return best
 
 
-def _delta(ms: np.ndarray, m: np.ndarray, s: int, k: int, b1: int) -> Fraction:
-    """The worst M 2^(s-1) [s > 0] + B1 |m / 2^k - M 2^s| over the channels."""
-    return _worst((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(mi, 1 << k) - x * (1 << s))
-                  for x, mi in set(zip(ms.flat, m.flat)))
+def _delta(ms: np.ndarray, m: np.ndarray, s: int, k: int, b1: int,
+           ratios: tuple[list[int], list[int]] | None = None) -> Fraction:
+    """The worst M 2^(s-1) [s > 0] + B1 |m / 2^k - M 2^s| over the channels, each as the integer
+    (N 2^(s+k-1) [s > 0] + B1 |m D - N 2^(s+k)|) over 2^k D for M = N / D (``ratios``: ms's, if known)."""
+    nums, dens = ratios or _ratios(ms)
+    t = s + k
+    half = 1 << (t - 1) if s else 0
+    return exact_max([n * half + b1 * abs(int(mi) * d - (n << t)) for n, d, mi in zip(nums, dens, m.flat)],
+                    [d << k for d in dens])
 
 
 def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax: int) -> Plan | None:
@@ -233,11 +262,10 @@ def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax:
     b = 30 - p1
     if b < 1:
         return None
-    scaled = np.asarray(ms * (1 << s), dtype=object).reshape(ms.shape)
-    top = max(scaled.flat)
+    top = max(ms.flat)
     for k in range(b + kmax, b, -1):
-        if p1 + tight(round_half_up(top * (1 << k)) >> b) <= 31:  # the largest m is the largest M's
-            m = _multipliers(scaled, k)
+        if p1 + tight(_rounded([top.numerator], [top.denominator], s + k)[0] >> b) <= 31:  # the largest M's m
+            m = _multipliers(ms, s + k)  # M 2^s 2^k, rounded
             low = tight(-((-b1 * max(int(x) & ((1 << b) - 1) for x in m.flat)) >> b))
             return Plan(clip, s, p1, (m.astype(np.int64),), k, precision, _delta(ms, m, s, k, b1), b, low)
     return None
@@ -273,9 +301,8 @@ def _chain(labels: list[int]) -> int:
 
 
 def _sum_delta(terms, bounds: list[int], ms: list[np.ndarray], k: int) -> Fraction:
-    """sum_i B_i |m_i / 2^k - M_i|, each term's worst channel."""
-    return sum(_worst(b * abs(Fraction(mi, 1 << k) - x) for x, mi in zip(t[2].flat, m.flat))
-               for b, t, m in zip(bounds, terms, ms))
+    """sum_i B_i |m_i / 2^k - M_i|, each term's worst channel (B_i |m_i D - N 2^k| over 2^k D for M_i = N / D)."""
+    return sum((_delta(t[2], m, 0, k, b) for b, t, m in zip(bounds, terms, ms)), Fraction(0))
 
 
 def _several_split(terms, bounds: list[int], precision: int, kmax: int) -> Plan | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -92,7 +92,8 @@ def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
             optimize: bool = False, outputs: list[str] | None = None, provider: str = "cpu",
-            float_io: bool = False, two_part: bool = False, target: str | None = None) -> Imported | Conversion:
+            float_io: bool = False, two_part: bool = False, target: str | None = None,
+            progress: Callable[[int, int | None, str], None] | None = None) -> Imported | Conversion:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
     the bits of its input). ``target`` names the serving form's target (``Target.named``: "cpu", the same as
     ``optimize``; "cuda", the same as ``provider="cuda"``; "native", this machine's best); ``batch`` and ``float_io`` (a
@@ -101,7 +102,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
     ``import_model`` (two products where one errs by more than 2^-10 step). Returns the import
     (ONNX -> CVM) or the conversion's record, the model's gas included (CVM -> ONNX). Nothing is written when
-    conversion fails."""
+    conversion fails. ``progress(done, total, stage)``: told of the import's nodes (ONNX -> CVM)."""
     from cvm_onnx.converters.from_onnx import import_model, source_symbol
 
     from .pipeline import Conversion, run
@@ -112,7 +113,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
         run(c)
         return c
     model = load_onnx(src)
-    imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs, two_part=two_part)
+    imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs, two_part=two_part,
+                            progress=progress)
     graph = imported.graph
     if len(graph.inputs) != 1:
         names = ", ".join(graph.nodes[i].name for i in graph.inputs)

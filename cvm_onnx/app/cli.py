@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -112,11 +113,15 @@ def cmd_convert(args) -> int:
     if (args.report or args.verify) and not api.is_onnx(args.source):
         return convert_checked(args)
     measured = samples_for_report(args) if args.samples is not None else None  # checked before anything is written
-    done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
-                       input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
-                       outputs=args.outputs, provider=args.provider, target=args.target,
-                       float_io=args.float_io, two_part=args.two_part)
-    imported = done if api.is_onnx(args.source) else None
+    from .progress import Bar
+
+    importing = api.is_onnx(args.source)
+    with Bar() if importing else contextlib.nullcontext() as bar:  # an import names its stage and counts its nodes
+        done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
+                           input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
+                           outputs=args.outputs, provider=args.provider, target=args.target,
+                           float_io=args.float_io, two_part=args.two_part, progress=bar)
+    imported = done if importing else None
     from cvm_onnx.core.gas import measure
 
     gas = done.gas if imported is None else measure(imported.graph.nodes)

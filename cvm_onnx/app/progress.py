@@ -53,7 +53,12 @@ class Bar:
             if self._shown:
                 self._bar.stop()
 
-    def __call__(self, done: int, total: int, what: str) -> None:
+    def __call__(self, done: int, total: int | None, what: str) -> None:
+        """done/total of the stage ``what``; total None: a stage of unknown length, shown by its name alone."""
+        if total is None:  # rich keeps a task's total once set: a new task
+            self._bar.remove_task(self._task)
+            self._task = self._bar.add_task(what, total=None)
+            return
         self._bar.update(self._task, completed=done, total=total, description=what)
 
 

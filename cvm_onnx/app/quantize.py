@@ -2,7 +2,7 @@
 
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. refuses, in one line, what CVM cannot hold at all: several inputs, control flow (If, Loop, Scan), recurrent
-   layers other than LSTM and GRU (RNN);
+   layers other than LSTM, GRU and RNN (onnxruntime's DynamicQuantizeLSTM);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -36,7 +36,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
@@ -56,11 +56,11 @@ from .api import convert, load_onnx, one_part_gas
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
-Progress = Callable[[int, int, str], None]
+Progress = Callable[[int, int | None, str], None]  # (done, total or None: not counted, the stage's name)
 #: The opset the model is raised to before quantization (where lower): the QDQ forms the importer reads best.
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
-RECURRENT = ("RNN", "DynamicQuantizeLSTM")
+RECURRENT = ("DynamicQuantizeLSTM",)
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -122,6 +122,8 @@ class _Reader:
 
     def get_next(self):
         if self.i >= len(self.samples):
+            if self.progress:
+                self.progress(0, None, "quantizing (onnxruntime)")
             return None
         feed = {self.name: np.asarray(self.samples[self.i]).reshape(self.shape)}
         self.i += 1
@@ -537,15 +539,33 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     onnx.save(out, path)
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """The float values of the graph's initializers and Constant nodes (value attribute), by name."""
-    from onnx import numpy_helper
+class _Constants(Mapping):
+    """The values of the graph's initializers and Constant nodes (value attribute), by name, each made an array
+    when first read (the patterns read a few small ones: the weights are not copied)."""
 
-    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for n in graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return out
+    def __init__(self, graph: onnx.GraphProto):
+        self.protos = {t.name: t for t in graph.initializer}
+        for n in graph.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                self.protos[n.output[0]] = n.attribute[0].t
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        if name not in self._arrays:
+            self._arrays[name] = numpy_helper.to_array(self.protos[name])
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.protos)
+
+    def __len__(self) -> int:
+        return len(self.protos)
+
+
+def _constants(graph: onnx.GraphProto) -> _Constants:
+    return _Constants(graph)
 
 
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
@@ -702,7 +722,8 @@ def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, 
     from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
     quantized = QDQRegistry.keys() | QLinearOpsRegistry.keys()
-    consts = {k: v for k, v in _constants(graph).items() if v.dtype.kind == "f" and v.size == 1}
+    every = _constants(graph)
+    consts = {k: every[k] for k, t in every.protos.items() if math.prod(t.dims) == 1 and every[k].dtype.kind == "f"}
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto | None]] = {}
     for n in graph.node:
@@ -881,6 +902,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             model = cut(model, outputs)
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / "prepared.onnx"
+            if progress:
+                progress(0, None, "preparing the float model (onnxruntime)")
             prepare(model, prepared)
             out = Path(tmp) / "quantized.onnx"
             try:
@@ -895,10 +918,12 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
-            imported = convert(out, stage, two_part=two_part, input_precision=precision)
+            imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
             quantized = out.read_bytes()
             layers = layer_report(onnx.load_from_string(quantized), imported, samples, onnx.load(prepared),
                                   progress) if report else None
+        if progress:
+            progress(0, None, "comparing with the float model")
         agreements = compare(model, quantized, imported, samples, progress)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)

@@ -328,9 +328,9 @@ def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
 
 
 def lstm_if_model() -> onnx.ModelProto:
-    """The shape of silero-vad's model: three inputs, an If whose branches run a recurrent layer (an RNN here:
-    LSTM and GRU import)."""
-    rnn = h.make_node("RNN", ["x3", "W", "R"], ["", "hn"], hidden_size=2)
+    """The shape of silero-vad's model: three inputs, an If whose branches run a recurrent layer (onnxruntime's
+    DynamicQuantizeLSTM here: LSTM, GRU and RNN import)."""
+    rnn = h.make_node("DynamicQuantizeLSTM", ["x3", "W", "R"], ["", "hn"], hidden_size=2, domain="com.microsoft")
     branch = h.make_graph([rnn], "b", [], [h.make_tensor_value_info("hn", T.FLOAT, None)],
                           [nh.from_array(np.ones((1, 2, 3), np.float32), "W"),
                            nh.from_array(np.ones((1, 2, 2), np.float32), "R")])
@@ -353,7 +353,7 @@ def test_several_inputs_control_flow_and_lstm_are_refused_in_one_line(tmp_path, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "3 inputs (x, state, flag)" in err and "control flow (If x1)" in err
-    assert "recurrent layers (RNN x2)" in err  # one per branch
+    assert "recurrent layers (DynamicQuantizeLSTM x2)" in err  # one per branch
     assert not (tmp_path / "m").exists()
 
 

@@ -14,7 +14,7 @@ The package by concern, each module importing only those before it: ``values`` (
 scales), ``parameters`` (every quantization parameter checked against its op's schema before a rule computes),
 ``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
-integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM and GRU, unrolled), ``qoperator`` (the QLinear*
+integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator`` (the QLinear*
 compositions), ``edges`` (the graph's float input and outputs) and ``chains`` (written-out softmaxes, found in
 the graph before the walk).
 """

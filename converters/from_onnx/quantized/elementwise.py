@@ -513,7 +513,47 @@ for _op in FUNCTIONS:
 @float_rule("Gelu", "FastGelu", since=1, domain=MS)
 def ms_gelu_rule(ctx, node, x, bias=None):
     """com.microsoft Gelu (erf) and FastGelu (tanh form), as ``cvm-onnx quantize`` fuses written-out GELUs: a table
-    over x's integers, built by the QuantizeLinear that follows."""
-    if bias is not None:
+    over x's integers, built by the QuantizeLinear that follows; FastGelu's bias added first (``biased``)."""
+    fn = _gelu if node.op_type == "Gelu" else _gelu_tanh
+    if bias is None:
+        return mapped(x, fn, node.op_type)
+    if node.op_type != "FastGelu":
         raise Refuse(f"{node.op_type} with a bias input has no CVM form here")
-    return mapped(x, _gelu if node.op_type == "Gelu" else _gelu_tanh, node.op_type)
+    return mapped(biased(ctx, x, bias, node.op_type), fn, node.op_type)
+
+
+BIAS_GRID = 256  # the most a bias's grid refines its input's scale
+
+
+def biased(ctx, x, bias, what: str) -> Scaled:
+    """x + b, b a constant along x's last axis (float, or dequantized), on a grid K times finer than x's scale s:
+    K t + u_c at scale s / K and zero point K z, u_c = round(b_c K / s), so |b_c - u_c s / K| <= s / 2K; K the largest
+    power of two up to ``BIAS_GRID`` whose integers a table of at most 2^16 entries holds."""
+    x = per_tensor(scaled(x, f"the {what} input"), what)
+    if isinstance(bias, Scaled) and bias.t.is_const:
+        b = np.broadcast_to((bias.t.value.astype(np.int64) - bias.zero) * bias.scale, bias.shape)
+    elif isinstance(bias, Tensor) and bias.is_const and np.asarray(bias.value).dtype.kind == "f":
+        b = np.asarray(bias.value)
+        if not np.isfinite(b).all():
+            raise Refuse(f"the {what} bias holds non-finite values")
+        b = np.array([Fraction(float(v)) for v in b.flat], dtype=object).reshape(b.shape)
+    else:
+        raise Refuse(f"the {what} bias must be a constant")
+    if b.ndim != 1 or not x.shape or b.shape[0] != x.shape[-1]:
+        raise Refuse(f"a {what} bias of shape {b.shape} for an input of shape {x.shape}: one value per last-axis entry")
+    s, z, t = x.scale.reshape(()).item(), int(x.zero.reshape(())), as_int32(x.t)
+    k = BIAS_GRID
+    while True:
+        u = np.array([round(v * k / s) for v in b], np.int64)
+        if k * (t.hi - t.lo) + int(u.max() - u.min()) < MAX_TABLE:
+            break
+        if k == 1:
+            raise Refuse(f"the {what} bias spreads its input over more than 2^16 integers (a bias of up to "
+                         f"{float(max(abs(v) for v in b)):.3g} at input scale {float(s):.3g})")
+        k //= 2
+    kt = ctx.result(ctx.op("broadcast_mul", t, const(np.array(k, np.int32), INT32)), INT32, k * t.lo, k * t.hi,
+                    t.shape)
+    uc = const(u.astype(np.int32), INT32)
+    out = ctx.result(ctx.op("broadcast_add", kt, uc), INT32, kt.lo + int(u.min()), kt.hi + int(u.max()),
+                     broadcast_shape(kt, uc))
+    return Scaled(out, np.asarray(s / k, dtype=object), np.asarray(k * z, np.int64))

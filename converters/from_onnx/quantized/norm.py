@@ -24,7 +24,7 @@ from cvm_onnx.core.constants import tight
 from ..context import INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, reduced
 from ..registry import Refuse, float_rule
-from ..requant import NoPlan, round_half_up
+from ..requant import NoPlan, exact_max
 from .requantization import Requant, saturate
 from .values import Deferred, Scaled, per_tensor, scaled
 
@@ -57,6 +57,13 @@ class LayerNormPlan:
     @property
     def error(self) -> float:
         return float(Fraction(1, 2) + self.delta)
+
+
+def _rounded(num: int, den: int, t: int) -> int:
+    """round_half_up(num / den 2^t) in integers (den > 0)."""
+    if t >= 0:
+        return ((num << (t + 1)) + den) // (den << 1)
+    return ((num << 1) + (den << -t)) // (den << (1 - t))
 
 
 def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
@@ -180,25 +187,34 @@ def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, g
             return None
         raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     best = None
+    gn, gd = [x.numerator for x in gamma.flat], [x.denominator for x in gamma.flat]
+    bn, bd = [x.numerator for x in beta.flat], [x.denominator for x in beta.flat]
     extremes_b = [min(beta.flat), max(beta.flat)] if beta.size else []
+    extremes_g = [min(gamma.flat), max(gamma.flat)] if gamma.size else []
+    big = max((abs(x) for x in extremes_g), default=Fraction(0))
     for j in range(0, f + 1):
         if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
             break
         err = Fraction(worst) / (1 << j) + (2 if h else 1)  # the table's error, and trunc's (once per part)
+        if best is not None and big * err / (1 << (f - j)) >= best.delta:
+            break  # delta >= max |c_i| err = max |gamma_i| (worst + 2^j (h ? 2 : 1)) / 2^F, which grows with j
         nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
-        c = [x / (1 << (f - j)) for x in gamma.flat]
-        extremes_c = [min(c), max(c)] if c else []
+        u = f - j  # c_i = gamma_i / 2^u
         for k in range(MAX_SHIFT - precision, 0, -1):
             # round_half_up is monotone: the extremes of c and beta give the largest |m_i| and |B_i|
-            peak_m = max((abs(round_half_up(x * (1 << k))) for x in extremes_c), default=0)
-            peak_b = max((abs(round_half_up(x * (1 << k))) for x in extremes_b), default=0)
+            peak_m = max((abs(_rounded(x.numerator, x.denominator, k - u)) for x in extremes_g), default=0)
+            peak_b = max((abs(_rounded(x.numerator, x.denominator, k)) for x in extremes_b), default=0)
             label = tight(nb) + tight(peak_m)
             if label > 32 or max(label, tight(peak_b)) + 1 > 32:
                 continue
-            ms = [round_half_up(x * (1 << k)) for x in c]
-            bs = [round_half_up(x * (1 << k)) for x in beta.flat]
-            delta = max((abs(ci) * err + nb * abs(Fraction(mi, 1 << k) - ci) + abs(Fraction(bi, 1 << k) - b)
-                         for ci, mi, bi, b in zip(c, ms, bs, beta.flat)), default=Fraction(0))
+            ms = [_rounded(a, b, k - u) for a, b in zip(gn, gd)]  # round_half_up(c_i 2^k)
+            bs = [_rounded(a, b, k) for a, b in zip(bn, bd)]
+            # |c_i| err + nb |m_i / 2^k - c_i| + |B_i / 2^k - beta_i|, over 2^(k+u) Dg_i Db_i E_d in integers
+            en, ed = err.numerator, err.denominator
+            delta = exact_max([abs(g) * en * (db << k) + nb * abs((mi * dg << u) - (g << k)) * db * ed
+                              + (abs(bi * db - (b << k)) * dg * ed << u)
+                              for g, dg, mi, b, db, bi in zip(gn, gd, ms, bn, bd, bs)],
+                             [(dg * db * ed) << (k + u) for dg, db in zip(gd, bd)])
             if best is None or delta < best.delta:
                 best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
                                      np.array(bs, np.int64), k, precision, delta, quarter, h)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -162,7 +161,10 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     v = np.broadcast_to((bias.t.value.astype(np.int64) - bias.zero).reshape(-1), (n,))
     s = np.broadcast_to(np.broadcast_to(bias.scale, full).reshape(-1), (n,))
     for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
-        if abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)):
+        # |have - want| > max(want / 2^22, 2^-149) in integers: d / (D_h D_w) against N_w / (D_w 2^22), 1 / 2^149
+        hn, hd, wn, wd = have.numerator, have.denominator, want.numerator, want.denominator
+        d = abs(hn * wd - wn * hd)
+        if d << 22 > wn * hd and d << 149 > hd * wd:
             raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
     return v.copy()
 

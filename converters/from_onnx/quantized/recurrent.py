@@ -1,4 +1,4 @@
-"""LSTM and GRU of a dequantized sequence with float weights (as quantize_static leaves them between a
+"""LSTM, GRU and RNN of a dequantized sequence with float weights (as quantize_static leaves them between a
 DequantizeLinear and a QuantizeLinear), unrolled over the fixed length into CVM ops (docs/import.md, "LSTM: the
 integer form").
 
@@ -6,7 +6,8 @@ Per direction and step t, with h held as integers at scale 1/127 (8 bits, ``dens
 pre-activations x W^T + b and h R^T are each requantized (one plan each) to steps of 2^-8, added and clipped to
 [-16, 16]; sigmoid and tanh tables give the gates at 2^-G. LSTM: c' = round(f c / 2^G) + round(i g / 2^G) at 2^-G;
 tanh(c') from a table over c' rounded to 2^-9 and clipped to [-8, 8]; Y = o tanh(c') exactly at 2^-2G and
-h' = round(127 Y / 2^2G). GRU: Y = (1 - z) n 127 + z h 2^G at 1 / (127 2^2G), h' = round(Y / 2^2G).
+h' = round(127 Y / 2^2G). GRU: Y = (1 - z) n 127 + z h 2^G at 1 / (127 2^2G), h' = round(Y / 2^2G). RNN (tanh or
+sigmoid): Y = f(x W^T + b + h R^T) from the table at 2^-G, h' = round(127 Y / 2^G).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ GATE_REACH = 16  # clipped to [-16, 16]: sigmoid and tanh are within 2^-23 of th
 CELL_BITS = 9  # tanh(c) looked up at c rounded to 2^-9
 CELL_REACH = 8  # clipped to [-8, 8]
 H_STEPS = 127  # h at scale 1/127
+RNN_BITS = 12  # an RNN's outputs at 2^-12
 
 
 def gate_bits(steps: int, c0: float) -> int:
@@ -69,7 +71,7 @@ def to_grid(ctx, x: Scaled, bound: int) -> Tensor:
     try:
         p = plan([(v.lo, v.hi, ratios)], -bound, bound, Fraction(1, 2))
     except NoPlan as e:
-        raise Refuse(f"LSTM gates: {e}") from None
+        raise Refuse(f"gate pre-activations: {e}") from None
     ctx.requants.append(Requant(ctx.base, tuple(float(r) for r in ratios), p))
     r = apply(ctx, [v], p)
     e = ctx.emit("clip", ctx.entry(r), a_min=-bound, a_max=bound)
@@ -237,6 +239,35 @@ def gru_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, 
     return ys, h
 
 
+def rnn_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, order: list[int],
+                  sigmoid: bool) -> tuple[list[Tensor], Tensor]:
+    """One RNN direction over the steps in ``order`` (activation tanh, or sigmoid): (y per step at 2^-G, G =
+    ``RNN_BITS``, the last h at 1/127)."""
+    batch, hidden = xs.shape[1], r.shape[1]
+    wq, sw = quantized_rows(w)
+    rq, sr = quantized_rows(r)
+    xw = projected(ctx, xs, wq, sw, b[:hidden] + b[hidden:])  # Wb + Rb: float64 sums of float32, exact
+    sig, tnh = gate_tables(RNN_BITS)
+    one = 1 << RNN_BITS
+    tab, low = (sig, 0) if sigmoid else (tnh, -one)
+    # |h R^T| <= max_r sum |R_q| s_R (|h| <= 1), bounded in float64 with a margin of one
+    reach_h = GATE_REACH + math.ceil(float((np.abs(rq).sum(axis=1) * sr.astype(np.float64)).max(initial=0))) + 2
+    h = c32(np.rint(h0 * H_STEPS).astype(np.int64)) if h0.any() else None
+    h_scale, z = np.asarray(Fraction(1, H_STEPS), dtype=object), np.zeros((), np.int64)
+    ys = []
+    for t in order:
+        xt = Scaled(ctx.reshape(strided_slice(ctx, xw.t, [range(t, t + 1), range(batch), range(hidden)]),
+                                (batch, hidden)), xw.scale, xw.zero)
+        pre = to_grid(ctx, xt, reach_h << INDEX_BITS)  # clipped where the sum is past +-16 whatever h R^T
+        if h is not None:
+            zh = to_grid(ctx, dense(ctx, Scaled(h, h_scale, z), rq, sr, None), reach_h << INDEX_BITS)
+            pre = step(ctx, "broadcast_add", pre, zh, pre.lo + zh.lo, pre.hi + zh.hi)
+        y = table(ctx, gate_index(ctx, pre), tab, low, one)
+        ys.append(y)
+        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), low * H_STEPS, one * H_STEPS), RNN_BITS)
+    return ys, h
+
+
 def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
     """A constant float input (quantized constants dequantized exactly) as float64 of ``shape``."""
     if t is None:
@@ -254,9 +285,9 @@ def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def unrolled(node, op: str, gates: int, x, w, r, b, lens):
-    """What LSTM (4 gates) and GRU (3) share: the per-tensor input X of shape (steps, batch, size), the direction,
-    the number of directions, hidden_size, and W, R, B as floats of ONNX's shapes; a sequence_lens other than the
-    full length of every sequence refused."""
+    """What LSTM (4 gates), GRU (3) and RNN (1) share: the per-tensor input X of shape (steps, batch, size), the
+    direction, the number of directions, hidden_size, and W, R, B as floats of ONNX's shapes; a sequence_lens other
+    than the full length of every sequence refused."""
     xs = per_tensor(scaled(x, f"the {op} input"), op)
     if len(xs.shape) != 3:
         raise Refuse(f"an {op} input of shape {xs.shape}: (sequence, batch, features) expected")
@@ -329,4 +360,33 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
                                for k in range(steps)))
     yh = concatenated(ctx, 0, *(ctx.reshape(o[1], (1, batch, hidden)) for o in outs))
     return [Scaled(y, np.asarray(Fraction(1, H_STEPS << (2 * g)), dtype=object), z),
+            Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z)]
+
+
+@float_rule("RNN", since=7)
+def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
+    """RNN (activation Tanh, the default, or Sigmoid; no clip, layout 0; forward, reverse or bidirectional) of a
+    per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full length:
+    unrolled (``rnn_direction``). Outputs Y at 2^-G and Y_h at 1/127. Relu is refused: its h is unbounded, and h
+    enters the next step as an 8-bit operand over [-1, 1]."""
+    if node.attr_int("layout", 0) or node.has("clip"):
+        raise Refuse("RNN with layout 1 or clip has no CVM form here")
+    xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "RNN", 1, x, w, r, b, lens)
+    acts = node.attr_strs("activations", ["Tanh"] * dirs)
+    if len(acts) != dirs or any(a not in ("Tanh", "Sigmoid") for a in acts):
+        raise Refuse(f"RNN activations {acts}: Tanh or Sigmoid, one per direction (Relu's h is unbounded)")
+    steps, batch, _ = xs.shape
+    hv = floats(h0, "RNN initial_h", (dirs, batch, hidden))
+    outs = []
+    for d in range(dirs):
+        order = list(range(steps)) if way == "forward" or (way == "bidirectional" and d == 0) else \
+            list(range(steps - 1, -1, -1))
+        ys, h = rnn_direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], order, acts[d] == "Sigmoid")
+        outs.append((ys if order[0] == 0 else ys[::-1], h))
+    z = np.zeros((), np.int64)
+    y = concatenated(ctx, 0, *(ctx.reshape(concatenated(ctx, 1, *(ctx.reshape(o[0][k], (1, 1, batch, hidden))
+                                                                for o in outs)), (1, dirs, batch, hidden))
+                               for k in range(steps)))
+    yh = concatenated(ctx, 0, *(ctx.reshape(o[1], (1, batch, hidden)) for o in outs))
+    return [Scaled(y, np.asarray(Fraction(1, 1 << RNN_BITS), dtype=object), z),
             Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z)]

@@ -1,0 +1,175 @@
+"""The importer's time and memory on a ViT-S-like encoder (issue 35's target: a 100 MB transformer within 60 s
+and 2x its size in memory on 2 cores, ``--per-channel`` within 2x the default's time).
+
+The float model is tests/support/transformers.py's ``encoder`` at ViT-S/16's dimensions (197 tokens, d 384,
+6 heads, MLP 1536; 12 layers: 85 MB, 81 MiB, of float weights), quantized by quantize_static (QDQ, uint8 activations,
+int8 weights, minmax on a few normal samples) through ``cvm_onnx.app.quantize``'s own pre-processing, per tensor
+and per channel; each quantized model is cached in the work folder. Each import runs in a fresh process (so its
+peak RSS is its own): ``import_model``, then ``validate``, timed apart, and the sha256 of the files written
+(symbol, params, quantization.json), so two checkouts' imports can be compared byte for byte. ``--repeat``
+alternates the forms. ``--whole``: the whole ``cvm_onnx.app.quantize.quantize`` of the float model instead (as
+``cvm-onnx quantize`` runs it, on ``--samples`` samples), timed stage by stage from its progress reports, with the
+peak RSS so far at the end of each.
+
+Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N]
+[--whole]
+(``--profile N``: print cProfile's N most costly functions of the import, cumulative)
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+DIMS = dict(s=197, d=384, heads=6, ff=1536)
+
+
+def quantized(work: Path, layers: int, samples: int, per_channel: bool) -> Path:
+    """The QDQ model of the ``layers``-layer encoder in ``work`` (built once)."""
+    out = work / f"vit{layers}_{'pc' if per_channel else 'pt'}.onnx"
+    if out.exists():
+        return out
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    from support.transformers import encoder
+
+    from cvm_onnx.app.quantize import _quantize_static, _Reader, prepare, quiet_onnxruntime
+
+    model = encoder(seed=0, layers=layers, **DIMS)
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(samples, 1, DIMS["s"], DIMS["d"])).astype(np.float32)
+    with tempfile.TemporaryDirectory() as tmp, quiet_onnxruntime():
+        prepared = Path(tmp) / "prepared.onnx"
+        prepare(model, prepared)
+        _quantize_static(prepared, out, _Reader("x", data, data.shape[1:], None), per_channel, False, "minmax",
+                         "uint8", "qdq", prepared)
+    return out
+
+
+def child(path: str, profile: int) -> None:
+    """Import ``path`` in this process; print one JSON line: seconds per stage, peak RSS (MB), digest."""
+    if path.endswith(".whole"):
+        return whole(path[:-len(".whole")])
+    from cvm_onnx.converters.from_onnx import import_model
+    from cvm_onnx.core.format.model_dir import write_model
+    from cvm_onnx.core.validate import validate
+
+    t0 = time.perf_counter()
+    model = onnx.load(path)
+    t1 = time.perf_counter()
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        imported = prof.runcall(import_model, model)
+        pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(profile)
+    else:
+        imported = import_model(model)
+    t2 = time.perf_counter()
+    graph = validate(imported.graph).graph
+    t3 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        write_model(graph, tmp, edges=imported.edges)
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(tmp).iterdir()))).hexdigest()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(dict(load=t1 - t0, import_=t2 - t1, validate=t3 - t2, peak_mb=peak, nodes=len(graph.nodes),
+                          digest=digest)))
+
+
+def whole(tag: str) -> None:
+    """``quantize`` of the float model in the folder ``tag`` names (float.onnx, calibration.npy), per channel where
+    it ends in ".pc"; one JSON line: per stage in order its seconds and the peak RSS (MB) at its end."""
+    from cvm_onnx.app.quantize import quantize
+
+    work, form = tag.rsplit(".", 1)
+    stages: list[list] = []
+
+    def progress(done, total, what):
+        if not stages or stages[-1][0] != what:
+            stages.append([what, time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        quantize(Path(work) / "float.onnx", Path(work) / "calibration.npy", Path(tmp) / "m", per_channel=form == "pc",
+                 progress=progress)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    ends = [(t, p) for _, t, p in stages[1:]] + [(time.perf_counter(), peak)]
+    times = {"loading": (stages[0][1] - t0, stages[0][2])} | {w: (e - t, p) for (w, t, _), (e, p) in zip(stages, ends)}
+    print(json.dumps(dict(stages=times, peak_mb=peak)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "cvm_onnx_transformer_import")
+    ap.add_argument("--forms", default="pt,pc", help="pt (per tensor), pc (per channel), comma-separated")
+    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--whole", action="store_true", help="time the whole quantize, stage by stage")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(a.child, a.profile)
+    a.work.mkdir(parents=True, exist_ok=True)
+    forms = a.forms.split(",")
+    if a.whole:
+        return main_whole(a, forms)
+    models = {f: quantized(a.work, a.layers, a.samples, f == "pc") for f in forms}
+    weights = 4 * sum(int(np.prod(t.dims)) for t in onnx.load(models[forms[0]]).graph.initializer
+                      if len(t.dims) == 2) / 2**20
+    print(f"{a.layers}-layer ViT-S-like encoder ({weights:.0f} MB of float weights); load {os.getloadavg()[0]:.2f}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    for _ in range(a.repeat):
+        for f in forms:
+            load = os.getloadavg()[0]
+            r = subprocess.run([sys.executable, __file__, "--child", str(models[f]), "--profile", str(a.profile)],
+                               env=env, capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"{f}: import failed\n{r.stderr[-4000:]}")
+            if a.profile:
+                print(r.stderr)
+            m = json.loads(r.stdout.strip().splitlines()[-1])
+            print(f"{f}: load {m['load']:.1f} s, import {m['import_']:.1f} s, validate {m['validate']:.1f} s, "
+                  f"peak {m['peak_mb']:.0f} MB, {m['nodes']} nodes, digest {m['digest'][:16]} (loadavg {load:.2f})")
+
+
+def main_whole(a, forms: list[str]) -> None:
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    from support.transformers import encoder
+
+    work = a.work / f"whole{a.layers}_{a.samples}"
+    work.mkdir(exist_ok=True)
+    if not (work / "float.onnx").exists():
+        onnx.save(encoder(seed=0, layers=a.layers, **DIMS), work / "float.onnx")
+        rng = np.random.default_rng(0)
+        np.save(work / "calibration.npy", rng.normal(size=(a.samples, 1, DIMS["s"], DIMS["d"])).astype(np.float32))
+    size = (work / "float.onnx").stat().st_size / 2**20
+    print(f"quantize of the {a.layers}-layer ViT-S-like encoder ({size:.0f} MiB), {a.samples} samples; "
+          f"load {os.getloadavg()[0]:.2f}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    for _ in range(a.repeat):
+        for f in forms:
+            load = os.getloadavg()[0]
+            r = subprocess.run([sys.executable, __file__, "--child", f"{work}.{f}.whole"], env=env,
+                               capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"{f}: quantize failed\n{r.stderr[-4000:]}")
+            m = json.loads(r.stdout.strip().splitlines()[-1])
+            parts = ", ".join(f"{w} {t:.1f} s (peak {p:.0f} MB)" for w, (t, p) in m["stages"].items())
+            print(f"{f}: {sum(t for t, _ in m['stages'].values()):.1f} s: {parts} (loadavg {load:.2f})")
+
+
+if __name__ == "__main__":
+    main()
