@@ -128,13 +128,15 @@ struct KindsList {
 
 // A CVM model's requantization as simplify leaves it: clip, multiply, shift, clip, after a shift or not; then
 // nothing, a multiply before a residual Add, or a second multiply and shift, with its clip or without (where the
-// values are within it already).
+// values are within it already); a quantized import's with its product in two parts: clip, mul64, shift, clip,
+// then nothing or a multiply before a residual Add.
 using CvmChains = KindsList<Kinds<kClip, kMul, kShift, kClip>, Kinds<kShift, kClip, kMul, kShift, kClip>,
                             Kinds<kClip, kMul, kShift, kClip, kMul>, Kinds<kShift, kClip, kMul, kShift, kClip, kMul>,
                             Kinds<kClip, kMul, kShift, kClip, kMul, kShift>,
                             Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift>,
                             Kinds<kClip, kMul, kShift, kClip, kMul, kShift, kClip>,
-                            Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift, kClip>>;
+                            Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift, kClip>,
+                            Kinds<kClip, kMul64, kShift, kClip>, Kinds<kClip, kMul64, kShift, kClip, kMul>>;
 
 // One step of a kind known at compile time: the same arithmetic as apply_steps' loops.
 template <int64_t Kind>
@@ -145,6 +147,8 @@ __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantSt
     return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(s.a));
   } else if constexpr (Kind == kAdd) {
     return static_cast<int32_t>(static_cast<uint32_t>(x) + static_cast<uint32_t>(s.a));
+  } else if constexpr (Kind == kMul64) {
+    return mul64(x, s.a, s.b);
   } else {
     return std::min(std::max(x, static_cast<int32_t>(s.a)), static_cast<int32_t>(s.b));
   }
@@ -693,7 +697,8 @@ __attribute__((always_inline)) inline bool uniform_chain(const int32_t* x, int64
 }
 
 // channel_chains; where the channels are a multiple of 16 and the kinds those of a quantized import's
-// requantization (clip, shift, multiply, shift, clip; then a multiply before a residual Add), channel_blocks.
+// requantization (clip, shift, multiply, shift, clip; then a multiply before a residual Add; or its product in two
+// parts, clip, mul64, shift, clip, after a shift or not, the multiply after it or not), channel_blocks.
 template <typename Out>
 __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x, const int32_t* add, int64_t n,
                                                                 const ChannelArrays& p, Out* v,
@@ -707,6 +712,12 @@ __attribute__((always_inline)) inline void apply_channel_arrays(const int32_t* x
     }
     if (Kinds<kClip, kShift, kMul64, kShift, kClip>::of(p.kinds)) {  // the same with a product in two parts
       return channel_blocks<Out, kClip, kShift, kMul64, kShift, kClip>(x, add, n, p, v, addend);
+    }
+    if (Kinds<kClip, kMul64, kShift, kClip>::of(p.kinds)) {  // a product in two parts, no shift before it
+      return channel_blocks<Out, kClip, kMul64, kShift, kClip>(x, add, n, p, v, addend);
+    }
+    if (Kinds<kClip, kMul64, kShift, kClip, kMul>::of(p.kinds)) {
+      return channel_blocks<Out, kClip, kMul64, kShift, kClip, kMul>(x, add, n, p, v, addend);
     }
   }
   channel_chains<Out>(x, add, n, p, v, addend);

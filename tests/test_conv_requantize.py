@@ -96,17 +96,22 @@ def clip_step():
 shift, multiply = st.tuples(st.just(0), st.integers(1, 31), st.just(0)), st.tuples(st.just(1), int32s, st.just(0))
 import_chain = st.tuples(clip_step(), shift, multiply, shift, clip_step()).map(list)
 import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[0], c[1]])
-#: The same with its product in two parts (mul64), as a ``two_part`` import's.
+#: The same with its product in two parts (mul64), as a ``two_part`` import's: after a shift or not (the importer's
+#: usual chain: clip, mul64, shift, clip), then a multiply before a residual Add or not.
 import_two_part_chain = st.tuples(clip_step(), shift, mul64, shift, clip_step()).map(list)
+two_part_chain = st.tuples(clip_step(), mul64, shift, clip_step()).map(list)
+two_part_chain_and_multiply = st.tuples(two_part_chain, multiply).map(lambda c: [*c[0], c[1]])
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
 #: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
 import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
 #: A CVM model's requantization, one list for every channel (clip, multiply, shift, clip, after a shift or not; then
-#: a multiply before a residual Add, or a second multiply, shift and clip or without its clip, or none), whose
-#: kernels also take compile-time kinds (requantize.h uniform_chain).
+#: a multiply before a residual Add, or a second multiply, shift and clip or without its clip, or none), or a
+#: quantized import's per-tensor one with its product in two parts (clip, mul64, shift, clip, then a multiply or
+#: not), whose kernels also take compile-time kinds (requantize.h uniform_chain).
 cvm_chain = st.tuples(st.lists(shift, max_size=1), clip_step(), multiply, shift, clip_step(),
                       st.just([]) | multiply.map(lambda m: [m]) | st.tuples(multiply, shift).map(list) |
-                      st.tuples(multiply, shift, clip_step()).map(list)).map(lambda t: [*t[0], *t[1:5], *t[5]])
+                      st.tuples(multiply, shift, clip_step()).map(list)).map(lambda t: [*t[0], *t[1:5], *t[5]]) | \
+    two_part_chain | two_part_chain_and_multiply
 
 
 @pytest.mark.isa
@@ -154,7 +159,8 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
             products = wrap(products * np.array(scales, np.int64), 32)
     else:
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
-            [import_chain, import_chain_and_multiply, import_two_part_chain]))
+            [import_chain, import_chain_and_multiply, import_two_part_chain, two_part_chain,
+             two_part_chain_and_multiply]))
         per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
