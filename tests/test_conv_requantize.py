@@ -101,6 +101,21 @@ import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[
 import_two_part_chain = st.tuples(clip_step(), shift, mul64, shift, clip_step()).map(list)
 two_part_chain = st.tuples(clip_step(), mul64, shift, clip_step()).map(list)
 two_part_chain_and_multiply = st.tuples(two_part_chain, multiply).map(lambda c: [*c[0], c[1]])
+
+
+@st.composite
+def importer_two_part_chain(draw, then_multiply: bool):
+    """The importer's two-part chain with its labels (docs/import.md): clip within label P, mul64 (m1 of at most
+    31 - P bits, b = 30 - P, 0 <= m0 < 2^b: v m0 within int32, requantize.h kMul64Narrow), shift, clip; then a
+    multiply (``then_multiply``) or not."""
+    p = draw(st.integers(2, 29))
+    bound, b = (1 << (p - 1)) - 1, max(1, 30 - p)
+    m0 = draw(st.integers(0, (1 << b) - 1) | st.sampled_from([0, (1 << b) - 1]))
+    m = (draw(st.integers(0, (1 << (31 - p)) - 1)) << b) + m0
+    chain = [(3, -draw(st.integers(0, bound)), draw(st.integers(0, bound))), (4, m, b), draw(shift), draw(clip_step())]
+    return chain + ([draw(multiply)] if then_multiply else [])
+
+
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
 #: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
 import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
@@ -160,7 +175,8 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
     else:
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
             [import_chain, import_chain_and_multiply, import_two_part_chain, two_part_chain,
-             two_part_chain_and_multiply]))
+             two_part_chain_and_multiply, importer_two_part_chain(False),
+             importer_two_part_chain(True)]))
         per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
