@@ -17,7 +17,7 @@ whole model against the float model within the output's range (real_models.in_ra
 sample's mean), by CVM, by the exact arithmetic (the distance an exact implementation of the QDQ model has) and by
 onnxruntime's default session, each as a ratio to onnxruntime's, over all samples and its range over sets of 8.
 
-Run: python benchmarks/layer_exactness.py MODEL_QDQ.onnx FLOAT.onnx SAMPLES.npy [--two-part]   (N samples of the input's shape;
+Run: python benchmarks/layer_exactness.py MODEL_QDQ.onnx FLOAT.onnx SAMPLES.npy [--one-part]   (N samples of the input's shape;
 the first is used per node, all of them for the whole model)
 """
 from __future__ import annotations
@@ -94,7 +94,8 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("float_model")
     ap.add_argument("samples")
-    ap.add_argument("--two-part", action="store_true", help="import with two-part products")
+    ap.add_argument("--one-part", action="store_true", help="import with one-part products (default: two-part "
+                    "products where closer)")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     import onnxruntime as ort
@@ -106,7 +107,7 @@ def main() -> None:
     quantizers = [n for n in g.node if n.op_type == "QuantizeLinear"]
     names = [n.output[0] for n in quantizers]
     zeros = {n.output[0]: next(i for i in g.initializer if i.name == n.input[2]).data_type for n in quantizers}
-    imp = import_model(q, outputs=names, two_part=args.two_part)
+    imp = import_model(q, outputs=names, two_part=not args.one_part)
     cvm = dict(zip(names, execute(imp.graph, {"data": imp.edges.input.quantize(x)})))
 
     pieces = onnx.ModelProto()  # every DequantizeLinear of a quantized activation reads a new input: its CVM values
@@ -154,7 +155,7 @@ def main() -> None:
               f"{o / size:.3%} |")
 
     # the whole model: CVM and the exact arithmetic against the float model
-    whole = import_model(q, two_part=args.two_part)
+    whole = import_model(q, two_part=not args.one_part)
     full = exact(q, {})
     ref = ReferenceEvaluator(full)
     fsess = ort.InferenceSession(onnx.load(args.float_model).SerializeToString(), providers=["CPUExecutionProvider"])
