@@ -20,7 +20,7 @@ in output steps (each sample's mean), by CVM, by the exact arithmetic (the dista
 QDQ model has) and by onnxruntime's default session, each as a ratio to onnxruntime's, over all samples and its
 range over sets of 8; and the share of CVM's output integers equal to the exact arithmetic's (the model run whole).
 
-Run: python benchmarks/layer_exactness.py MODEL_QDQ.onnx FLOAT.onnx SAMPLES.npy [--two-part] [--per-node K]
+Run: python benchmarks/layer_exactness.py MODEL_QDQ.onnx FLOAT.onnx SAMPLES.npy [--one-part] [--per-node K]
      [--per-layer]   (N samples stacked on axis 0, the input's shape less its leading 1)
 """
 from __future__ import annotations
@@ -62,7 +62,8 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("float_model")
     ap.add_argument("samples")
-    ap.add_argument("--two-part", action="store_true", help="import with two-part products")
+    ap.add_argument("--one-part", action="store_true", help="import with one-part products (default: two-part "
+                    "products where closer)")
     ap.add_argument("--per-node", type=int, default=8, metavar="K", help="samples per node (default 8)")
     ap.add_argument("--per-layer", action="store_true", help="also one row per QuantizeLinear")
     args = ap.parse_args()
@@ -75,7 +76,7 @@ def main() -> None:
     quantizers = [n for n in g.node if n.op_type == "QuantizeLinear"]
     names = [n.output[0] for n in quantizers]
     zeros = {n.output[0]: next(i for i in g.initializer if i.name == n.input[2]).data_type for n in quantizers}
-    imp = import_model(q, outputs=names, two_part=args.two_part)
+    imp = import_model(q, outputs=names, two_part=not args.one_part)
 
     pieces = onnx.ModelProto()  # every DequantizeLinear of a quantized activation reads a new input: its CVM values
     pieces.CopyFrom(q)
@@ -125,7 +126,7 @@ def main() -> None:
             for r in (kinds[ops(n.input[0])], layers[t]):
                 r += [k == 0, d.size, (d != 0).sum(), ((d != 0) & tie).sum(), 0, d.sum(), o.sum(), tie.sum()]
                 r[4] = max(r[4], np.abs(d).max())
-    print(f"{cpu()}; load average {os.getloadavg()[0]:.2f}; {args.model}{' (two-part import)' * args.two_part}; "
+    print(f"{cpu()}; load average {os.getloadavg()[0]:.2f}; {args.model}{' (one-part import)' * args.one_part}; "
           f"per node on {min(args.per_node, len(samples))} sample(s), given the same integers in")
     head = ("| {} | count | elements | CVM differs | of which at exact ties | max | mean signed | exact ties | "
             "onnxruntime differs |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -142,7 +143,7 @@ def main() -> None:
                   f"{o / size:.3%} ({int(o)}) |")
 
     # the whole model: CVM and the exact arithmetic against the float model
-    whole = import_model(q, two_part=args.two_part)
+    whole = import_model(q, two_part=not args.one_part)
     full = exact(q, {})
     ref = ReferenceEvaluator(full)
     fsess = ort.InferenceSession(onnx.load(args.float_model).SerializeToString(), providers=["CPUExecutionProvider"])

@@ -5,8 +5,9 @@ channels, 1x1 projections where a stage halves the size, global average pooling,
 weights in numpy, batch norms folded into the convolutions' biases) is written as float ONNX, then quantized
 the same way twice from the same calibration samples:
 
-* by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM;
-  the same QDQ model also imported with ``--two-part`` products), each exported as the serving form
+* by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM
+  with ``--one-part`` products; the same QDQ model also imported by default, two-part products where closer), each
+  exported as the serving form
   (``to_onnx(..., Target())``, integer products) and run with ``cvm_onnx.runtime.sessions.session`` (float images
   quantized by the model's input edge, outputs dequantized: the timing includes both);
 * by onnxruntime's quantize_static alone, in the QDQ and QOperator forms, run by a default onnxruntime session
@@ -322,18 +323,18 @@ def main() -> None:
         np.save(tmp / "calibration.npy", calibration)
         opts = dict(per_channel=not args.per_tensor, activation=args.activation)
         quantize(tmp / "float.onnx", tmp / "calibration.npy", tmp / "cvm", form="qdq", save_onnx=tmp / "qdq.onnx",
-                 **opts)
+                 two_part=False, **opts)
         quantize(tmp / "float.onnx", tmp / "calibration.npy", tmp / "cvm_qop", form="qoperator",
                  save_onnx=tmp / "qop.onnx", **opts)
-        convert(tmp / "qdq.onnx", tmp / "cvm_two_part", two_part=True)
+        convert(tmp / "qdq.onnx", tmp / "cvm_two_part")
         qdq, qop = onnx.load(tmp / "qdq.onnx"), onnx.load(tmp / "qop.onnx")
         onnx.save(any_batch(qdq), tmp / "qdq_any_batch.onnx")
         on_openvino = openvino_forms(tmp / "qdq_any_batch.onnx")
         if not on_openvino:
             lines.append("OpenVINO is not installed: its rows are left out (pip install -e \".[bench]\" adds it)")
             print(lines[-1])
-        forms = [cvm_form("cvm-onnx serving form (exact CVM, one-part import)", tmp / "cvm"),
-                 cvm_form("cvm-onnx serving form (exact CVM, --two-part import)", tmp / "cvm_two_part"),
+        forms = [cvm_form("cvm-onnx serving form (exact CVM, --one-part import)", tmp / "cvm"),
+                 cvm_form("cvm-onnx serving form (exact CVM, default import: two-part products)", tmp / "cvm_two_part"),
                  ort_form("onnxruntime, QDQ model", qdq), ort_form("onnxruntime, QOperator model", qop), *on_openvino]
         runners = {(form.name, batch): form.make(batch, threads) for form in forms
                    for batch, threads in batches.items()}

@@ -45,7 +45,7 @@ The samples are synthetic (dark strokes and blocks on a light page, normalized a
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
 quantizations of the same model on the same samples, not accuracy on a task's data.
 
-Run: python benchmarks/real_models.py [--only NAME ...] [--samples N] [--held-out N] [--two-part] [--json out.json]
+Run: python benchmarks/real_models.py [--only NAME ...] [--samples N] [--held-out N] [--one-part] [--json out.json]
 """
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def in_range(want: np.ndarray, edge) -> np.ndarray:
 
 
 def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples: int, held_out: int, tmp: Path,
-        form: str = "qdq", two_part: bool = False) -> dict:
+        form: str = "qdq", two_part: bool = True) -> dict:
     n = samples
     if m.sample is not None:
         data = m.sample(n + held_out, 0)
@@ -316,11 +316,12 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", help="model names")
     ap.add_argument("--samples", type=int, default=8, help="calibration samples (default 8)")
     ap.add_argument("--held-out", type=int, default=128, help="held-out samples compared (default 128)")
-    ap.add_argument("--two-part", action="store_true", help="quantize --two-part")
+    ap.add_argument("--one-part", action="store_true", help="quantize --one-part (default: two-part products "
+                    "where closer)")
     ap.add_argument("--json", help="also write the results there")
     args = ap.parse_args()
     print(f"CPU: {cpu()}; load {os.getloadavg()[0]:.1f}; {args.samples} calibration, {args.held_out} held-out samples"
-          + ("; two-part products" if args.two_part else ""))
+          + ("; one-part products" if args.one_part else "; two-part products where closer"))
     results = []
     for m in CORPUS:
         if args.only and m.name not in args.only:
@@ -334,7 +335,7 @@ def main() -> None:
             ([(None, False, "qoperator")] if m.qoperator else [])
         for cut, per_channel, form in runs:
             with tempfile.TemporaryDirectory() as tmp:
-                r = one(m, path, cut, per_channel, args.samples, args.held_out, Path(tmp), form, args.two_part)
+                r = one(m, path, cut, per_channel, args.samples, args.held_out, Path(tmp), form, not args.one_part)
             results.append(r)
             label = m.name + (f" cut at {', '.join(cut)}" if cut else " whole") + \
                 (", per-channel" if per_channel else ", per-tensor") + (", QOperator" if form == "qoperator" else "")

@@ -27,6 +27,11 @@ struct RequantStep {
   int64_t kind, a, b;
 };
 
+// A mul64 (m = m1 2^s + m0, s) whose low product v m0 fits int32 for every value it is applied to, as
+// channel_arrays lays it out (internal to ChannelArrays, never a parsed step): x m1 + ((x m0) >> s) in int32 lanes,
+// the same integers as mul64 (floor(x m0 / 2^s) is the arithmetic shift of the exact x m0; the sum wraps alike).
+constexpr int64_t kMul64Narrow = -4;
+
 // What a shift by a (0..31) adds before shifting: 2^(a-1), the rounding half, or 0 for a = 0 (the value itself).
 inline uint32_t shift_half(int64_t a) { return a ? 1u << (a - 1) : 0u; }
 
@@ -145,13 +150,15 @@ struct KindsList {
 
 // A CVM model's requantization as simplify leaves it: clip, multiply, shift, clip, after a shift or not; then
 // nothing, a multiply before a residual Add, or a second multiply and shift, with its clip or without (where the
-// values are within it already).
+// values are within it already); a quantized import's with its product in two parts: clip, mul64, shift, clip,
+// then nothing or a multiply before a residual Add.
 using CvmChains = KindsList<Kinds<kClip, kMul, kShift, kClip>, Kinds<kShift, kClip, kMul, kShift, kClip>,
                             Kinds<kClip, kMul, kShift, kClip, kMul>, Kinds<kShift, kClip, kMul, kShift, kClip, kMul>,
                             Kinds<kClip, kMul, kShift, kClip, kMul, kShift>,
                             Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift>,
                             Kinds<kClip, kMul, kShift, kClip, kMul, kShift, kClip>,
-                            Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift, kClip>>;
+                            Kinds<kShift, kClip, kMul, kShift, kClip, kMul, kShift, kClip>,
+                            Kinds<kClip, kMul64, kShift, kClip>, Kinds<kClip, kMul64, kShift, kClip, kMul>>;
 
 // One step of a kind known at compile time: the same arithmetic as apply_steps' loops.
 template <int64_t Kind>
@@ -162,6 +169,8 @@ __attribute__((always_inline)) inline int32_t step_of(int32_t x, const RequantSt
     return static_cast<int32_t>(static_cast<uint32_t>(x) * static_cast<uint32_t>(s.a));
   } else if constexpr (Kind == kAdd) {
     return static_cast<int32_t>(static_cast<uint32_t>(x) + static_cast<uint32_t>(s.a));
+  } else if constexpr (Kind == kMul64) {
+    return mul64(x, s.a, s.b);
   } else if constexpr (Kind == kEven) {  // half_even without a branch: s = 0 adds nothing and shifts by 0
     const uint32_t some = s.a != 0;
     const uint32_t odd = static_cast<uint32_t>(x >> s.a) & some;
@@ -345,7 +354,17 @@ inline bool same_kinds(const ChannelSteps& per) {
   return true;
 }
 
-inline ChannelArrays channel_arrays(const ChannelSteps& per) {
+// Whether mul64 step s (m, shift) on values in r is kMul64Narrow's: |v| (m mod 2^shift) < 2^31 for every v in r
+// (checked in 128 bits), and m mod 2^shift < 2^26 (its lane constant m0 2^5 + shift).
+inline bool narrow(const RequantStep& s, Range r) {
+  const int64_t m0 = s.a & ((int64_t{1} << s.b) - 1);
+  const __int128 v = std::max(-r.lo, r.hi);
+  return m0 < (int64_t{1} << 26) && v * m0 < (__int128{1} << 31);
+}
+
+// The channels' steps (from values in `from`) side by side; a mul64 whose low product fits int32 in every channel
+// (narrow, each channel's values tracked by Range) as kMul64Narrow.
+inline ChannelArrays channel_arrays(const ChannelSteps& per, Range from = {}) {
   ChannelArrays out;
   if (!same_kinds(per)) return out;
   const size_t channels = per.size(), steps = per[0].size();
@@ -353,12 +372,19 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per) {
   out.channels = channels;
   out.a.resize(steps * out.period);
   out.b.resize(steps * out.period);
+  std::vector<Range> r(channels, from);  // each channel's values before step k
   for (size_t k = 0; k < steps; ++k) {
-    out.kinds.push_back(per[0][k].kind);
+    bool narrowed = per[0][k].kind == kMul64;
+    for (size_t c = 0; c < channels && narrowed; ++c) narrowed = narrow(per[c][k], r[c]);
+    out.kinds.push_back(narrowed ? kMul64Narrow : per[0][k].kind);
     for (size_t i = 0; i < out.period; ++i) {
       const RequantStep& s = per[i % channels][k];
-      std::tie(out.a[k * out.period + i], out.b[k * out.period + i]) = lane_constants(s.kind, s.a, s.b);
+      std::tie(out.a[k * out.period + i], out.b[k * out.period + i]) =
+          narrowed ? std::pair<int32_t, int32_t>(static_cast<int32_t>(s.a >> s.b),
+                                                 static_cast<int32_t>(((s.a & ((int64_t{1} << s.b) - 1)) << 5) | s.b))
+                   : lane_constants(s.kind, s.a, s.b);
     }
+    for (size_t c = 0; c < channels; ++c) r[c] = after(per[c][k], r[c]);
   }
   return out;
 }
@@ -399,6 +425,9 @@ __attribute__((always_inline)) inline T array_step(T x, T a, T b) {
     return (T)((U)x * (U)a);
   } else if constexpr (Kind == kAdd) {
     return (T)((U)x + (U)a);
+  } else if constexpr (Kind == kMul64Narrow) {  // a = m1, b = m0 2^5 + s (channel_arrays): x m1 + ((x m0) >> s)
+    const T low = (T)((U)x * (U)(b >> 5)) >> (b & 31);
+    return (T)((U)x * (U)a + (U)low);
   } else if constexpr (Kind == kMul64) {  // a = m1, b = m0 2^(31 - s) (lane_constants): x m1 + floor(x b / 2^31)
     if constexpr (std::is_same_v<T, int32_t>) {
       const int64_t low = (static_cast<int64_t>(x) * static_cast<int64_t>(b)) >> 31;
@@ -425,6 +454,7 @@ __attribute__((always_inline)) inline void with_kind(int64_t kind, Body&& body) 
     case kAdd: return body(std::integral_constant<int64_t, kAdd>{});
     case kMul64: return body(std::integral_constant<int64_t, kMul64>{});
     case kEven: return body(std::integral_constant<int64_t, kEven>{});
+    case kMul64Narrow: return body(std::integral_constant<int64_t, kMul64Narrow>{});
     default: return body(std::integral_constant<int64_t, kClip>{});
   }
 }
@@ -543,6 +573,7 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
       case kAdd: tile_step<kAdd, Count>(y, a, b); break;
       case kMul64: tile_step<kMul64, Count>(y, a, b); break;
       case kEven: tile_step<kEven, Count>(y, a, b); break;
+      case kMul64Narrow: tile_step<kMul64Narrow, Count>(y, a, b); break;
       default: tile_step<kClip, Count>(y, a, b);
     }
     a += p.period;
@@ -766,10 +797,15 @@ __attribute__((always_inline)) inline void channel_blocks(Kinds<K...>, const int
 }
 
 // The channels' kinds that channel_blocks runs, known at compile time: a quantized import's requantization (clip,
-// shift, multiply, shift, clip; then a multiply before a residual Add; the same with a product in two parts).
+// shift, multiply, shift, clip; then a multiply before a residual Add; or its product in two parts, clip, mul64,
+// shift, clip, after a shift or not, the multiply after it or not; its low product within int32, kMul64Narrow, or
+// not).
 using ChannelBlockChains = KindsList<Kinds<kClip, kShift, kMul, kShift, kClip>,
                                      Kinds<kClip, kShift, kMul, kShift, kClip, kMul>,
-                                     Kinds<kClip, kShift, kMul64, kShift, kClip>>;
+                                     Kinds<kClip, kShift, kMul64, kShift, kClip>,
+                                     Kinds<kClip, kMul64, kShift, kClip>, Kinds<kClip, kMul64, kShift, kClip, kMul>,
+                                     Kinds<kClip, kMul64Narrow, kShift, kClip>,
+                                     Kinds<kClip, kMul64Narrow, kShift, kClip, kMul>>;
 
 // channel_chains; where the channels are a multiple of 16 and the kinds of ChannelBlockChains, channel_blocks.
 template <typename Out>

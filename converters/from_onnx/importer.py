@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +35,6 @@ from . import elemwise, transform, nn, reduce, quantized, roundtrip  # noqa: F40
 from .checks import checked_order, tensor_array, type_problem
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
-from .requant import SPLIT
 
 INPUT_NAME = "data"
 
@@ -446,13 +446,14 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
 
 
 def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str | os.PathLike | None = None,
-                 outputs: list[str] | None = None, two_part: bool = False,
+                 outputs: list[str] | None = None, two_part: bool = True,
                  progress: Callable[[int, int | None, str], None] | None = None) -> Imported:
     """``from_onnx`` with what a report and a model directory need besides the graph (``Imported``).
-    ``outputs``: cut the graph at these tensors (they become the outputs). ``two_part``: a requantization whose
-    32-bit product errs by more than ``requant.SPLIT`` of a step takes two products (docs/import.md, "Two-part
-    products"): closer to the quantized model's arithmetic, a slower serving form. ``progress(done, total,
-    stage)`` is told of each node group imported ("importing") and of the final check ("validating")."""
+    ``outputs``: cut the graph at these tensors (they become the outputs). ``two_part`` (default): a requantization
+    whose one-part product is not exact takes two products where they are closer (a sum: where one part errs by
+    more than ``requant.SPLIT`` of a step; docs/import.md, "Two-part products"); False: one part only, fewer CVM
+    ops. ``progress(done, total, stage)`` is told of each node group imported ("importing") and of the final check
+    ("validating")."""
     if not 1 <= input_precision <= 32:
         raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
     if any(p.key == OPTIMIZED for p in model.metadata_props):
@@ -464,7 +465,7 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
         model = cut(model, outputs)
     walk = _Walk(model, input_precision, None if base_dir is None else Path(base_dir))
     if two_part:
-        walk.ctx.split_above = SPLIT
+        walk.ctx.split_above = Fraction(0)
     walk.progress = progress
     return walk.run()
 

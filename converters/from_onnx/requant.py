@@ -20,8 +20,8 @@ clip or pre-shift: r = round_half_up(sum_i v_i * m_i / 2^k). ``plan`` picks the 
 So |r - v * M| <= 1/2 + delta, and r differs from round(v * M) by at most one, only where v * M lies within
 delta of a half-integer. ``plan`` refuses when delta >= 1/2 (the clip's argument needs it).
 
-A term that has no one-part plan (the importer's default) or, with ``two_part``, whose one-part delta passes
-``SPLIT``, is also planned in two parts (``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm_right_shift(v1 m1
+A term that has no one-part plan, or (``two_part``, the importer's default) whose one-part delta is not 0, is
+also planned in two parts (``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm_right_shift(v1 m1
 + floor(v1 m0 / 2^b), k - b) with floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals
 round_half_up(v1 m / 2^k) exactly; b = 30 - label(v1) and label(v1) + label(m1) <= 31 keep every product and sum
 within 32 bits, so m gets about 61 - 2 label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
@@ -52,9 +52,9 @@ from cvm_onnx.core.ops.elemwise import round_shift
 from cvm_onnx.core.ops.registry import bits
 
 MAX_SHIFT = 31
-#: With ``two_part``, a requantization whose one-part plan's delta passes this is also planned in two parts
-#: (docs/import.md, "Two-part products"): the two-part form costs four more CVM ops and is not one fused run in the
-#: serving form, so it is asked for, not the default.
+#: A sum (``_several``) is planned in two parts only where its one-part plan's delta passes this, whatever
+#: ``split_above`` asks (docs/import.md, "Two-part products": below it a sum's two parts moved no measured output,
+#: and the serving form does not fuse them).
 SPLIT = Fraction(1, 1024)
 
 
@@ -132,8 +132,9 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
          split_above: Fraction | None = None) -> Plan:
     """The requantization of ``sum_i v_i * M_i`` (``terms``: (lo_i, hi_i, M_i) with M_i an object array of
     Fractions > 0) into the output range [low, high] (low <= 0 <= high), for which ``r`` is then clipped. A plan
-    with no one-part form, or whose best one-part form has delta above ``split_above``, takes the best two-part form
-    where that is closer; ``split_above`` None: one part only, 1/2: two parts only where one part has no plan."""
+    with no one-part form, or whose best one-part form has delta above ``split_above`` (a sum's: above ``SPLIT`` at
+    least), takes the best two-part form where that is closer; ``split_above`` None: one part only, 1/2: two parts
+    only where one part has no plan, 0: wherever two parts are closer."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
     exact = _even(terms, low, high, precision)
@@ -283,7 +284,7 @@ def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int
         if delta < Fraction(1, 2):
             best = Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta)
         break
-    if split_above is not None and (best is None or best.delta > split_above):
+    if split_above is not None and (best is None or best.delta > max(split_above, SPLIT)):
         two = _several_split(terms, bounds, precision, kmax)
         if two is not None and (best is None or two.delta < best.delta):
             best = two

@@ -92,7 +92,7 @@ def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
             optimize: bool = False, outputs: list[str] | None = None, provider: str = "cpu",
-            float_io: bool = False, two_part: bool = False, target: str | None = None,
+            float_io: bool = False, two_part: bool = True, target: str | None = None,
             progress: Callable[[int, int | None, str], None] | None = None) -> Imported | Conversion:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
     the bits of its input). ``target`` names the serving form's target (``Target.named``: "cpu", the same as
@@ -100,7 +100,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     quantized model's float edges in the graph, float32 input and outputs) as in ``to_onnx`` (CVM -> ONNX). A model this function
     exported comes back with its symbol and params files byte for byte. A quantized ONNX model is imported with
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
-    ``import_model`` (two products where one errs by more than 2^-10 step). Returns the import
+    ``import_model`` (default: two products where they are closer; False: one part only). Returns the import
     (ONNX -> CVM) or the conversion's record, the model's gas included (CVM -> ONNX). Nothing is written when
     conversion fails. ``progress(done, total, stage)``: told of the import's nodes (ONNX -> CVM)."""
     from cvm_onnx.converters.from_onnx import import_model, source_symbol
@@ -125,11 +125,16 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
 
 
 def one_part_gas(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> Gas:
-    """The gas of ``model`` imported with one-part products only (``import_model``'s default), to set against
-    a ``two_part`` import's."""
+    """The gas of ``model`` imported with one-part products only (``import_model``'s ``two_part=False``), to set
+    against a two-part import's."""
     from cvm_onnx.converters.from_onnx import import_model
 
-    return measure(import_model(model, base_dir=base_dir).graph.nodes)
+    return measure(import_model(model, base_dir=base_dir, two_part=False).graph.nodes)
+
+
+def has_two_parts(imported: Imported) -> bool:
+    """Whether some requantization of the import takes its products in two parts."""
+    return any(p.split for r in imported.requants for p in r.plans)
 
 
 def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[np.ndarray]:
@@ -144,4 +149,4 @@ def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[
 
 
 __all__ = ["Loaded", "load", "load_onnx", "to_onnx", "from_onnx", "import_onnx", "import_model", "write_onnx",
-           "convert", "one_part_gas", "run_cvm", "write_model", "is_onnx"]
+           "convert", "one_part_gas", "has_two_parts", "run_cvm", "write_model", "is_onnx"]

@@ -120,7 +120,7 @@ def cmd_convert(args) -> int:
         done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
                            input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
                            outputs=args.outputs, provider=args.provider, target=args.target,
-                           float_io=args.float_io, two_part=args.two_part, progress=bar)
+                           float_io=args.float_io, two_part=not args.one_part, progress=bar)
     imported = done if importing else None
     from cvm_onnx.core.gas import measure
 
@@ -129,7 +129,8 @@ def cmd_convert(args) -> int:
     if imported is not None and args.report:
         from .report import import_markdown
 
-        one_part = api.one_part_gas(api.load_onnx(args.source), Path(args.source).parent) if args.two_part else None
+        one_part = api.one_part_gas(api.load_onnx(args.source), Path(args.source).parent) \
+            if api.has_two_parts(imported) else None
         if measured is not None:
             from .layers import markdown
 
@@ -322,7 +323,7 @@ def cmd_quantize(args) -> int:
     with Bar() as bar:
         done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
                         symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
-                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=args.two_part,
+                        save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=not args.one_part,
                         fold=folds(args.fold), report=args.report is not None)
     g = done.imported.graph
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
@@ -462,7 +463,7 @@ SCOPES = {
            "--triton-repo")),
         ("--triton-server-repo", lambda a: a.triton_repo is not None, "applies with --triton-repo only"),
         *((option, lambda a: _onnx(a.source), _ONNX_SOURCE) for option in
-          ("--input-precision", "--outputs", "--two-part")),
+          ("--input-precision", "--outputs", "--one-part", "--two-part")),
         ("--samples", lambda a: _onnx(a.source) and a.report is not None, "applies to an .onnx SOURCE with "
          "--report (the per-tensor distances go into the import's report)"),
         ("--float-model", lambda a: a.samples is not None, "applies with --samples only"),
@@ -503,6 +504,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.print_usage(sys.stderr)
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def parts(command: argparse.ArgumentParser, prefix: str) -> None:
+    """A quantized import's products: ``--one-part``, or ``--two-part`` (the default, accepted as before)."""
+    group = command.add_mutually_exclusive_group()
+    group.add_argument("--one-part", action="store_true", help=prefix + "each requantization in one 32-bit product "
+                       "(fewer CVM ops and gas; by default a requantization takes two products where they come "
+                       "closer to the quantized model's arithmetic, docs/import.md)")
+    group.add_argument("--two-part", action="store_true", help=prefix + "two-part products where closer (the "
+                       "default; accepted as before)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -588,9 +599,7 @@ def parser() -> argparse.ArgumentParser:
                    "made from; its tensors of the same names give each quantized tensor's distance from it too")
     c.add_argument("--outputs", nargs="+", metavar="NAME", help="ONNX -> CVM: cut the graph at these tensors, "
                    "which become the outputs (keep the integer part of a model that ends in float ops)")
-    c.add_argument("--two-part", action="store_true", help="ONNX -> CVM: a requantization whose 32-bit product errs "
-                   "by more than 2^-10 step takes two products (closer to the quantized model's arithmetic; a "
-                   "slower serving form)")
+    parts(c, "ONNX -> CVM: ")
     c.add_argument("--verify", action="store_true", help="also compare with the reference executor, exactly, on "
                    "0, the extremes and 3 random inputs before writing (CVM -> ONNX)")
     v = model_cmd("verify", cmd_verify, "convert a CVM model (or take an .onnx file convert wrote) and check "
@@ -625,8 +634,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--save-onnx", metavar="Q.onnx", help="also keep the quantized ONNX model")
     q.add_argument("--outputs", nargs="+", metavar="NAME", help="cut the float model at these tensors first, which "
                    "become the outputs (keep the part before float ops CVM lacks, e.g. a final Softmax)")
-    q.add_argument("--two-part", action="store_true", help="a requantization whose 32-bit product errs by more than "
-                   "2^-10 step takes two products (closer to the quantized model's arithmetic; a slower serving form)")
+    parts(q, "")
     q.add_argument("--report", metavar="FILE", help="also measure every quantized tensor on the calibration "
                    "samples, in its own steps, against the float model and the exact arithmetic: a table on stdout, "
                    "written to FILE as Markdown (JSON if FILE ends in .json)")

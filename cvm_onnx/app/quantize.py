@@ -52,7 +52,7 @@ from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
-from .api import convert, load_onnx, one_part_gas
+from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -108,7 +108,7 @@ class Quantized:
     samples: int
     float_model: onnx.ModelProto
     onnx_model: bytes
-    one_part_gas: Gas | None = None  # with two_part: the gas of the same model imported in one-part products
+    one_part_gas: Gas | None = None  # with two-part products: the gas of the same model imported in one part
     layers: LayerReport | None = None
 
 
@@ -863,16 +863,17 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
              progress: Progress | None = None, outputs: list[str] | None = None,
-             two_part: bool = False, fold: dict[str, float | None] | None = None,
+             two_part: bool = True, fold: dict[str, float | None] | None = None,
              report: bool = False) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
-    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and the
-    gas of the one-part import recorded beside it. ``fold``: graph inputs made constants first (a value, or None:
-    zeros), and the Ifs they decide folded; with one input left, the Ifs its shape (fixed to a sample's) decides
-    folded too, with or without ``fold``. ``report``: each quantized tensor's distance on the calibration samples
-    from the pre-processed float model and from the exact arithmetic (``layers.layer_report``)."""
+    first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and where
+    the import has two-part products the gas of the one-part import recorded beside it. ``fold``: graph inputs
+    made constants first (a value, or None: zeros), and the Ifs they decide folded; with one input left, the Ifs
+    its shape (fixed to a sample's) decides folded too, with or without ``fold``. ``report``: each quantized
+    tensor's distance on the calibration samples from the pre-processed float model and from the exact arithmetic
+    (``layers.layer_report``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
@@ -927,7 +928,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         agreements = compare(model, quantized, imported, samples, progress)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
-    one_part = one_part_gas(onnx.load_from_string(quantized)) if two_part else None
+    one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
     return Quantized(imported, agreements, len(samples), model, quantized, one_part, layers)
 
 

@@ -338,6 +338,8 @@ def test_usage_errors_exit_64(argv, capsys):
     (["convert", "M.onnx", "-o", "D", "--float-io"], "--float-io applies to a CVM model"),
     (["convert", "M.onnx", "--triton-repo", "R"], "--triton-repo applies to a CVM model"),
     (["convert", "M", "-o", "O.onnx", "--two-part"], "--two-part applies to an .onnx SOURCE"),
+    (["convert", "M", "-o", "O.onnx", "--one-part"], "--one-part applies to an .onnx SOURCE"),
+    (["convert", "M.onnx", "-o", "D", "--one-part", "--two-part"], "--two-part: not allowed with argument --one-part"),
     (["convert", "M", "-o", "O.onnx", "--outputs", "y"], "--outputs applies to an .onnx SOURCE"),
     (["convert", "M", "-o", "O.onnx", "--input-precision", "9"], "--input-precision applies to an .onnx SOURCE"),
     (["convert", "M.onnx", "-o", "D", "--samples", "X"], "--samples applies to an .onnx SOURCE with --report"),
@@ -367,6 +369,7 @@ def test_options_that_do_not_apply_exit_64(argv, why, model, tmp_path, capsys):
     ["convert", "m", "--triton-repo", "r", "--triton-server-repo", "/srv", "--batch", "4", "--verify"],
     ["convert", "m.onnx", "-o", "d", "--two-part", "--outputs", "y", "--input-precision", "9", "--report", "r.md"],
     ["convert", "m.onnx", "-o", "d", "--report", "r.md", "--samples", "s.npy", "--float-model", "f.onnx"],
+    ["convert", "m.onnx", "-o", "d", "--one-part", "--outputs", "y", "--input-precision", "9", "--report", "r.md"],
     ["verify", "m", "--seeds", "5", "--params", "p"],
     ["view", "m", "--port", "65535"],
 ])

@@ -278,7 +278,7 @@ def test_quantize_prints_the_gas_and_what_two_part_products_add(tmp_path, capsys
     digits = MODELS_DETECTION.parent / "digits_cnn"
     args = ["quantize", str(digits / "float.onnx"), "--calibration", str(digits / "calibration.npy"),
             "--per-channel", "--activation", "int8", "-o"]
-    assert main(args + [str(tmp_path / "one")]) == 0
+    assert main(args + [str(tmp_path / "one"), "--one-part"]) == 0
     out = capsys.readouterr().out.splitlines()
     ops, memory, _ = getops_oracle((tmp_path / "one" / "symbol").read_text())
     assert f"gas {ops + memory} = ops {ops} + memory {memory} (the runtime's GetOps)" in out
@@ -297,3 +297,6 @@ def test_quantize_prints_the_gas_and_what_two_part_products_add(tmp_path, capsys
     assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "back"), "--two-part", "--report",
                  str(report)]) == 0
     assert f"- {one_part}" in report.read_text().splitlines()
+    assert main(args + [str(tmp_path / "default")]) == 0  # two-part products are the default
+    for name in ("symbol", "params"):
+        assert (tmp_path / "default" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()

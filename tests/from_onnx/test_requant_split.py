@@ -58,13 +58,14 @@ def cvm_shift(x, s: int, p: int):
 @given(lo=st.integers(-(1 << 31) + 1, 0), hi=st.integers(0, (1 << 31) - 1),
        ratios=st.lists(st.floats(2.0**-40, 2.0**8, width=32), min_size=1, max_size=4),
        out=st.sampled_from([(-128, 127), (0, 255), (-32768, 32767), (0, 65535)]), zero=st.integers(-300, 300),
-       seed=st.integers(0, 99))
-@example(lo=-(1 << 31) + 1, hi=(1 << 31) - 1, ratios=[2.0**-30], out=(-128, 127), zero=0, seed=0)
-@example(lo=-(1 << 20), hi=1 << 20, ratios=[0.00039, 0.029], out=(0, 255), zero=128, seed=1)
-def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, ratios, out, zero, seed):
-    """The plan is in two parts exactly where the one-part plan's delta passes SPLIT (or none exists) and two
-    parts come closer; a two-part plan's labels keep every broadcast_mul and broadcast_add within 32 bits and
-    every cvm_right_shift's precision + shift within 31 (the CPU device clips as FORMAL does), with 0 <= m0 < 2^b;
+       seed=st.integers(0, 99), threshold=st.sampled_from([SPLIT, Fraction(0)]))
+@example(lo=-(1 << 31) + 1, hi=(1 << 31) - 1, ratios=[2.0**-30], out=(-128, 127), zero=0, seed=0, threshold=SPLIT)
+@example(lo=-(1 << 20), hi=1 << 20, ratios=[0.00039, 0.029], out=(0, 255), zero=128, seed=1, threshold=SPLIT)
+def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, ratios, out, zero, seed, threshold):
+    """The plan is in two parts exactly where the one-part plan's delta passes the threshold (SPLIT, or 0: the
+    importer's default) or none exists, and two parts come closer; a two-part plan's labels keep every
+    broadcast_mul and broadcast_add within 32 bits and every cvm_right_shift's precision + shift within 31 (the CPU
+    device clips as FORMAL does), with 0 <= m0 < 2^b;
     its integer steps (each with its label's clip) equal round_half_up(v1 m / 2^k) on integers across the
     interval (its ends, 0, the clip's ends, random ones), and r lies within 1/2 + delta of v M unsaturated."""
     hi = max(hi, lo + 1)
@@ -76,11 +77,11 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
     except NoPlan:
         one = None
     try:
-        p = plan([(lo, hi, ms)], low, high, split_above=SPLIT)
+        p = plan([(lo, hi, ms)], low, high, split_above=threshold)
     except NoPlan:
         assert one is None
         return
-    if one is not None and one.delta <= SPLIT:
+    if one is not None and one.delta <= threshold:
         assert same(p, one)
     if not p.split:
         assert same(p, one)
@@ -169,10 +170,11 @@ def test_a_detector_spread_is_one_two_part_plan():
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(d=st.data(), n=st.integers(2, 3), c=st.integers(1, 3),
        out=st.sampled_from([(-128, 127), (0, 255), (-32768, 32767)]), zero=st.integers(-300, 300),
-       seed=st.integers(0, 99))
-def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, n, c, out, zero, seed):
+       seed=st.integers(0, 99), threshold=st.sampled_from([SPLIT, Fraction(0)]))
+def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, n, c, out, zero, seed, threshold):
     """A sum of n terms (an Add), each v_i in its own interval of up to 31 bits with per-channel ratios 2^-24..2^12:
-    two parts exactly where one part's delta passes SPLIT (or none exists) and two come closer; the highs'
+    two parts exactly where one part's delta passes SPLIT (or none exists) and two come closer, whatever lower
+    threshold is asked (0: the importer's default); the highs'
     sum, the lows' sum minus 2^(b-1), their sum and every shift within CVM's rules; its integer steps equal
     round_half_up(sum_i v_i m_i / 2^k) on integers across the intervals, within 1/2 + delta of sum_i v_i M_i.
     Regression: a Sub of terms of ratios ~1300 and ~2300 had no one-part plan and was refused."""
@@ -189,7 +191,7 @@ def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, 
     except NoPlan:
         one = None
     try:
-        p = plan(terms, low, high, split_above=SPLIT)
+        p = plan(terms, low, high, split_above=threshold)
     except NoPlan:
         assert one is None
         return
@@ -229,9 +231,9 @@ def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, 
     assert all(abs(a - e) <= Fraction(1, 2) + p.delta for a, e in zip(want[inside], exact[inside]))
 
 
-def test_two_part_is_asked_for_on_the_command_line(tmp_path):
-    """`convert --two-part` imports the detector spread in one two-part plan; without it, one-part runs of channels
-    (the default): the same model, fewer CVM nodes."""
+def test_two_part_is_the_default_and_one_part_is_asked_for_on_the_command_line(tmp_path):
+    """`convert` imports the detector spread in one two-part plan (the default; `--two-part` is the same); with
+    `--one-part`, one-part runs of channels: the same model, more CVM nodes."""
     s_out = 0.05
     m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"], axis=1),
              h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], (1, 3, 4), T.INT32,
@@ -239,8 +241,9 @@ def test_two_part_is_asked_for_on_the_command_line(tmp_path):
              "so": np.float32(s_out), "zo": np.array(128, np.uint8)}, T.UINT8)
     onnx.save(m, tmp_path / "q.onnx")
     nodes = {}
-    for flag in ([], ["--two-part"]):
-        out = tmp_path / ("two" if flag else "one")
+    for flag in ([], ["--two-part"], ["--one-part"]):
+        out = tmp_path / (flag[0][2:] if flag else "default")
         assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(out), "--input-precision", "22", *flag]) == 0
-        nodes[bool(flag)] = [n.op for n in load(out).graph.nodes]
-    assert nodes[True].count("broadcast_mul") == 2 and nodes[False].count("broadcast_mul") > 2
+        nodes[tuple(flag)] = [n.op for n in load(out).graph.nodes]
+    assert nodes[()] == nodes[("--two-part",)] and nodes[()].count("broadcast_mul") == 2
+    assert nodes[("--one-part",)].count("broadcast_mul") > 2

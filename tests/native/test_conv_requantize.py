@@ -96,19 +96,40 @@ def clip_step():
 shift, multiply = st.tuples(st.just(0), st.integers(1, 31), st.just(0)), st.tuples(st.just(1), int32s, st.just(0))
 import_chain = st.tuples(clip_step(), shift, multiply, shift, clip_step()).map(list)
 import_chain_and_multiply = st.tuples(import_chain, multiply).map(lambda c: [*c[0], c[1]])
-#: The same with its product in two parts (mul64), as a ``two_part`` import's.
+#: The same with its product in two parts (mul64), as a ``two_part`` import's: after a shift or not (the importer's
+#: usual chain: clip, mul64, shift, clip), then a multiply before a residual Add or not.
 import_two_part_chain = st.tuples(clip_step(), shift, mul64, shift, clip_step()).map(list)
 #: The same where M is p / 2^a and ties are met: its shift rounds half to even (even), as such an import's.
 import_even_chain = st.tuples(clip_step(), shift, multiply, even, clip_step()).map(list)
+#: The importer's usual two-part chain (no shift before the product), then a multiply or not.
+two_part_chain = st.tuples(clip_step(), mul64, shift, clip_step()).map(list)
+two_part_chain_and_multiply = st.tuples(two_part_chain, multiply).map(lambda c: [*c[0], c[1]])
+
+
+@st.composite
+def importer_two_part_chain(draw, then_multiply: bool):
+    """The importer's two-part chain with its labels (docs/import.md): clip within label P, mul64 (m1 of at most
+    31 - P bits, b = 30 - P, 0 <= m0 < 2^b: v m0 within int32, requantize.h kMul64Narrow), shift, clip; then a
+    multiply (``then_multiply``) or not."""
+    p = draw(st.integers(2, 29))
+    bound, b = (1 << (p - 1)) - 1, max(1, 30 - p)
+    m0 = draw(st.integers(0, (1 << b) - 1) | st.sampled_from([0, (1 << b) - 1]))
+    m = (draw(st.integers(0, (1 << (31 - p)) - 1)) << b) + m0
+    chain = [(3, -draw(st.integers(0, bound)), draw(st.integers(0, bound))), (4, m, b), draw(shift), draw(clip_step())]
+    return chain + ([draw(multiply)] if then_multiply else [])
+
+
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
 #: sum (then the clip that ends every chain), whose kernels also take compile-time kinds.
 import_addend = st.just([]) | multiply.map(lambda m: [m]) | st.tuples(clip_step(), multiply).map(list)
 #: A CVM model's requantization, one list for every channel (clip, multiply, shift, clip, after a shift or not; then
-#: a multiply before a residual Add, or a second multiply, shift and clip or without its clip, or none), whose
-#: kernels also take compile-time kinds (requantize.h uniform_chain).
+#: a multiply before a residual Add, or a second multiply, shift and clip or without its clip, or none), or a
+#: quantized import's per-tensor one with its product in two parts (clip, mul64, shift, clip, then a multiply or
+#: not), whose kernels also take compile-time kinds (requantize.h uniform_chain).
 cvm_chain = st.tuples(st.lists(shift, max_size=1), clip_step(), multiply, shift, clip_step(),
                       st.just([]) | multiply.map(lambda m: [m]) | st.tuples(multiply, shift).map(list) |
-                      st.tuples(multiply, shift, clip_step()).map(list)).map(lambda t: [*t[0], *t[1:5], *t[5]])
+                      st.tuples(multiply, shift, clip_step()).map(list)).map(lambda t: [*t[0], *t[1:5], *t[5]]) | \
+    two_part_chain | two_part_chain_and_multiply
 
 
 @pytest.mark.isa
@@ -156,7 +177,8 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
             products = wrap(products * np.array(scales, np.int64), 32)
     else:
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
-            [import_chain, import_chain_and_multiply, import_two_part_chain, import_even_chain]))
+            [import_chain, import_chain_and_multiply, import_two_part_chain, import_even_chain, two_part_chain,
+             two_part_chain_and_multiply, importer_two_part_chain(False), importer_two_part_chain(True)]))
         per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out

@@ -282,14 +282,18 @@ def test_runs_of_branches_interleaved_in_node_order_are_each_fused():
 @st.composite
 def two_part_products(draw):
     """A requantization as the quantized importer writes it with ``two_part`` (docs/import.md, "Two-part
-    products"): v = cvm_right_shift(data) of label P, p1 = v * m1, p0 = v * m0 (0 <= m0 < 2^b; each multiplier
+    products"): v = cvm_right_shift(data) or clip(data) of label P, p1 = v * m1, p0 = v * m0 (0 <= m0 < 2^b; each multiplier
     one param or one per channel), t = cvm_right_shift(p0 - 2^(b-1), b) into precision q, cvm_right_shift(p1 + t,
     k) into 8 bits [+ z, clip], with random labels at and past the importer's (q < P lets t's clip act, a wide
     m1 lets the product wrap); its input at the precision's edges. Returns the graph, its feeds, the nodes from p1
     on and whether the importer's labels hold (P + label(m1) <= 31, P + b + 1 <= 31, q >= P)."""
     b = GraphBuilder()
     p_in, p = draw(st.integers(8, 32)), draw(st.integers(2, 24))
-    x = b.op("cvm_right_shift", b.input("data", SHAPE, p_in), shift_bit=draw(st.integers(1, 8)), precision=p)
+    data = b.input("data", SHAPE, p_in)
+    if draw(st.booleans()):
+        x = b.op("cvm_right_shift", data, shift_bit=draw(st.integers(1, 8)), precision=p)
+    else:  # the plan's clip and no pre-shift, the importer's usual chain (clip, mul64, shift, clip)
+        x = b.op("clip", data, a_min=-(1 << (p - 1)) + 1, a_max=(1 << (p - 1)) - 1)
     split = draw(st.integers(1, 31))
     per_channel = draw(st.sampled_from([(False, False), (True, True), (True, False), (False, True)]))
     shape = lambda per: (SHAPE[1], 1, 1) if per else (1,)  # noqa: E731

@@ -143,7 +143,7 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
     if axis is not None and vs[0].shape[axis] != shape[axis]:
         axis = None
-    # two parts where asked (two_part), else only where one part has no plan and no runs of channels can help
+    # two parts where closer (two_part), else only where one part has no plan and no runs of channels can help
     split_above = ctx.split_above if ctx.split_above is not None or axis is not None else Fraction(1, 2)
     try:
         p = plan([(v.lo, v.hi, r) for v, r in zip(vs, ratios)], tlo - out_zero, thi - out_zero, split_above)
