@@ -804,6 +804,7 @@ using ChannelBlockChains = KindsList<Kinds<kClip, kShift, kMul, kShift, kClip>,
                                      Kinds<kClip, kShift, kMul, kShift, kClip, kMul>,
                                      Kinds<kClip, kShift, kMul64, kShift, kClip>,
                                      Kinds<kClip, kMul64, kShift, kClip>, Kinds<kClip, kMul64, kShift, kClip, kMul>,
+                                     Kinds<kClip, kShift, kMul64Narrow, kShift, kClip>,
                                      Kinds<kClip, kMul64Narrow, kShift, kClip>,
                                      Kinds<kClip, kMul64Narrow, kShift, kClip, kMul>>;
 

@@ -119,7 +119,8 @@ KNOWN = [
      "sequences start with a clip or a shift"),
     (("digits_cnn",), ALL, r"step loops \(add > add\)",
      "two adds in a row (a quantized import's zero points), which the kernels' simplification does not merge"),
-    (("digits_cnn",), ALL, r"channel lanes \(clip > shift > multiply > shift > clip > add > clip; (8|16) channels\)",
+    (("digits_cnn",), ALL, r"channel lanes \(clip > (shift > multiply|mul64 narrow) > shift > clip > add > clip; "
+     r"(8|16) channels\)",
      "a quantized import's requantization to a zero point (add, clip after the clip): not among ChannelBlockChains"),
     (("digits_cnn", *SIDE), ALL, r"per channel: 0 of 10 in one pass \(clip > (shift > multiply|mul64) > shift > "
      r"(clip > )?add > clip\)",
@@ -135,11 +136,6 @@ KNOWN = [
     (SIDE, ("columns",), r"step loops \((clip > multiply|shift > clip)\)",
      "the columns layout has no residual-end kernel: the Add's operands' runs (clip > multiply) and the run after it "
      "(shift > clip) are requantize nodes of their own"),
-    (TWO, ALL, r"channel lanes \(clip > mul64 > shift > clip",
-     "the two-part import's chains have no shift before the product: ChannelBlockChains holds clip > shift > mul64 "
-     "> shift > clip only (issue #39: two-part products at one-part speed)"),
-    (TWO, ALL, r"step loops \(clip > mul64 > shift > clip\)",
-     "a product in two parts per tensor: not among CvmChains (issue #39)"),
 ]
 
 
