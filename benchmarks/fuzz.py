@@ -1,4 +1,5 @@
-"""A longer fuzz run over the reliability properties of tests/core/test_reliability.py and tests/from_onnx/test_hostile_onnx.py.
+"""A longer fuzz run over the reliability properties of tests/core/test_reliability.py and
+tests/from_onnx/test_hostile_onnx.py.
 
 The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present) and the
 same check: every outcome is success or a CVMError, within the time and memory bounds. Unlike the tests, a run
@@ -35,7 +36,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / d) for d in ("", "core", "from_onnx"))]
 import test_hostile_onnx as H  # noqa: E402
 import test_reliability as R  # noqa: E402
 from conftest import RESNET  # noqa: E402

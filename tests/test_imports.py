@@ -173,7 +173,7 @@ FROM_ONNX = "cvm_onnx.converters.from_onnx"
 #: context, checks) and never from one another. ``quantized`` is a package whose modules import only those before
 #: them in QUANTIZED.
 RULE_MODULES = ("elemwise", "nn", "transform", "reduce", "roundtrip", "quantized")
-QUANTIZED = ("values", "requantization", "products", "elementwise", "moves", "norm", "qoperator", "edges", "chains")
+QUANTIZED = ("values", "qdq", "products", "elementwise", "moves", "norm", "qoperator", "edges", "chains")
 
 
 def rule_module(module: str) -> str | None:

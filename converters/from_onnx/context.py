@@ -126,7 +126,7 @@ class Importer:
         self.params: dict[str, np.ndarray] = {}
         self.bounds: dict[Entry, int] = {}  # the exporter's bound on |x| of every entry (bounds.py)
         self.names: set[str] = set()
-        self.split_above: Fraction | None = None  # with two_part, 0 (requant.plan; requantization.requantize)
+        self.split_above: Fraction | None = None  # with two_part, 0 (requant_plans.plan; qdq.requantize)
         self.declared: dict[str, int] = {}  # precisions the model declares for its initializers (round trip)
         self.pending: dict[str, Tensor] = {}  # those initializers not yet made params, in the model's order
         self.stored: dict[str, np.dtype] = {}  # and the type they are stored in, int8 or int32 (kept as params)

@@ -451,7 +451,7 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
     """``from_onnx`` with what a report and a model directory need besides the graph (``Imported``).
     ``outputs``: cut the graph at these tensors (they become the outputs). ``two_part`` (default): a requantization
     whose one-part product is not exact takes two products where they are closer (a sum: where one part errs by
-    more than ``requant.SPLIT`` of a step; docs/import.md, "Two-part products"); False: one part only, fewer CVM
+    more than ``requant_plans.SPLIT`` of a step; docs/import.md, "Two-part products"); False: one part only, fewer CVM
     ops. ``progress(done, total, stage)`` is told of each node group imported ("importing") and of the final check
     ("validating")."""
     if not 1 <= input_precision <= 32:

@@ -21,7 +21,7 @@ from conftest import MODELS
 from support.quantized import float_model
 
 from cvm_onnx.app import cli
-from cvm_onnx.converters.from_onnx import import_model, requant
+from cvm_onnx.converters.from_onnx import import_model, requant_plans
 from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
 
 
@@ -256,12 +256,12 @@ def test_a_plan_over_repeated_ratios_is_the_plan_over_every_ratio(ratios, picks,
     ms = np.array([ratios[i % len(ratios)] for i in picks], dtype=object)
     distinct = sorted(set(ms.flat))
     try:
-        want = requant.plan([(lo, hi, np.array(distinct, dtype=object))], -128, 127)
-    except requant.NoPlan:
-        with pytest.raises(requant.NoPlan):
-            requant.plan([(lo, hi, ms)], -128, 127)
+        want = requant_plans.plan([(lo, hi, np.array(distinct, dtype=object))], -128, 127)
+    except requant_plans.NoPlan:
+        with pytest.raises(requant_plans.NoPlan):
+            requant_plans.plan([(lo, hi, ms)], -128, 127)
         return
-    got = requant.plan([(lo, hi, ms)], -128, 127)
+    got = requant_plans.plan([(lo, hi, ms)], -128, 127)
     assert (got.clip, got.pre_shift, got.shift, got.delta, got.split) == \
         (want.clip, want.pre_shift, want.shift, want.delta, want.split)
     assert got.multipliers[0].tolist() == [want.multipliers[0][distinct.index(m)] for m in ms.flat]

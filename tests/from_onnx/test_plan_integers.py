@@ -1,4 +1,4 @@
-"""The planners compute in Python integers (requant.py, quantized/norm.py): each plan's multipliers and delta equal
+"""The planners compute in Python integers (requant_plans.py, quantized/norm.py): each plan's multipliers and delta equal
 their definitions evaluated in Fractions, over ratios with different denominators (float32 scales, 1 / count),
 shared ratios and sums of terms; ``exact_max`` is the exact maximum where floats tie."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
-from cvm_onnx.converters.from_onnx.requant import SPLIT, NoPlan, exact_max, plan, round_half_up
+from cvm_onnx.converters.from_onnx.requant_plans import SPLIT, NoPlan, exact_max, plan, round_half_up
 from cvm_onnx.core.ops.elemwise import round_shift
 
 SETTINGS = settings(max_examples=60, deadline=None)

@@ -395,7 +395,7 @@ def test_plan_meets_the_precision_rules_and_its_bound(lo, span, ratios, out, zer
     and random ones) r is within plan.error of v * M wherever the output does not saturate; beyond the clip the
     result saturates as unclipped arithmetic would. Into 8 bits from sums within 30 bits, where no one plan holds
     every ratio, runs of channels do, and a single ratio always has a plan."""
-    from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, round_half_up, runs, tight
+    from cvm_onnx.converters.from_onnx.requant_plans import NoPlan, plan, round_half_up, runs, tight
 
     hi = min(lo + span, (1 << 31) - 1)
     zero = min(max(zero, out[0]), out[1])  # a zero point lies within its type (zero_of refuses others)
@@ -558,7 +558,7 @@ def test_per_channel_requantization_of_any_spread_equals_the_oracle(seed, c_in, 
 def test_the_issues_spread_of_channel_scales_is_requantized_in_runs():
     """M in [0.000467, 0.129] over a 32-channel 3x3 accumulator: one one-part plan cannot hold it (the issue's
     refusal), runs of channels can, and so can one two-part plan."""
-    from cvm_onnx.converters.from_onnx.requant import SPLIT, NoPlan, plan, runs
+    from cvm_onnx.converters.from_onnx.requant_plans import SPLIT, NoPlan, plan, runs
 
     ms = np.array([Fraction(0.000467) * (Fraction(0.129) / Fraction(0.000467)) ** Fraction(i, 7) for i in range(8)],
                   dtype=object)
@@ -580,7 +580,7 @@ def test_runs_meet_their_target_where_a_channel_alone_can(lo, hi, ratios, target
     """runs(..., target): every channel in exactly one run, each run's plan within the precision rules (plan) and
     its delta at most the target or, where its first channel alone cannot reach the target, that channel's own
     delta; each run is the longest such prefix of the channels sorted by M."""
-    from cvm_onnx.converters.from_onnx.requant import NoPlan, plan, runs
+    from cvm_onnx.converters.from_onnx.requant_plans import NoPlan, plan, runs
 
     ms = np.array([Fraction(r) for r in ratios], dtype=object)
     parts = runs(lo, hi, ms, *out, target)
@@ -607,7 +607,7 @@ def test_widely_spread_channel_scales_are_requantized_finely():
     values near a half-integer); one two-part plan (or runs) requantizes every channel within FINE and equals the
     oracle. Regression: the import kept the one plan (its CVM model 1.5x as far from the float model as
     onnxruntime's)."""
-    from cvm_onnx.converters.from_onnx.quantized.requantization import FINE
+    from cvm_onnx.converters.from_onnx.quantized.qdq import FINE
 
     rng = np.random.default_rng(5)
     c_out = 8

@@ -19,7 +19,7 @@ from support.quantized import Oracle, qdq
 from cvm_onnx.app.api import load
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.converters.from_onnx.requant import SPLIT, NoPlan, plan, round_half_up, tight
+from cvm_onnx.converters.from_onnx.requant_plans import SPLIT, NoPlan, plan, round_half_up, tight
 from cvm_onnx.core.constants import precision_bound
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.ops.elemwise import round_shift

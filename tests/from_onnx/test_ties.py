@@ -16,7 +16,7 @@ from onnx import numpy_helper as nh
 from support.quantized import INT_RANGE, Oracle, Reader
 
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.converters.from_onnx.requant import plan
+from cvm_onnx.converters.from_onnx.requant_plans import plan
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
 
@@ -116,7 +116,7 @@ def test_a_dyadic_plan_rounds_half_to_even_exactly(a, p, lo, span, per, out, see
     """M = p / 2^a (per channel: a few such ratios) over any accumulator interval: the plan's CVM ops on integers at
     and around every tie (odd multiples of 2^(a-1) / p's part) give round_half_even(v M), saturated, exactly; the
     labels keep every op within 32 bits and both shifts consistent across devices."""
-    from cvm_onnx.converters.from_onnx.requant import tight
+    from cvm_onnx.converters.from_onnx.requant_plans import tight
     rng = np.random.default_rng(seed)
     hi = lo + span
     ms = np.array([Fraction(p * (2 * j + 1) if j else p, 1 << a) for j in range(per)], dtype=object)

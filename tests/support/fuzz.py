@@ -3,14 +3,20 @@ and ``bounded``, which runs one case within the time and memory bounds (tests/co
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import resource
 import time
 import tracemalloc
+from collections.abc import MutableSequence
 from typing import Any, Callable
 
 import numpy as np
+import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import strategies as st
 
+from cvm_onnx.converters.from_onnx import RULES
 from cvm_onnx.converters.to_onnx import to_onnx
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import CVMError
@@ -158,3 +164,88 @@ def bounded(run: Callable[[], Any], input_size: int) -> Any:
         assert cpu < limit, f"took {cpu:.2f} s of CPU for {input_size} bytes"
         assert seconds < WALL_FACTOR * limit, f"took {seconds:.2f} s for {input_size} bytes"
         assert peak <= budget, f"allocated {peak} bytes for {input_size}"
+
+
+def mutate_bytes(draw, data: bytes, steps: list[str], what: str) -> bytes:
+    """Truncated, or 1 to 4 bytes overwritten."""
+    if not data or draw(st.booleans()):
+        n = draw(st.integers(0, max(len(data) - 1, 0)))
+        steps.append(f"truncate {what} to {n} bytes")
+        return data[:n]
+    out = bytearray(data)
+    for _ in range(draw(st.integers(1, 4))):
+        i, b = draw(st.integers(0, len(out) - 1)), draw(st.integers(0, 255))
+        steps.append(f"{what} byte {i} = {b}")
+        out[i] = b
+    return bytes(out)
+
+
+def fields(message: Any, path: str = "model") -> list[tuple[Any, Any, int | None, str]]:
+    """(message, field descriptor, index or None, path) of every set field of a protobuf message, recursively."""
+    out = []
+    for fd, value in message.ListFields():
+        repeated = isinstance(value, MutableSequence)  # protobuf's repeated containers; str is not mutable
+        for k, item in enumerate(value) if repeated else [(None, value)]:
+            out.append((message, fd, k, f"{path}.{fd.name}" + (f"[{k}]" if repeated else "")))
+            if fd.type == fd.TYPE_MESSAGE:
+                out.extend(fields(item, out[-1][3]))
+    return out
+
+
+INTEGER_TYPES = (FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT32,
+                 FieldDescriptor.CPPTYPE_UINT64, FieldDescriptor.CPPTYPE_ENUM)
+ONNX_STRINGS = ["", "data", "../outside.bin", "/etc/hostname", "cvm", "cvm.native", "ai.onnx", "Loop", "If",
+                *sorted({op for _, op in RULES})]  # op types with an import rule, so that mutations reach them
+
+
+@st.composite
+def mutated_onnx(draw, seeds: dict[str, bytes]) -> Case:
+    """An exported seed with 1 to 3 fields changed (ints to extremes, strings to names or odd values, bytes broken,
+    repeated elements deleted, duplicated or swapped), or its serialized bytes broken."""
+    name = draw(st.sampled_from(sorted(seeds)))
+    data = seeds[name]
+    steps: list[str] = []
+    if draw(st.integers(0, 5)) == 0:
+        broken = mutate_bytes(draw, data, steps, "file")
+        return Case(name, tuple(steps), (broken,))
+    model = onnx.load_from_string(data)
+    names = sorted({n for node in model.graph.node for n in [*node.input, *node.output]})
+    for _ in range(draw(st.integers(1, 3))):
+        message, fd, k, path = draw(st.sampled_from(fields(model)))
+        container = getattr(message, fd.name)
+        kind = draw(st.sampled_from(["set", "delete", "duplicate", "swap"])) if k is not None else "set"
+        if kind == "delete":
+            del container[k]
+        elif kind == "duplicate":
+            if fd.type == fd.TYPE_MESSAGE:
+                container.add().CopyFrom(container[k])
+            else:
+                container.append(container[k])
+        elif kind == "swap":
+            j = draw(st.integers(0, len(container) - 1))
+            a, b = copy.deepcopy(container[k]), copy.deepcopy(container[j])
+            if fd.type == fd.TYPE_MESSAGE:
+                container[k].CopyFrom(b)
+                container[j].CopyFrom(a)
+            else:
+                container[k], container[j] = b, a
+            kind = f"swap with {j}"
+        elif fd.type in (fd.TYPE_STRING, fd.TYPE_BYTES) or fd.cpp_type in INTEGER_TYPES:
+            if fd.type == fd.TYPE_STRING:
+                value = draw(st.sampled_from(ONNX_STRINGS + names))
+            elif fd.type == fd.TYPE_BYTES:
+                value = mutate_bytes(draw, container if k is None else container[k], [], "")
+            else:
+                value = draw(st.sampled_from(EXTREMES))
+            try:
+                if k is None:
+                    setattr(message, fd.name, value)
+                else:
+                    container[k] = value
+                kind = f"set {value!r:.40}"
+            except (ValueError, TypeError):
+                kind = "keep"  # the extreme does not fit this field's type
+        else:
+            kind = "keep"
+        steps.append(f"{kind} {path}")
+    return Case(name, tuple(steps), (model.SerializeToString(),))

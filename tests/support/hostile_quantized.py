@@ -21,7 +21,7 @@ from onnx import numpy_helper as nh
 
 from cvm_onnx.core.format.onnx_file import onnx_model
 
-from .fuzz import Case
+from .fuzz import Case, mutated_onnx
 from .quantized import Reader, float_model
 
 #: Positions of the scales and zero points of each quantizing op (QLinearConcat's are counted per node).
@@ -289,9 +289,7 @@ def mutated(draw, seeds: dict[str, bytes]) -> Case:
     """A seed with 1 to 3 quantization mutations, or one of the generic mutations of tests/core/test_reliability.py."""
     name = draw(st.sampled_from(sorted(seeds)))
     if draw(st.integers(0, 4)) == 0:
-        import test_reliability as R
-
-        case = draw(R.mutated_onnx({name: seeds[name]}))
+        case = draw(mutated_onnx({name: seeds[name]}))
         return Case(name, ("generic",) + case.steps, case.files)
     model = onnx.load_from_string(seeds[name])
     steps: list[str] = []

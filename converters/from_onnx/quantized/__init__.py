@@ -6,24 +6,24 @@ broadcast over it (per channel); ``Summed``, a sum of those (an Add of tensors o
 a float function of a ``Scaled`` (Sigmoid, Tanh, ...). DequantizeLinear makes a ``Scaled`` of its integer input
 and emits nothing. Float ops on ``Real`` values are integer ops: Conv/MatMul/Gemm accumulate in int32 at scale
 s_x * s_w, MaxPool/Reshape/... run the integer rules on t, Relu is max(t, zero). QuantizeLinear requantizes a
-``Real`` into its integer type (``requant.plan``: multiply, cvm_right_shift, saturation as clip); a ``Mapped``
+``Real`` into its integer type (``requant_plans.plan``: multiply, cvm_right_shift, saturation as clip); a ``Mapped``
 becomes a cvm_lut table over its input's integers. A QOperator node is the same composition
 (QLinearConv = QuantizeLinear(Conv(DequantizeLinear(x), DequantizeLinear(w)))). See docs/import.md.
 
 The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
 scales), ``parameters`` (every quantization parameter checked against its op's schema before a rule computes),
-``requantization`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
+``qdq`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``elementwise`` (Add, Mul, Relu, Clip, float functions), ``moves`` (the integer rules on a dequantized value's
 integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator`` (the QLinear*
 compositions), ``edges`` (the graph's float input and outputs) and ``chains`` (written-out softmaxes, found in
 the graph before the walk).
 """
 # registers the rules, in the order of the module they were split from
-from . import values, parameters, requantization, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
+from . import values, parameters, qdq, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
 from .chains import SoftmaxChain, softmax_chains, softmax_value
 from .edges import InputEdge, input_edge, input_precision, output_edge
 from .parameters import problem as parameter_problem
-from .requantization import Requant, quantized_constant
+from .qdq import Requant, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
 __all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "input_edge", "input_precision",

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
-from ..requant import NoPlan, softmax_plan
-from .requantization import quantize
+from ..requant_plans import NoPlan, softmax_plan
+from .qdq import quantize
 from .values import QUANTIZED_TYPES, Mapped, Scaled, Softmaxed, Summed
 
 

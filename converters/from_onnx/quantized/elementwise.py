@@ -14,7 +14,7 @@ import numpy as np
 from ..context import INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule
-from .requantization import MAX_TABLE, Requant, quantize
+from .qdq import MAX_TABLE, Requant, quantize
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):

@@ -24,8 +24,8 @@ from cvm_onnx.core.constants import tight
 from ..context import INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, reduced
 from ..registry import Refuse, float_rule
-from ..requant import NoPlan, exact_max
-from .requantization import Requant, saturate
+from ..requant_plans import NoPlan, exact_max
+from .qdq import Requant, saturate
 from .values import Deferred, Scaled, per_tensor, scaled
 
 MAX_TABLE = 1 << 16  # entries of the 1 / sqrt table

@@ -10,7 +10,7 @@ from ..registry import Refuse, rule
 from .elementwise import FUNCTIONS, add_rule, mapped, multiply
 from .moves import concat_rule
 from .products import average, conv, dense, global_average, variable_matmul, weight
-from .requantization import dequantize, out_type, quantize, softmax_view
+from .qdq import dequantize, out_type, quantize, softmax_view
 from .values import MS, Scaled, Softmaxed, per_tensor, scale_of, zero_of
 
 

@@ -22,8 +22,8 @@ from ..context import INT32, Tensor, const
 from ..emit import as_int32, concatenated, strided_slice
 from ..registry import Refuse, float_rule
 from .products import dense
-from ..requant import NoPlan, plan
-from .requantization import Requant, apply
+from ..requant_plans import NoPlan, plan
+from .qdq import Requant, apply
 from .values import Scaled, per_tensor, scaled
 
 INDEX_BITS = 8  # gate pre-activations in steps of 2^-8
@@ -64,7 +64,7 @@ def table(ctx, index: Tensor, values: np.ndarray, lo: int, hi: int) -> Tensor:
 
 def to_grid(ctx, x: Scaled, bound: int) -> Tensor:
     """x (zero point 0, a scale per column) in steps of 2^-8, clipped to +-bound: one requantization plan
-    (requant.plan) into [-bound, bound], recorded for the report."""
+    (requant_plans.plan) into [-bound, bound], recorded for the report."""
     grid = Fraction(1, 1 << INDEX_BITS)
     ratios = np.asarray(x.scale / grid, dtype=object).reshape(-1)
     v = as_int32(x.t)

@@ -1,5 +1,5 @@
 """DequantizeLinear (a ``Scaled`` of its integer input, nothing emitted) and QuantizeLinear: a ``Real`` requantized into
-its integer type (``requant.plan``: multiply, cvm_right_shift, saturation as clip; per-channel runs; a far zero point
+its integer type (``requant_plans.plan``: multiply, cvm_right_shift, saturation as clip; per-channel runs; a far zero point
 settled), a ``Mapped`` as a cvm_lut table, a ``Softmaxed`` by its softmax plan. ``Requant`` records each for the report.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from onnx import TensorProto
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import as_int32, broadcast_shape, minus_zero, reduced
 from ..registry import Refuse, float_rule, rule
-from ..requant import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
+from ..requant_plans import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
 from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
                      per_tensor, scale_of, scaled, zero_of)
 
@@ -27,7 +27,7 @@ FINE = Fraction(1, 64)
 @dataclass(frozen=True)
 class Requant:
     """One requantization, for the report: the ONNX node, the ratios M, the plan (or M == 1, or a table: none), or
-    the runs of channels with a plan each (requant.runs) where one plan cannot hold every channel."""
+    the runs of channels with a plan each (requant_plans.runs) where one plan cannot hold every channel."""
 
     node: str
     ratios: tuple[float, ...]
@@ -237,7 +237,7 @@ def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int
 
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
-    """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant.py); a split
+    """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant_plans.py); a split
     plan's products in two parts (``split``); an even plan's shift rounding half to even (``half_even``)."""
     if p.split:
         return split(ctx, [prepared(ctx, v, p) for v in vs], p)
@@ -357,7 +357,7 @@ def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tenso
 
 
 def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
-    """QuantizeLinear(Softmax(x)) in integers (requant.SoftmaxPlan): d = max - t along the axis (CVM max,
+    """QuantizeLinear(Softmax(x)) in integers (requant_plans.SoftmaxPlan): d = max - t along the axis (CVM max,
     broadcast_sub); T, H, L = cvm_lut(d) of their tables; S' = sum H + cvm_right_shift(sum L, b) (CVM sum);
     y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip."""
     a = per_tensor(x.x, "Softmax")
