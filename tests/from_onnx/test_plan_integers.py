@@ -83,10 +83,13 @@ def test_a_sums_plan_is_its_definition_in_fractions(terms, split):
 @given(n=st.sampled_from([2, 7, 64, 384]), lo=st.integers(-128, 0), w=st.integers(1, 255),
        s=st.floats(2.0**-8, 1.0, width=32), s_out=st.floats(2.0**-6, 1.0, width=32),
        spread=st.floats(0.0, 3.0), seed=st.integers(0, 2**31))
+@example(n=384, lo=-128, w=255, s=0.027, s_out=2.0**-6, spread=3.0, seed=0).via("gamma up to ~700 steps: saturating")
 def test_a_layernorm_plans_multipliers_and_delta_are_their_definitions(n, lo, w, s, s_out, spread, seed):
     """m_i = round_half_up(gamma_i 2^(k-F+j) / s_out), B_i = round_half_up(beta_i 2^k / s_out) and delta =
     max_i |c_i| err + nb |m_i / 2^k - c_i| + |B_i / 2^k - beta_i / s_out| (c_i = gamma_i / (s_out 2^(F-j)),
-    err = E / 2^j + 1 or 2, E the bound level_table gives the plan's table), betas clamped as the plan does."""
+    err = E / 2^j + 1 or 2, E the bound level_table gives the plan's table), betas clamped as the plan does; a
+    saturating plan (gamma of many steps): m_i at k + s bits and, per position, the lesser of that (+ 2^-k) and
+    A_i (|mu_i| eps + |mu_i - c_i|) / |c_i| + |mu_i| e_t + |B_i / 2^k - beta_i / s_out| + 2^-k (docs/import.md)."""
     from cvm_onnx.converters.from_onnx.quantized.norm import level_table
 
     rng = np.random.default_rng(seed)
@@ -100,16 +103,27 @@ def test_a_layernorm_plans_multipliers_and_delta_are_their_definitions(n, lo, w,
         return
     v_max = n * n * w * w // 4
     g = float(eps * n * n / (Fraction(s) * Fraction(s)))
-    _, worst = level_table(n, v_max, g, p.table_bits, p.levels, p.frac_bits, p.split)
-    err = Fraction(worst) / (1 << p.extra) + (2 if p.split else 1)
+    _, worst, rel = level_table(n, v_max, g, p.table_bits, p.levels, p.frac_bits, p.split)
+    e_t = 2 if p.split else 1
+    err = Fraction(worst) / (1 << p.extra) + e_t
     c = [x / (1 << (p.frac_bits - p.extra)) for x in gamma]
-    assert list(p.multipliers) == [round_half_up(x * (1 << p.shift)) for x in c]
+    sg = p.gamma_split
+    assert list(p.multipliers) == [round_half_up(x * (1 << (p.shift + sg))) for x in c]
     root = math.isqrt(n - 1) + 1  # the plan clamps far betas (they saturate either way): as layernorm_plan
     clamped = [max(-lim, min(lim, b)) for gi, b in zip(gamma, beta) for lim in [abs(gi) * root + 255 + 2]]
     assert list(p.offsets) == [round_half_up(x * (1 << p.shift)) for x in clamped]
-    assert p.delta == max(abs(ci) * err + p.n_bound * abs(Fraction(int(mi), 1 << p.shift) - ci)
-                          + abs(Fraction(int(bi), 1 << p.shift) - b)
-                          for ci, mi, bi, b in zip(c, p.multipliers, p.offsets, clamped))
+
+    def bound(ci, mi, bi, b):
+        mu, off = Fraction(int(mi), 1 << (p.shift + sg)), abs(Fraction(int(bi), 1 << p.shift) - b)
+        if not p.saturating:
+            return abs(ci) * err + p.n_bound * abs(mu - ci) + off
+        off += Fraction(1, 1 << p.shift) if sg else 0
+        plain = abs(ci) * err + p.n_bound * abs(mu - ci) + off
+        reach = max(124 - b, b + 131) + 1
+        return min(plain, reach * (abs(mu) * Fraction(rel) + abs(mu - ci)) / abs(ci) + abs(mu) * e_t + off) \
+            if ci else plain
+
+    assert p.delta == max(bound(*q) for q in zip(c, p.multipliers, p.offsets, clamped))
 
 
 @SETTINGS

@@ -509,9 +509,11 @@ def test_layernorm_with_a_beta_that_saturates_its_outputs_is_exact():
     check_layernorm((2, 4), 0, T.INT8, T.INT8, 2.0, 0.015625, 1e-12, 0.02286708913743496, False, 0, 0, gamma, beta, x)
 
 
-def check_layernorm(shape, axis, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x):
+def check_layernorm(shape, axis, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x,
+                    must_import: bool = False):
     """The LayerNormalization of the two tests above imported and run on x: equal to the integer form's oracle, every
-    unsaturated output within 1/2 + delta of the exact value, or refused only for a gamma wider than 256 steps."""
+    unsaturated output within 1/2 + delta of the exact value, or (unless ``must_import``) refused only for a gamma
+    wider than 256 steps. Returns the plan (None when refused)."""
     a = axis % len(shape)
     view = (math.prod(shape[:a]), math.prod(shape[a:]))
     has_beta = beta is not None
@@ -522,8 +524,9 @@ def check_layernorm(shape, axis, x_type, out_type, s, so, eps, sg, float_params,
     try:
         imp, got = imported(m, x)
     except CVMError as e:  # refused only for a gamma wider than the output type's 256 steps, saying why
-        assert "has no integer form within half a step" in str(e) and max(abs(q) for q in g) / so_ > 256
-        return
+        assert not must_import and "has no integer form within half a step" in str(e) \
+            and max(abs(q) for q in g) / so_ > 256
+        return None
     [p] = [r.layernorm for r in imp.requants if r.layernorm]
     eps_ = Fraction(float(np.float32(eps)))
     lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
@@ -535,6 +538,7 @@ def check_layernorm(shape, axis, x_type, out_type, s, so, eps, sg, float_params,
     inside = (got.reshape(view) > lo) & (got.reshape(view) < hi)
     assert (np.abs(got.reshape(view) - exact)[inside] <= p.error + 1e-6).all()
     assert p.delta < Fraction(1, 2)
+    return p
 
 
 def test_layernorm_refusals_name_the_node():

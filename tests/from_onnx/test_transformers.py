@@ -15,7 +15,7 @@ from fractions import Fraction
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -239,6 +239,41 @@ def test_layernorm_with_a_wide_gamma_takes_r_in_two_parts(wide, seed, kind):
     assert p.split > 0 and p.delta < Fraction(1, 2)
     gamma = np.full(n, 127) * np.where(rng.integers(0, 2, n) == 0, -1, 1)
     check_layernorm((2, n), -1, T.UINT8, T.UINT8, 0.027, so, 1e-5, sg, False, 75, 75, gamma, None, x)
+
+
+@settings(max_examples=8, deadline=None)
+@given(n=st.sampled_from([384, 768]), steps=st.sampled_from([97, 221, 1000]) | st.integers(65, 1000),
+       kind=st.sampled_from(["random", "extremes", "band", "one off"]),
+       spread=st.sampled_from(["signs", "random", "outliers"]), has_beta=st.booleans(), seed=st.integers(0, 2**16))
+@example(n=768, steps=1000, kind="random", spread="outliers", has_beta=True, seed=1)
+@example(n=384, steps=1000, kind="extremes", spread="signs", has_beta=False, seed=2)
+def test_layernorm_with_a_gamma_of_up_to_1000_steps_imports(n, steps, kind, spread, has_beta, seed):
+    """A gamma of up to 1000 output steps per standard deviation at n = 384 and 768 (ViT-S/16's last norms: 97-221
+    steps at 384, refused before): m_i in two parts and the bound on the outputs that do not saturate; equal to the
+    oracle, every unsaturated output within 1/2 + delta of float (check_layernorm), never refused."""
+    rng = np.random.default_rng(seed)
+    c = int(rng.integers(60, 200))
+    x = {"random": lambda: rng.integers(0, 256, (2, n)), "extremes": lambda: rng.integers(0, 2, (2, n)) * 255,
+         "band": lambda: rng.integers(100, 104, (2, n)),
+         "one off": lambda: np.where(np.arange(n) == rng.integers(0, n), 255, np.full((2, n), c))}[kind]()
+    gamma = {"signs": lambda: np.full(n, 127) * np.where(rng.integers(0, 2, n) == 0, -1, 1),
+             "random": lambda: rng.integers(-127, 128, n),
+             "outliers": lambda: rng.integers(-2, 3, n)}[spread]()  # most channels near 0, a few at the extreme
+    gamma[rng.integers(0, n, 3)] = [127, -127, 127]
+    beta = rng.integers(-3000, 3000, n) if has_beta else None
+    sg, so = 0.006, 0.006 * 127 / steps
+    check_layernorm((2, n), -1, T.UINT8, T.UINT8, 0.027, so, 1e-5, sg, False, 75, 75, gamma, beta, x,
+                    must_import=True)
+
+
+def test_a_vit_norm_of_97_steps_was_refused_by_the_plain_bound():
+    """ViT-S/16's layer.11/norm1 class (n = 384, |gamma| up to 97 steps, channels of every size): no plain plan
+    lies within half a step, the saturating one does."""
+    rng = np.random.default_rng(0)
+    sg, so = Fraction(float(np.float32(0.006))), Fraction(float(np.float32(0.006 * 127 / 97)))
+    g = np.array([sg * int(q) / so for q in rng.integers(-127, 128, 384)], dtype=object)
+    p = layernorm_plan(384, 0, 255, Fraction(float(np.float32(0.027))), Fraction(1, 10**5), g, g * 0, -75, 180)
+    assert p.saturating and p.gamma_split > 0 and p.delta < Fraction(1, 2)
 
 
 # -- GELU ---------------------------------------------------------------------------------------------------------

@@ -82,6 +82,39 @@ def test_encoder_blocks(tmp_path, dims, form):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+def saturating_layernorm(n: int = 768, steps: int = 1000):
+    """DequantizeLinear -> LayerNormalization over n values, float gamma reaching ``steps`` output steps per standard
+    deviation (most channels near 0), float beta -> QuantizeLinear: imported with the saturating plan (m_i in two
+    parts)."""
+    rng = np.random.default_rng(0)
+    so = 0.006 * 127 / steps
+    gamma = rng.integers(-2, 3, n).astype(np.float32) * np.float32(0.006)
+    gamma[:3] = np.float32(0.006 * 127) * np.array([1, -1, 1], np.float32)
+    beta = (rng.normal(size=n) * 40 * so).astype(np.float32)
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("LayerNormalization", ["xf", "g", "b"], ["yf"], axis=-1, epsilon=1e-5),
+             h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
+    inits = {"s": np.float32(0.027), "z": np.uint8(75), "g": gamma, "b": beta, "so": np.float32(so),
+             "zo": np.uint8(75)}
+    imp = import_model(qdq(nodes, (2, n), T.UINT8, inits, T.UINT8), input_precision=9)
+    [plan] = [r.layernorm for r in imp.requants if r.layernorm]
+    assert plan.saturating and plan.gamma_split
+    return imp
+
+
+def test_layernorm_of_a_gamma_of_1000_steps(tmp_path):
+    """Issue 35's LayerNorm whose gamma reaches 1000 output steps at n = 768: the product by m_i in two parts."""
+    imp = saturating_layernorm()
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(1)
+    xs = [rng.integers(0, 256, (2, 768)).astype(np.int32), np.full((2, 768), 75, np.int32),
+          np.where(rng.integers(0, 2, (2, 768)) == 0, 0, 255).astype(np.int32)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 @pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {})])
 def test_recurrent_layers(tmp_path, op, attrs):
     """Issue 35's unrolled LSTM and GRU (bidirectional, tests/from_onnx/test_transformers.py's model) as `cvm-onnx quantize`

@@ -416,8 +416,10 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
     and everything else recomputed here: u = x - c, D = n u - sum u, V = n sum u^2 - (sum u)^2, the level m and
     bucket of V, R = round(2^(F+m+h) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
     N = trunc(D R / 2^(m+j)) (h = 0), else trunc(D (R >> h) / 2^(m+j)) + trunc(D (R mod 2^h) / 2^(m+j+h)),
-    y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out),
-    B_i = round(beta_i 2^k / s_out), + z_out, saturated. The plan's clip of N is not applied (it must be exact)."""
+    y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out) (s = 0), else
+    round_half_up((N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s) + B_i) / 2^k) with m_i = round(gamma_i 2^(k+s-F+j) /
+    s_out), B_i = round(beta_i 2^k / s_out), + z_out, saturated. The plan's clip of N is not applied (it must be
+    exact)."""
     outer, n = view
     u = x.reshape(outer, n).astype(object) - p.centre
     total = u.sum(axis=1, keepdims=True)
@@ -436,7 +438,8 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
     assert q  # T >= 2
     rm = [one(int(vi)) for vi in v.reshape(-1)]
     f, j, k = p.frac_bits, p.extra, p.shift
-    ms = [math.floor(gi / s_out * 2 ** (k - f + j) + Fraction(1, 2)) for gi in gamma]
+    sg = p.gamma_split
+    ms = [math.floor(gi / s_out * 2 ** (k + sg - f + j) + Fraction(1, 2)) for gi in gamma]
     bs = [math.floor(bi / s_out * 2 ** k + Fraction(1, 2)) for bi in beta]
     out = np.empty((outer, n), np.int64)
     for row, (r, m) in enumerate(rm):
@@ -446,7 +449,12 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
                                 else [(r, m + j)]):
                 prod = int(d[row, i]) * part
                 nn += abs(prod) >> shift if prod >= 0 else -(abs(prod) >> shift)  # C's truncation
-            y = (nn * ms[i] + bs[i] + (1 << (k - 1))) >> k
+            if sg:
+                lowp = nn * (ms[i] & ((1 << sg) - 1))
+                scaled = nn * (ms[i] >> sg) + (abs(lowp) >> sg if lowp >= 0 else -(abs(lowp) >> sg))
+            else:
+                scaled = nn * ms[i]
+            y = (scaled + bs[i] + (1 << (k - 1))) >> k
             out[row, i] = min(max(y + zo, lo), hi)
     return out.reshape(x.shape)
 

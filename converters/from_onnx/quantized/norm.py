@@ -8,7 +8,8 @@ D_i = n u_i - sum u = n (x_i - mean) / s and V = n sum u^2 - (sum u)^2 = n^2 var
 m = 0 and the bucket V, v = V exactly; else 4^(m-1) 2^T <= V < 4^m 2^T, the bucket floor(V / 4^m), v its middle),
 then N = trunc(D R / 2^(m+j)) and the output round_half_up((N m_i + B_i) / 2^k) + z_out with
 m_i = round(gamma_i 2^(k-F+j) / s_out) and B_i = round(beta_i 2^k / s_out). ``layernorm_plan`` picks T, F, j and k
-for the least bound.
+for the least bound; where it passes half a step (a gamma of many output steps), m_i takes s more bits in two
+products and the bound covers the outputs that do not saturate (``saturating_plan``).
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class LayerNormPlan:
     delta: Fraction
     quarter: int = 0  # q: V as floor(V / 4^q) from the row's mean-centred sums when n^2 max|u|^2 passes 32 bits
     split: int = 0  # h: R holds h more bits, D R taken in two products (R >> h, R mod 2^h); 0: one product
+    gamma_split: int = 0  # s: m_i holds s more bits, N m_i / 2^s as N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s)
+    saturating: bool = False  # delta bounds the outputs that do not saturate (docs: "A gamma of many steps")
 
     @property
     def error(self) -> float:
@@ -67,15 +70,16 @@ def _rounded(num: int, den: int, t: int) -> int:
 
 
 def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
-                h: int = 0) -> tuple[np.ndarray, float]:
+                h: int = 0) -> tuple[np.ndarray, float, float]:
     """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
     2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / sqrt(v + G)) with h extra bits (the split
     form's), and E = the worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or
     V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the bucket's ends (the distance is monotone in V
-    within a bucket) with a relative margin of 2^-40."""
+    within a bucket) with a relative margin of 2^-40; and eps = the worst |R / (2^h R*) - 1|, R* = 2^(F+m) /
+    sqrt(V + G), over the same V (monotone within a bucket too), with an absolute margin of 2^-40."""
     size, step = 1 << t_bits, 3 << (t_bits - 2)
     table = np.zeros(size + levels * step if levels else v_max + 1, np.int64)
-    worst = 0.0
+    worst = rel = 0.0
     for m in range(levels + 1):
         k = np.arange(size, dtype=np.int64)
         if m:
@@ -96,7 +100,8 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
             e = np.abs(np.ldexp(r.astype(np.float64), -h) - np.ldexp(1 / np.sqrt(v + g), f + m)) * \
                 np.sqrt((n - 1) * v.astype(np.float64))
             worst = max(worst, float(np.max(np.ldexp(e, -m))))
-    return table, worst * (1 + 2.0**-40)
+            rel = max(rel, float(np.max(np.abs(np.ldexp(r.astype(np.float64), -(f + m + h)) * np.sqrt(v + g) - 1))))
+    return table, worst * (1 + 2.0**-40), rel + 2.0**-40
 
 
 def small_rows(n: int, t_bits: int, quarter: int) -> int:
@@ -167,9 +172,13 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     beta = np.array([max(-limit, min(limit, bi)) for gi, bi in zip(gamma.flat, beta.flat)
                      for limit in [abs(gi) * root + high - low + 2]], dtype=object)
     shape = (n, centre, t_bits, levels, quarter, precision)
-    best = best_plan(shape, v_max, g, f, d_bits, 0, gamma, beta)
-    if (best is None or best.delta >= Fraction(1, 2)) and (h := 31 - d_bits) > 0:  # R in two parts
+    best, h = best_plan(shape, v_max, g, f, d_bits, 0, gamma, beta), 31 - d_bits
+    if (best is None or best.delta >= Fraction(1, 2)) and h > 0:  # R in two parts
         best = best_plan(shape, v_max, g, f, d_bits, h, gamma, beta)
+    if best is None or best.delta >= Fraction(1, 2):  # the bound on the outputs that do not saturate
+        plans = [best_plan(shape, v_max, g, f, d_bits, part, gamma, beta, (low, high))
+                 for part in ((0, h) if h > 0 else (0,))]
+        best = min((p for p in plans if p is not None), key=lambda p: p.delta, default=None)
     if best is None or best.delta >= Fraction(1, 2):
         raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
                      "integer form within half a step in 32 bits")
@@ -177,15 +186,18 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
 
 
 def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, gamma: np.ndarray,
-              beta: np.ndarray) -> LayerNormPlan | None:
+              beta: np.ndarray, outputs: tuple[int, int] | None = None) -> LayerNormPlan | None:
     """The plan of least delta for table bits F and split h (0: one product D R; else D (R >> h) and D (R mod 2^h),
-    each truncated), over j and k; None when no table or no multipliers fit 32 bits."""
+    each truncated), over j and k; with ``outputs`` (low, high), ``saturating_plan``'s. None when no table or no
+    multipliers fit 32 bits."""
     n, centre, t_bits, levels, quarter, precision = shape
-    table, worst = level_table(n, v_max, g, t_bits, levels, f, h)
+    table, worst, rel = level_table(n, v_max, g, t_bits, levels, f, h)
     if tight(int(table.max(initial=0)) >> h) + d_bits > 32:
-        if h:
+        if h or outputs:
             return None
         raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
+    if outputs is not None:
+        return saturating_plan(shape, table, worst, rel, f, h, gamma, beta, outputs)
     best = None
     gn, gd = [x.numerator for x in gamma.flat], [x.denominator for x in gamma.flat]
     bn, bd = [x.numerator for x in beta.flat], [x.denominator for x in beta.flat]
@@ -218,6 +230,51 @@ def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, g
             if best is None or delta < best.delta:
                 best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
                                      np.array(bs, np.int64), k, precision, delta, quarter, h)
+            break
+    return best
+
+
+def saturating_plan(shape: tuple, table: np.ndarray, worst: float, rel: float, f: int, h: int, gamma: np.ndarray,
+                    beta: np.ndarray, outputs: tuple[int, int]) -> LayerNormPlan | None:
+    """The plan of least delta over j and k with m_i = round_half_up(c_i 2^(k+s)) in two parts (s = 30 -
+    label(N_b)) and, per position, the lesser of the plain bound (with 2^-k for the low part's truncation) and
+    A_i (|mu_i| eps + |mu_i - c_i|) / |c_i| + |mu_i| e_t + |B_i / 2^k - beta_i| + 2^-k, mu_i = m_i / 2^(k+s),
+    A_i = max(high - beta_i, beta_i - low) + 1: the bound of every output that does not saturate (docs)."""
+    n, centre, t_bits, levels, quarter, precision = shape
+    low, high = outputs
+    eps, e_t = Fraction(rel), 2 if h else 1
+    reach = [max(high - b, b - low) + 1 for b in beta.flat]
+    extremes_g = [min(gamma.flat), max(gamma.flat)] if gamma.size else []
+    extremes_b = [min(beta.flat), max(beta.flat)] if beta.size else []
+    best = None
+    for j in range(0, f + 1):
+        if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+            break
+        err = Fraction(worst) / (1 << j) + e_t
+        nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
+        s, u = 30 - tight(nb), f - j
+        if s < 0:
+            continue
+        for k in range(MAX_SHIFT - precision, 0, -1):
+            # floor(m / 2^s) and round_half_up are monotone: the extremes give the largest |m_i >> s| and |B_i|
+            peak_a = max((abs(_rounded(x.numerator, x.denominator, k + s - u) >> s) for x in extremes_g), default=0)
+            peak_b = max((abs(_rounded(x.numerator, x.denominator, k)) for x in extremes_b), default=0)
+            if tight(nb) + tight(peak_a) > 30 or tight(peak_b) > 30:
+                continue
+            ms = [_rounded(x.numerator, x.denominator, k + s - u) for x in gamma.flat]
+            bs = [_rounded(x.numerator, x.denominator, k) for x in beta.flat]
+            rest = Fraction(1 if s else 0, 1 << k)
+            delta = Fraction(0)
+            for gi, mi, bi, b, a in zip(gamma.flat, ms, bs, beta.flat, reach):
+                c, mu = gi / (1 << u), Fraction(mi, 1 << (k + s))
+                off = abs(Fraction(bi, 1 << k) - b) + rest
+                d = abs(c) * err + nb * abs(mu - c) + off
+                if c:
+                    d = min(d, a * (abs(mu) * eps + abs(mu - c)) / abs(c) + abs(mu) * e_t + off)
+                delta = max(delta, d)
+            if best is None or delta < best.delta:
+                best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
+                                     np.array(bs, np.int64), k, precision, delta, quarter, h, s, True)
             break
     return best
 
@@ -302,9 +359,19 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
         e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
         prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
-    m = c32(p.multipliers.reshape(1, n))
-    peak_m = int(np.abs(p.multipliers).max(initial=0))
-    y = op("broadcast_mul", prod, m, -prod.hi * peak_m, prod.hi * peak_m, rows)
+    if p.gamma_split:  # N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s)
+        high = p.multipliers >> p.gamma_split
+        peak_m, lows = int(np.abs(high).max(initial=0)), (1 << p.gamma_split) - 1
+        y = op("broadcast_mul", prod, c32(high.reshape(1, n)), -prod.hi * peak_m, prod.hi * peak_m, rows)
+        low = op("broadcast_mul", prod, c32((p.multipliers & lows).reshape(1, n)), -prod.hi * lows,
+                 prod.hi * lows, rows)
+        bound = (prod.hi * lows) >> p.gamma_split
+        low = op("broadcast_div", low, c32(1 << p.gamma_split), -bound, bound, rows)
+        y = op("broadcast_add", y, low, y.lo - bound, y.hi + bound, rows)
+    else:
+        m = c32(p.multipliers.reshape(1, n))
+        peak_m = int(np.abs(p.multipliers).max(initial=0))
+        y = op("broadcast_mul", prod, m, -prod.hi * peak_m, prod.hi * peak_m, rows)
     if p.offsets.any():
         b = c32(p.offsets.reshape(1, n))
         y = op("broadcast_add", y, b, y.lo + int(p.offsets.min()), y.hi + int(p.offsets.max()), rows)
