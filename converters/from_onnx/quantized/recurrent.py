@@ -303,6 +303,25 @@ def unrolled(node, op: str, gates: int, x, w, r, b, lens):
     return xs, way, dirs, hidden, wv, rv, bv
 
 
+def orders(way: str, dirs: int, steps: int) -> list[list[int]]:
+    """Each direction's order of the steps: forward, or backward for "reverse" and a bidirectional layer's second."""
+    return [list(range(steps)) if (way == "forward" or d == 0) and way != "reverse" else list(range(steps - 1, -1, -1))
+            for d in range(dirs)]
+
+
+def stacked(ctx, per_direction: list, steps: int, batch: int, hidden: int):
+    """Y (steps, dirs, batch, hidden) from each direction's outputs in time order."""
+    dirs = len(per_direction)
+    return concatenated(ctx, 0, *(ctx.reshape(concatenated(ctx, 1, *(ctx.reshape(ys[k], (1, 1, batch, hidden))
+                                                                   for ys in per_direction)), (1, dirs, batch, hidden))
+                                  for k in range(steps)))
+
+
+def finals(ctx, states: list, batch: int, hidden: int):
+    """Y_h or Y_c (dirs, batch, hidden) from each direction's last state."""
+    return concatenated(ctx, 0, *(ctx.reshape(h, (1, batch, hidden)) for h in states))
+
+
 @float_rule("LSTM", since=7)
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
@@ -318,20 +337,14 @@ def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     cv = floats(c0, "LSTM initial_c", (dirs, batch, hidden))
     g = gate_bits(steps, float(np.abs(cv).max(initial=0)))
     outs = []
-    for d in range(dirs):
-        order = list(range(steps)) if (way == "forward" or d == 0) and way != "reverse" else \
-            list(range(steps - 1, -1, -1))
+    for d, order in enumerate(orders(way, dirs, steps)):
         ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g)
-        if order[0] != 0:
-            ys = ys[::-1]
-        outs.append((ys, h, c))
+        outs.append((ys if order[0] == 0 else ys[::-1], h, c))
     one = Fraction(1, 1 << (2 * g))
     z = np.zeros((), np.int64)
-    y = concatenated(ctx, 0, *(ctx.reshape(concatenated(ctx, 1, *(ctx.reshape(o[0][k], (1, 1, batch, hidden))
-                                                                for o in outs)), (1, dirs, batch, hidden))
-                               for k in range(steps)))
-    yh = concatenated(ctx, 0, *(ctx.reshape(o[1], (1, batch, hidden)) for o in outs))
-    yc = concatenated(ctx, 0, *(ctx.reshape(o[2], (1, batch, hidden)) for o in outs))
+    y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
+    yh = finals(ctx, [o[1] for o in outs], batch, hidden)
+    yc = finals(ctx, [o[2] for o in outs], batch, hidden)
     return [Scaled(y, np.asarray(one, dtype=object), z), Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z),
             Scaled(yc, np.asarray(Fraction(1, 1 << g), dtype=object), z)]
 
@@ -349,16 +362,12 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     g = min(gate_bits(steps, 0.0), 10)  # z h one, labels (G + 2) + 9 + (G + 2) within 32
     before = bool(node.attr_int("linear_before_reset", 0))
     outs = []
-    for d in range(dirs):
-        order = list(range(steps)) if way == "forward" or (way == "bidirectional" and d == 0) else \
-            list(range(steps - 1, -1, -1))
+    for d, order in enumerate(orders(way, dirs, steps)):
         ys, h = gru_direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], order, g, before)
         outs.append((ys if order[0] == 0 else ys[::-1], h))
     z = np.zeros((), np.int64)
-    y = concatenated(ctx, 0, *(ctx.reshape(concatenated(ctx, 1, *(ctx.reshape(o[0][k], (1, 1, batch, hidden))
-                                                                for o in outs)), (1, dirs, batch, hidden))
-                               for k in range(steps)))
-    yh = concatenated(ctx, 0, *(ctx.reshape(o[1], (1, batch, hidden)) for o in outs))
+    y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
+    yh = finals(ctx, [o[1] for o in outs], batch, hidden)
     return [Scaled(y, np.asarray(Fraction(1, H_STEPS << (2 * g)), dtype=object), z),
             Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z)]
 
@@ -378,15 +387,11 @@ def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     steps, batch, _ = xs.shape
     hv = floats(h0, "RNN initial_h", (dirs, batch, hidden))
     outs = []
-    for d in range(dirs):
-        order = list(range(steps)) if way == "forward" or (way == "bidirectional" and d == 0) else \
-            list(range(steps - 1, -1, -1))
+    for d, order in enumerate(orders(way, dirs, steps)):
         ys, h = rnn_direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], order, acts[d] == "Sigmoid")
         outs.append((ys if order[0] == 0 else ys[::-1], h))
     z = np.zeros((), np.int64)
-    y = concatenated(ctx, 0, *(ctx.reshape(concatenated(ctx, 1, *(ctx.reshape(o[0][k], (1, 1, batch, hidden))
-                                                                for o in outs)), (1, dirs, batch, hidden))
-                               for k in range(steps)))
-    yh = concatenated(ctx, 0, *(ctx.reshape(o[1], (1, batch, hidden)) for o in outs))
+    y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
+    yh = finals(ctx, [o[1] for o in outs], batch, hidden)
     return [Scaled(y, np.asarray(Fraction(1, 1 << RNN_BITS), dtype=object), z),
             Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z)]
