@@ -797,11 +797,13 @@ __attribute__((always_inline)) inline void channel_blocks(Kinds<K...>, const int
 }
 
 // The channels' kinds that channel_blocks runs, known at compile time: a quantized import's requantization (clip,
-// shift, multiply, shift, clip; then a multiply before a residual Add; or its product in two parts, clip, mul64,
-// shift, clip, after a shift or not, the multiply after it or not; its low product within int32, kMul64Narrow, or
-// not).
+// shift, multiply, shift, clip; then a multiply before a residual Add, or the output's zero point added and clipped;
+// or its product in two parts, clip, mul64, shift, clip, after a shift or not, the multiply or the zero point after
+// it or not; its low product within int32, kMul64Narrow, or not).
 using ChannelBlockChains = KindsList<Kinds<kClip, kShift, kMul, kShift, kClip>,
                                      Kinds<kClip, kShift, kMul, kShift, kClip, kMul>,
+                                     Kinds<kClip, kShift, kMul, kShift, kClip, kAdd, kClip>,
+                                     Kinds<kClip, kMul64Narrow, kShift, kClip, kAdd, kClip>,
                                      Kinds<kClip, kShift, kMul64, kShift, kClip>,
                                      Kinds<kClip, kMul64, kShift, kClip>, Kinds<kClip, kMul64, kShift, kClip, kMul>,
                                      Kinds<kClip, kShift, kMul64Narrow, kShift, kClip>,

@@ -104,19 +104,23 @@ import_even_chain = st.tuples(clip_step(), shift, multiply, even, clip_step()).m
 #: The importer's usual two-part chain (no shift before the product), then a multiply or not.
 two_part_chain = st.tuples(clip_step(), mul64, shift, clip_step()).map(list)
 two_part_chain_and_multiply = st.tuples(two_part_chain, multiply).map(lambda c: [*c[0], c[1]])
+#: A requantization to an output with a zero point (uint8 activations, asymmetric): the chain, then the zero point
+#: added and the result clipped to the type.
+zero_point = st.tuples(st.just(2), int32s, st.just(0))
+import_chain_to_zero_point = st.tuples(import_chain, zero_point, clip_step()).map(lambda c: [*c[0], c[1], c[2]])
 
 
 @st.composite
-def importer_two_part_chain(draw, then_multiply: bool):
+def importer_two_part_chain(draw, then: str = ""):
     """The importer's two-part chain with its labels (docs/import.md): clip within label P, mul64 (m1 of at most
-    31 - P bits, b = 30 - P, 0 <= m0 < 2^b: v m0 within int32, requantize.h kMul64Narrow), shift, clip; then a
-    multiply (``then_multiply``) or not."""
+    31 - P bits, b = 30 - P, 0 <= m0 < 2^b: v m0 within int32, requantize.h kMul64Narrow), shift, clip; then
+    (``then``) a multiply, the output's zero point added and clipped, or nothing."""
     p = draw(st.integers(2, 29))
     bound, b = (1 << (p - 1)) - 1, max(1, 30 - p)
     m0 = draw(st.integers(0, (1 << b) - 1) | st.sampled_from([0, (1 << b) - 1]))
     m = (draw(st.integers(0, (1 << (31 - p)) - 1)) << b) + m0
     chain = [(3, -draw(st.integers(0, bound)), draw(st.integers(0, bound))), (4, m, b), draw(shift), draw(clip_step())]
-    return chain + ([draw(multiply)] if then_multiply else [])
+    return chain + {"multiply": [draw(multiply)], "zero point": [draw(zero_point), draw(clip_step())]}.get(then, [])
 
 
 #: An import's residual Add: the addend's steps (none, a multiply, or a clip and a multiply) and a shift after the
@@ -177,8 +181,9 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
             products = wrap(products * np.array(scales, np.int64), 32)
     else:
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
-            [import_chain, import_chain_and_multiply, import_two_part_chain, import_even_chain, two_part_chain,
-             two_part_chain_and_multiply, importer_two_part_chain(False), importer_two_part_chain(True)]))
+            [import_chain, import_chain_and_multiply, import_chain_to_zero_point, import_two_part_chain,
+             import_even_chain, two_part_chain, two_part_chain_and_multiply, importer_two_part_chain(),
+             importer_two_part_chain("multiply"), importer_two_part_chain("zero point")]))
         per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
