@@ -32,6 +32,16 @@ def conv_pool(seed: int) -> onnx.ModelProto:
     return onnx_model(g, 17)
 
 
+def conv_and_pool_session(f: onnx.ModelProto) -> ort.InferenceSession:
+    """The float model unoptimised, its convolution's output ``c`` an output beside the pool's ``p``."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    g = onnx.ModelProto()
+    g.CopyFrom(f)
+    g.graph.output.append(h.make_tensor_value_info("c", T.FLOAT, None))
+    return ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 def fr(v) -> Fraction:
     return Fraction(float(v))
 
@@ -112,12 +122,7 @@ def test_report_numbers_equal_an_independent_computation(tmp_path_factory, seed,
         cut = import_model(q, outputs=[name])
         cvm[name] = np.stack([execute(cut.graph, {"data": cut.edges.input.quantize(x)})[0].reshape(
             (1, 3, 4, 4) if name[0] == "c" else (1, 3, 2, 2) if name[0] == "p" else (1, 2, 4, 4)) for x in samples])
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    g = onnx.ModelProto()
-    g.CopyFrom(f)
-    g.graph.output.append(h.make_tensor_value_info("c", T.FLOAT, None))
-    sess = ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = conv_and_pool_session(f)
     p, c = zip(*(sess.run(["p", "c"], {"x": x}) for x in samples))
     floats = {"x_QuantizeLinear_Output": samples, "c_QuantizeLinear_Output": np.stack(c),
               "p_QuantizeLinear_Output": np.stack(p)}
@@ -193,12 +198,7 @@ def test_a_qoperator_models_tensors_against_the_float_model_and_the_exact_arithm
     rows = {r.name: r for r in layer_report(q, import_model(q), samples, f).layers}
     assert list(rows) == ["x_quantized", "c_quantized", "p_quantized"]
     inits_q = {t.name: nh.to_array(t) for t in q.graph.initializer}
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    g = onnx.ModelProto()
-    g.CopyFrom(f)
-    g.graph.output.append(h.make_tensor_value_info("c", T.FLOAT, None))
-    sess = ort.InferenceSession(g.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = conv_and_pool_session(f)
     ex = Exact(q)
     cvm = {}
     for name in ("x_quantized", "c_quantized", "p_quantized"):
