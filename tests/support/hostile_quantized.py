@@ -284,6 +284,16 @@ def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
         steps.append(f"input type {T.DataType.Name(dtype)}")
 
 
+def refused(e: CVMError, out: Path) -> str:
+    """A refusal's outcome: "left-behind" where ``out`` was written, "unnamed" where a problem lacks its place or is
+    not one line, else the error's family."""
+    if out.exists():
+        return f"left-behind {type(e).__name__}"
+    if not e.problems or not all(p.where and str(p) and "\n" not in str(p) for p in e.problems):
+        return f"unnamed {type(e).__name__}: {str(e)[:200]}"
+    return type(e).__name__
+
+
 @st.composite
 def mutated(draw, seeds: dict[str, bytes]) -> Case:
     """A seed with 1 to 3 quantization mutations, or one of the generic mutations of tests/core/test_reliability.py."""
@@ -316,11 +326,7 @@ def check(data: bytes) -> str:
         try:
             api.convert(path, out)
         except CVMError as e:
-            if out.exists():
-                return f"left-behind {type(e).__name__}"
-            if not e.problems or not all(p.where and str(p) and "\n" not in str(p) for p in e.problems):
-                return f"unnamed {type(e).__name__}: {e}"
-            return type(e).__name__
+            return refused(e, out)
         except Exception as e:  # noqa: BLE001  (every outcome is recorded)
             return f"internal {type(e).__name__}: {str(e)[:120]}"
         try:
@@ -444,11 +450,7 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
         try:
             quantize(src, cal, out, per_channel=per_channel, method=method, form=form)
         except CVMError as e:
-            if (Path(d) / "out").exists():
-                return f"left-behind {type(e).__name__}"
-            if not e.problems or not all(p.where and str(p) and "\n" not in str(p) for p in e.problems):
-                return f"unnamed {type(e).__name__}: {str(e)[:200]}"
-            return type(e).__name__
+            return refused(e, Path(d) / "out")
         except Exception as e:  # noqa: BLE001  (every outcome is recorded)
             return f"internal {type(e).__name__}: {str(e)[:120]}"
         left = sorted(p.name for p in (Path(d) / "out").iterdir())
