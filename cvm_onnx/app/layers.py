@@ -25,6 +25,7 @@ import json
 import math
 import tempfile
 from dataclasses import asdict, dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Callable
 
@@ -57,10 +58,11 @@ CHUNK = 16
 
 @dataclass(frozen=True)
 class Layer:
-    """One quantized tensor's distance, over the samples, in its own steps: from the float model (mean and max of
-    |CVM - float| / scale; None without a float model or where it has no tensor of that name) and from the exact
-    arithmetic given the same integers in (the share of values equal, the largest |CVM - exact|; None where no
-    piece ends in the tensor: a QOperator one an op moving values gives, or a node ``qdq_form`` leaves)."""
+    """One quantized tensor's distance, over the samples, in its own steps: from the float model (mean, summed
+    exactly and rounded once, and max of |CVM - float| / scale; None without a float model or where it has no
+    tensor of that name) and from the exact arithmetic given the same integers in (the share of values equal, the
+    largest |CVM - exact|; None where no piece ends in the tensor: a QOperator one an op moving values gives, or a
+    node ``qdq_form`` leaves)."""
 
     name: str
     op: str
@@ -335,7 +337,8 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
         exact_names, note = [], _no_exact(e)
     fed = [i.name for i in exact_model.graph.input]
     floats = _Floats(float_model, [t.float_name for t in tensors]) if float_model is not None else None
-    acc = {t.name: np.zeros(5) for t in tensors}  # |CVM - float| sum and max, equal, |CVM - exact| max, elements
+    acc = {t.name: np.zeros(5) for t in tensors}  # -, |CVM - float| max, equal, |CVM - exact| max, elements
+    fsums = {t.name: Fraction(0) for t in tensors}  # |CVM - float| summed exactly
     for k in range(0, len(samples), CHUNK):
         chunk = samples[k:k + CHUNK]
         fl = floats.run(chunk) if floats is not None else {}
@@ -362,7 +365,7 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
                     if not t.quantized:  # a QOperator node's output: its fused Relu or Clip is the saturation
                         f = np.clip(f, t.lo - t.zero, t.hi - t.zero)
                     d = np.abs((q - t.zero) - f)
-                    a[0] += d.sum()
+                    fsums[t.name] += exact_sum(d)
                     a[1] = max(a[1], d.max(initial=0))
                 if t.name in ex:
                     e = np.abs(q.reshape(-1) - np.asarray(ex[t.name], np.int64).reshape(-1))
@@ -370,13 +373,32 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
                     a[3] = max(a[3], e.max(initial=0))
     rows = []
     for t in tensors:
-        fsum, fmax, eq, off, n = acc[t.name]
+        _, fmax, eq, off, n = acc[t.name]
+        fsum = fsums[t.name]
         has_float = floats is not None and floats.has(t.float_name)
         exactly = t.name in exact_names
-        rows.append(Layer(t.name, t.op, float(t.scale.max()), int(n), float(fsum / n) if has_float and n else None,
+        rows.append(Layer(t.name, t.op, float(t.scale.max()), int(n), float(fsum / int(n)) if has_float and n else None,
                           float(fmax) if has_float else None, float(eq / n) if exactly and n else None,
                           int(off) if exactly else None))
     return LayerReport(rows, len(samples), float_model is not None, note)
+
+
+def exact_sum(values: np.ndarray) -> Fraction:
+    """The exact sum of finite float64 ``values`` (the mean is then the exactly rounded one, whatever the order of
+    the samples): each value is m 2^e with the integer |m| < 2^53 (frexp); the m of each exponent are summed in two
+    26-bit halves, each sum exact in float64 for up to 2^25 values at once."""
+    v = np.asarray(values, np.float64).reshape(-1)
+    total = Fraction(0)
+    for k in range(0, v.size, 1 << 25):
+        m, e = np.frexp(v[k:k + (1 << 25)])
+        m = (m * 2.0 ** 53).astype(np.int64)
+        at = e - e.min(initial=0)
+        hi = np.bincount(at, weights=(m >> 26).astype(np.float64))
+        lo = np.bincount(at, weights=(m & ((1 << 26) - 1)).astype(np.float64))
+        base = int(e.min(initial=0)) - 53
+        for i in np.flatnonzero(hi.astype(bool) | lo.astype(bool)):
+            total += Fraction(int(hi[i]) * (1 << 26) + int(lo[i])) * Fraction(2) ** (base + int(i))
+    return total
 
 
 def _onnx_shape(declared: tuple[int, ...] | None, cvm: tuple[int, ...]) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import conv_layer, quantized
 
-from cvm_onnx.app.layers import layer_report
+from cvm_onnx.app.layers import exact_sum, layer_report
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
@@ -44,6 +44,11 @@ def conv_and_pool_session(f: onnx.ModelProto) -> ort.InferenceSession:
 
 def fr(v) -> Fraction:
     return Fraction(float(v))
+
+
+def exact_mean(d: np.ndarray) -> float:
+    """The mean of ``d`` summed in Fractions, then rounded once."""
+    return float(sum(map(Fraction, d.reshape(-1).tolist()), Fraction(0)) / d.size)
 
 
 def saturate(v: Fraction, zero: int, lo: int, hi: int) -> int:
@@ -139,7 +144,7 @@ def test_report_numbers_equal_an_independent_computation(tmp_path_factory, seed,
         d = np.abs((cvm[name].astype(np.float64) - z) - floats[name].astype(np.float64) / s)
         e = np.abs(cvm[name].astype(np.int64) - exact[name])
         assert (r.scale, r.elements) == (s, d.size)
-        assert r.float_max == d.max() and r.float_mean == pytest.approx(d.mean(), rel=1e-12, abs=0)  # sum order
+        assert r.float_max == d.max() and r.float_mean == exact_mean(d)
         assert (r.equal, r.off) == ((e == 0).sum() / e.size, e.max())
 
 
@@ -215,7 +220,7 @@ def test_a_qoperator_models_tensors_against_the_float_model_and_the_exact_arithm
         e = np.abs(np.concatenate(cvm[name]).astype(np.int64) - np.concatenate(exact[name]))
         r = rows[name]
         assert (r.equal, r.off, r.elements) == ((e == 0).mean(), e.max(), d.size)
-        assert r.float_max == d.max() and r.float_mean == pytest.approx(d.mean(), rel=1e-12, abs=0)
+        assert r.float_max == d.max() and r.float_mean == exact_mean(d)
     assert rows["x_quantized"].equal == 1.0
 
 
@@ -339,3 +344,11 @@ def test_a_float_tensor_of_another_size_is_not_compared(tmp_path):
     rows = layer_report(q, import_model(q), np.zeros((2, 1, 2, 4, 4), np.float32), other).layers
     assert [(r.float_mean is None, r.float_max is None) for r in rows] == [(False, False), (True, True), (True, True)]
     assert all(r.equal is not None for r in rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e300, allow_nan=False) | st.sampled_from([0.0, 5e-324, 2.0 ** -1022, 1e300]),
+                max_size=200), st.randoms())
+def test_exact_sum_is_the_exact_sum_in_any_order(values, rnd):
+    rnd.shuffle(values)
+    assert exact_sum(np.array(values, np.float64)) == sum(map(Fraction, values), Fraction(0))
