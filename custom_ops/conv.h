@@ -92,8 +92,8 @@ inline PackedWeights pack_weights(const uint8_t* b, int64_t taps, int64_t c, int
 }
 
 // The kernels: c[r * oc + o] = init[o] + sum_k a[r][offsets[k / 4] + k % 4] * w[k, o] for the rows r < rows (a
-// multiple of 24), int32 with wrap-around (the exact sum wherever it lies in int32): row r's window read where it
-// lies (each group of four k one 32-bit load), over the k4 (the bytes past each tap's C may hold anything: the
+// multiple of row_step), int32 with wrap-around (the exact sum wherever it lies in int32): row r's window read where
+// it lies (each group of four k one 32-bit load), over the k4 (the bytes past each tap's C may hold anything: the
 // weights are zero there). init holds blocks * 16 values.
 
 // Baseline: plain int32 arithmetic.
@@ -281,11 +281,24 @@ void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows
 }
 #endif
 
-// The products of `rows` rows (a multiple of 24) with the kernel of `isa` (available here), products.cc.
+// The products of `rows` rows (a multiple of row_step) with the kernel of `isa` (available here), products.cc.
 void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
               const int32_t* init, int32_t* c);
 
 constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: every kernel's R divides it
+
+// The rows the kernel of `isa` takes at a time for the weights p (a multiple of every R its tiles of p run; each
+// divides kTileRows): a tile's last positions are rounded up to it, not to kTileRows.
+inline int64_t row_step(int64_t isa, const PackedWeights& p) {
+  switch (isa) {
+    case kIsaAvx512Vnni:  // R 6 for four blocks; 12, 8 or 6 for the last one, two or three (products_avx512vnni)
+      return p.blocks % 4 == 1 ? 12 : p.blocks % 4 == 2 ? (p.blocks == 2 ? 8 : 24) : 6;
+    case kIsaAvx2: return 4;
+    case kIsaAvxVnni:
+    case kIsaAvx2Bytes: return 6;
+    default: return 1;
+  }
+}
 
 // Positions per tile: as many multiples of 24 as keep its rows (k4 bytes each) within 16 KB, at least 24, at most 96.
 inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k4 / kTileRows, 1, 4) * kTileRows; }
