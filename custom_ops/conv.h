@@ -190,12 +190,13 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(cons
   }
 }
 
-// Up to four blocks at a time, as many rows as keep the accumulators in AVX-512's 32 registers (R divides 24).
+// Up to four blocks at a time, R rows (dividing 24) whose accumulators fit AVX-512's 32 registers and whose window
+// pointers fit the general registers (12 rows of one block spill them).
 inline void products_avx512vnni(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                                 const int32_t* init, int32_t* c) {
   for (int64_t block = 0; block < p.blocks; block += 4) {
     switch (std::min<int64_t>(4, p.blocks - block)) {
-      case 1: rows_avx512vnni<12, 1>(a, offsets, rows, p, block, init, c); break;
+      case 1: rows_avx512vnni<6, 1>(a, offsets, rows, p, block, init, c); break;
       case 2: rows_avx512vnni<8, 2>(a, offsets, rows, p, block, init, c); break;
       case 3: rows_avx512vnni<6, 3>(a, offsets, rows, p, block, init, c); break;
       default: rows_avx512vnni<6, 4>(a, offsets, rows, p, block, init, c);
@@ -291,8 +292,8 @@ constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: ever
 // divides kTileRows): a tile's last positions are rounded up to it, not to kTileRows.
 inline int64_t row_step(int64_t isa, const PackedWeights& p) {
   switch (isa) {
-    case kIsaAvx512Vnni:  // R 6 for four blocks; 12, 8 or 6 for the last one, two or three (products_avx512vnni)
-      return p.blocks % 4 == 1 ? 12 : p.blocks % 4 == 2 ? (p.blocks == 2 ? 8 : 24) : 6;
+    case kIsaAvx512Vnni:  // R 6, or 8 for the last two blocks (products_avx512vnni)
+      return p.blocks % 4 != 2 ? 6 : p.blocks == 2 ? 8 : 24;
     case kIsaAvx2: return 4;
     case kIsaAvxVnni:
     case kIsaAvx2Bytes: return 6;
