@@ -286,7 +286,7 @@ void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows
 void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
               const int32_t* init, int32_t* c);
 
-constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: every kernel's R divides it
+constexpr int64_t kTileRows = 24;  // a tile's positions are a multiple of this (but the last): every R divides it
 
 // The rows the kernel of `isa` takes at a time for the weights p (a multiple of every R its tiles of p run; each
 // divides kTileRows): a tile's last positions are rounded up to it, not to kTileRows.
