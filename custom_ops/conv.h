@@ -62,7 +62,7 @@ constexpr int64_t kBlockLanes = 16;  // output channels per block of packed weig
 // 16 output channels (the last filled up with zero weights), each tap's C channels rounded up to c4 (a multiple of
 // 4, zero weights beyond C), k4 = taps * c4. `bytes`: per block and group of four k, [16 channels][4 k] int8, the
 // second operand of a 4-way byte dot product per 32-bit lane (VNNI). `pairs`: the same weights as int16, per block
-// and group of four k, [2 pairs][16 channels][2 k] (vpmaddwd). `sums`: each channel's sum of w over K.
+// and group of four k, [the even k, the odd k][16 channels][2 k] (vpmaddwd). `sums`: each channel's sum of w over K.
 struct PackedWeights {
   int64_t k = 0, oc = 0, c4 = 0, k4 = 0, blocks = 0;
   std::vector<int8_t> bytes;
@@ -84,7 +84,7 @@ inline PackedWeights pack_weights(const uint8_t* b, int64_t taps, int64_t c, int
       const int32_t w = static_cast<int32_t>(b[k * oc + o]) - 128;
       const int64_t block = o / kBlockLanes, lane = o % kBlockLanes, group = (block * p.k4 + i / 4 * 4) * kBlockLanes;
       p.bytes[static_cast<size_t>(group + lane * 4 + i % 4)] = static_cast<int8_t>(w);
-      p.pairs[static_cast<size_t>(group + (i % 4 / 2) * 32 + lane * 2 + i % 2)] = static_cast<int16_t>(w);
+      p.pairs[static_cast<size_t>(group + (i % 2) * 32 + lane * 2 + i % 4 / 2)] = static_cast<int16_t>(w);
       p.sums[static_cast<size_t>(o)] += w;
     }
   }
@@ -92,8 +92,8 @@ inline PackedWeights pack_weights(const uint8_t* b, int64_t taps, int64_t c, int
 }
 
 // The kernels: c[r * oc + o] = init[o] + sum_k a[r][offsets[k / 4] + k % 4] * w[k, o] for the rows r < rows (a
-// multiple of 24), int32 with wrap-around (the exact sum wherever it lies in int32): row r's window read where it
-// lies (each group of four k one 32-bit load), over the k4 (the bytes past each tap's C may hold anything: the
+// multiple of row_step), int32 with wrap-around (the exact sum wherever it lies in int32): row r's window read where
+// it lies (each group of four k one 32-bit load), over the k4 (the bytes past each tap's C may hold anything: the
 // weights are zero there). init holds blocks * 16 values.
 
 // Baseline: plain int32 arithmetic.
@@ -163,7 +163,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_avx512vnni(cons
   // a masked store only where the last block is partial (the requantization reads these values straight back, and
   // store-to-load forwarding may not work from a masked store)
   const __mmask16 last = static_cast<__mmask16>((1u << lanes) - 1);
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
     for (int j = 0; j < NB; ++j) {
       if (j < NB - 1 || lanes == kBlockLanes) {
         _mm512_storeu_si512(c + r * ldc + j * kBlockLanes, acc[r][j]);
@@ -188,12 +190,13 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni(cons
   }
 }
 
-// Up to four blocks at a time, as many rows as keep the accumulators in AVX-512's 32 registers (R divides 24).
+// Up to four blocks at a time, R rows (dividing 24) whose accumulators fit AVX-512's 32 registers and whose window
+// pointers fit the general registers (12 rows of one block spill them).
 inline void products_avx512vnni(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                                 const int32_t* init, int32_t* c) {
   for (int64_t block = 0; block < p.blocks; block += 4) {
     switch (std::min<int64_t>(4, p.blocks - block)) {
-      case 1: rows_avx512vnni<12, 1>(a, offsets, rows, p, block, init, c); break;
+      case 1: rows_avx512vnni<6, 1>(a, offsets, rows, p, block, init, c); break;
       case 2: rows_avx512vnni<8, 2>(a, offsets, rows, p, block, init, c); break;
       case 3: rows_avx512vnni<6, 3>(a, offsets, rows, p, block, init, c); break;
       default: rows_avx512vnni<6, 4>(a, offsets, rows, p, block, init, c);
@@ -220,32 +223,32 @@ __attribute__((target("avx2"), always_inline)) inline __m256i bytes_dot(__m256i 
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), _mm256_set1_epi16(1)));
 }
 
-// 6 rows x one block of 16 channels (two vectors of 8), per group of four k: AVX-VNNI's vpdpbusd on 256 bits
+// R rows x one block of 16 channels (two vectors of 8), per group of four k: AVX-VNNI's vpdpbusd on 256 bits
 // (kIsaAvxVnni) or AVX2's bytes_dot (kIsaAvx2Bytes: rows of values in [0, 127]) with the packed bytes, or (kIsaAvx2)
-// each row's four bytes as two pairs of int16 (k, k+1) and (k+2, k+3), vpmaddwd with the packed int16 pairs (two
-// products summed into int32: |sum| <= 2 * 255 * 128, no saturation).
-template <int64_t Isa>
+// each row's four bytes as two pairs of int16, bytes (k, k+2) and (k+1, k+3), vpmaddwd with the packed int16 pairs
+// (two products summed into int32: |sum| <= 2 * 255 * 128, no saturation). R keeps the accumulators and the
+// temporaries within AVX2's 16 registers (the weights read from memory as operands).
+template <int64_t Isa, int R>
 __attribute__((target("avx2"))) void tile_256(const uint8_t* const* a, const int32_t* offsets, const PackedWeights& p,
                                                 int64_t block, const int32_t* init, int32_t* c, int64_t ldc,
                                                 int lanes) {
-  constexpr int R = 6;
   const int8_t* bytes = p.bytes.data() + block * p.k4 * kBlockLanes;
   const int16_t* pairs = p.pairs.data() + block * p.k4 * kBlockLanes;
   __m256i lo[R], hi[R];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     lo[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init));
     hi[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(init + 8));
   }
-  // bytes (k, k+1) and (k+2, k+3) of each lane's four as two int16 (the 0x80 indexes give zero bytes)
-  const __m256i first = _mm256_set1_epi32(static_cast<int32_t>(0x80018000u));
-  const __m256i second = _mm256_set1_epi32(static_cast<int32_t>(0x80038002u));
+  const __m256i even = _mm256_set1_epi32(0x00ff00ff);  // bytes 0 and 2 of each lane's four as two int16
   for (int64_t q = 0, groups = p.k4 / 4; q < groups; ++q) {
     const __m256i* at = reinterpret_cast<const __m256i*>(Isa == kIsaAvx2 ? static_cast<const void*>(pairs + q * 64)
                                                                          : static_cast<const void*>(bytes + q * 64));
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256i v = _mm256_set1_epi32(four_bytes(a[r] + offsets[q]));
-      if constexpr (Isa == kIsaAvx2) {  // at: (pair, channels 0-7 or 8-15), 16 int16 each
-        const __m256i p0 = _mm256_shuffle_epi8(v, first), p1 = _mm256_shuffle_epi8(v, second);
+      if constexpr (Isa == kIsaAvx2) {  // at: (even k, channels 0-7 or 8-15), then the odd k, 16 int16 each
+        const __m256i p0 = _mm256_and_si256(v, even), p1 = _mm256_srli_epi16(v, 8);
         lo[r] = _mm256_add_epi32(lo[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at)),
                                                          _mm256_madd_epi16(p1, _mm256_loadu_si256(at + 2))));
         hi[r] = _mm256_add_epi32(hi[r], _mm256_add_epi32(_mm256_madd_epi16(p0, _mm256_loadu_si256(at + 1)),
@@ -259,28 +262,44 @@ __attribute__((target("avx2"))) void tile_256(const uint8_t* const* a, const int
       }
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) store_lanes(c + r * ldc, lo[r], hi[r], lanes);
 }
 
-// One block of 16 channels and 6 rows at a time, with the kernel of `Isa` (AVX-VNNI, AVX2 bytes or pairs).
+// One block of 16 channels and R rows at a time (4 for the pairs, 6 otherwise), with the kernel of `Isa` (AVX-VNNI,
+// AVX2 bytes or pairs).
 template <int64_t Isa>
 void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
                    const int32_t* init, int32_t* c) {
+  constexpr int R = Isa == kIsaAvx2 ? 4 : 6;
   for (int64_t block = 0; block < p.blocks; ++block) {
     const int lanes = static_cast<int>(std::min<int64_t>(kBlockLanes, p.oc - block * kBlockLanes));
-    for (int64_t r = 0; r < rows; r += 6) {
-      tile_256<Isa>(a + r, offsets, p, block, init + block * kBlockLanes, c + r * p.oc + block * kBlockLanes, p.oc,
-                    lanes);
+    for (int64_t r = 0; r < rows; r += R) {
+      tile_256<Isa, R>(a + r, offsets, p, block, init + block * kBlockLanes, c + r * p.oc + block * kBlockLanes,
+                       p.oc, lanes);
     }
   }
 }
 #endif
 
-// The products of `rows` rows (a multiple of 24) with the kernel of `isa` (available here), products.cc.
+// The products of `rows` rows (a multiple of row_step) with the kernel of `isa` (available here), products.cc.
 void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
               const int32_t* init, int32_t* c);
 
-constexpr int64_t kTileRows = 24;  // a tile's rows are a multiple of this: every kernel's R divides it
+constexpr int64_t kTileRows = 24;  // a tile's positions are a multiple of this (but the last): every R divides it
+
+// The rows the kernel of `isa` takes at a time for the weights p (a multiple of every R its tiles of p run; each
+// divides kTileRows): a tile's last positions are rounded up to it, not to kTileRows.
+inline int64_t row_step(int64_t isa, const PackedWeights& p) {
+  switch (isa) {
+    case kIsaAvx512Vnni:  // R 6, or 8 for the last two blocks (products_avx512vnni)
+      return p.blocks % 4 != 2 ? 6 : p.blocks == 2 ? 8 : 24;
+    case kIsaAvx2: return 4;
+    case kIsaAvxVnni:
+    case kIsaAvx2Bytes: return 6;
+    default: return 1;
+  }
+}
 
 // Positions per tile: as many multiples of 24 as keep its rows (k4 bytes each) within 16 KB, at least 24, at most 96.
 inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k4 / kTileRows, 1, 4) * kTileRows; }

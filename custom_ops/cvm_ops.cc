@@ -872,7 +872,7 @@ struct ConvKernel {
                                      static_cast<uint32_t>(folded ? bias.Data()[o] : 0));
     }
     const int32_t* later_bias = per_position || (per_channel && scaled) ? bias.Data() : nullptr;
-    const int64_t tile = tile_positions(weights.k4);
+    const int64_t tile = tile_positions(weights.k4), step = row_step(isa, weights);
     window_offsets(s, weights.c4, offsets);
     // the tasks run on other threads too, where `padded`, `init` and `offsets` would name that thread's own
     const uint8_t* xp = padded.data();
@@ -882,7 +882,7 @@ struct ConvKernel {
       thread_local std::vector<const uint8_t*> at;  // each row's first byte
       thread_local std::vector<int32_t> c;
       const int64_t first = t * tile, count = std::min(tile, total - first);
-      const int64_t padded_rows = (count + kTileRows - 1) / kTileRows * kTileRows;
+      const int64_t padded_rows = (count + step - 1) / step * step;
       if (at.size() < static_cast<size_t>(padded_rows)) at.resize(static_cast<size_t>(padded_rows));
       if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
       window_starts(xp, s, first, count, padded_rows, at.data());

@@ -63,7 +63,7 @@ def conv_model(op, x_shape, x_type, weights, bias_shape, attrs, addend=None) -> 
 
 
 @st.composite
-def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70)):
+def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70, 90)):
     """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps;
     ``channels``: the output channel counts drawn from."""
     kernel, strides, dilations, pads, (h, w) = draw(windows())
