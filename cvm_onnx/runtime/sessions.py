@@ -25,8 +25,10 @@
 * Layout of the serving form's one-group integer products: a model whose target fixed it at export
   (``cvm_onnx.serving.target``) runs as exported. One exported with layout "session" gets the target layout's
   passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
-  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros, the
-  fastest kept and remembered, the choice and the timings written into the session's ``cvm.routes``); by default
+  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros in
+  their steady state, ``route_cache.measure``, each in a session whose threads stop spinning after a run so that
+  it does not slow the others; the fastest kept and remembered, the choice and the timings written into the
+  session's ``cvm.routes``); by default
   the layout remembered for this model on this CPU with these threads (``cvm_onnx.serving.route_cache``), else
   "measure": on every CPU, a session keeps the fastest of the three.
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny

@@ -3,9 +3,10 @@ remembered in a file, taken again without measuring; a damaged or unwritable fil
 with a fake clock: each candidate's run advances it by that candidate's cost, so no test depends on real time."""
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -111,9 +112,6 @@ def test_a_layout_slow_only_on_its_first_runs_and_after_another_layouts_still_wi
 def test_a_choice_an_earlier_measurement_made_is_measured_anew(cache):
     """An entry stored under the key of measurement version 1 (no version in the key) is not taken: the layouts are
     measured again and the new choice stored beside it."""
-    from dataclasses import asdict
-    import hashlib
-
     assert MEASUREMENT > 1 and KEY.measurement == MEASUREMENT
     old = {k: v for k, v in asdict(KEY).items() if k != "measurement"}
     old_text = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
