@@ -8,8 +8,9 @@ the same way twice from the same calibration samples:
 * by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM
   with ``--one-part`` products; the same QDQ model also imported by default, two-part products where closer), each
   exported as the serving form
-  (``to_onnx(..., Target())``, integer products) and run with ``cvm_onnx.runtime.sessions.session`` (float images
-  quantized by the model's input edge, outputs dequantized: the timing includes both);
+  (``to_onnx(..., Target(), float_io=True)``, integer products) and run with ``cvm_onnx.runtime.sessions.session``,
+  float32 in and out as the other forms: the model's edges in the graph (its input quantized, its output
+  dequantized by onnxruntime's QuantizeLinear and DequantizeLinear, the same integers as the edges in numpy);
 * by onnxruntime's quantize_static alone, in the QDQ and QOperator forms, run by a default onnxruntime session
   (its own int8 kernels: QLinearConv, MatMulInteger, ...);
 * the same QDQ model read by OpenVINO (an optional benchmark dependency, the extra ``bench``: without it its rows
@@ -218,14 +219,14 @@ class Form:
 
 
 def cvm_form(name: str, directory: Path) -> Form:
-    """A CVM import's serving form (integer products) in a cvm-onnx session, float in and out by its edges."""
+    """A CVM import's serving form (integer products) in a cvm-onnx session, float32 in and out as the other forms:
+    its edges in the graph (``float_io``: QuantizeLinear on the input, DequantizeLinear on the output)."""
     loaded, edges = load(directory), read_edges(directory)
 
     def make(batch: int, threads: int) -> Runner:
-        served = session(to_onnx(loaded.graph, Target(), batch=batch), threads=threads)
+        served = session(to_onnx(loaded.graph, Target(), batch=batch, edges=edges, float_io=True), threads=threads)
         name = served.get_inputs()[0].name
-        return lambda x: edges.outputs[0].dequantize(
-            served.run(None, {name: edges.input.quantize(x).astype(np.int32)})[0])
+        return lambda x: served.run(None, {name: x})[0]
 
     return Form(name, make, sum(not n.is_variable for n in loaded.graph.nodes), loaded.gas.total)
 

@@ -25,8 +25,10 @@
 * Layout of the serving form's one-group integer products: a model whose target fixed it at export
   (``cvm_onnx.serving.target``) runs as exported. One exported with layout "session" gets the target layout's
   passes here (``cvm_onnx.serving.cpu_layout``): ``layout=`` "rows" (the tensors between them kept
-  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros, the
-  fastest kept and remembered, the choice and the timings written into the session's ``cvm.routes``); by default
+  channels-last), "fused" (each convolution one kernel), "columns", or "measure" (the three timed on zeros in
+  their steady state, ``route_cache.measure``, each in a session whose threads stop spinning after a run so that
+  it does not slow the others; the fastest kept and remembered, the choice and the timings written into the
+  session's ``cvm.routes``); by default
   the layout remembered for this model on this CPU with these threads (``cvm_onnx.serving.route_cache``), else
   "measure": on every CPU, a session keeps the fastest of the three.
 * Versions: the exporter writes opset ``OPSET`` and IR version ``IR_VERSION``; before the first session, a tiny
@@ -116,10 +118,13 @@ def cuda_status() -> str:
     return f"CUDA: {usable}: {why}; native CUDA kernels: {'built' if kernels else 'not built'}"
 
 
+SPINNING = "session.intra_op.allow_spinning"
+
+
 def _options(threads: int = 1, spin: bool = False) -> ort.SessionOptions:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    so.add_session_config_entry(SPINNING, "1" if spin else "0")
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.use_deterministic_compute = True
     so.log_severity_level = 4  # errors are raised as exceptions; do not print them twice (3 still logs them)
@@ -173,18 +178,29 @@ def _zeros(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
             for i in sess.get_inputs()}
 
 
+def _timing_options(so: ort.SessionOptions) -> ort.SessionOptions:
+    """The options of the candidates' sessions timed against each other: ``so``'s threads and spinning, the native
+    library, and the threads' spinning stopped when a run ends, so that an idle candidate's threads do not spin on
+    the CPUs another candidate is timed on (each session has its own thread pool)."""
+    timing = _options(so.intra_op_num_threads, spin=so.get_session_config_entry(SPINNING) == "1")
+    timing.add_session_config_entry("session.force_spinning_stop", "1")
+    timing.register_custom_ops_library(library_path())
+    return timing
+
+
 def _choice(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, providers: list,
-            key: route_cache.RouteKey, fresh: bool) -> tuple[route_cache.Choice, dict[str, ort.InferenceSession]]:
-    """The layout ``route_cache.choose`` takes for ``key`` (remembered, else the candidates' sessions timed on
-    zeros) and the sessions it made (none where the choice was remembered). A candidate onnxruntime refuses is left
-    out with a ``RuntimeWarning`` naming it; where it refuses every one, its error on the first is raised."""
+            key: route_cache.RouteKey, fresh: bool) -> route_cache.Choice:
+    """The layout ``route_cache.choose`` takes for ``key``: remembered, else the candidates' sessions (options
+    ``_timing_options``) timed on zeros. A candidate onnxruntime refuses is left out with a ``RuntimeWarning``
+    naming it; where it refuses every one, its error on the first is raised."""
     sessions: dict[str, ort.InferenceSession] = {}
+    timing = _timing_options(so)
 
     def runs() -> dict:
         refused = {}
         for k, p in candidates.items():
             try:
-                sessions[k] = ort.InferenceSession(p.SerializeToString(), so, providers=providers)
+                sessions[k] = ort.InferenceSession(p.SerializeToString(), timing, providers=providers)
             except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)
                 refused[k] = e
         if not sessions:
@@ -194,14 +210,14 @@ def _choice(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, prov
                           stacklevel=6)
         return {k: (lambda s=sess, f=_zeros(sess): s.run(None, f)) for k, sess in sessions.items()}
 
-    return route_cache.choose(key, runs, tuple(candidates), fresh), sessions
+    return route_cache.choose(key, runs, tuple(candidates), fresh)
 
 
 def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, providers: list,
               key: route_cache.RouteKey, fresh: bool) -> tuple[ort.InferenceSession, onnx.ModelProto]:
-    """The session of the layout ``_choice`` takes, its model's ``cvm.routes`` recording the choice on every
-    integer-products route."""
-    choice, sessions = _choice(candidates, so, providers, key, fresh)
+    """The session (options ``so``) of the layout ``_choice`` takes, its model's ``cvm.routes`` recording the
+    choice on every integer-products route."""
+    choice = _choice(candidates, so, providers, key, fresh)
     proto = candidates[choice.layout]
     props = {p.key: p for p in proto.metadata_props}
     if ROUTES in props:
@@ -209,9 +225,7 @@ def _measured(candidates: dict[str, onnx.ModelProto], so: ort.SessionOptions, pr
         routes = [[name, route + (note if route.startswith("integer products") else ""), why]
                   for name, route, why in json.loads(props[ROUTES].value)]
         props[ROUTES].value = json.dumps(routes)
-        return ort.InferenceSession(proto.SerializeToString(), so, providers=providers), proto
-    return sessions.get(choice.layout) or ort.InferenceSession(proto.SerializeToString(), so, providers=providers), \
-        proto
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=providers), proto
 
 
 def layout_choice(model: ModelLike, threads: int | None = None, fresh: bool = False) -> route_cache.Choice | None:
@@ -233,7 +247,7 @@ def layout_choice(model: ModelLike, threads: int | None = None, fresh: bool = Fa
     so.register_custom_ops_library(library)
     key = route_cache.RouteKey.of(proto, so.intra_op_num_threads, operands)
     try:
-        return _choice(candidates, so, _providers("cpu"), key, fresh)[0]
+        return _choice(candidates, so, _providers("cpu"), key, fresh)
     except (CVMError, Warning):
         raise
     except Exception as e:  # noqa: BLE001  (onnxruntime's own exception types)

@@ -1,13 +1,15 @@
 """The route cache: the layout a session measured fastest for a model on this CPU, remembered so that every later
 session of that model here takes it without measuring again (``choose``).
 
-A measurement times each candidate layout's session on zeros, the candidates alternated over rounds (each round
-a median of a few runs, a candidate's time its best round: a shared machine slows whole stretches), and keeps the
-fastest. It is remembered under a ``RouteKey``: the CPU (its model name and the features the native library
-reads), the model (``model_digest``: its operators, attributes, input shapes and the types and shapes of its
-weights, not their values), the intra-op threads, the operand types, and the software that runs it (cvm-onnx's and
-onnxruntime's versions and a digest of the native library): a different CPU, model, thread count or build is
-measured anew.
+A measurement (``measure``) times each candidate layout's session on zeros in its steady state: every candidate
+run untimed first (a session's first runs pay one-time costs), then the candidates alternated over rounds (each
+round a median of a few runs after an untimed one, a candidate's time its best round: a shared machine slows whole
+stretches), and keeps the fastest. It is remembered under a ``RouteKey``: the CPU (its model name and the features
+the native library reads), the model (``model_digest``: its operators, attributes, input shapes and the types and
+shapes of its weights, not their values), the intra-op threads, the operand types, the software that runs it
+(cvm-onnx's and onnxruntime's versions and a digest of the native library) and the measurement's version
+(``MEASUREMENT``): a different CPU, model, thread count or build is measured anew, and so is a choice an earlier
+measurement made.
 
 The file is ``routes.json`` in ``cache_dir()``: the directory ``CVM_ONNX_CACHE_DIR`` names, else
 ``$XDG_CACHE_HOME/cvm-onnx``, else ``~/.cache/cvm-onnx``; ``CVM_ONNX_NO_CACHE`` set (to anything but "" or "0")
@@ -40,6 +42,8 @@ from cvm_onnx.native import cpu, library_path
 FILE = "routes.json"
 FORMAT = 1
 MAX_ENTRIES = 256
+MEASUREMENT = 2  # the version of ``measure``, part of every key: a choice another version made is measured anew
+WARMUP, ROUNDS, REPEAT = 3, 4, 5  # measure's untimed runs of each candidate, rounds, and timed runs in a round
 
 
 def usable_cpus() -> int:
@@ -123,13 +127,15 @@ def model_digest(model: onnx.ModelProto) -> str:
 
 @dataclass(frozen=True)
 class RouteKey:
-    """What a remembered route holds for: the CPU, the model, the intra-op threads, the operand types, the software."""
+    """What a remembered route holds for: the CPU, the model, the intra-op threads, the operand types, the software,
+    and the version of the measurement that chose it."""
 
     cpu: str
     model: str
     threads: int
     operands: str
     software: str
+    measurement: int = MEASUREMENT
 
     @classmethod
     def of(cls, model: onnx.ModelProto, threads: int, operands: str) -> RouteKey:
@@ -204,7 +210,7 @@ def remember(key: RouteKey, choice: Choice) -> None:
     routes = _read(directory)
     routes.pop(key.text(), None)
     routes[key.text()] = {"layout": choice.layout, "ms": choice.times, "cpu": key.cpu, "threads": key.threads,
-                          "operands": key.operands, "software": key.software,
+                          "operands": key.operands, "software": key.software, "measurement": key.measurement,
                           "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     kept = dict(list(routes.items())[-MAX_ENTRIES:])
     temporary = None
@@ -222,15 +228,20 @@ def remember(key: RouteKey, choice: Choice) -> None:
 
 
 def measure(runs: Mapping[str, Callable[[], object]], clock: Callable[[], float] = time.perf_counter,
-            rounds: int = 3, repeat: int = 3) -> Choice:
-    """Time each candidate's ``runs[k]()`` (one warm-up call each, then ``rounds`` rounds over the candidates in
-    turn, each the median of ``repeat`` calls; a candidate's time is its best round) and take the fastest (the
-    first of equal times)."""
+            warmup: int = WARMUP, rounds: int = ROUNDS, repeat: int = REPEAT) -> Choice:
+    """Time each candidate's ``runs[k]()`` in its steady state and take the fastest (the first of equal times).
+    Every candidate is first called ``warmup`` times untimed, before any is timed: a session's first runs pay
+    one-time costs (onnxruntime's arena and memory plan, the kernels' thread-local buffers, pages touched the first
+    time). Then ``rounds`` rounds over the candidates in turn, each candidate's turn one untimed call (its data back
+    in the caches after another candidate's) and the median of ``repeat`` timed calls; a candidate's time is its
+    best round."""
     for run in runs.values():
-        run()
+        for _ in range(warmup):
+            run()
     best = {k: float("inf") for k in runs}
     for _ in range(rounds):
         for k, run in runs.items():
+            run()
             times = []
             for _ in range(repeat):
                 t = clock()
