@@ -15,7 +15,7 @@ from cvm_onnx.serving.target import Target
 from .. import nn
 from ..lowering import Body, Value
 from .run import Run
-from .steps import Step, channel_step, forked, scalar_param, steps_of
+from .steps import Step, channel_step, fork_readers, forked, scalar_param, steps_of
 
 
 @dataclass(frozen=True)
@@ -370,12 +370,14 @@ def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
 
 
 def two_parts(graph: Graph, readers: dict[Entry, int]) -> dict[int, tuple[Entry, tuple[int, ...]]]:
-    """The products in two parts and the shifts rounding half to even (``steps.forked``) whose v is read by their two
-    inner readers alone and each inner node by the next alone: their last node -> (v, the inner nodes)."""
+    """The products in parts and the shifts rounding half to even (``steps.forked``) whose v is read by their inner
+    readers alone (``steps.fork_readers``: a product in n parts by its n multiplies) and each inner node by the next
+    alone: their last node -> (v, the inner nodes)."""
     found = {}
     for i, node in enumerate(graph.nodes):
         part = None if node.is_variable else forked(graph, node)
-        if part is not None and readers.get(part[0]) == 2 and all(readers.get(Entry(j)) == 1 for j in part[1]):
+        if part is not None and readers.get(part[0]) == fork_readers(part[2]) and \
+                all(readers.get(Entry(j)) == 1 for j in part[1]):
             found[i] = part[:2]
     return found
 
