@@ -350,6 +350,29 @@ def test_a_product_in_parts_is_one_step_and_exact(case):
     assert any(MUL64 in s[0::3] for s in steps)
 
 
+def test_a_product_in_more_levels_than_a_mul64_holds_stays_cvm_ops():
+    """A product in 40 parts of width 1 (B = 39, past mul64's 31): the serving form reads at most 31 levels, leaves
+    the chain as CVM ops and equals the reference executor; 31 levels (B = 31) are one mul64 step."""
+    for n in (40, 32):
+        b = GraphBuilder()
+        x = b.op("clip", b.input("data", SHAPE, 12), a_min=-2047, a_max=2047)
+        t = None
+        for j in range(n - 1):
+            p = b.op("broadcast_mul", x, b.param(f"m{j}", np.array([j % 2])))
+            if t is not None:
+                p = b.op("broadcast_add", p, t)
+            t = b.op("cvm_right_shift", b.op("broadcast_add", p, b.param(f"h{j}", np.array([-1]))), shift_bit=1,
+                     precision=12)
+        y = b.op("broadcast_add", b.op("broadcast_mul", x, b.param("mt", np.array([5]))), t)
+        graph = b.build(b.op("cvm_right_shift", y, shift_bit=3, precision=8))
+        model = check(graph, {"data": np.arange(-12, 12).reshape(SHAPE).astype(np.int32) * 170},
+                      int8=library_path() is not None)
+        if library_path() is not None:
+            steps = [list(a.ints) for n_ in model.graph.node for a in n_.attribute if a.name in ("steps",
+                                                                                                "channel_steps")]
+            assert any(MUL64 in s_[0::3] for s_ in steps) == (n == 32)
+
+
 def test_a_two_part_import_is_served_as_fast_as_one_part(tmp_path):
     """A ResNet-shaped block quantized per channel (QDQ, uint8; benchmarks/quantized_side_by_side.py's network in
     small) and imported with two-part products: its serving form has the same ONNX nodes as the one-part import's

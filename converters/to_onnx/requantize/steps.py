@@ -65,24 +65,25 @@ def _multipliers(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int, .
     return (c,) if c is not None else channel_values(graph, e, shape)
 
 
-def _low_part(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[Entry, tuple[int, ...], tuple[int, ...],
-                                                                       tuple[tuple[int, int], ...]] | None:
+def _low_part(graph: Graph, e: Entry, shape: tuple[int, ...], room: int) -> tuple[
+        Entry, tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]] | None:
     """The low operand of a product in parts: broadcast_mul(v, m) (v, (), m's multipliers, no levels), or a product
-    in parts itself (``two_part``: v, its nodes, its whole multipliers, its levels), else None."""
+    in parts itself whose widths sum to at most ``room`` (``two_part``: v, its nodes, its whole multipliers, its
+    levels), else None."""
     node = graph.nodes[e.node]
     if e.index or graph.type_of(e).shape != shape:
         return None
     if node.op == "broadcast_mul":
         m = _multipliers(graph, node.inputs[1], shape)
         return None if m is None else (node.inputs[0], (), m, ())
-    part = two_part(graph, node)
+    part = two_part(graph, node, room)
     if part is None:
         return None
     v, inner, step = part
     return v, inner + (e.node,), step.ks or (step.k,), step.levels
 
 
-def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | None:
+def two_part(graph: Graph, node: Node, room: int = 31) -> tuple[Entry, tuple[int, ...], Step] | None:
     """A product in parts ending at ``node`` (the quantized importer's, docs/import.md "Two-part products" and
     "Products in n parts"): p = broadcast_mul(v, m_top), t = cvm_right_shift(broadcast_add(L, -2^(b-1)), b) into
     precision q, ``node`` = broadcast_add(p, t) (in either order), where L is broadcast_mul(v, m0) with 0 <= m0 <
@@ -92,8 +93,9 @@ def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | 
     ``low`` the last's), else None. Where none of these int32 ops wraps and no level's shift clips (``Run`` checks
     it from v's bound), ``node`` is floor(v k / 2^b): by induction L = floor(v m_L / 2^B_L), cvm_right_shift of L -
     2^(b-1) by b is floor(L / 2^b) = floor(v m_L / 2^(B_L + b)) (nested floors), and v m_top 2^(B_L + b) is a
-    multiple of 2^(B_L + b). The caller checks that v is read by the n multiplies alone (``readers``) and each
-    inner node by the next alone."""
+    multiple of 2^(B_L + b). Only B <= ``room`` (31: a native mul64's shift) is sought, so at most 31 levels are
+    read. The caller checks that v is read by the n multiplies alone (``fork_readers``) and each inner node by the
+    next alone."""
     if node.op != "broadcast_add" or len(node.inputs) != 2:
         return None
     shape = node.outputs[0].shape
@@ -106,9 +108,9 @@ def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | 
             continue
         a = REGISTRY["cvm_right_shift"].bind(shift.attrs)
         b, c = a.shift_bit, scalar_param(graph, add.inputs[1])
-        if b < 1 or c != -(1 << (b - 1)):
+        if not 1 <= b <= room or c != -(1 << (b - 1)):
             continue
-        low = _low_part(graph, add.inputs[0], shape)
+        low = _low_part(graph, add.inputs[0], shape, room - b)
         v = high.inputs[0]
         if low is None or low[0] != v or graph.type_of(v).shape != shape or \
                 any(graph.type_of(e).shape != shape for e in (hi_e, lo_e, shift.inputs[0])):
