@@ -25,7 +25,11 @@ also planned in two parts (``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm
 + floor(v1 m0 / 2^b), k - b) with floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals
 round_half_up(v1 m / 2^k) exactly; b = 30 - label(v1) and label(v1) + label(m1) <= 31 keep every product and sum
 within 32 bits, so m gets about 61 - 2 label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
-(``_several_split``): the highs and the lows summed apart, then the same two shifts.
+(``_several_split``): the highs and the lows summed apart, then the same two shifts. Where two parts leave delta
+above ``FINER``, a single term is also planned in three (``MAX_PARTS``): m split at b_0 = 30 - label(v1) and b_1 =
+29 - label(v1) from the bottom, t_0 = floor(v1 m_0 / 2^(b_0)), t_1 = floor((v1 m_1 + t_0) / 2^(b_1)), r =
+cvm_right_shift(v1 m_top + t_1, k - B) with B = b_0 + b_1 <= 31: the same integers by nested floors
+(docs/import.md, "Products in n parts"), m of about 91 - 3 label(v1) bits.
 
 Ties (``_even``): where every M_i is p_i / 2^(a_i) exactly and some v meets a tie (v M = n + 1/2), the plan is
 exact (s = 0, m_i = M_i 2^k, k = max a_i, delta = 0) and rounds half to even as QuantizeLinear does:

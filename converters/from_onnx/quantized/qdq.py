@@ -238,7 +238,7 @@ def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant_plans.py); a split
-    plan's products in two parts (``split``); an even plan's shift rounding half to even (``half_even``)."""
+    plan's products in parts (``split``); an even plan's shift rounding half to even (``half_even``)."""
     if p.split:
         return split(ctx, [prepared(ctx, v, p) for v in vs], p)
     if p.even:  # a multiplier of 1 (M = 1 / 2^k: a pool at one scale) is left out

@@ -1,5 +1,5 @@
 """The steps of a requantization run: which CVM nodes are monotone integer steps on one tensor (``Op.step``),
-and the steps each is (``steps_of``); a product in two parts as one step (``two_part``)."""
+and the steps each is (``steps_of``); a product in parts as one step (``two_part``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -173,7 +173,7 @@ def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, l
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
     tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other
     input's shape; with ``channels``, for native runs, a broadcast_mul by one multiplier per axis-1 channel too,
-    "cmul", and the end of a product in two parts or of a shift rounding half to even, ``forked``, whose input is
+    "cmul", and the end of a product in parts or of a shift rounding half to even, ``forked``, whose input is
     v)."""
     if channels and (part := forked(graph, node)) is not None:
         return part[0], [part[2]]
