@@ -68,8 +68,8 @@ def _multipliers(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int, .
 def _low_part(graph: Graph, e: Entry, shape: tuple[int, ...], room: int) -> tuple[
         Entry, tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]] | None:
     """The low operand of a product in parts: broadcast_mul(v, m) (v, (), m's multipliers, no levels), or a product
-    in parts itself whose widths sum to at most ``room`` (``two_part``: v, its nodes, its whole multipliers, its
-    levels), else None."""
+    in parts itself whose widths sum to at most ``room`` (``two_part``: v, its inner nodes (its last node, e's, is
+    the caller's), its whole multipliers, its levels), else None."""
     node = graph.nodes[e.node]
     if e.index or graph.type_of(e).shape != shape:
         return None
@@ -80,7 +80,7 @@ def _low_part(graph: Graph, e: Entry, shape: tuple[int, ...], room: int) -> tupl
     if part is None:
         return None
     v, inner, step = part
-    return v, inner + (e.node,), step.ks or (step.k,), step.levels
+    return v, inner, step.ks or (step.k,), step.levels
 
 
 def two_part(graph: Graph, node: Node, room: int = 31) -> tuple[Entry, tuple[int, ...], Step] | None:
