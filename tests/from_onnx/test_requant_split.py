@@ -1,7 +1,8 @@
-"""Two-part requantization products (docs/import.md, "Two-part products"): r = round_half_up(v1 m / 2^k) with
-m = m1 2^b + m0 computed as cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b), floor(p0 / 2^b) as
-cvm_right_shift(p0 - 2^(b-1), b); each plan's labels within CVM's rules, its result equal to the one-part
-formula with the full m, and imports equal to the exact oracle, exported to ONNX exactly."""
+"""Requantization products in parts (docs/import.md, "Two-part products", "Products in n parts"): r =
+round_half_up(v1 m / 2^k) with m = m1 2^b + m0 computed as cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b),
+floor(p0 / 2^b) as cvm_right_shift(p0 - 2^(b-1), b), and in three parts by nested floors; each plan's labels within
+CVM's rules, its result equal to the one-part formula with the full m, and imports equal to the exact oracle,
+exported to ONNX exactly."""
 from __future__ import annotations
 
 import dataclasses
