@@ -350,6 +350,34 @@ def test_a_product_in_parts_is_one_step_and_exact(case):
     assert any(MUL64 in s[0::3] for s in steps)
 
 
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(widths=st.lists(st.integers(1, 12), min_size=1, max_size=3), lows=st.lists(st.integers(1, 31), min_size=3,
+                                                                                  max_size=3),
+       top=st.integers(0, (1 << 24) - 1), m=st.integers(1, (1 << 20) - 1), data=st.data())
+def test_a_product_in_parts_is_taken_only_where_no_level_wraps_or_clips(widths, lows, top, m, data):
+    """``Run._two_part_fits`` (the check before a product in parts becomes one mul64) is sound: where it holds for
+    |v| <= m, every level's int32 op (v m_j + t - 2^(b_j-1)) stays within int32 and its cvm_right_shift's clip to
+    its precision does not act, for v at -m, m and at random between, and the top's v m_top + t too."""
+    from cvm_onnx.converters.to_onnx.requantize.run import Run
+
+    k = top
+    for w in widths:
+        k = (k << w) + data.draw(st.integers(0, (1 << w) - 1))
+    levels = tuple((w, bound(q)) for w, q in zip(widths, lows))
+    if not Run._two_part_fits(k, levels, m):
+        return
+    for v in {-m, m, *data.draw(st.lists(st.integers(-m, m), max_size=20))}:
+        t, start = 0, 0
+        for w, low in levels:
+            p_ = v * ((k >> start) & ((1 << w) - 1))
+            x = p_ + t - (1 << (w - 1))
+            assert all(-(1 << 31) <= y < 1 << 31 for y in (p_, p_ + t, x))
+            t = (x + (1 << (w - 1))) >> w  # cvm_right_shift by w: round_shift(x, w)
+            assert abs(t) <= low
+            start += w
+        assert all(-(1 << 31) <= y < 1 << 31 for y in (v * (k >> start), v * (k >> start) + t))
+
+
 def test_a_product_in_more_levels_than_a_mul64_holds_stays_cvm_ops():
     """A product in 40 parts of width 1 (B = 39, past mul64's 31): the serving form reads at most 31 levels, leaves
     the chain as CVM ops and equals the reference executor; 31 levels (B = 31) are one mul64 step."""
