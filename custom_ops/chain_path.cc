@@ -30,7 +30,8 @@ std::string kinds_text(const std::vector<int64_t>& kinds) {
   static const char* const names[] = {"shift", "multiply", "add", "clip", "mul64", "even"};
   std::string out;
   for (const int64_t k : kinds) {
-    const std::string name = k >= 0 && k <= kEven ? names[k] : k == kMul64Narrow ? "mul64 narrow" : std::to_string(k);
+    const std::string name = k >= 0 && k <= kEven ? names[k] : k == kMul64Narrow ? "mul64 narrow"
+                             : k == kMul64Narrow2 ? "mul64 narrow2" : std::to_string(k);
     out += (out.empty() ? "" : " > ") + name;
   }
   return out.empty() ? "no steps" : out;

@@ -31,6 +31,12 @@ struct RequantStep {
 // channel_arrays lays it out (internal to ChannelArrays, never a parsed step): x m1 + ((x m0) >> s) in int32 lanes,
 // the same integers as mul64 (floor(x m0 / 2^s) is the arithmetic shift of the exact x m0; the sum wraps alike).
 constexpr int64_t kMul64Narrow = -4;
+// A mul64 (m = m1 2^s + m0, s) whose low product needs more than int32 but splits at c, m0 = mh 2^c + ml, into
+// int32 products (internal to ChannelArrays as kMul64Narrow): x m1 + ((x mh + ((x ml) >> c)) >> (s - c)), the
+// same integers as mul64 where |x ml| and |x mh + floor(x ml / 2^c)| stay within int32 (nested floors:
+// floor((x mh + floor(x ml / 2^c)) / 2^(s-c)) = floor(x m0 / 2^s)); a CVM product in three parts, computed as its
+// own three int32 products.
+constexpr int64_t kMul64Narrow2 = -5;
 
 // What a shift by a (0..31) adds before shifting: 2^(a-1), the rounding half, or 0 for a = 0 (the value itself).
 inline uint32_t shift_half(int64_t a) { return a ? 1u << (a - 1) : 0u; }
@@ -362,8 +368,27 @@ inline bool narrow(const RequantStep& s, Range r) {
   return m0 < (int64_t{1} << 26) && v * m0 < (__int128{1} << 31);
 }
 
+// Whether mul64 step s on values in r is kMul64Narrow2's with the split c (0 if none; the largest that holds): 0 <= m1
+// < 2^16 and 0 <= mh < 2^15 (its lane constant mh 2^16 + m1), ml < 2^21 (ml 2^10 + c 2^5 + s - c), |v| ml < 2^31
+// and |v| mh + ceil(|v| ml / 2^c) < 2^31 for every v in r (checked in 128 bits).
+inline int64_t narrow2(const RequantStep& s, Range r) {
+  const int64_t m1 = s.a >> s.b, m0 = s.a & ((int64_t{1} << s.b) - 1);
+  const __int128 v = std::max(-r.lo, r.hi), limit = __int128{1} << 31;
+  if (m1 < 0 || m1 >= (int64_t{1} << 16)) return 0;
+  for (int64_t c = s.b - 1; c >= 1; --c) {
+    const int64_t mh = m0 >> c, ml = m0 & ((int64_t{1} << c) - 1);
+    const __int128 low = v * ml;
+    if (mh < (int64_t{1} << 15) && ml < (int64_t{1} << 21) && low < limit &&
+        v * mh + ((low + (__int128{1} << c) - 1) >> c) < limit) {
+      return c;
+    }
+  }
+  return 0;
+}
+
 // The channels' steps (from values in `from`) side by side; a mul64 whose low product fits int32 in every channel
-// (narrow, each channel's values tracked by Range) as kMul64Narrow.
+// (narrow, each channel's values tracked by Range) as kMul64Narrow, else one that splits into int32 products in
+// every channel (narrow2) as kMul64Narrow2.
 inline ChannelArrays channel_arrays(const ChannelSteps& per, Range from = {}) {
   ChannelArrays out;
   if (!same_kinds(per)) return out;
@@ -376,12 +401,22 @@ inline ChannelArrays channel_arrays(const ChannelSteps& per, Range from = {}) {
   for (size_t k = 0; k < steps; ++k) {
     bool narrowed = per[0][k].kind == kMul64;
     for (size_t c = 0; c < channels && narrowed; ++c) narrowed = narrow(per[c][k], r[c]);
-    out.kinds.push_back(narrowed ? kMul64Narrow : per[0][k].kind);
+    std::vector<int64_t> splits(per[0][k].kind == kMul64 && !narrowed ? channels : 0);
+    bool split = !splits.empty();
+    for (size_t c = 0; c < splits.size() && split; ++c) split = (splits[c] = narrow2(per[c][k], r[c])) != 0;
+    out.kinds.push_back(narrowed ? kMul64Narrow : split ? kMul64Narrow2 : per[0][k].kind);
     for (size_t i = 0; i < out.period; ++i) {
       const RequantStep& s = per[i % channels][k];
+      const int64_t m1 = s.a >> s.b, m0 = s.a & ((int64_t{1} << s.b) - 1);
+      if (split) {
+        const int64_t c = splits[i % channels];
+        std::tie(out.a[k * out.period + i], out.b[k * out.period + i]) = std::pair<int32_t, int32_t>(
+            static_cast<int32_t>(((m0 >> c) << 16) | m1),
+            static_cast<int32_t>(((m0 & ((int64_t{1} << c) - 1)) << 10) | (c << 5) | (s.b - c)));
+        continue;
+      }
       std::tie(out.a[k * out.period + i], out.b[k * out.period + i]) =
-          narrowed ? std::pair<int32_t, int32_t>(static_cast<int32_t>(s.a >> s.b),
-                                                 static_cast<int32_t>(((s.a & ((int64_t{1} << s.b) - 1)) << 5) | s.b))
+          narrowed ? std::pair<int32_t, int32_t>(static_cast<int32_t>(m1), static_cast<int32_t>((m0 << 5) | s.b))
                    : lane_constants(s.kind, s.a, s.b);
     }
     for (size_t c = 0; c < channels; ++c) r[c] = after(per[c][k], r[c]);
@@ -428,6 +463,10 @@ __attribute__((always_inline)) inline T array_step(T x, T a, T b) {
   } else if constexpr (Kind == kMul64Narrow) {  // a = m1, b = m0 2^5 + s (channel_arrays): x m1 + ((x m0) >> s)
     const T low = (T)((U)x * (U)(b >> 5)) >> (b & 31);
     return (T)((U)x * (U)a + (U)low);
+  } else if constexpr (Kind == kMul64Narrow2) {  // a = mh 2^16 + m1, b = ml 2^10 + c 2^5 + (s - c) (channel_arrays)
+    const T low = (T)((U)x * (U)(b >> 10)) >> ((b >> 5) & 31);
+    const T mid = (T)((U)x * (U)(a >> 16) + (U)low) >> (b & 31);
+    return (T)((U)x * (U)(a & 0xffff) + (U)mid);
   } else if constexpr (Kind == kMul64) {  // a = m1, b = m0 2^(31 - s) (lane_constants): x m1 + floor(x b / 2^31)
     if constexpr (std::is_same_v<T, int32_t>) {
       const int64_t low = (static_cast<int64_t>(x) * static_cast<int64_t>(b)) >> 31;
@@ -455,6 +494,7 @@ __attribute__((always_inline)) inline void with_kind(int64_t kind, Body&& body) 
     case kMul64: return body(std::integral_constant<int64_t, kMul64>{});
     case kEven: return body(std::integral_constant<int64_t, kEven>{});
     case kMul64Narrow: return body(std::integral_constant<int64_t, kMul64Narrow>{});
+    case kMul64Narrow2: return body(std::integral_constant<int64_t, kMul64Narrow2>{});
     default: return body(std::integral_constant<int64_t, kClip>{});
   }
 }
@@ -574,6 +614,7 @@ __attribute__((always_inline)) inline void lanes_chain(const int32_t* x, const i
       case kMul64: tile_step<kMul64, Count>(y, a, b); break;
       case kEven: tile_step<kEven, Count>(y, a, b); break;
       case kMul64Narrow: tile_step<kMul64Narrow, Count>(y, a, b); break;
+      case kMul64Narrow2: tile_step<kMul64Narrow2, Count>(y, a, b); break;
       default: tile_step<kClip, Count>(y, a, b);
     }
     a += p.period;
@@ -799,7 +840,8 @@ __attribute__((always_inline)) inline void channel_blocks(Kinds<K...>, const int
 // The channels' kinds that channel_blocks runs, known at compile time: a quantized import's requantization (clip,
 // shift, multiply, shift, clip; then a multiply before a residual Add, or the output's zero point added and clipped;
 // or its product in two parts, clip, mul64, shift, clip, after a shift or not, the multiply or the zero point after
-// it or not; its low product within int32, kMul64Narrow, or not).
+// it or not; its low product within int32, kMul64Narrow, or not; in three parts, its products within int32,
+// kMul64Narrow2).
 using ChannelBlockChains = KindsList<Kinds<kClip, kShift, kMul, kShift, kClip>,
                                      Kinds<kClip, kShift, kMul, kShift, kClip, kMul>,
                                      Kinds<kClip, kShift, kMul, kShift, kClip, kAdd, kClip>,
@@ -808,7 +850,10 @@ using ChannelBlockChains = KindsList<Kinds<kClip, kShift, kMul, kShift, kClip>,
                                      Kinds<kClip, kMul64, kShift, kClip>, Kinds<kClip, kMul64, kShift, kClip, kMul>,
                                      Kinds<kClip, kShift, kMul64Narrow, kShift, kClip>,
                                      Kinds<kClip, kMul64Narrow, kShift, kClip>,
-                                     Kinds<kClip, kMul64Narrow, kShift, kClip, kMul>>;
+                                     Kinds<kClip, kMul64Narrow, kShift, kClip, kMul>,
+                                     Kinds<kClip, kMul64Narrow2, kShift, kClip, kAdd, kClip>,
+                                     Kinds<kClip, kMul64Narrow2, kShift, kClip>,
+                                     Kinds<kClip, kMul64Narrow2, kShift, kClip, kMul>>;
 
 // channel_chains; where the channels are a multiple of 16 and the kinds of ChannelBlockChains, channel_blocks.
 template <typename Out>

@@ -25,7 +25,11 @@ also planned in two parts (``_split``): m = m1 2^b + m0 (0 <= m0 < 2^b), r = cvm
 + floor(v1 m0 / 2^b), k - b) with floor(p0 / 2^b) = cvm_right_shift(p0 - 2^(b-1), b), which equals
 round_half_up(v1 m / 2^k) exactly; b = 30 - label(v1) and label(v1) + label(m1) <= 31 keep every product and sum
 within 32 bits, so m gets about 61 - 2 label(v1) bits. The closer of the two plans is kept; delta's formula is the same. A sum splits every m_i at one b
-(``_several_split``): the highs and the lows summed apart, then the same two shifts.
+(``_several_split``): the highs and the lows summed apart, then the same two shifts. Where two parts leave delta
+above ``FINER``, a single term is also planned in three (``MAX_PARTS``): m split at b_0 = 30 - label(v1) and b_1 =
+29 - label(v1) from the bottom, t_0 = floor(v1 m_0 / 2^(b_0)), t_1 = floor((v1 m_1 + t_0) / 2^(b_1)), r =
+cvm_right_shift(v1 m_top + t_1, k - B) with B = b_0 + b_1 <= 31: the same integers by nested floors
+(docs/import.md, "Products in n parts"), m of about 91 - 3 label(v1) bits.
 
 Ties (``_even``): where every M_i is p_i / 2^(a_i) exactly and some v meets a tie (v M = n + 1/2), the plan is
 exact (s = 0, m_i = M_i 2^k, k = max a_i, delta = 0) and rounds half to even as QuantizeLinear does:
@@ -56,6 +60,10 @@ MAX_SHIFT = 31
 #: ``split_above`` asks (docs/import.md, "Two-part products": below it a sum's two parts moved no measured output,
 #: and the serving form does not fuse them).
 SPLIT = Fraction(1, 1024)
+#: A single term is planned in more than two parts (up to ``MAX_PARTS``) only where its closest plan in fewer parts
+#: leaves delta above this (docs/import.md, "Products in n parts").
+FINER = Fraction(1, 1 << 20)
+MAX_PARTS = 3
 
 
 def round_half_up(x: Fraction) -> int:
@@ -74,14 +82,23 @@ class Plan:
     shift: int
     precision: int
     delta: Fraction  # worst |v1 * m / 2^k - v * M| (before the final rounding), in output steps
-    split: int = 0  # b > 0: each product in two parts, m = m1 2^b + m0
-    low_precision: int = 0  # the label of floor(sum_i v_i m0_i / 2^b) (split only)
+    split: int = 0  # B > 0: each product in parts, m = m_top 2^B + (m mod 2^B)
+    widths: tuple[int, ...] = ()  # the levels' shifts b_0, b_1, ... (summing to B): n - 1 of them for n parts
+    lows: tuple[int, ...] = ()  # each level's precision: the label of floor(sum_i v_i (m_i mod 2^B_j) / 2^B_j)
     even: int = 0  # > 0: m / 2^k = M exactly and r rounds half to even (``_even``); the two shifts' precision
 
     @property
-    def parts(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each term's (m1, m0) with m = m1 2^b + m0 and 0 <= m0 < 2^b, for a split plan."""
-        return [(m >> self.split, m & ((1 << self.split) - 1)) for m in self.multipliers]
+    def low_precision(self) -> int:
+        """The last level's precision (the label of floor(sum_i v_i (m_i mod 2^B) / 2^B)), 0 for one part."""
+        return self.lows[-1] if self.lows else 0
+
+    @property
+    def parts(self) -> list[tuple[np.ndarray, ...]]:
+        """Each term's parts, the top first: (m_top, ..., m_1, m_0) with m = sum_j m_j 2^(b_0 + ... + b_(j-1)),
+        0 <= m_j < 2^(b_j) below the top, for a split plan (two parts: (m1, m0), m = m1 2^b + m0)."""
+        starts = [sum(self.widths[:j]) for j in range(len(self.widths))]
+        return [(m >> self.split, *((m >> a) & ((1 << w) - 1) for a, w in reversed(list(zip(starts, self.widths)))))
+                for m in self.multipliers]
 
     @property
     def error(self) -> float:
@@ -240,6 +257,20 @@ def _single(lo: int, hi: int, ms: np.ndarray, low: int, high: int, precision: in
             two = _split(ms, s, b1, p1, clip, precision, kmax)
             if two is not None and (best is None or two.delta < best.delta):
                 best = two
+    for n in range(3, MAX_PARTS + 1):  # more parts where the closest plan so far passes FINER, while they come closer
+        if split_above is None or split_above >= Fraction(1, 2) or best is None or not best.split or \
+                best.delta <= FINER:
+            break
+        closer = None
+        for s, b1, p1 in shifts:
+            if s and max(ms.flat) * (1 << s) / 2 >= best.delta:
+                break
+            more = _split(ms, s, b1, p1, clip, precision, kmax, n)
+            if more is not None and more.delta < (closer or best).delta:
+                closer = more
+        if closer is None:
+            break
+        best = closer
     if best is None or best.delta >= Fraction(1, 2):
         raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize by M in [{float(least):.3g}, "
                      f"{float(max(ms.flat)):.3g}] within one step")
@@ -257,19 +288,48 @@ def _delta(ms: np.ndarray, m: np.ndarray, s: int, k: int, b1: int,
                     [d << k for d in dens])
 
 
-def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax: int) -> Plan | None:
-    """The two-part plan of pre-shift s (None if none): split b = 30 - label(v1), the largest the add of
-    -2^(b-1) to v1 m0 allows (m0 < 2^b), and the largest k with k - b <= kmax and label(v1) + label(m1) <= 31."""
-    b = 30 - p1
-    if b < 1:
+def _split(ms: np.ndarray, s: int, b1: int, p1: int, clip, precision: int, kmax: int, n: int = 2) -> Plan | None:
+    """The plan of pre-shift s in n >= 2 parts (None if none): the lowest level's width b_0 = 30 - label(v1), the
+    largest the add of -2^(b_0-1) to v1 m_0 allows (m_0 < 2^b_0), each further level's b_j = 29 - label(v1) (its
+    sum v1 m_j + t_(j-1) - 2^(b_j-1) within 32 bits); for n >= 3, B = sum b_j <= 31 (the serving form's one
+    ``mul64`` holds it); the largest k with k - B <= kmax and label(v1) + label(m_top) <= 31, where every level's
+    labels hold (``_levels``)."""
+    widths = [30 - p1] + [29 - p1] * (n - 2)
+    total = sum(widths)
+    if min(widths) < 1 or n > 2 and total > 31:
         return None
     top = max(ms.flat)
-    for k in range(b + kmax, b, -1):
-        if p1 + tight(_rounded([top.numerator], [top.denominator], s + k)[0] >> b) <= 31:  # the largest M's m
+    for k in range(total + kmax, total, -1):
+        if p1 + tight(_rounded([top.numerator], [top.denominator], s + k)[0] >> total) <= 31:  # the largest M's m
             m = _multipliers(ms, s + k)  # M 2^s 2^k, rounded
-            low = tight(-((-b1 * max(int(x) & ((1 << b) - 1) for x in m.flat)) >> b))
-            return Plan(clip, s, p1, (m.astype(np.int64),), k, precision, _delta(ms, m, s, k, b1), b, low)
+            lows = _levels([(b1, p1, m)], widths)
+            if lows is None:
+                return None
+            return Plan(clip, s, p1, (m.astype(np.int64),), k, precision, _delta(ms, m, s, k, b1), total,
+                        tuple(widths), lows)
     return None
+
+
+def _levels(terms: list[tuple[int, int, np.ndarray]], widths: list[int]) -> tuple[int, ...] | None:
+    """Each level's precision for terms (B_i >= |v_i|, label(v_i), m_i) split at ``widths`` (docs/import.md,
+    "Products in n parts"), or None where a label passes the rules: level j sums P_j = sum_i v_i m_ij (m_ij =
+    (m_i >> B_j) mod 2^(b_j), B_j = b_0 + ... + b_(j-1)), adds t_(j-1) (j > 0) and -2^(b_j-1), each within 32
+    bits, and t_j = cvm_right_shift of it by b_j into the label of its bound ceil((sum_i B_i max m_ij + T_(j-1)) /
+    2^(b_j)), that label + b_j <= 31."""
+    lows, bound, start = [], 0, 0
+    for j, b in enumerate(widths):
+        parts = [(x, p, int(max(int(v) >> start & ((1 << b) - 1) for v in m.flat))) for x, p, m in terms]
+        label = _chain([p + tight(mj) for _, p, mj in parts])
+        if j:
+            label = max(label, lows[-1]) + 1
+        if max(label, tight(1 << (b - 1))) + 1 > 32:
+            return None
+        bound = -(-(sum(x * mj for x, _, mj in parts) + bound) >> b)
+        lows.append(tight(bound))
+        if lows[-1] + b > 31:
+            return None
+        start += b
+    return tuple(lows)
 
 
 def _several(terms: list[tuple[int, int, np.ndarray]], precision: int, kmax: int,
@@ -320,11 +380,11 @@ def _several_split(terms, bounds: list[int], precision: int, kmax: int) -> Plan 
         if high > 31:
             continue
         ms = [_multipliers(m, k) for _, _, m in terms]
-        low = tight(-((-sum(x * max(int(v) & ((1 << b) - 1) for v in m.flat) for x, m in zip(bounds, ms))) >> b))
+        lows = _levels([(x, p, m) for x, p, m in zip(bounds, labels, ms)], [b])
         delta = _sum_delta(terms, bounds, ms, k)
-        if low + b > 31 or max(high, low) + 1 > 32 or delta >= Fraction(1, 2):
+        if lows is None or max(high, lows[0]) + 1 > 32 or delta >= Fraction(1, 2):
             return None
-        return Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta, b, low)
+        return Plan(None, 0, 0, tuple(m.astype(np.int64) for m in ms), k, precision, delta, b, (b,), lows)
     return None
 
 

@@ -173,8 +173,8 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
 
 def gas_lines(imported: Imported, gas: Gas, one_part: Gas | None = None) -> list[str]:
     """The gas of an import; the share of the ONNX nodes whose requantization takes runs of channels or two-part
-    products (their CVM nodes, params included); with ``one_part`` (the gas of the one-part import), the
-    difference."""
+    products (in two parts or more; their CVM nodes, params included); with ``one_part`` (the gas of the one-part
+    import), the difference."""
     out = [gas.line()]
     origins = {where.rpartition(" (")[0]: set(names) for where, names in imported.origins}
     for what, picked in (("runs of channels", [r for r in imported.requants if r.runs]),
@@ -225,7 +225,7 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
                 mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]
                 mults = ", ".join(map(str, mult[:4])) + (f", ... ({len(mult)})" if len(mult) > 4 else "")
                 clip = "" if p.clip is None else f"[{p.clip[0]}, {p.clip[1]}]"
-                shift = f"{p.shift} (two parts, b = {p.split})" if p.split else \
+                shift = f"{p.shift} ({len(p.widths) + 1} parts, b = {' + '.join(map(str, p.widths))})" if p.split else \
                     f"{p.shift} (half to even)" if p.even else p.shift
                 out.append(f"| {_cell(node)} | {ms} | {mults} | {p.pre_shift} | {shift} | {clip} | {p.error:.6f} |")
     if imported.edges is not None:

@@ -1,7 +1,8 @@
-"""Two-part requantization products (docs/import.md, "Two-part products"): r = round_half_up(v1 m / 2^k) with
-m = m1 2^b + m0 computed as cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b), floor(p0 / 2^b) as
-cvm_right_shift(p0 - 2^(b-1), b); each plan's labels within CVM's rules, its result equal to the one-part
-formula with the full m, and imports equal to the exact oracle, exported to ONNX exactly."""
+"""Requantization products in parts (docs/import.md, "Two-part products", "Products in n parts"): r =
+round_half_up(v1 m / 2^k) with m = m1 2^b + m0 computed as cvm_right_shift(v1 m1 + floor(v1 m0 / 2^b), k - b),
+floor(p0 / 2^b) as cvm_right_shift(p0 - 2^(b-1), b), and in three parts by nested floors; each plan's labels within
+CVM's rules, its result equal to the one-part formula with the full m, and imports equal to the exact oracle,
+exported to ONNX exactly."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,8 @@ from support.quantized import Oracle, qdq
 from cvm_onnx.app.api import load
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.converters.from_onnx.requant_plans import SPLIT, NoPlan, plan, round_half_up, tight
+from cvm_onnx.converters.from_onnx import requant_plans
+from cvm_onnx.converters.from_onnx.requant_plans import FINER, MAX_PARTS, SPLIT, NoPlan, plan, round_half_up, tight
 from cvm_onnx.core.constants import precision_bound
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.ops.elemwise import round_shift
@@ -43,6 +45,37 @@ def test_the_two_part_identity(p1, p0, b, j):
                                                                                                  b), j)
 
 
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(ps=st.lists(wide, min_size=2, max_size=5), widths=st.lists(st.integers(1, 30), min_size=4, max_size=4),
+       j=st.integers(1, 31))
+@example(ps=[-1, -1, 0], widths=[1, 1, 1, 1], j=1).via("negative low parts: floors, not truncations")
+def test_the_nested_floor_identity(ps, widths, j):
+    """A product in n parts (docs/import.md, "Products in n parts"): for any integers p_0 .. p_(n-1) (the lowest
+    first) and widths b_j, t_0 = floor(p_0 / 2^b_0), t_j = floor((p_j + t_(j-1)) / 2^(b_j)), each as round_shift(x -
+    2^(b_j-1), b_j), equals floor(sum_(i<=j) p_i 2^(B_i) / 2^(B_(j+1))) (B_i the widths below i), and
+    round_shift(p_top + t_last, j) is round_half_up of the whole sum over 2^(B + j)."""
+    widths = widths[:len(ps) - 1]
+    t, below, total = None, 0, 0
+    for p_, b in zip(ps, widths):
+        total += p_ << below
+        x = p_ if t is None else p_ + t
+        t = round_shift(x - (1 << (b - 1)), b)
+        below += b
+        assert t == total // (1 << below)
+    total += ps[-1] << below
+    assert round_shift(ps[-1] + t, j) == round_half_up(Fraction(total, 1 << (below + j)))
+
+
+def fewer_parts(make, n: int):
+    """``make()`` with plans of at most n parts."""
+    kept = requant_plans.MAX_PARTS
+    requant_plans.MAX_PARTS = n
+    try:
+        return make()
+    finally:
+        requant_plans.MAX_PARTS = kept
+
+
 def same(p, q) -> bool:
     """Plans equal field for field (multipliers as arrays)."""
     return q is not None and all(np.array_equal(a, b) for a, b in zip(p.multipliers, q.multipliers)) and \
@@ -62,12 +95,31 @@ def cvm_shift(x, s: int, p: int):
 @example(lo=-(1 << 31) + 1, hi=(1 << 31) - 1, ratios=[2.0**-30], out=(-128, 127), zero=0, seed=0, threshold=SPLIT)
 @example(lo=-(1 << 20), hi=1 << 20, ratios=[0.00039, 0.029], out=(0, 255), zero=128, seed=1, threshold=SPLIT)
 def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, ratios, out, zero, seed, threshold):
-    """The plan is in two parts exactly where the one-part plan's delta passes the threshold (SPLIT, or 0: the
-    importer's default) or none exists, and two parts come closer; a two-part plan's labels keep every
-    broadcast_mul and broadcast_add within 32 bits and every cvm_right_shift's precision + shift within 31 (the CPU
-    device clips as FORMAL does), with 0 <= m0 < 2^b;
-    its integer steps (each with its label's clip) equal round_half_up(v1 m / 2^k) on integers across the
+    """The plan is in parts exactly where the one-part plan's delta passes the threshold (SPLIT, or 0: the
+    importer's default) or none exists, and parts come closer; in more than two parts (at most MAX_PARTS, B <= 31)
+    only where two leave delta above FINER and more come closer; a plan in parts keeps every broadcast_mul and
+    broadcast_add within 32 bits and every cvm_right_shift's precision + shift within 31 (the CPU device clips as
+    FORMAL does), with 0 <= m_j < 2^(b_j) below the top and each level's precision holding its bound (computed
+    here); its integer steps (each with its label's clip) equal round_half_up(v1 m / 2^k) on integers across the
     interval (its ends, 0, the clip's ends, random ones), and r lies within 1/2 + delta of v M unsaturated."""
+    check_single(lo, hi, ratios, out, zero, seed, threshold)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(width=st.integers(14, 24), scales=st.lists(st.floats(2.0**-16, 2.0**-8, width=32), min_size=1, max_size=4),
+       s_out=st.floats(2.0**-6, 1.0, width=32), out=st.sampled_from([(-128, 127), (0, 255)]),
+       zero=st.integers(-128, 255), seed=st.integers(0, 99))
+@example(width=18, scales=[float.fromhex("0x1.4c7510p-14")], s_out=float.fromhex("0x1.5c0938p-4"), out=(-128, 127),
+         zero=0, seed=0).via("two parts round v = 66999 (v M = 62.50000086) down")
+def test_accumulators_take_three_parts_within_the_rules(width, scales, s_out, out, zero, seed):
+    """The same for the importer's usual requantization, a convolution's accumulator of 14..24 bits into 8 bits,
+    M = s / s_out of float32 scales (a denominator of up to 24 odd bits: no plan is exact), where two parts leave
+    delta above FINER and three parts are planned."""
+    check_single(-(1 << width), 1 << width, [Fraction(x) / Fraction(s_out) for x in scales], out, zero, seed,
+                 Fraction(0))
+
+
+def check_single(lo, hi, ratios, out, zero, seed, threshold):
     hi = max(hi, lo + 1)
     zero = min(max(zero, out[0]), out[1])
     ms = np.array([Fraction(r) for r in ratios], dtype=object)
@@ -87,17 +139,30 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
         assert same(p, one)
         return
     assert one is None or p.delta < one.delta
-    b, k, label = p.split, p.shift, p.pre_precision
+    b, k, label, widths = p.split, p.shift, p.pre_precision, p.widths
+    assert sum(widths) == b and 1 <= len(widths) <= MAX_PARTS - 1 and (len(widths) == 1 or b <= 31)
+    if len(widths) > 1:  # more than two parts only where fewer leave delta above FINER (or have no plan), and closer
+        try:
+            two = fewer_parts(lambda: plan([(lo, hi, ms)], low, high, split_above=threshold), len(widths))
+        except NoPlan:
+            two = None
+        assert two is None or two.delta > FINER and p.delta < two.delta
     m = p.multipliers[0].astype(object)
-    m1, m0 = (x.astype(object) for x in p.parts[0])
-    assert all(0 <= x < 1 << b for x in m0.flat) and all(m1 * (1 << b) + m0 == m)
+    parts = [x.astype(object) for x in p.parts[0]]  # the top first
+    starts = [sum(widths[:j]) for j in range(len(widths))]
+    assert all((parts[0] << b) + sum(x << a for x, a in zip(reversed(parts[1:]), starts)) == m)
+    assert all(0 <= x < 1 << w for part, w in zip(reversed(parts[1:]), widths) for x in part.flat)
     clip = p.clip or (lo, hi)
     b1 = max(-clip[0], clip[1], 1)
     b1 = round_shift(b1, p.pre_shift) if p.pre_shift else b1
     assert tight(b1) <= label and label + p.pre_shift <= 31 if p.pre_shift else tight(b1) == label
-    assert label + tight(max(m1)) <= 31  # p1, then p1 + floor(p0 / 2^b) within 32
-    assert max(label + tight(max(m0)), tight(1 << (b - 1))) + 1 <= 32  # p0 - 2^(b-1)
-    assert tight(-((-b1 * max(m0)) >> b)) <= p.low_precision <= label and p.low_precision + b <= 31
+    assert label + tight(max(parts[0])) <= 31  # the top product, then its sum with t within 32
+    bound = 0
+    for j, (w, part, q) in enumerate(zip(widths, reversed(parts[1:]), p.lows)):  # each level's labels and shift
+        level = label + tight(max(part)) if j == 0 else max(label + tight(max(part)), p.lows[j - 1]) + 1
+        assert max(level, tight(1 << (w - 1))) + 1 <= 32
+        bound = -(-(b1 * max(part) + bound) >> w)
+        assert tight(bound) <= q and q + w <= 31
     assert 1 <= k - b and p.precision + (k - b) <= 31
     rng = np.random.default_rng(seed)
     v = np.unique(np.concatenate([[lo, hi, 0, 1, -1, *clip], rng.integers(lo, hi + 1, 300)]).clip(lo, hi))
@@ -105,8 +170,12 @@ def test_split_plans_keep_the_rules_and_equal_the_one_part_rounding(lo, hi, rati
     v1 = np.clip(v, *clip)
     if p.pre_shift:
         v1 = cvm_shift(v1, p.pre_shift, p.pre_precision)
-    low_part = cvm_shift(v1 * m0 - (1 << (b - 1)), b, p.low_precision)
-    r = cvm_shift(v1 * m1 + low_part, k - b, p.precision)
+    t, below = 0, 0
+    for j, (w, part, q) in enumerate(zip(widths, reversed(parts[1:]), p.lows)):
+        t = cvm_shift(v1 * part + t - (1 << (w - 1)), w, q)
+        below += w  # each level is the floor of v1 times m's low bits so far (the nested floors)
+        assert np.array_equal(t, (v1 * (m % (1 << below))) // (1 << below))
+    r = cvm_shift(v1 * parts[0] + t, k - b, p.precision)
     want = np.vectorize(lambda x: round_half_up(Fraction(x, 1 << k)), otypes=[object])(v1 * m)
     assert np.array_equal(r, np.clip(want, -precision_bound(p.precision), precision_bound(p.precision)))
     exact = v * ms[None, :]
@@ -148,6 +217,19 @@ def test_a_per_channel_requantization_of_a_wide_sum_equals_the_oracle(d, p_in, c
     x = np.array(d.draw(st.lists(st.one_of(st.sampled_from([top, -top, 0, 1, -1]), st.integers(-top, top)),
                                  min_size=8 * c, max_size=8 * c)), np.int64).reshape(2, c, 4)
     requantized(scales, s_out, out, zo, p_in, x, two_part)
+
+
+def test_a_convolution_value_near_a_half_integer_rounds_as_the_exact_arithmetic():
+    """An accumulator of 19 bits at s_x s_w = 0x1.4c7510p-14 into 0x1.5c0938p-4 (int8): v = 66999 gives v M =
+    62.50000086, which two parts (delta 6.4e-6) round to 62; the default import (three parts, delta 1.5e-8) gives
+    63, QuantizeLinear's exact result, on it, its negative and its neighbours (and ``requantized``'s checks)."""
+    s, s_out = float.fromhex("0x1.4c7510p-14"), float.fromhex("0x1.5c0938p-4")
+    v = [66999, -66999, 66998, 67000, 0, 262143, -262143]
+    imp = requantized(np.array([s]), s_out, T.INT8, 0, 19, np.array(v, np.int64).reshape(1, 1, -1), two_part=True)
+    [got] = execute(imp.graph, {"data": np.array(v, np.int32).reshape(1, 1, -1)})
+    m = Fraction(s) / Fraction(s_out)
+    assert got.reshape(-1).tolist() == [min(max(round(x * m), -128), 127) for x in v]
+    assert len(imp.requants[0].plan.widths) == 2
 
 
 def test_a_detector_spread_is_one_two_part_plan():
@@ -232,8 +314,8 @@ def test_a_sum_in_two_parts_keeps_the_rules_and_equals_the_one_part_rounding(d, 
 
 
 def test_two_part_is_the_default_and_one_part_is_asked_for_on_the_command_line(tmp_path):
-    """`convert` imports the detector spread in one two-part plan (the default; `--two-part` is the same); with
-    `--one-part`, one-part runs of channels: the same model, more CVM nodes."""
+    """`convert` imports the detector spread in one plan in parts (the default, three parts: two leave delta 0.0049
+    above FINER; `--two-part` is the same); with `--one-part`, one-part runs of channels (takes)."""
     s_out = 0.05
     m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"], axis=1),
              h.make_node("QuantizeLinear", ["f", "so", "zo"], ["y"])], (1, 3, 4), T.INT32,
@@ -245,5 +327,5 @@ def test_two_part_is_the_default_and_one_part_is_asked_for_on_the_command_line(t
         out = tmp_path / (flag[0][2:] if flag else "default")
         assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(out), "--input-precision", "22", *flag]) == 0
         nodes[tuple(flag)] = [n.op for n in load(out).graph.nodes]
-    assert nodes[()] == nodes[("--two-part",)] and nodes[()].count("broadcast_mul") == 2
-    assert nodes[("--one-part",)].count("broadcast_mul") > 2
+    assert nodes[()] == nodes[("--two-part",)] and nodes[()].count("broadcast_mul") == 3 and "take" not in nodes[()]
+    assert "take" in nodes[("--one-part",)]

@@ -111,12 +111,13 @@ import_chain_to_zero_point = st.tuples(import_chain, zero_point, clip_step()).ma
 
 
 @st.composite
-def importer_two_part_chain(draw, then: str = ""):
-    """The importer's two-part chain with its labels (docs/import.md): clip within label P, mul64 (m1 of at most
-    31 - P bits, b = 30 - P, 0 <= m0 < 2^b: v m0 within int32, requantize.h kMul64Narrow), shift, clip; then
-    (``then``) a multiply, the output's zero point added and clipped, or nothing."""
-    p = draw(st.integers(2, 29))
-    bound, b = (1 << (p - 1)) - 1, max(1, 30 - p)
+def importer_two_part_chain(draw, then: str = "", parts: int = 2):
+    """The importer's chain with its product in parts and their labels (docs/import.md): clip within label P, mul64
+    (m1 of at most 31 - P bits; two parts: b = 30 - P, 0 <= m0 < 2^b, v m0 within int32, requantize.h kMul64Narrow;
+    three: B = (30 - P) + (29 - P) <= 31, m0 < 2^B, whose products in three int32 parts fit, kMul64Narrow2), shift,
+    clip; then (``then``) a multiply, the output's zero point added and clipped, or nothing."""
+    p = draw(st.integers(2, 29) if parts == 2 else st.integers(14, 28))
+    bound, b = (1 << (p - 1)) - 1, max(1, 30 - p) + (29 - p) * (parts - 2)
     m0 = draw(st.integers(0, (1 << b) - 1) | st.sampled_from([0, (1 << b) - 1]))
     m = (draw(st.integers(0, (1 << (31 - p)) - 1)) << b) + m0
     chain = [(3, -draw(st.integers(0, bound)), draw(st.integers(0, bound))), (4, m, b), draw(shift), draw(clip_step())]
@@ -183,7 +184,9 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
         drawn = data.draw(st.just(st.lists(cpu_step, max_size=3)) if chains == "each channel's" else st.sampled_from(
             [import_chain, import_chain_and_multiply, import_chain_to_zero_point, import_two_part_chain,
              import_even_chain, two_part_chain, two_part_chain_and_multiply, importer_two_part_chain(),
-             importer_two_part_chain("multiply"), importer_two_part_chain("zero point")]))
+             importer_two_part_chain("multiply"), importer_two_part_chain("zero point"),
+             importer_two_part_chain(parts=3), importer_two_part_chain("multiply", 3),
+             importer_two_part_chain("zero point", 3)]))
         per = [data.draw(drawn) + ([] if add else ends) for _ in range(oc)]
         steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out

@@ -280,13 +280,15 @@ def test_runs_of_branches_interleaved_in_node_order_are_each_fused():
 
 
 @st.composite
-def two_part_products(draw):
+def products_in_parts(draw):
     """A requantization as the quantized importer writes it with ``two_part`` (docs/import.md, "Two-part
-    products"): v = cvm_right_shift(data) or clip(data) of label P, p1 = v * m1, p0 = v * m0 (0 <= m0 < 2^b; each multiplier
-    one param or one per channel), t = cvm_right_shift(p0 - 2^(b-1), b) into precision q, cvm_right_shift(p1 + t,
-    k) into 8 bits [+ z, clip], with random labels at and past the importer's (q < P lets t's clip act, a wide
-    m1 lets the product wrap); its input at the precision's edges. Returns the graph, its feeds, the nodes from p1
-    on and whether the importer's labels hold (P + label(m1) <= 31, P + b + 1 <= 31, q >= P)."""
+    products", "Products in n parts"): v = cvm_right_shift(data) or clip(data) of label P, then n = 2..4 parts:
+    from the lowest level up p_j = v * m_j (0 <= m_j < 2^(b_j); each multiplier one param or one per channel),
+    plus t_(j-1) above the lowest, t_j = cvm_right_shift(that - 2^(b_j-1), b_j) into precision q_j, and
+    cvm_right_shift(v * m_top + t_last, k) into 8 bits [+ z, clip], with random labels at and past the importer's
+    (q_j < P lets a clip act, a wide m_top lets the product wrap, B = sum b_j past 31 leaves no mul64); its input
+    at the precision's edges. Returns the graph, its feeds, the nodes from the first multiply on and whether the
+    importer's labels hold (P + label(m_top) <= 31, P + b_0 + 1 <= 31, P + b_j + 1 <= 30 above, q_j >= P, B <= 31)."""
     b = GraphBuilder()
     p_in, p = draw(st.integers(8, 32)), draw(st.integers(2, 24))
     data = b.input("data", SHAPE, p_in)
@@ -294,20 +296,28 @@ def two_part_products(draw):
         x = b.op("cvm_right_shift", data, shift_bit=draw(st.integers(1, 8)), precision=p)
     else:  # the plan's clip and no pre-shift, the importer's usual chain (clip, mul64, shift, clip)
         x = b.op("clip", data, a_min=-(1 << (p - 1)) + 1, a_max=(1 << (p - 1)) - 1)
-    split = draw(st.integers(1, 31))
-    per_channel = draw(st.sampled_from([(False, False), (True, True), (True, False), (False, True)]))
+    n = draw(st.sampled_from([2, 2, 3, 4]))
+    widths = [draw(st.integers(1, 31 if j == 0 else 20)) for j in range(n - 1)]
+    channel = lambda: draw(st.booleans())  # noqa: E731
     shape = lambda per: (SHAPE[1], 1, 1) if per else (1,)  # noqa: E731
+
+    def multiplier(name, top):
+        per = channel()
+        m = np.array([draw(st.integers(0, top)) for _ in range(np.prod(shape(per)))]).reshape(shape(per))
+        return m, b.param(name, m)
+
+    t, qs = None, []
+    for j, w in enumerate(widths):
+        _, mj = multiplier(f"m{j}", (1 << w) - 1)
+        pj = b.op("broadcast_mul", x, mj)
+        if t is not None:
+            pj = b.op("broadcast_add", pj, t)
+        low = b.op("broadcast_add", pj, b.param(f"half{j}", np.array([-(1 << (w - 1))])))
+        qs.append(draw(st.integers(1, 32)))
+        t = b.op("cvm_right_shift", low, shift_bit=w, precision=qs[-1])
     high = draw(st.integers(0, 31 - p).map(lambda bits: (1 << bits) - 1) | st.integers(0, (1 << (32 - p)) - 1))
-    m1 = np.array([draw(st.integers(0, high)) for _ in range(np.prod(shape(per_channel[0])))]).reshape(
-        shape(per_channel[0]))
-    m0 = np.array([draw(st.integers(0, (1 << split) - 1)) for _ in range(np.prod(shape(per_channel[1])))]).reshape(
-        shape(per_channel[1]))
-    q = draw(st.integers(1, 32))
-    p1 = b.op("broadcast_mul", x, b.param("m1", m1))
-    p0 = b.op("broadcast_mul", x, b.param("m0", m0))
-    low = b.op("broadcast_add", p0, b.param("half", np.array([-(1 << (split - 1))])))
-    t = b.op("cvm_right_shift", low, shift_bit=split, precision=q)
-    s = b.op("broadcast_add", p1, t)
+    m_top, mt = multiplier("mt", high)
+    s = b.op("broadcast_add", b.op("broadcast_mul", x, mt), t)
     y = b.op("cvm_right_shift", s, shift_bit=draw(st.integers(1, 31)), precision=8)
     if draw(st.booleans()):
         y = b.op("clip", b.op("broadcast_add", y, b.param("z", np.array([draw(st.integers(-128, 127))]))),
@@ -318,18 +328,19 @@ def two_part_products(draw):
         assume(False)
     names = {n.name for n in graph.nodes[graph.nodes.index(next(n for n in graph.nodes if n.op == "broadcast_mul")):]
              if not n.is_variable}
-    importer = p + int(m1.max()).bit_length() + 1 <= 31 and p + split + 1 <= 31 and q >= p
+    importer = p + int(m_top.max()).bit_length() + 1 <= 31 and p + widths[0] + 1 <= 31 and \
+        all(p + w + 1 <= 30 for w in widths[1:]) and min(qs) >= p and sum(widths) <= 31
     return graph, {"data": draw(tensors(SHAPE, min(p_in + 1, 32)))}, names, importer
 
 
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(case=two_part_products())
-def test_a_product_in_two_parts_is_one_step_and_exact(case):
-    """The four CVM ops of a product in two parts (and the multiplies reading v) are one native step (mul64: v m in
-    64 bits, floor over 2^b) of the run from v's shift to the end, exact against the reference executor; where
-    the importer's labels hold (its proof: no int32 op wraps, t's clip does not act) one run takes them and every
-    node after them."""
+@given(case=products_in_parts())
+def test_a_product_in_parts_is_one_step_and_exact(case):
+    """The CVM ops of a product in n parts (and the multiplies reading v) are one native step (mul64: v m in 64 bits
+    with the whole m, floor over 2^B) of the run from v's shift to the end, exact against the reference executor;
+    where the importer's labels hold (its proof: no int32 op wraps, no level's clip acts, B <= 31) one run takes
+    them and every node after them."""
     graph, feeds, names, importer = case
     model = check(graph, feeds, int8=library_path() is not None)
     if library_path() is None or not importer:
@@ -337,6 +348,57 @@ def test_a_product_in_two_parts_is_one_step_and_exact(case):
     assert any(names <= set(r) for r in fused(model)), (names, fused(model))
     steps = [list(a.ints) for n in model.graph.node for a in n.attribute if a.name in ("steps", "channel_steps")]
     assert any(MUL64 in s[0::3] for s in steps)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(widths=st.lists(st.integers(1, 12), min_size=1, max_size=3), lows=st.lists(st.integers(1, 31), min_size=3,
+                                                                                  max_size=3),
+       top=st.integers(0, (1 << 24) - 1), m=st.integers(1, (1 << 20) - 1), data=st.data())
+def test_a_product_in_parts_is_taken_only_where_no_level_wraps_or_clips(widths, lows, top, m, data):
+    """``Run._two_part_fits`` (the check before a product in parts becomes one mul64) is sound: where it holds for
+    |v| <= m, every level's int32 op (v m_j + t - 2^(b_j-1)) stays within int32 and its cvm_right_shift's clip to
+    its precision does not act, for v at -m, m and at random between, and the top's v m_top + t too."""
+    from cvm_onnx.converters.to_onnx.requantize.run import Run
+
+    k = top
+    for w in widths:
+        k = (k << w) + data.draw(st.integers(0, (1 << w) - 1))
+    levels = tuple((w, bound(q)) for w, q in zip(widths, lows))
+    if not Run._two_part_fits(k, levels, m):
+        return
+    for v in {-m, m, *data.draw(st.lists(st.integers(-m, m), max_size=20))}:
+        t, start = 0, 0
+        for w, low in levels:
+            p_ = v * ((k >> start) & ((1 << w) - 1))
+            x = p_ + t - (1 << (w - 1))
+            assert all(-(1 << 31) <= y < 1 << 31 for y in (p_, p_ + t, x))
+            t = (x + (1 << (w - 1))) >> w  # cvm_right_shift by w: round_shift(x, w)
+            assert abs(t) <= low
+            start += w
+        assert all(-(1 << 31) <= y < 1 << 31 for y in (v * (k >> start), v * (k >> start) + t))
+
+
+def test_a_product_in_more_levels_than_a_mul64_holds_stays_cvm_ops():
+    """A product in 40 parts of width 1 (B = 39, past mul64's 31): the serving form reads at most 31 levels, leaves
+    the chain as CVM ops and equals the reference executor; 31 levels (B = 31) are one mul64 step."""
+    for n in (40, 32):
+        b = GraphBuilder()
+        x = b.op("clip", b.input("data", SHAPE, 12), a_min=-2047, a_max=2047)
+        t = None
+        for j in range(n - 1):
+            p = b.op("broadcast_mul", x, b.param(f"m{j}", np.array([j % 2])))
+            if t is not None:
+                p = b.op("broadcast_add", p, t)
+            t = b.op("cvm_right_shift", b.op("broadcast_add", p, b.param(f"h{j}", np.array([-1]))), shift_bit=1,
+                     precision=12)
+        y = b.op("broadcast_add", b.op("broadcast_mul", x, b.param("mt", np.array([5]))), t)
+        graph = b.build(b.op("cvm_right_shift", y, shift_bit=3, precision=8))
+        model = check(graph, {"data": np.arange(-12, 12).reshape(SHAPE).astype(np.int32) * 170},
+                      int8=library_path() is not None)
+        if library_path() is not None:
+            steps = [list(a.ints) for n_ in model.graph.node for a in n_.attribute if a.name in ("steps",
+                                                                                                "channel_steps")]
+            assert any(MUL64 in s_[0::3] for s_ in steps) == (n == 32)
 
 
 def test_a_two_part_import_is_served_as_fast_as_one_part(tmp_path):
@@ -382,7 +444,7 @@ def test_a_two_part_import_is_served_as_fast_as_one_part(tmp_path):
     qm, _ = quantized(onnx_model(g, 17), tmp_path, "QDQ", "uint8", False, True)
     one, two = (import_model(qm, two_part=split).graph for split in (False, True))
     forked = Counter(e for n in two.nodes if n.op == "broadcast_mul" for e in n.inputs[:1])
-    assert sum(c == 2 for c in forked.values()) >= 5  # the import has products in two parts
+    assert sum(c >= 2 for c in forked.values()) >= 5  # the import has products in parts
     served = {name: to_onnx(graph, Target()) for name, graph in (("one", one), ("two", two))}
     ops = {name: Counter(n.op_type for n in m.graph.node) for name, m in served.items()}
     assert ops["two"] == ops["one"]

@@ -238,7 +238,7 @@ def clipped(bound_: Fraction, scale: np.ndarray, out_zero: int, lo: int, hi: int
 
 def apply(ctx, vs: list[Tensor], p: Plan) -> Tensor:
     """The plan's integer ops on v_i: [clip, pre-shift,] multiply(s), sum, cvm_right_shift (requant_plans.py); a split
-    plan's products in two parts (``split``); an even plan's shift rounding half to even (``half_even``)."""
+    plan's products in parts (``split``); an even plan's shift rounding half to even (``half_even``)."""
     if p.split:
         return split(ctx, [prepared(ctx, v, p) for v in vs], p)
     if p.even:  # a multiplier of 1 (M = 1 / 2^k: a pool at one scale) is left out
@@ -301,18 +301,22 @@ def half_even(ctx, t: Tensor, precision: int, k: int) -> Tensor:
 
 
 def split(ctx, vs: list[Tensor], p: Plan) -> Tensor:
-    """round_half_up(sum_i v_i m_i / 2^k) with m_i = m1_i 2^b + m0_i (docs/import.md, "Two-part products"):
-    P1 = sum v_i m1_i and P0 = sum v_i m0_i (broadcast_mul, broadcast_add), floor(P0 / 2^b) =
-    cvm_right_shift(P0 - 2^(b-1), b) (broadcast_add first), then cvm_right_shift(P1 + floor(P0 / 2^b), k - b)."""
-    b = p.split
+    """round_half_up(sum_i v_i m_i / 2^k) with each m_i in parts (docs/import.md, "Two-part products", "Products in
+    n parts"): from the lowest level up, P_j = sum_i v_i m_ij (broadcast_mul, broadcast_add), plus t_(j-1) above
+    the lowest, t_j = floor(that / 2^(b_j)) = cvm_right_shift(that - 2^(b_j-1), b_j) (broadcast_add first); then
+    cvm_right_shift(sum_i v_i m_top_i + t_last, k - B)."""
     parts = p.parts
-    high = total(ctx, [product(ctx, v, m1) for v, (m1, _) in zip(vs, parts)])
-    low = total(ctx, [product(ctx, v, m0) for v, (_, m0) in zip(vs, parts)])
-    c = const(np.array(-(1 << (b - 1)), np.int32), INT32)
-    low = ctx.apply("broadcast_add", low, c, shape=low.shape)
-    low = ctx.apply("cvm_right_shift", low, shape=low.shape, precision=p.low_precision, shift_bit=b)
-    return shifted(ctx, ctx.apply("broadcast_add", high, low, shape=broadcast_shape(high, low)), p.precision,
-                   p.shift - b)
+    t = None
+    for j, (b, low) in enumerate(zip(p.widths, p.lows)):
+        x = total(ctx, [product(ctx, v, ms[-1 - j]) for v, ms in zip(vs, parts)])
+        if t is not None:
+            x = ctx.apply("broadcast_add", x, t, shape=broadcast_shape(x, t))
+        c = const(np.array(-(1 << (b - 1)), np.int32), INT32)
+        x = ctx.apply("broadcast_add", x, c, shape=x.shape)
+        t = ctx.apply("cvm_right_shift", x, shape=x.shape, precision=low, shift_bit=b)
+    high = total(ctx, [product(ctx, v, ms[0]) for v, ms in zip(vs, parts)])
+    return shifted(ctx, ctx.apply("broadcast_add", high, t, shape=broadcast_shape(high, t)), p.precision,
+                   p.shift - p.split)
 
 
 def saturate(ctx, r: Tensor, out_zero: int, lo: int, hi: int, dtype: int, shape: tuple[int, ...]) -> Tensor:

@@ -21,7 +21,7 @@ def native_run(b: Body, x: str, bias: Value | None, steps: list[Step], **attrs) 
     ``width`` or ``scales``, see ``nn.conv2d_integer``). With a per-channel multiplication ("cmul") each channel
     gets its own steps (``channel_steps``, the multiplier its own), or, where ``attrs`` has no such form (a width,
     batch_inner, scales), the cmul starts the next node, whose ``scales`` multiply each channel before its steps (a
-    "cmul64", a product in two parts per channel, the next node with each channel's own steps from it on).
+    "cmul64", a product in parts per channel, the next node with each channel's own steps from it on).
     Exact: ``runs`` took every step only where the proven bound shows that the runtime's own int32 computation
     (clipped as it goes) cannot overflow, so the kernel's int32 arithmetic never wraps where the runtime's does
     not; the shift is the runtime's (v + 2^(s-1)) >> s. No steps (a CUDA-form conv2d alone) is written as the

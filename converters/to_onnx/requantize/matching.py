@@ -15,7 +15,7 @@ from cvm_onnx.serving.target import Target
 from .. import nn
 from ..lowering import Body, Value
 from .run import Run
-from .steps import Step, channel_step, forked, scalar_param, steps_of
+from .steps import Step, channel_step, fork_readers, forked, scalar_param, steps_of
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Chain:
     broadcast_add of a param (OC, OH, OW) between the head and the steps (an integer-products head of rows only);
     ``take``: a take of some of the head's output channels (``channels``, clipped into range as take does) between
     them, the head (and its unsigned and offset nodes) then shared by the runs of every take reading it; ``inner``:
-    the other nodes of the products in two parts and shifts rounding half to even that end at some of ``nodes``
+    the other nodes of the products in parts and shifts rounding half to even that end at some of ``nodes``
     (``steps.forked``)."""
 
     nodes: list[int]
@@ -336,7 +336,7 @@ def grouped(graph: Graph, chains: list[Chain], readers: dict[Entry, int], bounds
 
 
 def _inner(nodes: list[int], parts: dict[int, tuple[Entry, tuple[int, ...]]]) -> tuple[int, ...]:
-    """The inner nodes of the products in two parts and shifts rounding half to even (``two_parts``) ending at some
+    """The inner nodes of the products in parts and shifts rounding half to even (``two_parts``) ending at some
     of ``nodes``."""
     return tuple(j for i in nodes if i in parts for j in parts[i][1])
 
@@ -370,12 +370,14 @@ def taken_channels(graph: Graph, node: Node) -> np.ndarray | None:
 
 
 def two_parts(graph: Graph, readers: dict[Entry, int]) -> dict[int, tuple[Entry, tuple[int, ...]]]:
-    """The products in two parts and the shifts rounding half to even (``steps.forked``) whose v is read by their two
-    inner readers alone and each inner node by the next alone: their last node -> (v, the inner nodes)."""
+    """The products in parts and the shifts rounding half to even (``steps.forked``) whose v is read by their inner
+    readers alone (``steps.fork_readers``: a product in n parts by its n multiplies) and each inner node by the next
+    alone: their last node -> (v, the inner nodes)."""
     found = {}
     for i, node in enumerate(graph.nodes):
         part = None if node.is_variable else forked(graph, node)
-        if part is not None and readers.get(part[0]) == 2 and all(readers.get(Entry(j)) == 1 for j in part[1]):
+        if part is not None and readers.get(part[0]) == fork_readers(part[2]) and \
+                all(readers.get(Entry(j)) == 1 for j in part[1]):
             found[i] = part[:2]
     return found
 
@@ -384,7 +386,7 @@ def runs(graph: Graph, bounds: dict[Entry, int], target: Target, nonneg: set[Ent
     """Chains of at least two step nodes, each node the only reader of the previous one's output (not a head; chains
     of other branches may lie between them in node order), cut where a step has no exact int32 form (``Run.apply``);
     each with the conv2d/dense that starts it, if any (``_head``; the ``target``'s products "integer": integer
-    products allowed; ``nonneg``: the entries proven >= 0). On the CPU with integer products a product in two parts
+    products allowed; ``nonneg``: the entries proven >= 0). On the CPU with integer products a product in parts
     or a shift rounding half to even (``two_parts``) is one step, its inner nodes the chain's. On
     "cuda", with integer products, every other conv2d that can take integer products is a chain of its own with no
     steps (its products + bias, one ``requantize``)."""

@@ -87,21 +87,28 @@ class Run:
             return top * abs(step.k) <= INT32_MAX and -INT32_MAX - 1 <= step.k <= INT32_MAX
         if step.kind == "cmul":  # every multiplier an int32 (k: the largest magnitude)
             return top * step.k <= INT32_MAX and all(-INT32_MAX - 1 <= k <= INT32_MAX for k in step.ks)
-        if step.kind in ("mul64", "cmul64"):  # the two-part form's int32 ops on the value itself
-            return e == 0 and all(Run._two_part_fits(k, step.b, step.low, m) for k in (step.ks or (step.k,)))
+        if step.kind in ("mul64", "cmul64"):  # the form in parts' int32 ops on the value itself
+            return e == 0 and step.b <= 31 and all(Run._two_part_fits(k, step.levels, m) for k in (step.ks or (step.k,)))
         if step.kind == "even":  # the half-to-even form's int32 ops on the value itself
             return e == 0 and Run._even_fits(step.k, step.low, m)
         return top + (abs(step.k) << e) <= INT32_MAX
 
     @staticmethod
-    def _two_part_fits(k: int, b: int, low: int, m: int) -> bool:
-        """Whether the CVM ops of a two-part product (``steps.two_part``; m1 = k >> b, 0 <= m0 = k mod 2^b) on
-        values |v| <= m stay within int32 and the low part's clip to +-``low`` does not act: |v m1| and
-        |v m0| + 2^(b-1) within int32, |floor(v m0 / 2^b)| <= ceil(m m0 / 2^b) <= low, and their sum within int32."""
-        m1, m0 = k >> b, k & ((1 << b) - 1)
-        t = -(-m * m0 >> b)
-        return -INT32_MAX - 1 <= m1 <= INT32_MAX and m * abs(m1) + t <= INT32_MAX and \
-            m * m0 + (1 << (b - 1)) <= INT32_MAX and t <= low
+    def _two_part_fits(k: int, levels: tuple[tuple[int, int], ...], m: int) -> bool:
+        """Whether the CVM ops of a product in parts (``steps.two_part``; level j's multiplier m_j = (k >> B_j) mod
+        2^(b_j), B_j the widths below it, m_top = k >> B) on values |v| <= m stay within int32 and no level's clip
+        to its bound acts: |v m_j| + T_(j-1) + 2^(b_j-1) within int32 and |floor((v m_j + t_(j-1)) / 2^(b_j))| <=
+        T_j = ceil((m m_j + T_(j-1)) / 2^(b_j)) <= its bound (T_(-1) = 0), m_top an int32 and m |m_top| + T_last
+        within int32."""
+        t, start = 0, 0
+        for b, low in levels:
+            x = m * ((k >> start) & ((1 << b) - 1)) + t
+            t = -(-x >> b)
+            if x + (1 << (b - 1)) > INT32_MAX or t > low:
+                return False
+            start += b
+        top = k >> start
+        return -INT32_MAX - 1 <= top <= INT32_MAX and m * abs(top) + t <= INT32_MAX
 
     @staticmethod
     def _even_fits(k: int, low: int, m: int) -> bool:

@@ -1,5 +1,5 @@
 """The steps of a requantization run: which CVM nodes are monotone integer steps on one tensor (``Op.step``),
-and the steps each is (``steps_of``); a product in two parts as one step (``two_part``)."""
+and the steps each is (``steps_of``); a product in parts as one step (``two_part``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,9 +13,10 @@ from cvm_onnx.core.ops import REGISTRY
 class Step:
     """One monotone step: ``kind`` "shift" (k = bits), "mul" / "add" (k = constant), "clip" (lo, hi; None =
     unbounded) or "cmul" (a multiplier per axis-1 channel, ``ks``; k = the largest |multiplier|; native runs only);
-    "mul64": a product in two parts (``two_part``), floor(v k / 2^b) with k = m1 2^b + m0, "cmul64" the same with
-    a multiplier per axis-1 channel (``ks``, k = the largest |multiplier|), ``low`` the bound of the low part's
-    cvm_right_shift precision (native runs only); "even": round_half_even(v / 2^k) (``half_even``), ``low`` the
+    "mul64": a product in parts (``two_part``), floor(v k / 2^b) with k = m_top 2^b + (k mod 2^b), "cmul64" the
+    same with a multiplier per axis-1 channel (``ks``, k = the largest |multiplier|), ``levels`` each level's
+    (width, bound of its cvm_right_shift's precision) from the lowest (their widths summing to b), ``low`` the
+    last's bound (native runs only); "even": round_half_even(v / 2^k) (``half_even``), ``low`` the
     bound of its two cvm_right_shifts' precision (native runs only)."""
 
     kind: str
@@ -25,12 +26,13 @@ class Step:
     ks: tuple[int, ...] = ()
     b: int = 0
     low: int = 0
+    levels: tuple[tuple[int, int], ...] = ()
 
 
 def channel_step(step: Step, c: int) -> Step:
     """Channel c's own form of a step: "cmul" and "cmul64" with its multiplier as "mul" and "mul64"."""
     if step.kind in ("cmul", "cmul64"):
-        return Step(step.kind[1:], step.ks[c], b=step.b, low=step.low)
+        return Step(step.kind[1:], step.ks[c], b=step.b, low=step.low, levels=step.levels)
     return step
 
 
@@ -63,15 +65,37 @@ def _multipliers(graph: Graph, e: Entry, shape: tuple[int, ...]) -> tuple[int, .
     return (c,) if c is not None else channel_values(graph, e, shape)
 
 
-def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | None:
-    """A product in two parts ending at ``node`` (the quantized importer's, docs/import.md "Two-part products"):
-    p1 = broadcast_mul(v, m1), p0 = broadcast_mul(v, m0), t = cvm_right_shift(broadcast_add(p0, -2^(b-1)), b) into
-    precision q, ``node`` = broadcast_add(p1, t) (in either order), m1 and m0 each one param or one per axis-1
-    channel, 0 <= m0 < 2^b (so k >> b is m1 and k mod 2^b is m0), every tensor of v's shape: (v, the four inner
-    nodes, the step "mul64" or "cmul64" with k = m1 2^b + m0, ``low`` = q's bound), else None. Where none of these int32 ops wraps and the shift's clip to q does not act
-    (``Run`` checks it from v's bound), ``node`` is floor((v m1 2^b + v m0) / 2^b) = floor(v k / 2^b): v m1 2^b is
-    a multiple of 2^b, and cvm_right_shift of p0 - 2^(b-1) by b is floor(p0 / 2^b). The caller checks that v is
-    read by the two multiplies alone and each inner node by the next alone."""
+def _low_part(graph: Graph, e: Entry, shape: tuple[int, ...], room: int) -> tuple[
+        Entry, tuple[int, ...], tuple[int, ...], tuple[tuple[int, int], ...]] | None:
+    """The low operand of a product in parts: broadcast_mul(v, m) (v, (), m's multipliers, no levels), or a product
+    in parts itself whose widths sum to at most ``room`` (``two_part``: v, its inner nodes (its last node, e's, is
+    the caller's), its whole multipliers, its levels), else None."""
+    node = graph.nodes[e.node]
+    if e.index or graph.type_of(e).shape != shape:
+        return None
+    if node.op == "broadcast_mul":
+        m = _multipliers(graph, node.inputs[1], shape)
+        return None if m is None else (node.inputs[0], (), m, ())
+    part = two_part(graph, node, room)
+    if part is None:
+        return None
+    v, inner, step = part
+    return v, inner, step.ks or (step.k,), step.levels
+
+
+def two_part(graph: Graph, node: Node, room: int = 31) -> tuple[Entry, tuple[int, ...], Step] | None:
+    """A product in parts ending at ``node`` (the quantized importer's, docs/import.md "Two-part products" and
+    "Products in n parts"): p = broadcast_mul(v, m_top), t = cvm_right_shift(broadcast_add(L, -2^(b-1)), b) into
+    precision q, ``node`` = broadcast_add(p, t) (in either order), where L is broadcast_mul(v, m0) with 0 <= m0 <
+    2^b, or itself a product in parts of v, floor(v m_L / 2^B_L) with 0 <= m_L < 2^(B_L + b); each multiplier one
+    param or one per axis-1 channel, every tensor of v's shape: (v, the inner nodes, the step "mul64" or "cmul64"
+    with k = m_top 2^(B_L + b) + m_L, b = B_L + b, ``levels`` the (b_j, bound of q_j) of each level from the lowest,
+    ``low`` the last's), else None. Where none of these int32 ops wraps and no level's shift clips (``Run`` checks
+    it from v's bound), ``node`` is floor(v k / 2^b): by induction L = floor(v m_L / 2^B_L), cvm_right_shift of L -
+    2^(b-1) by b is floor(L / 2^b) = floor(v m_L / 2^(B_L + b)) (nested floors), and v m_top 2^(B_L + b) is a
+    multiple of 2^(B_L + b). Only B <= ``room`` (31: a native mul64's shift) is sought, so at most 31 levels are
+    read. The caller checks that v is read by the n multiplies alone (``fork_readers``) and each inner node by the
+    next alone."""
     if node.op != "broadcast_add" or len(node.inputs) != 2:
         return None
     shape = node.outputs[0].shape
@@ -84,23 +108,32 @@ def two_part(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | 
             continue
         a = REGISTRY["cvm_right_shift"].bind(shift.attrs)
         b, c = a.shift_bit, scalar_param(graph, add.inputs[1])
-        low = graph.nodes[add.inputs[0].node]
-        if b < 1 or c != -(1 << (b - 1)) or low.op != "broadcast_mul" or add.inputs[0].index:
+        if not 1 <= b <= room or c != -(1 << (b - 1)):
             continue
+        low = _low_part(graph, add.inputs[0], shape, room - b)
         v = high.inputs[0]
-        if low.inputs[0] != v or graph.type_of(v).shape != shape or \
-                any(graph.type_of(e).shape != shape for e in (hi_e, lo_e, shift.inputs[0], add.inputs[0])):
+        if low is None or low[0] != v or graph.type_of(v).shape != shape or \
+                any(graph.type_of(e).shape != shape for e in (hi_e, lo_e, shift.inputs[0])):
             continue
-        m1, m0 = _multipliers(graph, high.inputs[1], shape), _multipliers(graph, low.inputs[1], shape)
-        if m1 is None or m0 is None or not all(0 <= m < (1 << b) for m in m0):
+        _, nested, m0, levels = low
+        below = sum(w for w, _ in levels) + b
+        m1 = _multipliers(graph, high.inputs[1], shape)
+        if m1 is None or not all(0 <= m < (1 << below) for m in m0):
             continue
-        inner = (hi_e.node, add.inputs[0].node, shift.inputs[0].node, lo_e.node)
+        levels += ((b, precision_bound(a.precision)),)
+        inner = nested + (hi_e.node, add.inputs[0].node, shift.inputs[0].node, lo_e.node)
         if len(m1) == len(m0) == 1:
-            return v, inner, Step("mul64", (m1[0] << b) + m0[0], b=b, low=precision_bound(a.precision))
+            return v, inner, Step("mul64", (m1[0] << below) + m0[0], b=below, low=levels[-1][1], levels=levels)
         n = max(len(m1), len(m0))
-        ks = tuple((m1[c % len(m1)] << b) + m0[c % len(m0)] for c in range(n))
-        return v, inner, Step("cmul64", max(abs(k) for k in ks), ks=ks, b=b, low=precision_bound(a.precision))
+        ks = tuple((m1[c % len(m1)] << below) + m0[c % len(m0)] for c in range(n))
+        return v, inner, Step("cmul64", max(abs(k) for k in ks), ks=ks, b=below, low=levels[-1][1], levels=levels)
     return None
+
+
+def fork_readers(step: Step) -> int:
+    """How many nodes of a forked step read its input: one multiply per part of a product in parts, two shifts of a
+    shift rounding half to even."""
+    return len(step.levels) + 1 if step.kind in ("mul64", "cmul64") else 2
 
 
 def half_even(graph: Graph, node: Node) -> tuple[Entry, tuple[int, ...], Step] | None:
@@ -140,7 +173,7 @@ def steps_of(graph: Graph, node: Node, channels: bool = False) -> tuple[Entry, l
     """The entry a run continues from and the node's steps, or None when the node is not a monotone step on one
     tensor (its definition's ``Op.step``; a broadcast op counts only with a one-number param that leaves the other
     input's shape; with ``channels``, for native runs, a broadcast_mul by one multiplier per axis-1 channel too,
-    "cmul", and the end of a product in two parts or of a shift rounding half to even, ``forked``, whose input is
+    "cmul", and the end of a product in parts or of a shift rounding half to even, ``forked``, whose input is
     v)."""
     if channels and (part := forked(graph, node)) is not None:
         return part[0], [part[2]]
