@@ -809,7 +809,8 @@ def fold_batchnorm(graph: onnx.GraphProto) -> None:
     constant weights, directly or through an Add of a per-channel constant (its bias, as Paddle writes it), and
     is the only reader of its input: onnxruntime's optimizer folds it into a Conv only. With a = scale /
     sqrt(var + epsilon) per output channel (in float32, as onnxruntime's Conv fusion computes it), the weights
-    become W * a along the output channels and the bias (bias - mean) * a + B."""
+    become W * a along the output channels and the bias (bias - mean) * a + B. A parameter no longer read goes,
+    with its graph input where the model lists its initializers as inputs too."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in graph.initializer}
@@ -857,6 +858,9 @@ def fold_batchnorm(graph: onnx.GraphProto) -> None:
         for name in old:
             if name in inits and readers[name] <= 0:
                 graph.initializer.remove(inits.pop(name))
+                listed = [v for v in graph.input if v.name == name]  # an initializer also a graph input (IR < 4)
+                for v in listed:
+                    graph.input.remove(v)
 
 
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,

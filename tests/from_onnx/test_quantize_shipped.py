@@ -292,11 +292,14 @@ def test_a_float_input_read_by_slices_imports(tmp_path):
     exact_export(done.imported.graph)
 
 
-@pytest.mark.parametrize(("group", "add", "bias"), [(1, True, False), (2, False, True), (1, True, True)])
-def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
+@pytest.mark.parametrize(("group", "add", "bias", "listed"), [(1, True, False, False), (2, False, True, False),
+                                                           (1, True, True, False), (1, False, True, True)])
+def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias, listed):
     """onnxruntime folds BatchNormalization into a Conv only; PaddleOCR's detector has one after ConvTranspose ->
     Add(bias). Folded into the ConvTranspose: parameters chosen so that float32 computes both forms exactly
-    (dyadic values, var + epsilon = 4), so the folded model gives the same floats, bit for bit."""
+    (dyadic values, var + epsilon = 4), so the folded model gives the same floats, bit for bit. ``listed``: the
+    initializers are graph inputs too (IR 3, as PyTorch 1.2 wrote CenterFace): the folded parameters' inputs go
+    with them, so that the model still runs on its data alone."""
     from cvm_onnx.app.quantize import fold_batchnorm
 
     rng = np.random.default_rng(group)
@@ -316,11 +319,14 @@ def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
                              epsilon=0.0))
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, c_in, 3, 3])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    if listed:
+        g.input.extend(h.make_tensor_value_info(t.name, t.data_type, t.dims) for t in inits)
     model = onnx_model(g, 13)
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
     fold_batchnorm(folded.graph)
     assert [n.op_type for n in folded.graph.node] == ["ConvTranspose"] and len(folded.graph.initializer) == 2
+    assert {v.name for v in folded.graph.input} <= {"x"} | {t.name for t in folded.graph.initializer}
     x = rng.integers(-8, 9, (1, c_in, 3, 3)).astype(np.float32)
     [want] = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     [got] = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
