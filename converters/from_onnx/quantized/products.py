@@ -354,11 +354,21 @@ def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
 
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
-    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_float("beta", 1.0) != 1.0 or node.attr_int("transA", 0):
-        raise Refuse("a quantized Gemm with alpha, beta != 1 or transA has no CVM form here")
+    """Gemm with alpha 1, no transA: dense by a constant B, or the product of two computed tensors
+    (``variable_matmul``, B transposed first under transB); beta scales C alone, so with no C (or beta 0, C unread)
+    any beta is that product."""
+    beta = node.attr_float("beta", 1.0)
+    c = None if beta == 0.0 else c
+    if node.attr_float("alpha", 1.0) != 1.0 or (c is not None and beta != 1.0) or node.attr_int("transA", 0):
+        raise Refuse("a quantized Gemm with alpha != 1, beta != 1 beside a C, or transA has no CVM form here")
     a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
     if len(a.shape) != 2:
         raise Refuse(f"Gemm input of shape {a.shape}")
+    if not b.t.is_const and c is None:
+        if node.attr_int("transB", 0):
+            b = replace(b, t=ctx.result(ctx.op("transpose", as_int32(b.t), axes=(1, 0)), INT32, b.t.lo, b.t.hi,
+                                        b.shape[::-1]))
+        return variable_matmul(ctx, a, b)
     w, sw = weight(b, "the Gemm weight", transpose=not node.attr_int("transB", 0))
     return dense(ctx, a, w, sw, None if c is None else scaled(c, "the Gemm bias C"))
 
