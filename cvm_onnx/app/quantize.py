@@ -8,7 +8,8 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose and reads a Gemm bias of shape (1, N) as (N,);
+   BatchNormalization after ConvTranspose, writes an Einsum of a constant as its MatMul (``einsum``) and reads a
+   Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -18,9 +19,9 @@
    onnxruntime's quantized model with the float model on the calibration samples, output by output; with
    ``report``, every quantized tensor too (``layers.layer_report``: against the pre-processed float model and
    the exact arithmetic).
-No calibration code of our own, and one graph rewrite (that BatchNormalization, which onnxruntime's optimizer
-leaves): the tools are onnxruntime's and onnx's. onnxruntime's own log lines (its C++ logger, its Python
-loggers) are silenced meanwhile.
+No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
+leaves; that Einsum, which quantize_static leaves in float): the tools are onnxruntime's and onnx's.
+onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, has_two_parts, load_onnx, one_part_gas
+from .einsum import einsums_as_matmuls
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -495,7 +497,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded."""
+    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
+    Einsum of a constant as its MatMul (``einsums_as_matmuls``)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -509,6 +512,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
             pass
     fuse_layernorm(model)
     fuse_gelu(model)
+    einsums_as_matmuls(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     onnx.save(model, source)
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
