@@ -8,8 +8,8 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose, writes an Einsum of a constant as its MatMul (``einsum``) and reads a
-   Gemm bias of shape (1, N) as (N,);
+   BatchNormalization after ConvTranspose, writes an Einsum of a constant as its MatMul, gives a bias shared by
+   several nodes a copy per node (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -20,7 +20,8 @@
    ``report``, every quantized tensor too (``layers.layer_report``: against the pre-processed float model and
    the exact arithmetic).
 No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
-leaves; that Einsum, which quantize_static leaves in float): the tools are onnxruntime's and onnx's.
+leaves; that Einsum, which quantize_static leaves in float; a shared bias, which it renames into other tensors'
+names): the tools are onnxruntime's and onnx's.
 onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
@@ -54,7 +55,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .einsum import einsums_as_matmuls
+from .rewrites import einsums_as_matmuls, unshared_biases
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -498,7 +499,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
-    Einsum of a constant as its MatMul (``einsums_as_matmuls``)."""
+    Einsum of a constant as its MatMul (``einsums_as_matmuls``); a shared bias copied per node
+    (``unshared_biases``)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -540,6 +542,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     out.opset_import.extend(kept)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
+    unshared_biases(out.graph)
     onnx.save(out, path)
 
 

@@ -1,6 +1,8 @@
-"""Einsum of a computed tensor and a constant as the MatMul it is, before quantization: quantize_static quantizes
-MatMul and leaves Einsum in float, which CVM cannot hold (tf2onnx writes Keras' EinsumDense and attention's output
-projection so: ``abcd,cde->abe``)."""
+"""Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave
+or make what CVM cannot hold: an Einsum of a computed tensor and a constant as the MatMul it is (quantize_static
+quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense and attention's output projection
+so: ``abcd,cde->abe``); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
+copies it under a name that may already be another tensor's)."""
 from __future__ import annotations
 
 import math
@@ -91,3 +93,36 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
             graph.initializer.remove(inits.pop(node.input[k]))
         done += 1
     return done
+
+
+BIASED = {"Conv", "ConvTranspose", "Gemm"}
+
+
+def unshared_biases(graph: onnx.GraphProto) -> int:
+    """Give each Conv, ConvTranspose or Gemm whose bias initializer another node also reads a copy of its own,
+    named ``<bias>:<k>`` (a name no tensor has): quantize_static quantizes a bias per node, at that node's input
+    and weight scales, and copies a shared one as ``<bias><n>`` checking only initializer names, so a node's output
+    of that name (tf2onnx's ``conv1d_25;conv1d_252`` beside the bias ``conv1d_25;conv1d_25`` in basic-pitch) was
+    read as the bias. Returns how many copies were made."""
+    inits = {t.name: t for t in graph.initializer}
+    readers = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers[x] = readers.get(x, 0) + 1
+    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    made = 0
+    for n in graph.node:
+        if n.op_type not in BIASED or len(n.input) < 3 or n.input[2] not in inits or readers[n.input[2]] < 2:
+            continue
+        old, k = n.input[2], 1
+        while f"{old}:{k}" in names:
+            k += 1
+        copy = onnx.TensorProto()
+        copy.CopyFrom(inits[old])
+        copy.name = f"{old}:{k}"
+        names.add(copy.name)
+        graph.initializer.append(copy)
+        n.input[2] = copy.name
+        readers[old] -= 1
+        made += 1
+    return made

@@ -1,6 +1,7 @@
-"""An Einsum of a computed tensor and a constant (tf2onnx's EinsumDense, ``abcd,cde->abe``) rewritten before
-quantization as Transpose/Reshape/MatMul (``einsums_as_matmuls``): the same sums of the same products, checked
-on integer-valued floats (every sum exact in float32) against numpy's einsum in int64, over random equations."""
+"""quantize's graph rewrites before quantize_static (``cvm_onnx.app.rewrites``): an Einsum of a computed tensor
+and a constant (tf2onnx's EinsumDense, ``abcd,cde->abe``) as Transpose/Reshape/MatMul, the same sums of the same
+products, checked on integer-valued floats (every sum exact in float32) against numpy's einsum in int64 over
+random equations; a bias shared by two convolutions copied per node under a name no tensor has."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from cvm_onnx.app.einsum import einsums_as_matmuls
+from cvm_onnx.app.rewrites import einsums_as_matmuls, unshared_biases
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
@@ -89,6 +90,42 @@ def test_a_model_with_an_einsum_dense_quantizes_and_imports(tmp_path):
                      inits)
     onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 4, 6)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
+
+def shared_bias_model() -> onnx.ModelProto:
+    """Two Convs reading one bias ``b``, the first writing a tensor named ``b2``: quantize_static copies the shared
+    bias for the second Conv as ``b2`` (the largest initializer suffix + 1), so the Relu after the first Conv read
+    the bias instead (basic-pitch's ``conv1d_25;conv1d_25`` and ``conv1d_25;conv1d_252``)."""
+    rng = np.random.default_rng(2)
+    inits = [nh.from_array(rng.normal(size=(4, 2, 3, 3)).astype(np.float32), "w1"),
+             nh.from_array(rng.normal(size=(4, 4, 3, 3)).astype(np.float32), "w2"),
+             nh.from_array(rng.normal(size=4).astype(np.float32), "b")]
+    g = h.make_graph([h.make_node("Conv", ["x", "w1", "b"], ["b2"], pads=[1, 1, 1, 1]),
+                      h.make_node("Relu", ["b2"], ["r"]),
+                      h.make_node("Conv", ["r", "w2", "b"], ["c"], pads=[1, 1, 1, 1]),
+                      h.make_node("Relu", ["c"], ["y"])], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 6, 6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 6, 6])], inits)
+    return onnx_model(g, 13)
+
+
+def test_a_bias_shared_by_two_convolutions_gets_a_copy_each(tmp_path):
+    """Each Conv reads a bias of its own, a copy under a name no tensor has; the model quantizes and imports whole
+    (before: the quantized model's Relu read the bias copy, and the import was refused at a shape), the export
+    exact and as close to float as onnxruntime's quantized model."""
+    m = shared_bias_model()
+    assert unshared_biases(m.graph) == 1  # the first Conv's copy; the last reader keeps ``b``
+    names = [o for n in m.graph.node for o in n.output]
+    biases = [n.input[2] for n in m.graph.node if n.op_type == "Conv"]
+    assert len(set(biases)) == 2 and not set(biases) & set(names)
+    x = np.random.default_rng(0).normal(size=(1, 2, 6, 6)).astype(np.float32)
+    assert np.array_equal(run(m, x), run(shared_bias_model(), x))
+    onnx.save(shared_bias_model(), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(8, 2, 6, 6)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
