@@ -1,7 +1,7 @@
 """Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave
-or make what CVM cannot hold: an Einsum of a computed tensor and a constant as the MatMul it is (quantize_static
-quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense and attention's output projection
-so: ``abcd,cde->abe``); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
+or make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static
+quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection
+``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
 copies it under a name that may already be another tensor's)."""
 from __future__ import annotations
 
@@ -42,12 +42,92 @@ def _plan(x: str, w: str, out: str) -> tuple[list[int], list[int], list[int], li
     return xp, wp, op, [w.index(c) for c in kept]
 
 
+def _batched_plan(a: str, b: str, out: str) -> tuple[bool, list[int], list[int], list[int]] | None:
+    """For two computed operands' letters and the output's: (whether b is MatMul's left operand, the left's
+    permutation to batch + its free letter + the summed letter, the right's to batch + summed + its free letter,
+    the output's from batch + left free + right free); None unless the letters are batch letters (in both and the
+    output), one summed letter (in both, not the output) and one free letter of each operand (in it and the
+    output): a batched matrix product, as attention's Q K^T and weights x V."""
+    batch = [c for c in out if c in a and c in b]
+    summed = [c for c in a if c in b and c not in out]
+    fa, fb = ([c for c in out if c in t and c not in u] for t, u in ((a, b), (b, a)))
+    if len(summed) != 1 or len(fa) != 1 or len(fb) != 1 or set(a) != set(batch + summed + fa) or \
+            set(b) != set(batch + summed + fb) or set(out) != set(batch + fa + fb):
+        return None
+    swap = out.index(fb[0]) < out.index(fa[0])
+    (lt, lf), (rt, rf) = ((b, fb), (a, fa)) if swap else ((a, fa), (b, fb))
+    lp = [lt.index(c) for c in batch + lf + summed]
+    rp = [rt.index(c) for c in batch + summed + rf]
+    return swap, lp, rp, [(batch + lf + rf).index(c) for c in out]
+
+
+def _transposed(x: str, perm: list[int], name: str, new: list[onnx.NodeProto]) -> str:
+    """``x``, or a Transpose of it by ``perm`` appended to ``new`` where ``perm`` is not the identity."""
+    if perm == sorted(perm):
+        return x
+    new.append(helper.make_node("Transpose", [x], [name], perm=perm, name=name))
+    return name
+
+
+def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
+    """The nodes and initializers replacing an Einsum of a computed tensor and a float constant (``_plan``), and
+    the constant's name; None where it is not of that form."""
+    k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
+    if k is None:
+        return None
+    xl, wl, out = (terms[1 - k], terms[k], terms[2])
+    plan = _plan(xl, wl, out)
+    w = numpy_helper.to_array(inits[node.input[k]])
+    if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
+        return None
+    xp, wp, op, kept = plan
+    nb = len(xl) - (len(wl) - len(kept))
+    wt = w.transpose(wp)
+    kdim = math.prod(wt.shape[:len(wl) - len(kept)])
+    name, base = node.output[0], node.name or node.output[0]
+    added = [numpy_helper.from_array(np.ascontiguousarray(wt.reshape(kdim, -1)), f"{base}:matmul_w"),
+             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
+             numpy_helper.from_array(np.array([0] * nb + [w.shape[i] for i in kept], np.int64), f"{base}:y_shape")]
+    new = []
+    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
+    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
+            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
+    last = f"{base}:y" if op != sorted(op) else name
+    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
+    return new, added, node.input[k]
+
+
+def _batched(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) -> list[onnx.NodeProto] | None:
+    """The nodes replacing an Einsum of two computed tensors that is a batched matrix product (``_batched_plan``):
+    Transposes, MatMul, Transpose; None where it is not of that form."""
+    if any(x in inits for x in node.input):
+        return None
+    plan = _batched_plan(*terms)
+    if plan is None:
+        return None
+    swap, lp, rp, op = plan
+    base, new = node.name or node.output[0], []
+    left, right = (node.input[1], node.input[0]) if swap else (node.input[0], node.input[1])
+    left = _transposed(left, lp, f"{base}:left_t", new)
+    right = _transposed(right, rp, f"{base}:right_t", new)
+    mm = node.output[0] if op == sorted(op) else f"{base}:mm"
+    new.append(helper.make_node("MatMul", [left, right], [mm], name=f"{base}:MatMul"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [mm], [node.output[0]], perm=op, name=f"{base}:y_t"))
+    return new
+
+
 def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
-    """Replace each Einsum of a computed tensor and a float constant (an initializer), in either order, whose
-    letters are batch letters of the computed tensor, letters summed against the constant and the constant's own
-    output letters, by Transpose (where the order needs it), Reshape to (batch..., K), MatMul by the constant
-    transposed and reshaped to (K, N) (a new initializer), Reshape to the output dims and Transpose: the same sums
-    of the same products. Returns how many were replaced."""
+    """Replace each Einsum of two operands that is a MatMul in another order: of a computed tensor and a float
+    constant (an initializer), in either order, whose letters are batch letters of the computed tensor, letters
+    summed against the constant and the constant's own output letters, by Transpose (where the order needs it),
+    Reshape to (batch..., K), MatMul by the constant transposed and reshaped to (K, N) (a new initializer),
+    Reshape to the output dims and Transpose; of two computed tensors with batch letters, one summed letter and
+    one free letter each (attention's Q K^T), by Transposes and a batched MatMul. The same sums of the same
+    products. Returns how many were replaced."""
     inits = {t.name: t for t in graph.initializer}
     done = 0
     for node in [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]:
@@ -55,42 +135,19 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
         terms = _terms(eq)
         if terms is None or len(node.input) != 2:
             continue
-        k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
-        if k is None:
+        const = _by_constant(node, terms, inits)
+        new = const[0] if const else _batched(node, terms, inits)
+        if new is None:
             continue
-        xl, wl, out = (terms[1 - k], terms[k], terms[2])
-        plan = _plan(xl, wl, out)
-        w = numpy_helper.to_array(inits[node.input[k]])
-        if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
-            continue
-        xp, wp, op, kept = plan
-        nb = len(xl) - (len(wl) - len(kept))
-        wt = w.transpose(wp)
-        kdim = math.prod(wt.shape[:len(wl) - len(kept)])
-        name, base = node.output[0], node.name or node.output[0]
-        mat = numpy_helper.from_array(np.ascontiguousarray(wt.reshape(kdim, -1)), f"{base}:matmul_w")
-        xshape = numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape")
-        yshape = numpy_helper.from_array(np.array([0] * nb + [w.shape[i] for i in kept], np.int64),
-                                         f"{base}:y_shape")
-        graph.initializer.extend([mat, xshape, yshape])
-        x, new = node.input[1 - k], []
-        if xp != sorted(xp):
-            new.append(helper.make_node("Transpose", [x], [f"{base}:x_t"], perm=xp, name=f"{base}:x_t"))
-            x = f"{base}:x_t"
-        new += [helper.make_node("Reshape", [x, xshape.name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
-                helper.make_node("MatMul", [f"{base}:x_2d", mat.name], [f"{base}:mm"], name=f"{base}:MatMul")]
-        if op != sorted(op):
-            new += [helper.make_node("Reshape", [f"{base}:mm", yshape.name], [f"{base}:y"], name=f"{base}:y"),
-                    helper.make_node("Transpose", [f"{base}:y"], [name], perm=op, name=f"{base}:y_t")]
-        else:
-            new.append(helper.make_node("Reshape", [f"{base}:mm", yshape.name], [name], name=f"{base}:y"))
+        if const:
+            graph.initializer.extend(const[1])
         at = list(graph.node).index(node)
         for i, n in enumerate(new):
             graph.node.insert(at + i, n)
         graph.node.remove(node)
-        if all(node.input[k] not in n.input for n in graph.node) and \
-                node.input[k] not in {o.name for o in graph.output}:
-            graph.initializer.remove(inits.pop(node.input[k]))
+        if const and all(const[2] not in n.input for n in graph.node) and \
+                const[2] not in {o.name for o in graph.output}:
+            graph.initializer.remove(inits.pop(const[2]))
         done += 1
     return done
 
