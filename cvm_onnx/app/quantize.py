@@ -8,7 +8,7 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose, writes an Einsum of a constant as its MatMul, gives a bias shared by
+   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one, gives a bias shared by
    several nodes a copy per node (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
@@ -499,7 +499,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
-    Einsum of a constant as its MatMul (``einsums_as_matmuls``); a shared bias copied per node
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node
     (``unshared_biases``)."""
     import onnxruntime as ort
     from onnx import version_converter
