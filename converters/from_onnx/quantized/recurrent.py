@@ -322,12 +322,22 @@ def finals(ctx, states: list, batch: int, hidden: int):
     return concatenated(ctx, 0, *(ctx.reshape(h, (1, batch, hidden)) for h in states))
 
 
+def default_activations(node, default: list[str]) -> bool:
+    """Whether the layer's activations are ONNX's defaults: ``activations`` absent, or ``default`` written out once
+    per direction (as tf2onnx writes them), without activation_alpha or activation_beta."""
+    if node.has("activation_alpha") or node.has("activation_beta"):
+        return False
+    dirs = 2 if node.attr_str("direction", "forward") == "bidirectional" else 1
+    return node.attr_strs("activations", default * dirs) == default * dirs
+
+
 @float_rule("LSTM", since=7)
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
     X with constant W, R, B, initial_h, initial_c (zeros when absent), every sequence the full length: unrolled
     (``direction``). Outputs Y at 2^-2G, Y_h at 1/127 and Y_c at 2^-G, requantized by what follows."""
-    if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or node.has("activations"):
+    if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or \
+            not default_activations(node, ["Sigmoid", "Tanh", "Tanh"]):
         raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "LSTM", 4, x, w, r, b, lens)
     steps, batch, _ = xs.shape
@@ -354,7 +364,7 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     """GRU (default activations, no clip, layout 0, either linear_before_reset; forward, reverse or bidirectional)
     of a per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full
     length: unrolled (``gru_direction``). Outputs Y at 1 / (127 2^2G), Y_h at 1/127."""
-    if node.attr_int("layout", 0) or node.has("clip") or node.has("activations"):
+    if node.attr_int("layout", 0) or node.has("clip") or not default_activations(node, ["Sigmoid", "Tanh"]):
         raise Refuse("GRU with layout 1, clip or other activations has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "GRU", 3, x, w, r, b, lens)
     steps, batch, _ = xs.shape

@@ -1,0 +1,185 @@
+"""Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave
+or make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static
+quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection
+``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
+copies it under a name that may already be another tensor's)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def _terms(equation: str) -> tuple[str, str, str] | None:
+    """(the two operands' letters, the output's) of an explicit two-operand equation without ellipsis, each letter
+    once per term; else None."""
+    eq = equation.replace(" ", "")
+    if "..." in eq or eq.count("->") != 1:
+        return None
+    left, out = eq.split("->")
+    terms = left.split(",")
+    if len(terms) != 2 or any(len(set(t)) != len(t) or not t.isalpha() for t in (*terms, out) if t) or not out:
+        return None
+    return terms[0], terms[1], out
+
+
+def _plan(x: str, w: str, out: str) -> tuple[list[int], list[int], list[int], list[int]] | None:
+    """For x's letters, the constant's and the output's: (x's permutation to batch + contracted letters, the
+    constant's to contracted + its output letters, the output's from batch + those, the output letters' positions
+    in w); None unless every letter of x is a batch letter (in the output) or contracted (in w), every letter of w
+    contracted or an output letter, and some letter is contracted."""
+    batch = [c for c in out if c in x]
+    summed = [c for c in w if c in x and c not in out]
+    kept = [c for c in out if c in w]
+    if not summed or set(x) != set(batch) | set(summed) or set(w) != set(summed) | set(kept) or \
+            set(out) != set(batch) | set(kept) or set(batch) & set(w):
+        return None
+    xp = [x.index(c) for c in batch + summed]
+    wp = [w.index(c) for c in summed + kept]
+    op = [(batch + kept).index(c) for c in out]
+    return xp, wp, op, [w.index(c) for c in kept]
+
+
+def _batched_plan(a: str, b: str, out: str) -> tuple[bool, list[int], list[int], list[int]] | None:
+    """For two computed operands' letters and the output's: (whether b is MatMul's left operand, the left's
+    permutation to batch + its free letter + the summed letter, the right's to batch + summed + its free letter,
+    the output's from batch + left free + right free); None unless the letters are batch letters (in both and the
+    output), one summed letter (in both, not the output) and one free letter of each operand (in it and the
+    output): a batched matrix product, as attention's Q K^T and weights x V."""
+    batch = [c for c in out if c in a and c in b]
+    summed = [c for c in a if c in b and c not in out]
+    fa, fb = ([c for c in out if c in t and c not in u] for t, u in ((a, b), (b, a)))
+    if len(summed) != 1 or len(fa) != 1 or len(fb) != 1 or set(a) != set(batch + summed + fa) or \
+            set(b) != set(batch + summed + fb) or set(out) != set(batch + fa + fb):
+        return None
+    swap = out.index(fb[0]) < out.index(fa[0])
+    (lt, lf), (rt, rf) = ((b, fb), (a, fa)) if swap else ((a, fa), (b, fb))
+    lp = [lt.index(c) for c in batch + lf + summed]
+    rp = [rt.index(c) for c in batch + summed + rf]
+    return swap, lp, rp, [(batch + lf + rf).index(c) for c in out]
+
+
+def _transposed(x: str, perm: list[int], name: str, new: list[onnx.NodeProto]) -> str:
+    """``x``, or a Transpose of it by ``perm`` appended to ``new`` where ``perm`` is not the identity."""
+    if perm == sorted(perm):
+        return x
+    new.append(helper.make_node("Transpose", [x], [name], perm=perm, name=name))
+    return name
+
+
+def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
+    """The nodes and initializers replacing an Einsum of a computed tensor and a float constant (``_plan``), and
+    the constant's name; None where it is not of that form."""
+    k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
+    if k is None:
+        return None
+    xl, wl, out = (terms[1 - k], terms[k], terms[2])
+    plan = _plan(xl, wl, out)
+    w = numpy_helper.to_array(inits[node.input[k]])
+    if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
+        return None
+    xp, wp, op, kept = plan
+    nb = len(xl) - (len(wl) - len(kept))
+    wt = w.transpose(wp)
+    kdim = math.prod(wt.shape[:len(wl) - len(kept)])
+    name, base = node.output[0], node.name or node.output[0]
+    added = [numpy_helper.from_array(np.ascontiguousarray(wt.reshape(kdim, -1)), f"{base}:matmul_w"),
+             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
+             numpy_helper.from_array(np.array([0] * nb + [w.shape[i] for i in kept], np.int64), f"{base}:y_shape")]
+    new = []
+    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
+    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
+            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
+    last = f"{base}:y" if op != sorted(op) else name
+    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
+    return new, added, node.input[k]
+
+
+def _batched(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) -> list[onnx.NodeProto] | None:
+    """The nodes replacing an Einsum of two computed tensors that is a batched matrix product (``_batched_plan``):
+    Transposes, MatMul, Transpose; None where it is not of that form."""
+    if any(x in inits for x in node.input):
+        return None
+    plan = _batched_plan(*terms)
+    if plan is None:
+        return None
+    swap, lp, rp, op = plan
+    base, new = node.name or node.output[0], []
+    left, right = (node.input[1], node.input[0]) if swap else (node.input[0], node.input[1])
+    left = _transposed(left, lp, f"{base}:left_t", new)
+    right = _transposed(right, rp, f"{base}:right_t", new)
+    mm = node.output[0] if op == sorted(op) else f"{base}:mm"
+    new.append(helper.make_node("MatMul", [left, right], [mm], name=f"{base}:MatMul"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [mm], [node.output[0]], perm=op, name=f"{base}:y_t"))
+    return new
+
+
+def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
+    """Replace each Einsum of two operands that is a MatMul in another order: of a computed tensor and a float
+    constant (an initializer), in either order, whose letters are batch letters of the computed tensor, letters
+    summed against the constant and the constant's own output letters, by Transpose (where the order needs it),
+    Reshape to (batch..., K), MatMul by the constant transposed and reshaped to (K, N) (a new initializer),
+    Reshape to the output dims and Transpose; of two computed tensors with batch letters, one summed letter and
+    one free letter each (attention's Q K^T), by Transposes and a batched MatMul. The same sums of the same
+    products. Returns how many were replaced."""
+    inits = {t.name: t for t in graph.initializer}
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]:
+        eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
+        terms = _terms(eq)
+        if terms is None or len(node.input) != 2:
+            continue
+        const = _by_constant(node, terms, inits)
+        new = const[0] if const else _batched(node, terms, inits)
+        if new is None:
+            continue
+        if const:
+            graph.initializer.extend(const[1])
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        if const and all(const[2] not in n.input for n in graph.node) and \
+                const[2] not in {o.name for o in graph.output}:
+            graph.initializer.remove(inits.pop(const[2]))
+        done += 1
+    return done
+
+
+BIASED = {"Conv", "ConvTranspose", "Gemm"}
+
+
+def unshared_biases(graph: onnx.GraphProto) -> int:
+    """Give each Conv, ConvTranspose or Gemm whose bias initializer another node also reads a copy of its own,
+    named ``<bias>:<k>`` (a name no tensor has): quantize_static quantizes a bias per node, at that node's input
+    and weight scales, and copies a shared one as ``<bias><n>`` checking only initializer names, so a node's output
+    of that name (tf2onnx's ``conv1d_25;conv1d_252`` beside the bias ``conv1d_25;conv1d_25`` in basic-pitch) was
+    read as the bias. Returns how many copies were made."""
+    inits = {t.name: t for t in graph.initializer}
+    readers = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers[x] = readers.get(x, 0) + 1
+    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    made = 0
+    for n in graph.node:
+        if n.op_type not in BIASED or len(n.input) < 3 or n.input[2] not in inits or readers[n.input[2]] < 2:
+            continue
+        old, k = n.input[2], 1
+        while f"{old}:{k}" in names:
+            k += 1
+        copy = onnx.TensorProto()
+        copy.CopyFrom(inits[old])
+        copy.name = f"{old}:{k}"
+        names.add(copy.name)
+        graph.initializer.append(copy)
+        n.input[2] = copy.name
+        readers[old] -= 1
+        made += 1
+    return made
