@@ -25,6 +25,8 @@ loggers) are silenced meanwhile.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import io
 import logging
 import math
@@ -906,6 +908,11 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             if progress:
                 progress(0, None, "preparing the float model (onnxruntime)")
             prepare(model, prepared)
+            # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
+            float_path = Path(tmp) / "float.onnx"
+            onnx.save(model, float_path, save_as_external_data=True, location="float.onnx.data")
+            model = None
+            release_memory()
             out = Path(tmp) / "quantized.onnx"
             try:
                 _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric,
@@ -918,14 +925,17 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                                          where=os.fspath(calibration)) from None
                 raise
             _stamp(out)
+            release_memory()
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
             imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
             quantized = out.read_bytes()
+            release_memory()
             layers = layer_report(onnx.load_from_string(quantized), imported, samples, onnx.load(prepared),
                                   progress) if report else None
-        if progress:
-            progress(0, None, "comparing with the float model")
-        agreements = compare(model, quantized, imported, samples, progress)
+            if progress:
+                progress(0, None, "comparing with the float model")
+            agreements = compare(float_path, quantized, imported, samples, progress)
+            model = onnx.load(float_path)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
@@ -1019,19 +1029,43 @@ def write_bytes(path: Path, data: bytes) -> None:
         raise FormatError(f"cannot write the quantized ONNX model: {e.strerror or e}", str(path)) from None
 
 
-def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
+def outputs(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
             progress: Progress | None = None) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """The outputs of the float ``model``, of onnxruntime's ``quantized`` model and of the CVM model ``imported``
-    on ``samples`` (N samples of the input's shape, batch 1), each stacked as the float model's."""
-    name = _inputs(model)[0].name
+    """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
+    model and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape, batch 1), each stacked
+    as the float model's."""
+    name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
-        want = _run_onnx(model.SerializeToString(), name, samples)
+        want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples)
+        release_memory()
         ort = _run_onnx(quantized, name, samples)
+        release_memory()
     data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
     if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
         got = imported.edges.finish(got)
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+
+
+def _graph_of(model: onnx.ModelProto | Path) -> onnx.ModelProto:
+    """The model, or the one in the file without its external data (its graph, the weights' names)."""
+    return onnx.load(model, load_external_data=False) if isinstance(model, Path) else model
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # no glibc
+        return None
+
+
+def release_memory() -> None:
+    """The heap's free pages returned to the system (glibc's malloc_trim; nothing without glibc). Each stage of
+    quantize frees the copies of the model it made (serializations, onnxruntime's sessions), which glibc otherwise
+    keeps, and the next stage's peak stood on them (the ViT of benchmarks/transformer_import.py's doc)."""
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
 
 
 def _stamp(path: Path) -> None:
@@ -1044,11 +1078,12 @@ def _stamp(path: Path) -> None:
         write_onnx(model, path)
 
 
-def compare(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
+def compare(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
             progress: Progress | None = None) -> list[Agreement]:
     """Each output of the CVM model ``imported`` and of onnxruntime's quantized model against the float
-    ``model`` on ``samples`` (N samples of the input's shape, batch 1)."""
+    ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1)."""
     want, ort, got = outputs(model, quantized, imported, samples, progress)
+    model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in
             zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
