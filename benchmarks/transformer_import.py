@@ -44,7 +44,7 @@ def quantized(work: Path, layers: int, samples: int, per_channel: bool) -> Path:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from support.transformers import encoder
 
-    from cvm_onnx.app.quantize import _quantize_static, _Reader, prepare, quiet_onnxruntime
+    from cvm_onnx.app.quantize import _quantize_static, _Reader, _stamp, prepare, quiet_onnxruntime
 
     model = encoder(seed=0, layers=layers, **DIMS)
     rng = np.random.default_rng(0)
@@ -54,6 +54,7 @@ def quantized(work: Path, layers: int, samples: int, per_channel: bool) -> Path:
         prepare(model, prepared)
         _quantize_static(prepared, out, _Reader("x", data, data.shape[1:], None), per_channel, False, "minmax",
                          "uint8", "qdq", prepared)
+        _stamp(out)
     return out
 
 

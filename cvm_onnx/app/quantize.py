@@ -493,26 +493,41 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     return out
 
 
-def prepare(model: onnx.ModelProto, path: Path) -> None:
+def prepare(model: onnx.ModelProto, path: Path) -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded."""
+    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded.
+    Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms
+    and GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there
+    (so that no stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     want = LAYERNORM_OPSET if layernorms(model.graph) else OPSET
     if opset < want:
+        # converted with its weights on disk: the converter passes external tensors through as they are (in
+        # memory it held four copies of them: serialized, parsed, converted, serialized back)
+        _save_external(given, compared)
         try:
-            model = version_converter.convert_version(model, want)
+            model = version_converter.convert_version(given, want)
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
-            pass
+            model = given
+        _load_external(model, path.parent)
+        if model is given:
+            Path(f"{compared}.data").unlink(missing_ok=True)
     fuse_layernorm(model)
     fuse_gelu(model)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
-    onnx.save(model, source)
+    if model is given:
+        _save_external(model, compared)
+        source = compared
+    else:
+        _save_external(model, source)
+    release_memory()
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -521,6 +536,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
                              disabled_optimizers=list(UNFUSED))
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
         raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
+    release_memory()
     failure = None
     for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
         try:
@@ -539,6 +555,23 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     onnx.save(out, path)
+    return compared
+
+
+def _save_external(model: onnx.ModelProto, path: Path) -> None:
+    """``model`` written to ``path``, its tensors of 1 KB or more moved out of it into ``<path>.data``."""
+    onnx.save(model, path, save_as_external_data=True, location=f"{path.name}.data")
+
+
+def _load_external(model: onnx.ModelProto, folder: Path) -> None:
+    """The external tensors of ``model`` read back into it from ``folder``, as they were before
+    ``_save_external``."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    external = [t for t in model.graph.initializer if uses_external_data(t)]
+    load_external_data_for_model(model, os.fspath(folder))
+    for t in external:
+        t.ClearField("data_location")
 
 
 class _Constants(Mapping):
@@ -907,10 +940,9 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             prepared = Path(tmp) / "prepared.onnx"
             if progress:
                 progress(0, None, "preparing the float model (onnxruntime)")
-            prepare(model, prepared)
+            release_memory()
             # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
-            float_path = Path(tmp) / "float.onnx"
-            onnx.save(model, float_path, save_as_external_data=True, location="float.onnx.data")
+            float_path = prepare(model, prepared)
             model = None
             release_memory()
             out = Path(tmp) / "quantized.onnx"
@@ -1069,13 +1101,19 @@ def release_memory() -> None:
 
 
 def _stamp(path: Path) -> None:
-    """The quantized model at ``path`` with the IR version its opsets need (``onnx_file.ir_version``): the
-    quantizer keeps the float model's, which may be the newest of the onnx that wrote it (onnx 1.23's 14, which
-    onnxruntime 1.31 cannot load)."""
-    model = onnx.load(path, load_external_data=False)
+    """The quantized model at ``path`` as one file (quantize_static wrote its weights to ``<path>.data``:
+    ``use_external_data_format``, so that its calibration holds no second copy of the float weights), with the IR
+    version its opsets need (``onnx_file.ir_version``): the quantizer keeps the float model's, which may be the
+    newest of the onnx that wrote it (onnx 1.23's 14, which onnxruntime 1.31 cannot load)."""
+    model = onnx.load(path)
+    for t in model.graph.initializer:  # read back in: as quantize_static writes a model held in one file
+        t.ClearField("data_location")
     if model.ir_version != (ir := ir_version(model.opset_import)):
         model.ir_version = ir
         write_onnx(model, path)
+    else:
+        onnx.save(model, path)
+    Path(f"{path}.data").unlink(missing_ok=True)
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
@@ -1101,7 +1139,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             weight_type=QuantType.QInt8, per_channel=per_channel,
             calibrate_method=getattr(CalibrationMethod, METHODS[method]),
             extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                           "ForceQuantizeNoInputCheck": True})
+                           "ForceQuantizeNoInputCheck": True}, use_external_data_format=True)
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
         raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
                              where=os.fspath(where)) from None
