@@ -497,8 +497,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded.
-    Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms
+    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded;
+    its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms
     and GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there
     (so that no stage holds them twice)."""
     import onnxruntime as ort
@@ -538,9 +538,13 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
         raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
     release_memory()
     failure = None
+    data = Path(f"{path}.data")
     for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
-        try:
-            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic)
+        data.unlink(missing_ok=True)
+        try:  # its models written with external data: no serialization of the weights in memory
+            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic,
+                              save_as_external_data=True, all_tensors_to_one_file=True,
+                              external_data_location=data.name)
             break
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
@@ -554,7 +558,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     out.opset_import.extend(kept)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
-    onnx.save(out, path)
+    data.unlink(missing_ok=True)
+    _save_external(out, path)
     return compared
 
 
@@ -683,6 +688,27 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
     return found
 
 
+def _shapes_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as shape inference reads it, without a copy of its weights: its initializers of 1 KB or more as
+    graph inputs of their type and shape (inference reads the values of small ones only: shapes, axes)."""
+    from onnx import helper
+
+    graph = onnx.GraphProto(name=model.graph.name)
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    for t in model.graph.initializer:
+        if t.ByteSize() < 1024:
+            graph.initializer.append(t)
+        else:
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    out = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    return out
+
+
 def fuse_layernorm(model: onnx.ModelProto) -> None:
     """Each written-out LayerNormalization (``layernorms``) as one LayerNormalization node (opset 17), which
     quantize_static quantizes as one op and the importer holds in integers (docs/import.md); gamma and beta
@@ -693,7 +719,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
     found = layernorms(model.graph) if opset >= LAYERNORM_OPSET else []
     if not found:
         return
-    known = [*shape_inference.infer_shapes(model).graph.value_info, *model.graph.input]
+    known = [*shape_inference.infer_shapes(_shapes_only(model)).graph.value_info, *model.graph.input]
     shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}
     for nodes, x, axis, eps, gamma, beta in found:
         shape = shapes.get(x)
@@ -980,7 +1006,7 @@ def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outs = _run_onnx(model.read_bytes(), name, samples)
+            outs = _run_onnx(os.fspath(model), name, samples)
     except Exception:  # noqa: BLE001  (onnxruntime raises several types)
         return None
     bad = [np.flatnonzero(~np.isfinite(o.reshape(len(o), -1)).all(axis=1)) for o in outs
@@ -1145,8 +1171,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                              where=os.fspath(where)) from None
 
 
-def _run_onnx(model: bytes, name: str, samples: np.ndarray) -> list[np.ndarray]:
-    """Every output of an ONNX model on each sample, stacked (onnxruntime with exact int8 products:
+def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.ndarray]:
+    """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with exact int8 products:
     session.x64quantprecision, docs/import.md)."""
     from onnxruntime import InferenceSession, SessionOptions
 
