@@ -1,14 +1,17 @@
 """quantize keeps the float model on disk (its weights as external data) from its preparation to the comparison,
 which runs it from there (cvm_onnx.app.quantize): the comparison from the file equals the one from the model in
-memory, and the float model returned holds every weight."""
+memory, and the float model returned holds every weight; LayerNorm fusion infers shapes on a copy without the
+weights, which infers what the whole model does."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 from onnx import numpy_helper as nh
+import pytest
 from support.quantized import float_model
+from support.transformers import encoder
 
-from cvm_onnx.app.quantize import compare, outputs, quantize, samples_of
+from cvm_onnx.app.quantize import _shapes_only, compare, outputs, quantize, samples_of
 
 
 def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
@@ -37,3 +40,15 @@ def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
     b = outputs(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples)
     assert all(np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
 
+
+
+@pytest.mark.parametrize("ln, opset", [("pow", 17), ("mul", 18), ("fused", 17)])
+def test_shape_inference_without_the_weights_equals_it_with_them(ln, opset):
+    """An encoder (weights of 1 KB and more, small shape and axes constants that Reshape and ReduceMean read)."""
+    m = encoder(seed=2, s=5, d=32, heads=4, ff=64, ln=ln, opset=opset, layers=2)
+    light = _shapes_only(m)
+    assert all(t.ByteSize() < 1024 for t in light.graph.initializer)
+    assert len(light.graph.initializer) < len(m.graph.initializer)
+    want = onnx.shape_inference.infer_shapes(m).graph.value_info
+    got = onnx.shape_inference.infer_shapes(light).graph.value_info
+    assert len(want) > 20 and list(got) == list(want)
