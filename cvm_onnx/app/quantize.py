@@ -569,14 +569,26 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
 
 
 def _load_external(model: onnx.ModelProto, folder: Path) -> None:
-    """The external tensors of ``model`` read back into it from ``folder``, as they were before
-    ``_save_external``."""
+    """The external tensors of ``model`` (initializers and node attributes, in subgraphs too) read back into it
+    from ``folder``, as they were before they were written out."""
     from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
-    external = [t for t in model.graph.initializer if uses_external_data(t)]
+    external = [t for t in _tensors(model.graph) if uses_external_data(t)]
     load_external_data_for_model(model, os.fspath(folder))
     for t in external:
         t.ClearField("data_location")
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The graph's initializers and the tensors of its nodes' attributes, those of subgraphs too."""
+    yield from graph.initializer
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                yield from _tensors(g)
 
 
 class _Constants(Mapping):
@@ -1131,9 +1143,8 @@ def _stamp(path: Path) -> None:
     ``use_external_data_format``, so that its calibration holds no second copy of the float weights), with the IR
     version its opsets need (``onnx_file.ir_version``): the quantizer keeps the float model's, which may be the
     newest of the onnx that wrote it (onnx 1.23's 14, which onnxruntime 1.31 cannot load)."""
-    model = onnx.load(path)
-    for t in model.graph.initializer:  # read back in: as quantize_static writes a model held in one file
-        t.ClearField("data_location")
+    model = onnx.load(path, load_external_data=False)
+    _load_external(model, path.parent)  # as quantize_static writes a model held in one file
     if model.ir_version != (ir := ir_version(model.opset_import)):
         model.ir_version = ir
         write_onnx(model, path)

@@ -11,7 +11,7 @@ import pytest
 from support.quantized import float_model
 from support.transformers import encoder
 
-from cvm_onnx.app.quantize import _shapes_only, compare, outputs, quantize, samples_of
+from cvm_onnx.app.quantize import _shapes_only, _tensors, compare, outputs, quantize, samples_of
 
 
 def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
@@ -39,6 +39,20 @@ def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
     a = outputs(done.float_model, done.onnx_model, done.imported, samples)
     b = outputs(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples)
     assert all(np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+def test_the_quantized_model_is_saved_in_one_file(tmp_path):
+    """quantize_static writes the quantized model with external data; it is read back in and saved as one file,
+    no tensor left external or marked with a location (as quantize_static writes a model in one file)."""
+    onnx.save(encoder(seed=1, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx",
+                    per_channel=True)
+    q = onnx.load(tmp_path / "q.onnx", load_external_data=False)
+    assert max(t.ByteSize() for t in q.graph.initializer) >= 1024  # written out by quantize_static
+    assert not [t.name for t in _tensors(q.graph) if t.HasField("data_location") or t.external_data]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy", "f.onnx", "m", "q.onnx"]
+    assert (tmp_path / "q.onnx").read_bytes() == done.onnx_model
 
 
 
