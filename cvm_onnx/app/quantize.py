@@ -498,9 +498,9 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded;
-    its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms
-    and GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there
-    (so that no stage holds them twice)."""
+    its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
+    compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
+    weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -1183,8 +1183,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
 
 
 def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.ndarray]:
-    """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with exact int8 products:
-    session.x64quantprecision, docs/import.md)."""
+    """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with
+    exact int8 products: session.x64quantprecision, docs/import.md)."""
     from onnxruntime import InferenceSession, SessionOptions
 
     so = SessionOptions()
