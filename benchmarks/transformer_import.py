@@ -9,7 +9,8 @@ peak RSS is its own): ``import_model``, then ``validate``, timed apart, and the 
 (symbol, params, quantization.json), so two checkouts' imports can be compared byte for byte. ``--repeat``
 alternates the forms. ``--whole``: the whole ``cvm_onnx.app.quantize.quantize`` of the float model instead (as
 ``cvm-onnx quantize`` runs it, on ``--samples`` samples), timed stage by stage from its progress reports, with the
-peak RSS so far at the end of each.
+peak RSS so far at the end of each, and the RSS after the imports (the interpreter's baseline). Peaks are /proc's
+VmHWM of the child alone.
 
 Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N]
 [--whole]
@@ -43,7 +44,7 @@ def quantized(work: Path, layers: int, samples: int, per_channel: bool) -> Path:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from support.transformers import encoder
 
-    from cvm_onnx.app.quantize import _quantize_static, _Reader, prepare, quiet_onnxruntime
+    from cvm_onnx.app.quantize import _quantize_static, _Reader, _stamp, prepare, quiet_onnxruntime
 
     model = encoder(seed=0, layers=layers, **DIMS)
     rng = np.random.default_rng(0)
@@ -53,7 +54,18 @@ def quantized(work: Path, layers: int, samples: int, per_channel: bool) -> Path:
         prepare(model, prepared)
         _quantize_static(prepared, out, _Reader("x", data, data.shape[1:], None), per_channel, False, "minmax",
                          "uint8", "qdq", prepared)
+        _stamp(out)
     return out
+
+
+def peak_mb() -> float:
+    """This process's peak RSS (MB): /proc's VmHWM, which starts afresh at exec (ru_maxrss keeps the forking
+    parent's peak across exec, so a child started by a large parent would report the parent's)."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def child(path: str, profile: int) -> None:
@@ -82,7 +94,7 @@ def child(path: str, profile: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_model(graph, tmp, edges=imported.edges)
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(tmp).iterdir()))).hexdigest()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mb()
     print(json.dumps(dict(load=t1 - t0, import_=t2 - t1, validate=t3 - t2, peak_mb=peak, nodes=len(graph.nodes),
                           digest=digest)))
 
@@ -92,21 +104,22 @@ def whole(tag: str) -> None:
     it ends in ".pc"; one JSON line: per stage in order its seconds and the peak RSS (MB) at its end."""
     from cvm_onnx.app.quantize import quantize
 
+    base = peak_mb()
     work, form = tag.rsplit(".", 1)
     stages: list[list] = []
 
     def progress(done, total, what):
         if not stages or stages[-1][0] != what:
-            stages.append([what, time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024])
+            stages.append([what, time.perf_counter(), peak_mb()])
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         quantize(Path(work) / "float.onnx", Path(work) / "calibration.npy", Path(tmp) / "m", per_channel=form == "pc",
                  progress=progress)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_mb()
     ends = [(t, p) for _, t, p in stages[1:]] + [(time.perf_counter(), peak)]
     times = {"loading": (stages[0][1] - t0, stages[0][2])} | {w: (e - t, p) for (w, t, _), (e, p) in zip(stages, ends)}
-    print(json.dumps(dict(stages=times, peak_mb=peak)))
+    print(json.dumps(dict(stages=times, peak_mb=peak, base_mb=base)))
 
 
 def main() -> None:
@@ -168,7 +181,8 @@ def main_whole(a, forms: list[str]) -> None:
                 sys.exit(f"{f}: quantize failed\n{r.stderr[-4000:]}")
             m = json.loads(r.stdout.strip().splitlines()[-1])
             parts = ", ".join(f"{w} {t:.1f} s (peak {p:.0f} MB)" for w, (t, p) in m["stages"].items())
-            print(f"{f}: {sum(t for t, _ in m['stages'].values()):.1f} s: {parts} (loadavg {load:.2f})")
+            print(f"{f}: {sum(t for t, _ in m['stages'].values()):.1f} s: {parts}; peak {m['peak_mb']:.0f} MB, "
+                  f"{m['base_mb']:.0f} MB after imports (loadavg {load:.2f})")
 
 
 if __name__ == "__main__":

@@ -201,6 +201,8 @@ def _even(terms: list[tuple[int, int, np.ndarray]], low: int, high: int, precisi
     meets a tie (one term: v in its clipped interval an odd multiple of 2^(a-1) for some channel's a >= 1; a sum:
     any a >= 1), and the labels allow it: k = the largest a, m_i = M_i 2^k, t = sum_i v_i m_i within 31 bits (so
     t + c fits 32), and precision + k + 1 <= 31 for the two shifts by k + 1. Else None (today's plan)."""
+    if any(x.denominator & (x.denominator - 1) for _, _, ms in terms for x in ms.flat):
+        return None  # some M_i not p / 2^a (checked before the Fractions are hashed and sorted)
     scales = [sorted(set(ms.flat)) for _, _, ms in terms]
     adic = [_two_adic(x) for xs in scales for x in xs]
     if None in adic or max(adic) == 0 or precision + max(adic) + 1 > MAX_SHIFT:
@@ -395,7 +397,8 @@ def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction
     at most ``target`` or its first channel's alone (found by bisection; a prefix is only taken when its plan
     exists, and every plan's delta is below 1/2; ``split_above`` as in ``plan``). Refused only when one channel
     alone has no plan."""
-    order = sorted(range(len(ms)), key=lambda i: ms[i])
+    approx = [float(x) for x in ms]  # monotone (int / int is correctly rounded): Fractions compared on ties only
+    order = sorted(range(len(ms)), key=lambda i: (approx[i], ms[i]))
 
     def attempt(part: list[int], bound: Fraction) -> Plan | None:
         try:

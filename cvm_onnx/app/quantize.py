@@ -27,6 +27,8 @@ onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced me
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import io
 import logging
 import math
@@ -494,29 +496,43 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     return out
 
 
-def prepare(model: onnx.ModelProto, path: Path) -> None:
+def prepare(model: onnx.ModelProto, path: Path) -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
-    Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node
-    (``unshared_biases``)."""
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node (``unshared_biases``);
+    its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
+    compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
+    weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     want = LAYERNORM_OPSET if layernorms(model.graph) else OPSET
     if opset < want:
+        # converted with its weights on disk: the converter passes external tensors through as they are (in
+        # memory it held four copies of them: serialized, parsed, converted, serialized back)
+        _save_external(given, compared)
         try:
-            model = version_converter.convert_version(model, want)
+            model = version_converter.convert_version(given, want)
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
-            pass
+            model = given
+        _load_external(model, path.parent)
+        if model is given:
+            Path(f"{compared}.data").unlink(missing_ok=True)
     fuse_layernorm(model)
     fuse_gelu(model)
     einsums_as_matmuls(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
-    onnx.save(model, source)
+    if model is given:
+        _save_external(model, compared)
+        source = compared
+    else:
+        _save_external(model, source)
+    release_memory()
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
@@ -525,10 +541,15 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
                              disabled_optimizers=list(UNFUSED))
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
         raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
+    release_memory()
     failure = None
+    data = Path(f"{path}.data")
     for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
-        try:
-            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic)
+        data.unlink(missing_ok=True)
+        try:  # its models written with external data: no serialization of the weights in memory
+            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic,
+                              save_as_external_data=True, all_tensors_to_one_file=True,
+                              external_data_location=data.name)
             break
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
@@ -543,7 +564,37 @@ def prepare(model: onnx.ModelProto, path: Path) -> None:
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
-    onnx.save(out, path)
+    data.unlink(missing_ok=True)
+    _save_external(out, path)
+    return compared
+
+
+def _save_external(model: onnx.ModelProto, path: Path) -> None:
+    """``model`` written to ``path``, its tensors of 1 KB or more moved out of it into ``<path>.data``."""
+    onnx.save(model, path, save_as_external_data=True, location=f"{path.name}.data")
+
+
+def _load_external(model: onnx.ModelProto, folder: Path) -> None:
+    """The external tensors of ``model`` (initializers and node attributes, in subgraphs too) read back into it
+    from ``folder``, as they were before they were written out."""
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+
+    external = [t for t in _tensors(model.graph) if uses_external_data(t)]
+    load_external_data_for_model(model, os.fspath(folder))
+    for t in external:
+        t.ClearField("data_location")
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The graph's initializers and the tensors of its nodes' attributes, those of subgraphs too."""
+    yield from graph.initializer
+    for n in graph.node:
+        for a in n.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            for g in [a.g] if a.HasField("g") else a.graphs:
+                yield from _tensors(g)
 
 
 class _Constants(Mapping):
@@ -655,6 +706,27 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
     return found
 
 
+def _shapes_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as shape inference reads it, without a copy of its weights: its initializers of 1 KB or more as
+    graph inputs of their type and shape (inference reads the values of small ones only: shapes, axes)."""
+    from onnx import helper
+
+    graph = onnx.GraphProto(name=model.graph.name)
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    for t in model.graph.initializer:
+        if t.ByteSize() < 1024:
+            graph.initializer.append(t)
+        else:
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    out = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    return out
+
+
 def fuse_layernorm(model: onnx.ModelProto) -> None:
     """Each written-out LayerNormalization (``layernorms``) as one LayerNormalization node (opset 17), which
     quantize_static quantizes as one op and the importer holds in integers (docs/import.md); gamma and beta
@@ -665,7 +737,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
     found = layernorms(model.graph) if opset >= LAYERNORM_OPSET else []
     if not found:
         return
-    known = [*shape_inference.infer_shapes(model).graph.value_info, *model.graph.input]
+    known = [*shape_inference.infer_shapes(_shapes_only(model)).graph.value_info, *model.graph.input]
     shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}
     for nodes, x, axis, eps, gamma, beta in found:
         shape = shapes.get(x)
@@ -916,7 +988,11 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             prepared = Path(tmp) / "prepared.onnx"
             if progress:
                 progress(0, None, "preparing the float model (onnxruntime)")
-            prepare(model, prepared)
+            release_memory()
+            # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
+            float_path = prepare(model, prepared)
+            model = None
+            release_memory()
             out = Path(tmp) / "quantized.onnx"
             try:
                 _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric,
@@ -929,14 +1005,17 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                                          where=os.fspath(calibration)) from None
                 raise
             _stamp(out)
+            release_memory()
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
             imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
             quantized = out.read_bytes()
+            release_memory()
             layers = layer_report(onnx.load_from_string(quantized), imported, samples, onnx.load(prepared),
                                   progress) if report else None
-        if progress:
-            progress(0, None, "comparing with the float model")
-        agreements = compare(model, quantized, imported, samples, progress)
+            if progress:
+                progress(0, None, "comparing with the float model")
+            agreements = compare(float_path, quantized, imported, samples, progress)
+            model = onnx.load(float_path)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
@@ -949,7 +1028,7 @@ def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outs = _run_onnx(model.read_bytes(), name, samples)
+            outs = _run_onnx(os.fspath(model), name, samples)
     except Exception:  # noqa: BLE001  (onnxruntime raises several types)
         return None
     bad = [np.flatnonzero(~np.isfinite(o.reshape(len(o), -1)).all(axis=1)) for o in outs
@@ -1030,14 +1109,17 @@ def write_bytes(path: Path, data: bytes) -> None:
         raise FormatError(f"cannot write the quantized ONNX model: {e.strerror or e}", str(path)) from None
 
 
-def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
+def outputs(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
             progress: Progress | None = None) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """The outputs of the float ``model``, of onnxruntime's ``quantized`` model and of the CVM model ``imported``
-    on ``samples`` (N samples of the input's shape, batch 1), each stacked as the float model's."""
-    name = _inputs(model)[0].name
+    """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
+    model and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape, batch 1), each stacked
+    as the float model's."""
+    name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
-        want = _run_onnx(model.SerializeToString(), name, samples)
+        want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples)
+        release_memory()
         ort = _run_onnx(quantized, name, samples)
+        release_memory()
     data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
     if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
@@ -1045,21 +1127,48 @@ def outputs(model: onnx.ModelProto, quantized: bytes, imported: Imported, sample
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
 
 
+def _graph_of(model: onnx.ModelProto | Path) -> onnx.ModelProto:
+    """The model, or the one in the file without its external data (its graph, the weights' names)."""
+    return onnx.load(model, load_external_data=False) if isinstance(model, Path) else model
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # no glibc
+        return None
+
+
+def release_memory() -> None:
+    """The heap's free pages returned to the system (glibc's malloc_trim; nothing without glibc). Each stage of
+    quantize frees the copies of the model it made (serializations, onnxruntime's sessions), which glibc otherwise
+    keeps, and the next stage's peak stood on them (the ViT of benchmarks/transformer_import.py's doc)."""
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
+
+
 def _stamp(path: Path) -> None:
-    """The quantized model at ``path`` with the IR version its opsets need (``onnx_file.ir_version``): the
-    quantizer keeps the float model's, which may be the newest of the onnx that wrote it (onnx 1.23's 14, which
-    onnxruntime 1.31 cannot load)."""
+    """The quantized model at ``path`` as one file (quantize_static wrote its weights to ``<path>.data``:
+    ``use_external_data_format``, so that its calibration holds no second copy of the float weights), with the IR
+    version its opsets need (``onnx_file.ir_version``): the quantizer keeps the float model's, which may be the
+    newest of the onnx that wrote it (onnx 1.23's 14, which onnxruntime 1.31 cannot load)."""
     model = onnx.load(path, load_external_data=False)
+    _load_external(model, path.parent)  # as quantize_static writes a model held in one file
     if model.ir_version != (ir := ir_version(model.opset_import)):
         model.ir_version = ir
         write_onnx(model, path)
+    else:
+        onnx.save(model, path)
+    Path(f"{path}.data").unlink(missing_ok=True)
 
 
-def compare(model: onnx.ModelProto, quantized: bytes, imported: Imported, samples: np.ndarray,
+def compare(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
             progress: Progress | None = None) -> list[Agreement]:
     """Each output of the CVM model ``imported`` and of onnxruntime's quantized model against the float
-    ``model`` on ``samples`` (N samples of the input's shape, batch 1)."""
+    ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1)."""
     want, ort, got = outputs(model, quantized, imported, samples, progress)
+    model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in
             zip(model.graph.output, got, want, ort, imported.edges.outputs if imported.edges else [])]
@@ -1077,15 +1186,15 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             weight_type=QuantType.QInt8, per_channel=per_channel,
             calibrate_method=getattr(CalibrationMethod, METHODS[method]),
             extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                           "ForceQuantizeNoInputCheck": True})
+                           "ForceQuantizeNoInputCheck": True}, use_external_data_format=True)
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
         raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
                              where=os.fspath(where)) from None
 
 
-def _run_onnx(model: bytes, name: str, samples: np.ndarray) -> list[np.ndarray]:
-    """Every output of an ONNX model on each sample, stacked (onnxruntime with exact int8 products:
-    session.x64quantprecision, docs/import.md)."""
+def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.ndarray]:
+    """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with
+    exact int8 products: session.x64quantprecision, docs/import.md)."""
     from onnxruntime import InferenceSession, SessionOptions
 
     so = SessionOptions()

@@ -88,6 +88,23 @@ def test_conv2d_outside_precision_wraps_like_int32(case):
     assert np.array_equal(run(op, a, *xs), conv_oracle(x, w, b, a.strides, a.padding, a.dilation, a.groups))
 
 
+@FAST
+@given(conv_cases(), st.integers(1, 200))
+def test_conv2d_in_blocks_matches_loop_oracle(case, cols):
+    """im2col held to ``cols`` values at a time (nn.COLS): blocks of samples, of output rows, or one row each."""
+    from cvm_onnx.core.ops import nn
+
+    attrs, x, w, b = case
+    op, a = make("conv2d", **attrs)
+    xs = (x, w) if b is None else (x, w, b)
+    saved, nn.COLS = nn.COLS, cols
+    try:
+        got = run(op, a, *xs)
+    finally:
+        nn.COLS = saved
+    assert np.array_equal(got, conv_oracle(x, w, b, a.strides, a.padding, a.dilation, a.groups))
+
+
 def test_conv2d_groups_depthwise_and_general():
     rng = np.random.default_rng(0)
     for c, oc, g in ((4, 4, 4), (6, 4, 2), (4, 8, 4), (3, 6, 1)):

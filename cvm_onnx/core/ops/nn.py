@@ -36,6 +36,11 @@ def absmax(x: np.ndarray) -> int:
     return max(-int(x.min()), int(x.max()), 0)
 
 
+#: The most values conv2d's im2col holds at once (32 MB of float64): larger inputs are taken in blocks of samples or
+#: of output rows, whose sums are the same.
+COLS = 1 << 22
+
+
 def exact_dtype(a: np.ndarray, b: np.ndarray, k: int) -> type:
     """The cheapest dtype in which the products of integer arrays ``a`` and ``b`` summed over ``k`` terms are exact.
 
@@ -142,15 +147,26 @@ class Conv2D(Op):
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
         dtype = exact_dtype(x, w, cg * kh * kw)
-        xp = np.pad(x.astype(dtype), ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # outside the image contributes 0
-        # im2col: cols[n, ic, fh*kw+fw, oh, ow] = xp[n, ic, oh*sh + fh*dh, ow*sw + fw*dw]
-        cols = np.stack([xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
-                         for i in range(kh) for j in range(kw)], axis=2)
-        y = np.matmul(w.astype(dtype).reshape(g, oc // g, cg * kh * kw), cols.reshape(n, g, cg * kh * kw, oh * ow))
-        y = y.astype(np.int64).reshape(n, oc, oh, ow)
-        if b is not None:
-            y += b.reshape(1, oc, 1, 1)
-        return y.astype(np.int32)
+        wm = w.astype(dtype).reshape(g, oc // g, cg * kh * kw)
+        # im2col of a block of samples or of output rows at a time, at most COLS values (or one output row's)
+        rows = max(1, COLS // (c * kh * kw * ow))
+        per, step = (max(1, rows // oh), oh) if rows >= oh else (1, rows)
+        y = np.empty((n, oc, oh, ow), np.int32)
+        for s0 in range(0, n, per):
+            # outside the image contributes 0
+            part = np.pad(x[s0:s0 + per].astype(dtype), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+            for r0 in range(0, oh, step):
+                r1 = min(oh, r0 + step)
+                # cols[n, ic, fh*kw+fw, oh, ow] = xp[n, ic, oh*sh + fh*dh, ow*sw + fw*dw]
+                cols = np.stack([part[:, :, i * dh + r0 * sh:i * dh + (r1 - 1) * sh + 1:sh,
+                                      j * dw:j * dw + (ow - 1) * sw + 1:sw] for i in range(kh) for j in range(kw)],
+                                axis=2)
+                block = np.matmul(wm, cols.reshape(len(part), g, cg * kh * kw, (r1 - r0) * ow))
+                block = block.astype(np.int64).reshape(len(part), oc, r1 - r0, ow)
+                if b is not None:
+                    block += b.reshape(1, oc, 1, 1)
+                y[s0:s0 + per, :, r0:r1] = block.astype(np.int32)
+        return y
 
 
 @register

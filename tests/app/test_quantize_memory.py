@@ -1,0 +1,68 @@
+"""quantize keeps the float model on disk (its weights as external data) from its preparation to the comparison,
+which runs it from there (cvm_onnx.app.quantize): the comparison from the file equals the one from the model in
+memory, and the float model returned holds every weight; LayerNorm fusion infers shapes on a copy without the
+weights, which infers what the whole model does."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper as nh
+import pytest
+from support.quantized import float_model
+from support.transformers import encoder
+
+from cvm_onnx.app.quantize import _shapes_only, _tensors, compare, outputs, quantize, samples_of
+
+
+def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
+    fm = float_model("Add", seed=3, opset=17, group=2, stride=1, pads=(0, 1, 2, 0), pool="avg", head="sigmoid")
+    onnx.save(fm, tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    shape = [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
+    np.save(tmp_path / "c.npy", rng.normal(size=(6, *shape[1:])).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+
+    want = {t.name: nh.to_array(t) for t in fm.graph.initializer}
+    got = {t.name: nh.to_array(t) for t in done.float_model.graph.initializer}
+    assert want.keys() <= got.keys() and all(np.array_equal(got[k], v) for k, v in want.items())
+
+    (tmp_path / "ext").mkdir()
+    disk = onnx.ModelProto()
+    disk.CopyFrom(done.float_model)
+    onnx.save(disk, tmp_path / "ext" / "f.onnx", save_as_external_data=True, location="w.data", size_threshold=0)
+    assert not any(t.raw_data for t in onnx.load(tmp_path / "ext" / "f.onnx", load_external_data=False).graph
+                   .initializer)
+    _, _, samples = samples_of(done.float_model, tmp_path / "c.npy")
+    from_memory = compare(done.float_model, done.onnx_model, done.imported, samples)
+    assert compare(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples) == from_memory
+    assert from_memory == done.agreements
+    a = outputs(done.float_model, done.onnx_model, done.imported, samples)
+    b = outputs(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples)
+    assert all(np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+def test_the_quantized_model_is_saved_in_one_file(tmp_path):
+    """quantize_static writes the quantized model with external data; it is read back in and saved as one file,
+    no tensor left external or marked with a location (as quantize_static writes a model in one file)."""
+    onnx.save(encoder(seed=1, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx",
+                    per_channel=True)
+    q = onnx.load(tmp_path / "q.onnx", load_external_data=False)
+    assert max(t.ByteSize() for t in q.graph.initializer) >= 1024  # written out by quantize_static
+    assert not [t.name for t in _tensors(q.graph) if t.HasField("data_location") or t.external_data]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy", "f.onnx", "m", "q.onnx"]
+    assert (tmp_path / "q.onnx").read_bytes() == done.onnx_model
+
+
+
+@pytest.mark.parametrize("ln, opset", [("pow", 17), ("mul", 18), ("fused", 17)])
+def test_shape_inference_without_the_weights_equals_it_with_them(ln, opset):
+    """An encoder (weights of 1 KB and more, small shape and axes constants that Reshape and ReduceMean read)."""
+    m = encoder(seed=2, s=5, d=32, heads=4, ff=64, ln=ln, opset=opset, layers=2)
+    light = _shapes_only(m)
+    assert all(t.ByteSize() < 1024 for t in light.graph.initializer)
+    assert len(light.graph.initializer) < len(m.graph.initializer)
+    want = onnx.shape_inference.infer_shapes(m).graph.value_info
+    got = onnx.shape_inference.infer_shapes(light).graph.value_info
+    assert len(want) > 20 and list(got) == list(want)
