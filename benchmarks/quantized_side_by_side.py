@@ -6,7 +6,7 @@ weights in numpy, batch norms folded into the convolutions' biases) is written a
 the same way twice from the same calibration samples:
 
 * by ``cvm-onnx quantize`` (``cvm_onnx.app.quantize.quantize``: quantize_static in the QDQ form, imported into CVM
-  with ``--one-part`` products; the same QDQ model also imported by default, two-part products where closer), each
+  with ``--one-part`` products; the same QDQ model also imported by default, products in two or three parts where closer), each
   exported as the serving form
   (``to_onnx(..., Target(), float_io=True)``, integer products) and run with ``cvm_onnx.runtime.sessions.session``,
   float32 in and out as the other forms: the model's edges in the graph (its input quantized, its output
@@ -327,7 +327,7 @@ def main() -> None:
                  two_part=False, **opts)
         quantize(tmp / "float.onnx", tmp / "calibration.npy", tmp / "cvm_qop", form="qoperator",
                  save_onnx=tmp / "qop.onnx", **opts)
-        convert(tmp / "qdq.onnx", tmp / "cvm_two_part")
+        convert(tmp / "qdq.onnx", tmp / "cvm_parts")
         qdq, qop = onnx.load(tmp / "qdq.onnx"), onnx.load(tmp / "qop.onnx")
         onnx.save(any_batch(qdq), tmp / "qdq_any_batch.onnx")
         on_openvino = openvino_forms(tmp / "qdq_any_batch.onnx")
@@ -335,7 +335,7 @@ def main() -> None:
             lines.append("OpenVINO is not installed: its rows are left out (pip install -e \".[bench]\" adds it)")
             print(lines[-1])
         forms = [cvm_form("cvm-onnx serving form (exact CVM, --one-part import)", tmp / "cvm"),
-                 cvm_form("cvm-onnx serving form (exact CVM, default import: two-part products)", tmp / "cvm_two_part"),
+                 cvm_form("cvm-onnx serving form (exact CVM, default import: products in parts)", tmp / "cvm_parts"),
                  ort_form("onnxruntime, QDQ model", qdq), ort_form("onnxruntime, QOperator model", qop), *on_openvino]
         runners = {(form.name, batch): form.make(batch, threads) for form in forms
                    for batch, threads in batches.items()}

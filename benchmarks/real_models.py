@@ -373,12 +373,12 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", help="model names")
     ap.add_argument("--samples", type=int, default=8, help="calibration samples (default 8)")
     ap.add_argument("--held-out", type=int, default=128, help="held-out samples compared (default 128)")
-    ap.add_argument("--one-part", action="store_true", help="quantize --one-part (default: two-part products "
-                    "where closer)")
+    ap.add_argument("--one-part", action="store_true", help="quantize --one-part (default: products in two or three "
+                    "parts where closer)")
     ap.add_argument("--json", help="also write the results there")
     args = ap.parse_args()
     print(f"CPU: {cpu()}; load {os.getloadavg()[0]:.1f}; {args.samples} calibration, {args.held_out} held-out samples"
-          + ("; one-part products" if args.one_part else "; two-part products where closer"))
+          + ("; one-part products" if args.one_part else "; products in parts where closer"))
     results = []
     for m in CORPUS:
         if args.only and m.name not in args.only:

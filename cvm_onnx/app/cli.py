@@ -510,10 +510,10 @@ def parts(command: argparse.ArgumentParser, prefix: str) -> None:
     """A quantized import's products: ``--one-part``, or ``--two-part`` (the default, accepted as before)."""
     group = command.add_mutually_exclusive_group()
     group.add_argument("--one-part", action="store_true", help=prefix + "each requantization in one 32-bit product "
-                       "(fewer CVM ops and gas; by default a requantization takes two products where they come "
-                       "closer to the quantized model's arithmetic, docs/import.md)")
-    group.add_argument("--two-part", action="store_true", help=prefix + "two-part products where closer (the "
-                       "default; accepted as before)")
+                       "(fewer CVM ops and gas; by default a requantization takes two or three products where they "
+                       "come closer to the quantized model's arithmetic, docs/import.md)")
+    group.add_argument("--two-part", action="store_true", help=prefix + "products in two or three parts where "
+                       "closer (the default; accepted as before)")
 
 
 def parser() -> argparse.ArgumentParser:

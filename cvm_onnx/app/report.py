@@ -172,20 +172,20 @@ def op_forms(graph: Graph, model: onnx.ModelProto) -> list[OpForm]:
 
 
 def gas_lines(imported: Imported, gas: Gas, one_part: Gas | None = None) -> list[str]:
-    """The gas of an import; the share of the ONNX nodes whose requantization takes runs of channels or two-part
-    products (in two parts or more; their CVM nodes, params included); with ``one_part`` (the gas of the one-part
+    """The gas of an import; the share of the ONNX nodes whose requantization takes runs of channels or products
+    in parts (two or more; their CVM nodes, params included); with ``one_part`` (the gas of the one-part
     import), the difference."""
     out = [gas.line()]
     origins = {where.rpartition(" (")[0]: set(names) for where, names in imported.origins}
     for what, picked in (("runs of channels", [r for r in imported.requants if r.runs]),
-                         ("two-part products", [r for r in imported.requants if any(p.split for p in r.plans)])):
+                         ("products in parts", [r for r in imported.requants if any(p.split for p in r.plans)])):
         if picked:
             names = set().union(*(origins.get(r.node, set()) for r in picked))
             out.append(f"  the {len(picked)} requantization(s) in {what} ({', '.join(r.node for r in picked[:3])}"
                        f"{', ...' * (len(picked) > 3)}): gas {gas.of(names)}, their ONNX nodes' CVM nodes")
     if one_part is not None:
         out.append(f"  in one-part products the same model's gas is {one_part.total} (ops {one_part.ops}, memory "
-                   f"{one_part.memory}): two-part products add {gas.total - one_part.total:+d}")
+                   f"{one_part.memory}): products in parts add {gas.total - one_part.total:+d}")
     return out
 
 

@@ -289,9 +289,9 @@ def test_quantize_prints_the_gas_and_what_two_part_products_add(tmp_path, capsys
     out = capsys.readouterr().out.splitlines()
     ops2, memory2, _ = getops_oracle((tmp_path / "two" / "symbol").read_text())
     assert f"gas {ops2 + memory2} = ops {ops2} + memory {memory2} (the runtime's GetOps)" in out
-    assert any(t.startswith("  the 3 requantization(s) in two-part products") for t in out)
+    assert any(t.startswith("  the 3 requantization(s) in products in parts") for t in out)
     one_part = (f"in one-part products the same model's gas is {ops + memory} (ops {ops}, memory {memory}): "
-                f"two-part products add {ops2 + memory2 - ops - memory:+d}")
+                f"products in parts add {ops2 + memory2 - ops - memory:+d}")
     assert f"  {one_part}" in out
     report = tmp_path / "r.md"
     assert main(["convert", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "back"), "--two-part", "--report",
