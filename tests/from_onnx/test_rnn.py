@@ -95,12 +95,13 @@ def rnn_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, **
     ("forward", True, {"activations": ["Sigmoid"]})])
 def test_an_rnn_imports_whole_exact_and_as_close_to_float_as_onnxruntime(tmp_path, way, states, attrs):
     """An RNN between quantized tensors (refused before): unrolled, exported bit-exactly, its mean distance from
-    the float model within 1.1x onnxruntime's quantized model's (which runs the layer in float)."""
+    the float model within 1.02x onnxruntime's quantized model's (which runs the layer in float; 1.041x-1.057x with
+    h held at 1/127)."""
     onnx.save(rnn_model(way, 0, states=states, **attrs), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(32, 12, 1, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
     [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert a.mean_steps <= 1.02 * a.ort_mean_steps, a.line()
     assert [n.op for n in done.imported.graph.nodes].count("cvm_lut") >= 12 * (2 if way == "bidirectional" else 1)
     assert verify(done.imported.graph, seeds=1).exact
 

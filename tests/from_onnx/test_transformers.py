@@ -441,13 +441,14 @@ def test_lstm_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, 
     ("GRU", "reverse", True, {"linear_before_reset": 1})])
 def test_recurrent_layers_import_whole_exact_and_as_close_to_float_as_onnxruntime(tmp_path, op, way, states, attrs):
     """An LSTM or GRU between quantized tensors (refused before): unrolled, exported bit-exactly, its mean distance
-    from the float model within 1.1x onnxruntime's quantized model's (which runs the layer in float)."""
+    from the float model within 1.02x onnxruntime's quantized model's (which runs the layer in float; 1.045x-1.082x
+    with h held at 1/127)."""
     onnx.save(lstm_model(way, 0, states=states, op=op, **attrs), tmp_path / "f.onnx")
     rng = np.random.default_rng(1)
     np.save(tmp_path / "c.npy", rng.normal(size=(32, 12, 1, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
     [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert a.mean_steps <= 1.02 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
 
 
