@@ -19,6 +19,7 @@ from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx.context import Importer, Tensor
 from cvm_onnx.converters.from_onnx.quantized.recurrent import RNN_BITS, rnn_direction
 from cvm_onnx.converters.from_onnx.quantized.values import Scaled
+from cvm_onnx.converters.from_onnx.registry import Refuse
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
@@ -42,12 +43,13 @@ def rnn_oracle(x, w16, e_w, r16, e_r, bias, h0, order, g, sigmoid):
 
 @settings(max_examples=15, deadline=None)
 @given(steps=st.integers(1, 5), batch=st.integers(1, 2), size=st.integers(1, 4), hidden=st.integers(1, 4),
-       reverse=st.booleans(), states=st.booleans(), sigmoid=st.booleans(), e_w=st.integers(12, 22),
-       e_r=st.integers(17, 24), seed=st.integers(0, 2**16))
+       reverse=st.booleans(), states=st.booleans(), sigmoid=st.booleans(),
+       e_w=st.one_of(st.integers(12, 22), st.sampled_from([40, 140])),
+       e_r=st.one_of(st.integers(17, 24), st.sampled_from([45, 150])), seed=st.integers(0, 2**16))
 def test_rnn_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, states, sigmoid, e_w, e_r, seed):
     """``rnn_direction``'s unrolled steps equal the integer oracle exactly, on int8 inputs at the extremes, for
     16-bit weights at power-of-two scales from |W| <= 64 to 0.06 and |R| <= 16 to 0.12 (products shifted left and
-    right), any float bias, h0 zero or not."""
+    right) and tiny ones (2^-26 to 2^-136: products shifted out), any float bias, h0 zero or not."""
     rng = np.random.default_rng(seed)
     w16, r16 = rec.ints16(rng, (hidden, size)), rec.ints16(rng, (hidden, hidden))
     w = w16 * 2.0 ** (4 - e_w)  # s_x = 2^-4: s_x s_W = 2^-e_w
@@ -68,6 +70,19 @@ def test_rnn_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, s
     for have, want in zip(got, [*wys, wh]):
         assert np.array_equal(have.astype(np.int64), np.asarray(want, np.int64).reshape(have.shape))
     assert verify(graph, x.astype(np.int32)).exact
+
+
+@pytest.mark.parametrize("w, r, why", [(1e30, 0.5, r"reaches 2\^\d+: beyond"), (0.5, 1e30, r"reaches 2\^\d+: beyond"),
+                                       (np.nan, 0.5, "NaN or infinity"), (0.5, np.inf, "NaN or infinity")])
+def test_weights_beyond_the_labels_are_refused_naming_the_rule(w, r, why):
+    """Weights whose products on 2^-14 pass 32 bits, and non-finite ones, are refused in one line (no overflow)."""
+    ctx = Importer()
+    data = ctx.variable("data", (3, 1, 2), 9)
+    xs = Scaled(Tensor(T.INT8, (3, 1, 2), -128, 127, data), np.asarray(Fraction(1, 16), object),
+                np.zeros((), np.int64))
+    with pytest.raises(Refuse, match=why):
+        rnn_direction(ctx, xs, np.full((2, 2), w), np.full((2, 2), r), np.zeros(4), np.full((1, 2), 0.5), [0, 1, 2],
+                      False)
 
 
 def rnn_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, **attrs) -> onnx.ModelProto:

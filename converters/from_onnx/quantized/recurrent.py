@@ -51,6 +51,8 @@ def wide(w: np.ndarray, unit: Fraction) -> tuple[np.ndarray, Fraction]:
     round_half_even(w / s) (float64 quotients within 2^-20 of a half-integer recomputed in exact Fractions). unit
     1 / s_x makes s_x s = 2^-e, unit 127 against h at 1/16256 makes s / 16256 = 2^-(e+7): every product's scale a
     power of two."""
+    if not np.isfinite(w).all():
+        raise Refuse("the recurrent layer's weights hold NaN or infinity")
     peak = Fraction(float(np.abs(w).max(initial=0)))
     if not peak:
         return np.zeros(w.shape, np.int64), unit
@@ -86,7 +88,12 @@ def fine(ctx, x: Scaled) -> Tensor:
     a = m.numerator.bit_length() - m.denominator.bit_length()
     v = as_int32(x.t)
     if a >= 0:
+        if tight(max(-v.lo, v.hi) << a) > 32:
+            raise Refuse(f"a product of the recurrent layer's weights on the grid 2^-14 reaches "
+                         f"2^{(max(-v.lo, v.hi) << a).bit_length()}: beyond CVM's 32 bits")
         return step(ctx, "broadcast_mul", v, c32(1 << a), v.lo << a, v.hi << a) if a else v
+    if -a > 31:  # |v| < 2^31 rounds to 0
+        return c32(np.zeros(v.shape, np.int64))
     return shift(ctx, v, -a)
 
 
