@@ -72,17 +72,21 @@ def test_rnn_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, s
     assert verify(graph, x.astype(np.int32)).exact
 
 
-@pytest.mark.parametrize("w, r, why", [(1e30, 0.5, r"reaches 2\^\d+: beyond"), (0.5, 1e30, r"reaches 2\^\d+: beyond"),
-                                       (np.nan, 0.5, "NaN or infinity"), (0.5, np.inf, "NaN or infinity")])
-def test_weights_beyond_the_labels_are_refused_naming_the_rule(w, r, why):
-    """Weights whose products on 2^-14 pass 32 bits, and non-finite ones, are refused in one line (no overflow)."""
+@pytest.mark.parametrize("w, r, b, why", [
+    (1e30, 0.5, 0.0, r"reaches 2\^\d+: beyond CVM's 32 bits"),
+    (0.5, 1e30, 0.0, r"reaches 2\^\d+: beyond CVM's 32 bits"),
+    (np.nan, 0.5, 0.0, "NaN or infinity"), (0.5, np.inf, 0.0, "NaN or infinity"),
+    (0.5, 0.5, 1e9, r"bias reaches 2e\+09: beyond 2\^30 steps of 2\^-14")])
+def test_values_beyond_the_labels_are_refused_naming_the_rule(w, r, b, why):
+    """Weights whose products on 2^-14 pass 32 bits, non-finite ones, and a bias beyond 2^30 steps of 2^-14 are
+    refused in one line (no overflow)."""
     ctx = Importer()
     data = ctx.variable("data", (3, 1, 2), 9)
     xs = Scaled(Tensor(T.INT8, (3, 1, 2), -128, 127, data), np.asarray(Fraction(1, 16), object),
                 np.zeros((), np.int64))
     with pytest.raises(Refuse, match=why):
-        rnn_direction(ctx, xs, np.full((2, 2), w), np.full((2, 2), r), np.zeros(4), np.full((1, 2), 0.5), [0, 1, 2],
-                      False)
+        rnn_direction(ctx, xs, np.full((2, 2), w), np.full((2, 2), r), np.full(4, b), np.full((1, 2), 0.5),
+                      [0, 1, 2], False)
 
 
 def rnn_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, **attrs) -> onnx.ModelProto:

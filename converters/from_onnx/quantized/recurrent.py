@@ -138,11 +138,19 @@ def projected(ctx, xs: Scaled, w: np.ndarray, bias: np.ndarray, reach: int) -> T
     rows = np.full(len(w), sw, dtype=object)
     xw = added(ctx, fine(ctx, dense(ctx, xs, hi, rows * (1 << LOW_BITS), None)),
                fine(ctx, dense(ctx, xs, lo, rows, None)))
-    units = np.array([round(Fraction(float(v)) * (1 << (INDEX_BITS + FINE_BITS))) for v in bias], np.int64)
+    units = grid_bias(bias)
     if units.any():
         xw = step(ctx, "broadcast_add", xw, c32(units.reshape(1, 1, -1)), xw.lo + int(units.min()),
                   xw.hi + int(units.max()))
     return clipped(ctx, xw, reach << (INDEX_BITS + FINE_BITS))
+
+
+def grid_bias(b: np.ndarray) -> np.ndarray:
+    """b rounded half to even to 2^-14; refused where it passes 30 bits there (|b| >= 2^16)."""
+    units = [round(Fraction(float(v)) * (1 << (INDEX_BITS + FINE_BITS))) for v in b]
+    if any(abs(u) >= 1 << 30 for u in units):
+        raise Refuse(f"a recurrent layer's bias reaches {float(np.abs(b).max()):.3g}: beyond 2^30 steps of 2^-14")
+    return np.array(units, np.int64)
 
 
 def split(ctx, h: Tensor) -> tuple[Tensor, Tensor]:
@@ -251,8 +259,7 @@ def gru_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, 
     (y = h per step at 1/16256, the last h)."""
     hidden = r.shape[1]
     wb, rb = b[:3 * hidden], b[3 * hidden:]
-    rbh = np.array([round(Fraction(float(v)) * (1 << (INDEX_BITS + FINE_BITS))) for v in rb[2 * hidden:]], np.int64) \
-        if before else np.zeros(hidden, np.int64)  # R_bh at 2^-14, inside r (.)
+    rbh = grid_bias(rb[2 * hidden:]) if before else np.zeros(hidden, np.int64)  # R_bh at 2^-14, inside r (.)
     # |h R^T| <= max_r sum |R_r|, also of (r h) R_h^T (|r h| <= 1); + |R_bh| inside r (.)
     reach = reach_of(r) + math.ceil(float(np.abs(rb[2 * hidden:]).max(initial=0))) * before
     xw = projected(ctx, xs, w, wb + np.concatenate([rb[:2 * hidden], 0 * rb[2 * hidden:] if before else
@@ -332,6 +339,8 @@ def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
         raise Refuse(f"the {what} must be a constant")
     if v.shape != shape:
         raise Refuse(f"the {what} of shape {v.shape}, not {shape}")
+    if not np.isfinite(v).all():
+        raise Refuse(f"the {what} holds NaN or infinity")
     return v
 
 
