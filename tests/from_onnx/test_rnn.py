@@ -3,6 +3,7 @@ the integer oracle exactly; a whole layer between quantized tensors imports, exp
 1.1x onnxruntime's quantized model's distance from float; Relu is refused naming the rule."""
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -87,6 +88,23 @@ def test_values_beyond_the_labels_are_refused_naming_the_rule(w, r, b, why):
     with pytest.raises(Refuse, match=why):
         rnn_direction(ctx, xs, np.full((2, 2), w), np.full((2, 2), r), np.full(4, b), np.full((1, 2), 0.5),
                       [0, 1, 2], False)
+
+
+def test_weights_and_tables_are_one_param_however_many_steps():
+    """R's three int8 weights and the table are params once per direction: more steps add no params but scalars
+    (each step wrote its own copy of R and the table before)."""
+    def params(steps: int) -> int:
+        ctx = Importer()
+        data = ctx.variable("data", (steps, 1, 3), 9)
+        xs = Scaled(Tensor(T.INT8, (steps, 1, 3), -128, 127, data), np.asarray(Fraction(1, 16), object),
+                    np.zeros((), np.int64))
+        rng = np.random.default_rng(0)
+        ys, h = rnn_direction(ctx, xs, rng.normal(size=(4, 3)), rng.normal(size=(4, 4)), rng.normal(size=8),
+                              np.zeros((1, 4)), list(range(steps)), False)
+        graph = validate(Graph(ctx.nodes, tuple(t.entry for t in ys), ctx.params)).graph
+        return sum(n.is_variable and math.prod(n.outputs[0].shape) > 1 for n in graph.nodes)
+
+    assert params(2) == params(9)  # scalars (shifts' multipliers) aside
 
 
 def rnn_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, **attrs) -> onnx.ModelProto:

@@ -16,6 +16,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+from onnx import TensorProto
 
 from cvm_onnx.core.constants import tight
 
@@ -81,12 +82,15 @@ def table(ctx, index: Tensor, values: Tensor, lo: int, hi: int) -> Tensor:
     return ctx.result(e, INT32, lo, hi, index.shape)
 
 
-def fine(ctx, x: Scaled) -> Tensor:
-    """x (zero point 0, the same scale 2^(a-14) in every column, a power of two by ``wide``) in steps of 2^-14:
-    x 2^a, or round_half_up(x / 2^-a) (``cvm_right_shift``)."""
-    [m] = set(np.asarray(x.scale * (1 << (INDEX_BITS + FINE_BITS)), dtype=object).flat)
-    a = m.numerator.bit_length() - m.denominator.bit_length()
-    v = as_int32(x.t)
+def exponent(m: Fraction) -> int:
+    """a with 2^a 2^-14 = m (m a power of two, by ``wide``)."""
+    m = m * (1 << (INDEX_BITS + FINE_BITS))
+    return m.numerator.bit_length() - m.denominator.bit_length()
+
+
+def fine(ctx, v: Tensor, a: int) -> Tensor:
+    """v at scale 2^a 2^-14 in steps of 2^-14: v 2^a, or round_half_up(v / 2^-a) (``cvm_right_shift``)."""
+    v = as_int32(v)
     if a >= 0:
         if tight(max(-v.lo, v.hi) << a) > 32:
             raise Refuse(f"a product of the recurrent layer's weights on the grid 2^-14 reaches "
@@ -136,8 +140,8 @@ def projected(ctx, xs: Scaled, w: np.ndarray, bias: np.ndarray, reach: int) -> T
     wq, sw = wide(w, 1 / per_tensor(xs, "the recurrent layer's input").scale.reshape(()).item())
     hi, lo = halves16(wq)
     rows = np.full(len(w), sw, dtype=object)
-    xw = added(ctx, fine(ctx, dense(ctx, xs, hi, rows * (1 << LOW_BITS), None)),
-               fine(ctx, dense(ctx, xs, lo, rows, None)))
+    xh, xl = dense(ctx, xs, hi, rows * (1 << LOW_BITS), None), dense(ctx, xs, lo, rows, None)
+    xw = added(ctx, fine(ctx, xh.t, exponent(xh.scale.flat[0])), fine(ctx, xl.t, exponent(xl.scale.flat[0])))
     units = grid_bias(bias)
     if units.any():
         xw = step(ctx, "broadcast_add", xw, c32(units.reshape(1, 1, -1)), xw.lo + int(units.min()),
@@ -160,26 +164,28 @@ def split(ctx, h: Tensor) -> tuple[Tensor, Tensor]:
     return hi, step(ctx, "broadcast_sub", h, back, -(1 << (LOW_BITS - 1)), (1 << (LOW_BITS - 1)) - 1)
 
 
-def weights(r: np.ndarray) -> tuple[np.ndarray, np.ndarray, Fraction]:
-    """R in 16 bits against h at 1/16256 (``wide``): (R_hi, R_lo, s)."""
+def weights(r: np.ndarray) -> list[tuple[Tensor, int, int]]:
+    """R in 16 bits against h at 1/16256 (``wide``: R = s (2^7 R_hi + R_lo), s = 127 2^-e) as the three ``dense``
+    weights of ``recurrent``, each (an int8 constant, one param however many steps read it; its largest row sum of
+    |R|; a, its products' scale 2^a 2^-14): R_hi (2^7 s / 127), [R_lo, R_hi] (s / 127), R_lo (s / 16256)."""
     rq, sr = wide(r, Fraction(H_STEPS))
-    return (*halves16(rq), sr)
+    rh, rl = halves16(rq)
+    return [(const(m.astype(np.int8), TensorProto.INT8), int(np.abs(m).sum(axis=1).max(initial=0)), exponent(sr * k))
+            for m, k in ((rh, Fraction(1 << LOW_BITS, H_STEPS)), (np.concatenate([rl, rh], axis=1),
+                                                                Fraction(1, H_STEPS)), (rl, Fraction(1, H_ONE)))]
 
 
-def recurrent(ctx, h: Tensor, r: tuple[np.ndarray, np.ndarray, Fraction]) -> Tensor:
-    """h R^T at 2^-14 for h at 1/16256: with h = 2^7 h_hi + h_lo and R = s (2^7 R_hi + R_lo) (``weights``), the
-    sum of three ``dense`` products each shifted to 2^-14: h_hi R_hi^T (at 2^7 s / 127), [h_hi, h_lo] [R_lo,
-    R_hi]^T (s / 127) and h_lo R_lo^T (s / 16256)."""
-    rh, rl, sr = r
+def recurrent(ctx, h: Tensor, r: list[tuple[Tensor, int, int]]) -> Tensor:
+    """h R^T at 2^-14 for h at 1/16256: with h = 2^7 h_hi + h_lo, the sum of three ``dense`` products (``weights``)
+    each shifted to 2^-14: h_hi R_hi^T, [h_hi, h_lo] [R_lo, R_hi]^T and h_lo R_lo^T."""
     hh, hl = split(ctx, h)
-    both = concatenated(ctx, 1, hh, hl)
-    s_hi, s_lo = np.asarray(Fraction(1, H_STEPS), dtype=object), np.asarray(Fraction(1, H_ONE), dtype=object)
-    rows = np.full(len(rh), sr, dtype=object)
-    z = np.zeros((), np.int64)
-    a = fine(ctx, dense(ctx, Scaled(hh, s_hi, z), rh, rows * (1 << LOW_BITS), None))
-    b = fine(ctx, dense(ctx, Scaled(both, s_hi, z), np.concatenate([rl, rh], axis=1), rows, None))
-    c = fine(ctx, dense(ctx, Scaled(hl, s_lo, z), rl, rows, None))
-    return added(ctx, added(ctx, a, b), c)
+    out = None
+    for x, (w, rows, a) in zip((hh, concatenated(ctx, 1, hh, hl), hl), r):
+        e = ctx.emit("dense", ctx.narrow(x, 8, "h's half"), ctx.entry(w), use_bias=False, units=w.shape[0])
+        reach = rows * max(-x.lo, x.hi)
+        v = fine(ctx, ctx.result(e, INT32, -reach, reach, (x.shape[0], w.shape[0])), a)
+        out = v if out is None else added(ctx, out, v)
+    return out
 
 
 def reach_of(r: np.ndarray) -> int:
