@@ -91,8 +91,8 @@ def test_values_beyond_the_labels_are_refused_naming_the_rule(w, r, b, why):
 
 
 def test_weights_and_tables_are_one_param_however_many_steps():
-    """R's three int8 weights and the table are params once per direction: more steps add no params but scalars
-    (each step wrote its own copy of R and the table before)."""
+    """R's three int8 weights and the table are params once per direction: more steps add no params but
+    scalars."""
     def params(steps: int) -> int:
         ctx = Importer()
         data = ctx.variable("data", (steps, 1, 3), 9)
@@ -132,8 +132,7 @@ def rnn_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, **
     ("forward", True, {"activations": ["Sigmoid"]})])
 def test_an_rnn_imports_whole_exact_and_as_close_to_float_as_onnxruntime(tmp_path, way, states, attrs):
     """An RNN between quantized tensors (refused before): unrolled, exported bit-exactly, its mean distance from
-    the float model within 1.02x onnxruntime's quantized model's (which runs the layer in float; 1.041x-1.057x with
-    h held at 1/127)."""
+    the float model within 1.02x onnxruntime's quantized model's (which runs the layer in float)."""
     onnx.save(rnn_model(way, 0, states=states, **attrs), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(32, 12, 1, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
