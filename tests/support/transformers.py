@@ -90,11 +90,11 @@ def encoder(seed=0, s=8, d=16, heads=2, ff=32, gelu="erf", ln="fused", opset=17,
 
 def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, op="LSTM",
                **attrs) -> onnx.ModelProto:
-    """x (steps, 1, size) -> MatMul -> LSTM or GRU (``way``, bias, initial states when ``states``) -> MatMul by
+    """x (steps, 1, size) -> MatMul -> LSTM, GRU or RNN (``way``, bias, initial states when ``states``) -> MatMul by
     the identity: quantize_static quantizes the layer's input and output around the float layer."""
     rng = np.random.default_rng(seed)
     dirs = 2 if way == "bidirectional" else 1
-    k = 4 if op == "LSTM" else 3
+    k = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
     inits = {"w0": rng.normal(size=(size, size)) / 2, "W": rng.normal(size=(dirs, k * hidden, size)) / 2,
              "R": rng.normal(size=(dirs, k * hidden, hidden)) / 3, "B": rng.normal(size=(dirs, 2 * k * hidden)) / 3,
              "h0": rng.uniform(-1, 1, (dirs, 1, hidden)), "c0": rng.uniform(-2, 2, (dirs, 1, hidden)),

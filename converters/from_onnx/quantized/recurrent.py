@@ -2,12 +2,13 @@
 DequantizeLinear and a QuantizeLinear), unrolled over the fixed length into CVM ops (docs/import.md, "LSTM: the
 integer form").
 
-Per direction and step t, with h held as integers at scale 1/127 (8 bits, ``dense``'s operand): the gate
-pre-activations x W^T + b and h R^T are each requantized (one plan each) to steps of 2^-8, added and clipped to
-[-16, 16]; sigmoid and tanh tables give the gates at 2^-G. LSTM: c' = round(f c / 2^G) + round(i g / 2^G) at 2^-G;
-tanh(c') from a table over c' rounded to 2^-9 and clipped to [-8, 8]; Y = o tanh(c') exactly at 2^-2G and
-h' = round(127 Y / 2^2G). GRU: Y = (1 - z) n 127 + z h 2^G at 1 / (127 2^2G), h' = round(Y / 2^2G). RNN (tanh or
-sigmoid): Y = f(x W^T + b + h R^T) from the table at 2^-G, h' = round(127 Y / 2^G).
+W and R are quantized per tensor to 16 bits (w = 128 w_hi + w_lo, both 8-bit) at power-of-two scales (``wide``); h
+is held as integers at scale 1 / (127 2^7) (h = 128 h_hi + h_lo, both 8-bit), so x W^T and h R^T are sums of 8-bit
+``dense`` products, each shifted to steps of 2^-14, summed, rounded to steps of 2^-10 and clipped to [-16, 16];
+sigmoid and tanh tables give the gates at 2^-G. LSTM: c' = round(f c / 2^G) + round(i g / 2^G) at 2^-G; tanh(c')
+from a table over c' rounded to 2^-11 and clipped to [-8, 8]; Y = o tanh(c') exactly at 2^-2G and h' = round(127 Y
+/ 2^(2G-7)). GRU: h' = round(127 (2^G - z) n / 2^(2G-7)) + round(z h / 2^G). RNN (tanh or sigmoid): Y = f(x W^T + b
++ h R^T) from the table at 2^-G, h' = round(127 Y / 2^(G-7)).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+from onnx import TensorProto
 
 from cvm_onnx.core.constants import tight
 
@@ -22,15 +24,16 @@ from ..context import INT32, Tensor, const
 from ..emit import as_int32, concatenated, strided_slice
 from ..registry import Refuse, float_rule
 from .products import dense
-from ..requant_plans import NoPlan, plan
-from .qdq import Requant, apply
 from .values import Scaled, per_tensor, scaled
 
-INDEX_BITS = 8  # gate pre-activations in steps of 2^-8
+INDEX_BITS = 10  # gate pre-activations in steps of 2^-10
+FINE_BITS = 4  # each product shifted to steps of 2^-14 before their sum is rounded to 2^-10
 GATE_REACH = 16  # clipped to [-16, 16]: sigmoid and tanh are within 2^-23 of their limits beyond
-CELL_BITS = 9  # tanh(c) looked up at c rounded to 2^-9
+CELL_BITS = 11  # tanh(c) looked up at c rounded to 2^-11
 CELL_REACH = 8  # clipped to [-8, 8]
-H_STEPS = 127  # h at scale 1/127
+H_STEPS = 127  # h's high half at scale 1/127
+LOW_BITS = 7  # h = 2^7 h_hi + h_lo, w = 2^7 w_hi + w_lo
+H_ONE = H_STEPS << LOW_BITS  # h at scale 1/16256; |weights| <= 16256
 RNN_BITS = 12  # an RNN's outputs at 2^-12
 
 
@@ -44,43 +47,67 @@ def gate_bits(steps: int, c0: float) -> int:
     return g
 
 
-def quantized_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(w as int8 per row, symmetric, and each row's scale as an exact Fraction): round_half_even(w / s),
-    s = float32(max|w| / 127); quotients within 2^-20 of a half-integer are recomputed in exact Fractions."""
-    peak = np.abs(w).max(axis=1)
-    s32 = np.array([np.float32(p / 127) if p > 0 else np.float32(1) for p in peak], np.float64)
-    ratio = w.astype(np.float64) / s32[:, None]
+def wide(w: np.ndarray, unit: Fraction) -> tuple[np.ndarray, Fraction]:
+    """(w in 16 bits per tensor, its scale s = unit 2^-e): e the largest with max|w| <= 16256 s, the integers
+    round_half_even(w / s) (float64 quotients within 2^-20 of a half-integer recomputed in exact Fractions). unit
+    1 / s_x makes s_x s = 2^-e, unit 127 against h at 1/16256 makes s / 16256 = 2^-(e+7): every product's scale a
+    power of two."""
+    if not np.isfinite(w).all():
+        raise Refuse("the recurrent layer's weights hold NaN or infinity")
+    peak = Fraction(float(np.abs(w).max(initial=0)))
+    if not peak:
+        return np.zeros(w.shape, np.int64), unit
+    e = math.floor(math.log2(H_ONE * unit / peak))
+    while peak > H_ONE * unit * Fraction(2) ** -e:
+        e -= 1
+    while peak <= H_ONE * unit * Fraction(2) ** -(e + 1):
+        e += 1
+    scale = unit * Fraction(2) ** -e
+    ratio = w.astype(np.float64) / float(scale)
     q = np.rint(ratio)
     for i, j in zip(*np.nonzero(np.abs(np.abs(ratio - np.trunc(ratio)) - 0.5) < 2.0**-20)):
-        q[i, j] = round(Fraction(float(w[i, j])) / Fraction(float(s32[i])))
-    return np.clip(q, -127, 127).astype(np.int64), np.array([Fraction(float(v)) for v in s32], dtype=object)
+        q[i, j] = round(Fraction(float(w[i, j])) / scale)
+    return np.clip(q, -H_ONE, H_ONE).astype(np.int64), scale
 
 
-def table(ctx, index: Tensor, values: np.ndarray, lo: int, hi: int) -> Tensor:
-    """cvm_lut of ``index`` (0-based, within the table) into ``values``."""
-    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values.astype(np.int32), INT32)), in_dim=values.size)
+def halves16(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) with q = 2^7 hi + lo: hi = round_half_up(q / 2^7) in [-127, 127] (|q| <= 16256), lo in [-64, 63]."""
+    hi = (q + (1 << (LOW_BITS - 1))) >> LOW_BITS
+    return hi, q - (hi << LOW_BITS)
+
+
+def table(ctx, index: Tensor, values: Tensor, lo: int, hi: int) -> Tensor:
+    """cvm_lut of ``index`` (0-based, within the table) into the constant ``values`` (one param however often)."""
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(values), in_dim=values.size)
     return ctx.result(e, INT32, lo, hi, index.shape)
 
 
-def to_grid(ctx, x: Scaled, bound: int) -> Tensor:
-    """x (zero point 0, a scale per column) in steps of 2^-8, clipped to +-bound: one requantization plan
-    (requant_plans.plan) into [-bound, bound], recorded for the report."""
-    grid = Fraction(1, 1 << INDEX_BITS)
-    ratios = np.asarray(x.scale / grid, dtype=object).reshape(-1)
-    v = as_int32(x.t)
-    try:
-        p = plan([(v.lo, v.hi, ratios)], -bound, bound, Fraction(1, 2))
-    except NoPlan as e:
-        raise Refuse(f"gate pre-activations: {e}") from None
-    ctx.requants.append(Requant(ctx.base, tuple(float(r) for r in ratios), p))
-    r = apply(ctx, [v], p)
-    e = ctx.emit("clip", ctx.entry(r), a_min=-bound, a_max=bound)
-    return ctx.result(e, INT32, max(r.lo, -bound), min(r.hi, bound), r.shape)
+def exponent(m: Fraction) -> int:
+    """a with 2^a 2^-14 = m (m a power of two, by ``wide``)."""
+    m = m * (1 << (INDEX_BITS + FINE_BITS))
+    return m.numerator.bit_length() - m.denominator.bit_length()
+
+
+def fine(ctx, v: Tensor, a: int) -> Tensor:
+    """v at scale 2^a 2^-14 in steps of 2^-14: v 2^a, or round_half_up(v / 2^-a) (``cvm_right_shift``)."""
+    v = as_int32(v)
+    if a >= 0:
+        if tight(max(-v.lo, v.hi) << a) > 32:
+            raise Refuse(f"a product of the recurrent layer's weights on the grid 2^-14 reaches "
+                         f"2^{(max(-v.lo, v.hi) << a).bit_length()}: beyond CVM's 32 bits")
+        return step(ctx, "broadcast_mul", v, c32(1 << a), v.lo << a, v.hi << a) if a else v
+    if -a > 31:  # |v| < 2^31 rounds to 0
+        return c32(np.zeros(v.shape, np.int64))
+    return shift(ctx, v, -a)
 
 
 def step(ctx, name: str, a: Tensor, b: Tensor, lo: int, hi: int) -> Tensor:
     e = ctx.op(name, a, b)
     return ctx.result(e, INT32, lo, hi, ctx.type_of(e).shape)
+
+
+def added(ctx, a: Tensor, b: Tensor) -> Tensor:
+    return step(ctx, "broadcast_add", a, b, a.lo + b.lo, a.hi + b.hi)
 
 
 def shift(ctx, x: Tensor, k: int) -> Tensor:
@@ -91,35 +118,92 @@ def shift(ctx, x: Tensor, k: int) -> Tensor:
     return ctx.result(e, INT32, -bound, bound, x.shape)
 
 
+def clipped(ctx, x: Tensor, reach: int) -> Tensor:
+    if x.lo >= -reach and x.hi <= reach:
+        return x
+    e = ctx.emit("clip", ctx.entry(x), a_min=-reach, a_max=reach)
+    return ctx.result(e, INT32, max(x.lo, -reach), min(x.hi, reach), x.shape)
+
+
 def c32(v) -> Tensor:
     return const(np.asarray(v, np.int64).astype(np.int32), INT32)
 
 
-def projected(ctx, xs: Scaled, wq: np.ndarray, sw: np.ndarray, bias: np.ndarray) -> Scaled:
-    """x W^T over every step (one ``dense``, at s_x s_W per column) plus the bias rounded to that scale (within half
-    of s_x s_W, far below the gates' 2^-8 grid)."""
-    xw = dense(ctx, xs, wq, sw, None)
-    if not bias.any():
-        return xw
-    units = np.array([round(Fraction(float(v)) / sc) for v, sc in zip(bias, xw.scale.reshape(-1))], np.int64)
-    t = ctx.result(ctx.op("broadcast_add", xw.t, c32(units.reshape(1, 1, -1))), INT32, xw.t.lo + int(units.min()),
-                   xw.t.hi + int(units.max()), xw.shape)
-    return Scaled(t, xw.scale, xw.zero)
+def state(h0: np.ndarray) -> Tensor | None:
+    """An initial h at 1/16256 (None when zero)."""
+    return c32(np.rint(h0 * H_ONE).astype(np.int64)) if h0.any() else None
 
 
-def gate_tables(g: int) -> tuple[np.ndarray, np.ndarray]:
-    """round(2^G sigmoid(k / 256)) and round(2^G tanh(k / 256)) for k in [-4096, 4096]."""
+def projected(ctx, xs: Scaled, w: np.ndarray, bias: np.ndarray, reach: int) -> Tensor:
+    """x W^T + b over every step at 2^-14, clipped at +-``reach``: W in 16 bits (``wide``, s_x s_W a power of
+    two), x W_hi^T and x W_lo^T (two ``dense``) each shifted to 2^-14, b rounded to 2^-14."""
+    wq, sw = wide(w, 1 / per_tensor(xs, "the recurrent layer's input").scale.reshape(()).item())
+    hi, lo = halves16(wq)
+    rows = np.full(len(w), sw, dtype=object)
+    xh, xl = dense(ctx, xs, hi, rows * (1 << LOW_BITS), None), dense(ctx, xs, lo, rows, None)
+    xw = added(ctx, fine(ctx, xh.t, exponent(xh.scale.flat[0])), fine(ctx, xl.t, exponent(xl.scale.flat[0])))
+    units = grid_bias(bias)
+    if units.any():
+        xw = step(ctx, "broadcast_add", xw, c32(units.reshape(1, 1, -1)), xw.lo + int(units.min()),
+                  xw.hi + int(units.max()))
+    return clipped(ctx, xw, reach << (INDEX_BITS + FINE_BITS))
+
+
+def grid_bias(b: np.ndarray) -> np.ndarray:
+    """b rounded half to even to 2^-14; refused where it passes 30 bits there (|b| >= 2^16)."""
+    units = [round(Fraction(float(v)) * (1 << (INDEX_BITS + FINE_BITS))) for v in b]
+    if any(abs(u) >= 1 << 30 for u in units):
+        raise Refuse(f"a recurrent layer's bias reaches {float(np.abs(b).max()):.3g}: beyond 2^30 steps of 2^-14")
+    return np.array(units, np.int64)
+
+
+def split(ctx, h: Tensor) -> tuple[Tensor, Tensor]:
+    """h (|h| <= 16256) as (h_hi, h_lo), h = 2^7 h_hi + h_lo: h_hi = round_half_up(h / 2^7), both 8-bit."""
+    hi = shift(ctx, h, LOW_BITS)
+    back = step(ctx, "broadcast_mul", hi, c32(1 << LOW_BITS), hi.lo << LOW_BITS, hi.hi << LOW_BITS)
+    return hi, step(ctx, "broadcast_sub", h, back, -(1 << (LOW_BITS - 1)), (1 << (LOW_BITS - 1)) - 1)
+
+
+def weights(r: np.ndarray) -> list[tuple[Tensor, int, int]]:
+    """R in 16 bits against h at 1/16256 (``wide``: R = s (2^7 R_hi + R_lo), s = 127 2^-e) as the three ``dense``
+    weights of ``recurrent``, each (an int8 constant, one param however many steps read it; its largest row sum of
+    |R|; a, its products' scale 2^a 2^-14): R_hi (2^7 s / 127), [R_lo, R_hi] (s / 127), R_lo (s / 16256)."""
+    rq, sr = wide(r, Fraction(H_STEPS))
+    rh, rl = halves16(rq)
+    return [(const(m.astype(np.int8), TensorProto.INT8), int(np.abs(m).sum(axis=1).max(initial=0)), exponent(sr * k))
+            for m, k in ((rh, Fraction(1 << LOW_BITS, H_STEPS)), (np.concatenate([rl, rh], axis=1),
+                                                                Fraction(1, H_STEPS)), (rl, Fraction(1, H_ONE)))]
+
+
+def recurrent(ctx, h: Tensor, r: list[tuple[Tensor, int, int]]) -> Tensor:
+    """h R^T at 2^-14 for h at 1/16256: with h = 2^7 h_hi + h_lo, the sum of three ``dense`` products (``weights``)
+    each shifted to 2^-14: h_hi R_hi^T, [h_hi, h_lo] [R_lo, R_hi]^T and h_lo R_lo^T."""
+    hh, hl = split(ctx, h)
+    out = None
+    for x, (w, rows, a) in zip((hh, concatenated(ctx, 1, hh, hl), hl), r):
+        e = ctx.emit("dense", ctx.narrow(x, 8, "h's half"), ctx.entry(w), use_bias=False, units=w.shape[0])
+        reach = rows * max(-x.lo, x.hi)
+        v = fine(ctx, ctx.result(e, INT32, -reach, reach, (x.shape[0], w.shape[0])), a)
+        out = v if out is None else added(ctx, out, v)
+    return out
+
+
+def reach_of(r: np.ndarray) -> int:
+    """A bound on |h R^T| (|h| <= 1) plus the gates' reach and a margin of two: max_r sum |R_r| in float64."""
+    return GATE_REACH + math.ceil(float(np.abs(r).sum(axis=1).max(initial=0))) + 2
+
+
+def gate_tables(g: int) -> tuple[Tensor, Tensor]:
+    """round(2^G sigmoid(k / 2^10)) and round(2^G tanh(k / 2^10)) for k in [-16 2^10, 16 2^10], as constants."""
     ks = range(-(GATE_REACH << INDEX_BITS), (GATE_REACH << INDEX_BITS) + 1)
-    return (np.array([round((1 << g) / (1 + math.exp(-k / (1 << INDEX_BITS)))) for k in ks]),
-            np.array([round((1 << g) * math.tanh(k / (1 << INDEX_BITS))) for k in ks]))
+    return (c32([round((1 << g) / (1 + math.exp(-k / (1 << INDEX_BITS)))) for k in ks]),
+            c32([round((1 << g) * math.tanh(k / (1 << INDEX_BITS))) for k in ks]))
 
 
 def gate_index(ctx, pre: Tensor) -> Tensor:
-    """A pre-activation on the 2^-8 grid clipped to [-16, 16], as a 0-based table index."""
+    """A pre-activation at 2^-14, rounded to the 2^-10 grid and clipped to [-16, 16], as a 0-based table index."""
     reach = GATE_REACH << INDEX_BITS
-    pre = as_int32(pre)
-    e = ctx.emit("clip", ctx.entry(pre), a_min=-reach, a_max=reach)
-    pre = ctx.result(e, INT32, max(pre.lo, -reach), min(pre.hi, reach), pre.shape)
+    pre = clipped(ctx, shift(ctx, as_int32(pre), FINE_BITS), reach)
     return step(ctx, "broadcast_add", pre, c32(reach), pre.lo + reach, pre.hi + reach)
 
 
@@ -127,35 +211,30 @@ def columns(ctx, x: Tensor, start: int, stop: int) -> Tensor:
     return strided_slice(ctx, x, [range(x.shape[0]), range(start, stop)])
 
 
+def at_step(ctx, xw: Tensor, t: int) -> Tensor:
+    batch, width = xw.shape[1], xw.shape[2]
+    return ctx.reshape(strided_slice(ctx, xw, [range(t, t + 1), range(batch), range(width)]), (batch, width))
+
+
 def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, c0: np.ndarray,
               order: list[int], g: int) -> tuple[list[Tensor], Tensor, Tensor]:
-    """One direction over the steps in ``order``: (y per step at 2^-2G, the last h at 1/127, the last c at 2^-G)."""
-    steps, batch = xs.shape[0], xs.shape[1]
+    """One direction over the steps in ``order``: (y per step at 2^-2G, the last h at 1/16256, the last c at
+    2^-G)."""
     hidden = r.shape[1]
-    wq, sw = quantized_rows(w)
-    rq, sr = quantized_rows(r)
-    xw = projected(ctx, xs, wq, sw, b[:4 * hidden] + b[4 * hidden:])  # Wb + Rb: float64 sums of float32, exact
-    z = np.zeros((), np.int64)
+    rw = weights(r)
+    # x W^T + b clipped where the sum is past +-16 whatever h R^T (|h R^T| <= reach - 18)
+    xw = projected(ctx, xs, w, b[:4 * hidden] + b[4 * hidden:], reach_of(r))  # Wb + Rb: float64 sums, exact
     sig, tnh = gate_tables(g)
     creach = CELL_REACH << CELL_BITS
-    ctab = np.array([round((1 << g) * math.tanh(k / (1 << CELL_BITS))) for k in range(-creach, creach + 1)])
-    h = c32(np.rint(h0 * H_STEPS).astype(np.int64)) if h0.any() else None
+    ctab = c32([round((1 << g) * math.tanh(k / (1 << CELL_BITS))) for k in range(-creach, creach + 1)])
+    h = state(h0)
     one = 1 << g
-    # |h R^T| <= max_r sum |R_q| s_R (|h| <= 1), bounded in float64 with a margin of one
-    reach_h = GATE_REACH + math.ceil(float((np.abs(rq).sum(axis=1) * sr.astype(np.float64)).max(initial=0))) + 2
     c = c32(np.rint(c0 * one).astype(np.int64))
     ys = []
     for t in order:
-        xt = Scaled(ctx.reshape(strided_slice(ctx, xw.t, [range(t, t + 1), range(batch), range(4 * hidden)]),
-                                (batch, 4 * hidden)), xw.scale, xw.zero)
-        # each product requantized to the 2^-8 grid on its own, x W^T + b clipped where the sum is past +-16
-        # whatever h R^T (|h R^T| <= reach_h - 17)
-        pre = to_grid(ctx, xt, reach_h << INDEX_BITS)
+        pre = at_step(ctx, xw, t)
         if h is not None:
-            hs = Scaled(ctx.reshape(h, (batch, hidden)) if h.shape != (batch, hidden) else h,
-                        np.asarray(Fraction(1, H_STEPS), dtype=object), z)
-            zh = to_grid(ctx, dense(ctx, hs, rq, sr, None), reach_h << INDEX_BITS)
-            pre = step(ctx, "broadcast_add", pre, zh, pre.lo + zh.lo, pre.hi + zh.hi)
+            pre = added(ctx, pre, recurrent(ctx, h, rw))
         idx = gate_index(ctx, pre)
         gates = [columns(ctx, idx, k * hidden, (k + 1) * hidden) for k in range(4)]
         i, o, f = (table(ctx, gates[k], sig, 0, one) for k in (0, 1, 2))
@@ -163,108 +242,93 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
         peak = max(-c.lo, c.hi)
         fc = shift(ctx, step(ctx, "broadcast_mul", f, c, -one * peak, one * peak), g)
         ig = shift(ctx, step(ctx, "broadcast_mul", i, cand, -one * one, one * one), g)
-        c = step(ctx, "broadcast_add", fc, ig, fc.lo + ig.lo, fc.hi + ig.hi)
+        c = added(ctx, fc, ig)
         if g > CELL_BITS:
             ci = shift(ctx, c, g - CELL_BITS)
+        elif g == CELL_BITS:
+            ci = c
         else:
             ci = step(ctx, "broadcast_mul", c, c32(1 << (CELL_BITS - g)), c.lo << (CELL_BITS - g),
                       c.hi << (CELL_BITS - g))
-        e = ctx.emit("clip", ctx.entry(ci), a_min=-creach, a_max=creach)
-        ci = ctx.result(e, INT32, max(ci.lo, -creach), min(ci.hi, creach), ci.shape)
+        ci = clipped(ctx, ci, creach)
         tc = table(ctx, step(ctx, "broadcast_add", ci, c32(creach), ci.lo + creach, ci.hi + creach), ctab, -one, one)
         y = step(ctx, "broadcast_mul", o, tc, -one * one, one * one)
         ys.append(y)
-        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), -one * one * H_STEPS, one * one * H_STEPS), 2 * g)
+        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), -one * one * H_STEPS, one * one * H_STEPS),
+                  2 * g - LOW_BITS)
     return ys, h, c
 
 
 def gru_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, order: list[int],
                   g: int, before: bool) -> tuple[list[Tensor], Tensor]:
     """One GRU direction over the steps in ``order`` (gates z, r, h; ``before``: linear_before_reset):
-    (y per step at 1 / (127 2^2G), the last h at 1/127)."""
-    batch, hidden = xs.shape[1], r.shape[1]
-    wq, sw = quantized_rows(w)
-    rq, sr = quantized_rows(r)
+    (y = h per step at 1/16256, the last h)."""
+    hidden = r.shape[1]
     wb, rb = b[:3 * hidden], b[3 * hidden:]
-    xw = projected(ctx, xs, wq, sw, wb + np.concatenate([rb[:2 * hidden], 0 * rb[2 * hidden:] if before else
-                                                         rb[2 * hidden:]]))
-    rbh = np.array([round(Fraction(float(v)) * (1 << INDEX_BITS)) for v in rb[2 * hidden:]], np.int64) \
-        if before else np.zeros(hidden, np.int64)  # R_bh on the 2^-8 grid, inside r (.)
-    z0 = np.zeros((), np.int64)
+    rbh = grid_bias(rb[2 * hidden:]) if before else np.zeros(hidden, np.int64)  # R_bh at 2^-14, inside r (.)
+    # |h R^T| <= max_r sum |R_r|, also of (r h) R_h^T (|r h| <= 1); + |R_bh| inside r (.)
+    reach = reach_of(r) + math.ceil(float(np.abs(rb[2 * hidden:]).max(initial=0))) * before
+    xw = projected(ctx, xs, w, wb + np.concatenate([rb[:2 * hidden], 0 * rb[2 * hidden:] if before else
+                                                    rb[2 * hidden:]]), reach)
+    rzr = weights(r if before else r[:2 * hidden])
+    rhw = None if before else weights(r[2 * hidden:])
     sig, tnh = gate_tables(g)
     one = 1 << g
-    # |h R^T| <= max_r sum |R_q| s_R, also of (r h) R_h^T (|r h| <= 1); + |R_bh| inside r (.)
-    reach_h = GATE_REACH + math.ceil(float((np.abs(rq).sum(axis=1) * sr.astype(np.float64)).max(initial=0))
-                                     + float(np.abs(rb[2 * hidden:]).max(initial=0)) * before) + 2
-    bound = reach_h << INDEX_BITS
-    h = c32(np.rint(h0 * H_STEPS).astype(np.int64)) if h0.any() else None
-    h_scale = np.asarray(Fraction(1, H_STEPS), dtype=object)
+    h = state(h0)
     ys = []
     for t in order:
-        xt = Scaled(ctx.reshape(strided_slice(ctx, xw.t, [range(t, t + 1), range(batch), range(3 * hidden)]),
-                                (batch, 3 * hidden)), xw.scale, xw.zero)
-        pre = to_grid(ctx, xt, bound)  # clipped where the sum is past +-16 whatever the h terms
+        pre = at_step(ctx, xw, t)
         pz, pr, ph = (columns(ctx, pre, k * hidden, (k + 1) * hidden) for k in range(3))
         if h is not None:
-            hs = Scaled(h, h_scale, z0)
-            zh = to_grid(ctx, dense(ctx, hs, rq[:2 * hidden] if not before else rq, sr[:2 * hidden]
-                                    if not before else sr, None), bound)
-            pz = step(ctx, "broadcast_add", pz, columns(ctx, zh, 0, hidden), pz.lo - bound, pz.hi + bound)
-            pr = step(ctx, "broadcast_add", pr, columns(ctx, zh, hidden, 2 * hidden), pr.lo - bound, pr.hi + bound)
+            zh = recurrent(ctx, h, rzr)
+            pz = added(ctx, pz, columns(ctx, zh, 0, hidden))
+            pr = added(ctx, pr, columns(ctx, zh, hidden, 2 * hidden))
         gz = table(ctx, gate_index(ctx, pz), sig, 0, one)
         gr = table(ctx, gate_index(ctx, pr), sig, 0, one)
-        if before and (h is not None or rbh.any()):  # r (h R_h^T + R_bh), on the grid
+        if before and (h is not None or rbh.any()):  # r (h R_h^T + R_bh), the sum rounded to 2^-10
             hh = columns(ctx, zh, 2 * hidden, 3 * hidden) if h is not None else None
             if rbh.any():
                 rc = c32(rbh.reshape(1, -1))
                 hh = rc if hh is None else step(ctx, "broadcast_add", hh, rc, hh.lo + min(int(rbh.min()), 0),
                                                 hh.hi + max(int(rbh.max()), 0))
+            hh = shift(ctx, hh, FINE_BITS)
             peak = max(-hh.lo, hh.hi)
-            ph = step(ctx, "broadcast_add", ph, shift(ctx, step(ctx, "broadcast_mul", gr, hh, -one * peak, one * peak),
-                                                      g), ph.lo - peak, ph.hi + peak)
-        elif not before and h is not None:  # (r h) R_h^T: r h at 1/127 (8 bits), then dense
-            rh = shift(ctx, step(ctx, "broadcast_mul", gr, h, -one * H_STEPS, one * H_STEPS), g)
-            hh = to_grid(ctx, dense(ctx, Scaled(rh, h_scale, z0), rq[2 * hidden:], sr[2 * hidden:], None), bound)
-            ph = step(ctx, "broadcast_add", ph, hh, ph.lo + hh.lo, ph.hi + hh.hi)
+            ph = added(ctx, ph, shift(ctx, step(ctx, "broadcast_mul", gr, hh, -one * peak, one * peak), g - FINE_BITS))
+        elif not before and h is not None:  # (r h) R_h^T: r h at 1/16256, in two halves
+            rh = shift(ctx, step(ctx, "broadcast_mul", gr, h, -one * H_ONE, one * H_ONE), g)
+            ph = added(ctx, ph, recurrent(ctx, rh, rhw))
         cand = table(ctx, gate_index(ctx, ph), tnh, -one, one)
         keep = step(ctx, "broadcast_sub", c32(one), gz, 0, one)  # 1 - z
-        y = step(ctx, "broadcast_mul", step(ctx, "broadcast_mul", keep, cand, -one * one, one * one), c32(H_STEPS),
-                 -one * one * H_STEPS, one * one * H_STEPS)
-        if h is not None:  # + z h, at 1 / (127 2^2G)
-            zh_ = step(ctx, "broadcast_mul", step(ctx, "broadcast_mul", h, c32(one), -H_STEPS * one, H_STEPS * one),
-                       gz, -H_STEPS * one * one, H_STEPS * one * one)
-            y = step(ctx, "broadcast_add", y, zh_, y.lo + zh_.lo, y.hi + zh_.hi)
+        y = shift(ctx, step(ctx, "broadcast_mul", step(ctx, "broadcast_mul", keep, cand, -one * one, one * one),
+                            c32(H_STEPS), -one * one * H_STEPS, one * one * H_STEPS), 2 * g - LOW_BITS)
+        if h is not None:  # + z h, each rounded to 1/16256; the sum clipped to [-1, 1]
+            y = clipped(ctx, added(ctx, y, shift(ctx, step(ctx, "broadcast_mul", gz, h, -one * H_ONE, one * H_ONE),
+                                                 g)), H_ONE)
         ys.append(y)
-        h = shift(ctx, y, 2 * g)
+        h = y
     return ys, h
 
 
 def rnn_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, order: list[int],
                   sigmoid: bool) -> tuple[list[Tensor], Tensor]:
     """One RNN direction over the steps in ``order`` (activation tanh, or sigmoid): (y per step at 2^-G, G =
-    ``RNN_BITS``, the last h at 1/127)."""
-    batch, hidden = xs.shape[1], r.shape[1]
-    wq, sw = quantized_rows(w)
-    rq, sr = quantized_rows(r)
-    xw = projected(ctx, xs, wq, sw, b[:hidden] + b[hidden:])  # Wb + Rb: float64 sums of float32, exact
+    ``RNN_BITS``, the last h at 1/16256)."""
+    hidden = r.shape[1]
+    rw = weights(r)
+    xw = projected(ctx, xs, w, b[:hidden] + b[hidden:], reach_of(r))  # Wb + Rb: float64 sums of float32, exact
     sig, tnh = gate_tables(RNN_BITS)
     one = 1 << RNN_BITS
     tab, low = (sig, 0) if sigmoid else (tnh, -one)
-    # |h R^T| <= max_r sum |R_q| s_R (|h| <= 1), bounded in float64 with a margin of one
-    reach_h = GATE_REACH + math.ceil(float((np.abs(rq).sum(axis=1) * sr.astype(np.float64)).max(initial=0))) + 2
-    h = c32(np.rint(h0 * H_STEPS).astype(np.int64)) if h0.any() else None
-    h_scale, z = np.asarray(Fraction(1, H_STEPS), dtype=object), np.zeros((), np.int64)
+    h = state(h0)
     ys = []
     for t in order:
-        xt = Scaled(ctx.reshape(strided_slice(ctx, xw.t, [range(t, t + 1), range(batch), range(hidden)]),
-                                (batch, hidden)), xw.scale, xw.zero)
-        pre = to_grid(ctx, xt, reach_h << INDEX_BITS)  # clipped where the sum is past +-16 whatever h R^T
+        pre = at_step(ctx, xw, t)
         if h is not None:
-            zh = to_grid(ctx, dense(ctx, Scaled(h, h_scale, z), rq, sr, None), reach_h << INDEX_BITS)
-            pre = step(ctx, "broadcast_add", pre, zh, pre.lo + zh.lo, pre.hi + zh.hi)
+            pre = added(ctx, pre, recurrent(ctx, h, rw))
         y = table(ctx, gate_index(ctx, pre), tab, low, one)
         ys.append(y)
-        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), low * H_STEPS, one * H_STEPS), RNN_BITS)
+        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), low * H_STEPS, one * H_STEPS),
+                  RNN_BITS - LOW_BITS)
     return ys, h
 
 
@@ -281,6 +345,8 @@ def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
         raise Refuse(f"the {what} must be a constant")
     if v.shape != shape:
         raise Refuse(f"the {what} of shape {v.shape}, not {shape}")
+    if not np.isfinite(v).all():
+        raise Refuse(f"the {what} holds NaN or infinity")
     return v
 
 
@@ -335,7 +401,7 @@ def default_activations(node, default: list[str]) -> bool:
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
     X with constant W, R, B, initial_h, initial_c (zeros when absent), every sequence the full length: unrolled
-    (``direction``). Outputs Y at 2^-2G, Y_h at 1/127 and Y_c at 2^-G, requantized by what follows."""
+    (``direction``). Outputs Y at 2^-2G, Y_h at 1/16256 and Y_c at 2^-G, requantized by what follows."""
     if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or \
             not default_activations(node, ["Sigmoid", "Tanh", "Tanh"]):
         raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
@@ -355,7 +421,7 @@ def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
     yh = finals(ctx, [o[1] for o in outs], batch, hidden)
     yc = finals(ctx, [o[2] for o in outs], batch, hidden)
-    return [Scaled(y, np.asarray(one, dtype=object), z), Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z),
+    return [Scaled(y, np.asarray(one, dtype=object), z), Scaled(yh, np.asarray(Fraction(1, H_ONE), dtype=object), z),
             Scaled(yc, np.asarray(Fraction(1, 1 << g), dtype=object), z)]
 
 
@@ -363,13 +429,13 @@ def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
 def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     """GRU (default activations, no clip, layout 0, either linear_before_reset; forward, reverse or bidirectional)
     of a per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full
-    length: unrolled (``gru_direction``). Outputs Y at 1 / (127 2^2G), Y_h at 1/127."""
+    length: unrolled (``gru_direction``). Outputs Y and Y_h at 1/16256."""
     if node.attr_int("layout", 0) or node.has("clip") or not default_activations(node, ["Sigmoid", "Tanh"]):
         raise Refuse("GRU with layout 1, clip or other activations has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "GRU", 3, x, w, r, b, lens)
     steps, batch, _ = xs.shape
     hv = floats(h0, "GRU initial_h", (dirs, batch, hidden))
-    g = min(gate_bits(steps, 0.0), 10)  # z h one, labels (G + 2) + 9 + (G + 2) within 32
+    g = min(gate_bits(steps, 0.0), 10)  # r (h R_h^T + R_bh) on 2^-10: labels (G + 2) + 11 + bits(reach) within 32
     before = bool(node.attr_int("linear_before_reset", 0))
     outs = []
     for d, order in enumerate(orders(way, dirs, steps)):
@@ -378,16 +444,16 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     z = np.zeros((), np.int64)
     y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
     yh = finals(ctx, [o[1] for o in outs], batch, hidden)
-    return [Scaled(y, np.asarray(Fraction(1, H_STEPS << (2 * g)), dtype=object), z),
-            Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z)]
+    return [Scaled(y, np.asarray(Fraction(1, H_ONE), dtype=object), z),
+            Scaled(yh, np.asarray(Fraction(1, H_ONE), dtype=object), z)]
 
 
 @float_rule("RNN", since=7)
 def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     """RNN (activation Tanh, the default, or Sigmoid; no clip, layout 0; forward, reverse or bidirectional) of a
     per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full length:
-    unrolled (``rnn_direction``). Outputs Y at 2^-G and Y_h at 1/127. Relu is refused: its h is unbounded, and h
-    enters the next step as an 8-bit operand over [-1, 1]."""
+    unrolled (``rnn_direction``). Outputs Y at 2^-G and Y_h at 1/16256. Relu is refused: its h is unbounded, and h
+    enters the next step as two 8-bit halves over [-1, 1]."""
     if node.attr_int("layout", 0) or node.has("clip"):
         raise Refuse("RNN with layout 1 or clip has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "RNN", 1, x, w, r, b, lens)
@@ -404,4 +470,4 @@ def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
     yh = finals(ctx, [o[1] for o in outs], batch, hidden)
     return [Scaled(y, np.asarray(Fraction(1, 1 << RNN_BITS), dtype=object), z),
-            Scaled(yh, np.asarray(Fraction(1, H_STEPS), dtype=object), z)]
+            Scaled(yh, np.asarray(Fraction(1, H_ONE), dtype=object), z)]

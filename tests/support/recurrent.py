@@ -1,0 +1,75 @@
+"""The integer form of the recurrent layers' steps (docs/import.md, "LSTM: the integer form", GRU and RNN after it),
+written from the docs in Python integers for the oracle tests: weights drawn as 16-bit integers with their
+power-of-two scales, and the shared pieces of a step (the pre-activations on their grids, the tables)."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+ONE_H = 127 * 128  # h at 1/16256
+FINE = 14  # products on the grid 2^-14 (2^-(10 + 4))
+REACH = 16 << 10  # pre-activations clipped to [-16, 16] in steps of 2^-10
+
+
+def rhu(x, k: int):
+    """round_half_up(x / 2^k)."""
+    return (x + (1 << (k - 1))) >> k
+
+
+def times(v, a: int):
+    """v 2^a: exact for a >= 0, else rounded half up."""
+    return v * (1 << a) if a >= 0 else rhu(v, -a)
+
+
+def ints16(rng, shape) -> np.ndarray:
+    """Integers in [-16256, 16256], one of them +-16256 (so the importer's per-tensor scale is recovered)."""
+    q = rng.integers(-ONE_H, ONE_H + 1, shape)
+    q.flat[rng.integers(0, q.size)] = ONE_H * rng.choice([-1, 1])
+    return q
+
+
+def halves(q):
+    """(hi, lo): q = 128 hi + lo, hi = round_half_up(q / 128)."""
+    hi = rhu(q, 7)
+    return hi, q - 128 * hi
+
+
+def obj(a) -> np.ndarray:
+    return np.asarray(a, np.int64).astype(object)
+
+
+def x_part(x, w16, e_w: int, bias) -> np.ndarray:
+    """x W^T + b on 2^-14 for x at s_x and W = w16 2^-e_w / s_x: x W_hi^T 2^(21-e_w) and x W_lo^T 2^(14-e_w),
+    each rounded, plus b rounded half to even to 2^-14."""
+    hi, lo = halves(w16)
+    b = np.array([round(Fraction(float(v)) * (1 << FINE)) for v in bias], dtype=object)
+    return times(obj(x) @ obj(hi).T, 21 - e_w) + times(obj(x) @ obj(lo).T, 14 - e_w) + b
+
+
+def h_part(h, r16, e_r: int) -> np.ndarray:
+    """h R^T on 2^-14 for h at 1/16256 and R = r16 127 2^-e_r: with h = 128 h_hi + h_lo, R = 128 R_hi + R_lo,
+    h_hi R_hi^T 2^(21-e_r) + (h_hi R_lo^T + h_lo R_hi^T) 2^(14-e_r) + h_lo R_lo^T 2^(7-e_r), each rounded."""
+    hh, hl = halves(obj(h))
+    rh, rl = halves(obj(r16))
+    return (times(hh @ rh.T, 21 - e_r) + times(hh @ rl.T + hl @ rh.T, 14 - e_r) + times(hl @ rl.T, 7 - e_r))
+
+
+def index(fine) -> np.ndarray:
+    """A pre-activation on 2^-14 rounded to 2^-10 and clipped to [-16, 16]."""
+    return np.clip(rhu(fine, 4), -REACH, REACH)
+
+
+def lookup(tab: list[int], k, reach: int = REACH) -> np.ndarray:
+    return np.vectorize(lambda v: tab[int(v) + reach], otypes=[object])(k)
+
+
+def gate_tables(g: int) -> tuple[list[int], list[int]]:
+    """round(2^G sigmoid(k / 1024)), round(2^G tanh(k / 1024)), k in [-16384, 16384]."""
+    return ([round((1 << g) / (1 + math.exp(-k / 1024))) for k in range(-REACH, REACH + 1)],
+            [round((1 << g) * math.tanh(k / 1024)) for k in range(-REACH, REACH + 1)])
+
+
+def state(h0) -> np.ndarray:
+    return obj(np.rint(h0 * ONE_H))
