@@ -24,11 +24,16 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "conv.h"
 #include "cvm_kernels.h"
@@ -64,6 +69,15 @@ void parallel_for(OrtKernelContext* context, int64_t items, Body& body) {
   if (items == 1) return body(0);  // (onnxruntime's dispatch costs more than a small kernel)
   Ort::KernelContext(context).ParallelFor([](void* b, size_t i) { (*static_cast<Body*>(b))(static_cast<int64_t>(i)); },
                                           static_cast<size_t>(items), 0, &body);
+}
+
+// The CPUs this process may run on (at least one).
+int64_t usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // -- attributes ------------------------------------------------------------------------------------------------
@@ -863,7 +877,8 @@ struct ConvKernel {
     thread_local std::vector<uint8_t> padded;
     thread_local std::vector<int32_t> init, offsets;
     if (Ort::Status status = rows.shape_of(data, name, s); !status.IsOK()) return status;
-    const bool by_image = s.n >= kImageUnits;
+    static const int64_t cpus = usable_cpus();
+    const bool by_image = s.n >= kImagesPerCpu * cpus;
     if (!by_image) {
       if (Ort::Status status = rows.pad_all(context, data.Data(), name, s, padded); !status.IsOK()) return status;
     }
