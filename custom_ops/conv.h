@@ -304,6 +304,12 @@ inline int64_t row_step(int64_t isa, const PackedWeights& p) {
 // Positions per tile: as many multiples of 24 as keep its rows (k4 bytes each) within 16 KB, at least 24, at most 96.
 inline int64_t tile_positions(int64_t k4) { return std::clamp<int64_t>(16384 / k4 / kTileRows, 1, 4) * kTileRows; }
 
+// A batch of at least this many images per CPU the process may run on (the most threads a session takes) is split
+// over the threads by image (each padded by the task that multiplies it, into its thread's own copy, which its tiles
+// then read from the cache); a smaller one by tiles of positions over one padded copy of the batch, so that every
+// thread finds work.
+constexpr int64_t kImagesPerCpu = 4;
+
 // Bytes of the padded copy after its last image that a window's last group of four may read (window_offsets).
 constexpr int64_t kPaddedSlack = 3;
 

@@ -24,11 +24,16 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
 
 #include "conv.h"
 #include "cvm_kernels.h"
@@ -64,6 +69,15 @@ void parallel_for(OrtKernelContext* context, int64_t items, Body& body) {
   if (items == 1) return body(0);  // (onnxruntime's dispatch costs more than a small kernel)
   Ort::KernelContext(context).ParallelFor([](void* b, size_t i) { (*static_cast<Body*>(b))(static_cast<int64_t>(i)); },
                                           static_cast<size_t>(items), 0, &body);
+}
+
+// The CPUs this process may run on (at least one).
+int64_t usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // -- attributes ------------------------------------------------------------------------------------------------
@@ -415,10 +429,8 @@ struct Im2colRows {
     });
   }
 
-  // The geometry of data in s and its padded copy (HP, WP, C) bytes per image (pad_narrow_hwc) in buffer (the
-  // caller's, kept from call to call; kPaddedSlack bytes more after the last image), for op `name`.
-  Ort::Status pad(OrtKernelContext* context, const Tensor<In>& data, const char* name, Im2colShape& s,
-                  std::vector<uint8_t>& buffer) const {
+  // The geometry of data in s, for op `name`.
+  Ort::Status shape_of(const Tensor<In>& data, const char* name, Im2colShape& s) const {
     const std::vector<int64_t>& shape = data.Shape();
     if (shape.size() != 4) {
       return invalid(name, std::string("data must be 4-D ") + (nhwc ? "(N, H, W, C)" : "(N, C, H, W)") + ", got " +
@@ -427,28 +439,51 @@ struct Im2colRows {
     s = geometry;
     s.n = shape[0], s.c = shape[nhwc ? 3 : 1], s.h = shape[nhwc ? 1 : 2], s.w = shape[nhwc ? 2 : 3];
     if (std::string err = im2col_geometry(s); !err.empty()) return invalid(name, err);
-    const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
+    return Ort::Status{nullptr};
+  }
+
+  // Image n of x (data of the geometry s) padded into image n's place of xp (HP * WP * C bytes per image, every
+  // byte written): the flat index in x of a value outside the data's range, or -1.
+  int64_t pad_image(const In* x, const Im2colShape& s, int64_t n, uint8_t* xp) const {
     const uint8_t fill = static_cast<uint8_t>(zero >= 0 ? zero : offset);
-    const In* x = data.Data();
-    // the pad functions write every byte of their image
+    if constexpr (kBytes) {
+      pad_copy_nhwc(x, s, fill, n, xp);
+      return -1;
+    } else {
+      const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
+      return nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, xp)
+                  : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, xp);
+    }
+  }
+
+  // The error of op `name` for the value x[i] outside the data's range.
+  Ort::Status outside(const char* name, const In* x, int64_t i) const {
+    const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
+    return invalid(name, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
+                             " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+
+  // The geometry of data in s and its padded copy (pad_all), for op `name`.
+  Ort::Status pad(OrtKernelContext* context, const Tensor<In>& data, const char* name, Im2colShape& s,
+                  std::vector<uint8_t>& buffer) const {
+    if (Ort::Status status = shape_of(data, name, s); !status.IsOK()) return status;
+    return pad_all(context, data.Data(), name, s, buffer);
+  }
+
+  // The padded copy of x (data of the geometry s), (HP, WP, C) bytes per image (pad_narrow_hwc), in buffer (the
+  // caller's, kept from call to call; kPaddedSlack bytes more after the last image), for op `name`.
+  Ort::Status pad_all(OrtKernelContext* context, const In* x, const char* name, const Im2colShape& s,
+                      std::vector<uint8_t>& buffer) const {
     const size_t size = static_cast<size_t>(s.n * s.hp() * s.wp() * s.c + kPaddedSlack);
     if (buffer.size() < size) buffer.resize(size);
     uint8_t* padded = buffer.data();
-    std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside [lo, hi]
+    std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside the range
     auto image = [&](int64_t n) {
-      if constexpr (kBytes) {
-        pad_copy_nhwc(x, s, fill, n, padded);
-      } else {
-        const int64_t i = nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded)
-                               : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, padded);
-        for (int64_t seen = bad.load(); i >= 0 && i < seen && !bad.compare_exchange_weak(seen, i);) {}
-      }
+      const int64_t i = pad_image(x, s, n, padded);
+      for (int64_t seen = bad.load(); i >= 0 && i < seen && !bad.compare_exchange_weak(seen, i);) {}
     };
     parallel_for(context, s.n, image);
-    if (const int64_t i = bad.load(); i != INT64_MAX) {
-      return invalid(name, "data value " + std::to_string(x[i]) + " at flat index " + std::to_string(i) +
-                               " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    }
+    if (const int64_t i = bad.load(); i != INT64_MAX) return outside(name, x, i);
     return Ort::Status{nullptr};
   }
 
@@ -841,7 +876,12 @@ struct ConvKernel {
     Im2colShape s;
     thread_local std::vector<uint8_t> padded;
     thread_local std::vector<int32_t> init, offsets;
-    if (Ort::Status status = rows.pad(context, data, name, s, padded); !status.IsOK()) return status;
+    if (Ort::Status status = rows.shape_of(data, name, s); !status.IsOK()) return status;
+    static const int64_t cpus = usable_cpus();
+    const bool by_image = s.n >= kImagesPerCpu * cpus;
+    if (!by_image) {
+      if (Ort::Status status = rows.pad_all(context, data.Data(), name, s, padded); !status.IsOK()) return status;
+    }
     const int64_t k = s.kh * s.kw * s.c, oc = weights.oc, positions = s.oh * s.ow, total = s.n * positions;
     if (k != weights.k) {  // (the weights are the constant packed when the kernel was made)
       return invalid(name, "the weights (" + std::to_string(weights.k) + ", " + std::to_string(oc) +
@@ -875,23 +915,47 @@ struct ConvKernel {
     const int64_t tile = tile_positions(weights.k4), step = row_step(isa, weights);
     window_offsets(s, weights.c4, offsets);
     // the tasks run on other threads too, where `padded`, `init` and `offsets` would name that thread's own
-    const uint8_t* xp = padded.data();
     const int32_t* start = init.data();
     const int32_t* offset = offsets.data();
-    auto task = [&](int64_t t) {
+    // the positions [first, first + count) from the padded copy xp, whose first image holds position origin
+    auto tiles = [&](const uint8_t* xp, int64_t origin, int64_t first, int64_t count) {
       thread_local std::vector<const uint8_t*> at;  // each row's first byte
       thread_local std::vector<int32_t> c;
-      const int64_t first = t * tile, count = std::min(tile, total - first);
       const int64_t padded_rows = (count + step - 1) / step * step;
       if (at.size() < static_cast<size_t>(padded_rows)) at.resize(static_cast<size_t>(padded_rows));
       if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
-      window_starts(xp, s, first, count, padded_rows, at.data());
+      window_starts(xp, s, first - origin, count, padded_rows, at.data());
       products(isa, at.data(), offset, padded_rows, weights, start, c.data());
       requantize_last(c.data(), first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc,
                       attrs.steps, ends.words, per_position ? positions : 0, attrs.per_channel, attrs.arrays,
                       ends.bytes, ends.addend ? &*ends.addend : nullptr);
     };
-    parallel_for(context, (total + tile - 1) / tile, task);
+    if (!by_image) {
+      const uint8_t* xp = padded.data();
+      auto task = [&](int64_t t) { tiles(xp, 0, t * tile, std::min(tile, total - t * tile)); };
+      parallel_for(context, (total + tile - 1) / tile, task);
+      return Ort::Status{nullptr};
+    }
+    // each image padded into its thread's own copy, then its tiles read it while it is in the cache
+    const In* x = data.Data();
+    const int64_t image_bytes = s.hp() * s.wp() * s.c, image_values = s.c * s.h * s.w;
+    std::atomic<int64_t> bad{INT64_MAX};  // the smallest flat index of a value outside the range
+    auto image = [&](int64_t n) {
+      thread_local std::vector<uint8_t> own;
+      if (own.size() < static_cast<size_t>(image_bytes + kPaddedSlack)) {
+        own.resize(static_cast<size_t>(image_bytes + kPaddedSlack));
+      }
+      if (const int64_t i = rows.pad_image(x + n * image_values, s, 0, own.data()); i >= 0) {
+        for (int64_t seen = bad.load(); i + n * image_values < seen &&
+                                        !bad.compare_exchange_weak(seen, i + n * image_values);) {}
+        return;
+      }
+      for (int64_t first = n * positions; first < (n + 1) * positions; first += tile) {
+        tiles(own.data(), n * positions, first, std::min(tile, (n + 1) * positions - first));
+      }
+    };
+    parallel_for(context, s.n, image);
+    if (const int64_t i = bad.load(); i != INT64_MAX) return rows.outside(name, x, i);
     return Ort::Status{nullptr};
   }
 

@@ -21,8 +21,10 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.native import DOMAIN, library_path
 from cvm_onnx.native.cpu import features
 from cvm_onnx.runtime.sessions import run, session
+from cvm_onnx.serving.route_cache import usable_cpus
 
 EXAMPLES = int(os.environ.get("CVM_ONNX_EXAMPLES", "60"))  # fewer under qemu (.ci/run)
+BY_IMAGE = 4 * usable_cpus()  # the smallest batch split over the threads by image (conv.h kImagesPerCpu)
 pytestmark = pytest.mark.skipif(library_path() is None, reason="the native custom-op library was not built")
 
 
@@ -67,7 +69,7 @@ def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70, 90)):
     """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps;
     ``channels``: the output channel counts drawn from."""
     kernel, strides, dilations, pads, (h, w) = draw(windows())
-    n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 4, 5, 16, 32]))
+    n, c = draw(st.sampled_from([1, 2, BY_IMAGE])), draw(st.sampled_from([1, 3, 4, 5, 16, 32]))
     oc = draw(st.sampled_from(channels))
     kind = draw(st.sampled_from(["uint8", "zero", "offset0", "offset128"]))
     nhwc = kind == "uint8" or draw(st.booleans())
@@ -233,6 +235,26 @@ def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
                                                                             **rows))
                     got = run(model, {"x": x, "b": np.zeros(0, np.int32)})[0]
                     assert np.array_equal(got, want.astype(np.int32)), (value, fill, zero, isa)
+
+
+@pytest.mark.parametrize("n", [1, 2, BY_IMAGE, BY_IMAGE + 1])
+@pytest.mark.parametrize("nhwc", [0, 1])
+def test_conv_requantize_names_the_first_data_value_outside_the_range(n, nhwc):
+    """Data values outside [0, 127] (offset 0): one error naming the smallest flat index, whether the batch is split
+    by tiles over one padded copy or by image, wherever in the batch the values lie."""
+    shape = (n, 4, 4, 3) if nhwc else (n, 3, 4, 4)
+    x = np.zeros(shape, np.int32)
+    flat = x.reshape(-1)
+    first = (n - 1) * 48 + 17  # in the last image
+    flat[first], flat[-1] = 128, -1
+    if n > 1:
+        flat[first - 40] = 200  # the smallest, in the image before
+        first -= 40
+    model = conv_model("conv_requantize", list(shape), TensorProto.INT32, np.zeros((27, 5), np.uint8), [5],
+                       dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], nhwc=nhwc, offset=0, steps=[3, 0, 9]))
+    with pytest.raises(RuntimeFailure, match=rf"conv_requantize: data value {flat[first]} at flat index {first} "
+                                             r"is outside \[0, 127\]"):
+        run(model, {"x": x, "b": np.zeros(5, np.int32)})
 
 
 def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
