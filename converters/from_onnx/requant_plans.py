@@ -390,6 +390,13 @@ def _several_split(terms, bounds: list[int], precision: int, kmax: int) -> Plan 
     return None
 
 
+def channel_order(ms: np.ndarray) -> list[int]:
+    """The channels sorted by their ratios ``ms`` (Fractions), ties in channel order: by each ratio's float, which
+    is monotone (int / int is correctly rounded), the Fractions compared only where floats tie."""
+    approx = [float(x) for x in ms]
+    return sorted(range(len(ms)), key=lambda i: (approx[i], ms[i]))
+
+
 def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction = Fraction(1, 2),
          split_above: Fraction | None = None) -> list[Run]:
     """The single term v in [lo, hi] times per-channel ratios ``ms`` (1-D, Fractions > 0) as runs of channels, each
@@ -397,8 +404,7 @@ def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction
     at most ``target`` or its first channel's alone (found by bisection; a prefix is only taken when its plan
     exists, and every plan's delta is below 1/2; ``split_above`` as in ``plan``). Refused only when one channel
     alone has no plan."""
-    approx = [float(x) for x in ms]  # monotone (int / int is correctly rounded): Fractions compared on ties only
-    order = sorted(range(len(ms)), key=lambda i: (approx[i], ms[i]))
+    order = channel_order(ms)
 
     def attempt(part: list[int], bound: Fraction) -> Plan | None:
         try:
