@@ -84,3 +84,20 @@ def test_dnsmos_sized_convolution_imports_by_bands(transpose):
         x = np.random.default_rng(0).integers(0, 256, (1, 1) + shape)
         x.flat[0], x.flat[-1] = 0, 255
         oracle_equal(m, x)
+
+
+def test_a_huge_declared_input_takes_its_bands_from_the_shapes():
+    """A padded convolution over an input declared 2^23 x 3 (a hostile model's shape): its window sums pass the
+    limit in full, not by rows' bands, which are found from the shapes alone: no per-output mask of the 2^23 rows
+    is built (those masks were Python lists: gigabytes and half a minute)."""
+    import tracemalloc
+
+    m = conv_model(1, 4, (1 << 23, 3), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), T.UINT8, 0)
+    tracemalloc.start()
+    try:
+        imp = import_model(m, input_precision=9)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "concatenate" in [n.op for n in imp.graph.nodes]
+    assert peak < 64 << 20

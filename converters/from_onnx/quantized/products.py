@@ -146,39 +146,49 @@ class Banded:
     parts: tuple[tuple[range, np.ndarray], ...]
 
 
-def window_masks(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs) -> list[np.ndarray]:
-    """Per spatial axis, (outputs, kernel taps): 1 where the tap of that output's window reads inside the image."""
-    return [np.array([[0 <= o * s - b + k * d < n for k in range(kk)] for o in range(out)], np.int64)
-            for n, kk, s, d, b, out in zip(size, w.shape[2:], strides, dilations, begin, outs)]
+def window_mask(n: int, kk: int, s: int, d: int, b: int, rows: range) -> np.ndarray:
+    """(len(rows), kk) along one spatial axis of n inputs: 1 where tap k of output o's window (o in ``rows``) reads
+    inside the image, 0 <= o s - b + k d < n."""
+    at = np.arange(rows.start, rows.stop, dtype=np.int64)[:, None] * s - b + np.arange(kk, dtype=np.int64) * d
+    return ((at >= 0) & (at < n)).astype(np.int64)
+
+
+def inside(n: int, kk: int, s: int, d: int, b: int, out: int) -> range:
+    """The outputs along one axis whose every tap reads inside the image: o s - b >= 0 and o s - b + (kk - 1) d
+    < n, one run of outputs, from the shapes alone."""
+    return range(max(0, -(-b // s)), min(out, (n - 1 - (kk - 1) * d + b) // s + 1))
 
 
 def window_sums(w: np.ndarray, size: tuple[int, int], strides, dilations, begin, outs,
                 banded: bool = False) -> np.ndarray | Banded:
     """V (O, H', W'): for each output of a padded convolution, the sum of the weights whose input lies inside the
     image (the padding reads zeros). Above MAX_WINDOW_SUMS values, with ``banded`` V by bands (``Banded``) along
-    the axis whose constants are fewer, refused from the shapes where those are above it too (before computing)."""
+    the axis whose constants are fewer, refused from the shapes where those are above it too (before computing
+    any mask)."""
     o, n = len(w), len(w) * math.prod(outs)
-    masks = window_masks(w, size, strides, dilations, begin, outs) if n <= MAX_WINDOW_SUMS or banded else None
+    axes = list(zip(size, w.shape[2:], strides, dilations, begin))
     sums = w.sum(axis=1)
     if n <= MAX_WINDOW_SUMS:
-        return np.einsum("okl,ik,jl->oij", sums, *masks, optimize=True)
+        return np.einsum("okl,ik,jl->oij", sums, *(window_mask(*a, range(out)) for a, out in zip(axes, outs)),
+                         optimize=True)
     best = None
     for axis in (0, 1) if banded else ():
-        inside = np.flatnonzero(masks[axis].all(axis=1))
-        if len(inside) and len(inside) == inside[-1] - inside[0] + 1:  # one run of outputs between the bands
-            count = o * outs[1 - axis] * (outs[axis] - len(inside) + 1)
+        mid = inside(*axes[axis], outs[axis])
+        if len(mid):  # one run of outputs between the bands
+            count = o * outs[1 - axis] * (outs[axis] - len(mid) + 1)
             if count <= MAX_WINDOW_SUMS and (best is None or count < best[0]):
-                best = (count, axis, range(inside[0], inside[-1] + 1))
+                best = (count, axis, mid)
     if best is None:
         raise Refuse(f"the padded convolution's zero-point correction (its window sums) would be a constant of "
                      f"{o} x {outs[0]} x {outs[1]} = {n} values (at most 2^22{', in bands too' if banded else ''}): "
                      f"the input is too large here")
     _, axis, mid = best
+    across = window_mask(*axes[1 - axis], range(outs[1 - axis]))
     parts = []
     for r in (range(mid.start), mid, range(mid.stop, outs[axis])):
         if len(r):
-            along = masks[axis][r.start:r.stop] if r is not mid else masks[axis][mid.start:mid.start + 1]
-            m = (along, masks[1]) if axis == 0 else (masks[0], along)
+            along = window_mask(*axes[axis], r if r is not mid else range(mid.start, mid.start + 1))
+            m = (along, across) if axis == 0 else (across, along)
             parts.append((r, np.einsum("okl,ik,jl->oij", sums, *m, optimize=True)))
     return Banded(axis, tuple(parts))
 
