@@ -299,11 +299,11 @@ class Oracle:
             elif op == "ConvTranspose":  # weights (C_in, C_out / group, kh, kw), per channel along axis 1
                 v = transposed_conv(x[1], w[1], a) + (xs[2][1].reshape(-1, 1, 1) if len(xs) > 2 else 0)
                 sw = np.tile(np.broadcast_to(w[2], w[1].shape)[0, :, 0, 0], a.get("group", 1)).reshape(-1, 1, 1)
+            elif op == "Gemm":
+                return self.gemm(x, w, xs[2] if len(xs) > 2 else None, a)
             else:
-                wv = w[1] if op == "MatMul" or a.get("transB", 0) == 0 else w[1].T
-                v = x[1] @ wv + (xs[2][1] if len(xs) > 2 else 0)
-                sw = np.broadcast_to(w[2], w[1].shape)
-                sw = (sw.T if a.get("transB", 0) else sw)[0]
+                v = x[1] @ w[1]
+                sw = np.broadcast_to(w[2], w[1].shape)[0]
             return ("real", np.rint(v).astype(np.int64), scale_x * sw)
         if op == "Relu":
             return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
@@ -382,6 +382,35 @@ class Oracle:
             return ("sum", [("real", np.maximum(v, 0), xs[0][2]),
                             ("real", np.minimum(v, 0) * np.sign(sl).astype(np.int64), xs[0][2] * size(sl))])
         raise AssertionError(f"the oracle has no {op}")
+
+    @staticmethod
+    def gemm(x, w, c, a):
+        """alpha A' B' + beta C as docs/import.md states: the product's integers times sign(alpha) at scale |alpha|
+        s_a s_b; C (("real", ints, None): QGemm's, in the accumulator) folded into it as a bias where it is a
+        constant of one value per column at beta s_c = alpha s_a s_b to float32's rounding (times sign(beta /
+        alpha)), else a second term, times sign(beta) at |beta| s_c."""
+        alpha, beta = Fraction(float(a.get("alpha", 1.0))), Fraction(float(a.get("beta", 1.0)))
+        xa = x[1].T if a.get("transA", 0) else x[1]
+        wv = w[1].T if a.get("transB", 0) else w[1]
+        sw = np.broadcast_to(np.asarray(w[2], dtype=object), w[1].shape)
+        sw = (sw.T if a.get("transB", 0) else sw)[0]
+        scale = x[2].reshape(()) * sw
+        v = xa @ wv
+        sign = 1 if alpha > 0 else -1
+        if c is None or beta == 0:
+            return ("real", sign * v, scale * abs(alpha))
+        if c[2] is None:  # QGemm: C in the accumulator, beta unread
+            return ("real", sign * (v + c[1]), scale * abs(alpha))
+        ints, sc = c[1], np.asarray(c[2], dtype=object)
+        per_column = ints.size in (1, v.shape[1]) and all(n == 1 for n in ints.shape[:-1]) and sc.size in (1, ints.size)
+        if per_column:
+            have = np.broadcast_to(sc.reshape(-1) * abs(beta / alpha), (v.shape[1],))
+            want = np.broadcast_to(scale, (v.shape[1],))
+            if all(abs(hv - wv_) <= max(wv_ / 2**22, Fraction(1, 2**149)) for hv, wv_ in zip(have, want)):
+                bias = ints.reshape(-1) * (1 if beta / alpha > 0 else -1)
+                return ("real", sign * (v + bias), scale * abs(alpha))
+        return ("sum", [("real", sign * v, scale * abs(alpha)),
+                        ("real", ints * (1 if beta > 0 else -1), sc * abs(beta))])
 
     def qop(self, name, op, ins, a, env):
         def dq3(k, axis=1):
