@@ -109,7 +109,7 @@ def small_qdq(tmp, activation="uint8"):
     return qm
 
 
-INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
+INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-32768, 32767)}
 
 
 #: The float functions of the oracle, by op: from the constant inputs (the Pow exponent) to a float64 function.
@@ -207,19 +207,39 @@ class Oracle:
         z = int(self.inits[z_name]) if z_name else 0
         return ("int", self.requant(name, x, Fraction(float(self.inits[s_name])), z, lo, hi))
 
-    @staticmethod
-    def settled(rec, term, s_out, zo, lo, hi):
-        """The term with its settled rows set to 0 and their K - z_out per row; every value of those rows is
-        checked to quantize (exactly, half to even, saturated) to K."""
+    def settled(self, rec, term, s_out, zo, lo, hi):
+        """The term with its far rows set to 0, and what each element of them adds: a settled row K - z_out (every
+        value of it checked to quantize, exactly, half to even, saturated, to K), a far row whose output varies
+        its plan's r on v itself (docs/import.md: clip, v1 = round_half_up(v / 2^s), r = floor((v1 m + 2^(k-1)) /
+        2^k)), checked within 1/2 + delta of v M where it does not saturate."""
         _, v, sc = term
+        shape = np.broadcast_shapes(v.shape, sc.shape)
         mask, offset = np.zeros(sc.shape, bool), np.zeros(sc.shape, np.int64)
         for row, k in rec.settled:
             mask.flat[row], offset.flat[row] = True, k - zo
-        rows = np.broadcast_to(mask, np.broadcast_shapes(v.shape, sc.shape))
+        rows = np.broadcast_to(mask, shape)
+        ratio = np.broadcast_to(sc / s_out, shape)
         exact = np.vectorize(lambda a, m: min(max(round(a * m) + zo, lo), hi), otypes=[np.int64])(
-            np.broadcast_to(v, rows.shape).astype(object), np.broadcast_to(sc / s_out, rows.shape))
-        assert np.array_equal(exact[rows], np.broadcast_to(offset + zo, rows.shape)[rows])
-        return [("real", np.where(rows, 0, v), sc)], offset
+            np.broadcast_to(v, shape).astype(object), ratio)
+        assert np.array_equal(exact[rows], np.broadcast_to(offset + zo, shape)[rows])
+        added = np.broadcast_to(offset, shape).copy()
+        for row, fp in rec.far:
+            one = np.zeros(sc.shape, bool)
+            one.flat[row] = True
+            sel = np.broadcast_to(one, shape)
+            p, vals = fp.plan, np.broadcast_to(v, shape)[sel].astype(object)
+            if p.clip is not None:
+                vals = np.clip(vals, p.clip[0] + fp.offset, p.clip[1] + fp.offset)
+            if p.pre_shift:
+                vals = (vals + (1 << (p.pre_shift - 1))) >> p.pre_shift
+            r = (vals * int(p.multipliers[0].reshape(-1)[0]) + (1 << (p.shift - 1))) >> p.shift
+            real = np.broadcast_to(v, shape)[sel].astype(object) * ratio[sel]
+            inside = (r + zo >= lo) & (r + zo <= hi)
+            if inside.any():
+                assert max(abs(r[inside] - real[inside])) <= Fraction(1, 2) + p.delta
+            added[sel] = r.astype(np.int64)
+            rows = rows | sel
+        return [("real", np.where(rows, 0, v), sc)], added
 
     def requant(self, name, x, s_out, zo, lo, hi):
         rec = self.plans[name]
@@ -229,7 +249,7 @@ class Oracle:
             with np.errstate(all="ignore"):
                 return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
         terms = x[1] if x[0] == "sum" else [x]
-        if rec.settled:  # rows of a bias no conv2d holds: QuantizeLinear gives one value K on all of each
+        if rec.settled or rec.far:  # rows of a bias no conv2d holds: one value K on all of each, or their own plan
             terms, offset = self.settled(rec, terms[0], s_out, zo, lo, hi)
             return np.clip(self.requant_terms(rec, name, terms, s_out, zo, lo, hi) + offset, lo, hi)
         return self.requant_terms(rec, name, terms, s_out, zo, lo, hi)
