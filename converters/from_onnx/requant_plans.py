@@ -443,9 +443,10 @@ class FarPlan:
         u1 = cvm_right_shift(u + c0, s)               = round_half_up(v / 2^s) - C1
         r  = cvm_right_shift(u1 m + (e - 2^(k-1)), k) + Q = floor((v1 m + 2^(k-1)) / 2^k)
 
-    ``plan.clip`` bounds u (v's clip less c); ``offset`` c, ``pre_add`` c0, ``add`` e - 2^(k-1), ``after`` Q;
-    ``plan.precision`` is the label of the shifted part."""
+    ``plan.clip`` bounds u (v's clip less c); ``ratio`` M, ``offset`` c, ``pre_add`` c0, ``add`` e - 2^(k-1),
+    ``after`` Q; ``plan.precision`` is the label of the shifted part."""
     plan: Plan
+    ratio: Fraction
     offset: int
     pre_add: int
     add: int
@@ -486,7 +487,7 @@ def far_plan(lo: int, hi: int, c: int, ratio: Fraction, low: int, high: int) -> 
                      tight(top), delta)
             if best is None or delta < best[0].delta:
                 q, e = divmod(c1 * m + (1 << (k - 1)), 1 << k)
-                best = (p, c, c0, e - (1 << (k - 1)), q)
+                best = (p, ratio, c, c0, e - (1 << (k - 1)), q)
             break
     if best is None or best[0].delta >= Fraction(1, 2):
         raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize M = {float(ratio):.3g} over values "

@@ -96,3 +96,20 @@ def test_a_far_row_over_31_bits_has_no_plan():
     31 bits: NoPlan (the importer refuses the QuantizeLinear naming the channel), though its output varies."""
     with pytest.raises(NoPlan, match="within one step"):
         far_plan(-(1 << 30), 1 << 30, 1 << 30, Fraction(1, 1 << 23), -128, 127)
+
+
+def test_the_import_report_lists_a_far_row_with_its_plan():
+    """`convert --report` lists a far row's requantization: its channel, the bias split off, M, m, s, k and the
+    worst error 1/2 + delta (it listed the other rows only)."""
+    from cvm_onnx.app.report import import_markdown
+    from cvm_onnx.core.gas import measure
+
+    w = np.full((2, 1, 1, 1), 100)
+    m = qdq_conv(w, np.array([2.0**-20, 0.01], np.float32), 2.0**-11, 0, T.INT8, 1.0, 0, T.INT8,
+                 bias=np.array([1 << 30, 5]), pads=(0, 0, 0, 0), name="deadconv")
+    imp = oracle_equal(m, np.arange(-12, 13).reshape(1, 1, 5, 5))
+    [(row, fp)] = imp.requants[0].far
+    text = import_markdown("m.onnx", "out", imp, measure(imp.graph.nodes))
+    line = next(x for x in text.splitlines() if "far channel 0" in x)
+    assert f"its bias {1 << 30} split off" in line and f"{fp.plan.error:.6f}" in line
+    assert f"| {fp.plan.pre_shift} | {fp.plan.shift} |" in line
