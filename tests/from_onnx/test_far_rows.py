@@ -113,3 +113,46 @@ def test_the_import_report_lists_a_far_row_with_its_plan():
     line = next(x for x in text.splitlines() if "far channel 0" in x)
     assert f"its bias {1 << 30} split off" in line and f"{fp.plan.error:.6f}" in line
     assert f"| {fp.plan.pre_shift} | {fp.plan.shift} |" in line
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 5), dead=st.integers(0, 4), bias=huge, reach=st.floats(0.0, 1.0),
+       k=st.sampled_from([1, 16, 300]), out=st.sampled_from([T.INT8, T.UINT8, T.INT16]), rows=st.integers(1, 3))
+def test_a_far_column_of_a_gemm_equals_the_oracle(seed, n, dead, bias, reach, k, out, rows):
+    """The same for a Gemm's output column (dense; weights per column, the bias (N,) at s_x s_w): the far column
+    taken out along the last axis, requantized alone; equal to the oracle, exact on onnxruntime."""
+    from onnx import helper as h
+    from support.quantized import Oracle, qdq
+
+    from cvm_onnx.converters.from_onnx import import_model
+    from cvm_onnx.core.executor import execute
+
+    rng = np.random.default_rng(seed)
+    dead %= n
+    lo, hi = RANGE[out]
+    zo = 0 if out != T.UINT8 else 128
+    so, sx = 0.05, 0.02
+    w = rng.integers(-127, 128, size=(k, n))
+    sw = (rng.uniform(0.5, 2, n) * 0.01).astype(np.float32)
+    target = reach * (hi - zo if bias > 0 else zo - lo)  # |b| M in output steps; near a half-step: output varies
+    sw[dead] = np.float32((int(target) + 0.5 if seed % 3 else max(target, 1e-3)) * so / (abs(bias) * sx))
+    b = rng.integers(-2000, 2000, n)
+    b[dead] = bias
+    onp = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16}[out]
+    inits = {"sx": np.float32(sx), "zx": np.int8(0), "w": w.astype(np.int8), "sw": sw, "zw": np.zeros(n, np.int8),
+             "b": b.astype(np.int32), "sb": (np.float32(sx) * sw).astype(np.float32), "zb": np.zeros(n, np.int32),
+             "so": np.float32(so), "zo": onp(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=1),
+             h.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"], axis=0),
+             h.make_node("Gemm", ["xf", "wf", "bf"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    m = qdq(nodes, (rows, k), T.INT8, inits, out)
+    x = rng.choice([-128, 127, 0, 5], size=(rows, k)) if seed % 2 else rng.integers(-128, 128, size=(rows, k))
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [want] = Oracle(m, imp).run(x.astype(np.int64))
+    assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
+    [rec] = imp.requants
+    assert len(rec.far) + len(rec.settled) == 1
+    assert verify(imp.graph, x.astype(np.int32)).exact
