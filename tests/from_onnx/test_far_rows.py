@@ -54,18 +54,21 @@ def test_a_far_row_whose_output_varies_equals_the_oracle(seed, c_out, dead, bias
 
 
 @settings(max_examples=200, deadline=None)
-@given(lo=st.integers(-(1 << 24), 0), width=st.integers(1 << 21, 1 << 25), c=huge, reach=st.floats(0, 1.2),
+@given(width=st.integers(1 << 21, 1 << 25), below=st.floats(0, 1), c=huge, eps=st.fractions(-0.125, 0.125),
        out=st.sampled_from([T.INT8, T.UINT8, T.INT16]), data=st.data())
-def test_far_plan_split_equals_the_one_part_formula(lo, width, c, reach, out, data):
-    """For a far row whose output varies over u in [lo, hi] (|c| M from 0 to past the output range's end), far_plan
-    has a plan, and its run-time form, cvm_right_shift(cvm_right_shift(clip(u) + c0, s) m + addend, k) + Q in exact
-    integers (each step's value checked against its label), equals the one-part formula on v = u + c, floor((v1 m +
-    2^(k-1)) / 2^k) with v1 = round_half_up(clip(v) / 2^s), within 1/2 + delta of v M where it does not saturate,
-    for u at the ends of its interval and inside it."""
+def test_far_plan_split_equals_the_one_part_formula(width, below, c, eps, out, data):
+    """For a far row whose output varies over u in [lo, hi] (c M near a half-step r0 + 1/2 + eps anywhere in the
+    output range, its ends included, u's interval around 0), far_plan has a plan, and its run-time form,
+    cvm_right_shift(cvm_right_shift(clip(u) + c0, s) m + addend, k) + Q in exact integers (each step's value checked
+    against its label), equals the one-part formula on v = u + c, floor((v1 m + 2^(k-1)) / 2^k) with
+    v1 = round_half_up(clip(v) / 2^s), within 1/2 + delta of v M where it does not saturate, for u at the ends of
+    its interval and inside it."""
+    lo = -int(below * width)
     hi = lo + width
     rlo, rhi = RANGE[out]
     zo = 0 if out != T.UINT8 else 128
-    ratio = Fraction(int(reach * (rhi - rlo) * 1024) + 1, abs(c) * 1024)  # |c| M: reach x the output's span
+    r0 = data.draw(st.integers(0, rhi - zo) if c > 0 else st.integers(rlo - zo, -1))
+    ratio = (r0 + Fraction(1, 2) + eps) / c  # > 0: c M = r0 + 1/2 + eps
     ends = {min(max(round((u + c) * ratio) + zo, rlo), rhi) for u in (lo, hi)}
     assume(len(ends) > 1)  # a row of one value is settled instead
     fp = far_plan(lo, hi, c, ratio, rlo - zo, rhi - zo)
