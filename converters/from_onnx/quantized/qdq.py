@@ -131,7 +131,7 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     shape = broadcast_shape(*vs)
 
     def finish(r: Tensor) -> Tensor:  # the settled and far rows' values added, then z_out and the saturation
-        if offset is not None and offset.any():
+        if offset is not None and settled:
             oc = const(offset.astype(np.int32), INT32)
             r = ctx.result(ctx.op("broadcast_add", r, oc), INT32, r.lo + min(int(offset.min()), 0),
                            r.hi + max(int(offset.max()), 0), broadcast_shape(r, oc))
