@@ -434,6 +434,68 @@ def runs(lo: int, hi: int, ms: np.ndarray, low: int, high: int, target: Fraction
 
 
 @dataclass(frozen=True)
+class FarPlan:
+    """round(v M) for v = u + c, u a run-time integer and c a constant beyond 32 bits' reach beside it (a dead
+    channel's bias, docs/import.md "Far rows whose output varies"): ``plan``'s one-part form on v (its clip, s, k, m
+    and delta over v's interval) computed on u, with c = C1 2^s + c0 (0 <= c0 < 2^s) and C1 m + 2^(k-1) = Q 2^k + e
+    (0 <= e < 2^k):
+
+        u1 = cvm_right_shift(u + c0, s)               = round_half_up(v / 2^s) - C1
+        r  = cvm_right_shift(u1 m + (e - 2^(k-1)), k) + Q = floor((v1 m + 2^(k-1)) / 2^k)
+
+    ``plan.clip`` bounds u (v's clip less c); ``ratio`` M, ``offset`` c, ``pre_add`` c0, ``add`` e - 2^(k-1),
+    ``after`` Q; ``plan.precision`` is the label of the shifted part."""
+    plan: Plan
+    ratio: Fraction
+    offset: int
+    pre_add: int
+    add: int
+    after: int
+
+
+def far_plan(lo: int, hi: int, c: int, ratio: Fraction, low: int, high: int) -> FarPlan:
+    """The ``FarPlan`` of least delta for u in [lo, hi] (int32), the constant c and the ratio M > 0 into [low, high]
+    (low <= 0 <= high): for each pre-shift s the largest k with label(u1) + label(m) <= 31 and k <= 30 (the product
+    plus its addend within 32 bits) and label(shifted part) + k <= 31, delta = M 2^(s-1) [s > 0] + B1 |m / 2^k -
+    M 2^s| with B1 the bound of |v1| = |u1 + C1| (not of u1). NoPlan where delta reaches 1/2 or the clip on u leaves
+    int32."""
+    ms = np.array([ratio], dtype=object)
+    clip, vlo, vhi = _clipped(lo + c, hi + c, ms, low, high)
+    ulo, uhi = vlo - c, vhi - c
+    if max(-ulo, uhi) > (1 << 31) - 1:
+        raise NoPlan("the clip of a far row's accumulator leaves 32 bits")
+    best = None
+    for s in range(0, MAX_SHIFT):
+        if s and best is not None and ratio * (1 << s) / 2 >= best[0].delta:
+            break  # delta >= M 2^(s-1), which only grows with s
+        c1, c0 = divmod(c, 1 << s)
+        a, b = ulo + c0, uhi + c0
+        if max(-a, b) > (1 << 31) - 1:
+            continue
+        u1lo, u1hi = (round_shift(a, s), round_shift(b, s)) if s else (a, b)
+        bu = max(-u1lo, u1hi, 1)
+        if s and tight(bu) + s >= 32:
+            continue
+        b1 = max(abs(u1lo + c1), abs(u1hi + c1), 1)
+        for k in range(MAX_SHIFT - 1, 0, -1):
+            m = _rounded([ratio.numerator], [ratio.denominator], s + k)[0]
+            top = (bu * m + (1 << k)) >> k  # |floor((u1 m + e) / 2^k)| <= top
+            if tight(bu) + tight(m) > 31 or k > 30 or tight(top) + k > MAX_SHIFT:
+                continue
+            delta = _delta(ms, np.array([m], dtype=object), s, k, b1)
+            p = Plan((ulo, uhi) if clip is not None else None, s, tight(bu), (np.array([m], np.int64),), k,
+                     tight(top), delta)
+            if best is None or delta < best[0].delta:
+                q, e = divmod(c1 * m + (1 << (k - 1)), 1 << k)
+                best = (p, ratio, c, c0, e - (1 << (k - 1)), q)
+            break
+    if best is None or best[0].delta >= Fraction(1, 2):
+        raise NoPlan(f"no multiplier and shift within CVM's 32 bits requantize M = {float(ratio):.3g} over values "
+                     f"reaching {max(abs(lo + c), abs(hi + c))} within one step")
+    return FarPlan(*best)
+
+
+@dataclass(frozen=True)
 class SoftmaxPlan:
     """Softmax in integers (docs/import.md, "Softmax"), for d = max - x >= 0 along the axis: the tables
     E[k] = round(2^F exp(-k s)) split as H = floor(E / 2^b) and L = E - 2^b H, and T[k] = round(2^(F-b) q exp(-k s));

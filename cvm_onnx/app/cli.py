@@ -326,9 +326,10 @@ def cmd_quantize(args) -> int:
                         save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=not args.one_part,
                         fold=folds(args.fold), report=args.report is not None)
     g = done.imported.graph
+    plans = [p for r in done.imported.requants for p in [*r.plans, *(f.plan for _, f in r.far)]]
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "
         f"{len(done.imported.requants)} requantizations (worst error "
-        f"{max((p.error for r in done.imported.requants for p in r.plans), default=0.5):.3f} steps)")
+        f"{max((p.error for p in plans), default=0.5):.3f} steps)")
     from cvm_onnx.core.gas import measure
 
     from .report import gas_lines

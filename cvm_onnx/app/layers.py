@@ -250,10 +250,11 @@ EXPANDED = {"QLinearConv": ((0, 3), 6, "Conv"), "QLinearMatMul": ((0, 3), 6, "Ma
 
 
 def qdq_form(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its QOperator nodes of ``EXPANDED`` (channels first), QLinearConcat and QGemm (alpha 1, a
-    quantized output) as the QDQ pieces they compute: DequantizeLinear of each quantized input (a QLinearConv's or
-    QGemm's int32 bias at scale a_scale b_scale, zero point 0, per channel where b_scale is), the float op with
-    the node's attributes, QuantizeLinear to its output. Other nodes stay as they are."""
+    """``model`` with its QOperator nodes of ``EXPANDED`` (channels first), QLinearConcat and QGemm (a quantized
+    output) as the QDQ pieces they compute: DequantizeLinear of each quantized input (a QLinearConv's int32 bias at
+    scale a_scale b_scale, a QGemm's at alpha a_scale b_scale, as its kernel adds it, zero point 0, per channel where
+    b_scale is), the float op with the node's attributes (a QGemm's beta 1: its kernel reads none), QuantizeLinear
+    to its output. Other nodes stay as they are."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -264,9 +265,9 @@ def qdq_form(model: onnx.ModelProto) -> onnx.ModelProto:
         attrs = {a.name: h.get_attribute_value(a) for a in n.attribute}
         if n.op_type == "QLinearConcat" and n.domain == "com.microsoft":  # (y_scale, y_zero_point, (x, s, z)...)
             spec = (tuple(range(2, len(n.input), 3)), 0, "Concat")
-        elif n.op_type == "QGemm" and n.domain == "com.microsoft" and len(n.input) > 7 and n.input[7] and \
-                attrs.get("alpha", 1.0) == 1.0:  # a float output, or alpha != 1: left as it is
-            spec = ((0, 3), 7, "Gemm")
+        elif n.op_type == "QGemm" and n.domain == "com.microsoft" and len(n.input) > 7 and n.input[7]:  # a float
+            spec = ((0, 3), 7, "Gemm")  # output: left as it is
+            attrs["beta"] = 1.0
         if spec is None or n.domain not in ("", "ai.onnx", "com.microsoft") or attrs.get("channels_last", 0):
             nodes.append(n)
             continue
@@ -280,10 +281,11 @@ def qdq_form(model: onnx.ModelProto) -> onnx.ModelProto:
                                         {"axis": column} if n.op_type in ("QLinearMatMul", "QGemm") and i == 3
                                         else {})))
         bias = {"QLinearConv": 8, "QGemm": 6}.get(n.op_type)
-        if bias is not None and len(n.input) > bias and n.input[bias]:  # int32 at scale a_scale b_scale
+        if bias is not None and len(n.input) > bias and n.input[bias]:  # int32 at a_scale b_scale (QGemm: x alpha)
             name = f"{n.output[0]}:bias_scale"
             g.initializer.append(nh.from_array(np.asarray(consts[n.input[1]], np.float64) *
-                                               np.asarray(consts[n.input[4]], np.float64), name))
+                                               np.asarray(consts[n.input[4]], np.float64) *
+                                               (attrs.get("alpha", 1.0) if n.op_type == "QGemm" else 1.0), name))
             floats.append(f"{n.output[0]}:bias")
             nodes.append(h.make_node("DequantizeLinear", [n.input[bias], name], [floats[-1]],
                                      axis=0 if n.op_type == "QLinearConv" else -1))

@@ -57,7 +57,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .rewrites import einsums_as_matmuls, unshared_biases
+from .rewrites import einsums_as_matmuls, gemm_beta_folded, unshared_biases
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -502,6 +502,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
     Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node (``unshared_biases``);
+    a Gemm's beta folded into its constant C (``gemm_beta_folded``);
     its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
     compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
     weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
@@ -564,6 +565,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
+    gemm_beta_folded(out.graph)
     data.unlink(missing_ok=True)
     _save_external(out, path)
     return compared

@@ -213,13 +213,16 @@ def import_markdown(src: str | os.PathLike, dst: str | os.PathLike, imported: Im
                 "| ONNX node | M | multiplier m | pre-shift s | shift k | clip | worst error (steps) |",
                 "|---|---|---|---:|---:|---|---:|"]
         for r in imported.requants:
+            far = [(f"{r.node} (far channel {row}: its bias {fp.offset} split off)", (float(fp.ratio),), fp.plan)
+                   for row, fp in r.far]
             if not r.plans:
                 what = "same scale (zero point only)" if r.ratios else "cvm_lut table"
                 out.append(f"| {_cell(r.node)} | {what} | | | | | {'0' if r.ratios else '1/2'} |")
-                continue
-            parts = [(r.node, r.ratios, r.plan)] if r.plan is not None else [
+                if not far:
+                    continue
+            parts = ([(r.node, r.ratios, r.plan)] if r.plan is not None else [
                 (f"{r.node} (channels {', '.join(map(str, run.channels[:4]))}{', ...' * (len(run.channels) > 4)})",
-                 tuple(r.ratios[i] for i in run.channels), run.plan) for run in r.runs]
+                 tuple(r.ratios[i] for i in run.channels), run.plan) for run in r.runs]) + far
             for node, ratios, p in parts:
                 ms = ", ".join(f"{v:.6g}" for v in ratios[:4]) + (f", ... ({len(ratios)})" if len(ratios) > 4 else "")
                 mult = [int(v) for m in p.multipliers for v in m.reshape(-1)]

@@ -2,7 +2,8 @@
 or make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static
 quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection
 ``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
-copies it under a name that may already be another tensor's)."""
+copies it under a name that may already be another tensor's); a Gemm's beta folded into its constant C (quantize_static
+drops beta beside a quantized C)."""
 from __future__ import annotations
 
 import math
@@ -183,3 +184,30 @@ def unshared_biases(graph: onnx.GraphProto) -> int:
         readers[old] -= 1
         made += 1
     return made
+
+
+def gemm_beta_folded(graph: onnx.GraphProto) -> int:
+    """A Gemm's beta != 1 (not 0) folded into its constant C read by it alone: C := float32(beta C), beta := 1, the
+    product onnxruntime's float Gemm computes before adding it (the same float model). quantize_static quantizes C
+    at s_a s_w beta and then sets beta to 1, so the quantized model computed alpha A B + C instead of + beta C.
+    Returns how many Gemms were changed."""
+    inits = {t.name: t for t in graph.initializer}
+    readers = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers[x] = readers.get(x, 0) + 1
+    done = 0
+    for n in graph.node:
+        if n.op_type != "Gemm" or n.domain not in ("", "ai.onnx") or len(n.input) < 3 or n.input[2] not in inits \
+                or readers[n.input[2]] != 1:
+            continue
+        beta = next((a for a in n.attribute if a.name == "beta"), None)
+        if beta is None or beta.f in (0.0, 1.0):
+            continue
+        c = numpy_helper.to_array(inits[n.input[2]])
+        if c.dtype != np.float32:
+            continue
+        inits[n.input[2]].CopyFrom(numpy_helper.from_array(c * np.float32(beta.f), n.input[2]))
+        beta.f = 1.0
+        done += 1
+    return done

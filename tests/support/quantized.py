@@ -109,7 +109,7 @@ def small_qdq(tmp, activation="uint8"):
     return qm
 
 
-INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
+INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-32768, 32767)}
 
 
 #: The float functions of the oracle, by op: from the constant inputs (the Pow exponent) to a float64 function.
@@ -207,19 +207,39 @@ class Oracle:
         z = int(self.inits[z_name]) if z_name else 0
         return ("int", self.requant(name, x, Fraction(float(self.inits[s_name])), z, lo, hi))
 
-    @staticmethod
-    def settled(rec, term, s_out, zo, lo, hi):
-        """The term with its settled rows set to 0 and their K - z_out per row; every value of those rows is
-        checked to quantize (exactly, half to even, saturated) to K."""
+    def settled(self, rec, term, s_out, zo, lo, hi):
+        """The term with its far rows set to 0, and what each element of them adds: a settled row K - z_out (every
+        value of it checked to quantize, exactly, half to even, saturated, to K), a far row whose output varies
+        its plan's r on v itself (docs/import.md: clip, v1 = round_half_up(v / 2^s), r = floor((v1 m + 2^(k-1)) /
+        2^k)), checked within 1/2 + delta of v M where it does not saturate."""
         _, v, sc = term
+        shape = np.broadcast_shapes(v.shape, sc.shape)
         mask, offset = np.zeros(sc.shape, bool), np.zeros(sc.shape, np.int64)
         for row, k in rec.settled:
             mask.flat[row], offset.flat[row] = True, k - zo
-        rows = np.broadcast_to(mask, np.broadcast_shapes(v.shape, sc.shape))
+        rows = np.broadcast_to(mask, shape)
+        ratio = np.broadcast_to(sc / s_out, shape)
         exact = np.vectorize(lambda a, m: min(max(round(a * m) + zo, lo), hi), otypes=[np.int64])(
-            np.broadcast_to(v, rows.shape).astype(object), np.broadcast_to(sc / s_out, rows.shape))
-        assert np.array_equal(exact[rows], np.broadcast_to(offset + zo, rows.shape)[rows])
-        return [("real", np.where(rows, 0, v), sc)], offset
+            np.broadcast_to(v, shape).astype(object), ratio)
+        assert np.array_equal(exact[rows], np.broadcast_to(offset + zo, shape)[rows])
+        added = np.broadcast_to(offset, shape).copy()
+        for row, fp in rec.far:
+            one = np.zeros(sc.shape, bool)
+            one.flat[row] = True
+            sel = np.broadcast_to(one, shape)
+            p, vals = fp.plan, np.broadcast_to(v, shape)[sel].astype(object)
+            if p.clip is not None:
+                vals = np.clip(vals, p.clip[0] + fp.offset, p.clip[1] + fp.offset)
+            if p.pre_shift:
+                vals = (vals + (1 << (p.pre_shift - 1))) >> p.pre_shift
+            r = (vals * int(p.multipliers[0].reshape(-1)[0]) + (1 << (p.shift - 1))) >> p.shift
+            real = np.broadcast_to(v, shape)[sel].astype(object) * ratio[sel]
+            inside = (r + zo >= lo) & (r + zo <= hi)
+            if inside.any():
+                assert max(abs(r[inside] - real[inside])) <= Fraction(1, 2) + p.delta
+            added[sel] = r.astype(np.int64)
+            rows = rows | sel
+        return [("real", np.where(rows, 0, v), sc)], added
 
     def requant(self, name, x, s_out, zo, lo, hi):
         rec = self.plans[name]
@@ -229,7 +249,7 @@ class Oracle:
             with np.errstate(all="ignore"):
                 return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
         terms = x[1] if x[0] == "sum" else [x]
-        if rec.settled:  # rows of a bias no conv2d holds: QuantizeLinear gives one value K on all of each
+        if rec.settled or rec.far:  # rows of a bias no conv2d holds: one value K on all of each, or their own plan
             terms, offset = self.settled(rec, terms[0], s_out, zo, lo, hi)
             return np.clip(self.requant_terms(rec, name, terms, s_out, zo, lo, hi) + offset, lo, hi)
         return self.requant_terms(rec, name, terms, s_out, zo, lo, hi)
@@ -299,11 +319,11 @@ class Oracle:
             elif op == "ConvTranspose":  # weights (C_in, C_out / group, kh, kw), per channel along axis 1
                 v = transposed_conv(x[1], w[1], a) + (xs[2][1].reshape(-1, 1, 1) if len(xs) > 2 else 0)
                 sw = np.tile(np.broadcast_to(w[2], w[1].shape)[0, :, 0, 0], a.get("group", 1)).reshape(-1, 1, 1)
+            elif op == "Gemm":
+                return self.gemm(x, w, xs[2] if len(xs) > 2 else None, a)
             else:
-                wv = w[1] if op == "MatMul" or a.get("transB", 0) == 0 else w[1].T
-                v = x[1] @ wv + (xs[2][1] if len(xs) > 2 else 0)
-                sw = np.broadcast_to(w[2], w[1].shape)
-                sw = (sw.T if a.get("transB", 0) else sw)[0]
+                v = x[1] @ w[1]
+                sw = np.broadcast_to(w[2], w[1].shape)[0]
             return ("real", np.rint(v).astype(np.int64), scale_x * sw)
         if op == "Relu":
             return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
@@ -382,6 +402,35 @@ class Oracle:
             return ("sum", [("real", np.maximum(v, 0), xs[0][2]),
                             ("real", np.minimum(v, 0) * np.sign(sl).astype(np.int64), xs[0][2] * size(sl))])
         raise AssertionError(f"the oracle has no {op}")
+
+    @staticmethod
+    def gemm(x, w, c, a):
+        """alpha A' B' + beta C as docs/import.md states: the product's integers times sign(alpha) at scale |alpha|
+        s_a s_b; C (("real", ints, None): QGemm's, in the accumulator) folded into it as a bias where it is a
+        constant of one value per column at beta s_c = alpha s_a s_b to float32's rounding (times sign(beta /
+        alpha)), else a second term, times sign(beta) at |beta| s_c."""
+        alpha, beta = Fraction(float(a.get("alpha", 1.0))), Fraction(float(a.get("beta", 1.0)))
+        xa = x[1].T if a.get("transA", 0) else x[1]
+        wv = w[1].T if a.get("transB", 0) else w[1]
+        sw = np.broadcast_to(np.asarray(w[2], dtype=object), w[1].shape)
+        sw = (sw.T if a.get("transB", 0) else sw)[0]
+        scale = x[2].reshape(()) * sw
+        v = xa @ wv
+        sign = 1 if alpha > 0 else -1
+        if c is None or beta == 0:
+            return ("real", sign * v, scale * abs(alpha))
+        if c[2] is None:  # QGemm: C in the accumulator, beta unread
+            return ("real", sign * (v + c[1]), scale * abs(alpha))
+        ints, sc = c[1], np.asarray(c[2], dtype=object)
+        per_column = ints.size in (1, v.shape[1]) and all(n == 1 for n in ints.shape[:-1]) and sc.size in (1, ints.size)
+        if per_column:
+            have = np.broadcast_to(sc.reshape(-1) * abs(beta / alpha), (v.shape[1],))
+            want = np.broadcast_to(scale, (v.shape[1],))
+            if all(abs(hv - wv_) <= max(wv_ / 2**22, Fraction(1, 2**149)) for hv, wv_ in zip(have, want)):
+                bias = ints.reshape(-1) * (1 if beta / alpha > 0 else -1)
+                return ("real", sign * (v + bias), scale * abs(alpha))
+        return ("sum", [("real", sign * v, scale * abs(alpha)),
+                        ("real", ints * (1 if beta > 0 else -1), sc * abs(beta))])
 
     def qop(self, name, op, ins, a, env):
         def dq3(k, axis=1):

@@ -11,9 +11,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..context import INT32, INT_RANGES, Tensor, const
+from ..context import BOOL, INT32, INT_RANGES, Tensor, const
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
-from ..registry import Refuse, float_rule
+from ..registry import Refuse, float_rule, integer_rule
 from .qdq import MAX_TABLE, Requant, quantize
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
@@ -158,8 +158,84 @@ def div_rule(ctx, node, a, b):
     folded into the requantization that follows; by a computed value: a table of a / b over both operands'
     integers (``Paired``)."""
     if not is_float_const(b):
+        if isinstance(a, Summed):
+            raise Refuse("Div of a float sum of terms of different scales (x - ReduceMin(x) of a min-max "
+                         "normalization, left in float by quantize_static) by a computed value: its table takes two "
+                         "quantized operands, and the sum, the divisor and their quotient's rounding have no exact "
+                         "32-bit form here")
         return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div").checked()
     return rescaled(a, 1 / constant_factor(b, "the divisor", getattr(a, "shape", None)), "the dividend")
+
+
+#: A comparison with its operands swapped: c op x is x SWAPPED[op] c.
+SWAPPED = {"Equal": "Equal", "Greater": "Less", "Less": "Greater", "GreaterOrEqual": "LessOrEqual",
+           "LessOrEqual": "GreaterOrEqual"}
+
+
+@float_rule(*SWAPPED, since=7)
+def compare_rule(ctx, node, a, b):
+    """x op c of a dequantized x (per tensor) and one constant value c (dequantized or float): with r = c / s + z
+    exact, (t - z) s op c is t op r, on integers t > floor(r), t >= ceil(r), t < ceil(r), t <= floor(r), t == r
+    (never where r is not whole): the integer comparison of t with that whole number, clamped to [lo - 1, hi + 1]
+    of t's interval (which keeps every answer). Two computed values of one scale and zero point: the comparison of
+    their integers."""
+    op = node.op_type
+    if isinstance(a, Scaled) and isinstance(b, Scaled) and not a.t.is_const and not b.t.is_const:
+        a, b = per_tensor(a, op), per_tensor(b, op)
+        if a.scale.reshape(()).item() != b.scale.reshape(()).item() or \
+                int(a.zero.reshape(())) != int(b.zero.reshape(())):
+            raise Refuse(f"{op} of two computed values of different scales or zero points has no exact CVM form here")
+        return integer_rule(node)(ctx, node, a.t, b.t)
+    swapped = not (isinstance(a, Scaled) and not a.t.is_const)
+    x, c = (b, a) if swapped else (a, b)
+    x = per_tensor(scaled(x, f"the {op} operand"), op)
+    if isinstance(c, Scaled) and c.t.is_const and c.t.size == 1:
+        value = (int(c.t.value.reshape(())) - int(c.zero.reshape(()))) * c.scale.reshape(()).item()
+    elif is_float_const(c) and c.value.size == 1 and math.isfinite(float(c.value.reshape(()))):
+        value = Fraction(float(c.value.reshape(())))
+    else:
+        raise Refuse(f"{op} of a dequantized value and anything but one constant value has no exact CVM form here")
+    r = value / x.scale.reshape(()).item() + int(x.zero.reshape(()))
+    t = x.t
+    if op == "Equal" and r.denominator != 1:
+        return const(np.zeros(t.shape, bool), BOOL)
+    eff = SWAPPED[op] if swapped else op
+    k = math.floor(r) if eff in ("Greater", "LessOrEqual") else math.ceil(r)
+    k = const(np.array(min(max(k, t.lo - 1), t.hi + 1), np.int32), INT32)
+    return integer_rule(node)(ctx, node, *((k, t) if swapped else (t, k)))
+
+
+@float_rule("Where", since=9)
+def where_rule(ctx, node, cond, a, b):
+    """cond ? x : y of dequantized values on one grid (one scale and zero point per tensor), a constant branch
+    taken onto the other's grid where it lies on it (div_no_nan's 0: (z - z) s): the integer where of their
+    integers, the scale and zero point kept. Exact; branches on different grids are refused."""
+    if isinstance(cond, Real):
+        raise Refuse("Where with a float condition has no CVM form (compare first)")
+    x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
+    if x is None:
+        raise Refuse("Where of two constant branches of no integer form here")
+    x = per_tensor(x, "a Where branch")
+    s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
+
+    def on_grid(v) -> Tensor:
+        if v is x:
+            return x.t
+        if isinstance(v, Scaled) and v.per_tensor and v.scale.reshape(()).item() == s and \
+                int(v.zero.reshape(())) == z:
+            return v.t
+        if isinstance(v, Scaled) and v.t.is_const:
+            real = (v.t.value.astype(np.int64) - v.zero) * v.scale
+        elif is_float_const(v) and np.isfinite(np.asarray(v.value, np.float64)).all():
+            real = np.vectorize(lambda f: Fraction(float(f)), otypes=[object])(np.asarray(v.value))
+        else:
+            raise Refuse("Where of branches on different grids (scales or zero points) has no exact CVM form here")
+        k = np.vectorize(lambda r: r / s + z, otypes=[object])(np.asarray(real, dtype=object))
+        if any(q.denominator != 1 for q in k.flat):
+            raise Refuse("Where of a constant branch off the other branch's grid has no exact CVM form here")
+        return const(k.astype(np.int64), INT32)
+
+    return replace(x, t=integer_rule(node)(ctx, node, cond, on_grid(a), on_grid(b)))
 
 
 @float_rule("Pow", since=7)

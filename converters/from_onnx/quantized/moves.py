@@ -11,9 +11,9 @@ import numpy as np
 
 from ..context import INT32, const, tight
 from ..checks import MAX_DIM
-from ..emit import as_int32, concatenated, normal, resized_shape
+from ..emit import as_int32, axes_of, broadcast_shape, concatenated, normal, resized_shape
 from ..registry import Refuse, float_rule, integer_rule
-from .values import Real, Scaled, per_tensor, real_bound, scaled
+from .values import Real, Scaled, Summed, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
@@ -27,6 +27,8 @@ def move_rule(ctx, node, x, *rest):
     the grid may precede a Resize or MaxPool before the QuantizeLinear."""
     if node.op_type == "Resize" and node.attr_str("mode", "nearest") in ("linear", "cubic"):
         return interpolated_resize(ctx, node, scaled(x, "the Resize input"), *rest)
+    if node.op_type in ("ReduceMax", "ReduceMin") and isinstance(x, Summed):
+        return reduced_sum(ctx, node, x, *rest)
     x = scaled(x, f"the {node.op_type} input", clipped_ok=True)
     if not x.per_tensor:
         raise Refuse(f"{node.op_type} needs a per-tensor scale and zero point")
@@ -41,6 +43,39 @@ def move_rule(ctx, node, x, *rest):
 
 for _op in MOVES:
     float_rule(_op, since=1)(move_rule)
+
+
+def reduced_sum(ctx, node, x: Summed, axes_t=None) -> Summed:
+    """ReduceMax, ReduceMin of a sum (a per-sample min-max normalization's x - ReduceMin(x)) whose terms but one are
+    constant along the reduced axes (size 1 there): max(a + c) = max(a) + c, as c is the same for every value
+    reduced; so the one varying term is reduced by the integer rule (its scale positive), and the others keep their
+    integers (reshaped as keepdims says). Refused where two terms vary along the reduced axes."""
+    rank = len(x.shape)
+    axes = axes_of(node, axes_t, 18)
+    if not axes and node.attr_int("noop_with_empty_axes", 0):
+        return x
+    axes = sorted(set(normal(axes or list(range(rank)), rank)))
+    keep = node.attr_int("keepdims", 1)
+
+    def varies(t: Scaled) -> bool:
+        shape = (1,) * (rank - len(t.shape)) + t.shape
+        return any(shape[a] > 1 for a in axes)
+
+    moving = [t for t in x.terms if varies(t)]
+    if len(moving) > 1:
+        raise Refuse(f"{node.op_type} of a sum of {len(moving)} terms that vary along the reduced axes (of different "
+                     "scales) has no exact CVM form: quantize the sum first")
+    out = []
+    for t in x.terms:
+        t = per_tensor(t, f"a term of the {node.op_type} input")
+        if t is moving[0] if moving else False:
+            out.append(move_rule(ctx, node, t, *(() if axes_t is None else (axes_t,))))
+            continue
+        shape = (1,) * (rank - len(t.shape)) + t.shape
+        shape = tuple(1 if i in axes else d for i, d in enumerate(shape)) if keep else \
+            tuple(d for i, d in enumerate(shape) if i not in axes)
+        out.append(replace(t, t=ctx.reshape(t.t, shape)))
+    return Summed(tuple(out), broadcast_shape(*(t.t for t in out)))
 
 
 def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Scaled:

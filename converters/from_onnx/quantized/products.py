@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -14,10 +15,10 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, const, tight
-from ..emit import (aligned, as_int32, axes_of, concatenated, conv_window, cropped, minus_zero, nearest, normal,
-                    onnx_pads, reduced, select, spatial_2d, strided_slice)
+from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
+                    nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
 from ..registry import Refuse, float_rule
-from .values import FAR, Scaled, per_tensor, scaled
+from .values import FAR, Scaled, Summed, per_tensor, scaled
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
 MAX_WINDOW_SUMS = 1 << 22  # values of a padded convolution's window sums (a constant per output position)
 
@@ -223,10 +224,7 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     v = np.broadcast_to((bias.t.value.astype(np.int64) - bias.zero).reshape(-1), (n,))
     s = np.broadcast_to(np.broadcast_to(bias.scale, full).reshape(-1), (n,))
     for have, want in zip(s, acc_scale):  # float32 rounding of the product: 2^-22 relative, or a denormal's step
-        # |have - want| > max(want / 2^22, 2^-149) in integers: d / (D_h D_w) against N_w / (D_w 2^22), 1 / 2^149
-        hn, hd, wn, wd = have.numerator, have.denominator, want.numerator, want.denominator
-        d = abs(hn * wd - wn * hd)
-        if d << 22 > wn * hd and d << 149 > hd * wd:
+        if not at_scale(have, want):
             raise Refuse(f"the bias scale {float(have):.9g} is not input scale x weight scale ({float(want):.9g})")
     return v.copy()
 
@@ -416,25 +414,75 @@ def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
                   np.zeros((), np.int64))
 
 
+def gemm_factor(node, name: str) -> Fraction:
+    """Gemm's ``alpha`` or ``beta`` as the exact rational its float32 value is; refused where not finite."""
+    v = node.attr_float(name, 1.0)
+    if not math.isfinite(v):
+        raise Refuse(f"Gemm {name}={v}: a factor that is not finite has no CVM form")
+    return Fraction(v)
+
+
+def times(ctx, x: Scaled, f: Fraction) -> Scaled:
+    """x times the rational f != 0: the scale times |f|, and for f < 0 the integers and zero point negated
+    ((t - z) s f = (-t - (-z)) s |f|; a constant folded, else `negative`)."""
+    if f > 0:
+        return replace(x, scale=np.asarray(x.scale * f, dtype=object)) if f != 1 else x
+    t = x.t
+    if t.is_const:
+        t = const(-t.value.astype(np.int64), INT32)
+    else:
+        t = as_int32(t)
+        t = ctx.result(ctx.op("negative", t), INT32, -t.hi, -t.lo, t.shape)
+    return Scaled(t, np.asarray(x.scale * -f, dtype=object), -x.zero, x.clip)
+
+
+def at_scale(have: Fraction, want: Fraction) -> bool:
+    """Whether a bias scale ``have`` is ``want`` to float32's rounding of a product: within want / 2^22, or 2^-149
+    (a denormal's step)."""
+    hn, hd, wn, wd = have.numerator, have.denominator, want.numerator, want.denominator
+    d = abs(hn * wd - wn * hd)  # |have - want| in integers: d / (D_h D_w) against N_w / (D_w 2^22), 1 / 2^149
+    return not (d << 22 > wn * hd and d << 149 > hd * wd)
+
+
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
-    """Gemm with alpha 1, no transA: dense by a constant B, or the product of two computed tensors
-    (``variable_matmul``, B transposed first under transB); beta scales C alone, so with no C (or beta 0, C unread)
-    any beta is that product."""
-    beta = node.attr_float("beta", 1.0)
-    c = None if beta == 0.0 else c
-    if node.attr_float("alpha", 1.0) != 1.0 or (c is not None and beta != 1.0) or node.attr_int("transA", 0):
-        raise Refuse("a quantized Gemm with alpha != 1, beta != 1 beside a C, or transA has no CVM form here")
+    """alpha A' B' + beta C (docs/import.md, "Gemm's alpha, beta and transA"): A' = A^T under transA (`transpose`);
+    the product by `dense` of a constant B, or of two computed tensors (``variable_matmul``, B transposed first
+    under transB), at scale |alpha| s_a s_b (negated for alpha < 0). C (with beta != 0) is the dense's int32 bias
+    where beta s_c is alpha s_a s_b to float32's rounding, else a second term of the sum (as Add), requantized with
+    the product by the QuantizeLinear that follows."""
+    alpha, beta = gemm_factor(node, "alpha"), gemm_factor(node, "beta")
+    c = None if beta == 0 else c
+    if alpha == 0:
+        raise Refuse("Gemm with alpha 0: its product is unused (no CVM form here)")
     a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
     if len(a.shape) != 2:
         raise Refuse(f"Gemm input of shape {a.shape}")
-    if not b.t.is_const and c is None:
+    if node.attr_int("transA", 0):
+        a = per_tensor(a, "a transposed Gemm input A")
+        a = replace(a, t=ctx.result(ctx.op("transpose", as_int32(a.t), axes=(1, 0)), INT32, a.t.lo, a.t.hi,
+                                    a.shape[::-1]))
+    cs = None if c is None else [scaled(c, "the Gemm bias C")]
+    if not b.t.is_const:
         if node.attr_int("transB", 0):
             b = replace(b, t=ctx.result(ctx.op("transpose", as_int32(b.t), axes=(1, 0)), INT32, b.t.lo, b.t.hi,
                                         b.shape[::-1]))
-        return variable_matmul(ctx, a, b)
-    w, sw = weight(b, "the Gemm weight", transpose=not node.attr_int("transB", 0))
-    return dense(ctx, a, w, sw, None if c is None else scaled(c, "the Gemm bias C"))
+        y = times(ctx, variable_matmul(ctx, a, b), alpha)
+    else:
+        w, sw = weight(b, "the Gemm weight B", transpose=not node.attr_int("transB", 0))
+        sa = per_tensor(a, "the input of a Gemm (dense)").scale.reshape(()).item()
+        bias = None
+        if cs is not None and len(cs) == 1 and cs[0].t.is_const and cs[0].t.size in (1, len(w)) and \
+                all(d == 1 for d in cs[0].shape[:-1]):
+            folded = times(ctx, cs[0], beta / alpha)
+            full = np.broadcast_to(folded.scale, np.broadcast_shapes(folded.scale.shape, (len(w),))).reshape(-1)
+            if not folded.zero.any() and all(at_scale(x, sa * s) for x, s in zip(full, sw)):
+                bias, cs = folded, None
+        y = times(ctx, dense(ctx, a, w, sw, bias), alpha)
+    if cs is None:
+        return y
+    terms = (y, times(ctx, cs[0], beta))
+    return Summed(terms, broadcast_shape(*(t.t for t in terms)))
 
 
 def average(ctx, node, x: Scaled) -> Scaled:

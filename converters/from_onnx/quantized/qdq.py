@@ -14,7 +14,7 @@ from onnx import TensorProto
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import as_int32, broadcast_shape, minus_zero, reduced
 from ..registry import Refuse, float_rule, rule
-from ..requant_plans import NoPlan, Plan, Run, SoftmaxPlan, plan, runs, softmax_plan
+from ..requant_plans import FarPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, plan, runs, softmax_plan
 from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
                      per_tensor, scale_of, scaled, zero_of)
 
@@ -36,6 +36,7 @@ class Requant:
     softmax: SoftmaxPlan | None = None
     layernorm: object | None = None  # norm.LayerNormPlan
     settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
+    far: tuple[tuple[int, FarPlan], ...] = ()  # (row, its plan): far rows whose output varies (``far_rows``)
 
     @property
     def plans(self) -> list[Plan]:
@@ -118,25 +119,29 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         return softmax(ctx, x, scale, out_zero, dtype)
     if isinstance(x, Deferred):
         return x.quantized(ctx, scale, out_zero, dtype)
-    offset, settled = None, ()
+    offset, settled, far, extra = None, (), (), None
     if isinstance(x, Scaled):
         lo, hi = (max(lo, clipped(x.clip[0], scale, out_zero, lo, hi)) if x.clip[0] is not None else lo,
                   min(hi, clipped(x.clip[1], scale, out_zero, lo, hi)) if x.clip[1] is not None else hi)
-        x, offset, settled = settle(ctx, x, scale, out_zero, lo, hi)
+        far, extra = far_rows(ctx, x, scale, out_zero, lo, hi, dtype)
+        x, offset, settled = settle(ctx, x, scale, out_zero, lo, hi, tuple(i for i, _ in far))
     terms = x.terms if isinstance(x, Summed) else (x,)
     vs = [minus_zero(ctx, term.t, term.zero) for term in terms]
     ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
     shape = broadcast_shape(*vs)
 
-    def finish(r: Tensor) -> Tensor:  # the settled rows' values added, then z_out and the saturation
-        if offset is not None:
+    def finish(r: Tensor) -> Tensor:  # the settled and far rows' values added, then z_out and the saturation
+        if offset is not None and settled:
             oc = const(offset.astype(np.int32), INT32)
             r = ctx.result(ctx.op("broadcast_add", r, oc), INT32, r.lo + min(int(offset.min()), 0),
                            r.hi + max(int(offset.max()), 0), broadcast_shape(r, oc))
+        if extra is not None:
+            r = ctx.result(ctx.op("broadcast_add", r, extra), INT32, r.lo + extra.lo, r.hi + extra.hi,
+                           broadcast_shape(r, extra))
         return saturate(ctx, r, out_zero, lo, hi, dtype, shape)
 
     if len(vs) == 1 and all(r == 1 for r in ratios[0].flat):  # the same scale: only the zero point moves
-        ctx.requants.append(Requant(ctx.base, (1.0,), None, settled=settled))
+        ctx.requants.append(Requant(ctx.base, (1.0,), None, settled=settled, far=far))
         return finish(vs[0])
     tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
     flat = tuple(float(r) for m in ratios for r in m.flat)
@@ -158,38 +163,108 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         except NoPlan as e2:
             raise Refuse(str(e2)) from None
         if p is None or len(parts) > 1:
-            ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled))
+            ctx.requants.append(Requant(ctx.base, flat, None, tuple(parts), settled=settled, far=far))
             return finish(apply_runs(ctx, vs[0], parts, axis, ratios[0].shape))
-    ctx.requants.append(Requant(ctx.base, flat, p, settled=settled))
+    ctx.requants.append(Requant(ctx.base, flat, p, settled=settled, far=far))
     return finish(apply(ctx, vs, p))
 
 
 
 
-def settle(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int,
-           hi: int) -> tuple[Scaled, np.ndarray | None, tuple]:
-    """Rows of x whose zero point is FAR (a dead channel: tiny weight scale, huge bias) and whose QuantizeLinear
-    gives one value K for every t in t's interval (round half to even of the exact values at its ends, saturated:
-    rounding is monotone): t is multiplied by 0 there (zero point 0, the least other ratio), and K - z_out added
-    after the requantization. (x, those offsets per row or None, ((row, K), ...)); another far row is refused."""
-    far = np.abs(x.zero) >= FAR
-    if not far.any():
-        return x, None, ()
+def far_of(x: Scaled, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
+    """(far, zero, ratio, full): the rows whose zero point is FAR, the zero points and ratios M broadcast to the
+    shape ``full`` of x's scale and zero point."""
     full = np.broadcast_shapes(x.scale.shape, x.zero.shape)
     ratio = np.broadcast_to(np.asarray(x.scale / scale.reshape(()).item(), dtype=object), full)
-    zero = np.broadcast_to(x.zero, full)
-    far = np.broadcast_to(far, full)
+    return np.broadcast_to(np.abs(x.zero) >= FAR, full), np.broadcast_to(x.zero, full), ratio, full
+
+
+def one_value(t: Tensor, z: int, m, out_zero: int, lo: int, hi: int) -> int | None:
+    """The one output K of a row of values (t - z) m for every t in t's interval (round half to even of the exact
+    values at its ends, saturated: rounding is monotone), or None where it varies."""
+    ends = {min(max(round((v - z) * m) + out_zero, lo), hi) for v in (t.lo, t.hi)}
+    return ends.pop() if len(ends) == 1 else None
+
+
+def far_rows(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int, hi: int,
+             dtype: int) -> tuple[tuple[tuple[int, FarPlan], ...], Tensor | None]:
+    """The far rows whose output varies (docs/import.md, "Far rows whose output varies"), each requantized alone
+    by its ``FarPlan`` on t (v = t - z with the constant -z split off at import): `take` of the row along the
+    channel axis, [`clip`], [`broadcast_add` c0, `cvm_right_shift` s], `broadcast_mul` m, `broadcast_add` of the
+    addend, `cvm_right_shift` k, `broadcast_add` Q, then `broadcast_mul` by the row's 0/1 mask, so that the sum
+    over such rows (`broadcast_add`) is r on them and 0 elsewhere. (((row, plan), ...), that sum or None)."""
+    far, zero, ratio, full = far_of(x, scale)
+    rows = [i for i in np.ndindex(*full) if far[i] and one_value(x.t, int(zero[i]), ratio[i], out_zero, lo, hi) is None]
+    if not rows:
+        return (), None
+    axes = [a for a, n in enumerate(full) if n > 1]
+    if len(axes) > 1:
+        raise Refuse("a far zero point (a dead channel's bias) that varies along more than one axis has no CVM form")
+    tlo, thi = INT_RANGES[dtype]
+    plans, extra = [], None
+    t = as_int32(x.t)
+    for i in rows:
+        row = int(np.ravel_multi_index(i, full)) if full else 0
+        try:
+            p = far_plan(t.lo, t.hi, -int(zero[i]), ratio[i], tlo - out_zero, thi - out_zero)
+        except NoPlan as e:
+            raise Refuse(f"output channel {row}: its bias is {-int(zero[i])} steps of the accumulator's scale (input "
+                         f"scale x weight scale), beyond any CVM label (2^30), and its output varies: {e}") from None
+        plans.append((row, p))
+        if not axes:  # one row: the whole tensor
+            r = far_row(ctx, t, p)
+        else:
+            axis = len(x.shape) - len(full) + axes[0]
+            idx = const(np.array([i[axes[0]]], np.int32), INT32)
+            shape = t.shape[:axis] + (1,) + t.shape[axis + 1:]
+            u = ctx.result(ctx.emit("take", ctx.entry(t), ctx.entry(idx), axis=axis), INT32, t.lo, t.hi, shape)
+            mask = np.zeros(full, np.int32)
+            mask[i] = 1
+            mc = const(mask, INT32)
+            r = far_row(ctx, u, p)
+            r = ctx.result(ctx.op("broadcast_mul", r, mc), INT32, min(r.lo, 0), max(r.hi, 0),
+                           broadcast_shape(r, mc))
+        extra = r if extra is None else ctx.result(ctx.op("broadcast_add", extra, r), INT32, extra.lo + r.lo,
+                                                   extra.hi + r.hi, broadcast_shape(extra, r))
+    return tuple(plans), extra
+
+
+def far_row(ctx, u: Tensor, fp: FarPlan) -> Tensor:
+    """r = cvm_right_shift(cvm_right_shift(clip(u) + c0, s) m + addend, k) + Q (requant_plans.FarPlan)."""
+    p = fp.plan
+    if p.clip is not None:
+        u = ctx.apply("clip", u, shape=u.shape, a_min=p.clip[0], a_max=p.clip[1])
+    if p.pre_shift:
+        if fp.pre_add:
+            u = ctx.apply("broadcast_add", u, const(np.array(fp.pre_add, np.int32), INT32), shape=u.shape)
+        u = ctx.apply("cvm_right_shift", u, shape=u.shape, precision=p.pre_precision, shift_bit=p.pre_shift)
+    u = ctx.result(ctx.narrow(u, p.pre_precision), INT32, u.lo, u.hi, u.shape)
+    v = product(ctx, u, p.multipliers[0].reshape(()))
+    if fp.add:
+        v = ctx.apply("broadcast_add", v, const(np.array(fp.add, np.int32), INT32), shape=v.shape)
+    r = shifted(ctx, v, p.precision, p.shift)
+    if fp.after:
+        r = ctx.apply("broadcast_add", r, const(np.array(fp.after, np.int32), INT32), shape=r.shape)
+    return r
+
+
+def settle(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int, hi: int,
+           varying: tuple[int, ...] = ()) -> tuple[Scaled, np.ndarray | None, tuple]:
+    """Rows of x whose zero point is FAR (a dead channel: tiny weight scale, huge bias) are set to 0 before the
+    requantization (zero point 0, the least other ratio): those whose QuantizeLinear gives one value K for every t
+    in t's interval (``one_value``) get K - z_out added after it; the rows ``varying`` (flat indices) get their
+    ``far_rows`` values instead. (x, those offsets per row or None, ((row, K), ...))."""
+    far, zero, ratio, full = far_of(x, scale)
+    if not far.any():
+        return x, None, ()
     offset, settled = np.zeros(full, np.int64), []
-    for i in zip(*np.nonzero(far)):
-        z, m = int(zero[i]), ratio[i]
-        ends = {min(max(round((v - z) * m) + out_zero, lo), hi) for v in (x.t.lo, x.t.hi)}
-        if len(ends) > 1:
-            raise Refuse(f"output channel {int(np.ravel_multi_index(i, full))}: its bias is {-z} steps of the "
-                         "accumulator's scale (input scale x weight scale), beyond any CVM label (2^30), and its "
-                         "output varies: the channel's bias is too large for its weights' scale (float weights near "
-                         "0, or a huge bias, in the Conv, Gemm or MatMul before this node); no CVM form")
-        offset[i] = ends.pop() - out_zero
-        settled.append((int(np.ravel_multi_index(i, full)), int(offset[i]) + out_zero))
+    for i in np.ndindex(*full):
+        row = int(np.ravel_multi_index(i, full)) if full else 0
+        if not far[i] or row in varying:
+            continue
+        k = one_value(x.t, int(zero[i]), ratio[i], out_zero, lo, hi)
+        offset[i] = k - out_zero
+        settled.append((row, k))
     t = as_int32(x.t)  # 0 on the far rows: min(max(t, L), H) with L = H = 0 there, t's own bounds elsewhere
     low = const(np.where(far, 0, min(t.lo, 0)).astype(np.int32), INT32)
     high = const(np.where(far, 0, -max(t.hi, 0)).astype(np.int32), INT32)

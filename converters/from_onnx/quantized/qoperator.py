@@ -3,13 +3,16 @@ QuantizeLinear(op(DequantizeLinear(x), ...)).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from ..context import Tensor
+from ..context import INT32, Tensor
+from ..emit import as_int32
 from ..registry import Refuse, rule
 from .elementwise import FUNCTIONS, add_rule, mapped, multiply
 from .moves import concat_rule
-from .products import average, conv, dense, global_average, variable_matmul, weight
+from .products import average, conv, dense, gemm_factor, global_average, times, variable_matmul, weight
 from .qdq import dequantize, out_type, quantize, softmax_view
 from .values import MS, Scaled, Softmaxed, per_tensor, scale_of, zero_of
 
@@ -52,13 +55,19 @@ def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
 
 @rule("QGemm", since=1, domain=MS)
 def qgemm(ctx, node, a, a_s, az, b, bs, bz, c=None, ys=None, yz=None):
-    if node.attr_float("alpha", 1.0) != 1.0 or node.attr_int("transA", 0):
-        raise Refuse("QGemm with alpha != 1 or transA has no CVM form here")
+    """alpha (A' B' + C) as onnxruntime's kernel computes it: C int32 in the accumulator, beta unread; A' = A^T under
+    transA; the scale alpha s_a s_b (``times``)."""
+    alpha = gemm_factor(node, "alpha")
+    if alpha == 0:
+        raise Refuse("QGemm with alpha 0: its product is unused (no CVM form here)")
     trans = bool(node.attr_int("transB", 0))
     av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, 0 if trans else 1)
+    if node.attr_int("transA", 0):
+        av = replace(av, t=ctx.result(ctx.op("transpose", as_int32(av.t), axes=(1, 0)), INT32, av.t.lo, av.t.hi,
+                                      av.shape[::-1]))
     w, sw = weight(bv, "the QGemm weight B", transpose=not trans)
     bias = None if c is None else Scaled(c, np.asarray(av.scale.reshape(()).item() * sw), np.zeros((), np.int64))
-    y = dense(ctx, av, w, sw, bias)
+    y = times(ctx, dense(ctx, av, w, sw, bias), alpha)
     return y if ys is None else requantized(ctx, node, y, ys, yz)
 
 
