@@ -1,9 +1,9 @@
 """The models this project reads and writes run on the CVM runtime itself exactly as on the reference executor,
 element for element, on its CPU and FORMAL devices: the example models, ResNet-20, models that
-onnxruntime.quantization wrote and the quantized front imported, one small model per quantized-import rule and the
-second corpus's shipped models (where their packages are installed); and each example's gas is the runtime's
-(CVMAPIGetGasFromModel). Needs a local build of the runtime named by
-CVM_RUNTIME_LIB (tests/support/cvm_runtime.py); skipped without one."""
+onnxruntime.quantization wrote and the quantized front imported, one small model per quantized-import rule, the
+corpora's shipped models (where their packages are installed), far rows and Gemm's factors; and each example's gas
+is the runtime's (CVMAPIGetGasFromModel). Needs a local build of the runtime named by CVM_RUNTIME_LIB
+(tests/support/cvm_runtime.py); skipped without one."""
 from __future__ import annotations
 
 import itertools
@@ -369,3 +369,46 @@ def test_products_in_three_parts(tmp_path):
         for x in xs:
             x = x.reshape(1, 1, 64).astype(np.int32)
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def test_far_rows_and_gemm_factors(tmp_path):
+    """A far row whose output varies (a channel's bias of -2.1e9 accumulator steps at a weight scale that puts its
+    value near -60.5 output steps: docs/import.md, "Far rows whose output varies") beside ordinary channels, and a
+    Gemm with alpha -0.375, beta 2, transA and a C at its own scale ("Gemm's alpha, beta and transA"): the runtime's
+    CPU and FORMAL devices load the split-off bias, the row's own plan and the negated product, and give the reference
+    executor's integers over the input's range, its extremes included."""
+    rng = np.random.default_rng(7)
+    sx, so, bias = 0.02, 0.05, -2100000000
+    w = rng.integers(-127, 128, size=(3, 8, 3, 3))
+    sw = (rng.uniform(0.5, 2, 3) * 0.01).astype(np.float32)
+    sw[1] = np.float32(60.5 * so / (abs(bias) * sx))  # |b| M near -60.5 output steps: the row's output varies
+    b = np.array([1234, bias, -777])
+    conv = qdq([h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+                h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=0),
+                h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0),
+                h.make_node("Conv", ["xf", "wf", "bf"], ["cf"], pads=[1, 1, 1, 1]),
+                h.make_node("QuantizeLinear", ["cf", "so", "zo"], ["y"])],
+               (1, 8, 5, 5), T.INT8, {"sx": np.float32(sx), "zx": np.int8(0), "w": w.astype(np.int8), "sw": sw,
+                                      "b": b.astype(np.int32), "sb": (np.float32(sx) * sw).astype(np.float32),
+                                      "so": np.float32(so), "zo": np.int8(0)}, T.INT8)
+    gemm = qdq([h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+                h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+                h.make_node("DequantizeLinear", ["c", "sc"], ["cf"]),
+                h.make_node("Gemm", ["xf", "wf", "cf"], ["r"], alpha=-0.375, beta=2.0, transA=1),
+                h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])],
+               (6, 4), T.UINT8, {"sx": np.float32(0.03), "zx": np.uint8(100), "sw": np.float32(0.02),
+                                 "w": rng.integers(-127, 128, (6, 5)).astype(np.int8), "sc": np.float32(0.0004),
+                                 "c": rng.integers(-5000, 5000, 5).astype(np.int32), "so": np.float32(0.04),
+                                 "zo": np.int8(3)}, T.INT8)
+    for name, m, (lo, hi) in (("conv", conv, (-127, 127)), ("gemm", gemm, (0, 255))):
+        imp = import_model(m, input_precision=9)
+        assert name != "conv" or sum(len(r.far) for r in imp.requants) == 1
+        write_model(imp.graph, tmp_path / name)
+        shape = tuple(d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim)
+        xs = [np.full(shape, lo), np.full(shape, hi), rng.choice([lo, hi], size=shape)] + \
+            [rng.integers(lo, hi + 1, size=shape) for _ in range(4)]
+        for device in DEVICES.values():
+            runtime = CvmRuntime(LIB, tmp_path / name, device)
+            for x in xs:
+                x = x.astype(np.int32)
+                assert np.array_equal(runtime.run(x), reference(imp.graph, x))
