@@ -121,7 +121,9 @@ def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp
 @pytest.mark.parametrize(("dims", "samples", "want"), [
     (["batch", 3, None, -1], (5, 3, 48, 192), (1, 3, 48, 192)), (["batch", 3, None, -1], (5, 1, 3, 8, 9), (1, 3, 8, 9)),
     ([1, 2, 4, 4], (6, 2, 4, 4), (1, 2, 4, 4)), ([3, 5], (2, 3, 5), (3, 5)), (["n", 7], (4, 7), (1, 7)),
-    (["batch", 3, None, -1], (5, 2, 3, 8, 9), None), ([3, 5], (2, 5), None), ([1, 2, 4, 4], (6, 2, 4, 5), None)])
+    (["batch", 3, None, -1], (5, 2, 3, 8, 9), (2, 3, 8, 9)),  # a dynamic first dim the samples give
+    (["frames", "bins"], (4, 100, 105), (100, 105)),  # no batch axis: madmom's (frames, bins)
+    ([3, 5], (2, 5), None), ([1, 2, 4, 4], (6, 2, 4, 5), None), ([1, 2, 4, 4], (6, 3, 2, 4, 4), None)])
 def test_dynamic_dims_come_from_the_calibration_samples(dims, samples, want):
     from cvm_onnx.app.quantize import _sample_shape
 
