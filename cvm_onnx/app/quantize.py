@@ -57,7 +57,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .rewrites import einsums_as_matmuls, scalers_as_ops, unshared_biases
+from .rewrites import einsums_as_matmuls, float16_as_float32, scalers_as_ops, unshared_biases
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -530,6 +530,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     fuse_gelu(model)
     einsums_as_matmuls(model.graph)
     scalers_as_ops(model.graph)
+    float16_as_float32(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     if model is given:
         _save_external(model, compared)

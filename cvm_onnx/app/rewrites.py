@@ -234,3 +234,33 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
         graph.node.remove(node)
         done += 1
     return done
+
+
+def float16_as_float32(graph: onnx.GraphProto) -> int:
+    """Widen a model that computes in float16 (Keras' mixed precision: float32 embeddings cast to float16, every
+    layer after in float16) to float32: float16 initializers and Constant/ConstantOfShape values as float32 (each
+    float16 is a float32 exactly), Casts and ``dtype`` attributes to float16 made to float32, float16 outputs and
+    value infos declared float32. The ops then compute in float32 what they computed in float16, without its
+    rounding; quantize_static quantized float16 tensors with float16 scales, which have no CVM form. Returns how
+    many tensors and nodes were changed."""
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    done = 0
+
+    def widened(t: onnx.TensorProto) -> bool:
+        if t.data_type != f16 or t.data_location == onnx.TensorProto.EXTERNAL:
+            return False
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+        return True
+
+    for t in graph.initializer:
+        done += widened(t)
+    for n in graph.node:
+        for a in n.attribute:
+            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == f16:
+                a.i, done = f32, done + 1
+            elif a.type == onnx.AttributeProto.TENSOR:
+                done += widened(a.t)
+    for v in (*graph.output, *graph.value_info):
+        if v.type.tensor_type.elem_type == f16:
+            v.type.tensor_type.elem_type, done = f32, done + 1
+    return done

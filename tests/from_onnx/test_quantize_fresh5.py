@@ -3,7 +3,8 @@ StandardScaler before an MLP) written as Add and Mul, checked bit for bit agains
 offsets, scales and inputs; the MLP then quantizes and imports whole, where quantize_static looped forever (no
 type known after the Scaler, so a Reshape waited for its input's quantization); such a wait refused naming the
 node; a weight read by several Gemms (a written-out LSTM's steps), on which onnxruntime could not build the
-comparison's session; and nothing left in the working folder by onnxruntime's symbolic shape inference."""
+comparison's session; nothing left in the working folder by onnxruntime's symbolic shape inference; a Pad of a
+quantized constant value (madmom); a model computing in float16 (Keras' mixed precision) widened to float32."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +24,7 @@ from onnx import numpy_helper as nh
 from support.quantized import qdq
 
 from cvm_onnx.app.quantize import quantize
-from cvm_onnx.app.rewrites import scalers_as_ops
+from cvm_onnx.app.rewrites import float16_as_float32, scalers_as_ops
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError, UnsupportedError
 from cvm_onnx.core.executor import execute
@@ -233,3 +234,54 @@ def test_a_pad_with_a_quantized_value_pads_its_integer(x_type, s, data):
     want = np.pad(x, [(a, b) for a, b in zip(pads[:4], pads[4:])], constant_values=fill)
     assert np.array_equal(got.astype(np.int64), want)
     assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def half_model(dtype: int, w: np.ndarray, b: np.ndarray, vocab: np.ndarray) -> onnx.ModelProto:
+    """Keras' mixed precision as tf2onnx writes it (slovorez's morpheme model): int32 ids, a float32 embedding
+    Gather, Cast to ``dtype``, a Conv and bias Add of ``dtype`` weights, Relu, Softmax, a ``dtype`` output."""
+    np_type = np.float16 if dtype == T.FLOAT16 else np.float32
+    inits = [nh.from_array(vocab, "emb"), nh.from_array(w.astype(np_type), "w"), nh.from_array(b.astype(np_type), "b"),
+             nh.from_array(np.array([2], np.int64), "ax")]
+    nodes = [h.make_node("Gather", ["emb", "x"], ["e"]), h.make_node("Cast", ["e"], ["c"], to=dtype),
+             h.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 1]), h.make_node("Unsqueeze", ["t", "ax"], ["u"]),
+             h.make_node("Conv", ["u", "w", "b"], ["k"], pads=[0, 1, 0, 1]), h.make_node("Relu", ["k"], ["r"]),
+             h.make_node("Softmax", ["r"], ["y"], axis=1)]
+    g = h.make_graph(nodes, "half", [h.make_tensor_value_info("x", T.INT32, [1, 6])],
+                     [h.make_tensor_value_info("y", dtype, None)], inits)
+    return onnx_model(g, 13)
+
+
+def half_weights(seed: int, scale: float = 1.0):
+    rng = np.random.default_rng(seed)
+    w = (rng.normal(size=(5, 4, 1, 3)) * scale).astype(np.float16)
+    return w, rng.normal(size=5).astype(np.float16), rng.normal(size=(9, 4)).astype(np.float32)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), scale=st.sampled_from([1e-3, 1.0, 300.0]),
+       ids=st.lists(st.integers(0, 8), min_size=6, max_size=6))
+def test_a_float16_model_widened_is_its_float32_twin(seed, scale, ids):
+    """float16_as_float32 leaves no float16 anywhere and computes exactly what the same graph written in float32
+    with the same (float16) weights computes, bit for bit."""
+    w, b, vocab = half_weights(seed, scale)
+    m = half_model(T.FLOAT16, w, b, vocab)
+    assert float16_as_float32(m.graph) > 0
+    inferred = onnx.shape_inference.infer_shapes(m, strict_mode=True).graph
+    assert all(t.data_type != T.FLOAT16 for t in m.graph.initializer)
+    assert all(v.type.tensor_type.elem_type != T.FLOAT16 for v in (*inferred.value_info, *inferred.output))
+    x = np.array([ids], np.int32)
+    twin = half_model(T.FLOAT, w.astype(np.float32), b.astype(np.float32), vocab)
+    got, want = run(m, x), run(twin, x)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_float16_model_quantizes_and_imports(tmp_path):
+    """The mixed-precision model imports whole, as close to float as onnxruntime's quantized model (1.1x), the
+    export exact; before: refused (DequantizeLinear with a float16 scale, float Casts of dequantized values)."""
+    m = half_model(T.FLOAT16, *half_weights(0))
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).integers(0, 9, (16, 6)).astype(np.int32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
