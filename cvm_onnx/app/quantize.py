@@ -8,8 +8,9 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one, gives a bias shared by
-   several nodes a copy per node (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
+   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one and an ai.onnx.ml Scaler as
+   Add and Mul, widens float16 computation to float32, gives a bias shared by several nodes a copy per node
+   (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -21,7 +22,8 @@
    the exact arithmetic).
 No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
 leaves; that Einsum, which quantize_static leaves in float; a shared bias, which it renames into other tensors'
-names): the tools are onnxruntime's and onnx's.
+names; the Scaler and float16, after which it quantizes nothing or in float16): the tools are onnxruntime's and
+onnx's.
 onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
@@ -503,8 +505,9 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
-    Einsum that is a MatMul as one (``einsums_as_matmuls``); a Scaler as Add and Mul (``scalers_as_ops``); a
-    shared bias copied per node (``unshared_biases``); its tensors of 1 KB or more in ``<path>.data``. Returns the
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); a Scaler as Add and Mul (``scalers_as_ops``); float16
+    computation widened to float32 (``float16_as_float32``); a shared bias copied per node (``unshared_biases``);
+    its tensors of 1 KB or more in ``<path>.data``. Returns the
     file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused
     where its opset was not raised), its weights moved out of ``model`` into external data there (so that no stage
     holds them twice)."""
