@@ -980,7 +980,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     made constants first (a value, or None: zeros), and the Ifs they decide folded; with one input left, the Ifs
     its shape (fixed to a sample's) decides folded too, with or without ``fold``. ``report``: each quantized
     tensor's distance on the calibration samples from the pre-processed float model and from the exact arithmetic
-    (``layers.layer_report``)."""
+    (``layers.layer_report``). The process's working folder is quantize's scratch folder while onnxruntime's shape
+    inference runs (``_working_folder``): threads resolving relative paths meanwhile would resolve them there."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
