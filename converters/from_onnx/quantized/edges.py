@@ -204,11 +204,20 @@ def tail(ctx, x) -> Scaled:
 
 def output_edge(ctx, x) -> tuple[Tensor, np.ndarray, np.ndarray]:
     """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor; any other real
-    value (a float tail, a scale no float32 holds) quantized by ``tail``."""
-    if not (isinstance(x, Scaled) and x.clip == (None, None) and float32_scales(x)):
+    value (a float tail, a scale no float32 holds, a per-tensor sum of integers beyond 16 bits: a float function's
+    table averaged at the output) quantized by ``tail``."""
+    if not (isinstance(x, Scaled) and x.clip == (None, None) and float32_scales(x)) or wide(x):
         x = tail(ctx, x)
     s = np.array([float(v) for v in x.scale.flat], np.float64).reshape(x.scale.shape)
     return x.t, s.astype(np.float32), x.zero
+
+
+def wide(x) -> bool:
+    """Whether ``x`` is a per-tensor dequantized value whose integers and zero point no 16-bit type holds."""
+    if not isinstance(x, Scaled) or not x.per_tensor:
+        return False
+    lo, hi = min(x.t.lo, int(x.zero.reshape(()))), max(x.t.hi, int(x.zero.reshape(())))
+    return not any(INT_RANGES[d][0] <= lo and hi <= INT_RANGES[d][1] for d in QUANTIZED_TYPES)
 
 
 def float32_scales(x: Scaled) -> bool:

@@ -18,7 +18,8 @@ from ..context import INT32, Tensor, const, tight
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
                     nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
 from ..registry import Refuse, float_rule
-from .values import FAR, Scaled, Summed, per_tensor, scaled
+from .qdq import quantize
+from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
 MAX_WINDOW_SUMS = 1 << 22  # values of a padded convolution's window sums (a constant per output position)
 
@@ -527,17 +528,36 @@ def global_average(ctx, x: Scaled) -> Scaled:
                                                                           dtype=object), np.zeros((), np.int64))
 
 
+def tabled(ctx, x):
+    """A float function of one dequantized value (``Mapped``: an Elu that quantize_static leaves unquantized, the
+    average after it being left in float too: madmom's key CNN) quantized as a float output is (edges.tail): int16,
+    zero point 0, the least float32 step s with 32767 s >= its largest finite |value| on its input's integers; so
+    the average reads integers. Any other value as it is."""
+    if not isinstance(x, Mapped) or x.x.t.hi - x.x.t.lo >= 1 << 16:
+        return x
+    q = np.arange(x.x.t.lo, x.x.t.hi + 1, dtype=np.int64) - int(x.x.zero.reshape(()))
+    with np.errstate(all="ignore"):
+        image = np.abs(np.asarray(x.fn(q * float(x.x.scale.reshape(()).item())), np.float64))
+    m = float(image[np.isfinite(image)].max(initial=0.0)) or 1.0
+    step = np.float32(m / 32767)
+    while float(step) * 32767 < m:
+        step = np.nextafter(step, np.float32(np.inf))
+    scale, zero = np.asarray(Fraction(float(step)), dtype=object), np.zeros((), np.int64)
+    return Scaled(quantize(ctx, x, scale, zero, TensorProto.INT16), scale, zero)
+
+
 @float_rule("GlobalAveragePool", since=1)
 def global_average_rule(ctx, node, x):
-    return global_average(ctx, scaled(x, "the GlobalAveragePool input"))
+    return global_average(ctx, scaled(tabled(ctx, x), "the GlobalAveragePool input"))
 
 
 @float_rule("ReduceMean", "ReduceSum", since=1)
 def reduce_mean_rule(ctx, node, x, axes_t=None):
     """ReduceMean, ReduceSum: the sum of x - z over the axes (CVM's sum, as ReduceSum) at scale s_x / n (n the
-    count of values reduced) or s_x: exact, requantized by the QuantizeLinear that follows."""
+    count of values reduced) or s_x: exact, requantized by the QuantizeLinear that follows. ReduceMean of a float
+    function of a dequantized value first quantizes it as a float output is (``tabled``)."""
     mean = node.op_type == "ReduceMean"
-    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+    x = per_tensor(scaled(tabled(ctx, x) if mean else x, f"the {node.op_type} input"), node.op_type)
     rank = len(x.shape)
     axes = axes_of(node, axes_t, 18 if mean else 13)
     if not axes and node.attr_int("noop_with_empty_axes", 0):

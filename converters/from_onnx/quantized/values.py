@@ -152,11 +152,15 @@ def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
     raise Refuse(f"{what} ({'a sum' if isinstance(x, Summed) else x.what}) must be quantized (QuantizeLinear) first")
 
 
-def real_bound(t: Tensor | None, what: str) -> Fraction | None:
-    """The real value of an optional constant scalar bound (Clip min/max, a Pad value); None for one not finite."""
+def real_bound(t: Tensor | Scaled | None, what: str) -> Fraction | None:
+    """The real value of an optional constant scalar bound (Clip min/max, a Pad value); None for one not finite.
+    A quantized constant (quantize_static quantizes a Pad's constant_value: DequantizeLinear of an integer q) is
+    its exact value (q - zero) * scale, as every dequantized value is here."""
     if t is None:
         return None
-    if not t.is_const or t.value.size != 1:
+    if isinstance(t, Scaled) and t.per_tensor and isinstance(t.t, Tensor) and t.t.is_const and t.t.value.size == 1:
+        return (int(np.asarray(t.t.value).reshape(())) - int(t.zero.reshape(()))) * Fraction(t.scale.reshape(()).item())
+    if not isinstance(t, Tensor) or not t.is_const or t.value.size != 1:
         raise Refuse(f"{what} must be a constant scalar")
     v = float(np.asarray(t.value).reshape(()))
     if not math.isfinite(v):
