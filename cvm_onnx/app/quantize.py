@@ -19,16 +19,16 @@
    onnxruntime's quantized model with the float model on the calibration samples, output by output; with
    ``report``, every quantized tensor too (``layers.layer_report``: against the pre-processed float model and
    the exact arithmetic).
-No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
-leaves; that Einsum, which quantize_static leaves in float; a shared bias, which it renames into other tensors'
-names): the tools are onnxruntime's and onnx's.
+Few graph rewrites (that BatchNormalization, which onnxruntime's optimizer leaves; that Einsum, which
+quantize_static leaves in float; a shared bias, which it renames into other tensors' names): the tools are
+onnxruntime's and onnx's. The calibration's ranges are those of onnxruntime's calibrators, computed by
+``calibration.ranges`` with the weights left on disk and each run reduced as it comes, and given to quantize_static
+as its calibration cache.
 onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import io
 import logging
 import math
@@ -56,7 +56,9 @@ from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
+from . import calibration
 from .api import convert, has_two_parts, load_onnx, one_part_gas
+from .memory import release_memory
 from .rewrites import einsums_as_matmuls, unshared_biases
 from .layers import LayerReport, layer_report
 
@@ -1132,22 +1134,6 @@ def _graph_of(model: onnx.ModelProto | Path) -> onnx.ModelProto:
     return onnx.load(model, load_external_data=False) if isinstance(model, Path) else model
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # no glibc
-        return None
-
-
-def release_memory() -> None:
-    """The heap's free pages returned to the system (glibc's malloc_trim; nothing without glibc). Each stage of
-    quantize frees the copies of the model it made (serializations, onnxruntime's sessions), which glibc otherwise
-    keeps, and the next stage's peak stood on them (the ViT of benchmarks/transformer_import.py's doc)."""
-    if (trim := _malloc_trim()) is not None:
-        trim(0)
-
-
 def _stamp(path: Path) -> None:
     """The quantized model at ``path`` as one file (quantize_static wrote its weights to ``<path>.data``:
     ``use_external_data_format``, so that its calibration holds no second copy of the float weights), with the IR
@@ -1176,17 +1162,29 @@ def compare(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported,
 
 def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, symmetric: bool, method: str,
                      activation: str, form: str, where) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    """onnxruntime.quantization.quantize_static of the model in ``src`` (its weights as external data beside it),
+    written to ``out``, calibrated on the reader's samples: by ``calibration.ranges`` (the same ranges, the weights
+    left on disk) given to it as its calibration cache, where that applies, else by its own calibrator."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static, save_tensors_data
 
     try:
+        cache = None
+        if calibration.applies(onnx.load(src, load_external_data=False)):
+            cache = src.with_name("calibration.json")
+            save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
+                                                 reader.progress), cache)
+            release_memory()
+            if reader.progress:
+                reader.progress(0, None, "quantizing (onnxruntime)")
         quantize_static(
-            os.fspath(src), os.fspath(out), reader,
+            os.fspath(src), os.fspath(out), None if cache else reader,
             quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
             activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
             weight_type=QuantType.QInt8, per_channel=per_channel,
             calibrate_method=getattr(CalibrationMethod, METHODS[method]),
             extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                           "ForceQuantizeNoInputCheck": True}, use_external_data_format=True)
+                           "ForceQuantizeNoInputCheck": True}, use_external_data_format=True,
+            calibration_cache_path=cache)
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
         raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
                              where=os.fspath(where)) from None
