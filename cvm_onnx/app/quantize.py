@@ -502,14 +502,13 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
+    inference (symbolic where it succeeds, else onnx's alone; with the weights on disk, ``_pre_processed``); a BatchNormalization after ConvTranspose folded; an
     Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node (``unshared_biases``);
     its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
     compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
     weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
@@ -544,21 +543,13 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
         raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
     release_memory()
-    failure = None
     data = Path(f"{path}.data")
-    for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
-        data.unlink(missing_ok=True)
-        try:  # its models written with external data: no serialization of the weights in memory
-            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic,
-                              save_as_external_data=True, all_tensors_to_one_file=True,
-                              external_data_location=data.name)
-            break
-        except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
-            failure = e
-    else:
-        raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
-                             f"{type(failure).__name__}: {failure}")
-    out = onnx.load(path)  # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
+    try:
+        out = _pre_processed(optimized)
+    except Exception:  # noqa: BLE001  (onnxruntime's tools raise anything: then quant_pre_process itself)
+        out = _quant_pre_processed(optimized, path)
+    release_memory()
+    # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
     used = {n.domain for n in _nodes(out.graph)} | {"", "ai.onnx"}
     kept = [o for o in out.opset_import if o.domain in used]
     del out.opset_import[:]
@@ -571,6 +562,73 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     return compared
 
 
+def _quant_pre_processed(optimized: Path, path: Path) -> onnx.ModelProto:
+    """quant_pre_process(``optimized``, skip_optimization=True) written to ``path`` (its weights in
+    ``<path>.data``) and read back; without its symbolic shape inference where that fails (it asserts on some
+    graphs)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    data = Path(f"{path}.data")
+    for symbolic in (True, False):
+        data.unlink(missing_ok=True)
+        try:  # its models written with external data: no serialization of the weights in memory
+            quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic,
+                              save_as_external_data=True, all_tensors_to_one_file=True,
+                              external_data_location=data.name)
+            return onnx.load(path)
+        except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
+            failure = e
+    raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
+                         f"{type(failure).__name__}: {failure}")
+
+
+#: The ops whose constant inputs (weights) stay on disk through the symbolic shape inference, which reads only
+#: their shapes; it reads the values of others' (a class token Expanded and Concatenated, a bias Added). Were it
+#: to read one on disk, it fails (its file is not found), and quant_pre_process then runs with the weights in memory.
+WEIGHT_READERS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
+
+
+def _pre_processed(optimized: Path) -> onnx.ModelProto:
+    """What quant_pre_process(``optimized``, skip_optimization=True) makes of the model in that file (opset 11 or
+    more: below, it converts the model first), its weights on disk until the end (the file rewritten with them as
+    external data): onnxruntime's symbolic shape inference of the model without them (it reads the values of small
+    tensors only: shapes, axes), onnx's shape inference of its file, the pre-processing mark; then the weights read
+    in. The model held with its weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612
+    MiB."""
+    from onnxruntime.quantization.quant_utils import add_pre_process_metadata
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
+
+    model = onnx.load(optimized, load_external_data=False)  # its weights partly in the source model's file
+    readers: dict[str, set[str]] = {}
+    for n in _nodes(model.graph):
+        for x in n.input:
+            readers.setdefault(x, set()).add(n.op_type)
+    for t in _tensors(model.graph):
+        weight = t.name in readers and readers[t.name] <= WEIGHT_READERS
+        if not weight and uses_external_data(t):
+            _load_external_tensor(t, optimized.parent)
+        elif weight and t.HasField("raw_data") and len(t.raw_data) >= 1024:
+            set_external_data(t, f"{optimized.name}.data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            save_external_data(t, os.fspath(optimized.parent))
+            t.ClearField("raw_data")
+    if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) <= 10:
+        raise UnsupportedError("quant_pre_process converts a model of opset 10 or less first")
+    model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
+    symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
+    onnx.save(model, symbolic)  # its weights external still, beside it
+    del model
+    onnx.shape_inference.infer_shapes_path(os.fspath(symbolic), os.fspath(inferred))
+    model = onnx.load(inferred, load_external_data=False)
+    symbolic.unlink()
+    inferred.unlink()
+    add_pre_process_metadata(model)
+    _load_external(model, optimized.parent)
+    return model
+
+
 def _save_external(model: onnx.ModelProto, path: Path) -> None:
     """``model`` written to ``path``, its tensors of 1 KB or more moved out of it into ``<path>.data``."""
     onnx.save(model, path, save_as_external_data=True, location=f"{path.name}.data")
@@ -579,12 +637,18 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
 def _load_external(model: onnx.ModelProto, folder: Path) -> None:
     """The external tensors of ``model`` (initializers and node attributes, in subgraphs too) read back into it
     from ``folder``, as they were before they were written out."""
-    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+    from onnx.external_data_helper import uses_external_data
 
-    external = [t for t in _tensors(model.graph) if uses_external_data(t)]
-    load_external_data_for_model(model, os.fspath(folder))
-    for t in external:
-        t.ClearField("data_location")
+    for t in _tensors(model.graph):
+        if uses_external_data(t):
+            _load_external_tensor(t, folder)
+
+
+def _load_external_tensor(t: onnx.TensorProto, folder: Path) -> None:
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    load_external_data_for_tensor(t, os.fspath(folder))
+    t.ClearField("data_location")
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
