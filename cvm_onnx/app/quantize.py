@@ -502,11 +502,12 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone; with the weights on disk, ``_pre_processed``); a BatchNormalization after ConvTranspose folded; an
-    Einsum that is a MatMul as one (``einsums_as_matmuls``); a shared bias copied per node (``unshared_biases``);
-    its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
-    compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
-    weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
+    inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
+    BatchNormalization after ConvTranspose folded; an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
+    shared bias copied per node (``unshared_biases``); its tensors of 1 KB or more in ``<path>.data``. Returns
+    the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and GELUs
+    fused where its opset was not raised), its weights moved out of ``model`` into external data there (so that no
+    stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
 
@@ -590,17 +591,17 @@ WEIGHT_READERS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
 def _pre_processed(optimized: Path) -> onnx.ModelProto:
     """What quant_pre_process(``optimized``, skip_optimization=True) makes of the model in that file (opset 11 or
-    more: below, it converts the model first), its weights on disk until the end (the file rewritten with them as
-    external data): onnxruntime's symbolic shape inference of the model without them (it reads the values of small
-    tensors only: shapes, axes), onnx's shape inference of its file, the pre-processing mark; then the weights read
-    in. The model held with its weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612
-    MiB."""
+    more: below, it converts the model first), the weights of ``WEIGHT_READERS`` on disk until the end (those the
+    optimizer wrote into the file moved to ``<optimized>.data``): onnxruntime's symbolic shape inference, onnx's
+    shape inference of the file, the pre-processing mark; then the weights read in. The model held with its
+    weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612 MiB."""
+    from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
-
     model = onnx.load(optimized, load_external_data=False)  # its weights partly in the source model's file
+    if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) <= 10:
+        raise UnsupportedError("quant_pre_process converts a model of opset 10 or less first")
     readers: dict[str, set[str]] = {}
     for n in _nodes(model.graph):
         for x in n.input:
@@ -614,8 +615,6 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
             t.data_location = onnx.TensorProto.EXTERNAL
             save_external_data(t, os.fspath(optimized.parent))
             t.ClearField("raw_data")
-    if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) <= 10:
-        raise UnsupportedError("quant_pre_process converts a model of opset 10 or less first")
     model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
     onnx.save(model, symbolic)  # its weights external still, beside it
@@ -645,6 +644,7 @@ def _load_external(model: onnx.ModelProto, folder: Path) -> None:
 
 
 def _load_external_tensor(t: onnx.TensorProto, folder: Path) -> None:
+    """One external tensor read back from ``folder``, as it was before it was written out."""
     from onnx.external_data_helper import load_external_data_for_tensor
 
     load_external_data_for_tensor(t, os.fspath(folder))

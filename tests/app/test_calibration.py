@@ -88,15 +88,22 @@ def _digests(folder) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("method", list(METHODS))
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_quantize_writes_what_quantize_static_calibrating_itself_writes(tmp_path, monkeypatch, method, per_channel):
-    onnx.save(encoder(seed=3, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", np.random.default_rng(3).normal(size=(4, 1, 5, 32)).astype(np.float32))
-    ours = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "a", method=method, per_channel=per_channel)
+@pytest.mark.parametrize("method, per_channel, form", [(m, pc, "qdq") for m in METHODS for pc in (False, True)]
+                         + [("minmax", False, "qoperator"), ("percentile", True, "qoperator")])
+def test_quantize_writes_what_quantize_static_calibrating_itself_writes(tmp_path, monkeypatch, method, per_channel,
+                                                                        form):
+    """An encoder in QDQ form; a CNN in QOperator form (which has no LayerNormalization)."""
+    if form == "qdq":
+        model, shape = encoder(seed=3, s=5, d=32, heads=4, ff=64, ln="pow"), (1, 5, 32)
+    else:
+        model, shape = _model("cnn", 3)
+    onnx.save(model, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(3).normal(size=(4, *shape)).astype(np.float32))
+    ours = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "a", method=method, per_channel=per_channel,
+                    form=form)
     monkeypatch.setattr(calibration, "applies", lambda model: False)  # quantize_static's own calibrator
     theirs = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "b", method=method,
-                      per_channel=per_channel)
+                      per_channel=per_channel, form=form)
     assert ours.onnx_model == theirs.onnx_model
     assert _digests(tmp_path / "a") == _digests(tmp_path / "b")
     assert ours.agreements == theirs.agreements
