@@ -8,12 +8,14 @@ and per channel; each quantized model is cached in the work folder. Each import 
 peak RSS is its own): ``import_model``, then ``validate``, timed apart, and the sha256 of the files written
 (symbol, params, quantization.json), so two checkouts' imports can be compared byte for byte. ``--repeat``
 alternates the forms. ``--whole``: the whole ``cvm_onnx.app.quantize.quantize`` of the float model instead (as
-``cvm-onnx quantize`` runs it, on ``--samples`` samples), timed stage by stage from its progress reports, with the
-peak RSS so far at the end of each, and the RSS after the imports (the interpreter's baseline). Peaks are /proc's
-VmHWM of the child alone.
+``cvm-onnx quantize`` runs it, on ``--samples`` samples; ``--model DIR``: of DIR/float.onnx on DIR/calibration.npy),
+timed stage by stage from its progress reports, with each stage's own peak RSS (VmHWM reset at its start), the
+peak of the whole, the RSS after the imports (the interpreter's baseline) and the sha256 of the files written (the
+CVM model's and the quantized ONNX model); a form may name the calibration method (``--forms pt,pc-entropy``).
+Peaks are /proc's VmHWM of the child alone, in MiB.
 
 Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N]
-[--whole]
+[--whole [--model DIR]]
 (``--profile N``: print cProfile's N most costly functions of the import, cumulative)
 """
 from __future__ import annotations
@@ -101,25 +103,46 @@ def child(path: str, profile: int) -> None:
 
 def whole(tag: str) -> None:
     """``quantize`` of the float model in the folder ``tag`` names (float.onnx, calibration.npy), per channel where
-    it ends in ".pc"; one JSON line: per stage in order its seconds and the peak RSS (MB) at its end."""
+    its form starts with "pc", with the calibration method after a "-" (``pc-entropy``); one JSON line: per stage in
+    order its seconds and its own peak RSS (MiB: VmHWM, reset at each stage's start where /proc allows), the peak
+    of the whole, and the sha256 of the files written (the CVM model's and the quantized ONNX model)."""
     from cvm_onnx.app.quantize import quantize
 
     base = peak_mb()
     work, form = tag.rsplit(".", 1)
-    stages: list[list] = []
+    form, _, method = form.partition("-")
+    stages: list[list] = [["loading", time.perf_counter(), 0.0]]
+    top = [base]
+
+    def end_stage() -> None:
+        stages[-1][2] = peak_mb()
+        top[0] = max(top[0], stages[-1][2])
+        reset_peak()
 
     def progress(done, total, what):
-        if not stages or stages[-1][0] != what:
-            stages.append([what, time.perf_counter(), peak_mb()])
+        if stages[-1][0] != what:
+            end_stage()
+            stages.append([what, time.perf_counter(), 0.0])
 
-    t0 = time.perf_counter()
+    reset_peak()
     with tempfile.TemporaryDirectory() as tmp:
-        quantize(Path(work) / "float.onnx", Path(work) / "calibration.npy", Path(tmp) / "m", per_channel=form == "pc",
+        quantize(Path(work) / "float.onnx", Path(work) / "calibration.npy", Path(tmp) / "m",
+                 per_channel=form.startswith("pc"), method=method or "minmax", save_onnx=Path(tmp) / "q.onnx",
                  progress=progress)
-    peak = peak_mb()
-    ends = [(t, p) for _, t, p in stages[1:]] + [(time.perf_counter(), peak)]
-    times = {"loading": (stages[0][1] - t0, stages[0][2])} | {w: (e - t, p) for (w, t, _), (e, p) in zip(stages, ends)}
-    print(json.dumps(dict(stages=times, peak_mb=peak, base_mb=base)))
+        end_stage()
+        files = sorted((Path(tmp) / "m").iterdir()) + [Path(tmp) / "q.onnx"]
+        digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in files}
+    ends = [t for _, t, _ in stages[1:]] + [time.perf_counter()]
+    times = {w: (e - t, p) for (w, t, p), e in zip(stages, ends)}
+    print(json.dumps(dict(stages=times, peak_mb=top[0], base_mb=base, digests=digests)))
+
+
+def reset_peak() -> None:
+    """VmHWM reset to the present RSS (Linux's clear_refs 5); where it cannot be, peaks accumulate."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def main() -> None:
@@ -128,9 +151,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "cvm_onnx_transformer_import")
-    ap.add_argument("--forms", default="pt,pc", help="pt (per tensor), pc (per channel), comma-separated")
+    ap.add_argument("--forms", default="pt,pc", help="pt (per tensor), pc (per channel), comma-separated; with "
+                    "--whole, each may name a calibration method after a '-' (pt-entropy)")
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--whole", action="store_true", help="time the whole quantize, stage by stage")
+    ap.add_argument("--model", type=Path, help="with --whole: a folder holding float.onnx and calibration.npy to "
+                    "quantize instead of the encoder")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -162,15 +188,16 @@ def main_whole(a, forms: list[str]) -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from support.transformers import encoder
 
-    work = a.work / f"whole{a.layers}_{a.samples}"
+    work = a.model or a.work / f"whole{a.layers}_{a.samples}"
     work.mkdir(exist_ok=True)
-    if not (work / "float.onnx").exists():
+    if not a.model and not (work / "float.onnx").exists():
         onnx.save(encoder(seed=0, layers=a.layers, **DIMS), work / "float.onnx")
         rng = np.random.default_rng(0)
         np.save(work / "calibration.npy", rng.normal(size=(a.samples, 1, DIMS["s"], DIMS["d"])).astype(np.float32))
     size = (work / "float.onnx").stat().st_size / 2**20
-    print(f"quantize of the {a.layers}-layer ViT-S-like encoder ({size:.0f} MiB), {a.samples} samples; "
-          f"load {os.getloadavg()[0]:.2f}")
+    what = f"{work / 'float.onnx'}" if a.model else f"the {a.layers}-layer ViT-S-like encoder"
+    samples = len(np.load(work / "calibration.npy", mmap_mode="r"))
+    print(f"quantize of {what} ({size:.1f} MiB), {samples} samples; load {os.getloadavg()[0]:.2f}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for _ in range(a.repeat):
         for f in forms:
@@ -180,9 +207,10 @@ def main_whole(a, forms: list[str]) -> None:
             if r.returncode:
                 sys.exit(f"{f}: quantize failed\n{r.stderr[-4000:]}")
             m = json.loads(r.stdout.strip().splitlines()[-1])
-            parts = ", ".join(f"{w} {t:.1f} s (peak {p:.0f} MB)" for w, (t, p) in m["stages"].items())
-            print(f"{f}: {sum(t for t, _ in m['stages'].values()):.1f} s: {parts}; peak {m['peak_mb']:.0f} MB, "
-                  f"{m['base_mb']:.0f} MB after imports (loadavg {load:.2f})")
+            parts = ", ".join(f"{w} {t:.1f} s (peak {p:.0f} MiB)" for w, (t, p) in m["stages"].items())
+            print(f"{f}: {sum(t for t, _ in m['stages'].values()):.1f} s: {parts}; peak {m['peak_mb']:.0f} MiB, "
+                  f"{m['base_mb']:.0f} MiB after imports (loadavg {load:.2f}); sha256 "
+                  + ", ".join(f"{k} {v}" for k, v in m["digests"].items()))
 
 
 if __name__ == "__main__":

@@ -20,17 +20,16 @@
    onnxruntime's quantized model with the float model on the calibration samples, output by output; with
    ``report``, every quantized tensor too (``layers.layer_report``: against the pre-processed float model and
    the exact arithmetic).
-No calibration code of our own, and few graph rewrites (that BatchNormalization, which onnxruntime's optimizer
-leaves; that Einsum, which quantize_static leaves in float; a shared bias, which it renames into other tensors'
-names; the Scaler and float16, after which it quantizes nothing or in float16): the tools are onnxruntime's and
-onnx's.
+Few graph rewrites (that BatchNormalization, which onnxruntime's optimizer leaves; that Einsum, which
+quantize_static leaves in float; a shared bias, which it renames into other tensors' names; the Scaler and float16,
+after which it quantizes nothing or in float16): the tools are onnxruntime's and onnx's. The calibration's ranges
+are those of onnxruntime's calibrators, computed by ``calibration.ranges`` with the weights left on disk and each
+run reduced as it comes, and given to quantize_static as its calibration cache.
 onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced meanwhile.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
 import io
 import logging
 import math
@@ -58,7 +57,9 @@ from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
+from . import calibration
 from .api import convert, has_two_parts, load_onnx, one_part_gas
+from .memory import release_memory
 from .rewrites import einsums_as_matmuls, float16_as_float32, gemm_beta_folded, scalers_as_ops, unshared_biases
 from .layers import LayerReport, layer_report
 
@@ -504,16 +505,15 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone); a BatchNormalization after ConvTranspose folded; an
-    Einsum that is a MatMul as one (``einsums_as_matmuls``); a Scaler as Add and Mul (``scalers_as_ops``); float16
-    computation widened to float32 (``float16_as_float32``); a shared bias copied per node (``unshared_biases``); a
-    Gemm's beta folded into its constant C (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``.
-    Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
-    GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so
-    that no stage holds them twice)."""
+    inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
+    BatchNormalization after ConvTranspose folded; an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
+    Scaler as Add and Mul (``scalers_as_ops``); float16 computation widened to float32 (``float16_as_float32``); a
+    shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
+    (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
+    float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
+    raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
     import onnxruntime as ort
     from onnx import version_converter
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
@@ -550,23 +550,15 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
         raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
     release_memory()
-    failure = None
     data = Path(f"{path}.data")
     optimized, path = optimized.resolve(), path.resolve()  # the working folder changes below
-    for symbolic in (True, False):  # onnxruntime's symbolic shape inference asserts on some graphs
-        data.unlink(missing_ok=True)
-        try:  # its models written with external data: no serialization of the weights in memory
-            with _working_folder(path.parent):
-                quant_pre_process(optimized, path, skip_optimization=True,
-                                  skip_symbolic_shape=not symbolic, save_as_external_data=True,
-                                  all_tensors_to_one_file=True, external_data_location=data.name)
-            break
-        except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
-            failure = e
-    else:
-        raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
-                             f"{type(failure).__name__}: {failure}")
-    out = onnx.load(path)  # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
+    try:
+        with _working_folder(path.parent):
+            out = _pre_processed(optimized)
+    except Exception:  # noqa: BLE001  (onnxruntime's tools raise anything: then quant_pre_process itself)
+        out = _quant_pre_processed(optimized, path)
+    release_memory()
+    # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
     used = {n.domain for n in _nodes(out.graph)} | {"", "ai.onnx"}
     kept = [o for o in out.opset_import if o.domain in used]
     del out.opset_import[:]
@@ -594,6 +586,72 @@ def _working_folder(folder: Path) -> Iterator[None]:
         os.chdir(here)
 
 
+def _quant_pre_processed(optimized: Path, path: Path) -> onnx.ModelProto:
+    """quant_pre_process(``optimized``, skip_optimization=True) written to ``path`` (its weights in
+    ``<path>.data``) and read back; without its symbolic shape inference where that fails (it asserts on some
+    graphs)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    data = Path(f"{path}.data")
+    for symbolic in (True, False):
+        data.unlink(missing_ok=True)
+        try:  # its models written with external data: no serialization of the weights in memory
+            with _working_folder(path.parent):
+                quant_pre_process(optimized, path, skip_optimization=True, skip_symbolic_shape=not symbolic,
+                                  save_as_external_data=True, all_tensors_to_one_file=True,
+                                  external_data_location=data.name)
+            return onnx.load(path)
+        except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
+            failure = e
+    raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
+                         f"{type(failure).__name__}: {failure}")
+
+
+#: The ops whose constant inputs (weights) stay on disk through the symbolic shape inference, which reads only
+#: their shapes; it reads the values of others' (a class token Expanded and Concatenated, a bias Added). Were it
+#: to read one on disk, it fails (its file is not found), and quant_pre_process then runs with the weights in memory.
+WEIGHT_READERS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
+
+
+def _pre_processed(optimized: Path) -> onnx.ModelProto:
+    """What quant_pre_process(``optimized``, skip_optimization=True) makes of the model in that file (opset 11 or
+    more: below, it converts the model first), the weights of ``WEIGHT_READERS`` on disk until the end (those the
+    optimizer wrote into the file moved to ``<optimized>.data``): onnxruntime's symbolic shape inference, onnx's
+    shape inference of the file, the pre-processing mark; then the weights read in. The model held with its
+    weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612 MiB."""
+    from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
+    from onnxruntime.quantization.quant_utils import add_pre_process_metadata
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    model = onnx.load(optimized, load_external_data=False)  # its weights partly in the source model's file
+    if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) <= 10:
+        raise UnsupportedError("quant_pre_process converts a model of opset 10 or less first")
+    readers: dict[str, set[str]] = {}
+    for n in _nodes(model.graph):
+        for x in n.input:
+            readers.setdefault(x, set()).add(n.op_type)
+    for t in _tensors(model.graph):
+        weight = t.name in readers and readers[t.name] <= WEIGHT_READERS
+        if not weight and uses_external_data(t):
+            _load_external_tensor(t, optimized.parent)
+        elif weight and t.HasField("raw_data") and len(t.raw_data) >= 1024:
+            set_external_data(t, f"{optimized.name}.data")
+            t.data_location = onnx.TensorProto.EXTERNAL
+            save_external_data(t, os.fspath(optimized.parent))
+            t.ClearField("raw_data")
+    model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
+    symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
+    onnx.save(model, symbolic)  # its weights external still, beside it
+    del model
+    onnx.shape_inference.infer_shapes_path(os.fspath(symbolic), os.fspath(inferred))
+    model = onnx.load(inferred, load_external_data=False)
+    symbolic.unlink()
+    inferred.unlink()
+    add_pre_process_metadata(model)
+    _load_external(model, optimized.parent)
+    return model
+
+
 def _save_external(model: onnx.ModelProto, path: Path) -> None:
     """``model`` written to ``path``, its tensors of 1 KB or more moved out of it into ``<path>.data``."""
     onnx.save(model, path, save_as_external_data=True, location=f"{path.name}.data")
@@ -602,12 +660,19 @@ def _save_external(model: onnx.ModelProto, path: Path) -> None:
 def _load_external(model: onnx.ModelProto, folder: Path) -> None:
     """The external tensors of ``model`` (initializers and node attributes, in subgraphs too) read back into it
     from ``folder``, as they were before they were written out."""
-    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
+    from onnx.external_data_helper import uses_external_data
 
-    external = [t for t in _tensors(model.graph) if uses_external_data(t)]
-    load_external_data_for_model(model, os.fspath(folder))
-    for t in external:
-        t.ClearField("data_location")
+    for t in _tensors(model.graph):
+        if uses_external_data(t):
+            _load_external_tensor(t, folder)
+
+
+def _load_external_tensor(t: onnx.TensorProto, folder: Path) -> None:
+    """One external tensor read back from ``folder``, as it was before it was written out."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    load_external_data_for_tensor(t, os.fspath(folder))
+    t.ClearField("data_location")
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -1158,22 +1223,6 @@ def _graph_of(model: onnx.ModelProto | Path) -> onnx.ModelProto:
     return onnx.load(model, load_external_data=False) if isinstance(model, Path) else model
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # no glibc
-        return None
-
-
-def release_memory() -> None:
-    """The heap's free pages returned to the system (glibc's malloc_trim; nothing without glibc). Each stage of
-    quantize frees the copies of the model it made (serializations, onnxruntime's sessions), which glibc otherwise
-    keeps, and the next stage's peak stood on them (the ViT of benchmarks/transformer_import.py's doc)."""
-    if (trim := _malloc_trim()) is not None:
-        trim(0)
-
-
 def _stamp(path: Path) -> None:
     """The quantized model at ``path`` as one file (quantize_static wrote its weights to ``<path>.data``:
     ``use_external_data_format``, so that its calibration holds no second copy of the float weights), with the IR
@@ -1202,18 +1251,30 @@ def compare(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported,
 
 def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, symmetric: bool, method: str,
                      activation: str, form: str, where) -> None:
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    """onnxruntime.quantization.quantize_static of the model in ``src`` (its weights as external data beside it),
+    written to ``out``, calibrated on the reader's samples: by ``calibration.ranges`` (the same ranges, the weights
+    left on disk) given to it as its calibration cache, where that applies, else by its own calibrator."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static, save_tensors_data
 
     try:
+        cache = None
+        if calibration.applies(onnx.load(src, load_external_data=False)):
+            cache = src.with_name("calibration.json")
+            save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
+                                                 reader.progress), cache)
+            release_memory()
+            if reader.progress:
+                reader.progress(0, None, "quantizing (onnxruntime)")
         with _sharing_checked():
             quantize_static(
-                os.fspath(src), os.fspath(out), reader,
+                os.fspath(src), os.fspath(out), None if cache else reader,
                 quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
                 activation_type=QuantType.QInt8 if activation == "int8" else QuantType.QUInt8,
                 weight_type=QuantType.QInt8, per_channel=per_channel,
                 calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                 extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                               "ForceQuantizeNoInputCheck": True}, use_external_data_format=True)
+                               "ForceQuantizeNoInputCheck": True}, use_external_data_format=True,
+                calibration_cache_path=cache)
     except UnsupportedError:
         raise
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
