@@ -112,6 +112,19 @@ inline void products_baseline(const uint8_t* const* a, const int32_t* offsets, i
   }
 }
 
+// What follows the products where the AVX-512 VNNI kernel requantizes each tile as soon as it is multiplied
+// (products_requantized): the bias per position and channel (positions, OC), added first (null: none, or in the
+// accumulators' start), every channel's steps side by side (ChannelArrays, the channels a multiple of 16), the
+// addend's (null: none), and y (N * positions, OC) as words or as bytes (the other null).
+struct TileEnd {
+  const int32_t* bias;
+  int64_t positions;
+  const ChannelArrays* chain;
+  const Addend* addend;
+  int32_t* words;
+  uint8_t* bytes;
+};
+
 #if defined(CVM_ONNX_X86_PRODUCTS)
 inline int32_t four_bytes(const uint8_t* a) {
   int32_t v;
@@ -204,6 +217,120 @@ inline void products_avx512vnni(const uint8_t* const* a, const int32_t* offsets,
   }
 }
 
+// The requantization of R rows of one block of 16 channels (y, the int32 products) in registers, then written from
+// the position `first` on (TileEnd): row r's bias (at bias[r] + channel; TileEnd's bias null: none) added, each step
+// of the chain on the R rows at once with its channels' constants, then the addend's (its steps, the sum, the steps
+// after): the same lane arithmetic as requantize_last's (array_step); only the rows [0, valid) are read from the
+// bias and the addend and written (Full: valid is R).
+template <int R, bool Full>
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline void requantize_block(
+    Lanes (&y)[R], const TileEnd& end, const int32_t* const (&bias)[R], int64_t oc, int64_t channel, int64_t first,
+    int valid) {
+  if (end.bias) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      if (Full || r < valid) y[r] = (Lanes)((ULanes)y[r] + (ULanes)load_lanes(bias[r] + channel));
+    }
+  }
+  const ChannelArrays& p = *end.chain;
+  const int32_t* a = p.a.data() + channel;  // channel c's constants of step k at k * period + c
+  const int32_t* b = p.b.data() + channel;
+  for (const int64_t kind : p.kinds) {
+    const Lanes ca = load_lanes(a), cb = load_lanes(b);
+    switch (kind) {
+      case kShift: tile_step<kShift, R>(y, ca, cb); break;
+      case kMul: tile_step<kMul, R>(y, ca, cb); break;
+      case kAdd: tile_step<kAdd, R>(y, ca, cb); break;
+      case kMul64: tile_step<kMul64, R>(y, ca, cb); break;
+      case kEven: tile_step<kEven, R>(y, ca, cb); break;
+      case kMul64Narrow: tile_step<kMul64Narrow, R>(y, ca, cb); break;
+      case kMul64Narrow2: tile_step<kMul64Narrow2, R>(y, ca, cb); break;
+      default: tile_step<kClip, R>(y, ca, cb);
+    }
+    a += p.period;
+    b += p.period;
+  }
+  const int64_t at = first * oc + channel;  // row r's 16 values at at + r * oc
+  if (const Addend* addend = end.addend) {
+    Lanes z[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      if (!Full && r >= valid) {
+        z[r] = Lanes{};
+      } else if (addend->x) {
+        z[r] = load_lanes(addend->x + at + r * oc);
+      } else {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(addend->bytes + at + r * oc));
+        z[r] = (Lanes)_mm512_maskz_cvtepu8_epi32(static_cast<__mmask16>(0xffff), bytes);  // (vpmovzxbd)
+      }
+    }
+    tile_steps<R>(z, addend->steps);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) y[r] = (Lanes)((ULanes)y[r] + (ULanes)z[r]);
+    tile_steps<R>(y, addend->after);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    if (!Full && r >= valid) break;
+    if (end.bytes) {
+      store_lanes(y[r], end.bytes, at + r * oc);
+    } else {
+      store_lanes(y[r], end.words, at + r * oc);
+    }
+  }
+}
+
+// rows_avx512vnni with each tile requantized as soon as it is stored (requantize_block), from a tile of its own that
+// stays in the cache: the rows [0, count) of the positions from `first` on, the tiles past them skipped.
+template <int R, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void rows_avx512vnni_requantized(
+    const uint8_t* const* a, const int32_t* offsets, int64_t count, const PackedWeights& p, int64_t block,
+    const int32_t* init, const TileEnd& end, int64_t first) {
+  constexpr int64_t ldc = NB * kBlockLanes;
+  alignas(64) int32_t acc[R * ldc];
+  const int8_t* w = p.bytes.data() + block * p.k4 * kBlockLanes;
+  int64_t position = end.bias ? first % end.positions : 0;  // the tile's first row's (with a bias per position)
+  for (int64_t r = 0; r < count; r += R) {
+    tile_avx512vnni<R, NB>(a + r, offsets, w, p.k4 * kBlockLanes, p.k4 / 4, init + block * kBlockLanes, acc, ldc,
+                           kBlockLanes);
+    const int valid = static_cast<int>(std::min<int64_t>(R, count - r));
+    const int32_t* bias[R] = {};  // each row's bias per position
+    if (end.bias) {
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        bias[i] = end.bias + position * p.oc;
+        for (++position; position >= end.positions;) position -= end.positions;
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+      Lanes y[R];
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) y[i] = load_lanes(acc + i * ldc + j * kBlockLanes);
+      if (valid == R) {
+        requantize_block<R, true>(y, end, bias, p.oc, (block + j) * kBlockLanes, first + r, valid);
+      } else {
+        requantize_block<R, false>(y, end, bias, p.oc, (block + j) * kBlockLanes, first + r, valid);
+      }
+    }
+  }
+}
+
+// products_avx512vnni, each tile requantized as soon as it is multiplied (products_requantized; p.oc a multiple of
+// 16).
+inline void products_avx512vnni_requantized(const uint8_t* const* a, const int32_t* offsets, int64_t count,
+                                            const PackedWeights& p, const int32_t* init, const TileEnd& end,
+                                            int64_t first) {
+  for (int64_t block = 0; block < p.blocks; block += 4) {
+    switch (std::min<int64_t>(4, p.blocks - block)) {
+      case 1: rows_avx512vnni_requantized<6, 1>(a, offsets, count, p, block, init, end, first); break;
+      case 2: rows_avx512vnni_requantized<8, 2>(a, offsets, count, p, block, init, end, first); break;
+      case 3: rows_avx512vnni_requantized<6, 3>(a, offsets, count, p, block, init, end, first); break;
+      default: rows_avx512vnni_requantized<6, 4>(a, offsets, count, p, block, init, end, first);
+    }
+  }
+}
+
 // Stores 16 int32 lanes (two vectors of 8) at c, the first `lanes` only.
 __attribute__((target("avx2"))) inline void store_lanes(int32_t* c, __m256i lo, __m256i hi, int lanes) {
   if (lanes == kBlockLanes) {
@@ -285,6 +412,13 @@ void products_avx2(const uint8_t* const* a, const int32_t* offsets, int64_t rows
 // The products of `rows` rows (a multiple of row_step) with the kernel of `isa` (available here), products.cc.
 void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int64_t rows, const PackedWeights& p,
               const int32_t* init, int32_t* c);
+
+// The products of the positions [first, first + count) (rows of a from position `first` on, as many as row_step
+// rounds count up to) with the AVX-512 VNNI kernel (available here), each tile of 6 or 8 rows requantized as soon as
+// it is multiplied, in registers, and written (TileEnd), products.cc: no tile of up to 96 positions' int32 products
+// stored for requantize_last, and its requantization overlaps the next tile's products.
+void products_requantized(const uint8_t* const* a, const int32_t* offsets, int64_t count, const PackedWeights& p,
+                          const int32_t* init, const TileEnd& end, int64_t first);
 
 constexpr int64_t kTileRows = 24;  // a tile's positions are a multiple of this (but the last): every R divides it
 

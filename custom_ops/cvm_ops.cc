@@ -868,6 +868,13 @@ struct ConvKernel {
              std::to_string(kh) + " x " + std::to_string(kw) + " kernel");
     }
     weights = pack_weights(w.GetTensorData<uint8_t>(), kh * kw, shape[0] / (kh * kw), shape[1]);
+    // AVX-512 VNNI requantizes each tile as soon as it is multiplied (products_requantized) where the channels fill
+    // blocks of 16, without scales, and every channel's chain has one sequence of kinds (each channel's, or the one
+    // list's repeated)
+    if (const int64_t oc = shape[1]; isa == kIsaAvx512Vnni && attrs.scales.empty() && oc % kBlockLanes == 0) {
+      if (attrs.per_channel.empty()) uniform = channel_arrays(ChannelSteps(static_cast<size_t>(oc), attrs.steps));
+      in_registers = attrs.per_channel.empty() || !attrs.arrays.kinds.empty();
+    }
   }
 
   template <typename A>
@@ -914,6 +921,9 @@ struct ConvKernel {
     const int32_t* later_bias = per_position || (per_channel && scaled) ? bias.Data() : nullptr;
     const int64_t tile = tile_positions(weights.k4), step = row_step(isa, weights);
     window_offsets(s, weights.c4, offsets);
+    const ChannelArrays* chain = !in_registers ? nullptr : attrs.per_channel.empty() ? &uniform : &attrs.arrays;
+    const TileEnd end{per_position ? bias.Data() : nullptr, positions, chain, ends.addend ? &*ends.addend : nullptr,
+                      ends.words, ends.bytes};
     // the tasks run on other threads too, where `padded`, `init` and `offsets` would name that thread's own
     const int32_t* start = init.data();
     const int32_t* offset = offsets.data();
@@ -923,8 +933,9 @@ struct ConvKernel {
       thread_local std::vector<int32_t> c;
       const int64_t padded_rows = (count + step - 1) / step * step;
       if (at.size() < static_cast<size_t>(padded_rows)) at.resize(static_cast<size_t>(padded_rows));
-      if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
       window_starts(xp, s, first - origin, count, padded_rows, at.data());
+      if (chain) return products_requantized(at.data(), offset, count, weights, start, end, first);
+      if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
       products(isa, at.data(), offset, padded_rows, weights, start, c.data());
       requantize_last(c.data(), first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc,
                       attrs.steps, ends.words, per_position ? positions : 0, attrs.per_channel, attrs.arrays,
@@ -965,6 +976,8 @@ struct ConvKernel {
   int64_t product_zero, isa;
   AddendSteps addend_steps;
   PackedWeights weights;
+  ChannelArrays uniform;     // the one list's steps for every channel, side by side
+  bool in_registers = false;  // whether products_requantized takes the chains (see above)
 };
 
 template <typename In, typename Out>

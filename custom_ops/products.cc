@@ -17,4 +17,11 @@ void products(int64_t isa, const uint8_t* const* a, const int32_t* offsets, int6
   products_baseline(a, offsets, rows, p, init, c);
 }
 
+void products_requantized(const uint8_t* const* a, const int32_t* offsets, int64_t count, const PackedWeights& p,
+                          const int32_t* init, const TileEnd& end, int64_t first) {
+#if defined(CVM_ONNX_X86_PRODUCTS)
+  products_avx512vnni_requantized(a, offsets, count, p, init, end, first);
+#endif
+}
+
 }  // namespace cvm_onnx

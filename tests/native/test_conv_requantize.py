@@ -216,6 +216,55 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
 
 
 @pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=convolutions(channels=(16, 32, 48, 64)), data=st.data(),
+       bias=st.sampled_from(["none", "channel", "position"]), bytes_out=st.booleans(),
+       add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       chains=st.sampled_from(["one list", "each channel's"]), threads=st.integers(1, 2))
+def test_conv_requantize_writes_every_value_in_its_place(case, data, bias, bytes_out, add, chains, threads):
+    """Chains that keep the values apart (nothing, or a multiply by a channel's own odd constant, on int32; a shift
+    that brings the products to about a byte and a clip to [0, 255] on bytes; the addend added as it is), so that a
+    value written to another position or channel, read from another row of the bias or the addend, or a row left
+    out shows: over channels in blocks of 16 (the AVX-512 VNNI kernel requantizes its tiles in registers there),
+    partial tiles, the bias none, per channel or per position, the batch split by tiles or by image, every kernel."""
+    x, weights, attrs = case
+    rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
+                                 attrs["pads"], attrs["offset"], attrs.get("zero", -1))
+    oc, positions, n = weights.shape[1], oh * ow, x.shape[0]
+    products = wrap((rows - attrs["product_zero"]) @ (weights.astype(np.int64) - 128), 32)
+    shift = max(0, int(np.abs(products).max()).bit_length() - 8)  # products >> shift within about +-2^8
+    b = data.draw(tensors({"none": (0,), "channel": (oc,), "position": (positions, oc)}[bias],
+                          shift + 8 if bytes_out else 32))
+    if bytes_out:
+        per = [[(0, shift, 0), (3, 0, 255)]] * oc
+    elif chains == "one list":
+        per = [[(1, 2 * data.draw(st.integers(0, 2**20)) + 1, 0)] if data.draw(st.booleans()) else []] * oc
+    else:
+        per = [[(1, 2 * data.draw(st.integers(0, 2**20)) + 1, 0)] for _ in range(oc)]
+    if chains == "one list":
+        steps = {"steps": [v for s in per[0] for v in s]}
+    else:
+        steps = {"channel_counts": [len(p) for p in per], "channel_steps": [v for p in per for s in p for v in s]}
+    feeds = {"x": x, "b": b}
+    if add is None:
+        want = channels_oracle(products, b, per)
+    else:
+        shape = (n, positions, oc)
+        sum_steps = [(3, 0, 255)] if bytes_out else []
+        feeds["a"] = data.draw(tensors(shape, 9).map(np.abs).map(lambda a: a.astype(np.uint8))
+                               if add == TensorProto.UINT8 else tensors(shape, 32)).reshape(n, oh, ow, oc)
+        steps.update(addend_steps=[], sum_steps=[v for s in sum_steps for v in s])
+        want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), [], sum_steps)
+    op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
+    want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
+    for isa in isas(bounded=attrs["offset"] == 0 and "zero" not in attrs):
+        model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
+                           weights, list(b.shape), {**attrs, **steps, "isa": isa}, add)
+        got = session(model, threads=threads).run(None, feeds)[0]
+        assert got.dtype == want.dtype and np.array_equal(got, want), isa
+
+
+@pytest.mark.isa
 def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
     """Rows of 255 (uint8 data) and of 127 (int32 data of offset 0, the AVX2 bytes kernel's bound) times weights -128
     (and 127) over K = 3 * 3 * 1,024: |sum| up to 9,216 * 255 * 128 > 2^28 and pairs of products at the edge of
