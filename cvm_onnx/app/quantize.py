@@ -1106,10 +1106,13 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             if progress:
                 progress(0, None, "comparing with the float model")
             agreements = compare(float_path, quantized, imported, samples, progress)
+            release_memory()
+            # the one-part import before the float model is back: the two never held at once
+            one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
+            release_memory()
             model = onnx.load(float_path)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
-    one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
     return Quantized(imported, agreements, len(samples), model, quantized, one_part, layers)
 
 
@@ -1213,6 +1216,7 @@ def outputs(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported,
         release_memory()
     data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
+    release_memory()
     if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
         got = imported.edges.finish(got)
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
