@@ -1099,17 +1099,21 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             release_memory()
             precision = 8 if dtype.kind == "f" else integer_precision(samples)
             imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
-            quantized = out.read_bytes()
             release_memory()
-            layers = layer_report(onnx.load_from_string(quantized), imported, samples, onnx.load(prepared),
-                                  progress) if report else None
+            layers = layer_report(onnx.load(out), imported, samples, onnx.load(prepared), progress) \
+                if report else None
             if progress:
                 progress(0, None, "comparing with the float model")
-            agreements = compare(float_path, quantized, imported, samples, progress)
+            # the quantized model, as the float model, read from its file where needed and into memory at the end;
+            # the one-part import before the float model is back: none of the three held beside another
+            agreements = compare(float_path, out, imported, samples, progress)
+            release_memory()
+            one_part = one_part_gas(onnx.load(out)) if has_two_parts(imported) else None
+            release_memory()
             model = onnx.load(float_path)
+            quantized = out.read_bytes()
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
-    one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
     return Quantized(imported, agreements, len(samples), model, quantized, one_part, layers)
 
 
@@ -1200,19 +1204,20 @@ def write_bytes(path: Path, data: bytes) -> None:
         raise FormatError(f"cannot write the quantized ONNX model: {e.strerror or e}", str(path)) from None
 
 
-def outputs(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
+def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
             progress: Progress | None = None) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
-    model and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape, batch 1), each stacked
-    as the float model's."""
+    model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
+    batch 1), each stacked as the float model's."""
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
         want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples)
         release_memory()
-        ort = _run_onnx(quantized, name, samples)
+        ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples)
         release_memory()
     data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
+    release_memory()
     if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
         got = imported.edges.finish(got)
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
@@ -1238,10 +1243,10 @@ def _stamp(path: Path) -> None:
     Path(f"{path}.data").unlink(missing_ok=True)
 
 
-def compare(model: onnx.ModelProto | Path, quantized: bytes, imported: Imported, samples: np.ndarray,
+def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
             progress: Progress | None = None) -> list[Agreement]:
-    """Each output of the CVM model ``imported`` and of onnxruntime's quantized model against the float
-    ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1)."""
+    """Each output of the CVM model ``imported`` and of onnxruntime's ``quantized`` model (its bytes or its file)
+    against the float ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1)."""
     want, ort, got = outputs(model, quantized, imported, samples, progress)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])

@@ -1,7 +1,7 @@
 """quantize keeps the float model on disk (its weights as external data) from its preparation to the comparison,
-which runs it from there (cvm_onnx.app.quantize): the comparison from the file equals the one from the model in
-memory, and the float model returned holds every weight; LayerNorm fusion infers shapes on a copy without the
-weights, which infers what the whole model does."""
+which runs it and the quantized model from their files (cvm_onnx.app.quantize): the comparison from the files equals
+the one from the models in memory, and the float model returned holds every weight; LayerNorm fusion infers shapes
+on a copy without the weights, which infers what the whole model does."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,9 +36,12 @@ def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
     from_memory = compare(done.float_model, done.onnx_model, done.imported, samples)
     assert compare(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples) == from_memory
     assert from_memory == done.agreements
+    (tmp_path / "q.onnx").write_bytes(done.onnx_model)
+    assert compare(tmp_path / "ext" / "f.onnx", tmp_path / "q.onnx", done.imported, samples) == from_memory
     a = outputs(done.float_model, done.onnx_model, done.imported, samples)
-    b = outputs(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples)
-    assert all(np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+    for b in (outputs(tmp_path / "ext" / "f.onnx", done.onnx_model, done.imported, samples),
+              outputs(tmp_path / "ext" / "f.onnx", tmp_path / "q.onnx", done.imported, samples)):
+        assert all(np.array_equal(x, y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
 
 
 def test_the_quantized_model_is_saved_in_one_file(tmp_path):
