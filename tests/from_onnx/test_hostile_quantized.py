@@ -336,6 +336,35 @@ def test_a_prelu_slope_that_does_not_broadcast_is_refused_naming_the_prelu(key, 
     assert f"prelu (PRelu): PRelu slope of shape {shape} does not broadcast to the input's (1, 3, 5, 5)" in msg, msg
 
 
+
+def _with_attribute(m: onnx.ModelProto, op: str, **attrs) -> onnx.ModelProto:
+    n = node(m, op)
+    for name, value in attrs.items():
+        for a in [a for a in n.attribute if a.name == name]:
+            n.attribute.remove(a)
+        n.attribute.append(h.make_attribute(name, value))
+    return m
+
+
+@pytest.mark.parametrize("eps", [np.inf, -np.inf, np.nan, 0.0, -1.0])
+def test_a_layernorm_epsilon_that_is_not_finite_and_positive_is_refused_naming_it(eps):
+    """epsilon = inf or NaN: ``cannot convert Infinity to integer ratio`` came through as an internal error (the
+    fuzzer's case); now one refusal naming the LayerNormalization and the value."""
+    m = _with_attribute(onnx.load_from_string(HQ.family_seeds()["encoder/QDQ/int8/channel"]), "LayerNormalization",
+                        epsilon=eps)
+    msg = refusal(m)
+    assert "(LayerNormalization): LayerNormalization epsilon must be > 0 and finite (a constant row is 0 / 0 " \
+           f"otherwise), not {float(np.float32(eps))}" in msg, msg
+
+
+@pytest.mark.parametrize("a", [np.inf, np.nan])
+def test_a_cubic_resize_coefficient_that_is_not_finite_is_refused_naming_the_resize(a):
+    """Resize cubic with cubic_coeff_a = inf or NaN: an internal error from Fraction; now a refusal naming it."""
+    m = _with_attribute(onnx.load_from_string(HQ.family_seeds()["ops/QDQ/uint8/tensor"]), "Resize", mode="cubic",
+                        cubic_coeff_a=a)
+    assert f"resize (Resize): Resize cubic_coeff_a {float(a)} must be finite" in refusal(m)
+
+
 # -- cvm-onnx quantize: the calibration file first, nothing written unless everything succeeded ----------------------
 @pytest.fixture
 def float_cnn(tmp_path):

@@ -400,7 +400,8 @@ def _family_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
     """An attribute of one of the newer rule families' ops set to a hostile value (or removed), or one of its
     constant inputs (shape, sizes, pads, indices, scales, recurrent weights and states, sequence lengths) given
     extreme values or another shape."""
-    idx = [i for i, n in enumerate(model.graph.node) if n.op_type in ATTRS]
+    idx = [i for i, n in enumerate(model.graph.node) if n.op_type in ATTRS and (
+        ATTRS[n.op_type] or any(x and _init(model, x) is not None for x in n.input))]
     if not idx:
         steps.append("keep (no node of the newer families)")
         return
