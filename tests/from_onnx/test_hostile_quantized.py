@@ -365,6 +365,51 @@ def test_a_cubic_resize_coefficient_that_is_not_finite_is_refused_naming_the_res
     assert f"resize (Resize): Resize cubic_coeff_a {float(a)} must be finite" in refusal(m)
 
 
+
+@pytest.mark.parametrize("key, steps", [("LSTM/QDQ/uint8/tensor", 4097), ("GRU/QOperator/int8/channel", 2049),
+                                        ("RNN/QDQ/uint8/tensor", 1 << 20)])
+def test_a_recurrent_layer_of_more_steps_than_unrolled_is_refused_naming_it(key, steps):
+    """An input of 2^20 steps was unrolled step by step (tens of CVM nodes each): no answer within the fuzzer's
+    minute. Past MAX_STEPS steps over the directions: one refusal naming the layer, at once."""
+    from cvm_onnx.converters.from_onnx.quantized.recurrent import MAX_STEPS
+
+    m = onnx.load_from_string(HQ.family_seeds()[key])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = steps
+    op = key.split("/")[0]
+    each = " in each direction" if op == "GRU" else ""
+    assert f"({op}): {op} over {steps} steps{each}: unrolled, at most {MAX_STEPS} steps over its directions" in \
+        refusal(m)
+
+
+def test_fresh_names_are_the_first_free_and_found_in_linear_time(monkeypatch):
+    """Each of an unrolled layer's nodes took a name by trying name/1, name/2, ... from 1: quadratic in the nodes
+    (300 LSTM steps: 8.5 s of 10 in ``fresh``). The names are the same (the first free), the lookups now linear."""
+    from cvm_onnx.converters.from_onnx import context
+
+    ctx = context.Importer()
+    ctx.names.update({"a/2", "a/4", "b"})
+    assert [ctx.fresh(n) for n in ("a", "a", "a", "a", "b", "b", "c")] == ["a", "a/1", "a/3", "a/5", "b/1", "b/2",
+                                                                           "c"]
+    lookups = [0]
+
+    class Counted(set):
+        def __contains__(self, x):
+            lookups[0] += 1
+            return super().__contains__(x)
+
+    real = context.Importer.__init__
+
+    def counted(self):
+        real(self)
+        self.names = Counted()
+
+    monkeypatch.setattr(context.Importer, "__init__", counted)
+    m = onnx.load_from_string(HQ.family_seeds()["LSTM/QDQ/uint8/tensor"])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 200
+    nodes = len(import_model(m).graph.nodes)
+    assert lookups[0] < 4 * nodes, (lookups[0], nodes)
+
+
 # -- cvm-onnx quantize: the calibration file first, nothing written unless everything succeeded ----------------------
 @pytest.fixture
 def float_cnn(tmp_path):

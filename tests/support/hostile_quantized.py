@@ -3,9 +3,14 @@ per tensor and per channel, uint8 and int8 activations; quantize_dynamic), each 
 onnxruntime.quantization can break one (scales 0, negative, NaN, inf, subnormal, huge, empty, of other shapes or
 types; zero points out of range, mistyped or of other shapes; axes; block_size; QLinear inputs missing or extra;
 weights retyped to int4, float8, int16...; bias shapes; a scale as a graph input; huge legal inputs), or by the
-generic field mutations of the reliability tests. ``check`` imports a mutant, and exports every import back and
-verifies it exact (the float-edge export too). tests/from_onnx/test_hostile_quantized.py runs a few; benchmarks/fuzz.py
-(``quantized``) runs many, each in a child process under a time and memory limit."""
+generic field mutations of the reliability tests. Seeds of the newer rule families (``family_seeds``: attention,
+LayerNormalization, GELU, LSTM/GRU/RNN, ConvTranspose, PRelu, dilated MaxPool, Resize, Pad, Gemm's factors, token
+ids into Gather, int16 activations, int4 weights) are also mutated in their ops' attributes and constant inputs
+(``ATTRS``, ``_family_node``: recurrent sizes, directions, activations, sequence lengths and states; Resize modes,
+scales and sizes; axes, epsilons, indices, shapes of int64 extremes) and input dims (huge, overflowing together).
+``check`` imports a mutant, and exports every import back and verifies it exact (the float-edge export too).
+tests/from_onnx/test_hostile_quantized.py runs a few; benchmarks/fuzz.py (``quantized``) runs many, each in a child
+process under a time and memory limit."""
 from __future__ import annotations
 
 import functools
@@ -87,7 +92,8 @@ def _family(kind: str) -> onnx.ModelProto:
     x = h.make_tensor_value_info("x", T.FLOAT, [1, 2, 5, 5])
     nodes = [h.make_node("Conv", ["x", c("cw", rng.normal(size=(3, 2, 3, 3))), c("cb", rng.normal(size=3))], ["a"],
                          name="conv", pads=[1, 1, 1, 1]),
-             h.make_node("MaxPool", ["a"], ["b"], name="pool", kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 1, 1, 1]),
+             h.make_node("MaxPool", ["a"], ["b"], name="pool", kernel_shape=[2, 2], dilations=[2, 2],
+                         pads=[1, 1, 1, 1]),
              h.make_node("PRelu", ["b", c("slope", rng.uniform(0.05, 0.3, (3, 1, 1)))], ["p"], name="prelu"),
              h.make_node("ConvTranspose", ["p", c("tw", rng.normal(size=(3, 2, 2, 2))), c("tb", rng.normal(size=2))],
                          ["t"], name="deconv", strides=[2, 2]),
@@ -96,7 +102,8 @@ def _family(kind: str) -> onnx.ModelProto:
              h.make_node("Flatten", ["q"], ["f"], name="flatten")]
     m = onnx.shape_inference.infer_shapes(onnx_model(h.make_graph(
         nodes, "m", [x], [h.make_tensor_value_info("f", T.FLOAT, None)], inits), 17))
-    width = next(v for v in [*m.graph.value_info, *m.graph.output] if v.name == "f").type.tensor_type.shape.dim[1].dim_value
+    f = next(v for v in [*m.graph.value_info, *m.graph.output] if v.name == "f")
+    width = f.type.tensor_type.shape.dim[1].dim_value
     m.graph.initializer.extend([nh.from_array(rng.normal(size=(width, 2)).astype(np.float32) / 8, "gt"),
                                 nh.from_array(rng.normal(size=(2, 3)).astype(np.float32), "gw"),
                                 nh.from_array(rng.normal(size=(3,)).astype(np.float32), "gc")])
@@ -387,7 +394,9 @@ ATTRS = {
     "PRelu": {},
     "Erf": {}, "Gelu": {"approximate": ["tanh", "bogus"]},
     "Flatten": {"axis": [-5, 0, 2, 4, BIG]}, "Transpose": {"perm": [[0, 0, 1, 2], [3, 2, 1, 0], [0, 1, 2, 9], [0]]},
-    "Reshape": {"allowzero": [1]}, "MatMul": {}, "ReduceMean": {"axes": [[5], [-1, -1]], "keepdims": [0, 2]},
+    "Einsum": {"equation": ["abc,cd->abcd", "abc,ce->abe", "a...,cd->a...d", "abc,cd", "", "abc,cd->abz",
+                            "abc,abc->abc"]},
+    "If": {}, "Reshape": {"allowzero": [1]}, "MatMul": {}, "ReduceMean": {"axes": [[5], [-1, -1]], "keepdims": [0, 2]},
 }
 for _op in ("GRU", "RNN"):
     ATTRS[_op] = ATTRS["LSTM"]
@@ -467,7 +476,7 @@ def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
     dims = v.type.tensor_type.shape.dim
     how = draw(st.sampled_from(["dim", "dim", "huge", "type", "type"]))
     if how == "dim" and dims:
-        k = draw(st.integers(min(2, len(dims) - 1), len(dims) - 1))
+        k = draw(st.integers(0, len(dims) - 1))
         big = draw(st.sampled_from([1 << 20, 4096, 1 << 24, 100000, 0, -1, BIG, (1 << 63) - 1, "n"]))
         if big == "n":
             dims[k].dim_param = "n"
@@ -564,12 +573,30 @@ FAILURES = ("internal", "NOT exact", "export failed", "unnamed", "left-behind", 
 
 @functools.cache
 def float_seeds() -> dict[str, tuple[bytes, bytes]]:
-    """Float models and their calibration samples (six, float32) for ``cvm-onnx quantize``."""
+    """Float models and their calibration samples (six, float32; int64 token ids for "tokens") for ``cvm-onnx
+    quantize``: two CNNs, an Einsum (tf2onnx's EinsumDense), an If of a constant condition, token ids into Gather,
+    an LSTM and an encoder."""
+    models = {kind: float_model(kind, 1, 17, 1, 1, (1, 1, 1, 1), pool, head)
+              for kind, pool, head in (("plain", "max", "gemm"), ("Add", "avg", "matmul"))}
+    models.update({kind: _family(kind) for kind in ("tokens", "LSTM", "encoder")})
+    rng = np.random.default_rng(2)
+    x, y = h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]), h.make_tensor_value_info("y", T.FLOAT, None)
+    w = nh.from_array(rng.normal(size=(6, 5)).astype(np.float32), "w")
+    models["einsum"] = onnx_model(h.make_graph([h.make_node("Einsum", ["x", "w"], ["e"], equation="abc,cd->abd"),
+                                                h.make_node("Relu", ["e"], ["y"])], "m", [x], [y], [w]), 17)
+    branch = [h.make_graph([h.make_node("MatMul", ["x", name], [f"b{k}"])], f"g{k}", [],
+                           [h.make_tensor_value_info(f"b{k}", T.FLOAT, None)],
+                           [nh.from_array(rng.normal(size=(6, 5)).astype(np.float32), name)])
+              for k, name in enumerate(("w1", "w2"))]
+    models["if"] = onnx_model(h.make_graph(
+        [h.make_node("If", ["c"], ["y"], then_branch=branch[0], else_branch=branch[1])], "m", [x], [y],
+        [nh.from_array(np.array(True), "c")]), 17)
     out = {}
-    for kind, pool, head in (("plain", "max", "gemm"), ("Add", "avg", "matmul")):
-        fm = float_model(kind, 1, 17, 1, 1, (1, 1, 1, 1), pool, head)
+    for kind, fm in models.items():
         shape = [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
-        samples = np.random.default_rng(1).normal(size=(6, *shape[1:])).astype(np.float32)
+        shape = shape[1:] if shape[0] == 1 else shape  # the LSTM's first axis is its steps
+        samples = rng.integers(0, 11, (6, *shape)) if kind == "tokens" else \
+            rng.normal(size=(6, *shape)).astype(np.float32)
         out[kind] = (fm.SerializeToString(), _npy(samples))
     return out
 
@@ -594,13 +621,14 @@ def _header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
 def mutated_calibration(draw) -> Case:
     """A float model and its calibration set for ``quantize``, one or both broken: samples with NaN, inf or values
     beyond float32, of another dtype or shape, none, a header claiming terabytes, a truncated or foreign file; a
-    model with NaN, tiny or huge weights, an integer input, a dynamic batch; and the options (method, form,
-    per channel)."""
+    model with NaN, tiny or huge weights, an integer input, a dynamic batch, or an attribute or constant input of
+    its LSTM, LayerNormalization, Einsum, If, Gather... (``_family_node``); and the options (method, form, per
+    channel)."""
     name = draw(st.sampled_from(sorted(float_seeds())))
     model_bytes, npy = float_seeds()[name]
     samples = np.load(__import__("io").BytesIO(npy))
     steps: list[str] = []
-    how = draw(st.sampled_from(["value", "dtype", "shape", "header", "file", "model", "none"]))
+    how = draw(st.sampled_from(["value", "dtype", "shape", "header", "file", "model", "family", "family", "none"]))
     if how == "value":
         s = samples.astype(np.float64)
         bad = draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e300, 1e-320, 3e38, 0.0]))
@@ -626,6 +654,10 @@ def mutated_calibration(draw) -> Case:
         npy = draw(st.sampled_from([b"", npy[:40], npy[: len(npy) // 2], b"PK\x03\x04zip", b"not npy",
                                     __import__("pickle").dumps([1, 2])]))
         steps.append(f"file of {len(npy)} bytes")
+    elif how == "family":  # the float model's LSTM, LayerNormalization, Einsum, If, Gather... mutated
+        m = onnx.load_from_string(model_bytes)
+        _family_node(draw, m, steps)
+        model_bytes = m.SerializeToString()
     elif how == "model":
         m = onnx.load_from_string(model_bytes)
         what = draw(st.sampled_from(["nan", "inf", "tiny", "huge", "int32", "dynamic"]))

@@ -489,7 +489,8 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
     n = math.prod(x.shape[axis:])
     eps = float(np.float32(node.attr_float("epsilon", 1e-5)))
     if not 0 < eps < math.inf:
-        raise Refuse(f"LayerNormalization epsilon must be > 0 and finite (a constant row is 0 / 0 otherwise), not {eps}")
+        raise Refuse("LayerNormalization epsilon must be > 0 and finite (a constant row is 0 / 0 otherwise), "
+                     f"not {eps}")
     eps = Fraction(eps)
     g = real_values(gamma, n, "Scale")
     b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
