@@ -496,7 +496,7 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     return out
 
 
-def prepare(model: onnx.ModelProto, path: Path) -> Path:
+def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
@@ -505,7 +505,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     a Gemm's beta folded into its constant C (``gemm_beta_folded``);
     its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the float model as
     compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not raised), its
-    weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
+    weights moved out of ``model`` into external data there (so that no stage holds them twice). ``where``: the
+    source file, which its refusals name."""
     import onnxruntime as ort
     from onnx import version_converter
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -541,7 +542,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
         ort.InferenceSession(os.fspath(source), options, providers=["CPUExecutionProvider"],
                              disabled_optimizers=list(UNFUSED))
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
-        raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
+        raise RuntimeFailure(" ".join(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: "
+                                      f"{e}".split()), where=where) from None
     release_memory()
     failure = None
     data = Path(f"{path}.data")
@@ -555,8 +557,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
     else:
-        raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
-                             f"{type(failure).__name__}: {failure}")
+        raise RuntimeFailure(" ".join(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
+                                      f"{type(failure).__name__}: {failure}".split()), where=where)
     out = onnx.load(path)  # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
     used = {n.domain for n in _nodes(out.graph)} | {"", "ai.onnx"}
     kept = [o for o in out.opset_import if o.domain in used]
@@ -992,7 +994,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 progress(0, None, "preparing the float model (onnxruntime)")
             release_memory()
             # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
-            float_path = prepare(model, prepared)
+            float_path = prepare(model, prepared, os.fspath(src))
             model = None
             release_memory()
             out = Path(tmp) / "quantized.onnx"

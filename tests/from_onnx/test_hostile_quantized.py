@@ -545,6 +545,22 @@ def test_samples_that_overflow_the_float_model_are_named(float_cnn, capsys):
     assert not (float_cnn / "out").exists()
 
 
+def test_a_float_model_onnxruntime_cannot_load_is_refused_in_one_line_naming_the_file(tmp_path, capsys):
+    """The fuzzer's case: an encoder's Reshape shape (int64) retyped to float. onnxruntime's multi-line load error
+    came through unnamed; now one line naming the source file, exit 5, nothing written."""
+    m = HQ._family("encoder")
+    t = next(t for t in m.graph.initializer if t.data_type == T.INT64)
+    t.CopyFrom(nh.from_array(nh.to_array(t).astype(np.float32), t.name))
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(2, 4, 8)).astype(np.float32))
+    assert cli.main(quantize_cli(tmp_path, tmp_path / "c.npy")) == 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"runtime error: {tmp_path / 'f.onnx'}: onnxruntime cannot load the "
+                                               "float model"), err
+    assert "of operator (Reshape) in node (n3_Reshape) is invalid" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_infinite_clip_bound_is_no_bad_weight():
     """An initializer read only as a bound (Clip's max = inf, as torch exports clamp(min=...)) is no weight: only
     NaN is refused there; inf in a weight is refused, naming it."""
