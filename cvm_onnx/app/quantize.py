@@ -47,7 +47,7 @@ import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
-from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
 from cvm_onnx.core.format.model_dir import replace_files
 from cvm_onnx.core.format.npy import read_npy
@@ -433,7 +433,8 @@ def _condition(model: onnx.ModelProto, name: str, inits: set[str], producer: dic
         [cond] = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
     except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the If stays)
         return None
-    return bool(np.asarray(cond).reshape(-1)[0])
+    cond = np.asarray(cond).reshape(-1)
+    return bool(cond[0]) if cond.size == 1 else None  # If takes one value: of none or several the If stays
 
 
 def _inline(graph: onnx.GraphProto, node: onnx.NodeProto, cond: bool) -> None:
@@ -956,7 +957,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and where
-    the import has two-part products the gas of the one-part import recorded beside it. ``fold``: graph inputs
+    the import has two-part products the gas of the one-part import recorded beside it (None where that import is
+    refused). ``fold``: graph inputs
     made constants first (a value, or None: zeros), and the Ifs they decide folded; with one input left, the Ifs
     its shape (fixed to a sample's) decides folded too, with or without ``fold``. ``report``: each quantized
     tensor's distance on the calibration samples from the pre-processed float model and from the exact arithmetic
@@ -1022,7 +1024,10 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             model = onnx.load(float_path)
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
-    one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
+    try:  # the gas of the one-part import beside it, where one imports (the model is written either way)
+        one_part = one_part_gas(onnx.load_from_string(quantized)) if has_two_parts(imported) else None
+    except CVMError:
+        one_part = None
     return Quantized(imported, agreements, len(samples), model, quantized, one_part, layers)
 
 

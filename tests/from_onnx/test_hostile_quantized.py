@@ -21,6 +21,7 @@ from conftest import MODELS
 from support.quantized import float_model
 
 from cvm_onnx.app import cli
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model, requant_plans
 from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
 
@@ -559,6 +560,34 @@ def test_a_float_model_onnxruntime_cannot_load_is_refused_in_one_line_naming_the
                                                "float model"), err
     assert "of operator (Reshape) in node (n3_Reshape) is invalid" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_if_of_a_condition_of_no_values_is_refused_as_control_flow(tmp_path):
+    """The fuzzer's case: a constant If condition of shape (0,): an internal IndexError while folding the Ifs; now
+    the If stays (it takes one value) and the model is refused naming the file and the If."""
+    model, npy = HQ.float_seeds()["if"]
+    m = onnx.load_from_string(model)
+    set_init(m, "c", np.zeros(0, bool))
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    with pytest.raises(UnsupportedError, match=r"the model has no CVM form: control flow \(If x1\)") as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    assert e.value.problems[0].where == str(tmp_path / "f.onnx")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_one_part_import_that_is_refused_leaves_the_quantized_model_written(tmp_path):
+    """The fuzzer's case: a Gemm without C, QOperator per channel. The model imports (two-part products) and was
+    written, then the one-part import recorded beside it for its gas was refused: UnsupportedError with DIR left
+    behind. Now the model is the result, without the one-part gas."""
+    model, npy = HQ.float_seeds()["plain"]
+    m = onnx.load_from_string(model)
+    node(m, "Gemm").input[2] = ""
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m", per_channel=True,
+                    form="qoperator")
+    assert done.one_part_gas is None and (tmp_path / "out" / "m" / "symbol").is_file()
 
 
 def test_an_infinite_clip_bound_is_no_bad_weight():
