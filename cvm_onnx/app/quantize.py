@@ -210,6 +210,19 @@ def refusal(model: onnx.ModelProto) -> str | None:
     return "; ".join(why) or None
 
 
+def malformed_einsum(model: onnx.ModelProto) -> str | None:
+    """The first Einsum whose inputs are not its equation's operands, one each (onnxruntime dies of SIGSEGV running
+    one with an absent input), as one sentence; None if every Einsum has them."""
+    for k, n in enumerate(_nodes(model.graph)):
+        if n.op_type == "Einsum":
+            eq = next((a.s.decode(errors="replace") for a in n.attribute if a.name == "equation"), "")
+            operands = eq.split("->")[0].count(",") + 1
+            if len(n.input) != operands or not all(n.input):
+                return (f"{n.name or f'node {k}'} (Einsum): equation {eq!r} takes {operands} operands, the node has "
+                        f"inputs {list(n.input)}")
+    return None
+
+
 def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str,
                   v: onnx.ValueInfoProto | None = None) -> tuple[str, tuple[int, ...]]:
     """The input's (``v``, else the model's first) name and its shape for one calibration sample: its static dims,
@@ -980,6 +993,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             fold_constant_ifs(model, shapes=True)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
+    if (why := malformed_einsum(model)) is not None:
+        raise FormatError(why, where=os.fspath(src))
     if (why := not_float(model)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
     if (why := non_finite(model)) is not None:

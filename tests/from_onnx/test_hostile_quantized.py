@@ -5,6 +5,7 @@ run of that fuzzer; benchmarks/fuzz.py (``quantized``) runs it long."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from fractions import Fraction
 
@@ -588,6 +589,22 @@ def test_a_one_part_import_that_is_refused_leaves_the_quantized_model_written(tm
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m", per_channel=True,
                     form="qoperator")
     assert done.one_part_gas is None and (tmp_path / "out" / "m" / "symbol").is_file()
+
+
+@pytest.mark.parametrize("inputs", [["x", ""], ["x"], ["x", "w", "w"]])
+def test_an_einsum_without_its_equations_operands_is_refused_before_onnxruntime_runs_it(tmp_path, inputs):
+    """The fuzzer's case: an Einsum 'abc,cd->abd' with its second input absent killed the process (SIGSEGV in
+    onnxruntime's calibration run). Now a format error naming the file, the node and the operands (exit 2)."""
+    model, npy = HQ.float_seeds()["einsum"]
+    m = onnx.load_from_string(model)
+    node(m, "Einsum").input[:] = inputs
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    with pytest.raises(FormatError, match=r"\(Einsum\): equation 'abc,cd->abd' takes 2 operands, the node has "
+                                          + re.escape(f"inputs {inputs}")) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    assert e.value.problems[0].where == str(tmp_path / "f.onnx")
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_infinite_clip_bound_is_no_bad_weight():
