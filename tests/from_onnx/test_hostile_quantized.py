@@ -607,6 +607,34 @@ def test_an_einsum_without_its_equations_operands_is_refused_before_onnxruntime_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_trailing_absent_input_is_no_input_to_onnxruntime(tmp_path):
+    """The fuzzer's case: an encoder's last LayerNormalization with B given as "" (legal: absent) killed the process
+    (SIGSEGV creating onnxruntime's session of the prepared float model). Trailing absent inputs are dropped first:
+    the model quantizes and imports."""
+    model, npy = HQ.float_seeds()["encoder"]
+    m = onnx.load_from_string(model)
+    node(m, "LayerNormalization", 2).input[2] = ""
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m", per_channel=True)
+    assert (tmp_path / "out" / "m" / "symbol").is_file()
+
+
+def test_a_quantize_static_failure_is_one_line_naming_the_file(tmp_path):
+    """The fuzzer's case: the encoder's output shape (a Reshape's) of shape (2, 3): onnxruntime's multi-line
+    message came through as a problem of several lines; now one line naming the file."""
+    model, npy = HQ.float_seeds()["encoder"]
+    m = onnx.load_from_string(model)
+    set_init(m, "l0_oshape", np.resize(nh.to_array(HQ._init(m, "l0_oshape")), (2, 3)))
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    with pytest.raises(CVMError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m", method="entropy")
+    [p] = e.value.problems
+    assert p.where == str(tmp_path / "f.onnx") and "\n" not in p.rule and "n19_Reshape" in p.rule, str(p)
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_infinite_clip_bound_is_no_bad_weight():
     """An initializer read only as a bound (Clip's max = inf, as torch exports clamp(min=...)) is no weight: only
     NaN is refused there; inf in a weight is refused, naming it."""
