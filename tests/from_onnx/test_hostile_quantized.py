@@ -577,14 +577,20 @@ def test_an_if_of_a_condition_of_no_values_is_refused_as_control_flow(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_one_part_import_that_is_refused_leaves_the_quantized_model_written(tmp_path):
-    """The fuzzer's case: a Gemm without C, QOperator per channel. The model imports (two-part products) and was
-    written, then the one-part import recorded beside it for its gas was refused: UnsupportedError with DIR left
-    behind. Now the model is the result, without the one-part gas."""
+def test_a_one_part_import_that_is_refused_leaves_the_quantized_model_written(tmp_path, monkeypatch):
+    """The fuzzer's case (a Gemm's C given as "", QOperator per channel): the model imported with two-part products
+    and was written, then the one-part import recorded beside it for its gas was refused ("no multiplier and shift
+    within CVM's 32 bits"): UnsupportedError with DIR left behind. Now the model is the result, without the
+    one-part gas. (That C is dropped now, so the refusal is stood in for.)"""
+    from cvm_onnx.app import quantize as q
+
+    def refused(model):
+        raise UnsupportedError("no multiplier and shift within CVM's 32 bits", where="y")
+
+    monkeypatch.setattr(q, "one_part_gas", refused)
+    monkeypatch.setattr(q, "has_two_parts", lambda imported: True)
     model, npy = HQ.float_seeds()["plain"]
-    m = onnx.load_from_string(model)
-    node(m, "Gemm").input[2] = ""
-    onnx.save(m, tmp_path / "f.onnx")
+    onnx.save(onnx.load_from_string(model), tmp_path / "f.onnx")
     (tmp_path / "c.npy").write_bytes(npy)
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m", per_channel=True,
                     form="qoperator")
