@@ -368,6 +368,16 @@ def test_a_cubic_resize_coefficient_that_is_not_finite_is_refused_naming_the_res
 
 
 
+def test_a_reshape_copying_a_dim_past_the_input_rank_is_refused_naming_it():
+    """The fuzzer's case: an encoder's Reshape to [1, 4, 2, 0, 1] of a rank-3 tensor (0 copies the input's dim at
+    its place, and there is none): an internal IndexError; now one refusal naming the Reshape."""
+    m = onnx.load_from_string(HQ.family_seeds()["encoder/QDQ/int8/channel"])
+    n = next(n for n in m.graph.node if n.name == "n3_Reshape")
+    set_init(m, n.input[1], np.array([1, 4, 2, 0, 1], np.int64))
+    assert "n3_Reshape (Reshape): Reshape of (1, 4, 8) to [1, 4, 2, 0, 1]: a 0 past the input's rank has no dim to " \
+        "copy" in refusal(m)
+
+
 @pytest.mark.parametrize("key, steps", [("LSTM/QDQ/uint8/tensor", 4097), ("GRU/QOperator/int8/channel", 2049),
                                         ("RNN/QDQ/uint8/tensor", 1 << 20)])
 def test_a_recurrent_layer_of_more_steps_than_unrolled_is_refused_naming_it(key, steps):
