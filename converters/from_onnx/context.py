@@ -126,6 +126,7 @@ class Importer:
         self.params: dict[str, np.ndarray] = {}
         self.bounds: dict[Entry, int] = {}  # the exporter's bound on |x| of every entry (bounds.py)
         self.names: set[str] = set()
+        self._taken: dict[str, int] = {}  # per name given to fresh, the k below which every name/k is taken
         self.split_above: Fraction | None = None  # with two_part, 0 (requant_plans.plan; qdq.requantize)
         self.declared: dict[str, int] = {}  # precisions the model declares for its initializers (round trip)
         self.pending: dict[str, Tensor] = {}  # those initializers not yet made params, in the model's order
@@ -139,12 +140,15 @@ class Importer:
 
     # -- names and types ------------------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:
-        """``name``, or ``name/k`` with the first free k when it is taken."""
-        out, k = name, 0
+        """``name``, or ``name/k`` with the first free k when it is taken (names are never freed: the search resumes
+        where the last one for ``name`` ended, so the thousands of nodes of one unrolled layer cost linear time)."""
+        k = self._taken.get(name, 0)
+        out = name if k == 0 else f"{name}/{k}"
         while out in self.names:
             k += 1
             out = f"{name}/{k}"
         self.names.add(out)
+        self._taken[name] = k
         return out
 
     def type_of(self, e: Entry) -> TensorType:

@@ -30,6 +30,8 @@ def reshape(ctx, node, x, shape):
     """Reshape (0 copies the input dim unless allowzero, -1 is inferred)."""
     target = ints(shape, "Reshape shape")
     keep_zero = node.attr_int("allowzero", 0)
+    if not keep_zero and any(v == 0 for v in target[len(x.shape):]):
+        raise Refuse(f"Reshape of {x.shape} to {target}: a 0 past the input's rank has no dim to copy")
     out = [x.shape[i] if v == 0 and not keep_zero else v for i, v in enumerate(target)]
     if out.count(-1) == 1:
         known = math.prod(v for v in out if v != -1)

@@ -48,7 +48,7 @@ import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
-from cvm_onnx.core.errors import FormatError, Problem, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
 from cvm_onnx.core.format.model_dir import replace_files
 from cvm_onnx.core.format.npy import read_npy
@@ -211,6 +211,19 @@ def refusal(model: onnx.ModelProto) -> str | None:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
                    "they decide")
     return "; ".join(why) or None
+
+
+def malformed_einsum(model: onnx.ModelProto) -> str | None:
+    """The first Einsum whose inputs are not its equation's operands, one each (onnxruntime dies of SIGSEGV running
+    one with an absent input), as one sentence; None if every Einsum has them."""
+    for k, n in enumerate(_nodes(model.graph)):
+        if n.op_type == "Einsum":
+            eq = next((a.s.decode(errors="replace") for a in n.attribute if a.name == "equation"), "")
+            operands = eq.split("->")[0].count(",") + 1
+            if len(n.input) != operands or not all(n.input):
+                return (f"{n.name or f'node {k}'} (Einsum): equation {eq!r} takes {operands} operands, the node has "
+                        f"inputs {list(n.input)}")
+    return None
 
 
 def _sample_shape(model: onnx.ModelProto, data: np.ndarray, where: str,
@@ -438,7 +451,8 @@ def _condition(model: onnx.ModelProto, name: str, inits: set[str], producer: dic
         [cond] = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
     except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the If stays)
         return None
-    return bool(np.asarray(cond).reshape(-1)[0])
+    cond = np.asarray(cond).reshape(-1)
+    return bool(cond[0]) if cond.size == 1 else None  # If takes one value: of none or several the If stays
 
 
 def _inline(graph: onnx.GraphProto, node: onnx.NodeProto, cond: bool) -> None:
@@ -501,7 +515,7 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     return out
 
 
-def prepare(model: onnx.ModelProto, path: Path) -> Path:
+def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
@@ -511,7 +525,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
     float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
-    raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice)."""
+    raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice).
+    ``where``: the source file, which its refusals name."""
     import onnxruntime as ort
     from onnx import version_converter
 
@@ -529,6 +544,9 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
         _load_external(model, path.parent)
         if model is given:
             Path(f"{compared}.data").unlink(missing_ok=True)
+    for node in _nodes(model.graph):  # trailing absent inputs are no inputs (onnxruntime dies of SIGSEGV on some)
+        while node.input and not node.input[-1]:
+            node.input.pop()
     fuse_layernorm(model)
     fuse_gelu(model)
     einsums_as_matmuls(model.graph)
@@ -548,7 +566,8 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
         ort.InferenceSession(os.fspath(source), options, providers=["CPUExecutionProvider"],
                              disabled_optimizers=list(UNFUSED))
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
-        raise RuntimeFailure(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: {e}")
+        raise RuntimeFailure(" ".join(f"onnxruntime cannot load the float model to optimize it: {type(e).__name__}: "
+                                      f"{e}".split()), where=where) from None
     release_memory()
     data = Path(f"{path}.data")
     optimized, path = optimized.resolve(), path.resolve()  # the working folder changes below
@@ -556,7 +575,7 @@ def prepare(model: onnx.ModelProto, path: Path) -> Path:
         with _working_folder(path.parent):
             out = _pre_processed(optimized)
     except Exception:  # noqa: BLE001  (onnxruntime's tools raise anything: then quant_pre_process itself)
-        out = _quant_pre_processed(optimized, path)
+        out = _quant_pre_processed(optimized, path, where)
     release_memory()
     # onnxruntime's optimizer imports every domain it knows (custom ones too): keep the used
     used = {n.domain for n in _nodes(out.graph)} | {"", "ai.onnx"}
@@ -586,10 +605,10 @@ def _working_folder(folder: Path) -> Iterator[None]:
         os.chdir(here)
 
 
-def _quant_pre_processed(optimized: Path, path: Path) -> onnx.ModelProto:
+def _quant_pre_processed(optimized: Path, path: Path, where) -> onnx.ModelProto:
     """quant_pre_process(``optimized``, skip_optimization=True) written to ``path`` (its weights in
     ``<path>.data``) and read back; without its symbolic shape inference where that fails (it asserts on some
-    graphs)."""
+    graphs). ``where``: the source file, which its refusal names."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     data = Path(f"{path}.data")
@@ -603,8 +622,8 @@ def _quant_pre_processed(optimized: Path, path: Path) -> onnx.ModelProto:
             return onnx.load(path)
         except Exception as e:  # noqa: BLE001  (onnxruntime's tools raise anything)
             failure = e
-    raise RuntimeFailure(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
-                         f"{type(failure).__name__}: {failure}")
+    raise RuntimeFailure(" ".join(f"onnxruntime.quantization's pre-processing (quant_pre_process) failed: "
+                                  f"{type(failure).__name__}: {failure}".split()), where=where)
 
 
 #: The ops whose constant inputs (weights) stay on disk through the symbolic shape inference, which reads only
@@ -1042,7 +1061,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and where
-    the import has two-part products the gas of the one-part import recorded beside it. ``fold``: graph inputs
+    the import has two-part products the gas of the one-part import recorded beside it (None where that import is
+    refused). ``fold``: graph inputs
     made constants first (a value, or None: zeros), and the Ifs they decide folded; with one input left, the Ifs
     its shape (fixed to a sample's) decides folded too, with or without ``fold``. ``report``: each quantized
     tensor's distance on the calibration samples from the pre-processed float model and from the exact arithmetic
@@ -1065,6 +1085,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             fold_constant_ifs(model, shapes=True)
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
+    if (why := malformed_einsum(model)) is not None:
+        raise FormatError(why, where=os.fspath(src))
     if (why := not_float(model)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
     if (why := non_finite(model)) is not None:
@@ -1081,7 +1103,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 progress(0, None, "preparing the float model (onnxruntime)")
             release_memory()
             # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
-            float_path = prepare(model, prepared)
+            float_path = prepare(model, prepared, os.fspath(src))
             model = None
             release_memory()
             out = Path(tmp) / "quantized.onnx"
@@ -1108,7 +1130,10 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             # the one-part import before the float model is back: none of the three held beside another
             agreements = compare(float_path, out, imported, samples, progress)
             release_memory()
-            one_part = one_part_gas(onnx.load(out)) if has_two_parts(imported) else None
+            try:  # the gas of the one-part import beside it, where one imports (the model is written either way)
+                one_part = one_part_gas(onnx.load(out)) if has_two_parts(imported) else None
+            except CVMError:
+                one_part = None
             release_memory()
             model = onnx.load(float_path)
             quantized = out.read_bytes()
@@ -1283,8 +1308,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
     except UnsupportedError:
         raise
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
-        raise RuntimeFailure(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: {e}",
-                             where=os.fspath(where)) from None
+        raise RuntimeFailure(" ".join(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: "
+                                      f"{e}".split()), where=os.fspath(where)) from None
 
 
 @contextlib.contextmanager

@@ -470,7 +470,11 @@ def prelu_rule(ctx, node, x, slope):
     a = constant_values(slope)
     if a is None or not np.isfinite(a).all():
         raise Refuse("PRelu with a slope computed at run time or not finite: only a constant slope has an exact form")
-    if tuple(np.broadcast_shapes(a.shape, x.shape)) != tuple(x.shape):
+    try:
+        fits = tuple(np.broadcast_shapes(a.shape, x.shape)) == tuple(x.shape)
+    except ValueError:
+        fits = False
+    if not fits:
         raise Refuse(f"PRelu slope of shape {a.shape} does not broadcast to the input's {x.shape}")
     while a.ndim and a.shape[0] == 1 and a.ndim > 1:
         a = a.reshape(a.shape[1:])

@@ -105,7 +105,10 @@ def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None)
         raise Refuse(f"Resize of {x.shape} to {tuple(full)}: every output axis must hold 1 to 2^24 values")
     factors = resize_scales(node, x.t.shape, full, scales, sizes)
     mode = node.attr_str("coordinate_transformation_mode", "half_pixel")
-    a = Fraction(float(np.float32(node.attr_float("cubic_coeff_a", -0.75)))) if cubic else None
+    a = float(np.float32(node.attr_float("cubic_coeff_a", -0.75))) if cubic else None
+    if a is not None and not math.isfinite(a):
+        raise Refuse(f"Resize cubic_coeff_a {a} must be finite")
+    a = None if a is None else Fraction(a)
     t, zero, scale = as_int32(x.t), int(x.zero.reshape(())), x.scale.reshape(()).item()
     plans = [None if f == 1 and o == d else taps(linear_coordinate(mode, np.arange(o), d, o, f), a)
              for d, f, o in zip(x.shape, factors, full)]

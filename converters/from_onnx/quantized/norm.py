@@ -487,9 +487,11 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
         raise Refuse(f"LayerNormalization axis {axis} is out of range for rank {rank}")
     axis %= rank
     n = math.prod(x.shape[axis:])
-    eps = Fraction(float(np.float32(node.attr_float("epsilon", 1e-5))))
-    if not eps > 0:
-        raise Refuse("LayerNormalization epsilon must be > 0 (a constant row is 0 / 0 otherwise)")
+    eps = float(np.float32(node.attr_float("epsilon", 1e-5)))
+    if not 0 < eps < math.inf:
+        raise Refuse("LayerNormalization epsilon must be > 0 and finite (a constant row is 0 / 0 otherwise), "
+                     f"not {eps}")
+    eps = Fraction(eps)
     g = real_values(gamma, n, "Scale")
     b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
     return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps, node.name)

@@ -35,6 +35,7 @@ H_STEPS = 127  # h's high half at scale 1/127
 LOW_BITS = 7  # h = 2^7 h_hi + h_lo, w = 2^7 w_hi + w_lo
 H_ONE = H_STEPS << LOW_BITS  # h at scale 1/16256; |weights| <= 16256
 RNN_BITS = 12  # an RNN's outputs at 2^-12
+MAX_STEPS = 4096  # steps unrolled per layer, over its directions (a few dozen CVM nodes each)
 
 
 def gate_bits(steps: int, c0: float) -> int:
@@ -353,13 +354,16 @@ def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
 def unrolled(node, op: str, gates: int, x, w, r, b, lens):
     """What LSTM (4 gates), GRU (3) and RNN (1) share: the per-tensor input X of shape (steps, batch, size), the
     direction, the number of directions, hidden_size, and W, R, B as floats of ONNX's shapes; a sequence_lens other
-    than the full length of every sequence refused."""
+    than the full length of every sequence, or more than MAX_STEPS steps over the directions, refused."""
     xs = per_tensor(scaled(x, f"the {op} input"), op)
     if len(xs.shape) != 3:
         raise Refuse(f"an {op} input of shape {xs.shape}: (sequence, batch, features) expected")
     steps, _, size = xs.shape
     way = node.attr_str("direction", "forward", choices=("forward", "reverse", "bidirectional"))
     dirs = 2 if way == "bidirectional" else 1
+    if steps * dirs > MAX_STEPS:
+        raise Refuse(f"{op} over {steps} steps{' in each direction' if dirs > 1 else ''}: unrolled, at most "
+                     f"{MAX_STEPS} steps over its directions")
     hidden = node.attr_int("hidden_size", lo=1)
     wv = floats(w, f"{op} W", (dirs, gates * hidden, size))
     rv = floats(r, f"{op} R", (dirs, gates * hidden, hidden))
