@@ -281,22 +281,33 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     "g2p-bert": ("g2p_id", "models/bert/bert_mlm.onnx", (1, 32), lambda r, s: r.integers(0, 31, s)),
     "aecmos": ("speechmos", "aecmos_models/Run_1668423760_Stage_0.onnx", (1, 3, 50, 160),
                lambda r, s: r.normal(size=s) * 0.5),
+    # the fifth corpus: LSTMs written out as Gemms sharing weights, bidirectional GRUs over ids, float16 widened,
+    # skl2onnx's Scaler as Add and Mul
+    "captcha-crnn": ("captcha_whisperer", "models/captcha_crnn.onnx", (1, 3, 60, 160),
+                     lambda r, s: r.uniform(0, 1, s)),
+    "romanizer": ("arabic_name_romanizer", "resources/encoder.onnx", (1, 12), lambda r, s: r.integers(1, 160, s)),
+    "slovorez": ("slovorez", "models/slovorez-test/slovorez-test.onnx", (1, 24), lambda r, s: r.integers(4, 49, s)),
+    "surfaces-knn": ("surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4),
+                     lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
+                                            ((1, 150), (0, 3), (2, 10), (0, 2))], -1).astype(np.float32)),
 }
-#: Where a model is cut: silero-vad at its probability and the encoder at its sentence embedding (the C API refuses
-#: heads of different row counts: silero's state has 2, the encoder's token embeddings 16).
-CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"]}
+#: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding and the romanizer at
+#: its memory (the C API refuses heads of different row counts: silero's state has 2, the encoder's token
+#: embeddings 16, the romanizer's hidden state 2).
+CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
-         "aecmos": {"h0": None}}
+         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
                                                if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second to fourth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to fifth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
-    int64 ids, the latter's Einsums written as MatMuls):
+    int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
+    ids, a float16 model widened, skl2onnx's Scaler as Add and Mul):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -305,7 +316,8 @@ def test_shipped_models(tmp_path, name, per_channel):
     src = shipped(package, path)
     rng = np.random.default_rng(0)
     samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
-    ints = {"magika": np.int32, "minilm-l3": np.int64, "g2p-bert": np.int64}
+    ints = {"magika": np.int32, "minilm-l3": np.int64, "g2p-bert": np.int64, "romanizer": np.int64,
+            "slovorez": np.int32}
     np.save(tmp_path / "c.npy", samples.astype(ints.get(name, np.float32)))
     imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name),
                    fold=FOLDS.get(name)).imported
