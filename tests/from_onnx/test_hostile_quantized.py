@@ -292,6 +292,20 @@ def test_an_average_pool_kernel_of_another_rank_is_refused(seeds, fmt, op, kerne
     assert "kernel_shape" in msg, msg
 
 
+@pytest.mark.parametrize("fmt, op", [("QDQ", "AveragePool"), ("QOperator", "QLinearAveragePool")])
+@pytest.mark.parametrize("pads, said", [([1, 0, 32, 1], "(1, 32)"), ([2, 0, 0, 1], "(2, 0)"),
+                                        ([0, 0, 0, 2], "(0, 2)"), ([0, 1 << 31, 0, 0], f"({1 << 31}, 0)")])
+def test_an_average_pool_pad_not_smaller_than_its_kernel_is_refused_naming_it(seeds, fmt, op, pads, said):
+    """The fuzzer's case (the Add CNN, QDQ int8): the 2x2 AveragePool's pads [1, 0, 32, 1], padding not counted: a
+    window of padding only counts 0 input values, ``ZeroDivisionError: Fraction(1, 0)`` came through as an internal
+    error. A pad >= the kernel (onnxruntime refuses it) is now one refusal naming the node and the pads."""
+    m = seed(seeds, fmt, True)
+    n = node(m, op)
+    next(a for a in n.attribute if a.name == "pads").ints[:] = pads
+    msg = refusal(m)
+    assert f"({op}): AveragePool pads {said} not smaller than the kernel (2) with count_include_pad=0" in msg, msg
+
+
 def test_int4_weights_are_unsupported_not_a_format_error(seeds, tmp_path, capsys):
     """onnxruntime's own QInt4 weights: ``format error: ... INT4, which cannot be read`` (exit 2, a broken file)
     where the file is valid and the type has no CVM form (exit 4)."""
