@@ -353,6 +353,16 @@ def test_a_prelu_slope_that_does_not_broadcast_is_refused_naming_the_prelu(key, 
 
 
 
+def test_a_dilated_max_pool_of_a_huge_batch_is_refused_before_allocating_its_padding():
+    """The fuzzer's case: the ops seed (QOperator int8) with a batch of 2^24 (legal: 2^24 x 2 x 5 x 5 values): the
+    dilated MaxPool's padding constant of shape (2^24, 3, 1, 5) was allocated, an internal MemoryError (1.88 GiB)
+    under the fuzzer's memory limit. Now refused naming the MaxPool, from shapes."""
+    m = onnx.load_from_string(HQ.family_seeds()["ops/QOperator/int8/channel"])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1 << 24
+    assert "pool (MaxPool): dilated MaxPool of (16777216, 3, 5, 5): its padding of shape (16777216, 3, 1, 5) would " \
+        "be a constant of more than 2^24 elements" in refusal(m)
+
+
 def _with_attribute(m: onnx.ModelProto, op: str, **attrs) -> onnx.ModelProto:
     n = node(m, op)
     for name, value in attrs.items():
