@@ -363,6 +363,24 @@ def test_a_dilated_max_pool_of_a_huge_batch_is_refused_before_allocating_its_pad
         "be a constant of more than 2^24 elements" in refusal(m)
 
 
+@pytest.mark.parametrize("key", ["ops/QDQ/uint8/tensor", "ops/QOperator/int8/channel"])
+def test_a_gemm_weight_of_one_axis_is_refused_naming_the_gemm(key):
+    """The fuzzer's case (the plain CNN, QDQ uint8: its Gemm's quantized weight reshaped to (108,)): numpy's
+    ``AxisError: axis 1 is out of bounds`` came through as an internal error, as for a per-tensor QGemm. Gemm's B
+    is a matrix: a B of one axis is one refusal naming the Gemm (QGemm); here the ops seed's."""
+    m = onnx.load_from_string(HQ.family_seeds()[key])
+    g = next(n for n in m.graph.node if n.op_type in ("Gemm", "QGemm"))
+    name = g.input[3] if g.op_type == "QGemm" else \
+        next(n.input[0] for n in m.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == g.input[1])
+    w = nh.to_array(HQ._init(m, name))
+    set_init(m, name, w.reshape(-1))
+    if g.op_type == "QGemm":  # B per tensor (per channel, its scale's axis 1 is refused first)
+        set_init(m, g.input[4], np.float32(0.01))
+        set_init(m, g.input[5], np.zeros((), w.dtype))
+    msg = refusal(m)
+    assert f"{g.name} ({g.op_type}): Gemm weight B of shape ({w.size},): Gemm takes a matrix" in msg, msg
+
+
 def _with_attribute(m: onnx.ModelProto, op: str, **attrs) -> onnx.ModelProto:
     n = node(m, op)
     for name, value in attrs.items():

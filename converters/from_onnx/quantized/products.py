@@ -465,6 +465,8 @@ def gemm_rule(ctx, node, a, b, c=None):
     a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
     if len(a.shape) != 2:
         raise Refuse(f"Gemm input of shape {a.shape}")
+    if len(b.shape) != 2:
+        raise Refuse(f"Gemm weight B of shape {b.shape}: Gemm takes a matrix")
     if node.attr_int("transA", 0):
         a = per_tensor(a, "a transposed Gemm input A")
         a = replace(a, t=ctx.result(ctx.op("transpose", as_int32(a.t), axes=(1, 0)), INT32, a.t.lo, a.t.hi,
