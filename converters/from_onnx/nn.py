@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .context import FLOAT_EXACT, INT32, Tensor, check_values, const, type_name
+from .context import FLOAT_EXACT, INT32, MAX_FOLDED, Tensor, check_values, const, type_name
 from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
                    integer_scales, minus_zero, nearest, onnx_pads, resized_shape, scaled_size, select,
                    source_coordinate, spatial_2d, strided_slice)
@@ -242,7 +242,8 @@ MAX_TAPS = 64
 
 def dilated(ctx, node, x: Tensor, x4: Tensor, kernel: list[int], strides: list[int], dilations: list[int]) -> Tensor:
     """MaxPool with dilations d: y[o] = max over kernel positions i of x[o s - b + i d] (b the begin pad; positions
-    in the padding never win): the input padded with its least value x.lo (concatenate of constants), one
+    in the padding never win): the input padded with its least value x.lo (concatenate of constants of at most
+    2^24 elements, refused past it), one
     strided_slice per kernel position (start i d, step s, ONNX's output count, ceil mode as ``pool_plan``
     counts it), and their broadcast_max. Exact: the same windows, the same max. auto_pad SAME_UPPER: as ONNX states it
     where the model declares its output shape (``same_declared``). ``x4``: x with two spatial axes; ``kernel``,
@@ -264,8 +265,11 @@ def dilated(ctx, node, x: Tensor, x4: Tensor, kernel: list[int], strides: list[i
     reach = [max((o - 1) * s + k - size - pb, 0) for o, s, k, size, pb in zip(outs, strides, spans, (h, w), begin)]
     padded = x4
     for axis, (pb, pe) in enumerate(zip(begin, reach), start=2):
-        fill = [const(np.full(padded.shape[:axis] + (p,) + padded.shape[axis + 1:], x.lo, np.int64), x.dtype)
-                for p in (pb, pe) if p]
+        shapes = [padded.shape[:axis] + (p,) + padded.shape[axis + 1:] for p in (pb, pe) if p]
+        if any(math.prod(shape) > MAX_FOLDED for shape in shapes):
+            raise Refuse(f"dilated MaxPool of {x.shape}: its padding of shape {max(shapes, key=math.prod)} would be "
+                         "a constant of more than 2^24 elements")
+        fill = [const(np.full(shape, x.lo, np.int64), x.dtype) for shape in shapes]
         if fill:
             parts = (fill[:1] if pb else []) + [padded] + (fill[-1:] if pe else [])
             padded = concatenated(ctx, axis, *parts)

@@ -292,6 +292,20 @@ def test_an_average_pool_kernel_of_another_rank_is_refused(seeds, fmt, op, kerne
     assert "kernel_shape" in msg, msg
 
 
+@pytest.mark.parametrize("fmt, op", [("QDQ", "AveragePool"), ("QOperator", "QLinearAveragePool")])
+@pytest.mark.parametrize("pads, said", [([1, 0, 32, 1], "(1, 32)"), ([2, 0, 0, 1], "(2, 0)"),
+                                        ([0, 0, 0, 2], "(0, 2)"), ([0, 1 << 31, 0, 0], f"({1 << 31}, 0)")])
+def test_an_average_pool_pad_not_smaller_than_its_kernel_is_refused_naming_it(seeds, fmt, op, pads, said):
+    """The fuzzer's case (the Add CNN, QDQ int8): the 2x2 AveragePool's pads [1, 0, 32, 1], padding not counted: a
+    window of padding only counts 0 input values, ``ZeroDivisionError: Fraction(1, 0)`` came through as an internal
+    error. A pad >= the kernel (onnxruntime refuses it) is now one refusal naming the node and the pads."""
+    m = seed(seeds, fmt, True)
+    n = node(m, op)
+    next(a for a in n.attribute if a.name == "pads").ints[:] = pads
+    msg = refusal(m)
+    assert f"({op}): AveragePool pads {said} not smaller than the kernel (2) with count_include_pad=0" in msg, msg
+
+
 def test_int4_weights_are_unsupported_not_a_format_error(seeds, tmp_path, capsys):
     """onnxruntime's own QInt4 weights: ``format error: ... INT4, which cannot be read`` (exit 2, a broken file)
     where the file is valid and the type has no CVM form (exit 4)."""
@@ -337,6 +351,34 @@ def test_a_prelu_slope_that_does_not_broadcast_is_refused_naming_the_prelu(key, 
     msg = refusal(m)
     assert f"prelu (PRelu): PRelu slope of shape {shape} does not broadcast to the input's (1, 3, 5, 5)" in msg, msg
 
+
+
+def test_a_dilated_max_pool_of_a_huge_batch_is_refused_before_allocating_its_padding():
+    """The fuzzer's case: the ops seed (QOperator int8) with a batch of 2^24 (legal: 2^24 x 2 x 5 x 5 values): the
+    dilated MaxPool's padding constant of shape (2^24, 3, 1, 5) was allocated, an internal MemoryError (1.88 GiB)
+    under the fuzzer's memory limit. Now refused naming the MaxPool, from shapes."""
+    m = onnx.load_from_string(HQ.family_seeds()["ops/QOperator/int8/channel"])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1 << 24
+    assert "pool (MaxPool): dilated MaxPool of (16777216, 3, 5, 5): its padding of shape (16777216, 3, 1, 5) would " \
+        "be a constant of more than 2^24 elements" in refusal(m)
+
+
+@pytest.mark.parametrize("key", ["ops/QDQ/uint8/tensor", "ops/QOperator/int8/channel"])
+def test_a_gemm_weight_of_one_axis_is_refused_naming_the_gemm(key):
+    """The fuzzer's case (the plain CNN, QDQ uint8: its Gemm's quantized weight reshaped to (108,)): numpy's
+    ``AxisError: axis 1 is out of bounds`` came through as an internal error, as for a per-tensor QGemm. Gemm's B
+    is a matrix: a B of one axis is one refusal naming the Gemm (QGemm); here the ops seed's."""
+    m = onnx.load_from_string(HQ.family_seeds()[key])
+    g = next(n for n in m.graph.node if n.op_type in ("Gemm", "QGemm"))
+    name = g.input[3] if g.op_type == "QGemm" else \
+        next(n.input[0] for n in m.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == g.input[1])
+    w = nh.to_array(HQ._init(m, name))
+    set_init(m, name, w.reshape(-1))
+    if g.op_type == "QGemm":  # B per tensor (per channel, its scale's axis 1 is refused first)
+        set_init(m, g.input[4], np.float32(0.01))
+        set_init(m, g.input[5], np.zeros((), w.dtype))
+    msg = refusal(m)
+    assert f"{g.name} ({g.op_type}): Gemm weight B of shape ({w.size},): Gemm takes a matrix" in msg, msg
 
 
 def _with_attribute(m: onnx.ModelProto, op: str, **attrs) -> onnx.ModelProto:
@@ -391,6 +433,19 @@ def test_a_recurrent_layer_of_more_steps_than_unrolled_is_refused_naming_it(key,
     each = " in each direction" if op == "GRU" else ""
     assert f"({op}): {op} over {steps} steps{each}: unrolled, at most {MAX_STEPS} steps over its directions" in \
         refusal(m)
+
+
+@pytest.mark.parametrize("key, steps, said", [("RNN/QDQ/uint8/tensor", 4096, "RNN over 4096 steps"),
+                                              ("LSTM/QDQ/uint8/tensor", 513, "LSTM over 513 steps"),
+                                              ("GRU/QDQ/uint8/tensor", 257, "GRU over 257 steps in each direction")])
+def test_a_recurrent_layer_past_512_steps_is_refused_naming_it(key, steps, said):
+    """The fuzzer's hang: the RNN seed with an INT32 input of 4096 steps (the bound then) imported in about 20 s and
+    its export's onnxruntime session took minutes to start; a bidirectional GRU of 2 x 256 steps imports in about
+    6 s. Past 512 steps over the directions: one refusal naming the layer and the bound."""
+    m = onnx.load_from_string(HQ.family_seeds()[key])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = steps
+    m.graph.input[0].type.tensor_type.elem_type = T.INT32
+    assert f"({key.split('/')[0]}): {said}: unrolled, at most 512 steps over its directions" in refusal(m)
 
 
 def test_fresh_names_are_the_first_free_and_found_in_linear_time(monkeypatch):

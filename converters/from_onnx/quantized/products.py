@@ -465,6 +465,8 @@ def gemm_rule(ctx, node, a, b, c=None):
     a, b = scaled(a, "the Gemm input A"), scaled(b, "the Gemm weight B")
     if len(a.shape) != 2:
         raise Refuse(f"Gemm input of shape {a.shape}")
+    if len(b.shape) != 2:
+        raise Refuse(f"Gemm weight B of shape {b.shape}: Gemm takes a matrix")
     if node.attr_int("transA", 0):
         a = per_tensor(a, "a transposed Gemm input A")
         a = replace(a, t=ctx.result(ctx.op("transpose", as_int32(a.t), axes=(1, 0)), INT32, a.t.lo, a.t.hi,
@@ -494,7 +496,8 @@ def gemm_rule(ctx, node, a, b, c=None):
 
 def average(ctx, node, x: Scaled) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
-    (count per output position when padding is not counted)."""
+    (count per output position when padding is not counted; there a pad not smaller than the kernel, which lets a
+    window count no input value, is refused, as onnxruntime refuses it)."""
     x = per_tensor(x, "AveragePool")
     if node.attr_int("ceil_mode", 0) or any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
@@ -505,12 +508,17 @@ def average(ctx, node, x: Scaled) -> Scaled:
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)
+    counted = node.attr_int("count_include_pad", 0)
+    for pb, pe, k in zip(begin, end, kernel):
+        if not counted and max(pb, pe) >= k:
+            raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
+                         "a window of padding only can count no input value, its average undefined")
     ones = np.ones((c, 1) + tuple(kernel), np.int64)
     pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, end)
     acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
                         kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
     sx = x.scale.reshape(()).item()
-    if node.attr_int("count_include_pad", 0) or pad["valid"] is None:
+    if counted or pad["valid"] is None:
         return Scaled(acc, np.asarray(sx / math.prod(kernel), dtype=object), np.zeros((), np.int64))
     count = pad["valid"][0]  # the window sums of weights 1: the input positions each window reads
     return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),

@@ -62,6 +62,8 @@ def qgemm(ctx, node, a, a_s, az, b, bs, bz, c=None, ys=None, yz=None):
         raise Refuse("QGemm with alpha 0: its product is unused (no CVM form here)")
     trans = bool(node.attr_int("transB", 0))
     av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, 0 if trans else 1)
+    if len(bv.shape) != 2:
+        raise Refuse(f"Gemm weight B of shape {bv.shape}: Gemm takes a matrix")
     if node.attr_int("transA", 0):
         av = replace(av, t=ctx.result(ctx.op("transpose", as_int32(av.t), axes=(1, 0)), INT32, av.t.lo, av.t.hi,
                                       av.shape[::-1]))
