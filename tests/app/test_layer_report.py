@@ -256,17 +256,24 @@ def test_a_qoperator_tensor_only_moved_on_takes_its_producers_scale(tmp_path):
     assert rows[pool.output[0]].float_max == d.max() and rows[pool.output[0]].scale == s
     gemm = next(n for n in q.graph.node if n.op_type == "QGemm")  # its exact arithmetic: the bias at sa sb
     assert len(gemm.input) == 9 and all(gemm.input)
+    e = qgemm_steps_off(q, gemm, samples, 1)
+    assert (rows[gemm.output[0]].equal, rows[gemm.output[0]].off) == ((e == 0).mean(), e.max())
+
+
+def qgemm_steps_off(q, gemm, samples, alpha) -> np.ndarray:
+    """Each output of a two-column QGemm, imported, against saturate((a . w + bias) alpha s_a s_b / s_y + z_y) in
+    Fractions (the bias in the accumulator, as onnxruntime's kernel adds it), over the samples: steps off."""
+    inits_q = {t.name: nh.to_array(t) for t in q.graph.initializer}
     a_in = import_model(q, outputs=[gemm.input[0]])
     got = import_model(q, outputs=[gemm.output[0]])
     sa, za, wq, sb, zb, bias, sy, zy = (inits_q[x] for x in (*gemm.input[1:3], *gemm.input[3:9]))
     e = []
     for x in samples:
         a = execute(a_in.graph, {"data": a_in.edges.input.quantize(x)})[0].reshape(-1).astype(np.int64) - int(za)
-        want = [saturate((int(a @ (wq[:, j].astype(np.int64) - int(zb))) + int(bias[j])) * fr(sa) * fr(sb) / fr(sy),
-                         int(zy), 0, 255) for j in range(2)]
+        want = [saturate((int(a @ (wq[:, j].astype(np.int64) - int(zb))) + int(bias[j])) * fr(alpha) * fr(sa) *
+                         fr(sb) / fr(sy), int(zy), 0, 255) for j in range(2)]
         e.append(np.abs(execute(got.graph, {"data": got.edges.input.quantize(x)})[0].reshape(-1) - want))
-    e = np.concatenate(e)
-    assert (rows[gemm.output[0]].equal, rows[gemm.output[0]].off) == ((e == 0).mean(), e.max())
+    return np.concatenate(e)
 
 
 @pytest.mark.parametrize("alpha", [-0.75, 2.5])
@@ -286,17 +293,7 @@ def test_a_qgemm_with_alpha_against_its_exact_arithmetic(tmp_path, alpha):
     gemm.attribute.append(h.make_attribute("alpha", alpha))
     samples = np.random.default_rng(9).normal(size=(3, 1, 6)).astype(np.float32)
     rows = {r.name: r for r in layer_report(q, import_model(q), samples, None).layers}
-    inits_q = {t.name: nh.to_array(t) for t in q.graph.initializer}
-    a_in = import_model(q, outputs=[gemm.input[0]])
-    got = import_model(q, outputs=[gemm.output[0]])
-    sa, za, wq, sb, zb, bias, sy, zy = (inits_q[x] for x in (*gemm.input[1:3], *gemm.input[3:9]))
-    e = []
-    for x in samples:
-        a = execute(a_in.graph, {"data": a_in.edges.input.quantize(x)})[0].reshape(-1).astype(np.int64) - int(za)
-        want = [saturate((int(a @ (wq[:, j].astype(np.int64) - int(zb))) + int(bias[j])) * fr(alpha) * fr(sa) *
-                         fr(sb) / fr(sy), int(zy), 0, 255) for j in range(2)]
-        e.append(np.abs(execute(got.graph, {"data": got.edges.input.quantize(x)})[0].reshape(-1) - want))
-    e = np.concatenate(e)
+    e = qgemm_steps_off(q, gemm, samples, alpha)
     row = rows[gemm.output[0]]
     assert row.op == "QGemm" and (row.equal, row.off) == ((e == 0).mean(), e.max())
 

@@ -153,6 +153,15 @@ def test_conv_requantize_is_the_rows_product_then_requantize(case, data, bias, b
     check_conv(case, data, bias, bytes_out, add, chains, threads)
 
 
+def equal_on_every_isa(op, x, weights, b, attrs, add, feeds, want, threads):
+    """The op on every kernel this CPU runs (the bounded ones where the offset and zero allow) gives ``want``."""
+    for isa in isas(bounded=attrs["offset"] == 0 and "zero" not in attrs):
+        model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
+                           weights, list(b.shape), {**attrs, "isa": isa}, add)
+        got = session(model, threads=threads).run(None, feeds)[0]
+        assert got.dtype == want.dtype and np.array_equal(got, want), isa
+
+
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(case=convolutions(channels=(16, 48)), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
@@ -208,11 +217,7 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
         steps.update(addend_steps=[v for s in addend_steps for v in s], sum_steps=[v for s in sum_steps for v in s])
         want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), addend_steps, sum_steps)
     want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
-    for isa in isas(bounded=attrs["offset"] == 0 and "zero" not in attrs):
-        model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
-                           weights, list(b.shape), {**attrs, **steps, "isa": isa}, add)
-        got = session(model, threads=threads).run(None, feeds)[0]
-        assert got.dtype == want.dtype and np.array_equal(got, want), isa
+    equal_on_every_isa(op, x, weights, b, {**attrs, **steps}, add, feeds, want, threads)
 
 
 @pytest.mark.isa
@@ -257,11 +262,7 @@ def test_conv_requantize_writes_every_value_in_its_place(case, data, bias, bytes
         want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), [], sum_steps)
     op = "conv_requantize" + "_add" * (add is not None) + "_uint8" * bytes_out
     want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
-    for isa in isas(bounded=attrs["offset"] == 0 and "zero" not in attrs):
-        model = conv_model(op, list(x.shape), TensorProto.UINT8 if x.dtype == np.uint8 else TensorProto.INT32,
-                           weights, list(b.shape), {**attrs, **steps, "isa": isa}, add)
-        got = session(model, threads=threads).run(None, feeds)[0]
-        assert got.dtype == want.dtype and np.array_equal(got, want), isa
+    equal_on_every_isa(op, x, weights, b, {**attrs, **steps}, add, feeds, want, threads)
 
 
 @pytest.mark.isa
