@@ -692,6 +692,7 @@ def _load_external_tensor(t: onnx.TensorProto, folder: Path) -> None:
 
     load_external_data_for_tensor(t, os.fspath(folder))
     t.ClearField("data_location")
+    del t.external_data[:]
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

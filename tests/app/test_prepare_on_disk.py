@@ -11,6 +11,7 @@ from support.quantized import float_model
 from support.transformers import encoder
 
 import cvm_onnx.app.quantize as Q
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def _class_token_model() -> onnx.ModelProto:
@@ -25,7 +26,7 @@ def _class_token_model() -> onnx.ModelProto:
              h.make_node("Add", ["t", "pos"], ["p"]), h.make_node("MatMul", ["p", "w"], ["y"])]
     g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 384])],
                      [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits)
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    return onnx_model(g, 17)
 
 
 MODELS = {
