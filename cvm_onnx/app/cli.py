@@ -508,13 +508,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parts(command: argparse.ArgumentParser, prefix: str) -> None:
-    """A quantized import's products: ``--one-part``, or ``--two-part`` (the default, accepted as before)."""
+    """A quantized import's products: ``--one-part``, or ``--two-part`` (the default, also accepted by name)."""
     group = command.add_mutually_exclusive_group()
     group.add_argument("--one-part", action="store_true", help=prefix + "each requantization in one 32-bit product "
                        "(fewer CVM ops and gas; by default a requantization takes two or three products where they "
                        "come closer to the quantized model's arithmetic, docs/import.md)")
     group.add_argument("--two-part", action="store_true", help=prefix + "products in two or three parts where "
-                       "closer (the default; accepted as before)")
+                       "closer (the default; also accepted by name)")
 
 
 def parser() -> argparse.ArgumentParser:
