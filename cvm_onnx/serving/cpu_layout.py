@@ -192,7 +192,8 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
     gets one Transpose back to NCHW. An NHWC ``requantize`` read only by ``im2col_rows`` with a ``zero`` (which take
     values in [0, 255] as themselves), every chain of which ends with a clip within [0, 255], writes uint8 instead
     (``requantize_uint8``; ``bytes_between_rows``), and residual blocks' ends are one ``requantize_add`` each
-    (``residual_ends``). Invariant: every NHWC tensor holds its NCHW values permuted
+    (``residual_ends``); a ReduceSum of an NHWC tensor over its positions is one MatMul (``_positions_sum``).
+    Invariant: every NHWC tensor holds its NCHW values permuted
     (0, 2, 3, 1), and each op computes the same values per element (the steps and Add are elementwise, their
     channel the last axis; uint8 holds every value in [0, 255] exactly), so every NCHW tensor, the outputs
     included, is unchanged."""
@@ -211,7 +212,15 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
     def set_nhwc(node: onnx.NodeProto) -> None:
         node.attribute.extend([helper.make_attribute("nhwc", 1)])
 
+    try:
+        shapes = _shapes(model)
+    except onnx.shape_inference.InferenceError:  # a node the kernels will refuse, naming it: fuse no Add, no sum
+        shapes = {}
+    consts = _consts(graph)
     for node in graph.node:
+        if (pooled := _positions_sum(node, nhwc, consts, shapes)) is not None:
+            nodes += pooled
+            continue
         native = node.domain == DOMAIN
         rows = native and node.op_type == "requantize" and any(a.name == "rows" for a in node.attribute)
         steps = native and node.op_type == "requantize" and not rows and not _int_attr(node, "width") and \
@@ -241,13 +250,37 @@ def channels_last(model: onnx.ModelProto) -> onnx.ModelProto:
             vi.type.tensor_type.shape.dim.extend(dims)
     del graph.node[:]
     graph.node.extend(nodes)
-    try:
-        shapes = _shapes(model)
-    except onnx.shape_inference.InferenceError:  # a node the kernels will refuse, naming it: fuse no Add
-        shapes = {}
     residual_ends(graph, shapes)
     bytes_between_rows(graph)
     return out
+
+
+def _positions_sum(node: onnx.NodeProto, nhwc: set[str], consts: dict[str, np.ndarray],
+                   shapes: dict[str, list[int]]) -> list[onnx.NodeProto] | None:
+    """For ``channels_last``: a ReduceSum over axes (2, 3) (its constant input) of an NHWC tensor of a known NCHW
+    shape (N, C, H, W) becomes the MatMul of ones (1, H * W) int32 by the tensor reshaped to (N, H * W, C), reshaped
+    to the ReduceSum's output (keepdims or not); None for any other node (onnxruntime's int32 ReduceSum over the
+    middle axes of NHWC data, where its optimizer moves the Transpose back to NCHW, is the slower). Invariant:
+    the same int32 sums: an NHWC tensor is int32 (a ``requantize``'s or an Add's), and to_onnx's ``sum`` gives an
+    int32 ReduceSum only where the output's bound excludes overflow, so every partial sum, in any order, is exact."""
+    if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or len(node.input) != 2 or \
+            node.input[0] not in nhwc or (axes := consts.get(node.input[1])) is None:
+        return None
+    shape = shapes.get(node.input[0], [])
+    if len(shape) != 4 or min(shape[1:]) < 1 or sorted(int(a) % 4 for a in axes.reshape(-1)) != [2, 3]:
+        return None
+    y, c, hw = node.output[0], shape[1], shape[2] * shape[3]
+    keep = _int_attr(node, "keepdims", 1)
+
+    def const(v: np.ndarray, t: str) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [f"{y}:{t}"], value=numpy_helper.from_array(v, f"{y}:{t}"))
+
+    return [const(np.array([0, hw, c], np.int64), "positions_shape"),
+            helper.make_node("Reshape", [node.input[0], f"{y}:positions_shape"], [f"{y}:positions"]),
+            const(np.ones((1, hw), np.int32), "ones"),
+            helper.make_node("MatMul", [f"{y}:ones", f"{y}:positions"], [f"{y}:sums"], name=node.name),
+            const(np.array([0, c, 1, 1][:4 if keep else 2], np.int64), "shape"),
+            helper.make_node("Reshape", [f"{y}:sums", f"{y}:shape"], [y])]
 
 
 def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:

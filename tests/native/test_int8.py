@@ -730,6 +730,38 @@ def test_channels_last_between_rows_products_is_exact(case):
         assert np.array_equal(session(model, products=products, layout="columns").run(None, {"data": data})[0], want)
 
 
+@st.composite
+def summed_graphs(draw):
+    """A convolution and its run and relu (a rows product kept channels-last), then CVM's sum over drawn axes
+    (the global pooling's (2, 3) most often), with or without keepdims; batch 1 to 3, data and weights at the int8
+    edges."""
+    n, c, h, w = draw(st.integers(1, 3)), draw(st.integers(1, 9)), draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    b = GraphBuilder()
+    weights = b.param("w", draw(tensors((c, 3, 3, 3), 8)), 8)
+    y = b.op("conv2d", b.input("data", (n, 3, h, w), 8), weights, channels=c, kernel_size=(3, 3), padding=(1, 1),
+             strides=(1, 1), groups=1, use_bias=False)
+    y = b.op("relu", b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 9)), precision=8))
+    axes = draw(st.sampled_from([(2, 3), (2, 3), (3, 2), (1,), (3,), (1, 2, 3)]))
+    y = b.op("sum", y, axis=axes, keepdims=draw(st.booleans()))
+    return b.build(y), draw(tensors((n, 3, h, w), 8)), axes
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=summed_graphs())
+def test_channels_last_sums_positions_by_one_matmul(case):
+    """A sum over the positions (axes 2 and 3) of a channels-last tensor is one int32 MatMul of ones (any other sum
+    stays a ReduceSum), in the rows and fused layouts equal to the reference executor."""
+    graph, data, axes = case
+    model = to_onnx(graph, Target())
+    sums = [n.op_type for n in cpu_layout.channels_last(model).graph.node if n.op_type in ("ReduceSum", "MatMul")]
+    assert sums == ["MatMul" if sorted(axes) == [2, 3] else "ReduceSum"]
+    want = execute(graph, {"data": data})[0]
+    for layout in ("rows", "fused"):
+        got = session(model, layout=layout).run(None, {"data": data})[0]
+        assert got.dtype == want.dtype and np.array_equal(got, want), layout
+
+
 @pytest.mark.isa
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(shape=st.lists(st.integers(1, 6), min_size=2, max_size=4), data=st.data(),
