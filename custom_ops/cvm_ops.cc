@@ -393,6 +393,19 @@ struct Im2col {
   Im2colShape geometry;
 };
 
+// A run of steps on a convolution's int32 data (N, H, W, C) before the narrowing (conv_requantize's in_steps,
+// in_scales, in_bias): channel c's value x becomes steps(x * scales[c] + bias[c]) (scales, bias empty: none), the
+// values requantize with nhwc 1 gives, written straight into the padded copy as bytes; the steps end with a clip
+// within the rows' range with offset 0 (ConvKernel checks), so every value is its byte. Empty steps: none.
+// With scales or a bias, channel c's chain is mul scales[c], add bias[c], then the steps (per, its arrays: one pass
+// in registers, requantize_last's fused path).
+struct InputRun {
+  std::vector<RequantStep> steps;
+  std::vector<int32_t> scales, bias;
+  ChannelSteps per;
+  ChannelArrays arrays;
+};
+
 // im2col_rows (group 1): int32 data (N, C, H, W) -> uint8 rows (N, OH * OW, kh * kw * C) holding x + offset,
 // offset in the padding (im2col.h); offset 0 takes values in [0, 127], 128 values in [-128, 127]. zero (-1: none)
 // in [0, 255], with offset 0: values in [0, 255] as themselves, `zero` in the padding (a product with that zero
@@ -450,6 +463,15 @@ struct Im2colRows {
       pad_copy_nhwc(x, s, fill, n, xp);
       return -1;
     } else {
+      if (!before.steps.empty()) {  // (nhwc, offset 0: the bytes are the values, within range by the last clip)
+        thread_local std::vector<uint8_t> image;  // the image's bytes, (H, W, C), then copied into its padded place
+        const int64_t positions = s.h * s.w;
+        if (image.size() < static_cast<size_t>(positions * s.c)) image.resize(static_cast<size_t>(positions * s.c));
+        requantize_last(x + n * positions * s.c, 0, positions, nullptr, nullptr, s.c, before.steps, nullptr, 0,
+                        before.per, before.arrays, image.data(), nullptr);
+        pad_copy_nhwc(image.data(), s, fill, 0, xp + n * s.hp() * s.wp() * s.c);
+        return -1;
+      }
       const int32_t lo = offset == 0 ? 0 : -128, hi = zero >= 0 ? 255 : 127;
       return nhwc ? pad_narrow_nhwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, xp)
                   : pad_narrow_hwc(x, s, lo, hi, static_cast<uint32_t>(offset), fill, n, xp);
@@ -489,6 +511,7 @@ struct Im2colRows {
 
   Im2colShape geometry;  // the geometry attributes, read and checked as the columns ops read them
   int64_t offset, nhwc, zero;  // nhwc = 1: data (N, H, W, C); zero >= 0: data in [0, 255], zero in the padding
+  InputRun before;  // a conv_requantize op's run of its data (none: empty steps), set by ConvKernel
 };
 
 // Whether a chain ends with a clip within [0, 255] (its values then bytes).
@@ -850,6 +873,7 @@ struct ConvKernel {
     if (add) addend_steps = read_addend_steps(info, op, kBytes);
     if (kBytes && !add && !attrs.chains_end_in_bytes()) refuse("every chain must end with a clip within [0, 255]");
     attrs.simplify_chains();
+    read_input_run(info, refuse);
     int is_constant = 0;
     const Ort::ConstValue w = Ort::ConstKernelInfo(info).GetTensorConstantInput(1, &is_constant);
     if (!is_constant) refuse("the weights must be a constant (an initializer)");
@@ -877,6 +901,44 @@ struct ConvKernel {
     }
   }
 
+  // The attributes in_steps, in_scales and in_bias (InputRun) into rows.before: in_steps parsed and simplified,
+  // ending with a clip within [0, 127] ([0, 255] with a zero), for int32 data with nhwc 1 and offset 0; in_scales
+  // and in_bias int32s, only with in_steps.
+  template <typename Refuse>
+  void read_input_run(const OrtKernelInfo* info, const Refuse& refuse) {
+    InputRun& run = rows.before;
+    if (std::string err = parse_steps(ints_attr(info, "in_steps", {}), run.steps); !err.empty()) {
+      refuse("in_steps: " + err);
+    }
+    for (auto [attr, values] : {std::pair{"in_scales", &run.scales}, std::pair{"in_bias", &run.bias}}) {
+      for (int64_t v : ints_attr(info, attr, {})) {
+        if (v < INT32_MIN || v > INT32_MAX) refuse(std::string(attr) + " must be int32s");
+        values->push_back(static_cast<int32_t>(v));
+      }
+    }
+    if (run.steps.empty()) {
+      if (!run.scales.empty() || !run.bias.empty()) refuse("in_scales and in_bias need in_steps");
+      return;
+    }
+    const RequantStep& last = run.steps.back();
+    if (std::is_same_v<In, uint8_t> || rows.nhwc != 1 || rows.offset != 0 || last.kind != kClip || last.a < 0 ||
+        last.b > (rows.zero >= 0 ? 255 : 127)) {
+      refuse("in_steps take int32 data with nhwc 1 and offset 0 and end with a clip within [0, 127] ([0, 255] "
+             "with a zero)");
+    }
+    if (!run.scales.empty() && !run.bias.empty() && run.scales.size() != run.bias.size()) {
+      refuse("in_scales and in_bias must be as many");
+    }
+    for (size_t c = 0; c < std::max(run.scales.size(), run.bias.size()); ++c) {
+      std::vector<RequantStep> chain;
+      if (!run.scales.empty()) chain.push_back({kMul, run.scales[c], 0});
+      if (!run.bias.empty()) chain.push_back({kAdd, run.bias[c], 0});
+      chain.insert(chain.end(), run.steps.begin(), run.steps.end());
+      run.per.push_back(std::move(chain));
+    }
+    run.arrays = kernel_chains(run.steps, run.per);
+  }
+
   template <typename A>
   Ort::Status run(OrtKernelContext* context, const Tensor<In>& data, const Tensor<uint8_t>&, const Int32Tensor& bias,
                   const Tensor<A>* addend, Tensor<Out>& out) const {
@@ -884,6 +946,12 @@ struct ConvKernel {
     thread_local std::vector<uint8_t> padded;
     thread_local std::vector<int32_t> init, offsets;
     if (Ort::Status status = rows.shape_of(data, name, s); !status.IsOK()) return status;
+    for (const std::vector<int32_t>* v : {&rows.before.scales, &rows.before.bias}) {
+      if (!v->empty() && static_cast<int64_t>(v->size()) != s.c) {
+        return invalid(name, std::to_string(v->size()) + " in_scales or in_bias for " + std::to_string(s.c) +
+                                 " input channels");
+      }
+    }
     static const int64_t cpus = usable_cpus();
     const bool by_image = s.n >= kImagesPerCpu * cpus;
     if (!by_image) {

@@ -40,6 +40,8 @@ NATIVE_LIBRARY = "cvm.native_library"
 MARK_NODE, MARK_OP, MARK_ATTRS, MARK_INPUTS = "cvm.node", "cvm.op", "cvm.attrs", "cvm.inputs"
 #: Metadata of each node of a fused requantization run: the CVM nodes it computes and their ops (JSON lists).
 MARK_FUSED, MARK_OPS = "cvm.fused", "cvm.ops"
+#: Metadata of a fused convolution that runs the requantization run it reads (its in_steps): that run's marks (JSON).
+MARK_IN_RUN = "cvm.in_run"
 
 INT32_MIN = -(1 << 31)
 INT32_MAX = (1 << 31) - 1

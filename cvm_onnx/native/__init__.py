@@ -422,6 +422,10 @@ def _conv_schema(name: str) -> OpSchema:
     steps = [("steps", "(kind, a, b) triples"), ("channel_steps", "each output channel's own steps"),
              ("scales", "one int32 per output channel, multiplying the products before the bias"),
              ("channel_counts", "how many steps each channel's list holds"),
+             ("in_steps", "(kind, a, b) triples run on the int32 data (nhwc, offset 0) before its narrowing, ending "
+                          "with a clip within the rows' range"),
+             ("in_scales", "one int32 per input channel, multiplying the data before in_bias and in_steps"),
+             ("in_bias", "one int32 per input channel, added to the data before in_steps"),
              *[("addend_steps", "(kind, a, b) triples on the addend"), ("sum_steps", "(kind, a, b) triples on the "
                                                                                      "sum")] * add]
     s = OpSchema(

@@ -13,12 +13,14 @@ A layout "session" leaves the exported rows as they are, for the session to choo
 """
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
+from cvm_onnx.core.constants import MARK_IN_RUN
 from cvm_onnx.native import CLIP, DOMAIN, ROWS_ATTRS
 
 from .passes import FLAT, ORDERED, Pass
@@ -391,8 +393,9 @@ def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
     windows read in place, multiplied by the weights packed once, requantized from the tile of products), with the
     rows' attributes, ``product_zero`` z and the requantize's attributes (``isa`` > 0: that products kernel, conv.h
     ProductIsa, for benchmarks; 2, AVX2: its bytes kernel, 5, for rows of values in [0, 127]); rows no product
-    reads any more go. Invariant: the same values, element for element (each kernel's products are the exact sums
-    of MatMulInteger; docs/semantics.md)."""
+    reads any more go; a standalone run that only such a kernel reads is run by it (``_input_runs``). Invariant:
+    the same values, element for element (each kernel's products are the exact sums of MatMulInteger;
+    docs/semantics.md)."""
     out = _copy(model)
     graph = out.graph
     consts = _consts(graph)
@@ -428,10 +431,67 @@ def fused_convolutions(model: onnx.ModelProto, isa: int = 0) -> onnx.ModelProto:
         replaced.update({id(q): node, id(m): None})
     nodes = [n for n in (replaced.get(id(n), n) for n in graph.node) if n is not None]
     used = {t for n in nodes for t in n.input} | outputs
+    nodes = _input_runs([n for n in nodes if n.output[0] in used or not (  # rows and constants no node reads any more
+        n.domain == DOMAIN and n.op_type == "im2col_rows" or n.op_type == "Constant")], consts, outputs)
+    used = {t for n in nodes for t in n.input} | outputs
+    folded = {id(n) for n in nodes if n.output[0] not in used and n.op_type == "Cast" and n.input[0] in consts}
+    gone = {n.input[0] for n in nodes if id(n) in folded} - inputs - {
+        t for n in nodes if id(n) not in folded for t in n.input}
     del graph.node[:]
-    graph.node.extend(n for n in nodes if n.output[0] in used or not (  # rows and constants no node reads any more
-        n.domain == DOMAIN and n.op_type == "im2col_rows" or n.op_type == "Constant"))
+    graph.node.extend(n for n in nodes if id(n) not in folded)  # the folded runs' biases, and their initializers
+    kept = [t for t in graph.initializer if t.name not in gone]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     return out
+
+
+def _int32_constant(t: str, consts: dict[str, np.ndarray], producer: dict[str, onnx.NodeProto]) -> np.ndarray | None:
+    """The int32 values of t where it is an int32 constant or a Cast to int32 of an integer one within int32."""
+    n = producer.get(t)
+    if n is not None and n.op_type == "Cast" and n.domain in ("", "ai.onnx") and \
+            _int_attr(n, "to") == TensorProto.INT32 and n.input[0] in consts:
+        v = consts[n.input[0]]
+        fits = v.dtype.kind in "iu" and (v.size == 0 or -2 ** 31 <= int(v.min()) and int(v.max()) < 2 ** 31)
+        return v.astype(np.int32) if fits else None
+    v = consts.get(t)
+    return v if v is not None and v.dtype == np.int32 else None
+
+
+def _input_runs(nodes: list[onnx.NodeProto], consts: dict[str, np.ndarray],
+                outputs: set[str]) -> list[onnx.NodeProto]:
+    """For ``fused_convolutions``: each NHWC ``requantize`` of steps alone (with ``scales`` or not, a constant bias
+    (C,) or none) whose output only a ``conv_requantize[...]`` reads as its data, with offset 0, and whose steps end
+    with a clip within that convolution's range ([0, 127], with a zero [0, 255]), goes: the convolution takes its
+    data with ``in_steps``, ``in_scales`` and ``in_bias`` (cvm_ops.cc InputRun: run as it narrows its padded copy)
+    and the run's marks (``MARK_IN_RUN``). Invariant: the padded copy holds the same bytes (the run's values, each
+    within the range, are the bytes the narrowing wrote of them)."""
+    producer = {o: n for n in nodes for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for t in n.input:
+            readers.setdefault(t, []).append(n)
+    gone = set()
+    for q in nodes:
+        p = producer.get(q.input[0]) if q.domain == DOMAIN and q.op_type in CONV_OPS.values() else None
+        if p is None or p.domain != DOMAIN or p.op_type != "requantize" or _int_attr(q, "offset", 128) != 0 or \
+                _int_attr(q, "nhwc") != 1 or _int_attr(p, "nhwc") != 1 or p.output[0] in outputs or \
+                len(readers.get(p.output[0], [])) != 1 or \
+                {a.name for a in p.attribute} - {"steps", "scales", "nhwc"} or len(p.input) != 2:
+            continue
+        steps = _ints_attr(p, "steps")
+        bias = _int32_constant(p.input[1], consts, producer)
+        if bias is None or bias.ndim != 1 or not _ends_in_bytes(steps) or \
+                steps[-1] > (255 if _int_attr(q, "zero", -1) >= 0 else 127):
+            continue
+        q.input[0] = p.input[0]
+        q.attribute.extend([helper.make_attribute("in_steps", steps),
+                            *(AttributeProto(name="in_scales", type=AttributeProto.INTS, ints=a.ints)
+                              for a in p.attribute if a.name == "scales"),
+                            *([helper.make_attribute("in_bias", bias.tolist())] if bias.size else [])])
+        if p.metadata_props:  # the run it computes too (``routes``)
+            q.metadata_props.add(key=MARK_IN_RUN, value=json.dumps({m.key: m.value for m in p.metadata_props}))
+        gone.add(id(p))
+    return [n for n in nodes if id(n) not in gone]
 
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from cvm_onnx.core.constants import MARK_FUSED, MARK_OPS, ROUTES
+from cvm_onnx.core.constants import MARK_FUSED, MARK_IN_RUN, MARK_OPS, ROUTES
 from cvm_onnx.native import DOMAIN, STEP_KINDS, ChainPath, chain_path
 
 from .cpu_layout import layout_passes
@@ -155,6 +155,11 @@ def route_map(model: onnx.ModelProto) -> list[Route]:
         if op == ["conv2d"]:
             path = paths.get(n.name or n.output[0])
             kernels[head] = (*_kernel(n, producer, here), chain_kinds(n), path.text if path else "-")
+        inner = json.loads(marks.get(MARK_IN_RUN, "{}"))  # a per-channel scale's run in the kernel reading it
+        if json.loads(inner.get(MARK_OPS, "[]"))[:1] == ["conv2d"]:
+            kinds = " > ".join(STEP_KINDS[k] for k in (_attr(n, "in_steps") or [])[::3] if 0 <= k < len(STEP_KINDS))
+            kernels[json.loads(inner[MARK_FUSED])[0]] = ("per-channel scale", f"{n.op_type} (in_steps)",
+                                                        "int32 multiply", kinds, "-")
     routes = []
     for conv, route, why in json.loads(props[ROUTES]):
         layout, kernel, isa, chain, path = kernels.get(conv, (

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from support import tensors
-from support.native import channels_oracle, cpu_step, even, int32s, mul64, requantize_add_oracle, windows
+from support.native import (channels_oracle, cpu_step, even, int32s, mul64, requantize_add_oracle, requantize_oracle,
+                            windows)
 from support.oracles import wrap
 
 from cvm_onnx.core.errors import RuntimeFailure
@@ -175,8 +176,48 @@ def test_conv_requantize_runs_the_usual_chains_exactly(case, data, bias, bytes_o
     check_conv(case, data, bias, bytes_out, add, chains, threads)
 
 
-def check_conv(case, data, bias, bytes_out, add, chains, threads):
-    """The body of the two properties above: draws the bias, steps and addend, asserts every kernel's y."""
+@st.composite
+def input_runs(draw):
+    """A convolution of int32 NHWC data with offset 0 (a zero or not) whose data first runs through in_steps (random
+    CPU steps or a CVM model's clip, multiply, shift; then a clip within the rows' range), with in_scales and in_bias
+    or without: the convolution drawn by ``convolutions`` taking the run's values, the raw int32 data (extremes
+    included) and the in_ attributes."""
+    x, weights, attrs = draw(convolutions(channels=(16, 17, 32)))
+    n, h, w, c = x.shape if attrs["nhwc"] else (x.shape[0], *x.shape[2:], x.shape[1])
+    attrs.update(offset=0)
+    zero = attrs.get("zero", -1)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    span = draw(st.sampled_from([1 << 31, 1 << 15, 300]))
+    raw = rng.integers(max(-span, -(1 << 31)), min(span, 1 << 31), (n, h, w, c)).astype(np.int32)
+    for v in draw(st.lists(st.sampled_from([-(1 << 31), (1 << 31) - 1, 0, -1, 1]), max_size=3)):
+        raw.reshape(-1)[rng.integers(0, raw.size, max(1, raw.size // 8))] = v
+    top = 255 if zero >= 0 else 127
+    last = draw(st.tuples(st.integers(0, top), st.integers(0, top)).map(sorted).map(lambda ab: (3, *ab)))
+    chain = draw(st.lists(cpu_step, max_size=3) | st.tuples(clip_step(), multiply, shift).map(list)) + [last]
+    run = {"in_steps": [v for s in chain for v in s]}
+    scales = draw(st.none() | st.lists(int32s | st.integers(1, 127), min_size=c, max_size=c))
+    bias = draw(st.none() | st.lists(int32s | st.integers(-1000, 1000), min_size=c, max_size=c))
+    run.update({"in_scales": scales} if scales else {}, **({"in_bias": bias} if bias else {}))
+    values = requantize_oracle(raw.transpose(0, 3, 1, 2), np.array(bias or [], np.int32), chain, scales or ())
+    return (values.transpose(0, 2, 3, 1), weights, {**attrs, "nhwc": 1}), raw, run
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(drawn=input_runs(), data=st.data(), bias=st.sampled_from(["none", "channel", "position"]),
+       bytes_out=st.booleans(), add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       chains=st.sampled_from(["one list", "each channel's", "a CVM model's"]), threads=st.integers(1, 2))
+def test_conv_requantize_runs_its_data_through_in_steps_first(drawn, data, bias, bytes_out, add, chains, threads):
+    """conv_requantize[...] with in_steps (in_scales, in_bias) on int32 NHWC data (extreme values included) equals
+    requantize's run of the data (x * in_scales + in_bias, then in_steps) convolved as without them, on every
+    products kernel here: a standalone run folded into the convolution reading it (cpu_layout._input_runs)."""
+    case, raw, run = drawn
+    check_conv(case, data, bias, bytes_out, add, chains, threads, before=(raw, run))
+
+
+def check_conv(case, data, bias, bytes_out, add, chains, threads, before=None):
+    """The body of the properties above: draws the bias, steps and addend, asserts every kernel's y; ``before``:
+    (the raw data fed instead of case's x, the in_ attributes that make case's x of it)."""
     x, weights, attrs = case
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
                                  attrs["pads"], attrs["offset"], attrs.get("zero", -1))
@@ -217,6 +258,9 @@ def check_conv(case, data, bias, bytes_out, add, chains, threads):
         steps.update(addend_steps=[v for s in addend_steps for v in s], sum_steps=[v for s in sum_steps for v in s])
         want = requantize_add_oracle(products, b, per, feeds["a"].reshape(shape), addend_steps, sum_steps)
     want = want.reshape(n, oh, ow, oc).astype(np.uint8 if bytes_out else np.int32)
+    if before is not None:
+        x, feeds["x"] = before[0], before[0]
+        steps.update(before[1])
     equal_on_every_isa(op, x, weights, b, {**attrs, **steps}, add, feeds, want, threads)
 
 
@@ -344,3 +388,35 @@ def test_conv_requantize_refuses_bad_input_naming_the_op_and_the_rule():
                        {**base, "steps": [3, -1, 9]}), feeds, "conv_requantize_uint8: every chain must end with a clip")
     refused(conv_model("conv_requantize_add", [1, 4, 4, 3], TensorProto.UINT8, weights, [5], base, TensorProto.INT32),
             {**feeds, "a": np.zeros((1, 4, 4, 4), np.int32)}, "conv_requantize_add: the addend must have y's shape")
+
+
+def test_conv_requantize_refuses_in_steps_it_cannot_fold_naming_the_op_and_the_rule():
+    """in_steps on uint8 data, data not channels-last or of offset 128, or not ending with a clip within the rows'
+    range; in_scales or in_bias without in_steps, not int32s, or not one per input channel: one error naming the
+    op and the rule."""
+    weights = np.random.default_rng(0).integers(0, 256, (27, 5)).astype(np.uint8)
+    x = np.zeros((1, 4, 4, 3), np.int32)
+    base = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], nhwc=1, offset=0, steps=[3, -9999, 9999], in_steps=[3, 0, 127])
+    feeds = {"x": x, "b": np.zeros(5, np.int32)}
+    rule = r"conv_requantize: in_steps take int32 data with nhwc 1 and offset 0 and end with a clip within \[0, 127\]"
+    for attrs, x_type, message in [
+            ({**base, "zero": 0}, TensorProto.UINT8, rule), ({**base, "offset": 128}, TensorProto.INT32, rule),
+            ({**base, "nhwc": 0}, TensorProto.INT32, rule),
+            ({**base, "in_steps": [3, 0, 128]}, TensorProto.INT32, rule),
+            ({**base, "in_steps": [3, -1, 9]}, TensorProto.INT32, rule),
+            ({**base, "in_steps": [3, 0, 9, 1, 2, 0]}, TensorProto.INT32, rule),
+            ({**base, "in_steps": [9, 0, 0]}, TensorProto.INT32, "conv_requantize: in_steps: "),
+            ({**base, "in_steps": [], "in_scales": [1, 1, 1]}, TensorProto.INT32,
+             "conv_requantize: in_scales and in_bias need in_steps"),
+            ({**base, "in_bias": [2**31, 0, 0]}, TensorProto.INT32, "conv_requantize: in_bias must be int32s"),
+            ({**base, "in_scales": [1, 1]}, TensorProto.INT32,
+             "conv_requantize: 2 in_scales or in_bias for 3 input channels")]:
+        model = conv_model("conv_requantize", [1, 4, 4, 3], x_type, weights, [5], attrs)
+        with pytest.raises(RuntimeFailure, match=message):
+            run(model, {**feeds, "x": x.astype(np.uint8 if x_type == TensorProto.UINT8 else np.int32)})
+    zero = conv_model("conv_requantize", [1, 4, 4, 3], TensorProto.INT32, weights, [5],
+                      {**base, "zero": 3, "in_steps": [3, 0, 255]})  # with a zero the rows take [0, 255]
+    x[0, 1, 2] = [-5, 300, 7]
+    rows, _ = rows_oracle(np.clip(x, 0, 255), 1, [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 0, 3)
+    want = np.clip(rows @ (weights.astype(np.int64) - 128), -9999, 9999).reshape(1, 4, 4, 5)
+    assert np.array_equal(run(zero, {**feeds, "x": x})[0], want)

@@ -730,6 +730,100 @@ def test_channels_last_between_rows_products_is_exact(case):
         assert np.array_equal(session(model, products=products, layout="columns").run(None, {"data": data})[0], want)
 
 
+def fused_here(model: onnx.ModelProto, isa: int) -> ort.InferenceSession:
+    """A plain onnxruntime session of the fused layout of ``model`` on products kernel ``isa`` (conv.h ProductIsa)."""
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(library_path())
+    served = cpu_layout.fused_convolutions(cpu_layout.channels_last(model), isa=isa)
+    return ort.InferenceSession(served.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def kernels_here() -> list[int]:
+    """The products kernels this CPU runs (conv.h ProductIsa): baseline, AVX2 pairs, AVX-512 VNNI."""
+    have = set(cpu.features())
+    return [1] + [2] * ("avx2" in have) + [4] * ("avx512_vnni" in have)
+
+
+def standalone_scales(model: onnx.ModelProto) -> list[str]:
+    """The outputs of the standalone channels-last ``requantize`` nodes with ``scales`` (a folded batch norm's) that
+    only a convolution kernel reads."""
+    readers = {}
+    for n in model.graph.node:
+        for t in n.input:
+            readers.setdefault(t, []).append(n.op_type)
+    return [n.output[0] for n in model.graph.node if n.op_type == "requantize" and
+            any(a.name == "scales" for a in n.attribute) and any(a.name == "nhwc" and a.i for a in n.attribute) and
+            [r[:15] for r in readers.get(n.output[0], [])] == ["conv_requantize"]]
+
+
+@st.composite
+def scaled_graphs(draw):
+    """A convolution and its run and relu, a per-channel scale (a 1 x 1 convolution of one channel per group, at
+    least two: a folded batch norm) with a bias or without and its run and relu, then a convolution reading it
+    (strided or not) and its run and relu: the scale's run is channels-last and only that convolution reads it.
+    Batch 1 to 3, values at the int8 edges."""
+    n, c, hw = draw(st.integers(1, 3)), draw(st.integers(2, 20)), draw(st.integers(2, 7))
+    b = GraphBuilder()
+
+    def param(name, shape, precision=8):
+        return b.param(name, draw(tensors(shape, precision)), 8 if precision == 8 else 31)
+
+    def run(y):
+        return b.op("relu", b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 9)), precision=8))
+
+    y = run(b.op("conv2d", b.input("data", (n, 3, hw, hw), 8), param("w0", (c, 3, 3, 3)), channels=c,
+                 kernel_size=(3, 3), padding=(1, 1), strides=(1, 1), groups=1, use_bias=False))
+    bias = draw(st.booleans())
+    scale = [y, param("ws", (c, 1, 1, 1))] + [param("bs", (c,), draw(st.sampled_from([8, 20, 31])))] * bias
+    y = run(b.op("conv2d", *scale, channels=c, kernel_size=(1, 1), padding=(0, 0), strides=(1, 1), groups=c,
+                 use_bias=bias))
+    stride = draw(st.sampled_from([1, 2]))
+    y = run(b.op("conv2d", y, param("w2", (c, c, 3, 3)), channels=c, kernel_size=(3, 3), padding=(1, 1),
+                 strides=(stride, stride), groups=1, use_bias=False))
+    return b.build(y), draw(tensors((n, 3, hw, hw), 8))
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=scaled_graphs())
+def test_fused_convolutions_run_the_standalone_runs_they_read_exactly(case):
+    """In the fused layout a standalone channels-last run (a per-channel scale's and its relu) that only a
+    convolution of offset 0 reads goes into it (in_steps, in_scales, in_bias: cpu_layout._input_runs): none is
+    left, and the model equals the reference executor on every products kernel here."""
+    graph, data = case
+    model = to_onnx(graph, Target())
+    served = cpu_layout.fused_convolutions(cpu_layout.channels_last(model))
+    assert standalone_scales(served) == [] and any(a.name == "in_steps" for n in served.graph.node for a in n.attribute)
+    want = execute(graph, {"data": data})[0]
+    for isa in kernels_here():
+        assert np.array_equal(fused_here(model, isa).run(None, {"data": data})[0], want), isa
+
+
+@pytest.mark.isa
+def test_resnet20_fused_runs_its_batch_norm_scales_in_the_convolutions(resnet):
+    """ResNet-20's fused layout: every per-channel scale (a pre-activation block's batch norm and relu) runs in
+    the convolution reading it (in_steps); batch 1 and a batch split by image equal the reference executor on every
+    products kernel here; the route map names the kernel each scale runs in."""
+    from cvm_onnx.core.batch import batched
+    from cvm_onnx.serving.routes import route_map
+
+    model = to_onnx(resnet, Target())
+    served = cpu_layout.fused_convolutions(cpu_layout.channels_last(model))
+    assert standalone_scales(served) == []
+    assert sum(any(a.name == "in_steps" for a in n.attribute) for n in served.graph.node) >= 7  # (on-chain: 8)
+    rows, fused = (route_map(to_onnx(resnet, Target(layout=layout))) for layout in ("rows", "fused"))
+    scales = [r.conv for r in rows if r.layout == "per-channel scale"]
+    assert all(r.layout != "-" for r in fused) and [r.conv for r in fused if r.layout == "per-channel scale"] == scales
+    assert sum(r.kernel == "conv_requantize (in_steps)" for r in fused) == \
+        sum(any(a.name == "in_steps" for a in n.attribute) for n in served.graph.node)
+    for n in (1, 9):
+        data = np.random.default_rng(n).integers(-127, 128, (n, 3, 32, 32)).astype(np.int32)
+        graph = batched(resnet, n) if n > 1 else resnet
+        want = execute(graph, {"data": data})[0]
+        for isa in kernels_here():
+            assert np.array_equal(fused_here(to_onnx(graph, Target()), isa).run(None, {"data": data})[0], want), isa
+
+
 @st.composite
 def summed_graphs(draw):
     """A convolution and its run and relu (a rows product kept channels-last), then CVM's sum over drawn axes
