@@ -292,6 +292,9 @@ def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
     end's output with ``sum_steps`` the end's: where one operand is such a run (a residual block's shortcut), the
     other ``requantize`` with the shortcut's data as its addend and ``addend_steps`` the shortcut's steps; else (a
     projection shortcut) the first with the second's output as its addend, no ``addend_steps``, the second kept.
+    So too where one operand is read by other nodes as well (a pre-activation block's input, which its first
+    convolution's run reads too) and made by a channels-last ``requantize[_add]``: the other, only-read one, with
+    it as its addend, no ``addend_steps``.
     Invariant: the same int32 values, element for element (its sum wraps as Add's)."""
     consts = _consts(graph)
     producer = {o: n for n in graph.node for o in n.output}
@@ -307,6 +310,10 @@ def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
         return "steps" in names and not names & {"rows", "channel_counts", "scales", "width"} and \
             bias is not None and bias.size == 0
 
+    def channels_last_run(n: onnx.NodeProto | None) -> bool:  # a requantize[_add] writing NHWC int32
+        return n is not None and n.domain == DOMAIN and n.op_type in ("requantize", "requantize_add") and \
+            _int_attr(n, "nhwc") == 1
+
     def only_read(t: str) -> onnx.NodeProto | None:  # the requantize making t, read by one node and not an output
         n = producer.get(t)
         return n if channels_last_requantize(n) and len(readers.get(t, [])) == 1 and t not in outputs else None
@@ -317,12 +324,18 @@ def residual_ends(graph: onnx.GraphProto, shapes: dict[str, list[int]]) -> None:
             continue
         ins, ends = [only_read(t) for t in add.input], [m for m, _ in readers.get(add.output[0], [])]
         known = [shapes.get(t, [-1]) for t in add.input]
-        if None in ins or len(ends) != 1 or not channels_last_requantize(ends[0]) or not steps_alone(ends[0]) or \
-                known[0] != known[1] or -1 in known[0]:
+        if ins == [None, None] or len(ends) != 1 or not channels_last_requantize(ends[0]) or \
+                not steps_alone(ends[0]) or known[0] != known[1] or -1 in known[0]:
             continue
-        short = next((n for n in reversed(ins) if steps_alone(n)), None)
-        main, end = ins[1] if short is ins[0] else ins[0], ends[0]
-        addend, steps = (short.input[0], _ints_attr(short, "steps")) if short else (add.input[1], [])
+        if None in ins:  # the other operand read elsewhere too (a block's input): kept, the addend as it is
+            other = add.input[ins.index(None)]
+            if not channels_last_run(producer.get(other)):
+                continue
+            short, main, end, addend, steps = None, next(filter(None, ins)), ends[0], other, []
+        else:
+            short = next((n for n in reversed(ins) if steps_alone(n)), None)
+            main, end = ins[1] if short is ins[0] else ins[0], ends[0]
+            addend, steps = (short.input[0], _ints_attr(short, "steps")) if short else (add.input[1], [])
         node = helper.make_node("requantize_add", [main.input[0], main.input[1], addend], [end.output[0]],
                                 name=main.name, domain=DOMAIN)
         node.attribute.extend([*main.attribute,

@@ -719,13 +719,14 @@ def residual_graphs(draw):
 @given(case=residual_graphs())
 def test_channels_last_between_rows_products_is_exact(case):
     """The rows route with its tensors kept channels-last (residual adds, per-channel scales, the output read back
-    as NCHW) equals the reference executor, and equals the model without the pass."""
+    as NCHW), and the fused kernels' route, equal the reference executor, and equal the model without the pass."""
     graph, data = case
     model = to_onnx(graph, Target())
     last = cpu_layout.channels_last(model)
     assert any(a.name == "nhwc" for n in last.graph.node for a in n.attribute)
     want = execute(graph, {"data": data})[0]
-    assert np.array_equal(session(model, layout="rows").run(None, {"data": data})[0], want)
+    for layout in ("rows", "fused"):
+        assert np.array_equal(session(model, layout=layout).run(None, {"data": data})[0], want), layout
     for products in routes():
         assert np.array_equal(session(model, products=products, layout="columns").run(None, {"data": data})[0], want)
 
@@ -781,6 +782,58 @@ def scaled_graphs(draw):
     y = run(b.op("conv2d", y, param("w2", (c, c, 3, 3)), channels=c, kernel_size=(3, 3), padding=(1, 1),
                  strides=(stride, stride), groups=1, use_bias=False))
     return b.build(y), draw(tensors((n, 3, hw, hw), 8))
+
+
+@st.composite
+def preactivation_graphs(draw):
+    """ResNet-20's blocks in small: a stem convolution and its run and relu, then one to three blocks, each a
+    per-channel scale of the block's input with its run and relu, two convolutions and their runs (a relu after
+    the first; a clip, multiply and shift after the second), and the Add of the block's input and the second's
+    run, then a clip, multiply and shift (its end): the block's input read by its scale and by its Add. Batch 1
+    to 3, values at the int8 edges."""
+    n, c, hw = draw(st.integers(1, 3)), draw(st.integers(2, 20)), draw(st.integers(2, 7))
+    b = GraphBuilder()
+
+    def run(y, relu=True):
+        y = b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 9)), precision=8)
+        return b.op("relu", y) if relu else y
+
+    def conv(y, c_in, k=3, groups=1):
+        w = b.param(f"w{len(b.nodes)}", draw(tensors((c, c_in // groups, k, k), 8)), 8)
+        return b.op("conv2d", y, w, channels=c, kernel_size=(k, k), padding=(k // 2, k // 2), strides=(1, 1),
+                    groups=groups, use_bias=False)
+
+    def scaled(y, precision):  # a clip, a multiply by a scalar and a shift (the CVM model's requantization)
+        m = b.param(f"m{len(b.nodes)}", np.array([draw(st.integers(1, 127))]), 8)
+        y = b.op("broadcast_mul", b.op("cvm_clip", y, precision=precision), m)
+        return b.op("cvm_right_shift", y, shift_bit=draw(st.integers(1, 9)), precision=8)
+
+    x = run(conv(b.input("data", (n, 3, hw, hw), 8), 3))
+    for _ in range(draw(st.integers(1, 3))):
+        h = scaled(conv(run(conv(run(conv(x, c, k=1, groups=c)), c)), c), 16)
+        x = scaled(b.op("elemwise_add", x, h), 9)
+    return b.build(x), draw(tensors((n, 3, hw, hw), 8))
+
+
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=preactivation_graphs())
+def test_preactivation_blocks_fuse_their_adds_and_scales_exactly(case):
+    """Pre-activation blocks (ResNet-20's): in the fused layout each block's Add and its end run go into its
+    second convolution (its input, read by the block's scale too, the addend: residual_ends) and each scale into
+    its first (in_steps: _input_runs), no standalone Add left; rows and fused equal the reference executor, the
+    fused on every products kernel here."""
+    graph, data = case
+    model = to_onnx(graph, Target())
+    served = cpu_layout.fused_convolutions(cpu_layout.channels_last(model))
+    blocks = sum(node.op == "elemwise_add" for node in graph.nodes)
+    ops = [node.op_type for node in served.graph.node]
+    assert ops.count("conv_requantize_add") == blocks and standalone_scales(served) == []
+    assert sum(any(a.name == "in_steps" for a in node.attribute) for node in served.graph.node) == blocks
+    want = execute(graph, {"data": data})[0]
+    assert np.array_equal(session(model, layout="rows").run(None, {"data": data})[0], want)
+    for isa in kernels_here():
+        assert np.array_equal(fused_here(model, isa).run(None, {"data": data})[0], want), isa
 
 
 @pytest.mark.isa
@@ -1205,6 +1258,33 @@ def test_residual_ends_take_a_projection_shortcut_as_the_addend():
     rng = np.random.default_rng(0)
     feeds = {t: rng.integers(-100, 100, (1, 4, 4, 3)).astype(np.int32) for t in ("a", "s")}
     assert np.array_equal(run(fused, feeds)[0], run(model, feeds)[0])
+
+
+def test_residual_ends_take_a_block_input_read_elsewhere_as_the_addend():
+    """An Add of a channels-last requantize run only it reads and a block's input that another node reads too (a
+    pre-activation block: its first run reads it, and the Add after its last convolution), read by a run of steps
+    alone, is one requantize_add: the run with the block's input as its addend (no addend_steps; the input's run
+    kept, its other reader too); the values are the Add's."""
+    def rq(x, out, steps):
+        return helper.make_node("requantize", [x, "b0"], [out], domain=DOMAIN, nhwc=1, steps=steps)
+
+    nodes = [rq("s", "x", [3, -50, 50]), rq("a", "r1", [3, -9, 9, 1, 3, 0]), rq("x", "other", [1, 5, 0]),
+             helper.make_node("Add", ["r1", "x"], ["t"]), rq("t", "y", [0, 1, 0, 3, -40, 40])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(t, TensorProto.INT32, [1, 4, 4, 3])
+                                           for t in ("a", "s")],
+                              [helper.make_tensor_value_info(t, TensorProto.INT32, [1, 4, 4, 3])
+                               for t in ("y", "other")],
+                              [onnx.numpy_helper.from_array(np.zeros(0, np.int32), "b0")])
+    model = onnx_model(graph, domains={DOMAIN: 1})
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    cpu_layout.residual_ends(fused.graph, cpu_layout._shapes(model))
+    assert [n.op_type for n in fused.graph.node] == ["requantize", "requantize", "requantize_add"]
+    assert list(fused.graph.node[2].input)[2] == "x"
+    rng = np.random.default_rng(0)
+    feeds = {t: rng.integers(-100, 100, (1, 4, 4, 3)).astype(np.int32) for t in ("a", "s")}
+    want = run(model, feeds)
+    assert all(np.array_equal(g, w) for g, w in zip(run(fused, feeds), want, strict=True))
 
 
 def test_rows_read_uint8_channels_last_data_as_its_int32_twin():
