@@ -87,8 +87,8 @@ int main() {
         }
       }
       const double macs = static_cast<double>(batch * positions * 9 * c * oc);
-      std::printf("batch %2ld, %2ld channels %2ldx%-2ld: pairs %.4f ms (%.0f GMAC/s), bytes %.4f ms (%.0f), Winograd %.4f ms "
-                  "(%.0f G of the direct form's MAC/s): %.2fx, %.2fx; equal: %s\n",
+      std::printf("batch %2ld, %2ld channels %2ldx%-2ld: pairs %.4f ms (%.0f GMAC/s), bytes %.4f ms (%.0f), "
+                  "Winograd %.4f ms (%.0f G of the direct form's MAC/s): %.2fx, %.2fx; equal: %s\n",
                   static_cast<long>(batch), static_cast<long>(c), static_cast<long>(size), static_cast<long>(size),
                   best[0] * 1e3, macs / best[0] / 1e9, best[1] * 1e3, macs / best[1] / 1e9, best[2] * 1e3,
                   macs / best[2] / 1e9, best[0] / best[2], best[1] / best[2],

@@ -57,7 +57,9 @@ inline WinogradWeights pack_winograd(const uint8_t* b, int64_t c, int64_t oc) {
   for (int64_t ci = 0; ci < c; ++ci) {
     for (int64_t o = 0; o < oc; ++o) {
       int32_t g[3][3], t[6][3];
-      for (int64_t tap = 0; tap < 9; ++tap) g[tap / 3][tap % 3] = static_cast<int32_t>(b[(tap * c + ci) * oc + o]) - 128;
+      for (int64_t tap = 0; tap < 9; ++tap) {
+        g[tap / 3][tap % 3] = static_cast<int32_t>(b[(tap * c + ci) * oc + o]) - 128;
+      }
       for (int i = 0; i < 6; ++i) {  // t = G' g
         for (int j = 0; j < 3; ++j) t[i][j] = kG[i][0] * g[0][j] + kG[i][1] * g[1][j] + kG[i][2] * g[2][j];
       }
@@ -76,9 +78,9 @@ inline WinogradWeights pack_winograd(const uint8_t* b, int64_t c, int64_t oc) {
 }
 
 namespace isa_avx2 {
-// The products of output rows [oh0, oh1) (oh0 a multiple of 4) of one image whose padded copy (HP, WP, C) is at xp (geometry
-// s), c[((oh - oh0) * OW + ow) * OC + o] = init[o] + sum over the window of x * g, int32 with wrap-around (the
-// same values as products()); winograd_kernels.cc.
+// The products of output rows [oh0, oh1) (oh0 a multiple of 4) of one image whose padded copy (HP, WP, C) is at
+// xp (geometry s), c[((oh - oh0) * OW + ow) * OC + o] = init[o] + sum over the window of x * g, int32 with
+// wrap-around (the same values as products()); winograd_kernels.cc.
 void products_winograd(const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p,
                        const int32_t* init, int32_t* c);
 }  // namespace isa_avx2
@@ -111,10 +113,10 @@ using Int16Lanes = int16_t __attribute__((vector_size(32)));
 using Uint32Lanes = uint32_t __attribute__((vector_size(32)));
 
 // The transformed windows V = B^T d B of the tiles of output rows [4 * ty0, 4 * (ty0 + rows)), tile t = (ty - ty0)
-// * tx + x, at v[(t * 36 + point) * c2 + c]: per row of tiles, B^T over its six rows of the padded copy (a strip of int16, each pixel's C
-// channels at a stride of c2, zero beyond C), then B over each tile's six columns. Window rows and columns past
-// the padded copy are read at its last row and column: they meet only outputs past the image (each output's sum is
-// its own window's, whatever the others hold).
+// * tx + x, at v[(t * 36 + point) * c2 + c]: per row of tiles, B^T over its six rows of the padded copy (a strip of
+// int16, each pixel's C channels at a stride of c2, zero beyond C), then B over each tile's six columns. Window rows
+// and columns past the padded copy are read at its last row and column: they meet only outputs past the image (each
+// output's sum is its own window's, whatever the others hold).
 __attribute__((target("avx2"))) inline void winograd_inputs(const uint8_t* xp, const Im2colShape& s, int64_t ty0,
                                                             int64_t rows, int64_t tx, int64_t c2, int16_t* v) {
   const int64_t hp = s.hp(), wp = s.wp(), c = s.c, c16 = c / 16 * 16, width = 4 * tx + 2, line = width * c2;
@@ -244,11 +246,10 @@ __attribute__((target("avx2"))) void winograd_tiles(const int16_t* v, int64_t t0
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
           const __m256i value = (__m256i)((Uint32Lanes)_mm256_srai_epi32((__m256i)(y[j] * kInverse9), 6) + start);
-          int32_t* to = at + (i * ow + j) * p.oc;
           if (whole) {
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), value);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + (i * ow + j) * p.oc), value);
           } else if (y0 + i < oh1 && x0 + j < ow) {
-            _mm256_maskstore_epi32(to, mask, value);
+            _mm256_maskstore_epi32(at + (i * ow + j) * p.oc, mask, value);
           }
         }
       }
