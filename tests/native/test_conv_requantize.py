@@ -202,7 +202,7 @@ def test_conv_requantize_winograd_products_are_exact(case, data, bias, bytes_out
 
 
 def check_conv(case, data, bias, bytes_out, add, chains, threads):
-    """The body of the two properties above: draws the bias, steps and addend, asserts every kernel's y."""
+    """The body of the three properties above: draws the bias, steps and addend, asserts every kernel's y."""
     x, weights, attrs = case
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
                                  attrs["pads"], attrs["offset"], attrs.get("zero", -1))
@@ -324,11 +324,11 @@ def test_conv_requantize_winograd_sums_its_largest_products_exactly(c):
     for value, dtype, bounded in ((255, np.uint8, False), (127, np.int32, True)):
         rows = {"zero": 0} if dtype == np.uint8 else {}
         x = np.full(shape, value, dtype)
-        windows_, _ = rows_oracle(x, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 0, 0 if rows else -1)
+        gathered, _ = rows_oracle(x, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 0, 0 if rows else -1)
         for fill in (0, 255):
             weights = np.full((9 * c, oc), fill, np.uint8)
             for zero in (0, 255):
-                want = wrap((windows_ - zero) @ (weights.astype(np.int64) - 128), 32).reshape(1, 7, 7, oc)
+                want = wrap((gathered - zero) @ (weights.astype(np.int64) - 128), 32).reshape(1, 7, 7, oc)
                 for isa in isas(bounded):
                     model = conv_model("conv_requantize", list(shape), TensorProto.UINT8 if rows else
                                        TensorProto.INT32, weights, [0], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1],
