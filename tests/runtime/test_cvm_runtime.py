@@ -136,6 +136,29 @@ def test_recurrent_layers(tmp_path, op, attrs):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+@pytest.mark.parametrize("kind, per_channel, weight", [("cnn", True, "uint8"), ("lstm", False, "int8")])
+def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
+    """onnxruntime's dynamic int8 models as `cvm-onnx quantize` takes them (tests/from_onnx/test_quantize_dynamic.py):
+    the dynamic CNN's uint8 weights with their zero point (differences up to 138: split into two 8-bit parts), a
+    DynamicQuantizeLSTM unrolled."""
+    import onnx
+    from support.dynamic import cnn, dynamic, lstm
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    model = (cnn if kind == "cnn" else lstm)(rng)
+    onnx.save(dynamic(model, per_channel, weight), tmp_path / "d.onnx")
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    np.save(tmp_path / "c.npy", rng.normal(size=[8, *(shape[1:] if kind == "cnn" else shape)]).astype(np.float32))
+    imp = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    xs = [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 def _dq(s: float, z: int, x_type: int):
     zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
     return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
