@@ -136,6 +136,25 @@ def test_recurrent_layers(tmp_path, op, attrs):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+def test_lstm_with_peepholes(tmp_path):
+    """An LSTM with peepholes (bidirectional, initial states, P of N(0, 1)): P_q c into the gates' pre-activations,
+    o after the new c."""
+    import onnx
+    from support.transformers import lstm_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, states=True, peepholes=1.0), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 @pytest.mark.parametrize("kind, per_channel, weight", [("cnn", True, "uint8"), ("lstm", False, "int8")])
 def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
     """onnxruntime's dynamic int8 models as `cvm-onnx quantize` takes them (tests/from_onnx/test_quantize_dynamic.py):
