@@ -425,6 +425,31 @@ def test_products_in_three_parts(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+@pytest.mark.parametrize("c_shape", [(5,), (4, 5)])
+def test_gemm_of_a_float_c(tmp_path, c_shape):
+    """A QDQ Gemm whose C is a float constant (no DequantizeLinear), alpha -0.375, beta 2, weights per column: C put
+    on the product's grid (docs/import.md, "Gemm's alpha, beta and transA"), dense's bias for a row, a second term
+    for a matrix."""
+    rng = np.random.default_rng(8)
+    m = qdq([h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1),
+             h.make_node("Gemm", ["xf", "wf", "c"], ["r"], alpha=-0.375, beta=2.0),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])],
+            (4, 6), T.UINT8, {"sx": np.float32(0.03), "zx": np.uint8(100),
+                              "sw": (rng.uniform(0.5, 2, 5) * 0.02).astype(np.float32),
+                              "w": rng.integers(-127, 128, (6, 5)).astype(np.int8),
+                              "c": rng.normal(size=c_shape).astype(np.float32), "so": np.float32(0.04),
+                              "zo": np.int8(3)}, T.INT8)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "gemm")
+    xs = [np.full((4, 6), 0), np.full((4, 6), 255)] + [rng.integers(0, 256, size=(4, 6)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "gemm", device)
+        for x in xs:
+            x = x.astype(np.int32)
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 def test_far_rows_and_gemm_factors(tmp_path):
     """A far row whose output varies (a channel's bias of -2.1e9 accumulator steps at a weight scale that puts its
     value near -60.5 output steps: docs/import.md, "Far rows whose output varies") beside ordinary channels, and a
