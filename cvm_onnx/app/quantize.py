@@ -1288,14 +1288,17 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
     """onnxruntime.quantization.quantize_static of the model in ``src`` (its weights as external data beside it),
     written to ``out``, calibrated on the reader's samples: by ``calibration.ranges`` (the same ranges, the weights
     left on disk) given to it as its calibration cache, where that applies, else by its own calibrator.
-    ``overrides``: its TensorQuantOverrides (a dynamic model's weight grids), for the initializers ``src`` has."""
+    ``overrides``: its TensorQuantOverrides (a dynamic model's weight grids), for the initializers ``src`` has (per
+    channel ones in the QOperator form only with ``per_channel``)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static, save_tensors_data
 
     try:
         cache = None
         header = onnx.load(src, load_external_data=False)
         inits = {t.name for t in header.graph.initializer}
-        overrides = {k: v for k, v in (overrides or {}).items() if k in inits}
+        # the QOperator quantizer reads per-channel overrides only when it quantizes per channel
+        overrides = {k: v for k, v in (overrides or {}).items()
+                     if k in inits and (per_channel or form != "qoperator" or "axis" not in v[0])}
         if calibration.applies(header):
             cache = src.with_name("calibration.json")
             save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,

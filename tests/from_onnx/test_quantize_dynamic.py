@@ -237,3 +237,20 @@ def test_a_dynamic_quantization_of_another_form_is_refused_naming_it(tmp_path):
     with pytest.raises(UnsupportedError, match=r"dql \(DynamicQuantizeLinear\)"):
         quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_qoperator_form_keeps_per_channel_grids_with_per_channel(tmp_path, per_channel):
+    """The QOperator quantizer reads per-channel overrides only when it quantizes per channel: a dynamic MLP with
+    uint8 weights per column imports whole either way (before this was handled: quantize_static's ValueError,
+    'Expected tensor ... to use per-tensor quantization overrides'), its weights' grids kept with --per-channel."""
+    rng = np.random.default_rng(4)
+    dyn = dynamic(mlp(rng), True, "uint8")
+    onnx.save(dyn, tmp_path / "d.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 8)).astype(np.float32))
+    done = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel,
+                    form="qoperator")
+    assert verify(done.imported.graph, seeds=1).exact
+    inits = [nh.to_array(t) for t in onnx.load_from_string(done.onnx_model).graph.initializer]
+    kept = {a.tobytes() for a in inits}
+    assert all(q.tobytes() in kept for q, _, _ in weights(dyn).values()) == per_channel
