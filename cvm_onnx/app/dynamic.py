@@ -23,8 +23,6 @@ A dynamic node of another form is refused naming it.
 """
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -58,6 +56,7 @@ class _Graph:
         self.floats: dict[tuple[str, ...], str] = {}
         self.overrides: dict[str, list[dict]] = {}
         self.retyped: set[str] = set()  # integer tensors now float (their declared types dropped)
+        self.sources: dict[str, tuple[float, int]] = {}  # constants now float: their scale and zero point
 
     def fresh(self, name: str) -> str:
         k, out = 0, name
@@ -105,6 +104,7 @@ class _Graph:
             f = f.transpose(perm)
         self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(f), name))
         self.floats[key] = name
+        self.consts[name] = f
         return name
 
 
@@ -120,10 +120,12 @@ def _dynamic(g: _Graph, name: str) -> onnx.NodeProto | None:
 
 
 def _product(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
-    """MatMulInteger/ConvInteger of a DynamicQuantizeLinear's output and a constant, cast to float and times the
-    two scales' product, as one float MatMul/Conv writing the Mul's output; None where it is not of that form."""
-    q = _dynamic(g, n.input[0])
-    if q is None or len(n.input) < 3 or n.input[2] != q.output[2]:
+    """MatMulInteger/ConvInteger of a constant weight, cast to float and times the two scales' product, as one
+    float MatMul/Conv writing the Mul's output. Its A: a DynamicQuantizeLinear's output (x read instead), or a
+    constant integer tensor moved by ``MOVES`` (quantize_dynamic's embedding into a product, its scale and zero
+    point ``<name>_scale`` and ``<name>_zero_point``: the moved constant dequantized, ``_float_source``). None where
+    it is not of that form."""
+    if len(n.input) < 3:
         return None
     cast = g.only_reader(n.output[0])
     if cast is None or cast.op_type != "Cast" or helper.get_attribute_value(cast.attribute[0]) != TensorProto.FLOAT:
@@ -132,17 +134,26 @@ def _product(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     if mul is None or mul.op_type != "Mul" or cast.output[0] not in mul.input:
         return None
     scales = g.producer.get(mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0])
-    if scales is None or scales.op_type != "Mul" or q.output[1] not in scales.input:
+    if scales is None or scales.op_type != "Mul":
         return None
-    ws = scales.input[1] if scales.input[0] == q.output[1] else scales.input[0]
+    q = _dynamic(g, n.input[0])
+    if q is not None:
+        if n.input[2] != q.output[2] or q.output[1] not in scales.input:
+            return None
+        x, sa = q.input[0], q.output[1]
+    else:  # a moved constant, its scale named after its zero point
+        x, sa = n.input[0], n.input[2].removesuffix("_zero_point") + "_scale"
+        if not n.input[2].endswith("_zero_point") or sa not in scales.input or \
+                not _float_source(g, x, sa, n.input[2]):
+            return None
+    ws = scales.input[1] if scales.input[0] == sa else scales.input[0]
     conv = n.op_type == "ConvInteger"
     w = g.weight(n.input[1], ws, n.input[3] if len(n.input) > 3 else "", (0,) if conv else (1,))
     if w is None or (not conv and g.consts[n.input[1]].ndim != 2):
         return None
     g.replaced[id(cast)] = g.replaced[id(mul)] = []
     attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute} if conv else {}
-    return [helper.make_node("Conv" if conv else "MatMul", [q.input[0], w], [mul.output[0]],
-                             name=n.name or None, **attrs)]
+    return [helper.make_node("Conv" if conv else "MatMul", [x, w], [mul.output[0]], name=n.name or None, **attrs)]
 
 
 def _with_bias(g: _Graph, n: onnx.NodeProto, x: str, w: str | None, bias: str) -> list[onnx.NodeProto] | None:
@@ -187,29 +198,22 @@ def _lstm(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     return [helper.make_node("LSTM", inputs, list(n.output), name=n.name or None, **attrs)]
 
 
-def _dequantized_moves(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
-    """A per-tensor DequantizeLinear whose input is a constant integer tensor moved by ``MOVES`` alone: the
-    constant replaced by its dequantized float32 twin (every reader of it a move leading only to such
-    DequantizeLinears of the same scale and zero point), the DequantizeLinear by Identity; a DequantizeLinear of a
-    constant (any axis) by the constant dequantized. None where it is neither."""
-    ins = list(n.input) + [""] * 2
-    if g.const(ins[0]) is not None:
-        axis = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "axis"), 1)
-        q = g.consts[ins[0]]
-        w = g.weight(ins[0], ins[1], ins[2], (axis % q.ndim,), grid=False) if q.ndim else None
-        return None if w is None else [helper.make_node("Identity", [w], [n.output[0]], name=n.name or None)]
-    s, z = g.const(ins[1]), g.const(ins[2]) if ins[2] else None
-    if s is None or s.size != 1 or (ins[2] and (z is None or z.size != 1)):
-        return None
-    source, x = None, ins[0]
-    while source is None:
-        p = g.producer.get(x)
+def _float_source(g: _Graph, x: str, scale: str, zero: str) -> bool:
+    """Whether ``x``, a constant integer tensor moved by ``MOVES`` alone, is now float: its constant replaced by
+    the dequantized float32 twin (one scale and zero point), where every path from the constant through moves ends
+    in a DequantizeLinear of that scale and zero point (then Identity) or in a product's A of that zero point
+    (``_product`` reads it as float)."""
+    s, z = g.const(scale), g.const(zero) if zero else None
+    if s is None or s.size != 1 or (zero and (z is None or z.size != 1)):
+        return False
+    source = x
+    while g.const(source) is None:
+        p = g.producer.get(source)
         if p is None or p.op_type not in MOVES or p.domain not in ("", "ai.onnx"):
-            return None
-        if g.const(p.input[0]) is not None:
-            source = p.input[0]
-        x = p.input[0]
-    # every path from the constant through moves must end in a DequantizeLinear of the same scale and zero point
+            return False
+        source = p.input[0]
+    if source in g.sources:
+        return g.sources[source] == (s.item(), 0 if z is None else z.item())
     ends, todo, seen = [], [source], set()
     while todo:
         t = todo.pop()
@@ -217,35 +221,52 @@ def _dequantized_moves(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | N
             continue
         seen.add(t)
         if t in g.outputs:
-            return None
+            return False
         for r in g.readers.get(t, []):
-            if r.op_type == "DequantizeLinear" and r.input[0] == t:
-                rs, rz = g.const(r.input[1]), g.const(r.input[2]) if len(r.input) > 2 and r.input[2] else None
-                if rs is None or rs.size != 1 or float(rs) != float(s) or \
-                        (0 if rz is None else int(rz)) != (0 if z is None else int(z)):
-                    return None
+            ins = list(r.input) + ["", ""]
+            rs, rz = g.const(ins[1]), g.const(ins[2]) if ins[2] else None
+            zr = 0 if rz is None or rz.size != 1 else rz.item()
+            if r.op_type == "DequantizeLinear" and ins[0] == t:
+                if rs is None or rs.size != 1 or rs.item() != s.item() or zr != (0 if z is None else z.item()):
+                    return False
                 ends.append(r)
-            elif r.op_type in MOVES and r.domain in ("", "ai.onnx") and r.input[0] == t:
+            elif r.op_type in _PRODUCTS and ins[0] == t:
+                if zr != (0 if z is None else z.item()) or (ins[2] and rz is None):
+                    return False
+            elif r.op_type in MOVES and r.domain in ("", "ai.onnx") and ins[0] == t:
                 todo.extend(o for o in r.output if o)
             else:
-                return None
-    w = g.weight(source, ins[1], ins[2], (0,), grid=False)
+                return False
+    w = g.weight(source, scale, zero, (0,), grid=False)
     if w is None:
-        return None
+        return False
+    g.sources[source] = g.sources[w] = (s.item(), 0 if z is None else z.item())  # its readers now read w
     g.retyped |= seen
     for r in g.readers.get(source, []):
         r.input[list(r.input).index(source)] = w
     for r in ends:
-        if r is not n:
-            g.replaced[id(r)] = [helper.make_node("Identity", [r.input[0]], [r.output[0]], name=r.name or None)]
-    return [helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name or None)]
+        g.replaced[id(r)] = [helper.make_node("Identity", [r.input[0]], [r.output[0]], name=r.name or None)]
+    return True
+
+
+def _dequantized(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """A DequantizeLinear of a constant integer tensor (any axis): the constant dequantized; of one moved by
+    ``MOVES`` (per tensor): Identity, the constant dequantized (``_float_source``). None where it is neither."""
+    ins = list(n.input) + [""] * 2
+    if g.const(ins[0]) is not None:
+        axis = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "axis"), 1)
+        q = g.consts[ins[0]]
+        w = g.weight(ins[0], ins[1], ins[2], (axis % q.ndim,), grid=False) if q.ndim else None
+        return None if w is None else [helper.make_node("Identity", [w], [n.output[0]], name=n.name or None)]
+    return g.replaced.get(id(n)) if _float_source(g, ins[0], ins[1], ins[2]) else None
 
 
 def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
     """Rewrite the dynamic model's nodes in ``graph`` (its initializers loaded) as the float model's (module
     docstring); returns the TensorQuantOverrides keeping the product weights' grids. Raises ``UnsupportedError``
     naming every dynamic node of another form."""
-    if not any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS for n in graph.node):
+    if not any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS or n.op_type in _PRODUCTS
+               for n in graph.node):
         return {}
     g = _Graph(graph)
     for n in graph.node:
@@ -258,17 +279,17 @@ def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
         elif n.domain == "com.microsoft" and n.op_type == "DynamicQuantizeLSTM":
             new = _lstm(g, n)
         elif n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx"):
-            new = _dequantized_moves(g, n)
+            new = _dequantized(g, n)
         else:
             continue
         if new is not None:
             g.replaced[id(n)] = new
     nodes = [m for n in graph.node for m in g.replaced.get(id(n), [n])]
     nodes = _live(nodes, {o.name for o in graph.output})
-    left = Counter(n.op_type for n in nodes if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS)
-    if left:
-        names = [f"{n.name or n.output[0]} ({n.op_type})" for n in nodes
-                 if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS]
+    names = [f"{n.name or n.output[0]} ({n.op_type})" for n in nodes
+             if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS or
+             n.op_type in _PRODUCTS and n.input[0] in g.retyped]
+    if names:
         raise UnsupportedError(f"onnxruntime's dynamic quantization in a form not rewritten as its float model: "
                                f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''} (taken: "
                                "DynamicQuantizeLinear into MatMulInteger or ConvInteger of a constant weight, Cast, "

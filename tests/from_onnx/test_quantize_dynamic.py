@@ -19,7 +19,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from support.dynamic import cnn, dynamic, lstm, mlp
+from support.dynamic import cnn, dynamic, embedding, lstm, mlp
 
 from cvm_onnx.app.dynamic import as_float
 from cvm_onnx.app.quantize import outputs, quantize
@@ -254,3 +254,39 @@ def test_the_qoperator_form_keeps_per_channel_grids_with_per_channel(tmp_path, p
     inits = [nh.to_array(t) for t in onnx.load_from_string(done.onnx_model).graph.initializer]
     kept = {a.tobytes() for a in inits}
     assert all(q.tobytes() in kept for q, _, _ in weights(dyn).values()) == per_channel
+
+
+@pytest.mark.parametrize("weight", ["int8", "uint8"])
+def test_an_embedding_read_as_integers_both_ways(tmp_path, weight):
+    """quantize_dynamic's quantized embedding (Gather of its integers) read through a Transpose by MatMulInteger
+    (its scale and zero point constants: no DynamicQuantizeLinear) and through a DequantizeLinear: the rewrite
+    holds the embedding dequantized by onnxruntime's DequantizeLinear (the oracle) and computes what the float model
+    of the dequantized weights computes, element for element; quantize imports it whole (before: 'the MatMul/Gemm
+    input must hold 8-bit values', the integers read as they are), the export exact, as close to onnxruntime
+    running the dynamic model as its static quantized model (1.1x)."""
+    rng = np.random.default_rng(6)
+    model = embedding(rng)
+    dyn = dynamic(model, False, weight)
+    assert {"MatMulInteger", "DequantizeLinear"} <= {n.op_type for n in dyn.graph.node}
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(dyn)
+    as_float(rewritten.graph)
+    assert not {n.op_type for n in rewritten.graph.node} & (DYNAMIC | {"DequantizeLinear"})
+    oracle = onnx.ModelProto()
+    oracle.CopyFrom(model)
+    w = weights(dyn)
+    for t in oracle.graph.initializer:
+        q, s, z = w[t.name]
+        t.CopyFrom(nh.from_array(dequantized(q, s, z, 1), t.name))
+    ids = rng.integers(0, 20, (32, 1, 6)).astype(np.int64)
+    for x in ids[:4]:
+        assert np.array_equal(run(rewritten, x)[0], run(oracle, x)[0])
+    onnx.save(dyn, tmp_path / "d.onnx")
+    np.save(tmp_path / "c.npy", ids[:8, 0])
+    done = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "m")
+    assert verify(done.imported.graph, seeds=1).exact
+    held = ids[8:]
+    ref = np.stack([run(dyn, x)[0] for x in held])
+    _, [q], [g] = outputs(done.float_model, done.onnx_model, done.imported, held)
+    cvm, ort_static = np.abs(g - ref.reshape(g.shape)).mean(), np.abs(q - ref.reshape(q.shape)).mean()
+    assert cvm <= 1.1 * ort_static, (cvm, ort_static)

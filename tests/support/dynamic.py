@@ -58,3 +58,16 @@ def dynamic(model: onnx.ModelProto, per_channel: bool, weight: str) -> onnx.Mode
             return onnx.load(Path(d) / "q.onnx")
     finally:
         logging.disable(logging.NOTSET)
+
+
+def embedding(rng, vocab: int = 20, tokens: int = 6, width: int = 8, n: int = 4) -> onnx.ModelProto:
+    """int64 ids (1, tokens) -> Gather of an embedding -> Transpose -> MatMul, plus the Sigmoid of the embedded ids
+    summed over the width: quantize_dynamic quantizes the embedding once and reads its integers both ways, through
+    the Transpose into MatMulInteger and through a DequantizeLinear into the Sigmoid."""
+    inits = [nh.from_array(rng.normal(size=(vocab, width)).astype(np.float32), "emb"),
+             nh.from_array(rng.normal(size=(width, n)).astype(np.float32), "w")]
+    nodes = [h.make_node("Gather", ["emb", "ids"], ["e"]), h.make_node("Transpose", ["e"], ["et"], perm=[1, 0, 2]),
+             h.make_node("MatMul", ["et", "w"], ["y0"]), h.make_node("Sigmoid", ["e"], ["es"]),
+             h.make_node("ReduceSum", ["es"], ["r"], keepdims=0), h.make_node("Add", ["y0", "r"], ["y"])]
+    return onnx_model(h.make_graph(nodes, "embedding", [h.make_tensor_value_info("ids", T.INT64, [1, tokens])],
+                                   [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
