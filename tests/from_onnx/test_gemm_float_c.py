@@ -70,3 +70,31 @@ def test_a_float_c_is_put_on_the_products_grid(d, sx, sw, alpha, beta, trans_a, 
     theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x.astype(NP[x_type])})[0]
     assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(d=st.data(), sx=st.floats(2.0**-6, 2.0**-1, width=32), alpha=factors, beta=factors,
+       c_shape=st.sampled_from(["(M,)", "(M, M)", "(M, 1)"]), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_a_float_c_beside_a_product_of_computed_tensors(d, sx, alpha, beta, c_shape, x_type):
+    """alpha x x^T + beta C (Gemm(x, x, transB=1)) with a float constant C: C on the grid of the computed product,
+    |alpha| s^2; equal to the oracle, exact on onnxruntime's session of the export, onnxruntime within one step."""
+    m_, k = d.draw(st.integers(1, 4)), d.draw(st.integers(1, 6))
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    so = float(np.float32(abs(alpha) * sx * sx * 128 * 128 * k / 64))
+    shape = {"(M,)": (m_,), "(M, M)": (m_, m_), "(M, 1)": (m_, 1)}[c_shape]
+    inits = {"s": np.float32(sx), "z": NP[x_type](int(rng.integers(*RANGE[x_type]))), "so": np.float32(so),
+             "zo": np.int8(0), "c": (rng.normal(size=shape) * so * 8).astype(np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Gemm", ["xf", "xf", "c"], ["r"], alpha=alpha, beta=beta, transB=1),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    m = qdq(nodes, (m_, k), x_type, inits, T.INT8)
+    lo, hi = RANGE[x_type]
+    x = rng.integers(lo, hi + 1, (m_, k))
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [want] = Oracle(m, imp).run(x)
+    assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})[0]
+    assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
