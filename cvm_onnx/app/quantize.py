@@ -1,8 +1,10 @@
 """A float ONNX model to CVM: onnxruntime's own pre-processing and static quantizer, then the importer.
 
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
-1. refuses, in one line, what CVM cannot hold at all: several inputs, control flow (If, Loop, Scan), recurrent
-   layers other than LSTM, GRU and RNN (onnxruntime's DynamicQuantizeLSTM);
+1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
+   dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
+   hold at all: several inputs, control flow (If, Loop, Scan), recurrent layers other than LSTM, GRU and RNN (a
+   DynamicQuantizeLSTM inside control flow);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -57,7 +59,7 @@ from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
-from . import calibration
+from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import release_memory
 from .rewrites import einsums_as_matmuls, float16_as_float32, gemm_beta_folded, scalers_as_ops, unshared_biases
@@ -1084,6 +1086,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         if shape is not None:
             model = fixed(model, shape)
             fold_constant_ifs(model, shapes=True)
+    overrides = dynamic.as_float(model.graph)  # a dynamic int8 model: the float model it stands for
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     if (why := malformed_einsum(model)) is not None:
@@ -1110,7 +1113,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             out = Path(tmp) / "quantized.onnx"
             try:
                 _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric,
-                                 method, activation, form, src)
+                                 method, activation, form, src, overrides)
             except RuntimeFailure:
                 if (k := overflowing(prepared, name, samples)) is not None:
                     raise RuntimeFailure(f"the float model computes inf or NaN on calibration sample {k} (its "
@@ -1281,15 +1284,22 @@ def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Im
 
 
 def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, symmetric: bool, method: str,
-                     activation: str, form: str, where) -> None:
+                     activation: str, form: str, where, overrides: dict[str, list[dict]] | None = None) -> None:
     """onnxruntime.quantization.quantize_static of the model in ``src`` (its weights as external data beside it),
     written to ``out``, calibrated on the reader's samples: by ``calibration.ranges`` (the same ranges, the weights
-    left on disk) given to it as its calibration cache, where that applies, else by its own calibrator."""
+    left on disk) given to it as its calibration cache, where that applies, else by its own calibrator.
+    ``overrides``: its TensorQuantOverrides (a dynamic model's weight grids), for the initializers ``src`` has (per
+    channel ones in the QOperator form only with ``per_channel``)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static, save_tensors_data
 
     try:
         cache = None
-        if calibration.applies(onnx.load(src, load_external_data=False)):
+        header = onnx.load(src, load_external_data=False)
+        inits = {t.name for t in header.graph.initializer}
+        # the QOperator quantizer reads per-channel overrides only when it quantizes per channel
+        overrides = {k: v for k, v in (overrides or {}).items()
+                     if k in inits and (per_channel or form != "qoperator" or "axis" not in v[0])}
+        if calibration.applies(header):
             cache = src.with_name("calibration.json")
             save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
                                                  reader.progress), cache)
@@ -1304,7 +1314,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                 weight_type=QuantType.QInt8, per_channel=per_channel,
                 calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                 extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                               "ForceQuantizeNoInputCheck": True}, use_external_data_format=True,
+                               "ForceQuantizeNoInputCheck": True, "TensorQuantOverrides": overrides},
+                use_external_data_format=True,
                 calibration_cache_path=cache)
     except UnsupportedError:
         raise

@@ -136,6 +136,48 @@ def test_recurrent_layers(tmp_path, op, attrs):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+def test_lstm_with_peepholes(tmp_path):
+    """An LSTM with peepholes (bidirectional, initial states, P of N(0, 1)): P_q c into the gates' pre-activations,
+    o after the new c."""
+    import onnx
+    from support.transformers import lstm_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, states=True, peepholes=1.0), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("kind, per_channel, weight", [("cnn", True, "uint8"), ("lstm", False, "int8")])
+def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
+    """onnxruntime's dynamic int8 models as `cvm-onnx quantize` takes them (tests/from_onnx/test_quantize_dynamic.py):
+    the dynamic CNN's uint8 weights with their zero point (differences up to 138: split into two 8-bit parts), a
+    DynamicQuantizeLSTM unrolled."""
+    import onnx
+    from support.dynamic import cnn, dynamic, lstm
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    model = (cnn if kind == "cnn" else lstm)(rng)
+    onnx.save(dynamic(model, per_channel, weight), tmp_path / "d.onnx")
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    np.save(tmp_path / "c.npy", rng.normal(size=[8, *(shape[1:] if kind == "cnn" else shape)]).astype(np.float32))
+    imp = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    xs = [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 def _dq(s: float, z: int, x_type: int):
     zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
     return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
@@ -380,6 +422,31 @@ def test_products_in_three_parts(tmp_path):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             x = x.reshape(1, 1, 64).astype(np.int32)
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("c_shape", [(5,), (4, 5)])
+def test_gemm_of_a_float_c(tmp_path, c_shape):
+    """A QDQ Gemm whose C is a float constant (no DequantizeLinear), alpha -0.375, beta 2, weights per column: C put
+    on the product's grid (docs/import.md, "Gemm's alpha, beta and transA"), dense's bias for a row, a second term
+    for a matrix."""
+    rng = np.random.default_rng(8)
+    m = qdq([h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1),
+             h.make_node("Gemm", ["xf", "wf", "c"], ["r"], alpha=-0.375, beta=2.0),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])],
+            (4, 6), T.UINT8, {"sx": np.float32(0.03), "zx": np.uint8(100),
+                              "sw": (rng.uniform(0.5, 2, 5) * 0.02).astype(np.float32),
+                              "w": rng.integers(-127, 128, (6, 5)).astype(np.int8),
+                              "c": rng.normal(size=c_shape).astype(np.float32), "so": np.float32(0.04),
+                              "zo": np.int8(3)}, T.INT8)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "gemm")
+    xs = [np.full((4, 6), 0), np.full((4, 6), 255)] + [rng.integers(0, 256, size=(4, 6)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "gemm", device)
+        for x in xs:
+            x = x.astype(np.int32)
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 

@@ -419,6 +419,14 @@ class Oracle:
         sign = 1 if alpha > 0 else -1
         if c is None or beta == 0:
             return ("real", sign * v, scale * abs(alpha))
+        if c[0] == "const":  # a float C: round_half_even(C / unit) of the exact rationals, unit = |alpha / beta| scale
+            unit = np.asarray(scale * abs(alpha / beta), dtype=object)
+            cv = np.asarray(c[1], np.float64)
+            shape = np.broadcast_shapes(cv.shape, unit.shape)
+            ints = np.array([round(Fraction(float(f)) / u) for f, u in zip(np.broadcast_to(cv, shape).flat,
+                                                                            np.broadcast_to(unit, shape).flat)],
+                            dtype=object).reshape(shape).astype(np.int64)
+            c = ("real", ints, unit)
         if c[2] is None:  # QGemm: C in the accumulator, beta unread
             return ("real", sign * (v + c[1]), scale * abs(alpha))
         ints, sc = c[1], np.asarray(c[2], dtype=object)

@@ -451,13 +451,35 @@ def at_scale(have: Fraction, want: Fraction) -> bool:
     return not (d << 22 > wn * hd and d << 149 > hd * wd)
 
 
+def on_grid(c: Tensor, unit: np.ndarray) -> Scaled:
+    """A float constant C (a QDQ Gemm's C that no DequantizeLinear quantized) as integers at the scale ``unit`` (one
+    value, or one per output column: C's last axis broadcast): round_half_even(C / unit) of the exact rationals (the
+    rounding onnxruntime's quantize_static gives a bias, numpy's round), each within unit / 2 of C. Refused where C
+    is not finite or an integer passes int32."""
+    v = np.asarray(c.value, np.float64)
+    if not np.isfinite(v).all():
+        raise Refuse("the Gemm's float C holds NaN or infinity")
+    unit = np.asarray(unit, dtype=object)
+    shape = np.broadcast_shapes(v.shape, unit.shape)
+    vb, ub = np.broadcast_to(v, shape), np.broadcast_to(unit, shape)
+    ratio = vb / np.vectorize(float, otypes=[np.float64])(ub)
+    k = np.rint(ratio).astype(object)
+    for i in np.flatnonzero((np.abs(np.abs(ratio - np.trunc(ratio)) - 0.5) < 2.0**-20) | (np.abs(ratio) > 2.0**40)):
+        k.flat[i] = round(Fraction(float(vb.flat[i])) / ub.flat[i])  # near a tie or large: the exact quotient
+    if any(abs(x) >= 1 << 31 for x in k.flat):
+        raise Refuse(f"the Gemm's float C reaches {float(np.abs(v).max()):.6g}: beyond int32 steps of the product's "
+                     "scale")
+    return Scaled(const(k.astype(np.int64).astype(np.int32), INT32), unit, np.zeros((), np.int64))
+
+
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
     """alpha A' B' + beta C (docs/import.md, "Gemm's alpha, beta and transA"): A' = A^T under transA (`transpose`);
     the product by `dense` of a constant B, or of two computed tensors (``variable_matmul``, B transposed first
     under transB), at scale |alpha| s_a s_b (negated for alpha < 0). C (with beta != 0) is the dense's int32 bias
     where beta s_c is alpha s_a s_b to float32's rounding, else a second term of the sum (as Add), requantized with
-    the product by the QuantizeLinear that follows."""
+    the product by the QuantizeLinear that follows. A float constant C (no DequantizeLinear) is first put on the
+    product's grid (``on_grid``: beta C in steps of |alpha| s_a s_b), then taken as a quantized C."""
     alpha, beta = gemm_factor(node, "alpha"), gemm_factor(node, "beta")
     c = None if beta == 0 else c
     if alpha == 0:
@@ -471,15 +493,22 @@ def gemm_rule(ctx, node, a, b, c=None):
         a = per_tensor(a, "a transposed Gemm input A")
         a = replace(a, t=ctx.result(ctx.op("transpose", as_int32(a.t), axes=(1, 0)), INT32, a.t.lo, a.t.hi,
                                     a.shape[::-1]))
-    cs = None if c is None else [scaled(c, "the Gemm bias C")]
+    float_c = c is not None and isinstance(c, Tensor) and c.is_const and np.asarray(c.value).dtype.kind == "f"
+    cs = None if c is None or float_c else [scaled(c, "the Gemm bias C")]
     if not b.t.is_const:
         if node.attr_int("transB", 0):
             b = replace(b, t=ctx.result(ctx.op("transpose", as_int32(b.t), axes=(1, 0)), INT32, b.t.lo, b.t.hi,
                                         b.shape[::-1]))
-        y = times(ctx, variable_matmul(ctx, a, b), alpha)
+        product = variable_matmul(ctx, a, b)
+        if float_c:
+            cs = [on_grid(c, product.scale.reshape(()) * abs(alpha / beta))]
+        y = times(ctx, product, alpha)
     else:
         w, sw = weight(b, "the Gemm weight B", transpose=not node.attr_int("transB", 0))
         sa = per_tensor(a, "the input of a Gemm (dense)").scale.reshape(()).item()
+        if float_c:  # beta C in steps of |alpha| s_a s_b: C in steps of |alpha / beta| s_a s_b per output column
+            cs = [on_grid(c, np.array([sa * x * abs(alpha / beta) for x in np.broadcast_to(sw, (len(w),))],
+                                      dtype=object))]
         bias = None
         if cs is not None and len(cs) == 1 and cs[0].t.is_const and cs[0].t.size in (1, len(w)) and \
                 all(d == 1 for d in cs[0].shape[:-1]):
