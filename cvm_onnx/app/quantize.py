@@ -50,7 +50,8 @@ from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
-from cvm_onnx.core.format.model_dir import replace_files
+from cvm_onnx.core.format.model_dir import PARAMS, replace_files
+from cvm_onnx.core.format.params import read_params
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
@@ -1146,10 +1147,19 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             # the one-part import before the float model is back: none of the three held beside another
             agreements = compare(float_path, out, imported, samples, progress)
             release_memory()
-            try:  # the gas of the one-part import beside it, where one imports (the model is written either way)
-                one_part = one_part_gas(onnx.load(out)) if has_two_parts(imported) else None
-            except CVMError:
-                one_part = None
+            one_part = None
+            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
+                params = imported.graph.params  # written in the stage: read back after it, not held beside it
+                order = list(params)
+                params.clear()
+                release_memory()
+                try:
+                    one_part = one_part_gas(onnx.load(out))
+                except CVMError:  # the model is written either way
+                    pass
+                finally:
+                    back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
+                    params.update((k, back[k]) for k in order)
             release_memory()
             model = onnx.load(float_path)
             quantized = out.read_bytes()
