@@ -1158,6 +1158,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 except CVMError:  # the model is written either way
                     pass
                 finally:
+                    release_memory()
                     back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
                     params.update((k, back[k]) for k in order)
             release_memory()
