@@ -52,7 +52,8 @@ from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
-from cvm_onnx.core.format.model_dir import replace_files
+from cvm_onnx.core.format.model_dir import PARAMS, replace_files
+from cvm_onnx.core.format.params import read_params
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
@@ -517,7 +518,7 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     return out
 
 
-def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
+def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: str = "") -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
@@ -528,10 +529,13 @@ def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
     float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
     raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice).
-    ``where``: the source file, which its refusals name."""
+    ``model`` may be given in a list, which ``prepare`` empties: it then frees the model once its weights are on
+    disk (``_lightened``). ``where``: the source file, which its refusals name."""
     import onnxruntime as ort
     from onnx import version_converter
 
+    if isinstance(model, list):
+        model = model.pop()
     given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     want = LAYERNORM_OPSET if layernorms(model.graph) else OPSET
@@ -539,6 +543,7 @@ def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
         # converted with its weights on disk: the converter passes external tensors through as they are (in
         # memory it held four copies of them: serialized, parsed, converted, serialized back)
         _save_external(given, compared)
+        given = model = _lightened(given)
         try:
             model = version_converter.convert_version(given, want)
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
@@ -560,6 +565,7 @@ def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
         source = compared
     else:
         _save_external(model, source)
+    model = given = None  # their weights on disk; the arenas that held them go (``_lightened``)
     release_memory()
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
         options = ort.SessionOptions()
@@ -660,6 +666,7 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
             t.data_location = onnx.TensorProto.EXTERNAL
             save_external_data(t, os.fspath(optimized.parent))
             t.ClearField("raw_data")
+    model = _lightened(model)
     model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
     onnx.save(model, symbolic)  # its weights external still, beside it
@@ -671,6 +678,15 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
     add_pre_process_metadata(model)
     _load_external(model, optimized.parent)
     return model
+
+
+def _lightened(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` parsed anew from its serialization, once its weights are moved out of it (``_save_external``,
+    ``save_external_data``): protobuf's upb arena keeps a cleared field's bytes until every message of its tree
+    is gone, so the model the weights left still holds them (the ViT-S/16's 93 MiB, twice in the preparation)."""
+    out = onnx.ModelProto()
+    out.ParseFromString(model.SerializeToString())
+    return out
 
 
 def _save_external(model: onnx.ModelProto, path: Path) -> None:
@@ -1107,8 +1123,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 progress(0, None, "preparing the float model (onnxruntime)")
             release_memory()
             # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
-            float_path = prepare(model, prepared, os.fspath(src))
-            model = None
+            given, model = [model], None  # prepare frees it once its weights are on disk
+            float_path = prepare(given, prepared, os.fspath(src))
             release_memory()
             out = Path(tmp) / "quantized.onnx"
             try:
@@ -1134,10 +1150,20 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             # the one-part import before the float model is back: none of the three held beside another
             agreements = compare(float_path, out, imported, samples, progress)
             release_memory()
-            try:  # the gas of the one-part import beside it, where one imports (the model is written either way)
-                one_part = one_part_gas(onnx.load(out)) if has_two_parts(imported) else None
-            except CVMError:
-                one_part = None
+            one_part = None
+            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
+                params = imported.graph.params  # written in the stage: read back after it, not held beside it
+                order = list(params)
+                params.clear()
+                release_memory()
+                try:
+                    one_part = one_part_gas(onnx.load(out))
+                except CVMError:  # the model is written either way
+                    pass
+                finally:
+                    release_memory()
+                    back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
+                    params.update((k, back[k]) for k in order)
             release_memory()
             model = onnx.load(float_path)
             quantized = out.read_bytes()
