@@ -233,3 +233,51 @@ def test_a_tree_ensemble_is_refused_in_one_line_before_calibrating(tmp_path, mon
     assert "the model has no CVM form: " + want in p.rule
     assert e.value.exit_code == 4 and not (tmp_path / "out").exists()
     assert "\n" not in p.rule
+
+
+# -- DepthToSpace, SpaceToDepth ------------------------------------------------------------------------------------
+@settings(max_examples=30, deadline=None)
+@given(d=st.data(), op=st.sampled_from(["DepthToSpace", "SpaceToDepth"]), b=st.integers(1, 3),
+       mode=st.sampled_from(["DCR", "CRD"]), n=st.integers(1, 2), c=st.integers(1, 3), hh=st.integers(1, 3),
+       ww=st.integers(1, 3), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_depth_to_space_and_back_are_onnxruntimes(d, op, b, mode, n, c, hh, ww, x_type):
+    """DequantizeLinear, DepthToSpace (both modes) or SpaceToDepth, QuantizeLinear at the same scale (a power of two:
+    exact in float32): the import moves the integers where onnxruntime moves the floats, element for element, and
+    its export runs the same. Regression: 'no CVM op for ONNX SpaceToDepth' (afis' LEADER, tf2onnx)."""
+    shape = (n, c * b * b, hh, ww) if op == "DepthToSpace" else (n, c, hh * b, ww * b)
+    attrs = {"blocksize": b, **({"mode": mode} if op == "DepthToSpace" else {})}
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"], ["m"], **attrs),
+             h.make_node("QuantizeLinear", ["m", "s", "z"], ["y"])], shape, x_type,
+            {"s": np.float32(0.25), "z": NP[x_type](zx)}, x_type)
+    info = np.iinfo(NP[x_type])
+    x = np.random.default_rng(d.draw(st.integers(0, 2**16))).integers(info.min, int(info.max) + 1, shape)
+    [want] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    assert np.array_equal(got.astype(np.int64), want.astype(np.int64))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def pixel_shuffle_model() -> onnx.ModelProto:
+    """A super-resolution tail: Conv (3 -> 12 channels), Relu, DepthToSpace(2, CRD: PyTorch's PixelShuffle)."""
+    rng = np.random.default_rng(4)
+    g = h.make_graph([h.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                      h.make_node("Relu", ["c"], ["r"]),
+                      h.make_node("DepthToSpace", ["r"], ["y"], blocksize=2, mode="CRD")], "sr",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=(12, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+                      nh.from_array(rng.normal(size=12).astype(np.float32) * 0.1, "b")])
+    return onnx_model(g, 13)
+
+
+def test_a_pixel_shuffle_model_quantizes_and_imports(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(pixel_shuffle_model(), src)
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(8, 3, 8, 8)).astype(np.float32))
+    done = quantize(src, tmp_path / "c.npy", tmp_path / "out")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01
+    assert verify(done.imported.graph, None, seeds=2).exact
