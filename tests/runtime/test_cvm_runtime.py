@@ -424,3 +424,56 @@ def test_far_rows_and_gemm_factors(tmp_path):
             for x in xs:
                 x = x.astype(np.int32)
                 assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def _sixth_corpus_case(name: str):
+    """(QDQ model, input type) of a form the sixth corpus needed: a 1-D ConvTranspose, DepthToSpace (CRD) and
+    SpaceToDepth (6-D reshape and transpose), a long Gemm whose bias is added after the product."""
+    rng = np.random.default_rng(11)
+    if name == "conv-transpose-1d":
+        w = rng.integers(-127, 128, (4, 3, 4)).astype(np.int8)
+        inits = {"s": np.float32(0.05), "zx": np.uint8(120), "w": w, "sw": np.float32(0.01),
+                 "b": rng.integers(-300, 300, 6).astype(np.int32), "sb": np.float32(0.05 * 0.01),
+                 "so": np.float32(0.1), "zo": np.int8(2)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+                 h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+                 h.make_node("ConvTranspose", ["xf", "wf", "bf"], ["c"], group=2, strides=[2], pads=[1, 2],
+                             output_padding=[1], kernel_shape=[4]),
+                 h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+        return qdq(nodes, (1, 4, 9), T.UINT8, inits, T.INT8), T.UINT8
+    if name in ("depth-to-space", "space-to-depth"):
+        op, attrs = ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}) if name == "depth-to-space" else \
+            ("SpaceToDepth", {"blocksize": 2})
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node(op, ["xf"], ["m"], **attrs),
+                 h.make_node("QuantizeLinear", ["m", "s", "zx"], ["y"])]
+        shape = (1, 8, 3, 5) if name == "depth-to-space" else (1, 2, 6, 4)
+        return qdq(nodes, shape, T.INT8, {"s": np.float32(0.25), "zx": np.int8(-3)}, T.INT8), T.INT8
+    k = 16400
+    inits = {"s": np.float32(0.02), "zx": np.uint8(7), "w": rng.integers(-127, 128, (3, k)).astype(np.int8),
+             "sw": np.float32(0.004), "b": rng.integers(-2**23, 2**23, 3).astype(np.int32),
+             "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(30.0), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("Gemm", ["xf", "wf", "bf"], ["g"], transB=1),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    return qdq(nodes, (1, k), T.UINT8, inits, T.INT8), T.UINT8
+
+
+@pytest.mark.parametrize("name", ["conv-transpose-1d", "depth-to-space", "space-to-depth", "gemm-bias-apart"])
+def test_sixth_corpus_forms(tmp_path, name):
+    """The forms the sixth corpus needed (docs/import.md): the runtime loads the reshaped 1-D ConvTranspose, the 6-D
+    reshape and transpose of DepthToSpace and SpaceToDepth, and the product whose bias is added after a cvm_clip,
+    and gives the reference executor's integers, the input's extremes included."""
+    m, x_type = _sixth_corpus_case(name)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    shape = tuple(d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim)
+    lo, hi = (-128, 127) if x_type == T.INT8 else (0, 255)
+    rng = np.random.default_rng(2)
+    xs = [np.full(shape, lo), np.full(shape, hi)] + [rng.integers(lo, hi + 1, shape) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

@@ -14,7 +14,7 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
-from ..context import INT32, Tensor, const, tight
+from ..context import INT32, Tensor, TooWide, const, tight
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
                     nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
 from ..registry import Refuse, float_rule
@@ -122,11 +122,14 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         raise Refuse("the bias with the zero point's correction passes 32 bits")
     if total.any():
         args.append(ctx.entry(const(total.astype(np.int32), INT32)))
-    if op == "conv2d":
-        e = ctx.emit(op, *args, use_bias=bool(total.any()), groups=groups, **attrs)
-    else:
-        e = ctx.emit(op, *args, use_bias=bool(total.any()), units=len(w))
-    reach = int((np.abs(rows).sum(axis=1) * max(abs(x.t.lo - c), abs(x.t.hi - c)) + np.abs(total)).max())
+    extent = max(abs(x.t.lo - c), abs(x.t.hi - c))
+    try:
+        e = product(ctx, op, args, groups, len(w), attrs)
+    except TooWide:
+        if not total.any():
+            raise
+        e = biased_apart(ctx, op, args, groups, len(w), attrs, int((np.abs(rows).sum(axis=1) * extent).max()), total)
+    reach = int((np.abs(rows).sum(axis=1) * extent + np.abs(total)).max())
     y = ctx.result(e, INT32, -reach, reach)  # every conv2d output, those window drops included
     if window is not None:
         y = window(y)
@@ -136,6 +139,25 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         corr = const(((c - z) * valid).astype(np.int32), INT32)
         y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
     return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object), -excess
+
+
+def product(ctx, op: str, args: list, groups: int, units: int, attrs: dict):
+    """conv2d or dense of ``args`` (data, weight[, bias])."""
+    if op == "conv2d":
+        return ctx.emit(op, *args, use_bias=len(args) > 2, groups=groups, **attrs)
+    return ctx.emit(op, *args, use_bias=len(args) > 2, units=units)
+
+
+def biased_apart(ctx, op: str, args: list, groups: int, units: int, attrs: dict, bare: int, total: np.ndarray):
+    """conv2d or dense whose bias would take its output's precision past 32 bits (the runtime's rule: max(p_data +
+    p_weight + bits(K), p_bias) + 1; a 9-bit input in halves doubles K: VGG's 25088-input dense reached 33): the
+    product without the bias, its label narrowed to what its values reach (|sum| <= ``bare``, by the weights' row
+    sums: a cvm_clip the interval proves exact), then the bias added by broadcast_add, per output channel. The same
+    integers; refused as before where the product alone, or the sum, still passes 32 bits."""
+    e = product(ctx, op, args[:2], groups, units, attrs)
+    y = ctx.narrow(ctx.result(e, INT32, -bare, bare), tight(bare), f"{op} sum")
+    b = total.astype(np.int32).reshape((-1, 1, 1) if op == "conv2d" else (-1,))
+    return ctx.emit("broadcast_add", y, ctx.entry(const(b, INT32)))
 
 
 @dataclass(frozen=True)
