@@ -202,8 +202,8 @@ def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def refusal(model: onnx.ModelProto) -> str | None:
     """Why the float model as a whole has no CVM form (several inputs, control flow, recurrent layers, ``ai.onnx.ml``
-    ops, outputs that are no tensors), as one sentence; None if nothing of the kind. Found before anything runs:
-    quantize_static would calibrate such a model first."""
+    ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
+    None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first."""
     why = []
     inputs = _inputs(model)
     if len(inputs) != 1:
@@ -219,6 +219,11 @@ def refusal(model: onnx.ModelProto) -> str | None:
         if (kind := v.type.WhichOneof("value")) != "tensor_type":
             why.append(f"the output {v.name!r} is a {(kind or 'value of no type').removesuffix('_type')}: CVM's "
                        "outputs are tensors")
+    if why and len(inputs) == 1:  # the input's type too, where it is refused (else ``input_type`` says it alone)
+        try:
+            input_type(model)
+        except UnsupportedError as e:
+            why.insert(0, e.problems[0].rule)
     if len(inputs) > 1 or ops["If"]:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
                    "they decide")

@@ -335,3 +335,17 @@ def test_more_float_functions_are_tables_equal_to_the_oracle(d, op, s, so, x_typ
             import_model(m, input_precision=9)
         return
     oracle_equal(m, x)
+
+
+def test_a_double_tree_ensemble_is_refused_for_both_in_one_line(tmp_path):
+    """A tree ensemble on a double input (atspm-detector's LightGBM models): one line naming the input's type and
+    the ops, where the input's type alone was said before."""
+    m = tree_model(False)
+    m.graph.input[0].type.tensor_type.elem_type = T.DOUBLE
+    onnx.save(m, tmp_path / "t.onnx")
+    np.save(tmp_path / "c.npy", np.zeros((8, 2)))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "t.onnx", tmp_path / "c.npy", tmp_path / "out")
+    [p] = e.value.problems
+    assert p.rule == ("the model has no CVM form: the input 'x' is double: quantize takes a float32 or an integer "
+                      "input; ai.onnx.ml ops (TreeEnsembleClassifier x1): CVM has none")
