@@ -70,6 +70,10 @@ Progress = Callable[[int, int | None, str], None]  # (done, total or None: not c
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
 RECURRENT = ("DynamicQuantizeLSTM",)
+#: Ops of a model onnxruntime.quantization already quantized (dynamic int8 products, QOperator ops): quantize_static
+#: fails on them (a KeyError of a scale it looks for); ``convert`` reads quantized models.
+QUANTIZED = ("DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+             "QGemm", "QAttention")
 #: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, linear classifiers, SVMs) have no CVM form;
 #: a Scaler on the input is written as Add and Mul (``rewrites.scalers_as_ops``).
 ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler",)
@@ -201,8 +205,8 @@ def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def refusal(model: onnx.ModelProto) -> str | None:
-    """Why the float model as a whole has no CVM form (several inputs, control flow, recurrent layers, ``ai.onnx.ml``
-    ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
+    """Why the float model as a whole has no CVM form here (several inputs, control flow, recurrent layers, ops
+    of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
     None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first."""
     why = []
     inputs = _inputs(model)
@@ -212,6 +216,9 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if done := [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]:
+        why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
+                   "quantized ones)")
     ml = Counter(n.op_type for n in _nodes(model.graph) if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN)
     if ml:
         why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")

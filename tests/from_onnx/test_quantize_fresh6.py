@@ -349,3 +349,24 @@ def test_a_double_tree_ensemble_is_refused_for_both_in_one_line(tmp_path):
     [p] = e.value.problems
     assert p.rule == ("the model has no CVM form: the input 'x' is double: quantize takes a float32 or an integer "
                       "input; ai.onnx.ml ops (TreeEnsembleClassifier x1): CVM has none")
+
+
+def test_a_model_quantized_already_is_refused_in_one_line(tmp_path):
+    """A model onnxruntime's quantize_dynamic wrote (DynamicQuantizeLinear, MatMulInteger: pyfrspell's int8 GRU
+    models) given to quantize: one line saying so and naming convert, exit 4. Regression: quantize_static failed
+    inside with "KeyError: '/Concat_output_0_scale'" (a runtime error, exit 5)."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(0)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Relu", ["m"], ["y"])], "d",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 64])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=(64, 32)).astype(np.float32), "w")])
+    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
+    quantize_dynamic(tmp_path / "f.onnx", tmp_path / "d.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 64)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "out")
+    [p] = e.value.problems
+    assert "the model has no CVM form: it is quantized already (DynamicQuantizeLinear x1, MatMulInteger x1): " \
+           "quantize takes a float model (convert reads quantized ones)" in p.rule
+    assert e.value.exit_code == 4
