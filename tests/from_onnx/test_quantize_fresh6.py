@@ -370,3 +370,22 @@ def test_a_model_quantized_already_is_refused_in_one_line(tmp_path):
     assert "the model has no CVM form: it is quantized already (DynamicQuantizeLinear x1, MatMulInteger x1): " \
            "quantize takes a float model (convert reads quantized ones)" in p.rule
     assert e.value.exit_code == 4
+
+
+def test_a_long_conv_whose_bias_passes_32_bits_adds_it_apart():
+    """The same for conv2d: 2048 uint8 channels by a 3 x 3 kernel (2 x 18432 terms in halves), padded (the window
+    sums vary at the border), an int32 bias per channel added after the product; equal to the oracle at the input's
+    extremes and on random inputs."""
+    rng = np.random.default_rng(9)
+    c, out = 2048, 2
+    inits = {"s": np.float32(0.02), "zx": np.uint8(3), "w": rng.integers(-127, 128, (out, c, 3, 3)).astype(np.int8),
+             "sw": np.float32(0.004), "b": np.array([2**23 - 5, -2**23 + 7], np.int32),
+             "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(40.0), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    m = qdq(nodes, (1, c, 3, 3), T.UINT8, inits, T.INT8)
+    for x in (np.zeros((1, c, 3, 3)), np.full((1, c, 3, 3), 255), rng.integers(0, 256, (1, c, 3, 3))):
+        oracle_equal(m, x)

@@ -454,6 +454,17 @@ def _sixth_corpus_case(name: str):
                  h.make_node("QuantizeLinear", ["m", "s", "zx"], ["y"])]
         shape = (1, 8, 3, 5) if name == "depth-to-space" else (1, 2, 6, 4)
         return qdq(nodes, shape, T.INT8, {"s": np.float32(0.25), "zx": np.int8(-3)}, T.INT8), T.INT8
+    if name == "conv-bias-apart":
+        c = 2048
+        inits = {"s": np.float32(0.02), "zx": np.uint8(3), "w": rng.integers(-127, 128, (2, c, 3, 3)).astype(np.int8),
+                 "sw": np.float32(0.004), "b": np.array([2**23 - 5, -2**23 + 7], np.int32),
+                 "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(40.0), "zo": np.int8(0)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+                 h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+                 h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                 h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+        return qdq(nodes, (1, c, 3, 3), T.UINT8, inits, T.INT8), T.UINT8
     k = 16400
     inits = {"s": np.float32(0.02), "zx": np.uint8(7), "w": rng.integers(-127, 128, (3, k)).astype(np.int8),
              "sw": np.float32(0.004), "b": rng.integers(-2**23, 2**23, 3).astype(np.int32),
@@ -466,7 +477,8 @@ def _sixth_corpus_case(name: str):
     return qdq(nodes, (1, k), T.UINT8, inits, T.INT8), T.UINT8
 
 
-@pytest.mark.parametrize("name", ["conv-transpose-1d", "depth-to-space", "space-to-depth", "gemm-bias-apart"])
+@pytest.mark.parametrize("name", ["conv-transpose-1d", "depth-to-space", "space-to-depth", "gemm-bias-apart",
+                                  "conv-bias-apart"])
 def test_sixth_corpus_forms(tmp_path, name):
     """The forms the sixth corpus needed (docs/import.md): the runtime loads the reshaped 1-D ConvTranspose, the 6-D
     reshape and transpose of DepthToSpace and SpaceToDepth, and the product whose bias is added after a cvm_clip,
