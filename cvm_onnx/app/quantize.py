@@ -63,7 +63,8 @@ from cvm_onnx.runtime.bulk import run_many
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import release_memory
-from .rewrites import einsums_as_matmuls, float16_as_float32, gemm_beta_folded, scalers_as_ops, unshared_biases
+from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
+                       scalers_as_ops, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -72,6 +73,13 @@ Progress = Callable[[int, int | None, str], None]  # (done, total or None: not c
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
 RECURRENT = ("DynamicQuantizeLSTM",)
+#: Ops of a model onnxruntime.quantization quantized statically (QOperator ops, besides those named QLinear*):
+#: quantize_static fails on them (a KeyError of a scale it looks for); ``convert`` reads quantized models. (A dynamic
+#: int8 model's ops are rewritten first: ``dynamic.as_float``.)
+QUANTIZED = ("QGemm", "QAttention")
+#: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, linear classifiers, SVMs) have no CVM form;
+#: a Scaler on the input is written as Add and Mul (``rewrites.scalers_as_ops``).
+ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler",)
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -200,8 +208,9 @@ def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def refusal(model: onnx.ModelProto) -> str | None:
-    """Why the float model as a whole has no CVM form (several inputs, control flow, recurrent layers), as one
-    sentence; None if nothing of the kind."""
+    """Why the float model as a whole has no CVM form here (several inputs, control flow, recurrent layers, ops
+    of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
+    None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first."""
     why = []
     inputs = _inputs(model)
     if len(inputs) != 1:
@@ -210,6 +219,21 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if done := [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]:
+        why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
+                   "quantized ones)")
+    ml = Counter(n.op_type for n in _nodes(model.graph) if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN)
+    if ml:
+        why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")
+    for v in model.graph.output:
+        if (kind := v.type.WhichOneof("value")) != "tensor_type":
+            why.append(f"the output {v.name!r} is a {(kind or 'value of no type').removesuffix('_type')}: CVM's "
+                       "outputs are tensors")
+    if why and len(inputs) == 1:  # the input's type too, where it is refused (else ``input_type`` says it alone)
+        try:
+            input_type(model)
+        except UnsupportedError as e:
+            why.insert(0, e.problems[0].rule)
     if len(inputs) > 1 or ops["If"]:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
                    "they decide")
@@ -1090,6 +1114,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
+    cast_inputs_as_integers(model.graph)
     if fold or any(n.op_type == "If" for n in model.graph.node):
         left = [v for v in _inputs(model) if v.name not in (fold or {})]
         shape, named = None, None
