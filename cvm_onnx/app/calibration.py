@@ -162,13 +162,16 @@ def _add_reduce_min_max(model: onnx.ModelProto, tensors: Iterable[str]) -> list[
 def _session(path: Path):
     """onnxruntime's calibration session (CalibraterBase.create_inference_session): no graph optimization, CPU;
     without its arena and memory pattern (which only place the tensors: the ViT-S/16's runs kept 370 MiB with
-    them, 190 without)."""
+    them, 190 without); its nodes in onnxruntime's priority-based order, which runs minmax's ReduceMin and
+    ReduceMax nodes as soon as it can: in the default order they ran late, each holding its tensor until then (the
+    ViT-S/16's run: 191 MiB above the session, 36 in this order). The order changes no value."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.enable_cpu_mem_arena = False
     options.enable_mem_pattern = False
+    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     return ort.InferenceSession(os.fspath(path), sess_options=options, providers=["CPUExecutionProvider"])
 
 

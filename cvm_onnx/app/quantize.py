@@ -1,8 +1,10 @@
 """A float ONNX model to CVM: onnxruntime's own pre-processing and static quantizer, then the importer.
 
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
-1. refuses, in one line, what CVM cannot hold at all: several inputs, control flow (If, Loop, Scan), recurrent
-   layers other than LSTM, GRU and RNN (onnxruntime's DynamicQuantizeLSTM);
+1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
+   dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
+   hold at all: several inputs, control flow (If, Loop, Scan), recurrent layers other than LSTM, GRU and RNN (a
+   DynamicQuantizeLSTM inside control flow);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -50,17 +52,19 @@ from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
-from cvm_onnx.core.format.model_dir import replace_files
+from cvm_onnx.core.format.model_dir import PARAMS, replace_files
+from cvm_onnx.core.format.params import read_params
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
-from . import calibration
+from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import release_memory
-from .rewrites import einsums_as_matmuls, float16_as_float32, gemm_beta_folded, scalers_as_ops, unshared_biases
+from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
+                       scalers_as_ops, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -69,6 +73,13 @@ Progress = Callable[[int, int | None, str], None]  # (done, total or None: not c
 OPSET = 13
 CONTROL_FLOW = ("If", "Loop", "Scan")
 RECURRENT = ("DynamicQuantizeLSTM",)
+#: Ops of a model onnxruntime.quantization quantized statically (QOperator ops, besides those named QLinear*):
+#: quantize_static fails on them (a KeyError of a scale it looks for); ``convert`` reads quantized models. (A dynamic
+#: int8 model's ops are rewritten first: ``dynamic.as_float``.)
+QUANTIZED = ("QGemm", "QAttention")
+#: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, linear classifiers, SVMs) have no CVM form;
+#: a Scaler on the input is written as Add and Mul (``rewrites.scalers_as_ops``).
+ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler",)
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -197,8 +208,9 @@ def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 
 def refusal(model: onnx.ModelProto) -> str | None:
-    """Why the float model as a whole has no CVM form (several inputs, control flow, recurrent layers), as one
-    sentence; None if nothing of the kind."""
+    """Why the float model as a whole has no CVM form here (several inputs, control flow, recurrent layers, ops
+    of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
+    None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first."""
     why = []
     inputs = _inputs(model)
     if len(inputs) != 1:
@@ -207,6 +219,21 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if done := [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]:
+        why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
+                   "quantized ones)")
+    ml = Counter(n.op_type for n in _nodes(model.graph) if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN)
+    if ml:
+        why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")
+    for v in model.graph.output:
+        if (kind := v.type.WhichOneof("value")) != "tensor_type":
+            why.append(f"the output {v.name!r} is a {(kind or 'value of no type').removesuffix('_type')}: CVM's "
+                       "outputs are tensors")
+    if why and len(inputs) == 1:  # the input's type too, where it is refused (else ``input_type`` says it alone)
+        try:
+            input_type(model)
+        except UnsupportedError as e:
+            why.insert(0, e.problems[0].rule)
     if len(inputs) > 1 or ops["If"]:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
                    "they decide")
@@ -515,7 +542,7 @@ def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
     return out
 
 
-def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
+def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: str = "") -> Path:
     """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
@@ -526,10 +553,13 @@ def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
     float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
     raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice).
-    ``where``: the source file, which its refusals name."""
+    ``model`` may be given in a list, which ``prepare`` empties: it then frees the model once its weights are on
+    disk (``_lightened``). ``where``: the source file, which its refusals name."""
     import onnxruntime as ort
     from onnx import version_converter
 
+    if isinstance(model, list):
+        model = model.pop()
     given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     want = LAYERNORM_OPSET if layernorms(model.graph) else OPSET
@@ -537,6 +567,7 @@ def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
         # converted with its weights on disk: the converter passes external tensors through as they are (in
         # memory it held four copies of them: serialized, parsed, converted, serialized back)
         _save_external(given, compared)
+        given = model = _lightened(given)
         try:
             model = version_converter.convert_version(given, want)
         except Exception:  # noqa: BLE001  (the converter raises anything; the model then stays at its opset)
@@ -558,6 +589,7 @@ def prepare(model: onnx.ModelProto, path: Path, where: str = "") -> Path:
         source = compared
     else:
         _save_external(model, source)
+    model = given = None  # their weights on disk; the arenas that held them go (``_lightened``)
     release_memory()
     try:  # quant_pre_process's optimization step, less the fusions into ops CVM lacks
         options = ort.SessionOptions()
@@ -658,6 +690,7 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
             t.data_location = onnx.TensorProto.EXTERNAL
             save_external_data(t, os.fspath(optimized.parent))
             t.ClearField("raw_data")
+    model = _lightened(model)
     model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
     onnx.save(model, symbolic)  # its weights external still, beside it
@@ -669,6 +702,15 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
     add_pre_process_metadata(model)
     _load_external(model, optimized.parent)
     return model
+
+
+def _lightened(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` parsed anew from its serialization, once its weights are moved out of it (``_save_external``,
+    ``save_external_data``): protobuf's upb arena keeps a cleared field's bytes until every message of its tree
+    is gone, so the model the weights left still holds them (the ViT-S/16's 93 MiB, twice in the preparation)."""
+    out = onnx.ModelProto()
+    out.ParseFromString(model.SerializeToString())
+    return out
 
 
 def _save_external(model: onnx.ModelProto, path: Path) -> None:
@@ -1072,6 +1114,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     model = load_onnx(src, external_data=True)
+    cast_inputs_as_integers(model.graph)
     if fold or any(n.op_type == "If" for n in model.graph.node):
         left = [v for v in _inputs(model) if v.name not in (fold or {})]
         shape, named = None, None
@@ -1084,6 +1127,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         if shape is not None:
             model = fixed(model, shape)
             fold_constant_ifs(model, shapes=True)
+    overrides = dynamic.as_float(model.graph)  # a dynamic int8 model: the float model it stands for
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     if (why := malformed_einsum(model)) is not None:
@@ -1104,13 +1148,13 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 progress(0, None, "preparing the float model (onnxruntime)")
             release_memory()
             # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
-            float_path = prepare(model, prepared, os.fspath(src))
-            model = None
+            given, model = [model], None  # prepare frees it once its weights are on disk
+            float_path = prepare(given, prepared, os.fspath(src))
             release_memory()
             out = Path(tmp) / "quantized.onnx"
             try:
                 _quantize_static(prepared, out, _Reader(name, samples, shape, progress), per_channel, symmetric,
-                                 method, activation, form, src)
+                                 method, activation, form, src, overrides)
             except RuntimeFailure:
                 if (k := overflowing(prepared, name, samples)) is not None:
                     raise RuntimeFailure(f"the float model computes inf or NaN on calibration sample {k} (its "
@@ -1131,10 +1175,20 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             # the one-part import before the float model is back: none of the three held beside another
             agreements = compare(float_path, out, imported, samples, progress)
             release_memory()
-            try:  # the gas of the one-part import beside it, where one imports (the model is written either way)
-                one_part = one_part_gas(onnx.load(out)) if has_two_parts(imported) else None
-            except CVMError:
-                one_part = None
+            one_part = None
+            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
+                params = imported.graph.params  # written in the stage: read back after it, not held beside it
+                order = list(params)
+                params.clear()
+                release_memory()
+                try:
+                    one_part = one_part_gas(onnx.load(out))
+                except CVMError:  # the model is written either way
+                    pass
+                finally:
+                    release_memory()
+                    back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
+                    params.update((k, back[k]) for k in order)
             release_memory()
             model = onnx.load(float_path)
             quantized = out.read_bytes()
@@ -1281,15 +1335,22 @@ def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Im
 
 
 def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, symmetric: bool, method: str,
-                     activation: str, form: str, where) -> None:
+                     activation: str, form: str, where, overrides: dict[str, list[dict]] | None = None) -> None:
     """onnxruntime.quantization.quantize_static of the model in ``src`` (its weights as external data beside it),
     written to ``out``, calibrated on the reader's samples: by ``calibration.ranges`` (the same ranges, the weights
-    left on disk) given to it as its calibration cache, where that applies, else by its own calibrator."""
+    left on disk) given to it as its calibration cache, where that applies, else by its own calibrator.
+    ``overrides``: its TensorQuantOverrides (a dynamic model's weight grids), for the initializers ``src`` has (per
+    channel ones in the QOperator form only with ``per_channel``)."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static, save_tensors_data
 
     try:
         cache = None
-        if calibration.applies(onnx.load(src, load_external_data=False)):
+        header = onnx.load(src, load_external_data=False)
+        inits = {t.name for t in header.graph.initializer}
+        # the QOperator quantizer reads per-channel overrides only when it quantizes per channel
+        overrides = {k: v for k, v in (overrides or {}).items()
+                     if k in inits and (per_channel or form != "qoperator" or "axis" not in v[0])}
+        if calibration.applies(header):
             cache = src.with_name("calibration.json")
             save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
                                                  reader.progress), cache)
@@ -1304,7 +1365,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                 weight_type=QuantType.QInt8, per_channel=per_channel,
                 calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                 extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                               "ForceQuantizeNoInputCheck": True}, use_external_data_format=True,
+                               "ForceQuantizeNoInputCheck": True, "TensorQuantOverrides": overrides},
+                use_external_data_format=True,
                 calibration_cache_path=cache)
     except UnsupportedError:
         raise

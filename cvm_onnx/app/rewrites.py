@@ -5,7 +5,9 @@ quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, 
 each its own copy (quantize_static copies it under a name that may already be another tensor's); a Gemm's beta
 folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
 (skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
-nothing after it); a model computing in float16 widened to float32 (float16 scales have no CVM form)."""
+nothing after it); a model computing in float16 widened to float32 (float16 scales have no CVM form); a float input
+that only Casts to an integer type read (Keras' Embedding input) as an input of that type (a float input read by a
+Cast has no quantized form)."""
 from __future__ import annotations
 
 import math
@@ -291,4 +293,44 @@ def float16_as_float32(graph: onnx.GraphProto) -> int:
     for v in (*graph.output, *graph.value_info):
         if v.type.tensor_type.elem_type == f16:
             v.type.tensor_type.elem_type, done = f32, done + 1
+    return done
+
+
+#: The integer types a Cast of a float input may go to for ``cast_inputs_as_integers``.
+INTEGER_CASTS = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16, onnx.TensorProto.UINT16,
+                 onnx.TensorProto.INT32, onnx.TensorProto.UINT32, onnx.TensorProto.INT64, onnx.TensorProto.UINT64)
+
+
+def cast_inputs_as_integers(graph: onnx.GraphProto) -> int:
+    """Make each float32 graph input that only Casts to one integer type read (Keras' Embedding input through
+    tf2onnx: token ids as floats, cast to int32 before the Gather) an input of that type, its Casts removed and their
+    readers reading the input: the same model on the inputs it is meant for, integers within that type, which each
+    Cast returns as they are (a non-integer float, truncated by the Cast, is no such input: quantize's samples for an
+    integer input must hold integers). Left as they are: an input some other node or a subgraph reads, Casts to
+    several types, a Cast whose output is a graph output. Returns how many inputs were changed."""
+    inits = {t.name for t in graph.initializer}
+    outputs = {v.name for v in graph.output}
+    in_subgraphs = {x for n in graph.node for a in n.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH
+                                                                        else a.graphs) for m in g.node for x in m.input}
+    done = 0
+    for v in graph.input:
+        if v.name in inits or v.type.tensor_type.elem_type != onnx.TensorProto.FLOAT or v.name in in_subgraphs \
+                or v.name in outputs:
+            continue
+        readers = [n for n in graph.node if v.name in n.input]
+        to = {a.i for n in readers for a in n.attribute if a.name == "to"}
+        if not readers or any(n.op_type != "Cast" or len(n.output) != 1 or n.output[0] in outputs for n in readers) \
+                or len(to) != 1 or next(iter(to)) not in INTEGER_CASTS:
+            continue
+        renamed = {n.output[0]: v.name for n in readers}
+        for n in readers:
+            graph.node.remove(n)
+        for n in graph.node:
+            for k, x in enumerate(n.input):
+                if x in renamed:
+                    n.input[k] = renamed[x]
+        for info in [i for i in graph.value_info if i.name in renamed]:
+            graph.value_info.remove(info)
+        v.type.tensor_type.elem_type = next(iter(to))
+        done += 1
     return done

@@ -67,3 +67,29 @@ def test_quant_pre_process_with_the_weights_in_memory_is_not_run(tmp_path, monke
 
     monkeypatch.setattr(Q, "_quant_pre_processed", heavy)
     _prepared(MODELS[kind], tmp_path, "light")
+
+
+@pytest.mark.parametrize("kind", ["cnn", "cnn-opset9", "encoder"])
+def test_a_model_given_in_a_list_is_taken_and_prepared_the_same(tmp_path, kind):
+    """prepare empties the list it is given (it then holds the model's only reference, and frees it once its
+    weights are on disk) and writes the same files, the float model as compared among them."""
+    def files(folder):
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    given = [MODELS[kind]()]
+    with Q.quiet_onnxruntime():
+        Q.prepare(MODELS[kind](), tmp_path / "a" / "prepared.onnx")
+        Q.prepare(given, tmp_path / "b" / "prepared.onnx")
+    assert given == [] and files(tmp_path / "a") == files(tmp_path / "b")
+
+
+def test_a_lightened_model_is_the_same_model_without_the_bytes_its_weights_left(tmp_path):
+    """_lightened: the model parsed anew serializes as before; protobuf keeps the bytes of weights moved out of a
+    model until the model is gone, and the new one never held them."""
+    m = MODELS["encoder"]()
+    Q._save_external(m, tmp_path / "m.onnx")
+    light = Q._lightened(m)
+    assert light.SerializeToString() == m.SerializeToString()
+    assert any(t.external_data for t in light.graph.initializer)

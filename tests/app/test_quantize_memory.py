@@ -69,3 +69,34 @@ def test_shape_inference_without_the_weights_equals_it_with_them(ln, opset):
     want = onnx.shape_inference.infer_shapes(m).graph.value_info
     got = onnx.shape_inference.infer_shapes(light).graph.value_info
     assert len(want) > 20 and list(got) == list(want)
+
+
+def test_the_one_part_import_runs_without_the_imports_params_which_come_back_the_same(tmp_path, monkeypatch):
+    """The params of the import (written in the model's folder) are not held beside the one-part import, which
+    records only its gas; they come back after it as they were: the names in order, the types, the values of the
+    same import made alone (``convert`` of the quantized model)."""
+    from cvm_onnx.app import quantize as q
+    from cvm_onnx.app.api import convert
+
+    made, seen = [], []
+
+    def converting(*args, **kwargs):
+        made.append(convert(*args, **kwargs))
+        return made[-1]
+
+    def one_part(model):
+        seen.append(dict(made[0].graph.params))
+        return q.one_part_gas.__wrapped__(model)
+
+    one_part.__wrapped__ = q.one_part_gas
+    monkeypatch.setattr(q, "convert", converting)
+    monkeypatch.setattr(q, "has_two_parts", lambda imported: True)
+    monkeypatch.setattr(q, "one_part_gas", one_part)
+    onnx.save(encoder(seed=1, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    assert seen == [{}] and done.one_part_gas is not None
+    alone = convert(tmp_path / "q.onnx", tmp_path / "alone").graph.params
+    got = done.imported.graph.params
+    assert list(got) == list(alone) and len(got) > 10
+    assert all(got[k].dtype == v.dtype and np.array_equal(got[k], v) for k, v in alone.items())

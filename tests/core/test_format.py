@@ -644,6 +644,22 @@ def test_model_directory_errors(tmp_path):
     expect_error(lambda: write_model(tiny_model(), tmp_path / "file"), "cannot write the model")
 
 
+def test_a_param_that_cannot_be_stored_leaves_no_model_written(tmp_path):
+    """write_model writes the params as each array's bytes are made: a param that fails late (its value outside
+    its storage type, after others were written) leaves the old files as they were, no temporary, and no new
+    directory."""
+    g = tiny_model()
+    g.params["fc_w"] = np.full((3, 8), 1000, np.int32)  # precision 8: int8 cannot hold it
+    expect_error(lambda: write_model(g, tmp_path / "new"), "array 'fc_w'", "int8")
+    assert not (tmp_path / "new").exists()
+    write_model(tiny_model(), tmp_path / "old")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()}
+    expect_error(lambda: write_model(g, tmp_path / "old"), "array 'fc_w'", "int8")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()} == before
+    assert (tmp_path / "old" / "params").read_bytes() == write_params(
+        tiny_model().params, {name: 8 for name in tiny_model().params})
+
+
 def test_resnet_model_directory(onchain_resnet_dir, tmp_path):
     g = read_model(onchain_resnet_dir)
     assert len(g.params) == 108 and [g.nodes[i].name for i in g.inputs] == ["data"]

@@ -91,7 +91,8 @@ def test_conv2d_outside_precision_wraps_like_int32(case):
 @FAST
 @given(conv_cases(), st.integers(1, 200))
 def test_conv2d_in_blocks_matches_loop_oracle(case, cols):
-    """im2col held to ``cols`` values at a time (nn.COLS): blocks of samples, of output rows, or one row each."""
+    """im2col, weights and products held to ``cols`` values at a time (nn.COLS): blocks of samples, of output rows
+    (one row each at the least) and of output channels."""
     from cvm_onnx.core.ops import nn
 
     attrs, x, w, b = case
@@ -103,6 +104,36 @@ def test_conv2d_in_blocks_matches_loop_oracle(case, cols):
     finally:
         nn.COLS = saved
     assert np.array_equal(got, conv_oracle(x, w, b, a.strides, a.padding, a.dilation, a.groups))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data(), st.integers(1, 3), st.integers(1, 6), st.integers(1, 6), st.integers(1, 4), st.integers(1, 4),
+       st.integers(1, 3), st.integers(0, 3), st.integers(1, 2), st.sampled_from([1, 127, 1 << 15, 1 << 31]),
+       st.integers(1, 1 << 12), st.integers(0, 2**32 - 1))
+def test_conv2d_in_blocks_equals_it_whole(data, g, cg, ocg, kh, kw, s, p, d, m, cols, seed):
+    """Larger convolutions than the loop oracle affords, values up to the int32 extremes (float32, float64 and int64
+    products): in blocks of at most ``cols`` values (nn.COLS) the same int32 results as in one block."""
+    from cvm_onnx.core.ops import nn
+
+    rng = np.random.default_rng(seed)
+    h = data.draw(st.integers(max(1, d * (kh - 1) + 1 - 2 * p), 20))
+    w = data.draw(st.integers(max(1, d * (kw - 1) + 1 - 2 * p), 20))
+    n, use_bias = data.draw(st.integers(1, 3)), data.draw(st.booleans())
+    ints = lambda shape, lo, hi: rng.integers(lo, hi, shape, dtype=np.int64)  # noqa: E731
+    x, wt = ints((n, g * cg, h, w), -m, m), ints((g * ocg, cg, kh, kw), -m, m)
+    for a in (x, wt):  # some of the extremes themselves
+        a.reshape(-1)[rng.integers(0, a.size, 3)] = rng.choice([-m, m - 1], 3)
+    xs = (x, wt) + ((ints((g * ocg,), INT32_MIN, INT32_MAX + 1),) if use_bias else ())
+    op, a = make("conv2d", channels=g * ocg, kernel_size=(kh, kw), strides=(s, s), padding=(p, p),
+                 dilation=(d, d), groups=g, use_bias=use_bias)
+    saved = nn.COLS
+    try:
+        nn.COLS = 1 << 40
+        whole = run(op, a, *xs)
+        nn.COLS = cols
+        assert np.array_equal(run(op, a, *xs), whole)
+    finally:
+        nn.COLS = saved
 
 
 def test_conv2d_groups_depthwise_and_general():

@@ -104,8 +104,8 @@ def test_gemm_of_two_computed_tensors_is_the_matmul(m, n, k, x_type, s, so, zo, 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 3.0])
 def test_gemm_beta_without_c_is_the_product(beta):
     """A Gemm by a constant weight with no C (tf2onnx writes beta 0): beta scales nothing, the import is beta 1's;
-    with a float C that no DequantizeLinear produced, beta other than 0 is refused naming C (a dequantized C of any
-    beta imports: tests/from_onnx/test_gemm_factors.py)."""
+    with a float C that no DequantizeLinear produced and beta 0, C is unread; with beta other than 0 it is put on the
+    product's grid (tests/from_onnx/test_gemm_float_c.py; a dequantized C of any beta: test_gemm_factors.py)."""
     rng = np.random.default_rng(3)
     inits = {"s": np.float32(0.05), "zx": np.int8(3), "w": rng.integers(-127, 128, (6, 5)).astype(np.int8),
              "sw": np.float32(0.02), "zw": np.int8(0), "c": rng.normal(size=6).astype(np.float32),
@@ -121,5 +121,4 @@ def test_gemm_beta_without_c_is_the_product(beta):
     if beta == 0.0:
         same_import(model({"beta": beta}, with_c=True), model({}))
     else:
-        with pytest.raises(UnsupportedError, match="the Gemm bias C is a float tensor that no DequantizeLinear"):
-            import_model(model({"beta": beta}, with_c=True), input_precision=9)
+        assert verify(import_model(model({"beta": beta}, with_c=True), input_precision=9).graph, seeds=1).exact

@@ -66,11 +66,21 @@ def conv_model(op, x_shape, x_type, weights, bias_shape, attrs, addend=None) -> 
 
 
 @st.composite
-def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70, 90)):
+def winograd_windows(draw):
+    """The windows the AVX2 kernels take the Winograd products of (custom_ops/winograd.h): 3 x 3, strides and
+    dilations 1, pads 0 to 2, inputs whose 4 x 4 output tiles end anywhere (sizes 1 to 14 the kernel fits)."""
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(max(1, 3 - pads[0] - pads[2]), 14))
+    w = draw(st.integers(max(1, 3 - pads[1] - pads[3]), 14))
+    return (3, 3), (1, 1), (1, 1), pads, (h, w)
+
+
+@st.composite
+def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70, 90), in_channels=(1, 3, 4, 5, 16, 32), window=windows()):
     """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps;
-    ``channels``: the output channel counts drawn from."""
-    kernel, strides, dilations, pads, (h, w) = draw(windows())
-    n, c = draw(st.sampled_from([1, 2, BY_IMAGE])), draw(st.sampled_from([1, 3, 4, 5, 16, 32]))
+    ``channels`` and ``in_channels``: the output and input channel counts drawn from; ``window``: its geometry."""
+    kernel, strides, dilations, pads, (h, w) = draw(window)
+    n, c = draw(st.sampled_from([1, 2, BY_IMAGE])), draw(st.sampled_from(in_channels))
     oc = draw(st.sampled_from(channels))
     kind = draw(st.sampled_from(["uint8", "zero", "offset0", "offset128"]))
     nhwc = kind == "uint8" or draw(st.booleans())
@@ -176,13 +186,29 @@ def test_conv_requantize_runs_the_usual_chains_exactly(case, data, bias, bytes_o
     check_conv(case, data, bias, bytes_out, add, chains, threads)
 
 
+@pytest.mark.isa
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(case=convolutions(channels=(1, 8, 16, 17, 32, 40, 64), in_channels=(16, 17, 23, 32, 33, 64, 114, 115),
+                         window=winograd_windows()),
+       data=st.data(), bias=st.sampled_from(["none", "channel", "position"]), bytes_out=st.booleans(),
+       add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       chains=st.sampled_from(["one list", "each channel's", "a CVM model's"]), threads=st.integers(1, 2))
+def test_conv_requantize_winograd_products_are_exact(case, data, bias, bytes_out, add, chains, threads):
+    """The 3 x 3 convolutions of stride 1 that the AVX2 kernels (isa 2 and 5) multiply by Winograd F(4x4, 3x3)
+    (16 to 114 input channels; 115 and more take the direct form): the same values as the oracle and every other
+    kernel, over output sizes that leave partial 4 x 4 tiles, channel counts off the blocks of 16 and the channel
+    pairs, pads, zero points and offsets, extreme data and weights, the bias, chains and addends, the batch split by
+    tiles or by image."""
+    check_conv(case, data, bias, bytes_out, add, chains, threads)
+
+
 @st.composite
 def input_runs(draw):
     """A convolution of int32 NHWC data with offset 0 (a zero or not) whose data first runs through in_steps (random
     CPU steps or a CVM model's clip, multiply, shift; then a clip within the rows' range), with in_scales and in_bias
-    or without: the convolution drawn by ``convolutions`` taking the run's values, the raw int32 data (extremes
-    included) and the in_ attributes."""
-    x, weights, attrs = draw(convolutions(channels=(16, 17, 32)))
+    or without: the convolution drawn by ``convolutions`` (the Winograd products' windows too) taking the run's
+    values, the raw int32 data (extremes included) and the in_ attributes."""
+    x, weights, attrs = draw(convolutions(channels=(16, 17, 32), window=windows() | winograd_windows()))
     n, h, w, c = x.shape if attrs["nhwc"] else (x.shape[0], *x.shape[2:], x.shape[1])
     attrs.update(offset=0)
     zero = attrs.get("zero", -1)
@@ -216,8 +242,8 @@ def test_conv_requantize_runs_its_data_through_in_steps_first(drawn, data, bias,
 
 
 def check_conv(case, data, bias, bytes_out, add, chains, threads, before=None):
-    """The body of the properties above: draws the bias, steps and addend, asserts every kernel's y; ``before``:
-    (the raw data fed instead of case's x, the in_ attributes that make case's x of it)."""
+    """The body of the four properties above: draws the bias, steps and addend, asserts every kernel's y;
+    ``before``: (the raw data fed instead of case's x, the in_ attributes that make case's x of it)."""
     x, weights, attrs = case
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
                                  attrs["pads"], attrs["offset"], attrs.get("zero", -1))
@@ -327,6 +353,31 @@ def test_conv_requantize_sums_the_largest_products_of_every_kernel_exactly():
                                        TensorProto.INT32, weights, [0], dict(kernel_shape=[3, 3], nhwc=1, offset=0,
                                                                             product_zero=zero, steps=[], isa=isa,
                                                                             **rows))
+                    got = run(model, {"x": x, "b": np.zeros(0, np.int32)})[0]
+                    assert np.array_equal(got, want.astype(np.int32)), (value, fill, zero, isa)
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("c", [114, 115])
+def test_conv_requantize_winograd_sums_its_largest_products_exactly(c):
+    """The Winograd products' bound (custom_ops/winograd.h): 3 x 3 windows of 255 (uint8 data) or 127 (offset 0) over
+    C = 114 channels times weights -128 or 127 sum to |y| <= 9 * 114 * 255 * 128 < 2^25, exact through 576 y modulo
+    2^32; 115 channels take the direct form: exact too. Every output position (padding 1, 7 x 7: partial tiles)
+    against the oracle, with the zero point 0 and 255."""
+    shape, oc = (1, 7, 7, c), 20
+    for value, dtype, bounded in ((255, np.uint8, False), (127, np.int32, True)):
+        rows = {"zero": 0} if dtype == np.uint8 else {}
+        x = np.full(shape, value, dtype)
+        gathered, _ = rows_oracle(x, 1, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), 0, 0 if rows else -1)
+        for fill in (0, 255):
+            weights = np.full((9 * c, oc), fill, np.uint8)
+            for zero in (0, 255):
+                want = wrap((gathered - zero) @ (weights.astype(np.int64) - 128), 32).reshape(1, 7, 7, oc)
+                for isa in isas(bounded):
+                    model = conv_model("conv_requantize", list(shape), TensorProto.UINT8 if rows else
+                                       TensorProto.INT32, weights, [0], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                                                                            nhwc=1, offset=0, product_zero=zero,
+                                                                            steps=[], isa=isa, **rows))
                     got = run(model, {"x": x, "b": np.zeros(0, np.int32)})[0]
                     assert np.array_equal(got, want.astype(np.int32)), (value, fill, zero, isa)
 

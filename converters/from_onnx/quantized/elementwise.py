@@ -537,6 +537,20 @@ FUNCTIONS: dict[str, Callable] = {
     "Selu": lambda n: lambda v: n.attr_float("gamma", 1.0507009873554805) * np.where(
         v > 0, v, n.attr_float("alpha", 1.6732632423543772) * np.expm1(v)),
     "Gelu": lambda n: _gelu_tanh if n.attr_str("approximate", "none") == "tanh" else _gelu,
+    "Mish": lambda n: lambda v: v * np.tanh(np.logaddexp(0, v)),
+    "Sign": lambda n: np.sign,
+    "Floor": lambda n: np.floor,
+    "Ceil": lambda n: np.ceil,
+    "Round": lambda n: np.rint,  # half to even, as ONNX's Round
+    "Sin": lambda n: np.sin,
+    "Cos": lambda n: np.cos,
+    "Atan": lambda n: np.arctan,
+    "Asin": lambda n: np.arcsin,  # NaN outside [-1, 1]: refused where the input reaches there (``defined``)
+    "Acos": lambda n: np.arccos,
+    "Sinh": lambda n: np.sinh,
+    "Cosh": lambda n: np.cosh,
+    "Asinh": lambda n: np.arcsinh,
+    "Atanh": lambda n: np.arctanh,  # +-1 give +-inf, which saturates; NaN beyond
 }
 
 

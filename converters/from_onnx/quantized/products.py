@@ -14,7 +14,7 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
-from ..context import INT32, Tensor, const, tight
+from ..context import INT32, Tensor, TooWide, const, tight
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
                     nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
 from ..registry import Refuse, float_rule
@@ -122,11 +122,14 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         raise Refuse("the bias with the zero point's correction passes 32 bits")
     if total.any():
         args.append(ctx.entry(const(total.astype(np.int32), INT32)))
-    if op == "conv2d":
-        e = ctx.emit(op, *args, use_bias=bool(total.any()), groups=groups, **attrs)
-    else:
-        e = ctx.emit(op, *args, use_bias=bool(total.any()), units=len(w))
-    reach = int((np.abs(rows).sum(axis=1) * max(abs(x.t.lo - c), abs(x.t.hi - c)) + np.abs(total)).max())
+    extent = max(abs(x.t.lo - c), abs(x.t.hi - c))
+    try:
+        e = product(ctx, op, args, groups, len(w), attrs)
+    except TooWide:
+        if not total.any():
+            raise
+        e = biased_apart(ctx, op, args, groups, len(w), attrs, int((np.abs(rows).sum(axis=1) * extent).max()), total)
+    reach = int((np.abs(rows).sum(axis=1) * extent + np.abs(total)).max())
     y = ctx.result(e, INT32, -reach, reach)  # every conv2d output, those window drops included
     if window is not None:
         y = window(y)
@@ -136,6 +139,25 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         corr = const(((c - z) * valid).astype(np.int32), INT32)
         y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
     return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object), -excess
+
+
+def product(ctx, op: str, args: list, groups: int, units: int, attrs: dict):
+    """conv2d or dense of ``args`` (data, weight[, bias])."""
+    if op == "conv2d":
+        return ctx.emit(op, *args, use_bias=len(args) > 2, groups=groups, **attrs)
+    return ctx.emit(op, *args, use_bias=len(args) > 2, units=units)
+
+
+def biased_apart(ctx, op: str, args: list, groups: int, units: int, attrs: dict, bare: int, total: np.ndarray):
+    """conv2d or dense whose bias would take its output's precision past 32 bits (the runtime's rule: max(p_data +
+    p_weight + bits(K), p_bias) + 1; a 9-bit input in halves doubles K: VGG's 25088-input dense reached 33): the
+    product without the bias, its label narrowed to what its values reach (|sum| <= ``bare``, by the weights' row
+    sums: a cvm_clip the interval proves exact), then the bias added by broadcast_add, per output channel. The same
+    integers; refused as before where the product alone, or the sum, still passes 32 bits."""
+    e = product(ctx, op, args[:2], groups, units, attrs)
+    y = ctx.narrow(ctx.result(e, INT32, -bare, bare), tight(bare), f"{op} sum")
+    b = total.astype(np.int32).reshape((-1, 1, 1) if op == "conv2d" else (-1,))
+    return ctx.emit("broadcast_add", y, ctx.entry(const(b, INT32)))
 
 
 @dataclass(frozen=True)
@@ -285,9 +307,44 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     """ConvTranspose (2-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
     `upsampling` or `repeat` of x - z, times a 0/1 mask), padded d (k - 1) - pads (+ output_padding at the end),
     by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule's conv2d and window
-    sums on that, exactly."""
+    sums on that, exactly. A 1-D one (N, C, L) is the 2-D one of (N, C, 1, L) by its kernel (C_in, C_out/g, 1, k),
+    stride, dilation 1 and no padding along the new axis (``conv_transpose_1d``)."""
+    if len(x.shape) == 3 and len(w.shape) == 3:
+        return conv_transpose_1d(ctx, node, x, w, bias)
     if len(x.shape) != 4 or len(w.shape) != 4:
-        raise Refuse("only a 2-D ConvTranspose has a CVM form here")
+        raise Refuse("only a 1-D or 2-D ConvTranspose has a CVM form here")
+    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
+    dilations = node.attr_ints("dilations", [1, 1], lo=1, size=2)
+    extra = node.attr_ints("output_padding", [0, 0], lo=0, size=2)
+    pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
+    return conv_transpose_2d(ctx, node, x, w, bias, strides, dilations, extra, pads)
+
+
+def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
+    """A 1-D ConvTranspose as the 2-D one of x (N, C, 1, L) and w (C_in, C_out/g, 1, k) (its scale and zero point
+    given the same new axis), with stride 1, dilation 1, no padding and no output padding along that axis: that
+    axis has one input and one tap, so its output is the 1-D one, reshaped back to (N, C_out, L')."""
+    if not w.t.is_const:
+        raise Refuse("the ConvTranspose weight is computed at run time: CVM's conv2d needs a constant weight")
+    strides = node.attr_ints("strides", [1], lo=1, size=1)
+    dilations = node.attr_ints("dilations", [1], lo=1, size=1)
+    extra = node.attr_ints("output_padding", [0], lo=0, size=1)
+    pads = node.attr_ints("pads", [0, 0], lo=0, size=2)
+
+    def axis(a: np.ndarray) -> np.ndarray:  # broadcast against (C_in, C_out/g, k): the new axis before k
+        return np.expand_dims(a, -2) if np.ndim(a) else a
+
+    x = replace(x, t=ctx.reshape(x.t, x.shape[:2] + (1,) + x.shape[2:]))
+    w = Scaled(const(w.t.value.reshape(w.shape[:2] + (1,) + w.shape[2:]), w.t.dtype), axis(w.scale), axis(w.zero))
+    y = conv_transpose_2d(ctx, node, x, w, bias, [1, *strides], [1, *dilations], [0, *extra],
+                          [0, pads[0], 0, pads[1]])
+    return Scaled(ctx.reshape(y.t, y.shape[:2] + y.shape[3:]), y.scale.reshape(-1, 1),
+                  y.zero.reshape(-1, 1) if y.zero.size > 1 else y.zero)
+
+
+def conv_transpose_2d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, strides: list[int],
+                      dilations: list[int], extra: list[int], pads: list[int]) -> Scaled:
+    """The 2-D ConvTranspose of ``conv_transpose`` with its window attributes given."""
     if node.has("output_shape") or node.attr_str("auto_pad", "NOTSET") != "NOTSET":
         raise Refuse("ConvTranspose with output_shape or auto_pad has no CVM form here (give pads)")
     x = per_tensor(x, "ConvTranspose")
@@ -297,10 +354,6 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     cin, per, kh, kw = w.shape
     if cin != x.shape[1] or cin % groups:
         raise Refuse(f"a ConvTranspose weight of shape {w.shape} for {x.shape[1]} input channels in {groups} groups")
-    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
-    dilations = node.attr_ints("dilations", [1, 1], lo=1, size=2)
-    extra = node.attr_ints("output_padding", [0, 0], lo=0, size=2)
-    pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
     if any(o >= s for o, s in zip(extra, strides)):
         raise Refuse(f"ConvTranspose output_padding {extra} must be below the strides {strides}")
     outs = [(n - 1) * s - p - q + d * (k - 1) + 1 + o for n, s, p, q, d, k, o in
@@ -451,13 +504,35 @@ def at_scale(have: Fraction, want: Fraction) -> bool:
     return not (d << 22 > wn * hd and d << 149 > hd * wd)
 
 
+def on_grid(c: Tensor, unit: np.ndarray) -> Scaled:
+    """A float constant C (a QDQ Gemm's C that no DequantizeLinear quantized) as integers at the scale ``unit`` (one
+    value, or one per output column: C's last axis broadcast): round_half_even(C / unit) of the exact rationals (the
+    rounding onnxruntime's quantize_static gives a bias, numpy's round), each within unit / 2 of C. Refused where C
+    is not finite or an integer passes int32."""
+    v = np.asarray(c.value, np.float64)
+    if not np.isfinite(v).all():
+        raise Refuse("the Gemm's float C holds NaN or infinity")
+    unit = np.asarray(unit, dtype=object)
+    shape = np.broadcast_shapes(v.shape, unit.shape)
+    vb, ub = np.broadcast_to(v, shape), np.broadcast_to(unit, shape)
+    ratio = vb / np.vectorize(float, otypes=[np.float64])(ub)
+    k = np.rint(ratio).astype(object)
+    for i in np.flatnonzero((np.abs(np.abs(ratio - np.trunc(ratio)) - 0.5) < 2.0**-20) | (np.abs(ratio) > 2.0**40)):
+        k.flat[i] = round(Fraction(float(vb.flat[i])) / ub.flat[i])  # near a tie or large: the exact quotient
+    if any(abs(x) >= 1 << 31 for x in k.flat):
+        raise Refuse(f"the Gemm's float C reaches {float(np.abs(v).max()):.6g}: beyond int32 steps of the product's "
+                     "scale")
+    return Scaled(const(k.astype(np.int64).astype(np.int32), INT32), unit, np.zeros((), np.int64))
+
+
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
     """alpha A' B' + beta C (docs/import.md, "Gemm's alpha, beta and transA"): A' = A^T under transA (`transpose`);
     the product by `dense` of a constant B, or of two computed tensors (``variable_matmul``, B transposed first
     under transB), at scale |alpha| s_a s_b (negated for alpha < 0). C (with beta != 0) is the dense's int32 bias
     where beta s_c is alpha s_a s_b to float32's rounding, else a second term of the sum (as Add), requantized with
-    the product by the QuantizeLinear that follows."""
+    the product by the QuantizeLinear that follows. A float constant C (no DequantizeLinear) is first put on the
+    product's grid (``on_grid``: beta C in steps of |alpha| s_a s_b), then taken as a quantized C."""
     alpha, beta = gemm_factor(node, "alpha"), gemm_factor(node, "beta")
     c = None if beta == 0 else c
     if alpha == 0:
@@ -471,15 +546,22 @@ def gemm_rule(ctx, node, a, b, c=None):
         a = per_tensor(a, "a transposed Gemm input A")
         a = replace(a, t=ctx.result(ctx.op("transpose", as_int32(a.t), axes=(1, 0)), INT32, a.t.lo, a.t.hi,
                                     a.shape[::-1]))
-    cs = None if c is None else [scaled(c, "the Gemm bias C")]
+    float_c = c is not None and isinstance(c, Tensor) and c.is_const and np.asarray(c.value).dtype.kind == "f"
+    cs = None if c is None or float_c else [scaled(c, "the Gemm bias C")]
     if not b.t.is_const:
         if node.attr_int("transB", 0):
             b = replace(b, t=ctx.result(ctx.op("transpose", as_int32(b.t), axes=(1, 0)), INT32, b.t.lo, b.t.hi,
                                         b.shape[::-1]))
-        y = times(ctx, variable_matmul(ctx, a, b), alpha)
+        product = variable_matmul(ctx, a, b)
+        if float_c:
+            cs = [on_grid(c, product.scale.reshape(()) * abs(alpha / beta))]
+        y = times(ctx, product, alpha)
     else:
         w, sw = weight(b, "the Gemm weight B", transpose=not node.attr_int("transB", 0))
         sa = per_tensor(a, "the input of a Gemm (dense)").scale.reshape(()).item()
+        if float_c:  # beta C in steps of |alpha| s_a s_b: C in steps of |alpha / beta| s_a s_b per output column
+            cs = [on_grid(c, np.array([sa * x * abs(alpha / beta) for x in np.broadcast_to(sw, (len(w),))],
+                                      dtype=object))]
         bias = None
         if cs is not None and len(cs) == 1 and cs[0].t.is_const and cs[0].t.size in (1, len(w)) and \
                 all(d == 1 for d in cs[0].shape[:-1]):

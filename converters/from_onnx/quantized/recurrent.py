@@ -194,6 +194,24 @@ def reach_of(r: np.ndarray) -> int:
     return GATE_REACH + math.ceil(float(np.abs(r).sum(axis=1).max(initial=0))) + 2
 
 
+def peepholes(p: np.ndarray, g: int) -> tuple[np.ndarray, int]:
+    """P (3 hidden: i, o, f) per tensor at 2^-e, e the largest with max|P| 2^e <= 2^G: (round_half_even(P 2^e), e),
+    so |P_q| <= 2^G, as the gates f that multiply c (``gate_bits`` keeps their labels within 32 bits)."""
+    peak = Fraction(float(np.abs(p).max()))
+    e = math.floor(math.log2((1 << g) / peak))
+    while peak * Fraction(2) ** e > 1 << g:
+        e -= 1
+    while peak * Fraction(2) ** (e + 1) <= 1 << g:
+        e += 1
+    return np.rint(p * 2.0 ** e).astype(np.int64), e  # p 2^e is exact: a power-of-two scaling of float64
+
+
+def peephole(ctx, pq: np.ndarray, c: Tensor, a: int) -> Tensor:
+    """P_q c (c at 2^-G, P_q at 2^-e, a = 14 - e - G) on the grid 2^-14 (``fine``)."""
+    peak, pm = max(-c.lo, c.hi), int(np.abs(pq).max())
+    return fine(ctx, step(ctx, "broadcast_mul", c, c32(pq.reshape(1, -1)), -peak * pm, peak * pm), a)
+
+
 def gate_tables(g: int) -> tuple[Tensor, Tensor]:
     """round(2^G sigmoid(k / 2^10)) and round(2^G tanh(k / 2^10)) for k in [-16 2^10, 16 2^10], as constants."""
     ks = range(-(GATE_REACH << INDEX_BITS), (GATE_REACH << INDEX_BITS) + 1)
@@ -218,13 +236,19 @@ def at_step(ctx, xw: Tensor, t: int) -> Tensor:
 
 
 def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, c0: np.ndarray,
-              order: list[int], g: int) -> tuple[list[Tensor], Tensor, Tensor]:
+              order: list[int], g: int, p: np.ndarray | None = None) -> tuple[list[Tensor], Tensor, Tensor]:
     """One direction over the steps in ``order``: (y per step at 2^-2G, the last h at 1/16256, the last c at
-    2^-G)."""
+    2^-G). ``p``: the peepholes (i, o, f; ``peepholes``), P_i c and P_f c of the step's c into i and f, P_o c' of
+    the new c into o, each on 2^-14 and added to the gate's pre-activation."""
     hidden = r.shape[1]
     rw = weights(r)
-    # x W^T + b clipped where the sum is past +-16 whatever h R^T (|h R^T| <= reach - 18)
-    xw = projected(ctx, xs, w, b[:4 * hidden] + b[4 * hidden:], reach_of(r))  # Wb + Rb: float64 sums, exact
+    # x W^T + b clipped where the sum is past +-16 whatever h R^T (|h R^T| <= reach - 18) and P c (|c| <= |c0| + t)
+    reach = reach_of(r)
+    if p is not None:
+        reach += math.ceil(float(np.abs(p).max()) * (math.ceil(float(np.abs(c0).max(initial=0))) + len(order)))
+        pq, e = peepholes(p, g)
+        ps, a = [pq[k * hidden:(k + 1) * hidden] for k in range(3)], INDEX_BITS + FINE_BITS - e - g
+    xw = projected(ctx, xs, w, b[:4 * hidden] + b[4 * hidden:], reach)  # Wb + Rb: float64 sums, exact
     sig, tnh = gate_tables(g)
     creach = CELL_REACH << CELL_BITS
     ctab = c32([round((1 << g) * math.tanh(k / (1 << CELL_BITS))) for k in range(-creach, creach + 1)])
@@ -236,14 +260,22 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
         pre = at_step(ctx, xw, t)
         if h is not None:
             pre = added(ctx, pre, recurrent(ctx, h, rw))
-        idx = gate_index(ctx, pre)
-        gates = [columns(ctx, idx, k * hidden, (k + 1) * hidden) for k in range(4)]
-        i, o, f = (table(ctx, gates[k], sig, 0, one) for k in (0, 1, 2))
+        if p is None:
+            idx = gate_index(ctx, pre)
+            gates = [columns(ctx, idx, k * hidden, (k + 1) * hidden) for k in range(4)]
+            i, o, f = (table(ctx, gates[k], sig, 0, one) for k in (0, 1, 2))
+        else:  # gate k's pre-activation plus P_k c (P's order i, o, f is the gates'): i and f now, o after c'
+            parts = [columns(ctx, pre, k * hidden, (k + 1) * hidden) for k in range(4)]
+            i, f = (table(ctx, gate_index(ctx, added(ctx, parts[k], peephole(ctx, ps[k], c, a))), sig, 0, one)
+                    for k in (0, 2))
+            gates = [None, None, None, gate_index(ctx, parts[3])]
         cand = table(ctx, gates[3], tnh, -one, one)
         peak = max(-c.lo, c.hi)
         fc = shift(ctx, step(ctx, "broadcast_mul", f, c, -one * peak, one * peak), g)
         ig = shift(ctx, step(ctx, "broadcast_mul", i, cand, -one * one, one * one), g)
         c = added(ctx, fc, ig)
+        if p is not None:
+            o = table(ctx, gate_index(ctx, added(ctx, parts[1], peephole(ctx, ps[1], c, a))), sig, 0, one)
         if g > CELL_BITS:
             ci = shift(ctx, c, g - CELL_BITS)
         elif g == CELL_BITS:
@@ -404,21 +436,20 @@ def default_activations(node, default: list[str]) -> bool:
 @float_rule("LSTM", since=7)
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
-    X with constant W, R, B, initial_h, initial_c (zeros when absent), every sequence the full length: unrolled
+    X with constant W, R, B, initial_h, initial_c, P (zeros when absent), every sequence the full length: unrolled
     (``direction``). Outputs Y at 2^-2G, Y_h at 1/16256 and Y_c at 2^-G, requantized by what follows."""
     if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or \
             not default_activations(node, ["Sigmoid", "Tanh", "Tanh"]):
         raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "LSTM", 4, x, w, r, b, lens)
     steps, batch, _ = xs.shape
-    if p is not None and floats(p, "LSTM P", (dirs, 3 * hidden)).any():
-        raise Refuse("LSTM with peepholes has no CVM form here")
+    pv = floats(p, "LSTM P", (dirs, 3 * hidden))
     hv = floats(h0, "LSTM initial_h", (dirs, batch, hidden))
     cv = floats(c0, "LSTM initial_c", (dirs, batch, hidden))
     g = gate_bits(steps, float(np.abs(cv).max(initial=0)))
     outs = []
     for d, order in enumerate(orders(way, dirs, steps)):
-        ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g)
+        ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g, pv[d] if pv[d].any() else None)
         outs.append((ys if order[0] == 0 else ys[::-1], h, c))
     one = Fraction(1, 1 << (2 * g))
     z = np.zeros((), np.int64)

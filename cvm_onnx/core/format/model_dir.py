@@ -11,7 +11,7 @@ from ..errors import FormatError, Problem
 from ..graph import Graph
 from .edges import FILE as EDGES
 from .edges import Edges
-from .params import read_params, write_params
+from .params import params_pieces, read_params
 from .symbol import read_symbol, write_symbol
 
 SYMBOL = "symbol"
@@ -116,7 +116,7 @@ def write_model(graph: Graph, directory: str | os.PathLike, symbol: str | None =
     precisions = {} if symbol is not None else {n.name: n.outputs[0].precision for n in graph.nodes
                                                 if n.is_variable and n.outputs and n.name in graph.params}
     text = (write_symbol(graph) if symbol is None else symbol).encode("utf-8")
-    data = write_params(graph.params, precisions)
+    data = params_pieces(graph.params, precisions)  # written as each array's bytes are made
     fresh = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)

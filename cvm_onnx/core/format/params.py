@@ -13,6 +13,7 @@ allocated, so memory stays bounded by the file size.
 from __future__ import annotations
 
 import struct
+from typing import Iterator
 
 import numpy as np
 
@@ -133,18 +134,23 @@ def write_params(params: dict[str, np.ndarray], precisions: dict[str, int] | Non
     rule); one without keeps its dtype, which must then be int8 or int32. Raises ``FormatError`` for a value
     that its storage type cannot hold or a shape the runtime refuses.
     """
+    return b"".join(params_pieces(params, precisions))
+
+
+def params_pieces(params: dict[str, np.ndarray], precisions: dict[str, int] | None = None) -> Iterator[bytes]:
+    """``write_params``'s bytes in pieces, each array's made when it is reached (its ``FormatError`` then), so that
+    a writer holds one array's bytes at a time, not the file's."""
     precisions = precisions or {}
-    head = [struct.pack("<QQQ", LIST_MAGIC, 0, len(params))]
-    body = [struct.pack("<Q", len(params))]
-    for name, value in params.items():
-        array = np.asarray(value)
+    names = []
+    for name in params:
         try:
-            raw = name.encode("utf-8")
+            names.append(name.encode("utf-8"))
         except (AttributeError, UnicodeEncodeError):
             raise FormatError(f"name {name!r} cannot be written as UTF-8", "params") from None
-        head.append(struct.pack("<Q", len(raw)) + raw)
-        body.append(_array_bytes(name, array, precisions.get(name)))
-    return b"".join(head + body)
+    yield b"".join([struct.pack("<QQQ", LIST_MAGIC, 0, len(params)),
+                    *(struct.pack("<Q", len(raw)) + raw for raw in names), struct.pack("<Q", len(params))])
+    for name, value in params.items():
+        yield _array_bytes(name, np.asarray(value), precisions.get(name))
 
 
 def _array_bytes(name: str, array: np.ndarray, precision: int | None) -> bytes:

@@ -36,9 +36,9 @@ def absmax(x: np.ndarray) -> int:
     return max(-int(x.min()), int(x.max()), 0)
 
 
-#: The most values conv2d's im2col holds at once (32 MB of float64): larger inputs are taken in blocks of samples or
-#: of output rows, whose sums are the same.
-COLS = 1 << 22
+#: The most values conv2d holds at once in each of its im2col, its weights and its products (16 MB of float64 each):
+#: larger inputs are taken in blocks of samples, of output rows and of output channels, whose sums are the same.
+COLS = 1 << 21
 
 
 def exact_dtype(a: np.ndarray, b: np.ndarray, k: int) -> type:
@@ -142,31 +142,54 @@ class Conv2D(Op):
     def kernel(a, x, w, b=None):
         n, c, h, wd = x.shape
         oc, cg, kh, kw = w.shape
-        g = a.groups
+        g, ocg, k = a.groups, oc // a.groups, cg * kh * kw
         (ph, pw), (dh, dw), (sh, sw) = a.padding, a.dilation, a.strides
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        dtype = exact_dtype(x, w, cg * kh * kw)
-        wm = w.astype(dtype).reshape(g, oc // g, cg * kh * kw)
-        # im2col of a block of samples or of output rows at a time, at most COLS values (or one output row's)
-        rows = max(1, COLS // (c * kh * kw * ow))
+        dtype = exact_dtype(x, w, k)
+        wm = w.reshape(g, ocg, k)
+        # output channels of each group a block at a time, at most COLS weights (converted once if one block)
+        per_o = max(1, COLS // (g * k))
+        whole = wm.astype(dtype) if per_o >= ocg else None
+        # samples or output rows a block at a time: im2col and the products each at most COLS values (or a row's)
+        rows = max(1, COLS // (max(c * kh * kw, oc) * ow))
         per, step = (max(1, rows // oh), oh) if rows >= oh else (1, rows)
         y = np.empty((n, oc, oh, ow), np.int32)
         for s0 in range(0, n, per):
-            # outside the image contributes 0
-            part = np.pad(x[s0:s0 + per].astype(dtype), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+            xs = x[s0:s0 + per]
+            m = len(xs)
+            out = y[s0:s0 + m].reshape(m, g, ocg, oh, ow)
             for r0 in range(0, oh, step):
                 r1 = min(oh, r0 + step)
-                # cols[n, ic, fh*kw+fw, oh, ow] = xp[n, ic, oh*sh + fh*dh, ow*sw + fw*dw]
-                cols = np.stack([part[:, :, i * dh + r0 * sh:i * dh + (r1 - 1) * sh + 1:sh,
-                                      j * dw:j * dw + (ow - 1) * sw + 1:sw] for i in range(kh) for j in range(kw)],
-                                axis=2)
-                block = np.matmul(wm, cols.reshape(len(part), g, cg * kh * kw, (r1 - r0) * ow))
-                block = block.astype(np.int64).reshape(len(part), oc, r1 - r0, ow)
-                if b is not None:
-                    block += b.reshape(1, oc, 1, 1)
-                y[s0:s0 + per, :, r0:r1] = block.astype(np.int32)
+                cols = _im2col(xs, r0, r1, ow, (kh, kw), (ph, pw), (dh, dw), (sh, sw), dtype)
+                cols = cols.reshape(m, g, k, (r1 - r0) * ow)
+                for o0 in range(0, ocg, per_o):
+                    o1 = min(ocg, o0 + per_o)
+                    wb = whole[:, o0:o1] if whole is not None else wm[:, o0:o1].astype(dtype)
+                    block = np.matmul(wb, cols).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
+                    if b is not None:
+                        block += b.reshape(1, g, ocg, 1, 1)[:, :, o0:o1]
+                    out[:, :, o0:o1, r0:r1] = block.astype(np.int32)
         return y
+
+
+def _im2col(x: np.ndarray, r0: int, r1: int, ow: int, kernel: tuple[int, int], padding: tuple[int, int],
+            dilation: tuple[int, int], strides: tuple[int, int], dtype: type) -> np.ndarray:
+    """cols[n, ic, fh*kw+fw, oh-r0, ow] = x[n, ic, oh*sh + fh*dh - ph, ow*sw + fw*dw - pw] (0 outside the image)
+    for the output rows r0..r1-1, as ``dtype``: from a zero-padded slab of the input rows they read alone."""
+    n, c, h, wd = x.shape
+    (kh, kw), (ph, pw), (dh, dw), (sh, sw) = kernel, padding, dilation, strides
+    top, span = r0 * sh - ph, (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
+    slab = np.zeros((n, c, span, wd + 2 * pw), x.dtype)
+    lo, hi = max(top, 0), min(top + span, h)
+    if lo < hi:
+        slab[:, :, lo - top:hi - top, pw:pw + wd] = x[:, :, lo:hi]
+    cols = np.empty((n, c, kh * kw, r1 - r0, ow), dtype)
+    for i in range(kh):
+        for j in range(kw):
+            cols[:, :, i * kw + j] = slab[:, :, i * dh:i * dh + (r1 - 1 - r0) * sh + 1:sh,
+                                          j * dw:j * dw + (ow - 1) * sw + 1:sw]
+    return cols
 
 
 @register

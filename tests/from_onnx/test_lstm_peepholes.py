@@ -1,0 +1,122 @@
+"""LSTM with peepholes (input P: c into the i and f gates, the new c into o; madmom's LSTMs), unrolled as the LSTM
+without them (docs/import.md, "LSTM: the integer form"): P per tensor and direction at 2^-e with |P_q| <= 2^G,
+P_q c on 2^-14 added to the gate's pre-activation. The steps against the integer oracle written from the docs
+(Python integers), the whole layer against the float model within 1.02x onnxruntime's quantized model's distance
+(which runs the layer in float, peepholes included), exported and run bit-exactly."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import pytest
+import support.recurrent as rec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import numpy_helper as nh
+from support.transformers import lstm_model
+
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.converters.from_onnx.context import Importer, Tensor
+from cvm_onnx.converters.from_onnx.quantized.values import Scaled
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.core.validate import validate
+from cvm_onnx.runtime.verify import verify
+
+
+def peephole_oracle(x, w16, e_w, r16, e_r, bias, h0, c0, order, g, pq, e_p):
+    """The integer LSTM step of docs/import.md with peepholes: z of i and f plus times(P_q c, 14 - e_p - G), z of o
+    plus times(P_q c', 14 - e_p - G) with the new c', each rounded to 2^-10 and clipped to +-16 before its table."""
+    hidden = r16.shape[1]
+    sig, tnh = rec.gate_tables(g)
+    ctab = [round((1 << g) * math.tanh(k / 2048)) for k in range(-16384, 16385)]
+    h, c = rec.state(h0), rec.obj(np.rint(c0 * (1 << g)))
+    p_i, p_o, p_f = (rec.obj(pq[k * hidden:(k + 1) * hidden]) for k in range(3))
+    a = rec.FINE - e_p - g
+    ys = {}
+    for t in order:
+        pre = rec.x_part(x[t], w16, e_w, bias) + rec.h_part(h, r16, e_r)
+        part = [pre[:, k * hidden:(k + 1) * hidden] for k in range(4)]
+        i = rec.lookup(sig, rec.index(part[0] + rec.times(p_i * c, a)))
+        f = rec.lookup(sig, rec.index(part[2] + rec.times(p_f * c, a)))
+        cand = rec.lookup(tnh, rec.index(part[3]))
+        c = rec.rhu(f * c, g) + rec.rhu(i * cand, g)
+        o = rec.lookup(sig, rec.index(part[1] + rec.times(p_o * c, a)))
+        at = c * (1 << (11 - g)) if g <= 11 else rec.rhu(c, g - 11)
+        ys[t] = o * rec.lookup(ctab, np.clip(at, -16384, 16384), 16384)
+        h = rec.rhu(ys[t] * 127, 2 * g - 7)
+    return [ys[t] for t in order], h, c
+
+
+@settings(max_examples=10, deadline=None)
+@given(steps=st.integers(1, 5), batch=st.integers(1, 2), size=st.integers(1, 4), hidden=st.integers(1, 3),
+       reverse=st.booleans(), states=st.booleans(), e_w=st.integers(12, 22), e_r=st.integers(17, 24),
+       e_p=st.integers(8, 16), seed=st.integers(0, 2**16))
+def test_peephole_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, states, e_w, e_r, e_p, seed):
+    """``direction``'s unrolled steps with peepholes equal the integer oracle exactly, on int8 inputs at the
+    extremes, for 16-bit weights at power-of-two scales, peepholes P_q 2^-(e_p - G) (one of them +-2^G, so the
+    importer's scale is recovered: max|P| from 1/4 to 256), initial states zero or not (|c0| <= 3)."""
+    from cvm_onnx.converters.from_onnx.quantized.recurrent import direction, gate_bits
+
+    rng = np.random.default_rng(seed)
+    w16, r16 = rec.ints16(rng, (4 * hidden, size)), rec.ints16(rng, (4 * hidden, hidden))
+    w = w16 * 2.0 ** (4 - e_w)  # s_x = 2^-4: s_x s_W = 2^-e_w
+    r = r16 * 127 * 2.0 ** -e_r
+    b = rng.normal(size=8 * hidden)
+    h0 = rng.uniform(-1, 1, (batch, hidden)) if states else np.zeros((batch, hidden))
+    c0 = rng.uniform(-3, 3, (batch, hidden)) if states else np.zeros((batch, hidden))
+    g = gate_bits(steps, float(np.abs(c0).max()))
+    pq = rng.integers(-(1 << g), (1 << g) + 1, 3 * hidden)
+    pq[rng.integers(0, pq.size)] = (1 << g) * rng.choice([-1, 1])
+    p = pq * 2.0 ** -(e_p - 4)  # P at 2^-e, e = e_p - 4: |P| = 2^G 2^-e at most
+    x = rng.integers(-128, 128, (steps, batch, size))
+    x.flat[0], x.flat[-1] = -128, 127
+    order = list(range(steps))[::-1] if reverse else list(range(steps))
+    ctx = Importer()
+    data = ctx.variable("data", (steps, batch, size), 9)
+    xs = Scaled(Tensor(T.INT8, (steps, batch, size), -128, 127, data), np.asarray(Fraction(1, 16), object),
+                np.zeros((), np.int64))
+    ys, hn, cn = direction(ctx, xs, w, r, b, h0, c0, order, g, p)
+    graph = validate(Graph(ctx.nodes, tuple(t.entry for t in [*ys, hn, cn]), ctx.params)).graph
+    got = execute(graph, {"data": x.astype(np.int32)})
+    wys, wh, wc = peephole_oracle(x, w16, e_w, r16, e_r, b[:4 * hidden] + b[4 * hidden:], h0, c0, order, g, pq,
+                                  e_p - 4)
+    for have, want in zip(got, [*wys, wh, wc]):
+        assert np.array_equal(have.astype(np.int64), np.asarray(want, np.int64).reshape(have.shape))
+    assert verify(graph, x.astype(np.int32)).exact
+
+
+@pytest.mark.parametrize("way, states, scale", [("forward", False, 0.5), ("reverse", True, 1.0),
+                                                ("bidirectional", False, 2.0)])
+def test_an_lstm_with_peepholes_imports_whole_exact_and_as_close_to_float_as_onnxruntime(tmp_path, way, states,
+                                                                                           scale):
+    """Before: refused ("LSTM with peepholes has no CVM form here"). Unrolled, exported bit-exactly, its mean
+    distance from the float model within 1.02x onnxruntime's quantized model's."""
+    m = lstm_model(way, 0, states=states, peepholes=scale)
+    onnx.checker.check_model(m)
+    onnx.save(m, tmp_path / "f.onnx")
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "c.npy", rng.normal(size=(32, 12, 1, 8)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.02 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
+
+def test_zero_peepholes_give_the_model_without_them(tmp_path):
+    """P of zeros (as exporters write an unused P) gives the CVM model of the LSTM without P, byte for byte."""
+    rng = np.random.default_rng(2)
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 12, 1, 8)).astype(np.float32))
+    for name, scale in (("none", None), ("zeros", 0.0)):
+        m = lstm_model("forward", 3)
+        if scale is not None:  # P given, all zeros
+            node = next(n for n in m.graph.node if n.op_type == "LSTM")
+            m.graph.initializer.append(nh.from_array(np.zeros((1, 48), np.float32), "P"))
+            node.input.extend(["", "", "", "P"])
+        onnx.save(m, tmp_path / f"{name}.onnx")
+        quantize(tmp_path / f"{name}.onnx", tmp_path / "c.npy", tmp_path / name)
+    for f in ("symbol", "params"):
+        assert (tmp_path / "none" / f).read_bytes() == (tmp_path / "zeros" / f).read_bytes()
