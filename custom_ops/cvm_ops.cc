@@ -965,8 +965,12 @@ struct ConvKernel {
       const int64_t oh0 = b * band, oh1 = std::min(s.oh, oh0 + band), count = (oh1 - oh0) * s.ow;
       if (c.size() < static_cast<size_t>(count * oc)) c.resize(static_cast<size_t>(count * oc));
 #if defined(CVM_ONNX_X86_PRODUCTS)
+      if (isa == kIsaAvx512Vnni && chain) {  // each tile requantized in registers
+        const int64_t first = n * positions + oh0 * s.ow;
+        return isa_avx512::products_winograd(xp, s, oh0, oh1, winograd, start, nullptr, &end, first);
+      }
       if (isa == kIsaAvx512Vnni) {
-        isa_avx512::products_winograd(xp, s, oh0, oh1, winograd, start, c.data());
+        isa_avx512::products_winograd(xp, s, oh0, oh1, winograd, start, c.data(), nullptr, 0);
       } else {
         isa_avx2::products_winograd(xp, s, oh0, oh1, winograd, start, c.data());
       }

@@ -90,9 +90,11 @@ void products_winograd(const uint8_t* xp, const Im2colShape& s, int64_t oh0, int
 }  // namespace isa_avx2
 
 namespace isa_avx512 {
-// products_winograd on AVX-512 VNNI (vpdpwssd), the same values; winograd_kernels.cc's AVX-512 unit.
+// products_winograd on AVX-512 VNNI (vpdpwssd), the same values; with `end` (its chain set, OC a multiple of 16)
+// each tile's rows requantized in registers (conv.h requantize_block) and written where `end` says, output row oh0's
+// first position being `first` of the N * OH * OW, instead of c; winograd_kernels.cc's AVX-512 unit.
 void products_winograd(const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p,
-                       const int32_t* init, int32_t* c);
+                       const int32_t* init, int32_t* c, const TileEnd* end, int64_t first);
 }  // namespace isa_avx512
 
 #if defined(CVM_ONNX_X86_PRODUCTS)
@@ -308,11 +310,12 @@ using Int32Lanes16 = int32_t __attribute__((vector_size(64)));
 
 // winograd_tiles on AVX-512 VNNI for `count` tiles (at most R; the products of the last repeated past it, not
 // written) from t0 and NB blocks of 16 channels from block: M by vpdpwssd (|pair| < 2^31 as with vpmaddwd), then
-// the output transform of 16 channels at a time.
+// the output transform of 16 channels at a time, each tile row's values written to c, or with `end` requantized
+// (isa_avx512::products_winograd).
 template <int R, int NB>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void winograd_tiles_avx512(
     const int16_t* v, int64_t t0, int64_t count, int64_t tx, int64_t oh0, int64_t oh1, int64_t ow,
-    const WinogradWeights& p, int64_t block, const int32_t* init, int32_t* c) {
+    const WinogradWeights& p, int64_t block, const int32_t* init, int32_t* c, const TileEnd* end, int64_t first) {
   constexpr uint32_t kInverse9 = 954437177;
   alignas(64) int32_t m[36 * NB * R * 16];
   const int64_t pairs = p.c2 / 2;
@@ -354,15 +357,30 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void winograd_tiles_avx51
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) t[i][j] = out[i];
       }
-      int32_t* at = c + ((y0 - oh0) * ow + x0) * p.oc + channel;
+      const int valid = static_cast<int>(std::min<int64_t>(4, ow - x0));  // the tile's columns in the image
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
+        if (y0 + i >= oh1) break;
         Uint32Lanes16 y[4];
+        Lanes value[4];
         output_transform(t[i], y);
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) {
-          const __m512i value = (__m512i)((Uint32Lanes16)((Int32Lanes16)(y[j] * kInverse9) >> 6) + start);
-          if (y0 + i < oh1 && x0 + j < ow) _mm512_mask_storeu_epi32(at + (i * ow + j) * p.oc, mask, value);
+        for (int j = 0; j < 4; ++j) value[j] = (Lanes)((Uint32Lanes16)((Int32Lanes16)(y[j] * kInverse9) >> 6) + start);
+        const int64_t position = (y0 - oh0 + i) * ow + x0;  // the row's first, from output row oh0's
+        if (!end) {
+          for (int j = 0; j < valid; ++j) {
+            _mm512_mask_storeu_epi32(c + (position + j) * p.oc + channel, mask, (__m512i)value[j]);
+          }
+          continue;
+        }
+        const int32_t* bias[4] = {};  // each position's bias
+        if (end->bias) {
+          for (int j = 0; j < 4; ++j) bias[j] = end->bias + (first + position + j) % end->positions * p.oc;
+        }
+        if (valid == 4) {
+          requantize_block<4, true>(value, *end, bias, p.oc, channel, first + position, 4);
+        } else {
+          requantize_block<4, false>(value, *end, bias, p.oc, channel, first + position, valid);
         }
       }
       if ((x0 += 4) >= 4 * tx) x0 = 0, y0 += 4;
@@ -377,7 +395,7 @@ constexpr int kWinogradBlocksAvx512 = 4;  // NB: 16 accumulators
 template <int R, int NB>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void products_winograd_avx512(
     const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p, const int32_t* init,
-    int32_t* c) {
+    int32_t* c, const TileEnd* end = nullptr, int64_t first = 0) {
   const int64_t ty0 = oh0 / 4, rows = (oh1 - oh0 + 3) / 4, tx = (s.ow + 3) / 4, tiles = rows * tx;
   thread_local std::vector<int16_t> v;
   if (v.size() < static_cast<size_t>(36 * tiles * p.c2)) v.resize(static_cast<size_t>(36 * tiles * p.c2));
@@ -387,9 +405,9 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void products_wino
     for (int64_t t0 = 0; t0 < tiles; t0 += R) {
       const int64_t count = std::min<int64_t>(R, tiles - t0);
       if (all) {
-        winograd_tiles_avx512<R, NB>(v.data(), t0, count, tx, oh0, oh1, s.ow, p, block, init, c);
+        winograd_tiles_avx512<R, NB>(v.data(), t0, count, tx, oh0, oh1, s.ow, p, block, init, c, end, first);
       } else {
-        winograd_tiles_avx512<R, 1>(v.data(), t0, count, tx, oh0, oh1, s.ow, p, block, init, c);
+        winograd_tiles_avx512<R, 1>(v.data(), t0, count, tx, oh0, oh1, s.ow, p, block, init, c, end, first);
       }
     }
     block += all ? NB : 1;

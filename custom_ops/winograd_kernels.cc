@@ -16,12 +16,11 @@ CVM_ISA_TARGET void products_winograd(const uint8_t* xp, const Im2colShape& s, i
 #if CVM_ISA_UNIT && CVM_ISA == 2
 namespace cvm_onnx::isa_avx512 {
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) void products_winograd(const uint8_t* xp,
-                                                                              const Im2colShape& s, int64_t oh0,
-                                                                              int64_t oh1, const WinogradWeights& p,
-                                                                              const int32_t* init, int32_t* c) {
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void products_winograd(
+    const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p, const int32_t* init,
+    int32_t* c, const TileEnd* end, int64_t first) {
   body::products_winograd_avx512<body::kWinogradTilesAvx512, body::kWinogradBlocksAvx512>(xp, s, oh0, oh1, p, init,
-                                                                                          c);
+                                                                                          c, end, first);
 }
 
 }  // namespace cvm_onnx::isa_avx512

@@ -76,6 +76,16 @@ def winograd_windows(draw):
 
 
 @st.composite
+def winograd_bands(draw):
+    """Winograd windows whose outputs span two bands of output rows or more (cvm_ops.cc: a multiple of 4 rows, about
+    24 tiles of 4 x 4 each: 16 rows at output widths 17 to 24, 12 at 25 to 32), the last one partial or not."""
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(19 - pads[0] - pads[2], 34 - pads[0] - pads[2]))
+    w = draw(st.integers(19 - pads[1] - pads[3], 34 - pads[1] - pads[3]))
+    return (3, 3), (1, 1), (1, 1), pads, (h, w)
+
+
+@st.composite
 def convolutions(draw, channels=(1, 3, 16, 17, 40, 64, 70, 90), in_channels=(1, 3, 4, 5, 16, 32), window=windows()):
     """A convolution: data (int32 NCHW or NHWC, or uint8 NHWC) in its range, weights, zero points, bias, steps;
     ``channels`` and ``in_channels``: the output and input channel counts drawn from; ``window``: its geometry."""
@@ -202,8 +212,20 @@ def test_conv_requantize_winograd_products_are_exact(case, data, bias, bytes_out
     check_conv(case, data, bias, bytes_out, add, chains, threads)
 
 
+@pytest.mark.isa
+@settings(max_examples=max(5, EXAMPLES // 4), deadline=None)
+@given(case=convolutions(channels=(16, 17, 32), in_channels=(16, 32, 33), window=winograd_bands()),
+       data=st.data(), bias=st.sampled_from(["none", "channel", "position"]), bytes_out=st.booleans(),
+       add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       chains=st.sampled_from(["one list", "each channel's", "a CVM model's"]), threads=st.integers(1, 2))
+def test_conv_requantize_winograd_bands_are_exact(case, data, bias, bytes_out, add, chains, threads):
+    """The Winograd products over several bands of output rows (outputs 17 to 32 wide and tall): each band's
+    positions, bias per position and addend found from its first row's, on every kernel."""
+    check_conv(case, data, bias, bytes_out, add, chains, threads)
+
+
 def check_conv(case, data, bias, bytes_out, add, chains, threads):
-    """The body of the three properties above: draws the bias, steps and addend, asserts every kernel's y."""
+    """The body of the four properties above: draws the bias, steps and addend, asserts every kernel's y."""
     x, weights, attrs = case
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
                                  attrs["pads"], attrs["offset"], attrs.get("zero", -1))
