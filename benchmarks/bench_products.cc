@@ -2,6 +2,9 @@
 // batch 1 and 64) on the AVX2 kernels: the direct form (conv.h products_avx2, vpmaddwd pairs and vpmaddubsw bytes)
 // against the Winograd products (winograd.h, transforms included), each checked equal to the direct pairs' first,
 // then timed in alternated rounds (the best of 5, per-thread CPU time: the figure that holds on a shared machine).
+// On a CPU with AVX-512 VNNI also the direct VNNI kernel (conv.h products_avx512vnni, vpdpbusd) against the AVX-512
+// Winograd products (vpdpwssd) with R tiles and NB blocks of 16 channels per register tile (the library takes R 4,
+// NB 4), each checked equal too; `./bench_products avx512` times only those.
 // Build and run from the repository root (x86-64 with AVX2):
 //   g++ -O3 -std=c++17 -Wno-psabi -DCVM_ISA=1 -Icustom_ops benchmarks/bench_products.cc
 //       custom_ops/winograd_kernels.cc custom_ops/cpu_features.cc -o bench_products && ./bench_products
@@ -10,6 +13,7 @@
 
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "winograd.h"
 
@@ -21,7 +25,8 @@ static double cpu_seconds() {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool avx512 = cvm_onnx_cpu_features() & 4u, only512 = argc > 1 && std::string(argv[1]) == "avx512";
   std::mt19937 rng(1);
   for (int64_t batch : {1, 64}) {
     for (auto [c, size] : {std::pair<int64_t, int64_t>{16, 32}, {32, 16}, {64, 8}}) {
@@ -48,12 +53,13 @@ int main() {
             const int64_t count = std::min(tile, positions - first), rows = (count + step - 1) / step * step;
             window_starts(xp.data() + n * image, s, first, count, rows, at.data());
             int32_t* to = out ? out + (n * positions + first) * oc : buffer.data();
-            if (!out || rows == count) {
-              products_avx2<decltype(isa)::value>(at.data(), offsets.data(), rows, pw, init.data(), to);
+            int32_t* into = !out || rows == count ? to : buffer.data();
+            if constexpr (decltype(isa)::value == kIsaAvx512Vnni) {
+              products_avx512vnni(at.data(), offsets.data(), rows, pw, init.data(), into);
             } else {
-              products_avx2<decltype(isa)::value>(at.data(), offsets.data(), rows, pw, init.data(), buffer.data());
-              std::copy(buffer.begin(), buffer.begin() + count * oc, to);
+              products_avx2<decltype(isa)::value>(at.data(), offsets.data(), rows, pw, init.data(), into);
             }
+            if (into != to) std::copy(buffer.begin(), buffer.begin() + count * oc, to);
           }
         }
       };
@@ -62,6 +68,16 @@ int main() {
           for (int64_t oh0 = 0; oh0 < s.oh; oh0 += band) {
             isa_avx2::products_winograd(xp.data() + n * image, s, oh0, std::min(oh0 + band, s.oh), ww, init.data(),
                                         out ? out + (n * positions + oh0 * s.ow) * oc : buffer.data());
+          }
+        }
+      };
+      // the AVX-512 VNNI Winograd products with R tiles and NB blocks of 16 channels per register tile
+      auto winograd512 = [&](auto r, auto nb, int32_t* out) {
+        for (int64_t n = 0; n < batch; ++n) {
+          for (int64_t oh0 = 0; oh0 < s.oh; oh0 += band) {
+            body::products_winograd_avx512<decltype(r)::value, decltype(nb)::value>(
+                xp.data() + n * image, s, oh0, std::min(oh0 + band, s.oh), ww, init.data(),
+                out ? out + (n * positions + oh0 * s.ow) * oc : buffer.data());
           }
         }
       };
@@ -75,7 +91,7 @@ int main() {
       const bool winograd_equal = all == want;
       double best[3] = {1e9, 1e9, 1e9};
       const int runs = batch == 1 ? 200 : 8;
-      for (int round = 0; round < 5; ++round) {
+      for (int round = 0; round < (only512 ? 0 : 5); ++round) {
         for (int k = 0; k < 3; ++k) {
           const double t = cpu_seconds();
           for (int i = 0; i < runs; ++i) {
@@ -87,6 +103,47 @@ int main() {
         }
       }
       const double macs = static_cast<double>(batch * positions * 9 * c * oc);
+      if (avx512) {  // the direct VNNI kernel against the AVX-512 Winograd products
+        using Vnni = std::integral_constant<int64_t, kIsaAvx512Vnni>;
+        using R2 = std::integral_constant<int, 2>;
+        using R4 = std::integral_constant<int, 4>;
+        using R6 = std::integral_constant<int, 6>;
+        using NB1 = std::integral_constant<int, 1>;
+        using NB2 = std::integral_constant<int, 2>;
+        using NB4 = std::integral_constant<int, 4>;
+        auto run512 = [&](int k, int32_t* out) {
+          switch (k) {
+            case 0: direct(Vnni{}, out); break;
+            case 1: winograd512(R4{}, NB4{}, out); break;
+            case 2: winograd512(R4{}, NB2{}, out); break;
+            case 3: winograd512(R2{}, NB4{}, out); break;
+            case 4: winograd512(R6{}, NB1{}, out); break;
+          }
+        };
+        const char* names[5] = {"direct VNNI", "Winograd R4 NB4", "R4 NB2", "R2 NB4", "R6 NB1"};
+        bool equal = true;
+        for (int k = 0; k < 5; ++k) {
+          std::fill(all.begin(), all.end(), 0);
+          run512(k, all.data());
+          equal = equal && all == want;
+        }
+        double t512[5] = {1e9, 1e9, 1e9, 1e9, 1e9};
+        for (int round = 0; round < 5; ++round) {
+          for (int k = 0; k < 5; ++k) {
+            const double t = cpu_seconds();
+            for (int i = 0; i < runs; ++i) run512(k, nullptr);
+            t512[k] = std::min(t512[k], (cpu_seconds() - t) / runs);
+          }
+        }
+        std::printf("batch %2ld, %2ld channels %2ldx%-2ld AVX-512:", static_cast<long>(batch), static_cast<long>(c),
+                    static_cast<long>(size), static_cast<long>(size));
+        for (int k = 0; k < 5; ++k) {
+          std::printf(" %s %.4f ms (%.0f)%s", names[k], t512[k] * 1e3, macs / t512[k] / 1e9, k == 0 ? ";" : "");
+          if (k > 0) std::printf(" %.2fx;", t512[0] / t512[k]);
+        }
+        std::printf(" equal: %s\n", equal ? "yes" : "NO");
+        if (only512) continue;
+      }
       std::printf("batch %2ld, %2ld channels %2ldx%-2ld: pairs %.4f ms (%.0f GMAC/s), bytes %.4f ms (%.0f), "
                   "Winograd %.4f ms (%.0f G of the direct form's MAC/s): %.2fx, %.2fx; equal: %s\n",
                   static_cast<long>(batch), static_cast<long>(c), static_cast<long>(size), static_cast<long>(size),

@@ -894,11 +894,13 @@ struct ConvKernel {
     }
     weights = pack_weights(w.GetTensorData<uint8_t>(), kh * kw, shape[0] / (kh * kw), shape[1]);
 #if defined(CVM_ONNX_X86_PRODUCTS)
-    // the AVX2 kernels take the Winograd products for the 3x3 convolutions of stride 1 and dilation 1 over 16
-    // channels or more, where they are exact (winograd.h) and faster (and the output rows not too wide, run())
+    // the AVX2 and AVX-512 VNNI kernels take the Winograd products for the 3x3 convolutions of stride 1 and
+    // dilation 1 over 16 channels or more (AVX-512 VNNI: 32), where they are exact (winograd.h) and faster (and the
+    // output rows not too wide, run())
     Im2colShape g = rows.geometry;
     g.c = shape[0] / (kh * kw);
-    if ((isa == kIsaAvx2 || isa == kIsaAvx2Bytes) && g.c >= kWinogradMinChannels && winograd_applies(g)) {
+    const int64_t fewest = isa == kIsaAvx512Vnni ? kWinogradMinChannelsAvx512Vnni : kWinogradMinChannels;
+    if ((isa == kIsaAvx2 || isa == kIsaAvx2Bytes || isa == kIsaAvx512Vnni) && g.c >= fewest && winograd_applies(g)) {
       winograd = pack_winograd(w.GetTensorData<uint8_t>(), g.c, shape[1]);
     }
 #endif
@@ -1031,7 +1033,15 @@ struct ConvKernel {
       const int64_t oh0 = b * band, oh1 = std::min(s.oh, oh0 + band), count = (oh1 - oh0) * s.ow;
       if (c.size() < static_cast<size_t>(count * oc)) c.resize(static_cast<size_t>(count * oc));
 #if defined(CVM_ONNX_X86_PRODUCTS)
-      isa_avx2::products_winograd(xp, s, oh0, oh1, winograd, start, c.data());
+      if (isa == kIsaAvx512Vnni && chain) {  // each tile requantized in registers
+        const int64_t first = n * positions + oh0 * s.ow;
+        return isa_avx512::products_winograd(xp, s, oh0, oh1, winograd, start, nullptr, &end, first);
+      }
+      if (isa == kIsaAvx512Vnni) {
+        isa_avx512::products_winograd(xp, s, oh0, oh1, winograd, start, c.data(), nullptr, 0);
+      } else {
+        isa_avx2::products_winograd(xp, s, oh0, oh1, winograd, start, c.data());
+      }
 #endif
       finish(c.data(), n * positions + oh0 * s.ow, count);
     };

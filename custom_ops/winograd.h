@@ -1,9 +1,9 @@
 // The products of a 3x3 convolution of stride 1, dilation 1 and one group by integer Winograd F(4x4, 3x3) on the
-// AVX2 routes (docs/custom_ops.md, Winograd): per tile of 4 x 4 output positions, the transformed window V = B^T d B
-// (int16) times the scaled transformed filter U (int16) at each of the 6 x 6 points, summed over the channels by
-// vpmaddwd into int32 with wrap-around (36 products where the direct form takes 144), then A^T (M * F2) A = 576 y
-// modulo 2^32, times the inverse of 9 modulo 2^32 = 64 y, and y = (64 y) >> 6, exact while |y| < 2^25, which
-// kWinogradMaxChannels keeps.
+// AVX2 and AVX-512 VNNI routes (docs/custom_ops.md, Winograd): per tile of 4 x 4 output positions, the transformed
+// window V = B^T d B (int16) times the scaled transformed filter U (int16) at each of the 6 x 6 points, summed over
+// the channels by vpmaddwd or vpdpwssd into int32 with wrap-around (36 products where the direct form takes 144),
+// then A^T (M * F2) A = 576 y modulo 2^32, times the inverse of 9 modulo 2^32 = 64 y, and y = (64 y) >> 6, exact
+// while |y| < 2^25, which kWinogradMaxChannels keeps.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +21,10 @@ constexpr int64_t kWinogradMaxChannels = ((int64_t{1} << 25) - 1) / (9 * 255 * 1
 
 // The fewest channels for which the AVX2 kernels take the Winograd products (fewer run faster in the direct form).
 constexpr int64_t kWinogradMinChannels = 16;
+
+// The same for the AVX-512 VNNI kernel: its direct form's vpdpbusd multiplies 64 bytes an instruction, vpdpwssd 32
+// pairs, and at 16 channels the transforms take what the 4x fewer products save.
+constexpr int64_t kWinogradMinChannelsAvx512Vnni = 32;
 
 // The widest output rows the Winograd products take (a band's transformed windows then stay within about 1 MB).
 constexpr int64_t kWinogradMaxWidth = 512;
@@ -84,6 +88,14 @@ namespace isa_avx2 {
 void products_winograd(const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p,
                        const int32_t* init, int32_t* c);
 }  // namespace isa_avx2
+
+namespace isa_avx512 {
+// products_winograd on AVX-512 VNNI (vpdpwssd), the same values; with `end` (its chain set, OC a multiple of 16)
+// each tile's rows requantized in registers (conv.h requantize_block) and written where `end` says, output row oh0's
+// first position being `first` of the N * OH * OW, instead of c; winograd_kernels.cc's AVX-512 unit.
+void products_winograd(const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p,
+                       const int32_t* init, int32_t* c, const TileEnd* end, int64_t first);
+}  // namespace isa_avx512
 
 #if defined(CVM_ONNX_X86_PRODUCTS)
 namespace body {
@@ -278,6 +290,127 @@ __attribute__((target("avx2"))) inline void products_winograd(const uint8_t* xp,
       case 5: winograd_tiles<5>(v.data(), t0, tx, oh0, oh1, s.ow, p, block, init, c); break;
       default: break;
     }
+  }
+}
+
+
+// acc += the sums of pairs of int16 products of w and the pair at a broadcast to each 32-bit lane (vpdpwssd, with
+// wrap-around: no saturation), as assembly (conv.h's dot: GCC 12 copies accumulators around the intrinsic).
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline __m512i dot_pairs(__m512i acc,
+                                                                                               __m512i w,
+                                                                                               const int16_t* a) {
+  asm("vpdpwssd %[a]%{1to16%}, %[w], %[acc]"
+      : [acc] "+v"(acc)
+      : [w] "v"(w), [a] "m"(*reinterpret_cast<const int32_t*>(a)));
+  return acc;
+}
+
+using Uint32Lanes16 = uint32_t __attribute__((vector_size(64)));
+using Int32Lanes16 = int32_t __attribute__((vector_size(64)));
+
+// winograd_tiles on AVX-512 VNNI for `count` tiles (at most R; the products of the last repeated past it, not
+// written) from t0 and NB blocks of 16 channels from block: M by vpdpwssd (|pair| < 2^31 as with vpmaddwd), then
+// the output transform of 16 channels at a time, each tile row's values written to c, or with `end` requantized
+// (isa_avx512::products_winograd).
+template <int R, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void winograd_tiles_avx512(
+    const int16_t* v, int64_t t0, int64_t count, int64_t tx, int64_t oh0, int64_t oh1, int64_t ow,
+    const WinogradWeights& p, int64_t block, const int32_t* init, int32_t* c, const TileEnd* end, int64_t first) {
+  constexpr uint32_t kInverse9 = 954437177;
+  alignas(64) int32_t m[36 * NB * R * 16];
+  const int64_t pairs = p.c2 / 2;
+  const int16_t* a[R];
+  for (int r = 0; r < R; ++r) a[r] = v + (t0 + std::min<int64_t>(r, count - 1)) * 36 * p.c2;
+  for (int x = 0; x < 36; ++x) {
+    const int16_t* w = p.u.data() + (x * p.blocks + block) * pairs * 32;
+    __m512i acc[NB][R];
+#pragma GCC unroll 32
+    for (int i = 0; i < NB * R; ++i) acc[i / R][i % R] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < pairs; ++q) {
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) {
+        const __m512i wb = _mm512_loadu_si512(w + (b * pairs + q) * 32);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[b][r] = dot_pairs(acc[b][r], wb, a[r] + x * p.c2 + 2 * q);
+      }
+    }
+#pragma GCC unroll 32
+    for (int i = 0; i < NB * R; ++i) _mm512_store_si512(m + ((x * NB + i / R) * R + i % R) * 16, acc[i / R][i % R]);
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int64_t channel = (block + b) * kBlockLanes;
+    const int n = static_cast<int>(std::min<int64_t>(p.oc - channel, 16));
+    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1);
+    const Uint32Lanes16 start = (Uint32Lanes16)_mm512_maskz_loadu_epi32(mask, init + channel);
+    int64_t y0 = oh0 + t0 / tx * 4, x0 = t0 % tx * 4;
+    for (int r = 0; r < count; ++r) {
+      Uint32Lanes16 t[4][6];  // A^T (M F2): columns, then rows
+#pragma GCC unroll 6
+      for (int j = 0; j < 6; ++j) {
+        Uint32Lanes16 col[6], out[4];
+#pragma GCC unroll 6
+        for (int i = 0; i < 6; ++i) {
+          col[i] = (Uint32Lanes16)_mm512_load_si512(m + (((i * 6 + j) * NB + b) * R + r) * 16) *
+                   static_cast<uint32_t>(kWinogradF2[i][j]);
+        }
+        output_transform(col, out);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) t[i][j] = out[i];
+      }
+      const int valid = static_cast<int>(std::min<int64_t>(4, ow - x0));  // the tile's columns in the image
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        if (y0 + i >= oh1) break;
+        Uint32Lanes16 y[4];
+        Lanes value[4];
+        output_transform(t[i], y);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) value[j] = (Lanes)((Uint32Lanes16)((Int32Lanes16)(y[j] * kInverse9) >> 6) + start);
+        const int64_t position = (y0 - oh0 + i) * ow + x0;  // the row's first, from output row oh0's
+        if (!end) {
+          for (int j = 0; j < valid; ++j) {
+            _mm512_mask_storeu_epi32(c + (position + j) * p.oc + channel, mask, (__m512i)value[j]);
+          }
+          continue;
+        }
+        const int32_t* bias[4] = {};  // each position's bias
+        if (end->bias) {
+          for (int j = 0; j < 4; ++j) bias[j] = end->bias + (first + position + j) % end->positions * p.oc;
+        }
+        if (valid == 4) {
+          requantize_block<4, true>(value, *end, bias, p.oc, channel, first + position, 4);
+        } else {
+          requantize_block<4, false>(value, *end, bias, p.oc, channel, first + position, valid);
+        }
+      }
+      if ((x0 += 4) >= 4 * tx) x0 = 0, y0 += 4;
+    }
+  }
+}
+
+constexpr int kWinogradTilesAvx512 = 4;   // R: 4 divides the tiles of a band of output rows 8, 16 or 32 wide
+constexpr int kWinogradBlocksAvx512 = 4;  // NB: 16 accumulators
+
+// products_winograd on AVX-512 VNNI with R tiles and NB blocks of 16 channels at a time (then one block at a time).
+template <int R, int NB>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void products_winograd_avx512(
+    const uint8_t* xp, const Im2colShape& s, int64_t oh0, int64_t oh1, const WinogradWeights& p, const int32_t* init,
+    int32_t* c, const TileEnd* end = nullptr, int64_t first = 0) {
+  const int64_t ty0 = oh0 / 4, rows = (oh1 - oh0 + 3) / 4, tx = (s.ow + 3) / 4, tiles = rows * tx;
+  thread_local std::vector<int16_t> v;
+  if (v.size() < static_cast<size_t>(36 * tiles * p.c2)) v.resize(static_cast<size_t>(36 * tiles * p.c2));
+  winograd_inputs(xp, s, ty0, rows, tx, p.c2, v.data());
+  for (int64_t block = 0; block < p.blocks;) {
+    const bool all = p.blocks - block >= NB;  // NB blocks at a time, then one
+    for (int64_t t0 = 0; t0 < tiles; t0 += R) {
+      const int64_t count = std::min<int64_t>(R, tiles - t0);
+      if (all) {
+        winograd_tiles_avx512<R, NB>(v.data(), t0, count, tx, oh0, oh1, s.ow, p, block, init, c, end, first);
+      } else {
+        winograd_tiles_avx512<R, 1>(v.data(), t0, count, tx, oh0, oh1, s.ow, p, block, init, c, end, first);
+      }
+    }
+    block += all ? NB : 1;
   }
 }
 

@@ -67,11 +67,22 @@ def conv_model(op, x_shape, x_type, weights, bias_shape, attrs, addend=None) -> 
 
 @st.composite
 def winograd_windows(draw):
-    """The windows the AVX2 kernels take the Winograd products of (custom_ops/winograd.h): 3 x 3, strides and
-    dilations 1, pads 0 to 2, inputs whose 4 x 4 output tiles end anywhere (sizes 1 to 14 the kernel fits)."""
+    """The windows the AVX2 and AVX-512 VNNI kernels take the Winograd products of (custom_ops/winograd.h): 3 x 3,
+    strides and dilations 1, pads 0 to 2, inputs whose 4 x 4 output tiles end anywhere (sizes 1 to 14 the kernel
+    fits)."""
     pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
     h = draw(st.integers(max(1, 3 - pads[0] - pads[2]), 14))
     w = draw(st.integers(max(1, 3 - pads[1] - pads[3]), 14))
+    return (3, 3), (1, 1), (1, 1), pads, (h, w)
+
+
+@st.composite
+def winograd_bands(draw):
+    """Winograd windows whose outputs span two bands of output rows or more (cvm_ops.cc: a multiple of 4 rows, about
+    24 tiles of 4 x 4 each: 16 rows at output widths 17 to 24, 12 at 25 to 32), the last one partial or not."""
+    pads = tuple(draw(st.integers(0, 2)) for _ in range(4))
+    h = draw(st.integers(19 - pads[0] - pads[2], 34 - pads[0] - pads[2]))
+    w = draw(st.integers(19 - pads[1] - pads[3], 34 - pads[1] - pads[3]))
     return (3, 3), (1, 1), (1, 1), pads, (h, w)
 
 
@@ -194,11 +205,23 @@ def test_conv_requantize_runs_the_usual_chains_exactly(case, data, bias, bytes_o
        add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
        chains=st.sampled_from(["one list", "each channel's", "a CVM model's"]), threads=st.integers(1, 2))
 def test_conv_requantize_winograd_products_are_exact(case, data, bias, bytes_out, add, chains, threads):
-    """The 3 x 3 convolutions of stride 1 that the AVX2 kernels (isa 2 and 5) multiply by Winograd F(4x4, 3x3)
-    (16 to 114 input channels; 115 and more take the direct form): the same values as the oracle and every other
-    kernel, over output sizes that leave partial 4 x 4 tiles, channel counts off the blocks of 16 and the channel
-    pairs, pads, zero points and offsets, extreme data and weights, the bias, chains and addends, the batch split by
-    tiles or by image."""
+    """The 3 x 3 convolutions of stride 1 that the AVX2 kernels (isa 2 and 5; 16 to 114 input channels) and the
+    AVX-512 VNNI kernel (isa 4; 32 to 114) multiply by Winograd F(4x4, 3x3) (115 and more take the direct form): the
+    same values as the oracle and every other kernel, over output sizes that leave partial 4 x 4 tiles and partial
+    groups of tiles, channel counts off the blocks of 16 and the channel pairs, pads, zero points and offsets,
+    extreme data and weights, the bias, chains and addends, the batch split by tiles or by image."""
+    check_conv(case, data, bias, bytes_out, add, chains, threads)
+
+
+@pytest.mark.isa
+@settings(max_examples=max(5, EXAMPLES // 4), deadline=None)
+@given(case=convolutions(channels=(16, 17, 32), in_channels=(16, 32, 33), window=winograd_bands()),
+       data=st.data(), bias=st.sampled_from(["none", "channel", "position"]), bytes_out=st.booleans(),
+       add=st.sampled_from([None, TensorProto.INT32, TensorProto.UINT8]),
+       chains=st.sampled_from(["one list", "each channel's", "a CVM model's"]), threads=st.integers(1, 2))
+def test_conv_requantize_winograd_bands_are_exact(case, data, bias, bytes_out, add, chains, threads):
+    """The Winograd products over several bands of output rows (outputs 17 to 32 wide and tall): each band's
+    positions, bias per position and addend found from its first row's, on every kernel."""
     check_conv(case, data, bias, bytes_out, add, chains, threads)
 
 
@@ -242,7 +265,7 @@ def test_conv_requantize_runs_its_data_through_in_steps_first(drawn, data, bias,
 
 
 def check_conv(case, data, bias, bytes_out, add, chains, threads, before=None):
-    """The body of the four properties above: draws the bias, steps and addend, asserts every kernel's y;
+    """The body of the properties above: draws the bias, steps and addend, asserts every kernel's y;
     ``before``: (the raw data fed instead of case's x, the in_ attributes that make case's x of it)."""
     x, weights, attrs = case
     rows, (oh, ow) = rows_oracle(x, attrs["nhwc"], attrs["kernel_shape"], attrs["strides"], attrs["dilations"],
