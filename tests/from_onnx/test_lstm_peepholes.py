@@ -5,7 +5,6 @@ P_q c on 2^-14 added to the gate's pre-activation. The steps against the integer
 (which runs the layer in float, peepholes included), exported and run bit-exactly."""
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -25,30 +24,6 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.core.graph import Graph
 from cvm_onnx.core.validate import validate
 from cvm_onnx.runtime.verify import verify
-
-
-def peephole_oracle(x, w16, e_w, r16, e_r, bias, h0, c0, order, g, pq, e_p):
-    """The integer LSTM step of docs/import.md with peepholes: z of i and f plus times(P_q c, 14 - e_p - G), z of o
-    plus times(P_q c', 14 - e_p - G) with the new c', each rounded to 2^-10 and clipped to +-16 before its table."""
-    hidden = r16.shape[1]
-    sig, tnh = rec.gate_tables(g)
-    ctab = [round((1 << g) * math.tanh(k / 2048)) for k in range(-16384, 16385)]
-    h, c = rec.state(h0), rec.obj(np.rint(c0 * (1 << g)))
-    p_i, p_o, p_f = (rec.obj(pq[k * hidden:(k + 1) * hidden]) for k in range(3))
-    a = rec.FINE - e_p - g
-    ys = {}
-    for t in order:
-        pre = rec.x_part(x[t], w16, e_w, bias) + rec.h_part(h, r16, e_r)
-        part = [pre[:, k * hidden:(k + 1) * hidden] for k in range(4)]
-        i = rec.lookup(sig, rec.index(part[0] + rec.times(p_i * c, a)))
-        f = rec.lookup(sig, rec.index(part[2] + rec.times(p_f * c, a)))
-        cand = rec.lookup(tnh, rec.index(part[3]))
-        c = rec.rhu(f * c, g) + rec.rhu(i * cand, g)
-        o = rec.lookup(sig, rec.index(part[1] + rec.times(p_o * c, a)))
-        at = c * (1 << (11 - g)) if g <= 11 else rec.rhu(c, g - 11)
-        ys[t] = o * rec.lookup(ctab, np.clip(at, -16384, 16384), 16384)
-        h = rec.rhu(ys[t] * 127, 2 * g - 7)
-    return [ys[t] for t in order], h, c
 
 
 @settings(max_examples=10, deadline=None)
@@ -82,8 +57,8 @@ def test_peephole_steps_equal_the_integer_form(steps, batch, size, hidden, rever
     ys, hn, cn = direction(ctx, xs, w, r, b, h0, c0, order, g, p)
     graph = validate(Graph(ctx.nodes, tuple(t.entry for t in [*ys, hn, cn]), ctx.params)).graph
     got = execute(graph, {"data": x.astype(np.int32)})
-    wys, wh, wc = peephole_oracle(x, w16, e_w, r16, e_r, b[:4 * hidden] + b[4 * hidden:], h0, c0, order, g, pq,
-                                  e_p - 4)
+    wys, wh, wc = rec.lstm(x, w16, e_w, r16, e_r, b[:4 * hidden] + b[4 * hidden:], h0, c0, order, g, pq,
+                           e_p - 4)
     for have, want in zip(got, [*wys, wh, wc]):
         assert np.array_equal(have.astype(np.int64), np.asarray(want, np.int64).reshape(have.shape))
     assert verify(graph, x.astype(np.int32)).exact

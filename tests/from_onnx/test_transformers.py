@@ -380,27 +380,6 @@ def test_encoder_gelus_are_fused():
 
 
 # -- LSTM ---------------------------------------------------------------------------------------------------------
-def lstm_oracle(x, w16, e_w, r16, e_r, bias, h0, c0, order, g):
-    """The integer LSTM of docs/import.md: z from x W^T + b and h R^T on 2^-14 (support.recurrent), rounded to
-    2^-10 and clipped to +-16, the gates from round(2^G sigmoid(k / 1024)) and round(2^G tanh(k / 1024)), c' =
-    rhu(f c, G) + rhu(i g, G), tanh(c') from round(2^G tanh(k / 2048)) at c' on 2^-11 clipped to +-8, y = o tanh(c'),
-    h' = rhu(127 y, 2G - 7) at 1/16256. Python integers."""
-    hidden = r16.shape[1]
-    sig, tnh = rec.gate_tables(g)
-    ctab = [round((1 << g) * math.tanh(k / 2048)) for k in range(-16384, 16385)]
-    h, c = rec.state(h0), rec.obj(np.rint(c0 * (1 << g)))
-    ys = {}
-    for t in order:
-        z = rec.index(rec.x_part(x[t], w16, e_w, bias) + rec.h_part(h, r16, e_r))
-        i, o, f = (rec.lookup(sig, z[:, k * hidden:(k + 1) * hidden]) for k in range(3))
-        cand = rec.lookup(tnh, z[:, 3 * hidden:])
-        c = rec.rhu(f * c, g) + rec.rhu(i * cand, g)
-        at = c * (1 << (11 - g)) if g <= 11 else rec.rhu(c, g - 11)
-        ys[t] = o * rec.lookup(ctab, np.clip(at, -16384, 16384), 16384)
-        h = rec.rhu(ys[t] * 127, 2 * g - 7)
-    return [ys[t] for t in order], h, c
-
-
 @settings(max_examples=10, deadline=None)
 @given(steps=st.integers(1, 5), batch=st.integers(1, 2), size=st.integers(1, 4), hidden=st.integers(1, 3),
        reverse=st.booleans(), states=st.booleans(), e_w=st.integers(12, 22), e_r=st.integers(17, 24),
@@ -429,7 +408,7 @@ def test_lstm_steps_equal_the_integer_form(steps, batch, size, hidden, reverse, 
     ys, h, c = direction(ctx, xs, w, r, b, h0, c0, order, g)
     graph = validate(Graph(ctx.nodes, tuple(t.entry for t in [*ys, h, c]), ctx.params)).graph
     got = execute(graph, {"data": x.astype(np.int32)})
-    wys, wh, wc = lstm_oracle(x, w16, e_w, r16, e_r, b[:4 * hidden] + b[4 * hidden:], h0, c0, order, g)
+    wys, wh, wc = rec.lstm(x, w16, e_w, r16, e_r, b[:4 * hidden] + b[4 * hidden:], h0, c0, order, g)
     for have, want in zip(got, [*wys, wh, wc]):
         assert np.array_equal(have.astype(np.int64), np.asarray(want, np.int64).reshape(have.shape))
     assert verify(graph, x.astype(np.int32)).exact

@@ -73,3 +73,31 @@ def gate_tables(g: int) -> tuple[list[int], list[int]]:
 
 def state(h0) -> np.ndarray:
     return obj(np.rint(h0 * ONE_H))
+
+
+def lstm(x, w16, e_w: int, r16, e_r: int, bias, h0, c0, order, g: int, pq=None, e_p: int = 0):
+    """The integer LSTM of docs/import.md: z from x W^T + b and h R^T on 2^-14, rounded to 2^-10 and clipped to
+    +-16, the gates from round(2^G sigmoid(k / 1024)) and round(2^G tanh(k / 1024)), c' = rhu(f c, G) + rhu(i g, G),
+    tanh(c') from round(2^G tanh(k / 2048)) at c' on 2^-11 clipped to +-8, y = o tanh(c'), h' = rhu(127 y, 2G - 7)
+    at 1/16256; with peepholes ``pq`` (i, o, f; P at 2^-e_p): z of i and f plus times(P_q c, 14 - e_p - G), z of o
+    plus times(P_q c', 14 - e_p - G) with the new c'. Python integers: (ys in ``order``, h, c)."""
+    hidden = r16.shape[1]
+    sig, tnh = gate_tables(g)
+    ctab = [round((1 << g) * math.tanh(k / 2048)) for k in range(-16384, 16385)]
+    h, c = state(h0), obj(np.rint(c0 * (1 << g)))
+    p_i, p_o, p_f = (obj(np.zeros(hidden, np.int64) if pq is None else pq[k * hidden:(k + 1) * hidden])
+                     for k in range(3))
+    a = FINE - e_p - g
+    ys = {}
+    for t in order:
+        pre = x_part(x[t], w16, e_w, bias) + h_part(h, r16, e_r)
+        part = [pre[:, k * hidden:(k + 1) * hidden] for k in range(4)]
+        i = lookup(sig, index(part[0] + times(p_i * c, a)))
+        f = lookup(sig, index(part[2] + times(p_f * c, a)))
+        cand = lookup(tnh, index(part[3]))
+        c = rhu(f * c, g) + rhu(i * cand, g)
+        o = lookup(sig, index(part[1] + times(p_o * c, a)))
+        at = c * (1 << (11 - g)) if g <= 11 else rhu(c, g - 11)
+        ys[t] = o * lookup(ctab, np.clip(at, -16384, 16384), 16384)
+        h = rhu(ys[t] * 127, 2 * g - 7)
+    return [ys[t] for t in order], h, c
