@@ -22,6 +22,19 @@ RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
 powers = st.integers(-8, 2).map(lambda e: 2.0**e)
 factors = st.sampled_from([1.0, -1.0, 0.5, 2.0, -0.25, 3.0, -1.5])
 
+def check(m, x, x_type):
+    """The import of m equals the oracle on x, exactly on onnxruntime's session of the export; onnxruntime running m
+    itself within one step."""
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [want] = Oracle(m, imp).run(x)
+    assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
+    assert verify(imp.graph, x.astype(np.int32)).exact
+    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})[0]
+    assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
+
+
 
 @settings(max_examples=40, deadline=None)
 @given(d=st.data(), sx=st.one_of(powers, st.floats(2.0**-8, 2.0**2, width=32)), sw=powers, alpha=factors,
@@ -62,14 +75,7 @@ def test_a_float_c_is_put_on_the_products_grid(d, sx, sw, alpha, beta, trans_a, 
     m = qdq(nodes, x_shape, x_type, inits, out_type)
     lo, hi = RANGE[x_type]
     x = rng.integers(lo, hi + 1, x_shape) if d.draw(st.booleans()) else rng.choice([lo, hi], x_shape)
-    imp = import_model(m, input_precision=9)
-    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
-    [want] = Oracle(m, imp).run(x)
-    assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
-    assert verify(imp.graph, x.astype(np.int32)).exact
-    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.astype(NP[x_type])})[0]
-    assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
+    check(m, x, x_type)
 
 
 @settings(max_examples=15, deadline=None)
@@ -90,11 +96,4 @@ def test_a_float_c_beside_a_product_of_computed_tensors(d, sx, alpha, beta, c_sh
     m = qdq(nodes, (m_, k), x_type, inits, T.INT8)
     lo, hi = RANGE[x_type]
     x = rng.integers(lo, hi + 1, (m_, k))
-    imp = import_model(m, input_precision=9)
-    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
-    [want] = Oracle(m, imp).run(x)
-    assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
-    assert verify(imp.graph, x.astype(np.int32)).exact
-    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.astype(NP[x_type])})[0]
-    assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
+    check(m, x, x_type)
