@@ -16,7 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from support.quantized import Oracle, qdq
+from support.quantized import Oracle, long_conv_bias_apart, qdq
 
 import cvm_onnx.app.quantize as quantize_module
 from cvm_onnx.app.quantize import quantize
@@ -387,15 +387,7 @@ def test_a_long_conv_whose_bias_passes_32_bits_adds_it_apart():
     sums vary at the border), an int32 bias per channel added after the product; equal to the oracle at the input's
     extremes and on random inputs."""
     rng = np.random.default_rng(9)
-    c, out = 2048, 2
-    inits = {"s": np.float32(0.02), "zx": np.uint8(3), "w": rng.integers(-127, 128, (out, c, 3, 3)).astype(np.int8),
-             "sw": np.float32(0.004), "b": np.array([2**23 - 5, -2**23 + 7], np.int32),
-             "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(40.0), "zo": np.int8(0)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
-             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
-             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
-    m = qdq(nodes, (1, c, 3, 3), T.UINT8, inits, T.INT8)
+    c = 2048
+    m = long_conv_bias_apart(rng, c)
     for x in (np.zeros((1, c, 3, 3)), np.full((1, c, 3, 3), 255), rng.integers(0, 256, (1, c, 3, 3))):
         oracle_equal(m, x)

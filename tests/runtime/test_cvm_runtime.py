@@ -13,7 +13,7 @@ import pytest
 from support.cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import declared, float_model, qdq, quantized, written_softmax
+from support.quantized import declared, float_model, long_conv_bias_apart, qdq, quantized, written_softmax
 from support.shipped import shipped
 
 from cvm_onnx import load
@@ -115,36 +115,19 @@ def test_layernorm_of_a_gamma_of_1000_steps(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
-@pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {})])
+@pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {}),
+                                      ("LSTM", {"states": True, "peepholes": 1.0})])
 def test_recurrent_layers(tmp_path, op, attrs):
     """Issue 35's unrolled LSTM, GRU and RNN (bidirectional, tests/from_onnx/test_transformers.py's model) as
     `cvm-onnx quantize` imports them: per-step dense of the computed h's two 8-bit halves by R's, gate tables, the
-    state's shifts."""
+    state's shifts; an LSTM with initial states and peepholes (P of N(0, 1)): P_q c into the gates'
+    pre-activations, o after the new c."""
     import onnx
     from support.transformers import lstm_model
 
     from cvm_onnx.app.quantize import quantize
 
     onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, op=op, **attrs), tmp_path / "f.onnx")
-    rng = np.random.default_rng(0)
-    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
-    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
-    xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
-
-
-def test_lstm_with_peepholes(tmp_path):
-    """An LSTM with peepholes (bidirectional, initial states, P of N(0, 1)): P_q c into the gates' pre-activations,
-    o after the new c."""
-    import onnx
-    from support.transformers import lstm_model
-
-    from cvm_onnx.app.quantize import quantize
-
-    onnx.save(lstm_model("bidirectional", 0, steps=6, hidden=8, states=True, peepholes=1.0), tmp_path / "f.onnx")
     rng = np.random.default_rng(0)
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
@@ -522,16 +505,7 @@ def _sixth_corpus_case(name: str):
         shape = (1, 8, 3, 5) if name == "depth-to-space" else (1, 2, 6, 4)
         return qdq(nodes, shape, T.INT8, {"s": np.float32(0.25), "zx": np.int8(-3)}, T.INT8), T.INT8
     if name == "conv-bias-apart":
-        c = 2048
-        inits = {"s": np.float32(0.02), "zx": np.uint8(3), "w": rng.integers(-127, 128, (2, c, 3, 3)).astype(np.int8),
-                 "sw": np.float32(0.004), "b": np.array([2**23 - 5, -2**23 + 7], np.int32),
-                 "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(40.0), "zo": np.int8(0)}
-        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-                 h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
-                 h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
-                 h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-                 h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
-        return qdq(nodes, (1, c, 3, 3), T.UINT8, inits, T.INT8), T.UINT8
+        return long_conv_bias_apart(rng), T.UINT8
     k = 16400
     inits = {"s": np.float32(0.02), "zx": np.uint8(7), "w": rng.integers(-127, 128, (3, k)).astype(np.int8),
              "sw": np.float32(0.004), "b": rng.integers(-2**23, 2**23, 3).astype(np.int32),

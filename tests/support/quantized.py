@@ -599,3 +599,18 @@ def written_softmax(shape, axes, shift: str, form: str, keep: bool, sum_qdq: boo
     inits.update(so=np.float32(1 / 256), zo={T.INT8: np.int8, T.UINT8: np.uint8}[out_type](zo))
     nodes.append(h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"]))
     return qdq(nodes, shape, T.INT8, inits, out_type, opset=opset)
+
+
+def long_conv_bias_apart(rng, channels: int = 2048):
+    """A QDQ Conv of ``channels`` uint8 channels by a 3 x 3 kernel, padded, into 2 int8 channels, whose int32 bias
+    (+-2^23) would take its output past 32 bits beside the product (the import adds it apart)."""
+    inits = {"s": np.float32(0.02), "zx": np.uint8(3),
+             "w": rng.integers(-127, 128, (2, channels, 3, 3)).astype(np.int8), "sw": np.float32(0.004),
+             "b": np.array([2**23 - 5, -2**23 + 7], np.int32), "sb": np.float32(np.float32(0.02) * np.float32(0.004)),
+             "so": np.float32(40.0), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    return qdq(nodes, (1, channels, 3, 3), T.UINT8, inits, T.INT8)
