@@ -32,7 +32,7 @@ from cvm_onnx.core.validate import validate
 
 # registers the rules (in this order: RULES lists them so)
 from . import elemwise, transform, nn, reduce, quantized, roundtrip  # noqa: F401, I001
-from .checks import checked_order, tensor_array, type_problem
+from .checks import checked_order, node_label, tensor_array, type_problem
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
@@ -117,8 +117,8 @@ class _Walk:
 
     # -- the walk ---------------------------------------------------------------------------------------------------
     def run(self) -> Imported:
-        if (why := dynamic_refusal(self.graph)) is not None:
-            raise UnsupportedError(why)
+        if (refused := dynamic_refusal(self.graph)) is not None:
+            raise UnsupportedError(refused[1], where=refused[0])
         units = [(u, self.supported(u)) for u in self.units()]
         inputs = self.inputs()
         self.initializers()
@@ -396,19 +396,21 @@ class _Walk:
         return e
 
 
-def dynamic_refusal(graph: onnx.GraphProto) -> str | None:
-    """One sentence where ``graph`` is onnxruntime's dynamic quantization (``DYNAMIC_OPS``), naming its nodes by op
-    type and pointing at ``cvm-onnx quantize``; else None."""
+def dynamic_refusal(graph: onnx.GraphProto) -> tuple[str, str] | None:
+    """(the first such node, one sentence) where ``graph`` is onnxruntime's dynamic quantization (``DYNAMIC_OPS``),
+    naming its nodes by op type and pointing at ``cvm-onnx quantize``; else None."""
     found: dict[str, int] = {}
-    for n in graph.node:
+    first = None
+    for i, n in enumerate(graph.node):
         if (_domain(n.domain), n.op_type) in DYNAMIC_OPS:
             found[n.op_type] = found.get(n.op_type, 0) + 1
-    if not found:
+            first = first or node_label(n, i)
+    if first is None:
         return None
     ops = ", ".join(f"{op} x{k}" for op, k in found.items())
-    return (f"onnxruntime's dynamic quantization ({ops}) computes its activations' scales at run time, so the model "
-            "has no static CVM form: cvm-onnx quantize takes it with calibration samples (its weights "
-            "dequantized, its activations calibrated)")
+    return first, (f"onnxruntime's dynamic quantization ({ops}) computes its activations' scales at run time, so "
+                   "the model has no static CVM form: cvm-onnx quantize takes it with calibration samples (its "
+                   "weights dequantized, its activations calibrated)")
 
 
 def edge_type(t: Tensor, zero: np.ndarray) -> str:

@@ -188,6 +188,24 @@ def test_convert_refuses_a_dynamic_model_in_one_line_naming_quantize(tmp_path, c
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("kind", ["mlp", "lstm"])
+def test_the_dynamic_refusal_names_the_first_dynamic_node(kind):
+    """The refusal's place is the first dynamic node, by name or, unnamed, by index and op type. Regression: it named
+    no place (the quantized fuzzer's "unnamed UnsupportedError")."""
+    from cvm_onnx.converters.from_onnx import import_model
+
+    m = dynamic({"mlp": mlp, "lstm": lstm}[kind](np.random.default_rng(0)), False, "int8")
+    op = "DynamicQuantizeLSTM" if kind == "lstm" else "DynamicQuantizeLinear"
+    i, first = next((i, n) for i, n in enumerate(m.graph.node) if n.op_type == op)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m)
+    assert [p.where for p in e.value.problems] == [first.name or f"node {i} ({op})"]
+    first.name = ""
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m)
+    assert [p.where for p in e.value.problems] == [f"node {i} ({op})"]
+
+
 def grids(model: onnx.ModelProto) -> list[tuple[bytes, bytes, bytes]]:
     """Each constant integer tensor a DequantizeLinear reads, with its scale and zero point (static model)."""
     inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
