@@ -168,6 +168,8 @@ def split(ctx, node, x, split_t=None):
     sizes = node.attr_ints("split", None) if node.opset < 13 else ints(split_t, "Split split")
     if sizes is None:
         k = node.attr_int("num_outputs", n, lo=1) if node.opset >= 18 else n
+        if k != n:
+            raise Refuse(f"Split num_outputs {k} for {n} outputs: they must be equal")
         if node.opset < 18 and d % k:
             raise Refuse(f"Split of {d} into {k} equal parts")
         step = -(-d // k)

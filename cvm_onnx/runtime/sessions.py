@@ -51,7 +51,7 @@ from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precis
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
 from cvm_onnx.core.format.onnx_file import onnx_model
-from cvm_onnx.core.format.onnx_safety import readable
+from cvm_onnx.core.format.onnx_safety import empty_required_inputs, readable
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 from cvm_onnx.runtime.placement import cuda_refusals
@@ -158,16 +158,22 @@ def uses_serving_kernels(model: onnx.ModelProto) -> bool:
 def _load(model: ModelLike) -> onnx.ModelProto:
     """The model, checked and its external data read from the model file's directory (``readable``): a model
     given as a ModelProto or bytes has none, so any external tensor of it is refused (onnxruntime would look for
-    its file in the working directory)."""
+    its file in the working directory); a required input left '' is refused too (``empty_required_inputs``)."""
     if isinstance(model, onnx.ModelProto):
-        return readable(model, None)
+        return _checked(readable(model, None))
     try:
         if isinstance(model, bytes):
-            return readable(onnx.load_from_string(model), None)
+            return _checked(readable(onnx.load_from_string(model), None))
         proto = onnx.load(os.fspath(model), load_external_data=False)
     except Exception as e:  # protobuf and file errors come in several types
         raise RuntimeFailure(f"cannot read the ONNX model: {e}") from None
-    return readable(proto, os.path.dirname(os.path.abspath(model)))
+    return _checked(readable(proto, os.path.dirname(os.path.abspath(model))))
+
+
+def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
+    if problems := empty_required_inputs(model):
+        raise FormatError(problems)
+    return model
 
 
 LAYOUTS = ("rows", "fused", "columns", "measure")

@@ -598,3 +598,31 @@ def test_a_call_of_a_function_without_its_inputs_is_refused_not_a_segfault(tmp_p
         assert done.returncode == FormatError.exit_code, (args[0], done.returncode, done.stderr[-300:])
         assert done.stderr.splitlines() == [f"format error: {n.name}: calls function cvm.broadcast_max with inputs "
                                             "['data:clamped'] and 1 output(s); it takes 2 inputs, gives 1 output(s)"]
+
+
+def test_run_of_a_node_missing_a_required_input_is_a_format_error(tmp_path):
+    """A Max whose second input is '' (onnx-rules): convert refused it, but run handed it to onnxruntime, which
+    loaded it and died of SIGSEGV running it. run now refuses it first, naming the node; in a child process, so
+    that a crash fails this test instead of ending the run."""
+    import subprocess
+    import sys
+
+    m = int_model([helper.make_node("Max", ["data", ""], ["y"], name="mx")])
+    onnx.save(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.array([[1, 2, 3, 4]], np.int32))
+    done = subprocess.run([sys.executable, "-m", "cvm_onnx.app.cli", "run", str(tmp_path / "m.onnx"), "--input",
+                           str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npz")],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.splitlines()) == (
+        2, ["format error: mx: Max: input 1 (data_0) is required, but empty"])
+
+
+def test_split_num_outputs_other_than_its_outputs_is_refused_at_once(tmp_path, capsys):
+    """Split (opset 18) with num_outputs 2^40 for two outputs (onnx-rules) built a list of 2^40 sizes (a hang,
+    then a blow-up); it is refused naming the node, whatever num_outputs."""
+    for k in (1 << 40, 2**31, 3):
+        m = int_model([helper.make_node("Split", ["data"], ["y", "z"], name="sp", axis=1, num_outputs=k)], opset=18)
+        m.graph.output.add().CopyFrom(helper.make_tensor_value_info("z", T.INT32, None))
+        code, err = convert(tmp_path, m, capsys)
+        assert code == 4 and len(err) == 1 and err[0].startswith("unsupported: sp") and \
+            f"num_outputs {k} for 2 outputs" in err[0], err

@@ -191,6 +191,37 @@ def call_problems(model: onnx.ModelProto) -> list[Problem]:
     return out
 
 
+def empty_required_inputs(model: onnx.ModelProto) -> list[Problem]:
+    """Nodes of the standard domain (in the graph, its subgraphs and the model's functions) with '' at an input
+    their op's schema does not mark optional: onnxruntime loads some of them (Max, Min) and dies of SIGSEGV
+    running them."""
+    def walk(nodes, opsets: dict[str, int], where: str):
+        for i, n in enumerate(nodes):
+            label = f"{where}{n.name or f'node {i} ({n.op_type})'}"
+            if n.domain in ("", "ai.onnx") and "" in n.input:
+                try:
+                    schema = onnx.defs.get_schema(n.op_type, opsets.get("", 1), "")
+                except onnx.defs.SchemaError:
+                    schema = None
+                formals = schema.inputs if schema is not None else []
+                for k, name in enumerate(n.input):
+                    if not name and formals and formals[min(k, len(formals) - 1)].option != \
+                            onnx.defs.OpSchema.FormalParameterOption.Optional:
+                        yield Problem(label, f"{n.op_type}: input {k} ({formals[min(k, len(formals) - 1)].name}) "
+                                             "is required, but empty")
+            for a in n.attribute:
+                for g in [a.g] if a.type == AttributeProto.GRAPH else a.graphs:
+                    yield from walk(g.node, opsets, f"{label}/{a.name}: ")
+
+    def opsets(imports) -> dict[str, int]:
+        return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in imports}
+
+    out = list(walk(model.graph.node, opsets(model.opset_import), ""))
+    for f in model.functions:
+        out += walk(f.node, {**opsets(model.opset_import), **opsets(f.opset_import)}, f"function {f.name}: ")
+    return out
+
+
 def readable(model: onnx.ModelProto, base_dir: str | os.PathLike | None) -> onnx.ModelProto:
     """``model`` with every external tensor's data read into it (in place) from its file inside ``base_dir`` (the
     model's directory; None: there is none), each under ``tensor_problem``'s checks, after checking that every
