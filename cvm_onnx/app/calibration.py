@@ -67,7 +67,7 @@ def ranges(prepared: Path, name: str, samples: np.ndarray, shape: tuple[int, ...
             session = _session(augmented)
             release_memory()  # what the session's loading freed: the runs' tensors would stand on it
             runs: list[np.ndarray] = []  # per output, its results stacked: allocated once, so that no run's small
-            for k, feed in enumerate(feeds()):  # arrays stay among the next runs' tensors (glibc kept 150 MiB)
+            for k, feed in enumerate(feeds()):  # arrays stay among the next runs' tensors
                 for i, v in enumerate(session.run(names, feed)):
                     if not k:
                         runs.append(np.empty((count, *v.shape), v.dtype))
@@ -161,10 +161,10 @@ def _add_reduce_min_max(model: onnx.ModelProto, tensors: Iterable[str]) -> list[
 
 def _session(path: Path):
     """onnxruntime's calibration session (CalibraterBase.create_inference_session): no graph optimization, CPU;
-    without its arena and memory pattern (which only place the tensors: the ViT-S/16's runs kept 370 MiB with
-    them, 190 without); its nodes in onnxruntime's priority-based order, which runs minmax's ReduceMin and
-    ReduceMax nodes as soon as it can: in the default order they ran late, each holding its tensor until then (the
-    ViT-S/16's run: 191 MiB above the session, 36 in this order). The order changes no value."""
+    without its arena and memory pattern (which only place the tensors, and would keep their peak); its nodes in
+    onnxruntime's priority-based order, which runs minmax's ReduceMin and ReduceMax nodes as soon as it can (in the
+    default order they run late, each holding its tensor until then; benchmarks/RESULTS.md has the figures). The
+    order changes no value."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

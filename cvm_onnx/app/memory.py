@@ -16,11 +16,10 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def release_memory() -> None:
-    """Unreachable objects collected (onnx's and onnxruntime's tools leave models in reference cycles: 90 MiB of
-    the ViT-S/16's after its preparation) and the heap's free pages returned to the system (glibc's malloc_trim;
-    nothing without glibc). Each stage of quantize frees the copies of the model it made (serializations,
-    onnxruntime's sessions), which glibc otherwise keeps, and the next stage's peak stood on them (the ViT of
-    benchmarks/transformer_import.py's doc)."""
+    """Unreachable objects collected (onnx's and onnxruntime's tools leave models in reference cycles) and the
+    heap's free pages returned to the system (glibc's malloc_trim; nothing without glibc). Each stage of quantize
+    frees the copies of the model it made (serializations, onnxruntime's sessions), which glibc otherwise keeps, so
+    that the next stage's peak does not stand on them."""
     gc.collect()
     if (trim := _malloc_trim()) is not None:
         trim(0)

@@ -707,7 +707,7 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
 def _lightened(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` parsed anew from its serialization, once its weights are moved out of it (``_save_external``,
     ``save_external_data``): protobuf's upb arena keeps a cleared field's bytes until every message of its tree
-    is gone, so the model the weights left still holds them (the ViT-S/16's 93 MiB, twice in the preparation)."""
+    is gone, so the model the weights left still holds them."""
     out = onnx.ModelProto()
     out.ParseFromString(model.SerializeToString())
     return out

@@ -260,8 +260,8 @@ class Runner:
         """The outputs of ``data``'s samples ``chunk`` at a time (``self(...)``), in order, as (their slice,
         outputs); ``workers`` units run at once (onnxruntime runs a session's calls concurrently), at most one
         more waiting, so memory stays bounded by a few units. One worker runs them in the calling thread: a thread
-        of its own would allocate in a glibc arena of its own, which kept 60-100 MiB of the ViT-S/16's reference
-        runs after they ended (quantize's comparison)."""
+        of its own would allocate in a glibc arena of its own, which keeps what the runs freed after they end
+        (benchmarks/RESULTS.md: the importer's memory)."""
         def unit(a: int) -> list[np.ndarray]:
             b = min(a + chunk, data.count)
             return self(data.chunk(a, b), range(a, b) if data.stacked else None)

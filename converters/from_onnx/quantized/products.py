@@ -368,8 +368,8 @@ def conv_transpose_2d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, stri
     own = np.asarray(w.scale, dtype=object)
     own = own.reshape((1,) * (4 - own.ndim) + own.shape)
     at = flipped(np.broadcast_to(np.arange(own.size).reshape(own.shape), w.shape)).reshape(groups * per, -1)
-    # each output channel's scale, where one element of the scale serves all of its weights (compared as indices:
-    # the exact scales of a whole kernel compared one by one took 11 s of a ViT's decoder); else every weight's
+    # each output channel's scale, where one element of the scale serves all of its weights (compared as indices,
+    # not as the exact scales of a whole kernel, one by one); else every weight's
     scale = own.reshape(-1)[at[:, :1]].reshape(-1, 1, 1, 1) if (at == at[:, :1]).all() else \
         np.ascontiguousarray(flipped(np.broadcast_to(w.scale, w.shape)))
     wv = Scaled(const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32), scale,
