@@ -219,7 +219,10 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
-    if done := [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]:
+    done = [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]
+    if not done and (k := _quantized_activations(model.graph)):  # the QDQ form: QuantizeLinear of activations
+        done = [f"QuantizeLinear x{k} of computed tensors"]
+    if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
     ml = Counter(n.op_type for n in _nodes(model.graph) if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN)
@@ -238,6 +241,14 @@ def refusal(model: onnx.ModelProto) -> str | None:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
                    "they decide")
     return "; ".join(why) or None
+
+
+def _quantized_activations(graph: onnx.GraphProto) -> int:
+    """How many QuantizeLinear nodes quantize a computed tensor (a static QDQ model's activations), not a
+    constant."""
+    consts = {t.name for t in graph.initializer} | {
+        o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    return sum(n.op_type == "QuantizeLinear" and bool(n.input) and n.input[0] not in consts for n in _nodes(graph))
 
 
 def malformed_einsum(model: onnx.ModelProto) -> str | None:
@@ -1134,7 +1145,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise FormatError(why, where=os.fspath(src))
     if (why := not_float(model)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
-    if (why := non_finite(model)) is not None:
+    if (why := non_finite(model, outputs)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
     dtype = input_type(model)
     name, shape, samples = samples_of(model, calibration)
@@ -1227,18 +1238,20 @@ def not_float(model: onnx.ModelProto) -> str | None:
            "cvm-onnx convert)"
 
 
-def non_finite(model: onnx.ModelProto) -> str | None:
+def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
     """The first float initializer holding NaN, or infinity where it is not only a bound (of Clip, Max, Min), as a
     sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only ("scale
-    issue")."""
+    issue"). Only the initializers that ``outputs`` (else the graph's outputs) are computed from count: a tail
+    that ``quantize --outputs`` cuts off is never quantized."""
     from onnx import numpy_helper
 
     readers: dict[str, set[str]] = {}
-    for n in model.graph.node:
+    for n in _nodes(model.graph):
         for x in n.input:
             readers.setdefault(x, set()).add(n.op_type)
+    read = _read_for(model.graph, outputs or [v.name for v in model.graph.output])
     for t in model.graph.initializer:
-        if t.data_type in FLOAT_TYPES:
+        if t.data_type in FLOAT_TYPES and t.name in read:
             v = numpy_helper.to_array(t)
             bound = readers.get(t.name, set()) <= {"Clip", "Max", "Min"}
             bad = np.isnan(v) if bound else ~np.isfinite(v)
@@ -1247,6 +1260,23 @@ def non_finite(model: onnx.ModelProto) -> str | None:
                 return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
                         "from finite weights only")
     return None
+
+
+def _read_for(graph: onnx.GraphProto, outputs: list[str]) -> set[str]:
+    """The names the nodes computing ``outputs`` read, a subgraph's (an If's branches) included."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    read, todo, seen = set(outputs), list(outputs), set()
+    while todo:
+        n = producer.get(todo.pop())
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        names = list(n.input) + [x for a in n.attribute
+                                 for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)
+                                 for m in _nodes(g) for x in m.input]
+        todo.extend(x for x in names if x and x not in read)
+        read.update(names)
+    return read
 
 
 @contextlib.contextmanager
