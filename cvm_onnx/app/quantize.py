@@ -1380,6 +1380,9 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
         # the QOperator quantizer reads per-channel overrides only when it quantizes per channel
         overrides = {k: v for k, v in (overrides or {}).items()
                      if k in inits and (per_channel or form != "qoperator" or "axis" not in v[0])}
+        if per_channel:
+            overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in constant_first_operands(header)},
+                         **overrides}
         if calibration.applies(header):
             cache = src.with_name("calibration.json")
             save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
@@ -1403,6 +1406,16 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)
         raise RuntimeFailure(" ".join(f"onnxruntime.quantization.quantize_static failed: {type(e).__name__}: "
                                       f"{e}".split()), where=os.fspath(where)) from None
+
+
+def constant_first_operands(model: onnx.ModelProto) -> list[str]:
+    """The initializers a MatMul reads as its first operand beside a computed second (W x, as a DFT written out
+    multiplies by its cosine matrix): quantize_static quantizes such a constant per channel along axis 1, which is
+    the sum's axis K, and sum_k s_k a_k b_k has no integer form with one scale; they are quantized per tensor
+    instead (TensorQuantOverrides), the MatMul then a product of two per-tensor operands."""
+    inits = {t.name for t in model.graph.initializer}
+    return sorted({n.input[0] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
+                   and n.input[0] in inits and n.input[1] not in inits})
 
 
 @contextlib.contextmanager

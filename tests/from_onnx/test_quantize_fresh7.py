@@ -1,18 +1,24 @@
 """What a seventh corpus of speech and audio models shipped in wheels met in quantize: a pitch model whose float
 decoding tail masks logits with a -inf constant (refused for that constant even when `--outputs` cuts the tail
 off), and a static QDQ model (QuantizeLinear of activations, a turn detector shipped int8) given to quantize (36
-lines about scales quantize_static 'would wait for forever' instead of one saying it is quantized already)."""
+lines about scales quantize_static 'would wait for forever' instead of one saying it is quantized already), and
+per channel, a DFT written out as MatMul(constant cosine matrix, frames), whose constant quantize_static quantized
+per channel along the sum's axis."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
+from support.quantized import Oracle
 
 from cvm_onnx.app.quantize import non_finite, quantize
 from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -96,3 +102,32 @@ def test_a_static_qdq_model_given_to_quantize_is_refused_in_one_line(tmp_path):
            "quantize takes a float model (convert reads quantized ones)" in p.rule, p.rule
     assert e.value.exit_code == 4
     assert not (tmp_path / "out").exists()
+
+
+@settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(m=st.integers(1, 9), k=st.integers(1, 24), n=st.integers(1, 9), seed=st.integers(0, 2**16),
+       scale=st.sampled_from([1e-3, 1.0, 50.0]))
+def test_a_constant_first_matmul_operand_is_per_tensor_per_channel(tmp_path_factory, m, k, n, seed, scale):
+    """MatMul(W, x) with W constant and x computed (swift-f0's DFT written out: the cosine matrix times the frames)
+    quantized per channel: W is quantized per tensor (per channel along its axis 1, K, the sum had no integer form)
+    and the import equals the oracle (W x on the integers, the output's requantization by its plan), at the
+    input's extremes too, and exports exactly. Regression: 'MatMul needs a per-tensor scale and zero point'."""
+    tmp = tmp_path_factory.mktemp("wx")
+    rng = np.random.default_rng(seed)
+    w = (rng.normal(size=(m, k)) * rng.uniform(0.1, 10, (1, k)) * scale).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["w", "x"], ["y"])], "wx",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, k, n])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(w, "w")])
+    onnx.save(onnx_model(g, 13), tmp / "f.onnx")
+    np.save(tmp / "c.npy", rng.normal(size=(8, k, n)).astype(np.float32))
+    done = quantize(tmp / "f.onnx", tmp / "c.npy", tmp / "out", per_channel=True, save_onnx=tmp / "q.onnx")
+    q = onnx.load(tmp / "q.onnx")
+    [dq] = [d for d in q.graph.node if d.op_type == "DequantizeLinear" and d.input[0].startswith("w")]
+    assert next(t for t in q.graph.initializer if t.name == dq.input[1]).dims == []
+    imp = done.imported
+    zy = int(nh.to_array(next(t for t in q.graph.initializer if t.name == "y_zero_point")))
+    for x in (np.zeros((1, k, n)), np.full((1, k, n), 255), rng.integers(0, 256, (1, k, n))):
+        [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+        [(_, want, *_)] = Oracle(q, imp).run(x.astype(np.int64))  # the output dequantized: its integers less zy
+        assert np.array_equal(got.astype(np.int64) - zy, np.asarray(want).reshape(got.shape))
+    assert verify(imp.graph, None, seeds=2).exact
