@@ -535,3 +535,24 @@ def test_sixth_corpus_forms(tmp_path, name):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def test_a_constant_first_matmul_operand(tmp_path):
+    """The seventh corpus's W x (swift-f0's DFT written out: a constant int8 cosine matrix times computed frames,
+    per tensor): the runtime loads the dense of the two operands' 8-bit halves and gives the reference executor's
+    integers, the input's extremes included."""
+    rng = np.random.default_rng(7)
+    m, k, n = 6, 32, 5
+    inits = {"s": np.float32(0.03), "zx": np.uint8(131), "w": rng.integers(-127, 128, (m, k)).astype(np.int8),
+             "sw": np.float32(0.007), "so": np.float32(0.9), "zo": np.uint8(128)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("MatMul", ["wf", "xf"], ["p"]),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    imp = import_model(qdq(nodes, (1, k, n), T.UINT8, inits, T.UINT8), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    xs = [np.zeros((1, k, n)), np.full((1, k, n), 255)] + [rng.integers(0, 256, (1, k, n)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
