@@ -3,7 +3,7 @@ decoding tail masks logits with a -inf constant (refused for that constant even 
 off), and a static QDQ model (QuantizeLinear of activations, a turn detector shipped int8) given to quantize (36
 lines about scales quantize_static 'would wait for forever' instead of one saying it is quantized already), and
 per channel, a DFT written out as MatMul(constant cosine matrix, frames), whose constant quantize_static quantized
-per channel along the sum's axis."""
+per channel along the sum's axis; torch's attention export's Where(IsNaN(softmax), 0, softmax) (all-MiniLM-L6-v2)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import Oracle
+from support.quantized import Oracle, qdq
 
 from cvm_onnx.app.quantize import non_finite, quantize
+from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
@@ -131,3 +132,27 @@ def test_a_constant_first_matmul_operand_is_per_tensor_per_channel(tmp_path_fact
         [(_, want, *_)] = Oracle(q, imp).run(x.astype(np.int64))  # the output dequantized: its integers less zy
         assert np.array_equal(got.astype(np.int64) - zy, np.asarray(want).reshape(got.shape))
     assert verify(imp.graph, None, seeds=2).exact
+
+
+@settings(max_examples=25, deadline=None)
+@given(op=st.sampled_from(["IsNaN", "IsInf"]), taken=st.booleans(), x_type=st.sampled_from([T.UINT8, T.INT8]),
+       shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), zero=st.integers(-128, 255),
+       scale=st.floats(2.0**-20, 2.0**10, width=32), seed=st.integers(0, 2**16))
+def test_is_nan_and_is_inf_of_a_dequantized_value_are_false(op, taken, x_type, shape, zero, scale, seed):
+    """IsNaN / IsInf of a dequantized value, deciding Where(test, 0, x) as torch's attention export writes it
+    (all-MiniLM-L6-v2's Where(IsNaN(softmax), 0, softmax)): never true, so the output is x's integers (test, 0, x)
+    or the grid's 0, z (test, x, 0), requantized on x's own grid: equal to that oracle on every input integer, the
+    extremes included, and the export exact. Regression: 'no CVM op for ONNX IsNaN'."""
+    lo, hi = (0, 255) if x_type == T.UINT8 else (-128, 127)
+    z = min(max(zero, lo), hi)
+    np_type = np.uint8 if x_type == T.UINT8 else np.int8
+    inits = {"s": np.float32(scale), "z": np_type(z), "zero": np.float32(0)}
+    branches = ["xf", "zero"] if taken else ["zero", "xf"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"], ["t"]),
+             h.make_node("Where", ["t", *branches], ["w"]), h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
+    imp = import_model(qdq(nodes, shape, x_type, inits, x_type), input_precision=9)
+    rng = np.random.default_rng(seed)
+    for x in (np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi + 1, shape)):
+        [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+        assert np.array_equal(got, np.full(shape, z) if taken else x)
+    assert verify(imp.graph, None, seeds=1).exact

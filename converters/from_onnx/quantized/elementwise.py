@@ -205,6 +205,16 @@ def compare_rule(ctx, node, a, b):
     return integer_rule(node)(ctx, node, *((k, t) if swapped else (t, k)))
 
 
+@float_rule("IsNaN", since=9)
+@float_rule("IsInf", since=10)
+def never_rule(ctx, node, x):
+    """IsNaN, IsInf of a dequantized value: (t - z) s, an integer times a finite scale, is never NaN nor infinite:
+    false everywhere, a constant (torch's attention export then takes Where(IsNaN(softmax), 0, softmax)'s other
+    branch). Exact."""
+    x = scaled(x, f"the {node.op_type} input", clipped_ok=True)
+    return const(np.zeros(x.shape, bool), BOOL)
+
+
 @float_rule("Where", since=9)
 def where_rule(ctx, node, cond, a, b):
     """cond ? x : y of dequantized values on one grid (one scale and zero point per tensor), a constant branch
