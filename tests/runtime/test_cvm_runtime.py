@@ -556,3 +556,19 @@ def test_a_constant_first_matmul_operand(tmp_path):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def test_where_decided_by_is_nan(tmp_path):
+    """torch's attention export's Where(IsNaN(softmax), 0, softmax) on a dequantized value: the runtime loads what
+    the never-true test leaves and gives the reference executor's integers."""
+    inits = {"s": np.float32(1 / 255), "z": np.uint8(0), "zero": np.float32(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("IsNaN", ["xf"], ["t"]),
+             h.make_node("Where", ["t", "zero", "xf"], ["w"]), h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
+    imp = import_model(qdq(nodes, (1, 4, 6), T.UINT8, inits, T.UINT8), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(3)
+    xs = [np.zeros((1, 4, 6)), np.full((1, 4, 6), 255), rng.integers(0, 256, (1, 4, 6))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
