@@ -1257,8 +1257,10 @@ def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str 
             bad = np.isnan(v) if bound else ~np.isfinite(v)
             if bad.any():
                 at = tuple(int(i) for i in np.argwhere(bad)[0])
+                by = [f"{n.name or n.output[0]} ({n.op_type})" for n in _nodes(model.graph) if t.name in n.input]
                 return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
-                        "from finite weights only")
+                        f"from finite weights only (read by {', '.join(by[:4])}{' ...' if len(by) > 4 else ''}: "
+                        "--outputs cuts a float tail off before them)")
     return None
 
 
