@@ -1382,7 +1382,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
         # the QOperator quantizer reads per-channel overrides only when it quantizes per channel
         overrides = {k: v for k, v in (overrides or {}).items()
                      if k in inits and (per_channel or form != "qoperator" or "axis" not in v[0])}
-        if per_channel:
+        if per_channel and form == "qdq":  # (the QOperator form's QLinearMatMul takes its per-channel A as it is)
             overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in constant_first_operands(header)},
                          **overrides}
         if calibration.applies(header):
@@ -1413,8 +1413,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
 def constant_first_operands(model: onnx.ModelProto) -> list[str]:
     """The initializers a MatMul reads as its first operand beside a computed second (W x, as a DFT written out
     multiplies by its cosine matrix): quantize_static quantizes such a constant per channel along axis 1, which is
-    the sum's axis K, and sum_k s_k a_k b_k has no integer form with one scale; they are quantized per tensor
-    instead (TensorQuantOverrides), the MatMul then a product of two per-tensor operands."""
+    the sum's axis K, and sum_k s_k a_k b_k has no integer form with one scale; in the QDQ form they are quantized
+    per tensor instead (TensorQuantOverrides), the MatMul then a product of two per-tensor operands."""
     inits = {t.name for t in model.graph.initializer}
     return sorted({n.input[0] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
                    and n.input[0] in inits and n.input[1] not in inits})

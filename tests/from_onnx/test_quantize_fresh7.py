@@ -133,6 +133,7 @@ def test_a_constant_first_matmul_operand_is_per_tensor_per_channel(tmp_path_fact
         [(_, want, *_)] = Oracle(q, imp).run(x.astype(np.int64))  # the output dequantized: its integers less zy
         assert np.array_equal(got.astype(np.int64) - zy, np.asarray(want).reshape(got.shape))
     assert verify(imp.graph, None, seeds=2).exact
+    quantize(tmp / "f.onnx", tmp / "c.npy", tmp / "qop", per_channel=True, form="qoperator")  # as it was: imports
 
 
 @settings(max_examples=25, deadline=None)
