@@ -704,13 +704,52 @@ def test_a_function_of_two_values_is_one_table(d, sa, sb, so, zb, op):
     assert np.array_equal(got, np.clip(np.rint(real / float(np.float32(so))), -128, 127).astype(np.int64))
 
 
-def test_a_division_by_a_value_reaching_zero_over_zero_is_refused_naming_the_div():
+@SETTINGS
+@given(d=st.data(), sa=scales, sb=scales, so=scales, za=st.integers(-128, 127), zb=st.integers(-128, 127),
+       zo=st.integers(-128, 127), op=st.sampled_from(["Div", "Pow"]), broadcast=st.booleans(),
+       out_type=x_types)
+def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa, sb, so, za, zb, zo, op, broadcast,
+                                                                          out_type):
+    """a / b and a^b of two computed values over their whole ranges (the divisor reaching 0 with the dividend: 0 / 0;
+    a negative base to a fractional power), b broadcast or not: one table equal to the float64 value rounded, +-inf
+    saturated and NaN the output type's minimum; at every special case equal to onnxruntime's QDQ model (float32 Div
+    or Pow, then QuantizeLinear). Regression: 'Div is undefined on part of its operands' ranges (0 / 0)' (afis'
+    LEADER, tf2onnx's Atan2), 'Pow of a dequantized value by an exponent computed at run time'."""
+    lo, hi = RANGE[out_type]
+    zo = min(max(zo, lo), hi)
+    inits = {"sa": np.float32(sa), "za": np.int8(za), "sb": np.float32(sb), "zb": np.int8(zb),
+             "so": np.float32(so), "zo": np.array(zo, NP[out_type]), "starts": np.array([0], np.int64),
+             "ends": np.array([1], np.int64), "axes": np.array([1], np.int64)}
+    shape = (6, 6)
+    x = draw_x(d, shape, T.INT8)
+    x[0, 0], x[0, 1], x[1, 0] = za, zb, zb  # 0 / 0 (Transpose: b at (0, 1) is x[1, 0]) and 0^0 reached
+    take_b = h.make_node("Slice", ["x", "starts", "ends", "axes"], ["xb"]) if broadcast else \
+        h.make_node("Transpose", ["x"], ["xb"], perm=[1, 0])
+    nodes = [take_b, h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+             h.make_node("DequantizeLinear", ["xb", "sb", "zb"], ["b"]), h.make_node(op, ["a", "b"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, T.INT8, inits, out_type)
+    _, [got] = run(m, x)
+    tb = x[:, :1] if broadcast else x.T
+    va, vb = (x - za) * float(np.float32(sa)), (tb - zb) * float(np.float32(sb))
+    with np.errstate(all="ignore"):
+        real = va / vb if op == "Div" else np.power(va, vb)
+        want = np.where(np.isnan(real), lo, np.clip(np.rint(real / float(np.float32(so))) + zo, lo, hi))
+    assert np.array_equal(got, want.astype(np.int64))
+    special = ~np.isfinite(real)
+    assert special.any() or op == "Pow"
+    ort_y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(np.int8)})[0]
+    assert np.array_equal(got[special], ort_y.astype(np.int64)[special])
+
+
+def test_a_division_reaching_zero_over_zero_as_the_float_output_is_refused_naming_the_div():
+    """0 / 0 has no value in a float output (no QuantizeLinear to give NaN an integer): refused at the Div."""
     inits = {"s": np.float32(0.5), "z": np.int8(0)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]),
-             h.make_node("Transpose", ["a"], ["b"], perm=[1, 0]), h.make_node("Div", ["a", "b"], ["r"], name="ratio"),
-             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
-    with pytest.raises(CVMError, match=r"ratio \(Div\): Div is undefined on part of its operands' ranges \(0 / 0\)"):
-        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.INT8))
+             h.make_node("Transpose", ["a"], ["b"], perm=[1, 0]), h.make_node("Div", ["a", "b"], ["y"], name="ratio")]
+    with pytest.raises(CVMError, match=r"Div as a float output is undefined \(NaN: 0 / 0\)"):
+        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.FLOAT))
 
 
 def test_a_division_as_the_float_output_is_a_tail_of_its_table():

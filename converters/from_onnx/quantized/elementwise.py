@@ -156,14 +156,14 @@ def mul_rule(ctx, node, a, b):
 def div_rule(ctx, node, a, b):
     """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
     folded into the requantization that follows; by a computed value: a table of a / b over both operands'
-    integers (``Paired``)."""
+    integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's minimum)."""
     if not is_float_const(b):
         if isinstance(a, Summed):
             raise Refuse("Div of a float sum of terms of different scales (x - ReduceMin(x) of a min-max "
                          "normalization, left in float by quantize_static) by a computed value: its table takes two "
                          "quantized operands, and the sum, the divisor and their quotient's rounding have no exact "
                          "32-bit form here")
-        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div").checked()
+        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div")
     return rescaled(a, 1 / constant_factor(b, "the divisor", getattr(a, "shape", None)), "the dividend")
 
 
@@ -241,11 +241,15 @@ def where_rule(ctx, node, cond, a, b):
 @float_rule("Pow", since=7)
 def pow_rule(ctx, node, x, y):
     """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square) k - 1 exact Muls;
-    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range."""
+    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range. x^y of
+    two dequantized values: a table over both operands' integers (``Paired``; a negative base to a fractional
+    power, NaN, is the output type's minimum)."""
     k = constant_values(y)
+    if k is None and isinstance(x, Scaled) and not x.t.is_const and isinstance(y, Scaled):
+        return Paired(np.power, x, y, "Pow")
     if k is None or k.size != 1 or not np.isfinite(k).all():
-        raise Refuse("Pow of a dequantized value by an exponent computed at run time (or not finite) has no "
-                     "integer form: only a constant exponent")
+        raise Refuse("Pow of a dequantized value by an exponent computed at run time that is not a dequantized value "
+                     "(or by a constant not finite) has no integer form")
     k = float(k.reshape(()))
     if k != round(k) or not 1 <= k <= 4 or isinstance(x, Mapped):
         return defined("Pow", mapped(x, lambda v: np.power(v, k), "Pow"))
@@ -384,10 +388,11 @@ def extremum_rule(ctx, node, *xs):
 
 
 class Paired(Deferred):
-    """fn(a, b) of two dequantized values (a / b of computed values, exp(x - m) at two scales): QuantizeLinear of it
-    is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
+    """fn(a, b) of two dequantized values (a / b and a^b of computed values, exp(x - m) at two scales): QuantizeLinear
+    of it is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
     broadcast_add), R_a R_b <= 2^16 entries, each sat(round(fn(real a, real b) / s_out) + z_out) in float64 (the
-    exactly rounded value of fn at the exact inputs; an infinite value saturates)."""
+    exactly rounded value of fn at the exact inputs; an infinite value saturates; NaN (0 / 0) is the output type's
+    minimum, as onnxruntime's QuantizeLinear gives it)."""
 
     def __init__(self, fn, a: Scaled, b: Scaled, what: str):
         self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
@@ -404,20 +409,14 @@ class Paired(Deferred):
         with np.errstate(all="ignore"):
             return np.asarray(self.fn(real(self.a)[:, None], real(self.b)[None, :]), np.float64)
 
-    def checked(self) -> Paired:
-        """Refused where fn is undefined (NaN: 0 / 0) on the operands' ranges."""
-        if np.isnan(self.grid()).any():
-            raise Refuse(f"{self.what} is undefined on part of its operands' ranges (0 / 0): its divisor's integers "
-                         f"reach its zero point {int(self.b.zero.reshape(()))} in [{self.b.t.lo}, {self.b.t.hi}]")
-        return self
-
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         if scale.size != 1:
             raise Refuse(f"{self.what} with a per-channel output scale has no CVM form")
         lo, hi = INT_RANGES[dtype]
         image = self.grid()
         with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
-            values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+            values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi)
+        values = np.where(np.isnan(image), lo, values).astype(np.int64)
         ra, rb = self.a.t.hi - self.a.t.lo + 1, self.b.t.hi - self.b.t.lo + 1
         ia = minus_zero(ctx, self.a.t, np.asarray(self.a.t.lo))
         ib = minus_zero(ctx, self.b.t, np.asarray(self.b.t.lo))
@@ -561,7 +560,7 @@ def function_rule(ctx, node, x):
     fn = FUNCTIONS[node.op_type](node)
     x = collapsed(ctx, x)
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
-        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum").checked()
+        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
     return defined(node.op_type, mapped(x, fn, node.op_type))
 
 
