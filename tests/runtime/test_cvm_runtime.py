@@ -535,3 +535,50 @@ def test_sixth_corpus_forms(tmp_path, name):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def _paired_case(op: str):
+    """A QDQ model of op(a, b) for two computed int8 values whose table reaches the special cases: 0 / 0 (NaN: the
+    output type's minimum), a / 0 (saturated), a negative base to a fractional power."""
+    inits = {"sa": np.float32(0.25), "za": np.int8(3), "sb": np.float32(0.125), "zb": np.int8(-2),
+             "so": np.float32(0.5), "zo": np.int8(4)}
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+             h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+             h.make_node("DequantizeLinear", ["xt", "sb", "zb"], ["b"]), h.make_node(op, ["a", "b"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    return qdq(nodes, (5, 5), T.INT8, inits, T.INT8)
+
+
+@pytest.mark.parametrize("op", ["Div", "Pow"])
+def test_a_function_of_two_values_at_its_special_cases(tmp_path, op):
+    """Issue 35's table of two computed values (afis' LEADER's 0 / 0 in tf2onnx's Atan2; Pow by a computed
+    exponent): the runtime loads the cvm_lut over both operands' integers and gives the reference executor's
+    integers, the inputs reaching 0 / 0 and the extremes included."""
+    imp = import_model(_paired_case(op), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(4)
+    xs = [np.full((5, 5), -128), np.full((5, 5), 127), np.full((5, 5), 3), np.where(np.eye(5) > 0, 3, -2)] + \
+        [rng.integers(-128, 128, (5, 5)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def test_an_stft_front_end(tmp_path):
+    """Issue 35's STFT front end as `cvm-onnx quantize` imports it (tests/from_onnx/test_quantize_spectra.py's
+    mel_front_end: the STFT as a strided Conv, the mel matrix's MatMul, Sqrt): the runtime gives the reference
+    executor's integers."""
+    import onnx
+    from support.spectra import mel_front_end, tones
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(mel_front_end(), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", tones(16))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(x) for x in tones(3, seed=9)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
