@@ -706,15 +706,16 @@ def test_a_function_of_two_values_is_one_table(d, sa, sb, so, zb, op):
 
 @SETTINGS
 @given(d=st.data(), sa=scales, sb=scales, so=scales, za=st.integers(-128, 127), zb=st.integers(-128, 127),
-       zo=st.integers(-128, 127), op=st.sampled_from(["Div", "Pow"]), broadcast=st.booleans(),
+       zo=st.integers(-128, 127), op=st.sampled_from(["Div", "Pow", "AtanDiv"]), broadcast=st.booleans(),
        out_type=x_types)
 def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa, sb, so, za, zb, zo, op, broadcast,
                                                                           out_type):
-    """a / b and a^b of two computed values over their whole ranges (the divisor reaching 0 with the dividend: 0 / 0;
-    a negative base to a fractional power), b broadcast or not: one table equal to the float64 value rounded, +-inf
-    saturated and NaN the output type's minimum; at every special case equal to onnxruntime's QDQ model (float32 Div
-    or Pow, then QuantizeLinear). Regression: 'Div is undefined on part of its operands' ranges (0 / 0)' (afis'
-    LEADER, tf2onnx's Atan2), 'Pow of a dequantized value by an exponent computed at run time'."""
+    """a / b, a^b and atan(a / b) (tf2onnx's Atan2: quantize_static leaves its Div and Atan in float) of two
+    computed values over their whole ranges (the divisor reaching 0 with the dividend: 0 / 0; a negative base to a
+    fractional power), b broadcast or not: one table equal to the float64 value rounded, +-inf saturated and NaN the
+    output type's minimum; at every special case equal to onnxruntime's QDQ model (float32 Div, Pow, Atan, then
+    QuantizeLinear). Regression: 'Div is undefined on part of its operands' ranges (0 / 0)' (afis' LEADER), 'Pow of
+    a dequantized value by an exponent computed at run time', 'the Atan input (Div) must be quantized'."""
     lo, hi = RANGE[out_type]
     zo = min(max(zo, lo), hi)
     inits = {"sa": np.float32(sa), "za": np.int8(za), "sb": np.float32(sb), "zb": np.int8(zb),
@@ -726,17 +727,19 @@ def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa,
     take_b = h.make_node("Slice", ["x", "starts", "ends", "axes"], ["xb"]) if broadcast else \
         h.make_node("Transpose", ["x"], ["xb"], perm=[1, 0])
     nodes = [take_b, h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
-             h.make_node("DequantizeLinear", ["xb", "sb", "zb"], ["b"]), h.make_node(op, ["a", "b"], ["r"]),
+             h.make_node("DequantizeLinear", ["xb", "sb", "zb"], ["b"]),
+             *([h.make_node("Div", ["a", "b"], ["q"]), h.make_node("Atan", ["q"], ["r"])] if op == "AtanDiv" else
+               [h.make_node(op, ["a", "b"], ["r"])]),
              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
     m = qdq(nodes, shape, T.INT8, inits, out_type)
     _, [got] = run(m, x)
     tb = x[:, :1] if broadcast else x.T
     va, vb = (x - za) * float(np.float32(sa)), (tb - zb) * float(np.float32(sb))
     with np.errstate(all="ignore"):
-        real = va / vb if op == "Div" else np.power(va, vb)
+        real = {"Div": va / vb, "Pow": np.power(va, vb), "AtanDiv": np.arctan(va / vb)}[op]
         want = np.where(np.isnan(real), lo, np.clip(np.rint(real / float(np.float32(so))) + zo, lo, hi))
     assert np.array_equal(got, want.astype(np.int64))
-    special = ~np.isfinite(real)
+    special = ~np.isfinite(real) | ((vb == 0) & (op == "AtanDiv"))  # atan(+-inf) = +-pi/2
     assert special.any() or op == "Pow"
     ort_y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x.astype(np.int8)})[0]

@@ -556,11 +556,14 @@ FUNCTIONS: dict[str, Callable] = {
 def function_rule(ctx, node, x):
     """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
     ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
-    on x's range."""
+    on x's range. Of a function of two values (``Paired``: a sum at two scales, a Div left in float) one table over
+    both operands' integers."""
     fn = FUNCTIONS[node.op_type](node)
     x = collapsed(ctx, x)
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
         return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
+    if isinstance(x, Paired):  # of a function of two values left in float (tf2onnx's Atan2: Atan of a Div)
+        return Paired(lambda u, v, f=x.fn: fn(f(u, v)), x.a, x.b, f"{node.op_type}({x.what})")
     return defined(node.op_type, mapped(x, fn, node.op_type))
 
 
