@@ -426,10 +426,10 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     and Transpose to (batch, frames, bins, 2). DFT of real or complex values along a constant axis, of dft_length
     N (absent: the axis' length; a shorter input zero-padded, a longer one truncated), forward or inverse (1/N),
     onesided or not: Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose
-    back. A sum of float32 products in any order, within (N + 1) 2^-24 sum_n |x_n w_n| of the exact DFT, as
-    onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused naming the node:
-    a step, length, window or axis computed at run time, or a signal whose shape is not known. Returns how many
-    nodes were replaced."""
+    back. A sum of float32 products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1
+    or 2 channels), as onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused
+    naming the node: a step, length, window or axis computed at run time, or a signal whose shape is not known.
+    Returns how many nodes were replaced."""
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type in ("STFT", "DFT") and n.domain in ("", "ai.onnx")]
     if not nodes:

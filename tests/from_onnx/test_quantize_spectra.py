@@ -1,9 +1,9 @@
 """quantize's rewrite of ONNX's STFT and DFT (``cvm_onnx.app.rewrites.spectra_as_products``): a strided Conv and a
 MatMul by the DFT matrix, against the DFT computed in float64 (numpy's FFT of the frames) within the stated bound
-(N + 1) 2^-24 sum |x w| per bin, and exactly where every kernel value is an integer (N of 1, 2, 4 and an integer
-window); onnxruntime's own STFT and DFT against the same oracle, which pins the oracle's frames, bins and signs;
-a window op of a constant size folded; a step computed at run time refused naming the node; a spectrogram front end
-quantized and imported whole."""
+(N C + 2) 2^-24 sum |x w| per bin (C = 1 or 2 channels), and exactly where every kernel value is an integer (N of
+1, 2, 4 and an integer window); onnxruntime's own STFT and DFT against the same oracle, which pins the oracle's
+frames, bins and signs; a window op of a constant size folded; a step computed at run time refused naming the node;
+a spectrogram front end quantized and imported whole."""
 from __future__ import annotations
 
 import numpy as np
@@ -115,7 +115,8 @@ def test_a_hann_window_of_a_constant_size_is_folded():
 
 def test_an_stft_step_computed_at_run_time_is_refused_naming_the_node():
     g = h.make_graph([h.make_node("STFT", ["x", "step", "", "n"], ["y"], name="spectrum")], "m",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 32, 1]), h.make_tensor_value_info("step", T.INT64, [])],
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 32, 1]),
+                      h.make_tensor_value_info("step", T.INT64, [])],
                      [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(np.array(8, np.int64), "n")])
     with pytest.raises(UnsupportedError, match=r"spectrum \(STFT\): STFT with its frame_step computed at run time"):
         spectra_as_products(onnx_model(g, 17))
@@ -135,7 +136,8 @@ def dft_model(shape, axis, length, inverse, onesided, opset) -> onnx.ModelProto:
     while not ins[-1]:
         ins.pop()
     g = h.make_graph([h.make_node("DFT", ins, ["y"], name="dft", **attrs)], "m",
-                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
                      inits)
     return onnx_model(g, opset)
 

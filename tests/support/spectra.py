@@ -18,7 +18,8 @@ def mel_front_end(length: int = 800, size: int = 160, step: int = 80, mels: int 
         return h.make_node("Constant", [], [name], value=nh.from_array(np.array(v), name))
     nodes = [c(np.int64(size), "wn"), h.make_node("HannWindow", ["wn"], ["w"], periodic=1),
              h.make_node("STFT", ["x", "step", "w", "n"], ["spec"], onesided=1, name="stft"),
-             h.make_node("Mul", ["spec", "spec"], ["sq"]), h.make_node("ReduceSum", ["sq", "axes"], ["power"], keepdims=0),
+             h.make_node("Mul", ["spec", "spec"], ["sq"]),
+             h.make_node("ReduceSum", ["sq", "axes"], ["power"], keepdims=0),
              c(np.int64(mels), "nm"), c(np.int64(size), "dl"), c(np.int64(16000), "sr"), c(np.float32(0), "lo"),
              c(np.float32(8000), "hi"), h.make_node("MelWeightMatrix", ["nm", "dl", "sr", "lo", "hi"], ["mel"]),
              h.make_node("MatMul", ["power", "mel"], ["melspec"]), h.make_node("Sqrt", ["melspec"], ["y"])]
