@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
+
 
 def _terms(equation: str) -> tuple[str, str, str] | None:
     """(the two operands' letters, the output's) of an explicit two-operand equation without ellipsis, each letter
@@ -340,7 +342,8 @@ def cast_inputs_as_integers(graph: onnx.GraphProto) -> int:
 def _constant(graph: onnx.GraphProto, name: str, opsets) -> np.ndarray | None:
     """The value of ``name`` where the graph's initializers and Constant nodes decide it (through any nodes: a
     window op of a constant size, a Cast, a Shape of a constant), by onnx's reference evaluator; None where it reads
-    a graph input or the evaluator cannot compute it."""
+    a graph input, where onnx's shape inference does not state every output's shape or one holds more than
+    MAX_FOLDED values (checked before computing them), or where the evaluator cannot compute it."""
     from onnx.reference import ReferenceEvaluator
 
     if not name:
@@ -366,9 +369,16 @@ def _constant(graph: onnx.GraphProto, name: str, opsets) -> np.ndarray | None:
     sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "constant", [],
                             [helper.make_value_info(name, onnx.TypeProto())],
                             [inits[x] for x in used if x in inits])
+    model = helper.make_model(sub, opset_imports=opsets)
     try:
-        [value] = ReferenceEvaluator(helper.make_model(sub, opset_imports=opsets)).run(None, {})
-    except Exception:  # noqa: BLE001  (the reference evaluator raises anything: not a constant here)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+        known = {v.name: v.type.tensor_type.shape for v in (*inferred.value_info, *inferred.output)
+                 if v.type.tensor_type.HasField("shape")}
+        if any(o and (o not in known or not all(d.HasField("dim_value") for d in known[o].dim) or
+                      math.prod(d.dim_value for d in known[o].dim) > MAX_FOLDED) for n in needed for o in n.output):
+            return None
+        [value] = ReferenceEvaluator(model).run(None, {})
+    except Exception:  # noqa: BLE001  (onnx's inference and evaluator raise anything: not a constant here)
         return None
     return np.asarray(value)
 
@@ -409,6 +419,12 @@ def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
         g = model.graph
     return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
             for v in (*g.value_info, *g.input, *g.output) if v.type.tensor_type.HasField("shape")}
+
+
+def _bounded(node: onnx.NodeProto, rows: int, bins: int) -> None:
+    """Refused, naming the node, where its kernel of rows x (bins x 2) values holds more than MAX_FOLDED."""
+    if rows * bins * 2 > MAX_FOLDED:
+        raise _refused(node, f"{node.op_type} by a kernel of {rows} x {bins * 2} values: at most {MAX_FOLDED}")
 
 
 def _refused(node: onnx.NodeProto, rule: str):
@@ -453,8 +469,9 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                 return None
             v = _constant(graph, node.input[i], opsets)
             if v is None:
-                raise _refused(node, f"{node.op_type} with its {what} computed at run time has no CVM form: only "
-                                     f"a constant {what} makes it a product by a constant matrix")
+                raise _refused(node, f"{node.op_type} with its {what} computed at run time (or by nodes of unstated "
+                                     f"shapes or over {MAX_FOLDED} values) has no CVM form: only a constant {what} "
+                                     f"makes it a product by a constant matrix")
             return v
 
         attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
@@ -470,9 +487,10 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                 raise _refused(node, f"STFT of frame_length {size}, frame_step {p}, window of shape "
                                      f"{None if window is None else window.shape} over {dims[1]} samples: a window of "
                                      f"frame_length values, a length and a step of at least 1 within the signal")
-            w = np.ones(size) if window is None else window.astype(np.float64)
             bins = size // 2 + 1 if attrs.get("onesided", 1) else size
             c = dims[2]
+            _bounded(node, size * c, bins)
+            w = np.ones(size) if window is None else window.astype(np.float64)
             mat = _dft_matrix(size, size, bins, c, False).reshape(size, c, bins, 2) * w[:, None, None, None]
             kernel = mat.transpose(2, 3, 1, 0).reshape(bins * 2, c, size).astype(np.float32)
             added += [numpy_helper.from_array(kernel, fresh("kernel")),
@@ -503,6 +521,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                                      f"onesided only forward of real values")
             bins = size // 2 + 1 if onesided else size
             c = dims[-1]
+            _bounded(node, length * c, bins)
             perm = [i for i in range(rank - 1) if i != axis] + [axis, rank - 1]
             back = [perm.index(i) for i in range(rank)]
             mat = _dft_matrix(length, size, bins, c, bool(inverse)).astype(np.float32)

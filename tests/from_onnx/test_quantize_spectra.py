@@ -185,3 +185,36 @@ def test_a_mel_front_end_quantizes_and_imports(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+def _hostile(case: str) -> onnx.ModelProto:
+    if case == "dft-length-input":
+        g = h.make_graph([h.make_node("DFT", ["x", "len"], ["y"], name="spectrum")], "m",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 1]),
+                          h.make_tensor_value_info("len", T.INT64, [])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)])
+        return onnx_model(g, 17)
+    if case == "dft-length-2^40":
+        return dft_model((1, 8, 1), 1, 1 << 40, 0, 0, 17)
+    if case == "hann-2^40":
+        m = stft_model((1, 64, 1), 4, None, 16, True, hann=True)
+        m.graph.node[0].attribute[0].t.CopyFrom(nh.from_array(np.array(1 << 40, np.int64)))
+        return m
+    return stft_model((1, 64, 1), 4, None, 65, True)  # a frame longer than the signal
+
+
+@pytest.mark.parametrize("case, said", [
+    ("dft-length-input", r"spectrum \(DFT\): DFT with its dft_length computed at run time"),
+    ("dft-length-2^40", r"dft \(DFT\): DFT by a kernel of 8 x 2199023255552 values: at most 16777216"),
+    ("hann-2^40", r"spectrum \(STFT\): STFT with its window computed at run time \(or by nodes of unstated shapes or "
+                   r"over 16777216 values\)"),
+    ("frame-65", r"spectrum \(STFT\): STFT of frame_length 65, frame_step 4, window of shape None over 64 samples")])
+def test_spectra_out_of_bounds_are_refused_naming_the_node_before_allocating(case, said):
+    """A length computed at run time, a kernel or a window op of 2^40 values, a frame longer than the signal: one
+    refusal naming the node and the rule, before anything of that size is allocated."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(UnsupportedError, match=said):
+        spectra_as_products(_hostile(case))
+    assert time.monotonic() - start < 10
