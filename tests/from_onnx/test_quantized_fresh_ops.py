@@ -706,16 +706,17 @@ def test_a_function_of_two_values_is_one_table(d, sa, sb, so, zb, op):
 
 @SETTINGS
 @given(d=st.data(), sa=scales, sb=scales, so=scales, za=st.integers(-128, 127), zb=st.integers(-128, 127),
-       zo=st.integers(-128, 127), op=st.sampled_from(["Div", "Pow", "AtanDiv"]), broadcast=st.booleans(),
+       zo=st.integers(-128, 127), op=st.sampled_from(["Div", "Pow", "AtanDiv", "Mod"]), broadcast=st.booleans(),
        out_type=x_types)
 def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa, sb, so, za, zb, zo, op, broadcast,
                                                                           out_type):
-    """a / b, a^b and atan(a / b) (tf2onnx's Atan2: quantize_static leaves its Div and Atan in float) of two
-    computed values over their whole ranges (the divisor reaching 0 with the dividend: 0 / 0; a negative base to a
-    fractional power), b broadcast or not: one table equal to the float64 value rounded, +-inf saturated and NaN the
-    output type's minimum; at every special case equal to onnxruntime's QDQ model (float32 Div, Pow, Atan, then
-    QuantizeLinear). Regression: 'Div is undefined on part of its operands' ranges (0 / 0)' (afis' LEADER), 'Pow of
-    a dequantized value by an exponent computed at run time', 'the Atan input (Div) must be quantized'."""
+    """a / b, a^b, atan(a / b) (tf2onnx's Atan2: quantize_static leaves its Div and Atan in float) and fmod(a, b)
+    of two computed values over their whole ranges (the divisor reaching 0 with the dividend: 0 / 0; a negative
+    base to a fractional power; fmod(a, 0)), b broadcast or not: one table equal to the float64 value rounded,
+    +-inf saturated and NaN the output type's minimum; at every special case equal to onnxruntime's QDQ model
+    (float32 Div, Pow, Atan, Mod, then QuantizeLinear). Regression: 'Div is undefined on part of its operands'
+    ranges (0 / 0)' (afis' LEADER), 'Pow of a dequantized value by an exponent computed at run time', 'the Atan
+    input (Div) must be quantized', 'no CVM op for ONNX Mod' of floats."""
     lo, hi = RANGE[out_type]
     zo = min(max(zo, lo), hi)
     inits = {"sa": np.float32(sa), "za": np.int8(za), "sb": np.float32(sb), "zb": np.int8(zb),
@@ -729,21 +730,24 @@ def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa,
     nodes = [take_b, h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
              h.make_node("DequantizeLinear", ["xb", "sb", "zb"], ["b"]),
              *([h.make_node("Div", ["a", "b"], ["q"]), h.make_node("Atan", ["q"], ["r"])] if op == "AtanDiv" else
-               [h.make_node(op, ["a", "b"], ["r"])]),
+               [h.make_node(op, ["a", "b"], ["r"], **({"fmod": 1} if op == "Mod" else {}))]),
              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
     m = qdq(nodes, shape, T.INT8, inits, out_type)
     _, [got] = run(m, x)
     tb = x[:, :1] if broadcast else x.T
     va, vb = (x - za) * float(np.float32(sa)), (tb - zb) * float(np.float32(sb))
+    if op == "Pow":  # at DequantizeLinear's float32 values: (-2)^(-25.0000004) is NaN, (-2)^-25 is not
+        va, vb = ((t - z).astype(np.float32) * np.float32(sc) for t, z, sc in ((x, za, sa), (tb, zb, sb)))
+        va, vb = va.astype(np.float64), vb.astype(np.float64)
     with np.errstate(all="ignore"):
-        real = {"Div": va / vb, "Pow": np.power(va, vb), "AtanDiv": np.arctan(va / vb)}[op]
+        real = {"Div": va / vb, "Pow": np.power(va, vb), "AtanDiv": np.arctan(va / vb), "Mod": np.fmod(va, vb)}[op]
         want = np.where(np.isnan(real), lo, np.clip(np.rint(real / float(np.float32(so))) + zo, lo, hi))
     assert np.array_equal(got, want.astype(np.int64))
     special = ~np.isfinite(real) | ((vb == 0) & (op == "AtanDiv"))  # atan(+-inf) = +-pi/2
     assert special.any() or op == "Pow"
     ort_y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": x.astype(np.int8)})[0]
-    assert np.array_equal(got[special], ort_y.astype(np.int64)[special])
+    assert np.array_equal(got[special], ort_y.astype(np.int64)[special]), (np.argwhere(special), va, vb)
 
 
 def test_a_division_reaching_zero_over_zero_as_the_float_output_is_refused_naming_the_div():

@@ -545,15 +545,16 @@ def _paired_case(op: str):
              "so": np.float32(0.5), "zo": np.int8(4)}
     nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
              h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
-             h.make_node("DequantizeLinear", ["xt", "sb", "zb"], ["b"]), h.make_node(op, ["a", "b"], ["r"]),
+             h.make_node("DequantizeLinear", ["xt", "sb", "zb"], ["b"]),
+             h.make_node(op, ["a", "b"], ["r"], **({"fmod": 1} if op == "Mod" else {})),
              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
     return qdq(nodes, (5, 5), T.INT8, inits, T.INT8)
 
 
-@pytest.mark.parametrize("op", ["Div", "Pow"])
+@pytest.mark.parametrize("op", ["Div", "Pow", "Mod"])
 def test_a_function_of_two_values_at_its_special_cases(tmp_path, op):
     """Issue 35's table of two computed values (afis' LEADER's 0 / 0 in tf2onnx's Atan2; Pow by a computed
-    exponent): the runtime loads the cvm_lut over both operands' integers and gives the reference executor's
+    exponent; fmod): the runtime loads the cvm_lut over both operands' integers and gives the reference executor's
     integers, the inputs reaching 0 / 0 and the extremes included."""
     imp = import_model(_paired_case(op), input_precision=9)
     write_model(imp.graph, tmp_path / "cvm")

@@ -1,5 +1,5 @@
-"""The float elementwise ops on dequantized values: Add, Sub, Mul, Div, Pow, BatchNormalization, Relu, Clip, and the
-float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the QuantizeLinear that follows.
+"""The float elementwise ops on dequantized values: Add, Sub, Mul, Div, Pow, Mod, BatchNormalization, Relu, Clip,
+and the float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the QuantizeLinear that follows.
 """
 from __future__ import annotations
 
@@ -242,11 +242,11 @@ def where_rule(ctx, node, cond, a, b):
 def pow_rule(ctx, node, x, y):
     """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square) k - 1 exact Muls;
     for any other k a table over x's integers (float64 power), refused where it is undefined on x's range. x^y of
-    two dequantized values: a table over both operands' integers (``Paired``; a negative base to a fractional
-    power, NaN, is the output type's minimum)."""
+    two dequantized values: a table over both operands' integers at their float32 dequantized values (``Paired``;
+    a negative base to a fractional power, NaN, is the output type's minimum)."""
     k = constant_values(y)
     if k is None and isinstance(x, Scaled) and not x.t.is_const and isinstance(y, Scaled):
-        return Paired(np.power, x, y, "Pow")
+        return Paired(np.power, x, y, "Pow", float32=True)
     if k is None or k.size != 1 or not np.isfinite(k).all():
         raise Refuse("Pow of a dequantized value by an exponent computed at run time that is not a dequantized value "
                      "(or by a constant not finite) has no integer form")
@@ -258,6 +258,23 @@ def pow_rule(ctx, node, x, y):
     for _ in range(int(k) - 1):
         out = multiply(ctx, out, base)
     return out
+
+
+@float_rule("Mod", since=10)
+def mod_rule(ctx, node, a, b):
+    """fmod(a, b) of floats (fmod=1, C's fmod: the sign of a; ONNX takes no other for floats): by a float constant
+    b, a table over a's integers; of two dequantized values one table over both operands' integers (``Paired``;
+    fmod(a, 0), NaN, is the output type's minimum)."""
+    if node.attr_int("fmod", 0) != 1:
+        raise Refuse("Mod of floats takes fmod=1 (ONNX defines no other for floats)")
+    c = constant_values(b)
+    if c is not None:
+        if c.size != 1 or not np.isfinite(c).all() or float(c.reshape(())) == 0:
+            raise Refuse("Mod of a dequantized value by a constant other than one finite non-zero value has no "
+                         "table form here")
+        cf = float(c.reshape(()))
+        return defined("Mod", mapped(a, lambda v: np.fmod(v, cf), "Mod"))
+    return Paired(np.fmod, scaled(a, "the Mod dividend"), scaled(b, "the Mod divisor"), "Mod")
 
 
 def relu(ctx, x: Scaled) -> Scaled:
@@ -392,10 +409,13 @@ class Paired(Deferred):
     of it is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
     broadcast_add), R_a R_b <= 2^16 entries, each sat(round(fn(real a, real b) / s_out) + z_out) in float64 (the
     exactly rounded value of fn at the exact inputs; an infinite value saturates; NaN (0 / 0) is the output type's
-    minimum, as onnxruntime's QuantizeLinear gives it)."""
+    minimum, as onnxruntime's QuantizeLinear gives it). ``float32``: fn at the inputs as DequantizeLinear gives them,
+    float32(t - z) * float32(s) rounded to float32 (Pow: a negative base has a power only where that exponent is a
+    whole number)."""
 
-    def __init__(self, fn, a: Scaled, b: Scaled, what: str):
+    def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False):
         self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
+        self.float32 = float32
         self.shape = broadcast_shape(a.t, b.t)
         if (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE:
             raise Refuse(f"{what} of two values over {a.t.hi - a.t.lo + 1} x {b.t.hi - b.t.lo + 1} integers: a table "
@@ -404,8 +424,11 @@ class Paired(Deferred):
     def grid(self) -> np.ndarray:
         """fn at every (a, b) pair of the operands' integers, rows a, columns b."""
         def real(x: Scaled) -> np.ndarray:
-            q = np.arange(x.t.lo, x.t.hi + 1, dtype=np.int64)
-            return (q - int(x.zero.reshape(()))) * float(x.scale.reshape(()).item())
+            q = np.arange(x.t.lo, x.t.hi + 1, dtype=np.int64) - int(x.zero.reshape(()))
+            s = float(x.scale.reshape(()).item())
+            if self.float32:
+                return (q.astype(np.float32) * np.float32(s)).astype(np.float64)
+            return q * s
         with np.errstate(all="ignore"):
             return np.asarray(self.fn(real(self.a)[:, None], real(self.b)[None, :]), np.float64)
 
