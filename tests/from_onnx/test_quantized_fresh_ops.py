@@ -750,6 +750,46 @@ def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa,
     assert np.array_equal(got[special], ort_y.astype(np.int64)[special]), (np.argwhere(special), va, vb)
 
 
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, zx=st.integers(-128, 127), c=st.floats(-50, 50, width=32).filter(bool),
+       x_type=x_types)
+def test_mod_of_floats_by_a_constant_is_a_table(d, s, so, zx, c, x_type):
+    """fmod(x, c) (fmod=1) of a dequantized x by a float constant c != 0: a table over x's integers, equal to the
+    float64 fmod of the exact value rounded, and to onnxruntime's QDQ model wherever that is not within 2^-20 of a
+    rounding tie or of fmod's jumps (float32 against exact). Regression: 'no CVM op for ONNX Mod' of floats."""
+    lo, hi = RANGE[x_type]
+    zx = min(max(zx, lo), hi)
+    inits = {"s": np.float32(s), "zx": np.array(zx, NP[x_type]), "c": np.float32(c), "so": np.float32(so),
+             "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("Mod", ["xf", "c"], ["r"], fmod=1), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    x = np.arange(lo, hi + 1, dtype=np.int64).reshape(1, -1)
+    m = qdq(nodes, x.shape, x_type, inits, T.INT8)
+    _, [got] = run(m, x)
+    cf = float(np.float32(c))
+    r = np.fmod((x - zx) * float(np.float32(s)), cf)
+    q = r / float(np.float32(so))
+    assert np.array_equal(got, np.clip(np.rint(q), -128, 127).astype(np.int64))
+    ort_y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})[0].astype(np.int64)
+    # off rounding ties, and off fmod's jumps (x within float32's rounding of a multiple of c)
+    clear = (np.abs(np.abs(q - np.floor(q)) - 0.5) > 2.0 ** -20) & (np.abs(r) > 2.0 ** -20 * abs(cf)) & \
+        (abs(cf) - np.abs(r) > 2.0 ** -20 * abs(cf))
+    assert np.array_equal(got[clear], ort_y[clear])
+
+
+@pytest.mark.parametrize("fmod, c, said", [(0, 2.0, "Mod of floats takes fmod=1"),
+                                           (1, 0.0, "Mod of a dequantized value by a constant other than one finite "
+                                                    "non-zero value")])
+def test_mod_of_floats_outside_its_rule_is_refused_naming_the_node(fmod, c, said):
+    inits = {"s": np.float32(0.5), "z": np.int8(0), "c": np.float32(c)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]),
+             h.make_node("Mod", ["a", "c"], ["r"], name="rem", fmod=fmod),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    with pytest.raises(CVMError, match=f"rem \\(Mod\\): {said}"):
+        import_model(qdq(nodes, (2, 3), T.INT8, inits, T.INT8))
+
+
 def test_a_division_reaching_zero_over_zero_as_the_float_output_is_refused_naming_the_div():
     """0 / 0 has no value in a float output (no QuantizeLinear to give NaN an integer): refused at the Div."""
     inits = {"s": np.float32(0.5), "z": np.int8(0)}
