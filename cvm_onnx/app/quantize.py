@@ -10,7 +10,8 @@
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
-   BatchNormalization after ConvTranspose, writes an Einsum that is a MatMul as one and an ai.onnx.ml Scaler as
+   BatchNormalization after ConvTranspose, writes an STFT as a strided Conv and a DFT as a MatMul of constant
+   kernels, an Einsum that is a MatMul as one and an ai.onnx.ml Scaler as
    Add and Mul, widens float16 computation to float32, gives a bias shared by several nodes a copy per node
    (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
@@ -64,7 +65,7 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       scalers_as_ops, unshared_biases)
+                       scalers_as_ops, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -558,7 +559,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
-    BatchNormalization after ConvTranspose folded; an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
+    BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
+    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
     Scaler as Add and Mul (``scalers_as_ops``); float16 computation widened to float32 (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
@@ -591,6 +593,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
             node.input.pop()
     fuse_layernorm(model)
     fuse_gelu(model)
+    spectra_as_products(model)
     einsums_as_matmuls(model.graph)
     scalers_as_ops(model.graph)
     float16_as_float32(model.graph)

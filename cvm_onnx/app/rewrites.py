@@ -7,7 +7,8 @@ folded into its constant C (quantize_static drops beta beside a quantized C); sc
 (skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
 nothing after it); a model computing in float16 widened to float32 (float16 scales have no CVM form); a float input
 that only Casts to an integer type read (Keras' Embedding input) as an input of that type (a float input read by a
-Cast has no quantized form)."""
+Cast has no quantized form); an STFT as a strided Conv and a DFT as a MatMul by constant kernels (quantize_static
+quantizes neither STFT nor DFT; the same DFT within float32 rounding)."""
 from __future__ import annotations
 
 import math
@@ -15,6 +16,8 @@ import math
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
 
 
 def _terms(equation: str) -> tuple[str, str, str] | None:
@@ -334,3 +337,225 @@ def cast_inputs_as_integers(graph: onnx.GraphProto) -> int:
         v.type.tensor_type.elem_type = next(iter(to))
         done += 1
     return done
+
+
+def _constant(graph: onnx.GraphProto, name: str, opsets) -> np.ndarray | None:
+    """The value of ``name`` where the graph's initializers and Constant nodes decide it (through any nodes: a
+    window op of a constant size, a Cast, a Shape of a constant), by onnx's reference evaluator; None where it reads
+    a graph input, where onnx's shape inference does not state every output's shape or one holds more than
+    MAX_FOLDED values (checked before computing them), or where the evaluator cannot compute it."""
+    from onnx.reference import ReferenceEvaluator
+
+    if not name:
+        return None
+    inits = {t.name: t for t in graph.initializer}
+    if name in inits:
+        return numpy_helper.to_array(inits[name])
+    producer = {o: n for n in graph.node for o in n.output}
+    needed, todo, seen = [], [name], set()
+    while todo:
+        x = todo.pop()
+        if not x or x in inits or x in seen:
+            continue
+        seen.add(x)
+        up = producer.get(x)
+        if up is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in up.attribute):
+            return None
+        if up not in needed:
+            needed.append(up)
+        todo.extend(up.input)
+    order = {id(n): k for k, n in enumerate(graph.node)}
+    used = {x for n in needed for x in n.input}
+    sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "constant", [],
+                            [helper.make_value_info(name, onnx.TypeProto())],
+                            [inits[x] for x in used if x in inits])
+    model = helper.make_model(sub, opset_imports=opsets)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+        known = {v.name: v.type.tensor_type.shape for v in (*inferred.value_info, *inferred.output)
+                 if v.type.tensor_type.HasField("shape")}
+        if any(o and (o not in known or not all(d.HasField("dim_value") for d in known[o].dim) or
+                      math.prod(d.dim_value for d in known[o].dim) > MAX_FOLDED) for n in needed for o in n.output):
+            return None
+        [value] = ReferenceEvaluator(model).run(None, {})
+    except Exception:  # noqa: BLE001  (onnx's inference and evaluator raise anything: not a constant here)
+        return None
+    return np.asarray(value)
+
+
+def _turns(k: np.ndarray, n: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of 2 pi k n / size in float64, the angle reduced to m = k n mod size first; exact (0, +-1) at the
+    quarter turns (4 m a multiple of size)."""
+    m = np.outer(k, n) % size
+    angle = 2 * np.pi * m / size
+    c, s = np.cos(angle), np.sin(angle)
+    quarter = (4 * m) % size == 0
+    q = (4 * m) // size
+    c = np.where(quarter, np.choose(q % 4, [1.0, 0.0, -1.0, 0.0]), c)
+    s = np.where(quarter, np.choose(q % 4, [0.0, 1.0, 0.0, -1.0]), s)
+    return c, s
+
+
+def _dft_matrix(length: int, size: int, bins: int, channels: int, inverse: bool) -> np.ndarray:
+    """The DFT of ``size`` points as a float64 matrix of (length * channels, bins * 2): row (n, re/im) of the input's
+    n-th value (rows n >= size zero: the input truncated; an input shorter than size is zero-padded, its rows
+    absent), column (k, re/im) of bin k; X_k = sum_n x_n e^(-+2 pi i k n / size), over size where inverse."""
+    sign = 1.0 if inverse else -1.0
+    n = np.arange(length)
+    c, s = _turns(np.arange(bins), n, size)  # (bins, length)
+    c, s = c.T * (n < size)[:, None], s.T * (n < size)[:, None]
+    m = np.zeros((length, channels, bins, 2))
+    m[:, 0, :, 0], m[:, 0, :, 1] = c, sign * s
+    if channels == 2:
+        m[:, 1, :, 0], m[:, 1, :, 1] = -sign * s, c
+    return m.reshape(length * channels, bins * 2) / (size if inverse else 1)
+
+
+def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Each tensor's dims as onnx's shape inference states them (None where not a number)."""
+    try:
+        g = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001  (onnx's inference raises several types: then the declared shapes)
+        g = model.graph
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in (*g.value_info, *g.input, *g.output) if v.type.tensor_type.HasField("shape")}
+
+
+def _bounded(node: onnx.NodeProto, rows: int, bins: int) -> None:
+    """Refused, naming the node, where its kernel of rows x (bins x 2) values holds more than MAX_FOLDED."""
+    if rows * bins * 2 > MAX_FOLDED:
+        raise _refused(node, f"{node.op_type} by a kernel of {rows} x {bins * 2} values: at most {MAX_FOLDED}")
+
+
+def _refused(node: onnx.NodeProto, rule: str):
+    from cvm_onnx.core.errors import UnsupportedError
+
+    return UnsupportedError(rule, where=f"{node.name or node.output[0]} ({node.op_type})")
+
+
+def spectra_as_products(model: onnx.ModelProto) -> int:
+    """Replace each ONNX STFT (opset 17) and DFT (17, 20), whose lengths, step, window and axis are constants, by
+    the same sums of products as ops quantize_static quantizes. STFT of a signal (batch, length, 1 or 2) with
+    frame_step p, window w (absent: ones) and frame_length N (absent: w's length): frame f is x[f p + n], n < N, and
+    its DFT of w_n x_n is a strided Conv: Transpose to (batch, 1 or 2, length), Conv of stride p by the kernel
+    w_n cos(2 pi k n / N), -w_n sin(...) per bin (bins 0..N/2 onesided, else N) rounded once to float32, Reshape
+    and Transpose to (batch, frames, bins, 2). DFT of real or complex values along a constant axis, of dft_length
+    N (absent: the axis' length; a shorter input zero-padded, a longer one truncated), forward or inverse (1/N),
+    onesided or not: Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose
+    back. A sum of float32 products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1
+    or 2 channels), as onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused
+    naming the node: a step, length, window or axis computed at run time, or a signal whose shape is not known.
+    Returns how many nodes were replaced."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type in ("STFT", "DFT") and n.domain in ("", "ai.onnx")]
+    if not nodes:
+        return 0
+    opsets = list(model.opset_import)
+    opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 1)
+    shapes = _known_shapes(model)
+    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)}
+    for node in nodes:
+        base = node.name or node.output[0]
+
+        def fresh(suffix: str) -> str:
+            name, k = f"{base}:{suffix}", 1
+            while name in names:
+                name, k = f"{base}:{suffix}:{k}", k + 1
+            names.add(name)
+            return name
+
+        def const(i: int, what: str) -> np.ndarray | None:
+            if len(node.input) <= i or not node.input[i]:
+                return None
+            v = _constant(graph, node.input[i], opsets)
+            if v is None:
+                raise _refused(node, f"{node.op_type} with its {what} computed at run time (or by nodes of unstated "
+                                     f"shapes or over {MAX_FOLDED} values) has no CVM form: only a constant {what} "
+                                     f"makes it a product by a constant matrix")
+            return v
+
+        attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        dims = shapes.get(node.input[0])
+        new, added = [], []
+        if node.op_type == "STFT":
+            step, window, frame = const(1, "frame_step"), const(2, "window"), const(3, "frame_length")
+            if dims is None or len(dims) != 3 or dims[2] not in (1, 2) or dims[1] is None:
+                raise _refused(node, f"STFT of a signal of shape {dims}: (batch, length, 1 or 2) of known length")
+            size = int(frame.reshape(())) if frame is not None else (window.size if window is not None else 0)
+            p = int(step.reshape(())) if step is not None else 0
+            if size < 1 or size > dims[1] or p < 1 or (window is not None and window.shape != (size,)):
+                raise _refused(node, f"STFT of frame_length {size}, frame_step {p}, window of shape "
+                                     f"{None if window is None else window.shape} over {dims[1]} samples: a window of "
+                                     f"frame_length values, a length and a step of at least 1 within the signal")
+            bins = size // 2 + 1 if attrs.get("onesided", 1) else size
+            c = dims[2]
+            _bounded(node, size * c, bins)
+            w = np.ones(size) if window is None else window.astype(np.float64)
+            mat = _dft_matrix(size, size, bins, c, False).reshape(size, c, bins, 2) * w[:, None, None, None]
+            kernel = mat.transpose(2, 3, 1, 0).reshape(bins * 2, c, size).astype(np.float32)
+            added += [numpy_helper.from_array(kernel, fresh("kernel")),
+                      numpy_helper.from_array(np.array([0, bins, 2, -1], np.int64), fresh("shape"))]
+            t, conv, r = fresh("channels"), fresh("conv"), fresh("bins")
+            new += [helper.make_node("Transpose", [node.input[0]], [t], perm=[0, 2, 1], name=t),
+                    helper.make_node("Conv", [t, added[0].name], [conv], strides=[p], kernel_shape=[size], name=conv),
+                    helper.make_node("Reshape", [conv, added[1].name], [r], name=r),
+                    helper.make_node("Transpose", [r], [node.output[0]], perm=[0, 3, 1, 2], name=fresh("frames"))]
+        else:
+            length_v = const(1, "dft_length")
+            axis_v = const(2, "axis") if opset >= 20 else None
+            axis = int(axis_v.reshape(())) if axis_v is not None else attrs.get("axis", -2 if opset >= 20 else 1)
+            rank = len(dims) if dims is not None else 0
+            if dims is None or rank < 2 or dims[-1] not in (1, 2) or not -rank <= axis < rank:
+                raise _refused(node, f"DFT of an input of shape {dims} along axis {axis}: (..., 1 or 2) of known "
+                                     f"rank and last dim")
+            axis %= rank
+            if axis == rank - 1 or dims[axis] is None:
+                raise _refused(node, f"DFT along axis {axis} of an input of shape {dims}: an axis before the last, "
+                                     f"of known length")
+            length = dims[axis]
+            size = int(length_v.reshape(())) if length_v is not None else length
+            inverse, onesided = attrs.get("inverse", 0), attrs.get("onesided", 0)
+            if size < 1 or (onesided and (inverse or dims[-1] == 2)):
+                raise _refused(node, f"DFT of dft_length {size}, inverse={inverse}, onesided={onesided} of "
+                                     f"{'complex' if dims[-1] == 2 else 'real'} values: a length of at least 1, "
+                                     f"onesided only forward of real values")
+            bins = size // 2 + 1 if onesided else size
+            c = dims[-1]
+            _bounded(node, length * c, bins)
+            perm = [i for i in range(rank - 1) if i != axis] + [axis, rank - 1]
+            back = [perm.index(i) for i in range(rank)]
+            mat = _dft_matrix(length, size, bins, c, bool(inverse)).astype(np.float32)
+            added += [numpy_helper.from_array(mat, fresh("matrix")),
+                      numpy_helper.from_array(np.array([0] * (rank - 2) + [-1], np.int64), fresh("flat")),
+                      numpy_helper.from_array(np.array([0] * (rank - 2) + [bins, 2], np.int64), fresh("shape"))]
+            x = _transposed(node.input[0], perm, fresh("last"), new)
+            f, mm = fresh("values"), fresh("matmul")
+            new += [helper.make_node("Reshape", [x, added[1].name], [f], name=f),
+                    helper.make_node("MatMul", [f, added[0].name], [mm], name=mm)]
+            last = node.output[0] if back == sorted(back) else fresh("bins")
+            new.append(helper.make_node("Reshape", [mm, added[2].name], [last], name=fresh("split")))
+            if back != sorted(back):
+                new.append(helper.make_node("Transpose", [last], [node.output[0]], perm=back, name=fresh("back")))
+        graph.initializer.extend(added)
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        _pruned(graph, list(node.input[1:]))
+    return len(nodes)
+
+
+def _pruned(graph: onnx.GraphProto, names: list[str]) -> None:
+    """The nodes and initializers that computed ``names`` (a replaced node's constant inputs: a window op, its
+    size) removed where nothing reads them any more, up the graph."""
+    outputs = {v.name for v in graph.output}
+    while names:
+        x = names.pop()
+        if not x or x in outputs or any(x in n.input for n in graph.node):
+            continue
+        for t in [t for t in graph.initializer if t.name == x]:
+            graph.initializer.remove(t)
+        up = next((n for n in graph.node if x in n.output), None)
+        if up is not None and not any(o in outputs or any(o in n.input for n in graph.node) for o in up.output):
+            graph.node.remove(up)
+            names.extend(up.input)

@@ -704,13 +704,99 @@ def test_a_function_of_two_values_is_one_table(d, sa, sb, so, zb, op):
     assert np.array_equal(got, np.clip(np.rint(real / float(np.float32(so))), -128, 127).astype(np.int64))
 
 
-def test_a_division_by_a_value_reaching_zero_over_zero_is_refused_naming_the_div():
+@SETTINGS
+@given(d=st.data(), sa=scales, sb=scales, so=scales, za=st.integers(-128, 127), zb=st.integers(-128, 127),
+       zo=st.integers(-128, 127), op=st.sampled_from(["Div", "Pow", "AtanDiv", "Mod"]), broadcast=st.booleans(),
+       out_type=x_types)
+def test_a_function_of_two_values_reaching_its_special_cases_is_one_table(d, sa, sb, so, za, zb, zo, op, broadcast,
+                                                                          out_type):
+    """a / b, a^b, atan(a / b) (tf2onnx's Atan2: quantize_static leaves its Div and Atan in float) and fmod(a, b)
+    of two computed values over their whole ranges (the divisor reaching 0 with the dividend: 0 / 0; a negative
+    base to a fractional power; fmod(a, 0)), b broadcast or not: one table equal to the float64 value rounded,
+    +-inf saturated and NaN the output type's minimum; at every special case equal to onnxruntime's QDQ model
+    (float32 Div, Pow, Atan, Mod, then QuantizeLinear). Regression: 'Div is undefined on part of its operands'
+    ranges (0 / 0)' (afis' LEADER), 'Pow of a dequantized value by an exponent computed at run time', 'the Atan
+    input (Div) must be quantized', 'no CVM op for ONNX Mod' of floats."""
+    lo, hi = RANGE[out_type]
+    zo = min(max(zo, lo), hi)
+    inits = {"sa": np.float32(sa), "za": np.int8(za), "sb": np.float32(sb), "zb": np.int8(zb),
+             "so": np.float32(so), "zo": np.array(zo, NP[out_type]), "starts": np.array([0], np.int64),
+             "ends": np.array([1], np.int64), "axes": np.array([1], np.int64)}
+    shape = (6, 6)
+    x = draw_x(d, shape, T.INT8)
+    x[0, 0], x[0, 1], x[1, 0] = za, zb, zb  # 0 / 0 (Transpose: b at (0, 1) is x[1, 0]) and 0^0 reached
+    take_b = h.make_node("Slice", ["x", "starts", "ends", "axes"], ["xb"]) if broadcast else \
+        h.make_node("Transpose", ["x"], ["xb"], perm=[1, 0])
+    nodes = [take_b, h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+             h.make_node("DequantizeLinear", ["xb", "sb", "zb"], ["b"]),
+             *([h.make_node("Div", ["a", "b"], ["q"]), h.make_node("Atan", ["q"], ["r"])] if op == "AtanDiv" else
+               [h.make_node(op, ["a", "b"], ["r"], **({"fmod": 1} if op == "Mod" else {}))]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, T.INT8, inits, out_type)
+    _, [got] = run(m, x)
+    tb = x[:, :1] if broadcast else x.T
+    va, vb = (x - za) * float(np.float32(sa)), (tb - zb) * float(np.float32(sb))
+    if op == "Pow":  # at DequantizeLinear's float32 values: (-2)^(-25.0000004) is NaN, (-2)^-25 is not
+        va, vb = ((t - z).astype(np.float32) * np.float32(sc) for t, z, sc in ((x, za, sa), (tb, zb, sb)))
+        va, vb = va.astype(np.float64), vb.astype(np.float64)
+    with np.errstate(all="ignore"):
+        real = {"Div": va / vb, "Pow": np.power(va, vb), "AtanDiv": np.arctan(va / vb), "Mod": np.fmod(va, vb)}[op]
+        want = np.where(np.isnan(real), lo, np.clip(np.rint(real / float(np.float32(so))) + zo, lo, hi))
+    assert np.array_equal(got, want.astype(np.int64))
+    special = ~np.isfinite(real) | ((vb == 0) & (op == "AtanDiv"))  # atan(+-inf) = +-pi/2
+    assert special.any() or op == "Pow"
+    ort_y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(np.int8)})[0]
+    assert np.array_equal(got[special], ort_y.astype(np.int64)[special]), (np.argwhere(special), va, vb)
+
+
+@SETTINGS
+@given(d=st.data(), s=scales, so=scales, zx=st.integers(-128, 127), c=st.floats(-50, 50, width=32).filter(bool),
+       x_type=x_types)
+def test_mod_of_floats_by_a_constant_is_a_table(d, s, so, zx, c, x_type):
+    """fmod(x, c) (fmod=1) of a dequantized x by a float constant c != 0: a table over x's integers, equal to the
+    float64 fmod of the exact value rounded, and to onnxruntime's QDQ model wherever that is not within 2^-20 of a
+    rounding tie or of fmod's jumps (float32 against exact). Regression: 'no CVM op for ONNX Mod' of floats."""
+    lo, hi = RANGE[x_type]
+    zx = min(max(zx, lo), hi)
+    inits = {"s": np.float32(s), "zx": np.array(zx, NP[x_type]), "c": np.float32(c), "so": np.float32(so),
+             "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("Mod", ["xf", "c"], ["r"], fmod=1), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    x = np.arange(lo, hi + 1, dtype=np.int64).reshape(1, -1)
+    m = qdq(nodes, x.shape, x_type, inits, T.INT8)
+    _, [got] = run(m, x)
+    cf = float(np.float32(c))
+    r = np.fmod((x - zx) * float(np.float32(s)), cf)
+    q = r / float(np.float32(so))
+    assert np.array_equal(got, np.clip(np.rint(q), -128, 127).astype(np.int64))
+    ort_y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})[0].astype(np.int64)
+    # off rounding ties, and off fmod's jumps (x within float32's rounding of a multiple of c)
+    clear = (np.abs(np.abs(q - np.floor(q)) - 0.5) > 2.0 ** -20) & (np.abs(r) > 2.0 ** -20 * abs(cf)) & \
+        (abs(cf) - np.abs(r) > 2.0 ** -20 * abs(cf))
+    assert np.array_equal(got[clear], ort_y[clear])
+
+
+@pytest.mark.parametrize("fmod, c, said", [(0, 2.0, "Mod of floats takes fmod=1"),
+                                           (1, 0.0, "Mod of a dequantized value by a constant other than one finite "
+                                                    "non-zero value")])
+def test_mod_of_floats_outside_its_rule_is_refused_naming_the_node(fmod, c, said):
+    inits = {"s": np.float32(0.5), "z": np.int8(0), "c": np.float32(c)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]),
+             h.make_node("Mod", ["a", "c"], ["r"], name="rem", fmod=fmod),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    with pytest.raises(CVMError, match=f"rem \\(Mod\\): {said}"):
+        import_model(qdq(nodes, (2, 3), T.INT8, inits, T.INT8))
+
+
+def test_a_division_reaching_zero_over_zero_as_the_float_output_is_refused_naming_the_div():
+    """0 / 0 has no value in a float output (no QuantizeLinear to give NaN an integer): refused at the Div."""
     inits = {"s": np.float32(0.5), "z": np.int8(0)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]),
-             h.make_node("Transpose", ["a"], ["b"], perm=[1, 0]), h.make_node("Div", ["a", "b"], ["r"], name="ratio"),
-             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
-    with pytest.raises(CVMError, match=r"ratio \(Div\): Div is undefined on part of its operands' ranges \(0 / 0\)"):
-        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.INT8))
+             h.make_node("Transpose", ["a"], ["b"], perm=[1, 0]), h.make_node("Div", ["a", "b"], ["y"], name="ratio")]
+    with pytest.raises(CVMError, match=r"Div as a float output is undefined \(NaN: 0 / 0\)"):
+        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.FLOAT))
 
 
 def test_a_division_as_the_float_output_is_a_tail_of_its_table():

@@ -20,6 +20,7 @@ from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
+from cvm_onnx.core.graph import Entry
 
 pytestmark = pytest.mark.skipif(not LIB, reason="CVM_RUNTIME_LIB names no local build of the CVM runtime")
 DEVICES = {"cpu": CPU, "formal": FORMAL}
@@ -568,6 +569,73 @@ def test_where_decided_by_is_nan(tmp_path):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(3)
     xs = [np.zeros((1, 4, 6)), np.full((1, 4, 6), 255), rng.integers(0, 256, (1, 4, 6))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def _paired_case(op: str):
+    """A QDQ model of op(a, b) for two computed int8 values whose table reaches the special cases: 0 / 0 (NaN: the
+    output type's minimum), a / 0 (saturated), a negative base to a fractional power."""
+    inits = {"sa": np.float32(0.25), "za": np.int8(3), "sb": np.float32(0.125), "zb": np.int8(-2),
+             "so": np.float32(0.5), "zo": np.int8(4)}
+    nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+             h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+             h.make_node("DequantizeLinear", ["xt", "sb", "zb"], ["b"]),
+             h.make_node(op, ["a", "b"], ["r"], **({"fmod": 1} if op == "Mod" else {})),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    return qdq(nodes, (5, 5), T.INT8, inits, T.INT8)
+
+
+@pytest.mark.parametrize("op", ["Div", "Pow", "Mod"])
+def test_a_function_of_two_values_at_its_special_cases(tmp_path, op):
+    """Issue 35's table of two computed values (afis' LEADER's 0 / 0 in tf2onnx's Atan2; Pow by a computed
+    exponent; fmod): the runtime loads the cvm_lut over both operands' integers and gives the reference executor's
+    integers, the inputs reaching 0 / 0 and the extremes included."""
+    imp = import_model(_paired_case(op), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(4)
+    xs = [np.full((5, 5), -128), np.full((5, 5), 127), np.full((5, 5), 3), np.where(np.eye(5) > 0, 3, -2)] + \
+        [rng.integers(-128, 128, (5, 5)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def test_an_stft_front_end(tmp_path):
+    """Issue 35's STFT front end as `cvm-onnx quantize` imports it (tests/from_onnx/test_quantize_spectra.py's
+    mel_front_end: the STFT as a strided Conv, the mel matrix's MatMul, Sqrt): the runtime gives the reference
+    executor's integers."""
+    import onnx
+    from support.spectra import mel_front_end, tones
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(mel_front_end(), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", tones(16))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize(x) for x in tones(3, seed=9)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def test_a_recurrent_layer_past_1024_steps(tmp_path):
+    """Issue 35's bound raised to 2400 steps over a layer's directions: the RNN seed of 1100 steps
+    (tests/support/hostile_quantized.py) loads and runs on the runtime as on the reference executor."""
+    import onnx
+    from support import hostile_quantized as HQ
+
+    m = onnx.load_from_string(HQ.family_seeds()["RNN/QDQ/uint8/tensor"])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1100
+    imp = import_model(m)
+    write_model(imp.graph, tmp_path / "cvm")
+    shape = imp.graph.type_of(Entry(0)).shape
+    rng = np.random.default_rng(6)
+    xs = [np.full(shape, 0), np.full(shape, 255), rng.integers(0, 256, shape)]
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:

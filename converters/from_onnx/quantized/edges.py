@@ -182,6 +182,11 @@ def tail(ctx, x) -> Scaled:
     integers, 1 for Softmax), N = 32767 (for Softmax the largest 2^j - 1 <= 32767 its integer form has a plan
     for); then QuantizeLinear's integer form at that scale."""
     ends = span(x)
+    if hasattr(x, "grid"):
+        with np.errstate(all="ignore"):
+            if np.isnan(x.grid()).any():
+                raise Refuse(f"{x.what} as a float output is undefined (NaN: 0 / 0) on part of its operands' ranges, "
+                             "which no integer holds: quantize it (a QuantizeLinear gives NaN the type's minimum)")
     if ends is None:
         raise Refuse(f"a float output ({getattr(x, 'what', 'a value')}) computed after the last QuantizeLinear has "
                      "no integer form here: cut the graph (--outputs) at a quantized tensor")

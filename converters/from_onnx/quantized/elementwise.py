@@ -1,5 +1,5 @@
-"""The float elementwise ops on dequantized values: Add, Sub, Mul, Div, Pow, BatchNormalization, Relu, Clip, and the
-float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the QuantizeLinear that follows.
+"""The float elementwise ops on dequantized values: Add, Sub, Mul, Div, Pow, Mod, BatchNormalization, Relu, Clip,
+and the float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the QuantizeLinear that follows.
 """
 from __future__ import annotations
 
@@ -156,14 +156,14 @@ def mul_rule(ctx, node, a, b):
 def div_rule(ctx, node, a, b):
     """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
     folded into the requantization that follows; by a computed value: a table of a / b over both operands'
-    integers (``Paired``)."""
+    integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's minimum)."""
     if not is_float_const(b):
         if isinstance(a, Summed):
             raise Refuse("Div of a float sum of terms of different scales (x - ReduceMin(x) of a min-max "
                          "normalization, left in float by quantize_static) by a computed value: its table takes two "
                          "quantized operands, and the sum, the divisor and their quotient's rounding have no exact "
                          "32-bit form here")
-        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div").checked()
+        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div")
     return rescaled(a, 1 / constant_factor(b, "the divisor", getattr(a, "shape", None)), "the dividend")
 
 
@@ -251,11 +251,15 @@ def where_rule(ctx, node, cond, a, b):
 @float_rule("Pow", since=7)
 def pow_rule(ctx, node, x, y):
     """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square) k - 1 exact Muls;
-    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range."""
+    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range. x^y of
+    two dequantized values: a table over both operands' integers at their float32 dequantized values (``Paired``;
+    a negative base to a fractional power, NaN, is the output type's minimum)."""
     k = constant_values(y)
+    if k is None and isinstance(x, Scaled) and not x.t.is_const and isinstance(y, Scaled):
+        return Paired(np.power, x, y, "Pow", float32=True)
     if k is None or k.size != 1 or not np.isfinite(k).all():
-        raise Refuse("Pow of a dequantized value by an exponent computed at run time (or not finite) has no "
-                     "integer form: only a constant exponent")
+        raise Refuse("Pow of a dequantized value by an exponent computed at run time that is not a dequantized value "
+                     "(or by a constant not finite) has no integer form")
     k = float(k.reshape(()))
     if k != round(k) or not 1 <= k <= 4 or isinstance(x, Mapped):
         return defined("Pow", mapped(x, lambda v: np.power(v, k), "Pow"))
@@ -264,6 +268,23 @@ def pow_rule(ctx, node, x, y):
     for _ in range(int(k) - 1):
         out = multiply(ctx, out, base)
     return out
+
+
+@float_rule("Mod", since=10)
+def mod_rule(ctx, node, a, b):
+    """fmod(a, b) of floats (fmod=1, C's fmod: the sign of a; ONNX takes no other for floats): by a float constant
+    b, a table over a's integers; of two dequantized values one table over both operands' integers (``Paired``;
+    fmod(a, 0), NaN, is the output type's minimum)."""
+    if node.attr_int("fmod", 0) != 1:
+        raise Refuse("Mod of floats takes fmod=1 (ONNX defines no other for floats)")
+    c = constant_values(b)
+    if c is not None:
+        if c.size != 1 or not np.isfinite(c).all() or float(c.reshape(())) == 0:
+            raise Refuse("Mod of a dequantized value by a constant other than one finite non-zero value has no "
+                         "table form here")
+        cf = float(c.reshape(()))
+        return defined("Mod", mapped(a, lambda v: np.fmod(v, cf), "Mod"))
+    return Paired(np.fmod, scaled(a, "the Mod dividend"), scaled(b, "the Mod divisor"), "Mod")
 
 
 def relu(ctx, x: Scaled) -> Scaled:
@@ -394,13 +415,17 @@ def extremum_rule(ctx, node, *xs):
 
 
 class Paired(Deferred):
-    """fn(a, b) of two dequantized values (a / b of computed values, exp(x - m) at two scales): QuantizeLinear of it
-    is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
+    """fn(a, b) of two dequantized values (a / b and a^b of computed values, exp(x - m) at two scales): QuantizeLinear
+    of it is one cvm_lut over both operands' integers, index (t_a - lo_a) R_b + (t_b - lo_b) (broadcast_mul,
     broadcast_add), R_a R_b <= 2^16 entries, each sat(round(fn(real a, real b) / s_out) + z_out) in float64 (the
-    exactly rounded value of fn at the exact inputs; an infinite value saturates)."""
+    exactly rounded value of fn at the exact inputs; an infinite value saturates; NaN (0 / 0) is the output type's
+    minimum, as onnxruntime's QuantizeLinear gives it). ``float32``: fn at the inputs as DequantizeLinear gives them,
+    float32(t - z) * float32(s) rounded to float32 (Pow: a negative base has a power only where that exponent is a
+    whole number)."""
 
-    def __init__(self, fn, a: Scaled, b: Scaled, what: str):
+    def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False):
         self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
+        self.float32 = float32
         self.shape = broadcast_shape(a.t, b.t)
         if (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE:
             raise Refuse(f"{what} of two values over {a.t.hi - a.t.lo + 1} x {b.t.hi - b.t.lo + 1} integers: a table "
@@ -409,17 +434,13 @@ class Paired(Deferred):
     def grid(self) -> np.ndarray:
         """fn at every (a, b) pair of the operands' integers, rows a, columns b."""
         def real(x: Scaled) -> np.ndarray:
-            q = np.arange(x.t.lo, x.t.hi + 1, dtype=np.int64)
-            return (q - int(x.zero.reshape(()))) * float(x.scale.reshape(()).item())
+            q = np.arange(x.t.lo, x.t.hi + 1, dtype=np.int64) - int(x.zero.reshape(()))
+            s = float(x.scale.reshape(()).item())
+            if self.float32:
+                return (q.astype(np.float32) * np.float32(s)).astype(np.float64)
+            return q * s
         with np.errstate(all="ignore"):
             return np.asarray(self.fn(real(self.a)[:, None], real(self.b)[None, :]), np.float64)
-
-    def checked(self) -> Paired:
-        """Refused where fn is undefined (NaN: 0 / 0) on the operands' ranges."""
-        if np.isnan(self.grid()).any():
-            raise Refuse(f"{self.what} is undefined on part of its operands' ranges (0 / 0): its divisor's integers "
-                         f"reach its zero point {int(self.b.zero.reshape(()))} in [{self.b.t.lo}, {self.b.t.hi}]")
-        return self
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         if scale.size != 1:
@@ -427,7 +448,8 @@ class Paired(Deferred):
         lo, hi = INT_RANGES[dtype]
         image = self.grid()
         with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
-            values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+            values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi)
+        values = np.where(np.isnan(image), lo, values).astype(np.int64)
         ra, rb = self.a.t.hi - self.a.t.lo + 1, self.b.t.hi - self.b.t.lo + 1
         ia = minus_zero(ctx, self.a.t, np.asarray(self.a.t.lo))
         ib = minus_zero(ctx, self.b.t, np.asarray(self.b.t.lo))
@@ -567,11 +589,14 @@ FUNCTIONS: dict[str, Callable] = {
 def function_rule(ctx, node, x):
     """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
     ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
-    on x's range."""
+    on x's range. Of a function of two values (``Paired``: a sum at two scales, a Div left in float) one table over
+    both operands' integers."""
     fn = FUNCTIONS[node.op_type](node)
     x = collapsed(ctx, x)
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
-        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum").checked()
+        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
+    if isinstance(x, Paired):  # of a function of two values left in float (tf2onnx's Atan2: Atan of a Div)
+        return Paired(lambda u, v, f=x.fn: fn(f(u, v)), x.a, x.b, f"{node.op_type}({x.what})")
     return defined(node.op_type, mapped(x, fn, node.op_type))
 
 
