@@ -20,7 +20,6 @@ from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
-from cvm_onnx.core.graph import Entry
 
 pytestmark = pytest.mark.skipif(not LIB, reason="CVM_RUNTIME_LIB names no local build of the CVM runtime")
 DEVICES = {"cpu": CPU, "formal": FORMAL}
@@ -621,22 +620,3 @@ def test_an_stft_front_end(tmp_path):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
-
-
-def test_a_recurrent_layer_past_1024_steps(tmp_path):
-    """Issue 35's bound raised to 2400 steps over a layer's directions: the RNN seed of 1100 steps
-    (tests/support/hostile_quantized.py) loads and runs on the runtime as on the reference executor."""
-    import onnx
-    from support import hostile_quantized as HQ
-
-    m = onnx.load_from_string(HQ.family_seeds()["RNN/QDQ/uint8/tensor"])
-    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1100
-    imp = import_model(m)
-    write_model(imp.graph, tmp_path / "cvm")
-    shape = imp.graph.type_of(Entry(0)).shape
-    rng = np.random.default_rng(6)
-    xs = [np.full(shape, 0), np.full(shape, 255), rng.integers(0, 256, shape)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

@@ -35,8 +35,7 @@ H_STEPS = 127  # h's high half at scale 1/127
 LOW_BITS = 7  # h = 2^7 h_hi + h_lo, w = 2^7 w_hi + w_lo
 H_ONE = H_STEPS << LOW_BITS  # h at scale 1/16256; |weights| <= 16256
 RNN_BITS = 12  # an RNN's outputs at 2^-12
-MAX_STEPS = 2400  # steps unrolled per layer, over its directions (about 50 CVM nodes each, the import linear in them;
-# a bidirectional layer of 1200 steps each way: a 300 s EEG window's 599)
+MAX_STEPS = 1024  # steps unrolled per layer, over its directions (a few dozen CVM nodes each, the import linear in them)
 
 
 def gate_bits(steps: int, c0: float) -> int:
