@@ -203,6 +203,15 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
                 yield from _nodes(g)
 
 
+def _absent_inputs_dropped(graph: onnx.GraphProto) -> None:
+    """Each node's trailing absent inputs dropped: they are no inputs (onnxruntime dies of SIGSEGV on some). Apart
+    from ``prepare``: a node left in its frame would keep protobuf's arena, the weights moved out included (upb
+    frees a message's bytes only with its whole tree)."""
+    for node in _nodes(graph):
+        while node.input and not node.input[-1]:
+            node.input.pop()
+
+
 def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     inits = {t.name for t in model.graph.initializer}
     return [v for v in model.graph.input if v.name not in inits]
@@ -576,9 +585,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
         _load_external(model, path.parent)
         if model is given:
             Path(f"{compared}.data").unlink(missing_ok=True)
-    for node in _nodes(model.graph):  # trailing absent inputs are no inputs (onnxruntime dies of SIGSEGV on some)
-        while node.input and not node.input[-1]:
-            node.input.pop()
+    _absent_inputs_dropped(model.graph)
     fuse_layernorm(model)
     fuse_gelu(model)
     einsums_as_matmuls(model.graph)
