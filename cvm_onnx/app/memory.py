@@ -7,9 +7,10 @@ import gc
 from typing import Callable
 
 
-#: glibc's M_MMAP_THRESHOLD (malloc.h) and the value quantize fixes it at: blocks of 1 MiB and more mapped apart
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 1 << 20
+#: glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h) and the values quantize fixes them at: blocks of 1 MiB
+#: and more mapped apart; the heap's top handed back from 64 MiB free (the largest its dynamic threshold reaches)
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
+MMAP_THRESHOLD, TRIM_THRESHOLD = 1 << 20, 64 << 20
 
 
 @functools.cache
@@ -25,9 +26,12 @@ def map_large_blocks() -> None:
     glibc). Its default rises to the largest block freed (up to 32 MiB): past the first large array freed, the
     arrays of a few MiB that the import and the reference executor make and free come from the heap, where freed
     memory is kept until it can be trimmed, so the heap's high-water mark stands above what is alive. Mapped
-    apart, each is handed back when freed."""
+    apart, each is handed back when freed. Fixing it fixes the trim threshold too, at 128 KiB unless set: the
+    heap's top, shrunk and grown again at every large free, made the comparison several times slower; it is set
+    at ``TRIM_THRESHOLD``, and ``release_memory`` trims the heap between stages."""
     if (mallopt := _libc("mallopt")) is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def release_memory() -> None:

@@ -72,3 +72,18 @@ def test_prepare_holds_no_weights_while_onnxruntime_optimizes_a_converted_model(
     prepare(given, tmp_path / "prepared.onnx")
     assert onnx.load(tmp_path / "prepared.onnx").opset_import[0].version == 13
     assert allocated and allocated[0] < before - (16 << 20)
+
+
+@pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the heap's size")
+def test_the_heaps_top_is_kept_when_blocks_below_the_threshold_are_freed():
+    """Fixing the mmap threshold fixes glibc's trim threshold too (128 KiB unless set): the heap would shrink at
+    every such free and grow again at the next block. Kept, it is handed back between stages (malloc_trim)."""
+    map_large_blocks()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(MMAP_THRESHOLD // 2) for _ in range(16)]  # 8 MiB of heap, at its top
+    grown = _MALLINFO2().arena
+    for b in reversed(blocks):
+        libc.free(b)
+    assert _MALLINFO2().arena >= grown - MMAP_THRESHOLD
