@@ -9,10 +9,10 @@ peak RSS is its own): ``import_model``, then ``validate``, timed apart, and the 
 (symbol, params, quantization.json), so two checkouts' imports can be compared byte for byte. ``--repeat``
 alternates the forms. ``--whole``: the whole ``cvm_onnx.app.quantize.quantize`` of the float model instead (as
 ``cvm-onnx quantize`` runs it, on ``--samples`` samples; ``--model DIR``: of DIR/float.onnx on DIR/calibration.npy),
-timed stage by stage from its progress reports, with each stage's own peak RSS (VmHWM reset at its start), the
-peak of the whole, the RSS after the imports (the interpreter's baseline) and the sha256 of the files written (the
-CVM model's and the quantized ONNX model); a form may name the calibration method (``--forms pt,pc-entropy``).
-Peaks are /proc's VmHWM of the child alone, in MiB.
+timed stage by stage from its progress reports (``models=False``, as the CLI runs it), with each stage's own peak
+RSS (VmHWM reset at its start), the peak of the whole, the RSS after the imports (the interpreter's baseline) and
+the sha256 of the files written (the CVM model's and the quantized ONNX model); a form may name the calibration
+method (``--forms pt,pc-entropy``). Peaks are /proc's VmHWM of the child alone, in MiB.
 
 Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N]
 [--whole [--model DIR]]
@@ -128,7 +128,7 @@ def whole(tag: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         quantize(Path(work) / "float.onnx", Path(work) / "calibration.npy", Path(tmp) / "m",
                  per_channel=form.startswith("pc"), method=method or "minmax", save_onnx=Path(tmp) / "q.onnx",
-                 progress=progress)
+                 progress=progress, models=False)
         end_stage()
         files = sorted((Path(tmp) / "m").iterdir()) + [Path(tmp) / "q.onnx"]
         digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in files}

@@ -171,7 +171,7 @@ class Importer:
         if value is not None:
             dtype = stored or (np.int8 if precision <= 8 else np.int32)
             self.params[name] = value.reshape(shape).astype(dtype, copy=False)  # no copy where it has the type
-            self.bounds[e] = int(np.abs(value.astype(np.int64)).max(initial=0))
+            self.bounds[e] = max(-int(value.min(initial=0)), int(value.max(initial=0)))  # |value|'s, no copy
         return e
 
     def entry(self, t: Tensor) -> Entry:

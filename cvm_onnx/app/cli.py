@@ -324,7 +324,7 @@ def cmd_quantize(args) -> int:
         done = quantize(args.model, args.calibration, args.output, per_channel=args.per_channel,
                         symmetric=args.symmetric, method=args.method, activation=args.activation, form=args.form,
                         save_onnx=args.save_onnx, progress=bar, outputs=args.outputs, two_part=not args.one_part,
-                        fold=folds(args.fold), report=args.report is not None)
+                        fold=folds(args.fold), report=args.report is not None, models=False)
     g = done.imported.graph
     plans = [p for r in done.imported.requants for p in [*r.plans, *(f.plan for _, f in r.far)]]
     say(f"wrote {args.output}: {sum(not n.is_variable for n in g.nodes)} CVM op nodes, "

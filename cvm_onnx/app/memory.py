@@ -7,12 +7,31 @@ import gc
 from typing import Callable
 
 
+#: glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h) and the values quantize fixes them at: blocks of 1 MiB
+#: and more mapped apart; the heap's top handed back from 64 MiB free (the largest its dynamic threshold reaches)
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
+MMAP_THRESHOLD, TRIM_THRESHOLD = 1 << 20, 64 << 20
+
+
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc(name: str) -> Callable[..., int] | None:
     try:
-        return ctypes.CDLL(None).malloc_trim
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):  # no glibc
         return None
+
+
+def map_large_blocks() -> None:
+    """glibc's mmap threshold fixed at ``MMAP_THRESHOLD`` for the rest of the process (mallopt; nothing without
+    glibc). Its default rises to the largest block freed (up to 32 MiB): past the first large array freed, the
+    arrays of a few MiB that the import and the reference executor make and free come from the heap, where freed
+    memory is kept until it can be trimmed, so the heap's high-water mark stands above what is alive. Mapped
+    apart, each is handed back when freed. Fixing it fixes the trim threshold too, at 128 KiB unless set: the
+    heap's top, shrunk and grown again at every large free, made the comparison several times slower; it is set
+    at ``TRIM_THRESHOLD``, and ``release_memory`` trims the heap between stages."""
+    if (mallopt := _libc("mallopt")) is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def release_memory() -> None:
@@ -21,5 +40,5 @@ def release_memory() -> None:
     frees the copies of the model it made (serializations, onnxruntime's sessions), which glibc otherwise keeps, so
     that the next stage's peak does not stand on them."""
     gc.collect()
-    if (trim := _malloc_trim()) is not None:
+    if (trim := _libc("malloc_trim")) is not None:
         trim(0)

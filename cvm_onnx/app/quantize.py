@@ -63,7 +63,7 @@ from cvm_onnx.runtime.bulk import run_many
 
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .memory import release_memory
+from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
                        scalers_as_ops, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
@@ -120,14 +120,15 @@ class Agreement:
 @dataclass(frozen=True)
 class Quantized:
     """What ``quantize`` made: the import (graph, edges, requantizations), the agreement per output on the
-    calibration samples, the float model as compared (input dims fixed, cut) and the quantized ONNX model; with
-    ``report``, the distance of every quantized tensor on the calibration samples (``layers``)."""
+    calibration samples, the float model as compared (input dims fixed, cut) and the quantized ONNX model (None
+    where ``quantize`` was told not to keep them: ``models``); with ``report``, the distance of every quantized
+    tensor on the calibration samples (``layers``)."""
 
     imported: Imported
     agreements: list[Agreement]
     samples: int
-    float_model: onnx.ModelProto
-    onnx_model: bytes
+    float_model: onnx.ModelProto | None
+    onnx_model: bytes | None
     one_part_gas: Gas | None = None  # with two-part products: the gas of the same model imported in one part
     layers: LayerReport | None = None
 
@@ -201,6 +202,15 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         for a in n.attribute:
             for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
                 yield from _nodes(g)
+
+
+def _absent_inputs_dropped(graph: onnx.GraphProto) -> None:
+    """Each node's trailing absent inputs dropped: they are no inputs (onnxruntime dies of SIGSEGV on some). Apart
+    from ``prepare``: a node left in its frame would keep protobuf's arena, the weights moved out included (upb
+    frees a message's bytes only with its whole tree)."""
+    for node in _nodes(graph):
+        while node.input and not node.input[-1]:
+            node.input.pop()
 
 
 def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -588,9 +598,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
         _load_external(model, path.parent)
         if model is given:
             Path(f"{compared}.data").unlink(missing_ok=True)
-    for node in _nodes(model.graph):  # trailing absent inputs are no inputs (onnxruntime dies of SIGSEGV on some)
-        while node.input and not node.input[-1]:
-            node.input.pop()
+    _absent_inputs_dropped(model.graph)
     fuse_layernorm(model)
     fuse_gelu(model)
     spectra_as_products(model)
@@ -1113,7 +1121,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
              progress: Progress | None = None, outputs: list[str] | None = None,
              two_part: bool = True, fold: dict[str, float | None] | None = None,
-             report: bool = False) -> Quantized:
+             report: bool = False, models: bool = True) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
     on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
@@ -1123,10 +1131,14 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     made constants first (a value, or None: zeros), and the Ifs they decide folded; with one input left, the Ifs
     its shape (fixed to a sample's) decides folded too, with or without ``fold``. ``report``: each quantized
     tensor's distance on the calibration samples from the pre-processed float model and from the exact arithmetic
-    (``layers.layer_report``). The process's working folder is quantize's scratch folder while onnxruntime's shape
-    inference runs (``_working_folder``): threads resolving relative paths meanwhile would resolve them there."""
+    (``layers.layer_report``). ``models``: the float model as compared and the quantized ONNX model returned too
+    (False: neither is read back into memory; the CLI's way). The process's working folder is quantize's scratch
+    folder while onnxruntime's shape inference runs (``_working_folder``): threads resolving relative paths
+    meanwhile would resolve them there. glibc's mmap threshold is fixed for the rest of the process
+    (``memory.map_large_blocks``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
+    map_large_blocks()
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
     if fold or any(n.op_type == "If" for n in model.graph.node):
@@ -1185,30 +1197,32 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 if report else None
             if progress:
                 progress(0, None, "comparing with the float model")
-            # the quantized model, as the float model, read from its file where needed and into memory at the end;
-            # the one-part import before the float model is back: none of the three held beside another
-            agreements = compare(float_path, out, imported, samples, progress)
+            # the CVM model runs first, with its params; then they wait in the stage's file while onnxruntime runs
+            # the float and the quantized model from their files and the one-part import runs, and come back at the
+            # end (in their order): none of these held beside another
+            got = cvm_outputs(imported, samples, progress)
+            params = imported.graph.params
+            order = list(params)
+            params.clear()
+            release_memory()
+            agreements = compare(float_path, out, imported, samples, got=got)
             release_memory()
             one_part = None
             if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
-                params = imported.graph.params  # written in the stage: read back after it, not held beside it
-                order = list(params)
-                params.clear()
-                release_memory()
                 try:
                     one_part = one_part_gas(onnx.load(out))
                 except CVMError:  # the model is written either way
                     pass
-                finally:
-                    release_memory()
-                    back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
-                    params.update((k, back[k]) for k in order)
+                release_memory()
+            back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
+            params.update((k, back[k]) for k in order)
+            del back
             release_memory()
-            model = onnx.load(float_path)
-            quantized = out.read_bytes()
+            model = onnx.load(float_path) if models else None
+            quantized = out.read_bytes() if models or save_onnx is not None else None
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
-    return Quantized(imported, agreements, len(samples), model, quantized, one_part, layers)
+    return Quantized(imported, agreements, len(samples), model, quantized if models else None, one_part, layers)
 
 
 def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:
@@ -1320,22 +1334,31 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+            progress: Progress | None = None, got: list[np.ndarray] | None = None) \
+        -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
     model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
-    batch 1), each stacked as the float model's."""
+    batch 1), each stacked as the float model's. ``got``: the CVM model's, as ``cvm_outputs`` gave them (its graph
+    then needs no params); else it runs first."""
+    if got is None:
+        got = cvm_outputs(imported, samples, progress)
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
         want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples)
         release_memory()
         ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples)
         release_memory()
+    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+
+
+def cvm_outputs(imported: Imported, samples: np.ndarray, progress: Progress | None = None) -> list[np.ndarray]:
+    """The outputs of the CVM model ``imported`` on ``samples`` (float ones through its edges), each stacked."""
     data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
     release_memory()
     if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
         got = imported.edges.finish(got)
-    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+    return got
 
 
 def _graph_of(model: onnx.ModelProto | Path) -> onnx.ModelProto:
@@ -1359,10 +1382,11 @@ def _stamp(path: Path) -> None:
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None) -> list[Agreement]:
-    """Each output of the CVM model ``imported`` and of onnxruntime's ``quantized`` model (its bytes or its file)
-    against the float ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1)."""
-    want, ort, got = outputs(model, quantized, imported, samples, progress)
+            progress: Progress | None = None, got: list[np.ndarray] | None = None) -> list[Agreement]:
+    """Each output of the CVM model ``imported`` (``got``: its outputs, as ``outputs`` takes them) and of
+    onnxruntime's ``quantized`` model (its bytes or its file) against the float ``model`` (or the file holding it)
+    on ``samples`` (N samples of the input's shape, batch 1)."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress, got)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in

@@ -71,10 +71,12 @@ def test_shape_inference_without_the_weights_equals_it_with_them(ln, opset):
     assert len(want) > 20 and list(got) == list(want)
 
 
-def test_the_one_part_import_runs_without_the_imports_params_which_come_back_the_same(tmp_path, monkeypatch):
-    """The params of the import (written in the model's folder) are not held beside the one-part import, which
-    records only its gas; they come back after it as they were: the names in order, the types, the values of the
-    same import made alone (``convert`` of the quantized model)."""
+def test_the_one_part_import_and_onnxruntime_run_without_the_imports_params_which_come_back_the_same(
+        tmp_path, monkeypatch):
+    """The params of the import (written in the model's folder) are held for the CVM model's run only: not beside
+    onnxruntime's runs of the float and the quantized model, nor beside the one-part import, which records only its
+    gas; they come back after it as they were: the names in order, the types, the values of the same import made
+    alone (``convert`` of the quantized model). ``models=False``: neither model is returned."""
     from cvm_onnx.app import quantize as q
     from cvm_onnx.app.api import convert
 
@@ -84,18 +86,24 @@ def test_the_one_part_import_runs_without_the_imports_params_which_come_back_the
         made.append(convert(*args, **kwargs))
         return made[-1]
 
-    def one_part(model):
-        seen.append(dict(made[0].graph.params))
-        return q.one_part_gas.__wrapped__(model)
+    def recording(name, fn):
+        def call(*args, **kwargs):
+            seen.append((name, len(made[0].graph.params)))
+            return fn(*args, **kwargs)
+        return call
 
-    one_part.__wrapped__ = q.one_part_gas
     monkeypatch.setattr(q, "convert", converting)
     monkeypatch.setattr(q, "has_two_parts", lambda imported: True)
-    monkeypatch.setattr(q, "one_part_gas", one_part)
+    for name in ("one_part_gas", "_run_onnx", "run_many"):
+        monkeypatch.setattr(q, name, recording(name, getattr(q, name)))
     onnx.save(encoder(seed=1, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
-    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
-    assert seen == [{}] and done.one_part_gas is not None
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx",
+                    models=False)
+    assert [n for n, _ in seen] == ["run_many", "_run_onnx", "_run_onnx", "one_part_gas"]
+    assert seen[0][1] > 10 and [k for _, k in seen[1:]] == [0, 0, 0]
+    assert done.one_part_gas is not None and done.float_model is None and done.onnx_model is None
+    assert (tmp_path / "q.onnx").stat().st_size > 0
     alone = convert(tmp_path / "q.onnx", tmp_path / "alone").graph.params
     got = done.imported.graph.params
     assert list(got) == list(alone) and len(got) > 10

@@ -22,6 +22,7 @@ from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
 MAX_WINDOW_SUMS = 1 << 22  # values of a padded convolution's window sums (a constant per output position)
+ROW_BLOCK = 1 << 18  # values of a weight matrix's block of rows that signed_sums reads at once
 
 
 def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
@@ -44,7 +45,7 @@ def halves(ctx, x: Tensor) -> tuple[list[Tensor], int]:
 
 def weight_parts(w: np.ndarray, what: str) -> list[np.ndarray]:
     """w as 8-bit parts: itself, or clip(w, -127, 127) and the rest."""
-    if np.abs(w).max(initial=0) <= 127:
+    if max(-int(w.min(initial=0)), int(w.max(initial=0))) <= 127:
         return [w]
     first = np.clip(w, -127, 127)
     if np.abs(w - first).max() > 127:
@@ -113,11 +114,11 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     excess = np.where(np.abs(total) >= FAR, total, 0)
     b, total = b - excess, total - excess
     ins = grouped_concat(ctx, [p for p in xparts for _ in wparts], groups)
-    weights = np.concatenate([p for _ in xparts for p in wparts], axis=1)
+    weights = np.concatenate([p.astype(np.int8) for _ in xparts for p in wparts], axis=1)
     xlo, xhi = min(x.t.lo - z, 0), max(x.t.hi - z, 0)
-    pos, neg = np.clip(rows, 0, None).sum(axis=1), np.clip(rows, None, 0).sum(axis=1)
+    pos, neg = signed_sums(rows)
     lo, hi = int((pos * xlo + neg * xhi + b).min()), int((pos * xhi + neg * xlo + b).max())
-    args = [ctx.narrow(ins, 8, f"the input of {op}"), ctx.entry(const(weights.astype(np.int8), TensorProto.INT8))]
+    args = [ctx.narrow(ins, 8, f"the input of {op}"), ctx.entry(const(weights, TensorProto.INT8))]
     if np.abs(total).max() > INT32_MAX:
         raise Refuse("the bias with the zero point's correction passes 32 bits")
     if total.any():
@@ -128,8 +129,8 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
     except TooWide:
         if not total.any():
             raise
-        e = biased_apart(ctx, op, args, groups, len(w), attrs, int((np.abs(rows).sum(axis=1) * extent).max()), total)
-    reach = int((np.abs(rows).sum(axis=1) * extent + np.abs(total)).max())
+        e = biased_apart(ctx, op, args, groups, len(w), attrs, int(((pos - neg) * extent).max()), total)
+    reach = int(((pos - neg) * extent + np.abs(total)).max())
     y = ctx.result(e, INT32, -reach, reach)  # every conv2d output, those window drops included
     if window is not None:
         y = window(y)
@@ -139,6 +140,18 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         corr = const(((c - z) * valid).astype(np.int32), INT32)
         y = ctx.result(ctx.op("broadcast_add", y, corr), INT32, lo, hi, y.shape)
     return ctx.result(y.entry, INT32, lo, hi, y.shape), np.asarray(sx * sw, dtype=object), -excess
+
+
+def signed_sums(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the sum of the positive values, the sum of the negative values) of each row of an int64 matrix, a block
+    of rows at a time: no temporary of the matrix's size."""
+    pos, neg = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
+    step = max(1, ROW_BLOCK // max(rows.shape[1], 1))
+    for i in range(0, len(rows), step):
+        block = rows[i:i + step]
+        pos[i:i + step] = np.clip(block, 0, None).sum(axis=1)
+        neg[i:i + step] = np.clip(block, None, 0).sum(axis=1)
+    return pos, neg
 
 
 def product(ctx, op: str, args: list, groups: int, units: int, attrs: dict):

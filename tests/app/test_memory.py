@@ -1,0 +1,89 @@
+"""quantize's memory as glibc sees it: with its mmap threshold fixed (cvm_onnx.app.memory), an array of a few MiB
+made after a larger one was freed is mapped apart (handed back when freed), not carved from the heap, as the
+threshold's default, risen to the larger block, would have it; prepare holds no weights once they are on disk."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from cvm_onnx.app.memory import MMAP_THRESHOLD, map_large_blocks
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mapped_bytes() -> int:
+    return _MALLINFO2().hblkhd
+
+
+try:
+    _MALLINFO2 = ctypes.CDLL(None).mallinfo2
+    _MALLINFO2.restype = _Mallinfo2
+except (OSError, AttributeError):
+    _MALLINFO2 = None
+
+
+@pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the mapped bytes")
+def test_a_few_mib_after_a_larger_block_freed_are_mapped_apart():
+    map_large_blocks()
+    big = np.ones(16 << 20, np.uint8)  # freed: the default threshold would rise to 16 MiB
+    del big
+    before = _mapped_bytes()
+    a = np.ones(4 * MMAP_THRESHOLD, np.uint8)
+    assert _mapped_bytes() - before >= a.nbytes
+
+
+@pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the bytes allocated")
+def test_prepare_holds_no_weights_while_onnxruntime_optimizes_a_converted_model(tmp_path, monkeypatch):
+    """A model below the opset prepare wants is converted, its weights read back into the converted copy, then
+    moved out to disk; no message of that copy may outlive it in prepare's frame (protobuf's arena would keep
+    the weights): when onnxruntime's optimizer starts, the 32 MiB weight is in no allocation of this process."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import onnxruntime as ort
+
+    from cvm_onnx.app.quantize import prepare
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(2048, 4096)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2048])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4096])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    del w, graph
+    allocated = []
+    session = ort.InferenceSession
+
+    def optimizing(*args, **kwargs):
+        m = _MALLINFO2()
+        allocated.append(m.uordblks + m.hblkhd)
+        return session(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", optimizing)
+    m = _MALLINFO2()
+    before = m.uordblks + m.hblkhd  # the model's 32 MiB among them
+    given = [model]
+    del model
+    prepare(given, tmp_path / "prepared.onnx")
+    assert onnx.load(tmp_path / "prepared.onnx").opset_import[0].version == 13
+    assert allocated and allocated[0] < before - (16 << 20)
+
+
+@pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the heap's size")
+def test_the_heaps_top_is_kept_when_blocks_below_the_threshold_are_freed():
+    """Fixing the mmap threshold fixes glibc's trim threshold too (128 KiB unless set): the heap would shrink at
+    every such free and grow again at the next block. Kept, it is handed back between stages (malloc_trim)."""
+    map_large_blocks()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(MMAP_THRESHOLD // 2) for _ in range(16)]  # 8 MiB of heap, at its top
+    grown = _MALLINFO2().arena
+    for b in reversed(blocks):
+        libc.free(b)
+    assert _MALLINFO2().arena >= grown - MMAP_THRESHOLD
