@@ -535,3 +535,24 @@ def test_sixth_corpus_forms(tmp_path, name):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("op", ["Abs", "Neg", "Relu"])
+def test_seventh_corpus_forms(tmp_path, op):
+    """Abs, Neg and Relu of a sum no QuantizeLinear ends (x - c per element plus x at a second scale): the runtime
+    loads the sum's requantization to int16, abs / negative (max for Relu), the zero point's add and clip, and gives
+    the reference executor's integers, the input's extremes included."""
+    c = np.linspace(-3, 3, 8).astype(np.float32)
+    inits = {"s": np.float32(0.03), "zx": np.uint8(100), "c": c, "s2": np.float32(0.011), "so": np.float32(0.02),
+             "zo": np.int8(-5)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node("Sub", ["xf", "c"], ["d"]),
+             h.make_node("DequantizeLinear", ["x", "s2", "zx"], ["x2"]), h.make_node("Add", ["d", "x2"], ["e"]),
+             h.make_node(op, ["e"], ["r"]), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    imp = import_model(qdq(nodes, (4, 8), T.UINT8, inits, T.INT8), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(3)
+    xs = [np.full((4, 8), 0), np.full((4, 8), 255)] + [rng.integers(0, 256, (4, 8)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
