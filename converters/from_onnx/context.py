@@ -33,6 +33,7 @@ from cvm_onnx.core.validate import shape_problem
 from .registry import Refuse
 
 INT32 = TensorProto.INT32
+INT16 = TensorProto.INT16
 BOOL = TensorProto.BOOL
 
 INT_RANGES = {

