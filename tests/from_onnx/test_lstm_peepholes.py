@@ -130,3 +130,14 @@ def test_a_cell_growing_each_step_stays_close_to_the_float_lstm(seed):
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": (x / 64).astype(np.float32)})[0][:, 0]
     assert np.abs(got - want).mean() * 127 < 0.012
+
+
+def test_an_initial_cell_past_2_to_the_20_is_refused_in_one_line():
+    """G falls from 14 while 2^G (|c0| + steps + 1) reaches 2^28; below 8 (|c0| past about 2^20) the LSTM is
+    refused, naming initial_c."""
+    from cvm_onnx.converters.from_onnx.quantized.recurrent import lstm_bits
+    from cvm_onnx.converters.from_onnx.registry import Refuse
+
+    assert lstm_bits(100, 0.0) == 14 and lstm_bits(100, 2.0**14) == 13 and lstm_bits(100, 2.0**19) == 8
+    with pytest.raises(Refuse, match="initial_c reaching 1.05e"):
+        lstm_bits(100, 2.0**20)
