@@ -318,9 +318,10 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
             ci = shift(ctx, c, g - CELL_BITS)
         elif g == CELL_BITS:
             ci = c
-        else:
-            ci = step(ctx, "broadcast_mul", c, c32(1 << (CELL_BITS - g)), c.lo << (CELL_BITS - g),
-                      c.hi << (CELL_BITS - g))
+        else:  # clipped to +-8 first, so that the product stays within 32 bits (the same values)
+            c8 = clipped(ctx, c, CELL_REACH << g)
+            ci = step(ctx, "broadcast_mul", c8, c32(1 << (CELL_BITS - g)), c8.lo << (CELL_BITS - g),
+                      c8.hi << (CELL_BITS - g))
         ci = clipped(ctx, ci, creach)
         tc = table(ctx, step(ctx, "broadcast_add", ci, c32(creach), ci.lo + creach, ci.hi + creach), ctab, -one, one)
         y = shift(ctx, step(ctx, "broadcast_mul", o, tc, -one * one, one * one), g)
