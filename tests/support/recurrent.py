@@ -75,29 +75,53 @@ def state(h0) -> np.ndarray:
     return obj(np.rint(h0 * ONE_H))
 
 
+def lstm_bits(steps: int, c0: float) -> int:
+    """G = 14, one fewer while 2^G (ceil|c0| + steps + 1) >= 2^28."""
+    g = 14
+    while ((1 << g) * (math.ceil(c0) + steps + 1)).bit_length() > 28:
+        g -= 1
+    return g
+
+
+def split_bits(g: int, steps: int, c0: float) -> int:
+    """K >= 1, the fewest with rhu(C, K) < 2^(28 - G), C = 2^G (ceil|c0| + steps + 1) the bound of c."""
+    bound, k = (1 << g) * (math.ceil(c0) + steps + 1), 1
+    while rhu(bound, k).bit_length() > 28 - g:
+        k += 1
+    return k
+
+
 def lstm(x, w16, e_w: int, r16, e_r: int, bias, h0, c0, order, g: int, pq=None, e_p: int = 0):
     """The integer LSTM of docs/import.md: z from x W^T + b and h R^T on 2^-14, rounded to 2^-10 and clipped to
-    +-16, the gates from round(2^G sigmoid(k / 1024)) and round(2^G tanh(k / 1024)), c' = rhu(f c, G) + rhu(i g, G),
-    tanh(c') from round(2^G tanh(k / 2048)) at c' on 2^-11 clipped to +-8, y = o tanh(c'), h' = rhu(127 y, 2G - 7)
-    at 1/16256; with peepholes ``pq`` (i, o, f; P at 2^-e_p): z of i and f plus times(P_q c, 14 - e_p - G), z of o
-    plus times(P_q c', 14 - e_p - G) with the new c'. Python integers: (ys in ``order``, h, c)."""
+    +-16, the gates from round(2^G sigmoid(k / 1024)) and round(2^G tanh(k / 1024)); with c = 2^K c_hi + c_lo
+    (c_hi = rhu(c, K), ``split_bits``) and m c = m c_hi + rhu(m c_lo, K) at 2^K times m's scale and c's, c' =
+    times(f c, K - G) + rhu(i g, G), tanh(c') from round(2^G tanh(k / 2048)) at c' on 2^-11 clipped to +-8, y =
+    rhu(o tanh(c'), G), h' = rhu(127 y, G - 7) at 1/16256; with peepholes ``pq`` (i, o, f; P at 2^-e_p): z of i
+    and f plus times(P_q c, 14 - e_p - G + K), z of o plus times(P_q c', 14 - e_p - G + K) with the new c'. Python
+    integers: (ys in ``order``, h, c)."""
     hidden = r16.shape[1]
+    k = split_bits(g, len(order), float(np.abs(c0).max(initial=0)))
+
+    def cell(m, c):
+        hi = rhu(c, k)
+        return m * hi + rhu(m * (c - hi * (1 << k)), k)
+
     sig, tnh = gate_tables(g)
     ctab = [round((1 << g) * math.tanh(k / 2048)) for k in range(-16384, 16385)]
     h, c = state(h0), obj(np.rint(c0 * (1 << g)))
     p_i, p_o, p_f = (obj(np.zeros(hidden, np.int64) if pq is None else pq[k * hidden:(k + 1) * hidden])
                      for k in range(3))
-    a = FINE - e_p - g
+    a = FINE - e_p - g + k
     ys = {}
     for t in order:
         pre = x_part(x[t], w16, e_w, bias) + h_part(h, r16, e_r)
         part = [pre[:, k * hidden:(k + 1) * hidden] for k in range(4)]
-        i = lookup(sig, index(part[0] + times(p_i * c, a)))
-        f = lookup(sig, index(part[2] + times(p_f * c, a)))
+        i = lookup(sig, index(part[0] + times(cell(p_i, c), a)))
+        f = lookup(sig, index(part[2] + times(cell(p_f, c), a)))
         cand = lookup(tnh, index(part[3]))
-        c = rhu(f * c, g) + rhu(i * cand, g)
-        o = lookup(sig, index(part[1] + times(p_o * c, a)))
+        c = times(cell(f, c), k - g) + rhu(i * cand, g)
+        o = lookup(sig, index(part[1] + times(cell(p_o, c), a)))
         at = c * (1 << (11 - g)) if g <= 11 else rhu(c, g - 11)
-        ys[t] = o * lookup(ctab, np.clip(at, -16384, 16384), 16384)
-        h = rhu(ys[t] * 127, 2 * g - 7)
+        ys[t] = rhu(o * lookup(ctab, np.clip(at, -16384, 16384), 16384), g)
+        h = rhu(ys[t] * 127, g - 7)
     return [ys[t] for t in order], h, c

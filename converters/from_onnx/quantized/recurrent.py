@@ -5,10 +5,11 @@ integer form").
 W and R are quantized per tensor to 16 bits (w = 128 w_hi + w_lo, both 8-bit) at power-of-two scales (``wide``); h
 is held as integers at scale 1 / (127 2^7) (h = 128 h_hi + h_lo, both 8-bit), so x W^T and h R^T are sums of 8-bit
 ``dense`` products, each shifted to steps of 2^-14, summed, rounded to steps of 2^-10 and clipped to [-16, 16];
-sigmoid and tanh tables give the gates at 2^-G. LSTM: c' = round(f c / 2^G) + round(i g / 2^G) at 2^-G; tanh(c')
-from a table over c' rounded to 2^-11 and clipped to [-8, 8]; Y = o tanh(c') exactly at 2^-2G and h' = round(127 Y
-/ 2^(2G-7)). GRU: h' = round(127 (2^G - z) n / 2^(2G-7)) + round(z h / 2^G). RNN (tanh or sigmoid): Y = f(x W^T + b
-+ h R^T) from the table at 2^-G, h' = round(127 Y / 2^(G-7)).
+sigmoid and tanh tables give the gates at 2^-G. LSTM (G = 14): c = 2^K c_hi + c_lo, c' = round(f c / 2^G) +
+round(i g / 2^G) at 2^-G, f c as f c_hi + round(f c_lo / 2^K); tanh(c') from a table over c' rounded to 2^-11 and
+clipped to [-8, 8]; Y = round(o tanh(c') / 2^G) at 2^-G and h' = round(127 Y / 2^(G-7)). GRU: h' = round(127 (2^G
+- z) n / 2^(2G-7)) + round(z h / 2^G). RNN (tanh or sigmoid): Y = f(x W^T + b + h R^T) from the table at 2^-G, h' =
+round(127 Y / 2^(G-7)).
 """
 from __future__ import annotations
 
@@ -35,17 +36,40 @@ H_STEPS = 127  # h's high half at scale 1/127
 LOW_BITS = 7  # h = 2^7 h_hi + h_lo, w = 2^7 w_hi + w_lo
 H_ONE = H_STEPS << LOW_BITS  # h at scale 1/16256; |weights| <= 16256
 RNN_BITS = 12  # an RNN's outputs at 2^-12
+LSTM_BITS = 14  # an LSTM's gates, c and Y at 2^-14 (fewer only where |c_0| + steps passes 2^14)
 MAX_STEPS = 1024  # steps unrolled per layer, over its directions (a few dozen CVM nodes each, the import linear in them)
 
 
 def gate_bits(steps: int, c0: float) -> int:
-    """G: gates at 2^-G, c at 2^-G, |c| <= |c0| + steps (|c'| <= f |c| + |i g| <= |c| + 1), so that the labels of
-    f c (2^G times 2^G (|c0| + steps)) and of o tanh(c) 127 (2^2G times 127) stay within 32 bits."""
+    """A GRU's G (at most 10 there; an LSTM's is ``lstm_bits``): the most bits <= 12 with 2^G times 2^G (|c0| +
+    steps + 1) and 2^2G times 127 within 32 bits."""
     g = 12
     while g > 4 and (tight(1 << g) + tight((1 << g) * (math.ceil(c0) + steps + 1)) > 32 or
                      tight(1 << (2 * g)) + tight(H_STEPS) > 32):
         g -= 1
     return g
+
+
+def lstm_bits(steps: int, c0: float) -> int:
+    """An LSTM's G: LSTM_BITS, fewer while c's bound 2^G (ceil|c0| + steps + 1) reaches 2^28 (|c'| <= f |c| + |i g|
+    <= |c| + 1 per step), so that c's halves (``cell_split``) and their products keep CVM's labels within 32 bits;
+    refused below 8 (h' = rhu(127 Y, G - 7))."""
+    g = LSTM_BITS
+    while tight((1 << g) * (math.ceil(c0) + steps + 1)) > 29:
+        if g == 8:
+            raise Refuse(f"an LSTM initial_c reaching {c0:.3g}: its cell state on the grid 2^-8 passes 28 bits")
+        g -= 1
+    return g
+
+
+def cell_split(g: int, steps: int, c0: float) -> int:
+    """K >= 1, the fewest bits with c = 2^K c_hi + c_lo (c_hi = rhu(c, K)) such that f c_hi and P_q c_hi (|f|,
+    |P_q| <= 2^G) plus rhu(f c_lo, K) keep CVM's labels within 32 bits: tight(2^G) + tight(rhu(C, K)) <= 31, C =
+    2^G (ceil|c0| + steps + 1) the bound of c."""
+    bound, k = (1 << g) * (math.ceil(c0) + steps + 1), 1
+    while tight(1 << g) + tight((bound + (1 << (k - 1))) >> k) > 31:
+        k += 1
+    return k
 
 
 def wide(w: np.ndarray, unit: Fraction) -> tuple[np.ndarray, Fraction]:
@@ -158,11 +182,12 @@ def grid_bias(b: np.ndarray) -> np.ndarray:
     return np.array(units, np.int64)
 
 
-def split(ctx, h: Tensor) -> tuple[Tensor, Tensor]:
-    """h (|h| <= 16256) as (h_hi, h_lo), h = 2^7 h_hi + h_lo: h_hi = round_half_up(h / 2^7), both 8-bit."""
-    hi = shift(ctx, h, LOW_BITS)
-    back = step(ctx, "broadcast_mul", hi, c32(1 << LOW_BITS), hi.lo << LOW_BITS, hi.hi << LOW_BITS)
-    return hi, step(ctx, "broadcast_sub", h, back, -(1 << (LOW_BITS - 1)), (1 << (LOW_BITS - 1)) - 1)
+def split(ctx, h: Tensor, k: int = LOW_BITS) -> tuple[Tensor, Tensor]:
+    """h as (h_hi, h_lo), h = 2^k h_hi + h_lo: h_hi = round_half_up(h / 2^k), h_lo in [-2^(k-1), 2^(k-1)) (both
+    8-bit for h's |h| <= 16256 and k = 7)."""
+    hi = shift(ctx, h, k)
+    back = step(ctx, "broadcast_mul", hi, c32(1 << k), hi.lo << k, hi.hi << k)
+    return hi, step(ctx, "broadcast_sub", h, back, -(1 << (k - 1)), (1 << (k - 1)) - 1)
 
 
 def weights(r: np.ndarray) -> list[tuple[Tensor, int, int]]:
@@ -206,10 +231,18 @@ def peepholes(p: np.ndarray, g: int) -> tuple[np.ndarray, int]:
     return np.rint(p * 2.0 ** e).astype(np.int64), e  # p 2^e is exact: a power-of-two scaling of float64
 
 
-def peephole(ctx, pq: np.ndarray, c: Tensor, a: int) -> Tensor:
-    """P_q c (c at 2^-G, P_q at 2^-e, a = 14 - e - G) on the grid 2^-14 (``fine``)."""
-    peak, pm = max(-c.lo, c.hi), int(np.abs(pq).max())
-    return fine(ctx, step(ctx, "broadcast_mul", c, c32(pq.reshape(1, -1)), -peak * pm, peak * pm), a)
+def cell_times(ctx, m: Tensor, cs: tuple[Tensor, Tensor], k: int) -> Tensor:
+    """m c / 2^K for c = 2^K c_hi + c_lo (``cell_split``): m c_hi + rhu(m c_lo, K), within half a step of it."""
+    hi, lo = cs
+    pm = m.peak
+    whole = step(ctx, "broadcast_mul", m, hi, -pm * hi.peak, pm * hi.peak)
+    return added(ctx, whole, shift(ctx, step(ctx, "broadcast_mul", m, lo, -pm * lo.peak, pm * lo.peak), k))
+
+
+def peephole(ctx, pq: np.ndarray, cs: tuple[Tensor, Tensor], a: int, k: int) -> Tensor:
+    """P_q c (c at 2^-G in halves ``cs``, P_q at 2^-e, a = 14 - e - G) on the grid 2^-14: ``cell_times`` put there
+    by ``fine``."""
+    return fine(ctx, cell_times(ctx, c32(pq.reshape(1, -1)), cs, k), a + k)
 
 
 def gate_tables(g: int) -> tuple[Tensor, Tensor]:
@@ -237,10 +270,12 @@ def at_step(ctx, xw: Tensor, t: int) -> Tensor:
 
 def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: np.ndarray, c0: np.ndarray,
               order: list[int], g: int, p: np.ndarray | None = None) -> tuple[list[Tensor], Tensor, Tensor]:
-    """One direction over the steps in ``order``: (y per step at 2^-2G, the last h at 1/16256, the last c at
-    2^-G). ``p``: the peepholes (i, o, f; ``peepholes``), P_i c and P_f c of the step's c into i and f, P_o c' of
-    the new c into o, each on 2^-14 and added to the gate's pre-activation."""
+    """One direction over the steps in ``order``: (y per step at 2^-G, the last h at 1/16256, the last c at 2^-G).
+    c is split in halves (``cell_split``) for f c and P c. ``p``: the peepholes (i, o, f; ``peepholes``), P_i c and
+    P_f c of the step's c into i and f, P_o c' of the new c into o, each on 2^-14 and added to the gate's
+    pre-activation."""
     hidden = r.shape[1]
+    cut = cell_split(g, len(order), float(np.abs(c0).max(initial=0)))
     rw = weights(r)
     # x W^T + b clipped where the sum is past +-16 whatever h R^T (|h R^T| <= reach - 18) and P c (|c| <= |c0| + t)
     reach = reach_of(r)
@@ -255,8 +290,10 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
     h = state(h0)
     one = 1 << g
     c = c32(np.rint(c0 * one).astype(np.int64))
+    cs = None
     ys = []
     for t in order:
+        cs = cs or split(ctx, c, cut)
         pre = at_step(ctx, xw, t)
         if h is not None:
             pre = added(ctx, pre, recurrent(ctx, h, rw))
@@ -266,29 +303,30 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
             i, o, f = (table(ctx, gates[k], sig, 0, one) for k in (0, 1, 2))
         else:  # gate k's pre-activation plus P_k c (P's order i, o, f is the gates'): i and f now, o after c'
             parts = [columns(ctx, pre, k * hidden, (k + 1) * hidden) for k in range(4)]
-            i, f = (table(ctx, gate_index(ctx, added(ctx, parts[k], peephole(ctx, ps[k], c, a))), sig, 0, one)
-                    for k in (0, 2))
+            i, f = (table(ctx, gate_index(ctx, added(ctx, parts[j], peephole(ctx, ps[j], cs, a, cut))), sig, 0, one)
+                    for j in (0, 2))
             gates = [None, None, None, gate_index(ctx, parts[3])]
         cand = table(ctx, gates[3], tnh, -one, one)
-        peak = max(-c.lo, c.hi)
-        fc = shift(ctx, step(ctx, "broadcast_mul", f, c, -one * peak, one * peak), g)
+        fc = fine(ctx, cell_times(ctx, f, cs, cut), cut - g)
         ig = shift(ctx, step(ctx, "broadcast_mul", i, cand, -one * one, one * one), g)
         c = added(ctx, fc, ig)
-        if p is not None:
-            o = table(ctx, gate_index(ctx, added(ctx, parts[1], peephole(ctx, ps[1], c, a))), sig, 0, one)
+        cs = None
+        if p is not None:  # c' in halves for P_o c' now and f c' next step
+            cs = split(ctx, c, cut)
+            o = table(ctx, gate_index(ctx, added(ctx, parts[1], peephole(ctx, ps[1], cs, a, cut))), sig, 0, one)
         if g > CELL_BITS:
             ci = shift(ctx, c, g - CELL_BITS)
         elif g == CELL_BITS:
             ci = c
-        else:
-            ci = step(ctx, "broadcast_mul", c, c32(1 << (CELL_BITS - g)), c.lo << (CELL_BITS - g),
-                      c.hi << (CELL_BITS - g))
+        else:  # clipped to +-8 first, so that the product stays within 32 bits (the same values)
+            c8 = clipped(ctx, c, CELL_REACH << g)
+            ci = step(ctx, "broadcast_mul", c8, c32(1 << (CELL_BITS - g)), c8.lo << (CELL_BITS - g),
+                      c8.hi << (CELL_BITS - g))
         ci = clipped(ctx, ci, creach)
         tc = table(ctx, step(ctx, "broadcast_add", ci, c32(creach), ci.lo + creach, ci.hi + creach), ctab, -one, one)
-        y = step(ctx, "broadcast_mul", o, tc, -one * one, one * one)
+        y = shift(ctx, step(ctx, "broadcast_mul", o, tc, -one * one, one * one), g)
         ys.append(y)
-        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), -one * one * H_STEPS, one * one * H_STEPS),
-                  2 * g - LOW_BITS)
+        h = shift(ctx, step(ctx, "broadcast_mul", y, c32(H_STEPS), -one * H_STEPS, one * H_STEPS), g - LOW_BITS)
     return ys, h, c
 
 
@@ -437,7 +475,7 @@ def default_activations(node, default: list[str]) -> bool:
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
     X with constant W, R, B, initial_h, initial_c, P (zeros when absent), every sequence the full length: unrolled
-    (``direction``). Outputs Y at 2^-2G, Y_h at 1/16256 and Y_c at 2^-G, requantized by what follows."""
+    (``direction``). Outputs Y and Y_c at 2^-G, Y_h at 1/16256, requantized by what follows."""
     if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or \
             not default_activations(node, ["Sigmoid", "Tanh", "Tanh"]):
         raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
@@ -446,12 +484,12 @@ def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     pv = floats(p, "LSTM P", (dirs, 3 * hidden))
     hv = floats(h0, "LSTM initial_h", (dirs, batch, hidden))
     cv = floats(c0, "LSTM initial_c", (dirs, batch, hidden))
-    g = gate_bits(steps, float(np.abs(cv).max(initial=0)))
+    g = lstm_bits(steps, float(np.abs(cv).max(initial=0)))
     outs = []
     for d, order in enumerate(orders(way, dirs, steps)):
         ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g, pv[d] if pv[d].any() else None)
         outs.append((ys if order[0] == 0 else ys[::-1], h, c))
-    one = Fraction(1, 1 << (2 * g))
+    one = Fraction(1, 1 << g)
     z = np.zeros((), np.int64)
     y = stacked(ctx, [o[0] for o in outs], steps, batch, hidden)
     yh = finals(ctx, [o[1] for o in outs], batch, hidden)
