@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from cvm_onnx.core.constants import CHUNK
-from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
+from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure, UnsupportedError
 
 # Each command imports what it needs when it runs (numpy, onnx, onnxruntime, Ray, the converters), so that
 # `--help`, a usage error and `info` start at once.
@@ -269,7 +269,6 @@ def convert_checked(args) -> int:
 
 def cmd_verify(args) -> int:
     from cvm_onnx.core.constants import FLOAT_IO, QUANTIZATION
-    from cvm_onnx.core.errors import UnsupportedError
     from cvm_onnx.core.format.edges import parse_edges
     from cvm_onnx.runtime.verify import exported_graph, given_cases, verify
 
@@ -312,7 +311,7 @@ def folds(given: list[str] | None) -> dict[str, float | None] | None:
         try:
             out[name] = float(value) if eq else None
         except ValueError:
-            raise UnsupportedError(f"--fold {item}: the value must be a number") from None
+            raise UnsupportedError("the value must be a number", where=f"--fold {item}") from None
     return out or None
 
 

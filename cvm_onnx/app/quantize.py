@@ -364,8 +364,9 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
     """``model`` with the named graph inputs (a recurrent model's states, a sample rate, an attention mask) as
     constants of their declared shape and type: the value given, else zeros. A dim not declared takes its size from
     ``sizes`` by its name (the sizes of the input left, in one calibration sample: a mask's sequence length), else
-    1 (the batch of one sample, as the quantized input's). Refused: a name that is no input, an input that declares
-    no shape."""
+    1 (the batch of one sample, as the quantized input's). Refused, naming ``--fold NAME``: a name that is no input,
+    an input that declares no shape or more than MAX_FOLDED values, a value its type does not hold (not finite,
+    past its range, not an integer for an integer input)."""
     from onnx import helper, numpy_helper
 
     out = onnx.ModelProto()
@@ -374,13 +375,24 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
     for name, value in values.items():
         v = inputs.get(name)
         if v is None:
-            raise UnsupportedError(f"--fold {name}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+            raise UnsupportedError(f"the model has no input {name!r} (inputs: {', '.join(inputs)})",
+                                   where=f"--fold {name}")
         shape = onnx_dims(v)
         if shape is None:
-            raise UnsupportedError(f"--fold {name}: it declares no shape, so it has no constant value")
+            raise UnsupportedError("it declares no shape, so it has no constant value", where=f"--fold {name}")
         dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
         named = [d.dim_param for d in v.type.tensor_type.shape.dim]
         shape = tuple((sizes or {}).get(p, 1) if d is None else d for d, p in zip(shape, named))
+        if math.prod(shape) > MAX_FOLDED:
+            raise UnsupportedError(f"its declared shape {shape} holds {math.prod(shape)} values, more than a constant "
+                                   f"may hold ({MAX_FOLDED})", where=f"--fold {name}")
+        info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype) if dtype.kind == "f" else None
+        if value is not None and info is not None and not (math.isfinite(value) and
+                                                           float(info.min) <= value <= float(info.max) and
+                                                           (dtype.kind == "f" or float(value).is_integer())):
+            raise UnsupportedError(f"{value} is no value of its type {dtype} (finite, within [{info.min}, "
+                                   f"{info.max}]{'' if dtype.kind == 'f' else ', an integer'})",
+                                   where=f"--fold {name}")
         array = np.full(shape, 0 if value is None else value).astype(dtype)
         out.graph.input.remove(v)
         out.graph.initializer.append(numpy_helper.from_array(array, name))
