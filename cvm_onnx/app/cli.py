@@ -118,8 +118,8 @@ def cmd_convert(args) -> int:
     importing = api.is_onnx(args.source)
     with Bar() if importing else contextlib.nullcontext() as bar:  # an import names its stage and counts its nodes
         done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
-                           input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
-                           outputs=args.outputs, provider=args.provider, target=args.target,
+                           input_precision=8 if args.input_precision is None else args.input_precision,
+                           batch=args.batch, optimize=args.optimize, outputs=args.outputs, provider=args.provider, target=args.target,
                            float_io=args.float_io, two_part=not args.one_part, progress=bar)
     imported = done if importing else None
     from cvm_onnx.core.gas import measure
@@ -422,6 +422,21 @@ def positive(text: str) -> int:
     return n
 
 
+#: The most random inputs ``verify --seeds`` draws (each is held until the comparison ends).
+MAX_SEEDS = 1 << 16
+
+
+def seeds(text: str) -> int:
+    """An argparse type: an integer in [0, MAX_SEEDS]."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEEDS}, not {text!r}")
+    return n
+
+
 def port(text: str) -> int:
     """An argparse type: a TCP port, 0 (any free one) to 65535."""
     try:
@@ -609,7 +624,8 @@ def parser() -> argparse.ArgumentParser:
                    "stacked, or a directory of .npy files; each sample is compared (default: 0, +-(2^(p-1)-1) and "
                    "random inputs); floats with --float-io")
     v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
-    v.add_argument("--seeds", type=int, metavar="N", help="random inputs without --input (default 3)")
+    v.add_argument("--seeds", type=seeds, metavar="N", help=f"random inputs without --input (default 3, at most "
+                   f"{MAX_SEEDS})")
     v.add_argument("--float-io", action="store_true", help="check the export with float input and outputs (convert "
                    "--float-io) against cvm-onnx run, on float inputs: 0, +-3.4e38, +-inf, rounding ties, random")
     w = model_cmd("view", cmd_view, "show a model (.onnx, or a CVM model converted on the fly) in Netron on "
