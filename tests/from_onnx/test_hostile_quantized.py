@@ -793,3 +793,28 @@ def test_fold_and_outputs_refusals_on_the_command_line_are_one_named_line(tmp_pa
     assert cli.main([*base, "--fold", "h0", "c0", "--outputs", ""]) == UnsupportedError.exit_code
     assert capsys.readouterr().err.strip() == "unsupported: '': no tensor of this name to cut the graph at"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed_name", ["gemm-float-c/QDQ/uint8/tensor", "gemm/QDQ/uint8/tensor"])
+@pytest.mark.parametrize("shape", [(2,), (1, 2), (0,), (3, 4), (4, 1), (1, 1, 4)])
+def test_a_gemms_c_that_does_not_broadcast_to_its_output_is_refused(seed_name, shape):
+    """The recent-forms fuzzer's case: a float C of shape (2,) or (0,) beside a Gemm of 4 columns was an internal
+    error (``shape mismatch`` putting C on the product's grid); one of shape (3, 4) beside a product of one row, float
+    or quantized, imported as an output of 3 rows (ONNX broadcasts C to (M, N) one way: onnxruntime refuses it). Now
+    refused naming the Gemm and C's shape; C of shape (), (4,), (1, 4) imports (``test_gemm_float_c``)."""
+    m = onnx.load_from_string(HQ.recent_seeds()[seed_name])
+    gemm = node(m, "Gemm")
+    c = gemm.input[2]
+    if HQ._init(m, c) is None:  # a quantized C: its integers, before the DequantizeLinear
+        c = next(n for n in m.graph.node if n.output[0] == c).input[0]
+    v = nh.to_array(HQ._init(m, c))
+    set_init(m, c, np.resize(v, shape).astype(v.dtype))
+    assert f"the Gemm's C of shape {shape} does not broadcast to its output (1, 4)" in refusal(m)
+
+
+def test_an_empty_conv_weight_is_refused_naming_it():
+    """The recent-forms fuzzer's case (the DepthToSpace seed): a Conv weight's integers of shape (0,) were an
+    internal error (``cannot reshape array of size 0``); now refused naming the Conv and the weight's shape."""
+    m = onnx.load_from_string(HQ.recent_seeds()["depth/QDQ/uint8/tensor"])
+    set_init(m, "w1_quantized", np.zeros(0, np.int8))
+    assert "conv (Conv): the Conv weight of shape (0,): a weight holds values" in refusal(m)
