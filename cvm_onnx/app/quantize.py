@@ -57,6 +57,7 @@ from cvm_onnx.core.format.params import read_params
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
+from cvm_onnx.core.format.onnx_safety import unsafe_nodes
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
@@ -1144,6 +1145,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     if (why := malformed_einsum(model)) is not None:
         raise FormatError(why, where=os.fspath(src))
+    if unsafe := unsafe_nodes(model):  # before onnxruntime, which dies on them
+        raise FormatError([Problem(os.fspath(src), str(p)) for p in unsafe])
     if (why := not_float(model)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
     if (why := non_finite(model)) is not None:
