@@ -709,7 +709,7 @@ FOLDS = {"states": {"h0": None, "c0": 0.5}}
 
 def _recent_float(rng) -> dict[str, onnx.ModelProto]:
     """Float models of the forms ``quantize`` takes since lately: float ids cast to integers ("cast-ids"), an
-    ai.onnx.ml op after a MatMul ("ml", refused up front), an LSTM whose states are graph inputs ("states", folded
+    ai.onnx.ml Scaler on the input ("ml") and a tree ensemble after a MatMul ("ml-tree", refused up front), an LSTM whose states are graph inputs ("states", folded
     by FOLDS), and onnxruntime's dynamic int8 models ("dyn-*": MatMulInteger, ConvInteger, DynamicQuantizeLSTM, an
     embedding read as integers, DynamicQuantizeMatMul, MatMulIntegerToFloat)."""
     from .dynamic import cnn, dynamic, embedding, fused, integer_to_float, lstm, mlp
@@ -722,12 +722,18 @@ def _recent_float(rng) -> dict[str, onnx.ModelProto]:
         [h.make_node("Cast", ["x"], ["ids"], name="cast", to=T.INT64), h.make_node("Gather", ["table", "ids"], ["e"]),
          h.make_node("MatMul", ["e", "w"], ["y"])], "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 5])], [y],
         [table, w]), 13)}
-    ml = onnx_model(h.make_graph(
-        [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Scaler", ["m"], ["y"], domain="ai.onnx.ml",
-                                                                  offset=[0.5], scale=[2.0])],
-        "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 6])], [y], [w]), 17)
-    ml.opset_import.append(h.make_opsetid("ai.onnx.ml", 1))
-    out["ml"] = ml
+    stump = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+                 nodes_values=[0.5, 0, 0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_truenodeids=[1, 0, 0],
+                 nodes_falsenodeids=[2, 0, 0], target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0],
+                 target_weights=[0.3, -0.3], n_targets=1)
+    for kind, nodes in (("ml", [h.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[0.5], scale=[2.0]),
+                                h.make_node("MatMul", ["s", "w"], ["y"])]),
+                        ("ml-tree", [h.make_node("MatMul", ["x", "w"], ["m"]),
+                                     h.make_node("TreeEnsembleRegressor", ["m"], ["y"], domain="ai.onnx.ml",
+                                                 **stump)])):
+        out[kind] = onnx_model(h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 6])], [y], [w]),
+                               17)
+        out[kind].opset_import.append(h.make_opsetid("ai.onnx.ml", 1))
     states = lstm_model("forward", 3, steps=3, size=4, hidden=4, states=True)
     for name in FOLDS["states"]:
         t = _init(states, name)
