@@ -218,6 +218,24 @@ def test_a_dynamic_quantization_of_another_form_is_refused_naming_it(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("form, k", [("DynamicQuantizeMatMul", 2), ("MatMulIntegerToFloat", 3)])
+def test_a_fused_dynamic_node_without_its_weight_scale_is_refused_naming_the_first_node_left(tmp_path, form, k):
+    """The quantize fuzzer's cases: a DynamicQuantizeMatMul without its weight's scale, a MatMulIntegerToFloat
+    without its own: refused in one line listing the nodes left, but with no place (the fuzzer counts it unnamed).
+    The first node left is the place now."""
+    dyn = dynamic(mlp(np.random.default_rng(5)), False, "int8")
+    m = fused(dyn) if form == "DynamicQuantizeMatMul" else integer_to_float(dyn)
+    next(n for n in m.graph.node if n.op_type == form).input[k] = ""
+    onnx.save(m, tmp_path / "d.onnx")
+    np.save(tmp_path / "c.npy", np.ones((2, 8), np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [p] = e.value.problems
+    assert p.where and p.rule.startswith("onnxruntime's dynamic quantization in a form not rewritten as its float "
+                                         f"model: {p.where} ("), str(p)
+    assert form in p.rule and not (tmp_path / "m").exists()
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_the_qoperator_form_keeps_per_channel_grids_with_per_channel(tmp_path, per_channel):
     """The QOperator quantizer reads per-channel overrides only when it quantizes per channel: a dynamic MLP with
