@@ -1188,7 +1188,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 progress(0, None, "comparing with the float model")
             # the quantized model, as the float model, read from its file where needed and into memory at the end;
             # the one-part import before the float model is back: none of the three held beside another
-            agreements = compare(float_path, out, imported, samples, progress)
+            agreements = compare(float_path, out, imported, samples, progress, where=os.fspath(src))
             release_memory()
             one_part = None
             if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
@@ -1300,15 +1300,18 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+            progress: Progress | None = None, where: str = "") -> tuple[list[np.ndarray], list[np.ndarray],
+                                                                      list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
     model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
     batch 1), each stacked as the float model's."""
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
-        want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples)
+        want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples,
+                         "the float model", where)
         release_memory()
-        ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples)
+        ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples,
+                        "its quantized model", where)
         release_memory()
     data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
@@ -1339,10 +1342,11 @@ def _stamp(path: Path) -> None:
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None) -> list[Agreement]:
+            progress: Progress | None = None, where: str = "") -> list[Agreement]:
     """Each output of the CVM model ``imported`` and of onnxruntime's ``quantized`` model (its bytes or its file)
-    against the float ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1)."""
-    want, ort, got = outputs(model, quantized, imported, samples, progress)
+    against the float ``model`` (or the file holding it) on ``samples`` (N samples of the input's shape, batch 1);
+    ``where`` names the source model in a refusal."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress, where)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in
@@ -1424,12 +1428,14 @@ def _sharing_checked() -> Iterator[None]:
         QDQQuantizer._quantize_sharing_param_tensors = original
 
 
-def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.ndarray]:
+def _run_onnx(model: bytes | str, name: str, samples: np.ndarray, what: str = "the model",
+              where: str = "") -> list[np.ndarray]:
     """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with
     exact int8 products: session.x64quantprecision, docs/import.md). Where onnxruntime cannot make that session
     (its optimizer fails on a quantized weight that several Gemms read, as a written-out LSTM's steps do: "Attempt
     to replace the existing tensor"), the model runs at the basic optimization level: each QDQ pair in float32
-    around the float op. A model onnxruntime cannot run even so: ``RuntimeFailure``, with onnxruntime's reason."""
+    around the float op. A model onnxruntime cannot run even so: ``RuntimeFailure`` at ``where``, saying ``what``
+    failed and onnxruntime's reason, in one line."""
     from onnxruntime import GraphOptimizationLevel, InferenceSession, SessionOptions
 
     def session(level: GraphOptimizationLevel | None) -> InferenceSession:
@@ -1448,7 +1454,8 @@ def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.nda
             sess = session(GraphOptimizationLevel.ORT_ENABLE_BASIC)
         runs = [sess.run(None, {name: x}) for x in samples]
     except Exception as e:  # noqa: BLE001
-        raise RuntimeFailure(f"onnxruntime cannot run the model: {type(e).__name__}: {str(e).strip()}") from None
+        raise RuntimeFailure(" ".join(f"onnxruntime cannot run {what}: {type(e).__name__}: {e}".split()),
+                             where=where) from None
     return [np.stack([r[k] for r in runs]) for k in range(len(sess.get_outputs()))]
 
 

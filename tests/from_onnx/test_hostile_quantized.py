@@ -818,3 +818,20 @@ def test_an_empty_conv_weight_is_refused_naming_it():
     m = onnx.load_from_string(HQ.recent_seeds()["depth/QDQ/uint8/tensor"])
     set_init(m, "w1_quantized", np.zeros(0, np.int8))
     assert "conv (Conv): the Conv weight of shape (0,): a weight holds values" in refusal(m)
+
+
+def test_a_model_onnxruntime_cannot_run_on_the_samples_is_refused_naming_the_file(tmp_path):
+    """The dynamic models' sweep: a DynamicQuantizeMatMul's bias of shape (2, 6) for a (1, 6) product quantizes (its
+    shape is not checked before it runs), then onnxruntime cannot run the float model on the samples (the Relu
+    after it): that refusal named no place; now the source file, in one line."""
+    model, npy = HQ.float_seeds()["dyn-fused"]
+    m = onnx.load_from_string(model)
+    set_init(m, "b1", np.resize(nh.to_array(HQ._init(m, "b1")), (2, 6)))
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    with pytest.raises(CVMError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    [p] = e.value.problems
+    assert p.where == str(tmp_path / "f.onnx") and "\n" not in p.rule, str(p)
+    assert p.rule.startswith("onnxruntime cannot run the float model: "), str(p)
+    assert not (tmp_path / "out").exists()
