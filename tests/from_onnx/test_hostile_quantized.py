@@ -835,3 +835,15 @@ def test_a_model_onnxruntime_cannot_run_on_the_samples_is_refused_naming_the_fil
     assert p.where == str(tmp_path / "f.onnx") and "\n" not in p.rule, str(p)
     assert p.rule.startswith("onnxruntime cannot run the float model: "), str(p)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_per_channel_output_scale_without_a_zero_point_is_no_internal_error():
+    """The quantized fuzzer's case (the DepthToSpace seed, QOperator): a QuantizeLinear whose zero point is absent
+    and whose scale has one value per channel: ``cannot reshape array of size 2 into shape ()`` looking for far rows
+    (which assumed one output scale). Now the per-channel scale goes on to the QLinearConv after it, which refuses
+    it naming the scale."""
+    m = onnx.load_from_string(HQ.recent_seeds()["depth/QOperator/int8/channel"])
+    q = next(n for n in m.graph.node if n.name == "e_QuantizeLinear")
+    q.input[2] = ""
+    set_init(m, q.input[1], np.full(2, float(nh.to_array(HQ._init(m, q.input[1]))), np.float32))
+    assert f"the scale {q.input[1]!r} has 2 values: QLinearConv quantizes this input per tensor" in refusal(m)
