@@ -12,7 +12,8 @@ exporter's models, or by an exported ResNet-20), each given to ``convert`` and t
 a signal or a hang is counted as an outcome rather than ending the run; the counts by outcome are printed.
 ``quantized`` is the same for models onnxruntime.quantization writes (tests/support/hostile_quantized.py: QDQ
 and QOperator, per tensor and per channel, uint8 and int8, dynamic), mutated in their quantization parameters,
-QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact.
+QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact;
+``recent`` is the same for the seeds of the forms added lately alone (``HQ.recent_seeds``).
 ``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets. Each child may add
 CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 
@@ -61,6 +62,7 @@ CHILD_TARGETS = {
     "resnet-files": lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)),
     "resnet-rules": lambda: H.mutated_nodes(R.resnet_onnx_seeds(RESNET)),
     "quantized": lambda: HQ.mutated(HQ.seeds()),
+    "recent": lambda: HQ.mutated(HQ.recent_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
 }
 PROJECT = ("cvm_onnx", "converters")
@@ -125,7 +127,7 @@ def convert_and_run(data: bytes) -> str:
 
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
-CHECKS = {"quantized": "quantized", "quantize": "quantize"}
+CHECKS = {"quantized": "quantized", "recent": "quantized", "quantize": "quantize"}
 
 
 def _serve(conn, kind: str) -> None:

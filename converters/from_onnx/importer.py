@@ -446,7 +446,8 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     known = produced.keys() | {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer}
     missing = [name for name in outputs if name not in known]
     if missing:
-        raise UnsupportedError([Problem(name, "no tensor of this name to cut the graph at") for name in missing])
+        raise UnsupportedError([Problem(name or "''", "no tensor of this name to cut the graph at")
+                                for name in missing])
     needed, todo = set(), list(outputs)
     while todo:
         name = todo.pop()

@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from cvm_onnx.core.constants import CHUNK
-from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure
+from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure, UnsupportedError
 
 # Each command imports what it needs when it runs (numpy, onnx, onnxruntime, Ray, the converters), so that
 # `--help`, a usage error and `info` start at once.
@@ -118,8 +118,8 @@ def cmd_convert(args) -> int:
     importing = api.is_onnx(args.source)
     with Bar() if importing else contextlib.nullcontext() as bar:  # an import names its stage and counts its nodes
         done = api.convert(args.source, args.output, params=args.params, inline=args.inline,
-                           input_precision=args.input_precision or 8, batch=args.batch, optimize=args.optimize,
-                           outputs=args.outputs, provider=args.provider, target=args.target,
+                           input_precision=8 if args.input_precision is None else args.input_precision,
+                           batch=args.batch, optimize=args.optimize, outputs=args.outputs, provider=args.provider, target=args.target,
                            float_io=args.float_io, two_part=not args.one_part, progress=bar)
     imported = done if importing else None
     from cvm_onnx.core.gas import measure
@@ -269,7 +269,6 @@ def convert_checked(args) -> int:
 
 def cmd_verify(args) -> int:
     from cvm_onnx.core.constants import FLOAT_IO, QUANTIZATION
-    from cvm_onnx.core.errors import UnsupportedError
     from cvm_onnx.core.format.edges import parse_edges
     from cvm_onnx.runtime.verify import exported_graph, given_cases, verify
 
@@ -312,7 +311,7 @@ def folds(given: list[str] | None) -> dict[str, float | None] | None:
         try:
             out[name] = float(value) if eq else None
         except ValueError:
-            raise UnsupportedError(f"--fold {item}: the value must be a number") from None
+            raise UnsupportedError("the value must be a number", where=f"--fold {item}") from None
     return out or None
 
 
@@ -420,6 +419,21 @@ def positive(text: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return n
+
+
+#: The most random inputs ``verify --seeds`` draws (each is held until the comparison ends).
+MAX_SEEDS = 1 << 16
+
+
+def seeds(text: str) -> int:
+    """An argparse type: an integer in [0, MAX_SEEDS]."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_SEEDS:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to {MAX_SEEDS}, not {text!r}")
     return n
 
 
@@ -610,7 +624,8 @@ def parser() -> argparse.ArgumentParser:
                    "stacked, or a directory of .npy files; each sample is compared (default: 0, +-(2^(p-1)-1) and "
                    "random inputs); floats with --float-io")
     v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
-    v.add_argument("--seeds", type=int, metavar="N", help="random inputs without --input (default 3)")
+    v.add_argument("--seeds", type=seeds, metavar="N", help=f"random inputs without --input (default 3, at most "
+                   f"{MAX_SEEDS})")
     v.add_argument("--float-io", action="store_true", help="check the export with float input and outputs (convert "
                    "--float-io) against cvm-onnx run, on float inputs: 0, +-3.4e38, +-inf, rounding ties, random")
     w = model_cmd("view", cmd_view, "show a model (.onnx, or a CVM model converted on the fly) in Netron on "

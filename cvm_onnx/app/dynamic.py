@@ -286,15 +286,15 @@ def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
             g.replaced[id(n)] = new
     nodes = [m for n in graph.node for m in g.replaced.get(id(n), [n])]
     nodes = _live(nodes, {o.name for o in graph.output})
-    names = [f"{n.name or n.output[0]} ({n.op_type})" for n in nodes
-             if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS or
-             n.op_type in _PRODUCTS and n.input[0] in g.retyped]
+    left = [n for n in nodes if (n.domain if n.domain != "ai.onnx" else "", n.op_type) in DYNAMIC_OPS or
+            n.op_type in _PRODUCTS and n.input[0] in g.retyped]
+    names = [f"{n.name or n.output[0]} ({n.op_type})" for n in left]
     if names:
         raise UnsupportedError(f"onnxruntime's dynamic quantization in a form not rewritten as its float model: "
                                f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''} (taken: "
                                "DynamicQuantizeLinear into MatMulInteger or ConvInteger of a constant weight, Cast, "
                                "Mul by the scales' product; MatMulIntegerToFloat, DynamicQuantizeMatMul, "
-                               "DynamicQuantizeLSTM of constant weights)")
+                               "DynamicQuantizeLSTM of constant weights)", where=left[0].name or left[0].output[0])
     used = {x for n in nodes for x in n.input}
     del graph.node[:]
     graph.node.extend(nodes)

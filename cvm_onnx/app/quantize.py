@@ -58,6 +58,7 @@ from cvm_onnx.core.format.params import read_params
 from cvm_onnx.core.format.npy import read_npy
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
+from cvm_onnx.core.format.onnx_safety import unsafe_nodes
 from cvm_onnx.core.gas import Gas
 from cvm_onnx.runtime.bulk import run_many
 
@@ -386,8 +387,9 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
     """``model`` with the named graph inputs (a recurrent model's states, a sample rate, an attention mask) as
     constants of their declared shape and type: the value given, else zeros. A dim not declared takes its size from
     ``sizes`` by its name (the sizes of the input left, in one calibration sample: a mask's sequence length), else
-    1 (the batch of one sample, as the quantized input's). Refused: a name that is no input, an input that declares
-    no shape."""
+    1 (the batch of one sample, as the quantized input's). Refused, naming ``--fold NAME``: a name that is no input,
+    an input that declares no shape or more than MAX_FOLDED values, a value its type does not hold (not finite,
+    past its range, not an integer for an integer input)."""
     from onnx import helper, numpy_helper
 
     out = onnx.ModelProto()
@@ -396,13 +398,24 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
     for name, value in values.items():
         v = inputs.get(name)
         if v is None:
-            raise UnsupportedError(f"--fold {name}: the model has no input {name!r} (inputs: {', '.join(inputs)})")
+            raise UnsupportedError(f"the model has no input {name!r} (inputs: {', '.join(inputs)})",
+                                   where=f"--fold {name}")
         shape = onnx_dims(v)
         if shape is None:
-            raise UnsupportedError(f"--fold {name}: it declares no shape, so it has no constant value")
+            raise UnsupportedError("it declares no shape, so it has no constant value", where=f"--fold {name}")
         dtype = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
         named = [d.dim_param for d in v.type.tensor_type.shape.dim]
         shape = tuple((sizes or {}).get(p, 1) if d is None else d for d, p in zip(shape, named))
+        if math.prod(shape) > MAX_FOLDED:
+            raise UnsupportedError(f"its declared shape {shape} holds {math.prod(shape)} values, more than a constant "
+                                   f"may hold ({MAX_FOLDED})", where=f"--fold {name}")
+        info = np.iinfo(dtype) if dtype.kind in "iu" else np.finfo(dtype) if dtype.kind == "f" else None
+        if value is not None and info is not None and not (math.isfinite(value) and
+                                                           float(info.min) <= value <= float(info.max) and
+                                                           (dtype.kind == "f" or float(value).is_integer())):
+            raise UnsupportedError(f"{value} is no value of its type {dtype} (finite, within [{info.min}, "
+                                   f"{info.max}]{'' if dtype.kind == 'f' else ', an integer'})",
+                                   where=f"--fold {name}")
         array = np.full(shape, 0 if value is None else value).astype(dtype)
         out.graph.input.remove(v)
         out.graph.initializer.append(numpy_helper.from_array(array, name))
@@ -1158,6 +1171,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     if (why := malformed_einsum(model)) is not None:
         raise FormatError(why, where=os.fspath(src))
+    if unsafe := unsafe_nodes(model):  # before onnxruntime, which dies on them
+        raise FormatError([Problem(os.fspath(src), str(p)) for p in unsafe])
     if (why := not_float(model)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
     if (why := non_finite(model, outputs)) is not None:
@@ -1205,7 +1220,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             order = list(params)
             params.clear()
             release_memory()
-            agreements = compare(float_path, out, imported, samples, got=got)
+            agreements = compare(float_path, out, imported, samples, got=got, where=os.fspath(src))
             release_memory()
             one_part = None
             if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
@@ -1334,7 +1349,7 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None) \
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") \
         -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
     model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
@@ -1344,9 +1359,11 @@ def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Im
         got = cvm_outputs(imported, samples, progress)
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
-        want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples)
+        want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples,
+                         "the float model", where)
         release_memory()
-        ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples)
+        ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples,
+                        "its quantized model", where)
         release_memory()
     return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
 
@@ -1382,11 +1399,11 @@ def _stamp(path: Path) -> None:
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None) -> list[Agreement]:
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") -> list[Agreement]:
     """Each output of the CVM model ``imported`` (``got``: its outputs, as ``outputs`` takes them) and of
     onnxruntime's ``quantized`` model (its bytes or its file) against the float ``model`` (or the file holding it)
-    on ``samples`` (N samples of the input's shape, batch 1)."""
-    want, ort, got = outputs(model, quantized, imported, samples, progress, got)
+    on ``samples`` (N samples of the input's shape, batch 1); ``where`` names the source model in a refusal."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in
@@ -1481,12 +1498,14 @@ def _sharing_checked() -> Iterator[None]:
         QDQQuantizer._quantize_sharing_param_tensors = original
 
 
-def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.ndarray]:
+def _run_onnx(model: bytes | str, name: str, samples: np.ndarray, what: str = "the model",
+              where: str = "") -> list[np.ndarray]:
     """Every output of an ONNX model (its bytes, or its file's path) on each sample, stacked (onnxruntime with
     exact int8 products: session.x64quantprecision, docs/import.md). Where onnxruntime cannot make that session
     (its optimizer fails on a quantized weight that several Gemms read, as a written-out LSTM's steps do: "Attempt
     to replace the existing tensor"), the model runs at the basic optimization level: each QDQ pair in float32
-    around the float op. A model onnxruntime cannot run even so: ``RuntimeFailure``, with onnxruntime's reason."""
+    around the float op. A model onnxruntime cannot run even so: ``RuntimeFailure`` at ``where``, saying ``what``
+    failed and onnxruntime's reason, in one line."""
     from onnxruntime import GraphOptimizationLevel, InferenceSession, SessionOptions
 
     def session(level: GraphOptimizationLevel | None) -> InferenceSession:
@@ -1505,7 +1524,8 @@ def _run_onnx(model: bytes | str, name: str, samples: np.ndarray) -> list[np.nda
             sess = session(GraphOptimizationLevel.ORT_ENABLE_BASIC)
         runs = [sess.run(None, {name: x}) for x in samples]
     except Exception as e:  # noqa: BLE001
-        raise RuntimeFailure(f"onnxruntime cannot run the model: {type(e).__name__}: {str(e).strip()}") from None
+        raise RuntimeFailure(" ".join(f"onnxruntime cannot run {what}: {type(e).__name__}: {e}".split()),
+                             where=where) from None
     return [np.stack([r[k] for r in runs]) for k in range(len(sess.get_outputs()))]
 
 

@@ -51,7 +51,7 @@ from cvm_onnx.core.constants import IR_VERSION, OPSET, PRECISION, ROUTES, precis
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure
 from cvm_onnx.core.executor import integer_input
 from cvm_onnx.core.format.onnx_file import onnx_model
-from cvm_onnx.core.format.onnx_safety import empty_required_inputs, readable
+from cvm_onnx.core.format.onnx_safety import readable, unsafe_nodes
 from cvm_onnx.native import DOMAIN as NATIVE_DOMAIN
 from cvm_onnx.native import SERVING_KERNELS, cpu, cuda_ops, fallback, library_path
 from cvm_onnx.runtime.placement import cuda_refusals
@@ -158,7 +158,8 @@ def uses_serving_kernels(model: onnx.ModelProto) -> bool:
 def _load(model: ModelLike) -> onnx.ModelProto:
     """The model, checked and its external data read from the model file's directory (``readable``): a model
     given as a ModelProto or bytes has none, so any external tensor of it is refused (onnxruntime would look for
-    its file in the working directory); a required input left '' is refused too (``empty_required_inputs``)."""
+    its file in the working directory); a node onnxruntime dies on is refused too (``unsafe_nodes``: a required
+    input left '', an attribute out of the range onnxruntime assumes)."""
     if isinstance(model, onnx.ModelProto):
         return _checked(readable(model, None))
     try:
@@ -171,7 +172,7 @@ def _load(model: ModelLike) -> onnx.ModelProto:
 
 
 def _checked(model: onnx.ModelProto) -> onnx.ModelProto:
-    if problems := empty_required_inputs(model):
+    if problems := unsafe_nodes(model):
         raise FormatError(problems)
     return model
 

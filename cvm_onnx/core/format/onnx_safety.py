@@ -191,13 +191,22 @@ def call_problems(model: onnx.ModelProto) -> list[Problem]:
     return out
 
 
-def empty_required_inputs(model: onnx.ModelProto) -> list[Problem]:
-    """Nodes of the standard domain (in the graph, its subgraphs and the model's functions) with '' at an input
-    their op's schema does not mark optional: onnxruntime loads some of them (Max, Min) and dies of SIGSEGV
-    running them."""
+#: Attributes of standard ops whose range onnxruntime does not check before it uses them, and the least value it
+#: takes safely (below it, it dies of SIGSEGV creating the session).
+UNCHECKED_ATTRIBUTES = {("GatherND", "batch_dims"): 0}
+
+
+def unsafe_nodes(model: onnx.ModelProto) -> list[Problem]:
+    """Nodes of the standard domain (in the graph, its subgraphs and the model's functions) that onnxruntime loads
+    and dies of SIGSEGV on: '' at an input their op's schema does not mark optional (Max, Min, when run), an
+    attribute of UNCHECKED_ATTRIBUTES below its least value (GatherND's batch_dims < 0, at session creation)."""
     def walk(nodes, opsets: dict[str, int], where: str):
         for i, n in enumerate(nodes):
             label = f"{where}{n.name or f'node {i} ({n.op_type})'}"
+            for a in n.attribute if n.domain in ("", "ai.onnx") else ():
+                least = UNCHECKED_ATTRIBUTES.get((n.op_type, a.name))
+                if least is not None and a.type == AttributeProto.INT and a.i < least:
+                    yield Problem(label, f"{n.op_type}: attribute {a.name}={a.i} must be >= {least}")
             if n.domain in ("", "ai.onnx") and "" in n.input:
                 try:
                     schema = onnx.defs.get_schema(n.op_type, opsets.get("", 1), "")
