@@ -532,3 +532,42 @@ def softmax_plan(n: int, q: Fraction) -> SoftmaxPlan:
         raise NoPlan(f"a softmax over {n} values into steps of {float(1 / q):.3g} has no integer form within "
                      "half a step in 32 bits")
     return best
+
+
+@dataclass(frozen=True)
+class LogSoftmaxPlan:
+    """LogSoftmax in integers (docs/import.md, "LogSoftmax"), for d = max - x >= 0 along the axis of n values and
+    W = z_out - lo + 1 (the output steps below the zero point): E[k] = round(2^F exp(-k s)), S = sum E (>= 2^F),
+    S' = round_half_up(S / 2^k); A[d] = min(round(2^P d s q), 2^P W), G[j] = min(round(2^P q log(j 2^k / 2^F)),
+    2^P W); y = z_out - round_half_up((A + G) / 2^P), saturated. ``delta``: the worst distance of (A + G) / 2^P from
+    -log_softmax * q, in output steps: 2^-P for the two tables' roundings, q times ``log_error`` (nats) for E's
+    roundings (relative (n - 1) / 2^(F+1)) and S's shift (relative 2^(k-1) / 2^F)."""
+
+    frac_bits: int  # F
+    shift: int  # k
+    table_bits: int  # P
+    log_error: float
+    delta: float
+
+    @property
+    def error(self) -> float:
+        return 0.5 + self.delta
+
+
+def logsoftmax_plan(n: int, q: Fraction, below: int) -> LogSoftmaxPlan:
+    """F, k and P of LogSoftmax over n values into steps of 1 / q with ``below`` = W output steps below the zero
+    point: F = 30 - bits(n) (sum E within the runtime's sum rule), the least k whose S' table has at most 2^16
+    entries, the largest P <= 16 with 2^P W <= 2^29 (A + G within 31 bits)."""
+    f = 30 - bits(n)
+    k = 0
+    while (n << f) + (1 << k >> 1) >> k >= 1 << 16:
+        k += 1
+    e1, e2 = Fraction(n - 1, 1 << (f + 1)), Fraction(1 << k >> 1, 1 << f)
+    if e1 >= Fraction(1, 2) or e2 >= Fraction(1, 2) or below > 1 << 29:
+        raise NoPlan(f"a LogSoftmax over {n} values has no integer form here (its sum's log table needs more than "
+                     "2^16 entries)")
+    p = 16
+    while p > 1 and below << p > 1 << 29:
+        p -= 1
+    log_error = -math.log1p(-float(e1)) - math.log1p(-float(e2))
+    return LogSoftmaxPlan(f, k, p, log_error, 2.0**-p + float(q) * log_error)

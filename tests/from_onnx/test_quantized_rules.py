@@ -113,6 +113,107 @@ def test_qlinear_softmax_agrees_with_onnxruntime_within_one_step():
     assert np.abs(got - want.astype(np.int64)).max() <= 1
 
 
+# -- LogSoftmax -------------------------------------------------------------------------------------------------
+def logsoftmax_oracle(v: np.ndarray, s: float, q: Fraction, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
+    """The integer form of docs/import.md with the import's F, k and P: d = max - v along the axis,
+    S = sum round(2^F exp(-d s)) (math.exp), S' = round_half_up(S / 2^k), A = round(2^P d s q) (exact),
+    G = round(2^P q log(S' 2^k / 2^F)) (math.log), both capped at 2^P (z_out - lo + 1);
+    y = z_out - round_half_up((A + G) / 2^P), saturated."""
+    outer, n, inner = view
+    v3 = v.reshape(outer, n, inner)
+    d = v3.max(axis=1, keepdims=True) - v3
+    f, k, b = p.frac_bits, p.shift, p.table_bits
+    cap = (zo - lo + 1) * 2**b
+    e = {i: math.floor(Fraction(math.exp(-i * s)) * 2**f + Fraction(1, 2)) for i in np.unique(d).tolist()}
+    total = np.vectorize(e.get)(d).sum(axis=1, keepdims=True)
+    shifted = (total + (2**k // 2)) // 2**k
+    a = np.vectorize(lambda i: min(math.floor(i * Fraction(s) * q * 2**b + Fraction(1, 2)), cap))(d)
+    g = np.vectorize(lambda j: min(math.floor(Fraction(math.log(j * 2.0**(k - f)) * float(q)) * 2**b
+                                              + Fraction(1, 2)), cap))(shifted)
+    r = (a + g + 2**b // 2) // 2**b
+    return np.clip(zo - r, lo, hi).reshape(v.shape)
+
+
+def logsoftmax_model(shape, x_type, inits, axis: int, opset: int, out_type):
+    """DequantizeLinear, LogSoftmax, then QuantizeLinear (out_type quantized) or a float output (a tail)."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("LogSoftmax", ["xf"], ["lf" if out_type != T.FLOAT else "y"], axis=axis)]
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["lf", "so", "zo"], ["y"]))
+    return qdq(nodes, shape, x_type, inits, out_type, opset=opset)
+
+
+def tail_scale(s: float, n: int) -> float:
+    """The float tail's int16 scale for an 8-bit input: the least float32 with 32767 scale >= 255 s + log n."""
+    m = 255 * s + math.log(n)
+    scale = np.float32(m / 32767)
+    while float(scale) * 32767 < m:
+        scale = np.nextafter(scale, np.float32(np.inf))
+    return float(scale)
+
+
+def log_softmax(real: np.ndarray) -> np.ndarray:
+    top = real.max(axis=1, keepdims=True)
+    return real - top - np.log(np.exp(real - top).sum(axis=1, keepdims=True))
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8, T.FLOAT]), s=scales,
+       so=st.sampled_from([1 / 16, 0.1, 0.05, 0.02]), opset=st.sampled_from([11, 13, 17]))
+def test_logsoftmax_equals_its_integer_form_within_its_bound_of_float(d, shape, x_type, out_type, s, so, opset):
+    """LogSoftmax over any axis (opset 11's 2-D coercion too), quantized (zero point anywhere) or a float output:
+    equal to the integer form's oracle, and every unsaturated output within 1/2 + delta of
+    log_softmax(x s) / s_out + z_out (float64 here, far below the margin). Refused before it had a rule."""
+    rank = len(shape)
+    axis = d.draw(st.integers(-rank, rank - 1))
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    zo = d.draw(st.integers(*((-128, 127) if out_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx)}
+    if out_type != T.FLOAT:
+        inits |= {"so": np.float32(so), "zo": NP[out_type](zo)}
+    x = draw_x(d, shape, x_type)
+    imp, got = imported(logsoftmax_model(shape, x_type, inits, axis, opset, out_type), x)
+    [p] = [r.logsoftmax for r in imp.requants if r.logsoftmax]
+    a = axis % rank
+    view = (math.prod(shape[:a]), shape[a], math.prod(shape[a + 1:])) if opset >= 13 else \
+        (math.prod(shape[:a]), math.prod(shape[a:]), 1)
+    if out_type == T.FLOAT:
+        so, zo, (lo, hi) = tail_scale(float(np.float32(s)), view[1]), 0, (-32768, 32767)
+    else:
+        lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
+    q = 1 / Fraction(float(np.float32(so)))
+    assert np.array_equal(got, logsoftmax_oracle(x - zx, float(np.float32(s)), q, view, p, zo, lo, hi))
+    exact = log_softmax((x - zx).reshape(view) * float(np.float32(s))).reshape(shape) * float(q) + zo
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+
+
+@pytest.mark.parametrize("n, out_type", [(64, T.UINT8), (6625, T.UINT8), (6625, T.FLOAT)])
+def test_logsoftmax_within_its_bound_and_onnxruntime(n, out_type):
+    """A 64-wide row and a text recognizer's 6625 characters (many equal maxima: the largest sum), quantized and as
+    a float output: equal to the oracle, within 1/2 + delta of float; onnxruntime's QDQ model (float LogSoftmax)
+    is within 1/2 of float (its own rounding) and the import within 1 + delta of it."""
+    rng = np.random.default_rng(n)
+    x = rng.integers(-128, 128, size=(2, n))
+    x[0, :n // 2] = 127
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(255)}
+    m = logsoftmax_model(x.shape, T.INT8, inits, -1, 13, out_type)
+    imp, got = imported(m, x)
+    [p] = [r.logsoftmax for r in imp.requants if r.logsoftmax]
+    so, zo, lo, hi = (0.1, 255, 0, 255) if out_type != T.FLOAT else \
+        (tail_scale(float(np.float32(0.05)), n), 0, -32768, 32767)
+    q = 1 / Fraction(float(np.float32(so)))
+    assert np.array_equal(got, logsoftmax_oracle(x - 3, float(np.float32(0.05)), q, (2, n, 1), p, zo, lo, hi))
+    exact = log_softmax((x - 3) * float(np.float32(0.05))) * float(q) + zo
+    [want] = ort_session(m).run(None, {"x": x.astype(np.int8)})
+    want = want.astype(np.float64) * float(q) if out_type == T.FLOAT else want.astype(np.int64)
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    assert (np.abs(want - exact)[(want > lo) & (want < hi)] <= 0.5 + 1e-3).all()
+    assert (np.abs(got - want)[inside] <= 1 + p.delta + 1e-3).all()
+
+
 # -- division and multiplication by a constant, hard-swish, ReduceMean, Split -------------------------------------
 def oracle_equal(m, x: np.ndarray) -> None:
     """Every output of the import equals the oracle of test_quantized_import (integer arithmetic, each

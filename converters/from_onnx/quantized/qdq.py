@@ -14,7 +14,8 @@ from onnx import TensorProto
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import as_int32, broadcast_shape, minus_zero, reduced
 from ..registry import Refuse, float_rule, rule
-from ..requant_plans import FarPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, plan, runs, softmax_plan
+from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, logsoftmax_plan, plan,
+                             runs, softmax_plan)
 from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
                      per_tensor, scale_of, scaled, zero_of)
 
@@ -34,6 +35,7 @@ class Requant:
     plan: Plan | None
     runs: tuple[Run, ...] = ()
     softmax: SoftmaxPlan | None = None
+    logsoftmax: LogSoftmaxPlan | None = None
     layernorm: object | None = None  # norm.LayerNormPlan
     settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
     far: tuple[tuple[int, FarPlan], ...] = ()  # (row, its plan): far rows whose output varies (``far_rows``)
@@ -459,9 +461,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         raise Refuse(str(e)) from None
     f, b = p.frac_bits, p.split
     tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
-    v = ctx.reshape(as_int32(t), (outer, n, inner))
-    top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
-    d = ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, span - 1, v.shape)
+    v, d = below_max(ctx, t, x.view)
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
@@ -489,6 +489,14 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
     return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
 
 
+def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    """t as (outer, n, inner) and d = max - t along n (CVM max, broadcast_sub), in 0 .. t.hi - t.lo."""
+    outer, n, inner = view
+    v = ctx.reshape(as_int32(t), (outer, n, inner))
+    top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
+    return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape)
+
+
 def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
     """T, H, L over k = 0 .. span - 1 (float64 exp, rounded half up once)."""
     f, b = p.frac_bits, p.split
@@ -509,6 +517,83 @@ def softmax_view(node, shape: tuple[int, ...], opset: int) -> tuple[int, int, in
     if opset >= 13:
         return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
+
+
+class LogSoftmaxed(Deferred):
+    """LogSoftmax of x over one axis (``view`` as Softmax's), made integers by the QuantizeLinear that follows
+    (``quantized``: requant_plans.LogSoftmaxPlan)."""
+
+    def __init__(self, x: Scaled, view: tuple[int, int, int]):
+        self.x, self.view, self.shape, self.what = x, view, x.shape, "LogSoftmax"
+
+    @property
+    def ends(self) -> tuple[float, float]:
+        """The least and largest value it takes: -(hi - lo) s - log(n) and 0."""
+        t = self.x.t
+        return -((t.hi - t.lo) * float(self.x.scale.reshape(()).item()) + math.log(self.view[1])), 0.0
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        """d = max - t along the axis; S = sum cvm_lut(d, E) (CVM sum), S' = cvm_right_shift(S, k);
+        r = cvm_right_shift(cvm_lut(d, A) + cvm_lut(S', G), P) (broadcast_add); y = z_out - r, saturated."""
+        if scale.size != 1:
+            raise Refuse("LogSoftmax with a per-channel output scale has no CVM form")
+        t, (outer, n, inner) = self.x.t, self.view
+        span = t.hi - t.lo + 1
+        if span > MAX_TABLE:
+            raise Refuse(f"LogSoftmax of {span} integers: its tables hold at most 2^16 entries (quantize its input)")
+        lo, hi = INT_RANGES[dtype]
+        q = 1 / scale.reshape(()).item()
+        try:
+            p = logsoftmax_plan(n, q, out_zero - lo + 1)
+        except NoPlan as e:
+            raise Refuse(str(e)) from None
+        e_, a_, g_ = logsoftmax_tables(span, float(self.x.scale.reshape(()).item()), q, n, out_zero - lo + 1, p)
+        v, d = below_max(ctx, t, self.view)
+
+        def lut(index: Tensor, values: np.ndarray) -> Tensor:
+            e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=values.size)
+            return ctx.result(e, INT32, int(values.min()), int(values.max()), index.shape)
+
+        total = lut(d, e_)
+        s_ = ctx.reshape(reduced(ctx, "sum", total, [1], 1 << p.frac_bits, n << p.frac_bits), (outer, 1, inner))
+        if p.shift:
+            e = ctx.emit("cvm_right_shift", ctx.narrow(s_, tight(s_.hi)), precision=tight(g_.size - 1),
+                         shift_bit=p.shift)
+            s_ = ctx.result(e, INT32, s_.lo + (1 << p.shift >> 1) >> p.shift, g_.size - 1, s_.shape)
+        a, g = lut(d, a_), lut(s_, g_)
+        both = ctx.result(ctx.op("broadcast_add", a, g), INT32, a.lo + g.lo, a.hi + g.hi, a.shape)
+        top = both.hi + (1 << p.table_bits >> 1) >> p.table_bits
+        e = ctx.emit("cvm_right_shift", ctx.narrow(both, tight(both.hi)), precision=tight(top),
+                     shift_bit=p.table_bits)
+        r = ctx.result(e, INT32, 0, top, a.shape)
+        y = ctx.result(ctx.op("broadcast_sub", const(np.array(out_zero, np.int32), INT32), r), INT32,
+                       out_zero - top, out_zero, a.shape)
+        ctx.requants.append(Requant(ctx.base, (), None, logsoftmax=p))
+        return saturate(ctx, ctx.reshape(y, self.shape), 0, lo, hi, dtype, self.shape)
+
+
+def logsoftmax_tables(span: int, s: float, q: Fraction, n: int, below: int,
+                      p: LogSoftmaxPlan) -> tuple[np.ndarray, ...]:
+    """E over k = 0 .. span - 1 and G over j = 0 .. round(n 2^F / 2^k) (0 below 2^(F-k), which S' never is) in
+    float64, A over d = 0 .. span - 1 exactly, each rounded half up once; A and G capped at 2^P W (the output
+    saturates there)."""
+    f, k, b = p.frac_bits, p.shift, p.table_bits
+    cap = below << b
+    e = np.floor(np.ldexp(np.exp(-np.arange(span, dtype=np.float64) * s), f) + 0.5).astype(np.int64)
+    num, den = (Fraction(s) * q * (1 << b)).as_integer_ratio()
+    a = np.array([min((2 * i * num + den) // (2 * den), cap) for i in range(span)], np.int64)
+    j = np.arange(((n << f) + (1 << k >> 1) >> k) + 1, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        logs = np.maximum(np.log(np.ldexp(j, k - f)), 0)
+    g = np.minimum(np.floor(np.ldexp(logs * float(q), b) + 0.5), cap).astype(np.int64)
+    return e, a, g
+
+
+@float_rule("LogSoftmax", since=1)
+def logsoftmax_rule(ctx, node, x):
+    """LogSoftmax: an integer form made by the QuantizeLinear that follows (``LogSoftmaxed``)."""
+    x = per_tensor(scaled(x, "the LogSoftmax input"), "LogSoftmax")
+    return LogSoftmaxed(x, softmax_view(node, x.shape, node.opset))
 
 
 @float_rule("Softmax", since=1)
