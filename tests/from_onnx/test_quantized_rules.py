@@ -113,6 +113,93 @@ def test_qlinear_softmax_agrees_with_onnxruntime_within_one_step():
     assert np.abs(got - want.astype(np.int64)).max() <= 1
 
 
+def confidence_model(shape, axis: int, inits, keepdims: bool, div: bool, transposed: bool, out_type):
+    """The written-out confidence 1 / ReduceSum(Exp(x - ReduceMax(x))) along ``axis`` >= 0 (a Reciprocal or
+    Div(1, .); the max kept, or Unsqueezed; of x's own tensor, or of the tensor x transposes by ``perm`` reversed,
+    as onnxruntime rewrites it), then QuantizeLinear (out_type quantized) or a float output."""
+    rank = len(shape)
+    perm = list(range(rank))[::-1] if transposed else list(range(rank))
+    inner = [shape[p] for p in perm]  # the tensor x transposes is of this shape
+    nodes, c = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["yf" if transposed else "xf"])], \
+        "y" if out_type == T.FLOAT else "c"
+    if transposed:
+        nodes.append(h.make_node("Transpose", ["yf"], ["xf"], perm=perm))
+    nodes.append(h.make_node("ReduceMax", ["yf" if transposed else "xf"], ["m0"], axes=[perm[axis]],
+                             keepdims=int(keepdims)))
+    if not keepdims:
+        nodes.append(h.make_node("Unsqueeze", ["m0", "ax"], ["m"]))
+    nodes += [h.make_node("Sub", ["xf", "m0" if keepdims else "m"], ["u"]), h.make_node("Exp", ["u"], ["e"]),
+              h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0),
+              h.make_node("Div", ["one", "r"], [c]) if div else h.make_node("Reciprocal", ["r"], [c])]
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"]))
+    inits = {**inits, "ax": np.array([axis], np.int64), "one": np.float32(1)}
+    return qdq(nodes, tuple(inner) if transposed else shape, T.INT8, inits, out_type, opset=17)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple), s=scales,
+       out_type=st.sampled_from([T.UINT8, T.FLOAT]), keepdims=st.booleans(), div=st.booleans(),
+       transposed=st.booleans())
+def test_written_out_confidence_is_the_softmax_at_its_max(d, shape, s, out_type, keepdims, div, transposed):
+    """1 / ReduceSum(Exp(x - ReduceMax(x))) along one axis: the Softmax form at d = 0, equal to the Softmax oracle's
+    value at the max, within 1/2 + delta of 1 / sum exp(x s - max) / s_out. Refused before (a ReduceSum of an
+    Exp of a sum)."""
+    rank = len(shape)
+    axis = d.draw(st.integers(0, rank - 1))
+    kept = [rank - 1 - i for i in range(rank) if i != axis]
+    assume(not transposed or (kept == sorted(kept) and not keepdims))  # kept: the max in y's layout
+    inits = {"s": np.float32(s), "zx": np.int8(0), "so": np.float32(1 / 255), "zo": np.uint8(0)}
+    m = confidence_model(shape, axis, inits, keepdims, div, transposed, out_type)
+    x = draw_x(d, shape, T.INT8)
+    fed = x.transpose(list(range(rank))[::-1]) if transposed else x
+    imp, got = imported(m, fed)
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    view = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+    q = 1 / Fraction(float(np.float32(1 / 255)))
+    if out_type == T.FLOAT:  # the float tail: int16 at the largest 2^j - 1 <= 32767 steps per 1 with a plan
+        steps = next(n for n in (32767 >> j for j in range(8)) if softmax_plan_exists(view[1], n))
+        scale = np.float32(1 / steps)
+        while float(scale) * steps < 1:
+            scale = np.nextafter(scale, np.float32(np.inf))
+        q, lo, hi = 1 / Fraction(float(scale)), -32768, 32767
+    else:
+        lo, hi = 0, 255
+    whole = softmax_oracle(x, float(np.float32(s)), q, view, p, 0, lo, hi).reshape(view)
+    at_max = np.take_along_axis(whole, x.reshape(view).argmax(axis=1)[:, None], axis=1)
+    assert np.array_equal(got.reshape(-1), at_max.reshape(-1))
+    real = x.reshape(view) * float(np.float32(s))
+    exact = 1 / np.exp(real - real.max(axis=1, keepdims=True)).sum(axis=1) * float(q)
+    inside = (got.reshape(-1) > lo) & (got.reshape(-1) < hi)
+    assert (np.abs(got.reshape(-1) - exact.reshape(-1))[inside] <= p.error + 1e-9).all()
+
+
+def test_a_confidence_whose_max_lies_across_the_rows_stays_refused():
+    """x = Transpose(y) and the max of y kept in y's layout, (1, 3) against x's rows (3, 1): Sub broadcasts it
+    along the summed axis, so 1 / sum is no softmax at its max: refused as before (a ReduceSum of an Exp of a sum)."""
+    inits = {"s": np.float32(0.1), "zx": np.int8(0), "ax": np.array([1], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["yf"]),
+             h.make_node("Transpose", ["yf"], ["xf"], perm=[1, 0]),
+             h.make_node("ReduceMax", ["yf"], ["m"], axes=[0], keepdims=1), h.make_node("Sub", ["xf", "m"], ["u"]),
+             h.make_node("Exp", ["u"], ["e"]), h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0),
+             h.make_node("Reciprocal", ["r"], ["y"])]
+    with pytest.raises(CVMError, match="ReduceSum input"):
+        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.FLOAT, opset=17), input_precision=9)
+
+
+def softmax_plan_exists(n: int, steps: int) -> bool:
+    """Whether the Softmax plan takes n values into steps of the float tail's scale for ``steps`` steps."""
+    from cvm_onnx.converters.from_onnx.requant_plans import NoPlan, softmax_plan
+    scale = np.float32(1 / steps)
+    while float(scale) * steps < 1:
+        scale = np.nextafter(scale, np.float32(np.inf))
+    try:
+        softmax_plan(n, 1 / Fraction(float(scale)))
+    except NoPlan:
+        return False
+    return True
+
+
 # -- LogSoftmax -------------------------------------------------------------------------------------------------
 def logsoftmax_oracle(v: np.ndarray, s: float, q: Fraction, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
     """The integer form of docs/import.md with the import's F, k and P: d = max - v along the axis,

@@ -446,7 +446,8 @@ def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tenso
 def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
     """QuantizeLinear(Softmax(x)) in integers (requant_plans.SoftmaxPlan): d = max - t along the axis (CVM max,
     broadcast_sub); T, H, L = cvm_lut(d) of their tables; S' = sum H + cvm_right_shift(sum L, b) (CVM sum);
-    y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip."""
+    y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip.
+    Only at the max (``top``: the written-out confidence 1 / sum e^(x - max)): T = T[0], a constant."""
     a = per_tensor(x.x, "Softmax")
     if scale.size != 1:
         raise Refuse("Softmax with a per-channel output scale has no CVM form")
@@ -482,8 +483,12 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         low = total(lut(tables[2]))
         e = ctx.emit("cvm_right_shift", ctx.narrow(low, tight(low.peak)), precision=tight(n), shift_bit=b)
         s_ = add(s_, ctx.result(e, INT32, 0, (low.hi + (1 << (b - 1))) >> b, low.shape))
-    num = add(twice(lut(tables[0])), s_)
-    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^F-b
+    if x.top is None:
+        num = add(twice(lut(tables[0])), s_)
+    else:  # at the max: T[0]
+        num = add(const(np.array(2 * tables[0][0], np.int32), INT32), s_)
+    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)),
+                   num.shape)  # S' >= 2^(F-b)
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
     return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
