@@ -202,22 +202,31 @@ def softmax_plan_exists(n: int, steps: int) -> bool:
 
 # -- LogSoftmax -------------------------------------------------------------------------------------------------
 def logsoftmax_oracle(v: np.ndarray, s: float, q: Fraction, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
-    """The integer form of docs/import.md with the import's F, k and P: d = max - v along the axis,
-    S = sum round(2^F exp(-d s)) (math.exp), S' = round_half_up(S / 2^k), A = round(2^P d s q) (exact),
-    G = round(2^P q log(S' 2^k / 2^F)) (math.log), both capped at 2^P (z_out - lo + 1);
+    """The integer form of docs/import.md with the import's F, k1, k2, C1, j0 and P: d = max - v along the axis,
+    S = sum round(2^F exp(-d s)) (math.exp), A = round(2^P d s q) (exact), Gc(v) = round(2^P q log(v / 2^F))
+    (math.log, 0 below 2^F), both capped at 2^P (z_out - lo + 1); the log of S at its own level: Gc(i1 2^k1) with
+    i1 = round_half_up(S / 2^k1) where S < T = j0 2^k2 - 2^(k2-1), else Gc(i2 2^k2) with i2 = round_half_up(S / 2^k2);
     y = z_out - round_half_up((A + G) / 2^P), saturated."""
     outer, n, inner = view
     v3 = v.reshape(outer, n, inner)
     d = v3.max(axis=1, keepdims=True) - v3
-    f, k, b = p.frac_bits, p.shift, p.table_bits
+    f, b = p.frac_bits, p.table_bits
     cap = (zo - lo + 1) * 2**b
     e = {i: math.floor(Fraction(math.exp(-i * s)) * 2**f + Fraction(1, 2)) for i in np.unique(d).tolist()}
     total = np.vectorize(e.get)(d).sum(axis=1, keepdims=True)
-    shifted = (total + (2**k // 2)) // 2**k
+    t = p.first * 2**p.coarse - 2**p.coarse // 2
+
+    def gc(u: int) -> int:
+        if u < 2**f:
+            return 0
+        return min(math.floor(Fraction(math.log(u * 2.0**-f) * float(q)) * 2**b + Fraction(1, 2)), cap)
+
+    def log_of(total_: int) -> int:
+        k = p.fine if total_ < t else p.coarse
+        return gc((total_ + 2**k // 2) // 2**k * 2**k)
+
     a = np.vectorize(lambda i: min(math.floor(i * Fraction(s) * q * 2**b + Fraction(1, 2)), cap))(d)
-    g = np.vectorize(lambda j: min(math.floor(Fraction(math.log(j * 2.0**(k - f)) * float(q)) * 2**b
-                                              + Fraction(1, 2)), cap))(shifted)
-    r = (a + g + 2**b // 2) // 2**b
+    r = (a + np.vectorize(log_of)(total) + 2**b // 2) // 2**b
     return np.clip(zo - r, lo, hi).reshape(v.shape)
 
 

@@ -538,8 +538,9 @@ class LogSoftmaxed(Deferred):
         return -((t.hi - t.lo) * float(self.x.scale.reshape(()).item()) + math.log(self.view[1])), 0.0
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
-        """d = max - t along the axis; S = sum cvm_lut(d, E) (CVM sum), S' = cvm_right_shift(S, k);
-        r = cvm_right_shift(cvm_lut(d, A) + cvm_lut(S', G), P) (broadcast_add); y = z_out - r, saturated."""
+        """d = max - t along the axis; S = sum cvm_lut(d, E) (CVM sum); i1 = clip(cvm_right_shift(S, k1), C1),
+        i2 = cvm_right_shift(S, k2); r = cvm_right_shift(cvm_lut(d, A) + cvm_lut(i1, G1) + cvm_lut(i2, G2), P)
+        (broadcast_add); y = z_out - r, saturated."""
         if scale.size != 1:
             raise Refuse("LogSoftmax with a per-channel output scale has no CVM form")
         t, (outer, n, inner) = self.x.t, self.view
@@ -552,46 +553,55 @@ class LogSoftmaxed(Deferred):
             p = logsoftmax_plan(n, q, out_zero - lo + 1)
         except NoPlan as e:
             raise Refuse(str(e)) from None
-        e_, a_, g_ = logsoftmax_tables(span, float(self.x.scale.reshape(()).item()), q, n, out_zero - lo + 1, p)
+        e_, a_, g1, g2 = logsoftmax_tables(span, float(self.x.scale.reshape(()).item()), q, n, out_zero - lo + 1, p)
         v, d = below_max(ctx, t, self.view)
 
         def lut(index: Tensor, values: np.ndarray) -> Tensor:
             e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=values.size)
             return ctx.result(e, INT32, int(values.min()), int(values.max()), index.shape)
 
-        total = lut(d, e_)
-        s_ = ctx.reshape(reduced(ctx, "sum", total, [1], 1 << p.frac_bits, n << p.frac_bits), (outer, 1, inner))
-        if p.shift:
-            e = ctx.emit("cvm_right_shift", ctx.narrow(s_, tight(s_.hi)), precision=tight(g_.size - 1),
-                         shift_bit=p.shift)
-            s_ = ctx.result(e, INT32, s_.lo + (1 << p.shift >> 1) >> p.shift, g_.size - 1, s_.shape)
-        a, g = lut(d, a_), lut(s_, g_)
-        both = ctx.result(ctx.op("broadcast_add", a, g), INT32, a.lo + g.lo, a.hi + g.hi, a.shape)
-        top = both.hi + (1 << p.table_bits >> 1) >> p.table_bits
-        e = ctx.emit("cvm_right_shift", ctx.narrow(both, tight(both.hi)), precision=tight(top),
-                     shift_bit=p.table_bits)
-        r = ctx.result(e, INT32, 0, top, a.shape)
+        def shifted(y: Tensor, k: int, top: int) -> Tensor:  # round_half_up(y / 2^k), in [0, top]
+            if not k:
+                return y
+            e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(y.hi)), precision=tight(top), shift_bit=k)
+            return ctx.result(e, INT32, y.lo + (1 << k >> 1) >> k, top, y.shape)
+
+        def add(y: Tensor, z: Tensor) -> Tensor:
+            return ctx.result(ctx.op("broadcast_add", y, z), INT32, y.lo + z.lo, y.hi + z.hi, broadcast_shape(y, z))
+
+        s_ = ctx.reshape(reduced(ctx, "sum", lut(d, e_), [1], 1 << p.frac_bits, n << p.frac_bits), (outer, 1, inner))
+        i1 = shifted(s_, p.fine, (s_.hi + (1 << p.fine >> 1)) >> p.fine)
+        if i1.hi > p.fine_top:
+            e = ctx.emit("clip", ctx.entry(i1), a_min=0, a_max=p.fine_top)
+            i1 = ctx.result(e, INT32, min(i1.lo, p.fine_top), p.fine_top, i1.shape)
+        both = add(lut(d, a_), add(lut(i1, g1), lut(shifted(s_, p.coarse, g2.size - 1), g2)))
+        r = shifted(both, p.table_bits, (both.hi + (1 << p.table_bits >> 1)) >> p.table_bits)
         y = ctx.result(ctx.op("broadcast_sub", const(np.array(out_zero, np.int32), INT32), r), INT32,
-                       out_zero - top, out_zero, a.shape)
+                       out_zero - r.hi, out_zero, r.shape)
         ctx.requants.append(Requant(ctx.base, (), None, logsoftmax=p))
         return saturate(ctx, ctx.reshape(y, self.shape), 0, lo, hi, dtype, self.shape)
 
 
 def logsoftmax_tables(span: int, s: float, q: Fraction, n: int, below: int,
                       p: LogSoftmaxPlan) -> tuple[np.ndarray, ...]:
-    """E over k = 0 .. span - 1 and G over j = 0 .. round(n 2^F / 2^k) (0 below 2^(F-k), which S' never is) in
-    float64, A over d = 0 .. span - 1 exactly, each rounded half up once; A and G capped at 2^P W (the output
-    saturates there)."""
-    f, k, b = p.frac_bits, p.shift, p.table_bits
+    """E over k = 0 .. span - 1 in float64, A over d = 0 .. span - 1 exactly, G1 over 0 .. C1 and G2 over
+    0 .. round(n 2^F / 2^k2) from Gc in float64 (0 below 2^F, which S never is), each rounded half up once; A and
+    Gc capped at 2^P W (the output saturates there)."""
+    f, b = p.frac_bits, p.table_bits
     cap = below << b
     e = np.floor(np.ldexp(np.exp(-np.arange(span, dtype=np.float64) * s), f) + 0.5).astype(np.int64)
     num, den = (Fraction(s) * q * (1 << b)).as_integer_ratio()
     a = np.array([min((2 * i * num + den) // (2 * den), cap) for i in range(span)], np.int64)
-    j = np.arange(((n << f) + (1 << k >> 1) >> k) + 1, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        logs = np.maximum(np.log(np.ldexp(j, k - f)), 0)
-    g = np.minimum(np.floor(np.ldexp(logs * float(q), b) + 0.5), cap).astype(np.int64)
-    return e, a, g
+
+    def gc(j: np.ndarray, k: int) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            logs = np.maximum(np.log(np.ldexp(j.astype(np.float64), k - f)), 0)
+        return np.minimum(np.floor(np.ldexp(logs * float(q), b) + 0.5), cap).astype(np.int64)
+
+    g1 = gc(np.arange(p.fine_top + 1), p.fine)
+    j = np.arange(((n << f) + (1 << p.coarse >> 1) >> p.coarse) + 1)
+    g2 = np.where(j >= p.first, gc(j, p.coarse) - g1[-1], 0)
+    return e, a, g1, g2
 
 
 @float_rule("LogSoftmax", since=1)
