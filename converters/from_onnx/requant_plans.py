@@ -532,3 +532,60 @@ def softmax_plan(n: int, q: Fraction) -> SoftmaxPlan:
         raise NoPlan(f"a softmax over {n} values into steps of {float(1 / q):.3g} has no integer form within "
                      "half a step in 32 bits")
     return best
+
+
+@dataclass(frozen=True)
+class LogSoftmaxPlan:
+    """LogSoftmax in integers (docs/import.md, "LogSoftmax"), for d = max - x >= 0 along the axis of n values and
+    W = z_out - lo + 1 (the output steps below the zero point): E[k] = round(2^F exp(-k s)), S = sum E (>= 2^F);
+    the log of S from two tables, fine below T = j0 2^k2 - 2^(k2-1) and coarse from T on: i1 = min(round(S / 2^k1),
+    C1), i2 = round(S / 2^k2), G1[i] = Gc(i 2^k1), G2[j] = Gc(j 2^k2) - G1[C1] for j >= j0 (else 0), with
+    Gc(v) = min(round(2^P q log(v / 2^F)), 2^P W), so G1[i1] + G2[i2] = Gc(i 2^k) at S's own level;
+    A[d] = min(round(2^P d s q), 2^P W); y = z_out - round_half_up((A + G1 + G2) / 2^P), saturated. ``delta``: the
+    worst distance of (A + G1 + G2) / 2^P from -log_softmax * q, in output steps: 2^-P for the tables' roundings,
+    q times ``log_error`` (nats) for E's roundings (relative (n - 1) / 2^(F+1)) and S's shift (relative
+    2^(k1-1) / 2^F below T, 2^(k2-1) / T from T on)."""
+
+    frac_bits: int  # F
+    fine: int  # k1
+    coarse: int  # k2
+    fine_top: int  # C1
+    first: int  # j0
+    table_bits: int  # P
+    log_error: float
+    delta: float
+
+    @property
+    def error(self) -> float:
+        return 0.5 + self.delta
+
+
+def logsoftmax_plan(n: int, q: Fraction, below: int) -> LogSoftmaxPlan:
+    """F, k1, k2, C1, j0 and P of LogSoftmax over n values into steps of 1 / q with ``below`` = W output steps below
+    the zero point: F = 30 - bits(n) (sum E within the runtime's sum rule), k2 the least shift whose coarse table
+    has at most 2^16 entries, k1 < = k2 (with the largest T whose fine table has at most 2^16 entries) for the least
+    relative error of the shift, P the largest <= 16 with 2^P W <= 2^29 (A + G1 + G2 within 31 bits)."""
+    f = 30 - bits(n)
+    k2 = 0
+    while (n << f) + (1 << k2 >> 1) >> k2 >= 1 << 16:
+        k2 += 1
+    best = None
+    for k1 in range(k2 + 1):
+        j0 = (((1 << 16) - 1 << k1) - (1 << k1 >> 1) + (1 << k2 >> 1)) >> k2
+        if j0 < 1:
+            continue
+        t = (j0 << k2) - (1 << k2 >> 1)
+        e2 = max(Fraction(1 << k1 >> 1, 1 << f), Fraction(1 << k2 >> 1, max(t, 1 << f)))
+        if best is None or e2 < best[0]:
+            best = (e2, k1, j0, t)
+    e1 = Fraction(n - 1, 1 << (f + 1))
+    if best is None or e1 >= Fraction(1, 2) or best[0] >= Fraction(1, 2) or below > 1 << 29:
+        raise NoPlan(f"a LogSoftmax over {n} values has no integer form here (its sum's log tables need more than "
+                     "2^16 entries each)")
+    e2, k1, j0, t = best
+    p = 16
+    while p > 1 and below << p > 1 << 29:
+        p -= 1
+    log_error = -math.log1p(-float(e1)) - math.log1p(-float(e2))
+    return LogSoftmaxPlan(f, k1, k2, (t + (1 << k1 >> 1)) >> k1, j0, p, log_error,
+                          2.0**-p + float(q) * log_error)

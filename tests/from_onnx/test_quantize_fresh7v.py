@@ -15,6 +15,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from support.quantized import Oracle, qdq
+from support.shipped import shipped
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
@@ -129,3 +130,20 @@ def test_a_siamese_distance_with_its_second_image_folded_quantizes_and_imports(t
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01
     assert verify(done.imported.graph, None, seeds=2).exact
+
+
+def test_the_ctc_recognizer_as_shipped_leaves_only_its_argmax_and_topk(tmp_path):
+    """trueocr's recognizer (its width folded) as shipped is refused only at ArgMax and TopK, one line each (CVM
+    has neither); cut at its LogSoftmax and its written-out confidence 1 / ReduceSum(Exp(x - max)), both import,
+    within 1.1x onnxruntime's quantized model's distance from float, and export exactly. Regression: refused
+    'no CVM op for ONNX LogSoftmax' and 'the ReduceSum input (Exp of a sum) must be quantized'."""
+    src = shipped("trueocr", "models/rec.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).uniform(0, 1, (4, 1, 96, 256)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(src, tmp_path / "c.npy", tmp_path / "whole", fold={"widths": 256})
+    assert sorted(p.rule for p in e.value.problems) == ["no CVM op for ONNX ArgMax", "no CVM op for ONNX TopK"]
+    done = quantize(src, tmp_path / "c.npy", tmp_path / "cut", fold={"widths": 256},
+                    outputs=["conf", "/LogSoftmax_output_0"])
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01
+    assert verify(done.imported.graph, None, seeds=1).exact

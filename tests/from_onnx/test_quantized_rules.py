@@ -113,6 +113,203 @@ def test_qlinear_softmax_agrees_with_onnxruntime_within_one_step():
     assert np.abs(got - want.astype(np.int64)).max() <= 1
 
 
+def confidence_model(shape, axis: int, inits, keepdims: bool, div: bool, transposed: bool, out_type):
+    """The written-out confidence 1 / ReduceSum(Exp(x - ReduceMax(x))) along ``axis`` >= 0 (a Reciprocal or
+    Div(1, .); the max kept, or Unsqueezed; of x's own tensor, or of the tensor x transposes by ``perm`` reversed,
+    as onnxruntime rewrites it), then QuantizeLinear (out_type quantized) or a float output."""
+    rank = len(shape)
+    perm = list(range(rank))[::-1] if transposed else list(range(rank))
+    inner = [shape[p] for p in perm]  # the tensor x transposes is of this shape
+    nodes, c = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["yf" if transposed else "xf"])], \
+        "y" if out_type == T.FLOAT else "c"
+    if transposed:
+        nodes.append(h.make_node("Transpose", ["yf"], ["xf"], perm=perm))
+    nodes.append(h.make_node("ReduceMax", ["yf" if transposed else "xf"], ["m0"], axes=[perm[axis]],
+                             keepdims=int(keepdims)))
+    if not keepdims:
+        nodes.append(h.make_node("Unsqueeze", ["m0", "ax"], ["m"]))
+    nodes += [h.make_node("Sub", ["xf", "m0" if keepdims else "m"], ["u"]), h.make_node("Exp", ["u"], ["e"]),
+              h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0),
+              h.make_node("Div", ["one", "r"], [c]) if div else h.make_node("Reciprocal", ["r"], [c])]
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"]))
+    inits = {**inits, "ax": np.array([axis], np.int64), "one": np.float32(1)}
+    return qdq(nodes, tuple(inner) if transposed else shape, T.INT8, inits, out_type, opset=17)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple), s=scales,
+       out_type=st.sampled_from([T.UINT8, T.FLOAT]), keepdims=st.booleans(), div=st.booleans(),
+       transposed=st.booleans())
+def test_written_out_confidence_is_the_softmax_at_its_max(d, shape, s, out_type, keepdims, div, transposed):
+    """1 / ReduceSum(Exp(x - ReduceMax(x))) along one axis: the Softmax form at d = 0, equal to the Softmax oracle's
+    value at the max, within 1/2 + delta of 1 / sum exp(x s - max) / s_out. Refused before (a ReduceSum of an
+    Exp of a sum)."""
+    rank = len(shape)
+    axis = d.draw(st.integers(0, rank - 1))
+    kept = [rank - 1 - i for i in range(rank) if i != axis]
+    assume(not transposed or (kept == sorted(kept) and not keepdims))  # kept: the max in y's layout
+    inits = {"s": np.float32(s), "zx": np.int8(0), "so": np.float32(1 / 255), "zo": np.uint8(0)}
+    m = confidence_model(shape, axis, inits, keepdims, div, transposed, out_type)
+    x = draw_x(d, shape, T.INT8)
+    fed = x.transpose(list(range(rank))[::-1]) if transposed else x
+    imp, got = imported(m, fed)
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    view = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+    q = 1 / Fraction(float(np.float32(1 / 255)))
+    if out_type == T.FLOAT:  # the float tail: int16 at the largest 2^j - 1 <= 32767 steps per 1 with a plan
+        steps = next(n for n in (32767 >> j for j in range(8)) if softmax_plan_exists(view[1], n))
+        scale = np.float32(1 / steps)
+        while float(scale) * steps < 1:
+            scale = np.nextafter(scale, np.float32(np.inf))
+        q, lo, hi = 1 / Fraction(float(scale)), -32768, 32767
+    else:
+        lo, hi = 0, 255
+    whole = softmax_oracle(x, float(np.float32(s)), q, view, p, 0, lo, hi).reshape(view)
+    at_max = np.take_along_axis(whole, x.reshape(view).argmax(axis=1)[:, None], axis=1)
+    assert np.array_equal(got.reshape(-1), at_max.reshape(-1))
+    real = x.reshape(view) * float(np.float32(s))
+    exact = 1 / np.exp(real - real.max(axis=1, keepdims=True)).sum(axis=1) * float(q)
+    inside = (got.reshape(-1) > lo) & (got.reshape(-1) < hi)
+    assert (np.abs(got.reshape(-1) - exact.reshape(-1))[inside] <= p.error + 1e-9).all()
+
+
+def test_a_confidence_whose_max_lies_across_the_rows_stays_refused():
+    """x = Transpose(y) and the max of y kept in y's layout, (1, 3) against x's rows (3, 1): Sub broadcasts it
+    along the summed axis, so 1 / sum is no softmax at its max: refused as before (a ReduceSum of an Exp of a sum)."""
+    inits = {"s": np.float32(0.1), "zx": np.int8(0), "ax": np.array([1], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["yf"]),
+             h.make_node("Transpose", ["yf"], ["xf"], perm=[1, 0]),
+             h.make_node("ReduceMax", ["yf"], ["m"], axes=[0], keepdims=1), h.make_node("Sub", ["xf", "m"], ["u"]),
+             h.make_node("Exp", ["u"], ["e"]), h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0),
+             h.make_node("Reciprocal", ["r"], ["y"])]
+    with pytest.raises(CVMError, match="ReduceSum input"):
+        import_model(qdq(nodes, (3, 3), T.INT8, inits, T.FLOAT, opset=17), input_precision=9)
+
+
+def softmax_plan_exists(n: int, steps: int) -> bool:
+    """Whether the Softmax plan takes n values into steps of the float tail's scale for ``steps`` steps."""
+    from cvm_onnx.converters.from_onnx.requant_plans import NoPlan, softmax_plan
+    scale = np.float32(1 / steps)
+    while float(scale) * steps < 1:
+        scale = np.nextafter(scale, np.float32(np.inf))
+    try:
+        softmax_plan(n, 1 / Fraction(float(scale)))
+    except NoPlan:
+        return False
+    return True
+
+
+# -- LogSoftmax -------------------------------------------------------------------------------------------------
+def logsoftmax_oracle(v: np.ndarray, s: float, q: Fraction, view, p, zo: int, lo: int, hi: int) -> np.ndarray:
+    """The integer form of docs/import.md with the import's F, k1, k2, C1, j0 and P: d = max - v along the axis,
+    S = sum round(2^F exp(-d s)) (math.exp), A = round(2^P d s q) (exact), Gc(v) = round(2^P q log(v / 2^F))
+    (math.log, 0 below 2^F), both capped at 2^P (z_out - lo + 1); the log of S at its own level: Gc(i1 2^k1) with
+    i1 = round_half_up(S / 2^k1) where S < T = j0 2^k2 - 2^(k2-1), else Gc(i2 2^k2) with i2 = round_half_up(S / 2^k2);
+    y = z_out - round_half_up((A + G) / 2^P), saturated."""
+    outer, n, inner = view
+    v3 = v.reshape(outer, n, inner)
+    d = v3.max(axis=1, keepdims=True) - v3
+    f, b = p.frac_bits, p.table_bits
+    cap = (zo - lo + 1) * 2**b
+    e = {i: math.floor(Fraction(math.exp(-i * s)) * 2**f + Fraction(1, 2)) for i in np.unique(d).tolist()}
+    total = np.vectorize(e.get)(d).sum(axis=1, keepdims=True)
+    t = p.first * 2**p.coarse - 2**p.coarse // 2
+
+    def gc(u: int) -> int:
+        if u < 2**f:
+            return 0
+        return min(math.floor(Fraction(math.log(u * 2.0**-f) * float(q)) * 2**b + Fraction(1, 2)), cap)
+
+    def log_of(total_: int) -> int:
+        k = p.fine if total_ < t else p.coarse
+        return gc((total_ + 2**k // 2) // 2**k * 2**k)
+
+    a = np.vectorize(lambda i: min(math.floor(i * Fraction(s) * q * 2**b + Fraction(1, 2)), cap))(d)
+    r = (a + np.vectorize(log_of)(total) + 2**b // 2) // 2**b
+    return np.clip(zo - r, lo, hi).reshape(v.shape)
+
+
+def logsoftmax_model(shape, x_type, inits, axis: int, opset: int, out_type):
+    """DequantizeLinear, LogSoftmax, then QuantizeLinear (out_type quantized) or a float output (a tail)."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("LogSoftmax", ["xf"], ["lf" if out_type != T.FLOAT else "y"], axis=axis)]
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["lf", "so", "zo"], ["y"]))
+    return qdq(nodes, shape, x_type, inits, out_type, opset=opset)
+
+
+def tail_scale(s: float, n: int) -> float:
+    """The float tail's int16 scale for an 8-bit input: the least float32 with 32767 scale >= 255 s + log n."""
+    m = 255 * s + math.log(n)
+    scale = np.float32(m / 32767)
+    while float(scale) * 32767 < m:
+        scale = np.nextafter(scale, np.float32(np.inf))
+    return float(scale)
+
+
+def log_softmax(real: np.ndarray) -> np.ndarray:
+    top = real.max(axis=1, keepdims=True)
+    return real - top - np.log(np.exp(real - top).sum(axis=1, keepdims=True))
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8, T.FLOAT]), s=scales,
+       so=st.sampled_from([1 / 16, 0.1, 0.05, 0.02]), opset=st.sampled_from([11, 13, 17]))
+def test_logsoftmax_equals_its_integer_form_within_its_bound_of_float(d, shape, x_type, out_type, s, so, opset):
+    """LogSoftmax over any axis (opset 11's 2-D coercion too), quantized (zero point anywhere) or a float output:
+    equal to the integer form's oracle, and every unsaturated output within 1/2 + delta of
+    log_softmax(x s) / s_out + z_out (float64 here, far below the margin). Refused before it had a rule."""
+    rank = len(shape)
+    axis = d.draw(st.integers(-rank, rank - 1))
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    zo = d.draw(st.integers(*((-128, 127) if out_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx)}
+    if out_type != T.FLOAT:
+        inits |= {"so": np.float32(so), "zo": NP[out_type](zo)}
+    x = draw_x(d, shape, x_type)
+    imp, got = imported(logsoftmax_model(shape, x_type, inits, axis, opset, out_type), x)
+    [p] = [r.logsoftmax for r in imp.requants if r.logsoftmax]
+    a = axis % rank
+    view = (math.prod(shape[:a]), shape[a], math.prod(shape[a + 1:])) if opset >= 13 else \
+        (math.prod(shape[:a]), math.prod(shape[a:]), 1)
+    if out_type == T.FLOAT:
+        so, zo, (lo, hi) = tail_scale(float(np.float32(s)), view[1]), 0, (-32768, 32767)
+    else:
+        lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
+    q = 1 / Fraction(float(np.float32(so)))
+    assert np.array_equal(got, logsoftmax_oracle(x - zx, float(np.float32(s)), q, view, p, zo, lo, hi))
+    exact = log_softmax((x - zx).reshape(view) * float(np.float32(s))).reshape(shape) * float(q) + zo
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+
+
+@pytest.mark.parametrize("n, out_type", [(64, T.UINT8), (6625, T.UINT8), (6625, T.FLOAT)])
+def test_logsoftmax_within_its_bound_and_onnxruntime(n, out_type):
+    """A 64-wide row and a text recognizer's 6625 characters (many equal maxima: the largest sum), quantized and as
+    a float output: equal to the oracle, within 1/2 + delta of float; onnxruntime's QDQ model (float LogSoftmax)
+    is within 1/2 of float (its own rounding) and the import within 1 + delta of it."""
+    rng = np.random.default_rng(n)
+    x = rng.integers(-128, 128, size=(2, n))
+    x[0, :n // 2] = 127
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(255)}
+    m = logsoftmax_model(x.shape, T.INT8, inits, -1, 13, out_type)
+    imp, got = imported(m, x)
+    [p] = [r.logsoftmax for r in imp.requants if r.logsoftmax]
+    so, zo, lo, hi = (0.1, 255, 0, 255) if out_type != T.FLOAT else \
+        (tail_scale(float(np.float32(0.05)), n), 0, -32768, 32767)
+    q = 1 / Fraction(float(np.float32(so)))
+    assert np.array_equal(got, logsoftmax_oracle(x - 3, float(np.float32(0.05)), q, (2, n, 1), p, zo, lo, hi))
+    exact = log_softmax((x - 3) * float(np.float32(0.05))) * float(q) + zo
+    [want] = ort_session(m).run(None, {"x": x.astype(np.int8)})
+    want = want.astype(np.float64) * float(q) if out_type == T.FLOAT else want.astype(np.int64)
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    assert (np.abs(want - exact)[(want > lo) & (want < hi)] <= 0.5 + 1e-3).all()
+    assert (np.abs(got - want)[inside] <= 1 + p.delta + 1e-3).all()
+
+
 # -- division and multiplication by a constant, hard-swish, ReduceMean, Split -------------------------------------
 def oracle_equal(m, x: np.ndarray) -> None:
     """Every output of the import equals the oracle of test_quantized_import (integer arithmetic, each

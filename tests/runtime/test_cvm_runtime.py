@@ -647,3 +647,50 @@ def test_seventh_corpus_forms(tmp_path, op):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("n, out_type", [(40, T.UINT8), (6625, T.FLOAT)])
+def test_logsoftmax(tmp_path, n, out_type):
+    """LogSoftmax quantized and as a float output (a CTC recognizer's 6625 characters): the runtime loads the exp
+    table's sum, its shift, the log table and the output's shift, and gives the reference executor's integers."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(255)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("LogSoftmax", ["xf"], ["lf" if out_type != T.FLOAT else "y"])]
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["lf", "so", "zo"], ["y"]))
+    imp = import_model(qdq(nodes, (2, n), T.INT8, inits, out_type), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(n)
+    xs = [np.full((2, n), -128), np.full((2, n), 127), rng.integers(-128, 128, (2, n))]
+    xs[2][0, 0] = 127  # one maximum among the least values: the smallest sum
+    xs[2][0, 1:] = -128
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("out_type", [T.UINT8, T.FLOAT])
+def test_written_out_confidence(tmp_path, out_type):
+    """trueocr's confidence 1 / ReduceSum(Exp(x - Unsqueeze(ReduceMax(x)))) over 223 characters, its max of the
+    tensor x transposes (onnxruntime's rewrite): the runtime loads the Softmax form at the max and gives the
+    reference executor's integers."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(1 / 255), "zo": np.uint8(0),
+             "ax": np.array([2], np.int64), "one": np.float32(1)}
+    c = "y" if out_type == T.FLOAT else "c"
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["yf"]),
+             h.make_node("Transpose", ["yf"], ["xf"], perm=[0, 2, 1]),
+             h.make_node("ReduceMax", ["yf"], ["m0"], axes=[1], keepdims=0),
+             h.make_node("Unsqueeze", ["m0", "ax"], ["m"]), h.make_node("Sub", ["xf", "m"], ["u"]),
+             h.make_node("Exp", ["u"], ["e"]), h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0),
+             h.make_node("Reciprocal", ["r"], [c])]
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"]))
+    imp = import_model(qdq(nodes, (1, 223, 16), T.INT8, inits, out_type, opset=17), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(4)
+    xs = [np.full((1, 223, 16), -128), np.full((1, 223, 16), 127), rng.integers(-128, 128, (1, 223, 16))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

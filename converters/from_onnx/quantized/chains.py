@@ -1,6 +1,7 @@
 """Written-out softmax chains: Exp(u) / ReduceSum(Exp(u)) over contiguous axes (or Exp(u) times the Reciprocal of
 that sum), u = x less (or plus) shifts constant along those axes, found in the graph before the walk and imported
-as ``Softmaxed`` (x along those axes), as the Softmax rule imports Softmax (docs/import.md, "Written-out softmax").
+as ``Softmaxed`` (x along those axes), as the Softmax rule imports Softmax (docs/import.md, "Written-out softmax");
+and the confidence 1 / ReduceSum(Exp(x - ReduceMax(x))), the softmax at the max.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class SoftmaxChain:
     node: onnx.NodeProto
     x: str
     view: tuple[int, int, int]
+    top: tuple[int, ...] | None = None  # the written-out confidence's shape (``_confidence``)
 
 
 class _Graph:
@@ -48,10 +50,11 @@ class _Graph:
             name = q.input[0]
         return name
 
-    def axes(self, node: onnx.NodeProto, rank: int) -> list[int] | None:
-        """ReduceSum's reduced axes (sorted, non-negative), or None where they are not constant."""
+    def axes(self, node: onnx.NodeProto, rank: int, since: int = 13) -> list[int] | None:
+        """A reduction's axes (sorted, non-negative; an input from opset ``since``: ReduceSum's 13, ReduceMax's 18),
+        or None where they are not constant."""
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if self.opset >= 13:
+        if self.opset >= since:
             if len(node.input) > 1 and node.input[1]:
                 if node.input[1] not in self.constants:
                     return None
@@ -161,6 +164,55 @@ def _chain(g: _Graph, node: onnx.NodeProto) -> SoftmaxChain | None:
     return None
 
 
+def _axes_before(g: _Graph, x: str, y: str, axes: list[int], rank: int) -> list[int] | None:
+    """The axes of ``y`` that are ``axes`` of ``x`` for a max over them: ``axes`` where y is x, or where x is
+    Transpose(y) (QuantizeLinear and DequantizeLinear pairs passed) with the other axes in their order (onnxruntime
+    moves a Transpose after its ReduceMax), their places in y; else None."""
+    if x == y:
+        return axes
+    t = g.made(x, "Transpose")
+    if t is None or g.pass_qdq(t.input[0]) != y:
+        return None
+    perm = next((list(a.ints) for a in t.attribute if a.name == "perm"), list(range(rank))[::-1])
+    rest = [perm[i] for i in range(rank) if i not in axes]
+    return sorted(perm[a] for a in axes) if rest == sorted(rest) else None
+
+
+def _confidence(g: _Graph, node: onnx.NodeProto) -> SoftmaxChain | None:
+    """The written-out confidence ``node`` ends, or None: Reciprocal(r) or Div(1, r), r = ReduceSum(Exp(x - m))
+    over contiguous axes A, m = ReduceMax(x) over A kept (keepdims, or Unsqueeze at A; QuantizeLinear and
+    DequantizeLinear pairs on m passed; of the tensor x transposes: ``_axes_before``): the softmax of x along A at
+    its max, 1 / sum exp(x - max(x))."""
+    if node.op_type == "Div" and not (node.input[0] in g.constants and np.all(g.constants[node.input[0]] == 1)):
+        return None
+    total = g.made(g.pass_qdq(node.input[-1]), "ReduceSum")
+    exp = g.made(total.input[0], "Exp") if total is not None else None
+    sub = g.made(exp.input[0], "Sub") if exp is not None else None
+    shape = g.shape(sub.input[0]) if sub is not None else None
+    if shape is None or None in shape or (top := g.shape(total.output[0])) is None:
+        return None
+    rank, x, m = len(shape), sub.input[0], g.pass_qdq(sub.input[1])
+    axes = g.axes(total, rank)
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
+        return None
+    if (un := g.made(m, "Unsqueeze")) is not None:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in un.attribute}
+        kept = attrs.get("axes") if g.opset < 13 else g.constants.get(un.input[1]) if len(un.input) > 1 else None
+        if kept is None or sorted(int(a) % rank for a in np.reshape(kept, -1)) != axes:
+            return None
+        m = g.pass_qdq(un.input[0])
+    big = g.made(m, "ReduceMax")
+    if big is None or g.axes(big, rank, 18) != _axes_before(g, g.pass_qdq(x), g.pass_qdq(big.input[0]), axes, rank):
+        return None
+    keepdims = next((a.i for a in big.attribute if a.name == "keepdims"), 1)
+    kept = g.shape(sub.input[1])  # the max where x has its rows: x's shape with 1 on A
+    if bool(keepdims) == (un is not None) or kept is None or \
+            _padded(kept, rank) != tuple(1 if a in axes else d for a, d in enumerate(shape)):
+        return None
+    return SoftmaxChain(node, x, (math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]),
+                                  math.prod(shape[axes[-1] + 1:])), top)
+
+
 def softmax_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, ...] | None],
                    constants: dict[str, np.ndarray]) -> list[SoftmaxChain]:
     """Every written-out softmax of ``graph`` (``shapes``: static shapes by tensor name, ``constants``: constant
@@ -168,12 +220,14 @@ def softmax_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[i
     if not any(n.op_type == "Exp" for n in graph.node):
         return []
     g = _Graph(graph, opset, shapes, constants)
-    return [c for n in graph.node if n.op_type in ("Div", "Mul") and n.domain in ("", "ai.onnx")
-            if (c := _chain(g, n)) is not None]
+    return [c for n in graph.node if n.op_type in ("Div", "Mul", "Reciprocal") and n.domain in ("", "ai.onnx")
+            if (c := (_chain(g, n) if n.op_type != "Reciprocal" else None) or _confidence(g, n)) is not None]
 
 
 def softmax_value(chain: SoftmaxChain, x) -> Softmaxed:
     """The chain's value: the softmax of the dequantized x (per tensor), quantized by the QuantizeLinear that
     follows or as a float tail."""
     x = per_tensor(scaled(x, "the written-out softmax's input"), "a written-out softmax")
+    if chain.top is not None:
+        return Softmaxed(x, chain.view, "softmax at its max (written out)", chain.top)
     return Softmaxed(x, chain.view, "softmax (written out)")

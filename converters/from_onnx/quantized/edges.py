@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
-from .qdq import quantize
+from .qdq import LogSoftmaxed, quantize
 from .values import QUANTIZED_TYPES, Mapped, Scaled, Softmaxed, Summed
 
 
@@ -143,7 +143,7 @@ def span(x) -> tuple[float, float] | None:
     """An interval holding every finite value of a real value computed after the last QuantizeLinear (None: none
     known): a dequantized value's from its integers, a sum's the sum of its terms', a function's the least and
     largest finite value it takes on its input's integers (on both operands' for a function of two), Softmax's
-    [0, 1], Max (Min) the max (min) of the ends."""
+    [0, 1], LogSoftmax's [-(hi - lo) s - log n, 0], Max (Min) the max (min) of the ends."""
     if isinstance(x, np.ndarray):
         return (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
     if isinstance(x, Scaled):
@@ -163,6 +163,8 @@ def span(x) -> tuple[float, float] | None:
         return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     if isinstance(x, Softmaxed):
         return 0.0, 1.0
+    if isinstance(x, LogSoftmaxed):
+        return x.ends
     if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
         with np.errstate(all="ignore"):
             finite = x.grid()[np.isfinite(x.grid())]

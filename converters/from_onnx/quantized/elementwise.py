@@ -128,7 +128,10 @@ def constant_factor(t, what: str, shape: tuple[int, ...] | None = None) -> Fract
 
 
 def rescaled(x, factor: Fraction, what: str):
-    """x * factor, exactly: the scale (of each term) times factor; a float function's value times it."""
+    """x * factor, exactly: the scale (of each term) times factor; a float function's value times it; x itself for
+    factor 1 (of any form: a written-out softmax's confidence times 1)."""
+    if factor == 1:
+        return x
     if isinstance(x, Mapped):  # float64 table values: times the numerator, over the denominator (each exact)
         n, d = float(factor.numerator), float(factor.denominator)
         return Mapped(x.x, lambda v, f=x.fn: np.asarray(f(v)) * n / d, f"{x.what} * {factor}")

@@ -14,7 +14,8 @@ from onnx import TensorProto
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import as_int32, broadcast_shape, minus_zero, reduced
 from ..registry import Refuse, float_rule, rule
-from ..requant_plans import FarPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, plan, runs, softmax_plan
+from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, logsoftmax_plan, plan,
+                             runs, softmax_plan)
 from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
                      per_tensor, scale_of, scaled, zero_of)
 
@@ -34,6 +35,7 @@ class Requant:
     plan: Plan | None
     runs: tuple[Run, ...] = ()
     softmax: SoftmaxPlan | None = None
+    logsoftmax: LogSoftmaxPlan | None = None
     layernorm: object | None = None  # norm.LayerNormPlan
     settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
     far: tuple[tuple[int, FarPlan], ...] = ()  # (row, its plan): far rows whose output varies (``far_rows``)
@@ -444,7 +446,8 @@ def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tenso
 def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
     """QuantizeLinear(Softmax(x)) in integers (requant_plans.SoftmaxPlan): d = max - t along the axis (CVM max,
     broadcast_sub); T, H, L = cvm_lut(d) of their tables; S' = sum H + cvm_right_shift(sum L, b) (CVM sum);
-    y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip."""
+    y = (2T + S') / (2S') (broadcast_mul, broadcast_add, broadcast_div: the floor, all >= 0); + z_out, clip.
+    Only at the max (``top``: the written-out confidence 1 / sum e^(x - max)): T = T[0], a constant."""
     a = per_tensor(x.x, "Softmax")
     if scale.size != 1:
         raise Refuse("Softmax with a per-channel output scale has no CVM form")
@@ -459,9 +462,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         raise Refuse(str(e)) from None
     f, b = p.frac_bits, p.split
     tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
-    v = ctx.reshape(as_int32(t), (outer, n, inner))
-    top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
-    d = ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, span - 1, v.shape)
+    v, d = below_max(ctx, t, x.view)
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
@@ -482,11 +483,23 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         low = total(lut(tables[2]))
         e = ctx.emit("cvm_right_shift", ctx.narrow(low, tight(low.peak)), precision=tight(n), shift_bit=b)
         s_ = add(s_, ctx.result(e, INT32, 0, (low.hi + (1 << (b - 1))) >> b, low.shape))
-    num = add(twice(lut(tables[0])), s_)
-    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)), v.shape)  # S' >= 2^F-b
+    if x.top is None:
+        num = add(twice(lut(tables[0])), s_)
+    else:  # at the max: T[0]
+        num = add(const(np.array(2 * tables[0][0], np.int32), INT32), s_)
+    y = ctx.result(ctx.op("broadcast_div", num, twice(s_)), INT32, 0, num.hi // (2 << (f - b)),
+                   num.shape)  # S' >= 2^(F-b)
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
     return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
+
+
+def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
+    """t as (outer, n, inner) and d = max - t along n (CVM max, broadcast_sub), in 0 .. t.hi - t.lo."""
+    outer, n, inner = view
+    v = ctx.reshape(as_int32(t), (outer, n, inner))
+    top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
+    return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape)
 
 
 def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
@@ -509,6 +522,93 @@ def softmax_view(node, shape: tuple[int, ...], opset: int) -> tuple[int, int, in
     if opset >= 13:
         return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
+
+
+class LogSoftmaxed(Deferred):
+    """LogSoftmax of x over one axis (``view`` as Softmax's), made integers by the QuantizeLinear that follows
+    (``quantized``: requant_plans.LogSoftmaxPlan)."""
+
+    def __init__(self, x: Scaled, view: tuple[int, int, int]):
+        self.x, self.view, self.shape, self.what = x, view, x.shape, "LogSoftmax"
+
+    @property
+    def ends(self) -> tuple[float, float]:
+        """The least and largest value it takes: -(hi - lo) s - log(n) and 0."""
+        t = self.x.t
+        return -((t.hi - t.lo) * float(self.x.scale.reshape(()).item()) + math.log(self.view[1])), 0.0
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        """d = max - t along the axis; S = sum cvm_lut(d, E) (CVM sum); i1 = clip(cvm_right_shift(S, k1), C1),
+        i2 = cvm_right_shift(S, k2); r = cvm_right_shift(cvm_lut(d, A) + cvm_lut(i1, G1) + cvm_lut(i2, G2), P)
+        (broadcast_add); y = z_out - r, saturated."""
+        if scale.size != 1:
+            raise Refuse("LogSoftmax with a per-channel output scale has no CVM form")
+        t, (outer, n, inner) = self.x.t, self.view
+        span = t.hi - t.lo + 1
+        if span > MAX_TABLE:
+            raise Refuse(f"LogSoftmax of {span} integers: its tables hold at most 2^16 entries (quantize its input)")
+        lo, hi = INT_RANGES[dtype]
+        q = 1 / scale.reshape(()).item()
+        try:
+            p = logsoftmax_plan(n, q, out_zero - lo + 1)
+        except NoPlan as e:
+            raise Refuse(str(e)) from None
+        e_, a_, g1, g2 = logsoftmax_tables(span, float(self.x.scale.reshape(()).item()), q, n, out_zero - lo + 1, p)
+        v, d = below_max(ctx, t, self.view)
+
+        def lut(index: Tensor, values: np.ndarray) -> Tensor:
+            e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=values.size)
+            return ctx.result(e, INT32, int(values.min()), int(values.max()), index.shape)
+
+        def shifted(y: Tensor, k: int, top: int) -> Tensor:  # round_half_up(y / 2^k), in [0, top]
+            if not k:
+                return y
+            e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(y.hi)), precision=tight(top), shift_bit=k)
+            return ctx.result(e, INT32, y.lo + (1 << k >> 1) >> k, top, y.shape)
+
+        def add(y: Tensor, z: Tensor) -> Tensor:
+            return ctx.result(ctx.op("broadcast_add", y, z), INT32, y.lo + z.lo, y.hi + z.hi, broadcast_shape(y, z))
+
+        s_ = ctx.reshape(reduced(ctx, "sum", lut(d, e_), [1], 1 << p.frac_bits, n << p.frac_bits), (outer, 1, inner))
+        i1 = shifted(s_, p.fine, (s_.hi + (1 << p.fine >> 1)) >> p.fine)
+        if i1.hi > p.fine_top:
+            e = ctx.emit("clip", ctx.entry(i1), a_min=0, a_max=p.fine_top)
+            i1 = ctx.result(e, INT32, min(i1.lo, p.fine_top), p.fine_top, i1.shape)
+        both = add(lut(d, a_), add(lut(i1, g1), lut(shifted(s_, p.coarse, g2.size - 1), g2)))
+        r = shifted(both, p.table_bits, (both.hi + (1 << p.table_bits >> 1)) >> p.table_bits)
+        y = ctx.result(ctx.op("broadcast_sub", const(np.array(out_zero, np.int32), INT32), r), INT32,
+                       out_zero - r.hi, out_zero, r.shape)
+        ctx.requants.append(Requant(ctx.base, (), None, logsoftmax=p))
+        return saturate(ctx, ctx.reshape(y, self.shape), 0, lo, hi, dtype, self.shape)
+
+
+def logsoftmax_tables(span: int, s: float, q: Fraction, n: int, below: int,
+                      p: LogSoftmaxPlan) -> tuple[np.ndarray, ...]:
+    """E over k = 0 .. span - 1 in float64, A over d = 0 .. span - 1 exactly, G1 over 0 .. C1 and G2 over
+    0 .. round(n 2^F / 2^k2) from Gc in float64 (0 below 2^F, which S never is), each rounded half up once; A and
+    Gc capped at 2^P W (the output saturates there)."""
+    f, b = p.frac_bits, p.table_bits
+    cap = below << b
+    e = np.floor(np.ldexp(np.exp(-np.arange(span, dtype=np.float64) * s), f) + 0.5).astype(np.int64)
+    num, den = (Fraction(s) * q * (1 << b)).as_integer_ratio()
+    a = np.array([min((2 * i * num + den) // (2 * den), cap) for i in range(span)], np.int64)
+
+    def gc(j: np.ndarray, k: int) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            logs = np.maximum(np.log(np.ldexp(j.astype(np.float64), k - f)), 0)
+        return np.minimum(np.floor(np.ldexp(logs * float(q), b) + 0.5), cap).astype(np.int64)
+
+    g1 = gc(np.arange(p.fine_top + 1), p.fine)
+    j = np.arange(((n << f) + (1 << p.coarse >> 1) >> p.coarse) + 1)
+    g2 = np.where(j >= p.first, gc(j, p.coarse) - g1[-1], 0)
+    return e, a, g1, g2
+
+
+@float_rule("LogSoftmax", since=1)
+def logsoftmax_rule(ctx, node, x):
+    """LogSoftmax: an integer form made by the QuantizeLinear that follows (``LogSoftmaxed``)."""
+    x = per_tensor(scaled(x, "the LogSoftmax input"), "LogSoftmax")
+    return LogSoftmaxed(x, softmax_view(node, x.shape, node.opset))
 
 
 @float_rule("Softmax", since=1)

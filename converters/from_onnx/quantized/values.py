@@ -70,10 +70,11 @@ class Softmaxed:
     x: Scaled
     view: tuple[int, int, int]
     what: str = "Softmax"
+    top: tuple[int, ...] | None = None  # only its value at the max, of this shape (1 / sum e^(x - max))
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.x.shape
+        return self.x.shape if self.top is None else self.top
 
 
 class Deferred:
