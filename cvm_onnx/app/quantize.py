@@ -464,16 +464,10 @@ def fold_constants(model: onnx.ModelProto) -> int:
              if v.type.tensor_type.HasField("shape")
              and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)}
     tensors = {t.name: t for t in graph.initializer}
-    values: dict[str, np.ndarray] = {}  # the initializers read so far and the folded nodes' outputs still read
+    values: dict[str, np.ndarray] = {}  # the folded nodes' outputs still read
     readers = Counter(x for n in graph.node for x in n.input if x)
     kept = {v.name for v in [*graph.input, *graph.output]} | _subgraph_reads(graph)
     dead: set[str] = set()
-
-    def value(x: str) -> np.ndarray:
-        if x not in values:
-            values[x] = numpy_helper.to_array(tensors[x])
-        return values[x]
-
     done = []
     for n in graph.node:
         if n.op_type in RANDOM or any(a.HasField("g") or a.graphs for a in n.attribute) or \
@@ -490,7 +484,8 @@ def fold_constants(model: onnx.ModelProto) -> int:
             try:
                 sub = helper.make_graph([n], "constant", [], [helper.make_value_info(o, onnx.TypeProto())
                                                              for o in n.output if o],
-                                        [numpy_helper.from_array(value(x), x) for x in set(n.input) if x])
+                                        [tensors[x] if x in tensors else numpy_helper.from_array(values[x], x)
+                                         for x in set(n.input) if x])
                 outs = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
             except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the node stays)
                 continue
@@ -505,7 +500,7 @@ def fold_constants(model: onnx.ModelProto) -> int:
                 dead.add(x)
     for n in done:
         graph.node.remove(n)
-        graph.initializer.extend(numpy_helper.from_array(values[o], o) for o in n.output if o and o not in dead)
+        graph.initializer.extend(numpy_helper.from_array(values.pop(o), o) for o in n.output if o and o not in dead)
     for k in reversed([k for k, t in enumerate(graph.initializer) if t.name in dead]):
         del graph.initializer[k]
     return len(done)
