@@ -449,33 +449,43 @@ def fold_constants(model: onnx.ModelProto) -> int:
     """The main graph's nodes that compute constants (every input a constant; a Shape or Size of a tensor whose
     shape onnx's shape inference, with data propagation, states in full) replaced by initializers of their values
     (onnx's reference evaluator); control flow, random draws and nodes whose outputs' shapes are not known or hold
-    more than MAX_FOLDED elements (checked before computing them) stay. Returns how many were replaced."""
+    more than MAX_FOLDED elements (checked before computing them) stay. A constant that only folded nodes read
+    (not a graph input or output, nor read in a subgraph) is dropped: an initializer from the graph, a folded
+    value when its last reader folds. Returns how many nodes were replaced."""
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
     try:
-        g = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
+        g = onnx.shape_inference.infer_shapes(_shapes_only(model), data_prop=True).graph
     except Exception:  # noqa: BLE001  (onnx's inference raises several types: no shape is then known)
         g = onnx.GraphProto()
     known = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*g.value_info, *g.input, *g.output]
              if v.type.tensor_type.HasField("shape")
              and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)}
-    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    tensors = {t.name: t for t in graph.initializer}
+    values: dict[str, np.ndarray] = {}  # the folded nodes' outputs still read
+    readers = Counter(x for n in graph.node for x in n.input if x)
+    kept = {v.name for v in [*graph.input, *graph.output]} | _subgraph_reads(graph)
+    dead: set[str] = set()
     done = []
     for n in graph.node:
         if n.op_type in RANDOM or any(a.HasField("g") or a.graphs for a in n.attribute) or \
                 any(o and (o not in known or math.prod(known[o]) > MAX_FOLDED) for o in n.output):
             continue
-        if n.op_type in ("Shape", "Size") and (n.input[0] in known or n.input[0] in values):
-            dims = np.array(known[n.input[0]] if n.input[0] in known else values[n.input[0]].shape, np.int64)
+        if n.op_type in ("Shape", "Size") and (n.input[0] in known or n.input[0] in values
+                                                or n.input[0] in tensors):
+            dims = np.array(known[n.input[0]] if n.input[0] in known else
+                            values[n.input[0]].shape if n.input[0] in values else tensors[n.input[0]].dims,
+                            np.int64)
             attrs = {a.name: a.i for a in n.attribute}
             outs = [dims.prod() if n.op_type == "Size" else dims[attrs.get("start", 0):attrs.get("end", len(dims))]]
-        elif all(not x or x in values for x in n.input):
+        elif all(not x or x in values or x in tensors for x in n.input):
             try:
                 sub = helper.make_graph([n], "constant", [], [helper.make_value_info(o, onnx.TypeProto())
                                                              for o in n.output if o],
-                                        [numpy_helper.from_array(values[x], x) for x in set(n.input) if x])
+                                        [tensors[x] if x in tensors else numpy_helper.from_array(values[x], x)
+                                         for x in set(n.input) if x])
                 outs = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
             except Exception:  # noqa: BLE001  (the reference evaluator raises anything: the node stays)
                 continue
@@ -483,10 +493,28 @@ def fold_constants(model: onnx.ModelProto) -> int:
             continue
         values.update((o, np.asarray(v)) for o, v in zip([o for o in n.output if o], outs))
         done.append(n)
+        for x in filter(None, n.input):
+            readers[x] -= 1
+            if readers[x] == 0 and x not in kept:
+                values.pop(x, None)
+                dead.add(x)
     for n in done:
         graph.node.remove(n)
-        graph.initializer.extend(numpy_helper.from_array(values[o], o) for o in n.output if o)
+        graph.initializer.extend(numpy_helper.from_array(values.pop(o), o) for o in n.output if o and o not in dead)
+    for k in reversed([k for k, t in enumerate(graph.initializer) if t.name in dead]):
+        del graph.initializer[k]
     return len(done)
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names the nodes of ``graph``'s subgraphs (and theirs, at any depth) read."""
+    out: set[str] = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out.update(x for m in sub.node for x in m.input)
+                out |= _subgraph_reads(sub)
+    return out
 
 
 def _condition(model: onnx.ModelProto, name: str, inits: set[str], producer: dict[str, onnx.NodeProto]) \

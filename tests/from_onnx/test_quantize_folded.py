@@ -8,9 +8,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
 
 from cvm_onnx.app.cli import main
 from cvm_onnx.app.quantize import fold_constant_ifs, fold_constants, folded_inputs, quantize
@@ -111,6 +114,67 @@ def test_constants_and_static_shapes_are_folded_random_draws_and_huge_constants_
     assert np.array_equal(nh.to_array(next(t for t in m.graph.initializer if t.name == "f")), [6.0, 10.0])
 
 
+def dequantized_weights(rng, uses: list[str], d: int) -> onnx.ModelProto:
+    """y = sum over weights i of x @ w_i, w_i an int8 initializer dequantized as torch's exports spell it (Cast,
+    Mul by a scale, a Transpose where i is odd), each weight's ``uses[i]`` besides: "" (none), "live" (its Cast
+    read by a MatMul of the input too), "output" (its scaled value a graph output), "branch" (read in an If's
+    branches), "input" (the int8 tensor also a graph input)."""
+    nodes, inits, outs, ins = [], [], [h.make_tensor_value_info("y", T.FLOAT, None)], []
+    for i, use in enumerate(uses):
+        q = rng.integers(-128, 128, (d, d)).astype(np.int8)
+        q.flat[:2] = -128, 127
+        inits += [nh.from_array(q, f"q{i}"), nh.from_array(np.float32(rng.uniform(1e-3, 2)), f"s{i}")]
+        nodes += [h.make_node("Cast", [f"q{i}"], [f"c{i}"], to=T.FLOAT),
+                  h.make_node("Mul", [f"c{i}", f"s{i}"], [f"m{i}"])]
+        w = f"m{i}"
+        if i % 2:
+            nodes.append(h.make_node("Transpose", [w], [f"t{i}"], perm=[1, 0]))
+            w = f"t{i}"
+        if use == "live":
+            nodes += [h.make_node("MatMul", ["x", w], [f"a{i}"]), h.make_node("MatMul", ["x", f"c{i}"], [f"l{i}"]),
+                      h.make_node("Add", [f"a{i}", f"l{i}"], [f"p{i}"])]
+        else:
+            nodes.append(h.make_node("MatMul", ["x", w], [f"p{i}"]))
+        if use == "output":
+            outs.append(h.make_tensor_value_info(f"m{i}", T.FLOAT, None))
+        elif use == "branch":
+            branch = [h.make_graph([h.make_node(op, [f"m{i}"], [f"{op}{i}"])], op, [],
+                                   [h.make_tensor_value_info(f"{op}{i}", T.FLOAT, None)]) for op in ("Relu", "Neg")]
+            nodes.append(h.make_node("If", ["flag"], [f"b{i}"], then_branch=branch[0], else_branch=branch[1]))
+            outs.append(h.make_tensor_value_info(f"b{i}", T.FLOAT, None))
+            ins.append(h.make_tensor_value_info("flag", T.BOOL, []))
+        elif use == "input":
+            ins.append(h.make_tensor_value_info(f"q{i}", T.INT8, [d, d]))
+    nodes.append(h.make_node("Sum", [f"p{i}" for i in range(len(uses))], ["y"]))
+    ins = [h.make_tensor_value_info("x", T.FLOAT, [2, d])] + list({v.name: v for v in ins}.values())
+    return onnx_model(h.make_graph(nodes, "dequantized", ins, outs, inits), 17)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from(["", "live", "output", "branch", "input"]), min_size=1, max_size=4),
+       st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_folded_weights_compute_the_same_and_no_constant_is_left_that_nothing_reads(uses, d, seed):
+    """fold_constants of dequantized int8 weights: the model computes what it computed (onnx's reference
+    evaluator, exactly; an initializer that is also a graph input fed its own value), every chain folded, and each
+    initializer left is read by a node or a branch, or is a graph input or output. Regression: the int8 weights
+    and their Casts were kept as unread initializers."""
+    rng = np.random.default_rng(seed)
+    m = dequantized_weights(rng, uses, d)
+    feeds = {"x": rng.normal(size=(2, d)).astype(np.float32), "flag": np.array(bool(seed % 2))}
+    feeds.update({v.name: nh.to_array(next(t for t in m.graph.initializer if t.name == v.name))
+                  for v in m.graph.input if v.name.startswith("q")})
+    names = [v.name for v in m.graph.input]
+    want = ReferenceEvaluator(m).run(None, {k: v for k, v in feeds.items() if k in names})
+    assert fold_constants(m) > 0
+    got = ReferenceEvaluator(m).run(None, {k: v for k, v in feeds.items() if k in names})
+    assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True))
+    assert {n.op_type for n in m.graph.node} <= {"MatMul", "Add", "Sum", "If"}
+    read = {x for n in m.graph.node for x in n.input} | {v.name for v in [*m.graph.input, *m.graph.output]}
+    read |= {x for n in m.graph.node for a in n.attribute for g in [a.g] if a.HasField("g") for x in
+             (y for k in g.node for y in k.input)}
+    assert [t.name for t in m.graph.initializer if t.name not in read] == []
+
+
 def sentence_encoder(vocab: int = 40) -> onnx.ModelProto:
     """A sentence encoder as sentence-transformers exports it: input_ids and attention_mask (batch, sequence),
     token embeddings (Gather), mean pooling under the mask (Mul, ReduceSum, Clip, Div), a dense head."""
@@ -141,8 +205,9 @@ def test_a_sentence_encoder_with_its_mask_folded_imports_whole(tmp_path):
     ids = np.random.default_rng(0).integers(0, 40, (10, 7)).astype(np.int64)
     np.save(tmp_path / "c.npy", ids)
     done = quantize(tmp_path / "enc.onnx", tmp_path / "c.npy", tmp_path / "m", fold={"attention_mask": 1.0})
-    mask = next(t for t in done.float_model.graph.initializer if t.name == "attention_mask")
-    assert tuple(mask.dims) == (1, 7)
+    folded = {t.name: nh.to_array(t) for t in done.float_model.graph.initializer}
+    assert folded["mm"].shape == (1, 7, 8) and np.all(folded["mm"] == 1)  # the mask (1, 7) expanded, folded
+    assert np.array_equal(folded["den"], np.full((1, 8), 7, np.float32))
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=2).exact
