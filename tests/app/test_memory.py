@@ -54,7 +54,7 @@ def test_prepare_holds_no_weights_while_onnxruntime_optimizes_a_converted_model(
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
                               "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2048])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4096])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)], ir_version=8)
     del w, graph
     allocated = []
     session = ort.InferenceSession

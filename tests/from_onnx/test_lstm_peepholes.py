@@ -126,7 +126,7 @@ def test_a_cell_growing_each_step_stays_close_to_the_float_lstm(seed):
         [onnx.helper.make_tensor_value_info("x", T.FLOAT, [steps, batch, size])],
         [onnx.helper.make_tensor_value_info("y", T.FLOAT, None)],
         [nh.from_array(v[None].astype(np.float32), n) for v, n in ((w, "W"), (r, "R"), (b, "B"), (p, "P"))])
-    model = onnx.helper.make_model(layer, opset_imports=[onnx.helper.make_opsetid("", 14)])
+    model = onnx.helper.make_model(layer, opset_imports=[onnx.helper.make_opsetid("", 14)], ir_version=8)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"x": (x / 64).astype(np.float32)})[0][:, 0]
     assert np.abs(got - want).mean() * 127 < 0.012
