@@ -66,7 +66,7 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       scalers_as_ops, spectra_as_products, unshared_biases)
+                       scalers_as_ops, shapes_only, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -457,7 +457,7 @@ def fold_constants(model: onnx.ModelProto) -> int:
 
     graph = model.graph
     try:
-        g = onnx.shape_inference.infer_shapes(_shapes_only(model), data_prop=True).graph
+        g = onnx.shape_inference.infer_shapes(shapes_only(model), data_prop=True).graph
     except Exception:  # noqa: BLE001  (onnx's inference raises several types: no shape is then known)
         g = onnx.GraphProto()
     known = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*g.value_info, *g.input, *g.output]
@@ -921,27 +921,6 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
     return found
 
 
-def _shapes_only(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` as shape inference reads it, without a copy of its weights: its initializers of 1 KB or more as
-    graph inputs of their type and shape (inference reads the values of small ones only: shapes, axes)."""
-    from onnx import helper
-
-    graph = onnx.GraphProto(name=model.graph.name)
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
-    for t in model.graph.initializer:
-        if t.ByteSize() < 1024:
-            graph.initializer.append(t)
-        else:
-            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    out = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
-    out.opset_import.extend(model.opset_import)
-    out.functions.extend(model.functions)
-    return out
-
-
 def fuse_layernorm(model: onnx.ModelProto) -> None:
     """Each written-out LayerNormalization (``layernorms``) as one LayerNormalization node (opset 17), which
     quantize_static quantizes as one op and the importer holds in integers (docs/import.md); gamma and beta
@@ -952,7 +931,7 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
     found = layernorms(model.graph) if opset >= LAYERNORM_OPSET else []
     if not found:
         return
-    known = [*shape_inference.infer_shapes(_shapes_only(model)).graph.value_info, *model.graph.input]
+    known = [*shape_inference.infer_shapes(shapes_only(model)).graph.value_info, *model.graph.input]
     shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}
     for nodes, x, axis, eps, gamma, beta in found:
         shape = shapes.get(x)

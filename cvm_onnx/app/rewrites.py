@@ -411,10 +411,29 @@ def _dft_matrix(length: int, size: int, bins: int, channels: int, inverse: bool)
     return m.reshape(length * channels, bins * 2) / (size if inverse else 1)
 
 
+def shapes_only(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as shape inference reads it, without a copy of its weights: its initializers of 1 KB or more as
+    graph inputs of their type and shape (inference reads the values of small ones only: shapes, axes)."""
+    graph = onnx.GraphProto(name=model.graph.name)
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    for t in model.graph.initializer:
+        if t.ByteSize() < 1024:
+            graph.initializer.append(t)
+        else:
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    out = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    return out
+
+
 def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     """Each tensor's dims as onnx's shape inference states them (None where not a number)."""
     try:
-        g = onnx.shape_inference.infer_shapes(model).graph
+        g = onnx.shape_inference.infer_shapes(shapes_only(model)).graph
     except Exception:  # noqa: BLE001  (onnx's inference raises several types: then the declared shapes)
         g = model.graph
     return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]

@@ -11,7 +11,8 @@ import pytest
 from support.quantized import float_model
 from support.transformers import encoder
 
-from cvm_onnx.app.quantize import _shapes_only, _tensors, compare, fold_constants, outputs, quantize, samples_of
+from cvm_onnx.app.quantize import _tensors, compare, fold_constants, outputs, quantize, samples_of
+from cvm_onnx.app.rewrites import shapes_only
 
 
 def test_the_comparison_from_the_file_equals_the_one_from_memory(tmp_path):
@@ -63,7 +64,7 @@ def test_the_quantized_model_is_saved_in_one_file(tmp_path):
 def test_shape_inference_without_the_weights_equals_it_with_them(ln, opset):
     """An encoder (weights of 1 KB and more, small shape and axes constants that Reshape and ReduceMean read)."""
     m = encoder(seed=2, s=5, d=32, heads=4, ff=64, ln=ln, opset=opset, layers=2)
-    light = _shapes_only(m)
+    light = shapes_only(m)
     assert all(t.ByteSize() < 1024 for t in light.graph.initializer)
     assert len(light.graph.initializer) < len(m.graph.initializer)
     want = onnx.shape_inference.infer_shapes(m).graph.value_info
