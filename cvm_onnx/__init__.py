@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from cvm_onnx.core.constants import __version__
 
-_API = ("Loaded", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm", "to_onnx", "write_model",
-        "write_onnx")
+_API = ("Loaded", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "pack_inputs", "run_cvm", "to_onnx",
+        "write_model", "write_onnx")
 
 
 def __getattr__(name: str):
@@ -37,5 +37,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_API, "Target", "verify"])
 
 
-__all__ = ["Loaded", "Target", "__version__", "convert", "from_onnx", "import_onnx", "load", "load_onnx", "run_cvm",
-           "to_onnx", "verify", "write_model", "write_onnx"]
+__all__ = ["Loaded", "Target", "__version__", "convert", "from_onnx", "import_onnx", "load", "load_onnx",
+           "pack_inputs", "run_cvm", "to_onnx", "verify", "write_model", "write_onnx"]

@@ -10,6 +10,7 @@ is none. The graph returned has passed ``validate``.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -24,7 +25,7 @@ from cvm_onnx.converters.to_onnx.float_edges import without_float_edges
 from cvm_onnx.core.constants import PRECISION as PRECISION_KEY
 from cvm_onnx.core.constants import FLOAT_IO, MARK_NODE, MARK_OP, OPTIMIZED, QUANTIZATION, precision_of
 from cvm_onnx.core.errors import Problem, UnsupportedError
-from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
+from cvm_onnx.core.format.edges import Edge, Edges, Slot, parse_edges
 from cvm_onnx.core.format.onnx_file import dims, static_shape
 from cvm_onnx.core.graph import Entry, Graph
 from cvm_onnx.core.ops import REGISTRY
@@ -76,8 +77,11 @@ def _domain(d: str) -> str:
 
 
 class _Walk:
-    def __init__(self, model: onnx.ModelProto, input_precision: int, base_dir: Path | None):
+    def __init__(self, model: onnx.ModelProto, input_precision: int, base_dir: Path | None, pack: bool = False,
+                 precisions: dict[str, int] | None = None):
         self.model = model
+        self.pack, self.precisions = pack, precisions or {}
+        self.slots: list[Slot] = []  # the packed inputs' layout in ``data``
         self.graph = model.graph
         self.inferred: dict[str, tuple[int, tuple[int, ...] | None]] | None = None  # by onnx's shape inference
         self.metadata = {p.key: p.value for p in model.metadata_props}
@@ -142,7 +146,8 @@ class _Walk:
             self.progress(0, None, "validating")
         graph = validate(Graph(self.ctx.nodes, heads, self.ctx.params), inputs=tuple(inputs)).graph
         quantized_edges = self.input_edge is not None or any(e is not None for e in self.output_edges)
-        edges = Edges(self.input_edge, tuple(self.output_edges)) if quantized_edges else self.kept_edges(graph)
+        edges = Edges(self.input_edge, tuple(self.output_edges), tuple(self.slots)) if quantized_edges or \
+            self.slots else self.kept_edges(graph)
         computed = {name: t.entry for name, t in self.tensors.items() if isinstance(t, Tensor) and t.entry is not None}
         return Imported(graph, edges, self.ctx.requants, self.origins, computed)
 
@@ -233,10 +238,14 @@ class _Walk:
         return True
 
     def inputs(self) -> list[str]:
-        """Graph inputs (not initializers) as CVM variables; a single one is named ``data``. Returns their names."""
+        """Graph inputs (not initializers) as CVM variables; a single one is named ``data``. With ``pack`` and
+        several inputs, one variable ``data`` holds them all, flattened and concatenated in the graph's input order,
+        at the widest precision among them: each is a strided_slice of it, reshaped, and clipped to its own values
+        (its type within its precision; a float input's quantized type) where those are fewer (``Slot``). Returns
+        the variables' names."""
         inits = {t.name for t in self.graph.initializer}
         vis = [v for v in self.graph.input if v.name not in inits]
-        names = []
+        found = []
         for v in vis:
             tt = v.type.tensor_type
             edge = None
@@ -249,24 +258,50 @@ class _Walk:
             if (shape := static_shape(v)) is None:
                 self.problem(v.name, "input needs a static shape (every dim known and > 0)")
                 continue
-            p = self.precision(v.name) or self.precision(f"{v.name}:clamped") or self.input_precision
+            p = self.precisions.get(v.name) or self.precision(v.name) or self.precision(f"{v.name}:clamped") or \
+                self.input_precision
             if edge is not None:
                 p = quantized.input_precision(edge.dtype)
             if not 1 <= p <= 32:
                 self.problem(v.name, f"input precision {p} must lie in [1, 32]")
                 continue
-            e = self.ctx.variable(INPUT_NAME if len(vis) == 1 else v.name, cvm_shape(shape), p)
-            names.append(self.ctx.nodes[e.node].name)
+            found.append((v, shape, p, edge))
+        names, data, offset = [], None, 0
+        if self.pack and len(vis) > 1 and len(found) == len(vis):
+            widest = max(p for _, _, p, _ in found)
+            data = self.ctx.variable(INPUT_NAME, (sum(math.prod(cvm_shape(s)) for _, s, _, _ in found),), widest)
+            names.append(self.ctx.nodes[data.node].name)
+        for v, shape, p, edge in found:
+            tt = v.type.tensor_type
+            if data is None:
+                e = self.ctx.variable(INPUT_NAME if len(vis) == 1 else v.name, cvm_shape(shape), p)
+                names.append(self.ctx.nodes[e.node].name)
+            else:
+                size = math.prod(cvm_shape(shape))
+                self.ctx.base = f"{v.name}:unpacked"
+                e = self.ctx.emit("strided_slice", data, begin=(offset,), end=(offset + size,), stride=(1,))
+                e = self.ctx.emit("reshape", e, shape=cvm_shape(shape))
+                offset += size
             if edge is None:
                 lo, hi = INT_RANGES[tt.elem_type]
-                self.tensors[v.name] = Tensor(tt.elem_type, shape, max(lo, -bound(p)), min(hi, bound(p)), e)
+                lo, hi = max(lo, -bound(p)), min(hi, bound(p))
+                if data is not None:
+                    if (lo, hi) != (-bound(widest), bound(widest)):
+                        self.ctx.base = f"{v.name}:clamped"
+                        e = self.ctx.emit("clip", e, a_min=lo, a_max=hi)
+                    self.slots.append(Slot(v.name, shape, type_name(tt.elem_type), p))
+                self.tensors[v.name] = Tensor(tt.elem_type, shape, lo, hi, e)
                 continue
             lo, hi = INT_RANGES[edge.dtype]  # the integer input saturates as QuantizeLinear does
             self.ctx.base = f"{v.name}:saturated"
             q = Tensor(edge.dtype, shape, lo, hi, self.ctx.emit("clip", e, a_min=lo, a_max=hi))
             self.tensors[v.name] = q  # ops that only move values between the input and its quantizers move q
             self.replaced.update(id(n) for n in edge.nodes)
-            self.input_edge = Edge(names[-1], type_name(edge.dtype), edge.scale, edge.zero)
+            if data is None:
+                self.input_edge = Edge(names[-1], type_name(edge.dtype), edge.scale, edge.zero)
+            else:
+                self.slots.append(Slot(v.name, shape, type_name(edge.dtype), p,
+                                       Edge(v.name, type_name(edge.dtype), edge.scale, edge.zero)))
         self.failed.update(v.name for v in vis if v.name not in self.tensors)
         return names
 
@@ -471,13 +506,16 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
 
 def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str | os.PathLike | None = None,
                  outputs: list[str] | None = None, two_part: bool = True,
-                 progress: Callable[[int, int | None, str], None] | None = None) -> Imported:
+                 progress: Callable[[int, int | None, str], None] | None = None, pack: bool = False,
+                 input_precisions: dict[str, int] | None = None) -> Imported:
     """``from_onnx`` with what a report and a model directory need besides the graph (``Imported``).
     ``outputs``: cut the graph at these tensors (they become the outputs). ``two_part`` (default): a requantization
     whose one-part product is not exact takes two products where they are closer (a sum: where one part errs by
     more than ``requant_plans.SPLIT`` of a step; docs/import.md, "Two-part products"); False: one part only, fewer CVM
     ops. ``progress(done, total, stage)`` is told of each node group imported ("importing") and of the final check
-    ("validating")."""
+    ("validating"). ``pack``: a model of several inputs takes them packed into one ``data`` (``_Walk.inputs``; their
+    layout in ``edges.inputs``), as the CVM runtime feeds one input only. ``input_precisions``: an integer input's
+    precision by its name (others: ``input_precision``)."""
     if not 1 <= input_precision <= 32:
         raise UnsupportedError(f"input precision {input_precision} must lie in [1, 32]", where="data")
     if any(p.key == OPTIMIZED for p in model.metadata_props):
@@ -487,7 +525,7 @@ def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str
         model = without_float_edges(model)
     if outputs:
         model = cut(model, outputs)
-    walk = _Walk(model, input_precision, None if base_dir is None else Path(base_dir))
+    walk = _Walk(model, input_precision, None if base_dir is None else Path(base_dir), pack, input_precisions)
     if two_part:
         walk.ctx.split_above = Fraction(0)
     walk.progress = progress

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import numpy as np
 
@@ -93,14 +93,17 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
             inline: bool = False, input_precision: int = 8, batch: int | None = None,
             optimize: bool = False, outputs: list[str] | None = None, provider: str = "cpu",
             float_io: bool = False, two_part: bool = True, target: str | None = None,
-            progress: Callable[[int, int | None, str], None] | None = None) -> Imported | Conversion:
+            progress: Callable[[int, int | None, str], None] | None = None,
+            input_precisions: dict[str, int] | None = None) -> Imported | Conversion:
     """CVM model -> ``dst`` (.onnx), or an .onnx model -> the CVM model directory ``dst`` (``input_precision``:
     the bits of its input). ``target`` names the serving form's target (``Target.named``: "cpu", the same as
     ``optimize``; "cuda", the same as ``provider="cuda"``; "native", this machine's best); ``batch`` and ``float_io`` (a
     quantized model's float edges in the graph, float32 input and outputs) as in ``to_onnx`` (CVM -> ONNX). A model this function
     exported comes back with its symbol and params files byte for byte. A quantized ONNX model is imported with
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
-    ``import_model`` (default: two products where they are closer; False: one part only). Returns the import
+    ``import_model`` (default: two products where they are closer; False: one part only). An ONNX model of several
+    inputs is imported with them packed into ``data`` (``import_model``'s ``pack``; ``input_precisions``: an integer
+    input's bits by name, else ``input_precision``); ``pack_inputs`` lays them out. Returns the import
     (ONNX -> CVM) or the conversion's record, the model's gas included (CVM -> ONNX). Nothing is written when
     conversion fails. ``progress(done, total, stage)``: told of the import's nodes (ONNX -> CVM)."""
     from cvm_onnx.converters.from_onnx import import_model, source_symbol
@@ -114,7 +117,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
         return c
     model = load_onnx(src)
     imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs, two_part=two_part,
-                            progress=progress)
+                            progress=progress, pack=True, input_precisions=input_precisions)
     graph = imported.graph
     if len(graph.inputs) != 1:
         names = ", ".join(graph.nodes[i].name for i in graph.inputs)
@@ -124,12 +127,14 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     return imported
 
 
-def one_part_gas(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None) -> Gas:
+def one_part_gas(model: onnx.ModelProto, base_dir: str | os.PathLike | None = None,
+                 input_precisions: dict[str, int] | None = None) -> Gas:
     """The gas of ``model`` imported with one-part products only (``import_model``'s ``two_part=False``), to set
-    against a two-part import's."""
+    against a two-part import's (several inputs packed, as ``convert`` imports them)."""
     from cvm_onnx.converters.from_onnx import import_model
 
-    return measure(import_model(model, base_dir=base_dir, two_part=False).graph.nodes)
+    return measure(import_model(model, base_dir=base_dir, two_part=False, pack=True,
+                                input_precisions=input_precisions).graph.nodes)
 
 
 def has_two_parts(imported: Imported) -> bool:
@@ -137,16 +142,33 @@ def has_two_parts(imported: Imported) -> bool:
     return any(p.split for r in imported.requants for p in r.plans)
 
 
-def run_cvm(graph: Graph, data: np.ndarray, edges: Edges | None = None) -> list[np.ndarray]:
+def pack_inputs(model: str | os.PathLike | Edges | Loaded, inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The named inputs of a model of several packed into one ``data`` (a model directory, its ``Loaded``, or its
+    edges), laid out in ``data`` as the CVM runtime takes it: int32, (total,) for one sample, (N, total) for N
+    stacked on axis 0 (``Edges.pack``: float inputs quantized by their edges, integers checked against the range the
+    model was imported for). ``RuntimeFailure`` in one line for a missing or unknown name, a wrong shape or a value
+    past an input's range; ``UnsupportedError`` for a model of one input."""
+    edges = model if isinstance(model, Edges) else model.edges if isinstance(model, Loaded) else read_edges(model)
+    if edges is None or not edges.inputs:
+        raise UnsupportedError("the model takes one input, data: it packs none", where=str(
+            model if isinstance(model, (str, os.PathLike)) else ""))
+    return edges.pack(inputs)
+
+
+def run_cvm(graph: Graph, data: np.ndarray | Mapping[str, np.ndarray], edges: Edges | None = None) \
+        -> list[np.ndarray]:
     """Run a validated CVM graph on the reference executor; ``data`` is the input (integers). With the ``edges`` of
     a quantized import, float data is quantized as the source model's first QuantizeLinear does and the outputs
-    are dequantized to float32, comparable with onnxruntime running the source model."""
+    are dequantized to float32, comparable with onnxruntime running the source model. A model of several packed
+    inputs takes them by name (``pack_inputs``), its outputs dequantized where it has edges."""
     from cvm_onnx.core.executor import execute
 
+    if isinstance(data, Mapping):
+        return edges.finish(execute(graph, {"data": pack_inputs(edges, data)}))
     if edges is None or np.asarray(data).dtype.kind != "f":
         return execute(graph, {"data": data})
     return edges.finish(execute(graph, {"data": edges.prepare(data)}))
 
 
 __all__ = ["Loaded", "load", "load_onnx", "to_onnx", "from_onnx", "import_onnx", "import_model", "write_onnx",
-           "convert", "one_part_gas", "has_two_parts", "run_cvm", "write_model", "is_onnx"]
+           "convert", "one_part_gas", "has_two_parts", "pack_inputs", "run_cvm", "write_model", "is_onnx"]

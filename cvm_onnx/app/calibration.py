@@ -45,15 +45,23 @@ def applies(model: onnx.ModelProto) -> bool:
     return opset >= LOWEST_OPSET
 
 
+def feed(name: str, sample: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """One sample as onnxruntime's feed: ``{name: sample}`` reshaped to ``shape``; a sample of several inputs (a
+    structured array's element, one field per input, each of its shape) as one array per field."""
+    if sample.dtype.names is not None:
+        return {k: np.asarray(sample[k]) for k in sample.dtype.names}
+    return {name: np.asarray(sample).reshape(shape)}
+
+
 def ranges(prepared: Path, name: str, samples: np.ndarray, shape: tuple[int, ...], method: str,
            progress: Progress | None = None):
     """The ``TensorsData`` onnxruntime's calibrator for ``method`` (minmax, entropy, percentile; quantize_static's
     defaults) computes on the model in ``prepared`` (its weights as external data beside it) fed each of
-    ``samples`` (reshaped to ``shape``) as its input ``name``, in order, as quantize's CalibrationDataReader does."""
+    ``samples`` (``feed``) as its input ``name``, in order, as quantize's CalibrationDataReader does."""
     from onnxruntime.quantization import CalibrationMethod, TensorsData
 
     def feeds() -> Iterator[dict[str, np.ndarray]]:
-        return ({name: np.asarray(x).reshape(shape)} for x in samples)
+        return (feed(name, x, shape) for x in samples)
 
     count = len(samples)
     model = _inferred(prepared)
@@ -67,8 +75,8 @@ def ranges(prepared: Path, name: str, samples: np.ndarray, shape: tuple[int, ...
             session = _session(augmented)
             release_memory()  # what the session's loading freed: the runs' tensors would stand on it
             runs: list[np.ndarray] = []  # per output, its results stacked: allocated once, so that no run's small
-            for k, feed in enumerate(feeds()):  # arrays stay among the next runs' tensors
-                for i, v in enumerate(session.run(names, feed)):
+            for k, one in enumerate(feeds()):  # arrays stay among the next runs' tensors
+                for i, v in enumerate(session.run(names, one)):
                     if not k:
                         runs.append(np.empty((count, *v.shape), v.dtype))
                     runs[i][k] = v

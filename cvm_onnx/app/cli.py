@@ -369,21 +369,38 @@ def cmd_run(args) -> int:
         loaded = api.load(args.model, args.params)
         _warn(loaded.warnings)
         model, edges = loaded.graph, loaded.edges
+    inputs = args.input
+    if str(args.input).endswith(".npz"):
+        from cvm_onnx.core.format.npy import read_npz
+  # one array per input of a model of several packed into data
+        inputs = api.pack_inputs(edges if edges is not None else _onnx_edges(model, args.model), read_npz(args.input))
     with native_stderr_held() if args.ray is not None else nullcontext(), Bar() as bar:
         if args.ray is None:
             from cvm_onnx.runtime.bulk import run_many
 
-            out = run_many(model, args.input, args.output, chunk=args.chunk, provider=args.provider, progress=bar,
+            out = run_many(model, inputs, args.output, chunk=args.chunk, provider=args.provider, progress=bar,
                            edges=edges, workers=args.workers, cuda_graph=args.cuda_graph)
         else:
             from cvm_onnx.runtime.on_ray import run_on_ray
 
-            out = run_on_ray(model, args.input, args.output, address=args.ray or None, actors=args.actors,
+            out = run_on_ray(model, inputs, args.output, address=args.ray or None, actors=args.actors,
                              chunk=args.chunk, provider=args.provider, progress=bar, edges=edges,
                              cuda_graph=args.cuda_graph,
                              here_if_faster=lambda why: complain(f"note: --ray: {why}: runs here without Ray"))
     say(f"wrote {args.output}: " + ", ".join(f"{n} {s}" for n, s in zip(out.keys, out.shapes)))
     return 0
+
+
+def _onnx_edges(model, where: str):
+    """The edges an export of a packed model keeps in its metadata (``cvm.quantization``), if any."""
+    from cvm_onnx.core.constants import QUANTIZATION
+    from cvm_onnx.core.format.edges import parse_edges
+
+    props = {p.key: p.value for p in getattr(model, "metadata_props", ())}
+    if QUANTIZATION not in props:
+        raise UnsupportedError("the model takes one input: give it as .npy (an .npz names the inputs of a model "
+                               "of several)", where=where)
+    return parse_edges(props[QUANTIZATION], f"{where}: metadata {QUANTIZATION}", len(model.graph.output))
 
 
 def version() -> str:
@@ -559,7 +576,9 @@ def parser() -> argparse.ArgumentParser:
                    "images, must fit it), or N of them stacked on a new axis 0 or along the model's first axis "
                    "(when it is 1); or a directory of such .npy files (file-name order); floats for a model "
                    "imported from a quantized ONNX model (quantized as its first QuantizeLinear does) and for an "
-                   "export with float input (convert --float-io), which takes floats only")
+                   "export with float input (convert --float-io), which takes floats only; for a model of several "
+                   "inputs packed into data, an .npz of one array per input name (one sample of each, or N "
+                   "stacked), packed as its quantization.json (or the export's metadata) lays them out")
     r.add_argument("--output", required=True, help=".npz to write, one array per output (stacked over the "
                    "samples for N inputs); or .npy for a one-output model; float32 dequantized outputs for float input")
     r.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider (ONNX models)")
@@ -634,10 +653,11 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--no-browser", action="store_true", help="do not open a browser; just serve")
     q = sub.add_parser("quantize", help="quantize a float ONNX model with onnxruntime.quantization (static, "
                        "calibrated) and import it as a CVM model", parents=[debug])
-    q.add_argument("model", help="the float .onnx model as shipped (one input; dynamic dims are fixed to one "
-                   "calibration sample, batch 1)")
+    q.add_argument("model", help="the float .onnx model as shipped (several inputs are packed into one data; "
+                   "dynamic dims are fixed to one calibration sample, batch 1)")
     q.add_argument("--calibration", required=True, metavar="C.npy", help="calibration samples: N inputs stacked on "
-                   "axis 0, floats")
+                   "axis 0, floats; for a model of several inputs (packed into one data), an .npz of one array per "
+                   "input name, N samples each")
     q.add_argument("-o", "--output", required=True, metavar="DIR", help="the CVM model directory to write (with "
                    "quantization.json)")
     q.add_argument("--per-channel", action="store_true", help="weights quantized per output channel")
@@ -656,7 +676,7 @@ def parser() -> argparse.ArgumentParser:
                    "written to FILE as Markdown (JSON if FILE ends in .json)")
     q.add_argument("--fold", nargs="+", action="extend", metavar="NAME[=VALUE]", help="make these graph inputs "
                    "constants first (a recurrent model's states: zeros by default; a sample rate, an attention mask: "
-                   "its value), and fold the Ifs they or the input's shape decide (repeatable)")
+                   "its value), and fold the Ifs they or the input's shape decide (repeatable); the inputs left are packed")
     q.set_defaults(fn=cmd_quantize, usage=q)
     return p
 

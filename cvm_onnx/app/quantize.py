@@ -55,7 +55,7 @@ from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure,
 from cvm_onnx.core.format.edges import FILE as EDGES
 from cvm_onnx.core.format.model_dir import PARAMS, replace_files
 from cvm_onnx.core.format.params import read_params
-from cvm_onnx.core.format.npy import read_npy
+from cvm_onnx.core.format.npy import read_npy, read_npz
 from cvm_onnx.core.constants import tight
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims, ir_version, write_onnx
 from cvm_onnx.core.format.onnx_safety import unsafe_nodes
@@ -147,7 +147,7 @@ class _Reader:
             if self.progress:
                 self.progress(0, None, "quantizing (onnxruntime)")
             return None
-        feed = {self.name: np.asarray(self.samples[self.i]).reshape(self.shape)}
+        feed = calibration.feed(self.name, self.samples[self.i], self.shape)
         self.i += 1
         if self.progress:
             self.progress(self.i, len(self.samples), "calibrating")
@@ -219,14 +219,22 @@ def _inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [v for v in model.graph.input if v.name not in inits]
 
 
+def _without_inputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy of ``model``'s header with the graph inputs ``names`` left out (their samples are not read)."""
+    out = onnx.ModelProto()
+    out.ir_version = model.ir_version
+    out.graph.input.extend(v for v in _inputs(model) if v.name not in names)
+    return out
+
+
 def refusal(model: onnx.ModelProto) -> str | None:
-    """Why the float model as a whole has no CVM form here (several inputs, control flow, recurrent layers, ops
+    """Why the float model as a whole has no CVM form here (no input, control flow, recurrent layers, ops
     of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
     None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first."""
     why = []
     inputs = _inputs(model)
-    if len(inputs) != 1:
-        why.append(f"{len(inputs)} inputs ({', '.join(v.name for v in inputs) or 'none'}): a CVM model takes one")
+    if not inputs:
+        why.append("no input: a CVM model takes one (several are packed into it)")
     ops = Counter(n.op_type for n in _nodes(model.graph))
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
@@ -244,12 +252,13 @@ def refusal(model: onnx.ModelProto) -> str | None:
         if (kind := v.type.WhichOneof("value")) != "tensor_type":
             why.append(f"the output {v.name!r} is a {(kind or 'value of no type').removesuffix('_type')}: CVM's "
                        "outputs are tensors")
-    if why and len(inputs) == 1:  # the input's type too, where it is refused (else ``input_type`` says it alone)
-        try:
-            input_type(model)
-        except UnsupportedError as e:
-            why.insert(0, e.problems[0].rule)
-    if len(inputs) > 1 or ops["If"]:
+    if why:  # the inputs' types too, where refused (else ``input_type`` says it alone)
+        for v in reversed(inputs):
+            try:
+                input_type(model, v)
+            except UnsupportedError as e:
+                why.insert(0, e.problems[0].rule)
+    if ops["If"]:
         why.append("--fold NAME[=VALUE] makes inputs constants (a state, a sample rate, a mask) and folds the Ifs "
                    "they decide")
     return "; ".join(why) or None
@@ -326,7 +335,11 @@ def _calibration(path: str | os.PathLike, name: str, dtype: np.dtype) -> np.ndar
     input, floats (float16, 32 or 64) every one finite within float32, as float32; for an integer input, integers
     (or floats holding integers) within its type."""
     where = os.fspath(path)
-    data = read_npy(path, "the calibration samples", mmap=True)
+    return _checked(read_npy(path, "the calibration samples", mmap=True), name, dtype, where)
+
+
+def _checked(data: np.ndarray, name: str, dtype: np.dtype, where: str) -> np.ndarray:
+    """``_calibration``'s checks of the samples ``data`` for the input ``name`` of type ``dtype``."""
     floats = dtype.kind == "f"
     if data.dtype.kind not in ("f" if floats else "fiu") or (data.dtype.kind == "f" and data.dtype.itemsize > 8) \
             or data.ndim < 1 or len(data) == 0:
@@ -363,12 +376,71 @@ def _integer_samples(data: np.ndarray, name: str, dtype: np.dtype, where: str) -
 
 
 def samples_of(model: onnx.ModelProto, path: str | os.PathLike) -> tuple[str, tuple[int, ...], np.ndarray]:
-    """The samples in ``path`` for the model's one input, checked (``_calibration``, ``_sample_shape``): its name,
-    the shape of one sample (batch 1), and the N samples stacked on a new axis 0."""
-    name = _inputs(model)[0].name
-    data = _calibration(path, name, input_type(model))
-    name, shape = _sample_shape(model, data, os.fspath(path))
-    return name, shape, data.reshape((len(data),) + shape)
+    """The samples in ``path`` for the model's inputs, checked (``_calibration``, ``_sample_shape``): the input's
+    name, the shape of one sample (batch 1), and the N samples stacked on a new axis 0. For a model of several
+    inputs (``path`` an .npz of one array per input name, N samples each): the name "", the shape (), and one
+    structured array of N samples, a field per input in the model's order, each of its sample's shape
+    (``calibration.feed``)."""
+    inputs = _inputs(model)
+    if len(inputs) == 1 and Path(path).suffix != ".npz":
+        name = inputs[0].name
+        data = _calibration(path, name, input_type(model))
+        name, shape = _sample_shape(model, data, os.fspath(path))
+        return name, shape, data.reshape((len(data),) + shape)
+    where = os.fspath(path)
+    if Path(path).suffix != ".npz":
+        raise FormatError(f"the model has {len(inputs)} inputs ({', '.join(v.name for v in inputs)}): give the "
+                          "calibration samples as an .npz of one array per input name, N samples each", where=where)
+    arrays = read_npz(path, "the calibration samples")
+    names = [v.name for v in inputs]
+    if missing := [n for n in names if n not in arrays]:
+        raise FormatError(f"no array for the input {missing[0]!r} (the model's inputs: {', '.join(names)})",
+                          where=where)
+    if extra := [n for n in arrays if n not in names]:
+        raise FormatError(f"{extra[0]!r} is no input of the model (its inputs: {', '.join(names)})", where=where)
+    fields, count = [], None
+    for v in inputs:
+        data = _checked(arrays[v.name], v.name, input_type(model, v), f"{where}: {v.name}")
+        shape = _sample_shape(model, data, f"{where}: {v.name}", v)[1]
+        if count is not None and len(data) != count:
+            raise FormatError(f"{len(data)} samples of {v.name!r}, {count} of {inputs[0].name!r}: every input "
+                              "takes N samples", where=where)
+        count = len(data)
+        fields.append((v.name, data.reshape((count,) + shape)))
+    if len(fields) == 1:
+        return fields[0][0], fields[0][1].shape[1:], fields[0][1]
+    samples = np.empty(count, [(k, a.dtype, a.shape[1:]) for k, a in fields])
+    for k, a in fields:
+        samples[k] = a
+    return "", (), samples
+
+
+def sample_shapes(samples: np.ndarray, name: str, shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Each input's shape of one sample, by name, as ``samples_of`` gave them."""
+    if samples.dtype.names is None:
+        return {name: shape}
+    return {k: samples.dtype.fields[k][0].shape for k in samples.dtype.names}
+
+
+def input_precisions(samples: np.ndarray) -> dict[str, int]:
+    """The CVM precision of each integer input of several (``integer_precision`` of its samples), by name."""
+    return {k: integer_precision(samples[k]) for k in samples.dtype.names or ()
+            if samples.dtype.fields[k][0].base.kind != "f"}
+
+
+def _kept(samples: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
+    """The samples of the inputs ``model`` still has (a cut at ``outputs`` may need fewer); one left: its array."""
+    if samples.dtype.names is None:
+        return samples
+    names = [v.name for v in _inputs(model)]
+    if len(names) == 1:
+        return np.ascontiguousarray(samples[names[0]])
+    if names == list(samples.dtype.names):
+        return samples
+    out = np.empty(len(samples), [(k, samples.dtype.fields[k][0]) for k in names])
+    for k in names:
+        out[k] = samples[k]
+    return out
 
 
 def integer_precision(samples: np.ndarray) -> int:
@@ -594,14 +666,16 @@ def _renamed_outer(graph: onnx.GraphProto, names: set[str], prefix: str) -> None
             v.name = prefix + v.name
 
 
-def fixed(model: onnx.ModelProto, shape: tuple[int, ...]) -> onnx.ModelProto:
-    """``model`` with its input's dims set to ``shape`` (dynamic dims fixed)."""
+def fixed(model: onnx.ModelProto, shape: tuple[int, ...] | dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """``model`` with its input's dims set to ``shape`` (dynamic dims fixed); each named input's to its shape
+    where ``shape`` is a mapping."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    v = _inputs(out)[0]
-    for d, n in zip(v.type.tensor_type.shape.dim, shape):
-        d.Clear()
-        d.dim_value = n
+    shapes = shape if isinstance(shape, dict) else {_inputs(out)[0].name: shape}
+    for v in _inputs(out):
+        for d, n in zip(v.type.tensor_type.shape.dim, shapes.get(v.name, ())):
+            d.Clear()
+            d.dim_value = n
     return out
 
 
@@ -1163,15 +1237,20 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     cast_inputs_as_integers(model.graph)
     if fold or any(n.op_type == "If" for n in model.graph.node):
         left = [v for v in _inputs(model) if v.name not in (fold or {})]
-        shape, named = None, None
-        if len(left) == 1:  # one sample's shape: the folded inputs' dims of the same names, the Ifs it decides
-            data = _calibration(calibration, left[0].name, input_type(model, left[0]))
-            shape = _sample_shape(model, data, os.fspath(calibration), left[0])[1]
-            named = {d.dim_param: n for d, n in zip(left[0].type.tensor_type.shape.dim, shape) if d.dim_param}
+        shapes, named = None, None
+        if left and (len(left) == 1 or Path(calibration).suffix == ".npz") and all(
+                v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT or
+                v.type.tensor_type.elem_type in INTEGER_INPUTS for v in left):
+            # one sample's shapes: the folded inputs' dims of the same names, the Ifs they decide
+            rest = _without_inputs(model, fold or {})
+            name, shape, data = samples_of(rest, calibration)
+            shapes = sample_shapes(data, name, shape)
+            named = {d.dim_param: n for v in left for d, n in zip(v.type.tensor_type.shape.dim, shapes[v.name])
+                     if d.dim_param}
         if fold:
             model = folded_inputs(model, fold, named)
-        if shape is not None:
-            model = fixed(model, shape)
+        if shapes is not None:
+            model = fixed(model, shapes)
             fold_constant_ifs(model, shapes=True)
     overrides = dynamic.as_float(model.graph)  # a dynamic int8 model: the float model it stands for
     if (why := refusal(model)) is not None:
@@ -1184,12 +1263,19 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise UnsupportedError(why, where=os.fspath(src))
     if (why := non_finite(model, outputs)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
-    dtype = input_type(model)
+    for v in _inputs(model):
+        input_type(model, v)
     name, shape, samples = samples_of(model, calibration)
+    if report and samples.dtype.names is not None:
+        raise UnsupportedError("the per-layer report (--report) takes a model of one input; this one has "
+                               f"{len(samples.dtype.names)} ({', '.join(samples.dtype.names)})", where=os.fspath(src))
     with staged(dst) as stage, quiet_onnxruntime():
-        model = fixed(model, shape)
+        model = fixed(model, sample_shapes(samples, name, shape))
         if outputs:
             model = cut(model, outputs)
+            samples = _kept(samples, model)
+            if samples.dtype.names is None and not name:
+                name, shape = _inputs(model)[0].name, samples.shape[1:]
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / "prepared.onnx"
             if progress:
@@ -1212,8 +1298,10 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             release_memory()
-            precision = 8 if dtype.kind == "f" else integer_precision(samples)
-            imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress)
+            precision = 8 if samples.dtype.kind in "fV" else integer_precision(samples)
+            precisions = input_precisions(samples)
+            imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress,
+                               input_precisions=precisions)
             release_memory()
             layers = layer_report(onnx.load(out), imported, samples, onnx.load(prepared), progress) \
                 if report else None
@@ -1232,7 +1320,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             one_part = None
             if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
                 try:
-                    one_part = one_part_gas(onnx.load(out))
+                    one_part = one_part_gas(onnx.load(out), input_precisions=precisions)
                 except CVMError:  # the model is written either way
                     pass
                 release_memory()
@@ -1266,7 +1354,8 @@ def not_float(model: onnx.ModelProto) -> str | None:
     """Why there is nothing for quantize_static to calibrate, or None: an integer input with no float weight (an
     integer model: convert imports it as it is). An integer input with float weights is quantized from its first
     float tensor on."""
-    t = _inputs(model)[0].type.tensor_type.elem_type
+    types = {v.type.tensor_type.elem_type for v in _inputs(model)}
+    t = types.pop() if len(types) == 1 else None
     if t not in INTEGER_INPUTS or any(
             i.data_type in FLOAT_TYPES for i in model.graph.initializer) or any(
             a.name == "value" and a.t.data_type in FLOAT_TYPES for n in model.graph.node if n.op_type == "Constant"
@@ -1376,11 +1465,14 @@ def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Im
 
 
 def cvm_outputs(imported: Imported, samples: np.ndarray, progress: Progress | None = None) -> list[np.ndarray]:
-    """The outputs of the CVM model ``imported`` on ``samples`` (float ones through its edges), each stacked."""
-    data = samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
+    """The outputs of the CVM model ``imported`` on ``samples`` (float ones through its edges; several inputs
+    packed into ``data``), each stacked."""
+    data = imported.edges.pack(samples) if samples.dtype.names is not None else \
+        samples.astype(np.float32 if samples.dtype.kind == "f" else np.int32)
     got = run_many(imported.graph, data, edges=imported.edges, progress=progress).arrays
     release_memory()
-    if data.dtype.kind != "f" and imported.edges is not None:  # integers in: the outputs dequantized here
+    if data.dtype.kind != "f" and imported.edges is not None and not imported.edges.inputs:
+        # integers in: the outputs dequantized here (packed inputs: by run_many)
         got = imported.edges.finish(got)
     return got
 
@@ -1529,7 +1621,7 @@ def _run_onnx(model: bytes | str, name: str, samples: np.ndarray, what: str = "t
             sess = session(None)
         except Exception:  # noqa: BLE001  (onnxruntime raises several types)
             sess = session(GraphOptimizationLevel.ORT_ENABLE_BASIC)
-        runs = [sess.run(None, {name: x}) for x in samples]
+        runs = [sess.run(None, calibration.feed(name, x, x.shape)) for x in samples]
     except Exception as e:  # noqa: BLE001
         raise RuntimeFailure(" ".join(f"onnxruntime cannot run {what}: {type(e).__name__}: {e}".split()),
                              where=where) from None

@@ -293,9 +293,14 @@ class Runner:
         return RuntimeFailure([Problem(where, str(p)) for p in error.problems])
 
     def _call(self, part: np.ndarray) -> list[np.ndarray]:
-        edges = self.plan.edges if part.dtype.kind == "f" else None
-        if edges is not None:
-            return edges.finish(self._call(edges.prepare(part)))
+        """The outputs on ``part``; through the edges for float data, and always for a model of several inputs
+        packed into ``data`` (``part`` then holds the packed integers: its outputs dequantized where it has edges)."""
+        edges = self.plan.edges
+        if edges is not None and (part.dtype.kind == "f" or edges.inputs):
+            return edges.finish(self._model(edges.prepare(part)))
+        return self._model(part)
+
+    def _model(self, part: np.ndarray) -> list[np.ndarray]:
         b = self.plan.batch
         if b == 1:
             x = part[0]

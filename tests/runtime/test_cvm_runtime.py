@@ -694,3 +694,31 @@ def test_written_out_confidence(tmp_path, out_type):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+def test_packed_inputs(tmp_path):
+    """Models of several inputs packed into one ``data``: the BERT-like encoder (int64 token ids by a Gather, a
+    float mask at its uint8 edge: data of 9 bits, int32 bytes) and two integer inputs of 8 and 7 bits (data of 8
+    bits, int8 bytes; two heads of two rows, which the runtime interleaves); the runtime loads the strided_slice, reshape and clip per input and gives the reference
+    executor's integers on packed samples."""
+    import onnx
+    from support.packed import bert_like, bert_samples, identity_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(bert_like(), tmp_path / "b.onnx")
+    np.savez(tmp_path / "c.npz", **bert_samples())
+    bert = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "bert").imported
+    small = import_model(identity_model([(T.INT8, (2, 3)), (T.UINT8, (2, 2))]), pack=True,
+                         input_precisions={"x0": 8, "x1": 7})
+    write_model(small.graph, tmp_path / "small", edges=small.edges)
+    rng = np.random.default_rng(6)
+    cases = {"bert": (bert, [bert.edges.pack(bert_samples(4, seed=9))[k] for k in range(4)]),
+             "small": (small, [small.edges.pack({"x0": np.full((2, 3), v, np.int8), "x1": np.full((2, 2), w, np.uint8)})
+                               for v, w in ((-127, 0), (127, 63))] +
+                       [small.edges.pack({"x0": rng.integers(-127, 128, (2, 3)), "x1": rng.integers(0, 64, (2, 2))})])}
+    for name, (imp, xs) in cases.items():
+        for device in DEVICES.values():
+            runtime = CvmRuntime(LIB, tmp_path / name, device)
+            for x in xs:
+                assert np.array_equal(runtime.run(x), reference(imp.graph, x))

@@ -9,21 +9,35 @@ model's integer output into floats). A model directory without it is a plain CVM
 
 A scale is a float32 written as the shortest decimal that reads back to it, a scale or zero point a number or a
 nested list broadcast over the tensor (per channel); ``null`` is an output of plain integers.
+
+A model of several inputs packed into its one ``data`` (version 2) lists them, in the order they are laid out in
+``data`` (each flattened, row-major), with ``"input": null``:
+
+    "inputs": [{"name": "ids", "shape": [1, 8], "type": "int64", "precision": 15, "edge": null},
+               {"name": "mask", "shape": [1, 8], "type": "uint8", "precision": 9, "edge": {...}}]
+
+``type`` is the ONNX input's integer type (a float input's: its edge's), ``precision`` the bits of its values in
+``data``; a value must lie within both (``Slot.limits``). ``edge``: a float input's quantization (null: integers).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
+from ..constants import precision_bound
 from ..errors import FormatError, RuntimeFailure
 
 FILE = "quantization.json"
 FORMAT = "cvm-onnx quantization"
 VERSION = 1
+PACKED_VERSION = 2  # the version of a file listing packed inputs (``inputs``)
+INTEGER_TYPES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 TYPES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535)}
 
 
@@ -53,17 +67,103 @@ class Edge:
 
 
 @dataclass(frozen=True)
+class Slot:
+    """One input of a model of several packed into ``data``: its name, shape (one sample), integer type, precision
+    in ``data``, and a float input's edge (None: the input takes integers)."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: str
+    precision: int
+    edge: Edge | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def limits(self) -> tuple[int, int]:
+        """The values the input may hold in ``data``: its type's range within +-(2^(precision-1)-1)."""
+        lo, hi = (0, 1) if self.type == "bool" else (int(np.iinfo(self.type).min), int(np.iinfo(self.type).max))
+        b = precision_bound(self.precision)
+        return max(lo, -b), min(hi, b)
+
+    def integers(self, x: np.ndarray) -> np.ndarray:
+        """``x`` (this input's values, float for a float input) as the integers ``data`` holds, as int64; values
+        past ``limits`` (or not integers, or NaN) refused in one line naming the input."""
+        if self.edge is not None:
+            if x.dtype.kind != "f":
+                raise RuntimeFailure(f"input {self.name!r} takes floats (quantized to {self.edge.type}), got "
+                                     f"{x.dtype}")
+            if np.isnan(x).any():
+                raise RuntimeFailure(f"input {self.name!r}: NaN has no quantized value")
+            return self.edge.quantize(x).astype(np.int64)
+        if x.dtype.kind not in "iub":
+            raise RuntimeFailure(f"input {self.name!r} takes integers ({self.type}), got {x.dtype}")
+        lo, hi = self.limits()
+        if x.size and (int(x.min()) < lo or int(x.max()) > hi):
+            bad = int(x.min()) if int(x.min()) < lo else int(x.max())
+            raise RuntimeFailure(f"input {self.name!r} holds {bad}, outside [{lo}, {hi}] ({self.type} within "
+                                 f"{self.precision} bits, the range it was imported for)")
+        return x.astype(np.int64)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "type": self.type, "precision": self.precision,
+                "edge": None if self.edge is None else self.edge.to_json()}
+
+
+@dataclass(frozen=True)
 class Edges:
-    """The input's edge (None: the model takes integers) and one per output (None: integers)."""
+    """The input's edge (None: the model takes integers) and one per output (None: integers); for a model of
+    several inputs packed into ``data``, each input's ``Slot`` in their order there (``input`` is then None)."""
 
     input: Edge | None
     outputs: tuple[Edge | None, ...]
+    inputs: tuple[Slot, ...] = ()
+
+    def pack(self, named: Mapping[str, np.ndarray] | np.ndarray) -> np.ndarray:
+        """The inputs by name (a mapping, or a structured array with one field per input) packed into ``data``:
+        each sample's inputs flattened and concatenated in ``inputs``' order, as int32, of shape (total,) for one
+        sample, (N, total) for N stacked on a new axis 0 (every input alike). A missing or unknown name, a shape
+        that is neither, values an input cannot hold: ``RuntimeFailure`` in one line naming the input."""
+        if isinstance(named, np.ndarray):
+            if named.dtype.names is None:
+                raise RuntimeFailure(f"this model packs {len(self.inputs)} inputs into data "
+                                     f"({', '.join(s.name for s in self.inputs)}): give one array per input name")
+            named = {k: named[k] for k in named.dtype.names}
+        names = [s.name for s in self.inputs]
+        if missing := [n for n in names if n not in named]:
+            raise RuntimeFailure(f"no array for input {missing[0]!r} (the model's inputs: {', '.join(names)})")
+        if extra := [n for n in named if n not in names]:
+            raise RuntimeFailure(f"{extra[0]!r} is no input of the model (its inputs: {', '.join(names)})")
+        arrays = [np.asarray(named[s.name]) for s in self.inputs]
+        counts = []  # per input: 0 for one sample, else N
+        for s, x in zip(self.inputs, arrays):
+            counts.append(0 if x.shape == s.shape else x.shape[0] if x.shape[1:] == s.shape and x.shape[0] else -1)
+            if counts[-1] < 0:
+                raise RuntimeFailure(f"input {s.name!r} has shape {x.shape}: it takes {s.shape} (one sample) or "
+                                     f"(N, *{s.shape}) (N samples)")
+        if len(set(counts)) > 1:
+            k = next(k for k, n in enumerate(counts) if n != counts[0])
+            def say(n: int) -> str:
+                return "one sample" if not n else f"{n} sample{'s' * (n > 1)} stacked"
+
+            raise RuntimeFailure(f"input {self.inputs[k].name!r} has {say(counts[k])}, {self.inputs[0].name!r} "
+                                 f"{say(counts[0])}: every input takes the same")
+        parts = [s.integers(x).reshape((n, s.size) if n else (s.size,))
+                 for s, x, n in zip(self.inputs, arrays, counts)]
+        return np.concatenate(parts, axis=-1).astype(np.int32)
 
     def prepare(self, data: np.ndarray) -> np.ndarray:
-        """Float input data quantized as the source model's first QuantizeLinear does; integers as they are."""
+        """Float input data quantized as the source model's first QuantizeLinear does; integers as they are; for
+        packed inputs, a structured array of them packed (``pack``), packed integers as they are."""
         data = np.asarray(data)
+        if self.inputs and data.dtype.names is not None:
+            return self.pack(data)
         if data.dtype.kind != "f":
             return data
+        if self.inputs:
+            raise RuntimeFailure("float input data, but this model packs several inputs into data: give one array "
+                                 "per input name")
         if self.input is None:
             raise RuntimeFailure("float input data, but this model takes integers (its input is not quantized)")
         if np.isnan(data).any():
@@ -75,8 +175,11 @@ class Edges:
         return [y if e is None else e.dequantize(y) for e, y in zip(self.outputs, outputs)]
 
     def to_bytes(self) -> bytes:
-        doc = {"format": FORMAT, "version": VERSION, "input": None if self.input is None else self.input.to_json(),
+        doc = {"format": FORMAT, "version": PACKED_VERSION if self.inputs else VERSION,
+               "input": None if self.input is None else self.input.to_json(),
                "outputs": [None if e is None else e.to_json() for e in self.outputs]}
+        if self.inputs:
+            doc["inputs"] = [s.to_json() for s in self.inputs]
         return (json.dumps(doc, indent=1) + "\n").encode()
 
 
@@ -122,10 +225,32 @@ def parse_edges(raw: bytes | str, where: str, outputs: int | None = None) -> Edg
         doc = json.loads(raw)
     except ValueError as e:
         raise FormatError(f"cannot read the quantization edges: {e}", where) from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION or \
-            not isinstance(doc.get("outputs"), list) or set(doc) != {"format", "version", "input", "outputs"}:
-        raise FormatError(f"not a {FORMAT} file of version {VERSION}", where)
+    keys = {"format", "version", "input", "outputs"}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("outputs"), list) or \
+            not (doc.get("version") == VERSION and set(doc) == keys or
+                 doc.get("version") == PACKED_VERSION and set(doc) == keys | {"inputs"}):
+        raise FormatError(f"not a {FORMAT} file of version {VERSION} or {PACKED_VERSION}", where)
     if outputs is not None and len(doc["outputs"]) != outputs:
         raise FormatError(f"{len(doc['outputs'])} output edges for a model of {outputs} outputs", where)
+    inputs = tuple(_slot(s, f"{where}: inputs {i}") for i, s in enumerate(doc.get("inputs", ())))
+    if "inputs" in doc and (len(inputs) < 2 or doc["input"] is not None or
+                            len({s.name for s in inputs}) < len(inputs)):
+        raise FormatError("packed inputs: two or more, of distinct names, and input null", where)
     return Edges(_edge(doc["input"], f"{where}: input"),
-                 tuple(_edge(e, f"{where}: output {i}") for i, e in enumerate(doc["outputs"])))
+                 tuple(_edge(e, f"{where}: output {i}") for i, e in enumerate(doc["outputs"])), inputs)
+
+
+def _slot(doc, where: str) -> Slot:
+    if not isinstance(doc, dict) or set(doc) != {"name", "shape", "type", "precision", "edge"}:
+        raise FormatError("a packed input must have exactly name, shape, type, precision and edge", where)
+    shape, p = doc["shape"], doc["precision"]
+    if not isinstance(doc["name"], str) or not isinstance(shape, list) or \
+            not all(type(d) is int and d > 0 for d in shape) or math.prod(shape) > 1 << 31:
+        raise FormatError("name must be a string and shape a list of positive dims (at most 2^31 values)", where)
+    if type(p) is not int or not 1 <= p <= 32 or doc["type"] not in INTEGER_TYPES:
+        raise FormatError(f"precision must be an integer in [1, 32] and type one of {', '.join(INTEGER_TYPES)}",
+                          where)
+    edge = _edge(doc["edge"], f"{where}: edge")
+    if edge is not None and edge.type != doc["type"]:
+        raise FormatError(f"a float input's type is its edge's ({edge.type}), not {doc['type']}", where)
+    return Slot(doc["name"], tuple(shape), doc["type"], p, edge)

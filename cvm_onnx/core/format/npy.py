@@ -39,3 +39,47 @@ def read_npy(path: str | os.PathLike, what: str = "the input array", mmap: bool 
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise FormatError(f"cannot read {what}: {getattr(e, 'strerror', None) or e}", where=where) from None
+
+
+def read_npz(path: str | os.PathLike, what: str = "the input arrays") -> dict[str, np.ndarray]:
+    """The arrays of the .npz archive ``path`` by name (a member ``x.npy`` is ``x``), each read after its header is
+    checked against the member's size, so that a header claiming more data than the archive holds is refused
+    instead of allocated. An archive that is no zip of .npy arrays, or holds Python objects, is refused naming
+    ``what``."""
+    import zipfile
+
+    where = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(ZIP))
+        if head != ZIP:
+            why = "an empty file" if not head else "one .npy array, not an .npz archive" if head == MAGIC[:4] \
+                else "not an .npz archive"
+            raise FormatError(f"cannot read {what}: {why}", where=where)
+        out = {}
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                name = info.filename.removesuffix(".npy")
+                with z.open(info) as f:
+                    if f.read(len(MAGIC)) != MAGIC:
+                        raise FormatError(f"cannot read {what}: member {info.filename!r} is no .npy array",
+                                          where=where)
+                    f.seek(0)
+                    version = np.lib.format.read_magic(f)
+                    read = {(1, 0): np.lib.format.read_array_header_1_0,
+                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    if read is None:
+                        raise FormatError(f"cannot read {what}: member {info.filename!r} is a .npy of version "
+                                          f"{version}", where=where)
+                    shape, _, dtype = read(f)
+                    if dtype.hasobject:
+                        raise FormatError(f"cannot read {what}: member {info.filename!r} holds Python objects "
+                                          f"(dtype {dtype}), not numbers", where=where)
+                    if int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
+                        raise FormatError(f"cannot read {what}: member {info.filename!r} declares {shape} {dtype}, "
+                                          f"more than its {info.file_size} bytes", where=where)
+                    f.seek(0)
+                    out[name] = np.lib.format.read_array(f, allow_pickle=False)
+        return out
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise FormatError(f"cannot read {what}: {getattr(e, 'strerror', None) or e}", where=where) from None

@@ -1,0 +1,221 @@
+"""Models of several inputs import whole: the CVM model's one ``data`` is the inputs flattened and concatenated in
+the ONNX model's input order, at the widest precision among them, each a strided_slice and reshape of it (clipped to
+its own values where those are fewer). The layout is in quantization.json (version 2, ``inputs``) and in the
+export's metadata; ``pack_inputs``, ``run --input X.npz`` and ``quantize --calibration C.npz`` take one array per
+input name."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from support.packed import bert_like, bert_samples, identity_model
+
+import cvm_onnx
+from cvm_onnx.app.cli import main
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.constants import precision_bound
+from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.edges import parse_edges
+from cvm_onnx.runtime.verify import verify
+
+BITS = {T.INT8: 8, T.UINT8: 9, T.INT16: 16, T.INT32: 32, T.INT64: 32}
+NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16, T.INT32: np.int32, T.INT64: np.int64}
+
+
+@st.composite
+def packed_cases(draw):
+    specs = draw(st.lists(st.tuples(st.sampled_from([T.INT8, T.UINT8, T.INT16, T.INT32, T.INT64, T.FLOAT]),
+                                    st.lists(st.integers(1, 4), max_size=3).map(tuple)), min_size=2, max_size=4))
+    precisions = {f"x{i}": draw(st.integers(2, BITS[t])) for i, (t, _) in enumerate(specs) if t != T.FLOAT}
+    count = draw(st.sampled_from([0, 1, 3]))  # one sample (0), or N stacked
+    rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+    values = {}
+    for i, (t, shape) in enumerate(specs):
+        full = ((count,) if count else ()) + shape
+        if t == T.FLOAT:  # ties, saturation both ways, plain values
+            s = np.float32(0.25 + i)
+            x = (rng.integers(-300, 600, full) + rng.choice([0, 0.5], full)) * s
+            x.reshape(-1)[:2] = [-3e38, 3e38][:x.size]
+            values[f"x{i}"] = x.astype(np.float32)
+        else:
+            b = precision_bound(precisions[f"x{i}"])
+            info = np.iinfo(NP[t])
+            lo, hi = max(int(info.min), -b), min(int(info.max), b)
+            x = rng.integers(lo, hi, full, endpoint=True)
+            x.reshape(-1)[:2] = [lo, hi][:x.size]  # the extremes
+            values[f"x{i}"] = x.astype(NP[t])
+    return specs, precisions, values
+
+
+@given(packed_cases())
+@settings(deadline=None)
+def test_packing_is_exact_against_onnxruntime(case):
+    """Random counts, types (every integer type, float quantized at its edge) and shapes (scalars too) of inputs,
+    random precisions, values at their extremes (floats past the edge's range both ways, ties): the packed import
+    computes what onnxruntime computes from the named inputs, exactly, and its one variable is ``data`` of the
+    widest precision."""
+    specs, precisions, values = case
+    model = identity_model(specs)
+    imp = import_model(model, pack=True, input_precisions=precisions)
+    [data] = [imp.graph.nodes[i] for i in imp.graph.inputs]
+    widest = max([*precisions.values(), *(9 for t, _ in specs if t == T.FLOAT)])
+    size = sum(int(np.prod(s)) for _, s in specs)
+    assert data.name == "data" and data.outputs[0].shape == (size,) and data.outputs[0].precision == widest
+    assert [s.name for s in imp.edges.inputs] == [f"x{i}" for i in range(len(specs))]
+    again = parse_edges(imp.edges.to_bytes(), "quantization.json")
+    packed = again.pack(values)
+    assert packed.dtype == np.int32 and packed.shape[-1] == size
+    stacked = packed.ndim == 2
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for k in range(len(packed) if stacked else 1):
+        x = packed[k] if stacked else packed
+        got = again.finish(execute(imp.graph, {"data": x}))
+        want = reference.run(None, {n: np.asarray(v[k] if stacked else v) for n, v in values.items()})
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype or w.dtype == np.int32
+            assert np.array_equal(np.asarray(g).reshape(w.shape), w)
+
+
+def test_the_unpacked_import_still_takes_one_variable_per_input():
+    """``import_model`` without ``pack`` (the round trip of CVM graphs of several variables) is as before."""
+    imp = import_model(identity_model([(T.INT8, (2,)), (T.INT16, (3,))]))
+    assert sorted(imp.graph.nodes[i].name for i in imp.graph.inputs) == ["x0", "x1"] and imp.edges is None
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """The BERT-like encoder quantized whole from an .npz of its two inputs."""
+    tmp = tmp_path_factory.mktemp("bert")
+    onnx.save(bert_like(), tmp / "b.onnx")
+    np.savez(tmp / "c.npz", **bert_samples())
+    done = quantize(tmp / "b.onnx", tmp / "c.npz", tmp / "m", save_onnx=tmp / "q.onnx")
+    return tmp, done
+
+
+def test_a_bert_like_encoder_of_two_inputs_imports_whole(bert):
+    """Token ids (int64) read by a Gather and a float mask added to the attention scores: imported whole, the ids
+    at the calibration's max (29: 6 bits) and the mask at its edge (uint8: 9 bits) in one ``data`` of 9 bits;
+    within 1.1x onnxruntime's quantized model's distance from float, and exported exactly. Regression: refused
+    ("2 inputs (input_ids, mask): a CVM model takes one")."""
+    tmp, done = bert
+    slots = {s.name: s for s in done.imported.edges.inputs}
+    assert list(slots) == ["input_ids", "mask"]
+    assert slots["input_ids"].precision == 6 and slots["input_ids"].limits() == (-31, 31)
+    assert slots["mask"].edge is not None and slots["mask"].edge.type == "uint8"
+    g = done.imported.graph
+    [data] = [g.nodes[i] for i in g.inputs]
+    assert data.outputs[0].shape == (12,) and data.outputs[0].precision == 9
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(g, seeds=2).exact
+    doc = json.loads((tmp / "m" / "quantization.json").read_text())
+    assert doc["version"] == 2 and doc["input"] is None and [s["name"] for s in doc["inputs"]] == list(slots)
+
+
+def test_the_packed_model_computes_the_per_input_import(bert):
+    """The packed model on ``pack_inputs`` equals the same quantized ONNX model imported with one variable per
+    input, fed by name, on held-out samples (the mask's quantization by its edge)."""
+    tmp, done = bert
+    per_input = import_model(onnx.load(tmp / "q.onnx"), input_precisions={"input_ids": 6})
+    held = bert_samples(8, seed=7)
+    packed = cvm_onnx.pack_inputs(tmp / "m", held)
+    mask = done.imported.edges.inputs[1].edge.quantize(held["mask"])
+    for k in range(8):
+        want = execute(per_input.graph, {"input_ids": held["input_ids"][k], "mask": mask[k]})
+        got = execute(done.imported.graph, {"data": packed[k]})
+        assert all(np.array_equal(w, g) for w, g in zip(want, got))
+    model = cvm_onnx.load(tmp / "m")
+    one = {k: v[0] for k, v in held.items()}
+    assert np.array_equal(cvm_onnx.run_cvm(model.graph, one, model.edges)[0],
+                          model.edges.finish(execute(model.graph, {"data": packed[0]}))[0])
+
+
+def test_the_cli_runs_a_packed_model_from_an_npz(bert, capsys):
+    """`quantize --calibration C.npz`, `run --input X.npz` on the model directory and on its ONNX export (one input
+    ``data``, the layout in its metadata): the same float outputs as ``run_cvm`` on the named inputs."""
+    tmp, _ = bert
+    assert main(["quantize", str(tmp / "b.onnx"), "--calibration", str(tmp / "c.npz"), "-o", str(tmp / "cli")]) == 0
+    held = bert_samples(5, seed=3)
+    np.savez(tmp / "x.npz", **held)
+    assert main(["run", str(tmp / "cli"), "--input", str(tmp / "x.npz"), "--output", str(tmp / "y.npz")]) == 0
+    assert main(["convert", str(tmp / "cli"), "-o", str(tmp / "cli.onnx"), "--verify"]) == 0
+    assert [i.name for i in onnx.load(tmp / "cli.onnx").graph.input] == ["data"]
+    assert main(["run", str(tmp / "cli.onnx"), "--input", str(tmp / "x.npz"), "--output", str(tmp / "z.npz")]) == 0
+    model = cvm_onnx.load(tmp / "cli")
+    want = np.stack([cvm_onnx.run_cvm(model.graph, {k: v[j] for k, v in held.items()}, model.edges)[0]
+                     for j in range(5)])
+    assert np.array_equal(np.load(tmp / "y.npz")["y"], want)
+    assert np.array_equal(np.load(tmp / "z.npz")["y"], want)
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d.pop("mask"), "no array for input 'mask'"),
+    (lambda d: d.update(extra=d["mask"]), "'extra' is no input of the model"),
+    (lambda d: d.update(mask=d["mask"][:, :, :, :3]), "input 'mask' has shape (2, 1, 1, 3)"),
+    (lambda d: d.update(input_ids=d["input_ids"][:1]), "input 'mask' has 2 samples stacked, 'input_ids' 1 sample"),
+    (lambda d: d["input_ids"].__setitem__((0, 0, 0), 32), "input 'input_ids' holds 32, outside [-31, 31]"),
+    (lambda d: d.update(input_ids=d["input_ids"].astype(np.float32)), "input 'input_ids' takes integers"),
+    (lambda d: d["mask"].__setitem__((1, 0, 0, 0), np.nan), "input 'mask': NaN"),
+])
+def test_bad_named_inputs_are_refused_in_one_line(bert, capsys, change, says):
+    """A missing or unknown name, a wrong shape (or N unlike the other inputs'), a value past the range the input
+    was imported for, floats for integers, NaN: one line naming the input, exit code 5; nothing written."""
+    tmp, _ = bert
+    held = bert_samples(2, seed=4)
+    change(held)
+    np.savez(tmp / "bad.npz", **held)
+    capsys.readouterr()
+    assert main(["run", str(tmp / "m"), "--input", str(tmp / "bad.npz"), "--output",
+                 str(tmp / "never.npz")]) == RuntimeFailure.exit_code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp / "never.npz").exists()
+
+
+def test_bad_calibration_files_are_refused_in_one_line(tmp_path):
+    """The calibration of a model of several inputs: an .npy (not one array per name), a missing or unknown name,
+    different N per input: one ``FormatError`` line each."""
+    onnx.save(bert_like(), tmp_path / "b.onnx")
+    good = bert_samples(4)
+    np.save(tmp_path / "c.npy", good["input_ids"])
+    cases = {"c.npy": "give the calibration samples as an .npz of one array per input name",
+             "missing.npz": "no array for the input 'mask'", "extra.npz": "'other' is no input of the model",
+             "counts.npz": "3 samples of 'mask', 4 of 'input_ids'"}
+    np.savez(tmp_path / "missing.npz", input_ids=good["input_ids"])
+    np.savez(tmp_path / "extra.npz", **good, other=good["mask"])
+    np.savez(tmp_path / "counts.npz", input_ids=good["input_ids"], mask=good["mask"][:3])
+    for name, says in cases.items():
+        with pytest.raises(FormatError) as e:
+            quantize(tmp_path / "b.onnx", tmp_path / name, tmp_path / "m")
+        assert len(str(e.value).splitlines()) == 1 and says in str(e.value), str(e.value)
+    assert not (tmp_path / "m").exists()
+
+
+def test_fold_makes_constants_and_the_rest_are_packed(tmp_path):
+    """`--fold state` of a model of three inputs: the state becomes zeros, input_ids and mask are packed."""
+    onnx.save(bert_like(state=True), tmp_path / "b.onnx")
+    np.savez(tmp_path / "c.npz", **bert_samples())
+    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", fold={"state": None})
+    assert [s.name for s in done.imported.edges.inputs] == ["input_ids", "mask"]
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+
+
+def test_a_model_of_one_input_packs_nothing(tmp_path):
+    """``pack_inputs`` of a model of one input: refused in one line (its input is ``data`` as it is)."""
+    with pytest.raises(UnsupportedError, match="takes one input, data: it packs none"):
+        cvm_onnx.pack_inputs(cvm_onnx.load(_digits()), {"data": np.zeros(3)})
+
+
+def _digits():
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[2] / "models" / "digits_cnn"
