@@ -91,6 +91,9 @@ def _output(graph: onnx.GraphProto, vi: onnx.ValueInfoProto, edge: Edge) -> list
 def with_float_edges(model: onnx.ModelProto, edges: Edges) -> onnx.ModelProto:
     """``model`` (an export of the quantized import whose float edges are ``edges``) taking float32 input and
     giving float32 outputs where ``edges`` has them; ``UnsupportedError`` when its input has no edge."""
+    if edges.inputs:
+        raise UnsupportedError("float input: this model packs several inputs into data, so its export takes the "
+                               "packed integers (cvm-onnx run --input X.npz lays named inputs out)")
     if edges.input is None:
         raise UnsupportedError("float input needs a quantized input, and quantization.json gives the input none "
                                "(the model takes integers)")

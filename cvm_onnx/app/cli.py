@@ -369,11 +369,11 @@ def cmd_run(args) -> int:
         loaded = api.load(args.model, args.params)
         _warn(loaded.warnings)
         model, edges = loaded.graph, loaded.edges
-    inputs = args.input
-    if str(args.input).endswith(".npz"):
+    inputs, packing = args.input, edges if edges is not None else _onnx_edges(model)
+    if packing is not None and packing.inputs:  # one array per input of a model of several packed into data
         from cvm_onnx.core.format.npy import read_npz
-  # one array per input of a model of several packed into data
-        inputs = api.pack_inputs(edges if edges is not None else _onnx_edges(model, args.model), read_npz(args.input))
+
+        inputs = packing.pack(read_npz(args.input, "the inputs (one array per input name)"))
     with native_stderr_held() if args.ray is not None else nullcontext(), Bar() as bar:
         if args.ray is None:
             from cvm_onnx.runtime.bulk import run_many
@@ -391,16 +391,15 @@ def cmd_run(args) -> int:
     return 0
 
 
-def _onnx_edges(model, where: str):
-    """The edges an export of a packed model keeps in its metadata (``cvm.quantization``), if any."""
+def _onnx_edges(model):
+    """The edges an ONNX export keeps in its metadata (``cvm.quantization``), if any (None for a CVM graph)."""
     from cvm_onnx.core.constants import QUANTIZATION
     from cvm_onnx.core.format.edges import parse_edges
 
     props = {p.key: p.value for p in getattr(model, "metadata_props", ())}
     if QUANTIZATION not in props:
-        raise UnsupportedError("the model takes one input: give it as .npy (an .npz names the inputs of a model "
-                               "of several)", where=where)
-    return parse_edges(props[QUANTIZATION], f"{where}: metadata {QUANTIZATION}", len(model.graph.output))
+        return None
+    return parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}", len(model.graph.output))
 
 
 def version() -> str:

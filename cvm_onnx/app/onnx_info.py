@@ -4,6 +4,7 @@ and a CVM model's float edges. onnx is imported where an ONNX model is described
 needs none of it)."""
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from cvm_onnx.core.constants import (
@@ -54,6 +55,17 @@ def _scale(edge: Edge) -> str:
 def edge_lines(edges: Edges, where: str, integers: str) -> list[str]:
     """The lines of ``cvm-onnx info`` for a quantized import's float edges (``where`` they are kept; ``integers``:
     what takes the integers instead)."""
+    if edges.inputs:
+        offsets = list(itertools.accumulate([s.size for s in edges.inputs], initial=0))
+        lines = [f"packed inputs ({where}): data holds {len(edges.inputs)} inputs, flattened and concatenated; "
+                 "`cvm-onnx run --input X.npz` takes one array per name"]
+        lines += [f"  data[{a}:{b}] {s.name}: {s.shape}, " + (f"float, quantized to {s.edge.type} ({_scale(s.edge)})"
+                                                          if s.edge is not None else f"{s.type}, values in "
+                                                          f"{list(s.limits())}")
+                  for s, a, b in zip(edges.inputs, offsets, offsets[1:])]
+        lines += [f"  output {e.name}: {e.type} dequantized to float32 ({_scale(e)})" for e in edges.outputs
+                  if e is not None]
+        return lines
     lines = [f"float edges ({where}): `cvm-onnx run` takes float input and gives float32 outputs; {integers}"]
     if edges.input is not None:
         lines.append(f"  input  {edges.input.name}: float, quantized to {edges.input.type} ({_scale(edges.input)})")

@@ -219,3 +219,23 @@ def _digits():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[2] / "models" / "digits_cnn"
+
+
+def test_one_array_float_io_and_info_of_a_packed_model(bert, capsys):
+    """A packed model given one .npy: a format error in one line (exit 2); `convert --float-io` (float input in the
+    graph) refused in one line (exit 4): its export takes the packed integers; `info` lists each input's place in
+    data."""
+    tmp, _ = bert
+    np.save(tmp / "one.npy", bert_samples(1)["input_ids"][0])
+    for argv, code, says in ((["run", tmp / "m", "--input", tmp / "one.npy", "--output", tmp / "o.npz"], 2,
+                              "one .npy array, not an .npz archive"),
+                             (["convert", tmp / "m", "-o", tmp / "f.onnx", "--float-io"], 4,
+                              "this model packs several inputs into data")):
+        capsys.readouterr()
+        assert main([str(a) for a in argv]) == code
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, err
+    assert main(["info", str(tmp / "m")]) == 0
+    out = capsys.readouterr().out
+    assert "data[0:6] input_ids: (1, 6), int64, values in [-31, 31]" in out
+    assert "data[6:12] mask: (1, 1, 6), float, quantized to uint8" in out
