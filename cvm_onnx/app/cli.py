@@ -294,7 +294,12 @@ def cmd_verify(args) -> int:
             raise UnsupportedError("--float-io: float input and outputs need a quantized model (a model directory "
                                    "with quantization.json, as convert and quantize write for a quantized ONNX "
                                    "model)", where=args.model)
-    cases = None if args.input is None else given_cases(graph, args.input, edges, quantized and edges is None)
+    source, packing = args.input, _onnx_edges(onnx_model) if onnx_model is not None else model.edges
+    if source is not None and packing is not None and packing.inputs:  # named inputs of a packed model
+        from cvm_onnx.core.format.npy import read_npz
+
+        source = packing.pack(read_npz(source, "the inputs (one array per input name)"))
+    cases = None if source is None else given_cases(graph, source, edges, quantized and edges is None)
     with Bar() as bar:
         verdict = verify(graph, seeds=3 if args.seeds is None else args.seeds, provider=args.provider,
                          onnx_model=onnx_model, progress=bar, edges=edges, cases=cases)
@@ -640,7 +645,8 @@ def parser() -> argparse.ArgumentParser:
                   onnx_file="an .onnx file convert wrote (not the --optimize form)")
     v.add_argument("--input", help="the inputs to compare on, as run --input takes them: one .npy sample, N of them "
                    "stacked, or a directory of .npy files; each sample is compared (default: 0, +-(2^(p-1)-1) and "
-                   "random inputs); floats with --float-io")
+                   "random inputs); floats with --float-io; for a model of several inputs packed into data, an .npz of "
+                   "one array per input name, packed as run packs it")
     v.add_argument("--provider", choices=["cpu", "cuda"], default="cpu", help="onnxruntime provider")
     v.add_argument("--seeds", type=seeds, metavar="N", help=f"random inputs without --input (default 3, at most "
                    f"{MAX_SEEDS})")

@@ -39,6 +39,8 @@ from cvm_onnx.converters.from_onnx import Imported, cut
 from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
 from cvm_onnx.core.executor import execute
 
+from .calibration import feed
+
 Progress = Callable[[int, int, str], None]
 #: The suffixes onnxruntime.quantization gives a QOperator model's quantized tensors and a QDQ model's float tensor
 #: quantized into a graph output (quant_utils' TENSOR_NAME_QUANT_SUFFIX and QUANT_INPUT_SUFFIX): the float
@@ -352,9 +354,10 @@ def layer_report(model: onnx.ModelProto, imported: Imported, samples: np.ndarray
                    for t, v in zip(tensors, execute(graph, {data_name: data}))}
             ex = {}
             if evaluator is not None and exact_names:
-                feed = {name: x if not name.endswith(":cvm") else cvm[name[:-4]] for name in fed}
+                given = feed(data_name, x, np.shape(x))  # the source model's inputs by name
+                one = {name: given.get(name, x) if not name.endswith(":cvm") else cvm[name[:-4]] for name in fed}
                 try:
-                    ex = dict(zip(exact_names, evaluator.run(exact_names, feed)))
+                    ex = dict(zip(exact_names, evaluator.run(exact_names, one)))
                 except Exception as e:  # noqa: BLE001  (as above)
                     exact_names, note = [], _no_exact(e)
             for t in tensors:
@@ -455,7 +458,7 @@ class _Floats:
     def run(self, samples: np.ndarray) -> dict[str, list[np.ndarray]]:
         from onnxruntime.quantization.qdq_loss_debug import collect_activations
 
-        feeds = iter([{self.input: x} for x in samples])
+        feeds = iter([feed(self.input, x, np.shape(x)) for x in samples])
 
         class Reader:
             def get_next(self):

@@ -3,9 +3,10 @@
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
    dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
-   hold at all: several inputs, control flow (If, Loop, Scan), recurrent layers other than LSTM, GRU and RNN (a
-   DynamicQuantizeLSTM inside control flow);
-2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
+   hold at all: no input, control flow (If, Loop, Scan), recurrent layers other than LSTM, GRU and RNN (a
+   DynamicQuantizeLSTM inside control flow); several inputs are packed into the CVM model's one ``data``, their
+   samples an .npz of one array per input name (``samples_of``);
+2. fixes the inputs' dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
@@ -1217,7 +1218,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
              two_part: bool = True, fold: dict[str, float | None] | None = None,
              report: bool = False, models: bool = True) -> Quantized:
     """Pre-process the float model ``src``, quantize it with onnxruntime.quantization.quantize_static calibrated
-    on ``calibration`` (N samples on axis 0), import it as the CVM model ``dst`` (with ``quantization.json``),
+    on ``calibration`` (N samples on axis 0; for several inputs an .npz of one array per input name, packed into
+    ``data`` on import: ``import_model``'s ``pack``), import it as the CVM model ``dst`` (with ``quantization.json``),
     and compare it with the float model on those samples. ``outputs``: cut the float model at these tensors
     first. ``save_onnx``: also keep the quantized ONNX model there. ``two_part``: as ``import_model``'s, and where
     the import has two-part products the gas of the one-part import recorded beside it (None where that import is
@@ -1266,9 +1268,6 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     for v in _inputs(model):
         input_type(model, v)
     name, shape, samples = samples_of(model, calibration)
-    if report and samples.dtype.names is not None:
-        raise UnsupportedError("the per-layer report (--report) takes a model of one input; this one has "
-                               f"{len(samples.dtype.names)} ({', '.join(samples.dtype.names)})", where=os.fspath(src))
     with staged(dst) as stage, quiet_onnxruntime():
         model = fixed(model, sample_shapes(samples, name, shape))
         if outputs:

@@ -140,13 +140,18 @@ def test_the_packed_model_computes_the_per_input_import(bert):
 
 def test_the_cli_runs_a_packed_model_from_an_npz(bert, capsys):
     """`quantize --calibration C.npz`, `run --input X.npz` on the model directory and on its ONNX export (one input
-    ``data``, the layout in its metadata): the same float outputs as ``run_cvm`` on the named inputs."""
+    ``data``, the layout in its metadata): the same float outputs as ``run_cvm`` on the named inputs; `verify
+    --input X.npz` of both exact on them."""
     tmp, _ = bert
     assert main(["quantize", str(tmp / "b.onnx"), "--calibration", str(tmp / "c.npz"), "-o", str(tmp / "cli")]) == 0
     held = bert_samples(5, seed=3)
     np.savez(tmp / "x.npz", **held)
     assert main(["run", str(tmp / "cli"), "--input", str(tmp / "x.npz"), "--output", str(tmp / "y.npz")]) == 0
     assert main(["convert", str(tmp / "cli"), "-o", str(tmp / "cli.onnx"), "--verify"]) == 0
+    for model in (tmp / "cli", tmp / "cli.onnx"):  # verify on the named held-out inputs, packed
+        capsys.readouterr()
+        assert main(["verify", str(model), "--input", str(tmp / "x.npz")]) == 0
+        assert "exact: 1 output(s) (y) equal" in capsys.readouterr().out
     assert [i.name for i in onnx.load(tmp / "cli.onnx").graph.input] == ["data"]
     assert main(["run", str(tmp / "cli.onnx"), "--input", str(tmp / "x.npz"), "--output", str(tmp / "z.npz")]) == 0
     model = cvm_onnx.load(tmp / "cli")
@@ -200,13 +205,17 @@ def test_bad_calibration_files_are_refused_in_one_line(tmp_path):
 
 
 def test_fold_makes_constants_and_the_rest_are_packed(tmp_path):
-    """`--fold state` of a model of three inputs: the state becomes zeros, input_ids and mask are packed."""
+    """`--fold state` of a model of three inputs: the state becomes zeros, input_ids and mask are packed; the
+    per-layer report (`--report`) feeds them by name: every quantized tensor, the mask's too, equals the quantized
+    model's exact arithmetic."""
     onnx.save(bert_like(state=True), tmp_path / "b.onnx")
     np.savez(tmp_path / "c.npz", **bert_samples())
-    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", fold={"state": None})
+    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", fold={"state": None}, report=True)
     assert [s.name for s in done.imported.edges.inputs] == ["input_ids", "mask"]
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    layers = done.layers.layers
+    assert "mask_QuantizeLinear_Output" in [x.name for x in layers] and all(x.equal == 1.0 for x in layers)
 
 
 def test_a_model_of_one_input_packs_nothing(tmp_path):
