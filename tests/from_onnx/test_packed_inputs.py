@@ -159,6 +159,9 @@ def test_the_cli_runs_a_packed_model_from_an_npz(bert, capsys):
                      for j in range(5)])
     assert np.array_equal(np.load(tmp / "y.npz")["y"], want)
     assert np.array_equal(np.load(tmp / "z.npz")["y"], want)
+    assert main(["convert", str(tmp / "cli.onnx"), "-o", str(tmp / "back")]) == 0  # the export comes back whole
+    for name in ("symbol", "params", "quantization.json"):
+        assert (tmp / "back" / name).read_bytes() == (tmp / "cli" / name).read_bytes(), name
 
 
 @pytest.mark.parametrize("change, says", [
@@ -248,3 +251,28 @@ def test_one_array_float_io_and_info_of_a_packed_model(bert, capsys):
     out = capsys.readouterr().out
     assert "data[0:6] input_ids: (1, 6), int64, values in [-31, 31]" in out
     assert "data[6:12] mask: (1, 1, 6), float, quantized to uint8" in out
+
+
+GOOD = {"name": "a", "shape": [2], "type": "int8", "precision": 8, "edge": None}
+
+
+@pytest.mark.parametrize("inputs, says", [
+    ([GOOD], "two or more"),
+    ([GOOD, GOOD], "distinct names"),
+    ([GOOD, {**GOOD, "name": "b", "shape": [0]}], "positive dims"),
+    ([GOOD, {**GOOD, "name": "b", "shape": [2.5]}], "positive dims"),
+    ([GOOD, {**GOOD, "name": "b", "shape": [1 << 20, 1 << 20]}], "at most 2^31"),
+    ([GOOD, {**GOOD, "name": "b", "precision": 33}], "precision must be an integer in [1, 32]"),
+    ([GOOD, {**GOOD, "name": "b", "type": "float32"}], "type one of"),
+    ([GOOD, {**GOOD, "name": "b", "offset": 3}], "exactly name, shape, type, precision and edge"),
+    ([GOOD, {**GOOD, "name": "b", "edge": {"name": "b", "type": "uint8", "scale": 0.5, "zero_point": 0}}],
+     "a float input's type is its edge's (uint8), not int8"),
+])
+def test_malformed_packed_layouts_are_format_errors(inputs, says):
+    """quantization.json's ``inputs`` (version 2) are checked on reading: one ``FormatError`` naming the rule."""
+    doc = {"format": "cvm-onnx quantization", "version": 2, "input": None, "outputs": [None], "inputs": inputs}
+    with pytest.raises(FormatError) as e:
+        parse_edges(json.dumps(doc), "quantization.json")
+    assert len(str(e.value).splitlines()) == 1 and says in str(e.value), str(e.value)
+    with pytest.raises(FormatError, match="version 1 or 2"):  # a layout needs version 2
+        parse_edges(json.dumps({**doc, "version": 1, "inputs": [GOOD, {**GOOD, "name": "b"}]}), "q")
