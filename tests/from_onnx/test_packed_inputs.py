@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
+from onnx import helper as h
 from support.packed import bert_like, bert_samples, identity_model
+from support.quantized import qdq
 
 import cvm_onnx
 from cvm_onnx.app.cli import main
@@ -276,3 +278,44 @@ def test_malformed_packed_layouts_are_format_errors(inputs, says):
     assert len(str(e.value).splitlines()) == 1 and says in str(e.value), str(e.value)
     with pytest.raises(FormatError, match="version 1 or 2"):  # a layout needs version 2
         parse_edges(json.dumps({**doc, "version": 1, "inputs": [GOOD, {**GOOD, "name": "b"}]}), "q")
+
+
+@given(keep_first=st.booleans(), zero=st.integers(0, 255), scale=st.floats(2.0 ** -20, 2.0 ** 120, width=32),
+       fill=st.integers(0, 255), out_zero=st.integers(0, 255), seed=st.integers(0, 2 ** 16))
+@settings(deadline=None)
+def test_where_of_two_constant_branches_on_one_grid(keep_first, zero, scale, fill, out_zero, seed):
+    """A mask's Where(keep, 0, fill) of two dequantized constants, as torch's attention export writes it after
+    quantize_static (0 at scale 1; fill, as -3.4e38, at its own grid), then QuantizeLinear: the integer where on
+    fill's grid, where 0 is (z - z) s; equal to onnxruntime on every mask, exported exactly. Regression: 'Where of
+    two constant branches of no integer form here' (all-MiniLM-L6-v2 with its attention mask)."""
+    inits = {"z1": np.uint8(0), "s1": np.float32(1), "zero_q": np.uint8(0), "fill_q": np.uint8(fill),
+             "sf": np.float32(scale), "zf": np.uint8(zero), "zo": np.uint8(out_zero)}
+    branches = ["zero_f", "fill_f"] if keep_first else ["fill_f", "zero_f"]
+    nodes = [h.make_node("Cast", ["x"], ["keep"], to=T.BOOL),
+             h.make_node("DequantizeLinear", ["zero_q", "s1", "z1"], ["zero_f"]),
+             h.make_node("DequantizeLinear", ["fill_q", "sf", "zf"], ["fill_f"]),
+             h.make_node("Where", ["keep", *branches], ["w"]), h.make_node("QuantizeLinear", ["w", "sf", "zo"], ["y"])]
+    model = qdq(nodes, (2, 5), T.INT8, inits, T.UINT8)
+    imp = import_model(model, input_precision=2)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    for x in (np.zeros((2, 5)), np.ones((2, 5)), rng.integers(0, 2, (2, 5))):
+        [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+        [want] = sess.run(None, {"x": x.astype(np.int8)})
+        assert np.array_equal(got, want)
+    assert verify(imp.graph, None, seeds=1).exact
+
+
+def test_where_of_two_constants_on_no_one_grid_is_refused_in_one_line():
+    """Two constant branches neither of which lies on the other's grid (0.3 at scale 1, 5 steps of 0.7): refused,
+    naming the node."""
+    inits = {"a": np.uint8(3), "sa": np.float32(0.1), "za": np.uint8(0), "b": np.uint8(5), "sb": np.float32(0.7),
+             "zb": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0)}
+    nodes = [h.make_node("Cast", ["x"], ["keep"], to=T.BOOL),
+             h.make_node("DequantizeLinear", ["a", "sa", "za"], ["af"]),
+             h.make_node("DequantizeLinear", ["b", "sb", "zb"], ["bf"]),
+             h.make_node("Where", ["keep", "af", "bf"], ["w"], name="mask"),
+             h.make_node("QuantizeLinear", ["w", "so", "zo"], ["y"])]
+    with pytest.raises(UnsupportedError) as e:
+        import_model(qdq(nodes, (3,), T.INT8, inits, T.UINT8), input_precision=2)
+    assert str(e.value) == "mask (Where): Where of two constant branches on no one grid has no integer form here"

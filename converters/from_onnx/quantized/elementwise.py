@@ -222,13 +222,25 @@ def never_rule(ctx, node, x):
 def where_rule(ctx, node, cond, a, b):
     """cond ? x : y of dequantized values on one grid (one scale and zero point per tensor), a constant branch
     taken onto the other's grid where it lies on it (div_no_nan's 0: (z - z) s): the integer where of their
-    integers, the scale and zero point kept. Exact; branches on different grids are refused."""
+    integers, the scale and zero point kept. Two constant branches: on the grid of the first (per tensor) that the
+    other lies on (an attention mask's Where(keep, 0, -3.4e38) at -3.4e38's grid, where 0 is (z - z) s). Exact;
+    branches on different grids are refused."""
     if isinstance(cond, Real):
         raise Refuse("Where with a float condition has no CVM form (compare first)")
     x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
-    if x is None:
-        raise Refuse("Where of two constant branches of no integer form here")
-    x = per_tensor(x, "a Where branch")
+    if x is not None:
+        return _where_on(ctx, node, cond, a, b, per_tensor(x, "a Where branch"))
+    for x in (a, b):
+        if isinstance(x, Scaled) and x.per_tensor:
+            try:
+                return _where_on(ctx, node, cond, a, b, x)
+            except Refuse:
+                pass
+    raise Refuse("Where of two constant branches on no one grid has no integer form here")
+
+
+def _where_on(ctx, node, cond, a, b, x: Scaled):
+    """``where_rule`` on the grid of the branch ``x`` (per tensor)."""
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
 
     def on_grid(v) -> Tensor:
@@ -246,6 +258,8 @@ def where_rule(ctx, node, cond, a, b):
         k = np.vectorize(lambda r: r / s + z, otypes=[object])(np.asarray(real, dtype=object))
         if any(q.denominator != 1 for q in k.flat):
             raise Refuse("Where of a constant branch off the other branch's grid has no exact CVM form here")
+        if any(not INT_RANGES[INT32][0] <= q <= INT_RANGES[INT32][1] for q in k.flat):
+            raise Refuse("Where of a constant branch past 32 bits on the other branch's grid has no CVM form")
         return const(k.astype(np.int64), INT32)
 
     return replace(x, t=integer_rule(node)(ctx, node, cond, on_grid(a), on_grid(b)))
