@@ -319,3 +319,16 @@ def test_where_of_two_constants_on_no_one_grid_is_refused_in_one_line():
     with pytest.raises(UnsupportedError) as e:
         import_model(qdq(nodes, (3,), T.INT8, inits, T.UINT8), input_precision=2)
     assert str(e.value) == "mask (Where): Where of two constant branches on no one grid has no integer form here"
+
+
+def test_where_of_a_constant_past_32_bits_on_the_grid_is_refused_in_one_line():
+    """Where(keep, x, 1e30) of a dequantized x at scale 1: 1e30 is on x's grid but past 32 bits: refused naming the
+    node. Regression: an internal OverflowError."""
+    inits = {"s": np.float32(1), "z": np.int8(0), "big": np.float32(2.0 ** 100)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Cast", ["x"], ["keep"], to=T.BOOL),
+             h.make_node("Where", ["keep", "xf", "big"], ["w"], name="mask"),
+             h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
+    with pytest.raises(UnsupportedError) as e:
+        import_model(qdq(nodes, (3,), T.INT8, inits, T.INT8))
+    assert str(e.value) == "mask (Where): Where of a constant branch past 32 bits on the other branch's grid has no " \
+                           "CVM form"
