@@ -134,6 +134,8 @@ def test_the_packed_model_computes_the_per_input_import(bert):
         want = execute(per_input.graph, {"input_ids": held["input_ids"][k], "mask": mask[k]})
         got = execute(done.imported.graph, {"data": packed[k]})
         assert all(np.array_equal(w, g) for w, g in zip(want, got))
+    along = {k: v.reshape(8, *v.shape[2:]) for k, v in held.items()}  # (N, *S[1:]): along the leading 1
+    assert np.array_equal(cvm_onnx.pack_inputs(tmp / "m", along), packed)
     model = cvm_onnx.load(tmp / "m")
     one = {k: v[0] for k, v in held.items()}
     assert np.array_equal(cvm_onnx.run_cvm(model.graph, one, model.edges)[0],

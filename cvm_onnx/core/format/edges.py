@@ -123,7 +123,7 @@ class Edges:
     def pack(self, named: Mapping[str, np.ndarray] | np.ndarray) -> np.ndarray:
         """The inputs by name (a mapping, or a structured array with one field per input) packed into ``data``:
         each sample's inputs flattened and concatenated in ``inputs``' order, as int32, of shape (total,) for one
-        sample, (N, total) for N stacked on a new axis 0 (every input alike). A missing or unknown name, a shape
+        sample, (N, total) for N stacked on a new axis 0, or along an input's leading axis of 1 (every input N). A missing or unknown name, a shape
         that is neither, values an input cannot hold: ``RuntimeFailure`` in one line naming the input."""
         if isinstance(named, np.ndarray):
             if named.dtype.names is None:
@@ -138,10 +138,13 @@ class Edges:
         arrays = [np.asarray(named[s.name]) for s in self.inputs]
         counts = []  # per input: 0 for one sample, else N
         for s, x in zip(self.inputs, arrays):
-            counts.append(0 if x.shape == s.shape else x.shape[0] if x.shape[1:] == s.shape and x.shape[0] else -1)
+            along = s.shape[:1] == (1,) and x.ndim == len(s.shape) and x.shape[1:] == s.shape[1:]  # (N, *S[1:])
+            counts.append(0 if x.shape == s.shape else x.shape[0] if (x.shape[1:] == s.shape or along) and
+                          x.shape[0] else -1)
             if counts[-1] < 0:
+                also = f" or (N, *{s.shape[1:]})" if s.shape[:1] == (1,) else ""
                 raise RuntimeFailure(f"input {s.name!r} has shape {x.shape}: it takes {s.shape} (one sample) or "
-                                     f"(N, *{s.shape}) (N samples)")
+                                     f"(N, *{s.shape}){also} (N samples)")
         if len(set(counts)) > 1:
             k = next(k for k, n in enumerate(counts) if n != counts[0])
             def say(n: int) -> str:
