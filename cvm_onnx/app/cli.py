@@ -137,7 +137,9 @@ def cmd_convert(args) -> int:
             layers = measured_layers(imported, *measured)
         write_report(args.report, import_markdown(args.source, args.output, imported, gas, one_part,
                                                   None if layers is None else markdown(layers)))
-    say(f"wrote {args.output}" + (" (quantized: float edges in quantization.json)"
+    packed = imported is not None and imported.edges is not None and imported.edges.inputs
+    say(f"wrote {args.output}" + (" (several inputs packed into data: their layout in quantization.json)" if packed
+                                  else " (quantized: float edges in quantization.json)"
                                   if imported is not None and imported.edges is not None else ""))
     say(("the CVM model's " if imported is None else "") + gas.line())
     if imported is not None:

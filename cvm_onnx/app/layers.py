@@ -417,17 +417,19 @@ def _no_exact(e: Exception) -> str:
 
 
 def check_float_model(model: onnx.ModelProto, name: str, sample: np.ndarray, where: str) -> None:
-    """Refuse a float model that does not take the quantized model's input ``name`` or cannot run on ``sample``
-    (onnxruntime), naming the file, before anything is measured or written."""
+    """Refuse a float model that does not take the quantized model's input ``name`` (a sample of several inputs:
+    theirs, ``feed``) or cannot run on ``sample`` (onnxruntime), naming the file, before anything is measured or
+    written."""
     import onnxruntime as ort
 
     inits = {t.name for t in model.graph.initializer}
     inputs = [v.name for v in model.graph.input if v.name not in inits]
-    if inputs != [name]:
+    one = feed(name, sample, np.shape(sample))
+    if inputs != list(one):
         raise UnsupportedError(f"the float model takes {', '.join(inputs) or 'no input'}, not the quantized "
-                               f"model's input {name!r}", where=where)
+                               f"model's input{'s' * (len(one) > 1)} {', '.join(map(repr, one))}", where=where)
     try:
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {name: sample})
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, one)
     except Exception as e:  # noqa: BLE001  (onnxruntime raises several types)
         raise RuntimeFailure(f"the float model does not run on the first sample: {type(e).__name__}: {e}",
                              where=where) from None

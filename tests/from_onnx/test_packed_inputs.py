@@ -334,3 +334,15 @@ def test_where_of_a_constant_past_32_bits_on_the_grid_is_refused_in_one_line():
         import_model(qdq(nodes, (3,), T.INT8, inits, T.INT8))
     assert str(e.value) == "mask (Where): Where of a constant branch past 32 bits on the other branch's grid has no " \
                            "CVM form"
+
+
+def test_convert_reports_a_packed_quantized_model_on_named_samples(bert, capsys):
+    """`convert Q.onnx --report R --samples S.npz --float-model F.onnx` of a quantized model of two inputs: the
+    samples and the float model fed by name (the float model checked to take both), the mask's tensor reported;
+    the model written says its inputs are packed."""
+    tmp, _ = bert
+    assert main(["convert", str(tmp / "q.onnx"), "-o", str(tmp / "conv"), "--report", str(tmp / "r.md"),
+                 "--samples", str(tmp / "c.npz"), "--float-model", str(tmp / "b.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "several inputs packed into data: their layout in quantization.json" in out
+    assert "mask_QuantizeLinear_Output" in (tmp / "r.md").read_text()
