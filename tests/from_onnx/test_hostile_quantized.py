@@ -651,7 +651,7 @@ def test_a_one_part_import_that_is_refused_leaves_the_quantized_model_written(tm
     one-part gas. (That C is dropped now, so the refusal is stood in for.)"""
     from cvm_onnx.app import quantize as q
 
-    def refused(model):
+    def refused(model, **kwargs):  # (a model of several inputs passes their precisions)
         raise UnsupportedError("no multiplier and shift within CVM's 32 bits", where="y")
 
     monkeypatch.setattr(q, "one_part_gas", refused)
