@@ -2,11 +2,11 @@
 
 The walk: safety checks (``checks``); a static pass naming every node no rule covers (no CVM op, opset too
 old); graph inputs become CVM variables (one input is named ``data``; with ``pack``, several are slices of one
-``data``), initializers constants; each node (or flat-form group, see ``roundtrip``) is imported by its rule; graph outputs become the heads. A node whose rule
-refuses is reported with its name and reason, and the walk goes on with the nodes that do not depend on it, and
-past a quantizing node after it (QuantizeLinear, QLinear*: its quantized output becomes a stand-in holding any
-value of its type), so one ``UnsupportedError`` lists every problem; nothing is returned (or written) unless there
-is none. The graph returned has passed ``validate``.
+``data``), initializers constants; each node (or flat-form group, see ``roundtrip``) is imported by its rule;
+graph outputs become the heads. A node whose rule refuses is reported with its name and reason, and the walk goes
+on with the nodes that do not depend on it, and past a quantizing node after it (QuantizeLinear, QLinear*: its
+quantized output becomes a stand-in holding any value of its type), so one ``UnsupportedError`` lists every
+problem; nothing is returned (or written) unless there is none. The graph returned has passed ``validate``.
 """
 from __future__ import annotations
 

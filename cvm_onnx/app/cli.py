@@ -683,7 +683,8 @@ def parser() -> argparse.ArgumentParser:
                    "written to FILE as Markdown (JSON if FILE ends in .json)")
     q.add_argument("--fold", nargs="+", action="extend", metavar="NAME[=VALUE]", help="make these graph inputs "
                    "constants first (a recurrent model's states: zeros by default; a sample rate, an attention mask: "
-                   "its value), and fold the Ifs they or the input's shape decide (repeatable); the inputs left are packed")
+                   "its value), and fold the Ifs they or the input's shape decide (repeatable); the inputs left are "
+                   "packed")
     q.set_defaults(fn=cmd_quantize, usage=q)
     return p
 

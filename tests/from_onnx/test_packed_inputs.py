@@ -172,7 +172,7 @@ def test_the_cli_runs_a_packed_model_from_an_npz(bert, capsys):
     (lambda d: d.pop("mask"), "no array for input 'mask'"),
     (lambda d: d.update(extra=d["mask"]), "'extra' is no input of the model"),
     (lambda d: d.update(mask=d["mask"][:, :, :, :3]), "input 'mask' has shape (2, 1, 1, 3)"),
-    (lambda d: d.update(input_ids=d["input_ids"][:1]), "input 'mask' has 2 samples stacked, 'input_ids' 1 sample"),
+    (lambda d: d.update(input_ids=d["input_ids"][:1]), "input 'mask' has 2 samples, 'input_ids' 1 sample"),
     (lambda d: d["input_ids"].__setitem__((0, 0, 0), 32), "input 'input_ids' holds 32, outside [-31, 31]"),
     (lambda d: d.update(input_ids=d["input_ids"].astype(np.float32)), "input 'input_ids' takes integers"),
     (lambda d: d["mask"].__setitem__((1, 0, 0, 0), np.nan), "input 'mask': NaN"),

@@ -699,8 +699,8 @@ def test_written_out_confidence(tmp_path, out_type):
 def test_packed_inputs(tmp_path):
     """Models of several inputs packed into one ``data``: the BERT-like encoder (int64 token ids by a Gather, a
     float mask at its uint8 edge: data of 9 bits, int32 bytes) and two integer inputs of 8 and 7 bits (data of 8
-    bits, int8 bytes; two heads of two rows, which the runtime interleaves); the runtime loads the strided_slice, reshape and clip per input and gives the reference
-    executor's integers on packed samples."""
+    bits, int8 bytes; two heads of two rows, which the runtime interleaves); the runtime loads the strided_slice,
+    reshape and clip per input and gives the reference executor's integers on packed samples."""
     import onnx
     from support.packed import bert_like, bert_samples, identity_model
 

@@ -4,5 +4,5 @@ from .model_dir import read_model, write_model
 from .params import read_params, write_params
 from .symbol import pack_symbol, read_symbol, unpack_symbol, write_symbol
 
-__all__ = ["Edge", "Edges", "Slot", "pack_symbol", "read_edges", "read_model", "read_params", "read_symbol", "unpack_symbol",
-           "write_model", "write_params", "write_symbol"]
+__all__ = ["Edge", "Edges", "Slot", "pack_symbol", "read_edges", "read_model", "read_params", "read_symbol",
+           "unpack_symbol", "write_model", "write_params", "write_symbol"]

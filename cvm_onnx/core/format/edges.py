@@ -123,8 +123,9 @@ class Edges:
     def pack(self, named: Mapping[str, np.ndarray] | np.ndarray) -> np.ndarray:
         """The inputs by name (a mapping, or a structured array with one field per input) packed into ``data``:
         each sample's inputs flattened and concatenated in ``inputs``' order, as int32, of shape (total,) for one
-        sample, (N, total) for N stacked on a new axis 0, or along an input's leading axis of 1 (every input N). A missing or unknown name, a shape
-        that is neither, values an input cannot hold: ``RuntimeFailure`` in one line naming the input."""
+        sample, (N, total) for N stacked on a new axis 0 or along an input's leading axis of 1 (every input N). A
+        missing or unknown name, a shape that is neither, values an input cannot hold: ``RuntimeFailure`` in one
+        line naming the input."""
         if isinstance(named, np.ndarray):
             if named.dtype.names is None:
                 raise RuntimeFailure(f"this model packs {len(self.inputs)} inputs into data "
@@ -147,11 +148,9 @@ class Edges:
                                      f"(N, *{s.shape}){also} (N samples)")
         if len(set(counts)) > 1:
             k = next(k for k, n in enumerate(counts) if n != counts[0])
-            def say(n: int) -> str:
-                return "one sample" if not n else f"{n} sample{'s' * (n > 1)} stacked"
-
-            raise RuntimeFailure(f"input {self.inputs[k].name!r} has {say(counts[k])}, {self.inputs[0].name!r} "
-                                 f"{say(counts[0])}: every input takes the same")
+            said = ["one sample" if not n else f"{n} sample{'s' * (n > 1)}" for n in (counts[k], counts[0])]
+            raise RuntimeFailure(f"input {self.inputs[k].name!r} has {said[0]}, {self.inputs[0].name!r} {said[1]}: "
+                                 "every input takes the same")
         parts = [s.integers(x).reshape((n, s.size) if n else (s.size,))
                  for s, x, n in zip(self.inputs, arrays, counts)]
         return np.concatenate(parts, axis=-1).astype(np.int32)
