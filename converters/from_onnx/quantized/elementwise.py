@@ -557,13 +557,7 @@ class Quotient(Deferred):
             cost = sum(width(t) * np.abs(ls * x - np.rint(ls * x))
                        for t in computed[1:] for x in [float(t.scale.reshape(()).item() / r0)])
             best = int(ls[int(np.argmin(cost))])
-        c = Fraction(best) / (r0 * s_out)
-        for t, f in [(t, c) for t in self.a] + [(t, c * s_out) for t in computed[1:]]:
-            m = t.scale.reshape(()).item() * f if not t.t.is_const else Fraction(0)
-            if m.denominator != 1 and round(m) < 1 << 8:
-                raise Refuse(f"Div of sums too wide for a 32-bit quotient: a term's multiplier keeps fewer than 8 "
-                             f"bits ({float(m):.3g}) with its dividend and divisor within 2^{QUOTIENT_BITS}")
-        return c
+        return Fraction(best) / (r0 * s_out)
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         if scale.size != 1:
