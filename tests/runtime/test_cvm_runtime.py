@@ -727,3 +727,21 @@ def test_a_quotient_of_sums(tmp_path, form):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("reader", ["Exp", "ReduceMax"])
+def test_a_logsoftmax_read_by_a_float_op(tmp_path, reader):
+    """LogSoftmax read by Exp (the softmax back) and ReduceMax with no QuantizeLinear between: the runtime loads its
+    int16 form and the reader's table (max) and gives the reference executor's integers."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(1 / 255), "zo": np.uint8(0)}
+    reads = h.make_node(reader, ["ls"], ["r"], **({"axes": [1], "keepdims": 1} if reader == "ReduceMax" else {}))
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node("LogSoftmax", ["xf"], ["ls"]),
+             reads, h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    imp = import_model(qdq(nodes, (2, 40), T.INT8, inits, T.UINT8, opset=13), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(6)
+    xs = [np.full((2, 40), -128), np.full((2, 40), 127), rng.integers(-128, 128, (2, 40))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
