@@ -221,3 +221,21 @@ def test_a_quotient_with_a_per_channel_output_scale_is_refused_in_one_line():
     qn.attribute.append(h.make_attribute("axis", 1))
     msg = problems(m, input_precision=9)
     assert "per-channel" in msg and "\n" not in msg.strip()
+
+
+def test_a_divisor_term_of_a_small_multiplier_is_imported_within_its_bound():
+    """Scales where the divisor's second term's multiplier rounds to 222 (below 2^8): imported, within the bound.
+    Regression (hypothesis): 'a term's multiplier keeps fewer than 8 bits (222)'."""
+    x_type, m_type, o_type = T.INT8, T.UINT8, T.INT8
+    sx, sm, sM, so = 1.0, 1.7573304176330566, 0.125, 0.00390625
+    m = model("minmax", (1, 5, 7), x_type, m_type, o_type, sx, 0, sm, 0, sM, 0, so, 0, 0.0)
+    imp = import_model(m, input_precision=9)
+    rng = np.random.default_rng(11)
+    dividend = [(widest(x_type, 0), f32(sx)), (widest(m_type, 0), f32(sm))]
+    divisor = [(widest(m_type, 0), f32(sM)), (widest(m_type, 0), f32(sm))]
+    c = least_c(dividend, divisor, Fraction(0), f32(so))
+    for _ in range(8):
+        x = rng.integers(-128, 128, (1, 5, 7))
+        [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+        values = exact("minmax", x, x_type, m_type, f32(sx), 0, f32(sm), 0, f32(sM), 0, Fraction(0))
+        check(got.astype(np.int64), values, f32(so), 0, o_type, c)
