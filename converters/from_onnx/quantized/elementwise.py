@@ -490,6 +490,7 @@ class Quotient(Deferred):
         if all(t.t.is_const for t in self.b):
             raise Refuse("Div by a constant that is no float constant has no CVM form here")
         self.shape = broadcast_shape(*(t.t for t in self.a + self.b))
+        self.ends = [self.constant_ends(terms) for terms in (self.a, self.b)]
 
     @staticmethod
     def terms(x, what: str) -> list[Scaled]:
@@ -500,11 +501,9 @@ class Quotient(Deferred):
         return terms
 
     @staticmethod
-    def integers(terms: list[Scaled], c: Fraction) -> tuple[list[tuple[Tensor, int]], np.ndarray, int, int]:
-        """(t_i, round(s_i c)) of the computed terms, the constant K (zero points and constant terms, rounded),
-        and the interval of sum t_i n_i + K."""
+    def integers(terms: list[Scaled], c: Fraction) -> tuple[list[tuple[Tensor, int]], np.ndarray]:
+        """(t_i, round(s_i c)) of the computed terms and the constant K (zero points and constant terms, rounded)."""
         products, k = [], np.zeros((), object)
-        lo = hi = 0
         for t in terms:
             if t.t.is_const:
                 real = (t.t.value.astype(np.int64).astype(object) - t.zero.astype(object)) * t.scale
@@ -513,9 +512,30 @@ class Quotient(Deferred):
             n = round(t.scale.reshape(()).item() * c)
             k = k - int(t.zero.reshape(())) * n
             products.append((t.t, n))
-            lo, hi = lo + min(t.t.lo * n, t.t.hi * n), hi + max(t.t.lo * n, t.t.hi * n)
         k = np.vectorize(round, otypes=[object])(np.asarray(k, dtype=object)).astype(np.int64)
-        return products, k, lo + int(k.min()), hi + int(k.max())
+        return products, k
+
+    @staticmethod
+    def constant_ends(terms: list[Scaled]) -> tuple[Fraction, Fraction]:
+        """The sum of the constant terms' least values and the sum of their largest (0, 0 without any)."""
+        lo = hi = Fraction(0)
+        for t in terms:
+            if t.t.is_const:
+                real = np.asarray((t.t.value.astype(np.int64).astype(object) - t.zero.astype(object)) * t.scale,
+                                  dtype=object)
+                lo, hi = lo + min(real.flat), hi + max(real.flat)
+        return lo, hi
+
+    @staticmethod
+    def reach(terms: list[Scaled], ends: tuple[Fraction, Fraction], c: Fraction) -> int:
+        """A bound on |sum_i (t_i - z_i) round(s_i c) + K| (K's constant part between c lo and c hi, rounded)."""
+        lo, hi = math.floor(ends[0] * c), math.ceil(ends[1] * c)
+        for t in terms:
+            if not t.t.is_const:
+                n = round(t.scale.reshape(()).item() * c)
+                z = int(t.zero.reshape(()))
+                lo, hi = lo + min((t.t.lo - z) * n, (t.t.hi - z) * n), hi + max((t.t.lo - z) * n, (t.t.hi - z) * n)
+        return max(-lo, hi)
 
     def sum(self, ctx, products: list[tuple[Tensor, int]], k: np.ndarray) -> Tensor:
         acc = None
@@ -542,8 +562,8 @@ class Quotient(Deferred):
 
         def fits(n: int) -> bool:
             c = Fraction(n) / (r0 * s_out)
-            return all(max(-lo, hi) <= 1 << QUOTIENT_BITS
-                       for lo, hi in (self.integers(self.a, c)[2:], self.integers(self.b, c * s_out)[2:]))
+            return self.reach(self.a, self.ends[0], c) <= 1 << QUOTIENT_BITS and \
+                self.reach(self.b, self.ends[1], c * s_out) <= 1 << QUOTIENT_BITS
 
         low, high = 0, 1 << QUOTIENT_BITS  # fits(low), not fits(high + 1)
         while low < high:
@@ -565,8 +585,8 @@ class Quotient(Deferred):
         s_out = scale.reshape(()).item()
         lo, hi = INT_RANGES[dtype]
         c = self.plan(s_out)
-        n = self.sum(ctx, *self.integers(self.a, c)[:2])
-        d = self.sum(ctx, *self.integers(self.b, c * s_out)[:2])
+        n = self.sum(ctx, *self.integers(self.a, c))
+        d = self.sum(ctx, *self.integers(self.b, c * s_out))
 
         def c32(v: int) -> Tensor:
             return const(np.array(v, np.int32), INT32)
