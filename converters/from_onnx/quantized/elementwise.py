@@ -475,13 +475,13 @@ class Paired(Deferred):
 
 class Quotient(Deferred):
     """a / b of two sums of dequantized values (``Summed``, or one ``Scaled``; computed terms per tensor):
-    QuantizeLinear of it is sat(sign(N) sign(D) round(|N| / |D|) + z_out), N = sum_i (t_i - z_i) n_i + K_N, D = sum_j (u_j - y_j)
-    d_j + K_D, n_i = round(s_i c), d_j = round(r_j s_out c), c = L / (r_0 s_out) (``plan``: d_0 = L exactly), the
-    constant terms and zero points rounded into K_N, K_D; round(|N| / |D|) = floor((2|N| + |D|) / (2|D|))
-    (broadcast_div of values >= 0), at most hi - lo + 1; D = 0 gives the type's maximum for N > 0, else its minimum
-    (a / 0 = +-inf saturates, 0 / 0 = NaN is the minimum, as onnxruntime). With v = a / (b s_out), e_N = N - c a and
-    e_D = D - c b s_out, N / D - v = (e_N - v e_D) / D: the output is within 1/2 + (|e_N| + |v| |e_D|) / |D| of v
-    (docs/import.md, "Quotients of sums")."""
+    QuantizeLinear of it is sat(sign(N) sign(D) round(|N| / |D|) + z_out), N = sum_i (t_i - z_i) n_i + K_N,
+    D = sum_j (u_j - y_j) d_j + K_D, n_i = round(s_i c), d_j = round(r_j s_out c), c = L / (r_0 s_out) (``plan``:
+    d_0 = L exactly), the constant terms and zero points rounded into K_N, K_D; round(|N| / |D|) = floor((2|N| + |D|)
+    / (2|D|)) (broadcast_div of values >= 0), at most hi - lo + 1; D = 0 gives the type's maximum for N > 0, else
+    its minimum (a / 0 = +-inf saturates, 0 / 0 = NaN is the minimum, as onnxruntime). With v = a / (b s_out),
+    e_N = N - c a and e_D = D - c b s_out, N / D - v = (e_N - v e_D) / D: the output is within
+    1/2 + (|e_N| + |v| |e_D|) / |D| of v (docs/import.md, "Quotients of sums")."""
 
     def __init__(self, a, b):
         self.what = "Div"
