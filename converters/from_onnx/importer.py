@@ -352,6 +352,7 @@ class _Walk:
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
                     r = FLOAT_RULES[key]
+                    ins = [quantized.float_read(self.ctx, n.op_type, x) for x in ins]
                 elif key in RULES:
                     r = RULES[key]
                     dtypes = [None if x is None else x.dtype for x in ins]

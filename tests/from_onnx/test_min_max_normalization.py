@@ -6,7 +6,6 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
@@ -136,22 +135,3 @@ def test_where_of_branches_on_different_grids_is_refused_in_one_line():
              h.make_node("QuantizeLinear", ["w", "sx", "zx"], ["y"])]
     msg = problems(qdq(nodes, (2, 3), T.INT8, inits, T.INT8), input_precision=9)
     assert "sel (Where)" in msg and "off the other branch's grid" in msg and "\n" not in msg.strip()
-
-
-@pytest.mark.parametrize("two", [True, False])
-def test_div_of_a_sum_by_a_computed_value_is_refused_in_one_line(two):
-    """(x - m) / max(x - m) left in float: one line naming the Div and the rule (the normalization's last step)."""
-    inits = {"sx": np.float32(0.25), "zx": np.int8(0), "sm": np.float32(0.3), "zm": np.int8(0),
-             "so": np.float32(0.01), "zo": np.int8(0)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
-             h.make_node("ReduceMin", ["xf"], ["mn"], axes=[1], keepdims=1),
-             h.make_node("QuantizeLinear", ["mn", "sm", "zm"], ["mq"]),
-             h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["mf"]),
-             h.make_node("Sub", ["xf", "mf"], ["dd"]),
-             h.make_node("ReduceMax", ["dd"], ["mx"], axes=[1], keepdims=1),
-             h.make_node("QuantizeLinear", ["mx", "sm", "zm"], ["mxq"]),
-             h.make_node("DequantizeLinear", ["mxq", "sm", "zm"], ["mxf"]),
-             h.make_node("Div", ["dd", "mxf" if two else "xf"], ["r"], name="norm"),
-             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
-    msg = problems(qdq(nodes, (2, 6), T.INT8, inits, T.INT8), input_precision=9)
-    assert "norm (Div)" in msg and "sum of terms of different scales" in msg and msg.strip().count("\n") == 0

@@ -722,3 +722,54 @@ def test_packed_inputs(tmp_path):
             runtime = CvmRuntime(LIB, tmp_path / name, device)
             for x in xs:
                 assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("form", ["minmax", "max"])
+def test_a_quotient_of_sums(tmp_path, form):
+    """A min-max normalization's (x - min) / (max - min + eps) and basic-pitch's (x - min) / max, three 8-bit
+    values at three scales: the runtime loads the integer quotient (products, abs, broadcast_div, signs, the
+    divisor-0 case) and gives the reference executor's integers, flat samples (a divisor of 0) and extremes included."""
+    inits = {"sx": np.float32(0.0387), "zx": np.uint8(178), "sm": np.float32(0.0271), "zm": np.uint8(255),
+             "sM": np.float32(0.0119), "zM": np.uint8(0), "so": np.float32(1 / 255), "zo": np.int8(-128),
+             "eps": np.float32(1e-3)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("ReduceMin", ["xf"], ["mn"], axes=[1, 2], keepdims=1),
+             h.make_node("QuantizeLinear", ["mn", "sm", "zm"], ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["mf"]),
+             h.make_node("ReduceMax", ["xf"], ["mx"], axes=[1, 2], keepdims=1),
+             h.make_node("QuantizeLinear", ["mx", "sM", "zM"], ["Mq"]),
+             h.make_node("DequantizeLinear", ["Mq", "sM", "zM"], ["Mf"]),
+             h.make_node("Sub", ["xf", "mf"], ["a"])]
+    if form == "minmax":
+        nodes += [h.make_node("Sub", ["Mf", "mf"], ["b0"]), h.make_node("Add", ["b0", "eps"], ["b"])]
+    else:
+        del inits["eps"]
+    nodes += [h.make_node("Div", ["a", "b" if form == "minmax" else "Mf"], ["r"]),
+              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    imp = import_model(qdq(nodes, (2, 6, 8), T.UINT8, inits, T.INT8), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(5)
+    xs = [np.full((2, 6, 8), 0), np.full((2, 6, 8), 255), np.full((2, 6, 8), 178), rng.integers(0, 256, (2, 6, 8)),
+          rng.integers(170, 180, (2, 6, 8))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("reader", ["Exp", "ReduceMax"])
+def test_a_logsoftmax_read_by_a_float_op(tmp_path, reader):
+    """LogSoftmax read by Exp (the softmax back) and ReduceMax with no QuantizeLinear between: the runtime loads its
+    int16 form and the reader's table (max) and gives the reference executor's integers."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(1 / 255), "zo": np.uint8(0)}
+    reads = h.make_node(reader, ["ls"], ["r"], **({"axes": [1], "keepdims": 1} if reader == "ReduceMax" else {}))
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node("LogSoftmax", ["xf"], ["ls"]),
+             reads, h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    imp = import_model(qdq(nodes, (2, 40), T.INT8, inits, T.UINT8, opset=13), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(6)
+    xs = [np.full((2, 40), -128), np.full((2, 40), 127), rng.integers(-128, 128, (2, 40))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

@@ -209,6 +209,21 @@ def tail(ctx, x) -> Scaled:
     return Scaled(quantize(ctx, x, exact, zero, TAIL_TYPE), exact, zero)
 
 
+#: The float ops that take a LogSoftmax as it is: QuantizeLinear (its integer form), Max and Min (``Extreme``: each
+#: operand quantized at the output's scale).
+LOGSOFTMAX_TAKERS = ("QuantizeLinear", "Max", "Min")
+
+
+def float_read(ctx, op: str, x):
+    """A LogSoftmax read by any other float op (quantize_static quantizes no Exp, Neg, Log, ReduceMax or ReduceSum
+    after it; QOperator no Gather): first quantized as a float output is (``tail``: int16, zero point 0, the least
+    float32 scale s_t with 32767 s_t >= (hi - lo) s_x + log n, within 1/2 + delta steps of s_t), then the op's own
+    rule on those integers; any other value as it is."""
+    if isinstance(x, LogSoftmaxed) and op not in LOGSOFTMAX_TAKERS:
+        return tail(ctx, x)
+    return x
+
+
 def output_edge(ctx, x) -> tuple[Tensor, np.ndarray, np.ndarray]:
     """(the integers, scale as float32, zero point) of a graph output that is a dequantized tensor; any other real
     value (a float tail, a scale no float32 holds, a per-tensor sum of integers beyond 16 bits: a float function's

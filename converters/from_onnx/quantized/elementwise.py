@@ -159,16 +159,22 @@ def mul_rule(ctx, node, a, b):
 def div_rule(ctx, node, a, b):
     """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
     folded into the requantization that follows; by a computed value: a table of a / b over both operands'
-    integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's minimum)."""
+    integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's minimum); of sums of computed
+    values (a min-max normalization's (x - min) / (max - min)), or of values too wide for that table, an integer
+    quotient (``Quotient``)."""
     if not is_float_const(b):
-        if isinstance(a, Summed):
-            raise Refuse("Div of a float sum of terms of different scales (x - ReduceMin(x) of a min-max "
-                         "normalization, left in float by quantize_static) by a computed value: its table takes two "
-                         "quantized operands, and the sum, the divisor and their quotient's rounding have no exact "
-                         "32-bit form here")
+        wide = isinstance(a, Scaled) and isinstance(b, Scaled) and \
+            (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE
+        if isinstance(a, Summed) or isinstance(b, Summed) or wide:
+            return Quotient(a, b)
         return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div")
     return rescaled(a, 1 / constant_factor(b, "the divisor", getattr(a, "shape", None)), "the dividend")
 
+
+#: |N| and |D| of a ``Quotient`` stay within 2^QUOTIENT_BITS: 2|N| + |D| and every sign product within 32 bits.
+QUOTIENT_BITS = 28
+#: The multipliers a ``Quotient`` tries below its largest, for the divisor's terms nearest exact.
+QUOTIENT_SEARCH = 1 << 16
 
 #: A comparison with its operands swapped: c op x is x SWAPPED[op] c.
 SWAPPED = {"Equal": "Equal", "Greater": "Less", "Less": "Greater", "GreaterOrEqual": "LessOrEqual",
@@ -479,6 +485,143 @@ class Paired(Deferred):
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values.reshape(-1), INT32)), in_dim=ra * rb)
         ctx.requants.append(Requant(ctx.base, (), None))
         return ctx.result(e, dtype, int(values.min()), int(values.max()), self.shape)
+
+
+class Quotient(Deferred):
+    """a / b of two sums of dequantized values (``Summed``, or one ``Scaled``; computed terms per tensor):
+    QuantizeLinear of it is sat(sign(N) sign(D) round(|N| / |D|) + z_out), N = sum_i (t_i - z_i) n_i + K_N,
+    D = sum_j (u_j - y_j) d_j + K_D, n_i = round(s_i c), d_j = round(r_j s_out c), c = L / (r_0 s_out) (``plan``:
+    d_0 = L exactly), the constant terms and zero points rounded into K_N, K_D; round(|N| / |D|) = floor((2|N| + |D|)
+    / (2|D|)) (broadcast_div of values >= 0), at most hi - lo + 1; D = 0 gives the type's maximum for N > 0, else
+    its minimum (a / 0 = +-inf saturates, 0 / 0 = NaN is the minimum, as onnxruntime). With v = a / (b s_out),
+    e_N = N - c a and e_D = D - c b s_out, N / D - v = (e_N - v e_D) / D: the output is within
+    1/2 + (|e_N| + |v| |e_D|) / |D| of v (docs/import.md, "Quotients of sums")."""
+
+    def __init__(self, a, b):
+        self.what = "Div"
+        self.a = self.terms(a, "the dividend")
+        self.b = self.terms(b, "the divisor")
+        if all(t.t.is_const for t in self.b):
+            raise Refuse("Div by a constant that is no float constant has no CVM form here")
+        self.shape = broadcast_shape(*(t.t for t in self.a + self.b))
+        self.ends = [self.constant_ends(terms) for terms in (self.a, self.b)]
+
+    @staticmethod
+    def terms(x, what: str) -> list[Scaled]:
+        terms = list(x.terms) if isinstance(x, Summed) else [scaled(x, what)]
+        for t in terms:
+            if not t.t.is_const:
+                per_tensor(t, f"{what} of a Div of sums")
+        return terms
+
+    @staticmethod
+    def integers(terms: list[Scaled], c: Fraction) -> tuple[list[tuple[Tensor, int]], np.ndarray]:
+        """(t_i, round(s_i c)) of the computed terms and the constant K (zero points and constant terms, rounded)."""
+        products, k = [], np.zeros((), object)
+        for t in terms:
+            if t.t.is_const:
+                real = (t.t.value.astype(np.int64).astype(object) - t.zero.astype(object)) * t.scale
+                k = k + np.vectorize(lambda r: r * c, otypes=[object])(np.asarray(real, dtype=object))
+                continue
+            n = round(t.scale.reshape(()).item() * c)
+            k = k - int(t.zero.reshape(())) * n
+            products.append((t.t, n))
+        k = np.vectorize(round, otypes=[object])(np.asarray(k, dtype=object)).astype(np.int64)
+        return products, k
+
+    @staticmethod
+    def constant_ends(terms: list[Scaled]) -> tuple[Fraction, Fraction]:
+        """The sum of the constant terms' least values and the sum of their largest (0, 0 without any)."""
+        lo = hi = Fraction(0)
+        for t in terms:
+            if t.t.is_const:
+                real = np.asarray((t.t.value.astype(np.int64).astype(object) - t.zero.astype(object)) * t.scale,
+                                  dtype=object)
+                lo, hi = lo + min(real.flat), hi + max(real.flat)
+        return lo, hi
+
+    @staticmethod
+    def reach(terms: list[Scaled], ends: tuple[Fraction, Fraction], c: Fraction) -> int:
+        """A bound on |sum_i (t_i - z_i) round(s_i c) + K| (K's constant part between c lo and c hi, rounded)."""
+        lo, hi = math.floor(ends[0] * c), math.ceil(ends[1] * c)
+        for t in terms:
+            if not t.t.is_const:
+                n = round(t.scale.reshape(()).item() * c)
+                z = int(t.zero.reshape(()))
+                lo, hi = lo + min((t.t.lo - z) * n, (t.t.hi - z) * n), hi + max((t.t.lo - z) * n, (t.t.hi - z) * n)
+        return max(-lo, hi)
+
+    def sum(self, ctx, products: list[tuple[Tensor, int]], k: np.ndarray) -> Tensor:
+        acc = None
+        for t, n in products:
+            if n == 0:
+                continue
+            u = ctx.apply("broadcast_mul", as_int32(t), const(np.array(n, np.int32), INT32), shape=t.shape)
+            acc = u if acc is None else ctx.apply("broadcast_add", acc, u, shape=broadcast_shape(acc, u))
+        kc = const(k.astype(np.int32), INT32)
+        if acc is None:
+            raise Refuse("Div of sums whose computed terms vanish at the quotient's scale has no CVM form here")
+        return ctx.apply("broadcast_add", acc, kc, shape=broadcast_shape(acc, kc)) if k.any() else acc
+
+    def plan(self, s_out: Fraction) -> Fraction:
+        """c = L / (r_0 s_out): L_max the largest L keeping |N| and |D| within 2^QUOTIENT_BITS; with other computed
+        divisor terms, the L of the last ``QUOTIENT_SEARCH`` up to L_max whose d_j = round(L r_j / r_0) are nearest
+        exact (least sum_j max|u_j - y_j| |L r_j / r_0 - d_j|)."""
+        def width(t: Scaled) -> int:
+            return max(abs(t.t.lo - int(t.zero.reshape(()))), abs(t.t.hi - int(t.zero.reshape(()))))
+
+        computed = sorted((t for t in self.b if not t.t.is_const),
+                          key=lambda t: width(t) * t.scale.reshape(()).item(), reverse=True)
+        r0 = computed[0].scale.reshape(()).item()
+
+        def fits(n: int) -> bool:
+            c = Fraction(n) / (r0 * s_out)
+            return self.reach(self.a, self.ends[0], c) <= 1 << QUOTIENT_BITS and \
+                self.reach(self.b, self.ends[1], c * s_out) <= 1 << QUOTIENT_BITS
+
+        low, high = 0, 1 << QUOTIENT_BITS  # fits(low), not fits(high + 1)
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        if low < 1:
+            raise Refuse(f"Div of sums too wide for a 32-bit quotient: its dividend and divisor pass 2^{QUOTIENT_BITS}")
+        best = low
+        if len(computed) > 1:
+            ls = np.arange(max(low - QUOTIENT_SEARCH, low // 2), low + 1, dtype=np.float64)
+            cost = sum(width(t) * np.abs(ls * x - np.rint(ls * x))
+                       for t in computed[1:] for x in [float(t.scale.reshape(()).item() / r0)])
+            best = int(ls[int(np.argmin(cost))])
+        return Fraction(best) / (r0 * s_out)
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        if scale.size != 1:
+            raise Refuse("Div of sums with a per-channel output scale has no CVM form")
+        s_out = scale.reshape(()).item()
+        lo, hi = INT_RANGES[dtype]
+        c = self.plan(s_out)
+        n = self.sum(ctx, *self.integers(self.a, c))
+        d = self.sum(ctx, *self.integers(self.b, c * s_out))
+
+        def c32(v: int) -> Tensor:
+            return const(np.array(v, np.int32), INT32)
+
+        def signs(x: Tensor, bias: int) -> Tensor:  # clip(2x + bias, -1, 1): sign(x), 0 counted as -bias
+            two = ctx.apply("broadcast_add", x, x, shape=x.shape)
+            return ctx.apply("clip", ctx.apply("broadcast_add", two, c32(bias), shape=x.shape), shape=x.shape,
+                             a_min=-1, a_max=1)
+
+        an, ad = ctx.apply("abs", n, shape=n.shape), ctx.apply("abs", d, shape=d.shape)
+        top = ctx.apply("broadcast_add", ctx.apply("broadcast_add", an, an, shape=an.shape), ad, shape=self.shape)
+        q = ctx.apply("broadcast_div", top, ctx.apply("broadcast_add", ad, ad, shape=ad.shape), shape=self.shape)
+        big = hi - lo + 1
+        zero = ctx.apply("broadcast_greater", c32(1), ad, shape=ad.shape)  # D = 0: q is 0, raised to ``big``
+        q = ctx.apply("broadcast_add", q, ctx.apply("broadcast_mul", zero, c32(big), shape=ad.shape),
+                      shape=self.shape)
+        q = ctx.apply("clip", q, shape=self.shape, a_min=0, a_max=big)
+        sign = ctx.apply("broadcast_mul", signs(n, -1), signs(d, 1), shape=self.shape)
+        r = ctx.apply("broadcast_mul", q, sign, shape=self.shape)
+        ctx.requants.append(Requant(ctx.base, (), None))
+        return saturate(ctx, r, out_zero, lo, hi, dtype, self.shape)
 
 
 class Odd(Deferred):

@@ -408,6 +408,13 @@ def conv_transpose_2d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, stri
 
 @float_rule("ConvTranspose", since=1)
 def conv_transpose_rule(ctx, node, x, w, b=None):
+    """ConvTranspose of a dequantized x by a quantized constant weight. By a float weight (onnxruntime's QOperator
+    form leaves ConvTranspose in float: it has no QLinearConvTranspose) refused: the model computes with those float
+    weights, which no integer form holds exactly; the QDQ form quantizes them per output channel."""
+    if isinstance(w, Tensor) and w.is_const and np.asarray(w.value).dtype.kind == "f":
+        raise Refuse("ConvTranspose with float weights (onnxruntime's QOperator form leaves it in float, having no "
+                     "QLinearConvTranspose) has no exact integer form: quantize in the QDQ form (quantize "
+                     "--form qdq), which quantizes its weights per output channel")
     return conv_transpose(ctx, node, scaled(x, "the ConvTranspose input"), scaled(w, "the ConvTranspose weight"),
                           None if b is None else scaled(b, "the ConvTranspose bias"))
 
