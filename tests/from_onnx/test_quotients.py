@@ -76,12 +76,12 @@ def exact(form, x, x_type, m_type, sx, zx, sm, zm, sM, zM, eps):
 
 
 def least_c(dividend, divisor, const_d: Fraction, so: Fraction) -> Fraction:
-    """A lower bound on c = 2^k / (r_0 s_out) of the rule: k the largest <= 27 keeping |N| and |D| within 2^28 with
+    """A lower bound on c = 2^k / (r_0 s_out) of the rule: k the largest in [0, 27] keeping |N| and |D| within 2^28 with
     each term's integers over its whole type (``dividend``, ``divisor``: (max |t - z|, scale) per term; their
     intervals can only be narrower, so k only larger), r_0 any divisor term's scale."""
     least = None
     for _, r0 in divisor:
-        for k in range(BITS - 1, 7, -1):
+        for k in range(BITS - 1, -1, -1):
             c = Fraction(1 << k) / (r0 * so)
             n = sum(v * round(s * c) for v, s in dividend)
             d = sum(w * round(r * so * c) for w, r in divisor) + abs(round(const_d * so * c))
@@ -162,6 +162,20 @@ def test_a_quotient_of_sums_is_within_its_bound_of_the_exact_quotient(d, sx, sm,
     divisor = [(widest(m_type, zM), sM_)] + ([(widest(m_type, zm), sm_)] if form == "minmax" else [])
     c = least_c(dividend, divisor, eps_ if form == "minmax" else Fraction(0), so_)
     check(got.astype(np.int64), values, so_, zo, o_type, c)
+
+
+def test_a_divisor_of_terms_at_the_least_multiplier_keeps_its_multiplier():
+    """A dividend so wide that only L = 1 fits 32 bits (uint8 x at scale 3 over int8 min and max at 2^-8, output
+    2^-10) with a second divisor term: the multiplier search starts at 1, never at L = 0 (which vanishes every term).
+    Regression: 'Div of sums whose computed terms vanish at the quotient's scale' (hypothesis found it)."""
+    sx, sm, so = f32(3.0), f32(2.0**-8), f32(2.0**-10)
+    m = model("minmax", (1, 1, 3), T.UINT8, T.INT8, T.INT8, 3.0, 0, 2.0**-8, 0, 2.0**-8, 0, 2.0**-10, 0, 0.0)
+    imp = import_model(m, input_precision=9)
+    x = np.array([[[0, 1, 255]]], np.int64)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    values = exact("minmax", x, T.UINT8, T.INT8, sx, 0, sm, 0, sm, 0, Fraction(0))
+    c = least_c([(widest(T.UINT8, 0), sx), (widest(T.INT8, 0), sm)], [(widest(T.INT8, 0), sm)] * 2, Fraction(0), so)
+    check(got.astype(np.int64), values, so, 0, T.INT8, c)
 
 
 def test_min_max_normalization_matches_onnxruntime_within_one_step():

@@ -587,7 +587,7 @@ class Quotient(Deferred):
             raise Refuse(f"Div of sums too wide for a 32-bit quotient: its dividend and divisor pass 2^{QUOTIENT_BITS}")
         best = low
         if len(computed) > 1:
-            ls = np.arange(max(low - QUOTIENT_SEARCH, low // 2), low + 1, dtype=np.float64)
+            ls = np.arange(max(low - QUOTIENT_SEARCH, low // 2, 1), low + 1, dtype=np.float64)
             cost = sum(width(t) * np.abs(ls * x - np.rint(ls * x))
                        for t in computed[1:] for x in [float(t.scale.reshape(()).item() / r0)])
             best = int(ls[int(np.argmin(cost))])
