@@ -3,8 +3,9 @@
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
    dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
-   hold at all: several inputs, control flow (If, Loop, Scan), recurrent layers other than LSTM, GRU and RNN (a
-   DynamicQuantizeLSTM inside control flow);
+   hold at all: several inputs, control flow (If, Loop, Scan; Ifs and Loops that the constants and the input's
+   shape decide are first inlined and unrolled: ``fold_constant_ifs``), recurrent layers other than LSTM, GRU and
+   RNN (a DynamicQuantizeLSTM inside control flow);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -231,6 +232,11 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if loops := [n.name or n.output[0] for n in _nodes(model.graph) if n.op_type == "Loop"]:
+        why.append(f"a Loop is unrolled only where the constants and the input's shape decide its trip count and "
+                   f"conditions, at most {MAX_UNROLLED} iterations and {MAX_UNROLLED_NODES} nodes "
+                   f"({', '.join(loops[:4])}"
+                   f"{' ...' if len(loops) > 4 else ''})")
     done = [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]
     if not done and (k := _quantized_activations(model.graph)):  # the QDQ form: QuantizeLinear of activations
         done = [f"QuantizeLinear x{k} of computed tensors"]
@@ -428,7 +434,8 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
     branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>`` (in the branch's subgraphs too),
     Identity to the If's outputs; repeated until none is left (an inlined branch's own Ifs too). ``shapes`` (the
     input's shape fixed): first the nodes that compute constants, a Shape or Size of a tensor whose shape onnx's
-    shape inference states in full among them, replaced by their values, each time."""
+    shape inference states in full among them, replaced by their values, each time. The Loops they decide are
+    unrolled each time too (``unrolled_loops``)."""
     graph = model.graph
     folded = True
     while folded:
@@ -439,6 +446,7 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
             if (cond := _condition(model, node.input[0], inits, producer)) is not None:
                 _inline(graph, node, cond)
                 folded = True
+        folded = unrolled_loops(model) > 0 or folded
 
 
 #: Ops whose outputs are drawn at random: never folded to constants.
@@ -576,6 +584,161 @@ def _inline(graph: onnx.GraphProto, node: onnx.NodeProto, cond: bool) -> None:
     graph.node.remove(node)
     for k, n in enumerate(new):
         graph.node.insert(at + k, n)
+
+
+#: The most iterations a Loop is unrolled to (each a copy of its body), and the most nodes the copies may hold.
+MAX_UNROLLED = 1024
+MAX_UNROLLED_NODES = 1 << 16
+
+
+def _evaluated(name: str, producer: Mapping[str, onnx.NodeProto], consts: Mapping[str, onnx.TensorProto],
+               opsets) -> np.ndarray | None:
+    """The value of ``name`` where the constants ``consts`` alone decide it through the nodes of ``producer``
+    (onnx's reference evaluator), else None: it reads a graph input, control flow or something the evaluator
+    cannot compute."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    order: list[onnx.NodeProto] = []
+    seen: set[int] = set()
+    leaves: set[str] = set()
+    stack: list[tuple[str, bool]] = [(name, False)]
+    while stack:  # the producers in dependency order (post-order)
+        x, done = stack.pop()
+        if x in consts:
+            leaves.add(x)
+            continue
+        up = producer.get(x)
+        if up is None or up.op_type in CONTROL_FLOW or up.op_type in RANDOM:
+            return None
+        if done:
+            if id(up) not in seen:
+                seen.add(id(up))
+                order.append(up)
+            continue
+        if id(up) in seen:
+            continue
+        stack.append((x, True))
+        stack.extend((i, False) for i in up.input if i)
+    sub = helper.make_graph(order, "value", [], [helper.make_value_info(name, onnx.TypeProto())],
+                            [consts[x] for x in leaves])
+    try:
+        [value] = ReferenceEvaluator(helper.make_model(sub, opset_imports=opsets)).run(None, {})
+    except Exception:  # noqa: BLE001  (the reference evaluator raises anything: not decided)
+        return None
+    return np.asarray(value)
+
+
+def unrolled_loops(model: onnx.ModelProto) -> int:
+    """Each Loop of the main graph whose trip count and condition the graph's constants decide (its iterations'
+    conditions too: a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
+    body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all; at least one), in order: iteration k's body with the iteration
+    number k and condition true as constants, its loop-carried inputs the previous iteration's outputs (the Loop's
+    initial values first), its tensors renamed ``<Loop>/<k>/<name>`` (in its subgraphs too); the final values by
+    Identity, each scan output the iterations' values stacked on a new first axis (Unsqueeze, Concat). The same
+    float operations in the same order: the model computes what the Loop computed. A Loop whose count or a
+    condition is not decided, that would run no iteration or past those bounds, stays. Returns how many were
+    unrolled."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "Loop"]:
+        consts = {t.name: t for t in graph.initializer}
+        producer = {o: n for n in graph.node for o in n.output if o}
+        body = next(a.g for a in node.attribute if a.name == "body")
+        trip = _evaluated(node.input[0], producer, consts, model.opset_import) if node.input[0] else None
+        if node.input[0] and (trip is None or trip.size != 1):
+            continue
+        cond = _evaluated(node.input[1], producer, consts, model.opset_import) \
+            if len(node.input) > 1 and node.input[1] else np.array(True)
+        if cond is None or cond.size != 1:
+            continue
+        limit = math.inf if trip is None else int(trip.reshape(-1)[0])
+        carried = list(node.input[2:])
+        n_carried, n_scan = len(carried), len(body.output) - 1 - len(carried)
+        local = {o for n in body.node for o in n.output if o} | {t.name for t in body.initializer}
+        new: list[onnx.NodeProto] = []
+        inits: list[onnx.TensorProto] = []
+        scans: list[list[str]] = [[] for _ in range(n_scan)]
+        base = f"{node.name or node.output[0]}/"
+        known, values = dict(producer), dict(consts)  # with the iterations' nodes and constants so far
+        k, going, decided = 0, bool(cond.reshape(-1)[0]), True
+        while going and k < limit:
+            if k == MAX_UNROLLED or (k + 1) * len(body.node) > MAX_UNROLLED_NODES:
+                decided = False
+                break
+            prefix = f"{base}{k}/"
+            names = {t.name: prefix + t.name for t in body.initializer} | {x: prefix + x for x in local}
+            it, ok = body.input[0].name, body.input[1].name
+            step = [numpy_helper.from_array(np.array(k, np.int64), prefix + it),
+                    numpy_helper.from_array(np.array(True), prefix + ok)]
+            names.update({it: prefix + it, ok: prefix + ok})
+            names.update((v.name, x) for v, x in zip(body.input[2:], carried))
+            for t in body.initializer:
+                c = onnx.TensorProto()
+                c.CopyFrom(t)
+                c.name = names[t.name]
+                step.append(c)
+            nodes = []
+            for j, n in enumerate(body.node):
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.input[:] = [names.get(x, x) for x in n.input]
+                c.output[:] = [names.get(x, x) for x in n.output]
+                c.name = f"{prefix}{n.name or n.op_type}/{j}"
+                for a in c.attribute:
+                    for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                        _renamed(sub, names)
+                nodes.append(c)
+            outs = [names.get(v.name, v.name) for v in body.output]
+            new.extend(nodes)
+            inits.extend(step)
+            known.update((o, n) for n in nodes for o in n.output if o)
+            values.update((t.name, t) for t in step)
+            carried = outs[1:1 + n_carried]
+            for s, x in zip(scans, outs[1 + n_carried:]):
+                s.append(x)
+            k += 1
+            if k < limit:  # the next iteration's condition, decided by the constants
+                value = _evaluated(outs[0], known, values, model.opset_import)
+                if value is None or value.size != 1:
+                    decided = False
+                    break
+                going = bool(value.reshape(-1)[0])
+        if decided and (k or not n_scan):  # no iteration: empty scan outputs, of no known shape
+            tail = [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
+                    for x, o in zip(carried, node.output[:n_carried]) if o]
+            for s, o in zip(scans, node.output[n_carried:]):
+                if o:
+                    parts = [f"{base}{o}/{j}" for j in range(len(s))]
+                    axes = f"{base}{o}/axes"
+                    inits.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+                    tail.extend(helper.make_node("Unsqueeze", [x, axes], [p], name=f"{p}/Unsqueeze")
+                                for x, p in zip(s, parts))
+                    tail.append(helper.make_node("Concat", parts, [o], axis=0, name=f"{base}{o}/Concat"))
+            at = list(graph.node).index(node)
+            graph.node.remove(node)
+            for j, n in enumerate(new + tail):
+                graph.node.insert(at + j, n)
+            graph.initializer.extend(inits)
+            done += 1
+    return done
+
+
+def _renamed(graph: onnx.GraphProto, names: Mapping[str, str]) -> None:
+    """In a subgraph of an unrolled Loop body (and the subgraphs within), its reads of the body's tensors that it
+    does not itself define, renamed as ``names`` says."""
+    own = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node
+                                                                                    for o in n.output}
+    outer = {x: y for x, y in names.items() if x not in own}
+    for n in graph.node:
+        n.input[:] = [outer.get(x, x) for x in n.input]
+        for a in n.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                _renamed(sub, outer)
+    for v in graph.output:
+        v.name = outer.get(v.name, v.name)
 
 
 def _renamed_outer(graph: onnx.GraphProto, names: set[str], prefix: str) -> None:
@@ -1161,7 +1324,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     map_large_blocks()
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
-    if fold or any(n.op_type == "If" for n in model.graph.node):
+    if fold or any(n.op_type in ("If", "Loop") for n in model.graph.node):
         left = [v for v in _inputs(model) if v.name not in (fold or {})]
         shape, named = None, None
         if len(left) == 1:  # one sample's shape: the folded inputs' dims of the same names, the Ifs it decides

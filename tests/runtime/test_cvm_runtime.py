@@ -694,3 +694,25 @@ def test_written_out_confidence(tmp_path, out_type):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_unrolled_while_loop(tmp_path, per_channel):
+    """The eighth corpus's form (chars2vec's Keras LSTMs, a speech embedding's front end: tf2onnx while Loops that
+    the input's shape decides, unrolled by `quantize`): a tanh RNN over 6 steps with an If on the step inside its
+    body, quantized and imported; the runtime gives the reference executor's integers, the input's extremes
+    included."""
+    from support.loops import while_rnn
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(8)
+    (tmp_path / "rnn.onnx").write_bytes(while_rnn(rng, 5, 8, True, None, False, True).SerializeToString())
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 6, 5)).astype(np.float32))
+    imp = quantize(tmp_path / "rnn.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    xs = [np.zeros((1, 6, 5), np.int32), np.full((1, 6, 5), 255, np.int32)] + \
+        [imp.edges.input.quantize(rng.normal(size=(1, 6, 5)).astype(np.float32) * 2) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
