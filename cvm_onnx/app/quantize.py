@@ -644,9 +644,12 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
     graph = model.graph
     done = 0
     for node in [n for n in graph.node if n.op_type == "Loop"]:
+        body = next((a.g for a in node.attribute if a.name == "body" and a.type == onnx.AttributeProto.GRAPH), None)
+        if body is None or len(node.input) < 2 or len(body.input) != len(node.input) or \
+                len(body.output) < len(node.input) - 1 or len(node.output) != len(body.output) - 1:
+            continue  # not a Loop as ONNX defines it: it stays, refused
         consts = {t.name: t for t in graph.initializer}
         producer = {o: n for n in graph.node for o in n.output if o}
-        body = next(a.g for a in node.attribute if a.name == "body")
         trip = _evaluated(node.input[0], producer, consts, model.opset_import) if node.input[0] else None
         if node.input[0] and (trip is None or trip.size != 1):
             continue

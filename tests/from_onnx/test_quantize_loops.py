@@ -68,17 +68,23 @@ def test_a_keras_while_loop_rnn_imports_whole_exactly_and_as_close_as_onnxruntim
     assert verify(done.imported.graph, seeds=2).exact
 
 
-@pytest.mark.parametrize("case", ["values", "iterations", "nodes"])
+@pytest.mark.parametrize("case", ["values", "iterations", "nodes", "no body", "body outputs"])
 def test_a_loop_its_shape_does_not_decide_is_refused_in_one_line_naming_it(tmp_path, case):
     """A Loop whose trip count is computed from the input's values, or whose count is past MAX_UNROLLED, or whose
-    copies would hold more than MAX_UNROLLED_NODES nodes (70 steps of a body of 1000 more nodes), stays: one line
-    naming the Loop and the rule, before anything runs."""
+    copies would hold more than MAX_UNROLLED_NODES nodes (70 steps of a body of 1000 more nodes), or that is no
+    Loop as ONNX defines it (no body, a body output short), stays: one line naming the Loop and the rule, before
+    anything runs."""
     rng = np.random.default_rng(4)
-    steps = {"values": 3, "iterations": MAX_UNROLLED + 1, "nodes": 70}[case]
+    steps = {"iterations": MAX_UNROLLED + 1, "nodes": 70}.get(case, 3)
     m = while_rnn(rng, 2, 2, True, None, False, False, trip_count="values" if case == "values" else "shape")
+    loop = next(n for n in m.graph.node if n.op_type == "Loop")
     if case == "nodes":
-        body = next(n for n in m.graph.node if n.op_type == "Loop").attribute[0].g
-        body.node.extend(h.make_node("Identity", ["t"], [f"pad{k}"]) for k in range(MAX_UNROLLED_NODES // 64))
+        loop.attribute[0].g.node.extend(h.make_node("Identity", ["t"], [f"pad{k}"])
+                                        for k in range(MAX_UNROLLED_NODES // 64))
+    elif case == "no body":
+        del loop.attribute[:]
+    elif case == "body outputs":
+        loop.attribute[0].g.output.pop()
     onnx.save(m, tmp_path / "rnn.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(2, steps, 2)).astype(np.float32))
     with pytest.raises(UnsupportedError) as e:
