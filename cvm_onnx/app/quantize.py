@@ -629,16 +629,107 @@ def _evaluated(name: str, producer: Mapping[str, onnx.NodeProto], consts: Mappin
     return np.asarray(value)
 
 
+def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, producer: Mapping[str, onnx.NodeProto],
+                consts: Mapping[str, onnx.TensorProto], opsets) -> int | None:
+    """How many iterations the Loop ``node`` runs where the constants decide it, else None (also past MAX_UNROLLED
+    iterations or MAX_UNROLLED_NODES copied nodes): its trip count and first condition evaluated in the graph, then
+    the part of the body that its condition reads (the loop-carried values it reads, and theirs) run alone,
+    iteration by iteration, by onnx's reference evaluator, before anything is copied."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    trip = _evaluated(node.input[0], producer, consts, opsets) if node.input[0] else None
+    cond = _evaluated(node.input[1], producer, consts, opsets) if node.input[1] else np.array(True)
+    if (node.input[0] and (trip is None or trip.size != 1)) or cond is None or cond.size != 1:
+        return None
+    limit = math.inf if trip is None else max(int(trip.reshape(-1)[0]), 0)
+    bound = min(MAX_UNROLLED, MAX_UNROLLED_NODES // max(len(body.node), 1))
+    if not bool(cond.reshape(-1)[0]):
+        return 0
+    inputs = [v.name for v in body.input]
+    made = {o: n for n in body.node for o in n.output if o}
+    own = {t.name: t for t in body.initializer}
+    carried = {v.name: 1 + j for j, v in enumerate(body.input[2:])}  # a carried input: its body output's index
+    wanted, todo, seen, outer, fed = [body.output[0].name], [body.output[0].name], set(), set(), set()
+    while todo:  # the cone of the condition, closed over the carried values it reads
+        x = todo.pop()
+        if x in seen or not x:
+            continue
+        seen.add(x)
+        if x in carried:
+            fed.add(x)
+            wanted.append(body.output[carried[x]].name)
+            todo.append(body.output[carried[x]].name)
+        elif x in made:
+            n = made[x]
+            todo.extend(n.input)
+            todo.extend(y for a in n.attribute for g in ([a.g] if a.HasField("g") else a.graphs)
+                        for y in _outer_reads(g))
+        elif x not in inputs[:2] and x not in own:
+            outer.add(x)
+    if body.output[0].name == inputs[1]:  # the condition passed through: the trip count alone ends the loop
+        return int(limit) if limit <= bound else None
+    values = {}
+    for x in outer:  # the outer tensors the condition reads: constants, or it is not decided
+        v = _evaluated(x, producer, consts, opsets)
+        if v is None:
+            return None
+        values[x] = v
+    state = {}
+    for x, v in zip(inputs[2:], node.input[2:]):  # the carried values the condition reads start as constants
+        if x in fed:
+            value = _evaluated(v, producer, consts, opsets) if v else None
+            if value is None:
+                return None
+            state[x] = value
+    nodes = [n for n in body.node if any(o in seen for o in n.output)]
+    feeds = [inputs[0], inputs[1], *sorted(fed)]
+    sub = helper.make_graph(nodes, "condition", [helper.make_value_info(x, onnx.TypeProto()) for x in feeds],
+                            [helper.make_value_info(x, onnx.TypeProto()) for x in wanted],
+                            [own[x] for x in seen if x in own] +
+                            [numpy_helper.from_array(np.asarray(v), x) for x, v in values.items()])
+    try:
+        run = ReferenceEvaluator(helper.make_model(sub, opset_imports=opsets))
+    except Exception:  # noqa: BLE001  (the reference evaluator raises anything: not decided)
+        return None
+    k, going = 0, True
+    while going and k < limit:
+        if k == bound:
+            return None
+        try:
+            outs = run.run(None, {inputs[0]: np.array(k, np.int64), inputs[1]: np.array(True), **state})
+        except Exception:  # noqa: BLE001
+            return None
+        got = dict(zip(wanted, outs))
+        cond = np.asarray(got[wanted[0]])
+        if cond.size != 1:
+            return None
+        going = bool(cond.reshape(-1)[0])
+        state = {x: got[body.output[carried[x]].name] for x in fed}
+        k += 1
+    return k
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names the nodes of a subgraph (and its subgraphs) read that it does not itself define."""
+    own = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node
+                                                                                    for o in n.output}
+    reads = {x for n in graph.node for x in n.input if x}
+    reads |= {x for n in graph.node for a in n.attribute for g in ([a.g] if a.HasField("g") else a.graphs)
+              for x in _outer_reads(g)}
+    return reads - own
+
+
 def unrolled_loops(model: onnx.ModelProto) -> int:
-    """Each Loop of the main graph whose trip count and condition the graph's constants decide (its iterations'
-    conditions too: a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
-    body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all; at least one), in order: iteration k's body with the iteration
-    number k and condition true as constants, its loop-carried inputs the previous iteration's outputs (the Loop's
-    initial values first), its tensors renamed ``<Loop>/<k>/<name>`` (in its subgraphs too); the final values by
-    Identity, each scan output the iterations' values stacked on a new first axis (Unsqueeze, Concat). The same
-    float operations in the same order: the model computes what the Loop computed. A Loop whose count or a
-    condition is not decided, that would run no iteration or past those bounds, stays. Returns how many were
-    unrolled."""
+    """Each Loop of the main graph whose iterations the graph's constants decide (``_iterations``: its trip count
+    and conditions, a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
+    body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all), in order: iteration k's body
+    with the iteration number k and condition true as constants, its loop-carried inputs the previous iteration's
+    outputs (the Loop's initial values first), its tensors renamed ``<Loop>/<k>/<name>`` (in its subgraphs too);
+    the final values by Identity, each scan output the iterations' values stacked on a new first axis (Unsqueeze,
+    Concat). The same float operations in the same order: the model computes what the Loop computed. A Loop whose
+    iterations are not decided, past those bounds, or running none with scan outputs (empty, of no known shape),
+    stays. Returns how many were unrolled."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -650,40 +741,28 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
             continue  # not a Loop as ONNX defines it: it stays, refused
         consts = {t.name: t for t in graph.initializer}
         producer = {o: n for n in graph.node for o in n.output if o}
-        trip = _evaluated(node.input[0], producer, consts, model.opset_import) if node.input[0] else None
-        if node.input[0] and (trip is None or trip.size != 1):
-            continue
-        cond = _evaluated(node.input[1], producer, consts, model.opset_import) \
-            if len(node.input) > 1 and node.input[1] else np.array(True)
-        if cond is None or cond.size != 1:
-            continue
-        limit = math.inf if trip is None else int(trip.reshape(-1)[0])
+        count = _iterations(node, body, producer, consts, model.opset_import)
         carried = list(node.input[2:])
         n_carried, n_scan = len(carried), len(body.output) - 1 - len(carried)
+        if count is None or (count == 0 and n_scan):
+            continue
         local = {o for n in body.node for o in n.output if o} | {t.name for t in body.initializer}
         new: list[onnx.NodeProto] = []
         inits: list[onnx.TensorProto] = []
         scans: list[list[str]] = [[] for _ in range(n_scan)]
         base = f"{node.name or node.output[0]}/"
-        known, values = dict(producer), dict(consts)  # with the iterations' nodes and constants so far
-        k, going, decided = 0, bool(cond.reshape(-1)[0]), True
-        while going and k < limit:
-            if k == MAX_UNROLLED or (k + 1) * len(body.node) > MAX_UNROLLED_NODES:
-                decided = False
-                break
+        it, ok = body.input[0].name, body.input[1].name
+        for k in range(count):
             prefix = f"{base}{k}/"
-            names = {t.name: prefix + t.name for t in body.initializer} | {x: prefix + x for x in local}
-            it, ok = body.input[0].name, body.input[1].name
-            step = [numpy_helper.from_array(np.array(k, np.int64), prefix + it),
-                    numpy_helper.from_array(np.array(True), prefix + ok)]
-            names.update({it: prefix + it, ok: prefix + ok})
+            names = {x: prefix + x for x in local} | {it: prefix + it, ok: prefix + ok}
             names.update((v.name, x) for v, x in zip(body.input[2:], carried))
+            inits += [numpy_helper.from_array(np.array(k, np.int64), prefix + it),
+                      numpy_helper.from_array(np.array(True), prefix + ok)]
             for t in body.initializer:
                 c = onnx.TensorProto()
                 c.CopyFrom(t)
                 c.name = names[t.name]
-                step.append(c)
-            nodes = []
+                inits.append(c)
             for j, n in enumerate(body.node):
                 c = onnx.NodeProto()
                 c.CopyFrom(n)
@@ -693,39 +772,27 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
                 for a in c.attribute:
                     for sub in [a.g] if a.HasField("g") else list(a.graphs):
                         _renamed(sub, names)
-                nodes.append(c)
+                new.append(c)
             outs = [names.get(v.name, v.name) for v in body.output]
-            new.extend(nodes)
-            inits.extend(step)
-            known.update((o, n) for n in nodes for o in n.output if o)
-            values.update((t.name, t) for t in step)
             carried = outs[1:1 + n_carried]
             for s, x in zip(scans, outs[1 + n_carried:]):
                 s.append(x)
-            k += 1
-            if k < limit:  # the next iteration's condition, decided by the constants
-                value = _evaluated(outs[0], known, values, model.opset_import)
-                if value is None or value.size != 1:
-                    decided = False
-                    break
-                going = bool(value.reshape(-1)[0])
-        if decided and (k or not n_scan):  # no iteration: empty scan outputs, of no known shape
-            tail = [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
-                    for x, o in zip(carried, node.output[:n_carried]) if o]
-            for s, o in zip(scans, node.output[n_carried:]):
-                if o:
-                    parts = [f"{base}{o}/{j}" for j in range(len(s))]
-                    axes = f"{base}{o}/axes"
-                    inits.append(numpy_helper.from_array(np.array([0], np.int64), axes))
-                    tail.extend(helper.make_node("Unsqueeze", [x, axes], [p], name=f"{p}/Unsqueeze")
-                                for x, p in zip(s, parts))
-                    tail.append(helper.make_node("Concat", parts, [o], axis=0, name=f"{base}{o}/Concat"))
-            at = list(graph.node).index(node)
-            graph.node.remove(node)
-            for j, n in enumerate(new + tail):
-                graph.node.insert(at + j, n)
-            graph.initializer.extend(inits)
-            done += 1
+        tail = [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
+                for x, o in zip(carried, node.output[:n_carried]) if o]
+        for s, o in zip(scans, node.output[n_carried:]):
+            if o:
+                parts = [f"{base}{o}/{j}" for j in range(len(s))]
+                axes = f"{base}{o}/axes"
+                inits.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+                tail.extend(helper.make_node("Unsqueeze", [x, axes], [p], name=f"{p}/Unsqueeze")
+                            for x, p in zip(s, parts))
+                tail.append(helper.make_node("Concat", parts, [o], axis=0, name=f"{base}{o}/Concat"))
+        at = list(graph.node).index(node)
+        graph.node.remove(node)
+        for j, n in enumerate(new + tail):
+            graph.node.insert(at + j, n)
+        graph.initializer.extend(inits)
+        done += 1
     return done
 
 
