@@ -725,7 +725,8 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
     and conditions, a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
     body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all), in order: iteration k's body
     with the iteration number k and condition true as constants, its loop-carried inputs the previous iteration's
-    outputs (the Loop's initial values first), its tensors renamed ``<Loop>/<k>/<name>`` (in its subgraphs too);
+    outputs (the Loop's initial values first), its tensors renamed ``<Loop>/<k>/<name>`` (in its subgraphs too), its
+    initializers and Constant nodes, the same in every iteration, held once as ``<Loop>/<name>``;
     the final values by Identity, each scan output the iterations' values stacked on a new first axis (Unsqueeze,
     Concat). The same float operations in the same order: the model computes what the Loop computed. A Loop whose
     iterations are not decided, past those bounds, or running none with scan outputs (empty, of no known shape),
@@ -752,18 +753,29 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
         scans: list[list[str]] = [[] for _ in range(n_scan)]
         base = f"{node.name or node.output[0]}/"
         it, ok = body.input[0].name, body.input[1].name
+        shared = {t.name: base + t.name for t in body.initializer}  # the same in every iteration: held once
+        for t in body.initializer if count else []:
+            c = onnx.TensorProto()
+            c.CopyFrom(t)
+            c.name = shared[t.name]
+            inits.append(c)
+        for j, n in enumerate(body.node):
+            if n.op_type == "Constant" and not n.input and count:
+                shared.update((o, f"{base}{o}") for o in n.output if o)
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.output[:] = [shared.get(o, o) for o in n.output]
+                c.name = f"{base}{n.name or n.op_type}/{j}"
+                new.append(c)
         for k in range(count):
             prefix = f"{base}{k}/"
-            names = {x: prefix + x for x in local} | {it: prefix + it, ok: prefix + ok}
+            names = {x: prefix + x for x in local} | shared | {it: prefix + it, ok: prefix + ok}
             names.update((v.name, x) for v, x in zip(body.input[2:], carried))
             inits += [numpy_helper.from_array(np.array(k, np.int64), prefix + it),
                       numpy_helper.from_array(np.array(True), prefix + ok)]
-            for t in body.initializer:
-                c = onnx.TensorProto()
-                c.CopyFrom(t)
-                c.name = names[t.name]
-                inits.append(c)
             for j, n in enumerate(body.node):
+                if n.op_type == "Constant" and not n.input:
+                    continue
                 c = onnx.NodeProto()
                 c.CopyFrom(n)
                 c.input[:] = [names.get(x, x) for x in n.input]

@@ -28,25 +28,29 @@ def run(m: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 3), st.integers(1, 9), st.integers(1, 5), st.integers(1, 6), st.booleans(),
-       st.one_of(st.none(), st.integers(0, 12)), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+       st.one_of(st.none(), st.integers(0, 12)), st.booleans(), st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
 def test_an_unrolled_loop_computes_what_the_loop_computed(batch, steps, features, hidden, trip, stop, scan, branch,
-                                                          seed):
+                                                          inner, seed):
     """A while loop whose trip count (the time steps) and conditions (a counter against a constant) the input's
     shape decides, unrolled once the shape is fixed: no Loop or If left, and onnxruntime gives the Loop model's
     outputs bit for bit (graph optimizations off, one thread), at any batch, step count, early stop (the
     condition false before the trip count ends, after 0 to 12 iterations), with and without a trip count, scan
-    outputs and an If inside the body reading the body's tensors."""
+    outputs, an If inside the body reading the body's tensors, and a body initializer and Constant node (held once,
+    not once per iteration)."""
     if not trip:  # the condition alone ends the loop, within the steps
         stop = steps if stop is None else min(stop, steps)
     if scan and stop == 0:  # no iteration: its scan outputs would be empty, of no known shape
         stop = 1
     rng = np.random.default_rng(seed)
-    m = while_rnn(rng, features, hidden, trip, stop, scan, branch)
+    m = while_rnn(rng, features, hidden, trip, stop, scan, branch, inner=inner)
     x = rng.normal(size=(batch, steps, features)).astype(np.float32) * 2
     want = run(m, x)
     unrolled = fixed(m, x.shape)
     fold_constant_ifs(unrolled, shapes=True)
     assert not [n.op_type for n in unrolled.graph.node if n.op_type in ("Loop", "If")]
+    if inner:
+        assert sum(t.name.endswith("/b") for t in unrolled.graph.initializer) <= 1
+        assert sum(n.op_type == "Constant" for n in unrolled.graph.node) <= 1
     got = run(unrolled, x)
     assert len(got) == len(want)
     for a, b in zip(got, want):

@@ -11,14 +11,15 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def while_rnn(rng, features: int, hidden: int, trip: bool, stop: int | None, scan: bool, branch: bool,
-              trip_count: str = "shape") -> onnx.ModelProto:
+              trip_count: str = "shape", inner: bool = False) -> onnx.ModelProto:
     """A tanh RNN over x (batch, time, features) as tf2onnx writes a Keras while loop: x transposed to
     (time, batch, features), the Loop's trip count the time steps from Shape (``trip``; "values": from the
     input's values instead), its first condition 0 < steps, carried h (zeros of (batch, hidden) built from the
     input's shape) and a counter; the body reads x_t = x[i] from the outer graph, h' = tanh(x_t W + h R + b),
     its condition counter + 1 < ``stop`` (else its condition passed through: the trip count alone stops it), and
-    with ``branch`` an If on i == 0 inside whose branches read the body's tensor (h' or -h'). Outputs: the final h
-    and with ``scan`` every step's h stacked."""
+    with ``branch`` an If on i == 0 inside whose branches read the body's tensor (h' or -h'); with ``inner`` b a
+    body initializer and the counter's 1 a Constant node of the body. Outputs: the final h and with ``scan`` every
+    step's h stacked."""
     f32 = lambda *s: (rng.normal(size=s) / np.sqrt(s[0])).astype(np.float32)  # noqa: E731
     ints = {"zero": np.array(0, np.int64), "one": np.array(1, np.int64), "i1": np.array([1], np.int64),
             "hid": np.array([hidden], np.int64)}
@@ -48,10 +49,19 @@ def while_rnn(rng, features: int, hidden: int, trip: bool, stop: int | None, sca
     if scan:
         body_nodes.append(h.make_node("Identity", ["h_out"], ["h_scan"]))
         outs.append(h.make_tensor_value_info("h_scan", T.FLOAT, None))
+    body_inits = []
+    if inner:  # b and the counter's step inside the body
+        b = next(t for t in inits if t.name == "b")
+        inits.remove(b)
+        body_inits.append(b)
+        body_nodes.insert(0, h.make_node("Constant", [], ["step"], value=nh.from_array(np.array(1, np.int64))))
+        for n in body_nodes:
+            n.input[:] = ["step" if x == "one" and n.op_type == "Add" else x for x in n.input]
     body = h.make_graph(body_nodes, "body", [h.make_tensor_value_info("i", T.INT64, []),
                                              h.make_tensor_value_info("cond_in", T.BOOL, []),
                                              h.make_tensor_value_info("h_in", T.FLOAT, None),
-                                             h.make_tensor_value_info("c_in", T.INT64, [])], outs)
+                                             h.make_tensor_value_info("c_in", T.INT64, [])], outs,
+                        body_inits)
     nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
              h.make_node("Shape", ["xt"], ["sx"]), h.make_node("Gather", ["sx", "zero"], ["steps"]),
              h.make_node("Gather", ["sx", "i1"], ["batch"]),
