@@ -640,7 +640,8 @@ def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, producer: Mapping[s
 
     trip = _evaluated(node.input[0], producer, consts, opsets) if node.input[0] else None
     cond = _evaluated(node.input[1], producer, consts, opsets) if node.input[1] else np.array(True)
-    if (node.input[0] and (trip is None or trip.size != 1)) or cond is None or cond.size != 1:
+    if (node.input[0] and (trip is None or trip.size != 1 or trip.dtype.kind not in "iu")) or cond is None or \
+            cond.size != 1:
         return None
     limit = math.inf if trip is None else max(int(trip.reshape(-1)[0]), 0)
     bound = min(MAX_UNROLLED, MAX_UNROLLED_NODES // max(len(body.node), 1))

