@@ -67,7 +67,7 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       scalers_as_ops, shapes_only, spectra_as_products, unshared_biases)
+                       scalers_as_ops, sequences_as_concats, shapes_only, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -857,7 +857,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
-    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
+    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a list of tensors appended
+    and concatenated as a Concat (``sequences_as_concats``); a
     Scaler as Add and Mul (``scalers_as_ops``); float16 computation widened to float32 (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
@@ -890,6 +891,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     fuse_gelu(model)
     spectra_as_products(model)
     einsums_as_matmuls(model.graph)
+    sequences_as_concats(model.graph)
     scalers_as_ops(model.graph)
     float16_as_float32(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")

@@ -2,7 +2,7 @@
 chars2vec; a map over the batch, a speech-embedding front end): each Loop unrolled into copies of its body, one per
 iteration, computing exactly what the Loop computed (onnxruntime running both); the model then imports whole; a
 Loop its input's values decide, or past MAX_UNROLLED iterations or MAX_UNROLLED_NODES nodes, refused in one line
-naming it."""
+naming it; a list appended in the loop and concatenated (torch's scripted export) written as a Concat."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +15,7 @@ from onnx import helper as h
 
 from cvm_onnx.app.quantize import MAX_UNROLLED, MAX_UNROLLED_NODES, fixed, fold_constant_ifs, quantize
 from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 from support.loops import while_rnn
 
@@ -103,3 +104,72 @@ def test_a_loop_its_shape_does_not_decide_is_refused_in_one_line_naming_it(tmp_p
     [p] = e.value.problems
     assert "Loop x1" in p.rule and "while_loop" in p.rule and f"at most {MAX_UNROLLED} iterations" in p.rule, p.rule
     assert not (tmp_path / "m").exists()
+
+
+def appended(rng, parts: int, shape: tuple[int, ...], axis: int, new_axis: int, loop: bool) -> onnx.ModelProto:
+    """y = ConcatFromSequence of tanh(x_t W) appended to a SequenceEmpty one by one, as torch's scripted export
+    writes a list appended in a loop: in a Loop over x's first axis (``loop``), else written out ``parts`` times."""
+    from onnx import TensorProto as T
+    from onnx import numpy_helper as nh
+
+    d = shape[-1]
+    w = nh.from_array((rng.normal(size=(d, d)) / np.sqrt(d)).astype(np.float32), "W")
+    step = [h.make_node("MatMul", ["xt", "W"], ["y"]), h.make_node("Tanh", ["y"], ["t"])]
+    if loop:
+        body = h.make_graph([h.make_node("Gather", ["x", "i"], ["xt"], axis=0), *step,
+                             h.make_node("SequenceInsert", ["seq_in", "t"], ["seq_out"]),
+                             h.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+                            [h.make_tensor_value_info("i", T.INT64, []), h.make_tensor_value_info("cond_in", T.BOOL, []),
+                             h.make_tensor_sequence_value_info("seq_in", T.FLOAT, None)],
+                            [h.make_tensor_value_info("cond_out", T.BOOL, []),
+                             h.make_tensor_sequence_value_info("seq_out", T.FLOAT, None)])
+        nodes = [h.make_node("Shape", ["x"], ["s"]), h.make_node("Gather", ["s", "zero"], ["n"]),
+                 h.make_node("SequenceEmpty", [], ["seq0"], dtype=T.FLOAT),
+                 h.make_node("Loop", ["n", "", "seq0"], ["seq"], body=body, name="append_loop")]
+    else:
+        nodes = [h.make_node("SequenceEmpty", [], ["seq0"], dtype=T.FLOAT)]
+        for k in range(parts):
+            nodes += [h.make_node("Gather", ["x", f"k{k}"], [f"xt{k}"], axis=0),
+                      h.make_node("MatMul", [f"xt{k}", "W"], [f"y{k}"]), h.make_node("Tanh", [f"y{k}"], [f"t{k}"]),
+                      h.make_node("SequenceInsert", [f"seq{k}", f"t{k}"], [f"seq{k + 1}"])]
+        nodes[-1].output[0] = "seq"
+    nodes.append(h.make_node("ConcatFromSequence", ["seq"], ["out"], axis=axis, new_axis=new_axis))
+    inits = [w, nh.from_array(np.array(0, np.int64), "zero")] + \
+        [nh.from_array(np.array(k, np.int64), f"k{k}") for k in range(parts)]
+    g = h.make_graph(nodes, "appended", [h.make_tensor_value_info("x", T.FLOAT, ["time", *shape])],
+                     [h.make_tensor_value_info("out", T.FLOAT, None)], inits)
+    return onnx_model(g, 17)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.lists(st.integers(1, 4), min_size=1, max_size=3), st.data(), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_a_list_appended_and_concatenated_is_a_concat(parts, shape, data, new_axis, seed):
+    """sequences_as_concats: SequenceEmpty, SequenceInsert x parts, ConcatFromSequence (new_axis 0 or 1, any
+    axis its rank allows, negative ones too) becomes Unsqueeze and Concat, no Sequence op left, and onnxruntime
+    gives the same values bit for bit."""
+    from cvm_onnx.app.rewrites import sequences_as_concats
+
+    rank = len(shape) + new_axis
+    axis = data.draw(st.integers(-rank, rank - 1))
+    rng = np.random.default_rng(seed)
+    m = appended(rng, parts, tuple(shape), axis, int(new_axis), False)
+    x = rng.normal(size=(parts, *shape)).astype(np.float32)
+    want = run(m, x)
+    assert sequences_as_concats(m.graph) == 1
+    assert not [n.op_type for n in m.graph.node if "Sequence" in n.op_type]
+    got = run(m, x)
+    assert got[0].shape == want[0].shape and np.array_equal(got[0], want[0])
+
+
+def test_a_list_appended_in_a_loop_imports_whole(tmp_path):
+    """torch's scripted `outs.append(tanh(x_t W))` in a loop over the time steps, then torch.stack: the Loop
+    unrolled, the sequence written as a Concat; imports whole within 1.1x onnxruntime's distance, exactly.
+    Regression: refused (SequenceEmpty, SequenceInsert x5, ConcatFromSequence: no CVM op)."""
+    rng = np.random.default_rng(6)
+    onnx.save(appended(rng, 5, (4,), 0, 1, True), tmp_path / "m.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 5, 4)).astype(np.float32))
+    done = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "o")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps + 1e-9, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
