@@ -3,9 +3,9 @@
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
    dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
-   hold at all: several inputs, control flow (If, Loop, Scan; Ifs and Loops that the constants and the input's
-   shape decide are first inlined and unrolled: ``fold_constant_ifs``), recurrent layers other than LSTM, GRU and
-   RNN (a DynamicQuantizeLSTM inside control flow);
+   hold at all: several inputs, control flow (If, Loop, Scan; Ifs, Loops and Scans that the constants and the
+   input's shape decide are first inlined and unrolled: ``fold_constant_ifs``), recurrent layers other than LSTM,
+   GRU and RNN (a DynamicQuantizeLSTM inside control flow);
 2. fixes the input's dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -237,6 +237,10 @@ def refusal(model: onnx.ModelProto) -> str | None:
                    f"conditions, at most {MAX_UNROLLED} iterations and {MAX_UNROLLED_NODES} nodes "
                    f"({', '.join(loops[:4])}"
                    f"{' ...' if len(loops) > 4 else ''})")
+    if scans := [n.name or n.output[0] for n in _nodes(model.graph) if n.op_type == "Scan"]:
+        why.append(f"a Scan is unrolled only where onnx's shape inference states the length of its scan inputs, at "
+                   f"most {MAX_UNROLLED} steps and {MAX_UNROLLED_NODES} nodes ({', '.join(scans[:4])}"
+                   f"{' ...' if len(scans) > 4 else ''})")
     done = [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]
     if not done and (k := _quantized_activations(model.graph)):  # the QDQ form: QuantizeLinear of activations
         done = [f"QuantizeLinear x{k} of computed tensors"]
@@ -434,8 +438,8 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
     branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>`` (in the branch's subgraphs too),
     Identity to the If's outputs; repeated until none is left (an inlined branch's own Ifs too). ``shapes`` (the
     input's shape fixed): first the nodes that compute constants, a Shape or Size of a tensor whose shape onnx's
-    shape inference states in full among them, replaced by their values, each time. The Loops they decide are
-    unrolled each time too (``unrolled_loops``)."""
+    shape inference states in full among them, replaced by their values, each time. The Loops and Scans they decide
+    are unrolled each time too (``unrolled_loops``, ``unrolled_scans``)."""
     graph = model.graph
     folded = True
     while folded:
@@ -446,7 +450,7 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
             if (cond := _condition(model, node.input[0], inits, producer)) is not None:
                 _inline(graph, node, cond)
                 folded = True
-        folded = unrolled_loops(model) > 0 or folded
+        folded = unrolled_loops(model) + unrolled_scans(model) > 0 or folded
 
 
 #: Ops whose outputs are drawn at random: never folded to constants.
@@ -721,17 +725,82 @@ def _outer_reads(graph: onnx.GraphProto) -> set[str]:
     return reads - own
 
 
+def _copies(body: onnx.GraphProto, base: str, count: int, bind: Callable) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], list[list[str]]]:
+    """``count`` copies of ``body`` in order, its tensors renamed ``<base><k>/<name>`` (in its subgraphs too), its
+    initializers and Constant nodes, the same in every copy, held once as ``<base><name>``; ``bind(k, prefix,
+    previous outputs)`` gives copy k's extra constants, the nodes before it and the outer names of the body's
+    inputs. Returns the nodes, the constants and each copy's output names."""
+    local = {o for n in body.node for o in n.output if o} | {t.name for t in body.initializer}
+    shared = {t.name: base + t.name for t in body.initializer}
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    for t in body.initializer if count else []:
+        c = onnx.TensorProto()
+        c.CopyFrom(t)
+        c.name = shared[t.name]
+        inits.append(c)
+    for j, n in enumerate(body.node):
+        if n.op_type == "Constant" and not n.input and count:
+            shared.update((o, f"{base}{o}") for o in n.output if o)
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.output[:] = [shared.get(o, o) for o in n.output]
+            c.name = f"{base}{n.name or n.op_type}/{j}"
+            nodes.append(c)
+    outs: list[list[str]] = []
+    for k in range(count):
+        prefix = f"{base}{k}/"
+        extra, before, bound = bind(k, prefix, outs[-1] if outs else None)
+        inits += extra
+        nodes += before
+        names = {x: prefix + x for x in local} | shared | bound
+        for j, n in enumerate(body.node):
+            if n.op_type == "Constant" and not n.input:
+                continue
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.input[:] = [names.get(x, x) for x in n.input]
+            c.output[:] = [names.get(x, x) for x in n.output]
+            c.name = f"{prefix}{n.name or n.op_type}/{j}"
+            for a in c.attribute:
+                for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                    _renamed(sub, names)
+            nodes.append(c)
+        outs.append([names.get(v.name, v.name) for v in body.output])
+    return nodes, inits, outs
+
+
+def _stacked(values: list[str], out: str, axis: int, base: str) -> tuple[list[onnx.NodeProto], onnx.TensorProto]:
+    """Nodes stacking the tensors ``values`` into ``out`` on a new axis ``axis`` (Unsqueeze, Concat), and the axes
+    constant they read."""
+    from onnx import helper, numpy_helper
+
+    axes = f"{base}{out}/axes"
+    parts = [f"{base}{out}/{j}" for j in range(len(values))]
+    nodes = [helper.make_node("Unsqueeze", [x, axes], [p], name=f"{p}/Unsqueeze") for x, p in zip(values, parts)]
+    nodes.append(helper.make_node("Concat", parts, [out], axis=axis, name=f"{base}{out}/Concat"))
+    return nodes, numpy_helper.from_array(np.array([axis], np.int64), axes)
+
+
+def _replaced(graph: onnx.GraphProto, node: onnx.NodeProto, nodes: list[onnx.NodeProto],
+              inits: list[onnx.TensorProto]) -> None:
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for j, n in enumerate(nodes):
+        graph.node.insert(at + j, n)
+    graph.initializer.extend(inits)
+
+
 def unrolled_loops(model: onnx.ModelProto) -> int:
     """Each Loop of the main graph whose iterations the graph's constants decide (``_iterations``: its trip count
     and conditions, a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
-    body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all), in order: iteration k's body
-    with the iteration number k and condition true as constants, its loop-carried inputs the previous iteration's
-    outputs (the Loop's initial values first), its tensors renamed ``<Loop>/<k>/<name>`` (in its subgraphs too), its
-    initializers and Constant nodes, the same in every iteration, held once as ``<Loop>/<name>``;
-    the final values by Identity, each scan output the iterations' values stacked on a new first axis (Unsqueeze,
-    Concat). The same float operations in the same order: the model computes what the Loop computed. A Loop whose
-    iterations are not decided, past those bounds, or running none with scan outputs (empty, of no known shape),
-    stays. Returns how many were unrolled."""
+    body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all; ``_copies``), in order:
+    iteration k's body with the iteration number k and condition true as constants, its loop-carried inputs the
+    previous iteration's outputs (the Loop's initial values first); the final values by Identity, each scan output
+    the iterations' values stacked on a new first axis (Unsqueeze, Concat). The same float operations in the same
+    order: the model computes what the Loop computed. A Loop whose iterations are not decided, past those bounds,
+    or running none with scan outputs (empty, of no known shape), stays. Returns how many were unrolled."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -744,67 +813,97 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
         consts = {t.name: t for t in graph.initializer}
         producer = {o: n for n in graph.node for o in n.output if o}
         count = _iterations(node, body, producer, consts, model.opset_import)
-        carried = list(node.input[2:])
-        n_carried, n_scan = len(carried), len(body.output) - 1 - len(carried)
+        n_carried = len(node.input) - 2
+        n_scan = len(body.output) - 1 - n_carried
         if count is None or (count == 0 and n_scan):
             continue
-        local = {o for n in body.node for o in n.output if o} | {t.name for t in body.initializer}
-        new: list[onnx.NodeProto] = []
-        inits: list[onnx.TensorProto] = []
-        scans: list[list[str]] = [[] for _ in range(n_scan)]
-        base = f"{node.name or node.output[0]}/"
         it, ok = body.input[0].name, body.input[1].name
-        shared = {t.name: base + t.name for t in body.initializer}  # the same in every iteration: held once
-        for t in body.initializer if count else []:
-            c = onnx.TensorProto()
-            c.CopyFrom(t)
-            c.name = shared[t.name]
-            inits.append(c)
-        for j, n in enumerate(body.node):
-            if n.op_type == "Constant" and not n.input and count:
-                shared.update((o, f"{base}{o}") for o in n.output if o)
-                c = onnx.NodeProto()
-                c.CopyFrom(n)
-                c.output[:] = [shared.get(o, o) for o in n.output]
-                c.name = f"{base}{n.name or n.op_type}/{j}"
-                new.append(c)
-        for k in range(count):
-            prefix = f"{base}{k}/"
-            names = {x: prefix + x for x in local} | shared | {it: prefix + it, ok: prefix + ok}
-            names.update((v.name, x) for v, x in zip(body.input[2:], carried))
-            inits += [numpy_helper.from_array(np.array(k, np.int64), prefix + it),
-                      numpy_helper.from_array(np.array(True), prefix + ok)]
-            for j, n in enumerate(body.node):
-                if n.op_type == "Constant" and not n.input:
-                    continue
-                c = onnx.NodeProto()
-                c.CopyFrom(n)
-                c.input[:] = [names.get(x, x) for x in n.input]
-                c.output[:] = [names.get(x, x) for x in n.output]
-                c.name = f"{prefix}{n.name or n.op_type}/{j}"
-                for a in c.attribute:
-                    for sub in [a.g] if a.HasField("g") else list(a.graphs):
-                        _renamed(sub, names)
-                new.append(c)
-            outs = [names.get(v.name, v.name) for v in body.output]
-            carried = outs[1:1 + n_carried]
-            for s, x in zip(scans, outs[1 + n_carried:]):
-                s.append(x)
-        tail = [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
-                for x, o in zip(carried, node.output[:n_carried]) if o]
-        for s, o in zip(scans, node.output[n_carried:]):
+
+        def bind(k: int, prefix: str, previous: list[str] | None):
+            carried = node.input[2:] if previous is None else previous[1:1 + n_carried]
+            return ([numpy_helper.from_array(np.array(k, np.int64), prefix + it),
+                     numpy_helper.from_array(np.array(True), prefix + ok)], [],
+                    {it: prefix + it, ok: prefix + ok} | {v.name: x for v, x in zip(body.input[2:], carried)})
+
+        base = f"{node.name or node.output[0]}/"
+        new, inits, outs = _copies(body, base, count, bind)
+        final = outs[-1][1:1 + n_carried] if outs else list(node.input[2:])
+        new += [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
+                for x, o in zip(final, node.output[:n_carried]) if o]
+        for j, o in enumerate(node.output[n_carried:]):
             if o:
-                parts = [f"{base}{o}/{j}" for j in range(len(s))]
-                axes = f"{base}{o}/axes"
-                inits.append(numpy_helper.from_array(np.array([0], np.int64), axes))
-                tail.extend(helper.make_node("Unsqueeze", [x, axes], [p], name=f"{p}/Unsqueeze")
-                            for x, p in zip(s, parts))
-                tail.append(helper.make_node("Concat", parts, [o], axis=0, name=f"{base}{o}/Concat"))
-        at = list(graph.node).index(node)
-        graph.node.remove(node)
-        for j, n in enumerate(new + tail):
-            graph.node.insert(at + j, n)
-        graph.initializer.extend(inits)
+                nodes, axes = _stacked([v[1 + n_carried + j] for v in outs], o, 0, base)
+                new += nodes
+                inits.append(axes)
+        _replaced(graph, node, new, inits)
+        done += 1
+    return done
+
+
+def unrolled_scans(model: onnx.ModelProto) -> int:
+    """Each Scan (opset 9 on) of the main graph whose scan inputs' lengths along their axes onnx's shape inference
+    states (one length L, 1 to MAX_UNROLLED, and MAX_UNROLLED_NODES copied nodes in all) replaced by L copies of its
+    body (``_copies``): copy t reads slice t of each scan input (Gather at t on its axis, L - 1 - t where its
+    direction is 1) and the previous copy's states (the Scan's initial ones first); the final states by Identity,
+    each scan output the copies' values stacked on a new axis at its scan_output_axes (Unsqueeze, Concat; in
+    reverse order where its direction is 1). The same float operations in the same order. Any other Scan stays.
+    Returns how many were unrolled."""
+    from onnx import helper, numpy_helper
+
+    from .rewrites import _known_shapes
+
+    graph = model.graph
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    scans = [n for n in graph.node if n.op_type == "Scan"]
+    if not scans or version < 9:
+        return 0
+    shapes = _known_shapes(model)
+    done = 0
+    for node in scans:
+        attrs = {a.name: a for a in node.attribute}
+        body = attrs["body"].g if "body" in attrs and attrs["body"].type == onnx.AttributeProto.GRAPH else None
+        m = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
+        n = len(node.input) - m
+        if body is None or not 0 < m <= len(node.input) or len(body.input) != len(node.input) or \
+                len(node.output) != len(body.output) or len(body.output) < n:
+            continue
+        k_out = len(body.output) - n
+        listed = {name: list(attrs[name].ints) if name in attrs else [0] * size for name, size in
+                  (("scan_input_axes", m), ("scan_input_directions", m), ("scan_output_axes", k_out),
+                   ("scan_output_directions", k_out))}
+        if any(len(v) != size for v, size in zip(listed.values(), (m, m, k_out, k_out))):
+            continue
+        lengths = set()
+        for x, axis in zip(node.input[n:], listed["scan_input_axes"]):
+            dims = shapes.get(x)
+            lengths.add(dims[axis] if dims and -len(dims) <= axis < len(dims) else None)
+        if len(lengths) != 1 or (length := lengths.pop()) is None or not 1 <= length <= MAX_UNROLLED or \
+                length * len(body.node) > MAX_UNROLLED_NODES:
+            continue
+        base = f"{node.name or node.output[0]}/"
+
+        def bind(t: int, prefix: str, previous: list[str] | None):
+            states = node.input[:n] if previous is None else previous[:n]
+            inits, before, bound = [], [], {v.name: x for v, x in zip(body.input[:n], states)}
+            for j, (x, axis, back) in enumerate(zip(node.input[n:], listed["scan_input_axes"],
+                                                    listed["scan_input_directions"])):
+                at, sliced = f"{prefix}scan{j}/at", f"{prefix}scan{j}"
+                inits.append(numpy_helper.from_array(np.array(length - 1 - t if back else t, np.int64), at))
+                before.append(helper.make_node("Gather", [x, at], [sliced], axis=axis, name=f"{sliced}/Gather"))
+                bound[body.input[n + j].name] = sliced
+            return inits, before, bound
+
+        new, inits, outs = _copies(body, base, length, bind)
+        new += [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
+                for x, o in zip(outs[-1][:n], node.output[:n]) if o]
+        for j, (o, axis, back) in enumerate(zip(node.output[n:], listed["scan_output_axes"],
+                                                 listed["scan_output_directions"])):
+            if o:
+                values = [v[n + j] for v in outs]
+                nodes, axes = _stacked(values[::-1] if back else values, o, axis, base)
+                new += nodes
+                inits.append(axes)
+        _replaced(graph, node, new, inits)
         done += 1
     return done
 
@@ -1409,7 +1508,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     map_large_blocks()
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
-    if fold or any(n.op_type in ("If", "Loop") for n in model.graph.node):
+    if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         left = [v for v in _inputs(model) if v.name not in (fold or {})]
         shape, named = None, None
         if len(left) == 1:  # one sample's shape: the folded inputs' dims of the same names, the Ifs it decides

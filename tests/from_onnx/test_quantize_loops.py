@@ -2,7 +2,8 @@
 chars2vec; a map over the batch, a speech-embedding front end): each Loop unrolled into copies of its body, one per
 iteration, computing exactly what the Loop computed (onnxruntime running both); the model then imports whole; a
 Loop its input's values decide, or past MAX_UNROLLED iterations or MAX_UNROLLED_NODES nodes, refused in one line
-naming it; a list appended in the loop and concatenated (torch's scripted export) written as a Concat."""
+naming it; a list appended in the loop and concatenated (torch's scripted export) written as a Concat; a Scan of a
+length the shape states unrolled likewise."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,7 @@ from cvm_onnx.app.quantize import MAX_UNROLLED, MAX_UNROLLED_NODES, fixed, fold_
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
-from support.loops import while_rnn
+from support.loops import PERMS, scan_rnn, while_rnn
 
 
 def run(m: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
@@ -173,3 +174,58 @@ def test_a_list_appended_in_a_loop_imports_whole(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps + 1e-9, a.line()
     assert verify(done.imported.graph, seeds=2).exact
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 7), st.integers(1, 3), st.integers(1, 4), st.integers(1, 5), st.data(),
+       st.integers(0, 2**32 - 1))
+def test_an_unrolled_scan_computes_what_the_scan_computed(steps, batch, features, hidden, data, seed):
+    """A Scan whose length the input's shape fixes, unrolled: no Scan left, and onnxruntime gives the Scan model's
+    outputs bit for bit, for one or two scan inputs on any axis (negative ones too) read forward or backward, and
+    scan outputs stacked on any axis, forward or backward."""
+    m = data.draw(st.integers(1, 2))
+    in_axes = data.draw(st.lists(st.sampled_from(sorted(PERMS)), min_size=m, max_size=m))
+    in_dirs = data.draw(st.lists(st.integers(0, 1), min_size=m, max_size=m))
+    out_axes = data.draw(st.lists(st.integers(-3, 2), min_size=2, max_size=2))
+    out_dirs = data.draw(st.lists(st.integers(0, 1), min_size=2, max_size=2))
+    rng = np.random.default_rng(seed)
+    model = scan_rnn(rng, features, hidden, in_axes, in_dirs, out_axes, out_dirs)
+    x = rng.normal(size=(steps, batch, features)).astype(np.float32)
+    want = run(model, x)
+    unrolled = fixed(model, x.shape)
+    fold_constant_ifs(unrolled, shapes=True)
+    assert not [n.op_type for n in unrolled.graph.node if n.op_type == "Scan"]
+    got = run(unrolled, x)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_a_scan_rnn_imports_whole_exactly_and_as_close_as_onnxruntime(tmp_path):
+    """The Scan RNN over 6 steps (one scan input read backward, its outputs stacked on axis 1) quantizes and
+    imports whole, within 1.1x onnxruntime's distance from float on each output, its CVM export exact. Regression:
+    refused before anything ran ("control flow (Scan x1): CVM has none")."""
+    rng = np.random.default_rng(9)
+    onnx.save(scan_rnn(rng, 3, 6, [0], [1], [1, 0], [0, 1]), tmp_path / "scan.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 3)).astype(np.float32))
+    done = quantize(tmp_path / "scan.onnx", tmp_path / "c.npy", tmp_path / "m")
+    assert len(done.agreements) == 3
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps + 1e-9, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
+
+
+@pytest.mark.parametrize("case", ["steps", "no num_scan_inputs"])
+def test_a_scan_not_unrolled_is_refused_in_one_line_naming_it(tmp_path, case):
+    """A Scan of MAX_UNROLLED + 1 steps, or without its num_scan_inputs, stays: one line naming it and the rule."""
+    rng = np.random.default_rng(10)
+    model = scan_rnn(rng, 2, 2, [0], [0], [0, 0], [0, 0])
+    if case == "no num_scan_inputs":
+        scan = next(n for n in model.graph.node if n.op_type == "Scan")
+        scan.attribute.remove(next(a for a in scan.attribute if a.name == "num_scan_inputs"))
+    onnx.save(model, tmp_path / "scan.onnx")
+    steps = MAX_UNROLLED + 1 if case == "steps" else 3
+    np.save(tmp_path / "c.npy", rng.normal(size=(1, steps, 1, 2)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "scan.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [p] = e.value.problems
+    assert "Scan x1" in p.rule and "(scan)" in p.rule and f"at most {MAX_UNROLLED} steps" in p.rule, p.rule

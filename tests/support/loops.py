@@ -1,4 +1,5 @@
-"""A while loop as tf2onnx writes a Keras recurrent layer: the model the Loop tests unroll and import."""
+"""A while loop as tf2onnx writes a Keras recurrent layer, and a Scan RNN: the models the Loop and Scan tests
+unroll and import."""
 from __future__ import annotations
 
 import numpy as np
@@ -81,4 +82,38 @@ def while_rnn(rng, features: int, hidden: int, trip: bool, stop: int | None, sca
         graph_outs.append(h.make_tensor_value_info("h_all", T.FLOAT, None))
     g = h.make_graph(nodes, "while_rnn", [h.make_tensor_value_info("x", T.FLOAT, ["batch", "time", features])],
                      graph_outs, inits)
+    return onnx_model(g, 17)
+
+
+PERMS = {0: [0, 1, 2], 1: [1, 0, 2], 2: [1, 2, 0], -1: [1, 2, 0], -2: [1, 0, 2], -3: [0, 1, 2]}
+
+
+def scan_rnn(rng, features: int, hidden: int, in_axes: list[int], in_dirs: list[int], out_axes: list[int],
+             out_dirs: list[int]) -> onnx.ModelProto:
+    """A tanh RNN as a Scan over x (time, batch, features): scan input j is x with time moved to axis in_axes[j]
+    (read in direction in_dirs[j]); h' = tanh(h W + sum_j x_j[t] U_j); the scan outputs h' and 2 x_0[t] (stacked on
+    out_axes, in out_dirs), the final h."""
+    f32 = lambda *s: (rng.normal(size=s) / np.sqrt(s[0])).astype(np.float32)  # noqa: E731
+    m = len(in_axes)
+    body_nodes = [h.make_node("MatMul", ["h_in", "W"], ["a0"])]
+    for j in range(m):
+        body_nodes += [h.make_node("MatMul", [f"s{j}", f"U{j}"], [f"p{j}"]),
+                       h.make_node("Add", [f"a{j}", f"p{j}"], [f"a{j + 1}"])]
+    body_nodes += [h.make_node("Tanh", [f"a{m}"], ["h_out"]), h.make_node("Identity", ["h_out"], ["y0"]),
+                   h.make_node("Mul", ["s0", "two"], ["y1"])]
+    body = h.make_graph(body_nodes, "body",
+                        [h.make_tensor_value_info("h_in", T.FLOAT, None)] +
+                        [h.make_tensor_value_info(f"s{j}", T.FLOAT, None) for j in range(m)],
+                        [h.make_tensor_value_info(x, T.FLOAT, None) for x in ("h_out", "y0", "y1")])
+    nodes = [h.make_node("Transpose", ["x"], [f"x{j}"], perm=PERMS[a]) for j, a in enumerate(in_axes)]
+    nodes += [h.make_node("Shape", ["x"], ["sx"]), h.make_node("Gather", ["sx", "one"], ["batch"]),
+              h.make_node("Concat", ["batch", "hid"], ["hs"], axis=0), h.make_node("Expand", ["fzero", "hs"], ["h0"]),
+              h.make_node("Scan", ["h0"] + [f"x{j}" for j in range(m)], ["h_last", "ys", "xs"], body=body,
+                          num_scan_inputs=m, scan_input_axes=in_axes, scan_input_directions=in_dirs,
+                          scan_output_axes=out_axes, scan_output_directions=out_dirs, name="scan")]
+    inits = [nh.from_array(f32(hidden, hidden), "W"), nh.from_array(np.float32(2), "two"),
+             nh.from_array(np.array([1], np.int64), "one"), nh.from_array(np.array([hidden], np.int64), "hid"),
+             nh.from_array(np.float32(0), "fzero")] + [nh.from_array(f32(features, hidden), f"U{j}") for j in range(m)]
+    g = h.make_graph(nodes, "scan_rnn", [h.make_tensor_value_info("x", T.FLOAT, ["time", "batch", features])],
+                     [h.make_tensor_value_info(x, T.FLOAT, None) for x in ("h_last", "ys", "xs")], inits)
     return onnx_model(g, 17)
