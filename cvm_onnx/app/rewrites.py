@@ -220,6 +220,61 @@ def gemm_beta_folded(graph: onnx.GraphProto) -> int:
     return done
 
 
+def sequences_as_concats(graph: onnx.GraphProto) -> int:
+    """Each ConcatFromSequence of a sequence built by SequenceEmpty and SequenceInsert appending tensors (no
+    position: a Python list appended in a loop, as torch's scripted export writes it, once the Loop is unrolled;
+    Identity between them)
+    written as a Concat of those tensors in order, each Unsqueezed at the axis where ``new_axis`` is 1: the same
+    values moved. A sequence read elsewhere, inserted into at a position, or of no tensor stays. Returns how many
+    were rewritten."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers[x] = readers.get(x, 0) + 1
+    outputs = {v.name for v in graph.output}
+    done, dead = 0, []
+    for n in list(graph.node):
+        if n.op_type != "ConcatFromSequence" or n.domain not in ("", "ai.onnx"):
+            continue
+        parts, chain, x = [], [], n.input[0]
+        while (up := producer.get(x)) is not None and up.domain in ("", "ai.onnx") and (
+                up.op_type == "SequenceInsert" and len(up.input) == 2 or up.op_type == "Identity"):
+            if up.op_type == "SequenceInsert":  # an Identity passes the sequence on (an unrolled Loop's result)
+                parts.append(up.input[1])
+            chain.append(up)
+            x = up.input[0]
+        first = producer.get(x)
+        if first is None or first.op_type != "SequenceEmpty" or not parts or \
+                any(readers.get(m.output[0], 0) != 1 or m.output[0] in outputs for m in chain):
+            continue
+        attrs = {a.name: a.i for a in n.attribute}
+        axis, new_axis = attrs.get("axis"), attrs.get("new_axis", 0)
+        if axis is None:
+            continue
+        parts.reverse()
+        new = []
+        if new_axis:
+            axes = f"{n.output[0]}/axes"
+            graph.initializer.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
+            stacked = [f"{n.output[0]}/{k}" for k in range(len(parts))]
+            new += [helper.make_node("Unsqueeze", [t, axes], [u], name=f"{u}/Unsqueeze")
+                    for t, u in zip(parts, stacked)]
+            parts = stacked
+        new.append(helper.make_node("Concat", parts, [n.output[0]], axis=axis, name=n.name or f"{n.output[0]}/Concat"))
+        at = list(graph.node).index(n)
+        graph.node.remove(n)
+        for k, m in enumerate(new):
+            graph.node.insert(at + k, m)
+        dead += chain
+        if readers.get(x, 0) == 1 and x not in outputs:
+            dead.append(first)
+        done += 1
+    for m in dead:
+        graph.node.remove(m)
+    return done
+
+
 #: The element types a Scaler's input may have that ``scalers_as_ops`` writes as Add and Mul: float as it is,
 #: integers through a Cast to float (onnxruntime's Scaler subtracts a float offset from an integer in float too).
 SCALED = {onnx.TensorProto.FLOAT: False, onnx.TensorProto.INT32: True, onnx.TensorProto.INT64: True}

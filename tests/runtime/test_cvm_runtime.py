@@ -773,3 +773,28 @@ def test_a_logsoftmax_read_by_a_float_op(tmp_path, reader):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("kind, per_channel", [("loop", False), ("loop", True), ("scan", False)])
+def test_unrolled_control_flow(tmp_path, kind, per_channel):
+    """The eighth corpus's form (chars2vec's Keras LSTMs, a speech embedding's front end: tf2onnx while Loops that
+    the input's shape decides, unrolled by `quantize`; a Scan likewise): a tanh RNN over 6 steps with an If on the
+    step inside its Loop body, or as a Scan read backward (cut at its stacked outputs), quantized and imported; the
+    runtime gives the reference executor's integers, the input's extremes included."""
+    from support.loops import scan_rnn, while_rnn
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(8)
+    model, shape, cut = (while_rnn(rng, 5, 8, True, None, False, True), (1, 6, 5), None) if kind == "loop" else \
+        (scan_rnn(rng, 5, 8, [0], [1], [1, 0], [0, 1]), (6, 1, 5), ["ys"])
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, *shape)).astype(np.float32))
+    imp = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel,
+                   outputs=cut).imported
+    xs = [np.zeros(shape, np.int32), np.full(shape, 255, np.int32)] + \
+        [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
