@@ -694,3 +694,44 @@ def test_written_out_confidence(tmp_path, out_type):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("case, p, shape, axis", [("quantized", 9, (4, 40), -1), ("int32", 29, (4, 9), -1),
+                                                   ("int32", 32, (3, 9, 1), 1)])
+def test_argmax_topk_and_gather_elements(tmp_path, case, p, shape, axis):
+    """A model's heads as maxima and comparisons: ArgMax (first and last index), ArgMin, TopK of 5 (its values and
+    indices) and GatherElements by those indices, of a dequantized int8 tensor and of 29-bit integers (TopK's
+    masking within 31 bits); ArgMax and ArgMin of 32-bit integers (the equality as 1 - (m > x)) along an axis
+    before a kept 1 (the max through reshapes: the CPU kernel misreads that layout): the runtime loads them and
+    gives the reference executor's integers, ties and the input's extremes included."""
+    if case == "quantized":
+        x_type, lo, hi = T.INT8, -128, 127
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "k": np.array([5], np.int64)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])]
+    else:
+        x_type, lo, hi = T.INT32, -(2**(p - 1) - 1), 2**(p - 1) - 1
+        inits = {"k": np.array([5], np.int64)}
+        nodes = [h.make_node("Identity", ["x"], ["xf"])]
+    nodes += [h.make_node("ArgMax", ["xf"], ["first"], axis=axis), h.make_node("ArgMin", ["xf"], ["y"], axis=axis),
+              h.make_node("ArgMax", ["xf"], ["last"], axis=axis, select_last_index=1)]
+    outs = ["first", "last"]
+    if p < 32:
+        nodes += [h.make_node("TopK", ["xf", "k"], ["v", "i"], axis=axis),
+                  h.make_node("GatherElements", ["xf", "i"], ["g"], axis=axis)]
+        outs += ["i", "v", "g"]
+    if case == "quantized":
+        nodes += [h.make_node("QuantizeLinear", ["v", "s", "z"], ["vq"]),
+                  h.make_node("QuantizeLinear", ["g", "s", "z"], ["gq"])]
+        outs = ["first", "last", "i", "vq", "gq"]
+    m = qdq(nodes, shape, x_type, inits, T.INT64)
+    m.graph.output.extend(h.make_tensor_value_info(o, T.INT64 if o in ("first", "last", "i") else x_type, None)
+                          for o in outs)
+    imp = import_model(m, input_precision=p)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(5)
+    xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi, shape, endpoint=True),
+          rng.choice([lo, 0, hi], shape)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
