@@ -145,7 +145,7 @@ def cumprod(ctx, node, x, axis_t):
     return ctx.result(e, x.dtype, min(p.lo for p in pieces), max(p.hi for p in pieces), shape)
 
 
-MAX_TOPK = 512  # rounds of TopK, about seven CVM nodes each (a YOLOv10 head takes 300 of 8400 anchors)
+MAX_TOPK = 512  # rounds of TopK, about 11 CVM nodes each (a YOLOv10 head takes 300 of 8400 anchors)
 
 
 def scalar_of(x: Tensor, v: int) -> Tensor:
@@ -225,7 +225,7 @@ def topk(ctx, node, x, k_t):
     if not 1 <= k <= c:
         raise Refuse(f"TopK k={k} must lie in [1, {c}] (the axis' length): CVM has no empty tensors")
     if k > MAX_TOPK:
-        raise Refuse(f"TopK k={k}: one round of about seven CVM nodes per value, at most {MAX_TOPK}")
+        raise Refuse(f"TopK k={k}: one round of about 11 CVM nodes per value, at most {MAX_TOPK}")
     largest = node.attr_int("largest", 1, 0, 1)
     if x.is_const:
         v = np.moveaxis(x.value, axis, -1)  # ties by lower index first: a stable sort (of v reversed, descending)

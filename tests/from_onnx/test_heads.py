@@ -5,6 +5,7 @@ against onnxruntime on the same model: indices and values equal element for elem
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import onnxruntime as ort
@@ -181,6 +182,26 @@ def test_gather_elements_of_constant_indices_out_of_range_is_refused():
     m = one_node("GatherElements", (2, 3), T.INT32, {"y": T.INT32}, {"i": np.array([[0, 3]], np.int64)}, axis=1)
     with pytest.raises(UnsupportedError, match=r"GatherElements index out of range \[-3, 2\]"):
         import_model(m)
+
+
+@pytest.mark.parametrize("op, shape, outs, inits, attrs, why", [
+    ("ArgMax", (2, 3), {"y": T.INT64}, {}, {"axis": 2}, "axis 2 is out of range for rank 2"),
+    ("ArgMin", (), {"y": T.INT64}, {}, {}, "ArgMin of a scalar: it needs an axis"),
+    ("ArgMax", (2, 3), {"y": T.INT64}, {}, {"select_last_index": 2}, r"select_last_index=2: 2 is outside \[0, 1\]"),
+    ("TopK", (2, 3), {"v": T.INT8, "i": T.INT64}, {"k": np.array([2.5])}, {}, r"input 1 \(K\) is tensor\(double\)"),
+    ("TopK", (2, 3), {"v": T.INT8, "i": T.INT64}, {"k": np.array([1, 2], np.int64)}, {},
+     "TopK k must be a constant scalar"),
+    ("TopK", (2, 3), {"v": T.INT8, "i": T.INT64}, {"k": np.array([-1], np.int64)}, {}, r"TopK k=-1 must lie in"),
+    ("GatherElements", (2, 3), {"y": T.INT8}, {"i": np.zeros((2,), np.int64)}, {}, "do not fit data of shape"),
+    ("GatherElements", (2, 3), {"y": T.INT8}, {"i": np.zeros((3, 3), np.int64)}, {"axis": 1},
+     "do not fit data of shape"),
+])
+def test_malformed_heads_are_refused_in_one_line_naming_the_node(op, shape, outs, inits, attrs, why):
+    m = one_node(op, shape, T.INT8, outs, inits, **attrs)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=8)
+    [problem] = e.value.problems
+    assert problem.where == f"head ({op})" and re.search(why, problem.rule), problem.rule
 
 
 def test_heads_of_constants_fold():
