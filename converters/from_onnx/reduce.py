@@ -216,9 +216,9 @@ def arg_extreme(ctx, node, x):
 @rule("TopK", since=10)
 def topk(ctx, node, x, k_t):
     """The k largest (``largest=0``: smallest, on -x) values along ``axis`` and their indices, in order, equal
-    values by lower index first (as onnxruntime; ``sorted=0`` leaves the order to the runtime: this one is
-    sorted): k rounds of ``first_max``, each but the last masking the element found, x - D * (t > s - 1) with
-    D = hi - lo + 1, below every value not taken. k is a constant, at most MAX_TOPK."""
+    values by lower index first (as onnxruntime; with ``sorted=0`` the same elements, which onnxruntime orders its
+    own way: these come sorted): k rounds of ``first_max``, each but the last masking the element found,
+    x - D * (t > s - 1) with D = hi - lo + 1, below every value not taken. k is a constant, at most MAX_TOPK."""
     axis = _reduced_axis(node, x, -1)
     k = scalar(k_t, "TopK k")
     c = x.shape[axis]
