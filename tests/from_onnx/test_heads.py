@@ -8,6 +8,7 @@ import math
 import re
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
@@ -309,3 +310,32 @@ def test_heads_along_a_per_channel_scale_are_refused_and_across_it_equal_onnxrun
                    s_axis=0)
     with pytest.raises(UnsupportedError, match="ArgMax along axis 0, which has a scale per channel"):
         import_model(m)
+
+
+@pytest.mark.parametrize("head", ["logits", "softmax", "sigmoid"])
+def test_a_classifier_with_argmax_and_topk_heads_quantizes_and_imports(tmp_path, head):
+    """A float classifier (Gemm, then Softmax, Sigmoid or nothing) ending in ArgMax, TopK of 3 and GatherElements
+    of the logits by TopK's indices, through quantize: quantize_static quantizes what the heads read, and every
+    head imports, as close to float as onnxruntime's quantized model's, and exports exactly."""
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    nodes, src = [h.make_node("Gemm", ["x", "w", "b"], ["logits"])], "logits"
+    if head != "logits":
+        nodes.append(h.make_node(head.capitalize(), ["logits"], ["p"], **({"axis": 1} if head == "softmax" else {})))
+        src = "p"
+    nodes += [h.make_node("ArgMax", [src], ["cls"], axis=1, keepdims=0), h.make_node("TopK", [src, "k"], ["top", "ti"]),
+              h.make_node("GatherElements", ["logits", "ti"], ["tl"], axis=1)]
+    outs = {"cls": T.INT64, "top": T.FLOAT, "ti": T.INT64, "tl": T.FLOAT}
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 16])],
+                     [h.make_tensor_value_info(o, t, None) for o, t in outs.items()],
+                     [nh.from_array(rng.normal(size=(16, 10)).astype(np.float32), "w"),
+                      nh.from_array(rng.normal(size=(10,)).astype(np.float32), "b"),
+                      nh.from_array(np.array([3], np.int64), "k")])
+    onnx.save(onnx_model(g, 17), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(32, 16)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out")
+    assert [a.name for a in done.agreements] == list(outs)
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.01, a.line()
+    assert verify(done.imported.graph, None, seeds=2).exact
