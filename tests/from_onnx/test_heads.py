@@ -134,6 +134,21 @@ def test_topk_of_integers(d, shape, dtype, p, largest, ordered):
             assert np.array_equal(r_, w_)
 
 
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_of_values_too_wide_to_rank_takes_masked_rounds(largest):
+    """29-bit values along 7 positions (R C past 2^30: no ranking key) take k masked rounds, equal to the oracle and
+    onnxruntime, extremes and ties included; 30-bit ones are refused in one line (masking passes 32 bits)."""
+    b = bound(29)
+    x = np.array([[b, -b, b, 0, -b, b, 1], [0] * 7, [-b, 5, -b, 5, b, -1, b]], np.int32)
+    m = one_node("TopK", x.shape, T.INT32, {"v": T.INT32, "i": T.INT64}, {"k": np.array([5], np.int64)},
+                 largest=int(largest))
+    want = topk_oracle(x, 1, 5, largest)
+    for got, ref, w_ in zip(imported(m, x, 29), by_onnxruntime(m, x), want, strict=True):
+        assert np.array_equal(got.reshape(w_.shape), w_) and np.array_equal(ref, w_)
+    with pytest.raises(UnsupportedError, match="masking each value found moves it"):
+        import_model(m, input_precision=30)
+
+
 @pytest.mark.parametrize("value", [-128, 0, 127])
 def test_heads_of_a_row_of_equal_values(value):
     """All equal (int8's min and max; precision 9 holds -128): ArgMax gives 0, select_last_index the last, TopK
