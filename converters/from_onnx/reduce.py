@@ -145,7 +145,7 @@ def cumprod(ctx, node, x, axis_t):
     return ctx.result(e, x.dtype, min(p.lo for p in pieces), max(p.hi for p in pieces), shape)
 
 
-MAX_TOPK = 512  # rounds of TopK, 4 CVM nodes each (``ranked``; 11 masked) (a YOLOv10 head takes 300 of 8400)
+MAX_TOPK = 512  # rounds of TopK: 4 CVM nodes each by its key, 11 masked (a YOLOv10 head takes 300 of 8400)
 
 
 def scalar_of(x: Tensor, v: int) -> Tensor:
@@ -169,7 +169,7 @@ def first_max(ctx, x: Tensor, axis: int, last: bool, lo: int, hi: int, consts: t
     e = x == m as x > m - 1 (broadcast_greater; 1 - (m > x) where m - 1 would pass 31 bits); t = e * w for the
     constant w_j = C - j (j + 1 with ``last``), so s = max t = C - i for the first index i of the max (i + 1 for the
     last); i = C - s (s - 1). t equals s at i alone, which ``topk`` uses to mask it. ``consts`` (w, 1, C): made
-    here, or the ones an earlier call returned (one param each for every round of a TopK)."""
+    here, or those an earlier call returned, so that every round of a TopK reads the same params."""
     c, rank = x.shape[axis], len(x.shape)
     if consts is None:
         j = np.arange(c).reshape((c,) + (1,) * (rank - 1 - axis))
