@@ -1,5 +1,6 @@
 """Import rules of the reductions: ReduceSum, ReduceMax, ReduceMin, GlobalMaxPool -> sum and max over explicit axes,
-then a reshape to ONNX's shape; CumSum and CumProd along a constant axis.
+then a reshape to ONNX's shape; CumSum and CumProd along a constant axis; ArgMax, ArgMin and TopK as maxima of
+comparisons (``first_max``).
 
 The axes are always listed (CVM's max with the default axis=() starts from 0). Kept axes of size 1 are
 reshaped away before reducing, which avoids the runtime CPU kernel's misreading of some of them. ReduceSum is
@@ -14,10 +15,11 @@ from dataclasses import replace
 import numpy as np
 from onnx import TensorProto
 
-from cvm_onnx.core.constants import FLOAT64_EXACT
+from cvm_onnx.core.constants import FLOAT64_EXACT, tight
 
-from .context import FLOAT_EXACT, Tensor, check_values, const, foldable
-from .emit import arith, ints, negated, normal, reduced, scalar, strided_slice
+from .context import FLOAT_EXACT, INT32, Tensor, check_values, const, foldable
+from .emit import arith, concatenated, greater, ints, logical_not, negated, normal, reduced, scalar, step, \
+    strided_slice
 from .registry import Refuse, rule
 
 REDUCE = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min}
@@ -141,3 +143,142 @@ def cumprod(ctx, node, x, axis_t):
     shape = x.shape
     e = ctx.op("concatenate", *pieces, axis=axis)
     return ctx.result(e, x.dtype, min(p.lo for p in pieces), max(p.hi for p in pieces), shape)
+
+
+MAX_TOPK = 512  # rounds of TopK: 4 CVM nodes each by its key, 11 masked (a YOLOv10 head takes 300 of 8400)
+
+
+def scalar_of(x: Tensor, v: int) -> Tensor:
+    """The constant ``v`` of x's rank, broadcasting to it."""
+    return const(np.full((1,) * len(x.shape), v, np.int64), INT32)
+
+
+def kept_max(ctx, x: Tensor, axis: int, lo: int, hi: int) -> Tensor:
+    """max of x along ``axis``, kept as 1, with values in [lo, hi]: one ``max`` with keepdims where every kept axis
+    of size 1 leads (the CPU kernel pairs the output's dims above 1 with x's kept axes from the right, and misreads a
+    kept 1 after another axis), else ``reduced`` and a reshape."""
+    keep = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    lead = next((a for a, d in enumerate(x.shape) if d > 1 or a == axis), len(x.shape))
+    if any(d == 1 for a, d in enumerate(x.shape) if a > lead and a != axis):
+        return ctx.reshape(replace(reduced(ctx, "max", x, [axis], lo, hi), dtype=x.dtype), keep)
+    return ctx.result(ctx.op("max", x, axis=(axis,), keepdims=True), x.dtype, lo, hi, keep)
+
+
+def first_max(ctx, x: Tensor, axis: int, last: bool, lo: int, hi: int, consts: tuple | None = None) -> tuple:
+    """(m, i, t, s, consts) along ``axis`` (length C) of x, the reduced axis kept as 1: m = max x (in [lo, hi]);
+    e = x == m as x > m - 1 (broadcast_greater; 1 - (m > x) where m - 1 would pass 31 bits); t = e * w for the
+    constant w_j = C - j (j + 1 with ``last``), so s = max t = C - i for the first index i of the max (i + 1 for the
+    last); i = C - s (s - 1). t equals s at i alone, which ``topk`` uses to mask it. ``consts`` (w, 1, C): made
+    here, or those an earlier call returned, so that every round of a TopK reads the same params."""
+    c, rank = x.shape[axis], len(x.shape)
+    if consts is None:
+        j = np.arange(c).reshape((c,) + (1,) * (rank - 1 - axis))
+        consts = const(j + 1 if last else c - j, INT32), scalar_of(x, 1), scalar_of(x, c)
+    w, one, top = consts
+    m = kept_max(ctx, x, axis, lo, hi)
+    if tight(max(1 - x.lo, x.hi)) <= 31:
+        eq = greater(ctx, x, step(ctx, "broadcast_sub", m, one, lo - 1, hi - 1))
+    else:
+        eq = logical_not(ctx, greater(ctx, m, x))
+    t = step(ctx, "broadcast_mul", eq, w, 0, c)
+    s = kept_max(ctx, t, axis, 1, c)
+    i = step(ctx, "broadcast_sub", s, one, 0, c - 1) if last else step(ctx, "broadcast_sub", top, s, 0, c - 1)
+    return m, replace(i, dtype=TensorProto.INT64), t, s, consts
+
+
+def _reduced_axis(node, x: Tensor, default: int) -> int:
+    if not x.shape:
+        raise Refuse(f"{node.op_type} of a scalar: it needs an axis")
+    axis = normal([node.attr_int("axis", default)], len(x.shape))[0]
+    if x.shape[axis] == 0:
+        raise Refuse("reducing an empty axis: CVM has no empty tensors")
+    return axis
+
+
+@rule("ArgMax", "ArgMin", since=1)
+def arg_extreme(ctx, node, x):
+    """The index of the first (``select_last_index``: last) max along ``axis`` (``first_max``); ArgMin on -x. The
+    int64 indices are CVM int32 of bits(C - 1) + 1 bits, in [0, C - 1]."""
+    axis = _reduced_axis(node, x, 0)
+    keep, last = node.attr_int("keepdims", 1, 0, 1), node.attr_int("select_last_index", 0, 0, 1)
+    is_min = node.op_type == "ArgMin"
+    shape = x.shape[:axis] + (1,) * keep + x.shape[axis + 1:]
+    if x.is_const:
+        v, fn = np.moveaxis(x.value, axis, -1), np.argmin if is_min else np.argmax
+        i = v.shape[-1] - 1 - fn(v[..., ::-1], axis=-1) if last else fn(v, axis=-1)
+        return const(i.reshape(shape).astype(np.int64), TensorProto.INT64)
+    check_values(INT32, x.lo, x.hi)
+    xs = negated(ctx, x) if is_min else x
+    i = first_max(ctx, xs, axis, bool(last), xs.lo, xs.hi)[1]
+    return ctx.reshape(i, shape)
+
+
+def ranked(ctx, x: Tensor, axis: int, k: int) -> tuple[Tensor, Tensor]:
+    """The k largest of x along ``axis`` (length C) in order and their indices, x in [lo, hi] with R C <= 2^30
+    (R = hi - lo + 1): z = (x - lo) C + (C - 1 - j) lies in [0, R C - 1], is distinct at every j and orders as x,
+    then the lower index; round r takes M_r = max y_r with y_0 = z, y_(r+1) = where(z > M_r - 1, -1, z) (the z
+    taken so far are those >= M_r, every other one lies in [0, M_r - 1]); at the end x = floor(M / C) + lo and
+    j = C - 1 - (M - C floor(M / C)) for every round's M at once."""
+    c, rank, lo, r = x.shape[axis], len(x.shape), x.lo, x.hi - x.lo + 1
+    one, wide = scalar_of(x, 1), scalar_of(x, c)
+    u = x if lo == 0 else step(ctx, "broadcast_sub", x, scalar_of(x, lo), 0, r - 1)
+    j = np.arange(c).reshape((c,) + (1,) * (rank - 1 - axis))
+    z = step(ctx, "broadcast_add", step(ctx, "broadcast_mul", u, wide, 0, (r - 1) * c), const(c - 1 - j, INT32), 0,
+             r * c - 1)
+    low = step(ctx, "broadcast_sub", greater(ctx, scalar_of(x, -1), z), one, -1, -1)  # -1 of z's shape
+    y, tops = z, []
+    for _ in range(k):
+        tops.append(kept_max(ctx, y, axis, 0, r * c - 1))
+        if len(tops) < k:
+            hit = greater(ctx, z, step(ctx, "broadcast_sub", tops[-1], one, -1, r * c - 2))
+            y = ctx.result(ctx.op("where", hit, low, z), INT32, -1, r * c - 1, z.shape)
+    top = concatenated(ctx, axis, *tops)
+    q = ctx.result(ctx.op("broadcast_div", top, wide), INT32, 0, r - 1, top.shape)
+    v = q if lo == 0 else step(ctx, "broadcast_add", q, scalar_of(x, lo), lo, lo + r - 1)
+    rest = step(ctx, "broadcast_sub", top, step(ctx, "broadcast_mul", q, wide, 0, (r - 1) * c), 0, c - 1)
+    return v, replace(step(ctx, "broadcast_sub", scalar_of(x, c - 1), rest, 0, c - 1), dtype=TensorProto.INT64)
+
+
+@rule("TopK", since=10)
+def topk(ctx, node, x, k_t):
+    """The k largest (``largest=0``: smallest, on -x) values along ``axis`` and their indices, in order, equal
+    values by lower index first (as onnxruntime; with ``sorted=0`` the same elements, which onnxruntime orders its
+    own way: these come sorted): ``ranked`` where x's range R and the axis' length C have R C <= 2^30, else k
+    rounds of ``first_max``, each but the last masking the element found, x - D * (t > s - 1) with D = R, below
+    every value not taken. k is a constant, at most MAX_TOPK."""
+    axis = _reduced_axis(node, x, -1)
+    k = scalar(k_t, "TopK k")
+    c = x.shape[axis]
+    if not 1 <= k <= c:
+        raise Refuse(f"TopK k={k} must lie in [1, {c}] (the axis' length): CVM has no empty tensors")
+    if k > MAX_TOPK:
+        raise Refuse(f"TopK k={k}: one round of CVM nodes per value, at most {MAX_TOPK}")
+    largest = node.attr_int("largest", 1, 0, 1)
+    if x.is_const:
+        v = np.moveaxis(x.value, axis, -1)  # ties by lower index first: a stable sort (of v reversed, descending)
+        order = (c - 1 - np.argsort(v[..., ::-1], axis=-1, kind="stable")[..., ::-1] if largest else
+                 np.argsort(v, axis=-1, kind="stable"))[..., :k]
+        values = np.take_along_axis(v, order, axis=-1)
+        return [const(np.moveaxis(values, -1, axis).astype(x.value.dtype), x.dtype),
+                const(np.moveaxis(order, -1, axis).astype(np.int64), TensorProto.INT64)]
+    check_values(INT32, x.lo, x.hi)
+    xs = x if largest else negated(ctx, x)
+    d = xs.hi - xs.lo + 1
+    if d * c <= 1 << 30:
+        v, i = ranked(ctx, xs, axis, k)
+        return [replace(v if largest else negated(ctx, v), dtype=x.dtype), i]
+    if k > 1 and (tight(d) > 30 or tight(max(d - xs.lo, xs.hi)) > 32):
+        raise Refuse(f"TopK of values in [{x.lo}, {x.hi}]: masking each value found moves it {d} below the least, "
+                     "past CVM's 32 bits")
+    big, consts = scalar_of(x, d), None
+    values, indices, cur = [], [], xs
+    for r in range(k):
+        m, i, t, s, consts = first_max(ctx, cur, axis, False, xs.lo, xs.hi, consts)
+        values.append(m)
+        indices.append(i)
+        if r < k - 1:
+            hit = greater(ctx, t, step(ctx, "broadcast_sub", s, consts[1], 0, c - 1))
+            cur = step(ctx, "broadcast_sub", cur, step(ctx, "broadcast_mul", hit, big, 0, d), xs.lo - d, xs.hi)
+    v = concatenated(ctx, axis, *values)
+    v = replace(v if largest else negated(ctx, v), dtype=x.dtype)
+    return [v, replace(concatenated(ctx, axis, *indices), dtype=TensorProto.INT64)]

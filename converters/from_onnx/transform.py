@@ -6,7 +6,7 @@ over and exactness is a matter of selecting the same elements:
   (empty inputs dropped); Tile -> tile; Expand -> repeat;
 * Slice -> strided_slice with ONNX's clamping resolved here (begin, one-past-the-last end, stride per axis);
 * Gather -> take with constant indices made non-negative (take clips, ONNX wraps negatives and refuses others);
-  GatherND -> take of rows; OneHot -> comparisons with the positions;
+  GatherND -> take of rows; GatherElements -> take of the flattened data; OneHot -> comparisons with the positions;
 * Pad: constant mode -> concatenate with params filled with the pad value; edge, reflect, wrap -> take of the
   padded positions; negative pads crop (strided_slice);
 * Trilu -> broadcast_mul by a 0/1 mask; EyeLike, ConstantOfShape -> constants.
@@ -378,6 +378,42 @@ def gather_nd(ctx, node, x, idx):
     e = ctx.op("take", table_, rows, axis=0)
     return ctx.reshape(ctx.result(e, x.dtype, x.lo, x.hi, cvm_shape(rows.shape) + (math.prod(rest),)),
                        lookups + rest)
+
+
+@rule("GatherElements", since=11)
+def gather_elements(ctx, node, x, idx):
+    """y[p] = x[p with its ``axis`` coordinate replaced by idx[p]]: take of the flattened x at base + i * stride
+    (base: the constant offset of p's other coordinates; stride: the axis' in x), negatives counted from the end.
+    Constant indices outside [-dim, dim-1] are refused (ONNX fails on them); computed ones must provably lie
+    within it (i + dim * (0 > i), then broadcast_mul, broadcast_add)."""
+    rank = len(x.shape)
+    axis = normal([node.attr_int("axis", 0)], max(rank, 1))[0]
+    if not rank or len(idx.shape) != rank or any(n > d for a, (n, d) in enumerate(zip(idx.shape, x.shape))
+                                                 if a != axis):
+        raise Refuse(f"GatherElements indices of shape {idx.shape} do not fit data of shape {x.shape} (axis {axis})")
+    if 0 in idx.shape:
+        raise Refuse("GatherElements with no indices gives an empty tensor: CVM has none")
+    dim = x.shape[axis]
+    strides = [math.prod(x.shape[a + 1:]) for a in range(rank)]
+    foldable(idx.shape)
+    base = sum(np.arange(n).reshape((n,) + (1,) * (rank - 1 - a)) * strides[a]
+               for a, n in enumerate(idx.shape) if a != axis)
+    base = np.broadcast_to(np.asarray(base, np.int64), idx.shape)
+    if idx.is_const:
+        iv = idx.value.astype(np.int64)
+        if idx.lo < -dim or idx.hi >= dim:
+            raise Refuse(f"GatherElements index out of range [-{dim}, {dim - 1}]")
+        flat = const(base + np.where(iv < 0, iv + dim, iv) * strides[axis], INT32)
+        if x.is_const:
+            return const(x.value.reshape(-1)[flat.value], x.dtype)
+    else:
+        if idx.lo < -dim or idx.hi >= dim:
+            raise Refuse(f"GatherElements indices may lie outside [-{dim}, {dim - 1}] (in [{idx.lo}, {idx.hi}])")
+        i = step(ctx, "broadcast_mul", wrapped(ctx, idx, dim), const(np.array([strides[axis]]), INT32), 0,
+                 (dim - 1) * strides[axis])
+        flat = step(ctx, "broadcast_add", i, const(base, INT32), 0, math.prod(x.shape) - 1)
+    out = ctx.result(ctx.op("take", x, flat), x.dtype, x.lo, x.hi, cvm_shape(idx.shape))
+    return ctx.reshape(out, idx.shape)
 
 
 @rule("EyeLike", since=9)

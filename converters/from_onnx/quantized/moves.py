@@ -1,5 +1,5 @@
 """The ops that only move or select values of a dequantized tensor (MaxPool, Reshape, Slice, ...): the integer rule on
-its integers, the scale and zero point kept; Shape, Pad, Concat.
+its integers, the scale and zero point kept; ArgMax, ArgMin and TopK, which order them; Shape, Pad, Concat.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .values import Real, Scaled, Summed, per_tensor, real_bound, scaled
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
          "Identity", "Expand", "Tile", "Gather", "Split", "GlobalMaxPool", "ReduceMax", "ReduceMin", "DepthToSpace",
-         "SpaceToDepth"]
+         "SpaceToDepth", "GatherElements"]
 
 
 def move_rule(ctx, node, x, *rest):
@@ -238,3 +238,34 @@ def concat_rule(ctx, node, *xs):
     scale = np.concatenate([np.full(x.shape[axis], x.scale.reshape(()).item(), dtype=object) for x in xs])
     zero = np.concatenate([np.full(x.shape[axis], int(x.zero.reshape(())), np.int64) for x in xs])
     return Scaled(t, scale.reshape(shape), zero.reshape(shape))
+
+
+def ordered(node, x) -> Scaled:
+    """``x``, a dequantized value whose order along the node's axis is its integers': (t - z) * s with s > 0 and z
+    the same along the axis. DequantizeLinear's float32 product rounds monotonically, and for |t - z| <= 2^17 one
+    step s exceeds float32's spacing there, so t1 < t2 <=> their values are, and equal values are equal t."""
+    x = scaled(x, f"the {node.op_type} input")
+    rank = len(x.shape)
+    axis = normal([node.attr_int("axis", -1 if node.op_type == "TopK" else 0)], max(rank, 1))[0]
+    for what, v in (("scale", x.scale), ("zero point", x.zero)):
+        v = v.reshape((1,) * (rank - v.ndim) + v.shape)
+        if rank and v.shape[axis] > 1 and (v != np.take(v, [0], axis=axis)).any():
+            raise Refuse(f"{node.op_type} along axis {axis}, which has a {what} per channel: their order is not "
+                         "their integers'")
+    return x
+
+
+@float_rule("ArgMax", "ArgMin", since=1)
+def arg_extreme_rule(ctx, node, x):
+    """ArgMax, ArgMin of a dequantized value: of its integers (``ordered``); the indices are integers."""
+    return integer_rule(node)(ctx, node, ordered(node, x).t)
+
+
+@float_rule("TopK", since=10)
+def topk_rule(ctx, node, x, k):
+    """TopK of a dequantized value: of its integers (``ordered``), the values at x's scale and zero point."""
+    x = ordered(node, x)
+    if isinstance(k, Real):
+        raise Refuse("TopK k must be a constant integer")
+    values, indices = integer_rule(node)(ctx, node, x.t, k)
+    return [replace(x, t=values), indices]
