@@ -5,8 +5,8 @@ came from; standard integer ONNX graphs are imported op by op (one rule per ONNX
 nn, transform, reduce) where an exact CVM form exists; models quantized by onnxruntime.quantization (QDQ and
 QOperator forms) through the quantized front (``quantized``). See docs/import.md.
 """
-from .importer import Imported, cut, from_onnx, import_model
+from .importer import Imported, batch_of_one, cut, from_onnx, import_model
 from .registry import RULES, Refuse, rule
 from .roundtrip import source_symbol
 
-__all__ = ["Imported", "cut", "from_onnx", "import_model", "RULES", "Refuse", "rule", "source_symbol"]
+__all__ = ["Imported", "batch_of_one", "cut", "from_onnx", "import_model", "RULES", "Refuse", "rule", "source_symbol"]

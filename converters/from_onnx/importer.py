@@ -55,6 +55,7 @@ class Imported:
     requants: list[quantized.Requant]
     origins: list[tuple[str, list[str]]]
     tensors: dict[str, Entry] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -503,6 +504,31 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     del out.graph.input[:]
     out.graph.input.extend(inputs)
     return out
+
+
+def batch_of_one(model: onnx.ModelProto) -> list[str]:
+    """Fix, in ``model``, each input's dynamic first dim whose other dims are static to 1, and every dim the model
+    declares by the same name (value_info, outputs): a shipped model's batch axis, as a CVM model's shapes are
+    static. Returns one note per input fixed."""
+    graph, notes, names = model.graph, [], set()
+    inits = {t.name for t in graph.initializer}
+    for v in graph.input:
+        ds = v.type.tensor_type.shape.dim
+        if v.name in inits or not ds or ds[0].dim_value > 0 or any(d.dim_value <= 0 for d in ds[1:]):
+            continue
+        name = ds[0].dim_param
+        if name:
+            names.add(name)
+        ds[0].Clear()
+        ds[0].dim_value = 1
+        notes.append(f"{v.name}: its dynamic first dim{f' {name!r}' if name else ''} taken as 1 (a CVM model's "
+                     f"shapes are static)")
+    for v in [*graph.value_info, *graph.output] if names else []:
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param in names:
+                d.Clear()
+                d.dim_value = 1
+    return notes
 
 
 def import_model(model: onnx.ModelProto, input_precision: int = 8, base_dir: str | os.PathLike | None = None,

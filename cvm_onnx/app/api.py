@@ -84,9 +84,11 @@ def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.Mode
 
 def import_onnx(path: str | os.PathLike, input_precision: int = 8) -> Graph:
     """Read an .onnx file (external data from its directory) and import it as a validated CVM graph."""
-    from cvm_onnx.converters.from_onnx import from_onnx
+    from cvm_onnx.converters.from_onnx import batch_of_one, from_onnx
 
-    return from_onnx(load_onnx(path), input_precision, base_dir=Path(path).parent)
+    model = load_onnx(path)
+    batch_of_one(model)
+    return from_onnx(model, input_precision, base_dir=Path(path).parent)
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.PathLike | None = None,
@@ -103,10 +105,11 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     its float edges (``quantization.json``); ``outputs`` cuts the graph at those tensors; ``two_part`` as in
     ``import_model`` (default: two products where they are closer; False: one part only). An ONNX model of several
     inputs is imported with them packed into ``data`` (``import_model``'s ``pack``; ``input_precisions``: an integer
-    input's bits by name, else ``input_precision``); ``pack_inputs`` lays them out. Returns the import
+    input's bits by name, else ``input_precision``); ``pack_inputs`` lays them out. An input's dynamic first dim
+    (a shipped model's batch axis) is taken as 1 (``batch_of_one``, said in ``Imported.notes``). Returns the import
     (ONNX -> CVM) or the conversion's record, the model's gas included (CVM -> ONNX). Nothing is written when
     conversion fails. ``progress(done, total, stage)``: told of the import's nodes (ONNX -> CVM)."""
-    from cvm_onnx.converters.from_onnx import import_model, source_symbol
+    from cvm_onnx.converters.from_onnx import batch_of_one, import_model, source_symbol
 
     from .pipeline import Conversion, run
 
@@ -116,8 +119,10 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
         run(c)
         return c
     model = load_onnx(src)
+    notes = batch_of_one(model)
     imported = import_model(model, input_precision, base_dir=Path(src).parent, outputs=outputs, two_part=two_part,
                             progress=progress, pack=True, input_precisions=input_precisions)
+    imported.notes.extend(notes)
     graph = imported.graph
     if len(graph.inputs) != 1:
         names = ", ".join(graph.nodes[i].name for i in graph.inputs)
@@ -131,8 +136,9 @@ def one_part_gas(model: onnx.ModelProto, base_dir: str | os.PathLike | None = No
                  input_precisions: dict[str, int] | None = None) -> Gas:
     """The gas of ``model`` imported with one-part products only (``import_model``'s ``two_part=False``), to set
     against a two-part import's (several inputs packed, as ``convert`` imports them)."""
-    from cvm_onnx.converters.from_onnx import import_model
+    from cvm_onnx.converters.from_onnx import batch_of_one, import_model
 
+    batch_of_one(model)
     return measure(import_model(model, base_dir=base_dir, two_part=False, pack=True,
                                 input_precisions=input_precisions).graph.nodes)
 

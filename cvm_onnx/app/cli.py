@@ -145,7 +145,7 @@ def cmd_convert(args) -> int:
     if imported is not None:
         from cvm_onnx.core.validate import c_api_warnings
 
-        _warn(c_api_warnings(imported.graph))
+        _warn([*imported.notes, *c_api_warnings(imported.graph)])
     if layers is not None:
         show_layers(layers, f"per quantized tensor, on the {layers.samples} samples of {args.samples}:")
     return 0

@@ -640,3 +640,32 @@ def test_convert_report_measures_the_samples_given(tmp_path, capsys):
     assert lines == [f"unsupported: {tmp_path / 'other.onnx'}: the float model takes z, not the quantized model's "
                      "input 'x'"]
     assert not (tmp_path / "d3").exists() and not (tmp_path / "r3.md").exists()
+
+
+def test_convert_takes_a_dynamic_batch_axis_as_one(tmp_path, capsys):
+    """A shipped quantized model whose input's first dim is symbolic ('batch', declared on value_info and the output
+    too) converts as the same model with that dim written as 1 (symbol and params byte for byte), saying so on
+    stderr; a dynamic dim elsewhere is still refused naming the input. Regression: 'input needs a static shape'."""
+    def qdq(dims):
+        s, z = onnx.numpy_helper.from_array(np.float32(0.1), "s"), onnx.numpy_helper.from_array(np.uint8(128), "z")
+        nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                 helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]), helper.make_node("Relu", ["d"], ["r"]),
+                 helper.make_node("QuantizeLinear", ["r", "s", "z"], ["q2"]),
+                 helper.make_node("DequantizeLinear", ["q2", "s", "z"], ["y"])]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], [s, z],
+                              value_info=[helper.make_tensor_value_info("r", TensorProto.FLOAT, dims)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = 8
+        return m
+
+    onnx.save(qdq(["batch", 4]), tmp_path / "dynamic.onnx")
+    onnx.save(qdq([1, 4]), tmp_path / "static.onnx")
+    code, _, err = run(capsys, "convert", tmp_path / "dynamic.onnx", "-o", tmp_path / "dynamic")
+    assert code == 0 and "x: its dynamic first dim 'batch' taken as 1" in err
+    assert run(capsys, "convert", tmp_path / "static.onnx", "-o", tmp_path / "static")[0] == 0
+    for f in ("symbol", "params"):
+        assert (tmp_path / "dynamic" / f).read_bytes() == (tmp_path / "static" / f).read_bytes()
+    onnx.save(qdq([1, "width"]), tmp_path / "wide.onnx")
+    [line] = failed(capsys, 4, "convert", tmp_path / "wide.onnx", "-o", tmp_path / "wide")
+    assert "x" in line and "static shape" in line
