@@ -348,7 +348,7 @@ class _Walk:
                 view = NodeView(n, u.name, self.opsets[_domain(n.domain)])
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)
-                if any(isinstance(x, quantized.Real) for x in ins):
+                if any(isinstance(x, quantized.Real) for x in ins) or quantized.mask_of(n.op_type, ins):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
                     r = FLOAT_RULES[key]

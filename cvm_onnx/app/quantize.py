@@ -1534,6 +1534,16 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
+        excluded = masked_softmaxes(header) if form == "qdq" else []
+        if any(not n.name for n in excluded):  # nodes_to_exclude takes names
+            taken, k = {n.name for n in header.graph.node}, 0
+            for n in excluded:
+                while not n.name:
+                    k += 1
+                    if f"masked_softmax_{k}" not in taken:
+                        n.name = f"masked_softmax_{k}"
+            onnx.save(header, os.fspath(src))
+        excluded = [n.name for n in excluded]
         with _sharing_checked():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
@@ -1543,7 +1553,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                 calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                 extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
                                "ForceQuantizeNoInputCheck": True, "TensorQuantOverrides": overrides},
-                use_external_data_format=True,
+                use_external_data_format=True, nodes_to_exclude=excluded,
                 calibration_cache_path=cache)
     except UnsupportedError:
         raise
@@ -1560,6 +1570,42 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
     return sorted({n.input[0] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
                    and n.input[0] in inits and n.input[1] not in inits})
+
+
+def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: keep computed, 0
+    and c < 0 constants): the Where, the Add and the Softmax, which quantize_static then leaves float
+    (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
+    takes them (docs/import.md, "Masked Softmax"). Only where the Where and the Add have no other reader."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
+    producer = {o: n for n in graph.node for o in n.output}
+    readers = Counter(i for n in graph.node for i in n.input)
+    readers.update(o.name for o in graph.output)
+
+    def value(name: str) -> np.ndarray | None:
+        t = consts.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    found = []
+    for sm in graph.node:
+        add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
+        if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
+            continue
+        for w in (producer.get(add.input[0]), producer.get(add.input[1])):
+            if w is None or w.op_type != "Where" or readers[w.output[0]] != 1 or w.input[0] in consts:
+                continue
+            zero, low = value(w.input[1]), value(w.input[2])
+            if zero is None or low is None or zero.dtype.kind != "f" or low.dtype.kind != "f" or zero.size != 1 \
+                    or low.size != 1 or float(zero.reshape(())) != 0 or not float(low.reshape(())) < 0:
+                continue
+            found += [w, add, sm]
+            break
+    return found
 
 
 @contextlib.contextmanager

@@ -23,8 +23,8 @@ from . import values, parameters, qdq, products, elementwise, moves, norm, recur
 from .chains import SoftmaxChain, softmax_chains, softmax_value
 from .edges import InputEdge, input_edge, input_precision, output_edge
 from .parameters import problem as parameter_problem
-from .qdq import Requant, quantized_constant
+from .qdq import Requant, mask_of, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
 __all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "input_edge", "input_precision",
-           "output_edge", "parameter_problem", "quantized_constant", "softmax_chains", "softmax_value"]
+           "mask_of", "output_edge", "parameter_problem", "quantized_constant", "softmax_chains", "softmax_value"]
