@@ -1534,16 +1534,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
-        excluded = masked_softmaxes(header) if form == "qdq" else []
-        if any(not n.name for n in excluded):  # nodes_to_exclude takes names
-            taken, k = {n.name for n in header.graph.node}, 0
-            for n in excluded:
-                while not n.name:
-                    k += 1
-                    if f"masked_softmax_{k}" not in taken:
-                        n.name = f"masked_softmax_{k}"
-            onnx.save(header, os.fspath(src))
-        excluded = [n.name for n in excluded]
+        excluded = masks_kept_float(header, src) if form == "qdq" else []
         with _sharing_checked():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
@@ -1576,7 +1567,8 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: keep computed, 0
     and c < 0 constants): the Where, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
-    takes them (docs/import.md, "Masked Softmax"). Only where the Where and the Add have no other reader."""
+    takes them (docs/import.md, "Masked Softmax"). Only where the Add has no other reader and the Where none but such
+    Adds (one mask shared by every layer)."""
     from onnx import numpy_helper
 
     graph = model.graph
@@ -1597,15 +1589,53 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
             continue
         for w in (producer.get(add.input[0]), producer.get(add.input[1])):
-            if w is None or w.op_type != "Where" or readers[w.output[0]] != 1 or w.input[0] in consts:
+            if w is None or w.op_type != "Where" or w.input[0] in consts:
                 continue
             zero, low = value(w.input[1]), value(w.input[2])
             if zero is None or low is None or zero.dtype.kind != "f" or low.dtype.kind != "f" or zero.size != 1 \
                     or low.size != 1 or float(zero.reshape(())) != 0 or not float(low.reshape(())) < 0:
                 continue
-            found += [w, add, sm]
+            found.append((w, add, sm))
             break
-    return found
+    adds = Counter(id(w) for w, _, _ in found)  # a mask shared by the layers: every reader one of these Adds
+    found = [f for f in found if adds[id(f[0])] == readers[f[0].output[0]]]
+    return list({id(n): n for f in found for n in f}.values())
+
+
+def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
+    """The names of ``masked_softmaxes``' nodes for quantize_static's nodes_to_exclude, the model in ``src`` (its
+    graph ``header``) rewritten where needed: a name given to each unnamed one, and each Where's 0 and c its own
+    initializers (quantize_static quantizes a constant that a quantized node also reads, for every reader)."""
+    from onnx import numpy_helper
+
+    nodes = masked_softmaxes(header)
+    if not nodes:
+        return []
+    graph = header.graph
+    taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
+        {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    k = 0
+
+    def fresh() -> str:
+        nonlocal k
+        while f"masked_softmax_{k}" in taken:
+            k += 1
+        taken.add(f"masked_softmax_{k}")
+        return f"masked_softmax_{k}"
+
+    inits = {t.name: t for t in graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"}
+    for n in nodes:
+        if not n.name:
+            n.name = fresh()
+        if n.op_type == "Where":
+            for i in (1, 2):
+                name = fresh()
+                graph.initializer.append(numpy_helper.from_array(
+                    numpy_helper.to_array(inits.get(n.input[i]) or consts[n.input[i]]), name))
+                n.input[i] = name
+    onnx.save(header, os.fspath(src))
+    return [n.name for n in nodes]
 
 
 @contextlib.contextmanager
