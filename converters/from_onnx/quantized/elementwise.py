@@ -231,7 +231,7 @@ def where_rule(ctx, node, cond, a, b):
     branches on different grids are refused."""
     if isinstance(cond, Real):
         raise Refuse("Where with a float condition has no CVM form (compare first)")
-    if (mask := mask_of("Where", [cond, a, b])) is not None:
+    if (mask := mask_of("Where", [cond, a, b])) is not None:  # read by Adds to Softmaxes alone (the walk's check)
         return mask
     x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
     if x is not None:
