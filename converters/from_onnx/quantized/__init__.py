@@ -27,4 +27,5 @@ from .qdq import Requant, mask_of, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
 __all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "input_edge", "input_precision",
-           "mask_of", "mask_wheres", "output_edge", "parameter_problem", "quantized_constant", "softmax_chains", "softmax_value"]
+           "mask_of", "mask_wheres", "output_edge", "parameter_problem", "quantized_constant", "softmax_chains",
+           "softmax_value"]
