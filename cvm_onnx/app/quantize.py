@@ -1564,8 +1564,8 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
 
 
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: keep computed, 0
-    and c < 0 constants): the Where, the Add and the Softmax, which quantize_static then leaves float
+    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: 0 and c < 0
+    constants): the Where, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
     takes them (docs/import.md, "Masked Softmax"). Only where the Add has no other reader and the Where none but such
     Adds (one mask shared by every layer)."""
@@ -1589,7 +1589,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
             continue
         for w in (producer.get(add.input[0]), producer.get(add.input[1])):
-            if w is None or w.op_type != "Where" or w.input[0] in consts:
+            if w is None or w.op_type != "Where":
                 continue
             zero, low = value(w.input[1]), value(w.input[2])
             if zero is None or low is None or zero.dtype.kind != "f" or low.dtype.kind != "f" or zero.size != 1 \

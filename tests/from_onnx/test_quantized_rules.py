@@ -820,13 +820,13 @@ def masked_softmax_model(shape, keep_shape, x_type, out_type, s, zx, so, zo, low
        x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8]), s=scales,
        so=st.sampled_from([1 / 256, 1 / 255, 0.01]), low=st.sampled_from(["min", "-1e9", "tight"]))
 def test_masked_softmax_equals_its_integer_form(d, shape, x_type, out_type, s, so, low):
-    """Softmax(x + Where(keep, 0, c)) along any axis, keep of any shape broadcasting to x's (rows keeping all,
+    """Softmax(x + Where(keep, 0, c)) along any axis, keep of any shape (and rank) broadcasting to x's (rows keeping all,
     some or none), x at its extremes, c float32's min, -1e9 or just past -(2 max|x| + 106): equal to the masked
     oracle (x + c's exp taken as 0 where masked), every unsaturated output within 1/2 + delta of the exact softmax
     over the kept positions; exported exactly."""
     rank = len(shape)
     axis = d.draw(st.integers(-rank, rank - 1))
-    keep_shape = [n if d.draw(st.booleans()) else 1 for n in shape]
+    keep_shape = [n if d.draw(st.booleans()) else 1 for n in shape][d.draw(st.integers(0, rank - 1)):]  # lower rank
     keep = np.asarray(d.draw(st.lists(st.integers(0, 1), min_size=math.prod(keep_shape),
                                       max_size=math.prod(keep_shape))), np.int8).reshape(keep_shape)
     zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
@@ -882,6 +882,24 @@ def test_masked_softmax_rows_keeping_all_some_or_none(c, s, absorbed):
     got = execute(import_model(masked_softmax_model((4, 4), [4, 4], T.INT8, T.UINT8, s, 0, 1 / 255, 0, c, -1),
                                input_precision=9).graph, {"x": x.astype(np.int32), "k": keep.astype(np.int32)})[0]
     assert (np.abs(got.astype(np.int64) - ort_y.astype(np.int64)) <= 1).all()  # onnxruntime's float32 softmax
+
+
+def test_a_constant_mask_and_one_that_does_not_broadcast():
+    """A constant keep (an initializer, as a folded attention mask leaves it): the masked Softmax as for a computed
+    one; a mask whose shape does not broadcast into the scores' (it would widen them): refused in one line."""
+    x = np.array([[-128, 127, 5, 0], [127, -128, 3, 3]], np.int8)
+    keep = np.array([[1, 0, 1, 1], [0, 0, 0, 0]], np.int8)
+    m = masked_softmax_model((2, 4), [2, 4], T.INT8, T.UINT8, 0.5, 0, 1 / 255, 0, -1e30, -1)
+    computed = execute(import_model(m, input_precision=9).graph, {"x": x.astype(np.int32), "k": keep.astype(np.int32)})
+    m.graph.initializer.append(nh.from_array(keep, "k"))
+    del m.graph.input[1]
+    imp = import_model(m, input_precision=9)
+    assert np.array_equal(execute(imp.graph, {"data": x.astype(np.int32)})[0], computed[0])
+    assert verify(imp.graph, x.astype(np.int32)).exact
+    wide = masked_softmax_model((1, 4), [3, 4], T.INT8, T.UINT8, 0.5, 0, 1 / 255, 0, -1e30, -1)
+    with pytest.raises(CVMError) as e:
+        import_model(wide, input_precision=9)
+    assert "an attention mask of shape (3, 4) added to scores of shape (1, 4) must broadcast into them" in str(e.value)
 
 
 def test_a_mask_not_low_enough_is_refused_in_one_line():

@@ -23,7 +23,14 @@ def add_rule(ctx, node, a, b):
     mask = next((x for x in (a, b) if isinstance(x, Mask) and not isinstance(x, MaskedScores)), None)
     if mask is not None:
         x = per_tensor(scaled(b if mask is a else a, "the scores beside an attention mask"), "a masked Softmax")
-        return MaskedScores(x, mask, broadcast_shape(x.t, mask.keep))
+        try:
+            fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
+        except ValueError:
+            fits = False
+        if not fits:
+            raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
+                         "into them")
+        return MaskedScores(x, mask, x.shape)
     terms = []
     for x in (a, b):
         terms += summands(x, "an Add operand")

@@ -505,14 +505,12 @@ def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tenso
 
 def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tensor]:
     """The masked Softmax's t, d and weights w as (outer, n, inner) (docs/import.md, "Masked Softmax"): k the keep
-    mask broadcast to t, w = k, or 1 along a row that keeps nothing; u = k where the mask's low value absorbs x
+    mask broadcast to t (reshape, repeat), w = k, or 1 along a row that keeps nothing; u = k where the mask's low value absorbs x
     (such a row: d = 0, uniform), else w (such a row: softmax of x); t' = u (t - lo) and d = max t' - t' along the
     axis, in 0 .. hi - lo, 0 at a position of weight 1 in every row."""
     outer, n, inner = x.view
     tt = as_int32(t)
-    zero = ctx.result(ctx.op("broadcast_mul", tt, const(np.array(0, np.int32), INT32)), INT32, 0, 0, t.shape)
-    keep = as_int32(x.keep)
-    k = ctx.reshape(ctx.result(ctx.op("broadcast_add", zero, keep), INT32, 0, 1, t.shape), (outer, n, inner))
+    k = ctx.reshape(ctx.broadcast_to(as_int32(x.keep), t.shape), (outer, n, inner))
     kept = ctx.reshape(reduced(ctx, "max", k, [1], 0, 1), (outer, 1, inner))
     none = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32), kept), INT32, 0, 1, kept.shape)
     w = ctx.result(ctx.op("broadcast_add", k, none), INT32, 0, 1, k.shape)
@@ -634,7 +632,7 @@ def logsoftmax_rule(ctx, node, x):
 
 
 class Mask(Deferred):
-    """An attention mask Where(keep, 0, c), keep computed and c < 0 a float constant, left float by quantize
+    """An attention mask Where(keep, 0, c), c < 0 a float constant, left float by quantize
     (``app.quantize.masked_softmaxes``): only a Softmax's input's term has an integer form (``MaskedScores``)."""
 
     what = "an attention mask Where(keep, 0, c)"
@@ -657,9 +655,9 @@ class MaskedScores(Mask):
 
 
 def mask_of(op_type: str, ins: list) -> Mask | None:
-    """Where(keep, 0, c) of a computed keep and float constants 0 and c < 0 (finite, one value each) as a
-    ``Mask``; None for anything else."""
-    if op_type != "Where" or len(ins) != 3 or not all(isinstance(v, Tensor) for v in ins) or ins[0].is_const:
+    """Where(keep, 0, c) of float constants 0 and c < 0 (finite, one value each) as a ``Mask``; None for anything
+    else."""
+    if op_type != "Where" or len(ins) != 3 or not all(isinstance(v, Tensor) for v in ins):
         return None
     zero, low = ins[1], ins[2]
     if not (zero.is_const and low.is_const and np.asarray(zero.value).dtype.kind == "f"
