@@ -1563,9 +1563,14 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
                    and n.input[0] in inits and n.input[1] not in inits})
 
 
+#: The highest mask value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
+#: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
+MASK_LOW = -10000.0
+
+
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: 0 and c < 0
-    constants): the Where, the Add and the Softmax, which quantize_static then leaves float
+    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: 0 and c <=
+    ``MASK_LOW`` constants): the Where, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
     takes them (docs/import.md, "Masked Softmax"). Only where the Add has no other reader and the Where none but such
     Adds (one mask shared by every layer)."""
@@ -1593,7 +1598,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
                 continue
             zero, low = value(w.input[1]), value(w.input[2])
             if zero is None or low is None or zero.dtype.kind != "f" or low.dtype.kind != "f" or zero.size != 1 \
-                    or low.size != 1 or float(zero.reshape(())) != 0 or not float(low.reshape(())) < 0:
+                    or low.size != 1 or float(zero.reshape(())) != 0 or not float(low.reshape(())) <= MASK_LOW:
                 continue
             found.append((w, add, sm))
             break

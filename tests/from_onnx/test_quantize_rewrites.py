@@ -265,9 +265,11 @@ def two_layer_mask(low: float, extra_reader: bool, other: str = "Softmax") -> on
     (-10000.0, False, "Softmax", ["w", "a0", "p0", "a1", "p1"]),
     (float(np.finfo(np.float32).min), True, "Softmax", []),  # the mask read by a Mul too: quantized as before
     (1.0, False, "Softmax", []),  # c >= 0 is no mask
+    (-9999.0, False, "Softmax", []),  # c above MASK_LOW: quantized as before
     (-10000.0, False, "Relu", []),  # no Softmax
 ])
 def test_masked_softmaxes_found_for_quantize_to_leave_float(low, extra, other, want):
-    """Softmax(x + Where(keep, 0, c)), c < 0, the mask shared by every layer's Add: the Where, each Add and Softmax
-    (quantize_static's nodes_to_exclude); a mask with any other reader, c >= 0 or another op than Softmax: none."""
+    """Softmax(x + Where(keep, 0, c)), c <= -10000, the mask shared by every layer's Add: the Where, each Add and
+    Softmax (quantize_static's nodes_to_exclude); a mask with any other reader, c > -10000 or another op than
+    Softmax: none."""
     assert [n.name for n in masked_softmaxes(two_layer_mask(low, extra, other))] == want
