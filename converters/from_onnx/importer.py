@@ -350,7 +350,7 @@ class _Walk:
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)
                 if any(isinstance(x, quantized.Real) for x in ins) or \
-                        (n.output[0] in self.masks and quantized.mask_of(n.op_type, ins)):
+                        (n.op_type == "Where" and n.output[0] in self.masks and quantized.mask_of(n.op_type, ins)):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
                     r = FLOAT_RULES[key]

@@ -1636,8 +1636,8 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
         if n.op_type == "Where":
             for i in (1, 2):
                 name = fresh()
-                graph.initializer.append(numpy_helper.from_array(
-                    numpy_helper.to_array(inits.get(n.input[i]) or consts[n.input[i]]), name))
+                t = inits[n.input[i]] if n.input[i] in inits else consts[n.input[i]]
+                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(t), name))
                 n.input[i] = name
     onnx.save(header, os.fspath(src))
     return [n.name for n in nodes]

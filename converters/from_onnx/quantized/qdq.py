@@ -505,9 +505,9 @@ def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tenso
 
 def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tensor]:
     """The masked Softmax's t, d and weights w as (outer, n, inner) (docs/import.md, "Masked Softmax"): k the keep
-    mask broadcast to t (reshape, repeat), w = k, or 1 along a row that keeps nothing; u = k where the mask's low value absorbs x
-    (such a row: d = 0, uniform), else w (such a row: softmax of x); t' = u (t - lo) and d = max t' - t' along the
-    axis, in 0 .. hi - lo, 0 at a position of weight 1 in every row."""
+    mask broadcast to t (reshape, repeat), w = k, or 1 along a row that keeps nothing; u = k where the mask's low
+    value absorbs x (such a row: d = 0, uniform), else w (such a row: softmax of x); t' = u (t - lo) and
+    d = max t' - t' along the axis, in 0 .. hi - lo, 0 at a position of weight 1 in every row."""
     outer, n, inner = x.view
     tt = as_int32(t)
     k = ctx.reshape(ctx.broadcast_to(as_int32(x.keep), t.shape), (outer, n, inner))
