@@ -103,6 +103,7 @@ class _Walk:
                 self.shapes[vi.name] = d
         self.ctx.shapes = self.shapes
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
+        self.masks = quantized.mask_wheres(self.graph)
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
         self.input_edge: Edge | None = None
         self.output_edges: list[Edge | None] = []
@@ -349,7 +350,8 @@ class _Walk:
                 view = NodeView(n, u.name, self.opsets[_domain(n.domain)])
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)
-                if any(isinstance(x, quantized.Real) for x in ins):
+                if any(isinstance(x, quantized.Real) for x in ins) or \
+                        (n.op_type == "Where" and n.output[0] in self.masks and quantized.mask_of(n.op_type, ins)):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
                     r = FLOAT_RULES[key]

@@ -1881,6 +1881,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
+        excluded = masks_kept_float(header, src) if form == "qdq" else []
         with _sharing_checked():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
@@ -1890,7 +1891,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                 calibrate_method=getattr(CalibrationMethod, METHODS[method]),
                 extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
                                "ForceQuantizeNoInputCheck": True, "TensorQuantOverrides": overrides},
-                use_external_data_format=True,
+                use_external_data_format=True, nodes_to_exclude=excluded,
                 calibration_cache_path=cache)
     except UnsupportedError:
         raise
@@ -1907,6 +1908,86 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
     return sorted({n.input[0] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
                    and n.input[0] in inits and n.input[1] not in inits})
+
+
+#: The highest mask value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
+#: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
+MASK_LOW = -10000.0
+
+
+def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: 0 and c <=
+    ``MASK_LOW`` constants): the Where, the Add and the Softmax, which quantize_static then leaves float
+    (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
+    takes them (docs/import.md, "Masked Softmax"). Only where the Add has no other reader and the Where none but such
+    Adds (one mask shared by every layer)."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
+    producer = {o: n for n in graph.node for o in n.output}
+    readers = Counter(i for n in graph.node for i in n.input)
+    readers.update(o.name for o in graph.output)
+
+    def value(name: str) -> np.ndarray | None:
+        t = consts.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    found = []
+    for sm in graph.node:
+        add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
+        if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
+            continue
+        for w in (producer.get(add.input[0]), producer.get(add.input[1])):
+            if w is None or w.op_type != "Where":
+                continue
+            zero, low = value(w.input[1]), value(w.input[2])
+            if zero is None or low is None or zero.dtype.kind != "f" or low.dtype.kind != "f" or zero.size != 1 \
+                    or low.size != 1 or float(zero.reshape(())) != 0 or not float(low.reshape(())) <= MASK_LOW:
+                continue
+            found.append((w, add, sm))
+            break
+    adds = Counter(id(w) for w, _, _ in found)  # a mask shared by the layers: every reader one of these Adds
+    found = [f for f in found if adds[id(f[0])] == readers[f[0].output[0]]]
+    return list({id(n): n for f in found for n in f}.values())
+
+
+def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
+    """The names of ``masked_softmaxes``' nodes for quantize_static's nodes_to_exclude, the model in ``src`` (its
+    graph ``header``) rewritten where needed: a name given to each unnamed one, and each Where's 0 and c its own
+    initializers (quantize_static quantizes a constant that a quantized node also reads, for every reader)."""
+    from onnx import numpy_helper
+
+    nodes = masked_softmaxes(header)
+    if not nodes:
+        return []
+    graph = header.graph
+    taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
+        {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    k = 0
+
+    def fresh() -> str:
+        nonlocal k
+        while f"masked_softmax_{k}" in taken:
+            k += 1
+        taken.add(f"masked_softmax_{k}")
+        return f"masked_softmax_{k}"
+
+    inits = {t.name: t for t in graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"}
+    for n in nodes:
+        if not n.name:
+            n.name = fresh()
+        if n.op_type == "Where":
+            for i in (1, 2):
+                name = fresh()
+                t = inits[n.input[i]] if n.input[i] in inits else consts[n.input[i]]
+                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(t), name))
+                n.input[i] = name
+    onnx.save(header, os.fspath(src))
+    return [n.name for n in nodes]
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from cvm_onnx.app.rewrites import einsums_as_matmuls, gemm_beta_folded, unshared_biases
-from cvm_onnx.app.quantize import quantize
+from cvm_onnx.app.quantize import masked_softmaxes, quantize
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -237,3 +237,39 @@ def test_a_gemms_beta_is_folded_into_its_constant_c(tmp_path, alpha, beta):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps and a.mean_steps < 1, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+def two_layer_mask(low: float, extra_reader: bool, other: str = "Softmax") -> onnx.ModelProto:
+    """Scores x0, x1 each plus one shared Where(Cast(m, bool), 0, low), each read by ``other``; ``extra_reader``:
+    the mask also read by a Mul."""
+    nodes = [h.make_node("Cast", ["m"], ["keep"], to=T.BOOL), h.make_node("Where", ["keep", "zero", "low"], ["bias"],
+                                                                           name="w")]
+    outs = []
+    for i in range(2):
+        attrs = {"axis": -1} if other == "Softmax" else {}
+        nodes += [h.make_node("Add", [f"x{i}", "bias"], [f"s{i}"], name=f"a{i}"),
+                  h.make_node(other, [f"s{i}"], [f"p{i}"], name=f"p{i}", **attrs)]
+        outs.append(f"p{i}")
+    if extra_reader:
+        nodes.append(h.make_node("Mul", ["bias", "x0"], ["y"], name="mul"))
+        outs.append("y")
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("m", T.INT64, [1, 4])] +
+                     [h.make_tensor_value_info(f"x{i}", T.FLOAT, [1, 4]) for i in range(2)],
+                     [h.make_tensor_value_info(o, T.FLOAT, [1, 4]) for o in outs],
+                     [nh.from_array(np.float32(0), "zero"), nh.from_array(np.float32(low), "low")])
+    return onnx_model(g, 17)
+
+
+@pytest.mark.parametrize("low, extra, other, want", [
+    (float(np.finfo(np.float32).min), False, "Softmax", ["w", "a0", "p0", "a1", "p1"]),
+    (-10000.0, False, "Softmax", ["w", "a0", "p0", "a1", "p1"]),
+    (float(np.finfo(np.float32).min), True, "Softmax", []),  # the mask read by a Mul too: quantized as before
+    (1.0, False, "Softmax", []),  # c >= 0 is no mask
+    (-9999.0, False, "Softmax", []),  # c above MASK_LOW: quantized as before
+    (-10000.0, False, "Relu", []),  # no Softmax
+])
+def test_masked_softmaxes_found_for_quantize_to_leave_float(low, extra, other, want):
+    """Softmax(x + Where(keep, 0, c)), c <= -10000, the mask shared by every layer's Add: the Where, each Add and
+    Softmax (quantize_static's nodes_to_exclude); a mask with any other reader, c > -10000 or another op than
+    Softmax: none."""
+    assert [n.name for n in masked_softmaxes(two_layer_mask(low, extra, other))] == want

@@ -13,11 +13,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
 from support.quantized import Oracle, layernorm_oracle, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 SETTINGS = settings(max_examples=10, deadline=None)
@@ -772,3 +774,138 @@ def test_layernorm_of_a_recognizer_row_agrees_with_onnxruntime():
     assert np.array_equal(got, layernorm_oracle(x - 56, shape, Fraction(float(np.float32(0.027))),
                                                 Fraction(float(np.float32(1e-5))), g, b,
                                                 Fraction(float(np.float32(0.0158))), 75, 0, 255, p))
+
+
+# -- Masked Softmax ---------------------------------------------------------------------------------------------
+def masked_softmax_oracle(v: np.ndarray, keep: np.ndarray, s: float, q: Fraction, view, p, zo: int, lo: int,
+                          hi: int, absorbed: bool) -> np.ndarray:
+    """Softmax(x + mask) as docs/import.md states it, row by row: the Softmax oracle over the kept positions R, the
+    output 0 (z_out) elsewhere; a row keeping nothing: R all its positions, d = 0 throughout where the mask's low
+    value absorbs x (uniform), else the softmax of x."""
+    outer, n, inner = view
+    v3, k3 = v.astype(np.int64).reshape(view), np.broadcast_to(keep, v.shape).reshape(view).astype(bool)
+    f, b = p.frac_bits, p.split
+    out = np.zeros(view, np.int64)
+    for o in range(outer):
+        for i in range(inner):
+            row, r = v3[o, :, i], k3[o, :, i].copy()
+            if not r.any():
+                r[:] = True
+            d = row[r].max() - row[r] if (k3[o, :, i].any() or not absorbed) else np.zeros(r.sum(), np.int64)
+            ex = [math.exp(-int(k) * s) for k in d]
+            big = [math.floor(Fraction(x) * 2**f + Fraction(1, 2)) for x in ex]
+            total = (sum(big) + (1 << b >> 1)) >> b
+            t = [math.floor(Fraction(x * float(q)) * 2**(f - b) + Fraction(1, 2)) for x in ex]
+            out[o, r, i] = [(2 * tk + total) // (2 * total) for tk in t]
+    return np.clip(out + zo, lo, hi).reshape(v.shape)
+
+
+def masked_softmax_model(shape, keep_shape, x_type, out_type, s, zx, so, zo, low, axis):
+    """DequantizeLinear(x) + Where(Cast(k, bool), 0, low) -> Softmax -> QuantizeLinear, k an int8 0/1 input: the
+    form quantize leaves for an attention mask."""
+    g = h.make_graph(
+        [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node("Cast", ["k"], ["keep"], to=T.BOOL),
+         h.make_node("Where", ["keep", "zero", "low"], ["bias"]), h.make_node("Add", ["xf", "bias"], ["sc"]),
+         h.make_node("Softmax", ["sc"], ["sf"], axis=axis), h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])],
+        "m", [h.make_tensor_value_info("x", x_type, list(shape)), h.make_tensor_value_info("k", T.INT8, keep_shape)],
+        [h.make_tensor_value_info("y", out_type, None)],
+        [nh.from_array(np.asarray(v), k) for k, v in {"s": np.float32(s), "zx": NP[x_type](zx), "so": np.float32(so),
+                                                      "zo": NP[out_type](zo), "zero": np.float32(0),
+                                                      "low": np.float32(low)}.items()])
+    return onnx_model(g, 17)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8]), s=scales,
+       so=st.sampled_from([1 / 256, 1 / 255, 0.01]), low=st.sampled_from(["min", "-1e9", "tight"]))
+def test_masked_softmax_equals_its_integer_form(d, shape, x_type, out_type, s, so, low):
+    """Softmax(x + Where(keep, 0, c)) along any axis, keep of any shape (and rank) broadcasting to x's (rows keeping all,
+    some or none), x at its extremes, c float32's min, -1e9 or just past -(2 max|x| + 106): equal to the masked
+    oracle (x + c's exp taken as 0 where masked), every unsaturated output within 1/2 + delta of the exact softmax
+    over the kept positions; exported exactly."""
+    rank = len(shape)
+    axis = d.draw(st.integers(-rank, rank - 1))
+    keep_shape = [n if d.draw(st.booleans()) else 1 for n in shape][d.draw(st.integers(0, rank - 1)):]  # lower rank
+    keep = np.asarray(d.draw(st.lists(st.integers(0, 1), min_size=math.prod(keep_shape),
+                                      max_size=math.prod(keep_shape))), np.int8).reshape(keep_shape)
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    info = np.iinfo(NP[x_type])
+    big = max(abs(int(info.min) - zx), abs(int(info.max) - zx)) * float(np.float32(s))
+    c = {"min": float(np.finfo(np.float32).min), "-1e9": -1e9, "tight": -(2 * big + 106) * 1.001}[low]
+    check_masked(draw_x(d, shape, x_type), keep, x_type, out_type, s, zx, so, c, axis)
+
+
+def check_masked(x, keep, x_type, out_type, s, zx, so, c, axis) -> bool:
+    """The masked Softmax's import on x and keep equals the oracle, is within its bound of the exact softmax over
+    the kept positions and exports exactly; whether c absorbed x (a row keeping nothing uniform)."""
+    shape, rank = x.shape, x.ndim
+    zo = -128 if out_type == T.INT8 else 0
+    info = np.iinfo(NP[x_type])
+    big = max(abs(int(info.min) - zx), abs(int(info.max) - zx)) * float(np.float32(s))
+    m = masked_softmax_model(shape, list(keep.shape), x_type, out_type, s, zx, so, zo, c, axis)
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"x": x.astype(np.int32), "k": keep.astype(np.int32)})
+    assert verify(imp.graph, {"x": x.astype(np.int32), "k": keep.astype(np.int32)}).exact
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    a = axis % rank
+    view = (math.prod(shape[:a]), shape[a], math.prod(shape[a + 1:]))
+    lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
+    q = 1 / Fraction(float(np.float32(so)))
+    gc = np.float32(-c)
+    absorbed = big < float(gc - np.nextafter(gc, np.float32(0))) / 2
+    want = masked_softmax_oracle(x.astype(np.int64) - zx, keep, float(np.float32(s)), q, view, p, zo, lo, hi, absorbed)
+    assert np.array_equal(got.astype(np.int64), want)
+    real = (x.astype(np.int64) - zx).reshape(view) * float(np.float32(s))
+    k3 = np.broadcast_to(keep, shape).reshape(view).astype(bool)
+    some = k3.any(axis=1, keepdims=True)
+    ex = np.where(k3 | ~some, np.exp(real - np.where(k3 | ~some, real, -np.inf).max(axis=1, keepdims=True)), 0)
+    if absorbed:
+        ex = np.where(some, ex, 1.0)
+    exact = (ex / ex.sum(axis=1, keepdims=True)).reshape(shape) / float(np.float32(so)) + zo
+    inside = (got > lo) & (got < hi)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    return absorbed
+
+
+@pytest.mark.parametrize("c, s, absorbed", [(float(np.finfo(np.float32).min), 0.5, True), (-1e9, 0.125, True),
+                                            (-1e9, 2.0, False), (-10000.0, 0.25, False)])
+def test_masked_softmax_rows_keeping_all_some_or_none(c, s, absorbed):
+    """Rows keeping every, some, one and no position, x at its extremes (one row whose max is masked): as the
+    oracle; a row keeping nothing is uniform where c absorbs x in float32 (float32's min; -1e9 against |x| <= 16),
+    else the softmax of x (-1e9 against |x| <= 256, BERT's -10000), as the float model computes it."""
+    x = np.array([[-128, 127, 5, 0], [127, -128, 3, 3], [0, 1, 2, 3], [-7, 100, -128, 127]], np.int8)
+    keep = np.array([[1, 1, 1, 1], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]], np.int8)
+    assert check_masked(x, keep, T.INT8, T.UINT8, s, 0, 1 / 255, c, -1) == absorbed
+    ort_y = ort_session(masked_softmax_model((4, 4), [4, 4], T.INT8, T.UINT8, s, 0, 1 / 255, 0, c, -1)).run(
+        None, {"x": x, "k": keep})[0]
+    got = execute(import_model(masked_softmax_model((4, 4), [4, 4], T.INT8, T.UINT8, s, 0, 1 / 255, 0, c, -1),
+                               input_precision=9).graph, {"x": x.astype(np.int32), "k": keep.astype(np.int32)})[0]
+    assert (np.abs(got.astype(np.int64) - ort_y.astype(np.int64)) <= 1).all()  # onnxruntime's float32 softmax
+
+
+def test_a_constant_mask_and_one_that_does_not_broadcast():
+    """A constant keep (an initializer, as a folded attention mask leaves it): the masked Softmax as for a computed
+    one; a mask whose shape does not broadcast into the scores' (it would widen them): refused in one line."""
+    x = np.array([[-128, 127, 5, 0], [127, -128, 3, 3]], np.int8)
+    keep = np.array([[1, 0, 1, 1], [0, 0, 0, 0]], np.int8)
+    m = masked_softmax_model((2, 4), [2, 4], T.INT8, T.UINT8, 0.5, 0, 1 / 255, 0, -1e30, -1)
+    computed = execute(import_model(m, input_precision=9).graph, {"x": x.astype(np.int32), "k": keep.astype(np.int32)})
+    m.graph.initializer.append(nh.from_array(keep, "k"))
+    del m.graph.input[1]
+    imp = import_model(m, input_precision=9)
+    assert np.array_equal(execute(imp.graph, {"data": x.astype(np.int32)})[0], computed[0])
+    assert verify(imp.graph, x.astype(np.int32)).exact
+    wide = masked_softmax_model((1, 4), [3, 4], T.INT8, T.UINT8, 0.5, 0, 1 / 255, 0, -1e30, -1)
+    with pytest.raises(CVMError) as e:
+        import_model(wide, input_precision=9)
+    assert "an attention mask of shape (3, 4) added to scores of shape (1, 4) must broadcast into them" in str(e.value)
+
+
+def test_a_mask_not_low_enough_is_refused_in_one_line():
+    """c above -(2 max|x| + 106): x + c's exp need not be 0 in float32, so the masked rule does not hold: one line
+    naming the node and the condition."""
+    m = masked_softmax_model((2, 4), [1, 4], T.INT8, T.UINT8, 0.5, 0, 1 / 255, 0, -200.0, -1)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    assert "must be at most -(2 max|x| + 106) = -234" in str(e.value) and len(str(e.value).splitlines()) == 1, e.value

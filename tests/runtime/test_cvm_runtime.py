@@ -841,3 +841,28 @@ def test_unrolled_control_flow(tmp_path, kind, per_channel):
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def test_masked_softmax(tmp_path):
+    """The BERT-like encoder with torch's mask (Where(Cast(mask, bool), 0, float32's min) added to the scores),
+    quantized with the mask kept float and imported by the masked-Softmax rule: the runtime loads the keep mask's
+    broadcast, max, products and sums and gives the reference executor's integers on packed samples, one of them
+    keeping no token (a uniform row)."""
+    import onnx
+    from support.packed import bert_like, bert_samples
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(bert_like(low=float(np.finfo(np.float32).min)), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    imp = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "bert").imported
+    held = bert_samples(4, seed=9)
+    held["mask"] = held["mask"].astype(np.int64)
+    held["mask"][3] = 0
+    xs = imp.edges.pack(held)
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "bert", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))

@@ -11,11 +11,12 @@ from onnx import numpy_helper as nh
 from cvm_onnx.core.format.onnx_file import onnx_model
 
 
-def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state: bool = False) -> onnx.ModelProto:
+def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state: bool = False,
+              low: float | None = None) -> onnx.ModelProto:
     """input_ids (1, L) int64 -> token embeddings (Gather); one attention head whose scores q k^T / sqrt(d) get
     30 (mask - 1) added (mask (1, 1, L) float: 1 for a token, 0 for padding); softmax, the values, a mean over the
-    tokens and a dense head (1, 3). ``state``: a third input (1, d) float added to the pooled vector (a recurrent
-    model's state, to fold)."""
+    tokens and a dense head (1, 3). ``low``: the mask int64 instead, Where(Cast(mask, bool), 0, low) added (torch's
+    form). ``state``: a third input (1, d) float added to the pooled vector (a recurrent model's state, to fold)."""
     rng = np.random.default_rng(seed)
 
     def c(name, shape):
@@ -31,6 +32,12 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
              h.make_node("ReduceMean", ["ctx"], ["pooled"], axes=[1], keepdims=0)]
     inputs = [h.make_tensor_value_info("input_ids", T.INT64, [1, length]),
               h.make_tensor_value_info("mask", T.FLOAT, [1, 1, length])]
+    inits = []
+    if low is not None:
+        nodes[7:9] = [h.make_node("Cast", ["mask"], ["keep"], to=T.BOOL),
+                      h.make_node("Where", ["keep", "zero", "low"], ["bias"])]
+        inputs[1] = h.make_tensor_value_info("mask", T.INT64, [1, 1, length])
+        inits = [nh.from_array(np.float32(0), "zero"), nh.from_array(np.float32(low), "low")]
     if state:
         nodes.append(h.make_node("Add", ["pooled", "state"], ["pooled2"]))
         inputs.append(h.make_tensor_value_info("state", T.FLOAT, [1, d]))
@@ -38,7 +45,7 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
     g = h.make_graph(nodes, "bert", inputs, [h.make_tensor_value_info("y", T.FLOAT, [1, 3])],
                      [c("emb", (vocab, d)), c("wq", (d, d)), c("wk", (d, d)), c("wv", (d, d)), c("wo", (d, 3)),
                       nh.from_array(np.float32(1 / np.sqrt(d)), "scale"),
-                      nh.from_array(np.float32(-1), "minus_one"), nh.from_array(np.float32(30), "big")])
+                      nh.from_array(np.float32(-1), "minus_one"), nh.from_array(np.float32(30), "big"), *inits])
     return onnx_model(g, 17)
 
 

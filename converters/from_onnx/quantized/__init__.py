@@ -20,12 +20,12 @@ the graph before the walk).
 """
 # registers the rules, in the order of the module they were split from
 from . import values, parameters, qdq, products, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
-from .chains import SoftmaxChain, softmax_chains, softmax_value
+from .chains import SoftmaxChain, mask_wheres, softmax_chains, softmax_value
 from .edges import InputEdge, float_read, input_edge, input_precision, output_edge
 from .parameters import problem as parameter_problem
-from .qdq import Requant, quantized_constant
+from .qdq import Requant, mask_of, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
 __all__ = ["InputEdge", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "float_read", "input_edge",
-           "input_precision", "output_edge", "parameter_problem", "quantized_constant", "softmax_chains",
-           "softmax_value"]
+           "input_precision", "mask_of", "mask_wheres", "output_edge", "parameter_problem", "quantized_constant",
+           "softmax_chains", "softmax_value"]

@@ -1,7 +1,7 @@
 """Written-out softmax chains: Exp(u) / ReduceSum(Exp(u)) over contiguous axes (or Exp(u) times the Reciprocal of
 that sum), u = x less (or plus) shifts constant along those axes, found in the graph before the walk and imported
 as ``Softmaxed`` (x along those axes), as the Softmax rule imports Softmax (docs/import.md, "Written-out softmax");
-and the confidence 1 / ReduceSum(Exp(x - ReduceMax(x))), the softmax at the max.
+and the confidence 1 / ReduceSum(Exp(x - ReduceMax(x))), the softmax at the max; the Wheres of masked Softmaxes.
 """
 from __future__ import annotations
 
@@ -231,3 +231,20 @@ def softmax_value(chain: SoftmaxChain, x) -> Softmaxed:
     if chain.top is not None:
         return Softmaxed(x, chain.view, "softmax at its max (written out)", chain.top)
     return Softmaxed(x, chain.view, "softmax (written out)")
+
+
+def mask_wheres(graph: onnx.GraphProto) -> set[str]:
+    """The outputs of the Wheres every reader of which is an Add read by a Softmax alone: the attention masks a
+    masked Softmax may take (docs/import.md, "Masked Softmax")."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers.setdefault(x, []).append(n)
+    outputs = {o.name for o in graph.output}
+
+    def only_softmax(add: onnx.NodeProto) -> bool:
+        r = readers.get(add.output[0], [])
+        return add.op_type == "Add" and add.output[0] not in outputs and len(r) == 1 and r[0].op_type == "Softmax"
+
+    return {n.output[0] for n in graph.node if n.op_type == "Where" and n.output[0] not in outputs
+            and readers.get(n.output[0]) and all(only_softmax(a) for a in readers[n.output[0]])}

@@ -462,11 +462,12 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         raise Refuse(str(e)) from None
     f, b = p.frac_bits, p.split
     tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
-    v, d = below_max(ctx, t, x.view)
+    v, d, w = below_max(ctx, t, x.view) + (None,) if x.keep is None else masked_below_max(ctx, t, x)
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
-        return ctx.result(e, INT32, int(values.min()), int(values.max()), v.shape)
+        y = ctx.result(e, INT32, int(values.min()), int(values.max()), v.shape)
+        return y if w is None else ctx.result(ctx.op("broadcast_mul", y, w), INT32, min(y.lo, 0), y.hi, v.shape)
 
     def total(y: Tensor) -> Tensor:
         return ctx.reshape(reduced(ctx, "sum", y, [1], y.lo * n, y.hi * n), (outer, 1, inner))
@@ -500,6 +501,25 @@ def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tenso
     v = ctx.reshape(as_int32(t), (outer, n, inner))
     top = ctx.reshape(reduced(ctx, "max", v, [1], t.lo, t.hi), (outer, 1, inner))
     return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape)
+
+
+def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tensor]:
+    """The masked Softmax's t, d and weights w as (outer, n, inner) (docs/import.md, "Masked Softmax"): k the keep
+    mask broadcast to t (reshape, repeat), w = k, or 1 along a row that keeps nothing; u = k where the mask's low
+    value absorbs x (such a row: d = 0, uniform), else w (such a row: softmax of x); t' = u (t - lo) and
+    d = max t' - t' along the axis, in 0 .. hi - lo, 0 at a position of weight 1 in every row."""
+    outer, n, inner = x.view
+    tt = as_int32(t)
+    k = ctx.reshape(ctx.broadcast_to(as_int32(x.keep), t.shape), (outer, n, inner))
+    kept = ctx.reshape(reduced(ctx, "max", k, [1], 0, 1), (outer, 1, inner))
+    none = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32), kept), INT32, 0, 1, kept.shape)
+    w = ctx.result(ctx.op("broadcast_add", k, none), INT32, 0, 1, k.shape)
+    a = ctx.result(ctx.op("broadcast_sub", tt, const(np.array(t.lo, np.int32), INT32)), INT32, 0, t.hi - t.lo,
+                   t.shape)
+    v = ctx.reshape(a, (outer, n, inner))
+    v = ctx.result(ctx.op("broadcast_mul", v, k if x.absorbed else w), INT32, 0, t.hi - t.lo, v.shape)
+    top = ctx.reshape(reduced(ctx, "max", v, [1], 0, t.hi - t.lo), (outer, 1, inner))
+    return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape), w
 
 
 def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
@@ -611,8 +631,67 @@ def logsoftmax_rule(ctx, node, x):
     return LogSoftmaxed(x, softmax_view(node, x.shape, node.opset))
 
 
+class Mask(Deferred):
+    """An attention mask Where(keep, 0, c), c < 0 a float constant, left float by quantize
+    (``app.quantize.masked_softmaxes``): only a Softmax's input's term has an integer form (``MaskedScores``)."""
+
+    what = "an attention mask Where(keep, 0, c)"
+
+    def __init__(self, keep: Tensor, low: float, shape: tuple[int, ...]):
+        self.keep, self.low, self.shape = keep, low, shape
+
+    def quantized(self, ctx, scale, out_zero, dtype):
+        raise Refuse(f"{self.what} has an integer form only added to the scores a Softmax reads")
+
+
+class MaskedScores(Mask):
+    """x + Where(keep, 0, c) of a dequantized x: only a Softmax reads it (``softmax_rule``)."""
+
+    what = "scores plus an attention mask"
+
+    def __init__(self, x: Scaled, mask: Mask, shape: tuple[int, ...]):
+        super().__init__(mask.keep, mask.low, shape)
+        self.x = x
+
+
+def mask_of(op_type: str, ins: list) -> Mask | None:
+    """Where(keep, 0, c) of float constants 0 and c < 0 (finite, one value each) as a ``Mask``; None for anything
+    else."""
+    if op_type != "Where" or len(ins) != 3 or not all(isinstance(v, Tensor) for v in ins):
+        return None
+    zero, low = ins[1], ins[2]
+    if not (zero.is_const and low.is_const and np.asarray(zero.value).dtype.kind == "f"
+            and np.asarray(low.value).dtype.kind == "f"):
+        return None
+    z, c = np.unique(np.asarray(zero.value)), np.unique(np.asarray(low.value))
+    if z.size != 1 or c.size != 1 or z[0] != 0 or not (np.isfinite(c[0]) and c[0] < 0):
+        return None
+    return Mask(ins[0], float(c[0]), broadcast_shape(*ins))
+
+
+def masked(x: Scaled, mask: Mask, view: tuple[int, int, int]) -> Softmaxed:
+    """Softmax(x + Where(keep, 0, c)) as the softmax of x over the kept positions, 0 elsewhere (docs/import.md,
+    "Masked Softmax"): where c <= -(2 X + 106), X = max |x| <= 2^23, every masked value's exp is 0 in float32 (its
+    argument is below -104) and below e^-104 in reals. A row keeping nothing: uniform where c absorbs x in float32
+    (X < g / 2, g the gap from |c| to the next float32 towards 0: x + c rounds to c), else the softmax of x (of
+    x + c in reals)."""
+    s, z = Fraction(x.scale.reshape(()).item()), int(x.zero.reshape(()))
+    big = max(abs(x.t.lo - z), abs(x.t.hi - z)) * s
+    if big > 1 << 23 or Fraction(mask.low) > -(2 * big + 106):
+        raise Refuse(f"Softmax of scores plus an attention mask Where(keep, 0, {mask.low:g}): the mask's low value "
+                     f"must be at most -(2 max|x| + 106) = {-(2 * float(big) + 106):g} (x's range on its grid), "
+                     "so that its exp is 0 against every score")
+    c = np.float32(-mask.low)
+    absorbed = big < (Fraction(float(c)) - Fraction(float(np.nextafter(c, np.float32(0))))) / 2
+    return Softmaxed(x, view, "masked Softmax", keep=mask.keep, absorbed=absorbed)
+
+
 @float_rule("Softmax", since=1)
 def softmax_rule(ctx, node, x):
-    """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``)."""
+    """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``); of scores plus an attention
+    mask, the masked Softmax (``masked``)."""
+    if isinstance(x, MaskedScores):
+        xs = per_tensor(x.x, "Softmax")
+        return masked(xs, x, softmax_view(node, xs.shape, node.opset))
     x = per_tensor(scaled(x, "the Softmax input"), "Softmax")
     return Softmaxed(x, softmax_view(node, x.shape, node.opset))
