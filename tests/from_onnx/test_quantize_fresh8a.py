@@ -1,18 +1,30 @@
 """What an eighth corpus of vision models shipped in wheels met in quantize: LayerNormalization over 256-383 values
 of full-range 8-bit integers (SVTRv2's and TesseraNet's 320), where V = n^2 var fits 32 bits but the labels of its
 steps do not (n sum u^2 takes label(n w^2 / 4) + label(n) bits); the form takes the quartered variance there,
-equal to the integer oracle and within its bound of float."""
+equal to the integer oracle and within its bound of float. A Cast of a dequantized value to float32 (TesseraNet's
+before its mask output, which onnxruntime's optimizer keeps): the value itself."""
 from __future__ import annotations
 
 from fractions import Fraction
 
 import numpy as np
+import onnxruntime as ort
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import qdq
 from test_quantized_rules import check_layernorm
 
+from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
+from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
+from cvm_onnx.runtime.verify import verify
+
+NP = {T.INT8: np.int8, T.UINT8: np.uint8}
+RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
 
 
 @settings(max_examples=10, deadline=None)
@@ -45,3 +57,53 @@ def test_the_direct_variance_is_kept_where_its_labels_fit():
     g = np.array([Fraction(1)] * 256, dtype=object)
     assert layernorm_plan(255, 0, 255, Fraction(1, 16), Fraction(1, 10**5), g[:255], g[:255] * 0, 0, 255).quarter == 0
     assert layernorm_plan(256, 0, 255, Fraction(1, 16), Fraction(1, 10**5), g, g * 0, 0, 255).quarter >= 1
+
+
+def cast_model(x_type: int, shape: tuple[int, ...], s: float, zx: int, where: str, cast: bool, to: int = T.FLOAT):
+    """DequantizeLinear of x, [a Cast to ``to``,] then the graph output (where = "output"), or a Transpose and a
+    QuantizeLinear to uint8 at scale 0.02 (where = "inside")."""
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx), "so": np.float32(0.02), "zo": np.uint8(7)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf" if cast or where == "inside" else "y"])]
+    v = "xf"
+    if cast:
+        nodes.append(h.make_node("Cast", ["xf"], ["y" if where == "output" else "c"], name="cast", to=to))
+        v = "c"
+    if where == "inside":
+        nodes += [h.make_node("Transpose", [v], ["t"], perm=list(range(len(shape)))[::-1]),
+                  h.make_node("QuantizeLinear", ["t", "so", "zo"], ["y"])]
+    return qdq(nodes, shape, x_type, inits, T.FLOAT if where == "output" else T.UINT8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple), x_type=st.sampled_from([T.INT8, T.UINT8]),
+       s=st.sampled_from([2.0**-7, 0.003, 0.05, 0.7, 3e4]), z=st.sampled_from(["min", "max", "mid"]),
+       where=st.sampled_from(["output", "inside"]), seed=st.integers(0, 2**16))
+def test_a_cast_of_a_dequantized_value_to_float_is_the_value(shape, x_type, s, z, where, seed):
+    """Cast to float32 of a dequantized value, at the graph output or inside before a QuantizeLinear, over random
+    shapes, scales and zero points at the type's extremes: the same integers as the model without the Cast, and at
+    the output the same floats as onnxruntime's run of the quantized model; the export exact. Regression: 'float
+    Cast of dequantized values has no integer form'."""
+    lo, hi = RANGE[x_type]
+    zx = {"min": lo, "max": hi, "mid": (lo + hi) // 2}[z]
+    rng = np.random.default_rng(seed)
+    x = rng.integers(lo, hi + 1, shape)
+    x.reshape(-1)[:2] = [lo, hi][:x.size]
+    with_cast, without = (import_model(cast_model(x_type, shape, s, zx, where, c), input_precision=9)
+                          for c in (True, False))
+    [got] = execute(with_cast.graph, {"data": x.astype(np.int32)})
+    [want] = execute(without.graph, {"data": x.astype(np.int32)})
+    assert np.array_equal(got, want)
+    if where == "output":
+        sess = ort.InferenceSession(cast_model(x_type, shape, s, zx, where, True).SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        [ref] = sess.run(None, {"x": x.astype(NP[x_type])})
+        assert np.array_equal(with_cast.edges.outputs[0].dequantize(got).astype(np.float32), ref)
+    assert verify(with_cast.graph, x.astype(np.int32)).exact
+
+
+def test_a_cast_of_a_dequantized_value_to_another_type_is_refused_naming_it():
+    """To float16 or int32: one line naming the node and the rule."""
+    for to, name in ((T.FLOAT16, "float16"), (T.INT32, "int32")):
+        with pytest.raises(UnsupportedError, match=rf"cast \(Cast\): Cast of dequantized values to {name} has no "
+                                                   "integer form"):
+            import_model(cast_model(T.UINT8, (2, 3), 0.05, 9, "inside", True, to), input_precision=9)
