@@ -66,7 +66,7 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       scalers_as_ops, shapes_only, spectra_as_products, unshared_biases)
+                       input_subs_as_adds, scalers_as_ops, shapes_only, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -612,7 +612,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
     (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a
-    Scaler as Add and Mul (``scalers_as_ops``); float16 computation widened to float32 (``float16_as_float32``); a
+    Scaler as Add and Mul (``scalers_as_ops``); a Sub of a constant from the float input as an Add
+    (``input_subs_as_adds``); float16 computation widened to float32 (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
     float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
@@ -645,6 +646,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     spectra_as_products(model)
     einsums_as_matmuls(model.graph)
     scalers_as_ops(model.graph)
+    input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     if model is given:

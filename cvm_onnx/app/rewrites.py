@@ -5,7 +5,8 @@ quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, 
 each its own copy (quantize_static copies it under a name that may already be another tensor's); a Gemm's beta
 folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
 (skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
-nothing after it); a model computing in float16 widened to float32 (float16 scales have no CVM form); a float input
+nothing after it); a Sub of a constant from the float input (a normalization inside the model) as an Add of its
+negation (quantize_static quantizes no Sub, and the input stays float); a model computing in float16 widened to float32 (float16 scales have no CVM form); a float input
 that only Casts to an integer type read (Keras' Embedding input) as an input of that type (a float input read by a
 Cast has no quantized form); an STFT as a strided Conv and a DFT as a MatMul by constant kernels (quantize_static
 quantizes neither STFT nor DFT; the same DFT within float32 rounding)."""
@@ -265,6 +266,29 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
         for i, n in enumerate(new):
             graph.node.insert(at + i, n)
         graph.node.remove(node)
+        done += 1
+    return done
+
+
+def input_subs_as_adds(graph: onnx.GraphProto) -> int:
+    """Replace each Sub of a float32 constant from a float32 graph input (a normalization's x - mean inside the
+    model) by Add(x, -c), -c a new initializer: the same float32 operation (x + (-c) is x - c exactly, as IEEE 754
+    defines subtraction; -c is exact). quantize_static quantizes Add, not Sub, and leaves the input float otherwise,
+    which CVM cannot take. Returns how many were replaced."""
+    inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    consts = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "Sub" and n.domain in ("", "ai.onnx")]:
+        if len(node.input) != 2 or node.input[0] not in inputs - set(consts) or node.input[1] not in consts \
+                or node.input[1] in inputs:
+            continue
+        name, k = f"{node.input[1]}_negated", 1
+        while name in names:
+            name, k = f"{node.input[1]}_negated:{k}", k + 1
+        names.add(name)
+        graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(consts[node.input[1]]), name))
+        node.op_type, node.input[1] = "Add", name
         done += 1
     return done
 

@@ -2,25 +2,32 @@
 of full-range 8-bit integers (SVTRv2's and TesseraNet's 320), where V = n^2 var fits 32 bits but the labels of its
 steps do not (n sum u^2 takes label(n w^2 / 4) + label(n) bits); the form takes the quartered variance there,
 equal to the integer oracle and within its bound of float. A Cast of a dequantized value to float32 (TesseraNet's
-before its mask output, which onnxruntime's optimizer keeps): the value itself."""
+before its mask output, which onnxruntime's optimizer keeps): the value itself. A Sub of a constant from the float
+input (TesseraNet's (x - mean) / std inside the model): quantize_static quantizes no Sub and left the input float;
+it is the Add of -c, the same float32 operation."""
 from __future__ import annotations
 
 from fractions import Fraction
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
 from support.quantized import qdq
 from test_quantized_rules import check_layernorm
 
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.app.rewrites import input_subs_as_adds
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 NP = {T.INT8: np.int8, T.UINT8: np.uint8}
@@ -107,3 +114,62 @@ def test_a_cast_of_a_dequantized_value_to_another_type_is_refused_naming_it():
         with pytest.raises(UnsupportedError, match=rf"cast \(Cast\): Cast of dequantized values to {name} has no "
                                                    "integer form"):
             import_model(cast_model(T.UINT8, (2, 3), 0.05, 9, "inside", True, to), input_precision=9)
+
+
+def normalized_model(c: np.ndarray, shape: tuple[int, ...], std: float | None = 0.25) -> onnx.ModelProto:
+    """x - c [/ std, a 3x3 Conv padded by 1 and a Relu]: a normalization inside the model, as TesseraNet's."""
+    rng = np.random.default_rng(3)
+    inits = [nh.from_array(c.astype(np.float32), "mean")]
+    nodes = [h.make_node("Sub", ["x", "mean"], ["d" if std else "y"], name="sub")]
+    if std:
+        inits += [nh.from_array(np.float32(std), "std"),
+                  nh.from_array(rng.normal(size=(4, shape[1], 3, 3)).astype(np.float32), "w")]
+        nodes += [h.make_node("Div", ["d", "std"], ["n"]), h.make_node("Conv", ["n", "w"], ["c"], pads=[1, 1, 1, 1]),
+                  h.make_node("Relu", ["c"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    return onnx_model(g, 13)
+
+
+SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, 1.0, -2.5, 0.485, 1e-38], np.float32)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple), per=st.sampled_from(["scalar", "last",
+       "channel", "full"]), seed=st.integers(0, 2**16))
+def test_a_sub_of_a_constant_from_the_input_is_the_add_of_its_negation(shape, per, seed):
+    """Over random shapes, constants broadcast every way and float32's special values (signed zeros, subnormals,
+    the extremes, inf - inf's NaN): onnxruntime's run of the rewritten model equals the original's bit for bit."""
+    rng = np.random.default_rng(seed)
+    cshape = {"scalar": (), "last": shape[-1:], "channel": (shape[1],) + (1,) * (len(shape) - 2), "full": shape}[per]
+    c = rng.choice(SPECIAL, cshape) if rng.random() < 0.5 else rng.normal(size=cshape) * 10.0 ** rng.integers(-3, 4)
+    m = normalized_model(np.asarray(c), shape, None)
+    x = np.where(rng.random(shape) < 0.3, rng.choice(np.append(SPECIAL, np.inf), shape), rng.normal(size=shape))
+    x = x.astype(np.float32)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert input_subs_as_adds(m.graph) == 1
+    assert [n.op_type for n in m.graph.node] == ["Add"]
+    got = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_subs_of_other_operands_are_left():
+    """c - x, x - y of two inputs and a Sub of a computed value are not this rewrite's."""
+    for nodes, ins in (([h.make_node("Sub", ["mean", "x"], ["y"])], ["x"]),
+                       ([h.make_node("Sub", ["x", "z"], ["y"])], ["x", "z"]),
+                       ([h.make_node("Relu", ["x"], ["r"]), h.make_node("Sub", ["r", "mean"], ["y"])], ["x"])):
+        g = h.make_graph(nodes, "m", [h.make_tensor_value_info(v, T.FLOAT, [2, 3]) for v in ins],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(np.ones(3, np.float32), "mean")])
+        assert input_subs_as_adds(g) == 0 and "Sub" in [n.op_type for n in g.node]
+
+
+def test_a_model_normalizing_its_input_quantizes_and_imports(tmp_path):
+    """(x - mean) / std, Conv, Relu: refused before ('the float input is read by Sub'); imports whole, the export
+    exact, as close to float as onnxruntime's quantized model (1.1x)."""
+    shape = (1, 3, 8, 8)
+    onnx.save(normalized_model(np.array([0.485, 0.456, 0.406]).reshape(3, 1, 1), shape), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).uniform(0, 1, (16,) + shape[1:]).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
