@@ -1280,10 +1280,11 @@ def not_float(model: onnx.ModelProto) -> str | None:
 
 
 def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
-    """The first float initializer holding NaN, or infinity where it is not only a bound (of Clip, Max, Min), as a
-    sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only ("scale
-    issue"). Only the initializers that ``outputs`` (else the graph's outputs) are computed from count: a tail
-    that ``quantize --outputs`` cuts off is never quantized."""
+    """The first float initializer or Constant node holding NaN, or infinity where it is not only a bound (of Clip,
+    Max, Min), as a sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only
+    ("scale issue"; an attention mask's Where(m, 0, -inf) gets an infinite scale). Only the constants that
+    ``outputs`` (else the graph's outputs) are computed from count: a tail that ``quantize --outputs`` cuts off is
+    never quantized."""
     from onnx import numpy_helper
 
     readers: dict[str, set[str]] = {}
@@ -1291,15 +1292,18 @@ def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str 
         for x in n.input:
             readers.setdefault(x, set()).add(n.op_type)
     read = _read_for(model.graph, outputs or [v.name for v in model.graph.output])
-    for t in model.graph.initializer:
-        if t.data_type in FLOAT_TYPES and t.name in read:
+    consts = [("initializer", t.name, t) for t in model.graph.initializer]
+    consts += [("Constant", n.output[0], a.t) for n in _nodes(model.graph) if n.op_type == "Constant" and n.output
+               for a in n.attribute if a.name == "value"]
+    for kind, name, t in consts:
+        if t.data_type in FLOAT_TYPES and name in read:
             v = numpy_helper.to_array(t)
-            bound = readers.get(t.name, set()) <= {"Clip", "Max", "Min"}
+            bound = readers.get(name, set()) <= {"Clip", "Max", "Min"}
             bad = np.isnan(v) if bound else ~np.isfinite(v)
             if bad.any():
                 at = tuple(int(i) for i in np.argwhere(bad)[0])
-                by = [f"{n.name or n.output[0]} ({n.op_type})" for n in _nodes(model.graph) if t.name in n.input]
-                return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
+                by = [f"{n.name or n.output[0]} ({n.op_type})" for n in _nodes(model.graph) if name in n.input]
+                return (f"the {kind} {name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
                         f"from finite weights only (read by {', '.join(by[:4])}{' ...' if len(by) > 4 else ''}: "
                         "--outputs cuts a float tail off before them)")
     return None

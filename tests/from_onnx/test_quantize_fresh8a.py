@@ -4,7 +4,8 @@ steps do not (n sum u^2 takes label(n w^2 / 4) + label(n) bits); the form takes 
 equal to the integer oracle and within its bound of float. A Cast of a dequantized value to float32 (TesseraNet's
 before its mask output, which onnxruntime's optimizer keeps): the value itself. A Sub of a constant from the float
 input (TesseraNet's (x - mean) / std inside the model): quantize_static quantizes no Sub and left the input float;
-it is the Add of -c, the same float32 operation."""
+it is the Add of -c, the same float32 operation. A -inf in a Constant node (TesseraNet's cross-attention mask
+Where(m, 0, -inf)): refused in one line naming it, as an initializer's is."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -173,3 +174,36 @@ def test_a_model_normalizing_its_input_quantizes_and_imports(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+def masked_attention(bad: float) -> onnx.ModelProto:
+    """MatMul ('logits'), then logits + Where(logits > 0, 0, ``bad``) from a Constant node, Softmax, MatMul: an
+    attention mask as torch exports it, the fill a Constant node."""
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["logits"]),
+             h.make_node("Constant", [], ["zero"], value=nh.from_array(np.array([0], np.float32))),
+             h.make_node("Constant", [], ["fill"], name="fill_c", value=nh.from_array(np.array([bad], np.float32))),
+             h.make_node("Greater", ["logits", "zero"], ["keep"]),
+             h.make_node("Where", ["keep", "zero", "fill"], ["mask"], name="mask_w"),
+             h.make_node("Add", ["logits", "mask"], ["masked"]), h.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "v"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=(8, 4)).astype(np.float32), "w"),
+                      nh.from_array(rng.normal(size=(4, 3)).astype(np.float32), "v")])
+    return onnx_model(g, 13)
+
+
+@pytest.mark.parametrize("bad", [-np.inf, np.nan])
+def test_a_non_finite_constant_node_is_refused_in_one_line_naming_it(tmp_path, bad):
+    """One problem naming the Constant and its reader, pointing at --outputs (was one line per infinite scale
+    quantize_static computed from it: 'the scale ... holds inf'); cut before it, the model imports."""
+    onnx.save(masked_attention(bad), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(8, 1, 4, 8)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "whole")
+    [p] = e.value.problems
+    assert "the Constant 'fill' holds" in p.rule and "(read by mask_w (Where): --outputs cuts a float tail off" \
+        in p.rule, p.rule
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cut", outputs=["logits"])
+    assert verify(done.imported.graph, None, seeds=1).exact
