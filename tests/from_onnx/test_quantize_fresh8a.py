@@ -5,7 +5,8 @@ equal to the integer oracle and within its bound of float. A Cast of a dequantiz
 before its mask output, which onnxruntime's optimizer keeps): the value itself. A Sub of a constant from the float
 input (TesseraNet's (x - mean) / std inside the model): quantize_static quantizes no Sub and left the input float;
 it is the Add of -c, the same float32 operation. A -inf in a Constant node (TesseraNet's cross-attention mask
-Where(m, 0, -inf)): refused in one line naming it, as an initializer's is."""
+Where(m, 0, -inf)): refused in one line naming it, as an initializer's is. Div and Mul of a dequantized value by a
+constant of several values (its per-channel std): the scale per element, requantized exactly."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import qdq
+from support.quantized import Oracle, qdq
 from test_quantized_rules import check_layernorm
 
 from cvm_onnx.app.quantize import quantize
@@ -207,3 +208,52 @@ def test_a_non_finite_constant_node_is_refused_in_one_line_naming_it(tmp_path, b
         in p.rule, p.rule
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cut", outputs=["logits"])
     assert verify(done.imported.graph, None, seeds=1).exact
+
+
+def per_channel_model(op: str, x_type: int, shape: tuple[int, ...], s: float, zx: int, c: np.ndarray, so: float,
+                      zo: int) -> onnx.ModelProto:
+    """DequantizeLinear of x, ``op`` (Div or Mul) by the float constant c, QuantizeLinear to uint8."""
+    inits = {"s": np.float32(s), "zx": NP[x_type](zx), "c": c.astype(np.float32), "so": np.float32(so),
+             "zo": np.uint8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), h.make_node(op, ["xf", "c"], ["d"], name="f"),
+             h.make_node("QuantizeLinear", ["d", "so", "zo"], ["y"], name="q")]
+    return qdq(nodes, shape, x_type, inits, T.UINT8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.data(), op=st.sampled_from(["Div", "Mul"]), x_type=st.sampled_from([T.INT8, T.UINT8]),
+       per=st.sampled_from(["channel", "last", "full", "channel4"]), s=st.sampled_from([2.0**-7, 0.003, 0.05, 0.7]),
+       so=st.sampled_from([2.0**-8, 0.01, 0.05, 0.4]), seed=st.integers(0, 2**16))
+def test_div_and_mul_by_a_constant_of_several_values_equal_the_oracle(d, op, x_type, per, s, so, seed):
+    """(x - z) s / c_k and * c_k over random shapes, constants broadcast along any axes (a per-channel std of (C, 1,
+    1), the last axis, the whole shape) with values from 1e-3 to 1e3, x over every integer of its type, zero points
+    at the extremes: the import equals the oracle (the requantization by its plan, within its bound) and onnxruntime's
+    quantized model within one step (float32 rounding at ties); the export exact. Regression: 'the divisor must be a
+    finite constant > 0, a scalar or one value throughout'."""
+    rng = np.random.default_rng(seed)
+    shape = (1, d.draw(st.integers(2, 4)), d.draw(st.integers(1, 4)), d.draw(st.integers(2, 8)))
+    cshape = {"channel": (shape[1], 1, 1), "last": (shape[-1],), "full": shape, "channel4": (1, shape[1], 1, 1)}[per]
+    c = 10.0 ** rng.uniform(-3, 3, cshape)
+    c.reshape(-1)[0] = c.reshape(-1)[1] * 2  # several values
+    lo, hi = RANGE[x_type]
+    zx = d.draw(st.sampled_from([lo, hi, (lo + hi) // 2]))
+    zo = d.draw(st.sampled_from([0, 255, 128]))
+    m = per_channel_model(op, x_type, shape, s, zx, c, so, zo)
+    x = rng.integers(lo, hi + 1, shape)
+    x.reshape(-1)[:2] = [lo, hi]
+    imp = import_model(m, input_precision=9)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [(_, want, *_)] = Oracle(m, imp).run(x.astype(np.int64))
+    assert np.array_equal(got.astype(np.int64), np.asarray(want).reshape(got.shape))
+    [ref] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.astype(NP[x_type])})
+    assert np.abs(got.astype(np.int64) - ref.astype(np.int64)).max() <= 1
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
+def test_div_by_a_constant_that_grows_the_shape_or_is_not_positive_is_refused():
+    """A constant that would broadcast x to more values, or holds 0: refused naming the node, as before."""
+    for c, shape in ((np.array([[1.0], [2.0]]), (1, 3)), (np.array([0.5, 0.0, 2.0]), (2, 3))):
+        m = per_channel_model("Div", T.UINT8, shape, 0.05, 3, c, 0.1, 0)
+        with pytest.raises(UnsupportedError, match=r"f \(Div\): the divisor must be a finite constant > 0"):
+            import_model(m, input_precision=9)
