@@ -8,7 +8,9 @@ it is the Add of -c, the same float32 operation. A -inf in a Constant node (Tess
 Where(m, 0, -inf)): refused in one line naming it, as an initializer's is. Div and Mul of a dequantized value by a
 constant of several values (its per-channel std): the scale per element, requantized exactly. An Einsum of two
 computed tensors with several free letters of one (TesseraNet's bcd,bdhw->bchw): a batched MatMul between
-Reshapes."""
+Reshapes. A graph whose tensors need more than the runtime's 2^32 bytes of storage (PP-OCRv3's multilingual
+detector at its declared 960 x 960: 9.0e9 bytes) is refused by validation, naming the bound, as the runtime refuses
+to load it."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -30,9 +32,12 @@ from cvm_onnx.app.quantize import quantize
 from cvm_onnx.app.rewrites import einsums_as_matmuls, input_subs_as_adds
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
-from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.builder import GraphBuilder
+from cvm_onnx.core.errors import UnsupportedError, ValidationError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.core.graph import Graph
+from cvm_onnx.core.validate import MAX_STORAGE, storage_bytes, validate
 from cvm_onnx.runtime.verify import verify
 
 NP = {T.INT8: np.int8, T.UINT8: np.uint8}
@@ -317,3 +322,22 @@ def test_a_model_with_a_wide_einsum_quantizes_and_imports(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+@pytest.mark.parametrize("relus, refused", [(3, False), (4, True)])
+def test_a_graph_past_the_runtimes_storage_bound_is_refused(relus, refused):
+    """data (2^28 int32 values: 1 GiB) and 3 relus make 4 GiB, the bound itself: valid; a fourth passes it: one
+    problem naming the bound (the runtime refuses to load such a model: 'storage size exceed MAX_STORAGE'; it was
+    written and only the runtime refused it)."""
+    b = GraphBuilder()
+    y = b.input("data", (16, 1 << 24), 8)
+    for k in range(relus):
+        y = b.op("relu", y, name=f"relu{k}")
+    graph = Graph(list(b.nodes), [y], dict(b.params))
+    if not refused:
+        assert storage_bytes(validate(graph).graph.nodes) == MAX_STORAGE
+        return
+    with pytest.raises(ValidationError) as e:
+        validate(graph)
+    [p] = e.value.problems
+    assert p.where == "storage" and "passes its load-time bound 2^32 = 4294967296" in p.rule, p.rule
