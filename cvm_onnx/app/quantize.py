@@ -68,7 +68,8 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       scalers_as_ops, sequences_as_concats, shapes_only, spectra_as_products, unshared_biases)
+                       input_subs_as_adds, scalers_as_ops, sequences_as_concats, shapes_only, spectra_as_products,
+                       unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -1032,8 +1033,9 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
     (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a list of tensors appended
-    and concatenated as a Concat (``sequences_as_concats``); a
-    Scaler as Add and Mul (``scalers_as_ops``); float16 computation widened to float32 (``float16_as_float32``); a
+    and concatenated as a Concat (``sequences_as_concats``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
+    a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
+    (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
     float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
@@ -1067,6 +1069,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     einsums_as_matmuls(model.graph)
     sequences_as_concats(model.graph)
     scalers_as_ops(model.graph)
+    input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     if model is given:
@@ -1713,10 +1716,11 @@ def not_float(model: onnx.ModelProto) -> str | None:
 
 
 def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
-    """The first float initializer holding NaN, or infinity where it is not only a bound (of Clip, Max, Min), as a
-    sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only ("scale
-    issue"). Only the initializers that ``outputs`` (else the graph's outputs) are computed from count: a tail
-    that ``quantize --outputs`` cuts off is never quantized."""
+    """The first float initializer or Constant node holding NaN, or infinity where it is not only a bound (of Clip,
+    Max, Min), as a sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only
+    ("scale issue"; an attention mask's Where(m, 0, -inf) gets an infinite scale). Only the constants that
+    ``outputs`` (else the graph's outputs) are computed from count: a tail that ``quantize --outputs`` cuts off is
+    never quantized."""
     from onnx import numpy_helper
 
     readers: dict[str, set[str]] = {}
@@ -1724,15 +1728,18 @@ def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str 
         for x in n.input:
             readers.setdefault(x, set()).add(n.op_type)
     read = _read_for(model.graph, outputs or [v.name for v in model.graph.output])
-    for t in model.graph.initializer:
-        if t.data_type in FLOAT_TYPES and t.name in read:
+    consts = [("initializer", t.name, t) for t in model.graph.initializer]
+    consts += [("Constant", n.output[0], a.t) for n in _nodes(model.graph) if n.op_type == "Constant" and n.output
+               for a in n.attribute if a.name == "value"]
+    for kind, name, t in consts:
+        if t.data_type in FLOAT_TYPES and name in read:
             v = numpy_helper.to_array(t)
-            bound = readers.get(t.name, set()) <= {"Clip", "Max", "Min"}
+            bound = readers.get(name, set()) <= {"Clip", "Max", "Min"}
             bad = np.isnan(v) if bound else ~np.isfinite(v)
             if bad.any():
                 at = tuple(int(i) for i in np.argwhere(bad)[0])
-                by = [f"{n.name or n.output[0]} ({n.op_type})" for n in _nodes(model.graph) if t.name in n.input]
-                return (f"the initializer {t.name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
+                by = [f"{n.name or n.output[0]} ({n.op_type})" for n in _nodes(model.graph) if name in n.input]
+                return (f"the {kind} {name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
                         f"from finite weights only (read by {', '.join(by[:4])}{' ...' if len(by) > 4 else ''}: "
                         "--outputs cuts a float tail off before them)")
     return None

@@ -5,10 +5,12 @@ quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, 
 each its own copy (quantize_static copies it under a name that may already be another tensor's); a Gemm's beta
 folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
 (skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
-nothing after it); a model computing in float16 widened to float32 (float16 scales have no CVM form); a float input
-that only Casts to an integer type read (Keras' Embedding input) as an input of that type (a float input read by a
-Cast has no quantized form); an STFT as a strided Conv and a DFT as a MatMul by constant kernels (quantize_static
-quantizes neither STFT nor DFT; the same DFT within float32 rounding)."""
+nothing after it); a Sub of a constant from the float input (a normalization inside the model) as an Add of its
+negation (quantize_static quantizes no Sub, and the input stays float); a model computing in float16 widened to
+float32 (float16 scales have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding
+input) as an input of that type (a float input read by a Cast has no quantized form); an STFT as a strided Conv
+and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within
+float32 rounding)."""
 from __future__ import annotations
 
 import math
@@ -128,14 +130,64 @@ def _batched(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) -> 
     return new
 
 
+def _wide_plan(a: str, b: str, out: str) -> tuple[bool, list[int], list[int], int, list[int]] | None:
+    """As ``_batched_plan``, for one free letter of one operand and several of the other (TesseraNet's
+    ``bcd,bdhw->bchw``): (whether b is the one of one free letter, MatMul's left; the left's permutation to batch +
+    free + summed, the right's to batch + summed + its free letters in the output's order, how many those are, the
+    output's permutation from batch + left free + right free); None otherwise."""
+    batch = [c for c in out if c in a and c in b]
+    summed = [c for c in a if c in b and c not in out]
+    fa, fb = ([c for c in out if c in t and c not in u] for t, u in ((a, b), (b, a)))
+    if len(summed) != 1 or sorted((len(fa), len(fb)))[0] != 1 or max(len(fa), len(fb)) < 2 or \
+            set(a) != set(batch + summed + fa) or set(b) != set(batch + summed + fb) or \
+            set(out) != set(batch + fa + fb):
+        return None
+    swap = len(fb) == 1
+    (lt, lf), (rt, rf) = ((b, fb), (a, fa)) if swap else ((a, fa), (b, fb))
+    return (swap, [lt.index(c) for c in batch + lf + summed], [rt.index(c) for c in batch + summed + rf], len(rf),
+            [(batch + lf + rf).index(c) for c in out])
+
+
+def _wide(node: onnx.NodeProto, terms: tuple[str, str, str]) -> tuple[list[onnx.NodeProto], list]:
+    """The nodes and initializers replacing an Einsum of ``_wide_plan``'s form: the right operand's free axes
+    reshaped to one (Reshape by [0, ..., 0, -1]), a batched MatMul, the product reshaped back to the right
+    operand's free dims (its Shape, sliced, after the product's leading dims), Transpose to the output's order."""
+    swap, lp, rp, nf, op = _wide_plan(*terms)
+    base, new = node.name or node.output[0], []
+    left, right = (node.input[1], node.input[0]) if swap else (node.input[0], node.input[1])
+    left = _transposed(left, lp, f"{base}:left_t", new)
+    right = _transposed(right, rp, f"{base}:right_t", new)
+    lead = len(rp) - nf  # batch + summed: the product's batch + left free, as many
+    added = [numpy_helper.from_array(np.array([0] * lead + [-1], np.int64), f"{base}:flat"),
+             numpy_helper.from_array(np.array([0], np.int64), f"{base}:zero"),
+             numpy_helper.from_array(np.array([lead], np.int64), f"{base}:lead"),
+             numpy_helper.from_array(np.array([len(rp)], np.int64), f"{base}:rank")]
+    y = node.output[0] if op == sorted(op) else f"{base}:y"
+    new += [helper.make_node("Reshape", [right, added[0].name], [f"{base}:right_2d"], name=f"{base}:right_2d"),
+            helper.make_node("MatMul", [left, f"{base}:right_2d"], [f"{base}:mm"], name=f"{base}:MatMul"),
+            helper.make_node("Shape", [f"{base}:mm"], [f"{base}:mm_shape"], name=f"{base}:mm_shape"),
+            helper.make_node("Slice", [f"{base}:mm_shape", added[1].name, added[2].name], [f"{base}:head"],
+                             name=f"{base}:head"),
+            helper.make_node("Shape", [right], [f"{base}:right_shape"], name=f"{base}:right_shape"),
+            helper.make_node("Slice", [f"{base}:right_shape", added[2].name, added[3].name], [f"{base}:tail"],
+                             name=f"{base}:tail"),
+            helper.make_node("Concat", [f"{base}:head", f"{base}:tail"], [f"{base}:y_shape"], name=f"{base}:y_shape",
+                             axis=0),
+            helper.make_node("Reshape", [f"{base}:mm", f"{base}:y_shape"], [y], name=f"{base}:y")]
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [y], [node.output[0]], perm=op, name=f"{base}:y_t"))
+    return new, added
+
+
 def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
     """Replace each Einsum of two operands that is a MatMul in another order: of a computed tensor and a float
     constant (an initializer), in either order, whose letters are batch letters of the computed tensor, letters
     summed against the constant and the constant's own output letters, by Transpose (where the order needs it),
     Reshape to (batch..., K), MatMul by the constant transposed and reshaped to (K, N) (a new initializer),
     Reshape to the output dims and Transpose; of two computed tensors with batch letters, one summed letter and
-    one free letter each (attention's Q K^T), by Transposes and a batched MatMul. The same sums of the same
-    products. Returns how many were replaced."""
+    one free letter each (attention's Q K^T), by Transposes and a batched MatMul; with several free letters of one
+    of them (``_wide``), those reshaped to one and back around it. The same sums of the same products. Returns how
+    many were replaced."""
     inits = {t.name: t for t in graph.initializer}
     done = 0
     for node in [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]:
@@ -145,10 +197,15 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
             continue
         const = _by_constant(node, terms, inits)
         new = const[0] if const else _batched(node, terms, inits)
+        wide = None
+        if new is None and not any(x in inits for x in node.input) and _wide_plan(*terms) is not None:
+            new, wide = _wide(node, terms)
         if new is None:
             continue
         if const:
             graph.initializer.extend(const[1])
+        if wide:
+            graph.initializer.extend(wide)
         at = list(graph.node).index(node)
         for i, n in enumerate(new):
             graph.node.insert(at + i, n)
@@ -320,6 +377,29 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
         for i, n in enumerate(new):
             graph.node.insert(at + i, n)
         graph.node.remove(node)
+        done += 1
+    return done
+
+
+def input_subs_as_adds(graph: onnx.GraphProto) -> int:
+    """Replace each Sub of a float32 constant from a float32 graph input (a normalization's x - mean inside the
+    model) by Add(x, -c), -c a new initializer: the same float32 operation (x + (-c) is x - c exactly, as IEEE 754
+    defines subtraction; -c is exact). quantize_static quantizes Add, not Sub, and leaves the input float otherwise,
+    which CVM cannot take. Returns how many were replaced."""
+    inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    consts = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
+    names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "Sub" and n.domain in ("", "ai.onnx")]:
+        if len(node.input) != 2 or node.input[0] not in inputs - set(consts) or node.input[1] not in consts \
+                or node.input[1] in inputs:
+            continue
+        name, k = f"{node.input[1]}_negated", 1
+        while name in names:
+            name, k = f"{node.input[1]}_negated:{k}", k + 1
+        names.add(name)
+        graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(consts[node.input[1]]), name))
+        node.op_type, node.input[1] = "Add", name
         done += 1
     return done
 

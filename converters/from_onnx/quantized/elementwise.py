@@ -138,9 +138,26 @@ def constant_factor(t, what: str, shape: tuple[int, ...] | None = None) -> Fract
     return Fraction(float(v.reshape(())))
 
 
-def rescaled(x, factor: Fraction, what: str):
+def constant_factors(t, what: str, x) -> Fraction | np.ndarray:
+    """``constant_factor``'s scalar, or for a constant of several values (a per-channel normalization's std inside
+    the model), each finite and > 0, whose shape broadcasts into a ``Scaled`` x's without growing it and beside no
+    deferred Clip: those values as exact Fractions in the constant's shape (x's scale becomes per element: the
+    scale times the factor, broadcast)."""
+    v = np.asarray(t.value, np.float64)
+    shape = getattr(x, "shape", None)
+    if v.size <= 1 or (v == v.flat[0]).all() or not isinstance(x, Scaled) or x.clip != (None, None) \
+            or len(v.shape) > len(shape) or np.broadcast_shapes(v.shape, shape) != tuple(shape) \
+            or not (np.isfinite(v) & (v > 0)).all():
+        return constant_factor(t, what, shape)
+    return np.array([Fraction(float(q)) for q in v.flat], dtype=object).reshape(v.shape)
+
+
+def rescaled(x, factor: Fraction | np.ndarray, what: str):
     """x * factor, exactly: the scale (of each term) times factor; a float function's value times it; x itself for
     factor 1 (of any form: a written-out softmax's confidence times 1)."""
+    if isinstance(factor, np.ndarray):  # per element (``constant_factors``): x is a Scaled without a Clip
+        scale = np.asarray(x.scale * factor, dtype=object)
+        return replace(x, scale=scale.reshape(np.broadcast_shapes(x.scale.shape, factor.shape)))
     if factor == 1:
         return x
     if isinstance(x, Mapped):  # float64 table values: times the numerator, over the denominator (each exact)
@@ -159,27 +176,28 @@ def is_float_const(t) -> bool:
 
 @float_rule("Mul", since=7)
 def mul_rule(ctx, node, a, b):
-    """(a - za)(b - zb) at scale s_a * s_b; by a float constant c > 0 (hard-swish's 1/6): the scale times c."""
+    """(a - za)(b - zb) at scale s_a * s_b; by a float constant c > 0 (hard-swish's 1/6): the scale times c (per
+    element for a constant of several values, ``constant_factors``)."""
     if is_float_const(b) or is_float_const(a):
         x, c = (a, b) if is_float_const(b) else (b, a)
-        return rescaled(x, constant_factor(c, "the Mul constant", getattr(x, "shape", None)), "a Mul operand")
+        return rescaled(x, constant_factors(c, "the Mul constant", x), "a Mul operand")
     return multiply(ctx, scaled(a, "a Mul operand"), scaled(b, "a Mul operand"))
 
 
 @float_rule("Div", since=7)
 def div_rule(ctx, node, a, b):
-    """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6): the scale over c, an exact rational
-    folded into the requantization that follows; by a computed value: a table of a / b over both operands'
-    integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's minimum); of sums of computed
-    values (a min-max normalization's (x - min) / (max - min)), or of values too wide for that table, an integer
-    quotient (``Quotient``)."""
+    """a / c for a float constant c > 0 (hard-swish's x * relu6(x + 3) / 6; a per-channel std, per element): the
+    scale over c, an exact rational folded into the requantization that follows; by a computed value: a table of
+    a / b over both operands' integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's
+    minimum); of sums of computed values (a min-max normalization's (x - min) / (max - min)), or of values too wide
+    for that table, an integer quotient (``Quotient``)."""
     if not is_float_const(b):
         wide = isinstance(a, Scaled) and isinstance(b, Scaled) and \
             (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE
         if isinstance(a, Summed) or isinstance(b, Summed) or wide:
             return Quotient(a, b)
         return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div")
-    return rescaled(a, 1 / constant_factor(b, "the divisor", getattr(a, "shape", None)), "the dividend")
+    return rescaled(a, 1 / constant_factors(b, "the divisor", a), "the dividend")
 
 
 #: |N| and |D| of a ``Quotient`` stay within 2^QUOTIENT_BITS: 2|N| + |D| and every sign product within 32 bits.

@@ -134,6 +134,13 @@ def quartered_fits(n: int, w: int, v_max: int, t_bits: int, quarter: int) -> boo
             and tight(v_max >> (2 * quarter)) <= 31 and tight(p_top) <= 32)
 
 
+def variance_fits(n: int, peak: int) -> bool:
+    """Whether ``variance``'s steps keep every CVM label within 32 bits (a product's label is the sum of its
+    operands', a difference's one more than the wider) for rows of n values |u| <= peak."""
+    return (2 * tight(peak) <= 32 and tight(n * peak * peak) + tight(n) <= 32 and 2 * tight(n * peak) <= 32
+            and tight(n * n * peak * peak) + 1 <= 32)
+
+
 def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: np.ndarray, beta: np.ndarray,
                    low: int, high: int) -> LayerNormPlan:
     """The plan of least delta for rows of n integers in [lo, hi] at scale s, epsilon ``eps``, and per-position
@@ -143,7 +150,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
     shape = None
-    if max(n * n * peak * peak, (n * peak) ** 2) < 1 << 31:
+    if variance_fits(n, peak):
         quarter, shape = 0, table_shape(v_max, 0)
     else:
         for quarter in range(1, 16):
