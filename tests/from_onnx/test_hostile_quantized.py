@@ -340,6 +340,23 @@ def test_mutated_models_of_the_newer_rule_families_are_refused_cleanly_or_import
     assert outcome in HQ.CLEAN, (case, outcome)
 
 
+@pytest.mark.parametrize("kind", HQ.LATEST)
+def test_the_seeds_of_the_forms_added_last_import_exactly(kind):
+    """Each seed of the forms added last imports and exports exactly, so that its mutants test the rule, not a
+    refusal of the seed."""
+    assert HQ.check(HQ.latest_seeds()[f"{kind}/QDQ"]) == "ok"
+
+
+@settings(max_examples=15, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(HQ.mutated(HQ.latest_seeds()))
+def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_exactly(case):
+    """LogSoftmax, the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed values, a constant W times
+    x, an LSTM of a wide initial cell: their attributes, constant inputs and quantization parameters mutated."""
+    outcome = HQ.check(case.files[0])
+    assert outcome in HQ.CLEAN, (case, outcome)
+
+
 @pytest.mark.parametrize("key", ["ops/QOperator/int8/channel", "ops/QDQ/uint8/tensor"])
 @pytest.mark.parametrize("shape", [(3, 1), (2, 3)])
 def test_a_prelu_slope_that_does_not_broadcast_is_refused_naming_the_prelu(key, shape):
@@ -600,6 +617,13 @@ def test_histogram_calibration_prints_nothing_of_onnxruntime(float_cnn, capfd, m
 def test_quantize_of_mutated_models_and_calibration_sets_fails_cleanly_leaving_nothing(case):
     outcome = HQ.check_quantize(*case.files)
     assert outcome in ("ok", "FormatError", "UnsupportedError", "RuntimeFailure"), (case, outcome)
+
+
+@pytest.mark.parametrize("kind", HQ.LATEST_FLOAT)
+def test_the_float_seeds_of_the_forms_added_last_quantize(kind):
+    """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod)
+    quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
+    assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False) == "ok"
 
 
 def test_samples_that_overflow_the_float_model_are_named(float_cnn, capsys):
