@@ -555,7 +555,7 @@ ATTRS.update({
     "Scaler": {"offset": [[float("nan")], [1.0, 2.0, 3.0]], "scale": [[0.0], [float("inf")]]},
     "LogSoftmax": ATTRS["Softmax"], "IsNaN": {}, "IsInf": {"detect_negative": [0, 2], "detect_positive": [0, -1]},
     "Where": {}, "Div": {}, "Pow": {}, "Mod": {"fmod": [0, 2, -1]}, "Reciprocal": {}, "Exp": {},
-    "ReduceMax": {"axes": [[0], [2], [5], [-1, -1], []], "keepdims": [1, 2]},
+    "ReduceMax": {"axes": [[0], [2], [5], [-1, -1]], "keepdims": [1, 2]},
     "ReduceSum": {"keepdims": [1, 2], "noop_with_empty_axes": [1]}, "Unsqueeze": {},
     "STFT": {"onesided": [0, 2]}, "DFT": {"inverse": [1, 2], "onesided": [1, 2], "axis": [0, -1, 2, 5, BIG]},
     "HannWindow": {"periodic": [0, 2], "output_datatype": [T.DOUBLE, T.INT64, 0]},
