@@ -824,8 +824,8 @@ def _recent_float(rng) -> dict[str, onnx.ModelProto]:
 
 
 def _latest_float(rng) -> dict[str, onnx.ModelProto]:
-    """Float models of the forms ``quantize`` takes since last: an STFT front end and a DFT (rewritten to a Conv and
-    a MatMul), a constant W times a computed x (``--per-channel``: W per tensor), LogSoftmax, the written-out
+    """Float models of the forms ``quantize`` takes since last: an STFT front end and a DFT of a constant length
+    (rewritten to a Conv and a MatMul), a constant W times a computed x (``--per-channel``: W per tensor), LogSoftmax, the written-out
     confidence, Where(IsNaN(Softmax)), Div, Pow (of a Sigmoid) and Mod (fmod) of two computed values."""
     from .spectra import mel_front_end
 
@@ -835,7 +835,7 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
 
     out = {"stft": mel_front_end(length=256, size=64, step=32, mels=8)}
     x, y = h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]), h.make_tensor_value_info("y", T.FLOAT, None)
-    kinds = {"dft": [h.make_node("DFT", ["x"], ["y"], name="dft", axis=1)],
+    kinds = {"dft": [h.make_node("DFT", ["x", "len"], ["y"], name="dft", axis=1)],
              "wx": [h.make_node("MatMul", ["w", "x"], ["y"], name="wx")],
              "logsoftmax": [h.make_node("LogSoftmax", ["m"], ["y"], name="logsoftmax")],
              "confidence": [h.make_node("ReduceMax", ["m"], ["mx"], axes=[2], keepdims=1),
@@ -854,7 +854,9 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
         inits: list[onnx.TensorProto] = []
         if kind == "wx":
             mm("w", 3, 4)
-        elif kind != "dft":
+        elif kind == "dft":
+            inits.append(nh.from_array(np.array(8, np.int64), "len"))
+        else:
             nodes = [h.make_node("MatMul", ["x", mm("w", 6, 5)], ["m"]), *nodes]
             mm("w2", 6, 5), mm("w3", 5, 3)
             inits += [nh.from_array(np.array([2], np.int64), "ax"), nh.from_array(np.float32(0), "zero")]
