@@ -858,3 +858,15 @@ def test_a_per_channel_output_scale_without_a_zero_point_is_no_internal_error():
     q.input[2] = ""
     set_init(m, q.input[1], np.full(2, float(nh.to_array(HQ._init(m, q.input[1]))), np.float32))
     assert f"the scale {q.input[1]!r} has 2 values: QLinearConv quantizes this input per tensor" in refusal(m)
+
+
+@pytest.mark.parametrize("axes", [[2, 2], [1, -3], [0, 0, 1]])
+def test_an_unsqueeze_of_a_repeated_axis_is_refused_naming_it(axes):
+    """Unsqueeze's axes naming one axis twice (-3 is axis 1 of a rank-4 output) is refused naming the node and its
+    axes (the confidence seed's Unsqueeze: an internal StopIteration, found by a sweep of its constants)."""
+    m = onnx.load_from_string(HQ.latest_seeds()["confidence/QDQ"])
+    un = node(m, "Unsqueeze")
+    un.name, un.input[1] = "unsqueeze_max", "unsqueeze_axes"
+    set_init(m, "unsqueeze_axes", np.array(axes, np.int64))
+    said = refusal(m)
+    assert "unsqueeze_max" in said and f"Unsqueeze axes {axes} name an axis twice" in said, said
