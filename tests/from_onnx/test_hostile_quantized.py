@@ -870,3 +870,20 @@ def test_an_unsqueeze_of_a_repeated_axis_is_refused_naming_it(axes):
     set_init(m, "unsqueeze_axes", np.array(axes, np.int64))
     said = refusal(m)
     assert "unsqueeze_max" in said and f"Unsqueeze axes {axes} name an axis twice" in said, said
+
+
+@pytest.mark.parametrize("key, seeds", [("lstm-wide-c/QDQ", HQ.latest_seeds), ("GRU/QDQ/uint8/tensor", HQ.family_seeds),
+                                        ("GRU/QOperator/int8/channel", HQ.family_seeds)])
+@pytest.mark.parametrize("h0", [264208.0, -264208.0, 1e20, -3e38])
+def test_an_initial_h_past_32_bits_at_its_scale_is_refused_naming_the_layer(key, seeds, h0):
+    """An initial_h whose value at 1/16256 passes 32 bits is refused naming the layer (it wrapped: 264208 was
+    imported as -0.126, 1e20 and 3e38 as 0; found by a sweep of the wide-cell LSTM's states)."""
+    m = onnx.load_from_string(seeds()[key])
+    layer = next(n for n in m.graph.node if n.op_type in ("LSTM", "GRU"))
+    layer.name = "the_layer"
+    v = nh.to_array(HQ._init(m, layer.input[5])).copy()
+    v.reshape(-1)[0] = h0
+    set_init(m, layer.input[5], v.astype(np.float32))
+    said = refusal(m)
+    assert f"the_layer ({layer.op_type}): {layer.op_type} initial_h reaching {abs(h0):.3g}: past 32 bits at " \
+           "1/16256" in said, said
