@@ -887,3 +887,36 @@ def test_an_initial_h_past_32_bits_at_its_scale_is_refused_naming_the_layer(key,
     said = refusal(m)
     assert f"the_layer ({layer.op_type}): {layer.op_type} initial_h reaching {abs(h0):.3g}: past 32 bits at " \
            "1/16256" in said, said
+
+
+@pytest.mark.parametrize("x_type, z, s", [(T.UINT8, 0, 3e38), (T.UINT8, 0, 1.4e36), (T.INT8, 100, 1.5e36),
+                                          (T.INT8, -128, 1.3e36), (T.UINT8, 200, 1e30)])
+def test_is_inf_of_a_dequantized_value_that_can_overflow_is_refused(x_type, z, s):
+    """IsInf of (t - z) s is false everywhere only while |t - z| s stays within float32's range: past it
+    DequantizeLinear gives inf, so IsInf is refused naming the node (it imported as false: Where(IsInf(x), 0, x) of
+    a scale of 3e38 gave x where onnxruntime gives 0; found reading the rule after the sweep of the IsInf seed's
+    scales); within it the import equals onnxruntime."""
+    from cvm_onnx.core.executor import execute
+    from support.quantized import qdq
+
+    lo, hi = (0, 255) if x_type == T.UINT8 else (-128, 127)
+    np_type = np.uint8 if x_type == T.UINT8 else np.int8
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("IsInf", ["xf"], ["t"], name="inf"),
+             h.make_node("Where", ["t", "zero", "xf"], ["w"]), h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
+    m = qdq(nodes, (2, 128), x_type, {"s": np.float32(s), "z": np_type(z), "zero": np.float32(0)}, x_type)
+    x = np.arange(lo, hi + 1).reshape(2, 128).astype(np_type)
+    with np.errstate(over="ignore"):
+        overflows = bool(np.isinf((x.astype(np.int32) - z).astype(np.float32) * np.float32(s)).any())
+    if overflows:
+        with pytest.raises(UnsupportedError) as e:
+            import_model(m, input_precision=9)
+        [p] = e.value.problems
+        assert p.where == "inf (IsInf)" and "IsInf of a dequantized value reaching" in p.rule and \
+            "past float32's range" in p.rule, str(p)
+    else:
+        import onnxruntime as ort
+
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        [got] = execute(import_model(m, input_precision=9).graph, {"data": x.astype(np.int32)})
+        assert np.array_equal(got.reshape(want.shape), want)
+    assert overflows == (s * max(hi - z, z - lo) > 3.4028234663852886e38)
