@@ -872,14 +872,23 @@ def test_an_unsqueeze_of_a_repeated_axis_is_refused_naming_it(axes):
     assert "unsqueeze_max" in said and f"Unsqueeze axes {axes} name an axis twice" in said, said
 
 
-@pytest.mark.parametrize("key, seeds", [("lstm-wide-c/QDQ", HQ.latest_seeds), ("GRU/QDQ/uint8/tensor", HQ.family_seeds),
-                                        ("GRU/QOperator/int8/channel", HQ.family_seeds)])
+def _rnn_with_states() -> bytes:
+    from support.transformers import lstm_model
+
+    return HQ._quantized(lstm_model("forward", 1, steps=3, size=4, hidden=4, states=True, op="RNN"), "QDQ", "uint8",
+                         False)
+
+
+@pytest.mark.parametrize("seed", [lambda: HQ.latest_seeds()["lstm-wide-c/QDQ"],
+                                  lambda: HQ.family_seeds()["GRU/QDQ/uint8/tensor"],
+                                  lambda: HQ.family_seeds()["GRU/QOperator/int8/channel"], _rnn_with_states],
+                         ids=["LSTM", "GRU-QDQ", "GRU-QOperator", "RNN"])
 @pytest.mark.parametrize("h0", [264208.0, -264208.0, 1e20, -3e38])
-def test_an_initial_h_past_32_bits_at_its_scale_is_refused_naming_the_layer(key, seeds, h0):
+def test_an_initial_h_past_32_bits_at_its_scale_is_refused_naming_the_layer(seed, h0):
     """An initial_h whose value at 1/16256 passes 32 bits is refused naming the layer (it wrapped: 264208 was
     imported as -0.126, 1e20 and 3e38 as 0; found by a sweep of the wide-cell LSTM's states)."""
-    m = onnx.load_from_string(seeds()[key])
-    layer = next(n for n in m.graph.node if n.op_type in ("LSTM", "GRU"))
+    m = onnx.load_from_string(seed())
+    layer = next(n for n in m.graph.node if n.op_type in ("LSTM", "GRU", "RNN"))
     layer.name = "the_layer"
     v = nh.to_array(HQ._init(m, layer.input[5])).copy()
     v.reshape(-1)[0] = h0
