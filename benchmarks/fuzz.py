@@ -13,8 +13,9 @@ a signal or a hang is counted as an outcome rather than ending the run; the coun
 ``quantized`` is the same for models onnxruntime.quantization writes (tests/support/hostile_quantized.py: QDQ
 and QOperator, per tensor and per channel, uint8 and int8, dynamic), mutated in their quantization parameters,
 QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact;
-``recent`` is the same for the seeds of the forms added lately alone (``HQ.recent_seeds``).
-``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets. Each child may add
+``recent`` is the same for the seeds of the forms added lately alone (``HQ.recent_seeds``), ``latest`` for those
+of the forms added last (``HQ.latest_seeds``). ``quantize`` gives ``cvm-onnx quantize`` mutated float models and
+calibration sets, ``quantize-latest`` those of the forms added last (``HQ.LATEST_FLOAT``). Each child may add
 CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 
     python benchmarks/fuzz.py --minutes 5              # all targets, time split evenly
@@ -63,7 +64,9 @@ CHILD_TARGETS = {
     "resnet-rules": lambda: H.mutated_nodes(R.resnet_onnx_seeds(RESNET)),
     "quantized": lambda: HQ.mutated(HQ.seeds()),
     "recent": lambda: HQ.mutated(HQ.recent_seeds()),
+    "latest": lambda: HQ.mutated(HQ.latest_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
+    "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
 }
 PROJECT = ("cvm_onnx", "converters")
 
@@ -127,7 +130,8 @@ def convert_and_run(data: bytes) -> str:
 
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
-CHECKS = {"quantized": "quantized", "recent": "quantized", "quantize": "quantize"}
+CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "quantize": "quantize",
+          "quantize-latest": "quantize"}
 
 
 def _serve(conn, kind: str) -> None:

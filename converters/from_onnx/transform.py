@@ -65,6 +65,8 @@ def unsqueeze(ctx, node, x, axes_t=None):
     axes = axes_of(node, axes_t, 13) or []
     rank = len(x.shape) + len(axes)
     new = set(normal(axes, rank))
+    if len(new) != len(axes):
+        raise Refuse(f"Unsqueeze axes {list(axes)} name an axis twice (output rank {rank})")
     rest = iter(x.shape)
     return ctx.reshape(x, tuple(1 if i in new else next(rest) for i in range(rank)))
 

@@ -598,7 +598,8 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     onesided or not: Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose
     back. A sum of float32 products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1
     or 2 channels), as onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused
-    naming the node: a step, length, window or axis computed at run time, or a signal whose shape is not known.
+    naming the node: a step, length, window or axis computed at run time, a step, length or axis other than one
+    integer, or a signal whose shape is not known.
     Returns how many nodes were replaced."""
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type in ("STFT", "DFT") and n.domain in ("", "ai.onnx")]
@@ -628,15 +629,22 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                                      f"makes it a product by a constant matrix")
             return v
 
+        def integer(i: int, what: str) -> int | None:
+            v = const(i, what)
+            if v is not None and (v.size != 1 or v.dtype.kind not in "iu"):
+                raise _refused(node, f"{node.op_type} with its {what} of shape {v.shape} and type {v.dtype}: one "
+                                     f"integer")
+            return None if v is None else int(v.reshape(()))
+
         attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
         dims = shapes.get(node.input[0])
         new, added = [], []
         if node.op_type == "STFT":
-            step, window, frame = const(1, "frame_step"), const(2, "window"), const(3, "frame_length")
+            step, window, frame = integer(1, "frame_step"), const(2, "window"), integer(3, "frame_length")
             if dims is None or len(dims) != 3 or dims[2] not in (1, 2) or dims[1] is None:
                 raise _refused(node, f"STFT of a signal of shape {dims}: (batch, length, 1 or 2) of known length")
-            size = int(frame.reshape(())) if frame is not None else (window.size if window is not None else 0)
-            p = int(step.reshape(())) if step is not None else 0
+            size = frame if frame is not None else (window.size if window is not None else 0)
+            p = step if step is not None else 0
             if size < 1 or size > dims[1] or p < 1 or (window is not None and window.shape != (size,)):
                 raise _refused(node, f"STFT of frame_length {size}, frame_step {p}, window of shape "
                                      f"{None if window is None else window.shape} over {dims[1]} samples: a window of "
@@ -655,9 +663,9 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                     helper.make_node("Reshape", [conv, added[1].name], [r], name=r),
                     helper.make_node("Transpose", [r], [node.output[0]], perm=[0, 3, 1, 2], name=fresh("frames"))]
         else:
-            length_v = const(1, "dft_length")
-            axis_v = const(2, "axis") if opset >= 20 else None
-            axis = int(axis_v.reshape(())) if axis_v is not None else attrs.get("axis", -2 if opset >= 20 else 1)
+            length_v = integer(1, "dft_length")
+            axis_v = integer(2, "axis") if opset >= 20 else None
+            axis = axis_v if axis_v is not None else attrs.get("axis", -2 if opset >= 20 else 1)
             rank = len(dims) if dims is not None else 0
             if dims is None or rank < 2 or dims[-1] not in (1, 2) or not -rank <= axis < rank:
                 raise _refused(node, f"DFT of an input of shape {dims} along axis {axis}: (..., 1 or 2) of known "
@@ -667,7 +675,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                 raise _refused(node, f"DFT along axis {axis} of an input of shape {dims}: an axis before the last, "
                                      f"of known length")
             length = dims[axis]
-            size = int(length_v.reshape(())) if length_v is not None else length
+            size = length_v if length_v is not None else length
             inverse, onesided = attrs.get("inverse", 0), attrs.get("onesided", 0)
             if size < 1 or (onesided and (inverse or dims[-1] == 2)):
                 raise _refused(node, f"DFT of dft_length {size}, inverse={inverse}, onesided={onesided} of "

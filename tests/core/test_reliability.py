@@ -142,7 +142,8 @@ def with_number(draw, text: str) -> str:
 
 @st.composite
 def mutated_symbols(draw, seeds: dict[str, tuple[str, bytes]]) -> Case:
-    """A seed's symbol with 1 to 3 structural mutations (or its text broken), and the seed's params."""
+    """A seed's symbol with 1 to 3 structural mutations or a postprocess value (or its text broken), and the seed's
+    params."""
     name = draw(st.sampled_from(sorted(seeds)))
     symbol, params = seeds[name]
     steps: list[str] = []
@@ -154,8 +155,13 @@ def mutated_symbols(draw, seeds: dict[str, tuple[str, bytes]]) -> Case:
     for _ in range(draw(st.integers(1, 3))):
         container, key, path = draw(st.sampled_from(places(doc)))
         value = container[key]
-        kind = draw(st.sampled_from(["delete", "duplicate", "extreme", "number in text", "swap", "retype"]))
-        if kind == "delete":
+        kind = draw(st.sampled_from(["delete", "duplicate", "extreme", "number in text", "swap", "retype",
+                                     "postprocess"]))
+        if kind == "postprocess":  # the runtime's free-form string, which no seed has
+            container, key, path = doc, "postprocess", "postprocess"
+            doc[key] = draw(st.sampled_from(["", "argmax", "detection", "x" * 70000, "\t\r\n\\\"", "é"])
+                            | json_values)
+        elif kind == "delete":
             del container[key]
         elif kind == "duplicate" and isinstance(container, list):
             container.insert(key, copy.deepcopy(value))
@@ -171,7 +177,7 @@ def mutated_symbols(draw, seeds: dict[str, tuple[str, bytes]]) -> Case:
             container[key] = draw(json_values)
         else:
             container[key] = draw(st.sampled_from(EXTREMES))
-        steps.append(f"{kind} {path}" + (f" = {container[key]!r:.60}" if kind in ("extreme", "retype",
+        steps.append(f"{kind} {path}" + (f" = {container[key]!r:.60}" if kind in ("extreme", "retype", "postprocess",
                                                                                    "number in text") else ""))
     return Case(name, tuple(steps), (dumps(doc, repeated), params))
 

@@ -340,6 +340,23 @@ def test_mutated_models_of_the_newer_rule_families_are_refused_cleanly_or_import
     assert outcome in HQ.CLEAN, (case, outcome)
 
 
+@pytest.mark.parametrize("kind", HQ.LATEST)
+def test_the_seeds_of_the_forms_added_last_import_exactly(kind):
+    """Each seed of the forms added last imports and exports exactly, so that its mutants test the rule, not a
+    refusal of the seed."""
+    assert HQ.check(HQ.latest_seeds()[f"{kind}/QDQ"]) == "ok"
+
+
+@settings(max_examples=15, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(HQ.mutated(HQ.latest_seeds()))
+def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_exactly(case):
+    """LogSoftmax, the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed values, a constant W times
+    x, an LSTM of a wide initial cell: their attributes, constant inputs and quantization parameters mutated."""
+    outcome = HQ.check(case.files[0])
+    assert outcome in HQ.CLEAN, (case, outcome)
+
+
 @pytest.mark.parametrize("key", ["ops/QOperator/int8/channel", "ops/QDQ/uint8/tensor"])
 @pytest.mark.parametrize("shape", [(3, 1), (2, 3)])
 def test_a_prelu_slope_that_does_not_broadcast_is_refused_naming_the_prelu(key, shape):
@@ -602,6 +619,13 @@ def test_quantize_of_mutated_models_and_calibration_sets_fails_cleanly_leaving_n
     assert outcome in ("ok", "FormatError", "UnsupportedError", "RuntimeFailure"), (case, outcome)
 
 
+@pytest.mark.parametrize("kind", HQ.LATEST_FLOAT)
+def test_the_float_seeds_of_the_forms_added_last_quantize(kind):
+    """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod)
+    quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
+    assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False) == "ok"
+
+
 def test_samples_that_overflow_the_float_model_are_named(float_cnn, capsys):
     """Finite samples of 3e38 make the float model's activations inf: onnxruntime's ``supplied range of [-inf, inf]
     is not finite`` came through without the cause; now the calibration file and the sample are named."""
@@ -834,3 +858,74 @@ def test_a_per_channel_output_scale_without_a_zero_point_is_no_internal_error():
     q.input[2] = ""
     set_init(m, q.input[1], np.full(2, float(nh.to_array(HQ._init(m, q.input[1]))), np.float32))
     assert f"the scale {q.input[1]!r} has 2 values: QLinearConv quantizes this input per tensor" in refusal(m)
+
+
+@pytest.mark.parametrize("axes", [[2, 2], [1, -3], [0, 0, 1]])
+def test_an_unsqueeze_of_a_repeated_axis_is_refused_naming_it(axes):
+    """Unsqueeze's axes naming one axis twice (-3 is axis 1 of a rank-4 output) is refused naming the node and its
+    axes (the confidence seed's Unsqueeze: an internal StopIteration, found by a sweep of its constants)."""
+    m = onnx.load_from_string(HQ.latest_seeds()["confidence/QDQ"])
+    un = node(m, "Unsqueeze")
+    un.name, un.input[1] = "unsqueeze_max", "unsqueeze_axes"
+    set_init(m, "unsqueeze_axes", np.array(axes, np.int64))
+    said = refusal(m)
+    assert "unsqueeze_max" in said and f"Unsqueeze axes {axes} name an axis twice" in said, said
+
+
+def _rnn_with_states() -> bytes:
+    from support.transformers import lstm_model
+
+    return HQ._quantized(lstm_model("forward", 1, steps=3, size=4, hidden=4, states=True, op="RNN"), "QDQ", "uint8",
+                         False)
+
+
+@pytest.mark.parametrize("seed", [lambda: HQ.latest_seeds()["lstm-wide-c/QDQ"],
+                                  lambda: HQ.family_seeds()["GRU/QDQ/uint8/tensor"],
+                                  lambda: HQ.family_seeds()["GRU/QOperator/int8/channel"], _rnn_with_states],
+                         ids=["LSTM", "GRU-QDQ", "GRU-QOperator", "RNN"])
+@pytest.mark.parametrize("h0", [264208.0, -264208.0, 1e20, -3e38])
+def test_an_initial_h_past_32_bits_at_its_scale_is_refused_naming_the_layer(seed, h0):
+    """An initial_h whose value at 1/16256 passes 32 bits is refused naming the layer (it wrapped: 264208 was
+    imported as -0.126, 1e20 and 3e38 as 0; found by a sweep of the wide-cell LSTM's states)."""
+    m = onnx.load_from_string(seed())
+    layer = next(n for n in m.graph.node if n.op_type in ("LSTM", "GRU", "RNN"))
+    layer.name = "the_layer"
+    v = nh.to_array(HQ._init(m, layer.input[5])).copy()
+    v.reshape(-1)[0] = h0
+    set_init(m, layer.input[5], v.astype(np.float32))
+    said = refusal(m)
+    assert f"the_layer ({layer.op_type}): {layer.op_type} initial_h reaching {abs(h0):.3g}: past 32 bits at " \
+           "1/16256" in said, said
+
+
+@pytest.mark.parametrize("x_type, z, s", [(T.UINT8, 0, 3e38), (T.UINT8, 0, 1.4e36), (T.INT8, 100, 1.5e36),
+                                          (T.INT8, -128, 1.3e36), (T.UINT8, 200, 1e30)])
+def test_is_inf_of_a_dequantized_value_that_can_overflow_is_refused(x_type, z, s):
+    """IsInf of (t - z) s is false everywhere only while |t - z| s stays within float32's range: past it
+    DequantizeLinear gives inf, so IsInf is refused naming the node (it imported as false: Where(IsInf(x), 0, x) of
+    a scale of 3e38 gave x where onnxruntime gives 0; found reading the rule after the sweep of the IsInf seed's
+    scales); within it the import equals onnxruntime."""
+    from cvm_onnx.core.executor import execute
+    from support.quantized import qdq
+
+    lo, hi = (0, 255) if x_type == T.UINT8 else (-128, 127)
+    np_type = np.uint8 if x_type == T.UINT8 else np.int8
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("IsInf", ["xf"], ["t"], name="inf"),
+             h.make_node("Where", ["t", "zero", "xf"], ["w"]), h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
+    m = qdq(nodes, (2, 128), x_type, {"s": np.float32(s), "z": np_type(z), "zero": np.float32(0)}, x_type)
+    x = np.arange(lo, hi + 1).reshape(2, 128).astype(np_type)
+    with np.errstate(over="ignore"):
+        overflows = bool(np.isinf((x.astype(np.int32) - z).astype(np.float32) * np.float32(s)).any())
+    if overflows:
+        with pytest.raises(UnsupportedError) as e:
+            import_model(m, input_precision=9)
+        [p] = e.value.problems
+        assert p.where == "inf (IsInf)" and "IsInf of a dequantized value reaching" in p.rule and \
+            "past float32's range" in p.rule, str(p)
+    else:
+        import onnxruntime as ort
+
+        want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        [got] = execute(import_model(m, input_precision=9).graph, {"data": x.astype(np.int32)})
+        assert np.array_equal(got.reshape(want.shape), want)
+    assert overflows == (s * max(hi - z, z - lo) > 3.4028234663852886e38)

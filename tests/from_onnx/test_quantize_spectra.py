@@ -200,6 +200,18 @@ def _hostile(case: str) -> onnx.ModelProto:
         m = stft_model((1, 64, 1), 4, None, 16, True, hann=True)
         m.graph.node[0].attribute[0].t.CopyFrom(nh.from_array(np.array(1 << 40, np.int64)))
         return m
+    if case == "step-empty":
+        m = stft_model((1, 64, 1), 4, None, 16, True)
+        m.graph.initializer[0].CopyFrom(nh.from_array(np.zeros(0, np.int64), "step"))
+        return m
+    if case == "dft-length-2":
+        return dft_model((1, 8, 1), 1, [8, 8], 0, 0, 17)
+    if case == "dft-length-float":
+        m = dft_model((1, 8, 1), 1, 8, 0, 0, 17)
+        m.graph.initializer[0].CopyFrom(nh.from_array(np.float32(np.nan), "len"))
+        return m
+    if case == "dft-axis-2":
+        return dft_model((1, 8, 1), [1, 1], None, 0, 0, 20)
     return stft_model((1, 64, 1), 4, None, 65, True)  # a frame longer than the signal
 
 
@@ -208,10 +220,15 @@ def _hostile(case: str) -> onnx.ModelProto:
     ("dft-length-2^40", r"dft \(DFT\): DFT by a kernel of 8 x 2199023255552 values: at most 16777216"),
     ("hann-2^40", r"spectrum \(STFT\): STFT with its window computed at run time \(or by nodes of unstated shapes or "
                    r"over 16777216 values\)"),
-    ("frame-65", r"spectrum \(STFT\): STFT of frame_length 65, frame_step 4, window of shape None over 64 samples")])
+    ("frame-65", r"spectrum \(STFT\): STFT of frame_length 65, frame_step 4, window of shape None over 64 samples"),
+    ("step-empty", r"spectrum \(STFT\): STFT with its frame_step of shape \(0,\) and type int64: one integer"),
+    ("dft-length-2", r"dft \(DFT\): DFT with its dft_length of shape \(2,\) and type int64: one integer"),
+    ("dft-length-float", r"dft \(DFT\): DFT with its dft_length of shape \(\) and type float32: one integer"),
+    ("dft-axis-2", r"dft \(DFT\): DFT with its axis of shape \(2,\) and type int64: one integer")])
 def test_spectra_out_of_bounds_are_refused_naming_the_node_before_allocating(case, said):
-    """A length computed at run time, a kernel or a window op of 2^40 values, a frame longer than the signal: one
-    refusal naming the node and the rule, before anything of that size is allocated."""
+    """A length computed at run time, a kernel or a window op of 2^40 values, a frame longer than the signal, a step,
+    length or axis of other than one integer (an internal reshape error: found by the quantize fuzzer's STFT and DFT
+    seeds): one refusal naming the node and the rule, before anything of that size is allocated."""
     import time
 
     start = time.monotonic()

@@ -27,7 +27,7 @@ from onnx import numpy_helper as nh
 from cvm_onnx.core.format.onnx_file import onnx_model
 
 from .fuzz import Case, mutated_onnx
-from .quantized import Reader, float_model
+from .quantized import Reader, float_model, qdq
 
 #: Positions of the scales and zero points of each quantizing op (QLinearConcat's are counted per node).
 SCALES = {"QuantizeLinear": (1,), "DequantizeLinear": (1,), "QLinearConv": (1, 4, 6), "QLinearMatMul": (1, 4, 6),
@@ -172,7 +172,7 @@ def _float_c(data: bytes) -> bytes:
 def recent_seeds() -> dict[str, bytes]:
     """Seeds of the forms added lately (``_recent``) by name: QDQ uint8 per tensor and QOperator int8 per channel
     (QDQ for the ConvTranspose: QOperator leaves it float; the Gemm with a float C: QDQ); onnxruntime's dynamic int8 models, which convert refuses naming quantize
-    (DynamicQuantizeLSTM, DynamicQuantizeMatMul, MatMulIntegerToFloat)."""
+    (DynamicQuantizeLSTM, DynamicQuantizeMatMul, MatMulIntegerToFloat); the forms added last (``_latest``)."""
     import logging
 
     from .dynamic import dynamic, fused, integer_to_float, lstm, mlp
@@ -190,8 +190,72 @@ def recent_seeds() -> dict[str, bytes]:
     out["lstm/dynamic"] = dynamic(lstm(rng), False, "int8").SerializeToString()
     out["mlp/DynamicQuantizeMatMul"] = fused(dynamic(mlp(rng), True, "int8")).SerializeToString()
     out["mlp/MatMulIntegerToFloat"] = integer_to_float(dynamic(mlp(rng), False, "uint8")).SerializeToString()
+    out.update(latest_seeds())
     logging.disable(logging.NOTSET)
     return out
+
+
+@functools.cache
+def latest_seeds() -> dict[str, bytes]:
+    """Seeds of the forms added last (``_latest``) by name."""
+    return {f"{kind}/QDQ": _latest(kind) for kind in LATEST}
+
+
+def _latest(kind: str) -> bytes:
+    """QDQ models of the forms added last, written by hand where quantize_static leaves the op float: "logsoftmax"
+    (to uint8) and "logsoftmax-float" (a float output), "confidence" (1 / ReduceSum(Exp(x - ReduceMax(x))), its max
+    of the tensor transposed), "isnan" and "isinf" (Where(test, 0, x) of a dequantized value), "Div", "Pow", "Mod"
+    (fmod: one table of two computed int8 values), "wx" (a constant per-tensor W times a computed x); onnxruntime's
+    "lstm-wide-c" (an LSTM whose initial cell reaches 3000: c split in halves at G = 14)."""
+    if kind == "lstm-wide-c":
+        from .transformers import lstm_model
+
+        fm = lstm_model("forward", 4, steps=3, size=4, hidden=4, states=True)
+        c0 = _init(fm, "c0")
+        _set(fm, "c0", nh.from_array(nh.to_array(c0) * np.float32(1500), "c0"))
+        return _quantized(fm, "QDQ", "uint8", False)
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    if kind.startswith("logsoftmax"):
+        inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(255)}
+        out = "y" if kind.endswith("float") else "lf"
+        nodes = [dq(["x", "s", "zx"], ["xf"]), h.make_node("LogSoftmax", ["xf"], [out], name="logsoftmax")]
+        if out == "lf":
+            nodes.append(h.make_node("QuantizeLinear", ["lf", "so", "zo"], ["y"]))
+        return qdq(nodes, (2, 40), T.INT8, inits, T.FLOAT if out == "y" else T.UINT8).SerializeToString()
+    if kind == "confidence":
+        inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(1 / 255), "zo": np.uint8(0),
+                 "ax": np.array([2], np.int64)}
+        nodes = [dq(["x", "s", "zx"], ["yf"]), h.make_node("Transpose", ["yf"], ["xf"], perm=[0, 2, 1]),
+                 h.make_node("ReduceMax", ["yf"], ["m0"], axes=[1], keepdims=0, name="max"),
+                 h.make_node("Unsqueeze", ["m0", "ax"], ["m"]), h.make_node("Sub", ["xf", "m"], ["u"]),
+                 h.make_node("Exp", ["u"], ["e"]), h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0,
+                                                               name="sum"),
+                 h.make_node("Reciprocal", ["r"], ["c"], name="confidence"),
+                 h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+        return qdq(nodes, (1, 12, 5), T.INT8, inits, T.UINT8).SerializeToString()
+    if kind in ("isnan", "isinf"):
+        inits = {"s": np.float32(1 / 255), "z": np.uint8(0), "zero": np.float32(0)}
+        nodes = [dq(["x", "s", "z"], ["xf"]), h.make_node("IsNaN" if kind == "isnan" else "IsInf", ["xf"], ["t"],
+                                                          name="test"),
+                 h.make_node("Where", ["t", "zero", "xf"], ["w"], name="where"),
+                 h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
+        return qdq(nodes, (1, 4, 6), T.UINT8, inits, T.UINT8).SerializeToString()
+    if kind in ("Div", "Pow", "Mod"):
+        inits = {"sa": np.float32(0.25), "za": np.int8(3), "sb": np.float32(0.125), "zb": np.int8(-2),
+                 "so": np.float32(0.5), "zo": np.int8(4)}
+        nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]), dq(["x", "sa", "za"], ["a"]),
+                 dq(["xt", "sb", "zb"], ["b"]),
+                 h.make_node(kind, ["a", "b"], ["r"], name="paired", **({"fmod": 1} if kind == "Mod" else {})),
+                 h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+        return qdq(nodes, (5, 5), T.INT8, inits, T.INT8).SerializeToString()
+    # "wx"
+    rng = np.random.default_rng(7)
+    inits = {"s": np.float32(0.03), "zx": np.uint8(131), "w": rng.integers(-127, 128, (6, 16)).astype(np.int8),
+             "sw": np.float32(0.007), "so": np.float32(0.9), "zo": np.uint8(128)}
+    nodes = [dq(["x", "s", "zx"], ["xf"]), dq(["w", "sw"], ["wf"]), h.make_node("MatMul", ["wf", "xf"], ["p"],
+                                                                           name="wx"),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    return qdq(nodes, (1, 16, 5), T.UINT8, inits, T.UINT8).SerializeToString()
 
 
 class _Tokens:
@@ -442,6 +506,7 @@ def _mutate_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
 #: The seeds of the newer rule families (``_family``) and of the forms added lately (``_recent``, the dynamic ones).
 FAMILIES = ("ops", "tokens", "encoder", "LSTM", "GRU", "RNN")
 RECENT = ("peephole", "convT1d", "depth", "tables", "gemm")
+LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c")
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile values of the attributes of the newer rule families' ops (None: the attribute removed).
@@ -488,6 +553,13 @@ ATTRS.update({
     "MatMulInteger": {}, "ConvInteger": ATTRS["Conv"], "MatMulIntegerToFloat": {}, "DynamicQuantizeMatMul": {},
     "DequantizeLinear": {"axis": [-3, -1, 0, 1, 5], "block_size": [0, 2, -1]},
     "Scaler": {"offset": [[float("nan")], [1.0, 2.0, 3.0]], "scale": [[0.0], [float("inf")]]},
+    "LogSoftmax": ATTRS["Softmax"], "IsNaN": {}, "IsInf": {"detect_negative": [0, 2], "detect_positive": [0, -1]},
+    "Where": {}, "Div": {}, "Pow": {}, "Mod": {"fmod": [0, 2, -1]}, "Reciprocal": {}, "Exp": {},
+    "ReduceMax": {"axes": [[0], [2], [5], [-1, -1]], "keepdims": [1, 2]},
+    "ReduceSum": {"keepdims": [1, 2], "noop_with_empty_axes": [1]}, "Unsqueeze": {},
+    "STFT": {"onesided": [0, 2]}, "DFT": {"inverse": [1, 2], "onesided": [1, 2], "axis": [0, -1, 2, 5, BIG]},
+    "HannWindow": {"periodic": [0, 2], "output_datatype": [T.DOUBLE, T.INT64, 0]},
+    "MelWeightMatrix": {"output_datatype": [T.DOUBLE, T.INT64, 0]},
 })
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
@@ -608,7 +680,7 @@ def mutated(draw, seeds: dict[str, bytes]) -> Case:
         what = draw(st.integers(0, 7))
         if what == 0:
             _mutate_input(draw, model, steps)
-        elif what >= 5 or name.split("/")[0] in FAMILIES + RECENT + DYNAMIC + ("gemm-float-c",) and what >= 3:
+        elif what >= 5 or name.split("/")[0] in FAMILIES + RECENT + LATEST + DYNAMIC + ("gemm-float-c",) and what >= 3:
             _family_node(draw, model, steps)
         else:
             _mutate_node(draw, model, steps)
@@ -674,7 +746,8 @@ FAILURES = ("internal", "NOT exact", "export failed", "unnamed", "left-behind", 
 def float_seeds() -> dict[str, tuple[bytes, bytes]]:
     """Float models and their calibration samples (six, float32; int64 token ids for "tokens" and "dyn-embedding")
     for ``cvm-onnx quantize``: two CNNs, an Einsum (tf2onnx's EinsumDense), an If of a constant condition, token ids
-    into Gather, an LSTM, an encoder, the forms added lately (``_recent``, ``_recent_float``)."""
+    into Gather, an LSTM, an encoder, the forms added lately (``_recent``, ``_recent_float``) and last
+    (``_latest_float``)."""
     models = {kind: float_model(kind, 1, 17, 1, 1, (1, 1, 1, 1), pool, head)
               for kind, pool, head in (("plain", "max", "gemm"), ("Add", "avg", "matmul"))}
     models.update({kind: _family(kind) for kind in ("tokens", "LSTM", "encoder")})
@@ -692,6 +765,7 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
         [nh.from_array(np.array(True), "c")]), 17)
     models.update({kind: _recent(kind) for kind in RECENT})
     models.update(_recent_float(rng))
+    models.update(_latest_float(rng))
     out = {}
     for kind, fm in models.items():
         shape = [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
@@ -703,6 +777,8 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
     return out
 
 
+#: The float seeds of the forms added last (``_latest_float``).
+LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod")
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layer's states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}}
 
@@ -747,6 +823,48 @@ def _recent_float(rng) -> dict[str, onnx.ModelProto]:
     return out
 
 
+def _latest_float(rng) -> dict[str, onnx.ModelProto]:
+    """Float models of the forms ``quantize`` takes since last: an STFT front end and a DFT of a constant length
+    (rewritten to a Conv and a MatMul), a constant W times a computed x (``--per-channel``: W per tensor), LogSoftmax, the written-out
+    confidence, Where(IsNaN(Softmax)), Div, Pow (of a Sigmoid) and Mod (fmod) of two computed values."""
+    from .spectra import mel_front_end
+
+    def mm(name, *shape):
+        inits.append(nh.from_array((rng.normal(size=shape) / 2).astype(np.float32), name))
+        return name
+
+    out = {"stft": mel_front_end(length=256, size=64, step=32, mels=8)}
+    x, y = h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6]), h.make_tensor_value_info("y", T.FLOAT, None)
+    kinds = {"dft": [h.make_node("DFT", ["x", "len"], ["y"], name="dft", axis=1)],
+             "wx": [h.make_node("MatMul", ["w", "x"], ["y"], name="wx")],
+             "logsoftmax": [h.make_node("LogSoftmax", ["m"], ["y"], name="logsoftmax")],
+             "confidence": [h.make_node("ReduceMax", ["m"], ["mx"], axes=[2], keepdims=1),
+                            h.make_node("Sub", ["m", "mx"], ["u"]), h.make_node("Exp", ["u"], ["e"]),
+                            h.make_node("ReduceSum", ["e", "ax"], ["r"], keepdims=0),
+                            h.make_node("Reciprocal", ["r"], ["y"], name="confidence")],
+             "isnan": [h.make_node("Softmax", ["m"], ["p"], axis=-1), h.make_node("IsNaN", ["p"], ["t"]),
+                       h.make_node("Where", ["t", "zero", "p"], ["y"], name="where")]}
+    kinds.update({op: [h.make_node("MatMul", ["x", "w2"], ["m2"]),
+                       *([h.make_node("Sigmoid", ["m"], ["a"])] if op == "Pow" else []),  # a base > 0: no NaN
+                       h.make_node(op, ["a" if op == "Pow" else "m", "m2"], ["r"], name=op.lower(),
+                                   **({"fmod": 1} if op == "Mod" else {})),
+                       h.make_node("MatMul", ["r", "w3"], ["y"])]  # quantized: the float r is NaN at 0 / 0
+                  for op in ("Div", "Pow", "Mod")})
+    for kind, nodes in kinds.items():
+        inits: list[onnx.TensorProto] = []
+        if kind == "wx":
+            mm("w", 3, 4)
+        elif kind == "dft":
+            inits.append(nh.from_array(np.array(8, np.int64), "len"))
+        else:
+            nodes = [h.make_node("MatMul", ["x", mm("w", 6, 5)], ["m"]), *nodes]
+            mm("w2", 6, 5), mm("w3", 5, 3)
+            inits += [nh.from_array(np.array([2], np.int64), "ax"), nh.from_array(np.float32(0), "zero")]
+        out[kind] = onnx_model(h.make_graph(nodes, kind, [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 1]) if
+                                                          kind == "dft" else x], [y], inits), 17)
+    return out
+
+
 def _npy(a: np.ndarray) -> bytes:
     import io
 
@@ -764,7 +882,7 @@ def _header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
 
 
 @st.composite
-def mutated_calibration(draw) -> Case:
+def mutated_calibration(draw, names: tuple[str, ...] | None = None) -> Case:
     """A float model and its calibration set for ``quantize``, one or both broken: samples with NaN, inf or values
     beyond float32, of another dtype or shape, none, a header claiming terabytes, a truncated or foreign file; a
     model with NaN, tiny or huge weights, an integer input, a dynamic batch, or an attribute or constant input of
@@ -772,8 +890,8 @@ def mutated_calibration(draw) -> Case:
     unicode, datetime, big-endian, Fortran order, a version 3 header); any constant of the model (a dynamic model's
     scales and zero points) given extreme values, another shape or type (``_mutate_constant``); ``--fold`` of inputs
     that do not exist, of other declared shapes or of extreme values, ``--outputs`` of tensors that do not exist;
-    and the options (method, form, per channel)."""
-    name = draw(st.sampled_from(sorted(float_seeds())))
+    and the options (method, form, per channel). ``names``: the seeds drawn from (all where None)."""
+    name = draw(st.sampled_from(sorted(names or float_seeds())))
     model_bytes, npy = float_seeds()[name]
     samples = np.load(__import__("io").BytesIO(npy))
     steps: list[str] = []

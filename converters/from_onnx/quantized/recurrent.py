@@ -154,9 +154,12 @@ def c32(v) -> Tensor:
     return const(np.asarray(v, np.int64).astype(np.int32), INT32)
 
 
-def state(h0: np.ndarray) -> Tensor | None:
-    """An initial h at 1/16256 (None when zero)."""
-    return c32(np.rint(h0 * H_ONE).astype(np.int64)) if h0.any() else None
+def state(h0: np.ndarray, op: str) -> Tensor | None:
+    """An initial h at 1/16256 (None when zero); refused where that passes 32 bits."""
+    q = np.rint(h0 * H_ONE)
+    if np.abs(q).max(initial=0) >= 1 << 31:
+        raise Refuse(f"{op} initial_h reaching {float(np.abs(h0).max()):.3g}: past 32 bits at 1/{H_ONE}")
+    return c32(q.astype(np.int64)) if h0.any() else None
 
 
 def projected(ctx, xs: Scaled, w: np.ndarray, bias: np.ndarray, reach: int) -> Tensor:
@@ -287,7 +290,7 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
     sig, tnh = gate_tables(g)
     creach = CELL_REACH << CELL_BITS
     ctab = c32([round((1 << g) * math.tanh(k / (1 << CELL_BITS))) for k in range(-creach, creach + 1)])
-    h = state(h0)
+    h = state(h0, "LSTM")
     one = 1 << g
     c = c32(np.rint(c0 * one).astype(np.int64))
     cs = None
@@ -345,7 +348,7 @@ def gru_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, 
     rhw = None if before else weights(r[2 * hidden:])
     sig, tnh = gate_tables(g)
     one = 1 << g
-    h = state(h0)
+    h = state(h0, "GRU")
     ys = []
     for t in order:
         pre = at_step(ctx, xw, t)
@@ -390,7 +393,7 @@ def rnn_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, 
     sig, tnh = gate_tables(RNN_BITS)
     one = 1 << RNN_BITS
     tab, low = (sig, 0) if sigmoid else (tnh, -one)
-    h = state(h0)
+    h = state(h0, "RNN")
     ys = []
     for t in order:
         pre = at_step(ctx, xw, t)
