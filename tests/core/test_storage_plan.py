@@ -7,6 +7,8 @@ its largest entry, as the runtime allocates), so a plan that lets a live value b
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -15,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cvm_onnx.app import cli
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import ValidationError
 from cvm_onnx.core.executor import execute
-from cvm_onnx.core.format import read_symbol, write_symbol
+from cvm_onnx.core.format import read_model, read_symbol, write_model, write_symbol
 from cvm_onnx.core.format.storage import reuse_plan
 from cvm_onnx.core.graph import Entry, Graph
 from cvm_onnx.core.ops import REGISTRY
@@ -179,14 +182,20 @@ def written_plan(graph: Graph) -> tuple[Graph, list[int], int]:
     return validate(read_symbol(text)).graph, sids, sum(size.values())
 
 
-def test_a_graph_past_the_bound_reuses_storage_validates_and_writes():
+def test_a_graph_past_the_bound_reuses_storage_validates_and_writes(tmp_path):
     """Five entries of 1 GiB pass the bound each in its own storage (validation refused the graph, exit 3); the
-    written plan reuses storage, keeps every rule and needs 3 GiB, and validation measures that plan."""
+    written plan reuses storage, keeps every rule and needs 3 GiB, validation measures that plan, `validate`
+    accepts the model directory and reading and writing it again gives the same symbol."""
     graph = validate(chain(4)).graph
     read, sids, size = written_plan(graph)
     assert plan_problems(read, sids) == []
     assert sids == [0, 1, 2, 1, 2] and size == 3 << 30
     assert storage_bytes(graph) == size
+    write_model(graph, tmp_path / "m")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["validate", str(tmp_path / "m")]) == 0
+    text = (tmp_path / "m" / "symbol").read_text()
+    assert write_symbol(read_model(tmp_path / "m")) == text
 
 
 def test_a_graph_within_the_bound_keeps_one_storage_per_entry():
