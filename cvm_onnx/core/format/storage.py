@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from ..graph import Entry, Node
 
+#: The runtime's load-time bound on its storage (``CvmRuntime::GetStorageSize``): the bytes of every storage id,
+#: each rounded up to 4 (int32 entries are), at most 2^32.
 MAX_STORAGE = 1 << 32
 
 
@@ -65,11 +67,11 @@ def reuse_plan(nodes: Sequence[Node], heads: Sequence[Entry]) -> list[int]:
     for i, node in enumerate(nodes):
         for k in range(1 if node.is_variable else len(node.outputs)):
             need = _bytes(node, k)
-            fits = [s for s in free if sizes[s] >= need]
             if node.is_variable or not free:
                 sid = len(sizes)
                 sizes.append(need)
             else:
+                fits = [s for s in free if sizes[s] >= need]
                 sid = (min(fits, key=lambda s: (sizes[s], s)) if fits
                        else min(free, key=lambda s: (-sizes[s], s)))
                 free.discard(sid)
