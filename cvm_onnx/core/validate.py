@@ -12,15 +12,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .errors import Problem, ValidationError
+from .format.storage import MAX_STORAGE, storage_plan
+from .format.storage import storage_bytes as plan_bytes
 from .gas import Gas, measure
 from .graph import Graph, Node, TensorType, shape_problem
 from .ops import REGISTRY, NodeRuleError, type_node
 from .ops.registry import max_abs
 
 INPUT_NAME = "data"
-#: The runtime's load-time bound on its storage (``CvmRuntime::GetStorageSize``): the bytes of every storage id,
-#: each rounded up to 4, at most 2^32. The writer gives every entry its own storage id.
-MAX_STORAGE = 1 << 32
 
 
 @dataclass
@@ -151,19 +150,20 @@ def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated
             problems.append(Problem("heads", f"head {n.name} has no output {h.index}"))
     gas = measure(typed_nodes)
     problems.extend(gas.problems)
-    if not problems and (size := storage_bytes(typed_nodes)) > MAX_STORAGE:
-        problems.append(Problem("storage", f"the runtime's storage for this graph, {size} bytes (4 per int32 value "
-                                           f"of every tensor, each in its own storage), passes its load-time bound "
-                                           f"2^32 = {MAX_STORAGE}: it refuses to load the model (a smaller input)"))
+    if not problems and (size := storage_bytes(replace(graph, nodes=typed_nodes))) > MAX_STORAGE:
+        problems.append(Problem("storage", f"the runtime's storage for this graph, {size} bytes (4 per int32 value, "
+                                           f"storages reused between tensors not live together), passes its "
+                                           f"load-time bound 2^32 = {MAX_STORAGE} (CvmRuntime::GetStorageSize): it "
+                                           f"refuses to load the model (a smaller input)"))
     if problems:
         raise ValidationError(problems)
     return Validated(replace(graph, nodes=list(typed_nodes)), warnings, gas)
 
 
-def storage_bytes(nodes: list[Node]) -> int:
-    """The runtime's storage for typed ``nodes`` as the writer plans it (one storage id per entry, int32): 4 bytes
-    per value of every output."""
-    return sum(4 * int(np.prod(t.shape, dtype=np.int64)) for n in nodes for t in n.outputs)
+def storage_bytes(graph: Graph) -> int:
+    """The runtime's storage for a typed ``graph`` under the plan the writer writes (format/storage.py): per storage
+    id, 4 bytes per value of its largest entry."""
+    return plan_bytes(graph.nodes, storage_plan(graph.nodes, graph.heads))
 
 
 def c_api_warnings(graph: Graph) -> list[Problem]:

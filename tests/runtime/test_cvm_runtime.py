@@ -6,7 +6,9 @@ is the runtime's (CVMAPIGetGasFromModel). Needs a local build of the runtime nam
 (tests/support/cvm_runtime.py); skipped without one."""
 from __future__ import annotations
 
+import ctypes
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from support.shipped import shipped
 
 from cvm_onnx import load
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format import write_model
 
@@ -877,3 +880,40 @@ def test_masked_softmax(tmp_path):
         runtime = CvmRuntime(LIB, tmp_path / "bert", device)
         for x in xs:
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_chain_past_the_storage_bound_in_reused_storage(tmp_path):
+    """64 elementwise ops and a param's sum on 2^24 values: 67 entries of 64 MiB pass the runtime's 2^32-byte
+    storage bound each in its own storage (the runtime refuses that plan at load); the written plan reuses
+    storage: the runtime loads it, its storage is the plan's 256 MiB (CVMAPIGetStorageSize: input, param, two
+    reused), its resident memory grows by less than 1 GiB, and CPU and FORMAL give the reference executor's
+    integers, twice (the param's storage is never written)."""
+    rng = np.random.default_rng(5)
+    ops = [("negative", {}), ("cvm_clip", {"precision": 7}), ("negative", {}), ("abs", {})]
+    b = GraphBuilder()
+    y = b.input("data", (1 << 24,), 8)
+    for k in range(64):
+        op, attrs = ops[k % 4]
+        y = b.op(op, y, name=f"op{k}", **attrs)
+        if k == 30:
+            w = b.param("w", rng.integers(-127, 128, 1 << 24).astype(np.int8), 8)
+            y = b.op("elemwise_add", y, w, name="add")
+    graph = b.build(y)
+    write_model(graph, tmp_path)
+    x = rng.integers(-127, 128, 1 << 24).astype(np.int32)
+    want = reference(graph, x)
+    for device in DEVICES.values():
+        before = _rss()
+        runtime = CvmRuntime(LIB, tmp_path, device)
+        size = ctypes.c_ulonglong()
+        assert runtime.lib.CVMAPIGetStorageSize(runtime.net, ctypes.byref(size)) == 0
+        assert size.value == 4 << 26
+        for _ in range(2):
+            assert np.array_equal(runtime.run(x), want)
+        assert _rss() - before < 1 << 30
+        runtime.lib.CVMAPIFreeModel(runtime.net)

@@ -11,7 +11,8 @@ The format layer knows no ops: how many outputs each node has comes from ``node_
 heads refer to. Validation checks the counts against the op definitions.
 
 Writing emits ``cvm_1.0.0`` with exact ``node_row_ptr`` and ``arg_nodes``, ``dltype`` all ``int32`` and
-``storage_id`` = entry index (always a valid plan), laid out byte for byte like the runtime's own writer.
+``storage_id`` = entry index (always a valid plan) unless that passes the runtime's 2^32-byte storage bound, then a
+plan that reuses storage (``storage.storage_plan``), laid out byte for byte like the runtime's own writer.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..attrs import format_value
 from ..constants import INT32_MAX, INT32_MIN
 from ..errors import FormatError, Problem
 from ..graph import VARIABLE, Entry, Graph, Node, TensorType, shape_problem
+from .storage import storage_plan
 
 VERSIONS = ("cvm_1.0.0", "cvm_1.1.0")
 DEFAULT_VERSION = "cvm_1.0.0"
@@ -583,7 +585,7 @@ def _document(graph: Graph) -> dict:
             "op_attrs": ["list_str", op_attrs],
             "dltype": ["list_str", ["int32"] * len(types)],
             "precision": ["list_int", [t.precision for t in types]],
-            "storage_id": ["list_int", list(range(len(types)))],
+            "storage_id": ["list_int", storage_plan(graph.nodes, graph.heads)],
             "shape": ["list_shape", [list(t.shape) for t in types]],
         },
         "version": DEFAULT_VERSION,
