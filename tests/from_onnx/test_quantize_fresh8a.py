@@ -25,11 +25,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import Oracle, qdq
-from test_quantize_rewrites import batched_model, run
 from test_quantized_rules import check_layernorm
 
 from cvm_onnx.app.quantize import quantize
-from cvm_onnx.app.rewrites import einsums_as_matmuls, input_subs_as_adds
+from cvm_onnx.app.rewrites import input_subs_as_adds
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
 from cvm_onnx.core.builder import GraphBuilder
@@ -266,40 +265,6 @@ def test_div_by_a_constant_that_grows_the_shape_or_is_not_positive_is_refused():
         m = per_channel_model("Div", T.UINT8, shape, 0.05, 3, c, 0.1, 0)
         with pytest.raises(UnsupportedError, match=r"f \(Div\): the divisor must be a finite constant > 0"):
             import_model(m, input_precision=9)
-
-
-@st.composite
-def wide_equations(draw):
-    """(equation, a's shape, b's shape): 0-2 batch letters, one summed, one free letter of one operand and 2-3 of
-    the other, each term's letters in a random order."""
-    letters = iter("abcdefgh")
-    batch = [next(letters) for _ in range(draw(st.integers(0, 2)))]
-    s, one = next(letters), next(letters)
-    many = [next(letters) for _ in range(draw(st.integers(2, 3)))]
-    dims = {c: draw(st.integers(1, 4)) for c in batch + [s, one] + many}
-    terms = [batch + [s, one], batch + [s] + many]
-    if draw(st.booleans()):
-        terms.reverse()
-    a, b, out = (draw(st.permutations(t)) for t in (*terms, batch + [one] + many))
-    return f"{''.join(a)},{''.join(b)}->{''.join(out)}", tuple(dims[c] for c in a), tuple(dims[c] for c in b)
-
-
-@settings(max_examples=40, deadline=None)
-@given(case=wide_equations(), seed=st.integers(0, 2**16))
-@example(case=("bcd,bdhw->bchw", (1, 17, 8), (1, 8, 4, 4)), seed=0)
-def test_an_einsum_with_several_free_letters_of_one_operand_is_a_batched_matmul(case, seed):
-    """Equal to numpy's einsum exactly (small integers), the graph valid under strict shape inference. Regression:
-    left as an Einsum ('no CVM op for ONNX Einsum')."""
-    eq, sa, sb = case
-    rng = np.random.default_rng(seed)
-    a, b = rng.integers(-20, 21, sa), rng.integers(-20, 21, sb)
-    m = batched_model(eq, sa, sb)
-    assert einsums_as_matmuls(m.graph) == 1
-    assert "Einsum" not in {n.op_type for n in m.graph.node} and "MatMul" in {n.op_type for n in m.graph.node}
-    onnx.shape_inference.infer_shapes(m, strict_mode=True)
-    got = run(m, np.concatenate([a.ravel(), b.ravel()]).astype(np.float32))
-    want = np.einsum(eq, a, b)
-    assert got.shape == want.shape and np.array_equal(got.astype(np.int64), want)
 
 
 def test_a_model_with_a_wide_einsum_quantizes_and_imports(tmp_path):

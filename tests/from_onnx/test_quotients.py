@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import qdq
+from support.quantized import min_max_quotient as model, qdq
 from test_quantized_import import problems
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -21,7 +21,6 @@ from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.verify import verify
 
 RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-(1 << 15), (1 << 15) - 1)}
-NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16}
 scales = st.floats(2.0**-8, 2.0**2, width=32)
 BITS = 28  # |N|, |D| <= 2^28 (docs/import.md)
 
@@ -33,32 +32,6 @@ def f32(v: float) -> Fraction:
 def q(real: Fraction, s: Fraction, z: int, dtype) -> int:
     lo, hi = RANGE[dtype]
     return min(max(round(real / s) + z, lo), hi)
-
-
-def model(form: str, shape, x_type, m_type, o_type, sx, zx, sm, zm, sM, zM, so, zo, eps, opset=17):
-    """x -> min, max over axes (1, 2) (keepdims), each QuantizeLinear'd at its own scale; y = Q(a / b):
-    a = x - min; b = max - min [+ eps] ("minmax"), or max ("max", basic-pitch's)."""
-    inits = {"sx": np.float32(sx), "zx": NP[x_type](zx), "sm": np.float32(sm), "zm": NP[m_type](zm),
-             "sM": np.float32(sM), "zM": NP[m_type](zM), "so": np.float32(so), "zo": NP[o_type](zo)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
-             h.make_node("ReduceMin", ["xf"], ["mn"], axes=[1, 2], keepdims=1),
-             h.make_node("QuantizeLinear", ["mn", "sm", "zm"], ["mq"]),
-             h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["mf"]),
-             h.make_node("ReduceMax", ["xf"], ["mx"], axes=[1, 2], keepdims=1),
-             h.make_node("QuantizeLinear", ["mx", "sM", "zM"], ["Mq"]),
-             h.make_node("DequantizeLinear", ["Mq", "sM", "zM"], ["Mf"]),
-             h.make_node("Sub", ["xf", "mf"], ["a"])]
-    b = "Mf"
-    if form == "minmax":
-        nodes.append(h.make_node("Sub", ["Mf", "mf"], ["b"]))
-        b = "b"
-        if eps:
-            inits["eps"] = np.float32(eps)
-            nodes.append(h.make_node("Add", ["b", "eps"], ["be"]))
-            b = "be"
-    nodes += [h.make_node("Div", ["a", b], ["r"], name="quotient"),
-              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
-    return qdq(nodes, shape, x_type, inits, o_type, opset=min(opset, 17))
 
 
 def exact(form, x, x_type, m_type, sx, zx, sm, zm, sM, zM, eps):

@@ -15,7 +15,8 @@ import pytest
 from support.cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import declared, float_model, long_conv_bias_apart, qdq, quantized, written_softmax
+from support.quantized import (declared, float_model, long_conv_bias_apart, min_max_quotient, qdq, quantized,
+                               written_softmax)
 from support.shipped import shipped
 
 from cvm_onnx import load
@@ -745,24 +746,9 @@ def test_a_quotient_of_sums(tmp_path, form):
     """A min-max normalization's (x - min) / (max - min + eps) and basic-pitch's (x - min) / max, three 8-bit
     values at three scales: the runtime loads the integer quotient (products, abs, broadcast_div, signs, the
     divisor-0 case) and gives the reference executor's integers, flat samples (a divisor of 0) and extremes included."""
-    inits = {"sx": np.float32(0.0387), "zx": np.uint8(178), "sm": np.float32(0.0271), "zm": np.uint8(255),
-             "sM": np.float32(0.0119), "zM": np.uint8(0), "so": np.float32(1 / 255), "zo": np.int8(-128),
-             "eps": np.float32(1e-3)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
-             h.make_node("ReduceMin", ["xf"], ["mn"], axes=[1, 2], keepdims=1),
-             h.make_node("QuantizeLinear", ["mn", "sm", "zm"], ["mq"]),
-             h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["mf"]),
-             h.make_node("ReduceMax", ["xf"], ["mx"], axes=[1, 2], keepdims=1),
-             h.make_node("QuantizeLinear", ["mx", "sM", "zM"], ["Mq"]),
-             h.make_node("DequantizeLinear", ["Mq", "sM", "zM"], ["Mf"]),
-             h.make_node("Sub", ["xf", "mf"], ["a"])]
-    if form == "minmax":
-        nodes += [h.make_node("Sub", ["Mf", "mf"], ["b0"]), h.make_node("Add", ["b0", "eps"], ["b"])]
-    else:
-        del inits["eps"]
-    nodes += [h.make_node("Div", ["a", "b" if form == "minmax" else "Mf"], ["r"]),
-              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
-    imp = import_model(qdq(nodes, (2, 6, 8), T.UINT8, inits, T.INT8), input_precision=9)
+    m = min_max_quotient(form, (2, 6, 8), T.UINT8, T.UINT8, T.INT8, 0.0387, 178, 0.0271, 255, 0.0119, 0, 1 / 255, -128,
+                         1e-3 if form == "minmax" else 0.0)
+    imp = import_model(m, input_precision=9)
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(5)
     xs = [np.full((2, 6, 8), 0), np.full((2, 6, 8), 255), np.full((2, 6, 8), 178), rng.integers(0, 256, (2, 6, 8)),

@@ -627,3 +627,32 @@ def long_conv_bias_apart(rng, channels: int = 2048):
              h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
     return qdq(nodes, (1, channels, 3, 3), T.UINT8, inits, T.INT8)
+
+
+_NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16}
+
+
+def min_max_quotient(form: str, shape, x_type, m_type, o_type, sx, zx, sm, zm, sM, zM, so, zo, eps, opset=17):
+    """A min-max normalization, QDQ: x -> min, max over axes (1, 2) (keepdims), each QuantizeLinear'd at its own
+    scale; y = Q(a / b): a = x - min; b = max - min [+ eps] ("minmax"), or max ("max", basic-pitch's)."""
+    inits = {"sx": np.float32(sx), "zx": _NP[x_type](zx), "sm": np.float32(sm), "zm": _NP[m_type](zm),
+             "sM": np.float32(sM), "zM": _NP[m_type](zM), "so": np.float32(so), "zo": _NP[o_type](zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("ReduceMin", ["xf"], ["mn"], axes=[1, 2], keepdims=1),
+             h.make_node("QuantizeLinear", ["mn", "sm", "zm"], ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["mf"]),
+             h.make_node("ReduceMax", ["xf"], ["mx"], axes=[1, 2], keepdims=1),
+             h.make_node("QuantizeLinear", ["mx", "sM", "zM"], ["Mq"]),
+             h.make_node("DequantizeLinear", ["Mq", "sM", "zM"], ["Mf"]),
+             h.make_node("Sub", ["xf", "mf"], ["a"])]
+    b = "Mf"
+    if form == "minmax":
+        nodes.append(h.make_node("Sub", ["Mf", "mf"], ["b"]))
+        b = "b"
+        if eps:
+            inits["eps"] = np.float32(eps)
+            nodes.append(h.make_node("Add", ["b", "eps"], ["be"]))
+            b = "be"
+    nodes += [h.make_node("Div", ["a", b], ["r"], name="quotient"),
+              h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    return qdq(nodes, shape, x_type, inits, o_type, opset=min(opset, 17))
