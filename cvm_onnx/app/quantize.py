@@ -99,7 +99,8 @@ FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto
 class Agreement:
     """One output against the float model on the calibration samples: |CVM - float| and |onnxruntime's quantized
     model - float| in output steps (mean, max, share within one step); top-1 agreement (argmax over the classes)
-    only for class scores (``class_scores``), where it means something."""
+    only for class scores (``class_scores``), where it means something; for an integer output of the float model
+    (ArgMax's or TopK's indices) the share of elements equal to the float model's (``equal``, ``ort_equal``)."""
 
     name: str
     top1: float | None
@@ -109,8 +110,13 @@ class Agreement:
     ort_top1: float | None = None
     ort_mean_steps: float | None = None
     ort_max_steps: float | None = None
+    equal: float | None = None
+    ort_equal: float | None = None
 
     def line(self) -> str:
+        if self.equal is not None:
+            return (f"{self.name}: equal to the float model's at {self.equal:.2%} of elements" +
+                    ("" if self.ort_equal is None else f" (onnxruntime's quantized model: {self.ort_equal:.2%})"))
         top = "" if self.top1 is None else f"top-1 agreement {self.top1:.2%}, "
         text = (f"{self.name}: {top}|CVM - float| mean {self.mean_steps:.2f}, max {self.max_steps:.1f} output "
                 f"steps; {self.within_one_step:.2%} of elements within one step")
@@ -2093,10 +2099,12 @@ def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edg
               scores: bool | None = None) -> Agreement:
     """The ``Agreement`` of the CVM outputs ``got`` and onnxruntime's ``ort`` with the float ``want``, in steps of
     the output's ``edge`` (its largest scale; 1 for integers); top-1 where ``scores`` (class scores: by default
-    where the output is classifier-shaped)."""
+    where the output is classifier-shaped); for integers of the float model (indices), the share of equal elements
+    instead of top-1."""
+    indices = edge is None and want.dtype.kind in "iub"
     want = want.astype(np.float64)
     step = float(np.max(edge.scale)) if edge is not None else 1.0
-    classes = _classifier(want.shape) if scores is None else scores
+    classes = not indices and (_classifier(want.shape) if scores is None else scores)
 
     def steps(y: np.ndarray) -> tuple[np.ndarray, float | None]:
         y = y.reshape(want.shape).astype(np.float64)
@@ -2107,4 +2115,5 @@ def agreement(name: str, got: np.ndarray, want: np.ndarray, ort: np.ndarray, edg
     diff, top1 = steps(got)
     ort_diff, ort_top1 = steps(ort)
     return Agreement(name, top1, float(diff.mean()), float(diff.max()), float((diff <= 1).mean()),
-                     ort_top1, float(ort_diff.mean()), float(ort_diff.max()))
+                     ort_top1, float(ort_diff.mean()), float(ort_diff.max()),
+                     float((diff == 0).mean()) if indices else None, float((ort_diff == 0).mean()) if indices else None)

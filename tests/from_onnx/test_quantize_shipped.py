@@ -148,6 +148,24 @@ def test_top1_is_given_for_classifier_shaped_outputs_only(shape, classes):
     assert a.mean_steps == a.ort_mean_steps == 0
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_an_index_output_is_reported_as_the_share_of_equal_elements(d):
+    """An integer output of the float model (ArgMax's ids per position, (N, 1, T)): the share of elements equal to
+    the float model's, for CVM and onnxruntime's quantized model, counted here independently; no top-1 over ids.
+    Regression: ids were reported as 'top-1 agreement' and '|CVM - float| in output steps'."""
+    from cvm_onnx.app.quantize import agreement
+
+    n, t = d.draw(st.integers(1, 4)), d.draw(st.integers(2, 12))
+    ids = st.lists(st.integers(0, 9), min_size=n * t, max_size=n * t).map(lambda v: np.array(v, np.int64))
+    want, got, ort = (d.draw(ids).reshape(n, 1, t) for _ in range(3))
+    a = agreement("ids", got, want, ort, None, scores=True)
+    assert a.top1 is None and "top-1" not in a.line() and "steps" not in a.line()
+    assert a.equal == sum(int(g == w) for g, w in zip(got.flat, want.flat)) / (n * t)
+    assert a.ort_equal == sum(int(g == w) for g, w in zip(ort.flat, want.flat)) / (n * t)
+    assert f"{a.equal:.2%}" in a.line() and f"{a.ort_equal:.2%}" in a.line()
+
+
 def test_top1_is_given_for_class_scores_not_for_regressions_beside_them():
     """MTCNN's heads: boxes (N, 4) and landmarks (N, 10) from Gemm, probabilities (N, 2) from a Softmax (then a
     Reshape): only the Softmax's output is class scores; a model of one Gemm output (1, 4) keeps its top-1 (a
