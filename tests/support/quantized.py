@@ -629,14 +629,12 @@ def long_conv_bias_apart(rng, channels: int = 2048):
     return qdq(nodes, (1, channels, 3, 3), T.UINT8, inits, T.INT8)
 
 
-_NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16}
-
-
 def min_max_quotient(form: str, shape, x_type, m_type, o_type, sx, zx, sm, zm, sM, zM, so, zo, eps, opset=17):
     """A min-max normalization, QDQ: x -> min, max over axes (1, 2) (keepdims), each QuantizeLinear'd at its own
     scale; y = Q(a / b): a = x - min; b = max - min [+ eps] ("minmax"), or max ("max", basic-pitch's)."""
-    inits = {"sx": np.float32(sx), "zx": _NP[x_type](zx), "sm": np.float32(sm), "zm": _NP[m_type](zm),
-             "sM": np.float32(sM), "zM": _NP[m_type](zM), "so": np.float32(so), "zo": _NP[o_type](zo)}
+    x_np, m_np, o_np = (h.tensor_dtype_to_np_dtype(t).type for t in (x_type, m_type, o_type))
+    inits = {"sx": np.float32(sx), "zx": x_np(zx), "sm": np.float32(sm), "zm": m_np(zm), "sM": np.float32(sM),
+             "zM": m_np(zM), "so": np.float32(so), "zo": o_np(zo)}
     nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
              h.make_node("ReduceMin", ["xf"], ["mn"], axes=[1, 2], keepdims=1),
              h.make_node("QuantizeLinear", ["mn", "sm", "zm"], ["mq"]),

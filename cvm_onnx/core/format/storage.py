@@ -6,6 +6,7 @@ whenever that fits; otherwise storages are reused, by the rules of ``reuse_plan`
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..graph import Entry, Node
@@ -21,10 +22,7 @@ def _outputs(nodes: Sequence[Node]) -> list[tuple[int, int]]:
 
 
 def _bytes(node: Node, k: int) -> int:
-    size = 1
-    for d in node.outputs[k].shape:
-        size *= d
-    return 4 * size
+    return 4 * math.prod(node.outputs[k].shape)
 
 
 def storage_plan(nodes: Sequence[Node], heads: Sequence[Entry]) -> list[int]:
