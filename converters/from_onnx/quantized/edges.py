@@ -13,7 +13,7 @@ from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
 from .qdq import LogSoftmaxed, quantize
-from .values import QUANTIZED_TYPES, Mapped, Scaled, Softmaxed, Summed
+from .values import QUANTIZED_TYPES, Deferred, Mapped, Scaled, Softmaxed, Summed
 
 
 @dataclass
@@ -163,7 +163,7 @@ def span(x) -> tuple[float, float] | None:
         return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     if isinstance(x, Softmaxed):
         return 0.0, 1.0
-    if isinstance(x, LogSoftmaxed):
+    if isinstance(x, Deferred) and hasattr(type(x), "ends"):  # LogSoftmax's, an L2 normalization's [-1, 1]
         return x.ends
     if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
         with np.errstate(all="ignore"):
