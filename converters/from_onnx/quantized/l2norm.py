@@ -91,18 +91,21 @@ class L2Normalized(Deferred):
                          "zeros, which no integer holds: quantize it (a QuantizeLinear gives NaN the type's minimum)")
         return -1.0, 1.0
 
+    def plan(self, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
+        """``l2_plan`` for output steps s_out into [low, high] (z_out subtracted)."""
+        t, z = self.x.t, int(self.x.zero.reshape(()))
+        s = self.x.scale.reshape(()).item()
+        peak = max(abs(t.lo - z), abs(t.hi - z))
+        return l2_plan(self.view[1], peak, self.add / (s * s), self.floor / (s * s), s_out, low, high)
+
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         """The integers of QuantizeLinear(y), by ``l2_plan``'s form."""
         if scale.size != 1:
             raise Refuse(f"{self.node} (L2 normalization) with a per-channel output scale has no CVM form")
-        s_out = scale.reshape(()).item()
         t, z = self.x.t, int(self.x.zero.reshape(()))
-        s = self.x.scale.reshape(()).item()
         lo, hi = INT_RANGES[dtype]
-        peak = max(abs(t.lo - z), abs(t.hi - z))
         try:
-            p = l2_plan(self.view[1], peak, self.add / (s * s), self.floor / (s * s), s_out, lo - out_zero,
-                        hi - out_zero)
+            p = self.plan(scale.reshape(()).item(), lo - out_zero, hi - out_zero)
         except NoPlan as e:
             raise Refuse(f"{self.node} (L2 normalization): {e}") from None
         ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
@@ -118,9 +121,11 @@ def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, n
     outer, n, inner = view
     rows, col = view, (outer, 1, inner)
     u = ctx.reshape(t, rows)
+    peak = max(z - u.lo, u.hi - z)  # u's interval made symmetric: the products' bounds below take +-peak
     if z:
-        u = op("broadcast_sub", u, c32(z), u.lo - z, u.hi - z, rows)
-    peak = max(-u.lo, u.hi)
+        u = op("broadcast_sub", u, c32(z), -peak, peak, rows)
+    else:
+        u = ctx.result(ctx.entry(u), INT32, -peak, peak, rows)
     square = op("broadcast_mul", u, u, 0, peak * peak, rows)
     total = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
     level = None
