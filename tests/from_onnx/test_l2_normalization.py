@@ -108,7 +108,7 @@ def test_each_form_agrees_with_onnxruntime(form):
 def test_quantize_takes_each_form(tmp_path, form, axis, reader):
     """`quantize` of a float model (Conv, then the normalization, a float output or read by a Conv; with no eps only
     read: as a float output a row of zeros is NaN, refused): it imports
-    whole (every form but LpNormalization refused before), the normalization's nodes left float, and CVM's output
+    whole (every form refused before), the normalization's nodes left float, and CVM's output
     as close to the float model as onnxruntime's quantized model's (within a step and a quarter on average)."""
     shape = (1, 16, 3, 4)
     onnx.save(l2_float(form, shape, axis, 1e-12, reader=reader), tmp_path / "f.onnx")
