@@ -61,14 +61,18 @@ def test_l2_normalization_within_its_bound(case):
     """Every output within 1/2 + delta of the exact value (of the exact comparisons with eps), and equal to it
     rounded (QuantizeLinear's half to even, saturated) where that lies further than delta from a half-integer; a row
     of zeros with no eps: QuantizeLinear's NaN (the type's minimum), as a float output refused."""
-    form, shape, axis, x_type, s, zx, eps, out, x = case
+    check(*case)
+
+
+def check(form, shape, axis, x_type, s, zx, eps, out, x):
+    """The checks of the test above on one model and input; returns the plan (None where refused)."""
     m = l2_qdq(form, shape, axis, x_type, s, zx, eps, out)
     s_, eps_ = Fraction(float(np.float32(s))), Fraction(float(np.float32(eps)))
     exact = exact_l2(x - zx, axis, s_, form, eps_)
     if out is None and form == "plain":  # zero rows are reachable (zx lies within the type)
         with pytest.raises(CVMError, match=r"NaN \(0 / 0\) on a row of zeros"):
             import_model(m, input_precision=9)
-        return
+        return None
     imp, got = imported(m, x)
     p = plan_of(imp)
     assert p.delta < Fraction(1, 2)
@@ -85,6 +89,22 @@ def test_l2_normalization_within_its_bound(case):
     assert (err[inside] <= p.error + 1e-9).all(), (err[inside].max(), p.error)
     away = ~nan & (np.abs(want - np.floor(want) - 0.5) > float(p.delta) + 1e-9)
     assert np.array_equal(got[away], np.clip(np.rint(want[away]), lo, hi))
+    return p
+
+
+@pytest.mark.parametrize("form, out", [("clip", None), ("plain", (1 / 127, 0, T.INT8))])
+def test_wide_rows(form, out):
+    """Rows of 40000 values of 8 bits, whose sum of squares S passes 32 bits: its level and bucket from the squares
+    split at 4^Q, exact (docs: "Wide rows"), every output within the bound; rows of S = 0, 1, 2^T - 1, 2^T, 2^T + 1
+    (level 0 against level 1), all 255 and random."""
+    n, rng = 40000, np.random.default_rng(3)
+    x = np.full((8, n), 3)
+    x[1, 0] = 4
+    for row, total in ((2, 4095), (3, 4096), (4, 4097)):
+        x[row, :total] = 4
+    x[5], x[6], x[7] = 255, rng.integers(0, 256, n), 3 + rng.integers(0, 2, n) * 2 - 1
+    p = check(form, (8, n), 1, T.UINT8, 0.039, 3, 1e-12, out, x)
+    assert p.quarter >= 1 and p.table_bits == 12
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))

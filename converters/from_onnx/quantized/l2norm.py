@@ -35,13 +35,30 @@ def squares_fit(n: int, peak: int) -> bool:
     return 2 * tight(peak) <= 32 and tight(peak * peak) + n.bit_length() <= 32
 
 
+def quartered_fits(n: int, peak: int, t_bits: int, quarter: int) -> bool:
+    """Whether ``quartered``'s steps keep every CVM label within 32 bits: u^2 = 4^Q a + b, A = sum a, B = sum b,
+    S_Q = A + floor(B / 4^Q), and S = 4^Q min(A, 2^(T-2)) + B."""
+    unit, tn = 1 << (2 * quarter), n.bit_length()
+    return (2 * tight(peak) <= 32 and tight(peak * peak // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
+            and tight(n * peak * peak // unit + n) <= 31 and tight(unit * ((1 << (t_bits - 2)) + n)) <= 31)
+
+
 def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
     """The plan of least delta for u / sqrt(max(S + G, E)) over rows of n integers |u| <= peak, in output steps
-    of s_out, into [low, high] (z_out subtracted)."""
+    of s_out, into [low, high] (z_out subtracted); where S passes 32 bits, its level and bucket from the squares
+    split at 4^Q (``quartered``)."""
     v_max = n * peak * peak
+    quarter, shape = 0, table_shape(v_max, 0)
     if not squares_fit(n, peak):
-        raise NoPlan(f"an L2 normalization over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
-    shape = table_shape(v_max, 0)
+        for quarter in range(1, 16):
+            shape = table_shape(v_max, quarter)
+            if shape is not None and quartered_fits(n, peak, shape[0], quarter):
+                break
+            shape = None
+        else:
+            shape = None
+        if shape is None:
+            raise NoPlan(f"an L2 normalization over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
     if shape is None:
         raise NoPlan(f"an L2 normalization over {n} values needs a table of more than 2^16 entries")
     t_bits, levels = shape
@@ -55,7 +72,7 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
         f += 1
     precision = tight(max(-low, high))
     gamma, beta = np.array([1 / s_out], dtype=object), np.array([Fraction(0)], dtype=object)
-    key = (2, 0, t_bits, levels, 0, precision)  # n = 2: |D| <= sqrt((2 - 1) V), V >= 1 when not 0
+    key = (2, 0, t_bits, levels, quarter, precision)  # n = 2: |D| <= sqrt((2 - 1) V), V >= 1 when not 0
     best, h = best_plan(key, v_max, float(g), f, d_bits, 0, gamma, beta, floor=float(e)), 31 - d_bits
     if (best is None or best.delta >= Fraction(1, 2)) and h > 0:  # R in two parts
         best = best_plan(key, v_max, float(g), f, d_bits, h, gamma, beta, floor=float(e))
@@ -127,9 +144,13 @@ def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, n
     else:
         u = ctx.result(ctx.entry(u), INT32, -peak, peak, rows)
     square = op("broadcast_mul", u, u, 0, peak * peak, rows)
-    total = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
     level = None
-    if p.levels:
+    if p.quarter:
+        level, index, total = quartered(ctx, square, n, p, col)
+    else:
+        total = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
+        index = total
+    if p.levels and not p.quarter:
         size, step = 1 << p.table_bits, 3 << (p.table_bits - 2)
         thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(p.levels)]).reshape(1, p.levels, 1))
         above = op("broadcast_greater", total, thresholds, 0, 1, (outer, p.levels, inner))
@@ -139,8 +160,6 @@ def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, n
         bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, total.hi, col)
         index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
                    p.table.size - 1, col)
-    else:
-        index = total
     prod = quotient(ctx, u, index, level, p.table >> p.split, p.extra, p.levels)
     if p.split:  # the low h bits of R: u R0 / 2^(m+j+h), truncated on its own
         low = quotient(ctx, u, index, level, p.table & ((1 << p.split) - 1), p.extra + p.split, p.levels)
@@ -155,9 +174,56 @@ def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, n
     r = ctx.result(e, INT32, -bnd, bnd, rows)
     if nan is None:
         return r
-    empty = op("broadcast_greater", c32(1), total, 0, 1, col)  # S = 0: every u is 0, and so is r
+    empty = op("broadcast_greater", c32(1), total, 0, 1, col)  # S = 0 (total: S or 0 < S' <= S): every u is 0
     fill = op("broadcast_mul", empty, c32(nan), min(nan, 0), max(nan, 0), col)
     return op("broadcast_add", r, fill, r.lo + min(nan, 0), r.hi + max(nan, 0), rows)
+
+
+def quartered(ctx, square: Tensor, n: int, p: LayerNormPlan, col) -> tuple[Tensor, Tensor, Tensor]:
+    """The level m, table index and a value 0 exactly where S is (S itself below 4^(Q-1) 2^T) of rows whose S =
+    sum u^2 passes 32 bits, from integers that do not: u^2 = 4^Q a + b (a = floor(u^2 / 4^Q)), A = sum a,
+    B = sum b < n 4^Q, S_Q = floor(S / 4^Q) = A + floor(B / 4^Q). Every threshold 4^k 2^T is a multiple of 4^Q
+    (T >= 2Q), so the level comes from S_Q, and at a level m >= Q the bucket floor(S / 4^m) = floor(S_Q / 4^(m-Q));
+    a row of level m < Q has A <= S / 4^Q < 2^(T-2), so S = 4^Q min(A, 2^(T-2)) + B there, exactly, and its
+    bucket floor(S / 4^m)."""
+    op = partial(proven, ctx)
+    outer, _, inner = col
+    rows = square.shape
+    unit, size = 1 << (2 * p.quarter), 1 << p.table_bits
+    top_a = square.hi // unit
+    high = op("broadcast_div", square, c32(unit), 0, top_a, rows)
+    low = op("broadcast_sub", square, op("broadcast_mul", high, c32(unit), 0, top_a * unit, rows), 0, unit - 1, rows)
+    a = ctx.reshape(reduced(ctx, "sum", high, [1], 0, n * top_a), col)
+    b = ctx.reshape(reduced(ctx, "sum", low, [1], 0, n * (unit - 1)), col)
+    sq = op("broadcast_add", a, op("broadcast_div", b, c32(unit), 0, n, col), 0, n * top_a + n, col)
+    thresholds = c32(np.array([((size << (2 * m)) >> (2 * p.quarter)) - 1 for m in range(p.levels)])
+                     .reshape(1, p.levels, 1))
+    above = op("broadcast_greater", sq, thresholds, 0, 1, (outer, p.levels, inner))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+    cap = size >> 2
+    e = ctx.emit("clip", ctx.entry(a), a_min=0, a_max=cap)
+    small = op("broadcast_add", op("broadcast_mul", ctx.result(e, INT32, 0, min(cap, a.hi), col), c32(unit), 0,
+                                   unit * min(cap, a.hi), col), b, 0, unit * min(cap, a.hi) + b.hi, col)
+
+    def lut(values: list[int]) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32(values)), in_dim=p.levels + 1)
+        return ctx.result(e, INT32, min(values), max(values), col)
+
+    # < 2^T on the rows each is picked for: floor(S_Q / 4^(m-Q)) at a level m >= Q, floor(S / 4^m) below
+    top = op("broadcast_div", sq, lut([1 << (2 * max(m - p.quarter, 0)) for m in range(p.levels + 1)]), 0, sq.hi,
+             col)
+    bottom = op("broadcast_div", small, lut([1 << (2 * min(m, p.quarter - 1)) for m in range(p.levels + 1)]), 0,
+                small.hi, col)
+    top, bottom = [ctx.result(ctx.emit("clip", ctx.entry(v), a_min=0, a_max=size - 1), INT32, 0, size - 1, col)
+                   for v in (top, bottom)]  # identities on the rows each is picked for: bounds the labels
+    above_q = op("broadcast_greater", level, c32(p.quarter - 1), 0, 1, col)
+    gap = op("broadcast_sub", top, bottom, 1 - size, size - 1, col)
+    pick = op("broadcast_mul", above_q, gap, min(gap.lo, 0), max(gap.hi, 0), col)
+    bucket = op("broadcast_add", bottom, pick, 0, size - 1, col)
+    step = 3 << (p.table_bits - 2)
+    index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+               p.table.size - 1, col)
+    return level, index, small
 
 
 @float_rule("LpNormalization", since=1)
