@@ -58,7 +58,7 @@ def l2_nodes(form: str, x: str, y: str, shape: tuple[int, ...], axis: int, eps: 
     return nodes, {k: v for k, v in c.items() if k in used}
 
 
-def l2_qdq(form: str, shape, axis: int, x_type, s: float, zx: int, eps: float, out: tuple | None):
+def l2_qdq(form: str, shape, axis: int, x_type, s: float, zx: int, eps: float, out: tuple | None, opset: int = 17):
     """DequantizeLinear(x at s, zx) -> the L2 normalization -> QuantizeLinear at ``out`` = (s_out, z_out, type), or
     the float output ``yf`` (``out`` None)."""
     nodes, inits = l2_nodes(form, "xf", "yf", shape, axis, eps)
@@ -72,7 +72,7 @@ def l2_qdq(form: str, shape, axis: int, x_type, s: float, zx: int, eps: float, o
         h.make_tensor_value_info("yf", T.FLOAT, list(shape))
     g = h.make_graph(nodes, "l2", [h.make_tensor_value_info("x", x_type, list(shape))], [o],
                      [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
-    return onnx_model(g, 17, {})
+    return onnx_model(g, opset, {})
 
 
 def l2_float(form: str, shape, axis: int, eps: float, seed: int = 0, reader: bool = False):

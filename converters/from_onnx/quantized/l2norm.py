@@ -36,10 +36,12 @@ def squares_fit(n: int, peak: int) -> bool:
 
 
 def quartered_fits(n: int, peak: int, t_bits: int, quarter: int) -> bool:
-    """Whether ``quartered``'s steps keep every CVM label within 32 bits: u^2 = 4^Q a + b, A = sum a, B = sum b,
+    """Whether ``quartered``'s steps keep every CVM label within 32 bits (a product's label is the sum of its
+    operands'): u^2 = 4^Q a + b, A = sum a, B = sum b,
     S_Q = A + floor(B / 4^Q), and S = 4^Q min(A, 2^(T-2)) + B."""
     unit, tn = 1 << (2 * quarter), n.bit_length()
     return (2 * tight(peak) <= 32 and tight(peak * peak // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
+            and tight(peak * peak // unit) + tight(unit) <= 32
             and tight(n * peak * peak // unit + n) <= 31 and tight(unit * ((1 << (t_bits - 2)) + n)) <= 31)
 
 
