@@ -42,7 +42,8 @@ def cases(draw):
     lo, hi = RANGE[x_type]
     zx = draw(st.sampled_from([lo, hi, (lo + hi + 1) // 2]) | st.integers(lo, hi))
     s = float(np.float32(draw(st.sampled_from([0.05, 0.0039, 0.7]) | st.floats(1e-3, 1.0))))
-    eps = float(np.float32(draw(st.sampled_from([1e-12, 1e-6]) | st.sampled_from([0.7, 3.5, 40.0]).map(lambda k: k * s))))
+    steps = st.sampled_from([0.7, 3.5, 40.0]).map(lambda k: k * s)  # eps of a few input steps: where it decides
+    eps = float(np.float32(draw(st.sampled_from([1e-12, 1e-6]) | steps)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     x = rng.integers(lo, hi + 1, size=shape)
     if draw(st.booleans()):  # near-zero and zero rows, where eps decides
@@ -147,7 +148,8 @@ def test_quantize_takes_each_form(tmp_path, form, axis, reader):
 
 def test_refusals_name_the_node():
     """LpNormalization p=1; squares past 32 bits (int16 x of 16 bits: the split's 4^Q a passes 32 bits in its
-    label); a plan that cannot reach half a step: one line naming the node and the rule."""
+    label); an eps of 1000 input steps (past the table's exact level); a plan that cannot reach half a step: one
+    line naming the node and the rule."""
     m = l2_qdq("lp", (2, 4), 1, T.UINT8, 0.1, 0, 0.0, (1 / 127, 0, T.INT8))
     m.graph.node[1].attribute[1].i = 1
     with pytest.raises(CVMError, match=r"l2_lp \(LpNormalization\): LpNormalization p=1 has no CVM form"):
@@ -156,5 +158,8 @@ def test_refusals_name_the_node():
     with pytest.raises(CVMError, match=r"l2_div \(L2 normalization\): .*\|u\| <= 3276\d passes 32 bits in its sum "
                                       "of squares"):
         import_model(m, input_precision=16)
+    m = l2_qdq("clip", (2, 600), 1, T.UINT8, 0.001, 0, 1.0, (1 / 127, 0, T.INT8))
+    with pytest.raises(CVMError, match=r"l2_div \(L2 normalization\): .*eps lies 1e\+06 squared input steps out"):
+        import_model(m, input_precision=9)
     with pytest.raises(Exception, match="no integer form within half a step"):
         l2_plan(4, 255, Fraction(0), Fraction(0), Fraction(1, 2**40), -128, 127)
