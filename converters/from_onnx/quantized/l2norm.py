@@ -37,8 +37,7 @@ def squares_fit(n: int, peak: int) -> bool:
 
 def quartered_fits(n: int, peak: int, t_bits: int, quarter: int) -> bool:
     """Whether ``quartered``'s steps keep every CVM label within 32 bits (a product's label is the sum of its
-    operands'): u^2 = 4^Q a + b, A = sum a, B = sum b,
-    S_Q = A + floor(B / 4^Q), and S = 4^Q min(A, 2^(T-2)) + B."""
+    operands'): u^2 = 4^Q a + b, A = sum a, B = sum b, S_Q = A + floor(B / 4^Q), and S = 4^Q min(A, 2^(T-2)) + B."""
     unit, tn = 1 << (2 * quarter), n.bit_length()
     return (2 * tight(peak) <= 32 and tight(peak * peak // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
             and tight(peak * peak // unit) + tight(unit) <= 32
@@ -56,8 +55,6 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
             shape = table_shape(v_max, quarter)
             if shape is not None and quartered_fits(n, peak, shape[0], quarter):
                 break
-            shape = None
-        else:
             shape = None
         if shape is None:
             raise NoPlan(f"an L2 normalization over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
