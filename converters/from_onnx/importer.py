@@ -65,7 +65,8 @@ class Unit:
     name: str
     nodes: list[onnx.NodeProto]
     group: str | None = None
-    chain: quantized.SoftmaxChain | None = None  # the Div or Mul ending a written-out softmax, imported as one
+    chain: quantized.SoftmaxChain | quantized.L2Chain | None = None  # the Div or Mul ending a written-out softmax
+    # or L2 normalization, imported as one
 
     @property
     def where(self) -> str:
@@ -181,10 +182,11 @@ class _Walk:
                 units.append(Unit(g, groups[g], g))
         return units
 
-    def softmaxes(self) -> tuple[dict[int, quantized.SoftmaxChain], set[int]]:
-        """The written-out softmaxes (``quantized.softmax_chains``) by the id of their last node, and the indices of
-        the nodes that the graph's outputs need only through them (and of the nodes reading those)."""
-        if not any(n.op_type == "Exp" for n in self.graph.node):
+    def softmaxes(self) -> tuple[dict[int, quantized.SoftmaxChain | quantized.L2Chain], set[int]]:
+        """The written-out softmaxes and L2 normalizations (``quantized.softmax_chains``, ``quantized.l2_chains``)
+        by the id of their last node, and the indices of the nodes that the graph's outputs need only through them
+        (and of the nodes reading those)."""
+        if not any(n.op_type in ("Exp", "ReduceSum", "ReduceSumSquare", "ReduceL2") for n in self.graph.node):
             return {}, set()
         if self.inferred is None:
             self.inferred = inferred_types(self.model)
@@ -192,8 +194,9 @@ class _Walk:
         constants.update({n.output[0]: tensor_array(a.t, self.base_dir) for n in self.graph.node
                           if n.op_type == "Constant" and n.output and (a := next(iter(n.attribute), None)) is not None
                           and a.name == "value"})
-        chains = quantized.softmax_chains(self.graph, self.opsets.get("", 0),
-                                          {k: s for k, (_, s) in self.inferred.items()}, constants)
+        shapes = {k: s for k, (_, s) in self.inferred.items()}
+        chains = quantized.softmax_chains(self.graph, self.opsets.get("", 0), shapes, constants) + \
+            quantized.l2_chains(self.graph, self.opsets.get("", 0), shapes, constants)
         if not chains:
             return {}, set()
         rewired = {id(c.node): [c.x] for c in chains}
@@ -342,7 +345,8 @@ class _Walk:
             if u.group is not None:
                 outs = roundtrip.import_group(self.ctx, u.name, u.nodes, self.tensors, self.shapes)
             elif u.chain is not None:
-                outs = {u.nodes[0].output[0]: quantized.softmax_value(u.chain, self.tensors[u.chain.x])}
+                value = quantized.l2_value if isinstance(u.chain, quantized.L2Chain) else quantized.softmax_value
+                outs = {u.nodes[0].output[0]: value(u.chain, self.tensors[u.chain.x])}
             else:
                 n = u.nodes[0]
                 key = (_domain(n.domain), n.op_type)

@@ -1894,7 +1894,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
-        excluded = masks_kept_float(header, src) if form == "qdq" else []
+        excluded = masks_kept_float(header, src) + l2_kept_float(header, src) if form == "qdq" else []
         with _sharing_checked():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
@@ -2000,6 +2000,52 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
                 graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(t), name))
                 n.input[i] = name
     onnx.save(header, os.fspath(src))
+    return [n.name for n in nodes]
+
+
+def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
+    """The names of the nodes of each written-out L2 normalization (``l2_chains``: x / max(||x||, eps), x times the
+    Reciprocal of sqrt(sum x^2 + eps), ...) for quantize_static's nodes_to_exclude, so that it quantizes none of
+    their pieces (a Clip's, Mul's or Add's grid would round the norm or the squares) and the importer takes x
+    / ||x|| on x's own grid (docs/import.md, "L2 normalization"); the model in ``src`` (its graph ``header``)
+    rewritten where needed: unnamed ones named, and each constant they read their own initializer (quantize_static
+    quantizes a constant that a quantized node also reads, for every reader: a Pow's 2 then reads a dequantized 2)."""
+    from onnx import numpy_helper
+
+    from cvm_onnx.converters.from_onnx.quantized import l2_chains
+
+    graph = header.graph
+    if not any(n.op_type in ("ReduceSum", "ReduceSumSquare", "ReduceL2") for n in graph.node):
+        return []
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer
+                 if t.data_location != onnx.TensorProto.EXTERNAL}
+    constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    inferred = onnx.shape_inference.infer_shapes(header)
+    shapes = {v.name: onnx_dims(v) for v in [*inferred.graph.value_info, *inferred.graph.input,
+                                             *inferred.graph.output]}
+    opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
+    nodes = list({id(n): n for c in l2_chains(graph, opset, shapes, constants) for n in c.nodes}.values())
+    taken = {n.name for n in graph.node} | set(constants) | {o for n in graph.node for o in n.output} | \
+        {v.name for v in graph.input}
+    k = 0
+
+    def fresh() -> str:
+        nonlocal k
+        while f"l2_normalization_{k}" in taken:
+            k += 1
+        taken.add(f"l2_normalization_{k}")
+        return f"l2_normalization_{k}"
+
+    for n in nodes:
+        if not n.name:
+            n.name = fresh()
+        for i, x in enumerate(n.input):
+            if x in constants:
+                n.input[i] = fresh()
+                graph.initializer.append(numpy_helper.from_array(constants[x], n.input[i]))
+    if nodes:
+        onnx.save(header, os.fspath(src))
     return [n.name for n in nodes]
 
 

@@ -903,3 +903,25 @@ def test_a_chain_past_the_storage_bound_in_reused_storage(tmp_path):
             assert np.array_equal(runtime.run(x), want)
         assert _rss() - before < 1 << 30
         runtime.lib.CVMAPIFreeModel(runtime.net)
+
+
+@pytest.mark.parametrize("form, out, n", [("clip", (1 / 127, 0, T.INT8), 600), ("plain", (1 / 255, 128, T.UINT8), 600),
+                                          ("rsqrt", None, 600), ("clip", None, 40000)])
+def test_l2_normalization(tmp_path, form, out, n):
+    """Issue 35's L2 normalization (x / max(||x||, eps), no eps with its zero rows, x * rsqrt(sum x^2 + eps) as a
+    float output) over channels (axis 1) and 600 values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
+    the runtime loads the table form (sum of squares, levels, cvm_lut, the products and shift) and gives the
+    reference executor's integers, zero and extreme rows included."""
+    from support.l2norm import l2_qdq
+
+    shape = (2, n, 3) if n < 10000 else (2, n, 1)
+    imp = import_model(l2_qdq(form, shape, 1, T.UINT8, 0.039, 3, 1e-12, out), input_precision=9)
+    assert [r for r in imp.requants if r.layernorm]
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(6)
+    near = np.clip(3 + rng.integers(-1, 2, shape), 0, 255)
+    xs = [np.full(shape, 3), np.full(shape, 255), np.full(shape, 0), rng.integers(0, 256, shape), near]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))

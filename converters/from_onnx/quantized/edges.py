@@ -13,7 +13,7 @@ from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
 from .qdq import LogSoftmaxed, quantize
-from .values import QUANTIZED_TYPES, Mapped, Scaled, Softmaxed, Summed
+from .values import QUANTIZED_TYPES, Deferred, Mapped, Scaled, Softmaxed, Summed
 
 
 @dataclass
@@ -163,7 +163,7 @@ def span(x) -> tuple[float, float] | None:
         return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     if isinstance(x, Softmaxed):
         return 0.0, 1.0
-    if isinstance(x, LogSoftmaxed):
+    if isinstance(x, Deferred) and hasattr(type(x), "ends"):  # LogSoftmax's, an L2 normalization's [-1, 1]
         return x.ends
     if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
         with np.errstate(all="ignore"):
@@ -181,8 +181,8 @@ def tail(ctx, x) -> Scaled:
     """A value computed after the last QuantizeLinear (a float output: a float function, Softmax, a sum, Max/Min,
     a deferred Clip), quantized here: int16 with zero point 0 and scale s = the least float32 with N s >= m, m the
     largest |value| of the interval ``span`` holds it in (a function's largest finite |value| on its input's
-    integers, 1 for Softmax), N = 32767 (for Softmax the largest 2^j - 1 <= 32767 its integer form has a plan
-    for); then QuantizeLinear's integer form at that scale."""
+    integers, 1 for Softmax and an L2 normalization), N = 32767 (for those two the largest 2^j - 1 <= 32767 their
+    integer form has a plan for); then QuantizeLinear's integer form at that scale."""
     ends = span(x)
     if hasattr(x, "grid"):
         with np.errstate(all="ignore"):
@@ -198,11 +198,13 @@ def tail(ctx, x) -> Scaled:
         while float(scale) * steps < m:
             scale = np.nextafter(scale, np.float32(np.inf))
         exact = Fraction(float(scale))
-        if isinstance(x, Softmaxed):
-            try:
+        try:
+            if isinstance(x, Softmaxed):
                 softmax_plan(x.view[1], 1 / exact)
-            except NoPlan:
-                continue
+            elif isinstance(x, Deferred) and hasattr(x, "plan"):  # an L2 normalization's
+                x.plan(exact, -32768, 32767)
+        except NoPlan:
+            continue
         break
     zero = np.zeros((), np.int64)
     exact = np.asarray(exact, dtype=object)

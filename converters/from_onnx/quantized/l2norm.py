@@ -1,0 +1,392 @@
+"""L2 normalization of a dequantized value, in integers (docs/import.md, "L2 normalization: the integer form and its
+bound"): LpNormalization(p=2), and the written-out forms found in the graph before the walk (``l2_chains``):
+x / max(||x||, eps), x / sqrt(sum x^2 + eps), x * Reciprocal(...), the norm as ReduceL2, Sqrt or Pow(0.5) of
+ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps by Clip(min), Max or Add.
+
+With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / sqrt(max(sum x^2 + a, b))
+= u / sqrt(max(S + G, E)), G = a / s^2, E = b / s^2: LayerNormalization's table form (``norm.best_plan``) with
+D = u, V = S (|D| <= sqrt(V), as |D| <= sqrt((n - 1) V) there with n = 2), gamma = 1 / s_out and beta = 0.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import partial
+
+import numpy as np
+import onnx
+
+from cvm_onnx.core.constants import tight
+
+from ..context import INT32, INT_RANGES, Tensor
+from ..emit import as_int32, reduced
+from ..registry import Refuse, float_rule
+from ..requant_plans import NoPlan
+from .chains import FLAT, _divisor, _Graph
+from .norm import LayerNormPlan, best_plan, c32, proven, quotient, table_shape
+from .qdq import Requant, saturate
+from .values import Deferred, Scaled, per_tensor, scaled
+
+
+def squares_fit(n: int, peak: int) -> bool:
+    """Whether u^2 (its operands' labels summed) and S = sum u^2 over n values |u| <= peak (u^2's label plus
+    bits(n)) keep CVM's labels within 32 bits."""
+    return 2 * tight(peak) <= 32 and tight(peak * peak) + n.bit_length() <= 32
+
+
+def quartered_fits(n: int, peak: int, t_bits: int, quarter: int) -> bool:
+    """Whether ``quartered``'s steps keep every CVM label within 32 bits (a product's label is the sum of its
+    operands'): u^2 = 4^Q a + b, A = sum a, B = sum b, S_Q = A + floor(B / 4^Q), and S = 4^Q min(A, 2^(T-2)) + B."""
+    unit, tn = 1 << (2 * quarter), n.bit_length()
+    return (2 * tight(peak) <= 32 and tight(peak * peak // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
+            and tight(peak * peak // unit) + tight(unit) <= 32
+            and tight(n * peak * peak // unit + n) <= 31 and tight(unit * ((1 << (t_bits - 2)) + n)) <= 31)
+
+
+def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
+    """The plan of least delta for u / sqrt(max(S + G, E)) over rows of n integers |u| <= peak, in output steps
+    of s_out, into [low, high] (z_out subtracted); where S passes 32 bits, its level and bucket from the squares
+    split at 4^Q (``quartered``)."""
+    v_max = n * peak * peak
+    quarter, shape = 0, table_shape(v_max, 0)
+    if not squares_fit(n, peak):
+        for quarter in range(1, 16):
+            shape = table_shape(v_max, quarter)
+            if shape is not None and quartered_fits(n, peak, shape[0], quarter):
+                break
+            shape = None
+        if shape is None:
+            raise NoPlan(f"an L2 normalization over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
+    if shape is None:
+        raise NoPlan(f"an L2 normalization over {n} values needs a table of more than 2^16 entries")
+    t_bits, levels = shape
+    if levels and e - g > (1 << t_bits):  # the eps floor must lie where the table holds every S exactly
+        raise NoPlan(f"an L2 normalization's eps lies {float(e - g):.3g} squared input steps out (at most 2^{t_bits})")
+    d_bits = tight(peak)
+    r_first = max(1 / math.sqrt(max(1 + float(g), float(e))) if v_max else 0.0,
+                  2.0 ** (1 - t_bits / 2) if levels else 0.0)
+    f = 0
+    while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
+        f += 1
+    precision = tight(max(-low, high))
+    gamma, beta = np.array([1 / s_out], dtype=object), np.array([Fraction(0)], dtype=object)
+    key = (2, 0, t_bits, levels, quarter, precision)  # n = 2: |D| <= sqrt((2 - 1) V), V >= 1 when not 0
+    best, h = best_plan(key, v_max, float(g), f, d_bits, 0, gamma, beta, floor=float(e)), 31 - d_bits
+    if (best is None or best.delta >= Fraction(1, 2)) and h > 0:  # R in two parts
+        best = best_plan(key, v_max, float(g), f, d_bits, h, gamma, beta, floor=float(e))
+    if best is None or best.delta >= Fraction(1, 2):
+        raise NoPlan(f"an L2 normalization over {n} values at {float(1 / s_out):.3g} output steps per unit has no "
+                     "integer form within half a step in 32 bits")
+    return best
+
+
+@dataclass(frozen=True, eq=False)
+class L2Normalized(Deferred):
+    """x / sqrt(max(sum x^2 + add, floor)) over the n values of ``view`` (outer, n, inner), made integers by the
+    QuantizeLinear that follows; ``nan_at_zero``: a row of zeros is 0 / 0 (no eps), QuantizeLinear's NaN."""
+
+    x: Scaled
+    view: tuple[int, int, int]
+    add: Fraction
+    floor: Fraction
+    nan_at_zero: bool
+    node: str = ""
+    what: str = "L2 normalization"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape
+
+    @property
+    def ends(self) -> tuple[float, float]:
+        """Every value lies in [-1, 1] (the span a float output is quantized to)."""
+        t, z = self.x.t, int(self.x.zero.reshape(()))
+        if self.nan_at_zero and t.lo <= z <= t.hi:
+            raise Refuse(f"{self.node} (L2 normalization with no eps) as a float output is NaN (0 / 0) on a row of "
+                         "zeros, which no integer holds: quantize it (a QuantizeLinear gives NaN the type's minimum)")
+        return -1.0, 1.0
+
+    def plan(self, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
+        """``l2_plan`` for output steps s_out into [low, high] (z_out subtracted)."""
+        t, z = self.x.t, int(self.x.zero.reshape(()))
+        s = self.x.scale.reshape(()).item()
+        peak = max(abs(t.lo - z), abs(t.hi - z))
+        return l2_plan(self.view[1], peak, self.add / (s * s), self.floor / (s * s), s_out, low, high)
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        """The integers of QuantizeLinear(y), by ``l2_plan``'s form."""
+        if scale.size != 1:
+            raise Refuse(f"{self.node} (L2 normalization) with a per-channel output scale has no CVM form")
+        t, z = self.x.t, int(self.x.zero.reshape(()))
+        lo, hi = INT_RANGES[dtype]
+        try:
+            p = self.plan(scale.reshape(()).item(), lo - out_zero, hi - out_zero)
+        except NoPlan as e:
+            raise Refuse(f"{self.node} (L2 normalization): {e}") from None
+        ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
+        zero_row = self.nan_at_zero and t.lo <= z <= t.hi
+        r = emit(ctx, as_int32(t), z, self.view, p, lo - out_zero if zero_row else None)
+        return saturate(ctx, ctx.reshape(r, self.shape), out_zero, lo, hi, dtype, self.shape)
+
+
+def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, nan: int | None) -> Tensor:
+    """The plan's CVM ops on t's rows: u = t - z, S = sum u^2, the level and bucket of S, R, N = trunc(u R / 2^(m+j)),
+    the output's shift; ``nan``: the value (less z_out) of a row of zeros."""
+    op = partial(proven, ctx)
+    outer, n, inner = view
+    rows, col = view, (outer, 1, inner)
+    u = ctx.reshape(t, rows)
+    peak = max(z - u.lo, u.hi - z)  # u's interval made symmetric: the products' bounds below take +-peak
+    if z:
+        u = op("broadcast_sub", u, c32(z), -peak, peak, rows)
+    else:
+        u = ctx.result(ctx.entry(u), INT32, -peak, peak, rows)
+    square = op("broadcast_mul", u, u, 0, peak * peak, rows)
+    level = None
+    if p.quarter:
+        level, index, total = quartered(ctx, square, n, p, col)
+    else:
+        total = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
+        index = total
+    if p.levels and not p.quarter:
+        size, step = 1 << p.table_bits, 3 << (p.table_bits - 2)
+        thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(p.levels)]).reshape(1, p.levels, 1))
+        above = op("broadcast_greater", total, thresholds, 0, 1, (outer, p.levels, inner))
+        level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+        powers = c32([1 << (2 * m) for m in range(p.levels + 1)])
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=p.levels + 1)
+        bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, total.hi, col)
+        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+                   p.table.size - 1, col)
+    prod = quotient(ctx, u, index, level, p.table >> p.split, p.extra, p.levels)
+    if p.split:  # the low h bits of R: u R0 / 2^(m+j+h), truncated on its own
+        low = quotient(ctx, u, index, level, p.table & ((1 << p.split) - 1), p.extra + p.split, p.levels)
+        prod = op("broadcast_add", prod, low, prod.lo + low.lo, prod.hi + low.hi, rows)
+    if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
+        e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
+        prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
+    m = int(p.multipliers[0])
+    y = op("broadcast_mul", prod, c32(m), -prod.hi * abs(m), prod.hi * abs(m), rows)
+    bnd = (1 << (p.precision - 1)) - 1
+    e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(max(-y.lo, y.hi))), precision=p.precision, shift_bit=p.shift)
+    r = ctx.result(e, INT32, -bnd, bnd, rows)
+    if nan is None:
+        return r
+    empty = op("broadcast_greater", c32(1), total, 0, 1, col)  # S = 0 (total: S or 0 < S' <= S): every u is 0
+    fill = op("broadcast_mul", empty, c32(nan), min(nan, 0), max(nan, 0), col)
+    return op("broadcast_add", r, fill, r.lo + min(nan, 0), r.hi + max(nan, 0), rows)
+
+
+def quartered(ctx, square: Tensor, n: int, p: LayerNormPlan, col) -> tuple[Tensor, Tensor, Tensor]:
+    """The level m, table index and a value 0 exactly where S is (S itself below 4^(Q-1) 2^T) of rows whose S =
+    sum u^2 passes 32 bits, from integers that do not: u^2 = 4^Q a + b (a = floor(u^2 / 4^Q)), A = sum a,
+    B = sum b < n 4^Q, S_Q = floor(S / 4^Q) = A + floor(B / 4^Q). Every threshold 4^k 2^T is a multiple of 4^Q
+    (T >= 2Q), so the level comes from S_Q, and at a level m >= Q the bucket floor(S / 4^m) = floor(S_Q / 4^(m-Q));
+    a row of level m < Q has A <= S / 4^Q < 2^(T-2), so S = 4^Q min(A, 2^(T-2)) + B there, exactly, and its
+    bucket floor(S / 4^m)."""
+    op = partial(proven, ctx)
+    outer, _, inner = col
+    rows = square.shape
+    unit, size = 1 << (2 * p.quarter), 1 << p.table_bits
+    top_a = square.hi // unit
+    high = op("broadcast_div", square, c32(unit), 0, top_a, rows)
+    low = op("broadcast_sub", square, op("broadcast_mul", high, c32(unit), 0, top_a * unit, rows), 0, unit - 1, rows)
+    a = ctx.reshape(reduced(ctx, "sum", high, [1], 0, n * top_a), col)
+    b = ctx.reshape(reduced(ctx, "sum", low, [1], 0, n * (unit - 1)), col)
+    sq = op("broadcast_add", a, op("broadcast_div", b, c32(unit), 0, n, col), 0, n * top_a + n, col)
+    thresholds = c32(np.array([((size << (2 * m)) >> (2 * p.quarter)) - 1 for m in range(p.levels)])
+                     .reshape(1, p.levels, 1))
+    above = op("broadcast_greater", sq, thresholds, 0, 1, (outer, p.levels, inner))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+    cap = size >> 2
+    e = ctx.emit("clip", ctx.entry(a), a_min=0, a_max=cap)
+    small = op("broadcast_add", op("broadcast_mul", ctx.result(e, INT32, 0, min(cap, a.hi), col), c32(unit), 0,
+                                   unit * min(cap, a.hi), col), b, 0, unit * min(cap, a.hi) + b.hi, col)
+
+    def lut(values: list[int]) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32(values)), in_dim=p.levels + 1)
+        return ctx.result(e, INT32, min(values), max(values), col)
+
+    # < 2^T on the rows each is picked for: floor(S_Q / 4^(m-Q)) at a level m >= Q, floor(S / 4^m) below
+    top = op("broadcast_div", sq, lut([1 << (2 * max(m - p.quarter, 0)) for m in range(p.levels + 1)]), 0, sq.hi,
+             col)
+    bottom = op("broadcast_div", small, lut([1 << (2 * min(m, p.quarter - 1)) for m in range(p.levels + 1)]), 0,
+                small.hi, col)
+    top, bottom = [ctx.result(ctx.emit("clip", ctx.entry(v), a_min=0, a_max=size - 1), INT32, 0, size - 1, col)
+                   for v in (top, bottom)]  # identities on the rows each is picked for: bounds the labels
+    above_q = op("broadcast_greater", level, c32(p.quarter - 1), 0, 1, col)
+    gap = op("broadcast_sub", top, bottom, 1 - size, size - 1, col)
+    pick = op("broadcast_mul", above_q, gap, min(gap.lo, 0), max(gap.hi, 0), col)
+    bucket = op("broadcast_add", bottom, pick, 0, size - 1, col)
+    step = 3 << (p.table_bits - 2)
+    index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+               p.table.size - 1, col)
+    return level, index, small
+
+
+@float_rule("LpNormalization", since=1)
+def lp_normalization_rule(ctx, node, x):
+    """LpNormalization(p=2) of a per-tensor dequantized x along ``axis``: an ``L2Normalized`` (a row of zeros gives
+    0, as onnxruntime's kernel), integers by the QuantizeLinear that follows."""
+    if node.attr_int("p", 2) != 2:
+        raise Refuse(f"LpNormalization p={node.attr_int('p', 2)} has no CVM form (p=2 has)")
+    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
+    rank = len(x.shape)
+    axis = node.attr_int("axis", -1)
+    if not -rank <= axis < rank:
+        raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    return L2Normalized(x, view, Fraction(0), Fraction(0), False, node.name)
+
+
+# -- the written-out forms ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class L2Chain:
+    """The Div (or Mul) ``node`` that ends a written-out L2 normalization of tensor ``x`` over ``view`` (outer, n,
+    inner): x / sqrt(max(sum x^2 + add, floor)); ``nodes``: every node of it (the reduction's on)."""
+
+    node: onnx.NodeProto
+    x: str
+    view: tuple[int, int, int]
+    add: Fraction
+    floor: Fraction
+    nodes: tuple[onnx.NodeProto, ...]
+
+
+_STEPS = ("Sqrt", "Pow", "Reciprocal", "Clip", "Max", "Add", "Expand", *FLAT)
+_SUMS = ("ReduceSum", "ReduceSumSquare", "ReduceL2")
+
+
+def _scalar(g: _Graph, name: str) -> Fraction | None:
+    v = g.constants.get(name)
+    if v is None or v.size != 1 or v.dtype.kind != "f" or not np.isfinite(v).all():
+        return None
+    return Fraction(float(v.reshape(())))
+
+
+def _same(g: _Graph, a: str, b: str) -> bool:
+    """Whether tensors a and b hold the same values: one name, or DequantizeLinear of the same inputs."""
+    if a == b:
+        return True
+    da, db = g.made(a, "DequantizeLinear"), g.made(b, "DequantizeLinear")
+    return da is not None and db is not None and list(da.input) == list(db.input) and \
+        [(x.name, x.i) for x in da.attribute] == [(x.name, x.i) for x in db.attribute]
+
+
+def _squares(g: _Graph, name: str, x: str) -> list[onnx.NodeProto] | None:
+    """The nodes of Pow(v, 2) or Mul(v, v), v = x or Abs(x), computing ``name``; else None."""
+    sq = g.made(name, "Pow", "Mul")
+    if sq is None or len(sq.input) != 2:
+        return None
+    if sq.op_type == "Pow":
+        if _scalar(g, sq.input[1]) != 2:
+            return None
+        v = sq.input[0]
+    elif sq.input[0] != sq.input[1]:
+        return None
+    else:
+        v = sq.input[0]
+    nodes = [sq]
+    if (a := g.made(v, "Abs")) is not None:
+        nodes.append(a)
+        v = a.input[0]
+    return nodes if _same(g, v, x) else None
+
+
+def _lower_bound(g: _Graph, n: onnx.NodeProto) -> tuple[str, Fraction] | None:
+    """(the value, c) of Max(value, c) or Clip(value, min=c) with no max; else None."""
+    if n.op_type == "Max":
+        if len(n.input) != 2:
+            return None
+        for v, c in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
+            if (k := _scalar(g, c)) is not None and v not in g.constants:
+                return v, k
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    if g.opset < 11:
+        if "max" in attrs or "min" not in attrs:
+            return None
+        return n.input[0], Fraction(float(np.float32(attrs["min"])))
+    if len(n.input) < 2 or not n.input[1] or (len(n.input) > 2 and n.input[2]):
+        return None
+    k = _scalar(g, n.input[1])
+    return None if k is None else (n.input[0], k)
+
+
+def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
+    """The written-out L2 normalization ``node`` ends, or None (the forms of the module's docstring; between the
+    norm and the Div moves keeping row-major order or an Expand of the keepdims shape, as a softmax's sum)."""
+    pairs = [node.input[:2]] if node.op_type == "Div" else [node.input[:2], node.input[1::-1]]
+    for x, den in pairs:
+        shape = g.shape(x)
+        if shape is None or None in shape or x in g.constants:
+            continue
+        steps, name = [], den
+        while len(steps) < 24 and (n := g.made(name, *_STEPS, *_SUMS)) is not None:
+            steps.append(n)
+            if n.op_type in _SUMS:
+                break
+            if n.op_type in ("Max", "Clip"):
+                bound = _lower_bound(g, n)
+                if bound is None:
+                    break
+                name = bound[0]
+            elif n.op_type == "Add":
+                name = next((v for v, c in ((n.input[0], n.input[1]), (n.input[1], n.input[0]))
+                             if _scalar(g, c) is not None and v not in g.constants), "")
+            elif n.op_type == "Pow" and _scalar(g, n.input[1]) != Fraction(1, 2):
+                break
+            else:
+                name = n.input[0]
+        if not steps or steps[-1].op_type not in _SUMS:
+            continue
+        total, rank = steps[-1], len(shape)
+        squares: list[onnx.NodeProto] | None = []
+        if total.op_type == "ReduceSum":
+            squares = _squares(g, total.input[0], x)
+        elif not _same(g, total.input[0], x):
+            squares = None
+        axes = g.axes(total, rank, 13 if total.op_type == "ReduceSum" else 18)
+        if squares is None or not axes or axes != list(range(axes[0], axes[-1] + 1)):
+            continue
+        keep = tuple(1 if a in axes else d for a, d in enumerate(shape))
+        if not _divisor(g, steps[-2::-1], den, keep, shape):
+            continue
+        add, floor, rooted, recips, ok = Fraction(0), Fraction(0), total.op_type == "ReduceL2", 0, True
+        for n in steps[-2::-1]:  # from the sum to the divisor
+            if n.op_type in ("Sqrt", "Pow"):
+                ok, rooted = ok and not rooted, True
+            elif n.op_type == "Reciprocal":
+                ok, recips = ok and rooted, recips + 1
+            elif n.op_type == "Add":
+                c = next(_scalar(g, i) for i in n.input if _scalar(g, i) is not None)
+                ok = ok and not rooted and c >= 0
+                add, floor = add + c, floor + c
+            elif n.op_type in ("Max", "Clip"):
+                c = _lower_bound(g, n)[1]
+                ok = ok and not recips
+                floor = max(floor, c * c if c > 0 else 0) if rooted else max(floor, c)
+        if not ok or not rooted or recips != (node.op_type == "Mul"):
+            continue
+        view = (math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]))
+        return L2Chain(node, x, view, add, floor, (*steps, *squares, node))
+    return None
+
+
+def l2_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, ...] | None],
+              constants: dict[str, np.ndarray]) -> list[L2Chain]:
+    """Every written-out L2 normalization of ``graph`` (``shapes``, ``constants`` and ``opset`` as
+    ``chains.softmax_chains`` takes them)."""
+    if not any(n.op_type in _SUMS for n in graph.node):
+        return []
+    g = _Graph(graph, opset, shapes, constants)
+    return [c for n in graph.node if n.op_type in ("Div", "Mul") and n.domain in ("", "ai.onnx")
+            if (c := _chain(g, n)) is not None]
+
+
+def l2_value(chain: L2Chain, x) -> L2Normalized:
+    """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
+    x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
+    return L2Normalized(x, chain.view, chain.add, chain.floor, not chain.floor, chain.node.name)
