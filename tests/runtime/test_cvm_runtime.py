@@ -868,6 +868,34 @@ def test_masked_softmax(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+@pytest.mark.parametrize("hf", ["mul", "where"])
+def test_hf_mask(tmp_path, hf):
+    """The BERT-like encoder with HF's additive mask ((1 - Cast(mask, float)) * float32's min, or transformers'
+    Where form of it expanded), its mask packed at 2 bits: the runtime loads the term's tables (cvm_lut of the
+    mask's integers), the level ranks' max, clip and products, and gives the reference executor's integers on
+    packed samples of masks with -1s, one row all -1 (2c = -inf: float32's NaN) and one keeping no token."""
+    import onnx
+    from support.packed import bert_like, bert_samples
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(bert_like(low=float(np.finfo(np.float32).min), hf=hf), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    imp = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "bert").imported
+    held = bert_samples(4, seed=9)
+    held["mask"] = held["mask"].astype(np.int64)
+    held["mask"][0, 0, 0, :2] = -1
+    held["mask"][1] = -1
+    held["mask"][2] = 0
+    xs = imp.edges.pack(held)
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "bert", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
