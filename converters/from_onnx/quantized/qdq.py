@@ -525,7 +525,9 @@ def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tens
         below = ctx.result(ctx.emit("clip", ctx.entry(below), a_min=0, a_max=1), INT32, 0, 1, g.shape)
     w = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32), below), INT32, 0, 1, g.shape)
     u = w
-    if any(x.absorbed):
+    if x.absorbed == (True, False):  # two levels, the lower absorbing: u = w g = g
+        u = g
+    elif any(x.absorbed):
         on = np.array([0 if a else 1 for a in x.absorbed], np.int32)
         e = ctx.emit("cvm_lut", ctx.entry(g), ctx.entry(const(on, INT32)), in_dim=on.size)
         u = ctx.result(ctx.op("broadcast_mul", w, ctx.result(e, INT32, 0, 1, g.shape)), INT32, 0, 1, g.shape)
