@@ -1954,8 +1954,9 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     types = {v.name: v.type.tensor_type.elem_type for v in
              [*typed.graph.input, *typed.graph.value_info, *typed.graph.output]}
 
-    def values(name: str, seen: dict) -> np.ndarray | None:
-        """The term's values at the integers 0 and 1 of its one varying integer tensor (None: no such term)."""
+    def values(name: str, seen: dict, leaves: set) -> np.ndarray | None:
+        """The term's values at the integers 0 and 1 of its one varying integer tensor (None: no such term);
+        ``seen`` the values of its nodes' outputs, ``leaves`` its varying tensors."""
         if name in seen:
             return seen[name]
         n = producer.get(name) if name in terms else None
@@ -1964,10 +1965,11 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
                 v = numpy_helper.to_array(consts[name])
                 return v.reshape(-1)[0] if np.unique(v).size == 1 else None
             kind = onnx.helper.tensor_dtype_to_np_dtype(types[name]) if types.get(name) else None
-            if kind is None or np.dtype(kind).kind not in "iub" or seen.setdefault("leaf", name) != name:
+            leaves.add(name)
+            if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1:
                 return None
             return np.array([0, 1]).astype(kind)
-        args = [values(x, seen) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+        args = [values(x, seen, leaves) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
         if any(v is None for v in args):
             return None
         try:
@@ -1986,11 +1988,11 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             continue
         for term in add.input:
             seen: dict = {}
-            v = values(term, seen)
+            v = values(term, seen, set())
             if term not in terms or v is None or np.shape(v) != (2,) or np.asarray(v).dtype.kind != "f" or \
                     sorted(v.tolist())[1] != 0 or not sorted(v.tolist())[0] <= MASK_LOW:
                 continue
-            found += [producer[x] for x in seen if x != "leaf" and np.asarray(seen[x]).dtype.kind == "f"]
+            found += [producer[x] for x in seen if np.asarray(seen[x]).dtype.kind == "f"]
             found += [add, sm]
             break
     return list({id(n): n for n in found}.values())

@@ -688,7 +688,8 @@ def masked(x: Scaled, mask: Mask, view: tuple[int, int, int]) -> Softmaxed:
     s, z = Fraction(x.scale.reshape(()).item()), int(x.zero.reshape(()))
     big = max(abs(x.t.lo - z), abs(x.t.hi - z)) * s
     levels = mask.levels
-    if levels[-1] == 0 and len(levels) > 1 and (big > 1 << 23 or Fraction(levels[-2]) > -(2 * big + 106)):
+    if levels[-1] == 0 and len(levels) > 1 and levels[-2] != -math.inf and \
+            (big > 1 << 23 or Fraction(levels[-2]) > -(2 * big + 106)):
         raise Refuse(f"Softmax of scores plus an attention mask of values 0 and {levels[-2]:g}: the mask's masked "
                      f"values must be at most -(2 max|x| + 106) = {-(2 * float(big) + 106):g} (x's range on its "
                      "grid), so that their exp is 0 against every score")
