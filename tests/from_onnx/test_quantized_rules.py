@@ -1044,3 +1044,44 @@ def test_mask_term_rows_at_every_level(form, c):
     [ort_y] = ort_session(model).run(None, {"x": x, "m": m})
     assert np.abs(got.astype(np.int64) - ort_y).max() <= 1
     assert (got[4] == 0).all() == (form == "mul" and c < -1e38)  # 2c: -inf (NaN); the Where form's c: uniform
+
+
+# -- ReduceMean of integers a float carries ------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       so=st.sampled_from([1 / 255, 0.01, 0.25, 3.0]), keep=st.booleans(), zo=st.integers(0, 255))
+def test_reduce_mean_of_a_cast_to_float_equals_the_exact_mean(d, shape, so, keep, zo):
+    """QuantizeLinear(ReduceMean(Cast(m, float))) of an integer input (TesseraNet's share of positive mask logits: a
+    Cast of a comparison), any axes: round_half_even(mean / s_out) + z_out of the exact rational mean, saturated;
+    onnxruntime (float32's sum and division) within one step; exported exactly. Regression: 'no CVM op for ONNX
+    ReduceMean on integers'."""
+    rank = len(shape)
+    axes = sorted(set(d.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank))))
+    m = d.draw(st.lists(st.integers(-127, 127), min_size=math.prod(shape), max_size=math.prod(shape)))
+    m = np.asarray(m, np.int64).reshape(shape)
+    g = h.make_graph([h.make_node("Cast", ["m"], ["mf"], to=T.FLOAT),
+                      h.make_node("ReduceMean", ["mf"], ["r"], axes=axes, keepdims=int(keep)),
+                      h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])], "m",
+                     [h.make_tensor_value_info("m", T.INT8, list(shape))], [h.make_tensor_value_info("y", T.UINT8, None)],
+                     [nh.from_array(np.float32(so), "so"), nh.from_array(np.uint8(zo), "zo")])
+    model = onnx_model(g, 17)
+    imp = import_model(model, input_precision=8)
+    [got] = execute(imp.graph, {"data": m.astype(np.int32)})
+    assert verify(imp.graph, m.astype(np.int32)).exact
+    n = math.prod(shape[a] for a in axes)
+    sums = m.sum(axis=tuple(axes), keepdims=bool(keep))
+    q = Fraction(float(np.float32(so)))
+    want = np.array([min(max(round(Fraction(int(v), n) / q) + zo, 0), 255) for v in sums.flat]).reshape(sums.shape)
+    assert np.array_equal(got.astype(np.int64).reshape(want.shape), want)  # Python's round: half to even
+    [ort_y] = ort_session(model).run(None, {"m": m.astype(np.int8)})
+    assert np.abs(ort_y.astype(np.int64) - want).max(initial=0) <= 1
+
+
+def test_reduce_mean_of_an_integer_type_is_refused_in_one_line():
+    """ReduceMean of int32 values divides with truncation: no CVM form, one line naming the node."""
+    g = h.make_graph([h.make_node("Cast", ["m"], ["mi"], to=T.INT32),
+                      h.make_node("ReduceMean", ["mi"], ["y"], axes=[0], name="mean")], "m",
+                     [h.make_tensor_value_info("m", T.INT8, [4])], [h.make_tensor_value_info("y", T.INT32, None)])
+    with pytest.raises(CVMError) as e:
+        import_model(onnx_model(g, 17), input_precision=8)
+    assert "mean (ReduceMean): ReduceMean of int32 integers (a truncating division) has no CVM form" in str(e.value)
