@@ -1951,12 +1951,13 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
                    and n.attribute[0].name == "value"})
     producer = {o: n for n in graph.node for o in n.output}
-    try:
-        typed = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001  (onnx raises anything on a graph it cannot type)
-        typed = model
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             [*typed.graph.input, *typed.graph.value_info, *typed.graph.output]}
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    for n in graph.node:  # the types the ops fix (no shape inference: it would copy the weights)
+        if n.op_type in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor",
+                         "IsNaN", "IsInf"):
+            types.setdefault(n.output[0], onnx.TensorProto.BOOL)
+        elif n.op_type == "Cast":
+            types.setdefault(n.output[0], next((a.i for a in n.attribute if a.name == "to"), 0))
 
     def leaf(name: str, leaves: set) -> np.ndarray | None:
         """The integers 0 and 1 of the term's one varying tensor ``name``, of its type (None: not integers)."""
