@@ -341,7 +341,7 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
 #: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding, the romanizer at
 #: its memory and the reading-order model at its two line-by-line heads (the C API refuses heads of different row
 #: counts: silero's state has 2, the encoder's token embeddings 16, the romanizer's hidden state 2, the reading
-#: order's line classes 12 x 10); TesseraNet at its strip features (its decoder's attention mask holds -inf).
+#: order's line classes 12 x 10); TesseraNet at its strip features (its mask statistics' ReduceLogSumExp has no rule).
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"], "trueocr-order": ["a", "same"],
         "tesseranet": ["/model/strips/Add_3_output_0"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
