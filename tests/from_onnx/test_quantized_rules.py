@@ -966,7 +966,7 @@ def levelled_softmax_oracle(v: np.ndarray, term: np.ndarray, s: float, q: Fracti
 def hf_term(m: np.ndarray, form: str, c: float) -> np.ndarray:
     """The mask's term as the ONNX graph defines it, in float32."""
     mf = m.astype(np.float32)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # every form computed: 0 * -inf in the others
         inv = np.float32(1) - mf
         return {"mul": inv * np.float32(c), "where": np.where(inv != 0, np.float32(c), inv),
                 "torch": np.where(m != 0, np.float32(0), np.float32(c))}[form].astype(np.float32)
