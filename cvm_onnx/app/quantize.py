@@ -1724,21 +1724,25 @@ def not_float(model: onnx.ModelProto) -> str | None:
 def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
     """The first float initializer or Constant node holding NaN, or infinity where it is not only a bound (of Clip,
     Max, Min), as a sentence naming it, or None: onnxruntime.quantization computes scales from finite weights only
-    ("scale issue"; an attention mask's Where(m, 0, -inf) gets an infinite scale). Only the constants that
-    ``outputs`` (else the graph's outputs) are computed from count: a tail that ``quantize --outputs`` cuts off is
-    never quantized."""
+    ("scale issue"; an attention mask's Where(m, 0, -inf) gets an infinite scale, unless quantize leaves it float:
+    ``masked_softmaxes``). Only the constants that ``outputs`` (else the graph's outputs) are computed from count: a
+    tail that ``quantize --outputs`` cuts off is never quantized."""
     from onnx import numpy_helper
 
     readers: dict[str, set[str]] = {}
+    outside: set[str] = set()  # read by a node that quantize_static may quantize
+    kept = {id(n) for n in masked_softmaxes(model)}
     for n in _nodes(model.graph):
         for x in n.input:
             readers.setdefault(x, set()).add(n.op_type)
+            if id(n) not in kept:
+                outside.add(x)
     read = _read_for(model.graph, outputs or [v.name for v in model.graph.output])
     consts = [("initializer", t.name, t) for t in model.graph.initializer]
     consts += [("Constant", n.output[0], a.t) for n in _nodes(model.graph) if n.op_type == "Constant" and n.output
                for a in n.attribute if a.name == "value"]
     for kind, name, t in consts:
-        if t.data_type in FLOAT_TYPES and name in read:
+        if t.data_type in FLOAT_TYPES and name in read and (name in outside or name not in readers):
             v = numpy_helper.to_array(t)
             bound = readers.get(name, set()) <= {"Clip", "Max", "Min"}
             bad = np.isnan(v) if bound else ~np.isfinite(v)
@@ -1894,8 +1898,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
-        excluded = masks_kept_float(header, src) + l2_kept_float(header, src) if form == "qdq" else []
-        with _sharing_checked():
+        excluded = masks_kept_float(header, src) + (l2_kept_float(header, src) if form == "qdq" else [])
+        with _sharing_checked(), _where_exclusions_kept():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
                 quant_format=QuantFormat.QOperator if form == "qoperator" else QuantFormat.QDQ,
@@ -1923,54 +1927,93 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
                    and n.input[0] in inits and n.input[1] not in inits})
 
 
-#: The highest mask value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
+#: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
 #: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
 MASK_LOW = -10000.0
 
 
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes of each Softmax(x + Where(keep, 0, c)) (an attention mask as torch exports it: 0 and c <=
-    ``MASK_LOW`` constants): the Where, the Add and the Softmax, which quantize_static then leaves float
+    """The nodes of each Softmax(x + m) where m is an attention mask's term: computed from one integer tensor by
+    elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, either
+    read by every layer's Add and by nothing else), and 0 at one of the integers 0 and 1 and at most ``MASK_LOW``
+    (-inf too) at the other. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
-    takes them (docs/import.md, "Masked Softmax"). Only where the Add has no other reader and the Where none but such
-    Adds (one mask shared by every layer)."""
+    takes them (docs/import.md, "Masked Softmax")."""
     from onnx import numpy_helper
 
+    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, mask_terms, table_op
+
     graph = model.graph
+    terms = mask_terms(graph)
+    if not terms:
+        return []
     consts = {t.name: t for t in graph.initializer}
     consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
                    and n.attribute[0].name == "value"})
     producer = {o: n for n in graph.node for o in n.output}
-    readers = Counter(i for n in graph.node for i in n.input)
-    readers.update(o.name for o in graph.output)
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    for n in graph.node:  # the types the ops fix (no shape inference: it would copy the weights)
+        if n.op_type in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor",
+                         "IsNaN", "IsInf"):
+            types.setdefault(n.output[0], onnx.TensorProto.BOOL)
+        elif n.op_type == "Cast":
+            types.setdefault(n.output[0], next((a.i for a in n.attribute if a.name == "to"), 0))
 
-    def value(name: str) -> np.ndarray | None:
-        t = consts.get(name)
-        return None if t is None else numpy_helper.to_array(t)
+    def leaf(name: str, leaves: set) -> np.ndarray | None:
+        """The integers 0 and 1 of the term's one varying tensor ``name``, of its type (None: not integers)."""
+        kind = onnx.helper.tensor_dtype_to_np_dtype(types[name]) if types.get(name) else None
+        leaves.add(name)
+        return None if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1 else \
+            np.array([0, 1]).astype(kind)
+
+    def values(name: str, seen: dict, leaves: set) -> np.ndarray | None:
+        """The term's values at the integers 0 and 1 of its one varying integer tensor (None: no such term);
+        ``seen`` the values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from
+        floats (a comparison of scores)."""
+        if name in seen:
+            return seen[name]
+        n = producer.get(name) if name in terms else None
+        if n is None:
+            if name in consts:
+                v = numpy_helper.to_array(consts[name])
+                return v.reshape(-1)[0] if np.unique(v).size == 1 else None
+            return leaf(name, leaves)
+        inner = set(leaves)
+        args = [values(x, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+        if any(v is None for v in args):
+            return leaf(name, leaves)
+        leaves |= inner
+        try:
+            out = args[0] if n.op_type in LAYOUT_OPS else \
+                table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)
+        except Exception:  # noqa: BLE001  (any op this evaluation cannot take: no mask)
+            return None
+        seen[name] = out
+        return out
 
     found = []
+    readers = Counter(i for n in graph.node for i in n.input)
     for sm in graph.node:
         add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
         if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
             continue
-        for w in (producer.get(add.input[0]), producer.get(add.input[1])):
-            if w is None or w.op_type != "Where":
+        for term in add.input:
+            seen: dict = {}
+            v = values(term, seen, set())
+            if term not in terms or v is None or np.shape(v) != (2,) or np.asarray(v).dtype.kind != "f" or \
+                    sorted(v.tolist())[1] != 0 or not sorted(v.tolist())[0] <= MASK_LOW:
                 continue
-            zero, low = value(w.input[1]), value(w.input[2])
-            if zero is None or low is None or zero.dtype.kind != "f" or low.dtype.kind != "f" or zero.size != 1 \
-                    or low.size != 1 or float(zero.reshape(())) != 0 or not float(low.reshape(())) <= MASK_LOW:
-                continue
-            found.append((w, add, sm))
+            found += [producer[x] for x in seen if np.asarray(seen[x]).dtype.kind == "f"]
+            found += [add, sm]
             break
-    adds = Counter(id(w) for w, _, _ in found)  # a mask shared by the layers: every reader one of these Adds
-    found = [f for f in found if adds[id(f[0])] == readers[f[0].output[0]]]
-    return list({id(n): n for f in found for n in f}.values())
+    return list({id(n): n for n in found}.values())
 
 
 def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     """The names of ``masked_softmaxes``' nodes for quantize_static's nodes_to_exclude, the model in ``src`` (its
-    graph ``header``) rewritten where needed: a name given to each unnamed one, and each Where's 0 and c its own
-    initializers (quantize_static quantizes a constant that a quantized node also reads, for every reader)."""
+    graph ``header``) rewritten where needed: a name given to each unnamed one, and each float constant they read
+    (a Where's 0 and c, HF's 1 and c) their own initializer (quantize_static quantizes a constant that a quantized
+    node also reads, for every reader)."""
     from onnx import numpy_helper
 
     nodes = masked_softmaxes(header)
@@ -1989,14 +2032,16 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
         return f"masked_softmax_{k}"
 
     inits = {t.name: t for t in graph.initializer}
-    consts = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"}
+    consts = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+              and n.attribute[0].name == "value"}
     for n in nodes:
         if not n.name:
             n.name = fresh()
-        if n.op_type == "Where":
-            for i in (1, 2):
+        for i, x in enumerate(n.input):
+            t = inits.get(x) or consts.get(x)
+            if t is not None and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                                 onnx.TensorProto.FLOAT16):
                 name = fresh()
-                t = inits[n.input[i]] if n.input[i] in inits else consts[n.input[i]]
                 graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(t), name))
                 n.input[i] = name
     onnx.save(header, os.fspath(src))
@@ -2081,6 +2126,21 @@ def _sharing_checked() -> Iterator[None]:
         yield
     finally:
         QDQQuantizer._quantize_sharing_param_tensors = original
+
+
+@contextlib.contextmanager
+def _where_exclusions_kept() -> Iterator[None]:
+    """quantize_static's QOperator form with the Wheres named in nodes_to_exclude left float: its QLinearWhere
+    quantizes every Where it reaches (its ``should_quantize`` is True, where every other op's asks whether the node
+    is excluded), so an attention mask's Where would be quantized at its grid of c."""
+    from onnxruntime.quantization.operators.where import QLinearWhere
+
+    original = QLinearWhere.should_quantize
+    QLinearWhere.should_quantize = lambda self: self.quantizer.should_quantize_node(self.node)
+    try:
+        yield
+    finally:
+        QLinearWhere.should_quantize = original
 
 
 def _run_onnx(model: bytes | str, name: str, samples: np.ndarray, what: str = "the model",

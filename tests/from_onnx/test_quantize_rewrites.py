@@ -293,3 +293,36 @@ def test_masked_softmaxes_found_for_quantize_to_leave_float(low, extra, other, w
     Softmax (quantize_static's nodes_to_exclude); a mask with any other reader, c > -10000 or another op than
     Softmax: none."""
     assert [n.name for n in masked_softmaxes(two_layer_mask(low, extra, other))] == want
+
+
+def two_layer_hf_mask(low: float, source: int = T.INT64, one: float = 1.0) -> onnx.ModelProto:
+    """Scores x0, x1 each plus one shared HF mask (one - Cast(Unsqueeze(m), float)) * low, each read by a
+    Softmax; m of type ``source``."""
+    nodes = [h.make_node("Unsqueeze", ["m", "axes"], ["m1"], name="u"),
+             h.make_node("Cast", ["m1"], ["mf"], to=T.FLOAT, name="cast"),
+             h.make_node("Sub", ["one", "mf"], ["inv"], name="sub"), h.make_node("Mul", ["inv", "low"], ["bias"],
+                                                                                  name="mul")]
+    for i in range(2):
+        nodes += [h.make_node("Add", [f"x{i}", "bias"], [f"s{i}"], name=f"a{i}"),
+                  h.make_node("Softmax", [f"s{i}"], [f"p{i}"], name=f"p{i}", axis=-1)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("m", source, [4])] +
+                     [h.make_tensor_value_info(f"x{i}", T.FLOAT, [1, 4]) for i in range(2)],
+                     [h.make_tensor_value_info(f"p{i}", T.FLOAT, [1, 4]) for i in range(2)],
+                     [nh.from_array(np.float32(one), "one"), nh.from_array(np.float32(low), "low"),
+                      nh.from_array(np.array([0], np.int64), "axes")])
+    return onnx_model(g, 17)
+
+
+@pytest.mark.parametrize("low, source, one, want", [
+    (float(np.finfo(np.float32).min), T.INT64, 1.0, ["cast", "sub", "mul", "a0", "p0", "a1", "p1"]),
+    (-10000.0, T.INT32, 1.0, ["cast", "sub", "mul", "a0", "p0", "a1", "p1"]),
+    (-9999.0, T.INT64, 1.0, []),  # 0 and -9999: above MASK_LOW
+    (-10000.0, T.INT64, 2.0, []),  # -10000 and -20000: no 0, no mask
+    (-10000.0, T.FLOAT, 1.0, []),  # of a float input: quantized as before
+])
+def test_hf_masks_found_for_quantize_to_leave_float(low, source, one, want):
+    """HF's additive mask (1 - Cast(m, float)) * c of an integer input, c <= -10000, shared by every layer: its
+    float nodes (the Cast to float, Sub, Mul), each Add and Softmax; the integer Unsqueeze stays as it is. A term
+    that is not 0 at one of m = 0, 1 and at most -10000 at the other, or of a float input: none. Regression: none
+    found (the term quantized at the grid of c)."""
+    assert [n.name for n in masked_softmaxes(two_layer_hf_mask(low, source, one))] == want

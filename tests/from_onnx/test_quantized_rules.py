@@ -909,3 +909,179 @@ def test_a_mask_not_low_enough_is_refused_in_one_line():
     with pytest.raises(CVMError) as e:
         import_model(m, input_precision=9)
     assert "must be at most -(2 max|x| + 106) = -234" in str(e.value) and len(str(e.value).splitlines()) == 1, e.value
+
+
+# -- An attention mask's term as a table of its integer input -------------------------------------------------------
+def hf_mask_model(shape, mask_shape, form, c, precision, x_type=T.INT8, out_type=T.UINT8, s=0.5, zx=0, so=1 / 255,
+                  zo=0):
+    """DequantizeLinear(x) + term(m) -> Softmax (last axis) -> QuantizeLinear, m an int64 input of CVM precision
+    ``precision``: "mul", HF's (1 - Cast(m, float)) * c; "where", transformers' Where(Cast(inv, bool), c, inv) of
+    inv = 1 - Cast(m, float); "torch", Where(Cast(m, bool), 0, c)."""
+    term = {"mul": [h.make_node("Cast", ["m"], ["mf"], to=T.FLOAT), h.make_node("Sub", ["one", "mf"], ["inv"]),
+                    h.make_node("Mul", ["inv", "c"], ["bias"])],
+            "where": [h.make_node("Cast", ["m"], ["mf"], to=T.FLOAT), h.make_node("Sub", ["one", "mf"], ["inv"]),
+                      h.make_node("Cast", ["inv"], ["masked"], to=T.BOOL),
+                      h.make_node("Where", ["masked", "c", "inv"], ["bias"])],
+            "torch": [h.make_node("Cast", ["m"], ["keep"], to=T.BOOL),
+                      h.make_node("Where", ["keep", "zero", "c"], ["bias"])]}[form]
+    mask = h.make_tensor_value_info("m", T.INT64, list(mask_shape))
+    mask.metadata_props.add(key="cvm.precision", value=str(precision))
+    consts = {"s": np.float32(s), "zx": NP[x_type](zx), "so": np.float32(so), "zo": NP[out_type](zo),
+              "c": np.float32(c), **({"zero": np.float32(0)} if form == "torch" else {"one": np.float32(1)})}
+    g = h.make_graph(
+        [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), *term, h.make_node("Add", ["xf", "bias"], ["sc"]),
+         h.make_node("Softmax", ["sc"], ["sf"], axis=-1), h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])],
+        "m", [h.make_tensor_value_info("x", x_type, list(shape)), mask], [h.make_tensor_value_info("y", out_type, None)],
+        [nh.from_array(np.asarray(v), k) for k, v in consts.items()])
+    return onnx_model(g, 17)
+
+
+def levelled_softmax_oracle(v: np.ndarray, term: np.ndarray, s: float, q: Fraction, p, zo: int, lo: int, hi: int,
+                            big: float) -> np.ndarray:
+    """Softmax(x + term) along the last axis as docs/import.md states it, row by row: R the positions at the row's
+    highest term value L; L = 0: the Softmax oracle over R; L < 0: uniform over R where L absorbs x in float32 (x + L
+    rounds to L), else the softmax of x over R; L = -inf (float32's NaN): the type's least integer; 0 (z_out)
+    outside R."""
+    n = v.shape[-1]
+    v2, t2 = v.astype(np.int64).reshape(-1, n), np.broadcast_to(term, v.shape).reshape(-1, n)
+    f, b = p.frac_bits, p.split
+    out = np.full(v2.shape, zo, np.int64)
+    for o in range(v2.shape[0]):
+        top = t2[o].max()
+        r = t2[o] == top
+        if top == -np.inf:
+            out[o] = lo
+            continue
+        g = np.float32(-top)
+        uniform = top != 0 and big < float(g - np.nextafter(g, np.float32(0))) / 2
+        d = np.zeros(r.sum(), np.int64) if uniform else v2[o, r].max() - v2[o, r]
+        ex = [math.exp(-int(k) * s) for k in d]
+        bigs = [math.floor(Fraction(x) * 2**f + Fraction(1, 2)) for x in ex]
+        total = (sum(bigs) + (1 << b >> 1)) >> b
+        t = [math.floor(Fraction(x * float(q)) * 2**(f - b) + Fraction(1, 2)) for x in ex]
+        out[o, r] = [(2 * tk + total) // (2 * total) + zo for tk in t]
+    return np.clip(out, lo, hi).reshape(v.shape)
+
+
+def hf_term(m: np.ndarray, form: str, c: float) -> np.ndarray:
+    """The mask's term as the ONNX graph defines it, in float32."""
+    mf = m.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # every form computed: 0 * -inf in the others
+        inv = np.float32(1) - mf
+        return {"mul": inv * np.float32(c), "where": np.where(inv != 0, np.float32(c), inv),
+                "torch": np.where(m != 0, np.float32(0), np.float32(c))}[form].astype(np.float32)
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       form=st.sampled_from(["mul", "where", "torch"]), s=scales,
+       c=st.sampled_from([float(np.finfo(np.float32).min), -10000.0, -1e9, -math.inf]))
+def test_a_mask_term_of_an_integer_input_equals_its_table_form(d, shape, form, s, c):
+    """Softmax(x + term(m)) of HF's (1 - m) * c, transformers' Where form and torch's (c -inf too, as a Where writes
+    it), m an integer input of 2 bits (a packed 0/1 mask: -1, 0 and 1 reach it; (1 - (-1)) c = 2c, -inf for float32's
+    min), of a shape broadcasting to x's (rows keeping all, some or none): equal to the oracle over each row's
+    highest level, and to onnxruntime within one step where a row keeps something or its level absorbs x, its NaN
+    rows (every position -inf: the type's least integer) exactly; exported exactly. Regression: the term refused or
+    quantized at the grid of c."""
+    assume(not (form == "mul" and c == -math.inf))  # 0 * -inf: NaN, no mask
+    rank = len(shape)
+    mask_shape = [n if d.draw(st.booleans()) else 1 for n in shape][d.draw(st.integers(0, rank - 1)):]
+    m = np.asarray(d.draw(st.lists(st.integers(-1, 1), min_size=math.prod(mask_shape),
+                                   max_size=math.prod(mask_shape))), np.int64).reshape(mask_shape)
+    x = draw_x(d, shape, T.INT8)
+    assume(float(np.float32(s)) * 128 * 2 + 106 <= 10000)
+    model = hf_mask_model(shape, mask_shape, form, c, 2, s=s)
+    imp = import_model(model, input_precision=8)
+    feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)}
+    [got] = execute(imp.graph, feed)
+    assert verify(imp.graph, feed).exact
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    term = hf_term(m, form, c)
+    big = 128 * float(np.float32(s))
+    want = levelled_softmax_oracle(x, term, float(np.float32(s)), 1 / Fraction(float(np.float32(1 / 255))), p, 0, 0,
+                                   255, big)
+    assert np.array_equal(got.astype(np.int64), want)
+    [ort_y] = ort_session(model).run(None, {"x": x.astype(np.int8), "m": m})
+    top = np.broadcast_to(np.broadcast_to(term, shape).max(axis=-1, keepdims=True), shape)
+    gap = np.float32(-c) - np.nextafter(np.float32(-c), np.float32(0)) if c > -math.inf else math.inf
+    diff = np.abs(got.astype(np.int64) - ort_y.astype(np.int64))
+    assert (diff[top == -np.inf] == 0).all()
+    # a row at a masked level that does not absorb x: float32's x + c moves x by up to half its spacing there
+    assert (diff[(top == 0) | ((top < 0) & (big < gap / 2))] <= 1).all()
+
+
+@pytest.mark.parametrize("form, precision, says", [
+    ("mul", 3, "an attention mask's term takes 10000 at the integer 2: an attention mask takes 0 and negative values"),
+    ("mul", 2, None), ("torch", 4, None)])
+def test_a_mask_term_over_the_input_range(form, precision, says):
+    """The table covers every integer the input's precision lets the runtime feed: HF's (1 - m) c at m = 2, 3
+    (3 bits) is positive: refused in one line naming the value and the integer; at 2 bits, and torch's
+    Where at 4, it imports."""
+    model = hf_mask_model((2, 4), [1, 4], form, -10000.0, precision)
+    if says is None:
+        import_model(model, input_precision=8)
+        return
+    with pytest.raises(CVMError) as e:
+        import_model(model, input_precision=8)
+    assert says in str(e.value) and len(str(e.value).splitlines()) == 1, e.value
+
+
+@pytest.mark.parametrize("form", ["mul", "where"])
+@pytest.mark.parametrize("c", [float(np.finfo(np.float32).min), -10000.0])
+def test_mask_term_rows_at_every_level(form, c):
+    """Rows of m at 1 (kept), 0 and -1 ((1 - m) c: 0, c, 2c; 2c is -inf for float32's min; the Where form: 0, c,
+    c), x at its extremes: as the oracle and onnxruntime (within one step; a row of -inf alone, float32's NaN, the type's least integer
+    exactly, as onnxruntime's QuantizeLinear gives it); before, the term had no CVM form."""
+    x = np.array([[-128, 127, 5, 0]] * 6, np.int8)
+    m = np.array([[1, 1, 1, 1], [1, 0, -1, 1], [0, 0, -1, 0], [0, 0, 0, 0], [-1, -1, -1, -1], [-1, 0, -1, 1]])
+    model = hf_mask_model((6, 4), [6, 4], form, c, 2, s=0.25)
+    imp = import_model(model, input_precision=8)
+    [got] = execute(imp.graph, {"x": x.astype(np.int32), "m": m.astype(np.int32)})
+    [p] = [r.softmax for r in imp.requants if r.softmax]
+    want = levelled_softmax_oracle(x, hf_term(m, form, c), 0.25, 1 / Fraction(float(np.float32(1 / 255))), p, 0, 0,
+                                   255, 32.0)
+    assert np.array_equal(got.astype(np.int64), want)
+    [ort_y] = ort_session(model).run(None, {"x": x, "m": m})
+    assert np.abs(got.astype(np.int64) - ort_y).max() <= 1
+    assert (got[4] == 0).all() == (form == "mul" and c < -1e38)  # 2c: -inf (NaN); the Where form's c: uniform
+
+
+# -- ReduceMean of integers a float carries ------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       so=st.sampled_from([1 / 255, 0.01, 0.25, 3.0]), keep=st.booleans(), zo=st.integers(0, 255))
+def test_reduce_mean_of_a_cast_to_float_equals_the_exact_mean(d, shape, so, keep, zo):
+    """QuantizeLinear(ReduceMean(Cast(m, float))) of an integer input (TesseraNet's share of positive mask logits: a
+    Cast of a comparison), any axes: round_half_even(mean / s_out) + z_out of the exact rational mean, saturated;
+    onnxruntime (float32's sum and division) within one step; exported exactly. Regression: 'no CVM op for ONNX
+    ReduceMean on integers'."""
+    rank = len(shape)
+    axes = sorted(set(d.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank))))
+    m = d.draw(st.lists(st.integers(-127, 127), min_size=math.prod(shape), max_size=math.prod(shape)))
+    m = np.asarray(m, np.int64).reshape(shape)
+    g = h.make_graph([h.make_node("Cast", ["m"], ["mf"], to=T.FLOAT),
+                      h.make_node("ReduceMean", ["mf"], ["r"], axes=axes, keepdims=int(keep)),
+                      h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])], "m",
+                     [h.make_tensor_value_info("m", T.INT8, list(shape))], [h.make_tensor_value_info("y", T.UINT8, None)],
+                     [nh.from_array(np.float32(so), "so"), nh.from_array(np.uint8(zo), "zo")])
+    model = onnx_model(g, 17)
+    imp = import_model(model, input_precision=8)
+    [got] = execute(imp.graph, {"data": m.astype(np.int32)})
+    assert verify(imp.graph, m.astype(np.int32)).exact
+    n = math.prod(shape[a] for a in axes)
+    sums = m.sum(axis=tuple(axes), keepdims=bool(keep))
+    q = Fraction(float(np.float32(so)))
+    want = np.array([min(max(round(Fraction(int(v), n) / q) + zo, 0), 255) for v in sums.flat]).reshape(sums.shape)
+    assert np.array_equal(got.astype(np.int64).reshape(want.shape), want)  # Python's round: half to even
+    [ort_y] = ort_session(model).run(None, {"m": m.astype(np.int8)})
+    assert np.abs(ort_y.astype(np.int64) - want).max(initial=0) <= 1
+
+
+def test_reduce_mean_of_an_integer_type_is_refused_in_one_line():
+    """ReduceMean of int32 values divides with truncation: no CVM form, one line naming the node."""
+    g = h.make_graph([h.make_node("Cast", ["m"], ["mi"], to=T.INT32),
+                      h.make_node("ReduceMean", ["mi"], ["y"], axes=[0], name="mean")], "m",
+                     [h.make_tensor_value_info("m", T.INT8, [4])], [h.make_tensor_value_info("y", T.INT32, None)])
+    with pytest.raises(CVMError) as e:
+        import_model(onnx_model(g, 17), input_precision=8)
+    assert "mean (ReduceMean): ReduceMean of int32 integers (a truncating division) has no CVM form" in str(e.value)

@@ -341,7 +341,7 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
 #: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding, the romanizer at
 #: its memory and the reading-order model at its two line-by-line heads (the C API refuses heads of different row
 #: counts: silero's state has 2, the encoder's token embeddings 16, the romanizer's hidden state 2, the reading
-#: order's line classes 12 x 10); TesseraNet at its strip features (its decoder's attention mask holds -inf).
+#: order's line classes 12 x 10); TesseraNet at its strip features (its mask statistics' ReduceLogSumExp has no rule).
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"], "trueocr-order": ["a", "same"],
         "tesseranet": ["/model/strips/Add_3_output_0"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
@@ -861,6 +861,34 @@ def test_masked_softmax(tmp_path):
     held = bert_samples(4, seed=9)
     held["mask"] = held["mask"].astype(np.int64)
     held["mask"][3] = 0
+    xs = imp.edges.pack(held)
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "bert", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("hf", ["mul", "where"])
+def test_hf_mask(tmp_path, hf):
+    """The BERT-like encoder with HF's additive mask ((1 - Cast(mask, float)) * float32's min, or transformers'
+    Where form of it expanded), its mask packed at 2 bits: the runtime loads the term's tables (cvm_lut of the
+    mask's integers), the level ranks' max, clip and products, and gives the reference executor's integers on
+    packed samples of masks with -1s, one row all -1 (2c = -inf: float32's NaN) and one keeping no token."""
+    import onnx
+    from support.packed import bert_like, bert_samples
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(bert_like(low=float(np.finfo(np.float32).min), hf=hf), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    imp = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "bert").imported
+    held = bert_samples(4, seed=9)
+    held["mask"] = held["mask"].astype(np.int64)
+    held["mask"][0, 0, 0, :2] = -1
+    held["mask"][1] = -1
+    held["mask"][2] = 0
     xs = imp.edges.pack(held)
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "bert", device)

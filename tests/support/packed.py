@@ -12,11 +12,14 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state: bool = False,
-              low: float | None = None) -> onnx.ModelProto:
+              low: float | None = None, hf: str | None = None) -> onnx.ModelProto:
     """input_ids (1, L) int64 -> token embeddings (Gather); one attention head whose scores q k^T / sqrt(d) get
     30 (mask - 1) added (mask (1, 1, L) float: 1 for a token, 0 for padding); softmax, the values, a mean over the
     tokens and a dense head (1, 3). ``low``: the mask int64 instead, Where(Cast(mask, bool), 0, low) added (torch's
-    form). ``state``: a third input (1, d) float added to the pooled vector (a recurrent model's state, to fold)."""
+    form). ``hf`` with ``low``: HF's additive mask from the int64 mask instead: "mul", (1 - Cast(mask, float)) * low;
+    "where", Where(Cast(inv, bool), low, inv) of inv = 1 - Cast(Expand(mask, (1, L, L)), float), as transformers'
+    _prepare_4d_attention_mask writes it. ``state``: a third input (1, d) float added to the pooled vector (a
+    recurrent model's state, to fold)."""
     rng = np.random.default_rng(seed)
 
     def c(name, shape):
@@ -38,6 +41,16 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
                       h.make_node("Where", ["keep", "zero", "low"], ["bias"])]
         inputs[1] = h.make_tensor_value_info("mask", T.INT64, [1, 1, length])
         inits = [nh.from_array(np.float32(0), "zero"), nh.from_array(np.float32(low), "low")]
+    if hf is not None:
+        inits = [nh.from_array(np.float32(1), "one"), nh.from_array(np.float32(low), "low"),
+                 nh.from_array(np.array([1, length, length], np.int64), "square")]
+        nodes[7:9] = {"mul": [h.make_node("Cast", ["mask"], ["mf"], to=T.FLOAT),
+                              h.make_node("Sub", ["one", "mf"], ["inv"]), h.make_node("Mul", ["inv", "low"], ["bias"])],
+                      "where": [h.make_node("Expand", ["mask", "square"], ["wide"]),
+                                h.make_node("Cast", ["wide"], ["mf"], to=T.FLOAT),
+                                h.make_node("Sub", ["one", "mf"], ["inv"]),
+                                h.make_node("Cast", ["inv"], ["masked"], to=T.BOOL),
+                                h.make_node("Where", ["masked", "low", "inv"], ["bias"])]}[hf]
     if state:
         nodes.append(h.make_node("Add", ["pooled", "state"], ["pooled2"]))
         inputs.append(h.make_tensor_value_info("state", T.FLOAT, [1, d]))

@@ -231,20 +231,3 @@ def softmax_value(chain: SoftmaxChain, x) -> Softmaxed:
     if chain.top is not None:
         return Softmaxed(x, chain.view, "softmax at its max (written out)", chain.top)
     return Softmaxed(x, chain.view, "softmax (written out)")
-
-
-def mask_wheres(graph: onnx.GraphProto) -> set[str]:
-    """The outputs of the Wheres every reader of which is an Add read by a Softmax alone: the attention masks a
-    masked Softmax may take (docs/import.md, "Masked Softmax")."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for x in set(n.input):
-            readers.setdefault(x, []).append(n)
-    outputs = {o.name for o in graph.output}
-
-    def only_softmax(add: onnx.NodeProto) -> bool:
-        r = readers.get(add.output[0], [])
-        return add.op_type == "Add" and add.output[0] not in outputs and len(r) == 1 and r[0].op_type == "Softmax"
-
-    return {n.output[0] for n in graph.node if n.op_type == "Where" and n.output[0] not in outputs
-            and readers.get(n.output[0]) and all(only_softmax(a) for a in readers[n.output[0]])}

@@ -14,15 +14,18 @@ import numpy as np
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, type_name
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
-from .qdq import MAX_TABLE, Mask, MaskedScores, Requant, mask_of, quantize, saturate
+from .masks import Tabulated, mask_of_table
+from .qdq import MAX_TABLE, MaskedScores, Requant, quantize, saturate
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
-    QuantizeLinear that follows. x + an attention mask: ``MaskedScores``, for the Softmax that reads it."""
-    mask = next((x for x in (a, b) if isinstance(x, Mask) and not isinstance(x, MaskedScores)), None)
+    QuantizeLinear that follows. x + an attention mask's term (a table of one integer tensor): ``MaskedScores``,
+    for the Softmax that reads it."""
+    mask = next((x for x in (a, b) if isinstance(x, Tabulated)), None)
     if mask is not None:
         x = per_tensor(scaled(b if mask is a else a, "the scores beside an attention mask"), "a masked Softmax")
+        mask = mask_of_table(ctx, mask)
         try:
             fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
         except ValueError:
@@ -271,8 +274,6 @@ def where_rule(ctx, node, cond, a, b):
     branches on different grids are refused."""
     if isinstance(cond, Real):
         raise Refuse("Where with a float condition has no CVM form (compare first)")
-    if (mask := mask_of("Where", [cond, a, b])) is not None:  # read by Adds to Softmaxes alone (the walk's check)
-        return mask
     x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
     if x is not None:
         return _where_on(ctx, node, cond, a, b, per_tensor(x, "a Where branch"))

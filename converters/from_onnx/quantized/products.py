@@ -14,10 +14,10 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
-from ..context import INT32, Tensor, TooWide, const, tight
+from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
                     nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
-from ..registry import Refuse, float_rule
+from ..registry import Refuse, float_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
@@ -677,6 +677,17 @@ def tabled(ctx, x):
 @float_rule("GlobalAveragePool", since=1)
 def global_average_rule(ctx, node, x):
     return global_average(ctx, scaled(tabled(ctx, x), "the GlobalAveragePool input"))
+
+
+@rule("ReduceMean", since=1)
+def integer_mean_rule(ctx, node, x, axes_t=None):
+    """ReduceMean of integers a float carries (a Cast of a 0/1 mask to float32: the share of positions kept): the
+    integers at scale 1 (``reduce_mean_rule``), so their sum at scale 1 / n, exact, requantized by the
+    QuantizeLinear that follows. Of an integer type (its division truncates) refused."""
+    if x.dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
+        raise Refuse(f"ReduceMean of {type_name(x.dtype)} integers (a truncating division) has no CVM form")
+    return reduce_mean_rule(ctx, node, Scaled(replace(x, dtype=INT32), np.asarray(Fraction(1), dtype=object),
+                                              np.zeros((), np.int64)), axes_t)
 
 
 @float_rule("ReduceMean", "ReduceSum", since=1)

@@ -462,7 +462,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         raise Refuse(str(e)) from None
     f, b = p.frac_bits, p.split
     tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
-    v, d, w = below_max(ctx, t, x.view) + (None,) if x.keep is None else masked_below_max(ctx, t, x)
+    v, d, w, nan = below_max(ctx, t, x.view) + (None, None) if x.keep is None else masked_below_max(ctx, t, x)
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
@@ -492,6 +492,11 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
                    num.shape)  # S' >= 2^(F-b)
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
+    if nan is not None:  # onnxruntime's QuantizeLinear of NaN: the type's least integer
+        drop = y.hi + out_zero - lo
+        n_ = ctx.result(ctx.op("broadcast_mul", nan, const(np.array(drop, np.int32), INT32)), INT32, 0, drop,
+                        nan.shape)
+        y = ctx.result(ctx.op("broadcast_sub", y, n_), INT32, y.lo - drop, y.hi, y.shape)
     return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
 
 
@@ -503,23 +508,40 @@ def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tenso
     return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape)
 
 
-def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tensor]:
-    """The masked Softmax's t, d and weights w as (outer, n, inner) (docs/import.md, "Masked Softmax"): k the keep
-    mask broadcast to t (reshape, repeat), w = k, or 1 along a row that keeps nothing; u = k where the mask's low
-    value absorbs x (such a row: d = 0, uniform), else w (such a row: softmax of x); t' = u (t - lo) and
-    d = max t' - t' along the axis, in 0 .. hi - lo, 0 at a position of weight 1 in every row."""
+def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The masked Softmax's t, d and weights w as (outer, n, inner) (docs/import.md, "Masked Softmax"): g the mask's
+    level ranks broadcast to t (reshape, repeat), top their max along the axis, w = 1 where g = top (the row's
+    highest level: the kept positions, or every position at a row's highest masked level), else 0; u = w times 0 at
+    a level that absorbs x (such a row: d = 0, uniform), else 1; t' = u (t - lo) and d = max t' - t' along the axis,
+    in 0 .. hi - lo, 0 at a position of weight 1 in every row. With -inf among the levels, the rows whose top is -inf
+    (1, else 0: float32's NaN)."""
     outer, n, inner = x.view
+    mask, ranks = x.keep, len(x.keep.levels) - 1
     tt = as_int32(t)
-    k = ctx.reshape(ctx.broadcast_to(as_int32(x.keep), t.shape), (outer, n, inner))
-    kept = ctx.reshape(reduced(ctx, "max", k, [1], 0, 1), (outer, 1, inner))
-    none = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32), kept), INT32, 0, 1, kept.shape)
-    w = ctx.result(ctx.op("broadcast_add", k, none), INT32, 0, 1, k.shape)
+    g = ctx.reshape(ctx.broadcast_to(as_int32(mask.g), t.shape), (outer, n, inner))
+    top = ctx.reshape(reduced(ctx, "max", g, [1], 0, ranks), (outer, 1, inner))
+    below = ctx.result(ctx.op("broadcast_sub", top, g), INT32, 0, ranks, g.shape)
+    if ranks > 1:
+        below = ctx.result(ctx.emit("clip", ctx.entry(below), a_min=0, a_max=1), INT32, 0, 1, g.shape)
+    w = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32), below), INT32, 0, 1, g.shape)
+    u = w
+    if x.absorbed == (True, False):  # two levels, the lower absorbing: u = w g = g
+        u = g
+    elif any(x.absorbed):
+        on = np.array([0 if a else 1 for a in x.absorbed], np.int32)
+        e = ctx.emit("cvm_lut", ctx.entry(g), ctx.entry(const(on, INT32)), in_dim=on.size)
+        u = ctx.result(ctx.op("broadcast_mul", w, ctx.result(e, INT32, 0, 1, g.shape)), INT32, 0, 1, g.shape)
     a = ctx.result(ctx.op("broadcast_sub", tt, const(np.array(t.lo, np.int32), INT32)), INT32, 0, t.hi - t.lo,
                    t.shape)
     v = ctx.reshape(a, (outer, n, inner))
-    v = ctx.result(ctx.op("broadcast_mul", v, k if x.absorbed else w), INT32, 0, t.hi - t.lo, v.shape)
-    top = ctx.reshape(reduced(ctx, "max", v, [1], 0, t.hi - t.lo), (outer, 1, inner))
-    return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape), w
+    v = ctx.result(ctx.op("broadcast_mul", v, u), INT32, 0, t.hi - t.lo, v.shape)
+    peak = ctx.reshape(reduced(ctx, "max", v, [1], 0, t.hi - t.lo), (outer, 1, inner))
+    nan = None
+    if mask.levels[0] == -math.inf:  # top = 0: every position -inf
+        e = ctx.emit("clip", ctx.entry(top), a_min=0, a_max=1)
+        nan = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32),
+                                ctx.result(e, INT32, 0, 1, top.shape)), INT32, 0, 1, top.shape)
+    return v, ctx.result(ctx.op("broadcast_sub", peak, v), INT32, 0, t.hi - t.lo, v.shape), w, nan
 
 
 def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
@@ -632,58 +654,59 @@ def logsoftmax_rule(ctx, node, x):
 
 
 class Mask(Deferred):
-    """An attention mask Where(keep, 0, c), c < 0 a float constant, left float by quantize
-    (``app.quantize.masked_softmaxes``): only a Softmax's input's term has an integer form (``MaskedScores``)."""
+    """An attention mask's term, added to the scores a Softmax reads, left float by quantize
+    (``app.quantize.masked_softmaxes``): at each position one of ``levels`` (ascending, 0 the highest where a
+    position can be kept), ``g`` the index into them (an integer tensor broadcasting to the scores). Only a Softmax's
+    input's term has an integer form (``MaskedScores``)."""
 
-    what = "an attention mask Where(keep, 0, c)"
+    what = "an attention mask"
 
-    def __init__(self, keep: Tensor, low: float, shape: tuple[int, ...]):
-        self.keep, self.low, self.shape = keep, low, shape
+    def __init__(self, g: Tensor, levels: tuple[float, ...], shape: tuple[int, ...]):
+        self.g, self.levels, self.shape = g, levels, shape
 
     def quantized(self, ctx, scale, out_zero, dtype):
         raise Refuse(f"{self.what} has an integer form only added to the scores a Softmax reads")
 
 
 class MaskedScores(Mask):
-    """x + Where(keep, 0, c) of a dequantized x: only a Softmax reads it (``softmax_rule``)."""
+    """x + an attention mask of a dequantized x: only a Softmax reads it (``softmax_rule``)."""
 
     what = "scores plus an attention mask"
 
     def __init__(self, x: Scaled, mask: Mask, shape: tuple[int, ...]):
-        super().__init__(mask.keep, mask.low, shape)
+        super().__init__(mask.g, mask.levels, shape)
         self.x = x
 
 
-def mask_of(op_type: str, ins: list) -> Mask | None:
-    """Where(keep, 0, c) of float constants 0 and c < 0 (finite, one value each) as a ``Mask``; None for anything
-    else."""
-    if op_type != "Where" or len(ins) != 3 or not all(isinstance(v, Tensor) for v in ins):
-        return None
-    zero, low = ins[1], ins[2]
-    if not (zero.is_const and low.is_const and np.asarray(zero.value).dtype.kind == "f"
-            and np.asarray(low.value).dtype.kind == "f"):
-        return None
-    z, c = np.unique(np.asarray(zero.value)), np.unique(np.asarray(low.value))
-    if z.size != 1 or c.size != 1 or z[0] != 0 or not (np.isfinite(c[0]) and c[0] < 0):
-        return None
-    return Mask(ins[0], float(c[0]), broadcast_shape(*ins))
-
-
 def masked(x: Scaled, mask: Mask, view: tuple[int, int, int]) -> Softmaxed:
-    """Softmax(x + Where(keep, 0, c)) as the softmax of x over the kept positions, 0 elsewhere (docs/import.md,
-    "Masked Softmax"): where c <= -(2 X + 106), X = max |x| <= 2^23, every masked value's exp is 0 in float32 (its
-    argument is below -104) and below e^-104 in reals. A row keeping nothing: uniform where c absorbs x in float32
-    (X < g / 2, g the gap from |c| to the next float32 towards 0: x + c rounds to c), else the softmax of x (of
-    x + c in reals)."""
+    """Softmax(x + mask) as the softmax of x over the positions at each row's highest level (the kept ones, where
+    it keeps any), 0 elsewhere (docs/import.md, "Masked Softmax"), X = max |x| <= 2^23: where the masked levels c
+    are at most -(2 X + 106), and each next lower level b at most a - (2 X + 106) - 2^-23 (X + |b|) below the one
+    a above it (or -inf), every lower level's exp is 0 in float32 (its argument is below -104) and below e^-104 in
+    reals. A row whose highest level is c < 0: uniform where c absorbs x in float32 (X < g / 2, g the gap from |c|
+    to the next float32 towards 0: x + c rounds to c), else the softmax of x (of x + c in reals); -inf: NaN."""
     s, z = Fraction(x.scale.reshape(()).item()), int(x.zero.reshape(()))
     big = max(abs(x.t.lo - z), abs(x.t.hi - z)) * s
-    if big > 1 << 23 or Fraction(mask.low) > -(2 * big + 106):
-        raise Refuse(f"Softmax of scores plus an attention mask Where(keep, 0, {mask.low:g}): the mask's low value "
-                     f"must be at most -(2 max|x| + 106) = {-(2 * float(big) + 106):g} (x's range on its grid), "
-                     "so that its exp is 0 against every score")
-    c = np.float32(-mask.low)
-    absorbed = big < (Fraction(float(c)) - Fraction(float(np.nextafter(c, np.float32(0))))) / 2
-    return Softmaxed(x, view, "masked Softmax", keep=mask.keep, absorbed=absorbed)
+    levels = mask.levels
+    if levels[-1] == 0 and len(levels) > 1 and levels[-2] != -math.inf and \
+            (big > 1 << 23 or Fraction(levels[-2]) > -(2 * big + 106)):
+        raise Refuse(f"Softmax of scores plus an attention mask of values 0 and {levels[-2]:g}: the mask's masked "
+                     f"values must be at most -(2 max|x| + 106) = {-(2 * float(big) + 106):g} (x's range on its "
+                     "grid), so that their exp is 0 against every score")
+    for b, a in zip(levels[:-1], levels[1:]):
+        if a != 0 and b != -math.inf and (big > 1 << 23 or Fraction(b) > Fraction(a) - (2 * big + 106) -
+                                           (big + abs(Fraction(b))) / (1 << 23)):
+            raise Refuse(f"Softmax of scores plus an attention mask of values {a:g} and {b:g}: each masked value "
+                         f"must lie at least 2 max|x| + 106 = {2 * float(big) + 106:g} (and 2^-23 of itself) below "
+                         "the next higher one, so that its exp is 0 against every score")
+
+    def absorbs(c: float) -> bool:
+        if c == -math.inf:
+            return True
+        g = np.float32(-c)
+        return c != 0 and big < (Fraction(float(g)) - Fraction(float(np.nextafter(g, np.float32(0))))) / 2
+
+    return Softmaxed(x, view, "masked Softmax", keep=mask, absorbed=tuple(absorbs(c) for c in levels))
 
 
 @float_rule("Softmax", since=1)

@@ -71,8 +71,8 @@ class Softmaxed:
     view: tuple[int, int, int]
     what: str = "Softmax"
     top: tuple[int, ...] | None = None  # only its value at the max, of this shape (1 / sum e^(x - max))
-    keep: Tensor | None = None  # a masked Softmax's 0/1 mask, broadcasting to x (``qdq.MaskedScores``)
-    absorbed: bool = False  # its low value absorbs every x in float32: a row with nothing kept is uniform
+    keep: "Deferred | None" = None  # a masked Softmax's mask (``qdq.Mask``), broadcasting to x
+    absorbed: tuple[bool, ...] = ()  # per mask level: it absorbs every x in float32 (a row at that level: uniform)
 
     @property
     def shape(self) -> tuple[int, ...]:

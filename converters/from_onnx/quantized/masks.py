@@ -1,0 +1,171 @@
+"""An attention mask's term as users ship it: a float tensor computed elementwise from one integer tensor (an int64
+attention_mask input) by constant ops, as HF writes (1 - mask) * c and torch Where(keep, 0, c), added to the scores a
+Softmax reads. Over the integer's whole range (the packed input's clip makes it the only values it can take) the
+term is a table; where every entry is 0 or a level that masks, the masked Softmax takes it (docs/import.md, "Masked
+Softmax")."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..context import BOOL, INT32, Tensor, const
+from ..emit import as_int32
+from ..registry import Refuse, integer_rule
+from .qdq import MAX_TABLE, Mask
+from .values import Deferred
+
+#: Elementwise ops a mask's term may take (their other operands constants of one value each).
+VALUE_OPS = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Neg", "Not", "Where", "Equal", "Less", "Greater"})
+#: Ops that move a mask's values without changing them (their other operands shapes or axes).
+LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity"})
+
+
+def mask_terms(graph: onnx.GraphProto) -> set[str]:
+    """The outputs of the nodes that compute an operand of an Add read by a Softmax alone through ``VALUE_OPS`` and
+    ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those nodes or the Add: the
+    attention masks' terms, tabulated by ``tabulated``."""
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers.setdefault(x, []).append(n)
+    outputs = {o.name for o in graph.output}
+    adds = [n for n in graph.node if n.op_type == "Add" and n.output[0] not in outputs
+            and [r.op_type for r in readers.get(n.output[0], [])] == ["Softmax"]]
+    cone: dict[str, onnx.NodeProto] = {}
+    todo = [x for a in adds for x in a.input]
+    while todo:
+        n = producer.get(todo.pop())
+        if n is None or n.output[0] in cone or n.domain not in ("", "ai.onnx") or len(n.output) != 1 or \
+                n.op_type not in VALUE_OPS | LAYOUT_OPS:
+            continue
+        cone[n.output[0]] = n
+        todo += n.input[:1] if n.op_type in LAYOUT_OPS else list(n.input)
+    ids = {id(a) for a in adds}
+    while True:  # every reader inside
+        out = {o for o, n in cone.items() if o in outputs or
+               any(id(r) not in ids and (r.output[0] not in cone) for r in readers.get(o, []))}
+        if not out:
+            return set(cone)
+        for o in out:
+            del cone[o]
+
+
+class Tabulated(Deferred):
+    """A value computed elementwise from the integers of ``t`` alone: ``table[i]`` where t = t.lo + i (a numpy
+    array of the ONNX value's type). Only an attention mask added to a Softmax's scores has an integer form."""
+
+    what = "an attention mask's term"
+
+    def __init__(self, t: Tensor, table: np.ndarray):
+        self.t, self.table, self.shape = t, table, t.shape
+
+    def quantized(self, ctx, scale, out_zero, dtype):
+        raise Refuse(f"{self.what} (a table of its integer input) has an integer form only added to the scores a "
+                     "Softmax reads")
+
+
+def _np_type(dtype: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+
+
+def _cast(v: np.ndarray, to: int) -> np.ndarray:
+    if to == TensorProto.BOOL:
+        return v != 0
+    target = _np_type(to)
+    if target.kind in "iu" and v.dtype.kind == "f":
+        info = np.iinfo(target)
+        if not (np.isfinite(v).all() and (v >= info.min).all() and (v <= info.max).all()):
+            raise Refuse(f"Cast of an attention mask's term to {target}: a value outside that type")
+        v = np.trunc(v)
+    return v.astype(target)
+
+
+def table_op(op: str, to: int | None, args: list[np.ndarray]) -> np.ndarray:
+    """``op`` on tables and constants (numpy arrays of the ONNX types), as onnxruntime computes it elementwise:
+    float32 in float32 (IEEE, rounded to nearest; an overflow is inf), integers exactly."""
+    with np.errstate(all="ignore"):
+        if op == "Cast":
+            return _cast(args[0], to)
+        if op == "Neg":
+            return -args[0]
+        if op == "Not":
+            return ~args[0]
+        if op == "Where":
+            return np.where(args[0], args[1], args[2]).astype(np.result_type(args[1], args[2]))
+        a, b = args
+        if a.dtype != b.dtype:
+            raise Refuse(f"{op} of an attention mask's term and a constant of another type")
+        if op == "Div" and a.dtype.kind != "f":
+            raise Refuse("Div of integers in an attention mask's term has no table form here")
+        fn = {"Sub": np.subtract, "Add": np.add, "Mul": np.multiply, "Div": np.divide, "Equal": np.equal,
+              "Less": np.less, "Greater": np.greater}[op]
+        return np.asarray(fn(a, b)).astype(bool if op in ("Equal", "Less", "Greater") else a.dtype)
+
+
+def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
+    """A node of an attention mask's term (``mask_terms``): a move of a table's integers by its integer rule (of
+    plain integers, that rule); an elementwise op of one tensor of integers (computed, or a constant of several
+    values) or tables of one such tensor, its other operands constants of one value each: the op on the table,
+    over the tensor's whole range lo .. hi (at most 2^16 integers)."""
+    if node.op_type in LAYOUT_OPS:
+        x = ins[0]
+        if isinstance(x, Tabulated):
+            return Tabulated(integer_rule(node)(ctx, node, x.t, *ins[1:]), x.table)
+        return integer_rule(node)(ctx, node, *ins)
+    varying = [x for x in ins if isinstance(x, Tabulated) or
+               (isinstance(x, Tensor) and (not x.is_const or np.unique(np.asarray(x.value)).size > 1))]
+    if not varying:
+        return integer_rule(node)(ctx, node, *ins)
+    sources = {id(x.t if isinstance(x, Tabulated) else x): x.t if isinstance(x, Tabulated) else x for x in varying}
+    if len(sources) > 1:
+        raise Refuse(f"{node.op_type} of an attention mask's term: two tensors vary (a table takes one)")
+    [t] = sources.values()
+    lo, hi = (0, 1) if t.dtype == BOOL else (t.lo, t.hi)
+    if hi - lo + 1 > MAX_TABLE:
+        raise Refuse(f"an attention mask's term of an integer tensor of {hi - lo + 1} values: its table holds at most "
+                     "2^16")
+    args, shape = [], t.shape
+    for x in ins:
+        if isinstance(x, Tabulated):
+            args.append(x.table)
+        elif x is t:
+            args.append(np.arange(lo, hi + 1).astype(_np_type(t.dtype)))
+        elif isinstance(x, Tensor) and x.is_const:
+            v = np.asarray(x.value)
+            args.append(v.reshape(-1)[0].astype(v.dtype) if v.size else v)
+            shape = tuple(np.broadcast_shapes(shape, x.shape)) if v.size else shape
+        else:
+            raise Refuse(f"{node.op_type} of an attention mask's term and a dequantized value has no table form")
+    out = table_op(node.op_type, node.attr_int("to") if node.op_type == "Cast" else None, args)
+    if shape != t.shape:
+        t = ctx.broadcast_to(t, shape)
+    return Tabulated(t, out)
+
+
+def mask_of_table(ctx, x: Tabulated) -> Mask:
+    """The mask a table gives: its levels (ascending) the distinct values, each 0 or negative (-inf too); g the
+    index of each position's, by a cvm_lut of t - lo (t itself where that is the identity)."""
+    table = np.asarray(x.table)
+    if table.dtype.kind != "f":
+        raise Refuse(f"{x.what} of {table.dtype} values: a mask is float")
+    lo = 0 if x.t.dtype == BOOL else x.t.lo
+    bad = np.flatnonzero(np.isnan(table) | (table > 0))
+    if bad.size:
+        raise Refuse(f"{x.what} takes {float(table[bad[0]]):g} at the integer {lo + int(bad[0])}: an attention mask "
+                     "takes 0 and negative values")
+    levels, g = np.unique(table, return_inverse=True)
+    t = x.t
+    if t.is_const:
+        keep = const(g[np.asarray(t.value, np.int64) - lo].astype(np.int32), INT32)
+    elif lo == 0 and np.array_equal(g, np.arange(g.size)):
+        keep = t
+    else:
+        index = as_int32(t)
+        if lo:
+            index = ctx.result(ctx.op("broadcast_sub", index, const(np.array(lo, np.int32), INT32)), INT32, 0,
+                               table.size - 1, t.shape)
+        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(g.astype(np.int32), INT32)), in_dim=table.size)
+        keep = ctx.result(e, INT32, 0, levels.size - 1, t.shape)
+    return Mask(keep, tuple(float(v) for v in levels), t.shape)
