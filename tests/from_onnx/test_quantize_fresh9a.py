@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import Oracle, qdq
+from support.quantized import Oracle, long_dense
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
@@ -41,29 +41,14 @@ def oracle_equal(m: onnx.ModelProto, x: np.ndarray, precision: int) -> None:
        form=st.sampled_from(["gemm", "gemm-bias", "matmul"]), so=st.sampled_from([4.0, 60.0, 3000.0]),
        extreme=st.sampled_from(["random", "min", "max", "signs"]))
 def test_a_dense_whose_reduced_axis_passes_32_bits_sums_runs_of_it(d, x_type, units, form, so, extreme):
-    """Gemm (with or without its bias C) or MatMul of a uint8 input of K > 2^15 values (its 9-bit values in two 8-bit halves: 2K terms),
-    or an int8 input of zero point 0 and K > 2^16 - 1 values, by int8 weights: dense needs 8 + 8 + bits(K') = 33
-    bits even without its bias; the import sums runs of K, each within 32 bits, and adds the bias after; equal to
+    """Gemm (with or without its bias C) or MatMul of a uint8 input of K > 2^15 values (its 9-bit values in two
+    8-bit halves: 2K terms), or an int8 input of zero point 0 and K > 2^16 - 1 values, by int8 weights: dense needs
+    8 + 8 + bits(K') = 33 bits even without its bias; the import sums runs of K, each within 32 bits, and adds the bias after; equal to
     the oracle at the input's extremes, at weights of one sign and on random draws. Regression: 'precision bound
     exceeded: dense of inputs with precisions [8, 8] needs 33 bits' (mne-icalabel's MEGnet, 45411 inputs)."""
     k = d.draw(st.integers(32768, 34000) if x_type == T.UINT8 else st.integers(65536, 67000))
-    zx = d.draw(st.integers(0, 255)) if x_type == T.UINT8 else 0
     rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
-    w = rng.integers(-127, 128, (units, k))
-    if extreme == "signs":  # every product of one sign: the sums reach their bound
-        w = np.abs(w) * np.where(np.arange(units) % 2, -1, 1)[:, None]
-    sw = np.float32(0.004)
-    inits = {"s": np.float32(0.02), "zx": (np.uint8 if x_type == T.UINT8 else np.int8)(zx),
-             "w": w.astype(np.int8).T.copy() if form == "matmul" else w.astype(np.int8), "sw": sw,
-             "b": rng.integers(-2**23, 2**23, units).astype(np.int32), "sb": np.float32(np.float32(0.02) * sw),
-             "so": np.float32(so), "zo": np.int8(0)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
-             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"])]
-    nodes.append(h.make_node("MatMul", ["xf", "wf"], ["g"]) if form == "matmul" else
-                 h.make_node("Gemm", ["xf", "wf"] + (["bf"] if form == "gemm-bias" else []), ["g"], transB=1))
-    nodes.append(h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"]))
-    m = qdq(nodes, (1, k), x_type, inits, T.INT8)
+    m = long_dense(rng, x_type, k, units, form, so, extreme == "signs")
     lo, hi = (0, 255) if x_type == T.UINT8 else (-127, 127)  # the input's 8-bit precision: +-127
     x = rng.integers(lo, hi + 1, (1, k)) if extreme in ("random", "signs") else np.full((1, k), lo if extreme ==
                                                                                          "min" else hi)
