@@ -16,6 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import Oracle, long_dense
+from support.shipped import shipped
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
@@ -85,3 +86,24 @@ def test_a_model_refusing_the_samples_shape_says_its_dims_were_fixed_to_it(tmp_p
     np.save(tmp_path / "four.npy", rng.uniform(-1, 1, (8, 4, 3)).astype(np.float32))
     done = quantize(src, tmp_path / "four.npy", tmp_path / "out")
     assert verify(done.imported.graph, None, seeds=2).exact
+
+
+# -- as shipped (extra bench; skipped without the package) -----------------------------------------------------------
+def test_iclabel_as_shipped_imports_at_its_batch_of_four_views(tmp_path):
+    """mne-icalabel's ICLabel (3 inputs: topography, PSD, autocorrelation; Reshape(4, -1) of its batch, four views
+    of one component, averaged) quantizes from samples of its four views, (N, 4, ...) per input, exporting exactly;
+    from samples of batch 1 it is refused in one line saying the shapes its dims were fixed to."""
+    src = shipped("mne_icalabel", "iclabel/network/assets/ICLabelNet.onnx")
+    rng = np.random.default_rng(0)
+    topo = rng.uniform(-1, 1, (4, 1, 1, 32, 32))
+    views = np.concatenate([topo, -topo, topo[..., ::-1], -topo[..., ::-1]], 1)
+    series = {k: np.repeat(rng.uniform(-1, 1, (4, 1, 1, 1, 100)), 4, 1) for k in ("psds", "autocorr")}
+    np.savez(tmp_path / "four.npz", topo=views.astype(np.float32), **{k: v.astype(np.float32)
+                                                                       for k, v in series.items()})
+    np.savez(tmp_path / "one.npz", topo=views[:, 0].astype(np.float32), **{k: v[:, 0].astype(np.float32)
+                                                                            for k, v in series.items()})
+    with pytest.raises(RuntimeFailure, match=r"Reshape_2.*fixed to one calibration sample's shape \(topo \(1, 1, 32, "
+                                             r"32\), psds \(1, 1, 1, 100\), autocorr \(1, 1, 1, 100\)\)"):
+        quantize(src, tmp_path / "one.npz", tmp_path / "out")
+    done = quantize(src, tmp_path / "four.npz", tmp_path / "out")
+    assert all(a.top1 is not None for a in done.agreements) and verify(done.imported.graph, None, seeds=2).exact
