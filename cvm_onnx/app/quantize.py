@@ -1696,10 +1696,11 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
 
 def fixed_shapes_refused(e: RuntimeFailure, dynamic: list[str], shapes: dict[str, tuple[int, ...]]) \
         -> RuntimeFailure:
-    """onnxruntime's refusal of the float model ``e``, where its inputs' dynamic dims (of the inputs ``dynamic``)
-    were fixed to one calibration sample's ``shapes``: the same line, saying so and what to give (a model that
-    takes a batch of a given size, as ICLabel's Reshape(4, -1) of four views of one component, refuses batch 1)."""
-    if not dynamic:
+    """onnxruntime's refusal of the float model ``e`` by its shape inference, where its inputs' dynamic dims (of
+    the inputs ``dynamic``) were fixed to one calibration sample's ``shapes``: the same line, saying so and what to
+    give (a model that takes a batch of a given size, as ICLabel's Reshape(4, -1) of four views of one component,
+    refuses batch 1); any other refusal as it is."""
+    if not dynamic or "ShapeInferenceError" not in e.problems[0].rule:
         return e
     said = ", ".join(f"{k} {tuple(shapes[k])}" for k in dynamic if k in shapes)
     return RuntimeFailure(f"{e.problems[0].rule}; its dynamic dims were fixed to one calibration sample's shape "
