@@ -1594,22 +1594,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
     if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
-        left = [v for v in _inputs(model) if v.name not in (fold or {})]
-        shapes, named = None, None
-        if left and (len(left) == 1 or Path(calibration).suffix == ".npz") and all(
-                v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT or
-                v.type.tensor_type.elem_type in INTEGER_INPUTS for v in left):
-            # one sample's shapes: the folded inputs' dims of the same names, the Ifs they decide
-            rest = _without_inputs(model, fold or {})
-            name, shape, data = samples_of(rest, calibration)
-            shapes = sample_shapes(data, name, shape)
-            named = {d.dim_param: n for v in left for d, n in zip(v.type.tensor_type.shape.dim, shapes[v.name])
-                     if d.dim_param}
-        if fold:
-            model = folded_inputs(model, fold, named)
-        if shapes is not None:
-            model = fixed(model, shapes)
-            fold_constant_ifs(model, shapes=True)
+        given, model = [model], None
+        model = _folded(given, fold, calibration)
     overrides = dynamic.as_float(model.graph)  # a dynamic int8 model: the float model it stands for
     if (why := refusal(model)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
@@ -1621,8 +1607,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise UnsupportedError(why, where=os.fspath(src))
     if (why := non_finite(model, outputs)) is not None:
         raise UnsupportedError(why, where=os.fspath(src))
-    for v in _inputs(model):
-        input_type(model, v)
+    _input_types(model)
     name, shape, samples = samples_of(model, calibration)
     dynamic_dims = [v.name for v in _inputs(model) if None in [d or None for d in onnx_dims(v) or ()]]
     with staged(dst) as stage, quiet_onnxruntime():
@@ -1706,6 +1691,44 @@ def fixed_shapes_refused(e: RuntimeFailure, dynamic: list[str], shapes: dict[str
     return RuntimeFailure(f"{e.problems[0].rule}; its dynamic dims were fixed to one calibration sample's shape "
                           f"({said}): where the model takes other sizes (a batch of several), give samples of "
                           f"that shape, (N, *shape)", where=e.problems[0].where)
+
+
+def _folded(given: list[onnx.ModelProto], fold: dict[str, float | None] | None,
+            calibration: str | os.PathLike) -> onnx.ModelProto:
+    """The model ``given`` holds (emptied: no message of it outlives this frame, so protobuf's arena frees its
+    weights with it) with the inputs ``fold`` names made constants and the Ifs they decide folded; with one input
+    left (or an .npz of samples), its dims fixed to a sample's and the Ifs its shape decides folded too."""
+    model = given.pop()
+    shapes, named = _left_shapes(model, fold, calibration)
+    if fold:
+        model = folded_inputs(model, fold, named)
+    if shapes is not None:
+        model = fixed(model, shapes)
+        fold_constant_ifs(model, shapes=True)
+    return model
+
+
+def _left_shapes(model: onnx.ModelProto, fold: dict[str, float | None] | None, calibration: str | os.PathLike) \
+        -> tuple[dict[str, tuple[int, ...]] | None, dict[str, int] | None]:
+    """With one input left once ``fold``'s are folded (or an .npz of samples): one sample's shape of each input
+    left and the sizes of their named dims (the folded inputs' dims of the same names, the Ifs they decide); else
+    None, None."""
+    left = [v for v in _inputs(model) if v.name not in (fold or {})]
+    if not left or not (len(left) == 1 or Path(calibration).suffix == ".npz") or not all(
+            v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT or
+            v.type.tensor_type.elem_type in INTEGER_INPUTS for v in left):
+        return None, None
+    name, shape, data = samples_of(_without_inputs(model, fold or {}), calibration)
+    shapes = sample_shapes(data, name, shape)
+    return shapes, {d.dim_param: n for v in left for d, n in zip(v.type.tensor_type.shape.dim, shapes[v.name])
+                    if d.dim_param}
+
+
+def _input_types(model: onnx.ModelProto) -> None:
+    """Each input's type checked (``input_type``) in a frame of its own: an input's message left in quantize's
+    frame would keep the model's protobuf arena, and so its weights, through every stage."""
+    for v in _inputs(model):
+        input_type(model, v)
 
 
 def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:

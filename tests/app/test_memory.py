@@ -87,3 +87,47 @@ def test_the_heaps_top_is_kept_when_blocks_below_the_threshold_are_freed():
     for b in reversed(blocks):
         libc.free(b)
     assert _MALLINFO2().arena >= grown - MMAP_THRESHOLD
+
+
+@pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the bytes allocated")
+@pytest.mark.parametrize("fold", [None, {"m": 1.0}], ids=["plain", "folded"])
+def test_quantize_holds_no_weights_of_the_model_it_loaded_once_prepare_has_them_on_disk(tmp_path, monkeypatch, fold):
+    """quantize loads the float model, checks its inputs (and folds the inputs ``fold`` names), fixes its input's
+    dims in a copy and hands that copy to prepare, which moves its weights to disk: no message of the model as
+    loaded may outlive it in quantize's frame (protobuf's arena would keep its weights through every stage).
+    When onnxruntime's optimizer starts, the 32 MiB weight is held by no allocation of this process."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import onnxruntime as ort
+
+    from cvm_onnx.app.quantize import quantize
+    from cvm_onnx.core.errors import RuntimeFailure
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(2048, 4096)).astype(np.float32), "w")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2048])]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    if fold:
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 1]))
+        nodes.append(helper.make_node("Mul", ["y", "m"], ["z"]))
+    else:
+        nodes.append(helper.make_node("Relu", ["y"], ["z"]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 4096])],
+                              [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              tmp_path / "float.onnx")
+    del w, graph
+    np.save(tmp_path / "calibration.npy", np.ones((2, 1, 2048), np.float32))
+    allocated = []
+
+    def optimizing(*args, **kwargs):
+        m = _MALLINFO2()
+        allocated.append(m.uordblks + m.hblkhd)
+        raise RuntimeError("stopped where onnxruntime's optimizer starts")
+
+    monkeypatch.setattr(ort, "InferenceSession", optimizing)
+    m = _MALLINFO2()
+    before = m.uordblks + m.hblkhd  # the weight is on disk only
+    with pytest.raises(RuntimeFailure, match="stopped where"):
+        quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m", fold=fold)
+    assert allocated and allocated[0] < before + (16 << 20)

@@ -152,3 +152,34 @@ def test_incompatible_shapes_are_rejected(name, shapes):
 
 def test_no_attributes():
     assert any("unknown attribute" in e for e in op("broadcast_mul").parse_attrs({"axis": "1"})[1])
+
+
+@SETTINGS
+@given(st.sampled_from(["broadcast_add", "broadcast_sub", "broadcast_mul"]), broadcastable(), st.integers(1, 32),
+       st.data())
+def test_add_sub_mul_of_an_int8_operand_wrap_as_int32(name, shapes, p0, data):
+    """add, sub and mul compute in int32 whatever the operands' types: an int8 operand (a param as stored) is
+    widened, not computed in int8 (which would wrap at 8 bits)."""
+    x = data.draw(values(shapes[0], p0))
+    z = data.draw(hnp.arrays(np.int8, shapes[1]))
+    _, y = run(name, x, z)
+    out, want = oracle(name, x, z)
+    assert y.shape == out and y.ravel().tolist() == want
+
+
+@pytest.mark.parametrize("name", ["broadcast_add", "broadcast_sub", "broadcast_mul"])
+def test_add_sub_mul_allocate_only_their_output(name):
+    """add, sub and mul of int32 tensors make no int64 copy: at most their output's bytes (and a little) are
+    allocated while they run (the reference executor's peak on a model's largest tensors)."""
+    import tracemalloc
+
+    x = np.arange(1 << 20, dtype=np.int32) - (1 << 19)
+    z = np.array([3], np.int32)
+    tracemalloc.start()
+    try:
+        _, y = run(name, x, z)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert y.tolist()[:2] == [wrap32(FUNCS[name](int(v), 3)) for v in x[:2]]
+    assert peak < 1.5 * x.nbytes

@@ -273,3 +273,29 @@ def test_round_shift_rounds_half_up(x, s):
     want = floor(Fraction(x, 1 << s) + Fraction(1, 2))
     assert round_shift(x, s) == want
     assert round_shift(np.array([x], np.int64), s).tolist() == [want]
+
+
+@pytest.mark.parametrize("s", range(1, 33))
+def test_cvm_right_shift_at_int32s_ends(s):
+    """The rounding shift of INT32_MIN and INT32_MAX and their neighbours (x + 2^(s-1) passes int32 there)."""
+    x = np.array([INT32_MIN, INT32_MIN + 1, -1, 0, 1, INT32_MAX - 1, INT32_MAX], np.int32)
+    _, y = run("cvm_right_shift", [x], precision="32", shift_bit=str(s))
+    assert y.tolist() == expect(x, lambda v: clip_p(floor(Fraction(v + (1 << (s - 1)), 1 << s)), 32)).tolist()
+
+
+@pytest.mark.parametrize("s", [1, 7])
+def test_cvm_right_shift_makes_no_int64_copy(s):
+    """cvm_right_shift of an int32 tensor allocates at most twice its bytes while it runs (its output and the
+    rounding bit): no int64 copy (the reference executor's peak on a model's largest tensors)."""
+    import tracemalloc
+
+    x = (np.arange(1 << 20, dtype=np.int64) * 4099 - (1 << 31) + 7).astype(np.int32)  # across int32, wrapped
+    tracemalloc.start()
+    try:
+        _, y = run("cvm_right_shift", [x], precision="20", shift_bit=str(s))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert y[::4096].tolist() == expect(x[::4096], lambda v: clip_p(floor(Fraction(v + (1 << (s - 1)), 1 << s)),
+                                                                     20)).tolist()
+    assert peak < 2.5 * x.nbytes

@@ -2,7 +2,9 @@
 broadcast_greater.
 
 Shapes broadcast as in numpy: right-aligned, missing leading dims count as 1, and each pair of dims must be equal
-or contain a 1. Kernels compute in int64 and cast to int32, which wraps exactly as the runtime's int32 arithmetic.
+or contain a 1. Kernels wrap exactly as the runtime's int32 arithmetic: add, sub and mul compute in int32 (numpy
+wraps them modulo 2^32, as int64 arithmetic cast to int32 does, without an int64 copy of the output's size), the
+others in int64, cast to int32.
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ class BroadcastAdd(_Additive):
 
     @staticmethod
     def kernel(a, x, y):
-        return (x.astype(np.int64) + y).astype(np.int32)
+        return np.add(x, y, dtype=np.int32, casting="unsafe")
 
 
 @register
@@ -64,7 +66,7 @@ class BroadcastSub(_Additive):
 
     @staticmethod
     def kernel(a, x, y):
-        return (x.astype(np.int64) - y).astype(np.int32)
+        return np.subtract(x, y, dtype=np.int32, casting="unsafe")
 
 
 @register
@@ -83,7 +85,7 @@ class BroadcastMul(_Broadcast):
 
     @staticmethod
     def kernel(a, x, y):
-        return (x.astype(np.int64) * y).astype(np.int32)
+        return np.multiply(x, y, dtype=np.int32, casting="unsafe")
 
 
 @register

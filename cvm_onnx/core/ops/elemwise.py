@@ -174,7 +174,15 @@ class CvmRightShift(_Requantize):
 
     @staticmethod
     def kernel(a, x):
-        return clip_to_precision(round_shift(x.astype(np.int64), a.shift_bit), a.precision)
+        s = a.shift_bit
+        if x.dtype == np.int32 and 1 <= s <= 31:  # round_shift as (x >> s) + bit s-1 of x: in int32, no int64 copy
+            y = x >> (s - 1)
+            bit = y & 1
+            y >>= 1
+            y += bit
+            r = precision_bound(a.precision)
+            return np.clip(y, -r, r, out=y)
+        return clip_to_precision(round_shift(x.astype(np.int64), s), a.precision)
 
     @staticmethod
     def warnings(a, shapes, precisions):

@@ -36,9 +36,9 @@ def absmax(x: np.ndarray) -> int:
     return max(-int(x.min()), int(x.max()), 0)
 
 
-#: The most values conv2d holds at once in each of its im2col, its weights and its products (16 MB of float64 each):
+#: The most values conv2d holds at once in each of its im2col, its weights and its products (8 MiB of float64 each):
 #: larger inputs are taken in blocks of samples, of output rows and of output channels, whose sums are the same.
-COLS = 1 << 21
+COLS = 1 << 20
 
 
 def exact_dtype(a: np.ndarray, b: np.ndarray, k: int) -> type:

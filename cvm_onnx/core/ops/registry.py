@@ -318,9 +318,9 @@ def magnitudes(x: np.ndarray) -> np.ndarray:
 
 
 def clip_to_precision(x: np.ndarray, precision: int) -> np.ndarray:
-    """Symmetric clip to +-(2^(p-1)-1), as int32."""
+    """Symmetric clip to +-(2^(p-1)-1), as int32 (a new array: np.clip's, cast only where it is not int32)."""
     r = precision_bound(precision)
-    return np.clip(x, -r, r).astype(np.int32)
+    return np.clip(x, -r, r).astype(np.int32, copy=False)
 
 
 def require(cond: bool, rule: str) -> None:
