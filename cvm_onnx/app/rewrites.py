@@ -110,6 +110,64 @@ def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict)
     return new, added, node.input[k]
 
 
+def _grouped_plan(x: str, w: str, out: str) -> tuple[list[int], list[int], list[int], int, int] | None:
+    """As ``_plan``, with group letters in x, the constant and the output (DeepFilterNet's grouped linear
+    ``btgi,gih->btgh``): (x's permutation to batch + group + summed letters, the constant's to group + summed +
+    its output letters, the output's from batch + group + those, how many batch and group letters there are);
+    None unless some letter is a group letter and some is summed, and every letter is one of those kinds."""
+    batch = [c for c in out if c in x and c not in w]
+    group = [c for c in out if c in x and c in w]
+    summed = [c for c in w if c in x and c not in out]
+    kept = [c for c in out if c in w and c not in x]
+    if not group or not summed or set(x) != set(batch + group + summed) or \
+            set(w) != set(group + summed + kept) or set(out) != set(batch + group + kept):
+        return None
+    return ([x.index(c) for c in batch + group + summed], [w.index(c) for c in group + summed + kept],
+            [(batch + group + kept).index(c) for c in out], len(batch), len(group))
+
+
+def _grouped(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
+    """The nodes and initializers replacing an Einsum of a computed tensor and a float constant of
+    ``_grouped_plan``'s form, and the constant's name: x transposed to (batch..., group..., summed...) and reshaped
+    to (batch..., G K), MatMul by the block-diagonal (G K, G N) whose block g is the constant's (K, N) of group g
+    (zeros elsewhere: each output sums the same products, and exact zeros), reshaped to (batch..., group...,
+    kept...) and transposed to the output's order. None where it is not of that form or the block-diagonal
+    constant would pass MAX_FOLDED values."""
+    k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
+    if k is None:
+        return None
+    xl, wl, out = (terms[1 - k], terms[k], terms[2])
+    plan = _grouped_plan(xl, wl, out)
+    w = numpy_helper.to_array(inits[node.input[k]])
+    if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
+        return None
+    xp, wp, op, nb, ng = plan
+    wt = w.transpose(wp)
+    gdims, ns = wt.shape[:ng], len(wl) - ng - (len(out) - nb - ng)
+    groups, kdim = math.prod(gdims), math.prod(wt.shape[ng:ng + ns])
+    ndim = math.prod(wt.shape[ng + ns:])
+    if groups * kdim * groups * ndim > MAX_FOLDED:
+        return None
+    blocks = wt.reshape(groups, kdim, ndim)
+    full = np.zeros((groups, kdim, groups, ndim), w.dtype)
+    full[np.arange(groups), :, np.arange(groups), :] = blocks
+    name, base = node.output[0], node.name or node.output[0]
+    added = [numpy_helper.from_array(full.reshape(groups * kdim, groups * ndim), f"{base}:matmul_w"),
+             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
+             numpy_helper.from_array(np.array([0] * nb + list(wt.shape[:ng]) + list(wt.shape[ng + ns:]), np.int64),
+                                     f"{base}:y_shape")]
+    new = []
+    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
+    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
+            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
+    last = f"{base}:y" if op != sorted(op) else name
+    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
+    return new, added, node.input[k]
+
+
 def _batched(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) -> list[onnx.NodeProto] | None:
     """The nodes replacing an Einsum of two computed tensors that is a batched matrix product (``_batched_plan``):
     Transposes, MatMul, Transpose; None where it is not of that form."""
@@ -186,8 +244,9 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
     Reshape to (batch..., K), MatMul by the constant transposed and reshaped to (K, N) (a new initializer),
     Reshape to the output dims and Transpose; of two computed tensors with batch letters, one summed letter and
     one free letter each (attention's Q K^T), by Transposes and a batched MatMul; with several free letters of one
-    of them (``_wide``), those reshaped to one and back around it. The same sums of the same products. Returns how
-    many were replaced."""
+    of them (``_wide``), those reshaped to one and back around it; of a computed tensor and a constant sharing group
+    letters with the output (a grouped linear, ``_grouped``), by a MatMul by the block-diagonal constant. The same
+    sums of the same products. Returns how many were replaced."""
     inits = {t.name: t for t in graph.initializer}
     done = 0
     for node in [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]:
@@ -195,7 +254,7 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
         terms = _terms(eq)
         if terms is None or len(node.input) != 2:
             continue
-        const = _by_constant(node, terms, inits)
+        const = _by_constant(node, terms, inits) or _grouped(node, terms, inits)
         new = const[0] if const else _batched(node, terms, inits)
         wide = None
         if new is None and not any(x in inits for x in node.input) and _wide_plan(*terms) is not None:
