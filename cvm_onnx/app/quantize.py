@@ -68,8 +68,8 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       input_subs_as_adds, scalers_as_ops, sequences_as_concats, shapes_only, spectra_as_products,
-                       unshared_biases)
+                       input_subs_as_adds, scalers_as_ops, scatters_as_gathers, sequences_as_concats, shapes_only,
+                       spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -1038,7 +1038,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
-    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a list of tensors appended
+    (``spectra_as_products``); a ScatterND of constant indices as Concat and Gather (``scatters_as_gathers``); an
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); a list of tensors appended
     and concatenated as a Concat (``sequences_as_concats``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); a
@@ -1072,6 +1073,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     fuse_layernorm(model)
     fuse_gelu(model)
     spectra_as_products(model)
+    scatters_as_gathers(model)
     einsums_as_matmuls(model.graph)
     sequences_as_concats(model.graph)
     scalers_as_ops(model.graph)

