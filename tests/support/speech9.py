@@ -66,3 +66,30 @@ def keras_layernorm(n: int, k: int, eps: float, gamma: np.ndarray | None, beta: 
     g = h.make_graph(nodes, "iln", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, n])],
                      [h.make_tensor_value_info(last, T.FLOAT, None)], inits)
     return onnx_model(g, opset)
+
+
+def cached_grus(rng: np.random.Generator, hidden: int = 4, slots: int = 3) -> onnx.ModelProto:
+    """GTCRN's streaming GRUs sharing one state cache (slots, 1, hidden), a graph input: the first GRU starts from
+    slot 0 (Gather) and writes its final state back to slot 0 (ScatterND of [[0]]); the second starts from slot 1
+    of that updated cache (Gather of [1]: a row the ScatterND does not write); both over x (1 step, 1, 3) times
+    a constant (3, 3), their outputs added."""
+    def gru(name: str, h0: str) -> list[onnx.NodeProto]:
+        return [h.make_node("GRU", ["xm", f"{name}_w", f"{name}_r", f"{name}_b", "", h0], [f"{name}_y", f"{name}_h"],
+                            hidden_size=hidden, linear_before_reset=1)]
+    inits = []
+    for name in ("g1", "g2"):
+        inits += [nh.from_array(rng.normal(size=(1, 3 * hidden, 3)).astype(np.float32) / 2, f"{name}_w"),
+                  nh.from_array(rng.normal(size=(1, 3 * hidden, hidden)).astype(np.float32) / 2, f"{name}_r"),
+                  nh.from_array(rng.normal(size=(1, 6 * hidden)).astype(np.float32) / 4, f"{name}_b")]
+    inits += [nh.from_array(np.array([0], np.int64), "slot0"), nh.from_array(np.array([1], np.int64), "slot1"),
+              nh.from_array(np.array([[0]], np.int64), "write0")]
+    inits.append(nh.from_array(rng.normal(size=(3, 3)).astype(np.float32), "wx"))
+    nodes = [h.make_node("MatMul", ["x", "wx"], ["xm"]), h.make_node("Gather", ["cache", "slot0"], ["h1"], axis=0),
+             *gru("g1", "h1"),
+             h.make_node("ScatterND", ["cache", "write0", "g1_h"], ["cache2"]),
+             h.make_node("Gather", ["cache2", "slot1"], ["h2"], axis=0), *gru("g2", "h2"),
+             h.make_node("Add", ["g1_y", "g2_y"], ["y"])]
+    g = h.make_graph(nodes, "cached", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 3]),
+                                       h.make_tensor_value_info("cache", T.FLOAT, [slots, 1, hidden])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    return onnx_model(g, 13)
