@@ -293,9 +293,7 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
     for node in nodes:
         wdims, adims = list(inits[node.input[1]].dims), known.get(node.input[0])
         rg = len(wdims) - 2
-        if not adims or len(adims) < len(wdims) or adims[-2 - rg:-2] != wdims[:-2]:
-            continue
-        if len(adims) > 24:
+        if not adims or not len(wdims) <= len(adims) <= 25 or adims[-2 - rg:-2] != wdims[:-2]:
             continue
         letters = iter("abcdefghijklmnopqrstuvw")  # x, y, z: A's rows, the summed letter, W's columns
         lead = "".join(next(letters) for _ in range(len(adims) - 2))
@@ -309,7 +307,8 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
         for i, n in enumerate(new):
             graph.node.insert(at + i, n)
         graph.node.remove(node)
-        if all(node.input[1] not in n.input for n in graph.node) and node.input[1] not in {o.name for o in graph.output}:
+        if all(node.input[1] not in n.input for n in graph.node) and \
+                node.input[1] not in {o.name for o in graph.output}:
             graph.initializer.remove(inits.pop(node.input[1]))
         done += 1
     return done

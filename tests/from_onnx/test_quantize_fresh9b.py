@@ -288,8 +288,9 @@ def test_a_matmul_by_a_constant_of_rank_3_is_a_block_diagonal_matmul(extra, grou
 
 def test_a_matmul_broadcasting_a_constant_of_rank_3_is_left():
     """A of (1, 5, 4) against W of (3, 4, 2): A broadcasts over W's groups, no grouped Einsum; left as it was."""
-    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 5, 4])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(np.ones((3, 4, 2), np.float32), "w")])
+    g = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 5, 4])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(np.ones((3, 4, 2), np.float32), "w")])
     model = onnx_model(g, 13)
     assert grouped_matmuls(model) == 0 and [n.op_type for n in model.graph.node] == ["MatMul"]
 

