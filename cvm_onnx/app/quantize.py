@@ -69,7 +69,7 @@ from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused,
                        gemm_beta_folded, grouped_matmuls, input_subs_as_adds, scalers_as_ops, scatters_as_gathers,
-                       sequences_as_concats, shapes_only, spectra_as_products, unshared_biases)
+                       sequences_as_concats, sequences_as_splits, shapes_only, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -1042,7 +1042,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     Einsum that is a MatMul as one (``einsums_as_matmuls``); onnxruntime's FusedConv as its Conv and activation
     (``fused_convs_unfused``); a MatMul by a constant of rank 3 or more as its
     grouped Einsum (``grouped_matmuls``); a list of tensors appended
-    and concatenated as a Concat (``sequences_as_concats``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
+    and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
+    (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
@@ -1080,6 +1081,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     einsums_as_matmuls(model.graph)
     grouped_matmuls(model)
     sequences_as_concats(model.graph)
+    sequences_as_splits(model)
     scalers_as_ops(model.graph)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)

