@@ -422,7 +422,7 @@ def sequences_as_splits(model: onnx.ModelProto) -> int:
             else None
         seq = node.output[0]
         readers = [n for n in graph.node if seq in n.input]
-        if split is None or split.ndim != 1 or not split.size or seq in outputs or \
+        if split is None or split.ndim != 1 or not split.size or (split < 1).any() or seq in outputs or \
                 any(r.op_type != "SequenceAt" or list(r.input) != [seq, r.input[1]] or r.input[1] not in inits
                     for r in readers):
             continue
@@ -770,7 +770,7 @@ def _gathers_past_scatters(graph: onnx.GraphProto, inits: dict, shapes: dict) ->
             axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
             idx, taken = numpy_helper.to_array(inits[up.input[1]]), numpy_helper.to_array(inits[node.input[1]])
             shape = list(inits[up.input[0]].dims) if up.input[0] in inits else shapes.get(up.input[0])
-            if not shape or shape[0] is None or idx.shape[-1:] != (1,) or idx.dtype.kind not in "iu" or \
+            if not shape or not shape[0] or idx.shape[-1:] != (1,) or idx.dtype.kind not in "iu" or \
                     taken.dtype.kind not in "iu" or axis not in (0, -len(shape)):
                 continue
             rows = shape[0]

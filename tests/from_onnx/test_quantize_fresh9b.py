@@ -463,3 +463,11 @@ def test_a_sequence_split_and_read_quantizes_and_imports(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+def test_a_sequence_split_of_a_zero_or_negative_size_is_left():
+    """A size below 1 (the model then malformed) leaves the sequence ops as they are, for onnxruntime to refuse."""
+    for sizes in ([2, 0, 3], [6, -1]):
+        m = split_sequence_model(sizes, [0], 17)
+        assert sequences_as_splits(m) == 0 and "SplitToSequence" in {n.op_type for n in m.graph.node}
+
