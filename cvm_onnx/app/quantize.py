@@ -2001,7 +2001,7 @@ def per_tensor_weights(model: onnx.ModelProto) -> list[str]:
         (n.op_type == "LayerNormalization" and len(inits[n.input[1]].dims) > 1))})
 
 
-#: The highest mask value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
+#: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
 #: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
 MASK_LOW = -10000.0
 
