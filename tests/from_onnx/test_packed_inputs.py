@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -271,6 +271,9 @@ GOOD = {"name": "a", "shape": [2], "type": "int8", "precision": 8, "edge": None}
     ([GOOD, {**GOOD, "name": "b", "offset": 3}], "exactly name, shape, type, precision and edge"),
     ([GOOD, {**GOOD, "name": "b", "edge": {"name": "b", "type": "uint8", "scale": 0.5, "zero_point": 0}}],
      "a float input's type is its edge's (uint8), not int8"),
+    ([GOOD, {**GOOD, "name": "b", "edge": {"name": "b", "type": ["uint8"], "scale": 0.5, "zero_point": 0}}],
+     "type ['uint8'] is not one of"),
+    ([GOOD, {**GOOD, "name": "b", "type": {"int8": 1}}], "type one of"),
 ])
 def test_malformed_packed_layouts_are_format_errors(inputs, says):
     """quantization.json's ``inputs`` (version 2) are checked on reading: one ``FormatError`` naming the rule."""
@@ -281,6 +284,66 @@ def test_malformed_packed_layouts_are_format_errors(inputs, says):
     with pytest.raises(FormatError, match="version 1 or 2"):  # a layout needs version 2
         parse_edges(json.dumps({**doc, "version": 1, "inputs": [GOOD, {**GOOD, "name": "b"}]}), "q")
 
+
+
+@st.composite
+def edited_layouts(draw):
+    """A packed case and an edit of its quantization.json: the inputs reordered, one's shape, precision or
+    (integers) type changed, an edge's scale or zero point of another shape, an output edge dropped or added."""
+    specs, precisions, values = draw(packed_cases())
+    how = draw(st.sampled_from(["order", "shape", "precision", "type", "scale", "zero_point", "outputs"]))
+    k = draw(st.integers(0, len(specs) - 1))
+    return specs, precisions, values, how, k, draw(st.integers(0, 2 ** 32 - 1))
+
+
+@given(edited_layouts())
+@settings(deadline=None)
+def test_a_layout_unlike_its_model_is_refused_or_computes_the_same(tmp_path_factory, case):
+    """A model directory whose quantization.json was edited (inputs reordered, a shape, precision or integer type
+    changed,
+    an edge's scale or zero point of another shape, an output edge too few or too many): loading it is refused in
+    one ``FormatError`` line naming quantization.json, or packing the named inputs is refused in one line, or the
+    model computes what onnxruntime computes from them, exactly; never an internal error or other numbers."""
+    specs, precisions, values, how, k, seed = case
+    rng = np.random.default_rng(seed)
+    model = identity_model(specs)
+    imp = import_model(model, pack=True, input_precisions=precisions)
+    doc = json.loads(imp.edges.to_bytes())
+    slot = doc["inputs"][k]
+    if how == "order":
+        doc["inputs"] = [doc["inputs"][i] for i in rng.permutation(len(specs))]
+    elif how == "shape":
+        slot["shape"] = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 4)))]
+    elif how == "precision":
+        slot["precision"] = int(rng.integers(1, 33))
+    elif how == "type":  # an integer input's (a float input's type is its quantization, as its scale is)
+        if slot["edge"] is None:
+            slot["type"] = str(rng.choice(["bool", "int8", "uint8", "int16", "uint16", "int32", "int64"]))
+    elif how == "outputs":
+        doc["outputs"] = doc["outputs"][1:] if rng.integers(2) else doc["outputs"] + [None]
+    else:
+        edges = [e for e in [*(s["edge"] for s in doc["inputs"]), *doc["outputs"]] if e is not None]
+        assume(edges)
+        edge = edges[int(rng.integers(len(edges)))]
+        n = int(rng.integers(0, 4))
+        edge[how] = np.full([int(rng.integers(2, 4))] * n, edge[how]).tolist()
+    d = tmp_path_factory.mktemp("layout")
+    cvm_onnx.write_model(imp.graph, d)
+    (d / "quantization.json").write_text(json.dumps(doc))
+    try:
+        loaded = cvm_onnx.load(d)
+        packed = loaded.edges.pack(values)
+    except (FormatError, RuntimeFailure) as e:
+        assert len(str(e).splitlines()) == 1, str(e)
+        assert not isinstance(e, FormatError) or "quantization.json" in str(e), str(e)
+        return
+    stacked = packed.ndim == 2
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for j in range(len(packed) if stacked else 1):
+        got = loaded.edges.finish(execute(loaded.graph, {"data": packed[j] if stacked else packed}))
+        want = reference.run(None, {n: np.asarray(v[j] if stacked else v) for n, v in values.items()})
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(np.asarray(g).reshape(w.shape), w)
 
 @given(keep_first=st.booleans(), zero=st.integers(0, 255), scale=st.floats(2.0 ** -20, 2.0 ** 120, width=32),
        fill=st.integers(0, 255), out_zero=st.integers(0, 255), seed=st.integers(0, 2 ** 16))

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..constants import precision_bound
 from ..errors import FormatError, RuntimeFailure
+from ..graph import Graph
 
 FILE = "quantization.json"
 FORMAT = "cvm-onnx quantization"
@@ -176,6 +177,41 @@ class Edges:
         """The outputs dequantized to float32 where the source model dequantized them."""
         return [y if e is None else e.dequantize(y) for e, y in zip(self.outputs, outputs)]
 
+    def fit(self, graph: Graph, where: str) -> None:
+        """Refuse edges that do not describe ``graph``: one output edge per head; every scale and zero point
+        broadcast to its tensor's shape (the input's: ``data``'s); packed inputs filling ``data`` exactly, each at
+        most its precision, each where the import's ``NAME:unpacked`` slice reads it (when there is one)."""
+        heads = [graph.type_of(e).shape for e in graph.heads]
+        if len(self.outputs) != len(heads):
+            raise FormatError(f"{len(self.outputs)} output edges for a model of {len(heads)} outputs", where)
+        data = [graph.nodes[i] for i in graph.inputs]
+        fits = [(e, shape, f"output {k}") for k, (e, shape) in enumerate(zip(self.outputs, heads))]
+        if self.input is not None and len(data) == 1:
+            fits.append((self.input, data[0].outputs[0].shape, "input"))
+        fits += [(s.edge, s.shape, f"inputs {k}") for k, s in enumerate(self.inputs)]
+        for e, shape, what in fits:
+            if e is not None and not _broadcasts(shape, e.scale.shape, e.zero_point.shape):
+                raise FormatError(f"scale {list(e.scale.shape)} and zero point {list(e.zero_point.shape)} do not "
+                                  f"broadcast to the tensor's shape {list(shape)}", f"{where}: {what}")
+        if not self.inputs:
+            return
+        total = sum(s.size for s in self.inputs)
+        if len(data) != 1 or data[0].outputs[0].shape != (total,):
+            got = ", ".join(f"{n.name} {list(n.outputs[0].shape)}" for n in data)
+            raise FormatError(f"packed inputs of {total} values in all, but the model's inputs are {got}", where)
+        offset, p = 0, data[0].outputs[0].precision
+        slices = {n.name: n.attrs for n in graph.nodes if n.op == "strided_slice"}
+        for k, s in enumerate(self.inputs):
+            if s.precision > p:
+                raise FormatError(f"precision {s.precision} is wider than data's {p}", f"{where}: inputs {k}")
+            a = slices.get(f"{s.name}:unpacked")
+            if a is not None and (tuple(a.get("begin", ())), tuple(a.get("end", ()))) != (
+                    (offset,), (offset + s.size,)):
+                raise FormatError(f"input {s.name!r} lies at [{offset}, {offset + s.size}) of data by this layout, "
+                                  f"but the model reads it at [{a.get('begin')}, {a.get('end')})",
+                                  f"{where}: inputs {k}")
+            offset += s.size
+
     def to_bytes(self) -> bytes:
         doc = {"format": FORMAT, "version": PACKED_VERSION if self.inputs else VERSION,
                "input": None if self.input is None else self.input.to_json(),
@@ -185,12 +221,20 @@ class Edges:
         return (json.dumps(doc, indent=1) + "\n").encode()
 
 
+def _broadcasts(shape: tuple[int, ...], *others: tuple[int, ...]) -> bool:
+    """Whether ``others`` broadcast to ``shape`` without growing it."""
+    try:
+        return np.broadcast_shapes(tuple(shape), *others) == tuple(shape)
+    except ValueError:
+        return False
+
+
 def _edge(doc, where: str) -> Edge | None:
     if doc is None:
         return None
     if not isinstance(doc, dict) or set(doc) != {"name", "type", "scale", "zero_point"}:
         raise FormatError("an edge must be null or have exactly name, type, scale and zero_point", where)
-    if doc["type"] not in TYPES:
+    if not isinstance(doc["type"], str) or doc["type"] not in TYPES:
         raise FormatError(f"type {doc['type']!r} is not one of {', '.join(TYPES)}", where)
     try:
         scale = np.array(doc["scale"], np.float64)
@@ -208,8 +252,9 @@ def _edge(doc, where: str) -> Edge | None:
     return Edge(doc["name"], doc["type"], scale.astype(np.float32), zero.astype(np.int64))
 
 
-def read_edges(directory: str | os.PathLike) -> Edges | None:
-    """The edges of a model directory, or None when it has no ``quantization.json`` (a plain CVM model)."""
+def read_edges(directory: str | os.PathLike, graph: Graph | None = None) -> Edges | None:
+    """The edges of a model directory, or None when it has no ``quantization.json`` (a plain CVM model); checked
+    against the directory's validated ``graph`` when given (``Edges.fit``)."""
     path = Path(directory) / FILE
     if not path.is_file():
         return None
@@ -217,7 +262,10 @@ def read_edges(directory: str | os.PathLike) -> Edges | None:
         raw = path.read_bytes()
     except OSError as e:
         raise FormatError(f"cannot read the quantization edges: {e}", str(path)) from None
-    return parse_edges(raw, str(path))
+    edges = parse_edges(raw, str(path))
+    if graph is not None:
+        edges.fit(graph, str(path))
+    return edges
 
 
 def parse_edges(raw: bytes | str, where: str, outputs: int | None = None) -> Edges:
@@ -249,7 +297,8 @@ def _slot(doc, where: str) -> Slot:
     if not isinstance(doc["name"], str) or not isinstance(shape, list) or \
             not all(type(d) is int and d > 0 for d in shape) or math.prod(shape) > 1 << 31:
         raise FormatError("name must be a string and shape a list of positive dims (at most 2^31 values)", where)
-    if type(p) is not int or not 1 <= p <= 32 or doc["type"] not in INTEGER_TYPES:
+    if type(p) is not int or not 1 <= p <= 32 or not isinstance(doc["type"], str) or \
+            doc["type"] not in INTEGER_TYPES:
         raise FormatError(f"precision must be an integer in [1, 32] and type one of {', '.join(INTEGER_TYPES)}",
                           where)
     edge = _edge(doc["edge"], f"{where}: edge")
