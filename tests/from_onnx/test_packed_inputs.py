@@ -211,6 +211,27 @@ def test_bad_calibration_files_are_refused_in_one_line(tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+
+def test_an_npz_declaring_more_values_than_its_bound_is_refused_before_reading(bert, monkeypatch, capsys):
+    """Members of an .npz declaring more than MAX_NPZ_VALUES values in all (at the bound scaled down to the test's
+    arrays: a compressed member of zeros declaring 8 GiB in 37 MB was decompressed whole, a MemoryError): quantize's
+    calibration and run's inputs refused in one ``FormatError`` line naming the member, nothing written."""
+    from cvm_onnx.core.format import npy
+
+    tmp, _ = bert
+    held = bert_samples(4, seed=5)
+    np.savez_compressed(tmp / "big.npz", **held)
+    monkeypatch.setattr(npy, "MAX_NPZ_VALUES", held["input_ids"].size + held["mask"].size - 1)
+    with pytest.raises(FormatError) as e:
+        quantize(tmp / "b.onnx", tmp / "big.npz", tmp / "never")
+    assert len(str(e.value).splitlines()) == 1 and "member 'mask.npy' declares (4, 1, 1, 6) float32, past 2^30" \
+        in str(e.value), str(e.value)
+    capsys.readouterr()
+    assert main(["run", str(tmp / "m"), "--input", str(tmp / "big.npz"), "--output", str(tmp / "never.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "past 2^30 values in all" in err, err
+    assert not (tmp / "never").exists() and not (tmp / "never.npz").exists()
+
 def test_fold_makes_constants_and_the_rest_are_packed(tmp_path):
     """`--fold state` of a model of three inputs: the state becomes zeros, input_ids and mask are packed; the
     per-layer report (`--report`) feeds them by name: every quantized tensor, the mask's too, equals the quantized
