@@ -92,6 +92,21 @@ def test_the_unpacked_import_still_takes_one_variable_per_input():
     assert sorted(imp.graph.nodes[i].name for i in imp.graph.inputs) == ["x0", "x1"] and imp.edges is None
 
 
+
+@pytest.mark.parametrize("specs", [[(T.INT8, (1, 4096, 8192)), (T.FLOAT, (2,))],
+                                   [(T.INT8, (1, 4096, 4096)), (T.INT16, (1, 2))],
+                                   [(T.UINT8, (4096, 4096)), (T.INT8, (2048, 2048)), (T.FLOAT, (3,))]])
+def test_inputs_past_one_axis_of_data_are_refused_in_one_line(specs):
+    """Inputs holding more than 2^24 values in all, the runtime's bound on data's one axis (one input past it
+    alone, or together): refused in one line naming them all (an internal error from the input's strided_slice
+    before: the fuzzer's case, a BERT-like mask declared (1, 1, 100663296))."""
+    with pytest.raises(UnsupportedError) as e:
+        import_model(identity_model(specs), pack=True)
+    [p] = e.value.problems
+    names = ", ".join(f"x{i}" for i in range(len(specs)))
+    total = sum(int(np.prod(s)) for _, s in specs)
+    assert p.where == names and f"hold {total} values: data is one axis, of at most 2^24" in p.rule, str(p)
+
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     """The BERT-like encoder quantized whole from an .npz of its two inputs."""
@@ -295,6 +310,9 @@ GOOD = {"name": "a", "shape": [2], "type": "int8", "precision": 8, "edge": None}
     ([GOOD, {**GOOD, "name": "b", "edge": {"name": "b", "type": ["uint8"], "scale": 0.5, "zero_point": 0}}],
      "type ['uint8'] is not one of"),
     ([GOOD, {**GOOD, "name": "b", "type": {"int8": 1}}], "type one of"),
+    ([GOOD, {**GOOD, "name": "b", "type": "uint8", "edge": {"name": "b", "type": "uint8", "scale": [0.5] * 3,
+                                                             "zero_point": 0}}],
+     "scale [3] and zero point [] do not broadcast to the input's shape [2]"),
 ])
 def test_malformed_packed_layouts_are_format_errors(inputs, says):
     """quantization.json's ``inputs`` (version 2) are checked on reading: one ``FormatError`` naming the rule."""

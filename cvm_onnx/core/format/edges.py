@@ -179,8 +179,9 @@ class Edges:
 
     def fit(self, graph: Graph, where: str) -> None:
         """Refuse edges that do not describe ``graph``: one output edge per head; every scale and zero point
-        broadcast to its tensor's shape (the input's: ``data``'s); packed inputs filling ``data`` exactly, each at
-        most its precision, each where the import's ``NAME:unpacked`` slice reads it (when there is one)."""
+        broadcast to its tensor's shape (the input's: ``data``'s; a packed input's are checked on reading); packed
+        inputs filling ``data`` exactly, each at most its precision, each where the import's ``NAME:unpacked``
+        slice reads it (when there is one)."""
         heads = [graph.type_of(e).shape for e in graph.heads]
         if len(self.outputs) != len(heads):
             raise FormatError(f"{len(self.outputs)} output edges for a model of {len(heads)} outputs", where)
@@ -188,7 +189,6 @@ class Edges:
         fits = [(e, shape, f"output {k}") for k, (e, shape) in enumerate(zip(self.outputs, heads))]
         if self.input is not None and len(data) == 1:
             fits.append((self.input, data[0].outputs[0].shape, "input"))
-        fits += [(s.edge, s.shape, f"inputs {k}") for k, s in enumerate(self.inputs)]
         for e, shape, what in fits:
             if e is not None and not _broadcasts(shape, e.scale.shape, e.zero_point.shape):
                 raise FormatError(f"scale {list(e.scale.shape)} and zero point {list(e.zero_point.shape)} do not "
@@ -304,4 +304,7 @@ def _slot(doc, where: str) -> Slot:
     edge = _edge(doc["edge"], f"{where}: edge")
     if edge is not None and edge.type != doc["type"]:
         raise FormatError(f"a float input's type is its edge's ({edge.type}), not {doc['type']}", where)
+    if edge is not None and not _broadcasts(tuple(shape), edge.scale.shape, edge.zero_point.shape):
+        raise FormatError(f"scale {list(edge.scale.shape)} and zero point {list(edge.zero_point.shape)} do not "
+                          f"broadcast to the input's shape {shape}", f"{where}: edge")
     return Slot(doc["name"], tuple(shape), doc["type"], p, edge)
