@@ -351,8 +351,10 @@ def test_the_seeds_of_the_forms_added_last_import_exactly(kind):
           suppress_health_check=list(HealthCheck))
 @given(HQ.mutated(HQ.latest_seeds()))
 def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_exactly(case):
-    """LogSoftmax, the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed values, a constant W times
-    x, an LSTM of a wide initial cell: their attributes, constant inputs and quantization parameters mutated."""
+    """LogSoftmax (and one read by Exp), the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed
+    values, a constant W times x, an LSTM of a wide initial cell, two inputs packed, the masked Softmax, ArgMax/TopK/
+    GatherElements heads, unrolled Loops and Scans, a quotient of sums, a symbolic first dim: their attributes,
+    constant inputs, input dims and quantization parameters mutated."""
     outcome = HQ.check(case.files[0])
     assert outcome in HQ.CLEAN, (case, outcome)
 
@@ -621,8 +623,9 @@ def test_quantize_of_mutated_models_and_calibration_sets_fails_cleanly_leaving_n
 
 @pytest.mark.parametrize("kind", HQ.LATEST_FLOAT)
 def test_the_float_seeds_of_the_forms_added_last_quantize(kind):
-    """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod)
-    quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
+    """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod,
+    ArgMax/TopK/GatherElements heads, a quotient of sums, two inputs from an .npz, the masked Softmax, Loops and a
+    Scan) quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
     assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False) == "ok"
 
 
