@@ -207,6 +207,37 @@ def test_bad_named_inputs_are_refused_in_one_line(bert, capsys, change, says):
     assert not (tmp / "never.npz").exists()
 
 
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.update(inputs=d["inputs"][::-1]), "input 'mask' lies at [0, 6) of data by this layout, but the "
+                                                   "model reads it at [6, 12)"),
+    (lambda d: d["inputs"][0].update(precision=32), "inputs 0: precision 32 is wider than data's"),
+    (lambda d: d["inputs"][0].update(shape=[1, 7]), "packed inputs of 13 values in all, but the model's input"),
+    (lambda d: d["outputs"][0].update(scale=[0.5] * 7), "output 0: scale [7] and zero point [] do not broadcast to "
+                                                        "the output's shape [1, 3]"),
+])
+def test_an_export_whose_layout_is_unlike_its_model_is_refused_in_one_line(bert, capsys, edit, says):
+    """The export's metadata cvm.quantization edited (inputs reordered, a precision past data's, a shape, an output
+    scale of another shape): `run` and `verify` of the export on named inputs refuse it in one line naming the
+    metadata, exit 2 (before: the reordered layout ran with other numbers, the output scale an internal error)."""
+    tmp, _ = bert
+    if not (tmp / "layout.onnx").exists():
+        assert main(["convert", str(tmp / "m"), "-o", str(tmp / "layout.onnx")]) == 0
+    m = onnx.load(tmp / "layout.onnx")
+    prop = next(p for p in m.metadata_props if p.key == "cvm.quantization")
+    doc = json.loads(prop.value)
+    edit(doc)
+    prop.value = json.dumps(doc)
+    onnx.save(m, tmp / "edited.onnx")
+    np.savez(tmp / "named.npz", **bert_samples(2, seed=6))
+    for argv in (["run", tmp / "edited.onnx", "--input", tmp / "named.npz", "--output", tmp / "never.npz"],
+                 ["verify", tmp / "edited.onnx", "--input", tmp / "named.npz"]):
+        capsys.readouterr()
+        assert main([str(a) for a in argv]) == FormatError.exit_code
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "metadata cvm.quantization" in err and says in err, err
+    assert not (tmp / "never.npz").exists()
+
 def test_bad_calibration_files_are_refused_in_one_line(tmp_path):
     """The calibration of a model of several inputs: an .npy (not one array per name), a missing or unknown name,
     different N per input: one ``FormatError`` line each."""

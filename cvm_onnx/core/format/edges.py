@@ -205,12 +205,26 @@ class Edges:
             if s.precision > p:
                 raise FormatError(f"precision {s.precision} is wider than data's {p}", f"{where}: inputs {k}")
             a = slices.get(f"{s.name}:unpacked")
-            if a is not None and (tuple(a.get("begin", ())), tuple(a.get("end", ()))) != (
-                    (offset,), (offset + s.size,)):
+            read = (tuple(a.get("begin", ())), tuple(a.get("end", ()))) if a is not None else None
+            if read is not None and read != ((offset,), (offset + s.size,)):
                 raise FormatError(f"input {s.name!r} lies at [{offset}, {offset + s.size}) of data by this layout, "
-                                  f"but the model reads it at [{a.get('begin')}, {a.get('end')})",
-                                  f"{where}: inputs {k}")
+                                  f"but the model reads it at [{', '.join(map(str, read[0]))}, "
+                                  f"{', '.join(map(str, read[1]))})", f"{where}: inputs {k}")
             offset += s.size
+
+    def fit_declared(self, data: tuple[int | None, ...] | None, outputs: list[tuple[int | None, ...] | None],
+                     where: str) -> None:
+        """``fit`` for an ONNX export by the dims its model declares (None: unknown): each output edge's scale and
+        zero point broadcast to its output's dims, where all are known; packed inputs filling ``data``'s."""
+        for k, (e, d) in enumerate(zip(self.outputs, outputs)):
+            if e is not None and d is not None and None not in d and \
+                    not _broadcasts(d, e.scale.shape, e.zero_point.shape):
+                raise FormatError(f"scale {list(e.scale.shape)} and zero point {list(e.zero_point.shape)} do not "
+                                  f"broadcast to the output's shape {list(d)}", f"{where}: output {k}")
+        total = sum(s.size for s in self.inputs)
+        if self.inputs and data is not None and None not in data and tuple(data) != (total,):
+            raise FormatError(f"packed inputs of {total} values in all, but the model's input data is "
+                              f"{list(data)}", where)
 
     def to_bytes(self) -> bytes:
         doc = {"format": FORMAT, "version": PACKED_VERSION if self.inputs else VERSION,
