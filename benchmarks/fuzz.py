@@ -15,7 +15,9 @@ and QOperator, per tensor and per channel, uint8 and int8, dynamic), mutated in 
 QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact;
 ``recent`` is the same for the seeds of the forms added lately alone (``HQ.recent_seeds``), ``latest`` for those
 of the forms added last (``HQ.latest_seeds``). ``quantize`` gives ``cvm-onnx quantize`` mutated float models and
-calibration sets, ``quantize-latest`` those of the forms added last (``HQ.LATEST_FLOAT``). Each child may add
+calibration sets, ``quantize-latest`` those of the forms added last (``HQ.LATEST_FLOAT``). ``layouts`` loads the
+packed seeds' model directories with their quantization.json edited and runs them on mutated named inputs (.npz):
+the outputs must be those of the directory's own layout, or the edit refused (``HQ.check_layout``). Each child may add
 CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 
     python benchmarks/fuzz.py --minutes 5              # all targets, time split evenly
@@ -67,6 +69,7 @@ CHILD_TARGETS = {
     "latest": lambda: HQ.mutated(HQ.latest_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
+    "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
 
@@ -131,7 +134,7 @@ def convert_and_run(data: bytes) -> str:
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "quantize": "quantize",
-          "quantize-latest": "quantize"}
+          "quantize-latest": "quantize", "layouts": "layouts"}
 
 
 def _serve(conn, kind: str) -> None:
@@ -143,7 +146,8 @@ def _serve(conn, kind: str) -> None:
         size = int(f.read().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (size + CHILD_MEMORY, resource.RLIM_INFINITY))
     check = {"quantized": lambda files: f"convert: {HQ.check(files[0])}",
-             "quantize": lambda files: f"convert: {HQ.check_quantize(*files)}"}.get(
+             "quantize": lambda files: f"convert: {HQ.check_quantize(*files)}",
+             "layouts": lambda files: f"convert: {HQ.check_layout(*files)}"}.get(
         kind, lambda files: convert_and_run(files[0]))
     while True:
         conn.send(check(conn.recv()))

@@ -1258,3 +1258,111 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
             return f"internal {type(e).__name__}: {str(e)[:120]}"
         left = sorted(p.name for p in (Path(d) / "out").iterdir())
         return "ok" if left == ["m"] else f"left-behind staging {left}"
+
+
+@functools.cache
+def _converted(name: str) -> Path:
+    """The latest seed ``name``/QDQ (a packed model) converted into a model directory kept for the process."""
+    from cvm_onnx.app import api
+
+    d = Path(tempfile.mkdtemp(prefix="cvm-layout-"))
+    (d / "q.onnx").write_bytes(latest_seeds()[f"{name}/QDQ"])
+    api.convert(d / "q.onnx", d / "m")
+    return d / "m"
+
+
+@st.composite
+def mutated_layouts(draw) -> Case:
+    """A packed seed's model directory with its quantization.json (version 2) edited: inputs reordered, renamed,
+    dropped or repeated, a shape, precision, type or edge changed, an output edge dropped or reshaped, a field
+    retyped or removed; and named inputs (.npz, ``_mutate_npz``) given to it."""
+    import io
+    import json
+
+    from .packed import bert_samples
+
+    name = draw(st.sampled_from(["packed", "masked"]))
+    doc = json.loads((_converted(name) / "quantization.json").read_text())
+    steps: list[str] = []
+    slots = doc["inputs"]
+    k = draw(st.integers(0, len(slots) - 1))
+    how = draw(st.sampled_from(["order", "rename", "drop", "repeat", "shape", "precision", "type", "edge",
+                                "outputs", "retype", "remove", "none"]))
+    if how == "order":
+        slots.reverse()
+    elif how == "rename":
+        slots[k]["name"] = draw(st.sampled_from([slots[-1 - k]["name"], "data", "", "x" * 300]))
+    elif how in ("drop", "repeat"):
+        slots.insert(k, dict(slots[k])) if how == "repeat" else slots.pop(k)
+    elif how == "shape":
+        slots[k]["shape"] = draw(st.sampled_from([[6], [1, 6, 1], [6, 1], [1, 7], [2, 3], [1, 1 << 30], [0, 6]]))
+    elif how == "precision":
+        slots[k]["precision"] = draw(st.sampled_from([1, 2, 8, 9, 16, 31, 32, 33, 0, -1]))
+    elif how == "type":
+        slots[k]["type"] = draw(st.sampled_from(["bool", "int8", "uint8", "int16", "int32", "uint64", "float32"]))
+    elif how in ("edge", "outputs"):
+        edges = [s["edge"] for s in slots if s["edge"]] if how == "edge" else [e for e in doc["outputs"] if e]
+        if edges:
+            e = draw(st.sampled_from(edges))
+            field = draw(st.sampled_from(["scale", "zero_point", "type"]))
+            e[field] = draw(st.sampled_from({"scale": [[0.5] * 7, [[0.5]], [], 0.0, -1.0, 1e-45, "0.5", None],
+                                             "zero_point": [[0] * 5, [[0]], 300, -1, 0.5, True],
+                                             "type": ["int16", "uint8", "int4", ["uint8"]]}[field]))
+        elif how == "outputs":
+            doc["outputs"] = doc["outputs"][:-1]
+    elif how == "retype":
+        field = draw(st.sampled_from(["name", "shape", "precision", "edge", "type"]))
+        slots[k][field] = draw(st.sampled_from([None, True, 3.5, "x", [], {}, [[1]], 1 << 70]))
+    elif how == "remove":
+        del slots[k][draw(st.sampled_from(sorted(slots[k])))]
+    steps.append(f"quantization.json: {how} of input {k}")
+    samples = bert_samples(2, seed=draw(st.integers(0, 3)))
+    if name == "masked":
+        samples["mask"] = samples["mask"].astype(np.int64)
+    f = io.BytesIO()
+    np.savez(f, **samples)
+    npz = f.getvalue()
+    if draw(st.booleans()):
+        npz = _mutate_npz(draw, npz, steps)
+    return Case(name, tuple(steps), (name, json.dumps(doc), npz))
+
+
+def check_layout(name: str, layout: str, npz: bytes) -> str:
+    """What loading a packed model directory whose quantization.json is ``layout`` and running it on the named
+    inputs ``npz`` (as ``run --input X.npz`` does) gives: ``ok`` (the outputs the directory's own layout gives),
+    ``ok, NOT exact`` (other numbers), ``ok, inputs the own layout refuses``, an error family, or ``internal ...``."""
+    import shutil
+
+    from cvm_onnx.app import api
+    from cvm_onnx.core.errors import CVMError, RuntimeFailure
+    from cvm_onnx.core.executor import execute
+    from cvm_onnx.core.format.npy import read_npz
+
+    def run(directory: Path) -> list[np.ndarray]:
+        loaded = api.load(directory)
+        packed = loaded.edges.pack(read_npz(directory / "x.npz"))
+        rows = packed if packed.ndim == 2 else packed[None]
+        return [loaded.edges.finish(execute(loaded.graph, {"data": r})) for r in rows]
+
+    with tempfile.TemporaryDirectory() as d:
+        own, edited = Path(d) / "own", Path(d) / "edited"
+        shutil.copytree(_converted(name), own)
+        shutil.copytree(own, edited)
+        (own / "x.npz").write_bytes(npz)
+        (edited / "x.npz").write_bytes(npz)
+        (edited / "quantization.json").write_text(layout)
+        try:
+            got = run(edited)
+        except RuntimeFailure as e:  # named inputs refused: one line naming the input in its rule
+            return "RuntimeFailure" if len(e.problems) == 1 and "\n" not in str(e) else f"unnamed {e}"[:200]
+        except CVMError as e:
+            return refused(e, Path(d) / "nothing")
+        except Exception as e:  # noqa: BLE001  (every outcome is recorded)
+            return f"internal {type(e).__name__}: {str(e)[:120]}"
+        try:
+            want = run(own)
+        except CVMError:
+            return "ok, inputs the own layout refuses"
+        same = len(got) == len(want) and all(len(g) == len(w) and all(np.array_equal(a, b) for a, b in zip(g, w))
+                                             for g, w in zip(got, want))
+        return "ok" if same else "ok, NOT exact: other numbers than the own layout's"
