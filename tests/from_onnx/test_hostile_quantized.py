@@ -359,6 +359,15 @@ def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_
     assert outcome in HQ.CLEAN, (case, outcome)
 
 
+@settings(max_examples=15, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(HQ.mutated_layouts())
+def test_edited_layouts_of_packed_models_are_refused_or_give_the_same_outputs(case):
+    """A packed model directory whose quantization.json was edited, run on named inputs (mutated too): refused in
+    one line, or the outputs of the directory's own layout."""
+    outcome = HQ.check_layout(*case.files)
+    assert outcome in ("ok", "ok, inputs the own layout refuses", "FormatError", "RuntimeFailure"), (case, outcome)
+
 @pytest.mark.parametrize("key", ["ops/QOperator/int8/channel", "ops/QDQ/uint8/tensor"])
 @pytest.mark.parametrize("shape", [(3, 1), (2, 3)])
 def test_a_prelu_slope_that_does_not_broadcast_is_refused_naming_the_prelu(key, shape):

@@ -1266,7 +1266,7 @@ def _converted(name: str) -> Path:
     from cvm_onnx.app import api
 
     d = Path(tempfile.mkdtemp(prefix="cvm-layout-"))
-    (d / "q.onnx").write_bytes(latest_seeds()[f"{name}/QDQ"])
+    (d / "q.onnx").write_bytes(_latest(name))
     api.convert(d / "q.onnx", d / "m")
     return d / "m"
 
