@@ -1,7 +1,8 @@
 """A longer fuzz run over the reliability properties of tests/core/test_reliability.py and
 tests/from_onnx/test_hostile_onnx.py.
 
-The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present) and the
+The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present; ``storage``:
+graphs past the runtime's 2^32-byte storage bound, ``storage_seeds``) and the
 same check: every outcome is success or a CVMError, within the time and memory bounds. Unlike the tests, a run
 does not stop at the first failure: it counts the inputs tried and groups failures by signature (exception type
 and the innermost project frame), printing one example of each.
@@ -28,6 +29,7 @@ CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import sys
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / d) for d in ("", "core", "from_onnx"))]
 import test_hostile_onnx as H  # noqa: E402
 import test_reliability as R  # noqa: E402
+import test_storage_plan as S  # noqa: E402
 from conftest import RESNET  # noqa: E402
 from support import hostile_quantized as HQ  # noqa: E402
 
@@ -57,6 +60,7 @@ TARGETS = {
     "resnet": (lambda: R.mutated_symbols(R.resnet_seeds(RESNET)) | R.mutated_attributes(R.resnet_seeds(RESNET))
                | R.mutated_params(R.resnet_seeds(RESNET)), R.check_cvm),
     "resnet-onnx": (lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)), R.check_onnx),
+    "storage": (lambda: R.mutated_symbols(storage_seeds()) | R.mutated_attributes(storage_seeds()), R.check_cvm),
 }
 #: Hostile .onnx files through convert and run in a child process (``Child``).
 CHILD_TARGETS = {
@@ -72,6 +76,14 @@ CHILD_TARGETS = {
     "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
+
+
+@functools.cache
+def storage_seeds() -> R.Seeds:
+    """Graphs whose entries pass the runtime's 2^32-byte bound, one storage each (chains of 1 GiB entries), which
+    the writer's storage plan reuses: their symbols' storage ids, shapes and attributes are what ``storage``
+    mutates."""
+    return R.Seeds({f"chain{n}": R.files_of(R.validate(S.chain(n)).graph) for n in (4, 7, 12)})
 
 
 def signature(e: BaseException) -> str:
