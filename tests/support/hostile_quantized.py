@@ -1305,9 +1305,11 @@ def mutated_layouts(draw) -> Case:
         if edges:
             e = draw(st.sampled_from(edges))
             field = draw(st.sampled_from(["scale", "zero_point", "type"]))
-            e[field] = draw(st.sampled_from({"scale": [[0.5] * 7, [[0.5]], [], 0.0, -1.0, 1e-45, "0.5", None],
-                                             "zero_point": [[0] * 5, [[0]], 300, -1, 0.5, True],
-                                             "type": ["int16", "uint8", "int4", ["uint8"]]}[field]))
+            v = e[field]  # values changed are the file's to say: only their form, or values no edge holds
+            e[field] = draw(st.sampled_from({"scale": [[v] * 7, [[v]], [], 0.0, -1.0, 1e-45, str(v), None, True],
+                                             "zero_point": [[v] * 5, [[v]], 300, -1, 0.5, True, str(v)],
+                                             "type": ["int4", "float32", ["uint8"], None]}[field]))
+            steps.append(f"{how} {field} = {e[field]!r:.40}")
         elif how == "outputs":
             doc["outputs"] = doc["outputs"][:-1]
     elif how == "retype":

@@ -251,11 +251,14 @@ def _edge(doc, where: str) -> Edge | None:
     if not isinstance(doc["type"], str) or doc["type"] not in TYPES:
         raise FormatError(f"type {doc['type']!r} is not one of {', '.join(TYPES)}", where)
     try:
-        scale = np.array(doc["scale"], np.float64)
+        scale = np.array(doc["scale"])
         zero = np.array(doc["zero_point"])
     except (TypeError, ValueError) as e:
         raise FormatError(f"scale and zero_point must be numbers or nested lists: {e}", where) from None
-    if scale.dtype.kind != "f" or not (np.isfinite(scale) & (scale > 0)).all() or \
+    if scale.dtype.kind not in "fiu":  # no strings ("0.5"), booleans or nulls
+        raise FormatError(f"every scale must be a number, got {scale.dtype} values", where)
+    scale = scale.astype(np.float64)
+    if not (np.isfinite(scale) & (scale > 0)).all() or \
             (scale.astype(np.float32).astype(np.float64) != scale).any():
         raise FormatError("every scale must be a finite float32 > 0", where)
     lo, hi = TYPES[doc["type"]]
