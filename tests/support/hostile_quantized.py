@@ -832,7 +832,7 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
 
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
-                "packed", "masked", "loop", "loop-trips", "scan")
+                "packed", "masked", "loop", "loop-trips", "loop-nested", "scan")
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layer's states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}}
 
@@ -941,7 +941,8 @@ def _several_inputs_and_loops(rng) -> dict[str, onnx.ModelProto]:
     """Float models of the forms ``quantize`` takes since last (with ``_latest_float``'s heads and quotient): a
     BERT-like encoder of two inputs packed into one data ("packed"; its samples an .npz, ``SAMPLES``) and with an
     int64 mask added as Where(keep, 0, -10000) ("masked"); a tf2onnx while loop ("loop", its trip count from the
-    input's shape; "loop-trips", a constant trip count) and a Scan RNN ("scan"), unrolled by quantize."""
+    input's shape; "loop-trips", a constant trip count; "loop-nested", a Loop in a Loop) and a Scan RNN ("scan"),
+    unrolled by quantize."""
     from .loops import scan_rnn, while_rnn
     from .packed import bert_like
 
@@ -952,7 +953,32 @@ def _several_inputs_and_loops(rng) -> dict[str, onnx.ModelProto]:
     loop.input[0] = "trips"
     trips.graph.initializer.append(nh.from_array(np.array(5, np.int64), "trips"))
     out["loop-trips"] = trips
+    out["loop-nested"] = _nested_loops(rng)
     return out
+
+
+def _nested_loops(rng) -> onnx.ModelProto:
+    """x (1, 4) through a Loop of M = 3 iterations whose body holds a Loop of N = 2 (h = tanh(h W), then + b):
+    both trip counts constants of the outer graph."""
+    inner = h.make_graph([h.make_node("MatMul", ["hi_in", "W"], ["m"]), h.make_node("Tanh", ["m"], ["hi_out"]),
+                          h.make_node("Identity", ["ci"], ["co"])], "inner",
+                         [h.make_tensor_value_info("j", T.INT64, []), h.make_tensor_value_info("ci", T.BOOL, []),
+                          h.make_tensor_value_info("hi_in", T.FLOAT, None)],
+                         [h.make_tensor_value_info("co", T.BOOL, None), h.make_tensor_value_info("hi_out", T.FLOAT,
+                                                                                                 None)])
+    outer = h.make_graph([h.make_node("Loop", ["N", "", "h_in"], ["h_mid"], body=inner, name="inner_loop"),
+                          h.make_node("Add", ["h_mid", "b"], ["h_out"]), h.make_node("Identity", ["c"], ["c_out"])],
+                         "outer", [h.make_tensor_value_info("i", T.INT64, []),
+                                   h.make_tensor_value_info("c", T.BOOL, []),
+                                   h.make_tensor_value_info("h_in", T.FLOAT, None)],
+                         [h.make_tensor_value_info("c_out", T.BOOL, None),
+                          h.make_tensor_value_info("h_out", T.FLOAT, None)])
+    g = h.make_graph([h.make_node("Loop", ["M", "", "x"], ["y"], body=outer, name="outer_loop")], "nested",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 4])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(np.array(3, np.int64), "M"), nh.from_array(np.array(2, np.int64), "N"),
+                      nh.from_array((rng.normal(size=(4, 4)) / 2).astype(np.float32), "W"),
+                      nh.from_array((rng.normal(size=(4,)) / 4).astype(np.float32), "b")])
+    return onnx_model(g, 17)
 
 
 def _packed_samples(kind: str, rng) -> bytes:
