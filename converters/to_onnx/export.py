@@ -75,15 +75,15 @@ def onnx_attrs(a: Attrs) -> dict[str, Any]:
 def entry_names(graph: Graph) -> dict[Entry, str]:
     """ONNX tensor name of every entry: the CVM node name, ``name:k`` for output k > 0, ``name:clamped`` for an
     input after the runtime's clamp (the graph input keeps the plain name); an op output's name taken already (op
-    nodes of one name, which the runtime allows, or named as a variable's tensors) gets ``#n`` appended, so that
-    every tensor has its own (the ONNX node takes its output 0's)."""
+    nodes of one name, which the runtime allows, or named as a variable's tensors) or empty gets ``#n`` appended,
+    so that every tensor has its own (the ONNX node takes its output 0's)."""
     names: dict[Entry, str] = {}
     used = {f"{node.name}{end}" for node in graph.nodes if node.is_variable
             for end in ("", ":clamped", ":min", ":max", ":clamp", ":int32")}
 
     def unique(name: str) -> str:
         out, n = name, 1
-        while out in used:
+        while not out or out in used:  # (an empty name is no tensor in ONNX)
             out, n = f"{name}#{n}", n + 1
         used.add(out)
         return out
