@@ -1,7 +1,8 @@
 """A longer fuzz run over the reliability properties of tests/core/test_reliability.py and
 tests/from_onnx/test_hostile_onnx.py.
 
-The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present) and the
+The same mutations (symbol, attributes, params, ONNX models; ResNet-20 when the shared model is present; ``storage``:
+graphs past the runtime's 2^32-byte storage bound, ``storage_seeds``) and the
 same check: every outcome is success or a CVMError, within the time and memory bounds. Unlike the tests, a run
 does not stop at the first failure: it counts the inputs tried and groups failures by signature (exception type
 and the innermost project frame), printing one example of each.
@@ -15,7 +16,9 @@ and QOperator, per tensor and per channel, uint8 and int8, dynamic), mutated in 
 QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact;
 ``recent`` is the same for the seeds of the forms added lately alone (``HQ.recent_seeds``), ``latest`` for those
 of the forms added last (``HQ.latest_seeds``). ``quantize`` gives ``cvm-onnx quantize`` mutated float models and
-calibration sets, ``quantize-latest`` those of the forms added last (``HQ.LATEST_FLOAT``). Each child may add
+calibration sets, ``quantize-latest`` those of the forms added last (``HQ.LATEST_FLOAT``). ``layouts`` loads the
+packed seeds' model directories with their quantization.json edited and runs them on mutated named inputs (.npz):
+the outputs must be those of the directory's own layout, or the edit refused (``HQ.check_layout``). Each child may add
 CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 
     python benchmarks/fuzz.py --minutes 5              # all targets, time split evenly
@@ -26,6 +29,7 @@ CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import os
 import sys
@@ -41,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), *(str(ROOT / "tests" / d) for d in ("", "core", "from_onnx"))]
 import test_hostile_onnx as H  # noqa: E402
 import test_reliability as R  # noqa: E402
+import test_storage_plan as S  # noqa: E402
 from conftest import RESNET  # noqa: E402
 from support import hostile_quantized as HQ  # noqa: E402
 
@@ -55,6 +60,7 @@ TARGETS = {
     "resnet": (lambda: R.mutated_symbols(R.resnet_seeds(RESNET)) | R.mutated_attributes(R.resnet_seeds(RESNET))
                | R.mutated_params(R.resnet_seeds(RESNET)), R.check_cvm),
     "resnet-onnx": (lambda: R.mutated_onnx(R.resnet_onnx_seeds(RESNET)), R.check_onnx),
+    "storage": (lambda: R.mutated_symbols(storage_seeds()) | R.mutated_attributes(storage_seeds()), R.check_cvm),
 }
 #: Hostile .onnx files through convert and run in a child process (``Child``).
 CHILD_TARGETS = {
@@ -67,8 +73,17 @@ CHILD_TARGETS = {
     "latest": lambda: HQ.mutated(HQ.latest_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
+    "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
+
+
+@functools.cache
+def storage_seeds() -> R.Seeds:
+    """Graphs whose entries pass the runtime's 2^32-byte bound, one storage each (chains of 1 GiB entries), which
+    the writer's storage plan reuses: their symbols' storage ids, shapes and attributes are what ``storage``
+    mutates."""
+    return R.Seeds({f"chain{n}": R.files_of(R.validate(S.chain(n)).graph) for n in (4, 7, 12)})
 
 
 def signature(e: BaseException) -> str:
@@ -131,7 +146,7 @@ def convert_and_run(data: bytes) -> str:
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "quantize": "quantize",
-          "quantize-latest": "quantize"}
+          "quantize-latest": "quantize", "layouts": "layouts"}
 
 
 def _serve(conn, kind: str) -> None:
@@ -143,7 +158,8 @@ def _serve(conn, kind: str) -> None:
         size = int(f.read().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (size + CHILD_MEMORY, resource.RLIM_INFINITY))
     check = {"quantized": lambda files: f"convert: {HQ.check(files[0])}",
-             "quantize": lambda files: f"convert: {HQ.check_quantize(*files)}"}.get(
+             "quantize": lambda files: f"convert: {HQ.check_quantize(*files)}",
+             "layouts": lambda files: f"convert: {HQ.check_layout(*files)}"}.get(
         kind, lambda files: convert_and_run(files[0]))
     while True:
         conn.send(check(conn.recv()))

@@ -27,7 +27,7 @@ from cvm_onnx.core.constants import FLOAT_IO, MARK_NODE, MARK_OP, OPTIMIZED, QUA
 from cvm_onnx.core.errors import Problem, UnsupportedError
 from cvm_onnx.core.format.edges import Edge, Edges, Slot, parse_edges
 from cvm_onnx.core.format.onnx_file import dims, static_shape
-from cvm_onnx.core.graph import Entry, Graph
+from cvm_onnx.core.graph import MAX_DIM, Entry, Graph
 from cvm_onnx.core.ops import REGISTRY
 from cvm_onnx.core.validate import validate
 
@@ -272,9 +272,14 @@ class _Walk:
                 continue
             found.append((v, shape, p, edge))
         names, data, offset = [], None, 0
+        total = sum(math.prod(cvm_shape(s)) for _, s, _, _ in found)
+        if self.pack and len(vis) > 1 and len(found) == len(vis) and total > MAX_DIM:
+            self.problem(", ".join(v.name for v in vis), f"the inputs packed into data hold {total} values: data is "
+                                                           "one axis, of at most 2^24 (the runtime's bound on a dim)")
+            found = []
         if self.pack and len(vis) > 1 and len(found) == len(vis):
             widest = max(p for _, _, p, _ in found)
-            data = self.ctx.variable(INPUT_NAME, (sum(math.prod(cvm_shape(s)) for _, s, _, _ in found),), widest)
+            data = self.ctx.variable(INPUT_NAME, (total,), widest)
             names.append(self.ctx.nodes[data.node].name)
         for v, shape, p, edge in found:
             tt = v.type.tensor_type

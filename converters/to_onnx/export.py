@@ -74,14 +74,28 @@ def onnx_attrs(a: Attrs) -> dict[str, Any]:
 
 def entry_names(graph: Graph) -> dict[Entry, str]:
     """ONNX tensor name of every entry: the CVM node name, ``name:k`` for output k > 0, ``name:clamped`` for an
-    input after the runtime's clamp (the graph input keeps the plain name)."""
-    names = {}
+    input after the runtime's clamp (the graph input keeps the plain name); an op output's name taken already (op
+    nodes of one name, which the runtime allows, or named as a variable's tensors) or empty gets ``#n`` appended,
+    so that every tensor has its own (the ONNX node takes its output 0's)."""
+    names: dict[Entry, str] = {}
+    used = {f"{node.name}{end}" for node in graph.nodes if node.is_variable
+            for end in ("", ":clamped", ":min", ":max", ":clamp", ":int32")}
+
+    def unique(name: str) -> str:
+        out, n = name, 1
+        while not out or out in used:  # (an empty name is no tensor in ONNX)
+            out, n = f"{name}#{n}", n + 1
+        used.add(out)
+        return out
+
     for i, node in enumerate(graph.nodes):
         if node.is_variable and node.name not in graph.params:
             names[Entry(i)] = f"{node.name}:clamped"
-            continue
-        for k in range(len(node.outputs)):
-            names[Entry(i, k)] = node.name if k == 0 else f"{node.name}:{k}"
+        elif node.is_variable:
+            names[Entry(i)] = node.name
+        else:
+            for k in range(len(node.outputs)):
+                names[Entry(i, k)] = unique(node.name if k == 0 else f"{node.name}:{k}")
     return names
 
 
@@ -146,17 +160,18 @@ class _Exporter:
         doc = f"CVM {node.op}(" + ", ".join(f"{k}={v}" for k, v in a.items()) + ")"
         if LOWERINGS[node.op].native:
             (call,) = body.nodes
-            call.name, call.doc_string = node.name, doc
+            call.name, call.doc_string = self.names[Entry(i)], doc
             call.input[:], call.output[:] = [self.int32(e) for e in node.inputs], out_names
             self.domains[NATIVE_DOMAIN] = NATIVE_VERSION
             self.nodes.append(call)
         elif self.inline:
             marks = {MARK_NODE: node.name, MARK_OP: node.op, MARK_ATTRS: json.dumps(onnx_attrs(a), sort_keys=True),
                      MARK_INPUTS: json.dumps(in_names)}
-            self.flatten(node.name, marks, body, dict(zip([v.name for v in ins], in_names)) |
+            self.flatten(self.names[Entry(i)], marks, body, dict(zip([v.name for v in ins], in_names)) |
                          dict(zip(body_outs, out_names)))
         else:
             self.nodes.append(self.call(node, a, ins, body, body_outs, in_names, out_names, doc))
+            self.nodes[-1].name = self.names[Entry(i)]
 
     def param(self, e: Entry) -> np.ndarray | None:
         """The value of a param entry (int8 or int32, as stored); None for other entries."""
@@ -224,10 +239,11 @@ class _Exporter:
         self.infos.append(value_info(self.names[out], last.outputs[0]))
         marks = {MARK_FUSED: json.dumps([g.nodes[i].name for i in chain.all]),
                  MARK_OPS: json.dumps([g.nodes[i].op for i in chain.all])}
-        self.flatten(last.name, marks, body, dict(zip([v.name for v in ins], names)) | {y: self.names[out]})
+        self.flatten(self.names[out], marks, body, dict(zip([v.name for v in ins], names)) | {y: self.names[out]})
 
     def flatten(self, prefix: str, marks: dict[str, str], body: Body, rename: dict[str, str]) -> None:
-        """The body's nodes in the main graph: inner tensors and nodes prefixed by ``prefix`` (the CVM node name),
+        """The body's nodes in the main graph: inner tensors and nodes prefixed by ``prefix`` (the CVM node's output
+        name, ``entry_names``),
         each with the metadata ``marks`` (for a node of the flat form: the CVM node, op, attributes and input
         tensors, in input order, it comes from)."""
         for k, inner in enumerate(body.nodes):

@@ -52,7 +52,7 @@ def load(path: str | os.PathLike, params: str | os.PathLike | None = None) -> Lo
     """Read a CVM model (a directory with ``symbol`` and ``params``, or a symbol file and ``params``) and validate it;
     a directory's ``quantization.json`` (float edges) too."""
     v = validate(read_model(path, params))
-    return Loaded(v.graph, v.warnings, read_edges(path) if Path(path).is_dir() else None, v.gas)
+    return Loaded(v.graph, v.warnings, read_edges(path, v.graph) if Path(path).is_dir() else None, v.gas)
 
 
 def is_onnx(path: str | os.PathLike) -> bool:

@@ -297,6 +297,8 @@ def cmd_verify(args) -> int:
                                    "with quantization.json, as convert and quantize write for a quantized ONNX "
                                    "model)", where=args.model)
     source, packing = args.input, _onnx_edges(onnx_model) if onnx_model is not None else model.edges
+    if onnx_model is not None and packing is not None:  # the metadata against the CVM graph the export holds
+        packing.fit(graph, f"{args.model}: metadata {QUANTIZATION}")
     if source is not None and packing is not None and packing.inputs:  # named inputs of a packed model
         from cvm_onnx.core.format.npy import read_npz
 
@@ -378,7 +380,14 @@ def cmd_run(args) -> int:
         model, edges = loaded.graph, loaded.edges
     inputs, packing = args.input, edges if edges is not None else _onnx_edges(model)
     if packing is not None and packing.inputs:  # one array per input of a model of several packed into data
+        from cvm_onnx.core.constants import CONVERTED_FROM, OPTIMIZED, QUANTIZATION
         from cvm_onnx.core.format.npy import read_npz
+
+        props = {p.key: p.value for p in getattr(model, "metadata_props", ())}
+        if edges is None and props.get(CONVERTED_FROM) == "CVM" and OPTIMIZED not in props:
+            from cvm_onnx.runtime.verify import exported_graph
+
+            packing.fit(exported_graph(model, args.model), f"{args.model}: metadata {QUANTIZATION}")
 
         inputs = packing.pack(read_npz(args.input, "the inputs (one array per input name)"))
     with native_stderr_held() if args.ray is not None else nullcontext(), Bar() as bar:
@@ -403,10 +412,16 @@ def _onnx_edges(model):
     from cvm_onnx.core.constants import QUANTIZATION
     from cvm_onnx.core.format.edges import parse_edges
 
+    from cvm_onnx.core.format.onnx_file import dims
+
     props = {p.key: p.value for p in getattr(model, "metadata_props", ())}
     if QUANTIZATION not in props:
         return None
-    return parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}", len(model.graph.output))
+    edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}", len(model.graph.output))
+    inputs = [i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    edges.fit_declared(dims(inputs[0]) if len(inputs) == 1 else None, [dims(o) for o in model.graph.output],
+                       f"metadata {QUANTIZATION}")
+    return edges
 
 
 def version() -> str:

@@ -28,6 +28,7 @@ from cvm_onnx.converters.to_onnx.export import Export, export
 from cvm_onnx.core.batch import batched
 from cvm_onnx.core.errors import Problem, RuntimeFailure
 from cvm_onnx.core.format import Edges, read_edges, read_model
+from cvm_onnx.core.format.edges import FILE
 from cvm_onnx.core.format.model_dir import read_symbol_text
 from cvm_onnx.core.format.onnx_file import write_onnx
 from cvm_onnx.core.gas import Gas
@@ -97,6 +98,8 @@ def _read(c: Conversion, progress: Progress | None) -> str:
 def _validate(c: Conversion, progress: Progress | None) -> str:
     v = validate(c.graph)
     c.graph, c.warnings, c.gas = v.graph, v.warnings, v.gas
+    if c.edges is not None:
+        c.edges.fit(c.graph, os.path.join(c.src, FILE))
     return f"{len(v.warnings)} warning(s); {v.gas.line()}"
 
 

@@ -213,6 +213,7 @@ def _onnx_plan(model: onnx.ModelProto, provider: str, threads: int | None, edges
     marked = props.get(BATCH, "")
     if edges is None and QUANTIZATION in props:  # exported from a quantized import: its float edges
         edges = parse_edges(props[QUANTIZATION], f"metadata {QUANTIZATION}", len(model.graph.output))
+        edges.fit_declared(dims(inputs[0]), [dims(o) for o in model.graph.output], f"metadata {QUANTIZATION}")
     batch = int(marked) if marked.isdigit() and sample and sample[0] == int(marked) else 1
     if batch > 1:
         sample[0] = 1

@@ -11,6 +11,7 @@ Crashes found by fuzzing get a regression test at the end. benchmarks/fuzz.py ru
 from __future__ import annotations
 
 import copy
+import dataclasses
 import errno
 import functools
 import json
@@ -752,3 +753,25 @@ def test_non_integer_float_attributes_and_constants_are_refused(tmp_path, nodes,
     with pytest.raises(UnsupportedError) as info:
         import_file(tmp_path, int_model(nodes, opset=opset))
     assert [str(p) for p in info.value.problems] == [problem]
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_op_nodes_of_one_name_export_as_tensors_of_their_own(inline):
+    """Op nodes named alike (the runtime takes any names), named as the input or its clamped entry, or not named:
+    each output gets a tensor name of its own, the export passes onnx's checker and equals the reference executor
+    (before: 'op0 has been used as output names multiple times', "Field 'name' of 'value_info' is required to be
+    non-empty": the fuzzer's storage seeds with a node renamed)."""
+    from cvm_onnx.runtime.verify import verify
+
+    b = GraphBuilder()
+    x = b.input("data", (2, 3), 8)
+    a = b.op("relu", x, name="op0")
+    y = b.op("negative", a, name="op0")
+    z = b.op("abs", b.op("negative", y, name="data"), name="data:clamped")
+    e = b.op("relu", z)
+    nodes = list(b.nodes)
+    nodes[-1] = dataclasses.replace(nodes[-1], name="")
+    graph = validate(Graph(nodes, [y, z, a, e], {})).graph
+    assert [n.name for n in graph.nodes] == ["data", "op0", "op0", "data", "data:clamped", ""]
+    onnx.checker.check_model(to_onnx(graph, inline=inline))
+    assert verify(graph, seeds=2).exact

@@ -351,11 +351,22 @@ def test_the_seeds_of_the_forms_added_last_import_exactly(kind):
           suppress_health_check=list(HealthCheck))
 @given(HQ.mutated(HQ.latest_seeds()))
 def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_exactly(case):
-    """LogSoftmax, the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed values, a constant W times
-    x, an LSTM of a wide initial cell: their attributes, constant inputs and quantization parameters mutated."""
+    """LogSoftmax (and one read by Exp), the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed
+    values, a constant W times x, an LSTM of a wide initial cell, two inputs packed, the masked Softmax, ArgMax/TopK/
+    GatherElements heads, unrolled Loops and Scans, a quotient of sums, a symbolic first dim: their attributes,
+    constant inputs, input dims and quantization parameters mutated."""
     outcome = HQ.check(case.files[0])
     assert outcome in HQ.CLEAN, (case, outcome)
 
+
+@settings(max_examples=15, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(HQ.mutated_layouts())
+def test_edited_layouts_of_packed_models_are_refused_or_give_the_same_outputs(case):
+    """A packed model directory whose quantization.json was edited, run on named inputs (mutated too): refused in
+    one line, or the outputs of the directory's own layout."""
+    outcome = HQ.check_layout(*case.files)
+    assert outcome in ("ok", "ok, inputs the own layout refuses", "FormatError", "RuntimeFailure"), (case, outcome)
 
 @pytest.mark.parametrize("key", ["ops/QOperator/int8/channel", "ops/QDQ/uint8/tensor"])
 @pytest.mark.parametrize("shape", [(3, 1), (2, 3)])
@@ -621,8 +632,9 @@ def test_quantize_of_mutated_models_and_calibration_sets_fails_cleanly_leaving_n
 
 @pytest.mark.parametrize("kind", HQ.LATEST_FLOAT)
 def test_the_float_seeds_of_the_forms_added_last_quantize(kind):
-    """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod)
-    quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
+    """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod,
+    ArgMax/TopK/GatherElements heads, a quotient of sums, two inputs from an .npz, the masked Softmax, Loops and a
+    Scan) quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
     assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False) == "ok"
 
 

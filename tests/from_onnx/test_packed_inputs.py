@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -91,6 +91,21 @@ def test_the_unpacked_import_still_takes_one_variable_per_input():
     imp = import_model(identity_model([(T.INT8, (2,)), (T.INT16, (3,))]))
     assert sorted(imp.graph.nodes[i].name for i in imp.graph.inputs) == ["x0", "x1"] and imp.edges is None
 
+
+
+@pytest.mark.parametrize("specs", [[(T.INT8, (1, 4096, 8192)), (T.FLOAT, (2,))],
+                                   [(T.INT8, (1, 4096, 4096)), (T.INT16, (1, 2))],
+                                   [(T.UINT8, (4096, 4096)), (T.INT8, (2048, 2048)), (T.FLOAT, (3,))]])
+def test_inputs_past_one_axis_of_data_are_refused_in_one_line(specs):
+    """Inputs holding more than 2^24 values in all, the runtime's bound on data's one axis (one input past it
+    alone, or together): refused in one line naming them all (an internal error from the input's strided_slice
+    before: the fuzzer's case, a BERT-like mask declared (1, 1, 100663296))."""
+    with pytest.raises(UnsupportedError) as e:
+        import_model(identity_model(specs), pack=True)
+    [p] = e.value.problems
+    names = ", ".join(f"x{i}" for i in range(len(specs)))
+    total = sum(int(np.prod(s)) for _, s in specs)
+    assert p.where == names and f"hold {total} values: data is one axis, of at most 2^24" in p.rule, str(p)
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
@@ -192,6 +207,37 @@ def test_bad_named_inputs_are_refused_in_one_line(bert, capsys, change, says):
     assert not (tmp / "never.npz").exists()
 
 
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.update(inputs=d["inputs"][::-1]), "input 'mask' lies at [0, 6) of data by this layout, but the "
+                                                   "model reads it at [6, 12)"),
+    (lambda d: d["inputs"][0].update(precision=32), "inputs 0: precision 32 is wider than data's"),
+    (lambda d: d["inputs"][0].update(shape=[1, 7]), "packed inputs of 13 values in all, but the model's input"),
+    (lambda d: d["outputs"][0].update(scale=[0.5] * 7), "output 0: scale [7] and zero point [] do not broadcast to "
+                                                        "the output's shape [1, 3]"),
+])
+def test_an_export_whose_layout_is_unlike_its_model_is_refused_in_one_line(bert, capsys, edit, says):
+    """The export's metadata cvm.quantization edited (inputs reordered, a precision past data's, a shape, an output
+    scale of another shape): `run` and `verify` of the export on named inputs refuse it in one line naming the
+    metadata, exit 2 (before: the reordered layout ran with other numbers, the output scale an internal error)."""
+    tmp, _ = bert
+    if not (tmp / "layout.onnx").exists():
+        assert main(["convert", str(tmp / "m"), "-o", str(tmp / "layout.onnx")]) == 0
+    m = onnx.load(tmp / "layout.onnx")
+    prop = next(p for p in m.metadata_props if p.key == "cvm.quantization")
+    doc = json.loads(prop.value)
+    edit(doc)
+    prop.value = json.dumps(doc)
+    onnx.save(m, tmp / "edited.onnx")
+    np.savez(tmp / "named.npz", **bert_samples(2, seed=6))
+    for argv in (["run", tmp / "edited.onnx", "--input", tmp / "named.npz", "--output", tmp / "never.npz"],
+                 ["verify", tmp / "edited.onnx", "--input", tmp / "named.npz"]):
+        capsys.readouterr()
+        assert main([str(a) for a in argv]) == FormatError.exit_code
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "metadata cvm.quantization" in err and says in err, err
+    assert not (tmp / "never.npz").exists()
+
 def test_bad_calibration_files_are_refused_in_one_line(tmp_path):
     """The calibration of a model of several inputs: an .npy (not one array per name), a missing or unknown name,
     different N per input: one ``FormatError`` line each."""
@@ -210,6 +256,27 @@ def test_bad_calibration_files_are_refused_in_one_line(tmp_path):
         assert len(str(e.value).splitlines()) == 1 and says in str(e.value), str(e.value)
     assert not (tmp_path / "m").exists()
 
+
+
+def test_an_npz_declaring_more_values_than_its_bound_is_refused_before_reading(bert, monkeypatch, capsys):
+    """Members of an .npz declaring more than MAX_NPZ_VALUES values in all (at the bound scaled down to the test's
+    arrays: a compressed member of zeros declaring 8 GiB in 37 MB was decompressed whole, a MemoryError): quantize's
+    calibration and run's inputs refused in one ``FormatError`` line naming the member, nothing written."""
+    from cvm_onnx.core.format import npy
+
+    tmp, _ = bert
+    held = bert_samples(4, seed=5)
+    np.savez_compressed(tmp / "big.npz", **held)
+    monkeypatch.setattr(npy, "MAX_NPZ_VALUES", held["input_ids"].size + held["mask"].size - 1)
+    with pytest.raises(FormatError) as e:
+        quantize(tmp / "b.onnx", tmp / "big.npz", tmp / "never")
+    assert len(str(e.value).splitlines()) == 1 and "member 'mask.npy' declares (4, 1, 1, 6) float32, past 2^30" \
+        in str(e.value), str(e.value)
+    capsys.readouterr()
+    assert main(["run", str(tmp / "m"), "--input", str(tmp / "big.npz"), "--output", str(tmp / "never.npz")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "past 2^30 values in all" in err, err
+    assert not (tmp / "never").exists() and not (tmp / "never.npz").exists()
 
 def test_fold_makes_constants_and_the_rest_are_packed(tmp_path):
     """`--fold state` of a model of three inputs: the state becomes zeros, input_ids and mask are packed; the
@@ -271,6 +338,16 @@ GOOD = {"name": "a", "shape": [2], "type": "int8", "precision": 8, "edge": None}
     ([GOOD, {**GOOD, "name": "b", "offset": 3}], "exactly name, shape, type, precision and edge"),
     ([GOOD, {**GOOD, "name": "b", "edge": {"name": "b", "type": "uint8", "scale": 0.5, "zero_point": 0}}],
      "a float input's type is its edge's (uint8), not int8"),
+    ([GOOD, {**GOOD, "name": "b", "edge": {"name": "b", "type": ["uint8"], "scale": 0.5, "zero_point": 0}}],
+     "type ['uint8'] is not one of"),
+    ([GOOD, {**GOOD, "name": "b", "type": {"int8": 1}}], "type one of"),
+    ([GOOD, {**GOOD, "name": "b", "type": "uint8", "edge": {"name": "b", "type": "uint8", "scale": "0.5",
+                                                             "zero_point": 0}}], "every scale must be a number"),
+    ([GOOD, {**GOOD, "name": "b", "type": "uint8", "edge": {"name": "b", "type": "uint8", "scale": [True],
+                                                             "zero_point": 0}}], "every scale must be a number"),
+    ([GOOD, {**GOOD, "name": "b", "type": "uint8", "edge": {"name": "b", "type": "uint8", "scale": [0.5] * 3,
+                                                             "zero_point": 0}}],
+     "scale [3] and zero point [] do not broadcast to the input's shape [2]"),
 ])
 def test_malformed_packed_layouts_are_format_errors(inputs, says):
     """quantization.json's ``inputs`` (version 2) are checked on reading: one ``FormatError`` naming the rule."""
@@ -281,6 +358,66 @@ def test_malformed_packed_layouts_are_format_errors(inputs, says):
     with pytest.raises(FormatError, match="version 1 or 2"):  # a layout needs version 2
         parse_edges(json.dumps({**doc, "version": 1, "inputs": [GOOD, {**GOOD, "name": "b"}]}), "q")
 
+
+
+@st.composite
+def edited_layouts(draw):
+    """A packed case and an edit of its quantization.json: the inputs reordered, one's shape, precision or
+    (integers) type changed, an edge's scale or zero point of another shape, an output edge dropped or added."""
+    specs, precisions, values = draw(packed_cases())
+    how = draw(st.sampled_from(["order", "shape", "precision", "type", "scale", "zero_point", "outputs"]))
+    k = draw(st.integers(0, len(specs) - 1))
+    return specs, precisions, values, how, k, draw(st.integers(0, 2 ** 32 - 1))
+
+
+@given(edited_layouts())
+@settings(deadline=None)
+def test_a_layout_unlike_its_model_is_refused_or_computes_the_same(tmp_path_factory, case):
+    """A model directory whose quantization.json was edited (inputs reordered, a shape, precision or integer type
+    changed,
+    an edge's scale or zero point of another shape, an output edge too few or too many): loading it is refused in
+    one ``FormatError`` line naming quantization.json, or packing the named inputs is refused in one line, or the
+    model computes what onnxruntime computes from them, exactly; never an internal error or other numbers."""
+    specs, precisions, values, how, k, seed = case
+    rng = np.random.default_rng(seed)
+    model = identity_model(specs)
+    imp = import_model(model, pack=True, input_precisions=precisions)
+    doc = json.loads(imp.edges.to_bytes())
+    slot = doc["inputs"][k]
+    if how == "order":
+        doc["inputs"] = [doc["inputs"][i] for i in rng.permutation(len(specs))]
+    elif how == "shape":
+        slot["shape"] = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 4)))]
+    elif how == "precision":
+        slot["precision"] = int(rng.integers(1, 33))
+    elif how == "type":  # an integer input's (a float input's type is its quantization, as its scale is)
+        if slot["edge"] is None:
+            slot["type"] = str(rng.choice(["bool", "int8", "uint8", "int16", "uint16", "int32", "int64"]))
+    elif how == "outputs":
+        doc["outputs"] = doc["outputs"][1:] if rng.integers(2) else doc["outputs"] + [None]
+    else:
+        edges = [e for e in [*(s["edge"] for s in doc["inputs"]), *doc["outputs"]] if e is not None]
+        assume(edges)
+        edge = edges[int(rng.integers(len(edges)))]
+        n = int(rng.integers(0, 4))
+        edge[how] = np.full([int(rng.integers(2, 4))] * n, edge[how]).tolist()
+    d = tmp_path_factory.mktemp("layout")
+    cvm_onnx.write_model(imp.graph, d)
+    (d / "quantization.json").write_text(json.dumps(doc))
+    try:
+        loaded = cvm_onnx.load(d)
+        packed = loaded.edges.pack(values)
+    except (FormatError, RuntimeFailure) as e:
+        assert len(str(e).splitlines()) == 1, str(e)
+        assert not isinstance(e, FormatError) or "quantization.json" in str(e), str(e)
+        return
+    stacked = packed.ndim == 2
+    reference = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for j in range(len(packed) if stacked else 1):
+        got = loaded.edges.finish(execute(loaded.graph, {"data": packed[j] if stacked else packed}))
+        want = reference.run(None, {n: np.asarray(v[j] if stacked else v) for n, v in values.items()})
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(np.asarray(g).reshape(w.shape), w)
 
 @given(keep_first=st.booleans(), zero=st.integers(0, 255), scale=st.floats(2.0 ** -20, 2.0 ** 120, width=32),
        fill=st.integers(0, 255), out_zero=st.integers(0, 255), seed=st.integers(0, 2 ** 16))

@@ -27,7 +27,7 @@ from onnx import numpy_helper as nh
 from cvm_onnx.core.format.onnx_file import onnx_model
 
 from .fuzz import Case, mutated_onnx
-from .quantized import Reader, float_model, qdq
+from .quantized import Reader, float_model, min_max_quotient, qdq
 
 #: Positions of the scales and zero points of each quantizing op (QLinearConcat's are counted per node).
 SCALES = {"QuantizeLinear": (1,), "DequantizeLinear": (1,), "QLinearConv": (1, 4, 6), "QLinearMatMul": (1, 4, 6),
@@ -206,7 +206,26 @@ def _latest(kind: str) -> bytes:
     (to uint8) and "logsoftmax-float" (a float output), "confidence" (1 / ReduceSum(Exp(x - ReduceMax(x))), its max
     of the tensor transposed), "isnan" and "isinf" (Where(test, 0, x) of a dequantized value), "Div", "Pow", "Mod"
     (fmod: one table of two computed int8 values), "wx" (a constant per-tensor W times a computed x); onnxruntime's
-    "lstm-wide-c" (an LSTM whose initial cell reaches 3000: c split in halves at G = 14)."""
+    "lstm-wide-c" (an LSTM whose initial cell reaches 3000: c split in halves at G = 14); "quotient" (a min-max
+    normalization, Div of sums), "logsoftmax-read" (Exp of a LogSoftmax, no QuantizeLinear between), "symbolic" (a
+    CNN whose input's first dim is symbolic); quantize's own QDQ models (``LATEST_OURS``: two inputs packed, the
+    masked Softmax, the ArgMax/TopK/GatherElements heads, an unrolled Loop and Scan)."""
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    if kind in LATEST_OURS:  # quantize's own QDQ model of the float seed of that name
+        return _ours(kind)
+    if kind == "quotient":  # EfficientWord-Net's scales
+        return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
+                                1 / 255, 0, 1e-6).SerializeToString()
+    if kind == "logsoftmax-read":  # a LogSoftmax read by a float op (Exp), no QuantizeLinear between
+        inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(1 / 255), "zo": np.uint8(0)}
+        nodes = [dq(["x", "s", "zx"], ["xf"]), h.make_node("LogSoftmax", ["xf"], ["ls"], axis=1, name="logsoftmax"),
+                 h.make_node("Exp", ["ls"], ["e"], name="exp"), h.make_node("QuantizeLinear", ["e", "so", "zo"], ["y"])]
+        return qdq(nodes, (2, 12), T.INT8, inits, T.UINT8, opset=13).SerializeToString()
+    if kind == "symbolic":  # a QDQ CNN whose input's first dim is symbolic (convert takes it as 1)
+        m = onnx.load_from_string(_quantized(float_model("Add", 1, 17, 1, 2, (0, 1, 2, 0), "avg", "matmul"), "QDQ",
+                                             "uint8", False))
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+        return m.SerializeToString()
     if kind == "lstm-wide-c":
         from .transformers import lstm_model
 
@@ -214,7 +233,6 @@ def _latest(kind: str) -> bytes:
         c0 = _init(fm, "c0")
         _set(fm, "c0", nh.from_array(nh.to_array(c0) * np.float32(1500), "c0"))
         return _quantized(fm, "QDQ", "uint8", False)
-    dq = functools.partial(h.make_node, "DequantizeLinear")
     if kind.startswith("logsoftmax"):
         inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(255)}
         out = "y" if kind.endswith("float") else "lf"
@@ -256,6 +274,24 @@ def _latest(kind: str) -> bytes:
                                                                            name="wx"),
              h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
     return qdq(nodes, (1, 16, 5), T.UINT8, inits, T.UINT8).SerializeToString()
+
+
+def _ours(kind: str) -> bytes:
+    """``cvm-onnx quantize``'s QDQ model (``--save-onnx``) of the float seed ``kind`` on its calibration samples."""
+    from cvm_onnx.app.quantize import quantize
+
+    model, samples = float_seeds()[kind]
+    with tempfile.TemporaryDirectory() as d:
+        src, cal, q = Path(d) / "f.onnx", Path(d) / f"c{_suffix(samples)}", Path(d) / "q.onnx"
+        src.write_bytes(model)
+        cal.write_bytes(samples)
+        quantize(src, cal, Path(d) / "m", save_onnx=q, models=False)
+        return q.read_bytes()
+
+
+def _suffix(samples: bytes) -> str:
+    """A calibration file's name ending: .npz for an archive (a model of several inputs), else .npy."""
+    return ".npz" if samples[:4] == b"PK\x03\x04" else ".npy"
 
 
 class _Tokens:
@@ -506,7 +542,10 @@ def _mutate_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
 #: The seeds of the newer rule families (``_family``) and of the forms added lately (``_recent``, the dynamic ones).
 FAMILIES = ("ops", "tokens", "encoder", "LSTM", "GRU", "RNN")
 RECENT = ("peephole", "convT1d", "depth", "tables", "gemm")
-LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c")
+LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
+          "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic")
+#: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
+LATEST_OURS = ("packed", "masked", "heads", "loop", "scan")
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile values of the attributes of the newer rule families' ops (None: the attribute removed).
@@ -560,6 +599,14 @@ ATTRS.update({
     "STFT": {"onesided": [0, 2]}, "DFT": {"inverse": [1, 2], "onesided": [1, 2], "axis": [0, -1, 2, 5, BIG]},
     "HannWindow": {"periodic": [0, 2], "output_datatype": [T.DOUBLE, T.INT64, 0]},
     "MelWeightMatrix": {"output_datatype": [T.DOUBLE, T.INT64, 0]},
+    "ArgMax": {"axis": [-3, 0, 2, 5, BIG], "keepdims": [0, 2], "select_last_index": [1, 2, -1]},
+    "ArgMin": {"axis": [-3, 0, 2, 5, BIG], "keepdims": [0, 2], "select_last_index": [1, 2, -1]},
+    "TopK": {"axis": [-4, 0, 1, 5, BIG], "largest": [0, 2], "sorted": [0, 2]},
+    "GatherElements": {"axis": [-4, 0, 1, 5, BIG]}, "ReduceMin": {"axes": [[0], [5], [-1, -1]], "keepdims": [0, 2]},
+    "Sub": {}, "Add": {},
+    "Loop": {}, "Scan": {"num_scan_inputs": [0, -1, 2, 5, BIG], "scan_input_axes": [[5], [-4], [BIG], [0, 0]],
+                         "scan_input_directions": [[2], [-1], [1, 1]], "scan_output_axes": [[7], [-4, 1], [0]],
+                         "scan_output_directions": [[5], [1, 1, 1], [-1, 0]]},
 })
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
@@ -633,9 +680,11 @@ def _cast(value, dtype: np.dtype):
 
 
 def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
-    """The input's dims made large (legal up to 2^30 elements), all huge (their product past 64 bits), 0, negative
-    or symbolic, or its type changed."""
-    v = model.graph.input[0]
+    """An input's dims made large (legal up to 2^30 elements), all huge (their product past 64 bits), 0, negative
+    or symbolic, or its type changed (of a model of several inputs: any one's)."""
+    ins = [v for v in model.graph.input if v.name not in {t.name for t in model.graph.initializer}] or \
+        list(model.graph.input)
+    v = ins[draw(st.integers(0, len(ins) - 1))]
     dims = v.type.tensor_type.shape.dim
     how = draw(st.sampled_from(["dim", "dim", "huge", "type", "type"]))
     if how == "dim" and dims:
@@ -645,16 +694,16 @@ def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
             dims[k].dim_param = "n"
         else:
             dims[k].dim_value = big
-        steps.append(f"input dim {k} = {big}")
+        steps.append(f"input {v.name} dim {k} = {big}")
     elif how == "huge":
         big = draw(st.sampled_from([1 << 31, 1 << 40, (1 << 63) - 1]))
         for d in dims:
             d.dim_value = big
-        steps.append(f"input dims all {big}")
+        steps.append(f"input {v.name} dims all {big}")
     else:
         dtype = draw(st.sampled_from([T.INT32, T.UINT8, T.FLOAT16, T.DOUBLE, T.INT4, T.INT64, T.FLOAT, T.BOOL]))
         v.type.tensor_type.elem_type = dtype
-        steps.append(f"input type {T.DataType.Name(dtype)}")
+        steps.append(f"input {v.name} type {T.DataType.Name(dtype)}")
 
 
 def refused(e: CVMError, out: Path) -> str:
@@ -715,8 +764,9 @@ def check(data: bytes) -> str:
             return refused(e, out)
         except Exception as e:  # noqa: BLE001  (every outcome is recorded)
             return f"internal {type(e).__name__}: {str(e)[:120]}"
-        size = int(np.prod([max(d.dim_value, 1) for d in
-                            onnx.load_from_string(data).graph.input[0].type.tensor_type.shape.dim], dtype=object))
+        g = onnx.load_from_string(data).graph
+        size = sum(int(np.prod([max(d.dim_value, 1) for d in v.type.tensor_type.shape.dim], dtype=object))
+                   for v in g.input if v.name not in {t.name for t in g.initializer})
         if size > VERIFIED_ELEMENTS:
             return "ok, input too large to verify"
         try:
@@ -768,7 +818,10 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
     models.update(_latest_float(rng))
     out = {}
     for kind, fm in models.items():
-        shape = [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
+        if kind in ("packed", "masked"):
+            out[kind] = (fm.SerializeToString(), _packed_samples(kind, rng))
+            continue
+        shape = SAMPLE_SHAPES.get(kind) or [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
         shape = shape[1:] if shape[0] == 1 else shape  # the LSTM's first axis is its steps
         samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding") else \
             rng.integers(0, 11, (6, *shape)).astype(np.float32) if kind == "cast-ids" else \
@@ -778,7 +831,8 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
 
 
 #: The float seeds of the forms added last (``_latest_float``).
-LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod")
+LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
+                "packed", "masked", "loop", "loop-trips", "loop-nested", "scan")
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layer's states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}}
 
@@ -826,7 +880,8 @@ def _recent_float(rng) -> dict[str, onnx.ModelProto]:
 def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     """Float models of the forms ``quantize`` takes since last: an STFT front end and a DFT of a constant length
     (rewritten to a Conv and a MatMul), a constant W times a computed x (``--per-channel``: W per tensor), LogSoftmax, the written-out
-    confidence, Where(IsNaN(Softmax)), Div, Pow (of a Sigmoid) and Mod (fmod) of two computed values."""
+    confidence, Where(IsNaN(Softmax)), Div, Pow (of a Sigmoid) and Mod (fmod) of two computed values; ArgMax, TopK
+    and GatherElements heads, a min-max normalization (Div of sums); ``_several_inputs_and_loops``."""
     from .spectra import mel_front_end
 
     def mm(name, *shape):
@@ -850,9 +905,23 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
                                    **({"fmod": 1} if op == "Mod" else {})),
                        h.make_node("MatMul", ["r", "w3"], ["y"])]  # quantized: the float r is NaN at 0 / 0
                   for op in ("Div", "Pow", "Mod")})
+    kinds["heads"] = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Softmax", ["m"], ["p"], axis=-1),
+                      h.make_node("ArgMax", ["p"], ["cls"], axis=-1, keepdims=0, name="argmax"),
+                      h.make_node("TopK", ["p", "k"], ["top", "ti"], name="topk"),
+                      h.make_node("GatherElements", ["m", "ti"], ["y"], axis=-1, name="gather_elements")]
+    kinds["quotient"] = [h.make_node("MatMul", ["x", "w"], ["m"]),
+                         h.make_node("ReduceMin", ["m"], ["mn"], axes=[1, 2], keepdims=1, name="min"),
+                         h.make_node("ReduceMax", ["m"], ["mx"], axes=[1, 2], keepdims=1, name="max"),
+                         h.make_node("Sub", ["m", "mn"], ["a"]), h.make_node("Sub", ["mx", "mn"], ["b"]),
+                         h.make_node("Add", ["b", "eps"], ["be"]), h.make_node("Div", ["a", "be"], ["r"],
+                                                                                 name="quotient"),
+                         h.make_node("MatMul", ["r", "w3"], ["y"])]
     for kind, nodes in kinds.items():
         inits: list[onnx.TensorProto] = []
-        if kind == "wx":
+        if kind in ("heads", "quotient"):
+            mm("w", 6, 5), mm("w3", 5, 3)
+            inits += [nh.from_array(np.array([2], np.int64), "k"), nh.from_array(np.float32(1e-6), "eps")]
+        elif kind == "wx":
             mm("w", 3, 4)
         elif kind == "dft":
             inits.append(nh.from_array(np.array(8, np.int64), "len"))
@@ -860,9 +929,74 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
             nodes = [h.make_node("MatMul", ["x", mm("w", 6, 5)], ["m"]), *nodes]
             mm("w2", 6, 5), mm("w3", 5, 3)
             inits += [nh.from_array(np.array([2], np.int64), "ax"), nh.from_array(np.float32(0), "zero")]
+        outs = [y] + ([h.make_tensor_value_info("cls", T.INT64, None), h.make_tensor_value_info("top", T.FLOAT, None)]
+                      if kind == "heads" else [])
         out[kind] = onnx_model(h.make_graph(nodes, kind, [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 1]) if
-                                                          kind == "dft" else x], [y], inits), 17)
+                                                          kind == "dft" else x], outs, inits), 17)
+    out.update(_several_inputs_and_loops(rng))
     return out
+
+
+def _several_inputs_and_loops(rng) -> dict[str, onnx.ModelProto]:
+    """Float models of the forms ``quantize`` takes since last (with ``_latest_float``'s heads and quotient): a
+    BERT-like encoder of two inputs packed into one data ("packed"; its samples an .npz, ``SAMPLES``) and with an
+    int64 mask added as Where(keep, 0, -10000) ("masked"); a tf2onnx while loop ("loop", its trip count from the
+    input's shape; "loop-trips", a constant trip count; "loop-nested", a Loop in a Loop) and a Scan RNN ("scan"),
+    unrolled by quantize."""
+    from .loops import scan_rnn, while_rnn
+    from .packed import bert_like
+
+    out = {"packed": bert_like(), "masked": bert_like(low=-10000.0),
+           "loop": while_rnn(rng, 3, 4, True, None, True, True), "scan": scan_rnn(rng, 3, 4, [0], [1], [1, 0], [0, 1])}
+    trips = while_rnn(rng, 3, 4, True, None, False, False)
+    loop = next(n for n in trips.graph.node if n.op_type == "Loop")
+    loop.input[0] = "trips"
+    trips.graph.initializer.append(nh.from_array(np.array(5, np.int64), "trips"))
+    out["loop-trips"] = trips
+    out["loop-nested"] = _nested_loops(rng)
+    return out
+
+
+def _nested_loops(rng) -> onnx.ModelProto:
+    """x (1, 4) through a Loop of M = 3 iterations whose body holds a Loop of N = 2 (h = tanh(h W), then + b):
+    both trip counts constants of the outer graph."""
+    inner = h.make_graph([h.make_node("MatMul", ["hi_in", "W"], ["m"]), h.make_node("Tanh", ["m"], ["hi_out"]),
+                          h.make_node("Identity", ["ci"], ["co"])], "inner",
+                         [h.make_tensor_value_info("j", T.INT64, []), h.make_tensor_value_info("ci", T.BOOL, []),
+                          h.make_tensor_value_info("hi_in", T.FLOAT, None)],
+                         [h.make_tensor_value_info("co", T.BOOL, None), h.make_tensor_value_info("hi_out", T.FLOAT,
+                                                                                                 None)])
+    outer = h.make_graph([h.make_node("Loop", ["N", "", "h_in"], ["h_mid"], body=inner, name="inner_loop"),
+                          h.make_node("Add", ["h_mid", "b"], ["h_out"]), h.make_node("Identity", ["c"], ["c_out"])],
+                         "outer", [h.make_tensor_value_info("i", T.INT64, []),
+                                   h.make_tensor_value_info("c", T.BOOL, []),
+                                   h.make_tensor_value_info("h_in", T.FLOAT, None)],
+                         [h.make_tensor_value_info("c_out", T.BOOL, None),
+                          h.make_tensor_value_info("h_out", T.FLOAT, None)])
+    g = h.make_graph([h.make_node("Loop", ["M", "", "x"], ["y"], body=outer, name="outer_loop")], "nested",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 4])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(np.array(3, np.int64), "M"), nh.from_array(np.array(2, np.int64), "N"),
+                      nh.from_array((rng.normal(size=(4, 4)) / 2).astype(np.float32), "W"),
+                      nh.from_array((rng.normal(size=(4,)) / 4).astype(np.float32), "b")])
+    return onnx_model(g, 17)
+
+
+def _packed_samples(kind: str, rng) -> bytes:
+    """The packed seeds' calibration: an .npz of six samples of each input (the mask int64 for "masked")."""
+    import io
+
+    from .packed import bert_samples
+
+    samples = bert_samples(6, seed=int(rng.integers(1 << 16)))
+    if kind == "masked":
+        samples["mask"] = samples["mask"].astype(np.int64)
+    f = io.BytesIO()
+    np.savez(f, **samples)
+    return f.getvalue()
+
+
+#: The shape of one sample of the float seeds whose input's dims are symbolic (time steps, then features).
+SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3)}
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -893,12 +1027,15 @@ def mutated_calibration(draw, names: tuple[str, ...] | None = None) -> Case:
     and the options (method, form, per channel). ``names``: the seeds drawn from (all where None)."""
     name = draw(st.sampled_from(sorted(names or float_seeds())))
     model_bytes, npy = float_seeds()[name]
-    samples = np.load(__import__("io").BytesIO(npy))
+    packed = _suffix(npy) == ".npz"
+    samples = None if packed else np.load(__import__("io").BytesIO(npy))
     steps: list[str] = []
     fold, outputs = FOLDS.get(name), None
-    how = draw(st.sampled_from(["value", "dtype", "shape", "header", "file", "model", "family", "family", "none",
-                                "npy", "constant", "constant", "fold", "outputs"]))
-    if how == "npy":
+    how = draw(st.sampled_from(["model", "family", "family", "none", "constant", "constant", "fold", "outputs"] +
+                               (["npz"] * 6 if packed else ["value", "dtype", "shape", "header", "file", "npy"])))
+    if how == "npz":
+        npy = _mutate_npz(draw, npy, steps)
+    elif how == "npy":
         npy = _foreign_npy(draw, samples, steps)
     elif how == "constant":
         m = onnx.load_from_string(model_bytes)
@@ -929,7 +1066,8 @@ def mutated_calibration(draw, names: tuple[str, ...] | None = None) -> Case:
     elif how == "shape":
         shape = draw(st.sampled_from([(0,) + samples.shape[1:], samples.shape[1:], (6, 1) + samples.shape[1:],
                                       (6, samples.shape[1] + 1) + samples.shape[2:], (), (6, 7), (3, 2) +
-                                      samples.shape[1:]]))
+                                      samples.shape[1:], (1, 1025) + samples.shape[2:],  # past a Loop's cap
+                                      (1, 1 << 16) + samples.shape[2:]]))
         npy = _npy(np.resize(samples, shape))
         steps.append(f"samples shape {shape}")
     elif how == "header":
@@ -971,6 +1109,70 @@ def mutated_calibration(draw, names: tuple[str, ...] | None = None) -> Case:
     channel = draw(st.booleans())
     steps.append(f"--method {method} --form {form}{' --per-channel' if channel else ''}")
     return Case(name, tuple(steps), (model_bytes, npy, method, form, channel, fold, outputs))
+
+
+def _mutate_npz(draw, npz: bytes, steps: list[str]) -> bytes:
+    """A packed seed's .npz with one input's array broken (a value NaN, inf, past its type or its table; another
+    dtype, objects pickled; another shape, N unlike the others'; missing; an extra name; a member that is no .npy,
+    of a version 3 header or a header claiming terabytes; an archive truncated)."""
+    import io
+    import zipfile
+
+    arrays = dict(np.load(io.BytesIO(npz)))
+    name = draw(st.sampled_from(sorted(arrays)))
+    a = arrays[name]
+    how = draw(st.sampled_from(["value", "value", "dtype", "shape", "missing", "extra", "pickle", "member",
+                                "header", "truncated"]))
+    members: dict[str, bytes] = {}
+    if how == "value":
+        a = a.astype(np.float64) if a.dtype.kind == "f" else a.copy()
+        pool = (np.nan, np.inf, -np.inf, 1e300, 3e38, -1e-320) if a.dtype.kind == "f" else \
+            (-1, 30, 31, 1 << 31, (1 << 63) - 1, -(1 << 63), 10 ** 6)  # the table holds 30 rows
+        value = draw(st.sampled_from(pool))
+        a.reshape(-1)[draw(st.integers(0, a.size - 1))] = value
+        arrays[name] = a
+        steps.append(f"{name} value {value}")
+    elif how == "dtype":
+        dtype = draw(st.sampled_from(["float16", "float64", "int32", "uint8", "bool", "complex64", "U4", "M8[s]",
+                                      "int64", "float32"]))
+        with np.errstate(all="ignore"):
+            arrays[name] = a.astype(np.int64).astype(dtype) if dtype == "M8[s]" else a.astype(dtype)
+        steps.append(f"{name} as {dtype}")
+    elif how == "shape":
+        shape = draw(st.sampled_from([(0,) + a.shape[1:], a.shape[1:], a.shape[:1] + (1,) + a.shape[1:],
+                                      (3,) + a.shape[1:], (), (len(a), a.size // len(a)), a.shape[::-1],
+                                      a.shape[:-1] + (a.shape[-1] + 1,)]))
+        arrays[name] = np.resize(a, shape).astype(a.dtype)
+        steps.append(f"{name} shape {shape}")
+    elif how == "missing":
+        del arrays[name]
+        steps.append(f"{name} missing")
+    elif how == "extra":
+        arrays[draw(st.sampled_from(["nope", "emb", "data", ""]))] = a
+        steps.append("an extra array")
+    elif how == "pickle":
+        members[f"{name}.npy"] = _npy(np.array([a, None], dtype=object))
+        steps.append(f"{name} of Python objects, pickled")
+    elif how == "member":
+        members[f"{name}.npy"] = draw(st.sampled_from([b"", b"not npy", __import__("pickle").dumps([1, 2]),
+                                                        _npy(a)[:20]]))
+        steps.append(f"{name} no .npy")
+    elif how == "header":
+        shape = draw(st.sampled_from([(1 << 40, 2), (10 ** 9,) + a.shape[1:]]))
+        members[f"{name}.npy"] = _header(shape, a.dtype.str)
+        steps.append(f"{name} header claims {shape}")
+    f = io.BytesIO()
+    with zipfile.ZipFile(f, "w") as z:
+        for k, v in arrays.items():
+            if f"{k}.npy" not in members:
+                z.writestr(f"{k}.npy", _npy(v) if v.dtype.kind != "O" else b"")
+        for k, v in members.items():
+            z.writestr(k, v)
+    data = f.getvalue()
+    if how == "truncated":
+        data = data[:draw(st.integers(0, len(data) - 1))]
+        steps.append(f"archive truncated to {len(data)} bytes")
+    return data
 
 
 def _foreign_npy(draw, samples: np.ndarray, steps: list[str]) -> bytes:
@@ -1071,7 +1273,7 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
     from cvm_onnx.core.errors import CVMError
 
     with tempfile.TemporaryDirectory() as d:
-        src, cal, out = Path(d) / "f.onnx", Path(d) / "c.npy", Path(d) / "out" / "m"
+        src, cal, out = Path(d) / "f.onnx", Path(d) / f"c{_suffix(npy)}", Path(d) / "out" / "m"
         src.write_bytes(model)
         cal.write_bytes(npy)
         try:
@@ -1082,3 +1284,113 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
             return f"internal {type(e).__name__}: {str(e)[:120]}"
         left = sorted(p.name for p in (Path(d) / "out").iterdir())
         return "ok" if left == ["m"] else f"left-behind staging {left}"
+
+
+@functools.cache
+def _converted(name: str) -> Path:
+    """The latest seed ``name``/QDQ (a packed model) converted into a model directory kept for the process."""
+    from cvm_onnx.app import api
+
+    d = Path(tempfile.mkdtemp(prefix="cvm-layout-"))
+    (d / "q.onnx").write_bytes(_latest(name))
+    api.convert(d / "q.onnx", d / "m")
+    return d / "m"
+
+
+@st.composite
+def mutated_layouts(draw) -> Case:
+    """A packed seed's model directory with its quantization.json (version 2) edited: inputs reordered, renamed,
+    dropped or repeated, a shape, precision, type or edge changed, an output edge dropped or reshaped, a field
+    retyped or removed; and named inputs (.npz, ``_mutate_npz``) given to it."""
+    import io
+    import json
+
+    from .packed import bert_samples
+
+    name = draw(st.sampled_from(["packed", "masked"]))
+    doc = json.loads((_converted(name) / "quantization.json").read_text())
+    steps: list[str] = []
+    slots = doc["inputs"]
+    k = draw(st.integers(0, len(slots) - 1))
+    how = draw(st.sampled_from(["order", "rename", "drop", "repeat", "shape", "precision", "type", "edge",
+                                "outputs", "retype", "remove", "none"]))
+    if how == "order":
+        slots.reverse()
+    elif how == "rename":
+        slots[k]["name"] = draw(st.sampled_from([slots[-1 - k]["name"], "data", "", "x" * 300]))
+    elif how in ("drop", "repeat"):
+        slots.insert(k, dict(slots[k])) if how == "repeat" else slots.pop(k)
+    elif how == "shape":
+        slots[k]["shape"] = draw(st.sampled_from([[6], [1, 6, 1], [6, 1], [1, 7], [2, 3], [1, 1 << 30], [0, 6]]))
+    elif how == "precision":
+        slots[k]["precision"] = draw(st.sampled_from([1, 2, 8, 9, 16, 31, 32, 33, 0, -1]))
+    elif how == "type":
+        slots[k]["type"] = draw(st.sampled_from(["bool", "int8", "uint8", "int16", "int32", "uint64", "float32"]))
+    elif how in ("edge", "outputs"):
+        edges = [s["edge"] for s in slots if s["edge"]] if how == "edge" else [e for e in doc["outputs"] if e]
+        if edges:
+            e = draw(st.sampled_from(edges))
+            field = draw(st.sampled_from(["scale", "zero_point", "type"]))
+            v = e[field]  # values changed are the file's to say: only their form, or values no edge holds
+            e[field] = draw(st.sampled_from({"scale": [[v] * 7, [[v]], [], 0.0, -1.0, 1e-45, str(v), None, True],
+                                             "zero_point": [[v] * 5, [[v]], 300, -1, 0.5, True, str(v)],
+                                             "type": ["int4", "float32", ["uint8"], None]}[field]))
+            steps.append(f"{how} {field} = {e[field]!r:.40}")
+        elif how == "outputs":
+            doc["outputs"] = doc["outputs"][:-1]
+    elif how == "retype":
+        field = draw(st.sampled_from(["name", "shape", "precision", "edge", "type"]))
+        slots[k][field] = draw(st.sampled_from([None, True, 3.5, "x", [], {}, [[1]], 1 << 70]))
+    elif how == "remove":
+        del slots[k][draw(st.sampled_from(sorted(slots[k])))]
+    steps.append(f"quantization.json: {how} of input {k}")
+    samples = bert_samples(2, seed=draw(st.integers(0, 3)))
+    if name == "masked":
+        samples["mask"] = samples["mask"].astype(np.int64)
+    f = io.BytesIO()
+    np.savez(f, **samples)
+    npz = f.getvalue()
+    if draw(st.booleans()):
+        npz = _mutate_npz(draw, npz, steps)
+    return Case(name, tuple(steps), (name, json.dumps(doc), npz))
+
+
+def check_layout(name: str, layout: str, npz: bytes) -> str:
+    """What loading a packed model directory whose quantization.json is ``layout`` and running it on the named
+    inputs ``npz`` (as ``run --input X.npz`` does) gives: ``ok`` (the outputs the directory's own layout gives),
+    ``ok, NOT exact`` (other numbers), ``ok, inputs the own layout refuses``, an error family, or ``internal ...``."""
+    import shutil
+
+    from cvm_onnx.app import api
+    from cvm_onnx.core.errors import CVMError, RuntimeFailure
+    from cvm_onnx.core.executor import execute
+    from cvm_onnx.core.format.npy import read_npz
+
+    def run(directory: Path) -> list[np.ndarray]:
+        loaded = api.load(directory)
+        packed = loaded.edges.pack(read_npz(directory / "x.npz"))
+        rows = packed if packed.ndim == 2 else packed[None]
+        return [loaded.edges.finish(execute(loaded.graph, {"data": r})) for r in rows]
+
+    with tempfile.TemporaryDirectory() as d:
+        own, edited = Path(d) / "own", Path(d) / "edited"
+        shutil.copytree(_converted(name), own)
+        shutil.copytree(own, edited)
+        (own / "x.npz").write_bytes(npz)
+        (edited / "x.npz").write_bytes(npz)
+        (edited / "quantization.json").write_text(layout)
+        try:
+            got = run(edited)
+        except RuntimeFailure as e:  # named inputs refused: one line naming the input in its rule
+            return "RuntimeFailure" if len(e.problems) == 1 and "\n" not in str(e) else f"unnamed {e}"[:200]
+        except CVMError as e:
+            return refused(e, Path(d) / "nothing")
+        except Exception as e:  # noqa: BLE001  (every outcome is recorded)
+            return f"internal {type(e).__name__}: {str(e)[:120]}"
+        try:
+            want = run(own)
+        except CVMError:
+            return "ok, inputs the own layout refuses"
+        same = len(got) == len(want) and all(len(g) == len(w) and all(np.array_equal(a, b) for a, b in zip(g, w))
+                                             for g, w in zip(got, want))
+        return "ok" if same else "ok, NOT exact: other numbers than the own layout's"

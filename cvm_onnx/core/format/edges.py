@@ -32,6 +32,7 @@ import numpy as np
 
 from ..constants import precision_bound
 from ..errors import FormatError, RuntimeFailure
+from ..graph import Graph
 
 FILE = "quantization.json"
 FORMAT = "cvm-onnx quantization"
@@ -176,6 +177,55 @@ class Edges:
         """The outputs dequantized to float32 where the source model dequantized them."""
         return [y if e is None else e.dequantize(y) for e, y in zip(self.outputs, outputs)]
 
+    def fit(self, graph: Graph, where: str) -> None:
+        """Refuse edges that do not describe ``graph``: one output edge per head; every scale and zero point
+        broadcast to its tensor's shape (the input's: ``data``'s; a packed input's are checked on reading); packed
+        inputs filling ``data`` exactly, each at most its precision, each where the import's ``NAME:unpacked``
+        slice reads it (when there is one)."""
+        heads = [graph.type_of(e).shape for e in graph.heads]
+        if len(self.outputs) != len(heads):
+            raise FormatError(f"{len(self.outputs)} output edges for a model of {len(heads)} outputs", where)
+        data = [graph.nodes[i] for i in graph.inputs]
+        fits = [(e, shape, f"output {k}") for k, (e, shape) in enumerate(zip(self.outputs, heads))]
+        if self.input is not None and len(data) == 1:
+            fits.append((self.input, data[0].outputs[0].shape, "input"))
+        for e, shape, what in fits:
+            if e is not None and not _broadcasts(shape, e.scale.shape, e.zero_point.shape):
+                raise FormatError(f"scale {list(e.scale.shape)} and zero point {list(e.zero_point.shape)} do not "
+                                  f"broadcast to the tensor's shape {list(shape)}", f"{where}: {what}")
+        if not self.inputs:
+            return
+        total = sum(s.size for s in self.inputs)
+        if len(data) != 1 or data[0].outputs[0].shape != (total,):
+            got = ", ".join(f"{n.name} {list(n.outputs[0].shape)}" for n in data)
+            raise FormatError(f"packed inputs of {total} values in all, but the model's inputs are {got}", where)
+        offset, p = 0, data[0].outputs[0].precision
+        slices = {n.name: n.attrs for n in graph.nodes if n.op == "strided_slice"}
+        for k, s in enumerate(self.inputs):
+            if s.precision > p:
+                raise FormatError(f"precision {s.precision} is wider than data's {p}", f"{where}: inputs {k}")
+            a = slices.get(f"{s.name}:unpacked")
+            read = (tuple(a.get("begin", ())), tuple(a.get("end", ()))) if a is not None else None
+            if read is not None and read != ((offset,), (offset + s.size,)):
+                raise FormatError(f"input {s.name!r} lies at [{offset}, {offset + s.size}) of data by this layout, "
+                                  f"but the model reads it at [{', '.join(map(str, read[0]))}, "
+                                  f"{', '.join(map(str, read[1]))})", f"{where}: inputs {k}")
+            offset += s.size
+
+    def fit_declared(self, data: tuple[int | None, ...] | None, outputs: list[tuple[int | None, ...] | None],
+                     where: str) -> None:
+        """``fit`` for an ONNX export by the dims its model declares (None: unknown): each output edge's scale and
+        zero point broadcast to its output's dims, where all are known; packed inputs filling ``data``'s."""
+        for k, (e, d) in enumerate(zip(self.outputs, outputs)):
+            if e is not None and d is not None and None not in d and \
+                    not _broadcasts(d, e.scale.shape, e.zero_point.shape):
+                raise FormatError(f"scale {list(e.scale.shape)} and zero point {list(e.zero_point.shape)} do not "
+                                  f"broadcast to the output's shape {list(d)}", f"{where}: output {k}")
+        total = sum(s.size for s in self.inputs)
+        if self.inputs and data is not None and None not in data and tuple(data) != (total,):
+            raise FormatError(f"packed inputs of {total} values in all, but the model's input data is "
+                              f"{list(data)}", where)
+
     def to_bytes(self) -> bytes:
         doc = {"format": FORMAT, "version": PACKED_VERSION if self.inputs else VERSION,
                "input": None if self.input is None else self.input.to_json(),
@@ -185,19 +235,30 @@ class Edges:
         return (json.dumps(doc, indent=1) + "\n").encode()
 
 
+def _broadcasts(shape: tuple[int, ...], *others: tuple[int, ...]) -> bool:
+    """Whether ``others`` broadcast to ``shape`` without growing it."""
+    try:
+        return np.broadcast_shapes(tuple(shape), *others) == tuple(shape)
+    except ValueError:
+        return False
+
+
 def _edge(doc, where: str) -> Edge | None:
     if doc is None:
         return None
     if not isinstance(doc, dict) or set(doc) != {"name", "type", "scale", "zero_point"}:
         raise FormatError("an edge must be null or have exactly name, type, scale and zero_point", where)
-    if doc["type"] not in TYPES:
+    if not isinstance(doc["type"], str) or doc["type"] not in TYPES:
         raise FormatError(f"type {doc['type']!r} is not one of {', '.join(TYPES)}", where)
     try:
-        scale = np.array(doc["scale"], np.float64)
+        scale = np.array(doc["scale"])
         zero = np.array(doc["zero_point"])
     except (TypeError, ValueError) as e:
         raise FormatError(f"scale and zero_point must be numbers or nested lists: {e}", where) from None
-    if scale.dtype.kind != "f" or not (np.isfinite(scale) & (scale > 0)).all() or \
+    if scale.dtype.kind not in "fiu":  # no strings ("0.5"), booleans or nulls
+        raise FormatError(f"every scale must be a number, got {scale.dtype} values", where)
+    scale = scale.astype(np.float64)
+    if not (np.isfinite(scale) & (scale > 0)).all() or \
             (scale.astype(np.float32).astype(np.float64) != scale).any():
         raise FormatError("every scale must be a finite float32 > 0", where)
     lo, hi = TYPES[doc["type"]]
@@ -208,8 +269,9 @@ def _edge(doc, where: str) -> Edge | None:
     return Edge(doc["name"], doc["type"], scale.astype(np.float32), zero.astype(np.int64))
 
 
-def read_edges(directory: str | os.PathLike) -> Edges | None:
-    """The edges of a model directory, or None when it has no ``quantization.json`` (a plain CVM model)."""
+def read_edges(directory: str | os.PathLike, graph: Graph | None = None) -> Edges | None:
+    """The edges of a model directory, or None when it has no ``quantization.json`` (a plain CVM model); checked
+    against the directory's validated ``graph`` when given (``Edges.fit``)."""
     path = Path(directory) / FILE
     if not path.is_file():
         return None
@@ -217,7 +279,10 @@ def read_edges(directory: str | os.PathLike) -> Edges | None:
         raw = path.read_bytes()
     except OSError as e:
         raise FormatError(f"cannot read the quantization edges: {e}", str(path)) from None
-    return parse_edges(raw, str(path))
+    edges = parse_edges(raw, str(path))
+    if graph is not None:
+        edges.fit(graph, str(path))
+    return edges
 
 
 def parse_edges(raw: bytes | str, where: str, outputs: int | None = None) -> Edges:
@@ -249,10 +314,14 @@ def _slot(doc, where: str) -> Slot:
     if not isinstance(doc["name"], str) or not isinstance(shape, list) or \
             not all(type(d) is int and d > 0 for d in shape) or math.prod(shape) > 1 << 31:
         raise FormatError("name must be a string and shape a list of positive dims (at most 2^31 values)", where)
-    if type(p) is not int or not 1 <= p <= 32 or doc["type"] not in INTEGER_TYPES:
+    if type(p) is not int or not 1 <= p <= 32 or not isinstance(doc["type"], str) or \
+            doc["type"] not in INTEGER_TYPES:
         raise FormatError(f"precision must be an integer in [1, 32] and type one of {', '.join(INTEGER_TYPES)}",
                           where)
     edge = _edge(doc["edge"], f"{where}: edge")
     if edge is not None and edge.type != doc["type"]:
         raise FormatError(f"a float input's type is its edge's ({edge.type}), not {doc['type']}", where)
+    if edge is not None and not _broadcasts(tuple(shape), edge.scale.shape, edge.zero_point.shape):
+        raise FormatError(f"scale {list(edge.scale.shape)} and zero point {list(edge.zero_point.shape)} do not "
+                          f"broadcast to the input's shape {shape}", f"{where}: edge")
     return Slot(doc["name"], tuple(shape), doc["type"], p, edge)

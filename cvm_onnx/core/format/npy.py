@@ -10,6 +10,8 @@ from ..errors import FormatError
 
 MAGIC = b"\x93NUMPY"
 ZIP = b"PK\x03\x04"
+#: The most values an .npz archive's members may declare in all (each is decompressed into memory whole).
+MAX_NPZ_VALUES = 1 << 30
 
 
 def _header(f) -> np.dtype | None:
@@ -44,8 +46,9 @@ def read_npy(path: str | os.PathLike, what: str = "the input array", mmap: bool 
 def read_npz(path: str | os.PathLike, what: str = "the input arrays") -> dict[str, np.ndarray]:
     """The arrays of the .npz archive ``path`` by name (a member ``x.npy`` is ``x``), each read after its header is
     checked against the member's size, so that a header claiming more data than the archive holds is refused
-    instead of allocated. An archive that is no zip of .npy arrays, or holds Python objects, is refused naming
-    ``what``."""
+    instead of allocated, and the members' values in all against MAX_NPZ_VALUES (a compressed member of zeros
+    declares gigabytes in a few megabytes). An archive that is no zip of .npy arrays, or holds Python objects, is
+    refused naming ``what``."""
     import zipfile
 
     where = os.fspath(path)
@@ -56,7 +59,7 @@ def read_npz(path: str | os.PathLike, what: str = "the input arrays") -> dict[st
             why = "an empty file" if not head else "one .npy array, not an .npz archive" if head == MAGIC[:4] \
                 else "not an .npz archive"
             raise FormatError(f"cannot read {what}: {why}", where=where)
-        out = {}
+        out, values = {}, 0
         with zipfile.ZipFile(path) as z:
             for info in z.infolist():
                 name = info.filename.removesuffix(".npy")
@@ -78,6 +81,10 @@ def read_npz(path: str | os.PathLike, what: str = "the input arrays") -> dict[st
                     if int(np.prod(shape, dtype=object)) * dtype.itemsize > info.file_size:
                         raise FormatError(f"cannot read {what}: member {info.filename!r} declares {shape} {dtype}, "
                                           f"more than its {info.file_size} bytes", where=where)
+                    values += int(np.prod(shape, dtype=object))
+                    if values > MAX_NPZ_VALUES:
+                        raise FormatError(f"cannot read {what}: member {info.filename!r} declares {shape} {dtype}, "
+                                          "past 2^30 values in all the archive's members may hold", where=where)
                     f.seek(0)
                     out[name] = np.lib.format.read_array(f, allow_pickle=False)
         return out
