@@ -117,9 +117,9 @@ def fine(ctx, v: Tensor, a: int) -> Tensor:
     """v at scale 2^a 2^-14 in steps of 2^-14: v 2^a, or round_half_up(v / 2^-a) (``cvm_right_shift``)."""
     v = as_int32(v)
     if a >= 0:
-        if tight(max(-v.lo, v.hi) << a) > 32:
+        if not on_grid(v, a):
             raise Refuse(f"a product of the recurrent layer's weights on the grid 2^-14 reaches "
-                         f"2^{(max(-v.lo, v.hi) << a).bit_length()}: beyond CVM's 32 bits")
+                         f"2^{(max(-v.lo, v.hi) << a).bit_length()}: beyond CVM's 32 bits (its label and 2^{a}'s)")
         return step(ctx, "broadcast_mul", v, c32(1 << a), v.lo << a, v.hi << a) if a else v
     if -a > 31:  # |v| < 2^31 rounds to 0
         return c32(np.zeros(v.shape, np.int64))
@@ -169,12 +169,38 @@ def projected(ctx, xs: Scaled, w: np.ndarray, bias: np.ndarray, reach: int) -> T
     hi, lo = halves16(wq)
     rows = np.full(len(w), sw, dtype=object)
     xh, xl = dense(ctx, xs, hi, rows * (1 << LOW_BITS), None), dense(ctx, xs, lo, rows, None)
-    xw = added(ctx, fine(ctx, xh.t, exponent(xh.scale.flat[0])), fine(ctx, xl.t, exponent(xl.scale.flat[0])))
+    ah, al = exponent(xh.scale.flat[0]), exponent(xl.scale.flat[0])
     units = grid_bias(bias)
+    if on_grid(xh.t, ah) and on_grid(xl.t, al):
+        xw = added(ctx, fine(ctx, xh.t, ah), fine(ctx, xl.t, al))
+    else:  # past +-(reach + |b|) the clip below gives +-reach whatever b
+        xw = saturated(ctx, xh.t, xl.t, al, (reach << (INDEX_BITS + FINE_BITS)) + int(np.abs(units).max(initial=0)))
     if units.any():
         xw = step(ctx, "broadcast_add", xw, c32(units.reshape(1, 1, -1)), xw.lo + int(units.min()),
                   xw.hi + int(units.max()))
     return clipped(ctx, xw, reach << (INDEX_BITS + FINE_BITS))
+
+
+def on_grid(v: Tensor, a: int) -> bool:
+    """Whether v 2^a (``fine``: a ``broadcast_mul`` by 2^a for a > 0) keeps CVM's label, v's precision plus
+    2^a's, within 32 bits."""
+    return a <= 0 or tight(max(-v.lo, v.hi)) + tight(1 << a) <= 32
+
+
+def saturated(ctx, hi: Tensor, lo: Tensor, a: int, top: int) -> Tensor:
+    """x W_hi^T 2^(a+7) + x W_lo^T 2^a on 2^-14 where a part passes 32 bits there (an input scale s_x large
+    against W: x W^T reaching 2^17), clipped first with a bound that keeps every value the clip to +-``reach`` makes
+    of the sum plus b (|x W^T| >= ``top`` = reach 2^14 + max|b| gives +-reach whatever b): in units 2^m, m = max(a,
+    0), lo' = x W_lo^T 2^(a-m) (rounded half up where a < 0), hi clipped to +-ceil((ceil(top / 2^m) + max|lo'|) /
+    2^(a+7-m)) (past which hi alone puts the sum past the top whatever lo'), their sum v clipped to
+    +-ceil(top / 2^m) and put on 2^-14 as v 2^m; within 32 bits while ceil(top / 2^m) 2^m and the sum do."""
+    m = max(a, 0)
+    low = fine(ctx, lo, a) if a < 0 else as_int32(lo)
+    k = a + LOW_BITS - m
+    top_m = -(-top >> m)
+    high = clipped(ctx, as_int32(hi), -(-(top_m + max(-low.lo, low.hi)) >> k))
+    v = added(ctx, fine(ctx, high, k), low)
+    return fine(ctx, clipped(ctx, v, top_m), m) if m else v
 
 
 def grid_bias(b: np.ndarray) -> np.ndarray:
