@@ -152,18 +152,28 @@ def _add_reduce_min_max(model: onnx.ModelProto, tensors: Iterable[str]) -> list[
     shape = str(uuid.uuid4())
     graph.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), shape))
     infos = _value_infos(model)
+    count = len(graph.node)
+    firsts: dict[str, int] = {}
+    for i, n in enumerate(graph.node):
+        for x in n.input:
+            firsts.setdefault(x, i)
+    before: dict[int, list[onnx.NodeProto]] = {}  # each tensor's nodes just before its first reader, in order
     names = []
     for t in tensors:
-        first = next((i for i, n in enumerate(graph.node) if t in n.input), len(graph.node))
         for op in ("ReduceMin", "ReduceMax"):
             out = f"{t}_{op}"
-            nodes = [helper.make_node(op, [t], [f"{out}_Reshape"], keepdims=1, name=out),
-                     helper.make_node("Reshape", [f"{out}_Reshape", shape], [out], name=f"{out}_Reshape")]
-            for k, n in enumerate(nodes):
-                graph.node.insert(first + k, n)
-            first += len(nodes)
+            before.setdefault(firsts.get(t, count), []).extend([
+                helper.make_node(op, [t], [f"{out}_Reshape"], keepdims=1, name=out),
+                helper.make_node("Reshape", [f"{out}_Reshape", shape], [out], name=f"{out}_Reshape")])
             graph.output.append(helper.make_tensor_value_info(out, infos[t].type.tensor_type.elem_type, [None]))
             names.append(out)
+    nodes = onnx.GraphProto()  # the nodes written anew once: an insert each moves every node after it
+    for i, n in enumerate(graph.node):
+        nodes.node.extend(before.get(i, []))
+        nodes.node.append(n)
+    nodes.node.extend(before.get(count, []))
+    graph.ClearField("node")
+    graph.node.extend(nodes.node)
     return names
 
 

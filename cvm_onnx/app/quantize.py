@@ -561,8 +561,8 @@ def fold_constants(model: onnx.ModelProto) -> int:
     readers = Counter(x for n in graph.node for x in n.input if x)
     kept = {v.name for v in [*graph.input, *graph.output]} | _subgraph_reads(graph)
     dead: set[str] = set()
-    done = []
-    for n in graph.node:
+    done = []  # (index, node)
+    for k, n in enumerate(graph.node):
         if n.op_type in RANDOM or any(a.HasField("g") or a.graphs for a in n.attribute) or \
                 any(o and (o not in known or math.prod(known[o]) > MAX_FOLDED) for o in n.output):
             continue
@@ -585,15 +585,16 @@ def fold_constants(model: onnx.ModelProto) -> int:
         else:
             continue
         values.update((o, np.asarray(v)) for o, v in zip([o for o in n.output if o], outs))
-        done.append(n)
+        done.append((k, n))
         for x in filter(None, n.input):
             readers[x] -= 1
             if readers[x] == 0 and x not in kept:
                 values.pop(x, None)
                 dead.add(x)
-    for n in done:
-        graph.node.remove(n)
+    for _, n in done:
         graph.initializer.extend(numpy_helper.from_array(values.pop(o), o) for o in n.output if o and o not in dead)
+    for k, _ in reversed(done):  # by index: remove() compares messages, quadratic in an unrolled Loop's nodes
+        del graph.node[k]
     for k in reversed([k for k, t in enumerate(graph.initializer) if t.name in dead]):
         del graph.initializer[k]
     return len(done)

@@ -115,3 +115,39 @@ def test_below_opset_10_quantize_static_calibrates_itself():
     assert calibration.applies(m)
     m.opset_import[0].version = 9
     assert not calibration.applies(m)
+
+
+def test_the_reduce_nodes_go_before_each_first_reader_in_linear_time():
+    """minmax's ReduceMin/ReduceMax pairs of 1001 tensors of a chain of 2000 nodes (an unrolled Loop's form): each
+    pair just before its tensor's first reader (a graph output's at the end), in the tensors' order. Each tensor
+    searched the graph for its first reader and each node was inserted on its own: 2.6-3.4 s for 601 tensors and
+    127-142 s for 4001 (load 6-7), where this takes 0.08 s and 0.96 s."""
+    import time
+
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    nodes, x = [], "x"
+    for k in range(1000):
+        nodes += [h.make_node("Relu", [x], [f"a{k}"]), h.make_node("Add", [f"a{k}", x], [f"y{k}"])]
+        x = f"y{k}"
+    m = onnx.shape_inference.infer_shapes(h.make_model(h.make_graph(
+        nodes, "chain", [h.make_tensor_value_info("x", T.FLOAT, [2])], [h.make_tensor_value_info(x, T.FLOAT, [2])]),
+        opset_imports=[h.make_opsetid("", 17)]))
+    tensors = ["x"] + [f"y{k}" for k in range(1000)]
+    start = time.monotonic()
+    names = calibration._add_reduce_min_max(m, tensors)
+    assert time.monotonic() - start < 5
+    assert names == [f"{t}_{op}" for t in tensors for op in ("ReduceMin", "ReduceMax")]
+    ops = [n.op_type for n in m.graph.node]
+    assert len(ops) == 2000 + 4 * 1001
+    at = {n.name: i for i, n in enumerate(m.graph.node)}
+    first = {}
+    for i, n in enumerate(m.graph.node):
+        for t in n.input:
+            first.setdefault(t, i)
+    for t in tensors[:-1]:  # the pair, then the tensor's first reader of the chain
+        assert at[f"{t}_ReduceMin"] < at[f"{t}_ReduceMin_Reshape"] < at[f"{t}_ReduceMax"] < \
+            at[f"{t}_ReduceMax_Reshape"] == at[f"{t}_ReduceMin"] + 3
+        assert m.graph.node[at[f"{t}_ReduceMax_Reshape"] + 1].op_type == "Relu"
+    assert [n.op_type for n in m.graph.node[-4:]] == ["ReduceMin", "Reshape", "ReduceMax", "Reshape"]

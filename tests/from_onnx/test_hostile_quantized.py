@@ -453,29 +453,58 @@ def test_a_reshape_copying_a_dim_past_the_input_rank_is_refused_naming_it():
                                         ("RNN/QDQ/uint8/tensor", 1 << 20)])
 def test_a_recurrent_layer_of_more_steps_than_unrolled_is_refused_naming_it(key, steps):
     """An input of 2^20 steps was unrolled step by step (tens of CVM nodes each): no answer within the fuzzer's
-    minute. Past MAX_STEPS steps over the directions: one refusal naming the layer, at once."""
-    from cvm_onnx.converters.from_onnx.quantized.recurrent import MAX_STEPS
+    minute. Past MAX_NODES CVM nodes over the directions (at the second step's count; at least one a step): one
+    refusal naming the layer and the bound, at once."""
+    from cvm_onnx.converters.from_onnx.quantized.recurrent import MAX_NODES
 
     m = onnx.load_from_string(HQ.family_seeds()[key])
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = steps
     op = key.split("/")[0]
     each = " in each direction" if op == "GRU" else ""
-    assert f"({op}): {op} over {steps} steps{each}: unrolled, at most {MAX_STEPS} steps over its directions" in \
-        refusal(m)
+    said = refusal(m)
+    assert f"({op}): {op} over {steps} steps{each}: unrolled into " in said
+    assert f"CVM nodes ({'at least one' if steps > MAX_NODES else ''}" in said
+    assert f"at most {MAX_NODES:,} a layer" in said
 
 
-@pytest.mark.parametrize("key, steps, said", [("RNN/QDQ/uint8/tensor", 4096, "RNN over 4096 steps"),
-                                              ("LSTM/QDQ/uint8/tensor", 1025, "LSTM over 1025 steps"),
-                                              ("GRU/QDQ/uint8/tensor", 513, "GRU over 513 steps in each direction")])
+@pytest.mark.parametrize("key, steps, said", [("RNN/QDQ/uint8/tensor", 4500, "RNN over 4500 steps"),
+                                              ("LSTM/QDQ/uint8/tensor", 2400, "LSTM over 2400 steps"),
+                                              ("GRU/QDQ/uint8/tensor", 1100, "GRU over 1100 steps in each direction")])
 def test_a_recurrent_layer_past_the_bound_is_refused_naming_it(key, steps, said):
-    """The fuzzer's hang: the RNN seed with an INT32 input of 4096 steps (the bound then) imported in about 20 s and
-    its export's onnxruntime session took minutes to start. The import is linear in the steps (5-12 ms each: an
-    RNN of 1024 steps in 5.5 s, a bidirectional GRU of 2 x 512 in about 12 s). Past 1024 steps over the
-    directions: one refusal naming the layer and the bound (docs/import.md's LSTM row)."""
+    """The fuzzer's hang: the RNN seed with an INT32 input of 4096 steps imported in about 20 s and its export's
+    onnxruntime session took minutes to start. The import is linear in the layer's CVM nodes (a few dozen a step).
+    Past MAX_NODES of them over the directions (these seeds' layers: about 4,200 RNN steps, 2,250 LSTM, 2,100 GRU):
+    one refusal naming the layer and the bound, at its third step (docs/import.md's LSTM row)."""
+    from cvm_onnx.converters.from_onnx.quantized.recurrent import MAX_NODES
+
     m = onnx.load_from_string(HQ.family_seeds()[key])
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = steps
     m.graph.input[0].type.tensor_type.elem_type = T.INT32
-    assert f"({key.split('/')[0]}): {said}: unrolled, at most 1024 steps over its directions" in refusal(m)
+    why = refusal(m)
+    assert f"({key.split('/')[0]}): {said}: unrolled into about " in why
+    assert f"a step), at most {MAX_NODES:,} a layer" in why
+
+
+def test_the_recurrent_bound_counts_nodes_not_steps(monkeypatch):
+    """At a bound of 4,000 CVM nodes a layer, an RNN of 120 steps (about 31 nodes a step) imports and an LSTM of
+    120 steps (about 58) is refused, saying about how many nodes it would take: within 5% of what 100 of its steps
+    take unbounded."""
+    from cvm_onnx.converters.from_onnx.quantized import recurrent
+
+    def seed(op: str, steps: int) -> onnx.ModelProto:
+        m = onnx.load_from_string(HQ.family_seeds()[f"{op}/QDQ/uint8/tensor"])
+        m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = steps
+        return m
+
+    monkeypatch.setattr(recurrent, "MAX_NODES", 4000)
+    assert 120 * 25 < len(import_model(seed("RNN", 120)).graph.nodes) < 4000
+    why = refusal(seed("LSTM", 120))
+    said = int(why.split("unrolled into about ")[1].split(" CVM nodes")[0].replace(",", ""))
+    per = int(why.split(" CVM nodes (")[1].split(" a step")[0])
+    assert said == 120 * per and "at most 4,000 a layer" in why
+    monkeypatch.setattr(recurrent, "MAX_NODES", 1 << 20)
+    hundred = len(import_model(seed("LSTM", 120)).graph.nodes) - len(import_model(seed("LSTM", 20)).graph.nodes)
+    assert abs(100 * per - hundred) < 0.05 * hundred, (per, hundred)
 
 
 def test_fresh_names_are_the_first_free_and_found_in_linear_time(monkeypatch):

@@ -142,6 +142,26 @@ def test_recurrent_layers(tmp_path, op, attrs):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_recurrent_layers_fed_at_a_large_scale(tmp_path, op):
+    """Issue 35's LSTM and GRU whose input scale (786: x of N(0, 1e4) through a MatMul of 24) puts x W_hi^T past 32
+    bits on 2^-14: the parts clipped before their shifts and sum (docs/import.md, "LSTM: the integer form")."""
+    import onnx
+    from support.transformers import lstm_model
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(lstm_model("bidirectional", 0, steps=6, size=24, hidden=8, op=op), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "c.npy", (rng.normal(size=(16, 6, 1, 24)) * 1e4).astype(np.float32))
+    imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
+    xs = [imp.edges.input.quantize((rng.normal(size=(6, 1, 24)) * 1e4 * k).astype(np.float32)) for k in (1, 3)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 @pytest.mark.parametrize("kind, per_channel, weight", [("cnn", True, "uint8"), ("lstm", False, "int8")])
 def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
     """onnxruntime's dynamic int8 models as `cvm-onnx quantize` takes them (tests/from_onnx/test_quantize_dynamic.py):

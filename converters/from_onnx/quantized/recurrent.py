@@ -37,7 +37,7 @@ LOW_BITS = 7  # h = 2^7 h_hi + h_lo, w = 2^7 w_hi + w_lo
 H_ONE = H_STEPS << LOW_BITS  # h at scale 1/16256; |weights| <= 16256
 RNN_BITS = 12  # an RNN's outputs at 2^-12
 LSTM_BITS = 14  # an LSTM's gates, c and Y at 2^-14 (fewer only where |c_0| + steps passes 2^14)
-MAX_STEPS = 1024  # steps unrolled per layer, over its directions (a few dozen CVM nodes each, the import linear in them)
+MAX_NODES = 1 << 17  # CVM nodes a layer unrolls into, over its directions (the import's time and memory linear in them)
 
 
 def gate_bits(steps: int, c0: float) -> int:
@@ -117,9 +117,9 @@ def fine(ctx, v: Tensor, a: int) -> Tensor:
     """v at scale 2^a 2^-14 in steps of 2^-14: v 2^a, or round_half_up(v / 2^-a) (``cvm_right_shift``)."""
     v = as_int32(v)
     if a >= 0:
-        if tight(max(-v.lo, v.hi) << a) > 32:
+        if not on_grid(v, a):
             raise Refuse(f"a product of the recurrent layer's weights on the grid 2^-14 reaches "
-                         f"2^{(max(-v.lo, v.hi) << a).bit_length()}: beyond CVM's 32 bits")
+                         f"2^{(max(-v.lo, v.hi) << a).bit_length()}: beyond CVM's 32 bits (its label and 2^{a}'s)")
         return step(ctx, "broadcast_mul", v, c32(1 << a), v.lo << a, v.hi << a) if a else v
     if -a > 31:  # |v| < 2^31 rounds to 0
         return c32(np.zeros(v.shape, np.int64))
@@ -169,12 +169,38 @@ def projected(ctx, xs: Scaled, w: np.ndarray, bias: np.ndarray, reach: int) -> T
     hi, lo = halves16(wq)
     rows = np.full(len(w), sw, dtype=object)
     xh, xl = dense(ctx, xs, hi, rows * (1 << LOW_BITS), None), dense(ctx, xs, lo, rows, None)
-    xw = added(ctx, fine(ctx, xh.t, exponent(xh.scale.flat[0])), fine(ctx, xl.t, exponent(xl.scale.flat[0])))
+    ah, al = exponent(xh.scale.flat[0]), exponent(xl.scale.flat[0])
     units = grid_bias(bias)
+    if on_grid(xh.t, ah) and on_grid(xl.t, al):
+        xw = added(ctx, fine(ctx, xh.t, ah), fine(ctx, xl.t, al))
+    else:  # past +-(reach + |b|) the clip below gives +-reach whatever b
+        xw = saturated(ctx, xh.t, xl.t, al, (reach << (INDEX_BITS + FINE_BITS)) + int(np.abs(units).max(initial=0)))
     if units.any():
         xw = step(ctx, "broadcast_add", xw, c32(units.reshape(1, 1, -1)), xw.lo + int(units.min()),
                   xw.hi + int(units.max()))
     return clipped(ctx, xw, reach << (INDEX_BITS + FINE_BITS))
+
+
+def on_grid(v: Tensor, a: int) -> bool:
+    """Whether v 2^a (``fine``: a ``broadcast_mul`` by 2^a for a > 0) keeps CVM's label, v's precision plus
+    2^a's, within 32 bits."""
+    return a <= 0 or tight(max(-v.lo, v.hi)) + tight(1 << a) <= 32
+
+
+def saturated(ctx, hi: Tensor, lo: Tensor, a: int, top: int) -> Tensor:
+    """x W_hi^T 2^(a+7) + x W_lo^T 2^a on 2^-14 where a part passes 32 bits there (an input scale s_x large
+    against W: x W^T reaching 2^17), clipped first with a bound that keeps every value the clip to +-``reach`` makes
+    of the sum plus b (|x W^T| >= ``top`` = reach 2^14 + max|b| gives +-reach whatever b): in units 2^m, m = max(a,
+    0), lo' = x W_lo^T 2^(a-m) (rounded half up where a < 0), hi clipped to +-ceil((ceil(top / 2^m) + max|lo'|) /
+    2^(a+7-m)) (past which hi alone puts the sum past the top whatever lo'), their sum v clipped to
+    +-ceil(top / 2^m) and put on 2^-14 as v 2^m; within 32 bits while ceil(top / 2^m) 2^m and the sum do."""
+    m = max(a, 0)
+    low = fine(ctx, lo, a) if a < 0 else as_int32(lo)
+    k = a + LOW_BITS - m
+    top_m = -(-top >> m)
+    high = clipped(ctx, as_int32(hi), -(-(top_m + max(-low.lo, low.hi)) >> k))
+    v = added(ctx, fine(ctx, high, k), low)
+    return fine(ctx, clipped(ctx, v, top_m), m) if m else v
 
 
 def grid_bias(b: np.ndarray) -> np.ndarray:
@@ -406,6 +432,26 @@ def rnn_direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, 
     return ys, h
 
 
+class Steps(list):
+    """One direction's steps in order; iterating them refuses, at the third, a layer whose CVM nodes at the second
+    step's count would pass MAX_NODES over its ``total`` steps (``said``: the layer and its steps, for the
+    refusal)."""
+
+    def __init__(self, ctx, order: list[int], total: int, said: str):
+        super().__init__(order)
+        self.ctx, self.total, self.said = ctx, total, said
+
+    def __iter__(self):
+        mark = 0
+        for k, t in enumerate(super().__iter__()):
+            if k == 1:
+                mark = len(self.ctx.nodes)
+            elif k == 2 and (per := len(self.ctx.nodes) - mark) * self.total > MAX_NODES:
+                raise Refuse(f"{self.said}: unrolled into about {per * self.total:,} CVM nodes ({per} a step), at "
+                             f"most {MAX_NODES:,} a layer")
+            yield t
+
+
 def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
     """A constant float input (quantized constants dequantized exactly) as float64 of ``shape``."""
     if t is None:
@@ -427,16 +473,17 @@ def floats(t, what: str, shape: tuple[int, ...]) -> np.ndarray:
 def unrolled(node, op: str, gates: int, x, w, r, b, lens):
     """What LSTM (4 gates), GRU (3) and RNN (1) share: the per-tensor input X of shape (steps, batch, size), the
     direction, the number of directions, hidden_size, and W, R, B as floats of ONNX's shapes; a sequence_lens other
-    than the full length of every sequence, or more than MAX_STEPS steps over the directions, refused."""
+    than the full length of every sequence, or more than MAX_NODES steps over the directions (at least a node
+    each; ``Steps`` bounds the nodes), refused."""
     xs = per_tensor(scaled(x, f"the {op} input"), op)
     if len(xs.shape) != 3:
         raise Refuse(f"an {op} input of shape {xs.shape}: (sequence, batch, features) expected")
     steps, _, size = xs.shape
     way = node.attr_str("direction", "forward", choices=("forward", "reverse", "bidirectional"))
     dirs = 2 if way == "bidirectional" else 1
-    if steps * dirs > MAX_STEPS:
-        raise Refuse(f"{op} over {steps} steps{' in each direction' if dirs > 1 else ''}: unrolled, at most "
-                     f"{MAX_STEPS} steps over its directions")
+    if steps * dirs > MAX_NODES:
+        raise Refuse(f"{op} over {steps} steps{' in each direction' if dirs > 1 else ''}: unrolled into more than "
+                     f"{MAX_NODES:,} CVM nodes (at least one a step), at most {MAX_NODES:,} a layer")
     hidden = node.attr_int("hidden_size", lo=1)
     wv = floats(w, f"{op} W", (dirs, gates * hidden, size))
     rv = floats(r, f"{op} R", (dirs, gates * hidden, hidden))
@@ -446,10 +493,12 @@ def unrolled(node, op: str, gates: int, x, w, r, b, lens):
     return xs, way, dirs, hidden, wv, rv, bv
 
 
-def orders(way: str, dirs: int, steps: int) -> list[list[int]]:
-    """Each direction's order of the steps: forward, or backward for "reverse" and a bidirectional layer's second."""
-    return [list(range(steps)) if (way == "forward" or d == 0) and way != "reverse" else list(range(steps - 1, -1, -1))
-            for d in range(dirs)]
+def orders(ctx, op: str, way: str, dirs: int, steps: int) -> list[Steps]:
+    """Each direction's order of the steps (``Steps``, bounding the layer's nodes): forward, or backward for
+    "reverse" and a bidirectional layer's second."""
+    said = f"{op} over {steps} steps{' in each direction' if dirs > 1 else ''}"
+    return [Steps(ctx, list(range(steps)) if (way == "forward" or d == 0) and way != "reverse" else
+                  list(range(steps - 1, -1, -1)), steps * dirs, said) for d in range(dirs)]
 
 
 def stacked(ctx, per_direction: list, steps: int, batch: int, hidden: int):
@@ -489,7 +538,7 @@ def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     cv = floats(c0, "LSTM initial_c", (dirs, batch, hidden))
     g = lstm_bits(steps, float(np.abs(cv).max(initial=0)))
     outs = []
-    for d, order in enumerate(orders(way, dirs, steps)):
+    for d, order in enumerate(orders(ctx, "LSTM", way, dirs, steps)):
         ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g, pv[d] if pv[d].any() else None)
         outs.append((ys if order[0] == 0 else ys[::-1], h, c))
     one = Fraction(1, 1 << g)
@@ -514,7 +563,7 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     g = min(gate_bits(steps, 0.0), 10)  # r (h R_h^T + R_bh) on 2^-10: labels (G + 2) + 11 + bits(reach) within 32
     before = bool(node.attr_int("linear_before_reset", 0))
     outs = []
-    for d, order in enumerate(orders(way, dirs, steps)):
+    for d, order in enumerate(orders(ctx, "GRU", way, dirs, steps)):
         ys, h = gru_direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], order, g, before)
         outs.append((ys if order[0] == 0 else ys[::-1], h))
     z = np.zeros((), np.int64)
@@ -539,7 +588,7 @@ def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     steps, batch, _ = xs.shape
     hv = floats(h0, "RNN initial_h", (dirs, batch, hidden))
     outs = []
-    for d, order in enumerate(orders(way, dirs, steps)):
+    for d, order in enumerate(orders(ctx, "RNN", way, dirs, steps)):
         ys, h = rnn_direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], order, acts[d] == "Sigmoid")
         outs.append((ys if order[0] == 0 else ys[::-1], h))
     z = np.zeros((), np.int64)
