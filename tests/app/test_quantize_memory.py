@@ -11,7 +11,8 @@ import pytest
 from support.quantized import float_model
 from support.transformers import encoder
 
-from cvm_onnx.app.quantize import _tensors, compare, fold_constants, outputs, quantize, samples_of
+from cvm_onnx.app.control_flow import fold_constants
+from cvm_onnx.app.quantize import _tensors, compare, outputs, quantize, samples_of
 from cvm_onnx.app.rewrites import shapes_only
 
 

@@ -491,7 +491,7 @@ def test_a_mask_of_float32s_min_keeps_the_scores_on_their_own_grid(tmp_path, mon
     scores keep their own grid; within 1.1x onnxruntime's quantized model's distance from float and at most a
     quarter of the distance quantize_static's masked scores at the grid of -3.4e38 give (every score 0 there,
     attention uniform over the kept tokens; 9.73 against 0.57 mean steps when written). Regression: that grid."""
-    import cvm_onnx.app.quantize as q
+    import cvm_onnx.app.kept_float as q
 
     onnx.save(bert_like(low=float(np.finfo(np.float32).min)), tmp_path / "b.onnx")
     samples = bert_samples()
@@ -517,7 +517,7 @@ def test_hf_additive_masks_keep_the_scores_on_their_own_grid(tmp_path, monkeypat
     masks with -1s (2c: -inf for float32's min) onnxruntime's quantized model's output within one step. Regression:
     the term quantized, at the grid of c (over 4x the distance: 9.73 against 0.57 mean steps when written), its
     Where form refused."""
-    import cvm_onnx.app.quantize as q
+    import cvm_onnx.app.kept_float as q
 
     onnx.save(bert_like(low=low, hf=hf), tmp_path / "b.onnx")
     samples = bert_samples()

@@ -16,7 +16,8 @@ from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 
 from cvm_onnx.app.cli import main
-from cvm_onnx.app.quantize import fold_constant_ifs, fold_constants, folded_inputs, quantize
+from cvm_onnx.app.control_flow import fold_constant_ifs, fold_constants
+from cvm_onnx.app.quantize import folded_inputs, quantize
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify

@@ -25,7 +25,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
 
-from cvm_onnx.app.quantize import layernorms, quantize
+from cvm_onnx.app.fusions import layernorms
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.app.rewrites import (einsums_as_matmuls, fused_convs_unfused, fused_matmuls_unfused, grouped_matmuls,
                                    scatters_as_gathers, sequences_as_splits)
 from cvm_onnx.core.format.onnx_file import onnx_model

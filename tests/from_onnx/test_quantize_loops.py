@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper as h
 
-from cvm_onnx.app.quantize import MAX_UNROLLED, MAX_UNROLLED_NODES, fixed, fold_constant_ifs, quantize
+from cvm_onnx.app.control_flow import MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
+from cvm_onnx.app.quantize import fixed, quantize
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify

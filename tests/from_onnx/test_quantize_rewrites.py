@@ -17,7 +17,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from cvm_onnx.app.rewrites import einsums_as_matmuls, gemm_beta_folded, unshared_biases
-from cvm_onnx.app.quantize import masked_softmaxes, quantize
+from cvm_onnx.app.kept_float import masked_softmaxes
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 

@@ -320,7 +320,7 @@ def test_batchnorm_after_conv_transpose_is_folded_exactly(group, add, bias, list
     (dyadic values, var + epsilon = 4), so the folded model gives the same floats, bit for bit. ``listed``: the
     initializers are graph inputs too (IR 3, as PyTorch 1.2 wrote CenterFace): the folded parameters' inputs go
     with them, so that the model still runs on its data alone."""
-    from cvm_onnx.app.quantize import fold_batchnorm
+    from cvm_onnx.app.fusions import fold_batchnorm
 
     rng = np.random.default_rng(group)
     c_in, c = 4, 6
@@ -607,7 +607,7 @@ def test_a_written_out_layernorm_becomes_one_node_and_imports_whole(tmp_path):
     fused into one LayerNormalization at opset 17 with its epsilon, gamma and beta, quantized as one op by
     quantize_static, and imported whole by the integer rule; the export is exact. Where x - mean is read outside
     the pattern, nothing is fused."""
-    from cvm_onnx.app.quantize import fuse_layernorm, layernorms
+    from cvm_onnx.app.fusions import fuse_layernorm, layernorms
 
     assert len(layernorms(written_out_layernorm().graph)) == 1
     assert layernorms(written_out_layernorm(shared_d=True).graph) == []

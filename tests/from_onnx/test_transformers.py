@@ -25,7 +25,8 @@ from support.quantized import qdq
 from support.transformers import encoder, lstm_model
 from test_quantized_rules import check_layernorm
 
-from cvm_onnx.app.quantize import fuse_gelu, gelus, layernorms, quantize
+from cvm_onnx.app.fusions import fuse_gelu, gelus, layernorms
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 
 from cvm_onnx.converters.from_onnx.context import Importer, Tensor

@@ -1,0 +1,181 @@
+"""The nodes quantize_static must leave float (its ``nodes_to_exclude``), so that the importer's exact rules see
+them whole: an attention mask's term with its Add and Softmax (the scores keep their own grid), and a written-out L2
+normalization; each given its own copies of the constants it reads, which quantize_static would otherwise quantize
+for another reader."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from cvm_onnx.core.format.onnx_file import dims as onnx_dims
+
+
+#: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
+#: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
+MASK_LOW = -10000.0
+
+
+def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes of each Softmax(x + m) where m is an attention mask's term: computed from one integer tensor by
+    elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, either
+    read by every layer's Add and by nothing else), and 0 at one of the integers 0 and 1 and at most ``MASK_LOW``
+    (-inf too) at the other. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
+    (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
+    takes them (docs/import.md, "Masked Softmax")."""
+    from onnx import numpy_helper
+
+    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, mask_terms, table_op
+
+    graph = model.graph
+    terms = mask_terms(graph)
+    if not terms:
+        return []
+    consts = {t.name: t for t in graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
+    producer = {o: n for n in graph.node for o in n.output}
+    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info, *graph.output]}
+    for n in graph.node:  # the types the ops fix (no shape inference: it would copy the weights)
+        if n.op_type in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor",
+                         "IsNaN", "IsInf"):
+            types.setdefault(n.output[0], onnx.TensorProto.BOOL)
+        elif n.op_type == "Cast":
+            types.setdefault(n.output[0], next((a.i for a in n.attribute if a.name == "to"), 0))
+
+    def leaf(name: str, leaves: set) -> np.ndarray | None:
+        """The integers 0 and 1 of the term's one varying tensor ``name``, of its type (None: not integers)."""
+        kind = onnx.helper.tensor_dtype_to_np_dtype(types[name]) if types.get(name) else None
+        leaves.add(name)
+        return None if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1 else \
+            np.array([0, 1]).astype(kind)
+
+    def values(name: str, seen: dict, leaves: set) -> np.ndarray | None:
+        """The term's values at the integers 0 and 1 of its one varying integer tensor (None: no such term);
+        ``seen`` the values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from
+        floats (a comparison of scores)."""
+        if name in seen:
+            return seen[name]
+        n = producer.get(name) if name in terms else None
+        if n is None:
+            if name in consts:
+                v = numpy_helper.to_array(consts[name])
+                return v.reshape(-1)[0] if np.unique(v).size == 1 else None
+            return leaf(name, leaves)
+        inner = set(leaves)
+        args = [values(x, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+        if any(v is None for v in args):
+            return leaf(name, leaves)
+        leaves |= inner
+        try:
+            out = args[0] if n.op_type in LAYOUT_OPS else \
+                table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)
+        except Exception:  # noqa: BLE001  (any op this evaluation cannot take: no mask)
+            return None
+        seen[name] = out
+        return out
+
+    found = []
+    readers = Counter(i for n in graph.node for i in n.input)
+    for sm in graph.node:
+        add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
+        if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
+            continue
+        for term in add.input:
+            seen: dict = {}
+            v = values(term, seen, set())
+            if term not in terms or v is None or np.shape(v) != (2,) or np.asarray(v).dtype.kind != "f" or \
+                    sorted(v.tolist())[1] != 0 or not sorted(v.tolist())[0] <= MASK_LOW:
+                continue
+            found += [producer[x] for x in seen if np.asarray(seen[x]).dtype.kind == "f"]
+            found += [add, sm]
+            break
+    return list({id(n): n for n in found}.values())
+
+
+def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
+    """The names of ``masked_softmaxes``' nodes for quantize_static's nodes_to_exclude, the model in ``src`` (its
+    graph ``header``) rewritten where needed: a name given to each unnamed one, and each float constant they read
+    (a Where's 0 and c, HF's 1 and c) their own initializer (quantize_static quantizes a constant that a quantized
+    node also reads, for every reader)."""
+    from onnx import numpy_helper
+
+    nodes = masked_softmaxes(header)
+    if not nodes:
+        return []
+    graph = header.graph
+    taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
+        {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    k = 0
+
+    def fresh() -> str:
+        nonlocal k
+        while f"masked_softmax_{k}" in taken:
+            k += 1
+        taken.add(f"masked_softmax_{k}")
+        return f"masked_softmax_{k}"
+
+    inits = {t.name: t for t in graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+              and n.attribute[0].name == "value"}
+    for n in nodes:
+        if not n.name:
+            n.name = fresh()
+        for i, x in enumerate(n.input):
+            t = inits.get(x) or consts.get(x)
+            if t is not None and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                                 onnx.TensorProto.FLOAT16):
+                name = fresh()
+                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(t), name))
+                n.input[i] = name
+    onnx.save(header, os.fspath(src))
+    return [n.name for n in nodes]
+
+
+def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
+    """The names of the nodes of each written-out L2 normalization (``l2_chains``: x / max(||x||, eps), x times the
+    Reciprocal of sqrt(sum x^2 + eps), ...) for quantize_static's nodes_to_exclude, so that it quantizes none of
+    their pieces (a Clip's, Mul's or Add's grid would round the norm or the squares) and the importer takes x
+    / ||x|| on x's own grid (docs/import.md, "L2 normalization"); the model in ``src`` (its graph ``header``)
+    rewritten where needed: unnamed ones named, and each constant they read their own initializer (quantize_static
+    quantizes a constant that a quantized node also reads, for every reader: a Pow's 2 then reads a dequantized 2)."""
+    from onnx import numpy_helper
+
+    from cvm_onnx.converters.from_onnx.quantized import l2_chains
+
+    graph = header.graph
+    if not any(n.op_type in ("ReduceSum", "ReduceSumSquare", "ReduceL2") for n in graph.node):
+        return []
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer
+                 if t.data_location != onnx.TensorProto.EXTERNAL}
+    constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})
+    inferred = onnx.shape_inference.infer_shapes(header)
+    shapes = {v.name: onnx_dims(v) for v in [*inferred.graph.value_info, *inferred.graph.input,
+                                             *inferred.graph.output]}
+    opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
+    nodes = list({id(n): n for c in l2_chains(graph, opset, shapes, constants) for n in c.nodes}.values())
+    taken = {n.name for n in graph.node} | set(constants) | {o for n in graph.node for o in n.output} | \
+        {v.name for v in graph.input}
+    k = 0
+
+    def fresh() -> str:
+        nonlocal k
+        while f"l2_normalization_{k}" in taken:
+            k += 1
+        taken.add(f"l2_normalization_{k}")
+        return f"l2_normalization_{k}"
+
+    for n in nodes:
+        if not n.name:
+            n.name = fresh()
+        for i, x in enumerate(n.input):
+            if x in constants:
+                n.input[i] = fresh()
+                graph.initializer.append(numpy_helper.from_array(constants[x], n.input[i]))
+    if nodes:
+        onnx.save(header, os.fspath(src))
+    return [n.name for n in nodes]
