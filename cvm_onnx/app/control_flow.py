@@ -24,8 +24,10 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
     Identity to the If's outputs; repeated until none is left (an inlined branch's own Ifs too). ``shapes`` (the
     input's shape fixed): first the nodes that compute constants, a Shape or Size of a tensor whose shape onnx's
     shape inference states in full among them, replaced by their values, each time. The Loops and Scans they decide
-    are unrolled each time too (``unrolled_loops``, ``unrolled_scans``)."""
+    are unrolled each time too (``unrolled_loops``, ``unrolled_scans``), their copies (of Loops within unrolled Loops
+    too) adding at most MAX_UNROLLED_NODES nodes to the graph in all."""
     graph = model.graph
+    limit = len(graph.node) + MAX_UNROLLED_NODES
     folded = True
     while folded:
         folded = shapes and fold_constants(model) > 0
@@ -35,7 +37,7 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
             if (cond := _condition(model, node.input[0], inits, producer)) is not None:
                 _inline(graph, node, cond)
                 folded = True
-        folded = unrolled_loops(model) + unrolled_scans(model) > 0 or folded
+        folded = unrolled_loops(model, limit) + unrolled_scans(model, limit) > 0 or folded
 
 
 #: Ops whose outputs are drawn at random: never folded to constants.
@@ -176,11 +178,10 @@ def _inline(graph: onnx.GraphProto, node: onnx.NodeProto, cond: bool) -> None:
         graph.node.insert(at + k, n)
 
 
-#: The most iterations a Loop is unrolled to (each a copy of its body), and the most nodes the copies may hold.
+#: The most iterations a Loop is unrolled to (each a copy of its body), and the most nodes the copies may add to the
+#: graph in all: onnxruntime's QDQ quantizer then takes a time that grows with the square of the graph's nodes.
 MAX_UNROLLED = 1024
-
-
-MAX_UNROLLED_NODES = 1 << 16
+MAX_UNROLLED_NODES = 1 << 13
 
 
 def _evaluated(name: str, producer: Mapping[str, onnx.NodeProto], consts: Mapping[str, onnx.TensorProto],
@@ -380,7 +381,7 @@ def _replaced(graph: onnx.GraphProto, node: onnx.NodeProto, nodes: list[onnx.Nod
     graph.initializer.extend(inits)
 
 
-def unrolled_loops(model: onnx.ModelProto) -> int:
+def unrolled_loops(model: onnx.ModelProto, limit: int | None = None) -> int:
     """Each Loop of the main graph whose iterations the graph's constants decide (``_iterations``: its trip count
     and conditions, a tf2onnx while loop's counters, a map over a batch of fixed size) replaced by copies of its
     body, one per iteration (at most MAX_UNROLLED, and MAX_UNROLLED_NODES nodes in all; ``_copies``), in order:
@@ -388,7 +389,8 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
     previous iteration's outputs (the Loop's initial values first); the final values by Identity, each scan output
     the iterations' values stacked on a new first axis (Unsqueeze, Concat). The same float operations in the same
     order: the model computes what the Loop computed. A Loop whose iterations are not decided, past those bounds,
-    or running none with scan outputs (empty, of no known shape), stays. Returns how many were unrolled."""
+    or running none with scan outputs (empty, of no known shape), or whose copies would take the graph past ``limit``
+    nodes, stays. Returns how many were unrolled."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -403,7 +405,8 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
         count = _iterations(node, body, producer, consts, model.opset_import)
         n_carried = len(node.input) - 2
         n_scan = len(body.output) - 1 - n_carried
-        if count is None or (count == 0 and n_scan):
+        if count is None or (count == 0 and n_scan) or (limit is not None and
+                                                         len(graph.node) + count * len(body.node) > limit):
             continue
         it, ok = body.input[0].name, body.input[1].name
 
@@ -428,13 +431,14 @@ def unrolled_loops(model: onnx.ModelProto) -> int:
     return done
 
 
-def unrolled_scans(model: onnx.ModelProto) -> int:
+def unrolled_scans(model: onnx.ModelProto, limit: int | None = None) -> int:
     """Each Scan (opset 9 on) of the main graph whose scan inputs' lengths along their axes onnx's shape inference
     states (one length L, 1 to MAX_UNROLLED, and MAX_UNROLLED_NODES copied nodes in all) replaced by L copies of its
     body (``_copies``): copy t reads slice t of each scan input (Gather at t on its axis, L - 1 - t where its
     direction is 1) and the previous copy's states (the Scan's initial ones first); the final states by Identity,
     each scan output the copies' values stacked on a new axis at its scan_output_axes (Unsqueeze, Concat; in
-    reverse order where its direction is 1). The same float operations in the same order. Any other Scan stays.
+    reverse order where its direction is 1). The same float operations in the same order. Any other Scan stays, and
+    one whose copies would take the graph past ``limit`` nodes.
     Returns how many were unrolled."""
     from onnx import helper, numpy_helper
 
@@ -466,7 +470,8 @@ def unrolled_scans(model: onnx.ModelProto) -> int:
             dims = shapes.get(x)
             lengths.add(dims[axis] if dims and -len(dims) <= axis < len(dims) else None)
         if len(lengths) != 1 or (length := lengths.pop()) is None or not 1 <= length <= MAX_UNROLLED or \
-                length * len(body.node) > MAX_UNROLLED_NODES:
+                length * len(body.node) > MAX_UNROLLED_NODES or \
+                (limit is not None and len(graph.node) + length * len(body.node) > limit):
             continue
         base = f"{node.name or node.output[0]}/"
 

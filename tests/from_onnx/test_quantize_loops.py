@@ -230,3 +230,28 @@ def test_a_scan_not_unrolled_is_refused_in_one_line_naming_it(tmp_path, case):
         quantize(tmp_path / "scan.onnx", tmp_path / "c.npy", tmp_path / "m")
     [p] = e.value.problems
     assert "Scan x1" in p.rule and "(scan)" in p.rule and f"at most {MAX_UNROLLED} steps" in p.rule, p.rule
+
+
+def test_loops_in_unrolled_loops_share_one_bound_of_copied_nodes(tmp_path):
+    """The copies of every Loop, those within unrolled Loops too, add at most MAX_UNROLLED_NODES nodes in all: a Loop
+    of 100 iterations whose body holds a Loop of 100 (each within the bounds alone, 20,000 copied nodes together;
+    onnxruntime's quantizer took minutes on 16,000) stops unrolling there, and quantize refuses the Loops left in
+    one line naming them."""
+    from support.hostile_quantized import _nested_loops
+
+    m = _nested_loops(np.random.default_rng(0))
+    for t in m.graph.initializer:
+        if t.name in ("M", "N"):
+            t.CopyFrom(onnx.numpy_helper.from_array(np.array(100, np.int64), t.name))
+    before = len(m.graph.node)
+    unrolled = onnx.ModelProto()
+    unrolled.CopyFrom(m)
+    fold_constant_ifs(unrolled, shapes=True)
+    assert before < len(unrolled.graph.node) <= before + MAX_UNROLLED_NODES
+    assert any(n.op_type == "Loop" for n in unrolled.graph.node)
+    onnx.save(m, tmp_path / "nested.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(2, 1, 4)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "nested.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [p] = e.value.problems
+    assert "Loop" in p.rule and f"{MAX_UNROLLED_NODES} nodes" in p.rule, p.rule
