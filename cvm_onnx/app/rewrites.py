@@ -79,6 +79,27 @@ def _transposed(x: str, perm: list[int], name: str, new: list[onnx.NodeProto]) -
     return name
 
 
+def _as_matmul(node: onnx.NodeProto, k: int, xp: list[int], op: list[int], w2d: np.ndarray, nb: int,
+               y_dims: list[int]) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    """The Einsum ``node`` of a computed tensor (input 1 - ``k``) and the constant (input ``k``) as the computed
+    tensor transposed by ``xp``, reshaped to (its ``nb`` batch dims, -1), MatMul by the 2-D constant ``w2d``,
+    reshaped to (batch dims, ``y_dims``) and transposed by ``op``: the nodes, the initializers they read and the
+    constant's name."""
+    name, base = node.output[0], node.name or node.output[0]
+    added = [numpy_helper.from_array(w2d, f"{base}:matmul_w"),
+             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
+             numpy_helper.from_array(np.array([0] * nb + y_dims, np.int64), f"{base}:y_shape")]
+    new = []
+    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
+    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
+            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
+    last = f"{base}:y" if op != sorted(op) else name
+    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
+    if op != sorted(op):
+        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
+    return new, added, node.input[k]
+
+
 def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
         -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
     """The nodes and initializers replacing an Einsum of a computed tensor and a float constant (``_plan``), and
@@ -95,19 +116,7 @@ def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict)
     nb = len(xl) - (len(wl) - len(kept))
     wt = w.transpose(wp)
     kdim = math.prod(wt.shape[:len(wl) - len(kept)])
-    name, base = node.output[0], node.name or node.output[0]
-    added = [numpy_helper.from_array(np.ascontiguousarray(wt.reshape(kdim, -1)), f"{base}:matmul_w"),
-             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
-             numpy_helper.from_array(np.array([0] * nb + [w.shape[i] for i in kept], np.int64), f"{base}:y_shape")]
-    new = []
-    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
-    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
-            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
-    last = f"{base}:y" if op != sorted(op) else name
-    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
-    if op != sorted(op):
-        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
-    return new, added, node.input[k]
+    return _as_matmul(node, k, xp, op, np.ascontiguousarray(wt.reshape(kdim, -1)), nb, [w.shape[i] for i in kept])
 
 
 def _grouped_plan(x: str, w: str, out: str) -> tuple[list[int], list[int], list[int], int, int] | None:
@@ -152,20 +161,8 @@ def _grouped(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
     blocks = wt.reshape(groups, kdim, ndim)
     full = np.zeros((groups, kdim, groups, ndim), w.dtype)
     full[np.arange(groups), :, np.arange(groups), :] = blocks
-    name, base = node.output[0], node.name or node.output[0]
-    added = [numpy_helper.from_array(full.reshape(groups * kdim, groups * ndim), f"{base}:matmul_w"),
-             numpy_helper.from_array(np.array([0] * nb + [-1], np.int64), f"{base}:x_shape"),
-             numpy_helper.from_array(np.array([0] * nb + list(wt.shape[:ng]) + list(wt.shape[ng + ns:]), np.int64),
-                                     f"{base}:y_shape")]
-    new = []
-    x = _transposed(node.input[1 - k], xp, f"{base}:x_t", new)
-    new += [helper.make_node("Reshape", [x, added[1].name], [f"{base}:x_2d"], name=f"{base}:x_2d"),
-            helper.make_node("MatMul", [f"{base}:x_2d", added[0].name], [f"{base}:mm"], name=f"{base}:MatMul")]
-    last = f"{base}:y" if op != sorted(op) else name
-    new.append(helper.make_node("Reshape", [f"{base}:mm", added[2].name], [last], name=f"{base}:y"))
-    if op != sorted(op):
-        new.append(helper.make_node("Transpose", [last], [name], perm=op, name=f"{base}:y_t"))
-    return new, added, node.input[k]
+    return _as_matmul(node, k, xp, op, full.reshape(groups * kdim, groups * ndim), nb,
+                      list(wt.shape[:ng]) + list(wt.shape[ng + ns:]))
 
 
 def _batched(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) -> list[onnx.NodeProto] | None:

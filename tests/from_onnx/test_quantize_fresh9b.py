@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -24,6 +23,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
+from test_quantize_rewrites import einsum_model, run
 
 from cvm_onnx.app.fusions import layernorms
 from cvm_onnx.app.quantize import quantize
@@ -31,18 +31,6 @@ from cvm_onnx.app.rewrites import (einsums_as_matmuls, fused_convs_unfused, fuse
                                    scatters_as_gathers, sequences_as_splits)
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
-
-
-def einsum_model(equation: str, xshape, w: np.ndarray, const_first: bool) -> onnx.ModelProto:
-    ins = ["w", "x"] if const_first else ["x", "w"]
-    g = h.make_graph([h.make_node("Einsum", ins, ["y"], equation=equation)], "m",
-                     [h.make_tensor_value_info("x", T.FLOAT, list(xshape))],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(w, "w")])
-    return onnx_model(g, 13)
-
-
-def run(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
 @st.composite
