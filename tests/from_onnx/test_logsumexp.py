@@ -18,6 +18,7 @@ from onnx import numpy_helper as nh
 from support.quantized import qdq
 
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.verify import verify
 
@@ -180,3 +181,15 @@ def test_quantize_static_leaves_it_float_and_it_imports(tmp_path, fmt):
         [want] = session.run(None, {"x": xi})
         steps = np.abs(got.reshape(want.shape) * float(e_out.scale) - want) / float(e_out.scale)
         assert (steps <= p.error * s_t / float(e_out.scale) + 0.5 + 1e-3).all(), steps.max()
+
+
+def test_lse_of_a_sum_of_two_scales_is_refused_naming_the_node():
+    """An input that is no one dequantized value (a sum at two scales) is refused in one line naming the node."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(0), "s2": np.float32(0.03), "so": np.float32(0.1),
+             "zo": np.uint8(0)}
+    nodes = [h_node("DequantizeLinear", ["x", "s", "zx"], ["a"]), h_node("DequantizeLinear", ["x", "s2", "zx"], ["b"]),
+             h_node("Add", ["a", "b"], ["xf"]), h_node("ReduceLogSumExp", ["xf"], ["l"], axes=[1], name="lse"),
+             h_node("QuantizeLinear", ["l", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"lse \(ReduceLogSumExp\).*the ReduceLogSumExp input \(a sum\) must be "
+                                       r"quantized"):
+        import_model(qdq(nodes, (2, 5), T.INT8, inits, T.UINT8, opset=13), input_precision=9)
