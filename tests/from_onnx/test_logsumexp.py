@@ -193,3 +193,15 @@ def test_lse_of_a_sum_of_two_scales_is_refused_naming_the_node():
     with pytest.raises(CVMError, match=r"lse \(ReduceLogSumExp\).*the ReduceLogSumExp input \(a sum\) must be "
                                        r"quantized"):
         import_model(qdq(nodes, (2, 5), T.INT8, inits, T.UINT8, opset=13), input_precision=9)
+
+
+def test_lse_over_too_many_values_is_refused_at_its_node():
+    """Over 40000 values (F = 14) E's roundings alone could move the sum by more than half of it: refused in one line
+    naming the ReduceLogSumExp (not the QuantizeLinear after it, as before the count was checked at the rule)."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(0), "so": np.float32(0.1), "zo": np.uint8(0)}
+    nodes = [h_node("DequantizeLinear", ["x", "s", "zx"], ["a"]),
+             h_node("ReduceLogSumExp", ["a"], ["l"], axes=[1], name="lse"),
+             h_node("QuantizeLinear", ["l", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"lse \(ReduceLogSumExp\).*a ReduceLogSumExp over 40000 values has no integer "
+                                       r"form"):
+        import_model(qdq(nodes, (1, 40000), T.INT8, inits, T.UINT8, opset=13), input_precision=9)

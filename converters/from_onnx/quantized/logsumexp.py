@@ -95,7 +95,7 @@ class LogSumExped(Deferred):
 @float_rule("ReduceLogSumExp", since=1)
 def reduce_log_sum_exp_rule(ctx, node, x, axes_t=None):
     """ReduceLogSumExp: an integer form made by the QuantizeLinear that follows (``LogSumExped``); with empty axes
-    and noop_with_empty_axes, x itself."""
+    and noop_with_empty_axes, x itself; over so many values that no plan exists, refused here."""
     x = per_tensor(scaled(x, "the ReduceLogSumExp input"), "ReduceLogSumExp")
     rank = len(x.shape)
     axes = axes_of(node, axes_t, 18)
@@ -104,4 +104,9 @@ def reduce_log_sum_exp_rule(ctx, node, x, axes_t=None):
     axes = sorted(set(normal(axes or list(range(rank)), rank)))
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if node.attr_int("keepdims", 1) else \
         tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    return LogSumExped(x, axes, shape)
+    y = LogSumExped(x, axes, shape)
+    try:  # the count alone (n >= 32768) leaves no plan, whatever the output's grid
+        logsoftmax_plan(y.n, Fraction(1), 1)
+    except NoPlan as e:
+        raise Refuse(str(e).replace("LogSoftmax", "ReduceLogSumExp")) from None
+    return y
