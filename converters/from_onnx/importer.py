@@ -65,8 +65,8 @@ class Unit:
     name: str
     nodes: list[onnx.NodeProto]
     group: str | None = None
-    chain: quantized.SoftmaxChain | quantized.L2Chain | quantized.NormChain | None = None  # the Div or Mul ending a written-out softmax
-    # or L2 normalization, imported as one
+    # the Div or Mul ending a written-out softmax or L2 normalization, or an L2 norm's root, imported as one
+    chain: quantized.SoftmaxChain | quantized.L2Chain | quantized.NormChain | None = None
 
     @property
     def where(self) -> str:

@@ -141,8 +141,9 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     their pieces (a Clip's, Mul's or Add's grid would round the norm or the squares) and the importer takes x
     / ||x|| on x's own grid (docs/import.md, "L2 normalization"), and of each L2 norm computed as a value
     (``norm_chains``: ReduceL2, Sqrt of ReduceSum of squares, ...; "The L2 norm as a value"); the model in ``src``
-    (its graph ``header``) rewritten where needed: unnamed ones named, and each constant they read their own initializer (quantize_static
-    quantizes a constant that a quantized node also reads, for every reader: a Pow's 2 then reads a dequantized 2)."""
+    (its graph ``header``) rewritten where needed: unnamed ones named, and each constant they read their own
+    initializer (quantize_static quantizes a constant that a quantized node also reads, for every reader: a Pow's 2
+    then reads a dequantized 2)."""
     from onnx import numpy_helper
 
     from cvm_onnx.converters.from_onnx.quantized import l2_chains, norm_chains

@@ -18,6 +18,7 @@ from test_quantized_rules import imported, ort_session
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized import l2norm
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
 
@@ -138,8 +139,26 @@ def test_wide_rows():
         check("sumsquare", (10, 300), [1], 0, T.INT8, 0.02, 0, out, x)
 
 
-def test_refusals_name_the_node():
-    """A per-channel output scale: one line naming the node and the rule."""
+def test_refusals_name_the_node(monkeypatch):
+    """A per-channel output scale; a bucket of a wide S holding more output thresholds than ``MAX_INNER`` (made 1
+    here: an int16 output's steps over 300 int8 values put 8 in one bucket); a function of S past 2^22 values, or
+    past 2^16 and not monotone (sin^2): one line naming the node and the rule."""
+    x = np.full((1, 300), 127)
+    monkeypatch.setattr(l2norm, "MAX_INNER", 1)
+    with pytest.raises(CVMError, match=r"n_norm \(L2 norm\): its output takes 8 steps within one bucket of its sum "
+                                       r"of squares \(at most 1\)"):
+        check("sumsquare", (1, 300), [1], 0, T.INT8, 0.02, 0, (0.001, 0, T.INT16), x)
+    monkeypatch.undo()
+    m = compressed_qdq((2, 300), 0.03, 128, 1e-5, 0.3, (0.05, 0, T.UINT8))
+    with pytest.raises(CVMError, match=r"n_norm \(Pow\(Clip\(L2 norm\)\)\): a function of an L2 norm whose sum "
+                                       r"of squares takes 4915201 values \(at most 2\^22\)"):
+        import_model(m, input_precision=9)
+    m = compressed_qdq((2, 2), 0.03, 0, 1e-5, 2.0, (0.05, 0, T.UINT8))
+    clip = next(n for n in m.graph.node if n.op_type == "Clip")
+    clip.op_type, clip.input[1:] = "Sin", []
+    with pytest.raises(CVMError, match=r"n_norm \(Pow\(Sin\(L2 norm\)\)\) over a sum of squares of 130051 values "
+                                       r"\(a table holds at most 2\^16\) is not monotone in it"):
+        import_model(m, input_precision=9)
     m = norm_qdq("reducel2", (2, 4), [1], 0, T.INT8, 0.5, 0, (0.01, 0, T.UINT8))
     m.graph.initializer.append(nh.from_array(np.full(2, 0.01, np.float32), "so2"))
     q = m.graph.node[-1]
@@ -150,17 +169,27 @@ def test_refusals_name_the_node():
         import_model(m, input_precision=9)
 
 
-@pytest.mark.parametrize("power, out", [(-0.7, (0.05, 0, T.UINT8)), (0.3, (0.01, -128, T.INT8))])
-def test_a_function_of_the_norm(power, out):
-    """Clip(min eps) and Pow after the norm (refused before: "the Clip input (L2 norm) must be quantized first"): a
-    table over S of round(max(s sqrt(S), eps)^power / s_y) + z_y (float64, half to even, saturated), the same
-    integers as onnxruntime's model but for float32 rounding at a tie."""
-    shape, s, zx, eps = (4, 50, 2), 0.03, 128, 1e-5
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from([-0.7, 0.3, 0.5, 2.0, -1.0]) | st.floats(-2.0, 2.0), st.sampled_from([1e-5, 1e-12, 0.1]),
+       st.floats(1e-3, 0.5), st.sampled_from([0, 128, 255]) | st.integers(0, 255),
+       st.sampled_from([(0.05, 0, T.UINT8), (0.01, -128, T.INT8)]) |
+       st.tuples(st.floats(1e-3, 1.0), st.integers(-128, 127), st.just(T.INT8)), st.integers(0, 2**16))
+@example(-0.7, 1e-5, 0.03, 128, (0.05, 0, T.UINT8), 5)
+@example(0.3, 1e-5, 0.03, 128, (0.01, -128, T.INT8), 5)
+@example(-0.7, 1e-5, 0.03, 0, (0.05, 0, T.UINT8), 5)  # S up to 130050: monotone steps at its level and bucket
+@example(0.5, 1e-5, 0.5, 255, (0.01, -128, T.INT8), 6)
+def test_a_function_of_the_norm(power, eps, s, zx, out, seed):
+    """Clip(min eps) and Pow after the norm (refused before: "the Clip input (L2 norm) must be quantized first"):
+    round(max(s sqrt(S), eps)^power / s_y) + z_y (float64, half to even, saturated) for every S, a table over S or
+    (S past 2^16 values, an uncentred uint8 pair) its monotone steps at S's level and bucket; the same integers as
+    onnxruntime's model but for float32 rounding at a tie; a zero pair (S = 0) and extremes included."""
+    shape = (4, 50, 2)
     m = compressed_qdq(shape, s, zx, eps, power, out)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     x = rng.integers(0, 256, shape)
     x[0, :3] = zx
     x[1, 0] = 255, 255
+    x[1, 1] = 0, 0
     _, got = imported(m, x)
     total = ((x - zx) ** 2).sum(axis=2, keepdims=True)
     lo, hi = RANGE[out[2]]

@@ -396,6 +396,17 @@ def l2_value(chain: L2Chain, x) -> L2Normalized:
 # -- the norm as a value ------------------------------------------------------------------------------------------
 #: The most output thresholds one bucket of a sum of squares past a table's 2^16 entries may hold.
 MAX_INNER = 16
+#: The most values of S a float function after the norm is evaluated on (float64: 32 MiB).
+MAX_IMAGE = 1 << 22
+
+
+def rounded_root(c: Fraction, v: int) -> int:
+    """round(c sqrt(v)), half to even, exactly: k = floor(c sqrt(v)) = isqrt(floor(p^2 v / q^2)) (c = p / q), then
+    4 p^2 v against (2k + 1)^2 q^2."""
+    p, q = c.numerator, c.denominator
+    k = math.isqrt(p * p * v // (q * q))
+    d = 4 * p * p * v - (2 * k + 1) ** 2 * q * q
+    return k + 1 if d > 0 or (d == 0 and k % 2) else k
 
 
 def norm_thresholds(c: Fraction, top: int) -> list[int]:
@@ -450,12 +461,12 @@ class Norm(Deferred):
         return replace(self, fn=fn if f is None else lambda v: fn(f(v)), what=f"{what}({self.what})")
 
     def image(self) -> np.ndarray:
-        """fn(s sqrt(S)) for S = 0 .. n P^2 (float64), refused where S takes more than 2^16 values or fn is
+        """fn(s sqrt(S)) for S = 0 .. n P^2 (float64), refused where S takes more than ``MAX_IMAGE`` values or fn is
         undefined (NaN) on one of them."""
         v_max = self.view[1] * self.peak() ** 2
-        if v_max >= MAX_TABLE:
+        if v_max >= MAX_IMAGE:
             raise Refuse(f"{self.node} ({self.what}): a function of an L2 norm whose sum of squares takes {v_max + 1} "
-                         "values (a table holds at most 2^16) has no CVM form: quantize the norm first")
+                         "values (at most 2^22) has no CVM form here: quantize the norm first")
         with np.errstate(all="ignore"):
             out = np.asarray(self.fn(np.sqrt(np.arange(v_max + 1, dtype=np.float64))
                                      * float(self.x.scale.reshape(()).item())), np.float64)
@@ -472,10 +483,11 @@ class Norm(Deferred):
         return 0.0, float(self.x.scale.reshape(()).item()) * math.sqrt(self.view[1]) * self.peak()
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
-        """S = sum u^2 (``squares_fit``), then the output k - z_y = the number of ``norm_thresholds`` <= S: a
-        cvm_lut table over S where S <= n P^2 < 2^16, else ``norm_tables`` at S's level and bucket; + z_y,
-        clipped. With a function after the norm, a table over S of round(fn(s sqrt(S)) / s_y) (``image``, float64,
-        half to even: as a float function's table over its input's integers)."""
+        """S = sum u^2 (``squares_fit``), then the output k - z_y = round(c sqrt(S)), c = s / s_y: a cvm_lut table
+        over S (``rounded_root``) where S <= n P^2 < 2^16, else the number of ``norm_thresholds`` <= S at S's level
+        and bucket (``norm_tables``); + z_y, clipped. With a function after the norm, a table over S of
+        round(fn(s sqrt(S)) / s_y) (``image``, float64, half to even: as a float function's table over its input's
+        integers), ``function_of``."""
         if scale.size != 1:
             raise Refuse(f"{self.node} (L2 norm) with a per-channel output scale has no CVM form")
         lo, hi = INT_RANGES[dtype]
@@ -484,9 +496,8 @@ class Norm(Deferred):
         if not squares_fit(n, peak):
             raise Refuse(f"{self.node} (L2 norm) over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
         c = self.x.scale.reshape(()).item() / scale.reshape(()).item()
-        top = 0 if self.fn is not None else max(hi - out_zero, 0)
+        top = max(hi - out_zero, 0)
         k_max = min(top, math.floor(c * (math.isqrt(v_max) + 1)) + 1)  # round(c sqrt(S)) <= c sqrt(v_max) + 1/2
-        marks = [m for m in norm_thresholds(c, k_max) if m <= v_max]
         op = partial(proven, ctx)
         t, z = as_int32(self.x.t), int(self.x.zero.reshape(()))
         rows, col = self.view, (outer, 1, inner)
@@ -501,15 +512,33 @@ class Norm(Deferred):
         if self.fn is not None:
             values = np.clip(np.rint(self.image() / float(scale.reshape(()).item())), lo - out_zero,
                              hi - out_zero).astype(np.int64)
-            e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=v_max + 1)
-            r = ctx.result(e, INT32, int(values.min()), int(values.max()), col)
+            r = self.function_of(ctx, total, values)
         elif v_max < MAX_TABLE:
-            values = np.searchsorted(np.array(marks, np.int64), np.arange(v_max + 1), side="right")
+            values = np.array([min(rounded_root(c, v), top) for v in range(v_max + 1)], np.int64)
             e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=v_max + 1)
             r = ctx.result(e, INT32, int(values.min()), int(values.max()), col)
         else:
-            r = self.bucketed(ctx, total, marks, v_max)
+            r = self.bucketed(ctx, total, [m for m in norm_thresholds(c, k_max) if m <= v_max], v_max)
         return saturate(ctx, ctx.reshape(r, self.shape), out_zero, lo, hi, dtype, self.shape)
+
+    def function_of(self, ctx, total: Tensor, values: np.ndarray) -> Tensor:
+        """values[S] (less z_y): a cvm_lut table over S where it has at most 2^16 entries; else, where values is
+        monotone in S, values[0] plus or minus the number of its unit steps at or below S (``bucketed``)."""
+        col = (self.view[0], 1, self.view[2])
+        if values.size <= MAX_TABLE:
+            e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=values.size)
+            return ctx.result(e, INT32, int(values.min()), int(values.max()), col)
+        steps = np.diff(values)
+        sign = 1 if (steps >= 0).all() else -1 if (steps <= 0).all() else 0
+        if not sign:
+            raise Refuse(f"{self.node} ({self.what}) over a sum of squares of {values.size} values (a table holds at "
+                         "most 2^16) is not monotone in it: quantize the norm first")
+        marks = np.repeat(np.arange(1, values.size), np.abs(steps)).tolist()
+        count = self.bucketed(ctx, total, marks, values.size - 1)
+        first = int(values[0])
+        if sign < 0:
+            count = proven(ctx, "broadcast_mul", count, c32(-1), -count.hi, 0, col)
+        return proven(ctx, "broadcast_add", count, c32(first), first + count.lo, first + count.hi, col)
 
     def bucketed(self, ctx, total: Tensor, marks: list[int], v_max: int) -> Tensor:
         """k(S) = base[index] + #{d: S > inner[d][index]} (``norm_tables``), index = m * 3 2^(T-2) + b from S's
@@ -520,7 +549,7 @@ class Norm(Deferred):
         t_bits, levels = table_shape(v_max, 0)
         base, inner_t = norm_tables(marks, v_max, t_bits, levels)
         if len(inner_t) > MAX_INNER:
-            raise Refuse(f"{self.node} (L2 norm): its output takes {len(inner_t)} steps within one bucket of its sum "
+            raise Refuse(f"{self.node} ({self.what}): its output takes {len(inner_t)} steps within one bucket of its sum "
                          f"of squares (at most {MAX_INNER}): quantize it at a coarser scale")
         size, step = 1 << t_bits, 3 << (t_bits - 2)
         thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
