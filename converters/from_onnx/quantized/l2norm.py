@@ -6,6 +6,9 @@ ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps b
 With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / sqrt(max(sum x^2 + a, b))
 = u / sqrt(max(S + G, E)), G = a / s^2, E = b / s^2: LayerNormalization's table form (``norm.best_plan``) with
 D = u, V = S (|D| <= sqrt(V), as |D| <= sqrt((n - 1) V) there with n = 2), gamma = 1 / s_out and beta = 0.
+
+The norm itself as a value (``norm_chains``, ``Norm``; docs/import.md, "The L2 norm as a value"): s sqrt(S)
+requantized exactly, round(s sqrt(S) / s_y), from the exact integer S; a float function after it, over S.
 """
 from __future__ import annotations
 
