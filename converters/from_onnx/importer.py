@@ -65,8 +65,8 @@ class Unit:
     name: str
     nodes: list[onnx.NodeProto]
     group: str | None = None
-    chain: quantized.SoftmaxChain | quantized.L2Chain | None = None  # the Div or Mul ending a written-out softmax
-    # or L2 normalization, imported as one
+    # the Div or Mul ending a written-out softmax or L2 normalization, or an L2 norm's root, imported as one
+    chain: quantized.SoftmaxChain | quantized.L2Chain | quantized.NormChain | None = None
 
     @property
     def where(self) -> str:
@@ -182,7 +182,8 @@ class _Walk:
                 units.append(Unit(g, groups[g], g))
         return units
 
-    def softmaxes(self) -> tuple[dict[int, quantized.SoftmaxChain | quantized.L2Chain], set[int]]:
+    def softmaxes(self) -> tuple[dict[int, quantized.SoftmaxChain | quantized.L2Chain | quantized.NormChain],
+                                 set[int]]:
         """The written-out softmaxes and L2 normalizations (``quantized.softmax_chains``, ``quantized.l2_chains``)
         by the id of their last node, and the indices of the nodes that the graph's outputs need only through them
         (and of the nodes reading those)."""
@@ -196,7 +197,8 @@ class _Walk:
                           and a.name == "value"})
         shapes = {k: s for k, (_, s) in self.inferred.items()}
         chains = quantized.softmax_chains(self.graph, self.opsets.get("", 0), shapes, constants) + \
-            quantized.l2_chains(self.graph, self.opsets.get("", 0), shapes, constants)
+            quantized.l2_chains(self.graph, self.opsets.get("", 0), shapes, constants) + \
+            quantized.norm_chains(self.graph, self.opsets.get("", 0), shapes, constants)
         if not chains:
             return {}, set()
         rewired = {id(c.node): [c.x] for c in chains}
@@ -229,6 +231,8 @@ class _Walk:
             if op not in REGISTRY:
                 self.problem(u.where, f"flat-form marker cvm.op={op!r} names no CVM op")
                 return False
+            return True
+        if u.chain is not None:  # a written-out form's rule (ReduceL2's norm has no rule of its own)
             return True
         n = u.nodes[0]
         domain = _domain(n.domain)
@@ -350,7 +354,8 @@ class _Walk:
             if u.group is not None:
                 outs = roundtrip.import_group(self.ctx, u.name, u.nodes, self.tensors, self.shapes)
             elif u.chain is not None:
-                value = quantized.l2_value if isinstance(u.chain, quantized.L2Chain) else quantized.softmax_value
+                value = quantized.l2_value if isinstance(u.chain, quantized.L2Chain) else \
+                    quantized.norm_value if isinstance(u.chain, quantized.NormChain) else quantized.softmax_value
                 outs = {u.nodes[0].output[0]: value(u.chain, self.tensors[u.chain.x])}
             else:
                 n = u.nodes[0]

@@ -139,12 +139,14 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     """The names of the nodes of each written-out L2 normalization (``l2_chains``: x / max(||x||, eps), x times the
     Reciprocal of sqrt(sum x^2 + eps), ...) for quantize_static's nodes_to_exclude, so that it quantizes none of
     their pieces (a Clip's, Mul's or Add's grid would round the norm or the squares) and the importer takes x
-    / ||x|| on x's own grid (docs/import.md, "L2 normalization"); the model in ``src`` (its graph ``header``)
-    rewritten where needed: unnamed ones named, and each constant they read their own initializer (quantize_static
-    quantizes a constant that a quantized node also reads, for every reader: a Pow's 2 then reads a dequantized 2)."""
+    / ||x|| on x's own grid (docs/import.md, "L2 normalization"), and of each L2 norm computed as a value
+    (``norm_chains``: ReduceL2, Sqrt of ReduceSum of squares, ...; "The L2 norm as a value"); the model in ``src``
+    (its graph ``header``) rewritten where needed: unnamed ones named, and each constant they read their own
+    initializer (quantize_static quantizes a constant that a quantized node also reads, for every reader: a Pow's 2
+    then reads a dequantized 2)."""
     from onnx import numpy_helper
 
-    from cvm_onnx.converters.from_onnx.quantized import l2_chains
+    from cvm_onnx.converters.from_onnx.quantized import l2_chains, norm_chains
 
     graph = header.graph
     if not any(n.op_type in ("ReduceSum", "ReduceSumSquare", "ReduceL2") for n in graph.node):
@@ -157,7 +159,8 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     shapes = {v.name: onnx_dims(v) for v in [*inferred.graph.value_info, *inferred.graph.input,
                                              *inferred.graph.output]}
     opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
-    nodes = list({id(n): n for c in l2_chains(graph, opset, shapes, constants) for n in c.nodes}.values())
+    chains = l2_chains(graph, opset, shapes, constants) + norm_chains(graph, opset, shapes, constants)
+    nodes = list({id(n): n for c in chains for n in c.nodes}.values())
     taken = {n.name for n in graph.node} | set(constants) | {o for n in graph.node for o in n.output} | \
         {v.name for v in graph.input}
     k = 0

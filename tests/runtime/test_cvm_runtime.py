@@ -1044,6 +1044,32 @@ def test_l2_normalization(tmp_path, form, out, n):
             assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
 
 
+@pytest.mark.parametrize("form, n, out", [("abs", 2, (0.03, 0, T.UINT8)), ("mul", 2, None),
+                                          ("sumsquare", 300, (0.001, 0, T.INT16)), ("compressed", 2, None),
+                                          ("uncentred", 2, None)])
+def test_l2_norm_value(tmp_path, form, n, out):
+    """Issue 35's L2 norm as a value (a complex pair's magnitude: a cvm_lut table over S; 300 int8 values: the
+    output's thresholds at S's level and bucket; FastEnhancer's Clip and Pow after it: a table over S, or at zero
+    point 0 its monotone steps at S's level and bucket): the runtime loads it and gives the reference executor's
+    integers, zero and extreme rows included."""
+    from support.l2value import compressed_qdq, norm_qdq
+
+    shape = (64, n)
+    if form in ("compressed", "uncentred"):
+        m = compressed_qdq(shape, 0.03, 128 if form == "compressed" else 0, 1e-5, -0.7, (0.05, 0, T.UINT8))
+    else:
+        m = norm_qdq(form, shape, [1], 1, T.INT8 if n > 2 else T.UINT8, 0.03, 0 if n > 2 else 128, out)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    lo, hi = (-128, 127) if n > 2 else (0, 255)
+    rng = np.random.default_rng(7)
+    xs = [rng.integers(lo, hi + 1, shape), np.full(shape, lo), np.full(shape, hi), np.full(shape, 0 if n > 2 else 128)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+
+
 @pytest.mark.parametrize("x_type, k, form", [(T.UINT8, 33000, "gemm-bias"), (T.INT8, 66000, "matmul"),
                                              (T.UINT8, 3700, "conv")])
 def test_a_product_in_runs_of_its_reduced_axis(tmp_path, x_type, k, form):

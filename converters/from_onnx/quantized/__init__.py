@@ -17,18 +17,19 @@ scales), ``parameters`` (every quantization parameter checked against its op's s
 float functions), ``moves`` (the integer rules on a dequantized value's
 integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator`` (the QLinear*
 compositions), ``edges`` (the graph's float input and outputs), ``chains`` (written-out softmaxes, found in
-the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization and the written-out forms).
+the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization and the written-out forms; the
+L2 norm as a value).
 """
 # registers the rules, in the order of the module they were split from
 from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
 from .chains import SoftmaxChain, softmax_chains, softmax_value
-from .l2norm import L2Chain, l2_chains, l2_value
+from .l2norm import L2Chain, NormChain, l2_chains, l2_value, norm_chains, norm_value
 from .edges import InputEdge, float_read, input_edge, input_precision, output_edge
 from .parameters import problem as parameter_problem
 from .masks import Tabulated, mask_terms, tabulated
 from .qdq import Requant, quantized_constant
 from .values import QUANTIZED_TYPES, Real
 
-__all__ = ["InputEdge", "L2Chain", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "Tabulated", "float_read",
-           "input_edge", "input_precision", "l2_chains", "l2_value", "mask_terms", "output_edge", "parameter_problem",
-           "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]
+__all__ = ["InputEdge", "L2Chain", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "Tabulated",
+           "float_read", "input_edge", "input_precision", "l2_chains", "l2_value", "mask_terms", "norm_chains",
+           "norm_value", "output_edge", "parameter_problem", "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]

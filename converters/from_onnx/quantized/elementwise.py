@@ -325,6 +325,8 @@ def pow_rule(ctx, node, x, y):
         raise Refuse("Pow of a dequantized value by an exponent computed at run time that is not a dequantized value "
                      "(or by a constant not finite) has no integer form")
     k = float(k.reshape(()))
+    if isinstance(x, Deferred) and hasattr(x, "then"):
+        return mapped(x, lambda v: np.power(v, k), "Pow")
     if k != round(k) or not 1 <= k <= 4 or isinstance(x, Mapped):
         return defined("Pow", mapped(x, lambda v: np.power(v, k), "Pow"))
     base = scaled(x, "the Pow base")
@@ -389,7 +391,7 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
                 out = Extreme(is_max, (out, b if c is None else c))
         return out
     lo, hi = real_bound(lo_t, "Clip min"), real_bound(hi_t, "Clip max")
-    if isinstance(x, Mapped):
+    if isinstance(x, Mapped) or isinstance(x, Deferred) and hasattr(x, "then"):
         return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
                       "Clip")
     return bounded(ctx, scaled(x, "the Clip input", clipped_ok=True), lo, hi)
@@ -748,7 +750,10 @@ def prelu_rule(ctx, node, x, slope):
 
 
 def mapped(x, fn: Callable, what: str) -> Mapped:
-    """fn of x as a table's function; a Clip deferred on x is applied first (the table is of exact values)."""
+    """fn of x as a table's function; a Clip deferred on x is applied first (the table is of exact values); of a
+    value that takes functions after it (``then``: an L2 norm), its own."""
+    if isinstance(x, Deferred) and hasattr(x, "then"):
+        return x.then(fn, what)
     if isinstance(x, Mapped):
         f = x.fn
         return Mapped(x.x, lambda v: fn(f(v)), f"{what}({x.what})")

@@ -6,13 +6,17 @@ ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps b
 With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / sqrt(max(sum x^2 + a, b))
 = u / sqrt(max(S + G, E)), G = a / s^2, E = b / s^2: LayerNormalization's table form (``norm.best_plan``) with
 D = u, V = S (|D| <= sqrt(V), as |D| <= sqrt((n - 1) V) there with n = 2), gamma = 1 / s_out and beta = 0.
+
+The norm itself as a value (``norm_chains``, ``Norm``; docs/import.md, "The L2 norm as a value"): s sqrt(S)
+requantized exactly, round(s sqrt(S) / s_y), from the exact integer S; a float function after it, over S.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import partial
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -25,7 +29,7 @@ from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan
 from .chains import FLAT, _divisor, _Graph
 from .norm import LayerNormPlan, best_plan, c32, proven, quotient, table_shape
-from .qdq import Requant, saturate
+from .qdq import MAX_TABLE, Requant, saturate
 from .values import Deferred, Scaled, per_tensor, scaled
 
 
@@ -390,3 +394,253 @@ def l2_value(chain: L2Chain, x) -> L2Normalized:
     """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
     return L2Normalized(x, chain.view, chain.add, chain.floor, not chain.floor, chain.node.name)
+
+
+# -- the norm as a value ------------------------------------------------------------------------------------------
+#: The most output thresholds one bucket of a sum of squares past a table's 2^16 entries may hold.
+MAX_INNER = 16
+#: The most values of S a float function after the norm is evaluated on (float64: 32 MiB).
+MAX_IMAGE = 1 << 22
+
+
+def rounded_root(c: Fraction, v: int) -> int:
+    """round(c sqrt(v)), half to even, exactly: k = floor(c sqrt(v)) = isqrt(floor(p^2 v / q^2)) (c = p / q), then
+    4 p^2 v against (2k + 1)^2 q^2."""
+    p, q = c.numerator, c.denominator
+    k = math.isqrt(p * p * v // (q * q))
+    d = 4 * p * p * v - (2 * k + 1) ** 2 * q * q
+    return k + 1 if d > 0 or (d == 0 and k % 2) else k
+
+
+def norm_thresholds(c: Fraction, top: int) -> list[int]:
+    """The least integer S with round(c sqrt(S)) >= k (half to even), for k = 1 .. top, c > 0: c sqrt(S) > k - 1/2
+    (>= where k is even) iff S > or >= (k - 1/2)^2 / c^2, exactly in rationals."""
+    out = []
+    for k in range(1, top + 1):
+        q = Fraction(2 * k - 1, 2) ** 2 / (c * c)
+        out.append(math.ceil(q) if k % 2 == 0 else math.floor(q) + 1)
+    return out
+
+
+def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(base, inner) over the index of S's level m and bucket b = floor(S / 4^m) (LayerNorm's: S itself below 2^T):
+    base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th threshold above that, less one (v_max
+    where none), so that k(S) = base + #{d: S > inner[d]} exactly."""
+    size, step = 1 << t_bits, 3 << (t_bits - 2)
+    firsts = [(0, b) for b in range(size)] + [(m, b) for m in range(1, levels + 1) for b in range(size >> 2, size)]
+    marks_a = np.array(marks, np.int64)
+    base, inner = [], []
+    for m, b in firsts:
+        lo_s, hi_s = b << (2 * m), ((b + 1) << (2 * m)) - 1
+        i = int(np.searchsorted(marks_a, lo_s, side="right"))
+        j = int(np.searchsorted(marks_a, min(hi_s, v_max), side="right"))
+        base.append(i)
+        inner.append([int(t) - 1 for t in marks_a[i:j]])
+    assert len(firsts) == size + levels * step
+    depth = max(len(v) for v in inner)
+    return np.array(base), [np.array([v[d] if d < len(v) else v_max for v in inner]) for d in range(depth)]
+
+
+@dataclass(frozen=True, eq=False)
+class Norm(Deferred):
+    """||x|| = s sqrt(S) over the n values of ``view`` (outer, n, inner) of a per-tensor x = u s, S = sum u^2 (an
+    exact integer), of shape ``shape`` (the reduction's, keepdims either way), made integers by the QuantizeLinear
+    that follows (or a float output's grid): round(s sqrt(S) / s_y) + z_y, exactly."""
+
+    x: Scaled
+    view: tuple[int, int, int]
+    shape: tuple[int, ...]
+    node: str = ""
+    what: str = "L2 norm"
+    fn: Callable[[np.ndarray], np.ndarray] | None = None  # a float function applied after the norm (float64)
+
+    def peak(self) -> int:
+        t, z = self.x.t, int(self.x.zero.reshape(()))
+        return max(abs(t.lo - z), abs(t.hi - z))
+
+    def then(self, fn: Callable[[np.ndarray], np.ndarray], what: str) -> Norm:
+        """fn of this value (Clip, Pow, Log, ...): a table over S (``image``)."""
+        f = self.fn
+        return replace(self, fn=fn if f is None else lambda v: fn(f(v)), what=f"{what}({self.what})")
+
+    def image(self) -> np.ndarray:
+        """fn(s sqrt(S)) for S = 0 .. n P^2 (float64), refused where S takes more than ``MAX_IMAGE`` values or fn is
+        undefined (NaN) on one of them."""
+        v_max = self.view[1] * self.peak() ** 2
+        if v_max >= MAX_IMAGE:
+            raise Refuse(f"{self.node} ({self.what}): a function of an L2 norm whose sum of squares takes {v_max + 1} "
+                         "values (at most 2^22) has no CVM form here: quantize the norm first")
+        with np.errstate(all="ignore"):
+            out = np.asarray(self.fn(np.sqrt(np.arange(v_max + 1, dtype=np.float64))
+                                     * float(self.x.scale.reshape(()).item())), np.float64)
+        if np.isnan(out).any():
+            raise Refuse(f"{self.node} ({self.what}) is undefined (NaN) on part of its input's range")
+        return np.broadcast_to(out, (v_max + 1,))
+
+    @property
+    def ends(self) -> tuple[float, float]:
+        """0 to s sqrt(n P^2) (a function's finite values on the table), the span a float output is quantized to."""
+        if self.fn is not None:
+            finite = self.image()[np.isfinite(self.image())]
+            return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        return 0.0, float(self.x.scale.reshape(()).item()) * math.sqrt(self.view[1]) * self.peak()
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        """S = sum u^2 (``squares_fit``), then the output k - z_y = round(c sqrt(S)), c = s / s_y: a cvm_lut table
+        over S (``rounded_root``) where S <= n P^2 < 2^16, else the number of ``norm_thresholds`` <= S at S's level
+        and bucket (``norm_tables``); + z_y, clipped. With a function after the norm, a table over S of
+        round(fn(s sqrt(S)) / s_y) (``image``, float64, half to even: as a float function's table over its input's
+        integers), ``function_of``."""
+        if scale.size != 1:
+            raise Refuse(f"{self.node} (L2 norm) with a per-channel output scale has no CVM form")
+        lo, hi = INT_RANGES[dtype]
+        outer, n, inner = self.view
+        peak, v_max = self.peak(), n * self.peak() ** 2
+        if not squares_fit(n, peak):
+            raise Refuse(f"{self.node} (L2 norm) over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
+        c = self.x.scale.reshape(()).item() / scale.reshape(()).item()
+        top = max(hi - out_zero, 0)
+        k_max = min(top, math.floor(c * (math.isqrt(v_max) + 1)) + 1)  # round(c sqrt(S)) <= c sqrt(v_max) + 1/2
+        op = partial(proven, ctx)
+        t, z = as_int32(self.x.t), int(self.x.zero.reshape(()))
+        rows, col = self.view, (outer, 1, inner)
+        u = ctx.reshape(t, rows)
+        if z:
+            u = op("broadcast_sub", u, c32(z), -peak, peak, rows)
+        else:
+            u = ctx.result(ctx.entry(u), INT32, -peak, peak, rows)
+        square = op("broadcast_mul", u, u, 0, peak * peak, rows)
+        total = ctx.reshape(reduced(ctx, "sum", square, [1], 0, v_max), col)
+        ctx.requants.append(Requant(ctx.base, (), None))
+        if self.fn is not None:
+            values = np.clip(np.rint(self.image() / float(scale.reshape(()).item())), lo - out_zero,
+                             hi - out_zero).astype(np.int64)
+            r = self.function_of(ctx, total, values)
+        elif v_max < MAX_TABLE:
+            values = np.array([min(rounded_root(c, v), top) for v in range(v_max + 1)], np.int64)
+            e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=v_max + 1)
+            r = ctx.result(e, INT32, int(values.min()), int(values.max()), col)
+        else:
+            r = self.bucketed(ctx, total, [m for m in norm_thresholds(c, k_max) if m <= v_max], v_max)
+        return saturate(ctx, ctx.reshape(r, self.shape), out_zero, lo, hi, dtype, self.shape)
+
+    def function_of(self, ctx, total: Tensor, values: np.ndarray) -> Tensor:
+        """values[S] (less z_y): a cvm_lut table over S where it has at most 2^16 entries; else, where values is
+        monotone in S, values[0] plus or minus the number of its unit steps at or below S (``bucketed``)."""
+        col = (self.view[0], 1, self.view[2])
+        if values.size <= MAX_TABLE:
+            e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=values.size)
+            return ctx.result(e, INT32, int(values.min()), int(values.max()), col)
+        steps = np.diff(values)
+        sign = 1 if (steps >= 0).all() else -1 if (steps <= 0).all() else 0
+        if not sign:
+            raise Refuse(f"{self.node} ({self.what}) over a sum of squares of {values.size} values (a table holds at "
+                         "most 2^16) is not monotone in it: quantize the norm first")
+        marks = np.repeat(np.arange(1, values.size), np.abs(steps)).tolist()
+        count = self.bucketed(ctx, total, marks, values.size - 1)
+        first = int(values[0])
+        if sign < 0:
+            count = proven(ctx, "broadcast_mul", count, c32(-1), -count.hi, 0, col)
+        return proven(ctx, "broadcast_add", count, c32(first), first + count.lo, first + count.hi, col)
+
+    def bucketed(self, ctx, total: Tensor, marks: list[int], v_max: int) -> Tensor:
+        """k(S) = base[index] + #{d: S > inner[d][index]} (``norm_tables``), index = m * 3 2^(T-2) + b from S's
+        level m (a count of thresholds 2^T 4^k - 1 below S) and bucket b = floor(S / 4^m)."""
+        op = partial(proven, ctx)
+        outer, _, inner = self.view
+        col = (outer, 1, inner)
+        t_bits, levels = table_shape(v_max, 0)
+        base, inner_t = norm_tables(marks, v_max, t_bits, levels)
+        if len(inner_t) > MAX_INNER:
+            raise Refuse(f"{self.node} ({self.what}): its output takes {len(inner_t)} steps within one bucket of its sum "
+                         f"of squares (at most {MAX_INNER}): quantize it at a coarser scale")
+        size, step = 1 << t_bits, 3 << (t_bits - 2)
+        thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
+        above = op("broadcast_greater", total, thresholds, 0, 1, (outer, levels, inner))
+        level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, levels), col)
+        powers = c32([1 << (2 * m) for m in range(levels + 1)])
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=levels + 1)
+        bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0, size - 1, col)
+        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, levels * step, col), bucket, 0,
+                   base.size - 1, col)
+
+        def lut(values: np.ndarray) -> Tensor:
+            e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(values)), in_dim=values.size)
+            return ctx.result(e, INT32, int(values.min()), int(values.max()), col)
+
+        r = lut(base)
+        for th in inner_t:
+            past = op("broadcast_greater", total, lut(th), 0, 1, col)
+            r = op("broadcast_add", r, past, r.lo, r.hi + 1, col)
+        return r
+
+
+@dataclass(frozen=True)
+class NormChain:
+    """The node ``node`` computing the L2 norm of tensor ``x`` over ``view`` (outer, n, inner), of shape ``shape``:
+    ReduceL2(x), Sqrt or Pow(., 0.5) of ReduceSumSquare(x) or of ReduceSum of Pow(x, 2) or Mul(x, x), x or Abs(x)
+    inside; ``nodes``: every node of it."""
+
+    node: onnx.NodeProto
+    x: str
+    view: tuple[int, int, int]
+    shape: tuple[int, ...]
+    nodes: tuple[onnx.NodeProto, ...]
+
+
+def _unsigned(g: _Graph, name: str) -> tuple[str, list[onnx.NodeProto]]:
+    """(x, [Abs]) where ``name`` is Abs(x), else (name, [])."""
+    a = g.made(name, "Abs")
+    return (a.input[0], [a]) if a is not None else (name, [])
+
+
+def _norm(g: _Graph, node: onnx.NodeProto) -> NormChain | None:
+    """The norm ``node`` computes (``NormChain``'s forms), or None."""
+    if node.op_type == "ReduceL2":
+        total, rooted = node, []
+    elif node.op_type == "Sqrt" or (node.op_type == "Pow" and len(node.input) == 2
+                                    and _scalar(g, node.input[1]) == Fraction(1, 2)):
+        total, rooted = g.made(node.input[0], "ReduceSum", "ReduceSumSquare"), [node]
+        if total is None:
+            return None
+    else:
+        return None
+    if total.op_type == "ReduceSum":
+        sq = g.made(total.input[0], "Pow", "Mul")
+        if sq is None or len(sq.input) != 2:
+            return None
+        if sq.op_type == "Pow" and _scalar(g, sq.input[1]) != 2 or \
+                sq.op_type == "Mul" and not _same(g, sq.input[0], sq.input[1]):
+            return None
+        x, inner = _unsigned(g, sq.input[0])
+        inner = [sq, *inner]
+    else:
+        x, inner = _unsigned(g, total.input[0])
+    shape = g.shape(x)
+    if shape is None or None in shape or x in g.constants:
+        return None
+    axes = g.axes(total, len(shape), 13 if total.op_type == "ReduceSum" else 18)
+    if not axes or axes != list(range(axes[0], axes[-1] + 1)):
+        return None
+    keep = next((a.i for a in total.attribute if a.name == "keepdims"), 1)
+    out = tuple(1 if a in axes else d for a, d in enumerate(shape) if keep or a not in axes)
+    view = (math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]))
+    return NormChain(node, x, view, out, (*rooted, total, *inner))
+
+
+def norm_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, ...] | None],
+                constants: dict[str, np.ndarray]) -> list[NormChain]:
+    """Every L2 norm of ``graph`` computed as a value (``NormChain``), those inside an L2 normalization
+    (``l2_chains``) left to it (arguments as ``l2_chains`` takes them)."""
+    if not any(n.op_type in _SUMS for n in graph.node):
+        return []
+    g = _Graph(graph, opset, shapes, constants)
+    taken = {id(n) for c in l2_chains(graph, opset, shapes, constants) for n in c.nodes}
+    return [c for n in graph.node if n.domain in ("", "ai.onnx") and id(n) not in taken
+            if (c := _norm(g, n)) is not None]
+
+
+def norm_value(chain: NormChain, x) -> Norm:
+    """The chain's value: the L2 norm of the dequantized x (per tensor)."""
+    x = per_tensor(scaled(x, "the L2 norm's input"), "an L2 norm")
+    return Norm(x, chain.view, chain.shape, chain.node.name)
