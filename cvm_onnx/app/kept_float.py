@@ -4,9 +4,11 @@ normalization; each given its own copies of the constants it reads, which quanti
 for another reader."""
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -104,35 +106,16 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     from onnx import numpy_helper
 
     nodes = masked_softmaxes(header)
-    if not nodes:
-        return []
-    graph = header.graph
-    taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
-        {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
-    k = 0
-
-    def fresh() -> str:
-        nonlocal k
-        while f"masked_softmax_{k}" in taken:
-            k += 1
-        taken.add(f"masked_softmax_{k}")
-        return f"masked_softmax_{k}"
-
-    inits = {t.name: t for t in graph.initializer}
-    consts = {n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+    inits = {t.name: t for t in header.graph.initializer}
+    consts = {n.output[0]: n.attribute[0].t for n in header.graph.node if n.op_type == "Constant" and n.attribute
               and n.attribute[0].name == "value"}
-    for n in nodes:
-        if not n.name:
-            n.name = fresh()
-        for i, x in enumerate(n.input):
-            t = inits.get(x) or consts.get(x)
-            if t is not None and t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
-                                                 onnx.TensorProto.FLOAT16):
-                name = fresh()
-                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(t), name))
-                n.input[i] = name
-    onnx.save(header, os.fspath(src))
-    return [n.name for n in nodes]
+
+    def floats(x: str) -> np.ndarray | None:
+        t = inits.get(x) or consts.get(x)
+        return numpy_helper.to_array(t) if t is not None and t.data_type in (
+            onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16) else None
+
+    return _excluded(header, src, nodes, "masked_softmax", floats)
 
 
 def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
@@ -161,24 +144,29 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
     chains = l2_chains(graph, opset, shapes, constants) + norm_chains(graph, opset, shapes, constants)
     nodes = list({id(n): n for c in chains for n in c.nodes}.values())
-    taken = {n.name for n in graph.node} | set(constants) | {o for n in graph.node for o in n.output} | \
-        {v.name for v in graph.input}
-    k = 0
+    return _excluded(header, src, nodes, "l2_normalization", constants.get)
 
-    def fresh() -> str:
-        nonlocal k
-        while f"l2_normalization_{k}" in taken:
-            k += 1
-        taken.add(f"l2_normalization_{k}")
-        return f"l2_normalization_{k}"
 
+def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], prefix: str,
+              constant: Callable[[str], np.ndarray | None]) -> list[str]:
+    """The names of ``nodes`` (of the graph ``header``, the model in ``src``) for quantize_static's
+    nodes_to_exclude, the model rewritten where needed: each unnamed one named ``<prefix>_<k>``, and each input
+    whose value ``constant`` gives read from an initializer of its own (quantize_static quantizes a constant that a
+    quantized node also reads, for every reader)."""
+    from onnx import numpy_helper
+
+    if not nodes:
+        return []
+    graph = header.graph
+    taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
+        {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    names = (f"{prefix}_{k}" for k in itertools.count() if f"{prefix}_{k}" not in taken)
     for n in nodes:
         if not n.name:
-            n.name = fresh()
+            n.name = next(names)
         for i, x in enumerate(n.input):
-            if x in constants:
-                n.input[i] = fresh()
-                graph.initializer.append(numpy_helper.from_array(constants[x], n.input[i]))
-    if nodes:
-        onnx.save(header, os.fspath(src))
+            if (value := constant(x)) is not None:
+                n.input[i] = next(names)
+                graph.initializer.append(numpy_helper.from_array(value, n.input[i]))
+    onnx.save(header, os.fspath(src))
     return [n.name for n in nodes]
