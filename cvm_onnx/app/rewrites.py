@@ -71,6 +71,14 @@ def _batched_plan(a: str, b: str, out: str) -> tuple[bool, list[int], list[int],
     return swap, lp, rp, [(batch + lf + rf).index(c) for c in out]
 
 
+def _in_place(graph: onnx.GraphProto, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
+    """``node`` replaced in ``graph`` by the nodes ``new``, in its place."""
+    at = list(graph.node).index(node)
+    del graph.node[at]
+    for i, n in enumerate(new):
+        graph.node.insert(at + i, n)
+
+
 def _transposed(x: str, perm: list[int], name: str, new: list[onnx.NodeProto]) -> str:
     """``x``, or a Transpose of it by ``perm`` appended to ``new`` where ``perm`` is not the identity."""
     if perm == sorted(perm):
@@ -262,10 +270,7 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
             graph.initializer.extend(const[1])
         if wide:
             graph.initializer.extend(wide)
-        at = list(graph.node).index(node)
-        for i, n in enumerate(new):
-            graph.node.insert(at + i, n)
-        graph.node.remove(node)
+        _in_place(graph, node, new)
         if const and all(const[2] not in n.input for n in graph.node) and \
                 const[2] not in {o.name for o in graph.output}:
             graph.initializer.remove(inits.pop(const[2]))
@@ -300,10 +305,7 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
             continue
         new, added, _ = replaced
         graph.initializer.extend(added)
-        at = list(graph.node).index(node)
-        for i, n in enumerate(new):
-            graph.node.insert(at + i, n)
-        graph.node.remove(node)
+        _in_place(graph, node, new)
         if all(node.input[1] not in n.input for n in graph.node) and \
                 node.input[1] not in {o.name for o in graph.output}:
             graph.initializer.remove(inits.pop(node.input[1]))
@@ -337,10 +339,7 @@ def fused_convs_unfused(graph: onnx.GraphProto) -> int:
             new.append(helper.make_node("Add", [conv, node.input[3]], [f"{base}:sum"], name=f"{base}:sum"))
             conv = f"{base}:sum"
         new.append(helper.make_node(op, [conv], [node.output[0]], name=f"{base}:{op}", **dict(zip(keys, params))))
-        at = list(graph.node).index(node)
-        for i, n in enumerate(new):
-            graph.node.insert(at + i, n)
-        graph.node.remove(node)
+        _in_place(graph, node, new)
         done += 1
     return done
 
@@ -380,10 +379,7 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
             scale = numpy_helper.from_array(np.array(alpha, np.float32), f"{base}:alpha")
             graph.initializer.append(scale)
             new.append(helper.make_node("Mul", [mm, scale.name], [node.output[0]], name=f"{base}:scale"))
-        at = list(graph.node).index(node)
-        for i, n in enumerate(new):
-            graph.node.insert(at + i, n)
-        graph.node.remove(node)
+        _in_place(graph, node, new)
         done += 1
     return done
 
@@ -591,10 +587,7 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
                                   numpy_helper.from_array(scale, names_of[1])])
         new += [helper.make_node("Add", [x, names_of[0]], [names_of[2]], name=fresh(f"{node.name}_add")),
                 helper.make_node("Mul", [names_of[2], names_of[1]], [node.output[0]], name=fresh(f"{node.name}_mul"))]
-        at = list(graph.node).index(node)
-        for i, n in enumerate(new):
-            graph.node.insert(at + i, n)
-        graph.node.remove(node)
+        _in_place(graph, node, new)
         done += 1
     return done
 
@@ -1004,10 +997,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
             if back != sorted(back):
                 new.append(helper.make_node("Transpose", [last], [node.output[0]], perm=back, name=fresh("back")))
         graph.initializer.extend(added)
-        at = list(graph.node).index(node)
-        for i, n in enumerate(new):
-            graph.node.insert(at + i, n)
-        graph.node.remove(node)
+        _in_place(graph, node, new)
         _pruned(graph, list(node.input[1:]))
     return len(nodes)
 
