@@ -20,6 +20,7 @@ from support.quantized import qdq
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 SETTINGS = settings(max_examples=10, deadline=None)
@@ -159,7 +160,7 @@ def test_quantize_static_leaves_it_float_and_it_imports(tmp_path, fmt):
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
                           [helper.make_tensor_value_info("y", T.FLOAT, None)],
                           [nh.from_array(w, "w"), nh.from_array(np.float32(1.0), "k")])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "f.onnx")
+    onnx.save(onnx_model(g, 13), tmp_path / "f.onnx")
     quantization.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader([1, 3, 8, 8]),
                                  quant_format=getattr(quantization.QuantFormat, fmt))
     m = onnx.load(tmp_path / "q.onnx")
