@@ -23,7 +23,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.speech9 import cached_grus, grouped_linear, keras_layernorm, overlap_add
-from test_quantize_rewrites import einsum_model, run
+from test_quantize_rewrites import check_einsum_rewritten, einsum_model, run
 
 from cvm_onnx.app.fusions import layernorms
 from cvm_onnx.app.quantize import quantize
@@ -55,18 +55,7 @@ def grouped_equations(draw):
 def test_a_grouped_einsum_of_a_constant_is_a_block_diagonal_matmul(case, seed):
     """Equal to numpy's einsum in int64 on integer-valued floats (every sum exact in float32), the graph valid
     under strict shape inference. Regression: left as an Einsum, refused 'no CVM op for ONNX Einsum'."""
-    eq, xs, ws, first = case
-    rng = np.random.default_rng(seed)
-    x, w = rng.integers(-20, 21, xs), rng.integers(-20, 21, ws)
-    m = einsum_model(eq, xs, w.astype(np.float32), first)
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(m)
-    assert einsums_as_matmuls(rewritten.graph) == 1
-    assert "Einsum" not in {n.op_type for n in rewritten.graph.node}
-    onnx.shape_inference.infer_shapes(rewritten, strict_mode=True)
-    want = np.einsum(eq, *((w, x) if first else (x, w))).astype(np.int64)
-    got = run(rewritten, x.astype(np.float32))
-    assert got.shape == want.shape and np.array_equal(got.astype(np.int64), want)
+    check_einsum_rewritten(case, seed)
 
 
 def test_a_grouped_einsum_too_large_as_a_block_diagonal_is_left():

@@ -35,6 +35,25 @@ def run(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+def check_einsum_rewritten(case, seed) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """``einsums_as_matmuls`` of the Einsum ``case`` (equation, x's shape, w's shape, constant first) on integers
+    drawn from ``seed``: no Einsum left, the graph valid under strict shape inference, and onnxruntime's result equal
+    to numpy's einsum in int64 (every sum exact in float32). The model, x and that einsum."""
+    eq, xs, ws, first = case
+    rng = np.random.default_rng(seed)
+    x, w = rng.integers(-20, 21, xs), rng.integers(-20, 21, ws)
+    m = einsum_model(eq, xs, w.astype(np.float32), first)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(m)
+    assert einsums_as_matmuls(rewritten.graph) == 1
+    assert "Einsum" not in {n.op_type for n in rewritten.graph.node}
+    onnx.shape_inference.infer_shapes(rewritten, strict_mode=True)
+    want = np.einsum(eq, *((w, x) if first else (x, w))).astype(np.int64)
+    got = run(rewritten, x.astype(np.float32))
+    assert got.shape == want.shape and np.array_equal(got.astype(np.int64), want)
+    return m, x, want
+
+
 @st.composite
 def equations(draw):
     """(equation, x's shape, w's shape, constant first): batch letters (in x and the output), summed letters (in x
@@ -54,18 +73,7 @@ def equations(draw):
 @settings(max_examples=40, deadline=None)
 @given(case=equations(), seed=st.integers(0, 2**16))
 def test_an_einsum_of_a_constant_is_its_matmul(case, seed):
-    eq, xs, ws, first = case
-    rng = np.random.default_rng(seed)
-    x, w = rng.integers(-20, 21, xs), rng.integers(-20, 21, ws)
-    m = einsum_model(eq, xs, w.astype(np.float32), first)
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(m)
-    assert einsums_as_matmuls(rewritten.graph) == 1
-    assert "Einsum" not in {n.op_type for n in rewritten.graph.node}
-    onnx.shape_inference.infer_shapes(rewritten, strict_mode=True)
-    want = np.einsum(eq, *((w, x) if first else (x, w))).astype(np.int64)
-    got = run(rewritten, x.astype(np.float32))
-    assert got.shape == want.shape and np.array_equal(got.astype(np.int64), want)
+    m, x, want = check_einsum_rewritten(case, seed)
     assert np.array_equal(run(m, x.astype(np.float32)).astype(np.int64), want)
 
 

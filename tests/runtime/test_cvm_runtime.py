@@ -86,6 +86,15 @@ def test_encoder_blocks(tmp_path, dims, form):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+def runs_as_reference(graph, folder, xs) -> None:
+    """The CVM model written in ``folder`` (of ``graph``), loaded by the runtime on each device, gives the reference
+    executor's integers on each input of ``xs``."""
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, folder, device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(graph, x.astype(np.int32)))
+
+
 def saturating_layernorm(n: int = 768, steps: int = 1000):
     """DequantizeLinear -> LayerNormalization over n values, float gamma reaching ``steps`` output steps per standard
     deviation (most channels near 0), float beta -> QuantizeLinear: imported with the saturating plan (m_i in two
@@ -303,10 +312,7 @@ def test_fresh_quantized_rules(tmp_path, name):
     rng = np.random.default_rng(0)
     xs = [np.full(shape, lo), np.full(shape, hi), np.zeros(shape, np.int64)] + \
         [rng.integers(lo, hi + 1, size=shape) for _ in range(5)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's shape and its sample values
@@ -442,10 +448,7 @@ def test_padded_convolution_by_bands(tmp_path, transpose):
     write_model(imp.graph, tmp_path / "cvm")
     xs = [np.zeros((1, 1) + shape), np.full((1, 1) + shape, 255)] + \
         [rng.integers(0, 256, (1, 1) + shape) for _ in range(4)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def test_products_in_three_parts(tmp_path):
@@ -588,10 +591,7 @@ def test_sixth_corpus_forms(tmp_path, name):
     lo, hi = (-128, 127) if x_type == T.INT8 else (0, 255)
     rng = np.random.default_rng(2)
     xs = [np.full(shape, lo), np.full(shape, hi)] + [rng.integers(lo, hi + 1, shape) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def test_a_constant_first_matmul_operand(tmp_path):
@@ -609,10 +609,7 @@ def test_a_constant_first_matmul_operand(tmp_path):
     imp = import_model(qdq(nodes, (1, k, n), T.UINT8, inits, T.UINT8), input_precision=9)
     write_model(imp.graph, tmp_path / "cvm")
     xs = [np.zeros((1, k, n)), np.full((1, k, n), 255)] + [rng.integers(0, 256, (1, k, n)) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def test_where_decided_by_is_nan(tmp_path):
@@ -625,10 +622,7 @@ def test_where_decided_by_is_nan(tmp_path):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(3)
     xs = [np.zeros((1, 4, 6)), np.full((1, 4, 6), 255), rng.integers(0, 256, (1, 4, 6))]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def _paired_case(op: str):
@@ -654,10 +648,7 @@ def test_a_function_of_two_values_at_its_special_cases(tmp_path, op):
     rng = np.random.default_rng(4)
     xs = [np.full((5, 5), -128), np.full((5, 5), 127), np.full((5, 5), 3), np.where(np.eye(5) > 0, 3, -2)] + \
         [rng.integers(-128, 128, (5, 5)) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def test_an_stft_front_end(tmp_path):
@@ -694,10 +685,7 @@ def test_seventh_corpus_forms(tmp_path, op):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(3)
     xs = [np.full((4, 8), 0), np.full((4, 8), 255)] + [rng.integers(0, 256, (4, 8)) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("n, out_type", [(40, T.UINT8), (6625, T.FLOAT)])
@@ -715,10 +703,7 @@ def test_logsoftmax(tmp_path, n, out_type):
     xs = [np.full((2, n), -128), np.full((2, n), 127), rng.integers(-128, 128, (2, n))]
     xs[2][0, 0] = 127  # one maximum among the least values: the smallest sum
     xs[2][0, 1:] = -128
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("axes, keep, out_type, reader", [([2], 0, T.UINT8, None), ([0, 2], 1, T.FLOAT, None),
@@ -740,10 +725,7 @@ def test_reduce_log_sum_exp(tmp_path, axes, keep, out_type, reader):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(7)
     xs = [np.full((3, 4, 50), -128), np.full((3, 4, 50), 127), rng.integers(-128, 128, (3, 4, 50))]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("out_type", [T.UINT8, T.FLOAT])
@@ -766,10 +748,7 @@ def test_written_out_confidence(tmp_path, out_type):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(4)
     xs = [np.full((1, 223, 16), -128), np.full((1, 223, 16), 127), rng.integers(-128, 128, (1, 223, 16))]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def test_packed_inputs(tmp_path):
@@ -812,10 +791,7 @@ def test_a_quotient_of_sums(tmp_path, form):
     rng = np.random.default_rng(5)
     xs = [np.full((2, 6, 8), 0), np.full((2, 6, 8), 255), np.full((2, 6, 8), 178), rng.integers(0, 256, (2, 6, 8)),
           rng.integers(170, 180, (2, 6, 8))]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("case, p, shape, axis", [("quantized", 9, (4, 40), -1), ("int32", 29, (4, 9), -1),
@@ -853,10 +829,7 @@ def test_argmax_topk_and_gather_elements(tmp_path, case, p, shape, axis):
     rng = np.random.default_rng(5)
     xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi, shape, endpoint=True),
           rng.choice([lo, 0, hi], shape)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("reader", ["Exp", "ReduceMax"])
@@ -871,10 +844,7 @@ def test_a_logsoftmax_read_by_a_float_op(tmp_path, reader):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(6)
     xs = [np.full((2, 40), -128), np.full((2, 40), 127), rng.integers(-128, 128, (2, 40))]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("kind, per_channel", [("loop", False), ("loop", True), ("scan", False)])
@@ -1038,10 +1008,7 @@ def test_l2_normalization(tmp_path, form, out, n):
     rng = np.random.default_rng(6)
     near = np.clip(3 + rng.integers(-1, 2, shape), 0, 255)
     xs = [np.full(shape, 3), np.full(shape, 255), np.full(shape, 0), rng.integers(0, 256, shape), near]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("form, n, out", [("abs", 2, (0.03, 0, T.UINT8)), ("mul", 2, None),
@@ -1064,10 +1031,7 @@ def test_l2_norm_value(tmp_path, form, n, out):
     lo, hi = (-128, 127) if n > 2 else (0, 255)
     rng = np.random.default_rng(7)
     xs = [rng.integers(lo, hi + 1, shape), np.full(shape, lo), np.full(shape, hi), np.full(shape, 0 if n > 2 else 128)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("x_type, k, form", [(T.UINT8, 33000, "gemm-bias"), (T.INT8, 66000, "matmul"),
@@ -1087,8 +1051,5 @@ def test_a_product_in_runs_of_its_reduced_axis(tmp_path, x_type, k, form):
     lo, hi = (0, 255) if x_type == T.UINT8 else (-127, 127)
     shape = (1, k, 3, 3) if form == "conv" else (1, k)
     xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi + 1, shape)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(imp.graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 

@@ -9,7 +9,7 @@ from onnx import numpy_helper as nh
 
 from cvm_onnx.core.format.onnx_file import onnx_model
 
-NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16}
+from .l2norm import NP
 
 #: form -> how it is written
 FORMS = {
