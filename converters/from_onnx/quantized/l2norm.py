@@ -28,7 +28,7 @@ from ..emit import as_int32, reduced
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan
 from .chains import FLAT, _divisor, _Graph
-from .norm import LayerNormPlan, best_plan, c32, proven, quotient, table_shape
+from .norm import LayerNormPlan, best_plan, c32, proven, quartered_shape, quotient, table_bits, table_shape
 from .qdq import MAX_TABLE, Requant, saturate
 from .values import Deferred, Scaled, per_tensor, scaled
 
@@ -55,13 +55,9 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
     v_max = n * peak * peak
     quarter, shape = 0, table_shape(v_max, 0)
     if not squares_fit(n, peak):
-        for quarter in range(1, 16):
-            shape = table_shape(v_max, quarter)
-            if shape is not None and quartered_fits(n, peak, shape[0], quarter):
-                break
-            shape = None
-        if shape is None:
+        if (found := quartered_shape(v_max, lambda t, q: quartered_fits(n, peak, t, q))) is None:
             raise NoPlan(f"an L2 normalization over {n} values |u| <= {peak} passes 32 bits in its sum of squares")
+        quarter, shape = found
     if shape is None:
         raise NoPlan(f"an L2 normalization over {n} values needs a table of more than 2^16 entries")
     t_bits, levels = shape
@@ -70,9 +66,7 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
     d_bits = tight(peak)
     r_first = max(1 / math.sqrt(max(1 + float(g), float(e))) if v_max else 0.0,
                   2.0 ** (1 - t_bits / 2) if levels else 0.0)
-    f = 0
-    while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
-        f += 1
+    f = table_bits(r_first, d_bits)
     precision = tight(max(-low, high))
     gamma, beta = np.array([1 / s_out], dtype=object), np.array([Fraction(0)], dtype=object)
     key = (2, 0, t_bits, levels, quarter, precision)  # n = 2: |D| <= sqrt((2 - 1) V), V >= 1 when not 0
@@ -552,8 +546,8 @@ class Norm(Deferred):
         t_bits, levels = table_shape(v_max, 0)
         base, inner_t = norm_tables(marks, v_max, t_bits, levels)
         if len(inner_t) > MAX_INNER:
-            raise Refuse(f"{self.node} ({self.what}): its output takes {len(inner_t)} steps within one bucket of its sum "
-                         f"of squares (at most {MAX_INNER}): quantize it at a coarser scale")
+            raise Refuse(f"{self.node} ({self.what}): its output takes {len(inner_t)} steps within one bucket of its "
+                         f"sum of squares (at most {MAX_INNER}): quantize it at a coarser scale")
         size, step = 1 << t_bits, 3 << (t_bits - 2)
         thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
         above = op("broadcast_greater", total, thresholds, 0, 1, (outer, levels, inner))

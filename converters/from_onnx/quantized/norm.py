@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -73,7 +74,8 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
                 h: int = 0, floor: float = 0.0) -> tuple[np.ndarray, float, float]:
     """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
     2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / sqrt(max(v + G, floor))) with h extra bits
-    (the split form's; ``floor`` an L2 normalization's eps, reached at level 0 only, where v is exact), and E = the worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or
+    (the split form's; ``floor`` an L2 normalization's eps, reached at level 0 only, where v is exact), and E = the
+    worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or
     V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the bucket's ends (the distance is monotone in V
     within a bucket) with a relative margin of 2^-40; and eps = the worst |R / (2^h R*) - 1|, R* = 2^(F+m) /
     sqrt(V + G), over the same V (monotone within a bucket too), with an absolute margin of 2^-40."""
@@ -150,17 +152,12 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     centre = (lo + hi) // 2
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
-    shape = None
     if variance_fits(n, peak):
         quarter, shape = 0, table_shape(v_max, 0)
+    elif (found := quartered_shape(v_max, lambda t, q: quartered_fits(n, w, v_max, t, q))) is not None:
+        quarter, shape = found
     else:
-        for quarter in range(1, 16):
-            shape = table_shape(v_max, quarter)
-            if shape is not None and quartered_fits(n, w, v_max, shape[0], quarter):
-                break
-            shape = None
-        if shape is None:
-            raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
+        raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
     if shape is None:
         raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
     t_bits, levels = shape
@@ -168,9 +165,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     d_bits = tight(d_max)
     # the largest entry, over 2^F: at the least V > 0 of level 0, or 2^m / sqrt(4^m 2^(T-2)) at a level m >= 1
     r_first = max(1 / math.sqrt(n - 1 + g) if n > 1 else 0.0, 2.0 ** (1 - t_bits / 2) if levels else 0.0)
-    f = 0
-    while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
-        f += 1
+    f = table_bits(r_first, d_bits)
     precision = tight(max(-low, high))
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
@@ -191,6 +186,25 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
         raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
                      "integer form within half a step in 32 bits")
     return best
+
+
+def quartered_shape(v_max: int, fits: Callable[[int, int], bool]) -> tuple[int, tuple[int, int]] | None:
+    """The least quarter Q in 1..15 (squares split at 4^Q) whose table over [0, v_max] has a shape (``table_shape``)
+    that ``fits(T, Q)`` accepts, with that shape; None where none does."""
+    for quarter in range(1, 16):
+        shape = table_shape(v_max, quarter)
+        if shape is not None and fits(shape[0], quarter):
+            return quarter, shape
+    return None
+
+
+def table_bits(r_first: float, d_bits: int) -> int:
+    """The table's F: the most fraction bits (at most 40) for which its largest entry ``r_first`` 2^F, rounded, times
+    a value of ``d_bits`` bits stays within 32 bits."""
+    f = 0
+    while tight(math.floor(math.ldexp(r_first, f + 1) + 0.5)) + d_bits <= 32 and f < 40:
+        f += 1
+    return f
 
 
 def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, gamma: np.ndarray,
