@@ -14,6 +14,7 @@ float32 rounding); a ScatterND of constant indices as Concat and Gather (the sam
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -108,19 +109,30 @@ def _as_matmul(node: onnx.NodeProto, k: int, xp: list[int], op: list[int], w2d: 
     return new, added, node.input[k]
 
 
-def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
-        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
-    """The nodes and initializers replacing an Einsum of a computed tensor and a float constant (``_plan``), and
-    the constant's name; None where it is not of that form."""
+def _of_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict, planner: Callable) \
+        -> tuple[int, str, str, np.ndarray, tuple] | None:
+    """For an Einsum of a computed tensor and a float constant (of the terms ``terms``): the constant's input index
+    k, the computed tensor's and the constant's letters, the constant, and ``planner``'s plan of (x's letters, w's
+    letters, the output's); None where no input alone is a constant, the constant is no float tensor of its
+    letters' rank, or ``planner`` finds no plan."""
     k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
     if k is None:
         return None
     xl, wl, out = (terms[1 - k], terms[k], terms[2])
-    plan = _plan(xl, wl, out)
+    plan = planner(xl, wl, out)
     w = numpy_helper.to_array(inits[node.input[k]])
     if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
         return None
-    xp, wp, op, kept = plan
+    return k, xl, wl, w, plan
+
+
+def _by_constant(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
+        -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str] | None:
+    """The nodes and initializers replacing an Einsum of a computed tensor and a float constant (``_plan``), and
+    the constant's name; None where it is not of that form."""
+    if (found := _of_constant(node, terms, inits, _plan)) is None:
+        return None
+    k, xl, wl, w, (xp, wp, op, kept) = found
     nb = len(xl) - (len(wl) - len(kept))
     wt = w.transpose(wp)
     kdim = math.prod(wt.shape[:len(wl) - len(kept)])
@@ -151,17 +163,11 @@ def _grouped(node: onnx.NodeProto, terms: tuple[str, str, str], inits: dict) \
     (zeros elsewhere: each output sums the same products, and exact zeros), reshaped to (batch..., group...,
     kept...) and transposed to the output's order. None where it is not of that form or the block-diagonal
     constant would pass MAX_FOLDED values."""
-    k = next((i for i in (1, 0) if node.input[i] in inits and node.input[1 - i] not in inits), None)
-    if k is None:
+    if (found := _of_constant(node, terms, inits, _grouped_plan)) is None:
         return None
-    xl, wl, out = (terms[1 - k], terms[k], terms[2])
-    plan = _grouped_plan(xl, wl, out)
-    w = numpy_helper.to_array(inits[node.input[k]])
-    if plan is None or w.dtype.kind != "f" or w.ndim != len(wl):
-        return None
-    xp, wp, op, nb, ng = plan
+    k, xl, wl, w, (xp, wp, op, nb, ng) = found
     wt = w.transpose(wp)
-    gdims, ns = wt.shape[:ng], len(wl) - ng - (len(out) - nb - ng)
+    gdims, ns = wt.shape[:ng], len(wl) - ng - (len(terms[2]) - nb - ng)
     groups, kdim = math.prod(gdims), math.prod(wt.shape[ng:ng + ns])
     ndim = math.prod(wt.shape[ng + ns:])
     if groups * kdim * groups * ndim > MAX_FOLDED:
