@@ -83,6 +83,18 @@ def test_a_cast_to_float16_is_refused_naming_the_node():
         import_model(m, input_precision=9)
 
 
+def test_a_cast_of_an_l2_norm_is_refused_naming_the_node():
+    """An L2 norm's value (a table over its sum of squares, not over x's integers) cast to int32: one line naming
+    the node and saying to quantize the norm first."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceL2", ["xf"], ["n"], axes=[1], keepdims=1),
+             h.make_node("Cast", ["n"], ["y"], name="norm_int", to=T.INT32)]
+    m = qdq(nodes, (2, 6), T.INT8, {"s": np.float32(0.1), "z": np.int8(0)}, T.INT32, opset=13)
+    with pytest.raises(CVMError, match=r"norm_int \(Cast\): Cast to int32 of L2 norm has no CVM form here: quantize "
+                                       r"it first"):
+        import_model(m, input_precision=9)
+
+
 FUNCTIONS = {"Log": np.log, "Sqrt": np.sqrt, "Tanh": np.tanh, "Exp": np.exp}
 
 

@@ -907,6 +907,9 @@ def cast_rule(ctx, node, x):
         raise Refuse(f"Cast of dequantized values to {type_name(to)} has no integer form (to float32 it is the value, "
                      "to an integer type a table)")
     m = mapped(collapsed(ctx, x), lambda v: v, "Cast")
+    if not isinstance(m, Mapped):  # a function of an L2 norm: its table is over the sum of squares
+        raise Refuse(f"Cast to {type_name(to)} of {getattr(x, 'what', 'its input')} has no CVM form here: quantize "
+                     "it first")
     lo, hi = INT_RANGES[to]
 
     def values(image: np.ndarray) -> np.ndarray:
