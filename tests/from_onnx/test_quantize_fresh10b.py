@@ -102,12 +102,12 @@ FUNCTIONS = {"Log": np.log, "Sqrt": np.sqrt, "Tanh": np.tanh, "Exp": np.exp}
 @given(d=st.data(), op=st.sampled_from(sorted(FUNCTIONS)), s=st.floats(2.0**-6, 2.0**-1, width=32),
        so=st.floats(2.0**-6, 1.0, width=32), c=st.floats(-8, 8, width=32), form=st.sampled_from(["f+c", "c+f", "f-c",
                                                                                                    "c-f"]),
-       zo=st.integers(-20, 20), shape_c=st.sampled_from([(), (1,), (1, 1)]))
+       zo=st.integers(-20, 20), shape_c=st.sampled_from([(), (1,), (1, 1), (9,), (2, 1)]))
 def test_a_float_function_plus_a_constant_is_one_table(d, op, s, so, c, form, zo, shape_c):
     """fn(x) + c, c + fn(x), fn(x) - c, c - fn(x) of a uint8 input (zero point 0; Log's 0 gives -inf, which
-    saturates), c a float constant of one value (scalar or shape (1,), (1, 1)), then QuantizeLinear: equal to
-    QuantizeLinear of the exact values (round half to even, saturated). Regression: refused 'a Sub operand (Log) must
-    be quantized (QuantizeLinear) first'."""
+    saturates), c a float constant of one value (a scalar, or of a shape that does not broadcast x), then
+    QuantizeLinear: equal to QuantizeLinear of the exact values (round half to even, saturated). Regression: refused
+    'a Sub operand (Log) must be quantized (QuantizeLinear) first'."""
     inits = {"s": np.float32(s), "z": np.uint8(0), "c": np.full(shape_c, c, np.float32), "so": np.float32(so),
              "zo": np.int8(zo)}
     pair = {"f+c": ("Add", ["r", "c"]), "c+f": ("Add", ["c", "r"]), "f-c": ("Sub", ["r", "c"]),

@@ -45,7 +45,7 @@ def add_rule(ctx, node, a, b):
 
 
 def function_shifted(a, b, sign_a: int, sign_b: int) -> Mapped | None:
-    """sign_a a + sign_b b where one operand is a float function's value (``Mapped``, or a LayerNorm's value that
+    """sign_a a + sign_b b where one operand is a float function's value (``Mapped``, or an L2 norm's value that
     takes functions after it) and the other a constant of one value throughout that does not broadcast it
     (log(x) - c, a log spectrum's offset, which quantize_static leaves in float after the Log): the function's
     value plus that constant, one table still; None for any other operands."""
@@ -53,8 +53,8 @@ def function_shifted(a, b, sign_a: int, sign_b: int) -> Mapped | None:
         if not (isinstance(x, Mapped) or isinstance(x, Deferred) and hasattr(x, "then")):
             continue
         v = constant_values(c)
-        if v is None or not v.size or (v != v.flat[0]).any() or \
-                np.broadcast_shapes(v.shape, x.shape) != tuple(x.shape):
+        if v is None or not v.size or (v != v.flat[0]).any() or len(v.shape) > len(x.shape) or \
+                any(d not in (1, n) for d, n in zip(v.shape[::-1], tuple(x.shape)[::-1])):
             return None
         k = float(v.flat[0]) * sc
         return mapped(x, (lambda u: u + k) if sx > 0 else (lambda u: k - u), f"{'+' if sx > 0 else '-'} {k}")
