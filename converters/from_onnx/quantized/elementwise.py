@@ -1,5 +1,6 @@
 """The float elementwise ops on dequantized values: Add, Sub, Mul, Div, Pow, Mod, BatchNormalization, Relu, Clip,
-and the float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the QuantizeLinear that follows.
+and the float functions (Sigmoid, Tanh, ...) as ``Mapped`` values made tables by the QuantizeLinear that follows;
+Cast (to float32 the value, to an integer type a table).
 """
 from __future__ import annotations
 
@@ -10,18 +11,19 @@ from fractions import Fraction
 from typing import Callable
 
 import numpy as np
+from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, type_name
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
 from .masks import Tabulated, mask_of_table
-from .qdq import MAX_TABLE, MaskedScores, Requant, quantize, saturate
+from .qdq import MAX_TABLE, MaskedScores, Requant, lookup, quantize, saturate
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
     QuantizeLinear that follows. x + an attention mask's term (a table of one integer tensor): ``MaskedScores``,
-    for the Softmax that reads it."""
+    for the Softmax that reads it. A float function's value plus a constant: one table (``function_shifted``)."""
     mask = next((x for x in (a, b) if isinstance(x, Tabulated)), None)
     if mask is not None:
         x = per_tensor(scaled(b if mask is a else a, "the scores beside an attention mask"), "a masked Softmax")
@@ -34,10 +36,29 @@ def add_rule(ctx, node, a, b):
             raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
                          "into them")
         return MaskedScores(x, mask, x.shape)
+    if (shifted := function_shifted(a, b, 1, 1)) is not None:
+        return shifted
     terms = []
     for x in (a, b):
         terms += summands(x, "an Add operand")
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+
+
+def function_shifted(a, b, sign_a: int, sign_b: int) -> Mapped | None:
+    """sign_a a + sign_b b where one operand is a float function's value (``Mapped``, or an L2 norm's value that
+    takes functions after it) and the other a constant of one value throughout that does not broadcast it
+    (log(x) - c, a log spectrum's offset, which quantize_static leaves in float after the Log): the function's
+    value plus that constant, one table still; None for any other operands."""
+    for x, c, sx, sc in ((a, b, sign_a, sign_b), (b, a, sign_b, sign_a)):
+        if not (isinstance(x, Mapped) or isinstance(x, Deferred) and hasattr(x, "then")):
+            continue
+        v = constant_values(c)
+        if v is None or not v.size or (v != v.flat[0]).any() or len(v.shape) > len(x.shape) or \
+                any(d not in (1, n) for d, n in zip(v.shape[::-1], tuple(x.shape)[::-1])):
+            return None
+        k = float(v.flat[0]) * sc
+        return mapped(x, (lambda u: u + k) if sx > 0 else (lambda u: k - u), f"{'+' if sx > 0 else '-'} {k}")
+    return None
 
 
 def summands(x, what: str) -> list[Scaled]:
@@ -111,7 +132,10 @@ def negated(ctx, x: Scaled) -> Scaled:
 @float_rule("Sub", since=7)
 def sub_rule(ctx, node, a, b):
     """a - b: a + (-b), -b = (-t + z) s exactly (``negated``; a float constant as in Add), requantized by the
-    QuantizeLinear that follows."""
+    QuantizeLinear that follows; a float function's value less a constant (or a constant less it) one table
+    (``function_shifted``)."""
+    if (shifted := function_shifted(a, b, 1, -1)) is not None:
+        return shifted
     terms = summands(a, "a Sub operand")
     terms += [negated(ctx, t) for t in summands(b, "a Sub operand")]
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
@@ -866,6 +890,37 @@ def defined(op: str, m: Mapped) -> Mapped:
 
 for _op in FUNCTIONS:
     float_rule(_op, since=6)(function_rule)
+
+
+@float_rule("Cast", since=6)
+def cast_rule(ctx, node, x):
+    """Cast of a dequantized value or a float function's to float32, the type it has: the value itself (an
+    exporter's Cast before a graph output). To an integer type (an 8-bit spectrogram or image the model emits,
+    Cast(Clip(x, 0, 255)) to uint8): ONNX's conversion, truncation toward zero (to bool: x != 0), as a cvm_lut
+    table over x's integers (``lookup``: fn's values in float64), the integers of that type; refused where x's
+    range reaches a value the type does not hold or no finite value, whose conversion ONNX leaves undefined. To
+    another float type it is refused."""
+    to = node.attr_int("to")
+    if to == TensorProto.FLOAT:
+        return x
+    if to not in INT_RANGES:
+        raise Refuse(f"Cast of dequantized values to {type_name(to)} has no integer form (to float32 it is the value, "
+                     "to an integer type a table)")
+    m = mapped(collapsed(ctx, x), lambda v: v, "Cast")
+    if not isinstance(m, Mapped):  # a function of an L2 norm: its table is over the sum of squares
+        raise Refuse(f"Cast to {type_name(to)} of {getattr(x, 'what', 'its input')} has no CVM form here: quantize "
+                     "it first")
+    lo, hi = INT_RANGES[to]
+
+    def values(image: np.ndarray) -> np.ndarray:
+        out = image != 0 if to == TensorProto.BOOL else np.trunc(image)
+        if not np.isfinite(image).all() or (out < lo).any() or (out > hi).any():
+            bad = image[~np.isfinite(image) | (out < lo) | (out > hi)]
+            raise Refuse(f"Cast to {type_name(to)} of values reaching {float(bad.flat[0])}, which the type does not "
+                         f"hold (ONNX leaves that conversion undefined): clip them to [{lo}, {hi}] first")
+        return out.astype(np.int64)
+
+    return lookup(ctx, m, values, to)
 
 
 @float_rule("Gelu", "FastGelu", since=1, domain=MS)

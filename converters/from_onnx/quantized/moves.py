@@ -1,6 +1,5 @@
 """The ops that only move or select values of a dequantized tensor (MaxPool, Reshape, Slice, ...): the integer rule on
-its integers, the scale and zero point kept; ArgMax, ArgMin and TopK, which order them; Shape, Pad, Concat;
-a Cast to float32 (the value itself).
+its integers, the scale and zero point kept; ArgMax, ArgMin and TopK, which order them; Shape, Pad, Concat.
 """
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
-from onnx import TensorProto
-
-from ..context import INT32, const, tight, type_name
+from ..context import INT32, const, tight
 from ..checks import MAX_DIM
 from ..emit import as_int32, axes_of, broadcast_shape, concatenated, normal, resized_shape
 from ..registry import Refuse, float_rule, integer_rule
@@ -46,16 +43,6 @@ def move_rule(ctx, node, x, *rest):
 
 for _op in MOVES:
     float_rule(_op, since=1)(move_rule)
-
-
-@float_rule("Cast", since=6)
-def float_cast(ctx, node, x):
-    """Cast of a dequantized value to float32, the type it has: the value itself (an exporter's Cast before a graph
-    output, which onnxruntime's optimizer keeps). To another type it is refused."""
-    to = node.attr_int("to")
-    if to != TensorProto.FLOAT:
-        raise Refuse(f"Cast of dequantized values to {type_name(to)} has no integer form (to float32 it is the value)")
-    return x
 
 
 def reduced_sum(ctx, node, x: Summed, axes_t=None) -> Summed:

@@ -418,29 +418,39 @@ def saturate(ctx, r: Tensor, out_zero: int, lo: int, hi: int, dtype: int, shape:
 def table(ctx, x: Mapped, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
     """QuantizeLinear(fn(x)) as cvm_lut over x's integers lo..hi: entry i = sat(round(fn((lo+i-z) * s) / s_out) +
     z_out), in float64, rounding half to even."""
+    if scale.size != 1:
+        raise Refuse(f"{x.what} with a per-channel output scale has no CVM form")
+    lo, hi = INT_RANGES[dtype]
+
+    def values(image: np.ndarray) -> np.ndarray:
+        if np.isnan(image).any():
+            raise Refuse(f"{x.what} is undefined on part of its input's range")
+        return np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+
+    out = lookup(ctx, x, values, dtype)
+    ctx.requants.append(Requant(ctx.base, (), None))
+    return out
+
+
+def lookup(ctx, x: Mapped, values, dtype: int) -> Tensor:
+    """cvm_lut over x's integers lo..hi (at most 2^16), entry i = values(fn((lo + i - z) s)), fn's image computed
+    in float64 (an infinite value, or one beyond float64, left to ``values``), as a tensor of type ``dtype``."""
     a = per_tensor(x.x, x.what)
     t = a.t
     n = t.hi - t.lo + 1
     if n > MAX_TABLE:
         raise Refuse(f"{x.what} over {n} integers: a table of at most 2^16 entries has a CVM form "
                      f"(quantize its input first)")
-    if scale.size != 1:
-        raise Refuse(f"{x.what} with a per-channel output scale has no CVM form")
     q = np.arange(t.lo, t.hi + 1, dtype=np.int64)
     real = (q - int(a.zero.reshape(()))) * float(a.scale.reshape(()).item())
-    lo, hi = INT_RANGES[dtype]
-    with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
-        image = x.fn(real)
-        if np.isnan(image).any():
-            raise Refuse(f"{x.what} is undefined on part of its input's range")
-        values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi).astype(np.int64)
+    with np.errstate(all="ignore"):
+        entries = values(np.broadcast_to(np.asarray(x.fn(real), np.float64), q.shape))
     index = as_int32(t)
     if t.lo:
         c = const(np.array(t.lo, np.int32), INT32)
         index = ctx.result(ctx.op("broadcast_sub", index, c), INT32, 0, n - 1, t.shape)
-    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values, INT32)), in_dim=n)
-    ctx.requants.append(Requant(ctx.base, (), None))
-    return ctx.result(e, dtype, int(values.min()), int(values.max()), t.shape)
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(entries, INT32)), in_dim=n)
+    return ctx.result(e, dtype, int(entries.min()), int(entries.max()), t.shape)
 
 
 def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
