@@ -367,6 +367,9 @@ class _Walk:
                 if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
                                                          not isinstance(x, quantized.Tabulated) for x in ins):
                     fn = quantized.tabulated
+                elif key[0] == "" and quantized.affine_of_integers(n.op_type, ins):
+                    fn = FLOAT_RULES[key].fn
+                    ins = [x if x.is_const else quantized.of_integers(x) for x in ins]
                 elif any(isinstance(x, quantized.Real) for x in ins):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")

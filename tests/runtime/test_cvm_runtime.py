@@ -1053,3 +1053,22 @@ def test_a_product_in_runs_of_its_reduced_axis(tmp_path, x_type, k, form):
     xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi + 1, shape)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
+
+
+@pytest.mark.parametrize("form", ["sub-div", "div-sub-div", "mul-add"])
+def test_a_uint8_image_normalized_inside_the_model(tmp_path, form):
+    """The tenth corpus's form (docs/import.md, float arithmetic on a float tensor of integers): a uint8 image's
+    (x - mean) / std, (x / 255 - mean) / std or x * scale + offset by per-channel constants, requantized at its
+    exact rational per-channel scale: the runtime loads it and gives the reference executor's integers, the
+    input's extremes included."""
+    from support.normalized_images import image_model
+
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    if form == "sub-div":
+        mean, std = mean * 255, std * 255
+    m = image_model(form, 3, mean, std, 255.0, 0.02 if form == "mul-add" else 0.0185, 128)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(5)
+    xs = [np.full((1, 3, 4, 3), 0), np.full((1, 3, 4, 3), 255), rng.integers(0, 256, (1, 3, 4, 3))]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
