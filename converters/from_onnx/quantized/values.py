@@ -166,6 +166,21 @@ def of_integers(t: Tensor) -> Scaled:
 AFFINE = ("Add", "Sub", "Mul", "Div")
 
 
+def quantized_affines(graph) -> set[str]:
+    """The outputs of the ``AFFINE`` nodes a chain of such nodes takes to a QuantizeLinear: where a float tensor of
+    integers may be taken as the real value it is (elsewhere, as in an integer model, the integer rules decide)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found: set[str] = set()
+    todo = [n.input[0] for n in graph.node if n.op_type == "QuantizeLinear" and n.input]
+    while todo:
+        n = producer.get(todo.pop())
+        if n is None or n.op_type not in AFFINE or n.domain not in ("", "ai.onnx") or n.output[0] in found:
+            continue
+        found.add(n.output[0])
+        todo += list(n.input)
+    return found
+
+
 def affine_of_integers(op: str, ins: list) -> bool:
     """Whether ``op`` reads a computed float tensor of integers (``of_integers``) and a float constant that the
     integer rules would refuse: Add, Sub or Mul by a constant of non-integer values, Div of that tensor by any
