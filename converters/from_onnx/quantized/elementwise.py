@@ -167,14 +167,15 @@ def constant_factor(t, what: str, shape: tuple[int, ...] | None = None) -> Fract
 
 def constant_factors(t, what: str, x) -> Fraction | np.ndarray:
     """``constant_factor``'s scalar, or for a constant of several values (a per-channel normalization's std inside
-    the model), each finite and > 0, whose shape broadcasts into a ``Scaled`` x's without growing it and beside no
-    deferred Clip: those values as exact Fractions in the constant's shape (x's scale becomes per element: the
-    scale times the factor, broadcast)."""
+    the model), each finite and > 0, whose shape broadcasts into a ``Scaled`` x's (or into each term's of a sum:
+    (x - mean) / std) without growing it and beside no deferred Clip: those values as exact Fractions in the
+    constant's shape (each scale becomes per element: the scale times the factor, broadcast)."""
     v = np.asarray(t.value, np.float64)
     shape = getattr(x, "shape", None)
-    if v.size <= 1 or (v == v.flat[0]).all() or not isinstance(x, Scaled) or x.clip != (None, None) \
-            or len(v.shape) > len(shape) or np.broadcast_shapes(v.shape, shape) != tuple(shape) \
-            or not (np.isfinite(v) & (v > 0)).all():
+    terms = x.terms if isinstance(x, Summed) else (x,)
+    if v.size <= 1 or (v == v.flat[0]).all() or not (np.isfinite(v) & (v > 0)).all() \
+            or not all(isinstance(term, Scaled) and term.clip == (None, None) and len(v.shape) <= len(term.shape)
+                       and np.broadcast_shapes(v.shape, term.shape) == tuple(term.shape) for term in terms):
         return constant_factor(t, what, shape)
     return np.array([Fraction(float(q)) for q in v.flat], dtype=object).reshape(v.shape)
 
@@ -182,6 +183,8 @@ def constant_factors(t, what: str, x) -> Fraction | np.ndarray:
 def rescaled(x, factor: Fraction | np.ndarray, what: str):
     """x * factor, exactly: the scale (of each term) times factor; a float function's value times it; x itself for
     factor 1 (of any form: a written-out softmax's confidence times 1)."""
+    if isinstance(x, Summed):
+        return Summed(tuple(rescaled(t, factor, what) for t in x.terms), x.shape)
     if isinstance(factor, np.ndarray):  # per element (``constant_factors``): x is a Scaled without a Clip
         scale = np.asarray(x.scale * factor, dtype=object)
         return replace(x, scale=scale.reshape(np.broadcast_shapes(x.scale.shape, factor.shape)))
@@ -190,8 +193,6 @@ def rescaled(x, factor: Fraction | np.ndarray, what: str):
     if isinstance(x, Mapped):  # float64 table values: times the numerator, over the denominator (each exact)
         n, d = float(factor.numerator), float(factor.denominator)
         return Mapped(x.x, lambda v, f=x.fn: np.asarray(f(v)) * n / d, f"{x.what} * {factor}")
-    if isinstance(x, Summed):
-        return Summed(tuple(rescaled(t, factor, what) for t in x.terms), x.shape)
     x = scaled(x, what, clipped_ok=True)
     clip = tuple(None if b is None else b * factor for b in x.clip)
     return replace(x, scale=np.asarray(x.scale * factor, dtype=object).reshape(x.scale.shape), clip=clip)

@@ -17,7 +17,7 @@ from ..registry import Refuse, float_rule, rule
 from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, logsoftmax_plan, plan,
                              runs, softmax_plan)
 from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
-                     per_tensor, scale_of, scaled, zero_of)
+                     of_integers, per_tensor, scale_of, scaled, zero_of)
 
 MAX_TABLE = 1 << 16  # entries a cvm_lut table of a float function may have
 #: A per-channel requantization whose one plan's delta passes this is cut into runs of channels, each within it
@@ -93,7 +93,7 @@ def quantize_rule(ctx, node, x, s, z=None):
     if isinstance(x, Tensor) and x.is_const and x.value.dtype.kind == "f":
         return quantized_constant(x, s.value, along(zero, axis, rank), axis, dtype)
     if isinstance(x, Tensor):  # a float tensor of integers (after an integer input: a Cast, a OneHot): scale 1
-        x = Scaled(x, np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
+        x = of_integers(x)
     return quantize(ctx, x, along(scale, axis, rank), along(zero, axis, rank), dtype)
 
 

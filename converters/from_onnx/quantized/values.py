@@ -155,6 +155,47 @@ def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
     raise Refuse(f"{what} ({'a sum' if isinstance(x, Summed) else x.what}) must be quantized (QuantizeLinear) first")
 
 
+def of_integers(t: Tensor) -> Scaled:
+    """A float tensor the importer holds as integers (the first float tensor after an integer input: a Cast, a
+    OneHot) as the real value it is: its integers at scale 1, zero point 0."""
+    return Scaled(t, np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
+
+
+#: Float ops whose float rule takes a float tensor of integers beside a float constant exactly (a uint8 image's
+#: (x - mean) / std inside the model): the scale carries the constant factor, a sum the constant term.
+AFFINE = ("Add", "Sub", "Mul", "Div")
+
+
+def quantized_affines(graph) -> set[str]:
+    """The outputs of the ``AFFINE`` nodes a chain of such nodes takes to a QuantizeLinear: where a float tensor of
+    integers may be taken as the real value it is (elsewhere, as in an integer model, the integer rules decide)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    found: set[str] = set()
+    todo = [n.input[0] for n in graph.node if n.op_type == "QuantizeLinear" and n.input]
+    while todo:
+        n = producer.get(todo.pop())
+        if n is None or n.op_type not in AFFINE or n.domain not in ("", "ai.onnx") or n.output[0] in found:
+            continue
+        found.add(n.output[0])
+        todo += list(n.input)
+    return found
+
+
+def affine_of_integers(op: str, ins: list) -> bool:
+    """Whether ``op`` reads a computed float tensor of integers (``of_integers``) and a float constant that the
+    integer rules would refuse: Add, Sub or Mul by a constant of non-integer values, Div of that tensor by any
+    constant (a float Div is no integer division)."""
+    if op not in AFFINE or len(ins) != 2 or any(not isinstance(x, Tensor) for x in ins):
+        return False
+    computed = [x for x in ins if not x.is_const]
+    constant = [x for x in ins if x.is_const]
+    if len(computed) != 1 or computed[0].dtype != TensorProto.FLOAT or constant[0].value.dtype.kind != "f":
+        return False
+    if op == "Div":
+        return ins[0] is computed[0]
+    return not np.array_equal(constant[0].value, np.round(constant[0].value))
+
+
 def real_bound(t: Tensor | Scaled | None, what: str) -> Fraction | None:
     """The real value of an optional constant scalar bound (Clip min/max, a Pad value); None for one not finite.
     A quantized constant (quantize_static quantizes a Pad's constant_value: DequantizeLinear of an integer q) is
