@@ -27,9 +27,9 @@ MASK_LOW = -10000.0
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The nodes of each Softmax(x + m) where m is an attention mask's term: computed from one integer tensor by
     elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, a
-    decoder's padding term with its causal matrix, each read by every layer's Add and by nothing else), and, with
-    that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf too) everywhere, each of the
-    two somewhere. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
+    decoder's padding term with its causal matrix, or that matrix alone, each read by every layer's Add and by
+    nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf
+    too) everywhere, each of the two somewhere. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
     takes them (docs/import.md, "Masked Softmax")."""
     from onnx import numpy_helper
@@ -104,7 +104,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             seen: dict = {}
             leaves: set = set()
             at = [values(term, v, s, leaves) for v, s in ((0, seen), (1, {}))]
-            if term not in terms or any(a is None or np.asarray(a).dtype.kind != "f" for a in at) or not leaves:
+            if term not in terms or any(a is None or np.asarray(a).dtype.kind != "f" for a in at):
                 continue
             both = np.concatenate([np.ravel(a) for a in at])
             if both.max() != 0 or not both.min() <= MASK_LOW or ((both != 0) & ~(both <= MASK_LOW)).any():

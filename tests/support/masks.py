@@ -20,8 +20,9 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 #: padding's Where over the causal matrix (a sliding window's Trilu filled with c too); "cache", the
 #: cache-position form: Trilu(full(c), k=1) times Greater(Range, cache_position), (causal + m) == 0 filled with c;
 #: "sdpa", torch's SDPA of a bool mask: Where(And(causal, Cast(m, bool)), 0, c); "min", Min of HF's (1 - m) c and
-#: the causal matrix; "gpt2", a folded causal initializer plus HF's (1 - m) c.
-FORMS = ("legacy", "to_4d", "cache", "sdpa", "min", "gpt2")
+#: the causal matrix; "gpt2", a folded causal initializer plus HF's (1 - m) c; "causal", that initializer alone (an
+#: export without attention_mask: m unread).
+FORMS = ("legacy", "to_4d", "cache", "sdpa", "min", "gpt2", "causal")
 
 
 def _causal(form: str, c: float, window: int | None) -> tuple[list, dict]:
@@ -61,6 +62,9 @@ def decoder_term(form: str, batch: int, s: int, c: float, window: int | None = N
     """The nodes computing ``bias`` (B, 1, S, S) from the int64 input ``m`` (B, S), and their constants."""
     consts = {"c": np.float32(c), "one_f": np.float32(1), "zero_f": np.float32(0), "axes12": np.array([1, 2], np.int64),
               "axes01": np.array([0, 1], np.int64), "wide": np.array([batch, 1, s, s], np.int64)}
+    if form == "causal":  # no padding input: the folded causal matrix alone is the term
+        kept = np.tril(np.ones((s, s), bool))
+        return [], {"bias": np.where(kept, np.float32(0), np.float32(c)).astype(np.float32).reshape(1, 1, s, s)}
     if form == "gpt2":  # the causal matrix folded into an initializer, as a static export leaves it
         kept = np.tril(np.ones((s, s), bool))
         consts["causal"] = np.where(kept, np.float32(0), np.float32(c)).astype(np.float32)
@@ -115,6 +119,8 @@ def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: fl
                  h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
         out = [h.make_tensor_value_info("y", T.UINT8, None)]
         inputs = [h.make_tensor_value_info("x", T.INT8, [batch, heads, s, s]), m]
+    if form == "causal":
+        inputs = inputs[:1]
     used = {i for n in nodes for i in n.input}
     g = h.make_graph(nodes, "decoder", inputs, out, [nh.from_array(np.asarray(v), k) for k, v in consts.items()
                                                      if k in used])
@@ -123,6 +129,8 @@ def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: fl
 
 def term_of(form: str, m: np.ndarray, c: float, window: int | None = None) -> np.ndarray:
     """The decoder term (B, 1, S, S) as onnxruntime computes the float graph on ``m``."""
+    if form == "causal":
+        return decoder_term(form, *m.shape, c)[1]["bias"]
     model = decoder_model(form, *m.shape[:1], 1, m.shape[1], c, 1.0, window, term=True)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"m": m.astype(np.int64)})[0]

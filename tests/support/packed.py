@@ -58,8 +58,8 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
         term, consts = decoder_term(decoder, 1, length, low)
         nodes[7:10] = [*term, h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]),
                        h.make_node("Add", ["s1", "bias3"], ["s2"])]
-        inputs[1] = h.make_tensor_value_info("mask", T.INT64, [1, length])
-        used = {x for n in term for x in n.input}
+        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, length])] if decoder != "causal" else []
+        used = {x for n in term for x in n.input} | {"bias"}
         inits = [nh.from_array(np.asarray(v), k) for k, v in consts.items() if k in used]
         inits.append(nh.from_array(np.array([1], np.int64), "axis1"))
         for n in nodes:

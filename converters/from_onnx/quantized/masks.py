@@ -6,12 +6,13 @@ masked Softmax takes it (docs/import.md, "Masked Softmax")."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from ..context import BOOL, INT32, Tensor, const, foldable
+from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable
 from ..emit import as_int32
 from ..registry import Refuse, integer_rule
 from .qdq import MAX_TABLE, Mask
@@ -28,7 +29,8 @@ LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", 
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
     """The outputs of the nodes that compute an operand of an Add read by a Softmax alone through ``VALUE_OPS`` and
     ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those nodes or the Add: the
-    attention masks' terms, tabulated by ``tabulated``."""
+    attention masks' terms, tabulated by ``tabulated``; and such an operand that is a float constant of several
+    values, each 0 or negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -51,9 +53,31 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
         out = {o for o, n in cone.items() if o in outputs or
                any(id(r) not in ids and (r.output[0] not in cone) for r in readers.get(o, []))}
         if not out:
-            return set(cone)
+            break
         for o in out:
             del cone[o]
+    stored = {t.name: t for t in graph.initializer}
+    stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
+    fixed = {x for a in adds for x in a.input if x in stored and x not in outputs and
+             all(id(r) in ids for r in readers[x]) and _levels(stored[x])}
+    return set(cone) | fixed
+
+
+def _levels(t: onnx.TensorProto) -> bool:
+    """Whether a stored constant is a float one of several values, each 0 or negative, 0 among them."""
+    if t.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16) or \
+            t.data_location == TensorProto.EXTERNAL or math.prod(t.dims) > MAX_FOLDED:
+        return False
+    v = numpy_helper.to_array(t)
+    return v.size > 1 and v.max() == 0 and v.min() < 0
+
+
+def constant_term(x: Tensor) -> Tabulated | Tensor:
+    """A constant of several values added to the scores a Softmax reads (a folded causal matrix: ``mask_terms``): a
+    table of its distinct values at a constant key; one value: itself."""
+    k = _keyed(x)
+    return x if k is None else Tabulated(k[0], k[2])
 
 
 class Tabulated(Deferred):
