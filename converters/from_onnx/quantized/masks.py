@@ -156,15 +156,13 @@ def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarra
     """Constant keys combined into one, c in 0 .. K - 1 (the distinct tuples of their positions' indices, in the
     shape they broadcast to), and each one's values indexed by c."""
     shape = np.broadcast_shapes(*(k.shape for k, _, _ in keys))
-    joint = np.zeros(foldable(shape), np.int64)
-    for k, lo, values in keys:
-        joint = joint * values.size + (np.asarray(k.value, np.int64) - lo)
-    tuples, c = np.unique(joint, return_inverse=True)
-    per = []
-    for k, lo, values in reversed(keys):
-        per.append(values[tuples % values.size])
-        tuples = tuples // values.size
-    return c.reshape(shape), per[::-1]
+    c, per = np.zeros(foldable(shape), np.int64), []
+    for k, lo, values in keys:  # compacted at each step: every pair below 2^48
+        pairs = c * values.size + (np.asarray(k.value, np.int64) - lo)
+        tuples, c = np.unique(pairs, return_inverse=True)
+        per = [p[tuples // values.size] for p in per] + [values[tuples % values.size]]
+        c = c.reshape(shape)
+    return c, per
 
 
 def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
