@@ -141,3 +141,18 @@ def test_decoder_masks_found_for_quantize_to_leave_float(c, causal, found):
         t.CopyFrom(nh.from_array(np.where(nh.to_array(t) == 0, np.float32(causal), nh.to_array(t)), "causal"))
     ops = sorted(n.op_type for n in masked_softmaxes(model))
     assert ops == (["Add", "Add", "Cast", "Mul", "Softmax", "Squeeze", "Sub"] if found else []), ops
+
+
+def test_constant_keys_of_many_values_do_not_overflow():
+    """Five constants of 40000 distinct values each (a variadic Min's operands) combined into one key: each one's
+    values indexed by it are its own at every position. Regression: the joint key, 10^23 tuples, wrapped in int64."""
+    from cvm_onnx.converters.from_onnx.context import INT32, const
+    from cvm_onnx.converters.from_onnx.quantized.masks import _constant_key
+
+    rng = np.random.default_rng(0)
+    n = 40000
+    idx = [rng.permutation(n) for _ in range(5)]
+    values = [np.arange(n, dtype=np.float32) * -(k + 1) for k in range(5)]
+    c, per = _constant_key([(const(i.astype(np.int32), INT32), 0, v) for i, v in zip(idx, values)])
+    for i, v, p in zip(idx, values, per):
+        assert np.array_equal(p[c], v[i])
