@@ -362,6 +362,8 @@ class _Walk:
                 n = u.nodes[0]
                 key = (_domain(n.domain), n.op_type)
                 ins = [self.tensors[x] if x else None for x in n.input]
+                ins = [quantized.constant_term(t) if x in self.masks and isinstance(t, Tensor) and t.is_const else t
+                       for x, t in zip(n.input, ins)]
                 view = NodeView(n, u.name, self.opsets[_domain(n.domain)])
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)

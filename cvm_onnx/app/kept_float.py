@@ -5,6 +5,7 @@ for another reader."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -16,6 +17,8 @@ import onnx
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims
 
 
+#: The most elements of a mask's integer tensor evaluated at its positions (larger: one value for all).
+MAX_LEAF = 1 << 20
 #: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
 #: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
 MASK_LOW = -10000.0
@@ -23,12 +26,14 @@ MASK_LOW = -10000.0
 
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The nodes of each Softmax(x + m) where m is an attention mask's term: computed from one integer tensor by
-    elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, either
-    read by every layer's Add and by nothing else), and 0 at one of the integers 0 and 1 and at most ``MASK_LOW``
-    (-inf too) at the other. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
+    elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, a
+    decoder's padding term with its causal matrix, or that matrix alone, each read by every layer's Add and by
+    nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf
+    too) everywhere, each of the two somewhere. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
     takes them (docs/import.md, "Masked Softmax")."""
     from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
 
     from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, mask_terms, table_op
 
@@ -48,33 +53,42 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         elif n.op_type == "Cast":
             types.setdefault(n.output[0], next((a.i for a in n.attribute if a.name == "to"), 0))
 
-    def leaf(name: str, leaves: set) -> np.ndarray | None:
-        """The integers 0 and 1 of the term's one varying tensor ``name``, of its type (None: not integers)."""
+    shapes = {v.name: onnx_dims(v) for v in [*graph.input, *graph.value_info, *graph.output]}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+    def leaf(name: str, v: int, leaves: set) -> np.ndarray | None:
+        """The term's one varying tensor ``name`` at the integer ``v`` everywhere, of its type and shape (a scalar
+        where its shape is unknown; None: not integers)."""
         kind = onnx.helper.tensor_dtype_to_np_dtype(types[name]) if types.get(name) else None
         leaves.add(name)
-        return None if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1 else \
-            np.array([0, 1]).astype(kind)
+        if kind is None or np.dtype(kind).kind not in "iub" or len(leaves) > 1:
+            return None
+        shape = shapes.get(name)
+        known = shape is not None and all(shape) and math.prod(shape) <= MAX_LEAF
+        return np.full(shape if known else (), v, kind)
 
-    def values(name: str, seen: dict, leaves: set) -> np.ndarray | None:
-        """The term's values at the integers 0 and 1 of its one varying integer tensor (None: no such term);
-        ``seen`` the values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from
-        floats (a comparison of scores)."""
+    def values(name: str, v: int, seen: dict, leaves: set) -> np.ndarray | None:
+        """The term's values where its one varying integer tensor is ``v`` (None: no such term); ``seen`` the
+        values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from floats (a
+        comparison of scores). A move of a scalar is that scalar; else evaluated."""
         if name in seen:
             return seen[name]
         n = producer.get(name) if name in terms else None
         if n is None:
-            if name in consts:
-                v = numpy_helper.to_array(consts[name])
-                return v.reshape(-1)[0] if np.unique(v).size == 1 else None
-            return leaf(name, leaves)
+            return numpy_helper.to_array(consts[name]) if name in consts else leaf(name, v, leaves)
         inner = set(leaves)
-        args = [values(x, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
-        if any(v is None for v in args):
-            return leaf(name, leaves)
+        args = [values(x, v, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+        if any(a is None for a in args):
+            return leaf(name, v, leaves)
         leaves |= inner
         try:
-            out = args[0] if n.op_type in LAYOUT_OPS else \
-                table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)
+            if n.op_type not in LAYOUT_OPS:
+                out = table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)
+            elif args[0].ndim == 0:
+                out = args[0]
+            else:
+                feeds = {x: numpy_helper.to_array(consts[x]) for x in n.input[1:] if x}
+                out = ReferenceEvaluator(n, opsets={"": opset}).run(None, {n.input[0]: args[0], **feeds})[0]
         except Exception:  # noqa: BLE001  (any op this evaluation cannot take: no mask)
             return None
         seen[name] = out
@@ -88,9 +102,12 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             continue
         for term in add.input:
             seen: dict = {}
-            v = values(term, seen, set())
-            if term not in terms or v is None or np.shape(v) != (2,) or np.asarray(v).dtype.kind != "f" or \
-                    sorted(v.tolist())[1] != 0 or not sorted(v.tolist())[0] <= MASK_LOW:
+            leaves: set = set()
+            at = [values(term, v, s, leaves) for v, s in ((0, seen), (1, {}))]
+            if term not in terms or any(a is None or np.asarray(a).dtype.kind != "f" for a in at):
+                continue
+            both = np.concatenate([np.ravel(a) for a in at])
+            if both.max() != 0 or not both.min() <= MASK_LOW or ((both != 0) & ~(both <= MASK_LOW)).any():
                 continue
             found += [producer[x] for x in seen if np.asarray(seen[x]).dtype.kind == "f"]
             found += [add, sm]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
+from support.masks import levelled_softmax_oracle
 from support.quantized import Oracle, layernorm_oracle, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -934,33 +935,6 @@ def hf_mask_model(shape, mask_shape, form, c, precision, x_type=T.INT8, out_type
         "m", [h.make_tensor_value_info("x", x_type, list(shape)), mask], [h.make_tensor_value_info("y", out_type, None)],
         [nh.from_array(np.asarray(v), k) for k, v in consts.items()])
     return onnx_model(g, 17)
-
-
-def levelled_softmax_oracle(v: np.ndarray, term: np.ndarray, s: float, q: Fraction, p, zo: int, lo: int, hi: int,
-                            big: float) -> np.ndarray:
-    """Softmax(x + term) along the last axis as docs/import.md states it, row by row: R the positions at the row's
-    highest term value L; L = 0: the Softmax oracle over R; L < 0: uniform over R where L absorbs x in float32 (x + L
-    rounds to L), else the softmax of x over R; L = -inf (float32's NaN): the type's least integer; 0 (z_out)
-    outside R."""
-    n = v.shape[-1]
-    v2, t2 = v.astype(np.int64).reshape(-1, n), np.broadcast_to(term, v.shape).reshape(-1, n)
-    f, b = p.frac_bits, p.split
-    out = np.full(v2.shape, zo, np.int64)
-    for o in range(v2.shape[0]):
-        top = t2[o].max()
-        r = t2[o] == top
-        if top == -np.inf:
-            out[o] = lo
-            continue
-        g = np.float32(-top)
-        uniform = top != 0 and big < float(g - np.nextafter(g, np.float32(0))) / 2
-        d = np.zeros(r.sum(), np.int64) if uniform else v2[o, r].max() - v2[o, r]
-        ex = [math.exp(-int(k) * s) for k in d]
-        bigs = [math.floor(Fraction(x) * 2**f + Fraction(1, 2)) for x in ex]
-        total = (sum(bigs) + (1 << b >> 1)) >> b
-        t = [math.floor(Fraction(x * float(q)) * 2**(f - b) + Fraction(1, 2)) for x in ex]
-        out[o, r] = [(2 * tk + total) // (2 * total) + zo for tk in t]
-    return np.clip(out, lo, hi).reshape(v.shape)
 
 
 def hf_term(m: np.ndarray, form: str, c: float) -> np.ndarray:

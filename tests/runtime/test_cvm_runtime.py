@@ -978,6 +978,29 @@ def test_hf_mask(tmp_path, hf):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+def test_decoder_mask(tmp_path):
+    """The BERT-like model with a decoder's mask (transformers' _make_causal_mask plus _expand_mask's Where of float32's
+    min, of the int64 mask (1, L)), quantized and imported by the masked-Softmax rule, the causal matrix folded into
+    the levels' key ((m - lo) K + c: a broadcast_mul and broadcast_add before the table): the runtime gives the
+    reference executor's integers on packed samples of masks with -1s, left padding and a row of -1s."""
+    import onnx
+    from support.packed import bert_like, bert_samples
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(bert_like(low=float(np.finfo(np.float32).min), decoder="legacy"), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64).reshape(16, 1, 6)
+    np.savez(tmp_path / "c.npz", **samples)
+    imp = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "gpt").imported
+    held = bert_samples(4, seed=9)
+    held["mask"] = held["mask"].astype(np.int64).reshape(4, 1, 6)
+    held["mask"][0, 0, :2] = -1
+    held["mask"][1] = -1
+    held["mask"][2, 0, :3] = 0
+    runs_as_reference(imp.graph, tmp_path / "gpt", imp.edges.pack(held))
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -1016,10 +1039,11 @@ def test_a_chain_past_the_storage_bound_in_reused_storage(tmp_path):
 
 
 @pytest.mark.parametrize("form, out, n", [("clip", (1 / 127, 0, T.INT8), 600), ("plain", (1 / 255, 128, T.UINT8), 600),
-                                          ("rsqrt", None, 600), ("clip", None, 40000)])
+                                          ("rsqrt", None, 600), ("clip", None, 40000),
+                                          ("norm_eps", (1 / 127, 0, T.INT8), 600)])
 def test_l2_normalization(tmp_path, form, out, n):
     """Issue 35's L2 normalization (x / max(||x||, eps), no eps with its zero rows, x * rsqrt(sum x^2 + eps) as a
-    float output) over channels (axis 1) and 600 values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
+    float output, x / (||x|| + eps)) over channels (axis 1) and 600 values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
     the runtime loads the table form (sum of squares, levels, cvm_lut, the products and shift) and gives the
     reference executor's integers, zero and extreme rows included."""
     from support.l2norm import l2_qdq

@@ -23,6 +23,9 @@ FORMS = {
     "tf": "tf.math.l2_normalize: Reciprocal(Sqrt(Max(ReduceSum(x * x), eps))) * x",
     "lp": "LpNormalization(p=2)",
     "plain": "x / Sqrt(ReduceSum(Pow(x, 2))), no eps",
+    "norm_eps": "torch x / (x.norm(dim, keepdim=True) + eps): ReduceL2, Add(eps), Div",
+    "sqrt_eps": "x / (Sqrt(ReduceSumSquare(x)) + eps)",
+    "div_add": "x / Sqrt(ReduceSum(x * x) + eps)",
 }
 
 
@@ -47,6 +50,14 @@ def l2_nodes(form: str, x: str, y: str, shape: tuple[int, ...], axis: int, eps: 
                  node("Add" if form == "rsqrt" else "Max", ["l2_s", "l2_eps"], ["l2_c"]),
                  node("Sqrt", ["l2_c"], ["l2_n"]), node("Reciprocal", ["l2_n"], ["l2_r"]),
                  node("Mul", [x, "l2_r"] if form == "rsqrt" else ["l2_r", x], [y], name="l2_mul")]
+    elif form in ("norm_eps", "sqrt_eps"):
+        norm = [node("ReduceL2", [x], ["l2_n"], axes=[axis], keepdims=1)] if form == "norm_eps" else \
+            [node("ReduceSumSquare", [x], ["l2_s"], axes=[axis], keepdims=1), node("Sqrt", ["l2_s"], ["l2_n"])]
+        nodes = [*norm, node("Add", ["l2_n", "l2_eps"], ["l2_c"]), node("Div", [x, "l2_c"], [y], name="l2_div")]
+    elif form == "div_add":
+        nodes = [node("Mul", [x, x], ["l2_p"]), node("ReduceSum", ["l2_p", "l2_axes"], ["l2_s"], keepdims=1),
+                 node("Add", ["l2_eps", "l2_s"], ["l2_c"]), node("Sqrt", ["l2_c"], ["l2_n"]),
+                 node("Div", [x, "l2_n"], [y], name="l2_div")]
     elif form == "lp":
         nodes = [node("LpNormalization", [x], [y], axis=axis, p=2, name="l2_lp")]
     elif form == "plain":
@@ -96,13 +107,14 @@ def l2_float(form: str, shape, axis: int, eps: float, seed: int = 0, reader: boo
 
 
 def exact_l2(u: np.ndarray, axis: int, s: Fraction, form: str, eps: Fraction) -> np.ndarray:
-    """u / sqrt(max(S + a / s^2, b / s^2)) in float64 from exact comparisons (S = sum u^2 along ``axis``, an
-    integer; the form's a and b from eps), the value y = x / ... of x = u s; a row of zeros with no eps NaN."""
+    """u / (sqrt(max(S + a / s^2, b / s^2)) + o / s) in float64 from exact comparisons (S = sum u^2 along ``axis``,
+    an integer; the form's a, b and o from eps), the value y = x / ... of x = u s; a row of zeros with no eps NaN."""
     total = (u.astype(object) ** 2).sum(axis=axis, keepdims=True)
-    a = eps if form == "rsqrt" else Fraction(0)
-    b = {"clip": eps * eps, "reducel2": eps * eps, "max": eps * eps, "tf": eps, "rsqrt": eps}.get(form, Fraction(0))
-    g, e = a / (s * s), b / (s * s)
-    den = np.vectorize(lambda v: math.sqrt(max(Fraction(int(v)) + g, e)) if max(v + g, e) else math.nan,
+    a = eps if form in ("rsqrt", "div_add") else Fraction(0)
+    b = {"clip": eps * eps, "reducel2": eps * eps, "max": eps * eps, "tf": eps, "rsqrt": eps,
+         "div_add": eps}.get(form, Fraction(0))
+    g, e, o = a / (s * s), b / (s * s), (eps / s if form in ("norm_eps", "sqrt_eps") else Fraction(0))
+    den = np.vectorize(lambda v: math.sqrt(max(Fraction(int(v)) + g, e)) + o if max(v + g, e) or o else math.nan,
                        otypes=[np.float64])(total)
     with np.errstate(invalid="ignore"):
         return np.where(den > 0, u / np.where(den > 0, den, 1), 0.0 if form == "lp" else math.nan)

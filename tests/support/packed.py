@@ -12,14 +12,15 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state: bool = False,
-              low: float | None = None, hf: str | None = None) -> onnx.ModelProto:
+              low: float | None = None, hf: str | None = None, decoder: str | None = None) -> onnx.ModelProto:
     """input_ids (1, L) int64 -> token embeddings (Gather); one attention head whose scores q k^T / sqrt(d) get
     30 (mask - 1) added (mask (1, 1, L) float: 1 for a token, 0 for padding); softmax, the values, a mean over the
     tokens and a dense head (1, 3). ``low``: the mask int64 instead, Where(Cast(mask, bool), 0, low) added (torch's
     form). ``hf`` with ``low``: HF's additive mask from the int64 mask instead: "mul", (1 - Cast(mask, float)) * low;
     "where", Where(Cast(inv, bool), low, inv) of inv = 1 - Cast(Expand(mask, (1, L, L)), float), as transformers'
-    _prepare_4d_attention_mask writes it. ``state``: a third input (1, d) float added to the pooled vector (a
-    recurrent model's state, to fold)."""
+    _prepare_4d_attention_mask writes it. ``decoder`` with ``low``: the mask int64 (1, L) and a decoder's padding and
+    causal term of it instead (``support.masks.decoder_term``: that form). ``state``: a third input (1, d) float added
+    to the pooled vector (a recurrent model's state, to fold)."""
     rng = np.random.default_rng(seed)
 
     def c(name, shape):
@@ -51,6 +52,18 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
                                 h.make_node("Sub", ["one", "mf"], ["inv"]),
                                 h.make_node("Cast", ["inv"], ["masked"], to=T.BOOL),
                                 h.make_node("Where", ["masked", "low", "inv"], ["bias"])]}[hf]
+    if decoder is not None:
+        from support.masks import decoder_term
+
+        term, consts = decoder_term(decoder, 1, length, low)
+        nodes[7:10] = [*term, h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]),
+                       h.make_node("Add", ["s1", "bias3"], ["s2"])]
+        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, length])] if decoder != "causal" else []
+        used = {x for n in term for x in n.input} | {"bias"}
+        inits = [nh.from_array(np.asarray(v), k) for k, v in consts.items() if k in used]
+        inits.append(nh.from_array(np.array([1], np.int64), "axis1"))
+        for n in nodes:
+            n.input[:] = ["mask" if x == "m" else x for x in n.input]
     if state:
         nodes.append(h.make_node("Add", ["pooled", "state"], ["pooled2"]))
         inputs.append(h.make_tensor_value_info("state", T.FLOAT, [1, d]))

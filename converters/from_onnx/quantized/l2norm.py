@@ -1,11 +1,12 @@
 """L2 normalization of a dequantized value, in integers (docs/import.md, "L2 normalization: the integer form and its
 bound"): LpNormalization(p=2), and the written-out forms found in the graph before the walk (``l2_chains``):
-x / max(||x||, eps), x / sqrt(sum x^2 + eps), x * Reciprocal(...), the norm as ReduceL2, Sqrt or Pow(0.5) of
-ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps by Clip(min), Max or Add.
+x / max(||x||, eps), x / sqrt(sum x^2 + eps), x / (||x|| + eps), x * Reciprocal(...), the norm as ReduceL2, Sqrt or
+Pow(0.5) of ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps by Clip(min), Max or Add.
 
-With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / sqrt(max(sum x^2 + a, b))
-= u / sqrt(max(S + G, E)), G = a / s^2, E = b / s^2: LayerNormalization's table form (``norm.best_plan``) with
-D = u, V = S (|D| <= sqrt(V), as |D| <= sqrt((n - 1) V) there with n = 2), gamma = 1 / s_out and beta = 0.
+With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / (sqrt(max(sum x^2 + a,
+b)) + o) = u / (sqrt(max(S + G, E)) + O), G = a / s^2, E = b / s^2, O = o / s: LayerNormalization's table form
+(``norm.best_plan``) with D = u, V = S (|D| <= sqrt(V), as |D| <= sqrt((n - 1) V) there with n = 2), gamma = 1 / s_out
+and beta = 0.
 
 The norm itself as a value (``norm_chains``, ``Norm``; docs/import.md, "The L2 norm as a value"): s sqrt(S)
 requantized exactly, round(s sqrt(S) / s_y), from the exact integer S; a float function after it, over S.
@@ -48,10 +49,11 @@ def quartered_fits(n: int, peak: int, t_bits: int, quarter: int) -> bool:
             and tight(n * peak * peak // unit + n) <= 31 and tight(unit * ((1 << (t_bits - 2)) + n)) <= 31)
 
 
-def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
-    """The plan of least delta for u / sqrt(max(S + G, E)) over rows of n integers |u| <= peak, in output steps
-    of s_out, into [low, high] (z_out subtracted); where S passes 32 bits, its level and bucket from the squares
-    split at 4^Q (``quartered``)."""
+def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: int, high: int,
+            o: Fraction = Fraction(0)) -> LayerNormPlan:
+    """The plan of least delta for u / (sqrt(max(S + G, E)) + O) over rows of n integers |u| <= peak, in output
+    steps of s_out, into [low, high] (z_out subtracted); where S passes 32 bits, its level and bucket from the
+    squares split at 4^Q (``quartered``)."""
     v_max = n * peak * peak
     quarter, shape = 0, table_shape(v_max, 0)
     if not squares_fit(n, peak):
@@ -64,15 +66,15 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
     if levels and e - g > (1 << t_bits):  # the eps floor must lie where the table holds every S exactly
         raise NoPlan(f"an L2 normalization's eps lies {float(e - g):.3g} squared input steps out (at most 2^{t_bits})")
     d_bits = tight(peak)
-    r_first = max(1 / math.sqrt(max(1 + float(g), float(e))) if v_max else 0.0,
+    r_first = max(1 / (math.sqrt(max(1 + float(g), float(e))) + float(o)) if v_max else 0.0,
                   2.0 ** (1 - t_bits / 2) if levels else 0.0)
     f = table_bits(r_first, d_bits)
     precision = tight(max(-low, high))
     gamma, beta = np.array([1 / s_out], dtype=object), np.array([Fraction(0)], dtype=object)
     key = (2, 0, t_bits, levels, quarter, precision)  # n = 2: |D| <= sqrt((2 - 1) V), V >= 1 when not 0
-    best, h = best_plan(key, v_max, float(g), f, d_bits, 0, gamma, beta, floor=float(e)), 31 - d_bits
+    best, h = best_plan(key, v_max, float(g), f, d_bits, 0, gamma, beta, floor=float(e), outside=float(o)), 31 - d_bits
     if (best is None or best.delta >= Fraction(1, 2)) and h > 0:  # R in two parts
-        best = best_plan(key, v_max, float(g), f, d_bits, h, gamma, beta, floor=float(e))
+        best = best_plan(key, v_max, float(g), f, d_bits, h, gamma, beta, floor=float(e), outside=float(o))
     if best is None or best.delta >= Fraction(1, 2):
         raise NoPlan(f"an L2 normalization over {n} values at {float(1 / s_out):.3g} output steps per unit has no "
                      "integer form within half a step in 32 bits")
@@ -81,13 +83,15 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
 
 @dataclass(frozen=True, eq=False)
 class L2Normalized(Deferred):
-    """x / sqrt(max(sum x^2 + add, floor)) over the n values of ``view`` (outer, n, inner), made integers by the
-    QuantizeLinear that follows; ``nan_at_zero``: a row of zeros is 0 / 0 (no eps), QuantizeLinear's NaN."""
+    """x / (sqrt(max(sum x^2 + add, floor)) + outside) over the n values of ``view`` (outer, n, inner), made
+    integers by the QuantizeLinear that follows; ``nan_at_zero``: a row of zeros is 0 / 0 (no eps), QuantizeLinear's
+    NaN."""
 
     x: Scaled
     view: tuple[int, int, int]
     add: Fraction
     floor: Fraction
+    outside: Fraction
     nan_at_zero: bool
     node: str = ""
     what: str = "L2 normalization"
@@ -110,7 +114,8 @@ class L2Normalized(Deferred):
         t, z = self.x.t, int(self.x.zero.reshape(()))
         s = self.x.scale.reshape(()).item()
         peak = max(abs(t.lo - z), abs(t.hi - z))
-        return l2_plan(self.view[1], peak, self.add / (s * s), self.floor / (s * s), s_out, low, high)
+        return l2_plan(self.view[1], peak, self.add / (s * s), self.floor / (s * s), s_out, low, high,
+                       self.outside / s)
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         """The integers of QuantizeLinear(y), by ``l2_plan``'s form."""
@@ -236,20 +241,21 @@ def lp_normalization_rule(ctx, node, x):
         raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
     axis %= rank
     view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-    return L2Normalized(x, view, Fraction(0), Fraction(0), False, node.name)
+    return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
 
 
 # -- the written-out forms ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class L2Chain:
     """The Div (or Mul) ``node`` that ends a written-out L2 normalization of tensor ``x`` over ``view`` (outer, n,
-    inner): x / sqrt(max(sum x^2 + add, floor)); ``nodes``: every node of it (the reduction's on)."""
+    inner): x / (sqrt(max(sum x^2 + add, floor)) + outside); ``nodes``: every node of it (the reduction's on)."""
 
     node: onnx.NodeProto
     x: str
     view: tuple[int, int, int]
     add: Fraction
     floor: Fraction
+    outside: Fraction
     nodes: tuple[onnx.NodeProto, ...]
 
 
@@ -352,7 +358,8 @@ def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
         keep = tuple(1 if a in axes else d for a, d in enumerate(shape))
         if not _divisor(g, steps[-2::-1], den, keep, shape):
             continue
-        add, floor, rooted, recips, ok = Fraction(0), Fraction(0), total.op_type == "ReduceL2", 0, True
+        add, floor, outside, rooted, recips, ok = Fraction(0), Fraction(0), Fraction(0), total.op_type == "ReduceL2", \
+            0, True
         for n in steps[-2::-1]:  # from the sum to the divisor
             if n.op_type in ("Sqrt", "Pow"):
                 ok, rooted = ok and not rooted, True
@@ -360,16 +367,19 @@ def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
                 ok, recips = ok and rooted, recips + 1
             elif n.op_type == "Add":
                 c = next(_scalar(g, i) for i in n.input if _scalar(g, i) is not None)
-                ok = ok and not rooted and c >= 0
-                add, floor = add + c, floor + c
+                ok = ok and not recips and c >= 0
+                if rooted:  # eps added to the norm: ||x|| + eps
+                    outside += c
+                else:
+                    add, floor = add + c, floor + c
             elif n.op_type in ("Max", "Clip"):
                 c = _lower_bound(g, n)[1]
-                ok = ok and not recips
+                ok = ok and not recips and not outside
                 floor = max(floor, c * c if c > 0 else 0) if rooted else max(floor, c)
         if not ok or not rooted or recips != (node.op_type == "Mul"):
             continue
         view = (math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]))
-        return L2Chain(node, x, view, add, floor, (*steps, *squares, node))
+        return L2Chain(node, x, view, add, floor, outside, (*steps, *squares, node))
     return None
 
 
@@ -387,7 +397,8 @@ def l2_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, .
 def l2_value(chain: L2Chain, x) -> L2Normalized:
     """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
-    return L2Normalized(x, chain.view, chain.add, chain.floor, not chain.floor, chain.node.name)
+    return L2Normalized(x, chain.view, chain.add, chain.floor, chain.outside, not (chain.floor or chain.outside),
+                        chain.node.name)
 
 
 # -- the norm as a value ------------------------------------------------------------------------------------------

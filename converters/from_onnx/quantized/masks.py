@@ -1,22 +1,27 @@
 """An attention mask's term as users ship it: a float tensor computed elementwise from one integer tensor (an int64
-attention_mask input) by constant ops, as HF writes (1 - mask) * c and torch Where(keep, 0, c), added to the scores a
-Softmax reads. Over the integer's whole range (the packed input's clip makes it the only values it can take) the
-term is a table; where every entry is 0 or a level that masks, the masked Softmax takes it (docs/import.md, "Masked
-Softmax")."""
+attention_mask input) and constants, as HF writes (1 - mask) * c and torch Where(keep, 0, c), a decoder with its causal
+matrix, added to the scores a Softmax reads. Over the integer's whole range (the packed input's clip makes it the only
+values it can take) at each constants' value the term is a table; where every entry is 0 or a level that masks, the
+masked Softmax takes it (docs/import.md, "Masked Softmax")."""
 from __future__ import annotations
+
+import functools
+import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from ..context import BOOL, INT32, Tensor, const
+from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable
 from ..emit import as_int32
 from ..registry import Refuse, integer_rule
 from .qdq import MAX_TABLE, Mask
 from .values import Deferred
 
-#: Elementwise ops a mask's term may take (their other operands constants of one value each).
-VALUE_OPS = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Neg", "Not", "Where", "Equal", "Less", "Greater"})
+#: Elementwise ops a mask's term may take (their other operands constants: a causal matrix, or one value).
+VALUE_OPS = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Neg", "Not", "Where", "Equal", "Less", "Greater",
+                       "LessOrEqual", "GreaterOrEqual", "And", "Or", "Min", "Max"})
+COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"})
 #: Ops that move a mask's values without changing them (their other operands shapes or axes).
 LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity"})
 
@@ -24,7 +29,8 @@ LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", 
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
     """The outputs of the nodes that compute an operand of an Add read by a Softmax alone through ``VALUE_OPS`` and
     ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those nodes or the Add: the
-    attention masks' terms, tabulated by ``tabulated``."""
+    attention masks' terms, tabulated by ``tabulated``; and such an operand that is a float constant of several
+    values, each 0 or negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -47,9 +53,31 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
         out = {o for o, n in cone.items() if o in outputs or
                any(id(r) not in ids and (r.output[0] not in cone) for r in readers.get(o, []))}
         if not out:
-            return set(cone)
+            break
         for o in out:
             del cone[o]
+    stored = {t.name: t for t in graph.initializer}
+    stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
+    fixed = {x for a in adds for x in a.input if x in stored and x not in outputs and
+             all(id(r) in ids for r in readers[x]) and _levels(stored[x])}
+    return set(cone) | fixed
+
+
+def _levels(t: onnx.TensorProto) -> bool:
+    """Whether a stored constant is a float one of several values, each 0 or negative, 0 among them."""
+    if t.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16) or \
+            t.data_location == TensorProto.EXTERNAL or math.prod(t.dims) > MAX_FOLDED:
+        return False
+    v = numpy_helper.to_array(t)
+    return v.size > 1 and v.max() == 0 and v.min() < 0
+
+
+def constant_term(x: Tensor) -> Tabulated | Tensor:
+    """A constant of several values added to the scores a Softmax reads (a folded causal matrix: ``mask_terms``): a
+    table of its distinct values at a constant key; one value: itself."""
+    k = _keyed(x)
+    return x if k is None else Tabulated(k[0], k[2])
 
 
 class Tabulated(Deferred):
@@ -94,54 +122,97 @@ def table_op(op: str, to: int | None, args: list[np.ndarray]) -> np.ndarray:
             return ~args[0]
         if op == "Where":
             return np.where(args[0], args[1], args[2]).astype(np.result_type(args[1], args[2]))
-        a, b = args
-        if a.dtype != b.dtype:
+        if len({a.dtype for a in args}) > 1:
             raise Refuse(f"{op} of an attention mask's term and a constant of another type")
-        if op == "Div" and a.dtype.kind != "f":
+        if op == "Div" and args[0].dtype.kind != "f":
             raise Refuse("Div of integers in an attention mask's term has no table form here")
         fn = {"Sub": np.subtract, "Add": np.add, "Mul": np.multiply, "Div": np.divide, "Equal": np.equal,
-              "Less": np.less, "Greater": np.greater}[op]
-        return np.asarray(fn(a, b)).astype(bool if op in ("Equal", "Less", "Greater") else a.dtype)
+              "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
+              "And": np.logical_and, "Or": np.logical_or, "Min": np.minimum, "Max": np.maximum}[op]
+        out = functools.reduce(fn, args) if op in ("Min", "Max") else fn(*args)
+        return np.asarray(out).astype(bool if op in COMPARISONS else args[0].dtype)
+
+
+def _keyed(x) -> tuple[Tensor, int, np.ndarray] | None:
+    """An operand of a term's op as (key, lo, values): the value at a position is values[key - lo] there, key an
+    integer tensor (a variable one, or the constant index of a constant's distinct values); None for a constant of
+    one value."""
+    if isinstance(x, Tabulated):
+        return x.t, 0 if x.t.dtype == BOOL else x.t.lo, np.asarray(x.table)
+    if not x.is_const:
+        lo, hi = (0, 1) if x.dtype == BOOL else (x.lo, x.hi)
+        if hi - lo + 1 > MAX_TABLE:
+            raise Refuse(f"an attention mask's term of an integer tensor of {hi - lo + 1} values: its table holds at "
+                         "most 2^16")
+        return x, lo, np.arange(lo, hi + 1).astype(_np_type(x.dtype))
+    v = np.asarray(x.value)
+    if np.unique(v).size <= 1:
+        return None
+    values, index = np.unique(v, return_inverse=True)
+    return const(index.reshape(v.shape).astype(np.int32), INT32), 0, values.astype(v.dtype)
+
+
+def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Constant keys combined into one, c in 0 .. K - 1 (the distinct tuples of their positions' indices, in the
+    shape they broadcast to), and each one's values indexed by c."""
+    shape = np.broadcast_shapes(*(k.shape for k, _, _ in keys))
+    c, per = np.zeros(foldable(shape), np.int64), []
+    for k, lo, values in keys:  # compacted at each step: every pair below 2^48
+        pairs = c * values.size + (np.asarray(k.value, np.int64) - lo)
+        tuples, c = np.unique(pairs, return_inverse=True)
+        per = [p[tuples // values.size] for p in per] + [values[tuples % values.size]]
+        c = c.reshape(shape)
+    return c, per
 
 
 def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
-    """A node of an attention mask's term (``mask_terms``): a move of a table's integers by its integer rule (of
-    plain integers, that rule); an elementwise op of one tensor of integers (computed, or a constant of several
-    values) or tables of one such tensor, its other operands constants of one value each: the op on the table,
-    over the tensor's whole range lo .. hi (at most 2^16 integers)."""
+    """A node of an attention mask's term (``mask_terms``): a move of a table's key by its integer rule (of plain
+    integers, that rule); an elementwise op of one tensor of integers t (or tables of it) and constants: the op on
+    the table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index of the constants'
+    distinct values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all."""
     if node.op_type in LAYOUT_OPS:
         x = ins[0]
         if isinstance(x, Tabulated):
             return Tabulated(integer_rule(node)(ctx, node, x.t, *ins[1:]), x.table)
         return integer_rule(node)(ctx, node, *ins)
-    varying = [x for x in ins if isinstance(x, Tabulated) or
-               (isinstance(x, Tensor) and (not x.is_const or np.unique(np.asarray(x.value)).size > 1))]
-    if not varying:
+    keyed = [None if x is None else _keyed(x) for x in ins]
+    if all(k is None for k in keyed):
         return integer_rule(node)(ctx, node, *ins)
-    sources = {id(x.t if isinstance(x, Tabulated) else x): x.t if isinstance(x, Tabulated) else x for x in varying}
+    sources = {id(k[0]): k for k in keyed if k is not None and not k[0].is_const}
     if len(sources) > 1:
         raise Refuse(f"{node.op_type} of an attention mask's term: two tensors vary (a table takes one)")
-    [t] = sources.values()
-    lo, hi = (0, 1) if t.dtype == BOOL else (t.lo, t.hi)
-    if hi - lo + 1 > MAX_TABLE:
-        raise Refuse(f"an attention mask's term of an integer tensor of {hi - lo + 1} values: its table holds at most "
-                     "2^16")
-    args, shape = [], t.shape
-    for x in ins:
-        if isinstance(x, Tabulated):
-            args.append(x.table)
-        elif x is t:
-            args.append(np.arange(lo, hi + 1).astype(_np_type(t.dtype)))
-        elif isinstance(x, Tensor) and x.is_const:
+    fixed = [k for k in keyed if k is not None and k[0].is_const]
+    c, per = _constant_key(fixed) if fixed else (np.zeros((), np.int64), [])
+    size = int(c.max()) + 1
+    shape = tuple(np.broadcast_shapes(*(x.shape for x in ins if x is not None)))
+    if sources:
+        [(t, lo, table)] = sources.values()
+        span = table.size
+        if span * size > MAX_TABLE:
+            raise Refuse(f"{node.op_type} of an attention mask's term: a table over {span} integers at {size} "
+                         "constants' values would hold more than 2^16 entries")
+        key = t
+        if size > 1:
+            key = ctx.result(ctx.op("broadcast_mul", as_int32(t), const(np.array(size, np.int32), INT32)), INT32,
+                             lo * size, (lo + span - 1) * size, t.shape)
+            offset = const((c - lo * size).astype(np.int32), INT32)
+            key = ctx.result(ctx.op("broadcast_add", key, offset), INT32, 0, span * size - 1,
+                             tuple(np.broadcast_shapes(t.shape, c.shape)))
+        key = ctx.broadcast_to(key, shape)
+    else:
+        span, lo = 1, 0
+        key = const(np.broadcast_to(c, foldable(shape)).astype(np.int32), INT32)
+    args, fixed_at = [], iter(per)
+    for x, k in zip(ins, keyed):
+        if k is None:
             v = np.asarray(x.value)
             args.append(v.reshape(-1)[0].astype(v.dtype) if v.size else v)
-            shape = tuple(np.broadcast_shapes(shape, x.shape)) if v.size else shape
+        elif k[0].is_const:
+            args.append(np.tile(next(fixed_at), span))
         else:
-            raise Refuse(f"{node.op_type} of an attention mask's term and a dequantized value has no table form")
+            args.append(np.repeat(k[2], size))
     out = table_op(node.op_type, node.attr_int("to") if node.op_type == "Cast" else None, args)
-    if shape != t.shape:
-        t = ctx.broadcast_to(t, shape)
-    return Tabulated(t, out)
+    return Tabulated(key, out)
 
 
 def mask_of_table(ctx, x: Tabulated) -> Mask:

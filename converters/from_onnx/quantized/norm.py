@@ -71,14 +71,18 @@ def _rounded(num: int, den: int, t: int) -> int:
 
 
 def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
-                h: int = 0, floor: float = 0.0) -> tuple[np.ndarray, float, float]:
+                h: int = 0, floor: float = 0.0, outside: float = 0.0) -> tuple[np.ndarray, float, float]:
     """R over (m, bucket) as the flat table at 3 * 2^(T-2) * m + bucket (a level m >= 1 has buckets 2^(T-2) ..
-    2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / sqrt(max(v + G, floor))) with h extra bits
-    (the split form's; ``floor`` an L2 normalization's eps, reached at level 0 only, where v is exact), and E = the
+    2^T - 1 only: the levels follow each other), R = round(2^(F+m+h) / (sqrt(max(v + G, floor)) + outside)) with h
+    extra bits (the split form's; ``floor`` an L2 normalization's eps, reached at level 0 only, where v is exact;
+    ``outside`` its eps added to the root; below, sqrt(V + G) stands for that whole divisor), and E = the
     worst |D| |R / 2^h - 2^(F+m) / sqrt(V + G)| / 2^m over every reachable V (V = 0 or
     V >= n - 1, |D| <= sqrt((n - 1) V)), computed in float64 at the bucket's ends (the distance is monotone in V
     within a bucket) with a relative margin of 2^-40; and eps = the worst |R / (2^h R*) - 1|, R* = 2^(F+m) /
     sqrt(V + G), over the same V (monotone within a bucket too), with an absolute margin of 2^-40."""
+    def root(v: np.ndarray) -> np.ndarray:
+        return np.sqrt(np.maximum(v + g, floor)) + outside
+
     size, step = 1 << t_bits, 3 << (t_bits - 2)
     table = np.zeros(size + levels * step if levels else v_max + 1, np.int64)
     worst = rel = 0.0
@@ -96,14 +100,13 @@ def level_table(n: int, v_max: int, g: float, t_bits: int, levels: int, f: int,
         k, lo, hi, mid = k[keep], lo[keep], np.minimum(hi[keep], v_max), mid[keep]
         if not k.size:
             continue
-        r = np.floor(np.ldexp(1 / np.sqrt(np.maximum(mid + g, floor)), f + m + h) + 0.5).astype(np.int64)
+        r = np.floor(np.ldexp(1 / root(mid), f + m + h) + 0.5).astype(np.int64)
         table[m * step + k] = r
         for v in (lo, hi):
-            e = np.abs(np.ldexp(r.astype(np.float64), -h) - np.ldexp(1 / np.sqrt(np.maximum(v + g, floor)), f + m)) * \
+            e = np.abs(np.ldexp(r.astype(np.float64), -h) - np.ldexp(1 / root(v), f + m)) * \
                 np.sqrt((n - 1) * v.astype(np.float64))
             worst = max(worst, float(np.max(np.ldexp(e, -m))))
-            rel = max(rel, float(np.max(np.abs(np.ldexp(r.astype(np.float64), -(f + m + h)) *
-                                               np.sqrt(np.maximum(v + g, floor)) - 1))))
+            rel = max(rel, float(np.max(np.abs(np.ldexp(r.astype(np.float64), -(f + m + h)) * root(v) - 1))))
     return table, worst * (1 + 2.0**-40), rel + 2.0**-40
 
 
@@ -208,12 +211,13 @@ def table_bits(r_first: float, d_bits: int) -> int:
 
 
 def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, gamma: np.ndarray,
-              beta: np.ndarray, outputs: tuple[int, int] | None = None, floor: float = 0.0) -> LayerNormPlan | None:
+              beta: np.ndarray, outputs: tuple[int, int] | None = None, floor: float = 0.0,
+              outside: float = 0.0) -> LayerNormPlan | None:
     """The plan of least delta for table bits F and split h (0: one product D R; else D (R >> h) and D (R mod 2^h),
-    each truncated), over j and k; with ``outputs`` (low, high), ``saturating_plan``'s; ``floor`` as
-    ``level_table``'s. None when no table or no multipliers fit 32 bits."""
+    each truncated), over j and k; with ``outputs`` (low, high), ``saturating_plan``'s; ``floor`` and ``outside``
+    as ``level_table``'s. None when no table or no multipliers fit 32 bits."""
     n, centre, t_bits, levels, quarter, precision = shape
-    table, worst, rel = level_table(n, v_max, g, t_bits, levels, f, h, floor)
+    table, worst, rel = level_table(n, v_max, g, t_bits, levels, f, h, floor, outside)
     if tight(int(table.max(initial=0)) >> h) + d_bits > 32:
         if h or outputs:
             return None

@@ -1,0 +1,163 @@
+"""Decoder attention masks as exporters write them, torch-free: a padding term of an int64 attention_mask input (B, S)
+combined with a causal matrix computed from shapes (Range, Less, Trilu, ConstantOfShape, Expand), added to
+dequantized scores (B, H, S, S) a Softmax reads; and the row-by-row oracle of docs/import.md's masked Softmax."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from cvm_onnx.core.format.onnx_file import onnx_model
+
+#: The decoder forms: "legacy", transformers' _make_causal_mask (Where(Less(Range, Range + 1 as a column), 0,
+#: full(c))) plus _expand_mask's Where(Cast(1 - m, bool), c, 1 - m); "to_4d", AttentionMaskConverter.to_4d: the
+#: padding's Where over the causal matrix (a sliding window's Trilu filled with c too); "cache", the
+#: cache-position form: Trilu(full(c), k=1) times Greater(Range, cache_position), (causal + m) == 0 filled with c;
+#: "sdpa", torch's SDPA of a bool mask: Where(And(causal, Cast(m, bool)), 0, c); "min", Min of HF's (1 - m) c and
+#: the causal matrix; "gpt2", a folded causal initializer plus HF's (1 - m) c; "causal", that initializer alone (an
+#: export without attention_mask: m unread).
+FORMS = ("legacy", "to_4d", "cache", "sdpa", "min", "gpt2", "causal")
+
+
+def _causal(form: str, c: float, window: int | None) -> tuple[list, dict]:
+    """The causal part's nodes (output ``causal``: (S, S) float, 0 where kept and c elsewhere; ``keep`` bool for
+    sdpa) from the length S = Shape(m)[1], and their constants."""
+    nodes = [h.make_node("Shape", ["m"], ["m_shape"]), h.make_node("Gather", ["m_shape", "one_i"], ["len"], axis=0),
+             h.make_node("Range", ["zero_i", "len", "one_i"], ["pos"]),
+             h.make_node("Concat", ["len_1", "len_1"], ["square"], axis=0)]
+    consts = {"one_i": np.array(1, np.int64), "zero_i": np.array(0, np.int64)}
+    nodes.append(h.make_node("Unsqueeze", ["len", "axis0"], ["len_1"]))
+    consts["axis0"] = np.array([0], np.int64)
+    if form == "cache":  # full(c), triu(k=1), times arange > cache_position (0 .. S-1) as a column
+        nodes += [h.make_node("ConstantOfShape", ["square"], ["filled"], value=h.make_tensor("v", T.FLOAT, [1], [c])),
+                  h.make_node("Trilu", ["filled", "one_i"], ["upper"]),
+                  h.make_node("Reshape", ["pos", "column"], ["cache_pos"]),
+                  h.make_node("Greater", ["pos", "cache_pos"], ["after"]),
+                  h.make_node("Cast", ["after"], ["after_f"], to=T.FLOAT), h.make_node("Mul", ["upper", "after_f"],
+                                                                                     ["causal"])]
+        consts["column"] = np.array([-1, 1], np.int64)
+        return nodes, consts
+    nodes += [h.make_node("Add", ["pos", "one_i"], ["pos1"]), h.make_node("Reshape", ["pos1", "column"], ["col"]),
+              h.make_node("Less", ["pos", "col"], ["keep"])]
+    consts["column"] = np.array([-1, 1], np.int64)
+    if form == "sdpa":
+        return nodes, consts
+    nodes += [h.make_node("ConstantOfShape", ["square"], ["filled"], value=h.make_tensor("v", T.FLOAT, [1], [c])),
+              h.make_node("Where", ["keep", "zero_f", "filled"], ["causal0" if window else "causal"])]
+    if window:  # mask.masked_fill_(tril(ones(bool), diagonal=-window), c)
+        nodes += [h.make_node("ConstantOfShape", ["square"], ["ones"], value=h.make_tensor("v", T.BOOL, [1], [1])),
+                  h.make_node("Trilu", ["ones", "minus_window"], ["far"], upper=0),
+                  h.make_node("Where", ["far", "c", "causal0"], ["causal"])]
+        consts["minus_window"] = np.array(-window, np.int64)
+    return nodes, consts
+
+
+def decoder_term(form: str, batch: int, s: int, c: float, window: int | None = None) -> tuple[list, dict]:
+    """The nodes computing ``bias`` (B, 1, S, S) from the int64 input ``m`` (B, S), and their constants."""
+    consts = {"c": np.float32(c), "one_f": np.float32(1), "zero_f": np.float32(0), "axes12": np.array([1, 2], np.int64),
+              "axes01": np.array([0, 1], np.int64), "wide": np.array([batch, 1, s, s], np.int64)}
+    if form == "causal":  # no padding input: the folded causal matrix alone is the term
+        kept = np.tril(np.ones((s, s), bool))
+        return [], {"bias": np.where(kept, np.float32(0), np.float32(c)).astype(np.float32).reshape(1, 1, s, s)}
+    if form == "gpt2":  # the causal matrix folded into an initializer, as a static export leaves it
+        kept = np.tril(np.ones((s, s), bool))
+        consts["causal"] = np.where(kept, np.float32(0), np.float32(c)).astype(np.float32)
+        nodes = []
+    else:
+        nodes, more = _causal(form, c, window)
+        consts.update(more)
+    pad = [h.make_node("Unsqueeze", ["m", "axes12"], ["m4"])]
+    if form in ("legacy", "to_4d"):
+        pad += [h.make_node("Expand", ["m4", "wide"], ["m_wide"]), h.make_node("Cast", ["m_wide"], ["mf"], to=T.FLOAT),
+                h.make_node("Sub", ["one_f", "mf"], ["inv"]), h.make_node("Cast", ["inv"], ["masked"], to=T.BOOL)]
+        if form == "legacy":
+            pad.append(h.make_node("Where", ["masked", "c", "inv"], ["pad"]))
+            tail = [h.make_node("Unsqueeze", ["causal", "axes01"], ["causal4"]),
+                    h.make_node("Expand", ["causal4", "wide"], ["causal_b"]),
+                    h.make_node("Add", ["pad", "causal_b"], ["bias"])]
+        else:
+            tail = [h.make_node("Unsqueeze", ["causal", "axes01"], ["causal4"]),
+                    h.make_node("Expand", ["causal4", "wide"], ["causal_b"]),
+                    h.make_node("Where", ["masked", "c", "causal_b"], ["bias"])]
+    elif form == "cache":
+        pad += [h.make_node("Cast", ["m4"], ["mf"], to=T.FLOAT)]
+        tail = [h.make_node("Unsqueeze", ["causal", "axes01"], ["causal4"]),
+                h.make_node("Expand", ["causal4", "wide"], ["causal_b"]),
+                h.make_node("Add", ["causal_b", "mf"], ["sum"]), h.make_node("Equal", ["sum", "zero_f"], ["padded"]),
+                h.make_node("Where", ["padded", "c", "causal_b"], ["bias"])]
+    elif form == "sdpa":
+        pad += [h.make_node("Cast", ["m4"], ["kept"], to=T.BOOL)]
+        tail = [h.make_node("Unsqueeze", ["keep", "axes01"], ["keep4"]),
+                h.make_node("And", ["keep4", "kept"], ["both"]),
+                h.make_node("Where", ["both", "zero_f", "c"], ["bias"])]
+    else:  # min, gpt2: HF's (1 - m) c
+        pad += [h.make_node("Cast", ["m4"], ["mf"], to=T.FLOAT), h.make_node("Sub", ["one_f", "mf"], ["inv"]),
+                h.make_node("Mul", ["inv", "c"], ["pad"])]
+        tail = [h.make_node("Min" if form == "min" else "Add", ["pad", "causal"], ["bias"])]
+    return nodes + pad + tail, consts
+
+
+def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: float, window: int | None = None,
+                  so: float = 1 / 255, term: bool = False) -> onnx.ModelProto:
+    """DequantizeLinear(x int8 (B, H, S, S)) + the decoder term of ``m`` -> Softmax (last axis) -> QuantizeLinear
+    (uint8, ``so``): the form quantize leaves; ``term``: the term (B, 1, S, S) float as the output instead."""
+    nodes, consts = decoder_term(form, batch, s, c, window)
+    consts.update({"s": np.float32(scale), "zx": np.int8(0), "so": np.float32(so), "zo": np.uint8(0)})
+    m = h.make_tensor_value_info("m", T.INT64, [batch, s])
+    m.metadata_props.add(key="cvm.precision", value="2")
+    if term:
+        out, inputs = [h.make_tensor_value_info("bias", T.FLOAT, None)], [m]
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), *nodes,
+                 h.make_node("Add", ["xf", "bias"], ["sc"]), h.make_node("Softmax", ["sc"], ["sf"], axis=-1),
+                 h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
+        out = [h.make_tensor_value_info("y", T.UINT8, None)]
+        inputs = [h.make_tensor_value_info("x", T.INT8, [batch, heads, s, s]), m]
+    if form == "causal":
+        inputs = inputs[:1]
+    used = {i for n in nodes for i in n.input}
+    g = h.make_graph(nodes, "decoder", inputs, out, [nh.from_array(np.asarray(v), k) for k, v in consts.items()
+                                                     if k in used])
+    return onnx_model(g, 17)
+
+
+def term_of(form: str, m: np.ndarray, c: float, window: int | None = None) -> np.ndarray:
+    """The decoder term (B, 1, S, S) as onnxruntime computes the float graph on ``m``."""
+    if form == "causal":
+        return decoder_term(form, *m.shape, c)[1]["bias"]
+    model = decoder_model(form, *m.shape[:1], 1, m.shape[1], c, 1.0, window, term=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"m": m.astype(np.int64)})[0]
+
+
+def levelled_softmax_oracle(v: np.ndarray, term: np.ndarray, s: float, q: Fraction, p, zo: int, lo: int, hi: int,
+                            big: float) -> np.ndarray:
+    """Softmax(x + term) along the last axis as docs/import.md states it, row by row: R the positions at the row's
+    highest term value L; L = 0: the Softmax oracle over R; L < 0: uniform over R where L absorbs x in float32 (x + L
+    rounds to L), else the softmax of x over R; L = -inf (float32's NaN): the type's least integer; 0 (z_out)
+    outside R."""
+    n = v.shape[-1]
+    v2, t2 = v.astype(np.int64).reshape(-1, n), np.broadcast_to(term, v.shape).reshape(-1, n)
+    f, b = p.frac_bits, p.split
+    out = np.full(v2.shape, zo, np.int64)
+    for o in range(v2.shape[0]):
+        top = t2[o].max()
+        r = t2[o] == top
+        if top == -np.inf:
+            out[o] = lo
+            continue
+        g = np.float32(-top)
+        uniform = top != 0 and big < float(g - np.nextafter(g, np.float32(0))) / 2
+        d = np.zeros(r.sum(), np.int64) if uniform else v2[o, r].max() - v2[o, r]
+        ex = [math.exp(-int(k) * s) for k in d]
+        bigs = [math.floor(Fraction(x) * 2**f + Fraction(1, 2)) for x in ex]
+        total = (sum(bigs) + (1 << b >> 1)) >> b
+        t = [math.floor(Fraction(x * float(q)) * 2**(f - b) + Fraction(1, 2)) for x in ex]
+        out[o, r] = [(2 * tk + total) // (2 * total) + zo for tk in t]
+    return np.clip(out, lo, hi).reshape(v.shape)
