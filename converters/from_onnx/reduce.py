@@ -243,7 +243,8 @@ def ranked(ctx, x: Tensor, axis: int, k: int) -> tuple[Tensor, Tensor]:
 def topk(ctx, node, x, k_t):
     """The k largest (``largest=0``: smallest, on -x) values along ``axis`` and their indices, in order, equal
     values by lower index first (as onnxruntime; with ``sorted=0`` the same elements, which onnxruntime orders its
-    own way: these come sorted): ``ranked`` where x's range R and the axis' length C have R C <= 2^30, else k
+    own way: these come sorted): ``ranked`` where x's range R and the axis' length C have R C <= 2^30 and the
+    precisions of R - 1 and C sum to at most 32 (broadcast_mul's rule), else k
     rounds of ``first_max``, each but the last masking the element found, x - D * (t > s - 1) with D = R, below
     every value not taken. k is a constant, at most MAX_TOPK."""
     axis = _reduced_axis(node, x, -1)
@@ -264,7 +265,7 @@ def topk(ctx, node, x, k_t):
     check_values(INT32, x.lo, x.hi)
     xs = x if largest else negated(ctx, x)
     d = xs.hi - xs.lo + 1
-    if d * c <= 1 << 30:
+    if d * c <= 1 << 30 and tight(d - 1) + tight(c) <= 32:  # (x - lo) C: broadcast_mul's precision is the sum
         v, i = ranked(ctx, xs, axis, k)
         return [replace(v if largest else negated(ctx, v), dtype=x.dtype), i]
     if k > 1 and (tight(d) > 30 or tight(max(d - xs.lo, xs.hi)) > 32):

@@ -106,6 +106,21 @@ def test_argmax_and_argmin_of_integers(d, shape, op, dtype, p, keep, last):
         assert np.array_equal(ref[0], want)
 
 
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_topk_where_range_times_length_fits_but_the_precisions_do_not(k):
+    """28-bit values along an axis of 4: R C = 2^30 - 4 fits 30 bits, but (x - lo) C is a broadcast_mul of 29 and 4
+    bits (33 > 32): the k rounds of first_max instead of a refusal (k = 1) or wrong bits."""
+    x = np.array([-(1 << 27) + 1, (1 << 27) - 1, 5, (1 << 27) - 1], np.int32)
+    m = one_node("TopK", (4,), T.INT32, {"v": T.INT32, "i": T.INT64}, {"k": np.array([k], np.int64)}, axis=0)
+    try:
+        got = imported(m, x, 28)
+    except UnsupportedError as e:  # k > 1: masking moves a value 2^28 - 1 below the least, past 32 bits
+        assert k > 1 and "masking each value found" in str(e)
+        return
+    for g_, w_ in zip(got, topk_oracle(x, 0, k, True), strict=True):
+        assert np.array_equal(g_.reshape(w_.shape), w_)
+
 @SETTINGS
 @given(st.data(), shapes, st.sampled_from(list(NP)), st.integers(1, 32), st.booleans(), st.booleans())
 def test_topk_of_integers(d, shape, dtype, p, largest, ordered):
