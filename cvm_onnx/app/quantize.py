@@ -66,7 +66,7 @@ from cvm_onnx.runtime.bulk import run_many
 
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .memory import map_large_blocks, release_memory
+from .memory import in_child, map_large_blocks, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
@@ -668,7 +668,6 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
     weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612 MiB."""
     from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     model = onnx.load(optimized, load_external_data=False)  # its weights partly in the source model's file
     if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) <= 10:
@@ -687,9 +686,14 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
             save_external_data(t, os.fspath(optimized.parent))
             t.ClearField("raw_data")
     model = _lightened(model)
-    model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
-    onnx.save(model, symbolic)  # its weights external still, beside it
+
+    def infer() -> None:  # its weights external still, beside it
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        onnx.save(SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0), symbolic)
+
+    in_child(infer)  # sympy, which it imports, goes with the child
     del model
     onnx.shape_inference.infer_shapes_path(os.fspath(symbolic), os.fspath(inferred))
     model = onnx.load(inferred, load_external_data=False)

@@ -131,3 +131,44 @@ def test_quantize_holds_no_weights_of_the_model_it_loaded_once_prepare_has_them_
     with pytest.raises(RuntimeFailure, match="stopped where"):
         quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m", fold=fold)
     assert allocated and allocated[0] < before + (16 << 20)
+
+
+def test_quantize_leaves_sympy_to_a_child_process(tmp_path):
+    """onnxruntime's symbolic shape inference imports sympy (32 MiB, never handed back): it runs in a forked child
+    (``memory.in_child``), so that quantize's process holds no sympy through the stages after the preparation. In a
+    fresh interpreter (another test may have imported sympy into this one)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import onnx
+    from support.transformers import encoder
+
+    onnx.save(encoder(seed=1, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
+    code = ("import sys\nfrom cvm_onnx.app.quantize import quantize\n"
+            f"quantize({str(tmp_path / 'f.onnx')!r}, {str(tmp_path / 'c.npy')!r}, {str(tmp_path / 'm')!r})\n"
+            "print('sympy' in sys.modules)")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]
+    assert (tmp_path / "m" / "params").exists()
+
+
+def test_in_child_raises_what_the_child_raised_and_keeps_its_imports():
+    import importlib
+    import sys
+
+    from cvm_onnx.app.memory import ChildFailed, in_child
+
+    def fails():
+        importlib.import_module("colorsys")  # a module this process has not imported: it stays the child's
+        raise ValueError("no shapes")
+
+    had = "colorsys" in sys.modules
+    with pytest.raises(ChildFailed, match="ValueError: no shapes"):
+        in_child(fails)
+    assert ("colorsys" in sys.modules) == had
