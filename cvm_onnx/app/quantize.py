@@ -512,16 +512,21 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
 
 
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...] | dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """``model`` with its input's dims set to ``shape`` (dynamic dims fixed); each named input's to its shape
-    where ``shape`` is a mapping."""
+    """A copy of ``model`` with its input's dims set to ``shape`` (``fix_dims``)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    shapes = shape if isinstance(shape, dict) else {_inputs(out)[0].name: shape}
-    for v in _inputs(out):
+    return fix_dims(out, shape)
+
+
+def fix_dims(model: onnx.ModelProto, shape: tuple[int, ...] | dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """``model`` itself with its input's dims set to ``shape`` (dynamic dims fixed); each named input's to its
+    shape where ``shape`` is a mapping. In place: a copy would hold the weights twice."""
+    shapes = shape if isinstance(shape, dict) else {_inputs(model)[0].name: shape}
+    for v in _inputs(model):
         for d, n in zip(v.type.tensor_type.shape.dim, shapes.get(v.name, ())):
             d.Clear()
             d.dim_value = n
-    return out
+    return model
 
 
 def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: str = "") -> Path:
@@ -793,7 +798,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     name, shape, samples = samples_of(model, calibration)
     dynamic_dims = [v.name for v in _inputs(model) if None in [d or None for d in onnx_dims(v) or ()]]
     with staged(dst) as stage, quiet_onnxruntime():
-        model = fixed(model, sample_shapes(samples, name, shape))
+        model = fix_dims(model, sample_shapes(samples, name, shape))
         if outputs:
             model = cut(model, outputs)
             samples = _kept(samples, model)
@@ -885,7 +890,7 @@ def _folded(given: list[onnx.ModelProto], fold: dict[str, float | None] | None,
     if fold:
         model = folded_inputs(model, fold, named)
     if shapes is not None:
-        model = fixed(model, shapes)
+        model = fix_dims(model, shapes)
         fold_constant_ifs(model, shapes=True)
     return model
 
