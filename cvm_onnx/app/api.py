@@ -60,16 +60,15 @@ def is_onnx(path: str | os.PathLike) -> bool:
 
 
 def load_onnx(path: str | os.PathLike, external_data: bool = False) -> onnx.ModelProto:
-    """The ONNX model in ``path``; ``FormatError`` unless the file parses as a model with an IR version and a graph
-    (an empty file parses as an empty model). ``external_data``: external tensors read into the model from the
-    file's directory, under the importer's checks (``format.onnx_safety``), as a model to run needs them;
-    else left external."""
-    import onnx
-
+    """The ONNX model in ``path`` (``read_onnx``: never the file's bytes whole beside it); ``FormatError`` unless the
+    file parses as a model with an IR version and a graph (an empty file parses as an empty model).
+    ``external_data``: external tensors read into the model from the file's directory, under the importer's checks
+    (``format.onnx_safety``), as a model to run needs them; else left external."""
+    from cvm_onnx.core.format.onnx_file import read_onnx
     from cvm_onnx.core.format.onnx_safety import readable
 
     try:
-        model = onnx.load(os.fspath(path), load_external_data=False)
+        model = read_onnx(path)
     except FileNotFoundError:
         raise FormatError("no such file", where=os.fspath(path)) from None
     except OSError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import os
 from typing import Callable
 
 
@@ -42,3 +43,34 @@ def release_memory() -> None:
     gc.collect()
     if (trim := _libc("malloc_trim")) is not None:
         trim(0)
+
+
+class ChildFailed(Exception):
+    """``in_child``'s function raised in the child: its exception's type and message."""
+
+
+def in_child(fn: Callable[[], None]) -> None:
+    """``fn()`` run in a forked child process, where the system forks (else here): what it imports and allocates
+    (onnxruntime's symbolic shape inference imports sympy, 32 MiB that would stay for the rest of the process) goes
+    with the child, which shares this process's pages until it writes them. Its effects must be on disk; an
+    exception it raises is raised here as ``ChildFailed`` with its type and message."""
+    if not hasattr(os, "fork"):
+        return fn()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no cleanup of the parent's (atexit, buffered output), only os._exit
+        code = 0
+        try:
+            os.close(read)
+            fn()
+        except BaseException as e:  # noqa: BLE001  (anything fn raises is the parent's to report)
+            code = 1
+            os.write(write, f"{type(e).__name__}: {e}".encode(errors="replace")[:1 << 16])
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        said = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if status:
+        raise ChildFailed(said or f"the child process ended with status {status}")

@@ -66,7 +66,7 @@ from cvm_onnx.runtime.bulk import run_many
 
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .memory import map_large_blocks, release_memory
+from .memory import in_child, map_large_blocks, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
@@ -512,16 +512,21 @@ def folded_inputs(model: onnx.ModelProto, values: dict[str, float | None],
 
 
 def fixed(model: onnx.ModelProto, shape: tuple[int, ...] | dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """``model`` with its input's dims set to ``shape`` (dynamic dims fixed); each named input's to its shape
-    where ``shape`` is a mapping."""
+    """A copy of ``model`` with its input's dims set to ``shape`` (``fix_dims``)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    shapes = shape if isinstance(shape, dict) else {_inputs(out)[0].name: shape}
-    for v in _inputs(out):
+    return fix_dims(out, shape)
+
+
+def fix_dims(model: onnx.ModelProto, shape: tuple[int, ...] | dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """``model`` itself with its input's dims set to ``shape`` (dynamic dims fixed); each named input's to its
+    shape where ``shape`` is a mapping. In place: a copy would hold the weights twice."""
+    shapes = shape if isinstance(shape, dict) else {_inputs(model)[0].name: shape}
+    for v in _inputs(model):
         for d, n in zip(v.type.tensor_type.shape.dim, shapes.get(v.name, ())):
             d.Clear()
             d.dim_value = n
-    return out
+    return model
 
 
 def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: str = "") -> Path:
@@ -668,7 +673,6 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
     weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612 MiB."""
     from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
-    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     model = onnx.load(optimized, load_external_data=False)  # its weights partly in the source model's file
     if next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0) <= 10:
@@ -687,9 +691,14 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
             save_external_data(t, os.fspath(optimized.parent))
             t.ClearField("raw_data")
     model = _lightened(model)
-    model = SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0)
     symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
-    onnx.save(model, symbolic)  # its weights external still, beside it
+
+    def infer() -> None:  # its weights external still, beside it
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        onnx.save(SymbolicShapeInference.infer_shapes(model, 2**31 - 1, False, False, 0), symbolic)
+
+    in_child(infer)  # sympy, which it imports, goes with the child
     del model
     onnx.shape_inference.infer_shapes_path(os.fspath(symbolic), os.fspath(inferred))
     model = onnx.load(inferred, load_external_data=False)
@@ -789,7 +798,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     name, shape, samples = samples_of(model, calibration)
     dynamic_dims = [v.name for v in _inputs(model) if None in [d or None for d in onnx_dims(v) or ()]]
     with staged(dst) as stage, quiet_onnxruntime():
-        model = fixed(model, sample_shapes(samples, name, shape))
+        model = fix_dims(model, sample_shapes(samples, name, shape))
         if outputs:
             model = cut(model, outputs)
             samples = _kept(samples, model)
@@ -881,7 +890,7 @@ def _folded(given: list[onnx.ModelProto], fold: dict[str, float | None] | None,
     if fold:
         model = folded_inputs(model, fold, named)
     if shapes is not None:
-        model = fixed(model, shapes)
+        model = fix_dims(model, shapes)
         fold_constant_ifs(model, shapes=True)
     return model
 

@@ -131,3 +131,138 @@ def test_quantize_holds_no_weights_of_the_model_it_loaded_once_prepare_has_them_
     with pytest.raises(RuntimeFailure, match="stopped where"):
         quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m", fold=fold)
     assert allocated and allocated[0] < before + (16 << 20)
+
+
+def test_quantize_leaves_sympy_to_a_child_process(tmp_path):
+    """onnxruntime's symbolic shape inference imports sympy (32 MiB, never handed back): it runs in a forked child
+    (``memory.in_child``), so that quantize's process holds no sympy through the stages after the preparation. In a
+    fresh interpreter (another test may have imported sympy into this one)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import onnx
+    from support.transformers import encoder
+
+    onnx.save(encoder(seed=1, s=5, d=32, heads=4, ff=64, ln="pow"), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
+    code = ("import sys\nfrom cvm_onnx.app.quantize import quantize\n"
+            f"quantize({str(tmp_path / 'f.onnx')!r}, {str(tmp_path / 'c.npy')!r}, {str(tmp_path / 'm')!r})\n"
+            "print('sympy' in sys.modules)")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False"]
+    assert (tmp_path / "m" / "params").exists()
+
+
+def test_in_child_raises_what_the_child_raised_and_keeps_its_imports():
+    import importlib
+    import sys
+
+    from cvm_onnx.app.memory import ChildFailed, in_child
+
+    def fails():
+        importlib.import_module("colorsys")  # a module this process has not imported: it stays the child's
+        raise ValueError("no shapes")
+
+    had = "colorsys" in sys.modules
+    with pytest.raises(ChildFailed, match="ValueError: no shapes"):
+        in_child(fails)
+    assert ("colorsys" in sys.modules) == had
+
+
+def _peak_rss() -> int | None:
+    """This process's peak RSS (bytes) since the last ``_reset_peak``; None where /proc does not tell."""
+    try:
+        line = next(x for x in open("/proc/self/status") if x.startswith("VmHWM"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) << 10
+
+
+def _reset_peak() -> bool:
+    """The peak RSS reset to the present RSS (Linux's clear_refs 5); False where it cannot be."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _peak_rss() is not None
+
+
+def _rss() -> int:
+    return int(next(x for x in open("/proc/self/status") if x.startswith("VmRSS")).split()[1]) << 10
+
+
+class _Stopped(Exception):
+    pass
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+def test_quantize_loads_the_model_without_a_second_copy_of_its_weights(tmp_path):
+    """Until the preparation starts (the model loaded, checked, its input's dims fixed), quantize holds the 64 MiB
+    of weights (16 of 4 MiB) once, and one weight's bytes beside them: the file is parsed initializer by initializer
+    (``onnx_file.read_onnx``; ``onnx.load`` held the file's bytes beside the model parsed from them) and the dims
+    are fixed in place (a copy held both models)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(1024, 1024)).astype(np.float32), f"w{k}") for k in range(16)]
+    nodes = [helper.make_node("MatMul", [f"x{k}", f"w{k}"], [f"x{k + 1}"]) for k in range(16)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, ["n", 1024])],
+                              [helper.make_tensor_value_info("x16", TensorProto.FLOAT, ["n", 1024])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              tmp_path / "float.onnx")
+    del inits, graph
+    np.save(tmp_path / "calibration.npy", np.ones((2, 1, 1024), np.float32))
+    peaks = []
+
+    def progress(done, total, what):
+        peaks.append(_peak_rss() - before)
+        raise _Stopped
+
+    _reset_peak()
+    before = _rss()
+    with pytest.raises(_Stopped):
+        quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m", progress=progress)
+    assert peaks and peaks[0] < (64 << 20) * 3 // 2
+
+
+def test_read_onnx_parses_as_onnx_load_does(tmp_path):
+    """The model read in pieces equals the one parsed whole, its initializers in their order: as onnx writes it,
+    and with its fields in another order (the graph field first); a file that is no model raises onnx.load's
+    error."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cvm_onnx.core.format.onnx_file import GRAPH, _key, read_onnx
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.normal(size=s).astype(np.float32), f"w{k}")
+             for k, s in enumerate([(4, 4), (300, 40), (1,), (2, 3, 5)])]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], inits, doc_string="d")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8, producer_name="p")
+    onnx.save(model, tmp_path / "a.onnx")
+    g = graph.SerializeToString()
+    rest = onnx.ModelProto()
+    rest.CopyFrom(model)
+    rest.ClearField("graph")
+    (tmp_path / "b.onnx").write_bytes(_key(GRAPH, len(g)) + g + rest.SerializeToString())
+    for name in ("a.onnx", "b.onnx"):
+        want = onnx.load(tmp_path / name, load_external_data=False)
+        got = read_onnx(tmp_path / name)
+        assert got == want and got.SerializeToString() == want.SerializeToString()
+        assert [t.name for t in got.graph.initializer] == ["w0", "w1", "w2", "w3"]
+    (tmp_path / "c.onnx").write_bytes(b"\x3a\xff\xff\x7f" + b"\x00" * 10)
+    with pytest.raises(Exception) as want:
+        onnx.load(tmp_path / "c.onnx", load_external_data=False)
+    with pytest.raises(type(want.value)):
+        read_onnx(tmp_path / "c.onnx")
