@@ -11,6 +11,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+# sympy, once per test process: quantize runs the symbolic shape inference in forked children, which inherit it
+import onnxruntime.tools.symbolic_shape_infer  # noqa: F401
 import pytest
 
 import cvm_onnx
