@@ -70,6 +70,21 @@ def test_a_conv_whose_reduced_axis_passes_32_bits_sums_runs_of_its_channels(d, c
     oracle_equal(m, x, 9)
 
 
+@settings(max_examples=4, deadline=None)
+@given(d=st.data(), groups=st.integers(2, 3), extreme=st.sampled_from(["random", "min", "max"]))
+def test_a_grouped_conv_whose_group_passes_32_bits_sums_runs_of_each_groups_channels(d, groups, extreme):
+    """A grouped 3 x 3 Conv whose groups each hold more than 3640 uint8 channels (2 x 9 x C/g > 2^16 - 1 terms in
+    halves), padded, with an int32 bias per output channel: one grouped conv2d per run of each group's channels
+    (the run's channels of every group), summed, the bias after; equal to the oracle at the input's extremes and on
+    random inputs. Regression: 'precision bound exceeded: conv2d ... needs 33 bits'."""
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    channels = groups * d.draw(st.integers(3641, 3700))
+    m = long_conv_bias_apart(rng, channels, groups, outputs=2 * groups)
+    x = rng.integers(0, 256, (1, channels, 3, 3)) if extreme == "random" else \
+        np.full((1, channels, 3, 3), 0 if extreme == "min" else 255)
+    oracle_equal(m, x, 9)
+
+
 # -- a model that takes a batch of a given size ---------------------------------------------------------------------
 def views_model() -> onnx.ModelProto:
     """ICLabel's form: a dynamic batch that the model reshapes to (4, -1), four views of one sample, averaged."""

@@ -1082,21 +1082,22 @@ def test_l2_norm_value(tmp_path, form, n, out):
 
 
 @pytest.mark.parametrize("x_type, k, form", [(T.UINT8, 33000, "gemm-bias"), (T.INT8, 66000, "matmul"),
-                                             (T.UINT8, 3700, "conv")])
+                                             (T.UINT8, 3700, "conv"), (T.UINT8, 7300, "grouped")])
 def test_a_product_in_runs_of_its_reduced_axis(tmp_path, x_type, k, form):
     """The ninth corpus's form (docs/import.md, Conv, MatMul and Gemm): a dense (or a padded 3 x 3 conv2d of k
-    channels) whose reduced axis alone passes 32 bits, as one product per run of it on strided_slices, each and the
-    running sum cvm_clipped, then the bias: the runtime loads it and gives the reference executor's integers, the
-    input's extremes and one-signed sums included."""
+    channels, in one group or two) whose reduced axis (one group's) alone passes 32 bits, as one product per run of
+    it on strided_slices, each and the running sum cvm_clipped, then the bias: the runtime loads it and gives the
+    reference executor's integers, the input's extremes and one-signed sums included."""
     from support.quantized import long_dense
 
     rng = np.random.default_rng(3)
-    m = long_conv_bias_apart(rng, k) if form == "conv" else long_dense(rng, x_type, k, 2, form, 3000.0, signs=True)
+    m = long_conv_bias_apart(rng, k) if form == "conv" else long_conv_bias_apart(rng, k, 2, outputs=4) \
+        if form == "grouped" else long_dense(rng, x_type, k, 2, form, 3000.0, signs=True)
     imp = import_model(m, input_precision=9 if x_type == T.UINT8 else 8)
     assert sum(n.op in ("dense", "conv2d") for n in imp.graph.nodes) > 1
     write_model(imp.graph, tmp_path / "cvm")
     lo, hi = (0, 255) if x_type == T.UINT8 else (-127, 127)
-    shape = (1, k, 3, 3) if form == "conv" else (1, k)
+    shape = (1, k, 3, 3) if form in ("conv", "grouped") else (1, k)
     xs = [np.full(shape, lo), np.full(shape, hi), rng.integers(lo, hi + 1, shape)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 

@@ -614,19 +614,21 @@ def written_softmax(shape, axes, shift: str, form: str, keep: bool, sum_qdq: boo
     return qdq(nodes, shape, T.INT8, inits, out_type, opset=opset)
 
 
-def long_conv_bias_apart(rng, channels: int = 2048):
-    """A QDQ Conv of ``channels`` uint8 channels by a 3 x 3 kernel, padded, into 2 int8 channels, whose int32 bias
-    (+-2^23) would take its output past 32 bits beside the product (the import adds it apart)."""
+def long_conv_bias_apart(rng, channels: int = 2048, group: int = 1, kernel=(3, 3), outputs: int = 2):
+    """A QDQ Conv of ``channels`` uint8 channels in ``group`` groups by a ``kernel`` kernel, padded 1, into
+    ``outputs`` int8 channels, whose int32 bias (+-2^23) would take its output past 32 bits beside the product (the
+    import adds it apart)."""
     inits = {"s": np.float32(0.02), "zx": np.uint8(3),
-             "w": rng.integers(-127, 128, (2, channels, 3, 3)).astype(np.int8), "sw": np.float32(0.004),
-             "b": np.array([2**23 - 5, -2**23 + 7], np.int32), "sb": np.float32(np.float32(0.02) * np.float32(0.004)),
-             "so": np.float32(40.0), "zo": np.int8(0)}
+             "w": rng.integers(-127, 128, (outputs, channels // group, *kernel)).astype(np.int8),
+             "sw": np.float32(0.004), "b": np.resize(np.array([2**23 - 5, -2**23 + 7], np.int32), outputs),
+             "sb": np.float32(np.float32(0.02) * np.float32(0.004)), "so": np.float32(40.0), "zo": np.int8(0)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
              h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
              h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
-             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], kernel_shape=list(kernel), pads=[1, 1, 1, 1],
+                         group=group),
              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
-    return qdq(nodes, (1, channels, 3, 3), T.UINT8, inits, T.INT8)
+    return qdq(nodes, (1, channels, kernel[0], kernel[1]), T.UINT8, inits, T.INT8)
 
 
 def min_max_quotient(form: str, shape, x_type, m_type, o_type, sx, zx, sm, zm, sM, zM, so, zo, eps, opset=17):

@@ -131,7 +131,7 @@ def accumulate(ctx, x: Scaled, w: np.ndarray, sw: np.ndarray, bias: Scaled | Non
         e = product(ctx, op, args, groups, len(w), attrs)
     except TooWide:
         if chunks_of(ctx, args, groups) is not None:
-            e = product_in_chunks(ctx, op, ins, args, weights, attrs, bare, total)
+            e = product_in_chunks(ctx, op, ins, args, weights, attrs, bare, total, groups)
         elif not total.any():
             raise
         else:
@@ -180,36 +180,43 @@ def biased_apart(ctx, op: str, args: list, groups: int, units: int, attrs: dict,
 
 
 def chunks_of(ctx, args: list, groups: int = 1) -> list[range] | None:
-    """The runs of a product's input channels (dense: its reduced axis K; conv2d of one group: its channels, each
-    taking kh kw terms) that each keep the runtime's rule p_data + p_weight + bits(K) within 32 bits (at most
-    2^(32 - p_data - p_weight) - 1 terms apiece, in equal runs), where the whole K passes it; None where it does
-    not, or where one channel alone would (or a grouped conv2d)."""
+    """The runs of a product's input channels per group (dense: its reduced axis K; conv2d: the channels of each
+    group, each taking kh kw terms) that each keep the runtime's rule p_data + p_weight + bits(K) within 32 bits (at
+    most 2^(32 - p_data - p_weight) - 1 terms apiece, in equal runs), where the whole K passes it; None where it does
+    not, or where one channel alone would."""
     shape = ctx.type_of(args[1]).shape
     most = (1 << (32 - ctx.type_of(args[0]).precision - ctx.type_of(args[1]).precision)) - 1
     per = math.prod(shape[2:])
-    if groups != 1 or shape[1] * per <= most or per > most:
+    if shape[1] * per <= most or per > most:
         return None
     n = -(-shape[1] // (most // per))
     return [range(i * shape[1] // n, (i + 1) * shape[1] // n) for i in range(n)]
 
 
 def product_in_chunks(ctx, op: str, ins: Tensor, args: list, weights: np.ndarray, attrs: dict, bare: int,
-                      total: np.ndarray):
-    """dense or conv2d (one group) whose reduced axis K alone takes its output past 32 bits by the runtime's rule
-    (p_data + p_weight + bits(K): MEGnet's 45411-input dense, its 9-bit input in halves, K = 90822, 33 bits): one
-    product per run of the input channels (``chunks_of``; strided_slice of the input), each narrowed to what its
-    values reach (|sum| <= the largest sum of |w| over the run's weights of an output, times the input's peak: a
+                      total: np.ndarray, groups: int = 1):
+    """dense or conv2d whose reduced axis K (of a grouped conv2d: one group's) alone takes its output past 32 bits
+    by the runtime's rule (p_data + p_weight + bits(K): MEGnet's 45411-input dense, its 9-bit input in halves,
+    K = 90822, 33 bits): one product per run of the input channels (``chunks_of``; strided_slice of the input, of a
+    grouped conv2d the run's channels of every group, a grouped conv2d by the run's weights), each narrowed to what
+    its values reach (|sum| <= the largest sum of |w| over the run's weights of an output, times the input's peak: a
     cvm_clip the interval proves exact), summed by broadcast_add, the running sum narrowed likewise and at the end
     to |sum| <= ``bare`` (the whole product's bound), then the bias (``total``) added as in ``biased_apart``. The
     same integers: every partial sum is an exact int32; refused where a narrowed sum or the bias's sum still passes
     32 bits."""
     whole = ctx.result(args[0], INT32, ins.lo, ins.hi, ins.shape)
+    n, c, rest = ins.shape[0], ins.shape[1], ins.shape[2:]
+    axis = 1 if groups == 1 else 2  # a grouped conv2d's input as (N, groups, C / groups, H, W)
+    if groups > 1:
+        whole = ctx.reshape(whole, (n, groups, c // groups) + rest)
     acc, reach = None, 0
-    for r in chunks_of(ctx, args):
-        part = strided_slice(ctx, whole, [r if axis == 1 else range(d) for axis, d in enumerate(ins.shape)])
+    for r in chunks_of(ctx, args, groups):
+        part = strided_slice(ctx, whole, [r if i == axis else range(d) for i, d in enumerate(whole.shape)])
+        if groups > 1:
+            part = ctx.reshape(part, (n, groups * len(r)) + rest)
         w = np.ascontiguousarray(weights[:, r.start:r.stop])
         top = int(np.abs(w.reshape(len(w), -1).astype(np.int64)).sum(axis=1).max()) * ins.peak
-        e = product(ctx, op, [part.entry, ctx.entry(const(w, TensorProto.INT8))], 1, len(w), attrs)
+        e = product(ctx, op, [part.entry, ctx.entry(const(w, TensorProto.INT8))], groups, len(w), attrs)
         y = ctx.result(e, INT32, -top, top)
         if acc is not None:
             reach += top
