@@ -7,7 +7,6 @@ import math
 from fractions import Fraction
 
 import numpy as np
-import onnxruntime as ort
 import onnx
 import pytest
 from hypothesis import given, settings
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
-from support.quantized import qdq
+from support.quantized import ort_session, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -106,10 +105,7 @@ def test_lse_within_its_bound_of_float_and_onnxruntime(d, shape, x_type, out_typ
     inside = (got > lo) & (got < hi)
     assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
     assert (got[exact >= hi + p.error] == hi).all() and (got[exact <= lo - p.error] == lo).all()
-    so_ = ort.SessionOptions()
-    so_.add_session_config_entry("session.x64quantprecision", "1")
-    [want] = ort.InferenceSession(m.SerializeToString(), so_, providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.astype(NP[x_type])})
+    [want] = ort_session(m).run(None, {"x": x.astype(NP[x_type])})
     if out_type == T.FLOAT:  # float32 LSE against the int16 steps: 1/2 + delta and float32's error
         q = (exact - zo) / np.where(exact == 0, 1, lse((x - zx) * float(np.float32(s)), axes, keep))
         assert (np.abs(got - want.astype(np.float64) * q)[inside] <= p.error + 1e-3).all()
@@ -138,8 +134,7 @@ def test_lse_of_many_equal_maxima_read_by_a_float_sub():
     s_t = tail_scale(max(abs(-131 * 0.05), abs(124 * float(np.float32(0.05)) + math.log(n))))
     margin = p.error * s_t / float(np.float32(0.1))
     exact = (lse((x - 3) * float(np.float32(0.05)), (1,), 1) - 9) / float(np.float32(0.1)) + 7
-    [want] = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.astype(np.int8)})
+    [want] = ort_session(m).run(None, {"x": x.astype(np.int8)})
     assert (np.abs(got - exact) <= 0.5 + margin + 1e-6).all()
     assert (np.abs(got.astype(np.int64) - want) <= 1).all()
 
@@ -174,7 +169,7 @@ def test_quantize_static_leaves_it_float_and_it_imports(tmp_path, fmt):
     lo, hi = (-128, 127) if init[dq.input[2]].dtype == np.int8 else (0, 255)
     s_t = tail_scale(max(abs((lo - z_c) * s_c), abs((hi - z_c) * s_c + math.log(8))))  # the LSE's int16 steps
     x = rng.normal(size=(4, 1, 3, 8, 8)).astype(np.float32)
-    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(m)
     for xi in x:
         ti = np.clip(np.rint(xi / e_in.scale) + e_in.zero_point, -128 if e_in.type == "int8" else 0,
                      127 if e_in.type == "int8" else 255)

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import Oracle, conv_layer, float_model, quantized, small_qdq
+from support.quantized import Oracle, conv_layer, float_model, ort_session, quantized, small_qdq
 
 import cvm_onnx
 from cvm_onnx.converters.from_onnx import import_model
@@ -91,12 +90,6 @@ def test_matmul_of_two_computed_tensors_equals_the_oracle(tmp_path_factory, conf
 
 
 # -- onnxruntime, one layer at a time -------------------------------------------------------------------------------
-def ort_session(model):
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.x64quantprecision", "1")
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 @settings(max_examples=8, deadline=None)
 @given(form=st.sampled_from([("QDQ", "int8"), ("QDQ", "uint8"), ("QOperator", "uint8")]),
        symmetric=st.booleans(), per_channel=st.booleans(), seed=st.integers(0, 2**16),

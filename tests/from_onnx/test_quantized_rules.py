@@ -7,7 +7,6 @@ import math
 from fractions import Fraction
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -15,7 +14,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.masks import levelled_softmax_oracle
-from support.quantized import Oracle, layernorm_oracle, qdq
+from support.quantized import Oracle, layernorm_oracle, ort_session, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -41,11 +40,6 @@ def draw_x(d, shape, dtype):
     return np.asarray(d.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=math.prod(shape),
                                       max_size=math.prod(shape))), np.int64).reshape(shape)
 
-
-def ort_session(model):
-    so = ort.SessionOptions()
-    so.add_session_config_entry("session.x64quantprecision", "1")
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 # -- Softmax ----------------------------------------------------------------------------------------------------
