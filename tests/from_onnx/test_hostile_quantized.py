@@ -353,8 +353,9 @@ def test_the_seeds_of_the_forms_added_last_import_exactly(kind):
 def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_exactly(case):
     """LogSoftmax (and one read by Exp), the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed
     values, a constant W times x, an LSTM of a wide initial cell, two inputs packed, the masked Softmax, ArgMax/TopK/
-    GatherElements heads, unrolled Loops and Scans, a quotient of sums, a symbolic first dim: their attributes,
-    constant inputs, input dims and quantization parameters mutated."""
+    GatherElements heads, unrolled Loops and Scans, a quotient of sums, a symbolic first dim, L2 normalizations and
+    norms, ReduceLogSumExp, a dense of 40,000 inputs, HF's and torch's masks, a FusedMatMul, GRUs of a folded cache:
+    their attributes, constant inputs, input dims and quantization parameters mutated."""
     outcome = HQ.check(case.files[0])
     assert outcome in HQ.CLEAN, (case, outcome)
 
@@ -663,8 +664,10 @@ def test_quantize_of_mutated_models_and_calibration_sets_fails_cleanly_leaving_n
 def test_the_float_seeds_of_the_forms_added_last_quantize(kind):
     """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod,
     ArgMax/TopK/GatherElements heads, a quotient of sums, two inputs from an .npz, the masked Softmax, Loops and a
-    Scan) quantizes and imports, so that its mutants test the rule, not a refusal of the seed."""
-    assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False) == "ok"
+    Scan, L2 normalizations and a norm, ReduceLogSumExp, HF's and torch's masks, grouped Einsums and MatMuls, a
+    ScatterND, GRUs of a folded cache, SplitToSequence, FusedConv and FusedMatMul, a dense of 40,000 inputs)
+    quantizes and imports (its folds given), so that its mutants test the rule, not a refusal of the seed."""
+    assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False, HQ.FOLDS.get(kind)) == "ok"
 
 
 def test_samples_that_overflow_the_float_model_are_named(float_cnn, capsys):
