@@ -43,7 +43,10 @@ def _variable(node: Node, graph: Graph, problems: list[Problem], inputs: tuple[s
         problems.append(Problem(where, f"variable precision {declared.precision} must lie in [1, 32]"))
         ok = False
     value = graph.params.get(node.name)
-    if value is None:
+    if value is not None and node.name in inputs:
+        problems.append(Problem(where, f"params hold a value of the input '{node.name}': the runtime replaces it by "
+                                       "the given input (leave it out of params)"))
+    elif value is None:
         if node.name not in inputs:
             problems.append(Problem(where, f"param missing from params (only the input '{INPUT_NAME}' may be absent)"))
     elif ok:
