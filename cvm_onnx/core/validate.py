@@ -141,6 +141,9 @@ def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated
         else:
             typed_nodes.append(_op(node, typed_nodes, problems, warnings))
     variable_names = {n.name for n in graph.nodes if n.is_variable}
+    if inputs == (INPUT_NAME,) and INPUT_NAME not in variable_names:
+        problems.append(Problem(INPUT_NAME, f"the graph has no variable '{INPUT_NAME}': the runtime loads no model "
+                                            "without its input"))
     for name in graph.params:
         if name not in variable_names:
             problems.append(Problem(name, "param has no variable of that name in the graph"))

@@ -7,6 +7,7 @@ JSON rules restated in the tests (node_row_ptr as prefix sums, arg_nodes, storag
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import struct
@@ -682,6 +683,28 @@ def test_params_holding_the_input_are_refused_by_load_and_run(tmp_path, capsys, 
     code = main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy")])
     err = capsys.readouterr().err.splitlines()
     assert code not in (0, 70) and len(err) == 1 and "params hold a value of the input 'data'" in err[0], (code, err)
+
+
+def test_a_model_without_its_input_is_refused_by_load_and_run(tmp_path, capsys):
+    """A symbol whose input is renamed and given a param (every variable then a param): the real runtime refuses to
+    load it ('can not find input `data`'); load and run refuse it in one line naming 'data'. Regression: it loaded
+    as a model of no input, and run failed with an internal error (IndexError)."""
+    import cvm_onnx
+    from cvm_onnx.app.cli import main
+    from cvm_onnx.core.errors import ValidationError
+
+    g = tiny_model()
+    [i] = g.inputs
+    shape = g.nodes[i].outputs[0].shape
+    g.nodes[i] = dataclasses.replace(g.nodes[i], name="x")
+    g.params["x"] = np.zeros(shape, np.int32)
+    write_model(g, tmp_path / "m")
+    with pytest.raises(ValidationError, match="the graph has no variable 'data'"):
+        cvm_onnx.load(tmp_path / "m")
+    np.save(tmp_path / "x.npy", np.ones(shape, np.int32))
+    code = main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy")])
+    err = capsys.readouterr().err.splitlines()
+    assert code not in (0, 70) and len(err) == 1 and "the graph has no variable 'data'" in err[0], (code, err)
 
 
 def test_resnet_model_directory(onchain_resnet_dir, tmp_path):
