@@ -997,3 +997,28 @@ def test_a_float16_scale_is_refused_naming_the_node(opset, where):
         import_model(m, input_precision=9)
     assert any(p.where.startswith("dq") and "the scale 's' is float16" in p.rule for p in info.value.problems), \
         info.value
+
+
+@pytest.mark.parametrize("form", ["tf", "Max", "Min", "Add"])
+def test_an_empty_constant_beside_a_computed_value_is_refused_naming_the_node(form):
+    """tf.math.l2_normalize's Max(S, eps) with eps of shape (0,), or a dequantized x (2, 1) against an empty
+    constant in Max, Min, Add: numpy broadcasts them to an empty (2, 0); refused naming the node. Regression: an
+    internal AssertionError ((2, 0), (2, 1)) (the latest fuzz target: the L2 normalization seed's eps emptied)."""
+    from support.l2norm import l2_qdq
+    from support.quantized import qdq
+
+    empty = nh.from_array(np.zeros(0, np.float32), "e")
+    if form == "tf":
+        m = l2_qdq("tf", (2, 5), 1, T.UINT8, 0.03, 120, 1e-12, None)
+        next(t for t in m.graph.initializer if t.name == "l2_eps").CopyFrom(nh.from_array(np.zeros(0, np.float32),
+                                                                                          "l2_eps"))
+        node = "Max"
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node(form, ["xf", "e"], ["r"], name="op"), h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+        m = qdq(nodes, (2, 1), T.UINT8, {"s": np.float32(0.05), "z": np.uint8(3)}, T.UINT8)
+        m.graph.initializer.append(empty)
+        node = "op"
+    with pytest.raises(UnsupportedError) as info:
+        import_model(m, input_precision=9)
+    assert any(node in p.where and "an empty tensor" in p.rule for p in info.value.problems), info.value
