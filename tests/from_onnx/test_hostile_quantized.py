@@ -1015,7 +1015,8 @@ def test_an_empty_constant_beside_a_computed_value_is_refused_naming_the_node(fo
         node = "Max"
     else:
         nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-                 h.make_node(form, ["xf", "e"], ["r"], name="op"), h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+                 h.make_node(form, ["xf", "e"], ["r"], name="op"),
+                 h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
         m = qdq(nodes, (2, 1), T.UINT8, {"s": np.float32(0.05), "z": np.uint8(3)}, T.UINT8)
         m.graph.initializer.append(empty)
         node = "op"
