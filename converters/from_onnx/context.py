@@ -102,7 +102,10 @@ MAX_FOLDED = 1 << 24  # elements a constant computed by the importer may have
 
 def foldable(shape: tuple[int, ...]) -> tuple[int, ...]:
     """``shape``, when a constant of that shape may be computed; checked before allocating, since a few bytes of
-    ONNX (a Clip whose bounds cross, an Expand of a scalar) can describe a constant of any size."""
+    ONNX (a Clip whose bounds cross, an Expand of a scalar) can describe a constant of any size, or of a negative
+    dim (ConstantOfShape of [-5])."""
+    if any(d < 0 for d in shape):
+        raise Refuse(f"a constant of shape {tuple(shape)}: a dim is negative")
     n = math.prod(shape)
     if n > MAX_FOLDED:
         raise Refuse(f"folding it would compute a constant of {n} elements (at most 2^24 are folded)")

@@ -37,11 +37,15 @@ def minus_zero(ctx, t: Tensor, z: np.ndarray) -> Tensor:
 
 
 def broadcast_shape(*ts: Tensor) -> tuple[int, ...]:
-    """ONNX multidirectional (numpy) broadcasting of the operands' shapes."""
+    """ONNX multidirectional (numpy) broadcasting of the operands' shapes; an empty result of a computed operand
+    (one broadcast against an empty constant) refused: CVM has no empty tensor."""
     try:
-        return tuple(np.broadcast_shapes(*(t.shape for t in ts)))
+        out = tuple(np.broadcast_shapes(*(t.shape for t in ts)))
     except ValueError:
         raise Refuse(f"shapes {[t.shape for t in ts]} do not broadcast") from None
+    if 0 in out and not all(t.is_const for t in ts):
+        raise Refuse(f"shapes {[t.shape for t in ts]} broadcast to {out}, an empty tensor: CVM has none")
+    return out
 
 
 def folded(value: np.ndarray, dtype: int) -> Tensor:

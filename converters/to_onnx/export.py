@@ -59,7 +59,7 @@ from cvm_onnx.serving.target import Target
 
 from . import broadcast, elemwise, native, nn, reduce, requantize, transform  # noqa: F401  (registers the lowerings)
 from .bounds import nonnegative, value_bounds
-from .float_edges import with_float_edges
+from .float_edges import ENDS, with_float_edges
 from .lowering import LOWERINGS, Body, Value, lower
 
 
@@ -73,13 +73,18 @@ def onnx_attrs(a: Attrs) -> dict[str, Any]:
 
 
 def entry_names(graph: Graph) -> dict[Entry, str]:
-    """ONNX tensor name of every entry: the CVM node name, ``name:k`` for output k > 0, ``name:clamped`` for an
-    input after the runtime's clamp (the graph input keeps the plain name); an op output's name taken already (op
-    nodes of one name, which the runtime allows, or named as a variable's tensors) or empty gets ``#n`` appended,
-    so that every tensor has its own (the ONNX node takes its output 0's)."""
+    """ONNX tensor name of every entry: the CVM node name, ``N:k`` for output k > 0 (N: output 0's name),
+    ``name:clamped`` for an input after the runtime's clamp (the graph input keeps the plain name); an op output's
+    name taken already (op nodes of one name, which the runtime allows, or named as a variable's tensors, or as the
+    tensors the float edges add beside the input and the outputs: ``X:scale``..., float_edges.ENDS) or empty gets
+    ``#n`` appended, so that every tensor has its own (the ONNX node takes its output 0's, a flat-form group its
+    name too)."""
     names: dict[Entry, str] = {}
     used = {f"{node.name}{end}" for node in graph.nodes if node.is_variable
             for end in ("", ":clamped", ":min", ":max", ":clamp", ":int32")}
+    ends = [graph.nodes[i].name for i in graph.inputs] + [
+        graph.nodes[e.node].name if e.index == 0 else f"{graph.nodes[e.node].name}:{e.index}" for e in graph.heads]
+    used |= {f"{name}:{end}" for name in ends for end in ENDS} - set(ends)  # (the outputs keep their names)
 
     def unique(name: str) -> str:
         out, n = name, 1
@@ -95,7 +100,7 @@ def entry_names(graph: Graph) -> dict[Entry, str]:
             names[Entry(i)] = node.name
         else:
             for k in range(len(node.outputs)):
-                names[Entry(i, k)] = unique(node.name if k == 0 else f"{node.name}:{k}")
+                names[Entry(i, k)] = unique(node.name if k == 0 else f"{names[Entry(i)]}:{k}")
     return names
 
 
@@ -165,8 +170,8 @@ class _Exporter:
             self.domains[NATIVE_DOMAIN] = NATIVE_VERSION
             self.nodes.append(call)
         elif self.inline:
-            marks = {MARK_NODE: node.name, MARK_OP: node.op, MARK_ATTRS: json.dumps(onnx_attrs(a), sort_keys=True),
-                     MARK_INPUTS: json.dumps(in_names)}
+            marks = {MARK_NODE: self.names[Entry(i)], MARK_OP: node.op,
+                     MARK_ATTRS: json.dumps(onnx_attrs(a), sort_keys=True), MARK_INPUTS: json.dumps(in_names)}
             self.flatten(self.names[Entry(i)], marks, body, dict(zip([v.name for v in ins], in_names)) |
                          dict(zip(body_outs, out_names)))
         else:

@@ -27,6 +27,9 @@ from cvm_onnx.core.format.edges import Edge, Edges, parse_edges
 
 TYPES = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
          "uint16": TensorProto.UINT16}
+#: The ends of the names the float edges give their tensors and nodes beside the input's or an output's name X
+#: (``X:scale``...): the export names no tensor of its own so (``entry_names``).
+ENDS = ("quantized", "scale", "zero_point", "quantize", "cast", "centred", "centre", "dequantize", *TYPES)
 
 
 def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:

@@ -43,7 +43,10 @@ def _variable(node: Node, graph: Graph, problems: list[Problem], inputs: tuple[s
         problems.append(Problem(where, f"variable precision {declared.precision} must lie in [1, 32]"))
         ok = False
     value = graph.params.get(node.name)
-    if value is None:
+    if value is not None and node.name in inputs:
+        problems.append(Problem(where, f"params hold a value of the input '{node.name}': the runtime replaces it by "
+                                       "the given input (leave it out of params)"))
+    elif value is None:
         if node.name not in inputs:
             problems.append(Problem(where, f"param missing from params (only the input '{INPUT_NAME}' may be absent)"))
     elif ok:
@@ -138,6 +141,9 @@ def validate(graph: Graph, inputs: tuple[str, ...] = (INPUT_NAME,)) -> Validated
         else:
             typed_nodes.append(_op(node, typed_nodes, problems, warnings))
     variable_names = {n.name for n in graph.nodes if n.is_variable}
+    if inputs == (INPUT_NAME,) and INPUT_NAME not in variable_names:
+        problems.append(Problem(INPUT_NAME, f"the graph has no variable '{INPUT_NAME}': the runtime loads no model "
+                                            "without its input"))
     for name in graph.params:
         if name not in variable_names:
             problems.append(Problem(name, "param has no variable of that name in the graph"))

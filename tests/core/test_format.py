@@ -7,6 +7,7 @@ JSON rules restated in the tests (node_row_ptr as prefix sums, arg_nodes, storag
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 import struct
@@ -658,6 +659,52 @@ def test_a_param_that_cannot_be_stored_leaves_no_model_written(tmp_path):
     assert {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()} == before
     assert (tmp_path / "old" / "params").read_bytes() == write_params(
         tiny_model().params, {name: 8 for name in tiny_model().params})
+
+
+@pytest.mark.parametrize("fill", [0, 7])
+def test_params_holding_the_input_are_refused_by_load_and_run(tmp_path, capsys, fill):
+    """A params file that also holds 'data' (the input): the real runtime loads it and runs the given input in its
+    place; load and run refuse it in one line naming 'data'. Regression: the model had no input, the reference
+    executor computed on the param, whatever the input (a wrong result), and run failed with an internal error
+    (IndexError: a params file checked by hand against the symbol)."""
+    import cvm_onnx
+    from cvm_onnx.app.cli import main
+    from cvm_onnx.core.errors import ValidationError
+
+    g = tiny_model()
+    write_model(g, tmp_path / "m")
+    [i] = g.inputs
+    shape = g.nodes[i].outputs[0].shape
+    params = read_params((tmp_path / "m" / "params").read_bytes())
+    (tmp_path / "m" / "params").write_bytes(write_params({**params, "data": np.full(shape, fill, np.int32)}))
+    with pytest.raises(ValidationError, match="params hold a value of the input 'data'"):
+        cvm_onnx.load(tmp_path / "m")
+    np.save(tmp_path / "x.npy", np.ones(shape, np.int32))
+    code = main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy")])
+    err = capsys.readouterr().err.splitlines()
+    assert code not in (0, 70) and len(err) == 1 and "params hold a value of the input 'data'" in err[0], (code, err)
+
+
+def test_a_model_without_its_input_is_refused_by_load_and_run(tmp_path, capsys):
+    """A symbol whose input is renamed and given a param (every variable then a param): the real runtime refuses to
+    load it ('can not find input `data`'); load and run refuse it in one line naming 'data'. Regression: it loaded
+    as a model of no input, and run failed with an internal error (IndexError)."""
+    import cvm_onnx
+    from cvm_onnx.app.cli import main
+    from cvm_onnx.core.errors import ValidationError
+
+    g = tiny_model()
+    [i] = g.inputs
+    shape = g.nodes[i].outputs[0].shape
+    g.nodes[i] = dataclasses.replace(g.nodes[i], name="x")
+    g.params["x"] = np.zeros(shape, np.int32)
+    write_model(g, tmp_path / "m")
+    with pytest.raises(ValidationError, match="the graph has no variable 'data'"):
+        cvm_onnx.load(tmp_path / "m")
+    np.save(tmp_path / "x.npy", np.ones(shape, np.int32))
+    code = main(["run", str(tmp_path / "m"), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "o.npy")])
+    err = capsys.readouterr().err.splitlines()
+    assert code not in (0, 70) and len(err) == 1 and "the graph has no variable 'data'" in err[0], (code, err)
 
 
 def test_resnet_model_directory(onchain_resnet_dir, tmp_path):

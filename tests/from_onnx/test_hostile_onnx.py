@@ -657,3 +657,20 @@ def test_run_and_quantize_refuse_a_negative_gathernd_batch_dims_before_onnxrunti
                            "--calibration", str(tmp_path / "c.npy"), "-o", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stderr.splitlines()) == (2, [f"format error: {tmp_path / 'f.onnx'}: {want}"])
+
+
+@pytest.mark.parametrize("op, shape, said", [
+    ("ConstantOfShape", [-5], "a constant of shape (-5,): a dim is negative"),
+    ("ConstantOfShape", [3, -1], "a constant of shape (3, -1): a dim is negative"),
+    ("Tile", [1, -2], "a constant of shape (2, -6): a dim is negative")])
+def test_a_constant_of_a_negative_dim_is_refused_naming_the_node(tmp_path, capsys, op, shape, said):
+    """ConstantOfShape of a negative dim, Tile of a constant by a negative repeat: refused in one line naming the
+    node. Regression: an internal error, numpy's 'negative dimensions are not allowed' (a hand check of huge and
+    negative declared shapes: a negative product of dims passed the size bound)."""
+    k = numpy_helper.from_array(np.array(shape, np.int64), "k")
+    c = numpy_helper.from_array(np.arange(6, dtype=np.int32).reshape(2, 3), "c")
+    nodes = [helper.make_node("ConstantOfShape", ["k"], ["f"], name="n", value=numpy_helper.from_array(
+        np.array([1], np.int32))) if op == "ConstantOfShape" else helper.make_node("Tile", ["c", "k"], ["f"], name="n"),
+             helper.make_node("Add", ["data", "f"], ["y"], name="add")]
+    code, err = convert(tmp_path, int_model(nodes, shape=(2, 3), inits=[k, c]), capsys)
+    assert code == 4 and len(err) == 1 and err[0].startswith(f"unsupported: n ({op})") and said in err[0], err

@@ -213,6 +213,8 @@ def _latest(kind: str) -> bytes:
     dq = functools.partial(h.make_node, "DequantizeLinear")
     if kind in LATEST_OURS:  # quantize's own QDQ model of the float seed of that name
         return _ours(kind)
+    if kind in FRESH:
+        return _l2_and_lse(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -285,8 +287,38 @@ def _ours(kind: str) -> bytes:
         src, cal, q = Path(d) / "f.onnx", Path(d) / f"c{_suffix(samples)}", Path(d) / "q.onnx"
         src.write_bytes(model)
         cal.write_bytes(samples)
-        quantize(src, cal, Path(d) / "m", save_onnx=q, models=False)
+        quantize(src, cal, Path(d) / "m", save_onnx=q, models=False, fold=FOLDS.get(kind))
         return q.read_bytes()
+
+
+def _l2_and_lse(kind: str) -> onnx.ModelProto:
+    """QDQ models of the L2 normalization ("l2-lp": LpNormalization, "l2-reducel2": torch's ReduceL2 form, into
+    int8 and uint8; "l2-tf-float": tf.math.l2_normalize to a float output), the L2 norm as a value ("l2-value":
+    ReduceL2; "l2-compressed": FastEnhancer's magnitude compression, Pow of the clipped norm), ReduceLogSumExp
+    ("lse": into uint8, axes an attribute; "lse-float": a float output, opset 18's axes input) and a dense whose
+    reduced axis alone passes 32 bits ("long-dense": a uint8 input of 40,000 values, an int32 bias)."""
+    from .l2norm import l2_qdq
+    from .l2value import compressed_qdq, norm_qdq
+    from .quantized import long_dense
+
+    if kind == "l2-lp":
+        return l2_qdq("lp", (1, 4, 3), 1, T.INT8, 0.05, 3, 1e-12, (1 / 127, 0, T.INT8))
+    if kind == "l2-reducel2":
+        return l2_qdq("reducel2", (1, 3, 6), 2, T.UINT8, 0.02, 128, 1e-12, (1 / 128, 128, T.UINT8))
+    if kind == "l2-tf-float":
+        return l2_qdq("tf", (2, 5), 1, T.UINT8, 0.03, 120, 1e-12, None)
+    if kind == "l2-value":
+        return norm_qdq("reducel2", (1, 4, 6), [2], 1, T.UINT8, 0.03, 128, (0.1, 0, T.UINT8))
+    if kind == "l2-compressed":
+        return compressed_qdq((1, 5, 2), 0.02, 128, 1e-12, 0.3, (0.02, 0, T.UINT8))
+    if kind == "long-dense":
+        return long_dense(np.random.default_rng(9), T.UINT8, 40000, 2, "gemm-bias", 60.0)
+    from test_logsumexp import lse_model  # tests/from_onnx, as for every test and benchmarks/fuzz.py
+
+    inits = {"s": np.float32(0.05), "zx": np.int8(3), "so": np.float32(0.1), "zo": np.uint8(7)}
+    if kind == "lse":
+        return lse_model((2, 6, 3), T.INT8, inits, [1], 1, 17, T.UINT8)
+    return lse_model((2, 6, 3), T.INT8, {k: inits[k] for k in ("s", "zx")}, [1, 2], 0, 18, T.FLOAT)
 
 
 def _suffix(samples: bytes) -> str:
@@ -542,10 +574,16 @@ def _mutate_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:
 #: The seeds of the newer rule families (``_family``) and of the forms added lately (``_recent``, the dynamic ones).
 FAMILIES = ("ops", "tokens", "encoder", "LSTM", "GRU", "RNN")
 RECENT = ("peephole", "convT1d", "depth", "tables", "gemm")
+#: The seeds of the forms the importer took last (``_l2_and_lse``).
+FRESH = ("l2-lp", "l2-reducel2", "l2-tf-float", "l2-value", "l2-compressed", "lse", "lse-float", "long-dense")
+#: quantize's own QDQ models of the float seeds of those names (``_fresh_float``) where the import meets more than
+#: plain products: the masks' terms as tables, a MatMul scaled by alpha, GRUs of a folded state (the other float
+#: seeds are rewritten to plain ops, and ``quantize-latest`` mutates them).
+FRESH_OURS = ("mask-hf-where", "mask-inf", "gru-cache", "fused-matmul")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
-          "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic")
+          "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
-LATEST_OURS = ("packed", "masked", "heads", "loop", "scan")
+LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile values of the attributes of the newer rule families' ops (None: the attribute removed).
@@ -604,6 +642,19 @@ ATTRS.update({
     "TopK": {"axis": [-4, 0, 1, 5, BIG], "largest": [0, 2], "sorted": [0, 2]},
     "GatherElements": {"axis": [-4, 0, 1, 5, BIG]}, "ReduceMin": {"axes": [[0], [5], [-1, -1]], "keepdims": [0, 2]},
     "Sub": {}, "Add": {},
+    "LpNormalization": {"axis": [-4, -1, 0, 2, 5, BIG], "p": [0, 1, 3, -1, BIG]},
+    "ReduceL2": {"axes": [[0], [5], [-1, -1]], "keepdims": [0, 2], "noop_with_empty_axes": [1]},
+    "ReduceLogSumExp": {"axes": [[0], [5], [-1, -1], [0, 1, 2]], "keepdims": [0, 2], "noop_with_empty_axes": [1]},
+    "ReduceSumSquare": {"axes": [[0], [5], [-1, -1]], "keepdims": [0, 2], "noop_with_empty_axes": [1]},
+    "Clip": {}, "Expand": {}, "Sqrt": {}, "Max": {}, "Abs": {}, "Slice": {}, "SequenceAt": {},
+    "ScatterND": {"reduction": ["add", "mul", "max", "none", "bogus"]},
+    "SplitToSequence": {"axis": [-3, -1, 1, 2, 5, BIG], "keepdims": [0, 2]},
+    "FusedConv": {"activation": ["Relu", "Sigmoid", "Tanh", "HardSigmoid", "Clip", "Bogus", ""],
+                  "activation_params": [[0.1], [float("nan")], [0.1, 0.2, 0.3], [float("inf"), -1.0]],
+                  "group": [0, 1, 3, -1, BIG], "strides": [[0, 1], [BIG, 1], [2, 2]], "pads": [[-1, 0, 0, 0], [9] * 4],
+                  "kernel_shape": [[1, 1], [5, 5], [BIG, 3]], "dilations": [[0, 1], [2, 2]]},
+    "FusedMatMul": {"alpha": [0.0, float("nan"), float("inf"), -1.0, 1e30, 1e-45], "transA": [1, 2, -1],
+                    "transB": [0, 2], "transBatchA": [1], "transBatchB": [1]},
     "Loop": {}, "Scan": {"num_scan_inputs": [0, -1, 2, 5, BIG], "scan_input_axes": [[5], [-4], [BIG], [0, 0]],
                          "scan_input_directions": [[2], [-1], [1, 1]], "scan_output_axes": [[7], [-4, 1], [0]],
                          "scan_output_directions": [[5], [1, 1, 1], [-1, 0]]},
@@ -818,7 +869,7 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
     models.update(_latest_float(rng))
     out = {}
     for kind, fm in models.items():
-        if kind in ("packed", "masked"):
+        if kind in PACKED:
             out[kind] = (fm.SerializeToString(), _packed_samples(kind, rng))
             continue
         shape = SAMPLE_SHAPES.get(kind) or [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
@@ -832,9 +883,13 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
 
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
-                "packed", "masked", "loop", "loop-trips", "loop-nested", "scan")
-#: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layer's states given as graph inputs.
-FOLDS = {"states": {"h0": None, "c0": 0.5}}
+                "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
+                "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
+                "fused-conv", "fused-matmul", "long-dense")
+#: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
+FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
+#: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
+PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf")
 
 
 def _recent_float(rng) -> dict[str, onnx.ModelProto]:
@@ -934,7 +989,56 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
         out[kind] = onnx_model(h.make_graph(nodes, kind, [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 1]) if
                                                           kind == "dft" else x], outs, inits), 17)
     out.update(_several_inputs_and_loops(rng))
+    out.update(_fresh_float(rng))
     return out
+
+
+def _fresh_float(rng) -> dict[str, onnx.ModelProto]:
+    """Float models of the forms ``quantize`` takes since last: an L2 normalization read by a Conv ("l2":
+    LpNormalization; "l2-clip": torch's Abs, Pow, ReduceSum, Pow 0.5, Clip, Expand, Div), the L2 norm as a value
+    ("l2-value"),
+    ReduceLogSumExp between MatMuls ("lse"); the BERT-like encoder's masks left float: HF's (1 - m) c ("mask-hf-mul"),
+    transformers' Where form ("mask-hf-where"), torch's -inf ("mask-inf"); DeepFilterNet's grouped Einsum
+    ("grouped") and its batched MatMul by a (G, K, N) constant ("batched"), an overlap-add by ScatterND of constant
+    indices ("scatter"), GRUs sharing a folded state cache ("gru-cache", FOLDS), SplitToSequence read at constant
+    positions ("split-seq"), com.microsoft FusedConv ("fused-conv": LeakyRelu, Z, two groups) and FusedMatMul
+    ("fused-matmul": transB, alpha), a dense of 40,000 inputs ("long-dense": its products summed per run of K)."""
+    from test_l2_norm_value import norm_float  # tests/from_onnx, as for every test and benchmarks/fuzz.py
+    from test_quantize_fresh9b import fused_conv_model, split_sequence_model
+
+    from .l2norm import l2_float
+    from .packed import bert_like
+    from .speech9 import cached_grus, grouped_linear, overlap_add
+
+    def one(nodes, x_shape, inits, opset=13):
+        g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, list(x_shape))],
+                         [h.make_tensor_value_info("y", T.FLOAT, None)],
+                         [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+        return onnx_model(g, opset)
+
+    f32 = np.float32
+    fused_matmul = one([h.make_node("FusedMatMul", ["x", "w"], ["y"], domain="com.microsoft", alpha=0.5, transB=1)],
+                       (1, 4, 6), {"w": rng.normal(size=(5, 6)).astype(f32)})
+    fused_matmul.opset_import.append(h.make_opsetid("com.microsoft", 1))
+    return {
+        "l2": l2_float("lp", (1, 6, 2, 2), 1, 1e-12, reader=True), "l2-clip": l2_float("clip", (1, 6, 2, 2), 1, 1e-12,
+                                                                                      reader=True),
+        "l2-value": norm_float("abspow"),
+        "lse": one([h.make_node("MatMul", ["x", "w"], ["m"]),
+                    h.make_node("ReduceLogSumExp", ["m"], ["l"], axes=[-1], keepdims=1),
+                    h.make_node("Sub", ["m", "l"], ["d"]), h.make_node("MatMul", ["d", "w2"], ["y"])], (1, 4, 6),
+                   {"w": rng.normal(size=(6, 5)).astype(f32), "w2": rng.normal(size=(5, 3)).astype(f32)}),
+        "mask-hf-mul": bert_like(low=float(np.finfo(f32).min), hf="mul"),
+        "mask-hf-where": bert_like(low=-10000.0, hf="where"), "mask-inf": bert_like(low=-np.inf),
+        "grouped": grouped_linear(rng),
+        "batched": one([h.make_node("Reshape", ["x", "shape"], ["r"]), h.make_node("MatMul", ["r", "w"], ["mm"]),
+                        h.make_node("Relu", ["mm"], ["y"])], (1, 12),
+                       {"shape": np.array([3, 1, 4], np.int64), "w": rng.normal(size=(3, 4, 5)).astype(f32) / 2}),
+        "scatter": overlap_add(rng), "gru-cache": cached_grus(rng),
+        "split-seq": split_sequence_model([2, 3, 1], [1, -1], 17),
+        "fused-conv": fused_conv_model("LeakyRelu", [0.25], True, 2, 1, 1, rng), "fused-matmul": fused_matmul,
+        "long-dense": one([h.make_node("MatMul", ["x", "w"], ["y"])], (1, 40000),
+                          {"w": rng.normal(size=(40000, 2)).astype(f32) / 200})}
 
 
 def _several_inputs_and_loops(rng) -> dict[str, onnx.ModelProto]:
@@ -982,13 +1086,13 @@ def _nested_loops(rng) -> onnx.ModelProto:
 
 
 def _packed_samples(kind: str, rng) -> bytes:
-    """The packed seeds' calibration: an .npz of six samples of each input (the mask int64 for "masked")."""
+    """The packed seeds' calibration: an .npz of six samples of each input (the mask int64 but for "packed")."""
     import io
 
     from .packed import bert_samples
 
     samples = bert_samples(6, seed=int(rng.integers(1 << 16)))
-    if kind == "masked":
+    if kind != "packed":
         samples["mask"] = samples["mask"].astype(np.int64)
     f = io.BytesIO()
     np.savez(f, **samples)
@@ -996,7 +1100,7 @@ def _packed_samples(kind: str, rng) -> bytes:
 
 
 #: The shape of one sample of the float seeds whose input's dims are symbolic (time steps, then features).
-SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3)}
+SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3), "gru-cache": (1, 1, 3)}
 
 
 def _npy(a: np.ndarray) -> bytes:

@@ -17,6 +17,7 @@ import cvm_onnx
 from cvm_onnx.app.cli import main
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.to_onnx import to_onnx
+from cvm_onnx.converters.to_onnx.float_edges import ENDS
 from cvm_onnx.core.builder import GraphBuilder
 from cvm_onnx.core.errors import FormatError, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import TYPES, Edge, Edges
@@ -78,6 +79,30 @@ def test_float_io_export_equals_run_on_the_cvm_model(case, inline):
         assert g.dtype == w.dtype == (np.int32 if e is None else F32) and g.shape == w.shape
         assert np.array_equal(g, w), (g, w)
     again = import_model(model)  # the edges come off again: the integer model and its edges as they were
+    assert again.edges.to_bytes() == edges.to_bytes()
+    assert [n.op for n in again.graph.nodes] == [n.op for n in graph.nodes]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["data", "y", "z"]), st.sampled_from(ENDS), st.booleans())
+def test_a_tensor_named_as_a_float_edges_own_keeps_the_export_valid(end, suffix, inline):
+    """A node named as a tensor the float edges add beside the input or an output (``y:scale`` beside the output
+    y: quantize's rewrite of a FusedMatMul named its Mul so): the export valid and equal to run, the edges coming
+    off again. Regression: 'Duplicate definition of name (y:scale)' from onnxruntime."""
+    b = GraphBuilder()
+    d = b.input("data", (2, 3), 8)
+    inner = b.op("negative", d, name=f"{end}:{suffix}")
+    graph = b.build(b.op("broadcast_add", inner, b.param("w", np.array([1, -2, 3], np.int32)), name="y"),
+                    b.op("negative", inner, name="z"))
+    edges = Edges(Edge("data", "int8", np.array(0.5, F32), np.array(3)),
+                  (Edge("y", "uint8", np.array(0.25, F32), np.array(7)), Edge("z", "int16", np.array(2.0, F32),
+                                                                              np.array(-5))))
+    x = np.linspace(-70, 70, 6, dtype=F32).reshape(2, 3)
+    want = cvm_onnx.run_cvm(graph, x, edges)
+    model = to_onnx(graph, inline=inline, edges=edges, float_io=True)
+    onnx.checker.check_model(model, full_check=True)
+    assert all(np.array_equal(g, w) for g, w in zip(run(model, {"data": x}), want))
+    again = import_model(model)
     assert again.edges.to_bytes() == edges.to_bytes()
     assert [n.op for n in again.graph.nodes] == [n.op for n in graph.nodes]
 

@@ -106,6 +106,9 @@ def _group_problem(node, ins: list, key: tuple[str, str], g: Group) -> str | Non
                 "quantization parameters constant, as onnxruntime.quantization writes them")
     if s.value.dtype.kind != "f":
         return f"{what} is {type_name(s.dtype)}: a scale is a float tensor"
+    if s.value.dtype == np.float16 and op in ("QuantizeLinear", "DequantizeLinear"):
+        return (f"{what} is float16: {op} then computes in float16, whose roundings CVM's integers do not "
+                "reproduce (quantize with float32 scales)")
     shape = tuple(s.value.shape)
     if s.value.size == 0:
         return f"{what} has shape {shape}, no values: a scale needs one value, or one per channel"
