@@ -1023,3 +1023,26 @@ def test_an_empty_constant_beside_a_computed_value_is_refused_naming_the_node(fo
     with pytest.raises(UnsupportedError) as info:
         import_model(m, input_precision=9)
     assert any(node in p.where and "an empty tensor" in p.rule for p in info.value.problems), info.value
+
+
+def test_a_mask_term_cast_to_no_onnx_type_is_refused_naming_the_node():
+    """HF's (1 - Cast(m)) c with the Cast's ``to`` no ONNX type (99): refused in one line naming the Cast.
+    Regression: an internal KeyError 99 (the latest fuzz target on the HF Where mask's seed)."""
+    from onnx.helper import make_graph, make_tensor_value_info
+    from cvm_onnx.core.format.onnx_file import onnx_model
+
+    mask = make_tensor_value_info("m", T.INT64, [1, 4])
+    mask.metadata_props.add(key="cvm.precision", value="2")
+    consts = {"s": np.float32(0.5), "zx": np.int8(0), "so": np.float32(1 / 255), "zo": np.uint8(0),
+              "c": np.float32(-10000), "one": np.float32(1)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("Cast", ["m"], ["mf"], to=99, name="cast"), h.make_node("Sub", ["one", "mf"], ["inv"]),
+             h.make_node("Mul", ["inv", "c"], ["bias"]), h.make_node("Add", ["xf", "bias"], ["sc"]),
+             h.make_node("Softmax", ["sc"], ["sf"], axis=-1), h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
+    g = make_graph(nodes, "m", [make_tensor_value_info("x", T.INT8, [2, 4]), mask],
+                   [make_tensor_value_info("y", T.UINT8, None)],
+                   [nh.from_array(np.asarray(v), k) for k, v in consts.items()])
+    with pytest.raises(UnsupportedError) as info:
+        import_model(onnx_model(g, 17), input_precision=8)
+    assert any("cast" in p.where and "type 99" in p.rule and "\n" not in str(p) for p in info.value.problems), \
+        info.value

@@ -95,7 +95,10 @@ class Tabulated(Deferred):
 
 
 def _np_type(dtype: int) -> np.dtype:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(dtype))
+    except (KeyError, TypeError, ValueError):
+        raise Refuse(f"a mask's term of type {dtype}: no ONNX tensor type that numpy holds") from None
 
 
 def _cast(v: np.ndarray, to: int) -> np.ndarray:
