@@ -1040,10 +1040,12 @@ def test_a_chain_past_the_storage_bound_in_reused_storage(tmp_path):
 
 
 @pytest.mark.parametrize("form, out, n", [("clip", (1 / 127, 0, T.INT8), 600), ("plain", (1 / 255, 128, T.UINT8), 600),
-                                          ("rsqrt", None, 600), ("clip", None, 40000)])
+                                          ("rsqrt", None, 600), ("clip", None, 40000), ("rms", (0.2, 0, T.INT8), 600),
+                                          ("rms_div", None, 512)])
 def test_l2_normalization(tmp_path, form, out, n):
     """Issue 35's L2 normalization (x / max(||x||, eps), no eps with its zero rows, x * rsqrt(sum x^2 + eps) as a
-    float output) over channels (axis 1) and 600 values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
+    float output; RMSNorm's mean of squares, sqrt(n) in the multiplier) over channels (axis 1) and 512 or 600
+    values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
     the runtime loads the table form (sum of squares, levels, cvm_lut, the products and shift) and gives the
     reference executor's integers, zero and extreme rows included."""
     from support.l2norm import l2_qdq

@@ -454,7 +454,7 @@ def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     rest = op("broadcast_sub", total, op("broadcast_mul", mean, c32(n), n * u.lo, n * u.hi, col), 1 - n, n - 1, col)
     du = op("broadcast_sub", u, mean, -w, w, rows)
     p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n  # n P = V + r^2, V <= n^2 w^2 / 4
-    high, low = square_sums(ctx, du, n, w, unit, p_top)
+    high, low, whole = square_sums(ctx, du, n, w, unit, p_top)
     r2 = op("broadcast_mul", rest, rest, 0, (n - 1) ** 2, col)
     lift = -(-n * n // unit)
     y = op("broadcast_add", op("broadcast_sub", op("broadcast_mul", low, c32(n), 0, n * (unit - 1), col), r2,
@@ -469,13 +469,13 @@ def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     above = op("broadcast_greater", vq, thresholds, 0, 1, (outer, p.levels))
     level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
     p_small = small_rows(n, p.table_bits, quarter)
-    # min(P, P_s) = min(4^Q min(floor(P / 4^Q), floor(P_s / 4^Q) + 1) + P mod 4^Q, P_s)
-    cap = p_small // unit + 1
-    e = ctx.emit("clip", ctx.entry(high), a_min=0, a_max=min(cap, p_top // unit))
-    capped = op("broadcast_mul", ctx.result(e, INT32, 0, min(cap, p_top // unit), col), c32(unit), 0, cap * unit,
-                col)
-    e = ctx.emit("clip", ctx.entry(op("broadcast_add", capped, low, 0, cap * unit + unit - 1, col)), a_min=0,
-                 a_max=p_small)
+    if whole is None:  # min(P, P_s) = min(4^Q min(floor(P / 4^Q), floor(P_s / 4^Q) + 1) + P mod 4^Q, P_s)
+        cap = p_small // unit + 1
+        e = ctx.emit("clip", ctx.entry(high), a_min=0, a_max=min(cap, p_top // unit))
+        capped = op("broadcast_mul", ctx.result(e, INT32, 0, min(cap, p_top // unit), col), c32(unit), 0,
+                    cap * unit, col)
+        whole = op("broadcast_add", capped, low, 0, cap * unit + unit - 1, col)
+    e = ctx.emit("clip", ctx.entry(whole), a_min=0, a_max=p_small)
     small = op("broadcast_sub", op("broadcast_mul", ctx.result(e, INT32, 0, p_small, col), c32(n), 0, n * p_small,
                                    col), r2, -(n - 1) ** 2, n * p_small, col)
 
@@ -503,10 +503,11 @@ def chunk(n: int, w: int) -> int:
     return b
 
 
-def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple[Tensor, Tensor]:
-    """(floor(P / 4^Q), P mod 4^Q) of each row's P = sum du^2 (|du| <= w, P <= p_top); where the sum passes 32
-    bits in CVM's labels, from sums of b = ``chunk(n, w)`` squares: P = 4^Q H + L with H = sum floor(P_j / 4^Q)
-    and L = sum P_j mod 4^Q over the n / b parts P_j, so floor(P / 4^Q) = H + floor(L / 4^Q)."""
+def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(floor(P / 4^Q), P mod 4^Q, P) of each row's P = sum du^2 (|du| <= w, P <= p_top); where the sum passes 32
+    bits in CVM's labels, from sums of b = ``chunk(n, w)`` squares, P itself None: P = 4^Q H + L with
+    H = sum floor(P_j / 4^Q) and L = sum P_j mod 4^Q over the n / b parts P_j, so floor(P / 4^Q) = H +
+    floor(L / 4^Q)."""
     op = partial(proven, ctx)
     outer, b = du.shape[0], chunk(n, w)
     a, col = n // b, (outer, 1)
@@ -515,7 +516,7 @@ def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple
         sq = ctx.reshape(reduced(ctx, "sum", square, [1], 0, p_top), col)
         high = op("broadcast_div", sq, c32(unit), 0, p_top // unit, col)
         return high, op("broadcast_sub", sq, op("broadcast_mul", high, c32(unit), 0, p_top // unit * unit, col), 0,
-                        unit - 1, col)
+                        unit - 1, col), sq
     part, top = (outer, a), b * w * w
     sums = reduced(ctx, "sum", ctx.reshape(square, (outer, a, b)), [2], 0, top)
     highs = op("broadcast_div", sums, c32(unit), 0, top // unit, part)
@@ -526,7 +527,7 @@ def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple
     high = op("broadcast_add", ctx.reshape(reduced(ctx, "sum", highs, [1], 0, p_top // unit), col), carry, 0,
               p_top // unit, col)
     return high, op("broadcast_sub", over, op("broadcast_mul", carry, c32(unit), 0, carry.hi * unit, col), 0,
-                    unit - 1, col)
+                    unit - 1, col), None
 
 
 def real_values(x, size: int, what: str, op: str = "LayerNormalization", over: str = "normalized positions") \
