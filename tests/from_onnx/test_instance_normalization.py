@@ -1,7 +1,8 @@
 """InstanceNormalization between DequantizeLinear and QuantizeLinear (style-transfer nets; torch's GroupNorm export,
-Reshape(N, G, -1) -> InstanceNormalization(ones, zeros) -> Reshape -> Mul gamma -> Add beta): LayerNormalization's
-integer form over each (n, c)'s values, its scale and bias per channel (docs/import.md, "LayerNormalization: the
-integer form and its bound"). Each was refused before ('no CVM op for ONNX InstanceNormalization')."""
+Reshape(N, G, -1) -> InstanceNormalization(ones, zeros) -> Reshape -> Mul gamma -> Add beta) and GroupNormalization
+(opset 21): LayerNormalization's integer form over each (n, c)'s or (n, group)'s values, its scale and B per channel
+(docs/import.md, "LayerNormalization: the integer form and its bound"). Each was refused before ('no CVM op for ONNX
+InstanceNormalization', and GroupNormalization)."""
 from __future__ import annotations
 
 import math
@@ -25,9 +26,11 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 
-def instance_norm_model(shape, x_type, s, zx, eps, gamma, sg, beta, float_params: bool, so, zo, out_type):
+def instance_norm_model(shape, x_type, s, zx, eps, gamma, sg, beta, float_params: bool, so, zo, out_type,
+                        groups: int = 0):
     """DequantizeLinear -> InstanceNormalization(scale, B) -> QuantizeLinear, scale and B per channel as
-    quantize_static writes them (scale int8 at sg, B int32 at s * sg) or float."""
+    quantize_static writes them (scale int8 at sg, B int32 at s * sg) or float; ``groups``: GroupNormalization
+    (opset 21) of that many groups instead."""
     inits = {"s": np.float32(s), "zx": NP[x_type](zx), "so": np.float32(so), "zo": NP[out_type](zo)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
     if float_params:
@@ -38,9 +41,11 @@ def instance_norm_model(shape, x_type, s, zx, eps, gamma, sg, beta, float_params
                      sb=np.float32(np.float32(s) * np.float32(sg)))
         nodes += [h.make_node("DequantizeLinear", ["g", "sg"], ["gf"]),
                   h.make_node("DequantizeLinear", ["b", "sb"], ["bf"])]
-    nodes += [h.make_node("InstanceNormalization", ["xf", "gf", "bf"], ["yf"], epsilon=eps, name="in"),
+    nodes += [h.make_node("GroupNormalization", ["xf", "gf", "bf"], ["yf"], epsilon=eps, num_groups=groups,
+                          name="in") if groups else
+              h.make_node("InstanceNormalization", ["xf", "gf", "bf"], ["yf"], epsilon=eps, name="in"),
               h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
-    return qdq(nodes, shape, x_type, inits, out_type), inits
+    return qdq(nodes, shape, x_type, inits, out_type, opset=21 if groups else 17), inits
 
 
 def exact_params(inits, float_params: bool) -> tuple[list[Fraction], list[Fraction]]:
@@ -51,28 +56,33 @@ def exact_params(inits, float_params: bool) -> tuple[list[Fraction], list[Fracti
             [int(v) * Fraction(float(inits["sb"])) for v in inits["b"]])
 
 
-def check(shape, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x):
-    """The import's output on x: equal to the integer form's oracle (LayerNormalization's, each channel's rows with
-    its scale and B), every unsaturated output within 1/2 + delta of the exact InstanceNormalization (float64),
+def check(shape, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x, groups: int = 0):
+    """The import's output on x: equal to the integer form's oracle (LayerNormalization's, each group's rows with
+    its channels' scale and B), every unsaturated output within 1/2 + delta of the exact normalization (float64),
     onnxruntime's QDQ model within one step on the rows that are not constant (on a constant row its float32
     E[x^2] - E[x]^2 may be negative, and a tiny epsilon then makes its output NaN: 0 where B is 10 steps), the
     export exact."""
-    n, c = math.prod(shape[2:]), shape[1]
-    m, inits = instance_norm_model(shape, x_type, s, zx, eps, gamma, sg, beta, float_params, so, zo, out_type)
+    c, size = shape[1], math.prod(shape[2:])
+    k = groups or c
+    n = c // k * size
+    m, inits = instance_norm_model(shape, x_type, s, zx, eps, gamma, sg, beta, float_params, so, zo, out_type,
+                                   groups)
     g, b = exact_params(inits, float_params)
     imp, got = imported(m, x)
     [p] = [r.layernorm for r in imp.requants if r.layernorm]
     s_, so_, eps_ = (Fraction(float(np.float32(v))) for v in (s, so, eps))
     lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
-    u, y = (x - zx).reshape(shape[0], c, n), got.reshape(shape[0], c, n)
-    for k in range(c):
-        want = layernorm_oracle(u[:, k], (shape[0], n), s_, eps_, [g[k]] * n, [b[k]] * n, so_, zo, lo, hi, p)
-        assert np.array_equal(y[:, k], want)
+    u, y = (x - zx).reshape(shape[0], k, n), got.reshape(shape[0], k, n)
+    for j in range(k):
+        channels = [j * (c // k) + i // size for i in range(n)]
+        want = layernorm_oracle(u[:, j], (shape[0], n), s_, eps_, [g[i] for i in channels], [b[i] for i in channels],
+                                so_, zo, lo, hi, p)
+        assert np.array_equal(y[:, j], want)
     xr = u * float(s_)
     dev = xr - xr.mean(axis=2, keepdims=True)
-    normed = dev / np.sqrt((dev * dev).mean(axis=2, keepdims=True) + float(eps_))
-    exact = (normed * np.array([float(q) for q in g])[:, None] + np.array([float(q) for q in b])[:, None]) / \
-        float(so_) + zo
+    normed = (dev / np.sqrt((dev * dev).mean(axis=2, keepdims=True) + float(eps_))).reshape(shape[0], c, size)
+    exact = ((normed * np.array([float(q) for q in g])[:, None] + np.array([float(q) for q in b])[:, None]) /
+             float(so_) + zo).reshape(y.shape)
     inside = (y > lo) & (y < hi)
     assert (np.abs(y - exact)[inside] <= p.error + 1e-6).all()
     assert p.delta < Fraction(1, 2)
@@ -82,23 +92,24 @@ def check(shape, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, 
     return p
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(d=st.data(), shape=st.lists(st.integers(1, 5), min_size=3, max_size=4).map(tuple),
        x_type=st.sampled_from([T.INT8, T.UINT8]), out_type=st.sampled_from([T.INT8, T.UINT8]), s=scales,
        eps=st.sampled_from([1e-12, 1e-6, 1e-5, 1e-2, 1.0]), sg=st.floats(2.0**-9, 2.0**-5, width=32),
-       float_params=st.booleans(), kind=st.sampled_from(["any", "extremes", "constant rows"]))
+       float_params=st.booleans(), kind=st.sampled_from(["any", "extremes", "constant rows"]), grouped=st.booleans())
 def test_instance_norm_equals_its_integer_form_within_its_bound(d, shape, x_type, out_type, s, eps, sg,
-                                                              float_params, kind):
-    """InstanceNormalization over any spatial shape and channel count, scale and B quantized or float, any
-    epsilon, extreme and constant rows: the oracle exactly, the exact value within the bound, onnxruntime's QDQ
-    model within one step."""
+                                                              float_params, kind, grouped):
+    """InstanceNormalization, or GroupNormalization of any group count, over any spatial shape and channel count,
+    scale and B quantized or float, any epsilon, extreme and constant rows: the oracle exactly, the exact value
+    within the bound, onnxruntime's QDQ model within one step."""
     c = shape[1]
+    groups = d.draw(st.sampled_from([k for k in range(1, c + 1) if c % k == 0])) if grouped else 0
     zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
     zo = d.draw(st.integers(*((-128, 127) if out_type == T.INT8 else (0, 255))))
     gamma = np.asarray(d.draw(st.lists(st.integers(-127, 127), min_size=c, max_size=c)), np.int64)
     beta = np.asarray(d.draw(st.lists(st.integers(-2**12, 2**12), min_size=c, max_size=c)), np.int64)
     # the output scale as calibrated: the widest |gamma| sqrt(n - 1) + |beta| over 127 steps, or finer
-    n = math.prod(shape[2:])
+    n = math.prod(shape[2:]) * (c // groups if groups else 1)
     reach = float(np.abs(gamma).max() * sg * math.sqrt(max(n - 1, 1)) + np.abs(beta).max() * s * sg) or 1.0
     so = reach / d.draw(st.sampled_from([20, 127, 250]))
     x = draw_x(d, shape, x_type)
@@ -107,7 +118,7 @@ def test_instance_norm_equals_its_integer_form_within_its_bound(d, shape, x_type
         x = np.where(x % 2 == 0, int(info.min), int(info.max))
     elif kind == "constant rows":
         x = np.broadcast_to(x.reshape(-1, n)[:, :1], (x.size // n, n)).reshape(shape).copy()
-    check(shape, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x)
+    check(shape, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, beta, x, groups)
 
 
 @pytest.mark.parametrize("n", [4096, 8192, 12288])

@@ -307,8 +307,9 @@ def saturating_plan(shape: tuple, table: np.ndarray, worst: float, rel: float, f
 @dataclass(frozen=True, eq=False)
 class Normalized(Deferred):
     """LayerNormalization of x over its last n values (``view``: (outer, n)), with gamma and beta per position
-    (Fractions, flat n) or, where ``channels`` is C > 0 (InstanceNormalization), per row (flat C, row r's channel
-    r mod C), and epsilon, made integers by the QuantizeLinear that follows (``quantized``)."""
+    (Fractions, flat n) or, where ``affine`` is (N, C, S) (Instance- and GroupNormalization), per channel (flat C;
+    the rows read as N C S values), and epsilon, made integers by the QuantizeLinear that follows
+    (``quantized``)."""
 
     x: Scaled
     view: tuple[int, int]
@@ -317,7 +318,7 @@ class Normalized(Deferred):
     eps: Fraction
     node: str = ""
     what: str = "LayerNormalization"
-    channels: int = 0
+    affine: tuple[int, int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -336,7 +337,7 @@ class Normalized(Deferred):
         except NoPlan as e:
             raise Refuse(f"{self.node} ({self.what}): {e}") from None
         ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
-        return saturate(ctx, ctx.reshape(emit(ctx, as_int32(t), outer, n, p, self.channels), self.shape), out_zero,
+        return saturate(ctx, ctx.reshape(emit(ctx, as_int32(t), outer, n, p, self.affine), self.shape), out_zero,
                         lo, hi, dtype, self.shape)
 
 
@@ -349,14 +350,15 @@ def c32(value) -> Tensor:
     return const(np.asarray(value, np.int64).astype(np.int32), INT32)
 
 
-def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, channels: int = 0) -> Tensor:
+def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, affine: tuple[int, int, int] | None = None) \
+        -> Tensor:
     """The plan's CVM ops on the rows of t: u, D, V, the level and bucket, R, N, and the output's shift; the
-    multipliers and offsets per position, or per row where ``channels`` is C > 0 (row r's channel r mod C)."""
+    multipliers and offsets per position, or per channel where ``affine`` is (N, C, S) (N read as N C S values)."""
     op = partial(proven, ctx)
     rows, col = (outer, n), (outer, 1)
 
     def laid(v: np.ndarray) -> Tensor:
-        return c32(np.tile(v, outer // channels).reshape(col) if channels else v.reshape(1, n))
+        return c32(v.reshape(1, -1, 1) if affine else v.reshape(1, n))
     u = ctx.reshape(t, rows)
     if p.centre:
         u = op("broadcast_sub", u, c32(p.centre), u.lo - p.centre, u.hi - p.centre, rows)
@@ -390,6 +392,9 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, channels: int = 0
     if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
         e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
         prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
+    if affine:
+        rows = affine
+        prod = ctx.reshape(prod, rows)
     if p.gamma_split:  # N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s)
         high = p.multipliers >> p.gamma_split
         peak_m, lows = int(np.abs(high).max(initial=0)), (1 << p.gamma_split) - 1
@@ -584,4 +589,25 @@ def instance_norm_rule(ctx, node, x, scale, bias):
     c = x.shape[1]
     eps = epsilon(node, op)
     g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "B")))
-    return Normalized(x, (x.shape[0] * c, math.prod(x.shape[2:])), g, b, eps, node.name, op, c)
+    size = math.prod(x.shape[2:])
+    return Normalized(x, (x.shape[0] * c, size), g, b, eps, node.name, op, (x.shape[0], c, size))
+
+
+@float_rule("GroupNormalization", since=18)
+def group_norm_rule(ctx, node, x, scale, bias):
+    """GroupNormalization of a per-tensor dequantized x (N, C, D1, ...) in ``num_groups`` groups of C / G channels:
+    a ``Normalized`` value over rows (N G, C / G D1 ...), its scale and bias per group (opset 18) or per channel
+    (opset 21) laid out per channel, integers by the QuantizeLinear that follows."""
+    op = "GroupNormalization"
+    x = per_tensor(scaled(x, f"the {op} input"), op)
+    if len(x.shape) < 3:
+        raise Refuse(f"{op} of rank {len(x.shape)} (at least 3: N, C, D1, ...)")
+    c, groups = x.shape[1], node.attr_int("num_groups", 0)
+    if groups < 1 or c % groups:
+        raise Refuse(f"{op} num_groups {groups} must divide the {c} channels")
+    eps = epsilon(node, op)
+    per = c if node.opset >= 21 else groups
+    g, b = (np.repeat(real_values(v, per, what, op, "channels" if per == c else "groups"), c // per)
+            for v, what in ((scale, "scale"), (bias, "bias")))
+    size = math.prod(x.shape[2:])
+    return Normalized(x, (x.shape[0] * groups, c // groups * size), g, b, eps, node.name, op, (x.shape[0], c, size))
