@@ -593,11 +593,11 @@ def instance_norm_rule(ctx, node, x, scale, bias):
     return Normalized(x, (x.shape[0] * c, size), g, b, eps, node.name, op, (x.shape[0], c, size))
 
 
-@float_rule("GroupNormalization", since=18)
+@float_rule("GroupNormalization", since=21)
 def group_norm_rule(ctx, node, x, scale, bias):
-    """GroupNormalization of a per-tensor dequantized x (N, C, D1, ...) in ``num_groups`` groups of C / G channels:
-    a ``Normalized`` value over rows (N G, C / G D1 ...), its scale and bias per group (opset 18) or per channel
-    (opset 21) laid out per channel, integers by the QuantizeLinear that follows."""
+    """GroupNormalization (opset 21; onnx's checker refuses opset 18's, deprecated) of a per-tensor dequantized x
+    (N, C, D1, ...) in ``num_groups`` groups of C / G channels: a ``Normalized`` value over rows (N G, C / G D1 ...),
+    its scale and bias per channel, integers by the QuantizeLinear that follows."""
     op = "GroupNormalization"
     x = per_tensor(scaled(x, f"the {op} input"), op)
     if len(x.shape) < 3:
@@ -606,8 +606,6 @@ def group_norm_rule(ctx, node, x, scale, bias):
     if groups < 1 or c % groups:
         raise Refuse(f"{op} num_groups {groups} must divide the {c} channels")
     eps = epsilon(node, op)
-    per = c if node.opset >= 21 else groups
-    g, b = (np.repeat(real_values(v, per, what, op, "channels" if per == c else "groups"), c // per)
-            for v, what in ((scale, "scale"), (bias, "bias")))
+    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
     size = math.prod(x.shape[2:])
     return Normalized(x, (x.shape[0] * groups, c // groups * size), g, b, eps, node.name, op, (x.shape[0], c, size))
