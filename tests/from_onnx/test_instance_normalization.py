@@ -136,8 +136,8 @@ def test_a_group_whose_sum_of_squares_passes_32_bits_is_exact(n):
 
 
 def test_instance_norm_refusals_name_the_node():
-    """Epsilon 0, a scale of the wrong length, groups that do not divide the channels: one line each naming the
-    node and the rule."""
+    """Epsilon 0, a scale of the wrong length, rank 2, groups that do not divide the channels: one line each naming
+    the node and the rule."""
     g, b = np.ones(3, np.int64), np.zeros(3, np.int64)
     m, _ = instance_norm_model((1, 3, 4), T.UINT8, 0.1, 0, 0.0, g, 0.01, b, False, 0.05, 0, T.UINT8)
     with pytest.raises(CVMError, match=r"in \(InstanceNormalization\): .*epsilon must be > 0"):
@@ -145,6 +145,9 @@ def test_instance_norm_refusals_name_the_node():
     m, _ = instance_norm_model((1, 3, 4), T.UINT8, 0.1, 0, 1e-5, np.ones(2, np.int64), 0.01, np.zeros(2, np.int64),
                                True, 0.05, 0, T.UINT8)
     with pytest.raises(CVMError, match=r"in \(InstanceNormalization\): .*scale of 2 values for 3 channels"):
+        import_model(m, input_precision=9)
+    m, _ = instance_norm_model((2, 3), T.UINT8, 0.1, 0, 1e-5, g, 0.01, b, True, 0.05, 0, T.UINT8)
+    with pytest.raises(CVMError, match=r"in \(InstanceNormalization\): .*of rank 2 \(at least 3"):
         import_model(m, input_precision=9)
     m, _ = instance_norm_model((1, 3, 4), T.UINT8, 0.1, 0, 1e-5, g, 0.01, b, True, 0.05, 0, T.UINT8, groups=2)
     with pytest.raises(CVMError, match=r"in \(GroupNormalization\): .*num_groups 2 must divide the 3 channels"):

@@ -577,35 +577,31 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
     return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps, node.name)
 
 
-@float_rule("InstanceNormalization", since=6)
-def instance_norm_rule(ctx, node, x, scale, bias):
-    """InstanceNormalization of a per-tensor dequantized x (N, C, D1, ...): LayerNormalization of each (n, c)'s
-    D1 * ... values, its scale and bias per channel: a ``Normalized`` value over rows (N C, D1 ...) with gamma and
-    beta per row, integers by the QuantizeLinear that follows (torch's GroupNorm: x as (N, G, -1) here)."""
-    op = "InstanceNormalization"
+def channel_normalized(node, x, scale, bias, op: str, groups: int | None = None) -> Normalized:
+    """Instance- or GroupNormalization of a per-tensor dequantized x (N, C, D1, ...) in ``groups`` groups of C / G
+    channels (None: one per channel): a ``Normalized`` value over rows (N G, C / G D1 ...), scale and bias
+    constants per channel, integers by the QuantizeLinear that follows."""
     x = per_tensor(scaled(x, f"the {op} input"), op)
     if len(x.shape) < 3:
         raise Refuse(f"{op} of rank {len(x.shape)} (at least 3: N, C, D1, ...)")
     c = x.shape[1]
-    eps = epsilon(node, op)
-    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "B")))
-    size = math.prod(x.shape[2:])
-    return Normalized(x, (x.shape[0] * c, size), g, b, eps, node.name, op, (x.shape[0], c, size))
-
-
-@float_rule("GroupNormalization", since=21)
-def group_norm_rule(ctx, node, x, scale, bias):
-    """GroupNormalization (opset 21; onnx's checker refuses opset 18's, deprecated) of a per-tensor dequantized x
-    (N, C, D1, ...) in ``num_groups`` groups of C / G channels: a ``Normalized`` value over rows (N G, C / G D1 ...),
-    its scale and bias per channel, integers by the QuantizeLinear that follows."""
-    op = "GroupNormalization"
-    x = per_tensor(scaled(x, f"the {op} input"), op)
-    if len(x.shape) < 3:
-        raise Refuse(f"{op} of rank {len(x.shape)} (at least 3: N, C, D1, ...)")
-    c, groups = x.shape[1], node.attr_int("num_groups", 0)
+    groups = c if groups is None else groups
     if groups < 1 or c % groups:
         raise Refuse(f"{op} num_groups {groups} must divide the {c} channels")
     eps = epsilon(node, op)
     g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
     size = math.prod(x.shape[2:])
     return Normalized(x, (x.shape[0] * groups, c // groups * size), g, b, eps, node.name, op, (x.shape[0], c, size))
+
+
+@float_rule("InstanceNormalization", since=6)
+def instance_norm_rule(ctx, node, x, scale, bias):
+    """InstanceNormalization: each (n, c)'s values normalized (torch's GroupNorm: x as (N, G, -1) here)."""
+    return channel_normalized(node, x, scale, bias, "InstanceNormalization")
+
+
+@float_rule("GroupNormalization", since=21)
+def group_norm_rule(ctx, node, x, scale, bias):
+    """GroupNormalization (opset 21; onnx's checker refuses opset 18's, deprecated): each (n, group)'s values
+    normalized."""
+    return channel_normalized(node, x, scale, bias, "GroupNormalization", node.attr_int("num_groups", 0))
