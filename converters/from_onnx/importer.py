@@ -188,7 +188,7 @@ class _Walk:
         """The written-out softmaxes and L2 normalizations (``quantized.softmax_chains``, ``quantized.l2_chains``)
         by the id of their last node, and the indices of the nodes that the graph's outputs need only through them
         (and of the nodes reading those)."""
-        if not any(n.op_type in ("Exp", "ReduceSum", "ReduceSumSquare", "ReduceL2") for n in self.graph.node):
+        if not any(n.op_type in ("Exp", *quantized.SUMS) for n in self.graph.node):
             return {}, set()
         if self.inferred is None:
             self.inferred = inferred_types(self.model)

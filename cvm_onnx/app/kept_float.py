@@ -137,7 +137,7 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
 
 def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     """The names of the nodes of each written-out L2 normalization (``l2_chains``: x / max(||x||, eps), x times the
-    Reciprocal of sqrt(sum x^2 + eps), ...) for quantize_static's nodes_to_exclude, so that it quantizes none of
+    Reciprocal of sqrt(sum x^2 + eps), ..., RMSNorm's mean of squares) for quantize_static's nodes_to_exclude, so that it quantizes none of
     their pieces (a Clip's, Mul's or Add's grid would round the norm or the squares) and the importer takes x
     / ||x|| on x's own grid (docs/import.md, "L2 normalization"), and of each L2 norm computed as a value
     (``norm_chains``: ReduceL2, Sqrt of ReduceSum of squares, ...; "The L2 norm as a value"); the model in ``src``
@@ -146,10 +146,10 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     then reads a dequantized 2)."""
     from onnx import numpy_helper
 
-    from cvm_onnx.converters.from_onnx.quantized import l2_chains, norm_chains
+    from cvm_onnx.converters.from_onnx.quantized import SUMS, l2_chains, norm_chains
 
     graph = header.graph
-    if not any(n.op_type in ("ReduceSum", "ReduceSumSquare", "ReduceL2") for n in graph.node):
+    if not any(n.op_type in SUMS for n in graph.node):
         return []
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer
                  if t.data_location != onnx.TensorProto.EXTERNAL}

@@ -14,13 +14,17 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
-from support.l2norm import FORMS, exact_l2, l2_float, l2_qdq
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from support.l2norm import FORMS, RMS, exact_l2, l2_float, l2_nodes, l2_qdq
 from test_quantized_rules import imported, ort_session
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized.l2norm import l2_plan
 from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.verify import verify
 
 RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-32768, 32767)}
 
@@ -111,10 +115,11 @@ def test_wide_rows(form, out):
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_each_form_agrees_with_onnxruntime(form):
     """Each form in a QDQ model (channels of NCHW, axis 1; uint8 in, int8 out), a zero row and a near-zero one
-    included: onnxruntime's model (float normalization between the integers) within one step."""
+    included: onnxruntime's model (float normalization between the integers) within one step (an RMSNorm's output
+    at sqrt(24) / 127, its span)."""
     rng = np.random.default_rng(1)
     shape = (2, 24, 3)
-    m = l2_qdq(form, shape, 1, T.UINT8, 0.03, 90, 1e-12, (1 / 127, 0, T.INT8))
+    m = l2_qdq(form, shape, 1, T.UINT8, 0.03, 90, 1e-12, ((math.sqrt(24) if form in RMS else 1) / 127, 0, T.INT8))
     x = rng.integers(0, 256, shape)
     x[0, :, 0] = 90
     x[1, :, 1] = 90 + rng.integers(-1, 2, 24)
@@ -163,3 +168,27 @@ def test_refusals_name_the_node():
         import_model(m, input_precision=9)
     with pytest.raises(Exception, match="no integer form within half a step"):
         l2_plan(4, 255, Fraction(0), Fraction(0), Fraction(1, 2**40), -128, 127)
+
+
+@pytest.mark.parametrize("form", RMS)
+def test_a_t5_block_with_a_written_out_rmsnorm_quantizes_whole(tmp_path, form):
+    """`quantize` of a float T5-style block (MatMul, the RMSNorm written out over 48 values, its gain Mul, MatMul):
+    imported whole, as close to float as onnxruntime's quantized model (1.1x), exported exactly. Refused before
+    (no rule took the written-out RMSNorm: the T5 encoder's 'the divisor (Sqrt) must be quantized first')."""
+    rng = np.random.default_rng(4)
+    shape, d = (1, 6, 48), 48
+    nodes, inits = l2_nodes(form, "h", "n", shape, 2, 1e-6)
+    nodes = [h.make_node("MatMul", ["x", "w1"], ["h"]), *nodes, h.make_node("Mul", ["n", "g"], ["m"]),
+             h.make_node("MatMul", ["m", "w2"], ["y"])]
+    inits.update(w1=(rng.normal(size=(d, d)) / 4).astype(np.float32), g=rng.uniform(0.2, 2, d).astype(np.float32),
+                 w2=(rng.normal(size=(d, 16)) / 7).astype(np.float32))
+    g = h.make_graph(nodes, "t5", [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 6, 16])],
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    onnx.save(onnx_model(g, 17, {}), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, *shape)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm")
+    assert [r for r in done.imported.requants if r.layernorm]
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, (a.mean_steps, a.ort_mean_steps)
+    assert verify(done.imported.graph, None, seeds=2).exact

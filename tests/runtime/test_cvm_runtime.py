@@ -128,6 +128,31 @@ def test_layernorm_of_a_gamma_of_1000_steps(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
+@pytest.mark.parametrize("shape, groups", [((2, 3, 5, 5), 0), ((1, 2, 8192), 0), ((2, 6, 4, 4), 3)])
+def test_instance_normalization(tmp_path, shape, groups):
+    """InstanceNormalization (torch's GroupNorm export), or GroupNormalization (opset 21), between DequantizeLinear
+    and QuantizeLinear, scale and B per channel (quantized as quantize_static writes them): multipliers per channel;
+    8192 values per group take the quartered form with the sum of squares in two parts."""
+    c = shape[1]
+    rng = np.random.default_rng(2)
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("DequantizeLinear", ["g", "sg"], ["gf"]), h.make_node("DequantizeLinear", ["b", "sb"], ["bf"]),
+             h.make_node("GroupNormalization", ["xf", "gf", "bf"], ["yf"], epsilon=1e-5, num_groups=groups)
+             if groups else h.make_node("InstanceNormalization", ["xf", "gf", "bf"], ["yf"], epsilon=1e-5),
+             h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
+    inits = {"s": np.float32(0.03), "z": np.uint8(128), "g": rng.integers(-127, 128, c).astype(np.int8),
+             "sg": np.float32(0.01), "b": rng.integers(-3000, 3000, c).astype(np.int32), "sb": np.float32(0.0003),
+             "so": np.float32(0.02), "zo": np.int8(0)}
+    imp = import_model(qdq(nodes, shape, T.UINT8, inits, T.INT8, opset=21 if groups else 17), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    xs = [rng.integers(0, 256, shape).astype(np.int32), np.full(shape, 7, np.int32),
+          np.where(rng.integers(0, 2, shape) == 0, 0, 255).astype(np.int32)]
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+
+
 @pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {}),
                                       ("LSTM", {"states": True, "peepholes": 1.0})])
 def test_recurrent_layers(tmp_path, op, attrs):
@@ -1040,10 +1065,12 @@ def test_a_chain_past_the_storage_bound_in_reused_storage(tmp_path):
 
 @pytest.mark.parametrize("form, out, n", [("clip", (1 / 127, 0, T.INT8), 600), ("plain", (1 / 255, 128, T.UINT8), 600),
                                           ("rsqrt", None, 600), ("clip", None, 40000),
-                                          ("norm_eps", (1 / 127, 0, T.INT8), 600)])
+                                          ("norm_eps", (1 / 127, 0, T.INT8), 600), ("rms", (0.2, 0, T.INT8), 600),
+                                          ("rms_div", None, 512)])
 def test_l2_normalization(tmp_path, form, out, n):
     """Issue 35's L2 normalization (x / max(||x||, eps), no eps with its zero rows, x * rsqrt(sum x^2 + eps) as a
-    float output, x / (||x|| + eps)) over channels (axis 1) and 600 values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
+    float output, x / (||x|| + eps); RMSNorm's mean of squares, sqrt(n) in the multiplier) over channels (axis 1)
+    and 512 or 600 values, or 40000 (a sum of squares past 32 bits, split at 4^Q):
     the runtime loads the table form (sum of squares, levels, cvm_lut, the products and shift) and gives the
     reference executor's integers, zero and extreme rows included."""
     from support.l2norm import l2_qdq

@@ -26,7 +26,11 @@ FORMS = {
     "norm_eps": "torch x / (x.norm(dim, keepdim=True) + eps): ReduceL2, Add(eps), Div",
     "sqrt_eps": "x / (Sqrt(ReduceSumSquare(x)) + eps)",
     "div_add": "x / Sqrt(ReduceSum(x * x) + eps)",
+    "rms": "T5's RMSNorm: x * Reciprocal(Sqrt(ReduceMean(Pow(x, 2)) + eps))",
+    "rms_div": "LLaMA-style RMSNorm: x / Sqrt(ReduceMean(x * x) + eps)",
 }
+#: the forms of a mean of squares: x / sqrt(sum x^2 / k + eps) over k values
+RMS = ("rms", "rms_div")
 
 
 def l2_nodes(form: str, x: str, y: str, shape: tuple[int, ...], axis: int, eps: float):
@@ -60,6 +64,14 @@ def l2_nodes(form: str, x: str, y: str, shape: tuple[int, ...], axis: int, eps: 
                  node("Div", [x, "l2_n"], [y], name="l2_div")]
     elif form == "lp":
         nodes = [node("LpNormalization", [x], [y], axis=axis, p=2, name="l2_lp")]
+    elif form == "rms":
+        nodes = [node("Pow", [x, "l2_two"], ["l2_p"]), node("ReduceMean", ["l2_p"], ["l2_s"], axes=[axis], keepdims=1),
+                 node("Add", ["l2_s", "l2_eps"], ["l2_c"]), node("Sqrt", ["l2_c"], ["l2_n"]),
+                 node("Reciprocal", ["l2_n"], ["l2_r"]), node("Mul", [x, "l2_r"], [y], name="l2_mul")]
+    elif form == "rms_div":
+        nodes = [node("Mul", [x, x], ["l2_p"]), node("ReduceMean", ["l2_p"], ["l2_s"], axes=[axis], keepdims=1),
+                 node("Add", ["l2_s", "l2_eps"], ["l2_c"]), node("Sqrt", ["l2_c"], ["l2_n"]),
+                 node("Div", [x, "l2_n"], [y], name="l2_div")]
     elif form == "plain":
         nodes = [node("Pow", [x, "l2_two"], ["l2_p"]), node("ReduceSum", ["l2_p", "l2_axes"], ["l2_s"], keepdims=1),
                  node("Sqrt", ["l2_s"], ["l2_n"]), node("Div", [x, "l2_n"], [y], name="l2_div")]
@@ -107,14 +119,15 @@ def l2_float(form: str, shape, axis: int, eps: float, seed: int = 0, reader: boo
 
 
 def exact_l2(u: np.ndarray, axis: int, s: Fraction, form: str, eps: Fraction) -> np.ndarray:
-    """u / (sqrt(max(S + a / s^2, b / s^2)) + o / s) in float64 from exact comparisons (S = sum u^2 along ``axis``,
-    an integer; the form's a, b and o from eps), the value y = x / ... of x = u s; a row of zeros with no eps NaN."""
+    """sqrt(k) u / (sqrt(max(S + a / s^2, b / s^2)) + o / s) in float64 from exact comparisons (S = sum u^2 along
+    ``axis``, an integer; the form's a, b and o from eps; k the row's length for a mean of squares (``RMS``: a = k eps),
+    else 1), the value y = x / ... of x = u s; a row of zeros with no eps NaN."""
     total = (u.astype(object) ** 2).sum(axis=axis, keepdims=True)
-    a = eps if form in ("rsqrt", "div_add") else Fraction(0)
-    b = {"clip": eps * eps, "reducel2": eps * eps, "max": eps * eps, "tf": eps, "rsqrt": eps,
-         "div_add": eps}.get(form, Fraction(0))
+    k = u.shape[axis] if form in RMS else 1
+    a = k * eps if form in ("rsqrt", "div_add", *RMS) else Fraction(0)
+    b = {"clip": eps * eps, "reducel2": eps * eps, "max": eps * eps, "tf": eps, "rsqrt": eps}.get(form, a)
     g, e, o = a / (s * s), b / (s * s), (eps / s if form in ("norm_eps", "sqrt_eps") else Fraction(0))
     den = np.vectorize(lambda v: math.sqrt(max(Fraction(int(v)) + g, e)) + o if max(v + g, e) or o else math.nan,
                        otypes=[np.float64])(total)
     with np.errstate(invalid="ignore"):
-        return np.where(den > 0, u / np.where(den > 0, den, 1), 0.0 if form == "lp" else math.nan)
+        return np.where(den > 0, math.sqrt(k) * u / np.where(den > 0, den, 1), 0.0 if form == "lp" else math.nan)

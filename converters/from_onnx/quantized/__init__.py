@@ -23,14 +23,15 @@ L2 norm as a value).
 # registers the rules, in the order of the module they were split from
 from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
 from .chains import SoftmaxChain, softmax_chains, softmax_value
-from .l2norm import L2Chain, NormChain, l2_chains, l2_value, norm_chains, norm_value
+from .l2norm import SUMS, L2Chain, NormChain, l2_chains, l2_value, norm_chains, norm_value
 from .edges import InputEdge, float_read, input_edge, input_precision, output_edge
 from .parameters import problem as parameter_problem
 from .masks import Tabulated, constant_term, mask_terms, tabulated
 from .qdq import Requant, quantized_constant
 from .values import QUANTIZED_TYPES, Real, affine_of_integers, of_integers, quantized_affines
 
-__all__ = ["InputEdge", "L2Chain", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SoftmaxChain", "Tabulated",
-           "affine_of_integers", "constant_term", "float_read", "input_edge", "input_precision", "l2_chains",
-           "l2_value", "mask_terms", "norm_chains", "norm_value", "of_integers", "output_edge", "parameter_problem",
+__all__ = ["InputEdge", "L2Chain", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SUMS", "SoftmaxChain",
+           "Tabulated", "affine_of_integers", "constant_term", "float_read", "input_edge", "input_precision",
+           "l2_chains", "l2_value", "mask_terms", "norm_chains", "norm_value", "of_integers", "output_edge",
+           "parameter_problem",
            "quantized_affines", "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]

@@ -1,7 +1,9 @@
 """L2 normalization of a dequantized value, in integers (docs/import.md, "L2 normalization: the integer form and its
 bound"): LpNormalization(p=2), and the written-out forms found in the graph before the walk (``l2_chains``):
 x / max(||x||, eps), x / sqrt(sum x^2 + eps), x / (||x|| + eps), x * Reciprocal(...), the norm as ReduceL2, Sqrt or
-Pow(0.5) of ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps by Clip(min), Max or Add.
+Pow(0.5) of ReduceSumSquare or of ReduceSum of Pow(x, 2), Pow(Abs(x), 2) or Mul(x, x), eps by Clip(min), Max or Add;
+and RMSNorm (T5's, LLaMA's), the same with ReduceMean of the squares and eps inside the root: x / sqrt(sum x^2 / k + a)
+= sqrt(k) x / sqrt(sum x^2 + k a) over k values, the factor sqrt(k) in the output's multiplier.
 
 With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / (sqrt(max(sum x^2 + a,
 b)) + o) = u / (sqrt(max(S + G, E)) + O), G = a / s^2, E = b / s^2, O = o / s: LayerNormalization's table form
@@ -49,11 +51,17 @@ def quartered_fits(n: int, peak: int, t_bits: int, quarter: int) -> bool:
             and tight(n * peak * peak // unit + n) <= 31 and tight(unit * ((1 << (t_bits - 2)) + n)) <= 31)
 
 
+def root_below(k: int) -> Fraction:
+    """sqrt(k) to within 2^-64 below (exact where k is a square)."""
+    return Fraction(math.isqrt(k << 128), 1 << 64)
+
+
 def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: int, high: int,
-            o: Fraction = Fraction(0)) -> LayerNormPlan:
-    """The plan of least delta for u / (sqrt(max(S + G, E)) + O) over rows of n integers |u| <= peak, in output
-    steps of s_out, into [low, high] (z_out subtracted); where S passes 32 bits, its level and bucket from the
-    squares split at 4^Q (``quartered``)."""
+            o: Fraction = Fraction(0), mean: int = 1) -> LayerNormPlan:
+    """The plan of least delta for sqrt(mean) u / (sqrt(max(S + G, E)) + O) over rows of n integers |u| <= peak, in
+    output steps of s_out, into [low, high] (z_out subtracted); where S passes 32 bits, its level and bucket from
+    the squares split at 4^Q (``quartered``). sqrt(mean) is taken as ``root_below``'s c, and delta grows by the
+    bound's terms in |c_i| for the rest, (N_b + e_N) (sqrt(mean) - c) / (s_out 2^(F-j)); O is 0 where mean > 1."""
     v_max = n * peak * peak
     quarter, shape = 0, table_shape(v_max, 0)
     if not squares_fit(n, peak):
@@ -70,22 +78,26 @@ def l2_plan(n: int, peak: int, g: Fraction, e: Fraction, s_out: Fraction, low: i
                   2.0 ** (1 - t_bits / 2) if levels else 0.0)
     f = table_bits(r_first, d_bits)
     precision = tight(max(-low, high))
-    gamma, beta = np.array([1 / s_out], dtype=object), np.array([Fraction(0)], dtype=object)
+    root = root_below(mean)
+    gamma, beta = np.array([root / s_out], dtype=object), np.array([Fraction(0)], dtype=object)
     key = (2, 0, t_bits, levels, quarter, precision)  # n = 2: |D| <= sqrt((2 - 1) V), V >= 1 when not 0
     best, h = best_plan(key, v_max, float(g), f, d_bits, 0, gamma, beta, floor=float(e), outside=float(o)), 31 - d_bits
     if (best is None or best.delta >= Fraction(1, 2)) and h > 0:  # R in two parts
         best = best_plan(key, v_max, float(g), f, d_bits, h, gamma, beta, floor=float(e), outside=float(o))
+    if best is not None and root * root != mean:  # sqrt(mean) - root < 2^-64; e_N < N_b
+        best = replace(best, delta=best.delta + Fraction(2 * best.n_bound, 1 << (64 + best.frac_bits - best.extra))
+                       / s_out)
     if best is None or best.delta >= Fraction(1, 2):
-        raise NoPlan(f"an L2 normalization over {n} values at {float(1 / s_out):.3g} output steps per unit has no "
-                     "integer form within half a step in 32 bits")
+        raise NoPlan(f"an L2 normalization over {n} values at {float(root / s_out):.3g} output steps per unit has "
+                     "no integer form within half a step in 32 bits")
     return best
 
 
 @dataclass(frozen=True, eq=False)
 class L2Normalized(Deferred):
-    """x / (sqrt(max(sum x^2 + add, floor)) + outside) over the n values of ``view`` (outer, n, inner), made
-    integers by the QuantizeLinear that follows; ``nan_at_zero``: a row of zeros is 0 / 0 (no eps), QuantizeLinear's
-    NaN."""
+    """sqrt(mean) x / (sqrt(max(sum x^2 + add, floor)) + outside) over the n values of ``view`` (outer, n, inner),
+    made integers by the QuantizeLinear that follows; ``nan_at_zero``: a row of zeros is 0 / 0 (no eps),
+    QuantizeLinear's NaN; ``mean`` k > 1: an RMSNorm's, x / sqrt(max(sum x^2 / k + add / k, floor / k)), outside 0."""
 
     x: Scaled
     view: tuple[int, int, int]
@@ -95,6 +107,7 @@ class L2Normalized(Deferred):
     nan_at_zero: bool
     node: str = ""
     what: str = "L2 normalization"
+    mean: int = 1
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -102,12 +115,12 @@ class L2Normalized(Deferred):
 
     @property
     def ends(self) -> tuple[float, float]:
-        """Every value lies in [-1, 1] (the span a float output is quantized to)."""
+        """Every value lies in [-sqrt(mean), sqrt(mean)] (the span a float output is quantized to)."""
         t, z = self.x.t, int(self.x.zero.reshape(()))
         if self.nan_at_zero and t.lo <= z <= t.hi:
-            raise Refuse(f"{self.node} (L2 normalization with no eps) as a float output is NaN (0 / 0) on a row of "
+            raise Refuse(f"{self.node} ({self.what} with no eps) as a float output is NaN (0 / 0) on a row of "
                          "zeros, which no integer holds: quantize it (a QuantizeLinear gives NaN the type's minimum)")
-        return -1.0, 1.0
+        return -math.sqrt(self.mean), math.sqrt(self.mean)
 
     def plan(self, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
         """``l2_plan`` for output steps s_out into [low, high] (z_out subtracted)."""
@@ -115,18 +128,18 @@ class L2Normalized(Deferred):
         s = self.x.scale.reshape(()).item()
         peak = max(abs(t.lo - z), abs(t.hi - z))
         return l2_plan(self.view[1], peak, self.add / (s * s), self.floor / (s * s), s_out, low, high,
-                       self.outside / s)
+                       self.outside / s, self.mean)
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         """The integers of QuantizeLinear(y), by ``l2_plan``'s form."""
         if scale.size != 1:
-            raise Refuse(f"{self.node} (L2 normalization) with a per-channel output scale has no CVM form")
+            raise Refuse(f"{self.node} ({self.what}) with a per-channel output scale has no CVM form")
         t, z = self.x.t, int(self.x.zero.reshape(()))
         lo, hi = INT_RANGES[dtype]
         try:
             p = self.plan(scale.reshape(()).item(), lo - out_zero, hi - out_zero)
         except NoPlan as e:
-            raise Refuse(f"{self.node} (L2 normalization): {e}") from None
+            raise Refuse(f"{self.node} ({self.what}): {e}") from None
         ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
         zero_row = self.nan_at_zero and t.lo <= z <= t.hi
         r = emit(ctx, as_int32(t), z, self.view, p, lo - out_zero if zero_row else None)
@@ -248,7 +261,8 @@ def lp_normalization_rule(ctx, node, x):
 @dataclass(frozen=True)
 class L2Chain:
     """The Div (or Mul) ``node`` that ends a written-out L2 normalization of tensor ``x`` over ``view`` (outer, n,
-    inner): x / (sqrt(max(sum x^2 + add, floor)) + outside); ``nodes``: every node of it (the reduction's on)."""
+    inner): sqrt(mean) x / (sqrt(max(sum x^2 + add, floor)) + outside) (``mean`` k > 1: a ReduceMean's, RMSNorm,
+    outside 0); ``nodes``: every node of it (the reduction's on)."""
 
     node: onnx.NodeProto
     x: str
@@ -257,10 +271,12 @@ class L2Chain:
     floor: Fraction
     outside: Fraction
     nodes: tuple[onnx.NodeProto, ...]
+    mean: int = 1
 
 
 _STEPS = ("Sqrt", "Pow", "Reciprocal", "Clip", "Max", "Add", "Expand", *FLAT)
-_SUMS = ("ReduceSum", "ReduceSumSquare", "ReduceL2")
+#: The reductions a written-out L2 normalization or RMSNorm (ReduceMean), or an L2 norm, ends in.
+SUMS = ("ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceMean")
 
 
 def _scalar(g: _Graph, name: str) -> Fraction | None:
@@ -328,9 +344,9 @@ def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
         if shape is None or None in shape or x in g.constants:
             continue
         steps, name = [], den
-        while len(steps) < 24 and (n := g.made(name, *_STEPS, *_SUMS)) is not None:
+        while len(steps) < 24 and (n := g.made(name, *_STEPS, *SUMS)) is not None:
             steps.append(n)
-            if n.op_type in _SUMS:
+            if n.op_type in SUMS:
                 break
             if n.op_type in ("Max", "Clip"):
                 bound = _lower_bound(g, n)
@@ -344,11 +360,11 @@ def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
                 break
             else:
                 name = n.input[0]
-        if not steps or steps[-1].op_type not in _SUMS:
+        if not steps or steps[-1].op_type not in SUMS:
             continue
         total, rank = steps[-1], len(shape)
         squares: list[onnx.NodeProto] | None = []
-        if total.op_type == "ReduceSum":
+        if total.op_type in ("ReduceSum", "ReduceMean"):
             squares = _squares(g, total.input[0], x)
         elif not _same(g, total.input[0], x):
             squares = None
@@ -379,7 +395,10 @@ def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
         if not ok or not rooted or recips != (node.op_type == "Mul"):
             continue
         view = (math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]), math.prod(shape[axes[-1] + 1:]))
-        return L2Chain(node, x, view, add, floor, outside, (*steps, *squares, node))
+        k = view[1] if total.op_type == "ReduceMean" else 1
+        if k > 1 and outside:  # sqrt(k) o, irrational: no such RMSNorm was seen
+            continue
+        return L2Chain(node, x, view, k * add, k * floor, outside, (*steps, *squares, node), k)
     return None
 
 
@@ -387,7 +406,7 @@ def l2_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, .
               constants: dict[str, np.ndarray]) -> list[L2Chain]:
     """Every written-out L2 normalization of ``graph`` (``shapes``, ``constants`` and ``opset`` as
     ``chains.softmax_chains`` takes them)."""
-    if not any(n.op_type in _SUMS for n in graph.node):
+    if not any(n.op_type in SUMS for n in graph.node):
         return []
     g = _Graph(graph, opset, shapes, constants)
     return [c for n in graph.node if n.op_type in ("Div", "Mul") and n.domain in ("", "ai.onnx")
@@ -398,7 +417,7 @@ def l2_value(chain: L2Chain, x) -> L2Normalized:
     """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
     return L2Normalized(x, chain.view, chain.add, chain.floor, chain.outside, not (chain.floor or chain.outside),
-                        chain.node.name)
+                        chain.node.name, "RMS normalization" if chain.mean > 1 else "L2 normalization", chain.mean)
 
 
 # -- the norm as a value ------------------------------------------------------------------------------------------
@@ -637,7 +656,7 @@ def norm_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int,
                 constants: dict[str, np.ndarray]) -> list[NormChain]:
     """Every L2 norm of ``graph`` computed as a value (``NormChain``), those inside an L2 normalization
     (``l2_chains``) left to it (arguments as ``l2_chains`` takes them)."""
-    if not any(n.op_type in _SUMS for n in graph.node):
+    if not any(n.op_type in SUMS for n in graph.node):
         return []
     g = _Graph(graph, opset, shapes, constants)
     taken = {id(n) for c in l2_chains(graph, opset, shapes, constants) for n in c.nodes}

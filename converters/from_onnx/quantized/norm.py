@@ -134,7 +134,10 @@ def quartered_fits(n: int, w: int, v_max: int, t_bits: int, quarter: int) -> boo
     unit = 1 << (2 * quarter)
     p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n
     tn = tight(n)
-    return (tight(w) + tn <= 32 and 2 * tight(w) + tight(n) <= 32 and 2 * tight(n - 1) <= 32
+    b = chunk(n, w)
+    a = n // b
+    return (tight(w) + tn <= 32 and 2 * tight(w) + tight(b) <= 32 and 2 * tight(n - 1) <= 32
+            and tight(b * w * w // unit) + max(tight(unit), tight(a)) <= 32 and tight(a * unit) + tight(a) <= 32
             and tight(p_top // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
             and tight(small_rows(n, t_bits, quarter)) + tn <= 32 and tight(n * unit + n * n) <= 31
             and tight(v_max >> (2 * quarter)) <= 31 and tight(p_top) <= 32)
@@ -308,7 +311,9 @@ def saturating_plan(shape: tuple, table: np.ndarray, worst: float, rel: float, f
 @dataclass(frozen=True, eq=False)
 class Normalized(Deferred):
     """LayerNormalization of x over its last n values (``view``: (outer, n)), with gamma and beta per position
-    (Fractions, flat n) and epsilon, made integers by the QuantizeLinear that follows (``quantized``)."""
+    (Fractions, flat n) or, where ``affine`` is (N, C, S) (Instance- and GroupNormalization), per channel (flat C;
+    the rows read as N C S values), and epsilon, made integers by the QuantizeLinear that follows
+    (``quantized``)."""
 
     x: Scaled
     view: tuple[int, int]
@@ -317,6 +322,7 @@ class Normalized(Deferred):
     eps: Fraction
     node: str = ""
     what: str = "LayerNormalization"
+    affine: tuple[int, int, int] | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -325,7 +331,7 @@ class Normalized(Deferred):
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         """The integers of QuantizeLinear(LayerNormalization(x)), by ``layernorm_plan``'s form."""
         if scale.size != 1:
-            raise Refuse("LayerNormalization with a per-channel output scale has no CVM form")
+            raise Refuse(f"{self.what} with a per-channel output scale has no CVM form")
         s_out = scale.reshape(()).item()
         t, (outer, n) = self.x.t, self.view
         lo, hi = INT_RANGES[dtype]
@@ -333,10 +339,10 @@ class Normalized(Deferred):
             p = layernorm_plan(n, t.lo, t.hi, self.x.scale.reshape(()).item(), self.eps, self.gamma / s_out,
                                self.beta / s_out, lo - out_zero, hi - out_zero)
         except NoPlan as e:
-            raise Refuse(f"{self.node} (LayerNormalization): {e}") from None
+            raise Refuse(f"{self.node} ({self.what}): {e}") from None
         ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
-        return saturate(ctx, ctx.reshape(emit(ctx, as_int32(t), outer, n, p), self.shape), out_zero, lo, hi, dtype,
-                        self.shape)
+        return saturate(ctx, ctx.reshape(emit(ctx, as_int32(t), outer, n, p, self.affine), self.shape), out_zero,
+                        lo, hi, dtype, self.shape)
 
 
 def proven(ctx, name: str, a: Tensor, b: Tensor, lo: int, hi: int, shape) -> Tensor:
@@ -348,10 +354,15 @@ def c32(value) -> Tensor:
     return const(np.asarray(value, np.int64).astype(np.int32), INT32)
 
 
-def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
-    """The plan's CVM ops on the rows of t: u, D, V, the level and bucket, R, N, and the output's shift."""
+def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, affine: tuple[int, int, int] | None = None) \
+        -> Tensor:
+    """The plan's CVM ops on the rows of t: u, D, V, the level and bucket, R, N, and the output's shift; the
+    multipliers and offsets per position, or per channel where ``affine`` is (N, C, S) (N read as N C S values)."""
     op = partial(proven, ctx)
     rows, col = (outer, n), (outer, 1)
+
+    def laid(v: np.ndarray) -> Tensor:
+        return c32(v.reshape(1, -1, 1) if affine else v.reshape(1, n))
     u = ctx.reshape(t, rows)
     if p.centre:
         u = op("broadcast_sub", u, c32(p.centre), u.lo - p.centre, u.hi - p.centre, rows)
@@ -385,21 +396,24 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan) -> Tensor:
     if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
         e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
         prod = ctx.result(e, INT32, -p.n_bound, p.n_bound, rows)
+    if affine:
+        rows = affine
+        prod = ctx.reshape(prod, rows)
     if p.gamma_split:  # N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s)
         high = p.multipliers >> p.gamma_split
         peak_m, lows = int(np.abs(high).max(initial=0)), (1 << p.gamma_split) - 1
-        y = op("broadcast_mul", prod, c32(high.reshape(1, n)), -prod.hi * peak_m, prod.hi * peak_m, rows)
-        low = op("broadcast_mul", prod, c32((p.multipliers & lows).reshape(1, n)), -prod.hi * lows,
+        y = op("broadcast_mul", prod, laid(high), -prod.hi * peak_m, prod.hi * peak_m, rows)
+        low = op("broadcast_mul", prod, laid(p.multipliers & lows), -prod.hi * lows,
                  prod.hi * lows, rows)
         bound = (prod.hi * lows) >> p.gamma_split
         low = op("broadcast_div", low, c32(1 << p.gamma_split), -bound, bound, rows)
         y = op("broadcast_add", y, low, y.lo - bound, y.hi + bound, rows)
     else:
-        m = c32(p.multipliers.reshape(1, n))
+        m = laid(p.multipliers)
         peak_m = int(np.abs(p.multipliers).max(initial=0))
         y = op("broadcast_mul", prod, m, -prod.hi * peak_m, prod.hi * peak_m, rows)
     if p.offsets.any():
-        b = c32(p.offsets.reshape(1, n))
+        b = laid(p.offsets)
         y = op("broadcast_add", y, b, y.lo + int(p.offsets.min()), y.hi + int(p.offsets.max()), rows)
     bnd = (1 << (p.precision - 1)) - 1
     e = ctx.emit("cvm_right_shift", ctx.narrow(y, tight(max(-y.lo, y.hi))), precision=p.precision, shift_bit=p.shift)
@@ -449,10 +463,7 @@ def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     rest = op("broadcast_sub", total, op("broadcast_mul", mean, c32(n), n * u.lo, n * u.hi, col), 1 - n, n - 1, col)
     du = op("broadcast_sub", u, mean, -w, w, rows)
     p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n  # n P = V + r^2, V <= n^2 w^2 / 4
-    sq = ctx.reshape(reduced(ctx, "sum", op("broadcast_mul", du, du, 0, w * w, rows), [1], 0, p_top), col)
-    high = op("broadcast_div", sq, c32(unit), 0, p_top // unit, col)
-    low = op("broadcast_sub", sq, op("broadcast_mul", high, c32(unit), 0, p_top // unit * unit, col), 0, unit - 1,
-             col)
+    high, low, whole = square_sums(ctx, du, n, w, unit, p_top)
     r2 = op("broadcast_mul", rest, rest, 0, (n - 1) ** 2, col)
     lift = -(-n * n // unit)
     y = op("broadcast_add", op("broadcast_sub", op("broadcast_mul", low, c32(n), 0, n * (unit - 1), col), r2,
@@ -467,7 +478,13 @@ def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     above = op("broadcast_greater", vq, thresholds, 0, 1, (outer, p.levels))
     level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
     p_small = small_rows(n, p.table_bits, quarter)
-    e = ctx.emit("clip", ctx.entry(sq), a_min=0, a_max=p_small)
+    if whole is None:  # min(P, P_s) = min(4^Q min(floor(P / 4^Q), floor(P_s / 4^Q) + 1) + P mod 4^Q, P_s)
+        cap = p_small // unit + 1
+        e = ctx.emit("clip", ctx.entry(high), a_min=0, a_max=min(cap, p_top // unit))
+        capped = op("broadcast_mul", ctx.result(e, INT32, 0, min(cap, p_top // unit), col), c32(unit), 0,
+                    cap * unit, col)
+        whole = op("broadcast_add", capped, low, 0, cap * unit + unit - 1, col)
+    e = ctx.emit("clip", ctx.entry(whole), a_min=0, a_max=p_small)
     small = op("broadcast_sub", op("broadcast_mul", ctx.result(e, INT32, 0, p_small, col), c32(n), 0, n * p_small,
                                    col), r2, -(n - 1) ** 2, n * p_small, col)
 
@@ -486,18 +503,63 @@ def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     return level, op("broadcast_add", bottom, pick, 0, size - 1, col)
 
 
-def real_values(x, size: int, what: str) -> np.ndarray:
+def chunk(n: int, w: int) -> int:
+    """The most values b, a divisor of n, whose sum of squares (each <= w^2) keeps its CVM label within 32 bits
+    (``quartered_fits``); 1 where none but 1 does."""
+    b = min(n, (1 << max(31 - 2 * tight(w), 0)) - 1)
+    while n % b:
+        b -= 1
+    return b
+
+
+def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(floor(P / 4^Q), P mod 4^Q, P) of each row's P = sum du^2 (|du| <= w, P <= p_top); where the sum passes 32
+    bits in CVM's labels, from sums of b = ``chunk(n, w)`` squares, P itself None: P = 4^Q H + L with
+    H = sum floor(P_j / 4^Q) and L = sum P_j mod 4^Q over the n / b parts P_j, so floor(P / 4^Q) = H +
+    floor(L / 4^Q)."""
+    op = partial(proven, ctx)
+    outer, b = du.shape[0], chunk(n, w)
+    a, col = n // b, (outer, 1)
+    square = op("broadcast_mul", du, du, 0, w * w, du.shape)
+    if a == 1:
+        sq = ctx.reshape(reduced(ctx, "sum", square, [1], 0, p_top), col)
+        high = op("broadcast_div", sq, c32(unit), 0, p_top // unit, col)
+        return high, op("broadcast_sub", sq, op("broadcast_mul", high, c32(unit), 0, p_top // unit * unit, col), 0,
+                        unit - 1, col), sq
+    part, top = (outer, a), b * w * w
+    sums = reduced(ctx, "sum", ctx.reshape(square, (outer, a, b)), [2], 0, top)
+    highs = op("broadcast_div", sums, c32(unit), 0, top // unit, part)
+    lows = op("broadcast_sub", sums, op("broadcast_mul", highs, c32(unit), 0, top // unit * unit, part), 0,
+              unit - 1, part)
+    over = ctx.reshape(reduced(ctx, "sum", lows, [1], 0, a * (unit - 1)), col)
+    carry = op("broadcast_div", over, c32(unit), 0, a * (unit - 1) // unit, col)
+    high = op("broadcast_add", ctx.reshape(reduced(ctx, "sum", highs, [1], 0, p_top // unit), col), carry, 0,
+              p_top // unit, col)
+    return high, op("broadcast_sub", over, op("broadcast_mul", carry, c32(unit), 0, carry.hi * unit, col), 0,
+                    unit - 1, col), None
+
+
+def real_values(x, size: int, what: str, op: str = "LayerNormalization", over: str = "normalized positions") \
+        -> np.ndarray:
     """A constant gamma or beta (a dequantized constant, as quantize_static writes them, or a float one) as exact
-    Fractions broadcast over the normalized positions (flat ``size``)."""
+    Fractions broadcast over ``size`` values (flat: ``over``)."""
     if isinstance(x, Scaled) and x.t.is_const:
         v = np.broadcast_to((x.t.value.astype(np.int64) - x.zero) * x.scale, x.shape)
     elif isinstance(x, Tensor) and x.is_const and np.asarray(x.value).dtype.kind == "f":
         v = np.array([Fraction(float(q)) for q in np.asarray(x.value).flat], dtype=object).reshape(x.shape)
     else:
-        raise Refuse(f"LayerNormalization {what} must be a constant")
+        raise Refuse(f"{op} {what} must be a constant")
     if v.size not in (1, size):
-        raise Refuse(f"LayerNormalization {what} of {v.size} values for {size} normalized positions")
+        raise Refuse(f"{op} {what} of {v.size} values for {size} {over}")
     return np.array([Fraction(q) for q in np.broadcast_to(v.reshape(-1), (size,))], dtype=object)
+
+
+def epsilon(node, op: str) -> Fraction:
+    """The node's ``epsilon`` (float32, default 1e-5), which must be > 0 and finite."""
+    eps = float(np.float32(node.attr_float("epsilon", 1e-5)))
+    if not 0 < eps < math.inf:
+        raise Refuse(f"{op} epsilon must be > 0 and finite (a constant row is 0 / 0 otherwise), not {eps}")
+    return Fraction(eps)
 
 
 @float_rule("LayerNormalization", since=17)
@@ -513,11 +575,37 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
         raise Refuse(f"LayerNormalization axis {axis} is out of range for rank {rank}")
     axis %= rank
     n = math.prod(x.shape[axis:])
-    eps = float(np.float32(node.attr_float("epsilon", 1e-5)))
-    if not 0 < eps < math.inf:
-        raise Refuse("LayerNormalization epsilon must be > 0 and finite (a constant row is 0 / 0 otherwise), "
-                     f"not {eps}")
-    eps = Fraction(eps)
+    eps = epsilon(node, "LayerNormalization")
     g = real_values(gamma, n, "Scale")
     b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
     return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps, node.name)
+
+
+def channel_normalized(node, x, scale, bias, op: str, groups: int | None = None) -> Normalized:
+    """Instance- or GroupNormalization of a per-tensor dequantized x (N, C, D1, ...) in ``groups`` groups of C / G
+    channels (None: one per channel): a ``Normalized`` value over rows (N G, C / G D1 ...), scale and bias
+    constants per channel, integers by the QuantizeLinear that follows."""
+    x = per_tensor(scaled(x, f"the {op} input"), op)
+    if len(x.shape) < 3:
+        raise Refuse(f"{op} of rank {len(x.shape)} (at least 3: N, C, D1, ...)")
+    c = x.shape[1]
+    groups = c if groups is None else groups
+    if groups < 1 or c % groups:
+        raise Refuse(f"{op} num_groups {groups} must divide the {c} channels")
+    eps = epsilon(node, op)
+    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
+    size = math.prod(x.shape[2:])
+    return Normalized(x, (x.shape[0] * groups, c // groups * size), g, b, eps, node.name, op, (x.shape[0], c, size))
+
+
+@float_rule("InstanceNormalization", since=6)
+def instance_norm_rule(ctx, node, x, scale, bias):
+    """InstanceNormalization: each (n, c)'s values normalized (torch's GroupNorm: x as (N, G, -1) here)."""
+    return channel_normalized(node, x, scale, bias, "InstanceNormalization")
+
+
+@float_rule("GroupNormalization", since=21)
+def group_norm_rule(ctx, node, x, scale, bias):
+    """GroupNormalization (opset 21; onnx's checker refuses opset 18's, deprecated): each (n, group)'s values
+    normalized."""
+    return channel_normalized(node, x, scale, bias, "GroupNormalization", node.attr_int("num_groups", 0))
