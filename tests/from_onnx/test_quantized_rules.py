@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.masks import levelled_softmax_oracle
+from support.masks import X_PRECISION, levelled_softmax_oracle
 from support.quantized import Oracle, layernorm_oracle, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -964,8 +964,26 @@ def test_a_mask_term_of_an_integer_input_equals_its_table_form(d, shape, form, s
                                    max_size=math.prod(mask_shape))), np.int64).reshape(mask_shape)
     x = draw_x(d, shape, T.INT8)
     assume(float(np.float32(s)) * 128 * 2 + 106 <= 10000)
-    model = hf_mask_model(shape, mask_shape, form, c, 2, s=s)
-    imp = import_model(model, input_precision=8)
+    check_term(x, m, form, s, c)
+
+
+@pytest.mark.parametrize("form", ["mul", "where", "torch"])
+def test_a_mask_term_reads_int8s_least_value(form):
+    """x = -128 (int8's least) beside -121 at s = 1, every position kept: [255, 0], the exact softmax (254.77, 0.23)
+    rounded, as onnxruntime reads x. Regression: imported at precision 8, the runtime clamped -128 to -127 and gave
+    [254, 1] against the oracle of -128 (hypothesis found it)."""
+    x = np.zeros((3, 5, 2), np.int64)
+    x[2, 4] = [-121, -128]
+    check_term(x, np.array([1]), form, 1.0, float(np.finfo(np.float32).min))
+
+
+def check_term(x: np.ndarray, m: np.ndarray, form: str, s: float, c: float) -> None:
+    """Softmax(x + term(m)) of ``hf_mask_model`` (m of 2 bits), x int8: equal to the oracle over each row's highest
+    level, within one step of onnxruntime where a row keeps something or its level absorbs x, its NaN rows exactly;
+    exported exactly."""
+    shape = x.shape
+    model = hf_mask_model(shape, list(m.shape), form, c, 2, s=s)
+    imp = import_model(model, input_precision=X_PRECISION)
     feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)}
     [got] = execute(imp.graph, feed)
     assert verify(imp.graph, feed).exact
@@ -1009,7 +1027,7 @@ def test_mask_term_rows_at_every_level(form, c):
     x = np.array([[-128, 127, 5, 0]] * 6, np.int8)
     m = np.array([[1, 1, 1, 1], [1, 0, -1, 1], [0, 0, -1, 0], [0, 0, 0, 0], [-1, -1, -1, -1], [-1, 0, -1, 1]])
     model = hf_mask_model((6, 4), [6, 4], form, c, 2, s=0.25)
-    imp = import_model(model, input_precision=8)
+    imp = import_model(model, input_precision=X_PRECISION)
     [got] = execute(imp.graph, {"x": x.astype(np.int32), "m": m.astype(np.int32)})
     [p] = [r.softmax for r in imp.requants if r.softmax]
     want = levelled_softmax_oracle(x, hf_term(m, form, c), 0.25, 1 / Fraction(float(np.float32(1 / 255))), p, 0, 0,
