@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper as nh
-from support.masks import FORMS, decoder_model, levelled_softmax_oracle, term_of
+from support.masks import FORMS, X_PRECISION, decoder_model, levelled_softmax_oracle, term_of
 from support.packed import bert_like, bert_samples
 
 from cvm_onnx.app.kept_float import masked_softmaxes
@@ -33,7 +33,7 @@ def check_decoder(form: str, m: np.ndarray, x: np.ndarray, c: float, s: float, w
     something or its level absorbs x; a row of -inf alone (float32's NaN) exactly."""
     b, heads, n, _ = x.shape
     model = decoder_model(form, b, heads, n, c, s, window)
-    imp = import_model(model, input_precision=8)
+    imp = import_model(model, input_precision=X_PRECISION)
     feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)} if form != "causal" else {"data": x.astype(np.int32)}
     [got] = execute(imp.graph, feed)
     assert verify(imp.graph, feed).exact
@@ -82,6 +82,14 @@ def test_left_padded_rows_at_every_level(form):
     x = np.tile(np.array([-128, 127, 5, 0, -3]), (4, 2, 5, 1))
     for c in (F32_MIN, -10000.0):
         check_decoder(form, m, x, c, 0.25)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_kept_row_reads_int8s_least_value(form):
+    """x = -128 (int8's least) beside -121 at s = 1 in a row keeping both: [255, 0], the exact softmax (254.77, 0.23)
+    rounded, as onnxruntime reads x. Regression: imported at precision 8, the runtime clamped -128 to -127 and gave
+    [254, 1] against the oracle of -128."""
+    check_decoder(form, np.array([[1, 1]]), np.tile(np.array([-121, -128]), (1, 1, 2, 1)), F32_MIN, 1.0)
 
 
 def test_a_table_past_2_16_keys_is_refused_in_one_line():
