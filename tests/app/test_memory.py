@@ -4,6 +4,10 @@ threshold's default, risen to the larger block, would have it; prepare holds no 
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,13 +33,25 @@ except (OSError, AttributeError):
 
 
 @pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the mapped bytes")
-def test_a_few_mib_after_a_larger_block_freed_are_mapped_apart():
-    map_large_blocks()
-    big = np.ones(16 << 20, np.uint8)  # freed: the default threshold would rise to 16 MiB
-    del big
-    before = _mapped_bytes()
-    a = np.ones(4 * MMAP_THRESHOLD, np.uint8)
-    assert _mapped_bytes() - before >= a.nbytes
+@pytest.mark.parametrize("fixed", [True, False])
+def test_a_few_mib_after_a_larger_block_freed_are_mapped_apart(fixed):
+    """In a fresh interpreter (a heap holding no free chunk of a few MiB, which malloc would take before mapping):
+    mapped apart with the threshold fixed, carved from the heap with glibc's default (the test can fail)."""
+    code = f"""if True:
+        import numpy as np
+        from tests.app.test_memory import _mapped_bytes
+        from cvm_onnx.app.memory import MMAP_THRESHOLD, map_large_blocks
+        if {fixed}:
+            map_large_blocks()
+        big = np.ones(16 << 20, np.uint8)  # freed: the default threshold would rise to 16 MiB
+        del big
+        before = _mapped_bytes()
+        a = np.ones(4 * MMAP_THRESHOLD, np.uint8)
+        print(_mapped_bytes() - before >= a.nbytes)"""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, check=True)
+    assert out.stdout.split() == [str(fixed)], out.stderr
 
 
 @pytest.mark.skipif(_MALLINFO2 is None, reason="glibc's mallinfo2 (2.33 and later) reads the bytes allocated")
