@@ -667,7 +667,8 @@ def gemm_rule(ctx, node, a, b, c=None):
 def average(ctx, node, x: Scaled) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
     (count per output position when padding is not counted; there a pad not smaller than the kernel, which lets a
-    window count no input value, is refused, as onnxruntime refuses it)."""
+    window count no input value, is refused, as onnxruntime refuses it); a kernel of the whole unpadded image (torch's
+    F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width."""
     x = per_tensor(x, "AveragePool")
     if node.attr_int("ceil_mode", 0) or any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
@@ -676,6 +677,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
     strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    if list(kernel) == list(x.shape[2:]) and not any(begin) and not any(end):  # one window: the image's mean
+        return global_average(ctx, x)
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)
     counted = node.attr_int("count_include_pad", 0)
