@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import ort_session, qdq
+from support.gem import gem
+from support.quantized import ort_session
 from test_quantized_rules import imported
 
 from cvm_onnx.app.quantize import quantize
@@ -23,44 +24,8 @@ from cvm_onnx.converters.from_onnx.quantized import l2norm
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
 
-NP = {T.INT8: np.int8, T.UINT8: np.uint8, T.INT16: np.int16}
 RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-32768, 32767)}
 REDUCE = ("mean", "sum", "global", "whole")  # ReduceMean, ReduceSum, GlobalAveragePool, AveragePool of the image
-
-
-def gem(p: int, x_type, zx: int, s: float, shape, reduce="mean", root="pow", out=(0.05, 0, T.UINT8), absx=False,
-        clip=None, keep=1):
-    """DequantizeLinear(x at s, zx) -> [Clip(min eps) -> QuantizeLinear -> DequantizeLinear at (s_c, 0, type), as
-    quantize_static writes a Clip] -> [Abs] -> Pow(p) -> the reduction over H, W -> Pow(1/p) (float32, as exporters
-    write it) or Sqrt -> QuantizeLinear at ``out`` = (s_y, z_y, type), or the float output ``yf`` (``out`` None)."""
-    node = h.make_node
-    nodes = [node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
-    inits = dict(s=np.float32(s), zx=NP[x_type](zx), p=np.float32(p), r=np.float32(1 / p))
-    v = "xf"
-    if clip is not None:
-        eps, sc, c_type = clip
-        inits.update(eps=np.float32(eps), sc=np.float32(sc), zc=NP[c_type](0))
-        nodes += [node("Clip", [v, "eps"], ["c"]), node("QuantizeLinear", ["c", "sc", "zc"], ["cq"]),
-                  node("DequantizeLinear", ["cq", "sc", "zc"], ["cf"])]
-        v = "cf"
-    if absx:
-        nodes.append(node("Abs", [v], ["a"]))
-        v = "a"
-    nodes.append(node("Pow", [v, "p"], ["pw"]))
-    if reduce in ("mean", "sum"):
-        inits["axes"] = np.array([2, 3], np.int64)
-        nodes.append(node("ReduceMean" if reduce == "mean" else "ReduceSum", ["pw", "axes"], ["m"], keepdims=keep))
-    elif reduce == "global":
-        nodes.append(node("GlobalAveragePool", ["pw"], ["m"]))
-    else:
-        nodes.append(node("AveragePool", ["pw"], ["m"], kernel_shape=list(shape[2:])))
-    nodes.append(node("Pow", ["m", "r"], ["yf"], name="gem") if root == "pow" else node("Sqrt", ["m"], ["yf"],
-                                                                                          name="gem"))
-    if out is None:
-        return qdq(nodes, shape, x_type, inits, T.FLOAT, opset=18, out="yf")
-    inits.update(so=np.float32(out[0]), zo=NP[out[2]](out[1]))
-    nodes.append(node("QuantizeLinear", ["yf", "so", "zo"], ["y"]))
-    return qdq(nodes, shape, x_type, inits, out[2], opset=18)
 
 
 def iroot(v: int, p: int) -> int:
@@ -91,10 +56,10 @@ def exact_gem(u: np.ndarray, p: int, mean: bool, keep: bool, c: Fraction, zo: in
     return np.vectorize(one, otypes=[np.int64])(total)
 
 
-def check(p, x_type, zx, s, shape, reduce, root, out, absx, clip, keep, x):
+def check(p, x_type, zx, s, shape, reduce, root, out, clip, keep, x):
     """The import's integers equal the exact oracle's on x (a float output at the importer's int16 grid), and
     each unsaturated output lies within half a step of the root in float64."""
-    m = gem(p, x_type, zx, s, shape, reduce, root, out, absx, clip, keep)
+    m = gem(p, x_type, zx, s, shape, reduce, root, out, clip, keep)
     imp, got = imported(m, x)
     if out is None:
         so, zo, (lo, hi) = Fraction(float(imp.edges.outputs[0].scale)), 0, RANGE[T.INT16]
@@ -106,8 +71,6 @@ def check(p, x_type, zx, s, shape, reduce, root, out, absx, clip, keep, x):
         sc = Fraction(float(np.float32(clip[1])))
         u = np.vectorize(lambda v: max(round(v * sx / sc), 0), otypes=[object])(u.astype(object))
         sx = sc
-    if absx:
-        u = np.abs(u)
     keep = keep or reduce in ("global", "whole")
     want = exact_gem(u, p, reduce != "sum", keep, sx / so, zo, lo, hi)
     assert got.shape == want.shape and np.array_equal(got, want), (got, want)
@@ -142,16 +105,16 @@ def cases(draw):
     out = draw(st.sampled_from([None, (0.05, 0, T.UINT8), (1.0, -128, T.INT8)]) |
                st.tuples(st.floats(1e-3, 2.0), st.integers(-20, 20), st.sampled_from([T.INT8, T.UINT8]))
                .map(lambda o: (o[0], o[1] + (128 if o[2] == T.UINT8 else 0), o[2])))
-    return p, x_type, zx, s, shape, reduce, root, out, False, None, keep, x
+    return p, x_type, zx, s, shape, reduce, root, out, None, keep, x
 
 
 @settings(max_examples=40, deadline=None)
 @given(cases())
-@example((3, T.UINT8, 0, 0.02, (1, 2, 7, 7), "mean", "pow", (0.05, 0, T.UINT8), False, None, 1,
+@example((3, T.UINT8, 0, 0.02, (1, 2, 7, 7), "mean", "pow", (0.05, 0, T.UINT8), None, 1,
           np.array([[[[255] * 7] * 7, [[0] * 7] * 7]])))
-@example((2, T.INT8, 5, 0.7, (1, 1, 2, 2), "sum", "sqrt", (2.0, 0, T.UINT8), False, None, 0,
+@example((2, T.INT8, 5, 0.7, (1, 1, 2, 2), "sum", "sqrt", (2.0, 0, T.UINT8), None, 0,
           np.array([[[[-128, 127], [5, -128]]]])))
-@example((4, T.INT8, 0, 0.05, (1, 1, 1, 3), "whole", "pow", None, False, None, 1, np.array([[[[-128] * 3]]])))
+@example((4, T.INT8, 0, 0.05, (1, 1, 1, 3), "whole", "pow", None, None, 1, np.array([[[[-128] * 3]]])))
 def test_gem_is_exact(case):
     """Every output equals round((s^p S / n)^(1/p) / s_y) + z_y (half to even, saturated), computed in rationals,
     for p = 2, 3, 4, each reduction (ReduceMean, ReduceSum keepdims either way, GlobalAveragePool, AveragePool of
@@ -167,7 +130,7 @@ def test_exact_at_ties():
     for p in (2, 3):
         x = np.zeros((4, 1, 1, 2), np.int64)
         x[:3, 0, 0, 0] = 3, 5, 7
-        got = check(p, T.UINT8, 0, 0.5, (4, 1, 1, 2), "sum", "pow", (1.0, 0, T.UINT8), False, None, 0, x)
+        got = check(p, T.UINT8, 0, 0.5, (4, 1, 1, 2), "sum", "pow", (1.0, 0, T.UINT8), None, 0, x)
         assert got.reshape(-1).tolist() == [2, 2, 4, 0]
 
 
@@ -178,7 +141,7 @@ def test_clip_before_the_power():
     for c_type, zx in ((T.UINT8, 0), (T.INT8, 0)):
         x = rng.integers(-40, 128, (2, 3, 7, 7))
         x[0, 0] = 127
-        check(3, T.INT8, zx, 0.02, (2, 3, 7, 7), "mean", "pow", (0.05, 0, T.UINT8), False, (1e-6, 0.02, c_type), 1, x)
+        check(3, T.INT8, zx, 0.02, (2, 3, 7, 7), "mean", "pow", (0.05, 0, T.UINT8), (1e-6, 0.02, c_type), 1, x)
 
 
 def test_agrees_with_onnxruntime():
