@@ -448,10 +448,12 @@ def root_thresholds(cp: Fraction, p: int, top: int) -> list[int]:
     return out
 
 
-def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(base, inner) over the index of S's level m and bucket b = floor(S / 4^m) (LayerNorm's: S itself below 2^T):
-    base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th threshold above that, less one (v_max
-    where none), so that k(S) = base + #{d: S > inner[d]} exactly."""
+def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int,
+                most: int) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """(base, inner, depth) over the index of S's level m and bucket b = floor(S / 4^m) (LayerNorm's: S itself below
+    2^T): base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th threshold above that, less one (v_max
+    where none), so that k(S) = base + #{d: S > inner[d]} exactly; depth = the most thresholds in one bucket, inner
+    empty where that passes ``most``."""
     size = 1 << t_bits
     m = np.concatenate([np.zeros(size, np.int64), np.repeat(np.arange(1, levels + 1), size - (size >> 2))])
     b = np.concatenate([np.arange(size)] + [np.arange(size >> 2, size)] * levels).astype(np.int64)
@@ -461,7 +463,8 @@ def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int) -> tuple
     j = np.searchsorted(marks_a, np.minimum(hi_s, v_max), side="right")
     depth = int((j - i).max(initial=0))
     padded = np.append(marks_a - 1, v_max)  # a position past the bucket's thresholds reads v_max
-    return i, [np.where(i + d < j, padded[np.minimum(i + d, marks_a.size)], v_max) for d in range(depth)]
+    return i, [np.where(i + d < j, padded[np.minimum(i + d, marks_a.size)], v_max)
+               for d in range(depth if depth <= most else 0)], depth
 
 
 def counted(ctx, total: Tensor, marks: list[int], v_max: int, where: str, of: str = "sum of squares") -> Tensor:
@@ -473,9 +476,9 @@ def counted(ctx, total: Tensor, marks: list[int], v_max: int, where: str, of: st
     col = total.shape
     outer, _, inner = col
     t_bits, levels = table_shape(v_max, 0)
-    base, inner_t = norm_tables(marks, v_max, t_bits, levels)
-    if len(inner_t) > MAX_INNER:
-        raise Refuse(f"{where}: its output takes {len(inner_t)} steps within one bucket of its {of} (at most "
+    base, inner_t, depth = norm_tables(marks, v_max, t_bits, levels, MAX_INNER)
+    if depth > MAX_INNER:
+        raise Refuse(f"{where}: its output takes {depth} steps within one bucket of its {of} (at most "
                      f"{MAX_INNER}): quantize it at a coarser scale")
     size, step = 1 << t_bits, 3 << (t_bits - 2)
     thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
