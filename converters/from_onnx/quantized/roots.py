@@ -32,8 +32,9 @@ def root_degree(k: float) -> int | None:
 
 
 def wide(x) -> bool:
-    """Whether x is a dequantized value (per tensor, no deferred clip) whose integers pass a table's 2^16."""
-    return isinstance(x, Scaled) and x.per_tensor and x.clip == (None, None) and x.t.hi - x.t.lo + 1 > MAX_TABLE
+    """Whether x is a computed dequantized value (per tensor, no deferred clip) whose integers pass a table's 2^16."""
+    return isinstance(x, Scaled) and not x.t.is_const and x.per_tensor and x.clip == (None, None) and \
+        x.t.hi - x.t.lo + 1 > MAX_TABLE
 
 
 @dataclass(frozen=True, eq=False)
