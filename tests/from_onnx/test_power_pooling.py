@@ -15,7 +15,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.gem import gem
-from support.quantized import ort_session
+from support.l2norm import NP
+from support.quantized import ort_session, qdq
 from test_quantized_rules import imported
 
 from cvm_onnx.app.quantize import quantize
@@ -230,3 +231,45 @@ def test_quantize_refuses_a_fractional_p(tmp_path):
     np.save(tmp_path / "cal.npy", np.random.default_rng(6).normal(size=(8, 1, 4, 6, 6)).astype(np.float32))
     with pytest.raises(CVMError, match=r"gem \(Pow\): Pow by 0.400000006 of a value over \d+ integers"):
         quantize(tmp_path / "f.onnx", tmp_path / "cal.npy", tmp_path / "cvm")
+
+
+def reduced_qdq(op: str, x_type, zx: int, s: float, shape, axes, keep, out):
+    """DequantizeLinear(x at s, zx) -> ``op`` over ``axes`` (opset 18: axes as an input; "ReduceSumPow": ReduceSum
+    of Pow(x, 2)) -> QuantizeLinear at ``out`` = (s_y, z_y, type)."""
+    node = h.make_node
+    inits = dict(s=np.float32(s), zx=NP[x_type](zx), axes=np.array(axes, np.int64), two=np.float32(2),
+                 so=np.float32(out[0]), zo=NP[out[2]](out[1]))
+    nodes = [node("DequantizeLinear", ["x", "s", "zx"], ["xf"])]
+    if op == "ReduceSumPow":
+        nodes += [node("Pow", ["xf", "two"], ["sq"]), node("ReduceSum", ["sq", "axes"], ["r"], keepdims=keep)]
+    else:
+        nodes.append(node(op, ["xf", "axes"], ["r"], keepdims=keep))
+    nodes.append(node("QuantizeLinear", ["r", "so", "zo"], ["y"]))
+    return qdq(nodes, shape, x_type, {k: v for k, v in inits.items() if op == "ReduceSumPow" or k != "two"}, out[2],
+               opset=18)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["ReduceL1", "ReduceSumSquare"]), st.sampled_from([T.INT8, T.UINT8]), st.integers(0, 255),
+       st.lists(st.integers(1, 5), min_size=1, max_size=3), st.integers(0, 2), st.sampled_from([0, 1]),
+       st.floats(1e-3, 1.0), st.integers(0, 2**16))
+def test_reduce_l1_and_sum_square(op, x_type, zx, shape, first, keep, s_y, seed):
+    """ReduceL1 and ReduceSumSquare of a dequantized x (refused before: no rule): the exact sum of |u| at s or of u^2
+    at s^2. At s_y = s (s^2) the output is that sum itself, saturated; at any s_y ReduceSumSquare gives the integers
+    of ReduceSum(Pow(x, 2)), one exact value requantized alike."""
+    lo, hi = RANGE[x_type]
+    zx = lo + zx % (hi - lo + 1)
+    axes = list(range(min(first, len(shape) - 1), len(shape)))
+    x = np.random.default_rng(seed).integers(lo, hi + 1, shape)
+    s = 0.5
+    unit = s if op == "ReduceL1" else s * s
+    _, got = imported(reduced_qdq(op, x_type, zx, s, tuple(shape), axes, keep, (unit, 0, T.INT16)), x)
+    u = (x - zx).astype(np.int64)
+    total = (np.abs(u) if op == "ReduceL1" else u * u).sum(axis=tuple(axes), keepdims=bool(keep))
+    want = np.clip(total, -32768, 32767).reshape(got.shape)
+    assert np.array_equal(got, want)
+    if op == "ReduceSumSquare":
+        out = (s_y, 0, T.UINT8)
+        _, got = imported(reduced_qdq(op, x_type, zx, s, tuple(shape), axes, keep, out), x)
+        _, same = imported(reduced_qdq("ReduceSumPow", x_type, zx, s, tuple(shape), axes, keep, out), x)
+        assert np.array_equal(got, same)
