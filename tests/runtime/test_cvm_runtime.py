@@ -1147,3 +1147,20 @@ def test_a_uint8_image_normalized_inside_the_model(tmp_path, form):
     rng = np.random.default_rng(5)
     xs = [np.full((1, 3, 4, 3), 0), np.full((1, 3, 4, 3), 255), rng.integers(0, 256, (1, 3, 4, 3))]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+@pytest.mark.parametrize("p, reduce, out", [(3, "mean", (0.05, 0, T.UINT8)), (2, "sum", None), (3, "global", None)])
+def test_gem_pooling(tmp_path, p, reduce, out):
+    """Issue 35's GeM pooling (SSCD's cube root of the mean of cubes over 7 x 7; a square root of a sum of squares of
+    int8; a float output): the root's thresholds at its input's level and bucket; the runtime loads it and gives the
+    reference executor's integers, zero and extreme rows included."""
+    from support.gem import gem
+
+    x_type = T.UINT8 if p == 3 else T.INT8
+    shape = (4, 8, 7, 7)
+    imp = import_model(gem(p, x_type, 0, 0.02, shape, reduce, "pow", out), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    lo, hi = (0, 255) if p == 3 else (-128, 127)
+    rng = np.random.default_rng(8)
+    xs = [rng.integers(lo, hi + 1, shape), np.full(shape, lo), np.full(shape, hi), np.full(shape, 0)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

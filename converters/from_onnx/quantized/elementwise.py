@@ -18,6 +18,7 @@ from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
 from .masks import Tabulated, mask_of_table
 from .qdq import MAX_TABLE, MaskedScores, Requant, lookup, quantize, saturate
+from .roots import MAX_DEGREE, root, root_degree, wide
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
@@ -339,10 +340,12 @@ def _where_on(ctx, node, cond, a, b, x: Scaled):
 
 @float_rule("Pow", since=7)
 def pow_rule(ctx, node, x, y):
-    """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square) k - 1 exact Muls;
-    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range. x^y of
-    two dequantized values: a table over both operands' integers at their float32 dequantized values (``Paired``;
-    a negative base to a fractional power, NaN, is the output type's minimum)."""
+    """x^k for a constant exponent k: for an integer 1 <= k <= 4 (a LayerNormalization's square, a generalized
+    mean's power) k - 1 exact Muls, the result's interval that of u^k (u = t - z: at least 0 for an even k);
+    for any other k a table over x's integers (float64 power), refused where it is undefined on x's range; x^(1/p)
+    of a value past a table's 2^16 integers its exact root (``roots.Root``). x^y of two dequantized values: a table
+    over both operands' integers at their float32 dequantized values (``Paired``; a negative base to a fractional
+    power, NaN, is the output type's minimum)."""
     k = constant_values(y)
     if k is None and isinstance(x, Scaled) and not x.t.is_const and isinstance(y, Scaled):
         return Paired(np.power, x, y, "Pow", float32=True)
@@ -352,13 +355,22 @@ def pow_rule(ctx, node, x, y):
     k = float(k.reshape(()))
     if isinstance(x, Deferred) and hasattr(x, "then"):
         return mapped(x, lambda v: np.power(v, k), "Pow")
+    if wide(x):
+        if (p := root_degree(k)) is None:
+            raise Refuse(f"Pow by {k:.9g} of a value over {x.t.hi - x.t.lo + 1} integers: a table holds at most 2^16 "
+                         f"entries and a root (the exponent 1/p, p an integer 2..{MAX_DEGREE}) has a CVM form "
+                         "(quantize its input first)")
+        return root(x, p, node.name, f"Pow(., 1/{p})")
     if k != round(k) or not 1 <= k <= 4 or isinstance(x, Mapped):
         return defined("Pow", mapped(x, lambda v: np.power(v, k), "Pow"))
     base = scaled(x, "the Pow base")
     out = base
     for _ in range(int(k) - 1):
         out = multiply(ctx, out, base)
-    return out
+    a, b = base.t.lo - int(base.zero.max()), base.t.hi - int(base.zero.min())  # u = t - z in [a, b]
+    ends = sorted((a ** int(k), b ** int(k)))
+    low = 0 if k % 2 == 0 and a <= 0 <= b else ends[0]  # u^k's interval: at least 0 for an even k
+    return replace(out, t=replace(out.t, lo=max(out.t.lo, low), hi=min(out.t.hi, ends[1])))
 
 
 @float_rule("Mod", since=10)
@@ -841,10 +853,12 @@ FUNCTIONS: dict[str, Callable] = {
 def function_rule(ctx, node, x):
     """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
     ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
-    on x's range. Of a function of two values (``Paired``: a sum at two scales, a Div left in float) one table over
-    both operands' integers."""
+    on x's range; Sqrt of a value past a table's 2^16 integers its exact root (``roots.Root``). Of a function of two
+    values (``Paired``: a sum at two scales, a Div left in float) one table over both operands' integers."""
     fn = FUNCTIONS[node.op_type](node)
     x = collapsed(ctx, x)
+    if node.op_type == "Sqrt" and wide(x):
+        return root(x, 2, node.name, "Sqrt")
     if isinstance(x, Summed) and node.op_type in ("Abs", "Neg"):
         return Odd(node.op_type, x)
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers

@@ -436,33 +436,69 @@ def rounded_root(c: Fraction, v: int) -> int:
     return k + 1 if d > 0 or (d == 0 and k % 2) else k
 
 
-def norm_thresholds(c: Fraction, top: int) -> list[int]:
-    """The least integer S with round(c sqrt(S)) >= k (half to even), for k = 1 .. top, c > 0: c sqrt(S) > k - 1/2
-    (>= where k is even) iff S > or >= (k - 1/2)^2 / c^2, exactly in rationals."""
+def root_thresholds(cp: Fraction, p: int, top: int) -> list[int]:
+    """The least integer S with round(c S^(1/p)) >= k (half to even), for k = 1 .. top, c^p = cp > 0:
+    c S^(1/p) > k - 1/2 (>= where k is even) iff S > or >= (k - 1/2)^p / c^p = (2k - 1)^p b / (2^p a), cp = a / b,
+    exactly in integers."""
+    a, b = cp.numerator << p, cp.denominator
     out = []
     for k in range(1, top + 1):
-        q = Fraction(2 * k - 1, 2) ** 2 / (c * c)
-        out.append(math.ceil(q) if k % 2 == 0 else math.floor(q) + 1)
+        q = (2 * k - 1) ** p * b
+        out.append(-(-q // a) if k % 2 == 0 else q // a + 1)
     return out
 
 
-def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """(base, inner) over the index of S's level m and bucket b = floor(S / 4^m) (LayerNorm's: S itself below 2^T):
-    base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th threshold above that, less one (v_max
-    where none), so that k(S) = base + #{d: S > inner[d]} exactly."""
-    size, step = 1 << t_bits, 3 << (t_bits - 2)
-    firsts = [(0, b) for b in range(size)] + [(m, b) for m in range(1, levels + 1) for b in range(size >> 2, size)]
+def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int,
+                most: int) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """(base, inner, depth) over the index of S's level m and bucket b = floor(S / 4^m) (LayerNorm's: S itself below
+    2^T): base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th threshold above that, less one (v_max
+    where none), so that k(S) = base + #{d: S > inner[d]} exactly; depth = the most thresholds in one bucket, inner
+    empty where that passes ``most``."""
+    size = 1 << t_bits
+    m = np.concatenate([np.zeros(size, np.int64), np.repeat(np.arange(1, levels + 1), size - (size >> 2))])
+    b = np.concatenate([np.arange(size)] + [np.arange(size >> 2, size)] * levels).astype(np.int64)
+    lo_s, hi_s = b << (2 * m), ((b + 1) << (2 * m)) - 1
     marks_a = np.array(marks, np.int64)
-    base, inner = [], []
-    for m, b in firsts:
-        lo_s, hi_s = b << (2 * m), ((b + 1) << (2 * m)) - 1
-        i = int(np.searchsorted(marks_a, lo_s, side="right"))
-        j = int(np.searchsorted(marks_a, min(hi_s, v_max), side="right"))
-        base.append(i)
-        inner.append([int(t) - 1 for t in marks_a[i:j]])
-    assert len(firsts) == size + levels * step
-    depth = max(len(v) for v in inner)
-    return np.array(base), [np.array([v[d] if d < len(v) else v_max for v in inner]) for d in range(depth)]
+    i = np.searchsorted(marks_a, lo_s, side="right")
+    j = np.searchsorted(marks_a, np.minimum(hi_s, v_max), side="right")
+    depth = int((j - i).max(initial=0))
+    padded = np.append(marks_a - 1, v_max)  # a position past the bucket's thresholds reads v_max
+    return i, [np.where(i + d < j, padded[np.minimum(i + d, marks_a.size)], v_max)
+               for d in range(depth if depth <= most else 0)], depth
+
+
+def counted(ctx, total: Tensor, marks: list[int], v_max: int, where: str, of: str = "sum of squares") -> Tensor:
+    """The number of ``marks`` (ascending thresholds) at or below each S = total in [0, v_max] (shape (outer, 1,
+    inner)): k(S) = base[index] + #{d: S > inner[d][index]} (``norm_tables``), index = m * 3 2^(T-2) + b from S's
+    level m (a count of thresholds 2^T 4^k - 1 below S) and bucket b = floor(S / 4^m); refused, naming ``where``,
+    where one bucket holds more than ``MAX_INNER`` marks."""
+    op = partial(proven, ctx)
+    col = total.shape
+    outer, _, inner = col
+    t_bits, levels = table_shape(v_max, 0)
+    base, inner_t, depth = norm_tables(marks, v_max, t_bits, levels, MAX_INNER)
+    if depth > MAX_INNER:
+        raise Refuse(f"{where}: its output takes {depth} steps within one bucket of its {of} (at most "
+                     f"{MAX_INNER}): quantize it at a coarser scale")
+    size, step = 1 << t_bits, 3 << (t_bits - 2)
+    thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
+    above = op("broadcast_greater", total, thresholds, 0, 1, (outer, levels, inner))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, levels), col)
+    powers = c32([1 << (2 * m) for m in range(levels + 1)])
+    e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=levels + 1)
+    bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0, size - 1, col)
+    index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, levels * step, col), bucket, 0,
+               base.size - 1, col)
+
+    def lut(values: np.ndarray) -> Tensor:
+        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(values)), in_dim=values.size)
+        return ctx.result(e, INT32, int(values.min()), int(values.max()), col)
+
+    r = lut(base)
+    for th in inner_t:
+        past = op("broadcast_greater", total, lut(th), 0, 1, col)
+        r = op("broadcast_add", r, past, r.lo, r.hi + 1, col)
+    return r
 
 
 @dataclass(frozen=True, eq=False)
@@ -511,7 +547,7 @@ class Norm(Deferred):
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         """S = sum u^2 (``squares_fit``), then the output k - z_y = round(c sqrt(S)), c = s / s_y: a cvm_lut table
-        over S (``rounded_root``) where S <= n P^2 < 2^16, else the number of ``norm_thresholds`` <= S at S's level
+        over S (``rounded_root``) where S <= n P^2 < 2^16, else the number of ``root_thresholds`` <= S at S's level
         and bucket (``norm_tables``); + z_y, clipped. With a function after the norm, a table over S of
         round(fn(s sqrt(S)) / s_y) (``image``, float64, half to even: as a float function's table over its input's
         integers), ``function_of``."""
@@ -545,12 +581,13 @@ class Norm(Deferred):
             e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=v_max + 1)
             r = ctx.result(e, INT32, int(values.min()), int(values.max()), col)
         else:
-            r = self.bucketed(ctx, total, [m for m in norm_thresholds(c, k_max) if m <= v_max], v_max)
+            r = counted(ctx, total, [m for m in root_thresholds(c * c, 2, k_max) if m <= v_max], v_max,
+                        f"{self.node} ({self.what})")
         return saturate(ctx, ctx.reshape(r, self.shape), out_zero, lo, hi, dtype, self.shape)
 
     def function_of(self, ctx, total: Tensor, values: np.ndarray) -> Tensor:
         """values[S] (less z_y): a cvm_lut table over S where it has at most 2^16 entries; else, where values is
-        monotone in S, values[0] plus or minus the number of its unit steps at or below S (``bucketed``)."""
+        monotone in S, values[0] plus or minus the number of its unit steps at or below S (``counted``)."""
         col = (self.view[0], 1, self.view[2])
         if values.size <= MAX_TABLE:
             e = ctx.emit("cvm_lut", ctx.entry(total), ctx.entry(c32(values)), in_dim=values.size)
@@ -561,42 +598,11 @@ class Norm(Deferred):
             raise Refuse(f"{self.node} ({self.what}) over a sum of squares of {values.size} values (a table holds at "
                          "most 2^16) is not monotone in it: quantize the norm first")
         marks = np.repeat(np.arange(1, values.size), np.abs(steps)).tolist()
-        count = self.bucketed(ctx, total, marks, values.size - 1)
+        count = counted(ctx, total, marks, values.size - 1, f"{self.node} ({self.what})")
         first = int(values[0])
         if sign < 0:
             count = proven(ctx, "broadcast_mul", count, c32(-1), -count.hi, 0, col)
         return proven(ctx, "broadcast_add", count, c32(first), first + count.lo, first + count.hi, col)
-
-    def bucketed(self, ctx, total: Tensor, marks: list[int], v_max: int) -> Tensor:
-        """k(S) = base[index] + #{d: S > inner[d][index]} (``norm_tables``), index = m * 3 2^(T-2) + b from S's
-        level m (a count of thresholds 2^T 4^k - 1 below S) and bucket b = floor(S / 4^m)."""
-        op = partial(proven, ctx)
-        outer, _, inner = self.view
-        col = (outer, 1, inner)
-        t_bits, levels = table_shape(v_max, 0)
-        base, inner_t = norm_tables(marks, v_max, t_bits, levels)
-        if len(inner_t) > MAX_INNER:
-            raise Refuse(f"{self.node} ({self.what}): its output takes {len(inner_t)} steps within one bucket of its "
-                         f"sum of squares (at most {MAX_INNER}): quantize it at a coarser scale")
-        size, step = 1 << t_bits, 3 << (t_bits - 2)
-        thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
-        above = op("broadcast_greater", total, thresholds, 0, 1, (outer, levels, inner))
-        level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, levels), col)
-        powers = c32([1 << (2 * m) for m in range(levels + 1)])
-        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=levels + 1)
-        bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0, size - 1, col)
-        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, levels * step, col), bucket, 0,
-                   base.size - 1, col)
-
-        def lut(values: np.ndarray) -> Tensor:
-            e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(values)), in_dim=values.size)
-            return ctx.result(e, INT32, int(values.min()), int(values.max()), col)
-
-        r = lut(base)
-        for th in inner_t:
-            past = op("broadcast_greater", total, lut(th), 0, 1, col)
-            r = op("broadcast_add", r, past, r.lo, r.hi + 1, col)
-        return r
 
 
 @dataclass(frozen=True)

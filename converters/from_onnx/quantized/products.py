@@ -667,7 +667,8 @@ def gemm_rule(ctx, node, a, b, c=None):
 def average(ctx, node, x: Scaled) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
     (count per output position when padding is not counted; there a pad not smaller than the kernel, which lets a
-    window count no input value, is refused, as onnxruntime refuses it)."""
+    window count no input value, is refused, as onnxruntime refuses it); a kernel of the whole unpadded image (torch's
+    F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width."""
     x = per_tensor(x, "AveragePool")
     if node.attr_int("ceil_mode", 0) or any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
@@ -676,6 +677,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
     strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    if list(kernel) == list(x.shape[2:]) and not any(begin) and not any(end):  # one window: the image's mean
+        return global_average(ctx, x)
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)
     counted = node.attr_int("count_include_pad", 0)
@@ -753,16 +756,44 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
     function of a dequantized value first quantizes it as a float output is (``tabled``)."""
     mean = node.op_type == "ReduceMean"
     x = per_tensor(scaled(tabled(ctx, x) if mean else x, f"the {node.op_type} input"), node.op_type)
+    return summed(ctx, node, x, lambda: minus_zero(ctx, x.t, x.zero), axes_t, 18 if mean else 13,
+                  x.scale.reshape(()).item(), mean)
+
+
+@float_rule("ReduceSumSquare", "ReduceL1", since=1)
+def reduce_power_rule(ctx, node, x, axes_t=None):
+    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2 (``multiply``,
+    its interval from 0) or of |u| (`abs`) at s, requantized by the QuantizeLinear that follows."""
+    from .elementwise import multiply
+
+    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+    z = int(x.zero.reshape(()))
+    a, b = x.t.lo - z, x.t.hi - z
+    low, peak = 0 if a <= 0 <= b else min(-b, a), max(-a, b)
+    if node.op_type == "ReduceSumSquare":
+        v = replace(multiply(ctx, x, x).t, lo=low * low, hi=peak * peak)
+        s = x.scale.reshape(()).item() ** 2
+    else:
+        v = ctx.result(ctx.op("abs", minus_zero(ctx, x.t, x.zero)), INT32, low, peak, x.shape)
+        s = x.scale.reshape(()).item()
+    return summed(ctx, node, Scaled(v, np.asarray(s, dtype=object), np.zeros((), np.int64)), lambda: v, axes_t, 18,
+                  s, False)
+
+
+def summed(ctx, node, x: Scaled, values: Callable[[], Tensor], axes_t, since: int, scale: Fraction,
+           mean: bool) -> Scaled:
+    """The sum of the integers ``values()`` (x's value at ``scale``) over the reduction's axes (as input from opset
+    ``since``; keepdims; no axes under noop_with_empty_axes: x itself), at ``scale`` (over n, the values reduced,
+    where ``mean``)."""
     rank = len(x.shape)
-    axes = axes_of(node, axes_t, 18 if mean else 13)
+    axes = axes_of(node, axes_t, since)
     if not axes and node.attr_int("noop_with_empty_axes", 0):
         return x
     axes = sorted(set(normal(axes or list(range(rank)), rank)))
     keep = node.attr_int("keepdims", 1)
     n = math.prod(x.shape[i] for i in axes)
-    v = minus_zero(ctx, x.t, x.zero)
+    v = values()
     y = reduced(ctx, "sum", v, axes, min(v.lo * n, 0), max(v.hi * n, 0))
     shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
         tuple(d for i, d in enumerate(x.shape) if i not in axes)
-    return Scaled(ctx.reshape(y, shape), np.asarray(x.scale.reshape(()).item() / (n if mean else 1), dtype=object),
-                  np.zeros((), np.int64))
+    return Scaled(ctx.reshape(y, shape), np.asarray(scale / (n if mean else 1), dtype=object), np.zeros((), np.int64))
