@@ -1,11 +1,13 @@
 """Memory handed back between the stages of quantize (cvm_onnx.app.quantize) and within its calibration."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
 import os
-from typing import Callable
+import threading
+from typing import Callable, Iterator
 
 
 #: glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h) and the values quantize fixes them at: blocks of 1 MiB
@@ -33,6 +35,28 @@ def map_large_blocks() -> None:
     if (mallopt := _libc("mallopt")) is not None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+
+
+_frozen = [0, threading.Lock()]  # how many own_garbage regions are open; guards the count
+
+
+@contextlib.contextmanager
+def own_garbage() -> Iterator[None]:
+    """Inside (nested or in several threads: from the first entry to the last exit), the collections of
+    ``release_memory`` walk only the objects made inside: whatever the process held on entering (its modules, a
+    caller's objects, the million of a test process) is moved out of the collector's sight (gc.freeze) and given
+    back on leaving: a full collection walks every tracked object, however few of them the stage made."""
+    with _frozen[1]:
+        _frozen[0] += 1
+        if _frozen[0] == 1:
+            gc.freeze()
+    try:
+        yield
+    finally:
+        with _frozen[1]:
+            _frozen[0] -= 1
+            if _frozen[0] == 0:
+                gc.unfreeze()
 
 
 def release_memory() -> None:

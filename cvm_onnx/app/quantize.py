@@ -66,7 +66,7 @@ from cvm_onnx.runtime.bulk import run_many
 
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .memory import in_child, map_large_blocks, release_memory
+from .memory import in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
@@ -754,6 +754,7 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(g)
 
 
+@own_garbage()
 def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | os.PathLike,
              per_channel: bool = False, symmetric: bool = False, method: str = "minmax",
              activation: str = "uint8", form: str = "qdq", save_onnx: str | os.PathLike | None = None,
@@ -774,7 +775,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     (False: neither is read back into memory; the CLI's way). The process's working folder is quantize's scratch
     folder while onnxruntime's shape inference runs (``_working_folder``): threads resolving relative paths
     meanwhile would resolve them there. glibc's mmap threshold is fixed for the rest of the process
-    (``memory.map_large_blocks``)."""
+    (``memory.map_large_blocks``); the garbage collector skips the objects held before the call until it returns
+    (``memory.own_garbage``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     map_large_blocks()

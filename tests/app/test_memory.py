@@ -282,3 +282,20 @@ def test_read_onnx_parses_as_onnx_load_does(tmp_path):
         onnx.load(tmp_path / "c.onnx", load_external_data=False)
     with pytest.raises(type(want.value)):
         read_onnx(tmp_path / "c.onnx")
+
+
+def test_the_collections_between_quantize_stages_walk_only_what_it_made(tmp_path, monkeypatch):
+    """Each collection between quantize's stages skips the objects held before the call (frozen: gc.freeze), and
+    the process gets them back on return: in a process holding many (a test run, a service), walking them all at
+    every stage cost more than a small model's whole import."""
+    import gc
+
+    from cvm_onnx.app.quantize import quantize
+
+    held = [[] for _ in range(50_000)]
+    frozen, collect = [], gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: frozen.append(gc.get_freeze_count()) or collect(*a))
+    models = Path(__file__).resolve().parents[2] / "models" / "digits_cnn"
+    quantize(models / "float.onnx", models / "calibration.npy", tmp_path / "q")
+    assert frozen and min(frozen) >= len(held)
+    assert gc.get_freeze_count() == 0

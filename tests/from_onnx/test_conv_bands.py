@@ -74,11 +74,11 @@ def test_conv_window_sums_by_bands_equal_the_oracle(d, cin, cout, shape, k, stri
 
 @pytest.mark.parametrize("transpose", [False, True])
 def test_dnsmos_sized_convolution_imports_by_bands(transpose):
-    """128 x 60 x 161 outputs of a 3 x 3 convolution padded by 1 (1236480 window sums; the limit set below it) and
-    a ConvTranspose's: bands of 2 rows and one pattern, equal to the oracle."""
-    shape = (60, 161)
+    """128 x 12 x 161 outputs of a 3 x 3 convolution padded by 1 (DNSMOS's width and channels; 247296 window sums,
+    the limit set below them) and a ConvTranspose's: bands of 2 rows and one pattern, equal to the oracle."""
+    shape = (12, 161)
     m = conv_model(1, 128, shape, (3, 3), (1, 1), (1, 1), (1, 1, 1, 1), T.UINT8, 0, transpose)
-    with mock.patch.object(products, "MAX_WINDOW_SUMS", 1 << 20):
+    with mock.patch.object(products, "MAX_WINDOW_SUMS", 1 << 17):
         imp = import_model(m, input_precision=9)
         assert max(p.size for p in imp.graph.params.values()) <= 128 * 161 * 3
         x = np.random.default_rng(0).integers(0, 256, (1, 1) + shape)

@@ -323,7 +323,7 @@ def test_int4_weights_are_unsupported_not_a_format_error(seeds, tmp_path, capsys
 # -- the fuzzer, briefly ---------------------------------------------------------------------------------------------
 @settings(max_examples=30, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
-@given(HQ.mutated(HQ.seeds(full=False)))
+@given(st.deferred(lambda: HQ.mutated(HQ.seeds(full=False))))  # seeds built when run, not at collection
 def test_mutated_quantized_models_are_refused_cleanly_or_imported_exactly(case):
     outcome = HQ.check(case.files[0])
     assert outcome in HQ.CLEAN, (case, outcome)
@@ -331,7 +331,7 @@ def test_mutated_quantized_models_are_refused_cleanly_or_imported_exactly(case):
 
 @settings(max_examples=25, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
-@given(HQ.mutated(HQ.family_seeds()))
+@given(st.deferred(lambda: HQ.mutated(HQ.family_seeds())))  # seeds built when run, not at collection
 def test_mutated_models_of_the_newer_rule_families_are_refused_cleanly_or_imported_exactly(case):
     """Attention, LayerNormalization, GELU, LSTM/GRU/RNN, Resize, ConvTranspose, PRelu, dilated MaxPool, Gemm's
     factors, Pad, token ids into Gather, int16 activations, int4 weights: their attributes, constant inputs and
@@ -349,7 +349,7 @@ def test_the_seeds_of_the_forms_added_last_import_exactly(kind):
 
 @settings(max_examples=15, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
-@given(HQ.mutated(HQ.latest_seeds()))
+@given(st.deferred(lambda: HQ.mutated(HQ.latest_seeds())))  # seeds built when run, not at collection
 def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_exactly(case):
     """LogSoftmax (and one read by Exp), the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed
     values, a constant W times x, an LSTM of a wide initial cell, two inputs packed, the masked Softmax, ArgMax/TopK/

@@ -201,7 +201,6 @@ class Oracle:
         self.inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
         self.types = {t.name: t.data_type for t in model.graph.initializer}
         self.plans = {r.node: r for r in imported.requants}
-        self.worst = 0.0
 
     def const(self, name):
         return self.inits[name] if name else None
@@ -335,15 +334,22 @@ class Oracle:
         return (total + (1 << (p.shift - 1))) >> p.shift
 
     def check(self, name, r, terms, s_out, zo, lo, hi, bound):
-        """Every unsaturated r within ``bound`` steps of the exact rational value."""
-        exact = np.atleast_1d(sum(t[1].astype(object) * (t[2] / s_out) for t in terms))
+        """Every unsaturated r within ``bound`` steps of the exact rational value: sum_t v_t n_t / d_t, each ratio
+        scale_t / s_out = n_t / d_t, compared as integers over their common denominator D (|r D - N| <= bound D)."""
+        ratios = [np.vectorize(lambda f: f / s_out, otypes=[object])(t[2]) for t in terms]
+        nums = [np.frompyfunc(lambda f: f.numerator, 1, 1)(q) for q in ratios]
+        dens = [np.frompyfunc(lambda f: f.denominator, 1, 1)(q) for q in ratios]
+        common = dens[0]
+        for d in dens[1:]:
+            common = np.frompyfunc(math.lcm, 2, 1)(common, d)
+        total = sum(t[1].astype(object) * (n * (common // d)) for t, n, d in zip(terms, nums, dens))
         r = np.atleast_1d(r)
-        inside = (r + zo >= lo) & (r + zo <= hi)
-        err = np.abs(r.astype(object) - exact)[np.broadcast_to(inside, r.shape)]
-        if err.size:
-            worst = float(max(err.flat))
+        shape = np.broadcast_shapes(r.shape, np.shape(total), np.shape(common))
+        inside = np.broadcast_to((r + zo >= lo) & (r + zo <= hi), shape)
+        diff = np.abs(np.broadcast_to(r.astype(object), shape) * common - total)[inside]
+        if diff.size:
+            worst = max((diff / np.broadcast_to(common, shape)[inside]).flat)  # int / int: correctly rounded
             assert worst <= bound + 1e-12, (name, worst, bound)
-            self.worst = max(self.worst, worst)
 
     def as_real(self, x, what):
         assert x[0] == "real", (what, x[0])
