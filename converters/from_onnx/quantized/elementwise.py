@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto
 
-from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, type_name
+from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
 from .masks import Tabulated, mask_of_table
@@ -897,9 +897,9 @@ for _op in FUNCTIONS:
 def cast_rule(ctx, node, x):
     """Cast of a dequantized value or a float function's to float32, the type it has: the value itself (an
     exporter's Cast before a graph output). To an integer type (an 8-bit spectrogram or image the model emits,
-    Cast(Clip(x, 0, 255)) to uint8): ONNX's conversion, truncation toward zero (to bool: x != 0), as a cvm_lut
-    table over x's integers (``lookup``: fn's values in float64), the integers of that type; refused where x's
-    range reaches a value the type does not hold or no finite value, whose conversion ONNX leaves undefined. To
+    Cast(Clip(x, 0, 255)) to uint8): ONNX's conversion (``onnx_cast``) as a cvm_lut table over x's integers
+    (``lookup``: fn's values in float64), the integers of that type; refused where x's range reaches a value the
+    type does not hold, whose conversion ONNX leaves undefined. To
     another float type it is refused."""
     to = node.attr_int("to")
     if to == TensorProto.FLOAT:
@@ -911,15 +911,9 @@ def cast_rule(ctx, node, x):
     if not isinstance(m, Mapped):  # a function of an L2 norm: its table is over the sum of squares
         raise Refuse(f"Cast to {type_name(to)} of {getattr(x, 'what', 'its input')} has no CVM form here: quantize "
                      "it first")
-    lo, hi = INT_RANGES[to]
 
     def values(image: np.ndarray) -> np.ndarray:
-        out = image != 0 if to == TensorProto.BOOL else np.trunc(image)
-        if not np.isfinite(image).all() or (out < lo).any() or (out > hi).any():
-            bad = image[~np.isfinite(image) | (out < lo) | (out > hi)]
-            raise Refuse(f"Cast to {type_name(to)} of values reaching {float(bad.flat[0])}, which the type does not "
-                         f"hold (ONNX leaves that conversion undefined): clip them to [{lo}, {hi}] first")
-        return out.astype(np.int64)
+        return onnx_cast(image, to, "values").astype(np.int64)
 
     return lookup(ctx, m, values, to)
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable
+from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable, onnx_cast
 from ..emit import as_int32
 from ..registry import Refuse, integer_rule
 from .qdq import MAX_TABLE, Mask
@@ -101,24 +101,12 @@ def _np_type(dtype: int) -> np.dtype:
         raise Refuse(f"a mask's term of type {dtype}: no ONNX tensor type that numpy holds") from None
 
 
-def _cast(v: np.ndarray, to: int) -> np.ndarray:
-    if to == TensorProto.BOOL:
-        return v != 0
-    target = _np_type(to)
-    if target.kind in "iu" and v.dtype.kind == "f":
-        info = np.iinfo(target)
-        if not (np.isfinite(v).all() and (v >= info.min).all() and (v <= info.max).all()):
-            raise Refuse(f"Cast of an attention mask's term to {target}: a value outside that type")
-        v = np.trunc(v)
-    return v.astype(target)
-
-
 def table_op(op: str, to: int | None, args: list[np.ndarray]) -> np.ndarray:
     """``op`` on tables and constants (numpy arrays of the ONNX types), as onnxruntime computes it elementwise:
     float32 in float32 (IEEE, rounded to nearest; an overflow is inf), integers exactly."""
     with np.errstate(all="ignore"):
         if op == "Cast":
-            return _cast(args[0], to)
+            return onnx_cast(args[0], to, "an attention mask's term")
         if op == "Neg":
             return -args[0]
         if op == "Not":
