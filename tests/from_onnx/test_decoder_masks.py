@@ -164,3 +164,22 @@ def test_constant_keys_of_many_values_do_not_overflow():
     c, per = _constant_key([(const(i.astype(np.int32), INT32), 0, v) for i, v in zip(idx, values)])
     for i, v, p in zip(idx, values, per):
         assert np.array_equal(p[c], v[i])
+
+
+@settings(max_examples=25, deadline=None)
+@given(form=st.sampled_from(FORMS), d=st.data())
+def test_mask_constants_and_scales_of_any_shape_import_or_are_refused_in_one_line(form, d):
+    """A decoder form whose float constants (c, 0, 1, a folded causal matrix) and the scores' scale take shapes the
+    rule did not expect (empty, (2,), a row too long, more axes): imported, or refused one line per problem, each
+    naming its node. Regression: an internal ValueError "shape mismatch ... (1, 1, 6)" (the fuzz target's
+    mutated scale and mask constant shapes on the masked BERT-like model), "operands could not be broadcast"."""
+    model = decoder_model(form, 1, 1, 4, -10000.0, 0.25)
+    inits = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT]
+    for t in d.draw(st.lists(st.sampled_from(inits), min_size=1, max_size=3, unique_by=lambda t: t.name)):
+        shape = d.draw(st.sampled_from([(0,), (2,), (1, 1, 6), (1, 1, 2, 4), (1,), (4, 4), (3, 1, 1, 1)]))
+        v = nh.to_array(t).reshape(-1)
+        t.CopyFrom(nh.from_array(np.resize(v, shape) if v.size else np.zeros(shape, np.float32), t.name))
+    try:
+        import_model(model, input_precision=X_PRECISION)
+    except CVMError as e:
+        assert e.problems and all("\n" not in str(p) and p.where for p in e.problems), e

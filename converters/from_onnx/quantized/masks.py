@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable, onnx_cast
-from ..emit import as_int32
+from ..emit import as_int32, broadcast_shape
 from ..registry import Refuse, integer_rule
 from .qdq import MAX_TABLE, Mask
 from .values import Deferred
@@ -160,12 +160,16 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     """A node of an attention mask's term (``mask_terms``): a move of a table's key by its integer rule (of plain
     integers, that rule); an elementwise op of one tensor of integers t (or tables of it) and constants: the op on
     the table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index of the constants'
-    distinct values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all."""
+    distinct values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all; operands that
+    do not broadcast, or broadcast to an empty tensor, refused."""
     if node.op_type in LAYOUT_OPS:
         x = ins[0]
         if isinstance(x, Tabulated):
             return Tabulated(integer_rule(node)(ctx, node, x.t, *ins[1:]), x.table)
         return integer_rule(node)(ctx, node, *ins)
+    shape = broadcast_shape(*(x.t if isinstance(x, Tabulated) else x for x in ins if x is not None))
+    if 0 in shape:
+        raise Refuse(f"{node.op_type} of an attention mask's term gives an empty tensor of shape {shape}: CVM has none")
     keyed = [None if x is None else _keyed(x) for x in ins]
     if all(k is None for k in keyed):
         return integer_rule(node)(ctx, node, *ins)
@@ -175,7 +179,6 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     fixed = [k for k in keyed if k is not None and k[0].is_const]
     c, per = _constant_key(fixed) if fixed else (np.zeros((), np.int64), [])
     size = int(c.max()) + 1
-    shape = tuple(np.broadcast_shapes(*(x.shape for x in ins if x is not None)))
     if sources:
         [(t, lo, table)] = sources.values()
         span = table.size
