@@ -29,7 +29,8 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, a
     decoder's padding term with its causal matrix, or that matrix alone, each read by every layer's Add and by
     nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf
-    too) everywhere, each of the two somewhere. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
+    too) everywhere, each of the two somewhere; with the Where on the scores x that the Add or the Softmax reads,
+    Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves float
     (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
     takes them (docs/import.md, "Masked Softmax")."""
     from onnx import numpy_helper
@@ -94,9 +95,26 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         seen[name] = out
         return out
 
-    found = []
     readers = Counter(i for n in graph.node for i in n.input)
+
+    def scores_where(name: str) -> list[onnx.NodeProto]:
+        """[the Where(cond, x, c) or Where(cond, c, x) computing ``name``], c a float constant at most ``MASK_LOW``
+        throughout and x computed (GPT-2's causal Where on the scores), read once; else []."""
+        n = producer.get(name)
+        if n is None or n.op_type != "Where" or readers[name] != 1 or len(n.input) != 3:
+            return []
+        fixed = [x for x in n.input[1:] if x in consts]
+        if len(fixed) != 1 or consts[fixed[0]].data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                                                 onnx.TensorProto.FLOAT16):
+            return []
+        c = numpy_helper.to_array(consts[fixed[0]])
+        return [n] if c.size and (c <= MASK_LOW).all() else []
+
+    found = []
     for sm in graph.node:
+        if sm.op_type == "Softmax" and sm.input and (kept := scores_where(sm.input[0])):
+            found += [*kept, sm]
+            continue
         add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
         if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
             continue
@@ -110,7 +128,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             if both.max() != 0 or not both.min() <= MASK_LOW or ((both != 0) & ~(both <= MASK_LOW)).any():
                 continue
             found += [producer[x] for x in seen if np.asarray(seen[x]).dtype.kind == "f"]
-            found += [add, sm]
+            found += [add, sm, *scores_where(next((x for x in add.input if x != term), term))]
             break
     return list({id(n): n for n in found}.values())
 

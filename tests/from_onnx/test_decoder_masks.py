@@ -14,7 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper as nh
-from support.masks import FORMS, X_PRECISION, decoder_model, levelled_softmax_oracle, term_of
+from support.masks import FORMS, X_PRECISION, decoder_model, levelled_softmax_oracle, scores_of, term_of
 from support.packed import bert_like, bert_samples
 
 from cvm_onnx.app.kept_float import masked_softmaxes
@@ -34,17 +34,18 @@ def check_decoder(form: str, m: np.ndarray, x: np.ndarray, c: float, s: float, w
     b, heads, n, _ = x.shape
     model = decoder_model(form, b, heads, n, c, s, window)
     imp = import_model(model, input_precision=X_PRECISION)
-    feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)} if form != "causal" else {"data": x.astype(np.int32)}
+    alone = form in ("causal", "eager_causal")  # no attention_mask input
+    feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)} if not alone else {"data": x.astype(np.int32)}
     [got] = execute(imp.graph, feed)
     assert verify(imp.graph, feed).exact
     [p] = [r.softmax for r in imp.requants if r.softmax]
     term = term_of(form, m, c, window)
     big = 128 * float(np.float32(s))
-    want = levelled_softmax_oracle(x, term, float(np.float32(s)), 1 / Fraction(float(np.float32(1 / 255))), p, 0, 0,
-                                   255, big)
+    want = levelled_softmax_oracle(scores_of(form, x), term, float(np.float32(s)),
+                                   1 / Fraction(float(np.float32(1 / 255))), p, 0, 0, 255, big)
     assert np.array_equal(got.astype(np.int64), want)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    [ort_y] = session.run(None, {"x": x.astype(np.int8), **({"m": m} if form != "causal" else {})})
+    [ort_y] = session.run(None, {"x": x.astype(np.int8), **({"m": m} if not alone else {})})
     top = np.broadcast_to(np.broadcast_to(term, x.shape).max(axis=-1, keepdims=True), x.shape)
     g = np.float32(-top)
     gap = np.where(np.isfinite(g), g - np.nextafter(g, np.float32(0)), np.inf)
@@ -63,7 +64,8 @@ def test_padding_and_causal_masks_equal_the_masked_softmax(d, form, batch, heads
     rows keeping nothing), a sliding window for transformers' to_4d, x at its extremes: equal to the oracle, within
     one step of onnxruntime where it keeps something or absorbs x. Regression: 'two tensors vary (a table takes
     one)', 'an Add operand is a float tensor that no DequantizeLinear produced' (Min), the causal part refused."""
-    assume(not (form in ("min", "gpt2") and c == -math.inf) and not (form == "causal" and n == 1))  # 1 x 1: no mask
+    assume(not (form in ("min", "gpt2", "eager") and c == -math.inf))
+    assume(not (form == "causal" and n == 1))  # 1 x 1: no mask
     assume(float(np.float32(s)) * 128 * 2 + 106 <= 10000)
     window = d.draw(st.sampled_from([None, 1, 2])) if form == "to_4d" else None
     m = np.asarray(d.draw(st.lists(st.integers(-1, 1), min_size=batch * n, max_size=batch * n)),
@@ -102,19 +104,21 @@ def test_a_table_past_2_16_keys_is_refused_in_one_line():
     assert len(str(e.value).splitlines()) == 1 and "would hold more than 2^16 entries" in str(e.value), e.value
 
 
-@pytest.mark.parametrize("form, c", [("legacy", F32_MIN), ("cache", -10000.0), ("causal", F32_MIN)])
+@pytest.mark.parametrize("form, c", [("legacy", F32_MIN), ("cache", -10000.0), ("causal", F32_MIN),
+                                     ("eager", F32_MIN), ("eager_causal", -10000.0)])
 def test_decoder_masks_keep_the_scores_on_their_own_grid(tmp_path, form, c):
     """The BERT-like model with a decoder's padding and causal term of its int64 mask (1, L), or its folded causal
-    matrix alone: quantize leaves the term's float nodes, the Add and the Softmax float (the causal part folded by
-    onnxruntime's optimizer), the importer takes the masked Softmax: within 1.1x onnxruntime's quantized model's
-    distance from float, exported exactly, and onnxruntime's quantized model within one step on held-out masks with
-    -1s. Regression: refused ('Cast of dequantized values to bool'; to_4d's form was quantized at the grid of c:
-    6.40 mean steps against 0.60)."""
+    matrix alone, or GPT-2's Where on the scores (then its padding term): quantize leaves the term's float nodes, the
+    Where, the Add and the Softmax float (the causal part folded by onnxruntime's optimizer), the importer takes the
+    masked Softmax: within 1.1x onnxruntime's quantized model's distance from float, exported exactly, and
+    onnxruntime's quantized model within one step on held-out masks with -1s. Regression: refused ('Cast of
+    dequantized values to bool'; to_4d's form was quantized at the grid of c: 6.40 mean steps against 0.60; GPT-2's
+    Where quantized at the grid of c)."""
     onnx.save(bert_like(low=c, decoder=form), tmp_path / "b.onnx")
     samples, held = bert_samples(), bert_samples(4, seed=7)
     for d in (samples, held):
         d["mask"] = d["mask"].astype(np.int64).reshape(-1, 1, 6)
-        if form == "causal":
+        if "causal" in form:
             del d["mask"]
     np.savez(tmp_path / "c.npz", **samples)
     done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
@@ -123,12 +127,12 @@ def test_decoder_masks_keep_the_scores_on_their_own_grid(tmp_path, form, c):
     qm = onnx.load(tmp_path / "q.onnx")
     assert [n.input[0] for n in qm.graph.node if n.op_type == "Softmax"] == ["s2"]
     assert verify(done.imported.graph, seeds=2).exact
-    if form != "causal":
+    if "causal" not in form:
         held["mask"][0, 0, 1:3] = -1
         held["mask"][1, 0, 0] = -1
     session = ort.InferenceSession(tmp_path / "q.onnx", providers=["CPUExecutionProvider"])
     [edge] = done.imported.edges.outputs
-    xs = done.imported.edges.pack(held) if form != "causal" else held["input_ids"]
+    xs = done.imported.edges.pack(held) if "causal" not in form else held["input_ids"]
     for k, x in enumerate(xs):
         [got] = execute(done.imported.graph, {"data": x})
         [want] = session.run(None, {name: v[k] for name, v in held.items()})

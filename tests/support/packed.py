@@ -19,7 +19,8 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
     form). ``hf`` with ``low``: HF's additive mask from the int64 mask instead: "mul", (1 - Cast(mask, float)) * low;
     "where", Where(Cast(inv, bool), low, inv) of inv = 1 - Cast(Expand(mask, (1, L, L)), float), as transformers'
     _prepare_4d_attention_mask writes it. ``decoder`` with ``low``: the mask int64 (1, L) and a decoder's padding and
-    causal term of it instead (``support.masks.decoder_term``: that form). ``state``: a third input (1, d) float added
+    causal term of it instead (``support.masks.decoder_term``: that form; GPT-2's eager forms a Where on the scores,
+    then the padding term). ``state``: a third input (1, d) float added
     to the pooled vector (a recurrent model's state, to fold)."""
     rng = np.random.default_rng(seed)
 
@@ -56,10 +57,17 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
         from support.masks import decoder_term
 
         term, consts = decoder_term(decoder, 1, length, low)
-        nodes[7:10] = [*term, h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]),
-                       h.make_node("Add", ["s1", "bias3"], ["s2"])]
-        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, length])] if decoder != "causal" else []
-        used = {x for n in term for x in n.input} | {"bias"}
+        scores = [h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]), h.make_node("Add", ["s1", "bias3"], ["s2"])]
+        if decoder in ("eager", "eager_causal"):  # Where(keep, s1, c) (+ pad)
+            term = term[:-2] if decoder == "eager" else []
+            scores = [h.make_node("Squeeze", ["keep", "axis1"], ["keep3"]),
+                      h.make_node("Where", ["keep3", "s1", "c"], ["s2" if term == [] else "kept"])]
+            if decoder == "eager":
+                scores += [h.make_node("Squeeze", ["pad", "axis1"], ["pad3"]),
+                           h.make_node("Add", ["kept", "pad3"], ["s2"])]
+        nodes[7:10] = [*term, *scores]
+        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, length])] if "causal" not in decoder else []
+        used = {x for n in nodes for x in n.input} | {"bias"}
         inits = [nh.from_array(np.asarray(v), k) for k, v in consts.items() if k in used]
         inits.append(nh.from_array(np.array([1], np.int64), "axis1"))
         for n in nodes:

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable, onnx_cast
 from ..emit import as_int32, broadcast_shape
 from ..registry import Refuse, integer_rule
-from .qdq import MAX_TABLE, Mask
-from .values import Deferred
+from .qdq import MAX_TABLE, Mask, MaskedScores
+from .values import Deferred, Scaled
 
 #: Elementwise ops a mask's term may take (their other operands constants: a causal matrix, or one value).
 VALUE_OPS = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Neg", "Not", "Where", "Equal", "Less", "Greater",
@@ -27,20 +27,21 @@ LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", 
 
 
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
-    """The outputs of the nodes that compute an operand of an Add read by a Softmax alone through ``VALUE_OPS`` and
-    ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those nodes or the Add: the
-    attention masks' terms, tabulated by ``tabulated``; and such an operand that is a float constant of several
-    values, each 0 or negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
+    """The outputs of the nodes that compute an operand of an Add read by a Softmax alone, or a Where so read,
+    through ``VALUE_OPS`` and ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those
+    nodes or the Add (the Softmax): the attention masks' terms, tabulated by ``tabulated`` (a Where of the scores
+    by ``masked_where``); and such an Add's operand that is a float constant of several values, each 0 or negative,
+    0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for x in set(n.input):
             readers.setdefault(x, []).append(n)
     outputs = {o.name for o in graph.output}
-    adds = [n for n in graph.node if n.op_type == "Add" and n.output[0] not in outputs
+    adds = [n for n in graph.node if n.op_type in ("Add", "Where") and n.output[0] not in outputs
             and [r.op_type for r in readers.get(n.output[0], [])] == ["Softmax"]]
     cone: dict[str, onnx.NodeProto] = {}
-    todo = [x for a in adds for x in a.input]
+    todo = [x for a in adds for x in (a.input if a.op_type == "Add" else a.output)]
     while todo:
         n = producer.get(todo.pop())
         if n is None or n.output[0] in cone or n.domain not in ("", "ai.onnx") or len(n.output) != 1 or \
@@ -48,7 +49,7 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
             continue
         cone[n.output[0]] = n
         todo += n.input[:1] if n.op_type in LAYOUT_OPS else list(n.input)
-    ids = {id(a) for a in adds}
+    ids = {id(a) for a in adds if a.op_type == "Add"} | {id(r) for a in adds for r in readers[a.output[0]]}
     while True:  # every reader inside
         out = {o for o, n in cone.items() if o in outputs or
                any(id(r) not in ids and (r.output[0] not in cone) for r in readers.get(o, []))}
@@ -59,7 +60,7 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
     stored = {t.name: t for t in graph.initializer}
     stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
                    and n.attribute[0].name == "value"})
-    fixed = {x for a in adds for x in a.input if x in stored and x not in outputs and
+    fixed = {x for a in adds if a.op_type == "Add" for x in a.input if x in stored and x not in outputs and
              all(id(r) in ids for r in readers[x]) and _levels(stored[x])}
     return set(cone) | fixed
 
@@ -209,9 +210,58 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     return Tabulated(key, out)
 
 
+def masked_scores(ctx, x: Scaled, term: Tabulated) -> MaskedScores:
+    """x plus an attention mask's term (``mask_of_table``), for the Softmax that reads it; a mask whose shape does
+    not broadcast into the scores' refused."""
+    mask = mask_of_table(ctx, term)
+    try:
+        fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
+                     "into them")
+    return MaskedScores(x, mask, x.shape)
+
+
+class KeptScores(Deferred):
+    """Where(cond, x, c) of the scores x a Softmax reads, c a constant (GPT-2's causal Where; Where(cond, c, x)
+    alike): x' + m, x' = x where kept and 0 elsewhere (``x``, on x's grid at zero point 0) and m = Where(cond, 0, c)
+    (``term``, a table), which float32 computes alike (0 + v is v); with a mask's term added, x' + (m + term).
+    Only a Softmax, or an Add of a mask's term that a Softmax reads, takes it (``masked_scores``)."""
+
+    what = "scores masked by a Where"
+
+    def __init__(self, x: Scaled, term: Tabulated):
+        self.x, self.term, self.shape = x, term, x.shape
+
+    def masked_scores(self, ctx) -> MaskedScores:
+        return masked_scores(ctx, self.x, self.term)
+
+    def quantized(self, ctx, scale, out_zero, dtype):
+        raise Refuse(f"{self.what} (a constant where it masks) has an integer form only in the scores a Softmax reads")
+
+
+def looked_up(ctx, x: Tabulated, entries: np.ndarray) -> Tensor:
+    """entries[i] at each position where the table's key is lo + i (int32): a constant of a constant key, t itself
+    where entries is the identity, else a cvm_lut of t - lo."""
+    t, lo = x.t, 0 if x.t.dtype == BOOL else x.t.lo
+    entries = np.asarray(entries, np.int64)
+    if t.is_const:
+        return const(entries[np.asarray(t.value, np.int64) - lo].astype(np.int32), INT32)
+    if lo == 0 and np.array_equal(entries, np.arange(entries.size)):
+        return t
+    index = as_int32(t)
+    if lo:
+        index = ctx.result(ctx.op("broadcast_sub", index, const(np.array(lo, np.int32), INT32)), INT32, 0,
+                           entries.size - 1, t.shape)
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(entries.astype(np.int32), INT32)), in_dim=entries.size)
+    return ctx.result(e, INT32, int(entries.min()), int(entries.max()), t.shape)
+
+
 def mask_of_table(ctx, x: Tabulated) -> Mask:
     """The mask a table gives: its levels (ascending) the distinct values, each 0 or negative (-inf too); g the
-    index of each position's, by a cvm_lut of t - lo (t itself where that is the identity)."""
+    index of each position's (``looked_up``)."""
     table = np.asarray(x.table)
     if table.dtype.kind != "f":
         raise Refuse(f"{x.what} of {table.dtype} values: a mask is float")
@@ -221,16 +271,4 @@ def mask_of_table(ctx, x: Tabulated) -> Mask:
         raise Refuse(f"{x.what} takes {float(table[bad[0]]):g} at the integer {lo + int(bad[0])}: an attention mask "
                      "takes 0 and negative values")
     levels, g = np.unique(table, return_inverse=True)
-    t = x.t
-    if t.is_const:
-        keep = const(g[np.asarray(t.value, np.int64) - lo].astype(np.int32), INT32)
-    elif lo == 0 and np.array_equal(g, np.arange(g.size)):
-        keep = t
-    else:
-        index = as_int32(t)
-        if lo:
-            index = ctx.result(ctx.op("broadcast_sub", index, const(np.array(lo, np.int32), INT32)), INT32, 0,
-                               table.size - 1, t.shape)
-        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(g.astype(np.int32), INT32)), in_dim=table.size)
-        keep = ctx.result(e, INT32, 0, levels.size - 1, t.shape)
-    return Mask(keep, tuple(float(v) for v in levels), t.shape)
+    return Mask(looked_up(ctx, x, g), tuple(float(v) for v in levels), x.t.shape)

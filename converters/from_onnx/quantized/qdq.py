@@ -722,7 +722,9 @@ def masked(x: Scaled, mask: Mask, view: tuple[int, int, int]) -> Softmaxed:
 @float_rule("Softmax", since=1)
 def softmax_rule(ctx, node, x):
     """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``); of scores plus an attention
-    mask, the masked Softmax (``masked``)."""
+    mask, the masked Softmax (``masked``), as of scores a Where masks (``masks.KeptScores``)."""
+    if isinstance(x, Deferred) and hasattr(x, "masked_scores"):
+        x = x.masked_scores(ctx)
     if isinstance(x, MaskedScores):
         xs = per_tensor(x.x, "Softmax")
         return masked(xs, x, softmax_view(node, xs.shape, node.opset))
