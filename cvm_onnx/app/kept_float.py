@@ -30,13 +30,14 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     decoder's padding term with its causal matrix, or that matrix alone, each read by every layer's Add and by
     nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf
     too) everywhere, each of the two somewhere; with the Where on the scores x that the Add or the Softmax reads,
-    Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves float
-    (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
-    takes them (docs/import.md, "Masked Softmax")."""
+    Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal Where). Its float
+    nodes, the Add and the Softmax, which quantize_static then leaves float (nodes_to_exclude), so that x keeps its
+    own grid and the mask stays exact; the importer's masked-Softmax rule takes them (docs/import.md, "Masked
+    Softmax")."""
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, mask_terms, table_op
+    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, carried, mask_terms, table_op
 
     graph = model.graph
     terms = mask_terms(graph)
@@ -71,25 +72,27 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     def values(name: str, v: int, seen: dict, leaves: set) -> np.ndarray | None:
         """The term's values where its one varying integer tensor is ``v`` (None: no such term); ``seen`` the
         values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from floats (a
-        comparison of scores). A move of a scalar is that scalar; else evaluated."""
+        comparison of scores). A layout op's move of a scalar is that scalar; any other move evaluated."""
         if name in seen:
             return seen[name]
         n = producer.get(name) if name in terms else None
         if n is None:
             return numpy_helper.to_array(consts[name]) if name in consts else leaf(name, v, leaves)
         inner = set(leaves)
-        args = [values(x, v, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+        moved = carried(n, consts)
+        args = [values(x, v, seen, inner) for x in ([n.input[i] for i in moved] if moved else n.input)]
         if any(a is None for a in args):
             return leaf(name, v, leaves)
         leaves |= inner
         try:
-            if n.op_type not in LAYOUT_OPS:
+            if not moved:
                 out = table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)
-            elif args[0].ndim == 0:
+            elif n.op_type in LAYOUT_OPS and args[0].ndim == 0:
                 out = args[0]
             else:
-                feeds = {x: numpy_helper.to_array(consts[x]) for x in n.input[1:] if x}
-                out = ReferenceEvaluator(n, opsets={"": opset}).run(None, {n.input[0]: args[0], **feeds})[0]
+                feeds = {x: numpy_helper.to_array(consts[x]) for x in n.input if x in consts}
+                feeds.update({n.input[i]: a for i, a in zip(moved, args)})
+                out = ReferenceEvaluator(n, opsets={"": opset}).run(None, feeds)[0]
         except Exception:  # noqa: BLE001  (any op this evaluation cannot take: no mask)
             return None
         seen[name] = out

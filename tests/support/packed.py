@@ -54,7 +54,7 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
                                 h.make_node("Cast", ["inv"], ["masked"], to=T.BOOL),
                                 h.make_node("Where", ["masked", "low", "inv"], ["bias"])]}[hf]
     if decoder is not None:
-        from support.masks import decoder_term
+        from support.masks import decoder_term, mask_length
 
         term, consts = decoder_term(decoder, 1, length, low)
         scores = [h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]), h.make_node("Add", ["s1", "bias3"], ["s2"])]
@@ -66,7 +66,8 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
                 scores += [h.make_node("Squeeze", ["pad", "axis1"], ["pad3"]),
                            h.make_node("Add", ["kept", "pad3"], ["s2"])]
         nodes[7:10] = [*term, *scores]
-        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, length])] if "causal" not in decoder else []
+        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, mask_length(decoder, length)])] \
+            if "causal" not in decoder else []
         used = {x for n in nodes for x in n.input} | {"bias"}
         inits = [nh.from_array(np.asarray(v), k) for k, v in consts.items() if k in used]
         inits.append(nh.from_array(np.array([1], np.int64), "axis1"))

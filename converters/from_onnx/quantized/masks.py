@@ -26,9 +26,18 @@ COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEq
 LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity"})
 
 
+def carried(node: onnx.NodeProto, stored) -> list[int]:
+    """The inputs of a move that carry a mask's values: a layout op's first, a Gather's by constant indices (in
+    ``stored``), each of a Concat's (a slice assignment of the padding into the causal matrix, as quantize writes a
+    ScatterND of constant indices: ``rewrites.scatters_as_gathers``); [] for any other node."""
+    if node.op_type in LAYOUT_OPS or node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in stored:
+        return [0]
+    return list(range(len(node.input))) if node.op_type == "Concat" else []
+
+
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
     """The outputs of the nodes that compute an operand of an Add read by a Softmax alone, or a Where so read,
-    through ``VALUE_OPS`` and ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those
+    through ``VALUE_OPS`` and moves (their ``carried`` inputs alone), every reader of each within those
     nodes or the Add (the Softmax): the attention masks' terms, tabulated by ``tabulated`` (a Where of the scores
     by ``masked_where``); and such an Add's operand that is a float constant of several values, each 0 or negative,
     0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
@@ -40,15 +49,18 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
     outputs = {o.name for o in graph.output}
     adds = [n for n in graph.node if n.op_type in ("Add", "Where") and n.output[0] not in outputs
             and [r.op_type for r in readers.get(n.output[0], [])] == ["Softmax"]]
+    stored = {t.name: t for t in graph.initializer}
+    stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
     cone: dict[str, onnx.NodeProto] = {}
     todo = [x for a in adds for x in (a.input if a.op_type == "Add" else a.output)]
     while todo:
         n = producer.get(todo.pop())
         if n is None or n.output[0] in cone or n.domain not in ("", "ai.onnx") or len(n.output) != 1 or \
-                n.op_type not in VALUE_OPS | LAYOUT_OPS:
+                n.op_type not in VALUE_OPS and not carried(n, stored):
             continue
         cone[n.output[0]] = n
-        todo += n.input[:1] if n.op_type in LAYOUT_OPS else list(n.input)
+        todo += list(n.input) if n.op_type in VALUE_OPS else [n.input[i] for i in carried(n, stored)]
     ids = {id(a) for a in adds if a.op_type == "Add"} | {id(r) for a in adds for r in readers[a.output[0]]}
     while True:  # every reader inside
         out = {o for o, n in cone.items() if o in outputs or
@@ -57,9 +69,6 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
             break
         for o in out:
             del cone[o]
-    stored = {t.name: t for t in graph.initializer}
-    stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
-                   and n.attribute[0].name == "value"})
     fixed = {x for a in adds if a.op_type == "Add" for x in a.input if x in stored and x not in outputs and
              all(id(r) in ids for r in readers[x]) and _levels(stored[x])}
     return set(cone) | fixed
@@ -157,17 +166,46 @@ def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarra
     return c, per
 
 
-def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
-    """A node of an attention mask's term (``mask_terms``): a move of a table's key by its integer rule (of plain
-    integers, that rule); an elementwise op of one tensor of integers t (or tables of it) and constants: the op on
-    the table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index of the constants'
-    distinct values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all; operands that
-    do not broadcast, or broadcast to an empty tensor, refused."""
-    if node.op_type in LAYOUT_OPS:
-        x = ins[0]
-        if isinstance(x, Tabulated):
-            return Tabulated(integer_rule(node)(ctx, node, x.t, *ins[1:]), x.table)
+def _moved(ctx, node, ins: list) -> Tabulated | Tensor:
+    """A move (``carried``) by its integer rule on the keys: of one table, its key; of several tables and constants
+    (a Concat), one table of them all end to end, each operand's key offset to its own part (a constant's the index
+    of its distinct values), at most 2^16 entries."""
+    carry = range(len(ins)) if node.op_type == "Concat" else [0]
+    if not any(isinstance(ins[i], Tabulated) for i in carry):
         return integer_rule(node)(ctx, node, *ins)
+    if node.op_type != "Concat":
+        return Tabulated(integer_rule(node)(ctx, node, ins[0].t, *ins[1:]), ins[0].table)
+    keys, tables, offset = [], [], 0
+    for x in ins:
+        k = _keyed(x)
+        if k is None:  # a constant of one value (or none)
+            v = np.asarray(x.value)
+            k = const(np.zeros(v.shape, np.int32), INT32), 0, v.reshape(-1)[:1]
+        key, lo, values = k
+        if key.is_const:
+            key = const((np.asarray(key.value, np.int64) - lo + offset).astype(np.int32), INT32)
+        elif offset != lo:
+            key = ctx.result(ctx.op("broadcast_add", as_int32(key), const(np.array(offset - lo, np.int32), INT32)),
+                             INT32, key.lo - lo + offset, key.hi - lo + offset, key.shape)
+        keys.append(as_int32(key))
+        tables.append(values)
+        offset += values.size
+    if offset > MAX_TABLE:
+        raise Refuse(f"Concat of attention masks' terms: their tables hold {offset} entries in all, more than 2^16")
+    if len({t.dtype for t in tables}) > 1:
+        raise Refuse("Concat of attention masks' terms of different types")
+    t = integer_rule(node)(ctx, node, *keys)
+    return Tabulated(t, np.concatenate(tables)[t.lo:t.hi + 1])
+
+
+def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
+    """A node of an attention mask's term (``mask_terms``): a move of tables' keys (``_moved``); an elementwise op of
+    one tensor of integers t (or tables of it) and constants: the op on the table, over the key (t - lo) K + c, t
+    over its whole range lo .. hi and c the index of the constants' distinct values at each position (K of them: a
+    causal matrix's 0 and c), at most 2^16 keys in all; operands that do not broadcast, or broadcast to an empty
+    tensor, refused."""
+    if node.op_type in LAYOUT_OPS | {"Gather", "Concat"}:
+        return _moved(ctx, node, ins)
     shape = broadcast_shape(*(x.t if isinstance(x, Tabulated) else x for x in ins if x is not None))
     if 0 in shape:
         raise Refuse(f"{node.op_type} of an attention mask's term gives an empty tensor of shape {shape}: CVM has none")
