@@ -22,18 +22,20 @@ MAX_LEAF = 1 << 20
 #: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
 #: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
 MASK_LOW = -10000.0
+#: The ops whose input of scores plus a mask the importer takes (docs/import.md, "Masked Softmax").
+READERS = ("Softmax", "ReduceLogSumExp")
 
 
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes of each Softmax(x + m) where m is an attention mask's term: computed from one integer tensor by
-    elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, a
-    decoder's padding term with its causal matrix, or that matrix alone, each read by every layer's Add and by
-    nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf
-    too) everywhere, each of the two somewhere; with the Where on the scores x that the Add or the Softmax reads,
-    Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal Where). Its float
-    nodes, the Add and the Softmax, which quantize_static then leaves float (nodes_to_exclude), so that x keeps its
-    own grid and the mask stays exact; the importer's masked-Softmax rule takes them (docs/import.md, "Masked
-    Softmax")."""
+    """The nodes of each Softmax(x + m) (or ReduceLogSumExp: ``READERS``) where m is an attention mask's term: computed
+    from one integer tensor by elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c),
+    HF's (1 - mask) * c, a decoder's padding term with its causal matrix, or that matrix alone, each read by every
+    layer's Add and by nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most
+    ``MASK_LOW`` (-inf too) everywhere, each of the two somewhere; with the Where on the scores x that the Add or
+    the Softmax reads, Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal
+    Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves float (nodes_to_exclude), so
+    that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule takes them
+    (docs/import.md, "Masked Softmax")."""
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
@@ -115,10 +117,10 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
     found = []
     for sm in graph.node:
-        if sm.op_type == "Softmax" and sm.input and (kept := scores_where(sm.input[0])):
+        if sm.op_type in READERS and sm.input and (kept := scores_where(sm.input[0])):
             found += [*kept, sm]
             continue
-        add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
+        add = producer.get(sm.input[0]) if sm.op_type in READERS and sm.input else None
         if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
             continue
         for term in add.input:

@@ -148,11 +148,13 @@ def decoder_term(form: str, batch: int, s: int, c: float, window: int | None = N
 
 
 def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: float, window: int | None = None,
-                  so: float = 1 / 255, term: bool = False) -> onnx.ModelProto:
+                  so: float = 1 / 255, term: bool = False, lse: bool = False) -> onnx.ModelProto:
     """DequantizeLinear(x int8 (B, H, S, S)) + the decoder term of ``m`` -> Softmax (last axis) -> QuantizeLinear
-    (uint8, ``so``): the form quantize leaves; ``term``: the term (B, 1, S, S) float as the output instead."""
+    (uint8, ``so``): the form quantize leaves; ``lse``: ReduceLogSumExp (last axis, keepdims) to int8 instead;
+    ``term``: the term (B, 1, S, S) float as the output instead."""
     nodes, consts = decoder_term(form, batch, s, c, window)
-    consts.update({"s": np.float32(scale), "zx": np.int8(0), "so": np.float32(so), "zo": np.uint8(0)})
+    consts.update({"s": np.float32(scale), "zx": np.int8(0), "so": np.float32(so),
+                   "zo": np.int8(0) if lse else np.uint8(0)})
     scores = [h.make_node("Add", ["xf", "bias"], ["sc"])]
     if form in EAGER and not term:  # the Where on the scores instead of Where(keep, 0, c)
         nodes = nodes[:-2 if form == "eager" else -1]
@@ -165,9 +167,10 @@ def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: fl
         out, inputs = [h.make_tensor_value_info("bias", T.FLOAT, None)], [m]
     else:
         nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), *nodes, *scores,
+                 h.make_node("ReduceLogSumExp", ["sc"], ["sf"], axes=[-1]) if lse else
                  h.make_node("Softmax", ["sc"], ["sf"], axis=-1),
                  h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
-        out = [h.make_tensor_value_info("y", T.UINT8, None)]
+        out = [h.make_tensor_value_info("y", T.INT8 if lse else T.UINT8, None)]
         inputs = [h.make_tensor_value_info("x", T.INT8, [batch, heads, s, s]), m]
     if form in ("causal", "eager_causal"):
         inputs = inputs[:1]

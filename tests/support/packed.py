@@ -12,7 +12,8 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state: bool = False,
-              low: float | None = None, hf: str | None = None, decoder: str | None = None) -> onnx.ModelProto:
+              low: float | None = None, hf: str | None = None, decoder: str | None = None,
+              lse: bool = False) -> onnx.ModelProto:
     """input_ids (1, L) int64 -> token embeddings (Gather); one attention head whose scores q k^T / sqrt(d) get
     30 (mask - 1) added (mask (1, 1, L) float: 1 for a token, 0 for padding); softmax, the values, a mean over the
     tokens and a dense head (1, 3). ``low``: the mask int64 instead, Where(Cast(mask, bool), 0, low) added (torch's
@@ -21,7 +22,8 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
     _prepare_4d_attention_mask writes it. ``decoder`` with ``low``: the mask int64 (1, L) and a decoder's padding and
     causal term of it instead (``support.masks.decoder_term``: that form; GPT-2's eager forms a Where on the scores,
     then the padding term). ``state``: a third input (1, d) float added
-    to the pooled vector (a recurrent model's state, to fold)."""
+    to the pooled vector (a recurrent model's state, to fold). ``lse``: ReduceLogSumExp of the masked scores over the
+    keys (1, L, 1) times the values instead of the softmax's product."""
     rng = np.random.default_rng(seed)
 
     def c(name, shape):
@@ -73,6 +75,10 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
         inits.append(nh.from_array(np.array([1], np.int64), "axis1"))
         for n in nodes:
             n.input[:] = ["mask" if x == "m" else x for x in n.input]
+    if lse:
+        [k] = [i for i, n in enumerate(nodes) if n.op_type == "Softmax"]
+        nodes[k:k + 2] = [h.make_node("ReduceLogSumExp", ["s2"], ["p"], axes=[-1]), h.make_node("Mul", ["p", "v"],
+                                                                                                ["ctx"])]
     if state:
         nodes.append(h.make_node("Add", ["pooled", "state"], ["pooled2"]))
         inputs.append(h.make_tensor_value_info("state", T.FLOAT, [1, d]))

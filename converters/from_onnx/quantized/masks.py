@@ -36,11 +36,11 @@ def carried(node: onnx.NodeProto, stored) -> list[int]:
 
 
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
-    """The outputs of the nodes that compute an operand of an Add read by a Softmax alone, or a Where so read,
-    through ``VALUE_OPS`` and moves (their ``carried`` inputs alone), every reader of each within those
-    nodes or the Add (the Softmax): the attention masks' terms, tabulated by ``tabulated`` (a Where of the scores
-    by ``masked_where``); and such an Add's operand that is a float constant of several values, each 0 or negative,
-    0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
+    """The outputs of the nodes that compute an operand of an Add read by a Softmax (or a ReduceLogSumExp) alone, or a
+    Where so read, through ``VALUE_OPS`` and moves (their ``carried`` inputs alone), every reader of each within
+    those nodes or the Add (the Softmax): the attention masks' terms, tabulated by ``tabulated`` (a Where of the
+    scores by ``masked_where``); and such an Add's operand that is a float constant of several values, each 0 or
+    negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -48,7 +48,7 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
             readers.setdefault(x, []).append(n)
     outputs = {o.name for o in graph.output}
     adds = [n for n in graph.node if n.op_type in ("Add", "Where") and n.output[0] not in outputs
-            and [r.op_type for r in readers.get(n.output[0], [])] == ["Softmax"]]
+            and [r.op_type for r in readers.get(n.output[0], [])] in (["Softmax"], ["ReduceLogSumExp"])]
     stored = {t.name: t for t in graph.initializer}
     stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
                    and n.attribute[0].name == "value"})
