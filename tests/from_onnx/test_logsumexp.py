@@ -4,6 +4,7 @@ dequantized integers, onnxruntime's QDQ model within 1 + delta, the export bit-e
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -265,3 +266,15 @@ def test_quantize_leaves_masked_scores_float_for_the_lse(tmp_path, form):
     qm = onnx.load(tmp_path / "q.onnx")
     assert [n.input[0] for n in qm.graph.node if n.op_type == "ReduceLogSumExp"] == ["s2"]
     assert verify(done.imported.graph, seeds=2).exact
+
+
+def test_lse_of_masked_scores_whose_masked_rows_do_not_saturate_is_refused():
+    """BERT's -10000 at an output scale of 100: a row masked throughout is -10000 + its LSE, -100 steps, which int8
+    holds: refused in one line naming the node, the level and the output's least value."""
+    from support.masks import decoder_model
+
+    model = decoder_model("legacy", 1, 1, 4, -10000.0, 0.25, so=100.0, lse=True)
+    with pytest.raises(CVMError) as e:
+        import_model(model, input_precision=9)
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert re.search(r"ReduceLogSumExp.*at -10000: a row masked throughout .* least value -128", str(e.value)), e.value
