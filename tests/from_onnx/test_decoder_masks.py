@@ -190,3 +190,28 @@ def test_mask_constants_and_scales_of_any_shape_import_or_are_refused_in_one_lin
         import_model(model, input_precision=X_PRECISION)
     except CVMError as e:
         assert e.problems and all("\n" not in str(p) and p.where for p in e.problems), e
+
+
+def test_an_attention_bias_of_an_embedding_with_inf_rows_is_refused_in_one_line(tmp_path):
+    """An attention bias from an embedding whose table holds a -inf row (chython-rxnmap's distance embedding: Gather
+    of a float table by an int64 input, added to the scores): its finite rows are a float bias of the scores, which
+    no table of 0 and masked levels holds, and onnxruntime.quantization computes scales from finite weights only:
+    quantize refuses it in one line naming the Gather and the rule."""
+    from cvm_onnx.core.errors import UnsupportedError
+
+    model = bert_like(low=-10000.0)
+    [where] = [n for n in model.graph.node if n.op_type == "Where"]
+    nodes = [n for n in model.graph.node if n.op_type != "Cast"]
+    nodes[nodes.index(where)] = onnx.helper.make_node("Gather", ["table", "mask"], ["bias"], name="distance")
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.append(nh.from_array(np.array([-np.inf, 0.3, -0.7], np.float32), "table"))
+    onnx.save(model, tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m")
+    [p] = e.value.problems
+    assert "\n" not in str(p) and "'table' holds -inf" in p.rule and "distance (Gather)" in p.rule and \
+        "finite weights only" in p.rule, p
