@@ -308,11 +308,11 @@ def where_rule(ctx, node, cond, a, b):
 
 
 def masked_where(ctx, node, cond, a, b):
-    """Where(cond, x, c) or Where(cond, c, x) of the scores x a Softmax reads (``masks.mask_terms``: GPT-2's causal
-    Where, its padding term added after), c a float constant of one value below 0: ``KeptScores``, x' = (t - z) keep at
-    x's scale and zero point 0 (keep = cond, or Not(cond): ``looked_up`` of a table) and the term Where(cond, 0, c)
-    (Where(cond, c, 0)), whose sum float32 computes as it computes the Where (x + 0 and 0 + c are exact); any other
-    Where by ``where_rule`` (one keeping everywhere: x)."""
+    """Where(cond, x, c) or Where(cond, c, x) of the scores x a Softmax or ReduceLogSumExp reads (``mask_terms``:
+    GPT-2's causal Where, its padding term added after), c a float constant of one value below 0: ``KeptScores``, x'
+    = (t - z) keep at x's scale and zero point 0 (keep = cond, or Not(cond): ``looked_up`` of a table) and the term
+    Where(cond, 0, c) (Where(cond, c, 0)), whose sum float32 computes as it computes the Where (x + 0 and 0 + c are
+    exact); any other Where by ``where_rule`` (one keeping everywhere: x)."""
     x, c = (a, b) if isinstance(a, Scaled) else (b, a)
     v = constant_values(c)
     if not isinstance(x, Scaled) or x.t.is_const or not x.per_tensor or not is_float_const(c) or v.size != 1 or \
@@ -917,8 +917,7 @@ def cast_rule(ctx, node, x):
     exporter's Cast before a graph output). To an integer type (an 8-bit spectrogram or image the model emits,
     Cast(Clip(x, 0, 255)) to uint8): ONNX's conversion (``onnx_cast``) as a cvm_lut table over x's integers
     (``lookup``: fn's values in float64), the integers of that type; refused where x's range reaches a value the
-    type does not hold, whose conversion ONNX leaves undefined. To
-    another float type it is refused."""
+    type does not hold, whose conversion ONNX leaves undefined. To another float type it is refused."""
     to = node.attr_int("to")
     if to == TensorProto.FLOAT:
         return x

@@ -13,7 +13,7 @@ from ..context import INT32, INT_RANGES, Tensor, const, tight
 from ..emit import as_int32, axes_of, broadcast_shape, normal, reduced
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan, logsoftmax_plan
-from .qdq import MAX_TABLE, MaskedScores, Requant, logsoftmax_tables, masked, masked_below_max, saturate
+from .qdq import MAX_TABLE, MaskedScores, Requant, logsoftmax_tables, masked, masked_below_max, saturate, sunk
 from .values import Deferred, Scaled, Softmaxed, per_tensor, scaled
 
 
@@ -104,7 +104,7 @@ class LogSumExped(Deferred):
         both = add(lut(k, m_), add(lut(i1, g1), lut(shifted(s_, p.coarse, g2.size - 1), g2)))
         r = shifted(both, b, (both.hi + (1 << b >> 1)) >> b)
         if self.mask is not None:  # a row masked throughout: below the output's least value
-            r = masked_rows_dropped(ctx, r, self.mask.keep.levels, ctx.reshape(rows.top, dropped), out_zero - c - lo)
+            r = masked_rows_sunk(ctx, r, self.mask.keep.levels, ctx.reshape(rows.top, dropped), out_zero - c - lo)
         ctx.requants.append(Requant(ctx.base, (), None, logsoftmax=p))
         return saturate(ctx, ctx.reshape(r, self.shape), out_zero - c, lo, hi, dtype, self.shape)
 
@@ -128,23 +128,17 @@ def saturating(mask: Softmaxed, q: Fraction, out_zero: int, least: int, n: int) 
                          "it has no exact form")
 
 
-def masked_rows_dropped(ctx, r: Tensor, levels: tuple[float, ...], top: Tensor, below: int) -> Tensor:
-    """r, less ``below`` + r's largest value (so below the output's least value) in the rows whose highest level
-    rank ``top`` is not level 0's (every row where no level is 0)."""
-    drop = r.hi + below + 1
+def masked_rows_sunk(ctx, r: Tensor, levels: tuple[float, ...], top: Tensor, below: int) -> Tensor:
+    """r sunk below the output's least value (``sunk``) in the rows whose highest level rank ``top`` is not level 0's
+    (every row where no level is 0)."""
+    last = len(levels) - 1
     if levels[-1] != 0:
-        masked = const(np.array(1, np.int32), INT32)
-    else:
-        last = len(levels) - 1
-        if not last:
-            return r
-        e = ctx.emit("clip", ctx.entry(ctx.result(ctx.op("broadcast_sub", const(np.array(last, np.int32), INT32),
-                                                                         top), INT32, 0, last, top.shape)),
-                     a_min=0, a_max=1)
-        masked = ctx.result(e, INT32, 0, 1, top.shape)
-    m = ctx.result(ctx.op("broadcast_mul", masked, const(np.array(drop, np.int32), INT32)), INT32, 0, drop,
-                   masked.shape)
-    return ctx.result(ctx.op("broadcast_sub", r, m), INT32, r.lo - drop, r.hi, broadcast_shape(r, m))
+        return sunk(ctx, r, const(np.array(1, np.int32), INT32), below)
+    if not last:
+        return r
+    e = ctx.emit("clip", ctx.entry(ctx.result(ctx.op("broadcast_sub", const(np.array(last, np.int32), INT32), top),
+                                              INT32, 0, last, top.shape)), a_min=0, a_max=1)
+    return sunk(ctx, r, ctx.result(e, INT32, 0, 1, top.shape), below)
 
 
 @float_rule("ReduceLogSumExp", since=1)

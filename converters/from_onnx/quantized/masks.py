@@ -266,7 +266,7 @@ class KeptScores(Deferred):
     """Where(cond, x, c) of the scores x a Softmax reads, c a constant (GPT-2's causal Where; Where(cond, c, x)
     alike): x' + m, x' = x where kept and 0 elsewhere (``x``, on x's grid at zero point 0) and m = Where(cond, 0, c)
     (``term``, a table), which float32 computes alike (0 + v is v); with a mask's term added, x' + (m + term).
-    Only a Softmax, or an Add of a mask's term that a Softmax reads, takes it (``masked_scores``)."""
+    Only a Softmax or a ReduceLogSumExp, or an Add of a mask's term they read, takes it (``masked_scores``)."""
 
     what = "scores masked by a Where"
 

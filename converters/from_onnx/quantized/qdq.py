@@ -504,11 +504,17 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
     if nan is not None:  # onnxruntime's QuantizeLinear of NaN: the type's least integer
-        drop = y.hi + out_zero - lo
-        n_ = ctx.result(ctx.op("broadcast_mul", nan, const(np.array(drop, np.int32), INT32)), INT32, 0, drop,
-                        nan.shape)
-        y = ctx.result(ctx.op("broadcast_sub", y, n_), INT32, y.lo - drop, y.hi, y.shape)
+        y = sunk(ctx, y, nan, out_zero - lo)
     return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
+
+
+def sunk(ctx, y: Tensor, rows: Tensor, below: int) -> Tensor:
+    """y less its largest value plus ``below`` where ``rows`` (0 or 1, broadcasting to y) is 1: there y + below is at
+    most 0, so y + z_out saturates at the type's least integer lo (below = z_out - lo)."""
+    drop = y.hi + below
+    n_ = ctx.result(ctx.op("broadcast_mul", rows, const(np.array(drop, np.int32), INT32)), INT32, 0, drop,
+                    rows.shape)
+    return ctx.result(ctx.op("broadcast_sub", y, n_), INT32, y.lo - drop, y.hi, broadcast_shape(y, n_))
 
 
 def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
