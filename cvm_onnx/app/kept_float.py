@@ -103,8 +103,8 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     readers = Counter(i for n in graph.node for i in n.input)
 
     def scores_where(name: str) -> list[onnx.NodeProto]:
-        """[the Where(cond, x, c) or Where(cond, c, x) computing ``name``], c a float constant at most ``MASK_LOW``
-        throughout and x computed (GPT-2's causal Where on the scores), read once; else []."""
+        """[the Where(cond, x, c) or Where(cond, c, x) computing ``name``], c a float constant of one value at most
+        ``MASK_LOW`` and x computed (GPT-2's causal Where on the scores), read once; else []."""
         n = producer.get(name)
         if n is None or n.op_type != "Where" or readers[name] != 1 or len(n.input) != 3:
             return []
@@ -113,7 +113,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
                                                                  onnx.TensorProto.FLOAT16):
             return []
         c = numpy_helper.to_array(consts[fixed[0]])
-        return [n] if c.size and (c <= MASK_LOW).all() else []
+        return [n] if c.size == 1 and (c <= MASK_LOW).all() else []
 
     found = []
     for sm in graph.node:

@@ -215,3 +215,17 @@ def test_an_attention_bias_of_an_embedding_with_inf_rows_is_refused_in_one_line(
     [p] = e.value.problems
     assert "\n" not in str(p) and "'table' holds -inf" in p.rule and "distance (Gather)" in p.rule and \
         "finite weights only" in p.rule, p
+
+
+@pytest.mark.parametrize("c, found", [(np.float32(-10000), True), (np.float32(-9999), False),
+                                      (np.full(2, -10000, np.float32), False)])
+def test_gpt2_where_left_float_only_at_one_masking_value(c, found):
+    """GPT-2's Where(causal, scores, c): quantize leaves it float (with the padding term, the Add and the Softmax)
+    where c is one value at most -10000; at -9999, or a constant of several values (which the importer's masked
+    Where does not take), quantize_static quantizes it as any Where. Regression: a c of several values was left
+    float though the import then refused it."""
+    model = bert_like(low=F32_MIN, decoder="eager")
+    [where] = [n for n in model.graph.node if n.op_type == "Where" and "s1" in n.input]
+    where.input[2] = "cw"
+    model.graph.initializer.append(nh.from_array(c, "cw"))
+    assert any(n is where for n in masked_softmaxes(model)) == found
