@@ -21,7 +21,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from cvm_onnx.core.constants import ANY, FLOAT32_EXACT, FLOAT64_EXACT, INT32_MAX, INT32_MIN, tight
 from cvm_onnx.core.constants import precision_bound as bound
@@ -54,6 +54,27 @@ def cvm_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def type_name(dtype: int) -> str:
     return TensorProto.DataType.Name(dtype).lower() if dtype in TensorProto.DataType.values() else f"type {dtype}"
+
+
+def onnx_cast(v: np.ndarray, to: int, what: str) -> np.ndarray:
+    """ONNX's Cast of the array ``v`` (of ``what``) to the ONNX type ``to``, as a numpy array of that type: to bool
+    v != 0; from a float type to an integer one truncation toward zero, refused where a value is not finite or the
+    type does not hold it (ONNX leaves that conversion undefined); any other, numpy's conversion."""
+    if to == BOOL:
+        return v != 0
+    try:
+        target = np.dtype(helper.tensor_dtype_to_np_dtype(to))
+    except (KeyError, TypeError, ValueError):
+        raise Refuse(f"Cast of {what} to {type_name(to)}: no ONNX tensor type that numpy holds") from None
+    if target.kind not in "iu" or v.dtype.kind != "f":
+        return v.astype(target)
+    lo, hi = INT_RANGES[to]
+    out = np.trunc(v)
+    bad = ~np.isfinite(v) | (out < lo) | (out >= hi + 1)
+    if bad.any():
+        raise Refuse(f"Cast to {type_name(to)} of {what} reaching {float(v[bad].flat[0])}, which the type does not "
+                     f"hold (ONNX leaves that conversion undefined): clip them to [{lo}, {hi}] first")
+    return out.astype(target)
 
 
 def is_supported_type(dtype: int) -> bool:

@@ -370,6 +370,9 @@ class _Walk:
                 if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
                                                          not isinstance(x, quantized.Tabulated) for x in ins):
                     fn = quantized.tabulated
+                elif n.output[0] in self.masks and n.op_type == "Where":
+                    fn = quantized.masked_where
+                    ins = [quantized.float_read(self.ctx, n.op_type, x) for x in ins]
                 elif n.output[0] in self.affines and quantized.affine_of_integers(n.op_type, ins):
                     fn = FLOAT_RULES[key].fn
                     ins = [x if x.is_const else quantized.of_integers(x) for x in ins]

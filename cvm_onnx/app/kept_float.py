@@ -22,20 +22,24 @@ MAX_LEAF = 1 << 20
 #: The highest masked value quantize leaves float (BERT's -10000; torch and HF write float32's min): the importer's
 #: masked Softmax then takes scores up to |x| = 4947 (c <= -(2 |x| + 106)).
 MASK_LOW = -10000.0
+#: The ops whose input of scores plus a mask the importer takes (docs/import.md, "Masked Softmax").
+READERS = ("Softmax", "ReduceLogSumExp")
 
 
 def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes of each Softmax(x + m) where m is an attention mask's term: computed from one integer tensor by
-    elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c), HF's (1 - mask) * c, a
-    decoder's padding term with its causal matrix, or that matrix alone, each read by every layer's Add and by
-    nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most ``MASK_LOW`` (-inf
-    too) everywhere, each of the two somewhere. Its float nodes, the Add and the Softmax, which quantize_static then leaves float
-    (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule
-    takes them (docs/import.md, "Masked Softmax")."""
+    """The nodes of each Softmax(x + m) (or ReduceLogSumExp: ``READERS``) where m is an attention mask's term: computed
+    from one integer tensor by elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c),
+    HF's (1 - mask) * c, a decoder's padding term with its causal matrix, or that matrix alone, each read by every
+    layer's Add and by nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most
+    ``MASK_LOW`` (-inf too) everywhere, each of the two somewhere; with the Where on the scores x that the Add or
+    the Softmax reads, Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal
+    Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves float (nodes_to_exclude), so
+    that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule takes them
+    (docs/import.md, "Masked Softmax")."""
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, mask_terms, table_op
+    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, carried, mask_terms, table_op
 
     graph = model.graph
     terms = mask_terms(graph)
@@ -70,34 +74,53 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     def values(name: str, v: int, seen: dict, leaves: set) -> np.ndarray | None:
         """The term's values where its one varying integer tensor is ``v`` (None: no such term); ``seen`` the
         values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from floats (a
-        comparison of scores). A move of a scalar is that scalar; else evaluated."""
+        comparison of scores). A layout op's move of a scalar is that scalar; any other move evaluated."""
         if name in seen:
             return seen[name]
         n = producer.get(name) if name in terms else None
         if n is None:
             return numpy_helper.to_array(consts[name]) if name in consts else leaf(name, v, leaves)
         inner = set(leaves)
-        args = [values(x, v, seen, inner) for x in (n.input[:1] if n.op_type in LAYOUT_OPS else n.input)]
+        moved = carried(n, consts)
+        args = [values(x, v, seen, inner) for x in ([n.input[i] for i in moved] if moved else n.input)]
         if any(a is None for a in args):
             return leaf(name, v, leaves)
         leaves |= inner
         try:
-            if n.op_type not in LAYOUT_OPS:
+            if not moved:
                 out = table_op(n.op_type, next((a.i for a in n.attribute if a.name == "to"), None), args)
-            elif args[0].ndim == 0:
+            elif n.op_type in LAYOUT_OPS and args[0].ndim == 0:
                 out = args[0]
             else:
-                feeds = {x: numpy_helper.to_array(consts[x]) for x in n.input[1:] if x}
-                out = ReferenceEvaluator(n, opsets={"": opset}).run(None, {n.input[0]: args[0], **feeds})[0]
+                feeds = {x: numpy_helper.to_array(consts[x]) for x in n.input if x in consts}
+                feeds.update({n.input[i]: a for i, a in zip(moved, args)})
+                out = ReferenceEvaluator(n, opsets={"": opset}).run(None, feeds)[0]
         except Exception:  # noqa: BLE001  (any op this evaluation cannot take: no mask)
             return None
         seen[name] = out
         return out
 
-    found = []
     readers = Counter(i for n in graph.node for i in n.input)
+
+    def scores_where(name: str) -> list[onnx.NodeProto]:
+        """[the Where(cond, x, c) or Where(cond, c, x) computing ``name``], c a float constant of one value at most
+        ``MASK_LOW`` and x computed (GPT-2's causal Where on the scores), read once; else []."""
+        n = producer.get(name)
+        if n is None or n.op_type != "Where" or readers[name] != 1 or len(n.input) != 3:
+            return []
+        fixed = [x for x in n.input[1:] if x in consts]
+        if len(fixed) != 1 or consts[fixed[0]].data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                                                                 onnx.TensorProto.FLOAT16):
+            return []
+        c = numpy_helper.to_array(consts[fixed[0]])
+        return [n] if c.size == 1 and (c <= MASK_LOW).all() else []
+
+    found = []
     for sm in graph.node:
-        add = producer.get(sm.input[0]) if sm.op_type == "Softmax" and sm.input else None
+        if sm.op_type in READERS and sm.input and (kept := scores_where(sm.input[0])):
+            found += [*kept, sm]
+            continue
+        add = producer.get(sm.input[0]) if sm.op_type in READERS and sm.input else None
         if add is None or add.op_type != "Add" or readers[add.output[0]] != 1:
             continue
         for term in add.input:
@@ -110,7 +133,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             if both.max() != 0 or not both.min() <= MASK_LOW or ((both != 0) & ~(both <= MASK_LOW)).any():
                 continue
             found += [producer[x] for x in seen if np.asarray(seen[x]).dtype.kind == "f"]
-            found += [add, sm]
+            found += [add, sm, *scores_where(next((x for x in add.input if x != term), term))]
             break
     return list({id(n): n for n in found}.values())
 

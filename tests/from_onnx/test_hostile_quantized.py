@@ -665,7 +665,8 @@ def test_the_float_seeds_of_the_forms_added_last_quantize(kind):
     """Each float seed of the forms added last (STFT, DFT, W x, LogSoftmax, the confidence, IsNaN, Div, Pow, Mod,
     ArgMax/TopK/GatherElements heads, a quotient of sums, two inputs from an .npz, the masked Softmax, Loops and a
     Scan, L2 normalizations and a norm, ReduceLogSumExp, HF's and torch's masks, grouped Einsums and MatMuls, a
-    ScatterND, GRUs of a folded cache, SplitToSequence, FusedConv and FusedMatMul, a dense of 40,000 inputs)
+    ScatterND, GRUs of a folded cache, SplitToSequence, FusedConv and FusedMatMul, a dense of 40,000 inputs, GPT-2's
+    eager mask, the cache-position slice assignment, a masked ReduceLogSumExp)
     quantizes and imports (its folds given), so that its mutants test the rule, not a refusal of the seed."""
     assert HQ.check_quantize(*HQ.float_seeds()[kind], "minmax", "qdq", False, HQ.FOLDS.get(kind)) == "ok"
 

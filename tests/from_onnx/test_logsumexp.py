@@ -4,16 +4,18 @@ dequantized integers, onnxruntime's QDQ model within 1 + delta, the export bit-e
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper
 from onnx import numpy_helper as nh
+from support.masks import FORMS
 from support.quantized import ort_session, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -201,3 +203,78 @@ def test_lse_over_too_many_values_is_refused_at_its_node():
     with pytest.raises(CVMError, match=r"lse \(ReduceLogSumExp\).*a ReduceLogSumExp over 40000 values has no integer "
                                        r"form"):
         import_model(qdq(nodes, (1, 40000), T.INT8, inits, T.UINT8, opset=13), input_precision=9)
+
+
+@SETTINGS
+@given(d=st.data(), form=st.sampled_from(FORMS), batch=st.integers(1, 2), n=st.integers(2, 5),
+       s=st.floats(2.0**-6, 2.0**0, width=32), so=st.sampled_from([1 / 16, 0.1, 0.5]),
+       c=st.sampled_from([float(np.finfo(np.float32).min), -10000.0, -1e9, -math.inf]))
+def test_lse_of_masked_scores_over_the_kept_positions(d, form, batch, n, s, so, c):
+    """ReduceLogSumExp of int8 scores plus each decoder mask form (support/masks.py: padding and causal terms, GPT-2's
+    Where on the scores, the slice assignment) over the last axis, 2-bit masks (-1, 0, 1: rows masked throughout):
+    a row keeping something within 1/2 + delta of the float64 LSE of its kept scores (unsaturated), a row masked
+    throughout the output's least value, as onnxruntime gives it (within 1 + delta where kept). Regression: refused
+    (the masked scores taken as one dequantized value: 'a constant holds 3.4e38, beyond 32 bits', 'Where of a
+    constant branch off the other branch's grid')."""
+    from support.masks import decoder_model, mask_length, scores_of, term_of
+
+    assume(not (form in ("min", "gpt2", "eager") and c == -math.inf))
+    k = mask_length(form, n)
+    m = np.asarray(d.draw(st.lists(st.integers(-1, 1), min_size=batch * k, max_size=batch * k)),
+                   np.int64).reshape(batch, k)
+    x = np.asarray(d.draw(st.lists(st.sampled_from([-128, 127]) | st.integers(-128, 127), min_size=batch * n * n,
+                                   max_size=batch * n * n)), np.int64).reshape(batch, 1, n, n)
+    model = decoder_model(form, batch, 1, n, c, s, so=so, lse=True)
+    imp = import_model(model, input_precision=9)
+    alone = form in ("causal", "eager_causal")
+    feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)} if not alone else {"data": x.astype(np.int32)}
+    [got] = execute(imp.graph, feed)
+    assert verify(imp.graph, feed).exact
+    [p] = [r.logsoftmax for r in imp.requants if r.logsoftmax]
+    term = np.broadcast_to(term_of(form, m, c), x.shape)
+    kept = term == term.max(axis=-1, keepdims=True)
+    real = np.where(kept, scores_of(form, x) * float(np.float32(s)), -np.inf)
+    exact = lse(real, (3,), 1) * float(1 / Fraction(float(np.float32(so))))
+    got = got.reshape(exact.shape).astype(np.int64)
+    masked = term.max(axis=-1, keepdims=True) < 0
+    assert (got[masked] == -128).all()
+    inside = ~masked & (got > -128) & (got < 127)
+    assert (np.abs(got - exact)[inside] <= p.error + 1e-9).all()
+    [want] = ort_session(model).run(None, {"x": x.astype(np.int8), **({"m": m} if not alone else {})})
+    assert (want.reshape(got.shape)[masked] == -128).all()
+    assert (np.abs(got - want.reshape(got.shape))[inside] <= 1 + p.delta + 1e-6).all()
+
+
+@pytest.mark.parametrize("form", [None, "eager"])
+def test_quantize_leaves_masked_scores_float_for_the_lse(tmp_path, form):
+    """The BERT-like model with ReduceLogSumExp of its masked scores over the keys (torch's Where(keep, 0, c) added,
+    or GPT-2's Where on the scores then HF's padding term): quantize leaves the mask's nodes, the Add and the
+    ReduceLogSumExp float, the importer takes the masked LSE: within 1.1x onnxruntime's quantized model's distance
+    from float, exported exactly. Regression: refused (the masked scores quantized at c's grid: 'a
+    ReduceLogSumExp over 6 values has no integer form here')."""
+    from support.packed import bert_like, bert_samples
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(bert_like(low=float(np.finfo(np.float32).min), decoder=form, lse=True), tmp_path / "b.onnx")
+    samples = bert_samples()
+    samples["mask"] = samples["mask"].astype(np.int64).reshape(-1, 1, 6) if form else samples["mask"].astype(np.int64)
+    np.savez(tmp_path / "c.npz", **samples)
+    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    qm = onnx.load(tmp_path / "q.onnx")
+    assert [n.input[0] for n in qm.graph.node if n.op_type == "ReduceLogSumExp"] == ["s2"]
+    assert verify(done.imported.graph, seeds=2).exact
+
+
+def test_lse_of_masked_scores_whose_masked_rows_do_not_saturate_is_refused():
+    """BERT's -10000 at an output scale of 100: a row masked throughout is -10000 + its LSE, -100 steps, which int8
+    holds: refused in one line naming the node, the level and the output's least value."""
+    from support.masks import decoder_model
+
+    model = decoder_model("legacy", 1, 1, 4, -10000.0, 0.25, so=100.0, lse=True)
+    with pytest.raises(CVMError) as e:
+        import_model(model, input_precision=9)
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert re.search(r"ReduceLogSumExp.*at -10000: a row masked throughout .* least value -128", str(e.value)), e.value

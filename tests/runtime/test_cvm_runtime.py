@@ -1003,23 +1003,29 @@ def test_hf_mask(tmp_path, hf):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
-def test_decoder_mask(tmp_path):
+@pytest.mark.parametrize("form, lse", [("legacy", False), ("eager", False), ("cache_scatter", False),
+                                       ("eager", True)])
+def test_decoder_mask(tmp_path, form, lse):
     """The BERT-like model with a decoder's mask (transformers' _make_causal_mask plus _expand_mask's Where of float32's
-    min, of the int64 mask (1, L)), quantized and imported by the masked-Softmax rule, the causal matrix folded into
-    the levels' key ((m - lo) K + c: a broadcast_mul and broadcast_add before the table): the runtime gives the
-    reference executor's integers on packed samples of masks with -1s, left padding and a row of -1s."""
+    min, of the int64 mask (1, L); GPT-2's Where on the scores then its padding term; the cache-position mask written
+    into the causal matrix by a slice assignment), quantized and imported by the masked-Softmax rule (or, ``lse``,
+    the masked ReduceLogSumExp), the causal matrix folded into the levels' key ((m - lo) K + c: a broadcast_mul and
+    broadcast_add before the table): the runtime gives the reference executor's integers on packed samples of masks
+    with -1s, left padding and a row of -1s."""
     import onnx
+    from support.masks import mask_length
     from support.packed import bert_like, bert_samples
 
     from cvm_onnx.app.quantize import quantize
 
-    onnx.save(bert_like(low=float(np.finfo(np.float32).min), decoder="legacy"), tmp_path / "b.onnx")
+    onnx.save(bert_like(low=float(np.finfo(np.float32).min), decoder=form, lse=lse), tmp_path / "b.onnx")
+    k = mask_length(form, 6)
     samples = bert_samples()
-    samples["mask"] = samples["mask"].astype(np.int64).reshape(16, 1, 6)
+    samples["mask"] = samples["mask"].astype(np.int64).reshape(16, 1, 6)[..., :k]
     np.savez(tmp_path / "c.npz", **samples)
     imp = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "gpt").imported
     held = bert_samples(4, seed=9)
-    held["mask"] = held["mask"].astype(np.int64).reshape(4, 1, 6)
+    held["mask"] = held["mask"].astype(np.int64).reshape(4, 1, 6)[..., :k]
     held["mask"][0, 0, :2] = -1
     held["mask"][1] = -1
     held["mask"][2, 0, :3] = 0

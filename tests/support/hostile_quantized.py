@@ -885,11 +885,13 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
-                "fused-conv", "fused-matmul", "long-dense")
+                "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse")
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
-PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf")
+PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf", "mask-eager", "mask-scatter", "mask-lse")
+#: The packed seeds of a decoder's mask (``support.masks``), their int64 mask (1, L) or shorter.
+DECODERS = {"mask-eager": "eager", "mask-scatter": "cache_scatter"}
 
 
 def _recent_float(rng) -> dict[str, onnx.ModelProto]:
@@ -1002,7 +1004,9 @@ def _fresh_float(rng) -> dict[str, onnx.ModelProto]:
     ("grouped") and its batched MatMul by a (G, K, N) constant ("batched"), an overlap-add by ScatterND of constant
     indices ("scatter"), GRUs sharing a folded state cache ("gru-cache", FOLDS), SplitToSequence read at constant
     positions ("split-seq"), com.microsoft FusedConv ("fused-conv": LeakyRelu, Z, two groups) and FusedMatMul
-    ("fused-matmul": transB, alpha), a dense of 40,000 inputs ("long-dense": its products summed per run of K)."""
+    ("fused-matmul": transB, alpha), a dense of 40,000 inputs ("long-dense": its products summed per run of K);
+    GPT-2's Where on the scores then its padding term ("mask-eager"), the cache-position mask written into the
+    causal matrix by Slice and ScatterND ("mask-scatter"), ReduceLogSumExp of masked scores ("mask-lse")."""
     from test_l2_norm_value import norm_float  # tests/from_onnx, as for every test and benchmarks/fuzz.py
     from test_quantize_fresh9b import fused_conv_model, split_sequence_model
 
@@ -1030,6 +1034,9 @@ def _fresh_float(rng) -> dict[str, onnx.ModelProto]:
                    {"w": rng.normal(size=(6, 5)).astype(f32), "w2": rng.normal(size=(5, 3)).astype(f32)}),
         "mask-hf-mul": bert_like(low=float(np.finfo(f32).min), hf="mul"),
         "mask-hf-where": bert_like(low=-10000.0, hf="where"), "mask-inf": bert_like(low=-np.inf),
+        "mask-eager": bert_like(low=float(np.finfo(f32).min), decoder="eager"),
+        "mask-scatter": bert_like(low=float(np.finfo(f32).min), decoder="cache_scatter"),
+        "mask-lse": bert_like(low=float(np.finfo(f32).min), lse=True),
         "grouped": grouped_linear(rng),
         "batched": one([h.make_node("Reshape", ["x", "shape"], ["r"]), h.make_node("MatMul", ["r", "w"], ["mm"]),
                         h.make_node("Relu", ["mm"], ["y"])], (1, 12),
@@ -1091,9 +1098,13 @@ def _packed_samples(kind: str, rng) -> bytes:
 
     from .packed import bert_samples
 
+    from .masks import mask_length
+
     samples = bert_samples(6, seed=int(rng.integers(1 << 16)))
     if kind != "packed":
         samples["mask"] = samples["mask"].astype(np.int64)
+    if kind in DECODERS:
+        samples["mask"] = samples["mask"].reshape(6, 1, -1)[..., :mask_length(DECODERS[kind], 6)]
     f = io.BytesIO()
     np.savez(f, **samples)
     return f.getvalue()

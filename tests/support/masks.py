@@ -13,6 +13,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from cvm_onnx.app.rewrites import scatters_as_gathers
 from cvm_onnx.core.format.onnx_file import onnx_model
 
 #: The decoder forms: "legacy", transformers' _make_causal_mask (Where(Less(Range, Range + 1 as a column), 0,
@@ -21,8 +22,14 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 #: cache-position form: Trilu(full(c), k=1) times Greater(Range, cache_position), (causal + m) == 0 filled with c;
 #: "sdpa", torch's SDPA of a bool mask: Where(And(causal, Cast(m, bool)), 0, c); "min", Min of HF's (1 - m) c and
 #: the causal matrix; "gpt2", a folded causal initializer plus HF's (1 - m) c; "causal", that initializer alone (an
-#: export without attention_mask: m unread).
-FORMS = ("legacy", "to_4d", "cache", "sdpa", "min", "gpt2", "causal")
+#: export without attention_mask: m unread); GPT-2's eager attention, Where(causal, scores, c) on the scores then
+#: + the padding term: "eager", causal a Slice of a bool buffer (1, 1, P, P) at the lengths Shape computes plus HF's
+#: (1 - m) c, and "eager_causal", a bool constant alone (no attention_mask), the Where read by the Softmax itself.
+#: "cache_scatter", the cache-position form with a mask shorter than the keys (mask_length < target_length): the
+#: padding written into the causal matrix's first columns by a slice assignment, Slice then ScatterND.
+FORMS = ("legacy", "to_4d", "cache", "sdpa", "min", "gpt2", "causal", "eager", "eager_causal", "cache_scatter")
+#: The forms whose Where on the scores replaces them by c where the causal matrix masks.
+EAGER = ("eager", "eager_causal")
 #: The precision the masked Softmax's tests import their int8 scores x at: 9 holds int8's whole range, so x = -128
 #: reaches the import as onnxruntime and the oracle read it (at 8 the runtime clamps it to -127).
 X_PRECISION = 9
@@ -65,6 +72,40 @@ def decoder_term(form: str, batch: int, s: int, c: float, window: int | None = N
     """The nodes computing ``bias`` (B, 1, S, S) from the int64 input ``m`` (B, S), and their constants."""
     consts = {"c": np.float32(c), "one_f": np.float32(1), "zero_f": np.float32(0), "axes12": np.array([1, 2], np.int64),
               "axes01": np.array([0, 1], np.int64), "wide": np.array([batch, 1, s, s], np.int64)}
+    if form == "cache_scatter":  # causal[..., :M] = Where(causal[..., :M] + m == 0, c, causal[..., :M]), M = S - 1
+        k = s - 1
+        upper = np.triu(np.ones((s, s), bool), 1)
+        consts.update({"upper": np.where(upper, np.float32(c), np.float32(0)) * np.ones((batch, 1, 1, 1), np.float32),
+                       "zero_1": np.array([0], np.int64), "width": np.array([k], np.int64),
+                       "axis3": np.array([3], np.int64),
+                       "at": np.stack(np.meshgrid(np.arange(batch), [0], np.arange(s), np.arange(k), indexing="ij"),
+                                      -1).astype(np.int64)})
+        nodes = [h.make_node("Add", ["upper", "zero_f"], ["causal_b"]),  # computed: its shape not declared
+                 h.make_node("Slice", ["causal_b", "zero_1", "width", "axis3"], ["head"]),
+                 h.make_node("Unsqueeze", ["m", "axes12"], ["m4"]), h.make_node("Cast", ["m4"], ["mf"], to=T.FLOAT),
+                 h.make_node("Add", ["head", "mf"], ["sum"]), h.make_node("Equal", ["sum", "zero_f"], ["padded"]),
+                 h.make_node("Where", ["padded", "c", "head"], ["head_b"]),
+                 h.make_node("ScatterND", ["causal_b", "at", "head_b"], ["bias"])]
+        return nodes, consts
+    if form in EAGER:  # ``keep`` (1, 1, S, S) bool; ``pad`` HF's (1 - m) c; ``bias`` Where(keep, 0, c) + pad
+        kept = np.tril(np.ones((s + 2, s + 2), bool)).reshape(1, 1, s + 2, s + 2)
+        if form == "eager_causal":
+            nodes, consts = [], {"c": np.float32(c), "keep": kept[:, :, :s, :s]}
+        else:
+            consts.update({"buffer": kept, "axis2": np.array([2], np.int64), "axis3": np.array([3], np.int64),
+                           "one_i": np.array(1, np.int64), "axis0": np.array([0], np.int64)})
+            nodes = [h.make_node("Shape", ["m"], ["m_shape"]), h.make_node("Gather", ["m_shape", "one_i"], ["len"]),
+                     h.make_node("Unsqueeze", ["len", "axis0"], ["len_1"]),
+                     h.make_node("Sub", ["len_1", "len_1"], ["start"]),
+                     h.make_node("Slice", ["buffer", "start", "len_1", "axis2"], ["rows"]),
+                     h.make_node("Slice", ["rows", "start", "len_1", "axis3"], ["keep"]),
+                     h.make_node("Unsqueeze", ["m", "axes12"], ["m4"]), h.make_node("Cast", ["m4"], ["mf"], to=T.FLOAT),
+                     h.make_node("Sub", ["one_f", "mf"], ["inv"]), h.make_node("Mul", ["inv", "c"], ["pad"])]
+        nodes.append(h.make_node("Where", ["keep", "zero_f", "c"], ["bias" if form == "eager_causal" else "cterm"]))
+        consts["zero_f"] = np.float32(0)
+        if form == "eager":
+            nodes.append(h.make_node("Add", ["cterm", "pad"], ["bias"]))
+        return nodes, consts
     if form == "causal":  # no padding input: the folded causal matrix alone is the term
         kept = np.tril(np.ones((s, s), bool))
         return [], {"bias": np.where(kept, np.float32(0), np.float32(c)).astype(np.float32).reshape(1, 1, s, s)}
@@ -107,36 +148,65 @@ def decoder_term(form: str, batch: int, s: int, c: float, window: int | None = N
 
 
 def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: float, window: int | None = None,
-                  so: float = 1 / 255, term: bool = False) -> onnx.ModelProto:
+                  so: float = 1 / 255, term: bool = False, lse: bool = False) -> onnx.ModelProto:
     """DequantizeLinear(x int8 (B, H, S, S)) + the decoder term of ``m`` -> Softmax (last axis) -> QuantizeLinear
-    (uint8, ``so``): the form quantize leaves; ``term``: the term (B, 1, S, S) float as the output instead."""
+    (uint8, ``so``): the form quantize leaves; ``lse``: ReduceLogSumExp (last axis, keepdims) to int8 instead;
+    ``term``: the term (B, 1, S, S) float as the output instead."""
     nodes, consts = decoder_term(form, batch, s, c, window)
-    consts.update({"s": np.float32(scale), "zx": np.int8(0), "so": np.float32(so), "zo": np.uint8(0)})
-    m = h.make_tensor_value_info("m", T.INT64, [batch, s])
+    consts.update({"s": np.float32(scale), "zx": np.int8(0), "so": np.float32(so),
+                   "zo": np.int8(0) if lse else np.uint8(0)})
+    scores = [h.make_node("Add", ["xf", "bias"], ["sc"])]
+    if form in EAGER and not term:  # the Where on the scores instead of Where(keep, 0, c)
+        nodes = nodes[:-2 if form == "eager" else -1]
+        scores = [h.make_node("Where", ["keep", "xf", "c"], ["sc" if form == "eager_causal" else "xw"])]
+        if form == "eager":
+            scores.append(h.make_node("Add", ["xw", "pad"], ["sc"]))
+    m = h.make_tensor_value_info("m", T.INT64, [batch, mask_length(form, s)])
     m.metadata_props.add(key="cvm.precision", value="2")
     if term:
         out, inputs = [h.make_tensor_value_info("bias", T.FLOAT, None)], [m]
     else:
-        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), *nodes,
-                 h.make_node("Add", ["xf", "bias"], ["sc"]), h.make_node("Softmax", ["sc"], ["sf"], axis=-1),
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]), *nodes, *scores,
+                 h.make_node("ReduceLogSumExp", ["sc"], ["sf"], axes=[-1]) if lse else
+                 h.make_node("Softmax", ["sc"], ["sf"], axis=-1),
                  h.make_node("QuantizeLinear", ["sf", "so", "zo"], ["y"])]
-        out = [h.make_tensor_value_info("y", T.UINT8, None)]
+        out = [h.make_tensor_value_info("y", T.INT8 if lse else T.UINT8, None)]
         inputs = [h.make_tensor_value_info("x", T.INT8, [batch, heads, s, s]), m]
-    if form == "causal":
+    if form in ("causal", "eager_causal"):
         inputs = inputs[:1]
     used = {i for n in nodes for i in n.input}
     g = h.make_graph(nodes, "decoder", inputs, out, [nh.from_array(np.asarray(v), k) for k, v in consts.items()
                                                      if k in used])
-    return onnx_model(g, 17)
+    model = onnx_model(g, 17)
+    if form == "cache_scatter" and not term:  # its ScatterND as quantize writes it (after the optimizer's shapes)
+        model = onnx.shape_inference.infer_shapes(model)
+        scatters_as_gathers(model)
+    return model
+
+
+def mask_length(form: str, s: int) -> int:
+    """The attention_mask's length at S queries and keys: S - 1 for "cache_scatter", else S."""
+    return s - 1 if form == "cache_scatter" else s
 
 
 def term_of(form: str, m: np.ndarray, c: float, window: int | None = None) -> np.ndarray:
     """The decoder term (B, 1, S, S) as onnxruntime computes the float graph on ``m``."""
     if form == "causal":
         return decoder_term(form, *m.shape, c)[1]["bias"]
-    model = decoder_model(form, *m.shape[:1], 1, m.shape[1], c, 1.0, window, term=True)
+    if form == "eager_causal":
+        return np.where(decoder_term(form, *m.shape, c)[1]["keep"], np.float32(0), np.float32(c))
+    s = m.shape[1] + (form == "cache_scatter")
+    model = decoder_model(form, *m.shape[:1], 1, s, c, 1.0, window, term=True)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"m": m.astype(np.int64)})[0]
+
+
+def scores_of(form: str, x: np.ndarray) -> np.ndarray:
+    """The scores beside the term: x itself, or for GPT-2's Where on the scores, x where the causal matrix keeps and
+    0 elsewhere, so that x' + term is what float32 computes (x + 0 and 0 + v are exact)."""
+    if form not in EAGER:
+        return x
+    return np.where(np.tril(np.ones(x.shape[-2:], bool)), x, 0)
 
 
 def levelled_softmax_oracle(v: np.ndarray, term: np.ndarray, s: float, q: Fraction, p, zo: int, lo: int, hi: int,

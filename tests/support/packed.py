@@ -12,15 +12,18 @@ from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state: bool = False,
-              low: float | None = None, hf: str | None = None, decoder: str | None = None) -> onnx.ModelProto:
+              low: float | None = None, hf: str | None = None, decoder: str | None = None,
+              lse: bool = False) -> onnx.ModelProto:
     """input_ids (1, L) int64 -> token embeddings (Gather); one attention head whose scores q k^T / sqrt(d) get
     30 (mask - 1) added (mask (1, 1, L) float: 1 for a token, 0 for padding); softmax, the values, a mean over the
     tokens and a dense head (1, 3). ``low``: the mask int64 instead, Where(Cast(mask, bool), 0, low) added (torch's
     form). ``hf`` with ``low``: HF's additive mask from the int64 mask instead: "mul", (1 - Cast(mask, float)) * low;
     "where", Where(Cast(inv, bool), low, inv) of inv = 1 - Cast(Expand(mask, (1, L, L)), float), as transformers'
     _prepare_4d_attention_mask writes it. ``decoder`` with ``low``: the mask int64 (1, L) and a decoder's padding and
-    causal term of it instead (``support.masks.decoder_term``: that form). ``state``: a third input (1, d) float added
-    to the pooled vector (a recurrent model's state, to fold)."""
+    causal term of it instead (``support.masks.decoder_term``: that form; GPT-2's eager forms a Where on the scores,
+    then the padding term). ``state``: a third input (1, d) float added
+    to the pooled vector (a recurrent model's state, to fold). ``lse``: ReduceLogSumExp of the masked scores over the
+    keys (1, L, 1) times the values instead of the softmax's product."""
     rng = np.random.default_rng(seed)
 
     def c(name, shape):
@@ -53,17 +56,29 @@ def bert_like(vocab: int = 30, length: int = 6, d: int = 8, seed: int = 0, state
                                 h.make_node("Cast", ["inv"], ["masked"], to=T.BOOL),
                                 h.make_node("Where", ["masked", "low", "inv"], ["bias"])]}[hf]
     if decoder is not None:
-        from support.masks import decoder_term
+        from support.masks import decoder_term, mask_length
 
         term, consts = decoder_term(decoder, 1, length, low)
-        nodes[7:10] = [*term, h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]),
-                       h.make_node("Add", ["s1", "bias3"], ["s2"])]
-        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, length])] if decoder != "causal" else []
-        used = {x for n in term for x in n.input} | {"bias"}
+        scores = [h.make_node("Squeeze", ["bias", "axis1"], ["bias3"]), h.make_node("Add", ["s1", "bias3"], ["s2"])]
+        if decoder in ("eager", "eager_causal"):  # Where(keep, s1, c) (+ pad)
+            term = term[:-2] if decoder == "eager" else []
+            scores = [h.make_node("Squeeze", ["keep", "axis1"], ["keep3"]),
+                      h.make_node("Where", ["keep3", "s1", "c"], ["s2" if term == [] else "kept"])]
+            if decoder == "eager":
+                scores += [h.make_node("Squeeze", ["pad", "axis1"], ["pad3"]),
+                           h.make_node("Add", ["kept", "pad3"], ["s2"])]
+        nodes[7:10] = [*term, *scores]
+        inputs[1:2] = [h.make_tensor_value_info("mask", T.INT64, [1, mask_length(decoder, length)])] \
+            if "causal" not in decoder else []
+        used = {x for n in nodes for x in n.input} | {"bias"}
         inits = [nh.from_array(np.asarray(v), k) for k, v in consts.items() if k in used]
         inits.append(nh.from_array(np.array([1], np.int64), "axis1"))
         for n in nodes:
             n.input[:] = ["mask" if x == "m" else x for x in n.input]
+    if lse:
+        [k] = [i for i, n in enumerate(nodes) if n.op_type == "Softmax"]
+        nodes[k:k + 2] = [h.make_node("ReduceLogSumExp", ["s2"], ["p"], axes=[-1]), h.make_node("Mul", ["p", "v"],
+                                                                                                ["ctx"])]
     if state:
         nodes.append(h.make_node("Add", ["pooled", "state"], ["pooled2"]))
         inputs.append(h.make_tensor_value_info("state", T.FLOAT, [1, d]))

@@ -28,10 +28,10 @@ from .edges import InputEdge, float_read, input_edge, input_precision, output_ed
 from .parameters import problem as parameter_problem
 from .masks import Tabulated, constant_term, mask_terms, tabulated
 from .qdq import Requant, quantized_constant
+from .elementwise import masked_where
 from .values import QUANTIZED_TYPES, Real, affine_of_integers, of_integers, quantized_affines
 
 __all__ = ["InputEdge", "L2Chain", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SUMS", "SoftmaxChain",
            "Tabulated", "affine_of_integers", "constant_term", "float_read", "input_edge", "input_precision",
-           "l2_chains", "l2_value", "mask_terms", "norm_chains", "norm_value", "of_integers", "output_edge",
-           "parameter_problem",
-           "quantized_affines", "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]
+           "l2_chains", "l2_value", "mask_terms", "masked_where", "norm_chains", "norm_value", "of_integers",
+           "output_edge", "parameter_problem", "quantized_affines", "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]

@@ -13,30 +13,26 @@ from typing import Callable
 import numpy as np
 from onnx import TensorProto
 
-from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, type_name
+from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
 from ..emit import as_int32, broadcast_shape, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
-from .masks import Tabulated, mask_of_table
-from .qdq import MAX_TABLE, MaskedScores, Requant, lookup, quantize, saturate
+from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
+from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
     QuantizeLinear that follows. x + an attention mask's term (a table of one integer tensor): ``MaskedScores``,
-    for the Softmax that reads it. A float function's value plus a constant: one table (``function_shifted``)."""
+    for the Softmax that reads it (of scores a Where masks, ``KeptScores``, their term plus the mask's). A float
+    function's value plus a constant: one table (``function_shifted``)."""
     mask = next((x for x in (a, b) if isinstance(x, Tabulated)), None)
     if mask is not None:
-        x = per_tensor(scaled(b if mask is a else a, "the scores beside an attention mask"), "a masked Softmax")
-        mask = mask_of_table(ctx, mask)
-        try:
-            fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
-        except ValueError:
-            fits = False
-        if not fits:
-            raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
-                         "into them")
-        return MaskedScores(x, mask, x.shape)
+        x = b if mask is a else a
+        if isinstance(x, KeptScores):  # x' + (m + mask)
+            return masked_scores(ctx, x.x, tabulated(ctx, node, *(x.term if v is x else v for v in (a, b))))
+        return masked_scores(ctx, per_tensor(scaled(x, "the scores beside an attention mask"), "a masked Softmax"),
+                             mask)
     if (shifted := function_shifted(a, b, 1, 1)) is not None:
         return shifted
     terms = []
@@ -310,6 +306,28 @@ def where_rule(ctx, node, cond, a, b):
             except Refuse:
                 pass
     raise Refuse("Where of two constant branches on no one grid has no integer form here")
+
+
+def masked_where(ctx, node, cond, a, b):
+    """Where(cond, x, c) or Where(cond, c, x) of the scores x a Softmax or ReduceLogSumExp reads (``mask_terms``:
+    GPT-2's causal Where, its padding term added after), c a float constant of one value below 0: ``KeptScores``, x'
+    = (t - z) keep at x's scale and zero point 0 (keep = cond, or Not(cond): ``looked_up`` of a table) and the term
+    Where(cond, 0, c) (Where(cond, c, 0)), whose sum float32 computes as it computes the Where (x + 0 and 0 + c are
+    exact); any other Where by ``where_rule`` (one keeping everywhere: x)."""
+    x, c = (a, b) if isinstance(a, Scaled) else (b, a)
+    v = constant_values(c)
+    if not isinstance(x, Scaled) or x.t.is_const or not x.per_tensor or not is_float_const(c) or v.size != 1 or \
+            not v.reshape(()) < 0 or isinstance(cond, Real) and not isinstance(cond, Tabulated):
+        return where_rule(ctx, node, cond, a, b)
+    zero = const(np.zeros((), np.asarray(c.value).dtype), c.dtype)
+    term = tabulated(ctx, node, cond, *((zero, c) if x is a else (c, zero)))
+    if not isinstance(term, Tabulated):  # a condition of one value
+        kept = not np.asarray(term.value).any() and tuple(term.shape) == tuple(x.shape)
+        return x if kept else where_rule(ctx, node, cond, a, b)
+    keep = looked_up(ctx, term, np.asarray(term.table) == 0)
+    t = minus_zero(ctx, x.t, x.zero.reshape(()))
+    kept = ctx.apply("broadcast_mul", t, as_int32(keep), shape=broadcast_shape(t, keep))
+    return KeptScores(replace(x, t=kept, zero=np.zeros((), np.int64)), term)
 
 
 def _where_on(ctx, node, cond, a, b, x: Scaled):
@@ -911,10 +929,9 @@ for _op in FUNCTIONS:
 def cast_rule(ctx, node, x):
     """Cast of a dequantized value or a float function's to float32, the type it has: the value itself (an
     exporter's Cast before a graph output). To an integer type (an 8-bit spectrogram or image the model emits,
-    Cast(Clip(x, 0, 255)) to uint8): ONNX's conversion, truncation toward zero (to bool: x != 0), as a cvm_lut
-    table over x's integers (``lookup``: fn's values in float64), the integers of that type; refused where x's
-    range reaches a value the type does not hold or no finite value, whose conversion ONNX leaves undefined. To
-    another float type it is refused."""
+    Cast(Clip(x, 0, 255)) to uint8): ONNX's conversion (``onnx_cast``) as a cvm_lut table over x's integers
+    (``lookup``: fn's values in float64), the integers of that type; refused where x's range reaches a value the
+    type does not hold, whose conversion ONNX leaves undefined. To another float type it is refused."""
     to = node.attr_int("to")
     if to == TensorProto.FLOAT:
         return x
@@ -925,15 +942,9 @@ def cast_rule(ctx, node, x):
     if not isinstance(m, Mapped):  # a function of an L2 norm: its table is over the sum of squares
         raise Refuse(f"Cast to {type_name(to)} of {getattr(x, 'what', 'its input')} has no CVM form here: quantize "
                      "it first")
-    lo, hi = INT_RANGES[to]
 
     def values(image: np.ndarray) -> np.ndarray:
-        out = image != 0 if to == TensorProto.BOOL else np.trunc(image)
-        if not np.isfinite(image).all() or (out < lo).any() or (out > hi).any():
-            bad = image[~np.isfinite(image) | (out < lo) | (out > hi)]
-            raise Refuse(f"Cast to {type_name(to)} of values reaching {float(bad.flat[0])}, which the type does not "
-                         f"hold (ONNX leaves that conversion undefined): clip them to [{lo}, {hi}] first")
-        return out.astype(np.int64)
+        return onnx_cast(image, to, "values").astype(np.int64)
 
     return lookup(ctx, m, values, to)
 

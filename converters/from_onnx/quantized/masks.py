@@ -12,11 +12,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable
-from ..emit import as_int32
+from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable, onnx_cast
+from ..emit import as_int32, broadcast_shape
 from ..registry import Refuse, integer_rule
-from .qdq import MAX_TABLE, Mask
-from .values import Deferred
+from .qdq import MAX_TABLE, Mask, MaskedScores
+from .values import Deferred, Scaled
 
 #: Elementwise ops a mask's term may take (their other operands constants: a causal matrix, or one value).
 VALUE_OPS = frozenset({"Cast", "Sub", "Add", "Mul", "Div", "Neg", "Not", "Where", "Equal", "Less", "Greater",
@@ -26,29 +26,42 @@ COMPARISONS = frozenset({"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEq
 LAYOUT_OPS = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Expand", "Flatten", "Transpose", "Identity"})
 
 
+def carried(node: onnx.NodeProto, stored) -> list[int]:
+    """The inputs of a move that carry a mask's values: a layout op's first, a Gather's by constant indices (in
+    ``stored``), each of a Concat's (a slice assignment of the padding into the causal matrix, as quantize writes a
+    ScatterND of constant indices: ``rewrites.scatters_as_gathers``); [] for any other node."""
+    if node.op_type in LAYOUT_OPS or node.op_type == "Gather" and len(node.input) == 2 and node.input[1] in stored:
+        return [0]
+    return list(range(len(node.input))) if node.op_type == "Concat" else []
+
+
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
-    """The outputs of the nodes that compute an operand of an Add read by a Softmax alone through ``VALUE_OPS`` and
-    ``LAYOUT_OPS`` (the latter's first input alone), every reader of each within those nodes or the Add: the
-    attention masks' terms, tabulated by ``tabulated``; and such an operand that is a float constant of several
-    values, each 0 or negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
+    """The outputs of the nodes that compute an operand of an Add read by a Softmax (or a ReduceLogSumExp) alone, or a
+    Where so read, through ``VALUE_OPS`` and moves (their ``carried`` inputs alone), every reader of each within
+    those nodes or the Add (the Softmax): the attention masks' terms, tabulated by ``tabulated`` (a Where of the
+    scores by ``masked_where``); and such an Add's operand that is a float constant of several values, each 0 or
+    negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for x in set(n.input):
             readers.setdefault(x, []).append(n)
     outputs = {o.name for o in graph.output}
-    adds = [n for n in graph.node if n.op_type == "Add" and n.output[0] not in outputs
-            and [r.op_type for r in readers.get(n.output[0], [])] == ["Softmax"]]
+    adds = [n for n in graph.node if n.op_type in ("Add", "Where") and n.output[0] not in outputs
+            and [r.op_type for r in readers.get(n.output[0], [])] in (["Softmax"], ["ReduceLogSumExp"])]
+    stored = {t.name: t for t in graph.initializer}
+    stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
+                   and n.attribute[0].name == "value"})
     cone: dict[str, onnx.NodeProto] = {}
-    todo = [x for a in adds for x in a.input]
+    todo = [x for a in adds for x in (a.input if a.op_type == "Add" else a.output)]
     while todo:
         n = producer.get(todo.pop())
         if n is None or n.output[0] in cone or n.domain not in ("", "ai.onnx") or len(n.output) != 1 or \
-                n.op_type not in VALUE_OPS | LAYOUT_OPS:
+                n.op_type not in VALUE_OPS and not carried(n, stored):
             continue
         cone[n.output[0]] = n
-        todo += n.input[:1] if n.op_type in LAYOUT_OPS else list(n.input)
-    ids = {id(a) for a in adds}
+        todo += list(n.input) if n.op_type in VALUE_OPS else [n.input[i] for i in carried(n, stored)]
+    ids = {id(a) for a in adds if a.op_type == "Add"} | {id(r) for a in adds for r in readers[a.output[0]]}
     while True:  # every reader inside
         out = {o for o, n in cone.items() if o in outputs or
                any(id(r) not in ids and (r.output[0] not in cone) for r in readers.get(o, []))}
@@ -56,10 +69,7 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
             break
         for o in out:
             del cone[o]
-    stored = {t.name: t for t in graph.initializer}
-    stored.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant" and n.attribute
-                   and n.attribute[0].name == "value"})
-    fixed = {x for a in adds for x in a.input if x in stored and x not in outputs and
+    fixed = {x for a in adds if a.op_type == "Add" for x in a.input if x in stored and x not in outputs and
              all(id(r) in ids for r in readers[x]) and _levels(stored[x])}
     return set(cone) | fixed
 
@@ -101,24 +111,12 @@ def _np_type(dtype: int) -> np.dtype:
         raise Refuse(f"a mask's term of type {dtype}: no ONNX tensor type that numpy holds") from None
 
 
-def _cast(v: np.ndarray, to: int) -> np.ndarray:
-    if to == TensorProto.BOOL:
-        return v != 0
-    target = _np_type(to)
-    if target.kind in "iu" and v.dtype.kind == "f":
-        info = np.iinfo(target)
-        if not (np.isfinite(v).all() and (v >= info.min).all() and (v <= info.max).all()):
-            raise Refuse(f"Cast of an attention mask's term to {target}: a value outside that type")
-        v = np.trunc(v)
-    return v.astype(target)
-
-
 def table_op(op: str, to: int | None, args: list[np.ndarray]) -> np.ndarray:
     """``op`` on tables and constants (numpy arrays of the ONNX types), as onnxruntime computes it elementwise:
     float32 in float32 (IEEE, rounded to nearest; an overflow is inf), integers exactly."""
     with np.errstate(all="ignore"):
         if op == "Cast":
-            return _cast(args[0], to)
+            return onnx_cast(args[0], to, "an attention mask's term")
         if op == "Neg":
             return -args[0]
         if op == "Not":
@@ -168,16 +166,49 @@ def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarra
     return c, per
 
 
-def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
-    """A node of an attention mask's term (``mask_terms``): a move of a table's key by its integer rule (of plain
-    integers, that rule); an elementwise op of one tensor of integers t (or tables of it) and constants: the op on
-    the table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index of the constants'
-    distinct values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all."""
-    if node.op_type in LAYOUT_OPS:
-        x = ins[0]
-        if isinstance(x, Tabulated):
-            return Tabulated(integer_rule(node)(ctx, node, x.t, *ins[1:]), x.table)
+def _moved(ctx, node, ins: list) -> Tabulated | Tensor:
+    """A move (``carried``) by its integer rule on the keys: of one table, its key; of several tables and constants
+    (a Concat), one table of them all end to end, each operand's key offset to its own part (a constant's the index
+    of its distinct values), at most 2^16 entries."""
+    carry = range(len(ins)) if node.op_type == "Concat" else [0]
+    if not any(isinstance(ins[i], Tabulated) for i in carry):
         return integer_rule(node)(ctx, node, *ins)
+    if node.op_type != "Concat":
+        return Tabulated(integer_rule(node)(ctx, node, ins[0].t, *ins[1:]), ins[0].table)
+    keys, tables, offset = [], [], 0
+    for x in ins:
+        k = _keyed(x)
+        if k is None:  # a constant of one value (or none)
+            v = np.asarray(x.value)
+            k = const(np.zeros(v.shape, np.int32), INT32), 0, v.reshape(-1)[:1]
+        key, lo, values = k
+        if key.is_const:
+            key = const((np.asarray(key.value, np.int64) - lo + offset).astype(np.int32), INT32)
+        elif offset != lo:
+            key = ctx.result(ctx.op("broadcast_add", as_int32(key), const(np.array(offset - lo, np.int32), INT32)),
+                             INT32, key.lo - lo + offset, key.hi - lo + offset, key.shape)
+        keys.append(as_int32(key))
+        tables.append(values)
+        offset += values.size
+    if offset > MAX_TABLE:
+        raise Refuse(f"Concat of attention masks' terms: their tables hold {offset} entries in all, more than 2^16")
+    if len({t.dtype for t in tables}) > 1:
+        raise Refuse("Concat of attention masks' terms of different types")
+    t = integer_rule(node)(ctx, node, *keys)
+    return Tabulated(t, np.concatenate(tables)[t.lo:t.hi + 1])
+
+
+def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
+    """A node of an attention mask's term (``mask_terms``): a move of tables' keys (``_moved``); an elementwise op of
+    one tensor of integers t (or tables of it) and constants: the op on the table, over the key (t - lo) K + c, t
+    over its whole range lo .. hi and c the index of the constants' distinct values at each position (K of them: a
+    causal matrix's 0 and c), at most 2^16 keys in all; operands that do not broadcast, or broadcast to an empty
+    tensor, refused."""
+    if node.op_type in LAYOUT_OPS | {"Gather", "Concat"}:
+        return _moved(ctx, node, ins)
+    shape = broadcast_shape(*(x.t if isinstance(x, Tabulated) else x for x in ins if x is not None))
+    if 0 in shape:
+        raise Refuse(f"{node.op_type} of an attention mask's term gives an empty tensor of shape {shape}: CVM has none")
     keyed = [None if x is None else _keyed(x) for x in ins]
     if all(k is None for k in keyed):
         return integer_rule(node)(ctx, node, *ins)
@@ -187,7 +218,6 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     fixed = [k for k in keyed if k is not None and k[0].is_const]
     c, per = _constant_key(fixed) if fixed else (np.zeros((), np.int64), [])
     size = int(c.max()) + 1
-    shape = tuple(np.broadcast_shapes(*(x.shape for x in ins if x is not None)))
     if sources:
         [(t, lo, table)] = sources.values()
         span = table.size
@@ -218,9 +248,58 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     return Tabulated(key, out)
 
 
+def masked_scores(ctx, x: Scaled, term: Tabulated) -> MaskedScores:
+    """x plus an attention mask's term (``mask_of_table``), for the Softmax that reads it; a mask whose shape does
+    not broadcast into the scores' refused."""
+    mask = mask_of_table(ctx, term)
+    try:
+        fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
+                     "into them")
+    return MaskedScores(x, mask, x.shape)
+
+
+class KeptScores(Deferred):
+    """Where(cond, x, c) of the scores x a Softmax reads, c a constant (GPT-2's causal Where; Where(cond, c, x)
+    alike): x' + m, x' = x where kept and 0 elsewhere (``x``, on x's grid at zero point 0) and m = Where(cond, 0, c)
+    (``term``, a table), which float32 computes alike (0 + v is v); with a mask's term added, x' + (m + term).
+    Only a Softmax or a ReduceLogSumExp, or an Add of a mask's term they read, takes it (``masked_scores``)."""
+
+    what = "scores masked by a Where"
+
+    def __init__(self, x: Scaled, term: Tabulated):
+        self.x, self.term, self.shape = x, term, x.shape
+
+    def masked_scores(self, ctx) -> MaskedScores:
+        return masked_scores(ctx, self.x, self.term)
+
+    def quantized(self, ctx, scale, out_zero, dtype):
+        raise Refuse(f"{self.what} (a constant where it masks) has an integer form only in the scores a Softmax reads")
+
+
+def looked_up(ctx, x: Tabulated, entries: np.ndarray) -> Tensor:
+    """entries[i] at each position where the table's key is lo + i (int32): a constant of a constant key, t itself
+    where entries is the identity, else a cvm_lut of t - lo."""
+    t, lo = x.t, 0 if x.t.dtype == BOOL else x.t.lo
+    entries = np.asarray(entries, np.int64)
+    if t.is_const:
+        return const(entries[np.asarray(t.value, np.int64) - lo].astype(np.int32), INT32)
+    if lo == 0 and np.array_equal(entries, np.arange(entries.size)):
+        return t
+    index = as_int32(t)
+    if lo:
+        index = ctx.result(ctx.op("broadcast_sub", index, const(np.array(lo, np.int32), INT32)), INT32, 0,
+                           entries.size - 1, t.shape)
+    e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(entries.astype(np.int32), INT32)), in_dim=entries.size)
+    return ctx.result(e, INT32, int(entries.min()), int(entries.max()), t.shape)
+
+
 def mask_of_table(ctx, x: Tabulated) -> Mask:
     """The mask a table gives: its levels (ascending) the distinct values, each 0 or negative (-inf too); g the
-    index of each position's, by a cvm_lut of t - lo (t itself where that is the identity)."""
+    index of each position's (``looked_up``)."""
     table = np.asarray(x.table)
     if table.dtype.kind != "f":
         raise Refuse(f"{x.what} of {table.dtype} values: a mask is float")
@@ -230,16 +309,4 @@ def mask_of_table(ctx, x: Tabulated) -> Mask:
         raise Refuse(f"{x.what} takes {float(table[bad[0]]):g} at the integer {lo + int(bad[0])}: an attention mask "
                      "takes 0 and negative values")
     levels, g = np.unique(table, return_inverse=True)
-    t = x.t
-    if t.is_const:
-        keep = const(g[np.asarray(t.value, np.int64) - lo].astype(np.int32), INT32)
-    elif lo == 0 and np.array_equal(g, np.arange(g.size)):
-        keep = t
-    else:
-        index = as_int32(t)
-        if lo:
-            index = ctx.result(ctx.op("broadcast_sub", index, const(np.array(lo, np.int32), INT32)), INT32, 0,
-                               table.size - 1, t.shape)
-        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(g.astype(np.int32), INT32)), in_dim=table.size)
-        keep = ctx.result(e, INT32, 0, levels.size - 1, t.shape)
-    return Mask(keep, tuple(float(v) for v in levels), t.shape)
+    return Mask(looked_up(ctx, x, g), tuple(float(v) for v in levels), x.t.shape)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 from fractions import Fraction
 
 import numpy as np
@@ -472,7 +473,7 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
         raise Refuse(str(e)) from None
     f, b = p.frac_bits, p.split
     tables = softmax_tables(span, float(a.scale.reshape(()).item()), q, p)
-    v, d, w, nan = below_max(ctx, t, x.view) + (None, None) if x.keep is None else masked_below_max(ctx, t, x)
+    v, d, w, nan = below_max(ctx, t, x.view) + (None, None) if x.keep is None else masked_below_max(ctx, t, x)[:4]
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(d), ctx.entry(const(values, INT32)), in_dim=span)
@@ -503,11 +504,17 @@ def softmax(ctx, x: Softmaxed, scale: np.ndarray, out_zero: int, dtype: int) -> 
     ctx.requants.append(Requant(ctx.base, (), None, softmax=p))
     lo, hi = INT_RANGES[dtype]
     if nan is not None:  # onnxruntime's QuantizeLinear of NaN: the type's least integer
-        drop = y.hi + out_zero - lo
-        n_ = ctx.result(ctx.op("broadcast_mul", nan, const(np.array(drop, np.int32), INT32)), INT32, 0, drop,
-                        nan.shape)
-        y = ctx.result(ctx.op("broadcast_sub", y, n_), INT32, y.lo - drop, y.hi, y.shape)
+        y = sunk(ctx, y, nan, out_zero - lo)
     return saturate(ctx, ctx.reshape(y, x.shape), out_zero, lo, hi, dtype, x.shape)
+
+
+def sunk(ctx, y: Tensor, rows: Tensor, below: int) -> Tensor:
+    """y less its largest value plus ``below`` where ``rows`` (0 or 1, broadcasting to y) is 1: there y + below is at
+    most 0, so y + z_out saturates at the type's least integer lo (below = z_out - lo)."""
+    drop = y.hi + below
+    n_ = ctx.result(ctx.op("broadcast_mul", rows, const(np.array(drop, np.int32), INT32)), INT32, 0, drop,
+                    rows.shape)
+    return ctx.result(ctx.op("broadcast_sub", y, n_), INT32, y.lo - drop, y.hi, broadcast_shape(y, n_))
 
 
 def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tensor]:
@@ -518,7 +525,18 @@ def below_max(ctx, t: Tensor, view: tuple[int, int, int]) -> tuple[Tensor, Tenso
     return v, ctx.result(ctx.op("broadcast_sub", top, v), INT32, 0, t.hi - t.lo, v.shape)
 
 
-def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+class MaskedRows(NamedTuple):
+    """``masked_below_max``'s tensors, (outer, n, inner) or (outer, 1, inner) per row."""
+
+    v: Tensor  # t' = u (t - lo)
+    d: Tensor  # max t' - t'
+    w: Tensor  # 1 at the row's highest level, else 0
+    nan: Tensor | None  # 1 where the row's highest level is -inf (with -inf among the levels)
+    top: Tensor  # the rank of the row's highest level
+    peak: Tensor  # max t' (max t - lo over the row's highest level, where no level there absorbs x)
+
+
+def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> MaskedRows:
     """The masked Softmax's t, d and weights w as (outer, n, inner) (docs/import.md, "Masked Softmax"): g the mask's
     level ranks broadcast to t (reshape, repeat), top their max along the axis, w = 1 where g = top (the row's
     highest level: the kept positions, or every position at a row's highest masked level), else 0; u = w times 0 at
@@ -551,7 +569,8 @@ def masked_below_max(ctx, t: Tensor, x: Softmaxed) -> tuple[Tensor, Tensor, Tens
         e = ctx.emit("clip", ctx.entry(top), a_min=0, a_max=1)
         nan = ctx.result(ctx.op("broadcast_sub", const(np.array(1, np.int32), INT32),
                                 ctx.result(e, INT32, 0, 1, top.shape)), INT32, 0, 1, top.shape)
-    return v, ctx.result(ctx.op("broadcast_sub", peak, v), INT32, 0, t.hi - t.lo, v.shape), w, nan
+    return MaskedRows(v, ctx.result(ctx.op("broadcast_sub", peak, v), INT32, 0, t.hi - t.lo, v.shape), w, nan, top,
+                      peak)
 
 
 def softmax_tables(span: int, s: float, q: Fraction, p: SoftmaxPlan) -> tuple[np.ndarray, ...]:
@@ -722,7 +741,9 @@ def masked(x: Scaled, mask: Mask, view: tuple[int, int, int]) -> Softmaxed:
 @float_rule("Softmax", since=1)
 def softmax_rule(ctx, node, x):
     """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``); of scores plus an attention
-    mask, the masked Softmax (``masked``)."""
+    mask, the masked Softmax (``masked``), as of scores a Where masks (``masks.KeptScores``)."""
+    if isinstance(x, Deferred) and hasattr(x, "masked_scores"):
+        x = x.masked_scores(ctx)
     if isinstance(x, MaskedScores):
         xs = per_tensor(x.x, "Softmax")
         return masked(xs, x, softmax_view(node, xs.shape, node.opset))
