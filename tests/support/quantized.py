@@ -398,6 +398,11 @@ class Oracle:
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
         if op == "Add":
             return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
+        if op in ("Sum", "Mean"):  # every operand's terms (a float constant c: sign(c) at |c|, as Sub's); Mean's / n
+            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
+            terms = [t for x in xs for t in ([("real", np.sign(x[1]).astype(np.int64), size(np.asarray(
+                x[1], np.float64)))] if x[0] == "const" else x[1] if x[0] == "sum" else [x])]
+            return ("sum", [(k, v, sc / (len(xs) if op == "Mean" else 1)) for k, v, sc in terms])
         if op == "BatchNormalization":  # a x + c per channel, a and c in float64 as docs/import.md states
             g, b, mu, var = (np.asarray(c[1], np.float64) for c in xs[1:])
             a_ = g / np.sqrt(var + np.float64(np.float32(a.get("epsilon", 1e-5))))

