@@ -77,6 +77,13 @@ def test_padding_and_causal_masks_equal_the_masked_softmax(d, form, batch, heads
     check_decoder(form, m, x, c, s, window)
 
 
+def test_gpt2s_eager_where_over_one_key_keeps_the_scores():
+    """GPT-2's eager Where over one query and one key: its causal condition is one value, keeping everything,
+    broadcast over the heads: the scores themselves. Regression: refused, 'a constant branch past 32 bits'."""
+    for c in (F32_MIN, -10000.0):
+        check_decoder("eager", np.array([[1], [0]]), np.array([-128, 127, 0, 5]).reshape(2, 2, 1, 1), c, 0.5)
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_left_padded_rows_at_every_level(form):
     """Left padding (a padded query sees only padding: a row masked throughout), right padding, -1s and a row of
