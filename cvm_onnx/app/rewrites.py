@@ -390,15 +390,17 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
     return done
 
 
-BIASED = {"Conv", "ConvTranspose", "Gemm"}
+#: the ops whose third input quantize_static quantizes as a bias, per node
+BIASED = {"Conv", "ConvTranspose", "Gemm", "InstanceNormalization", "LayerNormalization", "BatchNormalization"}
 
 
 def unshared_biases(graph: onnx.GraphProto) -> int:
-    """Give each Conv, ConvTranspose or Gemm whose bias initializer another node also reads a copy of its own,
-    named ``<bias>:<k>`` (a name no tensor has): quantize_static quantizes a bias per node, at that node's input
-    and weight scales, and copies a shared one as ``<bias><n>`` checking only initializer names, so a node's output
-    of that name (tf2onnx's ``conv1d_25;conv1d_252`` beside the bias ``conv1d_25;conv1d_25`` in basic-pitch) was
-    read as the bias. Returns how many copies were made."""
+    """Give each node of ``BIASED`` whose bias initializer another node also reads a copy of its own, named
+    ``<bias>:<k>`` (a name no tensor has): quantize_static quantizes a bias per node, at that node's input and
+    weight scales, and copies a shared one as ``<bias><n>`` checking only initializer names, so a node's output of
+    that name was read as the bias (tf2onnx's ``conv1d_25;conv1d_252`` beside the bias ``conv1d_25;conv1d_25`` in
+    basic-pitch), or quantize_static failed at it (torch's ``val_350`` beside the bias ``val_35`` that a UNet's
+    GroupNorms share). Returns how many copies were made."""
     inits = {t.name: t for t in graph.initializer}
     readers = {}
     for n in graph.node:
