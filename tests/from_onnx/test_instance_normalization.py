@@ -240,3 +240,25 @@ def test_a_group_norm_unet_block_quantizes_whole(tmp_path, per_channel):
     assert a.mean_steps <= 1.1 * a.ort_mean_steps
     assert verify(done.imported.graph, None, seeds=2).exact
 
+
+def test_a_float_group_normalization_quantizes_whole(tmp_path):
+    """`quantize` of a float model holding GroupNormalization (opset 21) itself: written as torch's GroupNorm export
+    before onnxruntime's optimizer (``group_norms_as_instance_norms``), imported whole, as close to float as
+    onnxruntime's quantized model (1.1x), exported exactly. Refused before: the optimizer inlined its function, and
+    the import stopped at its Div ('the divisor (Sqrt) must be quantized first')."""
+    rng = np.random.default_rng(2)
+    inits = [nh.from_array(rng.normal(size=(8, 3, 3, 3)).astype(np.float32), "w"),
+             nh.from_array(rng.normal(size=8).astype(np.float32), "b"),
+             nh.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "g"),
+             nh.from_array(rng.normal(scale=0.3, size=8).astype(np.float32), "be")]
+    g = h.make_graph([h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                      h.make_node("GroupNormalization", ["c", "g", "be"], ["n"], num_groups=4, epsilon=1e-5),
+                      h.make_node("Relu", ["n"], ["y"])], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 8, 8, 8])], inits)
+    onnx.save(onnx_model(g, 21), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 3, 8, 8)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, None, seeds=2).exact
