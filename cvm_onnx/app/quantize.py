@@ -70,7 +70,7 @@ from .memory import in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
-from .rewrites import cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused, gemm_beta_folded, grouped_matmuls, input_subs_as_adds, scalers_as_ops, scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases
+from .rewrites import cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused, gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, scalers_as_ops, scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -544,7 +544,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
-    (``float16_as_float32``); a
+    (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
+    (``group_norms_as_instance_norms``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
     float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
@@ -585,6 +586,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     scalers_as_ops(model.graph)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
+    group_norms_as_instance_norms(model)
     source, optimized = path.with_suffix(".source.onnx"), path.with_suffix(".optimized.onnx")
     if model is given:
         _save_external(model, compared)

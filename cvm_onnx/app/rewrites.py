@@ -390,15 +390,17 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
     return done
 
 
-BIASED = {"Conv", "ConvTranspose", "Gemm"}
+#: the ops whose third input quantize_static quantizes as a bias, per node
+BIASED = {"Conv", "ConvTranspose", "Gemm", "InstanceNormalization", "LayerNormalization", "BatchNormalization"}
 
 
 def unshared_biases(graph: onnx.GraphProto) -> int:
-    """Give each Conv, ConvTranspose or Gemm whose bias initializer another node also reads a copy of its own,
-    named ``<bias>:<k>`` (a name no tensor has): quantize_static quantizes a bias per node, at that node's input
-    and weight scales, and copies a shared one as ``<bias><n>`` checking only initializer names, so a node's output
-    of that name (tf2onnx's ``conv1d_25;conv1d_252`` beside the bias ``conv1d_25;conv1d_25`` in basic-pitch) was
-    read as the bias. Returns how many copies were made."""
+    """Give each node of ``BIASED`` whose bias initializer another node also reads a copy of its own, named
+    ``<bias>:<k>`` (a name no tensor has): quantize_static quantizes a bias per node, at that node's input and
+    weight scales, and copies a shared one as ``<bias><n>`` checking only initializer names, so a node's output of
+    that name was read as the bias (tf2onnx's ``conv1d_25;conv1d_252`` beside the bias ``conv1d_25;conv1d_25`` in
+    basic-pitch), or quantize_static failed at it (torch's ``val_350`` beside the bias ``val_35`` that a UNet's
+    GroupNorms share). Returns how many copies were made."""
     inits = {t.name: t for t in graph.initializer}
     readers = {}
     for n in graph.node:
@@ -617,6 +619,58 @@ def input_subs_as_adds(graph: onnx.GraphProto) -> int:
         names.add(name)
         graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(consts[node.input[1]]), name))
         node.op_type, node.input[1] = "Add", name
+        done += 1
+    return done
+
+
+def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
+    """Each GroupNormalization (opset 21: scale and bias per channel, constants) of an input of known rank >= 3
+    written as torch exports GroupNorm: Reshape(x, (0, G, -1)), InstanceNormalization(ones(G), zeros(G), epsilon),
+    Reshape back to Shape(x), Mul by the scale and Add the bias as (C, 1, ..., 1) constants: the same normalization
+    of each group, then the same affine map per channel. onnxruntime's optimizer inlined GroupNormalization as its
+    function's ops, whose Div by a Sqrt has no quantized form; quantize_static quantizes these. Returns how many were
+    replaced."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "GroupNormalization" and n.domain in ("", "ai.onnx")]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if not nodes or opset < 21:
+        return 0
+    shapes = _known_shapes(model)
+    consts = {t.name: t for t in graph.initializer}
+    names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    done = 0
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if len(node.input) != 3 or node.input[1] not in consts or node.input[2] not in consts:
+            continue
+        x, rank, groups = node.input[0], len(shapes.get(node.input[0], [])), int(attrs.get("num_groups", 0))
+        scale, bias = (numpy_helper.to_array(consts[t]).astype(np.float32) for t in node.input[1:])
+        if rank < 3 or groups < 1 or scale.size % groups or bias.size != scale.size:
+            continue
+        base = node.name or node.output[0]
+
+        def fresh(suffix: str) -> str:
+            name, k = f"{base}:{suffix}", 1
+            while name in names:
+                name, k = f"{base}:{suffix}:{k}", k + 1
+            names.add(name)
+            return name
+
+        laid = (scale.size,) + (1,) * (rank - 2)
+        inits = {fresh("groups"): np.array([0, groups, -1], np.int64), fresh("ones"): np.ones(groups, np.float32),
+                 fresh("zeros"): np.zeros(groups, np.float32), fresh("scale"): scale.reshape(laid),
+                 fresh("bias"): bias.reshape(laid)}
+        graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
+        shape_of, grouped, normed, back, scaled = (fresh(k) for k in ("shape", "grouped", "normed", "back", "scaled"))
+        g, ones, zeros, sc, bi = inits
+        _in_place(graph, node, [
+            helper.make_node("Reshape", [x, g], [grouped], name=fresh("Reshape")),
+            helper.make_node("InstanceNormalization", [grouped, ones, zeros], [normed], name=fresh("InstanceNorm"),
+                             epsilon=float(attrs.get("epsilon", 1e-5))),
+            helper.make_node("Shape", [x], [shape_of], name=fresh("Shape")),
+            helper.make_node("Reshape", [normed, shape_of], [back], name=fresh("Reshape_back")),
+            helper.make_node("Mul", [back, sc], [scaled], name=fresh("Mul")),
+            helper.make_node("Add", [scaled, bi], [node.output[0]], name=fresh("Add"))])
         done += 1
     return done
 

@@ -556,6 +556,8 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
 
     assert q  # T >= 2
     rm = [one(int(vi)) for vi in v.reshape(-1)]
+    if p.wide:
+        d, rm = wide_rows(u, total, d, n, g, p)
     f, j, k = p.frac_bits, p.extra, p.shift
     sg = p.gamma_split
     ms = [math.floor(gi / s_out * 2 ** (k + sg - f + j) + Fraction(1, 2)) for gi in gamma]
@@ -576,6 +578,40 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
             y = (scaled + bs[i] + (1 << (k - 1))) >> k
             out[row, i] = min(max(y + zo, lo), hi)
     return out.reshape(x.shape)
+
+
+def wide_rows(u, total, d, n: int, g: float, p):
+    """The wide form's (docs/import.md, "Rows of any width") D' = trunc(D / 2^p) and (R, x) of each row, with
+    the plan's w, c, z, g, K, T, K levels and per-entry p and x: a = 2^c u - q, q = trunc(2^c sum u / n),
+    r = 2^c sum u - n q, Y = clip(floor(sum a^2 / 2^z) - floor(trunc(r / 2^g)^2 / K), 0, y_max), its level m and
+    bucket; R recomputed here (math.sqrt) as round_half_up(2^(e+h) (1 / sqrt(A + G) + 1 / sqrt(B + G)) / 2),
+    e = F + p + x, A = max(n - 1, u (Y_a - 1)), B = max(A, min(u (Y_b + 1), n^2 w^2 / 4)), u = n 2^z / 4^c."""
+    wide, t, h = p.wide, p.table_bits, p.split
+    total = total.reshape(-1)
+    per = float(Fraction(n << wide.z, 4 ** wide.scale))
+
+    def trunc(a: int, b: int) -> int:  # C's division
+        return abs(a) // b * (1 if a >= 0 else -1)
+
+    rows, out = [], np.empty_like(d)
+    for row in range(u.shape[0]):
+        qc = trunc(int(total[row]) << wide.scale, n)
+        r = (int(total[row]) << wide.scale) - n * qc
+        big_p = sum(((int(x) << wide.scale) - qc) ** 2 for x in u[row])
+        y = min(max(big_p // 2 ** wide.z - trunc(r, 2 ** wide.g) ** 2 // wide.k, 0), wide.y_max)
+        m = sum(1 for lv in range(p.levels) if y >= (1 << t) << (2 * lv))
+        b = y >> (2 * m)
+        entry = m * (3 << (t - 2)) + b
+        ya, yb = b << (2 * m), min(((b + 1) << (2 * m)) - 1, wide.y_max)
+        a_nom = max(per * (ya - 1), n - 1)
+        b_nom = max(min(per * (yb + 1), float(n * n * wide.width ** 2 // 4)), a_nom)
+        shift, x = int(wide.shifts[entry]), int(wide.exps[entry])
+        mid = (1 / math.sqrt(a_nom + g) + 1 / math.sqrt(b_nom + g)) / 2
+        # a constant row (V = 0, D = 0) may reach an entry no other row reaches, of R = 0: its N is 0 either way
+        constant = not any(int(v) for v in d[row])
+        rows.append((0 if constant else math.floor(math.ldexp(mid, p.frac_bits + shift + x + h) + 0.5), x))
+        out[row] = [trunc(int(v), 1 << shift) for v in d[row]]
+    return out, rows
 
 
 def qdq(nodes, x_shape, x_type, inits: dict, out_type, opset=17, out="y"):

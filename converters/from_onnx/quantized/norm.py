@@ -9,12 +9,14 @@ m = 0 and the bucket V, v = V exactly; else 4^(m-1) 2^T <= V < 4^m 2^T, the buck
 then N = trunc(D R / 2^(m+j)) and the output round_half_up((N m_i + B_i) / 2^k) + z_out with
 m_i = round(gamma_i 2^(k-F+j) / s_out) and B_i = round(beta_i 2^k / s_out). ``layernorm_plan`` picks T, F, j and k
 for the least bound; where it passes half a step (a gamma of many output steps), m_i takes s more bits in two
-products and the bound covers the outputs that do not saturate (``saturating_plan``).
+products and the bound covers the outputs that do not saturate (``saturating_plan``). Rows whose V passes 32 bits
+take the quartered form (``quartered``), and past it the form of any width (``wide_plan``: V's bucket from an integer
+Y within a proven interval, D pre-shifted per table entry).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import partial
 from typing import Callable
@@ -57,6 +59,7 @@ class LayerNormPlan:
     split: int = 0  # h: R holds h more bits, D R taken in two products (R >> h, R mod 2^h); 0: one product
     gamma_split: int = 0  # s: m_i holds s more bits, N m_i / 2^s as N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s)
     saturating: bool = False  # delta bounds the outputs that do not saturate (docs: "A gamma of many steps")
+    wide: WideRows | None = None  # rows of any width: V's bucket from Y, D pre-shifted per entry (docs)
 
     @property
     def error(self) -> float:
@@ -134,13 +137,18 @@ def quartered_fits(n: int, w: int, v_max: int, t_bits: int, quarter: int) -> boo
     unit = 1 << (2 * quarter)
     p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n
     tn = tight(n)
-    b = chunk(n, w)
-    a = n // b
-    return (tight(w) + tn <= 32 and 2 * tight(w) + tight(b) <= 32 and 2 * tight(n - 1) <= 32
-            and tight(b * w * w // unit) + max(tight(unit), tight(a)) <= 32 and tight(a * unit) + tight(a) <= 32
+    return (tight(w) + tn <= 32 and square_sums_fit(n, w, unit) and 2 * tight(n - 1) <= 32
             and tight(p_top // unit) + tn <= 32 and tight(unit - 1) + tn <= 32
             and tight(small_rows(n, t_bits, quarter)) + tn <= 32 and tight(n * unit + n * n) <= 31
             and tight(v_max >> (2 * quarter)) <= 31 and tight(p_top) <= 32)
+
+
+def square_sums_fit(n: int, w: int, unit: int) -> bool:
+    """Whether ``square_sums``' steps keep every CVM label within 32 bits for rows of n values |du| <= w."""
+    b = chunk(n, w)
+    a = n // b
+    return (2 * tight(w) + tight(b) <= 32 and tight(b * w * w // unit) + max(tight(unit), tight(a)) <= 32
+            and tight(a * unit) + tight(a) <= 32)
 
 
 def variance_fits(n: int, peak: int) -> bool:
@@ -158,20 +166,6 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     centre = (lo + hi) // 2
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
-    if variance_fits(n, peak):
-        quarter, shape = 0, table_shape(v_max, 0)
-    elif (found := quartered_shape(v_max, lambda t, q: quartered_fits(n, w, v_max, t, q))) is not None:
-        quarter, shape = found
-    else:
-        raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its variance")
-    if shape is None:
-        raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
-    t_bits, levels = shape
-    g = float(eps * n * n / (s * s))
-    d_bits = tight(d_max)
-    # the largest entry, over 2^F: at the least V > 0 of level 0, or 2^m / sqrt(4^m 2^(T-2)) at a level m >= 1
-    r_first = max(1 / math.sqrt(n - 1 + g) if n > 1 else 0.0, 2.0 ** (1 - t_bits / 2) if levels else 0.0)
-    f = table_bits(r_first, d_bits)
     precision = tight(max(-low, high))
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
@@ -180,6 +174,20 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     root = math.isqrt(max(n - 1, 0)) + 1  # > sqrt(n - 1)
     beta = np.array([max(-limit, min(limit, bi)) for gi, bi in zip(gamma.flat, beta.flat)
                      for limit in [abs(gi) * root + high - low + 2]], dtype=object)
+    if variance_fits(n, peak):
+        quarter, shape = 0, table_shape(v_max, 0)
+    elif (found := quartered_shape(v_max, lambda t, q: quartered_fits(n, w, v_max, t, q))) is not None:
+        quarter, shape = found
+    else:
+        return wide_plan(n, w, centre, peak, float(eps * n * n / (s * s)), gamma, beta, (low, high), precision, big)
+    if shape is None:
+        raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
+    t_bits, levels = shape
+    g = float(eps * n * n / (s * s))
+    d_bits = tight(d_max)
+    # the largest entry, over 2^F: at the least V > 0 of level 0, or 2^m / sqrt(4^m 2^(T-2)) at a level m >= 1
+    r_first = max(1 / math.sqrt(n - 1 + g) if n > 1 else 0.0, 2.0 ** (1 - t_bits / 2) if levels else 0.0)
+    f = table_bits(r_first, d_bits)
     shape = (n, centre, t_bits, levels, quarter, precision)
     best, h = best_plan(shape, v_max, g, f, d_bits, 0, gamma, beta), 31 - d_bits
     if (best is None or best.delta >= Fraction(1, 2)) and h > 0:  # R in two parts
@@ -189,9 +197,125 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
                  for part in ((0, h) if h > 0 else (0,))]
         best = min((p for p in plans if p is not None), key=lambda p: p.delta, default=None)
     if best is None or best.delta >= Fraction(1, 2):
-        raise NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
-                     "integer form within half a step in 32 bits")
+        raise far(n, big)
     return best
+
+
+def far(n: int, big: Fraction) -> NoPlan:
+    return NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
+                  "integer form within half a step in 32 bits")
+
+
+@dataclass(frozen=True)
+class WideRows:
+    """The wide form's statistics (docs: "Rows of any width"): a_i = 2^c u_i - q with q = trunc(2^c sum u / n),
+    r = 2^c sum u - n q, P = sum a_i^2, Y = clip(floor(P / 2^z) - floor(t^2 / K), 0, y_max) with t = trunc(r / 2^g),
+    K = floor(n 2^z / 4^g); per table entry the pre-shift p (D' = trunc(D / 2^p), |D'| <= ``d_bound``) and the
+    exponent x of N = trunc(D' R / 2^(x+j))."""
+
+    width: int  # w: the rows' values lie in an interval of w + 1 integers
+    scale: int  # c
+    z: int
+    g: int
+    k: int
+    y_max: int
+    shifts: np.ndarray | None = None
+    exps: np.ndarray | None = None
+    d_bound: int = 0
+
+    def p_top(self, n: int) -> int:
+        """A bound on P: n P = 4^c V + r^2 <= 4^c n^2 w^2 / 4 + (n - 1)^2."""
+        return ((n * n * self.width ** 2 << (2 * self.scale)) // 4 + (n - 1) ** 2) // n
+
+
+#: the wide form's tries: R in one part or two, and the bits B of D' (|D'| < 2^B)
+WIDE_BITS = ((False, (16,)), (True, (18, 20, 22)))
+
+
+def wide_plan(n: int, w: int, centre: int, peak: int, g: float, gamma: np.ndarray, beta: np.ndarray,
+              outputs: tuple[int, int], precision: int, big: Fraction) -> LayerNormPlan:
+    """The wide form's plan of least delta (rows whose V passes 32 bits even quartered), G = ``g``: the most
+    scale bits c (at most 4) and then the least z whose steps fit 32 bits."""
+    rows = None
+    for c in range(4, -1, -1):
+        if tight(n * peak << c) + 1 > 32 or tight(n * w) + 1 > 32:
+            continue
+        top = WideRows(w, c, 0, 0, 0, 0).p_top(n)
+        z = next((z for z in range(64) if tight(top >> z) <= 31 and square_sums_fit(n, w << c, 1 << z)), None)
+        g_shift = max(0, (n - 1).bit_length() - 15)
+        if z is not None and (n << z) >> (2 * g_shift):
+            rows = WideRows(w, c, z, g_shift, (n << z) >> (2 * g_shift), top >> z)
+            break
+    if rows is None:
+        raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its sums")
+    found = table_shape(rows.y_max, 0)
+    if found is None:
+        raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
+    shape = (n, centre, *found, 0, precision)
+    best = None
+    for bound in (None, outputs):
+        for split, choices in WIDE_BITS:
+            for bits in choices:
+                h = 30 - bits if split else 0
+                tab, laid = wide_table(n, rows, *found, g, h, bits)
+                p = tabled(shape, tab, tight(laid.d_bound), h, gamma, beta, bound)
+                if p is not None and (best is None or p.delta < best.delta):
+                    best = replace(p, wide=laid)
+        if best is not None and best.delta < Fraction(1, 2):
+            return best
+    raise far(n, big)
+
+
+def wide_table(n: int, rows: WideRows, t_bits: int, levels: int, g: float, h: int,
+               bits: int) -> tuple[Table, WideRows]:
+    """The wide form's table over Y's level and bucket: each entry's V lies in [V_lo, V_hi] = u [Y_a - e_lo,
+    Y_b + e_hi] (u = n 2^z / 4^c, Y_a..Y_b its Y, within V's reach), its pre-shift p = max(0, bits(D_b) - B) with
+    D_b >= sqrt((n - 1) V_hi), R = round_half_up(2^(e+h) (1 / sqrt(A + G) + 1 / sqrt(B + G)) / 2), A = max(n - 1,
+    u (Y_a - 1)), B = max(A, min(u (Y_b + 1), n^2 w^2 / 4)) (exact in float64), with the most e keeping R >> h
+    below 2^(30-B); F = min(e - p), x = e - p - F. E (at F) is the worst sqrt((n - 1) V) |R / 2^(e+h) -
+    1 / sqrt(V + G)| + (2^p - 1) R / 2^(e+h) over the entry's V (the first term at V_lo, V_hi and its one inner
+    extremum), eps the worst |R sqrt(V + G) / 2^(e+h) - 1| (at V_lo, V_hi), in float64 with margins of 2^-40."""
+    w = rows.width
+    per = float(Fraction(n << rows.z, 1 << (2 * rows.scale)))  # V per unit of Y
+    t_max, full = (n - 1) >> rows.g, n << rows.z
+    k_star = Fraction(full, 1 << (2 * rows.g))
+    # V / per - Y lies in [-below, above]: floor(P / 2^z) loses [0, 1), floor(t^2 / K) and t's truncation the rest
+    below = float(Fraction(((2 * t_max + 1) << (2 * rows.g)) - ((t_max + 1) << (rows.g + 1)) + 1, full) + 1)
+    above = float(1 + Fraction(t_max * t_max) / (k_star * rows.k))
+    below, above = below * (1 + 2.0**-40), above * (1 + 2.0**-40)
+    size, step = 1 << t_bits, 3 << (t_bits - 2)
+    index, ya, yb = [], [], []
+    for m in range(levels + 1):
+        k = np.arange(size >> 2 if m else 0, size, dtype=np.int64)
+        lo, hi = k << (2 * m), ((k + 1) << (2 * m)) - 1
+        keep = lo <= rows.y_max
+        index.append(m * step + k[keep])
+        ya.append(lo[keep])
+        yb.append(np.minimum(hi[keep], rows.y_max))
+    index, ya, yb = (np.concatenate(x) for x in (index, ya, yb))
+    v_top = float(n * n * w * w // 4)
+    v_lo = np.maximum(per * (ya - below) * (1 - 2.0**-40), n - 1)  # V = 0: D = 0
+    v_hi = np.minimum(per * (yb + above) * (1 + 2.0**-40), v_top)
+    live = v_hi >= v_lo
+    index, v_lo, v_hi, ya, yb = index[live], v_lo[live], v_hi[live], ya[live], yb[live]
+    a_nom = np.maximum(per * (ya - 1), n - 1)
+    b_nom = np.maximum(np.minimum(per * (yb + 1), v_top), a_nom)
+    d_top = np.minimum(np.floor(np.sqrt((n - 1) * v_hi) * (1 + 2.0**-40)) + 1, (n - 1) * w).astype(np.int64)
+    shift = np.array([max(int(x).bit_length() - bits, 0) for x in d_top], np.int64)
+    low_root = np.sqrt(v_lo + g)
+    ex = np.floor(np.log2(((1 << (30 - bits)) - 2) * low_root)).astype(np.int64)
+    r = np.floor(np.ldexp((1 / np.sqrt(a_nom + g) + 1 / np.sqrt(b_nom + g)) / 2, ex + h) + 0.5).astype(np.int64)
+    rr = np.ldexp(r.astype(np.float64), -(ex + h))
+    inner = np.clip(np.cbrt((g / rr) ** 2) - g, v_lo, v_hi)  # where G (V + G)^-3/2 = rr
+    err = np.max([np.sqrt((n - 1) * v) * np.abs(rr - 1 / np.sqrt(v + g)) for v in (v_lo, v_hi, inner)], axis=0)
+    pre = (np.ldexp(1.0, shift) - 1) * rr
+    rel = float(np.max([np.abs(rr * np.sqrt(v + g) - 1) for v in (v_lo, v_hi)], initial=0.0)) + 2.0**-40
+    f = int((ex - shift).min()) if ex.size else 0
+    table, shifts, exps = (np.zeros(size + levels * step, np.int64) for _ in range(3))
+    table[index], shifts[index], exps[index] = r, shift, ex - shift - f
+    laid = replace(rows, shifts=shifts, exps=exps, d_bound=int((d_top >> shift).max(initial=0)))
+    worst, most = (math.ldexp(float(np.max(x, initial=0.0)), f) * (1 + 2.0**-40) for x in (err + pre, pre))
+    return Table(table, worst, rel, f, int(exps.max()), most), laid
 
 
 def quartered_shape(v_max: int, fits: Callable[[int, int], bool]) -> tuple[int, tuple[int, int]] | None:
@@ -221,12 +345,34 @@ def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, g
     as ``level_table``'s. None when no table or no multipliers fit 32 bits."""
     n, centre, t_bits, levels, quarter, precision = shape
     table, worst, rel = level_table(n, v_max, g, t_bits, levels, f, h, floor, outside)
+    return tabled(shape, Table(table, worst, rel, f, levels), d_bits, h, gamma, beta, outputs)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A 1 / sqrt table R at F fraction bits with its error E (``worst``) and relative error (``rel``), as
+    ``level_table`` gives them; ``top``: the largest exponent e of a lookup 2^(e+j) (the level); ``pre``: the
+    part of E that does not shrink with the table's error (the wide form's pre-shift, in N at j = 0)."""
+
+    table: np.ndarray
+    worst: float
+    rel: float
+    f: int
+    top: int
+    pre: float = 0.0
+
+
+def tabled(shape: tuple, tab: Table, d_bits: int, h: int, gamma: np.ndarray, beta: np.ndarray,
+           outputs: tuple[int, int] | None = None) -> LayerNormPlan | None:
+    """``best_plan``'s search over j and k for a given table."""
+    n, centre, t_bits, levels, quarter, precision = shape
+    table, worst, f = tab.table, tab.worst, tab.f
     if tight(int(table.max(initial=0)) >> h) + d_bits > 32:
         if h or outputs:
             return None
         raise NoPlan(f"a LayerNormalization over {n} values has no 1 / sqrt table within 32 bits")
     if outputs is not None:
-        return saturating_plan(shape, table, worst, rel, f, h, gamma, beta, outputs)
+        return saturating_plan(shape, tab, h, gamma, beta, outputs)
     best = None
     gn, gd = [x.numerator for x in gamma.flat], [x.denominator for x in gamma.flat]
     bn, bd = [x.numerator for x in beta.flat], [x.denominator for x in beta.flat]
@@ -234,7 +380,7 @@ def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, g
     extremes_g = [min(gamma.flat), max(gamma.flat)] if gamma.size else []
     big = max((abs(x) for x in extremes_g), default=Fraction(0))
     for j in range(0, f + 1):
-        if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+        if h and tab.top + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
             break
         err = Fraction(worst) / (1 << j) + (2 if h else 1)  # the table's error, and trunc's (once per part)
         if best is not None and big * err / (1 << (f - j)) >= best.delta:
@@ -263,23 +409,25 @@ def best_plan(shape: tuple, v_max: int, g: float, f: int, d_bits: int, h: int, g
     return best
 
 
-def saturating_plan(shape: tuple, table: np.ndarray, worst: float, rel: float, f: int, h: int, gamma: np.ndarray,
-                    beta: np.ndarray, outputs: tuple[int, int]) -> LayerNormPlan | None:
+def saturating_plan(shape: tuple, tab: Table, h: int, gamma: np.ndarray, beta: np.ndarray,
+                    outputs: tuple[int, int]) -> LayerNormPlan | None:
     """The plan of least delta over j and k with m_i = round_half_up(c_i 2^(k+s)) in two parts (s = 30 -
     label(N_b)) and, per position, the lesser of the plain bound (with 2^-k for the low part's truncation) and
     A_i (|mu_i| eps + |mu_i - c_i|) / |c_i| + |mu_i| e_t + |B_i / 2^k - beta_i| + 2^-k, mu_i = m_i / 2^(k+s),
     A_i = max(high - beta_i, beta_i - low) + 1: the bound of every output that does not saturate (docs)."""
     n, centre, t_bits, levels, quarter, precision = shape
+    table, worst, f = tab.table, tab.worst, tab.f
     low, high = outputs
-    eps, e_t = Fraction(rel), 2 if h else 1
+    eps = Fraction(tab.rel)
     reach = [max(high - b, b - low) + 1 for b in beta.flat]
     extremes_g = [min(gamma.flat), max(gamma.flat)] if gamma.size else []
     extremes_b = [min(beta.flat), max(beta.flat)] if beta.size else []
     best = None
     for j in range(0, f + 1):
-        if h and levels + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+        if h and tab.top + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
             break
-        err = Fraction(worst) / (1 << j) + e_t
+        e_t = (2 if h else 1) + Fraction(tab.pre) / (1 << j)  # trunc's, and the pre-shift's
+        err = Fraction(worst) / (1 << j) + (2 if h else 1)
         nb = math.floor(Fraction(math.ldexp(math.sqrt(n - 1), f - j)) * (1 + Fraction(1, 1 << 40)) + err) + 1
         s, u = 30 - tight(nb), f - j
         if s < 0:
@@ -368,30 +516,25 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, affine: tuple[int
         u = op("broadcast_sub", u, c32(p.centre), u.lo - p.centre, u.hi - p.centre, rows)
     w = u.hi - u.lo
     total = ctx.reshape(reduced(ctx, "sum", u, [1], n * u.lo, n * u.hi), col)
-    scaled_u = op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows)
-    d = op("broadcast_sub", scaled_u, total, -(n - 1) * w, (n - 1) * w, rows)  # n u_i - sum u = sum (u_i - u_j)
-    size = 1 << p.table_bits
-    if p.quarter:
-        level, bucket = quartered(ctx, u, total, n, p)
-        step = 3 << (p.table_bits - 2)
-        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
-                   p.table.size - 1, col)
-    elif p.levels:
-        v = variance(ctx, u, total, n, rows, col)
-        thresholds = c32([[(size << (2 * m)) - 1 for m in range(p.levels)]])
-        above = op("broadcast_greater", v, thresholds, 0, 1, (outer, p.levels))
-        level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
-        powers = c32([1 << (2 * m) for m in range(p.levels + 1)])
-        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=p.levels + 1)
-        bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, v.hi, col)
-        step = 3 << (p.table_bits - 2)
-        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
-                   p.table.size - 1, col)
+    key, exps = None, p.levels
+    if p.wide:
+        d, index = wide_rows(ctx, u, total, n, p)
+        key, exps = index, p.wide.exps
     else:
-        level, index = None, variance(ctx, u, total, n, rows, col)
-    prod = quotient(ctx, d, index, level, p.table >> p.split, p.extra, p.levels)
+        scaled_u = op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows)
+        d = op("broadcast_sub", scaled_u, total, -(n - 1) * w, (n - 1) * w, rows)  # n u_i - sum u
+        if p.quarter:
+            key, bucket = quartered(ctx, u, total, n, p)
+            step = 3 << (p.table_bits - 2)
+            index = op("broadcast_add", op("broadcast_mul", key, c32(step), 0, p.levels * step, col), bucket, 0,
+                       p.table.size - 1, col)
+        elif p.levels:
+            key, index = levelled(ctx, variance(ctx, u, total, n, rows, col), p)
+        else:
+            index = variance(ctx, u, total, n, rows, col)
+    prod = quotient(ctx, d, index, key, p.table >> p.split, p.extra, exps)
     if p.split:  # the low h bits of R: D R0 / 2^(m+j+h), truncated on its own
-        low = quotient(ctx, d, index, level, p.table & ((1 << p.split) - 1), p.extra + p.split, p.levels)
+        low = quotient(ctx, d, index, key, p.table & ((1 << p.split) - 1), p.extra + p.split, exps)
         prod = op("broadcast_add", prod, low, prod.lo + low.lo, prod.hi + low.hi, rows)
     if prod.hi > p.n_bound:  # an identity on every value N takes (docs): it bounds the label
         e = ctx.emit("clip", ctx.entry(prod), a_min=-p.n_bound, a_max=p.n_bound)
@@ -421,21 +564,75 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, affine: tuple[int
 
 
 def quotient(ctx, d: Tensor, index: Tensor, level: Tensor | None, table: np.ndarray, extra: int,
-             levels: int) -> Tensor:
-    """trunc(D R / 2^(m + extra)) with R = table[index] (``cvm_lut``), m the row's level (a lookup of 2^(m+extra))."""
+             levels: int | np.ndarray) -> Tensor:
+    """trunc(D R / 2^(e + extra)) with R = table[index] (``cvm_lut``) and e = exps[level] (a lookup of 2^(e+extra)),
+    ``levels``: the exps, or K for the levels 0..K (e = m)."""
     op = partial(proven, ctx)
     col, rows = index.shape, d.shape
     r = ctx.result(ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(table)), in_dim=table.size), INT32, 0,
                    int(table.max(initial=0)), col)
     prod = op("broadcast_mul", d, r, -d.hi * r.hi, d.hi * r.hi, rows)
     if level is not None:
-        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32([1 << (m + extra) for m in range(levels + 1)])),
-                     in_dim=levels + 1)
-        return op("broadcast_div", prod, ctx.result(e, INT32, 1 << extra, 1 << (levels + extra), col),
-                  prod.lo, prod.hi, rows)
+        powers = [1 << (int(e) + extra) for e in (range(levels + 1) if isinstance(levels, int) else levels)]
+        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(c32(powers)), in_dim=len(powers))
+        return op("broadcast_div", prod, ctx.result(e, INT32, min(powers), max(powers), col), prod.lo, prod.hi, rows)
     if extra:
         return op("broadcast_div", prod, c32(1 << extra), prod.lo, prod.hi, rows)
     return prod
+
+
+def levelled(ctx, v: Tensor, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
+    """The level m = #{k < K : v >= 4^k 2^T} of each row's v (a column) and its table index 3 2^(T-2) m +
+    floor(v / 4^m)."""
+    op = partial(proven, ctx)
+    col = v.shape
+    thresholds = c32([[((1 << p.table_bits) << (2 * m)) - 1 for m in range(p.levels)]])
+    above = op("broadcast_greater", v, thresholds, 0, 1, (col[0], p.levels))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
+    powers = c32([1 << (2 * m) for m in range(p.levels + 1)])
+    e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=p.levels + 1)
+    bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, v.hi, col)
+    step = 3 << (p.table_bits - 2)
+    return level, op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
+                     p.table.size - 1, col)
+
+
+def wide_rows(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
+    """The wide form's D' = trunc(D / 2^p) (D = n u - sum u) and table index (of Y's level and bucket) of each
+    row."""
+    op = partial(proven, ctx)
+    wide, rows, col = p.wide, u.shape, total.shape
+    w = u.hi - u.lo
+    d = op("broadcast_sub", op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows), total,
+           -(n - 1) * w, (n - 1) * w, rows)
+    _, rest, a = centred(ctx, u, total, n, wide.scale)
+    high, _, _ = square_sums(ctx, a, n, w << wide.scale, 1 << wide.z, wide.p_top(n))
+    t_max = (n - 1) >> wide.g
+    t = op("broadcast_div", rest, c32(1 << wide.g), -t_max, t_max, col) if wide.g else rest
+    rho = op("broadcast_div", op("broadcast_mul", t, t, 0, t_max * t_max, col), c32(wide.k), 0,
+             t_max * t_max // wide.k, col)
+    e = ctx.emit("clip", ctx.entry(op("broadcast_sub", high, rho, -rho.hi, high.hi, col)), a_min=0,
+                 a_max=wide.y_max)
+    y = ctx.result(e, INT32, 0, wide.y_max, col)
+    index = levelled(ctx, y, p)[1] if p.levels else y
+    if wide.shifts.any():
+        e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(1 << wide.shifts)), in_dim=wide.shifts.size)
+        d = op("broadcast_div", d, ctx.result(e, INT32, 1, 1 << int(wide.shifts.max()), col), -wide.d_bound,
+               wide.d_bound, rows)
+    return d, index
+
+
+def centred(ctx, u: Tensor, total: Tensor, n: int, c: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """(q, r, 2^c u - q) of each row: its truncated mean at c fraction bits, q = trunc(2^c sum u / n), and
+    r = 2^c sum u - n q (|r| <= n - 1)."""
+    op = partial(proven, ctx)
+    rows, col, w = u.shape, total.shape, u.hi - u.lo
+    if c:
+        u = op("broadcast_mul", u, c32(1 << c), u.lo << c, u.hi << c, rows)
+        total = op("broadcast_mul", total, c32(1 << c), total.lo << c, total.hi << c, col)
+    mean = op("broadcast_div", total, c32(n), u.lo, u.hi, col)
+    rest = op("broadcast_sub", total, op("broadcast_mul", mean, c32(n), n * u.lo, n * u.hi, col), 1 - n, n - 1, col)
+    return mean, rest, op("broadcast_sub", u, mean, -w << c, w << c, rows)
 
 
 def variance(ctx, u: Tensor, total: Tensor, n: int, rows, col) -> Tensor:
@@ -456,12 +653,10 @@ def quartered(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     floor(V_q / 4^(m-Q)) at levels m >= Q, else floor(V / 4^m) of V = n min(P, P_s) - r^2, exact on those rows."""
     op = partial(proven, ctx)
     outer = u.shape[0]
-    rows, col = (outer, n), (outer, 1)
+    col = (outer, 1)
     w, quarter, size = u.hi - u.lo, p.quarter, 1 << p.table_bits
     unit = 1 << (2 * quarter)
-    mean = op("broadcast_div", total, c32(n), u.lo, u.hi, col)
-    rest = op("broadcast_sub", total, op("broadcast_mul", mean, c32(n), n * u.lo, n * u.hi, col), 1 - n, n - 1, col)
-    du = op("broadcast_sub", u, mean, -w, w, rows)
+    _, rest, du = centred(ctx, u, total, n)
     p_top = (n * n * w * w // 4 + (n - 1) ** 2) // n  # n P = V + r^2, V <= n^2 w^2 / 4
     high, low, whole = square_sums(ctx, du, n, w, unit, p_top)
     r2 = op("broadcast_mul", rest, rest, 0, (n - 1) ** 2, col)
@@ -527,7 +722,7 @@ def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple
         return high, op("broadcast_sub", sq, op("broadcast_mul", high, c32(unit), 0, p_top // unit * unit, col), 0,
                         unit - 1, col), sq
     part, top = (outer, a), b * w * w
-    sums = reduced(ctx, "sum", ctx.reshape(square, (outer, a, b)), [2], 0, top)
+    sums = ctx.reshape(reduced(ctx, "sum", ctx.reshape(square, (outer, a, b)), [2], 0, top), part)
     highs = op("broadcast_div", sums, c32(unit), 0, top // unit, part)
     lows = op("broadcast_sub", sums, op("broadcast_mul", highs, c32(unit), 0, top // unit * unit, part), 0,
               unit - 1, part)
