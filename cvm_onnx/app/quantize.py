@@ -70,7 +70,10 @@ from .memory import in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
-from .rewrites import cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused, gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, scalers_as_ops, scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases
+from .rewrites import (
+    cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, scalers_as_ops,
+    scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
