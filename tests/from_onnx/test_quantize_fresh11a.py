@@ -120,3 +120,41 @@ def test_a_float_backward_rnn_frame_quantizes_whole(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= a.ort_mean_steps * 1.1 + 0.05
     assert verify(done.imported.graph, None, seeds=2).exact
+
+
+
+def masked_attention(tokens: int) -> onnx.ModelProto:
+    """Two layers of Softmax(q k^T / 2 + m) x of x (1, tokens, 4), both reading one term m = (1 - mask) * -10000 of an
+    int64 mask (1, tokens), as HF's BERT writes its attention mask's term."""
+    rng = np.random.default_rng(3)
+    nodes = [h.make_node("MatMul", ["x", "wq"], ["q"]), h.make_node("MatMul", ["x", "wk"], ["k"]),
+             h.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), h.make_node("MatMul", ["q", "kt"], ["qk"]),
+             h.make_node("Div", ["qk", "root"], ["s"]), h.make_node("Unsqueeze", ["mask", "one"], ["m1"]),
+             h.make_node("Cast", ["m1"], ["m2"], to=T.FLOAT),
+             h.make_node("Sub", ["unit", "m2"], ["inv"]), h.make_node("Mul", ["inv", "low"], ["term"]),
+             h.make_node("Add", ["s", "term"], ["sb"]), h.make_node("Softmax", ["sb"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "x"], ["x2"]), h.make_node("MatMul", ["x2", "wq"], ["q2"]),
+             h.make_node("MatMul", ["x2", "wk"], ["k2"]), h.make_node("Transpose", ["k2"], ["kt2"], perm=[0, 2, 1]),
+             h.make_node("MatMul", ["q2", "kt2"], ["qk2"]), h.make_node("Div", ["qk2", "root"], ["s2"]),
+             h.make_node("Add", ["s2", "term"], ["sb2"]),
+             h.make_node("Softmax", ["sb2"], ["p2"], axis=-1), h.make_node("MatMul", ["p2", "x2"], ["y"])]
+    inits = [nh.from_array(rng.normal(size=(4, 4)).astype(np.float32), k) for k in ("wq", "wk")] + \
+        [nh.from_array(np.array([1], np.int64), "one"), nh.from_array(np.float32(1), "unit"),
+         nh.from_array(np.float32(-10000), "low"), nh.from_array(np.float32(2), "root")]
+    g = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", T.FLOAT, [1, tokens, 4]),
+                                          h.make_tensor_value_info("mask", T.INT64, [1, tokens])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, tokens, 4])], inits)
+    return onnx_model(g, 17)
+
+
+def test_a_folded_attention_mask_of_1_kb_or_more_quantizes(tmp_path):
+    """`--fold mask=1` of an attention over 256 tokens: the mask's term, folded to a constant of 256 floats, lies in
+    the prepared model's external data, and the search for masked Softmaxes reads it from the prepared model's
+    folder (sudachi-c-imitator). Regression: quantize_static 'failed: ValidationError: Data of TensorProto ... should
+    be stored in prepared.onnx.data, but it is not regular file' (read relative to the working directory)."""
+    onnx.save(masked_attention(256), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(4).normal(size=(8, 1, 256, 4)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", fold={"mask": 1})
+    [a] = done.agreements
+    assert a.mean_steps <= a.ort_mean_steps * 1.1 + 0.05
+    assert verify(done.imported.graph, None, seeds=2).exact
