@@ -53,7 +53,7 @@ OUTPUT_SCALE = {"QuantizeLinear": 1, "QLinearConv": 6, "QLinearMatMul": 6, "QLin
                 "QLinearSigmoid": 3, "QLinearLeakyRelu": 3, "QLinearSoftmax": 3, "QLinearReduceMean": 3}
 #: Ops whose output holds values of their first input, at its scale (a QOperator model runs them on integers).
 MOVES = ("MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Gather", "Identity",
-         "DepthToSpace", "SpaceToDepth", "Resize", "Pad", "Split", "Tile", "Expand", "ReverseSequence")
+         "DepthToSpace", "SpaceToDepth", "Resize", "Pad", "Split", "Tile", "Expand")
 #: Samples whose float activations are collected at once (collect_activations keeps every one of them).
 CHUNK = 16
 
