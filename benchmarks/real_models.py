@@ -748,7 +748,9 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
     scores = class_scores(done.float_model.graph, [w.shape for w in want])
     out["outputs"] = []
-    for o, g, w, q, e in zip(done.float_model.graph.output, got, want, ort, done.imported.edges.outputs):
+    edges = done.imported.edges  # None for a model of integers in and out (token ids to tag indices)
+    for o, g, w, q, e in zip(done.float_model.graph.output, got, want, ort,
+                             edges.outputs if edges else [None] * len(got)):
         a = agreement(o.name, g, w, q, e, o.name in scores)
         inside = in_range(w, e)
         per = [np.array([getattr(agreement(o.name, g[i:i + 1], inside[i:i + 1], q[i:i + 1], e, False), k)
@@ -765,7 +767,6 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
             ref = ctc_strings(w)
             out["outputs"][-1].update({f"{k}_strings": float(np.mean([a == b for a, b in zip(ctc_strings(y), ref)]))
                                        for k, y in (("cvm", g), ("ort", q))})
-    edges = done.imported.edges
     exact = all(verify(done.imported.graph, edges.pack(held[i:i + 1])[0] if held.dtype.names else
                        edges.input.quantize(held[i]) if edges and edges.input else held[i].astype(np.int32),
                        seeds=0).exact for i in range(2)) and verify(done.imported.graph, None, seeds=2).exact
