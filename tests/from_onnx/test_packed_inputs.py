@@ -503,7 +503,7 @@ def test_a_mask_of_float32s_min_keeps_the_scores_on_their_own_grid(tmp_path, mon
     softmax = [n for n in onnx.load(tmp_path / "q.onnx").graph.node if n.op_type == "Softmax"]
     assert [n.input[0] for n in softmax] == ["s2"]  # the float x + mask, no QuantizeLinear on it
     assert verify(done.imported.graph, seeds=2).exact
-    monkeypatch.setattr(q, "masked_softmaxes", lambda model: [])
+    monkeypatch.setattr(q, "masked_softmaxes", lambda model, base_dir="": [])
     [before] = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m0").agreements
     assert a.mean_steps * 4 <= before.mean_steps, (a.line(), before.line())
 
@@ -542,7 +542,7 @@ def test_hf_additive_masks_keep_the_scores_on_their_own_grid(tmp_path, monkeypat
         [got] = execute(done.imported.graph, {"data": x})
         [want] = session.run(None, {"input_ids": held["input_ids"][k], "mask": held["mask"][k]})
         assert np.abs(got.astype(np.int64) - edge.quantize(want).astype(np.int64)).max() <= 1
-    monkeypatch.setattr(q, "masked_softmaxes", lambda model: [])
+    monkeypatch.setattr(q, "masked_softmaxes", lambda model, base_dir="": [])
     if hf == "where":  # quantized, the term's Where has no exact form (its constant branch off the other's grid)
         with pytest.raises(UnsupportedError, match="Where of a constant branch off the other branch's grid has no "
                                                    "exact CVM form"):

@@ -17,7 +17,7 @@ from .values import Real, Scaled, Summed, per_tensor, real_bound, scaled
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
          "Identity", "Expand", "Tile", "Gather", "Split", "GlobalMaxPool", "ReduceMax", "ReduceMin", "DepthToSpace",
-         "SpaceToDepth", "GatherElements"]
+         "SpaceToDepth", "GatherElements", "ReverseSequence"]
 
 
 def move_rule(ctx, node, x, *rest):
