@@ -14,7 +14,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, type_name
-from ..emit import as_int32, broadcast_shape, extreme, minus_zero
+from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
 from .masks import Tabulated, mask_of_table
 from .qdq import MAX_TABLE, MaskedScores, Requant, lookup, quantize, saturate
@@ -28,11 +28,7 @@ def add_rule(ctx, node, a, b):
     if mask is not None:
         x = per_tensor(scaled(b if mask is a else a, "the scores beside an attention mask"), "a masked Softmax")
         mask = mask_of_table(ctx, mask)
-        try:
-            fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
-        except ValueError:
-            fits = False
-        if not fits:
+        if not broadcasts_into(mask.shape, x.shape):
             raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
                          "into them")
         return MaskedScores(x, mask, x.shape)
@@ -156,8 +152,7 @@ def constant_factor(t, what: str, shape: tuple[int, ...] | None = None) -> Fract
     also a tensor holding one such value throughout whose shape broadcasts into the operand's ``shape`` (a mean
     pooling's token count): elementwise it is that scalar, and the result keeps the operand's shape."""
     v = np.asarray(t.value, np.float64)
-    if v.size > 1 and shape is not None and (v == v.flat[0]).all() and len(v.shape) <= len(shape) \
-            and all(d in (1, s) for d, s in zip(v.shape[::-1], tuple(shape)[::-1])):
+    if v.size > 1 and shape is not None and (v == v.flat[0]).all() and broadcasts_into(v.shape, shape):
         v = v.reshape(-1)[:1]
     if v.size != 1 or not np.isfinite(v).all() or v.reshape(()) <= 0:
         raise Refuse(f"{what} must be a finite constant > 0, a scalar or one value throughout that does not "
@@ -174,8 +169,8 @@ def constant_factors(t, what: str, x) -> Fraction | np.ndarray:
     shape = getattr(x, "shape", None)
     terms = x.terms if isinstance(x, Summed) else (x,)
     if v.size <= 1 or (v == v.flat[0]).all() or not (np.isfinite(v) & (v > 0)).all() \
-            or not all(isinstance(term, Scaled) and term.clip == (None, None) and len(v.shape) <= len(term.shape)
-                       and np.broadcast_shapes(v.shape, term.shape) == tuple(term.shape) for term in terms):
+            or not all(isinstance(term, Scaled) and term.clip == (None, None) and broadcasts_into(v.shape, term.shape)
+                       for term in terms):
         return constant_factor(t, what, shape)
     return np.array([Fraction(float(q)) for q in v.flat], dtype=object).reshape(v.shape)
 
@@ -751,11 +746,7 @@ def prelu_rule(ctx, node, x, slope):
     a = constant_values(slope)
     if a is None or not np.isfinite(a).all():
         raise Refuse("PRelu with a slope computed at run time or not finite: only a constant slope has an exact form")
-    try:
-        fits = tuple(np.broadcast_shapes(a.shape, x.shape)) == tuple(x.shape)
-    except ValueError:
-        fits = False
-    if not fits:
+    if not broadcasts_into(a.shape, x.shape):
         raise Refuse(f"PRelu slope of shape {a.shape} does not broadcast to the input's {x.shape}")
     while a.ndim and a.shape[0] == 1 and a.ndim > 1:
         a = a.reshape(a.shape[1:])
