@@ -710,6 +710,17 @@ ATTRS.update({
                          "scan_input_directions": [[2], [-1], [1, 1]], "scan_output_axes": [[7], [-4, 1], [0]],
                          "scan_output_directions": [[5], [1, 1, 1], [-1, 0]]},
 })
+ATTRS.update({
+    "InstanceNormalization": {"epsilon": ATTRS["LayerNormalization"]["epsilon"]},
+    "GroupNormalization": {"num_groups": [0, -1, 1, 3, 4, BIG], "epsilon": ATTRS["LayerNormalization"]["epsilon"],
+                           "stash_type": [0, 10]},
+    "Trilu": {"upper": [0, 2, -1]}, "Shape": {"start": [-5, 1, 5, BIG], "end": [0, -1, 5]},
+    "ConstantOfShape": {"value": [nh.from_array(np.array([v], t)) for v, t in ((np.nan, np.float32), (3, np.int64),
+                                                                               (1, np.bool_), (7, np.float64))]
+                        + [nh.from_array(np.array([1.0, 2.0], np.float32))]},
+    "Concat": {"axis": [-3, 1, 5, BIG]}, "Range": {}, "Equal": {}, "Greater": {}, "Less": {}, "And": {}, "Min": {},
+    "Log": {}, "Mul": {}, "ReduceMean": ATTRS["ReduceMean"],
+})
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
 #: Values of the constant (int64 or float) inputs of those ops: shapes, sizes, pads, indices, scales.
@@ -933,12 +944,13 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
     return out
 
 
+#: The float seeds of the forms of NORMS_AND_MASKS (``_norms_and_masks_float``).
+NORMS_AND_MASKS_FLOAT = ("decoder", "decoder-causal", "group-norm-block", "t5-rms", "sscd", "log-spectrum")
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
-                "fused-conv", "fused-matmul", "long-dense", "decoder", "decoder-causal", "group-norm-block", "t5-rms",
-                "sscd", "log-spectrum")
+                "fused-conv", "fused-matmul", "long-dense") + NORMS_AND_MASKS_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
