@@ -1065,3 +1065,19 @@ def test_a_per_channel_factor_that_does_not_broadcast_is_refused_naming_the_node
         import_model(m, input_precision=9)
     assert all("\n" not in str(p) for p in info.value.problems), info.value
     assert info.value.problems[0].where.startswith(("Div", "Mul")), info.value
+
+
+@pytest.mark.parametrize("op, eps", [("Max", np.nan), ("Min", np.nan), ("Max", [0.05, np.nan]),
+                                     ("Min", [np.inf, 0.1])])
+def test_a_nan_max_or_min_constant_is_refused_naming_the_node(op, eps):
+    """Max or Min of a dequantized x and a constant holding NaN (tf.math.l2_normalize's Max(S, eps) with eps NaN):
+    one line naming the node. Regression: an internal ValueError 'cannot convert NaN to integer ratio' (the latest
+    fuzz target on the L2 normalization seed)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf", "e"], ["r"], name="op"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (3, 2), T.UINT8, {"s": np.float32(0.05), "z": np.uint8(3), "e": np.float32(eps)}, T.UINT8)
+    with pytest.raises(UnsupportedError) as info:
+        import_model(m, input_precision=9)
+    assert any("op" in p.where and "\n" not in str(p) for p in info.value.problems), info.value

@@ -485,6 +485,8 @@ def extremum_rule(ctx, node, *xs):
         return x
     if c.size == 1:
         cf = float(c.reshape(()))
+        if math.isnan(cf):
+            raise Refuse(f"{node.op_type} with a NaN constant is NaN throughout: no integer form")
         if math.isinf(cf):
             if (cf < 0) == is_max:
                 return x
@@ -493,8 +495,8 @@ def extremum_rule(ctx, node, *xs):
         return bounded(ctx, x, b, None) if is_max else bounded(ctx, x, None, b)
     x = per_tensor(x, f"{node.op_type} with a constant array")
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
-    grid = np.array([Fraction(float(v)) / s + z for v in c.flat], dtype=object)
-    if any(g.denominator != 1 for g in grid) or not np.isfinite(c).all():
+    grid = np.array([Fraction(float(v)) / s + z if np.isfinite(v) else Fraction(1, 2) for v in c.flat], dtype=object)
+    if any(g.denominator != 1 for g in grid):
         raise Refuse(f"{node.op_type} with a constant array off the input's quantization grid: only a scalar "
                      "constant, or one on the grid, has an exact form")
     k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
