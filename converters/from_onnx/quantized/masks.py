@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable, onnx_cast
-from ..emit import as_int32, broadcast_shape
+from ..emit import as_int32, broadcast_shape, broadcasts_into
 from ..registry import Refuse, integer_rule
 from .qdq import MAX_TABLE, Mask, MaskedScores
 from .values import Deferred, Scaled
@@ -252,11 +252,7 @@ def masked_scores(ctx, x: Scaled, term: Tabulated) -> MaskedScores:
     """x plus an attention mask's term (``mask_of_table``), for the Softmax that reads it; a mask whose shape does
     not broadcast into the scores' refused."""
     mask = mask_of_table(ctx, term)
-    try:
-        fits = np.broadcast_shapes(x.shape, mask.shape) == tuple(x.shape)
-    except ValueError:
-        fits = False
-    if not fits:
+    if not broadcasts_into(mask.shape, x.shape):
         raise Refuse(f"an attention mask of shape {mask.shape} added to scores of shape {x.shape} must broadcast "
                      "into them")
     return MaskedScores(x, mask, x.shape)
