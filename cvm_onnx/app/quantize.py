@@ -855,7 +855,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 except CVMError:  # the model is written either way
                     pass
                 release_memory()
-            back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
+            with open(stage / PARAMS, "rb") as f:
+                back = read_params(f, str(stage / PARAMS))
             params.update((k, back[k]) for k in order)
             del back
             release_memory()

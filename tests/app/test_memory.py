@@ -282,3 +282,31 @@ def test_read_onnx_parses_as_onnx_load_does(tmp_path):
         onnx.load(tmp_path / "c.onnx", load_external_data=False)
     with pytest.raises(type(want.value)):
         read_onnx(tmp_path / "c.onnx")
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+def test_a_model_directory_is_read_without_its_params_bytes_beside_its_arrays(tmp_path):
+    """read_model (and quantize, reading its params back after the comparison) reads the params file from the open
+    file, array by array: 64 MiB of int8 params (16 of 4 MiB) are read with one array's bytes beside them (the
+    file's bytes and the arrays made from them were held at once: 2x), and equal what was written."""
+    from cvm_onnx.core.format import read_model, write_model
+    from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
+
+    shape = (2048, 2048)
+    nodes = [Node("data", "null", outputs=(TensorType(shape, 8),))]
+    for k in range(16):
+        nodes.append(Node(f"w{k}", "null", outputs=(TensorType(shape, 8),)))
+        nodes.append(Node(f"add{k}", "elemwise_add", (Entry(len(nodes) - 2 if k else 0), Entry(len(nodes) - 1)), {},
+                          (TensorType(shape, 8),)))
+    rng = np.random.default_rng(0)
+    graph = Graph(nodes, [Entry(len(nodes) - 1)])
+    graph.params = {f"w{k}": rng.integers(-127, 128, size=shape, dtype=np.int8) for k in range(16)}
+    write_model(graph, tmp_path / "m")
+    want = graph.params
+    _reset_peak()
+    before = _rss()
+    got = read_model(tmp_path / "m").params
+    peak = _peak_rss() - before
+    assert list(got) == list(want) and all(np.array_equal(got[k], v) and got[k].dtype == v.dtype
+                                           for k, v in want.items())
+    assert peak < (64 << 20) * 5 // 4
