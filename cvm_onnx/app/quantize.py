@@ -829,31 +829,25 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             release_memory()
-            # onnxruntime runs the float and the quantized model from their files before the import, beside nothing
-            # else of size (the comparison below runs the CVM model alone); its failure is said after the import's
-            try:
-                ran = onnx_outputs(float_path, out, samples, os.fspath(src))
-            except RuntimeFailure as e:
-                ran = e
             precision = 8 if samples.dtype.kind in "fV" else integer_precision(samples)
             precisions = input_precisions(samples)
             imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress,
                                input_precisions=precisions)
-            if isinstance(ran, RuntimeFailure):
-                raise ran
             release_memory()
             layers = layer_report(onnx.load(out), imported, samples, onnx.load(prepared), progress) \
                 if report else None
             if progress:
                 progress(0, None, "comparing with the float model")
-            # the CVM model runs with its params; then they wait in the stage's file while the one-part import runs,
-            # and come back at the end (in their order): neither held beside the other
+            # the CVM model runs first, with its params; then they wait in the stage's file while onnxruntime runs
+            # the float and the quantized model from their files and the one-part import runs, and come back at the
+            # end (in their order): none of these held beside another
             got = cvm_outputs(imported, samples, progress)
             params = imported.graph.params
             order = list(params)
             params.clear()
             release_memory()
-            agreements = compare(float_path, out, imported, samples, got=got, ran=ran)
+            agreements = compare(float_path, out, imported, samples, got=got, where=os.fspath(src))
+            release_memory()
             one_part = None
             if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
                 try:
@@ -1056,23 +1050,14 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "",
-            ran: tuple[list[np.ndarray], list[np.ndarray]] | None = None) \
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") \
         -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
     model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
     batch 1), each stacked as the float model's. ``got``: the CVM model's, as ``cvm_outputs`` gave them (its graph
-    then needs no params); else it runs first. ``ran``: onnxruntime's two, as ``onnx_outputs`` gave them."""
+    then needs no params); else it runs first."""
     if got is None:
         got = cvm_outputs(imported, samples, progress)
-    want, ort = ran or onnx_outputs(model, quantized, samples, where)
-    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
-
-
-def onnx_outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, samples: np.ndarray, where: str = "") \
-        -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The outputs on ``samples`` of the float ``model`` and of onnxruntime's ``quantized`` model (as ``outputs``
-    takes them), each as onnxruntime gives them, one session at a time."""
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
         want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples,
@@ -1081,7 +1066,7 @@ def onnx_outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, samples
         ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples,
                         "its quantized model", where)
         release_memory()
-    return want, ort
+    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
 
 
 def cvm_outputs(imported: Imported, samples: np.ndarray, progress: Progress | None = None) -> list[np.ndarray]:
@@ -1118,13 +1103,11 @@ def _stamp(path: Path) -> None:
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "",
-            ran: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> list[Agreement]:
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") -> list[Agreement]:
     """Each output of the CVM model ``imported`` (``got``: its outputs, as ``outputs`` takes them) and of
     onnxruntime's ``quantized`` model (its bytes or its file) against the float ``model`` (or the file holding it)
-    on ``samples`` (N samples of the input's shape, batch 1; ``ran``: onnxruntime's outputs, as ``outputs`` takes
-    them); ``where`` names the source model in a refusal."""
-    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where, ran)
+    on ``samples`` (N samples of the input's shape, batch 1); ``where`` names the source model in a refusal."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in

@@ -284,43 +284,6 @@ def test_read_onnx_parses_as_onnx_load_does(tmp_path):
         read_onnx(tmp_path / "c.onnx")
 
 
-def test_onnxruntime_runs_the_float_and_quantized_models_before_the_import(tmp_path, monkeypatch):
-    """The comparison's onnxruntime sessions (the float model's holds its float weights) run before the import, so
-    that nothing of the import (its graph, the heap its making left) is held beside them; the CVM model runs alone
-    after it. onnxruntime's failure to run them is raised after the import, whose refusal comes first."""
-    import onnx
-    from support.transformers import encoder
-
-    import cvm_onnx.app.quantize as q
-    from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
-
-    onnx.save(encoder(seed=2, s=5, d=8, heads=2, ff=16), tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(3, 1, 5, 8)).astype(np.float32))
-    said = []
-    run_onnx, convert, cvm_outputs = q._run_onnx, q.convert, q.cvm_outputs
-    monkeypatch.setattr(q, "_run_onnx", lambda *a, **k: said.append("onnxruntime") or run_onnx(*a, **k))
-    monkeypatch.setattr(q, "convert", lambda *a, **k: said.append("import") or convert(*a, **k))
-    monkeypatch.setattr(q, "cvm_outputs", lambda *a, **k: said.append("CVM") or cvm_outputs(*a, **k))
-    done = q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
-    assert said == ["onnxruntime", "onnxruntime", "import", "CVM"]
-    samples = np.load(tmp_path / "c.npy")
-    assert done.agreements == q.compare(done.float_model, done.onnx_model, done.imported, samples)
-
-    def refused(*a, **k):
-        raise UnsupportedError("refused by the import")
-
-    def failed(*a, **k):
-        raise RuntimeFailure("onnxruntime failed")
-
-    monkeypatch.setattr(q, "_run_onnx", failed)
-    with pytest.raises(RuntimeFailure, match="onnxruntime failed"):
-        q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m2")
-    monkeypatch.setattr(q, "convert", refused)
-    with pytest.raises(UnsupportedError, match="refused by the import"):
-        q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m3")
-    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
-
-
 @pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
 def test_a_model_directory_is_read_without_its_params_bytes_beside_its_arrays(tmp_path):
     """read_model (and quantize, reading its params back after the comparison) reads the params file from the open
