@@ -864,7 +864,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 except CVMError:  # the model is written either way
                     pass
                 release_memory()
-            back = read_params((stage / PARAMS).read_bytes(), str(stage / PARAMS))
+            with open(stage / PARAMS, "rb") as f:
+                back = read_params(f, str(stage / PARAMS))
             params.update((k, back[k]) for k in order)
             del back
             release_memory()
@@ -981,14 +982,27 @@ def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str 
     for kind, name, t in consts:
         if t.data_type in FLOAT_TYPES and name in read and (name in outside or name not in readers):
             v = numpy_helper.to_array(t)
-            bound = readers.get(name, set()) <= {"Clip", "Max", "Min"}
-            bad = np.isnan(v) if bound else ~np.isfinite(v)
-            if bad.any():
-                at = tuple(int(i) for i in np.argwhere(bad)[0])
+            if (k := _first_bad(v.reshape(-1), readers.get(name, set()) <= {"Clip", "Max", "Min"})) is not None:
+                at = tuple(int(i) for i in np.unravel_index(k, v.shape))
                 by = [f"{n.name or n.output[0]} ({n.op_type})" for n in _nodes(model.graph) if name in n.input]
                 return (f"the {kind} {name!r} holds {v[at]} at {at}: onnxruntime.quantization computes scales "
                         f"from finite weights only (read by {', '.join(by[:4])}{' ...' if len(by) > 4 else ''}: "
                         "--outputs cuts a float tail off before them)")
+    return None
+
+
+#: The elements ``_first_bad`` checks at a time (its masks' size: 1 MiB).
+CHECKED = 1 << 20
+
+
+def _first_bad(v: np.ndarray, bound: bool) -> int | None:
+    """The index of the first NaN in the flat ``v`` (or, unless ``bound``, the first NaN or infinity), or None;
+    ``CHECKED`` elements at a time, so that its masks are no copy of a large weight."""
+    for start in range(0, v.size, CHECKED):
+        part = v[start:start + CHECKED]
+        bad = np.isnan(part) if bound else ~np.isfinite(part)
+        if bad.any():
+            return start + int(np.argmax(bad))
     return None
 
 

@@ -299,3 +299,59 @@ def test_the_collections_between_quantize_stages_walk_only_what_it_made(tmp_path
     quantize(models / "float.onnx", models / "calibration.npy", tmp_path / "q")
     assert frozen and min(frozen) >= len(held)
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+def test_a_model_directory_is_read_without_its_params_bytes_beside_its_arrays(tmp_path):
+    """read_model (and quantize, reading its params back after the comparison) reads the params file from the open
+    file, array by array: 64 MiB of int8 params (16 of 4 MiB) are read with one array's bytes beside them (the
+    file's bytes and the arrays made from them were held at once: 2x), and equal what was written."""
+    from cvm_onnx.core.format import read_model, write_model
+    from cvm_onnx.core.graph import Entry, Graph, Node, TensorType
+
+    shape = (2048, 2048)
+    nodes = [Node("data", "null", outputs=(TensorType(shape, 8),))]
+    for k in range(16):
+        nodes.append(Node(f"w{k}", "null", outputs=(TensorType(shape, 8),)))
+        nodes.append(Node(f"add{k}", "elemwise_add", (Entry(len(nodes) - 2 if k else 0), Entry(len(nodes) - 1)), {},
+                          (TensorType(shape, 8),)))
+    rng = np.random.default_rng(0)
+    graph = Graph(nodes, [Entry(len(nodes) - 1)])
+    graph.params = {f"w{k}": rng.integers(-127, 128, size=shape, dtype=np.int8) for k in range(16)}
+    write_model(graph, tmp_path / "m")
+    want = graph.params
+    _reset_peak()
+    before = _rss()
+    got = read_model(tmp_path / "m").params
+    peak = _peak_rss() - before
+    assert list(got) == list(want) and all(np.array_equal(got[k], v) and got[k].dtype == v.dtype
+                                           for k, v in want.items())
+    assert peak < (64 << 20) * 5 // 4
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+@pytest.mark.parametrize("at", [None, (0, 0), (4095, 4095)])
+def test_non_finite_checks_a_large_weight_without_copies_beside_it(at):
+    """non_finite holds one 64 MiB float weight's values (protobuf hands its bytes over as a copy) and masks of a
+    few MiB: the masks of the whole weight (isfinite and its negation, 32 MiB) were held beside it. The first
+    infinity is found wherever it is, as ``np.argwhere`` finds it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from cvm_onnx.app.quantize import non_finite
+
+    w = np.ones((4096, 4096), np.float32)
+    if at:
+        w[-1, -1] = -np.inf
+        w[at] = np.inf
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4096])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4096])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    del w
+    _reset_peak()
+    before = _rss()
+    said = non_finite(model)
+    peak = _peak_rss() - before
+    assert said is None if at is None else said.startswith(f"the initializer 'w' holds inf at {at}:")
+    assert peak < (64 << 20) * 9 // 8

@@ -5,7 +5,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Callable, Iterable, TypeVar
 
 from ..errors import FormatError, Problem
 from ..graph import Graph
@@ -16,11 +16,14 @@ from .symbol import read_symbol, write_symbol
 
 SYMBOL = "symbol"
 PARAMS = "params"
+T = TypeVar("T")
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path, read: Callable[[BinaryIO], T] | None = None) -> bytes | T:
+    """The file's bytes, or what ``read`` makes of the open file; ``FormatError`` where it cannot be read."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            return f.read() if read is None else read(f)
     except FileNotFoundError:
         raise FormatError("no such file", str(path)) from None
     except IsADirectoryError:
@@ -65,7 +68,7 @@ def read_model(path: str | os.PathLike, params: str | os.PathLike | None = None)
     except FormatError as e:
         problems += e.problems
     try:
-        values = read_params(_read_bytes(params_path), where=str(params_path))
+        values = _read_bytes(params_path, lambda f: read_params(f, where=str(params_path)))
     except FormatError as e:
         problems += e.problems
     if problems:

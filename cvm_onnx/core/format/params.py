@@ -12,8 +12,9 @@ allocated, so memory stays bounded by the file size.
 """
 from __future__ import annotations
 
+import os
 import struct
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import numpy as np
 
@@ -29,10 +30,13 @@ _ARRAY_HEADER = struct.Struct("<QQiiiBBH")  # magic, reserved, device, ndim, dty
 
 
 class _Cursor:
-    """Reads fixed-size fields from ``data``, checking the bytes left first."""
+    """Reads fixed-size fields from ``data`` (bytes, or a binary file read from its position on: one field's bytes
+    held at a time), checking the bytes left first."""
 
-    def __init__(self, data: bytes, where: str):
-        self.data = memoryview(data).cast("B")
+    def __init__(self, data: bytes | BinaryIO, where: str):
+        self.file = None if isinstance(data, (bytes, bytearray, memoryview)) else data
+        self.data = memoryview(data).cast("B") if self.file is None else None
+        self.size = len(self.data) if self.file is None else os.fstat(self.file.fileno()).st_size - data.tell()
         self.where = where
         self.off = 0
         self.array = ""
@@ -45,7 +49,7 @@ class _Cursor:
 
     @property
     def left(self) -> int:
-        return len(self.data) - self.off
+        return self.size - self.off
 
     def need(self, n: int, what: str) -> None:
         if n > self.left:
@@ -53,20 +57,20 @@ class _Cursor:
 
     def unpack(self, fmt: struct.Struct | str, what: str) -> tuple:
         s = fmt if isinstance(fmt, struct.Struct) else struct.Struct(fmt)
-        self.need(s.size, what)
-        values = s.unpack_from(self.data, self.off)
-        self.off += s.size
-        return values
+        return s.unpack(self.take(s.size, what))
 
-    def take(self, n: int, what: str) -> memoryview:
+    def take(self, n: int, what: str) -> memoryview | bytes:
         self.need(n, what)
-        view = self.data[self.off:self.off + n]
+        view = self.data[self.off:self.off + n] if self.file is None else self.file.read(n)
+        if len(view) < n:  # the file shrank while read
+            raise self.fail(f"{what} needs {n} bytes, only {len(view)} left (truncated file?)")
         self.off += n
         return view
 
 
-def read_params(data: bytes, where: str = "params") -> dict[str, np.ndarray]:
-    """Arrays by name, in file order, with their on-disk dtype (int8 or int32), C order, native byte order.
+def read_params(data: bytes | BinaryIO, where: str = "params") -> dict[str, np.ndarray]:
+    """Arrays by name, in file order, with their on-disk dtype (int8 or int32), C order, native byte order, from the
+    file's bytes or the open file (then no more than one array's bytes held beside the arrays).
 
     Raises ``FormatError`` naming the byte offset, the array and the broken rule.
     """
