@@ -21,6 +21,7 @@ from support.packed import bert_like, bert_samples
 from cvm_onnx.app.kept_float import masked_softmaxes
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized import masks
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.verify import verify
@@ -75,6 +76,18 @@ def test_padding_and_causal_masks_equal_the_masked_softmax(d, form, batch, heads
     x = np.asarray(d.draw(st.lists(st.integers(-128, 127), min_size=batch * heads * n * n,
                                    max_size=batch * heads * n * n)), np.int64).reshape(batch, heads, n, n)
     check_decoder(form, m, x, c, s, window)
+
+
+@settings(max_examples=60, deadline=None)
+@given(top=st.sampled_from([1, 2, 7, 300, 1 << 20, 1 << 47]), shape=st.lists(st.integers(1, 9), min_size=1,
+                                                                            max_size=3), seed=st.integers(0, 99))
+def test_the_constant_keys_unique_is_numpys(top, shape, seed):
+    """The causal matrices' keys are compacted by a table of their range where it is small, else by numpy's sort:
+    the values and the inverse of np.unique either way."""
+    a = np.random.default_rng(seed).integers(0, top, shape)
+    values, inverse = masks._unique(a)
+    want, index = np.unique(a, return_inverse=True)
+    assert np.array_equal(values, want) and np.array_equal(inverse.reshape(-1), index.reshape(-1))
 
 
 def test_gpt2s_eager_where_over_one_key_keeps_the_scores():

@@ -147,10 +147,26 @@ def _keyed(x) -> tuple[Tensor, int, np.ndarray] | None:
                          "most 2^16")
         return x, lo, np.arange(lo, hi + 1).astype(_np_type(x.dtype))
     v = np.asarray(x.value)
-    if np.unique(v).size <= 1:
+    if v.size == 0 or (v == v.reshape(-1)[0]).all():
         return None
     values, index = np.unique(v, return_inverse=True)
+    if values.size <= 1:  # NaNs throughout
+        return None
     return const(index.reshape(v.shape).astype(np.int32), INT32), 0, values.astype(v.dtype)
+
+
+def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(a, return_inverse=True) of integers from 0: by marking them in a table of their range where it
+    is no more than a few times a's size (linear time: a causal matrix of 4096^2 keys is sorted in seconds)."""
+    top = int(a.max(initial=-1)) + 1
+    if top > 4 * a.size + 1024:
+        return np.unique(a, return_inverse=True)
+    seen = np.zeros(top, bool)
+    seen[a] = True
+    values = np.flatnonzero(seen)
+    rank = np.empty(top, np.int64)
+    rank[values] = np.arange(values.size)
+    return values, rank[a]
 
 
 def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -160,7 +176,7 @@ def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarra
     c, per = np.zeros(foldable(shape), np.int64), []
     for k, lo, values in keys:  # compacted at each step: every pair below 2^48
         pairs = c * values.size + (np.asarray(k.value, np.int64) - lo)
-        tuples, c = np.unique(pairs, return_inverse=True)
+        tuples, c = _unique(pairs)
         per = [p[tuples // values.size] for p in per] + [values[tuples % values.size]]
         c = c.reshape(shape)
     return c, per
