@@ -7,12 +7,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import Oracle, qdq
+from support.quantized import Oracle, ort_session, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
@@ -49,7 +48,7 @@ def checked(m, x: np.ndarray, ort_within: bool):
     assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
     assert verify(imp.graph, x.astype(np.int32)).exact
     if ort_within:
-        theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        theirs = ort_session(m).run(
             None, {"x": x.astype(NP[m.graph.input[0].type.tensor_type.elem_type])})[0]
         assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
     return imp

@@ -6,12 +6,11 @@ Gemm) within one step."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import Oracle, qdq
+from support.quantized import Oracle, ort_session, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
@@ -30,7 +29,7 @@ def check(m, x, x_type):
     [want] = Oracle(m, imp).run(x)
     assert np.array_equal(got.astype(np.int64), np.asarray(want[1]).reshape(got.shape))
     assert verify(imp.graph, x.astype(np.int32)).exact
-    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+    theirs = ort_session(m).run(
         None, {"x": x.astype(NP[x_type])})[0]
     assert np.abs(theirs.astype(np.int64) - got.astype(np.int64).reshape(theirs.shape)).max() <= 1
 

@@ -35,9 +35,9 @@ def test_onnx_cast_is_onnxruntimes_where_onnx_defines_it(to, v):
     where every value is finite and inside an integer type (any value to bool and to a float type); else refused,
     naming the value and the type's bounds."""
     x = np.asarray(v, np.float32)
-    defined = to not in INT_RANGES or to == T.BOOL or (np.isfinite(x).all() and
-                                                        (np.trunc(x) >= INT_RANGES[to][0]).all() and
-                                                        (np.trunc(x) <= INT_RANGES[to][1]).all())
+    defined = to not in INT_RANGES or to == T.BOOL or (np.isfinite(x).all() and  # in Python's integers: exact
+                                                        all(INT_RANGES[to][0] <= int(t) <= INT_RANGES[to][1]
+                                                            for t in np.trunc(x).tolist()))
     if not defined:
         with pytest.raises(Refuse, match=r"which the type does not hold .*clip them to \[-?\d+, \d+\] first"):
             onnx_cast(x, to, "values")

@@ -746,9 +746,15 @@ def test_layernorm_refusals_name_the_node():
     m, _ = layernorm_model((2, 4), -1, T.UINT8, 0.1, 0, 0.0, gamma, 0.01, None, False, 0.05, 0, T.UINT8)
     with pytest.raises(CVMError, match=r"ln \(LayerNormalization\): .*epsilon must be > 0"):
         import_model(m, input_precision=9)
-    m, _ = layernorm_model((1, 30000), -1, T.UINT8, 0.1, 0, 1e-5, np.ones(30000, np.int64), 0.01, None, False,
+    m, _ = layernorm_model((1, 32771), -1, T.UINT8, 0.1, 0, 1e-5, np.ones(32771, np.int64), 0.01, None, False,
+                           0.05, 0, T.UINT8)  # a prime number of values: no part of them sums within 32 bits
+    with pytest.raises(CVMError, match=r"LayerNormalization over 32771 values .*passes 32 bits in its sums"):
+        import_model(m, input_precision=9)
+    gamma = np.arange(1, 20001) % 127 + 1  # with beta below: 20000 distinct (gamma, beta) pairs
+    m, _ = layernorm_model((1, 20000), -1, T.UINT8, 0.01, 0, 1e-5, gamma, 0.01, np.arange(20000), False,
                            0.05, 0, T.UINT8)
-    with pytest.raises(CVMError, match=r"LayerNormalization.*passes 32 bits in its variance"):
+    with pytest.raises(CVMError, match=r"LayerNormalization over 20000 values with 20000 distinct \(gamma, beta\) "
+                                       r"pairs: its plan is searched over at most 16384"):
         import_model(m, input_precision=9)
 
 

@@ -167,6 +167,9 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
     precision = tight(max(-low, high))
+    if n > MAX_WIDE and peak:  # past the quartered form's rows (16383 values): the wide form's, refused before
+        raise NoPlan(f"a LayerNormalization over {n} values passes 32 bits in its sums, and its form of wide rows "
+                     f"plans at most {MAX_WIDE} values (its search grows with them)")
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
     # output range plus 2 from 0 saturates every output of position i, and so does the bound in its place (the same
@@ -228,6 +231,10 @@ class WideRows:
         return ((n * n * self.width ** 2 << (2 * self.scale)) // 4 + (n - 1) ** 2) // n
 
 
+#: the most values in a row the wide form plans
+MAX_WIDE = 1 << 16
+#: the most distinct (gamma_i, beta_i) pairs a plan is searched over (each takes every try's exact bound)
+MAX_PAIRS = 1 << 14
 #: the wide form's tries: R in one part or two, and the bits B of D' (|D'| < 2^B)
 WIDE_BITS = ((False, (16,)), (True, (18, 20, 22)))
 
@@ -364,8 +371,20 @@ class Table:
 
 def tabled(shape: tuple, tab: Table, d_bits: int, h: int, gamma: np.ndarray, beta: np.ndarray,
            outputs: tuple[int, int] | None = None) -> LayerNormPlan | None:
-    """``best_plan``'s search over j and k for a given table."""
+    """``best_plan``'s search over j and k for a given table, over the distinct (gamma_i, beta_i) pairs (a
+    position's multiplier, offset and bound are its pair's), of which it takes at most ``MAX_PAIRS``."""
     n, centre, t_bits, levels, quarter, precision = shape
+    if gamma.size == beta.size:
+        pairs: dict[tuple[Fraction, Fraction], int] = {}
+        index = np.array([pairs.setdefault(gb, len(pairs)) for gb in zip(gamma.flat, beta.flat)], np.int64)
+        if len(pairs) > MAX_PAIRS:
+            raise NoPlan(f"a LayerNormalization over {n} values with {len(pairs)} distinct (gamma, beta) pairs: "
+                         f"its plan is searched over at most {MAX_PAIRS}")
+        if len(pairs) < gamma.size:
+            g, b = np.empty(len(pairs), object), np.empty(len(pairs), object)
+            g[:], b[:] = [gb[0] for gb in pairs], [gb[1] for gb in pairs]
+            p = tabled(shape, tab, d_bits, h, g, b, outputs)
+            return None if p is None else replace(p, multipliers=p.multipliers[index], offsets=p.offsets[index])
     table, worst, f = tab.table, tab.worst, tab.f
     if tight(int(table.max(initial=0)) >> h) + d_bits > 32:
         if h or outputs:

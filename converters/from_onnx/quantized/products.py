@@ -762,19 +762,19 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
 
 @float_rule("ReduceSumSquare", "ReduceL1", since=1)
 def reduce_power_rule(ctx, node, x, axes_t=None):
-    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2 (``multiply``,
-    its interval from 0) or of |u| (`abs`) at s, requantized by the QuantizeLinear that follows."""
-    from .elementwise import multiply
-
+    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2
+    (`broadcast_mul` of u by u, its interval from 0) or of |u| (`abs`) at s, requantized by the QuantizeLinear that
+    follows."""
     x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
     z = int(x.zero.reshape(()))
     a, b = x.t.lo - z, x.t.hi - z
     low, peak = 0 if a <= 0 <= b else min(-b, a), max(-a, b)
+    u = minus_zero(ctx, x.t, x.zero)
     if node.op_type == "ReduceSumSquare":
-        v = replace(multiply(ctx, x, x).t, lo=low * low, hi=peak * peak)
+        v = ctx.result(ctx.op("broadcast_mul", u, u), INT32, low * low, peak * peak, x.shape)
         s = x.scale.reshape(()).item() ** 2
     else:
-        v = ctx.result(ctx.op("abs", minus_zero(ctx, x.t, x.zero)), INT32, low, peak, x.shape)
+        v = ctx.result(ctx.op("abs", u), INT32, low, peak, x.shape)
         s = x.scale.reshape(()).item()
     return summed(ctx, node, Scaled(v, np.asarray(s, dtype=object), np.zeros((), np.int64)), lambda: v, axes_t, 18,
                   s, False)
