@@ -13,6 +13,7 @@ and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STF
 float32 rounding); a ScatterND of constant indices as Concat and Gather (the same values moved)."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -649,12 +650,7 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
             continue
         base = node.name or node.output[0]
 
-        def fresh(suffix: str) -> str:
-            name, k = f"{base}:{suffix}", 1
-            while name in names:
-                name, k = f"{base}:{suffix}:{k}", k + 1
-            names.add(name)
-            return name
+        fresh = functools.partial(_fresh, names, base)
 
         laid = (scale.size,) + (1,) * (rank - 2)
         inits = {fresh("groups"): np.array([0, groups, -1], np.int64), fresh("ones"): np.ones(groups, np.float32),
@@ -970,12 +966,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     for node in nodes:
         base = node.name or node.output[0]
 
-        def fresh(suffix: str) -> str:
-            name, k = f"{base}:{suffix}", 1
-            while name in names:
-                name, k = f"{base}:{suffix}:{k}", k + 1
-            names.add(name)
-            return name
+        fresh = functools.partial(_fresh, names, base)
 
         def const(i: int, what: str) -> np.ndarray | None:
             if len(node.input) <= i or not node.input[i]:
@@ -1076,3 +1067,12 @@ def _pruned(graph: onnx.GraphProto, names: list[str]) -> None:
         if up is not None and not any(o in outputs or any(o in n.input for n in graph.node) for o in up.output):
             graph.node.remove(up)
             names.extend(up.input)
+
+
+def _fresh(names: set[str], base: str, suffix: str) -> str:
+    """``base:suffix`` (or ``base:suffix:k``, the first k free) that ``names`` lacks, added to them."""
+    name, k = f"{base}:{suffix}", 1
+    while name in names:
+        name, k = f"{base}:{suffix}:{k}", k + 1
+    names.add(name)
+    return name
