@@ -31,7 +31,8 @@ from ..emit import as_int32, reduced
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan
 from .chains import FLAT, _divisor, _Graph
-from .norm import LayerNormPlan, best_plan, c32, proven, quartered_shape, quotient, table_bits, table_shape
+from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
+                   table_index, table_shape)
 from .qdq import MAX_TABLE, Requant, saturate
 from .values import Deferred, Scaled, per_tensor, scaled
 
@@ -166,15 +167,7 @@ def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, n
         total = ctx.reshape(reduced(ctx, "sum", square, [1], 0, n * peak * peak), col)
         index = total
     if p.levels and not p.quarter:
-        size, step = 1 << p.table_bits, 3 << (p.table_bits - 2)
-        thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(p.levels)]).reshape(1, p.levels, 1))
-        above = op("broadcast_greater", total, thresholds, 0, 1, (outer, p.levels, inner))
-        level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
-        powers = c32([1 << (2 * m) for m in range(p.levels + 1)])
-        e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=p.levels + 1)
-        bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, total.hi, col)
-        index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
-                   p.table.size - 1, col)
+        level, index = levelled(ctx, total, p.table_bits, p.levels, p.table.size)
     prod = quotient(ctx, u, index, level, p.table >> p.split, p.extra, p.levels)
     if p.split:  # the low h bits of R: u R0 / 2^(m+j+h), truncated on its own
         low = quotient(ctx, u, index, level, p.table & ((1 << p.split) - 1), p.extra + p.split, p.levels)
@@ -235,10 +228,7 @@ def quartered(ctx, square: Tensor, n: int, p: LayerNormPlan, col) -> tuple[Tenso
     gap = op("broadcast_sub", top, bottom, 1 - size, size - 1, col)
     pick = op("broadcast_mul", above_q, gap, min(gap.lo, 0), max(gap.hi, 0), col)
     bucket = op("broadcast_add", bottom, pick, 0, size - 1, col)
-    step = 3 << (p.table_bits - 2)
-    index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
-               p.table.size - 1, col)
-    return level, index, small
+    return level, table_index(ctx, level, bucket, p.table_bits, p.levels, p.table.size), small
 
 
 @float_rule("LpNormalization", since=1)
@@ -474,21 +464,12 @@ def counted(ctx, total: Tensor, marks: list[int], v_max: int, where: str, of: st
     where one bucket holds more than ``MAX_INNER`` marks."""
     op = partial(proven, ctx)
     col = total.shape
-    outer, _, inner = col
     t_bits, levels = table_shape(v_max, 0)
     base, inner_t, depth = norm_tables(marks, v_max, t_bits, levels, MAX_INNER)
     if depth > MAX_INNER:
         raise Refuse(f"{where}: its output takes {depth} steps within one bucket of its {of} (at most "
                      f"{MAX_INNER}): quantize it at a coarser scale")
-    size, step = 1 << t_bits, 3 << (t_bits - 2)
-    thresholds = c32(np.array([(size << (2 * m)) - 1 for m in range(levels)]).reshape(1, levels, 1))
-    above = op("broadcast_greater", total, thresholds, 0, 1, (outer, levels, inner))
-    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, levels), col)
-    powers = c32([1 << (2 * m) for m in range(levels + 1)])
-    e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=levels + 1)
-    bucket = op("broadcast_div", total, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0, size - 1, col)
-    index = op("broadcast_add", op("broadcast_mul", level, c32(step), 0, levels * step, col), bucket, 0,
-               base.size - 1, col)
+    _, index = levelled(ctx, total, t_bits, levels, base.size, (1 << t_bits) - 1)
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(values)), in_dim=values.size)

@@ -167,7 +167,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
     precision = tight(max(-low, high))
-    if n > MAX_WIDE and peak:  # past the quartered form's rows (16383 values): the wide form's, refused before
+    if n > MAX_WIDE and peak:  # rows only the wide form takes (past 16383 values), refused before the work below
         raise NoPlan(f"a LayerNormalization over {n} values passes 32 bits in its sums, and its form of wide rows "
                      f"plans at most {MAX_WIDE} values (its search grows with them)")
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
@@ -544,11 +544,9 @@ def emit(ctx, t: Tensor, outer: int, n: int, p: LayerNormPlan, affine: tuple[int
         d = op("broadcast_sub", scaled_u, total, -(n - 1) * w, (n - 1) * w, rows)  # n u_i - sum u
         if p.quarter:
             key, bucket = quartered(ctx, u, total, n, p)
-            step = 3 << (p.table_bits - 2)
-            index = op("broadcast_add", op("broadcast_mul", key, c32(step), 0, p.levels * step, col), bucket, 0,
-                       p.table.size - 1, col)
+            index = table_index(ctx, key, bucket, p.table_bits, p.levels, p.table.size)
         elif p.levels:
-            key, index = levelled(ctx, variance(ctx, u, total, n, rows, col), p)
+            key, index = levelled(ctx, variance(ctx, u, total, n, rows, col), p.table_bits, p.levels, p.table.size)
         else:
             index = variance(ctx, u, total, n, rows, col)
     prod = quotient(ctx, d, index, key, p.table >> p.split, p.extra, exps)
@@ -600,20 +598,29 @@ def quotient(ctx, d: Tensor, index: Tensor, level: Tensor | None, table: np.ndar
     return prod
 
 
-def levelled(ctx, v: Tensor, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
-    """The level m = #{k < K : v >= 4^k 2^T} of each row's v (a column) and its table index 3 2^(T-2) m +
-    floor(v / 4^m)."""
+def levelled(ctx, v: Tensor, t_bits: int, levels: int, entries: int,
+             bucket_hi: int | None = None) -> tuple[Tensor, Tensor]:
+    """The level m = #{k < K : v >= 4^k 2^T} of each v (its axis 1 of length 1) and its index in a table of
+    ``entries`` (``table_index``) with the bucket floor(v / 4^m) (at most ``bucket_hi``; v's largest value)."""
     op = partial(proven, ctx)
     col = v.shape
-    thresholds = c32([[((1 << p.table_bits) << (2 * m)) - 1 for m in range(p.levels)]])
-    above = op("broadcast_greater", v, thresholds, 0, 1, (col[0], p.levels))
-    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, p.levels), col)
-    powers = c32([1 << (2 * m) for m in range(p.levels + 1)])
-    e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=p.levels + 1)
-    bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * p.levels), col), 0, v.hi, col)
-    step = 3 << (p.table_bits - 2)
-    return level, op("broadcast_add", op("broadcast_mul", level, c32(step), 0, p.levels * step, col), bucket, 0,
-                     p.table.size - 1, col)
+    bounds = np.array([((1 << t_bits) << (2 * m)) - 1 for m in range(levels)])
+    above = op("broadcast_greater", v, c32(bounds.reshape((1, levels) + (1,) * (len(col) - 2))), 0, 1,
+               (col[0], levels, *col[2:]))
+    level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, levels), col)
+    powers = c32([1 << (2 * m) for m in range(levels + 1)])
+    e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=levels + 1)
+    bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0,
+                v.hi if bucket_hi is None else bucket_hi, col)
+    return level, table_index(ctx, level, bucket, t_bits, levels, entries)
+
+
+def table_index(ctx, level: Tensor, bucket: Tensor, t_bits: int, levels: int, entries: int) -> Tensor:
+    """3 2^(T-2) m + b: the entry of level m's bucket b in a table of ``entries`` (level 0's 2^T buckets, then each
+    level's upper three quarters)."""
+    step, col = 3 << (t_bits - 2), level.shape
+    return proven(ctx, "broadcast_add", proven(ctx, "broadcast_mul", level, c32(step), 0, levels * step, col),
+                  bucket, 0, entries - 1, col)
 
 
 def wide_rows(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
@@ -633,7 +640,7 @@ def wide_rows(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     e = ctx.emit("clip", ctx.entry(op("broadcast_sub", high, rho, -rho.hi, high.hi, col)), a_min=0,
                  a_max=wide.y_max)
     y = ctx.result(e, INT32, 0, wide.y_max, col)
-    index = levelled(ctx, y, p)[1] if p.levels else y
+    index = levelled(ctx, y, p.table_bits, p.levels, p.table.size)[1] if p.levels else y
     if wide.shifts.any():
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(1 << wide.shifts)), in_dim=wide.shifts.size)
         d = op("broadcast_div", d, ctx.result(e, INT32, 1, 1 << int(wide.shifts.max()), col), -wide.d_bound,
