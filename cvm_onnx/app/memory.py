@@ -37,7 +37,8 @@ def map_large_blocks() -> None:
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
-_frozen = [0, threading.Lock()]  # how many own_garbage regions are open; guards the count
+_open = 0  # how many own_garbage regions are open
+_open_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -46,16 +47,17 @@ def own_garbage() -> Iterator[None]:
     ``release_memory`` walk only the objects made inside: whatever the process held on entering (its modules, a
     caller's objects, the million of a test process) is moved out of the collector's sight (gc.freeze) and given
     back on leaving: a full collection walks every tracked object, however few of them the stage made."""
-    with _frozen[1]:
-        _frozen[0] += 1
-        if _frozen[0] == 1:
+    global _open
+    with _open_lock:
+        _open += 1
+        if _open == 1:
             gc.freeze()
     try:
         yield
     finally:
-        with _frozen[1]:
-            _frozen[0] -= 1
-            if _frozen[0] == 0:
+        with _open_lock:
+            _open -= 1
+            if _open == 0:
                 gc.unfreeze()
 
 

@@ -648,10 +648,7 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
         scale, bias = (numpy_helper.to_array(consts[t]).astype(np.float32) for t in node.input[1:])
         if rank < 3 or groups < 1 or scale.size % groups or bias.size != scale.size:
             continue
-        base = node.name or node.output[0]
-
-        fresh = functools.partial(_fresh, names, base)
-
+        fresh = functools.partial(_fresh, names, node.name or node.output[0])
         laid = (scale.size,) + (1,) * (rank - 2)
         inits = {fresh("groups"): np.array([0, groups, -1], np.int64), fresh("ones"): np.ones(groups, np.float32),
                  fresh("zeros"): np.zeros(groups, np.float32), fresh("scale"): scale.reshape(laid),
@@ -965,7 +962,6 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)}
     for node in nodes:
         base = node.name or node.output[0]
-
         fresh = functools.partial(_fresh, names, base)
 
         def const(i: int, what: str) -> np.ndarray | None:

@@ -34,4 +34,5 @@ from .values import QUANTIZED_TYPES, Real, affine_of_integers, of_integers, quan
 __all__ = ["InputEdge", "L2Chain", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SUMS", "SoftmaxChain",
            "Tabulated", "affine_of_integers", "constant_term", "float_read", "input_edge", "input_precision",
            "l2_chains", "l2_value", "mask_terms", "masked_where", "norm_chains", "norm_value", "of_integers",
-           "output_edge", "parameter_problem", "quantized_affines", "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]
+           "output_edge", "parameter_problem", "quantized_affines", "quantized_constant", "softmax_chains",
+           "softmax_value", "tabulated"]

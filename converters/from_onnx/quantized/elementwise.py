@@ -339,8 +339,7 @@ def masked_where(ctx, node, cond, a, b):
     zero = const(np.zeros((), np.asarray(c.value).dtype), c.dtype)
     term = tabulated(ctx, node, cond, *((zero, c) if x is a else (c, zero)))
     if not isinstance(term, Tabulated):  # a condition of one value
-        kept = not np.asarray(term.value).any() and \
-            np.broadcast_shapes(tuple(term.shape), tuple(x.shape)) == tuple(x.shape)
+        kept = not np.asarray(term.value).any() and broadcasts_into(term.shape, x.shape)
         return x if kept else where_rule(ctx, node, cond, a, b)
     keep = looked_up(ctx, term, np.asarray(term.table) == 0)
     t = minus_zero(ctx, x.t, x.zero.reshape(()))

@@ -157,7 +157,7 @@ def _keyed(x) -> tuple[Tensor, int, np.ndarray] | None:
 
 def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(a, return_inverse=True) of integers from 0: by marking them in a table of their range where it
-    is no more than a few times a's size (linear time: a causal matrix of 4096^2 keys is sorted in seconds)."""
+    is no more than a few times a's size (linear in a causal matrix's keys, where a sort is n log n)."""
     top = int(a.max(initial=-1)) + 1
     if top > 4 * a.size + 1024:
         return np.unique(a, return_inverse=True)
