@@ -151,6 +151,23 @@ def test_a_divisor_of_terms_at_the_least_multiplier_keeps_its_multiplier():
     check(got.astype(np.int64), values, so, 0, T.INT8, c)
 
 
+def test_a_divisor_term_of_a_far_zero_point_sums_within_32_bits():
+    """(x - min) / (max - min), max int8 at scale 4 with zero point 98: t d alone passes 2^30 where (t - 98) d, what
+    the divisor sums, does not; each term is summed as t - z. Regression (hypothesis found it): 'broadcast_add of
+    inputs with precisions [32, 31] needs 33 bits'."""
+    sx, sm, sM, so = f32(0.5), f32(1.0), f32(4.0), f32(1.0)
+    m = model("minmax", (1, 1, 3), T.INT8, T.INT8, T.INT8, 0.5, 0, 1.0, 0, 4.0, 98, 1.0, 0, 0.0)
+    imp = import_model(m, input_precision=9)
+    assert verify(imp.graph, seeds=2).exact
+    c = least_c([(widest(T.INT8, 0), sx), (widest(T.INT8, 0), sm)], [(widest(T.INT8, 98), sM), (widest(T.INT8, 0), sm)],
+                Fraction(0), so)
+    for row in ([-128, 0, 127], [5, 6, 7], [-3, -3, 90]):
+        x = np.array([[row]], np.int64)
+        [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+        values = exact("minmax", x, T.INT8, T.INT8, sx, 0, sm, 0, sM, 98, Fraction(0))
+        check(got.astype(np.int64), values, so, 0, T.INT8, c)
+
+
 def test_min_max_normalization_matches_onnxruntime_within_one_step():
     """EfficientWord-Net's form at its quantized model's scales (uint8, output 1/255) on 64 random inputs: within one
     step of onnxruntime's QDQ model everywhere, and equal on all but the rare values within the bound of a

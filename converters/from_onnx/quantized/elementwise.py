@@ -632,17 +632,15 @@ class Quotient(Deferred):
         return terms
 
     @staticmethod
-    def integers(terms: list[Scaled], c: Fraction) -> tuple[list[tuple[Tensor, int]], np.ndarray]:
-        """(t_i, round(s_i c)) of the computed terms and the constant K (zero points and constant terms, rounded)."""
+    def integers(terms: list[Scaled], c: Fraction) -> tuple[list[tuple[Scaled, int]], np.ndarray]:
+        """(x_i, round(s_i c)) of the computed terms and the constant K (the constant terms, rounded)."""
         products, k = [], np.zeros((), object)
         for t in terms:
             if t.t.is_const:
                 real = (t.t.value.astype(np.int64).astype(object) - t.zero.astype(object)) * t.scale
                 k = k + np.vectorize(lambda r: r * c, otypes=[object])(np.asarray(real, dtype=object))
                 continue
-            n = round(t.scale.reshape(()).item() * c)
-            k = k - int(t.zero.reshape(())) * n
-            products.append((t.t, n))
+            products.append((t, round(t.scale.reshape(()).item() * c)))
         k = np.vectorize(round, otypes=[object])(np.asarray(k, dtype=object)).astype(np.int64)
         return products, k
 
@@ -659,21 +657,25 @@ class Quotient(Deferred):
 
     @staticmethod
     def reach(terms: list[Scaled], ends: tuple[Fraction, Fraction], c: Fraction) -> int:
-        """A bound on |sum_i (t_i - z_i) round(s_i c) + K| (K's constant part between c lo and c hi, rounded)."""
-        lo, hi = math.floor(ends[0] * c), math.ceil(ends[1] * c)
+        """A bound on |sum_i (t_i - z_i) round(s_i c) + K| and on each partial sum ``sum`` makes on the way, in its
+        order (the computed terms, then K, whose constant part lies between c lo and c hi, rounded)."""
+        lo = hi = peak = 0
         for t in terms:
             if not t.t.is_const:
                 n = round(t.scale.reshape(()).item() * c)
                 z = int(t.zero.reshape(()))
                 lo, hi = lo + min((t.t.lo - z) * n, (t.t.hi - z) * n), hi + max((t.t.lo - z) * n, (t.t.hi - z) * n)
-        return max(-lo, hi)
+                peak = max(peak, -lo, hi)
+        return max(peak, -(lo + math.floor(ends[0] * c)), hi + math.ceil(ends[1] * c))
 
-    def sum(self, ctx, products: list[tuple[Tensor, int]], k: np.ndarray) -> Tensor:
+    def sum(self, ctx, products: list[tuple[Scaled, int]], k: np.ndarray) -> Tensor:
+        """sum_i (t_i - z_i) n_i + K, each product and partial sum within ``reach``."""
         acc = None
-        for t, n in products:
+        for x, n in products:
             if n == 0:
                 continue
-            u = ctx.apply("broadcast_mul", as_int32(t), const(np.array(n, np.int32), INT32), shape=t.shape)
+            u = ctx.apply("broadcast_mul", minus_zero(ctx, x.t, x.zero.reshape(())),
+                          const(np.array(n, np.int32), INT32), shape=x.shape)
             acc = u if acc is None else ctx.apply("broadcast_add", acc, u, shape=broadcast_shape(acc, u))
         kc = const(k.astype(np.int32), INT32)
         if acc is None:
