@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.l2value import FORMS, NP, compressed_qdq, norm_nodes, norm_qdq
+from support.l2value import FORMS, compressed_qdq, norm_nodes, norm_qdq
+from support.quantized import per_channel_output
 from test_quantized_rules import imported, ort_session
 
 from cvm_onnx.app.quantize import quantize
@@ -160,11 +161,7 @@ def test_refusals_name_the_node(monkeypatch):
                                        r"\(a table holds at most 2\^16\) is not monotone in it"):
         import_model(m, input_precision=9)
     m = norm_qdq("reducel2", (2, 4), [1], 0, T.INT8, 0.5, 0, (0.01, 0, T.UINT8))
-    m.graph.initializer.append(nh.from_array(np.full(2, 0.01, np.float32), "so2"))
-    q = m.graph.node[-1]
-    q.input[1] = "so2"
-    del q.input[2]
-    q.attribute.append(h.make_attribute("axis", 0))
+    per_channel_output(m, 0.01, 2, 0)
     with pytest.raises(CVMError, match=r"n_norm \(L2 norm\) with a per-channel output scale has no CVM form"):
         import_model(m, input_precision=9)
 

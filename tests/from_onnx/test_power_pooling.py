@@ -16,7 +16,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.gem import gem
 from support.l2norm import NP
-from support.quantized import ort_session, qdq
+from support.quantized import ort_session, per_channel_output, qdq
 from test_quantized_rules import imported
 
 from cvm_onnx.app.quantize import quantize
@@ -178,11 +178,7 @@ def test_refusals_name_the_node(monkeypatch):
                                        r"below 0 is undefined \(NaN\) there"):
         import_model(gem(3, T.INT8, 0, 0.02, (1, 1, 7, 7)), input_precision=9)
     m = gem(3, T.UINT8, 0, 0.02, (1, 2, 7, 7))
-    m.graph.initializer.append(nh.from_array(np.full(2, 0.05, np.float32), "so2"))
-    q = m.graph.node[-1]
-    q.input[1] = "so2"
-    del q.input[2]
-    q.attribute.append(h.make_attribute("axis", 1))
+    per_channel_output(m, 0.05, 2, 1)
     with pytest.raises(CVMError, match=r"gem \(Pow\(\., 1/3\)\) with a per-channel output scale has no CVM form"):
         import_model(m, input_precision=9)
     monkeypatch.setattr(l2norm, "MAX_INNER", 0)
@@ -222,7 +218,7 @@ def test_quantize_gem(tmp_path, learned, reduce):
     np.save(tmp_path / "cal.npy", np.random.default_rng(6).normal(size=(8, 1, 4, 6, 6)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "cal.npy", tmp_path / "cvm")
     [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.25, (a.mean_steps, a.ort_mean_steps)
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
 
 
 def test_quantize_refuses_a_fractional_p(tmp_path):

@@ -191,6 +191,15 @@ def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     return y
 
 
+def per_channel_output(m: onnx.ModelProto, scale: float, n: int, axis: int) -> None:
+    """The model's last node, a QuantizeLinear, given a scale of n values along ``axis`` (and no zero point)."""
+    m.graph.initializer.append(nh.from_array(np.full(n, scale, np.float32), "so_per_channel"))
+    q = m.graph.node[-1]
+    q.input[1] = "so_per_channel"
+    del q.input[2:]
+    q.attribute.append(h.make_attribute("axis", axis))
+
+
 class Oracle:
     """Runs a quantized model as docs/import.md states: integers; values (v, scale) with v an integer array whose
     real value is v * scale; QuantizeLinear as the import's plan (multiplier, shifts, clip) of each node; float
