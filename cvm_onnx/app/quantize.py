@@ -52,6 +52,7 @@ import numpy as np
 import onnx
 
 from cvm_onnx.converters.from_onnx import Imported, cut
+from cvm_onnx.converters.from_onnx.checks import supported_versions
 from cvm_onnx.converters.from_onnx.context import MAX_FOLDED
 from cvm_onnx.core.errors import CVMError, FormatError, Problem, RuntimeFailure, UnsupportedError
 from cvm_onnx.core.format.edges import FILE as EDGES
@@ -532,8 +533,16 @@ def fix_dims(model: onnx.ModelProto, shape: tuple[int, ...] | dict[str, tuple[in
     return model
 
 
+def _readable_ir(model: onnx.ModelProto) -> None:
+    """Stamp ``model`` with the IR version its opsets need (``onnx_file.ir_version``) where the installed
+    onnxruntime reads none as new as its own (onnx 1.23's make_model stamps 14, which onnxruntime 1.31 cannot load)."""
+    if model.ir_version > supported_versions()[0]:
+        model.ir_version = ir_version(model.opset_import)
+
+
 def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: str = "") -> Path:
-    """Write to ``path`` the float model as quantize_static takes it: its opset raised to 13 where lower and
+    """Write to ``path`` the float model as quantize_static takes it: its IR version one the installed onnxruntime
+    reads (``_readable_ir``); its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
@@ -560,6 +569,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
 
     if isinstance(model, list):
         model = model.pop()
+    _readable_ir(model)
     given, compared = model, path.with_name("float.onnx")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     want = LAYERNORM_OPSET if layernorms(model.graph) else OPSET

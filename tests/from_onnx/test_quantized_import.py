@@ -376,6 +376,24 @@ def test_quantized_model_has_the_ir_version_its_opsets_need(tmp_path):
     assert onnx.load(tmp_path / "q.onnx").ir_version == 8 < supported_versions()[0]
 
 
+def test_a_float_model_stamped_newer_than_onnxruntime_reads_quantizes(tmp_path):
+    """A float model stamped with an IR version the installed onnxruntime cannot load (onnx 1.23's make_model stamps
+    14, onnxruntime 1.31 reads 13) quantizes at the IR version its opset needs. Regression: "onnxruntime cannot load
+    the float model" at the lowest versions."""
+    from cvm_onnx.app.quantize import quantize
+    from cvm_onnx.converters.from_onnx.checks import supported_versions
+
+    rng = np.random.default_rng(8)
+    nodes, inits = conv_layer(rng, "y", "x", 2, 3)
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=supported_versions()[0] + 1),
+              tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(3, 2, 4, 4)).astype(np.float32))
+    quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    assert onnx.load(tmp_path / "q.onnx").ir_version == 8
+
+
 # -- the requantization plan ------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
 @given(lo=st.integers(-(1 << 30), 0), span=st.integers(1, (1 << 31) - 1),
