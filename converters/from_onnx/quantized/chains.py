@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..registry import Refuse
 from .values import Softmaxed, per_tensor, scaled
 
 #: Ops that keep a tensor's values in row-major order (only the shape changes).
