@@ -252,18 +252,12 @@ def test_quantize_leaves_masked_scores_float_for_the_lse(tmp_path, form):
     ReduceLogSumExp float, the importer takes the masked LSE: within 1.1x onnxruntime's quantized model's distance
     from float, exported exactly. Regression: refused (the masked scores quantized at c's grid: 'a
     ReduceLogSumExp over 6 values has no integer form here')."""
-    from support.packed import bert_like, bert_samples
+    from support.packed import bert_like, bert_samples, quantized_bert
 
-    from cvm_onnx.app.quantize import quantize
-
-    onnx.save(bert_like(low=float(np.finfo(np.float32).min), decoder=form, lse=True), tmp_path / "b.onnx")
     samples = bert_samples()
     samples["mask"] = samples["mask"].astype(np.int64).reshape(-1, 1, 6) if form else samples["mask"].astype(np.int64)
-    np.savez(tmp_path / "c.npz", **samples)
-    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    qm = onnx.load(tmp_path / "q.onnx")
+    done, qm = quantized_bert(tmp_path, bert_like(low=float(np.finfo(np.float32).min), decoder=form, lse=True),
+                              samples)
     assert [n.input[0] for n in qm.graph.node if n.op_type == "ReduceLogSumExp"] == ["s2"]
     assert verify(done.imported.graph, seeds=2).exact
 

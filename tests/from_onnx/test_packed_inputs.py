@@ -15,7 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.packed import bert_like, bert_samples, identity_model
+from support.packed import bert_like, bert_samples, identity_model, quantized_bert
 from support.quantized import qdq
 
 import cvm_onnx
@@ -493,14 +493,9 @@ def test_a_mask_of_float32s_min_keeps_the_scores_on_their_own_grid(tmp_path, mon
     attention uniform over the kept tokens; 9.73 against 0.57 mean steps when written). Regression: that grid."""
     import cvm_onnx.app.kept_float as q
 
-    onnx.save(bert_like(low=float(np.finfo(np.float32).min)), tmp_path / "b.onnx")
-    samples = bert_samples()
-    samples["mask"] = samples["mask"].astype(np.int64)
-    np.savez(tmp_path / "c.npz", **samples)
-    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    done, qm = quantized_bert(tmp_path, bert_like(low=float(np.finfo(np.float32).min)))
     [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    softmax = [n for n in onnx.load(tmp_path / "q.onnx").graph.node if n.op_type == "Softmax"]
+    softmax = [n for n in qm.graph.node if n.op_type == "Softmax"]
     assert [n.input[0] for n in softmax] == ["s2"]  # the float x + mask, no QuantizeLinear on it
     assert verify(done.imported.graph, seeds=2).exact
     monkeypatch.setattr(q, "masked_softmaxes", lambda model, base_dir="": [])
@@ -519,14 +514,8 @@ def test_hf_additive_masks_keep_the_scores_on_their_own_grid(tmp_path, monkeypat
     Where form refused."""
     import cvm_onnx.app.kept_float as q
 
-    onnx.save(bert_like(low=low, hf=hf), tmp_path / "b.onnx")
-    samples = bert_samples()
-    samples["mask"] = samples["mask"].astype(np.int64)
-    np.savez(tmp_path / "c.npz", **samples)
-    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
+    done, qm = quantized_bert(tmp_path, bert_like(low=low, hf=hf))
     [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    qm = onnx.load(tmp_path / "q.onnx")
     assert [n.input[0] for n in qm.graph.node if n.op_type == "Softmax"] == ["s2"]
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in qm.graph.node if "mask" in n.input}
     assert [s.precision for s in done.imported.edges.inputs if s.name == "mask"] == [2]
@@ -560,15 +549,9 @@ def test_masks_in_the_qoperator_form(tmp_path, hf, low):
     Wheres): within 1.1x onnxruntime's quantized model's distance from float, exported exactly. Regression: the
     Where quantized to a QLinearWhere (refused: no CVM op), HF's Mul form quantized at c's grid (9.60 mean steps
     against 0.57 when written)."""
-    onnx.save(bert_like(low=low, hf=hf), tmp_path / "b.onnx")
-    samples = bert_samples()
-    samples["mask"] = samples["mask"].astype(np.int64)
-    np.savez(tmp_path / "c.npz", **samples)
-    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", form="qoperator",
-                    save_onnx=tmp_path / "q.onnx")
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps and a.mean_steps < 1, a.line()
-    ops = {n.op_type: n for n in onnx.load(tmp_path / "q.onnx").graph.node}
+    done, qm = quantized_bert(tmp_path, bert_like(low=low, hf=hf), form="qoperator")
+    assert done.agreements[0].mean_steps < 1, done.agreements[0].line()
+    ops = {n.op_type: n for n in qm.graph.node}
     assert "QLinearWhere" not in ops and ops["Softmax"].input[0] == "s2" and "QLinearMatMul" in ops
     assert verify(done.imported.graph, seeds=2).exact
 
@@ -579,13 +562,7 @@ def test_a_mask_of_minus_infinity_is_left_float(tmp_path):
     quantized model's distance from float, exported exactly, and on held-out masks keeping no token (every score
     -inf: float32's NaN, onnxruntime's QuantizeLinear the type's least integer) onnxruntime's output within one step.
     Regression: refused ('holds -inf ... computes scales from finite weights only')."""
-    onnx.save(bert_like(low=-np.inf), tmp_path / "b.onnx")
-    samples = bert_samples()
-    samples["mask"] = samples["mask"].astype(np.int64)
-    np.savez(tmp_path / "c.npz", **samples)
-    done = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m", save_onnx=tmp_path / "q.onnx")
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    done, _ = quantized_bert(tmp_path, bert_like(low=-np.inf))
     assert verify(done.imported.graph, seeds=2).exact
     held = bert_samples(4, seed=3)
     held["mask"] = held["mask"].astype(np.int64)
