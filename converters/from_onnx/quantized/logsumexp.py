@@ -13,7 +13,8 @@ from ..context import INT32, INT_RANGES, Tensor, const, tight
 from ..emit import as_int32, axes_of, broadcast_shape, normal, reduced
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan, logsoftmax_plan
-from .qdq import MAX_TABLE, MaskedScores, Requant, logsoftmax_tables, masked, masked_below_max, saturate, sunk
+from .qdq import (MAX_TABLE, MaskedScores, Requant, logsoftmax_tables, masked, masked_below_max, saturate, scores_read,
+                  sunk)
 from .values import Deferred, Scaled, Softmaxed, per_tensor, scaled
 
 
@@ -148,8 +149,7 @@ def reduce_log_sum_exp_rule(ctx, node, x, axes_t=None):
     attention mask (or a Where on them, ``masks.KeptScores``) over adjacent axes: the LSE over the positions at
     each row's highest level (``qdq.masked``'s levels and bound), a row whose highest level is below 0 saturated
     at the output's least value (``saturating``)."""
-    if isinstance(x, Deferred) and hasattr(x, "masked_scores"):
-        x = x.masked_scores(ctx)
+    x = scores_read(ctx, x)
     mask = x if isinstance(x, MaskedScores) else None
     x = per_tensor(scaled(x if mask is None else mask.x, "the ReduceLogSumExp input"), "ReduceLogSumExp")
     rank = len(x.shape)

@@ -738,12 +738,17 @@ def masked(x: Scaled, mask: Mask, view: tuple[int, int, int]) -> Softmaxed:
     return Softmaxed(x, view, "masked Softmax", keep=mask, absorbed=tuple(absorbs(c) for c in levels))
 
 
+def scores_read(ctx, x):
+    """What a Softmax or a ReduceLogSumExp reads of ``x``: the masked scores of a Where on scores
+    (``masks.KeptScores``, whose ``masked_scores`` makes them), else ``x``."""
+    return x.masked_scores(ctx) if isinstance(x, Deferred) and hasattr(x, "masked_scores") else x
+
+
 @float_rule("Softmax", since=1)
 def softmax_rule(ctx, node, x):
     """Softmax: an integer form made by the QuantizeLinear that follows (``softmax``); of scores plus an attention
     mask, the masked Softmax (``masked``), as of scores a Where masks (``masks.KeptScores``)."""
-    if isinstance(x, Deferred) and hasattr(x, "masked_scores"):
-        x = x.masked_scores(ctx)
+    x = scores_read(ctx, x)
     if isinstance(x, MaskedScores):
         xs = per_tensor(x.x, "Softmax")
         return masked(xs, x, softmax_view(node, xs.shape, node.opset))
