@@ -412,13 +412,10 @@ def unshared_biases(graph: onnx.GraphProto) -> int:
     for n in graph.node:
         if n.op_type not in BIASED or len(n.input) < 3 or n.input[2] not in inits or readers[n.input[2]] < 2:
             continue
-        old, k = n.input[2], 1
-        while f"{old}:{k}" in names:
-            k += 1
+        old = n.input[2]
         copy = onnx.TensorProto()
         copy.CopyFrom(inits[old])
-        copy.name = f"{old}:{k}"
-        names.add(copy.name)
+        copy.name = _fresh_name(names, old)  # old:1 on, old being taken
         graph.initializer.append(copy)
         n.input[2] = copy.name
         readers[old] -= 1
@@ -568,6 +565,7 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
     two float32 operations on the same values (x + (-o) is x - o exactly). Returns how many were replaced."""
     kinds = {v.name: v.type.tensor_type for v in graph.input}
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | set(kinds)
+    fresh = functools.partial(_fresh_name, names)
     done = 0
     for node in [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]:
         kind = kinds.get(node.input[0]) if len(node.input) == 1 else None
@@ -579,14 +577,6 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
         offset, scale = (np.array(attrs[k], np.float32) for k in ("offset", "scale"))
         if len(offset) != len(scale) or len(offset) not in (1, features):  # onnxruntime refuses the others
             continue
-
-        def fresh(base: str) -> str:
-            name, k = base, 1
-            while name in names:
-                name, k = f"{base}:{k}", k + 1
-            names.add(name)
-            return name
-
         x, new = node.input[0], []
         if SCALED[kind.elem_type]:
             new.append(helper.make_node("Cast", [x], [x := fresh(f"{node.output[0]}_float")],
@@ -614,10 +604,7 @@ def input_subs_as_adds(graph: onnx.GraphProto) -> int:
         if len(node.input) != 2 or node.input[0] not in inputs - set(consts) or node.input[1] not in consts \
                 or node.input[1] in inputs:
             continue
-        name, k = f"{node.input[1]}_negated", 1
-        while name in names:
-            name, k = f"{node.input[1]}_negated:{k}", k + 1
-        names.add(name)
+        name = _fresh_name(names, f"{node.input[1]}_negated")
         graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(consts[node.input[1]]), name))
         node.op_type, node.input[1] = "Add", name
         done += 1
@@ -1065,10 +1052,15 @@ def _pruned(graph: onnx.GraphProto, names: list[str]) -> None:
             names.extend(up.input)
 
 
+def _fresh_name(names: set[str], name: str) -> str:
+    """``name`` (or ``name:k``, the first k free) that ``names`` lacks, added to them."""
+    free, k = name, 1
+    while free in names:
+        free, k = f"{name}:{k}", k + 1
+    names.add(free)
+    return free
+
+
 def _fresh(names: set[str], base: str, suffix: str) -> str:
-    """``base:suffix`` (or ``base:suffix:k``, the first k free) that ``names`` lacks, added to them."""
-    name, k = f"{base}:{suffix}", 1
-    while name in names:
-        name, k = f"{base}:{suffix}:{k}", k + 1
-    names.add(name)
-    return name
+    """``_fresh_name`` of ``base:suffix``."""
+    return _fresh_name(names, f"{base}:{suffix}")
