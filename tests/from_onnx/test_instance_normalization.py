@@ -17,10 +17,11 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import layernorm_oracle, qdq
-from test_quantized_rules import NP, draw_x, imported, ort_session, scales
+from test_quantized_rules import NP, draw_x, imported, layernorm_model, ort_session, scales
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized import norm
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
@@ -232,6 +233,45 @@ def test_instance_norm_refusals_name_the_node():
     m, _ = instance_norm_model((1, 3, 4), T.UINT8, 0.1, 0, 1e-5, g, 0.01, b, True, 0.05, 0, T.UINT8, groups=2)
     with pytest.raises(CVMError, match=r"in \(GroupNormalization\): .*num_groups 2 must divide the 3 channels"):
         import_model(m, input_precision=9)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "InstanceNormalization", "GroupNormalization"])
+def test_rows_past_the_widest_planned_are_refused_before_their_constants_are_read(op, monkeypatch):
+    """Rows of 2^17 values (past MAX_WIDE = 65536): refused in one line naming the node and the rule before any
+    work per position or channel (no scale or bias made exact: a LayerNormalization over 2^20 values took 24 s to
+    be refused, making a Fraction of each gamma first)."""
+    monkeypatch.setattr(norm, "real_values", unread)
+    n = 1 << 17
+    if op == "LayerNormalization":
+        m, _ = layernorm_model((1, n), -1, T.UINT8, 0.02, 128, 1e-5, np.ones(n, np.int64), 0.01, None, False, 0.05, 0,
+                               T.UINT8)
+        name = "ln"
+    else:
+        g, b = np.ones(4, np.int64), np.zeros(4, np.int64)
+        shape = (1, 1, n) if op == "InstanceNormalization" else (1, 4, n // 4)
+        m, _ = instance_norm_model(shape, T.UINT8, 0.02, 128, 1e-5, g[:shape[1]], 0.01, b[:shape[1]], False, 0.05, 0,
+                                   T.UINT8, groups=0 if op == "InstanceNormalization" else 1)
+        name = "in"
+    with pytest.raises(CVMError, match=rf"{name} \({op}\): a LayerNormalization over {n} values: its integer form "
+                                       r"takes rows of at most 65536 values"):
+        import_model(m, input_precision=9)
+
+
+@pytest.mark.parametrize("float_params", [False, True])
+def test_more_distinct_pairs_than_planned_are_refused_before_they_are_made_exact(float_params, monkeypatch):
+    """A LayerNormalization over 20000 positions of 20000 distinct (gamma, beta) pairs (past MAX_PAIRS = 16384),
+    quantized or float: refused in one line before a Fraction of each is made (13 s at 65536 values before)."""
+    monkeypatch.setattr(norm, "real_values", unread)
+    n = 20000
+    m, _ = layernorm_model((1, n), -1, T.UINT8, 0.01, 0, 1e-5, np.arange(n) % 127 + 1, 0.01, np.arange(n),
+                           float_params, 0.05, 0, T.UINT8)
+    with pytest.raises(CVMError, match=r"ln \(LayerNormalization\): a LayerNormalization over 20000 values with 20000 "
+                                       r"distinct \(gamma, beta\) pairs"):
+        import_model(m, input_precision=9)
+
+
+def unread(*args, **kwargs):
+    raise AssertionError("a constant was made exact before the plan's bounds were checked")
 
 
 def group_norm_block(shape, groups: int, layers: int, seed: int = 0) -> onnx.ModelProto:

@@ -172,9 +172,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
     precision = tight(max(-low, high))
-    if n > MAX_WIDE and peak:  # rows only the wide form takes (past 16383 values), refused before the work below
-        raise NoPlan(f"a LayerNormalization over {n} values passes 32 bits in its sums, and its form of wide rows "
-                     f"plans at most {MAX_WIDE} values (its search grows with them)")
+    within_width(n)
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
     # output range plus 2 from 0 saturates every output of position i, and so does the bound in its place (the same
@@ -207,6 +205,46 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     if best is None or best.delta >= Fraction(1, 2):
         raise far(n, big)
     return best
+
+
+def within_width(n: int) -> None:
+    """Refuses rows of more than ``MAX_WIDE`` values (NoPlan), before any work per position: the form of wide rows
+    plans at most that many, and a LayerNormalization's gamma and beta take a Fraction each."""
+    if n > MAX_WIDE:
+        raise NoPlan(f"a LayerNormalization over {n} values: its integer form takes rows of at most {MAX_WIDE} "
+                     "values (past 16383 its sums pass 32 bits, and its search for wide rows grows with them)")
+
+
+def planned_width(n: int) -> None:
+    """``within_width`` in a rule: a row the plan would refuse, refused before its constants are read."""
+    try:
+        within_width(n)
+    except NoPlan as e:
+        raise Refuse(str(e)) from None
+
+
+def planned_pairs(n: int, gamma, beta, size: int) -> None:
+    """Refuses gamma and beta of more than ``MAX_PAIRS`` distinct pairs over their ``size`` values (positions or
+    channels) before their exact values are made, where their stored values tell their reals apart (a per-tensor
+    dequantized constant's integers, a float constant's floats); else ``tabled`` counts them."""
+    def stored(x) -> np.ndarray | None:
+        if isinstance(x, Scaled) and x.t.is_const and x.per_tensor:
+            v = x.t.value
+        elif isinstance(x, Tensor) and x.is_const and np.asarray(x.value).dtype.kind == "f":
+            v = np.asarray(x.value)
+        else:
+            return None
+        return np.broadcast_to(v.reshape(-1), (size,)).astype(np.float64) if v.size in (1, size) else None
+    values = [stored(x) for x in (gamma, beta) if x is not None]
+    if size > MAX_PAIRS and all(v is not None for v in values):
+        count = len(np.unique(np.stack(values, axis=1), axis=0))
+        if count > MAX_PAIRS:
+            raise Refuse(str(too_many_pairs(n, count)))
+
+
+def too_many_pairs(n: int, count: int) -> NoPlan:
+    return NoPlan(f"a LayerNormalization over {n} values with {count} distinct (gamma, beta) pairs: its plan is "
+                  f"searched over at most {MAX_PAIRS}")
 
 
 def far(n: int, big: Fraction) -> NoPlan:
@@ -426,8 +464,7 @@ def tabled(shape: tuple, tab: Table, d_bits: int, h: int, gamma: np.ndarray, bet
         pairs: dict[tuple[Fraction, Fraction], int] = {}
         index = np.array([pairs.setdefault(gb, len(pairs)) for gb in zip(gamma.flat, beta.flat)], np.int64)
         if len(pairs) > MAX_PAIRS:
-            raise NoPlan(f"a LayerNormalization over {n} values with {len(pairs)} distinct (gamma, beta) pairs: "
-                         f"its plan is searched over at most {MAX_PAIRS}")
+            raise too_many_pairs(n, len(pairs))
         if len(pairs) < gamma.size:
             g, b = np.empty(len(pairs), object), np.empty(len(pairs), object)
             g[:], b[:] = [gb[0] for gb in pairs], [gb[1] for gb in pairs]
@@ -878,6 +915,8 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
     axis %= rank
     n = math.prod(x.shape[axis:])
     eps = epsilon(node, "LayerNormalization")
+    planned_width(n)
+    planned_pairs(n, gamma, beta, n)
     g = real_values(gamma, n, "Scale")
     b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
     return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps, node.name)
@@ -895,8 +934,10 @@ def channel_normalized(node, x, scale, bias, op: str, groups: int | None = None)
     if groups < 1 or c % groups:
         raise Refuse(f"{op} num_groups {groups} must divide the {c} channels")
     eps = epsilon(node, op)
-    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
     size = math.prod(x.shape[2:])
+    planned_width(c // groups * size)
+    planned_pairs(c // groups * size, scale, bias, c)
+    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
     return Normalized(x, (x.shape[0] * groups, c // groups * size), g, b, eps, node.name, op, (x.shape[0], c, size))
 
 
