@@ -289,9 +289,9 @@ def small_rows_of(n: int, rows: WideRows) -> WideRows:
     P mod 2^z (< 2^29), a row of Y <= y_small has P' = P, 0 <= P - Q_r < 2^z (Y + 1) and 4^c V = n (P - Q_r) - R_r;
     n (P - Q_r) within 32 bits."""
     qr = (n - 1) ** 2 // n
-    if rows.g or 2 * tight(n - 1) > 32 or tight(n) + tight(qr - qr // 2) > 32:
+    if rows.g or rows.z >= 29 or 2 * tight(n - 1) > 32 or tight(n) + tight(qr - qr // 2) > 32:
         return rows
-    cap = (1 << max(29 - rows.z, 0)) - 1
+    cap = (1 << (29 - rows.z)) - 1
     y_small = min(((1 << (31 - tight(n))) >> rows.z) - 1, cap - (qr >> rows.z), rows.y_max - 1)
     v_small = min((n * (((y_small + 1) << rows.z) - 1)) >> (2 * rows.scale), n * n * rows.width ** 2 // 4)
     shape = table_shape(v_small, 0, MAX_TABLE // 2)
