@@ -709,8 +709,8 @@ def table_index(ctx, level: Tensor, bucket: Tensor, t_bits: int, levels: int, en
 
 
 def wide_rows(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
-    """The wide form's D' = trunc(D / 2^p) (D = n u - sum u) and table index (of Y's level and bucket) of each
-    row."""
+    """The wide form's D' = trunc(D / 2^p) (D = n u - sum u) and table index of each row: of Y's level and bucket,
+    or of the exact V's where Y <= y_small (``small_v``)."""
     op = partial(proven, ctx)
     wide, rows, col = p.wide, u.shape, total.shape
     w = u.hi - u.lo
