@@ -17,10 +17,11 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import layernorm_oracle, qdq
-from test_quantized_rules import NP, draw_x, imported, ort_session, scales
+from test_quantized_rules import NP, draw_x, imported, layernorm_model, ort_session, scales
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized import norm
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
@@ -178,6 +179,43 @@ def test_a_wide_group_equals_its_integer_form_within_its_bound(d, case, x_type, 
     assert p.wide
 
 
+@pytest.mark.parametrize("s, so", [(0.0453, 0.04), (3242.0, 0.125)])
+def test_a_wide_row_of_low_variance_reads_its_exact_variance(s, so):
+    """The terrain UNet's InstanceNormalizations over 16384 values (uint8 rows at an input scale of 0.045, and of
+    3242: G = eps n^2 / s^2 near 0), about 25 output steps per standard deviation: rows of a few integers' spread
+    (V near n - 1) read their exact V (the wide form's small rows), the oracle exactly, within the bound. Refused
+    before ('no integer form within half a step': Y's unit read them too coarsely)."""
+    rng = np.random.default_rng(7)
+    shape = (2, 2, 16384)
+    x = np.full(shape, 131)
+    x[0, 0, rng.integers(0, 16384, 3)] = 130  # V = 3 (n - 3)
+    x[0, 1] += rng.integers(-2, 3, 16384) * (rng.random(16384) < 0.05)
+    x[1, 0] = rng.integers(0, 256, 16384)
+    x[1, 1, ::2], x[1, 1, 1::2] = 0, 255
+    p = check(shape, T.UINT8, T.INT8, s, so, 1e-5, 0.01, False, 128, 0, np.array([100, -90]), np.array([300, -7]), x)
+    assert p.wide and p.wide.cap
+
+
+@settings(max_examples=4, deadline=None)
+@given(d=st.data(), size=st.integers(256, 512).map(lambda k: 64 * k), x_type=st.sampled_from([T.INT8, T.UINT8]),
+       s=st.sampled_from([2.0**-7, 0.03, 0.1, 3242.0, 2.0**28]), eps=st.sampled_from([1e-6, 1e-5]),
+       spread=st.integers(1, 6), share=st.sampled_from([1e-4, 1e-2, 0.3]), steps=st.sampled_from([4, 25, 100]))
+def test_wide_rows_of_low_variance_equal_their_integer_form(d, size, x_type, s, eps, spread, share, steps):
+    """Groups of 16384 to 32768 values (the wide form's exact V for small rows) whose values lie within a few
+    integers of one (V from n - 1 up), any input scale (G = eps n^2 / s^2 from far above Y's unit to near 0), 4 to
+    100 output steps per standard deviation (fewer where beta's 64 steps set the output scale): the oracle exactly,
+    within the bound, onnxruntime within one step."""
+    info = np.iinfo(NP[x_type])
+    zx = d.draw(st.integers(int(info.min), int(info.max)))
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**32 - 1)))
+    shape = (2, 1, size)
+    x = np.clip(zx + rng.integers(-spread, spread + 1, shape) * (rng.random(shape) < share), info.min, info.max)
+    gamma, beta = np.array([d.draw(st.sampled_from([-127, -50, 90, 127]))]), np.array([d.draw(st.integers(-99, 99))])
+    so = max(abs(int(gamma[0])) * 0.01 / steps, abs(int(beta[0])) * s * 0.01 / 64)  # beta within 64 steps
+    p = check(shape, x_type, T.INT8, s, so, eps, 0.01, False, zx, 0, gamma, beta, x)
+    assert p.wide and p.wide.cap
+
+
 def test_instance_norm_refusals_name_the_node():
     """Epsilon 0, a scale of the wrong length, rank 2, groups that do not divide the channels: one line each naming
     the node and the rule."""
@@ -195,6 +233,45 @@ def test_instance_norm_refusals_name_the_node():
     m, _ = instance_norm_model((1, 3, 4), T.UINT8, 0.1, 0, 1e-5, g, 0.01, b, True, 0.05, 0, T.UINT8, groups=2)
     with pytest.raises(CVMError, match=r"in \(GroupNormalization\): .*num_groups 2 must divide the 3 channels"):
         import_model(m, input_precision=9)
+
+
+@pytest.mark.parametrize("op", ["LayerNormalization", "InstanceNormalization", "GroupNormalization"])
+def test_rows_past_the_widest_planned_are_refused_before_their_constants_are_read(op, monkeypatch):
+    """Rows of 2^17 values (past MAX_WIDE = 65536): refused in one line naming the node and the rule before any
+    work per position or channel (no scale or bias made exact: a LayerNormalization over 2^20 values took 24 s to
+    be refused, making a Fraction of each gamma first)."""
+    monkeypatch.setattr(norm, "real_values", unread)
+    n = 1 << 17
+    if op == "LayerNormalization":
+        m, _ = layernorm_model((1, n), -1, T.UINT8, 0.02, 128, 1e-5, np.ones(n, np.int64), 0.01, None, False, 0.05, 0,
+                               T.UINT8)
+        name = "ln"
+    else:
+        g, b = np.ones(4, np.int64), np.zeros(4, np.int64)
+        shape = (1, 1, n) if op == "InstanceNormalization" else (1, 4, n // 4)
+        m, _ = instance_norm_model(shape, T.UINT8, 0.02, 128, 1e-5, g[:shape[1]], 0.01, b[:shape[1]], False, 0.05, 0,
+                                   T.UINT8, groups=0 if op == "InstanceNormalization" else 1)
+        name = "in"
+    with pytest.raises(CVMError, match=rf"{name} \({op}\): a LayerNormalization over {n} values: its integer form "
+                                       r"takes rows of at most 65536 values"):
+        import_model(m, input_precision=9)
+
+
+@pytest.mark.parametrize("float_params", [False, True])
+def test_more_distinct_pairs_than_planned_are_refused_before_they_are_made_exact(float_params, monkeypatch):
+    """A LayerNormalization over 20000 positions of 20000 distinct (gamma, beta) pairs (past MAX_PAIRS = 16384),
+    quantized or float: refused in one line before a Fraction of each is made (13 s at 65536 values before)."""
+    monkeypatch.setattr(norm, "real_values", unread)
+    n = 20000
+    m, _ = layernorm_model((1, n), -1, T.UINT8, 0.01, 0, 1e-5, np.arange(n) % 127 + 1, 0.01, np.arange(n),
+                           float_params, 0.05, 0, T.UINT8)
+    with pytest.raises(CVMError, match=r"ln \(LayerNormalization\): a LayerNormalization over 20000 values with 20000 "
+                                       r"distinct \(gamma, beta\) pairs"):
+        import_model(m, input_precision=9)
+
+
+def unread(*args, **kwargs):
+    raise AssertionError("a constant was made exact before the plan's bounds were checked")
 
 
 def group_norm_block(shape, groups: int, layers: int, seed: int = 0) -> onnx.ModelProto:

@@ -128,11 +128,13 @@ def test_layernorm_of_a_gamma_of_1000_steps(tmp_path):
             assert np.array_equal(runtime.run(x), reference(imp.graph, x))
 
 
-@pytest.mark.parametrize("shape, groups", [((2, 3, 5, 5), 0), ((1, 2, 8192), 0), ((2, 6, 4, 4), 3)])
+@pytest.mark.parametrize("shape, groups", [((2, 3, 5, 5), 0), ((1, 2, 8192), 0), ((2, 6, 4, 4), 3),
+                                          ((1, 2, 16384), 0)])
 def test_instance_normalization(tmp_path, shape, groups):
     """InstanceNormalization (torch's GroupNorm export), or GroupNormalization (opset 21), between DequantizeLinear
     and QuantizeLinear, scale and B per channel (quantized as quantize_static writes them): multipliers per channel;
-    8192 values per group take the quartered form with the sum of squares in two parts."""
+    8192 values per group take the quartered form with the sum of squares in two parts, 16384 the form of any width
+    (rows within one integer of 7: their exact V)."""
     c = shape[1]
     rng = np.random.default_rng(2)
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
@@ -146,7 +148,8 @@ def test_instance_normalization(tmp_path, shape, groups):
     imp = import_model(qdq(nodes, shape, T.UINT8, inits, T.INT8, opset=21 if groups else 17), input_precision=9)
     write_model(imp.graph, tmp_path / "cvm")
     xs = [rng.integers(0, 256, shape).astype(np.int32), np.full(shape, 7, np.int32),
-          np.where(rng.integers(0, 2, shape) == 0, 0, 255).astype(np.int32)]
+          np.where(rng.integers(0, 2, shape) == 0, 0, 255).astype(np.int32),
+          (7 + (rng.random(shape) < 0.01)).astype(np.int32)]
     for device in DEVICES.values():
         runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
         for x in xs:

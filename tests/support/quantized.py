@@ -593,27 +593,41 @@ def wide_rows(u, total, d, n: int, g: float, p):
     """The wide form's (docs/import.md, "Rows of any width") D' = trunc(D / 2^p) and (R, x) of each row, with
     the plan's w, c, z, g, K, T, K levels and per-entry p and x: a = 2^c u - q, q = trunc(2^c sum u / n),
     r = 2^c sum u - n q, Y = clip(floor(sum a^2 / 2^z) - floor(trunc(r / 2^g)^2 / K), 0, y_max), its level m and
-    bucket; R recomputed here (math.sqrt) as round_half_up(2^(e+h) (1 / sqrt(A + G) + 1 / sqrt(B + G)) / 2),
-    e = F + p + x, A = max(n - 1, u (Y_a - 1)), B = max(A, min(u (Y_b + 1), n^2 w^2 / 4)), u = n 2^z / 4^c."""
+    bucket after the exact V's entries, or where Y <= y_small the exact V's level and bucket (T_s and K_s levels);
+    R recomputed here (math.sqrt) as round_half_up(2^(e+h) (1 / sqrt(A + G) + 1 / sqrt(B + G)) / 2), e = F + p + x,
+    A = max(n - 1, u (Y_a - 1)), B = max(A, min(u (Y_b + 1), n^2 w^2 / 4)), u = n 2^z / 4^c, or for the exact V
+    A = max(n - 1, V_a), B = max(A, V_b) over its bucket V_a..V_b."""
     wide, t, h = p.wide, p.table_bits, p.split
     total = total.reshape(-1)
     per = float(Fraction(n << wide.z, 4 ** wide.scale))
+    v_top = n * n * wide.width ** 2 // 4
 
     def trunc(a: int, b: int) -> int:  # C's division
         return abs(a) // b * (1 if a >= 0 else -1)
 
+    def bucket(v: int, t: int, levels: int, top: int) -> tuple[int, int, int]:  # (entry, first, last)
+        m = sum(1 for lv in range(levels) if v >= (1 << t) << (2 * lv))
+        b = v >> (2 * m)
+        return m * (3 << (t - 2)) + b, b << (2 * m), min(((b + 1) << (2 * m)) - 1, top)
+
+    t_s, levels_s = wide.small_shape
+    first = (1 << t_s) + levels_s * (3 << (t_s - 2)) if wide.cap else 0
     rows, out = [], np.empty_like(d)
     for row in range(u.shape[0]):
         qc = trunc(int(total[row]) << wide.scale, n)
         r = (int(total[row]) << wide.scale) - n * qc
         big_p = sum(((int(x) << wide.scale) - qc) ** 2 for x in u[row])
         y = min(max(big_p // 2 ** wide.z - trunc(r, 2 ** wide.g) ** 2 // wide.k, 0), wide.y_max)
-        m = sum(1 for lv in range(p.levels) if y >= (1 << t) << (2 * lv))
-        b = y >> (2 * m)
-        entry = m * (3 << (t - 2)) + b
-        ya, yb = b << (2 * m), min(((b + 1) << (2 * m)) - 1, wide.y_max)
-        a_nom = max(per * (ya - 1), n - 1)
-        b_nom = max(min(per * (yb + 1), float(n * n * wide.width ** 2 // 4)), a_nom)
+        if y <= wide.y_small:
+            v = (n * big_p - r * r) // 4 ** wide.scale
+            entry, va, vb = bucket(v, t_s, levels_s, wide.v_small)
+            a_nom = max(va, n - 1)
+            b_nom = max(min(vb, v_top), a_nom)
+        else:
+            entry, ya, yb = bucket(y, t, p.levels, wide.y_max)
+            entry += first
+            a_nom = max(per * (ya - 1), n - 1)
+            b_nom = max(min(per * (yb + 1), float(v_top)), a_nom)
         shift, x = int(wide.shifts[entry]), int(wide.exps[entry])
         mid = (1 / math.sqrt(a_nom + g) + 1 / math.sqrt(b_nom + g)) / 2
         # a constant row (V = 0, D = 0) may reach an entry no other row reaches, of R = 0: its N is 0 either way

@@ -11,7 +11,7 @@ m_i = round(gamma_i 2^(k-F+j) / s_out) and B_i = round(beta_i 2^k / s_out). ``la
 for the least bound; where it passes half a step (a gamma of many output steps), m_i takes s more bits in two
 products and the bound covers the outputs that do not saturate (``saturating_plan``). Rows whose V passes 32 bits
 take the quartered form (``quartered``), and past it the form of any width (``wide_plan``: V's bucket from an integer
-Y within a proven interval, D pre-shifted per table entry).
+Y within a proven interval, or from V itself on rows of small variance, D pre-shifted per table entry).
 """
 from __future__ import annotations
 
@@ -119,14 +119,19 @@ def small_rows(n: int, t_bits: int, quarter: int) -> int:
     return -(-((1 << (2 * quarter - 2 + t_bits)) + (n - 1) ** 2) // n)
 
 
-def table_shape(v_max: int, quarter: int) -> tuple[int, int] | None:
-    """(T, K): the most table bits T (at most 16, at least 2Q) whose K levels cover V <= v_max in at most 2^16
+def table_size(t_bits: int, levels: int) -> int:
+    """The entries of a table of T bits and K levels: level 0's 2^T, then each level's upper three quarters."""
+    return (1 << t_bits) + levels * (3 << (t_bits - 2))
+
+
+def table_shape(v_max: int, quarter: int, size: int = MAX_TABLE) -> tuple[int, int] | None:
+    """(T, K): the most table bits T (at most 16, at least 2Q) whose K levels cover V <= v_max in at most ``size``
     entries, with K >= Q; None if there is none."""
     for t_bits in range(16, max(4, 2 * quarter) - 1, -1):
         levels = 0
         while v_max >= (1 << (2 * levels + t_bits)):
             levels += 1
-        if (1 << t_bits) + levels * (3 << (t_bits - 2)) <= MAX_TABLE:
+        if table_size(t_bits, levels) <= size:
             return (t_bits, levels) if levels >= quarter else None
     return None
 
@@ -167,9 +172,7 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     peak = max(centre - lo, hi - centre)
     d_max, v_max = (n - 1) * w, n * n * w * w // 4 if n > 1 else 0  # V = n^2 var <= n^2 w^2 / 4
     precision = tight(max(-low, high))
-    if n > MAX_WIDE and peak:  # rows only the wide form takes (past 16383 values), refused before the work below
-        raise NoPlan(f"a LayerNormalization over {n} values passes 32 bits in its sums, and its form of wide rows "
-                     f"plans at most {MAX_WIDE} values (its search grows with them)")
+    within_width(n)
     big = max(abs(x) for x in gamma.flat) if gamma.size else Fraction(0)
     # |y_i / s_out - beta_i / s_out| <= |gamma_i / s_out| sqrt(n - 1): a beta_i / s_out further than that plus the
     # output range plus 2 from 0 saturates every output of position i, and so does the bound in its place (the same
@@ -204,6 +207,46 @@ def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: 
     return best
 
 
+def within_width(n: int) -> None:
+    """Refuses rows of more than ``MAX_WIDE`` values (NoPlan), before any work per position: the form of wide rows
+    plans at most that many, and a LayerNormalization's gamma and beta take a Fraction each."""
+    if n > MAX_WIDE:
+        raise NoPlan(f"a LayerNormalization over {n} values: its integer form takes rows of at most {MAX_WIDE} "
+                     "values (past 16383 its sums pass 32 bits, and its search for wide rows grows with them)")
+
+
+def planned_width(n: int) -> None:
+    """``within_width`` in a rule: a row the plan would refuse, refused before its constants are read."""
+    try:
+        within_width(n)
+    except NoPlan as e:
+        raise Refuse(str(e)) from None
+
+
+def planned_pairs(n: int, gamma, beta, size: int) -> None:
+    """Refuses gamma and beta of more than ``MAX_PAIRS`` distinct pairs over their ``size`` values (positions or
+    channels) before their exact values are made, where their stored values tell their reals apart (a per-tensor
+    dequantized constant's integers, a float constant's floats); else ``tabled`` counts them."""
+    def stored(x) -> np.ndarray | None:
+        if isinstance(x, Scaled) and x.t.is_const and x.per_tensor:
+            v = x.t.value
+        elif isinstance(x, Tensor) and x.is_const and np.asarray(x.value).dtype.kind == "f":
+            v = np.asarray(x.value)
+        else:
+            return None
+        return np.broadcast_to(v.reshape(-1), (size,)).astype(np.float64) if v.size in (1, size) else None
+    values = [stored(x) for x in (gamma, beta) if x is not None]
+    if size > MAX_PAIRS and all(v is not None for v in values):
+        count = len(np.unique(np.stack(values, axis=1), axis=0))
+        if count > MAX_PAIRS:
+            raise Refuse(str(too_many_pairs(n, count)))
+
+
+def too_many_pairs(n: int, count: int) -> NoPlan:
+    return NoPlan(f"a LayerNormalization over {n} values with {count} distinct (gamma, beta) pairs: its plan is "
+                  f"searched over at most {MAX_PAIRS}")
+
+
 def far(n: int, big: Fraction) -> NoPlan:
     return NoPlan(f"a LayerNormalization over {n} values with |gamma| up to {float(big):.3g} output steps has no "
                   "integer form within half a step in 32 bits")
@@ -214,7 +257,8 @@ class WideRows:
     """The wide form's statistics (docs: "Rows of any width"): a_i = 2^c u_i - q with q = trunc(2^c sum u / n),
     r = 2^c sum u - n q, P = sum a_i^2, Y = clip(floor(P / 2^z) - floor(t^2 / K), 0, y_max) with t = trunc(r / 2^g),
     K = floor(n 2^z / 4^g); per table entry the pre-shift p (D' = trunc(D / 2^p), |D'| <= ``d_bound``) and the
-    exponent x of N = trunc(D' R / 2^(x+j))."""
+    exponent x of N = trunc(D' R / 2^(x+j)). Where ``cap`` > 0, a row of Y <= ``y_small`` reads its exact V instead
+    (``small_v``), at (T_s, K_s) = ``small_shape`` in the table's first entries."""
 
     width: int  # w: the rows' values lie in an interval of w + 1 integers
     scale: int  # c
@@ -225,10 +269,35 @@ class WideRows:
     shifts: np.ndarray | None = None
     exps: np.ndarray | None = None
     d_bound: int = 0
+    cap: int = 0  # floor(P / 2^z) taken at most cap for the exact V (0: no small rows)
+    y_small: int = -1
+    v_small: int = 0  # the exact V's largest value
+    small_shape: tuple[int, int] = (0, 0)
 
     def p_top(self, n: int) -> int:
         """A bound on P: n P = 4^c V + r^2 <= 4^c n^2 w^2 / 4 + (n - 1)^2."""
         return ((n * n * self.width ** 2 << (2 * self.scale)) // 4 + (n - 1) ** 2) // n
+
+    def small_entries(self) -> int:
+        """The table entries of the exact V (the first ones)."""
+        return table_size(*self.small_shape) if self.cap else 0
+
+
+def small_rows_of(n: int, rows: WideRows) -> WideRows:
+    """``rows`` with the exact V of small rows where its steps fit 32 bits (docs: "Rows of any width", the exact V;
+    g = 0, so K = n 2^z): with Q_r = floor(r^2 / n), R_r = r^2 - n Q_r and P' = 2^z min(floor(P / 2^z), cap) +
+    P mod 2^z (< 2^29), a row of Y <= y_small has P' = P, 0 <= P - Q_r < 2^z (Y + 1) and 4^c V = n (P - Q_r) - R_r;
+    n (P - Q_r) within 32 bits."""
+    qr = (n - 1) ** 2 // n
+    if rows.g or rows.z >= 29 or 2 * tight(n - 1) > 32 or tight(n) + tight(qr - qr // 2) > 32:
+        return rows
+    cap = (1 << (29 - rows.z)) - 1
+    y_small = min(((1 << (31 - tight(n))) >> rows.z) - 1, cap - (qr >> rows.z), rows.y_max - 1)
+    v_small = min((n * (((y_small + 1) << rows.z) - 1)) >> (2 * rows.scale), n * n * rows.width ** 2 // 4)
+    shape = table_shape(v_small, 0, MAX_TABLE // 2)
+    if y_small < 0 or shape is None:
+        return rows
+    return replace(rows, cap=cap, y_small=y_small, v_small=v_small, small_shape=shape)
 
 
 #: the most values in a row the wide form plans
@@ -241,21 +310,22 @@ WIDE_BITS = ((False, (16,)), (True, (18, 20, 22)))
 
 def wide_plan(n: int, w: int, centre: int, peak: int, g: float, gamma: np.ndarray, beta: np.ndarray,
               outputs: tuple[int, int], precision: int, big: Fraction) -> LayerNormPlan:
-    """The wide form's plan of least delta (rows whose V passes 32 bits even quartered), G = ``g``: the most
-    scale bits c (at most 4) and then the least z whose steps fit 32 bits."""
+    """The wide form's plan of least delta (rows whose V passes 32 bits even quartered), G = ``g``: for each scale
+    bits c (at most 4) the least z whose steps fit 32 bits, and of those the least unit n 2^z / 4^c, then c; with
+    the exact V of small rows where it fits (``small_rows_of``)."""
     rows = None
-    for c in range(4, -1, -1):
+    for c in range(5):  # the least Y unit n 2^z / 4^c, then the least c
         if tight(n * peak << c) + 1 > 32 or tight(n * w) + 1 > 32:
             continue
         top = WideRows(w, c, 0, 0, 0, 0).p_top(n)
         z = next((z for z in range(64) if tight(top >> z) <= 31 and square_sums_fit(n, w << c, 1 << z)), None)
         g_shift = max(0, (n - 1).bit_length() - 15)
-        if z is not None and (n << z) >> (2 * g_shift):
+        if z is not None and (n << z) >> (2 * g_shift) and (rows is None or z - 2 * c < rows.z - 2 * rows.scale):
             rows = WideRows(w, c, z, g_shift, (n << z) >> (2 * g_shift), top >> z)
-            break
     if rows is None:
         raise NoPlan(f"a LayerNormalization over {n} values of {w + 1} integers passes 32 bits in its sums")
-    found = table_shape(rows.y_max, 0)
+    rows = small_rows_of(n, rows)
+    found = table_shape(rows.y_max, 0, MAX_TABLE - rows.small_entries())
     if found is None:
         raise NoPlan(f"a LayerNormalization over {n} values needs a table of more than 2^16 entries")
     shape = (n, centre, *found, 0, precision)
@@ -275,13 +345,15 @@ def wide_plan(n: int, w: int, centre: int, peak: int, g: float, gamma: np.ndarra
 
 def wide_table(n: int, rows: WideRows, t_bits: int, levels: int, g: float, h: int,
                bits: int) -> tuple[Table, WideRows]:
-    """The wide form's table over Y's level and bucket: each entry's V lies in [V_lo, V_hi] = u [Y_a - e_lo,
-    Y_b + e_hi] (u = n 2^z / 4^c, Y_a..Y_b its Y, within V's reach), its pre-shift p = max(0, bits(D_b) - B) with
-    D_b >= sqrt((n - 1) V_hi), R = round_half_up(2^(e+h) (1 / sqrt(A + G) + 1 / sqrt(B + G)) / 2), A = max(n - 1,
-    u (Y_a - 1)), B = max(A, min(u (Y_b + 1), n^2 w^2 / 4)) (exact in float64), with the most e keeping R >> h
-    below 2^(30-B); F = min(e - p), x = e - p - F. E (at F) is the worst sqrt((n - 1) V) |R / 2^(e+h) -
-    1 / sqrt(V + G)| + (2^p - 1) R / 2^(e+h) over the entry's V (the first term at V_lo, V_hi and its one inner
-    extremum), eps the worst |R sqrt(V + G) / 2^(e+h) - 1| (at V_lo, V_hi), in float64 with margins of 2^-40."""
+    """The wide form's table: the exact V's entries (``rows.small_shape``) first, each over its bucket [V_a, V_b],
+    then those over Y's level and bucket, each entry's V in [V_lo, V_hi] = u [Y_a - e_lo, Y_b + e_hi] (u = n 2^z /
+    4^c, Y_a..Y_b its Y, within V's reach; none at Y_b <= y_small, which read the exact V); per entry the pre-shift
+    p = max(0, bits(D_b) - B) with D_b >= sqrt((n - 1) V_hi), R = round_half_up(2^(e+h) (1 / sqrt(A + G) +
+    1 / sqrt(B + G)) / 2), A = max(n - 1, u (Y_a - 1)) and B = max(A, min(u (Y_b + 1), n^2 w^2 / 4)) (V_a and V_b
+    for the exact V; exact in float64), with the most e keeping R >> h below 2^(30-B); F = min(e - p),
+    x = e - p - F. E (at F) is the worst sqrt((n - 1) V) |R / 2^(e+h) - 1 / sqrt(V + G)| + (2^p - 1) R / 2^(e+h)
+    over the entry's V (the first term at V_lo, V_hi and its one inner extremum), eps the worst
+    |R sqrt(V + G) / 2^(e+h) - 1| (at V_lo, V_hi), in float64 with margins of 2^-40."""
     w = rows.width
     per = float(Fraction(n << rows.z, 1 << (2 * rows.scale)))  # V per unit of Y
     t_max, full = (n - 1) >> rows.g, n << rows.z
@@ -290,23 +362,22 @@ def wide_table(n: int, rows: WideRows, t_bits: int, levels: int, g: float, h: in
     below = float(Fraction(((2 * t_max + 1) << (2 * rows.g)) - ((t_max + 1) << (rows.g + 1)) + 1, full) + 1)
     above = float(1 + Fraction(t_max * t_max) / (k_star * rows.k))
     below, above = below * (1 + 2.0**-40), above * (1 + 2.0**-40)
-    size, step = 1 << t_bits, 3 << (t_bits - 2)
-    index, ya, yb = [], [], []
-    for m in range(levels + 1):
-        k = np.arange(size >> 2 if m else 0, size, dtype=np.int64)
-        lo, hi = k << (2 * m), ((k + 1) << (2 * m)) - 1
-        keep = lo <= rows.y_max
-        index.append(m * step + k[keep])
-        ya.append(lo[keep])
-        yb.append(np.minimum(hi[keep], rows.y_max))
-    index, ya, yb = (np.concatenate(x) for x in (index, ya, yb))
     v_top = float(n * n * w * w // 4)
+    first = rows.small_entries()
+    index, ya, yb = buckets(t_bits, levels, rows.y_max)
+    keep = yb > rows.y_small
+    index, ya, yb = index[keep] + first, ya[keep], yb[keep]
     v_lo = np.maximum(per * (ya - below) * (1 - 2.0**-40), n - 1)  # V = 0: D = 0
     v_hi = np.minimum(per * (yb + above) * (1 + 2.0**-40), v_top)
-    live = v_hi >= v_lo
-    index, v_lo, v_hi, ya, yb = index[live], v_lo[live], v_hi[live], ya[live], yb[live]
     a_nom = np.maximum(per * (ya - 1), n - 1)
     b_nom = np.maximum(np.minimum(per * (yb + 1), v_top), a_nom)
+    if first:
+        small, va, vb = buckets(*rows.small_shape, rows.v_small)
+        lo, hi = np.maximum(va, n - 1).astype(np.float64), np.minimum(vb, v_top).astype(np.float64)
+        index, v_lo, v_hi = np.concatenate([small, index]), np.concatenate([lo, v_lo]), np.concatenate([hi, v_hi])
+        a_nom, b_nom = np.concatenate([lo, a_nom]), np.concatenate([np.maximum(hi, lo), b_nom])
+    live = v_hi >= v_lo
+    index, v_lo, v_hi, a_nom, b_nom = index[live], v_lo[live], v_hi[live], a_nom[live], b_nom[live]
     d_top = np.minimum(np.floor(np.sqrt((n - 1) * v_hi) * (1 + 2.0**-40)) + 1, (n - 1) * w).astype(np.int64)
     shift = np.array([max(int(x).bit_length() - bits, 0) for x in d_top], np.int64)
     low_root = np.sqrt(v_lo + g)
@@ -318,11 +389,26 @@ def wide_table(n: int, rows: WideRows, t_bits: int, levels: int, g: float, h: in
     pre = (np.ldexp(1.0, shift) - 1) * rr
     rel = float(np.max([np.abs(rr * np.sqrt(v + g) - 1) for v in (v_lo, v_hi)], initial=0.0)) + 2.0**-40
     f = int((ex - shift).min()) if ex.size else 0
-    table, shifts, exps = (np.zeros(size + levels * step, np.int64) for _ in range(3))
+    table, shifts, exps = (np.zeros(first + table_size(t_bits, levels), np.int64) for _ in range(3))
     table[index], shifts[index], exps[index] = r, shift, ex - shift - f
     laid = replace(rows, shifts=shifts, exps=exps, d_bound=int((d_top >> shift).max(initial=0)))
     worst, most = (math.ldexp(float(np.max(x, initial=0.0)), f) * (1 + 2.0**-40) for x in (err + pre, pre))
     return Table(table, worst, rel, f, int(exps.max()), most), laid
+
+
+def buckets(t_bits: int, levels: int, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(entry, first, last) of each bucket of a levelled table (``levelled``) over 0..``top``: level 0's values
+    0..2^T - 1 one each, level m's buckets [b 4^m, (b + 1) 4^m - 1] for b in 2^(T-2)..2^T - 1, the last cut at top."""
+    size, step = 1 << t_bits, 3 << (t_bits - 2)
+    index, first, last = [], [], []
+    for m in range(levels + 1):
+        k = np.arange(size >> 2 if m else 0, size, dtype=np.int64)
+        lo, hi = k << (2 * m), ((k + 1) << (2 * m)) - 1
+        keep = lo <= top
+        index.append(m * step + k[keep])
+        first.append(lo[keep])
+        last.append(np.minimum(hi[keep], top))
+    return tuple(np.concatenate(x) for x in (index, first, last))
 
 
 def quartered_shape(v_max: int, fits: Callable[[int, int], bool]) -> tuple[int, tuple[int, int]] | None:
@@ -378,8 +464,7 @@ def tabled(shape: tuple, tab: Table, d_bits: int, h: int, gamma: np.ndarray, bet
         pairs: dict[tuple[Fraction, Fraction], int] = {}
         index = np.array([pairs.setdefault(gb, len(pairs)) for gb in zip(gamma.flat, beta.flat)], np.int64)
         if len(pairs) > MAX_PAIRS:
-            raise NoPlan(f"a LayerNormalization over {n} values with {len(pairs)} distinct (gamma, beta) pairs: "
-                         f"its plan is searched over at most {MAX_PAIRS}")
+            raise too_many_pairs(n, len(pairs))
         if len(pairs) < gamma.size:
             g, b = np.empty(len(pairs), object), np.empty(len(pairs), object)
             g[:], b[:] = [gb[0] for gb in pairs], [gb[1] for gb in pairs]
@@ -624,15 +709,15 @@ def table_index(ctx, level: Tensor, bucket: Tensor, t_bits: int, levels: int, en
 
 
 def wide_rows(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[Tensor, Tensor]:
-    """The wide form's D' = trunc(D / 2^p) (D = n u - sum u) and table index (of Y's level and bucket) of each
-    row."""
+    """The wide form's D' = trunc(D / 2^p) (D = n u - sum u) and table index of each row: of Y's level and bucket,
+    or of the exact V's where Y <= y_small (``small_v``)."""
     op = partial(proven, ctx)
     wide, rows, col = p.wide, u.shape, total.shape
     w = u.hi - u.lo
     d = op("broadcast_sub", op("broadcast_mul", u, c32(n), min(n * u.lo, 0), max(n * u.hi, 0), rows), total,
            -(n - 1) * w, (n - 1) * w, rows)
     _, rest, a = centred(ctx, u, total, n, wide.scale)
-    high, _, _ = square_sums(ctx, a, n, w << wide.scale, 1 << wide.z, wide.p_top(n))
+    high, low, _ = square_sums(ctx, a, n, w << wide.scale, 1 << wide.z, wide.p_top(n))
     t_max = (n - 1) >> wide.g
     t = op("broadcast_div", rest, c32(1 << wide.g), -t_max, t_max, col) if wide.g else rest
     rho = op("broadcast_div", op("broadcast_mul", t, t, 0, t_max * t_max, col), c32(wide.k), 0,
@@ -640,12 +725,45 @@ def wide_rows(ctx, u: Tensor, total: Tensor, n: int, p: LayerNormPlan) -> tuple[
     e = ctx.emit("clip", ctx.entry(op("broadcast_sub", high, rho, -rho.hi, high.hi, col)), a_min=0,
                  a_max=wide.y_max)
     y = ctx.result(e, INT32, 0, wide.y_max, col)
-    index = levelled(ctx, y, p.table_bits, p.levels, p.table.size)[1] if p.levels else y
+    first = wide.small_entries()
+    index = levelled(ctx, y, p.table_bits, p.levels, p.table.size - first)[1] if p.levels else y
+    if first:  # the exact V's entry where Y <= y_small
+        index = op("broadcast_add", index, c32(first), first, p.table.size - 1, col)
+        small = small_v(ctx, rest, high, low, n, wide)
+        t_bits, levels = wide.small_shape
+        small = levelled(ctx, small, t_bits, levels, first)[1] if levels else small
+        gap = op("broadcast_sub", index, small, 1, p.table.size - 1, col)
+        pick = op("broadcast_mul", op("broadcast_greater", y, c32(wide.y_small), 0, 1, col), gap, 0, gap.hi, col)
+        index = op("broadcast_add", small, pick, 0, p.table.size - 1, col)
     if wide.shifts.any():
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(1 << wide.shifts)), in_dim=wide.shifts.size)
         d = op("broadcast_div", d, ctx.result(e, INT32, 1, 1 << int(wide.shifts.max()), col), -wide.d_bound,
                wide.d_bound, rows)
     return d, index
+
+
+def small_v(ctx, rest: Tensor, high: Tensor, low: Tensor, n: int, wide: WideRows) -> Tensor:
+    """V of each row of Y <= y_small, exactly (``small_rows_of``): 4^c V = n min(P' - Q_r, 2^z (y_small + 1) - 1)
+    - R_r, R_r = r^2 - n ceil(Q_r / 2) - n floor(Q_r / 2) (each product within 32 bits), clipped to [0, v_small]
+    (every row's value within its label; only those rows' are read)."""
+    op = partial(proven, ctx)
+    col, z, cap, t = rest.shape, wide.z, wide.cap, 2 * wide.scale
+    top = ((wide.y_small + 1) << z) - 1
+    r2 = op("broadcast_mul", rest, rest, 0, (n - 1) ** 2, col)
+    qr = op("broadcast_div", r2, c32(n), 0, (n - 1) ** 2 // n, col)
+    half = op("broadcast_div", qr, c32(2), 0, qr.hi // 2, col)
+    more = op("broadcast_sub", qr, half, 0, qr.hi - qr.hi // 2, col)
+    rr = op("broadcast_sub", r2, op("broadcast_mul", more, c32(n), 0, n * more.hi, col), 0, n - 1 + n * half.hi, col)
+    rr = op("broadcast_sub", rr, op("broadcast_mul", half, c32(n), 0, n * half.hi, col), 0, n - 1, col)
+    e = ctx.emit("clip", ctx.entry(high), a_min=0, a_max=cap)
+    capped = op("broadcast_mul", ctx.result(e, INT32, 0, cap, col), c32(1 << z), 0, cap << z, col)
+    whole = op("broadcast_add", capped, low, 0, ((cap + 1) << z) - 1, col)
+    e = ctx.emit("clip", ctx.entry(op("broadcast_sub", whole, qr, -qr.hi, whole.hi, col)), a_min=0, a_max=top)
+    v = op("broadcast_sub", op("broadcast_mul", ctx.result(e, INT32, 0, top, col), c32(n), 0, n * top, col), rr,
+           1 - n, n * top, col)
+    e = ctx.emit("clip", ctx.entry(v), a_min=0, a_max=wide.v_small << t)
+    v = ctx.result(e, INT32, 0, wide.v_small << t, col)
+    return op("broadcast_div", v, c32(1 << t), 0, wide.v_small, col) if t else v
 
 
 def centred(ctx, u: Tensor, total: Tensor, n: int, c: int = 0) -> tuple[Tensor, Tensor, Tensor]:
@@ -797,6 +915,8 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
     axis %= rank
     n = math.prod(x.shape[axis:])
     eps = epsilon(node, "LayerNormalization")
+    planned_width(n)
+    planned_pairs(n, gamma, beta, n)
     g = real_values(gamma, n, "Scale")
     b = real_values(beta, n, "B") if beta is not None else np.array([Fraction(0)] * n, dtype=object)
     return Normalized(x, (math.prod(x.shape[:axis]), n), g, b, eps, node.name)
@@ -814,8 +934,10 @@ def channel_normalized(node, x, scale, bias, op: str, groups: int | None = None)
     if groups < 1 or c % groups:
         raise Refuse(f"{op} num_groups {groups} must divide the {c} channels")
     eps = epsilon(node, op)
-    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
     size = math.prod(x.shape[2:])
+    planned_width(c // groups * size)
+    planned_pairs(c // groups * size, scale, bias, c)
+    g, b = (real_values(v, c, what, op, "channels") for v, what in ((scale, "scale"), (bias, "bias")))
     return Normalized(x, (x.shape[0] * groups, c // groups * size), g, b, eps, node.name, op, (x.shape[0], c, size))
 
 
