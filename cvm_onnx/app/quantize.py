@@ -35,6 +35,7 @@ onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced me
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -67,7 +68,7 @@ from cvm_onnx.runtime.bulk import run_many
 
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .memory import in_child, map_large_blocks, own_garbage, release_memory
+from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
@@ -791,9 +792,9 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     (``layers.layer_report``). ``models``: the float model as compared and the quantized ONNX model returned too
     (False: neither is read back into memory; the CLI's way). The process's working folder is quantize's scratch
     folder while onnxruntime's shape inference runs (``_working_folder``): threads resolving relative paths
-    meanwhile would resolve them there. glibc's mmap threshold is fixed for the rest of the process
-    (``memory.map_large_blocks``); the garbage collector skips the objects held before the call until it returns
-    (``memory.own_garbage``)."""
+    meanwhile would resolve them there. The imports run in forked children (``_apart``). glibc's mmap threshold is
+    fixed for the rest of the process (``memory.map_large_blocks``); the garbage collector skips the objects held
+    before the call until it returns (``memory.own_garbage``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     map_large_blocks()
@@ -850,40 +851,67 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             release_memory()
             precision = 8 if samples.dtype.kind in "fV" else integer_precision(samples)
             precisions = input_precisions(samples)
-            imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress,
-                               input_precisions=precisions)
-            release_memory()
+            # each import in its child, this process at its lowest: the model written there, its params read
+            # back from the file once both ran
+            imported = _apart(functools.partial(_imported_without_params, out, stage, two_part=two_part,
+                                                input_precision=precision, input_precisions=precisions),
+                              src, "importing the quantized model", progress)
+            one_part = None
+            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
+                try:
+                    one_part = _apart(lambda: one_part_gas(onnx.load(out), input_precisions=precisions), src,
+                                      "the one-part import")
+                except CVMError:  # the model is written either way
+                    pass
+            _read_back(imported, stage)
             layers = layer_report(onnx.load(out), imported, samples, onnx.load(prepared), progress) \
                 if report else None
             if progress:
                 progress(0, None, "comparing with the float model")
             # the CVM model runs first, with its params; then they wait in the stage's file while onnxruntime runs
-            # the float and the quantized model from their files and the one-part import runs, and come back at the
-            # end (in their order): none of these held beside another
+            # the float and the quantized model from their files, and come back at the end (in their order): none
+            # of these held beside another
             got = cvm_outputs(imported, samples, progress)
-            params = imported.graph.params
-            order = list(params)
-            params.clear()
+            imported.graph.params = dict.fromkeys(imported.graph.params)  # their names, in their order
             release_memory()
             agreements = compare(float_path, out, imported, samples, got=got, where=os.fspath(src))
             release_memory()
-            one_part = None
-            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
-                try:
-                    one_part = one_part_gas(onnx.load(out), input_precisions=precisions)
-                except CVMError:  # the model is written either way
-                    pass
-                release_memory()
-            with open(stage / PARAMS, "rb") as f:
-                back = read_params(f, str(stage / PARAMS))
-            params.update((k, back[k]) for k in order)
-            del back
-            release_memory()
+            _read_back(imported, stage)
             model = onnx.load(float_path) if models else None
             quantized = out.read_bytes() if models or save_onnx is not None else None
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     return Quantized(imported, agreements, len(samples), model, quantized if models else None, one_part, layers)
+
+
+def _imported_without_params(out: Path, stage: Path, progress: Progress | None = None, **options) -> Imported:
+    """``convert(out, stage, **options)``, its params left in the stage's params file (``_read_back``)."""
+    imported = convert(out, stage, progress=progress, **options)
+    imported.graph.params = dict.fromkeys(imported.graph.params)  # their names, in their order
+    return imported
+
+
+def _apart(fn: Callable, src: str | os.PathLike, what: str, progress: Progress | None = None):
+    """``memory.in_child(fn, progress)``: the temporaries of ``fn`` (an import's, whose pages the heap keeps once
+    freed) go with the child. Its ``CVMError`` is raised as it is; a child ended by a signal (out of memory), as a
+    ``RuntimeFailure`` naming ``src`` and ``what`` it did."""
+    try:
+        return in_child(fn, progress)
+    except ChildFailed as e:
+        if e.signal is None:
+            raise
+        raise RuntimeFailure(f"{what}: {e}", where=os.fspath(src)) from None
+
+
+def _read_back(imported: Imported, stage: Path) -> None:
+    """The import's params, named in their order, read back from the stage's params file."""
+    params = imported.graph.params
+    with open(stage / PARAMS, "rb") as f:
+        back = read_params(f, str(stage / PARAMS))
+    for k in params:
+        params[k] = back[k]
+    del back
+    release_memory()
 
 
 def fixed_shapes_refused(e: RuntimeFailure, dynamic: list[str], shapes: dict[str, tuple[int, ...]]) \
