@@ -849,6 +849,12 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             release_memory()
+            # onnxruntime runs the float and the quantized model from their files first, beside nothing of the
+            # import's (the comparison below runs the CVM model alone); its failure is said after the import's
+            try:
+                ran = onnx_outputs(float_path, out, samples, os.fspath(src))
+            except RuntimeFailure as e:
+                ran = e
             precision = 8 if samples.dtype.kind in "fV" else integer_precision(samples)
             precisions = input_precisions(samples)
             # each import in its child, this process at its lowest: the model written there, its params read
@@ -856,6 +862,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
             imported = _apart(functools.partial(_imported_without_params, out, stage, two_part=two_part,
                                                 input_precision=precision, input_precisions=precisions),
                               src, "importing the quantized model", progress)
+            if isinstance(ran, RuntimeFailure):
+                raise ran
             one_part = None
             if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
                 try:
@@ -868,15 +876,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 if report else None
             if progress:
                 progress(0, None, "comparing with the float model")
-            # the CVM model runs first, with its params; then they wait in the stage's file while onnxruntime runs
-            # the float and the quantized model from their files, and come back at the end (in their order): none
-            # of these held beside another
             got = cvm_outputs(imported, samples, progress)
-            imported.graph.params = dict.fromkeys(imported.graph.params)  # their names, in their order
-            release_memory()
-            agreements = compare(float_path, out, imported, samples, got=got, where=os.fspath(src))
-            release_memory()
-            _read_back(imported, stage)
+            agreements = compare(float_path, out, imported, samples, got=got, ran=ran)
             model = onnx.load(float_path) if models else None
             quantized = out.read_bytes() if models or save_onnx is not None else None
         if save_onnx is not None:
@@ -1097,14 +1098,23 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") \
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "",
+            ran: tuple[list[np.ndarray], list[np.ndarray]] | None = None) \
         -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
     model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
     batch 1), each stacked as the float model's. ``got``: the CVM model's, as ``cvm_outputs`` gave them (its graph
-    then needs no params); else it runs first."""
+    then needs no params); else it runs first. ``ran``: onnxruntime's two, as ``onnx_outputs`` gave them."""
     if got is None:
         got = cvm_outputs(imported, samples, progress)
+    want, ort = ran or onnx_outputs(model, quantized, samples, where)
+    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+
+
+def onnx_outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, samples: np.ndarray, where: str = "") \
+        -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The outputs on ``samples`` of the float ``model`` and of onnxruntime's ``quantized`` model (as ``outputs``
+    takes them), each as onnxruntime gives them, one session at a time."""
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
         want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples,
@@ -1113,7 +1123,7 @@ def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Im
         ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples,
                         "its quantized model", where)
         release_memory()
-    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+    return want, ort
 
 
 def cvm_outputs(imported: Imported, samples: np.ndarray, progress: Progress | None = None) -> list[np.ndarray]:
@@ -1150,11 +1160,13 @@ def _stamp(path: Path) -> None:
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") -> list[Agreement]:
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "",
+            ran: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> list[Agreement]:
     """Each output of the CVM model ``imported`` (``got``: its outputs, as ``outputs`` takes them) and of
     onnxruntime's ``quantized`` model (its bytes or its file) against the float ``model`` (or the file holding it)
-    on ``samples`` (N samples of the input's shape, batch 1); ``where`` names the source model in a refusal."""
-    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where)
+    on ``samples`` (N samples of the input's shape, batch 1; ``ran``: onnxruntime's outputs, as ``outputs`` takes
+    them); ``where`` names the source model in a refusal."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where, ran)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in

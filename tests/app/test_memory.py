@@ -421,6 +421,45 @@ def test_quantize_leaves_the_one_part_imports_temporaries_to_a_child_process(tmp
     assert peak < params * 5 // 4, f"{peak / (1 << 20):.1f} MiB for {params >> 20} MiB of params"
 
 
+def test_onnxruntime_runs_the_float_and_quantized_models_before_the_imports(tmp_path, monkeypatch):
+    """The comparison's onnxruntime sessions (the float model's holds its float weights) run before the imports, so
+    that nothing of the import (its graph and params, the heap the CVM run left) is held beside them; the CVM model
+    runs alone after them. onnxruntime's failure to run them is raised after the import, whose refusal comes
+    first; nothing is written either way."""
+    import onnx
+    from support.transformers import encoder
+
+    import cvm_onnx.app.quantize as q
+    import cvm_onnx.converters.from_onnx as f
+    from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
+
+    onnx.save(encoder(seed=2, s=5, d=8, heads=2, ff=16), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(3, 1, 5, 8)).astype(np.float32))
+    said = []
+    run_onnx, apart, cvm_outputs = q._run_onnx, q._apart, q.cvm_outputs
+    monkeypatch.setattr(q, "_run_onnx", lambda *a, **k: said.append("onnxruntime") or run_onnx(*a, **k))
+    monkeypatch.setattr(q, "_apart", lambda fn, src, what, *a: said.append(what) or apart(fn, src, what, *a))
+    monkeypatch.setattr(q, "cvm_outputs", lambda *a, **k: said.append("CVM") or cvm_outputs(*a, **k))
+    done = q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    assert said[:3] == ["onnxruntime", "onnxruntime", "importing the quantized model"] and said[-1] == "CVM"
+    samples = np.load(tmp_path / "c.npy")
+    assert done.agreements == q.compare(done.float_model, done.onnx_model, done.imported, samples)
+
+    def refused(*a, **k):
+        raise UnsupportedError("refused by the import")
+
+    def failed(*a, **k):
+        raise RuntimeFailure("onnxruntime failed")
+
+    monkeypatch.setattr(q, "_run_onnx", failed)
+    with pytest.raises(RuntimeFailure, match="onnxruntime failed"):
+        q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m2")
+    monkeypatch.setattr(f, "import_model", refused)
+    with pytest.raises(UnsupportedError, match="refused by the import"):
+        q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m3")
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
+
+
 def test_in_child_hands_back_its_value_and_relays_its_progress():
     from cvm_onnx.app.memory import in_child
 
