@@ -6,8 +6,14 @@ import ctypes
 import functools
 import gc
 import os
+import pickle
+import signal
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
+
+from cvm_onnx.core.errors import CVMError
+
+T = TypeVar("T")
 
 
 #: glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h) and the values quantize fixes them at: blocks of 1 MiB
@@ -72,31 +78,81 @@ def release_memory() -> None:
 
 
 class ChildFailed(Exception):
-    """``in_child``'s function raised in the child: its exception's type and message."""
+    """``in_child``'s child failed: its exception's type and message (one not of ours), or the signal that ended it
+    (``signal``, else None)."""
+
+    def __init__(self, message: str, signal: int | None = None):
+        super().__init__(message)
+        self.signal = signal
 
 
-def in_child(fn: Callable[[], None]) -> None:
-    """``fn()`` run in a forked child process, where the system forks (else here): what it imports and allocates
-    (onnxruntime's symbolic shape inference imports sympy, 32 MiB that would stay for the rest of the process) goes
-    with the child, which shares this process's pages until it writes them. Its effects must be on disk; an
-    exception it raises is raised here as ``ChildFailed`` with its type and message."""
+def in_child(fn: Callable[..., T], progress: Callable[..., None] | None = None) -> T:
+    """``fn()``'s value, ``fn`` run in a forked child process, where the system forks (else here): what it imports
+    and allocates (onnxruntime's symbolic shape inference imports sympy, 32 MiB that would stay for the rest of the
+    process; the import's temporaries, whose freed pages stay in the heap) goes with the child, which shares this
+    process's pages until it writes them. Its value comes back pickled. ``progress``: ``fn`` is called with a
+    stand-in for it, whose calls (picklable arguments) are made here as the child makes them. A ``CVMError`` it
+    raises is raised here as it is; another exception, as ``ChildFailed`` with its type and message; a child ended
+    by a signal, as ``ChildFailed`` naming it. An exception here (``progress`` raising, an interrupt) ends the
+    child first."""
     if not hasattr(os, "fork"):
-        return fn()
+        return fn(progress) if progress is not None else fn()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no cleanup of the parent's (atexit, buffered output), only os._exit
         code = 0
         try:
             os.close(read)
-            fn()
+            told = fn(lambda *args: _send(write, "progress", args)) if progress is not None else fn()
+            _send(write, "value", told)
         except BaseException as e:  # noqa: BLE001  (anything fn raises is the parent's to report)
             code = 1
-            os.write(write, f"{type(e).__name__}: {e}".encode(errors="replace")[:1 << 16])
+            if isinstance(e, CVMError):
+                _send(write, "error", e)
+            else:
+                _send(write, "failed", f"{type(e).__name__}: {e}"[:1 << 16])
         finally:
             os._exit(code)
     os.close(write)
-    with os.fdopen(read, "rb") as f:
-        said = f.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    if status:
-        raise ChildFailed(said or f"the child process ended with status {status}")
+    ended = False
+    try:
+        with os.fdopen(read, "rb") as f:
+            said = ("failed", "")
+            while (message := _received(f)) is not None:
+                if message[0] == "progress":
+                    progress(*message[1])
+                else:
+                    said = message
+        _, status = os.waitpid(pid, 0)
+        ended = True
+    finally:
+        if not ended:  # interrupted here: the child ends with this process's call
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        raise ChildFailed(f"the child process was ended by signal {number} ({signal.Signals(number).name})", number)
+    kind, value = said
+    if kind == "error":
+        raise value
+    if kind != "value" or status:
+        raise ChildFailed(kind == "failed" and value or
+                          f"the child process ended with status {os.waitstatus_to_exitcode(status)}")
+    return value
+
+
+def _send(fd: int, kind: str, value) -> None:
+    """One message to the parent: its length (8 bytes), then its pickle."""
+    data = pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL)
+    data = len(data).to_bytes(8, "little") + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _received(f) -> tuple[str, object] | None:
+    """The next message ``_send`` sent, None at the end (the child ended, whole messages or not)."""
+    head = f.read(8)
+    if len(head) < 8:
+        return None
+    data = f.read(int.from_bytes(head, "little"))
+    return pickle.loads(data) if len(data) == int.from_bytes(head, "little") else None

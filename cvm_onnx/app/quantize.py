@@ -35,6 +35,7 @@ onnxruntime's own log lines (its C++ logger, its Python loggers) are silenced me
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -67,7 +68,7 @@ from cvm_onnx.runtime.bulk import run_many
 
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
-from .memory import in_child, map_large_blocks, own_garbage, release_memory
+from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
@@ -791,9 +792,9 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     (``layers.layer_report``). ``models``: the float model as compared and the quantized ONNX model returned too
     (False: neither is read back into memory; the CLI's way). The process's working folder is quantize's scratch
     folder while onnxruntime's shape inference runs (``_working_folder``): threads resolving relative paths
-    meanwhile would resolve them there. glibc's mmap threshold is fixed for the rest of the process
-    (``memory.map_large_blocks``); the garbage collector skips the objects held before the call until it returns
-    (``memory.own_garbage``)."""
+    meanwhile would resolve them there. The imports run in forked children (``_apart``). glibc's mmap threshold is
+    fixed for the rest of the process (``memory.map_large_blocks``); the garbage collector skips the objects held
+    before the call until it returns (``memory.own_garbage``)."""
     if method not in METHODS:
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     map_large_blocks()
@@ -848,42 +849,70 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             release_memory()
+            # onnxruntime runs the float and the quantized model from their files first, beside nothing of the
+            # import's (the comparison below runs the CVM model alone); its failure is said after the import's
+            try:
+                ran = onnx_outputs(float_path, out, samples, os.fspath(src))
+            except RuntimeFailure as e:
+                ran = e
             precision = 8 if samples.dtype.kind in "fV" else integer_precision(samples)
             precisions = input_precisions(samples)
-            imported = convert(out, stage, two_part=two_part, input_precision=precision, progress=progress,
-                               input_precisions=precisions)
-            release_memory()
+            # each import in its child, this process at its lowest: the model written there, its params read
+            # back from the file once both ran
+            imported = _apart(functools.partial(_imported_without_params, out, stage, two_part=two_part,
+                                                input_precision=precision, input_precisions=precisions),
+                              src, "importing the quantized model", progress)
+            if isinstance(ran, RuntimeFailure):
+                raise ran
+            one_part = None
+            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
+                try:
+                    one_part = _apart(lambda: one_part_gas(onnx.load(out), input_precisions=precisions), src,
+                                      "the one-part import")
+                except CVMError:  # the model is written either way
+                    pass
+            _read_back(imported, stage)
             layers = layer_report(onnx.load(out), imported, samples, onnx.load(prepared), progress) \
                 if report else None
             if progress:
                 progress(0, None, "comparing with the float model")
-            # the CVM model runs first, with its params; then they wait in the stage's file while onnxruntime runs
-            # the float and the quantized model from their files and the one-part import runs, and come back at the
-            # end (in their order): none of these held beside another
             got = cvm_outputs(imported, samples, progress)
-            params = imported.graph.params
-            order = list(params)
-            params.clear()
-            release_memory()
-            agreements = compare(float_path, out, imported, samples, got=got, where=os.fspath(src))
-            release_memory()
-            one_part = None
-            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
-                try:
-                    one_part = one_part_gas(onnx.load(out), input_precisions=precisions)
-                except CVMError:  # the model is written either way
-                    pass
-                release_memory()
-            with open(stage / PARAMS, "rb") as f:
-                back = read_params(f, str(stage / PARAMS))
-            params.update((k, back[k]) for k in order)
-            del back
-            release_memory()
+            agreements = compare(float_path, out, imported, samples, got=got, ran=ran)
             model = onnx.load(float_path) if models else None
             quantized = out.read_bytes() if models or save_onnx is not None else None
         if save_onnx is not None:
             write_bytes(Path(save_onnx), quantized)
     return Quantized(imported, agreements, len(samples), model, quantized if models else None, one_part, layers)
+
+
+def _imported_without_params(out: Path, stage: Path, progress: Progress | None = None, **options) -> Imported:
+    """``convert(out, stage, **options)``, its params left in the stage's params file (``_read_back``)."""
+    imported = convert(out, stage, progress=progress, **options)
+    imported.graph.params = dict.fromkeys(imported.graph.params)  # their names, in their order
+    return imported
+
+
+def _apart(fn: Callable, src: str | os.PathLike, what: str, progress: Progress | None = None):
+    """``memory.in_child(fn, progress)``: the temporaries of ``fn`` (an import's, whose pages the heap keeps once
+    freed) go with the child. Its ``CVMError`` is raised as it is; a child ended by a signal (out of memory), as a
+    ``RuntimeFailure`` naming ``src`` and ``what`` it did."""
+    try:
+        return in_child(fn, progress)
+    except ChildFailed as e:
+        if e.signal is None:
+            raise
+        raise RuntimeFailure(f"{what}: {e}", where=os.fspath(src)) from None
+
+
+def _read_back(imported: Imported, stage: Path) -> None:
+    """The import's params, named in their order, read back from the stage's params file."""
+    params = imported.graph.params
+    with open(stage / PARAMS, "rb") as f:
+        back = read_params(f, str(stage / PARAMS))
+    for k in params:
+        params[k] = back[k]
+    del back
+    release_memory()
 
 
 def fixed_shapes_refused(e: RuntimeFailure, dynamic: list[str], shapes: dict[str, tuple[int, ...]]) \
@@ -1069,14 +1098,23 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") \
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "",
+            ran: tuple[list[np.ndarray], list[np.ndarray]] | None = None) \
         -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """The outputs of the float ``model`` (or the file holding it: run from there), of onnxruntime's ``quantized``
     model (its bytes or its file) and of the CVM model ``imported`` on ``samples`` (N samples of the input's shape,
     batch 1), each stacked as the float model's. ``got``: the CVM model's, as ``cvm_outputs`` gave them (its graph
-    then needs no params); else it runs first."""
+    then needs no params); else it runs first. ``ran``: onnxruntime's two, as ``onnx_outputs`` gave them."""
     if got is None:
         got = cvm_outputs(imported, samples, progress)
+    want, ort = ran or onnx_outputs(model, quantized, samples, where)
+    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+
+
+def onnx_outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, samples: np.ndarray, where: str = "") \
+        -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The outputs on ``samples`` of the float ``model`` and of onnxruntime's ``quantized`` model (as ``outputs``
+    takes them), each as onnxruntime gives them, one session at a time."""
     name = _inputs(_graph_of(model))[0].name
     with quiet_onnxruntime():
         want = _run_onnx(os.fspath(model) if isinstance(model, Path) else model.SerializeToString(), name, samples,
@@ -1085,7 +1123,7 @@ def outputs(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Im
         ort = _run_onnx(os.fspath(quantized) if isinstance(quantized, Path) else quantized, name, samples,
                         "its quantized model", where)
         release_memory()
-    return want, [q.reshape(w.shape) for q, w in zip(ort, want)], [g.reshape(w.shape) for g, w in zip(got, want)]
+    return want, ort
 
 
 def cvm_outputs(imported: Imported, samples: np.ndarray, progress: Progress | None = None) -> list[np.ndarray]:
@@ -1122,11 +1160,13 @@ def _stamp(path: Path) -> None:
 
 
 def compare(model: onnx.ModelProto | Path, quantized: bytes | Path, imported: Imported, samples: np.ndarray,
-            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "") -> list[Agreement]:
+            progress: Progress | None = None, got: list[np.ndarray] | None = None, where: str = "",
+            ran: tuple[list[np.ndarray], list[np.ndarray]] | None = None) -> list[Agreement]:
     """Each output of the CVM model ``imported`` (``got``: its outputs, as ``outputs`` takes them) and of
     onnxruntime's ``quantized`` model (its bytes or its file) against the float ``model`` (or the file holding it)
-    on ``samples`` (N samples of the input's shape, batch 1); ``where`` names the source model in a refusal."""
-    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where)
+    on ``samples`` (N samples of the input's shape, batch 1; ``ran``: onnxruntime's outputs, as ``outputs`` takes
+    them); ``where`` names the source model in a refusal."""
+    want, ort, got = outputs(model, quantized, imported, samples, progress, got, where, ran)
     model = _graph_of(model)
     scores = class_scores(model.graph, [w.shape for w in want])
     return [agreement(o.name, g, w, q, e, o.name in scores) for o, g, w, q, e in

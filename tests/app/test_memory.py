@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cvm_onnx.app.memory import MMAP_THRESHOLD, map_large_blocks
+from cvm_onnx.converters.from_onnx.checks import supported_versions
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -80,6 +81,7 @@ def test_prepare_holds_no_weights_while_onnxruntime_optimizes_a_converted_model(
         allocated.append(m.uordblks + m.hblkhd)
         return session(*args, **kwargs)
 
+    supported_versions()  # asked of onnxruntime (once per process) now, not of the stand-in below
     monkeypatch.setattr(ort, "InferenceSession", optimizing)
     m = _MALLINFO2()
     before = m.uordblks + m.hblkhd  # the model's 32 MiB among them
@@ -141,6 +143,7 @@ def test_quantize_holds_no_weights_of_the_model_it_loaded_once_prepare_has_them_
         allocated.append(m.uordblks + m.hblkhd)
         raise RuntimeError("stopped where onnxruntime's optimizer starts")
 
+    supported_versions()  # asked of onnxruntime (once per process) now, not of the stand-in below
     monkeypatch.setattr(ort, "InferenceSession", optimizing)
     m = _MALLINFO2()
     before = m.uordblks + m.hblkhd  # the weight is on disk only
@@ -355,3 +358,216 @@ def test_non_finite_checks_a_large_weight_without_copies_beside_it(at):
     peak = _peak_rss() - before
     assert said is None if at is None else said.startswith(f"the initializer 'w' holds inf at {at}:")
     assert peak < (64 << 20) * 9 // 8
+
+
+def _peak_until_the_comparison(tmp_path, monkeypatch, opens: str) -> tuple[int, int]:
+    """quantize's peak RSS above its RSS when it calls ``quantize.<opens>``, until the comparison starts, on a model
+    of 16 MatMuls by 1 MiB weights; and the size of the params file its import wrote."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import cvm_onnx.app.quantize as q
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(1024, 1024)).astype(np.float32), f"w{k}") for k in range(16)]
+    nodes = [helper.make_node("MatMul", [f"x{k}", f"w{k}"], [f"x{k + 1}"]) for k in range(16)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, ["n", 1024])],
+                              [helper.make_tensor_value_info("x16", TensorProto.FLOAT, ["n", 1024])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
+              tmp_path / "float.onnx")
+    del inits, graph
+    np.save(tmp_path / "calibration.npy", rng.normal(size=(2, 1, 1024)).astype(np.float32))
+    start, peaks, sizes = [], [], []
+    called = getattr(q, opens)
+
+    def opening(*args):
+        if not start:
+            _reset_peak()
+            start.append(_rss())
+        return called(*args)
+
+    def progress(done, total, what):
+        if what == "comparing with the float model":
+            peaks.append(_peak_rss() - start[0])
+            [params] = tmp_path.glob(".m.*.tmp/params")  # in the stage, until quantize returns
+            sizes.append(params.stat().st_size)
+            raise _Stopped
+
+    monkeypatch.setattr(q, opens, opening)
+    with pytest.raises(_Stopped):
+        q.quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m", progress=progress)
+    return peaks[0], sizes[0]
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the imports run in forked children where the system forks")
+def test_quantize_leaves_the_imports_temporaries_to_a_child_process(tmp_path, monkeypatch):
+    """The import of the quantized model runs in a forked child (``memory.in_child``), which writes the model;
+    quantize's process reads its params back from the file and holds at most 1.25x them from the import's start
+    (``input_precisions``, just before it) to the comparison: 2.4x when the import ran in it (its temporaries'
+    pages kept by the heap)."""
+    peak, params = _peak_until_the_comparison(tmp_path, monkeypatch, "input_precisions")
+    assert peak < params * 5 // 4, f"{peak / (1 << 20):.1f} MiB for {params >> 20} MiB of params"
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the imports run in forked children where the system forks")
+def test_quantize_leaves_the_one_part_imports_temporaries_to_a_child_process(tmp_path, monkeypatch):
+    """Where the import has two-part products (``has_two_parts``, asked just before), the one-part import that
+    measures their gas runs in a forked child too, before the params are read back: at most 1.25x the params
+    from then to the comparison (it ran in quantize's process, after the comparison, with its params and
+    onnxruntime's leftovers beside it)."""
+    peak, params = _peak_until_the_comparison(tmp_path, monkeypatch, "has_two_parts")
+    assert peak < params * 5 // 4, f"{peak / (1 << 20):.1f} MiB for {params >> 20} MiB of params"
+
+
+def test_onnxruntime_runs_the_float_and_quantized_models_before_the_imports(tmp_path, monkeypatch):
+    """The comparison's onnxruntime sessions (the float model's holds its float weights) run before the imports, so
+    that nothing of the import (its graph and params, the heap the CVM run left) is held beside them; the CVM model
+    runs alone after them. onnxruntime's failure to run them is raised after the import, whose refusal comes
+    first; nothing is written either way."""
+    import onnx
+    from support.transformers import encoder
+
+    import cvm_onnx.app.quantize as q
+    import cvm_onnx.converters.from_onnx as f
+    from cvm_onnx.core.errors import RuntimeFailure, UnsupportedError
+
+    onnx.save(encoder(seed=2, s=5, d=8, heads=2, ff=16), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(3, 1, 5, 8)).astype(np.float32))
+    said = []
+    run_onnx, apart, cvm_outputs = q._run_onnx, q._apart, q.cvm_outputs
+    monkeypatch.setattr(q, "_run_onnx", lambda *a, **k: said.append("onnxruntime") or run_onnx(*a, **k))
+    monkeypatch.setattr(q, "_apart", lambda fn, src, what, *a: said.append(what) or apart(fn, src, what, *a))
+    monkeypatch.setattr(q, "cvm_outputs", lambda *a, **k: said.append("CVM") or cvm_outputs(*a, **k))
+    done = q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    assert said[:3] == ["onnxruntime", "onnxruntime", "importing the quantized model"] and said[-1] == "CVM"
+    samples = np.load(tmp_path / "c.npy")
+    assert done.agreements == q.compare(done.float_model, done.onnx_model, done.imported, samples)
+
+    def refused(*a, **k):
+        raise UnsupportedError("refused by the import")
+
+    def failed(*a, **k):
+        raise RuntimeFailure("onnxruntime failed")
+
+    monkeypatch.setattr(q, "_run_onnx", failed)
+    with pytest.raises(RuntimeFailure, match="onnxruntime failed"):
+        q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m2")
+    monkeypatch.setattr(f, "import_model", refused)
+    with pytest.raises(UnsupportedError, match="refused by the import"):
+        q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m3")
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
+
+
+def test_in_child_hands_back_its_value_and_relays_its_progress():
+    from cvm_onnx.app.memory import in_child
+
+    said = []
+
+    def fn(progress):
+        progress(1, 2, "importing")
+        progress(2, 2, "importing")
+        return {"graph": np.arange(5, dtype=np.int8), "pid": os.getpid()}
+
+    got = in_child(fn, lambda *a: said.append(a))
+    assert said == [(1, 2, "importing"), (2, 2, "importing")]
+    assert np.array_equal(got["graph"], np.arange(5, dtype=np.int8)) and got["graph"].dtype == np.int8
+    assert got["pid"] != os.getpid() or not hasattr(os, "fork")
+
+
+@pytest.mark.parametrize("kind", ["FormatError", "UnsupportedError", "RuntimeFailure"])
+def test_in_child_raises_the_childs_cvm_error_as_it_is(kind):
+    from cvm_onnx.app.memory import in_child
+    from cvm_onnx.core import errors
+    from cvm_onnx.core.errors import Problem
+
+    problems = [Problem("a (Conv)", "no exact form"), Problem("", "a second problem\nover two lines")]
+
+    def fn():
+        raise getattr(errors, kind)(problems)
+
+    with pytest.raises(getattr(errors, kind)) as raised:
+        in_child(fn)
+    assert type(raised.value) is getattr(errors, kind) and raised.value.problems == problems
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a child process where the system forks")
+def test_in_child_reports_a_child_ended_by_a_signal():
+    import signal
+
+    from cvm_onnx.app.memory import ChildFailed, in_child
+
+    with pytest.raises(ChildFailed, match=r"signal 9 \(SIGKILL\)") as raised:
+        in_child(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    assert raised.value.signal == signal.SIGKILL
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a child process where the system forks")
+def test_in_child_ends_the_child_when_progress_raises():
+    """The child would sleep for an hour after its first progress: the exception its relay raises here ends it
+    (else the wait for it hangs), and no child is left to reap."""
+    import time
+
+    from cvm_onnx.app.memory import in_child
+
+    def fn(progress):
+        progress(0, None, "importing")
+        time.sleep(3600)
+
+    def progress(*args):
+        raise _Stopped
+
+    with pytest.raises(_Stopped):
+        in_child(fn, progress)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)
+
+
+def _digits_quantized(tmp_path, capsys=None):
+    """``cvm-onnx quantize`` of models/digits_cnn into tmp_path/m: its exit status and its stderr's lines."""
+    from cvm_onnx.app.cli import main
+
+    models = Path(__file__).resolve().parents[2] / "models" / "digits_cnn"
+    code = main(["quantize", str(models / "float.onnx"), "--calibration", str(models / "calibration.npy"), "-o",
+                 str(tmp_path / "m")])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_quantize_raises_the_imports_error_from_its_child_as_in_process(tmp_path, monkeypatch, capsys):
+    """The import runs in a child (``quantize._apart``): its refusal, every problem in it, is raised and
+    printed as when it ran in quantize's process, and nothing is written."""
+    import cvm_onnx.app.quantize as q
+    import cvm_onnx.converters.from_onnx as f
+    from cvm_onnx.core.errors import Problem, UnsupportedError
+
+    problems = [Problem("conv1 (Conv)", "no exact form"), Problem("fc (Gemm)", "another rule")]
+
+    def refused(*args, **kwargs):
+        raise UnsupportedError(problems)
+
+    monkeypatch.setattr(f, "import_model", refused)
+    said = []
+    for apart in (True, False):
+        if not apart:  # as the import ran before: in this process
+            monkeypatch.setattr(q, "in_child", lambda fn, progress=None: fn(progress))
+        said.append(_digits_quantized(tmp_path, capsys))
+        assert not (tmp_path / "m").exists()
+    assert said[0] == said[1] == (4, ["unsupported: conv1 (Conv): no exact form",
+                                      "unsupported: fc (Gemm): another rule"])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the import runs in a forked child where the system forks")
+def test_quantize_reports_an_import_ended_by_a_signal_in_one_line(tmp_path, monkeypatch, capsys):
+    """The import's child killed (as the system does when memory runs out): one line naming the model and the
+    signal, exit status 5 (a runtime error), nothing written; no wait for a child that never answers."""
+    import signal
+
+    import cvm_onnx.converters.from_onnx as f
+
+    monkeypatch.setattr(f, "import_model", lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL))
+    code, err = _digits_quantized(tmp_path, capsys)
+    models = Path(__file__).resolve().parents[2] / "models" / "digits_cnn"
+    assert (code, err) == (5, [f"runtime error: {models / 'float.onnx'}: importing the quantized model: the child "
+                               "process was ended by signal 9 (SIGKILL)"])
+    assert not (tmp_path / "m").exists()
