@@ -5,8 +5,8 @@ import contextlib
 import ctypes
 import functools
 import gc
+import multiprocessing
 import os
-import pickle
 import signal
 import threading
 from typing import Callable, Iterator, TypeVar
@@ -97,28 +97,29 @@ def in_child(fn: Callable[..., T], progress: Callable[..., None] | None = None) 
     child first."""
     if not hasattr(os, "fork"):
         return fn(progress) if progress is not None else fn()
-    read, write = os.pipe()
+    read, write = multiprocessing.Pipe(duplex=False)  # pickled messages: (kind, value)
     pid = os.fork()
     if pid == 0:  # the child: no cleanup of the parent's (atexit, buffered output), only os._exit
         code = 0
         try:
-            os.close(read)
-            told = fn(lambda *args: _send(write, "progress", args)) if progress is not None else fn()
-            _send(write, "value", told)
+            read.close()
+            told = fn(lambda *args: write.send(("progress", args))) if progress is not None else fn()
+            write.send(("value", told))
         except BaseException as e:  # noqa: BLE001  (anything fn raises is the parent's to report)
             code = 1
-            if isinstance(e, CVMError):
-                _send(write, "error", e)
-            else:
-                _send(write, "failed", f"{type(e).__name__}: {e}"[:1 << 16])
+            write.send(("error", e) if isinstance(e, CVMError) else ("failed", f"{type(e).__name__}: {e}"[:1 << 16]))
         finally:
             os._exit(code)
-    os.close(write)
+    write.close()
     ended = False
     try:
-        with os.fdopen(read, "rb") as f:
-            said = ("failed", "")
-            while (message := _received(f)) is not None:
+        said = ("failed", "")
+        with read:
+            while True:
+                try:
+                    message = read.recv()
+                except EOFError:  # the child ended (its messages whole or not)
+                    break
                 if message[0] == "progress":
                     progress(*message[1])
                 else:
@@ -139,20 +140,3 @@ def in_child(fn: Callable[..., T], progress: Callable[..., None] | None = None) 
         raise ChildFailed(kind == "failed" and value or
                           f"the child process ended with status {os.waitstatus_to_exitcode(status)}")
     return value
-
-
-def _send(fd: int, kind: str, value) -> None:
-    """One message to the parent: its length (8 bytes), then its pickle."""
-    data = pickle.dumps((kind, value), protocol=pickle.HIGHEST_PROTOCOL)
-    data = len(data).to_bytes(8, "little") + data
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _received(f) -> tuple[str, object] | None:
-    """The next message ``_send`` sent, None at the end (the child ended, whole messages or not)."""
-    head = f.read(8)
-    if len(head) < 8:
-        return None
-    data = f.read(int.from_bytes(head, "little"))
-    return pickle.loads(data) if len(data) == int.from_bytes(head, "little") else None
