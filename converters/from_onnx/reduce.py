@@ -87,7 +87,8 @@ def _rows(n: int, exclusive: bool, reverse: bool) -> np.ndarray:
 def cumsum(ctx, node, x, axis_t):
     """y_i = sum of x_j over the j that row i of a constant 0/1 matrix T takes (j <= i; j < i exclusive; reversed
     j >= i, j > i): x (axis length L moved to a new axis) times T -> broadcast_mul, then sum over j. Every partial
-    sum is a cumulative sum of at most L values, so the interval c * [lo, hi] for c the rows' counts bounds them."""
+    sum is a cumulative sum of at most L values, so the interval c * [lo, hi] for c the rows' counts bounds them.
+    The sum is reshaped to x's shape (``reduced`` drops its axes of size 1)."""
     axis = _axis(node, x, axis_t)
     n = x.shape[axis]
     foldable((n, n))
@@ -107,7 +108,7 @@ def cumsum(ctx, node, x, axis_t):
     t = const(rows.reshape((n, n) + (1,) * len(after)), TensorProto.BOOL)
     terms = ctx.result(ctx.op("broadcast_mul", spread, t), TensorProto.INT32, min(x.lo, 0), max(x.hi, 0),
                        x.shape[:axis] + (n, n) + after)
-    return replace(reduced(ctx, "sum", terms, [axis + 1], lo, hi), dtype=x.dtype)
+    return replace(ctx.reshape(reduced(ctx, "sum", terms, [axis + 1], lo, hi), x.shape), dtype=x.dtype)
 
 
 @rule("CumProd", since=26)

@@ -296,6 +296,14 @@ def never_rule(ctx, node, x):
     return const(np.zeros(x.shape, bool), BOOL)
 
 
+@float_rule("Trilu", since=14)
+def trilu_rule(ctx, node, x, k=None):
+    """Trilu of a dequantized x = (t - z) s: the integer rule on t - z (times the 0/1 mask of the triangle kept),
+    at s, zero point 0: the values dropped are 0 = (z - z) s. Exact."""
+    x = scaled(x, "the Trilu input")
+    return Scaled(integer_rule(node)(ctx, node, minus_zero(ctx, x.t, x.zero), k), x.scale, np.zeros((), np.int64))
+
+
 @float_rule("Where", since=9)
 def where_rule(ctx, node, cond, a, b):
     """cond ? x : y of dequantized values on one grid (one scale and zero point per tensor), a constant branch
