@@ -214,6 +214,16 @@ def arg_extreme(ctx, node, x):
     return ctx.reshape(i, shape)
 
 
+@rule("Hardmax", since=13)
+def hardmax(ctx, node, x):
+    """1 at the first max along ``axis``, 0 elsewhere: ``first_max``'s t = e (C - j) equals its max s (>= 1) there
+    alone, so t > s - 1 (broadcast_greater); 0 and 1 of x's type."""
+    axis = _reduced_axis(node, x, -1)
+    check_values(INT32, x.lo, x.hi)
+    _, _, t, s, (_, one, _) = first_max(ctx, x, axis, False, x.lo, x.hi)
+    return replace(greater(ctx, t, step(ctx, "broadcast_sub", s, one, 0, x.shape[axis] - 1)), dtype=x.dtype)
+
+
 def ranked(ctx, x: Tensor, axis: int, k: int) -> tuple[Tensor, Tensor]:
     """The k largest of x along ``axis`` (length C) in order and their indices, x in [lo, hi] with R C <= 2^30
     (R = hi - lo + 1): z = (x - lo) C + (C - 1 - j) lies in [0, R C - 1], is distinct at every j and orders as x,

@@ -2,7 +2,7 @@
 AveragePool with ceil_mode (timm's ResNet-D shortcut, torch's avg_pool2d(ceil_mode=True)), each against an exact
 oracle over random shapes, attributes and extreme values; nearest Resize to sizes that are no integer multiple (a
 take of the picked inputs, against onnxruntime); CumSum (an exact integer cumulative sum) and Trilu (a mask) of
-dequantized values; and quantize of a float model of each form within 1.1x
+dequantized values; Hardmax (comparisons of the integers); and quantize of a float model of each form within 1.1x
 onnxruntime's distance from the float model, the export exact."""
 from __future__ import annotations
 
@@ -228,6 +228,26 @@ def test_trilu_is_the_integers_times_a_mask(d, s, so, zo, x_type, upper, with_k)
                      T.INT8, opset=18), x)
 
 
+# -- Hardmax of dequantized values --------------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-8, 2.0, width=32),
+       zo=st.integers(-20, 20), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_hardmax_is_one_at_the_first_max_of_the_integers(d, s, so, zo, x_type):
+    """Hardmax (any axis) of a dequantized value: 1 at the first max of its integers along the axis (their order is
+    the values'), 0 elsewhere, requantized: equal to the oracle (numpy's argmax), ties among maxima included.
+    Regression: 'no CVM op for ONNX Hardmax'."""
+    shape = tuple(d.draw(st.integers(1, 5)) for _ in range(d.draw(st.integers(1, 3))))
+    lo, hi = RANGE[x_type]
+    inits = {"s": np.float32(s), "z": NP[x_type](d.draw(st.integers(lo, hi))), "so": np.float32(so),
+             "zo": np.int8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Hardmax", ["xf"], ["m"], name="hard", axis=d.draw(st.integers(-len(shape), len(shape) - 1))),
+             h.make_node("QuantizeLinear", ["m", "so", "zo"], ["y"])]
+    x = np.asarray(d.draw(st.lists(st.sampled_from([lo, hi, lo + 1, (lo + hi) // 2]), min_size=int(np.prod(shape)),
+                                   max_size=int(np.prod(shape)))), np.int64).reshape(shape)  # ties, extremes
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8, opset=18), x)
+
+
 # -- quantize of float models of each form ------------------------------------------------------------------------
 def conv_model(middle: list, extra: dict, opset: int = 17) -> onnx.ModelProto:
     """A float model Conv 3x3 (8 channels) -> ``middle`` (reading 'a', writing 'b') -> Conv 1x1 on (1, 8, 12, 12);
@@ -251,6 +271,7 @@ FLOAT_MODELS = {
                           {"sz": np.array([1, 8, 8, 8], np.int64)}),
     "cumsum": ([h.make_node("CumSum", ["a", "ax"], ["b"])], {"ax": np.array(3, np.int64)}),
     "trilu": ([h.make_node("Trilu", ["a"], ["b"], upper=0)], {}),
+    "hardmax": ([h.make_node("Hardmax", ["a"], ["b"], axis=1)], {}),
     "resnet_d_shortcut": ([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[2, 2], strides=[2, 2],
                                        ceil_mode=1, count_include_pad=0)], {}),
     "avg_ceil_counted": ([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[3, 3], strides=[2, 2],
@@ -260,11 +281,11 @@ FLOAT_MODELS = {
 
 @pytest.mark.parametrize("name, per_channel", [("resnet_d_shortcut", False), ("avg_ceil_counted", True),
                                                ("interpolate_size", True), ("resize_two_thirds", False),
-                                               ("cumsum", False), ("trilu", True)])
+                                               ("cumsum", False), ("trilu", True), ("hardmax", False)])
 def test_float_models_of_these_forms_quantize_whole(tmp_path, name, per_channel):
     """quantize takes a float model of each form whole: as close to the float model as onnxruntime's quantized
     model (1.1x of its mean distance), the export exact. Regression: refused at the AveragePool (ceil_mode), the
-    Resize (12 -> 7 or 8: not an upsampling by integer scales), the CumSum, the Trilu."""
+    Resize (12 -> 7 or 8: not an upsampling by integer scales), the CumSum, the Trilu, the Hardmax."""
     onnx.save(conv_model(*FLOAT_MODELS[name]), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)

@@ -402,6 +402,11 @@ class Oracle:
         if op == "Trilu":  # numpy's triu / tril of the integers (x - z): 0 where dropped
             k = int(np.asarray(xs[1][1]).reshape(-1)[0]) if len(xs) > 1 else 0
             return ("real", (np.triu if a.get("upper", 1) else np.tril)(xs[0][1], k), xs[0][2])
+        if op == "Hardmax":  # 1 at numpy's argmax of the integers (the first max) along the axis, at scale 1
+            v, axis = xs[0][1], a.get("axis", -1) % xs[0][1].ndim
+            hot = np.expand_dims(np.argmax(v, axis=axis), axis) == np.arange(v.shape[axis]).reshape(
+                (-1,) + (1,) * (v.ndim - 1 - axis))
+            return ("real", hot.astype(np.int64), np.array(Fraction(1), dtype=object))
         if op == "GlobalAveragePool":
             v = xs[0][1].sum(axis=(2, 3), keepdims=True)
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))

@@ -13,7 +13,7 @@ from ..checks import MAX_DIM
 from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, normal, resize_coordinate, resize_scales,
                     resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
-from .values import Real, Scaled, Summed, per_tensor, real_bound, scaled
+from .values import Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
@@ -210,7 +210,7 @@ def ordered(node, x) -> Scaled:
     step s exceeds float32's spacing there, so t1 < t2 <=> their values are, and equal values are equal t."""
     x = scaled(x, f"the {node.op_type} input")
     rank = len(x.shape)
-    axis = normal([node.attr_int("axis", -1 if node.op_type == "TopK" else 0)], max(rank, 1))[0]
+    axis = normal([node.attr_int("axis", -1 if node.op_type in ("TopK", "Hardmax") else 0)], max(rank, 1))[0]
     for what, v in (("scale", x.scale), ("zero point", x.zero)):
         v = v.reshape((1,) * (rank - v.ndim) + v.shape)
         if rank and v.shape[axis] > 1 and (v != np.take(v, [0], axis=axis)).any():
@@ -223,6 +223,12 @@ def ordered(node, x) -> Scaled:
 def arg_extreme_rule(ctx, node, x):
     """ArgMax, ArgMin of a dequantized value: of its integers (``ordered``); the indices are integers."""
     return integer_rule(node)(ctx, node, ordered(node, x).t)
+
+
+@float_rule("Hardmax", since=13)
+def hardmax_rule(ctx, node, x):
+    """Hardmax of a dequantized value: of its integers (``ordered``): 1 at the first max, 0 elsewhere, at scale 1."""
+    return of_integers(integer_rule(node)(ctx, node, ordered(node, x).t))
 
 
 @float_rule("TopK", since=10)
