@@ -1,9 +1,10 @@
-"""Op classes that shipped float models carry and quantize refused (issue 35's op sweep: each op between two Convs):
-AveragePool with ceil_mode (timm's ResNet-D shortcut, torch's avg_pool2d(ceil_mode=True)), each against an exact
-oracle over random shapes, attributes and extreme values; nearest Resize to sizes that are no integer multiple (a
+"""Op classes that shipped float models carry and quantize refused (issue 35's op sweep: each op between two Convs),
+each against an exact oracle over random shapes, attributes and extreme values: AveragePool with ceil_mode (timm's
+ResNet-D shortcut, torch's avg_pool2d(ceil_mode=True)); nearest Resize to sizes that are no integer multiple (a
 take of the picked inputs, against onnxruntime); CumSum (an exact integer cumulative sum) and Trilu (a mask) of
-dequantized values; Hardmax (comparisons of the integers); and quantize of a float model of each form within 1.1x
-onnxruntime's distance from the float model, the export exact."""
+dequantized values; Hardmax (comparisons of the integers); GlobalLpPool p = 1, 2 (an exact sum, its exact root).
+And quantize of a float model of each form: within 1.1x onnxruntime's distance from the float model, the export
+exact."""
 from __future__ import annotations
 
 import re
@@ -248,6 +249,35 @@ def test_hardmax_is_one_at_the_first_max_of_the_integers(d, s, so, zo, x_type):
     oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8, opset=18), x)
 
 
+# -- GlobalLpPool of dequantized values ---------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-6, 2.0**4, width=32),
+       zo=st.integers(-20, 20), x_type=st.sampled_from([T.INT8, T.UINT8]), p=st.integers(1, 2))
+def test_global_lp_pool_is_the_exact_sum_or_its_root(d, s, so, zo, x_type, p):
+    """GlobalLpPool p = 1 (the exact sum of |x - z| over the image at s) or p = 2 (the square root of the exact sum
+    of (x - z)^2 at s^2: a table, or the exact root past 2^16 integers) of a dequantized value, over images small
+    and large: equal to the oracle of docs/import.md. Regression: 'no CVM op for ONNX GlobalLpPool'."""
+    shape = (1, d.draw(st.integers(1, 3)), d.draw(st.sampled_from([1, 2, 5, 12])), d.draw(st.integers(1, 6)))
+    lo, hi = RANGE[x_type]
+    inits = {"s": np.float32(s), "z": NP[x_type](d.draw(st.integers(lo, hi))), "so": np.float32(so),
+             "zo": np.int8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("GlobalLpPool", ["xf"], ["g"], name="lp", p=p),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    x = draw_x(d, shape, x_type)
+    x.reshape(-1)[:2] = (lo, hi)[:x.size]
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8, opset=18), x)
+
+
+def test_global_lp_pool_of_another_p_is_refused_naming_the_node():
+    inits = {"s": np.float32(0.25), "z": np.int8(0), "so": np.float32(0.1), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("GlobalLpPool", ["xf"], ["g"], name="lp", p=3),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"lp \(GlobalLpPool\): GlobalLpPool p=3: only p = 1 and p = 2"):
+        import_model(qdq(nodes, (1, 2, 3, 3), T.INT8, inits, T.INT8, opset=18), input_precision=9)
+
+
 # -- quantize of float models of each form ------------------------------------------------------------------------
 def conv_model(middle: list, extra: dict, opset: int = 17) -> onnx.ModelProto:
     """A float model Conv 3x3 (8 channels) -> ``middle`` (reading 'a', writing 'b') -> Conv 1x1 on (1, 8, 12, 12);
@@ -272,6 +302,7 @@ FLOAT_MODELS = {
     "cumsum": ([h.make_node("CumSum", ["a", "ax"], ["b"])], {"ax": np.array(3, np.int64)}),
     "trilu": ([h.make_node("Trilu", ["a"], ["b"], upper=0)], {}),
     "hardmax": ([h.make_node("Hardmax", ["a"], ["b"], axis=1)], {}),
+    "gem_l2": ([h.make_node("GlobalLpPool", ["a"], ["g"], p=2), h.make_node("Mul", ["a", "g"], ["b"])], {}),
     "resnet_d_shortcut": ([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[2, 2], strides=[2, 2],
                                        ceil_mode=1, count_include_pad=0)], {}),
     "avg_ceil_counted": ([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[3, 3], strides=[2, 2],
@@ -281,11 +312,13 @@ FLOAT_MODELS = {
 
 @pytest.mark.parametrize("name, per_channel", [("resnet_d_shortcut", False), ("avg_ceil_counted", True),
                                                ("interpolate_size", True), ("resize_two_thirds", False),
-                                               ("cumsum", False), ("trilu", True), ("hardmax", False)])
+                                               ("cumsum", False), ("trilu", True), ("hardmax", False),
+                                               ("gem_l2", True)])
 def test_float_models_of_these_forms_quantize_whole(tmp_path, name, per_channel):
     """quantize takes a float model of each form whole: as close to the float model as onnxruntime's quantized
     model (1.1x of its mean distance), the export exact. Regression: refused at the AveragePool (ceil_mode), the
-    Resize (12 -> 7 or 8: not an upsampling by integer scales), the CumSum, the Trilu, the Hardmax."""
+    Resize (12 -> 7 or 8: not an upsampling by integer scales), the CumSum, the Trilu, the Hardmax, the
+    GlobalLpPool."""
     onnx.save(conv_model(*FLOAT_MODELS[name]), tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)

@@ -407,6 +407,11 @@ class Oracle:
             hot = np.expand_dims(np.argmax(v, axis=axis), axis) == np.arange(v.shape[axis]).reshape(
                 (-1,) + (1,) * (v.ndim - 1 - axis))
             return ("real", hot.astype(np.int64), np.array(Fraction(1), dtype=object))
+        if op == "GlobalLpPool":  # the sum of |x| (p = 1), or the root of the sum of x^2 (p = 2), over the image
+            v, axes = xs[0][1], tuple(range(2, xs[0][1].ndim))
+            if a.get("p", 2) == 1:
+                return ("real", np.abs(v).sum(axis=axes, keepdims=True), xs[0][2])
+            return ("fn", ("real", (v * v).sum(axis=axes, keepdims=True), np.asarray(xs[0][2] ** 2, object)), np.sqrt)
         if op == "GlobalAveragePool":
             v = xs[0][1].sum(axis=(2, 3), keepdims=True)
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))

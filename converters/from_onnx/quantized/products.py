@@ -730,15 +730,19 @@ def average_rule(ctx, node, x):
 
 
 def global_average(ctx, x: Scaled) -> Scaled:
-    """GlobalAveragePool: sum of x - z over the image, at scale s_x / (H * W)."""
+    """GlobalAveragePool: sum of x - z over the image (``image_sum``), at scale s_x / (H * W)."""
     x = per_tensor(x, "GlobalAveragePool")
-    v = minus_zero(ctx, x.t, x.zero)
-    axes = tuple(range(2, len(x.shape)))
-    n = math.prod(x.shape[2:])
-    e = ctx.op("sum", v, axis=axes, keepdims=False)
-    s = ctx.result(e, INT32, min(v.lo * n, 0), max(v.hi * n, 0), x.shape[:2])
-    return Scaled(ctx.reshape(s, x.shape[:2] + (1,) * len(axes)), np.asarray(x.scale.reshape(()).item() / n,
-                                                                          dtype=object), np.zeros((), np.int64))
+    return Scaled(image_sum(ctx, minus_zero(ctx, x.t, x.zero)),
+                  np.asarray(x.scale.reshape(()).item() / math.prod(x.shape[2:]), dtype=object), np.zeros((), np.int64))
+
+
+def image_sum(ctx, v: Tensor) -> Tensor:
+    """The sum of v (N, C, spatial...) over its spatial axes, as (N, C, 1, ...)."""
+    axes = tuple(range(2, len(v.shape)))
+    n = math.prod(v.shape[2:])
+    s = ctx.result(ctx.op("sum", v, axis=axes, keepdims=False), INT32, min(v.lo * n, 0), max(v.hi * n, 0),
+                   v.shape[:2])
+    return ctx.reshape(s, v.shape[:2] + (1,) * len(axes))
 
 
 def tabled(ctx, x):
@@ -786,24 +790,27 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
                   x.scale.reshape(()).item(), mean)
 
 
-@float_rule("ReduceSumSquare", "ReduceL1", since=1)
-def reduce_power_rule(ctx, node, x, axes_t=None):
-    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2
-    (`broadcast_mul` of u by u, its interval from 0) or of |u| (`abs`) at s, requantized by the QuantizeLinear that
-    follows."""
-    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+def powers(ctx, x: Scaled, square: bool) -> Scaled:
+    """u^2 (``square``) or |u| of a per-tensor dequantized x = u s: `broadcast_mul` of u by u (its interval from
+    0) or `abs`, at s^2 or s, zero point 0."""
     z = int(x.zero.reshape(()))
     a, b = x.t.lo - z, x.t.hi - z
     low, peak = 0 if a <= 0 <= b else min(-b, a), max(-a, b)
     u = minus_zero(ctx, x.t, x.zero)
-    if node.op_type == "ReduceSumSquare":
+    if square:
         v = ctx.result(ctx.op("broadcast_mul", u, u), INT32, low * low, peak * peak, x.shape)
-        s = x.scale.reshape(()).item() ** 2
-    else:
-        v = ctx.result(ctx.op("abs", u), INT32, low, peak, x.shape)
-        s = x.scale.reshape(()).item()
-    return summed(ctx, node, Scaled(v, np.asarray(s, dtype=object), np.zeros((), np.int64)), lambda: v, axes_t, 18,
-                  s, False)
+        return Scaled(v, np.asarray(x.scale.reshape(()).item() ** 2, dtype=object), np.zeros((), np.int64))
+    v = ctx.result(ctx.op("abs", u), INT32, low, peak, x.shape)
+    return Scaled(v, np.asarray(x.scale.reshape(()).item(), dtype=object), np.zeros((), np.int64))
+
+
+@float_rule("ReduceSumSquare", "ReduceL1", since=1)
+def reduce_power_rule(ctx, node, x, axes_t=None):
+    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2 or of |u|
+    at s (``powers``), requantized by the QuantizeLinear that follows."""
+    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+    v = powers(ctx, x, node.op_type == "ReduceSumSquare")
+    return summed(ctx, node, v, lambda: v.t, axes_t, 18, v.scale.reshape(()).item(), False)
 
 
 @float_rule("CumSum", since=11)
