@@ -342,8 +342,9 @@ def nearest_indices(node, shape: tuple[int, ...], full: list[int], scales, sizes
     from the exact coordinate c (``resize_coordinate``) at ONNX's scale (out / size for ``sizes``, else the float
     ``scales`` value), clamped. onnxruntime computes c in float arithmetic (at out / size): so c (at both scales) must
     lie farther than (|c| + 1) / 2^TIE_BITS from every rounding boundary of the nearest mode (the integers for floor and
-    ceil, the halves for the round modes), or be 0 (asymmetric and align_corners' first output, 0 in any
-    arithmetic); else refused, naming the output. An integer upsampling that picks x[o // s] is taken as it is."""
+    ceil, the halves for the round modes), or be 0 where onnxruntime's c is 0 exactly (asymmetric's and
+    align_corners' 0 times a value, pytorch_half_pixel's 0 for one output); else refused, naming the output. An
+    integer upsampling that picks x[o // s] is taken as it is."""
     mode = node.attr_str("coordinate_transformation_mode", "half_pixel")
     rounding = node.attr_str("nearest_mode", "round_prefer_floor")
     if mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn"):
@@ -358,13 +359,14 @@ def nearest_indices(node, shape: tuple[int, ...], full: list[int], scales, sizes
         if o % d == 0 and np.array_equal(picks[0], np.arange(o) // (o // d)):  # x[o // s]: ``nearest``
             out.append(picks[0])
             continue
+        zero = mode in ("asymmetric", "align_corners") or mode == "pytorch_half_pixel" and o == 1  # c = 0 exactly
         for f in (s, Fraction(o, d)):
             num, den = resize_coordinate(mode, np.arange(o), d, o, f)
             off = 0 if rounding in ("floor", "ceil") else den // 2 if den % 2 == 0 else None
             if off is None:  # an odd denominator: the halves are (2 num - den) / 2 den away from the integers
                 num, den, off = 2 * num, 2 * den, den
             gap = np.minimum((num - off) % den, -(num - off) % den)  # to the nearest boundary, times den
-            near = (gap << TIE_BITS < np.abs(num) + den) & (num != 0)
+            near = (gap << TIE_BITS < np.abs(num) + den) & ((num != 0) | (not zero))
             if near.any():
                 k = int(np.flatnonzero(near)[0])
                 raise Refuse(f"Resize nearest {mode}/{rounding} from {d} to {o} values on axis {axis}: output {k}'s "
