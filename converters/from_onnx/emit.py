@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -358,17 +359,37 @@ def integer_scales(x: Tensor, out: list[int]) -> list[int]:
     return [o // d for o, d in zip(out, x.shape)]
 
 
-def source_coordinate(mode: str, o: np.ndarray, size: int, out: int, s: int) -> tuple[np.ndarray, int]:
-    """The input coordinate num / den that ONNX Resize maps outputs ``o`` to (integer scale s = out / size), as
-    exact rationals, by the coordinate transformation mode."""
+def resize_scales(node, shape: tuple[int, ...], full: list[int], scales, sizes) -> list[Fraction]:
+    """The scale ONNX Resize uses per axis in its coordinates, exactly: out / size where ``sizes`` are given, else the
+    float ``scales`` value (1 on the axes not listed)."""
+    if sizes is not None and sizes.size:
+        return [Fraction(o, d) if d else Fraction(1) for o, d in zip(full, shape)]
+    rank = len(shape)
+    out = [Fraction(1)] * rank
+    for a, v in zip(normal(node.attr_ints("axes", list(range(rank))), rank), scales.value.reshape(-1)):
+        if not v > 0:
+            raise Refuse(f"Resize scale {v} must be > 0")
+        out[a] = Fraction(float(v))
+    return out
+
+
+def resize_coordinate(mode: str, o: np.ndarray, size: int, out: int, scale: Fraction) -> tuple[np.ndarray, int]:
+    """The input coordinate num / den (integers) ONNX Resize reads for outputs ``o`` at ``scale`` = p / q, exactly:
+    half_pixel (o + 1/2) / scale - 1/2 = ((2o + 1) q - p) / 2p (pytorch_half_pixel: the same where out > 1, else
+    0; half_pixel_symmetric: the same where size * scale is a whole number), asymmetric o q / p, align_corners
+    o (size - 1) / (out - 1) (0 where out = 1), tf_half_pixel_for_nn (o + 1/2) / scale."""
+    p, q = scale.numerator, scale.denominator
+    if mode == "half_pixel_symmetric" and (size * scale).denominator != 1:
+        raise Refuse(f"Resize half_pixel_symmetric where {size} x scale {float(scale)} is not a whole number has no "
+                     "exact CVM form here")
     if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
-        return 2 * o + 1 - s, 2 * s
-    if mode == "pytorch_half_pixel":
+        return (2 * o + 1) * q - p, 2 * p
+    if mode == "pytorch_half_pixel" or (mode == "align_corners" and out == 1):
         return 0 * o, 1
     if mode == "align_corners":
-        return (o * (size - 1), out - 1) if out > 1 else (0 * o, 1)
+        return o * (size - 1), out - 1
     if mode == "asymmetric":
-        return o, s
+        return o * q, p
     if mode == "tf_half_pixel_for_nn":
-        return 2 * o + 1, 2 * s
-    raise Refuse(f"Resize coordinate_transformation_mode={mode} has no exact CVM form")
+        return (2 * o + 1) * q, 2 * p
+    raise Refuse(f"Resize with coordinate_transformation_mode={mode} has no exact CVM form")

@@ -1,5 +1,6 @@
 """Import rules of the ONNX products, pooling and resizing: MatMul, Gemm, MatMulInteger -> dense; Conv,
-ConvInteger -> conv2d; MaxPool -> max_pool2d; Resize, Upsample (nearest, integer scales) -> upsampling or repeat.
+ConvInteger -> conv2d; MaxPool -> max_pool2d; Resize (nearest) -> upsampling, repeat or take; Upsample (nearest,
+integer scales) -> upsampling or repeat.
 
 * CVM's dense and conv2d take 8-bit inputs (|x| <= 127): an input whose interval proves it gets a cvm_clip to
   lower its label if needed, any other is refused. Zero points are subtracted first (a constant weight is
@@ -16,13 +17,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from fractions import Fraction
 
 import numpy as np
 
+from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, MAX_FOLDED, Tensor, check_values, const, type_name
 from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
-                   integer_scales, minus_zero, nearest, onnx_pads, resized_shape, scaled_size, select,
-                   source_coordinate, spatial_2d, strided_slice)
+                   integer_scales, minus_zero, nearest, onnx_pads, resize_coordinate, resize_scales, resized_shape,
+                   scaled_size, select, spatial_2d, strided_slice)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -316,40 +319,89 @@ def same_declared(ctx, node, x: Tensor, kernel: list[int], strides: list[int], d
 
 
 # -- nearest resizing -------------------------------------------------------------------------------------------
-def source_index(mode: str, nearest: str, o: np.ndarray, size: int, out: int, s: int) -> np.ndarray:
-    """The input index ONNX Resize reads for outputs ``o`` (integer scale s = out/size), in exact rational
-    arithmetic: the coordinate num/den by the transformation mode, rounded by the nearest mode, clamped."""
-    num, den = source_coordinate(mode, o, size, out, s)
+def rounded(nearest: str, num: np.ndarray, den: int) -> np.ndarray:
+    """The integer ONNX Resize's nearest mode makes of the exact coordinates num / den."""
     if nearest == "floor":
-        idx = num // den
-    elif nearest == "ceil":
-        idx = -(-num // den)
-    elif nearest == "round_prefer_ceil":
-        idx = (2 * num + den) // (2 * den)
-    elif nearest == "round_prefer_floor":
-        idx = -((den - 2 * num) // (2 * den))
-    else:
-        raise Refuse(f"Resize nearest_mode={nearest} is not an ONNX value")
-    return np.clip(idx, 0, size - 1)
+        return num // den
+    if nearest == "ceil":
+        return -(-num // den)
+    if nearest == "round_prefer_ceil":
+        return (2 * num + den) // (2 * den)
+    if nearest == "round_prefer_floor":
+        return -((den - 2 * num) // (2 * den))
+    raise Refuse(f"Resize nearest_mode={nearest} is not an ONNX value")
+
+
+#: A coordinate c nearer a rounding boundary of Resize nearest than (|c| + 1) / 2^TIE_BITS (ties included) may
+#: round either way in onnxruntime's float arithmetic.
+TIE_BITS = 16
+
+
+def nearest_indices(node, shape: tuple[int, ...], full: list[int], scales, sizes) -> list[np.ndarray | None]:
+    """Per axis, the input index of each output of Resize nearest (None where the axis is kept: scale 1): rounded
+    from the exact coordinate c (``resize_coordinate``) at ONNX's scale (out / size for ``sizes``, else the float
+    ``scales`` value), clamped. onnxruntime computes c in float arithmetic (at out / size): so c (at both scales) must
+    lie farther than (|c| + 1) / 2^TIE_BITS from every rounding boundary of the nearest mode (the integers for floor and
+    ceil, the halves for the round modes), or be 0 where onnxruntime's c is 0 exactly (asymmetric's and
+    align_corners' 0 times a value, pytorch_half_pixel's 0 for one output); else refused, naming the output. An
+    integer upsampling that picks x[o // s] is taken as it is."""
+    mode = node.attr_str("coordinate_transformation_mode", "half_pixel")
+    rounding = node.attr_str("nearest_mode", "round_prefer_floor")
+    if mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn"):
+        raise Refuse(f"Resize nearest with coordinate_transformation_mode={mode} has no exact CVM form here")
+    out = []
+    for axis, (d, o, s) in enumerate(zip(shape, full, resize_scales(node, shape, full, scales, sizes))):
+        if s == 1 and o == d:
+            out.append(None)
+            continue
+        picks = [np.clip(rounded(rounding, *resize_coordinate(mode, np.arange(o), d, o, f)), 0, d - 1)
+                 for f in (s, Fraction(o, d))]
+        if o % d == 0 and np.array_equal(picks[0], np.arange(o) // (o // d)):  # x[o // s]: ``nearest``
+            out.append(picks[0])
+            continue
+        zero = mode in ("asymmetric", "align_corners") or mode == "pytorch_half_pixel" and o == 1  # c = 0 exactly
+        for f in (s, Fraction(o, d)):
+            num, den = resize_coordinate(mode, np.arange(o), d, o, f)
+            off = 0 if rounding in ("floor", "ceil") else den // 2 if den % 2 == 0 else None
+            if off is None:  # an odd denominator: the halves are (2 num - den) / 2 den away from the integers
+                num, den, off = 2 * num, 2 * den, den
+            gap = np.minimum((num - off) % den, -(num - off) % den)  # to the nearest boundary, times den
+            near = (gap << TIE_BITS < np.abs(num) + den) & ((num != 0) | (not zero))
+            if near.any():
+                k = int(np.flatnonzero(near)[0])
+                raise Refuse(f"Resize nearest {mode}/{rounding} from {d} to {o} values on axis {axis}: output {k}'s "
+                             f"coordinate {float(Fraction(int(num[k]), den)):.9g} is a rounding tie or within float "
+                             "error of one, which onnxruntime's float arithmetic may round either way")
+        if not np.array_equal(*picks):
+            k = int(np.flatnonzero(picks[0] != picks[1])[0])
+            raise Refuse(f"Resize nearest {mode}/{rounding} by scale {float(s)} from {d} to {o} values on axis {axis}: "
+                         f"output {k} reads input {int(picks[0][k])} at that scale, {int(picks[1][k])} at {o}/{d} "
+                         "(onnxruntime's): no one exact form")
+        out.append(picks[0])
+    return out
 
 
 @rule("Resize", since=11)
 def resize(ctx, node, x, roi=None, scales=None, sizes=None):
-    """Resize nearest with integer scales, for every coordinate transformation and nearest mode that picks
-    x[o // s] (checked exactly on every output index)."""
+    """Resize nearest at any scale (``nearest_indices``): x[o // s] by integer scales s is ``nearest``
+    (upsampling or repeat), any other pick a ``take`` of the constant indices per resized axis."""
     mode = node.attr_str("mode", "nearest")
     if mode != "nearest":
         raise Refuse(f"Resize mode={mode}: only nearest has an exact CVM form on integers (linear: between "
                      "quantized tensors)")
     full = resized_shape(node, x, scales, sizes)
-    factors = integer_scales(x, full)
-    transform = node.attr_str("coordinate_transformation_mode", "half_pixel")
-    rounding = node.attr_str("nearest_mode", "round_prefer_floor")
-    for d, s, o in zip(x.shape, factors, full):
-        idx = np.arange(o)
-        if s > 1 and not np.array_equal(source_index(transform, rounding, idx, d, o, s), idx // s):
-            raise Refuse(f"Resize {transform}/{rounding} with scale {s} does not pick x[o // {s}]: no CVM form")
-    return nearest(ctx, x, factors)
+    if len(full) != len(x.shape) or any(not 1 <= o <= MAX_DIM for o in full):
+        raise Refuse(f"Resize of {x.shape} to {tuple(full)}: every output axis must hold 1 to 2^24 values")
+    picks = nearest_indices(node, x.shape, full, scales, sizes)
+    if all(p is None or o % d == 0 and np.array_equal(p, np.arange(o) // (o // d))
+           for p, o, d in zip(picks, full, x.shape)):  # an integer upsampling
+        return nearest(ctx, x, [o // d for o, d in zip(full, x.shape)])
+    for axis, p in enumerate(picks):
+        if p is not None:
+            shape = x.shape[:axis] + (len(p),) + x.shape[axis + 1:]
+            x = const(np.take(x.value, p, axis=axis), x.dtype) if x.is_const else \
+                ctx.result(ctx.op("take", x, const(p.astype(np.int32), INT32), axis=axis), x.dtype, x.lo, x.hi, shape)
+    return x
 
 
 @rule("Upsample", since=7)

@@ -87,7 +87,8 @@ def _rows(n: int, exclusive: bool, reverse: bool) -> np.ndarray:
 def cumsum(ctx, node, x, axis_t):
     """y_i = sum of x_j over the j that row i of a constant 0/1 matrix T takes (j <= i; j < i exclusive; reversed
     j >= i, j > i): x (axis length L moved to a new axis) times T -> broadcast_mul, then sum over j. Every partial
-    sum is a cumulative sum of at most L values, so the interval c * [lo, hi] for c the rows' counts bounds them."""
+    sum is a cumulative sum of at most L values, so the interval c * [lo, hi] for c the rows' counts bounds them.
+    The sum is reshaped to x's shape (``reduced`` drops its axes of size 1)."""
     axis = _axis(node, x, axis_t)
     n = x.shape[axis]
     foldable((n, n))
@@ -107,7 +108,7 @@ def cumsum(ctx, node, x, axis_t):
     t = const(rows.reshape((n, n) + (1,) * len(after)), TensorProto.BOOL)
     terms = ctx.result(ctx.op("broadcast_mul", spread, t), TensorProto.INT32, min(x.lo, 0), max(x.hi, 0),
                        x.shape[:axis] + (n, n) + after)
-    return replace(reduced(ctx, "sum", terms, [axis + 1], lo, hi), dtype=x.dtype)
+    return replace(ctx.reshape(reduced(ctx, "sum", terms, [axis + 1], lo, hi), x.shape), dtype=x.dtype)
 
 
 @rule("CumProd", since=26)
@@ -211,6 +212,16 @@ def arg_extreme(ctx, node, x):
     xs = negated(ctx, x) if is_min else x
     i = first_max(ctx, xs, axis, bool(last), xs.lo, xs.hi)[1]
     return ctx.reshape(i, shape)
+
+
+@rule("Hardmax", since=13)
+def hardmax(ctx, node, x):
+    """1 at the first max along ``axis``, 0 elsewhere: ``first_max``'s t = e (C - j) equals its max s (>= 1) there
+    alone, so t > s - 1 (broadcast_greater); 0 and 1 of x's type."""
+    axis = _reduced_axis(node, x, -1)
+    check_values(INT32, x.lo, x.hi)
+    _, _, t, s, (_, one, _) = first_max(ctx, x, axis, False, x.lo, x.hi)
+    return replace(greater(ctx, t, step(ctx, "broadcast_sub", s, one, 0, x.shape[axis] - 1)), dtype=x.dtype)
 
 
 def ranked(ctx, x: Tensor, axis: int, k: int) -> tuple[Tensor, Tensor]:

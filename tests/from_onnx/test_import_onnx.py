@@ -299,13 +299,10 @@ def test_resize_nearest_integer_scales(d, transform, rounding):
     x = data(d.draw, shape, 8)
     try:
         graph = from_onnx(m)
-    except UnsupportedError as e:
-        assert "does not pick" in str(e)
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-        [y] = sess.run(None, {"x": np.arange(np.prod(shape), dtype=np.int32).reshape(shape)})
-        assert not np.array_equal(y, np.arange(np.prod(shape)).reshape(shape).repeat(sh, 2).repeat(sw, 3))
+    except UnsupportedError as e:  # a pick other than x[o // s] at a coordinate on (or within float error of) a tie
+        assert "is a rounding tie" in str(e)
         return
-    assert set(ops_of(graph)) <= {"upsampling", "repeat"}
+    assert set(ops_of(graph)) <= {"upsampling", "repeat", "take"}
     check(m, x)
 
 
@@ -420,12 +417,12 @@ def test_reduce_sum_refuses_sums_past_32_bits():
 # -- what is refused, all at once ---------------------------------------------------------------------------------
 def test_three_unsupported_ops_are_listed_together():
     """A chain through three ops without a CVM form: each one is reported, with its node name and reason."""
-    nodes = [node("Cast", ["x"], "f", to=T.FLOAT), node("Tan", ["f"], "s"), node("Hardmax", ["s"], "sm"),
+    nodes = [node("Cast", ["x"], "f", to=T.FLOAT), node("Tan", ["f"], "s"), node("ReduceProd", ["s"], "sm"),
              node("NonZero", ["sm"], "i"), node("Cast", ["i"], "y", to=T.INT32)]
     with pytest.raises(UnsupportedError) as e:
         from_onnx(model(nodes, (2, 3)))
     assert [(p.where, p.rule) for p in e.value.problems] == [
-        ("tan_s (Tan)", "no CVM op for ONNX Tan"), ("hardmax_sm (Hardmax)", "no CVM op for ONNX Hardmax"),
+        ("tan_s (Tan)", "no CVM op for ONNX Tan"), ("reduceprod_sm (ReduceProd)", "no CVM op for ONNX ReduceProd"),
         ("nonzero_i (NonZero)", "no CVM op for ONNX NonZero")]
 
 

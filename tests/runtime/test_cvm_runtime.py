@@ -1191,3 +1191,37 @@ def test_gem_pooling(tmp_path, p, reduce, out):
     rng = np.random.default_rng(8)
     xs = [rng.integers(lo, hi + 1, shape), np.full(shape, lo), np.full(shape, hi), np.full(shape, 0)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+#: Issue 35's op sweep: each op between a DequantizeLinear and a QuantizeLinear: its inputs after x, attributes.
+OPS12 = {
+    "avg_ceil": ("AveragePool", [], {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1,
+                                     "count_include_pad": 1}),
+    "resize": ("Resize", ["", "", "sz"], {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                                          "nearest_mode": "floor"}),
+    "cumsum": ("CumSum", ["ax"], {"reverse": 1}),
+    "trilu": ("Trilu", [], {"upper": 0}),
+    "hardmax": ("Hardmax", [], {"axis": 1}),
+    "lp_pool": ("GlobalLpPool", [], {"p": 2}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS12))
+def test_issue_35_sweep_forms(tmp_path, name):
+    """AveragePool with ceil_mode, nearest Resize to a size no integer multiple (a take), CumSum, Trilu, Hardmax
+    and GlobalLpPool (the root of a sum of squares) of int8 values: the runtime loads each and gives the reference
+    executor's integers, extreme inputs included."""
+    op, ins, attrs = OPS12[name]
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.07), "zo": np.int8(-2),
+             "sz": np.array([2, 4, 5, 7], np.int64), "ax": np.array(2, np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"] + ins, ["r"], **attrs),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (2, 4, 12, 13)
+    model = qdq(nodes, shape, T.INT8, {k: v for k, v in inits.items() if k in ("s", "z", "so", "zo") or k in ins},
+                T.INT8, opset=18)
+    imp = import_model(model, input_precision=8)
+    assert name != "resize" or "take" in {n.op for n in imp.graph.nodes}
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(12)
+    xs = [rng.integers(-127, 128, shape), np.full(shape, -127), np.full(shape, 127), np.full(shape, 3)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

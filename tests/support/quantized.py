@@ -393,15 +393,25 @@ class Oracle:
             v = np.rint(one(op, [xs[0][1]] + [c[1] for c in xs[1:]], **a)).astype(np.int64)
             return ("int", v) if xs[0][0] == "int" else ("real", v, xs[0][2])
         if op == "AveragePool":
-            c = xs[0][1].shape[1]
-            ones = np.ones((c, 1) + tuple(a["kernel_shape"]))
-            v = one("Conv", [xs[0][1], ones], group=c, strides=a.get("strides", [1, 1]), pads=a.get("pads", [0] * 4))
-            count = one("Conv", [np.ones((1, 1) + xs[0][1].shape[2:]), np.ones((1, 1) + tuple(a["kernel_shape"]))],
-                        strides=a.get("strides", [1, 1]), pads=a.get("pads", [0] * 4))
-            if a.get("count_include_pad", 0):
-                count = np.full_like(count, math.prod(a["kernel_shape"]))
-            return ("real", np.rint(v).astype(np.int64),
-                    xs[0][2] / np.vectorize(lambda n: Fraction(int(n)), otypes=[object])(count[0]))
+            return ("real", *average_pool(xs[0][1], xs[0][2], a))
+        if op == "CumSum":  # numpy's inclusive sums of the integers, shifted for exclusive, reversed for reverse
+            v, axis = xs[0][1], int(np.asarray(xs[1][1]).reshape(-1)[0])
+            v = np.flip(v, axis) if a.get("reverse", 0) else v
+            c = np.cumsum(v, axis=axis) - (v if a.get("exclusive", 0) else 0)
+            return ("real", np.flip(c, axis) if a.get("reverse", 0) else c, xs[0][2])
+        if op == "Trilu":  # numpy's triu / tril of the integers (x - z): 0 where dropped
+            k = int(np.asarray(xs[1][1]).reshape(-1)[0]) if len(xs) > 1 else 0
+            return ("real", (np.triu if a.get("upper", 1) else np.tril)(xs[0][1], k), xs[0][2])
+        if op == "Hardmax":  # 1 at numpy's argmax of the integers (the first max) along the axis, at scale 1
+            v, axis = xs[0][1], a.get("axis", -1) % xs[0][1].ndim
+            hot = np.expand_dims(np.argmax(v, axis=axis), axis) == np.arange(v.shape[axis]).reshape(
+                (-1,) + (1,) * (v.ndim - 1 - axis))
+            return ("real", hot.astype(np.int64), np.array(Fraction(1), dtype=object))
+        if op == "GlobalLpPool":  # the sum of |x| (p = 1), or the root of the sum of x^2 (p = 2), over the image
+            v, axes = xs[0][1], tuple(range(2, xs[0][1].ndim))
+            if a.get("p", 2) == 1:
+                return ("real", np.abs(v).sum(axis=axes, keepdims=True), xs[0][2])
+            return ("fn", ("real", (v * v).sum(axis=axes, keepdims=True), np.asarray(xs[0][2] ** 2, object)), np.sqrt)
         if op == "GlobalAveragePool":
             v = xs[0][1].sum(axis=(2, 3), keepdims=True)
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
@@ -536,6 +546,31 @@ class Oracle:
             return self.q(name, self.float_op("Concat", xs, a), ins[0], ins[1])
         val = self.float_op(op[len("QLinear"):], [dq3(0)], a)
         return self.q(name, val, ins[3], ins[4])
+
+
+def pool_windows(n: int, k: int, s: int, b: int, e: int, ceil: bool) -> list[tuple[int, int, int]]:
+    """(start, end, counted end) of each pooling window on one axis of n values, as onnxruntime places them where
+    the last starts inside the input: floor or ceil((n + b + e - k) / s) + 1 windows; a window reads [start, start +
+    k) of the padded axis, counted (with count_include_pad) up to the end padding."""
+    out = (n + b + e - k + (s - 1 if ceil else 0)) // s + 1
+    return [(o * s - b, o * s - b + k, min(o * s - b + k, n + e)) for o in range(out)]
+
+
+def average_pool(v: np.ndarray, scale, a: dict) -> tuple[np.ndarray, np.ndarray]:
+    """AveragePool (2-D, explicit pads) of integers v at ``scale``: (the window sums, scale / count per window)."""
+    k, st = a["kernel_shape"], a.get("strides", [1, 1])
+    pads = a.get("pads", [0] * 4)
+    axes = [pool_windows(v.shape[2 + i], k[i], st[i], pads[i], pads[2 + i], bool(a.get("ceil_mode", 0)))
+            for i in range(2)]
+    sums = np.zeros(v.shape[:2] + (len(axes[0]), len(axes[1])), np.int64)
+    count = np.zeros((len(axes[0]), len(axes[1])), object)
+    for i, (h0, h1, hc) in enumerate(axes[0]):
+        for j, (w0, w1, wc) in enumerate(axes[1]):
+            inside = v[:, :, max(h0, 0):min(h1, v.shape[2]), max(w0, 0):min(w1, v.shape[3])]
+            sums[:, :, i, j] = inside.sum(axis=(2, 3))
+            count[i, j] = (hc - h0) * (wc - w0) if a.get("count_include_pad", 0) else \
+                inside.shape[2] * inside.shape[3]
+    return sums, scale.reshape(()) / np.vectorize(Fraction, otypes=[object])(count)
 
 
 def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fraction, gamma: list[Fraction],

@@ -16,6 +16,7 @@ from onnx import TensorProto
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
 from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero
 from ..registry import Refuse, float_rule, integer_rule
+from .products import image_sum, powers
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
@@ -294,6 +295,30 @@ def never_rule(ctx, node, x):
             raise Refuse(f"IsInf of a dequantized value reaching {float(reach):.3g}, past float32's range, where "
                          f"DequantizeLinear gives inf")
     return const(np.zeros(x.shape, bool), BOOL)
+
+
+@float_rule("GlobalLpPool", since=2)
+def global_lp_pool_rule(ctx, node, x):
+    """GlobalLpPool of a per-tensor dequantized x = u s: p = 1, the exact sum of |u| over the image at s; p = 2, the
+    square root of the exact sum of u^2 at s^2 (``powers``, ``image_sum``): a table of it, or its exact root
+    (``roots.Root``) past a table's 2^16 integers. Other p refused."""
+    p = node.attr_int("p", 2)
+    if p not in (1, 2):
+        raise Refuse(f"GlobalLpPool p={p}: only p = 1 and p = 2 have an exact form here")
+    x = per_tensor(scaled(x, "the GlobalLpPool input"), "GlobalLpPool")
+    v = powers(ctx, x, p == 2)
+    total = replace(v, t=image_sum(ctx, v.t))
+    if p == 1:
+        return total
+    return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool")
+
+
+@float_rule("Trilu", since=14)
+def trilu_rule(ctx, node, x, k=None):
+    """Trilu of a dequantized x = (t - z) s: the integer rule on t - z (times the 0/1 mask of the triangle kept),
+    at s, zero point 0: the values dropped are 0 = (z - z) s. Exact."""
+    x = scaled(x, "the Trilu input")
+    return Scaled(integer_rule(node)(ctx, node, minus_zero(ctx, x.t, x.zero), k), x.scale, np.zeros((), np.int64))
 
 
 @float_rule("Where", since=9)

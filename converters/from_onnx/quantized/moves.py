@@ -10,9 +10,10 @@ from fractions import Fraction
 import numpy as np
 from ..context import INT32, const, tight
 from ..checks import MAX_DIM
-from ..emit import as_int32, axes_of, broadcast_shape, concatenated, normal, resized_shape
+from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, normal, resize_coordinate, resize_scales,
+                    resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
-from .values import Real, Scaled, Summed, per_tensor, real_bound, scaled
+from .values import Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
@@ -80,7 +81,7 @@ def reduced_sum(ctx, node, x: Summed, axes_t=None) -> Summed:
 
 def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Scaled:
     """Resize linear (bilinear, ...) or cubic at rational scales, axis by axis: each output o reads the input
-    coordinate num / den (``linear_coordinate``: exact rationals by the coordinate transformation mode),
+    coordinate num / den (``resize_coordinate``: exact rationals by the coordinate transformation mode),
     i = floor(num / den), r = num - i den, and y = sum_k w_k x[i + k] / W over the taps (``taps``: linear x[i],
     x[i + 1] with weights den - r, r over W = den; cubic x[i - 1 .. i + 2] with ONNX's cubic coefficients of
     t = r / den times W = den^3 q_A, A = p_A / q_A, all whole), the indices clamped to the axis (onnxruntime's
@@ -110,7 +111,7 @@ def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None)
         raise Refuse(f"Resize cubic_coeff_a {a} must be finite")
     a = None if a is None else Fraction(a)
     t, zero, scale = as_int32(x.t), int(x.zero.reshape(())), x.scale.reshape(()).item()
-    plans = [None if f == 1 and o == d else taps(linear_coordinate(mode, np.arange(o), d, o, f), a)
+    plans = [None if f == 1 and o == d else taps(resize_coordinate(mode, np.arange(o), d, o, f), a)
              for d, f, o in zip(x.shape, factors, full)]
     peak = max(-t.lo, t.hi)
     for axis, plan in enumerate(plans):
@@ -167,42 +168,6 @@ def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None) -> tuple[list[t
     return [(low - 1 + k, np.array(w, dtype=np.int64)) for k, w in enumerate(weights)], q * den ** 3
 
 
-def resize_scales(node, shape: tuple[int, ...], full: list[int], scales, sizes) -> list[Fraction]:
-    """The scale ONNX Resize uses per axis in its coordinates, exactly: out / size where ``sizes`` are given, else the
-    float ``scales`` value (1 on the axes not listed)."""
-    if sizes is not None and sizes.size:
-        return [Fraction(o, d) if d else Fraction(1) for o, d in zip(full, shape)]
-    rank = len(shape)
-    out = [Fraction(1)] * rank
-    for a, v in zip(normal(node.attr_ints("axes", list(range(rank))), rank), scales.value.reshape(-1)):
-        if not v > 0:
-            raise Refuse(f"Resize scale {v} must be > 0")
-        out[a] = Fraction(float(v))
-    return out
-
-
-def linear_coordinate(mode: str, o: np.ndarray, size: int, out: int, scale: Fraction) -> tuple[np.ndarray, int]:
-    """The input coordinate num / den (integers) ONNX Resize reads for outputs ``o`` at ``scale`` = p / q, exactly:
-    half_pixel (o + 1/2) / scale - 1/2 = ((2o + 1) q - p) / 2p (pytorch_half_pixel: the same where out > 1, else
-    0; half_pixel_symmetric: the same where size * scale is a whole number), asymmetric o q / p, align_corners
-    o (size - 1) / (out - 1) (0 where out = 1), tf_half_pixel_for_nn (o + 1/2) / scale."""
-    p, q = scale.numerator, scale.denominator
-    if mode == "half_pixel_symmetric" and (size * scale).denominator != 1:
-        raise Refuse(f"Resize half_pixel_symmetric where {size} x scale {float(scale)} is not a whole number has no "
-                     "exact CVM form here")
-    if mode in ("half_pixel", "half_pixel_symmetric") or (mode == "pytorch_half_pixel" and out > 1):
-        return (2 * o + 1) * q - p, 2 * p
-    if mode == "pytorch_half_pixel" or (mode == "align_corners" and out == 1):
-        return 0 * o, 1
-    if mode == "align_corners":
-        return o * (size - 1), out - 1
-    if mode == "asymmetric":
-        return o * q, p
-    if mode == "tf_half_pixel_for_nn":
-        return (2 * o + 1) * q, 2 * p
-    raise Refuse(f"Resize linear with coordinate_transformation_mode={mode} has no exact CVM form")
-
-
 @float_rule("Shape", since=1)
 def shape_rule(ctx, node, x):
     """The static shape of a dequantized value (shape arithmetic, folded at import)."""
@@ -245,7 +210,7 @@ def ordered(node, x) -> Scaled:
     step s exceeds float32's spacing there, so t1 < t2 <=> their values are, and equal values are equal t."""
     x = scaled(x, f"the {node.op_type} input")
     rank = len(x.shape)
-    axis = normal([node.attr_int("axis", -1 if node.op_type == "TopK" else 0)], max(rank, 1))[0]
+    axis = normal([node.attr_int("axis", -1 if node.op_type in ("TopK", "Hardmax") else 0)], max(rank, 1))[0]
     for what, v in (("scale", x.scale), ("zero point", x.zero)):
         v = v.reshape((1,) * (rank - v.ndim) + v.shape)
         if rank and v.shape[axis] > 1 and (v != np.take(v, [0], axis=axis)).any():
@@ -258,6 +223,12 @@ def ordered(node, x) -> Scaled:
 def arg_extreme_rule(ctx, node, x):
     """ArgMax, ArgMin of a dequantized value: of its integers (``ordered``); the indices are integers."""
     return integer_rule(node)(ctx, node, ordered(node, x).t)
+
+
+@float_rule("Hardmax", since=13)
+def hardmax_rule(ctx, node, x):
+    """Hardmax of a dequantized value: of its integers (``ordered``): 1 at the first max, 0 elsewhere, at scale 1."""
+    return of_integers(integer_rule(node)(ctx, node, ordered(node, x).t))
 
 
 @float_rule("TopK", since=10)

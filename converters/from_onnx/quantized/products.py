@@ -17,7 +17,7 @@ from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
                     nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
-from ..registry import Refuse, float_rule, rule
+from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
@@ -664,14 +664,32 @@ def gemm_rule(ctx, node, a, b, c=None):
     return Summed(terms, broadcast_shape(*(t.t for t in terms)))
 
 
+def ceil_ends(node, size: tuple[int, ...], kernel, strides, begin, end) -> tuple[list[int], list[int]]:
+    """Under ceil_mode, (the end pads that hold every window, the output count per axis): ceil((size + pads -
+    k) / s) + 1 windows, as onnxruntime (and torch) count them; a last window that would start past the input
+    (onnxruntime drops it, ONNX's shape inference keeps it) is refused. Without ceil_mode, (end, floor's count)."""
+    ceil = node.attr_int("ceil_mode", 0)
+    ends, outs = [], []
+    for n, k, s, b, e in zip(size, kernel, strides, begin, end):
+        out = (n + b + e - k + (s - 1 if ceil else 0)) // s + 1
+        if ceil and (out - 1) * s - b >= n:
+            raise Refuse(f"{node.op_type} ceil_mode where the last window starts past the input ({n} values, pads "
+                         f"{b} and {e}, kernel {k}, stride {s}): onnxruntime drops it, ONNX's output shape keeps it")
+        ends.append(max(e, (out - 1) * s + k - n - b))
+        outs.append(out)
+    return ends, outs
+
+
 def average(ctx, node, x: Scaled) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
     (count per output position when padding is not counted; there a pad not smaller than the kernel, which lets a
     window count no input value, is refused, as onnxruntime refuses it); a kernel of the whole unpadded image (torch's
-    F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width."""
+    F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width. Under ceil_mode the last windows
+    may pass the end padding (``ceil_ends``): the input is padded further, and a counted window counts the
+    positions up to the end padding only, min(k, size + end - start) per axis, as onnxruntime's."""
     x = per_tensor(x, "AveragePool")
-    if node.attr_int("ceil_mode", 0) or any(d != 1 for d in node.attr_ints("dilations", [])):
-        raise Refuse("AveragePool with ceil_mode or dilations has no CVM form here")
+    if any(d != 1 for d in node.attr_ints("dilations", [])):
+        raise Refuse("AveragePool with dilations has no CVM form here")
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
@@ -686,14 +704,22 @@ def average(ctx, node, x: Scaled) -> Scaled:
         if not counted and max(pb, pe) >= k:
             raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
                          "a window of padding only can count no input value, its average undefined")
+    ends, outs = ceil_ends(node, t.shape[2:], kernel, strides, begin, end)
     ones = np.ones((c, 1) + tuple(kernel), np.int64)
-    pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, end)
+    pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, ends)
     acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
                         kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
     sx = x.scale.reshape(()).item()
-    if counted or pad["valid"] is None:
-        return Scaled(acc, np.asarray(sx / math.prod(kernel), dtype=object), np.zeros((), np.int64))
-    count = pad["valid"][0]  # the window sums of weights 1: the input positions each window reads
+    if counted:  # the padded positions each window reads, up to the end padding
+        axes = [np.minimum(k, n + e + b - s * np.arange(o))
+                for n, k, s, b, e, o in zip(t.shape[2:], kernel, strides, begin, end, outs)]
+        count = np.multiply.outer(*axes)
+    elif pad["valid"] is None:
+        count = np.full(outs, math.prod(kernel))
+    else:
+        count = pad["valid"][0]  # the window sums of weights 1: the input positions each window reads
+    if (count == count.flat[0]).all():
+        return Scaled(acc, np.asarray(sx / int(count.flat[0]), dtype=object), np.zeros((), np.int64))
     return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
                   np.zeros((), np.int64))
 
@@ -704,15 +730,19 @@ def average_rule(ctx, node, x):
 
 
 def global_average(ctx, x: Scaled) -> Scaled:
-    """GlobalAveragePool: sum of x - z over the image, at scale s_x / (H * W)."""
+    """GlobalAveragePool: sum of x - z over the image (``image_sum``), at scale s_x / (H * W)."""
     x = per_tensor(x, "GlobalAveragePool")
-    v = minus_zero(ctx, x.t, x.zero)
-    axes = tuple(range(2, len(x.shape)))
-    n = math.prod(x.shape[2:])
-    e = ctx.op("sum", v, axis=axes, keepdims=False)
-    s = ctx.result(e, INT32, min(v.lo * n, 0), max(v.hi * n, 0), x.shape[:2])
-    return Scaled(ctx.reshape(s, x.shape[:2] + (1,) * len(axes)), np.asarray(x.scale.reshape(()).item() / n,
-                                                                          dtype=object), np.zeros((), np.int64))
+    return Scaled(image_sum(ctx, minus_zero(ctx, x.t, x.zero)),
+                  np.asarray(x.scale.reshape(()).item() / math.prod(x.shape[2:]), dtype=object), np.zeros((), np.int64))
+
+
+def image_sum(ctx, v: Tensor) -> Tensor:
+    """The sum of v (N, C, spatial...) over its spatial axes, as (N, C, 1, ...)."""
+    axes = tuple(range(2, len(v.shape)))
+    n = math.prod(v.shape[2:])
+    s = ctx.result(ctx.op("sum", v, axis=axes, keepdims=False), INT32, min(v.lo * n, 0), max(v.hi * n, 0),
+                   v.shape[:2])
+    return ctx.reshape(s, v.shape[:2] + (1,) * len(axes))
 
 
 def tabled(ctx, x):
@@ -760,24 +790,35 @@ def reduce_mean_rule(ctx, node, x, axes_t=None):
                   x.scale.reshape(()).item(), mean)
 
 
-@float_rule("ReduceSumSquare", "ReduceL1", since=1)
-def reduce_power_rule(ctx, node, x, axes_t=None):
-    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2
-    (`broadcast_mul` of u by u, its interval from 0) or of |u| (`abs`) at s, requantized by the QuantizeLinear that
-    follows."""
-    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+def powers(ctx, x: Scaled, square: bool) -> Scaled:
+    """u^2 (``square``) or |u| of a per-tensor dequantized x = u s: `broadcast_mul` of u by u (its interval from
+    0) or `abs`, at s^2 or s, zero point 0."""
     z = int(x.zero.reshape(()))
     a, b = x.t.lo - z, x.t.hi - z
     low, peak = 0 if a <= 0 <= b else min(-b, a), max(-a, b)
     u = minus_zero(ctx, x.t, x.zero)
-    if node.op_type == "ReduceSumSquare":
+    if square:
         v = ctx.result(ctx.op("broadcast_mul", u, u), INT32, low * low, peak * peak, x.shape)
-        s = x.scale.reshape(()).item() ** 2
-    else:
-        v = ctx.result(ctx.op("abs", u), INT32, low, peak, x.shape)
-        s = x.scale.reshape(()).item()
-    return summed(ctx, node, Scaled(v, np.asarray(s, dtype=object), np.zeros((), np.int64)), lambda: v, axes_t, 18,
-                  s, False)
+        return Scaled(v, np.asarray(x.scale.reshape(()).item() ** 2, dtype=object), np.zeros((), np.int64))
+    v = ctx.result(ctx.op("abs", u), INT32, low, peak, x.shape)
+    return Scaled(v, np.asarray(x.scale.reshape(()).item(), dtype=object), np.zeros((), np.int64))
+
+
+@float_rule("ReduceSumSquare", "ReduceL1", since=1)
+def reduce_power_rule(ctx, node, x, axes_t=None):
+    """ReduceSumSquare, ReduceL1 of a per-tensor dequantized x = u s: the exact sum of u^2 at scale s^2 or of |u|
+    at s (``powers``), requantized by the QuantizeLinear that follows."""
+    x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
+    v = powers(ctx, x, node.op_type == "ReduceSumSquare")
+    return summed(ctx, node, v, lambda: v.t, axes_t, 18, v.scale.reshape(()).item(), False)
+
+
+@float_rule("CumSum", since=11)
+def cumsum_rule(ctx, node, x, axis_t):
+    """CumSum of a per-tensor dequantized x = (t - z) s: the integer rule's cumulative sums of t - z (a constant 0/1
+    matrix of the positions each output sums, exclusive, reverse), at s: exact."""
+    x = per_tensor(scaled(x, "the CumSum input"), "CumSum")
+    return Scaled(integer_rule(node)(ctx, node, minus_zero(ctx, x.t, x.zero), axis_t), x.scale, np.zeros((), np.int64))
 
 
 def summed(ctx, node, x: Scaled, values: Callable[[], Tensor], axes_t, since: int, scale: Fraction,
