@@ -346,8 +346,11 @@ def resized_shape(node, x: Tensor, scales: Tensor | None, sizes: Tensor | None) 
 
 
 def scaled_size(size: int, scale) -> int:
-    """floor(size * scale), the output size of a scaled axis; refused unless finite and at most 2^24."""
-    out = size * float(scale)
+    """floor(size * scale) with the product rounded to float32 as onnxruntime computes it (3 x 1.6666666f is 5, where
+    the exact product, 4.9999998, floors to 4), the output size of a scaled axis; refused unless finite and at most
+    2^24."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = float(np.float32(size) * np.float32(scale))
     if not math.isfinite(out) or out > MAX_DIM:
         raise Refuse(f"scale {scale} of an axis of {size} gives no output size in [0, 2^24]")
     return math.floor(out)

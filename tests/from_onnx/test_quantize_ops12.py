@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -160,6 +160,36 @@ def test_resize_nearest_without_ties_imports_as_onnxruntime_computes(size, out, 
     x = (np.arange(np.prod(shape)) % 255 - 127).reshape(shape).astype(np.int8)  # CVM's int8 is +-127
     for by_sizes in (True, False):
         resized_equal_onnxruntime(resize_model(shape, [out, out], mode, rounding, by_sizes), x)
+
+
+@SETTINGS
+@example(n=3, k=5, step=0, mode="asymmetric")
+@given(n=st.integers(1, 40), k=st.integers(1, 80), step=st.sampled_from([-1, 0, 1]),
+       mode=st.sampled_from(["asymmetric", "half_pixel"]))
+def test_resize_by_scales_has_onnxruntimes_output_size(n, k, step, mode):
+    """Resize by a float scale near k / n (its float32, or one ulp either side): the import's output size is
+    onnxruntime's, floor of the product rounded to float32 (3 x 1.6666666 is 5 values, not the exact product's 4),
+    its values equal or refused at a tie of that size. Regression: the size computed from the exact product (refused
+    naming 4 values)."""
+    v = np.float32(k / n)
+    v = v if step == 0 else np.nextafter(v, np.float32(step * np.inf))
+    node = h.make_node("Resize", ["x", "", "sc"], ["y"], name="up", mode="nearest", coordinate_transformation_mode=mode,
+                       nearest_mode="floor")
+    g = h.make_graph([node], "m", [h.make_tensor_value_info("x", T.INT8, [1, 1, 1, n])],
+                     [h.make_tensor_value_info("y", T.INT8, None)],
+                     [nh.from_array(np.array([1, 1, 1, v], np.float32), "sc")])
+    m = onnx_model(g, 19)
+    x = (np.arange(n) % 255 - 127).reshape(1, 1, 1, n).astype(np.int8)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    try:
+        imp = import_model(m)
+    except CVMError as e:
+        refused = r"must hold 1 to 2\^24 values" if want.size == 0 else r"Resize nearest .*(" + REFUSED + ")"
+        assert re.search(r"up \(Resize\): .*" + refused, str(e)), str(e)
+        assert want.size == 0 or re.search(rf" to {want.shape[-1]} values", str(e)), (str(e), want.shape)
+        return
+    assert imp.graph.type_of(imp.graph.heads[0]).shape == want.shape
+    resized_equal_onnxruntime(m, x)
 
 
 def test_resize_nearest_at_a_tie_is_refused_naming_the_output():
