@@ -22,7 +22,7 @@ import numpy as np
 from .context import FLOAT_EXACT, INT32, MAX_FOLDED, Tensor, check_values, const, type_name
 from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
                    integer_scales, minus_zero, nearest, onnx_pads, resized_shape, scaled_size, select,
-                   source_coordinate, spatial_2d, strided_slice)
+                   single_axes, source_coordinate, spatial_2d, strided_slice, with_ones, without)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -163,6 +163,11 @@ def conv(ctx, node, x, w, b=None, w_zero=None):
     """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d;
     ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's)."""
     integer = node.op_type == "ConvInteger"
+    if len(x.shape) > 4:
+        node, drop = single_axes(node, x.shape, list(w.shape[2:]))
+        y = conv(ctx, node, ctx.reshape(x, without(x.shape, drop)), ctx.reshape(w, without(w.shape, drop)), b,
+                 w_zero)
+        return ctx.reshape(y, with_ones(y.shape, drop))
     if integer and (k := _variable_zero_point([x, w, b, w_zero])) is not None:
         return affine(ctx, node, [x, w, b, w_zero], k, INT32, 1)
     if integer:
