@@ -268,11 +268,11 @@ def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
 
 
 def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
-    """A Conv of an N-D image (N > 2, ONNX shape ``shape``, kernel of spatial size ``kernel``) as one of 2 spatial
-    axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis dropped has
-    one value, one tap and no padding (a video model run on one frame: (N, C, 1, H, W) by a (1, k, k) kernel), so
-    it has one output whatever its stride and dilation, the sum over it is that one product, and the Conv over the
-    other axes is the same sum. Refused where fewer than N - 2 axes are such."""
+    """A Conv or MaxPool of an N-D image (N > 2, ONNX shape ``shape``, kernel of spatial size ``kernel``) as one of
+    2 spatial axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis
+    dropped has one value, one tap and no padding (a video model run on one frame: (N, C, 1, H, W) by a (1, k, k)
+    kernel), so it has one output whatever its stride, dilation or ceil_mode, the sum (or max) over it is that one
+    value's, and the op over the other axes is the same. Refused where fewer than N - 2 axes are such."""
     n = len(shape) - 2
     strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
     dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)

@@ -216,9 +216,14 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
 
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
-    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``."""
+    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``. An
+    N-D one (N > 2) as the 2-D one of ``single_axes``."""
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    if len(x.shape) > 4:
+        node, drop = single_axes(node, x.shape, node.attr_ints("kernel_shape"))
+        [y, _] = max_pool(ctx, node, ctx.reshape(x, without(x.shape, drop)))
+        return [ctx.reshape(y, with_ones(y.shape, drop)), None]
     one_d = len(x.shape) == 3
     x4 = spatial_2d(ctx, x, "MaxPool")
     kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)

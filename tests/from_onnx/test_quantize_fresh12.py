@@ -1,9 +1,10 @@
 """What a twelfth corpus (models shipped in wheels) met in quantize. invisible-watermark's RivaGAN encoder and
 decoder are video models run on one frame: 3-D Convs of (N, C, 1, H, W) by (1, 11, 11) kernels ('Conv on a 3-D
 image: only 1-D and 2-D have a CVM form'). An axis of one value, one tap and no padding has one output, so such a
-Conv is the 2-D one over the other axes. The encoder also concatenates an empty slice (torch.cat([a[:, :n] * d,
-a[:, n:]]) with n the whole axis): 'the slice of (1, 32, 1, 128, 128) is empty: CVM has no empty tensors'. An empty
-slice is an empty constant now, which a Concat drops; anything else that would emit it is refused naming its node."""
+Conv (or MaxPool) is the 2-D one over the other axes. The encoder also concatenates an empty slice
+(torch.cat([a[:, :n] * d, a[:, n:]]) with n the whole axis): 'the slice of (1, 32, 1, 128, 128) is empty: CVM has
+no empty tensors'. An empty slice is an empty constant now, which a Concat drops; anything else that would emit it
+is refused naming its node."""
 from __future__ import annotations
 
 import itertools
@@ -24,28 +25,37 @@ from test_quantized_fresh_ops import draw_x, oracle_equal, run
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.verify import verify
 
 SETTINGS = settings(max_examples=12, deadline=None)
 
 
+def windows(x, begin, end, kernel, strides, dilations, fill=0):
+    """(kernel position, the input's values it reads at every output position) of an N-D window op, the input padded
+    with ``fill``."""
+    x = np.pad(x.astype(np.int64), [(0, 0), (0, 0)] + list(zip(begin, end)), constant_values=fill)
+    out = [(size - d * (k - 1) - 1) // s + 1 for size, k, s, d in zip(x.shape[2:], kernel, strides, dilations)]
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        yield tap, x[(slice(None), slice(None)) + tuple(slice(t * d, t * d + (o - 1) * s + 1, s)
+                                                       for t, d, s, o in zip(tap, dilations, strides, out))]
+
+
 def conv_nd(x, w, begin, end, strides, dilations, group):
-    """The ONNX Conv of integers by its definition, any number of spatial axes: the zero-padded input's window of
-    each output position times the kernel, summed per group."""
-    x = np.pad(x.astype(np.int64), [(0, 0), (0, 0)] + list(zip(begin, end)))
-    n, c = x.shape[:2]
+    """The ONNX Conv of integers by its definition, any number of spatial axes: each kernel position's window of
+    the zero-padded input times its weights, summed, per group."""
     m, cg = w.shape[:2]
-    k = w.shape[2:]
-    out = [(size - d * (kk - 1) - 1) // s + 1 for size, kk, s, d in zip(x.shape[2:], k, strides, dilations)]
-    y = np.zeros((n, m, *out), np.int64)
-    for g in range(group):
-        xs, ws = x[:, g * cg:(g + 1) * cg], w[g * (m // group):(g + 1) * (m // group)].astype(np.int64)
-        for tap in itertools.product(*(range(kk) for kk in k)):
-            part = xs[(slice(None), slice(None)) + tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, s, o in
-                                                         zip(tap, dilations, strides, out))]
-            y[:, g * (m // group):(g + 1) * (m // group)] += np.einsum("nc...,mc->nm...", part,
-                                                                      ws[(slice(None), slice(None)) + tap])
+    y = 0
+    for tap, part in windows(x, begin, end, w.shape[2:], strides, dilations):
+        y = y + np.concatenate([np.einsum("nc...,mc->nm...", part[:, g * cg:(g + 1) * cg],
+                                          w[g * (m // group):(g + 1) * (m // group)][(...,) + tap].astype(np.int64))
+                                for g in range(group)], axis=1)
     return y
+
+
+def max_pool_nd(x, kernel, begin, end, strides, dilations):
+    """The ONNX MaxPool (ceil_mode 0) by its definition: the max of each window, the padding never winning."""
+    return np.max([part for _, part in windows(x, begin, end, kernel, strides, dilations, -(1 << 62))], axis=0)
 
 
 def geometry(d, single: int):
@@ -83,10 +93,25 @@ def test_a_conv_of_a_3d_image_with_an_axis_of_one_value_is_exact(d, single, grou
     exact(m_, x, conv_nd(x, w, begin, end, strides, dilations, group), 8)
 
 
-def dq_conv(x_shape, w: np.ndarray, attrs: dict, per_channel: bool) -> onnx.ModelProto:
-    """DequantizeLinear(x) -> Conv(DequantizeLinear(w), bias) -> QuantizeLinear: a QDQ model's Conv."""
+@SETTINGS
+@given(d=st.data(), single=st.integers(0, 2))
+def test_a_max_pool_of_a_3d_image_with_an_axis_of_one_value_is_exact(d, single):
+    """MaxPool of an int8 (N, C, D, H, W) image, one spatial axis of one value, one tap and no padding, the others
+    drawn: the definition's maxima (``max_pool_nd``), on the reference executor and on onnxruntime. Regression:
+    'MaxPool on a 3-D image: only 1-D and 2-D have a CVM form'."""
+    shape, kernel, begin, end, strides, dilations = geometry(d, single)
+    x = draw_x(d, (1, 2, *shape), T.INT8).astype(np.int8)
+    m = model("MaxPool", ["x"], x.shape, T.INT8, opset=12, kernel_shape=kernel, pads=begin + end, strides=strides,
+              dilations=dilations)
+    exact(m, x, max_pool_nd(x, kernel, begin, end, strides, dilations), 8)
+
+
+def dq_conv(x_shape, w: np.ndarray, attrs: dict, per_channel: bool, sw=None) -> onnx.ModelProto:
+    """DequantizeLinear(x) -> Conv(DequantizeLinear(w), bias) -> QuantizeLinear: a QDQ model's Conv (weight scales
+    ``sw`` where given)."""
     m = len(w)
-    sw = np.linspace(0.01, 0.03, m).astype(np.float32) if per_channel else np.float32(0.02)
+    if sw is None:
+        sw = np.linspace(0.01, 0.03, m).astype(np.float32) if per_channel else np.float32(0.02)
     inits = {"s": np.float32(0.05), "z": np.int8(3), "w8": w, "sw": sw, "zw": np.zeros(sw.shape, np.int8),
              "b": (np.arange(m) * 7 - 9).astype(np.int32), "sb": (np.float32(0.05) * sw).astype(np.float32),
              "so": np.float32(0.37), "zo": np.int8(-4)}
@@ -117,6 +142,23 @@ def test_a_quantized_conv_of_a_3d_image_with_an_axis_of_one_value_is_its_2d_conv
     _, [want] = run(m2, x2)
     assert got.shape[2 + single] == 1 and np.array_equal(got.reshape(want.shape), want)
     oracle_equal(m2, x2)
+
+
+@pytest.mark.parametrize("two_part", [True, False])
+def test_a_quantized_conv_of_one_frame_requantized_in_runs_of_channels_is_its_2d_conv(two_part):
+    """Weights per channel over 5 decades of scale, so the QuantizeLinear requantizes the channels in runs of their
+    own plans (one-part products): the 3-D Conv's import gives its 2-D twin's integers. Regression: 'cannot reshape
+    array of size 20 into shape (32,1,1,1)' (the runs read the channel axis from the scale's first axis)."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (32, 3, 1, 3, 3)).astype(np.int8)
+    sw = (10.0 ** np.linspace(-5, 0, 32)).astype(np.float32)
+    x = rng.integers(-128, 128, (1, 3, 1, 8, 8))
+    def imported(w_, x_, pads):
+        m = dq_conv(x_.shape, w_, {"pads": pads}, True, sw)
+        return execute(import_model(m, two_part=two_part).graph, {"data": x_.astype(np.int32)})[0]
+
+    want = imported(w[:, :, 0], x[:, :, 0], [1, 1, 1, 1])
+    assert np.array_equal(imported(w, x, [0, 1, 1, 0, 1, 1]).reshape(want.shape), want)
 
 
 def test_a_conv_of_a_3d_image_with_taps_along_every_axis_is_refused_naming_the_node():

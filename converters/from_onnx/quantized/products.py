@@ -365,8 +365,8 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, list(w.shape[2:]))
         y = conv(ctx, node, axes_dropped(ctx, x, drop), axes_dropped(ctx, w, drop), bias)
-        return Scaled(ctx.reshape(y.t, with_ones(y.shape, drop)),
-                      *(full_rank(v, 4).reshape(with_ones(full_rank(v, 4).shape, drop)) for v in (y.scale, y.zero)))
+        return Scaled(ctx.reshape(y.t, with_ones(y.shape, drop)),  # scale and zero point (C, 1, ...), as 2-D's
+                      *(full_rank(v, 4).reshape(with_ones(full_rank(v, 4).shape, drop)[1:]) for v in (y.scale, y.zero)))
     wv, sw = weight(w, "the Conv weight")
     x = per_tensor(x, "Conv")
     one_d = len(x.shape) == 3
