@@ -3,8 +3,8 @@ decoder are video models run on one frame: 3-D Convs of (N, C, 1, H, W) by (1, 1
 image: only 1-D and 2-D have a CVM form'). An axis of one value, one tap and no padding has one output, so such a
 Conv (or MaxPool) is the 2-D one over the other axes. The encoder also concatenates an empty slice
 (torch.cat([a[:, :n] * d, a[:, n:]]) with n the whole axis): 'the slice of (1, 32, 1, 128, 128) is empty: CVM has
-no empty tensors'. An empty slice is an empty constant now, which a Concat drops; anything else that would emit it
-is refused naming its node."""
+no empty tensors'. An empty slice is an empty constant now, which a Concat drops; any other node that reads one is
+refused naming it."""
 from __future__ import annotations
 
 import itertools
@@ -171,15 +171,16 @@ def test_a_conv_of_a_3d_image_with_taps_along_every_axis_is_refused_naming_the_n
 
 
 def sliced(start: int, then: str) -> onnx.ModelProto:
-    """DequantizeLinear(x (1, 4, 3)) -> Slice of channels [start:] -> ``then`` -> QuantizeLinear: "concat" joins
-    the slice to x (torch.cat([x, a[:, n:]]); "alone" quantizes the slice itself."""
+    """DequantizeLinear(x (1, 4, 3)) -> Slice of channels [start:] -> ``then`` -> QuantizeLinear: "Concat" joins
+    the slice to x (torch.cat([x, a[:, n:]]); another op reads the slice itself."""
     inits = {"s": np.float32(0.05), "z": np.int8(0), "st": np.array([start], np.int64),
              "en": np.array([1 << 62], np.int64), "ax": np.array([1], np.int64)}
+    attrs = {"MaxPool": {"kernel_shape": [1]}}.get(then, {})
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-             h.make_node("Slice", ["xf", "st", "en", "ax"], ["part"], name="tail")]
-    nodes += [h.make_node("Concat", ["xf", "part"], ["r"], axis=1, name="join")] if then == "concat" else \
-        [h.make_node("Identity", ["part"], ["r"])]
-    nodes.append(h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"], name="q"))
+             h.make_node("Slice", ["xf", "st", "en", "ax"], ["part"], name="tail"),
+             h.make_node(then, ["xf", "part"] if then == "Concat" else ["part"], ["r"], name="op",
+                         **({"axis": 1} if then == "Concat" else attrs)),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"], name="q")]
     return qdq(nodes, (1, 4, 3), T.INT8, inits, T.INT8)
 
 
@@ -188,16 +189,18 @@ def test_an_empty_slice_concatenated_is_dropped(start):
     """A Concat of x and x's channels [start:]: x itself where that slice is empty (start past the 4 channels), x
     and its last channels otherwise. Regression: 'the slice of (1, 4, 3) is empty: CVM has no empty tensors'."""
     x = np.arange(-6, 6, dtype=np.int64).reshape(1, 4, 3) * 9
-    _, [got] = run(sliced(start, "concat"), x)
+    _, [got] = run(sliced(start, "Concat"), x)
     assert np.array_equal(got, np.concatenate([x, x[:, start:]], axis=1))
 
 
-def test_an_empty_slice_that_reaches_an_output_is_refused_naming_a_node():
-    """An empty slice read by anything but a Concat: one line naming the node, CVM has no empty tensors."""
+@pytest.mark.parametrize("reader", ["Identity", "Relu", "Softmax", "MaxPool", "ReduceMax"])
+def test_an_empty_slice_read_by_anything_but_a_concat_is_refused_naming_the_node(reader):
+    """An empty slice read by anything but a Concat: one line naming the reader, CVM has no empty tensors (never an
+    error of numpy's on the empty array, as the Softmax's and the MaxPool's were)."""
     with pytest.raises(UnsupportedError) as e:
-        import_model(sliced(4, "alone"))
+        import_model(sliced(4, reader))
     [p] = e.value.problems
-    assert "empty: CVM has no empty tensors" in p.rule, p
+    assert p.where == f"op ({reader})" and "'part' is an empty slice: CVM has no empty tensors" in p.rule, p
 
 
 def watermark_model(encoder: bool) -> onnx.ModelProto:
