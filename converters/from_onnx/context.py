@@ -215,6 +215,8 @@ class Importer:
                 self.entry(earlier)
         v = t.value
         what = f"constant {t.name}" if t.name else "a constant"
+        if not v.size:
+            raise Refuse(f"{what} of shape {t.shape} is empty: CVM has no empty tensors")
         if v.dtype.kind == "f" and not np.array_equal(v, np.round(v)):
             raise Refuse(f"{what} holds non-integer values")
         if t.peak > INT32_MAX:

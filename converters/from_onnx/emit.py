@@ -198,8 +198,8 @@ def strided_slice(ctx, x: Tensor, ranges: list[range]) -> Tensor:
     """``x`` restricted to one index range per axis: strided_slice with end one step past the last index
     (written as -(dim+1) when that is -1, since strided_slice reads a negative end from the back)."""
     shape = tuple(len(r) for r in ranges)
-    if 0 in shape:
-        raise Refuse(f"the slice of {x.shape} is empty: CVM has no empty tensors")
+    if 0 in shape:  # an empty constant: a Concat drops it; anything that would emit it refuses (``Importer.entry``)
+        return const(np.zeros(shape, x.value.dtype if x.is_const else np.int64), x.dtype)
     if all(r == range(d) for r, d in zip(ranges, x.shape)):
         return x
     if x.is_const:
@@ -266,6 +266,43 @@ def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
     if len(x.shape) != 4:
         raise Refuse(f"{what} on a {len(x.shape) - 2}-D image: only 1-D and 2-D have a CVM form")
     return x
+
+
+def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
+    """A Conv or MaxPool of an N-D image (N > 2, ONNX shape ``shape``, kernel of spatial size ``kernel``) as one of
+    2 spatial axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis
+    dropped has one value, one tap and no padding (a video model run on one frame: (N, C, 1, H, W) by a (1, k, k)
+    kernel), so it has one output whatever its stride, dilation or ceil_mode, the sum (or max) over it is that one
+    value's, and the op over the other axes is the same. Refused where fewer than N - 2 axes are such."""
+    n = len(shape) - 2
+    strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
+    dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
+    begin, end = onnx_pads(node, shape[2:], kernel, strides, dilations)
+    drop = [i for i in range(n) if shape[2 + i] == kernel[i] == 1 and begin[i] == end[i] == 0][:n - 2]
+    if len(drop) < n - 2:
+        raise Refuse(f"{node.op_type} on a {n}-D image: only 1-D and 2-D have a CVM form (or more axes of one "
+                     "value, one tap and no padding each)")
+    keep = [i for i in range(n) if i not in drop]
+    proto = type(node.proto)()
+    proto.CopyFrom(node.proto)
+    for a in proto.attribute:
+        if a.name in ("kernel_shape", "strides", "dilations") and len(a.ints) == n:
+            a.ints[:] = [a.ints[i] for i in keep]
+        elif a.name == "pads" and len(a.ints) == 2 * n:
+            a.ints[:] = [a.ints[i] for i in keep] + [a.ints[n + i] for i in keep]
+    return replace(node, proto=proto), [2 + i for i in drop]
+
+
+def without(shape: tuple[int, ...], axes: list[int]) -> tuple[int, ...]:
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def with_ones(shape: tuple[int, ...], axes: list[int]) -> tuple[int, ...]:
+    """``shape`` with axes of size 1 inserted at ``axes`` (positions in the result, ascending)."""
+    out = list(shape)
+    for a in axes:
+        out.insert(a, 1)
+    return tuple(out)
 
 
 def attrs_2d(node, name: str, default: int | None, one_d: bool, fill: int) -> list[int]:

@@ -38,6 +38,9 @@ from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 INPUT_NAME = "data"
+#: The ops that may read an empty slice: a Concat drops it; a QuantizeLinear or DequantizeLinear between (as
+#: quantize_static writes them) gives an empty value again. Any other reader is refused naming it.
+EMPTY_READERS = ("Concat", "QuantizeLinear", "DequantizeLinear")
 #: onnxruntime's dynamic quantization (quantize_dynamic and its fusions): (domain, op type). Its activation scales are
 #: computed at run time, so such a model has no static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
 DYNAMIC_OPS = (("", "DynamicQuantizeLinear"), ("com.microsoft", "DynamicQuantizeLSTM"),
@@ -104,6 +107,7 @@ class _Walk:
                 self.shapes[vi.name] = d
         self.ctx.shapes = self.shapes
         self.consumed = {x for n in self.graph.node for x in n.input} | {o.name for o in self.graph.output}
+        self.empty: set[str] = set()  # empty slices, and what EMPTY_READERS make of them
         self.masks = quantized.mask_terms(self.graph)
         self.affines = quantized.quantized_affines(self.graph)
         self.replaced: set[int] = set()  # QuantizeLinear nodes of the float input (the CVM input is their output)
@@ -352,6 +356,8 @@ class _Walk:
         self.ctx.base = u.name
         first = len(self.ctx.nodes)
         try:
+            if read := [x for n in u.nodes if n.op_type not in EMPTY_READERS for x in n.input if x in self.empty]:
+                raise Refuse(f"{read[0]!r} is an empty slice: CVM has no empty tensors (a Concat drops one)")
             if u.group is not None:
                 outs = roundtrip.import_group(self.ctx, u.name, u.nodes, self.tensors, self.shapes)
             elif u.chain is not None:
@@ -402,6 +408,8 @@ class _Walk:
             if t is not None:
                 self.tensors[name] = replace(t, name=name) if isinstance(t, Tensor) and t.is_const and \
                     t.name is None else t
+                if u.nodes[0].op_type in ("Slice", *EMPTY_READERS) and 0 in t.shape:
+                    self.empty.add(name)
         self.origins.append((u.where, [n.name for n in self.ctx.nodes[first:]]))
 
     def skipped(self, u: Unit) -> None:

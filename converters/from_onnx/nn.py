@@ -25,7 +25,7 @@ from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, MAX_FOLDED, Tensor, check_values, const, type_name
 from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
                    integer_scales, minus_zero, nearest, onnx_pads, resize_coordinate, resize_scales, resized_shape,
-                   scaled_size, select, spatial_2d, strided_slice)
+                   scaled_size, select, single_axes, spatial_2d, strided_slice, with_ones, without)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -166,6 +166,11 @@ def conv(ctx, node, x, w, b=None, w_zero=None):
     """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d;
     ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's)."""
     integer = node.op_type == "ConvInteger"
+    if len(x.shape) > 4:
+        node, drop = single_axes(node, x.shape, list(w.shape[2:]))
+        y = conv(ctx, node, ctx.reshape(x, without(x.shape, drop)), ctx.reshape(w, without(w.shape, drop)), b,
+                 w_zero)
+        return ctx.reshape(y, with_ones(y.shape, drop))
     if integer and (k := _variable_zero_point([x, w, b, w_zero])) is not None:
         return affine(ctx, node, [x, w, b, w_zero], k, INT32, 1)
     if integer:
@@ -214,9 +219,14 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
 
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
-    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``."""
+    """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``. An
+    N-D one (N > 2) as the 2-D one of ``single_axes``."""
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    if len(x.shape) > 4:
+        node, drop = single_axes(node, x.shape, node.attr_ints("kernel_shape"))
+        [y, _] = max_pool(ctx, node, ctx.reshape(x, without(x.shape, drop)))
+        return [ctx.reshape(y, with_ones(y.shape, drop)), None]
     one_d = len(x.shape) == 3
     x4 = spatial_2d(ctx, x, "MaxPool")
     kernel = attrs_2d(node, "kernel_shape", None, one_d, 1)

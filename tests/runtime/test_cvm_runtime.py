@@ -1225,3 +1225,29 @@ def test_issue_35_sweep_forms(tmp_path, name):
     rng = np.random.default_rng(12)
     xs = [rng.integers(-127, 128, shape), np.full(shape, -127), np.full(shape, 127), np.full(shape, 3)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+def test_a_conv_of_one_frame_and_an_empty_slice_concatenated(tmp_path):
+    """The twelfth corpus's RivaGAN forms: a 3-D Conv of (1, 3, 1, 6, 6) by (1, 3, 3) kernels (weights per channel,
+    a bias) as its 2-D one, and a Concat with an empty slice of its output (dropped): the runtime loads it and gives
+    the reference executor's integers, the input's extremes included."""
+    rng = np.random.default_rng(12)
+    sw = np.linspace(0.01, 0.03, 4).astype(np.float32)
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "w8": rng.integers(-127, 128, (4, 3, 1, 3, 3)).astype(np.int8),
+             "sw": sw, "zw": np.zeros(4, np.int8), "b": np.array([5, -9, 40, 0], np.int32), "sb": sw * np.float32(0.05),
+             "so": np.float32(0.37), "zo": np.int8(-4), "st": np.array([4], np.int64), "en": np.array([9], np.int64),
+             "ax": np.array([1], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w8", "sw", "zw"], ["wf"], axis=0),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0),
+             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], pads=[0, 1, 1, 0, 1, 1], strides=[2, 1, 1]),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["cq"]),
+             h.make_node("DequantizeLinear", ["cq", "so", "zo"], ["cf"]),
+             h.make_node("Slice", ["cf", "st", "en", "ax"], ["rest"]),
+             h.make_node("Concat", ["cf", "rest"], ["r"], axis=1),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (1, 3, 1, 6, 6)
+    imp = import_model(qdq(nodes, shape, T.INT8, inits, T.INT8), input_precision=8)
+    write_model(imp.graph, tmp_path / "cvm")
+    xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

@@ -16,7 +16,8 @@ from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
-                    nearest, normal, onnx_pads, reduced, select, spatial_2d, strided_slice)
+                    nearest, normal, onnx_pads, reduced, select, single_axes, spatial_2d, strided_slice, with_ones,
+                    without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
@@ -346,9 +347,26 @@ def padding(ctx, w: np.ndarray, size: tuple[int, int], strides, dilations, begin
             "valid": window_sums(w, size, strides, dilations, begin, outs, banded) if any(begin + end) else None}
 
 
+def full_rank(v: np.ndarray, rank: int) -> np.ndarray:
+    """A scale or zero point broadcast over a tensor of ``rank`` axes, with that many axes (leading 1s)."""
+    return v.reshape((1,) * (rank - v.ndim) + v.shape)
+
+
+def axes_dropped(ctx, x: Scaled, drop: list[int]) -> Scaled:
+    """``x`` without its axes ``drop`` (each of size 1), its scale and zero point too."""
+    scale, zero = (full_rank(v, len(x.shape)) for v in (x.scale, x.zero))
+    return replace(x, t=ctx.reshape(x.t, without(x.shape, drop)), scale=scale.reshape(without(scale.shape, drop)),
+                   zero=zero.reshape(without(zero.shape, drop)))
+
+
 def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn's Conv rule does, the zero point's
-    share of the padding corrected by the window sums V)."""
+    share of the padding corrected by the window sums V). An N-D one (N > 2) as the 2-D one of ``single_axes``."""
+    if len(x.shape) > 4:
+        node, drop = single_axes(node, x.shape, list(w.shape[2:]))
+        y = conv(ctx, node, axes_dropped(ctx, x, drop), axes_dropped(ctx, w, drop), bias)
+        return Scaled(ctx.reshape(y.t, with_ones(y.shape, drop)),  # scale and zero point (C, 1, ...), as 2-D's
+                      *(full_rank(v, 4).reshape(with_ones(full_rank(v, 4).shape, drop)[1:]) for v in (y.scale, y.zero)))
     wv, sw = weight(w, "the Conv weight")
     x = per_tensor(x, "Conv")
     one_d = len(x.shape) == 3
