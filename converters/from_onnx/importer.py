@@ -408,7 +408,8 @@ class _Walk:
             if t is not None:
                 self.tensors[name] = replace(t, name=name) if isinstance(t, Tensor) and t.is_const and \
                     t.name is None else t
-                if u.nodes[0].op_type in ("Slice", *EMPTY_READERS) and 0 in t.shape:
+                if 0 in t.shape and (u.nodes[0].op_type == "Slice" or u.nodes[0].op_type in EMPTY_READERS
+                                     and any(x in self.empty for x in u.nodes[0].input)):
                     self.empty.add(name)
         self.origins.append((u.where, [n.name for n in self.ctx.nodes[first:]]))
 
