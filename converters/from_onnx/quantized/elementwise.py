@@ -875,6 +875,12 @@ def _gelu_tanh(v):
     return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
 
 
+def at_float32(fn: Callable) -> Callable:
+    """``fn`` of a step function (a threshold, Floor) at its input rounded to float32, as DequantizeLinear gives it:
+    an exact (t - z) s a float32 step from the step's edge is on the other side of it in the float model."""
+    return lambda v: fn(np.asarray(v, np.float64).astype(np.float32).astype(np.float64))
+
+
 FUNCTIONS: dict[str, Callable] = {
     "Sigmoid": lambda n: lambda v: 1 / (1 + np.exp(-v)),
     "Tanh": lambda n: np.tanh,
@@ -894,15 +900,15 @@ FUNCTIONS: dict[str, Callable] = {
     "Selu": lambda n: lambda v: n.attr_float("gamma", 1.0507009873554805) * np.where(
         v > 0, v, n.attr_float("alpha", 1.6732632423543772) * np.expm1(v)),
     "Celu": lambda n: lambda v, a=n.attr_float("alpha", 1.0): np.maximum(v, 0) + np.minimum(0, a * np.expm1(v / a)),
-    "ThresholdedRelu": lambda n: lambda v, a=n.attr_float("alpha", 1.0): np.where(v > a, v, 0.0),
-    "Shrink": lambda n: lambda v, lam=n.attr_float("lambd", 0.5), b=n.attr_float("bias", 0.0): np.where(
-        v < -lam, v + b, np.where(v > lam, v - b, 0.0)),  # torch's Hardshrink (bias 0) and Softshrink (bias lambd)
+    "ThresholdedRelu": lambda n: at_float32(lambda v, a=n.attr_float("alpha", 1.0): np.where(v > a, v, 0.0)),
+    "Shrink": lambda n: at_float32(lambda v, lam=n.attr_float("lambd", 0.5), b=n.attr_float("bias", 0.0): np.where(
+        v < -lam, v + b, np.where(v > lam, v - b, 0.0))),  # torch's Hardshrink (bias 0) and Softshrink (bias lambd)
     "Gelu": lambda n: _gelu_tanh if n.attr_str("approximate", "none") == "tanh" else _gelu,
     "Mish": lambda n: lambda v: v * np.tanh(np.logaddexp(0, v)),
-    "Sign": lambda n: np.sign,
-    "Floor": lambda n: np.floor,
-    "Ceil": lambda n: np.ceil,
-    "Round": lambda n: np.rint,  # half to even, as ONNX's Round
+    "Sign": lambda n: at_float32(np.sign),
+    "Floor": lambda n: at_float32(np.floor),
+    "Ceil": lambda n: at_float32(np.ceil),
+    "Round": lambda n: at_float32(np.rint),  # half to even, as ONNX's Round
     "Sin": lambda n: np.sin,
     "Cos": lambda n: np.cos,
     "Atan": lambda n: np.arctan,
