@@ -1105,3 +1105,21 @@ def test_a_graph_input_declared_twice_is_refused_naming_it(tmp_path, inputs):
     assert sorted(p.where for p in info.value.problems) == sorted(set(inputs)), info.value
     assert all("declared more than once" in str(p) and "\n" not in str(p) for p in info.value.problems)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_clip_of_a_constant_by_a_computed_bound_is_the_max_of_their_quantizations():
+    """Clip(c, min=DequantizeLinear(x)), the constant as the clipped input (a swapped Clip): max(c, x) quantized, the
+    max of each one's QuantizeLinear. Regression: an internal AttributeError ('Tensor' object has no attribute 't':
+    the constant handed to QuantizeLinear's rule as a value), the newest fuzz target on the GeM seed."""
+    from support.quantized import qdq
+
+    from cvm_onnx.core.executor import execute
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Clip", ["c", "xf"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (16, 16), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "c": np.float32(0.3)}, T.INT8)
+    imp = import_model(m, input_precision=8)
+    x = np.arange(-128, 128).reshape(16, 16)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    c = round(Fraction(float(np.float32(0.3))) / Fraction(float(np.float32(0.05)))) + 3
+    assert np.array_equal(got.reshape(x.shape), np.maximum(x, c))

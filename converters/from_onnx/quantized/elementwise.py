@@ -785,13 +785,17 @@ class Extreme(Deferred):
 
 def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, dtype: int) -> list[Tensor]:
     """Each operand's QuantizeLinear at the output's scale and zero point as int32: a real value's (its
-    requantization, table, ...), a float constant's exactly rounded (half to even, saturated)."""
+    requantization, table, ...), a float constant's exactly rounded (half to even, saturated); refused for a float
+    value no DequantizeLinear gives."""
     if scale.size != 1:
         raise Refuse(f"{what} of values of different scales with a per-channel output scale has no CVM form")
     s = scale.reshape(()).item()
     lo, hi = INT_RANGES[dtype]
     ints = []
     for x in operands:
+        if isinstance(x, Tensor):
+            if (x := constant_values(x)) is None:
+                raise Refuse(f"{what} of a float value that no DequantizeLinear gives has no CVM form")
         if isinstance(x, np.ndarray):
             q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
             ints.append(const(q.reshape(x.shape), INT32))
