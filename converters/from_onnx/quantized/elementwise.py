@@ -670,16 +670,16 @@ class Quotient(Deferred):
 
     def sum(self, ctx, products: list[tuple[Scaled, int]], k: np.ndarray) -> Tensor:
         """sum_i (t_i - z_i) n_i + K, each product and partial sum within ``reach``."""
+        if all(n == 0 for _, n in products):
+            raise Refuse("Div of sums whose computed terms vanish at the quotient's scale has no CVM form here")
         acc = None
-        for x, n in products:
-            if n == 0:
-                continue
+        for x, n in sorted(products, key=lambda p: p[1] == 0):
+            if n == 0 and broadcast_shape(acc, x.t) == acc.shape:
+                continue  # a vanished term (its multiplier 0); one of a wider shape is kept, times 0, for its shape
             u = ctx.apply("broadcast_mul", minus_zero(ctx, x.t, x.zero.reshape(())),
                           const(np.array(n, np.int32), INT32), shape=x.shape)
             acc = u if acc is None else ctx.apply("broadcast_add", acc, u, shape=broadcast_shape(acc, u))
         kc = const(k.astype(np.int32), INT32)
-        if acc is None:
-            raise Refuse("Div of sums whose computed terms vanish at the quotient's scale has no CVM form here")
         return ctx.apply("broadcast_add", acc, kc, shape=broadcast_shape(acc, kc)) if k.any() else acc
 
     def plan(self, s_out: Fraction) -> Fraction:
