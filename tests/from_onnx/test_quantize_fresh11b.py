@@ -200,9 +200,10 @@ def test_shipped_pitch_classifier_imports_whole(tmp_path):
                                                ("Floor", {}, 0.7, [13]), ("Ceil", {}, 0.3, [13])])
 def test_a_step_function_steps_where_dequantize_linear_rounds_its_input(op, attrs, s, edge):
     """Shrink, ThresholdedRelu, Floor, Ceil at scales where (x - 3) s lies a float32 rounding from the step's edge
-    ((-10) 0.05 = -0.5000000075, 10 x 0.7 = 6.9999999, 10 x 0.3 = 3.0000001): the step taken where DequantizeLinear's float32 value lies,
-    every int8 input equal to onnxruntime's QDQ model. Regression: the exact product's side, 8 output steps (Shrink)
-    or one (Floor) from onnxruntime's (the newest fuzz target's wrong-result hunt on the Shrink seed)."""
+    ((-10) 0.05 = -0.5000000075, 10 x 0.7 = 6.9999999, 10 x 0.3 = 3.0000001): the step taken where DequantizeLinear's
+    float32 value lies, every int8 input equal to onnxruntime's QDQ model. Regression: the exact product's side, 8
+    output steps (Shrink) or one (Floor) from onnxruntime's (the newest fuzz target's wrong-result hunt on the Shrink
+    seed)."""
     from support.quantized import ort_session
 
     inits = {"s": np.float32(s), "z": np.int8(3), "so": np.float32(0.03 if attrs else 1.0), "zo": np.int8(-4)}
