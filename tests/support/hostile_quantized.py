@@ -370,8 +370,8 @@ def _norms_and_masks(kind: str) -> onnx.ModelProto:
 def _newest(kind: str) -> onnx.ModelProto:
     """QDQ models of ``NEWEST``: GeM pooling ("gem-pow": the cube root of a mean of cubes; "gem-sqrt": Sqrt of an
     int8 sum of squares past a table; "gem-clip": Clip then QuantizeLinear before the power, a global pool;
-    "gem-float": a float output), "reduce-l1" and "reduce-sum-square", LayerNormalization, InstanceNormalization and
-    GroupNormalization over rows past the quartered form's 16383 values ("wide-*"), GPT-2's eager Where on the
+    "gem-float": Sqrt of a mean of squares to a float output), "reduce-l1" and "reduce-sum-square",
+    LayerNormalization, InstanceNormalization and GroupNormalization over rows past the quartered form's 16383 values ("wide-*"), GPT-2's eager Where on the
     scores, the slice-assigned cache mask, and the masked ReduceLogSumExp of each ("decoder-*", "lse-*"), Celu,
     Shrink and ThresholdedRelu tables, a Where of branches on two grids, Sum and Mean of several values,
     ReverseSequence of dequantized and of integer values, and the min-max quotient of a far zero point."""
@@ -391,7 +391,7 @@ def _newest(kind: str) -> onnx.ModelProto:
         return {"gem-pow": lambda: gem(3, T.UINT8, 0, 0.02, (1, 4, 6, 6)),
                 "gem-sqrt": lambda: gem(2, T.INT8, 3, 0.05, (1, 3, 4, 4), "sum", "sqrt"),
                 "gem-clip": lambda: gem(3, T.INT8, 0, 0.05, (1, 2, 5, 5), "global", clip=(1e-6, 0.05, T.UINT8)),
-                "gem-float": lambda: gem(3, T.UINT8, 128, 0.03, (1, 2, 3, 3), "whole", out=None)}[kind]()
+                "gem-float": lambda: gem(2, T.INT8, 0, 0.05, (1, 2, 3, 3), "mean", "sqrt", out=None)}[kind]()
     if kind == "reduce-l1":
         return reduced_qdq("ReduceL1", T.INT8, 3, 0.05, (2, 3, 4), [2], 1, (0.1, 0, T.UINT8))
     if kind == "reduce-sum-square":
