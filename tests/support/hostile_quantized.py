@@ -371,10 +371,11 @@ def _newest(kind: str) -> onnx.ModelProto:
     """QDQ models of ``NEWEST``: GeM pooling ("gem-pow": the cube root of a mean of cubes; "gem-sqrt": Sqrt of an
     int8 sum of squares past a table; "gem-clip": Clip then QuantizeLinear before the power, a global pool;
     "gem-float": Sqrt of a mean of squares to a float output), "reduce-l1" and "reduce-sum-square",
-    LayerNormalization, InstanceNormalization and GroupNormalization over rows past the quartered form's 16383 values ("wide-*"), GPT-2's eager Where on the
-    scores, the slice-assigned cache mask, and the masked ReduceLogSumExp of each ("decoder-*", "lse-*"), Celu,
-    Shrink and ThresholdedRelu tables, a Where of branches on two grids, Sum and Mean of several values,
-    ReverseSequence of dequantized and of integer values, and the min-max quotient of a far zero point."""
+    LayerNormalization, InstanceNormalization and GroupNormalization over rows past the quartered form's 16383
+    values ("wide-*"), GPT-2's eager Where on the scores, the slice-assigned cache mask, and the masked
+    ReduceLogSumExp of each ("decoder-*", "lse-*"), Celu, Shrink and ThresholdedRelu tables, a Where of branches on
+    two grids, Sum and Mean of several values, ReverseSequence of dequantized and of integer values, and the min-max
+    quotient of a far zero point."""
     from test_instance_normalization import instance_norm_model  # tests/from_onnx, as for _l2_and_lse
     from test_power_pooling import reduced_qdq
     from test_quantize_fresh11a import reverse_model
