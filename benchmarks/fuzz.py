@@ -16,9 +16,11 @@ and QOperator, per tensor and per channel, uint8 and int8, dynamic), mutated in 
 QLinear inputs, weight types and input shapes or generically; every import is exported back and verified exact;
 ``recent`` is the same for the seeds of the forms added lately alone (``HQ.recent_seeds``), ``latest`` for those
 of the forms added last (``HQ.latest_seeds``), ``norms-masks`` for those of the decoder masks, normalizations,
-Casts, images and long grouped convolutions among them (``HQ.NORMS_AND_MASKS``). ``quantize`` gives ``cvm-onnx
-quantize`` mutated float models and calibration sets, ``quantize-latest`` those of the forms added last
-(``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds (``HQ.NORMS_AND_MASKS_FLOAT``).
+Casts, images and long grouped convolutions among them (``HQ.NORMS_AND_MASKS``), ``newest`` for those of GeM
+pooling, roots, wide-row norms, GPT-2's eager and the slice-assigned masks, masked ReduceLogSumExp, the Celu, Shrink
+and ThresholdedRelu tables, Where of two grids, Sum, Mean, ReverseSequence and far-zero quotients (``HQ.NEWEST``).
+``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets, ``quantize-latest`` those of the
+forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds (``HQ.NORMS_AND_MASKS_FLOAT``).
 ``layouts`` loads the packed seeds' model directories with their quantization.json edited and runs them on mutated
 named inputs (.npz): the outputs must be those of the directory's own layout, or the edit refused
 (``HQ.check_layout``). Each child may add CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
@@ -75,6 +77,7 @@ CHILD_TARGETS = {
     "latest": lambda: HQ.mutated(HQ.latest_seeds()),
     "norms-masks": lambda: HQ.mutated({k: v for k, v in HQ.latest_seeds().items()
                                        if k.split("/")[0] in HQ.NORMS_AND_MASKS}),
+    "newest": lambda: HQ.mutated({k: v for k, v in HQ.latest_seeds().items() if k.split("/")[0] in HQ.NEWEST}),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
     "quantize-norms-masks": lambda: HQ.mutated_calibration(HQ.NORMS_AND_MASKS_FLOAT),
@@ -151,6 +154,7 @@ def convert_and_run(data: bytes) -> str:
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "norms-masks": "quantized",
+          "newest": "quantized",
           "quantize": "quantize", "quantize-latest": "quantize", "quantize-norms-masks": "quantize",
           "layouts": "layouts"}
 

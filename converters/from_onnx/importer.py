@@ -259,6 +259,9 @@ class _Walk:
         the variables' names."""
         inits = {t.name for t in self.graph.initializer}
         vis = [v for v in self.graph.input if v.name not in inits]
+        for name in sorted({v.name for v in vis if sum(u.name == v.name for u in vis) > 1}):
+            self.problem(name, "graph input declared more than once (ONNX names each value once)")
+        vis = list({v.name: v for v in vis}.values())
         found = []
         for v in vis:
             tt = v.type.tensor_type

@@ -22,7 +22,7 @@ from support import hostile_quantized as HQ
 from conftest import MODELS
 from support.quantized import float_model
 
-from cvm_onnx.app import cli
+from cvm_onnx.app import api, cli
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model, requant_plans
 from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
@@ -1082,3 +1082,44 @@ def test_a_nan_max_or_min_constant_is_refused_naming_the_node(op, eps):
     with pytest.raises(UnsupportedError) as info:
         import_model(m, input_precision=9)
     assert any("op" in p.where and "\n" not in str(p) for p in info.value.problems), info.value
+
+
+@pytest.mark.parametrize("inputs", [["x", "x"], ["x", "m", "x", "m"]])
+def test_a_graph_input_declared_twice_is_refused_naming_it(tmp_path, inputs):
+    """A QDQ model whose graph declares its input x (and a second input m) more than once: refused in one line per
+    name, naming it, and no model written. Regression: imported as two packed inputs of one name, whose
+    quantization.json the loader then refused ('packed inputs: two or more, of distinct names') (the newest fuzz
+    target, generic mutations of the ThresholdedRelu and Sum seeds)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ThresholdedRelu", ["xf"], ["r"], alpha=0.3),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (2, 6), T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT8)
+    declared = {"x": m.graph.input[0], "m": h.make_tensor_value_info("m", T.INT8, [2, 6])}
+    del m.graph.input[:]
+    m.graph.input.extend(declared[name] for name in inputs)
+    onnx.save(m, tmp_path / "m.onnx")
+    with pytest.raises(UnsupportedError) as info:
+        api.convert(tmp_path / "m.onnx", tmp_path / "out")
+    assert sorted(p.where for p in info.value.problems) == sorted(set(inputs)), info.value
+    assert all("declared more than once" in str(p) and "\n" not in str(p) for p in info.value.problems)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_clip_of_a_constant_by_a_computed_bound_is_the_max_of_their_quantizations():
+    """Clip(c, min=DequantizeLinear(x)), the constant as the clipped input (a swapped Clip): max(c, x) quantized, the
+    max of each one's QuantizeLinear. Regression: an internal AttributeError ('Tensor' object has no attribute 't':
+    the constant handed to QuantizeLinear's rule as a value), the newest fuzz target on the GeM seed."""
+    from support.quantized import qdq
+
+    from cvm_onnx.core.executor import execute
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Clip", ["c", "xf"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (16, 16), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "c": np.float32(0.3)}, T.INT8)
+    imp = import_model(m, input_precision=8)
+    x = np.arange(-128, 128).reshape(16, 16)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    c = round(Fraction(float(np.float32(0.3))) / Fraction(float(np.float32(0.05)))) + 3
+    assert np.array_equal(got.reshape(x.shape), np.maximum(x, c))

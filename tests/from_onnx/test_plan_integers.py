@@ -7,7 +7,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
@@ -150,3 +150,62 @@ def test_the_bias_scale_check_is_its_definition(want, off, rel, jitter):
     except Refuse:
         refused = True
     assert refused == (abs(have - want) > max(want / (1 << 22), Fraction(1, 1 << 149)))
+
+
+def saturating_bound(c, mu, off, a, err, eps, e_t, nb):
+    """One position's bound of a saturating plan (docs/import.md), in Fractions."""
+    plain = abs(c) * err + nb * abs(mu - c) + off
+    return min(plain, a * (abs(mu) * eps + abs(mu - c)) / abs(c) + abs(mu) * e_t + off) if c else plain
+
+
+fraction = st.one_of(st.just(Fraction(0)), f32, f32.map(lambda x: -x), st.integers(-(1 << 40), 1 << 40).map(Fraction),
+                     st.sampled_from([Fraction(1, 1 << 1000), Fraction(-3, 1 << 1070), Fraction(1 << 1020)]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(gb=st.lists(st.tuples(fraction, fraction), min_size=1, max_size=12), near=st.booleans(),
+       k=st.integers(1, 30), s=st.integers(0, 20), u=st.integers(0, 40), nb=st.integers(1, 1 << 30),
+       err=f32, eps=f32, e_t=f32, seed=st.integers(0, 2**31))
+def test_the_saturating_delta_is_its_definition(gb, near, k, s, u, nb, err, eps, e_t, seed):
+    """saturating_delta (integers over each position's denominator, the float64 candidates first) is the largest
+    position's bound in Fractions, for any gamma and beta (0, tiny, huge, far out of float64's range), multipliers
+    and offsets near their roundings or anywhere, and positions whose bounds differ by far less than a float's
+    step (``near``)."""
+    from cvm_onnx.converters.from_onnx.quantized.norm import saturating_delta
+
+    rng = np.random.default_rng(seed)
+    if near:
+        g, b = gb[0]
+        gb = gb + [(g + Fraction(i, 1 << 80), b) for i in (-1, 1)] + [(g, b - Fraction(i, 1 << 90)) for i in (1, 2)]
+    gamma = np.array([g for g, _ in gb], dtype=object)
+    beta = np.array([b for _, b in gb], dtype=object)
+    ms = [round_half_up(g * (1 << (k + s - u)) if k + s >= u else g / (1 << (u - k - s))) + int(rng.integers(-2, 3))
+          for g in gamma]
+    bs = [round_half_up(b * (1 << k)) + int(rng.integers(-2, 3)) for b in beta]
+    assume(max(map(abs, ms + bs)) < 1 << 31)  # the plan's multipliers and offsets: within 31 bits
+    reach = [max(124 - b, b + 131) + 1 for b in beta]
+    floats = (*(np.array([float(x) if abs(x) < 1e300 else math.inf for x in v]) for v in (gamma, beta, reach)),
+              np.array([x == 0 for x in gamma], bool))
+    got = saturating_delta(gamma, beta, ms, bs, reach, (k, s, u), nb, (err, eps, e_t), floats)
+    rest = Fraction(1, 1 << k) if s else 0
+    want = max(saturating_bound(g / (1 << u), Fraction(m, 1 << (k + s)), abs(Fraction(bi, 1 << k) - b) + rest, a,
+                                err, eps, e_t, nb) for g, m, bi, b, a in zip(gamma, ms, bs, beta, reach))
+    assert got == want
+
+
+def test_a_wide_rows_plan_over_many_distinct_pairs_takes_seconds():
+    """A LayerNormalization over 16390 int8 values (the wide form) with 4080 distinct (gamma, beta) pairs, gamma of
+    up to 127 steps (saturating plans): planned in seconds of CPU time (each try's bound over every pair in Python
+    integers, only the pairs whose float64 bound may be the largest in exact terms). Regression: 14 s of CPU time
+    (16320 pairs: 49 s, past 300 s on a loaded machine, a hang in the fuzzer), each pair's bound taken in
+    Fractions for every try."""
+    import time
+
+    n, s, s_out = 16390, Fraction(float(np.float32(0.01))), Fraction(float(np.float32(0.05)))
+    g, b = np.arange(n) % 255 - 127, np.arange(n) // 255 % 16
+    gamma = np.array([int(x) * Fraction(float(np.float32(0.01))) / s_out for x in g], dtype=object)
+    beta = np.array([int(x) * s * Fraction(float(np.float32(0.01))) / s_out for x in b], dtype=object)
+    start = time.process_time()
+    p = layernorm_plan(n, -131, 124, s, Fraction(float(np.float32(1e-5))), gamma, beta, -128, 127)
+    assert p.wide and p.delta < Fraction(1, 2)
+    assert time.process_time() - start < 6

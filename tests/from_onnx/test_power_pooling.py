@@ -4,6 +4,7 @@ exactly: round((s^p S / n)^(1/p) / s_y) + z_y, S = sum u^p an exact integer."""
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -269,3 +270,16 @@ def test_reduce_l1_and_sum_square(op, x_type, zx, shape, first, keep, s_y, seed)
         _, got = imported(reduced_qdq(op, x_type, zx, s, tuple(shape), axes, keep, out), x)
         _, same = imported(reduced_qdq("ReduceSumPow", x_type, zx, s, tuple(shape), axes, keep, out), x)
         assert np.array_equal(got, same)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "global"])
+def test_an_average_of_a_power_infinite_at_zero_is_refused_naming_the_node(reduce):
+    """GeM with p = -1 after its Clip's QuantizeLinear (which reads eps = 1e-6 as 0): Pow(0, -1) = inf, so the float
+    model's average is inf and its output saturates; refused in one line naming the average. Regression: the inf
+    taken as the int16 table's largest value, a finite average (41 and 45 where onnxruntime gives 255)."""
+    m = gem(-1, T.INT8, 0, 0.05, (1, 2, 5, 5), reduce, clip=(1e-6, 0.05, T.UINT8))
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=8)
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert re.search(r"(ReduceMean|GlobalAveragePool).*: the average of Pow, which is infinite or NaN at "
+                     r"its input's integers \[0\]", str(e.value)), e.value

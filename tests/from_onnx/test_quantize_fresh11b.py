@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import qdq
+from support.quantized import float32_of, qdq
 from support.shipped import shipped
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal, run
 
@@ -46,7 +46,8 @@ SPEC = {"Celu": lambda v, a: celu(v, a["alpha"]), "Shrink": lambda v, a: shrink(
        so=st.floats(2.0**-7, 1.0, width=32), zo=st.integers(-20, 20), x_type=st.sampled_from([T.INT8, T.UINT8]))
 def test_celu_shrink_and_thresholded_relu_are_tables_of_their_exact_values(d, op, s, so, zo, x_type):
     """Celu, Shrink and ThresholdedRelu between DequantizeLinear and QuantizeLinear, on every integer of the input
-    type: QuantizeLinear of the exact values (the ONNX definitions in float64, rounded half to even, saturated).
+    type: QuantizeLinear of the exact values (the ONNX definitions in float64, rounded half to even, saturated; the
+    thresholds of Shrink and ThresholdedRelu at DequantizeLinear's float32 values).
     Regression: 'no CVM op for ONNX Celu' (Shrink, ThresholdedRelu)."""
     attrs = {"Celu": {"alpha": d.draw(st.floats(0.125, 3, width=32))},
              "Shrink": {"lambd": d.draw(st.floats(0, 2, width=32)), "bias": d.draw(st.floats(-1, 1, width=32))},
@@ -58,7 +59,8 @@ def test_celu_shrink_and_thresholded_relu_are_tables_of_their_exact_values(d, op
     lo, hi = RANGE[x_type]
     x = np.arange(lo, hi + 1, dtype=np.int64).reshape(16, 16)
     _, [got] = run(qdq(nodes, x.shape, x_type, inits, T.INT8, opset=18), x)
-    real = SPEC[op]((x - z) * float(np.float32(s)), {k: float(np.float32(v)) for k, v in attrs.items()})
+    u = (x - z) * float(np.float32(s))
+    real = SPEC[op](u if op == "Celu" else float32_of(u), {k: float(np.float32(v)) for k, v in attrs.items()})
     want = np.clip(np.rint(real / float(np.float32(so))) + zo, -128, 127)
     assert np.array_equal(got, want.astype(np.int64))
 
@@ -191,3 +193,28 @@ def test_shipped_pitch_classifier_imports_whole(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=2).exact
+
+
+@pytest.mark.parametrize("op, attrs, s, edge", [("Shrink", {"lambd": 0.5, "bias": 0.25}, 0.05, [-7, 13]),
+                                               ("ThresholdedRelu", {"alpha": 0.5}, 0.05, [13]),
+                                               ("Floor", {}, 0.7, [13]), ("Ceil", {}, 0.3, [13])])
+def test_a_step_function_steps_where_dequantize_linear_rounds_its_input(op, attrs, s, edge):
+    """Shrink, ThresholdedRelu, Floor, Ceil at scales where (x - 3) s lies a float32 rounding from the step's edge
+    ((-10) 0.05 = -0.5000000075, 10 x 0.7 = 6.9999999, 10 x 0.3 = 3.0000001): the step taken where DequantizeLinear's
+    float32 value lies, every int8 input equal to onnxruntime's QDQ model. Regression: the exact product's side, 8
+    output steps (Shrink) or one (Floor) from onnxruntime's (the newest fuzz target's wrong-result hunt on the Shrink
+    seed)."""
+    from support.quantized import ort_session
+
+    inits = {"s": np.float32(s), "z": np.int8(3), "so": np.float32(0.03 if attrs else 1.0), "zo": np.int8(-4)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"], ["r"], **attrs),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    x = np.arange(-128, 128, dtype=np.int64).reshape(16, 16)
+    m = qdq(nodes, x.shape, T.INT8, inits, T.INT8, opset=18)
+    _, [got] = run(m, x)
+    [want] = ort_session(m).run(None, {"x": x.astype(np.int8)})
+    assert np.array_equal(got.reshape(want.shape), want), np.flatnonzero(got.reshape(want.shape) != want) - 128
+    for e in edge:  # the exact product is on the other side of the step
+        u = (e - 3) * float(np.float32(s))
+        step = {"Floor": np.floor, "Ceil": np.ceil}.get(op, lambda v: abs(v) > 0.5)
+        assert step(u) != step(float32_of(u))

@@ -243,3 +243,16 @@ def test_a_divisor_term_of_a_small_multiplier_is_imported_within_its_bound():
         [got] = execute(imp.graph, {"data": x.astype(np.int32)})
         values = exact("minmax", x, x_type, m_type, f32(sx), 0, f32(sm), 0, f32(sM), 0, Fraction(0))
         check(got.astype(np.int64), values, f32(so), 0, o_type, c)
+
+
+def test_a_dividend_term_vanishing_at_the_quotients_scale_keeps_the_quotients_shape():
+    """(x - min) / (max - min) with the min and max at scale 1e30 (x's term rounds to a multiplier of 0 beside
+    them): the quotient keeps x's shape (1, 2, 3), every row the same integers as the reduced terms give, exported
+    exactly. Regression: an internal AssertionError (the sum of the remaining (1, 1, 1) terms declared (1, 2, 3)),
+    the newest fuzz target's wrong-result hunt on the far-zero-point quotient seed."""
+    m = model("minmax", (1, 2, 3), T.INT8, T.INT8, T.INT8, 0.5, 0, 1e30, 0, 4.0, 98, 1.0, 0, 0.0)
+    imp = import_model(m, input_precision=9)
+    x = np.array([[[-128, 0, 127], [5, 6, 7]]], np.int32)
+    [got] = execute(imp.graph, {"data": x})
+    assert got.shape == (1, 2, 3) and (got == got.reshape(-1)[0]).all()
+    assert verify(imp.graph, seeds=2).exact

@@ -23,7 +23,7 @@ from onnx import numpy_helper as nh
 from support import recurrent as rec
 from support.quantized import qdq
 from support.transformers import encoder, lstm_model
-from test_quantized_rules import check_layernorm
+from test_quantized_rules import check_layernorm, layernorm_model
 
 from cvm_onnx.app.fusions import fuse_gelu, gelus, layernorms
 from cvm_onnx.app.quantize import quantize
@@ -35,6 +35,7 @@ from cvm_onnx.converters.from_onnx.emit import strided_slice
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan, quartered
 from cvm_onnx.converters.from_onnx.quantized.products import variable_matmul
 from cvm_onnx.converters.from_onnx.quantized.values import Scaled
+from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.core.graph import Graph
@@ -190,6 +191,26 @@ def test_layernorm_whose_squares_pass_32_bits_is_refused_naming_it():
                        np.array([Fraction(0)] * 40000), 0, 255)
     assert layernorm_plan(30000, 0, 255, Fraction(1, 16), Fraction(1, 10**5), np.array([Fraction(1)] * 30000),
                           np.array([Fraction(0)] * 30000), 0, 255).delta < Fraction(1, 2)
+
+
+@pytest.mark.parametrize("s, imports", [(1e-8, True), (1e-20, False), (1e-42, False)])
+def test_a_wide_row_at_a_tiny_input_scale_keeps_its_lookups_within_32_bits(s, imports):
+    """LayerNormalization over 16390 int8 values (the wide form) at an input scale of 1e-8 (epsilon dominates the
+    variance: the table's exponents reach 2^27): every lookup 2^(e+j) within 31 bits, equal to the integer oracle;
+    at 1e-20 and 1e-42 (no such plan) refused in one line naming the node. Regression: the plan took j past 31
+    bits with R in one part (an internal OverflowError from a lookup of 2^70, or 'a constant holds 2147483648')."""
+    n = 16390
+    x = np.random.default_rng(3).integers(-128, 128, (1, n))
+    gamma, beta = np.array([37]), np.arange(n) % 7 - 3
+    if imports:
+        p = check_layernorm(x.shape, -1, T.INT8, T.INT8, s, 0.05, 1e-5, 0.01, False, 3, 0, gamma, beta, x, True)
+        assert p.wide and max(p.wide.exps) + p.extra + p.split <= 30
+        return
+    m = layernorm_model(x.shape, -1, T.INT8, s, 3, 1e-5, gamma, 0.01, beta, False, 0.05, 0, T.INT8)[0]
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=8)
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value)
+    assert "ln (LayerNormalization): a LayerNormalization over 16390 values" in str(e.value)
 
 
 # -- whole encoder blocks, quantized by onnxruntime -----------------------------------------------------------------

@@ -218,6 +218,8 @@ def _latest(kind: str) -> bytes:
         return _l2_and_lse(kind).SerializeToString()
     if kind in NORMS_AND_MASKS:
         return _norms_and_masks(kind).SerializeToString()
+    if kind in NEWEST:
+        return _newest(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -363,6 +365,75 @@ def _norms_and_masks(kind: str) -> onnx.ModelProto:
                                                                                    ["y"])]
         return qdq(nodes, (2, 9), T.UINT8, inits, T.INT8)
     return long_conv_bias_apart(np.random.default_rng(5), 7300, 2, outputs=4)
+
+
+def _newest(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NEWEST``: GeM pooling ("gem-pow": the cube root of a mean of cubes; "gem-sqrt": Sqrt of an
+    int8 sum of squares past a table; "gem-clip": Clip then QuantizeLinear before the power, a global pool;
+    "gem-float": Sqrt of a mean of squares to a float output), "reduce-l1" and "reduce-sum-square",
+    LayerNormalization, InstanceNormalization and GroupNormalization over rows past the quartered form's 16383
+    values ("wide-*"), GPT-2's eager Where on the scores, the slice-assigned cache mask, and the masked
+    ReduceLogSumExp of each ("decoder-*", "lse-*"), Celu, Shrink and ThresholdedRelu tables, a Where of branches on
+    two grids, Sum and Mean of several values, ReverseSequence of dequantized and of integer values, and the min-max
+    quotient of a far zero point."""
+    from test_instance_normalization import instance_norm_model  # tests/from_onnx, as for _l2_and_lse
+    from test_power_pooling import reduced_qdq
+    from test_quantize_fresh11a import reverse_model
+    from test_quantize_fresh11b import where_model
+    from test_quantized_rules import layernorm_model
+
+    from .gem import gem
+    from .masks import decoder_model
+
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    qn = functools.partial(h.make_node, "QuantizeLinear")
+    low = float(np.finfo(np.float32).min)
+    if kind.startswith("gem-"):
+        return {"gem-pow": lambda: gem(3, T.UINT8, 0, 0.02, (1, 4, 6, 6)),
+                "gem-sqrt": lambda: gem(2, T.INT8, 3, 0.05, (1, 3, 4, 4), "sum", "sqrt"),
+                "gem-clip": lambda: gem(3, T.INT8, 0, 0.05, (1, 2, 5, 5), "global", clip=(1e-6, 0.05, T.UINT8)),
+                "gem-float": lambda: gem(2, T.INT8, 0, 0.05, (1, 2, 3, 3), "mean", "sqrt", out=None)}[kind]()
+    if kind == "reduce-l1":
+        return reduced_qdq("ReduceL1", T.INT8, 3, 0.05, (2, 3, 4), [2], 1, (0.1, 0, T.UINT8))
+    if kind == "reduce-sum-square":
+        return reduced_qdq("ReduceSumSquare", T.UINT8, 128, 0.02, (2, 3, 4), [1, 2], 0, (0.05, 0, T.UINT8))
+    if kind == "wide-layer-norm":
+        gamma, beta = np.array([37]), np.arange(16390) % 7 - 3
+        return layernorm_model((1, 16390), -1, T.INT8, 0.01, 3, 1e-5, gamma, 0.01, beta, False, 0.05, 0, T.INT8)[0]
+    if kind.startswith("wide-"):
+        shape = (1, 4, 8200) if kind == "wide-group-norm" else (1, 2, 16400)
+        gamma, beta = np.array([3, -5, 7, 100])[:shape[1]], np.array([40, -7, 0, 900])[:shape[1]]
+        return instance_norm_model(shape, T.UINT8, 0.01, 128, 1e-5, gamma, 0.01, beta, False, 0.04, 0, T.UINT8,
+                                   2 if kind == "wide-group-norm" else 0)[0]
+    if kind.startswith("decoder-"):
+        return decoder_model(kind.split("-", 1)[1], 2, 2, 5, low, 0.1)
+    if kind.startswith("lse-"):
+        return decoder_model(kind.split("-", 1)[1], 2, 1, 5, low, 0.1, so=0.1, lse=True)
+    if kind in ("celu", "shrink", "thresholded-relu"):
+        op, attrs = {"celu": ("Celu", {"alpha": 0.75}), "shrink": ("Shrink", {"lambd": 0.5, "bias": 0.25}),
+                     "thresholded-relu": ("ThresholdedRelu", {"alpha": 0.3})}[kind]
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.03), "zo": np.int8(-4)}
+        nodes = [dq(["x", "s", "z"], ["xf"]), h.make_node(op, ["xf"], ["r"], name=kind, **attrs),
+                 qn(["r", "so", "zo"], ["y"])]
+        return qdq(nodes, (2, 6), T.INT8, inits, T.INT8, opset=18)
+    if kind == "where-grids":
+        return where_model(0.05, 3, [0.1, 0.02, 0.07, 0.2], [0, -5, 7, 100], 0.08, 2, 0.3, T.INT8, True)
+    if kind in ("sum", "mean"):
+        inits = {"s0": np.float32(0.05), "z0": np.uint8(10), "s1": np.float32(0.2), "z1": np.uint8(200),
+                 "s2": np.float32(0.01), "z2": np.uint8(128), "k": np.float32(-1.5), "so": np.float32(0.1),
+                 "zo": np.int8(0)}
+        nodes = [dq(["x", f"s{i}", f"z{i}"], [f"v{i}"]) for i in range(3)] + \
+            [h.make_node(kind.capitalize(), ["v0", "v1", "v2", "k"], ["r"], name=kind), qn(["r", "so", "zo"], ["y"])]
+        return qdq(nodes, (3, 4), T.UINT8, inits, T.INT8)
+    if kind == "reverse-sequence":
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "lens": np.array([3, 1, 0], np.int64)}
+        nodes = [dq(["x", "s", "z"], ["xf"]), h.make_node("ReverseSequence", ["xf", "lens"], ["r"], name="rev",
+                                                          time_axis=0, batch_axis=1), qn(["r", "s", "z"], ["y"])]
+        return qdq(nodes, (4, 3, 2), T.INT8, inits, T.INT8)
+    if kind == "reverse-integers":
+        return reverse_model((4, 3, 2), T.INT32, [4, 2, 1], 0, 1)
+    # "quotient-far": (x - min) / (max - min), max at zero point 98
+    return min_max_quotient("minmax", (1, 2, 3), T.INT8, T.INT8, T.INT8, 0.5, 0, 1.0, 0, 4.0, 98, 1.0, 0, 0.0)
 
 
 def _suffix(samples: bytes) -> str:
@@ -631,9 +702,16 @@ FRESH_OURS = ("mask-hf-where", "mask-inf", "gru-cache", "fused-matmul")
 NORMS_AND_MASKS = tuple(f"decoder-{form}" for form in ("legacy", "to_4d", "cache", "sdpa", "min", "causal")) + (
     "instance-norm", "group-norm", "rms", "rms-div", "l2-norm-eps", "l2-sqrt-eps", "cast-int", "image", "log-sub",
     "grouped-long")
+#: GeM pooling and p-norm roots, ReduceL1 and ReduceSumSquare, norms of wide rows, GPT-2's eager Where, the
+#: slice-assigned cache mask, masked ReduceLogSumExp, Celu/Shrink/ThresholdedRelu tables, a Where of two grids, Sum
+#: and Mean, ReverseSequence, the quotient of a far zero point (``_newest``).
+NEWEST = ("gem-pow", "gem-sqrt", "gem-clip", "gem-float", "reduce-l1", "reduce-sum-square", "wide-layer-norm",
+          "wide-instance-norm", "wide-group-norm", "decoder-eager", "decoder-eager_causal", "decoder-cache_scatter",
+          "decoder-gpt2", "lse-legacy", "lse-eager", "lse-cache_scatter", "celu", "shrink", "thresholded-relu",
+          "where-grids", "sum", "mean", "reverse-sequence", "reverse-integers", "quotient-far")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
           "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
-    + NORMS_AND_MASKS
+    + NORMS_AND_MASKS + NEWEST
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
 LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS
 DYNAMIC = ("lstm", "mlp")
@@ -722,11 +800,22 @@ ATTRS.update({
     "Concat": {"axis": [-3, 1, 5, BIG]}, "Range": {}, "Equal": {}, "Greater": {}, "Less": {}, "And": {}, "Min": {},
     "Log": {}, "Mul": {}, "ReduceMean": ATTRS["ReduceMean"],
 })
+ATTRS.update({
+    "Celu": {"alpha": [0.0, -0.0, -1.0, float("nan"), float("inf"), 1e-45, 1e30]},
+    "Shrink": {"lambd": [-1.0, 0.0, float("nan"), float("inf"), 1e30], "bias": [float("nan"), -float("inf"), 1e30]},
+    "ThresholdedRelu": {"alpha": [float("nan"), float("inf"), -float("inf"), 1e30, -1e30]},
+    "ReverseSequence": {"time_axis": [-1, 0, 1, 2, 5, BIG], "batch_axis": [-1, 0, 1, 2, 5, BIG]},
+    "ReduceL1": ATTRS["ReduceL2"], "Sum": {}, "Mean": {}, "Greater": {}, "GlobalAveragePool": {},
+    "AveragePool": {"kernel_shape": [[0, 0], [1, 1], [9, 9], [BIG, 1], [3]], "strides": [[0, 1], [2, 2], [BIG, 1]],
+                    "pads": [[1, 1, 1, 1], [-1, 0, 0, 0], [BIG, 0, 0, 0]], "count_include_pad": [1, 2],
+                    "ceil_mode": [1], "auto_pad": ["SAME_UPPER", "VALID", "X"]},
+})
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
 #: Values of the constant (int64 or float) inputs of those ops: shapes, sizes, pads, indices, scales.
 INT_VALUES = (0, -1, 1, 2, 11, -12, 1 << 20, BIG, 1 << 32, 1 << 62, (1 << 63) - 1, -(1 << 63))
-FLOAT_VALUES = (0.0, -1.0, 0.5, 3.0, 1e-45, 1e-39, float("nan"), float("inf"), -float("inf"), 1e9, 3e38)
+FLOAT_VALUES = (0.0, -1.0, 0.5, 3.0, 1e-45, 1e-39, float("nan"), float("inf"), -float("inf"), 1e9, 3e38, 1 / 3, -1 / 3,
+                1 / 17, 2.5, 16.0, 17.0, -2.0)
 
 
 def _family_node(draw, model: onnx.ModelProto, steps: list[str]) -> None:

@@ -128,11 +128,18 @@ def small_qdq(tmp, activation="uint8"):
 INT_RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255), T.INT16: (-32768, 32767)}
 
 
-#: The float functions of the oracle, by op: from the constant inputs (the Pow exponent) to a float64 function.
+def float32_of(r):
+    """Real values as DequantizeLinear gives them: rounded to float32 (in float64)."""
+    return np.asarray(r, np.float64).astype(np.float32).astype(np.float64)
+
+
+#: The float functions of the oracle, by op: from the constant inputs (the Pow exponent) to a float64 function; the
+#: step functions at their float32 inputs, where the float model takes their steps.
 FN = {"Log": lambda c: np.log, "Exp": lambda c: np.exp, "Reciprocal": lambda c: lambda r: 1 / r,
       "Tanh": lambda c: np.tanh, "Pow": lambda c: lambda r, k=float(np.asarray(c[0][1]).reshape(())): np.power(r, k),
-      "Mish": lambda c: lambda r: r * np.tanh(np.log1p(np.exp(r))), "Sign": lambda c: np.sign,
-      "Floor": lambda c: np.floor, "Ceil": lambda c: np.ceil, "Round": lambda c: np.round, "Sin": lambda c: np.sin,
+      "Mish": lambda c: lambda r: r * np.tanh(np.log1p(np.exp(r))), "Sign": lambda c: lambda r: np.sign(float32_of(r)),
+      "Floor": lambda c: lambda r: np.floor(float32_of(r)), "Ceil": lambda c: lambda r: np.ceil(float32_of(r)),
+      "Round": lambda c: lambda r: np.round(float32_of(r)), "Sin": lambda c: np.sin,
       "Cos": lambda c: np.cos, "Atan": lambda c: np.arctan, "Asin": lambda c: np.arcsin, "Acos": lambda c: np.arccos,
       "Sinh": lambda c: np.sinh, "Cosh": lambda c: np.cosh, "Asinh": lambda c: np.arcsinh,
       "Atanh": lambda c: np.arctanh}

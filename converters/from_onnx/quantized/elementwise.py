@@ -695,16 +695,16 @@ class Quotient(Deferred):
 
     def sum(self, ctx, products: list[tuple[Scaled, int]], k: np.ndarray) -> Tensor:
         """sum_i (t_i - z_i) n_i + K, each product and partial sum within ``reach``."""
+        if all(n == 0 for _, n in products):
+            raise Refuse("Div of sums whose computed terms vanish at the quotient's scale has no CVM form here")
         acc = None
-        for x, n in products:
-            if n == 0:
-                continue
+        for x, n in sorted(products, key=lambda p: p[1] == 0):
+            if n == 0 and broadcast_shape(acc, x.t) == acc.shape:
+                continue  # a vanished term (its multiplier 0); one of a wider shape is kept, times 0, for its shape
             u = ctx.apply("broadcast_mul", minus_zero(ctx, x.t, x.zero.reshape(())),
                           const(np.array(n, np.int32), INT32), shape=x.shape)
             acc = u if acc is None else ctx.apply("broadcast_add", acc, u, shape=broadcast_shape(acc, u))
         kc = const(k.astype(np.int32), INT32)
-        if acc is None:
-            raise Refuse("Div of sums whose computed terms vanish at the quotient's scale has no CVM form here")
         return ctx.apply("broadcast_add", acc, kc, shape=broadcast_shape(acc, kc)) if k.any() else acc
 
     def plan(self, s_out: Fraction) -> Fraction:
@@ -810,13 +810,17 @@ class Extreme(Deferred):
 
 def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, dtype: int) -> list[Tensor]:
     """Each operand's QuantizeLinear at the output's scale and zero point as int32: a real value's (its
-    requantization, table, ...), a float constant's exactly rounded (half to even, saturated)."""
+    requantization, table, ...), a float constant's exactly rounded (half to even, saturated); refused for a float
+    value no DequantizeLinear gives."""
     if scale.size != 1:
         raise Refuse(f"{what} of values of different scales with a per-channel output scale has no CVM form")
     s = scale.reshape(()).item()
     lo, hi = INT_RANGES[dtype]
     ints = []
     for x in operands:
+        if isinstance(x, Tensor):
+            if (x := constant_values(x)) is None:
+                raise Refuse(f"{what} of a float value that no DequantizeLinear gives has no CVM form")
         if isinstance(x, np.ndarray):
             q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
             ints.append(const(q.reshape(x.shape), INT32))
@@ -900,6 +904,12 @@ def _gelu_tanh(v):
     return 0.5 * v * (1 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
 
 
+def at_float32(fn: Callable) -> Callable:
+    """``fn`` of a step function (a threshold, Floor) at its input rounded to float32, as DequantizeLinear gives it:
+    an exact (t - z) s a float32 step from the step's edge is on the other side of it in the float model."""
+    return lambda v: fn(np.asarray(v, np.float64).astype(np.float32).astype(np.float64))
+
+
 FUNCTIONS: dict[str, Callable] = {
     "Sigmoid": lambda n: lambda v: 1 / (1 + np.exp(-v)),
     "Tanh": lambda n: np.tanh,
@@ -919,15 +929,15 @@ FUNCTIONS: dict[str, Callable] = {
     "Selu": lambda n: lambda v: n.attr_float("gamma", 1.0507009873554805) * np.where(
         v > 0, v, n.attr_float("alpha", 1.6732632423543772) * np.expm1(v)),
     "Celu": lambda n: lambda v, a=n.attr_float("alpha", 1.0): np.maximum(v, 0) + np.minimum(0, a * np.expm1(v / a)),
-    "ThresholdedRelu": lambda n: lambda v, a=n.attr_float("alpha", 1.0): np.where(v > a, v, 0.0),
-    "Shrink": lambda n: lambda v, lam=n.attr_float("lambd", 0.5), b=n.attr_float("bias", 0.0): np.where(
-        v < -lam, v + b, np.where(v > lam, v - b, 0.0)),  # torch's Hardshrink (bias 0) and Softshrink (bias lambd)
+    "ThresholdedRelu": lambda n: at_float32(lambda v, a=n.attr_float("alpha", 1.0): np.where(v > a, v, 0.0)),
+    "Shrink": lambda n: at_float32(lambda v, lam=n.attr_float("lambd", 0.5), b=n.attr_float("bias", 0.0): np.where(
+        v < -lam, v + b, np.where(v > lam, v - b, 0.0))),  # torch's Hardshrink (bias 0) and Softshrink (bias lambd)
     "Gelu": lambda n: _gelu_tanh if n.attr_str("approximate", "none") == "tanh" else _gelu,
     "Mish": lambda n: lambda v: v * np.tanh(np.logaddexp(0, v)),
-    "Sign": lambda n: np.sign,
-    "Floor": lambda n: np.floor,
-    "Ceil": lambda n: np.ceil,
-    "Round": lambda n: np.rint,  # half to even, as ONNX's Round
+    "Sign": lambda n: at_float32(np.sign),
+    "Floor": lambda n: at_float32(np.floor),
+    "Ceil": lambda n: at_float32(np.ceil),
+    "Round": lambda n: at_float32(np.rint),  # half to even, as ONNX's Round
     "Sin": lambda n: np.sin,
     "Cos": lambda n: np.cos,
     "Atan": lambda n: np.arctan,

@@ -484,7 +484,7 @@ def tabled(shape: tuple, tab: Table, d_bits: int, h: int, gamma: np.ndarray, bet
     extremes_g = [min(gamma.flat), max(gamma.flat)] if gamma.size else []
     big = max((abs(x) for x in extremes_g), default=Fraction(0))
     for j in range(0, f + 1):
-        if h and tab.top + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+        if tab.top + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
             break
         err = Fraction(worst) / (1 << j) + (2 if h else 1)  # the table's error, and trunc's (once per part)
         if best is not None and big * err / (1 << (f - j)) >= best.delta:
@@ -526,9 +526,11 @@ def saturating_plan(shape: tuple, tab: Table, h: int, gamma: np.ndarray, beta: n
     reach = [max(high - b, b - low) + 1 for b in beta.flat]
     extremes_g = [min(gamma.flat), max(gamma.flat)] if gamma.size else []
     extremes_b = [min(beta.flat), max(beta.flat)] if beta.size else []
-    best = None
+    floats = (*(np.array([_float(x) for x in v], np.float64) for v in (gamma.flat, beta.flat, reach)),
+              np.array([x == 0 for x in gamma.flat], bool))
+    best, offsets = None, {}
     for j in range(0, f + 1):
-        if h and tab.top + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
+        if tab.top + j + h > 30:  # the lookup 2^(m+j+h) within 31 bits
             break
         e_t = (2 if h else 1) + Fraction(tab.pre) / (1 << j)  # trunc's, and the pre-shift's
         err = Fraction(worst) / (1 << j) + (2 if h else 1)
@@ -543,21 +545,82 @@ def saturating_plan(shape: tuple, tab: Table, h: int, gamma: np.ndarray, beta: n
             if tight(nb) + tight(peak_a) > 30 or tight(peak_b) > 30:
                 continue
             ms = [_rounded(x.numerator, x.denominator, k + s - u) for x in gamma.flat]
-            bs = [_rounded(x.numerator, x.denominator, k) for x in beta.flat]
-            rest = Fraction(1 if s else 0, 1 << k)
-            delta = Fraction(0)
-            for gi, mi, bi, b, a in zip(gamma.flat, ms, bs, beta.flat, reach):
-                c, mu = gi / (1 << u), Fraction(mi, 1 << (k + s))
-                off = abs(Fraction(bi, 1 << k) - b) + rest
-                d = abs(c) * err + nb * abs(mu - c) + off
-                if c:
-                    d = min(d, a * (abs(mu) * eps + abs(mu - c)) / abs(c) + abs(mu) * e_t + off)
-                delta = max(delta, d)
+            if k not in offsets:
+                offsets[k] = [_rounded(x.numerator, x.denominator, k) for x in beta.flat]
+            bs = offsets[k]
+            delta = saturating_delta(gamma, beta, ms, bs, reach, (k, s, u), nb, (err, eps, e_t), floats)
             if best is None or delta < best.delta:
                 best = LayerNormPlan(n, centre, t_bits, levels, table, f, j, nb, np.array(ms, np.int64),
                                      np.array(bs, np.int64), k, precision, delta, quarter, h, s, True)
             break
     return best
+
+
+def saturating_delta(gamma: np.ndarray, beta: np.ndarray, ms: list[int], bs: list[int], reach: list[Fraction],
+                     shifts: tuple[int, int, int], nb: int, errors: tuple[Fraction, Fraction, Fraction],
+                     floats: tuple[np.ndarray, ...]) -> Fraction:
+    """``saturating_plan``'s delta at shifts (k, s, u): the max over positions of d_i = |c_i| err + nb |mu_i - c_i|
+    + off_i, or where c_i != 0 the lesser of that and A_i (|mu_i| eps + |mu_i - c_i|) / |c_i| + |mu_i| e_t + off_i
+    (c_i = gamma_i / 2^u, mu_i = m_i / 2^(k+s), off_i = |B_i / 2^k - beta_i| + (2^-k where s > 0), A_i =
+    ``reach``; ``errors``: err, eps, e_t), each over its common denominator in integers, for the positions whose
+    d_i in float64 (``floats``: gamma, beta and reach in float64, and where gamma is 0) may reach the largest
+    (``_candidates``)."""
+    k, s, u = shifts
+    err, eps, e_t = errors
+    en, ed, pn, pd, tn, td = err.numerator, err.denominator, eps.numerator, eps.denominator, e_t.numerator, \
+        e_t.denominator
+    rest = 1 if s else 0
+    nums, dens = [], []
+    for i in _candidates(floats, ms, bs, shifts, nb, tuple(float(x) for x in errors)):
+        gi, mi, bi, b, a = gamma.flat[i], ms[i], bs[i], beta.flat[i], reach[i]
+        gn, gd, bn, bd = abs(gi.numerator), gi.denominator, b.numerator, b.denominator
+        x = abs((mi * gd << u) - (gi.numerator << (k + s)))  # |mu - c| gd 2^(u+k+s)
+        off = abs(bi * bd - (bn << k)) + rest * bd  # off bd 2^k
+        num = (gn * en * bd << (k + s)) + nb * x * bd * ed + (off * gd * ed << (u + s))
+        den = gd * bd * ed << (u + k + s)
+        if gn:  # A = an / ad; the second bound over ad bd pd td gn 2^(k+s)
+            an, ad, m = a.numerator, a.denominator, abs(mi)
+            n2 = an * ((m * pn * gd << u) + x * pd) * bd * td + ad * pd * gn * (m * tn * bd + (off * td << s))
+            d2 = ad * bd * pd * td * gn << (k + s)
+            if n2 * den < num * d2:
+                num, den = n2, d2
+        nums.append(num)
+        dens.append(den)
+    return exact_max(nums, dens)
+
+
+def _float(x: Fraction) -> float:
+    """x in float64, +-inf past its range."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def _candidates(floats: tuple[np.ndarray, ...], ms: list[int], bs: list[int],
+                shifts: tuple[int, int, int], nb: int, errors: tuple[float, float, float]) -> np.ndarray:
+    """The positions whose ``saturating_delta`` term may be the largest: each d_i in float64 is within 2^-40 of its
+    terms' magnitudes summed (plus 2^-900) of the exact one where its values lie in float64's normal range (every
+    rounding is within 2^-52 of its value); those within that of the largest, and every position outside that
+    range."""
+    k, s, u = shifts
+    err, eps, e_t = errors
+    with np.errstate(all="ignore"):
+        g, bt, a, gamma_zero = floats[0] / 2.0**u, floats[1], floats[2], floats[3]
+        mu = np.array(ms, np.float64) / 2.0**(k + s)
+        b = np.array(bs, np.float64) / 2.0**k
+        c, rest = np.abs(g), 2.0**-k if s else 0.0
+        off, off_top = np.abs(b - bt) + rest, np.abs(b) + np.abs(bt) + rest
+        d = c * err + nb * np.abs(mu - g) + off
+        top = c * err + nb * (np.abs(mu) + c) + off_top
+        second = a * (np.abs(mu) * eps + np.abs(mu - g)) / c + np.abs(mu) * e_t + off
+        top2 = a * (np.abs(mu) * (eps + 1) + c) / c + np.abs(mu) * e_t + off_top
+        d = np.where(gamma_zero, d, np.minimum(d, second))
+        margin = np.ldexp(top + np.where(gamma_zero, 0.0, top2), -40) + 2.0**-900
+        normal = np.where(gamma_zero, True, c >= 2.0**-900) & ((bt == 0) | (np.abs(bt) >= 2.0**-900))
+        good = normal & np.isfinite(d) & np.isfinite(margin)
+        least = np.max((d - margin)[good], initial=-np.inf)
+        return np.flatnonzero(~good | (d + margin >= least))
 
 
 @dataclass(frozen=True, eq=False)

@@ -767,12 +767,17 @@ def tabled(ctx, x):
     """A float function of one dequantized value (``Mapped``: an Elu that quantize_static leaves unquantized, the
     average after it being left in float too: madmom's key CNN) quantized as a float output is (edges.tail): int16,
     zero point 0, the least float32 step s with 32767 s >= its largest finite |value| on its input's integers; so
-    the average reads integers. Any other value as it is."""
+    the average reads integers; refused where the function is infinite or NaN on some of them (the float model's
+    average is then no finite value). Any other value as it is."""
     if not isinstance(x, Mapped) or x.x.t.hi - x.x.t.lo >= 1 << 16:
         return x
     q = np.arange(x.x.t.lo, x.x.t.hi + 1, dtype=np.int64) - int(x.x.zero.reshape(()))
     with np.errstate(all="ignore"):
         image = np.abs(np.asarray(x.fn(q * float(x.x.scale.reshape(()).item())), np.float64))
+    if not np.isfinite(image).all():
+        bad = q[~np.isfinite(image)] + int(x.x.zero.reshape(()))
+        raise Refuse(f"the average of {x.what}, which is infinite or NaN at its input's integers {bad[:4].tolist()}"
+                     f"{' ...' if bad.size > 4 else ''}: the float model's average has no finite value there")
     m = float(image[np.isfinite(image)].max(initial=0.0)) or 1.0
     step = np.float32(m / 32767)
     while float(step) * 32767 < m:
