@@ -1159,3 +1159,59 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             a.output[0] = biased
         done += 1
     return done
+
+
+def masks_after_biases(model: onnx.ModelProto) -> int:
+    """x + (b + m), b an attention bias computed from constants alone (T5's relative-position bias) and m a mask's
+    term of an input (HF's (1 - mask) times float32's min), read by the scores' Adds (each read by a Softmax or
+    ReduceLogSumExp alone), as (x + b) + m: quantize_static then quantizes x + b (finite) and
+    ``kept_float.masked_softmaxes`` leaves m float (where it does not find m a mask's term, the model is left as it
+    was). The same float32 values where m is 0 (adding 0 is exact) and where its level c absorbs x, b and x + b
+    (-inf; float32's min: each below 2^103 in magnitude); at a level that does not (BERT's -10000) both sums are
+    weights of exactly 0 in a row that keeps something (docs/import.md, "Masked Softmax"). Returns how many Adds."""
+    from .kept_float import READERS, masked_softmaxes
+
+    graph = model.graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers.setdefault(x, []).append(n)
+    varying = {v.name for v in graph.input} - {t.name for t in graph.initializer}
+    for n in graph.node:  # in order: the names computed from the graph's inputs
+        if n.op_type != "Shape" and any(x in varying for x in n.input):
+            varying.update(n.output)
+    outputs = {v.name for v in graph.output}
+    names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+    made = []  # (the bias plus mask, [(an Add, its inputs, the mask's Add after it)])
+    for p in list(graph.node):
+        if p.op_type != "Add" or p.output[0] in outputs or [x in varying for x in p.input] not in ([False, True],
+                                                                                                [True, False]):
+            continue
+        bias, term = sorted(p.input, key=lambda x: x in varying)
+        adds = readers.get(p.output[0], [])
+        if not adds or any(a.op_type != "Add" or a.output[0] in outputs or list(a.input).count(p.output[0]) != 1 or
+                           [r.op_type in READERS for r in readers.get(a.output[0], [])] != [True] for a in adds):
+            continue
+        made.append((p, []))
+        for a in adds:
+            biased = _fresh(names, a.output[0], "biased")
+            mask = helper.make_node("Add", [biased, term], [a.output[0]], name=_fresh(names, a.name or a.output[0],
+                                                                                  "mask"))
+            made[-1][1].append((a, list(a.input), mask))
+            a.input[:] = [bias if x == p.output[0] else x for x in a.input]
+            a.output[0] = biased
+            graph.node.insert([i for i, n in enumerate(graph.node) if n is a][0] + 1, mask)
+        graph.node.remove(p)  # no Add reads it now
+    if not made:
+        return 0
+    found = {n.name for n in masked_softmaxes(model)}
+    done = 0
+    for p, parts in made:
+        if all(mask.name in found for _, _, mask in parts):
+            done += len(parts)
+            continue
+        for a, ins, mask in parts:  # no mask's term: as it was
+            graph.node.remove(mask)
+            a.input[:], a.output[0] = ins, mask.output[0]
+        graph.node.insert(min(i for i, n in enumerate(graph.node) if any(n is a for a, _, _ in parts)), p)
+    return done
