@@ -1162,14 +1162,14 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
 
 
 def masks_after_biases(model: onnx.ModelProto) -> int:
-    """x + (b + m), b an attention bias computed from constants alone (T5's relative-position bias) and m a mask's
-    term of an input (HF's (1 - mask) times float32's min), read by the scores' Adds (each read by a Softmax or
-    ReduceLogSumExp alone), as (x + b) + m: quantize_static then quantizes x + b (finite) and
+    """x + (b + m), b an attention bias computed from constants alone (T5's relative-position bias: finite, each value
+    above -10000) and m a mask's term of an input (HF's (1 - mask) times float32's min), read by the scores' Adds
+    (each read by a Softmax or ReduceLogSumExp alone), as (x + b) + m: quantize_static then quantizes x + b and
     ``kept_float.masked_softmaxes`` leaves m float (where it does not find m a mask's term, the model is left as it
     was). The same float32 values where m is 0 (adding 0 is exact) and where its level c absorbs x, b and x + b
     (-inf; float32's min: each below 2^103 in magnitude); at a level that does not (BERT's -10000) both sums are
     weights of exactly 0 in a row that keeps something (docs/import.md, "Masked Softmax"). Returns how many Adds."""
-    from .kept_float import READERS, masked_softmaxes
+    from .kept_float import MASK_LOW, READERS, masked_softmaxes
 
     graph = model.graph
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -1191,6 +1191,9 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
         adds = readers.get(p.output[0], [])
         if not adds or any(a.op_type != "Add" or a.output[0] in outputs or list(a.input).count(p.output[0]) != 1 or
                            [r.op_type in READERS for r in readers.get(a.output[0], [])] != [True] for a in adds):
+            continue
+        b = _constant(graph, bias, model.opset_import)  # a bias: finite, no value of it masking
+        if b is None or b.dtype.kind != "f" or not np.isfinite(b).all() or (b <= MASK_LOW).any():
             continue
         made.append((p, []))
         for a in adds:
