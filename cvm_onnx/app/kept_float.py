@@ -24,23 +24,26 @@ MAX_LEAF = 1 << 20
 MASK_LOW = -10000.0
 #: The ops whose input of scores plus a mask the importer takes (docs/import.md, "Masked Softmax").
 READERS = ("Softmax", "ReduceLogSumExp")
+#: The most rows of a table a mask's term looks up (``masks.looks_up``) that each value of its index is tried at.
+MAX_ROWS = 1024
 
 
 def masked_softmaxes(model: onnx.ModelProto, base_dir: str = "") -> list[onnx.NodeProto]:
     """The nodes of each Softmax(x + m) (or ReduceLogSumExp: ``READERS``) where m is an attention mask's term: computed
     from one integer tensor by elementwise ops of constants and moves (``mask_terms``: torch's Where(keep, 0, c),
     HF's (1 - mask) * c, a decoder's padding term with its causal matrix, or that matrix alone, each read by every
-    layer's Add and by nothing else), and, with that tensor 0 or 1 throughout (its moves evaluated), 0 or at most
-    ``MASK_LOW`` (-inf too) everywhere, each of the two somewhere; with the Where on the scores x that the Add or
-    the Softmax reads, Where(cond, x, c) or Where(cond, c, x) of a constant c at most ``MASK_LOW`` (GPT-2's causal
-    Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves float (nodes_to_exclude), so
-    that x keeps its own grid and the mask stays exact; the importer's masked-Softmax rule takes them
-    (docs/import.md, "Masked Softmax"). ``base_dir``: the folder of the model's external data (a graph loaded
-    without it: each constant read is loaded from there alone)."""
+    layer's Add and by nothing else; a masking row's value looked up, ``rewrites.masking_rows_apart``), and, with
+    that tensor 0 or 1 throughout (each row of a table the term looks up: at most ``MAX_ROWS``) and its moves
+    evaluated, 0 or at most ``MASK_LOW`` (-inf too) everywhere, each of the two somewhere; with the Where on the
+    scores x that the Add or the Softmax reads, Where(cond, x, c) or Where(cond, c, x) of a constant c at most
+    ``MASK_LOW`` (GPT-2's causal Where). Its float nodes, the Add and the Softmax, which quantize_static then leaves
+    float (nodes_to_exclude), so that x keeps its own grid and the mask stays exact; the importer's masked-Softmax
+    rule takes them (docs/import.md, "Masked Softmax"). ``base_dir``: the folder of the model's external data (a
+    graph loaded without it: each constant read is loaded from there alone)."""
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, carried, mask_terms, table_op
+    from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, carried, looks_up, mask_terms, table_op
 
     graph = model.graph
     terms = mask_terms(graph)
@@ -75,10 +78,14 @@ def masked_softmaxes(model: onnx.ModelProto, base_dir: str = "") -> list[onnx.No
     def values(name: str, v: int, seen: dict, leaves: set) -> np.ndarray | None:
         """The term's values where its one varying integer tensor is ``v`` (None: no such term); ``seen`` the
         values of its nodes' outputs, ``leaves`` its varying tensors: inputs, or integers computed from floats (a
-        comparison of scores). A layout op's move of a scalar is that scalar; any other move evaluated."""
+        comparison of scores). A layout op's move of a scalar is that scalar; any other move evaluated; a
+        ConstantOfShape (zeros of the mask's shape, ``Shape`` computing it before the shapes are fixed) its value."""
         if name in seen:
             return seen[name]
-        n = producer.get(name) if name in terms else None
+        n = producer.get(name)
+        if n is not None and n.op_type == "ConstantOfShape":  # of a shape computed from shapes: its one value
+            return numpy_helper.to_array(n.attribute[0].t).reshape(()) if n.attribute else np.float32(0)
+        n = n if name in terms else None
         if n is None:
             return numpy_helper.to_array(consts[name], base_dir) if name in consts else leaf(name, v, leaves)
         inner = set(leaves)
@@ -102,6 +109,10 @@ def masked_softmaxes(model: onnx.ModelProto, base_dir: str = "") -> list[onnx.No
         return out
 
     readers = Counter(i for n in graph.node for i in n.input)
+    # the integer tensor at 0 and 1 (a 0/1 mask); a term looking a table up: at each of its rows
+    rows = [math.prod(consts[n.input[0]].dims) for n in graph.node if n.output and n.output[0] in terms and
+            looks_up(n, consts)]
+    probes = range(min(rows)) if rows and 2 <= min(rows) <= MAX_ROWS else range(2)
 
     def scores_where(name: str) -> list[onnx.NodeProto]:
         """[the Where(cond, x, c) or Where(cond, c, x) computing ``name``], c a float constant of one value at most
@@ -127,7 +138,7 @@ def masked_softmaxes(model: onnx.ModelProto, base_dir: str = "") -> list[onnx.No
         for term in add.input:
             seen: dict = {}
             leaves: set = set()
-            at = [values(term, v, s, leaves) for v, s in ((0, seen), (1, {}))]
+            at = [values(term, v, seen if v == 0 else {}, leaves) for v in probes]
             if term not in terms or any(a is None or np.asarray(a).dtype.kind != "f" for a in at):
                 continue
             both = np.concatenate([np.ravel(a) for a in at])
@@ -211,3 +222,42 @@ def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], p
                 graph.initializer.append(numpy_helper.from_array(value, n.input[i]))
     onnx.save(header, os.fspath(src))
     return [n.name for n in nodes]
+
+
+def float_softmaxes_quantized(path: Path, kept: list[str], activation: int, symmetric: bool) -> int:
+    """In the quantized model at ``path`` (its weights external), the output of each Softmax named in ``kept``
+    (``masks_kept_float``) that no reader quantizes (read by float ops alone: chython-rxnmap's attention weights
+    averaged over the heads) quantized and dequantized where it is computed, at the grid onnxruntime gives a Softmax
+    it quantizes (the range [0, 1], the ``activation`` type, ``symmetric`` or not), so that the importer's masked
+    Softmax takes it as it takes one a MatMul reads. Returns how many."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
+
+    model = onnx.load(path, load_external_data=False)
+    graph = model.graph
+    names = set(kept)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    done = 0
+    for k, sm in reversed(list(enumerate(graph.node))):
+        y = sm.output[0] if sm.op_type == "Softmax" and sm.name in names else None
+        if y is None or any(r.op_type == "QuantizeLinear" for r in readers.get(y, [])):
+            continue
+        qmin, qmax = get_qmin_qmax_for_qType(activation, symmetric=symmetric)
+        zero, scale = compute_scale_zp(np.array(0, np.float32), np.array(1, np.float32), qmin, qmax, symmetric)
+        q, s, z, d = (f"{y}_{part}" for part in ("quantized", "scale", "zero_point", "dequantized"))
+        graph.initializer.extend([numpy_helper.from_array(np.asarray(scale, np.float32), s),
+                                  numpy_helper.from_array(np.asarray(zero), z)])
+        for r in readers.get(y, []):
+            r.input[:] = [d if x == y else x for x in r.input]
+        for v in graph.output:
+            if v.name == y:
+                v.name = d
+        graph.node.insert(k + 1, onnx.helper.make_node("QuantizeLinear", [y, s, z], [q], name=q))
+        graph.node.insert(k + 2, onnx.helper.make_node("DequantizeLinear", [q, s, z], [d], name=d))
+        done += 1
+    if done:
+        onnx.save(model, os.fspath(path))
+    return done

@@ -71,10 +71,11 @@ from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
-from .kept_float import l2_kept_float, masked_softmaxes, masks_kept_float
+from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused,
-    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, scalers_as_ops,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, masking_rows_apart,
+    masks_after_biases, scalers_as_ops,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
@@ -800,6 +801,8 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     map_large_blocks()
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
+    masking_rows_apart(model)
+    masks_after_biases(model)
     if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         given, model = [model], None
         model = _folded(given, fold, calibration)
@@ -1213,6 +1216,8 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                                "ForceQuantizeNoInputCheck": True, "TensorQuantOverrides": overrides},
                 use_external_data_format=True, nodes_to_exclude=excluded,
                 calibration_cache_path=cache)
+        float_softmaxes_quantized(out, excluded, onnx.TensorProto.INT8 if activation == "int8" else
+                                  onnx.TensorProto.UINT8, symmetric)
     except UnsupportedError:
         raise
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)

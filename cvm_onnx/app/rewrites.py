@@ -1064,3 +1064,149 @@ def _fresh_name(names: set[str], name: str) -> str:
 def _fresh(names: set[str], base: str, suffix: str) -> str:
     """``_fresh_name`` of ``base:suffix``."""
     return _fresh_name(names, f"{base}:{suffix}")
+
+
+#: The moves a masking bias may pass on its way from its Gather to the scores (each keeps a size-1 axis a move).
+BIAS_MOVES = ("Transpose", "Identity", "Unsqueeze")
+
+
+def masking_rows_apart(model: onnx.ModelProto) -> int:
+    """An attention bias gathered from a float embedding table by an integer tensor and added to the scores a
+    Softmax or ReduceLogSumExp reads (through Transpose, Identity, Unsqueeze), whose table holds rows of one value
+    at most -10000 (-inf: chython-rxnmap's padding distance), as that bias with those rows 0 plus a mask's term
+    Gather(v, idx) (v the rows' values: 0, or a masking row's) moved alike and added after it: fl(fl(x + b) + 0) =
+    fl(x + b) and fl(fl(x + 0) + c) = fl(x + c), the same float32 values. quantize_static then quantizes x + b (a
+    table of finite weights), and ``kept_float.masked_softmaxes`` leaves the term float. Returns how many tables."""
+    from .kept_float import MASK_LOW, READERS
+
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers.setdefault(x, []).append(n)
+    outputs = {v.name for v in graph.output}
+    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    done = 0
+    for g in list(graph.node):
+        w = inits.get(g.input[0]) if g.op_type == "Gather" and len(g.input) == 2 else None
+        if w is None or w.data_type != onnx.TensorProto.FLOAT or len(w.dims) < 2 or g.input[1] in inits or \
+                any(a.name == "axis" and a.i not in (0, -len(w.dims)) for a in g.attribute):
+            continue
+        table = numpy_helper.to_array(w).copy()
+        rows = table.reshape(len(table), -1)
+        low = (rows[:, :1] <= MASK_LOW) & (rows == rows[:, :1]).all(1, keepdims=True)
+        if not low.any() or not np.isfinite(rows[~low[:, 0]]).all():
+            continue
+        moves, adds, todo = [], [], [g.output[0]]
+        while todo and adds is not None:
+            x = todo.pop()
+            for r in readers.get(x, []) if x not in outputs else [None]:
+                if r is not None and r.op_type in BIAS_MOVES and r.input[0] == x and len(r.output) == 1:
+                    moves.append(r)
+                    todo.append(r.output[0])
+                elif r is not None and r.op_type == "Add" and r.output[0] not in outputs and \
+                        [m.op_type in READERS for m in readers.get(r.output[0], [])] == [True]:
+                    adds.append(r)
+                else:
+                    adds = None
+                    break
+        if not adds:
+            continue
+        v = numpy_helper.from_array(np.where(low[:, 0], rows[:, 0], 0).astype(np.float32),
+                                    _fresh(names, w.name, "mask"))
+        table[low[:, 0]] = 0
+        if len(readers[w.name]) > 1:  # the finite table for this Gather alone
+            g.input[0] = _fresh(names, w.name, "finite")
+            graph.initializer.append(numpy_helper.from_array(table, g.input[0]))
+        else:
+            w.CopyFrom(numpy_helper.from_array(table, w.name))
+        graph.initializer.append(v)
+        term = {g.output[0]: _fresh(names, g.output[0], "mask")}
+        new = [helper.make_node("Gather", [v.name, g.input[1]], [_fresh(names, g.output[0], "rows")])]
+        axes = list(range(1 - len(table.shape), 0))
+        if opset >= 13:
+            graph.initializer.append(numpy_helper.from_array(np.array(axes, np.int64), _fresh(names, v.name, "axes")))
+            new.append(helper.make_node("Unsqueeze", [new[0].output[0], graph.initializer[-1].name],
+                                        [term[g.output[0]]]))
+        else:
+            new.append(helper.make_node("Unsqueeze", [new[0].output[0]], [term[g.output[0]]], axes=axes))
+        for m in moves:  # in the order found: each one's input moved before it
+            copy = onnx.NodeProto()
+            copy.CopyFrom(m)
+            copy.name = _fresh(names, m.name or m.output[0], "mask")
+            copy.input[0], copy.output[0] = term[m.input[0]], _fresh(names, m.output[0], "mask")
+            term[m.output[0]] = copy.output[0]
+            new.append(copy)
+        at = [i for i, n in enumerate(graph.node) if n is g][0] + 1
+        for k, n in enumerate(new):
+            graph.node.insert(at + k, n)
+        for a in adds:
+            biased = _fresh(names, a.output[0], "biased")
+            mask = [term[x] for x in a.input if x in term][0]
+            at = [i for i, n in enumerate(graph.node) if n is a][0] + 1
+            graph.node.insert(at, helper.make_node("Add", [biased, mask], [a.output[0]],
+                                                   name=_fresh(names, a.name or a.output[0], "mask")))
+            a.output[0] = biased
+        done += 1
+    return done
+
+
+def masks_after_biases(model: onnx.ModelProto) -> int:
+    """x + (b + m), b an attention bias computed from constants alone (T5's relative-position bias: finite, each value
+    above -10000) and m a mask's term of an input (HF's (1 - mask) times float32's min), read by the scores' Adds
+    (each read by a Softmax or ReduceLogSumExp alone), as (x + b) + m: quantize_static then quantizes x + b and
+    ``kept_float.masked_softmaxes`` leaves m float (where it does not find m a mask's term, the model is left as it
+    was). The same float32 values where m is 0 (adding 0 is exact) and where its level c absorbs x, b and x + b
+    (-inf; float32's min: each below 2^103 in magnitude); at a level that does not (BERT's -10000) both sums are
+    weights of exactly 0 in a row that keeps something (docs/import.md, "Masked Softmax"). Returns how many Adds."""
+    from .kept_float import MASK_LOW, READERS, masked_softmaxes
+
+    graph = model.graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers.setdefault(x, []).append(n)
+    varying = {v.name for v in graph.input} - {t.name for t in graph.initializer}
+    for n in graph.node:  # in order: the names computed from the graph's inputs
+        if n.op_type != "Shape" and any(x in varying for x in n.input):
+            varying.update(n.output)
+    outputs = {v.name for v in graph.output}
+    names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+    made = []  # (the bias plus mask, [(an Add, its inputs, the mask's Add after it)])
+    for p in list(graph.node):
+        if p.op_type != "Add" or p.output[0] in outputs or [x in varying for x in p.input] not in ([False, True],
+                                                                                                [True, False]):
+            continue
+        bias, term = sorted(p.input, key=lambda x: x in varying)
+        adds = readers.get(p.output[0], [])
+        if not adds or any(a.op_type != "Add" or a.output[0] in outputs or list(a.input).count(p.output[0]) != 1 or
+                           [r.op_type in READERS for r in readers.get(a.output[0], [])] != [True] for a in adds):
+            continue
+        b = _constant(graph, bias, model.opset_import)  # a bias: finite, no value of it masking
+        if b is None or b.dtype.kind != "f" or not np.isfinite(b).all() or (b <= MASK_LOW).any():
+            continue
+        made.append((p, []))
+        for a in adds:
+            biased = _fresh(names, a.output[0], "biased")
+            mask = helper.make_node("Add", [biased, term], [a.output[0]], name=_fresh(names, a.name or a.output[0],
+                                                                                  "mask"))
+            made[-1][1].append((a, list(a.input), mask))
+            a.input[:] = [bias if x == p.output[0] else x for x in a.input]
+            a.output[0] = biased
+            graph.node.insert([i for i, n in enumerate(graph.node) if n is a][0] + 1, mask)
+        graph.node.remove(p)  # no Add reads it now
+    if not made:
+        return 0
+    found = {n.name for n in masked_softmaxes(model)}
+    done = 0
+    for p, parts in made:
+        if all(mask.name in found for _, _, mask in parts):
+            done += len(parts)
+            continue
+        for a, ins, mask in parts:  # no mask's term: as it was
+            graph.node.remove(mask)
+            a.input[:], a.output[0] = ins, mask.output[0]
+        graph.node.insert(min(i for i, n in enumerate(graph.node) if any(n is a for a, _, _ in parts)), p)
+    return done

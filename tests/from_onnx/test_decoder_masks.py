@@ -30,24 +30,31 @@ F32_MIN = float(np.finfo(np.float32).min)
 
 
 def check_decoder(form: str, m: np.ndarray, x: np.ndarray, c: float, s: float, window: int | None = None) -> None:
-    """The import of ``decoder_model`` on m and x equals the oracle over each row's highest level of the term as
-    onnxruntime computes it, exports exactly, and is within one step of onnxruntime's model where a row keeps
-    something or its level absorbs x; a row of -inf alone (float32's NaN) exactly."""
+    """The import of ``decoder_model`` on m and x: ``check_masked_softmax`` of the term onnxruntime computes."""
     b, heads, n, _ = x.shape
     model = decoder_model(form, b, heads, n, c, s, window)
-    imp = import_model(model, input_precision=X_PRECISION)
     alone = form in ("causal", "eager_causal")  # no attention_mask input
-    feed = {"x": x.astype(np.int32), "m": m.astype(np.int32)} if not alone else {"data": x.astype(np.int32)}
+    check_masked_softmax(model, scores_of(form, x), x, term_of(form, m, c, window), s, {} if alone else {"m": m})
+
+
+def check_masked_softmax(model: onnx.ModelProto, v: np.ndarray, x: np.ndarray, term: np.ndarray, s: float,
+                         masks: dict[str, np.ndarray]) -> None:
+    """The import of ``model`` (int8 scores ``x`` at scale s plus a term of its integer inputs ``masks``, a Softmax
+    to uint8 at 1/255) equals the oracle over each row's highest level of ``term`` (as onnxruntime computes it) of
+    the scores ``v``, exports exactly, and is within one step of onnxruntime's model where a row keeps something or
+    its level absorbs x; a row of -inf alone (float32's NaN) exactly."""
+    imp = import_model(model, input_precision=X_PRECISION)
+    feed = {"x": x.astype(np.int32), **{k: m.astype(np.int32) for k, m in masks.items()}} if masks else \
+        {"data": x.astype(np.int32)}
     [got] = execute(imp.graph, feed)
     assert verify(imp.graph, feed).exact
     [p] = [r.softmax for r in imp.requants if r.softmax]
-    term = term_of(form, m, c, window)
     big = 128 * float(np.float32(s))
-    want = levelled_softmax_oracle(scores_of(form, x), term, float(np.float32(s)),
-                                   1 / Fraction(float(np.float32(1 / 255))), p, 0, 0, 255, big)
+    want = levelled_softmax_oracle(v, term, float(np.float32(s)), 1 / Fraction(float(np.float32(1 / 255))), p, 0, 0,
+                                   255, big)
     assert np.array_equal(got.astype(np.int64), want)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    [ort_y] = session.run(None, {"x": x.astype(np.int8), **({"m": m} if not alone else {})})
+    [ort_y] = session.run(None, {"x": x.astype(np.int8), **masks})
     top = np.broadcast_to(np.broadcast_to(term, x.shape).max(axis=-1, keepdims=True), x.shape)
     g = np.float32(-top)
     gap = np.where(np.isfinite(g), g - np.nextafter(g, np.float32(0)), np.inf)

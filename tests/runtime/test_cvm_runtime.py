@@ -1053,6 +1053,31 @@ def test_decoder_mask(tmp_path, form, lse):
     runs_as_reference(imp.graph, tmp_path / "gpt", imp.edges.pack(held))
 
 
+@pytest.mark.parametrize("mask, weights", [("distances", False), ("distances", True), ("roles", False)])
+def test_masking_rows_of_an_attention_bias(tmp_path, mask, weights):
+    """chython-rxnmap's forms (support/transformers12.py): a distance embedding's -inf padding row taken apart by
+    quantize into the quantized bias and a looked-up mask's term (a cvm_lut of the distances), with the head-averaged
+    weights as the output (the masked Softmax's QuantizeLinear at [0, 1]'s grid); its roles' Where over zeros: the
+    runtime gives the reference executor's integers on packed held-out samples, negative distances too."""
+    import onnx
+    from support.transformers12 import biased_attention, distances, roles
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(biased_attention(mask=mask, weights=weights), tmp_path / "b.onnx")
+    rng = np.random.default_rng(3)
+
+    def samples(n, seed):
+        index = distances(n, seed=seed) if mask == "distances" else roles(n, seed=seed)
+        return {"x": rng.normal(size=(n, 1, 6, 8)).astype(np.float32), mask: index}
+
+    np.savez(tmp_path / "c.npz", **samples(16, 1))
+    imp = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m").imported
+    held = samples(3, 9)
+    held[mask][0, 0, 0] = -1
+    runs_as_reference(imp.graph, tmp_path / "m", imp.edges.pack(held))
+
+
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

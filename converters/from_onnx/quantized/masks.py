@@ -35,12 +35,20 @@ def carried(node: onnx.NodeProto, stored) -> list[int]:
     return list(range(len(node.input))) if node.op_type == "Concat" else []
 
 
+def looks_up(node: onnx.NodeProto, stored) -> bool:
+    """Whether ``node`` is a Gather of a 1-D constant (in ``stored``) by computed indices: elementwise in them (a
+    masking row's value, ``rewrites.masking_rows_apart``)."""
+    return node.op_type == "Gather" and len(node.input) == 2 and node.input[0] in stored and \
+        node.input[1] not in stored and len(stored[node.input[0]].dims) == 1
+
+
 def mask_terms(graph: onnx.GraphProto) -> set[str]:
     """The outputs of the nodes that compute an operand of an Add read by a Softmax (or a ReduceLogSumExp) alone, or a
-    Where so read, through ``VALUE_OPS`` and moves (their ``carried`` inputs alone), every reader of each within
-    those nodes or the Add (the Softmax): the attention masks' terms, tabulated by ``tabulated`` (a Where of the
-    scores by ``masked_where``); and such an Add's operand that is a float constant of several values, each 0 or
-    negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds alone."""
+    Where so read, through ``VALUE_OPS``, lookups (``looks_up``) and moves (their ``carried`` inputs alone), every
+    reader of each within those nodes or the Add (the Softmax): the attention masks' terms, tabulated by
+    ``tabulated`` (a Where of the scores by ``masked_where``); and such an Add's operand that is a float constant of
+    several values, each 0 or negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds
+    alone."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -57,10 +65,11 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
     while todo:
         n = producer.get(todo.pop())
         if n is None or n.output[0] in cone or n.domain not in ("", "ai.onnx") or len(n.output) != 1 or \
-                n.op_type not in VALUE_OPS and not carried(n, stored):
+                n.op_type not in VALUE_OPS and not carried(n, stored) and not looks_up(n, stored):
             continue
         cone[n.output[0]] = n
-        todo += list(n.input) if n.op_type in VALUE_OPS else [n.input[i] for i in carried(n, stored)]
+        todo += list(n.input) if n.op_type in VALUE_OPS else n.input[1:] if looks_up(n, stored) else \
+            [n.input[i] for i in carried(n, stored)]
     ids = {id(a) for a in adds if a.op_type == "Add"} | {id(r) for a in adds for r in readers[a.output[0]]}
     while True:  # every reader inside
         out = {o for o, n in cone.items() if o in outputs or
@@ -123,6 +132,8 @@ def table_op(op: str, to: int | None, args: list[np.ndarray]) -> np.ndarray:
             return ~args[0]
         if op == "Where":
             return np.where(args[0], args[1], args[2]).astype(np.result_type(args[1], args[2]))
+        if op == "Gather":  # of a 1-D constant: negative indices from the end, as ONNX; past either end an error
+            return np.take(args[0], args[1].astype(np.int64))
         if len({a.dtype for a in args}) > 1:
             raise Refuse(f"{op} of an attention mask's term and a constant of another type")
         if op == "Div" and args[0].dtype.kind != "f":
@@ -214,12 +225,28 @@ def _moved(ctx, node, ins: list) -> Tabulated | Tensor:
     return Tabulated(t, np.concatenate(tables)[t.lo:t.hi + 1])
 
 
+def _lookup(node, data: Tensor, x) -> Tabulated:
+    """Gather of a 1-D constant by an integer tensor (or a table of one): the constant at each integer of its range,
+    negative ones from the end as ONNX reads them; those past either end, where ONNX gives no result (onnxruntime
+    fails the run), clipped as ``take`` clips them."""
+    v = np.asarray(data.value)
+    if v.ndim != 1 or v.size == 0:
+        raise Refuse(f"Gather of a constant of shape {v.shape} in an attention mask's term: a table takes one "
+                     "value per integer (a 1-D constant)")
+    t, lo, index = _keyed(x)
+    index = index.astype(np.int64)
+    return Tabulated(t, v[np.clip(np.where(index < 0, index + v.size, index), 0, v.size - 1)])
+
+
 def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
-    """A node of an attention mask's term (``mask_terms``): a move of tables' keys (``_moved``); an elementwise op of
-    one tensor of integers t (or tables of it) and constants: the op on the table, over the key (t - lo) K + c, t
-    over its whole range lo .. hi and c the index of the constants' distinct values at each position (K of them: a
-    causal matrix's 0 and c), at most 2^16 keys in all; operands that do not broadcast, or broadcast to an empty
-    tensor, refused."""
+    """A node of an attention mask's term (``mask_terms``): a lookup of a constant (``_lookup``); a move of tables'
+    keys (``_moved``); an elementwise op of one tensor of integers t (or tables of it) and constants: the op on the
+    table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index of the constants' distinct
+    values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all; operands that do not
+    broadcast, or broadcast to an empty tensor, refused."""
+    if node.op_type == "Gather" and isinstance(ins[0], Tensor) and ins[0].is_const and \
+            (isinstance(ins[1], Tabulated) or not ins[1].is_const):
+        return _lookup(node, ins[0], ins[1])
     if node.op_type in LAYOUT_OPS | {"Gather", "Concat"}:
         return _moved(ctx, node, ins)
     shape = broadcast_shape(*(x.t if isinstance(x, Tabulated) else x for x in ins if x is not None))
