@@ -8,14 +8,12 @@ rule: the sum of their operands' terms, as Add's (over n)."""
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from onnx import numpy_helper as nh
-from support.quantized import float32_of, qdq
+from support.quantized import between_convs, float32_of, qdq, quantizes_whole
 from support.shipped import shipped
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal, run
 
@@ -146,18 +144,6 @@ def test_sum_and_mean_of_several_values_are_the_sum_of_their_terms(d, n, op, so,
     oracle_equal(qdq(nodes, x.shape, x_type, inits, T.INT8), x)
 
 
-def conv_model(middle: list, extra: dict) -> onnx.ModelProto:
-    """A float model Conv 3x3 (8 channels) -> ``middle`` (reading 'a', writing 'b') -> Conv 1x1 on (1, 8, 12, 12)."""
-    rng = np.random.default_rng(5)
-    inits = {"w1": rng.normal(0, 0.3, (8, 8, 3, 3)), "w2": rng.normal(0, 0.3, (4, 8, 1, 1)), **extra}
-    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1])] + middle + \
-        [h.make_node("Conv", ["b", "w2"], ["y"])]
-    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 12, 12])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)],
-                     [nh.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
-    return h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-
-
 FLOAT_MODELS = {
     "softshrink": ([h.make_node("Shrink", ["a"], ["b"], lambd=0.5, bias=0.5)], {}),
     "celu": ([h.make_node("Celu", ["a"], ["b"], alpha=0.7)], {}),
@@ -174,12 +160,7 @@ def test_float_models_of_these_forms_quantize_whole(tmp_path, name, per_channel)
     """quantize takes a float model of each form whole: as close to the float model as onnxruntime's quantized
     model (1.1x of its mean distance), the export exact. Regression: refused at the Shrink, the Celu, the Where, the
     Mean."""
-    onnx.save(conv_model(*FLOAT_MODELS[name]), tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
-    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    assert verify(done.imported.graph, seeds=2).exact
+    quantizes_whole(tmp_path, between_convs(*FLOAT_MODELS[name]), per_channel)
 
 
 def test_shipped_pitch_classifier_imports_whole(tmp_path):

@@ -18,10 +18,9 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import pool_windows, qdq
+from support.quantized import between_convs, pool_windows, qdq, quantizes_whole
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
-from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
@@ -309,20 +308,6 @@ def test_global_lp_pool_of_another_p_is_refused_naming_the_node():
 
 
 # -- quantize of float models of each form ------------------------------------------------------------------------
-def conv_model(middle: list, extra: dict, opset: int = 17) -> onnx.ModelProto:
-    """A float model Conv 3x3 (8 channels) -> ``middle`` (reading 'a', writing 'b') -> Conv 1x1 on (1, 8, 12, 12);
-    ``extra`` initializers as numpy values of their own type."""
-    rng = np.random.default_rng(5)
-    inits = {"w1": rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32),
-             "w2": rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32), **extra}
-    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1])] + middle + \
-        [h.make_node("Conv", ["b", "w2"], ["y"])]
-    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 12, 12])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)],
-                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
-    return onnx_model(g, opset)
-
-
 FLOAT_MODELS = {
     "interpolate_size": ([h.make_node("Resize", ["a", "", "", "sz"], ["b"], mode="nearest",
                                       coordinate_transformation_mode="asymmetric", nearest_mode="floor")],
@@ -349,9 +334,4 @@ def test_float_models_of_these_forms_quantize_whole(tmp_path, name, per_channel)
     model (1.1x of its mean distance), the export exact. Regression: refused at the AveragePool (ceil_mode), the
     Resize (12 -> 7 or 8: not an upsampling by integer scales), the CumSum, the Trilu, the Hardmax, the
     GlobalLpPool."""
-    onnx.save(conv_model(*FLOAT_MODELS[name]), tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
-    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    assert verify(done.imported.graph, seeds=2).exact
+    quantizes_whole(tmp_path, between_convs(*FLOAT_MODELS[name]), per_channel)

@@ -198,6 +198,35 @@ def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     return y
 
 
+def between_convs(middle: list, extra: dict, opset: int = 17) -> onnx.ModelProto:
+    """A float model Conv 3x3 (8 channels) -> ``middle`` (reading 'a', writing 'b') -> Conv 1x1 on (1, 8, 12, 12);
+    ``extra`` initializers as numpy values of their own type (float64 ones as float32)."""
+    rng = np.random.default_rng(5)
+    inits = {"w1": rng.normal(0, 0.3, (8, 8, 3, 3)), "w2": rng.normal(0, 0.3, (4, 8, 1, 1)), **extra}
+    values = {k: np.asarray(v, np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
+              for k, v in inits.items()}
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1])] + middle + \
+        [h.make_node("Conv", ["b", "w2"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 8, 12, 12])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(v, k) for k, v in values.items()])
+    return onnx_model(g, opset)
+
+
+def quantizes_whole(tmp_path, model: onnx.ModelProto, per_channel: bool) -> None:
+    """``cvm-onnx quantize`` takes the float ``model`` (a ``between_convs``) whole on 8 normal samples: within 1.1x
+    onnxruntime's quantized model's mean distance from float, the export exact."""
+    from cvm_onnx.app.quantize import quantize
+    from cvm_onnx.runtime.verify import verify
+
+    onnx.save(model, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
+
+
 def per_channel_output(m: onnx.ModelProto, scale: float, n: int, axis: int) -> None:
     """The model's last node, a QuantizeLinear, given a scale of n values along ``axis`` (and no zero point)."""
     m.graph.initializer.append(nh.from_array(np.full(n, scale, np.float32), "so_per_channel"))
