@@ -220,25 +220,30 @@ class _Stopped(Exception):
     pass
 
 
-@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
-def test_quantize_loads_the_model_without_a_second_copy_of_its_weights(tmp_path):
-    """Until the preparation starts (the model loaded, checked, its input's dims fixed), quantize holds the 64 MiB
-    of weights (16 of 4 MiB) once, and one weight's bytes beside them: the file is parsed initializer by initializer
-    (``onnx_file.read_onnx``; ``onnx.load`` held the file's bytes beside the model parsed from them) and the dims
-    are fixed in place (a copy held both models)."""
+def sixteen_matmuls(path: Path) -> np.random.Generator:
+    """Write to ``path`` a float model of 16 MatMuls by 1024 x 1024 weights (64 MiB; input (n, 1024)); returns the
+    generator that drew them, to draw more."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-
-    from cvm_onnx.app.quantize import quantize
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(1024, 1024)).astype(np.float32), f"w{k}") for k in range(16)]
     nodes = [helper.make_node("MatMul", [f"x{k}", f"w{k}"], [f"x{k + 1}"]) for k in range(16)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, ["n", 1024])],
                               [helper.make_tensor_value_info("x16", TensorProto.FLOAT, ["n", 1024])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              tmp_path / "float.onnx")
-    del inits, graph
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), path)
+    return rng
+
+
+@pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
+def test_quantize_loads_the_model_without_a_second_copy_of_its_weights(tmp_path):
+    """Until the preparation starts (the model loaded, checked, its input's dims fixed), quantize holds the 64 MiB
+    of weights (16 of 4 MiB) once, and one weight's bytes beside them: the file is parsed initializer by initializer
+    (``onnx_file.read_onnx``; ``onnx.load`` held the file's bytes beside the model parsed from them) and the dims
+    are fixed in place (a copy held both models)."""
+    from cvm_onnx.app.quantize import quantize
+
+    sixteen_matmuls(tmp_path / "float.onnx")
     np.save(tmp_path / "calibration.npy", np.ones((2, 1, 1024), np.float32))
     peaks = []
 
@@ -363,19 +368,9 @@ def test_non_finite_checks_a_large_weight_without_copies_beside_it(at):
 def _peak_until_the_comparison(tmp_path, monkeypatch, opens: str) -> tuple[int, int]:
     """quantize's peak RSS above its RSS when it calls ``quantize.<opens>``, until the comparison starts, on a model
     of 16 MatMuls by 1 MiB weights; and the size of the params file its import wrote."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     import cvm_onnx.app.quantize as q
 
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(size=(1024, 1024)).astype(np.float32), f"w{k}") for k in range(16)]
-    nodes = [helper.make_node("MatMul", [f"x{k}", f"w{k}"], [f"x{k + 1}"]) for k in range(16)]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x0", TensorProto.FLOAT, ["n", 1024])],
-                              [helper.make_tensor_value_info("x16", TensorProto.FLOAT, ["n", 1024])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8),
-              tmp_path / "float.onnx")
-    del inits, graph
+    rng = sixteen_matmuls(tmp_path / "float.onnx")
     np.save(tmp_path / "calibration.npy", rng.normal(size=(2, 1, 1024)).astype(np.float32))
     start, peaks, sizes = [], [], []
     called = getattr(q, opens)
