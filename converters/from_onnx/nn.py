@@ -364,14 +364,13 @@ def nearest_indices(node, shape: tuple[int, ...], full: list[int], scales, sizes
         if s == 1 and o == d:
             out.append(None)
             continue
-        picks = [np.clip(rounded(rounding, *resize_coordinate(mode, np.arange(o), d, o, f)), 0, d - 1)
-                 for f in (s, Fraction(o, d))]
-        if o % d == 0 and np.array_equal(picks[0], np.arange(o) // (o // d)):  # x[o // s]: ``nearest``
+        coordinates = [resize_coordinate(mode, np.arange(o), d, o, f) for f in (s, Fraction(o, d))]
+        picks = [np.clip(rounded(rounding, num, den), 0, d - 1) for num, den in coordinates]
+        if o % d == 0 and all(np.array_equal(p, np.arange(o) // (o // d)) for p in picks):  # x[o // s]: ``nearest``
             out.append(picks[0])
             continue
         zero = mode in ("asymmetric", "align_corners") or mode == "pytorch_half_pixel" and o == 1  # c = 0 exactly
-        for f in (s, Fraction(o, d)):
-            num, den = resize_coordinate(mode, np.arange(o), d, o, f)
+        for num, den in coordinates:
             off = 0 if rounding in ("floor", "ceil") else den // 2 if den % 2 == 0 else None
             if off is None:  # an odd denominator: the halves are (2 num - den) / 2 den away from the integers
                 num, den, off = 2 * num, 2 * den, den
