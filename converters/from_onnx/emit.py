@@ -294,6 +294,7 @@ def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
 
 
 def without(shape: tuple[int, ...], axes: list[int]) -> tuple[int, ...]:
+    """``shape`` less its ``axes``."""
     return tuple(d for i, d in enumerate(shape) if i not in axes)
 
 
