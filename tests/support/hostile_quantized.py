@@ -1598,11 +1598,18 @@ def check_quantize(model: bytes, npy: bytes, method: str, form: str, per_channel
 
 
 @functools.cache
+def _kept_dir() -> tempfile.TemporaryDirectory:
+    """A folder kept for the process, removed when it exits."""
+    return tempfile.TemporaryDirectory(prefix="cvm-layout-")
+
+
+@functools.cache
 def _converted(name: str) -> Path:
     """The latest seed ``name``/QDQ (a packed model) converted into a model directory kept for the process."""
     from cvm_onnx.app import api
 
-    d = Path(tempfile.mkdtemp(prefix="cvm-layout-"))
+    d = Path(_kept_dir().name) / name
+    d.mkdir()
     (d / "q.onnx").write_bytes(_latest(name))
     api.convert(d / "q.onnx", d / "m")
     return d / "m"
