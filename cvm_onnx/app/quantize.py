@@ -166,9 +166,6 @@ class _Reader:
             self.progress(self.i, len(self.samples), "calibrating")
         return feed
 
-    def rewind(self):
-        self.i = 0
-
 
 @contextlib.contextmanager
 def quiet_onnxruntime() -> Iterator[None]:

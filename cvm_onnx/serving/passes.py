@@ -5,7 +5,6 @@ and says whether it changed the model; ``Sequential`` runs passes in order over 
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,10 +43,6 @@ class Pass:
     run: Callable[[onnx.ModelProto], onnx.ModelProto]
     requires: tuple[Condition, ...] = ()
     ensures: tuple[Condition, ...] = ()
-
-    @property
-    def invariant(self) -> str:
-        return inspect.cleandoc(self.run.__doc__ or "")
 
     def check(self, when: str, conditions: tuple[Condition, ...], model: onnx.ModelProto) -> None:
         for c in conditions:
