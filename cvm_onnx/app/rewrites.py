@@ -1103,6 +1103,7 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             readers.setdefault(x, []).append(n)
     outputs = {v.name for v in graph.output}
     names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed node's place (``_placed``)
     done = 0
     for g in list(graph.node):
         w = inits.get(g.input[0]) if g.op_type == "Gather" and len(g.input) == 2 else None
@@ -1154,17 +1155,15 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             copy.input[0], copy.output[0] = term[m.input[0]], _fresh(names, m.output[0], "mask")
             term[m.output[0]] = copy.output[0]
             new.append(copy)
-        at = [i for i, n in enumerate(graph.node) if n is g][0] + 1
-        for k, n in enumerate(new):
-            graph.node.insert(at + k, n)
+        placed.setdefault(id(g), [g])[1:1] = new
         for a in adds:
             biased = _fresh(names, a.output[0], "biased")
             mask = [term[x] for x in a.input if x in term][0]
-            at = [i for i, n in enumerate(graph.node) if n is a][0] + 1
-            graph.node.insert(at, helper.make_node("Add", [biased, mask], [a.output[0]],
-                                                   name=_fresh(names, a.name or a.output[0], "mask")))
+            placed.setdefault(id(a), [a]).insert(1, helper.make_node(
+                "Add", [biased, mask], [a.output[0]], name=_fresh(names, a.name or a.output[0], "mask")))
             a.output[0] = biased
         done += 1
+    _placed(graph, placed)
     return done
 
 
