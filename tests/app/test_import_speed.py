@@ -2,6 +2,7 @@
 on models of n and 4n repeated parts, each rewrite's outcome checked exactly too."""
 from __future__ import annotations
 
+import functools
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -44,6 +45,31 @@ def lines_run(fn):
     return count[0], value
 
 
+def rewritten(build, rewrite, layers: int) -> tuple[int, int, onnx.ModelProto, onnx.ModelProto]:
+    """(the lines ``rewrite`` runs on a copy of ``build(layers)``, its count, the model, the copy rewritten)."""
+    model = build(layers)
+    apart = onnx.ModelProto()
+    apart.CopyFrom(model)
+    count, done = lines_run(lambda: rewrite(apart))
+    return count, done, model, apart
+
+
+def growth(build, rewrite, done) -> tuple[float, onnx.ModelProto, onnx.ModelProto]:
+    """(the lines ``rewrite`` runs on 128 layers over those on 32 (``rewritten``), each rewriting ``done(layers)``
+    parts; the last model and its copy rewritten), the modules ``rewrite`` imports imported first."""
+    rewrite(build(1))
+    (few, done_few, _, _), (many, done_many, model, apart) = (rewritten(build, rewrite, n) for n in (32, 128))
+    assert (done_few, done_many) == (done(32), done(128))
+    return many / few, model, apart
+
+
+def same_float32(model: onnx.ModelProto, apart: onnx.ModelProto, feed: dict) -> bool:
+    """Whether onnxruntime's outputs of the two models on ``feed`` are the same float32 values, bit for bit."""
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+                 for m in (model, apart))
+    return np.array_equal(want, got)
+
+
 def many_masked_layers(layers: int, s: int = 4, mask: bool = True) -> onnx.ModelProto:
     """x -> ``layers`` times Softmax(x + (b_l + m)), b_l a float bias of the layer's own, m HF's padding term
     (1 - mask) float32's min of an int64 mask input (``mask``; else m a float input, no mask's term)."""
@@ -71,40 +97,22 @@ def test_masks_after_biases_grows_linearly_with_the_layers():
     """Each layer's bias plus mask taken apart (x + b_l) + m: the lines run for 4n layers at most 4.5x those for n
     (each Add's place searched among the nodes, each bias's producers indexed again: 5.7x at n = 32, growing), and
     onnxruntime's float32 outputs of the rewritten model equal the model's, bit for bit."""
-    masks_after_biases(many_masked_layers(1))  # the modules it imports, imported
-    counts = []
-    for layers in (32, 128):
-        model = many_masked_layers(layers)
-        apart = onnx.ModelProto()
-        apart.CopyFrom(model)
-        count, done = lines_run(lambda: masks_after_biases(apart))
-        assert done == layers
-        counts.append(count)
+    ratio, model, apart = growth(many_masked_layers, masks_after_biases, lambda n: n)
     onnx.checker.check_model(apart)
     assert [n.op_type for n in apart.graph.node[4:8]] == ["Add", "Add", "Softmax", "Add"]
-    feed = {"x": np.random.default_rng(1).normal(size=(1, 1, 4, 4)).astype(np.float32),
-            "mask": np.array([[1, 1, 0, 1]], np.int64)}
-    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-                 for m in (model, apart))
-    assert np.array_equal(want, got)
-    assert counts[1] < 4.5 * counts[0], counts
+    assert same_float32(model, apart, {"x": np.random.default_rng(1).normal(size=(1, 1, 4, 4)).astype(np.float32),
+                                       "mask": np.array([[1, 1, 0, 1]], np.int64)})
+    assert ratio < 4.5, ratio
 
 
 def test_masks_after_biases_leaves_terms_of_no_mask_as_they_were_in_linear_work():
     """Each layer's bias plus a float input (no mask's term) taken apart, then put back: the model as it was, byte
     for byte, the lines run for 4n layers at most 4.5x those for n (each Add's and bias's place searched among the
     nodes: 10.3x at n = 32)."""
-    masks_after_biases(many_masked_layers(1, mask=False))
-    counts = []
-    for layers in (32, 128):
-        model = many_masked_layers(layers, mask=False)
-        apart = onnx.ModelProto()
-        apart.CopyFrom(model)
-        count, done = lines_run(lambda: masks_after_biases(apart))
-        assert done == 0
-        assert apart.SerializeToString() == model.SerializeToString()
-        counts.append(count)
-    assert counts[1] < 4.5 * counts[0], counts
+    ratio, model, apart = growth(functools.partial(many_masked_layers, mask=False), masks_after_biases,
+                                 lambda n: 0)
+    assert apart.SerializeToString() == model.SerializeToString()
+    assert ratio < 4.5, ratio
 
 
 def test_a_layernorm_over_equal_gammas_makes_and_hashes_no_fraction_per_position(monkeypatch):
@@ -164,19 +172,8 @@ def test_masking_rows_apart_grows_linearly_with_the_layers():
     """Each layer's table of a masking row taken apart (its rows 0 plus a mask's term): the lines run for 4n layers
     at most 4.5x those for n (each Gather's and Add's place searched among the nodes: 12.4x at n = 32), and
     onnxruntime's float32 outputs of the rewritten model equal the model's, bit for bit."""
-    masking_rows_apart(many_masking_tables(1))
-    counts = []
-    for layers in (32, 128):
-        model = many_masking_tables(layers)
-        apart = onnx.ModelProto()
-        apart.CopyFrom(model)
-        count, done = lines_run(lambda: masking_rows_apart(apart))
-        assert done == layers
-        counts.append(count)
+    ratio, model, apart = growth(many_masking_tables, masking_rows_apart, lambda n: n)
     onnx.checker.check_model(apart)
-    feed = {"x": np.random.default_rng(1).normal(size=(1, 1, 4, 4)).astype(np.float32),
-            "idx": np.array([[[0, 1, 2, 1]] * 4], np.int64)}
-    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-                 for m in (model, apart))
-    assert np.array_equal(want, got)
-    assert counts[1] < 4.5 * counts[0], counts
+    assert same_float32(model, apart, {"x": np.random.default_rng(1).normal(size=(1, 1, 4, 4)).astype(np.float32),
+                                       "idx": np.array([[[0, 1, 2, 1]] * 4], np.int64)})
+    assert ratio < 4.5, ratio
