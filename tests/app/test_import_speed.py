@@ -177,3 +177,24 @@ def test_masking_rows_apart_grows_linearly_with_the_layers():
     assert same_float32(model, apart, {"x": np.random.default_rng(1).normal(size=(1, 1, 4, 4)).astype(np.float32),
                                        "idx": np.array([[[0, 1, 2, 1]] * 4], np.int64)})
     assert ratio < 4.5, ratio
+
+
+def test_convert_validates_the_import_once(tmp_path, monkeypatch):
+    """The import's graph has passed ``validate`` with its one input, data, as the runtime takes it: ``convert``
+    writes it without validating it again (it did, twice per import); the model read back is the import's."""
+    from support.quantized import small_qdq
+
+    import cvm_onnx.app.api as api
+    import cvm_onnx.converters.from_onnx.importer as importer
+
+    onnx.save(small_qdq(tmp_path), tmp_path / "q.onnx")
+    calls = []
+    for module in (api, importer):
+        monkeypatch.setattr(module, "validate", lambda *a, _v=module.validate, **k: calls.append(1) or _v(*a, **k))
+    imported = api.convert(tmp_path / "q.onnx", tmp_path / "m")
+    assert len(calls) == 1
+    monkeypatch.undo()
+    back = api.load(tmp_path / "m").graph
+    assert (back.nodes, back.heads, list(back.params)) == (imported.graph.nodes, imported.graph.heads,
+                                                          list(imported.graph.params))
+    assert all(np.array_equal(back.params[k], v) for k, v in imported.graph.params.items())
