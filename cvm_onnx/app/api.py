@@ -12,7 +12,7 @@ from cvm_onnx.core.errors import FormatError, Problem, UnsupportedError
 from cvm_onnx.core.format import Edges, read_edges, read_model, write_model
 from cvm_onnx.core.gas import Gas, measure
 from cvm_onnx.core.graph import Graph
-from cvm_onnx.core.validate import validate
+from cvm_onnx.core.validate import INPUT_NAME, validate
 
 if TYPE_CHECKING:
     import onnx
@@ -126,7 +126,8 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike, params: str | os.Pat
     if len(graph.inputs) != 1:
         names = ", ".join(graph.nodes[i].name for i in graph.inputs)
         raise UnsupportedError(f"the CVM runtime takes exactly one input, data; this model has {names}", where=str(src))
-    graph = validate(graph).graph
+    if graph.nodes[graph.inputs[0]].name != INPUT_NAME:  # the import validated it with that one input as data
+        graph = validate(graph).graph
     write_model(graph, dst, symbol=source_symbol(model, graph), edges=imported.edges)
     return imported
 

@@ -40,6 +40,7 @@ import io
 import logging
 import math
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -849,28 +850,27 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
                 raise
             _stamp(out)
             release_memory()
-            # onnxruntime runs the float and the quantized model from their files first, beside nothing of the
-            # import's (the comparison below runs the CVM model alone); its failure is said after the import's
-            try:
-                ran = onnx_outputs(float_path, out, samples, os.fspath(src))
-            except RuntimeFailure as e:
-                ran = e
             precision = 8 if samples.dtype.kind in "fV" else integer_precision(samples)
             precisions = input_precisions(samples)
-            # each import in its child, this process at its lowest: the model written there, its params read
-            # back from the file once both ran
-            imported = _apart(functools.partial(_imported_without_params, out, stage, two_part=two_part,
-                                                input_precision=precision, input_precisions=precisions),
-                              src, "importing the quantized model", progress)
-            if isinstance(ran, RuntimeFailure):
-                raise ran
+            # each import in its child, this process at its lowest: the import first (its refusal said before
+            # onnxruntime runs anything), the model and its Imported written there, read back once all ran
+            kept = Path(tmp) / "imported.pickle"
+            two_parts = _apart(functools.partial(_imported_apart, out, stage, kept, two_part=two_part,
+                                                 input_precision=precision, input_precisions=precisions),
+                               src, "importing the quantized model", progress)
+            # onnxruntime runs the float and the quantized model from their files, beside nothing of the import's
+            # (the comparison below runs the CVM model alone)
+            if progress:
+                progress(0, None, "running the float and quantized models (onnxruntime)")
+            ran = onnx_outputs(float_path, out, samples, os.fspath(src))
             one_part = None
-            if has_two_parts(imported):  # the gas of the one-part import beside it, where one imports
+            if two_parts:  # the gas of the one-part import beside it, where one imports
                 try:
                     one_part = _apart(lambda: one_part_gas(onnx.load(out), input_precisions=precisions), src,
                                       "the one-part import")
                 except CVMError:  # the model is written either way
                     pass
+            imported = pickle.loads(kept.read_bytes())
             _read_back(imported, stage)
             layers = layer_report(onnx.load(out), imported, samples, onnx.load(prepared), progress) \
                 if report else None
@@ -885,11 +885,13 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     return Quantized(imported, agreements, len(samples), model, quantized if models else None, one_part, layers)
 
 
-def _imported_without_params(out: Path, stage: Path, progress: Progress | None = None, **options) -> Imported:
-    """``convert(out, stage, **options)``, its params left in the stage's params file (``_read_back``)."""
+def _imported_apart(out: Path, stage: Path, kept: Path, progress: Progress | None = None, **options) -> bool:
+    """``convert(out, stage, **options)``, its ``Imported`` pickled into ``kept`` with its params left in the stage's
+    params file (``_read_back``); whether it has two-part products (``has_two_parts``)."""
     imported = convert(out, stage, progress=progress, **options)
     imported.graph.params = dict.fromkeys(imported.graph.params)  # their names, in their order
-    return imported
+    kept.write_bytes(pickle.dumps(imported, pickle.HIGHEST_PROTOCOL))
+    return has_two_parts(imported)
 
 
 def _apart(fn: Callable, src: str | os.PathLike, what: str, progress: Progress | None = None):

@@ -81,6 +81,15 @@ def _in_place(graph: onnx.GraphProto, node: onnx.NodeProto, new: list[onnx.NodeP
         graph.node.insert(at + i, n)
 
 
+def _placed(graph: onnx.GraphProto, placed: dict[int, list[onnx.NodeProto]]) -> None:
+    """``graph``'s nodes in one pass, each whose id ``placed`` holds replaced by the nodes it names there (none:
+    dropped; the node itself among them: kept), the rest kept: no search of the nodes per change."""
+    if placed:
+        nodes = [m for n in graph.node for m in placed.get(id(n), (n,))]
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
 def _transposed(x: str, perm: list[int], name: str, new: list[onnx.NodeProto]) -> str:
     """``x``, or a Transpose of it by ``perm`` appended to ``new`` where ``perm`` is not the identity."""
     if perm == sorted(perm):
@@ -725,19 +734,20 @@ def cast_inputs_as_integers(graph: onnx.GraphProto) -> int:
     return done
 
 
-def _constant(graph: onnx.GraphProto, name: str, opsets) -> np.ndarray | None:
+def _constant(graph: onnx.GraphProto, name: str, opsets, known: tuple[dict, dict] | None = None) \
+        -> np.ndarray | None:
     """The value of ``name`` where the graph's initializers and Constant nodes decide it (through any nodes: a
     window op of a constant size, a Cast, a Shape of a constant), by onnx's reference evaluator; None where it reads
     a graph input, where onnx's shape inference does not state every output's shape or one holds more than
-    MAX_FOLDED values (checked before computing them), or where the evaluator cannot compute it."""
+    MAX_FOLDED values (checked before computing them), or where the evaluator cannot compute it. ``known``: the
+    graph's initializers and the nodes computing each name (``_producers``), where the caller holds them."""
     from onnx.reference import ReferenceEvaluator
 
     if not name:
         return None
-    inits = {t.name: t for t in graph.initializer}
+    inits, producer = known or _producers(graph)
     if name in inits:
         return numpy_helper.to_array(inits[name])
-    producer = {o: n for n in graph.node for o in n.output}
     needed, todo, seen = [], [name], set()
     while todo:
         x = todo.pop()
@@ -767,6 +777,11 @@ def _constant(graph: onnx.GraphProto, name: str, opsets) -> np.ndarray | None:
     except Exception:  # noqa: BLE001  (onnx's inference and evaluator raise anything: not a constant here)
         return None
     return np.asarray(value)
+
+
+def _producers(graph: onnx.GraphProto) -> tuple[dict[str, onnx.TensorProto], dict[str, onnx.NodeProto]]:
+    """The graph's initializers by name, and the node computing each name."""
+    return {t.name: t for t in graph.initializer}, {o: n for n in graph.node for o in n.output}
 
 
 def _turns(k: np.ndarray, n: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1088,6 +1103,7 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             readers.setdefault(x, []).append(n)
     outputs = {v.name for v in graph.output}
     names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed node's place (``_placed``)
     done = 0
     for g in list(graph.node):
         w = inits.get(g.input[0]) if g.op_type == "Gather" and len(g.input) == 2 else None
@@ -1139,17 +1155,15 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             copy.input[0], copy.output[0] = term[m.input[0]], _fresh(names, m.output[0], "mask")
             term[m.output[0]] = copy.output[0]
             new.append(copy)
-        at = [i for i, n in enumerate(graph.node) if n is g][0] + 1
-        for k, n in enumerate(new):
-            graph.node.insert(at + k, n)
+        placed.setdefault(id(g), [g])[1:1] = new
         for a in adds:
             biased = _fresh(names, a.output[0], "biased")
             mask = [term[x] for x in a.input if x in term][0]
-            at = [i for i, n in enumerate(graph.node) if n is a][0] + 1
-            graph.node.insert(at, helper.make_node("Add", [biased, mask], [a.output[0]],
-                                                   name=_fresh(names, a.name or a.output[0], "mask")))
+            placed.setdefault(id(a), [a]).insert(1, helper.make_node(
+                "Add", [biased, mask], [a.output[0]], name=_fresh(names, a.name or a.output[0], "mask")))
             a.output[0] = biased
         done += 1
+    _placed(graph, placed)
     return done
 
 
@@ -1174,7 +1188,9 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
             varying.update(n.output)
     outputs = {v.name for v in graph.output}
     names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
-    made = []  # (the bias plus mask, [(an Add, its inputs, the mask's Add after it)])
+    known = _producers(graph)  # the biases' constant nodes stay as they are
+    made = []  # (the bias plus mask, [(an Add's new output, its inputs, the mask's Add after it)])
+    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed node's place (``_placed``)
     for p in list(graph.node):
         if p.op_type != "Add" or p.output[0] in outputs or [x in varying for x in p.input] not in ([False, True],
                                                                                                 [True, False]):
@@ -1184,29 +1200,36 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
         if not adds or any(a.op_type != "Add" or a.output[0] in outputs or list(a.input).count(p.output[0]) != 1 or
                            [r.op_type in READERS for r in readers.get(a.output[0], [])] != [True] for a in adds):
             continue
-        b = _constant(graph, bias, model.opset_import)  # a bias: finite, no value of it masking
+        b = _constant(graph, bias, model.opset_import, known)  # a bias: finite, no value of it masking
         if b is None or b.dtype.kind != "f" or not np.isfinite(b).all() or (b <= MASK_LOW).any():
             continue
-        made.append((p, []))
+        kept = onnx.NodeProto()
+        kept.CopyFrom(p)
+        made.append((kept, []))
         for a in adds:
             biased = _fresh(names, a.output[0], "biased")
             mask = helper.make_node("Add", [biased, term], [a.output[0]], name=_fresh(names, a.name or a.output[0],
                                                                                   "mask"))
-            made[-1][1].append((a, list(a.input), mask))
+            made[-1][1].append((biased, list(a.input), mask))
             a.input[:] = [bias if x == p.output[0] else x for x in a.input]
             a.output[0] = biased
-            graph.node.insert([i for i, n in enumerate(graph.node) if n is a][0] + 1, mask)
-        graph.node.remove(p)  # no Add reads it now
+            placed[id(a)] = [a, mask]
+        placed[id(p)] = []  # no Add reads it now
     if not made:
         return 0
-    found = {n.name for n in masked_softmaxes(model)}
-    done = 0
+    _placed(graph, placed)
+    kept_float = {n.name for n in masked_softmaxes(model)}
+    by_output = {n.output[0]: n for n in graph.node if n.output}
+    placed, done = {}, 0
     for p, parts in made:
-        if all(mask.name in found for _, _, mask in parts):
+        if all(mask.name in kept_float for _, _, mask in parts):
             done += len(parts)
             continue
-        for a, ins, mask in parts:  # no mask's term: as it was
-            graph.node.remove(mask)
+        for biased, ins, mask in parts:  # no mask's term: as it was
+            a = by_output[biased]
+            placed[id(by_output[mask.output[0]])] = []
             a.input[:], a.output[0] = ins, mask.output[0]
-        graph.node.insert(min(i for i, n in enumerate(graph.node) if any(n is a for a, _, _ in parts)), p)
+        first = by_output[parts[0][0]]  # the Adds in graph order: p before the first
+        placed[id(first)] = [p, first]
+    _placed(graph, placed)
     return done

@@ -365,62 +365,67 @@ def test_non_finite_checks_a_large_weight_without_copies_beside_it(at):
     assert peak < (64 << 20) * 9 // 8
 
 
-def _peak_until_the_comparison(tmp_path, monkeypatch, opens: str) -> tuple[int, int]:
-    """quantize's peak RSS above its RSS when it calls ``quantize.<opens>``, until the comparison starts, on a model
-    of 16 MatMuls by 1 MiB weights; and the size of the params file its import wrote."""
+def _peak_between(tmp_path, monkeypatch, opens: tuple[str, int], closes: str) -> tuple[int, int]:
+    """quantize's peak RSS above its RSS at the ``k``-th call of ``quantize.<name>`` (``opens``: (name, k)), until
+    it calls ``quantize.<closes>``, on a model of 16 MatMuls by 1 MiB weights; and the size of the params file its
+    import wrote."""
     import cvm_onnx.app.quantize as q
 
     rng = sixteen_matmuls(tmp_path / "float.onnx")
     np.save(tmp_path / "calibration.npy", rng.normal(size=(2, 1, 1024)).astype(np.float32))
-    start, peaks, sizes = [], [], []
-    called = getattr(q, opens)
+    start, peaks, sizes, calls = [], [], [], [0]
+    name, k = opens
+    opened, closing = getattr(q, name), getattr(q, closes)
 
-    def opening(*args):
-        if not start:
+    def opening(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == k:
             _reset_peak()
             start.append(_rss())
-        return called(*args)
+        return opened(*args, **kwargs)
 
-    def progress(done, total, what):
-        if what == "comparing with the float model":
+    def closed(*args, **kwargs):
+        if start:
             peaks.append(_peak_rss() - start[0])
             [params] = tmp_path.glob(".m.*.tmp/params")  # in the stage, until quantize returns
             sizes.append(params.stat().st_size)
             raise _Stopped
+        return closing(*args, **kwargs)
 
-    monkeypatch.setattr(q, opens, opening)
+    monkeypatch.setattr(q, name, opening)
+    monkeypatch.setattr(q, closes, closed)
     with pytest.raises(_Stopped):
-        q.quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m", progress=progress)
+        q.quantize(tmp_path / "float.onnx", tmp_path / "calibration.npy", tmp_path / "m")
     return peaks[0], sizes[0]
 
 
 @pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the imports run in forked children where the system forks")
 def test_quantize_leaves_the_imports_temporaries_to_a_child_process(tmp_path, monkeypatch):
-    """The import of the quantized model runs in a forked child (``memory.in_child``), which writes the model;
-    quantize's process reads its params back from the file and holds at most 1.25x them from the import's start
-    (``input_precisions``, just before it) to the comparison: 2.4x when the import ran in it (its temporaries'
-    pages kept by the heap)."""
-    peak, params = _peak_until_the_comparison(tmp_path, monkeypatch, "input_precisions")
+    """The import of the quantized model runs in a forked child (``memory.in_child``), which writes the model and
+    its ``Imported``: quantize's process holds at most 1.25x the params from the import's start (its ``_apart``) to
+    onnxruntime's runs (``onnx_outputs``), which follow it: 2.4x when the import ran in it (its temporaries' pages
+    kept by the heap)."""
+    peak, params = _peak_between(tmp_path, monkeypatch, ("_apart", 1), "onnx_outputs")
     assert peak < params * 5 // 4, f"{peak / (1 << 20):.1f} MiB for {params >> 20} MiB of params"
 
 
 @pytest.mark.skipif(not _reset_peak(), reason="Linux's /proc/self/clear_refs resets the peak RSS")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the imports run in forked children where the system forks")
 def test_quantize_leaves_the_one_part_imports_temporaries_to_a_child_process(tmp_path, monkeypatch):
-    """Where the import has two-part products (``has_two_parts``, asked just before), the one-part import that
-    measures their gas runs in a forked child too, before the params are read back: at most 1.25x the params
-    from then to the comparison (it ran in quantize's process, after the comparison, with its params and
-    onnxruntime's leftovers beside it)."""
-    peak, params = _peak_until_the_comparison(tmp_path, monkeypatch, "has_two_parts")
+    """Where the import has two-part products, the one-part import that measures their gas runs in a forked child
+    too (the second ``_apart``), before the ``Imported`` and its params are read back: at most 1.25x the params
+    from then to the CVM model's run (``cvm_outputs``). It ran in quantize's process, after the comparison, with
+    its params and onnxruntime's leftovers beside it."""
+    peak, params = _peak_between(tmp_path, monkeypatch, ("_apart", 2), "cvm_outputs")
     assert peak < params * 5 // 4, f"{peak / (1 << 20):.1f} MiB for {params >> 20} MiB of params"
 
 
-def test_onnxruntime_runs_the_float_and_quantized_models_before_the_imports(tmp_path, monkeypatch):
-    """The comparison's onnxruntime sessions (the float model's holds its float weights) run before the imports, so
-    that nothing of the import (its graph and params, the heap the CVM run left) is held beside them; the CVM model
-    runs alone after them. onnxruntime's failure to run them is raised after the import, whose refusal comes
-    first; nothing is written either way."""
+def test_the_import_runs_before_onnxruntime_which_runs_before_the_cvm_model(tmp_path, monkeypatch):
+    """The import runs first (in its child), so that its refusal comes before onnxruntime runs anything; then the
+    comparison's onnxruntime sessions (the float model's holds its float weights), beside nothing of the import
+    (its ``Imported`` waits in a file); the CVM model runs alone after them. onnxruntime's failure to run them is
+    raised as it is; nothing is written either way."""
     import onnx
     from support.transformers import encoder
 
@@ -436,7 +441,7 @@ def test_onnxruntime_runs_the_float_and_quantized_models_before_the_imports(tmp_
     monkeypatch.setattr(q, "_apart", lambda fn, src, what, *a: said.append(what) or apart(fn, src, what, *a))
     monkeypatch.setattr(q, "cvm_outputs", lambda *a, **k: said.append("CVM") or cvm_outputs(*a, **k))
     done = q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
-    assert said[:3] == ["onnxruntime", "onnxruntime", "importing the quantized model"] and said[-1] == "CVM"
+    assert said[:3] == ["importing the quantized model", "onnxruntime", "onnxruntime"] and said[-1] == "CVM"
     samples = np.load(tmp_path / "c.npy")
     assert done.agreements == q.compare(done.float_model, done.onnx_model, done.imported, samples)
 
@@ -446,12 +451,17 @@ def test_onnxruntime_runs_the_float_and_quantized_models_before_the_imports(tmp_
     def failed(*a, **k):
         raise RuntimeFailure("onnxruntime failed")
 
+    said.clear()
     monkeypatch.setattr(q, "_run_onnx", failed)
     with pytest.raises(RuntimeFailure, match="onnxruntime failed"):
         q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m2")
+    assert said == ["importing the quantized model"]
+    monkeypatch.setattr(q, "_run_onnx", lambda *a, **k: said.append("onnxruntime") or run_onnx(*a, **k))
     monkeypatch.setattr(f, "import_model", refused)
+    said.clear()
     with pytest.raises(UnsupportedError, match="refused by the import"):
         q.quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m3")
+    assert said == ["importing the quantized model"]  # onnxruntime never ran
     assert not (tmp_path / "m2").exists() and not (tmp_path / "m3").exists()
 
 

@@ -102,10 +102,11 @@ def test_constant_folding_infers_shapes_without_the_weights(monkeypatch):
 
 
 def test_onnxruntime_and_the_imports_run_without_the_imports_params_which_come_back_the_same(tmp_path, monkeypatch):
-    """onnxruntime runs the float and the quantized model first; the import and the one-part import (which records
-    only its gas) run in children; the params of the import (written in the model's folder) are read back for the
-    CVM model's run, after all of these, as they were: the names in order, the types, the values of the same
-    import made alone (``convert`` of the quantized model). ``models=False``: neither model is returned."""
+    """The import runs in a child first, then onnxruntime runs the float and the quantized model, then the one-part
+    import (which records only its gas) in a child; the params of the import (written in the model's folder) are
+    read back for the CVM model's run, after all of these, as they were: the names in order, the types, the values
+    of the same import made alone (``convert`` of the quantized model). ``models=False``: neither model is
+    returned."""
     from cvm_onnx.app import quantize as q
     from cvm_onnx.app.api import convert
 
@@ -126,7 +127,7 @@ def test_onnxruntime_and_the_imports_run_without_the_imports_params_which_come_b
     np.save(tmp_path / "c.npy", np.random.default_rng(1).normal(size=(4, 1, 5, 32)).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", save_onnx=tmp_path / "q.onnx",
                     models=False)
-    assert seen[:-1] == ["_run_onnx", "_run_onnx", "importing the quantized model", "the one-part import",
+    assert seen[:-1] == ["importing the quantized model", "_run_onnx", "_run_onnx", "the one-part import",
                          "run_many"]
     assert seen[-1] == len(done.imported.graph.params) > 10
     assert done.one_part_gas is not None and done.float_model is None and done.onnx_model is None

@@ -271,6 +271,29 @@ def test_dense_exact_past_the_float32_bound(k):
     assert run(op, a, np.full((1, k), 127), np.full((1, k), 127)).tolist() == [[16129 * k]]
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1041, 6000), st.sampled_from([127, 255, 1 << 12]), st.integers(1, 3), st.integers(0, 2**32 - 1))
+def test_dense_and_conv2d_in_float32_blocks_are_exact(k, m, rows, seed):
+    """Past float32's bound over all k terms (|x| |w| k >= 2^24), float32 in blocks of fewer terms (each block's sums
+    below 2^24), the blocks added in float64: the exact int64 sums, at the extremes too, for dense and for a conv2d
+    of k = C kh kw terms; the form is float32 (the cheaper products) wherever a block holds MIN_TERMS terms."""
+    from cvm_onnx.core.ops import nn
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-m, m + 1, (rows, k))
+    w = rng.integers(-127, 128, (2, k))
+    x[0, : k // 2], w[0] = m, 127  # a row of the largest sums
+    dtype, terms = nn.exact_form(x, w, k)
+    assert (dtype, terms) == ((np.float32, (2**24 - 1) // (m * 127)) if (2**24 - 1) // (m * 127) >= nn.MIN_TERMS
+                              else (np.float64, k))
+    op, a = make("dense", units=2, use_bias=False)
+    assert np.array_equal(run(op, a, x, w), x @ w.T)
+    c = k // 4
+    xc, wc = x[:, : 4 * c].reshape(rows, c, 2, 2), w[:, : 4 * c].reshape(2, c, 2, 2)
+    op, a = make("conv2d", channels=2, kernel_size=(2, 2), use_bias=False)
+    assert np.array_equal(run(op, a, xc, wc).reshape(rows, 2), x[:, : 4 * c] @ w[:, : 4 * c].T)
+
+
 def test_dense_exact_past_the_float64_bound():
     """(2^27+1)^2 = 2^54 + 2^28 + 1 is no float64 number; int32 accumulation leaves 2^28 + 1."""
     op, a = make("dense", units=1, use_bias=False)

@@ -1,6 +1,6 @@
 """The progress of a long import names its stage (issue 35): ``quantize`` reports preparing, calibrating, quantizing,
-importing (node groups counted to their total), validating and comparing (its samples counted), in that order; the bar
-shows a stage of unknown length by its name alone."""
+importing (node groups counted to their total), validating, onnxruntime's runs and comparing (its samples counted),
+in that order; the bar shows a stage of unknown length by its name alone."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,12 +17,14 @@ def test_quantize_names_each_stage_in_order(tmp_path):
     quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", progress=lambda *a: said.append(a))
     stages = [w for i, (_, _, w) in enumerate(said) if i == 0 or said[i - 1][2] != w]
     assert stages == ["preparing the float model (onnxruntime)", "calibrating", "quantizing (onnxruntime)",
-                      "importing", "validating", "comparing with the float model", "samples"]
+                      "importing", "validating", "running the float and quantized models (onnxruntime)",
+                      "comparing with the float model", "samples"]
     importing = [(d, t) for d, t, w in said if w == "importing"]
     total = importing[0][1]
     assert [d for d, _ in importing] == list(range(1, total + 1)) and {t for _, t in importing} == {total}
     assert [(d, t) for d, t, w in said if w in ("preparing the float model (onnxruntime)", "validating",
-                                                 "comparing with the float model")] == [(0, None)] * 3
+                                                 "running the float and quantized models (onnxruntime)",
+                                                 "comparing with the float model")] == [(0, None)] * 4
 
 
 def test_the_bar_shows_a_stage_of_unknown_length_by_its_name_alone():

@@ -166,7 +166,17 @@ def variance_fits(n: int, peak: int) -> bool:
 def layernorm_plan(n: int, lo: int, hi: int, s: Fraction, eps: Fraction, gamma: np.ndarray, beta: np.ndarray,
                    low: int, high: int) -> LayerNormPlan:
     """The plan of least delta for rows of n integers in [lo, hi] at scale s, epsilon ``eps``, and per-position
-    gamma / s_out and beta / s_out (``gamma``, ``beta``: Fractions), into the output range [low, high]."""
+    gamma / s_out and beta / s_out (``gamma``, ``beta``: Fractions), into the output range [low, high]. Planned
+    over the distinct (gamma_i, beta_i) pairs, in the order of their first positions (a position's multiplier and
+    offset are its pair's)."""
+    if gamma.size == beta.size:
+        pairs: dict[tuple[int, int, int, int], int] = {}  # keyed by integers: a Fraction's hash is a modular inverse
+        index = np.array([pairs.setdefault((g.numerator, g.denominator, b.numerator, b.denominator), len(pairs))
+                          for g, b in zip(gamma.flat, beta.flat)], np.int64)
+        if len(pairs) < gamma.size:
+            first = np.unique(index, return_index=True)[1]
+            p = layernorm_plan(n, lo, hi, s, eps, gamma.reshape(-1)[first], beta.reshape(-1)[first], low, high)
+            return replace(p, multipliers=p.multipliers[index], offsets=p.offsets[index])
     w = hi - lo
     centre = (lo + hi) // 2
     peak = max(centre - lo, hi - centre)
@@ -651,8 +661,9 @@ class Normalized(Deferred):
         t, (outer, n) = self.x.t, self.view
         lo, hi = INT_RANGES[dtype]
         try:
-            p = layernorm_plan(n, t.lo, t.hi, self.x.scale.reshape(()).item(), self.eps, self.gamma / s_out,
-                               self.beta / s_out, lo - out_zero, hi - out_zero)
+            p = layernorm_plan(n, t.lo, t.hi, self.x.scale.reshape(()).item(), self.eps,
+                               *(per_distinct(lambda v: v / s_out, x) for x in (self.gamma, self.beta)),
+                               lo - out_zero, hi - out_zero)
         except NoPlan as e:
             raise Refuse(f"{self.node} ({self.what}): {e}") from None
         ctx.requants.append(Requant(ctx.base, (), None, layernorm=p))
@@ -944,16 +955,34 @@ def square_sums(ctx, du: Tensor, n: int, w: int, unit: int, p_top: int) -> tuple
 def real_values(x, size: int, what: str, op: str = "LayerNormalization", over: str = "normalized positions") \
         -> np.ndarray:
     """A constant gamma or beta (a dequantized constant, as quantize_static writes them, or a float one) as exact
-    Fractions broadcast over ``size`` values (flat: ``over``)."""
-    if isinstance(x, Scaled) and x.t.is_const:
-        v = np.broadcast_to((x.t.value.astype(np.int64) - x.zero) * x.scale, x.shape)
+    Fractions broadcast over ``size`` values (flat: ``over``), one Fraction per distinct stored value (a per-tensor
+    dequantized constant's integers, a float constant's floats), shared by its positions."""
+    if isinstance(x, Scaled) and x.t.is_const and x.per_tensor:
+        v = np.broadcast_to(x.t.value, x.shape)
+        zero, scale = int(x.zero.reshape(-1)[0]), x.scale.reshape(-1)[0]
+        real = lambda q: Fraction((int(q) - zero) * scale)  # noqa: E731
+    elif isinstance(x, Scaled) and x.t.is_const:
+        v, real = np.broadcast_to((x.t.value.astype(np.int64) - x.zero) * x.scale, x.shape), Fraction
     elif isinstance(x, Tensor) and x.is_const and np.asarray(x.value).dtype.kind == "f":
-        v = np.array([Fraction(float(q)) for q in np.asarray(x.value).flat], dtype=object).reshape(x.shape)
+        v, real = np.asarray(x.value), lambda q: Fraction(float(q))  # noqa: E731
     else:
         raise Refuse(f"{op} {what} must be a constant")
     if v.size not in (1, size):
         raise Refuse(f"{op} {what} of {v.size} values for {size} {over}")
-    return np.array([Fraction(q) for q in np.broadcast_to(v.reshape(-1), (size,))], dtype=object)
+    flat = np.broadcast_to(v.reshape(-1), (size,))
+    if flat.dtype == object:
+        return np.array([real(q) for q in flat], dtype=object)
+    distinct, at = np.unique(flat, return_inverse=True)
+    return np.array([real(q) for q in distinct], dtype=object)[at.reshape(-1)]
+
+
+def per_distinct(f: Callable, v: np.ndarray) -> np.ndarray:
+    """``f`` of each value of the object array ``v``, computed once per distinct object (``real_values`` shares
+    one among equal values)."""
+    done: dict[int, object] = {}
+    out = np.empty(v.shape, object)
+    out.flat[:] = [done[id(x)] if id(x) in done else done.setdefault(id(x), f(x)) for x in v.flat]
+    return out
 
 
 def epsilon(node, op: str) -> Fraction:

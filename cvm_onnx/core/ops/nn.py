@@ -41,18 +41,42 @@ def absmax(x: np.ndarray) -> int:
 COLS = 1 << 20
 
 
-def exact_dtype(a: np.ndarray, b: np.ndarray, k: int) -> type:
-    """The cheapest dtype in which the products of integer arrays ``a`` and ``b`` summed over ``k`` terms are exact.
+#: The fewest terms a float32 block of ``exact_form`` sums: with fewer, float64 over all terms is the cheaper form.
+MIN_TERMS = 256
 
-    Every product and every partial sum is an integer of magnitude at most max|a| * max|b| * k. Below 2^24
-    (float32) or 2^53 (float64) such integers and every sum of them are exactly representable, so each BLAS
+
+def exact_form(a: np.ndarray, b: np.ndarray, k: int) -> tuple[type, int]:
+    """The cheapest dtype in which the products of integer arrays ``a`` and ``b`` summed over ``k`` terms are exact,
+    and the terms it sums at once (``summed``).
+
+    Every product and every partial sum of t terms is an integer of magnitude at most max|a| * max|b| * t. Below
+    2^24 (float32) or 2^53 (float64) such integers and every sum of them are exactly representable, so each BLAS
     operation (fused or not, in whatever order it adds) is exact and the float result is the exact integer sum.
-    The precision rule of conv2d/dense (inputs <= 8 bits, |v| <= 127) gives float32 for k <= 1040 and float64
-    for k < 2^39. Beyond (inputs outside their precision) int64: its wrap-around agrees with the runtime's int32
-    accumulation modulo 2^32.
+    float32 over all k terms where that bound holds for t = k; else, where it holds for k in float64, float32 over
+    blocks of the most terms t >= ``MIN_TERMS`` it holds for, each block's exact sum added in float64 (exact: every
+    partial sum of the k terms is below 2^53); else float64 over all terms. The precision rule of conv2d/dense
+    (inputs <= 8 bits, |v| <= 127) gives float32 for k <= 1040, in blocks for k < 2^39. Beyond (inputs outside
+    their precision) int64: its wrap-around agrees with the runtime's int32 accumulation modulo 2^32.
     """
-    bound = absmax(a) * absmax(b) * k
-    return np.float32 if bound < FLOAT32_EXACT else np.float64 if bound < FLOAT64_EXACT else np.int64
+    top = absmax(a) * absmax(b)
+    if top * k < FLOAT32_EXACT:
+        return np.float32, k
+    if top * k >= FLOAT64_EXACT:
+        return np.int64, k
+    terms = (FLOAT32_EXACT - 1) // top
+    return (np.float32, terms) if terms >= MIN_TERMS else (np.float64, k)
+
+
+def summed(a: np.ndarray, b: np.ndarray, terms: int) -> np.ndarray:
+    """``np.matmul(a, b)`` (a's last axis against b's second to last) of arrays of integers in ``exact_form``'s
+    dtype: ``terms`` at a time, the blocks added in float64 (one block: a's dtype)."""
+    k = a.shape[-1]
+    if terms >= k:
+        return np.matmul(a, b)
+    out = np.matmul(a[..., :terms], b[..., :terms, :]).astype(np.float64)
+    for k0 in range(terms, k, terms):
+        out += np.matmul(a[..., k0:k0 + terms], b[..., k0:k0 + terms, :])
+    return out
 
 
 def product_precision(name: str, precisions: list[int], reduced: int, use_bias: bool) -> int:
@@ -146,7 +170,7 @@ class Conv2D(Op):
         (ph, pw), (dh, dw), (sh, sw) = a.padding, a.dilation, a.strides
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        dtype = exact_dtype(x, w, k)
+        dtype, terms = exact_form(x, w, k)
         wm = w.reshape(g, ocg, k)
         # output channels of each group a block at a time, at most COLS weights (converted once if one block)
         per_o = max(1, COLS // (g * k))
@@ -166,7 +190,7 @@ class Conv2D(Op):
                 for o0 in range(0, ocg, per_o):
                     o1 = min(ocg, o0 + per_o)
                     wb = whole[:, o0:o1] if whole is not None else wm[:, o0:o1].astype(dtype)
-                    block = np.matmul(wb, cols).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
+                    block = summed(wb, cols, terms).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
                     if b is not None:
                         block += b.reshape(1, g, ocg, 1, 1)[:, :, o0:o1]
                     out[:, :, o0:o1, r0:r1] = block.astype(np.int32)
@@ -229,8 +253,8 @@ class Dense(Op):
 
     @staticmethod
     def kernel(a, x, w, b=None):
-        dtype = exact_dtype(x, w, x.shape[1])
-        y = np.matmul(x.astype(dtype), w.T.astype(dtype)).astype(np.int64)
+        dtype, terms = exact_form(x, w, x.shape[1])
+        y = summed(x.astype(dtype), w.T.astype(dtype), terms).astype(np.int64)
         if b is not None:
             y += b
         return y.astype(np.int32)
