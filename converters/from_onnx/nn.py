@@ -22,9 +22,10 @@ import numpy as np
 
 from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, MAX_FOLDED, Tensor, check_values, const, type_name
-from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
-                   integer_scales, minus_zero, nearest, onnx_pads, resize_scales, resized_shape,
-                   scaled_size, select, single_axes, spatial_2d, strided_slice, with_ones, without)
+from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, depth_folded,
+                   depth_taps, depth_unfolded, extreme, integer_scales, minus_zero, nearest, one_value_axes, onnx_pads,
+                   reduced, resize_scales, resized_shape, scaled_size, select, single_axes, spatial_2d,
+                   strided_slice, transposed, with_ones, without)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -49,13 +50,6 @@ def check_partial(dtype: int, partial: int, what: str) -> None:
     if dtype in FLOAT_EXACT and partial > FLOAT_EXACT[dtype]:
         raise Refuse(f"precision bound exceeded: {what} partial sums may reach {partial}, beyond the integers "
                      f"{type_name(dtype)} holds exactly")
-
-
-def transposed(ctx, t: Tensor, perm: tuple[int, ...]) -> Tensor:
-    if t.is_const:
-        return const(np.transpose(t.value, perm), t.dtype)
-    shape = tuple(t.shape[p] for p in perm)
-    return ctx.result(ctx.emit("transpose", t.entry, axes=perm), t.dtype, t.lo, t.hi, shape)
 
 
 def minus_zero_point(ctx, t: Tensor, zp: Tensor | None, channel_axis: int | None = None) -> Tensor:
@@ -163,8 +157,11 @@ def mul(ctx, t: Tensor, k: int, dtype: int) -> Tensor:
 @rule("Conv", "ConvInteger", since=1)
 def conv(ctx, node, x, w, b=None, w_zero=None):
     """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d;
-    ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's)."""
+    ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's). A 3-D
+    Conv with taps along the depth: ``depth_conv``; other N-D ones: the 2-D one of ``single_axes``."""
     integer = node.op_type == "ConvInteger"
+    if not integer and len(x.shape) == len(w.shape) == 5 and not one_value_axes(node, x.shape, list(w.shape[2:])):
+        return depth_conv(ctx, node, x, w, b)
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, list(w.shape[2:]))
         y = conv(ctx, node, ctx.reshape(x, without(x.shape, drop)), ctx.reshape(w, without(w.shape, drop)), b,
@@ -198,6 +195,18 @@ def conv(ctx, node, x, w, b=None, w_zero=None):
     return ctx.reshape(y, (n, m, y.shape[3])) if one_d else y
 
 
+def depth_conv(ctx, node, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """A 3-D Conv (taps along the depth) as one conv2d over its depth taps stacked into channels (``depth_folded``,
+    zero padding): the constant weight (M, C/G, kd, kh, kw) arranged (M, kd C/G, kh, kw)."""
+    if not w.is_const:
+        raise Refuse("Conv 3-D of a weight computed at run time has no CVM form (its taps are arranged at import)")
+    groups = node.attr_int("group", 1, lo=1)
+    t, plain = depth_folded(ctx, node, x, 0, list(w.shape[2:]), groups)
+    m, cg, kd, kh, kw = w.shape
+    arranged = const(np.transpose(w.value, (0, 2, 1, 3, 4)).reshape(m, kd * cg, kh, kw), w.dtype)
+    return depth_unfolded(ctx, conv(ctx, plain, t, arranged, b), x.shape[0])
+
+
 def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[int, int, int, int]:
     """(P, CVM stride, offset, out) for one axis of a max pooling: ONNX's output count (ceil mode drops a last
     window starting in the end padding), then the stride-aligned symmetric padding if it stays below the
@@ -216,12 +225,25 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
     return p, 1, p - pb, out
 
 
+def depth_max_pool(ctx, node, x: Tensor, kernel: list[int]) -> Tensor:
+    """A 3-D MaxPool (taps along the depth) as the 2-D one of every depth tap (``depth_taps``, padded with the least
+    value x takes, which never wins), the taps as channels, then ``max`` over each window's kd taps."""
+    taps, plain, out = depth_taps(ctx, node, x, x.lo, kernel, ceil=bool(node.attr_int("ceil_mode", 0)))
+    n, c, _, hh, ww = taps.shape
+    [y, _] = max_pool(ctx, plain, ctx.reshape(taps, (n, c * out * kernel[0], hh, ww)))
+    y = ctx.reshape(y, (n, c, out, kernel[0]) + y.shape[2:])
+    return ctx.reshape(reduced(ctx, "max", y, [3], y.lo, y.hi), (n, c, out) + y.shape[4:])
+
+
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
     """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``. An
     N-D one (N > 2) as the 2-D one of ``single_axes``."""
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    kernel = node.attr_ints("kernel_shape")
+    if len(x.shape) == 5 and not one_value_axes(node, x.shape, kernel):
+        return [depth_max_pool(ctx, node, x, kernel), None]
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, node.attr_ints("kernel_shape"))
         [y, _] = max_pool(ctx, node, ctx.reshape(x, without(x.shape, drop)))

@@ -15,9 +15,9 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
-from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
-                    nearest, normal, onnx_pads, reduced, select, single_axes, spatial_2d, strided_slice, with_ones,
-                    without)
+from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, depth_folded,
+                    depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced, select,
+                    single_axes, spatial_2d, strided_slice, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
@@ -361,7 +361,10 @@ def axes_dropped(ctx, x: Scaled, drop: list[int]) -> Scaled:
 
 def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn's Conv rule does, the zero point's
-    share of the padding corrected by the window sums V). An N-D one (N > 2) as the 2-D one of ``single_axes``."""
+    share of the padding corrected by the window sums V). An N-D one (N > 2) as the 2-D one of ``single_axes``; a
+    3-D one with taps along the depth as the conv2d of ``depth_folded`` (the depth padded with the zero point)."""
+    if len(x.shape) == len(w.shape) == 5 and not one_value_axes(node, x.shape, list(w.shape[2:])):
+        return depth_conv(ctx, node, x, w, bias)
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, list(w.shape[2:]))
         y = conv(ctx, node, axes_dropped(ctx, x, drop), axes_dropped(ctx, w, drop), bias)
@@ -384,6 +387,22 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
         acc = ctx.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[3]))
     shape = (-1, 1, 1) if not one_d else (-1, 1)
     return Scaled(acc, scale.reshape(shape), zero.reshape(shape) if zero.any() else np.zeros((), np.int64))
+
+
+def depth_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
+    """A 3-D Conv as one conv2d over the depth taps stacked into channels (``depth_folded``): the weight (M, C/G,
+    kd, kh, kw) arranged (M, kd C/G, kh, kw), its scale and zero point per output channel unchanged."""
+    x = per_tensor(x, "Conv")
+    wv, _ = weight(w, "the Conv weight")
+    groups = node.attr_int("group", 1, lo=1)
+    t, plain = depth_folded(ctx, node, x.t, int(x.zero.reshape(())), list(wv.shape[2:]), groups)
+    m, cg, kd, kh, kw = wv.shape
+    arranged = np.transpose(w.t.value, (0, 2, 1, 3, 4)).reshape(m, kd * cg, kh, kw)
+    full = [full_rank(v, 5) for v in (w.scale, w.zero)]
+    scale, zero = (v.reshape(v.shape[:1] + (1, 1, 1)) for v in full)
+    y = conv(ctx, plain, Scaled(t, x.scale, x.zero), Scaled(const(arranged, w.t.dtype), scale, zero), bias)
+    return Scaled(depth_unfolded(ctx, y.t, x.shape[0]), *(v.reshape(v.shape[:1] + (1, 1, 1)) if v.size > 1 else v
+                                                           for v in (y.scale, y.zero)))
 
 
 @float_rule("Conv", since=1)
