@@ -278,9 +278,9 @@ def one_value_axes(node, shape: tuple[int, ...], kernel: list[int]) -> list[int]
     return [i for i in range(n) if shape[2 + i] == kernel[i] == 1 and begin[i] == end[i] == 0]
 
 
-def on_axes(node, n: int, keep: list[int], pads: list[int] | None = None):
+def on_axes(node, n: int, keep: list[int], pads: list[int] | None = None, group: int | None = None):
     """The node with its per-axis attributes (of n spatial axes) of the axes ``keep`` only; ``pads`` given: those
-    explicit pads and auto_pad NOTSET."""
+    explicit pads and auto_pad NOTSET; ``group`` given: that group."""
     proto = type(node.proto)()
     proto.CopyFrom(node.proto)
     for a in proto.attribute:
@@ -288,10 +288,11 @@ def on_axes(node, n: int, keep: list[int], pads: list[int] | None = None):
             a.ints[:] = [a.ints[i] for i in keep]
         elif a.name == "pads" and len(a.ints) == 2 * n:
             a.ints[:] = [a.ints[i] for i in keep] + [a.ints[n + i] for i in keep]
-    if pads is not None:
-        kept = [a for a in proto.attribute if a.name not in ("pads", "auto_pad")]
+    given = {k: v for k, v in (("pads", pads), ("group", group)) if v is not None}
+    if given:
+        kept = [a for a in proto.attribute if a.name not in ("auto_pad", *given)]
         del proto.attribute[:]
-        proto.attribute.extend(kept + [helper.make_attribute("pads", pads)])
+        proto.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in given.items()])
     return replace(node, proto=proto)
 
 
@@ -350,7 +351,7 @@ def depth_folded(ctx, node, t: Tensor, fill: int, kernel: list[int], groups: int
         raise Refuse(f"{node.op_type} of {c} channels in {groups} groups")
     taps, plain, out = depth_taps(ctx, node, t, fill, kernel)
     taps = transposed(ctx, ctx.reshape(taps, (n, groups, c // groups, out, kernel[0], hh * ww)), (0, 3, 1, 4, 2, 5))
-    return ctx.reshape(taps, (n * out, kernel[0] * c, hh, ww)), plain
+    return ctx.reshape(taps, (n * out, kernel[0] * c, hh, ww)), on_axes(plain, 2, [0, 1], group=groups)
 
 
 def depth_unfolded(ctx, y: Tensor, n: int) -> Tensor:

@@ -1,6 +1,9 @@
 """Op classes of shipped models the quantized import refused before: nearest Resize at rounding ties (onnxruntime's
-float32 picks), 3-D Conv with taps along the depth."""
+float32 picks), 3-D Conv, MaxPool and AveragePool with taps along the depth."""
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 import onnx
@@ -10,10 +13,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import between_convs, ort_session, qdq, quantizes_whole
+from support.quantized import between_convs, one, ort_session, qdq, quantizes_whole
 from test_import_onnx import check, data, model, node
 from test_quantize_ops12 import MODES, ROUNDINGS, resize_model, resized_equal_onnxruntime
-from test_quantized_fresh_ops import NP, RANGE, oracle_equal
+from test_quantized_fresh_ops import NP, RANGE, oracle_equal, quantized
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -186,3 +189,38 @@ def test_max_pool_3d_is_the_max_of_2d_ones_over_the_depth_taps(d, ceil, quantize
     want = ort_session(m_).run(None, {"x": x})[0]
     got = execute(import_model(m_).graph, {"data": x.astype(np.int32)})[0]
     assert np.array_equal(got.reshape(want.shape), want)
+
+
+@SETTINGS
+@given(d=st.data(), counted=st.booleans())
+def test_average_pool_3d_is_a_depthwise_conv_of_ones(d, counted):
+    """A 3-D AveragePool whose windows all count kd kh kw positions (no pads, or pads counted), of dequantized
+    values: the depthwise Conv over its depth taps by weights 1 at s_x / (kd kh kw), requantized (kernels of 2^k
+    positions: the requantization's multiplier exact) equals the exact mean (window sums of x - z_x by onnx's
+    reference Conv), rounded half to even. Regression: 'AveragePool of a 3-D image: only 2-D here'."""
+    kernel = [d.draw(st.sampled_from([1, 2, 4])) for _ in range(3)]
+    shape = (1, 2) + tuple(k + d.draw(st.integers(0, 2)) for k in kernel)
+    pads = [d.draw(st.integers(0, k - 1)) for k in kernel * 2] if counted else [0] * 6
+    strides = [d.draw(st.integers(1, 2)) for _ in range(3)]
+    z = d.draw(st.integers(-128, 127))
+    inits = {"s": np.float32(2.0**-4), "z": np.int8(z), "so": np.float32(2.0**-5), "zo": np.int8(3)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["p"], name="avg", kernel_shape=kernel, pads=pads, strides=strides,
+                         count_include_pad=int(counted)),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    m_ = qdq(nodes, shape, T.INT8, inits, T.INT8)
+    x = data(d.draw, shape, 8).astype(np.int8)
+    sums = one("Conv", [x.astype(np.int64) - z, np.ones((2, 1) + tuple(kernel))], group=2, pads=pads, strides=strides)
+    want = quantized(sums.astype(np.int64) * Fraction(2**5, 2**4 * math.prod(kernel)), Fraction(1), 3, T.INT8)
+    got = execute(import_model(m_).graph, {"data": x.astype(np.int32)})[0]
+    assert np.array_equal(got.reshape(want.shape), want)
+
+
+def test_average_pool_3d_of_uncounted_pads_is_refused_naming_the_node():
+    inits = {"s": np.float32(0.05), "z": np.int8(0), "so": np.float32(0.3), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["p"], name="avg", kernel_shape=[3, 3, 3], pads=[1] * 6),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"avg \(AveragePool\): AveragePool 3-D whose windows count different numbers "
+                                       r"of positions \(pads not counted, or ceil_mode\) has no CVM form here"):
+        import_model(qdq(nodes, (1, 2, 4, 4, 4), T.INT8, inits, T.INT8))

@@ -389,12 +389,13 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     return Scaled(acc, scale.reshape(shape), zero.reshape(shape) if zero.any() else np.zeros((), np.int64))
 
 
-def depth_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
-    """A 3-D Conv as one conv2d over the depth taps stacked into channels (``depth_folded``): the weight (M, C/G,
-    kd, kh, kw) arranged (M, kd C/G, kh, kw), its scale and zero point per output channel unchanged."""
+def depth_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, groups: int | None = None) -> Scaled:
+    """A 3-D Conv (``groups``: the node's group) as one conv2d over the depth taps stacked into channels
+    (``depth_folded``): the weight (M, C/G, kd, kh, kw) arranged (M, kd C/G, kh, kw), its scale and zero point per
+    output channel unchanged."""
     x = per_tensor(x, "Conv")
     wv, _ = weight(w, "the Conv weight")
-    groups = node.attr_int("group", 1, lo=1)
+    groups = groups or node.attr_int("group", 1, lo=1)
     t, plain = depth_folded(ctx, node, x.t, int(x.zero.reshape(())), list(wv.shape[2:]), groups)
     m, cg, kd, kh, kw = wv.shape
     arranged = np.transpose(w.t.value, (0, 2, 1, 3, 4)).reshape(m, kd * cg, kh, kw)
@@ -727,6 +728,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
+    if len(x.shape) == 5:
+        return depth_average(ctx, node, x)
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
@@ -759,6 +762,24 @@ def average(ctx, node, x: Scaled) -> Scaled:
         return Scaled(acc, np.asarray(sx / int(count.flat[0]), dtype=object), np.zeros((), np.int64))
     return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
                   np.zeros((), np.int64))
+
+
+def depth_average(ctx, node, x: Scaled) -> Scaled:
+    """A 3-D AveragePool whose windows all count kd kh kw positions (no pads, or pads counted; no ceil_mode): the
+    depthwise 3-D Conv by weights 1 (``depth_conv``, the zero point's padding) at scale s_x / (kd kh kw), per
+    tensor."""
+    kernel = node.attr_ints("kernel_shape", lo=1, size=3)
+    begin, end = onnx_pads(node, x.shape[2:], kernel, node.attr_ints("strides", [1] * 3, lo=1, size=3), [1] * 3)
+    if node.attr_int("ceil_mode", 0) or any(begin + end) and not node.attr_int("count_include_pad", 0):
+        raise Refuse("AveragePool 3-D whose windows count different numbers of positions (pads not counted, or "
+                     "ceil_mode) has no CVM form here")
+    c = x.shape[1]
+    ones = Scaled(const(np.ones((c, 1) + tuple(kernel), np.int8), TensorProto.INT8),
+                  np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
+    y = depth_conv(ctx, node, x, ones, None, groups=c)
+    zero = np.asarray(y.zero).reshape(-1)[0]  # every channel's: their weights are the same
+    return Scaled(y.t, np.asarray(x.scale.reshape(()).item() / math.prod(kernel), dtype=object),
+                  np.asarray(zero, np.int64))
 
 
 @float_rule("AveragePool", since=7)
