@@ -241,8 +241,7 @@ def max_pool(ctx, node, x):
     N-D one (N > 2) as the 2-D one of ``single_axes``."""
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
-    kernel = node.attr_ints("kernel_shape")
-    if len(x.shape) == 5 and not one_value_axes(node, x.shape, kernel):
+    if len(x.shape) == 5 and not one_value_axes(node, x.shape, kernel := node.attr_ints("kernel_shape", lo=1, size=3)):
         return [depth_max_pool(ctx, node, x, kernel), None]
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, node.attr_ints("kernel_shape"))
