@@ -268,21 +268,19 @@ def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
     return x
 
 
-def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
-    """A Conv or MaxPool of an N-D image (N > 2, ONNX shape ``shape``, kernel of spatial size ``kernel``) as one of
-    2 spatial axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis
-    dropped has one value, one tap and no padding (a video model run on one frame: (N, C, 1, H, W) by a (1, k, k)
-    kernel), so it has one output whatever its stride, dilation or ceil_mode, the sum (or max) over it is that one
-    value's, and the op over the other axes is the same. Refused where fewer than N - 2 axes are such."""
+def one_value_axes(node, shape: tuple[int, ...], kernel: list[int]) -> list[int]:
+    """The spatial axes (0-based among them) of a Conv or pooling of ONNX shape ``shape`` that hold one value, one tap
+    and no padding."""
     n = len(shape) - 2
     strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
     dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
     begin, end = onnx_pads(node, shape[2:], kernel, strides, dilations)
-    drop = [i for i in range(n) if shape[2 + i] == kernel[i] == 1 and begin[i] == end[i] == 0][:n - 2]
-    if len(drop) < n - 2:
-        raise Refuse(f"{node.op_type} on a {n}-D image: only 1-D and 2-D have a CVM form (or more axes of one "
-                     "value, one tap and no padding each)")
-    keep = [i for i in range(n) if i not in drop]
+    return [i for i in range(n) if shape[2 + i] == kernel[i] == 1 and begin[i] == end[i] == 0]
+
+
+def on_axes(node, n: int, keep: list[int], pads: list[int] | None = None, group: int | None = None):
+    """The node with its per-axis attributes (of n spatial axes) of the axes ``keep`` only; ``pads`` given: those
+    explicit pads and auto_pad NOTSET; ``group`` given: that group."""
     proto = type(node.proto)()
     proto.CopyFrom(node.proto)
     for a in proto.attribute:
@@ -290,7 +288,85 @@ def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
             a.ints[:] = [a.ints[i] for i in keep]
         elif a.name == "pads" and len(a.ints) == 2 * n:
             a.ints[:] = [a.ints[i] for i in keep] + [a.ints[n + i] for i in keep]
-    return replace(node, proto=proto), [2 + i for i in drop]
+    given = {k: v for k, v in (("pads", pads), ("group", group)) if v is not None}
+    if given:
+        kept = [a for a in proto.attribute if a.name not in ("auto_pad", *given)]
+        del proto.attribute[:]
+        proto.attribute.extend(kept + [helper.make_attribute(k, v) for k, v in given.items()])
+    return replace(node, proto=proto)
+
+
+def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
+    """A Conv or MaxPool of an N-D image (N > 2, ONNX shape ``shape``, kernel of spatial size ``kernel``) as one of
+    2 spatial axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis
+    dropped has one value, one tap and no padding (a video model run on one frame: (N, C, 1, H, W) by a (1, k, k)
+    kernel), so it has one output whatever its stride, dilation or ceil_mode, the sum (or max) over it is that one
+    value's, and the op over the other axes is the same. Refused where fewer than N - 2 axes are such."""
+    n = len(shape) - 2
+    drop = one_value_axes(node, shape, kernel)[:n - 2]
+    if len(drop) < n - 2:
+        raise Refuse(f"{node.op_type} on a {n}-D image: only 1-D and 2-D have a CVM form (or more axes of one "
+                     "value, one tap and no padding each)")
+    return on_axes(node, n, [i for i in range(n) if i not in drop]), [2 + i for i in drop]
+
+
+def depth_taps(ctx, node, t: Tensor, fill: int, kernel: list[int], ceil: bool = False):
+    """The depth windows of a 3-D Conv or pooling of t (N, C, D, H, W) by ``kernel``: for output depth o (of Do) and
+    tap j (of kd), input depth o s + j d - b (the depth's stride s, dilation d, begin pad b; ``fill``, the padding,
+    outside [0, D - 1]; Do by ``ceil`` as MaxPool's ``pool_plan``), a ``take`` along the depth: (N, C, Do kd, H, W).
+    Returns (that, the node of the last two axes with explicit pads, Do); refused where a depth pad is negative, a
+    window reads padding only, or the taps would hold more than 2^24 values."""
+    n, c, depth, hh, ww = t.shape
+    strides = node.attr_ints("strides", [1] * 3, lo=1, size=3)
+    dilations = node.attr_ints("dilations", [1] * 3, lo=1, size=3)
+    begin, end = onnx_pads(node, t.shape[2:], kernel, strides, dilations)
+    kd, s, d, b = kernel[0], strides[0], dilations[0], begin[0]
+    span = depth + b + end[0] - d * (kd - 1) - 1
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= depth + b:  # a last window starting past the input: none
+        out -= 1
+    idx = np.arange(out)[:, None] * s + np.arange(kd) * d - b
+    inside = (idx >= 0) & (idx < depth)
+    if span < 0 or b < 0 or end[0] < 0 or not inside.any(axis=1).all():
+        raise Refuse(f"{node.op_type} 3-D of depth {depth} by {kd} taps (pads {b}, {end[0]}) has a depth window of "
+                     "padding only, or none")
+    if n * out * kd * c * hh * ww > MAX_DIM:
+        raise Refuse(f"{node.op_type} 3-D: its {out} x {kd} depth taps hold {n * out * kd * c * hh * ww} values, "
+                     "more than 2^24")
+    idx = np.where(inside, idx, depth).reshape(-1)  # depth: the padding slice
+    if not inside.all():
+        t = concatenated(ctx, 2, t, const(np.full((n, c, 1, hh, ww), fill), t.dtype))
+    taps = ctx.result(ctx.op("take", t, const(idx.astype(np.int32), INT32), axis=2), t.dtype, t.lo, t.hi,
+                      (n, c, out * kd, hh, ww))
+    return taps, on_axes(node, 3, [1, 2], [begin[1], begin[2], end[1], end[2]]), out
+
+
+def depth_folded(ctx, node, t: Tensor, fill: int, kernel: list[int], groups: int):
+    """A 3-D Conv's input t (N, C, D, H, W) as a 2-D one whose channels hold the depth taps (``depth_taps``), stacked
+    per group as (group, tap, channel): (N Do, G kd C/G, H, W). A conv2d of it by the weight (M, C/G, kd, kh, kw)
+    arranged (M, kd C/G, kh, kw) sums every depth window's taps: the 3-D Conv as (N Do, M, Ho, Wo)
+    (``depth_unfolded``). Returns (that input, the node of the last two axes)."""
+    n, c, _, hh, ww = t.shape
+    if c % groups:
+        raise Refuse(f"{node.op_type} of {c} channels in {groups} groups")
+    taps, plain, out = depth_taps(ctx, node, t, fill, kernel)
+    taps = transposed(ctx, ctx.reshape(taps, (n, groups, c // groups, out, kernel[0], hh * ww)), (0, 3, 1, 4, 2, 5))
+    return ctx.reshape(taps, (n * out, kernel[0] * c, hh, ww)), on_axes(plain, 2, [0, 1], group=groups)
+
+
+def depth_unfolded(ctx, y: Tensor, n: int) -> Tensor:
+    """A conv2d's output (N Do, M, Ho, Wo) of ``depth_folded``'s input as the 3-D Conv's (N, M, Do, Ho, Wo)."""
+    nd, m, ho, wo = y.shape
+    y = transposed(ctx, ctx.reshape(y, (n, nd // n, m, ho * wo)), (0, 2, 1, 3))
+    return ctx.reshape(y, (n, m, nd // n, ho, wo))
+
+
+def transposed(ctx, t: Tensor, perm: tuple[int, ...]) -> Tensor:
+    """t with its axes in the order ``perm`` (a constant folded)."""
+    if t.is_const:
+        return const(np.transpose(t.value, perm), t.dtype)
+    shape = tuple(t.shape[p] for p in perm)
+    return ctx.result(ctx.emit("transpose", t.entry, axes=perm), t.dtype, t.lo, t.hi, shape)
 
 
 def without(shape: tuple[int, ...], axes: list[int]) -> tuple[int, ...]:

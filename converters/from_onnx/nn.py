@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from fractions import Fraction
 
 import numpy as np
 
 from .checks import MAX_DIM
 from .context import FLOAT_EXACT, INT32, MAX_FOLDED, Tensor, check_values, const, type_name
-from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, extreme,
-                   integer_scales, minus_zero, nearest, onnx_pads, resize_coordinate, resize_scales, resized_shape,
-                   scaled_size, select, single_axes, spatial_2d, strided_slice, with_ones, without)
+from .emit import (aligned, as_int32, attrs_2d, broadcast_shape, concatenated, conv_window, cropped, depth_folded,
+                   depth_taps, depth_unfolded, extreme, integer_scales, minus_zero, nearest, one_value_axes, onnx_pads,
+                   reduced, resize_scales, resized_shape, scaled_size, select, single_axes, spatial_2d,
+                   strided_slice, transposed, with_ones, without)
 from .evaluated import affine
 from .registry import Refuse, rule
 
@@ -50,13 +50,6 @@ def check_partial(dtype: int, partial: int, what: str) -> None:
     if dtype in FLOAT_EXACT and partial > FLOAT_EXACT[dtype]:
         raise Refuse(f"precision bound exceeded: {what} partial sums may reach {partial}, beyond the integers "
                      f"{type_name(dtype)} holds exactly")
-
-
-def transposed(ctx, t: Tensor, perm: tuple[int, ...]) -> Tensor:
-    if t.is_const:
-        return const(np.transpose(t.value, perm), t.dtype)
-    shape = tuple(t.shape[p] for p in perm)
-    return ctx.result(ctx.emit("transpose", t.entry, axes=perm), t.dtype, t.lo, t.hi, shape)
 
 
 def minus_zero_point(ctx, t: Tensor, zp: Tensor | None, channel_axis: int | None = None) -> Tensor:
@@ -164,8 +157,11 @@ def mul(ctx, t: Tensor, k: int, dtype: int) -> Tensor:
 @rule("Conv", "ConvInteger", since=1)
 def conv(ctx, node, x, w, b=None, w_zero=None):
     """Conv (float carrying integers, bias B) or ConvInteger (x_zero_point as 3rd input, w_zero_point) -> conv2d;
-    ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's)."""
+    ConvInteger of constants with a variable zero point is affine in it (per output channel for the weight's). A 3-D
+    Conv with taps along the depth: ``depth_conv``; other N-D ones: the 2-D one of ``single_axes``."""
     integer = node.op_type == "ConvInteger"
+    if not integer and len(x.shape) == len(w.shape) == 5 and not one_value_axes(node, x.shape, list(w.shape[2:])):
+        return depth_conv(ctx, node, x, w, b)
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, list(w.shape[2:]))
         y = conv(ctx, node, ctx.reshape(x, without(x.shape, drop)), ctx.reshape(w, without(w.shape, drop)), b,
@@ -199,6 +195,18 @@ def conv(ctx, node, x, w, b=None, w_zero=None):
     return ctx.reshape(y, (n, m, y.shape[3])) if one_d else y
 
 
+def depth_conv(ctx, node, x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """A 3-D Conv (taps along the depth) as one conv2d over its depth taps stacked into channels (``depth_folded``,
+    zero padding): the constant weight (M, C/G, kd, kh, kw) arranged (M, kd C/G, kh, kw)."""
+    if not w.is_const:
+        raise Refuse("Conv 3-D of a weight computed at run time has no CVM form (its taps are arranged at import)")
+    groups = node.attr_int("group", 1, lo=1)
+    t, plain = depth_folded(ctx, node, x, 0, list(w.shape[2:]), groups)
+    m, cg, kd, kh, kw = w.shape
+    arranged = const(np.transpose(w.value, (0, 2, 1, 3, 4)).reshape(m, kd * cg, kh, kw), w.dtype)
+    return depth_unfolded(ctx, conv(ctx, plain, t, arranged, b), x.shape[0])
+
+
 def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[int, int, int, int]:
     """(P, CVM stride, offset, out) for one axis of a max pooling: ONNX's output count (ceil mode drops a last
     window starting in the end padding), then the stride-aligned symmetric padding if it stays below the
@@ -217,12 +225,24 @@ def pool_plan(size: int, k: int, s: int, pb: int, pe: int, ceil: bool) -> tuple[
     return p, 1, p - pb, out
 
 
+def depth_max_pool(ctx, node, x: Tensor, kernel: list[int]) -> Tensor:
+    """A 3-D MaxPool (taps along the depth) as the 2-D one of every depth tap (``depth_taps``, padded with the least
+    value x takes, which never wins), the taps as channels, then ``max`` over each window's kd taps."""
+    taps, plain, out = depth_taps(ctx, node, x, x.lo, kernel, ceil=bool(node.attr_int("ceil_mode", 0)))
+    n, c, _, hh, ww = taps.shape
+    [y, _] = max_pool(ctx, plain, ctx.reshape(taps, (n, c * out * kernel[0], hh, ww)))
+    y = ctx.reshape(y, (n, c, out, kernel[0]) + y.shape[2:])
+    return ctx.reshape(reduced(ctx, "max", y, [3], y.lo, y.hi), (n, c, out) + y.shape[4:])
+
+
 @rule("MaxPool", since=1)
 def max_pool(ctx, node, x):
     """MaxPool (int8, uint8, floats) -> max_pool2d; padding never wins in either. With dilations: ``dilated``. An
     N-D one (N > 2) as the 2-D one of ``single_axes``."""
     if node.attr_int("storage_order", 0) != 0:
         raise Refuse("MaxPool storage_order=1 concerns the Indices output, which has no CVM form")
+    if len(x.shape) == 5 and not one_value_axes(node, x.shape, kernel := node.attr_ints("kernel_shape", lo=1, size=3)):
+        return [depth_max_pool(ctx, node, x, kernel), None]
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, node.attr_ints("kernel_shape"))
         [y, _] = max_pool(ctx, node, ctx.reshape(x, without(x.shape, drop)))
@@ -329,65 +349,67 @@ def same_declared(ctx, node, x: Tensor, kernel: list[int], strides: list[int], d
 
 
 # -- nearest resizing -------------------------------------------------------------------------------------------
-def rounded(nearest: str, num: np.ndarray, den: int) -> np.ndarray:
-    """The integer ONNX Resize's nearest mode makes of the exact coordinates num / den."""
+#: onnxruntime's round modes of Resize nearest read a coordinate c as a tie where |c - floor(c) - 1/2| <= TIE (in
+#: float32), and round it to floor(c) (round_prefer_floor) or ceil(c) (round_prefer_ceil) there.
+TIE = np.float32(1e-6)
+NEAREST_MODES = ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn",
+                 "half_pixel_symmetric")
+
+
+def float_coordinate(mode: str, out: int, size: int, s: np.float32) -> np.ndarray:
+    """The float32 input coordinate of each of ``out`` outputs resizing ``size`` values at the float32 scale s, in
+    onnxruntime's operations and their order: half_pixel (o + 1/2) / s - 1/2 (pytorch_half_pixel: the same where
+    out > 1, else 0), asymmetric o / s, tf_half_pixel_for_nn (o + 1/2) / s, align_corners o (size - 1) / (out - 1)
+    (0 where out = 1), half_pixel_symmetric f + (o + 1/2) / s - 1/2 in float64 with f = size / 2 (1 - out / (s size))
+    in float32."""
+    o, half = np.arange(out, dtype=np.float32), np.float32(0.5)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        if mode == "half_pixel" or mode == "pytorch_half_pixel" and out > 1:
+            return (o + half) / s - half
+        if mode == "pytorch_half_pixel" or mode == "align_corners" and out == 1:
+            return np.zeros(out, np.float32)
+        if mode == "asymmetric":
+            return o / s
+        if mode == "tf_half_pixel_for_nn":
+            return (o + half) / s
+        if mode == "align_corners":
+            return o * np.float32(size - 1) / np.float32(out - 1)
+        offset = np.float32(size) / np.float32(2) * (np.float32(1) - np.float32(out) / (s * np.float32(size)))
+        return (np.float64(offset) + (o.astype(np.float64) + 0.5) / np.float64(s) - 0.5).astype(np.float32)
+
+
+def rounded(nearest: str, c: np.ndarray) -> np.ndarray:
+    """The integers onnxruntime's nearest mode makes of the float32 coordinates c: floor, ceil; the round modes
+    floor(c) or ceil(c) at a tie (``TIE``), else c rounded half away from zero."""
+    low = np.floor(c)
     if nearest == "floor":
-        return num // den
+        return low
     if nearest == "ceil":
-        return -(-num // den)
-    if nearest == "round_prefer_ceil":
-        return (2 * num + den) // (2 * den)
-    if nearest == "round_prefer_floor":
-        return -((den - 2 * num) // (2 * den))
-    raise Refuse(f"Resize nearest_mode={nearest} is not an ONNX value")
-
-
-#: A coordinate c nearer a rounding boundary of Resize nearest than (|c| + 1) / 2^TIE_BITS (ties included) may
-#: round either way in onnxruntime's float arithmetic.
-TIE_BITS = 16
+        return np.ceil(c)
+    if nearest not in ("round_prefer_floor", "round_prefer_ceil"):
+        raise Refuse(f"Resize nearest_mode={nearest} is not an ONNX value")
+    frac = c - low
+    tie = np.abs(frac - np.float32(0.5)) <= TIE
+    return np.where(tie, low if nearest == "round_prefer_floor" else np.ceil(c), low + (frac > np.float32(0.5)))
 
 
 def nearest_indices(node, shape: tuple[int, ...], full: list[int], scales, sizes) -> list[np.ndarray | None]:
-    """Per axis, the input index of each output of Resize nearest (None where the axis is kept: scale 1): rounded
-    from the exact coordinate c (``resize_coordinate``) at ONNX's scale (out / size for ``sizes``, else the float
-    ``scales`` value), clamped. onnxruntime computes c in float arithmetic (at out / size): so c (at both scales) must
-    lie farther than (|c| + 1) / 2^TIE_BITS from every rounding boundary of the nearest mode (the integers for floor and
-    ceil, the halves for the round modes), or be 0 where onnxruntime's c is 0 exactly (asymmetric's and
-    align_corners' 0 times a value, pytorch_half_pixel's 0 for one output); else refused, naming the output. An
-    integer upsampling that picks x[o // s] is taken as it is."""
+    """Per axis, the input index of each output of Resize nearest (None where the axis is kept), as onnxruntime picks
+    it: every axis kept where the output shape is the input's, else per axis at the float32 scale s (the ``scales``
+    value, 1 on the axes not listed; float32 out / float32 size for ``sizes``), kept at s = 1, else the rounded
+    (``rounded``) float32 coordinate (``float_coordinate``), clamped to [0, size - 1]."""
     mode = node.attr_str("coordinate_transformation_mode", "half_pixel")
     rounding = node.attr_str("nearest_mode", "round_prefer_floor")
-    if mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric", "align_corners", "tf_half_pixel_for_nn"):
+    if mode not in NEAREST_MODES:
         raise Refuse(f"Resize nearest with coordinate_transformation_mode={mode} has no exact CVM form here")
-    out = []
-    for axis, (d, o, s) in enumerate(zip(shape, full, resize_scales(node, shape, full, scales, sizes))):
-        if s == 1 and o == d:
-            out.append(None)
-            continue
-        coordinates = [resize_coordinate(mode, np.arange(o), d, o, f) for f in (s, Fraction(o, d))]
-        picks = [np.clip(rounded(rounding, num, den), 0, d - 1) for num, den in coordinates]
-        if o % d == 0 and all(np.array_equal(p, np.arange(o) // (o // d)) for p in picks):  # x[o // s]: ``nearest``
-            out.append(picks[0])
-            continue
-        zero = mode in ("asymmetric", "align_corners") or mode == "pytorch_half_pixel" and o == 1  # c = 0 exactly
-        for num, den in coordinates:
-            off = 0 if rounding in ("floor", "ceil") else den // 2 if den % 2 == 0 else None
-            if off is None:  # an odd denominator: the halves are (2 num - den) / 2 den away from the integers
-                num, den, off = 2 * num, 2 * den, den
-            gap = np.minimum((num - off) % den, -(num - off) % den)  # to the nearest boundary, times den
-            near = (gap << TIE_BITS < np.abs(num) + den) & ((num != 0) | (not zero))
-            if near.any():
-                k = int(np.flatnonzero(near)[0])
-                raise Refuse(f"Resize nearest {mode}/{rounding} from {d} to {o} values on axis {axis}: output {k}'s "
-                             f"coordinate {float(Fraction(int(num[k]), den)):.9g} is a rounding tie or within float "
-                             "error of one, which onnxruntime's float arithmetic may round either way")
-        if not np.array_equal(*picks):
-            k = int(np.flatnonzero(picks[0] != picks[1])[0])
-            raise Refuse(f"Resize nearest {mode}/{rounding} by scale {float(s)} from {d} to {o} values on axis {axis}: "
-                         f"output {k} reads input {int(picks[0][k])} at that scale, {int(picks[1][k])} at {o}/{d} "
-                         "(onnxruntime's): no one exact form")
-        out.append(picks[0])
-    return out
+    if list(full) == list(shape):
+        return [None] * len(shape)
+    if sizes is not None and sizes.size:
+        factors = [np.float32(o) / np.float32(d) for o, d in zip(full, shape)]
+    else:
+        factors = [np.float32(float(f)) for f in resize_scales(node, shape, full, scales, sizes)]
+    return [None if s == 1 else np.clip(rounded(rounding, float_coordinate(mode, o, d, s)), 0, d - 1).astype(np.int64)
+            for d, o, s in zip(shape, full, factors)]
 
 
 @rule("Resize", since=11)

@@ -161,15 +161,6 @@ def test_a_quantized_conv_of_one_frame_requantized_in_runs_of_channels_is_its_2d
     assert np.array_equal(imported(w, x, [0, 1, 1, 0, 1, 1]).reshape(want.shape), want)
 
 
-def test_a_conv_of_a_3d_image_with_taps_along_every_axis_is_refused_naming_the_node():
-    """A 3-D Conv whose axes all have taps (a video model's (3, 3, 3) kernel) has no CVM form: one line naming the
-    node and the rule."""
-    with pytest.raises(UnsupportedError) as e:
-        import_model(dq_conv((1, 3, 3, 4, 4), np.ones((4, 3, 3, 3, 3), np.int8), {}, False))
-    [p] = e.value.problems
-    assert p.where == "conv (Conv)" and "Conv on a 3-D image: only 1-D and 2-D have a CVM form" in p.rule
-
-
 def sliced(start: int, then: str) -> onnx.ModelProto:
     """DequantizeLinear(x (1, 4, 3)) -> Slice of channels [start:] -> ``then`` -> QuantizeLinear: "Concat" joins
     the slice to x (torch.cat([x, a[:, n:]]); another op reads the slice itself."""

@@ -1276,3 +1276,32 @@ def test_a_conv_of_one_frame_and_an_empty_slice_concatenated(tmp_path):
     write_model(imp.graph, tmp_path / "cvm")
     xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+def test_3d_conv_and_pools_over_depth_taps_and_a_resize_at_ties(tmp_path):
+    """A 3-D Conv with taps along the depth (group 2, weights per channel, a bias, pads, depth stride 2) as the
+    conv2d of its depth taps stacked into channels, a 3-D MaxPool (the max over the depth taps of 2-D ones), a 3-D
+    AveragePool (pads counted: a depthwise Conv of ones), then a nearest Resize 1.5x (half_pixel, ties: a take of
+    onnxruntime's picks): the runtime loads it and gives the reference executor's integers, extremes included."""
+    rng = np.random.default_rng(13)
+    sw = np.linspace(0.01, 0.03, 4).astype(np.float32)
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "w8": rng.integers(-127, 128, (4, 2, 3, 3, 2)).astype(np.int8),
+             "sw": sw, "zw": np.zeros(4, np.int8), "b": np.array([5, -9, 40, 0], np.int32), "sb": sw * np.float32(0.05),
+             "so": np.float32(0.37), "zo": np.int8(-4), "sc": np.array([1, 1, 1, 1.5, 1.5], np.float32)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w8", "sw", "zw"], ["wf"], axis=0),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0),
+             h.make_node("Conv", ["xf", "wf", "bf"], ["c"], group=2, pads=[1, 1, 0, 1, 1, 1], strides=[2, 1, 1]),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["cq"]),
+             h.make_node("DequantizeLinear", ["cq", "so", "zo"], ["cf"]),
+             h.make_node("MaxPool", ["cf"], ["m"], kernel_shape=[2, 2, 3], pads=[1, 0, 1, 1, 1, 1], ceil_mode=1),
+             h.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2, 3, 2], pads=[1, 1, 0, 0, 1, 1],
+                         count_include_pad=1),
+             h.make_node("Resize", ["a", "", "sc"], ["r"], mode="nearest"),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (1, 4, 5, 6, 6)
+    imp = import_model(qdq(nodes, shape, T.INT8, inits, T.INT8), input_precision=8)
+    assert {"conv2d", "max_pool2d", "max", "take"} <= {n.op for n in imp.graph.nodes}
+    write_model(imp.graph, tmp_path / "cvm")
+    xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

@@ -15,9 +15,9 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
-from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, minus_zero,
-                    nearest, normal, onnx_pads, reduced, select, single_axes, spatial_2d, strided_slice, with_ones,
-                    without)
+from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, depth_folded,
+                    depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced, select,
+                    single_axes, spatial_2d, strided_slice, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
@@ -361,7 +361,10 @@ def axes_dropped(ctx, x: Scaled, drop: list[int]) -> Scaled:
 
 def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
     """Conv: conv2d (groups, strides, dilations; its zero padding aligned as nn's Conv rule does, the zero point's
-    share of the padding corrected by the window sums V). An N-D one (N > 2) as the 2-D one of ``single_axes``."""
+    share of the padding corrected by the window sums V). An N-D one (N > 2) as the 2-D one of ``single_axes``; a
+    3-D one with taps along the depth as the conv2d of ``depth_folded`` (the depth padded with the zero point)."""
+    if len(x.shape) == len(w.shape) == 5 and not one_value_axes(node, x.shape, list(w.shape[2:])):
+        return depth_conv(ctx, node, x, w, bias)
     if len(x.shape) > 4:
         node, drop = single_axes(node, x.shape, list(w.shape[2:]))
         y = conv(ctx, node, axes_dropped(ctx, x, drop), axes_dropped(ctx, w, drop), bias)
@@ -384,6 +387,23 @@ def conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
         acc = ctx.reshape(acc, (acc.shape[0], acc.shape[1], acc.shape[3]))
     shape = (-1, 1, 1) if not one_d else (-1, 1)
     return Scaled(acc, scale.reshape(shape), zero.reshape(shape) if zero.any() else np.zeros((), np.int64))
+
+
+def depth_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, groups: int | None = None) -> Scaled:
+    """A 3-D Conv (``groups``: the node's group) as one conv2d over the depth taps stacked into channels
+    (``depth_folded``): the weight (M, C/G, kd, kh, kw) arranged (M, kd C/G, kh, kw), its scale and zero point per
+    output channel unchanged."""
+    x = per_tensor(x, "Conv")
+    wv, _ = weight(w, "the Conv weight")
+    groups = groups or node.attr_int("group", 1, lo=1)
+    t, plain = depth_folded(ctx, node, x.t, int(x.zero.reshape(())), list(wv.shape[2:]), groups)
+    m, cg, kd, kh, kw = wv.shape
+    arranged = np.transpose(w.t.value, (0, 2, 1, 3, 4)).reshape(m, kd * cg, kh, kw)
+    full = [full_rank(v, 5) for v in (w.scale, w.zero)]
+    scale, zero = (v.reshape(v.shape[:1] + (1, 1, 1)) for v in full)
+    y = conv(ctx, plain, Scaled(t, x.scale, x.zero), Scaled(const(arranged, w.t.dtype), scale, zero), bias)
+    return Scaled(depth_unfolded(ctx, y.t, x.shape[0]), *(v.reshape(v.shape[:1] + (1, 1, 1)) if v.size > 1 else v
+                                                           for v in (y.scale, y.zero)))
 
 
 @float_rule("Conv", since=1)
@@ -708,6 +728,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
+    if len(x.shape) == 5:
+        return depth_average(ctx, node, x)
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
@@ -740,6 +762,24 @@ def average(ctx, node, x: Scaled) -> Scaled:
         return Scaled(acc, np.asarray(sx / int(count.flat[0]), dtype=object), np.zeros((), np.int64))
     return Scaled(acc, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
                   np.zeros((), np.int64))
+
+
+def depth_average(ctx, node, x: Scaled) -> Scaled:
+    """A 3-D AveragePool whose windows all count kd kh kw positions (no pads, or pads counted; no ceil_mode): the
+    depthwise 3-D Conv by weights 1 (``depth_conv``, the zero point's padding) at scale s_x / (kd kh kw), per
+    tensor."""
+    kernel = node.attr_ints("kernel_shape", lo=1, size=3)
+    begin, end = onnx_pads(node, x.shape[2:], kernel, node.attr_ints("strides", [1] * 3, lo=1, size=3), [1] * 3)
+    if node.attr_int("ceil_mode", 0) or any(begin + end) and not node.attr_int("count_include_pad", 0):
+        raise Refuse("AveragePool 3-D whose windows count different numbers of positions (pads not counted, or "
+                     "ceil_mode) has no CVM form here")
+    c = x.shape[1]
+    ones = Scaled(const(np.ones((c, 1) + tuple(kernel), np.int8), TensorProto.INT8),
+                  np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
+    y = depth_conv(ctx, node, x, ones, None, groups=c)
+    zero = np.asarray(y.zero).reshape(-1)[0]  # every channel's: their weights are the same
+    return Scaled(y.t, np.asarray(x.scale.reshape(()).item() / math.prod(kernel), dtype=object),
+                  np.asarray(zero, np.int64))
 
 
 @float_rule("AveragePool", since=7)
