@@ -73,10 +73,10 @@ def check(shape, x_type, out_type, s, so, eps, sg, float_params, zx, zo, gamma, 
     [p] = [r.layernorm for r in imp.requants if r.layernorm]
     s_, so_, eps_ = (Fraction(float(np.float32(v))) for v in (s, so, eps))
     lo, hi = (-128, 127) if out_type == T.INT8 else (0, 255)
-    u, y = (x - zx).reshape(shape[0], k, n), got.reshape(shape[0], k, n)
+    stored, u, y = (v.reshape(shape[0], k, n) for v in (x, x - zx, got))
     for j in range(k):
         channels = [j * (c // k) + i // size for i in range(n)]
-        want = layernorm_oracle(u[:, j], (shape[0], n), s_, eps_, [g[i] for i in channels], [b[i] for i in channels],
+        want = layernorm_oracle(stored[:, j], (shape[0], n), s_, eps_, [g[i] for i in channels], [b[i] for i in channels],
                                 so_, zo, lo, hi, p)
         assert np.array_equal(y[:, j], want)
     xr = u * float(s_)
@@ -214,6 +214,19 @@ def test_wide_rows_of_low_variance_equal_their_integer_form(d, size, x_type, s, 
     so = max(abs(int(gamma[0])) * 0.01 / steps, abs(int(beta[0])) * s * 0.01 / 64)  # beta within 64 steps
     p = check(shape, x_type, T.INT8, s, so, eps, 0.01, False, zx, 0, gamma, beta, x)
     assert p.wide and p.wide.cap
+
+
+def test_a_wide_row_is_compared_on_the_integers_the_import_reads():
+    """The wide form's Y floors sums of u = x - c, which a shift of x changes: the oracle is given the stored
+    integers, as the import reads them. Given x - z (int8 at z = -111, c = -1), its Y was 17199 where the import's
+    is 17200 (another bucket: 1210 outputs one step apart, both within the bound)."""
+    size, zx, gamma, beta, steps, s = 29056, -111, -127, 50, 25, 0.03
+    rng = np.random.default_rng(5610)
+    shape = (2, 1, size)
+    x = np.clip(zx + rng.integers(-3, 4, shape) * (rng.random(shape) < 0.3), -128, 127)
+    so = max(abs(gamma) * 0.01 / steps, abs(beta) * s * 0.01 / 64)
+    p = check(shape, T.INT8, T.INT8, s, so, 1e-6, 0.01, False, zx, 0, np.array([gamma]), np.array([beta]), x)
+    assert p.wide and p.centre != 0
 
 
 def test_instance_norm_refusals_name_the_node():

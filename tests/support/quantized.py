@@ -615,7 +615,8 @@ def average_pool(v: np.ndarray, scale, a: dict) -> tuple[np.ndarray, np.ndarray]
 def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fraction, gamma: list[Fraction],
                      beta: list[Fraction], s_out: Fraction, zo: int, lo: int, hi: int, p) -> np.ndarray:
     """QuantizeLinear(LayerNormalization) by the integer form of docs/import.md, with the import's T, K, F, j and k
-    and everything else recomputed here: u = x - c, D = n u - sum u, V = n sum u^2 - (sum u)^2, the level m and
+    and everything else recomputed here: u = x - c (x the stored integers, as the import reads them: the wide
+    form's floors of sums of u are not translation-invariant), D = n u - sum u, V = n sum u^2 - (sum u)^2, the level m and
     bucket of V, R = round(2^(F+m+h) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
     N = trunc(D R / 2^(m+j)) (h = 0), else trunc(D (R >> h) / 2^(m+j)) + trunc(D (R mod 2^h) / 2^(m+j+h)),
     y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out) (s = 0), else
