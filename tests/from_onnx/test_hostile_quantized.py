@@ -1123,3 +1123,25 @@ def test_a_clip_of_a_constant_by_a_computed_bound_is_the_max_of_their_quantizati
     [got] = execute(imp.graph, {"data": x.astype(np.int32)})
     c = round(Fraction(float(np.float32(0.3))) / Fraction(float(np.float32(0.05)))) + 3
     assert np.array_equal(got.reshape(x.shape), np.maximum(x, c))
+
+
+@pytest.mark.parametrize("mode, inputs, said", [
+    ("nearest", ["x", "", ""], "neither scales nor sizes"), ("nearest", ["x"], "neither scales nor sizes"),
+    ("nearest", ["x", "", "sc", "sz"], "both scales and sizes"), ("linear", ["xf", "", ""], "neither scales nor sizes"),
+    ("linear", ["xf", "", "sc", "sz"], "both scales and sizes")])
+def test_a_resize_of_neither_or_both_scales_and_sizes_is_refused_naming_it(mode, inputs, said):
+    """Resize needs exactly one of scales and sizes (onnxruntime refuses the model otherwise): nearest of integers
+    and linear between quantized tensors, refused in one line naming the node. Regression: an internal
+    AttributeError ('NoneType' object has no attribute 'value'), the newest13 fuzz target on its Resize seeds."""
+    from support.quantized import qdq
+
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "sc": np.array([1, 1, 2, 2], np.float32),
+             "sz": np.array([1, 2, 8, 8], np.int64)}
+    resize = h.make_node("Resize", inputs, ["r"], name="up", mode=mode)
+    nodes = [resize] if mode == "nearest" else [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), resize,
+                                                h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 4, 4), T.INT8, inits, T.INT8, out="r" if mode == "nearest" else "y", opset=19)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "up (Resize)" and f"Resize with {said}: ONNX requires exactly one" in p.rule, p
