@@ -1145,3 +1145,23 @@ def test_a_resize_of_neither_or_both_scales_and_sizes_is_refused_naming_it(mode,
         import_model(m, input_precision=9)
     [p] = e.value.problems
     assert p.where == "up (Resize)" and f"Resize with {said}: ONNX requires exactly one" in p.rule, p
+
+
+@pytest.mark.parametrize("kernel, strides, ceil", [([(1 << 31) - 1, 1], [2, 2], 1), ([(1 << 31) - 1, 1], [2, 2], 0),
+                                                   ([1 << 30, 1], [1 << 30, 1], 1), ([8, 1], [4, 1], 1)])
+def test_an_average_pool_kernel_past_the_padded_input_is_refused_before_allocating_it(kernel, strides, ceil):
+    """AveragePool of a kernel larger than the padded input (5 + 1 values), with or without ceil_mode (whose one
+    window may pass the input by less than a stride): refused in one line naming the node, before the kernel's
+    weights are allocated. Regression: a MemoryError allocating 32 GiB of ones (the newest13 fuzz target on the
+    ceil_mode seed)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["p"], name="pool", kernel_shape=kernel, strides=strides,
+                         pads=[0, 0, 1, 0], ceil_mode=ceil),
+             h.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 5, 7), T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT8, opset=19)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "pool (AveragePool)" and f"the kernel ({kernel[0]}) is larger than the padded input (6)" in p.rule

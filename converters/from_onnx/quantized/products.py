@@ -685,10 +685,13 @@ def gemm_rule(ctx, node, a, b, c=None):
 def ceil_ends(node, size: tuple[int, ...], kernel, strides, begin, end) -> tuple[list[int], list[int]]:
     """Under ceil_mode, (the end pads that hold every window, the output count per axis): ceil((size + pads -
     k) / s) + 1 windows, as onnxruntime (and torch) count them; a last window that would start past the input
-    (onnxruntime drops it, ONNX's shape inference keeps it) is refused. Without ceil_mode, (end, floor's count)."""
+    (onnxruntime drops it, ONNX's shape inference keeps it) is refused, and so is a kernel larger than the padded
+    input (ceil_mode's one window past it too). Without ceil_mode, (end, floor's count)."""
     ceil = node.attr_int("ceil_mode", 0)
     ends, outs = [], []
     for n, k, s, b, e in zip(size, kernel, strides, begin, end):
+        if k > n + b + e:
+            raise Refuse(f"the kernel ({k}) is larger than the padded input ({n + b + e})")
         out = (n + b + e - k + (s - 1 if ceil else 0)) // s + 1
         if ceil and (out - 1) * s - b >= n:
             raise Refuse(f"{node.op_type} ceil_mode where the last window starts past the input ({n} values, pads "
