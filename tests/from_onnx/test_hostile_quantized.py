@@ -1165,3 +1165,32 @@ def test_an_average_pool_kernel_past_the_padded_input_is_refused_before_allocati
         import_model(m, input_precision=9)
     [p] = e.value.problems
     assert p.where == "pool (AveragePool)" and f"the kernel ({kernel[0]}) is larger than the padded input (6)" in p.rule
+
+
+@pytest.mark.parametrize("name, attrs, said", [("su\ns", {"exclu\x1bive": 1}, r"unknown attribute 'exclu\x1bive'"),
+                                               ("su\u2028ms", {"reverse": 1.5}, "attribute reverse must be INT"),
+                                               ("sums\r", {}, None)])
+def test_a_problem_at_a_node_named_with_a_line_break_is_one_line(tmp_path, capsys, name, attrs, said):
+    """A node whose name (or attribute's name) holds a line break or a control character: each problem printed as
+    one line, those characters escaped, by the import (its file checks and its rules) and by the command line.
+    Regression: 'su\\ns: CumSum: unknown attribute ...' took two lines (the newest13 fuzz target's generic mutation
+    of the CumSum seed)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("CumSum", ["xf", "ax"], ["c"], name=name, **attrs),
+             h.make_node("QuantizeLinear", ["c", "s", "z"], ["y"])]
+    m = qdq(nodes, (2, 3), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "ax": np.array(1, np.int64)}, T.INT8, 18)
+    if said is None:  # a rule's refusal: a CumSum of an axis input that is no constant
+        m.graph.node[1].input[1] = "x"
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    assert e.value.problems and all("\n" not in str(p) and "\r" not in str(p) and "\u2028" not in str(p)
+                                    for p in e.value.problems), e.value.problems
+    assert len(str(e.value).splitlines()) == len(e.value.problems)
+    assert said is None or said in str(e.value), str(e.value)
+    onnx.save(m, tmp_path / "m.onnx")
+    assert cli.main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == len(e.value.problems), err
+
