@@ -273,8 +273,11 @@ def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
     2 spatial axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis
     dropped has one value, one tap and no padding (a video model run on one frame: (N, C, 1, H, W) by a (1, k, k)
     kernel), so it has one output whatever its stride, dilation or ceil_mode, the sum (or max) over it is that one
-    value's, and the op over the other axes is the same. Refused where fewer than N - 2 axes are such."""
+    value's, and the op over the other axes is the same. Refused where fewer than N - 2 axes are such, or where the
+    kernel has not N axes."""
     n = len(shape) - 2
+    if len(kernel) != n:
+        raise Refuse(f"{node.op_type} kernel of shape {tuple(kernel)} on a {n}-D image: one size per spatial axis")
     strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
     dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
     begin, end = onnx_pads(node, shape[2:], kernel, strides, dilations)

@@ -1194,3 +1194,23 @@ def test_a_problem_at_a_node_named_with_a_line_break_is_one_line(tmp_path, capsy
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == len(e.value.problems), err
 
+
+@pytest.mark.parametrize("op, kernel", [("MaxPool", [9, 9]), ("MaxPool", [1]), ("MaxPool", [1, 1, 2, 2]),
+                                        ("Conv", [3, 3]), ("Conv", [1, 1, 3, 3])])
+def test_a_3d_kernel_of_another_rank_is_refused_naming_the_node(op, kernel):
+    """A MaxPool (of int8 values, as onnxruntime's QOperator models have it) or a QDQ Conv of a 3-D image (one frame)
+    whose kernel_shape or weight has not 3 spatial axes: refused in one line naming the node. Regression: an
+    internal IndexError in single_axes (the newest13 fuzz target's hunt on the 3-D QOperator seed)."""
+    from support.quantized import qdq
+    from test_quantize_fresh12 import dq_conv
+
+    if op == "MaxPool":
+        m = qdq([h.make_node("MaxPool", ["x"], ["r"], name="pool", kernel_shape=kernel)], (1, 2, 1, 6, 5), T.INT8, {},
+                T.INT8, out="r", opset=12)
+    else:
+        m = dq_conv((1, 3, 1, 6, 6), np.ones((4, 3, *kernel), np.int8), {}, False)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == ("pool (MaxPool)" if op == "MaxPool" else "conv (Conv)"), p
+    assert f"kernel of shape {tuple(kernel)} on a 3-D image: one size per spatial axis" in p.rule, p
