@@ -1214,3 +1214,30 @@ def test_a_3d_kernel_of_another_rank_is_refused_naming_the_node(op, kernel):
     [p] = e.value.problems
     assert p.where == ("pool (MaxPool)" if op == "MaxPool" else "conv (Conv)"), p
     assert f"kernel of shape {tuple(kernel)} on a 3-D image: one size per spatial axis" in p.rule, p
+
+
+@pytest.mark.parametrize("outputs, packed", [(["wt", "wt"], True), (["wt"], False), (["w"], True)])
+def test_outputs_computed_from_constants_alone_are_refused_naming_them(tmp_path, outputs, packed):
+    """--outputs at a tensor no graph input reaches (a weight, or a Transpose of it): the cut graph has no input,
+    refused in one line per name by quantize (a model of one input, or of two from an .npz) and by convert.
+    Regression: quantize's internal IndexError running onnxruntime on a graph of no input (the quantize-newest13
+    fuzz target: the T5 block cut at its position bias's Gather of constant buckets), or quantize_static's failure
+    ('Invalid input name: x')."""
+    rng = np.random.default_rng(0)
+    ins = ["x", "v"] if packed else ["x"]
+    g = h.make_graph([h.make_node("Sum", ins, ["a"]), h.make_node("MatMul", ["a", "w"], ["y"]),
+                      h.make_node("Transpose", ["w"], ["wt"])], "m",
+                     [h.make_tensor_value_info(x, T.FLOAT, [1, 4]) for x in ins],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    samples = {x: rng.normal(size=(6, 1, 4)).astype(np.float32) for x in ins}
+    cal = tmp_path / ("c.npz" if packed else "c.npy")
+    np.savez(cal, **samples) if packed else np.save(cal, samples["x"])
+    for run in (lambda: quantize(tmp_path / "f.onnx", cal, tmp_path / "out" / "m", outputs=outputs),
+                lambda: api.convert(tmp_path / "f.onnx", tmp_path / "out" / "c", outputs=outputs)):
+        with pytest.raises(UnsupportedError) as e:
+            run()
+        assert [(p.where, p.rule) for p in e.value.problems] == \
+            [(outputs[0], "computed from constants alone: a graph cut there reads no input")], e.value
+        assert not (tmp_path / "out").exists()
