@@ -18,9 +18,13 @@ QLinear inputs, weight types and input shapes or generically; every import is ex
 of the forms added last (``HQ.latest_seeds``), ``norms-masks`` for those of the decoder masks, normalizations,
 Casts, images and long grouped convolutions among them (``HQ.NORMS_AND_MASKS``), ``newest`` for those of GeM
 pooling, roots, wide-row norms, GPT-2's eager and the slice-assigned masks, masked ReduceLogSumExp, the Celu, Shrink
-and ThresholdedRelu tables, Where of two grids, Sum, Mean, ReverseSequence and far-zero quotients (``HQ.NEWEST``).
+and ThresholdedRelu tables, Where of two grids, Sum, Mean, ReverseSequence and far-zero quotients (``HQ.NEWEST``),
+``newest13`` for those of AveragePool ceil_mode, nearest Resize to any size, CumSum, Trilu, Hardmax, GlobalLpPool,
+3-D Conv and MaxPool of one frame, an empty slice concatenated, 32768-value norm rows and an attention bias of
+masking rows, QDQ and QOperator (``HQ.newest13_seeds``).
 ``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets, ``quantize-latest`` those of the
-forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds (``HQ.NORMS_AND_MASKS_FLOAT``).
+forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds
+(``HQ.NORMS_AND_MASKS_FLOAT``), ``quantize-newest13`` those of the newest13 forms (``HQ.NEWEST13_FLOAT``).
 ``layouts`` loads the packed seeds' model directories with their quantization.json edited and runs them on mutated
 named inputs (.npz): the outputs must be those of the directory's own layout, or the edit refused
 (``HQ.check_layout``). Each child may add CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
@@ -78,9 +82,11 @@ CHILD_TARGETS = {
     "norms-masks": lambda: HQ.mutated({k: v for k, v in HQ.latest_seeds().items()
                                        if k.split("/")[0] in HQ.NORMS_AND_MASKS}),
     "newest": lambda: HQ.mutated({k: v for k, v in HQ.latest_seeds().items() if k.split("/")[0] in HQ.NEWEST}),
+    "newest13": lambda: HQ.mutated(HQ.newest13_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
     "quantize-norms-masks": lambda: HQ.mutated_calibration(HQ.NORMS_AND_MASKS_FLOAT),
+    "quantize-newest13": lambda: HQ.mutated_calibration(HQ.NEWEST13_FLOAT),
     "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
@@ -154,8 +160,9 @@ def convert_and_run(data: bytes) -> str:
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "norms-masks": "quantized",
-          "newest": "quantized",
+          "newest": "quantized", "newest13": "quantized",
           "quantize": "quantize", "quantize-latest": "quantize", "quantize-norms-masks": "quantize",
+          "quantize-newest13": "quantize",
           "layouts": "layouts"}
 
 

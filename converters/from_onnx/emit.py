@@ -270,8 +270,10 @@ def spatial_2d(ctx, x: Tensor, what: str) -> Tensor:
 
 def one_value_axes(node, shape: tuple[int, ...], kernel: list[int]) -> list[int]:
     """The spatial axes (0-based among them) of a Conv or pooling of ONNX shape ``shape`` that hold one value, one tap
-    and no padding."""
+    and no padding; refused where the kernel has not one size per spatial axis."""
     n = len(shape) - 2
+    if len(kernel) != n:
+        raise Refuse(f"{node.op_type} kernel of shape {tuple(kernel)} on a {n}-D image: one size per spatial axis")
     strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
     dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
     begin, end = onnx_pads(node, shape[2:], kernel, strides, dilations)
@@ -436,10 +438,15 @@ def reduced(ctx, op: str, x: Tensor, axes: list[int], lo: int, hi: int) -> Tenso
 
 
 def resized_shape(node, x: Tensor, scales: Tensor | None, sizes: Tensor | None) -> list[int]:
-    """The output shape of Resize from ``sizes`` (stretch policy only) or constant ``scales`` over ``axes``."""
+    """The output shape of Resize from ``sizes`` (stretch policy only) or constant ``scales`` over ``axes``: exactly
+    one of them given (not empty), as ONNX requires."""
     rank = len(x.shape)
     axes = normal(node.attr_ints("axes", list(range(rank))), rank)
     full = list(x.shape)
+    given = [t is not None and t.size > 0 for t in (scales, sizes)]
+    if given.count(True) != 1:
+        raise Refuse(f"Resize with {'both' if all(given) else 'neither'} scales {'and' if all(given) else 'nor'} "
+                     "sizes: ONNX requires exactly one")
     if sizes is not None and sizes.size:
         if node.attr_str("keep_aspect_ratio_policy", "stretch") != "stretch":
             raise Refuse("Resize keep_aspect_ratio_policy other than stretch has no CVM form")

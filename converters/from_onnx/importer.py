@@ -517,7 +517,8 @@ def inferred_types(model: onnx.ModelProto) -> dict[str, tuple[int, tuple[int, ..
 
 
 def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
-    """``model`` with ``outputs`` as its outputs and only the nodes they need (``--outputs``)."""
+    """``model`` with ``outputs`` as its outputs and only the nodes they need (``--outputs``); refused where they
+    need no graph input (constants, or computed from constants alone: no model to run)."""
     produced = {o: n for n in model.graph.node for o in n.output if o}
     known = produced.keys() | {v.name for v in model.graph.input} | {t.name for t in model.graph.initializer}
     missing = [name for name in outputs if name not in known]
@@ -540,6 +541,9 @@ def cut(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
     del out.graph.output[:]
     out.graph.output.extend(infos[name] if name in infos else onnx.ValueInfoProto(name=name) for name in outputs)
     inputs = [v for v in model.graph.input if v.name in needed]
+    if not inputs:
+        raise UnsupportedError([Problem(name, "computed from constants alone: a graph cut there reads no input")
+                                for name in dict.fromkeys(outputs)])
     del out.graph.input[:]
     out.graph.input.extend(inputs)
     return out

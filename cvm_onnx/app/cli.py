@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cvm_onnx.core.constants import CHUNK
 from cvm_onnx.core.errors import CVMError, FormatError, RuntimeFailure, UnsupportedError
+from cvm_onnx.core.errors import one_line as line
 
 # Each command imports what it needs when it runs (numpy, onnx, onnxruntime, Ray, the converters), so that
 # `--help`, a usage error and `info` start at once.
@@ -24,11 +25,6 @@ INTERRUPTED = 130
 BROKEN_PIPE = 141
 #: Where a Triton server sees the model repository by default (convert --triton-server-repo).
 TRITON_SERVER_REPO = "/models"
-
-
-def line(text: object) -> str:
-    """``text`` on one line: control characters (newlines, terminal escapes in hostile names) shown escaped."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 def say(text: object) -> None:

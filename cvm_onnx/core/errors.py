@@ -11,13 +11,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Problem:
-    """One broken rule at one place: ``where`` is a node name (or file location), ``rule`` says what is wrong."""
+    """One broken rule at one place: ``where`` is a node name (or file location), ``rule`` says what is wrong.
+    Printed as one line: a line break or other unprintable character (a file's own name may hold any) escaped."""
 
     where: str
     rule: str
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.rule}" if self.where else self.rule
+        return one_line(f"{self.where}: {self.rule}" if self.where else self.rule)
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: control characters (newlines, terminal escapes in hostile names) shown escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 class CVMError(Exception):

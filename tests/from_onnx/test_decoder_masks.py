@@ -252,3 +252,22 @@ def test_gpt2_where_left_float_only_at_one_masking_value(c, found):
     where.input[2] = "cw"
     model.graph.initializer.append(nh.from_array(c, "cw"))
     assert any(n is where for n in masked_softmaxes(model)) == found
+
+
+def test_an_int8_input_at_8_bits_reads_minus_128_as_minus_127():
+    """docs/import.md's bound of an int8 input declared 8 bits: exact on -127..127, -128 read as -127 (the runtime's
+    clamp). The slice-assigned cache mask's Softmax (scores at 0.1, output at 1/255) fed a -128 where onnxruntime's
+    row sum moves by a tenth: at 8 bits it is onnxruntime's output at -127 (5 output steps from its output at
+    -128), at 9 bits onnxruntime's at -128 (the newest fuzz hunt's 5-step lead)."""
+    from support.quantized import ort_session
+
+    model = decoder_model("cache_scatter", 2, 2, 5, float(np.finfo(np.float32).min), 0.1)
+    rng = np.random.default_rng(143)
+    x = rng.integers(-128, 128, (2, 2, 5, 5)).astype(np.int8)
+    m = rng.integers(-1, 2, (2, 4))
+    sess = ort_session(model)
+    at = {v: sess.run(None, {"x": np.maximum(x, v), "m": m})[0].astype(np.int64) for v in (-128, -127)}
+    assert np.abs(at[-128] - at[-127]).max() > 1
+    for bits, want in ((8, at[-127]), (9, at[-128])):
+        got = execute(import_model(model, input_precision=bits).graph, {"x": x.astype(np.int32), "m": m})[0]
+        assert np.array_equal(got.reshape(want.shape), want), bits

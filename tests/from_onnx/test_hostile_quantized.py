@@ -1123,3 +1123,121 @@ def test_a_clip_of_a_constant_by_a_computed_bound_is_the_max_of_their_quantizati
     [got] = execute(imp.graph, {"data": x.astype(np.int32)})
     c = round(Fraction(float(np.float32(0.3))) / Fraction(float(np.float32(0.05)))) + 3
     assert np.array_equal(got.reshape(x.shape), np.maximum(x, c))
+
+
+@pytest.mark.parametrize("mode, inputs, said", [
+    ("nearest", ["x", "", ""], "neither scales nor sizes"), ("nearest", ["x"], "neither scales nor sizes"),
+    ("nearest", ["x", "", "sc", "sz"], "both scales and sizes"), ("linear", ["xf", "", ""], "neither scales nor sizes"),
+    ("linear", ["xf", "", "sc", "sz"], "both scales and sizes")])
+def test_a_resize_of_neither_or_both_scales_and_sizes_is_refused_naming_it(mode, inputs, said):
+    """Resize needs exactly one of scales and sizes (onnxruntime refuses the model otherwise): nearest of integers
+    and linear between quantized tensors, refused in one line naming the node. Regression: an internal
+    AttributeError ('NoneType' object has no attribute 'value'), the newest13 fuzz target on its Resize seeds."""
+    from support.quantized import qdq
+
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "sc": np.array([1, 1, 2, 2], np.float32),
+             "sz": np.array([1, 2, 8, 8], np.int64)}
+    resize = h.make_node("Resize", inputs, ["r"], name="up", mode=mode)
+    nodes = [resize] if mode == "nearest" else [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), resize,
+                                                h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 4, 4), T.INT8, inits, T.INT8, out="r" if mode == "nearest" else "y", opset=19)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "up (Resize)" and f"Resize with {said}: ONNX requires exactly one" in p.rule, p
+
+
+@pytest.mark.parametrize("kernel, strides, ceil", [([(1 << 31) - 1, 1], [2, 2], 1), ([(1 << 31) - 1, 1], [2, 2], 0),
+                                                   ([1 << 30, 1], [1 << 30, 1], 1), ([8, 1], [4, 1], 1)])
+def test_an_average_pool_kernel_past_the_padded_input_is_refused_before_allocating_it(kernel, strides, ceil):
+    """AveragePool of a kernel larger than the padded input (5 + 1 values), with or without ceil_mode (whose one
+    window may pass the input by less than a stride): refused in one line naming the node, before the kernel's
+    weights are allocated. Regression: a MemoryError allocating 32 GiB of ones (the newest13 fuzz target on the
+    ceil_mode seed)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["p"], name="pool", kernel_shape=kernel, strides=strides,
+                         pads=[0, 0, 1, 0], ceil_mode=ceil),
+             h.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 5, 7), T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT8, opset=19)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "pool (AveragePool)" and f"the kernel ({kernel[0]}) is larger than the padded input (6)" in p.rule
+
+
+@pytest.mark.parametrize("name, attrs, said", [("su\ns", {"exclu\x1bive": 1}, r"unknown attribute 'exclu\x1bive'"),
+                                               ("su\u2028ms", {"reverse": 1.5}, "attribute reverse must be INT"),
+                                               ("sums\r", {}, None)])
+def test_a_problem_at_a_node_named_with_a_line_break_is_one_line(tmp_path, capsys, name, attrs, said):
+    """A node whose name (or attribute's name) holds a line break or a control character: each problem printed as
+    one line, those characters escaped, by the import (its file checks and its rules) and by the command line.
+    Regression: 'su\\ns: CumSum: unknown attribute ...' took two lines (the newest13 fuzz target's generic mutation
+    of the CumSum seed)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("CumSum", ["xf", "ax"], ["c"], name=name, **attrs),
+             h.make_node("QuantizeLinear", ["c", "s", "z"], ["y"])]
+    m = qdq(nodes, (2, 3), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "ax": np.array(1, np.int64)}, T.INT8, 18)
+    if said is None:  # a rule's refusal: a CumSum of an axis input that is no constant
+        m.graph.node[1].input[1] = "x"
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    assert e.value.problems and all("\n" not in str(p) and "\r" not in str(p) and "\u2028" not in str(p)
+                                    for p in e.value.problems), e.value.problems
+    assert len(str(e.value).splitlines()) == len(e.value.problems)
+    assert said is None or said in str(e.value), str(e.value)
+    onnx.save(m, tmp_path / "m.onnx")
+    assert cli.main(["convert", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "out")]) != 0
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == len(e.value.problems), err
+
+
+@pytest.mark.parametrize("op, kernel", [("MaxPool", [9, 9]), ("MaxPool", [1]), ("MaxPool", [1, 1, 2, 2]),
+                                        ("Conv", [3, 3]), ("Conv", [1, 1, 3, 3])])
+def test_a_3d_kernel_of_another_rank_is_refused_naming_the_node(op, kernel):
+    """A MaxPool (of int8 values, as onnxruntime's QOperator models have it) or a QDQ Conv of a 3-D image (one frame)
+    whose kernel_shape or weight has not 3 spatial axes: refused in one line naming the node. Regression: an
+    internal IndexError in single_axes (the newest13 fuzz target's hunt on the 3-D QOperator seed)."""
+    from support.quantized import qdq
+    from test_quantize_fresh12 import dq_conv
+
+    if op == "MaxPool":
+        m = qdq([h.make_node("MaxPool", ["x"], ["r"], name="pool", kernel_shape=kernel)], (1, 2, 1, 6, 5), T.INT8, {},
+                T.INT8, out="r", opset=12)
+    else:
+        m = dq_conv((1, 3, 1, 6, 6), np.ones((4, 3, *kernel), np.int8), {}, False)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == ("pool (MaxPool)" if op == "MaxPool" else "conv (Conv)"), p
+    assert f"kernel of shape {tuple(kernel)} on a 3-D image: one size per spatial axis" in p.rule, p
+
+
+@pytest.mark.parametrize("outputs, packed", [(["wt", "wt"], True), (["wt"], False), (["w"], True)])
+def test_outputs_computed_from_constants_alone_are_refused_naming_them(tmp_path, outputs, packed):
+    """--outputs at a tensor no graph input reaches (a weight, or a Transpose of it): the cut graph has no input,
+    refused in one line per name by quantize (a model of one input, or of two from an .npz) and by convert.
+    Regression: quantize's internal IndexError running onnxruntime on a graph of no input (the quantize-newest13
+    fuzz target: the T5 block cut at its position bias's Gather of constant buckets), or quantize_static's failure
+    ('Invalid input name: x')."""
+    rng = np.random.default_rng(0)
+    ins = ["x", "v"] if packed else ["x"]
+    g = h.make_graph([h.make_node("Sum", ins, ["a"]), h.make_node("MatMul", ["a", "w"], ["y"]),
+                      h.make_node("Transpose", ["w"], ["wt"])], "m",
+                     [h.make_tensor_value_info(x, T.FLOAT, [1, 4]) for x in ins],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [nh.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    samples = {x: rng.normal(size=(6, 1, 4)).astype(np.float32) for x in ins}
+    cal = tmp_path / ("c.npz" if packed else "c.npy")
+    np.savez(cal, **samples) if packed else np.save(cal, samples["x"])
+    for run in (lambda: quantize(tmp_path / "f.onnx", cal, tmp_path / "out" / "m", outputs=outputs),
+                lambda: api.convert(tmp_path / "f.onnx", tmp_path / "out" / "c", outputs=outputs)):
+        with pytest.raises(UnsupportedError) as e:
+            run()
+        assert [(p.where, p.rule) for p in e.value.problems] == \
+            [(outputs[0], "computed from constants alone: a graph cut there reads no input")], e.value
+        assert not (tmp_path / "out").exists()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import between_convs, pool_windows, qdq, quantizes_whole
+from support.quantized import between_convs, ort_session, pool_windows, qdq, quantizes_whole
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -91,6 +91,36 @@ def test_average_pool_whose_ceil_window_starts_past_the_input_is_refused_naming_
     with pytest.raises(CVMError, match=r"pool \(AveragePool\): AveragePool ceil_mode where the last window starts "
                                        r"past the input"):
         import_model(qdq(nodes, (1, 2, 2, 2), T.INT8, inits, T.INT8), input_precision=9)
+
+
+@SETTINGS
+@example(d=None, size=(3, 5), x_type=T.INT8)
+@given(d=st.data(), size=st.tuples(st.integers(1, 7), st.integers(1, 7)), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_qlinear_average_pool_with_ceil_mode_counts_the_whole_kernel_as_onnxruntime(d, size, x_type):
+    """com.microsoft QLinearAveragePool (ceil_mode, count_include_pad=1), onnxruntime's kernel alone: a window past
+    the end padding is divided by the whole kernel (where AveragePool's float kernel divides by the positions up to
+    the end padding); the import within one step of onnxruntime's quantized model (its requantization) over random
+    geometry. Regression: the float count, 20 to 50 steps off (the newest13 hunt on the QOperator ceil_mode seed;
+    the example: (3, 5) by kernel 2, stride 2, no pads)."""
+    a = {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 0, 0], "ceil_mode": 1, "count_include_pad": 1}
+    if d is not None:
+        a = pool_attrs(d, size) | {"count_include_pad": 1}
+        for i, n in enumerate(size):
+            win = pool_windows(n, a["kernel_shape"][i], a["strides"][i], a["pads"][i], a["pads"][2 + i], True)
+            assume(win[-1][0] < n)
+    npt = NP[x_type]
+    node = h.make_node("QLinearAveragePool", ["x", "s", "z", "so", "zo"], ["y"], domain="com.microsoft", name="pool",
+                       **a)
+    m = qdq([node], (1, 2, *size), x_type, {"s": np.float32(0.05), "z": npt(3), "so": np.float32(0.03),
+                                            "zo": npt(5)}, x_type)
+    lo, hi = RANGE[x_type]
+    x = np.random.default_rng(sum(size)).integers(lo, hi + 1, (1, 2, *size)).astype(npt)
+    x.reshape(-1)[:2] = lo, hi
+    want = ort_session(m).run(None, {"x": x})[0].astype(np.int64)
+    imp = import_model(m, input_precision=9)
+    got = execute(imp.graph, {"data": x.astype(np.int32)})[0]
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1, (a, got, want)
+    assert verify(imp.graph, x.astype(np.int32)).exact
 
 
 # -- Resize nearest to sizes that are no integer multiple --------------------------------------------------------

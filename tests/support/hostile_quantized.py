@@ -220,6 +220,8 @@ def _latest(kind: str) -> bytes:
         return _norms_and_masks(kind).SerializeToString()
     if kind in NEWEST:
         return _newest(kind).SerializeToString()
+    if kind in NEWEST13:
+        return _newest13(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -434,6 +436,84 @@ def _newest(kind: str) -> onnx.ModelProto:
         return reverse_model((4, 3, 2), T.INT32, [4, 2, 1], 0, 1)
     # "quotient-far": (x - min) / (max - min), max at zero point 98
     return min_max_quotient("minmax", (1, 2, 3), T.INT8, T.INT8, T.INT8, 0.5, 0, 1.0, 0, 4.0, 98, 1.0, 0, 0.0)
+
+
+def _newest13(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NEWEST13``: AveragePool with ceil_mode over odd shapes (pads counted, "avg-ceil"; ResNet-D's
+    shortcut, not counted, "avg-ceil-uncounted"), nearest Resize to sizes no integer multiple apart (by sizes, by
+    float scales, of int8 values directly), CumSum (exclusive, reverse), Trilu (a diagonal k), Hardmax, GlobalLpPool
+    p = 1 and p = 2 (a table; "lp-pool-2-large": the exact root past 2^16 integers), a 3-D Conv and MaxPool of one
+    frame, an empty slice a Concat drops, InstanceNormalization of 32768 values a row (the exact V of small rows)."""
+    from test_instance_normalization import instance_norm_model  # tests/from_onnx, as for _newest
+    from test_quantize_fresh12 import dq_conv, sliced
+    from test_quantize_ops12 import float_scale, resize_model
+
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    qn = functools.partial(h.make_node, "QuantizeLinear")
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.07), "zo": np.int8(-4)}
+
+    def between(node: onnx.NodeProto, shape, extra=None, opset=19) -> onnx.ModelProto:
+        return qdq([dq(["x", "s", "z"], ["xf"]), node, qn(["r", "so", "zo"], ["y"])], shape, T.INT8,
+                   {**inits, **(extra or {})}, T.INT8, opset=opset)
+
+    if kind == "avg-ceil":
+        return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[3, 2], strides=[2, 2],
+                                   pads=[1, 0, 1, 1], ceil_mode=1, count_include_pad=1), (1, 3, 7, 5))
+    if kind == "avg-ceil-uncounted":
+        return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[2, 2], strides=[2, 2],
+                                   ceil_mode=1, count_include_pad=0), (1, 2, 5, 7))
+    if kind == "resize-sizes":
+        return between(h.make_node("Resize", ["xf", "", "", "sz"], ["r"], name="resize", mode="nearest",
+                                   coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+                       (1, 2, 12, 12), {"sz": np.array([1, 2, 7, 7], np.int64)})
+    if kind == "resize-scales":
+        sc = np.array([1, 1, float_scale(5, 8), float_scale(6, 10)], np.float32)
+        return between(h.make_node("Resize", ["xf", "", "sc"], ["r"], name="resize", mode="nearest",
+                                   coordinate_transformation_mode="pytorch_half_pixel",
+                                   nearest_mode="round_prefer_ceil"), (1, 2, 5, 6), {"sc": sc})
+    if kind == "resize-int8":
+        return resize_model((1, 3, 6, 7), [10, 10], "tf_half_pixel_for_nn", "ceil", False)
+    if kind == "cumsum":
+        return between(h.make_node("CumSum", ["xf", "ax"], ["r"], name="sums", exclusive=1, reverse=1), (2, 5, 3),
+                       {"ax": np.array(1, np.int64), "so": np.float32(0.3)}, opset=18)
+    if kind == "trilu":
+        return between(h.make_node("Trilu", ["xf", "k"], ["r"], name="tri", upper=1), (2, 4, 5),
+                       {"k": np.array(-1, np.int64)}, opset=18)
+    if kind == "hardmax":
+        return between(h.make_node("Hardmax", ["xf"], ["r"], name="hard", axis=-1), (2, 3, 5),
+                       {"so": np.float32(1 / 127)}, opset=18)
+    if kind.startswith("lp-pool-"):
+        shape = (1, 2, 24, 24) if kind.endswith("large") else (1, 3, 5, 4)
+        return between(h.make_node("GlobalLpPool", ["xf"], ["r"], name="lp", p=int(kind.split("-")[2])), shape,
+                       {"so": np.float32(0.5)}, opset=18)
+    if kind == "conv3d-frame":
+        w = np.random.default_rng(13).integers(-127, 128, (4, 3, 1, 3, 3)).astype(np.int8)
+        return dq_conv((1, 3, 1, 6, 6), w, {"pads": [0, 1, 1, 0, 1, 1], "strides": [1, 2, 1]}, True)
+    if kind == "maxpool3d-frame":
+        return between(h.make_node("MaxPool", ["xf"], ["r"], name="pool", kernel_shape=[1, 2, 3], strides=[1, 2, 2],
+                                   pads=[0, 0, 1, 0, 1, 1]), (1, 2, 1, 6, 5), opset=12)
+    if kind == "empty-slice-concat":
+        return sliced(4, "Concat")
+    # "wide-instance-norm-32768"
+    return instance_norm_model((1, 2, 32768), T.UINT8, 0.01, 128, 1e-5, np.array([3, -5]), 0.01, np.array([40, -7]),
+                               False, 0.04, 0, T.UINT8)[0]
+
+
+@functools.cache
+def newest13_seeds() -> dict[str, bytes]:
+    """The seeds of ``NEWEST13`` and ``NEWEST13_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
+    ``NEWEST13_QOPERATOR`` (QLinearAveragePool with ceil_mode, Resize of uint8 or int8 values, a 3-D QLinearConv of
+    one frame, float ops between DequantizeLinear and QuantizeLinear), uint8 per tensor and int8 per channel."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    out = {f"{kind}/QDQ": _latest(kind) for kind in NEWEST13 + NEWEST13_OURS}
+    for kind in NEWEST13_QOPERATOR:
+        fm = onnx.load_from_string(float_seeds()[kind][0])
+        for activation, per_channel in (("uint8", False), ("int8", True)):
+            out[f"{kind}/QOperator/{activation}"] = _quantized(fm, "QOperator", activation, per_channel)
+    logging.disable(logging.NOTSET)
+    return out
 
 
 def _suffix(samples: bytes) -> str:
@@ -709,11 +789,19 @@ NEWEST = ("gem-pow", "gem-sqrt", "gem-clip", "gem-float", "reduce-l1", "reduce-s
           "wide-instance-norm", "wide-group-norm", "decoder-eager", "decoder-eager_causal", "decoder-cache_scatter",
           "decoder-gpt2", "lse-legacy", "lse-eager", "lse-cache_scatter", "celu", "shrink", "thresholded-relu",
           "where-grids", "sum", "mean", "reverse-sequence", "reverse-integers", "quotient-far")
+#: AveragePool ceil_mode, nearest Resize to any size, CumSum, Trilu, Hardmax, GlobalLpPool p = 1 and 2, 3-D Conv
+#: and MaxPool of one frame, an empty slice concatenated, a norm of 32768 values a row (``_newest13``); quantize's
+#: QDQ model of an attention bias with masking rows (``NEWEST13_OURS``; its T5 block's mask, added after the bias, is
+#: refused by a QDQ import, which cannot know the mask's calibrated range: a float seed only).
+NEWEST13 = ("avg-ceil", "avg-ceil-uncounted", "resize-sizes", "resize-scales", "resize-int8", "cumsum", "trilu",
+            "hardmax", "lp-pool-1", "lp-pool-2", "lp-pool-2-large", "conv3d-frame", "maxpool3d-frame",
+            "empty-slice-concat", "wide-instance-norm-32768")
+NEWEST13_OURS = ("masking-rows",)
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
           "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
-    + NORMS_AND_MASKS + NEWEST
+    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
-LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS
+LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS + NEWEST13_OURS
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile values of the attributes of the newer rule families' ops (None: the attribute removed).
@@ -1035,17 +1123,22 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
 
 #: The float seeds of the forms of NORMS_AND_MASKS (``_norms_and_masks_float``).
 NORMS_AND_MASKS_FLOAT = ("decoder", "decoder-causal", "group-norm-block", "t5-rms", "sscd", "log-spectrum")
+#: The float seeds of the forms of NEWEST13 (``_newest13_float``); those onnxruntime's QOperator models of which are
+#: seeds too (``newest13_seeds``).
+NEWEST13_QOPERATOR = ("resnet_d_shortcut", "avg_ceil_counted", "interpolate_size", "resize_two_thirds", "cumsum",
+                      "gem_l2", "frame3d")
+NEWEST13_FLOAT = NEWEST13_QOPERATOR + ("trilu", "hardmax", "masking-rows", "t5-mask")
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
                 "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
-    NORMS_AND_MASKS_FLOAT
+    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
 PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf", "mask-eager", "mask-scatter", "mask-lse",
-          "decoder", "decoder-causal")
+          "decoder", "decoder-causal", "masking-rows", "t5-mask")
 #: The packed seeds of a decoder's mask (``support.masks``), their int64 mask (1, L) or shorter.
 DECODERS = {"mask-eager": "eager", "mask-scatter": "cache_scatter"}
 
@@ -1149,7 +1242,54 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     out.update(_several_inputs_and_loops(rng))
     out.update(_fresh_float(rng))
     out.update(_norms_and_masks_float(rng))
+    out.update(_newest13_float())
     return out
+
+
+def _newest13_float() -> dict[str, onnx.ModelProto]:
+    """Float models of the forms of ``NEWEST13``: each op of issue 35's sweep between two Convs
+    (test_quantize_ops12's), a 3-D Conv and MaxPool of one frame whose channels are concatenated with an empty
+    slice of them ("frame3d"), chython-rxnmap's attention bias with a masking row ("masking-rows") and a T5 block
+    whose padding mask is added after its position bias ("t5-mask")."""
+    from test_quantize_ops12 import FLOAT_MODELS
+
+    from .quantized import between_convs
+    from .transformers12 import biased_attention, t5_block
+
+    out = {name: between_convs(*FLOAT_MODELS[name]) for name in NEWEST13_FLOAT if name in FLOAT_MODELS}
+    rng = np.random.default_rng(13)
+    inits = [nh.from_array(rng.normal(0, 0.3, (4, 3, 1, 3, 3)).astype(np.float32), "w1"),
+             nh.from_array(rng.normal(0, 0.3, (2, 8, 1, 1, 1)).astype(np.float32), "w2"),
+             *(nh.from_array(np.array([v], np.int64), k) for k, v in (("st", 4), ("en", 1 << 62), ("ax", 1)))]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c"], pads=[0, 1, 1, 0, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[1, 2, 2], strides=[1, 2, 2]),
+             h.make_node("Slice", ["p", "st", "en", "ax"], ["e"]),
+             h.make_node("Concat", ["p", "e", "p"], ["j"], axis=1),
+             h.make_node("Conv", ["j", "w2"], ["y"])]
+    out["frame3d"] = onnx_model(h.make_graph(nodes, "frame3d", [h.make_tensor_value_info("x", T.FLOAT,
+                                                                                        [1, 3, 1, 8, 8])],
+                                             [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+    out["masking-rows"] = biased_attention()
+    out["t5-mask"] = t5_block(mask=True)
+    return out
+
+
+def _newest13_samples(kind: str, rng) -> bytes:
+    """The calibration of the packed seeds of ``NEWEST13_FLOAT``: x and the distances of chython-rxnmap's bias, or
+    x and the int64 padding mask of the T5 block (six samples)."""
+    import io
+
+    from .transformers12 import distances
+
+    d = 8 if kind == "masking-rows" else 16
+    samples = {"x": rng.normal(size=(6, 1, 6, d)).astype(np.float32)}
+    if kind == "masking-rows":
+        samples["distances"] = distances(6, seed=int(rng.integers(1 << 16)))
+    else:
+        samples["attention_mask"] = (np.arange(6) < rng.integers(2, 7, (6, 1, 1))).astype(np.int64)
+    f = io.BytesIO()
+    np.savez(f, **samples)
+    return f.getvalue()
 
 
 def _norms_and_masks_float(rng) -> dict[str, onnx.ModelProto]:
@@ -1293,6 +1433,8 @@ def _packed_samples(kind: str, rng) -> bytes:
 
     from .masks import mask_length
 
+    if kind in ("masking-rows", "t5-mask"):
+        return _newest13_samples(kind, rng)
     samples = bert_samples(6, seed=int(rng.integers(1 << 16)))
     if kind != "packed":
         samples["mask"] = samples["mask"].astype(np.int64)

@@ -660,6 +660,10 @@ class Normalized(Deferred):
         s_out = scale.reshape(()).item()
         t, (outer, n) = self.x.t, self.view
         lo, hi = INT_RANGES[dtype]
+        s_in, peak = self.x.scale.reshape(()).item(), max(-t.lo, t.hi) + int(np.abs(self.x.zero).max())
+        if n * (2 * peak * s_in) ** 2 >= 2 ** 127:  # every sum of n squares of differences of two values in float32
+            raise Refuse(f"{self.node} ({self.what}): {n} values up to {peak} x {float(s_in):g} a row pass float32's "
+                         "range in their variance, which onnxruntime computes as inf or NaN")
         try:
             p = layernorm_plan(n, t.lo, t.hi, self.x.scale.reshape(()).item(), self.eps,
                                *(per_distinct(lambda v: v / s_out, x) for x in (self.gamma, self.beta)),

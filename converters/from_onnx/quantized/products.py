@@ -705,10 +705,13 @@ def gemm_rule(ctx, node, a, b, c=None):
 def ceil_ends(node, size: tuple[int, ...], kernel, strides, begin, end) -> tuple[list[int], list[int]]:
     """Under ceil_mode, (the end pads that hold every window, the output count per axis): ceil((size + pads -
     k) / s) + 1 windows, as onnxruntime (and torch) count them; a last window that would start past the input
-    (onnxruntime drops it, ONNX's shape inference keeps it) is refused. Without ceil_mode, (end, floor's count)."""
+    (onnxruntime drops it, ONNX's shape inference keeps it) is refused, and so is a kernel larger than the padded
+    input (ceil_mode's one window past it too). Without ceil_mode, (end, floor's count)."""
     ceil = node.attr_int("ceil_mode", 0)
     ends, outs = [], []
     for n, k, s, b, e in zip(size, kernel, strides, begin, end):
+        if k > n + b + e:
+            raise Refuse(f"the kernel ({k}) is larger than the padded input ({n + b + e})")
         out = (n + b + e - k + (s - 1 if ceil else 0)) // s + 1
         if ceil and (out - 1) * s - b >= n:
             raise Refuse(f"{node.op_type} ceil_mode where the last window starts past the input ({n} values, pads "
@@ -718,13 +721,15 @@ def ceil_ends(node, size: tuple[int, ...], kernel, strides, begin, end) -> tuple
     return ends, outs
 
 
-def average(ctx, node, x: Scaled) -> Scaled:
+def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
     (count per output position when padding is not counted; there a pad not smaller than the kernel, which lets a
     window count no input value, is refused, as onnxruntime refuses it); a kernel of the whole unpadded image (torch's
     F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width. Under ceil_mode the last windows
     may pass the end padding (``ceil_ends``): the input is padded further, and a counted window counts the
-    positions up to the end padding only, min(k, size + end - start) per axis, as onnxruntime's."""
+    positions up to the end padding only, min(k, size + end - start) per axis, as ONNX's AveragePool (onnxruntime's
+    float kernel, torch) counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's
+    QLinearAveragePool counts them."""
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
@@ -750,8 +755,8 @@ def average(ctx, node, x: Scaled) -> Scaled:
     acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
                         kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
     sx = x.scale.reshape(()).item()
-    if counted:  # the padded positions each window reads, up to the end padding
-        axes = [np.minimum(k, n + e + b - s * np.arange(o))
+    if counted:  # the padded positions each window reads, up to the end padding (or all: ``whole_kernel``)
+        axes = [np.full(o, k) if whole_kernel else np.minimum(k, n + e + b - s * np.arange(o))
                 for n, k, s, b, e, o in zip(t.shape[2:], kernel, strides, begin, end, outs)]
         count = np.multiply.outer(*axes)
     elif pad["valid"] is None:

@@ -94,7 +94,7 @@ def _channels_first(node) -> None:
 @rule("QLinearAveragePool", since=1, domain=MS)
 def qlinear_average_pool(ctx, node, x, xs, xz, ys, yz=None):
     _channels_first(node)
-    return requantized(ctx, node, average(ctx, node, dequantized(x, xs, xz)), ys, yz)
+    return requantized(ctx, node, average(ctx, node, dequantized(x, xs, xz), whole_kernel=True), ys, yz)
 
 
 @rule("QLinearGlobalAveragePool", since=1, domain=MS)
