@@ -554,7 +554,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     Einsum that is a MatMul as one (``einsums_as_matmuls``); onnxruntime's FusedConv as its Conv and activation
     (``fused_convs_unfused``) and its FusedMatMul as Transposes, MatMul and a Mul (``fused_matmuls_unfused``); a
     MatMul by a constant of rank 3 or more as its
-    grouped Einsum (``grouped_matmuls``); a list of tensors appended
+    grouped Einsum (``grouped_matmuls``, again after the optimizer for the weights it folds); a list of tensors appended
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
@@ -634,6 +634,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     del out.opset_import[:]
     out.opset_import.extend(kept)
     scatters_as_gathers(out)  # those whose indices or data the optimizer folded
+    grouped_matmuls(out)  # and those whose weights it folded
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
