@@ -75,7 +75,7 @@ from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmax
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, masking_rows_apart,
-    masks_after_biases, scalers_as_ops,
+    masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
@@ -803,6 +803,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
     masking_rows_apart(model)
+    where_biases_apart(model)
     masks_after_biases(model)
     if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         given, model = [model], None
