@@ -46,7 +46,7 @@ def masked_softmaxes(model: onnx.ModelProto, base_dir: str = "") -> list[onnx.No
     from cvm_onnx.converters.from_onnx.quantized.masks import LAYOUT_OPS, carried, looks_up, mask_terms, table_op
 
     graph = model.graph
-    terms = mask_terms(graph)
+    terms = mask_terms(graph, base_dir)
     if not terms:
         return []
     consts = {t.name: t for t in graph.initializer}
@@ -204,7 +204,8 @@ def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], p
     """The names of ``nodes`` (of the graph ``header``, the model in ``src``) for quantize_static's
     nodes_to_exclude, the model rewritten where needed: each unnamed one named ``<prefix>_<k>``, and each input
     whose value ``constant`` gives read from an initializer of its own (quantize_static quantizes a constant that a
-    quantized node also reads, for every reader)."""
+    quantized node also reads, for every reader), the original dropped where nothing else reads it (an unread one
+    in external data fails quantize_static under onnx 1.23.0: 'External data offset ... must be between')."""
     from onnx import numpy_helper
 
     if not nodes:
@@ -213,6 +214,7 @@ def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], p
     taken = {n.name for n in graph.node} | {t.name for t in graph.initializer} | \
         {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
     names = (f"{prefix}_{k}" for k in itertools.count() if f"{prefix}_{k}" not in taken)
+    copied = set()
     for n in nodes:
         if not n.name:
             n.name = next(names)
@@ -220,6 +222,10 @@ def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], p
             if (value := constant(x)) is not None:
                 n.input[i] = next(names)
                 graph.initializer.append(numpy_helper.from_array(value, n.input[i]))
+                copied.add(x)
+    kept = {x for n in graph.node for x in n.input} | {v.name for v in [*graph.input, *graph.output]}
+    for t in [t for t in graph.initializer if t.name in copied - kept]:  # every reader took a copy
+        graph.initializer.remove(t)
     onnx.save(header, os.fspath(src))
     return [n.name for n in nodes]
 

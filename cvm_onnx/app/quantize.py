@@ -76,7 +76,7 @@ from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmax
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, masking_rows_apart,
-    masks_after_biases, scalers_as_ops,
+    masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
@@ -552,7 +552,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     Einsum that is a MatMul as one (``einsums_as_matmuls``); onnxruntime's FusedConv as its Conv and activation
     (``fused_convs_unfused``) and its FusedMatMul as Transposes, MatMul and a Mul (``fused_matmuls_unfused``); a
     MatMul by a constant of rank 3 or more as its
-    grouped Einsum (``grouped_matmuls``); a list of tensors appended
+    grouped Einsum (``grouped_matmuls``, again after the optimizer for the weights it folds); a list of tensors appended
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
@@ -632,6 +632,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     del out.opset_import[:]
     out.opset_import.extend(kept)
     scatters_as_gathers(out)  # those whose indices or data the optimizer folded
+    grouped_matmuls(out)  # and those whose weights it folded
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
@@ -800,6 +801,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     model = load_onnx(src, external_data=True)
     cast_inputs_as_integers(model.graph)
     masking_rows_apart(model)
+    where_biases_apart(model)
     masks_after_biases(model)
     if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         given, model = [model], None

@@ -1167,6 +1167,58 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
     return done
 
 
+def where_biases_apart(model: onnx.ModelProto) -> int:
+    """Where(keep, b, c) (or Where(keep, c, b)), keep computed from the graph's inputs, b an attention bias computed
+    from constants alone (finite, each value above -10000) and c a float constant of one value that absorbs each of
+    them, fl(b + c) = c (-inf; float32's min), read by the scores' Adds (each read by a Softmax or ReduceLogSumExp
+    alone: transformers' T5 with SDPA masks its relative-position bias so), as b + Where(keep, 0, c):
+    ``masks_after_biases`` then takes it apart. The same float32 values: b + 0 = b where keep holds, fl(b + c) = c
+    elsewhere. Returns how many Wheres."""
+    from .kept_float import MASK_LOW, READERS
+
+    graph = model.graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in set(n.input):
+            readers.setdefault(x, []).append(n)
+    varying = {v.name for v in graph.input} - {t.name for t in graph.initializer}
+    for n in graph.node:  # in order: the names computed from the graph's inputs
+        if n.op_type != "Shape" and any(x in varying for x in n.input):
+            varying.update(n.output)
+    outputs = {v.name for v in graph.output}
+    names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+    done = 0
+    for w in list(graph.node):
+        if w.op_type != "Where" or len(w.input) != 3 or w.input[0] not in varying or w.output[0] in outputs or \
+                any(x in varying for x in w.input[1:]):
+            continue
+        adds = readers.get(w.output[0], [])
+        if not adds or any(a.op_type != "Add" or [r.op_type in READERS for r in readers.get(a.output[0], [])] != [True]
+                           for a in adds):
+            continue
+        values = [_constant(graph, x, model.opset_import) for x in w.input[1:]]
+        if any(v is None or v.dtype != np.float32 for v in values):
+            continue
+        for i, (b, c) in enumerate((values, values[::-1])):
+            if c.size == 1 and b.size > 1 and np.isfinite(b).all() and (b > MASK_LOW).all() and \
+                    (b + c.reshape(()) == c.reshape(())).all():
+                break
+        else:
+            continue
+        zero, term = _fresh(names, w.output[0], "zero"), _fresh(names, w.output[0], "mask")
+        graph.initializer.append(numpy_helper.from_array(np.zeros(c.shape, np.float32), zero))
+        bias, level = w.input[1 + i], w.input[2 - i]
+        mask = helper.make_node("Where", [w.input[0], zero, level] if i == 0 else [w.input[0], level, zero], [term],
+                                name=_fresh(names, w.name or w.output[0], "mask"))
+        add = helper.make_node("Add", [bias, term], [w.output[0]], name=_fresh(names, w.name or w.output[0], "bias"))
+        at = [k for k, n in enumerate(graph.node) if n is w][0]
+        graph.node.remove(w)
+        graph.node.insert(at, add)
+        graph.node.insert(at, mask)
+        done += 1
+    return done
+
+
 def masks_after_biases(model: onnx.ModelProto) -> int:
     """x + (b + m), b an attention bias computed from constants alone (T5's relative-position bias: finite, each value
     above -10000) and m a mask's term of an input (HF's (1 - mask) times float32's min), read by the scores' Adds

@@ -130,12 +130,12 @@ def distances(n: int, s: int = 6, rows: int = 5, padding=(0,), seed: int = 1) ->
 
 
 def t5_block(s: int = 6, d: int = 16, heads: int = 2, ff: int = 32, buckets: int = 8, seed: int = 0,
-             mask: bool = False) -> onnx.ModelProto:
+             mask: bool | str = False, low: float = float(np.finfo(np.float32).min)) -> onnx.ModelProto:
     """x (1, s, d) -> a T5 encoder block: RMSNorm, self-attention (no scaling) with the relative-position bias
     (Gather of the bucket embedding (buckets, heads) by the folded bucket indices, Transpose, Unsqueeze) added to
     the scores, residual; RMSNorm, the gated GELU FFN (gelu(x wi_0) * (x wi_1), tanh form) wo, residual; the final
     RMSNorm -> y. ``mask``: an attention_mask input (1, s) int64 too, HF's (1 - m) float32's min added to the
-    position bias."""
+    position bias; "where": the bias masked by Where(Cast(m, bool), bias, low) instead (transformers' T5 with SDPA)."""
     b, dh = _Graph(seed), d // heads
     rel = np.arange(s)[None, :] - np.arange(s)[:, None]
     bucket = np.clip(np.abs(rel) + (rel > 0) * (buckets // 2), 0, buckets - 1)
@@ -143,7 +143,11 @@ def t5_block(s: int = 6, d: int = 16, heads: int = 2, ff: int = 32, buckets: int
         b.c("relative_attention_bias", b.rng.normal(size=(buckets, heads))), b.c("buckets", bucket, np.int64)])],
         perm=[2, 0, 1]), b.c("axis0", [0], np.int64)])
     inputs = [h.make_tensor_value_info("x", T.FLOAT, [1, s, d])]
-    if mask:  # HF's extended mask, (1 - m) float32's min, added to the position bias
+    if mask == "where":
+        keep = b.node("Cast", [b.node("Unsqueeze", ["attention_mask", b.c("axes12", [1, 2], np.int64)])], to=T.BOOL)
+        pos = b.node("Where", [keep, pos, b.c("low", [low])])
+        inputs.append(h.make_tensor_value_info("attention_mask", T.INT64, [1, s]))
+    elif mask:  # HF's extended mask, (1 - m) float32's min, added to the position bias
         inv = b.node("Sub", [b.c("one_m", 1.0), b.node("Cast", ["attention_mask"], to=T.FLOAT)])
         ext = b.node("Unsqueeze", [b.node("Mul", [inv, b.c("f32_min", np.finfo(np.float32).min)]),
                                    b.c("axes12", [1, 2], np.int64)])

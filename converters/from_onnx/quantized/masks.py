@@ -42,13 +42,13 @@ def looks_up(node: onnx.NodeProto, stored) -> bool:
         node.input[1] not in stored and len(stored[node.input[0]].dims) == 1
 
 
-def mask_terms(graph: onnx.GraphProto) -> set[str]:
+def mask_terms(graph: onnx.GraphProto, base_dir: str = "") -> set[str]:
     """The outputs of the nodes that compute an operand of an Add read by a Softmax (or a ReduceLogSumExp) alone, or a
     Where so read, through ``VALUE_OPS``, lookups (``looks_up``) and moves (their ``carried`` inputs alone), every
     reader of each within those nodes or the Add (the Softmax): the attention masks' terms, tabulated by
     ``tabulated`` (a Where of the scores by ``masked_where``); and such an Add's operand that is a float constant of
     several values, each 0 or negative, 0 among them (a causal matrix folded: ``constant_term``), read by such Adds
-    alone."""
+    alone. ``base_dir``: the folder of the graph's external data (such a constant stored there is read from it)."""
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -79,16 +79,17 @@ def mask_terms(graph: onnx.GraphProto) -> set[str]:
         for o in out:
             del cone[o]
     fixed = {x for a in adds if a.op_type == "Add" for x in a.input if x in stored and x not in outputs and
-             all(id(r) in ids for r in readers[x]) and _levels(stored[x])}
+             all(id(r) in ids for r in readers[x]) and _levels(stored[x], base_dir)}
     return set(cone) | fixed
 
 
-def _levels(t: onnx.TensorProto) -> bool:
-    """Whether a stored constant is a float one of several values, each 0 or negative, 0 among them."""
+def _levels(t: onnx.TensorProto, base_dir: str = "") -> bool:
+    """Whether a stored constant is a float one of several values, each 0 or negative, 0 among them (one in external
+    data read from ``base_dir``, where given)."""
     if t.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16) or \
-            t.data_location == TensorProto.EXTERNAL or math.prod(t.dims) > MAX_FOLDED:
+            t.data_location == TensorProto.EXTERNAL and not base_dir or math.prod(t.dims) > MAX_FOLDED:
         return False
-    v = numpy_helper.to_array(t)
+    v = numpy_helper.to_array(t, base_dir)
     return v.size > 1 and v.max() == 0 and v.min() < 0
 
 
