@@ -563,11 +563,11 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     (``group_norms_as_instance_norms``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); a float input that an op quantize_static leaves float reads (a Div) read by it through
-    an identity Transpose (``float_readers_through_transposes``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
-    float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
-    raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice).
-    ``model`` may be given in a list, which ``prepare`` empties: it then frees the model once its weights are on
-    disk (``_lightened``). ``where``: the source file, which its refusals name."""
+    an identity Transpose (``float_readers_through_transposes``); its tensors of 1 KB or more in ``<path>.data``.
+    Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
+    GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so that
+    no stage holds them twice). ``model`` may be given in a list, which ``prepare`` empties: it then frees the model
+    once its weights are on disk (``_lightened``). ``where``: the source file, which its refusals name."""
     import onnxruntime as ort
     from onnx import version_converter
 

@@ -1,17 +1,17 @@
-"""Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave
-or make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static
-quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection
-``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to
-each its own copy (quantize_static copies it under a name that may already be another tensor's); a Gemm's beta
-folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
-(skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
-nothing after it); a Sub of a constant from the float input (a normalization inside the model) as an Add of its
-negation (quantize_static quantizes no Sub, and the input stays float); a float input that an op quantize_static
-leaves float reads (a Div by 255) read by it through an identity Transpose, which quantize_static quantizes; a model computing in float16 widened to
-float32 (float16 scales have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding
-input) as an input of that type (a float input read by a Cast has no quantized form); an STFT as a strided Conv
-and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within
-float32 rounding); a ScatterND of constant indices as Concat and Gather (the same values moved)."""
+"""Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave or
+make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static quantizes MatMul
+and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection ``abcd,cde->abe`` and its Q
+K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
+copies it under a name that may already be another tensor's); a Gemm's beta folded into its constant C (quantize_static
+drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler (skl2onnx's StandardScaler) as Add and Mul
+(onnx's shape inference stops at it, and quantize_static then quantizes nothing after it); a Sub of a constant from the
+float input (a normalization inside the model) as an Add of its negation (quantize_static quantizes no Sub, and the
+input stays float); a float input that an op quantize_static leaves float reads (a Div by 255) read by it through an
+identity Transpose, which quantize_static quantizes; a model computing in float16 widened to float32 (float16 scales
+have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding input) as an input of that
+type (a float input read by a Cast has no quantized form); an STFT as a strided Conv and a DFT as a MatMul by constant
+kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within float32 rounding); a ScatterND of constant
+indices as Concat and Gather (the same values moved)."""
 from __future__ import annotations
 
 import functools
