@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import qdq
+from support.quantized import divided, qdq
 from support.shipped import shipped
 from test_quantized_fresh_ops import draw_x, oracle_equal, scales, x_types
 
@@ -82,22 +82,6 @@ def test_a_div_of_the_quantized_input_through_its_transpose_is_exact(d, sx, so, 
              h.make_node("QuantizeLinear", ["v", "so", "zo"], ["y"])]
     shape = (1, channels, 2, 3)
     oracle_equal(qdq(nodes, shape, x_type, inits, x_type), draw_x(d, shape, x_type))
-
-
-def divided(c: np.ndarray, constant_node: bool) -> onnx.ModelProto:
-    """A float model of an image divided inside it (BlazeFace's x / 255, or a per-channel std), then Conv 3x3, Relu,
-    Conv 1x1, on (1, 3, 12, 12); the divisor an initializer or a Constant node (torch's export)."""
-    rng = np.random.default_rng(13)
-    inits = [nh.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w1"),
-             nh.from_array(rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32), "w2")]
-    first = [h.make_node("Constant", [], ["c"], value=nh.from_array(c))] if constant_node else []
-    inits += [] if constant_node else [nh.from_array(c, "c")]
-    nodes = first + [h.make_node("Div", ["x", "c"], ["a"], name="/Div"),
-                     h.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["b"], ["r"]),
-                     h.make_node("Conv", ["r", "w2"], ["y"])]
-    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 12, 12])],
-                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
-    return onnx_model(g, 17)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
