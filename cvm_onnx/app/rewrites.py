@@ -961,17 +961,18 @@ def _refused(node: onnx.NodeProto, rule: str):
 
 def spectra_as_products(model: onnx.ModelProto) -> int:
     """Replace each ONNX STFT (opset 17) and DFT (17, 20), whose lengths, step, window and axis are constants, by
-    the same sums of products as ops quantize_static quantizes. STFT of a signal (batch, length, 1 or 2) with
-    frame_step p, window w (absent: ones) and frame_length N (absent: w's length): frame f is x[f p + n], n < N, and
-    its DFT of w_n x_n is a strided Conv: Transpose to (batch, 1 or 2, length), Conv of stride p by the kernel
-    w_n cos(2 pi k n / N), -w_n sin(...) per bin (bins 0..N/2 onesided, else N) rounded once to float32, Reshape
-    and Transpose to (batch, frames, bins, 2). DFT of real or complex values along a constant axis, of dft_length
-    N (absent: the axis' length; a shorter input zero-padded, a longer one truncated), forward or inverse (1/N),
-    onesided or not: Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose
-    back. A sum of float32 products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1
-    or 2 channels), as onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused
-    naming the node: a step, length, window or axis computed at run time, a step, length or axis other than one
-    integer, or a signal whose shape is not known.
+    the same sums of products as ops quantize_static quantizes. STFT of a signal (batch, length, 1 or 2), or of a
+    real one (batch, length) as onnxruntime takes it, with frame_step p, window w (absent: ones) and frame_length N
+    (absent: w's length): frame f is x[f p + n], n < N, and its DFT of w_n x_n is a strided Conv: Transpose (a real
+    signal of rank 2: Reshape) to (batch, 1 or 2, length), Conv of stride p by the kernel w_n cos(2 pi k n / N),
+    -w_n sin(...) per bin (bins 0..N/2 onesided, else N) rounded once to float32, Reshape and Transpose to (batch,
+    frames, bins, 2). DFT of real or complex values along a constant axis, of dft_length N (absent: the axis'
+    length; a shorter input zero-padded, a longer one truncated), forward or inverse (1/N), onesided or not:
+    Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose back. A sum of float32
+    products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1 or 2 channels), as
+    onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused naming the node: a
+    step, length, window or axis computed at run time, a step, length or axis other than one integer, or a signal
+    whose shape is not known.
     Returns how many nodes were replaced."""
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type in ("STFT", "DFT") and n.domain in ("", "ai.onnx")]
@@ -1007,8 +1008,9 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
         new, added = [], []
         if node.op_type == "STFT":
             step, window, frame = integer(1, "frame_step"), const(2, "window"), integer(3, "frame_length")
-            if dims is None or len(dims) != 3 or dims[2] not in (1, 2) or dims[1] is None:
-                raise _refused(node, f"STFT of a signal of shape {dims}: (batch, length, 1 or 2) of known length")
+            if dims is None or not (len(dims) == 2 or len(dims) == 3 and dims[2] in (1, 2)) or dims[1] is None:
+                raise _refused(node, f"STFT of a signal of shape {dims}: (batch, length) or (batch, length, 1 or 2) "
+                                     f"of known length")
             size = frame if frame is not None else (window.size if window is not None else 0)
             p = step if step is not None else 0
             if size < 1 or size > dims[1] or p < 1 or (window is not None and window.shape != (size,)):
@@ -1016,7 +1018,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                                      f"{None if window is None else window.shape} over {dims[1]} samples: a window of "
                                      f"frame_length values, a length and a step of at least 1 within the signal")
             bins = size // 2 + 1 if attrs.get("onesided", 1) else size
-            c = dims[2]
+            c = dims[2] if len(dims) == 3 else 1
             _bounded(node, size * c, bins)
             w = np.ones(size) if window is None else window.astype(np.float64)
             mat = _dft_matrix(size, size, bins, c, False).reshape(size, c, bins, 2) * w[:, None, None, None]
@@ -1024,8 +1026,12 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
             added += [numpy_helper.from_array(kernel, fresh("kernel")),
                       numpy_helper.from_array(np.array([0, bins, 2, -1], np.int64), fresh("shape"))]
             t, conv, r = fresh("channels"), fresh("conv"), fresh("bins")
-            new += [helper.make_node("Transpose", [node.input[0]], [t], perm=[0, 2, 1], name=t),
-                    helper.make_node("Conv", [t, added[0].name], [conv], strides=[p], kernel_shape=[size], name=conv),
+            if len(dims) == 3:
+                new.append(helper.make_node("Transpose", [node.input[0]], [t], perm=[0, 2, 1], name=t))
+            else:
+                added.append(numpy_helper.from_array(np.array([0, 1, -1], np.int64), fresh("one_channel")))
+                new.append(helper.make_node("Reshape", [node.input[0], added[-1].name], [t], name=t))
+            new += [helper.make_node("Conv", [t, added[0].name], [conv], strides=[p], kernel_shape=[size], name=conv),
                     helper.make_node("Reshape", [conv, added[1].name], [r], name=r),
                     helper.make_node("Transpose", [r], [node.output[0]], perm=[0, 3, 1, 2], name=fresh("frames"))]
         else:

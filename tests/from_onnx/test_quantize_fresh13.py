@@ -2,7 +2,9 @@
 divide their float input by 255 inside the model, by a Div quantize_static does not quantize: the input stayed float
 ('the float input is read by Div ...: CVM takes a float input only where QuantizeLinear quantizes it'). A float input
 that such an op reads is read by it through an identity Transpose now, which quantize_static quantizes: the quantized
-model quantizes the input, and the Div reads its dequantized values."""
+model quantizes the input, and the Div reads its dequantized values. onnx-asr's log-mel front ends (GigaAM, Whisper,
+Kaldi, NeMo) give STFT a real signal of rank 2, (batch, length), as onnxruntime takes it ('STFT of a signal of
+shape [1, 16400]: (batch, length, 1 or 2) of known length'): it is the strided Conv of (batch, 1, length) now."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +18,8 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import divided, qdq
 from support.shipped import shipped
+from support.spectra import tones
+from test_quantize_spectra import rewritten, session, stft_model, stft_oracle
 from test_quantized_fresh_ops import draw_x, oracle_equal, scales, x_types
 
 from cvm_onnx.app.quantize import quantize
@@ -105,6 +109,37 @@ def test_shipped_blazeface_imports_whole(tmp_path):
     pixels = np.random.default_rng(0).uniform(0, 255, (8, 1, 3, 128, 128)).astype(np.float32)
     np.save(tmp_path / "c.npy", pixels)
     done = quantize(path, tmp_path / "c.npy", tmp_path / "m")
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
+
+@settings(max_examples=30, deadline=None)
+@given(size=st.integers(1, 24), extra=st.integers(0, 30), step=st.integers(1, 6), onesided=st.booleans(),
+       given_=st.sampled_from(["both", "window", "length"]), seed=st.integers(0, 2**16))
+def test_stft_of_a_real_signal_of_rank_2_is_a_strided_convolution(size, extra, step, onesided, given_, seed):
+    """Property: STFT of a (batch, length) signal as Reshape to (batch, 1, length), Conv, Reshape, Transpose: within
+    (N + 2) 2^-24 sum |x w| of the float64 DFT of each frame, as onnxruntime's STFT of it is within 8 times that."""
+    rng = np.random.default_rng(seed)
+    shape = (2, size + extra)
+    x = (rng.normal(size=shape) * rng.choice([1e-3, 1, 1e3])).astype(np.float32)
+    w = rng.uniform(-1, 1, size).astype(np.float32)
+    m = stft_model(shape, step, None if given_ == "length" else w, None if given_ == "window" else size, onesided)
+    want, bound = stft_oracle(x[..., None], step, np.ones(size, np.float32) if given_ == "length" else w, onesided)
+    r = rewritten(m)
+    assert r.graph.node[0].op_type == "Reshape"
+    got, ort_y = session(r).run(None, {"x": x})[0], session(m).run(None, {"x": x})[0]
+    assert got.shape == want.shape == ort_y.shape
+    assert (np.abs(got - want) <= bound).all()
+    assert (np.abs(ort_y - want) <= 8 * bound).all()
+
+
+def test_shipped_log_mel_front_end_imports_whole(tmp_path):
+    """onnx-asr's GigaAM v2 front end (a Pad, an STFT of its (batch, length) waveform, a mel MatMul, Clip, Log) as
+    shipped, its length input folded to the samples', quantizes whole on 1 s of audio, its export exact."""
+    path = shipped("onnx_asr", "preprocessors/data/gigaam_v2.onnx")
+    np.save(tmp_path / "c.npy", tones(8, 16000)[..., 0])
+    done = quantize(path, tmp_path / "c.npy", tmp_path / "m", fold={"waveforms_lens": 16000})
     for a in done.agreements:
         assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
