@@ -4,7 +4,9 @@ divide their float input by 255 inside the model, by a Div quantize_static does 
 that such an op reads is read by it through an identity Transpose now, which quantize_static quantizes: the quantized
 model quantizes the input, and the Div reads its dequantized values. onnx-asr's log-mel front ends (GigaAM, Whisper,
 Kaldi, NeMo) give STFT a real signal of rank 2, (batch, length), as onnxruntime takes it ('STFT of a signal of
-shape [1, 16400]: (batch, length, 1 or 2) of known length'): it is the strided Conv of (batch, 1, length) now."""
+shape [1, 16400]: (batch, length, 1 or 2) of known length'): it is the strided Conv of (batch, 1, length) now.
+Whisper's takes the max of its log10 mel (for its max - 8 floor): a ReduceMax of a float function ('must be
+quantized (QuantizeLinear) first'), which is the function of the max where the function is nondecreasing."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,10 +22,12 @@ from support.quantized import divided, qdq
 from support.shipped import shipped
 from support.spectra import tones
 from test_quantize_spectra import rewritten, session, stft_model, stft_oracle
-from test_quantized_fresh_ops import draw_x, oracle_equal, scales, x_types
+from test_quantized_fresh_ops import draw_x, oracle_equal, run, scales, x_types
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.app.rewrites import float_readers_through_transposes
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
@@ -138,6 +142,63 @@ def test_shipped_log_mel_front_end_imports_whole(tmp_path):
     """onnx-asr's GigaAM v2 front end (a Pad, an STFT of its (batch, length) waveform, a mel MatMul, Clip, Log) as
     shipped, its length input folded to the samples', quantizes whole on 1 s of audio, its export exact."""
     path = shipped("onnx_asr", "preprocessors/data/gigaam_v2.onnx")
+    np.save(tmp_path / "c.npy", tones(8, 16000)[..., 0])
+    done = quantize(path, tmp_path / "c.npy", tmp_path / "m", fold={"waveforms_lens": 16000})
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
+
+
+#: Float functions of one value before a max: (op, nondecreasing on every input).
+FUNCTIONS = {"Log": True, "Exp": True, "Tanh": True, "Neg": False, "Cos": False}
+
+
+def function_model(op: str, reduce: str | None, x_type, shape, inits: dict) -> onnx.ModelProto:
+    """DequantizeLinear, ``op`` (a float function), ``reduce`` (ReduceMax or ReduceMin over axis 2 kept, a 2 x 2
+    MaxPool, or none), QuantizeLinear: Whisper's log-mel before its max - 8 floor."""
+    pool = {"kernel_shape": [2, 2], "strides": [2, 2]} if reduce == "MaxPool" else {"keepdims": 1}
+    last = [] if reduce is None else \
+        [h.make_node(reduce, ["f"] + ([] if reduce == "MaxPool" else ["axes"]), ["m"], **pool)]
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]), h.make_node(op, ["xf"], ["f"])] + last + \
+        [h.make_node("QuantizeLinear", ["m" if reduce else "f", "so", "zo"], ["y"])]
+    return qdq(nodes, shape, x_type, {**inits, "axes": np.array([2], np.int64)}, x_type, opset=18)
+
+
+def reduced(x: np.ndarray, reduce: str) -> np.ndarray:
+    if reduce == "MaxPool":
+        return x.reshape(1, 2, 2, 2, 3, 2).max(axis=(3, 5))
+    return (x.max if reduce == "ReduceMax" else x.min)(axis=2, keepdims=True)
+
+
+@SETTINGS
+@given(d=st.data(), sx=scales, so=scales, x_type=x_types, op=st.sampled_from(sorted(FUNCTIONS)),
+       reduce=st.sampled_from(["ReduceMax", "ReduceMin", "MaxPool"]))
+def test_a_max_of_a_nondecreasing_function_is_the_function_of_the_max(d, sx, so, x_type, op, reduce):
+    """Property: the max (min) of f(x), f nondecreasing on x's integers, is f of the max (min) of x: the import on x
+    equals the import of DequantizeLinear, f, QuantizeLinear on numpy's max (min) of x, for every input integer
+    drawn; where f is not monotone there it is refused in one line naming the op and the rule."""
+    zero = np.uint8 if x_type == T.UINT8 else np.int8
+    lo, hi = (0, 255) if x_type == T.UINT8 else (-128, 127)
+    inits = {"sx": np.float32(sx), "zx": zero(lo if op == "Log" else d.draw(st.integers(lo, hi))),
+             "so": np.float32(so), "zo": zero(d.draw(st.integers(lo, hi)))}
+    shape = (1, 2, 4, 6)
+    m = function_model(op, reduce, x_type, shape, inits)
+    if not FUNCTIONS[op]:
+        with pytest.raises(UnsupportedError, match=f"{reduce} of {op}.*not nondecreasing"):
+            import_model(m, input_precision=9)
+        return
+    x = draw_x(d, shape, x_type)
+    _, [got] = run(m, x)
+    r = reduced(x, reduce)
+    _, [want] = run(function_model(op, None, x_type, r.shape, inits), r)
+    assert np.array_equal(got, want)
+
+
+def test_shipped_whisper_front_end_imports_whole(tmp_path):
+    """onnx-asr's Whisper front end (80 mels): its log10 mel's max - 8 floor, a ReduceMax of the Log, imports whole
+    on 1 s of audio (padded to 30 s inside), within 1.1x onnxruntime's quantized model's distance, export exact.
+    Regression: 'the ReduceMax input (Log * 2097152/4828871) must be quantized (QuantizeLinear) first'."""
+    path = shipped("onnx_asr", "preprocessors/data/whisper80.onnx")
     np.save(tmp_path / "c.npy", tones(8, 16000)[..., 0])
     done = quantize(path, tmp_path / "c.npy", tmp_path / "m", fold={"waveforms_lens": 16000})
     for a in done.agreements:
