@@ -114,9 +114,9 @@ Inputs a model takes besides its data are folded as `quantize --fold` does (`fol
 convolution caches (zeros), DTLN's LSTM states, hush's GRU states, GTCRN's and FastEnhancer's caches (zeros),
 SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), onnx-asr's waveform lengths (16000),
 trueocr's line mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention
-mask (ones) and token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding. A model of
-several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is the batch of four
-views of one component that mne-icalabel feeds it, (4, ...) per input.
+mask (ones) and token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
+embedding. A model of several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is
+the batch of four views of one component that mne-icalabel feeds it, (4, ...) per input.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
