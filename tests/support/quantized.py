@@ -229,17 +229,22 @@ def divided(c: np.ndarray, constant_node: bool) -> onnx.ModelProto:
     return onnx_model(g, 17)
 
 
-def quantizes_whole(tmp_path, model: onnx.ModelProto, per_channel: bool) -> None:
-    """``cvm-onnx quantize`` takes the float ``model`` (a ``between_convs``) whole on 8 normal samples: within 1.1x
-    onnxruntime's quantized model's mean distance from float, the export exact."""
+def quantizes_whole(tmp_path, model, per_channel: bool, samples: np.ndarray | None = None, fold=None) -> None:
+    """``cvm-onnx quantize`` takes the float ``model`` (a ``between_convs``, or a model file) whole on ``samples``
+    (absent: 8 normal ones of (1, 8, 12, 12)), ``fold`` as quantize takes it: every output within 1.1x onnxruntime's
+    quantized model's mean distance from float, the export exact."""
     from cvm_onnx.app.quantize import quantize
     from cvm_onnx.runtime.verify import verify
 
-    onnx.save(model, tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
-    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    if isinstance(model, onnx.ModelProto):
+        onnx.save(model, tmp_path / "f.onnx")
+        model = tmp_path / "f.onnx"
+    if samples is None:
+        samples = np.random.default_rng(7).normal(size=(8, 1, 8, 12, 12))
+    np.save(tmp_path / "c.npy", samples.astype(np.float32))
+    done = quantize(model, tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel, fold=fold)
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=2).exact
 
 
