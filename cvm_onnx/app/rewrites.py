@@ -1,16 +1,17 @@
-"""Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave
-or make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static
-quantizes MatMul and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection
-``abcd,cde->abe`` and its Q K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to
-each its own copy (quantize_static copies it under a name that may already be another tensor's); a Gemm's beta
-folded into its constant C (quantize_static drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler
-(skl2onnx's StandardScaler) as Add and Mul (onnx's shape inference stops at it, and quantize_static then quantizes
-nothing after it); a Sub of a constant from the float input (a normalization inside the model) as an Add of its
-negation (quantize_static quantizes no Sub, and the input stays float); a model computing in float16 widened to
-float32 (float16 scales have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding
-input) as an input of that type (a float input read by a Cast has no quantized form); an STFT as a strided Conv
-and a DFT as a MatMul by constant kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within
-float32 rounding); a ScatterND of constant indices as Concat and Gather (the same values moved)."""
+"""Graph rewrites before quantize_static, each exact (the same float model), where onnxruntime's tools would leave or
+make what CVM cannot hold: an Einsum that is a MatMul in another order, as that MatMul (quantize_static quantizes MatMul
+and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's output projection ``abcd,cde->abe`` and its Q
+K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
+copies it under a name that may already be another tensor's); a Gemm's beta folded into its constant C (quantize_static
+drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler (skl2onnx's StandardScaler) as Add and Mul
+(onnx's shape inference stops at it, and quantize_static then quantizes nothing after it); a Sub of a constant from the
+float input (a normalization inside the model) as an Add of its negation (quantize_static quantizes no Sub, and the
+input stays float); a float input that an op quantize_static leaves float reads (a Div by 255) read by it through an
+identity Transpose, which quantize_static quantizes; a model computing in float16 widened to float32 (float16 scales
+have no CVM form); a float input that only Casts to an integer type read (Keras' Embedding input) as an input of that
+type (a float input read by a Cast has no quantized form); an STFT as a strided Conv and a DFT as a MatMul by constant
+kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within float32 rounding); a ScatterND of constant
+indices as Concat and Gather (the same values moved)."""
 from __future__ import annotations
 
 import functools
@@ -620,6 +621,39 @@ def input_subs_as_adds(graph: onnx.GraphProto) -> int:
     return done
 
 
+#: Readers of a float input that read no values of it (Shape, Size) or an integer cast of them (Cast).
+NO_VALUES_READ = ("Shape", "Size", "Cast")
+
+
+def float_readers_through_transposes(graph: onnx.GraphProto) -> int:
+    """Give each float32 graph input of known rank r >= 1 that a node quantize_static leaves float reads directly
+    (a normalization's Div by 255 or by the std inside the model: quantize_static quantizes no Div) an identity
+    Transpose (perm 0, 1, ..., r - 1: the same values), which those nodes read instead: quantize_static quantizes a
+    Transpose's input, so the quantized model quantizes the float input as CVM takes it, and the node reads its
+    dequantized values. Readers of ``NO_VALUES_READ`` keep the input. Returns how many inputs were so given one."""
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    quantized = set(QDQRegistry) | set(QLinearOpsRegistry) | {"QuantizeLinear", *NO_VALUES_READ}
+    inits = {t.name for t in graph.initializer}
+    names = inits | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    done = 0
+    for v in graph.input:
+        t = v.type.tensor_type
+        if v.name in inits or t.elem_type != onnx.TensorProto.FLOAT or not t.HasField("shape") or not t.shape.dim:
+            continue
+        readers = [n for n in graph.node if v.name in n.input and n.op_type not in quantized]
+        if not readers:
+            continue
+        moved = _fresh_name(names, f"{v.name}:moved")
+        for n in readers:
+            n.input[:] = [moved if x == v.name else x for x in n.input]
+        first = min(list(graph.node).index(n) for n in readers)
+        graph.node.insert(first, helper.make_node("Transpose", [v.name], [moved], _fresh_name(names, moved),
+                                                  perm=list(range(len(t.shape.dim)))))
+        done += 1
+    return done
+
+
 def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
     """Each GroupNormalization (opset 21: scale and bias per channel, constants) of an input of known rank >= 3
     written as torch exports GroupNorm: Reshape(x, (0, G, -1)), InstanceNormalization(ones(G), zeros(G), epsilon),
@@ -942,17 +976,18 @@ def _refused(node: onnx.NodeProto, rule: str):
 
 def spectra_as_products(model: onnx.ModelProto) -> int:
     """Replace each ONNX STFT (opset 17) and DFT (17, 20), whose lengths, step, window and axis are constants, by
-    the same sums of products as ops quantize_static quantizes. STFT of a signal (batch, length, 1 or 2) with
-    frame_step p, window w (absent: ones) and frame_length N (absent: w's length): frame f is x[f p + n], n < N, and
-    its DFT of w_n x_n is a strided Conv: Transpose to (batch, 1 or 2, length), Conv of stride p by the kernel
-    w_n cos(2 pi k n / N), -w_n sin(...) per bin (bins 0..N/2 onesided, else N) rounded once to float32, Reshape
-    and Transpose to (batch, frames, bins, 2). DFT of real or complex values along a constant axis, of dft_length
-    N (absent: the axis' length; a shorter input zero-padded, a longer one truncated), forward or inverse (1/N),
-    onesided or not: Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose
-    back. A sum of float32 products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1
-    or 2 channels), as onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused
-    naming the node: a step, length, window or axis computed at run time, a step, length or axis other than one
-    integer, or a signal whose shape is not known.
+    the same sums of products as ops quantize_static quantizes. STFT of a signal (batch, length, 1 or 2), or of a
+    real one (batch, length) as onnxruntime takes it, with frame_step p, window w (absent: ones) and frame_length N
+    (absent: w's length): frame f is x[f p + n], n < N, and its DFT of w_n x_n is a strided Conv: Transpose (a real
+    signal of rank 2: Reshape) to (batch, 1 or 2, length), Conv of stride p by the kernel w_n cos(2 pi k n / N),
+    -w_n sin(...) per bin (bins 0..N/2 onesided, else N) rounded once to float32, Reshape and Transpose to (batch,
+    frames, bins, 2). DFT of real or complex values along a constant axis, of dft_length N (absent: the axis'
+    length; a shorter input zero-padded, a longer one truncated), forward or inverse (1/N), onesided or not:
+    Transpose the axis last, Reshape, MatMul by the DFT matrix (float32), Reshape, Transpose back. A sum of float32
+    products in any order, within (N C + 2) 2^-24 sum_n |x_n w_n| of the exact DFT (C = 1 or 2 channels), as
+    onnxruntime's FFT is within its own bound of it (docs/import.md "STFT and DFT"). Refused naming the node: a
+    step, length, window or axis computed at run time, a step, length or axis other than one integer, or a signal
+    whose shape is not known.
     Returns how many nodes were replaced."""
     graph = model.graph
     nodes = [n for n in graph.node if n.op_type in ("STFT", "DFT") and n.domain in ("", "ai.onnx")]
@@ -988,8 +1023,9 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
         new, added = [], []
         if node.op_type == "STFT":
             step, window, frame = integer(1, "frame_step"), const(2, "window"), integer(3, "frame_length")
-            if dims is None or len(dims) != 3 or dims[2] not in (1, 2) or dims[1] is None:
-                raise _refused(node, f"STFT of a signal of shape {dims}: (batch, length, 1 or 2) of known length")
+            if dims is None or not (len(dims) == 2 or len(dims) == 3 and dims[2] in (1, 2)) or dims[1] is None:
+                raise _refused(node, f"STFT of a signal of shape {dims}: (batch, length) or (batch, length, 1 or 2) "
+                                     f"of known length")
             size = frame if frame is not None else (window.size if window is not None else 0)
             p = step if step is not None else 0
             if size < 1 or size > dims[1] or p < 1 or (window is not None and window.shape != (size,)):
@@ -997,7 +1033,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
                                      f"{None if window is None else window.shape} over {dims[1]} samples: a window of "
                                      f"frame_length values, a length and a step of at least 1 within the signal")
             bins = size // 2 + 1 if attrs.get("onesided", 1) else size
-            c = dims[2]
+            c = dims[2] if len(dims) == 3 else 1
             _bounded(node, size * c, bins)
             w = np.ones(size) if window is None else window.astype(np.float64)
             mat = _dft_matrix(size, size, bins, c, False).reshape(size, c, bins, 2) * w[:, None, None, None]
@@ -1005,8 +1041,12 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
             added += [numpy_helper.from_array(kernel, fresh("kernel")),
                       numpy_helper.from_array(np.array([0, bins, 2, -1], np.int64), fresh("shape"))]
             t, conv, r = fresh("channels"), fresh("conv"), fresh("bins")
-            new += [helper.make_node("Transpose", [node.input[0]], [t], perm=[0, 2, 1], name=t),
-                    helper.make_node("Conv", [t, added[0].name], [conv], strides=[p], kernel_shape=[size], name=conv),
+            if len(dims) == 3:
+                new.append(helper.make_node("Transpose", [node.input[0]], [t], perm=[0, 2, 1], name=t))
+            else:
+                added.append(numpy_helper.from_array(np.array([0, 1, -1], np.int64), fresh("one_channel")))
+                new.append(helper.make_node("Reshape", [node.input[0], added[-1].name], [t], name=t))
+            new += [helper.make_node("Conv", [t, added[0].name], [conv], strides=[p], kernel_shape=[size], name=conv),
                     helper.make_node("Reshape", [conv, added[1].name], [r], name=r),
                     helper.make_node("Transpose", [r], [node.output[0]], perm=[0, 3, 1, 2], name=fresh("frames"))]
         else:

@@ -1305,3 +1305,22 @@ def test_3d_conv_and_pools_over_depth_taps_and_a_resize_at_ties(tmp_path):
     write_model(imp.graph, tmp_path / "cvm")
     xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_float_input_divided_inside_the_model(tmp_path, per_channel):
+    """The thirteenth corpus's form (BlazeFace's x / 255 inside the model): quantize's model of a Div of the float
+    input by a per-channel std, Conv, Relu, Conv, its input read through an identity Transpose: the runtime loads it
+    and gives the reference executor's integers, the input's extremes included."""
+    import onnx
+    from support.quantized import divided
+
+    from cvm_onnx.app.quantize import quantize
+
+    onnx.save(divided(np.float32([[[58.4]], [[57.1]], [[57.4]]]), False), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(7).uniform(0, 255, (8, 1, 3, 12, 12)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel)
+    edge, shape = done.imported.edges.input, (1, 3, 12, 12)
+    xs = [edge.quantize(np.full(shape, v, np.float32)) for v in (-1e9, 1e9)] + \
+        [edge.quantize(np.random.default_rng(13).uniform(0, 255, shape).astype(np.float32))]
+    runs_as_reference(done.imported.graph, tmp_path / "cvm", xs)

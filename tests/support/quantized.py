@@ -213,19 +213,39 @@ def between_convs(middle: list, extra: dict, opset: int = 17) -> onnx.ModelProto
     return onnx_model(g, opset)
 
 
-def quantizes_whole(tmp_path, model: onnx.ModelProto, per_channel: bool) -> None:
-    """``cvm-onnx quantize`` takes the float ``model`` (a ``between_convs``, or any of one input of static shape)
-    whole on 8 normal samples: within 1.1x onnxruntime's quantized model's mean distance from float, the export
-    exact."""
+def divided(c: np.ndarray, constant_node: bool) -> onnx.ModelProto:
+    """A float model of an image divided inside it (BlazeFace's x / 255, or a per-channel std), then Conv 3x3, Relu,
+    Conv 1x1, on (1, 3, 12, 12); the divisor an initializer or a Constant node (torch's export)."""
+    rng = np.random.default_rng(13)
+    inits = [nh.from_array(rng.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32), "w1"),
+             nh.from_array(rng.normal(0, 0.3, (4, 8, 1, 1)).astype(np.float32), "w2")]
+    first = [h.make_node("Constant", [], ["c"], value=nh.from_array(c))] if constant_node else []
+    inits += [] if constant_node else [nh.from_array(c, "c")]
+    nodes = first + [h.make_node("Div", ["x", "c"], ["a"], name="/Div"),
+                     h.make_node("Conv", ["a", "w1"], ["b"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["b"], ["r"]),
+                     h.make_node("Conv", ["r", "w2"], ["y"])]
+    g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 12, 12])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    return onnx_model(g, 17)
+
+
+def quantizes_whole(tmp_path, model, per_channel: bool, samples: np.ndarray | None = None, fold=None) -> None:
+    """``cvm-onnx quantize`` takes the float ``model`` (a ``between_convs``, or a model file) whole on ``samples``
+    (absent: 8 normal ones of its one input's static shape), ``fold`` as quantize takes it: every output within
+    1.1x onnxruntime's quantized model's mean distance from float, the export exact."""
     from cvm_onnx.app.quantize import quantize
     from cvm_onnx.runtime.verify import verify
 
-    onnx.save(model, tmp_path / "f.onnx")
-    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    np.save(tmp_path / "c.npy", np.random.default_rng(7).normal(size=[8] + shape).astype(np.float32))
-    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
-    [a] = done.agreements
-    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    if isinstance(model, onnx.ModelProto):
+        onnx.save(model, tmp_path / "f.onnx")
+        model = tmp_path / "f.onnx"
+    if samples is None:
+        dims = onnx.load(model, load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+        samples = np.random.default_rng(7).normal(size=[8] + [d.dim_value for d in dims])
+    np.save(tmp_path / "c.npy", samples.astype(np.float32))
+    done = quantize(model, tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel, fold=fold)
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=2).exact
 
 

@@ -13,7 +13,7 @@ from ..checks import MAX_DIM
 from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, normal, resize_coordinate, resize_scales,
                     resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
-from .values import Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
+from .values import Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
@@ -30,6 +30,8 @@ def move_rule(ctx, node, x, *rest):
         return interpolated_resize(ctx, node, scaled(x, "the Resize input"), *rest)
     if node.op_type in ("ReduceMax", "ReduceMin") and isinstance(x, Summed):
         return reduced_sum(ctx, node, x, *rest)
+    if node.op_type in ("ReduceMax", "ReduceMin", "MaxPool", "GlobalMaxPool") and isinstance(x, Mapped):
+        return reduced_function(ctx, node, x, *rest)
     x = scaled(x, f"the {node.op_type} input", clipped_ok=True)
     if not x.per_tensor:
         raise Refuse(f"{node.op_type} needs a per-tensor scale and zero point")
@@ -44,6 +46,22 @@ def move_rule(ctx, node, x, *rest):
 
 for _op in MOVES:
     float_rule(_op, since=1)(move_rule)
+
+
+def reduced_function(ctx, node, x: Mapped, *rest) -> Mapped:
+    """ReduceMax, ReduceMin, MaxPool or GlobalMaxPool of a float function f of one value (Whisper's log-mel, Log
+    before its max - 8 floor) that is nondecreasing on its input's integers: max f(x) = f(max x) and min f(x) =
+    f(min x), so the op moves x's integers and f applies after. Refused where f is not monotone there."""
+    t, z, s = x.x.t, int(x.x.zero.reshape(-1)[0]), float(np.asarray(x.x.scale).reshape(-1)[0])
+    if not x.x.per_tensor or t.hi - t.lo >= 1 << 16:
+        raise Refuse(f"{node.op_type} of {x.what} must be quantized (QuantizeLinear) first")
+    with np.errstate(all="ignore"):
+        image = np.asarray(x.fn((np.arange(t.lo, t.hi + 1, dtype=np.int64) - z) * s), np.float64)
+    if not (image[1:] >= image[:-1]).all():
+        raise Refuse(f"{node.op_type} of {x.what}, not nondecreasing on its input's integers, must be quantized "
+                     "(QuantizeLinear) first")
+    out = move_rule(ctx, node, x.x, *rest)
+    return [Mapped(o, x.fn, x.what) for o in out] if isinstance(out, list) else Mapped(out, x.fn, x.what)
 
 
 def reduced_sum(ctx, node, x: Summed, axes_t=None) -> Summed:
