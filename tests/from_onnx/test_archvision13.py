@@ -1,0 +1,76 @@
+"""Graph forms of vision architectures as torch and transformers export them (benchmarks/vision_architectures.py),
+each in its minimal ONNX form, through `cvm-onnx quantize`: whole, within 1.1x onnxruntime's quantized model's
+distance from the float model, the export exact."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import helper as h
+from support.quantized import between_convs
+
+from cvm_onnx.app.quantize import outputs, quantize
+from cvm_onnx.runtime.verify import verify
+
+
+def grn(nhwc: bool, eps: float, seed: int) -> onnx.ModelProto:
+    """ConvNeXt V2's global response normalization between two convs: g = ||x|| over the spatial axes (ReduceL2),
+    x * gamma * g / (mean of g over the channels + eps) + beta + x; channels last (transformers' ConvNextV2, between
+    two Transposes) or first."""
+    rng = np.random.default_rng(seed)
+    shape = (1, 1, 1, 8) if nhwc else (1, 8, 1, 1)
+    nodes = [h.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 3, 1])] if nhwc else \
+        [h.make_node("Identity", ["a"], ["t"])]
+    nodes += [h.make_node("ReduceL2", ["t", "spatial"], ["g"], keepdims=1),
+              h.make_node("ReduceMean", ["g", "channels"], ["gm"], keepdims=1),
+              h.make_node("Add", ["gm", "eps"], ["ge"]),
+              h.make_node("Div", ["g", "ge"], ["nx"]),
+              h.make_node("Mul", ["t", "nx"], ["tn"]),
+              h.make_node("Mul", ["gamma", "tn"], ["tg"]),
+              h.make_node("Add", ["tg", "beta"], ["tb"]),
+              h.make_node("Add", ["tb", "t"], ["o" if nhwc else "b"])]
+    nodes += [h.make_node("Transpose", ["o"], ["b"], perm=[0, 3, 1, 2])] if nhwc else []
+    return between_convs(nodes, {"spatial": np.array([1, 2] if nhwc else [2, 3]),
+                                 "channels": np.array([-1 if nhwc else 1]), "eps": np.float32(eps),
+                                 "gamma": rng.normal(0, 0.5, shape), "beta": rng.normal(0, 0.5, shape)}, opset=18)
+
+
+def without_added_grids(quantized: bytes) -> bytes:
+    """onnxruntime's quantized model less the QuantizeLinear / DequantizeLinear pairs quantize adds after a value
+    quantize_static leaves float (named ``<tensor>_quantized`` and ``<tensor>_dequantized``)."""
+    m = onnx.load_from_string(quantized)
+    added = {n.output[0]: n for n in m.graph.node if n.name == n.output[0] and n.name.endswith(
+        ("_quantized", "_dequantized"))}
+    source = {y: added[n.input[0]].input[0] for y, n in added.items() if n.op_type == "DequantizeLinear"}
+    kept = [n for n in m.graph.node if n.output[0] not in added]
+    for n in kept:
+        n.input[:] = [source.get(x, x) for x in n.input]
+    del m.graph.node[:]
+    m.graph.node.extend(kept)
+    return m.SerializeToString()
+
+
+@settings(max_examples=4, deadline=None)
+@given(nhwc=st.booleans(), eps=st.sampled_from([1e-6, 1e-3, 0.5]), per_channel=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_grn_quantizes_whole_within_onnxruntime_distance(tmp_path_factory, nhwc, eps, per_channel, seed):
+    """ConvNeXt V2's GRN: the L2 norm g over the spatial axes, read by its mean over the channels and by the Div,
+    quantized where it is computed at its calibrated grid (kept_float.norms_quantized), so that the norm is rounded
+    exactly and the quotient is the bounded quotient of sums: whole, every element within one step of onnxruntime's
+    quantized model, the mean distance from the float model within 1.1x that of onnxruntime's model as
+    quantize_static writes it (the norm float), the export exact. Regression: refused 'the ReduceMean input (L2
+    norm) must be quantized (QuantizeLinear) first'."""
+    tmp = tmp_path_factory.mktemp("grn")
+    onnx.save(grn(nhwc, eps, seed), tmp / "f.onnx")
+    rng = np.random.default_rng(seed)
+    np.save(tmp / "c.npy", rng.normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
+    done = quantize(tmp / "f.onnx", tmp / "c.npy", tmp / "m", per_channel=per_channel)
+    held = rng.normal(size=(16, 1, 8, 12, 12)).astype(np.float32)
+    [want], [ort], [got] = outputs(done.float_model, done.onnx_model, done.imported, held)
+    [_], [plain], _ = outputs(done.float_model, without_added_grids(done.onnx_model), done.imported, held, got=[got])
+    step = float(done.imported.edges.outputs[0].scale.reshape(()))
+    assert np.abs(got - ort).max() <= step * 1.0001
+    assert np.abs(got - want).mean() <= 1.1 * np.abs(plain - want).mean()
+    assert verify(done.imported.graph, seeds=2).exact
+
