@@ -1,14 +1,16 @@
 """Graph forms of vision architectures as torch and transformers export them (benchmarks/vision_architectures.py),
-each in its minimal ONNX form, through `cvm-onnx quantize`: whole, within 1.1x onnxruntime's quantized model's
-distance from the float model, the export exact."""
+each in its minimal ONNX form: against the exact oracle, and through `cvm-onnx quantize` whole, within 1.1x
+onnxruntime's quantized model's distance from the float model, the export exact."""
 from __future__ import annotations
 
 import numpy as np
 import onnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import between_convs
+from support.quantized import between_convs, qdq, quantizes_whole
+from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
 from cvm_onnx.app.quantize import outputs, quantize
 from cvm_onnx.runtime.verify import verify
@@ -74,3 +76,41 @@ def test_grn_quantizes_whole_within_onnxruntime_distance(tmp_path_factory, nhwc,
     assert np.abs(got - want).mean() <= 1.1 * np.abs(plain - want).mean()
     assert verify(done.imported.graph, seeds=2).exact
 
+
+
+# -- GatherND of dequantized values (the dynamo exporter's adaptive pooling to non-divisible sizes, area Resize) --
+@settings(max_examples=15, deadline=None)
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-8, 2.0**2, width=32),
+       zo=st.integers(-20, 20), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_gather_nd_of_dequantized_values_is_the_integer_gather(d, s, so, zo, x_type):
+    """GatherND (any batch_dims, any index depth, constant indices, negatives among them) between DequantizeLinear
+    and QuantizeLinear: it only selects values, so the integer GatherND of t at x's scale and zero point, requantized:
+    equal to the oracle. Regression: 'float GatherND of dequantized values has no integer form'."""
+    rank = d.draw(st.integers(1, 4))
+    shape = tuple(d.draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
+    b = d.draw(st.integers(0, rank - 1))
+    k = d.draw(st.integers(1, rank - b))
+    lookups = shape[:b] + tuple(d.draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
+    dims = np.array(shape[b:b + k])
+    idx = np.array([d.draw(st.integers(-n, n - 1)) for _ in range(int(np.prod(lookups, dtype=int))) for n in dims],
+                   np.int64).reshape(lookups + (k,))
+    lo, hi = RANGE[x_type]
+    z = d.draw(st.integers(lo, hi))
+    inits = {"s": np.float32(s), "z": NP[x_type](z), "so": np.float32(so), "zo": np.int8(zo), "idx": idx}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("GatherND", ["xf", "idx"], ["g"], batch_dims=b),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    x = draw_x(d, shape, x_type)
+    x.reshape(-1)[:2] = (lo, hi)[:x.size]
+    oracle_equal(qdq(nodes, x.shape, x_type, inits, T.INT8, opset=13), x)
+
+
+@given(per_channel=st.booleans(), seed=st.integers(0, 2**16))
+@settings(max_examples=2, deadline=None)
+def test_gather_nd_between_convs_quantizes_whole(tmp_path_factory, per_channel, seed):
+    """A float GatherND of positions of a conv's output (which quantize_static leaves float) read by a conv:
+    `quantize` takes it whole, within 1.1x onnxruntime's distance from float, the export exact."""
+    rng = np.random.default_rng(seed)
+    idx = np.stack([rng.integers(-n, n, (1, 8, 6, 6)) for n in (1, 8, 12, 12)], -1)
+    quantizes_whole(tmp_path_factory.mktemp("gnd"), between_convs([h.make_node("GatherND", ["a", "idx"], ["b"])],
+                                                                   {"idx": idx}), per_channel)
