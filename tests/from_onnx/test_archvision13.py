@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import between_convs, qdq, quantizes_whole
+from test_quantize_ops12 import ort_average_counts
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
 from cvm_onnx.app.quantize import outputs, quantize
@@ -114,3 +115,31 @@ def test_gather_nd_between_convs_quantizes_whole(tmp_path_factory, per_channel, 
     idx = np.stack([rng.integers(-n, n, (1, 8, 6, 6)) for n in (1, 8, 12, 12)], -1)
     quantizes_whole(tmp_path_factory.mktemp("gnd"), between_convs([h.make_node("GatherND", ["a", "idx"], ["b"])],
                                                                    {"idx": idx}), per_channel)
+
+
+# -- AveragePool of one window larger than the image (HF EfficientNet's AvgPool2d(hidden_dim, ceil_mode=True)) ---
+@settings(max_examples=10, deadline=None)
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-8, 2.0**2, width=32),
+       zo=st.integers(-20, 20), x_type=st.sampled_from([T.INT8, T.UINT8]), counted=st.integers(0, 1))
+def test_average_pool_of_one_window_past_the_image_is_its_mean(d, s, so, zo, x_type, counted):
+    """AveragePool with ceil_mode whose kernel passes the image (n < k < n + stride: one window, at the image) is the
+    mean of the image, both counts H W (onnxruntime's float AveragePool on ones gives 1): equal to the oracle;
+    EfficientNet's 2560 kernel on 7 x 7 imports as that sum. Regression: the input padded to the kernel (2560 x 2560
+    per channel) before the window sums."""
+    size = [d.draw(st.integers(1, 7)) for _ in range(2)]
+    strides = [d.draw(st.integers(1, 4)) for _ in range(2)]
+    kernel = [d.draw(st.integers(n, n + st_ - 1)) for n, st_ in zip(size, strides)]
+    if d.draw(st.booleans()):
+        kernel, strides, size = [2560, 2560], [2560, 2560], [7, 7]
+    for n, k, st_ in zip(size, kernel, strides):
+        assert np.array_equal(ort_average_counts(n, k, st_, 0, 0, counted), np.ones(1, np.float32))
+    lo, hi = RANGE[x_type]
+    inits = {"s": np.float32(s), "z": NP[x_type](d.draw(st.integers(lo, hi))), "so": np.float32(so),
+             "zo": np.int8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["p"], kernel_shape=kernel, strides=strides, ceil_mode=1,
+                         count_include_pad=counted),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    x = draw_x(d, (1, 3, *size), x_type)
+    x.reshape(-1)[:2] = lo, hi
+    oracle_equal(qdq(nodes, x.shape, x_type, inits, T.INT8, opset=19), x)
