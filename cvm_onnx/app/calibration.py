@@ -54,10 +54,11 @@ def feed(name: str, sample: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.
 
 
 def ranges(prepared: Path, name: str, samples: np.ndarray, shape: tuple[int, ...], method: str,
-           progress: Progress | None = None):
+           progress: Progress | None = None, extra: Iterable[str] = ()):
     """The ``TensorsData`` onnxruntime's calibrator for ``method`` (minmax, entropy, percentile; quantize_static's
     defaults) computes on the model in ``prepared`` (its weights as external data beside it) fed each of
-    ``samples`` (``feed``) as its input ``name``, in order, as quantize's CalibrationDataReader does."""
+    ``samples`` (``feed``) as its input ``name``, in order, as quantize's CalibrationDataReader does; the tensors
+    ``extra`` calibrated too."""
     from onnxruntime.quantization import CalibrationMethod, TensorsData
 
     def feeds() -> Iterator[dict[str, np.ndarray]]:
@@ -65,7 +66,7 @@ def ranges(prepared: Path, name: str, samples: np.ndarray, shape: tuple[int, ...
 
     count = len(samples)
     model = _inferred(prepared)
-    tensors = sorted(_to_calibrate(model))
+    tensors = sorted(_to_calibrate(model) | set(extra))
     augmented = prepared.with_name(f"{prepared.stem}-augmented.onnx")
     try:
         if method == "minmax":

@@ -170,7 +170,7 @@ def masks_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     return _excluded(header, src, nodes, "masked_softmax", floats)
 
 
-def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
+def l2_kept_float(header: onnx.ModelProto, src: Path) -> tuple[list[str], list[str]]:
     """The names of the nodes of each written-out L2 normalization (``l2_chains``: x / max(||x||, eps), x times the
     Reciprocal of sqrt(sum x^2 + eps), ..., RMSNorm's mean of squares) for quantize_static's nodes_to_exclude, so that it quantizes none of
     their pieces (a Clip's, Mul's or Add's grid would round the norm or the squares) and the importer takes x
@@ -178,14 +178,14 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     (``norm_chains``: ReduceL2, Sqrt of ReduceSum of squares, ...; "The L2 norm as a value"); the model in ``src``
     (its graph ``header``) rewritten where needed: unnamed ones named, and each constant they read their own
     initializer (quantize_static quantizes a constant that a quantized node also reads, for every reader: a Pow's 2
-    then reads a dequantized 2)."""
+    then reads a dequantized 2). Also each norm value's output, for ``norms_quantized``."""
     from onnx import numpy_helper
 
     from cvm_onnx.converters.from_onnx.quantized import SUMS, l2_chains, norm_chains
 
     graph = header.graph
     if not any(n.op_type in SUMS for n in graph.node):
-        return []
+        return [], []
     constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer
                  if t.data_location != onnx.TensorProto.EXTERNAL}
     constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node
@@ -194,9 +194,62 @@ def l2_kept_float(header: onnx.ModelProto, src: Path) -> list[str]:
     shapes = {v.name: onnx_dims(v) for v in [*inferred.graph.value_info, *inferred.graph.input,
                                              *inferred.graph.output]}
     opset = next((o.version for o in header.opset_import if o.domain in ("", "ai.onnx")), 0)
-    chains = l2_chains(graph, opset, shapes, constants) + norm_chains(graph, opset, shapes, constants)
+    norms = norm_chains(graph, opset, shapes, constants)
+    chains = l2_chains(graph, opset, shapes, constants) + norms
     nodes = list({id(n): n for c in chains for n in c.nodes}.values())
-    return _excluded(header, src, nodes, "l2_normalization", constants.get)
+    names = _excluded(header, src, nodes, "l2_normalization", constants.get)
+    return names, [c.node.output[0] for c in norms]
+
+
+#: The readers that take an L2 norm left float (docs/import.md, "The L2 norm as a value"): its QuantizeLinear, or a
+#: float function of it and constants (a table over its sum of squares).
+NORM_READERS = ("QuantizeLinear", "Clip", "Pow", "Max", "Min", "Add", "Sub", "Mul", "Div")
+
+
+def norms_quantized(path: Path, norms: list[str], found, activation: int, symmetric: bool) -> int:
+    """In the quantized model at ``path`` (its weights external), each L2 norm value output in ``norms`` read by an op
+    other than a float function of it and constants (``NORM_READERS``: ConvNeXt V2's GRN takes the norm's mean over
+    the channels and divides the norm by it) quantized and dequantized where it is computed, at the grid
+    onnxruntime gives an activation of its calibrated range in ``found`` (the calibrator's ``TensorsData``; the
+    ``activation`` type, ``symmetric`` or not), so that the importer rounds the norm exactly (docs/import.md, "The L2
+    norm as a value") and its readers take it on that grid. Returns how many."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
+
+    from cvm_onnx.converters.from_onnx.quantized.elementwise import FUNCTIONS
+
+    model = onnx.load(path, load_external_data=False)
+    graph = model.graph
+    constants = {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant"
+                                                       for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    done = 0
+    for y in norms:
+        if y not in found.data or all((r.op_type in FUNCTIONS or r.op_type in NORM_READERS) and all(
+                x == y or x in constants or not x for x in r.input) for r in readers.get(y, [])):
+            continue
+        lo, hi = (float(f(v)) for f, v in zip((np.min, np.max), found.data[y].range_value))
+        qmin, qmax = get_qmin_qmax_for_qType(activation, symmetric=symmetric)
+        zero, scale = compute_scale_zp(np.array(min(lo, 0.0), np.float32), np.array(max(hi, 0.0), np.float32),
+                                       qmin, qmax, symmetric)
+        q, s, z, d = (f"{y}_{part}" for part in ("quantized", "scale", "zero_point", "dequantized"))
+        graph.initializer.extend([numpy_helper.from_array(np.asarray(scale, np.float32), s),
+                                  numpy_helper.from_array(np.asarray(zero), z)])
+        for r in readers.get(y, []):
+            r.input[:] = [d if x == y else x for x in r.input]
+        for v in graph.output:
+            if v.name == y:
+                v.name = d
+        k = next(i for i, n in enumerate(graph.node) if y in n.output)
+        graph.node.insert(k + 1, onnx.helper.make_node("QuantizeLinear", [y, s, z], [q], name=q))
+        graph.node.insert(k + 2, onnx.helper.make_node("DequantizeLinear", [q, s, z], [d], name=d))
+        done += 1
+    if done:
+        onnx.save(model, os.fspath(path))
+    return done
 
 
 def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], prefix: str,

@@ -72,7 +72,7 @@ from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
-from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float
+from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float, norms_quantized
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
@@ -1201,14 +1201,17 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                          **overrides}
         if per_channel:
             overrides = {**{k: [{"quant_type": QuantType.QInt8}] for k in per_tensor_weights(header)}, **overrides}
+        l2_names, norms = l2_kept_float(header, src) if form == "qdq" else ([], [])
+        excluded = masks_kept_float(header, src) + l2_names
+        found = None
         if calibration.applies(header):
             cache = src.with_name("calibration.json")
-            save_tensors_data(calibration.ranges(src, reader.name, reader.samples, reader.shape, method,
-                                                 reader.progress), cache)
+            found = calibration.ranges(src, reader.name, reader.samples, reader.shape, method, reader.progress,
+                                       norms)
+            save_tensors_data(found, cache)
             release_memory()
             if reader.progress:
                 reader.progress(0, None, "quantizing (onnxruntime)")
-        excluded = masks_kept_float(header, src) + (l2_kept_float(header, src) if form == "qdq" else [])
         with _sharing_checked(), _where_exclusions_kept():
             quantize_static(
                 os.fspath(src), os.fspath(out), None if cache else reader,
@@ -1220,8 +1223,10 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
                                "ForceQuantizeNoInputCheck": True, "TensorQuantOverrides": overrides},
                 use_external_data_format=True, nodes_to_exclude=excluded,
                 calibration_cache_path=cache)
-        float_softmaxes_quantized(out, excluded, onnx.TensorProto.INT8 if activation == "int8" else
-                                  onnx.TensorProto.UINT8, symmetric)
+        q_type = onnx.TensorProto.INT8 if activation == "int8" else onnx.TensorProto.UINT8
+        if found is not None:
+            norms_quantized(out, norms, found, q_type, symmetric)
+        float_softmaxes_quantized(out, excluded, q_type, symmetric)
     except UnsupportedError:
         raise
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)

@@ -448,6 +448,12 @@ class Oracle:
         if op == "Relu":
             return ("real", np.maximum(xs[0][1], 0), xs[0][2]) if xs[0][0] == "real" else \
                 ("fn", xs[0][1], lambda r, f=xs[0][2]: np.maximum(f(r), 0))
+        if op == "GatherND":  # of constant indices
+            v, idx, b = xs[0][1], xs[1][1].astype(np.int64), a.get("batch_dims", 0)
+            rows, sites = v.reshape((-1,) + v.shape[b:]), idx.reshape((math.prod(v.shape[:b]), -1, idx.shape[-1]))
+            got = np.stack([rows[i][tuple(j)] for i in range(len(rows)) for j in sites[i]])
+            v = got.reshape(idx.shape[:-1] + v.shape[b + idx.shape[-1]:])
+            return ("int", v) if xs[0][0] == "int" else ("real", v, xs[0][2])
         if op in ("MaxPool", "Flatten", "Reshape", "Transpose"):
             v = np.rint(one(op, [xs[0][1]] + [c[1] for c in xs[1:]], **a)).astype(np.int64)
             return ("int", v) if xs[0][0] == "int" else ("real", v, xs[0][2])

@@ -18,7 +18,7 @@ from .values import Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
          "Identity", "Expand", "Tile", "Gather", "Split", "GlobalMaxPool", "ReduceMax", "ReduceMin", "DepthToSpace",
-         "SpaceToDepth", "GatherElements", "ReverseSequence"]
+         "SpaceToDepth", "GatherElements", "GatherND", "ReverseSequence"]
 
 
 def move_rule(ctx, node, x, *rest):

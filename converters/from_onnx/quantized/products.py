@@ -725,11 +725,12 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     """AveragePool: a depthwise conv2d with weights 1 over the zero-point-padded input, at scale s_x / count
     (count per output position when padding is not counted; there a pad not smaller than the kernel, which lets a
     window count no input value, is refused, as onnxruntime refuses it); a kernel of the whole unpadded image (torch's
-    F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width. Under ceil_mode the last windows
-    may pass the end padding (``ceil_ends``): the input is padded further, and a counted window counts the
-    positions up to the end padding only, min(k, size + end - start) per axis, as ONNX's AveragePool (onnxruntime's
-    float kernel, torch) counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's
-    QLinearAveragePool counts them."""
+    F.avg_pool2d(x, x.shape[2:])) is ``global_average``, its sum of any width, and so is a larger kernel under
+    ceil_mode whose one window starts at the image (HF EfficientNet's AvgPool2d(hidden_dim, ceil_mode=True)), which
+    counts H W (not under ``whole_kernel``, which counts k per axis). Under ceil_mode the last windows may pass the
+    end padding (``ceil_ends``): the input is padded further, and a counted window counts the positions up to the
+    end padding only, min(k, size + end - start) per axis, as ONNX's AveragePool (onnxruntime's float kernel, torch)
+    counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's QLinearAveragePool counts them."""
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
@@ -740,8 +741,10 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
     strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
-    if list(kernel) == list(x.shape[2:]) and not any(begin) and not any(end):  # one window: the image's mean
-        return global_average(ctx, x)
+    ceil = node.attr_int("ceil_mode", 0) and not (whole_kernel and node.attr_int("count_include_pad", 0))
+    if not any(begin) and not any(end) and all(k == n or ceil and k > n > k - s for k, n, s in
+                                               zip(kernel, x.shape[2:], strides)):
+        return global_average(ctx, x)  # one window over the whole image, which it counts: the image's mean
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)
     counted = node.attr_int("count_include_pad", 0)
