@@ -213,9 +213,6 @@ def norms_quantized(path: Path, norms: list[str], found, activation: int, symmet
     onnxruntime gives an activation of its calibrated range in ``found`` (the calibrator's ``TensorsData``; the
     ``activation`` type, ``symmetric`` or not), so that the importer rounds the norm exactly (docs/import.md, "The L2
     norm as a value") and its readers take it on that grid. Returns how many."""
-    from onnx import numpy_helper
-    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
     from cvm_onnx.converters.from_onnx.quantized.elementwise import FUNCTIONS
 
     model = onnx.load(path, load_external_data=False)
@@ -232,20 +229,8 @@ def norms_quantized(path: Path, norms: list[str], found, activation: int, symmet
                 x == y or x in constants or not x for x in r.input) for r in readers.get(y, [])):
             continue
         lo, hi = (float(f(v)) for f, v in zip((np.min, np.max), found.data[y].range_value))
-        qmin, qmax = get_qmin_qmax_for_qType(activation, symmetric=symmetric)
-        zero, scale = compute_scale_zp(np.array(min(lo, 0.0), np.float32), np.array(max(hi, 0.0), np.float32),
-                                       qmin, qmax, symmetric)
-        q, s, z, d = (f"{y}_{part}" for part in ("quantized", "scale", "zero_point", "dequantized"))
-        graph.initializer.extend([numpy_helper.from_array(np.asarray(scale, np.float32), s),
-                                  numpy_helper.from_array(np.asarray(zero), z)])
-        for r in readers.get(y, []):
-            r.input[:] = [d if x == y else x for x in r.input]
-        for v in graph.output:
-            if v.name == y:
-                v.name = d
         k = next(i for i, n in enumerate(graph.node) if y in n.output)
-        graph.node.insert(k + 1, onnx.helper.make_node("QuantizeLinear", [y, s, z], [q], name=q))
-        graph.node.insert(k + 2, onnx.helper.make_node("DequantizeLinear", [q, s, z], [d], name=d))
+        _on_grid(graph, readers, k, min(lo, 0.0), max(hi, 0.0), activation, symmetric)
         done += 1
     if done:
         onnx.save(model, os.fspath(path))
@@ -283,15 +268,35 @@ def _excluded(header: onnx.ModelProto, src: Path, nodes: list[onnx.NodeProto], p
     return [n.name for n in nodes]
 
 
+def _on_grid(graph: onnx.GraphProto, readers: dict[str, list[onnx.NodeProto]], k: int, lo: float, hi: float,
+             activation: int, symmetric: bool) -> None:
+    """The first output y of node ``k`` quantized and dequantized right after it, at the grid onnxruntime gives an
+    activation of range [lo, hi] (the ``activation`` type, ``symmetric`` or not); its ``readers`` and the graph's
+    output of it read the dequantized value."""
+    from onnx import numpy_helper
+    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
+
+    y = graph.node[k].output[0]
+    qmin, qmax = get_qmin_qmax_for_qType(activation, symmetric=symmetric)
+    zero, scale = compute_scale_zp(np.array(lo, np.float32), np.array(hi, np.float32), qmin, qmax, symmetric)
+    q, s, z, d = (f"{y}_{part}" for part in ("quantized", "scale", "zero_point", "dequantized"))
+    graph.initializer.extend([numpy_helper.from_array(np.asarray(scale, np.float32), s),
+                              numpy_helper.from_array(np.asarray(zero), z)])
+    for r in readers.get(y, []):
+        r.input[:] = [d if x == y else x for x in r.input]
+    for v in graph.output:
+        if v.name == y:
+            v.name = d
+    graph.node.insert(k + 1, onnx.helper.make_node("QuantizeLinear", [y, s, z], [q], name=q))
+    graph.node.insert(k + 2, onnx.helper.make_node("DequantizeLinear", [q, s, z], [d], name=d))
+
+
 def float_softmaxes_quantized(path: Path, kept: list[str], activation: int, symmetric: bool) -> int:
     """In the quantized model at ``path`` (its weights external), the output of each Softmax named in ``kept``
     (``masks_kept_float``) that no reader quantizes (read by float ops alone: chython-rxnmap's attention weights
     averaged over the heads) quantized and dequantized where it is computed, at the grid onnxruntime gives a Softmax
     it quantizes (the range [0, 1], the ``activation`` type, ``symmetric`` or not), so that the importer's masked
     Softmax takes it as it takes one a MatMul reads. Returns how many."""
-    from onnx import numpy_helper
-    from onnxruntime.quantization.quant_utils import compute_scale_zp, get_qmin_qmax_for_qType
-
     model = onnx.load(path, load_external_data=False)
     graph = model.graph
     names = set(kept)
@@ -304,18 +309,7 @@ def float_softmaxes_quantized(path: Path, kept: list[str], activation: int, symm
         y = sm.output[0] if sm.op_type == "Softmax" and sm.name in names else None
         if y is None or any(r.op_type == "QuantizeLinear" for r in readers.get(y, [])):
             continue
-        qmin, qmax = get_qmin_qmax_for_qType(activation, symmetric=symmetric)
-        zero, scale = compute_scale_zp(np.array(0, np.float32), np.array(1, np.float32), qmin, qmax, symmetric)
-        q, s, z, d = (f"{y}_{part}" for part in ("quantized", "scale", "zero_point", "dequantized"))
-        graph.initializer.extend([numpy_helper.from_array(np.asarray(scale, np.float32), s),
-                                  numpy_helper.from_array(np.asarray(zero), z)])
-        for r in readers.get(y, []):
-            r.input[:] = [d if x == y else x for x in r.input]
-        for v in graph.output:
-            if v.name == y:
-                v.name = d
-        graph.node.insert(k + 1, onnx.helper.make_node("QuantizeLinear", [y, s, z], [q], name=q))
-        graph.node.insert(k + 2, onnx.helper.make_node("DequantizeLinear", [q, s, z], [d], name=d))
+        _on_grid(graph, readers, k, 0.0, 1.0, activation, symmetric)
         done += 1
     if done:
         onnx.save(model, os.fspath(path))

@@ -1207,16 +1207,9 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
     return done
 
 
-def where_biases_apart(model: onnx.ModelProto) -> int:
-    """Where(keep, b, c) (or Where(keep, c, b)), keep computed from the graph's inputs, b an attention bias computed
-    from constants alone (finite, each value above -10000) and c a float constant of one value that absorbs each of
-    them, fl(b + c) = c (-inf; float32's min), read by the scores' Adds (each read by a Softmax or ReduceLogSumExp
-    alone: transformers' T5 with SDPA masks its relative-position bias so), as b + Where(keep, 0, c):
-    ``masks_after_biases`` then takes it apart. The same float32 values: b + 0 = b where keep holds, fl(b + c) = c
-    elsewhere. Returns how many Wheres."""
-    from .kept_float import MASK_LOW, READERS
-
-    graph = model.graph
+def _scores_view(graph: onnx.GraphProto) -> tuple[dict[str, list[onnx.NodeProto]], set[str], set[str], set[str]]:
+    """(each name's readers, the names computed from the graph's inputs (not through a Shape), the graph's outputs,
+    every name in use) of ``graph``: what the rewrites of attention biases and masks look up."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for x in set(n.input):
@@ -1227,6 +1220,20 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
             varying.update(n.output)
     outputs = {v.name for v in graph.output}
     names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+    return readers, varying, outputs, names
+
+
+def where_biases_apart(model: onnx.ModelProto) -> int:
+    """Where(keep, b, c) (or Where(keep, c, b)), keep computed from the graph's inputs, b an attention bias computed
+    from constants alone (finite, each value above -10000) and c a float constant of one value that absorbs each of
+    them, fl(b + c) = c (-inf; float32's min), read by the scores' Adds (each read by a Softmax or ReduceLogSumExp
+    alone: transformers' T5 with SDPA masks its relative-position bias so), as b + Where(keep, 0, c):
+    ``masks_after_biases`` then takes it apart. The same float32 values: b + 0 = b where keep holds, fl(b + c) = c
+    elsewhere. Returns how many Wheres."""
+    from .kept_float import MASK_LOW, READERS
+
+    graph = model.graph
+    readers, varying, outputs, names = _scores_view(graph)
     done = 0
     for w in list(graph.node):
         if w.op_type != "Where" or len(w.input) != 3 or w.input[0] not in varying or w.output[0] in outputs or \
@@ -1270,16 +1277,7 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
     from .kept_float import MASK_LOW, READERS, masked_softmaxes
 
     graph = model.graph
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for x in set(n.input):
-            readers.setdefault(x, []).append(n)
-    varying = {v.name for v in graph.input} - {t.name for t in graph.initializer}
-    for n in graph.node:  # in order: the names computed from the graph's inputs
-        if n.op_type != "Shape" and any(x in varying for x in n.input):
-            varying.update(n.output)
-    outputs = {v.name for v in graph.output}
-    names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+    readers, varying, outputs, names = _scores_view(graph)
     known = _producers(graph)  # the biases' constant nodes stay as they are
     made = []  # (the bias plus mask, [(an Add's new output, its inputs, the mask's Add after it)])
     placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed node's place (``_placed``)
