@@ -39,7 +39,7 @@ def add_rule(ctx, node, a, b):
     terms = []
     for x in (a, b):
         terms += summands(x, "an Add operand")
-    return summed(terms)
+    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
 @float_rule("Sum", "Mean", since=6)
@@ -49,19 +49,7 @@ def sum_rule(ctx, node, *xs):
     terms = [t for x in xs for t in summands(x, f"a {node.op_type} operand")]
     if node.op_type == "Mean":
         terms = [replace(t, scale=np.asarray(t.scale / len(xs), dtype=object)) for t in terms]
-    return summed(terms)
-
-
-def summed(terms: list[Scaled]) -> Summed:
-    """The sum of ``terms`` less its constant terms of value 0 throughout ((t - z) s = 0 whatever s: an all-zero
-    table quantize_static gives scale 1 beside an activation's 1e-12, whose multiplier no common shift holds), where
-    the others still broadcast to the sum's shape."""
-    shape = broadcast_shape(*(t.t for t in terms))
-    kept = [t for t in terms if not (t.t.is_const and t.clip == (None, None) and
-                                     not (np.asarray(t.t.value, np.int64) - t.zero).any())]
-    if kept and broadcast_shape(*(t.t for t in kept)) == shape:
-        terms = kept
-    return Summed(tuple(terms), shape)
+    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
 def function_shifted(a, b, sign_a: int, sign_b: int) -> Mapped | None:
@@ -158,7 +146,7 @@ def sub_rule(ctx, node, a, b):
         return shifted
     terms = summands(a, "a Sub operand")
     terms += [negated(ctx, t) for t in summands(b, "a Sub operand")]
-    return summed(terms)
+    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
 
 
 def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
