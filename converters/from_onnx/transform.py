@@ -22,7 +22,7 @@ from onnx import TensorProto, numpy_helper
 
 from .context import INT32, Tensor, check_values, const, cvm_shape, foldable, is_supported_type, type_name
 from .emit import (arith, axes_of, broadcast_shape, concatenated, equal, extreme, greater, ints, normal, np_type,
-                  scalar, step, strided_slice)
+                  scalar, step, strided_slice, transposed)
 from .evaluated import evaluate
 from .registry import Refuse, rule
 
@@ -78,22 +78,12 @@ def transpose(ctx, node, x):
     perm = normal(node.attr_ints("perm", list(range(rank))[::-1], size=rank), rank)
     if sorted(perm) != list(range(rank)):
         raise Refuse(f"Transpose perm {perm} is not a permutation of the {rank} axes")
-    if perm == list(range(rank)):
-        return x
-    if x.is_const:
-        return const(np.transpose(x.value, perm), x.dtype)
-    shape = tuple(x.shape[p] for p in perm)
-    return ctx.result(ctx.emit("transpose", x.entry, axes=tuple(perm)), x.dtype, x.lo, x.hi, shape)
+    return x if perm == list(range(rank)) else transposed(ctx, x, tuple(perm))
 
 
 def _rearranged(ctx, x: Tensor, split: tuple[int, ...], perm: tuple[int, ...], out: tuple[int, ...]) -> Tensor:
     """``x`` reshaped to ``split``, transposed by ``perm`` and reshaped to ``out``: its values moved."""
-    t = ctx.reshape(x, split)
-    if t.is_const:
-        t = const(np.transpose(t.value, perm), x.dtype)
-    else:
-        t = ctx.result(ctx.emit("transpose", t.entry, axes=perm), x.dtype, x.lo, x.hi, tuple(split[p] for p in perm))
-    return ctx.reshape(t, out)
+    return ctx.reshape(transposed(ctx, ctx.reshape(x, split), perm), out)
 
 
 def _blocked(node, x: Tensor) -> tuple[int, int, int, int, int]:
