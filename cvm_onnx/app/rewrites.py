@@ -1234,7 +1234,7 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
 
     graph = model.graph
     readers, varying, outputs, names = _scores_view(graph)
-    done = 0
+    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed Where's place (``_placed``)
     for w in list(graph.node):
         if w.op_type != "Where" or len(w.input) != 3 or w.input[0] not in varying or w.output[0] in outputs or \
                 any(x in varying for x in w.input[1:]):
@@ -1258,12 +1258,9 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
         mask = helper.make_node("Where", [w.input[0], zero, level] if i == 0 else [w.input[0], level, zero], [term],
                                 name=_fresh(names, w.name or w.output[0], "mask"))
         add = helper.make_node("Add", [bias, term], [w.output[0]], name=_fresh(names, w.name or w.output[0], "bias"))
-        at = [k for k, n in enumerate(graph.node) if n is w][0]
-        graph.node.remove(w)
-        graph.node.insert(at, add)
-        graph.node.insert(at, mask)
-        done += 1
-    return done
+        placed[id(w)] = [mask, add]
+    _placed(graph, placed)
+    return len(placed)
 
 
 def masks_after_biases(model: onnx.ModelProto) -> int:
