@@ -26,7 +26,7 @@ import numpy as np
 from cvm_onnx.core.constants import tight
 
 from ..context import INT32, INT_RANGES, Tensor, const
-from ..emit import as_int32, reduced
+from ..emit import as_int32, normal, reduced
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan, exact_max
 from .qdq import Requant, saturate
@@ -1005,10 +1005,7 @@ def layer_norm_rule(ctx, node, x, gamma, beta=None):
         raise Refuse("LayerNormalization's Mean and InvStdDev outputs have no CVM form")
     x = per_tensor(scaled(x, "the LayerNormalization input"), "LayerNormalization")
     rank = len(x.shape)
-    axis = node.attr_int("axis", -1)
-    if not -rank <= axis < rank:
-        raise Refuse(f"LayerNormalization axis {axis} is out of range for rank {rank}")
-    axis %= rank
+    [axis] = normal([node.attr_int("axis", -1)], rank, "LayerNormalization axis")
     n = math.prod(x.shape[axis:])
     eps = epsilon(node, "LayerNormalization")
     planned_width(n)

@@ -13,7 +13,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
-from ..emit import as_int32, broadcast_shape, minus_zero, reduced
+from ..emit import as_int32, broadcast_shape, minus_zero, normal, reduced
 from ..registry import Refuse, float_rule, rule
 from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, logsoftmax_plan, plan,
                              runs, softmax_plan)
@@ -586,10 +586,7 @@ def softmax_view(node, shape: tuple[int, ...], opset: int) -> tuple[int, int, in
     """(outer, n, inner) of a Softmax at ``opset`` semantics: one axis from 13 on (default -1), before it the
     input coerced to 2-D at the axis (default 1)."""
     rank = len(shape)
-    axis = node.attr_int("axis", -1 if opset >= 13 else 1)
-    if not -rank <= axis < rank:
-        raise Refuse(f"Softmax axis {axis} is out of range for rank {rank}")
-    axis %= rank
+    [axis] = normal([node.attr_int("axis", -1 if opset >= 13 else 1)], rank, "Softmax axis")
     if opset >= 13:
         return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
     return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
