@@ -33,6 +33,15 @@ def reference(graph, x) -> np.ndarray:
     return packed(execute(graph, {"data": x}))
 
 
+def runs_as_reference(graph, folder, xs) -> None:
+    """The CVM model written in ``folder`` (of ``graph``), loaded by the runtime on each device, gives the reference
+    executor's integers on each input of ``xs``."""
+    for device in DEVICES.values():
+        runtime = CvmRuntime(LIB, folder, device)
+        for x in xs:
+            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(graph, x.astype(np.int32)))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_dir", ["digits_cnn", "detection", "transforms", "resnet20"],
                          indirect=True)
@@ -80,19 +89,7 @@ def test_encoder_blocks(tmp_path, dims, form):
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
     assert "dense" in [nd.op for nd in imp.graph.nodes]
     xs = [imp.edges.input.quantize(rng.normal(size=(1, dims["s"], dims["d"])).astype(np.float32)) for _ in range(4)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
-
-
-def runs_as_reference(graph, folder, xs) -> None:
-    """The CVM model written in ``folder`` (of ``graph``), loaded by the runtime on each device, gives the reference
-    executor's integers on each input of ``xs``."""
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, folder, device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x.astype(np.int32)), reference(graph, x.astype(np.int32)))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def saturating_layernorm(n: int = 768, steps: int = 1000):
@@ -122,10 +119,7 @@ def test_layernorm_of_a_gamma_of_1000_steps(tmp_path):
     rng = np.random.default_rng(1)
     xs = [rng.integers(0, 256, (2, 768)).astype(np.int32), np.full((2, 768), 75, np.int32),
           np.where(rng.integers(0, 2, (2, 768)) == 0, 0, 255).astype(np.int32)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("shape, groups", [((2, 3, 5, 5), 0), ((1, 2, 8192), 0), ((2, 6, 4, 4), 3),
@@ -150,10 +144,7 @@ def test_instance_normalization(tmp_path, shape, groups):
     xs = [rng.integers(0, 256, shape).astype(np.int32), np.full(shape, 7, np.int32),
           np.where(rng.integers(0, 2, shape) == 0, 0, 255).astype(np.int32),
           (7 + (rng.random(shape) < 0.01)).astype(np.int32)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("op, attrs", [("LSTM", {}), ("GRU", {"linear_before_reset": 1}), ("GRU", {}), ("RNN", {}),
@@ -173,10 +164,7 @@ def test_recurrent_layers(tmp_path, op, attrs):
     np.save(tmp_path / "c.npy", rng.normal(size=(16, 6, 1, 8)).astype(np.float32))
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
     xs = [imp.edges.input.quantize(rng.normal(size=(6, 1, 8)).astype(np.float32)) for _ in range(4)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
@@ -193,10 +181,7 @@ def test_recurrent_layers_fed_at_a_large_scale(tmp_path, op):
     np.save(tmp_path / "c.npy", (rng.normal(size=(16, 6, 1, 24)) * 1e4).astype(np.float32))
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
     xs = [imp.edges.input.quantize((rng.normal(size=(6, 1, 24)) * 1e4 * k).astype(np.float32)) for k in (1, 3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("kind, per_channel, weight", [("cnn", True, "uint8"), ("lstm", False, "int8")])
@@ -216,10 +201,7 @@ def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
     np.save(tmp_path / "c.npy", rng.normal(size=[8, *(shape[1:] if kind == "cnn" else shape)]).astype(np.float32))
     imp = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel).imported
     xs = [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(4)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def _dq(s: float, z: int, x_type: int):
@@ -449,10 +431,7 @@ def test_shipped_models(tmp_path, name, per_channel):
                    fold=FOLDS.get(name)).imported
     xs = [imp.edges.input.quantize(sample(rng, shape).astype(np.float32)) if imp.edges.input else
           sample(rng, shape).astype(np.int32) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -499,11 +478,7 @@ def test_products_in_three_parts(tmp_path):
     write_model(imp.graph, tmp_path / "cvm")
     rng = np.random.default_rng(0)
     xs = [np.array([66999, -66999, 262143, -262143] * 16)] + [rng.integers(-262143, 262144, 64) for _ in range(4)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            x = x.reshape(1, 1, 64).astype(np.int32)
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", [x.reshape(1, 1, 64) for x in xs])
 
 
 @pytest.mark.parametrize("c_shape", [(5,), (4, 5)])
@@ -524,11 +499,7 @@ def test_gemm_of_a_float_c(tmp_path, c_shape):
     imp = import_model(m, input_precision=9)
     write_model(imp.graph, tmp_path / "gemm")
     xs = [np.full((4, 6), 0), np.full((4, 6), 255)] + [rng.integers(0, 256, size=(4, 6)) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "gemm", device)
-        for x in xs:
-            x = x.astype(np.int32)
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "gemm", xs)
 
 
 def test_far_rows_and_gemm_factors(tmp_path):
@@ -567,11 +538,7 @@ def test_far_rows_and_gemm_factors(tmp_path):
         shape = tuple(d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim)
         xs = [np.full(shape, lo), np.full(shape, hi), rng.choice([lo, hi], size=shape)] + \
             [rng.integers(lo, hi + 1, size=shape) for _ in range(4)]
-        for device in DEVICES.values():
-            runtime = CvmRuntime(LIB, tmp_path / name, device)
-            for x in xs:
-                x = x.astype(np.int32)
-                assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+        runs_as_reference(imp.graph, tmp_path / name, xs)
 
 
 def _sixth_corpus_case(name: str):
@@ -697,10 +664,7 @@ def test_an_stft_front_end(tmp_path):
     np.save(tmp_path / "c.npy", tones(16))
     imp = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm").imported
     xs = [imp.edges.input.quantize(x) for x in tones(3, seed=9)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("op", ["Abs", "Neg", "Relu"])
@@ -806,10 +770,7 @@ def test_packed_inputs(tmp_path):
                                for v, w in ((-127, 0), (127, 63))] +
                        [small.edges.pack({"x0": rng.integers(-127, 128, (2, 3)), "x1": rng.integers(0, 64, (2, 2))})])}
     for name, (imp, xs) in cases.items():
-        for device in DEVICES.values():
-            runtime = CvmRuntime(LIB, tmp_path / name, device)
-            for x in xs:
-                assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+        runs_as_reference(imp.graph, tmp_path / name, xs)
 
 
 @pytest.mark.parametrize("form", ["minmax", "max"])
@@ -935,10 +896,7 @@ def test_unrolled_control_flow(tmp_path, kind, per_channel):
                    outputs=cut).imported
     xs = [np.zeros(shape, np.int32), np.full(shape, 255, np.int32)] + \
         [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 @pytest.mark.parametrize("form, per_channel", [("grouped-linear", False), ("grouped-linear", True),
@@ -965,10 +923,7 @@ def test_ninth_corpus_forms(tmp_path, form, per_channel):
                    fold={"cache": None} if form == "cached-grus" else None).imported
     xs = [np.zeros(shape, np.int32), np.full(shape, 255, np.int32)] + \
         [imp.edges.input.quantize(rng.normal(size=shape).astype(np.float32) * 2) for _ in range(3)]
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "cvm", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
 def test_masked_softmax(tmp_path):
@@ -990,10 +945,7 @@ def test_masked_softmax(tmp_path):
     held["mask"] = held["mask"].astype(np.int64)
     held["mask"][3] = 0
     xs = imp.edges.pack(held)
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "bert", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "bert", xs)
 
 
 @pytest.mark.parametrize("hf", ["mul", "where"])
@@ -1018,10 +970,7 @@ def test_hf_mask(tmp_path, hf):
     held["mask"][1] = -1
     held["mask"][2] = 0
     xs = imp.edges.pack(held)
-    for device in DEVICES.values():
-        runtime = CvmRuntime(LIB, tmp_path / "bert", device)
-        for x in xs:
-            assert np.array_equal(runtime.run(x), reference(imp.graph, x))
+    runs_as_reference(imp.graph, tmp_path / "bert", xs)
 
 
 @pytest.mark.parametrize("form, lse", [("legacy", False), ("eager", False), ("cache_scatter", False),
