@@ -606,12 +606,12 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
     """Replace each ``ai.onnx.ml`` LinearRegressor without a post_transform (scikit-learn's linear models through
     skl2onnx: y = x coefficients^T + intercepts, ``targets`` rows of coefficients, its float32 input of shape
     (N, features) or (features,)) by Reshape(x, (-1, features)) and Gemm(that, coefficients, intercepts, transB=1)
-    with float32 constants (new initializers): the product onnxruntime's kernel computes (on a batch, the same Gemm;
-    a rank-1 input may sum in another order, within float32 rounding of the sum). Returns how many were replaced."""
+    with float32 constants (new initializers): the same sum of products, which onnxruntime's kernel adds in another
+    order on a batch of one (within float32 rounding of the sum: docs/import.md). Returns how many were replaced."""
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | {
         v.name for v in graph.input}
     fresh = functools.partial(_fresh_name, names)
-    done = 0
+    placed: dict[int, list[onnx.NodeProto]] = {}
     for node in [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]:
         attrs = {a.name: a for a in node.attribute}
         targets = attrs["targets"].i if "targets" in attrs else 1
@@ -628,12 +628,12 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
             numpy_helper.from_array(weights, inits[1]),
             numpy_helper.from_array(intercepts if intercepts.size else np.zeros(targets, np.float32), inits[2])])
         rows = fresh(f"{node.output[0]}_rows")
-        _in_place(graph, node, [
+        placed[id(node)] = [
             helper.make_node("Reshape", [node.input[0], inits[0]], [rows], name=fresh(f"{node.name}_reshape")),
             helper.make_node("Gemm", [rows, inits[1], inits[2]], [node.output[0]], name=fresh(f"{node.name}_gemm"),
-                             transB=1)])
-        done += 1
-    return done
+                             transB=1)]
+    _placed(graph, placed)
+    return len(placed)
 
 
 def input_subs_as_adds(graph: onnx.GraphProto) -> int:
