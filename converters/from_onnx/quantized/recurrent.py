@@ -488,7 +488,11 @@ def unrolled(node, op: str, gates: int, x, w, r, b, lens):
     wv = floats(w, f"{op} W", (dirs, gates * hidden, size))
     rv = floats(r, f"{op} R", (dirs, gates * hidden, hidden))
     bv = floats(b, f"{op} B", (dirs, 2 * gates * hidden))
-    if lens is not None and not (lens.is_const and (np.asarray(lens.value) == steps).all()):
+    if lens is not None and not lens.is_const:  # a pack_padded_sequence's lengths, from the model's inputs
+        raise Refuse(f"{op} sequence_lens computed at run time has no CVM form: every sequence is taken whole "
+                     f"({steps} steps), so the lengths must be constants (quantize --fold the lengths input to "
+                     f"{steps})")
+    if lens is not None and not (np.asarray(lens.value) == steps).all():
         raise Refuse(f"{op} sequence_lens other than the full length of every sequence has no CVM form")
     return xs, way, dirs, hidden, wv, rv, bv
 
