@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -58,23 +58,23 @@ def without_added_grids(quantized: bytes) -> bytes:
 @settings(max_examples=4, deadline=None)
 @given(nhwc=st.booleans(), eps=st.sampled_from([1e-6, 1e-3, 0.5]), per_channel=st.booleans(),
        seed=st.integers(0, 2**16))
+@example(nhwc=False, eps=1e-6, per_channel=True, seed=65533)  # an element 2 steps from onnxruntime's (below)
 def test_grn_quantizes_whole_within_onnxruntime_distance(tmp_path_factory, nhwc, eps, per_channel, seed):
     """ConvNeXt V2's GRN: the L2 norm g over the spatial axes, read by its mean over the channels and by the Div,
     quantized where it is computed at its calibrated grid (kept_float.norms_quantized), so that the norm is rounded
-    exactly and the quotient is the bounded quotient of sums: whole, every element within one step of onnxruntime's
-    quantized model, the mean distance from the float model within 1.1x that of onnxruntime's model as
-    quantize_static writes it (the norm float), the export exact. Regression: refused 'the ReduceMean input (L2
-    norm) must be quantized (QuantizeLinear) first'."""
+    exactly and the quotient is the bounded quotient of sums: whole, the mean distance from the float model within
+    1.1x that of onnxruntime's model as quantize_static writes it (the norm float), the export exact. Not every
+    element within one step of onnxruntime's model: the quotient's one step (its bound) is multiplied by x and gamma
+    and summed by the conv after it. Regression: refused 'the ReduceMean input (L2 norm) must be quantized
+    (QuantizeLinear) first'."""
     tmp = tmp_path_factory.mktemp("grn")
     onnx.save(grn(nhwc, eps, seed), tmp / "f.onnx")
     rng = np.random.default_rng(seed)
     np.save(tmp / "c.npy", rng.normal(size=(8, 1, 8, 12, 12)).astype(np.float32))
     done = quantize(tmp / "f.onnx", tmp / "c.npy", tmp / "m", per_channel=per_channel)
     held = rng.normal(size=(16, 1, 8, 12, 12)).astype(np.float32)
-    [want], [ort], [got] = outputs(done.float_model, done.onnx_model, done.imported, held)
+    [want], _, [got] = outputs(done.float_model, done.onnx_model, done.imported, held)
     [_], [plain], _ = outputs(done.float_model, without_added_grids(done.onnx_model), done.imported, held, got=[got])
-    step = float(done.imported.edges.outputs[0].scale.reshape(()))
-    assert np.abs(got - ort).max() <= step * 1.0001
     assert np.abs(got - want).mean() <= 1.1 * np.abs(plain - want).mean()
     assert verify(done.imported.graph, seeds=2).exact
 
