@@ -477,6 +477,11 @@ class Oracle:
             if a.get("p", 2) == 1:
                 return ("real", np.abs(v).sum(axis=axes, keepdims=True), xs[0][2])
             return ("fn", ("real", (v * v).sum(axis=axes, keepdims=True), np.asarray(xs[0][2] ** 2, object)), np.sqrt)
+        if op == "LpPool":  # the window sums of |x| (p = 1), or the root of those of x^2 (p = 2)
+            v = xs[0][1]
+            if a.get("p", 2) == 1:
+                return ("real", lp_window_sums(np.abs(v), a), xs[0][2])
+            return ("fn", ("real", lp_window_sums(v * v, a), np.asarray(xs[0][2] ** 2, object)), np.sqrt)
         if op == "GlobalAveragePool":
             v = xs[0][1].sum(axis=(2, 3), keepdims=True)
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
@@ -619,6 +624,40 @@ def pool_windows(n: int, k: int, s: int, b: int, e: int, ceil: bool) -> list[tup
     k) of the padded axis, counted (with count_include_pad) up to the end padding."""
     out = (n + b + e - k + (s - 1 if ceil else 0)) // s + 1
     return [(o * s - b, o * s - b + k, min(o * s - b + k, n + e)) for o in range(out)]
+
+
+def lp_window_sums(v: np.ndarray, a: dict) -> np.ndarray:
+    """LpPool's window sums of the integers v (N, C, spatial...) by its definition, axis by axis: window o reads
+    o s + j d - b for taps j < k, positions outside the axis adding 0; pads from ``pads`` or ``auto_pad`` (SAME: the
+    total (ceil(n / s) - 1) s + (k - 1) d + 1 - n, its half truncated toward 0 first for SAME_UPPER, of total + 1 for
+    SAME_LOWER, as onnxruntime: a negative total crops); ceil_mode's count where the last window starts inside the
+    input."""
+    n = v.ndim - 2
+    k, st, dil = a["kernel_shape"], a.get("strides", [1] * n), a.get("dilations", [1] * n)
+    auto, pads = a.get("auto_pad", "NOTSET"), list(a.get("pads", [0] * 2 * n))
+    if isinstance(auto, bytes):
+        auto = auto.decode()
+    for i in range(n):
+        size = v.shape[2 + i]
+        span = (k[i] - 1) * dil[i] + 1
+        if auto in ("SAME_UPPER", "SAME_LOWER"):  # a negative total crops (onnxruntime's C division)
+            total = (-(-size // st[i]) - 1) * st[i] + span - size
+            pads[i] = int((total + (auto == "SAME_LOWER")) / 2)
+            pads[n + i] = total - pads[i]
+        elif auto == "VALID":
+            pads[i] = pads[n + i] = 0
+        b, e = pads[i], pads[n + i]
+        out = (size + b + e - span + (st[i] - 1 if a.get("ceil_mode", 0) else 0)) // st[i] + 1
+        if a.get("ceil_mode", 0) and (out - 1) * st[i] - b >= size:
+            out -= 1
+        moved = np.moveaxis(v, 2 + i, -1)
+        sums = np.zeros(moved.shape[:-1] + (out,), np.int64)
+        for o in range(out):
+            for j in range(k[i]):
+                if 0 <= o * st[i] + j * dil[i] - b < size:
+                    sums[..., o] += moved[..., o * st[i] + j * dil[i] - b]
+        v = np.moveaxis(sums, -1, 2 + i)
+    return v
 
 
 def average_pool(v: np.ndarray, scale, a: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -14,9 +14,9 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
-from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero
+from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, window_sums
 from ..registry import Refuse, float_rule, integer_rule
-from .products import image_sum, powers
+from .products import ceil_ends, image_sum, powers
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
@@ -311,6 +311,38 @@ def global_lp_pool_rule(ctx, node, x):
     if p == 1:
         return total
     return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool")
+
+
+@float_rule("LpPool", since=2)
+def lp_pool_rule(ctx, node, x):
+    """LpPool of a per-tensor dequantized x = u s over any number of spatial axes (pads, auto_pad, strides,
+    dilations, ceil_mode): the windows' exact sums of |u| (p = 1, at s) or of u^2 (p = 2, at s^2; then its square
+    root as GlobalLpPool's), the padding adding 0, summed axis by axis (``window_sums``); an auto_pad whose total
+    is negative crops, as onnxruntime's pools. Other p refused."""
+    p = node.attr_int("p", 2)
+    if p not in (1, 2):
+        raise Refuse(f"LpPool p={p}: only p = 1 and p = 2 have an exact form here")
+    x = per_tensor(scaled(x, "the LpPool input"), "LpPool")
+    n = len(x.shape) - 2
+    if n < 1:
+        raise Refuse(f"LpPool of a rank-{len(x.shape)} input: it takes (N, C, spatial...)")
+    kernel = node.attr_ints("kernel_shape", lo=1, size=n)
+    strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
+    dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
+    if node.attr_str("auto_pad", "NOTSET").startswith("SAME") and max(dilations) > 1:
+        raise Refuse("LpPool with auto_pad SAME and dilations: onnxruntime pads for the undilated kernel, its output "
+                     "shape not ONNX's")
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, dilations, crop=True)
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    _, outs = ceil_ends(node, x.shape[2:], spans, strides, begin, end)
+    v = powers(ctx, x, p == 2)
+    t = v.t
+    for axis, (k, s, d, b, o) in enumerate(zip(kernel, strides, dilations, begin, outs), start=2):
+        t = window_sums(ctx, t, axis, k, s, d, b, o)
+    total = replace(v, t=t)
+    if p == 1:
+        return total
+    return root(total, 2, node.name, "LpPool") if wide(total) else mapped(total, np.sqrt, "LpPool")
 
 
 @float_rule("Trilu", since=14)

@@ -1,0 +1,109 @@
+"""Op classes of shipped models the quantized import refused before: windowed LpPool (p = 1, 2) of dequantized
+values."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import between_convs, lp_window_sums, qdq, quantizes_whole
+from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
+
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.format.onnx_file import onnx_model
+
+SETTINGS = settings(max_examples=15, deadline=None)
+
+
+# -- LpPool ------------------------------------------------------------------------------------------------------
+def lp_pool_attrs(d, n: int, spatial: tuple[int, ...]) -> dict:
+    """LpPool attributes over ``spatial``: kernel, strides, dilations, explicit pads smaller than the kernel (as
+    onnxruntime requires) or an auto_pad, ceil_mode; every window starting inside the input."""
+    k = [d.draw(st.integers(1, 3)) for _ in range(n)]
+    a = {"kernel_shape": k, "strides": [d.draw(st.integers(1, 3)) for _ in range(n)],
+         "dilations": [d.draw(st.integers(1, 2)) for _ in range(n)]}
+    auto = d.draw(st.sampled_from(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
+    if auto == "NOTSET":
+        a["pads"] = [d.draw(st.integers(0, x - 1)) for x in k * 2]
+        a["ceil_mode"] = d.draw(st.integers(0, 1))
+    else:
+        a["auto_pad"] = auto
+        a["dilations"] = [1] * n if auto.startswith("SAME") else a["dilations"]
+    pads = a.get("pads", [0] * 2 * n)
+    for i, size in enumerate(spatial):
+        span = (k[i] - 1) * a["dilations"][i] + 1
+        assume(size + pads[i] + pads[n + i] >= span)
+        out = (size + pads[i] + pads[n + i] - span + (a["strides"][i] - 1 if a.get("ceil_mode") else 0)) \
+            // a["strides"][i] + 1
+        assume((out - 1) * a["strides"][i] - pads[i] < size)
+    return a
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.data())
+def test_lp_pool_window_sums_equal_onnxruntime(d):
+    """The oracle's window sums (``lp_window_sums``) equal onnxruntime's float LpPool p = 1 of integers (sums
+    exact in float32) over 1-D to 3-D images, every pads, auto_pad, strides, dilations, ceil_mode geometry."""
+    n = d.draw(st.integers(1, 3))
+    spatial = tuple(d.draw(st.integers(1, 7)) for _ in range(n))
+    a = lp_pool_attrs(d, n, spatial)
+    x = np.random.default_rng(d.draw(st.integers(0, 99))).integers(0, 100, (1, 2) + spatial).astype(np.float32)
+    g = h.make_graph([h.make_node("LpPool", ["x"], ["y"], p=1, **a)], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, x.shape)], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    got = ort.InferenceSession(onnx_model(g, 18).SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    assert np.array_equal(got, lp_window_sums(x.astype(np.int64), a))
+
+
+@SETTINGS
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-6, 2.0**4, width=32),
+       zo=st.integers(-20, 20), x_type=st.sampled_from([T.INT8, T.UINT8]), p=st.integers(1, 2))
+def test_lp_pool_is_the_exact_window_sums_or_their_root(d, s, so, zo, x_type, p):
+    """LpPool p = 1 (the exact window sums of |x - z| at s) or p = 2 (the square root of the exact window sums of
+    (x - z)^2 at s^2: its exact root past 2^16 integers) of a dequantized value over 1-D to 3-D images, any pads,
+    auto_pad, strides, dilations, ceil_mode: equal to the oracle of docs/import.md, extreme integers included.
+    Regression: 'no CVM op for ONNX LpPool'."""
+    n = d.draw(st.integers(1, 3))
+    spatial = tuple(d.draw(st.integers(1, 6 if n < 3 else 4)) for _ in range(n))
+    a = lp_pool_attrs(d, n, spatial)
+    shape = (d.draw(st.integers(1, 2)), d.draw(st.integers(1, 3))) + spatial
+    lo, hi = RANGE[x_type]
+    inits = {"s": np.float32(s), "z": NP[x_type](d.draw(st.integers(lo, hi))), "so": np.float32(so),
+             "zo": np.int8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("LpPool", ["xf"], ["g"], name="lp", p=p, **a),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    x = draw_x(d, shape, x_type)
+    x.reshape(-1)[:2] = (lo, hi)[:x.size]
+    oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8, opset=18), x)
+
+
+@pytest.mark.parametrize("p, attrs, message", [
+    (3, {"kernel_shape": [2, 2]}, r"lp \(LpPool\): LpPool p=3: only p = 1 and p = 2"),
+    (2, {"kernel_shape": [1, 2], "strides": [1, 2], "pads": [0, 1, 0, 1], "ceil_mode": 1},
+     r"lp \(LpPool\): LpPool ceil_mode where the last window starts past the input"),
+    (1, {"kernel_shape": [2, 2], "dilations": [1, 2], "auto_pad": "SAME_LOWER"},
+     r"lp \(LpPool\): LpPool with auto_pad SAME and dilations: onnxruntime pads for the undilated kernel")])
+def test_lp_pool_refusals_name_the_node(p, attrs, message):
+    inits = {"s": np.float32(0.25), "z": np.int8(0), "so": np.float32(0.1), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("LpPool", ["xf"], ["g"], name="lp", p=p, **attrs),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=message):
+        import_model(qdq(nodes, (1, 2, 4, 3), T.INT8, inits, T.INT8, opset=18), input_precision=9)
+
+
+@pytest.mark.parametrize("p, attrs, per_channel", [
+    (2, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, False),
+    (1, {"kernel_shape": [2, 2], "strides": [2, 2]}, True),
+    (2, {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}, True)])
+def test_float_models_of_lp_pool_quantize_whole(tmp_path, p, attrs, per_channel):
+    """quantize takes a float model Conv -> LpPool -> Conv whole: within 1.1x onnxruntime's distance from float, the
+    export exact. Regression: refused 'no CVM op for ONNX LpPool'."""
+    quantizes_whole(tmp_path, between_convs([h.make_node("LpPool", ["a"], ["b"], p=p, **attrs)], {}, 18),
+                    per_channel)
+
