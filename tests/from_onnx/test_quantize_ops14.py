@@ -1,5 +1,5 @@
 """Op classes of shipped models the quantized import refused before: windowed LpPool (p = 1, 2) of dequantized
-values."""
+values; and L2 / RMS norms whose float32 sum of squares overflows in onnxruntime, refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,11 +9,13 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import between_convs, lp_window_sums, qdq, quantizes_whole
+from support.l2norm import FORMS, l2_qdq
+from support.l2value import norm_qdq
+from support.quantized import between_convs, lp_window_sums, ort_session, qdq, quantizes_whole
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
 from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.errors import CVMError, UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 
 SETTINGS = settings(max_examples=15, deadline=None)
@@ -107,3 +109,41 @@ def test_float_models_of_lp_pool_quantize_whole(tmp_path, p, attrs, per_channel)
     quantizes_whole(tmp_path, between_convs([h.make_node("LpPool", ["a"], ["b"], p=p, **attrs)], {}, 18),
                     per_channel)
 
+
+
+# -- sums of squares past float32's range ------------------------------------------------------------------------
+NORMS = ("reducel2", "abs", "sumsquare", "pow", "abspow")
+SQUARES = [f"l2 {f}" for f in FORMS] + [f"norm {f}" for f in NORMS] + ["LpPool", "GlobalLpPool"]
+
+
+def squares_model(name: str, s: float):
+    """An L2 / RMS normalization form, an L2 norm form, LpPool or GlobalLpPool p = 2 over 8 int8 values a row at
+    input scale s, quantized (the norms and roots at 1e20)."""
+    kind, _, form = name.partition(" ")
+    if kind == "l2":
+        return l2_qdq(form, (1, 3, 8), -1, T.INT8, s, 0, 1e-6, (1 / 127, 0, T.INT8))
+    if kind == "norm":
+        return norm_qdq(form, (1, 3, 8), [2], 1, T.INT8, s, 0, (1e20, 0, T.INT8))
+    inits = {"s": np.float32(s), "z": np.int8(0), "so": np.float32(1e20), "zo": np.int8(0)}
+    attrs = {"kernel_shape": [2, 4]} if kind == "LpPool" else {}
+    return qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                h.make_node(kind, ["xf"], ["g"], name="lp", p=2, **attrs),
+                h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])], (1, 3, 2, 4), T.INT8, inits, T.INT8)
+
+
+@pytest.mark.parametrize("name", SQUARES)
+def test_sums_of_squares_past_float32_are_refused_naming_the_node(name):
+    """An L2 or RMS normalization (every written-out form, LpNormalization), an L2 norm, LpPool or GlobalLpPool
+    p = 2 whose 8 squares at input scale 1e18 pass float32's range: onnxruntime's sum is inf (the normalization
+    0, the norm or root saturated), the import's exact; refused in one line naming the node. At the largest
+    float32 scale below the bound (n (128 s)^2 < 2^127) imported. Regression: imported, 0 against 45 steps."""
+    x = np.full((1, 3, 8), 127, np.int8)
+    m = squares_model(name, 1e18)
+    got = ort_session(m).run(None, {"x": x.reshape([d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim])})
+    assert set(np.unique(got[0])) <= {0, 127}  # inf's: x / inf = 0, inf saturated
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    named = {n.name for n in m.graph.node}
+    assert "passes float32's range, where onnxruntime computes it as inf" in p.rule and p.where.split(" (")[0] in named
+    import_model(squares_model(name, float(np.nextafter(np.float32(2.0**55), np.float32(0)))), input_precision=9)

@@ -20,7 +20,7 @@ from .products import ceil_ends, image_sum, powers
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
-from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
+from .values import MS, Deferred, Mapped, Real, Scaled, Summed, float32_squares, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
@@ -305,12 +305,14 @@ def global_lp_pool_rule(ctx, node, x):
     p = node.attr_int("p", 2)
     if p not in (1, 2):
         raise Refuse(f"GlobalLpPool p={p}: only p = 1 and p = 2 have an exact form here")
-    x = per_tensor(scaled(x, "the GlobalLpPool input"), "GlobalLpPool")
+    x = per_tensor(scaled(x, "the GlobalLpPool input"), "GlobalLpPool's sum")
+    if p == 2:
+        float32_squares(x, math.prod(x.shape[2:]), "GlobalLpPool's sum")
     v = powers(ctx, x, p == 2)
     total = replace(v, t=image_sum(ctx, v.t))
     if p == 1:
         return total
-    return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool")
+    return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool's sum")
 
 
 @float_rule("LpPool", since=2)
@@ -335,6 +337,8 @@ def lp_pool_rule(ctx, node, x):
     begin, end = onnx_pads(node, x.shape[2:], kernel, strides, dilations, crop=True)
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     _, outs = ceil_ends(node, x.shape[2:], spans, strides, begin, end)
+    if p == 2:
+        float32_squares(x, math.prod(kernel), "LpPool's sum")
     v = powers(ctx, x, p == 2)
     t = v.t
     for axis, (k, s, d, b, o) in enumerate(zip(kernel, strides, dilations, begin, outs), start=2):
