@@ -1,5 +1,6 @@
 """Op classes of shipped models the quantized import refused before: windowed LpPool (p = 1, 2) of dequantized
-values; and L2 / RMS norms whose float32 sum of squares overflows in onnxruntime, refused."""
+values; an empty slice requantized into a QLinearConcat (onnxruntime's QOperator form); and L2 / RMS norms whose
+float32 sum of squares overflows in onnxruntime, refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,12 +12,15 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from support.l2norm import FORMS, l2_qdq
 from support.l2value import norm_qdq
-from support.quantized import between_convs, lp_window_sums, ort_session, qdq, quantizes_whole
+from support.hostile_quantized import frame3d
+from support.quantized import between_convs, lp_window_sums, ort_session, qdq, quantized, quantizes_whole
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError, UnsupportedError
+from cvm_onnx.core.executor import execute
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.verify import verify
 
 SETTINGS = settings(max_examples=15, deadline=None)
 
@@ -109,6 +113,33 @@ def test_float_models_of_lp_pool_quantize_whole(tmp_path, p, attrs, per_channel)
     quantizes_whole(tmp_path, between_convs([h.make_node("LpPool", ["a"], ["b"], p=p, **attrs)], {}, 18),
                     per_channel)
 
+
+
+# -- an empty slice into a Concat ------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt, activation, per_channel", [("QOperator", "uint8", False), ("QOperator", "int8", True),
+                                                          ("QDQ", "int8", True)])
+def test_an_empty_slice_requantized_into_a_concat_adds_nothing(tmp_path, fmt, activation, per_channel):
+    """onnxruntime's quantized model of Concat(p, p[:, 4:], p) over 4 channels: the empty slice quantized at its own
+    scale (QOperator: Slice -> QuantizeLinear -> QLinearConcat; QDQ int8: a QuantizeLinear of its own too) is an
+    empty constant that the (QLinear)Concat drops: the import equals that of the same model without the slice, and
+    exports exactly. Regression: 'e_quantized is an empty slice', 'a constant of shape (1, 0, 1, 4, 4) is empty'."""
+    (tmp_path / "e").mkdir(), (tmp_path / "p").mkdir()
+    with_empty = import_model(quantized(frame3d(), tmp_path / "e", fmt, activation, False, per_channel)[0])
+    plain = import_model(quantized(frame3d(False), tmp_path / "p", fmt, activation, False, per_channel)[0])
+    rng = np.random.default_rng(3)
+    for x in [rng.normal(size=(1, 3, 1, 8, 8)) * 3, np.full((1, 3, 1, 8, 8), 1e3), np.full((1, 3, 1, 8, 8), -1e3)]:
+        q = with_empty.edges.input.quantize(x.astype(np.float32))
+        assert np.array_equal(q, plain.edges.input.quantize(x.astype(np.float32)))
+        for a, b in zip(execute(with_empty.graph, {"data": q}), execute(plain.graph, {"data": q}), strict=True):
+            assert np.array_equal(a, b)
+    assert verify(with_empty.graph, seeds=1).exact
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_float_model_concatenating_an_empty_slice_quantizes_whole(tmp_path, per_channel):
+    """quantize takes the float Concat(p, p[:, 4:], p) model whole: within 1.1x onnxruntime's distance from float,
+    the export exact. Regression: refused 'a constant of shape (1, 0, 1, 4, 4) is empty'."""
+    quantizes_whole(tmp_path, frame3d(), per_channel)
 
 
 # -- sums of squares past float32's range ------------------------------------------------------------------------
