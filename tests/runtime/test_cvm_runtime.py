@@ -1307,18 +1307,23 @@ def test_3d_conv_and_pools_over_depth_taps_and_a_resize_at_ties(tmp_path):
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
-def test_lp_pools_over_windows(tmp_path):
+def test_lp_pools_over_windows_and_an_l1_normalization(tmp_path):
     """LpPool p = 1 (2-D, ceil_mode, pads) then p = 2 (its window sums of squares past 2^16 integers, their exact
-    root) as takes of the windows' taps summed axis by axis: the runtime loads it and gives the reference
-    executor's integers, extremes included."""
-    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.37), "zo": np.int8(-4)}
+    root) as takes of the windows' taps summed axis by axis, then LpNormalization p = 1 over the channels (the
+    quotient by the row's sum of |u|): the runtime loads it and gives the reference executor's integers, extremes
+    included."""
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.37), "zo": np.int8(-4),
+             "sn": np.float32(1 / 127)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
              h.make_node("LpPool", ["xf"], ["a"], p=1, kernel_shape=[2, 3], strides=[2, 1], pads=[1, 1, 0, 0],
                          ceil_mode=1),
              h.make_node("QuantizeLinear", ["a", "so", "zo"], ["aq"]),
              h.make_node("DequantizeLinear", ["aq", "so", "zo"], ["af"]),
              h.make_node("LpPool", ["af"], ["r"], p=2, kernel_shape=[3, 2], dilations=[1, 2], pads=[1, 0, 1, 1]),
-             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["rq"]),
+             h.make_node("DequantizeLinear", ["rq", "so", "zo"], ["rf"]),
+             h.make_node("LpNormalization", ["rf"], ["n"], p=1, axis=1),
+             h.make_node("QuantizeLinear", ["n", "sn", "zo"], ["y"])]
     shape = (1, 3, 7, 6)
     imp = import_model(qdq(nodes, shape, T.INT8, inits, T.INT8, opset=18), input_precision=8)
     assert "take" in {n.op for n in imp.graph.nodes}

@@ -14,10 +14,12 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
-from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, window_sums
+from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, reduced,
+                    window_sums)
 from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
+from .l2norm import L2Normalized
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
 from .values import MS, Deferred, Mapped, Real, Scaled, Summed, float32_squares, per_tensor, real_bound, scaled
@@ -347,6 +349,36 @@ def lp_pool_rule(ctx, node, x):
     if p == 1:
         return total
     return root(total, 2, node.name, "LpPool") if wide(total) else mapped(total, np.sqrt, "LpPool")
+
+
+@float_rule("LpNormalization", since=1)
+def lp_normalization_rule(ctx, node, x):
+    """LpNormalization of a per-tensor dequantized x = u s along ``axis`` (a row of zeros gives 0, as onnxruntime's
+    kernel): p = 2, an ``L2Normalized``; p = 1, the ``Quotient`` u / V of u by V = max(sum |u|, 1) over the row at
+    the same scale (V = 1 only on a row of zeros, whose u / V is 0). Integers by the QuantizeLinear that follows.
+    Refused where onnxruntime's float32 sum may pass its range (then inf: its output 0)."""
+    p = node.attr_int("p", 2)
+    if p not in (1, 2):
+        raise Refuse(f"LpNormalization p={p} has no CVM form (p = 1 and p = 2 have)")
+    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
+    rank = len(x.shape)
+    axis = node.attr_int("axis", -1)
+    if not -rank <= axis < rank:
+        raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    if p == 2:
+        float32_squares(x, view[1], "LpNormalization's sum")
+        return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
+    v = powers(ctx, x, False)
+    if view[1] * v.t.hi * v.scale.reshape(()).item() >= 2**127:
+        raise Refuse(f"LpNormalization's sum of {view[1]} values up to {v.t.hi} x {float(v.scale.reshape(())):g} "
+                     "passes float32's range, where onnxruntime computes it as inf")
+    total = reduced(ctx, "sum", ctx.reshape(v.t, view), [1], 0, view[1] * v.t.hi)
+    e = ctx.emit("clip", ctx.entry(total), a_min=1, a_max=max(total.hi, 1))
+    keep = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    total = ctx.reshape(ctx.result(e, INT32, 1, max(total.hi, 1), total.shape), keep)
+    return Quotient(x, Scaled(total, v.scale, np.zeros((), np.int64)))
 
 
 @float_rule("Trilu", since=14)

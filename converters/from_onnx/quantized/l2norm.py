@@ -28,7 +28,7 @@ from cvm_onnx.core.constants import tight
 
 from ..context import INT32, INT_RANGES, Tensor
 from ..emit import as_int32, reduced
-from ..registry import Refuse, float_rule
+from ..registry import Refuse
 from ..requant_plans import NoPlan
 from .chains import FLAT, _divisor, _Graph
 from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
@@ -229,23 +229,6 @@ def quartered(ctx, square: Tensor, n: int, p: LayerNormPlan, col) -> tuple[Tenso
     pick = op("broadcast_mul", above_q, gap, min(gap.lo, 0), max(gap.hi, 0), col)
     bucket = op("broadcast_add", bottom, pick, 0, size - 1, col)
     return level, table_index(ctx, level, bucket, p.table_bits, p.levels, p.table.size), small
-
-
-@float_rule("LpNormalization", since=1)
-def lp_normalization_rule(ctx, node, x):
-    """LpNormalization(p=2) of a per-tensor dequantized x along ``axis``: an ``L2Normalized`` (a row of zeros gives
-    0, as onnxruntime's kernel), integers by the QuantizeLinear that follows."""
-    if node.attr_int("p", 2) != 2:
-        raise Refuse(f"LpNormalization p={node.attr_int('p', 2)} has no CVM form (p=2 has)")
-    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
-    rank = len(x.shape)
-    axis = node.attr_int("axis", -1)
-    if not -rank <= axis < rank:
-        raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
-    axis %= rank
-    view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-    float32_squares(x, view[1], "LpNormalization's sum")
-    return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
 
 
 # -- the written-out forms ----------------------------------------------------------------------------------------
