@@ -363,7 +363,7 @@ def depth_unfolded(ctx, y: Tensor, n: int) -> Tensor:
     return ctx.reshape(y, (n, m, nd // n, ho, wo))
 
 
-def window_sums(ctx, t: Tensor, axis: int, k: int, s: int, d: int, b: int, out: int) -> Tensor:
+def summed_windows(ctx, t: Tensor, axis: int, k: int, s: int, d: int, b: int, out: int) -> Tensor:
     """The sums of t's ``out`` windows along ``axis``: window o sums inputs o s + j d - b over taps j < k, an input
     outside the axis read as 0 (a zero slice appended): a ``take`` of every window's taps, then ``sum`` over them.
     Refused where the taps would hold more than 2^24 values."""

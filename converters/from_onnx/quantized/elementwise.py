@@ -15,7 +15,7 @@ from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
 from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, reduced,
-                    window_sums)
+                    summed_windows)
 from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
@@ -321,7 +321,7 @@ def global_lp_pool_rule(ctx, node, x):
 def lp_pool_rule(ctx, node, x):
     """LpPool of a per-tensor dequantized x = u s over any number of spatial axes (pads, auto_pad, strides,
     dilations, ceil_mode): the windows' exact sums of |u| (p = 1, at s) or of u^2 (p = 2, at s^2; then its square
-    root as GlobalLpPool's), the padding adding 0, summed axis by axis (``window_sums``); an auto_pad whose total
+    root as GlobalLpPool's), the padding adding 0, summed axis by axis (``summed_windows``); an auto_pad whose total
     is negative crops, as onnxruntime's pools. Other p refused."""
     p = node.attr_int("p", 2)
     if p not in (1, 2):
@@ -344,7 +344,7 @@ def lp_pool_rule(ctx, node, x):
     v = powers(ctx, x, p == 2)
     t = v.t
     for axis, (k, s, d, b, o) in enumerate(zip(kernel, strides, dilations, begin, outs), start=2):
-        t = window_sums(ctx, t, axis, k, s, d, b, o)
+        t = summed_windows(ctx, t, axis, k, s, d, b, o)
     total = replace(v, t=t)
     if p == 1:
         return total
