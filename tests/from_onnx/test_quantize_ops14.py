@@ -148,6 +148,30 @@ def test_average_pool_3d_of_any_counts_equals_the_oracle(d, counted, ceil, x_typ
     oracle_equal(qdq(nodes, shape, x_type, inits, T.INT8), x)
 
 
+@SETTINGS
+@given(d=st.data(), rank=st.integers(2, 3), auto=st.sampled_from(["SAME_UPPER", "SAME_LOWER"]),
+       counted=st.integers(0, 1))
+def test_average_pool_same_with_a_stride_past_the_kernel_crops_as_onnxruntime(d, rank, auto, counted):
+    """AveragePool (2-D, 3-D) with auto_pad SAME where a stride passes the kernel (a negative total pad: onnxruntime
+    crops the input, reading o s + j + (total / 2 truncated)): equal to onnxruntime's quantized model (kernels of 1
+    or 2 per axis, s_x / s_out = 4: every count 1, 2, 4 or 8 is exact, no tie). Regression: read o s + j, 10 steps
+    off on a 1 x 6 row of strides 3 (SAME_UPPER)."""
+    kernel = [d.draw(st.integers(1, 2)) for _ in range(rank)]
+    strides = [d.draw(st.integers(1, 4)) for _ in range(rank)]
+    shape = (1, 2) + tuple(d.draw(st.integers(1, 7)) for _ in range(rank))
+    assume(any((-(-n // s) - 1) * s + k < n for n, s, k in zip(shape[2:], strides, kernel)))
+    inits = {"s": np.float32(2.0**-3), "z": np.int8(0), "so": np.float32(2.0**-5), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["p"], name="avg", kernel_shape=kernel, strides=strides, auto_pad=auto,
+                         count_include_pad=counted),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, T.INT8, inits, T.INT8)
+    x = np.random.default_rng(d.draw(st.integers(0, 99))).integers(-31, 32, shape).astype(np.int8)
+    got = execute(import_model(m, input_precision=9).graph, {"data": x.astype(np.int32)})[0]
+    want = ort_session(m).run(None, {"x": x})[0]
+    assert np.array_equal(got.reshape(want.shape), want)
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_float_model_of_an_uncounted_3d_average_pool_quantizes_whole(tmp_path, per_channel):
     """quantize takes a float 3-D Conv -> AveragePool (pads not counted, ceil_mode) -> Conv model whole: within

@@ -730,7 +730,8 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     counts H W (not under ``whole_kernel``, which counts k per axis). Under ceil_mode the last windows may pass the
     end padding (``ceil_ends``): the input is padded further, and a counted window counts the positions up to the
     end padding only, min(k, size + end - start) per axis, as ONNX's AveragePool (onnxruntime's float kernel, torch)
-    counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's QLinearAveragePool counts them."""
+    counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's QLinearAveragePool counts them.
+    An auto_pad SAME whose total is negative (a stride past the kernel) crops the input, as onnxruntime's pools."""
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
@@ -740,7 +741,7 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
     strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
-    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1], crop=True)
     ceil = node.attr_int("ceil_mode", 0) and not (whole_kernel and node.attr_int("count_include_pad", 0))
     if not any(begin) and not any(end) and all(k == n or ceil and k > n > k - s for k, n, s in
                                                zip(kernel, x.shape[2:], strides)):
@@ -775,16 +776,18 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
 def depth_average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     """A 3-D AveragePool whose windows all count kd kh kw positions (no pads, or pads counted; no ceil_mode): the
     depthwise 3-D Conv by weights 1 (``depth_conv``, the zero point's padding) at scale s_x / (kd kh kw), per
-    tensor. Else (pads not counted, or ceil_mode) the window sums of x - z, the padding adding 0 (``summed_windows``
+    tensor. Else (pads not counted, ceil_mode, or negative pads: an auto_pad SAME whose total is negative crops the
+    input, as onnxruntime's pools) the window sums of x - z, the padding adding 0 (``summed_windows``
     axis by axis), at s_x / count per output position, count as ``average`` takes it on each axis (the input
     positions a window reads; counted, up to the end padding); refused under ``whole_kernel`` with ceil_mode and
     counted pads."""
     kernel = node.attr_ints("kernel_shape", lo=1, size=3)
     strides = node.attr_ints("strides", [1] * 3, lo=1, size=3)
-    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1] * 3)
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1] * 3, crop=True)
     counted = node.attr_int("count_include_pad", 0)
-    if node.attr_int("ceil_mode", 0) or any(begin + end) and not counted:
-        return depth_window_average(ctx, node, x, kernel, strides, begin, end, whole_kernel)
+    if node.attr_int("ceil_mode", 0) or min(begin + end) < 0 or any(begin + end) and not counted:
+        t, begin, end = cropped(ctx, x.t, begin, end)
+        return depth_window_average(ctx, node, replace(x, t=t), kernel, strides, begin, end, whole_kernel)
     c = x.shape[1]
     ones = Scaled(const(np.ones((c, 1) + tuple(kernel), np.int8), TensorProto.INT8),
                   np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
@@ -800,8 +803,6 @@ def depth_window_average(ctx, node, x: Scaled, kernel, strides, begin, end, whol
     if whole_kernel and counted and node.attr_int("ceil_mode", 0):
         raise Refuse("QLinearAveragePool 3-D with ceil_mode and counted pads has no CVM form here")
     for pb, pe, k in zip(begin, end, kernel):
-        if pb < 0 or pe < 0:
-            raise Refuse(f"AveragePool 3-D pads ({pb}, {pe}): negative pads have no form here")
         if not counted and max(pb, pe) >= k:
             raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
                          "a window of padding only can count no input value, its average undefined")
