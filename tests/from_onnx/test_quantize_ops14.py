@@ -1,6 +1,7 @@
-"""Op classes of shipped models the quantized import refused before: windowed LpPool (p = 1, 2) and LpNormalization
-p = 1 of dequantized values; an empty slice requantized into a QLinearConcat (onnxruntime's QOperator form); and
-L2 / RMS norms whose float32 sum of squares overflows in onnxruntime, refused."""
+"""Op classes of shipped models the quantized import refused before: windowed LpPool (p = 1, 2), LpNormalization
+p = 1, ReduceLogSum and 3-D AveragePool of any counts, of dequantized values; an empty slice requantized into a
+QLinearConcat (onnxruntime's QOperator form); AveragePool with auto_pad SAME cropping as onnxruntime; and L2 / RMS
+norms whose float32 sum of squares overflows in onnxruntime, refused."""
 from __future__ import annotations
 
 import math
@@ -118,6 +119,45 @@ def test_float_models_of_lp_pool_quantize_whole(tmp_path, p, attrs, per_channel)
     quantizes_whole(tmp_path, between_convs([h.make_node("LpPool", ["a"], ["b"], p=p, **attrs)], {}, 18),
                     per_channel)
 
+
+
+# -- ReduceLogSum ---------------------------------------------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-6, 2.0**-1, width=32),
+       zo=st.integers(-128, 0), keep=st.integers(0, 1))
+def test_reduce_log_sum_is_a_table_of_the_exact_sum(d, s, so, zo, keep):
+    """ReduceLogSum of a dequantized uint8 value (zero point 0: every sum >= 0) over any axes, keepdims either way:
+    Log's table over ReduceSum's exact sum, log 0 = -inf saturating: equal to the oracle of docs/import.md.
+    Regression: 'no CVM op for ONNX ReduceLogSum'."""
+    shape = tuple(d.draw(st.integers(1, 5)) for _ in range(d.draw(st.integers(1, 3))))
+    axes = d.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape),
+                           unique_by=lambda a: a % len(shape)))
+    inits = {"s": np.float32(s), "z": np.uint8(0), "so": np.float32(so), "zo": np.int8(zo),
+             "ax": np.array(axes, np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceLogSum", ["xf", "ax"], ["g"], name="rls", keepdims=keep),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    x = draw_x(d, shape, T.UINT8)
+    x.reshape(-1)[:1] = 255
+    oracle_equal(qdq(nodes, shape, T.UINT8, inits, T.INT8, opset=18), x)
+
+
+def test_reduce_log_sum_reaching_below_0_is_refused_naming_the_node():
+    inits = {"s": np.float32(0.5), "z": np.int8(0), "so": np.float32(0.1), "zo": np.int8(0),
+             "ax": np.array([1], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceLogSum", ["xf", "ax"], ["g"], name="rls"),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    with pytest.raises(CVMError, match=r"rls \(ReduceLogSum\): ReduceLogSum is undefined on"):
+        import_model(qdq(nodes, (1, 3), T.INT8, inits, T.INT8, opset=18), input_precision=9)
+
+
+def test_float_model_of_reduce_log_sum_quantizes_whole(tmp_path):
+    """quantize takes a float model Conv -> Relu -> ReduceLogSum over the image, added back -> Conv whole: within
+    1.1x onnxruntime's distance from float, the export exact. Regression: 'no CVM op for ONNX ReduceLogSum'."""
+    nodes = [h.make_node("Relu", ["a"], ["ra"]), h.make_node("ReduceLogSum", ["ra", "ax"], ["r"], keepdims=1),
+             h.make_node("Add", ["a", "r"], ["b"])]
+    quantizes_whole(tmp_path, between_convs(nodes, {"ax": np.array([2, 3], np.int64)}, 18), False)
 
 
 # -- 3-D AveragePool of windows of different counts ----------------------------------------------------------------

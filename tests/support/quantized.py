@@ -540,6 +540,8 @@ class Oracle:
         if op in FN:  # a table of the exact input values (log 0 = -inf and 1 / 0 = inf saturate)
             f = FN[op](xs[1:])
             return ("fn", xs[0], f) if xs[0][0] == "real" else ("fn", xs[0][1], lambda r, g=xs[0][2]: f(g(r)))
+        if op == "ReduceLogSum":  # log of ReduceSum's exact sum (a table of it: log 0 = -inf saturates)
+            return ("fn", self.float_op("ReduceSum", xs, a), lambda r: np.log(np.where(r >= 0, r, np.nan)))
         if op in ("GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum"):
             v = xs[0][1]
             axes = tuple(range(2, v.ndim)) if op == "GlobalMaxPool" else a.get("axes") if len(xs) < 2 else \

@@ -17,7 +17,7 @@ from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, 
 from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, reduced,
                     summed_windows)
 from ..registry import Refuse, float_rule, integer_rule
-from .products import ceil_ends, image_sum, powers
+from .products import ceil_ends, image_sum, powers, summed
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .l2norm import L2Normalized
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
@@ -379,6 +379,18 @@ def lp_normalization_rule(ctx, node, x):
     keep = x.shape[:axis] + (1,) + x.shape[axis + 1:]
     total = ctx.reshape(ctx.result(e, INT32, 1, max(total.hi, 1), total.shape), keep)
     return Quotient(x, Scaled(total, v.scale, np.zeros((), np.int64)))
+
+
+@float_rule("ReduceLogSum", since=1)
+def reduce_log_sum_rule(ctx, node, x, axes_t=None):
+    """ReduceLogSum of a per-tensor dequantized x: Log of ReduceSum's exact sum of x - z at s_x (a table over the
+    sum's integers, as Log's: log(0) = -inf saturates; refused where the sum reaches below 0, where Log is NaN).
+    Refused with noop_with_empty_axes and no axes."""
+    x = per_tensor(scaled(x, "the ReduceLogSum input"), "ReduceLogSum")
+    total = summed(ctx, node, x, lambda: minus_zero(ctx, x.t, x.zero), axes_t, 18, x.scale.reshape(()).item(), False)
+    if total is x:
+        raise Refuse("ReduceLogSum with noop_with_empty_axes and no axes has no CVM form here")
+    return defined("ReduceLogSum", mapped(total, FUNCTIONS["Log"](node), "ReduceLogSum"))
 
 
 @float_rule("Trilu", since=14)
