@@ -342,10 +342,7 @@ def lp_pool_rule(ctx, node, x):
     if p == 2:
         float32_squares(x, math.prod(kernel), "LpPool's sum")
     v = powers(ctx, x, p == 2)
-    t = v.t
-    for axis, (k, s, d, b, o) in enumerate(zip(kernel, strides, dilations, begin, outs), start=2):
-        t = summed_windows(ctx, t, axis, k, s, d, b, o)
-    total = replace(v, t=t)
+    total = replace(v, t=summed_windows(ctx, v.t, kernel, strides, dilations, begin, outs))
     if p == 1:
         return total
     return root(total, 2, node.name, "LpPool") if wide(total) else mapped(total, np.sqrt, "LpPool")

@@ -807,12 +807,10 @@ def depth_window_average(ctx, node, x: Scaled, kernel, strides, begin, end, whol
             raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
                          "a window of padding only can count no input value, its average undefined")
     _, outs = ceil_ends(node, x.shape[2:], kernel, strides, begin, end)
-    t = minus_zero(ctx, x.t, x.zero)
-    axes = []
-    for axis, (n, k, s, b, e, o) in enumerate(zip(x.shape[2:], kernel, strides, begin, end, outs), start=2):
-        t = summed_windows(ctx, t, axis, k, s, 1, b, o)
-        start = s * np.arange(o) - b
-        axes.append(np.minimum(k, n + e - start) if counted else np.minimum(start + k, n) - np.maximum(start, 0))
+    t = summed_windows(ctx, minus_zero(ctx, x.t, x.zero), kernel, strides, [1] * 3, begin, outs)
+    starts = [s * np.arange(o) - b for s, b, o in zip(strides, begin, outs)]
+    axes = [np.minimum(k, n + e - a) if counted else np.minimum(a + k, n) - np.maximum(a, 0)
+            for n, k, e, a in zip(x.shape[2:], kernel, end, starts)]
     count = np.multiply.outer(np.multiply.outer(axes[0], axes[1]), axes[2])
     sx = x.scale.reshape(()).item()
     return Scaled(t, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
