@@ -307,14 +307,14 @@ def global_lp_pool_rule(ctx, node, x):
     p = node.attr_int("p", 2)
     if p not in (1, 2):
         raise Refuse(f"GlobalLpPool p={p}: only p = 1 and p = 2 have an exact form here")
-    x = per_tensor(scaled(x, "the GlobalLpPool input"), "GlobalLpPool's sum")
+    x = per_tensor(scaled(x, "the GlobalLpPool input"), "GlobalLpPool")
     if p == 2:
         float32_squares(x, math.prod(x.shape[2:]), "GlobalLpPool's sum")
     v = powers(ctx, x, p == 2)
     total = replace(v, t=image_sum(ctx, v.t))
     if p == 1:
         return total
-    return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool's sum")
+    return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool")
 
 
 @float_rule("LpPool", since=2)

@@ -150,8 +150,8 @@ def squares_pass_float32(n: int, top) -> bool:
     return n * top * top >= 2**127
 
 
-def float32_squares(x: Scaled, n: int, what: str) -> Scaled:
-    """A per-tensor x = (t - z) s, refused where a float32 sum of n squares of its values may pass float32's range
+def float32_squares(x: Scaled, n: int, what: str) -> None:
+    """Refuses a per-tensor x = (t - z) s where a float32 sum of n squares of its values may pass float32's range
     (``squares_pass_float32`` of the largest |t - z| s): onnxruntime's sum is inf there (an L2 normalization 0, a
     norm or root inf), the import's exact sum finite."""
     z = int(x.zero.reshape(()))
@@ -159,7 +159,6 @@ def float32_squares(x: Scaled, n: int, what: str) -> Scaled:
     if squares_pass_float32(n, peak * s):
         raise Refuse(f"{what} of {n} squares of values up to {peak} x {float(s):g}: it passes float32's range, "
                      "where onnxruntime computes it as inf")
-    return x
 
 
 def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
