@@ -363,6 +363,28 @@ def depth_unfolded(ctx, y: Tensor, n: int) -> Tensor:
     return ctx.reshape(y, (n, m, nd // n, ho, wo))
 
 
+def summed_windows(ctx, t: Tensor, kernel, strides, dilations, begin, outs) -> Tensor:
+    """The window sums of t (N, C, spatial...), axis by axis: along each spatial axis, window o of ``outs`` sums
+    inputs o s + j d - b over taps j < k, an input outside the axis read as 0 (a zero slice appended): a ``take`` of
+    every window's taps, then ``sum`` over them. Refused where the taps would hold more than 2^24 values."""
+    for axis, (k, s, d, b, out) in enumerate(zip(kernel, strides, dilations, begin, outs), start=2):
+        n = t.shape[axis]
+        idx = np.arange(out)[:, None] * s + np.arange(k) * d - b
+        inside = (idx >= 0) & (idx < n)
+        taps = t.shape[:axis] + (out * k,) + t.shape[axis + 1:]
+        if math.prod(taps) > MAX_DIM:
+            raise Refuse(f"its {out} x {k} windows along axis {axis} hold {math.prod(taps)} values, more than 2^24")
+        if not inside.all():
+            pad = np.zeros(t.shape[:axis] + (1,) + t.shape[axis + 1:], np.int64)
+            t = concatenated(ctx, axis, t, const(pad, t.dtype))
+        idx = np.where(inside, idx, n).reshape(-1)
+        v = ctx.result(ctx.op("take", t, const(idx.astype(np.int32), INT32), axis=axis), t.dtype, t.lo, t.hi, taps)
+        v = ctx.reshape(v, t.shape[:axis] + (out, k) + t.shape[axis + 1:])
+        lo, hi = k * min(t.lo, 0), k * max(t.hi, 0)
+        t = ctx.reshape(reduced(ctx, "sum", v, [axis + 1], lo, hi), t.shape[:axis] + (out,) + t.shape[axis + 1:])
+    return t
+
+
 def transposed(ctx, t: Tensor, perm: tuple[int, ...]) -> Tensor:
     """t with its axes in the order ``perm`` (a constant folded)."""
     if t.is_const:

@@ -38,9 +38,9 @@ from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
 INPUT_NAME = "data"
-#: The ops that may read an empty slice: a Concat drops it; a QuantizeLinear or DequantizeLinear between (as
-#: quantize_static writes them) gives an empty value again. Any other reader is refused naming it.
-EMPTY_READERS = ("Concat", "QuantizeLinear", "DequantizeLinear")
+#: The ops that may read an empty slice: a Concat or QLinearConcat drops it; a QuantizeLinear or DequantizeLinear
+#: between (as quantize_static writes them) gives an empty value again. Any other reader is refused naming it.
+EMPTY_READERS = ("Concat", "QLinearConcat", "QuantizeLinear", "DequantizeLinear")
 #: onnxruntime's dynamic quantization (quantize_dynamic and its fusions): (domain, op type). Its activation scales are
 #: computed at run time, so such a model has no static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
 DYNAMIC_OPS = (("", "DynamicQuantizeLinear"), ("com.microsoft", "DynamicQuantizeLSTM"),

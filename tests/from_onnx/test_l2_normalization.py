@@ -166,12 +166,12 @@ def test_quantize_takes_each_form(tmp_path, form, axis, reader):
 
 
 def test_refusals_name_the_node():
-    """LpNormalization p=1; squares past 32 bits (int16 x of 16 bits: the split's 4^Q a passes 32 bits in its
+    """LpNormalization p=3; squares past 32 bits (int16 x of 16 bits: the split's 4^Q a passes 32 bits in its
     label); an eps of 1000 input steps (past the table's exact level); a plan that cannot reach half a step: one
     line naming the node and the rule."""
     m = l2_qdq("lp", (2, 4), 1, T.UINT8, 0.1, 0, 0.0, (1 / 127, 0, T.INT8))
-    m.graph.node[1].attribute[1].i = 1
-    with pytest.raises(CVMError, match=r"l2_lp \(LpNormalization\): LpNormalization p=1 has no CVM form"):
+    m.graph.node[1].attribute[1].i = 3
+    with pytest.raises(CVMError, match=r"l2_lp \(LpNormalization\): LpNormalization p=3 has no CVM form"):
         import_model(m, input_precision=9)
     m = l2_qdq("clip", (2, 64), 1, T.INT16, 0.1, 0, 1e-12, (1 / 127, 0, T.INT8), opset=21)
     with pytest.raises(CVMError, match=r"l2_div \(L2 normalization\): .*\|u\| <= 3276\d passes 32 bits in its sum "

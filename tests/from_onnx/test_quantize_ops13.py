@@ -214,13 +214,3 @@ def test_average_pool_3d_is_a_depthwise_conv_of_ones(d, counted):
     want = quantized(sums.astype(np.int64) * Fraction(2**5, 2**4 * math.prod(kernel)), Fraction(1), 3, T.INT8)
     got = execute(import_model(m_).graph, {"data": x.astype(np.int32)})[0]
     assert np.array_equal(got.reshape(want.shape), want)
-
-
-def test_average_pool_3d_of_uncounted_pads_is_refused_naming_the_node():
-    inits = {"s": np.float32(0.05), "z": np.int8(0), "so": np.float32(0.3), "zo": np.int8(0)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-             h.make_node("AveragePool", ["xf"], ["p"], name="avg", kernel_shape=[3, 3, 3], pads=[1] * 6),
-             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
-    with pytest.raises(CVMError, match=r"avg \(AveragePool\): AveragePool 3-D whose windows count different numbers "
-                                       r"of positions \(pads not counted, or ceil_mode\) has no CVM form here"):
-        import_model(qdq(nodes, (1, 2, 4, 4, 4), T.INT8, inits, T.INT8))

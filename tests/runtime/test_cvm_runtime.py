@@ -1256,6 +1256,52 @@ def test_3d_conv_and_pools_over_depth_taps_and_a_resize_at_ties(tmp_path):
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
+def test_lp_pools_over_windows_and_an_l1_normalization(tmp_path):
+    """LpPool p = 1 (2-D, ceil_mode, pads) then p = 2 (its window sums of squares past 2^16 integers, their exact
+    root) as takes of the windows' taps summed axis by axis, then LpNormalization p = 1 over the channels (the
+    quotient by the row's sum of |u|): the runtime loads it and gives the reference executor's integers, extremes
+    included."""
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.37), "zo": np.int8(-4),
+             "sn": np.float32(1 / 127)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("LpPool", ["xf"], ["a"], p=1, kernel_shape=[2, 3], strides=[2, 1], pads=[1, 1, 0, 0],
+                         ceil_mode=1),
+             h.make_node("QuantizeLinear", ["a", "so", "zo"], ["aq"]),
+             h.make_node("DequantizeLinear", ["aq", "so", "zo"], ["af"]),
+             h.make_node("LpPool", ["af"], ["r"], p=2, kernel_shape=[3, 2], dilations=[1, 2], pads=[1, 0, 1, 1]),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["rq"]),
+             h.make_node("DequantizeLinear", ["rq", "so", "zo"], ["rf"]),
+             h.make_node("LpNormalization", ["rf"], ["n"], p=1, axis=1),
+             h.make_node("QuantizeLinear", ["n", "sn", "zo"], ["y"])]
+    shape = (1, 3, 7, 6)
+    imp = import_model(qdq(nodes, shape, T.INT8, inits, T.INT8, opset=18), input_precision=8)
+    assert "take" in {n.op for n in imp.graph.nodes}
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(14)
+    xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+def test_3d_average_pools_of_windows_of_different_counts(tmp_path):
+    """3-D AveragePools with pads not counted, then with ceil_mode and pads counted: the window sums of x - z along
+    each axis at s / count per position: the runtime loads it and gives the reference executor's integers, extremes
+    included."""
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.037), "zo": np.int8(-4)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("AveragePool", ["xf"], ["a"], kernel_shape=[3, 2, 3], pads=[1, 1, 1, 1, 0, 2]),
+             h.make_node("QuantizeLinear", ["a", "so", "zo"], ["aq"]),
+             h.make_node("DequantizeLinear", ["aq", "so", "zo"], ["af"]),
+             h.make_node("AveragePool", ["af"], ["r"], kernel_shape=[2, 3, 2], strides=[2, 2, 2], pads=[0, 1, 1] * 2,
+                         ceil_mode=1, count_include_pad=1),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (1, 2, 5, 6, 5)
+    imp = import_model(qdq(nodes, shape, T.INT8, inits, T.INT8), input_precision=8)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(15)
+    xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_a_float_input_divided_inside_the_model(tmp_path, per_channel):
     """The thirteenth corpus's form (BlazeFace's x / 255 inside the model): quantize's model of a Div of the float

@@ -1246,6 +1246,22 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     return out
 
 
+def frame3d(empty: bool = True) -> onnx.ModelProto:
+    """A float model: a 3-D Conv and MaxPool of one frame whose channels are concatenated with an empty slice of
+    them (``empty``; else without it) between two copies: Concat(p, p[:, 4:], p), then a 1x1x1 Conv."""
+    rng = np.random.default_rng(13)
+    inits = [nh.from_array(rng.normal(0, 0.3, (4, 3, 1, 3, 3)).astype(np.float32), "w1"),
+             nh.from_array(rng.normal(0, 0.3, (2, 8, 1, 1, 1)).astype(np.float32), "w2"),
+             *(nh.from_array(np.array([v], np.int64), k) for k, v in (("st", 4), ("en", 1 << 62), ("ax", 1)))]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c"], pads=[0, 1, 1, 0, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[1, 2, 2], strides=[1, 2, 2]),
+             h.make_node("Slice", ["p", "st", "en", "ax"], ["e"]),
+             h.make_node("Concat", ["p", "e", "p"] if empty else ["p", "p"], ["j"], axis=1),
+             h.make_node("Conv", ["j", "w2"], ["y"])]
+    return onnx_model(h.make_graph(nodes, "frame3d", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 1, 8, 8])],
+                                   [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+
+
 def _newest13_float() -> dict[str, onnx.ModelProto]:
     """Float models of the forms of ``NEWEST13``: each op of issue 35's sweep between two Convs
     (test_quantize_ops12's), a 3-D Conv and MaxPool of one frame whose channels are concatenated with an empty
@@ -1257,18 +1273,7 @@ def _newest13_float() -> dict[str, onnx.ModelProto]:
     from .transformers12 import biased_attention, t5_block
 
     out = {name: between_convs(*FLOAT_MODELS[name]) for name in NEWEST13_FLOAT if name in FLOAT_MODELS}
-    rng = np.random.default_rng(13)
-    inits = [nh.from_array(rng.normal(0, 0.3, (4, 3, 1, 3, 3)).astype(np.float32), "w1"),
-             nh.from_array(rng.normal(0, 0.3, (2, 8, 1, 1, 1)).astype(np.float32), "w2"),
-             *(nh.from_array(np.array([v], np.int64), k) for k, v in (("st", 4), ("en", 1 << 62), ("ax", 1)))]
-    nodes = [h.make_node("Conv", ["x", "w1"], ["c"], pads=[0, 1, 1, 0, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
-             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[1, 2, 2], strides=[1, 2, 2]),
-             h.make_node("Slice", ["p", "st", "en", "ax"], ["e"]),
-             h.make_node("Concat", ["p", "e", "p"], ["j"], axis=1),
-             h.make_node("Conv", ["j", "w2"], ["y"])]
-    out["frame3d"] = onnx_model(h.make_graph(nodes, "frame3d", [h.make_tensor_value_info("x", T.FLOAT,
-                                                                                        [1, 3, 1, 8, 8])],
-                                             [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+    out["frame3d"] = frame3d()
     out["masking-rows"] = biased_attention()
     out["t5-mask"] = t5_block(mask=True)
     return out

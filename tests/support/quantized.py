@@ -493,6 +493,11 @@ class Oracle:
             if a.get("p", 2) == 1:
                 return ("real", np.abs(v).sum(axis=axes, keepdims=True), xs[0][2])
             return ("fn", ("real", (v * v).sum(axis=axes, keepdims=True), np.asarray(xs[0][2] ** 2, object)), np.sqrt)
+        if op == "LpPool":  # the window sums of |x| (p = 1), or the root of those of x^2 (p = 2)
+            v = xs[0][1]
+            if a.get("p", 2) == 1:
+                return ("real", pool_sums(np.abs(v), a), xs[0][2])
+            return ("fn", ("real", pool_sums(v * v, a), np.asarray(xs[0][2] ** 2, object)), np.sqrt)
         if op == "GlobalAveragePool":
             v = xs[0][1].sum(axis=(2, 3), keepdims=True)
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
@@ -551,6 +556,8 @@ class Oracle:
         if op in FN:  # a table of the exact input values (log 0 = -inf and 1 / 0 = inf saturate)
             f = FN[op](xs[1:])
             return ("fn", xs[0], f) if xs[0][0] == "real" else ("fn", xs[0][1], lambda r, g=xs[0][2]: f(g(r)))
+        if op == "ReduceLogSum":  # log of ReduceSum's exact sum (a table of it: log 0 = -inf saturates)
+            return ("fn", self.float_op("ReduceSum", xs, a), lambda r: np.log(np.where(r >= 0, r, np.nan)))
         if op in ("GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum"):
             v = xs[0][1]
             axes = tuple(range(2, v.ndim)) if op == "GlobalMaxPool" else a.get("axes") if len(xs) < 2 else \
@@ -637,20 +644,52 @@ def pool_windows(n: int, k: int, s: int, b: int, e: int, ceil: bool) -> list[tup
     return [(o * s - b, o * s - b + k, min(o * s - b + k, n + e)) for o in range(out)]
 
 
+def pool_sums(v: np.ndarray, a: dict) -> np.ndarray:
+    """The pools' window sums of the integers v (N, C, spatial...) by their definition, axis by axis: window o reads
+    o s + j d - b for taps j < k, positions outside the axis adding 0; pads from ``pads`` or ``auto_pad`` (SAME: the
+    total (ceil(n / s) - 1) s + (k - 1) d + 1 - n, its half truncated toward 0 first for SAME_UPPER, of total + 1 for
+    SAME_LOWER, as onnxruntime: a negative total crops); ceil_mode's count where the last window starts inside the
+    input."""
+    n = v.ndim - 2
+    k, st, dil = a["kernel_shape"], a.get("strides", [1] * n), a.get("dilations", [1] * n)
+    auto, pads = a.get("auto_pad", "NOTSET"), list(a.get("pads", [0] * 2 * n))
+    if isinstance(auto, bytes):
+        auto = auto.decode()
+    for i in range(n):
+        size = v.shape[2 + i]
+        span = (k[i] - 1) * dil[i] + 1
+        if auto in ("SAME_UPPER", "SAME_LOWER"):  # a negative total crops (onnxruntime's C division)
+            total = (-(-size // st[i]) - 1) * st[i] + span - size
+            pads[i] = int((total + (auto == "SAME_LOWER")) / 2)
+            pads[n + i] = total - pads[i]
+        elif auto == "VALID":
+            pads[i] = pads[n + i] = 0
+        b, e = pads[i], pads[n + i]
+        out = (size + b + e - span + (st[i] - 1 if a.get("ceil_mode", 0) else 0)) // st[i] + 1
+        if a.get("ceil_mode", 0) and (out - 1) * st[i] - b >= size:
+            out -= 1
+        moved = np.moveaxis(v, 2 + i, -1)
+        sums = np.zeros(moved.shape[:-1] + (out,), np.int64)
+        for o in range(out):
+            for j in range(k[i]):
+                if 0 <= o * st[i] + j * dil[i] - b < size:
+                    sums[..., o] += moved[..., o * st[i] + j * dil[i] - b]
+        v = np.moveaxis(sums, -1, 2 + i)
+    return v
+
+
 def average_pool(v: np.ndarray, scale, a: dict) -> tuple[np.ndarray, np.ndarray]:
-    """AveragePool (2-D, explicit pads) of integers v at ``scale``: (the window sums, scale / count per window)."""
-    k, st = a["kernel_shape"], a.get("strides", [1, 1])
-    pads = a.get("pads", [0] * 4)
-    axes = [pool_windows(v.shape[2 + i], k[i], st[i], pads[i], pads[2 + i], bool(a.get("ceil_mode", 0)))
-            for i in range(2)]
-    sums = np.zeros(v.shape[:2] + (len(axes[0]), len(axes[1])), np.int64)
-    count = np.zeros((len(axes[0]), len(axes[1])), object)
-    for i, (h0, h1, hc) in enumerate(axes[0]):
-        for j, (w0, w1, wc) in enumerate(axes[1]):
-            inside = v[:, :, max(h0, 0):min(h1, v.shape[2]), max(w0, 0):min(w1, v.shape[3])]
-            sums[:, :, i, j] = inside.sum(axis=(2, 3))
-            count[i, j] = (hc - h0) * (wc - w0) if a.get("count_include_pad", 0) else \
-                inside.shape[2] * inside.shape[3]
+    """AveragePool (any spatial axes, explicit pads) of integers v at ``scale``: (the window sums, scale / count per
+    window), a window counting the input positions it reads, or with count_include_pad those up to the end padding."""
+    n = v.ndim - 2
+    k, st, pads = a["kernel_shape"], a.get("strides", [1] * n), a.get("pads", [0] * 2 * n)
+    count = np.ones((), object)
+    for i in range(n):
+        size = v.shape[2 + i]
+        axis = pool_windows(size, k[i], st[i], pads[i], pads[n + i], bool(a.get("ceil_mode", 0)))
+        per = [c - s0 if a.get("count_include_pad", 0) else min(e0, size) - max(s0, 0) for s0, e0, c in axis]
+        count = np.multiply.outer(count, np.array(per, object))
+    sums = pool_sums(v, {**a, "auto_pad": "NOTSET", "pads": pads})
     return sums, scale.reshape(()) / np.vectorize(Fraction, otypes=[object])(count)
 
 

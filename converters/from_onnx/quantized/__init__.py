@@ -14,10 +14,10 @@ The package by concern, each module importing only those before it: ``values`` (
 scales), ``parameters`` (every quantization parameter checked against its op's schema before a rule computes),
 ``qdq`` (DequantizeLinear, QuantizeLinear), ``logsumexp`` (ReduceLogSumExp), ``products`` (Conv, MatMul, Gemm, pooling sums),
 ``masks`` (an attention mask's term as a table of one integer tensor), ``elementwise`` (Add, Mul, Relu, Clip,
-float functions), ``moves`` (the integer rules on a dequantized value's
+float functions, the Lp pools, LpNormalization), ``moves`` (the integer rules on a dequantized value's
 integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator`` (the QLinear*
 compositions), ``edges`` (the graph's float input and outputs), ``chains`` (written-out softmaxes, found in
-the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization and the written-out forms; the
+the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization's p = 2 and the written-out forms; the
 L2 norm as a value).
 """
 # registers the rules, in the order of the module they were split from

@@ -14,13 +14,15 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
-from ..emit import as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero
+from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, reduced,
+                    summed_windows)
 from ..registry import Refuse, float_rule, integer_rule
-from .products import image_sum, powers
+from .products import ceil_ends, image_sum, powers, summed
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
+from .l2norm import L2Normalized
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
-from .values import MS, Deferred, Mapped, Real, Scaled, Summed, per_tensor, real_bound, scaled
+from .values import MS, Deferred, Mapped, Real, Scaled, Summed, float32_squares, per_tensor, real_bound, scaled
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
@@ -306,11 +308,86 @@ def global_lp_pool_rule(ctx, node, x):
     if p not in (1, 2):
         raise Refuse(f"GlobalLpPool p={p}: only p = 1 and p = 2 have an exact form here")
     x = per_tensor(scaled(x, "the GlobalLpPool input"), "GlobalLpPool")
+    if p == 2:
+        float32_squares(x, math.prod(x.shape[2:]), "GlobalLpPool's sum")
     v = powers(ctx, x, p == 2)
     total = replace(v, t=image_sum(ctx, v.t))
     if p == 1:
         return total
     return root(total, 2, node.name, "GlobalLpPool") if wide(total) else mapped(total, np.sqrt, "GlobalLpPool")
+
+
+@float_rule("LpPool", since=2)
+def lp_pool_rule(ctx, node, x):
+    """LpPool of a per-tensor dequantized x = u s over any number of spatial axes (pads, auto_pad, strides,
+    dilations, ceil_mode): the windows' exact sums of |u| (p = 1, at s) or of u^2 (p = 2, at s^2; then its square
+    root as GlobalLpPool's), the padding adding 0, summed axis by axis (``summed_windows``); an auto_pad whose total
+    is negative crops, as onnxruntime's pools. Other p refused."""
+    p = node.attr_int("p", 2)
+    if p not in (1, 2):
+        raise Refuse(f"LpPool p={p}: only p = 1 and p = 2 have an exact form here")
+    x = per_tensor(scaled(x, "the LpPool input"), "LpPool")
+    n = len(x.shape) - 2
+    if n < 1:
+        raise Refuse(f"LpPool of a rank-{len(x.shape)} input: it takes (N, C, spatial...)")
+    kernel = node.attr_ints("kernel_shape", lo=1, size=n)
+    strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
+    dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
+    if node.attr_str("auto_pad", "NOTSET").startswith("SAME") and max(dilations) > 1:
+        raise Refuse("LpPool with auto_pad SAME and dilations: onnxruntime pads for the undilated kernel, its output "
+                     "shape not ONNX's")
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, dilations, crop=True)
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    _, outs = ceil_ends(node, x.shape[2:], spans, strides, begin, end)
+    if p == 2:
+        float32_squares(x, math.prod(kernel), "LpPool's sum")
+    v = powers(ctx, x, p == 2)
+    total = replace(v, t=summed_windows(ctx, v.t, kernel, strides, dilations, begin, outs))
+    if p == 1:
+        return total
+    return root(total, 2, node.name, "LpPool") if wide(total) else mapped(total, np.sqrt, "LpPool")
+
+
+@float_rule("LpNormalization", since=1)
+def lp_normalization_rule(ctx, node, x):
+    """LpNormalization of a per-tensor dequantized x = u s along ``axis`` (a row of zeros gives 0, as onnxruntime's
+    kernel): p = 2, an ``L2Normalized``; p = 1, the ``Quotient`` u / V of u by V = max(sum |u|, 1) over the row at
+    the same scale (V = 1 only on a row of zeros, whose u / V is 0). Integers by the QuantizeLinear that follows.
+    Refused where onnxruntime's float32 sum may pass its range (then inf: its output 0)."""
+    p = node.attr_int("p", 2)
+    if p not in (1, 2):
+        raise Refuse(f"LpNormalization p={p} has no CVM form (p = 1 and p = 2 have)")
+    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
+    rank = len(x.shape)
+    axis = node.attr_int("axis", -1)
+    if not -rank <= axis < rank:
+        raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
+    axis %= rank
+    view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    if p == 2:
+        float32_squares(x, view[1], "LpNormalization's sum")
+        return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
+    v = powers(ctx, x, False)
+    if view[1] * v.t.hi * v.scale.reshape(()).item() >= 2**127:
+        raise Refuse(f"LpNormalization's sum of {view[1]} values up to {v.t.hi} x {float(v.scale.reshape(())):g} "
+                     "passes float32's range, where onnxruntime computes it as inf")
+    total = reduced(ctx, "sum", ctx.reshape(v.t, view), [1], 0, view[1] * v.t.hi)
+    e = ctx.emit("clip", ctx.entry(total), a_min=1, a_max=max(total.hi, 1))
+    keep = x.shape[:axis] + (1,) + x.shape[axis + 1:]
+    total = ctx.reshape(ctx.result(e, INT32, 1, max(total.hi, 1), total.shape), keep)
+    return Quotient(x, Scaled(total, v.scale, np.zeros((), np.int64)))
+
+
+@float_rule("ReduceLogSum", since=1)
+def reduce_log_sum_rule(ctx, node, x, axes_t=None):
+    """ReduceLogSum of a per-tensor dequantized x: Log of ReduceSum's exact sum of x - z at s_x (a table over the
+    sum's integers, as Log's: log(0) = -inf saturates; refused where the sum reaches below 0, where Log is NaN).
+    Refused with noop_with_empty_axes and no axes."""
+    x = per_tensor(scaled(x, "the ReduceLogSum input"), "ReduceLogSum")
+    total = summed(ctx, node, x, lambda: minus_zero(ctx, x.t, x.zero), axes_t, 18, x.scale.reshape(()).item(), False)
+    if total is x:
+        raise Refuse("ReduceLogSum with noop_with_empty_axes and no axes has no CVM form here")
+    return defined("ReduceLogSum", mapped(total, FUNCTIONS["Log"](node), "ReduceLogSum"))
 
 
 @float_rule("Trilu", since=14)

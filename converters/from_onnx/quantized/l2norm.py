@@ -28,13 +28,13 @@ from cvm_onnx.core.constants import tight
 
 from ..context import INT32, INT_RANGES, Tensor
 from ..emit import as_int32, reduced
-from ..registry import Refuse, float_rule
+from ..registry import Refuse
 from ..requant_plans import NoPlan
 from .chains import FLAT, _divisor, _Graph
 from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
                    table_index, table_shape)
 from .qdq import MAX_TABLE, Requant, saturate
-from .values import Deferred, Scaled, per_tensor, scaled
+from .values import Deferred, Scaled, float32_squares, per_tensor, scaled
 
 
 def squares_fit(n: int, peak: int) -> bool:
@@ -231,22 +231,6 @@ def quartered(ctx, square: Tensor, n: int, p: LayerNormPlan, col) -> tuple[Tenso
     return level, table_index(ctx, level, bucket, p.table_bits, p.levels, p.table.size), small
 
 
-@float_rule("LpNormalization", since=1)
-def lp_normalization_rule(ctx, node, x):
-    """LpNormalization(p=2) of a per-tensor dequantized x along ``axis``: an ``L2Normalized`` (a row of zeros gives
-    0, as onnxruntime's kernel), integers by the QuantizeLinear that follows."""
-    if node.attr_int("p", 2) != 2:
-        raise Refuse(f"LpNormalization p={node.attr_int('p', 2)} has no CVM form (p=2 has)")
-    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
-    rank = len(x.shape)
-    axis = node.attr_int("axis", -1)
-    if not -rank <= axis < rank:
-        raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
-    axis %= rank
-    view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-    return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
-
-
 # -- the written-out forms ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class L2Chain:
@@ -406,6 +390,7 @@ def l2_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, .
 def l2_value(chain: L2Chain, x) -> L2Normalized:
     """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
+    float32_squares(x, chain.view[1], f"the {'RMS' if chain.mean > 1 else 'L2'} normalization's sum")
     return L2Normalized(x, chain.view, chain.add, chain.floor, chain.outside, not (chain.floor or chain.outside),
                         chain.node.name, "RMS normalization" if chain.mean > 1 else "L2 normalization", chain.mean)
 
@@ -654,4 +639,5 @@ def norm_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int,
 def norm_value(chain: NormChain, x) -> Norm:
     """The chain's value: the L2 norm of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 norm's input"), "an L2 norm")
+    float32_squares(x, chain.view[1], "the L2 norm's sum")
     return Norm(x, chain.view, chain.shape, chain.node.name)

@@ -30,7 +30,7 @@ from ..emit import as_int32, normal, reduced
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan, exact_max
 from .qdq import Requant, saturate
-from .values import Deferred, Scaled, per_tensor, scaled
+from .values import Deferred, Scaled, per_tensor, scaled, squares_pass_float32
 
 MAX_TABLE = 1 << 16  # entries of the 1 / sqrt table
 MAX_SHIFT = 31
@@ -661,7 +661,7 @@ class Normalized(Deferred):
         t, (outer, n) = self.x.t, self.view
         lo, hi = INT_RANGES[dtype]
         s_in, peak = self.x.scale.reshape(()).item(), max(-t.lo, t.hi) + int(np.abs(self.x.zero).max())
-        if n * (2 * peak * s_in) ** 2 >= 2 ** 127:  # every sum of n squares of differences of two values in float32
+        if squares_pass_float32(n, 2 * peak * s_in):  # n squares of differences of two values, in float32
             raise Refuse(f"{self.node} ({self.what}): {n} values up to {peak} x {float(s_in):g} a row pass float32's "
                          "range in their variance, which onnxruntime computes as inf or NaN")
         try:

@@ -17,7 +17,7 @@ from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, depth_folded,
                     depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced, select,
-                    single_axes, spatial_2d, strided_slice, with_ones, without)
+                    single_axes, spatial_2d, strided_slice, summed_windows, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
@@ -730,17 +730,18 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     counts H W (not under ``whole_kernel``, which counts k per axis). Under ceil_mode the last windows may pass the
     end padding (``ceil_ends``): the input is padded further, and a counted window counts the positions up to the
     end padding only, min(k, size + end - start) per axis, as ONNX's AveragePool (onnxruntime's float kernel, torch)
-    counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's QLinearAveragePool counts them."""
+    counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's QLinearAveragePool counts them.
+    An auto_pad SAME whose total is negative (a stride past the kernel) crops the input, as onnxruntime's pools."""
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
     if len(x.shape) == 5:
-        return depth_average(ctx, node, x)
+        return depth_average(ctx, node, x, whole_kernel)
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)
     strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
-    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1])
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1, 1], crop=True)
     ceil = node.attr_int("ceil_mode", 0) and not (whole_kernel and node.attr_int("count_include_pad", 0))
     if not any(begin) and not any(end) and all(k == n or ceil and k > n > k - s for k, n, s in
                                                zip(kernel, x.shape[2:], strides)):
@@ -772,15 +773,21 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
                   np.zeros((), np.int64))
 
 
-def depth_average(ctx, node, x: Scaled) -> Scaled:
+def depth_average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     """A 3-D AveragePool whose windows all count kd kh kw positions (no pads, or pads counted; no ceil_mode): the
     depthwise 3-D Conv by weights 1 (``depth_conv``, the zero point's padding) at scale s_x / (kd kh kw), per
-    tensor."""
+    tensor. Else (pads not counted, ceil_mode, or negative pads: an auto_pad SAME whose total is negative crops the
+    input, as onnxruntime's pools) the window sums of x - z, the padding adding 0 (``summed_windows``
+    axis by axis), at s_x / count per output position, count as ``average`` takes it on each axis (the input
+    positions a window reads; counted, up to the end padding); refused under ``whole_kernel`` with ceil_mode and
+    counted pads."""
     kernel = node.attr_ints("kernel_shape", lo=1, size=3)
-    begin, end = onnx_pads(node, x.shape[2:], kernel, node.attr_ints("strides", [1] * 3, lo=1, size=3), [1] * 3)
-    if node.attr_int("ceil_mode", 0) or any(begin + end) and not node.attr_int("count_include_pad", 0):
-        raise Refuse("AveragePool 3-D whose windows count different numbers of positions (pads not counted, or "
-                     "ceil_mode) has no CVM form here")
+    strides = node.attr_ints("strides", [1] * 3, lo=1, size=3)
+    begin, end = onnx_pads(node, x.shape[2:], kernel, strides, [1] * 3, crop=True)
+    counted = node.attr_int("count_include_pad", 0)
+    if node.attr_int("ceil_mode", 0) or min(begin + end) < 0 or any(begin + end) and not counted:
+        t, begin, end = cropped(ctx, x.t, begin, end)
+        return depth_window_average(ctx, node, replace(x, t=t), kernel, strides, begin, end, whole_kernel)
     c = x.shape[1]
     ones = Scaled(const(np.ones((c, 1) + tuple(kernel), np.int8), TensorProto.INT8),
                   np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
@@ -788,6 +795,26 @@ def depth_average(ctx, node, x: Scaled) -> Scaled:
     zero = np.asarray(y.zero).reshape(-1)[0]  # every channel's: their weights are the same
     return Scaled(y.t, np.asarray(x.scale.reshape(()).item() / math.prod(kernel), dtype=object),
                   np.asarray(zero, np.int64))
+
+
+def depth_window_average(ctx, node, x: Scaled, kernel, strides, begin, end, whole_kernel: bool) -> Scaled:
+    """``depth_average``'s form of windows that count different numbers of positions (see there)."""
+    counted = node.attr_int("count_include_pad", 0)
+    if whole_kernel and counted and node.attr_int("ceil_mode", 0):
+        raise Refuse("QLinearAveragePool 3-D with ceil_mode and counted pads has no CVM form here")
+    for pb, pe, k in zip(begin, end, kernel):
+        if not counted and max(pb, pe) >= k:
+            raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
+                         "a window of padding only can count no input value, its average undefined")
+    _, outs = ceil_ends(node, x.shape[2:], kernel, strides, begin, end)
+    t = summed_windows(ctx, minus_zero(ctx, x.t, x.zero), kernel, strides, [1] * 3, begin, outs)
+    starts = [s * np.arange(o) - b for s, b, o in zip(strides, begin, outs)]
+    axes = [np.minimum(k, n + e - a) if counted else np.minimum(a + k, n) - np.maximum(a, 0)
+            for n, k, e, a in zip(x.shape[2:], kernel, end, starts)]
+    count = np.multiply.outer(np.multiply.outer(axes[0], axes[1]), axes[2])
+    sx = x.scale.reshape(()).item()
+    return Scaled(t, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
+                  np.zeros((), np.int64))
 
 
 @float_rule("AveragePool", since=7)

@@ -84,13 +84,16 @@ def out_type(node, z: Tensor | None) -> int:
 @rule("QuantizeLinear", since=1, domain=MS)
 def quantize_rule(ctx, node, x, s, z=None):
     """round(x / scale) + zero, saturated: a requantization of x's integers (or a table for a float function); of a
-    float tensor the importer holds as integers (the first float tensor after an integer input), at scale 1."""
+    float tensor the importer holds as integers (the first float tensor after an integer input), at scale 1; of an
+    empty x (an empty slice), the empty constant (a Concat drops it)."""
     dtype = out_type(node, z)
     if node.attr_int("block_size", 0):
         raise Refuse("blocked quantization (block_size) has no CVM form")
     scale, zero = scale_of(s, "y_scale"), zero_of(z, dtype, "y_zero_point")
     rank = len(x.shape)
     axis = axis_of(node, rank, scale.size)
+    if 0 in x.shape:
+        return const(np.zeros(x.shape, np.int64), dtype)
     if isinstance(x, Tensor) and x.is_const and x.value.dtype.kind == "f":
         return quantized_constant(x, s.value, along(zero, axis, rank), axis, dtype)
     if isinstance(x, Tensor):  # a float tensor of integers (after an integer input: a Cast, a OneHot): scale 1

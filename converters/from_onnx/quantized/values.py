@@ -144,6 +144,23 @@ def per_tensor(x: Scaled, what: str) -> Scaled:
     return x
 
 
+def squares_pass_float32(n: int, top) -> bool:
+    """Whether a float32 sum of n squares of values up to ``top`` in size may pass float32's range: n top^2 >= 2^127
+    (below it every partial sum stays finite)."""
+    return n * top * top >= 2**127
+
+
+def float32_squares(x: Scaled, n: int, what: str) -> None:
+    """Refuses a per-tensor x = (t - z) s where a float32 sum of n squares of its values may pass float32's range
+    (``squares_pass_float32`` of the largest |t - z| s): onnxruntime's sum is inf there (an L2 normalization 0, a
+    norm or root inf), the import's exact sum finite."""
+    z = int(x.zero.reshape(()))
+    peak, s = max(z - x.t.lo, x.t.hi - z, 0), x.scale.reshape(()).item()
+    if squares_pass_float32(n, peak * s):
+        raise Refuse(f"{what} of {n} squares of values up to {peak} x {float(s):g}: it passes float32's range, "
+                     "where onnxruntime computes it as inf")
+
+
 def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
     """``x`` as a ``Scaled``, or why it has no integer form here."""
     if isinstance(x, Scaled):
