@@ -14,7 +14,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
-from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, onnx_pads, reduced,
+from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, normal, onnx_pads, reduced,
                     summed_windows)
 from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers, summed
@@ -359,10 +359,7 @@ def lp_normalization_rule(ctx, node, x):
         raise Refuse(f"LpNormalization p={p} has no CVM form (p = 1 and p = 2 have)")
     x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
     rank = len(x.shape)
-    axis = node.attr_int("axis", -1)
-    if not -rank <= axis < rank:
-        raise Refuse(f"LpNormalization axis {axis} is out of range for rank {rank}")
-    axis %= rank
+    [axis] = normal([node.attr_int("axis", -1)], rank, "LpNormalization axis")
     view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
     if p == 2:
         float32_squares(x, view[1], "LpNormalization's sum")
