@@ -3,14 +3,25 @@ zero point throughout (LeViT's attention biases as initialized), against the exa
 quantize`; DeBERTa-v2's attention mask, an outer product of two moves of one mask tensor, as the masked Softmax."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
-from hypothesis import given, settings
+import pytest
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
 from support.quantized import between_convs, qdq, quantizes_whole
+from test_decoder_masks import check_masked_softmax
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
+
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.format.onnx_file import onnx_model
+
+F32_MIN = float(np.finfo(np.float32).min)
 
 
 # -- a sum's constant term of value 0 (LeViT's attention biases at their zero initialization) ----------------------
@@ -88,3 +99,51 @@ def test_levit_attention_biases_of_zeros_quantize_whole(tmp_path_factory, per_ch
     quantize`, within 1.1x onnxruntime's distance from float, the export exact. Regression: refused 'no common shift
     within CVM's 32 bits'."""
     quantizes_whole(tmp_path_factory.mktemp("levit"), levit_bias(table), per_channel)
+
+
+# -- DeBERTa-v2's attention mask: an outer product of two moves of one mask ------------------------------------------
+def deberta_model(batch: int, heads: int, n: int, c: float, s: float, bits: int = 2) -> onnx.ModelProto:
+    """Softmax(Where(Cast(Not(Cast(m_i m_j, bool)), bool), c, DequantizeLinear(x))) over the keys, to uint8 at
+    1/255: DebertaV2's get_attention_mask (m unsqueezed to (B, 1, 1, S) times its move to (B, 1, S, 1)) and its
+    masked_fill of the scores, as torch's TorchScript exporter writes them; m an int64 input of ``bits``."""
+    inits = {"s": np.float32(s), "zx": np.int8(0), "so": np.float32(1 / 255), "zo": np.uint8(0), "c": np.float32(c),
+             "a1": np.array([1], np.int64), "a2": np.array([2], np.int64), "a_2": np.array([-2], np.int64),
+             "a_1": np.array([-1], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("Unsqueeze", ["m", "a1"], ["m1"]), h.make_node("Unsqueeze", ["m1", "a2"], ["row"]),
+             h.make_node("Squeeze", ["row", "a_2"], ["sq"]), h.make_node("Unsqueeze", ["sq", "a_1"], ["col"]),
+             h.make_node("Mul", ["row", "col"], ["mm"]), h.make_node("Cast", ["mm"], ["keep"], to=T.BOOL),
+             h.make_node("Not", ["keep"], ["masked"]), h.make_node("Cast", ["masked"], ["rm"], to=T.BOOL),
+             h.make_node("Where", ["rm", "c", "xf"], ["sc"]), h.make_node("Softmax", ["sc"], ["p"], axis=-1),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    m = h.make_tensor_value_info("m", T.INT64, [batch, n])
+    m.metadata_props.add(key="cvm.precision", value=str(bits))
+    g = h.make_graph(nodes, "deberta", [h.make_tensor_value_info("x", T.INT8, [batch, heads, n, n]), m],
+                     [h.make_tensor_value_info("y", T.UINT8, None)], [nh.from_array(v, k) for k, v in inits.items()])
+    return onnx_model(g, 17)
+
+
+@settings(max_examples=12, deadline=None)
+@given(d=st.data(), batch=st.integers(1, 2), heads=st.integers(1, 2), n=st.integers(1, 6),
+       s=st.floats(2.0**-10, 2.0**2, width=32), c=st.sampled_from([F32_MIN, -10000.0, -1e9, -math.inf]))
+def test_debertas_outer_product_mask_equals_the_masked_softmax(d, batch, heads, n, s, c):
+    """DeBERTa-v2's mask m_i m_j (m of 2 bits: -1, 0, 1; rows and columns of padding, rows keeping nothing) over
+    random lengths, heads, scales and c, x at its extremes: one table over the key (m_i - lo) R + m_j - lo of both
+    moves' integers, the masked Softmax equal to the row-by-row oracle, within one step of onnxruntime where it keeps
+    something or absorbs x. Regression: 'Mul of an attention mask's term: two tensors vary (a table takes one)'."""
+    assume(float(np.float32(s)) * 128 * 2 + 106 <= 10000)
+    m = np.asarray(d.draw(st.lists(st.integers(-1, 1), min_size=batch * n, max_size=batch * n)),
+                   np.int64).reshape(batch, n)
+    x = np.asarray(d.draw(st.lists(st.integers(-128, 127), min_size=batch * heads * n * n,
+                                   max_size=batch * heads * n * n)), np.int64).reshape(batch, heads, n, n)
+    masked = (m[:, None, None, :] * m[:, None, :, None]) == 0
+    term = np.where(masked, np.float32(c), np.float32(0))
+    check_masked_softmax(deberta_model(batch, heads, n, c, s), np.where(masked, 0, x), x, term, s, {"m": m})
+
+
+def test_debertas_mask_past_a_tables_keys_is_refused_in_one_line():
+    """m of 9 bits (511 values): its outer product's joint key takes 511^2 values, past a table's 2^16: one line
+    naming the node and the count."""
+    with pytest.raises(CVMError, match=r"Mul of an attention mask's term: a table over 261121 integers of 2 "
+                                       r"tensor\(s\) at 1 constants' values would hold more than 2\^16 entries"):
+        import_model(deberta_model(1, 1, 4, F32_MIN, 0.01, bits=9), input_precision=9)
