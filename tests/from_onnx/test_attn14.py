@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -14,12 +15,15 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import between_convs, qdq, quantizes_whole
+from support.transformers12 import t5_block
 from test_decoder_masks import check_masked_softmax
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 
+from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
+from cvm_onnx.runtime.verify import verify
 
 F32_MIN = float(np.finfo(np.float32).min)
 
@@ -147,3 +151,32 @@ def test_debertas_mask_past_a_tables_keys_is_refused_in_one_line():
     with pytest.raises(CVMError, match=r"Mul of an attention mask's term: a table over 261121 integers of 2 "
                                        r"tensor\(s\) at 1 constants' values would hold more than 2\^16 entries"):
         import_model(deberta_model(1, 1, 4, F32_MIN, 0.01, bits=9), input_precision=9)
+
+
+# -- TorchScript's T5 with dynamic axes: its position bias computed from Shape of the input -------------------------
+def test_a_shaped_t5_block_computes_the_static_ones_values():
+    """The T5 block whose bucket indices Shape(x) computes at run time equals the one with them folded, bit for bit
+    (the test's model is the form it stands for)."""
+    rng = np.random.default_rng(4)
+    feed = {"x": rng.normal(size=(1, 6, 16)).astype(np.float32), "attention_mask": np.array([[1, 1, 1, 1, 0, 0]])}
+    want, got = (ort.InferenceSession(t5_block(mask="where", shaped=shaped).SerializeToString(),
+                                      providers=["CPUExecutionProvider"]).run(None, feed) for shaped in (False, True))
+    assert np.array_equal(want[0], got[0])
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_t5_block_whose_bias_shape_computes_quantizes_whole(tmp_path, per_channel):
+    """The T5 block of dynamic length, its bias computed from Shape(x) and masked by a Where of the attention mask
+    (an input, padded samples): the bias is a constant only once the shapes are fixed and onnxruntime's optimizer has
+    folded it, where the Where is taken apart again: whole, within 1.1x onnxruntime's quantized model's distance
+    from float, exported exactly. Regression: 'Where of two constant branches on no one grid has no integer form
+    here'."""
+    rng = np.random.default_rng(3)
+    samples = {"x": rng.normal(size=(16, 1, 6, 16)).astype(np.float32),
+               "attention_mask": (np.arange(6) < rng.integers(2, 7, (16, 1, 1))).astype(np.int64)}
+    onnx.save(t5_block(mask="where", shaped=True), tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", **samples)
+    done = quantize(tmp_path / "m.onnx", tmp_path / "c.npz", tmp_path / "out", per_channel=per_channel)
+    for a in done.agreements:
+        assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
