@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from onnx import numpy_helper as nh
+from support.masks import deberta_model
 from support.quantized import between_convs, qdq, quantizes_whole
 from support.transformers12 import t5_block
 from test_decoder_masks import check_masked_softmax
@@ -22,7 +22,6 @@ from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
-from cvm_onnx.core.format.onnx_file import onnx_model
 from cvm_onnx.runtime.verify import verify
 
 F32_MIN = float(np.finfo(np.float32).min)
@@ -106,27 +105,6 @@ def test_levit_attention_biases_of_zeros_quantize_whole(tmp_path_factory, per_ch
 
 
 # -- DeBERTa-v2's attention mask: an outer product of two moves of one mask ------------------------------------------
-def deberta_model(batch: int, heads: int, n: int, c: float, s: float, bits: int = 2) -> onnx.ModelProto:
-    """Softmax(Where(Cast(Not(Cast(m_i m_j, bool)), bool), c, DequantizeLinear(x))) over the keys, to uint8 at
-    1/255: DebertaV2's get_attention_mask (m unsqueezed to (B, 1, 1, S) times its move to (B, 1, S, 1)) and its
-    masked_fill of the scores, as torch's TorchScript exporter writes them; m an int64 input of ``bits``."""
-    inits = {"s": np.float32(s), "zx": np.int8(0), "so": np.float32(1 / 255), "zo": np.uint8(0), "c": np.float32(c),
-             "a1": np.array([1], np.int64), "a2": np.array([2], np.int64), "a_2": np.array([-2], np.int64),
-             "a_1": np.array([-1], np.int64)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-             h.make_node("Unsqueeze", ["m", "a1"], ["m1"]), h.make_node("Unsqueeze", ["m1", "a2"], ["row"]),
-             h.make_node("Squeeze", ["row", "a_2"], ["sq"]), h.make_node("Unsqueeze", ["sq", "a_1"], ["col"]),
-             h.make_node("Mul", ["row", "col"], ["mm"]), h.make_node("Cast", ["mm"], ["keep"], to=T.BOOL),
-             h.make_node("Not", ["keep"], ["masked"]), h.make_node("Cast", ["masked"], ["rm"], to=T.BOOL),
-             h.make_node("Where", ["rm", "c", "xf"], ["sc"]), h.make_node("Softmax", ["sc"], ["p"], axis=-1),
-             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
-    m = h.make_tensor_value_info("m", T.INT64, [batch, n])
-    m.metadata_props.add(key="cvm.precision", value=str(bits))
-    g = h.make_graph(nodes, "deberta", [h.make_tensor_value_info("x", T.INT8, [batch, heads, n, n]), m],
-                     [h.make_tensor_value_info("y", T.UINT8, None)], [nh.from_array(v, k) for k, v in inits.items()])
-    return onnx_model(g, 17)
-
-
 @settings(max_examples=12, deadline=None)
 @given(d=st.data(), batch=st.integers(1, 2), heads=st.integers(1, 2), n=st.integers(1, 6),
        s=st.floats(2.0**-10, 2.0**2, width=32), c=st.sampled_from([F32_MIN, -10000.0, -1e9, -math.inf]))
