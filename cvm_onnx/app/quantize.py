@@ -563,7 +563,9 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     (``group_norms_as_instance_norms``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); a float input that an op quantize_static leaves float reads (a Div) read by it through
-    an identity Transpose (``float_readers_through_transposes``); its tensors of 1 KB or more in ``<path>.data``.
+    an identity Transpose (``float_readers_through_transposes``); an attention bias masked by a Where, or with a
+    mask's term added to it, taken apart again (``where_biases_apart``, ``masks_after_biases``: a bias the optimizer
+    folded from the shapes fixed); its tensors of 1 KB or more in ``<path>.data``.
     Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
     GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so that
     no stage holds them twice). ``model`` may be given in a list, which ``prepare`` empties: it then frees the model
@@ -638,6 +640,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     out.opset_import.extend(kept)
     scatters_as_gathers(out)  # those whose indices or data the optimizer folded
     grouped_matmuls(out)  # and those whose weights it folded
+    where_biases_apart(out)  # and the biases it folded from the shapes fixed (a dynamic export's T5)
+    masks_after_biases(out)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)

@@ -1341,3 +1341,18 @@ def test_an_sklearn_linear_model_after_a_scaler(tmp_path, per_channel):
     xs = [edge.quantize(np.full((1, 6), v, np.float32)) for v in (-1e9, 1e9)] + \
         [edge.quantize(rng.normal(size=(1, 6)).astype(np.float32))]
     runs_as_reference(done.imported.graph, tmp_path / "cvm", xs)
+
+
+def test_debertas_outer_product_mask(tmp_path):
+    """DeBERTa-v2's mask m_i m_j (support/masks.deberta_model: two moves of one 2-bit mask, a Where filling the
+    scores with float32's min, Softmax): the runtime loads the joint key's broadcast_sub, broadcast_mul,
+    broadcast_add and its table, and gives the reference executor's integers, rows keeping nothing too."""
+    from support.masks import deberta_model
+
+    imp = import_model(deberta_model(2, 2, 5, float(np.finfo(np.float32).min), 0.05), pack=True,
+                       input_precisions={"x": 9, "m": 2})
+    write_model(imp.graph, tmp_path / "cvm", edges=imp.edges)
+    rng = np.random.default_rng(2)
+    xs = [imp.edges.pack({"x": rng.integers(-128, 128, (2, 2, 5, 5)).astype(np.int8), "m": m})
+          for m in (rng.integers(-1, 2, (2, 5)), np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]), np.ones((2, 5), int))]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

@@ -184,6 +184,27 @@ def decoder_model(form: str, batch: int, heads: int, s: int, c: float, scale: fl
     return model
 
 
+def deberta_model(batch: int, heads: int, n: int, c: float, s: float, bits: int = 2) -> onnx.ModelProto:
+    """Softmax(Where(Cast(Not(Cast(m_i m_j, bool)), bool), c, DequantizeLinear(x))) over the keys, to uint8 at
+    1/255: DebertaV2's get_attention_mask (m unsqueezed to (B, 1, 1, S) times its move to (B, 1, S, 1)) and its
+    masked_fill of the scores, as torch's TorchScript exporter writes them; m an int64 input of ``bits``."""
+    inits = {"s": np.float32(s), "zx": np.int8(0), "so": np.float32(1 / 255), "zo": np.uint8(0), "c": np.float32(c),
+             "a1": np.array([1], np.int64), "a2": np.array([2], np.int64), "a_2": np.array([-2], np.int64),
+             "a_1": np.array([-1], np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("Unsqueeze", ["m", "a1"], ["m1"]), h.make_node("Unsqueeze", ["m1", "a2"], ["row"]),
+             h.make_node("Squeeze", ["row", "a_2"], ["sq"]), h.make_node("Unsqueeze", ["sq", "a_1"], ["col"]),
+             h.make_node("Mul", ["row", "col"], ["mm"]), h.make_node("Cast", ["mm"], ["keep"], to=T.BOOL),
+             h.make_node("Not", ["keep"], ["masked"]), h.make_node("Cast", ["masked"], ["rm"], to=T.BOOL),
+             h.make_node("Where", ["rm", "c", "xf"], ["sc"]), h.make_node("Softmax", ["sc"], ["p"], axis=-1),
+             h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    m = h.make_tensor_value_info("m", T.INT64, [batch, n])
+    m.metadata_props.add(key="cvm.precision", value=str(bits))
+    g = h.make_graph(nodes, "deberta", [h.make_tensor_value_info("x", T.INT8, [batch, heads, n, n]), m],
+                     [h.make_tensor_value_info("y", T.UINT8, None)], [nh.from_array(v, k) for k, v in inits.items()])
+    return onnx_model(g, 17)
+
+
 def mask_length(form: str, s: int) -> int:
     """The attention_mask's length at S queries and keys: S - 1 for "cache_scatter", else S."""
     return s - 1 if form == "cache_scatter" else s

@@ -142,7 +142,7 @@ FN = {"Log": lambda c: np.log, "Exp": lambda c: np.exp, "Reciprocal": lambda c: 
       "Round": lambda c: lambda r: np.round(float32_of(r)), "Sin": lambda c: np.sin,
       "Cos": lambda c: np.cos, "Atan": lambda c: np.arctan, "Asin": lambda c: np.arcsin, "Acos": lambda c: np.arccos,
       "Sinh": lambda c: np.sinh, "Cosh": lambda c: np.cosh, "Asinh": lambda c: np.arcsinh,
-      "Atanh": lambda c: np.arctanh}
+      "Atanh": lambda c: np.arctanh, "Abs": lambda c: np.abs, "Neg": lambda c: np.negative}
 
 
 # -- the oracle -------------------------------------------------------------------------------------------------
@@ -284,12 +284,18 @@ class Oracle:
         self.inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
         self.types = {t.name: t.data_type for t in model.graph.initializer}
         self.plans = {r.node: r for r in imported.requants}
+        self.fixed = {}  # id -> the integers of a value no input reaches (a constant), kept alive
+
+    def constant(self, v: np.ndarray) -> np.ndarray:
+        self.fixed[id(v)] = v
+        return v
 
     def const(self, name):
         return self.inits[name] if name else None
 
     def run(self, q: np.ndarray) -> list[np.ndarray]:
         env = {self.model.graph.input[0].name: ("int", q.astype(np.int64))}  # an integer input (a QDQ layer)
+        varying = {self.model.graph.input[0].name}
         for i, node in enumerate(self.model.graph.node):
             ins = list(node.input)
             a = {x.name: h.get_attribute_value(x) for x in node.attribute}
@@ -305,7 +311,14 @@ class Oracle:
                 out = self.qop(name, op, ins, a, env)
             else:
                 out = self.float_op(op, [env.get(x) if x in env else ("const", self.inits.get(x)) for x in ins], a)
-            for name_, value in zip(node.output, out if isinstance(out, list) else [out]):
+            outs = out if isinstance(out, list) else [out]
+            if varying.intersection(ins):
+                varying.update(node.output)
+            else:  # a constant: its integers (each term's) are a constant's
+                for value in outs:
+                    for term in value[1] if value[0] == "sum" else [value] if value[0] == "real" else []:
+                        self.constant(term[1])
+            for name_, value in zip(node.output, outs):
                 env[name_] = value
         return [env[o.name] for o in self.model.graph.output]
 
@@ -318,7 +331,8 @@ class Oracle:
         if s.size > 1:
             shape = (-1,) + (1,) * (q.ndim - 1 - axis % q.ndim)
             s, z = s.reshape(shape), z.reshape(shape)
-        return ("real", q - z.astype(np.int64), np.vectorize(Fraction, otypes=[object])(s))
+        v = q - z.astype(np.int64)
+        return ("real", self.constant(v) if x is None else v, np.vectorize(Fraction, otypes=[object])(s))
 
     def q(self, name, x, s_name, z_name):
         lo, hi = INT_RANGE[self.types.get(z_name, T.UINT8)]
@@ -434,6 +448,28 @@ class Oracle:
             worst = max((diff / np.broadcast_to(common, shape)[inside]).flat)  # int / int: correctly rounded
             assert worst <= bound + 1e-12, (name, worst, bound)
 
+    def terms(self, x) -> list:
+        """The terms of a sum's operand: a sum's, a value, or a float constant c as sign(c) at scale |c| (1 where c
+        is 0)."""
+        if x[0] == "const":
+            c = np.asarray(x[1], np.float64)
+            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
+            return [("real", self.constant(np.sign(c).astype(np.int64)), size(c))]
+        return list(x[1]) if x[0] == "sum" else [x]
+
+    def negated(self, t):
+        v = -t[1]
+        return ("real", self.constant(v) if id(t[1]) in self.fixed else v, t[2])
+
+    def sum_of(self, terms):
+        """The sum of ``terms``: ONNX's x + 0 = x, so a constant term of value 0 throughout is none where the others
+        broadcast to the sum's shape without it; a sum of one term is that term."""
+        shape = np.broadcast_shapes(*(np.shape(t[1]) for t in terms))
+        kept = [t for t in terms if id(t[1]) not in self.fixed or np.any(t[1])]
+        if kept and np.broadcast_shapes(*(np.shape(t[1]) for t in kept)) == shape:
+            terms = kept
+        return terms[0] if len(terms) == 1 else ("sum", terms)
+
     def as_real(self, x, what):
         assert x[0] == "real", (what, x[0])
         return x
@@ -501,13 +537,12 @@ class Oracle:
         if op == "GlobalAveragePool":
             v = xs[0][1].sum(axis=(2, 3), keepdims=True)
             return ("real", v, xs[0][2] / math.prod(xs[0][1].shape[2:]))
-        if op == "Add":
-            return ("sum", [t for x in xs for t in (x[1] if x[0] == "sum" else [x])])
-        if op in ("Sum", "Mean"):  # every operand's terms (a float constant c: sign(c) at |c|, as Sub's); Mean's / n
-            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
-            terms = [t for x in xs for t in ([("real", np.sign(x[1]).astype(np.int64), size(np.asarray(
-                x[1], np.float64)))] if x[0] == "const" else x[1] if x[0] == "sum" else [x])]
-            return ("sum", [(k, v, sc / (len(xs) if op == "Mean" else 1)) for k, v, sc in terms])
+        if op in ("Add", "Sum", "Mean"):  # every operand's terms; Mean's scales over n
+            terms = [t for x in xs for t in self.terms(x)]
+            n = len(xs) if op == "Mean" else 1
+            return self.sum_of([(k, v, np.asarray(sc / n, dtype=object)) for k, v, sc in terms])
+        if op == "Sub":
+            return self.sum_of(self.terms(xs[0]) + [self.negated(t) for t in self.terms(xs[1])])
         if op == "BatchNormalization":  # a x + c per channel, a and c in float64 as docs/import.md states
             g, b, mu, var = (np.asarray(c[1], np.float64) for c in xs[1:])
             a_ = g / np.sqrt(var + np.float64(np.float32(a.get("epsilon", 1e-5))))
@@ -517,12 +552,6 @@ class Oracle:
             sign = np.sign(a_).astype(np.int64).reshape(shape)  # the terms as the import writes them: sign, size
             return ("sum", [("real", xs[0][1] * sign, xs[0][2] * size(a_).reshape(shape)),
                             ("real", np.sign(c_).astype(np.int64).reshape(shape), size(c_).reshape(shape))])
-        if op == "Sub":  # a float constant c is the term sign(c) at scale |c| (1 where c is 0), as the import's
-            size = np.vectorize(lambda q: Fraction(float(abs(q))) if q else Fraction(1), otypes=[object])
-            xs = [("real", np.sign(x[1]).astype(np.int64), size(np.asarray(x[1], np.float64))) if x[0] == "const"
-                  else x for x in xs]
-            a, b = ([t for t in (x[1] if x[0] == "sum" else [x])] for x in xs)
-            return ("sum", a + [("real", -t[1], t[2]) for t in b])
         if op in ("Mul", "Div") and "const" in (xs[0][0], xs[1][0]):  # by a float constant: the scale times/over it
             x, c = (xs[0], xs[1][1]) if xs[1][0] == "const" else (xs[1], xs[0][1])
             c = np.asarray(c, np.float64)
@@ -572,8 +601,7 @@ class Oracle:
                             ("real", np.minimum(v, 0) * np.sign(sl).astype(np.int64), xs[0][2] * size(sl))])
         raise AssertionError(f"the oracle has no {op}")
 
-    @staticmethod
-    def gemm(x, w, c, a):
+    def gemm(self, x, w, c, a):
         """alpha A' B' + beta C as docs/import.md states: the product's integers times sign(alpha) at scale |alpha|
         s_a s_b; C (("real", ints, None): QGemm's, in the accumulator) folded into it as a bias where it is a
         constant of one value per column at beta s_c = alpha s_a s_b to float32's rounding (times sign(beta /
@@ -595,7 +623,7 @@ class Oracle:
             ints = np.array([round(Fraction(float(f)) / u) for f, u in zip(np.broadcast_to(cv, shape).flat,
                                                                             np.broadcast_to(unit, shape).flat)],
                             dtype=object).reshape(shape).astype(np.int64)
-            c = ("real", ints, unit)
+            c = ("real", self.constant(ints), unit)
         if c[2] is None:  # QGemm: C in the accumulator, beta unread
             return ("real", sign * (v + c[1]), scale * abs(alpha))
         ints, sc = c[1], np.asarray(c[2], dtype=object)
@@ -606,8 +634,9 @@ class Oracle:
             if all(abs(hv - wv_) <= max(wv_ / 2**22, Fraction(1, 2**149)) for hv, wv_ in zip(have, want)):
                 bias = ints.reshape(-1) * (1 if beta / alpha > 0 else -1)
                 return ("real", sign * (v + bias), scale * abs(alpha))
-        return ("sum", [("real", sign * v, scale * abs(alpha)),
-                        ("real", ints * (1 if beta > 0 else -1), sc * abs(beta))])
+        term = ints * (1 if beta > 0 else -1)
+        return self.sum_of([("real", sign * v, scale * abs(alpha)),
+                            ("real", self.constant(term) if id(ints) in self.fixed else term, sc * abs(beta))])
 
     def qop(self, name, op, ins, a, env):
         def dq3(k, axis=1):

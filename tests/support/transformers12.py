@@ -130,23 +130,36 @@ def distances(n: int, s: int = 6, rows: int = 5, padding=(0,), seed: int = 1) ->
 
 
 def t5_block(s: int = 6, d: int = 16, heads: int = 2, ff: int = 32, buckets: int = 8, seed: int = 0,
-             mask: bool | str = False, low: float = float(np.finfo(np.float32).min)) -> onnx.ModelProto:
+             mask: bool | str = False, low: float = float(np.finfo(np.float32).min),
+             shaped: bool = False) -> onnx.ModelProto:
     """x (1, s, d) -> a T5 encoder block: RMSNorm, self-attention (no scaling) with the relative-position bias
     (Gather of the bucket embedding (buckets, heads) by the folded bucket indices, Transpose, Unsqueeze) added to
     the scores, residual; RMSNorm, the gated GELU FFN (gelu(x wi_0) * (x wi_1), tanh form) wo, residual; the final
     RMSNorm -> y. ``mask``: an attention_mask input (1, s) int64 too, HF's (1 - m) float32's min added to the
-    position bias; "where": the bias masked by Where(Cast(m, bool), bias, low) instead (transformers' T5 with SDPA)."""
+    position bias; "where": the bias masked by Where(Cast(m, bool), bias, low) instead (transformers' T5 with SDPA).
+    ``shaped``: the bucket indices computed from Shape(x) at run time, its length and the mask's dynamic
+    (TorchScript's export with dynamic axes)."""
     b, dh = _Graph(seed), d // heads
-    rel = np.arange(s)[None, :] - np.arange(s)[:, None]
-    bucket = np.clip(np.abs(rel) + (rel > 0) * (buckets // 2), 0, buckets - 1)
+    length = "s" if shaped else s
+    if not shaped:
+        rel = np.arange(s)[None, :] - np.arange(s)[:, None]
+        bucket = b.c("buckets", np.clip(np.abs(rel) + (rel > 0) * (buckets // 2), 0, buckets - 1), np.int64)
+    else:  # min(|j - i| + (j > i) buckets / 2, buckets - 1) of j, i in Range(0, Shape(x)[1])
+        n = b.node("Gather", [b.node("Shape", ["x"]), b.c("one_i", 1, np.int64)])
+        r = b.node("Range", [b.c("zero_i", 0, np.int64), n, "one_i"])
+        rel = b.node("Sub", [b.node("Unsqueeze", [r, b.c("axis_0", [0], np.int64)]),
+                             b.node("Unsqueeze", [r, b.c("axis_1", [1], np.int64)])])
+        after = b.node("Mul", [b.node("Cast", [b.node("Greater", [rel, "zero_i"])], to=T.INT64),
+                               b.c("half_buckets", buckets // 2, np.int64)])
+        bucket = b.node("Min", [b.node("Add", [b.node("Abs", [rel]), after]), b.c("top", buckets - 1, np.int64)])
     pos = b.node("Unsqueeze", [b.node("Transpose", [b.node("Gather", [
-        b.c("relative_attention_bias", b.rng.normal(size=(buckets, heads))), b.c("buckets", bucket, np.int64)])],
+        b.c("relative_attention_bias", b.rng.normal(size=(buckets, heads))), bucket])],
         perm=[2, 0, 1]), b.c("axis0", [0], np.int64)])
-    inputs = [h.make_tensor_value_info("x", T.FLOAT, [1, s, d])]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, [1, length, d])]
     if mask == "where":
         keep = b.node("Cast", [b.node("Unsqueeze", ["attention_mask", b.c("axes12", [1, 2], np.int64)])], to=T.BOOL)
         pos = b.node("Where", [keep, pos, b.c("low", [low])])
-        inputs.append(h.make_tensor_value_info("attention_mask", T.INT64, [1, s]))
+        inputs.append(h.make_tensor_value_info("attention_mask", T.INT64, [1, length]))
     elif mask:  # HF's extended mask, (1 - m) float32's min, added to the position bias
         inv = b.node("Sub", [b.c("one_m", 1.0), b.node("Cast", ["attention_mask"], to=T.FLOAT)])
         ext = b.node("Unsqueeze", [b.node("Mul", [inv, b.c("f32_min", np.finfo(np.float32).min)]),
@@ -168,7 +181,7 @@ def t5_block(s: int = 6, d: int = 16, heads: int = 2, ff: int = 32, buckets: int
     x = b.node("Add", [x, b.node("MatMul", [hdn, b.w("wo_ff", (ff, d))])])
     b.rmsnorm(x, d, "final")
     b.nodes[-1].output[0] = "y"
-    return b.model("t5", inputs, [h.make_tensor_value_info("y", T.FLOAT, [1, s, d])])
+    return b.model("t5", inputs, [h.make_tensor_value_info("y", T.FLOAT, [1, length, d])])
 
 
 def rope_decoder(s: int = 4, past: int = 4, d: int = 16, heads: int = 2, ff: int = 32, seed: int = 0) \

@@ -22,7 +22,8 @@ from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .l2norm import L2Normalized
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
-from .values import MS, Deferred, Mapped, Real, Scaled, Summed, float32_squares, per_tensor, real_bound, scaled
+from .values import (MS, Deferred, Mapped, Real, Scaled, Summed, float32_squares, per_tensor, real_bound, scaled,
+                     sum_of)
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
@@ -41,7 +42,7 @@ def add_rule(ctx, node, a, b):
     terms = []
     for x in (a, b):
         terms += summands(x, "an Add operand")
-    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+    return sum_of(terms)
 
 
 @float_rule("Sum", "Mean", since=6)
@@ -51,7 +52,7 @@ def sum_rule(ctx, node, *xs):
     terms = [t for x in xs for t in summands(x, f"a {node.op_type} operand")]
     if node.op_type == "Mean":
         terms = [replace(t, scale=np.asarray(t.scale / len(xs), dtype=object)) for t in terms]
-    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+    return sum_of(terms)
 
 
 def function_shifted(a, b, sign_a: int, sign_b: int) -> Mapped | None:
@@ -148,7 +149,7 @@ def sub_rule(ctx, node, a, b):
         return shifted
     terms = summands(a, "a Sub operand")
     terms += [negated(ctx, t) for t in summands(b, "a Sub operand")]
-    return Summed(tuple(terms), broadcast_shape(*(t.t for t in terms)))
+    return sum_of(terms)
 
 
 def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:

@@ -1,8 +1,9 @@
-"""An attention mask's term as users ship it: a float tensor computed elementwise from one integer tensor (an int64
-attention_mask input) and constants, as HF writes (1 - mask) * c and torch Where(keep, 0, c), a decoder with its causal
-matrix, added to the scores a Softmax reads. Over the integer's whole range (the packed input's clip makes it the only
-values it can take) at each constants' value the term is a table; where every entry is 0 or a level that masks, the
-masked Softmax takes it (docs/import.md, "Masked Softmax")."""
+"""An attention mask's term as users ship it: a float tensor computed elementwise from integer tensors (an int64
+attention_mask input, or two moves of it: DeBERTa's outer product) and constants, as HF writes (1 - mask) * c and
+torch Where(keep, 0, c), a decoder with its causal matrix, added to the scores a Softmax reads. Over the integers'
+whole ranges (the packed input's clip makes them the only values it can take) at each constants' value the term is a
+table; where every entry is 0 or a level that masks, the masked Softmax takes it (docs/import.md, "Masked
+Softmax")."""
 from __future__ import annotations
 
 import functools
@@ -241,10 +242,10 @@ def _lookup(node, data: Tensor, x) -> Tabulated:
 
 def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     """A node of an attention mask's term (``mask_terms``): a lookup of a constant (``_lookup``); a move of tables'
-    keys (``_moved``); an elementwise op of one tensor of integers t (or tables of it) and constants: the op on the
-    table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index of the constants' distinct
-    values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in all; operands that do not
-    broadcast, or broadcast to an empty tensor, refused."""
+    keys (``_moved``); an elementwise op of a tensor of integers t (or tables of it; of several, their ``_joint`` key)
+    and constants: the op on the table, over the key (t - lo) K + c, t over its whole range lo .. hi and c the index
+    of the constants' distinct values at each position (K of them: a causal matrix's 0 and c), at most 2^16 keys in
+    all; operands that do not broadcast, or broadcast to an empty tensor, refused."""
     if node.op_type == "Gather" and isinstance(ins[0], Tensor) and ins[0].is_const and \
             (isinstance(ins[1], Tabulated) or not ins[1].is_const):
         return _lookup(node, ins[0], ins[1])
@@ -256,18 +257,16 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
     keyed = [None if x is None else _keyed(x) for x in ins]
     if all(k is None for k in keyed):
         return integer_rule(node)(ctx, node, *ins)
-    sources = {id(k[0]): k for k in keyed if k is not None and not k[0].is_const}
-    if len(sources) > 1:
-        raise Refuse(f"{node.op_type} of an attention mask's term: two tensors vary (a table takes one)")
+    sources = list({id(k[0]): k for k in keyed if k is not None and not k[0].is_const}.values())
     fixed = [k for k in keyed if k is not None and k[0].is_const]
     c, per = _constant_key(fixed) if fixed else (np.zeros((), np.int64), [])
     size = int(c.max()) + 1
     if sources:
-        [(t, lo, table)] = sources.values()
-        span = table.size
+        span = math.prod(table.size for _, _, table in sources)
         if span * size > MAX_TABLE:
-            raise Refuse(f"{node.op_type} of an attention mask's term: a table over {span} integers at {size} "
-                         "constants' values would hold more than 2^16 entries")
+            raise Refuse(f"{node.op_type} of an attention mask's term: a table over {span} integers of "
+                         f"{len(sources)} tensor(s) at {size} constants' values would hold more than 2^16 entries")
+        t, lo, picks = _joint(ctx, sources)
         key = t
         if size > 1:
             key = ctx.result(ctx.op("broadcast_mul", as_int32(t), const(np.array(size, np.int32), INT32)), INT32,
@@ -287,9 +286,34 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
         elif k[0].is_const:
             args.append(np.tile(next(fixed_at), span))
         else:
-            args.append(np.repeat(k[2], size))
+            args.append(np.repeat(k[2][picks[id(k[0])]], size))
     out = table_op(node.op_type, node.attr_int("to") if node.op_type == "Cast" else None, args)
     return Tabulated(key, out)
+
+
+def _joint(ctx, sources: list[tuple[Tensor, int, np.ndarray]]) -> tuple[Tensor, int, dict[int, np.ndarray]]:
+    """One key over the integers of several tensors (two moves of one mask: DeBERTa's outer product m_i m_j), each
+    t_i over its R_i values from lo_i: k = sum_i (t_i - lo_i) R_(i+1) ... R_n, from 0 (``broadcast_sub``,
+    ``broadcast_mul``, ``broadcast_add``: every partial key within 0 .. R_1 ... R_n - 1); with (key, its lo) the
+    index into each tensor's values (by id) at each key value. Of one tensor, the tensor itself."""
+    if len(sources) == 1:
+        [(t, lo, table)] = sources
+        return t, lo, {id(t): np.arange(table.size)}
+    total = math.prod(table.size for _, _, table in sources)
+    key, stride, picks = None, total, {}
+    for t, lo, table in sources:
+        r = table.size
+        stride //= r
+        picks[id(t)] = np.arange(total) // stride % r
+        u = as_int32(t)
+        if lo:
+            u = ctx.result(ctx.op("broadcast_sub", u, const(np.array(lo, np.int32), INT32)), INT32, 0, r - 1, t.shape)
+        if key is not None:
+            key = ctx.result(ctx.op("broadcast_mul", key, const(np.array(r, np.int32), INT32)), INT32, 0,
+                             key.hi * r, key.shape)
+            u = ctx.result(ctx.op("broadcast_add", key, u), INT32, 0, key.hi + r - 1, broadcast_shape(key, u))
+        key = u
+    return key, 0, picks
 
 
 def masked_scores(ctx, x: Scaled, term: Tabulated) -> MaskedScores:

@@ -15,12 +15,12 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
-from ..emit import (aligned, as_int32, axes_of, broadcast_shape, concatenated, conv_window, cropped, depth_folded,
+from ..emit import (aligned, as_int32, axes_of, concatenated, conv_window, cropped, depth_folded,
                     depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced, select,
                     single_axes, spatial_2d, strided_slice, summed_windows, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
-from .values import FAR, Mapped, Scaled, Summed, per_tensor, scaled
+from .values import FAR, Mapped, Scaled, per_tensor, scaled, sum_of
 MAX_MATRICES = 4096  # matrix products (dense nodes) of one MatMul of two computed tensors
 MAX_WINDOW_SUMS = 1 << 22  # values of a padded convolution's window sums (a constant per output position)
 ROW_BLOCK = 1 << 18  # values of a weight matrix's block of rows that signed_sums reads at once
@@ -698,8 +698,7 @@ def gemm_rule(ctx, node, a, b, c=None):
         y = times(ctx, dense(ctx, a, w, sw, bias), alpha)
     if cs is None:
         return y
-    terms = (y, times(ctx, cs[0], beta))
-    return Summed(terms, broadcast_shape(*(t.t for t in terms)))
+    return sum_of([y, times(ctx, cs[0], beta)])
 
 
 def ceil_ends(node, size: tuple[int, ...], kernel, strides, begin, end) -> tuple[list[int], list[int]]:

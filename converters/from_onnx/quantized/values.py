@@ -13,6 +13,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import INT_RANGES, Tensor, type_name
+from ..emit import broadcast_shape
 from ..registry import Refuse
 
 QUANTIZED_TYPES = (TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16)
@@ -87,6 +88,18 @@ class Deferred:
 
 
 Real = (Scaled, Summed, Mapped, Softmaxed, Deferred)
+
+
+def sum_of(terms) -> Scaled | Summed:
+    """The sum of ``terms`` less its constant terms equal to their zero points throughout, where the others still
+    broadcast to the sum's shape: (t - z) s = 0 at any scale s (quantize_static's all-zero table at scale 1 beside
+    scores at 1e-12, whose multiplier no common shift holds); a sum of one term is that term."""
+    shape = broadcast_shape(*(t.t for t in terms))
+    kept = [t for t in terms if not (t.t.is_const and t.clip == (None, None) and
+                                     not (np.asarray(t.t.value, np.int64) - t.zero).any())]
+    if kept and len(kept) < len(terms) and broadcast_shape(*(t.t for t in kept)) == shape:
+        terms = kept
+    return terms[0] if len(terms) == 1 else Summed(tuple(terms), shape)
 
 
 def fractions(value: np.ndarray) -> np.ndarray:
