@@ -186,8 +186,8 @@ def shifted_sums(x, w, padding):
 @pytest.mark.parametrize("offset", [0, 53])
 def test_conv2d_of_a_transposed_convolutions_input_takes_a_quarter_of_the_products(monkeypatch, offset):
     """A ConvTranspose's conv2d (stride 2: x - z upsampled, every other row and column 0, then offset by a
-    constant as the product's parts are): 1/4 of the products of the dense form (it took them all), the same
-    sums."""
+    constant as the product's parts are): 1/4 of the products of the dense form (it took them all) and the
+    offset's sum per tap and output channel, the same sums."""
     from cvm_onnx.core.ops import nn
 
     rng = np.random.default_rng(0)
@@ -202,7 +202,7 @@ def test_conv2d_of_a_transposed_convolutions_input_takes_a_quarter_of_the_produc
     op, a = make("conv2d", channels=16, kernel_size=(4, 4), padding=(2, 2), use_bias=False)
     y = run(op, a, x, w)
     assert np.array_equal(y, shifted_sums(x, w, (2, 2)))
-    assert products[0] == 16 * 32 * 16 * 25 * 25 // 4, products[0]
+    assert products[0] == 16 * 32 * 16 * 25 * 25 // 4 + 16 * 32 * 16, products[0]  # + the offset's, per tap
 
 
 def test_conv2d_groups_depthwise_and_general():

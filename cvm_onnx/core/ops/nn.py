@@ -208,6 +208,7 @@ def conv_sums(x: np.ndarray, w: np.ndarray, origin: tuple[int, int], out: tuple[
                 wb = whole[:, o0:o1] if whole is not None else wm[:, o0:o1].astype(dtype)
                 block = summed(wb, cols, terms).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
                 sums[:, :, o0:o1, r0:r1] = block.astype(np.int32)
+            del cols  # freed before the next block's is made
     return y
 
 
@@ -281,8 +282,13 @@ def _on_lattice(x: np.ndarray, w: np.ndarray, padding: tuple[int, int], out: tup
         return None
     beta, along_h, along_w = found
     n, c, h, wd = x.shape
-    per_tap = np.einsum("ngc,gochw->ngohw", beta.astype(np.int64).reshape(n, groups, cg),
-                        w.astype(np.int64).reshape(groups, oc // groups, cg, kh, kw)).reshape(n, oc, kh, kw)
+    # sum_ic beta[n, ic] w[oc, ic, fh, fw] per tap: exact (``exact_form``), a tap's weights converted at a time
+    dtype, terms = exact_form(beta, w, cg)
+    per_tap, by = np.empty((n, oc, kh, kw), np.int64), beta.reshape(n, groups, 1, cg).astype(dtype)
+    for i in range(kh):
+        for j in range(kw):
+            tap = w[:, :, i, j].reshape(groups, oc // groups, cg).transpose(0, 2, 1).astype(dtype)
+            per_tap[:, :, i, j] = summed(by, tap, terms).astype(np.int64).reshape(n, oc)
     rows, cols = (_inside(*axis) for axis in ((out[0], kh, dh, ph, h), (out[1], kw, dw, pw, wd)))
     # the output rows' few distinct sets of taps inside (all of them, but near the borders), each summed once
     kinds, kind = np.unique(rows, axis=0, return_inverse=True)
@@ -290,7 +296,8 @@ def _on_lattice(x: np.ndarray, w: np.ndarray, padding: tuple[int, int], out: tup
     if along_h is None:
         return y
     (a, p), (b, q) = along_h, along_w
-    wide = np.int32 if absmax(x) < 1 << 30 else np.int64  # x - beta within int32
+    top = absmax(x)  # x - beta within int16, int32
+    wide = np.int16 if top < 1 << 14 else np.int32 if top < 1 << 30 else np.int64
     d = x[:, :, a::p, b::q].astype(wide)
     d -= beta.astype(wide)[:, :, None, None]
     step_h, step_w = p // math.gcd(dh, p), q // math.gcd(dw, q)  # the taps meeting the lattice: every step-th
