@@ -171,20 +171,21 @@ class Conv2D(Op):
         out = ((h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
         y = _on_lattice(x, w, a.padding, out, a.dilation, a.groups) if a.strides == (1, 1) else None
         if y is None:
-            y = conv_sums(x, w, a.padding, out, a.dilation, a.strides, a.groups)
+            y = np.zeros((n, oc, *out), np.int32)
+            conv_sums(x, w, a.padding, a.dilation, a.strides, a.groups, y)
         if b is not None:
             y += b.astype(np.int32).reshape(1, oc, 1, 1)  # int32 accumulation's wrap-around
         return y
 
 
-def conv_sums(x: np.ndarray, w: np.ndarray, origin: tuple[int, int], out: tuple[int, int],
-              dilation: tuple[int, int], strides: tuple[int, int], groups: int) -> np.ndarray:
+def conv_sums(x: np.ndarray, w: np.ndarray, origin: tuple[int, int], dilation: tuple[int, int],
+              strides: tuple[int, int], groups: int, into: np.ndarray) -> None:
     """y[n,oc,oh,ow] = sum_{ic<C/g, fh, fw} x[n, oc/(OC/g)*(C/g)+ic, oh*sh+fh*dh-oy, ow*sw+fw*dw-ox] * w[oc,ic,fh,fw]
-    (0 outside x) for the ``out`` (OH, OW) positions, ``origin`` (oy, ox): conv2d's sums without its bias, as int32
-    (wrapped as int32 accumulation), each in ``exact_form``'s dtype."""
+    (0 outside x), ``origin`` (oy, ox): conv2d's sums without its bias, each in ``exact_form``'s dtype, added to
+    ``into`` (N, OC, OH, OW; int32, a view of a larger array alike) as int32 accumulation adds (wrapping)."""
     n, c, h, wd = x.shape
     oc, cg, kh, kw = w.shape
-    oh, ow = out
+    oh, ow = into.shape[2:]
     g, ocg, k = groups, oc // groups, cg * kh * kw
     dtype, terms = exact_form(x, w, k)
     wm = w.reshape(g, ocg, k)
@@ -194,11 +195,10 @@ def conv_sums(x: np.ndarray, w: np.ndarray, origin: tuple[int, int], out: tuple[
     # samples or output rows a block at a time: im2col and the products each at most COLS values (or a row's)
     rows = max(1, COLS // (max(c * kh * kw, oc) * ow))
     per, step = (max(1, rows // oh), oh) if rows >= oh else (1, rows)
-    y = np.empty((n, oc, oh, ow), np.int32)
     for s0 in range(0, n, per):
         xs = x[s0:s0 + per]
         m = len(xs)
-        sums = y[s0:s0 + m].reshape(m, g, ocg, oh, ow)
+        sums = into[s0:s0 + m].reshape(m, g, ocg, oh, ow)  # a view: one axis split
         for r0 in range(0, oh, step):
             r1 = min(oh, r0 + step)
             cols = _im2col(xs, r0, r1, ow, (kh, kw), origin, dilation, strides, dtype)
@@ -207,9 +207,8 @@ def conv_sums(x: np.ndarray, w: np.ndarray, origin: tuple[int, int], out: tuple[
                 o1 = min(ocg, o0 + per_o)
                 wb = whole[:, o0:o1] if whole is not None else wm[:, o0:o1].astype(dtype)
                 block = summed(wb, cols, terms).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
-                sums[:, :, o0:o1, r0:r1] = block.astype(np.int32)
+                sums[:, :, o0:o1, r0:r1] += block.astype(np.int32)
             del cols  # freed before the next block's is made
-    return y
 
 
 def _im2col(x: np.ndarray, r0: int, r1: int, ow: int, kernel: tuple[int, int], origin: tuple[int, int],
@@ -307,11 +306,9 @@ def _on_lattice(x: np.ndarray, w: np.ndarray, padding: tuple[int, int], out: tup
             fw = next((f for f in range(kw) if (v + f * dw - pw - b) % q == 0), None)
             if fh is None or fw is None:
                 continue
-            part = conv_sums(d, w[:, :, fh::step_h, fw::step_w], (-((u + fh * dh - ph - a) // p),
-                                                                   -((v + fw * dw - pw - b) // q)),
-                             (len(range(u, out[0], p)), len(range(v, out[1], q))),
-                             (step_h * dh // p, step_w * dw // q), (1, 1), groups)
-            y[:, :, u::p, v::q] += part
+            conv_sums(d, w[:, :, fh::step_h, fw::step_w], (-((u + fh * dh - ph - a) // p),
+                                                           -((v + fw * dw - pw - b) // q)),
+                      (step_h * dh // p, step_w * dw // q), (1, 1), groups, y[:, :, u::p, v::q])
     return y
 
 
