@@ -15,6 +15,7 @@ kernels (quantize_static quantizes neither STFT nor DFT; the same DFT within flo
 indices as Concat and Gather (the same values moved)."""
 from __future__ import annotations
 
+import collections
 import functools
 import math
 from typing import Callable
@@ -75,21 +76,32 @@ def _batched_plan(a: str, b: str, out: str) -> tuple[bool, list[int], list[int],
     return swap, lp, rp, [(batch + lf + rf).index(c) for c in out]
 
 
-def _in_place(graph: onnx.GraphProto, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
-    """``node`` replaced in ``graph`` by the nodes ``new``, in its place."""
-    at = list(graph.node).index(node)
-    del graph.node[at]
-    for i, n in enumerate(new):
-        graph.node.insert(at + i, n)
-
-
 def _placed(graph: onnx.GraphProto, placed: dict[int, list[onnx.NodeProto]]) -> None:
     """``graph``'s nodes in one pass, each whose id ``placed`` holds replaced by the nodes it names there (none:
-    dropped; the node itself among them: kept), the rest kept: no search of the nodes per change."""
+    dropped; the node itself among them: kept), the rest kept: no search of the nodes per change. The caller holds
+    those nodes meanwhile: protobuf makes a node's Python object anew once none holds it, and a freed object's id
+    may be another node's."""
     if placed:
         nodes = [m for n in graph.node for m in placed.get(id(n), (n,))]
         del graph.node[:]
         graph.node.extend(nodes)
+
+
+def _readers(graph: onnx.GraphProto) -> collections.Counter:
+    """How many inputs of ``graph``'s nodes name each tensor."""
+    return collections.Counter(x for n in graph.node for x in n.input)
+
+
+def _replaced(readers: collections.Counter, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
+    """``readers`` (``_readers``) with ``node``'s inputs read by the nodes ``new`` instead."""
+    readers.subtract(node.input)
+    readers.update(x for n in new for x in n.input)
+
+
+def _initializers_dropped(graph: onnx.GraphProto, names: set[str]) -> None:
+    """``graph``'s initializers of ``names`` removed, each by its index (no search, no copy of the others)."""
+    for i in reversed([i for i, t in enumerate(graph.initializer) if t.name in names]):
+        del graph.initializer[i]
 
 
 def _transposed(x: str, perm: list[int], name: str, new: list[onnx.NodeProto]) -> str:
@@ -271,8 +283,10 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
     letters with the output (a grouped linear, ``_grouped``), by a MatMul by the block-diagonal constant. The same
     sums of the same products. Returns how many were replaced."""
     inits = {t.name: t for t in graph.initializer}
-    done = 0
-    for node in [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]:
+    readers, placed, unread = _readers(graph), {}, set()
+    outputs = {o.name for o in graph.output}
+    nodes = [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]  # held (``_placed``)
+    for node in nodes:
         eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
         terms = _terms(eq)
         if terms is None or len(node.input) != 2:
@@ -288,12 +302,13 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
             graph.initializer.extend(const[1])
         if wide:
             graph.initializer.extend(wide)
-        _in_place(graph, node, new)
-        if const and all(const[2] not in n.input for n in graph.node) and \
-                const[2] not in {o.name for o in graph.output}:
-            graph.initializer.remove(inits.pop(const[2]))
-        done += 1
-    return done
+        placed[id(node)] = new
+        _replaced(readers, node, new)
+        if const and not readers[const[2]] and const[2] not in outputs:
+            unread.add(const[2])
+    _placed(graph, placed)
+    _initializers_dropped(graph, unread)
+    return len(placed)
 
 
 def grouped_matmuls(model: onnx.ModelProto) -> int:
@@ -309,7 +324,8 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
     if not nodes:
         return 0
     known = _known_shapes(model)
-    done = 0
+    readers, placed, unread = _readers(graph), {}, set()
+    outputs = {o.name for o in graph.output}
     for node in nodes:
         wdims, adims = list(inits[node.input[1]].dims), known.get(node.input[0])
         rg = len(wdims) - 2
@@ -323,12 +339,13 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
             continue
         new, added, _ = replaced
         graph.initializer.extend(added)
-        _in_place(graph, node, new)
-        if all(node.input[1] not in n.input for n in graph.node) and \
-                node.input[1] not in {o.name for o in graph.output}:
-            graph.initializer.remove(inits.pop(node.input[1]))
-        done += 1
-    return done
+        placed[id(node)] = new
+        _replaced(readers, node, new)
+        if not readers[node.input[1]] and node.input[1] not in outputs:
+            unread.add(node.input[1])
+    _placed(graph, placed)
+    _initializers_dropped(graph, unread)
+    return len(placed)
 
 
 #: com.microsoft FusedConv's activations as ONNX ops: (op, its attributes from activation_params).
@@ -342,8 +359,9 @@ def fused_convs_unfused(graph: onnx.GraphProto) -> int:
     its optional fourth input Z, the activation (Relu, Sigmoid, Tanh, LeakyRelu, HardSigmoid with their
     activation_params, as many as onnxruntime requires): the same float operations. Others (Clip, an unknown
     activation, missing params) are left, and refused as an op CVM lacks. Returns how many were replaced."""
-    done = 0
-    for node in [n for n in graph.node if n.op_type == "FusedConv" and n.domain == "com.microsoft"]:
+    placed = {}
+    nodes = [n for n in graph.node if n.op_type == "FusedConv" and n.domain == "com.microsoft"]  # held (``_placed``)
+    for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         name = attrs.pop("activation", b"").decode()
         params = list(attrs.pop("activation_params", []))
@@ -357,9 +375,9 @@ def fused_convs_unfused(graph: onnx.GraphProto) -> int:
             new.append(helper.make_node("Add", [conv, node.input[3]], [f"{base}:sum"], name=f"{base}:sum"))
             conv = f"{base}:sum"
         new.append(helper.make_node(op, [conv], [node.output[0]], name=f"{base}:{op}", **dict(zip(keys, params))))
-        _in_place(graph, node, new)
-        done += 1
-    return done
+        placed[id(node)] = new
+    _placed(graph, placed)
+    return len(placed)
 
 
 def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
@@ -374,7 +392,7 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
         return 0
     known = _known_shapes(model)
     ranks = {t.name: len(t.dims) for t in graph.initializer}
-    done = 0
+    placed = {}
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         flips = [attrs.get(key, 0) for key in ("transA", "transB")]
@@ -397,9 +415,9 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
             scale = numpy_helper.from_array(np.array(alpha, np.float32), f"{base}:alpha")
             graph.initializer.append(scale)
             new.append(helper.make_node("Mul", [mm, scale.name], [node.output[0]], name=f"{base}:scale"))
-        _in_place(graph, node, new)
-        done += 1
-    return done
+        placed[id(node)] = new
+    _placed(graph, placed)
+    return len(placed)
 
 
 #: the ops whose third input quantize_static quantizes as a bias, per node
@@ -577,8 +595,9 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
     kinds = {v.name: v.type.tensor_type for v in graph.input}
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | set(kinds)
     fresh = functools.partial(_fresh_name, names)
-    done = 0
-    for node in [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]:
+    placed = {}
+    nodes = [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]  # held (``_placed``)
+    for node in nodes:
         kind = kinds.get(node.input[0]) if len(node.input) == 1 else None
         attrs = {a.name: list(a.floats) for a in node.attribute}
         if kind is None or kind.elem_type not in SCALED or not kind.HasField("shape") or \
@@ -597,9 +616,9 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
                                   numpy_helper.from_array(scale, names_of[1])])
         new += [helper.make_node("Add", [x, names_of[0]], [names_of[2]], name=fresh(f"{node.name}_add")),
                 helper.make_node("Mul", [names_of[2], names_of[1]], [node.output[0]], name=fresh(f"{node.name}_mul"))]
-        _in_place(graph, node, new)
-        done += 1
-    return done
+        placed[id(node)] = new
+    _placed(graph, placed)
+    return len(placed)
 
 
 def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
@@ -704,7 +723,7 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
     shapes = _known_shapes(model)
     consts = {t.name: t for t in graph.initializer}
     names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
-    done = 0
+    placed = {}
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if len(node.input) != 3 or node.input[1] not in consts or node.input[2] not in consts:
@@ -721,16 +740,16 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
         graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
         shape_of, grouped, normed, back, scaled = (fresh(k) for k in ("shape", "grouped", "normed", "back", "scaled"))
         g, ones, zeros, sc, bi = inits
-        _in_place(graph, node, [
+        placed[id(node)] = [
             helper.make_node("Reshape", [x, g], [grouped], name=fresh("Reshape")),
             helper.make_node("InstanceNormalization", [grouped, ones, zeros], [normed], name=fresh("InstanceNorm"),
                              epsilon=float(attrs.get("epsilon", 1e-5))),
             helper.make_node("Shape", [x], [shape_of], name=fresh("Shape")),
             helper.make_node("Reshape", [normed, shape_of], [back], name=fresh("Reshape_back")),
             helper.make_node("Mul", [back, sc], [scaled], name=fresh("Mul")),
-            helper.make_node("Add", [scaled, bi], [node.output[0]], name=fresh("Add"))])
-        done += 1
-    return done
+            helper.make_node("Add", [scaled, bi], [node.output[0]], name=fresh("Add"))]
+    _placed(graph, placed)
+    return len(placed)
 
 
 def float16_as_float32(graph: onnx.GraphProto) -> int:
@@ -809,15 +828,16 @@ def _constant(graph: onnx.GraphProto, name: str, opsets, known: tuple[dict, dict
     window op of a constant size, a Cast, a Shape of a constant), by onnx's reference evaluator; None where it reads
     a graph input, where onnx's shape inference does not state every output's shape or one holds more than
     MAX_FOLDED values (checked before computing them), or where the evaluator cannot compute it. ``known``: the
-    graph's initializers and the nodes computing each name (``_producers``), where the caller holds them."""
+    graph's initializers, the nodes computing each name and their places (``_producers``), where the caller holds
+    them (no pass over the nodes per call)."""
     from onnx.reference import ReferenceEvaluator
 
     if not name:
         return None
-    inits, producer = known or _producers(graph)
+    inits, producer, place = known or _producers(graph)
     if name in inits:
         return numpy_helper.to_array(inits[name])
-    needed, todo, seen = [], [name], set()
+    needed, todo, seen = {}, [name], set()
     while todo:
         x = todo.pop()
         if not x or x in inits or x in seen:
@@ -826,12 +846,10 @@ def _constant(graph: onnx.GraphProto, name: str, opsets, known: tuple[dict, dict
         up = producer.get(x)
         if up is None or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in up.attribute):
             return None
-        if up not in needed:
-            needed.append(up)
+        needed.setdefault(place[x], up)
         todo.extend(up.input)
-    order = {id(n): k for k, n in enumerate(graph.node)}
-    used = {x for n in needed for x in n.input}
-    sub = helper.make_graph(sorted(needed, key=lambda n: order[id(n)]), "constant", [],
+    used = {x for n in needed.values() for x in n.input}
+    sub = helper.make_graph([needed[k] for k in sorted(needed)], "constant", [],
                             [helper.make_value_info(name, onnx.TypeProto())],
                             [inits[x] for x in used if x in inits])
     model = helper.make_model(sub, opset_imports=opsets)
@@ -840,7 +858,8 @@ def _constant(graph: onnx.GraphProto, name: str, opsets, known: tuple[dict, dict
         known = {v.name: v.type.tensor_type.shape for v in (*inferred.value_info, *inferred.output)
                  if v.type.tensor_type.HasField("shape")}
         if any(o and (o not in known or not all(d.HasField("dim_value") for d in known[o].dim) or
-                      math.prod(d.dim_value for d in known[o].dim) > MAX_FOLDED) for n in needed for o in n.output):
+                      math.prod(d.dim_value for d in known[o].dim) > MAX_FOLDED)
+               for n in needed.values() for o in n.output):
             return None
         [value] = ReferenceEvaluator(model).run(None, {})
     except Exception:  # noqa: BLE001  (onnx's inference and evaluator raise anything: not a constant here)
@@ -848,9 +867,11 @@ def _constant(graph: onnx.GraphProto, name: str, opsets, known: tuple[dict, dict
     return np.asarray(value)
 
 
-def _producers(graph: onnx.GraphProto) -> tuple[dict[str, onnx.TensorProto], dict[str, onnx.NodeProto]]:
-    """The graph's initializers by name, and the node computing each name."""
-    return {t.name: t for t in graph.initializer}, {o: n for n in graph.node for o in n.output}
+def _producers(graph: onnx.GraphProto) -> tuple[dict[str, onnx.TensorProto], dict[str, onnx.NodeProto],
+                                                  dict[str, int]]:
+    """The graph's initializers by name, the node computing each name and that node's place among the nodes."""
+    place = {o: k for k, n in enumerate(graph.node) for o in n.output}
+    return {t.name: t for t in graph.initializer}, {o: n for n in graph.node for o in n.output}, place
 
 
 def _turns(k: np.ndarray, n: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1032,6 +1053,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 1)
     shapes = _known_shapes(model)
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)}
+    placed, unread, known = {}, [], _producers(graph)  # the nodes are replaced after all are read
     for node in nodes:
         base = node.name or node.output[0]
         fresh = functools.partial(_fresh, names, base)
@@ -1039,7 +1061,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
         def const(i: int, what: str) -> np.ndarray | None:
             if len(node.input) <= i or not node.input[i]:
                 return None
-            v = _constant(graph, node.input[i], opsets)
+            v = _constant(graph, node.input[i], opsets, known)
             if v is None:
                 raise _refused(node, f"{node.op_type} with its {what} computed at run time (or by nodes of unstated "
                                      f"shapes or over {MAX_FOLDED} values) has no CVM form: only a constant {what} "
@@ -1121,25 +1143,34 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
             if back != sorted(back):
                 new.append(helper.make_node("Transpose", [last], [node.output[0]], perm=back, name=fresh("back")))
         graph.initializer.extend(added)
-        _in_place(graph, node, new)
-        _pruned(graph, list(node.input[1:]))
+        placed[id(node)] = new
+        unread += node.input[1:]
+    _placed(graph, placed)
+    _pruned(graph, unread)
     return len(nodes)
 
 
 def _pruned(graph: onnx.GraphProto, names: list[str]) -> None:
     """The nodes and initializers that computed ``names`` (a replaced node's constant inputs: a window op, its
-    size) removed where nothing reads them any more, up the graph."""
+    size) removed where nothing reads them any more, up the graph: readers counted once, the nodes and
+    initializers removed in one pass each."""
     outputs = {v.name for v in graph.output}
+    readers = _readers(graph)
+    producer = {o: n for n in graph.node for o in n.output}
+    dropped, unread = set(), set()
     while names:
         x = names.pop()
-        if not x or x in outputs or any(x in n.input for n in graph.node):
+        if not x or x in outputs or readers[x] or x in unread:
             continue
-        for t in [t for t in graph.initializer if t.name == x]:
-            graph.initializer.remove(t)
-        up = next((n for n in graph.node if x in n.output), None)
-        if up is not None and not any(o in outputs or any(o in n.input for n in graph.node) for o in up.output):
-            graph.node.remove(up)
+        unread.add(x)
+        up = producer.get(x)
+        if up is not None and id(up) not in dropped and \
+                not any(o in outputs or readers[o] for o in up.output):
+            dropped.add(id(up))
+            readers.subtract(up.input)
             names.extend(up.input)
+    _placed(graph, dict.fromkeys(dropped, ()))
+    _initializers_dropped(graph, unread)
 
 
 def _fresh_name(names: set[str], name: str) -> str:
@@ -1270,6 +1301,7 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
     graph = model.graph
     readers, varying, outputs, names = _scores_view(graph)
     placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed Where's place (``_placed``)
+    known = _producers(graph)  # the Wheres' constants, read before any is replaced
     for w in list(graph.node):
         if w.op_type != "Where" or len(w.input) != 3 or w.input[0] not in varying or w.output[0] in outputs or \
                 any(x in varying for x in w.input[1:]):
@@ -1278,7 +1310,7 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
         if not adds or any(a.op_type != "Add" or [r.op_type in READERS for r in readers.get(a.output[0], [])] != [True]
                            for a in adds):
             continue
-        values = [_constant(graph, x, model.opset_import) for x in w.input[1:]]
+        values = [_constant(graph, x, model.opset_import, known) for x in w.input[1:]]
         if any(v is None or v.dtype != np.float32 for v in values):
             continue
         for i, (b, c) in enumerate((values, values[::-1])):

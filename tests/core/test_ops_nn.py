@@ -136,6 +136,75 @@ def test_conv2d_in_blocks_equals_it_whole(data, g, cg, ocg, kh, kw, s, p, d, m, 
         nn.COLS = saved
 
 
+@st.composite
+def lattice_cases(draw, values=st.integers(-255, 255)):
+    """A conv2d (stride 1) of an input holding beta[n, c] everywhere but on rows a + P t and columns b + Q u (a
+    transposed convolution's input: its values with P - 1 rows and Q - 1 columns of 0 or of an offset between
+    them), those drawn too (or none: beta alone)."""
+    g, cg, ocg = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    ph, pw = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    dh, dw = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    h = draw(st.integers(max(1, dh * (kh - 1) + 1 - 2 * ph), 7))
+    w = draw(st.integers(max(1, dw * (kw - 1) + 1 - 2 * pw), 7))
+    p, q, n = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 2))
+    a, b = draw(st.integers(0, p - 1)), draw(st.integers(0, q - 1))
+    arr = lambda shape: np.array(draw(st.lists(values, min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+                                 ).reshape(shape)  # noqa: E731
+    x = np.broadcast_to(arr((n, g * cg, 1, 1)), (n, g * cg, h, w)).copy()
+    if draw(st.booleans()):
+        x[:, :, a::p, b::q] = arr(x[:, :, a::p, b::q].shape)
+    use_bias = draw(st.booleans())
+    bias = np.array(draw(st.lists(st.integers(INT32_MIN, INT32_MAX), min_size=g * ocg, max_size=g * ocg))) \
+        if use_bias else None
+    attrs = dict(channels=g * ocg, kernel_size=(kh, kw), padding=(ph, pw), dilation=(dh, dw), groups=g,
+                 use_bias=use_bias)
+    return attrs, x, arr((g * ocg, cg, kh, kw)), bias
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.one_of(lattice_cases(), lattice_cases(values=st.integers(INT32_MIN, INT32_MAX))))
+def test_conv2d_on_a_lattice_matches_loop_oracle(case):
+    """Inputs on a lattice (``nn._lattice``: the phases of the output, each by the taps meeting the lattice, plus
+    the offset's sums over the taps inside the image), of any period, offset, padding, dilation and groups, with
+    values up to the int32 extremes: the loop oracle's int32 results."""
+    attrs, x, w, b = case
+    op, a = make("conv2d", **attrs)
+    xs = (x, w) if b is None else (x, w, b)
+    assert np.array_equal(run(op, a, *xs), conv_oracle(x, w, b, (1, 1), a.padding, a.dilation, a.groups))
+
+
+def shifted_sums(x, w, padding):
+    """A stride-1 conv2d's int64 sums, tap by tap over the zero-padded input (no groups, no dilation)."""
+    (ph, pw), (kh, kw) = padding, w.shape[2:]
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
+    return sum(np.einsum("nchw,oc->nohw", xp[:, :, i:i + oh, j:j + ow], w[:, :, i, j].astype(np.int64))
+               for i in range(kh) for j in range(kw))
+
+
+@pytest.mark.parametrize("offset", [0, 53])
+def test_conv2d_of_a_transposed_convolutions_input_takes_a_quarter_of_the_products(monkeypatch, offset):
+    """A ConvTranspose's conv2d (stride 2: x - z upsampled, every other row and column 0, then offset by a
+    constant as the product's parts are): 1/4 of the products of the dense form (it took them all) and the
+    offset's sum per tap and output channel, the same sums."""
+    from cvm_onnx.core.ops import nn
+
+    rng = np.random.default_rng(0)
+    x = np.zeros((1, 32, 24, 24), np.int64)
+    x[:, :, ::2, ::2] = rng.integers(-127, 128, (1, 32, 12, 12))
+    x -= offset
+    w = rng.integers(-127, 128, (16, 32, 4, 4))
+    products, summed = [0], nn.summed
+    monkeypatch.setattr(nn, "summed", lambda a, b, terms: products.__setitem__(0, products[0] + a.shape[-2] *
+                                                                                a.shape[-1] * b[..., 0, :].size)
+                        or summed(a, b, terms))
+    op, a = make("conv2d", channels=16, kernel_size=(4, 4), padding=(2, 2), use_bias=False)
+    y = run(op, a, x, w)
+    assert np.array_equal(y, shifted_sums(x, w, (2, 2)))
+    assert products[0] == 16 * 32 * 16 * 25 * 25 // 4 + 16 * 32 * 16, products[0]  # + the offset's, per tap
+
+
 def test_conv2d_groups_depthwise_and_general():
     rng = np.random.default_rng(0)
     for c, oc, g in ((4, 4, 4), (6, 4, 2), (4, 8, 4), (3, 6, 1)):
@@ -438,13 +507,17 @@ def test_relu(values, p):
     assert errors_of("relu", alpha="1")
 
 
-def test_conv2d_holds_its_blocks_to_a_few_mib():
+@pytest.mark.parametrize("stuffed", [False, True])
+def test_conv2d_holds_its_blocks_to_a_few_mib(stuffed):
     """A convolution of a ViT decoder's size (768 channels in, 256 out, 4x4): its im2col and its weights in float64
-    are taken in blocks of nn.COLS values (8 MiB each): under 28 MiB allocated while it runs beside its output."""
+    are taken in blocks of nn.COLS values (8 MiB each): under 28 MiB allocated while it runs beside its output, of
+    a dense input and of a transposed convolution's (every other row and column 0: ``nn._lattice``) alike."""
     import tracemalloc
 
     rng = np.random.default_rng(0)
     x = rng.integers(-127, 128, (1, 768, 32, 32), dtype=np.int32)
+    if stuffed:
+        x[:, :, 1::2], x[:, :, :, 1::2] = 0, 0
     w = rng.integers(-127, 128, (256, 768, 4, 4), dtype=np.int32)
     op, a = make("conv2d", channels=256, kernel_size=(4, 4), use_bias=False)
     tracemalloc.start()

@@ -1,6 +1,7 @@
 """Neural-network ops, NCHW: conv2d, dense, max_pool2d, upsampling, relu."""
 from __future__ import annotations
 
+import math
 from functools import reduce
 from typing import Any, Callable
 
@@ -166,54 +167,149 @@ class Conv2D(Op):
     def kernel(a, x, w, b=None):
         n, c, h, wd = x.shape
         oc, cg, kh, kw = w.shape
-        g, ocg, k = a.groups, oc // a.groups, cg * kh * kw
         (ph, pw), (dh, dw), (sh, sw) = a.padding, a.dilation, a.strides
-        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        dtype, terms = exact_form(x, w, k)
-        wm = w.reshape(g, ocg, k)
-        # output channels of each group a block at a time, at most COLS weights (converted once if one block)
-        per_o = max(1, COLS // (g * k))
-        whole = wm.astype(dtype) if per_o >= ocg else None
-        # samples or output rows a block at a time: im2col and the products each at most COLS values (or a row's)
-        rows = max(1, COLS // (max(c * kh * kw, oc) * ow))
-        per, step = (max(1, rows // oh), oh) if rows >= oh else (1, rows)
-        y = np.empty((n, oc, oh, ow), np.int32)
-        for s0 in range(0, n, per):
-            xs = x[s0:s0 + per]
-            m = len(xs)
-            out = y[s0:s0 + m].reshape(m, g, ocg, oh, ow)
-            for r0 in range(0, oh, step):
-                r1 = min(oh, r0 + step)
-                cols = _im2col(xs, r0, r1, ow, (kh, kw), (ph, pw), (dh, dw), (sh, sw), dtype)
-                cols = cols.reshape(m, g, k, (r1 - r0) * ow)
-                for o0 in range(0, ocg, per_o):
-                    o1 = min(ocg, o0 + per_o)
-                    wb = whole[:, o0:o1] if whole is not None else wm[:, o0:o1].astype(dtype)
-                    block = summed(wb, cols, terms).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
-                    if b is not None:
-                        block += b.reshape(1, g, ocg, 1, 1)[:, :, o0:o1]
-                    out[:, :, o0:o1, r0:r1] = block.astype(np.int32)
+        out = ((h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1)
+        y = _on_lattice(x, w, a.padding, out, a.dilation, a.groups) if a.strides == (1, 1) else None
+        if y is None:
+            y = np.zeros((n, oc, *out), np.int32)
+            conv_sums(x, w, a.padding, a.dilation, a.strides, a.groups, y)
+        if b is not None:
+            y += b.astype(np.int32).reshape(1, oc, 1, 1)  # int32 accumulation's wrap-around
         return y
 
 
-def _im2col(x: np.ndarray, r0: int, r1: int, ow: int, kernel: tuple[int, int], padding: tuple[int, int],
-            dilation: tuple[int, int], strides: tuple[int, int], dtype: type) -> np.ndarray:
-    """cols[n, ic, fh*kw+fw, oh-r0, ow] = x[n, ic, oh*sh + fh*dh - ph, ow*sw + fw*dw - pw] (0 outside the image)
-    for the output rows r0..r1-1, as ``dtype``: from a zero-padded slab of the input rows they read alone."""
+def conv_sums(x: np.ndarray, w: np.ndarray, origin: tuple[int, int], dilation: tuple[int, int],
+              strides: tuple[int, int], groups: int, into: np.ndarray) -> None:
+    """y[n,oc,oh,ow] = sum_{ic<C/g, fh, fw} x[n, oc/(OC/g)*(C/g)+ic, oh*sh+fh*dh-oy, ow*sw+fw*dw-ox] * w[oc,ic,fh,fw]
+    (0 outside x), ``origin`` (oy, ox): conv2d's sums without its bias, each in ``exact_form``'s dtype, added to
+    ``into`` (N, OC, OH, OW; int32, a view of a larger array alike) as int32 accumulation adds (wrapping)."""
     n, c, h, wd = x.shape
-    (kh, kw), (ph, pw), (dh, dw), (sh, sw) = kernel, padding, dilation, strides
-    top, span = r0 * sh - ph, (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
-    slab = np.zeros((n, c, span, wd + 2 * pw), x.dtype)
+    oc, cg, kh, kw = w.shape
+    oh, ow = into.shape[2:]
+    g, ocg, k = groups, oc // groups, cg * kh * kw
+    dtype, terms = exact_form(x, w, k)
+    wm = w.reshape(g, ocg, k)
+    # output channels of each group a block at a time, at most COLS weights (converted once if one block)
+    per_o = max(1, COLS // (g * k))
+    whole = wm.astype(dtype) if per_o >= ocg else None
+    # samples or output rows a block at a time: im2col and the products each at most COLS values (or a row's)
+    rows = max(1, COLS // (max(c * kh * kw, oc) * ow))
+    per, step = (max(1, rows // oh), oh) if rows >= oh else (1, rows)
+    for s0 in range(0, n, per):
+        xs = x[s0:s0 + per]
+        m = len(xs)
+        sums = into[s0:s0 + m].reshape(m, g, ocg, oh, ow)  # a view: one axis split
+        for r0 in range(0, oh, step):
+            r1 = min(oh, r0 + step)
+            cols = _im2col(xs, r0, r1, ow, (kh, kw), origin, dilation, strides, dtype)
+            cols = cols.reshape(m, g, k, (r1 - r0) * ow)
+            for o0 in range(0, ocg, per_o):
+                o1 = min(ocg, o0 + per_o)
+                wb = whole[:, o0:o1] if whole is not None else wm[:, o0:o1].astype(dtype)
+                block = summed(wb, cols, terms).astype(np.int64).reshape(m, g, o1 - o0, r1 - r0, ow)
+                sums[:, :, o0:o1, r0:r1] += block.astype(np.int32)
+            del cols  # freed before the next block's is made
+
+
+def _im2col(x: np.ndarray, r0: int, r1: int, ow: int, kernel: tuple[int, int], origin: tuple[int, int],
+            dilation: tuple[int, int], strides: tuple[int, int], dtype: type) -> np.ndarray:
+    """cols[n, ic, fh*kw+fw, oh-r0, ow] = x[n, ic, oh*sh + fh*dh - oy, ow*sw + fw*dw - ox] (0 outside x) for the
+    output rows r0..r1-1, as ``dtype``: from a zero-padded slab of the input rows they read alone."""
+    n, c, h, wd = x.shape
+    (kh, kw), (oy, ox), (dh, dw), (sh, sw) = kernel, origin, dilation, strides
+    top, span = r0 * sh - oy, (r1 - 1 - r0) * sh + (kh - 1) * dh + 1
+    width = (ow - 1) * sw + (kw - 1) * dw + 1
+    slab = np.zeros((n, c, span, width), x.dtype)
     lo, hi = max(top, 0), min(top + span, h)
-    if lo < hi:
-        slab[:, :, lo - top:hi - top, pw:pw + wd] = x[:, :, lo:hi]
+    left, right = max(-ox, 0), min(wd, width - ox)
+    if lo < hi and left < right:
+        slab[:, :, lo - top:hi - top, left + ox:right + ox] = x[:, :, lo:hi, left:right]
     cols = np.empty((n, c, kh * kw, r1 - r0, ow), dtype)
     for i in range(kh):
         for j in range(kw):
             cols[:, :, i * kw + j] = slab[:, :, i * dh:i * dh + (r1 - 1 - r0) * sh + 1:sh,
                                           j * dw:j * dw + (ow - 1) * sw + 1:sw]
     return cols
+
+
+def _lattice(x: np.ndarray, cap: tuple[int, int]) -> tuple[np.ndarray, tuple[int, int] | None,
+                                                             tuple[int, int] | None] | None:
+    """(beta, (a, P), (b, Q)): every value of ``x`` (N, C, H, W) that differs from beta[n, c] (the value of sample
+    n, channel c at all of x's other positions) lies in a row a + P t and a column b + Q u, P and Q divisors of
+    their rows' and columns' spacing at most ``cap``, P Q > 1 (a transposed convolution's input: its values with
+    s - 1 rows and columns between them, of 0 or of a zero point's offset); (a, P) and (b, Q) None where x holds
+    beta alone; None where x has no such lattice."""
+    n, c, h, w = x.shape
+    flat = x.reshape(n * c, h, w)
+    ends = [(flat.max(axis=k), flat.min(axis=k)) for k in (2, 1)]  # per (sample, channel): rows', columns'
+    for hi, lo in ends:
+        even = np.flatnonzero((hi == lo).all(axis=0))  # rows (columns) of one value per (sample, channel)
+        if len(even):
+            beta = hi[:, even[0]]
+            break
+    else:
+        return None
+    on = [np.flatnonzero(((hi != beta[:, None]) | (lo != beta[:, None])).any(axis=0)) for hi, lo in ends]
+    if not len(on[0]):
+        return beta.reshape(n, c), None, None
+    periods = []
+    for at, most in zip(on, cap):
+        spacing = int(np.gcd.reduce(np.diff(at))) if len(at) > 1 else 1
+        periods.append((int(at[0]), max(p for p in range(1, min(spacing, most) + 1) if spacing % p == 0)))
+    if periods[0][1] * periods[1][1] == 1:
+        return None
+    return beta.reshape(n, c), periods[0], periods[1]
+
+
+def _inside(out: int, k: int, dilation: int, padding: int, size: int) -> np.ndarray:
+    """[o, f]: 1 where output o's tap f reads inside the input (0 <= o + f * dilation - padding < size), else 0."""
+    at = np.arange(out)[:, None] + np.arange(k) * dilation - padding
+    return ((at >= 0) & (at < size)).astype(np.int64)
+
+
+def _on_lattice(x: np.ndarray, w: np.ndarray, padding: tuple[int, int], out: tuple[int, int],
+                dilation: tuple[int, int], groups: int) -> np.ndarray | None:
+    """conv2d's sums at stride 1 over an input on a lattice (``_lattice``), else None: x = beta + d, d zero off the
+    lattice, so y = conv(d) + conv(beta). conv(d) by the phases of the output (oh mod P, ow mod Q): each reads the
+    lattice's values alone through the taps that meet it, a conv2d of the compacted d by that subset of the
+    kernel; conv(beta)[n, oc, oh, ow] the sum of sum_ic beta[n, ic] w[oc, ic, fh, fw] over the taps that read
+    inside the image. The same integers, 1/(P Q) of the products; in int64, wrapped as int32 accumulation."""
+    oc, cg, kh, kw = w.shape
+    (ph, pw), (dh, dw) = padding, dilation
+    found = _lattice(x, (kh * dh, kw * dw))
+    if found is None:
+        return None
+    beta, along_h, along_w = found
+    n, c, h, wd = x.shape
+    # sum_ic beta[n, ic] w[oc, ic, fh, fw] per tap: exact (``exact_form``), a tap's weights converted at a time
+    dtype, terms = exact_form(beta, w, cg)
+    per_tap, by = np.empty((n, oc, kh, kw), np.int64), beta.reshape(n, groups, 1, cg).astype(dtype)
+    for i in range(kh):
+        for j in range(kw):
+            tap = w[:, :, i, j].reshape(groups, oc // groups, cg).transpose(0, 2, 1).astype(dtype)
+            per_tap[:, :, i, j] = summed(by, tap, terms).astype(np.int64).reshape(n, oc)
+    rows, cols = (_inside(*axis) for axis in ((out[0], kh, dh, ph, h), (out[1], kw, dw, pw, wd)))
+    # the output rows' few distinct sets of taps inside (all of them, but near the borders), each summed once
+    kinds, kind = np.unique(rows, axis=0, return_inverse=True)
+    y = np.matmul(kinds, np.matmul(per_tap, cols.T)).astype(np.int32)[:, :, kind.reshape(-1)]
+    if along_h is None:
+        return y
+    (a, p), (b, q) = along_h, along_w
+    top = absmax(x)  # x - beta within int16, int32
+    wide = np.int16 if top < 1 << 14 else np.int32 if top < 1 << 30 else np.int64
+    d = x[:, :, a::p, b::q].astype(wide)
+    d -= beta.astype(wide)[:, :, None, None]
+    step_h, step_w = p // math.gcd(dh, p), q // math.gcd(dw, q)  # the taps meeting the lattice: every step-th
+    for u in range(min(p, out[0])):
+        fh = next((f for f in range(kh) if (u + f * dh - ph - a) % p == 0), None)
+        for v in range(min(q, out[1])):
+            fw = next((f for f in range(kw) if (v + f * dw - pw - b) % q == 0), None)
+            if fh is None or fw is None:
+                continue
+            conv_sums(d, w[:, :, fh::step_h, fw::step_w], (-((u + fh * dh - ph - a) // p),
+                                                           -((v + fw * dw - pw - b) // q)),
+                      (step_h * dh // p, step_w * dw // q), (1, 1), groups, y[:, :, u::p, v::q])
+    return y
 
 
 @register

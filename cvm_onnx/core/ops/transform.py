@@ -229,7 +229,9 @@ class StridedSlice(Op):
     @staticmethod
     def kernel(a, x):
         begins, strides, out = _slice_plan(a, x.shape)
-        return x[np.ix_(*(b + st * np.arange(k) for b, st, k in zip(begins, strides, out)))]
+        # the last index taken plus one step, as a slice's stop (None past index 0 backwards)
+        stops = [b + st * (k - 1) + (1 if st > 0 else -1) for b, st, k in zip(begins, strides, out)]
+        return x[tuple(slice(b, e if e >= 0 else None, st) for b, e, st in zip(begins, stops, strides))].copy()
 
     @staticmethod
     def warnings(a, shapes, precisions):
