@@ -631,7 +631,8 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
         v.name for v in graph.input}
     fresh = functools.partial(_fresh_name, names)
     placed: dict[int, list[onnx.NodeProto]] = {}
-    for node in [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]:
+    regressors = [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]  # held
+    for node in regressors:
         attrs = {a.name: a for a in node.attribute}
         targets = attrs["targets"].i if "targets" in attrs else 1
         coefficients = np.array(attrs["coefficients"].floats if "coefficients" in attrs else [], np.float32)

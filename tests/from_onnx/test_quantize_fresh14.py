@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onnx import helper as h
 from support.quantized import linear_regressor, quantizes_whole
 from support.shipped import shipped
 
@@ -57,6 +58,24 @@ def test_a_linear_regressor_is_its_gemm_within_the_sums_rounding(features, targe
     k = (features + 1) * 2.0 ** -24
     terms = np.abs(np.atleast_2d(x).astype(np.float64)) @ np.abs(w.T.astype(np.float64)) + np.abs(b)
     assert (np.abs(got.astype(np.float64) - want) <= 2 * k / (1 - k) * terms).all()
+
+
+def test_every_linear_regressor_of_a_model_is_replaced():
+    """Several regressors on one input (a multi-output pipeline) are each replaced by their own Reshape and Gemm,
+    the graph's other nodes kept in order. Regression: only the last one found was replaced (the rewrite kept no
+    hold of the nodes it replaces, so their ids named no node in the graph's one pass)."""
+    m = linear_regressor(np.ones((1, 4), np.float32), np.zeros(1, np.float32), [None, 4])
+    first = m.graph.node[0]
+    m.graph.node.extend([h.make_node("Relu", [first.output[0]], ["r"])])
+    for k in range(1, 6):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(first)
+        copy.name, copy.output[0] = f"LinearRegressor{k}", f"variable{k}"
+        m.graph.node.extend([copy, h.make_node("Relu", [f"variable{k}"], [f"r{k}"])])
+    assert linear_regressors_as_gemms(m.graph) == 6
+    assert [n.op_type for n in m.graph.node] == ["Reshape", "Gemm", "Relu"] * 6
+    assert [n.output[0] for n in m.graph.node if n.op_type == "Gemm"] == ["variable"] + [f"variable{k}"
+                                                                                        for k in range(1, 6)]
 
 
 @pytest.mark.parametrize("attrs, targets, intercepts", [
@@ -130,7 +149,6 @@ def lengths_lstm(steps: int = 6, features: int = 4, hidden: int = 5) -> onnx.Mod
     """torch's export of an LSTM over a packed sequence, as thai2rom's encoder: x (steps, 1, features) and its
     lengths (an int32 input) read as the LSTM's sequence_lens, bidirectional, Y the output."""
     from onnx import TensorProto as T
-    from onnx import helper as h
     from onnx import numpy_helper as nh
 
     from cvm_onnx.core.format.onnx_file import onnx_model
