@@ -1,6 +1,7 @@
 """Graph forms of a third sweep of architectures as torch exports them (benchmarks/more_architectures.py), each in
 its minimal ONNX form: torch's LSTM, GRU and RNN with their initial states inputs of the model (a streaming model's
-state carried from its last call), quantized by QuantizeLinear like any activation."""
+state carried from its last call), quantized by QuantizeLinear like any activation; AveragePool of a 1-D image
+(torch's AvgPool1d)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,11 +11,13 @@ import numpy as np
 import onnx
 import pytest
 import support.recurrent as rec
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from support.quantized import Oracle, qdq
 from support.transformers import lstm_model
+from test_quantized_fresh_ops import NP, RANGE, draw_x, run, scales, x_types
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx.context import Importer, Tensor
@@ -128,3 +131,53 @@ def test_a_state_grid_past_one_is_refused_in_one_line(tmp_path):
         quantize(tmp_path / "f.onnx", tmp_path / "c.npz", tmp_path / "m")
     [problem] = e.value.problems
     assert "GRU initial_h on a grid reaching" in problem.rule and "within [-1, 1]" in problem.rule
+
+
+@settings(max_examples=15, deadline=None)
+@given(d=st.data(), x_type=x_types, s=scales, so=scales, zo=st.integers(-128, 127))
+def test_a_1d_average_pool_is_the_2d_pool_over_one_row(d, x_type, s, so, zo):
+    """AveragePool of a 1-D image (torch's AvgPool1d: SEW's squeeze of its frames) over random lengths, kernels,
+    strides, pads, ceil_mode and count_include_pad: its outputs equal the exact oracle's of the 2-D pool over (1, L)
+    by the kernel (1, k) on the same integers. Regression: refused 'AveragePool of a 1-D image: only 2-D here'."""
+    size, k = d.draw(st.integers(1, 9)), d.draw(st.integers(1, 4))
+    stride, ceil, counted = d.draw(st.integers(1, 3)), d.draw(st.integers(0, 1)), d.draw(st.integers(0, 1))
+    pads = [d.draw(st.integers(0, k - 1)), d.draw(st.integers(0, k - 1))]
+    assume(k <= size + sum(pads) and not (ceil and ((size + sum(pads) - k + stride - 1) // stride) * stride - pads[0]
+                                          >= size))
+    lo, hi = RANGE[x_type]
+    z = NP[x_type](d.draw(st.integers(lo, hi)))
+
+    def model(two: bool) -> onnx.ModelProto:
+        attrs = dict(kernel_shape=[1, k] if two else [k], strides=[1, stride] if two else [stride], ceil_mode=ceil,
+                     count_include_pad=counted, pads=[0, pads[0], 0, pads[1]] if two else pads)
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node("AveragePool", ["xf"], ["p"], **attrs),
+                 h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+        shape = (1, 3, 1, size) if two else (1, 3, size)
+        return qdq(nodes, shape, x_type, {"s": np.float32(s), "z": z, "so": np.float32(so), "zo": np.int8(zo)},
+                   T.INT8, opset=19)
+    x = draw_x(d, (1, 3, size), x_type)
+    x.reshape(-1)[:2] = lo, hi
+    _, [got] = run(model(False), x)
+    imp, _ = run(model(True), x[:, :, None])
+    [want] = Oracle(model(True), imp).run(x[:, :, None].astype(np.int64))
+    assert np.array_equal(got, np.asarray(want[1]).reshape(got.shape))
+
+
+def test_a_1d_average_pool_between_convs_quantizes_whole(tmp_path):
+    """Conv1d, AvgPool1d (kernel 2, SEW's squeeze), Conv1d: whole through quantize, within 1.1x onnxruntime's
+    distance from the float model, exported bit-exactly."""
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3], pads=[1, 1]),
+             h.make_node("AveragePool", ["a"], ["p"], kernel_shape=[2], strides=[2]),
+             h.make_node("Conv", ["p", "w2"], ["y"], kernel_shape=[3], pads=[1, 1])]
+    g = h.make_graph(nodes, "pool1d", [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 32])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 16])],
+                     [onnx.numpy_helper.from_array(rng.normal(size=(8, 4, 3)).astype(np.float32), "w1"),
+                      onnx.numpy_helper.from_array(rng.normal(size=(4, 8, 3)).astype(np.float32), "w2")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(16, 1, 4, 32)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m")
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=1).exact
