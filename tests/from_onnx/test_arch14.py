@@ -1,7 +1,7 @@
 """Graph forms of a third sweep of architectures as torch exports them (benchmarks/more_architectures.py), each in
 its minimal ONNX form: torch's LSTM, GRU and RNN with their initial states inputs of the model (a streaming model's
 state carried from its last call), quantized by QuantizeLinear like any activation; AveragePool of a 1-D image
-(torch's AvgPool1d)."""
+(torch's AvgPool1d); a Where of a constant condition of one value (a masked_fill by a mask folded to ones)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -17,7 +17,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import Oracle, qdq
 from support.transformers import lstm_model
-from test_quantized_fresh_ops import NP, RANGE, draw_x, run, scales, x_types
+from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal, run, scales, x_types
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx.context import Importer, Tensor
@@ -181,3 +181,28 @@ def test_a_1d_average_pool_between_convs_quantizes_whole(tmp_path):
     [a] = done.agreements
     assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
     assert verify(done.imported.graph, seeds=1).exact
+
+
+@settings(max_examples=10, deadline=None)
+@given(d=st.data(), x_type=x_types, s=scales, so=scales, zo=st.integers(-128, 127), first=st.booleans(),
+       fill=st.sampled_from([-3.4028234663852886e38, -1e4, 0.3]))
+def test_a_where_of_a_constant_condition_is_the_branch_it_selects(d, x_type, s, so, zo, first, fill):
+    """Where(cond, x, c) (or Where(not cond, c, x)) of a constant condition of one value selecting x everywhere,
+    broadcast from (1, 1, 1, 1) or of the scores' shape (LayoutLMv3's masked_fill of its scores by a mask folded to
+    ones, against float32's minimum, a constant off x's grid): the import equals that of the model without the Where
+    (x requantized), which equals the exact oracle. Regression: refused 'Where of a constant branch off the other
+    branch's grid has no exact CVM form here'."""
+    shape = (1, 2, 3, 3)
+    lo, hi = RANGE[x_type]
+    inits = {"s": np.float32(s), "z": NP[x_type](d.draw(st.integers(lo, hi))), "so": np.float32(so),
+             "zo": np.int8(zo), "cond": np.full(d.draw(st.sampled_from([(1, 1, 1, 1), shape])), first),
+             "c": np.float32(fill)}
+    dq = h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])
+    where = [dq, h.make_node("Where", ["cond", "xf", "c"] if first else ["cond", "c", "xf"], ["w"]),
+             h.make_node("QuantizeLinear", ["w", "so", "zo"], ["y"])]
+    plain = qdq([dq, h.make_node("QuantizeLinear", ["xf", "so", "zo"], ["y"])], shape, x_type, inits, T.INT8)
+    x = draw_x(d, shape, x_type)
+    _, [got] = run(qdq(where, shape, x_type, inits, T.INT8), x)
+    _, [want] = run(plain, x)
+    assert np.array_equal(got, want)
+    oracle_equal(plain, x)
