@@ -298,6 +298,19 @@ def on_axes(node, n: int, keep: list[int], pads: list[int] | None = None, group:
     return replace(node, proto=proto)
 
 
+def as_2d(node):
+    """A 1-D Conv or pooling node as the 2-D one over (1, L): a leading axis of one value, one tap, stride and
+    dilation 1 and no padding, so the windows over L and what they sum (or their max) are the same."""
+    proto = type(node.proto)()
+    proto.CopyFrom(node.proto)
+    for a in proto.attribute:
+        if a.name in ("kernel_shape", "strides", "dilations") and len(a.ints) == 1:
+            a.ints[:] = [1, a.ints[0]]
+        elif a.name == "pads" and len(a.ints) == 2:
+            a.ints[:] = [0, a.ints[0], 0, a.ints[1]]
+    return replace(node, proto=proto)
+
+
 def single_axes(node, shape: tuple[int, ...], kernel: list[int]):
     """A Conv or MaxPool of an N-D image (N > 2, ONNX shape ``shape``, kernel of spatial size ``kernel``) as one of
     2 spatial axes: (the node with its per-axis attributes of the others only, the spatial axes dropped). An axis

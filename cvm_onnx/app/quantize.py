@@ -549,8 +549,9 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
     inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
-    (``spectra_as_products``); a ScatterND of constant indices as Concat and Gather (``scatters_as_gathers``, again
-    after the optimizer for those whose indices or data it folded: a slice assignment into a causal matrix); an
+    (``spectra_as_products``); a ScatterND or ScatterElements of constant indices as Concat and Gather
+    (``scatters_as_gathers``, again after the optimizer for those whose indices or data it folded: a slice
+    assignment into a causal matrix); an
     Einsum that is a MatMul as one (``einsums_as_matmuls``); onnxruntime's FusedConv as its Conv and activation
     (``fused_convs_unfused``) and its FusedMatMul as Transposes, MatMul and a Mul (``fused_matmuls_unfused``); a
     MatMul by a constant of rank 3 or more as its

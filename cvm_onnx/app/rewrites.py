@@ -969,9 +969,13 @@ def scatters_as_gathers(model: onnx.ModelProto) -> int:
     it), Reshape to the data's shape (torch's slice_scatter, FastEnhancer's overlap-add of decibri). The same
     values moved, no arithmetic. First a Gather of rows such a ScatterND does not write reads its data instead
     (``_gathers_past_scatters``). Left (and refused later as an op CVM lacks) where an index is out of range or
-    written twice (the result is then undefined), or R passes MAX_FOLDED. Returns how many were replaced."""
+    written twice (the result is then undefined), or R passes MAX_FOLDED. A ScatterElements (reduction none) of
+    constant indices (dynamo's select_scatter, a state written in place) is the ScatterND of each update's whole
+    coordinates (its index on the axis, its own position on the others), q the data's rank. Returns how many were
+    replaced."""
     inits = {t.name: t for t in model.graph.initializer}
-    nodes = [n for n in model.graph.node if n.op_type == "ScatterND" and n.domain in ("", "ai.onnx")]
+    nodes = [n for n in model.graph.node if n.op_type in ("ScatterND", "ScatterElements") and
+             n.domain in ("", "ai.onnx")]
     if not nodes:
         return 0
     known = _known_shapes(model)
@@ -981,6 +985,9 @@ def scatters_as_gathers(model: onnx.ModelProto) -> int:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         idx = numpy_helper.to_array(inits[node.input[1]]) if node.input[1] in inits else None
         shape = list(inits[node.input[0]].dims) if node.input[0] in inits else known.get(node.input[0])
+        if node.op_type == "ScatterElements" and idx is not None and idx.dtype.kind in "iu" and shape and \
+                None not in shape:
+            idx = _coordinates(idx, attrs.get("axis", 0), len(shape))
         if attrs.get("reduction", b"none") not in (b"none", "none") or idx is None or idx.dtype.kind not in "iu" or \
                 not shape or None in shape or idx.ndim < 1 or not 1 <= idx.shape[-1] <= len(shape):
             continue
@@ -1017,6 +1024,16 @@ def scatters_as_gathers(model: onnx.ModelProto) -> int:
         model.graph.node.remove(node)
         done += 1
     return done
+
+
+def _coordinates(idx: np.ndarray, axis: int, rank: int) -> np.ndarray | None:
+    """ScatterElements' indices along ``axis`` as ScatterND's: each update's coordinates (rank of them), its index
+    on the axis and its own position on the others; None where the indices' rank is not the data's."""
+    if idx.ndim != rank or not -rank <= axis < rank:
+        return None
+    at = np.indices(idx.shape, dtype=np.int64)
+    at[axis % rank] = idx
+    return np.moveaxis(at, 0, -1)
 
 
 def _bounded(node: onnx.NodeProto, rows: int, bins: int) -> None:

@@ -403,9 +403,17 @@ def where_rule(ctx, node, cond, a, b):
     integers, the scale and zero point kept. Two constant branches: on the grid of the first (per tensor) that the
     other lies on (an attention mask's Where(keep, 0, -3.4e38) at -3.4e38's grid, where 0 is (z - z) s). Exact.
     Two computed branches on different grids (scales, zero points, per channel, a sum, a table): deferred to the
-    QuantizeLinear that follows (``Selected``); a constant branch off the other's grid is refused."""
+    QuantizeLinear that follows (``Selected``); a constant branch off the other's grid is refused. A constant
+    condition of one value (a masked_fill by a mask folded to ones) is the branch it selects where that branch has
+    the output's shape: the same values."""
     if isinstance(cond, Real):
         raise Refuse("Where with a float condition has no CVM form (compare first)")
+    if isinstance(cond, Tensor) and cond.is_const and cond.value.size and \
+            (np.asarray(cond.value).all() or not np.asarray(cond.value).any()):
+        chosen = a if np.asarray(cond.value).all() else b
+        shapes = [getattr(v, "shape", None) for v in (cond, a, b)]
+        if None not in shapes and chosen.shape == np.broadcast_shapes(*shapes):
+            return chosen
     x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
     if x is not None and x.per_tensor:
         try:

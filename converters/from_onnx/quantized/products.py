@@ -15,9 +15,9 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
-from ..emit import (aligned, as_int32, axes_of, concatenated, conv_window, cropped, depth_folded,
-                    depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced, select,
-                    single_axes, spatial_2d, strided_slice, summed_windows, with_ones, without)
+from ..emit import (aligned, as_2d, as_int32, axes_of, concatenated, conv_window, cropped,
+                    depth_folded, depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced,
+                    select, single_axes, spatial_2d, strided_slice, summed_windows, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, per_tensor, scaled, sum_of
@@ -730,12 +730,18 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     end padding (``ceil_ends``): the input is padded further, and a counted window counts the positions up to the
     end padding only, min(k, size + end - start) per axis, as ONNX's AveragePool (onnxruntime's float kernel, torch)
     counts them; ``whole_kernel``: the whole kernel, k per axis, as onnxruntime's QLinearAveragePool counts them.
-    An auto_pad SAME whose total is negative (a stride past the kernel) crops the input, as onnxruntime's pools."""
+    An auto_pad SAME whose total is negative (a stride past the kernel) crops the input, as onnxruntime's pools. A
+    1-D one is the 2-D one over (1, L) (``as_2d``)."""
     x = per_tensor(x, "AveragePool")
     if any(d != 1 for d in node.attr_ints("dilations", [])):
         raise Refuse("AveragePool with dilations has no CVM form here")
     if len(x.shape) == 5:
         return depth_average(ctx, node, x, whole_kernel)
+    if len(x.shape) == 3:  # 1-D (torch's AvgPool1d): the 2-D pool over (1, L), the same windows and counts
+        n, c, size = x.shape
+        y = average(ctx, as_2d(node), replace(x, t=ctx.reshape(x.t, (n, c, 1, size))), whole_kernel)
+        return replace(y, t=ctx.reshape(y.t, (n, c, y.shape[3])), scale=y.scale.reshape(y.scale.shape[1:]) if
+                       y.scale.ndim == 2 else y.scale)
     if len(x.shape) != 4:
         raise Refuse(f"AveragePool of a {len(x.shape) - 2}-D image: only 2-D here")
     kernel = node.attr_ints("kernel_shape", lo=1, size=2)

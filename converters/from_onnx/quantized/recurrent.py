@@ -14,6 +14,7 @@ round(127 Y / 2^(G-7)).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -154,8 +155,66 @@ def c32(v) -> Tensor:
     return const(np.asarray(v, np.int64).astype(np.int32), INT32)
 
 
-def state(h0: np.ndarray, op: str) -> Tensor | None:
+@dataclass(frozen=True, eq=False)
+class Carried:
+    """One direction's initial state a model takes as an input (``carried``): its integers on the layer's grid."""
+
+    t: Tensor
+    peak: float  # a bound on its real |values|
+
+
+def initial(t, what: str, shape: tuple[int, int, int], top: int | None = None) -> np.ndarray | Scaled:
+    """An initial state: a constant (zeros when absent) as float64 of ``shape`` (``floats``), or a per-tensor
+    dequantized input, the state a streaming model carries from its last call, as it is; refused where its grid
+    holds more than 2^16 integers, or reaches past +-``top`` (h: |h| <= 1 wherever a layer writes it) by more than
+    one step."""
+    if t is None or (isinstance(t, Scaled) and t.t.is_const) or (isinstance(t, Tensor) and t.is_const):
+        return floats(t, what, shape)
+    x = per_tensor(scaled(t, f"the {what}"), what)
+    if x.shape != shape:
+        raise Refuse(f"the {what} of shape {x.shape}, not {shape}")
+    if x.t.hi - x.t.lo >= 1 << 16:
+        raise Refuse(f"the {what} on a grid of {x.t.hi - x.t.lo + 1:,} integers: at most 2^16 (a table of them)")
+    s = x.scale.reshape(()).item()
+    if top is not None and grid_reach(x) > top + s:
+        raise Refuse(f"the {what} on a grid reaching {float(grid_reach(x)):.3g}: a state within [-{top}, {top}] (one "
+                     "step past it at most) expected")
+    return x
+
+
+def grid_reach(x: Scaled) -> Fraction:
+    """max |(q - z) s| over the integers q of a per-tensor ``x``."""
+    z = int(x.zero.reshape(()))
+    return max(abs(x.t.lo - z), abs(x.t.hi - z)) * x.scale.reshape(()).item()
+
+
+def peak_of(v: np.ndarray | Scaled) -> float:
+    """A bound on an initial state's |values| (``initial``)."""
+    return float(grid_reach(v)) if isinstance(v, Scaled) else float(np.abs(v).max(initial=0))
+
+
+def carried(ctx, x: Scaled, unit: int, top: int | None = None) -> list[Carried]:
+    """A carried initial state (``initial``, (dirs, batch, hidden)) per direction at 1/``unit``: a table of its
+    integers q, round_half_even((q - z) s unit), clipped to +-``top`` unit where given (a grid point of h past 1 by
+    less than a step: the float state it stands for is within [-1, 1]); refused where a value passes 32 bits."""
+    z, s = int(x.zero.reshape(())), x.scale.reshape(()).item()
+    values = [round((q - z) * s * unit) for q in range(x.t.lo, x.t.hi + 1)]
+    if top is not None:
+        values = [min(max(v, -top * unit), top * unit) for v in values]
+    if max(map(abs, values)) >= 1 << 31:
+        raise Refuse(f"an initial state reaching {float(grid_reach(x)):.3g}: past 32 bits at 1/{unit}")
+    q = as_int32(x.t)
+    index = step(ctx, "broadcast_sub", q, c32(x.t.lo), 0, x.t.hi - x.t.lo) if x.t.lo else q
+    v = table(ctx, index, c32(values), min(values), max(values))
+    dirs, batch, hidden = x.shape
+    return [Carried(ctx.reshape(strided_slice(ctx, v, [range(d, d + 1), range(batch), range(hidden)]),
+                                (batch, hidden)), float(grid_reach(x))) for d in range(dirs)]
+
+
+def state(h0: np.ndarray | Carried, op: str) -> Tensor | None:
     """An initial h at 1/16256 (None when zero); refused where that passes 32 bits."""
+    if isinstance(h0, Carried):
+        return h0.t
     q = np.rint(h0 * H_ONE)
     if np.abs(q).max(initial=0) >= 1 << 31:
         raise Refuse(f"{op} initial_h reaching {float(np.abs(h0).max()):.3g}: past 32 bits at 1/{H_ONE}")
@@ -304,12 +363,13 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
     P_f c of the step's c into i and f, P_o c' of the new c into o, each on 2^-14 and added to the gate's
     pre-activation."""
     hidden = r.shape[1]
-    cut = cell_split(g, len(order), float(np.abs(c0).max(initial=0)))
+    c0max = c0.peak if isinstance(c0, Carried) else float(np.abs(c0).max(initial=0))
+    cut = cell_split(g, len(order), c0max)
     rw = weights(r)
     # x W^T + b clipped where the sum is past +-16 whatever h R^T (|h R^T| <= reach - 18) and P c (|c| <= |c0| + t)
     reach = reach_of(r)
     if p is not None:
-        reach += math.ceil(float(np.abs(p).max()) * (math.ceil(float(np.abs(c0).max(initial=0))) + len(order)))
+        reach += math.ceil(float(np.abs(p).max()) * (math.ceil(c0max) + len(order)))
         pq, e = peepholes(p, g)
         ps, a = [pq[k * hidden:(k + 1) * hidden] for k in range(3)], INDEX_BITS + FINE_BITS - e - g
     xw = projected(ctx, xs, w, b[:4 * hidden] + b[4 * hidden:], reach)  # Wb + Rb: float64 sums, exact
@@ -318,7 +378,7 @@ def direction(ctx, xs: Scaled, w: np.ndarray, r: np.ndarray, b: np.ndarray, h0: 
     ctab = c32([round((1 << g) * math.tanh(k / (1 << CELL_BITS))) for k in range(-creach, creach + 1)])
     h = state(h0, "LSTM")
     one = 1 << g
-    c = c32(np.rint(c0 * one).astype(np.int64))
+    c = c0.t if isinstance(c0, Carried) else c32(np.rint(c0 * one).astype(np.int64))
     cs = None
     ys = []
     for t in order:
@@ -530,17 +590,20 @@ def default_activations(node, default: list[str]) -> bool:
 @float_rule("LSTM", since=7)
 def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
     """LSTM (default activations, no clip, layout 0; forward, reverse or bidirectional) of a per-tensor dequantized
-    X with constant W, R, B, initial_h, initial_c, P (zeros when absent), every sequence the full length: unrolled
-    (``direction``). Outputs Y and Y_c at 2^-G, Y_h at 1/16256, requantized by what follows."""
+    X with constant W, R, B, P (zeros when absent), initial_h and initial_c constants (zeros when absent) or carried
+    (``initial``), every sequence the full length: unrolled (``direction``). Outputs Y and Y_c at 2^-G, Y_h at
+    1/16256, requantized by what follows."""
     if node.attr_int("layout", 0) or node.has("clip") or node.attr_int("input_forget", 0) or \
             not default_activations(node, ["Sigmoid", "Tanh", "Tanh"]):
         raise Refuse("LSTM with layout 1, clip, input_forget or other activations has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "LSTM", 4, x, w, r, b, lens)
     steps, batch, _ = xs.shape
     pv = floats(p, "LSTM P", (dirs, 3 * hidden))
-    hv = floats(h0, "LSTM initial_h", (dirs, batch, hidden))
-    cv = floats(c0, "LSTM initial_c", (dirs, batch, hidden))
-    g = lstm_bits(steps, float(np.abs(cv).max(initial=0)))
+    hv = initial(h0, "LSTM initial_h", (dirs, batch, hidden), top=1)
+    cv = initial(c0, "LSTM initial_c", (dirs, batch, hidden))
+    g = lstm_bits(steps, peak_of(cv))
+    hv = carried(ctx, hv, H_ONE, top=1) if isinstance(hv, Scaled) else hv
+    cv = carried(ctx, cv, 1 << g) if isinstance(cv, Scaled) else cv
     outs = []
     for d, order in enumerate(orders(ctx, "LSTM", way, dirs, steps)):
         ys, h, c = direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], cv[d], order, g, pv[d] if pv[d].any() else None)
@@ -557,13 +620,14 @@ def lstm_rule(ctx, node, x, w, r, b=None, lens=None, h0=None, c0=None, p=None):
 @float_rule("GRU", since=7)
 def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     """GRU (default activations, no clip, layout 0, either linear_before_reset; forward, reverse or bidirectional)
-    of a per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full
-    length: unrolled (``gru_direction``). Outputs Y and Y_h at 1/16256."""
+    of a per-tensor dequantized X with constant W, R, B, initial_h a constant (zeros when absent) or carried
+    (``initial``), every sequence the full length: unrolled (``gru_direction``). Outputs Y and Y_h at 1/16256."""
     if node.attr_int("layout", 0) or node.has("clip") or not default_activations(node, ["Sigmoid", "Tanh"]):
         raise Refuse("GRU with layout 1, clip or other activations has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "GRU", 3, x, w, r, b, lens)
     steps, batch, _ = xs.shape
-    hv = floats(h0, "GRU initial_h", (dirs, batch, hidden))
+    hv = initial(h0, "GRU initial_h", (dirs, batch, hidden), top=1)
+    hv = carried(ctx, hv, H_ONE, top=1) if isinstance(hv, Scaled) else hv
     g = min(gate_bits(steps, 0.0), 10)  # r (h R_h^T + R_bh) on 2^-10: labels (G + 2) + 11 + bits(reach) within 32
     before = bool(node.attr_int("linear_before_reset", 0))
     outs = []
@@ -580,9 +644,9 @@ def gru_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
 @float_rule("RNN", since=7)
 def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     """RNN (activation Tanh, the default, or Sigmoid; no clip, layout 0; forward, reverse or bidirectional) of a
-    per-tensor dequantized X with constant W, R, B, initial_h (zeros when absent), every sequence the full length:
-    unrolled (``rnn_direction``). Outputs Y at 2^-G and Y_h at 1/16256. Relu is refused: its h is unbounded, and h
-    enters the next step as two 8-bit halves over [-1, 1]."""
+    per-tensor dequantized X with constant W, R, B, initial_h a constant (zeros when absent) or carried
+    (``initial``), every sequence the full length: unrolled (``rnn_direction``). Outputs Y at 2^-G and Y_h at
+    1/16256. Relu is refused: its h is unbounded, and h enters the next step as two 8-bit halves over [-1, 1]."""
     if node.attr_int("layout", 0) or node.has("clip"):
         raise Refuse("RNN with layout 1 or clip has no CVM form here")
     xs, way, dirs, hidden, wv, rv, bv = unrolled(node, "RNN", 1, x, w, r, b, lens)
@@ -590,7 +654,8 @@ def rnn_rule(ctx, node, x, w, r, b=None, lens=None, h0=None):
     if len(acts) != dirs or any(a not in ("Tanh", "Sigmoid") for a in acts):
         raise Refuse(f"RNN activations {acts}: Tanh or Sigmoid, one per direction (Relu's h is unbounded)")
     steps, batch, _ = xs.shape
-    hv = floats(h0, "RNN initial_h", (dirs, batch, hidden))
+    hv = initial(h0, "RNN initial_h", (dirs, batch, hidden), top=1)
+    hv = carried(ctx, hv, H_ONE, top=1) if isinstance(hv, Scaled) else hv
     outs = []
     for d, order in enumerate(orders(ctx, "RNN", way, dirs, steps)):
         ys, h = rnn_direction(ctx, xs, wv[d], rv[d], bv[d], hv[d], order, acts[d] == "Sigmoid")
