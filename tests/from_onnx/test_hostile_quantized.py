@@ -1242,3 +1242,28 @@ def test_outputs_computed_from_constants_alone_are_refused_naming_them(tmp_path,
         assert [(p.where, p.rule) for p in e.value.problems] == \
             [(outputs[0], "computed from constants alone: a graph cut there reads no input")], e.value
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("before, shape", [(None, (1, 2, 4, 4)), ("Exp", (1, 2, 4, 4)), (None, (1, 2, 3, 4, 4)),
+                                           ("Log", (1, 2, 3, 4, 4))])
+@pytest.mark.parametrize("read", [False, True])
+def test_a_max_pool_indices_output_of_dequantized_values_is_refused_naming_the_node(before, shape, read):
+    """A MaxPool of dequantized values (or of a nondecreasing function of them, the max of the function's form; 2-D
+    or 3-D over depth taps) whose Indices output is a graph output, or read by a Cast: refused in one line naming the
+    node and the output. Regression: an internal AttributeError ('NoneType' object has no attribute 'shape'): the
+    move rule made the Indices' None a quantized value (the fuzz14 target's reading of the max-of-a-function form)."""
+    from support.quantized import qdq
+
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])]
+    nodes += [h.make_node(before, ["xf"], ["f"])] if before else []
+    nodes += [h.make_node("MaxPool", ["f" if before else "xf"], ["p", "idx"], name="pool",
+                          kernel_shape=[2] * (len(shape) - 2)),
+              h.make_node("QuantizeLinear", ["p", "so", "zo"], ["y"])]
+    nodes += [h.make_node("Cast", ["idx"], ["i32"], to=T.INT32)] if read else []
+    inits = {"s": np.float32(0.05), "z": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0)}
+    m = qdq(nodes, shape, T.UINT8, inits, T.UINT8, opset=13)
+    m.graph.output.append(h.make_tensor_value_info("i32" if read else "idx", T.INT32 if read else T.INT64, None))
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    assert [(p.where, p.rule) for p in e.value.problems] == \
+        [("pool (MaxPool)", "output 1 ('idx') has no CVM form")], e.value
