@@ -1267,3 +1267,36 @@ def test_a_max_pool_indices_output_of_dequantized_values_is_refused_naming_the_n
         import_model(m, input_precision=9)
     assert [(p.where, p.rule) for p in e.value.problems] == \
         [("pool (MaxPool)", "output 1 ('idx') has no CVM form")], e.value
+
+
+@pytest.mark.parametrize("op, shape, attrs, said", [
+    ("MaxPool", (1, 2, 3, 5, 5), {"kernel_shape": [HQ.BIG, 1, 1]}, "has a depth window of padding only, or none"),
+    ("MaxPool", (1, 2, 3, 5, 5), {"kernel_shape": [2, 1, 1], "pads": [HQ.BIG, 0, 0, 0, 0, 0]},
+     "MaxPool 3-D: its 2147483649 x 2 depth taps hold 214748364900 values, more than 2^24"),
+    ("Conv", (1, 2, 3, 5, 5), {"kernel_shape": [2, 1, 1], "pads": [0, 0, 0, HQ.BIG, 0, 0]},
+     "Conv 3-D: its 2147483649 x 2 depth taps hold 214748364900 values, more than 2^24"),
+    ("AveragePool", (1, 2, 5, 5), {"kernel_shape": [1 << 30, 1], "pads": [1 << 30, 0, 0, 0], "count_include_pad": 1},
+     "AveragePool kernel (1073741824, 1) over 2 channels: its weights would hold 2147483648 values, more than 2^24"),
+    ("AveragePool", (1, 2, 3, 5, 5), {"kernel_shape": [HQ.BIG, 1, 1]},
+     "AveragePool kernel (2147483647, 1, 1) over 2 channels: its weights would hold 4294967294 values"),
+    ("AveragePool", (1, 2, 3, 5, 5), {"kernel_shape": [2, 1 << 30, 1], "pads": [0, 1 << 30, 0, 0, 0, 0],
+                                      "count_include_pad": 1}, "its weights would hold 4294967296 values")])
+def test_huge_kernels_and_pads_of_pools_and_3d_convs_are_refused_before_allocating(op, shape, attrs, said):
+    """A 3-D MaxPool or Conv whose depth kernel or pads reach 2^31 (its depth taps' indices), an AveragePool (2-D or
+    3-D) whose kernel within as large pads holds 2^31 positions (its weights of ones): refused in one line naming
+    the node, before those are allocated. Regression: MemoryError allocating 2 to 16 GiB (or 45 s for 2 GiB) (the
+    fuzz14 target's depth kernels and pads)."""
+    from support.quantized import qdq
+    from test_quantize_fresh12 import dq_conv
+
+    if op == "Conv":
+        m = dq_conv(shape, np.ones((2, 2, *attrs["kernel_shape"]), np.int8), {"pads": attrs["pads"]}, False)
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node(op, ["xf"], ["p"], name="pool", **attrs),
+                 h.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+        m = qdq(nodes, shape, T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT8, opset=19)
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == ("conv (Conv)" if op == "Conv" else f"pool ({op})") and said in p.rule, p
