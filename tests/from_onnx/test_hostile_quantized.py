@@ -1300,3 +1300,21 @@ def test_huge_kernels_and_pads_of_pools_and_3d_convs_are_refused_before_allocati
         import_model(m, input_precision=9)
     [p] = e.value.problems
     assert p.where == ("conv (Conv)" if op == "Conv" else f"pool ({op})") and said in p.rule, p
+
+
+def test_a_conv_of_an_empty_map_onnxruntime_dies_on_is_refused_in_one_line(tmp_path):
+    """An AveragePool under ceil_mode whose kernel passes the map by a stride (13 on 12 x 12, stride 1: an empty
+    map) read by a Conv of 8 channels: onnxruntime's calibration refuses it, and its optimized session (NCHWc)
+    dies of SIGFPE on it; quantize reports the calibration's failure in one line, nothing written. Regression: the
+    process killed by signal 8 in quantize's check for non-finite activations (the quantize-newest14 target on the
+    mean AveragePool seed, its strides removed)."""
+    from cvm_onnx.core.errors import RuntimeFailure
+    from support.quantized import between_convs
+
+    onnx.save(between_convs([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[13, 13], ceil_mode=1)], {}),
+              tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(6, 8, 12, 12)).astype(np.float32))
+    with pytest.raises(RuntimeFailure) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out").exists()
