@@ -21,10 +21,14 @@ pooling, roots, wide-row norms, GPT-2's eager and the slice-assigned masks, mask
 and ThresholdedRelu tables, Where of two grids, Sum, Mean, ReverseSequence and far-zero quotients (``HQ.NEWEST``),
 ``newest13`` for those of AveragePool ceil_mode, nearest Resize to any size, CumSum, Trilu, Hardmax, GlobalLpPool,
 3-D Conv and MaxPool of one frame, an empty slice concatenated, 32768-value norm rows and an attention bias of
-masking rows, QDQ and QOperator (``HQ.newest13_seeds``).
+masking rows, QDQ and QOperator (``HQ.newest13_seeds``); ``newest14`` for those of a Div through the input's identity
+Transpose, the max of a nondecreasing function, GatherND, ceil_mode AveragePool as the mean, Resize at ties, 3-D
+Conv, MaxPool and AveragePool over depth taps, a norm near float32's bound, GRN, a rank-2 STFT, T5's Where-masked bias,
+rank-3 MatMul weights and a causal matrix of 16 tokens (``HQ.newest14_seeds``).
 ``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets, ``quantize-latest`` those of the
 forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds
-(``HQ.NORMS_AND_MASKS_FLOAT``), ``quantize-newest13`` those of the newest13 forms (``HQ.NEWEST13_FLOAT``).
+(``HQ.NORMS_AND_MASKS_FLOAT``), ``quantize-newest13`` those of the newest13 forms (``HQ.NEWEST13_FLOAT``),
+``quantize-newest14`` those of the newest14 forms (``HQ.NEWEST14_FLOAT``).
 ``layouts`` loads the packed seeds' model directories with their quantization.json edited and runs them on mutated
 named inputs (.npz): the outputs must be those of the directory's own layout, or the edit refused
 (``HQ.check_layout``). Each child may add CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
@@ -83,10 +87,12 @@ CHILD_TARGETS = {
                                        if k.split("/")[0] in HQ.NORMS_AND_MASKS}),
     "newest": lambda: HQ.mutated({k: v for k, v in HQ.latest_seeds().items() if k.split("/")[0] in HQ.NEWEST}),
     "newest13": lambda: HQ.mutated(HQ.newest13_seeds()),
+    "newest14": lambda: HQ.mutated(HQ.newest14_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
     "quantize-norms-masks": lambda: HQ.mutated_calibration(HQ.NORMS_AND_MASKS_FLOAT),
     "quantize-newest13": lambda: HQ.mutated_calibration(HQ.NEWEST13_FLOAT),
+    "quantize-newest14": lambda: HQ.mutated_calibration(HQ.NEWEST14_FLOAT),
     "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
@@ -160,9 +166,9 @@ def convert_and_run(data: bytes) -> str:
 #: The child targets whose cases a child checks otherwise than by ``convert_and_run``: importing a quantized
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "norms-masks": "quantized",
-          "newest": "quantized", "newest13": "quantized",
+          "newest": "quantized", "newest13": "quantized", "newest14": "quantized",
           "quantize": "quantize", "quantize-latest": "quantize", "quantize-norms-masks": "quantize",
-          "quantize-newest13": "quantize",
+          "quantize-newest13": "quantize", "quantize-newest14": "quantize",
           "layouts": "layouts"}
 
 

@@ -330,7 +330,7 @@ def depth_taps(ctx, node, t: Tensor, fill: int, kernel: list[int], ceil: bool = 
     tap j (of kd), input depth o s + j d - b (the depth's stride s, dilation d, begin pad b; ``fill``, the padding,
     outside [0, D - 1]; Do by ``ceil`` as MaxPool's ``pool_plan``), a ``take`` along the depth: (N, C, Do kd, H, W).
     Returns (that, the node of the last two axes with explicit pads, Do); refused where a depth pad is negative, a
-    window reads padding only, or the taps would hold more than 2^24 values."""
+    window reads padding only, or the taps would hold more than 2^24 values (before any is computed)."""
     n, c, depth, hh, ww = t.shape
     strides = node.attr_ints("strides", [1] * 3, lo=1, size=3)
     dilations = node.attr_ints("dilations", [1] * 3, lo=1, size=3)
@@ -340,14 +340,17 @@ def depth_taps(ctx, node, t: Tensor, fill: int, kernel: list[int], ceil: bool = 
     out = (-(-span // s) if ceil else span // s) + 1
     if ceil and (out - 1) * s >= depth + b:  # a last window starting past the input: none
         out -= 1
-    idx = np.arange(out)[:, None] * s + np.arange(kd) * d - b
-    inside = (idx >= 0) & (idx < depth)
-    if span < 0 or b < 0 or end[0] < 0 or not inside.any(axis=1).all():
-        raise Refuse(f"{node.op_type} 3-D of depth {depth} by {kd} taps (pads {b}, {end[0]}) has a depth window of "
-                     "padding only, or none")
-    if n * out * kd * c * hh * ww > MAX_DIM:
+    padding_only = Refuse(f"{node.op_type} 3-D of depth {depth} by {kd} taps (pads {b}, {end[0]}) has a depth window "
+                          "of padding only, or none")
+    if span < 0 or b < 0 or end[0] < 0:
+        raise padding_only
+    if n * out * kd * c * hh * ww > MAX_DIM:  # before the taps' indices are allocated
         raise Refuse(f"{node.op_type} 3-D: its {out} x {kd} depth taps hold {n * out * kd * c * hh * ww} values, "
                      "more than 2^24")
+    idx = np.arange(out)[:, None] * s + np.arange(kd) * d - b
+    inside = (idx >= 0) & (idx < depth)
+    if not inside.any(axis=1).all():
+        raise padding_only
     idx = np.where(inside, idx, depth).reshape(-1)  # depth: the padding slice
     if not inside.all():
         t = concatenated(ctx, 2, t, const(np.full((n, c, 1, hh, ww), fill), t.dtype))

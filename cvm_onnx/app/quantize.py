@@ -984,12 +984,17 @@ def _input_types(model: onnx.ModelProto) -> None:
 
 def overflowing(model: Path, name: str, samples: np.ndarray) -> int | None:
     """The first calibration sample on which the float ``model`` computes a non-finite output, or None (also when
-    onnxruntime cannot run it: the quantizer's own failure is then the one reported)."""
-    try:
+    onnxruntime cannot run it: the quantizer's own failure is then the one reported). Run in a child (``in_child``):
+    onnxruntime's optimized session dies of SIGFPE on some models the quantizer's run refused (a Conv of an empty
+    map, its channels a multiple of 8)."""
+    def run() -> list[np.ndarray]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outs = _run_onnx(os.fspath(model), name, samples)
-    except Exception:  # noqa: BLE001  (onnxruntime raises several types)
+            return _run_onnx(os.fspath(model), name, samples)
+
+    try:
+        outs = in_child(run)
+    except Exception:  # noqa: BLE001  (onnxruntime raises several types; the child may die of a signal)
         return None
     bad = [np.flatnonzero(~np.isfinite(o.reshape(len(o), -1)).all(axis=1)) for o in outs
            if o.dtype.kind == "f"]

@@ -222,6 +222,8 @@ def _latest(kind: str) -> bytes:
         return _newest(kind).SerializeToString()
     if kind in NEWEST13:
         return _newest13(kind).SerializeToString()
+    if kind in NEWEST14:
+        return _newest14(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -516,6 +518,77 @@ def newest13_seeds() -> dict[str, bytes]:
     return out
 
 
+def _newest14(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NEWEST14``: a Div of the input read through its identity Transpose (BlazeFace's), the max of
+    a nondecreasing function (Log then ReduceMax, Exp then MaxPool), GatherND of dequantized values (batch_dims 1,
+    negative indices), AveragePool with ceil_mode of one window past the map (its mean), nearest Resize at rounding
+    ties (12 -> 18 half_pixel), 3-D Conv, MaxPool (ceil_mode on odd depths) and AveragePool over depth taps, an
+    InstanceNormalization just below the float32 bound of its variance (s = 4e15)."""
+    from test_instance_normalization import instance_norm_model
+    from test_quantize_fresh13 import function_model
+    from test_quantize_ops12 import resize_model
+
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    qn = functools.partial(h.make_node, "QuantizeLinear")
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.07), "zo": np.int8(-4)}
+
+    def between(node: onnx.NodeProto, shape, extra=None, opset=19) -> onnx.ModelProto:
+        return qdq([dq(["x", "s", "z"], ["xf"]), node, qn(["r", "so", "zo"], ["y"])], shape, T.INT8,
+                   {**inits, **(extra or {})}, T.INT8, opset=opset)
+
+    if kind == "transpose-div":
+        c = np.array([58.4, 57.1, 57.4], np.float32).reshape(3, 1, 1)
+        nodes = [dq(["x", "sx", "zx"], ["xf"]), h.make_node("Transpose", ["xf"], ["t"], perm=[0, 1, 2, 3]),
+                 qn(["t", "sx", "zx"], ["tq"]), dq(["tq", "sx", "zx"], ["tf"]),
+                 h.make_node("Div", ["tf", "c"], ["v"], name="div"), qn(["v", "so", "zo"], ["y"])]
+        return qdq(nodes, (1, 3, 4, 5), T.UINT8, {"sx": np.float32(1.0), "zx": np.uint8(0), "c": c,
+                                                  "so": np.float32(1 / 64), "zo": np.uint8(0)}, T.UINT8)
+    if kind in ("max-log", "maxpool-exp"):
+        op, reduce = ("Log", "ReduceMax") if kind == "max-log" else ("Exp", "MaxPool")
+        return function_model(op, reduce, T.UINT8, (1, 2, 4, 6), {"sx": np.float32(0.03), "zx": np.uint8(0),
+                                                                  "so": np.float32(0.02), "zo": np.uint8(17)})
+    if kind == "gather-nd":
+        idx = np.array([[[0, -1], [2, 1]], [[-3, 0], [1, 2]]], np.int64)
+        return between(h.make_node("GatherND", ["xf", "idx"], ["r"], name="gnd", batch_dims=1), (2, 3, 4),
+                       {"idx": idx}, opset=13)
+    if kind == "avg-ceil-mean":
+        return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[4, 6], strides=[2, 3],
+                                   ceil_mode=1, count_include_pad=1), (1, 3, 3, 5))
+    if kind == "resize-ties":
+        return resize_model((1, 2, 2, 12), [2, 18], "half_pixel", "round_prefer_floor", True)
+    if kind == "conv3d-depth":
+        from test_quantize_fresh12 import dq_conv
+
+        w = np.random.default_rng(14).integers(-127, 128, (4, 2, 3, 2, 2)).astype(np.int8)
+        return dq_conv((1, 2, 5, 6, 6), w, {"pads": [1, 0, 1, 1, 1, 0], "strides": [2, 1, 2]}, True)
+    if kind == "maxpool3d-depth":
+        return between(h.make_node("MaxPool", ["xf"], ["r"], name="pool", kernel_shape=[2, 2, 3], strides=[2, 2, 2],
+                                   pads=[1, 0, 1, 0, 1, 1], ceil_mode=1), (1, 2, 5, 5, 6), opset=12)
+    if kind == "avgpool3d":
+        return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[2, 2, 2],
+                                   strides=[1, 2, 2], pads=[1, 1, 0, 0, 1, 1], count_include_pad=1), (1, 2, 3, 4, 5))
+    # "norm-near-overflow": 16 values a row, |t| + |z| up to 383: 16 (2 * 383 s)^2 just below 2^127 at s = 4e15
+    return instance_norm_model((1, 2, 16), T.UINT8, 4e15, 128, 1e-5, np.array([3, -5]), 0.01, np.array([40, -7]),
+                               False, 0.04, 0, T.UINT8)[0]
+
+
+@functools.cache
+def newest14_seeds() -> dict[str, bytes]:
+    """The seeds of ``NEWEST14`` and ``NEWEST14_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
+    ``NEWEST14_QOPERATOR`` (GatherND, the mean's AveragePool, Resize at ties, 3-D Conv and AveragePool), uint8 per
+    tensor and int8 per channel (quantize_static's QOperator form leaves the divided input's Transpose float)."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    out = {f"{kind}/QDQ": _latest(kind) for kind in NEWEST14 + NEWEST14_OURS}
+    for kind in NEWEST14_QOPERATOR:
+        fm = onnx.load_from_string(float_seeds()[kind][0])
+        for activation, per_channel in (("uint8", False), ("int8", True)):
+            out[f"{kind}/QOperator/{activation}"] = _quantized(fm, "QOperator", activation, per_channel)
+    logging.disable(logging.NOTSET)
+    return out
+
+
 def _suffix(samples: bytes) -> str:
     """A calibration file's name ending: .npz for an archive (a model of several inputs), else .npy."""
     return ".npz" if samples[:4] == b"PK\x03\x04" else ".npy"
@@ -797,13 +870,25 @@ NEWEST13 = ("avg-ceil", "avg-ceil-uncounted", "resize-sizes", "resize-scales", "
             "hardmax", "lp-pool-1", "lp-pool-2", "lp-pool-2-large", "conv3d-frame", "maxpool3d-frame",
             "empty-slice-concat", "wide-instance-norm-32768")
 NEWEST13_OURS = ("masking-rows",)
+#: A Div of the input through its identity Transpose, the max of a nondecreasing function, GatherND of dequantized
+#: values, ceil_mode AveragePool as the map's mean, nearest Resize at ties, 3-D Conv, MaxPool and AveragePool over
+#: depth taps, a norm near float32's variance bound (``_newest14``); quantize's QDQ models of ConvNeXt V2's GRN, a
+#: rank-2 STFT with Whisper's max of its log, T5's Where-masked bias, DeBERTa's folded rank-3 keys and a decoder of 16
+#: tokens (its causal matrix external data in the prepared model) (``NEWEST14_OURS``).
+NEWEST14 = ("transpose-div", "max-log", "maxpool-exp", "gather-nd", "avg-ceil-mean", "resize-ties", "conv3d-depth",
+            "maxpool3d-depth", "avgpool3d", "norm-near-overflow")
+NEWEST14_OURS = ("grn", "whisper-stft", "t5-where", "grouped-keys", "causal-16")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
           "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
-    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS
+    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS + NEWEST14 + NEWEST14_OURS
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
-LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS + NEWEST13_OURS
+LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS + NEWEST13_OURS + NEWEST14_OURS
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
+#: Hostile kernels, strides and pads of the 3-D pools and convolutions (depth 0, 1, past the input; depth pads).
+DEPTH_KERNELS = [[0, 2, 2], [1, 2, 2], [9, 2, 2], [BIG, 1, 1], [2, 2], [1, 1, 1, 1]]
+DEPTH_STRIDES = [[0, 1, 1], [3, 1, 1], [BIG, 1, 1], [-1, 1, 1]]
+DEPTH_PADS = [[-1, 0, 0, 0, 0, 0], [2, 0, 0, 2, 0, 0], [BIG, 0, 0, 0, 0, 0], [0, 0, 0, 9, 0, 0], [1, 1, 1, 1]]
 #: Hostile values of the attributes of the newer rule families' ops (None: the attribute removed).
 ATTRS = {
     "LSTM": {"hidden_size": [0, -1, 3, 5, 64, BIG, 1 << 40], "direction": ["reverse", "bidirectional", "sideways"],
@@ -822,15 +907,18 @@ ATTRS = {
                                                                              1e30, 1e-45], "stash_type": [0, 10]},
     "Softmax": {"axis": [-4, -3, -2, 0, 1, 2, 3, BIG]},
     "Gather": {"axis": [-3, -1, 1, 2, 5]},
-    "MaxPool": {"dilations": [[0, 0], [-1, 1], [BIG, 1], [100, 100], [1], [3, 1]], "kernel_shape": [[0, 0], [BIG, 1],
-                [9, 9], [1]], "strides": [[0, 1], [-1, 1], [BIG, BIG]], "pads": [[-1, 0, 0, 0], [5, 5, 5, 5],
-                [BIG, 0, 0, 0], [1, 1]], "ceil_mode": [1, 2], "auto_pad": ["SAME_UPPER", "SAME_LOWER", "VALID", "X"],
+    "MaxPool": {"dilations": [[0, 0], [-1, 1], [BIG, 1], [100, 100], [1], [3, 1], [2, 1, 1], [0, 1, 1]],
+                "kernel_shape": [[0, 0], [BIG, 1], [9, 9], [1], *DEPTH_KERNELS], "strides": [[0, 1], [-1, 1],
+                [BIG, BIG], *DEPTH_STRIDES], "pads": [[-1, 0, 0, 0], [5, 5, 5, 5], [BIG, 0, 0, 0], [1, 1],
+                *DEPTH_PADS], "ceil_mode": [1, 2], "auto_pad": ["SAME_UPPER", "SAME_LOWER", "VALID", "X"],
                 "storage_order": [1]},
     "ConvTranspose": {"strides": [[0, 0], [-1, 2], [BIG, 2], [1], [3, 3]], "output_padding": [[1, 1], [5, 0], [-1, 0]],
                       "output_shape": [[9, 9], [0, 0], [BIG, BIG], [1]], "dilations": [[2, 2], [0, 1], [BIG, 1]],
                       "group": [0, 2, 3, -1], "pads": [[1, 1, 1, 1], [-1, 0, 0, 0], [BIG, 0, 0, 0]],
                       "auto_pad": ["SAME_UPPER", "SAME_LOWER", "VALID", "X"], "kernel_shape": [[3, 3], [1]]},
-    "Conv": {"dilations": [[0, 1], [BIG, 1]], "group": [0, 2, 3], "strides": [[0, 1], [BIG, 1]]},
+    "Conv": {"dilations": [[0, 1], [BIG, 1], [2, 1, 1], [0, 1, 1]], "group": [0, 2, 3],
+             "strides": [[0, 1], [BIG, 1], *DEPTH_STRIDES], "pads": DEPTH_PADS, "kernel_shape": DEPTH_KERNELS,
+             "auto_pad": ["SAME_UPPER", "SAME_LOWER", "VALID"]},
     "Gemm": {"alpha": [0.0, -0.0, float("nan"), float("inf"), 1e30, 1e-45, -3.0, 0.375],
              "beta": [0.0, float("nan"), float("inf"), 1e30, 1e-45, -2.0], "transA": [1, 2], "transB": [1, -1]},
     "Pad": {"mode": ["reflect", "edge", "wrap", "bogus"]},
@@ -894,9 +982,11 @@ ATTRS.update({
     "ThresholdedRelu": {"alpha": [float("nan"), float("inf"), -float("inf"), 1e30, -1e30]},
     "ReverseSequence": {"time_axis": [-1, 0, 1, 2, 5, BIG], "batch_axis": [-1, 0, 1, 2, 5, BIG]},
     "ReduceL1": ATTRS["ReduceL2"], "Sum": {}, "Mean": {}, "Greater": {}, "GlobalAveragePool": {},
-    "AveragePool": {"kernel_shape": [[0, 0], [1, 1], [9, 9], [BIG, 1], [3]], "strides": [[0, 1], [2, 2], [BIG, 1]],
-                    "pads": [[1, 1, 1, 1], [-1, 0, 0, 0], [BIG, 0, 0, 0]], "count_include_pad": [1, 2],
+    "AveragePool": {"kernel_shape": [[0, 0], [1, 1], [9, 9], [BIG, 1], [3], *DEPTH_KERNELS],
+                    "strides": [[0, 1], [2, 2], [BIG, 1], *DEPTH_STRIDES],
+                    "pads": [[1, 1, 1, 1], [-1, 0, 0, 0], [BIG, 0, 0, 0], *DEPTH_PADS], "count_include_pad": [1, 2],
                     "ceil_mode": [1], "auto_pad": ["SAME_UPPER", "VALID", "X"]},
+    "GatherND": {"batch_dims": [-1, 0, 1, 2, 3, 5, BIG]},
 })
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
@@ -1007,9 +1097,38 @@ def refused(e: CVMError, out: Path) -> str:
     return type(e).__name__
 
 
+#: Where a hostile file's external tensor points: outside the model's folder, absolute, missing, the model file
+#: itself (``check`` writes it as model.onnx), a folder, a device.
+EXTERNAL_LOCATIONS = ("../outside.bin", "/etc/hostname", "missing.bin", "model.onnx", "./model.onnx", ".", "",
+                      "sub/../../model.onnx", "/dev/zero", "../../../../../dev/zero", "a\x00b", "model.onnx/x")
+EXTERNAL_NUMBERS = (None, "0", "-1", "7", "1024", str(1 << 40), str((1 << 63) - 1), str(1 << 64), "x", "")
+
+
+def _external_data(draw, model: onnx.ModelProto, steps: list[str]) -> None:
+    """An initializer's data moved to external data at a hostile location, offset and length (none where the model
+    has no initializer)."""
+    if not model.graph.initializer:
+        steps.append("external data: no initializer")
+        return
+    t = model.graph.initializer[draw(st.integers(0, len(model.graph.initializer) - 1))]
+    location = draw(st.sampled_from(EXTERNAL_LOCATIONS))
+    offset, length = (draw(st.sampled_from(EXTERNAL_NUMBERS)) for _ in range(2))
+    kept = draw(st.booleans())  # its data left in the file too
+    if not kept:
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+            t.ClearField(field)
+    t.data_location = T.EXTERNAL
+    del t.external_data[:]
+    for key, value in (("location", location), ("offset", offset), ("length", length)):
+        if value is not None:
+            t.external_data.add(key=key, value=value)
+    steps.append(f"{t.name} external at {location!r} offset {offset} length {length}{' (data kept)' if kept else ''}")
+
+
 @st.composite
 def mutated(draw, seeds: dict[str, bytes]) -> Case:
-    """A seed with 1 to 3 quantization mutations, or one of the generic mutations of tests/core/test_reliability.py."""
+    """A seed with 1 to 3 quantization mutations (an initializer moved to external data among them), or one of the
+    generic mutations of tests/core/test_reliability.py."""
     name = draw(st.sampled_from(sorted(seeds)))
     if draw(st.integers(0, 4)) == 0:
         case = draw(mutated_onnx({name: seeds[name]}))
@@ -1024,6 +1143,8 @@ def mutated(draw, seeds: dict[str, bytes]) -> Case:
             _family_node(draw, model, steps)
         else:
             _mutate_node(draw, model, steps)
+    if draw(st.integers(0, 8)) == 0:  # last: the other mutations read the initializers' data
+        _external_data(draw, model, steps)
     return Case(name, tuple(steps), (model.SerializeToString(),))
 
 
@@ -1128,17 +1249,21 @@ NORMS_AND_MASKS_FLOAT = ("decoder", "decoder-causal", "group-norm-block", "t5-rm
 NEWEST13_QOPERATOR = ("resnet_d_shortcut", "avg_ceil_counted", "interpolate_size", "resize_two_thirds", "cumsum",
                       "gem_l2", "frame3d")
 NEWEST13_FLOAT = NEWEST13_QOPERATOR + ("trilu", "hardmax", "masking-rows", "t5-mask")
+#: The float seeds of the forms of NEWEST14 (``_newest14_float``); those onnxruntime's QOperator models of which are
+#: seeds too (``newest14_seeds``).
+NEWEST14_QOPERATOR = ("gather-nd-convs", "avg-mean-convs", "resize-ties-convs", "conv3d", "avgpool3d-convs")
+NEWEST14_FLOAT = NEWEST14_QOPERATOR + ("divided",) + NEWEST14_OURS
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
                 "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
-    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT
+    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
 PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf", "mask-eager", "mask-scatter", "mask-lse",
-          "decoder", "decoder-causal", "masking-rows", "t5-mask")
+          "decoder", "decoder-causal", "masking-rows", "t5-mask", "t5-where", "causal-16")
 #: The packed seeds of a decoder's mask (``support.masks``), their int64 mask (1, L) or shorter.
 DECODERS = {"mask-eager": "eager", "mask-scatter": "cache_scatter"}
 
@@ -1243,6 +1368,7 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     out.update(_fresh_float(rng))
     out.update(_norms_and_masks_float(rng))
     out.update(_newest13_float())
+    out.update(_newest14_float())
     return out
 
 
@@ -1276,6 +1402,50 @@ def _newest13_float() -> dict[str, onnx.ModelProto]:
     out["frame3d"] = frame3d()
     out["masking-rows"] = biased_attention()
     out["t5-mask"] = t5_block(mask=True)
+    return out
+
+
+def _newest14_float() -> dict[str, onnx.ModelProto]:
+    """Float models of the forms of ``NEWEST14``: BlazeFace's input divided inside the model ("divided"), GatherND,
+    AveragePool (ceil_mode, one window past the map) and nearest Resize at ties between two Convs, a video model of
+    3-D Convs ("conv3d"), a 3-D AveragePool between 3-D Convs, ConvNeXt V2's GRN, a (batch, length) STFT front end
+    whose log mel is floored at its max - 8 (Whisper's), T5's bias masked by a Where of its attention mask, DeBERTa's
+    keys repeated per head (a rank-3 weight once folded) and a decoder of 16 tokens (its causal matrix folded)."""
+    from test_archtext13 import F32_MIN, causal_decoder, repeated_keys
+    from test_archvision13 import grn
+    from test_quantize_ops13 import conv_3d_model
+
+    from .quantized import between_convs, divided
+    from .spectra import mel_front_end
+    from .transformers12 import t5_block
+
+    rng = np.random.default_rng(14)
+    idx = np.stack([rng.integers(-n, n, (1, 8, 6, 6)) for n in (1, 8, 12, 12)], -1)
+    out = {"divided": divided(np.float32(255), True),
+           "gather-nd-convs": between_convs([h.make_node("GatherND", ["a", "idx"], ["b"])], {"idx": idx}),
+           "avg-mean-convs": between_convs([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[13, 13],
+                                                        strides=[2, 2], ceil_mode=1)], {}),
+           "resize-ties-convs": between_convs([h.make_node("Resize", ["a", "", "", "sz"], ["b"], mode="nearest")],
+                                              {"sz": np.array([1, 8, 18, 18], np.int64)}),
+           "conv3d": conv_3d_model(), "grn": grn(False, 1e-6, 14), "t5-where": t5_block(mask="where"),
+           "grouped-keys": repeated_keys(4, 4, 8, 16, rng.normal(size=(1, 8, 16)) / 4),
+           "causal-16": causal_decoder(16, F32_MIN)}
+    video = onnx.load_from_string(out["conv3d"].SerializeToString())
+    relu = next(n for n in video.graph.node if n.op_type == "Relu")
+    video.graph.node.insert(list(video.graph.node).index(relu) + 1, h.make_node(
+        "AveragePool", ["r"], ["p"], kernel_shape=[2, 2, 2], pads=[1, 0, 0, 0, 1, 1], count_include_pad=1))
+    next(n for n in video.graph.node if n.op_type == "Conv" and n.input[0] == "r").input[0] = "p"
+    out["avgpool3d-convs"] = video
+    front = mel_front_end(length=256, size=64, step=32, mels=8)
+    front.graph.input[0].CopyFrom(h.make_tensor_value_info("x", T.FLOAT, [1, 256]))
+    sqrt = next(n for n in front.graph.node if n.op_type == "Sqrt")
+    front.graph.node.remove(sqrt)
+    front.graph.initializer.extend([nh.from_array(np.float32(1e-10), "floor"), nh.from_array(np.float32(8), "eight")])
+    front.graph.node.extend([h.make_node("Max", ["melspec", "floor"], ["clamped"]),
+                             h.make_node("Log", ["clamped"], ["logs"]), h.make_node("ReduceMax", ["logs"], ["peak"]),
+                             h.make_node("Sub", ["peak", "eight"], ["low"]),
+                             h.make_node("Max", ["logs", "low"], ["y"])])
+    out["whisper-stft"] = front
     return out
 
 
@@ -1438,8 +1608,13 @@ def _packed_samples(kind: str, rng) -> bytes:
 
     from .masks import mask_length
 
-    if kind in ("masking-rows", "t5-mask"):
+    if kind in ("masking-rows", "t5-mask", "t5-where"):
         return _newest13_samples(kind, rng)
+    if kind == "causal-16":
+        samples = {"input_ids": bert_samples(6, length=16, seed=int(rng.integers(1 << 16)))["input_ids"]}
+        f = io.BytesIO()
+        np.savez(f, **samples)
+        return f.getvalue()
     samples = bert_samples(6, seed=int(rng.integers(1 << 16)))
     if kind != "packed":
         samples["mask"] = samples["mask"].astype(np.int64)

@@ -41,7 +41,9 @@ def move_rule(ctx, node, x, *rest):
         shape = (x.shape[0], math.prod(x.shape[1:]))  # CVM's flatten keeps the batch axis (a batched form can grow it)
         return replace(x, t=ctx.result(ctx.emit("flatten", x.t.entry), x.t.dtype, x.t.lo, x.t.hi, shape))
     out = integer_rule(node)(ctx, node, x.t, *rest)
-    return [replace(x, t=o) for o in out] if isinstance(out, list) else replace(x, t=out)
+    if not isinstance(out, list):
+        return replace(x, t=out)
+    return [None if o is None else replace(x, t=o) for o in out]  # MaxPool's Indices: None
 
 
 for _op in MOVES:
@@ -61,7 +63,9 @@ def reduced_function(ctx, node, x: Mapped, *rest) -> Mapped:
         raise Refuse(f"{node.op_type} of {x.what}, not nondecreasing on its input's integers, must be quantized "
                      "(QuantizeLinear) first")
     out = move_rule(ctx, node, x.x, *rest)
-    return [Mapped(o, x.fn, x.what) for o in out] if isinstance(out, list) else Mapped(out, x.fn, x.what)
+    if not isinstance(out, list):
+        return Mapped(out, x.fn, x.what)
+    return [None if o is None else Mapped(o, x.fn, x.what) for o in out]
 
 
 def reduced_sum(ctx, node, x: Summed, axes_t=None) -> Summed:

@@ -14,6 +14,7 @@ from onnx import TensorProto
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
+from ..checks import MAX_DIM
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_2d, as_int32, axes_of, concatenated, conv_window, cropped,
                     depth_folded, depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced,
@@ -759,7 +760,7 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
             raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
                          "a window of padding only can count no input value, its average undefined")
     ends, outs = ceil_ends(node, t.shape[2:], kernel, strides, begin, end)
-    ones = np.ones((c, 1) + tuple(kernel), np.int64)
+    ones = kernel_ones(c, kernel, np.int64)
     pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, ends)
     acc, _, _ = accumulate(ctx, replace(x, t=t), ones, np.ones(c, object), None, "conv2d", c, **pad, channels=c,
                         kernel_size=tuple(kernel), strides=tuple(strides), dilation=(1, 1))
@@ -794,7 +795,7 @@ def depth_average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
         t, begin, end = cropped(ctx, x.t, begin, end)
         return depth_window_average(ctx, node, replace(x, t=t), kernel, strides, begin, end, whole_kernel)
     c = x.shape[1]
-    ones = Scaled(const(np.ones((c, 1) + tuple(kernel), np.int8), TensorProto.INT8),
+    ones = Scaled(const(kernel_ones(c, kernel, np.int8), TensorProto.INT8),
                   np.asarray(Fraction(1), dtype=object), np.zeros((), np.int64))
     y = depth_conv(ctx, node, x, ones, None, groups=c)
     zero = np.asarray(y.zero).reshape(-1)[0]  # every channel's: their weights are the same
@@ -820,6 +821,15 @@ def depth_window_average(ctx, node, x: Scaled, kernel, strides, begin, end, whol
     sx = x.scale.reshape(()).item()
     return Scaled(t, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
                   np.zeros((), np.int64))
+
+
+def kernel_ones(c: int, kernel: list[int], dtype) -> np.ndarray:
+    """The weights 1 (c, 1, *kernel) of an AveragePool's depthwise Conv; refused past 2^24 values, before they are
+    allocated (a huge kernel within huge pads)."""
+    if c * math.prod(kernel) > MAX_DIM:
+        raise Refuse(f"AveragePool kernel {tuple(kernel)} over {c} channels: its weights would hold "
+                     f"{c * math.prod(kernel)} values, more than 2^24")
+    return np.ones((c, 1) + tuple(kernel), dtype)
 
 
 @float_rule("AveragePool", since=7)
