@@ -326,3 +326,44 @@ def test_sums_of_squares_past_float32_are_refused_naming_the_node(name):
     named = {n.name for n in m.graph.node}
     assert "passes float32's range, where onnxruntime computes it as inf" in p.rule and p.where.split(" (")[0] in named
     import_model(squares_model(name, float(np.nextafter(np.float32(2.0**55), np.float32(0)))), input_precision=9)
+
+
+# -- MatMul by one matrix broadcast over the batch -----------------------------------------------------------------
+@SETTINGS
+@given(d=st.data(), ones=st.integers(1, 2), x_rank=st.integers(1, 4), k=st.integers(1, 6), n=st.integers(1, 5),
+       per_channel=st.booleans(), qoperator=st.booleans(), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_a_matmul_weight_of_one_matrix_broadcast_is_that_matrix(d, ones, x_rank, k, n, per_channel, qoperator,
+                                                                 x_type):
+    """A constant MatMul / QLinearMatMul weight of shape (1, ..., 1, K, N) is one matrix broadcast over the input's
+    batch axes (the output of rank max(rank x, rank w)): dense by that matrix, equal to the oracle. Regression:
+    refused 'dense takes one weight matrix'."""
+    x_shape = tuple(d.draw(st.integers(1, 3)) for _ in range(x_rank - 1)) + (k,)
+    lo, hi = RANGE[x_type]
+    w = np.asarray(d.draw(st.lists(st.integers(-127, 127), min_size=k * n, max_size=k * n)), np.int8).reshape(
+        (1,) * ones + (k, n))
+    sw = np.asarray(d.draw(st.lists(st.floats(2.0**-10, 1, width=32), min_size=n, max_size=n)), np.float32) \
+        if per_channel and not qoperator else np.float32(d.draw(st.floats(2.0**-10, 1, width=32)))
+    inits = {"s": np.float32(0.05), "z": NP[x_type](d.draw(st.integers(lo, hi))), "w": w, "sw": sw,
+             "zw": np.zeros(sw.shape, np.int8), "so": np.float32(d.draw(st.floats(2.0**-7, 4, width=32))),
+             "zo": np.int8(d.draw(st.integers(-5, 5)))}
+    if qoperator:
+        nodes = [h.make_node("QLinearMatMul", ["x", "s", "z", "w", "sw", "zw", "so", "zo"], ["y"])]
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node("DequantizeLinear", ["w", "sw", "zw"], ["wf"], axis=-1),
+                 h.make_node("MatMul", ["xf", "wf"], ["yf"]),
+                 h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
+    m = qdq(nodes, x_shape, x_type, inits, T.INT8)
+    oracle_equal(m, draw_x(d, x_shape, x_type))
+
+
+def test_a_matmul_weight_of_several_matrices_is_refused_in_one_line():
+    w = np.ones((2, 3, 4), np.int8)
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("MatMul", ["xf", "wf"], ["yf"]),
+             h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])], (2, 5, 3), T.INT8,
+            {"s": np.float32(0.1), "z": np.int8(0), "w": w, "sw": np.float32(0.1), "so": np.float32(0.1),
+             "zo": np.int8(0)}, T.INT8)
+    with pytest.raises(UnsupportedError, match=r"MatMul weight of shape \(2, 3, 4\): dense takes one weight matrix"):
+        import_model(m)

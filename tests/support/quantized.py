@@ -475,7 +475,7 @@ class Oracle:
         return x
 
     def float_op(self, op, xs, a):
-        if op == "MatMul" and xs[1][0] == "real" and xs[1][1].ndim > 2:  # of two computed tensors, per tensor
+        if op == "MatMul" and xs[1][0] == "real" and xs[1][1].ndim > 2 and np.asarray(xs[1][2]).size == 1:  # per tensor
             return ("real", xs[0][1] @ xs[1][1], xs[0][2].reshape(()) * xs[1][2].reshape(()))
         if op in ("Conv", "ConvTranspose", "Gemm", "MatMul"):
             x, w = xs[0], xs[1]
@@ -493,7 +493,7 @@ class Oracle:
                 return self.gemm(x, w, xs[2] if len(xs) > 2 else None, a)
             else:
                 v = x[1] @ w[1]
-                sw = np.broadcast_to(w[2], w[1].shape)[0]
+                sw = np.broadcast_to(w[2], w[1].shape)[..., 0, :]  # per column
             return ("real", np.rint(v).astype(np.int64), scale_x * sw)
         if op in ("Relu", "Abs", "Neg") and xs[0][0] == "sum":  # requantized at the output's scale, then the op
             return ("after", op, xs[0])
@@ -726,8 +726,8 @@ def layernorm_oracle(x: np.ndarray, view: tuple[int, int], s: Fraction, eps: Fra
                      beta: list[Fraction], s_out: Fraction, zo: int, lo: int, hi: int, p) -> np.ndarray:
     """QuantizeLinear(LayerNormalization) by the integer form of docs/import.md, with the import's T, K, F, j and k
     and everything else recomputed here: u = x - c (x the stored integers, as the import reads them: the wide
-    form's floors of sums of u are not translation-invariant), D = n u - sum u, V = n sum u^2 - (sum u)^2, the level m and
-    bucket of V, R = round(2^(F+m+h) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
+    form's floors of sums of u are not translation-invariant), D = n u - sum u, V = n sum u^2 - (sum u)^2, the level
+    m and bucket of V, R = round(2^(F+m+h) / sqrt(v + G)) (math.sqrt, v the bucket's middle, G = eps n^2 / s^2),
     N = trunc(D R / 2^(m+j)) (h = 0), else trunc(D (R >> h) / 2^(m+j)) + trunc(D (R mod 2^h) / 2^(m+j+h)),
     y = round_half_up((N m_i + B_i) / 2^k) with m_i = round(gamma_i 2^(k-F+j) / s_out) (s = 0), else
     round_half_up((N (m_i >> s) + trunc(N (m_i mod 2^s) / 2^s) + B_i) / 2^k) with m_i = round(gamma_i 2^(k+s-F+j) /

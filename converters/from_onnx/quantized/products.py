@@ -519,10 +519,31 @@ def matmul_rule(ctx, node, a, b):
     a, b = scaled(a, "the MatMul input"), scaled(b, "the MatMul weight")
     if not b.t.is_const:
         return variable_matmul(ctx, a, b)
-    if len(b.shape) != 2:
-        raise Refuse(f"a MatMul weight of shape {b.shape}: dense takes one weight matrix")
-    w, sw = weight(b, "the MatMul weight", transpose=True)
-    return dense(ctx, a, w, sw, None)
+    w, sw = weight(one_matrix(b, "MatMul weight"), "the MatMul weight", transpose=True)
+    return ranked(ctx, dense(ctx, a, w, sw, None), matmul_rank(a, b))
+
+
+def one_matrix(b: Scaled, what: str) -> Scaled:
+    """A constant weight of shape (1, ..., 1, K, N), one matrix broadcast over the input's batch axes, as that (K, N)
+    matrix; any other shape but (K, N) refused."""
+    if len(b.shape) < 2 or any(d != 1 for d in b.shape[:-2]):
+        raise Refuse(f"a {what} of shape {b.shape}: dense takes one weight matrix")
+    rank, drop = len(b.shape), (0,) * (len(b.shape) - 2)
+    return replace(b, t=const(np.asarray(b.t.value).reshape(b.shape[-2:]), b.t.dtype),
+                   scale=full_rank(np.asarray(b.scale, dtype=object), rank)[drop],
+                   zero=full_rank(np.asarray(b.zero), rank)[drop])
+
+
+def matmul_rank(a: Scaled, b: Scaled) -> int:
+    """The rank of MatMul's a @ b, numpy's: a vector a loses the axis it gains to be a matrix."""
+    return max(len(a.shape), len(b.shape)) - (len(a.shape) == 1)
+
+
+def ranked(ctx, y: Scaled, rank: int) -> Scaled:
+    """``y`` with leading axes of 1 up to ``rank`` (MatMul's broadcast of a weight of more axes than its input)."""
+    if len(y.shape) >= rank:
+        return y
+    return replace(y, t=ctx.reshape(y.t, (1,) * (rank - len(y.shape)) + y.shape))
 
 
 def flat_index(i: tuple[int, ...], dims: tuple[int, ...]) -> int:

@@ -12,7 +12,8 @@ from ..emit import as_int32
 from ..registry import Refuse, rule
 from .elementwise import FUNCTIONS, add_rule, mapped, multiply
 from .moves import concat_rule
-from .products import average, conv, dense, gemm_factor, global_average, times, variable_matmul, weight
+from .products import (average, conv, dense, gemm_factor, global_average, matmul_rank, one_matrix, ranked, times,
+                       variable_matmul, weight)
 from .qdq import dequantize, out_type, quantize, softmax_view
 from .values import MS, Scaled, Softmaxed, per_tensor, scale_of, zero_of
 
@@ -47,10 +48,8 @@ def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
     av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, 1)
     if not bv.t.is_const:
         return requantized(ctx, node, variable_matmul(ctx, av, bv), ys, yz)
-    if len(bv.shape) != 2:
-        raise Refuse(f"a QLinearMatMul weight of shape {bv.shape}: dense takes one weight matrix")
-    w, sw = weight(bv, "the QLinearMatMul weight B", transpose=True)
-    return requantized(ctx, node, dense(ctx, av, w, sw, None), ys, yz)
+    w, sw = weight(one_matrix(bv, "QLinearMatMul weight"), "the QLinearMatMul weight B", transpose=True)
+    return requantized(ctx, node, ranked(ctx, dense(ctx, av, w, sw, None), matmul_rank(av, bv)), ys, yz)
 
 
 @rule("QGemm", since=1, domain=MS)
