@@ -16,7 +16,6 @@ Run (torch, transformers and torchvision on the path for ``export`` only):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from real_models import Model, cpu, one  # noqa: E402
+from real_models import Model, cpu, export_failure, json_line, one, refusal, whole  # noqa: E402
 from text_architectures import TEXT, TOKENS, VOCAB, samples  # noqa: E402
 
 EXPORTERS = {"ts": dict(dynamo=False, opset_version=17), "dynamo": dict(dynamo=True, opset_version=18)}
@@ -305,8 +304,7 @@ def main() -> None:
                     export(name, exporter, work / f"{name}-{exporter}.onnx")
                     print(f"{name} {exporter}: exported", flush=True)
                 except Exception as e:  # an exporter's failure is a row of the sweep, not its end
-                    print(f"{name} {exporter}: export failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                          flush=True)
+                    print(f"{name} {exporter}: {export_failure(e)}", flush=True)
         return
     print(f"CPU: {cpu()}; load {os.getloadavg()[0]:.1f}; 8 calibration, {args.held_out} held-out samples")
     for name in names:
@@ -322,18 +320,11 @@ def main() -> None:
                     print(f"{name} {exporter}: CRASH {type(e).__name__}: {str(e)[:300]}", flush=True)
                     continue
                 label = f"{name} {exporter} ({r['ops']} ops) {'per-channel' if per_channel else 'per-tensor'}"
-                if not r["whole"]:
-                    print(f"{label}: refused, {r['refusals']} problem(s) in {r['seconds']} s: "
-                          + "; ".join(f"{k} x{v}" for k, v in r["why"].items()), flush=True)
-                else:
-                    print(f"{label}: whole, quantize {r['quantize_s']} s, export exact {r['export_exact']}; "
-                          + "; ".join(f"{o['name']} {o['ratio']:.3f}x ({o['ratio_90'][0]:.2f}-{o['ratio_90'][1]:.2f})"
-                                      for o in r["outputs"]) + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+                print(f"{label}: {whole(r) if r['whole'] else refusal(r)} ({r['seconds']} s; load "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
                 if args.json:
                     with open(args.json, "a") as f:
-                        f.write(json.dumps({k: v for k, v in r.items() if k != "outputs"} | {"outputs": [
-                            {k: v for k, v in o.items() if k != "per_sample_steps"} for o in r.get("outputs", [])]})
-                            + "\n")
+                        f.write(json_line(r))
 
 
 if __name__ == "__main__":

@@ -871,6 +871,30 @@ def one(m: Model, path: Path, cut: list[str] | None, per_channel: bool, samples:
     return out
 
 
+def refusal(r: dict) -> str:
+    """``one``'s refused result in one line: how many problems, each rule's count."""
+    return f"refused, {r['refusals']} problem(s): " + "; ".join(f"{k} x{v}" for k, v in r["why"].items())
+
+
+def whole(r: dict) -> str:
+    """``one``'s whole result in one line: each output's ratio to onnxruntime's distance from float (90% interval)
+    and both distances within the range."""
+    return f"whole, quantize {r['quantize_s']} s, export exact {r['export_exact']}; " + "; ".join(
+        f"{o['name']} {o['ratio']:.3f}x ({o['ratio_90'][0]:.2f}-{o['ratio_90'][1]:.2f}), CVM {o['cvm_in_range']:.3g} "
+        f"vs onnxruntime {o['ort_in_range']:.3g} steps" for o in r["outputs"])
+
+
+def export_failure(e: Exception) -> str:
+    """An exporter's failure in one line (a row of a sweep, not its end)."""
+    return f"export failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def json_line(r: dict) -> str:
+    """``one``'s result as a JSON line, less each output's per-sample steps."""
+    return json.dumps({k: v for k, v in r.items() if k != "outputs"} | {"outputs": [
+        {k: v for k, v in o.items() if k != "per_sample_steps"} for o in r.get("outputs", [])]}) + "\n"
+
+
 def located(m: Model) -> Path | None:
     """The model file: under its package's folder, or (a package that is no module: a folder named with hyphens)
     among its distribution's files; None where the package is not installed."""
@@ -912,8 +936,7 @@ def main() -> None:
             label = m.name + (f" cut at {', '.join(cut)}" if cut else " whole") + \
                 (", per-channel" if per_channel else ", per-tensor") + (", QOperator" if form == "qoperator" else "")
             if not r["whole"]:
-                print(f"{label}: refused, {r['refusals']} problem(s): "
-                      + "; ".join(f"{k} x{v}" for k, v in r["why"].items()))
+                print(f"{label}: {refusal(r)}")
                 continue
             print(f"{label}: imported whole, {r['requantizations']} requantizations, quantize {r['quantize_s']} s, "
                   f"export exact: {r['export_exact']}")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from real_models import Model, cpu, one  # noqa: E402
+from real_models import Model, cpu, export_failure, one, refusal, whole  # noqa: E402
 
 TOKENS, VOCAB = 16, 1000
 TEXT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB,
@@ -177,8 +177,7 @@ def main() -> None:
                     export(name, exporter, work / f"{name}-{exporter}{args.tag}.onnx", args.eager, args.opset)
                     print(f"{name} {exporter}: exported", flush=True)
                 except Exception as e:  # an exporter's failure is a row of the sweep, not its end
-                    print(f"{name} {exporter}: export failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-                          flush=True)
+                    print(f"{name} {exporter}: {export_failure(e)}", flush=True)
         return
     print(f"CPU: {cpu()}; load {os.getloadavg()[0]:.1f}; 8 calibration, {args.held_out} held-out samples")
     results = []
@@ -194,15 +193,8 @@ def main() -> None:
                 r = measure(name, exporter, path, per_channel, args.held_out, args.mask)
                 results.append(r)
                 label = f"{name} {exporter}{args.tag} ({r['ops']} ops) {'per-channel' if per_channel else 'per-tensor'}"
-                if not r["whole"]:
-                    print(f"{label}: refused, {r['refusals']} problem(s) in {r['seconds']} s: "
-                          + "; ".join(f"{k} x{v}" for k, v in r["why"].items()), flush=True)
-                    continue
-                o = r["outputs"][0]
-                print(f"{label}: whole, quantize {r['quantize_s']} s, export exact {r['export_exact']}; steps from "
-                      f"float CVM {o['cvm_in_range']:.4g}, onnxruntime {o['ort_in_range']:.4g}: {o['ratio']:.3f}x "
-                      f"(90%: {o['ratio_90'][0]:.3f}-{o['ratio_90'][1]:.3f}); load {os.getloadavg()[0]:.1f}",
-                      flush=True)
+                print(f"{label}: {whole(r) if r['whole'] else refusal(r)} ({r['seconds']} s; load "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu(), "results": results}, indent=1) + "\n")
 

@@ -14,7 +14,6 @@ python benchmarks/vision_architectures.py [--only NAME ...] [--exporter torchscr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from real_models import Model, cpu, imagenet, one  # noqa: E402
+from real_models import Model, cpu, export_failure, imagenet, json_line, one, refusal, whole  # noqa: E402
 
 
 def hf(config_name: str, model_name: str, out: str = "logits", **config):
@@ -243,7 +242,7 @@ def main() -> None:
                 try:
                     export(build(), shape, path, exporter)
                 except Exception as e:  # an exporter's failure is a finding, not the end of the run
-                    print(f"{name} [{exporter}]: export failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    print(f"{name} [{exporter}]: {export_failure(e)}")
                     continue
                 ops = sorted({n.op_type for n in onnx.load(str(path)).graph.node})
                 print(f"{name} [{exporter}]: {len(onnx.load(str(path)).graph.node)} nodes, ops {' '.join(ops)}")
@@ -253,19 +252,10 @@ def main() -> None:
                     r = one(m, path, None, per_channel, args.samples, args.held_out, Path(tmp))
                     r.update(exporter=exporter, seconds=round(time.perf_counter() - t, 1))
                     label = f"  {'per-channel' if per_channel else 'per-tensor'}"
-                    if not r["whole"]:
-                        print(f"{label}: refused, {r['refusals']} problem(s): "
-                              + "; ".join(f"{k} x{v}" for k, v in r["why"].items()))
-                    else:
-                        print(f"{label}: whole, quantize {r['quantize_s']} s, export exact {r['export_exact']}; "
-                              + "; ".join(f"{o['name']} {o['ratio']:.3f}x ({o['ratio_90'][0]:.2f}-"
-                                          f"{o['ratio_90'][1]:.2f}), CVM {o['cvm_in_range']:.3g} vs "
-                                          f"onnxruntime {o['ort_in_range']:.3g} steps" for o in r["outputs"]))
+                    print(f"{label}: {whole(r) if r['whole'] else refusal(r)}")
                     if args.json:
                         with open(args.json, "a") as f:
-                            f.write(json.dumps({k: v for k, v in r.items() if k != "outputs"} | {"outputs": [
-                                {k: v for k, v in o.items() if k != "per_sample_steps"} for o in r.get("outputs", [])]})
-                                + "\n")
+                            f.write(json_line(r))
             print(f"  (load {os.getloadavg()[0]:.1f})", flush=True)
 
 
