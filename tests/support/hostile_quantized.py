@@ -440,6 +440,14 @@ def _newest(kind: str) -> onnx.ModelProto:
     return min_max_quotient("minmax", (1, 2, 3), T.INT8, T.INT8, T.INT8, 0.5, 0, 1.0, 0, 4.0, 98, 1.0, 0, 0.0)
 
 
+def between(node: onnx.NodeProto, shape, extra=None, opset=19) -> onnx.ModelProto:
+    """An int8 QDQ model of ``node`` reading 'xf' (x dequantized) and writing 'r' (quantized into y)."""
+    return qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), node,
+                h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])], shape, T.INT8,
+               {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.07), "zo": np.int8(-4), **(extra or {})},
+               T.INT8, opset=opset)
+
+
 def _newest13(kind: str) -> onnx.ModelProto:
     """QDQ models of ``NEWEST13``: AveragePool with ceil_mode over odd shapes (pads counted, "avg-ceil"; ResNet-D's
     shortcut, not counted, "avg-ceil-uncounted"), nearest Resize to sizes no integer multiple apart (by sizes, by
@@ -449,14 +457,6 @@ def _newest13(kind: str) -> onnx.ModelProto:
     from test_instance_normalization import instance_norm_model  # tests/from_onnx, as for _newest
     from test_quantize_fresh12 import dq_conv, sliced
     from test_quantize_ops12 import float_scale, resize_model
-
-    dq = functools.partial(h.make_node, "DequantizeLinear")
-    qn = functools.partial(h.make_node, "QuantizeLinear")
-    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.07), "zo": np.int8(-4)}
-
-    def between(node: onnx.NodeProto, shape, extra=None, opset=19) -> onnx.ModelProto:
-        return qdq([dq(["x", "s", "z"], ["xf"]), node, qn(["r", "so", "zo"], ["y"])], shape, T.INT8,
-                   {**inits, **(extra or {})}, T.INT8, opset=opset)
 
     if kind == "avg-ceil":
         return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[3, 2], strides=[2, 2],
@@ -530,11 +530,6 @@ def _newest14(kind: str) -> onnx.ModelProto:
 
     dq = functools.partial(h.make_node, "DequantizeLinear")
     qn = functools.partial(h.make_node, "QuantizeLinear")
-    inits = {"s": np.float32(0.05), "z": np.int8(3), "so": np.float32(0.07), "zo": np.int8(-4)}
-
-    def between(node: onnx.NodeProto, shape, extra=None, opset=19) -> onnx.ModelProto:
-        return qdq([dq(["x", "s", "z"], ["xf"]), node, qn(["r", "so", "zo"], ["y"])], shape, T.INT8,
-                   {**inits, **(extra or {})}, T.INT8, opset=opset)
 
     if kind == "transpose-div":
         c = np.array([58.4, 57.1, 57.4], np.float32).reshape(3, 1, 1)
