@@ -501,21 +501,27 @@ def _newest13(kind: str) -> onnx.ModelProto:
                                False, 0.04, 0, T.UINT8)[0]
 
 
-@functools.cache
-def newest13_seeds() -> dict[str, bytes]:
-    """The seeds of ``NEWEST13`` and ``NEWEST13_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
-    ``NEWEST13_QOPERATOR`` (QLinearAveragePool with ceil_mode, Resize of uint8 or int8 values, a 3-D QLinearConv of
-    one frame, float ops between DequantizeLinear and QuantizeLinear), uint8 per tensor and int8 per channel."""
+def _qdq_and_qoperator_seeds(qdq_kinds: list[str], qoperator_kinds: list[str]) -> dict[str, bytes]:
+    """The QDQ seeds of ``qdq_kinds`` and onnxruntime's QOperator models of the float seeds ``qoperator_kinds``,
+    uint8 per tensor and int8 per channel."""
     import logging
 
     logging.disable(logging.WARNING)
-    out = {f"{kind}/QDQ": _latest(kind) for kind in NEWEST13 + NEWEST13_OURS}
-    for kind in NEWEST13_QOPERATOR:
+    out = {f"{kind}/QDQ": _latest(kind) for kind in qdq_kinds}
+    for kind in qoperator_kinds:
         fm = onnx.load_from_string(float_seeds()[kind][0])
         for activation, per_channel in (("uint8", False), ("int8", True)):
             out[f"{kind}/QOperator/{activation}"] = _quantized(fm, "QOperator", activation, per_channel)
     logging.disable(logging.NOTSET)
     return out
+
+
+@functools.cache
+def newest13_seeds() -> dict[str, bytes]:
+    """The seeds of ``NEWEST13`` and ``NEWEST13_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
+    ``NEWEST13_QOPERATOR`` (QLinearAveragePool with ceil_mode, Resize of uint8 or int8 values, a 3-D QLinearConv of
+    one frame, float ops between DequantizeLinear and QuantizeLinear)."""
+    return _qdq_and_qoperator_seeds(NEWEST13 + NEWEST13_OURS, NEWEST13_QOPERATOR)
 
 
 def _newest14(kind: str) -> onnx.ModelProto:
@@ -572,16 +578,7 @@ def newest14_seeds() -> dict[str, bytes]:
     """The seeds of ``NEWEST14`` and ``NEWEST14_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
     ``NEWEST14_QOPERATOR`` (GatherND, the mean's AveragePool, Resize at ties, 3-D Conv and AveragePool), uint8 per
     tensor and int8 per channel (quantize_static's QOperator form leaves the divided input's Transpose float)."""
-    import logging
-
-    logging.disable(logging.WARNING)
-    out = {f"{kind}/QDQ": _latest(kind) for kind in NEWEST14 + NEWEST14_OURS}
-    for kind in NEWEST14_QOPERATOR:
-        fm = onnx.load_from_string(float_seeds()[kind][0])
-        for activation, per_channel in (("uint8", False), ("int8", True)):
-            out[f"{kind}/QOperator/{activation}"] = _quantized(fm, "QOperator", activation, per_channel)
-    logging.disable(logging.NOTSET)
-    return out
+    return _qdq_and_qoperator_seeds(NEWEST14 + NEWEST14_OURS, NEWEST14_QOPERATOR)
 
 
 def _suffix(samples: bytes) -> str:
