@@ -328,6 +328,25 @@ def test_sums_of_squares_past_float32_are_refused_naming_the_node(name):
     import_model(squares_model(name, float(np.nextafter(np.float32(2.0**55), np.float32(0)))), input_precision=9)
 
 
+def test_an_l1_normalization_past_float32_is_refused_naming_the_node():
+    """LpNormalization p = 1 whose float32 sum of 8 |values| at input scale 2e36 passes float32's range: onnxruntime's
+    sum is inf (every output 0), the import's exact; refused in one line naming the node. Below the bound (8 x 128 s
+    < 2^127) imported."""
+    def model(s: float):
+        inits = {"s": np.float32(s), "z": np.int8(0), "so": np.float32(1 / 127), "zo": np.int8(0)}
+        return qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                    h.make_node("LpNormalization", ["xf"], ["g"], name="lp", p=1, axis=-1),
+                    h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])], (1, 3, 8), T.INT8, inits, T.INT8)
+
+    m = model(2e36)
+    assert not ort_session(m).run(None, {"x": np.full((1, 3, 8), 127, np.int8)})[0].any()  # x / inf
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where.startswith("lp (LpNormalization)") and "passes float32's range" in p.rule, str(p)
+    import_model(model(1e35), input_precision=9)
+
+
 # -- MatMul by one matrix broadcast over the batch -----------------------------------------------------------------
 @SETTINGS
 @given(d=st.data(), ones=st.integers(1, 2), x_rank=st.integers(1, 4), k=st.integers(1, 6), n=st.integers(1, 5),

@@ -34,7 +34,7 @@ from .chains import FLAT, _divisor, _Graph
 from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
                    table_index, table_shape)
 from .qdq import MAX_TABLE, Requant, saturate
-from .values import Deferred, Scaled, float32_squares, per_tensor, scaled
+from .values import Deferred, Scaled, float32_sum, per_tensor, scaled
 
 
 def squares_fit(n: int, peak: int) -> bool:
@@ -390,7 +390,7 @@ def l2_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, .
 def l2_value(chain: L2Chain, x) -> L2Normalized:
     """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
-    float32_squares(x, chain.view[1], f"the {'RMS' if chain.mean > 1 else 'L2'} normalization's sum")
+    float32_sum(x, chain.view[1], f"the {'RMS' if chain.mean > 1 else 'L2'} normalization's sum")
     return L2Normalized(x, chain.view, chain.add, chain.floor, chain.outside, not (chain.floor or chain.outside),
                         chain.node.name, "RMS normalization" if chain.mean > 1 else "L2 normalization", chain.mean)
 
@@ -639,5 +639,5 @@ def norm_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int,
 def norm_value(chain: NormChain, x) -> Norm:
     """The chain's value: the L2 norm of the dequantized x (per tensor)."""
     x = per_tensor(scaled(x, "the L2 norm's input"), "an L2 norm")
-    float32_squares(x, chain.view[1], "the L2 norm's sum")
+    float32_sum(x, chain.view[1], "the L2 norm's sum")
     return Norm(x, chain.view, chain.shape, chain.node.name)

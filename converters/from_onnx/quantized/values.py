@@ -163,15 +163,15 @@ def squares_pass_float32(n: int, top) -> bool:
     return n * top * top >= 2**127
 
 
-def float32_squares(x: Scaled, n: int, what: str) -> None:
-    """Refuses a per-tensor x = (t - z) s where a float32 sum of n squares of its values may pass float32's range
-    (``squares_pass_float32`` of the largest |t - z| s): onnxruntime's sum is inf there (an L2 normalization 0, a
-    norm or root inf), the import's exact sum finite."""
+def float32_sum(x: Scaled, n: int, what: str, p: int = 2) -> None:
+    """Refuses a per-tensor x = (t - z) s where a float32 sum of n p-th powers (|x| or x^2) of its values may pass
+    float32's range (n (P s)^p >= 2^127, P the largest |t - z|; below it every partial sum stays finite):
+    onnxruntime's sum is inf there (an Lp normalization 0, a norm or root inf), the import's exact sum finite."""
     z = int(x.zero.reshape(()))
     peak, s = max(z - x.t.lo, x.t.hi - z, 0), x.scale.reshape(()).item()
-    if squares_pass_float32(n, peak * s):
-        raise Refuse(f"{what} of {n} squares of values up to {peak} x {float(s):g}: it passes float32's range, "
-                     "where onnxruntime computes it as inf")
+    if (n * peak * s >= 2**127) if p == 1 else squares_pass_float32(n, peak * s):
+        raise Refuse(f"{what} of {n} {'squares of values' if p == 2 else 'values'} up to {peak} x {float(s):g}: it "
+                     "passes float32's range, where onnxruntime computes it as inf")
 
 
 def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
