@@ -776,10 +776,8 @@ def average(ctx, node, x: Scaled, whole_kernel: bool = False) -> Scaled:
     c = x.shape[1]
     t, begin, end = cropped(ctx, x.t, begin, end)
     counted = node.attr_int("count_include_pad", 0)
-    for pb, pe, k in zip(begin, end, kernel):
-        if not counted and max(pb, pe) >= k:
-            raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
-                         "a window of padding only can count no input value, its average undefined")
+    if not counted:
+        uncounted_pads(kernel, begin, end)
     ends, outs = ceil_ends(node, t.shape[2:], kernel, strides, begin, end)
     ones = kernel_ones(c, kernel, np.int64)
     pad = padding(ctx, ones, t.shape[2:], strides, [1, 1], begin, ends)
@@ -829,10 +827,8 @@ def depth_window_average(ctx, node, x: Scaled, kernel, strides, begin, end, whol
     counted = node.attr_int("count_include_pad", 0)
     if whole_kernel and counted and node.attr_int("ceil_mode", 0):
         raise Refuse("QLinearAveragePool 3-D with ceil_mode and counted pads has no CVM form here")
-    for pb, pe, k in zip(begin, end, kernel):
-        if not counted and max(pb, pe) >= k:
-            raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
-                         "a window of padding only can count no input value, its average undefined")
+    if not counted:
+        uncounted_pads(kernel, begin, end)
     _, outs = ceil_ends(node, x.shape[2:], kernel, strides, begin, end)
     t = summed_windows(ctx, minus_zero(ctx, x.t, x.zero), kernel, strides, [1] * 3, begin, outs)
     starts = [s * np.arange(o) - b for s, b, o in zip(strides, begin, outs)]
@@ -842,6 +838,15 @@ def depth_window_average(ctx, node, x: Scaled, kernel, strides, begin, end, whol
     sx = x.scale.reshape(()).item()
     return Scaled(t, np.array([sx / int(n) for n in count.flat], dtype=object).reshape(count.shape),
                   np.zeros((), np.int64))
+
+
+def uncounted_pads(kernel, begin, end) -> None:
+    """Refuses an AveragePool pad not smaller than the kernel where the padding is not counted: a window of padding
+    only counts no input value, its average undefined (onnxruntime refuses it too)."""
+    for pb, pe, k in zip(begin, end, kernel):
+        if max(pb, pe) >= k:
+            raise Refuse(f"AveragePool pads ({pb}, {pe}) not smaller than the kernel ({k}) with count_include_pad=0: "
+                         "a window of padding only can count no input value, its average undefined")
 
 
 def kernel_ones(c: int, kernel: list[int], dtype) -> np.ndarray:
