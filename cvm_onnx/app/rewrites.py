@@ -76,13 +76,39 @@ def _batched_plan(a: str, b: str, out: str) -> tuple[bool, list[int], list[int],
     return swap, lp, rp, [(batch + lf + rf).index(c) for c in out]
 
 
-def _placed(graph: onnx.GraphProto, placed: dict[int, list[onnx.NodeProto]]) -> None:
-    """``graph``'s nodes in one pass, each whose id ``placed`` holds replaced by the nodes it names there (none:
-    dropped; the node itself among them: kept), the rest kept: no search of the nodes per change. The caller holds
-    those nodes meanwhile: protobuf makes a node's Python object anew once none holds it, and a freed object's id
-    may be another node's."""
-    if placed:
-        nodes = [m for n in graph.node for m in placed.get(id(n), (n,))]
+class _Places:
+    """The nodes to stand in each changed node's place (``_placed``): ``places[node] = [...]`` (none: dropped; the
+    node itself among them: kept); ``places.at(node)``, that list, [node] until changed. Each node is held here
+    beside its id: protobuf makes a node's Python object anew once none holds it, and a freed object's id may be
+    another node's."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[onnx.NodeProto, list[onnx.NodeProto]]] = {}
+
+    def __setitem__(self, node: onnx.NodeProto, new: list[onnx.NodeProto]) -> None:
+        self._by_id[id(node)] = (node, new)
+
+    def __contains__(self, node: onnx.NodeProto) -> bool:
+        return id(node) in self._by_id
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def at(self, node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        if node not in self:
+            self[node] = [node]
+        return self._by_id[id(node)][1]
+
+    def of(self, node: onnx.NodeProto) -> list[onnx.NodeProto] | tuple[onnx.NodeProto]:
+        entry = self._by_id.get(id(node))
+        return (node,) if entry is None else entry[1]
+
+
+def _placed(graph: onnx.GraphProto, places: _Places) -> None:
+    """``graph``'s nodes in one pass, each changed one replaced by the nodes ``places`` holds for it, the rest kept:
+    no search of the nodes per change."""
+    if places:
+        nodes = [m for n in graph.node for m in places.of(n)]
         del graph.node[:]
         graph.node.extend(nodes)
 
@@ -283,9 +309,9 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
     letters with the output (a grouped linear, ``_grouped``), by a MatMul by the block-diagonal constant. The same
     sums of the same products. Returns how many were replaced."""
     inits = {t.name: t for t in graph.initializer}
-    readers, placed, unread = _readers(graph), {}, set()
+    readers, placed, unread = _readers(graph), _Places(), set()
     outputs = {o.name for o in graph.output}
-    nodes = [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]  # held (``_placed``)
+    nodes = [n for n in graph.node if n.op_type == "Einsum" and n.domain in ("", "ai.onnx")]
     for node in nodes:
         eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
         terms = _terms(eq)
@@ -302,7 +328,7 @@ def einsums_as_matmuls(graph: onnx.GraphProto) -> int:
             graph.initializer.extend(const[1])
         if wide:
             graph.initializer.extend(wide)
-        placed[id(node)] = new
+        placed[node] = new
         _replaced(readers, node, new)
         if const and not readers[const[2]] and const[2] not in outputs:
             unread.add(const[2])
@@ -324,7 +350,7 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
     if not nodes:
         return 0
     known = _known_shapes(model)
-    readers, placed, unread = _readers(graph), {}, set()
+    readers, placed, unread = _readers(graph), _Places(), set()
     outputs = {o.name for o in graph.output}
     for node in nodes:
         wdims, adims = list(inits[node.input[1]].dims), known.get(node.input[0])
@@ -339,7 +365,7 @@ def grouped_matmuls(model: onnx.ModelProto) -> int:
             continue
         new, added, _ = replaced
         graph.initializer.extend(added)
-        placed[id(node)] = new
+        placed[node] = new
         _replaced(readers, node, new)
         if not readers[node.input[1]] and node.input[1] not in outputs:
             unread.add(node.input[1])
@@ -359,8 +385,8 @@ def fused_convs_unfused(graph: onnx.GraphProto) -> int:
     its optional fourth input Z, the activation (Relu, Sigmoid, Tanh, LeakyRelu, HardSigmoid with their
     activation_params, as many as onnxruntime requires): the same float operations. Others (Clip, an unknown
     activation, missing params) are left, and refused as an op CVM lacks. Returns how many were replaced."""
-    placed = {}
-    nodes = [n for n in graph.node if n.op_type == "FusedConv" and n.domain == "com.microsoft"]  # held (``_placed``)
+    placed = _Places()
+    nodes = [n for n in graph.node if n.op_type == "FusedConv" and n.domain == "com.microsoft"]
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         name = attrs.pop("activation", b"").decode()
@@ -375,7 +401,7 @@ def fused_convs_unfused(graph: onnx.GraphProto) -> int:
             new.append(helper.make_node("Add", [conv, node.input[3]], [f"{base}:sum"], name=f"{base}:sum"))
             conv = f"{base}:sum"
         new.append(helper.make_node(op, [conv], [node.output[0]], name=f"{base}:{op}", **dict(zip(keys, params))))
-        placed[id(node)] = new
+        placed[node] = new
     _placed(graph, placed)
     return len(placed)
 
@@ -392,7 +418,7 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
         return 0
     known = _known_shapes(model)
     ranks = {t.name: len(t.dims) for t in graph.initializer}
-    placed = {}
+    placed = _Places()
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         flips = [attrs.get(key, 0) for key in ("transA", "transB")]
@@ -415,7 +441,7 @@ def fused_matmuls_unfused(model: onnx.ModelProto) -> int:
             scale = numpy_helper.from_array(np.array(alpha, np.float32), f"{base}:alpha")
             graph.initializer.append(scale)
             new.append(helper.make_node("Mul", [mm, scale.name], [node.output[0]], name=f"{base}:scale"))
-        placed[id(node)] = new
+        placed[node] = new
     _placed(graph, placed)
     return len(placed)
 
@@ -595,8 +621,8 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
     kinds = {v.name: v.type.tensor_type for v in graph.input}
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | set(kinds)
     fresh = functools.partial(_fresh_name, names)
-    placed = {}
-    nodes = [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]  # held (``_placed``)
+    placed = _Places()
+    nodes = [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]
     for node in nodes:
         kind = kinds.get(node.input[0]) if len(node.input) == 1 else None
         attrs = {a.name: list(a.floats) for a in node.attribute}
@@ -616,7 +642,7 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
                                   numpy_helper.from_array(scale, names_of[1])])
         new += [helper.make_node("Add", [x, names_of[0]], [names_of[2]], name=fresh(f"{node.name}_add")),
                 helper.make_node("Mul", [names_of[2], names_of[1]], [node.output[0]], name=fresh(f"{node.name}_mul"))]
-        placed[id(node)] = new
+        placed[node] = new
     _placed(graph, placed)
     return len(placed)
 
@@ -630,8 +656,8 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | {
         v.name for v in graph.input}
     fresh = functools.partial(_fresh_name, names)
-    placed: dict[int, list[onnx.NodeProto]] = {}
-    regressors = [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]  # held
+    placed = _Places()
+    regressors = [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]
     for node in regressors:
         attrs = {a.name: a for a in node.attribute}
         targets = attrs["targets"].i if "targets" in attrs else 1
@@ -648,7 +674,7 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
             numpy_helper.from_array(weights, inits[1]),
             numpy_helper.from_array(intercepts if intercepts.size else np.zeros(targets, np.float32), inits[2])])
         rows = fresh(f"{node.output[0]}_rows")
-        placed[id(node)] = [
+        placed[node] = [
             helper.make_node("Reshape", [node.input[0], inits[0]], [rows], name=fresh(f"{node.name}_reshape")),
             helper.make_node("Gemm", [rows, inits[1], inits[2]], [node.output[0]], name=fresh(f"{node.name}_gemm"),
                              transB=1)]
@@ -724,7 +750,7 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
     shapes = _known_shapes(model)
     consts = {t.name: t for t in graph.initializer}
     names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
-    placed = {}
+    placed = _Places()
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if len(node.input) != 3 or node.input[1] not in consts or node.input[2] not in consts:
@@ -741,7 +767,7 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
         graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in inits.items())
         shape_of, grouped, normed, back, scaled = (fresh(k) for k in ("shape", "grouped", "normed", "back", "scaled"))
         g, ones, zeros, sc, bi = inits
-        placed[id(node)] = [
+        placed[node] = [
             helper.make_node("Reshape", [x, g], [grouped], name=fresh("Reshape")),
             helper.make_node("InstanceNormalization", [grouped, ones, zeros], [normed], name=fresh("InstanceNorm"),
                              epsilon=float(attrs.get("epsilon", 1e-5))),
@@ -1071,7 +1097,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 1)
     shapes = _known_shapes(model)
     names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)}
-    placed, unread, known = {}, [], _producers(graph)  # the nodes are replaced after all are read
+    placed, unread, known = _Places(), [], _producers(graph)  # the nodes are replaced after all are read
     for node in nodes:
         base = node.name or node.output[0]
         fresh = functools.partial(_fresh, names, base)
@@ -1161,7 +1187,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
             if back != sorted(back):
                 new.append(helper.make_node("Transpose", [last], [node.output[0]], perm=back, name=fresh("back")))
         graph.initializer.extend(added)
-        placed[id(node)] = new
+        placed[node] = new
         unread += node.input[1:]
     _placed(graph, placed)
     _pruned(graph, unread)
@@ -1175,19 +1201,18 @@ def _pruned(graph: onnx.GraphProto, names: list[str]) -> None:
     outputs = {v.name for v in graph.output}
     readers = _readers(graph)
     producer = {o: n for n in graph.node for o in n.output}
-    dropped, unread = set(), set()
+    dropped, unread = _Places(), set()
     while names:
         x = names.pop()
         if not x or x in outputs or readers[x] or x in unread:
             continue
         unread.add(x)
         up = producer.get(x)
-        if up is not None and id(up) not in dropped and \
-                not any(o in outputs or readers[o] for o in up.output):
-            dropped.add(id(up))
+        if up is not None and up not in dropped and not any(o in outputs or readers[o] for o in up.output):
+            dropped[up] = []
             readers.subtract(up.input)
             names.extend(up.input)
-    _placed(graph, dict.fromkeys(dropped, ()))
+    _placed(graph, dropped)
     _initializers_dropped(graph, unread)
 
 
@@ -1227,7 +1252,7 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             readers.setdefault(x, []).append(n)
     outputs = {v.name for v in graph.output}
     names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
-    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed node's place (``_placed``)
+    placed = _Places()
     done = 0
     for g in list(graph.node):
         w = inits.get(g.input[0]) if g.op_type == "Gather" and len(g.input) == 2 else None
@@ -1279,11 +1304,11 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
             copy.input[0], copy.output[0] = term[m.input[0]], _fresh(names, m.output[0], "mask")
             term[m.output[0]] = copy.output[0]
             new.append(copy)
-        placed.setdefault(id(g), [g])[1:1] = new
+        placed.at(g)[1:1] = new
         for a in adds:
             biased = _fresh(names, a.output[0], "biased")
             mask = [term[x] for x in a.input if x in term][0]
-            placed.setdefault(id(a), [a]).insert(1, helper.make_node(
+            placed.at(a).insert(1, helper.make_node(
                 "Add", [biased, mask], [a.output[0]], name=_fresh(names, a.name or a.output[0], "mask")))
             a.output[0] = biased
         done += 1
@@ -1318,7 +1343,7 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
 
     graph = model.graph
     readers, varying, outputs, names = _scores_view(graph)
-    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed Where's place (``_placed``)
+    placed = _Places()
     known = _producers(graph)  # the Wheres' constants, read before any is replaced
     for w in list(graph.node):
         if w.op_type != "Where" or len(w.input) != 3 or w.input[0] not in varying or w.output[0] in outputs or \
@@ -1343,7 +1368,7 @@ def where_biases_apart(model: onnx.ModelProto) -> int:
         mask = helper.make_node("Where", [w.input[0], zero, level] if i == 0 else [w.input[0], level, zero], [term],
                                 name=_fresh(names, w.name or w.output[0], "mask"))
         add = helper.make_node("Add", [bias, term], [w.output[0]], name=_fresh(names, w.name or w.output[0], "bias"))
-        placed[id(w)] = [mask, add]
+        placed[w] = [mask, add]
     _placed(graph, placed)
     return len(placed)
 
@@ -1362,7 +1387,7 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
     readers, varying, outputs, names = _scores_view(graph)
     known = _producers(graph)  # the biases' constant nodes stay as they are
     made = []  # (the bias plus mask, [(an Add's new output, its inputs, the mask's Add after it)])
-    placed: dict[int, list[onnx.NodeProto]] = {}  # the nodes in each changed node's place (``_placed``)
+    placed = _Places()
     for p in list(graph.node):
         if p.op_type != "Add" or p.output[0] in outputs or [x in varying for x in p.input] not in ([False, True],
                                                                                                 [True, False]):
@@ -1385,23 +1410,23 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
             made[-1][1].append((biased, list(a.input), mask))
             a.input[:] = [bias if x == p.output[0] else x for x in a.input]
             a.output[0] = biased
-            placed[id(a)] = [a, mask]
-        placed[id(p)] = []  # no Add reads it now
+            placed[a] = [a, mask]
+        placed[p] = []  # no Add reads it now
     if not made:
         return 0
     _placed(graph, placed)
     kept_float = {n.name for n in masked_softmaxes(model)}
     by_output = {n.output[0]: n for n in graph.node if n.output}
-    placed, done = {}, 0
+    placed, done = _Places(), 0
     for p, parts in made:
         if all(mask.name in kept_float for _, _, mask in parts):
             done += len(parts)
             continue
         for biased, ins, mask in parts:  # no mask's term: as it was
             a = by_output[biased]
-            placed[id(by_output[mask.output[0]])] = []
+            placed[by_output[mask.output[0]]] = []
             a.input[:], a.output[0] = ins, mask.output[0]
         first = by_output[parts[0][0]]  # the Adds in graph order: p before the first
-        placed[id(first)] = [p, first]
+        placed[first] = [p, first]
     _placed(graph, placed)
     return done

@@ -16,7 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from cvm_onnx.app.rewrites import einsums_as_matmuls, gemm_beta_folded, unshared_biases
+from cvm_onnx.app.rewrites import _placed, _Places, einsums_as_matmuls, gemm_beta_folded, unshared_biases
 from cvm_onnx.app.kept_float import masked_softmaxes
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.core.format.onnx_file import onnx_model
@@ -375,3 +375,18 @@ def test_hf_masks_found_for_quantize_to_leave_float(low, source, one, want):
     that is not 0 at one of m = 0, 1 and at most -10000 at the other, or of a float input: none. Regression: none
     found (the term quantized at the grid of c)."""
     assert [n.name for n in masked_softmaxes(two_layer_hf_mask(low, source, one))] == want
+
+
+def test_places_stand_where_their_nodes_stood_though_no_caller_holds_the_nodes():
+    """``_placed`` replaces exactly the nodes given to ``_Places``, found by a list the caller no longer holds:
+    protobuf makes a node's Python object anew once none holds it, and a freed object's id may be another node's
+    (a rewrite keyed by bare ids replaced only the last node found, or another one)."""
+    g = h.make_graph([h.make_node("Relu", [f"x{i}"], [f"x{i + 1}"], name=f"r{i}") for i in range(60)], "g", [], [])
+    places = _Places()
+    for i, n in enumerate(list(g.node)):  # each object found here is freed but for ``places``' hold
+        if i % 7 == 0:
+            places[n] = [h.make_node("Neg", list(n.input), list(n.output), name=f"n{i}")]
+        elif i % 7 == 3:
+            places[n] = []
+    _placed(g, places)
+    assert [n.name for n in g.node] == [f"n{i}" if i % 7 == 0 else f"r{i}" for i in range(60) if i % 7 != 3]
