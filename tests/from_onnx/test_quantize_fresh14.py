@@ -47,7 +47,8 @@ def test_a_linear_regressor_is_its_gemm_within_the_sums_rounding(features, targe
     """Property: onnxruntime's LinearRegressor kernel and the rewrite's Reshape + Gemm(transB=1) give (N, targets)
     of a batch (N, features) or (1, targets) of one sample (features,) (rows 0), equal within float32 rounding of
     the sum of features + 1 terms in two orders (docs/import.md): |got - want| <= 2 gamma(features + 1)
-    (sum |x_i w_i| + |b|), gamma(k) = k 2^-24 / (1 - k 2^-24); a batch of one sums in another order than a Gemm's
+    (sum |x_i w_i| + |b|) + (features + 1) 2^-149, gamma(k) = k 2^-24 / (1 - k 2^-24), the last term the products'
+    underflow (each within 2^-150 below 2^-126); a batch of one sums in another order than a Gemm's
     (1 + 1434.5625 * 5848: 8389323 and 8389322)."""
     w = drawn(data, (targets, features))
     b = drawn(data, (targets,)) if intercepts else np.zeros(targets, np.float32)
@@ -55,9 +56,25 @@ def test_a_linear_regressor_is_its_gemm_within_the_sums_rounding(features, targe
     x = drawn(data, (rows, features) if rows else (features,))
     got, want = run(rewritten(m), x), run(m, x)
     assert got.shape == want.shape == (max(rows, 1), targets)
-    k = (features + 1) * 2.0 ** -24
+    assert within_two_orders(got, want, x, w, b)
+
+
+def within_two_orders(got: np.ndarray, want: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> bool:
+    """|got - want| <= 2 gamma(n + 1) (sum |x_i w_i| + |b|) + (n + 1) 2^-149 of n features, everywhere."""
+    n = w.shape[1]
+    k = (n + 1) * 2.0 ** -24
     terms = np.abs(np.atleast_2d(x).astype(np.float64)) @ np.abs(w.T.astype(np.float64)) + np.abs(b)
-    assert (np.abs(got.astype(np.float64) - want) <= 2 * k / (1 - k) * terms).all()
+    return bool((np.abs(got.astype(np.float64) - want) <= 2 * k / (1 - k) * terms + (n + 1) * 2.0 ** -149).all())
+
+
+def test_subnormal_products_differ_by_their_underflow_not_relatively():
+    """Regression (the property above failed on it): 2^-149 x + 2^-149 x/2 of x = (1, 0, 0.5) is 1.5 2^-149 exactly;
+    onnxruntime's kernel rounds the product 2^-150 to 0 (a tie, to even) and gives 2^-149, the Gemm rounds the sum
+    and gives 2^-148: one step apart, beyond any relative bound, within the underflow term."""
+    w = np.array([[2.0 ** -149, 0, 2.0 ** -149]], np.float32)
+    x = np.array([1, 0, 0.5], np.float32)
+    m = linear_regressor(w, None, [3])
+    assert within_two_orders(run(rewritten(m), x), run(m, x), x, w, np.zeros(1, np.float32))
 
 
 def test_every_linear_regressor_of_a_model_is_replaced():
