@@ -4,16 +4,18 @@ its integers, the scale and zero point kept; ArgMax, ArgMin and TopK, which orde
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
-from ..context import INT32, const, tight
+from onnx import TensorProto
+
+from ..context import INT32, INT_RANGES, const, tight
 from ..checks import MAX_DIM
-from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, normal, resize_coordinate, resize_scales,
-                    resized_shape)
+from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, normal, resize_coordinate,
+                    resize_scales, resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
-from .values import Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
+from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
 
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
@@ -198,14 +200,50 @@ def shape_rule(ctx, node, x):
 
 @float_rule("Pad", since=11)
 def pad_rule(ctx, node, x, pads=None, value=None, axes=None):
-    """Pad with a real value v: the integer value v / s + z, which must be a whole number."""
+    """Pad with a real value v: the integer value v / s + z where that is a whole number within the input's type;
+    else (v off the input's grid or past its range) padded by the QuantizeLinear that follows (``Padded``)."""
     x = per_tensor(scaled(x, "the Pad input"), "Pad")
     v = Fraction(0) if value is None else real_bound(value, "Pad constant_value")
+    if v is None:
+        raise Refuse("Pad constant_value must be finite")
     q = v / x.scale.reshape(()).item() + int(x.zero.reshape(()))
-    if q.denominator != 1:
-        raise Refuse(f"Pad value {float(v)} is not on the input's quantization grid")
+    lo, hi = INT_RANGES[x.t.dtype]
+    if q.denominator != 1 or not lo <= q <= hi:
+        widths = ints(pads, "Pad pads")
+        padded = normal(ints(axes, "Pad axes") or list(range(len(x.shape))), len(x.shape))
+        if len(widths) != 2 * len(padded):
+            raise Refuse(f"Pad pads {widths} must hold 2 values per padded axis ({len(padded)} axes)")
+        shape = list(x.shape)
+        for a, b, e in zip(padded, widths[:len(padded)], widths[len(padded):]):
+            shape[a] += b + e
+        return Padded(x, node, pads, axes, np.float32(float(v)), tuple(shape))
     fill = const(np.array([int(q)], np.int64), x.t.dtype)
     return replace(x, t=integer_rule(node)(ctx, node, x.t, pads, fill, axes))
+
+
+@dataclass(frozen=True, eq=False)
+class Padded(Deferred):
+    """Pad of x with a float32 value v off x's grid, made integers by the QuantizeLinear that follows: x's
+    integers requantized to its grid (elementwise, so before the Pad as after it) padded with v's integer there,
+    saturate(round_half_even(v / scale) + zero) in float32 as onnxruntime quantizes v."""
+
+    x: Scaled
+    node: object
+    pads: object
+    axes: object
+    value: np.float32
+    shape: tuple[int, ...]
+    what: str = "Pad"
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int):
+        from .qdq import quantize, quantized_constant
+        if scale.size != 1:
+            raise Refuse("Pad with a per-channel output scale has no CVM form")
+        zero = np.array(out_zero, np.int64)
+        t = quantize(ctx, self.x, scale, zero, dtype)
+        fill = quantized_constant(const(np.array([self.value], np.float32), TensorProto.FLOAT), scale.reshape(1),
+                                  zero.reshape(1), 0, dtype)
+        return integer_rule(self.node)(ctx, self.node, t, self.pads, fill, self.axes)
 
 
 @float_rule("Concat", since=4)
