@@ -44,11 +44,12 @@ def fold_constant_ifs(model: onnx.ModelProto, shapes: bool = False) -> None:
 RANDOM = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
-def fold_constants(model: onnx.ModelProto) -> int:
+def fold_constants(model: onnx.ModelProto, kept: frozenset[str] = frozenset()) -> int:
     """The main graph's nodes that compute constants (every input a constant; a Shape or Size of a tensor whose
     shape onnx's shape inference, with data propagation, states in full) replaced by initializers of their values
-    (onnx's reference evaluator); control flow, random draws and nodes whose outputs' shapes are not known or hold
-    more than MAX_FOLDED elements (checked before computing them) stay. A constant that only folded nodes read
+    (onnx's reference evaluator); control flow, random draws, the ops ``kept`` and nodes whose outputs' shapes are
+    not known or hold more than MAX_FOLDED elements (checked before computing them) stay, but for a NonZero of a
+    constant, whose output holds at most its input's rank times size. A constant that only folded nodes read
     (not a graph input or output, nor read in a subgraph) is dropped: an initializer from the graph, a folded
     value when its last reader folds. Returns how many nodes were replaced."""
     from onnx import helper, numpy_helper
@@ -69,8 +70,10 @@ def fold_constants(model: onnx.ModelProto) -> int:
     dead: set[str] = set()
     done = []  # (index, node)
     for k, n in enumerate(graph.node):
-        if n.op_type in RANDOM or any(a.HasField("g") or a.graphs for a in n.attribute) or \
-                any(o and (o not in known or math.prod(known[o]) > MAX_FOLDED) for o in n.output):
+        if n.op_type in RANDOM or n.op_type in kept or any(a.HasField("g") or a.graphs for a in n.attribute) or \
+                any(o and (o not in known or math.prod(known[o]) > MAX_FOLDED) for o in n.output) and \
+                not (n.op_type == "NonZero" and n.input[0] in tensors and
+                     max(len(tensors[n.input[0]].dims), 1) * math.prod(tensors[n.input[0]].dims) <= MAX_FOLDED):
             continue
         if n.op_type in ("Shape", "Size") and (n.input[0] in known or n.input[0] in values
                                                 or n.input[0] in tensors):

@@ -70,7 +70,7 @@ from cvm_onnx.runtime.bulk import run_many
 from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
-from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs
+from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs, fold_constants
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float, norms_quantized
 from .rewrites import (
@@ -547,7 +547,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     reads (``_readable_ir``); its opset raised to 13 where lower and
     onnx.version_converter can; optimized by onnxruntime at its basic level as quant_pre_process does (constant
     folding, BatchNormalization into Conv), less the fusions of ``UNFUSED``; then quant_pre_process's shape
-    inference (symbolic where it succeeds, else onnx's alone; the weights on disk, ``_pre_processed``); a
+    inference (symbolic where it succeeds, else onnx's alone; the weights on disk, a NonZero of a constant folded
+    first: ``_pre_processed``); a
     BatchNormalization after ConvTranspose folded; an STFT as a strided Conv and a DFT as a MatMul
     (``spectra_as_products``); a ScatterND or ScatterElements of constant indices as Concat and Gather
     (``scatters_as_gathers``, again after the optimizer for those whose indices or data it folded: a slice
@@ -688,6 +689,11 @@ def _quant_pre_processed(optimized: Path, path: Path, where) -> onnx.ModelProto:
                                   f"{type(failure).__name__}: {failure}".split()), where=where)
 
 
+#: The ops of a weight's quantization, which the folding of a NonZero of a constant (``_pre_processed``) leaves as
+#: onnxruntime's optimizer leaves them.
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
 #: The ops whose constant inputs (weights) stay on disk through the symbolic shape inference, which reads only
 #: their shapes; it reads the values of others' (a class token Expanded and Concatenated, a bias Added). Were it
 #: to read one on disk, it fails (its file is not found), and quant_pre_process then runs with the weights in memory.
@@ -697,9 +703,11 @@ WEIGHT_READERS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 def _pre_processed(optimized: Path) -> onnx.ModelProto:
     """What quant_pre_process(``optimized``, skip_optimization=True) makes of the model in that file (opset 11 or
     more: below, it converts the model first), the weights of ``WEIGHT_READERS`` on disk until the end (those the
-    optimizer wrote into the file moved to ``<optimized>.data``): onnxruntime's symbolic shape inference, onnx's
-    shape inference of the file, the pre-processing mark; then the weights read in. The model held with its
-    weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612 MiB."""
+    optimizer wrote into the file moved to ``<optimized>.data``): a NonZero of a constant, which the optimizer leaves
+    (Longformer's windows, from the input's shape), and the nodes it makes constant folded (``fold_constants``: else
+    shape inference stops there, and quantize_static leaves the tensors past it unquantized); onnxruntime's symbolic
+    shape inference, onnx's shape inference of the file, the pre-processing mark; then the weights read in. The
+    model held with its weights beside quant_pre_process's copies took the ViT-S/16's preparation to 612 MiB."""
     from onnx.external_data_helper import save_external_data, set_external_data, uses_external_data
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
 
@@ -719,6 +727,10 @@ def _pre_processed(optimized: Path) -> onnx.ModelProto:
             t.data_location = onnx.TensorProto.EXTERNAL
             save_external_data(t, os.fspath(optimized.parent))
             t.ClearField("raw_data")
+    constants = {t.name for t in _tensors(model.graph)}
+    if any(n.op_type == "NonZero" and n.input[0] in constants for n in model.graph.node):
+        while fold_constants(model, QDQ_OPS):  # onnxruntime's optimizer leaves them, and the nodes past them
+            pass
     model = _lightened(model)
     symbolic, inferred = optimized.with_suffix(".symbolic.onnx"), optimized.with_suffix(".inferred.onnx")
 

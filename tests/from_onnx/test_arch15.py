@@ -1,6 +1,7 @@
 """Graph forms of Longformer's sliding-window attention as torch's TorchScript exporter writes it
-(benchmarks/more_architectures.py), each in its minimal ONNX form: a Pad by a value off its input's grid (the value
-chunks padded with -1)."""
+(benchmarks/more_architectures.py), each in its minimal ONNX form: a NonZero of a constant (its windows' indices
+computed from the input's shape, constants once that shape is fixed) and a Pad by a value off its input's grid (the
+value chunks padded with -1)."""
 from __future__ import annotations
 
 from fractions import Fraction
@@ -10,8 +11,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from onnx import numpy_helper as nh
+from onnx.reference import ReferenceEvaluator
 from support.quantized import Oracle, ort_session, qdq
 from test_quantized_fresh_ops import NP, RANGE, draw_x, run, scales, x_types
+
 
 
 @settings(max_examples=12, deadline=None)
@@ -62,3 +66,28 @@ def test_a_pad_value_off_the_grid_is_its_integer_at_the_output_grid(d, x_type, s
     [ort] = ort_session(padded).run(None, {"x": x.astype(NP[x_type])})
     border = np.pad(np.zeros(shape, bool), width, constant_values=True)
     assert np.array_equal(ort[border], got[border])
+
+
+@settings(max_examples=20, deadline=None)
+@given(d=st.data(), rank=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_a_nonzero_of_a_constant_folds_with_the_nodes_past_it(d, rank, seed):
+    """GatherND(x, Transpose(NonZero(c))) of a constant c (random shapes, some or no nonzero values): the
+    NonZero, which onnxruntime's optimizer leaves, and the Transpose past it fold (``fold_constants``), and the
+    float32 outputs equal the model's on random x. Regression: the NonZero stayed (its output's shape unknown)."""
+    from cvm_onnx.app.control_flow import fold_constants
+
+    shape = [d.draw(st.integers(1, 4)) for _ in range(rank)]
+    rng = np.random.default_rng(seed)
+    c = rng.integers(0, 2, shape) * rng.integers(0, 2)
+    nodes = [h.make_node("NonZero", ["c"], ["nz"]), h.make_node("Transpose", ["nz"], ["at"], perm=[1, 0]),
+             h.make_node("GatherND", ["x", "at"], ["y"])]
+    g = h.make_graph(nodes, "nonzero", [h.make_tensor_value_info("x", T.FLOAT, shape)],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(c, "c")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    x = rng.normal(size=shape).astype(np.float32)
+    [want] = ReferenceEvaluator(m).run(None, {"x": x})
+    while fold_constants(m):
+        pass
+    assert [n.op_type for n in m.graph.node] == ["GatherND"]
+    [got] = ReferenceEvaluator(m).run(None, {"x": x})
+    assert np.array_equal(got, want)
