@@ -77,7 +77,7 @@ from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_regressors_as_gemms,
-    masking_rows_apart, masks_after_biases, scalers_as_ops, where_biases_apart,
+    masked_fills_as_terms, masking_rows_apart, masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
@@ -567,7 +567,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     (``gemm_beta_folded``); a float input that an op quantize_static leaves float reads (a Div) read by it through
     an identity Transpose (``float_readers_through_transposes``); an attention bias masked by a Where, or with a
     mask's term added to it, taken apart again (``where_biases_apart``, ``masks_after_biases``: a bias the optimizer
-    folded from the shapes fixed); its tensors of 1 KB or more in ``<path>.data``.
+    folded from the shapes fixed); masked fills moved into the scores as a constant term (``masked_fills_as_terms``,
+    again: their conditions folded); its tensors of 1 KB or more in ``<path>.data``.
     Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
     GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so that
     no stage holds them twice). ``model`` may be given in a list, which ``prepare`` empties: it then frees the model
@@ -644,6 +645,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     grouped_matmuls(out)  # and those whose weights it folded
     where_biases_apart(out)  # and the biases it folded from the shapes fixed (a dynamic export's T5)
     masks_after_biases(out)
+    masked_fills_as_terms(out)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
@@ -826,6 +828,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     masking_rows_apart(model)
     where_biases_apart(model)
     masks_after_biases(model)
+    masked_fills_as_terms(model)
     if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         given, model = [model], None
         model = _folded(given, fold, calibration)

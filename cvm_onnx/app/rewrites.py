@@ -1430,3 +1430,123 @@ def masks_after_biases(model: onnx.ModelProto) -> int:
         placed[first] = [p, first]
     _placed(graph, placed)
     return done
+
+
+#: The moves between a masked fill and the scores it masks (``masked_fills_as_terms``): each op's inputs that it
+#: moves (None: all), the others constants (shapes, indices, axes).
+SCORE_MOVES = {"Reshape": (0,), "Transpose": (0,), "Slice": (0,), "Gather": (0,), "Expand": (0,), "Squeeze": (0,),
+               "Unsqueeze": (0,), "Identity": (0,), "Flatten": (0,), "Pad": (0, 2), "Concat": None}
+
+
+def masked_fills_as_terms(model: onnx.ModelProto) -> int:
+    """A Softmax or ReduceLogSumExp of x (or of x + K, K a constant) where x is moved from the scores (``SCORE_MOVES``
+    of constant shapes and indices: Longformer's diagonal chunks, Reshape, Slice, Concat and Gather written for its
+    slice assignments) through masked fills Where(C, c, y) (or Where(C, y, c)), C a constant condition and c a
+    constant of one value at most -10000 (-inf; float32's min), whose tensors nothing else reads: each fill
+    replaced by its y, and the Softmax's input x' + M (or x' + fl(K + M)), M the fills' values moved as x moves
+    them (the moves evaluated with every other value 0) and 0 elsewhere, a mask's constant term that
+    ``kept_float.masked_softmaxes`` leaves float. The same float32 values where M is 0 (x' is x there, adding 0
+    exact); where a fill's c absorbs x' (and K), x + K and x' + fl(K + M) both are fl(c + K) (-inf; float32's min
+    against values below 2^103); otherwise both are weights of exactly 0 in a row that keeps something
+    (docs/import.md, "Masked Softmax"). Returns how many fills."""
+    from onnx.reference import ReferenceEvaluator
+
+    from .kept_float import MASK_LOW, READERS
+
+    graph = model.graph
+    inits, producer, _ = _producers(graph)
+    readers, _, outputs, names = _scores_view(graph)
+    shapes = None
+    fills, placed = 0, _Places()
+
+    def constant(x: str) -> np.ndarray | None:
+        return numpy_helper.to_array(inits[x]) if x in inits else None
+
+    def fill_of(w: onnx.NodeProto) -> int | None:  # the index of the Where's y, where it is a masked fill
+        cond, *branches = [constant(x) for x in w.input]
+        if cond is None or cond.dtype != bool:
+            return None
+        for i, c in enumerate(branches):
+            if c is not None and branches[1 - i] is None and c.dtype == np.float32 and c.size and \
+                    (c == c.flat[0]).all() and c.flat[0] <= MASK_LOW:
+                return 2 - i
+        return None
+
+    for r in [n for n in graph.node if n.op_type in READERS]:
+        x, k = r.input[0], None
+        add = producer.get(x)
+        if add is not None and add.op_type == "Add" and readers.get(x) == [r] and x not in outputs and \
+                [i in inits for i in add.input].count(True) == 1:
+            k = next(i for i in add.input if i in inits)
+            x = next(i for i in add.input if i not in inits)
+        if readers.get(x) != [add if k else r]:
+            continue
+        region, sources, todo, seen = [], set(), [x], set()
+        while todo:
+            t = todo.pop()
+            p = producer.get(t)
+            if t in inits or p is not None and id(p) in seen:
+                continue
+            if p is None:  # a graph input
+                sources.add(t)
+                continue
+            moved = SCORE_MOVES.get(p.op_type, ()) if p.op_type != "Where" else (fill_of(p),)
+            if moved == () or moved == (None,) and p.op_type == "Where":
+                sources.add(t)
+                continue
+            moved = range(len(p.input)) if moved is None else moved
+            if any(i not in moved and x_ and x_ not in inits for i, x_ in enumerate(p.input)):
+                sources.add(t)
+                continue
+            region.append(p)
+            seen.add(id(p))
+            todo.extend(p.input[i] for i in moved if i < len(p.input) and p.input[i])
+        inner = {o for p in region for o in p.output}
+        wheres = [p for p in region if p.op_type == "Where"]
+        if not wheres:
+            continue
+        if all(p.op_type == "Where" for p in region) or inner & outputs or \
+                any(m not in region for o in inner - {x} for m in readers.get(o, [])):
+            continue  # (fills read by the Add or Softmax itself: GPT-2's eager Where, which the importer takes)
+        if shapes is None:
+            shapes = _known_shapes(model)
+        data = sources | {p.input[i] for p in region for i in (SCORE_MOVES.get(p.op_type) or range(len(p.input)))
+                          if p.op_type != "Where" and i < len(p.input) and p.input[i] in inits}
+        if any(s not in inits and (None in shapes.get(s, [None]) or math.prod(shapes[s]) > MAX_FOLDED) for s in data):
+            continue
+        zeros = [numpy_helper.from_array(np.zeros(constant(s).shape if s in inits else shapes[s],
+                                                  constant(s).dtype if s in inits else np.float32), s) for s in data]
+        used = {i for p in region for i in p.input if i in inits and i not in data}
+        order = {id(n): j for j, n in enumerate(graph.node)}
+        sub = helper.make_graph(sorted(region, key=lambda n: order[id(n)]), "fills", [],
+                                [helper.make_value_info(x, onnx.TypeProto())], zeros + [inits[i] for i in used])
+        try:
+            [m] = ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
+        except Exception:  # noqa: BLE001  (the evaluator raises anything: the fills stay)
+            continue
+        m = np.asarray(m, np.float32)
+        with np.errstate(all="ignore"):
+            term = m if k is None else (constant(k) + m).astype(np.float32)
+        if np.isnan(term).any() or (term > 0).any():
+            continue
+        name = _fresh(names, x, "fills")
+        graph.initializer.append(numpy_helper.from_array(term, name))
+        if k is None:
+            moved_x = _fresh(names, x, "unmasked")
+            for p in region:
+                p.output[:] = [moved_x if o == x else o for o in p.output]
+            add = helper.make_node("Add", [moved_x, name], [x], name=_fresh(names, x, "mask"))
+            placed.at(r).insert(0, add)
+        else:
+            add.input[:] = [name if i == k else i for i in add.input]
+        alias = {w.output[0]: w.input[fill_of(w)] for w in wheres}  # each fill's y (a fill of a fill: its y's)
+        for p in [*region, add]:
+            for j, i in enumerate(p.input):
+                while i in alias:
+                    i = alias[i]
+                p.input[j] = i
+        for w in wheres:
+            placed[w] = []
+        fills += len(wheres)
+    _placed(graph, placed)
+    return fills
