@@ -199,6 +199,9 @@ def architectures() -> dict:
         "funnel": hf("FunnelConfig", "FunnelBaseModel", TEXT_IN, d_model=64, n_head=4, d_head=16, d_inner=128,
                      block_sizes=[1, 1], vocab_size=VOCAB),
         "longformer": hf("LongformerConfig", "LongformerModel", TEXT_IN, attention_window=8, **text),
+        # 30 tokens, padded to 32 for its windows of 4 (the padding masked) and un-padded after its last layer
+        "longformer-30": hf("LongformerConfig", "LongformerModel", {"input_ids": lambda n, seed: np.random.default_rng(
+            seed).integers(1, VOCAB, (n, 30)).astype(np.int64)}, attention_window=4, **text),
         "bigbird": hf("BigBirdConfig", "BigBirdModel", TEXT_IN, attention_type="block_sparse", block_size=2,
                       num_random_blocks=1, **text),
         "mobilebert": hf("MobileBertConfig", "MobileBertModel", TEXT_IN, embedding_size=32, intra_bottleneck_size=32,
