@@ -158,43 +158,25 @@ def one(op_type, inputs, **attrs):
 
 def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     """ConvTranspose by its definition, in int64: each input value times the kernel, added at
-    o = i * stride - pad_begin + k * dilation (group by group); output_padding extends the end. 1-D or 2-D."""
-    g = a.get("group", 1)
-    if x.ndim == 3:
-        (n, cin, length), (_, per, k) = x.shape, w.shape
-        s, d = a.get("strides", [1])[0], a.get("dilations", [1])[0]
-        p, extra = a.get("pads", [0, 0]), a.get("output_padding", [0])[0]
-        out = (length - 1) * s - p[0] - p[1] + d * (k - 1) + 1 + extra
-        y = np.zeros((n, g * per, out), np.int64)
-        cg = cin // g
-        for grp in range(g):
-            xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
-            for j in range(k):
-                part = np.einsum("ncl,co->nol", xs_, w[grp * cg:(grp + 1) * cg, :, j].astype(np.int64))
-                for i in range(length):
-                    if 0 <= (o := i * s - p[0] + j * d) < out:
-                        y[:, grp * per:(grp + 1) * per, o] += part[:, :, i]
-        return y
-    (n, cin, hgt, wid), (_, per, kh, kw) = x.shape, w.shape
-    s, d = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-    p, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
-    out = [(size - 1) * st_ - p[i] - p[i + 2] + dd * (k - 1) + 1 + e
-           for i, (size, st_, dd, k, e) in enumerate(zip((hgt, wid), s, d, (kh, kw), extra))]
-    y = np.zeros((n, g * per, *out), np.int64)
+    o = i * stride - pad_begin + k * dilation per spatial axis (group by group); output_padding extends the end.
+    1-D, 2-D or 3-D."""
+    g, n = a.get("group", 1), x.ndim - 2
+    cin, per, spatial, kernel = x.shape[1], w.shape[1], x.shape[2:], w.shape[2:]
+    s, d = a.get("strides", [1] * n), a.get("dilations", [1] * n)
+    p, extra = a.get("pads", [0] * 2 * n), a.get("output_padding", [0] * n)
+    out = [(size - 1) * s[i] - p[i] - p[i + n] + d[i] * (k - 1) + 1 + extra[i]
+           for i, (size, k) in enumerate(zip(spatial, kernel))]
+    y = np.zeros((x.shape[0], g * per, *out), np.int64)
     cg = cin // g
     for grp in range(g):
         xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
-        for i in range(kh):
-            for j in range(kw):
-                part = np.einsum("nchw,co->nohw", xs_, w[grp * cg:(grp + 1) * cg, :, i, j].astype(np.int64))
-                for ih in range(hgt):
-                    oh = ih * s[0] - p[0] + i * d[0]
-                    if not 0 <= oh < out[0]:
-                        continue
-                    for iw in range(wid):
-                        ow = iw * s[1] - p[1] + j * d[1]
-                        if 0 <= ow < out[1]:
-                            y[:, grp * per:(grp + 1) * per, oh, ow] += part[:, :, ih, iw]
+        for taps in np.ndindex(*kernel):
+            part = np.einsum("nc...,co->no...", xs_, w[(slice(grp * cg, (grp + 1) * cg), slice(None)) + taps]
+                             .astype(np.int64))
+            for at in np.ndindex(*spatial):
+                o = tuple(i * s[k] - p[k] + j * d[k] for k, (i, j) in enumerate(zip(at, taps)))
+                if all(0 <= v < m for v, m in zip(o, out)):
+                    y[(slice(None), slice(grp * per, (grp + 1) * per)) + o] += part[(slice(None), slice(None)) + at]
     return y
 
 

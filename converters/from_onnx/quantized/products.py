@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Callable
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
@@ -414,20 +414,23 @@ def conv_rule(ctx, node, x, w, b=None):
 
 
 def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
-    """ConvTranspose (2-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
+    """ConvTranspose (2-D, 3-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
     `upsampling` or `repeat` of x - z, times a 0/1 mask), padded d (k - 1) - pads (+ output_padding at the end),
-    by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule's conv2d and window
-    sums on that, exactly. A 1-D one (N, C, L) is the 2-D one of (N, C, 1, L) by its kernel (C_in, C_out/g, 1, k),
-    stride, dilation 1 and no padding along the new axis (``conv_transpose_1d``)."""
+    by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule (its conv2d and window
+    sums; a 3-D one over the depth taps, ``depth_conv``) on that, exactly. A 1-D one (N, C, L) is the 2-D one of
+    (N, C, 1, L) by its kernel (C_in, C_out/g, 1, k), stride, dilation 1 and no padding along the new axis
+    (``conv_transpose_1d``)."""
     if len(x.shape) == 3 and len(w.shape) == 3:
         return conv_transpose_1d(ctx, node, x, w, bias)
-    if len(x.shape) != 4 or len(w.shape) != 4:
-        raise Refuse("only a 1-D or 2-D ConvTranspose has a CVM form here")
-    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
-    dilations = node.attr_ints("dilations", [1, 1], lo=1, size=2)
-    extra = node.attr_ints("output_padding", [0, 0], lo=0, size=2)
-    pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
-    return conv_transpose_2d(ctx, node, x, w, bias, strides, dilations, extra, pads)
+    if len(x.shape) not in (4, 5) or len(w.shape) != len(x.shape):
+        raise Refuse(f"a ConvTranspose of a {len(x.shape) - 2}-D input by a weight of shape {w.shape}: only 1-D, "
+                     "2-D and 3-D have a CVM form here")
+    n = len(x.shape) - 2
+    strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
+    dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
+    extra = node.attr_ints("output_padding", [0] * n, lo=0, size=n)
+    pads = node.attr_ints("pads", [0] * 2 * n, lo=0, size=2 * n)
+    return transposed_conv(ctx, node, x, w, bias, strides, dilations, extra, pads)
 
 
 def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
@@ -446,59 +449,59 @@ def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> S
 
     x = replace(x, t=ctx.reshape(x.t, x.shape[:2] + (1,) + x.shape[2:]))
     w = Scaled(const(w.t.value.reshape(w.shape[:2] + (1,) + w.shape[2:]), w.t.dtype), axis(w.scale), axis(w.zero))
-    y = conv_transpose_2d(ctx, node, x, w, bias, [1, *strides], [1, *dilations], [0, *extra],
-                          [0, pads[0], 0, pads[1]])
+    y = transposed_conv(ctx, node, x, w, bias, [1, *strides], [1, *dilations], [0, *extra], [0, pads[0], 0, pads[1]])
     return Scaled(ctx.reshape(y.t, y.shape[:2] + y.shape[3:]), y.scale.reshape(-1, 1),
                   y.zero.reshape(-1, 1) if y.zero.size > 1 else y.zero)
 
 
-def conv_transpose_2d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, strides: list[int],
-                      dilations: list[int], extra: list[int], pads: list[int]) -> Scaled:
-    """The 2-D ConvTranspose of ``conv_transpose`` with its window attributes given."""
+def transposed_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, strides: list[int],
+                    dilations: list[int], extra: list[int], pads: list[int]) -> Scaled:
+    """The 2-D or 3-D ConvTranspose of ``conv_transpose`` with its window attributes given."""
     if node.has("output_shape") or node.attr_str("auto_pad", "NOTSET") != "NOTSET":
         raise Refuse("ConvTranspose with output_shape or auto_pad has no CVM form here (give pads)")
     x = per_tensor(x, "ConvTranspose")
     groups = node.attr_int("group", 1, lo=1)
     if not w.t.is_const:
         raise Refuse("the ConvTranspose weight is computed at run time: CVM's conv2d needs a constant weight")
-    cin, per, kh, kw = w.shape
+    n = len(x.shape) - 2
+    cin, per, kernel = w.shape[0], w.shape[1], w.shape[2:]
     if cin != x.shape[1] or cin % groups:
         raise Refuse(f"a ConvTranspose weight of shape {w.shape} for {x.shape[1]} input channels in {groups} groups")
     if any(o >= s for o, s in zip(extra, strides)):
         raise Refuse(f"ConvTranspose output_padding {extra} must be below the strides {strides}")
-    outs = [(n - 1) * s - p - q + d * (k - 1) + 1 + o for n, s, p, q, d, k, o in
-            zip(x.shape[2:], strides, pads[:2], pads[2:], dilations, (kh, kw), extra)]
+    outs = [(size - 1) * s - p - q + d * (k - 1) + 1 + o for size, s, p, q, d, k, o in
+            zip(x.shape[2:], strides, pads[:n], pads[n:], dilations, kernel, extra)]
     if min(outs) < 1:
         raise Refuse(f"the ConvTranspose output {outs} is empty: CVM has no empty tensors")
 
-    def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), flipped
-        a = a.reshape(groups, cin // groups, per, kh, kw).transpose(0, 2, 1, 3, 4)
-        return a.reshape(groups * per, cin // groups, kh, kw)[:, :, ::-1, ::-1]
+    def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, k...) -> (C_out, C_in/g, k...), flipped
+        a = a.reshape(groups, cin // groups, per, *kernel).swapaxes(1, 2)
+        return a.reshape(groups * per, cin // groups, *kernel)[(...,) + (slice(None, None, -1),) * n]
 
     own = np.asarray(w.scale, dtype=object)
-    own = own.reshape((1,) * (4 - own.ndim) + own.shape)
+    own = own.reshape((1,) * (len(w.shape) - own.ndim) + own.shape)
     at = flipped(np.broadcast_to(np.arange(own.size).reshape(own.shape), w.shape)).reshape(groups * per, -1)
+    values = const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32)
+    zero = np.zeros((), np.int64)
     # each output channel's scale, where one element of the scale serves all of its weights (compared as indices,
-    # not as the exact scales of a whole kernel, one by one); else every weight's
-    scale = own.reshape(-1)[at[:, :1]].reshape(-1, 1, 1, 1) if (at == at[:, :1]).all() else \
-        np.ascontiguousarray(flipped(np.broadcast_to(w.scale, w.shape)))
-    wv = Scaled(const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32), scale,
-                np.zeros((), np.int64))
-    wv, sw = weight(wv, "the ConvTranspose weight")
+    # not as the exact scales of a whole kernel, one by one); else every weight's, one per output channel or refused
+    if (at == at[:, :1]).all():
+        sw = own.reshape(-1)[at[:, 0]]
+    else:
+        _, sw = weight(Scaled(values, np.ascontiguousarray(flipped(np.broadcast_to(w.scale, w.shape))), zero),
+                       "the ConvTranspose weight")
+    wv = Scaled(values, sw.reshape((-1,) + (1,) * (n + 1)), zero)
     v = minus_zero(ctx, x.t, x.zero)
-    n, c, hgt, wid = x.shape
     up = nearest(ctx, v, [1, 1, *strides])
-    mask = np.zeros((1, 1, hgt * strides[0], wid * strides[1]), np.int32)
-    mask[..., ::strides[0], ::strides[1]] = 1
+    mask = np.zeros((1, 1) + up.shape[2:], np.int32)
+    mask[(...,) + tuple(slice(None, None, s) for s in strides)] = 1
     up = ctx.result(ctx.op("broadcast_mul", up, const(mask, INT32)), INT32, min(v.lo, 0), max(v.hi, 0), up.shape)
-    begin = [d * (k - 1) - p for d, k, p in zip(dilations, (kh, kw), pads[:2])]
-    end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
+    begin = [d * (k - 1) - p for d, k, p in zip(dilations, kernel, pads[:n])]
+    end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, kernel, pads[n:], extra, strides)]
     up, begin, end = cropped(ctx, up, begin, end)
-    acc, scale, zero = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
-                            **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end, banded=True),
-                            channels=len(wv),
-                            kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
-    return Scaled(acc, scale.reshape(-1, 1, 1), zero.reshape(-1, 1, 1) if zero.any() else np.zeros((), np.int64))
+    plain = helper.make_node(node.op_type, [], [], kernel_shape=list(kernel), strides=[1] * n, dilations=dilations,
+                             pads=begin + end, group=groups)
+    return conv(ctx, replace(node, proto=plain), Scaled(up, x.scale, zero), wv, bias)
 
 
 @float_rule("ConvTranspose", since=1)
