@@ -2,6 +2,9 @@
 medical models) of dequantized values."""
 from __future__ import annotations
 
+from decimal import Decimal, getcontext
+from fractions import Fraction
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -11,10 +14,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import qdq, quantizes_whole, transposed_conv
-from test_quantized_fresh_ops import NP, oracle_equal
+from support.quantized import between_convs, qdq, quantizes_whole, transposed_conv
+from test_quantized_fresh_ops import NP, oracle_equal, run
 
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized.lrn import lrn_plan
+from cvm_onnx.converters.from_onnx.requant_plans import NoPlan
 from cvm_onnx.core.errors import UnsupportedError
 from cvm_onnx.core.format.onnx_file import onnx_model
 
@@ -115,3 +120,108 @@ def test_a_float_model_with_a_3d_conv_transpose_quantizes_whole(tmp_path, per_ch
     """quantize takes a Conv 3-D + ConvTranspose 3-D model whole: within 1.1x onnxruntime's distance from float, the
     export exact. Regression: refused 'only a 1-D or 2-D ConvTranspose has a CVM form here'."""
     quantizes_whole(tmp_path, conv_transpose_3d_model(), per_channel)
+
+
+# -- LRN -----------------------------------------------------------------------------------------------------------
+def window_sums(u: np.ndarray, size: int) -> np.ndarray:
+    """sum u^2 over each channel window c - floor((size - 1) / 2) .. c + ceil((size - 1) / 2), exactly."""
+    sq = u.astype(object) ** 2
+    c, b = u.shape[1], (size - 1) // 2
+    return np.stack([sq[:, max(0, i - b):min(c, i - b + size)].sum(axis=1) for i in range(c)], axis=1)
+
+
+def lrn_exact(u: np.ndarray, size: int, s: float, so: float, alpha: float, beta: float, bias: float) -> np.ndarray:
+    """LRN of x = u s in steps of s_out, to 40 digits: u s (bias + alpha / size V s^2)^-beta / s_out, V the window
+    sums of u^2."""
+    getcontext().prec = 40
+    d = [Decimal(v) for v in (s, so, alpha, beta, bias)]
+    return np.vectorize(lambda ui, v: Decimal(int(ui)) * d[0] / d[1] * (d[4] + d[2] / size * d[0] ** 2 * int(v))
+                        ** -d[3], otypes=[object])(u, window_sums(u, size))
+
+
+def lrn_model(shape, x_type, size: int, s: float, zx: int, so: float, zo: int, **attrs):
+    inits = {"s": np.float32(s), "z": NP[x_type](zx), "so": np.float32(so), "zo": np.int8(zo)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("LRN", ["xf"], ["g"], name="lrn", size=size, **attrs),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    return qdq(nodes, shape, x_type, inits, T.INT8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.data(), x_type=st.sampled_from([T.INT8, T.UINT8]), size=st.integers(1, 7),
+       s=st.floats(2.0**-8, 2.0**2, width=32), so=st.floats(2.0**-7, 2.0**-1, width=32), zo=st.integers(-30, 30),
+       alpha=st.floats(2.0**-17, 2.0, width=32), beta=st.floats(-1.0, 2.0, width=32),
+       bias=st.floats(0.25, 3.0, width=32))
+def test_lrn_is_within_its_bound_of_the_exact_value(d, x_type, size, s, so, zo, alpha, beta, bias):
+    """LRN of a dequantized value over (N, C, ...) (any size, alpha, beta, bias; 1-D and 2-D images):
+    every output within 1/2 + E output steps of the exact LRN (to 40 digits), saturated alike, E the plan's bound
+    (docs/import.md, "LRN: the integer form and its bound"), extreme integers included; refused in one line where
+    1/2 + E passes one step.
+    Regression: 'no CVM op for ONNX LRN'."""
+    shape = (d.draw(st.integers(1, 2)), d.draw(st.integers(1, 8))) + \
+        tuple(d.draw(st.integers(1, 3)) for _ in range(d.draw(st.integers(1, 2))))
+    lo, hi = np.iinfo(NP[x_type]).min, np.iinfo(NP[x_type]).max
+    zx = d.draw(st.integers(int(lo), int(hi)))
+    m = lrn_model(shape, x_type, size, s, zx, so, zo, alpha=alpha, beta=beta, bias=bias)
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    x = rng.integers(int(lo), int(hi) + 1, shape)
+    x.reshape(-1)[:2] = (lo, hi)[:x.size]
+    if d.draw(st.booleans()):
+        x[:, ::2] = d.draw(st.sampled_from([lo, hi]))  # windows of the largest sums
+    w = max(zx - int(lo), int(hi) - zx)
+    try:
+        lrn_plan(w, size, *(Fraction(v) for v in (s, so, alpha, beta, bias)), max(zo + 128, 127 - zo))
+    except NoPlan:  # a gain spanning so much that the table is more than one step off: refused in one line
+        with pytest.raises(UnsupportedError, match=r"lrn \(LRN\): .*more than one step"):
+            import_model(m, input_precision=9)
+        return
+    imp, [y] = run(m, x)
+    [plan] = [r.lrn for r in imp.requants if r.lrn is not None]
+    want = lrn_exact(x - zx, size, s, so, alpha, beta, bias)
+    exact = np.vectorize(lambda e: min(max(e + zo, -128), 127), otypes=[object])(want)
+    assert (np.abs(y.reshape(x.shape).astype(object) - exact) <= Decimal(0.5) + Decimal(plan.delta)).all()
+
+
+@settings(max_examples=20, deadline=None)
+@given(d=st.data(), size=st.sampled_from([1, 3, 5, 7]))
+def test_the_lrn_oracles_window_is_onnxruntimes(d, size):
+    """The oracle's channel windows against onnxruntime's float LRN (odd sizes: it takes no other): at alpha = size,
+    beta = 1, bias = 1 it is y = x / (1 + V), and x / y - 1 rounds to V exactly (V < 2^10, float32's relative
+    error 2^-23 a step)."""
+    shape = tuple(d.draw(st.integers(1, n)) for n in (2, 9, 3, 3))
+    x = np.random.default_rng(d.draw(st.integers(0, 99))).integers(-5, 6, shape)
+    g = h.make_graph([h.make_node("LRN", ["x"], ["y"], size=size, alpha=float(size), beta=1.0, bias=1.0)], "t",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)])
+    [got] = ort.InferenceSession(onnx_model(g, 13).SerializeToString(),
+                                 providers=["CPUExecutionProvider"]).run(None, {"x": x.astype(np.float32)})
+    at = x != 0
+    assert np.array_equal(np.rint(x[at] / got[at].astype(np.float64) - 1), window_sums(x, size)[at].astype(np.int64))
+
+
+@pytest.mark.parametrize("attrs, s, so, message", [
+    ({"size": 3, "bias": 0.0}, 0.05, 0.1, r"lrn \(LRN\): LRN bias 0: only bias > 0"),
+    ({"size": 3, "alpha": 1e-4, "beta": 2.0, "bias": 0.25}, 4.0, 2.0**-7, r"lrn \(LRN\): .*more than one step"),
+    ({"size": 3}, 1e19, 0.1, r"lrn \(LRN\): LRN's sum of 3 squares of values up to 255 x 1e\+19: it passes float32")])
+def test_lrn_refusals_name_the_node(attrs, s, so, message):
+    with pytest.raises(UnsupportedError, match=message):
+        import_model(lrn_model((1, 4, 2, 2), T.UINT8, s=s, zx=0, so=so, zo=0, **attrs), input_precision=9)
+
+
+def lrn_between_convs(pool_first: bool) -> onnx.ModelProto:
+    """AlexNet's Conv -> Relu -> LRN -> MaxPool (GoogLeNet's MaxPool -> LRN), then a Conv; LRN size 5, alpha 1e-4,
+    beta 0.75, bias 1 as they ship, its alpha raised to 0.02 so that the sums matter on unit-scale samples."""
+    lrn = h.make_node("LRN", ["r" if not pool_first else "p", ], ["n"], size=5, alpha=0.02, beta=0.75, bias=1.0)
+    pool = h.make_node("MaxPool", ["n" if not pool_first else "r"], ["p" if pool_first else "b"], kernel_shape=[3, 3],
+                       strides=[2, 2])
+    middle = [h.make_node("Relu", ["a"], ["r"])] + ([pool, lrn, h.make_node("Identity", ["n"], ["b"])] if pool_first
+                                                    else [lrn, pool])
+    return between_convs(middle, {})
+
+
+@pytest.mark.parametrize("pool_first", [False, True])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_float_models_with_lrn_quantize_whole(tmp_path, pool_first, per_channel):
+    """quantize takes AlexNet's and GoogLeNet's LRN blocks whole: within 1.1x onnxruntime's distance from float, the
+    export exact. Regression: refused 'no CVM op for ONNX LRN'."""
+    quantizes_whole(tmp_path, lrn_between_convs(pool_first), per_channel)
