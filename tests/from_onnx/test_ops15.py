@@ -2,6 +2,7 @@
 medical models) of dequantized values."""
 from __future__ import annotations
 
+import math
 from decimal import Decimal, getcontext
 from fractions import Fraction
 
@@ -225,3 +226,65 @@ def test_float_models_with_lrn_quantize_whole(tmp_path, pool_first, per_channel)
     """quantize takes AlexNet's and GoogLeNet's LRN blocks whole: within 1.1x onnxruntime's distance from float, the
     export exact. Regression: refused 'no CVM op for ONNX LRN'."""
     quantizes_whole(tmp_path, lrn_between_convs(pool_first), per_channel)
+
+
+# -- ReduceProd ----------------------------------------------------------------------------------------------------
+@settings(max_examples=30, deadline=None)
+@given(d=st.data(), x_type=st.sampled_from([T.INT8, T.UINT8]), s=st.floats(2.0**-4, 2.0**2, width=32),
+       keep=st.integers(0, 1))
+def test_reduce_prod_is_the_exact_product(d, x_type, s, keep):
+    """ReduceProd of a dequantized value over any axes (keepdims either way, axes as an input at opset 18): the exact
+    product of x - z at s^n, requantized by its plan, equal to the oracle of docs/import.md (extreme integers
+    included); refused in one line where a partial product passes 32 bits, past 32 values or past float32's range.
+    Regression: 'no CVM op for ONNX ReduceProd'."""
+    shape = tuple(d.draw(st.integers(1, 3)) for _ in range(d.draw(st.integers(1, 3))))
+    axes = d.draw(st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape),
+                           unique_by=lambda a: a % len(shape)))
+    n = math.prod(shape[a % len(shape)] for a in axes)
+    lo, hi = np.iinfo(NP[x_type]).min, np.iinfo(NP[x_type]).max
+    zx = d.draw(st.integers(int(lo), int(hi)))
+    peak = max(zx - int(lo), int(hi) - zx)
+    top = n * math.log2(s * peak)  # the products reach 2^top: a grid of about 100 steps to it
+    inits = {"s": np.float32(s), "z": NP[x_type](zx), "so": np.float32(2.0 ** min(max(top - 7, -100), 100)),
+             "zo": np.int8(d.draw(st.integers(-9, 9))), "ax": np.array(axes, np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceProd", ["xf", "ax"], ["g"], name="prod", keepdims=keep),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    m = qdq(nodes, shape, x_type, inits, T.INT8, opset=18)
+    x = np.random.default_rng(d.draw(st.integers(0, 2**16))).integers(int(lo), int(hi) + 1, shape)
+    x.reshape(-1)[:2] = (lo, hi)[:x.size]
+    try:
+        oracle_equal(m, x)
+    except UnsupportedError as e:
+        why = str(e)
+        assert why.startswith("prod (ReduceProd): ReduceProd of") and "\n" not in why
+        assert ("passes 32 bits" in why and peak ** (n - 1) >= 2**22  # never where each step fits 32 bits
+                or "float32's range" in why and (top >= 127 or n * math.log2(s) < -149))
+
+
+@pytest.mark.parametrize("shape, s, message", [
+    ((2, 5), 0.05, r"prod \(ReduceProd\): ReduceProd of 5 values of x - z up to 255: the product of 4 passes 32 bits"),
+    ((1, 33), 0.05, r"prod \(ReduceProd\): ReduceProd of 33 values: at most 32"),
+    ((1, 3), 2.0**50, r"prod \(ReduceProd\): ReduceProd of 3 values up to 255 x 1\.1259e\+15: the product leaves "
+                      r"float32's range")])
+def test_reduce_prod_refusals_name_the_node(shape, s, message):
+    inits = {"s": np.float32(s), "z": np.uint8(0), "so": np.float32(1.0), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceProd", ["xf"], ["g"], name="prod", axes=[1]),
+             h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])]
+    with pytest.raises(UnsupportedError, match=message):
+        import_model(qdq(nodes, shape, T.UINT8, inits, T.INT8, opset=17), input_precision=9)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_float_model_with_reduce_prod_quantizes_whole(tmp_path, per_channel):
+    """quantize takes Conv -> ReduceProd over 2 channels -> Conv whole: within 1.1x onnxruntime's distance from float,
+    the export exact. Regression: refused 'no CVM op for ONNX ReduceProd'."""
+    split = nh.from_array(np.array([2, 6], np.int64), "sp")
+    middle = [h.make_node("Split", ["a", "sp"], ["a2", "a6"], axis=1),
+              h.make_node("ReduceProd", ["a2"], ["p"], axes=[1]),
+              h.make_node("Mul", ["a6", "p"], ["b0"]),
+              h.make_node("Concat", ["b0", "a2"], ["b"], axis=1)]
+    m = between_convs(middle, {})
+    m.graph.initializer.append(split)
+    quantizes_whole(tmp_path, m, per_channel)

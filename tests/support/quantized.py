@@ -567,6 +567,12 @@ class Oracle:
         if op in FN:  # a table of the exact input values (log 0 = -inf and 1 / 0 = inf saturate)
             f = FN[op](xs[1:])
             return ("fn", xs[0], f) if xs[0][0] == "real" else ("fn", xs[0][1], lambda r, g=xs[0][2]: f(g(r)))
+        if op == "ReduceProd":  # numpy's product of the integers (Python ints: exact) at s^n
+            v = xs[0][1]
+            axes = a.get("axes") if len(xs) < 2 else list(xs[1][1])
+            axes = tuple(sorted(x % v.ndim for x in (axes if axes else range(v.ndim))))
+            p = np.prod(v.astype(object), axis=axes, keepdims=bool(a.get("keepdims", 1)))
+            return ("real", np.asarray(p).astype(np.int64), xs[0][2] ** math.prod(v.shape[i] for i in axes))
         if op == "ReduceLogSum":  # log of ReduceSum's exact sum (a table of it: log 0 = -inf saturates)
             return ("fn", self.float_op("ReduceSum", xs, a), lambda r: np.log(np.where(r >= 0, r, np.nan)))
         if op in ("GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum"):

@@ -18,7 +18,7 @@ from ..checks import MAX_DIM
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_2d, as_int32, axes_of, concatenated, conv_window, cropped,
                     depth_folded, depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced,
-                    select, single_axes, spatial_2d, strided_slice, summed_windows, with_ones, without)
+                    select, single_axes, spatial_2d, strided_slice, summed_windows, transposed, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, per_tensor, scaled, sum_of
@@ -953,6 +953,44 @@ def reduce_power_rule(ctx, node, x, axes_t=None):
     x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
     v = powers(ctx, x, node.op_type == "ReduceSumSquare")
     return summed(ctx, node, v, lambda: v.t, axes_t, 18, v.scale.reshape(()).item(), False)
+
+
+@float_rule("ReduceProd", since=1)
+def reduce_prod_rule(ctx, node, x, axes_t=None):
+    """ReduceProd of a per-tensor dequantized x = u s: the exact product of u over the n values of each reduction
+    at s^n (the reduced axes moved last, `transpose`, `reshape` to (rows, n); the columns multiplied one by one,
+    `strided_slice`, `broadcast_mul`), requantized by the QuantizeLinear that follows. Refused where a running
+    product's label and a value's pass 32 bits together (CVM's int32 product), n > 32 (no product of more
+    values of |u| >= 2 fits) or where s^n < 2^-149 or (P s)^n >= 2^127, P the largest |u| (onnxruntime's float32
+    product 0 or inf)."""
+    x = per_tensor(scaled(x, "the ReduceProd input"), "ReduceProd")
+    rank = len(x.shape)
+    axes = axes_of(node, axes_t, 18)
+    if not axes and node.attr_int("noop_with_empty_axes", 0):
+        return x
+    axes = sorted(set(normal(axes or list(range(rank)), rank)))
+    kept = [i for i in range(rank) if i not in axes]
+    n, rows = math.prod(x.shape[i] for i in axes), math.prod(x.shape[i] for i in kept)
+    z, s = int(x.zero.reshape(())), x.scale.reshape(()).item()
+    peak = max(z - x.t.lo, x.t.hi - z, 0)
+    if n > 32:
+        raise Refuse(f"ReduceProd of {n} values: at most 32 have a CVM form here (a product of more values of "
+                     "|x - z| >= 2 passes 32 bits)")
+    if n * math.log2(s) < -149 or peak and n * math.log2(peak * s) >= 127:
+        raise Refuse(f"ReduceProd of {n} values up to {peak} x {float(s):g}: the product leaves float32's range, "
+                     "where onnxruntime computes it as 0 or inf")
+    t = ctx.reshape(transposed(ctx, minus_zero(ctx, x.t, x.zero), tuple(kept + axes)), (rows, n))
+    acc = strided_slice(ctx, t, [range(rows), range(1)])
+    for j in range(1, n):
+        if tight(acc.peak) + tight(t.peak) > 32:
+            raise Refuse(f"ReduceProd of {n} values of x - z up to {peak}: the product of {j + 1} passes 32 bits "
+                         "(CVM's int32)")
+        ends = [a * b for a in (acc.lo, acc.hi) for b in (t.lo, t.hi)]
+        acc = ctx.result(ctx.op("broadcast_mul", acc, strided_slice(ctx, t, [range(rows), range(j, j + 1)])), INT32,
+                         min(ends), max(ends), (rows, 1))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if node.attr_int("keepdims", 1) else \
+        tuple(x.shape[i] for i in kept)
+    return Scaled(ctx.reshape(acc, shape), np.asarray(s ** n, dtype=object), np.zeros((), np.int64))
 
 
 @float_rule("CumSum", since=11)
