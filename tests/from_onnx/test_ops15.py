@@ -3,6 +3,7 @@ medical models) of dequantized values."""
 from __future__ import annotations
 
 import math
+import re
 from decimal import Decimal, getcontext
 from fractions import Fraction
 
@@ -157,7 +158,7 @@ def test_lrn_is_within_its_bound_of_the_exact_value(d, x_type, size, s, so, zo, 
     """LRN of a dequantized value over (N, C, ...) (any size, alpha, beta, bias; 1-D and 2-D images):
     every output within 1/2 + E output steps of the exact LRN (to 40 digits), saturated alike, E the plan's bound
     (docs/import.md, "LRN: the integer form and its bound"), extreme integers included; refused in one line where
-    1/2 + E passes one step.
+    1/2 + E passes one step or the gain times |u| passes 32 bits.
     Regression: 'no CVM op for ONNX LRN'."""
     shape = (d.draw(st.integers(1, 2)), d.draw(st.integers(1, 8))) + \
         tuple(d.draw(st.integers(1, 3)) for _ in range(d.draw(st.integers(1, 2))))
@@ -172,8 +173,8 @@ def test_lrn_is_within_its_bound_of_the_exact_value(d, x_type, size, s, so, zo, 
     w = max(zx - int(lo), int(hi) - zx)
     try:
         lrn_plan(w, size, *(Fraction(v) for v in (s, so, alpha, beta, bias)), max(zo + 128, 127 - zo))
-    except NoPlan:  # a gain spanning so much that the table is more than one step off: refused in one line
-        with pytest.raises(UnsupportedError, match=r"lrn \(LRN\): .*more than one step"):
+    except NoPlan as e:  # a gain past 32 bits, or spanning so much that the table is a step off: one line
+        with pytest.raises(UnsupportedError, match=r"lrn \(LRN\): " + re.escape(str(e))):
             import_model(m, input_precision=9)
         return
     imp, [y] = run(m, x)
@@ -203,10 +204,17 @@ def test_the_lrn_oracles_window_is_onnxruntimes(d, size):
 @pytest.mark.parametrize("attrs, s, so, message", [
     ({"size": 3, "bias": 0.0}, 0.05, 0.1, r"lrn \(LRN\): LRN bias 0: only bias > 0"),
     ({"size": 3, "alpha": 1e-4, "beta": 2.0, "bias": 0.25}, 4.0, 2.0**-7, r"lrn \(LRN\): .*more than one step"),
-    ({"size": 3}, 1e19, 0.1, r"lrn \(LRN\): LRN's sum of 3 squares of values up to 255 x 1e\+19: it passes float32")])
+    ({"size": 3}, 1e19, 0.1, r"lrn \(LRN\): LRN's sum of 3 squares of values up to 255 x 1e\+19: it passes float32"),
+    ({"size": 3, "beta": float("nan")}, 0.05, 0.1, r"lrn \(LRN\): LRN alpha 0.0001, beta nan, bias 1: each must be"),
+    ({"size": 3, "alpha": -1.0}, 0.05, 0.1, r"lrn \(LRN\): bias \+ alpha / size s\^2 V reaches 0 or below")])
 def test_lrn_refusals_name_the_node(attrs, s, so, message):
     with pytest.raises(UnsupportedError, match=message):
         import_model(lrn_model((1, 4, 2, 2), T.UINT8, s=s, zx=0, so=so, zo=0, **attrs), input_precision=9)
+
+
+def test_an_lrn_of_too_many_window_taps_is_refused_before_they_are_allocated():
+    with pytest.raises(UnsupportedError, match=r"lrn \(LRN\): its 600 x 30000 windows along axis 2 hold 18000000 values"):
+        import_model(lrn_model((1, 600, 1, 1), T.UINT8, 30000, 0.05, 0, 0.1, 0), input_precision=9)
 
 
 def lrn_between_convs(pool_first: bool) -> onnx.ModelProto:

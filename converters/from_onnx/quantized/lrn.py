@@ -25,7 +25,7 @@ from .norm import buckets, c32, levelled, proven, table_shape
 from .qdq import Requant, saturate
 from .values import Deferred, Scaled, float32_sum, per_tensor, scaled
 
-MAX_FRAC = 40  # F: R's fraction bits at most
+MAX_FRAC = 32  # F: R's fraction bits at most (cvm_right_shift's largest shift)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ def lrn_plan(w: int, size: int, s: Fraction, s_out: Fraction, alpha: Fraction, b
     if shape is None or tight(v_max) > 32:
         raise NoPlan(f"its sums of {size} squares up to {w}^2 have no table of at most 2^16 entries")
     t_bits, levels = shape
+    if bias + min(alpha, 0) * s * s * v_max / size <= 0:
+        raise NoPlan(f"bias + alpha / size s^2 V reaches 0 or below over its sums (alpha {float(alpha):g}): its power "
+                     "is undefined there")
     index, first, last = buckets(t_bits, levels, v_max)
     gain, k = float(s / s_out), float(alpha * s * s / size)
     with np.errstate(all="ignore"):
@@ -109,7 +112,10 @@ class LocalResponseNormalized(Deferred):
         n, c, rest = shape[0], shape[1], math.prod(shape[2:])
         u = minus_zero(ctx, x.t, x.zero)
         squares = ctx.reshape(proven(ctx, "broadcast_mul", u, u, 0, w * w, shape), (n, 1, c, rest))
-        v = summed_windows(ctx, squares, [size], [1], [1], [(size - 1) // 2], [c])
+        try:
+            v = summed_windows(ctx, squares, [size], [1], [1], [(size - 1) // 2], [c])
+        except Refuse as e:
+            raise Refuse(f"{self.node} (LRN): {e}") from None
         v = ctx.reshape(v, (n, 1, c * rest))
         index = levelled(ctx, v, p.table_bits, p.levels, p.table.size)[1] if p.levels else v
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(p.table)), in_dim=p.table.size)
@@ -126,16 +132,18 @@ class LocalResponseNormalized(Deferred):
 
 @float_rule("LRN", since=1)
 def lrn_rule(ctx, node, x):
-    """LRN of a per-tensor dequantized x = u s: a ``LocalResponseNormalized``; bias <= 0 refused (at V = 0 it
-    divides by 0 or by a power of 0), and where onnxruntime's float32 sum of squares may pass its range."""
+    """LRN of a per-tensor dequantized x = u s: a ``LocalResponseNormalized``; refused where alpha, beta or bias is
+    not finite, bias <= 0 (at V = 0 it divides by 0 or by a power of 0), and where onnxruntime's float32 sum of
+    squares may pass its range."""
     x = per_tensor(scaled(x, "the LRN input"), "LRN")
     if len(x.shape) < 3:
         raise Refuse(f"LRN of a rank-{len(x.shape)} input: it takes (N, C, spatial...)")
     size = node.attr_int("size", lo=1)
-    bias = node.attr_float("bias", 1.0)
+    alpha, beta, bias = (node.attr_float(k, v) for k, v in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    if not all(map(math.isfinite, (alpha, beta, bias))):
+        raise Refuse(f"LRN alpha {alpha:g}, beta {beta:g}, bias {bias:g}: each must be finite")
     if not bias > 0:
         raise Refuse(f"LRN bias {bias:g}: only bias > 0 has a value at every input (at a window of zeros it divides "
                      "by bias^beta)")
     float32_sum(x, size, "LRN's sum")
-    return LocalResponseNormalized(x, size, node.attr_float("alpha", 1e-4), node.attr_float("beta", 0.75), bias,
-                                   node.name)
+    return LocalResponseNormalized(x, size, alpha, beta, bias, node.name)
