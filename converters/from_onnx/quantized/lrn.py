@@ -21,7 +21,7 @@ from ..context import INT32, INT_RANGES, Tensor
 from ..emit import minus_zero, summed_windows
 from ..registry import Refuse, float_rule
 from ..requant_plans import NoPlan
-from .norm import buckets, c32, levelled, proven, table_shape
+from .norm import buckets, c32, levelled, proven, table_bits, table_shape
 from .qdq import Requant, saturate
 from .values import Deferred, Scaled, float32_sum, per_tensor, scaled
 
@@ -67,9 +67,7 @@ def lrn_plan(w: int, size: int, s: Fraction, s_out: Fraction, alpha: Fraction, b
     top = float(max(g_first.max(), g_last.max()))
     if not math.isfinite(top) or tight(math.floor(top + 0.5)) + tight(w) > 32:
         raise NoPlan(f"its gain (s / s_out) (bias + ...)^-beta reaches {top:.6g}: times {w} past 32 bits")
-    f = 0
-    while f < MAX_FRAC and tight(math.floor(math.ldexp(top, f + 1) + 0.5)) + tight(w) <= 32:
-        f += 1
+    f = min(table_bits(top, tight(w)), MAX_FRAC)
     r = np.floor(np.ldexp((g_first + g_last) / 2, f) + 0.5).astype(np.int64)
     off = np.maximum(np.abs(np.ldexp(r, -f) - g_first), np.abs(np.ldexp(r, -f) - g_last))
     # |u| within the window's root and where the exact or tabled output stays within the limit
