@@ -49,7 +49,7 @@ def lrn_plan(w: int, size: int, s: Fraction, s_out: Fraction, alpha: Fraction, b
              limit: int) -> LRNPlan:
     """The plan for |u| <= w over windows of ``size`` channels, outputs |r| <= ``limit`` unsaturated: T, K the
     most table bits covering V <= size w^2 in 2^16 entries (``norm.table_shape``); F the most fraction bits (at
-    most 40) whose largest entry times w stays within 32 bits; R per bucket [a, b] the rounded mean of 2^F g(a) and
+    most 32) whose largest entry times w stays within 32 bits; R per bucket [a, b] the rounded mean of 2^F g(a) and
     2^F g(b) (g is monotone in V, so its values on the bucket lie between those); E in float64 with a relative
     margin of 2^-40 (g's few roundings). Refused (``NoPlan``) where 1/2 + E passes one step."""
     v_max = size * w * w
