@@ -79,6 +79,22 @@ def test_a_3d_conv_transpose_equals_the_oracle(d, group, per, x_type, per_channe
     oracle_equal(m, x)
 
 
+@pytest.mark.parametrize("attrs, depth", [({"dilations": [2, 1, 1]}, 1), ({"strides": [3, 1, 1]}, 2)])
+def test_a_3d_conv_transposes_depth_windows_of_zeros_only_are_zeros(attrs, depth):
+    """Depth windows that read only padding (a depth of 1 by 2 taps 2 apart) or only inserted zeros (stride 3 past
+    2 taps) are outputs of 0: equal to the oracle. Regression (the first): refused 'has a depth window of padding
+    only'."""
+    w = np.random.default_rng(4).integers(-127, 128, (2, 2, 2, 1, 1)).astype(np.int8)
+    inits = {"s": np.float32(0.05), "zx": np.uint8(3), "w": w, "sw": np.float32(0.01), "so": np.float32(0.1),
+             "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("ConvTranspose", ["xf", "wf"], ["c"], name="up", **attrs),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    shape = (1, 2, depth, 2, 2)
+    oracle_equal(qdq(nodes, shape, T.UINT8, inits, T.INT8), np.arange(8 * depth).reshape(shape) * 31 % 256)
+
+
 @settings(max_examples=20, deadline=None)
 @given(d=st.data(), group=st.sampled_from([1, 2]))
 def test_the_3d_oracle_is_onnxruntimes_on_the_integers(d, group):
@@ -213,7 +229,7 @@ def test_lrn_refusals_name_the_node(attrs, s, so, message):
 
 
 def test_an_lrn_of_too_many_window_taps_is_refused_before_they_are_allocated():
-    with pytest.raises(UnsupportedError, match=r"lrn \(LRN\): its 600 x 30000 windows along axis 2 hold 18000000 values"):
+    with pytest.raises(UnsupportedError, match=r"lrn \(LRN\): its 600 x 30000 windows along axis 2 hold 18000000"):
         import_model(lrn_model((1, 600, 1, 1), T.UINT8, 30000, 0.05, 0, 0.1, 0), input_precision=9)
 
 
@@ -296,3 +312,94 @@ def test_a_float_model_with_reduce_prod_quantizes_whole(tmp_path, per_channel):
     m = between_convs(middle, {})
     m.graph.initializer.append(split)
     quantizes_whole(tmp_path, m, per_channel)
+
+
+# -- ConvTranspose with auto_pad or output_shape -------------------------------------------------------------------
+def sized_conv_transpose_attrs(d, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> dict:
+    """Strides, dilations, output_padding, and auto_pad SAME_UPPER / SAME_LOWER / VALID or an output_shape (of the
+    spatial sizes: onnxruntime takes no other) up to one past the sizes its sums reach, with or without a SAME
+    auto_pad."""
+    strides = [d.draw(st.integers(1, 3)) for _ in spatial]
+    dil = [d.draw(st.integers(1, 2)) for _ in spatial]
+    extra = [d.draw(st.integers(0, s - 1)) for s in strides]
+    a = {"strides": strides, "dilations": dil, "output_padding": extra}
+    full = [(size - 1) * s + dd * (k - 1) + 1 + o for size, s, dd, k, o in zip(spatial, strides, dil, kernel, extra)]
+    if d.draw(st.booleans()):
+        a["output_shape"] = [d.draw(st.integers(1, f + 1)) for f in full]
+        if d.draw(st.booleans()):
+            a["auto_pad"] = d.draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER"]))
+    else:
+        a["auto_pad"] = d.draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER", "VALID"]))
+    return a
+
+
+def sums_reach(a: dict, spatial, kernel) -> bool:
+    """Whether every output size asked is within the sizes the sums reach (else the import refuses)."""
+    full = [(size - 1) * s + dd * (k - 1) + 1 + o for size, s, dd, k, o in
+            zip(spatial, a["strides"], a["dilations"], kernel, a["output_padding"])]
+    if "output_shape" in a:
+        return all(o <= f for o, f in zip(a["output_shape"], full))
+    return a["auto_pad"] == "VALID" or all(size * s <= f for size, s, f in zip(spatial, a["strides"], full))
+
+
+@settings(max_examples=30, deadline=None)
+@given(d=st.data())
+def test_conv_transposes_sized_by_auto_pad_or_output_shape_are_onnxruntimes(d):
+    """The oracle's pads from auto_pad or output_shape (ONNX's rule) against onnxruntime's float ConvTranspose on
+    small integers (exact in float32), 1-D to 3-D, every size its sums reach (past them onnxruntime pads otherwise:
+    the import refuses those)."""
+    n = d.draw(st.integers(1, 3))
+    spatial = tuple(d.draw(st.integers(1, 4)) for _ in range(n))
+    kernel = tuple(d.draw(st.integers(1, 3)) for _ in range(n))
+    a = sized_conv_transpose_attrs(d, spatial, kernel)
+    if not sums_reach(a, spatial, kernel):
+        return
+    rng = np.random.default_rng(d.draw(st.integers(0, 99)))
+    x = rng.integers(-20, 21, (1, 2) + spatial).astype(np.float32)
+    w = rng.integers(-20, 21, (2, 2) + kernel).astype(np.float32)
+    g = h.make_graph([h.make_node("ConvTranspose", ["x", "w"], ["y"], **a)], "t",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(x.shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(w, "w")])
+    [want] = ort.InferenceSession(onnx_model(g, 17).SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.array_equal(transposed_conv(x.astype(np.int64), w.astype(np.int64), a), want.astype(np.int64))
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.data(), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_a_conv_transpose_sized_by_auto_pad_or_output_shape_equals_the_oracle(d, x_type):
+    """QDQ ConvTranspose 1-D to 3-D with auto_pad SAME_UPPER / SAME_LOWER / VALID or an output_shape: its pads by
+    ONNX's rule, then the sum of the explicit pads' form, equal to the oracle; an output past the sizes its sums
+    reach refused in one line. Regression: 'ConvTranspose with output_shape or auto_pad has no CVM form here'."""
+    n = d.draw(st.integers(1, 3))
+    spatial = tuple(d.draw(st.integers(1, 4)) for _ in range(n))
+    kernel = tuple(d.draw(st.integers(1, 3)) for _ in range(n))
+    a = sized_conv_transpose_attrs(d, spatial, kernel)
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
+    inits = {"s": np.float32(0.05), "zx": NP[x_type](zx), "w": rng.integers(-127, 128, (2, 3) + kernel)
+             .astype(np.int8), "sw": np.float32(0.01), "so": np.float32(0.1), "zo": np.int8(0)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"]),
+             h.make_node("ConvTranspose", ["xf", "wf"], ["c"], name="up", **a),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    shape = (1, 2) + spatial
+    m = qdq(nodes, shape, x_type, inits, T.INT8)
+    if not sums_reach(a, spatial, kernel):
+        with pytest.raises(UnsupportedError, match=r"up \(ConvTranspose\): a ConvTranspose output .* past the"):
+            import_model(m, input_precision=9)
+        return
+    info = np.iinfo(NP[x_type])
+    x = rng.integers(info.min, int(info.max) + 1, shape)
+    x.reshape(-1)[:2] = (info.min, info.max)[:x.size]
+    oracle_equal(m, x)
+
+
+@pytest.mark.parametrize("attrs", [{"auto_pad": "SAME_UPPER"}, {"output_shape": [23, 24]}])
+def test_a_float_model_with_a_sized_conv_transpose_quantizes_whole(tmp_path, attrs):
+    """quantize takes Conv -> ConvTranspose 3x3 stride 2 sized by auto_pad (tf2onnx's Conv2DTranspose padding='same')
+    or output_shape -> Conv whole: within 1.1x onnxruntime's distance from float, the export exact. Regression:
+    refused 'ConvTranspose with output_shape or auto_pad has no CVM form here'."""
+    w = np.random.default_rng(9).normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32)
+    up = h.make_node("ConvTranspose", ["a", "wt"], ["b"], kernel_shape=[3, 3], strides=[2, 2], **attrs)
+    quantizes_whole(tmp_path, between_convs([up], {"wt": w}), True)

@@ -159,11 +159,21 @@ def one(op_type, inputs, **attrs):
 def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     """ConvTranspose by its definition, in int64: each input value times the kernel, added at
     o = i * stride - pad_begin + k * dilation per spatial axis (group by group); output_padding extends the end.
-    1-D, 2-D or 3-D."""
+    1-D, 2-D or 3-D. Pads from output_shape or auto_pad SAME (an output of L s) by ONNX's rule: total = s (L - 1) +
+    output_padding + d (k - 1) + 1 - out, total / 2 at the begin for SAME_UPPER, the rest otherwise."""
     g, n = a.get("group", 1), x.ndim - 2
     cin, per, spatial, kernel = x.shape[1], w.shape[1], x.shape[2:], w.shape[2:]
     s, d = a.get("strides", [1] * n), a.get("dilations", [1] * n)
     p, extra = a.get("pads", [0] * 2 * n), a.get("output_padding", [0] * n)
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if "output_shape" in a or auto.startswith("SAME"):
+        want = list(a["output_shape"]) if "output_shape" in a else [size * st_ for size, st_ in zip(spatial, s)]
+        total = [s[i] * (spatial[i] - 1) + extra[i] + d[i] * (kernel[i] - 1) + 1 - want[i] for i in range(n)]
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        p = begin + [t - b for t, b in zip(total, begin)]
+    elif auto == "VALID":
+        p = [0] * 2 * n
     out = [(size - 1) * s[i] - p[i] - p[i + n] + d[i] * (k - 1) + 1 + extra[i]
            for i, (size, k) in enumerate(zip(spatial, kernel))]
     y = np.zeros((x.shape[0], g * per, *out), np.int64)

@@ -429,8 +429,33 @@ def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scal
     strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
     dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
     extra = node.attr_ints("output_padding", [0] * n, lo=0, size=n)
-    pads = node.attr_ints("pads", [0] * 2 * n, lo=0, size=2 * n)
+    pads = transpose_pads(node, x.shape[2:], w.shape[2:], strides, dilations, extra)
     return transposed_conv(ctx, node, x, w, bias, strides, dilations, extra, pads)
+
+
+def transpose_pads(node, sizes, kernel, strides, dilations, extra) -> list[int]:
+    """ConvTranspose's pads (begins, then ends): the explicit pads; none for auto_pad VALID; else from the output
+    sizes, output_shape's (its spatial sizes) or auto_pad SAME_UPPER / SAME_LOWER's L s per axis: the total
+    s (L - 1) + output_padding + d (k - 1) + 1 - out split with total // 2 at the begin under SAME_UPPER, total -
+    total // 2 otherwise (ONNX's rule, and onnxruntime's). Refused where a total is negative (a stride past the
+    kernel under SAME: onnxruntime then pads 0, its output not the size asked)."""
+    n = len(sizes)
+    auto = node.attr_str("auto_pad", "NOTSET", choices=("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
+    if node.has("output_shape"):
+        outs = node.attr_ints("output_shape", lo=1, size=n)
+    elif auto.startswith("SAME"):
+        outs = [size * s for size, s in zip(sizes, strides)]
+    elif auto == "VALID":
+        return [0] * 2 * n
+    else:
+        return node.attr_ints("pads", [0] * 2 * n, lo=0, size=2 * n)
+    totals = [s * (size - 1) + o + d * (k - 1) + 1 - out
+              for size, s, o, d, k, out in zip(sizes, strides, extra, dilations, kernel, outs)]
+    if min(totals) < 0:
+        raise Refuse(f"a ConvTranspose output {outs} past the {[t + o for t, o in zip(totals, outs)]} its sums reach: "
+                     "onnxruntime pads it otherwise")
+    begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in totals]
+    return begin + [t - b for t, b in zip(totals, begin)]
 
 
 def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
@@ -442,7 +467,7 @@ def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> S
     strides = node.attr_ints("strides", [1], lo=1, size=1)
     dilations = node.attr_ints("dilations", [1], lo=1, size=1)
     extra = node.attr_ints("output_padding", [0], lo=0, size=1)
-    pads = node.attr_ints("pads", [0, 0], lo=0, size=2)
+    pads = transpose_pads(node, x.shape[2:], w.shape[2:], strides, dilations, extra)
 
     def axis(a: np.ndarray) -> np.ndarray:  # broadcast against (C_in, C_out/g, k): the new axis before k
         return np.expand_dims(a, -2) if np.ndim(a) else a
@@ -456,9 +481,9 @@ def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> S
 
 def transposed_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, strides: list[int],
                     dilations: list[int], extra: list[int], pads: list[int]) -> Scaled:
-    """The 2-D or 3-D ConvTranspose of ``conv_transpose`` with its window attributes given."""
-    if node.has("output_shape") or node.attr_str("auto_pad", "NOTSET") != "NOTSET":
-        raise Refuse("ConvTranspose with output_shape or auto_pad has no CVM form here (give pads)")
+    """The 2-D or 3-D ConvTranspose of ``conv_transpose`` with its window attributes given (explicit pads); a 3-D
+    one's depth padding written as zero slices (``concatenate``): its windows of inserted zeros and padding only are
+    outputs of 0 (+ bias), not windows of padding only, which the depth taps refuse."""
     x = per_tensor(x, "ConvTranspose")
     groups = node.attr_int("group", 1, lo=1)
     if not w.t.is_const:
@@ -499,6 +524,10 @@ def transposed_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, stride
     begin = [d * (k - 1) - p for d, k, p in zip(dilations, kernel, pads[:n])]
     end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, kernel, pads[n:], extra, strides)]
     up, begin, end = cropped(ctx, up, begin, end)
+    if n == 3 and begin[0] + end[0]:  # the depth padded with zero slices: a depth window may read those only
+        pad = [const(np.zeros(up.shape[:2] + (p,) + up.shape[3:], np.int32), INT32) for p in (begin[0], end[0])]
+        up = concatenated(ctx, 2, pad[0], up, pad[1])
+        begin[0] = end[0] = 0
     plain = helper.make_node(node.op_type, [], [], kernel_shape=list(kernel), strides=[1] * n, dilations=dilations,
                              pads=begin + end, group=groups)
     return conv(ctx, replace(node, proto=plain), Scaled(up, x.scale, zero), wv, bias)
