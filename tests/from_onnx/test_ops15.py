@@ -1,5 +1,6 @@
-"""Op classes of shipped models the quantized import refused before: 3-D ConvTranspose (3-D U-Nets, video and
-medical models) of dequantized values."""
+"""Op classes of shipped models the quantized import refused before, of dequantized values: 3-D ConvTranspose (3-D
+U-Nets, video and medical models), LRN (AlexNet, CaffeNet, GoogLeNet), ReduceProd, and ConvTranspose sized by
+auto_pad or output_shape (tf2onnx's Conv2DTranspose)."""
 from __future__ import annotations
 
 import math
