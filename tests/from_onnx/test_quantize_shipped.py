@@ -473,15 +473,15 @@ def test_per_channel_axis_below_opset_13_is_refused_as_onnxruntime_refuses_it(tm
 
 
 def test_every_refusal_is_listed_in_one_pass(tmp_path):
-    """Two float ops that rules refuse as the walk reaches them (LRN of dequantized values), one
+    """Two float ops that rules refuse as the walk reaches them (LpPool p = 3 of dequantized values), one
     after the other with a quantized Conv between them: both are listed (before, the walk stopped at the first, and
     the second appeared one fix later)."""
     rng = np.random.default_rng(4)
     nodes, inits = conv_layer(rng, "c1", "x", 2, 2)
     n2, i2 = conv_layer(rng, "c2", "m1", 2, 2)
     n3, i3 = conv_layer(rng, "c3", "m2", 2, 2)
-    nodes += [h.make_node("LRN", ["c1"], ["m1"], name="sum1", size=3), *n2,
-              h.make_node("LRN", ["c2"], ["m2"], name="sum2", size=3), *n3]
+    nodes += [h.make_node("LpPool", ["c1"], ["m1"], name="sum1", kernel_shape=[1, 1], p=3), *n2,
+              h.make_node("LpPool", ["c2"], ["m2"], name="sum2", kernel_shape=[1, 1], p=3), *n3]
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])],
                      [h.make_tensor_value_info("c3", T.FLOAT, None)],
                      inits + i2 + i3)
@@ -489,7 +489,7 @@ def test_every_refusal_is_listed_in_one_pass(tmp_path):
     with pytest.raises(UnsupportedError) as e:
         import_model(q)
     refused = [p.where for p in e.value.problems]
-    assert refused == ["sum1 (LRN)", "sum2 (LRN)"], str(e.value)
+    assert refused == ["sum1 (LpPool)", "sum2 (LpPool)"], str(e.value)
 
 
 def concat_of_two_scales() -> onnx.ModelProto:

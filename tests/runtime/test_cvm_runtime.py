@@ -1282,6 +1282,32 @@ def test_lp_pools_over_windows_and_an_l1_normalization(tmp_path):
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
+def test_a_3d_conv_transpose_and_an_lrn(tmp_path):
+    """A 3-D ConvTranspose (group 2, strides, pads, output_padding, per-channel weights, a bias: zeros inserted, then
+    the 3-D Conv over the depth taps), then LRN over its channels (window sums of squares, the table of its gain past
+    2^16 sums by levels): the runtime loads it and gives the reference executor's integers, extremes included."""
+    rng = np.random.default_rng(16)
+    sw = np.linspace(0.01, 0.03, 2).astype(np.float32)
+    inits = {"s": np.float32(0.05), "z": np.int8(3), "w8": rng.integers(-127, 128, (4, 2, 2, 3, 2)).astype(np.int8),
+             "sw": sw, "b": np.array([5, -9, 40, 0], np.int32), "sb": np.tile(sw, 2) * np.float32(0.05),
+             "so": np.float32(0.37), "zo": np.int8(-4), "sn": np.float32(0.2)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w8", "sw"], ["wf"], axis=1),
+             h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0),
+             h.make_node("ConvTranspose", ["xf", "wf", "bf"], ["c"], group=2, strides=[2, 1, 2],
+                         pads=[0, 1, 1, 1, 0, 0], output_padding=[1, 0, 1]),
+             h.make_node("QuantizeLinear", ["c", "so", "zo"], ["cq"]),
+             h.make_node("DequantizeLinear", ["cq", "so", "zo"], ["cf"]),
+             h.make_node("LRN", ["cf"], ["n"], size=5, alpha=0.5, beta=0.75, bias=1.0),
+             h.make_node("QuantizeLinear", ["n", "sn", "zo"], ["y"])]
+    shape = (1, 4, 3, 4, 3)
+    imp = import_model(qdq(nodes, shape, T.INT8, inits, T.INT8), input_precision=8)
+    assert {"conv2d", "take", "cvm_lut", "broadcast_greater"} <= {n.op for n in imp.graph.nodes}
+    write_model(imp.graph, tmp_path / "cvm")
+    xs = [rng.integers(-128, 128, shape), np.full(shape, -128), np.full(shape, 127)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
 def test_3d_average_pools_of_windows_of_different_counts(tmp_path):
     """3-D AveragePools with pads not counted, then with ceil_mode and pads counted: the window sums of x - z along
     each axis at s / count per position: the runtime loads it and gives the reference executor's integers, extremes

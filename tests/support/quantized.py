@@ -158,43 +158,35 @@ def one(op_type, inputs, **attrs):
 
 def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     """ConvTranspose by its definition, in int64: each input value times the kernel, added at
-    o = i * stride - pad_begin + k * dilation (group by group); output_padding extends the end. 1-D or 2-D."""
-    g = a.get("group", 1)
-    if x.ndim == 3:
-        (n, cin, length), (_, per, k) = x.shape, w.shape
-        s, d = a.get("strides", [1])[0], a.get("dilations", [1])[0]
-        p, extra = a.get("pads", [0, 0]), a.get("output_padding", [0])[0]
-        out = (length - 1) * s - p[0] - p[1] + d * (k - 1) + 1 + extra
-        y = np.zeros((n, g * per, out), np.int64)
-        cg = cin // g
-        for grp in range(g):
-            xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
-            for j in range(k):
-                part = np.einsum("ncl,co->nol", xs_, w[grp * cg:(grp + 1) * cg, :, j].astype(np.int64))
-                for i in range(length):
-                    if 0 <= (o := i * s - p[0] + j * d) < out:
-                        y[:, grp * per:(grp + 1) * per, o] += part[:, :, i]
-        return y
-    (n, cin, hgt, wid), (_, per, kh, kw) = x.shape, w.shape
-    s, d = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
-    p, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
-    out = [(size - 1) * st_ - p[i] - p[i + 2] + dd * (k - 1) + 1 + e
-           for i, (size, st_, dd, k, e) in enumerate(zip((hgt, wid), s, d, (kh, kw), extra))]
-    y = np.zeros((n, g * per, *out), np.int64)
+    o = i * stride - pad_begin + k * dilation per spatial axis (group by group); output_padding extends the end.
+    1-D, 2-D or 3-D. Pads from output_shape or auto_pad SAME (an output of L s) by ONNX's rule: total = s (L - 1) +
+    output_padding + d (k - 1) + 1 - out, total / 2 at the begin for SAME_UPPER, the rest otherwise."""
+    g, n = a.get("group", 1), x.ndim - 2
+    cin, per, spatial, kernel = x.shape[1], w.shape[1], x.shape[2:], w.shape[2:]
+    s, d = a.get("strides", [1] * n), a.get("dilations", [1] * n)
+    p, extra = a.get("pads", [0] * 2 * n), a.get("output_padding", [0] * n)
+    auto = a.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if "output_shape" in a or auto.startswith("SAME"):
+        want = list(a["output_shape"]) if "output_shape" in a else [size * st_ for size, st_ in zip(spatial, s)]
+        total = [s[i] * (spatial[i] - 1) + extra[i] + d[i] * (kernel[i] - 1) + 1 - want[i] for i in range(n)]
+        begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+        p = begin + [t - b for t, b in zip(total, begin)]
+    elif auto == "VALID":
+        p = [0] * 2 * n
+    out = [(size - 1) * s[i] - p[i] - p[i + n] + d[i] * (k - 1) + 1 + extra[i]
+           for i, (size, k) in enumerate(zip(spatial, kernel))]
+    y = np.zeros((x.shape[0], g * per, *out), np.int64)
     cg = cin // g
     for grp in range(g):
         xs_ = x[:, grp * cg:(grp + 1) * cg].astype(np.int64)
-        for i in range(kh):
-            for j in range(kw):
-                part = np.einsum("nchw,co->nohw", xs_, w[grp * cg:(grp + 1) * cg, :, i, j].astype(np.int64))
-                for ih in range(hgt):
-                    oh = ih * s[0] - p[0] + i * d[0]
-                    if not 0 <= oh < out[0]:
-                        continue
-                    for iw in range(wid):
-                        ow = iw * s[1] - p[1] + j * d[1]
-                        if 0 <= ow < out[1]:
-                            y[:, grp * per:(grp + 1) * per, oh, ow] += part[:, :, ih, iw]
+        for taps in np.ndindex(*kernel):
+            part = np.einsum("nc...,co->no...", xs_, w[(slice(grp * cg, (grp + 1) * cg), slice(None)) + taps]
+                             .astype(np.int64))
+            for at in np.ndindex(*spatial):
+                o = tuple(i * s[k] - p[k] + j * d[k] for k, (i, j) in enumerate(zip(at, taps)))
+                if all(0 <= v < m for v, m in zip(o, out)):
+                    y[(slice(None), slice(grp * per, (grp + 1) * per)) + o] += part[(slice(None), slice(None)) + at]
     return y
 
 
@@ -585,6 +577,12 @@ class Oracle:
         if op in FN:  # a table of the exact input values (log 0 = -inf and 1 / 0 = inf saturate)
             f = FN[op](xs[1:])
             return ("fn", xs[0], f) if xs[0][0] == "real" else ("fn", xs[0][1], lambda r, g=xs[0][2]: f(g(r)))
+        if op == "ReduceProd":  # numpy's product of the integers (Python ints: exact) at s^n
+            v = xs[0][1]
+            axes = a.get("axes") if len(xs) < 2 else list(xs[1][1])
+            axes = tuple(sorted(x % v.ndim for x in (axes if axes else range(v.ndim))))
+            p = np.prod(v.astype(object), axis=axes, keepdims=bool(a.get("keepdims", 1)))
+            return ("real", np.asarray(p).astype(np.int64), xs[0][2] ** math.prod(v.shape[i] for i in axes))
         if op == "ReduceLogSum":  # log of ReduceSum's exact sum (a table of it: log 0 = -inf saturates)
             return ("fn", self.float_op("ReduceSum", xs, a), lambda r: np.log(np.where(r >= 0, r, np.nan)))
         if op in ("GlobalMaxPool", "ReduceMax", "ReduceMin", "ReduceSum"):

@@ -12,16 +12,16 @@ becomes a cvm_lut table over its input's integers. A QOperator node is the same 
 
 The package by concern, each module importing only those before it: ``values`` (the dequantized values and their
 scales), ``parameters`` (every quantization parameter checked against its op's schema before a rule computes),
-``qdq`` (DequantizeLinear, QuantizeLinear), ``logsumexp`` (ReduceLogSumExp), ``products`` (Conv, MatMul, Gemm, pooling sums),
-``masks`` (an attention mask's term as a table of one integer tensor), ``elementwise`` (Add, Mul, Relu, Clip,
-float functions, the Lp pools, LpNormalization), ``moves`` (the integer rules on a dequantized value's
-integers), ``norm`` (LayerNormalization), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator`` (the QLinear*
-compositions), ``edges`` (the graph's float input and outputs), ``chains`` (written-out softmaxes, found in
-the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization's p = 2 and the written-out forms; the
-L2 norm as a value).
+``qdq`` (DequantizeLinear, QuantizeLinear), ``logsumexp`` (ReduceLogSumExp), ``products`` (Conv, MatMul, Gemm,
+pooling sums), ``masks`` (an attention mask's term as a table of one integer tensor), ``elementwise`` (Add, Mul,
+Relu, Clip, float functions, the Lp pools, LpNormalization), ``moves`` (the integer rules on a dequantized value's
+integers), ``norm`` (LayerNormalization), ``lrn`` (LRN), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator``
+(the QLinear* compositions), ``edges`` (the graph's float input and outputs), ``chains`` (written-out softmaxes,
+found in the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization's p = 2 and the written-out
+forms; the L2 norm as a value).
 """
 # registers the rules, in the order of the module they were split from
-from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, recurrent, qoperator  # noqa: F401, I001
+from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, lrn, recurrent, qoperator  # noqa: F401, I001
 from .chains import SoftmaxChain, softmax_chains, softmax_value
 from .l2norm import SUMS, L2Chain, NormChain, l2_chains, l2_value, norm_chains, norm_value
 from .edges import InputEdge, float_read, input_edge, input_precision, output_edge

@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Callable
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
@@ -18,7 +18,7 @@ from ..checks import MAX_DIM
 from ..context import INT32, Tensor, TooWide, const, tight, type_name
 from ..emit import (aligned, as_2d, as_int32, axes_of, concatenated, conv_window, cropped,
                     depth_folded, depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced,
-                    select, single_axes, spatial_2d, strided_slice, summed_windows, with_ones, without)
+                    select, single_axes, spatial_2d, strided_slice, summed_windows, transposed, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
 from .qdq import quantize
 from .values import FAR, Mapped, Scaled, per_tensor, scaled, sum_of
@@ -414,20 +414,48 @@ def conv_rule(ctx, node, x, w, b=None):
 
 
 def conv_transpose(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
-    """ConvTranspose (2-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
+    """ConvTranspose (2-D, 3-D): the convolution of x with zeros inserted between its values (s - 1 per stride s:
     `upsampling` or `repeat` of x - z, times a 0/1 mask), padded d (k - 1) - pads (+ output_padding at the end),
-    by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule's conv2d and window
-    sums on that, exactly. A 1-D one (N, C, L) is the 2-D one of (N, C, 1, L) by its kernel (C_in, C_out/g, 1, k),
-    stride, dilation 1 and no padding along the new axis (``conv_transpose_1d``)."""
+    by the kernel flipped and its in/out channels swapped per group, stride 1: the Conv rule (its conv2d and window
+    sums; a 3-D one over the depth taps, ``depth_conv``) on that, exactly. A 1-D one (N, C, L) is the 2-D one of
+    (N, C, 1, L) by its kernel (C_in, C_out/g, 1, k), stride, dilation 1 and no padding along the new axis
+    (``conv_transpose_1d``)."""
     if len(x.shape) == 3 and len(w.shape) == 3:
         return conv_transpose_1d(ctx, node, x, w, bias)
-    if len(x.shape) != 4 or len(w.shape) != 4:
-        raise Refuse("only a 1-D or 2-D ConvTranspose has a CVM form here")
-    strides = node.attr_ints("strides", [1, 1], lo=1, size=2)
-    dilations = node.attr_ints("dilations", [1, 1], lo=1, size=2)
-    extra = node.attr_ints("output_padding", [0, 0], lo=0, size=2)
-    pads = node.attr_ints("pads", [0, 0, 0, 0], lo=0, size=4)
-    return conv_transpose_2d(ctx, node, x, w, bias, strides, dilations, extra, pads)
+    if len(x.shape) not in (4, 5) or len(w.shape) != len(x.shape):
+        raise Refuse(f"a ConvTranspose of a {len(x.shape) - 2}-D input by a weight of shape {w.shape}: only 1-D, "
+                     "2-D and 3-D have a CVM form here")
+    n = len(x.shape) - 2
+    strides = node.attr_ints("strides", [1] * n, lo=1, size=n)
+    dilations = node.attr_ints("dilations", [1] * n, lo=1, size=n)
+    extra = node.attr_ints("output_padding", [0] * n, lo=0, size=n)
+    pads = transpose_pads(node, x.shape[2:], w.shape[2:], strides, dilations, extra)
+    return transposed_conv(ctx, node, x, w, bias, strides, dilations, extra, pads)
+
+
+def transpose_pads(node, sizes, kernel, strides, dilations, extra) -> list[int]:
+    """ConvTranspose's pads (begins, then ends): the explicit pads; none for auto_pad VALID; else from the output
+    sizes, output_shape's (its spatial sizes) or auto_pad SAME_UPPER / SAME_LOWER's L s per axis: the total
+    s (L - 1) + output_padding + d (k - 1) + 1 - out split with total // 2 at the begin under SAME_UPPER, total -
+    total // 2 otherwise (ONNX's rule, and onnxruntime's). Refused where a total is negative (a stride past the
+    kernel under SAME: onnxruntime then pads 0, its output not the size asked)."""
+    n = len(sizes)
+    auto = node.attr_str("auto_pad", "NOTSET", choices=("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
+    if node.has("output_shape"):
+        outs = node.attr_ints("output_shape", lo=1, size=n)
+    elif auto.startswith("SAME"):
+        outs = [size * s for size, s in zip(sizes, strides)]
+    elif auto == "VALID":
+        return [0] * 2 * n
+    else:
+        return node.attr_ints("pads", [0] * 2 * n, lo=0, size=2 * n)
+    totals = [s * (size - 1) + o + d * (k - 1) + 1 - out
+              for size, s, o, d, k, out in zip(sizes, strides, extra, dilations, kernel, outs)]
+    if min(totals) < 0:
+        raise Refuse(f"a ConvTranspose output {outs} past the {[t + o for t, o in zip(totals, outs)]} its sums reach: "
+                     "onnxruntime pads it otherwise")
+    begin = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in totals]
+    return begin + [t - b for t, b in zip(totals, begin)]
 
 
 def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> Scaled:
@@ -439,66 +467,70 @@ def conv_transpose_1d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None) -> S
     strides = node.attr_ints("strides", [1], lo=1, size=1)
     dilations = node.attr_ints("dilations", [1], lo=1, size=1)
     extra = node.attr_ints("output_padding", [0], lo=0, size=1)
-    pads = node.attr_ints("pads", [0, 0], lo=0, size=2)
+    pads = transpose_pads(node, x.shape[2:], w.shape[2:], strides, dilations, extra)
 
     def axis(a: np.ndarray) -> np.ndarray:  # broadcast against (C_in, C_out/g, k): the new axis before k
         return np.expand_dims(a, -2) if np.ndim(a) else a
 
     x = replace(x, t=ctx.reshape(x.t, x.shape[:2] + (1,) + x.shape[2:]))
     w = Scaled(const(w.t.value.reshape(w.shape[:2] + (1,) + w.shape[2:]), w.t.dtype), axis(w.scale), axis(w.zero))
-    y = conv_transpose_2d(ctx, node, x, w, bias, [1, *strides], [1, *dilations], [0, *extra],
-                          [0, pads[0], 0, pads[1]])
+    y = transposed_conv(ctx, node, x, w, bias, [1, *strides], [1, *dilations], [0, *extra], [0, pads[0], 0, pads[1]])
     return Scaled(ctx.reshape(y.t, y.shape[:2] + y.shape[3:]), y.scale.reshape(-1, 1),
                   y.zero.reshape(-1, 1) if y.zero.size > 1 else y.zero)
 
 
-def conv_transpose_2d(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, strides: list[int],
-                      dilations: list[int], extra: list[int], pads: list[int]) -> Scaled:
-    """The 2-D ConvTranspose of ``conv_transpose`` with its window attributes given."""
-    if node.has("output_shape") or node.attr_str("auto_pad", "NOTSET") != "NOTSET":
-        raise Refuse("ConvTranspose with output_shape or auto_pad has no CVM form here (give pads)")
+def transposed_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, strides: list[int],
+                    dilations: list[int], extra: list[int], pads: list[int]) -> Scaled:
+    """The 2-D or 3-D ConvTranspose of ``conv_transpose`` with its window attributes given (explicit pads); a 3-D
+    one's depth padding written as zero slices (``concatenate``): its windows of inserted zeros and padding only are
+    outputs of 0 (+ bias), not windows of padding only, which the depth taps refuse."""
     x = per_tensor(x, "ConvTranspose")
     groups = node.attr_int("group", 1, lo=1)
     if not w.t.is_const:
         raise Refuse("the ConvTranspose weight is computed at run time: CVM's conv2d needs a constant weight")
-    cin, per, kh, kw = w.shape
+    n = len(x.shape) - 2
+    cin, per, kernel = w.shape[0], w.shape[1], w.shape[2:]
     if cin != x.shape[1] or cin % groups:
         raise Refuse(f"a ConvTranspose weight of shape {w.shape} for {x.shape[1]} input channels in {groups} groups")
     if any(o >= s for o, s in zip(extra, strides)):
         raise Refuse(f"ConvTranspose output_padding {extra} must be below the strides {strides}")
-    outs = [(n - 1) * s - p - q + d * (k - 1) + 1 + o for n, s, p, q, d, k, o in
-            zip(x.shape[2:], strides, pads[:2], pads[2:], dilations, (kh, kw), extra)]
+    outs = [(size - 1) * s - p - q + d * (k - 1) + 1 + o for size, s, p, q, d, k, o in
+            zip(x.shape[2:], strides, pads[:n], pads[n:], dilations, kernel, extra)]
     if min(outs) < 1:
         raise Refuse(f"the ConvTranspose output {outs} is empty: CVM has no empty tensors")
 
-    def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), flipped
-        a = a.reshape(groups, cin // groups, per, kh, kw).transpose(0, 2, 1, 3, 4)
-        return a.reshape(groups * per, cin // groups, kh, kw)[:, :, ::-1, ::-1]
+    def flipped(a: np.ndarray) -> np.ndarray:  # (C_in, C_out/g, k...) -> (C_out, C_in/g, k...), flipped
+        a = a.reshape(groups, cin // groups, per, *kernel).swapaxes(1, 2)
+        return a.reshape(groups * per, cin // groups, *kernel)[(...,) + (slice(None, None, -1),) * n]
 
     own = np.asarray(w.scale, dtype=object)
-    own = own.reshape((1,) * (4 - own.ndim) + own.shape)
+    own = own.reshape((1,) * (len(w.shape) - own.ndim) + own.shape)
     at = flipped(np.broadcast_to(np.arange(own.size).reshape(own.shape), w.shape)).reshape(groups * per, -1)
+    values = const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32)
+    zero = np.zeros((), np.int64)
     # each output channel's scale, where one element of the scale serves all of its weights (compared as indices,
-    # not as the exact scales of a whole kernel, one by one); else every weight's
-    scale = own.reshape(-1)[at[:, :1]].reshape(-1, 1, 1, 1) if (at == at[:, :1]).all() else \
-        np.ascontiguousarray(flipped(np.broadcast_to(w.scale, w.shape)))
-    wv = Scaled(const(np.ascontiguousarray(flipped(w.t.value.astype(np.int64) - w.zero)), INT32), scale,
-                np.zeros((), np.int64))
-    wv, sw = weight(wv, "the ConvTranspose weight")
+    # not as the exact scales of a whole kernel, one by one); else every weight's, one per output channel or refused
+    if (at == at[:, :1]).all():
+        sw = own.reshape(-1)[at[:, 0]]
+    else:
+        _, sw = weight(Scaled(values, np.ascontiguousarray(flipped(np.broadcast_to(w.scale, w.shape))), zero),
+                       "the ConvTranspose weight")
+    wv = Scaled(values, sw.reshape((-1,) + (1,) * (n + 1)), zero)
     v = minus_zero(ctx, x.t, x.zero)
-    n, c, hgt, wid = x.shape
     up = nearest(ctx, v, [1, 1, *strides])
-    mask = np.zeros((1, 1, hgt * strides[0], wid * strides[1]), np.int32)
-    mask[..., ::strides[0], ::strides[1]] = 1
+    mask = np.zeros((1, 1) + up.shape[2:], np.int32)
+    mask[(...,) + tuple(slice(None, None, s) for s in strides)] = 1
     up = ctx.result(ctx.op("broadcast_mul", up, const(mask, INT32)), INT32, min(v.lo, 0), max(v.hi, 0), up.shape)
-    begin = [d * (k - 1) - p for d, k, p in zip(dilations, (kh, kw), pads[:2])]
-    end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, (kh, kw), pads[2:], extra, strides)]
+    begin = [d * (k - 1) - p for d, k, p in zip(dilations, kernel, pads[:n])]
+    end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, kernel, pads[n:], extra, strides)]
     up, begin, end = cropped(ctx, up, begin, end)
-    acc, scale, zero = accumulate(ctx, Scaled(up, x.scale, np.zeros((), np.int64)), wv, sw, bias, "conv2d", groups,
-                            **padding(ctx, wv, up.shape[2:], [1, 1], dilations, begin, end, banded=True),
-                            channels=len(wv),
-                            kernel_size=(kh, kw), strides=(1, 1), dilation=tuple(dilations))
-    return Scaled(acc, scale.reshape(-1, 1, 1), zero.reshape(-1, 1, 1) if zero.any() else np.zeros((), np.int64))
+    if n == 3 and begin[0] + end[0]:  # the depth padded with zero slices: a depth window may read those only
+        pad = [const(np.zeros(up.shape[:2] + (p,) + up.shape[3:], np.int32), INT32) for p in (begin[0], end[0])]
+        up = concatenated(ctx, 2, pad[0], up, pad[1])
+        begin[0] = end[0] = 0
+    plain = helper.make_node(node.op_type, [], [], kernel_shape=list(kernel), strides=[1] * n, dilations=dilations,
+                             pads=begin + end, group=groups)
+    return conv(ctx, replace(node, proto=plain), Scaled(up, x.scale, zero), wv, bias)
 
 
 @float_rule("ConvTranspose", since=1)
@@ -950,6 +982,44 @@ def reduce_power_rule(ctx, node, x, axes_t=None):
     x = per_tensor(scaled(x, f"the {node.op_type} input"), node.op_type)
     v = powers(ctx, x, node.op_type == "ReduceSumSquare")
     return summed(ctx, node, v, lambda: v.t, axes_t, 18, v.scale.reshape(()).item(), False)
+
+
+@float_rule("ReduceProd", since=1)
+def reduce_prod_rule(ctx, node, x, axes_t=None):
+    """ReduceProd of a per-tensor dequantized x = u s: the exact product of u over the n values of each reduction
+    at s^n (the reduced axes moved last, `transpose`, `reshape` to (rows, n); the columns multiplied one by one,
+    `strided_slice`, `broadcast_mul`), requantized by the QuantizeLinear that follows. Refused where a running
+    product's label and a value's pass 32 bits together (CVM's int32 product), n > 32 (no product of more
+    values of |u| >= 2 fits) or where s^n < 2^-149 or (P s)^n >= 2^127, P the largest |u| (onnxruntime's float32
+    product 0 or inf)."""
+    x = per_tensor(scaled(x, "the ReduceProd input"), "ReduceProd")
+    rank = len(x.shape)
+    axes = axes_of(node, axes_t, 18)
+    if not axes and node.attr_int("noop_with_empty_axes", 0):
+        return x
+    axes = sorted(set(normal(axes or list(range(rank)), rank)))
+    kept = [i for i in range(rank) if i not in axes]
+    n, rows = math.prod(x.shape[i] for i in axes), math.prod(x.shape[i] for i in kept)
+    z, s = int(x.zero.reshape(())), x.scale.reshape(()).item()
+    peak = max(z - x.t.lo, x.t.hi - z, 0)
+    if n > 32:
+        raise Refuse(f"ReduceProd of {n} values: at most 32 have a CVM form here (a product of more values of "
+                     "|x - z| >= 2 passes 32 bits)")
+    if n * math.log2(s) < -149 or peak and n * math.log2(peak * s) >= 127:
+        raise Refuse(f"ReduceProd of {n} values up to {peak} x {float(s):g}: the product leaves float32's range, "
+                     "where onnxruntime computes it as 0 or inf")
+    t = ctx.reshape(transposed(ctx, minus_zero(ctx, x.t, x.zero), tuple(kept + axes)), (rows, n))
+    acc = strided_slice(ctx, t, [range(rows), range(1)])
+    for j in range(1, n):
+        if tight(acc.peak) + tight(t.peak) > 32:
+            raise Refuse(f"ReduceProd of {n} values of x - z up to {peak}: the product of {j + 1} passes 32 bits "
+                         "(CVM's int32)")
+        ends = [a * b for a in (acc.lo, acc.hi) for b in (t.lo, t.hi)]
+        acc = ctx.result(ctx.op("broadcast_mul", acc, strided_slice(ctx, t, [range(rows), range(j, j + 1)])), INT32,
+                         min(ends), max(ends), (rows, 1))
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if node.attr_int("keepdims", 1) else \
+        tuple(x.shape[i] for i in kept)
+    return Scaled(ctx.reshape(acc, shape), np.asarray(s ** n, dtype=object), np.zeros((), np.int64))
 
 
 @float_rule("CumSum", since=11)

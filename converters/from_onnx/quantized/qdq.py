@@ -38,6 +38,7 @@ class Requant:
     softmax: SoftmaxPlan | None = None
     logsoftmax: LogSoftmaxPlan | None = None
     layernorm: object | None = None  # norm.LayerNormPlan
+    lrn: object | None = None  # lrn.LRNPlan
     settled: tuple[tuple[int, int], ...] = ()  # (row, its one output value): rows of a far zero point (``settle``)
     far: tuple[tuple[int, FarPlan], ...] = ()  # (row, its plan): far rows whose output varies (``far_rows``)
 
