@@ -77,7 +77,7 @@ from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_classifier_refusal,
-    linear_classifiers_as_gemms, linear_regressors_as_gemms,
+    linear_classifiers_as_gemms, linear_regressors_as_gemms, opsets_deduplicated,
     masked_fills_as_terms, masking_rows_apart, masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
@@ -844,6 +844,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     map_large_blocks()
     model = load_onnx(src, external_data=True)
+    opsets_deduplicated(model)
     cast_inputs_as_integers(model.graph)
     masking_rows_apart(model)
     where_biases_apart(model)

@@ -647,6 +647,23 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
     return len(placed)
 
 
+def opsets_deduplicated(model: onnx.ModelProto) -> int:
+    """Drop each opset import that repeats an earlier one, its domain ("" and "ai.onnx" one) and version both
+    (skl2onnx with zipmap=False imports ai.onnx twice; quantize_static refuses two ai.onnx imports): the same
+    model. Returns how many were dropped."""
+    seen, kept = set(), []
+    for o in model.opset_import:
+        key = (o.domain or "ai.onnx", o.version)
+        if key not in seen:
+            seen.add(key)
+            kept.append(o)
+    dropped = len(model.opset_import) - len(kept)
+    if dropped:
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return dropped
+
+
 def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
     """Replace each ``ai.onnx.ml`` LinearRegressor without a post_transform (scikit-learn's linear models through
     skl2onnx: y = x coefficients^T + intercepts, ``targets`` rows of coefficients, its float32 input of shape

@@ -157,3 +157,13 @@ def test_a_linear_classifier_without_intercepts_is_left_with_its_reason():
     node.attribute.remove([a for a in node.attribute if a.name == "intercepts"][0])
     assert "0 intercepts and 3 integer labels are not one per class" in linear_classifier_refusal(node)
     assert linear_classifiers_as_gemms(m.graph) == 0
+
+
+def test_an_opset_imported_twice_is_imported_once(tmp_path):
+    """skl2onnx 1.20 with zipmap=False imports ai.onnx twice (the same version): one is dropped, the model quantizes
+    whole. Regression: 'quantize_static failed: ValueError: Failed to find proper ai.onnx domain'."""
+    rng = np.random.default_rng(4)
+    m = linear_classifier(rng.normal(size=(2, 5)).astype(np.float32), rng.normal(size=2).astype(np.float32), [0, 1],
+                          [None, 5], scaler=True, post_transform="LOGISTIC")
+    m.opset_import.extend([h.make_opsetid("", 13)])
+    quantizes_whole(tmp_path, m, False, rng.normal(size=(8, 1, 5)))
