@@ -74,7 +74,8 @@ from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_c
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float, norms_quantized
 from .rewrites import (
-    cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
+    cast_inputs_as_integers, einsums_as_matmuls, feature_extractors_as_gathers, float16_as_float32,
+    float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_classifier_refusal,
     linear_classifiers_as_gemms, linear_regressors_as_gemms, opsets_deduplicated,
@@ -94,8 +95,9 @@ QUANTIZED = ("QGemm", "QAttention")
 #: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, SVMs) have no CVM form; a Scaler on the
 #: input is written as Add and Mul (``rewrites.scalers_as_ops``), a LinearRegressor as a Gemm
 #: (``rewrites.linear_regressors_as_gemms``), a LinearClassifier as a Gemm and an ArgMax where it can be
-#: (``rewrites.linear_classifiers_as_gemms``; else refused: ``rewrites.linear_classifier_refusal``).
-ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor", "LinearClassifier")
+#: (``rewrites.linear_classifiers_as_gemms``; else refused: ``rewrites.linear_classifier_refusal``), an
+#: ArrayFeatureExtractor as a Gather (``rewrites.feature_extractors_as_gathers``).
+ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor", "LinearClassifier", "ArrayFeatureExtractor")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -578,7 +580,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a LinearRegressor as a Gemm
     (``linear_regressors_as_gemms``); a LinearClassifier as a Gemm, its
-    post_transform's op and an ArgMax (``linear_classifiers_as_gemms``); a Sub of
+    post_transform's op and an ArgMax (``linear_classifiers_as_gemms``); an ArrayFeatureExtractor as a Gather
+    (``feature_extractors_as_gathers``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
     (``group_norms_as_instance_norms``); a
@@ -627,6 +630,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     scalers_as_ops(model.graph)
     linear_regressors_as_gemms(model.graph)
     linear_classifiers_as_gemms(model.graph)
+    feature_extractors_as_gathers(model)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     group_norms_as_instance_norms(model)

@@ -766,6 +766,48 @@ def linear_classifiers_as_gemms(graph: onnx.GraphProto) -> int:
     return len(placed)
 
 
+def feature_extractors_as_gathers(model: onnx.ModelProto) -> int:
+    """Replace each ``ai.onnx.ml`` ArrayFeatureExtractor(X, Y) (skl2onnx's pick of a binary classifier's column of
+    scores, or of its class labels by index) whose X has a rank onnx's shape inference states and whose Y, where
+    constant, holds indices in [0, X's last dim) by Gather(X, Y flattened, axis -1), then Unsqueeze(axis 0) where
+    X is 1-D: onnxruntime's kernel's values and shape (X's with the last dim the indices' count; (1, count) of a 1-D
+    X). Returns how many were replaced."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "ArrayFeatureExtractor" and n.domain == "ai.onnx.ml"]
+    if not nodes:
+        return 0
+    shapes, inits = _known_shapes(model), {t.name: t for t in graph.initializer}
+    shapes.update({k: list(t.dims) for k, t in inits.items()})
+    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    fresh = functools.partial(_fresh_name, names)
+    placed = _Places()
+    for node in nodes:
+        x, y = (list(node.input) + ["", ""])[:2]
+        rank, last = len(shapes.get(x, [])), (shapes.get(x) or [None])[-1]
+        indices = numpy_helper.to_array(inits[y]).ravel() if y in inits else None
+        if not rank or not y or len(node.output) != 1 or indices is not None and (
+                not indices.size or indices.dtype != np.int64 or (indices < 0).any() or
+                last is None or (indices >= last).any()):
+            continue
+        flat = fresh(f"{node.name}_indices")
+        if indices is not None:
+            graph.initializer.append(numpy_helper.from_array(indices, flat))
+            new = []
+        else:
+            graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), shape := fresh(f"{flat}_shape")))
+            new = [helper.make_node("Reshape", [y, shape], [flat], name=fresh(f"{node.name}_reshape"))]
+        picked = node.output[0] if rank > 1 else fresh(f"{node.name}_picked")
+        new.append(helper.make_node("Gather", [x, flat], [picked], name=fresh(f"{node.name}_gather"), axis=-1))
+        if rank == 1:
+            axes = fresh(f"{node.name}_axes")
+            graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+            new.append(helper.make_node("Unsqueeze", [picked, axes], [node.output[0]],
+                                        name=fresh(f"{node.name}_unsqueeze")))
+        placed[node] = new
+    _placed(graph, placed)
+    return len(placed)
+
+
 def input_subs_as_adds(graph: onnx.GraphProto) -> int:
     """Replace each Sub of a float32 constant from a float32 graph input (a normalization's x - mean inside the
     model) by Add(x, -c), -c a new initializer: the same float32 operation (x + (-c) is x - c exactly, as IEEE 754

@@ -17,8 +17,9 @@ from onnx import helper as h
 from support.quantized import linear_classifier, quantizes_whole, two_orders_bound
 
 from cvm_onnx.app.quantize import quantize
-from cvm_onnx.app.rewrites import linear_classifier_refusal, linear_classifiers_as_gemms
+from cvm_onnx.app.rewrites import feature_extractors_as_gathers, linear_classifier_refusal, linear_classifiers_as_gemms
 from cvm_onnx.core.errors import UnsupportedError
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 FLOATS = st.floats(-1e4, 1e4, width=32) | st.sampled_from([0.0, -0.0, 1e-45, -1e-45, 1.0])
 #: |Sigmoid(s) - Sigmoid(t)| <= |s - t| / 4 and |Softmax(s)_i - Softmax(t)_i| <= max |s - t| / 2 (the largest
@@ -167,3 +168,65 @@ def test_an_opset_imported_twice_is_imported_once(tmp_path):
                           [None, 5], scaler=True, post_transform="LOGISTIC")
     m.opset_import.extend([h.make_opsetid("", 13)])
     quantizes_whole(tmp_path, m, False, rng.normal(size=(8, 1, 5)))
+
+
+def feature_extractor(x_shape: list[int], indices: np.ndarray | None, x: np.ndarray | None = None) -> onnx.ModelProto:
+    """ArrayFeatureExtractor(X, Y): X the input x of ``x_shape`` (or the constant ``x``), Y the constant ``indices``
+    (or the int64 input y)."""
+    inputs, inits = [], []
+    if x is None:
+        inputs.append(h.make_tensor_value_info("x", T.FLOAT, x_shape))
+    else:
+        inits.append(onnx.numpy_helper.from_array(x, "x"))
+    if indices is None:
+        inputs.append(h.make_tensor_value_info("y", T.INT64, [None]))
+    else:
+        inits.append(onnx.numpy_helper.from_array(indices, "y"))
+    g = h.make_graph([h.make_node("ArrayFeatureExtractor", ["x", "y"], ["z"], domain="ai.onnx.ml", name="AFE")],
+                     "afe", inputs, [h.make_tensor_value_info("z", T.FLOAT, None)], inits)
+    return onnx_model(g, 13, {"ai.onnx.ml": 1})
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), count=st.integers(1, 4), matrix=st.booleans(),
+       constant_x=st.booleans(), data=st.data())
+def test_an_array_feature_extractor_is_a_gather(shape, count, matrix, constant_x, data):
+    """Property: onnxruntime's ArrayFeatureExtractor and the rewrite's Gather (axis -1; Unsqueeze of a 1-D X) give
+    equal values and shapes, of constant indices (any shape) into an input X of rank 1 to 3, or of indices given at
+    run time into a constant X (skl2onnx's pick of a class label by its ArgMax)."""
+    idx = np.array(data.draw(st.lists(st.integers(0, shape[-1] - 1), min_size=count, max_size=count)), np.int64)
+    idx = idx.reshape(1, -1) if matrix else idx
+    x = drawn(data, tuple(shape))
+    m = feature_extractor(shape, None, x) if constant_x else feature_extractor(shape, idx)
+    feeds = {"y": idx.ravel()} if constant_x else {"x": x}
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    assert feature_extractors_as_gathers(out) == 1 and all(n.domain == "" for n in out.graph.node)
+    run = [ort.InferenceSession(k.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+           for k in (out, m)]
+    assert run[0].shape == run[1].shape and np.array_equal(run[0], run[1])
+
+
+@pytest.mark.parametrize("indices", [np.array([-1], np.int64), np.array([4], np.int64), np.array([], np.int64),
+                                     np.array([1], np.int32)])
+def test_feature_extractors_of_bad_indices_are_left(indices):
+    """Constant indices out of [0, X's last dim), none, or not int64 (onnxruntime's kernel refuses them or reads past
+    X): left."""
+    m = feature_extractor([2, 4], indices)
+    assert feature_extractors_as_gathers(m) == 0 and [n.op_type for n in m.graph.node] == ["ArrayFeatureExtractor"]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_binary_linear_svc_with_its_column_picked_quantizes_whole(tmp_path, per_channel):
+    """skl2onnx's binary LinearSVC / RidgeClassifier: LinearClassifier NONE of two rows (-w, w), then
+    ArrayFeatureExtractor(scores, [1]), the decision function (N, 1): imports whole, within 1.1x, the export exact.
+    Before: refused, 'ai.onnx.ml ops (ArrayFeatureExtractor x1): CVM has none'."""
+    rng = np.random.default_rng(6)
+    w, b = rng.normal(size=(1, 6)).astype(np.float32), rng.normal(size=1).astype(np.float32)
+    m = linear_classifier(np.concatenate([-w, w]), np.concatenate([-b, b]), [0, 1], [None, 6])
+    m.graph.node[-1].output[1] = "raw_scores"
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], np.int64), "positive_class_index"))
+    m.graph.node.extend([h.make_node("ArrayFeatureExtractor", ["raw_scores", "positive_class_index"],
+                                     ["probabilities"], domain="ai.onnx.ml", name="ArrayFeatureExtractor")])
+    m.graph.output[1].type.tensor_type.shape.dim[1].dim_value = 1
+    quantizes_whole(tmp_path, m, per_channel, rng.normal(size=(8, 1, 6)))
