@@ -280,7 +280,8 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
     if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
-    ml = Counter(n.op_type for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN)
+    left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN]
+    ml = Counter(n.op_type for n in left)
     if ml:
         why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")
     for v in model.graph.output:
@@ -294,6 +295,10 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
                    "options={'zipmap': False}")
     why += [f"LinearClassifier {n.name or n.output[0]!r}: {reason}" for n in nodes
             if n.op_type == "LinearClassifier" and n.domain == ML_DOMAIN and (reason := linear_classifier_refusal(n))]
+    kept = {id(n) for n in left}  # ``nodes`` holds them: their ids stay theirs
+    computed = {o for n in nodes if id(n) not in kept for o in n.output}
+    if cuts := sorted({x for n in left for x in n.input if x in computed}):
+        why.append(f"--outputs at the tensors they read ({', '.join(cuts)}) cuts the {ML_DOMAIN} ops off")
     if why:  # the inputs' types too, where refused (else ``input_type`` says it alone)
         for v in reversed(inputs):
             try:
