@@ -74,9 +74,11 @@ from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_c
 from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
 from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float, norms_quantized
 from .rewrites import (
-    cast_inputs_as_integers, einsums_as_matmuls, float16_as_float32, float_readers_through_transposes,
+    cast_inputs_as_integers, einsums_as_matmuls, feature_extractors_as_gathers, float16_as_float32,
+    float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
-    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_regressors_as_gemms,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_classifier_refusal,
+    linear_classifiers_as_gemms, linear_regressors_as_gemms, opsets_deduplicated,
     masked_fills_as_terms, masking_rows_apart, masks_after_biases, scalers_as_ops, where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
@@ -90,10 +92,12 @@ RECURRENT = ("DynamicQuantizeLSTM",)
 #: quantize_static fails on them (a KeyError of a scale it looks for); ``convert`` reads quantized models. (A dynamic
 #: int8 model's ops are rewritten first: ``dynamic.as_float``.)
 QUANTIZED = ("QGemm", "QAttention")
-#: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, linear classifiers, SVMs) have no CVM form;
-#: a Scaler on the input is written as Add and Mul (``rewrites.scalers_as_ops``), a LinearRegressor as a Gemm
-#: (``rewrites.linear_regressors_as_gemms``).
-ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor")
+#: The classical-ML ops (skl2onnx, onnxmltools: tree ensembles, ZipMap, SVMs) have no CVM form; a Scaler on the
+#: input is written as Add and Mul (``rewrites.scalers_as_ops``), a LinearRegressor as a Gemm
+#: (``rewrites.linear_regressors_as_gemms``), a LinearClassifier as a Gemm and an ArgMax where it can be
+#: (``rewrites.linear_classifiers_as_gemms``; else refused: ``rewrites.linear_classifier_refusal``), an
+#: ArrayFeatureExtractor as a Gather (``rewrites.feature_extractors_as_gathers``).
+ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor", "LinearClassifier", "ArrayFeatureExtractor")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
 #: Slice x4 + Concat "Focus" becomes SpaceToDepth + Gather, and the float input is then read by no QuantizeLinear).
@@ -212,10 +216,15 @@ def silenced_stdout() -> Iterator[None]:
 def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """Every node, those of subgraphs (If branches, Loop bodies) too."""
     for n in graph.node:
-        yield n
-        for a in n.attribute:
-            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                yield from _nodes(g)
+        yield from _with_subgraphs(n)
+
+
+def _with_subgraphs(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
+    """``node``, then every node of its subgraphs (If branches, Loop bodies)."""
+    yield node
+    for a in node.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+            yield from _nodes(g)
 
 
 def _absent_inputs_dropped(graph: onnx.GraphProto) -> None:
@@ -240,24 +249,28 @@ def _without_inputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
     return out
 
 
-def refusal(model: onnx.ModelProto) -> str | None:
+def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
     """Why the float model as a whole has no CVM form here (no input, control flow, recurrent layers, ops
     of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
-    None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first."""
+    None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first.
+    ``outputs`` (quantize's cut): only the nodes computing them, and those of the graph's outputs, count (a ZipMap
+    after the scores cut off is no matter)."""
     why = []
+    read = _read_for(model.graph, outputs) if outputs else None
+    nodes = [m for n in model.graph.node if read is None or read.intersection(n.output) for m in _with_subgraphs(n)]
     inputs = _inputs(model)
     if not inputs:
         why.append("no input: a CVM model takes one (several are packed into it)")
-    ops = Counter(n.op_type for n in _nodes(model.graph))
+    ops = Counter(n.op_type for n in nodes)
     for kind, names in (("control flow", CONTROL_FLOW), ("recurrent layers", RECURRENT)):
         if found := [f"{op} x{ops[op]}" for op in names if ops[op]]:
             why.append(f"{kind} ({', '.join(found)}): CVM has none")
-    if loops := [n.name or n.output[0] for n in _nodes(model.graph) if n.op_type == "Loop"]:
+    if loops := [n.name or n.output[0] for n in nodes if n.op_type == "Loop"]:
         why.append(f"a Loop is unrolled only where the constants and the input's shape decide its trip count and "
                    f"conditions, at most {MAX_UNROLLED} iterations and {MAX_UNROLLED_NODES} nodes "
                    f"({', '.join(loops[:4])}"
                    f"{' ...' if len(loops) > 4 else ''})")
-    if scans := [n.name or n.output[0] for n in _nodes(model.graph) if n.op_type == "Scan"]:
+    if scans := [n.name or n.output[0] for n in nodes if n.op_type == "Scan"]:
         why.append(f"a Scan is unrolled only where onnx's shape inference states the length of its scan inputs, at "
                    f"most {MAX_UNROLLED} steps and {MAX_UNROLLED_NODES} nodes ({', '.join(scans[:4])}"
                    f"{' ...' if len(scans) > 4 else ''})")
@@ -267,13 +280,25 @@ def refusal(model: onnx.ModelProto) -> str | None:
     if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
-    ml = Counter(n.op_type for n in _nodes(model.graph) if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN)
+    left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN]
+    ml = Counter(n.op_type for n in left)
     if ml:
         why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")
     for v in model.graph.output:
+        if outputs and v.name not in outputs:
+            continue
         if (kind := v.type.WhichOneof("value")) != "tensor_type":
             why.append(f"the output {v.name!r} is a {(kind or 'value of no type').removesuffix('_type')}: CVM's "
                        "outputs are tensors")
+    if zipmaps := [n.name or n.output[0] for n in nodes if n.op_type == "ZipMap"]:
+        why.append(f"ZipMap ({', '.join(zipmaps)}) makes the scores a sequence of maps: convert with skl2onnx's "
+                   "options={'zipmap': False}")
+    why += [f"LinearClassifier {n.name or n.output[0]!r}: {reason}" for n in nodes
+            if n.op_type == "LinearClassifier" and n.domain == ML_DOMAIN and (reason := linear_classifier_refusal(n))]
+    kept = {id(n) for n in left}  # ``nodes`` holds them: their ids stay theirs
+    computed = {o for n in nodes if id(n) not in kept for o in n.output}
+    if cuts := sorted({x for n in left for x in n.input if x in computed}):
+        why.append(f"--outputs at the tensors they read ({', '.join(cuts)}) cuts the {ML_DOMAIN} ops off")
     if why:  # the inputs' types too, where refused (else ``input_type`` says it alone)
         for v in reversed(inputs):
             try:
@@ -559,7 +584,9 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     grouped Einsum (``grouped_matmuls``, again after the optimizer for the weights it folds); a list of tensors appended
     and concatenated as a Concat (``sequences_as_concats``); a list split and read by constant positions as a Split
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a LinearRegressor as a Gemm
-    (``linear_regressors_as_gemms``); a Sub of
+    (``linear_regressors_as_gemms``); a LinearClassifier as a Gemm, its
+    post_transform's op and an ArgMax (``linear_classifiers_as_gemms``); an ArrayFeatureExtractor as a Gather
+    (``feature_extractors_as_gathers``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
     (``group_norms_as_instance_norms``); a
@@ -607,6 +634,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     sequences_as_splits(model)
     scalers_as_ops(model.graph)
     linear_regressors_as_gemms(model.graph)
+    linear_classifiers_as_gemms(model.graph)
+    feature_extractors_as_gathers(model)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     group_norms_as_instance_norms(model)
@@ -824,6 +853,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         raise UnsupportedError(f"calibration method {method!r}: one of {', '.join(METHODS)}")
     map_large_blocks()
     model = load_onnx(src, external_data=True)
+    opsets_deduplicated(model)
     cast_inputs_as_integers(model.graph)
     masking_rows_apart(model)
     where_biases_apart(model)
@@ -833,7 +863,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
         given, model = [model], None
         model = _folded(given, fold, calibration)
     overrides = dynamic.as_float(model.graph)  # a dynamic int8 model: the float model it stands for
-    if (why := refusal(model)) is not None:
+    if (why := refusal(model, outputs)) is not None:
         raise UnsupportedError(f"the model has no CVM form: {why}", where=os.fspath(src))
     if (why := malformed_einsum(model)) is not None:
         raise FormatError(why, where=os.fspath(src))

@@ -647,6 +647,23 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
     return len(placed)
 
 
+def opsets_deduplicated(model: onnx.ModelProto) -> int:
+    """Drop each opset import that repeats an earlier one, its domain ("" and "ai.onnx" one) and version both
+    (skl2onnx with zipmap=False imports ai.onnx twice; quantize_static refuses two ai.onnx imports): the same
+    model. Returns how many were dropped."""
+    seen, kept = set(), []
+    for o in model.opset_import:
+        key = (o.domain or "ai.onnx", o.version)
+        if key not in seen:
+            seen.add(key)
+            kept.append(o)
+    dropped = len(model.opset_import) - len(kept)
+    if dropped:
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return dropped
+
+
 def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
     """Replace each ``ai.onnx.ml`` LinearRegressor without a post_transform (scikit-learn's linear models through
     skl2onnx: y = x coefficients^T + intercepts, ``targets`` rows of coefficients, its float32 input of shape
@@ -667,17 +684,126 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
                 (attrs["post_transform"].s if "post_transform" in attrs else b"NONE") != b"NONE" or targets < 1 or \
                 not coefficients.size or coefficients.size % targets or intercepts.size not in (0, targets):
             continue
-        weights = coefficients.reshape(targets, -1)
-        inits = [fresh(f"{node.name}_{k}") for k in ("shape", "coefficients", "intercepts")]
-        graph.initializer.extend([
-            numpy_helper.from_array(np.array([-1, weights.shape[1]], np.int64), inits[0]),
-            numpy_helper.from_array(weights, inits[1]),
-            numpy_helper.from_array(intercepts if intercepts.size else np.zeros(targets, np.float32), inits[2])])
-        rows = fresh(f"{node.output[0]}_rows")
-        placed[node] = [
-            helper.make_node("Reshape", [node.input[0], inits[0]], [rows], name=fresh(f"{node.name}_reshape")),
-            helper.make_node("Gemm", [rows, inits[1], inits[2]], [node.output[0]], name=fresh(f"{node.name}_gemm"),
-                             transB=1)]
+        placed[node] = _rows_gemm(graph, fresh, node, coefficients.reshape(targets, -1),
+                                  intercepts if intercepts.size else np.zeros(targets, np.float32), node.output[0])
+    _placed(graph, placed)
+    return len(placed)
+
+
+def _rows_gemm(graph: onnx.GraphProto, fresh: Callable[[str], str], node: onnx.NodeProto, weights: np.ndarray,
+               intercepts: np.ndarray, out: str) -> list[onnx.NodeProto]:
+    """Reshape(``node``'s input, (-1, features)) and Gemm(that, ``weights``, ``intercepts``, transB=1) into ``out``,
+    the constants new float32 initializers: x W^T + b of a batch or of one sample, as ``ai.onnx.ml``'s linear
+    kernels take it."""
+    inits = [fresh(f"{node.name}_{k}") for k in ("shape", "coefficients", "intercepts")]
+    graph.initializer.extend([numpy_helper.from_array(np.array([-1, weights.shape[1]], np.int64), inits[0]),
+                              numpy_helper.from_array(weights, inits[1]),
+                              numpy_helper.from_array(intercepts, inits[2])])
+    rows = fresh(f"{node.output[0]}_rows")
+    return [helper.make_node("Reshape", [node.input[0], inits[0]], [rows], name=fresh(f"{node.name}_reshape")),
+            helper.make_node("Gemm", [rows, inits[1], inits[2]], [out], name=fresh(f"{node.name}_gemm"), transB=1)]
+
+
+#: The post_transforms of a LinearClassifier that ONNX ops equal, those ops (None: the scores as they are).
+CLASSIFIER_TRANSFORMS = {"NONE": None, "LOGISTIC": "Sigmoid", "SOFTMAX": "Softmax"}
+
+
+def linear_classifier_refusal(node: onnx.NodeProto) -> str | None:
+    """Why ``linear_classifiers_as_gemms`` leaves an ``ai.onnx.ml`` LinearClassifier, as one clause; None if it
+    replaces it."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    post = attrs.get("post_transform", b"NONE").decode()
+    classes, labels = len(attrs.get("intercepts", [])), attrs.get("classlabels_ints", [])
+    if attrs.get("classlabels_strings"):
+        return "string class labels have no CVM form (train or convert it with integer labels)"
+    if post not in CLASSIFIER_TRANSFORMS:
+        return f"post_transform {post} is no exact ONNX op (one of {', '.join(CLASSIFIER_TRANSFORMS)})"
+    if classes == 1:
+        return ("one row of coefficients (onnxruntime scores it (1 - s, s)) has no rewrite here: skl2onnx writes a "
+                "binary classifier as two rows")
+    if len(node.input) != 1 or classes < 2 or len(attrs.get("coefficients", [])) % classes or \
+            not attrs.get("coefficients") or len(labels) != classes:
+        return f"its coefficients, {classes} intercepts and {len(labels)} integer labels are not one per class"
+    return None
+
+
+def linear_classifiers_as_gemms(graph: onnx.GraphProto) -> int:
+    """Replace each ``ai.onnx.ml`` LinearClassifier that ``linear_classifier_refusal`` passes (scikit-learn's
+    linear classifiers through skl2onnx: one row of coefficients and one intercept per class, integer labels, the
+    scores' post_transform NONE, LOGISTIC or SOFTMAX) by Reshape(x, (-1, features)), Gemm(that, coefficients,
+    intercepts, transB=1) (the scores, within the sum's rounding as ``linear_regressors_as_gemms``), the
+    post_transform's op on them (``CLASSIFIER_TRANSFORMS``: Sigmoid, Softmax on axis 1), and the label as
+    onnxruntime's kernel picks it, the first largest score before the transform: ArgMax(axis 1, keepdims 0), then
+    Gather of the labels (none where the labels are 0, 1, ..., classes - 1). Returns how many were replaced."""
+    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | {
+        v.name for v in graph.input}
+    fresh = functools.partial(_fresh_name, names)
+    placed = _Places()
+    for node in [n for n in graph.node if n.op_type == "LinearClassifier" and n.domain == "ai.onnx.ml"]:
+        if linear_classifier_refusal(node) is not None:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        intercepts = np.array(attrs["intercepts"], np.float32)
+        weights = np.array(attrs["coefficients"], np.float32).reshape(len(intercepts), -1)
+        labels = np.array(attrs["classlabels_ints"], np.int64)
+        label, scores = (list(node.output) + ["", ""])[:2]
+        transform = CLASSIFIER_TRANSFORMS[attrs.get("post_transform", b"NONE").decode()]
+        raw = scores if transform is None and scores else fresh(f"{node.name}_scores")
+        new = _rows_gemm(graph, fresh, node, weights, intercepts, raw)
+        if transform is not None and scores:
+            new.append(helper.make_node(transform, [raw], [scores], name=fresh(f"{node.name}_{transform}"),
+                                        **({"axis": 1} if transform == "Softmax" else {})))
+        if label:
+            ordered = (labels == np.arange(len(labels))).all()
+            index = label if ordered else fresh(f"{node.name}_index")
+            new.append(helper.make_node("ArgMax", [raw], [index], name=fresh(f"{node.name}_argmax"), axis=1,
+                                        keepdims=0))
+            if not ordered:
+                graph.initializer.append(numpy_helper.from_array(labels, table := fresh(f"{node.name}_labels")))
+                new.append(helper.make_node("Gather", [table, index], [label], name=fresh(f"{node.name}_gather")))
+        placed[node] = new
+    _placed(graph, placed)
+    return len(placed)
+
+
+def feature_extractors_as_gathers(model: onnx.ModelProto) -> int:
+    """Replace each ``ai.onnx.ml`` ArrayFeatureExtractor(X, Y) (skl2onnx's pick of a binary classifier's column of
+    scores, or of its class labels by index) whose X has a rank onnx's shape inference states and whose Y, where
+    constant, holds indices in [0, X's last dim) by Gather(X, Y flattened, axis -1), then Unsqueeze(axis 0) where
+    X is 1-D: onnxruntime's kernel's values and shape (X's with the last dim the indices' count; (1, count) of a 1-D
+    X). Returns how many were replaced."""
+    graph = model.graph
+    nodes = [n for n in graph.node if n.op_type == "ArrayFeatureExtractor" and n.domain == "ai.onnx.ml"]
+    if not nodes:
+        return 0
+    shapes, inits = _known_shapes(model), {t.name: t for t in graph.initializer}
+    shapes.update({k: list(t.dims) for k, t in inits.items()})
+    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    fresh = functools.partial(_fresh_name, names)
+    placed = _Places()
+    for node in nodes:
+        x, y = (list(node.input) + ["", ""])[:2]
+        rank, last = len(shapes.get(x, [])), (shapes.get(x) or [None])[-1]
+        indices = numpy_helper.to_array(inits[y]).ravel() if y in inits else None
+        if not rank or not y or len(node.output) != 1 or indices is not None and (
+                not indices.size or indices.dtype != np.int64 or (indices < 0).any() or
+                last is None or (indices >= last).any()):
+            continue
+        flat = fresh(f"{node.name}_indices")
+        if indices is not None:
+            graph.initializer.append(numpy_helper.from_array(indices, flat))
+            new = []
+        else:
+            graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), shape := fresh(f"{flat}_shape")))
+            new = [helper.make_node("Reshape", [y, shape], [flat], name=fresh(f"{node.name}_reshape"))]
+        picked = node.output[0] if rank > 1 else fresh(f"{node.name}_picked")
+        new.append(helper.make_node("Gather", [x, flat], [picked], name=fresh(f"{node.name}_gather"), axis=-1))
+        if rank == 1:
+            axes = fresh(f"{node.name}_axes")
+            graph.initializer.append(numpy_helper.from_array(np.array([0], np.int64), axes))
+            new.append(helper.make_node("Unsqueeze", [picked, axes], [node.output[0]],
+                                        name=fresh(f"{node.name}_unsqueeze")))
+        placed[node] = new
     _placed(graph, placed)
     return len(placed)
 

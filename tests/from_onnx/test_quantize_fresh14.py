@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper as h
-from support.quantized import linear_regressor, quantizes_whole
+from support.quantized import linear_regressor, quantizes_whole, two_orders_bound
 from support.shipped import shipped
 
 from cvm_onnx.app.quantize import quantize
@@ -60,11 +60,8 @@ def test_a_linear_regressor_is_its_gemm_within_the_sums_rounding(features, targe
 
 
 def within_two_orders(got: np.ndarray, want: np.ndarray, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> bool:
-    """|got - want| <= 2 gamma(n + 1) (sum |x_i w_i| + |b|) + (n + 1) 2^-149 of n features, everywhere."""
-    n = w.shape[1]
-    k = (n + 1) * 2.0 ** -24
-    terms = np.abs(np.atleast_2d(x).astype(np.float64)) @ np.abs(w.T.astype(np.float64)) + np.abs(b)
-    return bool((np.abs(got.astype(np.float64) - want) <= 2 * k / (1 - k) * terms + (n + 1) * 2.0 ** -149).all())
+    """|got - want| within ``two_orders_bound`` everywhere."""
+    return bool((np.abs(got.astype(np.float64) - want) <= two_orders_bound(x, w, b)).all())
 
 
 def test_subnormal_products_differ_by_their_underflow_not_relatively():

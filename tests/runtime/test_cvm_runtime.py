@@ -1369,6 +1369,28 @@ def test_an_sklearn_linear_model_after_a_scaler(tmp_path, per_channel):
     runs_as_reference(done.imported.graph, tmp_path / "cvm", xs)
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_an_sklearn_linear_classifier_after_a_scaler(tmp_path, per_channel):
+    """skl2onnx's StandardScaler and multinomial classifier (zipmap=False: Scaler, LinearClassifier SOFTMAX of labels
+    2, 5, 9): quantize's model of its Add, Mul, Reshape, Gemm, Softmax, ArgMax and Gather of the labels: the runtime
+    loads it and gives the reference executor's integers, the input's extremes included."""
+    import onnx
+    from support.quantized import linear_classifier
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(3)
+    m = linear_classifier(rng.normal(size=(3, 6)).astype(np.float32), rng.normal(size=3).astype(np.float32),
+                          [2, 5, 9], [None, 6], scaler=True, post_transform="SOFTMAX")
+    onnx.save(m, tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", rng.normal(size=(8, 1, 6)).astype(np.float32))
+    done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "cvm", per_channel=per_channel)
+    edge = done.imported.edges.input
+    xs = [edge.quantize(np.full((1, 6), v, np.float32)) for v in (-1e9, 1e9)] + \
+        [edge.quantize(rng.normal(size=(1, 6)).astype(np.float32))]
+    runs_as_reference(done.imported.graph, tmp_path / "cvm", xs)
+
+
 def test_debertas_outer_product_mask(tmp_path):
     """DeBERTa-v2's mask m_i m_j (support/masks.deberta_model: two moves of one 2-bit mask, a Where filling the
     scores with float32's min, Softmax): the runtime loads the joint key's broadcast_sub, broadcast_mul,

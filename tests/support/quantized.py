@@ -225,15 +225,40 @@ def linear_regressor(coefficients: np.ndarray, intercepts: np.ndarray | None, sh
                      **attrs) -> onnx.ModelProto:
     """skl2onnx's linear regressor: LinearRegressor (``targets`` rows of coefficients) of the input x, or of a
     StandardScaler's Scaler of it (a pipeline)."""
-    targets, features = coefficients.shape
-    nodes = [h.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[0.5] * features,
-                         scale=[2.0] * features)] if scaler else []
+    targets = coefficients.shape[0]
     kept = {"intercepts": intercepts.tolist()} if intercepts is not None else {}
-    nodes.append(h.make_node("LinearRegressor", ["s" if scaler else "x"], ["variable"], domain="ai.onnx.ml",
-                             name="LinearRegressor", coefficients=coefficients.ravel().tolist(), targets=targets,
-                             **kept, **attrs))
-    g = h.make_graph(nodes, "linear", [h.make_tensor_value_info("x", T.FLOAT, shape)],
-                     [h.make_tensor_value_info("variable", T.FLOAT, [None, targets])])
+    node = h.make_node("LinearRegressor", ["s" if scaler else "x"], ["variable"], domain="ai.onnx.ml",
+                       name="LinearRegressor", coefficients=coefficients.ravel().tolist(), targets=targets,
+                       **kept, **attrs)
+    return _scaled(node, shape, scaler, [h.make_tensor_value_info("variable", T.FLOAT, [None, targets])])
+
+
+def linear_classifier(coefficients: np.ndarray, intercepts: np.ndarray, labels: list[int], shape: list,
+                      scaler: bool = False, **attrs) -> onnx.ModelProto:
+    """skl2onnx's linear classifier with zipmap=False: LinearClassifier (one row of coefficients per class; integer
+    labels) of the input x, or of a StandardScaler's Scaler of it; outputs its label and its scores."""
+    node = h.make_node("LinearClassifier", ["s" if scaler else "x"], ["label", "probabilities"], domain="ai.onnx.ml",
+                       name="LinearClassifier", coefficients=coefficients.ravel().tolist(),
+                       intercepts=intercepts.tolist(), classlabels_ints=labels, **attrs)
+    return _scaled(node, shape, scaler, [h.make_tensor_value_info("label", T.INT64, [None]),
+                                         h.make_tensor_value_info("probabilities", T.FLOAT, [None, len(labels)])])
+
+
+def two_orders_bound(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """2 gamma(n + 1) (sum |x_i w_i| + |b|) + (n + 1) 2^-149 for each output of x W^T + b (n features, x of shape
+    (n,) or (N, n)): how far two float32 sums of its n + 1 terms in any orders may be apart (docs/import.md)."""
+    n = w.shape[1]
+    k = (n + 1) * 2.0 ** -24
+    terms = np.abs(np.atleast_2d(x).astype(np.float64)) @ np.abs(w.T.astype(np.float64)) + np.abs(b)
+    return 2 * k / (1 - k) * terms + (n + 1) * 2.0 ** -149
+
+
+def _scaled(node: onnx.NodeProto, shape: list, scaler: bool, outputs: list) -> onnx.ModelProto:
+    """A model of ``node`` of the float input x of ``shape``, or of a StandardScaler's Scaler of x (offset 0.5,
+    scale 2 per feature) where ``scaler``."""
+    nodes = [h.make_node("Scaler", ["x"], ["s"], domain="ai.onnx.ml", offset=[0.5] * shape[-1],
+                         scale=[2.0] * shape[-1])] if scaler else []
+    g = h.make_graph([*nodes, node], "linear", [h.make_tensor_value_info("x", T.FLOAT, shape)], outputs)
     return onnx_model(g, 13, {"ai.onnx.ml": 1})
 
 
