@@ -400,7 +400,8 @@ def where_rule(ctx, node, cond, a, b):
     integers, the scale and zero point kept. Two constant branches: on the grid of the first (per tensor) that the
     other lies on (an attention mask's Where(keep, 0, -3.4e38) at -3.4e38's grid, where 0 is (z - z) s). Exact.
     Two computed branches on different grids (scales, zero points, per channel, a sum, a table): deferred to the
-    QuantizeLinear that follows (``Selected``); a constant branch off the other's grid is refused. A constant
+    QuantizeLinear that follows (``Selected``), and so is a float constant branch off the other's grid (a
+    masked_fill's -3.4e38 before a max pooling): its QuantizeLinear exactly rounded and saturated. A constant
     condition of one value (a masked_fill by a mask folded to ones) is the branch it selects where that branch has
     the output's shape: the same values."""
     if isinstance(cond, Real):
@@ -417,7 +418,8 @@ def where_rule(ctx, node, cond, a, b):
             return _where_on(ctx, node, cond, a, b, x)
         except Refuse:
             pass
-    if all(isinstance(v, Real) and constant_values(v) is None for v in (a, b)):
+    if all(isinstance(v, Real) and constant_values(v) is None for v in (a, b)) or x is not None and x.per_tensor \
+            and all(v is x or is_float_const(v) or isinstance(v, Scaled) and v.t.is_const for v in (a, b)):
         return Selected(node, cond, a, b)
     if x is not None:
         return _where_on(ctx, node, cond, a, b, per_tensor(x, "a Where branch"))
@@ -910,9 +912,10 @@ def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, d
 
 
 class Selected(Deferred):
-    """cond ? a : b of two computed real values on different grids: QuantizeLinear of it is the integer where of
-    each branch's QuantizeLinear at the output's scale (``each_quantized``), as QuantizeLinear acts on each element
-    alone: Q(where(c, A, B)) = where(c, Q(A), Q(B)), each branch within its own requantization's bound."""
+    """cond ? a : b of two computed real values on different grids, or of one and a float constant off its grid:
+    QuantizeLinear of it is the integer where of each branch's QuantizeLinear at the output's scale
+    (``each_quantized``), as QuantizeLinear acts on each element alone: Q(where(c, A, B)) = where(c, Q(A), Q(B)),
+    each branch within its own requantization's bound (a constant's exact)."""
 
     def __init__(self, node, cond: Tensor, a, b):
         self.node, self.cond, self.operands, self.what = node, cond, (a, b), "Where"
