@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
@@ -89,17 +89,20 @@ def where_qdq(c: float, first: bool, s: float, z: int, k: int, s_out: float, z_o
 
 @settings(max_examples=60, deadline=None)
 @given(c=st.floats(-F32_MAX, F32_MAX, width=32) | st.sampled_from([-F32_MAX, -1e4, 0.3, -0.0]),
-       first=st.booleans(), s=st.integers(-20, 20).map(lambda e: 2.0 ** e), z=st.integers(-10, 10), k=st.integers(-100, 100), ratio=SCALES,
+       first=st.booleans(), s=SCALES, z=st.integers(-10, 10), k=st.integers(-100, 100), ratio=SCALES,
        z_out=st.integers(0, 255), seed=st.integers(0, 2**16))
+@example(c=200325.0, first=False, s=400649.0, z=-4, k=-83, ratio=1.0, z_out=0, seed=1).via("float32 products")
 def test_where_of_a_value_and_an_off_grid_constant_is_each_branch_quantized(c, first, s, z, k, ratio, z_out, seed):
     """Property: Where(x > k s, c, x) of a dequantized x and any float32 constant c, quantized to (s_out, z_out):
-    the CVM graph equals where(cond, Q(c), Q(x)) in exact arithmetic on every input integer, and onnxruntime (s a
-    power of two: x and k s exact in float32, so the condition is the integers' x - z > k). Before:
-    'Where of a constant branch off the other branch's grid has no exact CVM form here' unless c lay on x's grid."""
+    the CVM graph equals where(cond, Q(c), Q(x)) in exact arithmetic on every input integer, the condition on
+    DequantizeLinear's float32 values as onnxruntime compares them, and onnxruntime. Before: 'Where of a constant
+    branch off the other branch's grid has no exact CVM form here' unless c lay on x's grid; and the Greater compared
+    the exact product (x - z) s, which float32 rounds onto k s (s 400649, x - z = -83: -33253867 is -33253868)."""
     s_out = float(np.float32(s * ratio))
     m = where_qdq(c, first, s, z, k, s_out, z_out)
     x = np.random.default_rng(seed).integers(-128, 128, size=(1, 64))
-    keep = (x - z) > k
+    x.flat[:3] = np.clip([z + k - 1, z + k, z + k + 1], -128, 127)  # about the condition's edge
+    keep = (x - z).astype(np.float32) * np.float32(s) > np.float32(k * s)
     qx = np.vectorize(lambda v: quantized(Fraction(int(v) - z) * Fraction(s), s_out, z_out, 0, 255))(x)
     qc = quantized(Fraction(float(np.float32(c))), s_out, z_out, 0, 255)
     want = np.where(keep, qc, qx) if first else np.where(keep, qx, qc)
