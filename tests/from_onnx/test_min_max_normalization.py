@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import qdq
-from test_quantized_import import problems
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.executor import execute
@@ -124,14 +123,3 @@ def test_a_comparison_with_a_constant_selects_exactly(d, sx, x_type, op, first, 
     want = [int(v) if (ops[op]((int(v) - z) * s, c) if first else ops[op](c, (int(v) - z) * s)) else z
             for v in x.flat]
     assert got.reshape(-1).tolist() == want
-
-
-def test_where_of_branches_on_different_grids_is_refused_in_one_line():
-    """Where(cond, x, c) with c off x's grid (0.3 at scale 0.25) names the node and the rule."""
-    inits = {"sx": np.float32(0.25), "zx": np.int8(0), "c": np.float32(0.3)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "sx", "zx"], ["xf"]),
-             h.make_node("Greater", ["xf", "c"], ["cond"]),
-             h.make_node("Where", ["cond", "xf", "c"], ["w"], name="sel"),
-             h.make_node("QuantizeLinear", ["w", "sx", "zx"], ["y"])]
-    msg = problems(qdq(nodes, (2, 3), T.INT8, inits, T.INT8), input_precision=9)
-    assert "sel (Where)" in msg and "off the other branch's grid" in msg and "\n" not in msg.strip()

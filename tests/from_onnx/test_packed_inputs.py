@@ -460,17 +460,18 @@ def test_where_of_two_constants_on_no_one_grid_is_refused_in_one_line():
     assert str(e.value) == "mask (Where): Where of two constant branches on no one grid has no integer form here"
 
 
-def test_where_of_a_constant_past_32_bits_on_the_grid_is_refused_in_one_line():
-    """Where(keep, x, 1e30) of a dequantized x at scale 1: 1e30 is on x's grid but past 32 bits: refused naming the
-    node. Regression: an internal OverflowError."""
+def test_where_of_a_constant_past_32_bits_on_the_grid_saturates():
+    """Where(keep, x, 2^100) of a dequantized x at scale 1, quantized at scale 1: the constant's QuantizeLinear
+    saturates to 127, x's is x: the integer where of both, on every input integer (-127..127). Regression: an
+    internal OverflowError, then a refusal ('a constant branch past 32 bits on the other branch's grid')."""
     inits = {"s": np.float32(1), "z": np.int8(0), "big": np.float32(2.0 ** 100)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Cast", ["x"], ["keep"], to=T.BOOL),
              h.make_node("Where", ["keep", "xf", "big"], ["w"], name="mask"),
              h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
-    with pytest.raises(UnsupportedError) as e:
-        import_model(qdq(nodes, (3,), T.INT8, inits, T.INT8))
-    assert str(e.value) == "mask (Where): Where of a constant branch past 32 bits on the other branch's grid has no " \
-                           "CVM form"
+    imp = import_model(qdq(nodes, (3,), T.INT8, inits, T.INT8))
+    for x in np.arange(-127, 128).reshape(-1, 3):
+        [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+        assert got.reshape(-1).tolist() == np.where(x != 0, x, 127).tolist()
 
 
 def test_convert_reports_a_packed_quantized_model_on_named_samples(bert, capsys):
@@ -532,11 +533,6 @@ def test_hf_additive_masks_keep_the_scores_on_their_own_grid(tmp_path, monkeypat
         [want] = session.run(None, {"input_ids": held["input_ids"][k], "mask": held["mask"][k]})
         assert np.abs(got.astype(np.int64) - edge.quantize(want).astype(np.int64)).max() <= 1
     monkeypatch.setattr(q, "masked_softmaxes", lambda model, base_dir="": [])
-    if hf == "where":  # quantized, the term's Where has no exact form (its constant branch off the other's grid)
-        with pytest.raises(UnsupportedError, match="Where of a constant branch off the other branch's grid has no "
-                                                   "exact CVM form"):
-            quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m0")
-        return
     [before] = quantize(tmp_path / "b.onnx", tmp_path / "c.npz", tmp_path / "m0").agreements
     assert a.mean_steps * 4 <= before.mean_steps, (a.line(), before.line())
 

@@ -18,8 +18,6 @@ from support.shipped import shipped
 from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal, run
 
 from cvm_onnx.app.quantize import quantize
-from cvm_onnx.converters.from_onnx import import_model
-from cvm_onnx.core.errors import CVMError
 from cvm_onnx.runtime.verify import verify
 
 SETTINGS = settings(max_examples=12, deadline=None)
@@ -111,17 +109,6 @@ def test_a_where_of_branches_on_different_grids_is_the_where_of_their_quantizati
         branches.append(run(m, x)[1][0])
     cond = (x - za).astype(np.float32) * np.float32(sa) > np.float32(thr)  # ONNX's: float32 values compared
     assert np.array_equal(got, np.where(cond, *branches))
-
-
-def test_a_where_with_a_constant_branch_off_the_other_grid_is_still_refused_naming_the_node():
-    """Where(x > 0, x, 0.3) where 0.3 is no value of x's grid: refused in one line naming the node, as before."""
-    inits = {"s": np.float32(0.25), "z": np.int8(0), "zero": np.float32(0), "k": np.float32(0.3),
-             "so": np.float32(0.1), "zo": np.int8(0)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]), h.make_node("Greater", ["a", "zero"], ["c"]),
-             h.make_node("Where", ["c", "a", "k"], ["r"], name="gate"),
-             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
-    with pytest.raises(CVMError, match=r"gate \(Where\): Where of a constant branch off the other branch's grid"):
-        import_model(qdq(nodes, (2, 3), T.INT8, inits, T.INT8), input_precision=9)
 
 
 @SETTINGS

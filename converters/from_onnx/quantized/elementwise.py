@@ -250,11 +250,13 @@ SWAPPED = {"Equal": "Equal", "Greater": "Less", "Less": "Greater", "GreaterOrEqu
 
 @float_rule(*SWAPPED, since=7)
 def compare_rule(ctx, node, a, b):
-    """x op c of a dequantized x (per tensor) and one constant value c (dequantized or float): with r = c / s + z
-    exact, (t - z) s op c is t op r, on integers t > floor(r), t >= ceil(r), t < ceil(r), t <= floor(r), t == r
-    (never where r is not whole): the integer comparison of t with that whole number, clamped to [lo - 1, hi + 1]
-    of t's interval (which keeps every answer). Two computed values of one scale and zero point: the comparison of
-    their integers."""
+    """x op c of a dequantized x (per tensor) and one constant value c (dequantized or float), as onnxruntime
+    compares DequantizeLinear's float32 values fl((t - z) s) with c: within half a step of the exact (t - z) s while
+    |t - z| < 2^23, so only the integers within one of r = c / s + z are evaluated in float32, the integer threshold
+    taken from them (Equal: the one integer whose value is c; none: false; several: refused); past 2^23 t op r on
+    integers (t > floor(r), t >= ceil(r), ...). The integer comparison of t with that whole number, clamped to
+    [lo - 1, hi + 1] of t's interval (which keeps every answer). Two computed values of one scale and zero point:
+    the comparison of their integers."""
     op = node.op_type
     if isinstance(a, Scaled) and isinstance(b, Scaled) and not a.t.is_const and not b.t.is_const:
         a, b = per_tensor(a, op), per_tensor(b, op)
@@ -266,19 +268,47 @@ def compare_rule(ctx, node, a, b):
     x, c = (b, a) if swapped else (a, b)
     x = per_tensor(scaled(x, f"the {op} operand"), op)
     if isinstance(c, Scaled) and c.t.is_const and c.t.size == 1:
-        value = (int(c.t.value.reshape(())) - int(c.zero.reshape(()))) * c.scale.reshape(()).item()
+        value = dequantized32(int(c.t.value.reshape(())) - int(c.zero.reshape(())), c.scale.reshape(()).item())
     elif is_float_const(c) and c.value.size == 1 and math.isfinite(float(c.value.reshape(()))):
-        value = Fraction(float(c.value.reshape(())))
+        value = np.float32(c.value.reshape(()))
     else:
         raise Refuse(f"{op} of a dequantized value and anything but one constant value has no exact CVM form here")
-    r = value / x.scale.reshape(()).item() + int(x.zero.reshape(()))
-    t = x.t
-    if op == "Equal" and r.denominator != 1:
-        return const(np.zeros(t.shape, bool), BOOL)
+    s, z, t = x.scale.reshape(()).item(), int(x.zero.reshape(())), x.t
+    r = Fraction(float(value)) / s + z
     eff = SWAPPED[op] if swapped else op
-    k = math.floor(r) if eff in ("Greater", "LessOrEqual") else math.ceil(r)
+    if max(abs(t.lo - z), abs(t.hi - z)) >= 1 << 23:  # products past float32's 24 bits by more than a step: exact
+        k = math.floor(r) if eff in ("Greater", "LessOrEqual") else math.ceil(r)
+        if op == "Equal" and r.denominator != 1:
+            return const(np.zeros(t.shape, bool), BOOL)
+    else:  # onnxruntime compares DequantizeLinear's float32 (t - z) s, within half a step of the exact product
+        near = [v for v in range(math.floor(r) - 1, math.ceil(r) + 2) if t.lo <= v <= t.hi]
+        hold = {v: bool(COMPARED[eff](dequantized32(v - z, s), value)) for v in near}
+        if op == "Equal":
+            equal = [v for v, held in hold.items() if held]
+            if len(equal) > 1:
+                raise Refuse(f"Equal of a dequantized value and {float(value):g}: {len(equal)} integers' float32 "
+                             "values equal it")
+            if not equal:
+                return const(np.zeros(t.shape, bool), BOOL)
+            k = equal[0]
+        elif eff in ("Greater", "GreaterOrEqual"):  # true from the first integer that holds on
+            k = min((v for v, held in hold.items() if held), default=math.ceil(r) + 2)
+            k -= eff == "Greater"
+        else:  # Less, LessOrEqual: true up to the last integer that holds
+            k = max((v for v, held in hold.items() if held), default=math.floor(r) - 2)
+            k += eff == "Less"
     k = const(np.array(min(max(k, t.lo - 1), t.hi + 1), np.int32), INT32)
     return integer_rule(node)(ctx, node, *((k, t) if swapped else (t, k)))
+
+
+#: The float comparisons, on onnxruntime's float32 values.
+COMPARED = {"Equal": np.equal, "Greater": np.greater, "Less": np.less, "GreaterOrEqual": np.greater_equal,
+            "LessOrEqual": np.less_equal}
+
+
+def dequantized32(u: int, s) -> np.float32:
+    """DequantizeLinear's float32 value of the integer u = t - z at scale s: (float)u * s, rounded once."""
+    return np.float32(np.float32(u) * np.float32(float(s)))
 
 
 FLOAT32_MAX = Fraction(float(np.finfo(np.float32).max))
@@ -400,7 +430,8 @@ def where_rule(ctx, node, cond, a, b):
     integers, the scale and zero point kept. Two constant branches: on the grid of the first (per tensor) that the
     other lies on (an attention mask's Where(keep, 0, -3.4e38) at -3.4e38's grid, where 0 is (z - z) s). Exact.
     Two computed branches on different grids (scales, zero points, per channel, a sum, a table): deferred to the
-    QuantizeLinear that follows (``Selected``); a constant branch off the other's grid is refused. A constant
+    QuantizeLinear that follows (``Selected``), and so is a float constant branch off the other's grid (a
+    masked_fill's -3.4e38 before a max pooling): its QuantizeLinear exactly rounded and saturated. A constant
     condition of one value (a masked_fill by a mask folded to ones) is the branch it selects where that branch has
     the output's shape: the same values."""
     if isinstance(cond, Real):
@@ -417,7 +448,8 @@ def where_rule(ctx, node, cond, a, b):
             return _where_on(ctx, node, cond, a, b, x)
         except Refuse:
             pass
-    if all(isinstance(v, Real) and constant_values(v) is None for v in (a, b)):
+    if all(isinstance(v, Real) and constant_values(v) is None for v in (a, b)) or x is not None and x.per_tensor \
+            and all(v is x or is_float_const(v) or isinstance(v, Scaled) and v.t.is_const for v in (a, b)):
         return Selected(node, cond, a, b)
     if x is not None:
         return _where_on(ctx, node, cond, a, b, per_tensor(x, "a Where branch"))
@@ -910,9 +942,10 @@ def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, d
 
 
 class Selected(Deferred):
-    """cond ? a : b of two computed real values on different grids: QuantizeLinear of it is the integer where of
-    each branch's QuantizeLinear at the output's scale (``each_quantized``), as QuantizeLinear acts on each element
-    alone: Q(where(c, A, B)) = where(c, Q(A), Q(B)), each branch within its own requantization's bound."""
+    """cond ? a : b of two computed real values on different grids, or of one and a float constant off its grid:
+    QuantizeLinear of it is the integer where of each branch's QuantizeLinear at the output's scale
+    (``each_quantized``), as QuantizeLinear acts on each element alone: Q(where(c, A, B)) = where(c, Q(A), Q(B)),
+    each branch within its own requantization's bound (a constant's exact)."""
 
     def __init__(self, node, cond: Tensor, a, b):
         self.node, self.cond, self.operands, self.what = node, cond, (a, b), "Where"
