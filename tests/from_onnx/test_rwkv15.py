@@ -151,6 +151,19 @@ def test_a_max_with_a_constant_array_off_the_grid_is_the_max_of_both_rounded(d, 
     assert verify(imp.graph, x.astype(np.int32)).exact
 
 
+def test_an_infinite_constant_in_an_array_saturates_or_leaves_the_value():
+    """min(x, [inf, 0.1]) and max(x, [inf, -0.3]): inf leaves x under Min and saturates under Max; the finite value
+    is rounded exactly (x at 0.05 with zero point 3, the output on x's grid)."""
+    x = np.array([[-128, 127], [0, 1], [5, 2]], np.int8)
+    for op, c in (("Min", [np.inf, 0.1]), ("Max", [np.inf, -0.3])):
+        imp = import_model(extreme_model(op, np.array(c), 0.05, 3, 0.05, 3), input_precision=9)
+        pick, f = (min, lambda v: v) if op == "Min" else (max, lambda v: 127)
+        for a, b in x:
+            [got] = execute(imp.graph, {"data": np.array([a, b], np.int32)})
+            assert got.tolist() == [f(int(a)), pick(int(b), 3 + round(Fraction(float(np.float32(c[1]))) / f32(0.05)))]
+        assert verify(imp.graph, seeds=2).exact
+
+
 def test_a_constant_below_every_value_leaves_the_value_itself():
     """max(x, c) with c (-1e38, -inf, one value or several) at most x's least value is x: no node, no table."""
     for c in (np.full(4, -1e38), np.array([-1e38, -np.inf, -300.0, -129.0])):

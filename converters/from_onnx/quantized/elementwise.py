@@ -719,6 +719,8 @@ def extremum_rule(ctx, node, *xs):
         b = Fraction(cf)
         return bounded(ctx, x, b, None) if is_max else bounded(ctx, x, None, b)
     x = per_tensor(x, f"{node.op_type} with a constant array")
+    if np.isnan(c).any():
+        raise Refuse(f"{node.op_type} with a NaN in its constant array is NaN there: no integer form")
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     grid = np.array([Fraction(float(v)) / s + z if np.isfinite(v) else Fraction(1, 2) for v in c.flat], dtype=object)
     if any(g.denominator != 1 for g in grid):  # off the grid: the max (min) of both quantized at the output's
@@ -971,8 +973,8 @@ class Extreme(Deferred):
 
 def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, dtype: int) -> list[Tensor]:
     """Each operand's QuantizeLinear at the output's scale and zero point as int32: a real value's (its
-    requantization, table, ...), a float constant's exactly rounded (half to even, saturated); refused for a float
-    value no DequantizeLinear gives."""
+    requantization, table, ...), a float constant's exactly rounded (half to even, saturated; +-inf the type's
+    ends); refused for a float value no DequantizeLinear gives, a NaN constant."""
     if scale.size != 1:
         raise Refuse(f"{what} of values of different scales with a per-channel output scale has no CVM form")
     s = scale.reshape(()).item()
@@ -983,7 +985,10 @@ def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, d
             if (x := constant_values(x)) is None:
                 raise Refuse(f"{what} of a float value that no DequantizeLinear gives has no CVM form")
         if isinstance(x, np.ndarray):
-            q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
+            if np.isnan(x).any():
+                raise Refuse(f"{what} of a NaN constant is NaN there: no integer form")
+            q = np.array([(hi if v > 0 else lo) if math.isinf(v) else min(max(round(Fraction(float(v)) / s) + out_zero,
+                                                                               lo), hi) for v in x.flat], np.int64)
             ints.append(const(q.reshape(x.shape), INT32))
         else:
             ints.append(as_int32(quantize(ctx, x, scale, np.asarray(out_zero), dtype)))
@@ -1135,13 +1140,13 @@ def function_rule(ctx, node, x):
 def function_of(ctx, node, fn: Callable, x):
     """``function_rule``'s value of fn(x) for x no ``Extreme``."""
     x = collapsed(ctx, x)
-    if isinstance(x, Summed) and (shift := constant_shift(x)) is not None:
-        term, k = shift
-        return defined(node.op_type, mapped(term, lambda v: fn(v + k), f"{node.op_type}(x + {k})"))
     if node.op_type == "Sqrt" and wide(x):
         return root(x, 2, node.name, "Sqrt")
     if isinstance(x, Summed) and node.op_type in ("Abs", "Neg"):
         return Odd(node.op_type, x)
+    if isinstance(x, Summed) and (shift := constant_shift(x)) is not None:
+        term, k = shift
+        return defined(node.op_type, mapped(term, lambda v: fn(v + k), f"{node.op_type}(x + {k})"))
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
         return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
     if isinstance(x, Paired):  # of a function of two values left in float (tf2onnx's Atan2: Atan of a Div)
