@@ -113,13 +113,16 @@ def test_max_min_of_values_of_one_scale(d, s, so, op, x_type):
     assert np.array_equal(got, np.clip(want, -128, 127))
 
 
-def test_max_with_a_constant_array_off_the_grid_is_refused_naming_the_node():
+def test_max_with_a_constant_array_off_the_grid_is_the_max_of_both_rounded():
+    """max(x, c) for c = [0.3, 1.0] off x's grid of 0.5, quantized at that grid: max(x, round(c / 0.5)), the exactly
+    rounded max (tests/from_onnx/test_rwkv15.py checks any scales)."""
     inits = {"s": np.float32(0.5), "z": np.int8(0), "c": np.array([0.3, 1.0], np.float32)}
     nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("Max", ["xf", "c"], ["r"],
                                                                                   name="max7"),
              h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
-    with pytest.raises(CVMError, match=r"max7 \(Max\).*constant array off the input's quantization grid"):
-        import_model(qdq(nodes, (3, 2), T.INT8, inits, T.INT8))
+    x = np.array([[-128, -128], [0, 1], [2, 127]], np.int8)
+    _, [got] = run(qdq(nodes, (3, 2), T.INT8, inits, T.INT8), x)
+    assert got.tolist() == [[1, 2], [1, 2], [2, 127]]
 
 
 # -- PRelu -------------------------------------------------------------------------------------------------------

@@ -39,6 +39,8 @@ def add_rule(ctx, node, a, b):
                              mask)
     if (shifted := function_shifted(a, b, 1, 1)) is not None:
         return shifted
+    if (moved := extreme_moved(ctx, a, b, 1)) is not None:
+        return moved
     terms = []
     for x in (a, b):
         terms += summands(x, "an Add operand")
@@ -147,9 +149,72 @@ def sub_rule(ctx, node, a, b):
     (``function_shifted``)."""
     if (shifted := function_shifted(a, b, 1, -1)) is not None:
         return shifted
-    terms = summands(a, "a Sub operand")
-    terms += [negated(ctx, t) for t in summands(b, "a Sub operand")]
-    return sum_of(terms)
+    if (moved := extreme_moved(ctx, a, b, -1)) is not None:
+        return moved
+    return difference(ctx, a, b, -1)
+
+
+def difference(ctx, a, b, sign: int):
+    """a + sign b as a sum of terms, exact (``summands``; a float constant array a term too); for a - b, a term of
+    both (one dequantized value) cancels where the rest keeps the sum's shape ((pp + ww) - pp = ww)."""
+    a, b = (const(x, TensorProto.FLOAT) if isinstance(x, np.ndarray) else x for x in (a, b))
+    terms = summands(a, "an Add operand" if sign > 0 else "a Sub operand")
+    more = summands(b, "an Add operand" if sign > 0 else "a Sub operand")
+    if sign > 0:
+        return sum_of(terms + more)
+    shape = broadcast_shape(*(t.t for t in terms + more))
+    for t in list(more):
+        u = next((u for u in terms if same_value(u, t)), None)
+        rest = [v.t for v in terms + more if v is not u and v is not t]
+        if u is not None and rest and broadcast_shape(*rest) == shape:
+            terms.remove(u)
+            more.remove(t)
+    return sum_of(terms + [negated(ctx, t) for t in more])
+
+
+def same_value(a, b) -> bool:
+    """Whether a and b are one dequantized value: the same integers at the same scale and zero point."""
+    if a is b:
+        return True
+    if not (isinstance(a, Scaled) and isinstance(b, Scaled)) or a.clip != (None, None) or b.clip != (None, None):
+        return False
+    same_t = a.t is b.t or a.t.entry is not None and a.t.entry == b.t.entry and a.t.shape == b.t.shape
+    return same_t and a.scale.shape == b.scale.shape and a.zero.shape == b.zero.shape and \
+        all(x == y for x, y in zip(a.scale.flat, b.scale.flat)) and (a.zero == b.zero).all()
+
+
+#: The most operands a deferred Max (Min) that an Add or Sub distributes over may reach.
+MAX_EXTREME = 64
+
+
+def leaves(x) -> int:
+    """The operands a deferred Max (Min) nests, all levels (1 for any other value)."""
+    return sum(leaves(v) for v in x.operands) if isinstance(x, Extreme) else 1
+
+
+def extreme_moved(ctx, a, b, sign: int) -> Extreme | None:
+    """a + sign b where an operand is a deferred Max (Min) of values on different grids (``Extreme``):
+    max_i(x_i) + y = max_i(x_i + y) and y - max_i(x_i) = min_i(y - x_i) (Min alike; both operands such: each
+    operand's in turn), each operand's sum exact (``difference``); an x_i that is y itself gives the constant 0 (a
+    max-stabilised exponent's y - max(y, x) = min(0, y - x)), so that a function after it takes each operand apart
+    (``function_rule``), and the QuantizeLinear after that the max (min) of their integers. None for other
+    operands; refused past ``MAX_EXTREME`` operands (each may be a table of 2^16 entries)."""
+    if not isinstance(a, Extreme) and not isinstance(b, Extreme):
+        return None
+    if (n := leaves(a) * leaves(b)) > MAX_EXTREME:
+        raise Refuse(f"{'Add' if sign > 0 else 'Sub'} of a Max or Min of values on different grids makes a Max or Min "
+                     f"of {n} values, past the {MAX_EXTREME} this import takes: quantize the Max (Min) first")
+
+    def moved(x, y):
+        if isinstance(x, Extreme):
+            return Extreme(x.is_max, tuple(moved(v, y) for v in x.operands))
+        if isinstance(y, Extreme):
+            return Extreme(y.is_max == (sign > 0), tuple(moved(x, v) for v in y.operands))
+        if sign < 0 and same_value(x, y):
+            return np.zeros(np.broadcast_shapes(*(np.shape(v) if isinstance(v, np.ndarray) else v.shape
+                                                  for v in (x, y))), np.float64)
+        return difference(ctx, x, y, sign)
+    return moved(a, b)
 
 
 def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
@@ -643,10 +708,11 @@ def constant_values(t) -> np.ndarray | None:
 @float_rule("Max", "Min", since=6)
 def extremum_rule(ctx, node, *xs):
     """max/min of dequantized values and constants. Of values of one scale and zero point: the integer max/min of
-    their integers (the scale is positive). With a constant c: max(x, c) = Clip(x, c, inf), min(x, c) =
-    Clip(x, -inf, c) (``bounded``: exact on the grid, else deferred to the QuantizeLinear); a constant array must
-    lie on x's grid. Of a float function's value: the table's values max'ed (min'ed) with a scalar c. Of values
-    of different scales, a sum, Softmax: deferred (``Extreme``)."""
+    their integers (the scale is positive). With a constant c: x itself where c never binds on x's range
+    (``never_binds``); max(x, c) = Clip(x, c, inf), min(x, c) = Clip(x, -inf, c) (``bounded``: exact on the grid,
+    else deferred to the QuantizeLinear); a constant array of one value that scalar; one on x's grid the integer
+    max/min, one off it deferred (``Extreme``). Of a float function's value: the table's values max'ed (min'ed)
+    with a scalar c. Of values of different scales, a sum, Softmax: deferred (``Extreme``)."""
     is_max = node.op_type == "Max"
     consts = [c for c in (constant_values(x) for x in xs) if c is not None]
     values = [x for x in xs if constant_values(x) is None]
@@ -670,8 +736,10 @@ def extremum_rule(ctx, node, *xs):
     if len(xs_) > 1:
         t = extreme(ctx, is_max, [as_int32(v.t) for v in xs_])
         x = replace(x, t=replace(t, dtype=x.t.dtype) if len({v.t.dtype for v in xs_}) == 1 else t)
-    if c is None:
+    if c is None or never_binds(x, c, is_max):
         return x
+    if c.size > 1 and (c == c.flat[0]).all() and broadcasts_into(c.shape, x.shape):
+        c = c.reshape(-1)[:1]  # one value throughout, not broadcasting x: that scalar
     if c.size == 1:
         cf = float(c.reshape(()))
         if math.isnan(cf):
@@ -683,14 +751,29 @@ def extremum_rule(ctx, node, *xs):
         b = Fraction(cf)
         return bounded(ctx, x, b, None) if is_max else bounded(ctx, x, None, b)
     x = per_tensor(x, f"{node.op_type} with a constant array")
+    if np.isnan(c).any():
+        raise Refuse(f"{node.op_type} with a NaN in its constant array is NaN there: no integer form")
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     grid = np.array([Fraction(float(v)) / s + z if np.isfinite(v) else Fraction(1, 2) for v in c.flat], dtype=object)
-    if any(g.denominator != 1 for g in grid):
-        raise Refuse(f"{node.op_type} with a constant array off the input's quantization grid: only a scalar "
-                     "constant, or one on the grid, has an exact form")
+    if any(g.denominator != 1 for g in grid):  # off the grid: the max (min) of both quantized at the output's
+        return Extreme(is_max, (x, c))
     k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
     t = extreme(ctx, is_max, [as_int32(x.t), const(k, INT32)])
     return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
+
+
+def never_binds(x: Scaled, c: np.ndarray, is_max: bool) -> bool:
+    """Whether max(x, c) (min(x, c)) is x on x's whole range: a per-tensor x and every value of c, broadcasting into
+    x's shape, at most (at least) x's least (greatest) value (an initial state's -1e38; -inf (inf) too)."""
+    if not x.per_tensor or x.clip != (None, None) or not broadcasts_into(c.shape, x.shape) or np.isnan(c).any():
+        return False
+    z, s = int(x.zero.reshape(())), x.scale.reshape(()).item()
+    end = (x.t.lo - z) * s if is_max else (x.t.hi - z) * s
+    def below(v: float) -> bool:  # v never above x's least value (for Min: never below its greatest)
+        if math.isinf(v):
+            return (v < 0) == is_max
+        return Fraction(v) <= end if is_max else Fraction(v) >= end
+    return all(below(float(v)) for v in c.flat)
 
 
 class Paired(Deferred):
@@ -922,8 +1005,8 @@ class Extreme(Deferred):
 
 def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, dtype: int) -> list[Tensor]:
     """Each operand's QuantizeLinear at the output's scale and zero point as int32: a real value's (its
-    requantization, table, ...), a float constant's exactly rounded (half to even, saturated); refused for a float
-    value no DequantizeLinear gives."""
+    requantization, table, ...), a float constant's exactly rounded (half to even, saturated; +-inf the type's
+    ends); refused for a float value no DequantizeLinear gives, a NaN constant."""
     if scale.size != 1:
         raise Refuse(f"{what} of values of different scales with a per-channel output scale has no CVM form")
     s = scale.reshape(()).item()
@@ -934,7 +1017,10 @@ def each_quantized(ctx, what: str, operands, scale: np.ndarray, out_zero: int, d
             if (x := constant_values(x)) is None:
                 raise Refuse(f"{what} of a float value that no DequantizeLinear gives has no CVM form")
         if isinstance(x, np.ndarray):
-            q = np.array([min(max(round(Fraction(float(v)) / s) + out_zero, lo), hi) for v in x.flat], np.int64)
+            if np.isnan(x).any():
+                raise Refuse(f"{what} of a NaN constant is NaN there: no integer form")
+            q = np.array([(hi if v > 0 else lo) if math.isinf(v) else min(max(round(Fraction(float(v)) / s) + out_zero,
+                                                                               lo), hi) for v in x.flat], np.int64)
             ints.append(const(q.reshape(x.shape), INT32))
         else:
             ints.append(as_int32(quantize(ctx, x, scale, np.asarray(out_zero), dtype)))
@@ -1063,22 +1149,61 @@ FUNCTIONS: dict[str, Callable] = {
 }
 
 
+#: The functions that never decrease: f(max(u, v)) = max(f(u), f(v)), f(min(u, v)) = min(f(u), f(v)).
+RISING = ("Exp", "Sigmoid", "Tanh", "Erf", "Softplus", "Softsign", "Atan", "Sinh", "Asinh")
+
+
 def function_rule(ctx, node, x):
     """A float elementwise function: a table over x's integers (a sum of terms of one scale added first,
-    ``collapsed``), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined
-    on x's range; Sqrt of a value past a table's 2^16 integers its exact root (``roots.Root``). Of a function of two
-    values (``Paired``: a sum at two scales, a Div left in float) one table over both operands' integers."""
+    ``collapsed``; of one computed term and constants of one value each, the constants' sum k added in the table,
+    f(v + k)), built by the QuantizeLinear that follows; refused here, naming the node, where it is undefined on
+    x's range; Sqrt of a value past a table's 2^16 integers its exact root (``roots.Root``). Of a function of two
+    values (``Paired``: a sum at two scales, a Div left in float) one table over both operands' integers. A
+    function that never decreases (``RISING``) of a deferred Max (Min): the Max (Min) of its values at each
+    operand."""
     fn = FUNCTIONS[node.op_type](node)
+    def of(x):
+        if isinstance(x, Extreme) and node.op_type in RISING:
+            return Extreme(x.is_max, tuple(np.asarray(fn(v), np.float64) if isinstance(v, np.ndarray) else of(v)
+                                           for v in x.operands))
+        return function_of(ctx, node, fn, x)
+    return of(x)
+
+
+def function_of(ctx, node, fn: Callable, x):
+    """``function_rule``'s value of fn(x) for x no ``Extreme``."""
     x = collapsed(ctx, x)
     if node.op_type == "Sqrt" and wide(x):
         return root(x, 2, node.name, "Sqrt")
     if isinstance(x, Summed) and node.op_type in ("Abs", "Neg"):
         return Odd(node.op_type, x)
+    if isinstance(x, Summed) and (shift := constant_shift(x)) is not None:
+        term, k = shift
+        return defined(node.op_type, mapped(term, lambda v: fn(v + k), f"{node.op_type}(x + {k})"))
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
         return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
     if isinstance(x, Paired):  # of a function of two values left in float (tf2onnx's Atan2: Atan of a Div)
         return Paired(lambda u, v, f=x.fn: fn(f(u, v)), x.a, x.b, f"{node.op_type}({x.what})")
     return defined(node.op_type, mapped(x, fn, node.op_type))
+
+
+def constant_shift(x: Summed) -> tuple[Scaled, float] | None:
+    """(x, k) for a sum of one computed per-tensor term x and constant terms each of one real value throughout whose
+    shapes broadcast into x's (an initial state's -1e38 less a value), k the sum of those values (float64 of the
+    exact rational); None for any other sum."""
+    computed = [t for t in x.terms if not t.t.is_const]
+    if len(computed) != 1 or not computed[0].per_tensor or computed[0].clip != (None, None):
+        return None
+    k = Fraction(0)
+    for t in x.terms:
+        if t is computed[0]:
+            continue
+        real = np.asarray((t.t.value.astype(np.int64).astype(object) - t.zero.astype(object)) * t.scale, dtype=object)
+        if t.clip != (None, None) or not real.size or any(v != real.flat[0] for v in real.flat) or \
+                not broadcasts_into(real.shape, computed[0].shape):
+            return None
+        k += real.flat[0]
+    return computed[0], float(k)
 
 
 def collapsed(ctx, x):
