@@ -616,7 +616,7 @@ def _newest15(kind: str) -> onnx.ModelProto:
         return deberta_model(2, 2, 4, float(np.finfo(np.float32).min), 0.05)
     if kind == "avgpool1d":
         return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[3], strides=[2],
-                                   pads=[1, 2], ceil_mode=1, count_include_pad=0), (1, 3, 9))
+                                   pads=[1, 1], ceil_mode=1, count_include_pad=0), (1, 3, 10))
     if kind == "where-const":
         return between(h.make_node("Where", ["cond", "c", "xf"], ["r"], name="where"), (1, 2, 3, 3),
                        {"cond": np.zeros((1, 1, 1, 1), bool), "c": np.float32(np.finfo(np.float32).min)})
@@ -1579,7 +1579,7 @@ def _newest15_float() -> dict[str, onnx.ModelProto]:
     out["matmul-broadcast"] = onnx_model(h.make_graph(mm, "mm", [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 6])],
                                                       [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
     inits = []
-    idx = np.array([[3, -1, 0], [-4, 2, 1]], np.int64)
+    idx = np.array([[3, -2, 0], [-4, 2, 1]], np.int64)  # each position of a row written once
     scatter = [h.make_node("MatMul", ["x", c("w", 6, 4)], ["d"]), h.make_node("MatMul", ["x", c("u", 6, 3)], ["u3"]),
                h.make_node("Slice", ["u3", "at0", "at2", "ax0"], ["upd"]),
                h.make_node("ScatterElements", ["d", "idx", "upd"], ["e"], axis=1),
