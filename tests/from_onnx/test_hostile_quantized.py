@@ -4,6 +4,7 @@ onnxruntime.quantization writes (tests/support/hostile_quantized.py), each broke
 run of that fuzzer; benchmarks/fuzz.py (``quantized``) runs it long."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -20,7 +21,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from support import hostile_quantized as HQ
 from conftest import MODELS
-from support.quantized import float_model
+from support.quantized import float_model, qdq
 
 from cvm_onnx.app import api, cli
 from cvm_onnx.app.quantize import quantize
@@ -1317,4 +1318,38 @@ def test_a_conv_of_an_empty_map_onnxruntime_dies_on_is_refused_in_one_line(tmp_p
     with pytest.raises(RuntimeFailure) as e:
         quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
     assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_path, monkeypatch):
+    """The same float model, had calibration passed it (a quantizer writing the QDQ model of the empty map): the
+    import refuses the pool in one line before onnxruntime runs the float model for the comparison (its default
+    session, this process: SIGFPE), and nothing is written."""
+    import cvm_onnx.app.quantize as Q
+    from support.quantized import between_convs
+
+    def calibrated(src, out, *args, **kwargs):
+        dq, qn = (functools.partial(h.make_node, op) for op in ("DequantizeLinear", "QuantizeLinear"))
+        w = np.ones((8, 8, 1, 1), np.int8)
+        nodes = [qn(["x", "s", "z"], ["xq"]), dq(["xq", "s", "z"], ["xf"]),
+                 h.make_node("AveragePool", ["xf"], ["p"], name="pool", kernel_shape=[13, 13], ceil_mode=1),
+                 qn(["p", "s", "z"], ["pq"]), dq(["pq", "s", "z"], ["pf"]), dq(["w", "sw"], ["wf"]),
+                 h.make_node("Conv", ["pf", "wf"], ["c"], name="conv"), qn(["c", "s", "z"], ["cq"]),
+                 dq(["cq", "s", "z"], ["y"])]
+        m = qdq(nodes, (1, 8, 12, 12), T.FLOAT, {"s": np.float32(0.1), "z": np.int8(0), "w": w,
+                                                 "sw": np.float32(0.1)}, T.FLOAT)
+        onnx.save(m, out)
+
+    def never(*args, **kwargs):
+        raise AssertionError("onnxruntime ran the models of an empty map")
+
+    monkeypatch.setattr(Q, "_quantize_static", calibrated)
+    monkeypatch.setattr(Q, "onnx_outputs", never)
+    onnx.save(between_convs([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[13, 13], ceil_mode=1)], {}),
+              tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(6, 8, 12, 12)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    [p] = e.value.problems
+    assert p.where == "pool (AveragePool)" and "larger than the padded input" in p.rule, p
     assert not (tmp_path / "out").exists()
