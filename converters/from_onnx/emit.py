@@ -385,11 +385,11 @@ def summed_windows(ctx, t: Tensor, kernel, strides, dilations, begin, outs) -> T
     every window's taps, then ``sum`` over them. Refused where the taps would hold more than 2^24 values."""
     for axis, (k, s, d, b, out) in enumerate(zip(kernel, strides, dilations, begin, outs), start=2):
         n = t.shape[axis]
+        taps = t.shape[:axis] + (out * k,) + t.shape[axis + 1:]
+        if math.prod(taps) > MAX_DIM:  # bounded before the taps' indices are made
+            raise Refuse(f"its {out} x {k} windows along axis {axis} hold {math.prod(taps)} values, more than 2^24")
         idx = np.arange(out)[:, None] * s + np.arange(k) * d - b
         inside = (idx >= 0) & (idx < n)
-        taps = t.shape[:axis] + (out * k,) + t.shape[axis + 1:]
-        if math.prod(taps) > MAX_DIM:
-            raise Refuse(f"its {out} x {k} windows along axis {axis} hold {math.prod(taps)} values, more than 2^24")
         if not inside.all():
             pad = np.zeros(t.shape[:axis] + (1,) + t.shape[axis + 1:], np.int64)
             t = concatenated(ctx, axis, t, const(pad, t.dtype))

@@ -1281,12 +1281,20 @@ def test_a_max_pool_indices_output_of_dequantized_values_is_refused_naming_the_n
     ("AveragePool", (1, 2, 3, 5, 5), {"kernel_shape": [HQ.BIG, 1, 1]},
      "AveragePool kernel (2147483647, 1, 1) over 2 channels: its weights would hold 4294967294 values"),
     ("AveragePool", (1, 2, 3, 5, 5), {"kernel_shape": [2, 1 << 30, 1], "pads": [0, 1 << 30, 0, 0, 0, 0],
-                                      "count_include_pad": 1}, "its weights would hold 4294967296 values")])
+                                      "count_include_pad": 1}, "its weights would hold 4294967296 values"),
+    ("LpPool", (1, 2, 6), {"p": 1, "kernel_shape": [HQ.BIG], "pads": [HQ.BIG - 1, HQ.BIG - 1]},
+     "its 2147483652 x 2147483647 windows along axis 2 hold 9223372049739677688 values, more than 2^24"),
+    ("LpPool", (1, 2, 3, 4), {"p": 2, "kernel_shape": [1, 1 << 28], "pads": [0, 1 << 28, 0, 1 << 28]},
+     "its 268435461 x 268435456 windows along axis 3"),
+    ("AveragePool", (1, 2, 3, 4, 5), {"kernel_shape": [1, 1, 1 << 28], "pads": [0, 0, (1 << 28) - 1, 0, 0,
+                                                                                (1 << 28) - 1]},
+     "windows along axis 4 hold")])
 def test_huge_kernels_and_pads_of_pools_and_3d_convs_are_refused_before_allocating(op, shape, attrs, said):
     """A 3-D MaxPool or Conv whose depth kernel or pads reach 2^31 (its depth taps' indices), an AveragePool (2-D or
-    3-D) whose kernel within as large pads holds 2^31 positions (its weights of ones): refused in one line naming
-    the node, before those are allocated. Regression: MemoryError allocating 2 to 16 GiB (or 45 s for 2 GiB) (the
-    fuzz14 target's depth kernels and pads)."""
+    3-D) whose kernel within as large pads holds 2^31 positions (its weights of ones), an LpPool or uncounted 3-D
+    AveragePool whose windows along an axis take 2^31 or 2^56 taps (their indices): refused in one line naming the
+    node, before those are allocated. Regression: MemoryError allocating 2 to 16 GiB (or 45 s for 2 GiB) (the
+    fuzz14 target's depth kernels and pads); for the windows' taps, 16 GiB and 512 PiB (fuzz15's hand grid)."""
     from support.quantized import qdq
     from test_quantize_fresh12 import dq_conv
 

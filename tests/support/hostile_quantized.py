@@ -1079,6 +1079,15 @@ ATTRS.update({
                     "ceil_mode": [1], "auto_pad": ["SAME_UPPER", "VALID", "X"]},
     "GatherND": {"batch_dims": [-1, 0, 1, 2, 3, 5, BIG]},
 })
+ATTRS.update({
+    "LpPool": {"p": [0, -1, 1, 2, 3, BIG], **{k: ATTRS["AveragePool"][k] for k in ("kernel_shape", "strides", "pads",
+                                                                                    "ceil_mode", "auto_pad")},
+               "dilations": ATTRS["MaxPool"]["dilations"]},
+    "ReduceLogSum": ATTRS["ReduceL2"], "QLinearMatMul": {},
+    "ScatterElements": {"axis": [-3, -1, 0, 1, 2, 5, BIG], "reduction": ["add", "mul", "max", "bogus"]},
+    "LinearRegressor": {"targets": [0, -1, 2, 4, BIG], "coefficients": [[], [float("nan")] * 18, [1.0] * 7],
+                        "intercepts": [[], [float("inf")] * 3, [1.0] * 4], "post_transform": ["PROBIT", "bogus"]},
+})
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
 #: Values of the constant (int64 or float) inputs of those ops: shapes, sizes, pads, indices, scales.
