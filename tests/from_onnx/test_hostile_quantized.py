@@ -1329,6 +1329,32 @@ def test_a_conv_of_an_empty_map_onnxruntime_dies_on_is_refused_in_one_line(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("op, shape, attrs", [
+    ("AveragePool", (1, 2, 6), {"kernel_shape": [3], "pads": [-1, 0]}),
+    ("AveragePool", (1, 2, 6, 6), {"kernel_shape": [3, 3], "pads": [0, 0, 0, -2], "count_include_pad": 1}),
+    ("AveragePool", (1, 2, 4, 5, 6), {"kernel_shape": [2, 2, 3], "pads": [0, 0, -1, 0, 0, 0]}),
+    ("LpPool", (1, 2, 6), {"p": 2, "kernel_shape": [3], "pads": [-1, 0]}),
+    ("MaxPool", (1, 2, 6), {"kernel_shape": [3], "pads": [0, -1]}),
+    ("Conv", (1, 2, 6, 6), {"pads": [-1, 0, 0, 0]})])
+def test_negative_pads_are_refused_naming_the_node(op, shape, attrs):
+    """Explicit pads below 0 (ONNX's shape inference refuses them, and so onnxruntime, at load): refused in one
+    line naming the node. Regression: imported as a crop of the input (fuzz15's hand grid)."""
+    from support.quantized import qdq
+    from test_quantize_fresh12 import dq_conv
+
+    if op == "Conv":
+        m = dq_conv(shape, np.ones((2, 2, 3, 3), np.int8), attrs, False)
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node(op, ["xf"], ["p"], name="pool", **attrs),
+                 h.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+        m = qdq(nodes, shape, T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT8, opset=19)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == ("conv (Conv)" if op == "Conv" else f"pool ({op})") and "hold a negative value" in p.rule, p
+
+
 def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_path, monkeypatch):
     """The same float model, had calibration passed it (a quantizer writing the QDQ model of the empty map): the
     import refuses the pool in one line before onnxruntime runs the float model for the comparison (its default
