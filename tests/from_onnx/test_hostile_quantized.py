@@ -1355,6 +1355,25 @@ def test_negative_pads_are_refused_naming_the_node(op, shape, attrs):
     assert p.where == ("conv (Conv)" if op == "Conv" else f"pool ({op})") and "hold a negative value" in p.rule, p
 
 
+@pytest.mark.parametrize("nodes", [
+    [h.make_node("ScatterElements", ["a", "idx"], ["b"], axis=1)],
+    [h.make_node("SequenceConstruct", ["a", "a"], ["sq"]), h.make_node("ConcatFromSequence", [], ["b"], axis=1)]],
+    ids=["ScatterElements", "ConcatFromSequence"])
+def test_a_node_lacking_inputs_a_rewrite_reads_is_refused_in_one_line(tmp_path, nodes):
+    """A ScatterElements of two inputs (no updates), a ConcatFromSequence of none: quantize's rewrites (a scatter of
+    constant indices as a Gather, a sequence's Concat) leave them, and onnxruntime's refusal is said in one line.
+    Regression: IndexError in scatters_as_gathers and sequences_as_concats (fuzz15's hand grid)."""
+    from cvm_onnx.core.errors import RuntimeFailure
+    from support.quantized import between_convs
+
+    onnx.save(between_convs(nodes, {"idx": np.zeros((1, 1, 12, 12), np.int64)}), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(4, 8, 12, 12)).astype(np.float32))
+    with pytest.raises(RuntimeFailure) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_path, monkeypatch):
     """The same float model, had calibration passed it (a quantizer writing the QDQ model of the empty map): the
     import refuses the pool in one line before onnxruntime runs the float model for the comparison (its default
