@@ -1374,6 +1374,23 @@ def test_a_node_lacking_inputs_a_rewrite_reads_is_refused_in_one_line(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("shape", [(2,), (1, 3, 1, 1)])
+def test_a_where_of_a_constant_condition_that_does_not_broadcast_is_refused_in_one_line(first, shape):
+    """Where(cond, c, x) of a constant condition of one value whose shape does not broadcast with x (1, 2, 3, 3):
+    refused in one line naming the node and the shapes. Regression: an internal ValueError of numpy's broadcast in
+    the constant condition's shortcut (the wrong-result hunt on fuzz15's where-const seed)."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Where", ["cond", "c", "xf"] if first else ["cond", "xf", "c"], ["r"], name="where"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 3, 3), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "cond": np.full(shape, first),
+                                          "c": np.float32(-1e4)}, T.INT8)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "where (Where)" and "do not broadcast" in p.rule, p
+
+
 def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_path, monkeypatch):
     """The same float model, had calibration passed it (a quantizer writing the QDQ model of the empty map): the
     import refuses the pool in one line before onnxruntime runs the float model for the comparison (its default
