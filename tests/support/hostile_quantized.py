@@ -1085,8 +1085,8 @@ ATTRS.update({
                "dilations": ATTRS["MaxPool"]["dilations"]},
     "ReduceLogSum": ATTRS["ReduceL2"], "QLinearMatMul": {},
     "ScatterElements": {"axis": [-3, -1, 0, 1, 2, 5, BIG], "reduction": ["add", "mul", "max", "bogus"]},
-    "LinearRegressor": {"targets": [0, -1, 2, 4, BIG], "coefficients": [[], [float("nan")] * 18, [1.0] * 7],
-                        "intercepts": [[], [float("inf")] * 3, [1.0] * 4], "post_transform": ["PROBIT", "bogus"]},
+    "LinearRegressor": {"targets": [0, -1, 2, 4, BIG], "coefficients": [[float("nan")] * 18, [1.0] * 7],
+                        "intercepts": [[float("inf")] * 3, [1.0] * 4], "post_transform": ["PROBIT", "bogus"]},
 })
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
