@@ -216,7 +216,8 @@ def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[i
     """(begin, end) pads per spatial axis from ``pads`` or ``auto_pad``. SAME_* pads the total
     (ceil(size/s) - 1) * s + dilated kernel - size, half at the begin for SAME_UPPER (truncated toward zero,
     as onnxruntime computes it), the rest at the end, SAME_LOWER the other way round. A negative total is no
-    padding, except with ``crop`` (onnxruntime's MaxPool), where it crops the input."""
+    padding, except with ``crop`` (onnxruntime's MaxPool), where it crops the input. A negative ``pads`` value is
+    refused (ONNX's shape inference, and so onnxruntime, refuses it)."""
     auto = node.attr_str("auto_pad", "NOTSET", ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"))
     n = len(spatial)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
@@ -232,6 +233,8 @@ def onnx_pads(node, spatial: tuple[int, ...], kernel: list[int], strides: list[i
     if auto == "VALID":
         return [0] * n, [0] * n
     pads = node.attr_ints("pads", [0] * 2 * n, size=2 * n)
+    if min(pads, default=0) < 0:
+        raise Refuse(f"pads {list(pads)} hold a negative value: ONNX's pads are >= 0")
     return list(pads[:n]), list(pads[n:])
 
 

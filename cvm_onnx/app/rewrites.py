@@ -567,7 +567,7 @@ def sequences_as_concats(graph: onnx.GraphProto) -> int:
     outputs = {v.name for v in graph.output}
     done, dead = 0, []
     for n in list(graph.node):
-        if n.op_type != "ConcatFromSequence" or n.domain not in ("", "ai.onnx"):
+        if n.op_type != "ConcatFromSequence" or n.domain not in ("", "ai.onnx") or len(n.input) != 1:
             continue
         parts, chain, x = [], [], n.input[0]
         while (up := producer.get(x)) is not None and up.domain in ("", "ai.onnx") and (
@@ -1096,7 +1096,8 @@ def _gathers_past_scatters(graph: onnx.GraphProto, inits: dict, shapes: dict) ->
         again = False
         for node in graph.node:
             up = producer.get(node.input[0]) if node.op_type == "Gather" and len(node.input) == 2 else None
-            if up is None or up.op_type != "ScatterND" or up.input[1] not in inits or node.input[1] not in inits:
+            if up is None or up.op_type != "ScatterND" or len(up.input) != 3 or up.input[1] not in inits or \
+                    node.input[1] not in inits:
                 continue
             axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
             idx, taken = numpy_helper.to_array(inits[up.input[1]]), numpy_helper.to_array(inits[node.input[1]])
@@ -1121,13 +1122,13 @@ def scatters_as_gathers(model: onnx.ModelProto) -> int:
     it), Reshape to the data's shape (torch's slice_scatter, FastEnhancer's overlap-add of decibri). The same
     values moved, no arithmetic. First a Gather of rows such a ScatterND does not write reads its data instead
     (``_gathers_past_scatters``). Left (and refused later as an op CVM lacks) where an index is out of range or
-    written twice (the result is then undefined), or R passes MAX_FOLDED. A ScatterElements (reduction none) of
-    constant indices (dynamo's select_scatter, a state written in place) is the ScatterND of each update's whole
-    coordinates (its index on the axis, its own position on the others), q the data's rank. Returns how many were
-    replaced."""
+    written twice (the result is then undefined), R passes MAX_FOLDED, or the node lacks one of its three inputs.
+    A ScatterElements (reduction none) of constant indices (dynamo's select_scatter, a state written in place) is the
+    ScatterND of each update's whole coordinates (its index on the axis, its own position on the others), q the
+    data's rank. Returns how many were replaced."""
     inits = {t.name: t for t in model.graph.initializer}
     nodes = [n for n in model.graph.node if n.op_type in ("ScatterND", "ScatterElements") and
-             n.domain in ("", "ai.onnx")]
+             n.domain in ("", "ai.onnx") and len(n.input) == 3]
     if not nodes:
         return 0
     known = _known_shapes(model)

@@ -4,6 +4,7 @@ onnxruntime.quantization writes (tests/support/hostile_quantized.py), each broke
 run of that fuzzer; benchmarks/fuzz.py (``quantized``) runs it long."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -20,7 +21,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 from support import hostile_quantized as HQ
 from conftest import MODELS
-from support.quantized import float_model
+from support.quantized import float_model, qdq
 
 from cvm_onnx.app import api, cli
 from cvm_onnx.app.quantize import quantize
@@ -1280,12 +1281,20 @@ def test_a_max_pool_indices_output_of_dequantized_values_is_refused_naming_the_n
     ("AveragePool", (1, 2, 3, 5, 5), {"kernel_shape": [HQ.BIG, 1, 1]},
      "AveragePool kernel (2147483647, 1, 1) over 2 channels: its weights would hold 4294967294 values"),
     ("AveragePool", (1, 2, 3, 5, 5), {"kernel_shape": [2, 1 << 30, 1], "pads": [0, 1 << 30, 0, 0, 0, 0],
-                                      "count_include_pad": 1}, "its weights would hold 4294967296 values")])
+                                      "count_include_pad": 1}, "its weights would hold 4294967296 values"),
+    ("LpPool", (1, 2, 6), {"p": 1, "kernel_shape": [HQ.BIG], "pads": [HQ.BIG - 1, HQ.BIG - 1]},
+     "its 2147483652 x 2147483647 windows along axis 2 hold 9223372049739677688 values, more than 2^24"),
+    ("LpPool", (1, 2, 3, 4), {"p": 2, "kernel_shape": [1, 1 << 28], "pads": [0, 1 << 28, 0, 1 << 28]},
+     "its 268435461 x 268435456 windows along axis 3"),
+    ("AveragePool", (1, 2, 3, 4, 5), {"kernel_shape": [1, 1, 1 << 28], "pads": [0, 0, (1 << 28) - 1, 0, 0,
+                                                                                (1 << 28) - 1]},
+     "windows along axis 4 hold")])
 def test_huge_kernels_and_pads_of_pools_and_3d_convs_are_refused_before_allocating(op, shape, attrs, said):
     """A 3-D MaxPool or Conv whose depth kernel or pads reach 2^31 (its depth taps' indices), an AveragePool (2-D or
-    3-D) whose kernel within as large pads holds 2^31 positions (its weights of ones): refused in one line naming
-    the node, before those are allocated. Regression: MemoryError allocating 2 to 16 GiB (or 45 s for 2 GiB) (the
-    fuzz14 target's depth kernels and pads)."""
+    3-D) whose kernel within as large pads holds 2^31 positions (its weights of ones), an LpPool or uncounted 3-D
+    AveragePool whose windows along an axis take 2^31 or 2^56 taps (their indices): refused in one line naming the
+    node, before those are allocated. Regression: MemoryError allocating 2 to 16 GiB (or 45 s for 2 GiB) (the
+    fuzz14 target's depth kernels and pads); for the windows' taps, 16 GiB and 512 PiB (fuzz15's hand grid)."""
     from support.quantized import qdq
     from test_quantize_fresh12 import dq_conv
 
@@ -1317,4 +1326,100 @@ def test_a_conv_of_an_empty_map_onnxruntime_dies_on_is_refused_in_one_line(tmp_p
     with pytest.raises(RuntimeFailure) as e:
         quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
     assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("op, shape, attrs", [
+    ("AveragePool", (1, 2, 6), {"kernel_shape": [3], "pads": [-1, 0]}),
+    ("AveragePool", (1, 2, 6, 6), {"kernel_shape": [3, 3], "pads": [0, 0, 0, -2], "count_include_pad": 1}),
+    ("AveragePool", (1, 2, 4, 5, 6), {"kernel_shape": [2, 2, 3], "pads": [0, 0, -1, 0, 0, 0]}),
+    ("LpPool", (1, 2, 6), {"p": 2, "kernel_shape": [3], "pads": [-1, 0]}),
+    ("MaxPool", (1, 2, 6), {"kernel_shape": [3], "pads": [0, -1]}),
+    ("Conv", (1, 2, 6, 6), {"pads": [-1, 0, 0, 0]})])
+def test_negative_pads_are_refused_naming_the_node(op, shape, attrs):
+    """Explicit pads below 0 (ONNX's shape inference refuses them, and so onnxruntime, at load): refused in one
+    line naming the node. Regression: imported as a crop of the input (fuzz15's hand grid)."""
+    from support.quantized import qdq
+    from test_quantize_fresh12 import dq_conv
+
+    if op == "Conv":
+        m = dq_conv(shape, np.ones((2, 2, 3, 3), np.int8), attrs, False)
+    else:
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node(op, ["xf"], ["p"], name="pool", **attrs),
+                 h.make_node("QuantizeLinear", ["p", "s", "z"], ["y"])]
+        m = qdq(nodes, shape, T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT8, opset=19)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == ("conv (Conv)" if op == "Conv" else f"pool ({op})") and "hold a negative value" in p.rule, p
+
+
+@pytest.mark.parametrize("nodes", [
+    [h.make_node("ScatterElements", ["a", "idx"], ["b"], axis=1)],
+    [h.make_node("SequenceConstruct", ["a", "a"], ["sq"]), h.make_node("ConcatFromSequence", [], ["b"], axis=1)]],
+    ids=["ScatterElements", "ConcatFromSequence"])
+def test_a_node_lacking_inputs_a_rewrite_reads_is_refused_in_one_line(tmp_path, nodes):
+    """A ScatterElements of two inputs (no updates), a ConcatFromSequence of none: quantize's rewrites (a scatter of
+    constant indices as a Gather, a sequence's Concat) leave them, and onnxruntime's refusal is said in one line.
+    Regression: IndexError in scatters_as_gathers and sequences_as_concats (fuzz15's hand grid)."""
+    from cvm_onnx.core.errors import RuntimeFailure
+    from support.quantized import between_convs
+
+    onnx.save(between_convs(nodes, {"idx": np.zeros((1, 1, 12, 12), np.int64)}), tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(4, 8, 12, 12)).astype(np.float32))
+    with pytest.raises(RuntimeFailure) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    assert len(e.value.problems) == 1 and "\n" not in str(e.value), e.value
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("shape", [(2,), (1, 3, 1, 1)])
+def test_a_where_of_a_constant_condition_that_does_not_broadcast_is_refused_in_one_line(first, shape):
+    """Where(cond, c, x) of a constant condition of one value whose shape does not broadcast with x (1, 2, 3, 3):
+    refused in one line naming the node and the shapes. Regression: an internal ValueError of numpy's broadcast in
+    the constant condition's shortcut (the wrong-result hunt on fuzz15's where-const seed)."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Where", ["cond", "c", "xf"] if first else ["cond", "xf", "c"], ["r"], name="where"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 3, 3), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "cond": np.full(shape, first),
+                                          "c": np.float32(-1e4)}, T.INT8)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "where (Where)" and "do not broadcast" in p.rule, p
+
+
+def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_path, monkeypatch):
+    """The same float model, had calibration passed it (a quantizer writing the QDQ model of the empty map): the
+    import refuses the pool in one line before onnxruntime runs the float model for the comparison (its default
+    session, this process: SIGFPE), and nothing is written."""
+    import cvm_onnx.app.quantize as Q
+    from support.quantized import between_convs
+
+    def calibrated(src, out, *args, **kwargs):
+        dq, qn = (functools.partial(h.make_node, op) for op in ("DequantizeLinear", "QuantizeLinear"))
+        w = np.ones((8, 8, 1, 1), np.int8)
+        nodes = [qn(["x", "s", "z"], ["xq"]), dq(["xq", "s", "z"], ["xf"]),
+                 h.make_node("AveragePool", ["xf"], ["p"], name="pool", kernel_shape=[13, 13], ceil_mode=1),
+                 qn(["p", "s", "z"], ["pq"]), dq(["pq", "s", "z"], ["pf"]), dq(["w", "sw"], ["wf"]),
+                 h.make_node("Conv", ["pf", "wf"], ["c"], name="conv"), qn(["c", "s", "z"], ["cq"]),
+                 dq(["cq", "s", "z"], ["y"])]
+        m = qdq(nodes, (1, 8, 12, 12), T.FLOAT, {"s": np.float32(0.1), "z": np.int8(0), "w": w,
+                                                 "sw": np.float32(0.1)}, T.FLOAT)
+        onnx.save(m, out)
+
+    def never(*args, **kwargs):
+        raise AssertionError("onnxruntime ran the models of an empty map")
+
+    monkeypatch.setattr(Q, "_quantize_static", calibrated)
+    monkeypatch.setattr(Q, "onnx_outputs", never)
+    onnx.save(between_convs([h.make_node("AveragePool", ["a"], ["b"], kernel_shape=[13, 13], ceil_mode=1)], {}),
+              tmp_path / "f.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).normal(size=(6, 8, 12, 12)).astype(np.float32))
+    with pytest.raises(UnsupportedError) as e:
+        quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "out" / "m")
+    [p] = e.value.problems
+    assert p.where == "pool (AveragePool)" and "larger than the padded input" in p.rule, p
     assert not (tmp_path / "out").exists()

@@ -20,7 +20,7 @@ from support.l2norm import FORMS, l2_qdq
 from support.l2value import norm_qdq
 from support.hostile_quantized import frame3d
 from support.quantized import between_convs, ort_session, pool_sums, qdq, quantized, quantizes_whole
-from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal
+from test_quantized_fresh_ops import NP, RANGE, draw_x, oracle_equal, run
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError, UnsupportedError
@@ -328,6 +328,28 @@ def test_sums_of_squares_past_float32_are_refused_naming_the_node(name):
     import_model(squares_model(name, float(np.nextafter(np.float32(2.0**55), np.float32(0)))), input_precision=9)
 
 
+@pytest.mark.parametrize("name", SQUARES)
+def test_squares_below_float32s_normal_range_are_refused_naming_the_node(name):
+    """The same forms at input scale 1e-30: onnxruntime's float32 squares of the values underflow to 0 (its L2
+    normalization 0, its norm or root 0), the import's exact; refused in one line naming the node where a square of
+    one step, s^2, is below float32's normal range 2^-126. At s = 2^-63 imported, within one step of onnxruntime
+    (or refused by another rule: an eps of a clip or max form 2^14 squared steps past the values' grid).
+    Regression: imported, 47 to 87 steps from onnxruntime (the hunt on fuzz15's near-overflow seed at s = 1e-45)."""
+    with pytest.raises(UnsupportedError) as e:
+        import_model(squares_model(name, 1e-30), input_precision=9)
+    [p] = e.value.problems
+    named = {n.name for n in squares_model(name, 1e-30).graph.node}
+    assert "is below float32's normal range" in p.rule and p.where.split(" (")[0] in named, str(p)
+    m = squares_model(name, 2.0**-63)
+    x = np.random.default_rng(0).integers(-128, 128, [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim])
+    try:
+        _, [got] = run(m, x.astype(np.int8))
+    except UnsupportedError as e:
+        assert "eps lies" in str(e), e
+        return
+    assert np.abs(got - ort_session(m).run(None, {"x": x.astype(np.int8)})[0]).max() <= 1
+
+
 def test_an_l1_normalization_past_float32_is_refused_naming_the_node():
     """LpNormalization p = 1 whose float32 sum of 8 |values| at input scale 2e36 passes float32's range: onnxruntime's
     sum is inf (every output 0), the import's exact; refused in one line naming the node. Below the bound (8 x 128 s
@@ -354,14 +376,15 @@ def test_an_l1_normalization_past_float32_is_refused_naming_the_node():
 def test_a_matmul_weight_of_one_matrix_broadcast_is_that_matrix(d, ones, x_rank, k, n, per_channel, qoperator,
                                                                  x_type):
     """A constant MatMul / QLinearMatMul weight of shape (1, ..., 1, K, N) is one matrix broadcast over the input's
-    batch axes (the output of rank max(rank x, rank w)): dense by that matrix, equal to the oracle. Regression:
-    refused 'dense takes one weight matrix'."""
+    batch axes (the output of rank max(rank x, rank w)), per tensor or per column (QLinearMatMul's N scales: its last
+    axis): dense by that matrix, equal to the oracle. Regressions: refused 'dense takes one weight matrix';
+    QLinearMatMul's per-column scales placed on axis 1, an internal error at rank 3 (fuzz15)."""
     x_shape = tuple(d.draw(st.integers(1, 3)) for _ in range(x_rank - 1)) + (k,)
     lo, hi = RANGE[x_type]
     w = np.asarray(d.draw(st.lists(st.integers(-127, 127), min_size=k * n, max_size=k * n)), np.int8).reshape(
         (1,) * ones + (k, n))
     sw = np.asarray(d.draw(st.lists(st.floats(2.0**-10, 1, width=32), min_size=n, max_size=n)), np.float32) \
-        if per_channel and not qoperator else np.float32(d.draw(st.floats(2.0**-10, 1, width=32)))
+        if per_channel else np.float32(d.draw(st.floats(2.0**-10, 1, width=32)))
     inits = {"s": np.float32(0.05), "z": NP[x_type](d.draw(st.integers(lo, hi))), "w": w, "sw": sw,
              "zw": np.zeros(sw.shape, np.int8), "so": np.float32(d.draw(st.floats(2.0**-7, 4, width=32))),
              "zo": np.int8(d.draw(st.integers(-5, 5)))}
@@ -374,6 +397,25 @@ def test_a_matmul_weight_of_one_matrix_broadcast_is_that_matrix(d, ones, x_rank,
                  h.make_node("QuantizeLinear", ["yf", "so", "zo"], ["y"])]
     m = qdq(nodes, x_shape, x_type, inits, T.INT8)
     oracle_equal(m, draw_x(d, x_shape, x_type))
+
+
+def test_qlinear_matmul_scales_per_column_of_a_rank_3_weight():
+    """onnxruntime's QOperator model of x (2, 3, 6) @ w (1, 6, 5) per channel: QLinearMatMul with a vector of 5
+    weight scales and zero points, one per column (b's last axis): equal to the oracle, and the same as the model
+    of w's (6, 5) matrix, within one step of onnxruntime's. Regression: the vector was placed on axis 1 of the
+    weight (6 rows), an internal ValueError."""
+    w = (np.arange(30).reshape(1, 6, 5) % 11 - 5).astype(np.int8)
+    x = np.random.default_rng(0).integers(-128, 128, (2, 3, 6)).astype(np.int8)
+    outs = []
+    for weight in (w, w[0]):
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "w": weight, "zw": np.zeros(5, np.int8),
+                 "sw": np.linspace(0.01, 0.05, 5).astype(np.float32), "so": np.float32(0.2), "zo": np.int8(-2)}
+        m = qdq([h.make_node("QLinearMatMul", ["x", "s", "z", "w", "sw", "zw", "so", "zo"], ["y"], name="mm")],
+                (2, 3, 6), T.INT8, inits, T.INT8)
+        oracle_equal(m, x)
+        outs.append(run(m, x)[1][0])
+    assert np.array_equal(*outs)
+    assert np.abs(outs[1] - ort_session(m).run(None, {"x": x})[0]).max() <= 1
 
 
 def test_a_matmul_weight_of_several_matrices_is_refused_in_one_line():

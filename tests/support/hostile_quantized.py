@@ -224,6 +224,8 @@ def _latest(kind: str) -> bytes:
         return _newest13(kind).SerializeToString()
     if kind in NEWEST14:
         return _newest14(kind).SerializeToString()
+    if kind in NEWEST15:
+        return _newest15(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -581,6 +583,93 @@ def newest14_seeds() -> dict[str, bytes]:
     return _qdq_and_qoperator_seeds(NEWEST14 + NEWEST14_OURS, NEWEST14_QOPERATOR)
 
 
+def _newest15(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NEWEST15``: a sum's constant term equal to its zero point (Add, Sub of it from x, Sum, Mean,
+    Gemm's C), DeBERTa's mask of two moves of one mask tensor, AveragePool of a 1-D image, a Where of a constant
+    condition, LpPool p = 1 (1-D) and p = 2 (3-D), LpNormalization p = 1, ReduceLogSum, 3-D AveragePool of windows
+    of different counts (pads not counted; ceil_mode), an L2 normalization just below float32's bound of its
+    squares, a MatMul and a QLinearMatMul of a (1, 1, K, N) weight, a ConvTranspose of stride 3 (a lattice)."""
+    from test_quantize_fresh12 import dq_conv
+
+    from .l2norm import l2_qdq
+    from .masks import deberta_model
+
+    dq = functools.partial(h.make_node, "DequantizeLinear")
+    zeros = {"b": np.full((2, 4, 4), -7, np.int8), "sb": np.float32(3.5e9), "zb": np.int8(-7)}
+    if kind in ("zero-add", "zero-sub", "zero-sum", "zero-mean"):
+        op = {"zero-add": "Add", "zero-sub": "Sub", "zero-sum": "Sum", "zero-mean": "Mean"}[kind]
+        terms = ["bf", "xf"] if kind == "zero-sub" else ["xf", "bf", "xf"] if op in ("Sum", "Mean") else ["xf", "bf"]
+        return qdq([dq(["x", "s", "z"], ["xf"]), dq(["b", "sb", "zb"], ["bf"]), h.make_node(op, terms, ["a"],
+                                                                                          name="sum"),
+                    h.make_node("Abs", ["a"], ["r"]), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])],
+                   (1, 2, 4, 4), T.INT8, {"s": np.float32(2.0**-30), "z": np.int8(3), "so": np.float32(2.0**-29),
+                                          "zo": np.int8(-4), **zeros}, T.INT8)
+    if kind == "zero-gemm-c":
+        w = np.random.default_rng(15).integers(-127, 128, (6, 5)).astype(np.int8)
+        return qdq([dq(["x", "s", "z"], ["xf"]), dq(["w", "sw"], ["wf"]), dq(["c", "sc", "zc"], ["cf"]),
+                    h.make_node("Gemm", ["xf", "wf", "cf"], ["r"], name="gemm", beta=2.0),
+                    h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])], (3, 6), T.UINT8,
+                   {"s": np.float32(0.02), "z": np.uint8(128), "w": w, "sw": np.float32(0.01),
+                    "c": np.full(5, 9, np.uint8), "sc": np.float32(7e9), "zc": np.uint8(9), "so": np.float32(0.05),
+                    "zo": np.int8(0)}, T.INT8)
+    if kind == "deberta-mask":
+        return deberta_model(2, 2, 4, float(np.finfo(np.float32).min), 0.05)
+    if kind == "avgpool1d":
+        return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[3], strides=[2],
+                                   pads=[1, 1], ceil_mode=1, count_include_pad=0), (1, 3, 10))
+    if kind == "where-const":
+        return between(h.make_node("Where", ["cond", "c", "xf"], ["r"], name="where"), (1, 2, 3, 3),
+                       {"cond": np.zeros((1, 1, 1, 1), bool), "c": np.float32(np.finfo(np.float32).min)})
+    if kind == "lp-pool-1-1d":
+        return between(h.make_node("LpPool", ["xf"], ["r"], name="lp", p=1, kernel_shape=[3], strides=[2],
+                                   pads=[1, 1], ceil_mode=1), (1, 3, 8), opset=18)
+    if kind == "lp-pool-2-3d":
+        return between(h.make_node("LpPool", ["xf"], ["r"], name="lp", p=2, kernel_shape=[2, 2, 3],
+                                   strides=[1, 2, 2], dilations=[1, 1, 2], pads=[0, 1, 1, 1, 0, 2]), (1, 2, 3, 5, 6),
+                       {"so": np.float32(0.3)}, opset=18)
+    if kind == "lp-norm-1":
+        return between(h.make_node("LpNormalization", ["xf"], ["r"], name="lpn", p=1, axis=1), (1, 4, 3, 3),
+                       {"so": np.float32(1 / 127)})
+    if kind == "reduce-log-sum":
+        return qdq([dq(["x", "s", "z"], ["xf"]), h.make_node("ReduceLogSum", ["xf", "ax"], ["r"], name="rls",
+                                                            keepdims=0),
+                    h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])], (1, 3, 4, 5), T.UINT8,
+                   {"s": np.float32(0.04), "z": np.uint8(0), "ax": np.array([2, -1], np.int64),
+                    "so": np.float32(0.03), "zo": np.int8(-100)}, T.INT8, opset=18)
+    if kind in ("avgpool3d-uncounted", "avgpool3d-ceil"):
+        counted = kind.endswith("ceil")
+        return between(h.make_node("AveragePool", ["xf"], ["r"], name="pool", kernel_shape=[2, 3, 2],
+                                   strides=[2, 2, 1], pads=[1, 1, 0, 0, 1, 1], ceil_mode=int(counted),
+                                   count_include_pad=int(counted)), (1, 2, 4, 5, 3))
+    if kind == "l2-near-overflow":  # 8 squares of (128 s)^2 just below 2^127
+        return l2_qdq("lp", (1, 3, 8), -1, T.INT8, float(np.nextafter(np.float32(2.0**55), np.float32(0))), 0,
+                      1e-6, (1 / 127, 0, T.INT8))
+    if kind in ("matmul-broadcast", "qlinear-matmul-broadcast"):
+        w = np.random.default_rng(15).integers(-127, 128, (1, 1, 6, 5)).astype(np.int8)
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "w": w, "sw": np.float32(0.01), "zw": np.int8(0),
+                 "so": np.float32(0.2), "zo": np.int8(-2)}
+        if kind.startswith("qlinear"):
+            nodes = [h.make_node("QLinearMatMul", ["x", "s", "z", "w", "sw", "zw", "so", "zo"], ["y"], name="mm")]
+        else:
+            nodes = [dq(["x", "s", "z"], ["xf"]), dq(["w", "sw", "zw"], ["wf"]),
+                     h.make_node("MatMul", ["xf", "wf"], ["r"], name="mm"),
+                     h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+        return qdq(nodes, (2, 3, 6), T.INT8, inits, T.INT8)
+    # "convT-lattice": a ConvTranspose of stride 3 (its input on a lattice of zeros), pads and output_padding
+    m = dq_conv((1, 2, 4, 5), np.random.default_rng(15).integers(-127, 128, (2, 2, 3, 2)).astype(np.int8),
+                {"strides": [3, 2], "pads": [1, 0, 0, 1], "output_padding": [1, 1]}, False)
+    next(n for n in m.graph.node if n.op_type == "Conv").op_type = "ConvTranspose"
+    return m
+
+
+@functools.cache
+def newest15_seeds() -> dict[str, bytes]:
+    """The seeds of ``NEWEST15`` and ``NEWEST15_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
+    ``NEWEST15_QOPERATOR`` (a 1-D AveragePool, LpPool, a 3-D AveragePool not counting its pads, a MatMul by a
+    (1, K, N) weight), uint8 per tensor and int8 per channel."""
+    return _qdq_and_qoperator_seeds(NEWEST15 + NEWEST15_OURS, NEWEST15_QOPERATOR)
+
+
 def _suffix(samples: bytes) -> str:
     """A calibration file's name ending: .npz for an archive (a model of several inputs), else .npy."""
     return ".npz" if samples[:4] == b"PK\x03\x04" else ".npy"
@@ -870,11 +959,21 @@ NEWEST13_OURS = ("masking-rows",)
 NEWEST14 = ("transpose-div", "max-log", "maxpool-exp", "gather-nd", "avg-ceil-mean", "resize-ties", "conv3d-depth",
             "maxpool3d-depth", "avgpool3d", "norm-near-overflow")
 NEWEST14_OURS = ("grn", "whisper-stft", "t5-where", "grouped-keys", "causal-16")
+#: A sum's constant term equal to its zero point, DeBERTa's mask of two moves of one mask, a 1-D AveragePool, a Where
+#: of a constant condition, LpPool p = 1 (1-D) and 2 (3-D), LpNormalization p = 1, ReduceLogSum, 3-D AveragePool of
+#: any counts, an L2 normalization near float32's bound, (1, 1, K, N) MatMul weights, a ConvTranspose's lattice
+#: (``_newest15``); quantize's QDQ models of the recurrent layers carrying their states and of the T5 block whose
+#: bias computes from Shape(x) (``NEWEST15_OURS``).
+NEWEST15 = ("zero-add", "zero-sub", "zero-sum", "zero-mean", "zero-gemm-c", "deberta-mask", "avgpool1d", "where-const",
+            "lp-pool-1-1d", "lp-pool-2-3d", "lp-norm-1", "reduce-log-sum", "avgpool3d-uncounted", "avgpool3d-ceil",
+            "l2-near-overflow", "matmul-broadcast", "qlinear-matmul-broadcast", "convT-lattice")
+NEWEST15_OURS = ("states-lstm", "states-gru", "states-rnn", "t5-shaped")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
           "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
-    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS + NEWEST14 + NEWEST14_OURS
+    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS + NEWEST14 + NEWEST14_OURS + NEWEST15 + NEWEST15_OURS
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
-LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS + NEWEST13_OURS + NEWEST14_OURS
+LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS + NEWEST13_OURS + NEWEST14_OURS + \
+    NEWEST15_OURS
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile kernels, strides and pads of the 3-D pools and convolutions (depth 0, 1, past the input; depth pads).
@@ -979,6 +1078,15 @@ ATTRS.update({
                     "pads": [[1, 1, 1, 1], [-1, 0, 0, 0], [BIG, 0, 0, 0], *DEPTH_PADS], "count_include_pad": [1, 2],
                     "ceil_mode": [1], "auto_pad": ["SAME_UPPER", "VALID", "X"]},
     "GatherND": {"batch_dims": [-1, 0, 1, 2, 3, 5, BIG]},
+})
+ATTRS.update({
+    "LpPool": {"p": [0, -1, 1, 2, 3, BIG], **{k: ATTRS["AveragePool"][k] for k in ("kernel_shape", "strides", "pads",
+                                                                                    "ceil_mode", "auto_pad")},
+               "dilations": ATTRS["MaxPool"]["dilations"]},
+    "ReduceLogSum": ATTRS["ReduceL2"], "QLinearMatMul": {},
+    "ScatterElements": {"axis": [-3, -1, 0, 1, 2, 5, BIG], "reduction": ["add", "mul", "max", "bogus"]},
+    "LinearRegressor": {"targets": [0, -1, 2, 4, BIG], "coefficients": [[float("nan")] * 18, [1.0] * 7],
+                        "intercepts": [[float("inf")] * 3, [1.0] * 4], "post_transform": ["PROBIT", "bogus"]},
 })
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
@@ -1245,17 +1353,24 @@ NEWEST13_FLOAT = NEWEST13_QOPERATOR + ("trilu", "hardmax", "masking-rows", "t5-m
 #: seeds too (``newest14_seeds``).
 NEWEST14_QOPERATOR = ("gather-nd-convs", "avg-mean-convs", "resize-ties-convs", "conv3d", "avgpool3d-convs")
 NEWEST14_FLOAT = NEWEST14_QOPERATOR + ("divided",) + NEWEST14_OURS
+#: The float seeds of the forms of NEWEST15 (``_newest15_float``); those onnxruntime's QOperator models of which are
+#: seeds too (``newest15_seeds``).
+NEWEST15_QOPERATOR = ("avgpool1d-convs", "lp-pool-convs", "avgpool3d-uncounted-convs", "matmul-broadcast")
+NEWEST15_FLOAT = NEWEST15_QOPERATOR + ("reduce-log-sum-convs", "lp-norm-convs", "where-const-convs",
+                                      "scatter-elements", "linear-regressor", "sub-input", "levit-zeros") + \
+    NEWEST15_OURS
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
                 "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
-    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT
+    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
 PACKED = ("packed", "masked", "mask-hf-mul", "mask-hf-where", "mask-inf", "mask-eager", "mask-scatter", "mask-lse",
-          "decoder", "decoder-causal", "masking-rows", "t5-mask", "t5-where", "causal-16")
+          "decoder", "decoder-causal", "masking-rows", "t5-mask", "t5-where", "causal-16", "t5-shaped", "states-lstm",
+          "states-gru", "states-rnn")
 #: The packed seeds of a decoder's mask (``support.masks``), their int64 mask (1, L) or shorter.
 DECODERS = {"mask-eager": "eager", "mask-scatter": "cache_scatter"}
 
@@ -1361,6 +1476,7 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     out.update(_norms_and_masks_float(rng))
     out.update(_newest13_float())
     out.update(_newest14_float())
+    out.update(_newest15_float())
     return out
 
 
@@ -1438,6 +1554,77 @@ def _newest14_float() -> dict[str, onnx.ModelProto]:
                              h.make_node("Sub", ["peak", "eight"], ["low"]),
                              h.make_node("Max", ["logs", "low"], ["y"])])
     out["whisper-stft"] = front
+    return out
+
+
+def _newest15_float() -> dict[str, onnx.ModelProto]:
+    """Float models of the forms of ``NEWEST15``: Conv1d, AvgPool1d, Conv1d; LpPool p = 2, ReduceLogSum added back,
+    LpNormalization p = 1 and a Where of a constant condition between two Convs; a 3-D AveragePool not counting its
+    pads (ceil_mode) between 3-D Convs; a MatMul by a (1, K, N) weight; a ScatterElements of constant indices;
+    skl2onnx's LinearRegressor; a Sub of a float constant from the input; LeViT's zero attention biases; torch's
+    LSTM, GRU and RNN carrying their states (inputs); the T5 block whose bias computes from Shape(x)."""
+    from test_arch14 import carrying
+    from test_attn14 import levit_bias
+    from test_quantize_ops13 import conv_3d_model
+
+    from .quantized import between_convs, linear_regressor
+    from .transformers12 import t5_block
+
+    rng = np.random.default_rng(15)
+
+    def c(name, *shape):
+        inits.append(nh.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name))
+        return name
+
+    inits: list[onnx.TensorProto] = []
+    pool1d = [h.make_node("Conv", ["x", c("w1", 8, 4, 3)], ["a"], kernel_shape=[3], pads=[1, 1]),
+              h.make_node("AveragePool", ["a"], ["p"], kernel_shape=[2], strides=[2]),
+              h.make_node("Conv", ["p", c("w2", 4, 8, 3)], ["y"], kernel_shape=[3], pads=[1, 1])]
+    out = {"avgpool1d-convs": onnx_model(h.make_graph(pool1d, "pool1d", [h.make_tensor_value_info(
+        "x", T.FLOAT, [1, 4, 16])], [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)}
+    inits = []
+    mm = [h.make_node("MatMul", ["x", c("w", 1, 6, 5)], ["m"], name="mm"), h.make_node("Relu", ["m"], ["r"]),
+          h.make_node("MatMul", ["r", c("w2", 5, 3)], ["y"])]
+    out["matmul-broadcast"] = onnx_model(h.make_graph(mm, "mm", [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 6])],
+                                                      [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+    inits = []
+    idx = np.array([[3, -2, 0], [-4, 2, 1]], np.int64)  # each position of a row written once
+    scatter = [h.make_node("MatMul", ["x", c("w", 6, 4)], ["d"]), h.make_node("MatMul", ["x", c("u", 6, 3)], ["u3"]),
+               h.make_node("Slice", ["u3", "at0", "at2", "ax0"], ["upd"]),
+               h.make_node("ScatterElements", ["d", "idx", "upd"], ["e"], axis=1),
+               h.make_node("MatMul", ["e", c("w2", 4, 2)], ["y"])]
+    inits += [nh.from_array(idx, "idx"), *(nh.from_array(np.array([v], np.int64), k)
+                                          for k, v in (("at0", 0), ("at2", 2), ("ax0", 0)))]
+    out["scatter-elements"] = onnx_model(h.make_graph(scatter, "scatter", [h.make_tensor_value_info(
+        "x", T.FLOAT, [4, 6])], [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 16)
+    inits = []
+    sub = [h.make_node("Sub", ["x", "mean"], ["a"], name="sub"), h.make_node("Conv", ["a", c("w1", 4, 3, 3, 3)], ["b"]),
+           h.make_node("Relu", ["b"], ["y"])]
+    inits.append(nh.from_array(np.array([0.485, 0.456, 0.406], np.float32).reshape(3, 1, 1), "mean"))
+    out["sub-input"] = onnx_model(h.make_graph(sub, "sub", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                                               [h.make_tensor_value_info("y", T.FLOAT, None)], inits), 17)
+    out.update({"lp-pool-convs": between_convs([h.make_node("LpPool", ["a"], ["b"], p=2, kernel_shape=[3, 2],
+                                                            strides=[2, 1], pads=[1, 0, 1, 1])], {}, 18),
+                "reduce-log-sum-convs": between_convs([h.make_node("Relu", ["a"], ["ra"]), h.make_node(
+                    "ReduceLogSum", ["ra", "ax"], ["r"], keepdims=1), h.make_node("Add", ["a", "r"], ["b"])],
+                    {"ax": np.array([2, 3], np.int64)}, 18),
+                "lp-norm-convs": between_convs([h.make_node("LpNormalization", ["a"], ["b"], p=1, axis=1)], {}),
+                "where-const-convs": between_convs([h.make_node("Where", ["cond", "a", "c"], ["b"])],
+                                                   {"cond": np.ones((1, 1, 1, 1), bool),
+                                                    "c": np.float32(np.finfo(np.float32).min)}),
+                "linear-regressor": linear_regressor(rng.normal(size=(3, 6)).astype(np.float32),
+                                                     rng.normal(size=3).astype(np.float32), [None, 6]),
+                "levit-zeros": levit_bias((8, 16)), "t5-shaped": t5_block(mask="where", shaped=True),
+                **{f"states-{op.lower()}": carrying(op, way, 15) for op, way in (("LSTM", "bidirectional"),
+                                                                                 ("GRU", "reverse"),
+                                                                                 ("RNN", "forward"))}})
+    video = conv_3d_model()
+    relu = next(n for n in video.graph.node if n.op_type == "Relu")
+    video.graph.node.insert(list(video.graph.node).index(relu) + 1, h.make_node(
+        "AveragePool", ["r"], ["p"], kernel_shape=[2, 3, 3], strides=[2, 2, 2], pads=[1, 1, 0, 0, 1, 1],
+        ceil_mode=1, count_include_pad=0))
+    next(n for n in video.graph.node if n.op_type == "Conv" and n.input[0] == "r").input[0] = "p"
+    out["avgpool3d-uncounted-convs"] = video
     return out
 
 
@@ -1600,8 +1787,16 @@ def _packed_samples(kind: str, rng) -> bytes:
 
     from .masks import mask_length
 
-    if kind in ("masking-rows", "t5-mask", "t5-where"):
+    if kind in ("masking-rows", "t5-mask", "t5-where", "t5-shaped"):
         return _newest13_samples(kind, rng)
+    if kind.startswith("states-"):  # x, h0 (and c0) of the layer (test_arch14's)
+        from test_arch14 import states
+
+        f = io.BytesIO()
+        op = kind.split("-")[1].upper()
+        np.savez(f, **states(op, {"LSTM": "bidirectional", "GRU": "reverse"}.get(op, "forward"), 6,
+                             int(rng.integers(1 << 16))))
+        return f.getvalue()
     if kind == "causal-16":
         samples = {"input_ids": bert_samples(6, length=16, seed=int(rng.integers(1 << 16)))["input_ids"]}
         f = io.BytesIO()
@@ -1622,7 +1817,8 @@ def _packed_samples(kind: str, rng) -> bytes:
 
 
 #: The shape of one sample of the float seeds whose input's dims are symbolic (time steps, then features).
-SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3), "gru-cache": (1, 1, 3)}
+SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3), "gru-cache": (1, 1, 3),
+                 "linear-regressor": (1, 1, 6)}
 
 
 def _npy(a: np.ndarray) -> bytes:

@@ -676,7 +676,7 @@ class Oracle:
             val = self.float_op("Gemm", [x, w] + ([b] if b else []), a)
             return self.q(name, val, ins[7], ins[8])
         if op == "QLinearMatMul":
-            val = self.float_op("MatMul", [dq3(0), dq3(3)], a)
+            val = self.float_op("MatMul", [dq3(0), dq3(3, -1)], a)  # b per column: its last axis
             return self.q(name, val, ins[6], ins[7])
         if op in ("QLinearAdd", "QLinearMul"):
             val = self.float_op(op[len("QLinear"):], [dq3(0), dq3(3)], a)

@@ -505,7 +505,11 @@ def where_rule(ctx, node, cond, a, b):
             (np.asarray(cond.value).all() or not np.asarray(cond.value).any()):
         chosen = a if np.asarray(cond.value).all() else b
         shapes = [getattr(v, "shape", None) for v in (cond, a, b)]
-        if None not in shapes and chosen.shape == np.broadcast_shapes(*shapes):
+        try:
+            whole = np.broadcast_shapes(*shapes) if None not in shapes else None
+        except ValueError:
+            raise Refuse(f"Where of shapes {shapes}: they do not broadcast") from None
+        if whole is not None and chosen.shape == whole:
             return chosen
     x = next((v for v in (a, b) if isinstance(v, Scaled) and not v.t.is_const), None)
     if x is not None and x.per_tensor:

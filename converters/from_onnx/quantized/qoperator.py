@@ -45,7 +45,8 @@ def qlinear_conv(ctx, node, x, xs, xz, w, ws, wz, ys, yz, b=None):
 
 @rule("QLinearMatMul", since=10)
 def qlinear_matmul(ctx, node, a, a_s, az, b, bs, bz, ys, yz):
-    av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, 1)
+    """a @ b requantized; b's scales and zero points per tensor or per column (its last axis, at any rank)."""
+    av, bv = dequantized(a, a_s, az), dequantized(b, bs, bz, max(len(b.shape) - 1, 0))
     if not bv.t.is_const:
         return requantized(ctx, node, variable_matmul(ctx, av, bv), ys, yz)
     w, sw = weight(one_matrix(bv, "QLinearMatMul weight"), "the QLinearMatMul weight B", transpose=True)

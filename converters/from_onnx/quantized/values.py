@@ -166,12 +166,17 @@ def squares_pass_float32(n: int, top) -> bool:
 def float32_sum(x: Scaled, n: int, what: str, p: int = 2) -> None:
     """Refuses a per-tensor x = (t - z) s where a float32 sum of n p-th powers (|x| or x^2) of its values may pass
     float32's range (n (P s)^p >= 2^127, P the largest |t - z|; below it every partial sum stays finite):
-    onnxruntime's sum is inf there (an Lp normalization 0, a norm or root inf), the import's exact sum finite."""
+    onnxruntime's sum is inf there (an Lp normalization 0, a norm or root inf), the import's exact sum finite; and
+    squares where s^2 < 2^-126: the square of a value one step from z is below float32's normal range there, where
+    onnxruntime's float32 squares lose their precision (0 below 2^-149: an L2 normalization 0), the import's exact."""
     z = int(x.zero.reshape(()))
     peak, s = max(z - x.t.lo, x.t.hi - z, 0), x.scale.reshape(()).item()
     if (n * peak * s >= 2**127) if p == 1 else squares_pass_float32(n, peak * s):
         raise Refuse(f"{what} of {n} {'squares of values' if p == 2 else 'values'} up to {peak} x {float(s):g}: it "
                      "passes float32's range, where onnxruntime computes it as inf")
+    if p == 2 and peak and s * s < Fraction(1, 2**126):
+        raise Refuse(f"{what} of squares of values at scale {float(s):g}: a square of one step, s^2 < 2^-126, is "
+                     "below float32's normal range, where onnxruntime's float32 squares lose their precision")
 
 
 def scaled(x, what: str, clipped_ok: bool = False) -> Scaled:
