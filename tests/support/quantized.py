@@ -156,6 +156,17 @@ def one(op_type, inputs, **attrs):
         None, dict(zip(names, [np.asarray(x, np.float64) for x in inputs])))[0]
 
 
+def transposed_conv_is_onnxruntimes(x: np.ndarray, w: np.ndarray, a: dict) -> bool:
+    """``transposed_conv`` of integer-valued float32 x and w equals onnxruntime's float ConvTranspose of them (opset
+    17), every element (their sums exact in float32 while they stay below 2^24)."""
+    g = h.make_graph([h.make_node("ConvTranspose", ["x", "w"], ["y"], **a)], "t",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(x.shape))],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], [nh.from_array(w, "w")])
+    [want] = ort.InferenceSession(onnx_model(g, 17).SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    return np.array_equal(transposed_conv(x.astype(np.int64), w.astype(np.int64), a), want.astype(np.int64))
+
+
 def transposed_conv(x: np.ndarray, w: np.ndarray, a: dict) -> np.ndarray:
     """ConvTranspose by its definition, in int64: each input value times the kernel, added at
     o = i * stride - pad_begin + k * dilation per spatial axis (group by group); output_padding extends the end.
