@@ -94,9 +94,10 @@ def test_reduce_max_of_x_minus_its_min_equals_the_exact_max(d, sx, sm, so, x_typ
        op=st.sampled_from(["Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual"]), first=st.booleans(),
        form=st.sampled_from(["on grid", "off grid", "float", "dequantized 0", "far"]))
 def test_a_comparison_with_a_constant_selects_exactly(d, sx, x_type, op, first, form):
-    """Where(x op c, x, 0) (0 dequantized, as div_no_nan's) quantized at x's own scale: equal to the exact
-    comparison of the rational value (t - z) s with c, for c on x's grid, off it, a float constant, a dequantized
-    0, beyond x's range, either operand first. Regression: 'float Equal of dequantized values has no integer form',
+    """Where(x op c, x, 0) (0 dequantized, as div_no_nan's) quantized at x's own scale: equal to the comparison of
+    DequantizeLinear's float32 value fl((t - z) s) with c, as onnxruntime compares them (not the exact (t - z) s: at
+    s 1.5842193, t - z = 24, fl(24 s) is c = 24 s rounded, which the exact product is not), for c on x's grid, off
+    it, a float constant, a dequantized 0, beyond x's range, either operand first. Regression: 'float Equal of dequantized values has no integer form',
     'float Where of dequantized values has no integer form' (basic-pitch)."""
     z = d.draw(st.integers(*RANGE[x_type]))
     s = Fraction(float(np.float32(sx)))
@@ -120,6 +121,8 @@ def test_a_comparison_with_a_constant_selects_exactly(d, sx, x_type, op, first, 
     _, got = imported(m, x)
     ops = {"Equal": lambda a, b: a == b, "Greater": lambda a, b: a > b, "Less": lambda a, b: a < b,
            "GreaterOrEqual": lambda a, b: a >= b, "LessOrEqual": lambda a, b: a <= b}
-    want = [int(v) if (ops[op]((int(v) - z) * s, c) if first else ops[op](c, (int(v) - z) * s)) else z
-            for v in x.flat]
+    def value(v: int) -> Fraction:  # DequantizeLinear's float32 product, as onnxruntime compares it
+        return Fraction(float(np.float32(int(v) - z) * np.float32(sx)))
+
+    want = [int(v) if (ops[op](value(v), c) if first else ops[op](c, value(v))) else z for v in x.flat]
     assert got.reshape(-1).tolist() == want

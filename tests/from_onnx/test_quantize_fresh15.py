@@ -28,7 +28,9 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 
 def cvm(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    imp = import_model(model, input_precision=8)
+    """The import run by the reference executor on int8 x, declared 9 bits (-128 among its values: CVM's 8 bits are
+    -127..127, and the runtime clamps what lies past them)."""
+    imp = import_model(model, input_precision=9)
     [got] = execute(imp.graph, {"data": x.astype(np.int32)})
     return got
 
@@ -92,10 +94,14 @@ def where_qdq(c: float, first: bool, s: float, z: int, k: int, s_out: float, z_o
        first=st.booleans(), s=SCALES, z=st.integers(-10, 10), k=st.integers(-100, 100), ratio=SCALES,
        z_out=st.integers(0, 255), seed=st.integers(0, 2**16))
 @example(c=200325.0, first=False, s=400649.0, z=-4, k=-83, ratio=1.0, z_out=0, seed=1).via("float32 products")
+@example(c=0.0, first=False, s=317467.0, z=0, k=0, ratio=2.0, z_out=0, seed=1).via("onnxruntime's float32 ties")
+@example(c=0.0, first=True, s=1.0, z=0, k=0, ratio=1.0, z_out=128, seed=0).via("x = -128 at 9 bits")
 def test_where_of_a_value_and_an_off_grid_constant_is_each_branch_quantized(c, first, s, z, k, ratio, z_out, seed):
     """Property: Where(x > k s, c, x) of a dequantized x and any float32 constant c, quantized to (s_out, z_out):
     the CVM graph equals where(cond, Q(c), Q(x)) in exact arithmetic on every input integer, the condition on
-    DequantizeLinear's float32 values as onnxruntime compares them, and onnxruntime. Before: 'Where of a constant
+    DequantizeLinear's float32 values as onnxruntime compares them; onnxruntime equals it wherever that float32
+    product (x - z) s is exact, and is one step away at most elsewhere (s 317467, s_out 2 s: fl(63 s) is 20000420, so
+    31 where the exact 31.5 rounds to 32: the documented requantization bound). Before: 'Where of a constant
     branch off the other branch's grid has no exact CVM form here' unless c lay on x's grid; and the Greater compared
     the exact product (x - z) s, which float32 rounds onto k s (s 400649, x - z = -83: -33253867 is -33253868)."""
     s_out = float(np.float32(s * ratio))
@@ -107,8 +113,9 @@ def test_where_of_a_value_and_an_off_grid_constant_is_each_branch_quantized(c, f
     qc = quantized(Fraction(float(np.float32(c))), s_out, z_out, 0, 255)
     want = np.where(keep, qc, qx) if first else np.where(keep, qx, qc)
     assert np.array_equal(cvm(m, x).reshape(x.shape), want)
-    got = ort_session(m).run(None, {"x": x.astype(np.int8)})[0]
-    assert np.array_equal(got.astype(np.int64), want)
+    got = ort_session(m).run(None, {"x": x.astype(np.int8)})[0].astype(np.int64)
+    exact = (x - z) * s == ((x - z).astype(np.float32) * np.float32(s)).astype(np.float64)
+    assert np.array_equal(got[exact], want[exact]) and (np.abs(got - want) <= 1).all()
 
 
 def masked_max_pool(length: int = 24, vocab: int = 22, dim: int = 8, classes: int = 3) -> onnx.ModelProto:
