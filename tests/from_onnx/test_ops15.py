@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import between_convs, qdq, quantizes_whole, transposed_conv_is_onnxruntimes
+from support.quantized import (between_convs, conv_transpose_qdq, qdq, quantizes_whole,
+                               transposed_conv_is_onnxruntimes)
 from test_quantized_fresh_ops import NP, oracle_equal, run
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -51,22 +52,9 @@ def test_a_3d_conv_transpose_equals_the_oracle(d, group, per, x_type, per_channe
     kernel = tuple(d.draw(st.integers(1, 3)) for _ in range(3))
     a = conv_transpose_3d_attrs(d, spatial, kernel)
     rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
-    sw = (rng.uniform(0.5, 2, per) * 0.01).astype(np.float32) if per_channel else np.float32(0.01)
     zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
-    inits = {"s": np.float32(0.05), "zx": NP[x_type](zx), "w": rng.integers(-127, 128, (cin, per) + kernel)
-             .astype(np.int8), "sw": sw, "so": np.float32(0.1), "zo": np.int8(0)}
-    ins = ["xf", "wf"]
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1)]
-    if with_bias:
-        inits.update(b=rng.integers(-300, 300, per * group).astype(np.int32),
-                     sb=(np.float32(0.05) * np.tile(np.broadcast_to(sw, (per,)), group)).astype(np.float32))
-        nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0))
-        ins.append("bf")
-    nodes += [h.make_node("ConvTranspose", ins, ["c"], name="up", group=group, **a),
-              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
     shape = (d.draw(st.integers(1, 2)), cin) + spatial
-    m = qdq(nodes, shape, x_type, inits, T.INT8)
+    m = conv_transpose_qdq(rng, shape, x_type, zx, (cin, per) + kernel, group, per_channel, with_bias, **a)
     n = len(spatial)
     outs = [(size - 1) * a["strides"][i] - a["pads"][i] - a["pads"][n + i] + a["dilations"][i] * (kernel[i] - 1) + 1
             + a["output_padding"][i] for i, size in enumerate(spatial)]

@@ -16,7 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-from support.quantized import Oracle, long_conv_bias_apart, qdq
+from support.quantized import Oracle, conv_transpose_qdq, long_conv_bias_apart, qdq
 
 import cvm_onnx.app.quantize as quantize_module
 from cvm_onnx.app.quantize import quantize
@@ -55,24 +55,10 @@ def test_a_1d_conv_transpose_equals_the_oracle(d, group, per, k, stride, dil, le
     pads = [d.draw(st.integers(0, dil * (k - 1))) for _ in range(2)]
     extra = d.draw(st.integers(0, stride - 1))  # onnxruntime: output_padding < stride
     rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
-    w = rng.integers(-127, 128, size=(cin, per, k)).astype(np.int8)
-    sw = (rng.uniform(0.5, 2, per) * 0.01).astype(np.float32) if per_channel else np.float32(0.01)
     zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
-    inits = {"s": np.float32(0.05), "zx": NP[x_type](zx), "w": w, "sw": sw, "so": np.float32(0.1),
-             "zo": np.int8(0)}
-    ins = ["xf", "wf"]
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1)]
-    if with_bias:
-        inits.update(b=rng.integers(-300, 300, per * group).astype(np.int32),
-                     sb=(np.float32(0.05) * np.tile(np.broadcast_to(sw, (per,)), group)).astype(np.float32))
-        nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0))
-        ins.append("bf")
-    nodes += [h.make_node("ConvTranspose", ins, ["c"], group=group, strides=[stride], dilations=[dil], pads=pads,
-                          output_padding=[extra], kernel_shape=[k]),
-              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
     shape = (1, cin, length)
-    m = qdq(nodes, shape, x_type, inits, T.INT8)
+    m = conv_transpose_qdq(rng, shape, x_type, zx, (cin, per, k), group, per_channel, with_bias, strides=[stride],
+                           dilations=[dil], pads=pads, output_padding=[extra], kernel_shape=[k])
     if (length - 1) * stride - sum(pads) + dil * (k - 1) + 1 + extra < 1:
         with pytest.raises(UnsupportedError, match=r"ConvTranspose\).*output .* is empty"):
             import_model(m, input_precision=9)

@@ -14,7 +14,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.masks import X_PRECISION, levelled_softmax_oracle
-from support.quantized import Oracle, layernorm_oracle, ort_session, qdq
+from support.quantized import Oracle, conv_transpose_qdq, layernorm_oracle, ort_session, qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -557,24 +557,11 @@ def test_conv_transpose_equals_the_oracle(d, group, per, k, strides, dil, x_type
     pads = [d.draw(st.integers(0, dd * (kk - 1))) for dd, kk in zip(dil + dil, k + k)]
     extra = [d.draw(st.integers(0, s - 1)) for s in strides]  # onnxruntime: output_padding < stride
     rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
-    w = rng.integers(-127, 128, size=(cin, per) + k).astype(np.int8)
-    sw = (rng.uniform(0.5, 2, per) * 0.01).astype(np.float32) if per_channel else np.float32(0.01)
     zx = d.draw(st.integers(*((-128, 127) if x_type == T.INT8 else (0, 255))))
-    inits = {"s": np.float32(0.05), "zx": NP[x_type](zx), "w": w, "sw": sw, "so": np.float32(0.1),
-             "zo": np.int8(0)}
-    ins = ["xf", "wf"]
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
-             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1)]
-    if with_bias:
-        inits.update(b=rng.integers(-300, 300, per * group).astype(np.int32),
-                     sb=(np.float32(0.05) * np.tile(np.broadcast_to(sw, (per,)), group)).astype(np.float32))
-        nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0))
-        ins.append("bf")
-    nodes += [h.make_node("ConvTranspose", ins, ["c"], group=group, strides=list(strides), dilations=list(dil),
-                          pads=pads, output_padding=extra, kernel_shape=list(k)),
-              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
     shape = (1, cin, 3, 4)
-    m = qdq(nodes, shape, x_type, inits, T.INT8)
+    m = conv_transpose_qdq(rng, shape, x_type, zx, (cin, per) + k, group, per_channel, with_bias,
+                           strides=list(strides), dilations=list(dil), pads=pads, output_padding=extra,
+                           kernel_shape=list(k))
     outs = [(n - 1) * s - pads[i] - pads[i + 2] + dd * (kk - 1) + 1 + e
             for i, (n, s, dd, kk, e) in enumerate(zip(shape[2:], strides, dil, k, extra))]
     if min(outs) < 1:  # an empty output: refused, naming it

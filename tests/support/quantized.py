@@ -856,6 +856,29 @@ def wide_rows(u, total, d, n: int, g: float, p):
     return out, rows
 
 
+def conv_transpose_qdq(rng, x_shape, x_type, zx: int, w_shape, group: int, per_channel: bool, with_bias: bool,
+                       **attrs) -> onnx.ModelProto:
+    """QDQ ConvTranspose "up" as quantize_static writes it: x of x_type at 0.05 and zero point zx; random int8
+    weights of w_shape (C_in, C_out / group, k...) at 0.01, or per output channel along axis 1 at 0.005-0.02; an
+    int32 bias at 0.05 times the weights' scales; then QuantizeLinear to int8 at 0.1."""
+    per = w_shape[1]
+    w = rng.integers(-127, 128, size=w_shape).astype(np.int8)
+    sw = (rng.uniform(0.5, 2, per) * 0.01).astype(np.float32) if per_channel else np.float32(0.01)
+    inits = {"s": np.float32(0.05), "zx": h.tensor_dtype_to_np_dtype(x_type).type(zx), "w": w, "sw": sw,
+             "so": np.float32(0.1), "zo": np.int8(0)}
+    ins = ["xf", "wf"]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "zx"], ["xf"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wf"], axis=1)]
+    if with_bias:
+        inits.update(b=rng.integers(-300, 300, per * group).astype(np.int32),
+                     sb=(np.float32(0.05) * np.tile(np.broadcast_to(sw, (per,)), group)).astype(np.float32))
+        nodes.append(h.make_node("DequantizeLinear", ["b", "sb"], ["bf"], axis=0))
+        ins.append("bf")
+    nodes += [h.make_node("ConvTranspose", ins, ["c"], name="up", group=group, **attrs),
+              h.make_node("QuantizeLinear", ["c", "so", "zo"], ["y"])]
+    return qdq(nodes, x_shape, x_type, inits, T.INT8)
+
+
 def qdq(nodes, x_shape, x_type, inits: dict, out_type, opset=17, out="y"):
     """A model of ``nodes`` reading the integer input ``x``, writing ``out``; ``inits`` as numpy values."""
     g = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", x_type, list(x_shape))],
