@@ -462,7 +462,7 @@ def unshared_biases(graph: onnx.GraphProto) -> int:
     for n in graph.node:
         for x in set(n.input):
             readers[x] = readers.get(x, 0) + 1
-    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    names = _taken(graph)
     made = 0
     for n in graph.node:
         if n.op_type not in BIASED or len(n.input) < 3 or n.input[2] not in inits or readers[n.input[2]] < 2:
@@ -619,7 +619,7 @@ def scalers_as_ops(graph: onnx.GraphProto) -> int:
     Mul(that, scale) with float32 constants (new initializers; quantize_static quantizes Add, not Sub): the same
     two float32 operations on the same values (x + (-o) is x - o exactly). Returns how many were replaced."""
     kinds = {v.name: v.type.tensor_type for v in graph.input}
-    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | set(kinds)
+    names = _taken(graph) | set(kinds)
     fresh = functools.partial(_fresh_name, names)
     placed = _Places()
     nodes = [n for n in graph.node if n.op_type == "Scaler" and n.domain == "ai.onnx.ml"]
@@ -670,8 +670,7 @@ def linear_regressors_as_gemms(graph: onnx.GraphProto) -> int:
     (N, features) or (features,)) by Reshape(x, (-1, features)) and Gemm(that, coefficients, intercepts, transB=1)
     with float32 constants (new initializers): the same sum of products, which onnxruntime's kernel adds in another
     order on a batch of one (within float32 rounding of the sum: docs/import.md). Returns how many were replaced."""
-    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | {
-        v.name for v in graph.input}
+    names = _taken(graph)
     fresh = functools.partial(_fresh_name, names)
     placed = _Places()
     regressors = [n for n in graph.node if n.op_type == "LinearRegressor" and n.domain == "ai.onnx.ml"]
@@ -735,8 +734,7 @@ def linear_classifiers_as_gemms(graph: onnx.GraphProto) -> int:
     post_transform's op on them (``CLASSIFIER_TRANSFORMS``: Sigmoid, Softmax on axis 1), and the label as
     onnxruntime's kernel picks it, the first largest score before the transform: ArgMax(axis 1, keepdims 0), then
     Gather of the labels (none where the labels are 0, 1, ..., classes - 1). Returns how many were replaced."""
-    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)} | {
-        v.name for v in graph.input}
+    names = _taken(graph)
     fresh = functools.partial(_fresh_name, names)
     placed = _Places()
     for node in [n for n in graph.node if n.op_type == "LinearClassifier" and n.domain == "ai.onnx.ml"]:
@@ -778,7 +776,7 @@ def feature_extractors_as_gathers(model: onnx.ModelProto) -> int:
         return 0
     shapes, inits = _known_shapes(model), {t.name: t for t in graph.initializer}
     shapes.update({k: list(t.dims) for k, t in inits.items()})
-    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    names = _taken(graph)
     fresh = functools.partial(_fresh_name, names)
     placed = _Places()
     for node in nodes:
@@ -815,7 +813,7 @@ def input_subs_as_adds(graph: onnx.GraphProto) -> int:
     which CVM cannot take. Returns how many were replaced."""
     inputs = {v.name for v in graph.input if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
     consts = {t.name: t for t in graph.initializer if t.data_type == onnx.TensorProto.FLOAT}
-    names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    names = _taken(graph)
     done = 0
     for node in [n for n in graph.node if n.op_type == "Sub" and n.domain in ("", "ai.onnx")]:
         if len(node.input) != 2 or node.input[0] not in inputs - set(consts) or node.input[1] not in consts \
@@ -842,7 +840,7 @@ def float_readers_through_transposes(graph: onnx.GraphProto) -> int:
 
     quantized = set(QDQRegistry) | set(QLinearOpsRegistry) | {"QuantizeLinear", *NO_VALUES_READ}
     inits = {t.name for t in graph.initializer}
-    names = inits | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    names = _taken(graph)
     done = 0
     for v in graph.input:
         t = v.type.tensor_type
@@ -875,7 +873,7 @@ def group_norms_as_instance_norms(model: onnx.ModelProto) -> int:
         return 0
     shapes = _known_shapes(model)
     consts = {t.name: t for t in graph.initializer}
-    names = set(consts) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    names = _taken(graph)
     placed = _Places()
     for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -1223,7 +1221,7 @@ def spectra_as_products(model: onnx.ModelProto) -> int:
     opsets = list(model.opset_import)
     opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 1)
     shapes = _known_shapes(model)
-    names = {t.name for t in graph.initializer} | {x for n in graph.node for x in (*n.input, *n.output)}
+    names = _taken(graph)
     placed, unread, known = _Places(), [], _producers(graph)  # the nodes are replaced after all are read
     for node in nodes:
         base = node.name or node.output[0]
@@ -1343,6 +1341,13 @@ def _pruned(graph: onnx.GraphProto, names: list[str]) -> None:
     _initializers_dropped(graph, unread)
 
 
+def _taken(graph: onnx.GraphProto) -> set[str]:
+    """Every name the graph's tensors hold (its initializers, inputs, and its nodes' inputs and outputs): the names
+    a rewrite's new tensors and nodes avoid (``_fresh_name``)."""
+    return {t.name for t in graph.initializer} | {v.name for v in graph.input} | {
+        x for n in graph.node for x in (*n.input, *n.output)}
+
+
 def _fresh_name(names: set[str], name: str) -> str:
     """``name`` (or ``name:k``, the first k free) that ``names`` lacks, added to them."""
     free, k = name, 1
@@ -1378,7 +1383,7 @@ def masking_rows_apart(model: onnx.ModelProto) -> int:
         for x in set(n.input):
             readers.setdefault(x, []).append(n)
     outputs = {v.name for v in graph.output}
-    names = set(inits) | {x for n in graph.node for x in (*n.input, *n.output)} | {v.name for v in graph.input}
+    names = _taken(graph)
     placed = _Places()
     done = 0
     for g in list(graph.node):
@@ -1455,7 +1460,7 @@ def _scores_view(graph: onnx.GraphProto) -> tuple[dict[str, list[onnx.NodeProto]
         if n.op_type != "Shape" and any(x in varying for x in n.input):
             varying.update(n.output)
     outputs = {v.name for v in graph.output}
-    names = {x for n in graph.node for x in (*n.input, *n.output)} | {t.name for t in graph.initializer}
+    names = _taken(graph)
     return readers, varying, outputs, names
 
 
