@@ -12,7 +12,9 @@ alternates the forms. ``--whole``: the whole ``cvm_onnx.app.quantize.quantize`` 
 timed stage by stage from its progress reports (``models=False``, as the CLI runs it), with each stage's own peak
 RSS (VmHWM reset at its start), the peak of the whole, the RSS after the imports (the interpreter's baseline) and
 the sha256 of the files written (the CVM model's and the quantized ONNX model); a form may name the calibration
-method (``--forms pt,pc-entropy``). Peaks are /proc's VmHWM of the child alone, in MiB.
+method (``--forms pt,pc-entropy``). First, as the yardstick, onnxruntime alone: the peak of a process that
+imports numpy and onnxruntime only and runs one default CPU session of the float model on one sample.
+Peaks are /proc's VmHWM of the child alone, in MiB.
 
 Run: python benchmarks/transformer_import.py [--layers 12] [--samples 4] [--repeat 1] [--work DIR] [--profile N]
 [--whole [--model DIR]]
@@ -184,6 +186,20 @@ def main() -> None:
                   f"peak {m['peak_mb']:.0f} MB, {m['nodes']} nodes, digest {m['digest'][:16]} (loadavg {load:.2f})")
 
 
+ONNXRUNTIME_ALONE = """
+import json, sys
+import numpy as np
+import onnxruntime as ort
+def hwm():
+    return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM")) / 1024
+base = hwm()
+s = ort.InferenceSession(sys.argv[1] + "/float.onnx", providers=["CPUExecutionProvider"])
+x = np.load(sys.argv[1] + "/calibration.npy", mmap_mode="r")[0]
+s.run(None, {s.get_inputs()[0].name: np.ascontiguousarray(x)})
+print(json.dumps([hwm(), base]))
+"""
+
+
 def main_whole(a, forms: list[str]) -> None:
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from support.transformers import encoder
@@ -198,6 +214,10 @@ def main_whole(a, forms: list[str]) -> None:
     what = f"{work / 'float.onnx'}" if a.model else f"the {a.layers}-layer ViT-S-like encoder"
     samples = len(np.load(work / "calibration.npy", mmap_mode="r"))
     print(f"quantize of {what} ({size:.1f} MiB), {samples} samples; load {os.getloadavg()[0]:.2f}")
+    r = subprocess.run([sys.executable, "-c", ONNXRUNTIME_ALONE, str(work)], capture_output=True, text=True,
+                       check=True)
+    print("onnxruntime alone (numpy and onnxruntime imported, one default CPU session of the float model, one "
+          "run of one sample): peak {:.0f} MiB, {:.0f} MiB after imports".format(*json.loads(r.stdout)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     for _ in range(a.repeat):
         for f in forms:
