@@ -376,6 +376,9 @@ class _Walk:
                 view = NodeView(n, u.name, self.opsets[_domain(n.domain)])
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)
+                dtypes = [x.dtype if isinstance(x, Tensor) else None for x in ins]  # a dequantized value: float
+                if (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
+                    raise Refuse(wrong)
                 if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
                                                          not isinstance(x, quantized.Tabulated) for x in ins):
                     fn = quantized.tabulated
@@ -392,9 +395,6 @@ class _Walk:
                     ins = [quantized.float_read(self.ctx, n.op_type, x) for x in ins]
                 elif key in RULES:
                     fn = RULES[key].fn
-                    dtypes = [None if x is None else x.dtype for x in ins]
-                    if (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
-                        raise Refuse(wrong)
                 else:
                     raise Refuse(f"no CVM op for ONNX {n.op_type} on integers (only between quantized tensors)")
                 out = fn(self.ctx, view, *ins)

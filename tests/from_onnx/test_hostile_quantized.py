@@ -1391,6 +1391,24 @@ def test_a_where_of_a_constant_condition_that_does_not_broadcast_is_refused_in_o
     assert p.where == "where (Where)" and "do not broadcast" in p.rule, p
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.float32])
+@pytest.mark.parametrize("value", [0, 1])
+def test_a_where_whose_constant_condition_is_not_bool_is_refused_by_its_schema(dtype, value):
+    """Where(cond, x, c) of dequantized x whose constant condition is not bool: ONNX's schema takes only bool there
+    and onnxruntime refuses the model, so the import refuses the node in one line naming the type. Regression: it
+    imported, reading any nonzero integer as true (fuzz15's int64 condition)."""
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Where", ["cond", "xf", "c"], ["r"], name="where"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])]
+    m = qdq(nodes, (1, 2, 3, 3), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "cond": np.full((1, 2, 3, 3), value,
+                                                                                                   dtype),
+                                          "c": np.float32(0.1)}, T.INT8)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "where (Where)" and "input 0 (condition)" in p.rule and "tensor(bool)" in p.rule, p
+
+
 def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_path, monkeypatch):
     """The same float model, had calibration passed it (a quantizer writing the QDQ model of the empty map): the
     import refuses the pool in one line before onnxruntime runs the float model for the comparison (its default
