@@ -10,11 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
+from support.cvm_runtime import CPU, FORMAL, LIB, CvmRuntime, packed
 from support.quantized import qdq
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized import elementwise
 from cvm_onnx.core.executor import execute
+from cvm_onnx.core.format import write_model
 from cvm_onnx.runtime.verify import verify
 
 RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
@@ -96,3 +98,17 @@ def test_a_function_that_rises_and_falls_keeps_the_table_of_pairs():
     [got] = execute(imp.graph, {"data": x})
     exact, gap = oracle("Cos", "Sub", x, 0.05, 0, 0.03, 0, 1 / 128, 128)
     assert np.array_equal(got[gap > 1e-6], exact[gap > 1e-6])
+
+
+@pytest.mark.skipif(not LIB, reason="CVM_RUNTIME_LIB names no local build of the CVM runtime")
+def test_the_counted_form_runs_on_the_cvm_runtime(tmp_path):
+    """RWKV's exp(pp - ww) at its scales (uint8 at 1/255): the CVM runtime loads the counted form and gives the
+    reference executor's integers at every pair, on its CPU and FORMAL devices."""
+    m = pair_model("Exp", "Sub", T.UINT8, 0.0218, 122, 0.01567, 147, 1 / 255, 0)
+    imp = import_model(m, input_precision=9)
+    assert largest_table(imp.graph) < 1 << 13
+    write_model(imp.graph, tmp_path / "cvm")
+    x = every_pair(T.UINT8)
+    want = packed(execute(imp.graph, {"data": x}))
+    for device in (CPU, FORMAL):
+        assert np.array_equal(CvmRuntime(LIB, tmp_path / "cvm", device).run(x), want)
