@@ -789,7 +789,7 @@ class Paired(Deferred):
     minimum, as onnxruntime's QuantizeLinear gives it). ``float32``: fn at the inputs as DequantizeLinear gives them,
     float32(t - z) * float32(s) rounded to float32 (Pow: a negative base has a power only where that exponent is a
     whole number). ``summed``: fn(a, b) is a function of a + b, and where the entries are a step function of one
-    integer D = x A + y B the same outputs come from far fewer entries (``pair_sums.counted_sum``)."""
+    integer D = t_a A + t_b B the same outputs come from far fewer entries (``pair_sums.counted_sum``)."""
 
     def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False, summed: bool = False):
         self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
