@@ -21,7 +21,9 @@ from cvm_onnx.runtime.verify import verify
 
 RANGE = {T.INT8: (-128, 127), T.UINT8: (0, 255)}
 NP = {T.INT8: np.int8, T.UINT8: np.uint8}
-FUNCTIONS = {"Exp": np.exp, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Tanh": np.tanh, "Cos": np.cos}
+FUNCTIONS = {"Exp": np.exp, "Sigmoid": lambda v: 1 / (1 + np.exp(-v)), "Tanh": np.tanh, "Cos": np.cos,
+             "Reciprocal": lambda v: 1 / v}
+RISING = ("Exp", "Sigmoid", "Tanh")
 scales = st.floats(2.0**-9, 2.0**-1, width=32)
 
 
@@ -49,7 +51,8 @@ def oracle(fn: str, op: str, x: np.ndarray, sa, za, sb, zb, so, zo) -> tuple[np.
     scales, 9-bit integers, exponents within 2^8), fn in float64, and each one's distance from a half-integer."""
     a = (x[0].astype(np.float64) - za) * float(np.float32(sa))
     b = (x[1].astype(np.float64) - zb) * float(np.float32(sb))
-    v = FUNCTIONS[fn](a + b if op == "Add" else a - b) / float(np.float32(so))
+    with np.errstate(divide="ignore"):  # 1 / 0 = inf saturates
+        v = FUNCTIONS[fn](a + b if op == "Add" else a - b) / float(np.float32(so))
     return np.clip(np.rint(v) + zo, 0, 255), np.abs(v - np.floor(v) - 0.5)
 
 
@@ -64,8 +67,8 @@ def largest_table(graph) -> int:
 def test_the_counted_steps_equal_the_table_of_pairs_at_every_pair(fn, op, sa, sb, x_type, so, d):
     """Over all 2^16 pairs, random scales and zero points: the import equals the import by the table of pairs
     (``counted_sum`` off) at every pair, and the exactly rounded value wherever that is not within float64's error
-    of a half-integer; a rising function (Exp, Sigmoid, Tanh) takes the counted form (no table of 2^16 entries), Cos
-    (rising and falling over most ranges) its table of pairs; the export exact."""
+    of a half-integer; a rising function (Exp, Sigmoid, Tanh) takes the counted form (no table of 2^16 entries); Cos
+    and Reciprocal either form, as their ranges rise and fall; the export exact."""
     if sa == sb:
         return  # one scale: a table over the summed integers (``collapsed``), no table of pairs
     lo, hi = RANGE[x_type]
@@ -84,7 +87,7 @@ def test_the_counted_steps_equal_the_table_of_pairs_at_every_pair(fn, op, sa, sb
     exact, gap = oracle(fn, op, x, sa, za, sb, zb, so, zo)
     far = gap > 1e-6
     assert np.array_equal(got[far], exact[far])
-    if fn != "Cos":
+    if fn in RISING:
         assert largest_table(imp.graph) < 1 << 13
     assert verify(imp.graph, x).exact
 
@@ -98,6 +101,18 @@ def test_a_function_that_rises_and_falls_keeps_the_table_of_pairs():
     [got] = execute(imp.graph, {"data": x})
     exact, gap = oracle("Cos", "Sub", x, 0.05, 0, 0.03, 0, 1 / 128, 128)
     assert np.array_equal(got[gap > 1e-6], exact[gap > 1e-6])
+
+
+def test_a_falling_function_counts_its_steps_on_minus_d():
+    """1 / (a + b) of two uint8 values at zero point 0 (1 / 0 = inf saturating) never increases: the counted form on
+    -D, equal to the table of pairs at every pair."""
+    m = pair_model("Reciprocal", "Add", T.UINT8, 0.02, 0, 0.013, 0, 0.05, 0)
+    imp = import_model(m, input_precision=9)
+    assert largest_table(imp.graph) < 1 << 13
+    x = every_pair(T.UINT8)
+    [got] = execute(imp.graph, {"data": x})
+    exact, gap = oracle("Reciprocal", "Add", x, 0.02, 0, 0.013, 0, 0.05, 0)
+    assert np.array_equal(got[gap > 1e-6], exact[gap > 1e-6]) and got[0] == 255
 
 
 @pytest.mark.skipif(not LIB, reason="CVM_RUNTIME_LIB names no local build of the CVM runtime")

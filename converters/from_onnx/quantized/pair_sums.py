@@ -25,12 +25,25 @@ MAX_DEPTH = 2
 
 
 def multipliers(ctx, a: Scaled, b: Scaled) -> tuple[int, int]:
-    """A, B near c s_a, c s_b for the largest c keeping each A below 2^(SUM_BITS + 1 - p), p the precision of its
-    integers (so |t| A < 2^SUM_BITS, and the product's precision at most 31)."""
-    tops = [(1 << (SUM_BITS + 1 - ctx.type_of(x.t.entry).precision)) - 1 for x in (a, b)]
-    sa, sb = (Fraction(x.scale.reshape(()).item()) for x in (a, b))
-    c = min(tops[0] / sa, tops[1] / sb)
-    return math.floor(sa * c), math.floor(sb * c)
+    """A, B with A / B the fraction nearest s_a / s_b whose terms keep each below 2^(SUM_BITS + 1 - p), p the
+    precision of its integers (|t| A < 2^SUM_BITS, the product's precision at most 31), times the largest integer
+    keeping them there: pairs of nearly equal sums (scales near a small ratio, 13 s_a - 20 s_b a float32 rounding)
+    keep their order in D."""
+    top_a, top_b = ((1 << (SUM_BITS + 1 - ctx.type_of(x.t.entry).precision)) - 1 for x in (a, b))
+    ratio = Fraction(a.scale.reshape(()).item()) / Fraction(b.scale.reshape(()).item())
+    limit_a, limit_b = top_a, top_b
+    while True:  # the nearest fraction's other term may pass its limit by one: halve both limits then
+        if ratio * limit_b <= limit_a:
+            near = ratio.limit_denominator(limit_b)
+            big, small = near.numerator, near.denominator
+        else:
+            near = (1 / ratio).limit_denominator(limit_a)
+            big, small = near.denominator, near.numerator
+        if big <= top_a and small <= top_b:
+            break
+        limit_a, limit_b = limit_a // 2, limit_b // 2
+    k = max(min(top_a // max(big, 1), top_b // max(small, 1)), 1)
+    return big * k, small * k
 
 
 def steps(d: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
