@@ -20,6 +20,7 @@ from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers, summed
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
 from .l2norm import L2Normalized
+from .pair_sums import counted_sum
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
 from .values import (MS, Deferred, Mapped, Real, Scaled, Summed, float32_sum, per_tensor, real_bound, scaled,
@@ -787,11 +788,12 @@ class Paired(Deferred):
     exactly rounded value of fn at the exact inputs; an infinite value saturates; NaN (0 / 0) is the output type's
     minimum, as onnxruntime's QuantizeLinear gives it). ``float32``: fn at the inputs as DequantizeLinear gives them,
     float32(t - z) * float32(s) rounded to float32 (Pow: a negative base has a power only where that exponent is a
-    whole number)."""
+    whole number). ``summed``: fn(a, b) is a function of a + b, and where the entries are a step function of one
+    integer D = t_a A + t_b B the same outputs come from far fewer entries (``pair_sums.counted_sum``)."""
 
-    def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False):
+    def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False, summed: bool = False):
         self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
-        self.float32 = float32
+        self.float32, self.summed = float32, summed
         self.shape = broadcast_shape(a.t, b.t)
         if (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE:
             raise Refuse(f"{what} of two values over {a.t.hi - a.t.lo + 1} x {b.t.hi - b.t.lo + 1} integers: a table "
@@ -816,6 +818,9 @@ class Paired(Deferred):
         with np.errstate(all="ignore"):  # an infinite (or beyond float64) value saturates
             values = np.clip(np.rint(image / float(scale.reshape(()).item())) + out_zero, lo, hi)
         values = np.where(np.isnan(image), lo, values).astype(np.int64)
+        ctx.requants.append(Requant(ctx.base, (), None))
+        if self.summed and (r := counted_sum(ctx, self.a, self.b, values, dtype, self.what)) is not None:
+            return r
         ra, rb = self.a.t.hi - self.a.t.lo + 1, self.b.t.hi - self.b.t.lo + 1
         ia = minus_zero(ctx, self.a.t, np.asarray(self.a.t.lo))
         ib = minus_zero(ctx, self.b.t, np.asarray(self.b.t.lo))
@@ -824,7 +829,6 @@ class Paired(Deferred):
             ia = ctx.result(ctx.op("broadcast_mul", ia, k), INT32, 0, (ra - 1) * rb, ia.shape)
         index = ctx.result(ctx.op("broadcast_add", ia, ib), INT32, 0, ra * rb - 1, self.shape)
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(const(values.reshape(-1), INT32)), in_dim=ra * rb)
-        ctx.requants.append(Requant(ctx.base, (), None))
         return ctx.result(e, dtype, int(values.min()), int(values.max()), self.shape)
 
 
@@ -1185,9 +1189,9 @@ def function_of(ctx, node, fn: Callable, x):
         term, k = shift
         return defined(node.op_type, mapped(term, lambda v: fn(v + k), f"{node.op_type}(x + {k})"))
     if isinstance(x, Summed) and len(x.terms) == 2:  # x - max(x) at two scales: a table over both integers
-        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum")
+        return Paired(lambda u, v: fn(u + v), *x.terms, f"{node.op_type} of a sum", summed=True)
     if isinstance(x, Paired):  # of a function of two values left in float (tf2onnx's Atan2: Atan of a Div)
-        return Paired(lambda u, v, f=x.fn: fn(f(u, v)), x.a, x.b, f"{node.op_type}({x.what})")
+        return Paired(lambda u, v, f=x.fn: fn(f(u, v)), x.a, x.b, f"{node.op_type}({x.what})", summed=x.summed)
     return defined(node.op_type, mapped(x, fn, node.op_type))
 
 

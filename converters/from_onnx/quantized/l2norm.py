@@ -424,15 +424,15 @@ def root_thresholds(cp: Fraction, p: int, top: int) -> list[int]:
 
 
 def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int,
-                most: int) -> tuple[np.ndarray, list[np.ndarray], int]:
-    """(base, inner, depth) over the index of S's level m and bucket b = floor(S / 4^m) (LayerNorm's: S itself below
-    2^T): base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th threshold above that, less one (v_max
-    where none), so that k(S) = base + #{d: S > inner[d]} exactly; depth = the most thresholds in one bucket, inner
-    empty where that passes ``most``."""
+                most: int, unit: int = 0) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """(base, inner, depth) over the index of S's level m and bucket b = floor(S / (4^m 2^unit)) (LayerNorm's: S
+    itself below 2^T where unit is 0): base = the thresholds <= the bucket's least S, inner[d] = its (d+1)-th
+    threshold above that, less one (v_max where none), so that k(S) = base + #{d: S > inner[d]} exactly; depth = the
+    most thresholds in one bucket, inner empty where that passes ``most``."""
     size = 1 << t_bits
     m = np.concatenate([np.zeros(size, np.int64), np.repeat(np.arange(1, levels + 1), size - (size >> 2))])
     b = np.concatenate([np.arange(size)] + [np.arange(size >> 2, size)] * levels).astype(np.int64)
-    lo_s, hi_s = b << (2 * m), ((b + 1) << (2 * m)) - 1
+    lo_s, hi_s = b << (2 * m + unit), ((b + 1) << (2 * m + unit)) - 1
     marks_a = np.array(marks, np.int64)
     i = np.searchsorted(marks_a, lo_s, side="right")
     j = np.searchsorted(marks_a, np.minimum(hi_s, v_max), side="right")
@@ -442,19 +442,22 @@ def norm_tables(marks: list[int], v_max: int, t_bits: int, levels: int,
                for d in range(depth if depth <= most else 0)], depth
 
 
-def counted(ctx, total: Tensor, marks: list[int], v_max: int, where: str, of: str = "sum of squares") -> Tensor:
+def counted(ctx, total: Tensor, marks: list[int], v_max: int, where: str, of: str = "sum of squares",
+            layout: tuple[int, int, int] | None = None) -> Tensor:
     """The number of ``marks`` (ascending thresholds) at or below each S = total in [0, v_max] (shape (outer, 1,
-    inner)): k(S) = base[index] + #{d: S > inner[d][index]} (``norm_tables``), index = m * 3 2^(T-2) + b from S's
-    level m (a count of thresholds 2^T 4^k - 1 below S) and bucket b = floor(S / 4^m); refused, naming ``where``,
-    where one bucket holds more than ``MAX_INNER`` marks."""
+    inner)): k(S) = base[index] + #{d: S > inner[d][index]} (``norm_tables``), index = m * 3 2^(T-2) + b from the
+    level m and bucket b = floor(S / (4^m 2^unit)) of S // 2^unit (a count of thresholds 2^T 4^k - 1 below it; no
+    levels: the bucket itself); ``layout`` (T, levels, unit), by default ``table_shape``'s at unit 0; refused, naming
+    ``where``, where one bucket holds more than ``MAX_INNER`` marks."""
     op = partial(proven, ctx)
     col = total.shape
-    t_bits, levels = table_shape(v_max, 0)
-    base, inner_t, depth = norm_tables(marks, v_max, t_bits, levels, MAX_INNER)
+    t_bits, levels, unit = layout or (*table_shape(v_max, 0), 0)
+    base, inner_t, depth = norm_tables(marks, v_max, t_bits, levels, MAX_INNER, unit)
     if depth > MAX_INNER:
         raise Refuse(f"{where}: its output takes {depth} steps within one bucket of its {of} (at most "
                      f"{MAX_INNER}): quantize it at a coarser scale")
-    _, index = levelled(ctx, total, t_bits, levels, base.size, (1 << t_bits) - 1)
+    key = op("broadcast_div", total, c32(1 << unit), 0, v_max >> unit, col) if unit else total
+    index = levelled(ctx, key, t_bits, levels, base.size, (1 << t_bits) - 1)[1] if levels else key
 
     def lut(values: np.ndarray) -> Tensor:
         e = ctx.emit("cvm_lut", ctx.entry(index), ctx.entry(c32(values)), in_dim=values.size)
