@@ -16,6 +16,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from support.quantized import ort_session, quantizes_whole
+from test_quantize_fresh15 import masked_max_pool, padded_ids
 
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.app.rewrites import masked_maxes_on_their_grid
@@ -198,21 +199,13 @@ def ids_model(form: str, length: int = 24, vocab: int = 22, dim: int = 8, classe
     return onnx_model(g, 17)
 
 
-def padded_ids(n: int, length: int = 24, vocab: int = 22) -> np.ndarray:
-    """n sequences of 1 to ``length`` ids in 1 .. vocab - 1 (the first of length 1), padded with 0."""
-    rng = np.random.default_rng(1)
-    x = np.zeros((n, 1, length), np.int64)
-    for i in range(n):
-        k = 1 if i == 0 else int(rng.integers(2, length + 1))
-        x[i, 0, :k] = rng.integers(1, vocab, k)
-    return x
-
-
 @pytest.mark.parametrize("form, per_channel", [("clip", False), ("eps", True), ("max", False)])
 def test_a_masked_mean_pooling_quantizes_whole(tmp_path, form, per_channel):
     """capiti's and sentence-transformers' masked means over token ids: whole, as close to float as onnxruntime's
     quantized model (1.1x), the export exact."""
-    quantizes_whole(tmp_path, ids_model(form), per_channel, padded_ids(8))
+    ids = padded_ids(8)
+    ids[0, 0, 1:] = 0  # a sequence of one token
+    quantizes_whole(tmp_path, ids_model(form), per_channel, ids)
 
 
 def masked_max(shape, axes, keepdims: bool, fill: float, first: bool, opset: int):
@@ -267,10 +260,8 @@ def test_a_masked_max_pooling_quantizes_close_to_float(tmp_path, per_channel):
     """capiti's masked max pooling (fresh15's model): whole, and within 2 output steps of the float model on
     average. Before: quantize_static's grid for the Where spanned -3.4e38 (scale ~1e36), every max its zero point:
     the pooled values lost, 10 steps or more from float (onnxruntime's quantized model alike)."""
-    from test_quantize_fresh15 import masked_max_pool, padded_ids as ids
-
     onnx.save(masked_max_pool(), tmp_path / "f.onnx")
-    np.save(tmp_path / "c.npy", ids(8).astype(np.float32))
+    np.save(tmp_path / "c.npy", padded_ids(8).astype(np.float32))
     done = quantize(tmp_path / "f.onnx", tmp_path / "c.npy", tmp_path / "m", per_channel=per_channel)
     for a in done.agreements:
         assert a.mean_steps <= 2 and a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
