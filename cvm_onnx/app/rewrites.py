@@ -1682,3 +1682,59 @@ def masked_fills_as_terms(model: onnx.ModelProto) -> int:
         fills += len(wheres)
     _placed(graph, placed)
     return fills
+
+
+def masked_maxes_on_their_grid(model: onnx.ModelProto) -> int:
+    """A max over axes of a masked fill, ReduceMax(Where(C, F, x)) (or Where(C, x, F)), F float32's lowest value or
+    -inf (capiti's masked_fill(pad, -3.4e38)), C a computed condition of the fill's rank, the fill read by the
+    ReduceMax alone: the fill taken at the row's least value instead, r = ReduceMax(Where(C, ReduceMin(x), x)), and
+    F put back where every position is filled, Where(ReduceMax(Cast(Not C, int32)) as bool, r, F) (C itself where
+    it marks the kept positions; ReduceMin and ReduceMax over the same axes). The same float values where no kept
+    value lies below F (x without -inf): a row that keeps a position has its max among the kept values, each at
+    least F and at least the row's least value, so neither fill changes it; a row with every position filled is F
+    as before. quantize_static then calibrates the fill's output over x's range, not down to F (a grid of scale
+    ~1e36 on which every max is its zero point). Returns how many."""
+    lowest = float(np.finfo(np.float32).min)
+    graph = model.graph
+    inits, producer, place = _producers(graph)
+    readers, shapes = _readers(graph), None
+    outputs = {v.name for v in graph.output}
+    taken, places, done, unread = _taken(graph), _Places(), 0, []
+    for r in [n for n in graph.node if n.op_type == "ReduceMax" and n.input]:
+        w = producer.get(r.input[0])
+        if w is None or w.op_type != "Where" or readers[w.output[0]] != 1 or w.output[0] in outputs:
+            continue
+        values = [_constant(graph, x, model.opset_import, (inits, producer, place)) for x in w.input]
+        fill = [i for i in (1, 2) if values[i] is not None and values[i].dtype == np.float32 and values[i].size and
+                (values[i] == values[i].flat[0]).all() and values[i].flat[0] <= lowest]
+        if values[0] is not None or len(fill) != 1 or values[3 - fill[0]] is not None:
+            continue
+        if shapes is None:
+            shapes = _known_shapes(model)
+        if len(shapes.get(w.input[0], ())) != len(shapes.get(w.output[0], [None])) or \
+                any(a.name == "noop_with_empty_axes" and a.i for a in r.attribute):
+            continue
+        i, x, base = fill[0], w.input[3 - fill[0]], w.output[0]
+        keep = {a.name: a for a in r.attribute}
+        axes = [] if len(r.input) < 2 else [r.input[1]]
+        least, filled, kept, flag, count, some, r_new, f_new = (_fresh(taken, base, s) for s in (
+            "least", "filled", "kept", "flag", "count", "some", "max", "fill"))
+        attrs = {k: helper.get_attribute_value(v) for k, v in keep.items() if k != "keepdims"}
+        keepdims = helper.get_attribute_value(keep["keepdims"]) if "keepdims" in keep else 1
+        branches = [least, x] if i == 1 else [x, least]
+        graph.initializer.append(numpy_helper.from_array(values[i].reshape(()).astype(np.float32), f_new))
+        new = [helper.make_node("ReduceMin", [x, *axes], [least], keepdims=1, **attrs),
+               helper.make_node("Where", [w.input[0], *branches], [filled]),
+               helper.make_node("ReduceMax", [filled, *axes], [r_new], keepdims=keepdims, **attrs),
+               *([helper.make_node("Not", [w.input[0]], [kept])] if i == 1 else []),
+               helper.make_node("Cast", [kept if i == 1 else w.input[0]], [flag], to=onnx.TensorProto.INT32),
+               helper.make_node("ReduceMax", [flag, *axes], [count], keepdims=keepdims, **attrs),
+               helper.make_node("Cast", [count], [some], to=onnx.TensorProto.BOOL),
+               helper.make_node("Where", [some, r_new, f_new], [r.output[0]])]
+        places[w] = []
+        places[r] = new
+        unread.append(w.input[i])
+        done += 1
+    _placed(graph, places)
+    _pruned(graph, unread)
+    return done

@@ -786,3 +786,19 @@ def test_shipped_pitch_model_cut_before_its_decoding_per_channel(tmp_path):
     for a in done.agreements:
         assert a.mean_steps <= 1.1 * a.ort_mean_steps + 0.05, a.line()
     exact_export(done.imported.graph)
+
+
+def test_shipped_protein_classifier_pooled_by_a_masked_mean_and_max(tmp_path):
+    """capiti's protein-function classifier (capiti, 0.9 MB: 1200 int64 residue ids, 0 the padding; dilated Conv1d,
+    GroupNorm, Erf GELU) as shipped, on sequences of 30 to 600 residues: its masked mean (sum / Clip(count, 1), the
+    1 off the mask's 1/255 grid) and masked max import whole, within 1.1x onnxruntime's distance from the float
+    model, and export exactly. Regression: refused, 'a Clip off the quantization grid must be followed by
+    QuantizeLinear, not the divisor'."""
+    rng = np.random.default_rng(0)
+    x = np.zeros((4, 1200), np.int64)
+    for i, k in enumerate(rng.integers(30, 601, 4)):
+        x[i, :k] = rng.integers(1, 21, k)
+    done = shipped_quantize(tmp_path, "capiti", "_model/C/capiti.onnx", x, per_channel=False)
+    (a,) = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    exact_export(done.imported.graph)

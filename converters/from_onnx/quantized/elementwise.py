@@ -23,8 +23,8 @@ from .l2norm import L2Normalized
 from .pair_sums import counted_sum
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
-from .values import (MS, Deferred, Mapped, Real, Scaled, Summed, float32_sum, per_tensor, real_bound, scaled,
-                     sum_of)
+from .values import (MS, Deferred, Mapped, Real, Scaled, Summed, float32_sum, of_integers, per_tensor, real_bound,
+                     scaled, sum_of)
 @float_rule("Add", since=7)
 def add_rule(ctx, node, a, b):
     """a + b: exact as a sum of scaled integers (a float constant c a term sign(c) at scale |c|), requantized by the
@@ -294,12 +294,20 @@ def div_rule(ctx, node, a, b):
     scale over c, an exact rational folded into the requantization that follows; by a computed value: a table of
     a / b over both operands' integers (``Paired``: a / 0 = +-inf saturates, 0 / 0 = NaN is the output type's
     minimum); of sums of computed values (a min-max normalization's (x - min) / (max - min)), or of values too wide
-    for that table, an integer quotient (``Quotient``)."""
+    for that table, an integer quotient (``Quotient``). A divisor's deferred Clip (a masked mean's count clipped at 1
+    or eps off the mask's grid) is clipped there: in the table's exact values, or as the quotient's D; a computed
+    float tensor of integers (a count of a float mask) is the real value it is (``of_integers``)."""
+    if isinstance(b, Tensor) and not b.is_const and b.dtype == TensorProto.FLOAT:
+        b = of_integers(b)
     if not is_float_const(b):
         wide = isinstance(a, Scaled) and isinstance(b, Scaled) and \
             (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE
         if isinstance(a, Summed) or isinstance(b, Summed) or wide:
             return Quotient(a, b)
+        if isinstance(b, Scaled) and b.clip != (None, None):
+            lo, hi = (None if v is None else float(v) for v in b.clip)
+            return Paired(lambda u, v: np.divide(u, np.clip(v, lo, hi)), scaled(a, "the dividend"),
+                          replace(b, clip=(None, None)), "Div")
         return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div")
     return rescaled(a, 1 / constant_factors(b, "the divisor", a), "the dividend")
 
@@ -840,12 +848,15 @@ class Quotient(Deferred):
     / (2|D|)) (broadcast_div of values >= 0), at most hi - lo + 1; D = 0 gives the type's maximum for N > 0, else
     its minimum (a / 0 = +-inf saturates, 0 / 0 = NaN is the minimum, as onnxruntime). With v = a / (b s_out),
     e_N = N - c a and e_D = D - c b s_out, N / D - v = (e_N - v e_D) / D: the output is within
-    1/2 + (|e_N| + |v| |e_D|) / |D| of v (docs/import.md, "Quotients of sums")."""
+    1/2 + (|e_N| + |v| |e_D|) / |D| of v (docs/import.md, "Quotients of sums"). A divisor of one ``Scaled`` with
+    a deferred Clip to real bounds (lo, hi): D clipped to their integers (``clip_ends``), |e_D| within
+    max(|e_D|, 1) of the clipped value."""
 
     def __init__(self, a, b):
         self.what = "Div"
         self.a = self.terms(a, "the dividend")
-        self.b = self.terms(b, "the divisor")
+        self.clip = b.clip if isinstance(b, Scaled) else (None, None)
+        self.b = self.terms(replace(b, clip=(None, None)) if isinstance(b, Scaled) else b, "the divisor")
         if all(t.t.is_const for t in self.b):
             raise Refuse("Div by a constant that is no float constant has no CVM form here")
         self.shape = broadcast_shape(*(t.t for t in self.a + self.b))
@@ -910,10 +921,28 @@ class Quotient(Deferred):
         kc = const(k.astype(np.int32), INT32)
         return ctx.apply("broadcast_add", acc, kc, shape=broadcast_shape(acc, kc)) if k.any() else acc
 
-    def plan(self, s_out: Fraction) -> Fraction:
-        """c = L / (r_0 s_out): L_max the largest L keeping |N| and |D| within 2^QUOTIENT_BITS; with other computed
-        divisor terms, the L of the last ``QUOTIENT_SEARCH`` up to L_max whose d_j = round(L r_j / r_0) are nearest
-        exact (least sum_j max|u_j - y_j| |L r_j / r_0 - d_j|)."""
+    def clip_ends(self, k: Fraction) -> tuple[int | None, int | None]:
+        """The divisor's Clip bounds at D's scale k = c s_out, round(bound k): a bound > 0 at least 1, one < 0 at
+        most -1 (a divisor clipped away from 0 stays nonzero: a masked mean's empty row is 0 / 1, not 0 / 0)."""
+        def end(b: Fraction | None) -> int | None:
+            if b is None:
+                return None
+            v = round(b * k)
+            return max(v, 1) if b > 0 else min(v, -1) if b < 0 else v
+        return end(self.clip[0]), end(self.clip[1])
+
+    def divisor_reach(self, scale: Fraction, k: int) -> int:
+        """``reach`` of the divisor at D's scale, made at that scale times 2^k; its Clip's integers too."""
+        return max([self.reach(self.b, self.ends[1], scale * (1 << k))] +
+                   [abs(e) for e in self.clip_ends(scale) if e is not None])
+
+    def plan(self, s_out: Fraction) -> tuple[Fraction, int]:
+        """(c, k): c = L / (2^k r_0 s_out), D made at c s_out 2^k and rounded to 2^-k of it. k = 0 where some L >= 1
+        keeps |N| and |D| within 2^QUOTIENT_BITS: L_max the largest; else (a masked mean's sum of 1200 values over a
+        count of 1200 mask steps) the k <= 30 of the largest L_max / 2^k keeping |N| and that fine D within it. The
+        L of the last ``QUOTIENT_SEARCH`` up to L_max whose multipliers are nearest exact (least sum max|u - y|
+        |exact - rounded|): with other computed divisor terms, d_j = round(L r_j / r_0); where k > 0, the dividend's
+        n_i too."""
         def width(t: Scaled) -> int:
             return max(abs(t.t.lo - int(t.zero.reshape(()))), abs(t.t.hi - int(t.zero.reshape(()))))
 
@@ -921,33 +950,55 @@ class Quotient(Deferred):
                           key=lambda t: width(t) * t.scale.reshape(()).item(), reverse=True)
         r0 = computed[0].scale.reshape(()).item()
 
-        def fits(n: int) -> bool:
-            c = Fraction(n) / (r0 * s_out)
-            return self.reach(self.a, self.ends[0], c) <= 1 << QUOTIENT_BITS and \
-                self.reach(self.b, self.ends[1], c * s_out) <= 1 << QUOTIENT_BITS
+        def largest(k: int) -> int:
+            def fits(n: int) -> bool:
+                c = Fraction(n, 1 << k) / (r0 * s_out)
+                return max(self.reach(self.a, self.ends[0], c), self.divisor_reach(c * s_out, k)) <= 1 << QUOTIENT_BITS
 
-        low, high = 0, 1 << QUOTIENT_BITS  # fits(low), not fits(high + 1)
-        while low < high:
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+            low, high = 0, 1 << QUOTIENT_BITS  # fits(low), not fits(high + 1)
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if fits(mid) else (low, mid - 1)
+            return low
+
+        k, low = 0, largest(0)
+        if low < 1:
+            k, low = max(((j, largest(j)) for j in range(1, 31)), key=lambda p: (Fraction(p[1], 1 << p[0]), -p[0]))
         if low < 1:
             raise Refuse(f"Div of sums too wide for a 32-bit quotient: its dividend and divisor pass 2^{QUOTIENT_BITS}")
+        terms = [(t, t.scale.reshape(()).item() / r0) for t in computed[1:]]
+        if k:
+            terms += [(t, t.scale.reshape(()).item() / (r0 * s_out * (1 << k))) for t in self.a if not t.t.is_const]
         best = low
-        if len(computed) > 1:
+        if terms:
             ls = np.arange(max(low - QUOTIENT_SEARCH, low // 2, 1), low + 1, dtype=np.float64)
-            cost = sum(width(t) * np.abs(ls * x - np.rint(ls * x))
-                       for t in computed[1:] for x in [float(t.scale.reshape(()).item() / r0)])
+            cost = sum(width(t) * np.abs(ls * float(x) - np.rint(ls * float(x))) for t, x in terms)
             best = int(ls[int(np.argmin(cost))])
-        return Fraction(best) / (r0 * s_out)
+        return Fraction(best, 1 << k) / (r0 * s_out), k
 
     def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
         if scale.size != 1:
             raise Refuse("Div of sums with a per-channel output scale has no CVM form")
         s_out = scale.reshape(()).item()
         lo, hi = INT_RANGES[dtype]
-        c = self.plan(s_out)
+        c, k = self.plan(s_out)
         n = self.sum(ctx, *self.integers(self.a, c))
-        d = self.sum(ctx, *self.integers(self.b, c * s_out))
+        d = self.sum(ctx, *self.integers(self.b, c * s_out * (1 << k)))
+        if k:  # D = sign(D_k) max(floor((|D_k| + 2^(k-1)) / 2^k), 1) for D_k != 0: D_k / 2^k rounded half away
+            # from zero, a divisor that is not 0 kept so (within 1 of D_k / 2^k)
+            ad = ctx.apply("abs", d, shape=d.shape)
+            half = ctx.apply("broadcast_add", ad, const(np.array(1 << (k - 1), np.int32), INT32), shape=d.shape)
+            whole = ctx.apply("broadcast_div", half, const(np.array(1 << k, np.int32), INT32), shape=d.shape)
+            whole = ctx.apply("broadcast_max", whole, ctx.apply("clip", ad, shape=d.shape, a_min=0, a_max=1),
+                              shape=d.shape)
+            d = ctx.apply("broadcast_mul", whole, ctx.apply("clip", d, shape=d.shape, a_min=-1, a_max=1),
+                          shape=d.shape)
+        if self.clip != (None, None):
+            low, high = self.clip_ends(c * s_out)
+            if low is not None and high is not None and low >= high:
+                raise Refuse("the divisor's Clip leaves a single value: fold it")
+            d = ctx.apply("clip", d, shape=d.shape, a_min=min(d.lo, high) if low is None else low,
+                          a_max=max(d.hi, low) if high is None else high)
 
         def c32(v: int) -> Tensor:
             return const(np.array(v, np.int32), INT32)
