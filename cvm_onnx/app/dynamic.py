@@ -1,9 +1,10 @@
-"""onnxruntime's dynamic int8 models (``onnxruntime.quantization.quantize_dynamic``) as the float models they stand for.
+"""onnxruntime's dynamic int8 models (``onnxruntime.quantization.quantize_dynamic``) and weight-only quantized models
+(its MatMulNBits quantizer: transformers.js' ``model_q4``) as the float models they stand for.
 
 A dynamic model quantizes each activation at run time (DynamicQuantizeLinear: a scale and zero point from the
-tensor's own min and max), so no static CVM form of it exists; ``cvm-onnx quantize`` takes it as the float model
-whose weights it holds, then calibrates the activations as for any float model. ``as_float(graph)`` rewrites, in
-place:
+tensor's own min and max), a weight-only one leaves them float, so no static CVM form of either exists;
+``cvm-onnx quantize`` takes it as the float model whose weights it holds, then calibrates the activations as for any
+float model. ``as_float(graph)`` rewrites, in place:
 
 * DynamicQuantizeLinear(x) -> MatMulInteger or ConvInteger (the weight a constant) -> Cast to float -> Mul by
   the product of x's scale and the weight's: MatMul(x, w_f), or Conv(x, w_f) with the ConvInteger's attributes;
@@ -14,6 +15,11 @@ place:
 * DequantizeLinear of a constant integer tensor, directly or through data movement alone (Gather, Transpose,
   Reshape, ...: quantize_dynamic quantizes an embedding so) with one scale and zero point: the movement of the
   dequantized constant;
+* com.microsoft MatMulNBits (B's K x N weights packed 2, 4 or 8 bits a value, low bits first, in blocks of
+  ``block_size`` along K, a scale and a uint8-packed zero point per block and column, 2^(bits - 1) where absent):
+  MatMul(A, w_f), plus Add of the bias, w_f in the scales' type (float16 is widened later, as any float16 model);
+  its ``accuracy_level`` (onnxruntime may quantize A to int8 on the fly) is an approximation of this product, not
+  part of the model;
 
 each weight w_f = (w - zero point) * scale in float32, as DequantizeLinear computes it. Returned: the
 ``TensorQuantOverrides`` (quantize_static's extra option) that give each dequantized product weight its own scale,
@@ -157,7 +163,7 @@ def _product(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
 
 
 def _with_bias(g: _Graph, n: onnx.NodeProto, x: str, w: str | None, bias: str) -> list[onnx.NodeProto] | None:
-    if w is None or g.const(n.input[1]).ndim != 2:
+    if w is None or g.const(w).ndim != 2:
         return None
     if not bias:
         return [helper.make_node("MatMul", [x, w], [n.output[0]], name=n.name or None)]
@@ -176,6 +182,40 @@ def _contrib(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     if q is None or ins[2] != q.output[1] or ins[4] != q.output[2]:
         return None
     return _with_bias(g, n, q.input[0], g.weight(ins[1], ins[3], ins[5], (1,)), ins[6])
+
+
+def _nbits(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """com.microsoft MatMulNBits as MatMul(A, w_f) (+ Add of the bias): B (N, blocks, block_size * bits / 8) uint8
+    unpacked low bits first, w_f[k, n] = (q - zero point) * scale of k's block in the scales' type, the zero points
+    uint8 packed as B (N rows of ceil(blocks * bits / 8) bytes) or 2^(bits - 1) where absent. None where B, the
+    scales or zero points are no constants of that form, or g_idx (act-order blocks) or float zero points are given."""
+    ins = list(n.input) + [""] * 6
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    k, cols, bits, size = attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4), attrs.get("block_size", 0)
+    q, s = g.const(ins[1]), g.const(ins[2])
+    if bits not in (2, 4, 8) or k < 1 or cols < 1 or size < 8 or ins[4] or q is None or s is None or \
+            q.dtype != np.uint8 or s.dtype not in (np.float32, np.float16):
+        return None
+    blocks = -(-k // size)
+    if q.size != cols * blocks * size * bits // 8 or s.size != cols * blocks:
+        return None
+
+    def unpacked(packed: np.ndarray, count: int) -> np.ndarray:
+        rows = packed.reshape(cols, -1)[:, :, None] >> np.arange(0, 8, bits, dtype=np.uint8)
+        return (rows & (1 << bits) - 1).reshape(cols, -1)[:, :count].astype(np.int32)
+
+    z = np.full((cols, blocks), 1 << bits - 1, np.int32)
+    if ins[3]:
+        zq = g.const(ins[3])
+        if zq is None or zq.dtype != np.uint8 or zq.size != cols * -(-blocks * bits // 8):
+            return None
+        z = unpacked(zq, blocks)
+    w = (unpacked(q, blocks * size) - np.repeat(z, size, 1)).astype(s.dtype) * np.repeat(s.reshape(cols, blocks),
+                                                                                      size, 1)
+    name = g.fresh(f"{ins[1]}_dequantized")
+    g.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w[:, :k].T), name))
+    g.consts[name] = w[:, :k].T
+    return _with_bias(g, n, ins[0], name, ins[5])
 
 
 def _lstm(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
@@ -278,6 +318,8 @@ def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
             new = _contrib(g, n)
         elif n.domain == "com.microsoft" and n.op_type == "DynamicQuantizeLSTM":
             new = _lstm(g, n)
+        elif n.domain == "com.microsoft" and n.op_type == "MatMulNBits":
+            new = _nbits(g, n)
         elif n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx"):
             new = _dequantized(g, n)
         else:
@@ -294,7 +336,8 @@ def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
                                f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''} (taken: "
                                "DynamicQuantizeLinear into MatMulInteger or ConvInteger of a constant weight, Cast, "
                                "Mul by the scales' product; MatMulIntegerToFloat, DynamicQuantizeMatMul, "
-                               "DynamicQuantizeLSTM of constant weights)", where=left[0].name or left[0].output[0])
+                               "DynamicQuantizeLSTM of constant weights; MatMulNBits of constant packed weights, "
+                               "scales and uint8 zero points, without g_idx)", where=left[0].name or left[0].output[0])
     used = {x for n in nodes for x in n.input}
     del graph.node[:]
     graph.node.extend(nodes)
