@@ -41,12 +41,13 @@ INPUT_NAME = "data"
 #: The ops that may read an empty slice: a Concat or QLinearConcat drops it; a QuantizeLinear or DequantizeLinear
 #: between (as quantize_static writes them) gives an empty value again. Any other reader is refused naming it.
 EMPTY_READERS = ("Concat", "QLinearConcat", "QuantizeLinear", "DequantizeLinear")
-#: onnxruntime's dynamic quantization (quantize_dynamic and its fusions) and weight-only quantization (MatMulNBits):
+#: onnxruntime's dynamic quantization (quantize_dynamic and its fusions) and weight-only quantization (``WEIGHT_ONLY``):
 #: (domain, op type). Their activations are float (scales computed at run time, or none), so such a model has no
 #: static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
+WEIGHT_ONLY = ("MatMulNBits", "GatherBlockQuantized")
 DYNAMIC_OPS = (("", "DynamicQuantizeLinear"), ("com.microsoft", "DynamicQuantizeLSTM"),
                ("com.microsoft", "DynamicQuantizeMatMul"), ("com.microsoft", "MatMulIntegerToFloat"),
-               ("com.microsoft", "MatMulNBits"))
+               *(("com.microsoft", op) for op in WEIGHT_ONLY))
 
 
 @dataclass
@@ -486,7 +487,7 @@ def dynamic_refusal(graph: onnx.GraphProto) -> tuple[str, str] | None:
     if first is None:
         return None
     ops = ", ".join(f"{op} x{k}" for op, k in found.items())
-    how = "weight-only quantization" if set(found) == {"MatMulNBits"} else "dynamic quantization"
+    how = "weight-only quantization" if set(found) <= set(WEIGHT_ONLY) else "dynamic quantization"
     return first, (f"onnxruntime's {how} ({ops}) leaves its activations float (scales computed at run time, or "
                    "none), so the model has no static CVM form: cvm-onnx quantize takes it with calibration samples "
                    "(its weights dequantized, its activations calibrated)")
