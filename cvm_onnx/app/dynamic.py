@@ -1,9 +1,10 @@
-"""onnxruntime's dynamic int8 models (``onnxruntime.quantization.quantize_dynamic``) as the float models they stand for.
+"""onnxruntime's dynamic int8 models (``onnxruntime.quantization.quantize_dynamic``) and weight-only quantized models
+(its MatMulNBits quantizer: transformers.js' ``model_q4``) as the float models they stand for.
 
 A dynamic model quantizes each activation at run time (DynamicQuantizeLinear: a scale and zero point from the
-tensor's own min and max), so no static CVM form of it exists; ``cvm-onnx quantize`` takes it as the float model
-whose weights it holds, then calibrates the activations as for any float model. ``as_float(graph)`` rewrites, in
-place:
+tensor's own min and max), a weight-only one leaves them float, so no static CVM form of either exists;
+``cvm-onnx quantize`` takes it as the float model whose weights it holds, then calibrates the activations as for any
+float model. ``as_float(graph)`` rewrites, in place:
 
 * DynamicQuantizeLinear(x) -> MatMulInteger or ConvInteger (the weight a constant) -> Cast to float -> Mul by
   the product of x's scale and the weight's: MatMul(x, w_f), or Conv(x, w_f) with the ConvInteger's attributes;
@@ -14,6 +15,14 @@ place:
 * DequantizeLinear of a constant integer tensor, directly or through data movement alone (Gather, Transpose,
   Reshape, ...: quantize_dynamic quantizes an embedding so) with one scale and zero point: the movement of the
   dequantized constant;
+* com.microsoft MatMulNBits (B's K x N weights packed 2, 4 or 8 bits a value, low bits first, in blocks of
+  ``block_size`` along K, a scale and a uint8-packed zero point per block and column, 2^(bits - 1) where absent):
+  MatMul(A, w_f), plus Add of the bias, w_f in the scales' type (float16 is widened later, as any float16 model);
+  its ``accuracy_level`` (onnxruntime may quantize A to int8 on the fly) is an approximation of this product, not
+  part of the model;
+* com.microsoft GatherBlockQuantized (a weight-only quantized embedding: int4 or uint4 data, or uint8 packed as
+  MatMulNBits' B along the last axis; a scale and zero point per block along ``quantize_axis``): Gather of the
+  dequantized table along ``gather_axis``;
 
 each weight w_f = (w - zero point) * scale in float32, as DequantizeLinear computes it. Returned: the
 ``TensorQuantOverrides`` (quantize_static's extra option) that give each dequantized product weight its own scale,
@@ -157,7 +166,7 @@ def _product(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
 
 
 def _with_bias(g: _Graph, n: onnx.NodeProto, x: str, w: str | None, bias: str) -> list[onnx.NodeProto] | None:
-    if w is None or g.const(n.input[1]).ndim != 2:
+    if w is None or g.const(w).ndim != 2:
         return None
     if not bias:
         return [helper.make_node("MatMul", [x, w], [n.output[0]], name=n.name or None)]
@@ -176,6 +185,82 @@ def _contrib(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     if q is None or ins[2] != q.output[1] or ins[4] != q.output[2]:
         return None
     return _with_bias(g, n, q.input[0], g.weight(ins[1], ins[3], ins[5], (1,)), ins[6])
+
+
+def _unpacked(packed: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 values packed ``bits`` (2, 4 or 8) a value along the last axis, low bits first, as int32 (the last
+    axis 8 / bits times longer)."""
+    values = packed[..., None] >> np.arange(0, 8, bits, dtype=np.uint8) & (1 << bits) - 1
+    return values.reshape(*packed.shape[:-1], -1).astype(np.int32)
+
+
+def _blocks(q: np.ndarray, z: np.ndarray, s: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """(q - z) * s in the scales' type, z and s given per block of ``size`` values of q along ``axis``."""
+    spread = [np.repeat(a, size, axis).take(range(q.shape[axis]), axis) for a in (z, s)]
+    return (q - spread[0]).astype(s.dtype) * spread[1]
+
+
+def _nbits(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """com.microsoft MatMulNBits as MatMul(A, w_f) (+ Add of the bias): B (N, blocks, block_size * bits / 8) uint8
+    unpacked low bits first, w_f[k, n] = (q - zero point) * scale of k's block in the scales' type, the zero points
+    uint8 packed as B (N rows of ceil(blocks * bits / 8) bytes) or 2^(bits - 1) where absent. None where B, the
+    scales or zero points are no constants of that form, or g_idx (act-order blocks) or float zero points are given."""
+    ins = list(n.input) + [""] * 6
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    k, cols, bits, size = attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4), attrs.get("block_size", 0)
+    q, s = g.const(ins[1]), g.const(ins[2])
+    if bits not in (2, 4, 8) or k < 1 or cols < 1 or size < 8 or ins[4] or q is None or s is None or \
+            q.dtype != np.uint8 or s.dtype not in (np.float32, np.float16):
+        return None
+    blocks = -(-k // size)
+    if q.size != cols * blocks * size * bits // 8 or s.size != cols * blocks:
+        return None
+    z = np.full((cols, blocks), 1 << bits - 1, np.int32)
+    if ins[3]:
+        zq = g.const(ins[3])
+        if zq is None or zq.dtype != np.uint8 or zq.size != cols * -(-blocks * bits // 8):
+            return None
+        z = _unpacked(zq.reshape(cols, -1), bits)[:, :blocks]
+    w = _blocks(_unpacked(q.reshape(cols, -1), bits)[:, :k], z, s.reshape(cols, blocks), size, 1).T
+    name = g.fresh(f"{ins[1]}_dequantized")
+    g.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), name))
+    g.consts[name] = w
+    return _with_bias(g, n, ins[0], name, ins[5])
+
+
+def _gathered(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """com.microsoft GatherBlockQuantized as Gather(table, indices, axis=gather_axis) of its dequantized table,
+    (q - zero point) * scale of each value's block of ``block_size`` along ``quantize_axis``, in the scales' type:
+    q int4 or uint4 data (zero points of its type, 0 where absent), or uint8 packed ``bits`` (2, 4, 8) a value
+    along the last axis, low bits first (zero points packed so, 2^(bits - 1) where absent). None where the data,
+    scales or zero points are no constants of that form (float8 and float4 data)."""
+    ins = list(n.input) + [""] * 4
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    bits, size = attrs.get("bits", 4), attrs.get("block_size", 128)
+    d, s = g.const(ins[0]), g.const(ins[2])
+    if d is None or s is None or s.dtype not in (np.float32, np.float16) or size < 16 or d.ndim != s.ndim or \
+            not d.ndim or (d.dtype == np.uint8 and bits not in (2, 4, 8)) or \
+            (d.dtype != np.uint8 and d.dtype.name not in ("int4", "uint4")):
+        return None
+    packed = d.dtype == np.uint8
+    q = _unpacked(d, bits) if packed else d.astype(np.int32)
+    axis, gather = attrs.get("quantize_axis", 1) % q.ndim, attrs.get("gather_axis", 0) % q.ndim
+    blocks = [-(-m // size) if a == axis else m for a, m in enumerate(q.shape)]
+    if list(s.shape) != blocks:
+        return None
+    z = np.full(s.shape, 1 << bits - 1 if packed else 0, np.int32)
+    if ins[3]:
+        zq = g.const(ins[3])
+        if zq is None or zq.dtype != d.dtype:
+            return None
+        z = _unpacked(zq, bits)[..., :s.shape[-1]] if packed else zq.astype(np.int32)
+        if z.shape != s.shape:
+            return None
+    name = g.fresh(f"{ins[0]}_dequantized")
+    table = _blocks(q, z, s, size, axis)
+    g.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(table), name))
+    g.consts[name] = table
+    return [helper.make_node("Gather", [name, ins[1]], [n.output[0]], name=n.name or None, axis=gather)]
 
 
 def _lstm(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
@@ -278,6 +363,10 @@ def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
             new = _contrib(g, n)
         elif n.domain == "com.microsoft" and n.op_type == "DynamicQuantizeLSTM":
             new = _lstm(g, n)
+        elif n.domain == "com.microsoft" and n.op_type == "MatMulNBits":
+            new = _nbits(g, n)
+        elif n.domain == "com.microsoft" and n.op_type == "GatherBlockQuantized":
+            new = _gathered(g, n)
         elif n.op_type == "DequantizeLinear" and n.domain in ("", "ai.onnx"):
             new = _dequantized(g, n)
         else:
@@ -290,11 +379,13 @@ def as_float(graph: onnx.GraphProto) -> dict[str, list[dict]]:
             n.op_type in _PRODUCTS and n.input[0] in g.retyped]
     names = [f"{n.name or n.output[0]} ({n.op_type})" for n in left]
     if names:
-        raise UnsupportedError(f"onnxruntime's dynamic quantization in a form not rewritten as its float model: "
-                               f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''} (taken: "
+        raise UnsupportedError(f"onnxruntime's dynamic or weight-only quantization in a form not rewritten as its "
+                               f"float model: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''} (taken: "
                                "DynamicQuantizeLinear into MatMulInteger or ConvInteger of a constant weight, Cast, "
                                "Mul by the scales' product; MatMulIntegerToFloat, DynamicQuantizeMatMul, "
-                               "DynamicQuantizeLSTM of constant weights)", where=left[0].name or left[0].output[0])
+                               "DynamicQuantizeLSTM of constant weights; MatMulNBits of constant packed weights, "
+                               "scales and uint8 zero points, without g_idx; GatherBlockQuantized of constant int4, "
+                               "uint4 or packed uint8 data)", where=left[0].name or left[0].output[0])
     used = {x for n in nodes for x in n.input}
     del graph.node[:]
     graph.node.extend(nodes)

@@ -2,7 +2,8 @@
 
 ``quantize(F.onnx, C.npy, DIR)`` takes a float model as it is shipped and
 1. writes onnxruntime's dynamic int8 model as the float model it stands for (``dynamic.as_float``: its weights
-   dequantized, their grids kept as quantize_static's TensorQuantOverrides); refuses, in one line, what CVM cannot
+   dequantized, their grids kept as quantize_static's TensorQuantOverrides), and its weight-only model (MatMulNBits,
+   GatherBlockQuantized) too (the weights dequantized); refuses, in one line, what CVM cannot
    hold at all: no input, control flow (If, Loop, Scan; Ifs, Loops and Scans that the constants and the input's
    shape decide are first inlined and unrolled: ``fold_constant_ifs``), recurrent layers other than LSTM, GRU and
    RNN (a DynamicQuantizeLSTM inside control flow); several inputs are packed into the CVM model's one ``data``,

@@ -231,8 +231,8 @@ def test_a_fused_dynamic_node_without_its_weight_scale_is_refused_naming_the_fir
     with pytest.raises(UnsupportedError) as e:
         quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "m")
     [p] = e.value.problems
-    assert p.where and p.rule.startswith("onnxruntime's dynamic quantization in a form not rewritten as its float "
-                                         f"model: {p.where} ("), str(p)
+    assert p.where and p.rule.startswith("onnxruntime's dynamic or weight-only quantization in a form not "
+                                         f"rewritten as its float model: {p.where} ("), str(p)
     assert form in p.rule and not (tmp_path / "m").exists()
 
 

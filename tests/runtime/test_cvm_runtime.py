@@ -204,6 +204,28 @@ def test_dynamic_int8_models(tmp_path, kind, per_channel, weight):
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_weight_only_models(tmp_path, per_channel):
+    """onnxruntime's weight-only models as `cvm-onnx quantize` takes them (tests/from_onnx/test_quantize_fresh16.py):
+    a q4 MatMulNBits pair on float input, and a GatherBlockQuantized embedding of int64 ids into a MatMulNBits."""
+    import onnx
+    from support.weight_only import embedded, two_layers
+
+    from cvm_onnx.app.quantize import quantize
+
+    rng = np.random.default_rng(0)
+    for name, model, samples in (("pair", two_layers(rng), rng.normal(size=(8, 1, 6, 64))),
+                                 ("embedded", embedded(rng), rng.integers(0, 50, (8, 1, 6)))):
+        onnx.save(model, tmp_path / f"{name}.onnx")
+        np.save(tmp_path / f"{name}.npy", samples.astype(np.float32))
+        imp = quantize(tmp_path / f"{name}.onnx", tmp_path / f"{name}.npy", tmp_path / name,
+                       per_channel=per_channel).imported
+        xs = [imp.edges.input.quantize(rng.normal(size=(1, 6, 64)).astype(np.float32) * 2) for _ in range(2)] \
+            if name == "pair" else [rng.integers(0, 50, (1, 6)).astype(np.int32) for _ in range(2)] + \
+            [np.full((1, 6), v, np.int32) for v in (0, 49)]
+        runs_as_reference(imp.graph, tmp_path / name, xs)
+
+
 def _dq(s: float, z: int, x_type: int):
     zt = {T.INT8: np.int8, T.UINT8: np.uint8}[x_type]
     return [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"])], {"s": np.float32(s), "z": zt(z)}
