@@ -759,9 +759,9 @@ def extremum_rule(ctx, node, *xs):
         raise Refuse(f"{node.op_type} with a NaN in its constant array is NaN there: no integer form")
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     grid = np.array([Fraction(float(v)) / s + z if np.isfinite(v) else Fraction(1, 2) for v in c.flat], dtype=object)
-    if any(g.denominator != 1 for g in grid):  # off the grid: the max (min) of both quantized at the output's
-        return Extreme(is_max, (x, c))
-    k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
+    if any(g.denominator != 1 or not -(1 << 30) < g < 1 << 30 for g in grid):  # off the grid, or past 31 bits on
+        return Extreme(is_max, (x, c))  # it (less z is then past 32): the max (min) of both quantized at the output's
+    k = np.array([int(g) for g in grid], np.int64).reshape(c.shape)
     t = extreme(ctx, is_max, [as_int32(x.t), const(k, INT32)])
     return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
 
