@@ -1658,7 +1658,10 @@ def masked_fills_as_terms(model: onnx.ModelProto) -> int:
             continue
         m = np.asarray(m, np.float32)
         with np.errstate(all="ignore"):
-            term = m if k is None else (constant(k) + m).astype(np.float32)
+            try:
+                term = m if k is None else (constant(k) + m).astype(np.float32)
+            except ValueError:  # K and the scores do not broadcast: the model's own error, which onnxruntime names
+                continue
         if np.isnan(term).any() or (term > 0).any():
             continue
         name = _fresh(names, x, "fills")
