@@ -15,7 +15,7 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..checks import MAX_DIM
-from ..context import INT32, Tensor, TooWide, const, tight, type_name
+from ..context import INT32, Tensor, TooWide, const, foldable, tight, type_name
 from ..emit import (aligned, as_2d, as_int32, axes_of, broadcast_of, concatenated, conv_window, cropped,
                     depth_folded, depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced,
                     select, single_axes, spatial_2d, strided_slice, summed_windows, transposed, with_ones, without)
@@ -525,7 +525,8 @@ def transposed_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, stride
     end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, kernel, pads[n:], extra, strides)]
     up, begin, end = cropped(ctx, up, begin, end)
     if n == 3 and begin[0] + end[0]:  # the depth padded with zero slices: a depth window may read those only
-        pad = [const(np.zeros(up.shape[:2] + (p,) + up.shape[3:], np.int32), INT32) for p in (begin[0], end[0])]
+        pad = [const(np.zeros(foldable(up.shape[:2] + (p,) + up.shape[3:]), np.int32), INT32)
+               for p in (begin[0], end[0])]
         up = concatenated(ctx, 2, pad[0], up, pad[1])
         begin[0] = end[0] = 0
     plain = helper.make_node(node.op_type, [], [], kernel_shape=list(kernel), strides=[1] * n, dilations=dilations,
