@@ -27,12 +27,15 @@ Conv, MaxPool and AveragePool over depth taps, a norm near float32's bound, GRN,
 rank-3 MatMul weights and a causal matrix of 16 tokens (``HQ.newest14_seeds``); ``newest15`` for those of a sum's
 constant term at its zero point, DeBERTa's joint mask key, 1-D and 3-D AveragePool, a Where of a constant condition,
 LpPool, LpNormalization p = 1, ReduceLogSum, an L2 norm near float32's bound, (1, K, N) MatMul weights, a
-ConvTranspose's lattice and recurrent layers carrying their states (``HQ.newest15_seeds``).
+ConvTranspose's lattice and recurrent layers carrying their states (``HQ.newest15_seeds``); ``newest16`` for those
+of LRN, 3-D and sized ConvTranspose, ReduceProd, a Pad off the grid, RWKV's Max rules, a Where of a constant off the
+grid, a comparison at float32's threshold, a saturating requantization, Longformer's windows and masked fills, the
+WKV recurrence and skl2onnx's linear classifiers (``HQ.newest16_seeds``).
 ``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets, ``quantize-latest`` those of the
 forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds
 (``HQ.NORMS_AND_MASKS_FLOAT``), ``quantize-newest13`` those of the newest13 forms (``HQ.NEWEST13_FLOAT``),
 ``quantize-newest14`` those of the newest14 forms (``HQ.NEWEST14_FLOAT``), ``quantize-newest15`` those of the
-newest15 forms (``HQ.NEWEST15_FLOAT``).
+newest15 forms (``HQ.NEWEST15_FLOAT``), ``quantize-newest16`` those of the newest16 forms (``HQ.NEWEST16_FLOAT``).
 ``layouts`` loads the packed seeds' model directories with their quantization.json edited and runs them on mutated
 named inputs (.npz): the outputs must be those of the directory's own layout, or the edit refused
 (``HQ.check_layout``). Each child may add CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
@@ -93,12 +96,14 @@ CHILD_TARGETS = {
     "newest13": lambda: HQ.mutated(HQ.newest13_seeds()),
     "newest14": lambda: HQ.mutated(HQ.newest14_seeds()),
     "newest15": lambda: HQ.mutated(HQ.newest15_seeds()),
+    "newest16": lambda: HQ.mutated(HQ.newest16_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
     "quantize-norms-masks": lambda: HQ.mutated_calibration(HQ.NORMS_AND_MASKS_FLOAT),
     "quantize-newest13": lambda: HQ.mutated_calibration(HQ.NEWEST13_FLOAT),
     "quantize-newest14": lambda: HQ.mutated_calibration(HQ.NEWEST14_FLOAT),
     "quantize-newest15": lambda: HQ.mutated_calibration(HQ.NEWEST15_FLOAT),
+    "quantize-newest16": lambda: HQ.mutated_calibration(HQ.NEWEST16_FLOAT),
     "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
@@ -173,8 +178,9 @@ def convert_and_run(data: bytes) -> str:
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "norms-masks": "quantized",
           "newest": "quantized", "newest13": "quantized", "newest14": "quantized", "newest15": "quantized",
-          "quantize": "quantize", "quantize-latest": "quantize", "quantize-norms-masks": "quantize",
-          "quantize-newest13": "quantize", "quantize-newest14": "quantize", "quantize-newest15": "quantize",
+          "newest16": "quantized", "quantize": "quantize", "quantize-latest": "quantize",
+          "quantize-norms-masks": "quantize", "quantize-newest13": "quantize", "quantize-newest14": "quantize",
+          "quantize-newest15": "quantize", "quantize-newest16": "quantize",
           "layouts": "layouts"}
 
 

@@ -37,13 +37,18 @@ def minus_zero(ctx, t: Tensor, z: np.ndarray) -> Tensor:
     return ctx.apply("broadcast_sub", as_int32(t), zc, shape=broadcast_shape(t, zc))
 
 
+def broadcast_of(*shapes) -> tuple[int, ...]:
+    """ONNX multidirectional (numpy) broadcasting of shapes; shapes that do not broadcast refused."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise Refuse(f"shapes {[tuple(s) for s in shapes]} do not broadcast") from None
+
+
 def broadcast_shape(*ts: Tensor) -> tuple[int, ...]:
     """ONNX multidirectional (numpy) broadcasting of the operands' shapes; an empty result of a computed operand
     (one broadcast against an empty constant) refused: CVM has no empty tensor."""
-    try:
-        out = tuple(np.broadcast_shapes(*(t.shape for t in ts)))
-    except ValueError:
-        raise Refuse(f"shapes {[t.shape for t in ts]} do not broadcast") from None
+    out = broadcast_of(*(t.shape for t in ts))
     if 0 in out and not all(t.is_const for t in ts):
         raise Refuse(f"shapes {[t.shape for t in ts]} broadcast to {out}, an empty tensor: CVM has none")
     return out

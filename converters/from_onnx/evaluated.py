@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from .context import INT32, INT32_MAX, Tensor, const, cvm_shape, foldable
+from .emit import broadcast_of
 from .registry import Refuse
 MAX_TABLE = 1 << 16  # entries of a table (the variable's values times the constant operands' positions)
 
@@ -50,8 +51,8 @@ def table(ctx, node, ins: list[Tensor | None], dtype: int) -> Tensor:
         raise Refuse("a table needs exactly one variable operand")
     v = ins[var[0]]
     consts = {names[k]: t for k, t in enumerate(ins) if t is not None and t.is_const}
-    cshape = tuple(np.broadcast_shapes(*(t.shape for t in consts.values()))) if consts else ()
-    out_shape = tuple(np.broadcast_shapes(v.shape, cshape))
+    cshape = broadcast_of(*(t.shape for t in consts.values())) if consts else ()
+    out_shape = broadcast_of(v.shape, cshape)
     n, r = math.prod(cshape), v.hi - v.lo + 1
     if n * r > MAX_TABLE:
         raise Refuse(f"no arithmetic form, and a table over the variable operand's {r} values at {n} positions "

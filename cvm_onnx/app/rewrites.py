@@ -707,9 +707,25 @@ def _rows_gemm(graph: onnx.GraphProto, fresh: Callable[[str], str], node: onnx.N
 CLASSIFIER_TRANSFORMS = {"NONE": None, "LOGISTIC": "Sigmoid", "SOFTMAX": "Softmax"}
 
 
+def _mistyped(node: onnx.NodeProto) -> str | None:
+    """The first attribute of ``node`` whose type is not the one its op's schema declares, as a clause (a hostile
+    file's, which onnxruntime refuses to load); None if none is, or the op has no schema here."""
+    try:
+        declared = onnx.defs.get_schema(node.op_type, domain=node.domain).attributes
+    except onnx.defs.SchemaError:
+        return None
+    a = next((a for a in node.attribute if a.name in declared and a.type != declared[a.name].type), None)
+    if a is None:
+        return None
+    kind = onnx.AttributeProto.AttributeType.Name
+    return f"its attribute {a.name} is of type {kind(a.type)}, not {kind(declared[a.name].type)}"
+
+
 def linear_classifier_refusal(node: onnx.NodeProto) -> str | None:
     """Why ``linear_classifiers_as_gemms`` leaves an ``ai.onnx.ml`` LinearClassifier, as one clause; None if it
     replaces it."""
+    if (why := _mistyped(node)) is not None:
+        return why
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     post = attrs.get("post_transform", b"NONE").decode()
     classes, labels = len(attrs.get("intercepts", [])), attrs.get("classlabels_ints", [])
@@ -1658,7 +1674,10 @@ def masked_fills_as_terms(model: onnx.ModelProto) -> int:
             continue
         m = np.asarray(m, np.float32)
         with np.errstate(all="ignore"):
-            term = m if k is None else (constant(k) + m).astype(np.float32)
+            try:
+                term = m if k is None else (constant(k) + m).astype(np.float32)
+            except ValueError:  # K and the scores do not broadcast: the model's own error, which onnxruntime names
+                continue
         if np.isnan(term).any() or (term > 0).any():
             continue
         name = _fresh(names, x, "fills")

@@ -172,6 +172,17 @@ def test_a_fill_read_elsewhere_or_above_the_mask_levels_stays(case):
     assert masked_fills_as_terms(m) == 0 and "Where" in {n.op_type for n in m.graph.node}
 
 
+def test_a_constant_term_that_does_not_broadcast_with_the_moved_fills_leaves_them():
+    """The scores' Transpose without its perm (reversed: (4, 5, 2)) beside K of (2, 4, 5): the fills stay (the model's
+    own broadcasting error, which onnxruntime names when quantize loads it). Regression (the fuzzer's case):
+    numpy's ValueError from K + M came through quantize as an internal error."""
+    cond = np.zeros((2, 3, 4), bool)
+    cond[:, 0] = True
+    m = scores_model(2, 5, 4, cond, -np.inf, np.zeros((2, 4, 5), np.float32))
+    del next(n for n in m.graph.node if n.op_type == "Transpose").attribute[:]
+    assert masked_fills_as_terms(m) == 0 and "Where" in {n.op_type for n in m.graph.node}
+
+
 def windows_model(seed: int) -> onnx.ModelProto:
     """Longformer's attention in small, as its TorchScript export has it: each query's window of keys gathered at
     positions that a NonZero computes from ConstantOfShape(Shape(x)) (a constant once x's shape is fixed, which

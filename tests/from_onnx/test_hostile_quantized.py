@@ -1441,3 +1441,17 @@ def test_an_empty_map_past_calibration_is_refused_before_onnxruntime_runs(tmp_pa
     [p] = e.value.problems
     assert p.where == "pool (AveragePool)" and "larger than the padded input" in p.rule, p
     assert not (tmp_path / "out").exists()
+
+
+def test_a_matmul_of_batch_dims_that_do_not_broadcast_is_refused_naming_it():
+    """MatMul of a (3, 2, 4) and its Reshape to (2, 4, 3): batch dims (3,) and (2,) (the fuzzer's windows seed of an
+    input dim 8 made 1048576): numpy's broadcasting ValueError came through as an internal error; now one line
+    naming the MatMul and both shapes."""
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]), h.make_node("Reshape", ["a", "shape"], ["b"]),
+             h.make_node("MatMul", ["a", "b"], ["r"], name="mm"), h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])],
+            (3, 2, 4), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "shape": np.array([2, 4, 3], np.int64)}, T.INT8)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where == "mm (MatMul)" and p.rule == "shapes [(3,), (2,)] do not broadcast", p
+    assert HQ.check(m.SerializeToString()) == "UnsupportedError"

@@ -84,6 +84,17 @@ def test_a_3d_conv_transposes_depth_windows_of_zeros_only_are_zeros(attrs, depth
     oracle_equal(qdq(nodes, shape, T.UINT8, inits, T.INT8), np.arange(8 * depth).reshape(shape) * 31 % 256)
 
 
+@pytest.mark.parametrize("dilation", [(1 << 31) - 1, 1 << 22])
+def test_a_3d_conv_transposes_huge_depth_padding_is_refused_before_it_is_allocated(dilation):
+    """A depth dilation of 2^31 - 1 (2^22) pads the depth with that many zero slices: refused in one line before
+    they are allocated. Regression (the hand grid's case): MemoryError, 'Unable to allocate 144. GiB'."""
+    m = conv_transpose_qdq(np.random.default_rng(0), (1, 2, 2, 3, 3), T.UINT8, 7, (2, 2, 2, 2, 2), 1, False, True,
+                           dilations=[dilation, 1, 1])
+    with pytest.raises(UnsupportedError, match=r"^up \(ConvTranspose\): folding it would compute a constant of \d+ "
+                                               r"elements \(at most 2\^24 are folded\)$"):
+        import_model(m, input_precision=9)
+
+
 @settings(max_examples=20, deadline=None)
 @given(d=st.data(), group=st.sampled_from([1, 2]))
 def test_the_3d_oracle_is_onnxruntimes_on_the_integers(d, group):

@@ -133,9 +133,13 @@ def test_a_zipmap_cut_off_by_outputs_is_no_matter(tmp_path):
     ({"post_transform": "SOFTMAX_ZERO"}, 3, "post_transform SOFTMAX_ZERO"),
     ({"post_transform": "PROBIT"}, 3, "post_transform PROBIT"),
     ({}, 1, "one row of coefficients"),
-    ({"classlabels_ints": [0, 1]}, 3, "3 intercepts and 2 integer labels")])
+    ({"classlabels_ints": [0, 1]}, 3, "3 intercepts and 2 integer labels"),
+    ({"post_transform": 3}, 3, "its attribute post_transform is of type INT, not STRING"),
+    ({"classlabels_ints": [0.5, 1.5, 2.5]}, 3, "its attribute classlabels_ints is of type FLOATS, not INTS")])
 def test_other_linear_classifiers_are_refused_in_one_line(tmp_path, attrs, rows, why):
-    """A LinearClassifier the rewrite leaves is left as it is and refused in one line naming it and the reason."""
+    """A LinearClassifier the rewrite leaves is left as it is and refused in one line naming it and the reason.
+    Regression (the fuzzer's attributes of another type than the op's): post_transform 3 was an internal
+    AttributeError ('int' object has no attribute 'decode'), labels 0.5, 1.5, 2.5 were read as 0, 1, 2."""
     labels = attrs.pop("classlabels_ints", [0, 1] if rows == 1 else list(range(rows)))
     m = linear_classifier(np.ones((rows, 4), np.float32), np.zeros(rows, np.float32), labels, [None, 4], **attrs)
     if "classlabels_strings" in attrs:

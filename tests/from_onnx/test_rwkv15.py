@@ -151,6 +151,34 @@ def test_a_max_with_a_constant_array_off_the_grid_is_the_max_of_both_rounded(d, 
     assert verify(imp.graph, x.astype(np.int32)).exact
 
 
+@settings(max_examples=20, deadline=None)
+@given(d=st.data(), op=st.sampled_from(["Max", "Min"]), e=st.integers(-4, 0), n=st.integers(2, 6),
+       top=st.sampled_from([30, 31, 40, 100, 127]))
+def test_a_constant_array_on_the_grid_past_32_bits_is_the_max_of_both_rounded(d, op, e, n, top):
+    """max(x, c) (min) of x at s = 2^e and a constant array on x's grid whose values reach 2^30 steps and beyond
+    (up to float32's 2^127), the output at 2^(e + k) for any k: the exactly rounded max (min) of the exact values,
+    equal to onnxruntime, the export exact. Regression (the fuzzer's case, c (-1e38, 3e38, -300, -129) at s = 1):
+    internal OverflowError; below 2^63 refused 'a constant holds 2147483648, beyond 32 bits', about -2^31 'broadcast_sub
+    ... needs 33 bits'."""
+    s, z = 2.0**e, d.draw(st.integers(-128, 127))
+    rng = np.random.default_rng(d.draw(st.integers(0, 2**16)))
+    c = np.array([d.draw(st.sampled_from([1, -1])) * 2.0 ** (e + d.draw(st.integers(0, top))) for _ in range(n)],
+                 np.float32)
+    c[0] = np.float32(np.sign(c[0]) * 2.0 ** (e + top))
+    so, zo = 2.0 ** (e + d.draw(st.integers(0, top))), d.draw(st.integers(-128, 127))
+    m = extreme_model(op, c, s, z, so, zo)
+    imp = import_model(m, input_precision=9)
+    x = rng.integers(-128, 128, (n,)).astype(np.int8)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    pick = max if op == "Max" else min
+    want = [q(pick((int(v) - z) * Fraction(s), Fraction(float(cv))), Fraction(so), zo, -128, 127)
+            for v, cv in zip(x, c)]
+    assert got.tolist() == want
+    [ort] = ort_session(m).run(None, {"x": x})
+    assert ort.tolist() == want
+    assert verify(imp.graph, x.astype(np.int32)).exact
+
+
 def test_an_infinite_constant_in_an_array_saturates_or_leaves_the_value():
     """min(x, [inf, 0.1]) and max(x, [inf, -0.3]): inf leaves x under Min and saturates under Max; the finite value
     is rounded exactly (x at 0.05 with zero point 3, the output on x's grid)."""

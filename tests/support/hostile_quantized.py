@@ -226,6 +226,8 @@ def _latest(kind: str) -> bytes:
         return _newest14(kind).SerializeToString()
     if kind in NEWEST15:
         return _newest15(kind).SerializeToString()
+    if kind in NEWEST16:
+        return _newest16(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -670,6 +672,64 @@ def newest15_seeds() -> dict[str, bytes]:
     return _qdq_and_qoperator_seeds(NEWEST15 + NEWEST15_OURS, NEWEST15_QOPERATOR)
 
 
+def _newest16(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NEWEST16``: LRN (odd and even sizes), a 3-D ConvTranspose, ConvTranspose sized by auto_pad
+    and by output_shape, ReduceProd, a Pad by a value off its input's grid, RWKV's Max rules (exp of a max of two
+    grids less each term: the max in float, quantized, against -1e38; a Max with a constant array off the grid, with
+    +-inf, below every value; a sum less the max of its terms), a Where of a value and a float constant off its
+    grid, a comparison at float32's threshold, a requantization by M past the output's range (it saturates)."""
+    from test_ops15 import lrn_model
+    from test_quantize_fresh15 import requant_qdq, where_qdq
+    from test_rwkv15 import extreme_model, step_model, sum_less_max
+
+    from .quantized import conv_transpose_qdq
+
+    if kind.startswith("lrn"):
+        return lrn_model((1, 6, 3, 3), T.UINT8, 4 if kind.endswith("even") else 5, 0.05, 0, 0.1, 0, alpha=0.02,
+                         beta=0.75, bias=1.0)
+    if kind.startswith("convT-"):
+        attrs = {"convT-3d": {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1], "output_padding": [1, 0, 0],
+                              "kernel_shape": [3, 2, 2]},
+                 "convT-same-upper": {"strides": [2, 2], "auto_pad": "SAME_UPPER", "kernel_shape": [3, 3]},
+                 "convT-output-shape": {"strides": [2, 3], "output_shape": [8, 7], "kernel_shape": [3, 2]}}[kind]
+        spatial = (2, 3, 3) if kind == "convT-3d" else (4, 3)
+        return conv_transpose_qdq(np.random.default_rng(16), (1, 2) + spatial, T.UINT8, 7,
+                                  (2, 2) + tuple(attrs["kernel_shape"]), 1, kind == "convT-3d", True, **attrs)
+    if kind == "reduce-prod":
+        return qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                    h.make_node("ReduceProd", ["xf", "ax"], ["g"], name="prod", keepdims=0),
+                    h.make_node("QuantizeLinear", ["g", "so", "zo"], ["y"])], (2, 3, 2), T.INT8,
+                   {"s": np.float32(0.25), "z": np.int8(3), "ax": np.array([1], np.int64),
+                    "so": np.float32(2.0**9), "zo": np.int8(-2)}, T.INT8, opset=18)
+    if kind == "pad-off-grid":
+        return between(h.make_node("Pad", ["xf", "pads", "v"], ["r"], name="pad"), (1, 2, 5),
+                       {"pads": np.array([0, 0, 2, 0, 1, 3], np.int64), "v": np.float32(-1.0)})
+    if kind.startswith("max-step-"):
+        return step_model(kind.split("-")[-1], T.INT8, 0.05, 3, 0.03, -2, 0.04, 1, 1 / 255, 0, 5)
+    if kind == "max-const-array":
+        return extreme_model("Max", np.array([0.31, -1.7, 2.05, 0.0, -0.4, 5.5], np.float32), 0.05, 3, 0.07, -4)
+    if kind == "max-inf":
+        return extreme_model("Min", np.array([np.inf, 0.1, -np.inf, -0.33], np.float32), 0.05, 3, 0.05, 3)
+    if kind == "max-below":
+        return extreme_model("Max", np.array([-1e38, -np.inf, -300.0, -129.0]), 1.0, 0, 1.0, 0)
+    if kind == "sum-less-max":
+        return sum_less_max(T.INT8, 0.05, 0.03)
+    if kind == "where-off-grid":
+        return where_qdq(-3.4028235e38, False, 0.05, 2, 10, 0.1, 128)
+    if kind == "where-f32-compare":  # fl((x - z) s) rounds onto k s (s 400649, x - z = -83)
+        return where_qdq(200325.0, False, 400649.0, -4, -83, 400649.0, 0)
+    # "saturating": M = 2^40
+    return requant_qdq(2.0**30, 1, 2.0**-10, 3, T.UINT8)
+
+
+@functools.cache
+def newest16_seeds() -> dict[str, bytes]:
+    """The seeds of ``NEWEST16`` and ``NEWEST16_OURS`` (QDQ) and onnxruntime's QOperator models of the float seeds
+    ``NEWEST16_QOPERATOR`` (LRN, ReduceProd, between Convs; QOperator leaves ConvTranspose float),
+    uint8 per tensor and int8 per channel."""
+    return _qdq_and_qoperator_seeds(NEWEST16 + NEWEST16_OURS, NEWEST16_QOPERATOR)
+
+
 def _suffix(samples: bytes) -> str:
     """A calibration file's name ending: .npz for an archive (a model of several inputs), else .npy."""
     return ".npz" if samples[:4] == b"PK\x03\x04" else ".npy"
@@ -968,12 +1028,22 @@ NEWEST15 = ("zero-add", "zero-sub", "zero-sum", "zero-mean", "zero-gemm-c", "deb
             "lp-pool-1-1d", "lp-pool-2-3d", "lp-norm-1", "reduce-log-sum", "avgpool3d-uncounted", "avgpool3d-ceil",
             "l2-near-overflow", "matmul-broadcast", "qlinear-matmul-broadcast", "convT-lattice")
 NEWEST15_OURS = ("states-lstm", "states-gru", "states-rnn", "t5-shaped")
+#: LRN, 3-D and sized ConvTranspose, ReduceProd, a Pad off the grid, RWKV's Max rules, a Where of a constant off
+#: the grid, a comparison at float32's threshold, a saturating requantization (``_newest16``); quantize's QDQ
+#: models of Longformer's sliding windows (NonZero folded, masked fills as terms, values padded by -1), the masked
+#: fills moved into the scores, RWKV's WKV recurrence, skl2onnx's linear classifier and binary LinearSVC
+#: (``NEWEST16_OURS``).
+NEWEST16 = ("lrn", "lrn-even", "convT-3d", "convT-same-upper", "convT-output-shape", "reduce-prod", "pad-off-grid",
+            "max-step-float", "max-step-quantized", "max-step-initial", "max-const-array", "max-inf", "max-below",
+            "sum-less-max", "where-off-grid", "where-f32-compare", "saturating")
+NEWEST16_OURS = ("windows", "masked-fills", "wkv", "linear-classifier", "linear-svc")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
           "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
-    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS + NEWEST14 + NEWEST14_OURS + NEWEST15 + NEWEST15_OURS
+    + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS + NEWEST14 + NEWEST14_OURS + NEWEST15 + NEWEST15_OURS \
+    + NEWEST16 + NEWEST16_OURS
 #: The seeds of LATEST that are quantize's own QDQ models of the float seeds of those names.
 LATEST_OURS = ("packed", "masked", "heads", "loop", "scan") + FRESH_OURS + NEWEST13_OURS + NEWEST14_OURS + \
-    NEWEST15_OURS
+    NEWEST15_OURS + NEWEST16_OURS
 DYNAMIC = ("lstm", "mlp")
 BIG = (1 << 31) - 1
 #: Hostile kernels, strides and pads of the 3-D pools and convolutions (depth 0, 1, past the input; depth pads).
@@ -1088,6 +1158,24 @@ ATTRS.update({
     "LinearRegressor": {"targets": [0, -1, 2, 4, BIG], "coefficients": [[float("nan")] * 18, [1.0] * 7],
                         "intercepts": [[float("inf")] * 3, [1.0] * 4], "post_transform": ["PROBIT", "bogus"]},
 })
+_NAN, _INF = float("nan"), float("inf")
+ATTRS.update({
+    "LRN": {"size": [0, -1, 2, 4, 1 << 20, BIG, 1 << 40], "alpha": [0.0, -1.0, _NAN, _INF, 1e30, 1e-45],
+            "beta": [0.0, -0.75, _NAN, _INF, 1e30, 0.5], "bias": [0.0, -1.0, _NAN, _INF, 1e-45, 1e30]},
+    "ReduceProd": {"axes": [[0], [5], [-1, -1], [0, 1, 2]], "keepdims": [0, 2], "noop_with_empty_axes": [1, 2]},
+    "ConvTranspose": {**ATTRS["ConvTranspose"], "output_shape": [[9, 9], [0, 0], [BIG, BIG], [1], [1, 1], [-1, 4],
+                                                                 [1 << 40, 2], [2, 2, 2], [64, 64, 64]],
+                      "kernel_shape": [[3, 3], [1], [2, 2, 2], [0, 1, 1]], "output_padding": [[1, 1], [5, 0], [-1, 0],
+                                                                                                [1, 1, 1]]},
+    "LinearClassifier": {"coefficients": [[_NAN] * 18, [1.0] * 7, [1] * 18, [1e30] * 18],
+                         "intercepts": [[_INF] * 3, [1.0] * 4, [1], [0.5]],
+                         "classlabels_ints": [[0], list(range(8)), [1.5, 2.5, 3.5], [-(1 << 63), 0, BIG]],
+                         "classlabels_strings": [["a", "b", "c"]], "multi_class": [1, 2, -1],
+                         "post_transform": ["PROBIT", "SOFTMAX_ZERO", "bogus", "LOGISTIC", "SOFTMAX", "NONE"]},
+    "ArrayFeatureExtractor": {}, "NonZero": {}, "Scaler": ATTRS["Scaler"],
+})
+ATTRS["LinearRegressor"] = {**ATTRS["LinearRegressor"], "targets": [0, -1, 2, 4, BIG, 1.5],
+                            "coefficients": [[_NAN] * 18, [1.0] * 7, [1] * 18, [1e-45] * 18]}
 for _op in ("GRU", "RNN", "DynamicQuantizeLSTM"):
     ATTRS[_op] = ATTRS["LSTM"]
 #: Values of the constant (int64 or float) inputs of those ops: shapes, sizes, pads, indices, scales.
@@ -1359,12 +1447,17 @@ NEWEST15_QOPERATOR = ("avgpool1d-convs", "lp-pool-convs", "avgpool3d-uncounted-c
 NEWEST15_FLOAT = NEWEST15_QOPERATOR + ("reduce-log-sum-convs", "lp-norm-convs", "where-const-convs",
                                       "scatter-elements", "linear-regressor", "sub-input", "levit-zeros") + \
     NEWEST15_OURS
+#: The float seeds of the forms of NEWEST16 (``_newest16_float``); those onnxruntime's QOperator models of which are
+#: seeds too (``newest16_seeds``).
+NEWEST16_QOPERATOR = ("lrn-conv", "reduce-prod-convs")
+NEWEST16_FLOAT = NEWEST16_QOPERATOR + ("lrn-convs", "lrn-pool-convs", "convT-sized-convs", "convT-3d-convs",
+                                      "nonzero-gather-nd") + NEWEST16_OURS
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
                 "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
-    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT
+    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT + NEWEST16_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
@@ -1477,6 +1570,7 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     out.update(_newest13_float())
     out.update(_newest14_float())
     out.update(_newest15_float())
+    out.update(_newest16_float())
     return out
 
 
@@ -1626,6 +1720,51 @@ def _newest15_float() -> dict[str, onnx.ModelProto]:
     next(n for n in video.graph.node if n.op_type == "Conv" and n.input[0] == "r").input[0] = "p"
     out["avgpool3d-uncounted-convs"] = video
     return out
+
+
+def _newest16_float() -> dict[str, onnx.ModelProto]:
+    """Float models of the forms of ``NEWEST16``: LRN (AlexNet's block; GoogLeNet's, after a MaxPool; read by the
+    Conv itself, which onnxruntime's QOperator form quantizes), ReduceProd over 2 channels, a ConvTranspose
+    sized by output_shape, each between Convs; a 3-D U-Net's ConvTranspose; Longformer's sliding windows; the masked
+    fills moved into the scores; RWKV's WKV recurrence (3 steps); a NonZero of a constant into GatherND; skl2onnx's
+    linear classifier (SOFTMAX, a Scaler before it, ai.onnx imported twice) and binary LinearSVC (its column picked
+    by ArrayFeatureExtractor)."""
+    from test_arch15 import scores_model, windows_model
+    from test_ops15 import conv_transpose_3d_model, lrn_between_convs
+    from test_rwkv15 import wkv_model
+
+    from .quantized import between_convs, linear_classifier
+
+    rng = np.random.default_rng(16)
+    prod = between_convs([h.make_node("Split", ["a", "sp"], ["a2", "a6"], axis=1),
+                          h.make_node("ReduceProd", ["a2"], ["p"], axes=[1]), h.make_node("Mul", ["a6", "p"], ["b0"]),
+                          h.make_node("Concat", ["b0", "a2"], ["b"], axis=1)], {"sp": np.array([2, 6], np.int64)})
+    up = h.make_node("ConvTranspose", ["a", "wt"], ["b"], kernel_shape=[3, 3], strides=[2, 2], output_shape=[23, 24])
+    cond = rng.random((2, 3, 4)) < 0.4
+    fills = scores_model(2, 5, 4, cond, -np.inf, np.where(rng.random((2, 4, 5)) < 0.2, -np.inf, 0).astype(np.float32))
+    classifier = linear_classifier(rng.normal(size=(3, 6)).astype(np.float32), rng.normal(size=3).astype(np.float32),
+                                   [2, 5, 9], [None, 6], scaler=True, post_transform="SOFTMAX")
+    classifier.opset_import.extend([h.make_opsetid("", 13)])
+    w, b = rng.normal(size=(1, 6)).astype(np.float32), rng.normal(size=1).astype(np.float32)
+    svc = linear_classifier(np.concatenate([-w, w]), np.concatenate([-b, b]), [0, 1], [None, 6])
+    svc.graph.node[-1].output[1] = "raw_scores"
+    svc.graph.initializer.append(nh.from_array(np.array([1], np.int64), "positive_class_index"))
+    svc.graph.node.extend([h.make_node("ArrayFeatureExtractor", ["raw_scores", "positive_class_index"],
+                                       ["probabilities"], domain="ai.onnx.ml", name="ArrayFeatureExtractor")])
+    svc.graph.output[1].type.tensor_type.shape.dim[1].dim_value = 1
+    lrn = h.make_node("LRN", ["r"], ["b"], size=5, alpha=0.02, beta=0.75, bias=1.0)
+    return {"lrn-convs": lrn_between_convs(False), "lrn-pool-convs": lrn_between_convs(True),
+            "lrn-conv": between_convs([h.make_node("Relu", ["a"], ["r"]), lrn], {}), "reduce-prod-convs": prod,
+            "convT-sized-convs": between_convs([up], {"wt": rng.normal(0, 0.3, (8, 8, 3, 3))}),
+            "convT-3d-convs": conv_transpose_3d_model(), "windows": windows_model(16), "masked-fills": fills,
+            "wkv": wkv_model(3, 4, 16), "linear-classifier": classifier, "linear-svc": svc,
+            "nonzero-gather-nd": onnx_model(h.make_graph(
+                [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("NonZero", ["c"], ["nz"]),
+                 h.make_node("Transpose", ["nz"], ["at"], perm=[1, 0]), h.make_node("GatherND", ["m", "at"], ["g"]),
+                 h.make_node("Relu", ["g"], ["y"])], "nonzero", [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])],
+                [h.make_tensor_value_info("y", T.FLOAT, None)],
+                [nh.from_array(rng.normal(size=(4, 5)).astype(np.float32), "w"),
+                 nh.from_array(np.array([[1, 0, 1], [0, 1, 1]], np.int64), "c")]), 17)}
 
 
 def _newest13_samples(kind: str, rng) -> bytes:
@@ -1818,7 +1957,8 @@ def _packed_samples(kind: str, rng) -> bytes:
 
 #: The shape of one sample of the float seeds whose input's dims are symbolic (time steps, then features).
 SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3), "gru-cache": (1, 1, 3),
-                 "linear-regressor": (1, 1, 6)}
+                 "linear-regressor": (1, 1, 6), "linear-classifier": (1, 1, 6), "linear-svc": (1, 1, 6),
+                 "windows": (1, 8, 16)}
 
 
 def _npy(a: np.ndarray) -> bytes:

@@ -14,8 +14,8 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import BOOL, INT16, INT32, INT_RANGES, Tensor, const, onnx_cast, type_name
-from ..emit import (as_int32, broadcast_shape, broadcasts_into, extreme, minus_zero, normal, onnx_pads, reduced,
-                    summed_windows)
+from ..emit import (as_int32, broadcast_of, broadcast_shape, broadcasts_into, extreme, minus_zero, normal, onnx_pads,
+                    reduced, summed_windows)
 from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers, summed
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
@@ -212,8 +212,8 @@ def extreme_moved(ctx, a, b, sign: int) -> Extreme | None:
         if isinstance(y, Extreme):
             return Extreme(y.is_max == (sign > 0), tuple(moved(x, v) for v in y.operands))
         if sign < 0 and same_value(x, y):
-            return np.zeros(np.broadcast_shapes(*(np.shape(v) if isinstance(v, np.ndarray) else v.shape
-                                                  for v in (x, y))), np.float64)
+            return np.zeros(broadcast_of(*(np.shape(v) if isinstance(v, np.ndarray) else v.shape for v in (x, y))),
+                            np.float64)
         return difference(ctx, x, y, sign)
     return moved(a, b)
 
@@ -223,7 +223,7 @@ def multiply(ctx, a: Scaled, b: Scaled) -> Scaled:
     va, vb = minus_zero(ctx, a.t, a.zero), minus_zero(ctx, b.t, b.zero)
     corners = [x * y for x in (va.lo, va.hi) for y in (vb.lo, vb.hi)]
     e = ctx.op("broadcast_mul", va, vb)
-    scale = np.asarray(a.scale * b.scale, dtype=object).reshape(np.broadcast_shapes(a.scale.shape, b.scale.shape))
+    scale = np.asarray(a.scale * b.scale, dtype=object).reshape(broadcast_of(a.scale.shape, b.scale.shape))
     return Scaled(ctx.result(e, INT32, min(corners), max(corners), broadcast_shape(va, vb)), scale,
                   np.zeros((), np.int64))
 
@@ -263,7 +263,7 @@ def rescaled(x, factor: Fraction | np.ndarray, what: str):
         return Summed(tuple(rescaled(t, factor, what) for t in x.terms), x.shape)
     if isinstance(factor, np.ndarray):  # per element (``constant_factors``): x is a Scaled without a Clip
         scale = np.asarray(x.scale * factor, dtype=object)
-        return replace(x, scale=scale.reshape(np.broadcast_shapes(x.scale.shape, factor.shape)))
+        return replace(x, scale=scale.reshape(broadcast_of(x.scale.shape, factor.shape)))
     if factor == 1:
         return x
     if isinstance(x, Mapped):  # float64 table values: times the numerator, over the denominator (each exact)
@@ -712,7 +712,7 @@ def constant_values(t) -> np.ndarray | None:
     if is_float_const(t):
         return np.asarray(t.value, np.float64)
     if isinstance(t, Scaled) and t.t.is_const:
-        q = np.broadcast_to(t.t.value.astype(np.int64) - t.zero, np.broadcast_shapes(t.shape, t.scale.shape))
+        q = np.broadcast_to(t.t.value.astype(np.int64) - t.zero, broadcast_of(t.shape, t.scale.shape))
         s = np.array([float(v) for v in np.broadcast_to(t.scale, q.shape).flat], np.float32).reshape(q.shape)
         return (q.astype(np.float32) * s).astype(np.float64)
     return None
@@ -768,9 +768,9 @@ def extremum_rule(ctx, node, *xs):
         raise Refuse(f"{node.op_type} with a NaN in its constant array is NaN there: no integer form")
     s, z = x.scale.reshape(()).item(), int(x.zero.reshape(()))
     grid = np.array([Fraction(float(v)) / s + z if np.isfinite(v) else Fraction(1, 2) for v in c.flat], dtype=object)
-    if any(g.denominator != 1 for g in grid):  # off the grid: the max (min) of both quantized at the output's
-        return Extreme(is_max, (x, c))
-    k = np.clip(np.array([int(g) for g in grid], np.int64), -(1 << 31), (1 << 31) - 1).reshape(c.shape)
+    if any(g.denominator != 1 or not -(1 << 30) < g < 1 << 30 for g in grid):  # off the grid, or past 31 bits on
+        return Extreme(is_max, (x, c))  # it (less z is then past 32): the max (min) of both quantized at the output's
+    k = np.array([int(g) for g in grid], np.int64).reshape(c.shape)
     t = extreme(ctx, is_max, [as_int32(x.t), const(k, INT32)])
     return replace(x, t=replace(t, dtype=x.t.dtype) if x.t.lo <= t.lo and t.hi <= x.t.hi else t)
 

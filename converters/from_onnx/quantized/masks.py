@@ -14,7 +14,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..context import BOOL, INT32, MAX_FOLDED, Tensor, const, foldable, onnx_cast
-from ..emit import as_int32, broadcast_shape, broadcasts_into
+from ..emit import as_int32, broadcast_of, broadcast_shape, broadcasts_into
 from ..registry import Refuse, integer_rule
 from .qdq import MAX_TABLE, Mask, MaskedScores
 from .values import Deferred, Scaled
@@ -185,7 +185,7 @@ def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _constant_key(keys: list[tuple[Tensor, int, np.ndarray]]) -> tuple[np.ndarray, list[np.ndarray]]:
     """Constant keys combined into one, c in 0 .. K - 1 (the distinct tuples of their positions' indices, in the
     shape they broadcast to), and each one's values indexed by c."""
-    shape = np.broadcast_shapes(*(k.shape for k, _, _ in keys))
+    shape = broadcast_of(*(k.shape for k, _, _ in keys))
     c, per = np.zeros(foldable(shape), np.int64), []
     for k, lo, values in keys:  # compacted at each step: every pair below 2^48
         pairs = c * values.size + (np.asarray(k.value, np.int64) - lo)
@@ -273,7 +273,7 @@ def tabulated(ctx, node, *ins) -> Tabulated | Tensor:
                              lo * size, (lo + span - 1) * size, t.shape)
             offset = const((c - lo * size).astype(np.int32), INT32)
             key = ctx.result(ctx.op("broadcast_add", key, offset), INT32, 0, span * size - 1,
-                             tuple(np.broadcast_shapes(t.shape, c.shape)))
+                             broadcast_of(t.shape, c.shape))
         key = ctx.broadcast_to(key, shape)
     else:
         span, lo = 1, 0

@@ -15,8 +15,8 @@ from cvm_onnx.core.constants import INT32_MAX
 from cvm_onnx.core.format.onnx_safety import MAX_ELEMENTS
 
 from ..checks import MAX_DIM
-from ..context import INT32, Tensor, TooWide, const, tight, type_name
-from ..emit import (aligned, as_2d, as_int32, axes_of, concatenated, conv_window, cropped,
+from ..context import INT32, Tensor, TooWide, const, foldable, tight, type_name
+from ..emit import (aligned, as_2d, as_int32, axes_of, broadcast_of, concatenated, conv_window, cropped,
                     depth_folded, depth_unfolded, minus_zero, nearest, normal, one_value_axes, onnx_pads, reduced,
                     select, single_axes, spatial_2d, strided_slice, summed_windows, transposed, with_ones, without)
 from ..registry import Refuse, float_rule, integer_rule, rule
@@ -313,7 +313,7 @@ def bias_values(bias: Scaled, acc_scale: np.ndarray, n: int) -> np.ndarray:
     shape = bias.t.shape
     if bias.t.size not in (1, n) or any(d != 1 for d in shape[:-1]):
         raise Refuse(f"a bias of shape {shape} for {n} outputs: one value per output channel, (C,) or (1, ..., C)")
-    full = np.broadcast_shapes(shape, bias.zero.shape, bias.scale.shape)
+    full = broadcast_of(shape, bias.zero.shape, bias.scale.shape)
     if math.prod(full) != bias.t.size:
         raise Refuse(f"a bias of shape {shape} dequantized by a scale of shape {bias.scale.shape}: one scale per "
                      "bias value")
@@ -525,7 +525,8 @@ def transposed_conv(ctx, node, x: Scaled, w: Scaled, bias: Scaled | None, stride
     end = [d * (k - 1) - p + o - (s - 1) for d, k, p, o, s in zip(dilations, kernel, pads[n:], extra, strides)]
     up, begin, end = cropped(ctx, up, begin, end)
     if n == 3 and begin[0] + end[0]:  # the depth padded with zero slices: a depth window may read those only
-        pad = [const(np.zeros(up.shape[:2] + (p,) + up.shape[3:], np.int32), INT32) for p in (begin[0], end[0])]
+        pad = [const(np.zeros(foldable(up.shape[:2] + (p,) + up.shape[3:]), np.int32), INT32)
+               for p in (begin[0], end[0])]
         up = concatenated(ctx, 2, pad[0], up, pad[1])
         begin[0] = end[0] = 0
     plain = helper.make_node(node.op_type, [], [], kernel_shape=list(kernel), strides=[1] * n, dilations=dilations,
@@ -600,7 +601,7 @@ def variable_matmul(ctx, a: Scaled, b: Scaled) -> Scaled:
     if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
         raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: CVM's form takes matrices (rank >= 2) that chain")
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = broadcast_of(a.shape[:-2], b.shape[:-2])
     if math.prod(batch) > MAX_MATRICES:
         raise Refuse(f"MatMul of shapes {a.shape} and {b.shape}: {math.prod(batch)} matrix products, one dense "
                      f"each (at most {MAX_MATRICES})")
@@ -683,7 +684,7 @@ def on_grid(c: Tensor, unit: np.ndarray) -> Scaled:
     if not np.isfinite(v).all():
         raise Refuse("the Gemm's float C holds NaN or infinity")
     unit = np.asarray(unit, dtype=object)
-    shape = np.broadcast_shapes(v.shape, unit.shape)
+    shape = broadcast_of(v.shape, unit.shape)
     vb, ub = np.broadcast_to(v, shape), np.broadcast_to(unit, shape)
     ratio = vb / np.vectorize(float, otypes=[np.float64])(ub)
     k = np.rint(ratio).astype(object)

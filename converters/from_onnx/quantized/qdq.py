@@ -13,7 +13,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
-from ..emit import as_int32, broadcast_shape, minus_zero, normal, reduced
+from ..emit import as_int32, broadcast_of, broadcast_shape, minus_zero, normal, reduced
 from ..registry import Refuse, float_rule, rule
 from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, logsoftmax_plan, plan,
                              runs, softmax_plan)
@@ -182,7 +182,7 @@ def far_of(x: Scaled, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nda
     """(far, zero, ratio, full): the rows whose zero point is FAR, the zero points and ratios M broadcast to the
     shape ``full`` of x's scale and zero point (ratio None where no row is far). Far rows beside a per-channel
     output scale are refused."""
-    full = np.broadcast_shapes(x.scale.shape, x.zero.shape)
+    full = broadcast_of(x.scale.shape, x.zero.shape)
     far = np.broadcast_to(np.abs(x.zero) >= FAR, full)
     if far.any() and scale.size != 1:
         raise Refuse(f"a zero point of 2^30 or more (a dead channel's) beside a per-channel output scale of "
