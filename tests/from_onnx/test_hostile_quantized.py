@@ -1448,7 +1448,8 @@ def test_a_matmul_of_batch_dims_that_do_not_broadcast_is_refused_naming_it():
     input dim 8 made 1048576): numpy's broadcasting ValueError came through as an internal error; now one line
     naming the MatMul and both shapes."""
     m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["a"]), h.make_node("Reshape", ["a", "shape"], ["b"]),
-             h.make_node("MatMul", ["a", "b"], ["r"], name="mm"), h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])],
+             h.make_node("MatMul", ["a", "b"], ["r"], name="mm"),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])],
             (3, 2, 4), T.INT8, {"s": np.float32(0.05), "z": np.int8(3), "shape": np.array([2, 4, 3], np.int64)}, T.INT8)
     with pytest.raises(UnsupportedError) as e:
         import_model(m, input_precision=9)
