@@ -227,6 +227,32 @@ def test_a_value_less_a_max_of_its_own_terms_cancels_them():
     assert verify(imp.graph, x.astype(np.int32)).exact
 
 
+@pytest.mark.parametrize("sa, sb", [(0.05, 1e9), (1e9, 0.05), (2.0 ** -10, 2.0 ** 14)])
+def test_a_cancellation_float32_cannot_hold_is_refused_in_one_line(sa, sb):
+    """(pp + ww) - max(pp, ww) with the grids 2^24 apart: float32's sum pp + ww holds nothing of the finer value, so
+    onnxruntime's QDQ model gives exp(0) where the exact min(pp, ww) is far below 0 (255 steps apart): the
+    cancellation is refused in one line. Regression: it imported the exact value, which the model does not compute
+    (fuzz16's wrong-result hunt)."""
+    m = sum_less_max(T.INT8, sa, sb)
+    x = np.array([[-128, -7, 0, 5, 90, 127], [127, -3, 0, 60, 2, -128]], np.int8)
+    if sa < 1:  # the model's own values at this input: exp(0) where pp < 0 is lost in pp + ww
+        [ort] = ort_session(m).run(None, {"x": x})
+        assert (ort.astype(int) == 255).sum() >= 2
+    msg = problems(m, input_precision=9)
+    assert "float32 rounds the sum" in msg and msg.count("float32 rounds") == 1, msg
+
+
+def test_a_cancellation_on_grids_float32_holds_is_kept():
+    """The same on grids 2^12 apart: float32's rounding of pp + ww stays below half a step of either, so the
+    cancellation is taken and onnxruntime agrees within one step."""
+    m = sum_less_max(T.INT8, 2.0 ** -6, 2.0 ** 6)
+    imp = import_model(m, input_precision=9)
+    x = np.array([[-128, -7, 0, 5, 90, 127], [127, -3, 0, 60, 2, -128]], np.int8)
+    [got] = execute(imp.graph, {"data": x.astype(np.int32)})
+    [ort] = ort_session(m).run(None, {"x": x})
+    assert np.abs(got.astype(int) - ort.astype(int)).max() <= 1
+
+
 def test_exp_of_two_int16_values_is_refused_in_one_line():
     """exp(pp - max(pp, ww)) of two int16 values: 2^32 pairs, no table of at most 2^16 entries: one line naming
     each Exp and the rule."""

@@ -157,20 +157,43 @@ def sub_rule(ctx, node, a, b):
 
 def difference(ctx, a, b, sign: int):
     """a + sign b as a sum of terms, exact (``summands``; a float constant array a term too); for a - b, a term of
-    both (one dequantized value) cancels where the rest keeps the sum's shape ((pp + ww) - pp = ww)."""
+    both (one dequantized value) cancels where the rest keeps the sum's shape ((pp + ww) - pp = ww), unless
+    float32's rounding of a's sum, as the model computes it first, reaches half a step of a computed term left
+    (``float32_cancels``)."""
     a, b = (const(x, TensorProto.FLOAT) if isinstance(x, np.ndarray) else x for x in (a, b))
     terms = summands(a, "an Add operand" if sign > 0 else "a Sub operand")
     more = summands(b, "an Add operand" if sign > 0 else "a Sub operand")
     if sign > 0:
         return sum_of(terms + more)
     shape = broadcast_shape(*(t.t for t in terms + more))
+    summed = list(terms)
     for t in list(more):
         u = next((u for u in terms if same_value(u, t)), None)
         rest = [v.t for v in terms + more if v is not u and v is not t]
         if u is not None and rest and broadcast_shape(*rest) == shape:
             terms.remove(u)
             more.remove(t)
+    if len(terms) < len(summed) and (why := float32_cancels(summed, terms + more)) is not None:
+        raise Refuse(why)
     return sum_of(terms + [negated(ctx, t) for t in more])
+
+
+def float32_cancels(summed: list, left: list) -> str | None:
+    """Why a Sub that cancels a term of the sum ``summed`` (k terms) has no exact form here, or None: float32
+    computes that sum first, within (k - 1) 2^-24 of the sum of its terms' largest |values|, and where that error
+    reaches half the finest step of a computed term ``left`` the model's value is not the exact one the
+    cancellation gives ((pp + ww) - pp with pp 2^24 steps of ww: float32 holds no ww)."""
+    steps = [float(min(t.scale.flat)) for t in left if isinstance(t, Scaled) and not t.t.is_const]
+    if len(summed) < 2 or not steps:
+        return None
+    largest = sum(max(abs(e - int(z)) for e in (t.t.lo, t.t.hi) for z in (t.zero.min(), t.zero.max()))
+                  * float(max(t.scale.flat)) for t in summed if isinstance(t, Scaled))
+    error = (len(summed) - 1) * 2.0 ** -24 * largest
+    if error < min(steps) / 2:
+        return None
+    return (f"a Sub cancelling a term of a float sum: float32 rounds the sum within {error:.3g}, past half the step "
+            f"{min(steps):.3g} of what is left (its terms' grids are too far apart), so the model's float32 value "
+            "is not the exact difference: quantize the sum first")
 
 
 def same_value(a, b) -> bool:
