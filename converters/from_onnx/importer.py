@@ -41,6 +41,9 @@ INPUT_NAME = "data"
 #: The ops that may read an empty slice: a Concat or QLinearConcat drops it; a QuantizeLinear or DequantizeLinear
 #: between (as quantize_static writes them) gives an empty value again. Any other reader is refused naming it.
 EMPTY_READERS = ("Concat", "QLinearConcat", "QuantizeLinear", "DequantizeLinear")
+#: The ops whose integer and scale types the quantized rules check themselves (they take int16 and int32 at any
+#: opset), not by their onnx schema.
+QDQ_OPS = ("QuantizeLinear", "DequantizeLinear")
 #: onnxruntime's dynamic quantization (quantize_dynamic and its fusions) and weight-only quantization (``WEIGHT_ONLY``):
 #: (domain, op type). Their activations are float (scales computed at run time, or none), so such a model has no
 #: static CVM form; ``cvm-onnx quantize`` takes it (app/dynamic.py).
@@ -380,7 +383,8 @@ class _Walk:
                 if (wrong := quantized.parameter_problem(view, ins, key)) is not None:
                     raise Refuse(wrong)
                 dtypes = [x.dtype if isinstance(x, Tensor) else None for x in ins]  # a dequantized value: float
-                if (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
+                if (key in RULES or any(isinstance(x, quantized.Real) for x in ins)) and key[1] not in QDQ_OPS and \
+                        (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
                     raise Refuse(wrong)
                 if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
                                                          not isinstance(x, quantized.Tabulated) for x in ins):
