@@ -71,7 +71,8 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs, fold_constants
-from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
+from .fusions import (LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, fuse_lrn,
+                      layernorms)
 from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float, norms_quantized
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, feature_extractors_as_gathers, float16_as_float32,
@@ -588,7 +589,9 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     post_transform's op and an ArgMax (``linear_classifiers_as_gemms``); an ArrayFeatureExtractor as a Gather
     (``feature_extractors_as_gathers``); a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
-    (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
+    (``float16_as_float32``); torch's written-out LocalResponseNorm as one LRN (``fuse_lrn``, again after the optimizer: TorchScript's
+    pads and squeeze folded); GroupNormalization as
+    torch's export writes GroupNorm
     (``group_norms_as_instance_norms``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); a float input that an op quantize_static leaves float reads (a Div) read by it through
@@ -626,6 +629,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     fused_matmuls_unfused(model)
     fuse_layernorm(model)
     fuse_gelu(model)
+    fuse_lrn(model)
     spectra_as_products(model)
     scatters_as_gathers(model)
     einsums_as_matmuls(model.graph)
@@ -672,6 +676,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     out.opset_import.extend(kept)
     scatters_as_gathers(out)  # those whose indices or data the optimizer folded
     grouped_matmuls(out)  # and those whose weights it folded
+    fuse_lrn(out)  # and the LRNs whose pads and squeeze it folded (TorchScript's export)
     where_biases_apart(out)  # and the biases it folded from the shapes fixed (a dynamic export's T5)
     masks_after_biases(out)
     masked_fills_as_terms(out)
