@@ -167,7 +167,8 @@ def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int]]) -> list[tuple[
                                                                                   float, float, float]]:
     """The LRNs written out as torch's local_response_norm exports them: Mul(x, x) (or Pow(x, 2)), a Reshape to
     (N, 1, C, ...) (or Unsqueeze at axis 1), a constant Pad of zeros along C alone, b before and size - 1 - b after,
-    an AveragePool of kernel (size, 1, ...) at stride 1 and no pads of its own, Squeeze of axis 1 (then a Reshape to
+    an AveragePool of kernel (size, 1, ...) at stride 1 (the Pad's widths its own pads instead, with
+    count_include_pad, where onnxruntime's optimizer fused them), Squeeze of axis 1 (then a Reshape to
     x's shape where the view merged axes), * alpha, + k, Pow beta (scalar constants), x / that; every intermediate
     read only inside the pattern, ``shapes`` (inferred, 0 unknown) proving the views keep N, C and the order. That is
     ONNX's LRN(size, alpha, beta, bias = k) where its window is the Pad's: b = floor((size - 1) / 2), an odd size
@@ -207,7 +208,7 @@ def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int]]) -> list[tuple[
         shape = shapes.get(x)
         view = only(sq.output[0], "Reshape", "Unsqueeze")
         pad = only(view.output[0], "Pad") if view is not None else None
-        pool = only(pad.output[0], "AveragePool") if pad is not None else None
+        pool = only((pad or view).output[0], "AveragePool") if view is not None else None
         squeeze = only(pool.output[0], "Squeeze") if pool is not None else None
         if squeeze is None or not shape or len(shape) != 4 or not all(shape) or \
                 (view.op_type == "Unsqueeze" and ints(view, "axes", 1) != [1]):
@@ -225,23 +226,27 @@ def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int]]) -> list[tuple[
         if div is None or list(div.input) != [x, pw.output[0]] or ints(squeeze, "axes", 1) != [1]:
             continue
         alpha, k, beta = scalar(mul, last.output[0]), scalar(add, mul.output[0]), scalar(pw, add.output[0])
-        pads, a = ints(pad, "pads", 1), attrs(pad)
-        value = consts.get(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(1)
-        p = attrs(pool)
+        rank, p = len(viewed), attrs(pool)
         size = (p.get("kernel_shape") or [0])[0]
-        rank = len(viewed)
-        if None in (alpha, k, beta) or pads is None or len(pads) != 2 * rank or len(pad.input) > 3 or \
-                a.get("mode", b"constant") not in (b"constant", "constant") or value is None or value.size != 1 or \
-                float(value.reshape(())) != 0.0:
+        own = p.get("pads", [0] * (2 * rank - 4))  # the pool's: zeros counted only with count_include_pad
+        widths = [0, 0, *own[:rank - 2], 0, 0, *own[rank - 2:]] if len(own) == 2 * rank - 4 else None
+        if pad is not None and widths is not None:
+            pads, a = ints(pad, "pads", 1), attrs(pad)
+            value = consts.get(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(1)
+            if pads is None or len(pads) != 2 * rank or len(pad.input) > 3 or a.get("value", 0.0) or \
+                    a.get("mode", b"constant") not in (b"constant", "constant") or value is None or \
+                    value.size != 1 or float(value.reshape(())) != 0.0:
+                continue
+            widths = [w + v for w, v in zip(widths, pads)]
+        if None in (alpha, k, beta) or widths is None or (any(own) and not p.get("count_include_pad", 0)) or \
+                p.get("kernel_shape") != [size] + [1] * (rank - 3) or any(v != 1 for v in p.get("strides", [1])) or \
+                any(d != 1 for d in p.get("dilations", [1])) or p.get("ceil_mode", 0) or \
+                p.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or \
+                any(v for i, v in enumerate(widths) if i % rank != 2) or \
+                (widths[2], widths[rank + 2]) != ((size - 1) // 2, size // 2):
             continue
-        before, after = pads[2], pads[rank + 2]
-        if p.get("kernel_shape") != [size] + [1] * (rank - 3) or any(v != 1 for v in p.get("strides", [1])) or \
-                any(p.get("pads", [0])) or any(d != 1 for d in p.get("dilations", [1])) or a.get("value", 0.0) or \
-                p.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or p.get("ceil_mode", 0) or \
-                any(v for i, v in enumerate(pads) if i % rank != 2) or before + after != size - 1 or \
-                before != (size - 1) // 2 or after != size // 2:
-            continue
-        nodes = [sq, view, pad, pool, squeeze, *([last] if last is not squeeze else []), mul, add, pw, div]
+        nodes = [sq, view, *([pad] if pad is not None else []), pool, squeeze,
+                 *([last] if last is not squeeze else []), mul, add, pw, div]
         found.append((nodes, x, size, alpha, beta, k))
     return found
 
@@ -250,8 +255,8 @@ def fuse_lrn(model: onnx.ModelProto) -> None:
     """Each written-out LRN (``lrns``) as one LRN node, which the importer holds in integers (docs/import.md)."""
     from onnx import shape_inference
 
-    pads = {o for n in model.graph.node if n.op_type == "Pad" for o in n.output}
-    if not any(n.op_type == "AveragePool" and n.input[0] in pads for n in model.graph.node):
+    views = {o for n in model.graph.node if n.op_type in ("Pad", "Reshape", "Unsqueeze") for o in n.output}
+    if not any(n.op_type == "AveragePool" and n.input[0] in views for n in model.graph.node):
         return
     known = [*shape_inference.infer_shapes(shapes_only(model)).graph.value_info, *model.graph.input]
     shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}

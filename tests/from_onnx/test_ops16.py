@@ -207,7 +207,8 @@ def written_lrn(shape: tuple[int, ...], size: int, alpha: float, beta: float, k:
     """torch's local_response_norm of 'a' into 'b' as its exporters write it: Mul(a, a), a view to (N, 1, C, ...)
     (Unsqueeze for a 3-D input, else Reshape to (N, 1, C, D1, -1)), Pad of zeros along C (size // 2 before), an
     AveragePool (size, 1, ...), Squeeze of axis 1, a Reshape back to a's shape (5-D), * alpha, + k, Pow beta,
-    a / that. ``edits``: a pad value, pool strides, or squeezed axes off the pattern."""
+    a / that. ``edits``: a pad value, pool strides, or squeezed axes off the pattern; count_include_pad: the Pad's
+    widths the pool's own pads (as onnxruntime's optimizer fuses them), counted or not."""
     before = size // 2 if before is None else before
     rank = 4 if len(shape) == 3 else 5
     pads = [0] * (2 * rank)
@@ -222,9 +223,15 @@ def written_lrn(shape: tuple[int, ...], size: int, alpha: float, beta: float, k:
     else:
         inits["view_shape"] = np.array([shape[0], 1, shape[1], shape[2], -1], np.int64)
         nodes.append(h.make_node("Reshape", ["sq", "view_shape"], ["view"]))
-    nodes += [h.make_node("Pad", ["view", "two_pads", "pad_value"], ["padded"]),
-              h.make_node("AveragePool", ["padded"], ["avg"], kernel_shape=[size] + [1] * (rank - 3),
-                          strides=edits.get("strides", [1] * (rank - 2))),
+    if "count_include_pad" in edits:  # the Pad fused into the pool (onnxruntime's optimizer)
+        own = pads[2:rank] + pads[rank + 2:]
+        pool = {"pads": own, "count_include_pad": edits["count_include_pad"]}
+    else:
+        pool = {}
+        nodes.append(h.make_node("Pad", ["view", "two_pads", "pad_value"], ["padded"]))
+    nodes += [h.make_node("AveragePool", ["padded" if not pool else "view"], ["avg"],
+                          kernel_shape=[size] + [1] * (rank - 3), strides=edits.get("strides", [1] * (rank - 2)),
+                          **pool),
               h.make_node("Squeeze", ["avg", "sq_axes"], ["sqz" if len(shape) == 5 else "div"])]
     if len(shape) == 5:
         inits["back"] = np.array(shape, np.int64)
@@ -249,18 +256,20 @@ def ort_run(m: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 @settings(max_examples=25, deadline=None)
-@given(d=st.data(), rank=st.sampled_from([3, 4, 5]), size=st.integers(1, 7),
+@given(d=st.data(), rank=st.sampled_from([3, 4, 5]), size=st.integers(1, 7), pool_pads=st.booleans(),
        alpha=st.floats(2.0**-13, 2.0, width=32), beta=st.floats(0.25, 1.5, width=32), k=st.floats(0.5, 3.0, width=32))
-def test_torchs_written_out_lrn_is_fused_into_onnxs_lrn(d, rank, size, alpha, beta, k):
+def test_torchs_written_out_lrn_is_fused_into_onnxs_lrn(d, rank, size, pool_pads, alpha, beta, k):
     """torch's local_response_norm written out of a 4-D input becomes one LRN(size, alpha, beta, bias = k) where its
     window is LRN's (odd sizes), whose float output is the written-out model's to float32 rounding; an even size
     (torch's window one channel before LRN's) and 3-D and 5-D inputs (onnxruntime's LRN takes 4-D only) are left as
-    they are. Regression: the pattern was left whole, its 3-D AveragePool over the channels refused."""
+    they are; the Pad as the pool's own counted pads too (onnxruntime's optimizer fuses them so). Regression: the
+    pattern was left whole, refused at its Div by the computed Pow."""
     from cvm_onnx.app.fusions import fuse_lrn
 
     shape = (d.draw(st.integers(1, 2)), d.draw(st.integers(1, 9))) + \
         tuple(d.draw(st.integers(1, 4)) for _ in range(rank - 2))
-    m = float_model(*written_lrn(shape, size, alpha, beta, k), shape)
+    m = float_model(*written_lrn(shape, size, alpha, beta, k, **({"count_include_pad": 1} if pool_pads else {})),
+                    shape)
     fused = onnx.ModelProto()
     fused.CopyFrom(m)
     fuse_lrn(fused)
@@ -275,9 +284,11 @@ def test_torchs_written_out_lrn_is_fused_into_onnxs_lrn(d, rank, size, alpha, be
     assert np.allclose(got, want, rtol=2e-6, atol=0)
 
 
-@pytest.mark.parametrize("edit", [{"pad_value": 1.0}, {"strides": [2, 1, 1]}, {"squeezed": [0]}, {"before": 1}])
+@pytest.mark.parametrize("edit", [{"pad_value": 1.0}, {"strides": [2, 1, 1]}, {"squeezed": [0]}, {"before": 1},
+                                  {"count_include_pad": 0}])
 def test_a_written_out_lrn_off_the_pattern_is_left(edit):
-    """A nonzero pad value, a pool stride, another squeezed axis, a window placed otherwise: not LRN, left."""
+    """A nonzero pad value, a pool stride, another squeezed axis, a window placed otherwise, pool pads not counted:
+    not LRN, left."""
     from cvm_onnx.app.fusions import fuse_lrn
 
     shape = (1, 6, 3, 3) if "squeezed" not in edit else (1, 6, 1, 3)
@@ -290,6 +301,5 @@ def test_a_written_out_lrn_off_the_pattern_is_left(edit):
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_a_float_model_with_torchs_written_out_lrn_quantizes_whole(tmp_path, per_channel):
     """quantize takes Conv -> torch's written-out LocalResponseNorm (size 5, alpha 0.02) -> Conv whole: within 1.1x
-    onnxruntime's distance from float, the export exact. Regression: its 3-D AveragePool over the channels was
-    refused."""
+    onnxruntime's distance from float, the export exact. Regression: refused at its Div by the computed Pow."""
     quantizes_whole(tmp_path, between_convs(*written_lrn((1, 8, 12, 12), 5, 0.02, 0.75, 1.0), opset=18), per_channel)
