@@ -1,6 +1,6 @@
-"""Op classes of shipped models the quantized import refused before, of dequantized values: Resize with antialias
-(torchvision's resize(antialias=True), image processors exported with their model) and cubic Resize with
-exclude_outside."""
+"""Op classes of shipped models the quantized import refused before: Resize with antialias (torchvision's
+resize(antialias=True), image processors exported with their model) and cubic Resize with exclude_outside, of
+dequantized values; torch's written-out LocalResponseNorm; skl2onnx's Normalizer L1."""
 from __future__ import annotations
 
 import math
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from support.quantized import Oracle, between_convs, qdq, quantizes_whole
+from support.quantized import Oracle, between_convs, linear_classifier, qdq, quantizes_whole
 from test_quantized_fresh_ops import NP, RANGE, cubic_coefficients, run
 
 from cvm_onnx.converters.from_onnx import import_model
@@ -303,3 +303,40 @@ def test_a_float_model_with_torchs_written_out_lrn_quantizes_whole(tmp_path, per
     """quantize takes Conv -> torch's written-out LocalResponseNorm (size 5, alpha 0.02) -> Conv whole: within 1.1x
     onnxruntime's distance from float, the export exact. Regression: refused at its Div by the computed Pow."""
     quantizes_whole(tmp_path, between_convs(*written_lrn((1, 8, 12, 12), 5, 0.02, 0.75, 1.0), opset=18), per_channel)
+
+
+# -- Normalizer L1 ---------------------------------------------------------------------------------------------------
+@settings(max_examples=20, deadline=None)
+@given(d=st.data(), rank=st.sampled_from([1, 2]), zeros=st.booleans())
+def test_a_normalizer_l1_is_onnxruntimes_lp_normalization(d, rank, zeros):
+    """normalizers_as_lp_norms: Normalizer(norm L1) of a 1-D or 2-D x (rows of zeros too) becomes Cast and
+    LpNormalization(p 1, axis -1), whose float output is onnxruntime's Normalizer's to float32 rounding."""
+    from cvm_onnx.app.rewrites import normalizers_as_lp_norms
+
+    shape = (d.draw(st.integers(1, 6)),) if rank == 1 else (d.draw(st.integers(1, 4)), d.draw(st.integers(1, 6)))
+    x = np.random.default_rng(d.draw(st.integers(0, 2**16))).normal(0, 3, shape).astype(np.float32)
+    if zeros:
+        x[..., :] = 0 if rank == 1 else x[..., :] * (np.arange(shape[0]) % 2).reshape(-1, 1)
+    g = h.make_graph([h.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L1", name="n")], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))], [h.make_tensor_value_info("y", T.FLOAT,
+                                                                                                  None)])
+    m = onnx_model(g, 13, {"ai.onnx.ml": 1})
+    want = ort_run(m, x)
+    assert normalizers_as_lp_norms(m.graph) == 1
+    assert [n.op_type for n in m.graph.node] == ["Cast", "LpNormalization"]
+    got = ort_run(m, x)
+    assert got.shape == want.shape and np.allclose(got, want, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_multinomial_logistic_regression_with_its_normalizer_quantizes_whole(tmp_path, per_channel):
+    """skl2onnx's multinomial LogisticRegression (a Scaler, LinearClassifier SOFTMAX, then Normalizer L1 of the
+    probabilities) quantizes whole: within 1.1x onnxruntime's distance from float, the export exact. Regression:
+    refused 'ai.onnx.ml ops (Normalizer x1): CVM has none'."""
+    rng = np.random.default_rng(8)
+    m = linear_classifier(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=3).astype(np.float32),
+                          [0, 1, 2], [None, 4], scaler=True, post_transform="SOFTMAX")
+    m.graph.node[-1].output[1] = "probability_tensor"
+    m.graph.node.extend([h.make_node("Normalizer", ["probability_tensor"], ["probabilities"], domain="ai.onnx.ml",
+                                     norm="L1", name="Normalizer")])
+    quantizes_whole(tmp_path, m, per_channel, rng.normal(size=(8, 1, 4)))
