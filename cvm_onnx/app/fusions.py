@@ -12,7 +12,7 @@ import onnx
 
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims
 
-from .rewrites import shapes_only
+from .rewrites import _known_shapes, shapes_only
 
 
 #: The opset of ONNX's LayerNormalization: a model holding written-out ones (``layernorms``) is raised to it.
@@ -163,14 +163,14 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
             model.graph.node.remove(n)
 
 
-def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int]]) -> list[tuple[list[onnx.NodeProto], str, int,
-                                                                                  float, float, float]]:
+def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None]]) -> list[tuple[list[onnx.NodeProto], str,
+                                                                                         int, float, float, float]]:
     """The LRNs written out as torch's local_response_norm exports them: Mul(x, x) (or Pow(x, 2)), a Reshape to
     (N, 1, C, ...) (or Unsqueeze at axis 1), a constant Pad of zeros along C alone, b before and size - 1 - b after,
     an AveragePool of kernel (size, 1, ...) at stride 1 (the Pad's widths its own pads instead, with
     count_include_pad, where onnxruntime's optimizer fused them), Squeeze of axis 1 (then a Reshape to
     x's shape where the view merged axes), * alpha, + k, Pow beta (scalar constants), x / that; every intermediate
-    read only inside the pattern, ``shapes`` (inferred, 0 unknown) proving the views keep N, C and the order. That is
+    read only inside the pattern, ``shapes`` (inferred, None unknown) proving the views keep N, C and the order. That is
     ONNX's LRN(size, alpha, beta, bias = k) where its window is the Pad's: b = floor((size - 1) / 2), an odd size
     (torch pads size // 2 first: an even size's window is not LRN's, and is left), of a 4-D x (onnxruntime's LRN
     takes no other rank, and quantize runs it). Each as (its nodes, x, size, alpha, beta, k)."""
@@ -214,7 +214,8 @@ def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int]]) -> list[tuple[
                 (view.op_type == "Unsqueeze" and ints(view, "axes", 1) != [1]):
             continue
         viewed = shapes.get(view.output[0])
-        if not viewed or viewed[:3] != [shape[0], 1, shape[1]] or math.prod(viewed[3:]) != math.prod(shape[2:]):
+        if not viewed or not all(viewed) or viewed[:3] != [shape[0], 1, shape[1]] or \
+                math.prod(viewed[3:]) != math.prod(shape[2:]):
             continue
         last = only(squeeze.output[0], "Reshape") or squeeze
         if shapes.get(last.output[0]) != shape:
@@ -253,14 +254,10 @@ def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int]]) -> list[tuple[
 
 def fuse_lrn(model: onnx.ModelProto) -> None:
     """Each written-out LRN (``lrns``) as one LRN node, which the importer holds in integers (docs/import.md)."""
-    from onnx import shape_inference
-
     views = {o for n in model.graph.node if n.op_type in ("Pad", "Reshape", "Unsqueeze") for o in n.output}
     if not any(n.op_type == "AveragePool" and n.input[0] in views for n in model.graph.node):
         return
-    known = [*shape_inference.infer_shapes(shapes_only(model)).graph.value_info, *model.graph.input]
-    shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}
-    for nodes, x, size, alpha, beta, k in lrns(model.graph, shapes):
+    for nodes, x, size, alpha, beta, k in lrns(model.graph, _known_shapes(model)):
         out = nodes[-1].output[0]
         at = list(model.graph.node).index(nodes[-1])
         model.graph.node.insert(at, onnx.helper.make_node("LRN", [x], [out], name=f"{out}:LRN", size=size,
