@@ -13,9 +13,10 @@ from onnx import TensorProto
 
 from ..context import INT32, INT_RANGES, const, tight
 from ..checks import MAX_DIM
-from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, normal, resize_coordinate,
+from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, minus_zero, normal, resize_coordinate,
                     resize_scales, resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
+from .recurrent import shift
 from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
 
@@ -142,20 +143,39 @@ def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None)
             raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights on axis {axis} "
                          "sum to 0 or less at an output (exclude_outside): it has no value there")
         plans.append(plan)
-    peak = x.t.peak
-    for axis, plan in enumerate(plans):
-        if plan is not None:
-            top = max(int(np.abs(w).max()) for _, w in plan[0])
-            if tight(peak) + tight(top) + (len(plan[0]) - 1).bit_length() > 32:
+    y, first = Scaled(as_int32(x.t), x.scale.reshape(()), x.zero.reshape(()).astype(np.int64)), True
+    for axis, (d, plan, o) in enumerate(zip(x.shape, plans, full)):
+        if plan is None:
+            continue
+        room = 32 - tight(max(int(np.abs(w).max()) for _, w in plan[0])) - (len(plan[0]) - 1).bit_length()
+        if tight(y.t.peak) > room:
+            if first or room < 2:
                 raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights on axis "
                              f"{axis} (over {common(plan[1]) or f'up to {plan[1].max()}'}) times integers up to "
-                             f"{peak} need more than 32 bits")
-            peak *= int(sum(np.abs(w) for _, w in plan[0]).max())
-    y = Scaled(as_int32(x.t), x.scale.reshape(()), x.zero.reshape(()).astype(np.int64))
-    for axis, (d, plan, o) in enumerate(zip(x.shape, plans, full)):
-        if plan is not None:
-            y = interpolated(ctx, y, axis, d, plan, o)
+                             f"{y.t.peak} need more than 32 bits")
+            y = rounded(ctx, y, room, plans[axis:], node, x, full)
+        y, first = interpolated(ctx, y, axis, d, plan, o), False
     return y
+
+
+def rounded(ctx, y: Scaled, room: int, later: list, node, x: Scaled, full) -> Scaled:
+    """y's integers u = t - z rounded to 2^k of them, round_half_up(u / 2^k) at scale s 2^k (``recurrent.shift``),
+    k the fewest bits that bring them within ``room`` bits (sign included), where the products of the next axis's
+    taps would pass 32 bits (cubic on two axes): each value moves by at most 2^(k-1) s, and the ``later`` axes'
+    weights (sum |w_o| / W_o at most G per axis) carry that to at most 2^(k-1) max(s) prod G of the output. Refused
+    where that passes half of the input's step (onnxruntime's quantized Resize rounds between its axes to it)."""
+    u = minus_zero(ctx, y.t, y.zero)
+    k = max(tight(u.peak) - room, 1)
+    while tight((u.peak + (1 << (k - 1))) >> k) > room:
+        k += 1
+    gain = math.prod(max(sum(abs(Fraction(int(w[i]), int(p[1][i]))) for _, w in p[0]) for i in range(len(p[1])))
+                     for p in later if p is not None)
+    error = (1 << (k - 1)) * max(y.scale.flat) * gain / x.scale.reshape(()).item()
+    if error > Fraction(1, 2):
+        raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights over the axes pass "
+                     f"32 bits, and rounding between them moves the output by up to {float(error):.3g} input steps "
+                     "(more than 1/2)")
+    return Scaled(shift(ctx, u, k), np.asarray(y.scale * (1 << k), dtype=object), np.zeros((), np.int64))
 
 
 def interpolated(ctx, x: Scaled, axis: int, d: int, plan, o: int) -> Scaled:
