@@ -268,7 +268,8 @@ def written_lrn(shape: tuple[int, ...], size: int, alpha: float, beta: float, k:
     return nodes, inits
 
 
-def float_model(nodes: list, inits: dict, shape: tuple[int, ...]) -> onnx.ModelProto:
+def written_model(nodes: list, inits: dict, shape: tuple[int, ...]) -> onnx.ModelProto:
+    """A float model (opset 18) of ``nodes`` from 'a' (the input x) to 'b' (the output y)."""
     renamed = [h.make_node(n.op_type, ["x" if i == "a" else i for i in n.input],
                            ["y" if o == "b" else o for o in n.output], **{a.name: h.get_attribute_value(a)
                                                                           for a in n.attribute}) for n in nodes]
@@ -295,7 +296,7 @@ def test_torchs_written_out_lrn_is_fused_into_onnxs_lrn(d, rank, size, pool_pads
 
     shape = (d.draw(st.integers(1, 2)), d.draw(st.integers(1, 9))) + \
         tuple(d.draw(st.integers(1, 4)) for _ in range(rank - 2))
-    m = float_model(*written_lrn(shape, size, alpha, beta, k, **({"count_include_pad": 1} if pool_pads else {})),
+    m = written_model(*written_lrn(shape, size, alpha, beta, k, **({"count_include_pad": 1} if pool_pads else {})),
                     shape)
     fused = onnx.ModelProto()
     fused.CopyFrom(m)
@@ -319,7 +320,7 @@ def test_a_written_out_lrn_off_the_pattern_is_left(edit):
     from cvm_onnx.app.fusions import fuse_lrn
 
     shape = (1, 6, 3, 3) if "squeezed" not in edit else (1, 6, 1, 3)
-    m = float_model(*written_lrn(shape, 5, 0.02, 0.75, 1.0, **edit), shape)
+    m = written_model(*written_lrn(shape, 5, 0.02, 0.75, 1.0, **edit), shape)
     ops = [n.op_type for n in m.graph.node]
     fuse_lrn(m)
     assert [n.op_type for n in m.graph.node] == ops
