@@ -1,6 +1,6 @@
 """Float forms written out op by op, fused into the one ONNX op the importer's rules take, before quantize_static:
-LayerNormalization (its float biases flattened), Gelu (the Erf and tanh forms), and a BatchNormalization after a
-ConvTranspose folded into its weights."""
+LayerNormalization (its float biases flattened), Gelu (the Erf and tanh forms), LRN (torch's LocalResponseNorm), and
+a BatchNormalization after a ConvTranspose folded into its weights."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ import onnx
 
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims
 
-from .rewrites import shapes_only
+from .rewrites import _known_shapes, shapes_only
 
 
 #: The opset of ONNX's LayerNormalization: a model holding written-out ones (``layernorms``) is raised to it.
@@ -159,6 +159,109 @@ def fuse_layernorm(model: onnx.ModelProto) -> None:
         model.graph.node.insert(at, onnx.helper.make_node("LayerNormalization", [x, *names], [last],
                                                           name=f"{last}:LayerNormalization", axis=axis,
                                                           epsilon=eps))
+        for n in nodes:
+            model.graph.node.remove(n)
+
+
+def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None]]) -> list[tuple[list[onnx.NodeProto], str,
+                                                                                         int, float, float, float]]:
+    """The LRNs written out as torch's local_response_norm exports them: Mul(x, x) (or Pow(x, 2)), a Reshape to
+    (N, 1, C, ...) (or Unsqueeze at axis 1), a constant Pad of zeros along C alone, b before and size - 1 - b after,
+    an AveragePool of kernel (size, 1, ...) at stride 1 (the Pad's widths its own pads instead, with
+    count_include_pad, where onnxruntime's optimizer fused them), Squeeze of axis 1 (then a Reshape to
+    x's shape where the view merged axes), * alpha, + k, Pow beta (scalar constants), x / that; every intermediate
+    read only inside the pattern, ``shapes`` (inferred, None unknown) proving the views keep N, C and the order. That is
+    ONNX's LRN(size, alpha, beta, bias = k) where its window is the Pad's: b = floor((size - 1) / 2), an odd size
+    (torch pads size // 2 first: an even size's window is not LRN's, and is left), of a 4-D x (onnxruntime's LRN
+    takes no other rank, and quantize runs it). Each as (its nodes, x, size, alpha, beta, k)."""
+    consts = _constants(graph)
+    readers: dict[str, list[onnx.NodeProto | None]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    for o in graph.output:
+        readers.setdefault(o.name, []).append(None)
+
+    def only(name: str, *ops: str) -> onnx.NodeProto | None:
+        r = readers.get(name, [])
+        return r[0] if len(r) == 1 and r[0] is not None and r[0].op_type in ops else None
+
+    def scalar(n: onnx.NodeProto, name: str) -> float | None:
+        rest = [x for x in n.input if x != name]
+        v = consts.get(rest[0]) if len(rest) == 1 and len(n.input) == 2 else None
+        return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
+
+    def attrs(n: onnx.NodeProto) -> dict:
+        return {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+
+    def ints(n: onnx.NodeProto, key: str, at: int) -> list[int] | None:
+        given = consts.get(n.input[at]) if len(n.input) > at and n.input[at] else None
+        return given.reshape(-1).tolist() if given is not None else attrs(n).get(key)
+
+    found = []
+    for sq in graph.node:
+        x = sq.input[0] if sq.input else ""
+        two = consts.get(sq.input[1]) if sq.op_type == "Pow" and len(sq.input) == 2 else None
+        if not (sq.op_type == "Mul" and list(sq.input) == [x, x] or two is not None and two.size == 1 and
+                float(two.reshape(())) == 2.0):
+            continue
+        shape = shapes.get(x)
+        view = only(sq.output[0], "Reshape", "Unsqueeze")
+        pad = only(view.output[0], "Pad") if view is not None else None
+        pool = only((pad or view).output[0], "AveragePool") if view is not None else None
+        squeeze = only(pool.output[0], "Squeeze") if pool is not None else None
+        if squeeze is None or not shape or len(shape) != 4 or not all(shape) or \
+                (view.op_type == "Unsqueeze" and ints(view, "axes", 1) != [1]):
+            continue
+        viewed = shapes.get(view.output[0])
+        if not viewed or not all(viewed) or viewed[:3] != [shape[0], 1, shape[1]] or \
+                math.prod(viewed[3:]) != math.prod(shape[2:]):
+            continue
+        last = only(squeeze.output[0], "Reshape") or squeeze
+        if shapes.get(last.output[0]) != shape:
+            continue
+        mul = only(last.output[0], "Mul")
+        add = only(mul.output[0], "Add") if mul is not None else None
+        pw = only(add.output[0], "Pow") if add is not None and list(add.input).count(mul.output[0]) == 1 else None
+        div = only(pw.output[0], "Div") if pw is not None and pw.input[0] == add.output[0] else None
+        if div is None or list(div.input) != [x, pw.output[0]] or ints(squeeze, "axes", 1) != [1]:
+            continue
+        alpha, k, beta = scalar(mul, last.output[0]), scalar(add, mul.output[0]), scalar(pw, add.output[0])
+        rank, p = len(viewed), attrs(pool)
+        size = (p.get("kernel_shape") or [0])[0]
+        own = p.get("pads", [0] * (2 * rank - 4))  # the pool's: zeros counted only with count_include_pad
+        widths = [0, 0, *own[:rank - 2], 0, 0, *own[rank - 2:]] if len(own) == 2 * rank - 4 else None
+        if pad is not None and widths is not None:
+            pads, a = ints(pad, "pads", 1), attrs(pad)
+            value = consts.get(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(1)
+            if pads is None or len(pads) != 2 * rank or len(pad.input) > 3 or a.get("value", 0.0) or \
+                    a.get("mode", b"constant") not in (b"constant", "constant") or value is None or \
+                    value.size != 1 or float(value.reshape(())) != 0.0:
+                continue
+            widths = [w + v for w, v in zip(widths, pads)]
+        if None in (alpha, k, beta) or widths is None or (any(own) and not p.get("count_include_pad", 0)) or \
+                p.get("kernel_shape") != [size] + [1] * (rank - 3) or any(v != 1 for v in p.get("strides", [1])) or \
+                any(d != 1 for d in p.get("dilations", [1])) or p.get("ceil_mode", 0) or \
+                p.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or \
+                any(v for i, v in enumerate(widths) if i % rank != 2) or \
+                (widths[2], widths[rank + 2]) != ((size - 1) // 2, size // 2):
+            continue
+        nodes = [sq, view, *([pad] if pad is not None else []), pool, squeeze,
+                 *([last] if last is not squeeze else []), mul, add, pw, div]
+        found.append((nodes, x, size, alpha, beta, k))
+    return found
+
+
+def fuse_lrn(model: onnx.ModelProto) -> None:
+    """Each written-out LRN (``lrns``) as one LRN node, which the importer holds in integers (docs/import.md)."""
+    views = {o for n in model.graph.node if n.op_type in ("Pad", "Reshape", "Unsqueeze") for o in n.output}
+    if not any(n.op_type == "AveragePool" and n.input[0] in views for n in model.graph.node):
+        return
+    for nodes, x, size, alpha, beta, k in lrns(model.graph, _known_shapes(model)):
+        out = nodes[-1].output[0]
+        at = list(model.graph.node).index(nodes[-1])
+        model.graph.node.insert(at, onnx.helper.make_node("LRN", [x], [out], name=f"{out}:LRN", size=size,
+                                                          alpha=alpha, beta=beta, bias=k))
         for n in nodes:
             model.graph.node.remove(n)
 

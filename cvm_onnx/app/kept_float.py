@@ -297,19 +297,39 @@ def float_softmaxes_quantized(path: Path, kept: list[str], activation: int, symm
     averaged over the heads) quantized and dequantized where it is computed, at the grid onnxruntime gives a Softmax
     it quantizes (the range [0, 1], the ``activation`` type, ``symmetric`` or not), so that the importer's masked
     Softmax takes it as it takes one a MatMul reads. Returns how many."""
+    names = set(kept)
+    return _unquantized_on_grid(path, lambda n: (0.0, 1.0) if n.op_type == "Softmax" and n.name in names else None,
+                                activation, symmetric)
+
+
+def l1_norms_quantized(path: Path, activation: int, symmetric: bool) -> int:
+    """In the quantized model at ``path`` (its weights external), the output of each LpNormalization p = 1 that no
+    reader quantizes (quantize_static quantizes no LpNormalization: skl2onnx's Normalizer L1 as the model's output,
+    ``rewrites.normalizers_as_lp_norms``) quantized and dequantized where it is computed, at the grid onnxruntime
+    gives the range [-1, 1] its values lie in, so that the importer's integer form has a QuantizeLinear to make
+    its integers. Returns how many."""
+    def l1(n: onnx.NodeProto) -> tuple[float, float] | None:
+        p = next((a.i for a in n.attribute if a.name == "p"), 2)
+        return (-1.0, 1.0) if n.op_type == "LpNormalization" and p == 1 else None
+
+    return _unquantized_on_grid(path, l1, activation, symmetric)
+
+
+def _unquantized_on_grid(path: Path, picked, activation: int, symmetric: bool) -> int:
+    """Each node's first output that no reader quantizes, quantized and dequantized on the grid ``_on_grid`` of the
+    range ``picked(node)`` gives (None: not picked). Returns how many."""
     model = onnx.load(path, load_external_data=False)
     graph = model.graph
-    names = set(kept)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
         for x in n.input:
             readers.setdefault(x, []).append(n)
     done = 0
-    for k, sm in reversed(list(enumerate(graph.node))):
-        y = sm.output[0] if sm.op_type == "Softmax" and sm.name in names else None
-        if y is None or any(r.op_type == "QuantizeLinear" for r in readers.get(y, [])):
+    for k, node in reversed(list(enumerate(graph.node))):
+        ends = picked(node)
+        if ends is None or any(r.op_type == "QuantizeLinear" for r in readers.get(node.output[0], [])):
             continue
-        _on_grid(graph, readers, k, 0.0, 1.0, activation, symmetric)
+        _on_grid(graph, readers, k, *ends, activation, symmetric)
         done += 1
     if done:
         onnx.save(model, os.fspath(path))

@@ -72,14 +72,17 @@ from . import calibration, dynamic
 from .api import convert, has_two_parts, load_onnx, one_part_gas
 from .memory import ChildFailed, in_child, map_large_blocks, own_garbage, release_memory
 from .control_flow import CONTROL_FLOW, MAX_UNROLLED, MAX_UNROLLED_NODES, fold_constant_ifs, fold_constants
-from .fusions import LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, layernorms
-from .kept_float import float_softmaxes_quantized, l2_kept_float, masked_softmaxes, masks_kept_float, norms_quantized
+from .fusions import (LAYERNORM_OPSET, flatten_biases, fold_batchnorm, fuse_gelu, fuse_layernorm, fuse_lrn,
+                      layernorms)
+from .kept_float import (float_softmaxes_quantized, l1_norms_quantized, l2_kept_float, masked_softmaxes,
+                         masks_kept_float, norms_quantized)
 from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, feature_extractors_as_gathers, float16_as_float32,
     float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
-    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, linear_classifier_refusal,
-    linear_classifiers_as_gemms, linear_regressors_as_gemms, opsets_deduplicated,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, l1_normalizer,
+    linear_classifier_refusal, linear_classifiers_as_gemms, linear_regressors_as_gemms, normalizers_as_lp_norms,
+    opsets_deduplicated,
     masked_fills_as_terms, masked_maxes_on_their_grid, masking_rows_apart, masks_after_biases, scalers_as_ops,
     where_biases_apart,
     scatters_as_gathers, sequences_as_concats, sequences_as_splits, spectra_as_products, unshared_biases)
@@ -98,7 +101,8 @@ QUANTIZED = ("QGemm", "QAttention")
 #: input is written as Add and Mul (``rewrites.scalers_as_ops``), a LinearRegressor as a Gemm
 #: (``rewrites.linear_regressors_as_gemms``), a LinearClassifier as a Gemm and an ArgMax where it can be
 #: (``rewrites.linear_classifiers_as_gemms``; else refused: ``rewrites.linear_classifier_refusal``), an
-#: ArrayFeatureExtractor as a Gather (``rewrites.feature_extractors_as_gathers``).
+#: ArrayFeatureExtractor as a Gather (``rewrites.feature_extractors_as_gathers``), a Normalizer of norm L1 as an
+#: LpNormalization (``rewrites.normalizers_as_lp_norms``).
 ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor", "LinearClassifier", "ArrayFeatureExtractor")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
 #: onnxruntime fusions left out of the pre-processing: they make ops CVM lacks out of ops it has (YOLOX's
@@ -282,7 +286,8 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
     if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
-    left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN]
+    left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN and
+            not l1_normalizer(n)]
     ml = Counter(n.op_type for n in left)
     if ml:
         why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")
@@ -588,9 +593,11 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a LinearRegressor as a Gemm
     (``linear_regressors_as_gemms``); a LinearClassifier as a Gemm, its
     post_transform's op and an ArgMax (``linear_classifiers_as_gemms``); an ArrayFeatureExtractor as a Gather
-    (``feature_extractors_as_gathers``); a Sub of
+    (``feature_extractors_as_gathers``); a Normalizer of norm L1 as an LpNormalization (``normalizers_as_lp_norms``);
+    a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
-    (``float16_as_float32``); GroupNormalization as torch's export writes GroupNorm
+    (``float16_as_float32``); torch's written-out LocalResponseNorm as one LRN (``fuse_lrn``, again after the
+    optimizer: TorchScript's pads and squeeze folded); GroupNormalization as torch's export writes GroupNorm
     (``group_norms_as_instance_norms``); a
     shared bias copied per node (``unshared_biases``); a Gemm's beta folded into its constant C
     (``gemm_beta_folded``); a float input that an op quantize_static leaves float reads (a Div) read by it through
@@ -628,6 +635,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     fused_matmuls_unfused(model)
     fuse_layernorm(model)
     fuse_gelu(model)
+    fuse_lrn(model)
     spectra_as_products(model)
     scatters_as_gathers(model)
     einsums_as_matmuls(model.graph)
@@ -638,6 +646,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     linear_regressors_as_gemms(model.graph)
     linear_classifiers_as_gemms(model.graph)
     feature_extractors_as_gathers(model)
+    normalizers_as_lp_norms(model.graph)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     group_norms_as_instance_norms(model)
@@ -674,6 +683,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     out.opset_import.extend(kept)
     scatters_as_gathers(out)  # those whose indices or data the optimizer folded
     grouped_matmuls(out)  # and those whose weights it folded
+    fuse_lrn(out)  # and the LRNs whose pads and squeeze it folded (TorchScript's export)
     where_biases_apart(out)  # and the biases it folded from the shapes fixed (a dynamic export's T5)
     masks_after_biases(out)
     masked_fills_as_terms(out)
@@ -1289,6 +1299,7 @@ def _quantize_static(src: Path, out: Path, reader: _Reader, per_channel: bool, s
         if found is not None:
             norms_quantized(out, norms, found, q_type, symmetric)
         float_softmaxes_quantized(out, excluded, q_type, symmetric)
+        l1_norms_quantized(out, q_type, symmetric)
     except UnsupportedError:
         raise
     except Exception as e:  # noqa: BLE001  (onnxruntime.quantization raises anything)

@@ -780,6 +780,30 @@ def linear_classifiers_as_gemms(graph: onnx.GraphProto) -> int:
     return len(placed)
 
 
+def l1_normalizer(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is an ``ai.onnx.ml`` Normalizer of norm L1 (``normalizers_as_lp_norms`` rewrites it)."""
+    return node.op_type == "Normalizer" and node.domain == "ai.onnx.ml" and len(node.input) == 1 and \
+        {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("norm") == b"L1"
+
+
+def normalizers_as_lp_norms(graph: onnx.GraphProto) -> int:
+    """Replace each ``ai.onnx.ml`` Normalizer of norm L1 (skl2onnx's multinomial LogisticRegression after its
+    probabilities; ``l1_normalizer``) by Cast(x, float) and LpNormalization(p = 1, axis = -1): onnxruntime's kernel
+    divides each row (a 1-D x: the one row) by its sum of |x| in float, and leaves a row of zeros at 0, as
+    LpNormalization does. Returns how many were replaced."""
+    names = _taken(graph)
+    fresh = functools.partial(_fresh_name, names)
+    placed = _Places()
+    for node in [n for n in graph.node if l1_normalizer(n)]:
+        x = fresh(f"{node.output[0]}_float")
+        placed[node] = [helper.make_node("Cast", [node.input[0]], [x], name=fresh(f"{node.name}_cast"),
+                                         to=onnx.TensorProto.FLOAT),
+                        helper.make_node("LpNormalization", [x], [node.output[0]], name=fresh(f"{node.name}_l1"),
+                                         p=1, axis=-1)]
+    _placed(graph, placed)
+    return len(placed)
+
+
 def feature_extractors_as_gathers(model: onnx.ModelProto) -> int:
     """Replace each ``ai.onnx.ml`` ArrayFeatureExtractor(X, Y) (skl2onnx's pick of a binary classifier's column of
     scores, or of its class labels by index) whose X has a rank onnx's shape inference states and whose Y, where

@@ -237,14 +237,14 @@ def test_a_binary_linear_svc_with_its_column_picked_quantizes_whole(tmp_path, pe
 
 
 def test_a_normalizer_refused_names_the_cut_before_it(tmp_path):
-    """skl2onnx's multinomial LogisticRegression: LinearClassifier SOFTMAX, then Normalizer L1 (no CVM form here):
-    refused naming the tensor it reads as the cut; quantize --outputs there imports whole."""
+    """A LinearClassifier SOFTMAX, then a Normalizer MAX (no CVM form here): refused naming the tensor it reads as
+    the cut; quantize --outputs there imports whole."""
     rng = np.random.default_rng(8)
     m = linear_classifier(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=3).astype(np.float32),
                           [0, 1, 2], [None, 4], scaler=True, post_transform="SOFTMAX")
     m.graph.node[-1].output[1] = "probability_tensor"
     m.graph.node.extend([h.make_node("Normalizer", ["probability_tensor"], ["probabilities"], domain="ai.onnx.ml",
-                                     norm="L1")])
+                                     norm="MAX")])
     onnx.save(m, tmp_path / "f.onnx")
     np.save(tmp_path / "c.npy", rng.normal(size=(8, 1, 4)).astype(np.float32))
     with pytest.raises(UnsupportedError) as e:

@@ -675,16 +675,6 @@ def test_linear_resize_whose_weights_pass_31_bits_is_refused_naming_the_node():
         import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
 
 
-def test_cubic_resize_with_exclude_outside_is_refused_naming_the_node():
-    inits = {"s": np.float32(0.1), "z": np.uint8(0), "so": np.float32(0.1), "zo": np.uint8(0),
-             "scales": np.array([1, 1, 1, 2], np.float32)}
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
-             h.make_node("Resize", ["xf", "", "scales"], ["r"], mode="cubic", exclude_outside=1, name="grow"),
-             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
-    with pytest.raises(CVMError, match=r"grow \(Resize\): Resize cubic with exclude_outside"):
-        import_model(qdq(nodes, (1, 1, 2, 5), T.UINT8, inits, T.UINT8, opset=13))
-
-
 # -- functions of two dequantized values: one table over both integers ----------------------------------------------
 @SETTINGS
 @given(d=st.data(), sa=scales, sb=scales, so=scales, zb=st.integers(-128, 0), op=st.sampled_from(["Div", "Exp"]))

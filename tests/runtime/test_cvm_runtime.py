@@ -1426,3 +1426,26 @@ def test_debertas_outer_product_mask(tmp_path):
     xs = [imp.edges.pack({"x": rng.integers(-128, 128, (2, 2, 5, 5)).astype(np.int8), "m": m})
           for m in (rng.integers(-1, 2, (2, 5)), np.array([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]]), np.ones((2, 5), int))]
     runs_as_reference(imp.graph, tmp_path / "cvm", xs)
+
+
+@pytest.mark.parametrize("mode, a, antialias, out", [("linear", None, 1, [1, 2, 7, 9]),
+                                                     ("cubic", -0.5, 1, [1, 2, 7, 9]),
+                                                     ("cubic", -0.75, 0, [1, 2, 27, 27])])
+def test_interpolated_resizes(tmp_path, mode, a, antialias, out):
+    """Resize with antialias (linear; cubic with exclude_outside, its two axes rounded between them) and cubic
+    align_corners 16 -> 27 (rounded likewise): the runtime loads the per-output weights and the rounding shift and
+    gives the reference executor's integers, the input's extremes included."""
+    attrs = {"cubic_coeff_a": a} if a is not None else {}
+    inits = {"s": np.float32(0.05), "z": np.uint8(3), "so": np.float32(0.04), "zo": np.int8(0),
+             "sizes": np.array(out, np.int64)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("Resize", ["xf", "", "", "sizes"], ["r"], mode=mode, antialias=antialias,
+                         exclude_outside=antialias, coordinate_transformation_mode="half_pixel" if antialias else
+                         "align_corners", **attrs),
+             h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    shape = (1, 2, 12, 12) if antialias else (1, 2, 16, 16)
+    imp = import_model(qdq(nodes, shape, T.UINT8, inits, T.INT8, opset=18), input_precision=9)
+    write_model(imp.graph, tmp_path / "cvm")
+    rng = np.random.default_rng(3)
+    xs = [np.full(shape, 0), np.full(shape, 255)] + [rng.integers(0, 256, shape) for _ in range(2)]
+    runs_as_reference(imp.graph, tmp_path / "cvm", xs)

@@ -3,6 +3,7 @@ its integers, the scale and zero point kept; ArgMax, ArgMin and TopK, which orde
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -12,9 +13,10 @@ from onnx import TensorProto
 
 from ..context import INT32, INT_RANGES, const, tight
 from ..checks import MAX_DIM
-from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, normal, resize_coordinate,
+from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, minus_zero, normal, resize_coordinate,
                     resize_scales, resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
+from .recurrent import shift
 from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
 
@@ -105,13 +107,13 @@ def reduced_sum(ctx, node, x: Summed, axes_t=None) -> Summed:
 
 def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None) -> Scaled:
     """Resize linear (bilinear, ...) or cubic at rational scales, axis by axis: each output o reads the input
-    coordinate num / den (``resize_coordinate``: exact rationals by the coordinate transformation mode),
-    i = floor(num / den), r = num - i den, and y = sum_k w_k x[i + k] / W over the taps (``taps``: linear x[i],
-    x[i + 1] with weights den - r, r over W = den; cubic x[i - 1 .. i + 2] with ONNX's cubic coefficients of
-    t = r / den times W = den^3 q_A, A = p_A / q_A, all whole), the indices clamped to the axis (onnxruntime's
-    border, onnx.reference's edge padding). On the integers: a ``take`` and a ``broadcast_mul`` per tap,
-    ``broadcast_add``: exactly (t' - W z) s / W per axis, the weights summing to W; refused where a product and
-    the sum of the taps pass 32 bits, and for cubic with exclude_outside."""
+    coordinate num / den (``resize_coordinate``: exact rationals by the coordinate transformation mode) and
+    y = sum_k w_k x[j_k] / W_o over its taps, whole weights w_k summing to W_o (``taps``: ONNX's linear and cubic
+    interpolation, W_o the same for every output but with cubic exclude_outside; ``filtered_taps``: antialias),
+    the indices clamped to the axis (onnxruntime's border, onnx.reference's edge padding). On the integers: a
+    ``take`` and a ``broadcast_mul`` per tap, ``broadcast_add``: exactly (t' - W_o z) s / W_o per axis, a scale
+    and zero point per output along the axis where W_o differs; refused where a product and the sum of the taps
+    pass 32 bits."""
     if x.per_tensor is False:
         raise Refuse("Resize needs a per-tensor scale and zero point")
     if node.opset < 11:
@@ -119,12 +121,8 @@ def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None)
     if roi is not None and roi.size and node.attr_str("coordinate_transformation_mode", "half_pixel") == \
             "tf_crop_and_resize":
         raise Refuse("Resize tf_crop_and_resize has no CVM form")
-    if node.attr_int("antialias", 0):
-        raise Refuse("Resize with antialias has no exact CVM form here")
     cubic = node.attr_str("mode", "nearest") == "cubic"
-    if cubic and node.attr_int("exclude_outside", 0):
-        raise Refuse("Resize cubic with exclude_outside (weights renormalized by a computed sum) has no exact CVM form "
-                     "here")
+    antialias, exclude = node.attr_int("antialias", 0), node.attr_int("exclude_outside", 0)
     full = resized_shape(node, x.t, scales, sizes)
     if len(full) != len(x.shape) or any(not 1 <= o <= MAX_DIM for o in full):
         raise Refuse(f"Resize of {x.shape} to {tuple(full)}: every output axis must hold 1 to 2^24 values")
@@ -134,51 +132,97 @@ def interpolated_resize(ctx, node, x: Scaled, roi=None, scales=None, sizes=None)
     if a is not None and not math.isfinite(a):
         raise Refuse(f"Resize cubic_coeff_a {a} must be finite")
     a = None if a is None else Fraction(a)
-    t, zero, scale = as_int32(x.t), int(x.zero.reshape(())), x.scale.reshape(()).item()
-    plans = [None if f == 1 and o == d else taps(resize_coordinate(mode, np.arange(o), d, o, f), a)
-             for d, f, o in zip(x.shape, factors, full)]
-    peak = max(-t.lo, t.hi)
-    for axis, plan in enumerate(plans):
-        if plan is not None:
-            top = max(int(np.abs(w).max()) for _, w in plan[0])
-            if tight(peak) + tight(top) + (len(plan[0]) - 1).bit_length() > 32:
-                raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights on axis "
-                             f"{axis} (over {plan[1]}) times integers up to {peak} need more than 32 bits")
-            peak *= int(sum(np.abs(w) for _, w in plan[0]).max())
+    plans = []
+    for axis, (d, f, o) in enumerate(zip(x.shape, factors, full)):
+        if f == 1 and o == d:
+            plans.append(None)
+            continue
+        coordinate = resize_coordinate(mode, np.arange(o), d, o, f)
+        plan = filtered_taps(coordinate, d, f, a, exclude) if antialias else taps(coordinate, a, d if exclude else 0)
+        if (plan[1] <= 0).any():
+            raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights on axis {axis} "
+                         "sum to 0 or less at an output (exclude_outside): it has no value there")
+        plans.append(plan)
+    y, first = Scaled(as_int32(x.t), x.scale.reshape(()), x.zero.reshape(()).astype(np.int64)), True
     for axis, (d, plan, o) in enumerate(zip(x.shape, plans, full)):
         if plan is None:
             continue
-        shape = t.shape[:axis] + (o,) + t.shape[axis + 1:]
-        along = (-1,) + (1,) * (len(shape) - axis - 1)
-        parts = []
-        for idx, w in plan[0]:
-            if not w.any():
-                continue
-            e = ctx.result(ctx.emit("take", ctx.entry(t), ctx.entry(const(np.clip(idx, 0, d - 1).astype(np.int32),
-                                                                             INT32)), axis=axis),
-                           INT32, t.lo, t.hi, shape)
-            ends = [t.lo * int(w.min()), t.lo * int(w.max()), t.hi * int(w.min()), t.hi * int(w.max()), 0]
-            wc = const(w.reshape(along).astype(np.int32), INT32)
-            parts.append(ctx.result(ctx.op("broadcast_mul", e, wc), INT32, min(ends), max(ends), shape))
-        y = parts[0]
-        for p in parts[1:]:
-            y = ctx.result(ctx.op("broadcast_add", y, p), INT32, y.lo + p.lo, y.hi + p.hi, shape)
-        if not cubic:  # a weighted mean of x times den
-            y = replace(y, lo=max(y.lo, t.lo * plan[1]), hi=min(y.hi, t.hi * plan[1]))
-        t, zero, scale = y, zero * plan[1], scale / plan[1]
-    return Scaled(t, np.asarray(scale, dtype=object), np.asarray(zero, np.int64))
+        room = 32 - tight(max(int(np.abs(w).max()) for _, w in plan[0])) - (len(plan[0]) - 1).bit_length()
+        if tight(y.t.peak) > room:
+            if first or room < 2:
+                raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights on axis "
+                             f"{axis} (over {common(plan[1]) or f'up to {plan[1].max()}'}) times integers up to "
+                             f"{y.t.peak} need more than 32 bits")
+            y = rounded(ctx, y, room, plans[axis:], node, x, full)
+        y, first = interpolated(ctx, y, axis, d, plan, o), False
+    return y
 
 
-def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
-    """([(input index, integer weight) per tap], W) of outputs at coordinates num / den: linear (``a`` None):
-    x[i] by den - r and x[i + 1] by r, W = den; cubic with coefficient A = p / q: x[i - 1 + k] by W c_k(r / den),
-    W = q den^3, c_0 = A u^3 - 5A u^2 + 8A u - 4A (u = 1 + t), c_1 = (A + 2) t^3 - (A + 3) t^2 + 1, c_2 and c_3 the
-    same of 1 - t (ONNX's coefficients, summing to 1), in integers of r, den, p, q."""
+def rounded(ctx, y: Scaled, room: int, later: list, node, x: Scaled, full) -> Scaled:
+    """y's integers u = t - z rounded to 2^k of them, round_half_up(u / 2^k) at scale s 2^k (``recurrent.shift``),
+    k the fewest bits that bring them within ``room`` bits (sign included), where the products of the next axis's
+    taps would pass 32 bits (cubic on two axes): each value moves by at most 2^(k-1) s, and the ``later`` axes'
+    weights (sum |w_o| / W_o at most G per axis) carry that to at most 2^(k-1) max(s) prod G of the output. Refused
+    where that passes half of the input's step (onnxruntime's quantized Resize rounds between its axes to it)."""
+    u = minus_zero(ctx, y.t, y.zero)
+    k = max(tight(u.peak) - room, 1)
+    while tight((u.peak + (1 << (k - 1))) >> k) > room:
+        k += 1
+    gain = math.prod(max(sum(abs(Fraction(int(w[i]), int(p[1][i]))) for _, w in p[0]) for i in range(len(p[1])))
+                     for p in later if p is not None)
+    error = (1 << (k - 1)) * max(y.scale.flat) * gain / x.scale.reshape(()).item()
+    if error > Fraction(1, 2):
+        raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights over the axes pass "
+                     f"32 bits, and rounding between them moves the output by up to {float(error):.3g} input steps "
+                     "(more than 1/2)")
+    return Scaled(shift(ctx, u, k), np.asarray(y.scale * (1 << k), dtype=object), np.zeros((), np.int64))
+
+
+def interpolated(ctx, x: Scaled, axis: int, d: int, plan, o: int) -> Scaled:
+    """x resized along ``axis`` by the taps of ``plan`` (``taps``, ``filtered_taps``): sum_k w_k x[j_k] at scale
+    s / W_o and zero point z W_o."""
+    t = x.t
+    shape = t.shape[:axis] + (o,) + t.shape[axis + 1:]
+    along = (-1,) + (1,) * (len(shape) - axis - 1)
+    parts = []
+    for idx, w in plan[0]:
+        if not w.any():
+            continue
+        e = ctx.result(ctx.emit("take", ctx.entry(t), ctx.entry(const(np.clip(idx, 0, d - 1).astype(np.int32),
+                                                                         INT32)), axis=axis),
+                       INT32, t.lo, t.hi, shape)
+        ends = [t.lo * int(w.min()), t.lo * int(w.max()), t.hi * int(w.min()), t.hi * int(w.max()), 0]
+        wc = const(w.reshape(along).astype(np.int32), INT32)
+        parts.append(ctx.result(ctx.op("broadcast_mul", e, wc), INT32, min(ends), max(ends), shape))
+    y = parts[0]
+    for p in parts[1:]:
+        y = ctx.result(ctx.op("broadcast_add", y, p), INT32, y.lo + p.lo, y.hi + p.hi, shape)
+    weights = plan[1]
+    if all((w >= 0).all() for _, w in plan[0]):  # a weighted mean of x times W_o
+        ends = [t.lo * int(weights.min()), t.lo * int(weights.max()), t.hi * int(weights.min()),
+                t.hi * int(weights.max())]
+        y = replace(y, lo=max(y.lo, min(ends)), hi=min(y.hi, max(ends)))
+    w = common(weights) or weights.astype(object).reshape(along)
+    return Scaled(y, np.asarray(x.scale / w, dtype=object), np.asarray(x.zero * w, np.int64))
+
+
+def common(weights: np.ndarray) -> int | None:
+    """The one sum W_o of an axis's weights where every output has it, else None."""
+    return int(weights[0]) if (weights == weights[0]).all() else None
+
+
+def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None, exclude: int = 0
+         ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """([(input index, integer weight) per tap], W_o per output) of outputs at coordinates num / den: linear (``a``
+    None): x[i] by den - r and x[i + 1] by r, W = den; cubic with coefficient A = p / q: x[i - 1 + k] by
+    W c_k(r / den), W = q den^3, c_0 = A u^3 - 5A u^2 + 8A u - 4A (u = 1 + t), c_1 = (A + 2) t^3 - (A + 3) t^2 + 1,
+    c_2 and c_3 the same of 1 - t (ONNX's coefficients, summing to 1), in integers of r, den, p, q. Cubic with
+    ``exclude`` (exclude_outside; the axis's size): the taps outside [0, size) weigh 0, W_o the sum of the rest."""
     num, den = coordinate
     low = num // den
     r = num - low * den
     if a is None:
-        return [(low, den - r), (low + 1, r)], den
+        return [(low, den - r), (low + 1, r)], np.full(len(num), den, dtype=object)
     p, q = a.numerator, a.denominator
 
     def near(v):  # W c(v / den) for |v / den| <= 1
@@ -188,8 +232,58 @@ def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None) -> tuple[list[t
         return p * (v ** 3 - 5 * v ** 2 * den + 8 * v * den ** 2 - 4 * den ** 3)
 
     r = r.astype(object)
-    weights = [far(r + den), near(r), near(den - r), far(2 * den - r)]
-    return [(low - 1 + k, np.array(w, dtype=np.int64)) for k, w in enumerate(weights)], q * den ** 3
+    out = [(low - 1 + k, np.array(w, dtype=object)) for k, w in
+           enumerate([far(r + den), near(r), near(den - r), far(2 * den - r)])]
+    if exclude:
+        out = [(i, np.where((i >= 0) & (i < exclude), w, 0)) for i, w in out]
+        return balanced(out)
+    return out, np.full(len(num), q * den ** 3, dtype=object)
+
+
+def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction, a: Fraction | None,
+                  exclude: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Resize with antialias (onnxruntime's filter): output o at coordinate c = num / den weighs input j by
+    F((j - c) g), g = min(scale, 1) = gp / gq: F(v) = max(1 - |v|, 0) (linear) or ONNX's cubic coefficient of |v|
+    (0 past 2), over the j with |j - c| < support / g (support 1, cubic 2); divided by their sum (exclude_outside:
+    of the j in [0, size) only; else the others' weights go to the clamped index, the border). In integers:
+    v = m / D with D = den gq, m = (j den - num) gp; linear D - |m|, cubic q_A D^3 F, over W_o their sum; each
+    output's weights and W_o balanced (``balanced``)."""
+    num, den = (np.asarray(v, dtype=object) for v in coordinate)
+    g = min(scale, Fraction(1))
+    gp, gq = g.numerator, g.denominator
+    reach = (1 if a is None else 2) * den * gq  # |j - c| < reach / (den gp)
+    low = (num * gp - reach) // (den * gp) + 1
+    high = -((-(num * gp + reach)) // (den * gp))  # j < ceil((num gp + reach) / (den gp))
+    count = int((high - low).max())
+    big = den * gq
+    out = []
+    for k in range(count):
+        j = low + k
+        v = np.abs((j * den - num) * gp)
+        if a is None:
+            w = np.where(v < big, big - v, 0)
+        else:
+            p, q = a.numerator, a.denominator
+            near = (p + 2 * q) * v ** 3 - (p + 3 * q) * v ** 2 * big + q * big ** 3
+            far = p * (v ** 3 - 5 * v ** 2 * big + 8 * v * big ** 2 - 4 * big ** 3)
+            w = np.where(v < big, near, np.where(v < 2 * big, far, 0))
+        if exclude:
+            w = np.where((j >= 0) & (j < size), w, 0)
+        out.append((j.astype(np.int64), w))
+    return balanced(out)
+
+
+def balanced(out: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Taps of whole weights (object arrays) and their sums W_o per output, each output's divided by their gcd and
+    then times the power of two that brings W_o within a factor 2 of the axis's largest W (so the requantization's
+    ratios s / W_o over an axis span at most 2x, and so do its integers' ranges)."""
+    total = sum(w for _, w in out)
+    g = functools.reduce(np.gcd, (w for _, w in out))
+    g = np.where(g == 0, 1, g)
+    total = total // g
+    top = max(total)
+    lift = np.array([1 << ((top // t).bit_length() - 1) if t > 0 else 1 for t in total], dtype=object)
+    return [(i, w // g * lift) for i, w in out], total * lift
 
 
 @float_rule("Shape", since=1)
