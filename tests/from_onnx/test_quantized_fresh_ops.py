@@ -15,7 +15,6 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from onnx import numpy_helper as nh
 from onnx.reference import ReferenceEvaluator
 from support.quantized import Oracle, declared, qdq, written_softmax
 from test_quantized_rules import softmax_oracle
