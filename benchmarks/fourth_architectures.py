@@ -83,8 +83,10 @@ def architectures() -> dict:
         "qwen3": hf("Qwen3Config", "Qwen3Model", TEXT_IN, **dict(DECODER, head_dim=16)),
         "smollm-lm": hf("LlamaConfig", "LlamaForCausalLM", TEXT_IN, out="logits",
                         **dict(DECODER, num_key_value_heads=1, tie_word_embeddings=True)),
+        # its experts as a loop over each expert's tokens (the grouped default exports neither way: aten::histc)
         "mixtral": hf("MixtralConfig", "MixtralModel", TEXT_IN, **dict(DECODER, num_local_experts=4,
-                                                                       num_experts_per_tok=2)),
+                                                                       num_experts_per_tok=2,
+                                                                       experts_implementation="eager")),
         # encoders
         "esm": hf("EsmConfig", "EsmModel", {"input_ids": tokens(33, 4)}, **dict(TEXT, vocab_size=33,
                                                                               position_embedding_type="rotary",
