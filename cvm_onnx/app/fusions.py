@@ -141,12 +141,14 @@ def means_written_out(model: onnx.ModelProto) -> int:
     (a constant of ones that broadcasts nothing onto x) as x, and ReduceSum(y, axes) / n (a constant of the one
     value n, the count of elements summed, that broadcasts nothing onto the sum) as ReduceMean(y, axes) where it
     is a centre (read by y - it) or a variance (read only by + a constant, read only by a Sqrt). Both need the
-    dims known (onnx's shape inference). Returns how many nodes it rewrote."""
+    dims known (onnx's shape inference); nothing changes in a graph with subgraphs (their reads are not followed).
+    Returns how many nodes it rewrote."""
     from onnx import helper
 
     graph = model.graph
     consts = _constants(graph)
-    if not any(n.op_type == "Sqrt" for n in graph.node) or \
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
+           for a in n.attribute) or not any(n.op_type == "Sqrt" for n in graph.node) or \
             not any(n.op_type in ("Mul", "Div") and any(x in consts for x in n.input) for n in graph.node):
         return 0
     shapes = _known_shapes(model)
