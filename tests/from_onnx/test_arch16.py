@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
@@ -20,18 +21,26 @@ from cvm_onnx.runtime.verify import verify
 
 
 def scaler(t: int, c: int, axis: int, eps: float, opset: int, ones: bool = True, summed: bool = True,
-           count: int | None = None, mask_batch: int = 1, out: int = 4) -> onnx.ModelProto:
+           count: int | None = None, mask_batch: int = 1, out: int = 4, traced: bool = False) -> onnx.ModelProto:
     """x (1, t, c) standardized over ``axis`` as torch's scaler exports it, then a MatMul to ``out`` features:
     x * ones (``ones``: the observed mask, a constant of shape (mask_batch, t, c)), ReduceSum over the axis /
     ``count`` (default: the count of elements summed; ``summed`` False: ReduceMean), x - mean, times ones, squared,
-    the same mean of it, + eps, Sqrt, Div."""
+    the same mean of it, + eps, Sqrt, Div. ``traced``: as TorchScript writes it, the batch dynamic, the ones
+    ConstantOfShape(Shape(x)) and the count Clip(ReduceSum(ones), 1)."""
     rng = np.random.default_rng(t * 31 + c)
     n = count if count is not None else (t, c)[axis % 3 - 1]
-    inits = [nh.from_array(np.ones((mask_batch, t, c), np.float32), "ones"),
-             nh.from_array(np.array([axis], np.int64), "axes"), nh.from_array(np.float32(2.0), "two"),
-             nh.from_array(np.full((1, 1, c) if axis % 3 == 1 else (1, t, 1), n, np.float32), "count"),
+    inits = [nh.from_array(np.array([axis], np.int64), "axes"), nh.from_array(np.float32(2.0), "two"),
              nh.from_array(np.float32(eps), "eps"), nh.from_array(rng.normal(size=(c, out)).astype(np.float32), "w")]
     nodes = []
+    if traced:
+        inits.append(nh.from_array(np.float32(1.0), "one"))
+        nodes.extend([h.make_node("Shape", ["x"], ["shape"]),
+                      h.make_node("ConstantOfShape", ["shape"], ["ones"], value=nh.from_array(np.ones(1, np.float32))),
+                      h.make_node("ReduceSum", ["ones", "axes"], ["n"], keepdims=1),
+                      h.make_node("Clip", ["n", "one"], ["count"])])
+    else:
+        inits.extend([nh.from_array(np.ones((mask_batch, t, c), np.float32), "ones"),
+                      nh.from_array(np.full((1, 1, c) if axis % 3 == 1 else (1, t, 1), n, np.float32), "count")])
 
     def masked(x: str, name: str) -> str:
         if ones:
@@ -53,8 +62,9 @@ def scaler(t: int, c: int, axis: int, eps: float, opset: int, ones: bool = True,
     mean("sq", "var")
     nodes.extend([h.make_node("Add", ["var", "eps"], ["ve"]), h.make_node("Sqrt", ["ve"], ["sd"]),
                   h.make_node("Div", ["d", "sd"], ["z"]), h.make_node("MatMul", ["z", "w"], ["y"])])
-    g = h.make_graph(nodes, "scaler", [h.make_tensor_value_info("x", T.FLOAT, [1, t, c])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, t, out])], inits)
+    batch = "batch" if traced else 1
+    g = h.make_graph(nodes, "scaler", [h.make_tensor_value_info("x", T.FLOAT, [batch, t, c])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [batch, t, out])], inits)
     return onnx_model(g, opset)
 
 
@@ -104,11 +114,14 @@ def test_a_scaler_that_is_no_mean_is_left():
         assert "Sqrt" in {n.op_type for n in model.graph.node}
 
 
-def test_a_scaler_quantizes_and_imports_whole(tmp_path):
-    """PatchTST's scaler over time (18 steps, 3 channels, opset 18, as dynamo exports it): refused before ('the
-    divisor (Sqrt) must be quantized (QuantizeLinear) first'); imported whole per tensor and per channel by the
-    LayerNormalization rule, as close to float as onnxruntime's quantized model (1.1x), the export exact."""
-    onnx.save(scaler(18, 3, 1, 1e-5, 18), tmp_path / "f.onnx")
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_scaler_quantizes_and_imports_whole(tmp_path, traced):
+    """PatchTST's scaler over time (18 steps, 3 channels), as dynamo exports it (opset 18, constants) and as
+    TorchScript does (opset 17, the mask and count from the input's Shape, folded by onnxruntime's optimizer at the
+    batch fixed): refused before ('the divisor (Sqrt) must be quantized (QuantizeLinear) first'); imported whole
+    per tensor and per channel by the LayerNormalization rule, as close to float as onnxruntime's quantized model
+    (1.1x), the export exact."""
+    onnx.save(scaler(18, 3, 1, 1e-5, 17 if traced else 18, traced=traced), tmp_path / "f.onnx")
     rng = np.random.default_rng(0)
     np.save(tmp_path / "c.npy", (rng.normal(size=(24, 1, 18, 3)) * rng.uniform(0.1, 10, (24, 1, 1, 3))
                                  + rng.normal(size=(24, 1, 1, 3))).astype(np.float32))
