@@ -253,14 +253,15 @@ def architectures() -> dict:
     }
 
 
-def export(name: str, exporter: str, path: Path) -> None:
-    """The model (seeded random weights, eval) exported to ``path`` by ``exporter``."""
+def export(name: str, exporter: str, path: Path, models: dict | None = None) -> None:
+    """The model (seeded random weights, eval) of ``models`` (default: this sweep's) exported to ``path`` by
+    ``exporter``."""
     import types
     # a torchvision wheel built for CUDA beside a CPU torch: its operators' fake kernels cannot register; models need
     # none (transformers imports torchvision too)
     sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
     import torch
-    build, inputs = architectures()[name]
+    build, inputs = (models or architectures())[name]
     args = [torch.from_numpy(s(1, 0)[0] if n in ("h0", "c0") else s(1, 0)) for n, s in inputs.items()]
     names = list(inputs)
     dynamic = {n: {1 if n in ("h0", "c0") else 0: "batch"} for n in names} if exporter == "ts" else None
@@ -269,10 +270,10 @@ def export(name: str, exporter: str, path: Path) -> None:
                           external_data=False, **EXPORTERS[exporter])
 
 
-def measure(name: str, exporter: str, path: Path, per_channel: bool, held_out: int) -> dict:
+def measure(name: str, exporter: str, path: Path, per_channel: bool, held_out: int, models: dict | None = None) -> dict:
     """``one``'s measure of the exported model."""
     import onnx
-    inputs = architectures()[name][1]
+    inputs = (models or architectures())[name][1]
 
     def sample(n, seed):
         got = {k: s(n, seed + i) for i, (k, s) in enumerate(inputs.items())}
@@ -287,8 +288,10 @@ def measure(name: str, exporter: str, path: Path, per_channel: bool, held_out: i
     return r
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(models: dict | None = None, doc: str = __doc__) -> None:
+    """The sweep's command line over ``models`` (default: this sweep's), described by ``doc``."""
+    models = models or architectures()
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("stage", choices=("export", "measure"))
     ap.add_argument("--work", required=True, help="the folder of the exported models")
     ap.add_argument("--only", nargs="+", help="model names")
@@ -299,12 +302,12 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    names = [n for n in architectures() if not args.only or n in args.only]
+    names = [n for n in models if not args.only or n in args.only]
     if args.stage == "export":
         for name in names:
             for exporter in args.exporters:
                 try:
-                    export(name, exporter, work / f"{name}-{exporter}.onnx")
+                    export(name, exporter, work / f"{name}-{exporter}.onnx", models)
                     print(f"{name} {exporter}: exported", flush=True)
                 except Exception as e:  # an exporter's failure is a row of the sweep, not its end
                     print(f"{name} {exporter}: {export_failure(e)}", flush=True)
@@ -318,7 +321,7 @@ def main() -> None:
                 continue
             for per_channel in {"per-tensor": (False,), "per-channel": (True,), "both": (False, True)}[args.weights]:
                 try:
-                    r = measure(name, exporter, path, per_channel, args.held_out)
+                    r = measure(name, exporter, path, per_channel, args.held_out, models)
                 except Exception as e:  # a crash of the product is a finding of the sweep
                     print(f"{name} {exporter}: CRASH {type(e).__name__}: {str(e)[:300]}", flush=True)
                     continue

@@ -12,7 +12,7 @@ import onnx
 
 from cvm_onnx.core.format.onnx_file import dims as onnx_dims
 
-from .rewrites import _known_shapes, shapes_only
+from .rewrites import _fresh_name, _known_shapes, _taken, shapes_only
 
 
 #: The opset of ONNX's LayerNormalization: a model holding written-out ones (``layernorms``) is raised to it.
@@ -50,11 +50,12 @@ def _constants(graph: onnx.GraphProto) -> _Constants:
 
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
                                                       np.ndarray | None]]:
-    """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports): ReduceMean(x) over the
-    last k axes (an attribute, or a constant input from opset 18), d = x - mean (or two such Subs, Keras', one
-    squared and one divided), ReduceMean(Pow(d, 2) or Mul(d, d)) over the same axes, + epsilon, Sqrt, d / that
-    (or d * Reciprocal(that)), then optionally * gamma and + beta (constants); every intermediate read only inside
-    the pattern. Each as (its nodes, x, axis -k, epsilon, gamma, beta)."""
+    """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports, a time series' scaler):
+    ReduceMean(x) over some axes (an attribute, or a constant input from opset 18), d = x - mean (or two such Subs,
+    Keras', one squared and one divided), ReduceMean(Pow(d, 2) or Mul(d, d)) over the same axes, + epsilon, Sqrt,
+    d / that (or d * Reciprocal(that)), then, over the last k axes, optionally * gamma and + beta (constants); every
+    intermediate read only inside the pattern. Each as (its nodes, x, axis, epsilon, gamma, beta): axis -k where
+    the axes are the last k given negative, else the axes as written (a tuple; no gamma, no beta)."""
     consts = _constants(graph)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
@@ -78,7 +79,7 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
         if attrs.get("keepdims", 1) != 1 or ("axes" in attrs) == (given is not None) or len(n.input) > 2:
             return None
         k = sorted(attrs["axes"] if given is None else given.reshape(-1).tolist())
-        return tuple(k) if k and all(a < 0 for a in k) and k == list(range(-len(k), 0)) else None
+        return tuple(k) if k and len(set(k)) == len(k) else None
 
     def squares(n: onnx.NodeProto, d: str) -> bool:  # Pow(d, 2) or Mul(d, d)
         if n.op_type == "Mul":
@@ -122,43 +123,141 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
             continue
         inside = [producer[r] for r in div.input if div.op_type == "Mul" and r != dd]
         nodes, last, gamma, beta = [mean, *subs, pw, var, add, sqrt, *inside, div], div, None, None
-        if (mul := only(last.output[0], "Mul")) is not None and (gamma := other(mul, last.output[0])) is not None:
+        trailing = list(ax) == list(range(-len(ax), 0))
+        if trailing and (mul := only(last.output[0], "Mul")) is not None and \
+                (gamma := other(mul, last.output[0])) is not None:
             nodes.append(mul)
             last = mul
             if (plus := only(last.output[0], "Add")) is not None and \
                     (beta := other(plus, last.output[0])) is not None:
                 nodes.append(plus)
-        found.append((nodes, x, -len(ax), float(eps.reshape(())), gamma, beta))
+        found.append((nodes, x, -len(ax) if trailing else ax, float(eps.reshape(())), gamma, beta))
     return found
 
 
+def means_written_out(model: onnx.ModelProto) -> int:
+    """Two float forms of a mean as torch's time series scalers write them ((x - mean) / sqrt(var + eps) over the
+    time axis with an observed mask of ones: PatchTST's, PatchTSMixer's), made what ``layernorms`` reads: x * ones
+    (a constant of ones that broadcasts nothing onto x) as x, and ReduceSum(y, axes) / n (a constant of the one
+    value n, the count of elements summed, that broadcasts nothing onto the sum) as ReduceMean(y, axes) where it
+    is a centre (read by y - it) or a variance (read only by + a constant, read only by a Sqrt). Both need the
+    dims known (onnx's shape inference); nothing changes in a graph with subgraphs (their reads are not followed).
+    Returns how many nodes it rewrote."""
+    from onnx import helper
+
+    graph = model.graph
+    consts = _constants(graph)
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node
+           for a in n.attribute) or not any(n.op_type == "Sqrt" for n in graph.node) or \
+            not any(n.op_type in ("Mul", "Div") and any(x in consts for x in n.input) for n in graph.node):
+        return 0
+    shapes = _known_shapes(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    outputs = {o.name for o in graph.output}
+
+    def known(name: str) -> list[int] | None:
+        dims = shapes.get(name)
+        return dims if dims is not None and all(d is not None for d in dims) else None
+
+    def one_value(name: str) -> float | None:
+        v = consts.get(name)
+        return float(v.reshape(-1)[0]) if v is not None and v.dtype.kind == "f" and v.size and \
+            (v == v.reshape(-1)[0]).all() else None
+
+    def unbroadcast(name: str, dims: list[int] | None) -> bool:  # the constant leaves dims as they are
+        return dims is not None and list(np.broadcast_shapes(tuple(dims), consts[name].shape)) == dims
+
+    done = 0
+    for n in list(graph.node):  # x * ones -> x
+        c = next((x for x in n.input if x in consts), None) if n.op_type == "Mul" and len(n.input) == 2 else None
+        x = next((i for i in n.input if i != c), None)
+        if c is None or x is None or one_value(c) != 1.0 or n.output[0] in outputs or not unbroadcast(c, known(x)):
+            continue
+        for r in graph.node:
+            r.input[:] = [x if i == n.output[0] else i for i in r.input]
+        graph.node.remove(n)
+        done += 1
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    producer = {o: n for n in graph.node for o in n.output}
+    for div in list(graph.node):  # ReduceSum(y, axes) / n -> ReduceMean(y, axes)
+        total = producer.get(div.input[0]) if div.op_type == "Div" and len(div.input) == 2 else None
+        if total is None or total.op_type != "ReduceSum" or len(readers.get(total.output[0], [])) != 1 or \
+                total.output[0] in outputs or div.input[1] not in consts:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in total.attribute}
+        given = consts.get(total.input[1]) if len(total.input) > 1 and total.input[1] else None
+        ax = attrs.get("axes") if given is None else given.reshape(-1).tolist()
+        dims = known(total.input[0])
+        if not ax or dims is None or attrs.get("keepdims", 1) != 1 or \
+                one_value(div.input[1]) != float(np.prod([dims[a] for a in ax])) or \
+                not unbroadcast(div.input[1], [1 if i in {a % len(dims) for a in ax} else d
+                                               for i, d in enumerate(dims)]):
+            continue
+        rs = readers.get(div.output[0], [])
+        centre = any(r.op_type == "Sub" and list(r.input) == [total.input[0], div.output[0]] for r in rs)
+        plus = rs[0] if len(rs) == 1 and rs[0].op_type == "Add" and \
+            any(i in consts for i in rs[0].input if i != div.output[0]) else None
+        variance = plus is not None and [r.op_type for r in readers.get(plus.output[0], [])] == ["Sqrt"]
+        if not (centre or variance):
+            continue
+        mean = helper.make_node("ReduceMean", [total.input[0], *([total.input[1]] if opset >= 18 else [])],
+                                [div.output[0]], name=f"{div.output[0]}:ReduceMean", keepdims=1,
+                                **({} if opset >= 18 else {"axes": ax}))
+        graph.node.insert(list(graph.node).index(div), mean)
+        graph.node.remove(div)
+        graph.node.remove(total)
+        done += 1
+    return done
+
+
 def fuse_layernorm(model: onnx.ModelProto) -> None:
-    """Each written-out LayerNormalization (``layernorms``) as one LayerNormalization node (opset 17), which
-    quantize_static quantizes as one op and the importer holds in integers (docs/import.md); gamma and beta
-    broadcast to the normalized shape. Nothing changes below opset 17 or where the normalized shape is unknown."""
+    """Each written-out LayerNormalization (``layernorms``, after ``means_written_out``) as one LayerNormalization
+    node (opset 17), which quantize_static quantizes as one op and the importer holds in integers (docs/import.md);
+    gamma and beta broadcast to the normalized shape; axes that are not the last moved last by a Transpose and back
+    by another. Nothing changes below opset 17 or where the normalized shape is unknown."""
     from onnx import numpy_helper, shape_inference
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if opset >= LAYERNORM_OPSET:
+        means_written_out(model)
     found = layernorms(model.graph) if opset >= LAYERNORM_OPSET else []
     if not found:
         return
     known = [*shape_inference.infer_shapes(shapes_only(model)).graph.value_info, *model.graph.input]
     shapes = {v.name: [d or 0 for d in onnx_dims(v) or ()] for v in known}
+    taken = _taken(model.graph)
     for nodes, x, axis, eps, gamma, beta in found:
         shape = shapes.get(x)
-        if not shape or len(shape) < -axis or not all(shape[axis:]):
+        axes = [axis] if isinstance(axis, int) else list(axis)
+        if not shape or not all(-len(shape) <= a < len(shape) for a in axes) or \
+                (isinstance(axis, int) and not all(shape[axis:])):
             continue
-        norm = tuple(shape[axis:])
-        last = nodes[-1].output[0]
-        names = [f"{last}:ln_scale", f"{last}:ln_bias"]
+        rank, last = len(shape), nodes[-1].output[0]
+        moved = sorted(a % rank for a in axes) if isinstance(axis, tuple) else list(range(rank + axis, rank))
+        perm = [i for i in range(rank) if i not in moved] + moved
+        if not all(shape[i] for i in moved):
+            continue
+        norm = tuple(shape[i] for i in moved)
+        names = [_fresh_name(taken, f"{last}:ln_scale"), _fresh_name(taken, f"{last}:ln_bias")]
         g = np.broadcast_to(np.ones(1, np.float32) if gamma is None else gamma.astype(np.float32), norm)
         b = np.broadcast_to(np.zeros(1, np.float32) if beta is None else beta.astype(np.float32), norm)
         model.graph.initializer.extend([numpy_helper.from_array(np.ascontiguousarray(g), names[0]),
                                         numpy_helper.from_array(np.ascontiguousarray(b), names[1])])
         at = list(model.graph.node).index(nodes[-1])
-        model.graph.node.insert(at, onnx.helper.make_node("LayerNormalization", [x, *names], [last],
-                                                          name=f"{last}:LayerNormalization", axis=axis,
-                                                          epsilon=eps))
+        new = [onnx.helper.make_node("LayerNormalization", [x, *names], [last], name=f"{last}:LayerNormalization",
+                                     axis=-len(moved), epsilon=eps)]
+        if perm != list(range(rank)):  # the axes moved last and back (a normalization over time: (batch, time, c))
+            inner, out = _fresh_name(taken, f"{last}:moved"), _fresh_name(taken, f"{last}:normalized")
+            new = [onnx.helper.make_node("Transpose", [x], [inner], name=inner, perm=perm),
+                   onnx.helper.make_node("LayerNormalization", [inner, *names], [out], name=out,
+                                         axis=-len(moved), epsilon=eps),
+                   onnx.helper.make_node("Transpose", [out], [last], name=f"{last}:back",
+                                         perm=[int(i) for i in np.argsort(perm)])]
+        for k, node in enumerate(new):
+            model.graph.node.insert(at + k, node)
         for n in nodes:
             model.graph.node.remove(n)
 

@@ -604,7 +604,8 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     an identity Transpose (``float_readers_through_transposes``); an attention bias masked by a Where, or with a
     mask's term added to it, taken apart again (``where_biases_apart``, ``masks_after_biases``: a bias the optimizer
     folded from the shapes fixed); masked fills moved into the scores as a constant term (``masked_fills_as_terms``,
-    again: their conditions folded); its tensors of 1 KB or more in ``<path>.data``.
+    again: their conditions folded); written-out LayerNorms fused again (``fuse_layernorm``: a scaler's mask of ones
+    and count folded); its tensors of 1 KB or more in ``<path>.data``.
     Returns the file beside ``path`` of the float model as compared: ``model`` (with the written-out LayerNorms and
     GELUs fused where its opset was not raised), its weights moved out of ``model`` into external data there (so that
     no stage holds them twice). ``model`` may be given in a list, which ``prepare`` empties: it then frees the model
@@ -688,6 +689,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     masks_after_biases(out)
     masked_fills_as_terms(out)
     masked_maxes_on_their_grid(out)
+    fuse_layernorm(out)  # and those whose masks and counts it folded (TorchScript's scaler: from the input's Shape)
     fold_batchnorm(out.graph)
     flatten_biases(out.graph)
     unshared_biases(out.graph)
