@@ -48,6 +48,17 @@ def _constants(graph: onnx.GraphProto) -> _Constants:
     return _Constants(graph)
 
 
+def _node_readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto | None]]:
+    """Each tensor's reading nodes in graph order, a graph output read by None."""
+    readers: dict[str, list[onnx.NodeProto | None]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    for o in graph.output:
+        readers.setdefault(o.name, []).append(None)
+    return readers
+
+
 def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, int, float, np.ndarray | None,
                                                       np.ndarray | None]]:
     """The LayerNormalizations written out as ops (Paddle's and PyTorch's older exports, a time series' scaler):
@@ -57,12 +68,7 @@ def layernorms(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, 
     intermediate read only inside the pattern. Each as (its nodes, x, axis, epsilon, gamma, beta): axis -k where
     the axes are the last k given negative, else the axes as written (a tuple; no gamma, no beta)."""
     consts = _constants(graph)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for x in n.input:
-            readers.setdefault(x, []).append(n)
-    for o in graph.output:
-        readers.setdefault(o.name, []).append(None)
+    readers = _node_readers(graph)
 
     def only(name: str, op: str) -> onnx.NodeProto | None:
         r = readers.get(name, [])
@@ -274,12 +280,7 @@ def lrns(graph: onnx.GraphProto, shapes: Mapping[str, list[int | None]]) -> list
     (torch pads size // 2 first: an even size's window is not LRN's, and is left), of a 4-D x (onnxruntime's LRN
     takes no other rank, and quantize runs it). Each as (its nodes, x, size, alpha, beta, k)."""
     consts = _constants(graph)
-    readers: dict[str, list[onnx.NodeProto | None]] = {}
-    for n in graph.node:
-        for x in n.input:
-            readers.setdefault(x, []).append(n)
-    for o in graph.output:
-        readers.setdefault(o.name, []).append(None)
+    readers = _node_readers(graph)
 
     def only(name: str, *ops: str) -> onnx.NodeProto | None:
         r = readers.get(name, [])
@@ -415,12 +416,7 @@ def gelus(graph: onnx.GraphProto) -> list[tuple[list[onnx.NodeProto], str, str, 
     every = _constants(graph)
     consts = {k: every[k] for k, t in every.protos.items() if math.prod(t.dims) == 1 and every[k].dtype.kind == "f"}
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto | None]] = {}
-    for n in graph.node:
-        for x in n.input:
-            readers.setdefault(x, []).append(n)
-    for o in graph.output:
-        readers.setdefault(o.name, []).append(None)
+    readers = _node_readers(graph)
     order = {id(n): i for i, n in enumerate(graph.node)}
     found, taken = [], set()
 
