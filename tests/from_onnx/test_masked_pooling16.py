@@ -109,14 +109,14 @@ def least_c(t: int, sp, so, zp, mask_step: Fraction, least: float) -> Fraction:
     return Fraction(0)
 
 
-def check(got, want, c: Fraction, so: float, zo: int) -> int:
+def check(got, want, c: Fraction, so: float, zo: int, lo: int = 0, hi: int = 255) -> int:
     """Each output y within 1/2 + E of clip(v + z_out), E = (W/2 + |v| e_D) / (c b' s_out - e_D), e_D <= 1 (D made
     finer and rounded: 1/2; clipped: its integer bound, at least 1), b' = max(count, least); equal to the exactly
     rounded QuantizeLinear where v + z_out lies farther than E from a half-integer; a row with no kept position (W =
     0: every product is its zero point) exactly z_out. Returns how many outputs differ from the exact rounding."""
     differ = 0
     for (i, j), (v, w, b) in want.items():
-        y, exact = int(got[i, j]), q(v * f(so), f(so), zo)
+        y, exact = int(got[i, j]), q(v * f(so), f(so), zo, lo, hi)
         if w == 0:
             assert y == exact == zo, (i, j, y)
             continue
@@ -124,7 +124,7 @@ def check(got, want, c: Fraction, so: float, zo: int) -> int:
         if room <= 0:
             continue
         e = (Fraction(w, 2) + abs(v)) / room
-        assert abs(y - min(max(v + zo, 0), 255)) <= Fraction(1, 2) + e, (i, j, y, float(v), float(e))
+        assert abs(y - min(max(v + zo, lo), hi)) <= Fraction(1, 2) + e, (i, j, y, float(v), float(e))
         if y != exact:
             differ += 1
             assert abs(abs(v + zo - round(v + zo)) - Fraction(1, 2)) <= e, (i, j, y, float(v), float(e))

@@ -12,6 +12,8 @@ from onnx import TensorProto, helper
 from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
+from .elementwise import Quotient
+from .l2norm import L2Normalized
 from .logsumexp import LogSumExped
 from .qdq import LogSoftmaxed, quantize
 from .values import QUANTIZED_TYPES, Deferred, Mapped, Scaled, Softmaxed, Summed
@@ -144,7 +146,8 @@ def span(x) -> tuple[float, float] | None:
     """An interval holding every finite value of a real value computed after the last QuantizeLinear (None: none
     known): a dequantized value's from its integers, a sum's the sum of its terms', a function's the least and
     largest finite value it takes on its input's integers (on both operands' for a function of two), Softmax's
-    [0, 1], LogSoftmax's [-(hi - lo) s - log n, 0], Max (Min) the max (min) of the ends."""
+    [0, 1], LogSoftmax's [-(hi - lo) s - log n, 0], Max (Min) the max (min) of the ends, a quotient of sums
+    |a / b| <= max|a| / min|b| where b's interval (its deferred Clip applied) holds no 0 (``quotient_span``)."""
     if isinstance(x, np.ndarray):
         return (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
     if isinstance(x, Scaled):
@@ -164,6 +167,8 @@ def span(x) -> tuple[float, float] | None:
         return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     if isinstance(x, Softmaxed):
         return 0.0, 1.0
+    if isinstance(x, Quotient):
+        return quotient_span(x)
     if isinstance(x, Deferred) and hasattr(type(x), "ends"):  # LogSoftmax's, an L2 normalization's [-1, 1]
         return x.ends
     if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
@@ -176,6 +181,22 @@ def span(x) -> tuple[float, float] | None:
         return None
     pick = max if x.is_max else min
     return pick(p[0] for p in parts), pick(p[1] for p in parts)
+
+
+def quotient_span(x: Quotient) -> tuple[float, float] | None:
+    """[-m, m], m = max|a| / min|b|: a and b the sums of their terms' intervals, b's clipped by its deferred Clip
+    (lo, hi) to [max(b_lo, lo), min(b_hi, hi)]; None where that interval holds 0 (no bound)."""
+    a, b = ([sum(p) for p in zip(*(span(t) for t in terms))] for terms in (x.a, x.b))
+    lo, hi = x.clip
+    if lo is not None:
+        b = [max(v, float(lo)) for v in b]
+    if hi is not None:
+        b = [min(v, float(hi)) for v in b]
+    least = b[0] if b[0] > 0 else -b[1] if b[1] < 0 else 0.0
+    if not least:
+        return None
+    m = max(abs(a[0]), abs(a[1])) / least
+    return -m, m
 
 
 def tail(ctx, x) -> Scaled:
@@ -202,7 +223,7 @@ def tail(ctx, x) -> Scaled:
         try:
             if isinstance(x, Softmaxed):
                 softmax_plan(x.view[1], 1 / exact)
-            elif isinstance(x, Deferred) and hasattr(x, "plan"):  # an L2 normalization's
+            elif isinstance(x, L2Normalized):
                 x.plan(exact, -32768, 32767)
         except NoPlan:
             continue

@@ -1,0 +1,90 @@
+"""A model that ends at its masked mean pooling: the Div is a float output (quantize_static puts no QuantizeLinear
+after it), quantized as a float tail: int16, zero point 0, the least float32 s with 32767 s >= m, m = max|a| /
+min|b| the quotient's bound, b's interval clipped by its deferred Clip ("Quotients of sums" in docs/import.md).
+Before: 'a float output (Div) computed after the last QuantizeLinear has no integer form here'."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto as T
+from onnx import helper as h
+from support.quantized import quantizes_whole
+from test_masked_pooling16 import RANGE, SCALES, check, f, ids_model, least_c, masked_mean_qdq, oracle
+from test_quantize_fresh15 import padded_ids
+
+from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.executor import execute
+
+INT16 = (-32768, 32767)
+
+
+def ending_at_the_div(model):
+    """``model`` with its last node (the QuantizeLinear after the Div) removed: the Div's float output is the
+    graph's."""
+    div = model.graph.node[-1].input[0]
+    del model.graph.node[-1]
+    del model.graph.output[:]
+    model.graph.output.extend([h.make_tensor_value_info(div, T.FLOAT, None)])
+    return model
+
+
+def least_float32_scale(m: Fraction) -> Fraction:
+    """The least float32 s with 32767 s >= m."""
+    s = np.float32(float(m) / 32767)
+    while Fraction(float(s)) * 32767 < m:
+        s = np.nextafter(s, np.float32(np.inf))
+    while Fraction(float(np.nextafter(s, np.float32(0)))) * 32767 >= m:
+        s = np.nextafter(s, np.float32(0))
+    return Fraction(float(s))
+
+
+@settings(max_examples=30, deadline=None)
+@given(d=st.data(), x_type=st.sampled_from([T.INT8, T.UINT8]), sx=SCALES, sp=SCALES,
+       least=st.sampled_from([1.0, 0.5, 3.0, 0.25]), form=st.sampled_from(["clip", "max"]),
+       count=st.sampled_from(["grid", "float", "qdq"]), expand=st.booleans())
+def test_a_masked_mean_as_the_float_output_is_within_its_bound_at_its_grid(d, x_type, sx, sp, least, form, count,
+                                                                             expand):
+    """Property: a masked mean ending the model (one token to 16 or 1200, scales 2^-10 to 16, zero points, masks
+    with rows all masked and all kept, x at its type's ends) takes the int16 grid of m = T max|t_p - z_p| s_p /
+    least (the dividend's sum of T products over the clipped count's least value), every output within the
+    documented bound of the exact quotient at that grid, equal to it away from half-integers, an all-masked row 0."""
+    if count == "float":  # a float count is integers: a bound off them is refused by the integer Clip
+        least = max(1.0, float(round(least)))
+    b, t, c = d.draw(st.integers(1, 3)), d.draw(st.integers(1, 16) | st.just(1200)), d.draw(st.integers(1, 4))
+    lo, hi = RANGE[x_type]
+    zx, zp = d.draw(st.integers(lo, hi)), d.draw(st.integers(0, 255))
+    rng = np.random.default_rng(d.draw(st.integers(0, 2 ** 16)))
+    x = rng.integers(lo, hi + 1, (b, t, c))
+    x.flat[:2] = (lo, hi)[:x.size]
+    m = (rng.random((b, t)) < rng.random()).astype(np.int64)
+    m[0] = 0  # a row with no kept position
+    if b > 1:
+        m[1] = 1
+    model = ending_at_the_div(masked_mean_qdq((b, t, c), x_type, sx, zx, sp, zp, 1.0, 0, least, form, count,
+                                              expand))
+    imp = import_model(model, input_precisions={"x": 9, "m": 2})
+    so = Fraction(float(imp.edges.outputs[0].scale))
+    assert so == least_float32_scale(t * max(zp, 255 - zp) * f(sp) / f(least))
+    [got] = execute(imp.graph, {"x": x.astype(np.int32), "m": m.astype(np.int32)})
+    got = np.asarray(got).reshape(b, c)
+    want = oracle(x, m, sx, zx, sp, zp, float(so), least, count)
+    step = {"grid": f(1 / 255), "float": Fraction(1), "qdq": f(t / 255)}[count]
+    check(got, want, least_c(t, sp, float(so), zp, step, least), float(so), 0, *INT16)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_masked_mean_pooling_as_the_last_op_quantizes_whole(tmp_path, per_channel):
+    """capiti's masked mean, sum(x * mask) / Clip(sum(mask), 1), as the model's last op: whole, as close to float
+    as onnxruntime's quantized model (1.1x), the export exact. Regression: refused 'a float output (Div) computed
+    after the last QuantizeLinear has no integer form here'."""
+    model = ids_model("clip")
+    del model.graph.node[-1]  # the Gemm head
+    del model.graph.output[:]
+    model.graph.output.extend([h.make_tensor_value_info("pooled", T.FLOAT, None)])
+    ids = padded_ids(8)
+    ids[0, 0, 1:] = 0  # a sequence of one token
+    quantizes_whole(tmp_path, model, per_channel, ids)
