@@ -17,6 +17,7 @@ from test_masked_pooling16 import RANGE, SCALES, check, f, ids_model, least_c, m
 from test_quantize_fresh15 import padded_ids
 
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
 
 INT16 = (-32768, 32767)
@@ -88,3 +89,16 @@ def test_a_masked_mean_pooling_as_the_last_op_quantizes_whole(tmp_path, per_chan
     ids = padded_ids(8)
     ids[0, 0, 1:] = 0  # a sequence of one token
     quantizes_whole(tmp_path, model, per_channel, ids)
+
+
+@pytest.mark.parametrize("form", ["clip", "max"])
+def test_a_masked_mean_over_a_count_clipped_far_below_its_step_as_the_float_output_is_refused_in_one_line(form):
+    """sentence-transformers' clamp(count, 1e-9) on the mask's 1/255 grid as the last op: the Clip guards 0 / 0
+    alone, and at the grid of max|a| / 1e-9 every value at a nonzero count lies within one step of 0 (all outputs
+    0): refused in one line as a float output with no bound."""
+    model = ending_at_the_div(masked_mean_qdq((1, 8, 2), T.INT8, 0.05, 0, 0.02, 128, 1.0, 0, 1e-9, form, "grid",
+                                              True))
+    with pytest.raises(CVMError) as e:
+        import_model(model, input_precisions={"x": 9, "m": 2})
+    assert "a float output (Div) computed after the last QuantizeLinear has no integer form here" in str(e.value)
+    assert "\n" not in str(e.value)
