@@ -4,17 +4,19 @@ min|b| the quotient's bound, b's interval clipped by its deferred Clip ("Quotien
 Before: 'a float output (Div) computed after the last QuantizeLinear has no integer form here'."""
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
-from support.quantized import quantizes_whole
+from support.quantized import qdq, quantizes_whole
 from test_masked_pooling16 import RANGE, SCALES, check, f, ids_model, least_c, masked_mean_qdq, oracle
 from test_quantize_fresh15 import padded_ids
+from test_quantized_fresh_ops import NP, draw_x
 
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.core.errors import CVMError
@@ -56,6 +58,7 @@ def test_a_masked_mean_as_the_float_output_is_within_its_bound_at_its_grid(d, x_
     if count == "float":  # a float count is integers: a bound off them is refused by the integer Clip
         least = max(1.0, float(round(least)))
     b, t, c = d.draw(st.integers(1, 3)), d.draw(st.integers(1, 16) | st.just(1200)), d.draw(st.integers(1, 4))
+    assume(t > least)  # a count never above the bound: the Clip leaves one value, the Div folds to a / least
     lo, hi = RANGE[x_type]
     zx, zp = d.draw(st.integers(lo, hi)), d.draw(st.integers(0, 255))
     rng = np.random.default_rng(d.draw(st.integers(0, 2 ** 16)))
@@ -102,3 +105,35 @@ def test_a_masked_mean_over_a_count_clipped_far_below_its_step_as_the_float_outp
         import_model(model, input_precisions={"x": 9, "m": 2})
     assert "a float output (Div) computed after the last QuantizeLinear has no integer form here" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.data(), s=st.floats(2.0**-8, 2.0**2, width=32), x_type=st.sampled_from([T.INT8, T.UINT8]))
+def test_an_l1_normalization_as_the_float_output_takes_the_grid_of_its_bound_1(d, s, x_type):
+    """LpNormalization p = 1 as the float output: |u| <= sum |u| <= V, so its grid is the least float32 s_t with
+    32767 s_t >= 1; every output within 1/2 + 1 / (2 L) steps of the exact u / (V s_t) ("LpNormalization p = 1"),
+    L >= L_0 the least fitting |N| <= P round(L / s_t) and |D| <= n P L within 2^28, equal to its rounding farther
+    than that from a half-integer. Before: the general bound max|u| s / s, a grid up to 255 times coarser."""
+    shape = tuple(d.draw(st.integers(1, 4)) for _ in range(d.draw(st.integers(0, 2)))) + (d.draw(st.integers(1, 40)),)
+    axis = d.draw(st.integers(-len(shape), len(shape) - 1))
+    lo, hi = RANGE[x_type]
+    z = d.draw(st.integers(lo, hi))
+    inits = {"s": np.float32(s), "z": NP[x_type](z)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("LpNormalization", ["xf"], ["g"], name="lp", p=1, axis=axis)]
+    x = draw_x(d, shape, x_type)
+    x.reshape(-1)[:2] = (lo, hi)[:x.size]
+    imp = import_model(qdq(nodes, shape, x_type, inits, T.FLOAT, out="g"), input_precision=9)
+    so = Fraction(float(imp.edges.outputs[0].scale))
+    assert so == least_float32_scale(Fraction(1))
+    got = np.asarray(execute(imp.graph, {"data": x.astype(np.int32)})[0], np.int64).reshape(shape)
+    u = x.astype(np.int64) - z
+    total = np.broadcast_to(np.abs(u).sum(axis=axis, keepdims=True), u.shape)
+    big = max(z - lo, hi - z)
+    least_l = min(math.floor((Fraction(1 << 28, big) - Fraction(1, 2)) * so), (1 << 28) // (shape[axis] * big))
+    e = Fraction(1, 2 * least_l)
+    for y, a, b in zip(got.flat, u.flat, total.flat):
+        v = Fraction(int(a), int(b)) / so if b else Fraction(0)
+        assert abs(y - v) <= Fraction(1, 2) + e, (y, v)
+        if abs(abs(v - math.floor(v)) - Fraction(1, 2)) > e:
+            assert y == round(v), (y, v)

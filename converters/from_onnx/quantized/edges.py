@@ -184,11 +184,13 @@ def span(x) -> tuple[float, float] | None:
 
 
 def quotient_span(x: Quotient) -> tuple[float, float] | None:
-    """[-m, m], m = max|a| / min|b|: a and b the sums of their terms' intervals, b's clipped by its deferred Clip
-    (lo, hi) to [max(b_lo, lo), min(b_hi, hi)]; None where that interval holds 0 (no bound), or where a divisor of
-    one term reaching 0 is clipped at 0 < lo with its one step r > 32767 lo (a guard of 0 / 0 alone:
-    sentence-transformers' count at 1e-9 on a 1/255 grid): every value at a nonzero divisor, |a| / r < m / 32767,
-    would lie within one step of 0 at the grid m gives."""
+    """[-m, m], m its known ``bound``, else m = max|a| / min|b|: a and b the sums of their terms' intervals, b's
+    clipped by its deferred Clip (lo, hi) to [max(b_lo, lo), min(b_hi, hi)]; None where that interval holds 0 (no
+    bound), or where a divisor of one term reaching 0 is clipped at 0 < lo with its one step r > 32767 lo (a guard
+    of 0 / 0 alone: sentence-transformers' count at 1e-9 on a 1/255 grid): every value at a nonzero divisor,
+    |a| / r < m / 32767, would lie within one step of 0 at the grid m gives."""
+    if x.bound is not None:
+        return -float(x.bound), float(x.bound)
     a, b = ([sum(p) for p in zip(*(span(t) for t in terms))] for terms in (x.a, x.b))
     lo, hi = x.clip
     if lo is not None and len(x.b) == 1 and b[0] <= 0 <= b[1] and 0 < lo * TAIL_STEPS < min(x.b[0].scale.flat):

@@ -497,7 +497,7 @@ def lp_normalization_rule(ctx, node, x):
     e = ctx.emit("clip", ctx.entry(total), a_min=1, a_max=max(total.hi, 1))
     keep = x.shape[:axis] + (1,) + x.shape[axis + 1:]
     total = ctx.reshape(ctx.result(e, INT32, 1, max(total.hi, 1), total.shape), keep)
-    return Quotient(x, Scaled(total, v.scale, np.zeros((), np.int64)))
+    return Quotient(x, Scaled(total, v.scale, np.zeros((), np.int64)), Fraction(1))  # |u| <= sum |u| <= V
 
 
 @float_rule("ReduceLogSum", since=1)
@@ -873,10 +873,11 @@ class Quotient(Deferred):
     e_N = N - c a and e_D = D - c b s_out, N / D - v = (e_N - v e_D) / D: the output is within
     1/2 + (|e_N| + |v| |e_D|) / |D| of v (docs/import.md, "Quotients of sums"). A divisor of one ``Scaled`` with
     a deferred Clip to real bounds (lo, hi): D clipped to their integers (``clip_ends``), |e_D| within
-    max(|e_D|, 1) of the clipped value."""
+    max(|e_D|, 1) of the clipped value. ``bound``: a known bound on |a / b| (LpNormalization p = 1: 1), the interval
+    of its float output."""
 
-    def __init__(self, a, b):
-        self.what = "Div"
+    def __init__(self, a, b, bound: Fraction | None = None):
+        self.what, self.bound = "Div", bound
         self.a = self.terms(a, "the dividend")
         self.clip = b.clip if isinstance(b, Scaled) else (None, None)
         self.b = self.terms(replace(b, clip=(None, None)) if isinstance(b, Scaled) else b, "the divisor")
