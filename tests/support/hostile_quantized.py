@@ -1173,6 +1173,11 @@ ATTRS.update({
                          "classlabels_strings": [["a", "b", "c"]], "multi_class": [1, 2, -1],
                          "post_transform": ["PROBIT", "SOFTMAX_ZERO", "bogus", "LOGISTIC", "SOFTMAX", "NONE"]},
     "ArrayFeatureExtractor": {}, "NonZero": {}, "Scaler": ATTRS["Scaler"],
+    "MatMulNBits": {"K": [0, -1, 63, 65, 128, BIG, 1 << 62, 64.0], "N": [0, -1, 47, 49, BIG, 48.0],
+                    "bits": [0, 1, 2, 3, 8, 16, -4, 4.0], "block_size": [0, -16, 8, 15, 24, 64, BIG + 1, 1 << 62, 32.0],
+                    "accuracy_level": [-1, 4, 99]},
+    "GatherBlockQuantized": {"bits": [0, 2, 3, 8, -4, 4.0], "block_size": [0, -16, 8, 24, 32, BIG + 1, 1 << 62, 16.0],
+                             "quantize_axis": [-3, -2, -1, 0, 2, 1 << 40, 1.0], "gather_axis": [-3, -1, 1, 2, 0.0]},
 })
 ATTRS["LinearRegressor"] = {**ATTRS["LinearRegressor"], "targets": [0, -1, 2, 4, BIG, 1.5],
                             "coefficients": [[_NAN] * 18, [1.0] * 7, [1] * 18, [1e-45] * 18]}
@@ -1422,7 +1427,7 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
             continue
         shape = SAMPLE_SHAPES.get(kind) or [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
         shape = shape[1:] if shape[0] == 1 else shape  # the LSTM's first axis is its steps
-        samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding") else \
+        samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding", "q4-embedding") else \
             rng.integers(0, 11, (6, *shape)).astype(np.float32) if kind == "cast-ids" else \
             rng.integers(0, 256, (6, *shape)).astype(np.uint8) if kind == "sscd" else \
             rng.normal(size=(6, *shape)).astype(np.float32)
@@ -1452,12 +1457,15 @@ NEWEST15_FLOAT = NEWEST15_QOPERATOR + ("reduce-log-sum-convs", "lp-norm-convs", 
 NEWEST16_QOPERATOR = ("lrn-conv", "reduce-prod-convs")
 NEWEST16_FLOAT = NEWEST16_QOPERATOR + ("lrn-convs", "lrn-pool-convs", "convT-sized-convs", "convT-3d-convs",
                                       "nonzero-gather-nd") + NEWEST16_OURS
+#: The float seeds of the forms of NEWEST17 (``_newest17_float``): weight-only models (MatMulNBits,
+#: GatherBlockQuantized).
+NEWEST17_FLOAT = ("q4-dense", "q4-embedding")
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
                 "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
-    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT + NEWEST16_FLOAT
+    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT + NEWEST16_FLOAT + NEWEST17_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
@@ -1571,6 +1579,7 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     out.update(_newest14_float())
     out.update(_newest15_float())
     out.update(_newest16_float())
+    out.update(_newest17_float())
     return out
 
 
@@ -1765,6 +1774,14 @@ def _newest16_float() -> dict[str, onnx.ModelProto]:
                 [h.make_tensor_value_info("y", T.FLOAT, None)],
                 [nh.from_array(rng.normal(size=(4, 5)).astype(np.float32), "w"),
                  nh.from_array(np.array([[1, 0, 1], [0, 1, 1]], np.int64), "c")]), 17)}
+
+
+def _newest17_float() -> dict[str, onnx.ModelProto]:
+    """Float models of the forms of NEWEST17: transformers.js' q4 dense pair (two MatMulNBits, a bias) and a q4
+    embedding (GatherBlockQuantized, uint8 packed 4 bits) into a MatMulNBits, calibrated by ids < 11."""
+    from .weight_only import embedded, two_layers
+
+    return {"q4-dense": two_layers(np.random.default_rng(17)), "q4-embedding": embedded(np.random.default_rng(17))}
 
 
 def _newest13_samples(kind: str, rng) -> bytes:
