@@ -1176,6 +1176,7 @@ ATTRS.update({
     "MatMulNBits": {"K": [0, -1, 63, 65, 128, BIG, 1 << 62, 64.0], "N": [0, -1, 47, 49, BIG, 48.0],
                     "bits": [0, 1, 2, 3, 8, 16, -4, 4.0], "block_size": [0, -16, 8, 15, 24, 64, BIG + 1, 1 << 62, 32.0],
                     "accuracy_level": [-1, 4, 99]},
+    "Normalizer": {"norm": ["L2", "MAX", "bogus", "l1", 1]},
     "GatherBlockQuantized": {"bits": [0, 2, 3, 8, -4, 4.0], "block_size": [0, -16, 8, 24, 32, BIG + 1, 1 << 62, 16.0],
                              "quantize_axis": [-3, -2, -1, 0, 2, 1 << 40, 1.0], "gather_axis": [-3, -1, 1, 2, 0.0]},
 })
@@ -1458,8 +1459,9 @@ NEWEST16_QOPERATOR = ("lrn-conv", "reduce-prod-convs")
 NEWEST16_FLOAT = NEWEST16_QOPERATOR + ("lrn-convs", "lrn-pool-convs", "convT-sized-convs", "convT-3d-convs",
                                       "nonzero-gather-nd") + NEWEST16_OURS
 #: The float seeds of the forms of NEWEST17 (``_newest17_float``): weight-only models (MatMulNBits,
-#: GatherBlockQuantized).
-NEWEST17_FLOAT = ("q4-dense", "q4-embedding")
+#: GatherBlockQuantized), antialiased and bicubic Resize, torch's written-out LRN, skl2onnx's Normalizer L1.
+NEWEST17_FLOAT = ("q4-dense", "q4-embedding", "resize-aa-convs", "resize-bicubic-convs", "lrn-written-convs",
+                  "logistic-l1")
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
@@ -1778,10 +1780,28 @@ def _newest16_float() -> dict[str, onnx.ModelProto]:
 
 def _newest17_float() -> dict[str, onnx.ModelProto]:
     """Float models of the forms of NEWEST17: transformers.js' q4 dense pair (two MatMulNBits, a bias) and a q4
-    embedding (GatherBlockQuantized, uint8 packed 4 bits) into a MatMulNBits, calibrated by ids < 11."""
+    embedding (GatherBlockQuantized, uint8 packed 4 bits) into a MatMulNBits, calibrated by ids < 11; between Convs,
+    torchvision's antialiased bilinear Resize 12 x 12 -> 7 x 9, torch's antialiased bicubic (A -0.5,
+    exclude_outside) and its written-out LocalResponseNorm; skl2onnx's multinomial LogisticRegression (a Scaler,
+    LinearClassifier SOFTMAX, Normalizer L1 of its probabilities)."""
+    from test_ops16 import resize_node, written_lrn
+
+    from .quantized import between_convs, linear_classifier
     from .weight_only import embedded, two_layers
 
-    return {"q4-dense": two_layers(np.random.default_rng(17)), "q4-embedding": embedded(np.random.default_rng(17))}
+    rng = np.random.default_rng(17)
+    aa, bicubic = (resize_node((1, 8, 7, 9), 1, "pytorch_half_pixel", a, a is not None, inputs=("a", "b"))
+                   for a in (None, -0.5))
+    logistic = linear_classifier(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=3).astype(np.float32),
+                                 [0, 1, 2], [None, 4], scaler=True, post_transform="SOFTMAX")
+    logistic.graph.node[-1].output[1] = "probability_tensor"
+    logistic.graph.node.extend([h.make_node("Normalizer", ["probability_tensor"], ["probabilities"],
+                                            domain="ai.onnx.ml", norm="L1", name="Normalizer")])
+    return {"q4-dense": two_layers(rng), "q4-embedding": embedded(rng),
+            "resize-aa-convs": between_convs([aa[0]], aa[1], opset=18),
+            "resize-bicubic-convs": between_convs([bicubic[0]], bicubic[1], opset=18),
+            "lrn-written-convs": between_convs(*written_lrn((1, 8, 12, 12), 5, 0.02, 0.75, 1.0), opset=18),
+            "logistic-l1": logistic}
 
 
 def _newest13_samples(kind: str, rng) -> bytes:
@@ -1975,7 +1995,7 @@ def _packed_samples(kind: str, rng) -> bytes:
 #: The shape of one sample of the float seeds whose input's dims are symbolic (time steps, then features).
 SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3), "gru-cache": (1, 1, 3),
                  "linear-regressor": (1, 1, 6), "linear-classifier": (1, 1, 6), "linear-svc": (1, 1, 6),
-                 "windows": (1, 8, 16)}
+                 "windows": (1, 8, 16), "logistic-l1": (1, 1, 4)}
 
 
 def _npy(a: np.ndarray) -> bytes:
