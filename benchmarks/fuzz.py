@@ -35,7 +35,8 @@ WKV recurrence and skl2onnx's linear classifiers (``HQ.newest16_seeds``).
 forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds
 (``HQ.NORMS_AND_MASKS_FLOAT``), ``quantize-newest13`` those of the newest13 forms (``HQ.NEWEST13_FLOAT``),
 ``quantize-newest14`` those of the newest14 forms (``HQ.NEWEST14_FLOAT``), ``quantize-newest15`` those of the
-newest15 forms (``HQ.NEWEST15_FLOAT``), ``quantize-newest16`` those of the newest16 forms (``HQ.NEWEST16_FLOAT``).
+newest15 forms (``HQ.NEWEST15_FLOAT``), ``quantize-newest16`` those of the newest16 forms (``HQ.NEWEST16_FLOAT``),
+``quantize-newest17`` weight-only models (MatMulNBits, GatherBlockQuantized: ``HQ.NEWEST17_FLOAT``).
 ``layouts`` loads the packed seeds' model directories with their quantization.json edited and runs them on mutated
 named inputs (.npz): the outputs must be those of the directory's own layout, or the edit refused
 (``HQ.check_layout``). Each child may add CHILD_MEMORY to its address space; a case gets CASE_SECONDS.
@@ -104,6 +105,7 @@ CHILD_TARGETS = {
     "quantize-newest14": lambda: HQ.mutated_calibration(HQ.NEWEST14_FLOAT),
     "quantize-newest15": lambda: HQ.mutated_calibration(HQ.NEWEST15_FLOAT),
     "quantize-newest16": lambda: HQ.mutated_calibration(HQ.NEWEST16_FLOAT),
+    "quantize-newest17": lambda: HQ.mutated_calibration(HQ.NEWEST17_FLOAT),
     "layouts": lambda: HQ.mutated_layouts(),
 }
 PROJECT = ("cvm_onnx", "converters")
@@ -180,7 +182,7 @@ CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized"
           "newest": "quantized", "newest13": "quantized", "newest14": "quantized", "newest15": "quantized",
           "newest16": "quantized", "quantize": "quantize", "quantize-latest": "quantize",
           "quantize-norms-masks": "quantize", "quantize-newest13": "quantize", "quantize-newest14": "quantize",
-          "quantize-newest15": "quantize", "quantize-newest16": "quantize",
+          "quantize-newest15": "quantize", "quantize-newest16": "quantize", "quantize-newest17": "quantize",
           "layouts": "layouts"}
 
 

@@ -196,24 +196,42 @@ def _unpacked(packed: np.ndarray, bits: int) -> np.ndarray:
 
 def _blocks(q: np.ndarray, z: np.ndarray, s: np.ndarray, size: int, axis: int) -> np.ndarray:
     """(q - z) * s in the scales' type, z and s given per block of ``size`` values of q along ``axis``."""
-    spread = [np.repeat(a, size, axis).take(range(q.shape[axis]), axis) for a in (z, s)]
-    return (q - spread[0]).astype(s.dtype) * spread[1]
+    at = np.arange(q.shape[axis]) // size  # each value's block: no array sized by block_size
+    return (q - z.take(at, axis)).astype(s.dtype) * s.take(at, axis)
+
+
+def _ints(n: onnx.NodeProto, defaults: dict[str, int]) -> dict[str, int] | None:
+    """``n``'s attributes named in ``defaults`` (the default where absent); None where one is not an INT."""
+    given = {a.name: a for a in n.attribute}
+    if any(given[k].type != onnx.AttributeProto.INT for k in defaults if k in given):
+        return None
+    return {k: given[k].i if k in given else v for k, v in defaults.items()}
+
+
+def _block_size(size: int) -> bool:
+    """onnxruntime's rule for both weight-only ops: a power of two, at least 16."""
+    return size >= 16 and size & (size - 1) == 0
 
 
 def _nbits(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     """com.microsoft MatMulNBits as MatMul(A, w_f) (+ Add of the bias): B (N, blocks, block_size * bits / 8) uint8
     unpacked low bits first, w_f[k, n] = (q - zero point) * scale of k's block in the scales' type, the zero points
-    uint8 packed as B (N rows of ceil(blocks * bits / 8) bytes) or 2^(bits - 1) where absent. None where B, the
-    scales or zero points are no constants of that form, or g_idx (act-order blocks) or float zero points are given."""
+    uint8 packed as B (N rows of ceil(blocks * bits / 8) bytes) or 2^(bits - 1) where absent. None where an
+    attribute is not onnxruntime's (integers; block_size a power of two, at least 16), B, the scales, zero points or
+    bias (N values of the scales' type) are no constants of that form, or g_idx (act-order blocks) or float zero
+    points are given."""
     ins = list(n.input) + [""] * 6
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-    k, cols, bits, size = attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4), attrs.get("block_size", 0)
-    q, s = g.const(ins[1]), g.const(ins[2])
-    if bits not in (2, 4, 8) or k < 1 or cols < 1 or size < 8 or ins[4] or q is None or s is None or \
+    attrs = _ints(n, {"K": 0, "N": 0, "bits": 4, "block_size": 0})
+    if attrs is None:
+        return None
+    k, cols, bits, size = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+    q, s, bias = g.const(ins[1]), g.const(ins[2]), g.const(ins[5])
+    if bits not in (2, 4, 8) or k < 1 or cols < 1 or not _block_size(size) or ins[4] or q is None or s is None or \
             q.dtype != np.uint8 or s.dtype not in (np.float32, np.float16):
         return None
     blocks = -(-k // size)
-    if q.size != cols * blocks * size * bits // 8 or s.size != cols * blocks:
+    if q.size != cols * blocks * size * bits // 8 or s.size != cols * blocks or \
+            ins[5] and (bias is None or bias.shape != (cols,) or bias.dtype != s.dtype):
         return None
     z = np.full((cols, blocks), 1 << bits - 1, np.int32)
     if ins[3]:
@@ -232,19 +250,23 @@ def _gathered(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
     """com.microsoft GatherBlockQuantized as Gather(table, indices, axis=gather_axis) of its dequantized table,
     (q - zero point) * scale of each value's block of ``block_size`` along ``quantize_axis``, in the scales' type:
     q int4 or uint4 data (zero points of its type, 0 where absent), or uint8 packed ``bits`` (2, 4, 8) a value
-    along the last axis, low bits first (zero points packed so, 2^(bits - 1) where absent). None where the data,
-    scales or zero points are no constants of that form (float8 and float4 data)."""
+    along the last axis, low bits first (zero points packed so, 2^(bits - 1) where absent). None where an attribute
+    is not onnxruntime's (integers; block_size a power of two, at least 16; axes within the rank; bits 4 for int4 and
+    uint4; uint8 gathered along axis 0 and quantized along another), or the data, scales or zero points are no
+    constants of that form (float8 and float4 data)."""
     ins = list(n.input) + [""] * 4
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-    bits, size = attrs.get("bits", 4), attrs.get("block_size", 128)
+    attrs = _ints(n, {"bits": 4, "block_size": 128, "quantize_axis": 1, "gather_axis": 0})
     d, s = g.const(ins[0]), g.const(ins[2])
-    if d is None or s is None or s.dtype not in (np.float32, np.float16) or size < 16 or d.ndim != s.ndim or \
-            not d.ndim or (d.dtype == np.uint8 and bits not in (2, 4, 8)) or \
-            (d.dtype != np.uint8 and d.dtype.name not in ("int4", "uint4")):
+    if attrs is None or d is None or s is None or s.dtype not in (np.float32, np.float16) or \
+            not _block_size(attrs["block_size"]) or d.ndim != s.ndim or not d.ndim or \
+            not all(-d.ndim <= attrs[a] < d.ndim for a in ("quantize_axis", "gather_axis")):
         return None
-    packed = d.dtype == np.uint8
+    bits, size, packed = attrs["bits"], attrs["block_size"], d.dtype == np.uint8
+    axis, gather = attrs["quantize_axis"] % d.ndim, attrs["gather_axis"] % d.ndim
+    if (packed and (bits not in (2, 4, 8) or gather != 0 or axis == gather)) or \
+            (not packed and (d.dtype.name not in ("int4", "uint4") or bits != 4)):
+        return None
     q = _unpacked(d, bits) if packed else d.astype(np.int32)
-    axis, gather = attrs.get("quantize_axis", 1) % q.ndim, attrs.get("gather_axis", 0) % q.ndim
     blocks = [-(-m // size) if a == axis else m for a, m in enumerate(q.shape)]
     if list(s.shape) != blocks:
         return None

@@ -80,7 +80,7 @@ from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, feature_extractors_as_gathers, float16_as_float32,
     float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
-    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, l1_normalizer,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, l1_normalizers,
     linear_classifier_refusal, linear_classifiers_as_gemms, linear_regressors_as_gemms, normalizers_as_lp_norms,
     opsets_deduplicated,
     masked_fills_as_terms, masked_maxes_on_their_grid, masking_rows_apart, masks_after_biases, scalers_as_ops,
@@ -286,8 +286,8 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
     if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
-    left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN and
-            not l1_normalizer(n)]
+    rewritten = {id(n) for n in l1_normalizers(model)}
+    left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN and id(n) not in rewritten]
     ml = Counter(n.op_type for n in left)
     if ml:
         why.append(f"{ML_DOMAIN} ops ({', '.join(f'{op} x{k}' for op, k in ml.items())}): CVM has none")
@@ -647,7 +647,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     linear_regressors_as_gemms(model.graph)
     linear_classifiers_as_gemms(model.graph)
     feature_extractors_as_gathers(model)
-    normalizers_as_lp_norms(model.graph)
+    normalizers_as_lp_norms(model)
     input_subs_as_adds(model.graph)
     float16_as_float32(model.graph)
     group_norms_as_instance_norms(model)

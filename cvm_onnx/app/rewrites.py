@@ -780,21 +780,25 @@ def linear_classifiers_as_gemms(graph: onnx.GraphProto) -> int:
     return len(placed)
 
 
-def l1_normalizer(node: onnx.NodeProto) -> bool:
-    """Whether ``node`` is an ``ai.onnx.ml`` Normalizer of norm L1 (``normalizers_as_lp_norms`` rewrites it)."""
-    return node.op_type == "Normalizer" and node.domain == "ai.onnx.ml" and len(node.input) == 1 and \
-        {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("norm") == b"L1"
+def l1_normalizers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The ``ai.onnx.ml`` Normalizers of norm L1 whose input onnx's shape inference states 1-D or 2-D
+    (onnxruntime's kernel refuses another rank): those ``normalizers_as_lp_norms`` rewrites."""
+    found = [n for n in model.graph.node if n.op_type == "Normalizer" and n.domain == "ai.onnx.ml" and
+             len(n.input) == 1 and {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("norm") == b"L1"]
+    shapes = _known_shapes(model) if found else {}
+    return [n for n in found if len(shapes.get(n.input[0], [])) in (1, 2)]
 
 
-def normalizers_as_lp_norms(graph: onnx.GraphProto) -> int:
-    """Replace each ``ai.onnx.ml`` Normalizer of norm L1 (skl2onnx's multinomial LogisticRegression after its
-    probabilities; ``l1_normalizer``) by Cast(x, float) and LpNormalization(p = 1, axis = -1): onnxruntime's kernel
-    divides each row (a 1-D x: the one row) by its sum of |x| in float, and leaves a row of zeros at 0, as
-    LpNormalization does. Returns how many were replaced."""
+def normalizers_as_lp_norms(model: onnx.ModelProto) -> int:
+    """Replace each ``ai.onnx.ml`` Normalizer of norm L1 of a 1-D or 2-D x (skl2onnx's multinomial
+    LogisticRegression after its probabilities; ``l1_normalizers``) by Cast(x, float) and LpNormalization(p = 1,
+    axis = -1): onnxruntime's kernel divides each row (a 1-D x: the one row) by its sum of |x| in float, and leaves a
+    row of zeros at 0, as LpNormalization does. Returns how many were replaced."""
+    graph = model.graph
     names = _taken(graph)
     fresh = functools.partial(_fresh_name, names)
     placed = _Places()
-    for node in [n for n in graph.node if l1_normalizer(n)]:
+    for node in l1_normalizers(model):
         x = fresh(f"{node.output[0]}_float")
         placed[node] = [helper.make_node("Cast", [node.input[0]], [x], name=fresh(f"{node.name}_cast"),
                                          to=onnx.TensorProto.FLOAT),

@@ -350,10 +350,28 @@ def test_a_normalizer_l1_is_onnxruntimes_lp_normalization(d, rank, zeros):
                                                                                                   None)])
     m = onnx_model(g, 13, {"ai.onnx.ml": 1})
     want = ort_run(m, x)
-    assert normalizers_as_lp_norms(m.graph) == 1
+    assert normalizers_as_lp_norms(m) == 1
     assert [n.op_type for n in m.graph.node] == ["Cast", "LpNormalization"]
     got = ort_run(m, x)
     assert got.shape == want.shape and np.allclose(got, want, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("shape", [[2, 3, 4], [1, 1, 2, 3], [], None])
+def test_a_normalizer_l1_of_another_rank_is_left_and_refused(shape):
+    """onnxruntime's Normalizer refuses an input of rank past 2 (and a scalar); an input whose rank shape inference
+    does not state may be one: left, and quantize's refusal names it. Before: rewritten as an LpNormalization that
+    runs where onnxruntime's model fails."""
+    from cvm_onnx.app.quantize import refusal
+    from cvm_onnx.app.rewrites import normalizers_as_lp_norms
+
+    g = h.make_graph([h.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L1", name="n")], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, shape)], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    m = onnx_model(g, 13, {"ai.onnx.ml": 1})
+    if shape:
+        with pytest.raises(Exception, match="Rank of input"):
+            ort_run(m, np.ones(shape, np.float32))
+    assert "ai.onnx.ml ops (Normalizer x1): CVM has none" in refusal(m)
+    assert normalizers_as_lp_norms(m) == 0 and [n.op_type for n in m.graph.node] == ["Normalizer"]
 
 
 @pytest.mark.parametrize("per_channel", [False, True])

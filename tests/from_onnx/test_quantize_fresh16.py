@@ -73,13 +73,15 @@ def test_matmul_nbits_is_the_matmul_of_its_dequantized_weights(bits, k, n, size,
 
 @settings(max_examples=40, deadline=None)
 @given(kind=st.sampled_from(["int4", "uint4", "uint8"]), bits=st.sampled_from([2, 4, 8]), rows=st.integers(1, 40),
-       cols=st.integers(1, 40), size=st.sampled_from([16, 32]), axes=st.sampled_from([(1, 0), (0, 1), (1, 1)]),
+       cols=st.integers(1, 40), size=st.sampled_from([16, 32, 2 ** 31, 2 ** 62]),
+       axes=st.sampled_from([(1, 0), (0, 1), (1, 1)]),
        zeros=st.booleans(), seed=st.integers(0, 2 ** 16))
 def test_gather_block_quantized_is_the_gather_of_its_dequantized_table(kind, bits, rows, cols, size, axes, zeros,
                                                                        seed):
     """Property: the rewritten Gather's table is the oracle's, and its outputs onnxruntime's GatherBlockQuantized
     kernel's, element for element (int4 and uint4 data on either axis; uint8 packed 2, 4 or 8 bits along its last
-    axis, the only axis onnxruntime quantizes uint8 along, gathered along the first)."""
+    axis, the only axis onnxruntime quantizes uint8 along, gathered along the first); a block_size past the axis
+    (2^31, 2^62: one block) allocates nothing sized by it (before: MemoryError)."""
     rng = np.random.default_rng(seed)
     bits = bits if kind == "uint8" else 4
     axes = (1, 0) if kind == "uint8" else axes
@@ -146,6 +148,60 @@ def test_a_matmul_nbits_of_another_form_is_refused_naming_it(tmp_path):
     [p] = e.value.problems
     assert p.where == "h"  # the node's output: it has no name
     assert "MatMulNBits of constant packed weights" in p.rule and "without g_idx" in p.rule
+
+
+def mutated(node: onnx.NodeProto, inits: list[onnx.TensorProto], change: dict) -> onnx.NodeProto:
+    """``node`` with the attributes in ``change`` set (None: removed) and initializers ``"init:<name>"`` replaced."""
+    for name, v in change.items():
+        if name.startswith("init:"):
+            t = next(t for t in inits if t.name == name[5:])
+            t.CopyFrom(nh.from_array(v, t.name))
+            continue
+        for a in [a for a in node.attribute if a.name == name]:
+            node.attribute.remove(a)
+        if v is not None:
+            node.attribute.append(h.make_attribute(name, v))
+    return node
+
+
+@pytest.mark.parametrize("change", [
+    {"K": 40.0}, {"N": [3]}, {"bits": b"4"}, {"block_size": 16.0}, {"block_size": 24}, {"block_size": None},
+    {"init:c": np.zeros(4, np.float32)}, {"init:c": np.zeros((1, 3), np.float32)}, {"init:c": np.zeros(3, np.int64)},
+    {"init:c": np.zeros((), np.float32)}])
+def test_a_matmul_nbits_onnxruntime_refuses_is_refused_naming_it(change):
+    """Attributes of another type or value (block_size a power of two, at least 16) and a bias not N values of the
+    scales' type: onnxruntime refuses the model; as_float refuses it in one problem naming the node. Before: a
+    TypeError for a float or list attribute, the rest rewritten as a float model."""
+    rng = np.random.default_rng(0)
+    node, inits, _ = nbits(rng, 40, 3, 4, 16, True, True, rng.uniform(0.01, 0.02, 9).astype(np.float32))
+    m = float_in([mutated(node, inits, change)], inits, [1, 40])
+    with pytest.raises(Exception):
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(UnsupportedError) as e:
+        as_float(m.graph)
+    assert [p.where for p in e.value.problems] == ["y"]
+
+
+@pytest.mark.parametrize("kind, change", [
+    ("uint8", {"bits": 4.0}), ("int4", {"quantize_axis": 1.0}), ("uint4", {"gather_axis": 0.0}),
+    ("int4", {"block_size": 48}), ("uint8", {"block_size": 8}), ("uint4", {"quantize_axis": 2}),
+    ("int4", {"quantize_axis": -3}), ("int4", {"gather_axis": 2}), ("uint8", {"gather_axis": -3}),
+    ("uint8", {"gather_axis": 1}), ("uint8", {"quantize_axis": 0, "init:s": np.ones((2, 32), np.float32)}),
+    ("int4", {"bits": 8}), ("uint4", {"bits": 2})])
+def test_a_gather_block_quantized_onnxruntime_refuses_is_refused_naming_it(kind, change):
+    """Attributes of another type or value onnxruntime refuses (block_size a power of two, at least 16; axes within
+    the rank; bits 4 for int4 and uint4; uint8 gathered along axis 0 and quantized along another): one problem naming
+    the node. Before: a TypeError for a float axis or bits, the rest rewritten (an axis taken modulo the rank)."""
+    rng = np.random.default_rng(0)
+    node, inits, _ = gather_blocks(rng, 20, 32, kind, 4, 16, 1, 0, False)
+    g = h.make_graph([mutated(node, inits, change)], "gbq", [h.make_tensor_value_info("idx", T.INT64, [3])],
+                     [h.make_tensor_value_info("e", T.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 21), h.make_opsetid("com.microsoft", 1)], ir_version=10)
+    with pytest.raises(Exception):
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(UnsupportedError) as e:
+        as_float(m.graph)
+    assert [p.where for p in e.value.problems] == ["e"]
 
 
 def test_convert_points_a_weight_only_model_at_quantize(tmp_path, capsys):

@@ -1173,6 +1173,12 @@ ATTRS.update({
                          "classlabels_strings": [["a", "b", "c"]], "multi_class": [1, 2, -1],
                          "post_transform": ["PROBIT", "SOFTMAX_ZERO", "bogus", "LOGISTIC", "SOFTMAX", "NONE"]},
     "ArrayFeatureExtractor": {}, "NonZero": {}, "Scaler": ATTRS["Scaler"],
+    "MatMulNBits": {"K": [0, -1, 63, 65, 128, BIG, 1 << 62, 64.0], "N": [0, -1, 47, 49, BIG, 48.0],
+                    "bits": [0, 1, 2, 3, 8, 16, -4, 4.0], "block_size": [0, -16, 8, 15, 24, 64, BIG + 1, 1 << 62, 32.0],
+                    "accuracy_level": [-1, 4, 99]},
+    "Normalizer": {"norm": ["L2", "MAX", "bogus", "l1", 1]},
+    "GatherBlockQuantized": {"bits": [0, 2, 3, 8, -4, 4.0], "block_size": [0, -16, 8, 24, 32, BIG + 1, 1 << 62, 16.0],
+                             "quantize_axis": [-3, -2, -1, 0, 2, 1 << 40, 1.0], "gather_axis": [-3, -1, 1, 2, 0.0]},
 })
 ATTRS["LinearRegressor"] = {**ATTRS["LinearRegressor"], "targets": [0, -1, 2, 4, BIG, 1.5],
                             "coefficients": [[_NAN] * 18, [1.0] * 7, [1] * 18, [1e-45] * 18]}
@@ -1422,7 +1428,7 @@ def float_seeds() -> dict[str, tuple[bytes, bytes]]:
             continue
         shape = SAMPLE_SHAPES.get(kind) or [d.dim_value for d in fm.graph.input[0].type.tensor_type.shape.dim]
         shape = shape[1:] if shape[0] == 1 else shape  # the LSTM's first axis is its steps
-        samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding") else \
+        samples = rng.integers(0, 11, (6, *shape)) if kind in ("tokens", "dyn-embedding", "q4-embedding") else \
             rng.integers(0, 11, (6, *shape)).astype(np.float32) if kind == "cast-ids" else \
             rng.integers(0, 256, (6, *shape)).astype(np.uint8) if kind == "sscd" else \
             rng.normal(size=(6, *shape)).astype(np.float32)
@@ -1452,12 +1458,16 @@ NEWEST15_FLOAT = NEWEST15_QOPERATOR + ("reduce-log-sum-convs", "lp-norm-convs", 
 NEWEST16_QOPERATOR = ("lrn-conv", "reduce-prod-convs")
 NEWEST16_FLOAT = NEWEST16_QOPERATOR + ("lrn-convs", "lrn-pool-convs", "convT-sized-convs", "convT-3d-convs",
                                       "nonzero-gather-nd") + NEWEST16_OURS
+#: The float seeds of the forms of NEWEST17 (``_newest17_float``): weight-only models (MatMulNBits,
+#: GatherBlockQuantized), antialiased and bicubic Resize, torch's written-out LRN, skl2onnx's Normalizer L1.
+NEWEST17_FLOAT = ("q4-dense", "q4-embedding", "resize-aa-convs", "resize-bicubic-convs", "lrn-written-convs",
+                  "logistic-l1")
 #: The float seeds of the forms added last (``_latest_float``).
 LATEST_FLOAT = ("stft", "dft", "wx", "logsoftmax", "confidence", "isnan", "Div", "Pow", "Mod", "heads", "quotient",
                 "packed", "masked", "loop", "loop-trips", "loop-nested", "scan", "l2", "l2-clip", "l2-value", "lse",
                 "mask-hf-mul", "mask-hf-where", "mask-inf", "grouped", "batched", "scatter", "gru-cache", "split-seq",
                 "fused-conv", "fused-matmul", "long-dense", "mask-eager", "mask-scatter", "mask-lse") + \
-    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT + NEWEST16_FLOAT
+    NORMS_AND_MASKS_FLOAT + NEWEST13_FLOAT + NEWEST14_FLOAT + NEWEST15_FLOAT + NEWEST16_FLOAT + NEWEST17_FLOAT
 #: The inputs ``quantize`` folds of a float seed (``--fold``): the recurrent layers' states given as graph inputs.
 FOLDS = {"states": {"h0": None, "c0": 0.5}, "gru-cache": {"cache": None}}
 #: The float seeds of several inputs, calibrated from an .npz (``_packed_samples``).
@@ -1571,6 +1581,7 @@ def _latest_float(rng) -> dict[str, onnx.ModelProto]:
     out.update(_newest14_float())
     out.update(_newest15_float())
     out.update(_newest16_float())
+    out.update(_newest17_float())
     return out
 
 
@@ -1767,6 +1778,32 @@ def _newest16_float() -> dict[str, onnx.ModelProto]:
                  nh.from_array(np.array([[1, 0, 1], [0, 1, 1]], np.int64), "c")]), 17)}
 
 
+def _newest17_float() -> dict[str, onnx.ModelProto]:
+    """Float models of the forms of NEWEST17: transformers.js' q4 dense pair (two MatMulNBits, a bias) and a q4
+    embedding (GatherBlockQuantized, uint8 packed 4 bits) into a MatMulNBits, calibrated by ids < 11; between Convs,
+    torchvision's antialiased bilinear Resize 12 x 12 -> 7 x 9, torch's antialiased bicubic (A -0.5,
+    exclude_outside) and its written-out LocalResponseNorm; skl2onnx's multinomial LogisticRegression (a Scaler,
+    LinearClassifier SOFTMAX, Normalizer L1 of its probabilities)."""
+    from test_ops16 import resize_node, written_lrn
+
+    from .quantized import between_convs, linear_classifier
+    from .weight_only import embedded, two_layers
+
+    rng = np.random.default_rng(17)
+    aa, bicubic = (resize_node((1, 8, 7, 9), 1, "pytorch_half_pixel", a, a is not None, inputs=("a", "b"))
+                   for a in (None, -0.5))
+    logistic = linear_classifier(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=3).astype(np.float32),
+                                 [0, 1, 2], [None, 4], scaler=True, post_transform="SOFTMAX")
+    logistic.graph.node[-1].output[1] = "probability_tensor"
+    logistic.graph.node.extend([h.make_node("Normalizer", ["probability_tensor"], ["probabilities"],
+                                            domain="ai.onnx.ml", norm="L1", name="Normalizer")])
+    return {"q4-dense": two_layers(rng), "q4-embedding": embedded(rng),
+            "resize-aa-convs": between_convs([aa[0]], aa[1], opset=18),
+            "resize-bicubic-convs": between_convs([bicubic[0]], bicubic[1], opset=18),
+            "lrn-written-convs": between_convs(*written_lrn((1, 8, 12, 12), 5, 0.02, 0.75, 1.0), opset=18),
+            "logistic-l1": logistic}
+
+
 def _newest13_samples(kind: str, rng) -> bytes:
     """The calibration of the packed seeds of ``NEWEST13_FLOAT``: x and the distances of chython-rxnmap's bias, or
     x and the int64 padding mask of the T5 block (six samples)."""
@@ -1958,7 +1995,7 @@ def _packed_samples(kind: str, rng) -> bytes:
 #: The shape of one sample of the float seeds whose input's dims are symbolic (time steps, then features).
 SAMPLE_SHAPES = {"loop": (6, 3), "loop-trips": (5, 3), "scan": (6, 1, 3), "gru-cache": (1, 1, 3),
                  "linear-regressor": (1, 1, 6), "linear-classifier": (1, 1, 6), "linear-svc": (1, 1, 6),
-                 "windows": (1, 8, 16)}
+                 "windows": (1, 8, 16), "logistic-l1": (1, 1, 4)}
 
 
 def _npy(a: np.ndarray) -> bytes:
