@@ -1,15 +1,15 @@
 """The architecture sweeps' imports on the CVM runtime itself (issue 35): each float model of a sweep's folder
-(benchmarks/more_architectures.py, text_architectures.py, vision_architectures.py) quantized per tensor or per channel
-by `cvm-onnx quantize` into a folder of imports, then each import loaded by a local build of the runtime (libcvm.so,
-named by CVM_RUNTIME_LIB; tests/support/cvm_runtime.py drives it) on its CPU and FORMAL devices and run on held-out
-inputs (and, where there is one input, its extremes: every value its lowest, its highest), its output compared with
-the reference executor's, every element.
+(benchmarks/more_architectures.py, fourth_architectures.py, text_architectures.py, vision_architectures.py) quantized
+per tensor or per channel by `cvm-onnx quantize` into a folder of imports, then each import loaded by a local build of
+the runtime (libcvm.so, named by CVM_RUNTIME_LIB; tests/support/cvm_runtime.py drives it) on its CPU and FORMAL devices
+and run on held-out inputs (and, where there is one input, its extremes: every value its lowest, its highest), its
+output compared with the reference executor's, every element.
 
 A load the runtime refuses, a run that fails or dies, and each output that differs are rows of the sweep, one JSON line
 per import and device. Heads whose row counts differ (CVMAPIInference cannot pack them) run one head at a time.
 
 Run:
-  python benchmarks/real_runtime_sweep.py import --models DIR --driver more|text|vision --imports OUT
+  python benchmarks/real_runtime_sweep.py import --models DIR --driver more|fourth|text|vision --imports OUT
       [--only NAME ...] [--weights per-tensor|per-channel|both] [--held-out N]
   CVM_RUNTIME_LIB=libcvm.so python benchmarks/real_runtime_sweep.py run --imports OUT [--only NAME ...]
       [--devices cpu formal] [--formal-gas G] [--timeout S] [--json out.json]
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -40,8 +41,8 @@ EXPORTERS = ("ts-eager14", "torchscript", "dynamo", "ts")
 def sources(driver: str) -> dict:
     """The sweep's models by name: (n, seed) -> n samples (an array, or one per input name), and the inputs quantize
     folds (as the sweep measured them)."""
-    if driver == "more":
-        from more_architectures import architectures
+    if driver in ("more", "fourth"):
+        architectures = importlib.import_module(f"{driver}_architectures").architectures
 
         def of(inputs):
             def sample(n, seed):
@@ -203,7 +204,8 @@ def main() -> None:
     ap.add_argument("stage", choices=("import", "run", "child"))
     ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     ap.add_argument("--models", help="the sweep's folder of float models (import)")
-    ap.add_argument("--driver", choices=("more", "text", "vision"), help="the sweep that exported them (import)")
+    ap.add_argument("--driver", choices=("more", "fourth", "text", "vision"),
+                    help="the sweep that exported them (import)")
     ap.add_argument("--imports", help="the folder of imports")
     ap.add_argument("--only", nargs="+", help="file stems (import) or import names (run)")
     ap.add_argument("--weights", choices=("per-tensor", "per-channel", "both"), default="per-tensor")
