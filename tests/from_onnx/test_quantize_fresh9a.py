@@ -57,6 +57,17 @@ def test_a_dense_whose_reduced_axis_passes_32_bits_sums_runs_of_it(d, x_type, un
     oracle_equal(m, x, 9 if x_type == T.UINT8 else 8)
 
 
+def test_a_dense_whose_runs_reach_past_the_whole_sums_bound_is_narrowed_to_it():
+    """K = 66059 int8 inputs into 3 outputs: the runs' largest sums over the outputs add up past 2^29 - 1 though each
+    output's whole sum stays within it; the running sum is narrowed to the whole sum's bound, which holds every
+    output's partial sums too. Regression: 'precision bound exceeded: the dense sum must hold 30-bit values' (a
+    hypothesis draw of the test above in the lowest-versions run)."""
+    rng = np.random.default_rng(2)
+    m = long_dense(rng, T.INT8, 66059, 3, "gemm", 4.0)
+    for x in (rng.integers(-127, 128, (1, 66059)), np.full((1, 66059), -127), np.full((1, 66059), 127)):
+        oracle_equal(m, x, 8)
+
+
 @settings(max_examples=4, deadline=None)
 @given(d=st.data(), channels=st.integers(3641, 3800), extreme=st.sampled_from(["random", "min", "max"]))
 def test_a_conv_whose_reduced_axis_passes_32_bits_sums_runs_of_its_channels(d, channels, extreme):

@@ -225,8 +225,9 @@ def product_in_chunks(ctx, op: str, ins: Tensor, args: list, weights: np.ndarray
             y = ctx.result(ctx.op("broadcast_add", acc, y), INT32, -reach, reach, y.shape)
         else:
             reach = top
-        acc = ctx.result(ctx.narrow(y, tight(min(reach, bare)), f"{op} sum"), INT32, -min(reach, bare),
-                         min(reach, bare), y.shape)
+        lim = min(reach, bare)  # each output's partial sum lies within its whole sum's bound too
+        y = ctx.result(y.entry, INT32, -lim, lim, y.shape)
+        acc = ctx.result(ctx.narrow(y, tight(lim), f"{op} sum"), INT32, -lim, lim, y.shape)
     if not total.any():
         return acc.entry
     b = total.astype(np.int32).reshape((-1, 1, 1) if op == "conv2d" else (-1,))
