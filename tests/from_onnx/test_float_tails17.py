@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto as T
 from onnx import helper as h
 from support.quantized import qdq, quantizes_whole
-from test_masked_pooling16 import RANGE, SCALES, check, f, ids_model, least_c, masked_mean_qdq, oracle
+from test_masked_pooling16 import RANGE, SCALES, check, f, ids_model, least_c, masked_inputs, masked_mean_qdq, oracle
 from test_quantize_fresh15 import padded_ids
 from test_quantized_fresh_ops import NP, draw_x
 
@@ -62,12 +62,7 @@ def test_a_masked_mean_as_the_float_output_is_within_its_bound_at_its_grid(d, x_
     lo, hi = RANGE[x_type]
     zx, zp = d.draw(st.integers(lo, hi)), d.draw(st.integers(0, 255))
     rng = np.random.default_rng(d.draw(st.integers(0, 2 ** 16)))
-    x = rng.integers(lo, hi + 1, (b, t, c))
-    x.flat[:2] = (lo, hi)[:x.size]
-    m = (rng.random((b, t)) < rng.random()).astype(np.int64)
-    m[0] = 0  # a row with no kept position
-    if b > 1:
-        m[1] = 1
+    x, m = masked_inputs(rng, (b, t, c), lo, hi)
     model = ending_at_the_div(masked_mean_qdq((b, t, c), x_type, sx, zx, sp, zp, 1.0, 0, least, form, count,
                                               expand))
     imp = import_model(model, input_precisions={"x": 9, "m": 2})

@@ -131,6 +131,19 @@ def check(got, want, c: Fraction, so: float, zo: int, lo: int = 0, hi: int = 255
     return differ
 
 
+def masked_inputs(rng, shape: tuple[int, int, int], lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """x of ``shape`` (b, t, c) in [lo, hi], its type's ends first, and a 0/1 mask (b, t): row 0 all masked, row 1
+    (where b > 1) all kept, the rest at random."""
+    b, t, _ = shape
+    x = rng.integers(lo, hi + 1, shape)
+    x.flat[:2] = (lo, hi)[:x.size]
+    m = (rng.random((b, t)) < rng.random()).astype(np.int64)
+    m[0] = 0
+    if b > 1:
+        m[1] = 1
+    return x, m
+
+
 @settings(max_examples=40, deadline=None)
 @given(d=st.data(), x_type=st.sampled_from([T.INT8, T.UINT8]), sx=SCALES, sp=SCALES, ratio=st.integers(-6, 14),
        least=st.sampled_from([1.0, 1e-9, 1e-3, 0.5, 3.0]), form=st.sampled_from(["clip", "max"]),
@@ -149,12 +162,7 @@ def test_a_masked_mean_is_within_its_bound_of_the_exact_quotient(d, x_type, sx, 
     lo, hi = RANGE[x_type]
     zx, zp, zo = d.draw(st.integers(lo, hi)), d.draw(st.integers(0, 255)), d.draw(st.integers(0, 255))
     rng = np.random.default_rng(d.draw(st.integers(0, 2 ** 16)))
-    x = rng.integers(lo, hi + 1, (b, t, c))
-    x.flat[:2] = (lo, hi)[:x.size]
-    m = (rng.random((b, t)) < rng.random()).astype(np.int64)
-    m[0] = 0  # a row with no kept position
-    if b > 1:
-        m[1] = 1
+    x, m = masked_inputs(rng, (b, t, c), lo, hi)
     model = masked_mean_qdq((b, t, c), x_type, sx, zx, sp, zp, so, zo, least, form, count, expand)
     [got] = execute(import_model(model, input_precisions={"x": 9, "m": 2}).graph,
                     {"x": x.astype(np.int32), "m": m.astype(np.int32)})
