@@ -67,6 +67,13 @@ class _Graph:
         self.retyped: set[str] = set()  # integer tensors now float (their declared types dropped)
         self.sources: dict[str, tuple[float, int]] = {}  # constants now float: their scale and zero point
 
+    def added(self, base: str, value: np.ndarray) -> str:
+        """A new initializer holding ``value``, named afresh from ``base``."""
+        name = self.fresh(base)
+        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        self.consts[name] = value
+        return name
+
     def fresh(self, name: str) -> str:
         k, out = 0, name
         while out in self.names:
@@ -100,7 +107,7 @@ class _Graph:
             return None
         shape = [q.shape[a] if spans and a in axes else 1 for a in range(q.ndim)]
         f = (q.astype(np.int32) - z.reshape(shape).astype(np.int32)).astype(np.float32) * s.reshape(shape)
-        name = self.fresh(f"{w.removesuffix('_quantized')}_dequantized")
+        name = self.added(f"{w.removesuffix('_quantized')}_dequantized", f if perm is None else f.transpose(perm))
         if grid:
             kind = _quant_type(q.dtype)
             if s.size == 1:
@@ -109,11 +116,7 @@ class _Graph:
             else:
                 self.overrides[name] = [{"axis": axes[0], "scale": float(a), "zero_point": int(b),
                                          "quant_type": kind} for a, b in zip(s.ravel(), z.ravel())]
-        if perm is not None:
-            f = f.transpose(perm)
-        self.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(f), name))
         self.floats[key] = name
-        self.consts[name] = f
         return name
 
 
@@ -240,10 +243,7 @@ def _nbits(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
             return None
         z = _unpacked(zq.reshape(cols, -1), bits)[:, :blocks]
     w = _blocks(_unpacked(q.reshape(cols, -1), bits)[:, :k], z, s.reshape(cols, blocks), size, 1).T
-    name = g.fresh(f"{ins[1]}_dequantized")
-    g.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w), name))
-    g.consts[name] = w
-    return _with_bias(g, n, ins[0], name, ins[5])
+    return _with_bias(g, n, ins[0], g.added(f"{ins[1]}_dequantized", w), ins[5])
 
 
 def _gathered(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
@@ -278,10 +278,7 @@ def _gathered(g: _Graph, n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         z = _unpacked(zq, bits)[..., :s.shape[-1]] if packed else zq.astype(np.int32)
         if z.shape != s.shape:
             return None
-    name = g.fresh(f"{ins[0]}_dequantized")
-    table = _blocks(q, z, s, size, axis)
-    g.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(table), name))
-    g.consts[name] = table
+    name = g.added(f"{ins[0]}_dequantized", _blocks(q, z, s, size, axis))
     return [helper.make_node("Gather", [name, ins[1]], [n.output[0]], name=n.name or None, axis=gather)]
 
 
