@@ -233,7 +233,12 @@ class Importer:
     # -- op nodes ---------------------------------------------------------------------------------------------------
     def emit(self, op: str, *inputs: Entry, name: str | None = None, **attrs) -> Entry | tuple[Entry, ...]:
         """Add CVM op node ``op`` with typed ``attrs``, typed at once by the op's rules (``Refuse`` if they fail,
-        ``TooWide`` if an output needs more than 32 bits); returns its entry (a tuple for several outputs)."""
+        ``TooWide`` if an output needs more than 32 bits); returns its entry (a tuple for several outputs). A clip
+        to one value v (CVM's clip needs a_min < a_max) is clip(clip(x, v - 1, v), v, v + 1)."""
+        if op == "clip" and attrs.get("a_min") == attrs.get("a_max") is not None:
+            v = attrs["a_min"]
+            inner = self.emit("clip", *inputs, name=name, a_min=v - 1, a_max=v)
+            return self.emit("clip", inner, name=name, a_min=v, a_max=v + 1)
         outs = self.add(self.typed(op, inputs, name or self.base or op, attrs))
         return outs if REGISTRY[op].outputs > 1 else outs[0]
 

@@ -155,15 +155,22 @@ def test_a_masked_mean_is_within_its_bound_of_the_exact_quotient(d, x_type, sx, 
     and off its grid, masks with rows all masked and all kept and x at its type's ends: every output within the
     documented bound of the exact quotient, equal to it away from half-integers, an all-masked row exactly z_out;
     onnxruntime's QDQ model (float32) within one step."""
-    so = float(np.float32(sp * 2.0 ** -ratio))
     if count == "float":  # a float count is integers: a bound off them is refused (the next test)
         least = max(1.0, float(round(least)))
     b, t, c = d.draw(st.integers(1, 3)), d.draw(st.integers(1, 16) | st.just(1200)), d.draw(st.integers(1, 4))
     lo, hi = RANGE[x_type]
-    zx, zp, zo = d.draw(st.integers(lo, hi)), d.draw(st.integers(0, 255)), d.draw(st.integers(0, 255))
-    rng = np.random.default_rng(d.draw(st.integers(0, 2 ** 16)))
-    x, m = masked_inputs(rng, (b, t, c), lo, hi)
-    model = masked_mean_qdq((b, t, c), x_type, sx, zx, sp, zp, so, zo, least, form, count, expand)
+    zs = d.draw(st.integers(lo, hi)), d.draw(st.integers(0, 255)), d.draw(st.integers(0, 255))
+    seed = d.draw(st.integers(0, 2 ** 16))
+    masked_mean_checked((b, t, c), x_type, sx, sp, ratio, least, form, count, expand, zs, seed)
+
+
+def masked_mean_checked(shape, x_type, sx, sp, ratio, least, form, count, expand, zs, seed: int) -> None:
+    """The masked mean of ``shape`` imported and run on masked_inputs: within check's bound of the oracle,
+    onnxruntime's QDQ model within one step."""
+    so = float(np.float32(sp * 2.0 ** -ratio))
+    (b, t, c), (zx, zp, zo) = shape, zs
+    x, m = masked_inputs(np.random.default_rng(seed), shape, *RANGE[x_type])
+    model = masked_mean_qdq(shape, x_type, sx, zx, sp, zp, so, zo, least, form, count, expand)
     [got] = execute(import_model(model, input_precisions={"x": 9, "m": 2}).graph,
                     {"x": x.astype(np.int32), "m": m.astype(np.int32)})
     got = np.asarray(got).reshape(b, c)
@@ -172,6 +179,15 @@ def test_a_masked_mean_is_within_its_bound_of_the_exact_quotient(d, x_type, sx, 
     check(got, want, least_c(t, sp, so, zp, step, least), so, zo)
     ort = ort_session(model).run(None, {"x": x.astype(NP[x_type]), "m": m})[0].astype(np.int64).reshape(b, c)
     assert (np.abs(ort - got) <= 1).all()
+
+
+@pytest.mark.parametrize("count", ["grid", "float", "qdq"])
+@pytest.mark.parametrize("form", ["clip", "max"])
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_a_count_always_below_its_bound_divides_by_the_bound(form, count, tokens):
+    """A count of at most 2 tokens clipped at 3: the divisor is the bound alone, a clip to one value (CVM's clip
+    needs a_min < a_max). Before: 'clip needs a_min < a_max'."""
+    masked_mean_checked((3, tokens, 2), T.INT8, 1.0, 1.0, 0, 3.0, form, count, False, (0, 0, 0), 7)
 
 
 def ids_model(form: str, length: int = 24, vocab: int = 22, dim: int = 8, classes: int = 3):
