@@ -415,7 +415,7 @@ def saturate(ctx, r: Tensor, out_zero: int, lo: int, hi: int, dtype: int, shape:
     if lo <= r.lo and r.hi <= hi:
         return replace(r, dtype=dtype)
     if lo >= hi:
-        raise Refuse(f"the Clip leaves the single value {lo}: fold it")
+        raise Refuse("the Clip leaves a single value on the output grid (min >= max): fold it")
     e = ctx.emit("clip", ctx.entry(r), a_min=lo, a_max=hi)
     return ctx.result(e, dtype, max(lo, r.lo), min(hi, r.hi), shape)
 
