@@ -1089,7 +1089,7 @@ def non_finite(model: onnx.ModelProto, outputs: list[str] | None = None) -> str 
 
     readers: dict[str, set[str]] = {}
     outside: set[str] = set()  # read by a node that quantize_static may quantize
-    kept = {id(n) for n in masked_softmaxes(model)}
+    kept = {id(n): n for n in masked_softmaxes(model)}  # held: a node's object (its id) is its own only while it lives
     for n in _nodes(model.graph):
         for x in n.input:
             readers.setdefault(x, set()).add(n.op_type)

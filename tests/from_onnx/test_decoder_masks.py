@@ -1,9 +1,11 @@
 """Decoder attention masks: a padding term of the attention_mask input combined with a causal matrix computed from
 shapes (or folded), as transformers' and torch's exports write them (support/masks.py), added to the scores a
 Softmax reads: imported as the masked Softmax of docs/import.md ("Masked Softmax"), the causal part folded into
-each position's level, against the row-by-row oracle and onnxruntime; and through `quantize`."""
+each position's level, against the row-by-row oracle and onnxruntime; and through `quantize` (the Python function
+and `cvm-onnx quantize` alike)."""
 from __future__ import annotations
 
+import gc
 import math
 from fractions import Fraction
 
@@ -15,14 +17,15 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import numpy_helper as nh
 from support.masks import (FORMS, X_PRECISION, decoder_model, levelled_softmax_oracle, mask_length, scores_of,
-                           term_of)
+                           term_of, torchscript_decoder)
 from support.packed import bert_like, bert_samples, quantized_bert
 
+from cvm_onnx.app import cli
 from cvm_onnx.app.kept_float import masked_softmaxes
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model
 from cvm_onnx.converters.from_onnx.quantized import masks
-from cvm_onnx.core.errors import CVMError
+from cvm_onnx.core.errors import CVMError, UnsupportedError
 from cvm_onnx.core.executor import execute
 from cvm_onnx.runtime.verify import verify
 
@@ -271,3 +274,59 @@ def test_an_int8_input_at_8_bits_reads_minus_128_as_minus_127():
     for bits, want in ((8, at[-127]), (9, at[-128])):
         got = execute(import_model(model, input_precision=bits).graph, {"x": x.astype(np.int32), "m": m})[0]
         assert np.array_equal(got.reshape(want.shape), want), bits
+
+
+def both_paths(tmp_path, monkeypatch, model: onnx.ModelProto) -> tuple:
+    """``model`` quantized by the Python ``quantize`` and by ``cvm-onnx quantize`` on 8 token sequences, with the
+    garbage collector run as ``masked_softmaxes`` returns (a long process's collector runs at any allocation): (the
+    Python result or its UnsupportedError, the CLI's exit status)."""
+    def collected(*args):
+        found = masked_softmaxes(*args)
+        gc.collect()
+        return found
+
+    monkeypatch.setattr("cvm_onnx.app.quantize.masked_softmaxes", collected)
+    onnx.save(model, tmp_path / "d.onnx")
+    np.save(tmp_path / "c.npy", np.random.default_rng(3).integers(0, 30, (8, 1, 6)))
+    try:
+        done = quantize(tmp_path / "d.onnx", tmp_path / "c.npy", tmp_path / "py", save_onnx=tmp_path / "py.onnx")
+    except UnsupportedError as e:
+        done = e
+    code = cli.main(["quantize", str(tmp_path / "d.onnx"), "--calibration", str(tmp_path / "c.npy"), "-o",
+                     str(tmp_path / "cli"), "--save-onnx", str(tmp_path / "cli.onnx")])
+    return done, code
+
+
+@pytest.mark.parametrize("c", [-math.inf, F32_MIN])
+def test_a_torchscript_causal_mask_quantizes_alike_on_both_paths(tmp_path, monkeypatch, capsys, c):
+    """A decoder whose layers each add Where(causal, Constant 0, Constant c) to their scores (torch's TorchScript
+    export of Phi3; c -inf or float32's min): both paths leave the masks float and import the masked Softmaxes,
+    writing the same model byte for byte. Regression (-inf): refused as 'the Constant 'l0_c' holds -inf' where the
+    collector ran between masked_softmaxes and non_finite's look-up of its nodes by id (protobuf makes a freed
+    node's object anew: the fourth sweep's phi3 export, imported whole by its sweep and refused by another
+    driver)."""
+    done, code = both_paths(tmp_path, monkeypatch, torchscript_decoder(2, c))
+    assert not isinstance(done, Exception), done
+    assert code == 0, capsys.readouterr().err
+    for name in ("symbol", "params", "quantization.json"):
+        assert (tmp_path / "py" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
+    assert (tmp_path / "py.onnx").read_bytes() == (tmp_path / "cli.onnx").read_bytes()
+    qm = onnx.load(tmp_path / "py.onnx")
+    assert [n.input[0] for n in qm.graph.node if n.op_type == "Softmax"] == ["l0_a", "l1_a"]
+    assert sum(bool(r.softmax) for r in done.imported.requants) == 2
+    [a] = done.agreements
+    assert a.mean_steps <= 1.1 * a.ort_mean_steps, a.line()
+    assert verify(done.imported.graph, seeds=2).exact
+
+
+def test_a_minus_inf_reaching_quantized_scores_is_refused_alike_on_both_paths(tmp_path, monkeypatch, capsys):
+    """The same decoder with its last layer's masked scores also read by a ReduceMax: quantize_static would
+    quantize those scores, whose range reaches -inf (an infinite scale), so both paths refuse it in the same one
+    line, naming that layer's Constant and its Where. Regression: the line named the first layer's Constant (kept
+    float) where the collector ran between masked_softmaxes and non_finite's look-up of its nodes by id."""
+    done, code = both_paths(tmp_path, monkeypatch, torchscript_decoder(3, -math.inf, pooled=True))
+    assert isinstance(done, UnsupportedError)
+    [p] = done.problems
+    assert "'l2_c' holds -inf" in p.rule and "l2_bias (Where)" in p.rule, p
+    assert code == done.exit_code
+    assert capsys.readouterr().err.splitlines() == [f"{done.kind}: {p}"]

@@ -205,6 +205,45 @@ def deberta_model(batch: int, heads: int, n: int, c: float, s: float, bits: int 
     return onnx_model(g, 17)
 
 
+def torchscript_decoder(layers: int, c: float, d: int = 8, vocab: int = 30, pooled: bool = False) -> onnx.ModelProto:
+    """A float decoder as torch's TorchScript exporter writes Phi3's: input_ids (1, S) int64 -> embeddings; each of
+    ``layers`` attention layers adds Where(keep, Constant 0, Constant c) (its own Constants, shape (1,)) to its
+    scores q k^T / sqrt(d) before a Softmax, keep the causal matrix computed from Shape(input_ids) (Range, Unsqueeze,
+    LessOrEqual); the residual sum is the output. ``pooled``: the last layer's masked scores also reduced by
+    ReduceMax into a second output (quantize_static then quantizes the masked scores: their range reaches c)."""
+    rng = np.random.default_rng(0)
+    inits = {"emb": rng.normal(size=(vocab, d)).astype(np.float32), "one": np.int64(1), "zero": np.int64(0),
+             "ax0": np.array([0], np.int64), "ax1": np.array([1], np.int64), "scale": np.float32(d ** -0.5)}
+    nodes = [h.make_node("Gather", ["emb", "input_ids"], ["x0"]), h.make_node("Shape", ["input_ids"], ["shape"]),
+             h.make_node("Gather", ["shape", "one"], ["len"], axis=0),
+             h.make_node("Range", ["zero", "len", "one"], ["pos"]),
+             h.make_node("Unsqueeze", ["pos", "ax0"], ["keys"]), h.make_node("Unsqueeze", ["pos", "ax1"], ["queries"]),
+             h.make_node("LessOrEqual", ["keys", "queries"], ["keep"])]
+    x = "x0"
+    for k in range(layers):
+        p = f"l{k}_"
+        inits.update({p + w: rng.normal(size=(d, d)).astype(np.float32) for w in ("wq", "wk", "wv")})
+        nodes += [h.make_node("Constant", [], [p + "zero"], value=nh.from_array(np.zeros(1, np.float32))),
+                  h.make_node("Constant", [], [p + "c"], value=nh.from_array(np.full(1, c, np.float32))),
+                  *(h.make_node("MatMul", [x, p + "w" + t], [p + t]) for t in "qkv"),
+                  h.make_node("Transpose", [p + "k"], [p + "kt"], perm=[0, 2, 1]),
+                  h.make_node("MatMul", [p + "q", p + "kt"], [p + "s0"]),
+                  h.make_node("Mul", [p + "s0", "scale"], [p + "s"]),
+                  h.make_node("Where", ["keep", p + "zero", p + "c"], [p + "bias"]),
+                  h.make_node("Add", [p + "s", p + "bias"], [p + "a"]),
+                  h.make_node("Softmax", [p + "a"], [p + "p"], axis=-1),
+                  h.make_node("MatMul", [p + "p", p + "v"], [p + "ctx"]),
+                  h.make_node("Add", [x, p + "ctx"], [p + "x"])]
+        x = p + "x"
+    outputs = [h.make_tensor_value_info(x, T.FLOAT, None)]
+    if pooled:
+        nodes.append(h.make_node("ReduceMax", [f"l{layers - 1}_a"], ["top"], axes=[-1], keepdims=0))
+        outputs.append(h.make_tensor_value_info("top", T.FLOAT, None))
+    g = h.make_graph(nodes, "decoder", [h.make_tensor_value_info("input_ids", T.INT64, [1, "seq"])], outputs,
+                     [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return onnx_model(g, 17)
+
+
 def mask_length(form: str, s: int) -> int:
     """The attention_mask's length at S queries and keys: S - 1 for "cache_scatter", else S."""
     return s - 1 if form == "cache_scatter" else s
