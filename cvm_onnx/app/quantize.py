@@ -257,8 +257,9 @@ def _without_inputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
 
 def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | None:
     """Why the float model as a whole has no CVM form here (no input, control flow, recurrent layers, ops
-    of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of a type quantize refuses), as one sentence;
-    None if nothing of the kind. Found before anything runs: quantize_static would calibrate such a model first.
+    of a model quantized already, ``ai.onnx.ml`` ops, outputs that are no tensors; beside any of these, an input of
+    a type quantize refuses), as one sentence; None if nothing of the kind. Found before anything runs:
+    quantize_static would calibrate such a model first.
     ``outputs`` (quantize's cut): only the nodes computing them, and those of the graph's outputs, count (a ZipMap
     after the scores cut off is no matter)."""
     why = []
@@ -286,7 +287,7 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
     if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
-    rewritten = {id(n) for n in l1_normalizers(model)}
+    rewritten = {id(n): n for n in l1_normalizers(model)}  # held, as non_finite's
     left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN and id(n) not in rewritten]
     ml = Counter(n.op_type for n in left)
     if ml:
