@@ -176,6 +176,7 @@ class _Walk:
         """Nodes in topological order; the nodes of a flat-form group become one unit at its last member; the last
         node of a written-out softmax reads its input, and the nodes only it read are dropped (``softmaxes``)."""
         chains, dropped = self.softmaxes()
+        self.ctx.means = self.masked_means()
         nodes = [self.graph.node[i] for i in self.order if i not in dropped]
         names = [n.name or f"{n.op_type}_{i}" for i, n in zip([i for i in self.order if i not in dropped], nodes)]
         groups: dict[str, list[onnx.NodeProto]] = {}
@@ -221,6 +222,16 @@ class _Walk:
                 dropped.add(i)
                 gone.update(n.output)
         return {id(c.node): c for c in chains}, dropped
+
+    def masked_means(self) -> dict[str, quantized.MaskedMean]:
+        """The masked means (``quantized.masked_means``) by their Div's output."""
+        if not any(n.op_type == "Div" for n in self.graph.node) or \
+                not any(n.op_type == "ReduceSum" for n in self.graph.node):
+            return {}
+        if self.inferred is None:
+            self.inferred = inferred_types(self.model)
+        return quantized.masked_means(self.graph, self.opsets.get("", 0), {k: s for k, (_, s) in self.inferred.items()},
+                                      self.constants(), {k: t for k, (t, _) in self.inferred.items()})
 
     def live(self, inputs: dict[int, list[str]]) -> set[int]:
         """The indices of the nodes the graph's outputs need, node ``id`` reading ``inputs[id]`` where given."""

@@ -30,7 +30,7 @@ from ..context import INT32, INT_RANGES, Tensor
 from ..emit import as_int32, reduced
 from ..registry import Refuse
 from ..requant_plans import NoPlan
-from .chains import FLAT, _divisor, _Graph
+from .chains import FLAT, _divisor, _Graph, _lower_bound, _scalar
 from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
                    table_index, table_shape)
 from .qdq import MAX_TABLE, Requant, saturate
@@ -253,13 +253,6 @@ _STEPS = ("Sqrt", "Pow", "Reciprocal", "Clip", "Max", "Add", "Expand", *FLAT)
 SUMS = ("ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceMean")
 
 
-def _scalar(g: _Graph, name: str) -> Fraction | None:
-    v = g.constants.get(name)
-    if v is None or v.size != 1 or v.dtype.kind != "f" or not np.isfinite(v).all():
-        return None
-    return Fraction(float(v.reshape(())))
-
-
 def _same(g: _Graph, a: str, b: str) -> bool:
     """Whether tensors a and b hold the same values: one name, or DequantizeLinear of the same inputs."""
     if a == b:
@@ -287,26 +280,6 @@ def _squares(g: _Graph, name: str, x: str) -> list[onnx.NodeProto] | None:
         nodes.append(a)
         v = a.input[0]
     return nodes if _same(g, v, x) else None
-
-
-def _lower_bound(g: _Graph, n: onnx.NodeProto) -> tuple[str, Fraction] | None:
-    """(the value, c) of Max(value, c) or Clip(value, min=c) with no max; else None."""
-    if n.op_type == "Max":
-        if len(n.input) != 2:
-            return None
-        for v, c in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
-            if (k := _scalar(g, c)) is not None and v not in g.constants:
-                return v, k
-        return None
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-    if g.opset < 11:
-        if "max" in attrs or "min" not in attrs:
-            return None
-        return n.input[0], Fraction(float(np.float32(attrs["min"])))
-    if len(n.input) < 2 or not n.input[1] or (len(n.input) > 2 and n.input[2]):
-        return None
-    k = _scalar(g, n.input[1])
-    return None if k is None else (n.input[0], k)
 
 
 def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
