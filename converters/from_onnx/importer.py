@@ -383,7 +383,9 @@ class _Walk:
             elif u.chain is not None:
                 value = quantized.l2_value if isinstance(u.chain, quantized.L2Chain) else \
                     quantized.norm_value if isinstance(u.chain, quantized.NormChain) else quantized.softmax_value
-                outs = {u.nodes[0].output[0]: value(u.chain, self.tensors[u.chain.x])}
+                x = self.tensors[u.chain.x]
+                x = quantized.l2_read(x) if value is quantized.l2_value else x
+                outs = {u.nodes[0].output[0]: value(u.chain, x)}
             else:
                 n = u.nodes[0]
                 key = (_domain(n.domain), n.op_type)

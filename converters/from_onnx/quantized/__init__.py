@@ -24,7 +24,7 @@ written-out forms; the L2 norm as a value).
 from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, lrn, recurrent, qoperator  # noqa: F401, I001
 from .chains import MaskedMean, SoftmaxChain, masked_means, softmax_chains, softmax_value
 from .l2norm import SUMS, L2Chain, NormChain, l2_chains, l2_value, norm_chains, norm_value
-from .edges import InputEdge, float_read, input_edge, input_precision, output_edge
+from .edges import InputEdge, float_read, input_edge, input_precision, l2_read, output_edge
 from .parameters import problem as parameter_problem
 from .masks import Tabulated, constant_term, mask_terms, tabulated
 from .qdq import Requant, quantized_constant
@@ -33,6 +33,6 @@ from .values import QUANTIZED_TYPES, Real, affine_of_integers, of_integers, quan
 
 __all__ = ["InputEdge", "L2Chain", "MaskedMean", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SUMS",
            "SoftmaxChain", "Tabulated", "affine_of_integers", "constant_term", "float_read", "input_edge",
-           "input_precision", "l2_chains", "l2_value", "mask_terms", "masked_means", "masked_where", "norm_chains",
-           "norm_value", "of_integers", "output_edge", "parameter_problem", "quantized_affines", "quantized_constant",
-           "softmax_chains", "softmax_value", "tabulated"]
+           "input_precision", "l2_chains", "l2_read", "l2_value", "mask_terms", "masked_means", "masked_where",
+           "norm_chains", "norm_value", "of_integers", "output_edge", "parameter_problem", "quantized_affines",
+           "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]

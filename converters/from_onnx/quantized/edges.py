@@ -13,10 +13,10 @@ from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
 from .elementwise import Quotient
-from .l2norm import L2Normalized
+from .l2norm import TAIL_GRIDS, Bounded, L2Normalized, TailNormalized
 from .logsumexp import LogSumExped
 from .qdq import LogSoftmaxed, quantize
-from .values import QUANTIZED_TYPES, Deferred, Mapped, Scaled, Softmaxed, Summed
+from .values import QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, least_float32
 
 
 @dataclass
@@ -221,15 +221,12 @@ def tail(ctx, x) -> Scaled:
         raise Refuse(f"a float output ({getattr(x, 'what', 'a value')}) computed after the last QuantizeLinear has "
                      "no integer form here: cut the graph (--outputs) at a quantized tensor")
     m = max(abs(ends[0]), abs(ends[1])) or 1.0
-    for steps in (TAIL_STEPS >> j for j in range(8)):
-        scale = np.float32(m / steps)
-        while float(scale) * steps < m:
-            scale = np.nextafter(scale, np.float32(np.inf))
-        exact = Fraction(float(scale))
+    for steps in TAIL_GRIDS:
+        exact = Fraction(float(least_float32(m, steps)))
         try:
             if isinstance(x, Softmaxed):
                 softmax_plan(x.view[1], 1 / exact)
-            elif isinstance(x, L2Normalized):
+            elif isinstance(x, (L2Normalized, TailNormalized)):
                 x.plan(exact, -32768, 32767)
         except NoPlan:
             continue
@@ -248,10 +245,23 @@ def float_read(ctx, op: str, x):
     """A LogSoftmax or ReduceLogSumExp read by any other float op (quantize_static quantizes no Exp, Neg, Log,
     ReduceMax, ReduceSum or, after a ReduceLogSumExp, Sub after it; QOperator no Gather): first quantized as a float
     output is (``tail``: int16, zero point 0, the least float32 scale s_t with 32767 s_t >= the largest |value| of
-    its ``ends``, within 1/2 + delta steps of s_t), then the op's own rule on those integers; any other value as it
-    is."""
+    its ``ends``, within 1/2 + delta steps of s_t), then the op's own rule on those integers; a value LpNormalization
+    reads, ``l2_read``; any other value as it is."""
+    if op == "LpNormalization":
+        return l2_read(x)
     if isinstance(x, (LogSoftmaxed, LogSumExped)) and op not in LOGSOFTMAX_TAKERS:
         return tail(ctx, x)
+    return x
+
+
+def l2_read(x):
+    """A value an L2 normalization reads: one computed after the last QuantizeLinear whose interval ``span`` knows
+    (a masked mean's quotient), ``Bounded`` by its largest |value| (the normalization quantizes it at a grid of its
+    own); any other as it is."""
+    if isinstance(x, Real) and not isinstance(x, Scaled):
+        ends = span(x)
+        if ends is not None:
+            return Bounded(x, max(abs(ends[0]), abs(ends[1])) or 1.0)
     return x
 
 

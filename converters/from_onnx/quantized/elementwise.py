@@ -19,7 +19,7 @@ from ..emit import (as_int32, broadcast_of, broadcast_shape, broadcasts_into, ex
 from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers, summed
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
-from .l2norm import L2Normalized
+from .l2norm import L2Normalized, normalized
 from .pair_sums import counted_sum
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
@@ -495,19 +495,26 @@ def lp_pool_rule(ctx, node, x):
 @float_rule("LpNormalization", since=1)
 def lp_normalization_rule(ctx, node, x):
     """LpNormalization of a per-tensor dequantized x = u s along ``axis`` (a row of zeros gives 0, as onnxruntime's
-    kernel): p = 2, an ``L2Normalized``; p = 1, the ``Quotient`` u / V of u by V = max(sum |u|, 1) over the row at
-    the same scale (V = 1 only on a row of zeros, whose u / V is 0). Integers by the QuantizeLinear that follows.
-    Refused where onnxruntime's float32 sum may pass its range (then inf: its output 0)."""
+    kernel): p = 2, an ``L2Normalized`` (of a value computed after the last QuantizeLinear, a masked mean's quotient:
+    ``l2norm.normalized``); p = 1, the ``Quotient`` u / V of u by V = max(sum |u|, 1) over the row at the same scale
+    (V = 1 only on a row of zeros, whose u / V is 0). Integers by the QuantizeLinear that follows. Refused where
+    onnxruntime's float32 sum may pass its range (then inf: its output 0)."""
     p = node.attr_int("p", 2)
     if p not in (1, 2):
         raise Refuse(f"LpNormalization p={p} has no CVM form (p = 1 and p = 2 have)")
-    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
     rank = len(x.shape)
     [axis] = normal([node.attr_int("axis", -1)], rank, "LpNormalization axis")
     view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-    float32_sum(x, view[1], "LpNormalization's sum", p)
+
+    def checked(v) -> Scaled:
+        v = per_tensor(scaled(v, "the LpNormalization input"), "LpNormalization")
+        float32_sum(v, view[1], "LpNormalization's sum", p)
+        return v
+
     if p == 2:
-        return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
+        return normalized(x, lambda v: L2Normalized(checked(v), view, Fraction(0), Fraction(0), Fraction(0), False,
+                                                    node.name))
+    x = checked(x)
     v = powers(ctx, x, False)
     total = reduced(ctx, "sum", ctx.reshape(v.t, view), [1], 0, view[1] * v.t.hi)
     e = ctx.emit("clip", ctx.entry(total), a_min=1, a_max=max(total.hi, 1))
