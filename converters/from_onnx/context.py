@@ -162,6 +162,7 @@ class Importer:
         self.base_dir: Path | None = None  # the model's directory (external data)
         self.requants: list = []  # the requantizations of the quantized front (quantized.Requant), for the report
         self.shapes: dict[str, tuple[int, ...]] = {}  # static shapes the model declares (value_info, inputs, outputs)
+        self.means: dict = {}  # the masked means by their Div's output (quantized.MaskedMean)
 
     # -- names and types ------------------------------------------------------------------------------------------
     def fresh(self, name: str) -> str:

@@ -176,6 +176,7 @@ class _Walk:
         """Nodes in topological order; the nodes of a flat-form group become one unit at its last member; the last
         node of a written-out softmax reads its input, and the nodes only it read are dropped (``softmaxes``)."""
         chains, dropped = self.softmaxes()
+        self.ctx.means = self.masked_means()
         nodes = [self.graph.node[i] for i in self.order if i not in dropped]
         names = [n.name or f"{n.op_type}_{i}" for i, n in zip([i for i in self.order if i not in dropped], nodes)]
         groups: dict[str, list[onnx.NodeProto]] = {}
@@ -221,6 +222,16 @@ class _Walk:
                 dropped.add(i)
                 gone.update(n.output)
         return {id(c.node): c for c in chains}, dropped
+
+    def masked_means(self) -> dict[str, quantized.MaskedMean]:
+        """The masked means (``quantized.masked_means``) by their Div's output."""
+        if not any(n.op_type == "Div" for n in self.graph.node) or \
+                not any(n.op_type == "ReduceSum" for n in self.graph.node):
+            return {}
+        if self.inferred is None:
+            self.inferred = inferred_types(self.model)
+        return quantized.masked_means(self.graph, self.opsets.get("", 0), {k: s for k, (_, s) in self.inferred.items()},
+                                      self.constants(), {k: t for k, (t, _) in self.inferred.items()})
 
     def live(self, inputs: dict[int, list[str]]) -> set[int]:
         """The indices of the nodes the graph's outputs need, node ``id`` reading ``inputs[id]`` where given."""
@@ -372,7 +383,9 @@ class _Walk:
             elif u.chain is not None:
                 value = quantized.l2_value if isinstance(u.chain, quantized.L2Chain) else \
                     quantized.norm_value if isinstance(u.chain, quantized.NormChain) else quantized.softmax_value
-                outs = {u.nodes[0].output[0]: value(u.chain, self.tensors[u.chain.x])}
+                x = self.tensors[u.chain.x]
+                x = quantized.l2_read(x) if value is quantized.l2_value else x
+                outs = {u.nodes[0].output[0]: value(u.chain, x)}
             else:
                 n = u.nodes[0]
                 key = (_domain(n.domain), n.op_type)

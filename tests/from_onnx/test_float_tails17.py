@@ -1,7 +1,8 @@
 """A model that ends at its masked mean pooling: the Div is a float output (quantize_static puts no QuantizeLinear
-after it), quantized as a float tail: int16, zero point 0, the least float32 s with 32767 s >= m, m = max|a| /
-min|b| the quotient's bound, b's interval clipped by its deferred Clip ("Quotients of sums" in docs/import.md).
-Before: 'a float output (Div) computed after the last QuantizeLinear has no integer form here'."""
+after it), quantized as a float tail: int16, zero point 0, the least float32 s with 32767 s >= m, m the least of
+max|a| / min|b|, b's interval clipped by its deferred Clip, and for a masked mean max|a| / (T w), w its least kept
+weight ("Quotients of sums" in docs/import.md). Before: 'a float output (Div) computed after the last
+QuantizeLinear has no integer form here'."""
 from __future__ import annotations
 
 import math
@@ -19,6 +20,7 @@ from test_quantize_fresh15 import padded_ids
 from test_quantized_fresh_ops import NP, draw_x
 
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.quantized.chains import least_weight
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.executor import execute
 
@@ -45,18 +47,30 @@ def least_float32_scale(m: Fraction) -> Fraction:
     return Fraction(float(s))
 
 
+def mean_grid(t: int, zp: int, sp: float, least: float, count: str) -> Fraction:
+    """The float output's scale: the least float32 s with 32767 s >= m, m the least of the quotient's bound T P s_p /
+    least (P = max|t_p - z_p|) and, for a masked mean (a count of the mask on its grid or of its float Cast, not
+    requantized), its bound P s_p / w, w the least kept weight: 255 steps of 1/255 on the grid, 1 in float."""
+    bounds = [t * max(zp, 255 - zp) * f(sp) / f(least)]
+    if count != "qdq":
+        bounds.append(Fraction(float(max(zp, 255 - zp) * f(sp) / (255 * f(1 / 255) if count == "grid" else 1))))
+    return least_float32_scale(min(bounds))
+
+
 @settings(max_examples=30, deadline=None)
 @given(d=st.data(), x_type=st.sampled_from([T.INT8, T.UINT8]), sx=SCALES, sp=SCALES,
-       least=st.sampled_from([1.0, 0.5, 3.0, 0.25]), form=st.sampled_from(["clip", "max"]),
+       least=st.sampled_from([1.0, 0.5, 3.0, 0.25, 1e-9, 1e-3]), form=st.sampled_from(["clip", "max"]),
        count=st.sampled_from(["grid", "float", "qdq"]), expand=st.booleans())
 def test_a_masked_mean_as_the_float_output_is_within_its_bound_at_its_grid(d, x_type, sx, sp, least, form, count,
                                                                              expand):
     """Property: a masked mean ending the model (one token to 16 or 1200, scales 2^-10 to 16, zero points, masks
-    with rows all masked and all kept, x at its type's ends) takes the int16 grid of m = T max|t_p - z_p| s_p /
-    least (the dividend's sum of T products over the clipped count's least value), every output within the
-    documented bound of the exact quotient at that grid, equal to it away from half-integers, an all-masked row 0."""
+    with rows all masked and all kept, x at its type's ends, the count clipped at 1e-9 to 3) takes the int16 grid of
+    ``mean_grid``, every exact quotient within it (no output saturates), every output within the documented bound of
+    the exact quotient at that grid, equal to it away from half-integers, an all-masked row 0."""
     if count == "float":  # a float count is integers: a bound off them is refused by the integer Clip
         least = max(1.0, float(round(least)))
+    if count == "qdq":  # a requantized count may round a kept token's weight to 0: a / lo has no bound near 0
+        least = max(least, 0.25)
     b, t, c = d.draw(st.integers(1, 3)), d.draw(st.integers(1, 16) | st.just(1200)), d.draw(st.integers(1, 4))
     assume(t > least)  # a count never above the bound: the Clip leaves one value, the Div folds to a / least
     lo, hi = RANGE[x_type]
@@ -67,10 +81,11 @@ def test_a_masked_mean_as_the_float_output_is_within_its_bound_at_its_grid(d, x_
                                               expand))
     imp = import_model(model, input_precisions={"x": 9, "m": 2})
     so = Fraction(float(imp.edges.outputs[0].scale))
-    assert so == least_float32_scale(t * max(zp, 255 - zp) * f(sp) / f(least))
+    assert so == mean_grid(t, zp, sp, least, count)
     [got] = execute(imp.graph, {"x": x.astype(np.int32), "m": m.astype(np.int32)})
     got = np.asarray(got).reshape(b, c)
     want = oracle(x, m, sx, zx, sp, zp, float(so), least, count)
+    assert all(abs(v) <= 32767 for v, _, _ in want.values())
     step = {"grid": f(1 / 255), "float": Fraction(1), "qdq": f(t / 255)}[count]
     check(got, want, least_c(t, sp, float(so), zp, step, least), float(so), 0, *INT16)
 
@@ -89,17 +104,60 @@ def test_a_masked_mean_pooling_as_the_last_op_quantizes_whole(tmp_path, per_chan
     quantizes_whole(tmp_path, model, per_channel, ids)
 
 
+@pytest.mark.parametrize("form", ["eps", "max"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_masked_mean_at_eps_as_the_last_op_quantizes_whole(tmp_path, form, per_channel):
+    """sentence-transformers' masked mean, sum(x * mask) / clamp(sum(mask), 1e-9) (or Max(count, 1e-9)), as the
+    model's last op: whole at the grid of its mean's bound, as close to float as onnxruntime's quantized model (1.1x),
+    the export exact. Regression: refused 'a float output (Div) computed after the last QuantizeLinear has no
+    integer form here' (the quotient's bound max|a| / 1e-9 put every output within one step of 0)."""
+    model = ids_model(form)
+    del model.graph.node[-1]  # the Gemm head
+    del model.graph.output[:]
+    model.graph.output.extend([h.make_tensor_value_info("pooled", T.FLOAT, None)])
+    ids = padded_ids(8)
+    ids[0, 0, 1:] = 0  # a sequence of one token
+    quantizes_whole(tmp_path, model, per_channel, ids)
+
+
 @pytest.mark.parametrize("form", ["clip", "max"])
-def test_a_masked_mean_over_a_count_clipped_far_below_its_step_as_the_float_output_is_refused_in_one_line(form):
-    """sentence-transformers' clamp(count, 1e-9) on the mask's 1/255 grid as the last op: the Clip guards 0 / 0
-    alone, and at the grid of max|a| / 1e-9 every value at a nonzero count lies within one step of 0 (all outputs
-    0): refused in one line as a float output with no bound."""
-    model = ending_at_the_div(masked_mean_qdq((1, 8, 2), T.INT8, 0.05, 0, 0.02, 128, 1.0, 0, 1e-9, form, "grid",
-                                              True))
+@pytest.mark.parametrize("other", ["count", "mask"])
+def test_a_mean_with_no_bound_over_a_count_clipped_far_below_its_step_as_the_float_output_is_refused(form, other):
+    """A Div of a masked sum by a count clipped at 1e-9 on the mask's 1/255 grid that is no masked mean: the count
+    requantized (it may round a kept token's weight to 0, a / 1e-9 reachable), or the count of another mask than the
+    product's: no bound but max|a| / 1e-9, at whose grid every value at a nonzero count lies within one step of 0:
+    refused in one line as a float output with no bound."""
+    model = ending_at_the_div(masked_mean_qdq((1, 8, 2), T.INT8, 0.05, 0, 0.02, 128, 1.0, 0, 1e-9, form,
+                                              "qdq" if other == "count" else "grid", True))
+    if other == "mask":  # the count sums a second mask input
+        model.graph.input.extend([h.make_tensor_value_info("m2", T.INT64, [1, 8])])
+        for n in (h.make_node("DequantizeLinear", ["mq2", "sm", "zm"], ["md2"]),
+                  h.make_node("QuantizeLinear", ["mf2", "sm", "zm"], ["mq2"]),
+                  h.make_node("Cast", ["m2"], ["mf2"], to=T.FLOAT)):
+            model.graph.node.insert(0, n)
+        next(n for n in model.graph.node if n.output[0] == "c3").input[0] = "md2"
     with pytest.raises(CVMError) as e:
-        import_model(model, input_precisions={"x": 9, "m": 2})
+        import_model(model, input_precisions={"x": 9, "m": 2, "m2": 2})
     assert "a float output (Div) computed after the last QuantizeLinear has no integer form here" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(s=st.floats(2.0 ** -10, 4.0, width=32), z=st.integers(0, 200), hi=st.sampled_from([127, 255]),
+       twice=st.booleans())
+def test_a_masks_least_weight_is_its_least_positive_value(s, z, hi, twice):
+    """Property: ``least_weight`` of a mask's QuantizeLinear/DequantizeLinear pairs (scales 2^-10 to 4, zero points,
+    int8 and uint8 ends, one pair or two) is the least positive value they give the integers 0 to 64, in exact
+    rationals."""
+    assume(z < hi)
+    grids = ((Fraction(float(np.float32(s))), z, hi),) * (2 if twice else 1)
+    values = []
+    for k in range(65):
+        v = Fraction(k)
+        for sg, zg, hg in grids:
+            v = (min(round(v / sg) + zg, hg) - zg) * sg
+        values.append(v)
+    assert least_weight(grids) == min(v for v in values if v > 0)
 
 
 @settings(max_examples=25, deadline=None)

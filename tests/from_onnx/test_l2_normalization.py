@@ -76,8 +76,9 @@ def test_l2_normalization_within_its_bound(case):
     check(*case)
 
 
-def check(form, shape, axis, x_type, s, zx, eps, out, x):
-    """The checks of the test above on one model and input; returns the plan (None where refused)."""
+def check(form, shape, axis, x_type, s, zx, eps, out, x, precision: int = 9):
+    """The checks of the test above on one model and input (of ``precision`` bits); returns the plan (None where
+    refused)."""
     m = l2_qdq(form, shape, axis, x_type, s, zx, eps, out)
     s_, eps_ = Fraction(float(np.float32(s))), Fraction(float(np.float32(eps)))
     exact = exact_l2(x - zx, axis, s_, form, eps_)
@@ -86,7 +87,7 @@ def check(form, shape, axis, x_type, s, zx, eps, out, x):
             import_model(m, input_precision=9)
         return None
     try:
-        imp, got = imported(m, x)
+        imp, got = imported(m, x, precision)
     except CVMError as e:  # the documented refusals: an eps floor past the table's exact squares, a wide row's
         far = re.search(r"eps lies \S+ squared input steps out \(at most 2\^(\d+)\)", str(e))  # 32-bit bound
         wide = re.search(r"over (\d+) values at \S+ output steps per unit has no integer form within half a step "
@@ -124,6 +125,19 @@ def test_wide_rows(form, out):
     x[5], x[6], x[7] = 255, rng.integers(0, 256, n), 3 + rng.integers(0, 2, n) * 2 - 1
     p = check(form, (8, n), 1, T.UINT8, 0.039, 3, 1e-12, out, x)
     assert p.quarter >= 1 and p.table_bits == 12
+
+
+@pytest.mark.parametrize("form", ["lp", "reducel2", "tf"])
+def test_int16_rows_whose_squares_reach_31_bits(form):
+    """int16 x within 8191 (14 bits) over 17 values: S up to 2^30, the table's bucket floor(S / 4^m) a division
+    that keeps S's 32-bit label, narrowed by a clip (an identity) for the index's sum; every output within its bound
+    (rows at the ends, of zeros, near zero). Before: 'precision bound exceeded: broadcast_add of inputs with
+    precisions [17, 32] needs 33 bits'."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(-8191, 8192, (5, 17))
+    x[0], x[1], x[2], x[3] = 8191, -8191, 0, rng.integers(-2, 3, 17)
+    p = check(form, (5, 17), 1, T.INT16, 0.001, 0, 1e-12, None, x, 14)
+    assert p is not None and p.levels
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))

@@ -16,23 +16,23 @@ scales), ``parameters`` (every quantization parameter checked against its op's s
 pooling sums), ``masks`` (an attention mask's term as a table of one integer tensor), ``elementwise`` (Add, Mul,
 Relu, Clip, float functions, the Lp pools, LpNormalization), ``moves`` (the integer rules on a dequantized value's
 integers), ``norm`` (LayerNormalization), ``lrn`` (LRN), ``recurrent`` (LSTM, GRU and RNN, unrolled), ``qoperator``
-(the QLinear* compositions), ``edges`` (the graph's float input and outputs), ``chains`` (written-out softmaxes,
-found in the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization's p = 2 and the written-out
-forms; the L2 norm as a value).
+(the QLinear* compositions), ``edges`` (the graph's float input and outputs), ``chains`` (written-out softmaxes and
+masked means, found in the graph before the walk) and ``l2norm`` (L2 normalization: LpNormalization's p = 2 and the
+written-out forms; the L2 norm as a value).
 """
 # registers the rules, in the order of the module they were split from
 from . import values, parameters, qdq, logsumexp, products, masks, elementwise, moves, norm, lrn, recurrent, qoperator  # noqa: F401, I001
-from .chains import SoftmaxChain, softmax_chains, softmax_value
+from .chains import MaskedMean, SoftmaxChain, masked_means, softmax_chains, softmax_value
 from .l2norm import SUMS, L2Chain, NormChain, l2_chains, l2_value, norm_chains, norm_value
-from .edges import InputEdge, float_read, input_edge, input_precision, output_edge
+from .edges import InputEdge, float_read, input_edge, input_precision, l2_read, output_edge
 from .parameters import problem as parameter_problem
 from .masks import Tabulated, constant_term, mask_terms, tabulated
 from .qdq import Requant, quantized_constant
 from .elementwise import masked_where
 from .values import QUANTIZED_TYPES, Real, affine_of_integers, of_integers, quantized_affines
 
-__all__ = ["InputEdge", "L2Chain", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SUMS", "SoftmaxChain",
-           "Tabulated", "affine_of_integers", "constant_term", "float_read", "input_edge", "input_precision",
-           "l2_chains", "l2_value", "mask_terms", "masked_where", "norm_chains", "norm_value", "of_integers",
-           "output_edge", "parameter_problem", "quantized_affines", "quantized_constant", "softmax_chains",
-           "softmax_value", "tabulated"]
+__all__ = ["InputEdge", "L2Chain", "MaskedMean", "NormChain", "QUANTIZED_TYPES", "Real", "Requant", "SUMS",
+           "SoftmaxChain", "Tabulated", "affine_of_integers", "constant_term", "float_read", "input_edge",
+           "input_precision", "l2_chains", "l2_read", "l2_value", "mask_terms", "masked_means", "masked_where",
+           "norm_chains", "norm_value", "of_integers", "output_edge", "parameter_problem", "quantized_affines",
+           "quantized_constant", "softmax_chains", "softmax_value", "tabulated"]

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from .values import Softmaxed, per_tensor, scaled
 
+#: The element types a mask's Cast reads: integers.
+MASK_TYPES = (TensorProto.BOOL, TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16,
+              TensorProto.INT32, TensorProto.UINT32, TensorProto.INT64, TensorProto.UINT64)
 #: Ops that keep a tensor's values in row-major order (only the shape changes).
 FLAT = ("Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
 
@@ -97,6 +102,33 @@ class _Graph:
             if (e := self.made(name, "Expand")) is None:
                 return False
             name = e.input[0]
+
+
+def _scalar(g: _Graph, name: str) -> Fraction | None:
+    v = g.constants.get(name)
+    if v is None or v.size != 1 or v.dtype.kind != "f" or not np.isfinite(v).all():
+        return None
+    return Fraction(float(v.reshape(())))
+
+
+def _lower_bound(g: _Graph, n: onnx.NodeProto) -> tuple[str, Fraction] | None:
+    """(the value, c) of Max(value, c) or Clip(value, min=c) with no max; else None."""
+    if n.op_type == "Max":
+        if len(n.input) != 2:
+            return None
+        for v, c in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
+            if (k := _scalar(g, c)) is not None and v not in g.constants:
+                return v, k
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    if g.opset < 11:
+        if "max" in attrs or "min" not in attrs:
+            return None
+        return n.input[0], Fraction(float(np.float32(attrs["min"])))
+    if len(n.input) < 2 or not n.input[1] or (len(n.input) > 2 and n.input[2]):
+        return None
+    k = _scalar(g, n.input[1])
+    return None if k is None else (n.input[0], k)
 
 
 def _padded(s: tuple[int, ...], rank: int) -> tuple[int, ...] | None:
@@ -230,3 +262,101 @@ def softmax_value(chain: SoftmaxChain, x) -> Softmaxed:
     if chain.top is not None:
         return Softmaxed(x, chain.view, "softmax at its max (written out)", chain.top)
     return Softmaxed(x, chain.view, "softmax (written out)")
+
+
+@dataclass(frozen=True)
+class MaskedMean:
+    """A Div of ReduceSum(x * v) by Clip(ReduceSum(w), lo) or Max(ReduceSum(w), lo) (lo > 0) over the same
+    ``tokens`` positions, v and w one mask: a float Cast of integers, moved by the same Unsqueezes (and Expands),
+    through QuantizeLinear/DequantizeLinear pairs, w's the first of v's. Every weight w is 0 or at least ``least``,
+    and where it is 0 so is v (each pair keeps 0) and the product (docs/import.md, "Quotients of sums")."""
+
+    tokens: int
+    least: Fraction
+
+
+def _mask_path(g: _Graph, name: str) -> tuple[str, tuple, tuple] | None:
+    """(the Cast's output, its moves (each Unsqueeze's axes; Expands left out: they only broadcast), its
+    QuantizeLinear/DequantizeLinear pairs from the Cast on, each (scale, zero point, the zero point type's largest))
+    of a mask
+    ``name``; None for anything else."""
+    moves, grids = [], []
+    while (n := g.made(name, "Unsqueeze", "Expand", "DequantizeLinear", "Cast")) is not None:
+        if n.op_type == "Cast":
+            return name, tuple(moves), tuple(grids)
+        if n.op_type == "Unsqueeze":
+            axes = g.constants.get(n.input[1]) if len(n.input) > 1 else \
+                next((list(a.ints) for a in n.attribute if a.name == "axes"), None)
+            if axes is None:
+                return None
+            moves.insert(0, tuple(int(a) for a in np.reshape(axes, -1)))
+        elif n.op_type == "DequantizeLinear":
+            q = g.made(n.input[0], "QuantizeLinear")
+            if q is None or list(q.input[1:]) != list(n.input[1:]) or len(n.input) < 3:
+                return None
+            s, z = g.constants.get(n.input[1]), g.constants.get(n.input[2])
+            if s is None or z is None or s.size != 1 or z.size != 1 or z.dtype.kind not in "iu":
+                return None
+            grids.insert(0, (Fraction(float(s.reshape(()))), int(z.reshape(())), int(np.iinfo(z.dtype).max)))
+            name = q.input[0]
+            continue
+        name = n.input[0]
+    return None
+
+
+def least_weight(grids: tuple) -> Fraction:
+    """The least positive value a mask's weight takes at an integer c (0: none): c itself, or c through its
+    QuantizeLinear/DequantizeLinear pairs (s, z, hi) in turn, (min(round(v / s) + z, hi) - z) s (half to even), which
+    never decreases and keeps 0: at the least c > 0 where it is positive (below 2^31)."""
+    def weight(c: int) -> Fraction:
+        v = Fraction(c)
+        for s, z, hi in grids:
+            v = (min(round(v / s) + z, hi) - z) * s
+        return v
+
+    low, high = 1, 1 << 31
+    if weight(high) <= 0:
+        return Fraction(0)
+    while low < high:  # weight(high) > 0
+        mid = (low + high) // 2
+        low, high = (low, mid) if weight(mid) > 0 else (mid + 1, high)
+    return weight(low)
+
+
+def _masked_mean(g: _Graph, node: onnx.NodeProto, dtypes: dict[str, int]) -> MaskedMean | None:
+    """The masked mean ``node`` (a Div) ends, or None (``MaskedMean``'s form)."""
+    clip = g.made(node.input[1], "Clip", "Max")
+    bound = _lower_bound(g, clip) if clip is not None else None
+    count = g.made(bound[0], "ReduceSum") if bound is not None and bound[1] > 0 else None
+    total = g.made(node.input[0], "ReduceSum")
+    mul = g.made(g.pass_qdq(total.input[0]), "Mul") if count is not None and total is not None else None
+    w = _mask_path(g, count.input[0]) if mul is not None else None
+    if w is None or dtypes.get(g.made(w[0], "Cast").input[0]) not in MASK_TYPES:
+        return None
+    shape = g.shape(mul.output[0])
+    if shape is None or None in shape:
+        return None
+    axes = g.axes(total, len(shape))
+    keepdims = {next((a.i for a in r.attribute if a.name == "keepdims"), 1) for r in (count, total)}
+    if not axes or g.axes(count, len(shape)) != axes or len(keepdims) != 1:
+        return None
+
+    def along(name: str) -> bool:  # the mask's shape has the product's rank and its sizes on the summed axes
+        s = g.shape(name)
+        return s is not None and len(s) == len(shape) and all(s[a] == shape[a] for a in axes)
+
+    if not along(count.input[0]) or not any(
+            (p := _mask_path(g, v)) is not None and p[:2] == w[:2] and p[2][:len(w[2])] == w[2] and along(v)
+            for v in mul.input):
+        return None
+    least = least_weight(w[2])
+    return MaskedMean(math.prod(shape[a] for a in axes), least) if least > 0 else None
+
+
+def masked_means(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, ...] | None],
+                 constants: dict[str, np.ndarray], dtypes: dict[str, int]) -> dict[str, MaskedMean]:
+    """Every masked mean of ``graph`` by its Div's output (``dtypes``: element types by tensor name; the rest as
+    ``softmax_chains`` takes them)."""
+    g = _Graph(graph, opset, shapes, constants)
+    return {n.output[0]: m for n in graph.node if n.op_type == "Div" and n.domain in ("", "ai.onnx")
+            if (m := _masked_mean(g, n, dtypes)) is not None}

@@ -13,10 +13,10 @@ from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
 from .elementwise import Quotient
-from .l2norm import L2Normalized
+from .l2norm import TAIL_GRIDS, Bounded, L2Normalized, TailNormalized
 from .logsumexp import LogSumExped
 from .qdq import LogSoftmaxed, quantize
-from .values import QUANTIZED_TYPES, Deferred, Mapped, Scaled, Softmaxed, Summed
+from .values import QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, least_float32
 
 
 @dataclass
@@ -171,10 +171,11 @@ def span(x) -> tuple[float, float] | None:
         return quotient_span(x)
     if isinstance(x, Deferred) and hasattr(type(x), "ends"):  # LogSoftmax's, an L2 normalization's [-1, 1]
         return x.ends
-    if hasattr(x, "grid"):  # a function of two values (Paired): its finite values
+    if hasattr(x, "grid"):  # a function of two values (Paired): its finite values, within its bound if known
         with np.errstate(all="ignore"):
             finite = x.grid()[np.isfinite(x.grid())]
-        return (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        ends = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+        return ends if x.bound is None else (max(ends[0], -float(x.bound)), min(ends[1], float(x.bound)))
     operands = getattr(x, "operands", None)  # an Extreme
     parts = None if operands is None else [span(v) for v in operands]
     if parts is None or None in parts:
@@ -184,26 +185,24 @@ def span(x) -> tuple[float, float] | None:
 
 
 def quotient_span(x: Quotient) -> tuple[float, float] | None:
-    """[-m, m], m its known ``bound``, else m = max|a| / min|b|: a and b the sums of their terms' intervals, b's
-    clipped by its deferred Clip (lo, hi) to [max(b_lo, lo), min(b_hi, hi)]; None where that interval holds 0 (no
-    bound), or where a divisor of one term reaching 0 is clipped at 0 < lo with its one step r > 32767 lo (a guard
-    of 0 / 0 alone: sentence-transformers' count at 1e-9 on a 1/255 grid): every value at a nonzero divisor,
-    |a| / r < m / 32767, would lie within one step of 0 at the grid m gives."""
-    if x.bound is not None:
-        return -float(x.bound), float(x.bound)
+    """[-m, m], m the least of its known ``bound`` and max|a| / min|b|: a and b the sums of their terms' intervals,
+    b's clipped by its deferred Clip (lo, hi) to [max(b_lo, lo), min(b_hi, hi)], where that interval holds no 0 and
+    is no divisor of one term reaching 0 clipped at 0 < lo with its one step r > 32767 lo (a guard of 0 / 0 alone:
+    sentence-transformers' count at 1e-9 on a 1/255 grid, where every value at a nonzero divisor, |a| / r <
+    m / 32767, would lie within one step of 0 at the grid m gives); None where neither holds."""
+    found = [] if x.bound is None else [float(x.bound)]
     a, b = ([sum(p) for p in zip(*(span(t) for t in terms))] for terms in (x.a, x.b))
     lo, hi = x.clip
-    if lo is not None and len(x.b) == 1 and b[0] <= 0 <= b[1] and 0 < lo * TAIL_STEPS < min(x.b[0].scale.flat):
-        return None
     if lo is not None:
         b = [max(v, float(lo)) for v in b]
     if hi is not None:
         b = [min(v, float(hi)) for v in b]
     least = b[0] if b[0] > 0 else -b[1] if b[1] < 0 else 0.0
-    if not least:
-        return None
-    m = max(abs(a[0]), abs(a[1])) / least
-    return -m, m
+    guard = lo is not None and len(x.b) == 1 and 0 < lo * TAIL_STEPS < min(x.b[0].scale.flat) and \
+        span(x.b[0])[0] <= 0 <= span(x.b[0])[1]
+    if least and not guard:
+        found.append(max(abs(a[0]), abs(a[1])) / least)
+    return (-min(found), min(found)) if found else None
 
 
 def tail(ctx, x) -> Scaled:
@@ -222,15 +221,12 @@ def tail(ctx, x) -> Scaled:
         raise Refuse(f"a float output ({getattr(x, 'what', 'a value')}) computed after the last QuantizeLinear has "
                      "no integer form here: cut the graph (--outputs) at a quantized tensor")
     m = max(abs(ends[0]), abs(ends[1])) or 1.0
-    for steps in (TAIL_STEPS >> j for j in range(8)):
-        scale = np.float32(m / steps)
-        while float(scale) * steps < m:
-            scale = np.nextafter(scale, np.float32(np.inf))
-        exact = Fraction(float(scale))
+    for steps in TAIL_GRIDS:
+        exact = Fraction(float(least_float32(m, steps)))
         try:
             if isinstance(x, Softmaxed):
                 softmax_plan(x.view[1], 1 / exact)
-            elif isinstance(x, L2Normalized):
+            elif isinstance(x, (L2Normalized, TailNormalized)):
                 x.plan(exact, -32768, 32767)
         except NoPlan:
             continue
@@ -249,10 +245,23 @@ def float_read(ctx, op: str, x):
     """A LogSoftmax or ReduceLogSumExp read by any other float op (quantize_static quantizes no Exp, Neg, Log,
     ReduceMax, ReduceSum or, after a ReduceLogSumExp, Sub after it; QOperator no Gather): first quantized as a float
     output is (``tail``: int16, zero point 0, the least float32 scale s_t with 32767 s_t >= the largest |value| of
-    its ``ends``, within 1/2 + delta steps of s_t), then the op's own rule on those integers; any other value as it
-    is."""
+    its ``ends``, within 1/2 + delta steps of s_t), then the op's own rule on those integers; a value LpNormalization
+    reads, ``l2_read``; any other value as it is."""
+    if op == "LpNormalization":
+        return l2_read(x)
     if isinstance(x, (LogSoftmaxed, LogSumExped)) and op not in LOGSOFTMAX_TAKERS:
         return tail(ctx, x)
+    return x
+
+
+def l2_read(x):
+    """A value an L2 normalization reads: one computed after the last QuantizeLinear whose interval ``span`` knows
+    (a masked mean's quotient), ``Bounded`` by its largest |value| (the normalization quantizes it at a grid of its
+    own); any other as it is."""
+    if isinstance(x, Real) and not isinstance(x, Scaled):
+        ends = span(x)
+        if ends is not None:
+            return Bounded(x, max(abs(ends[0]), abs(ends[1])) or 1.0)
     return x
 
 

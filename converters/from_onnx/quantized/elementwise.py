@@ -19,7 +19,7 @@ from ..emit import (as_int32, broadcast_of, broadcast_shape, broadcasts_into, ex
 from ..registry import Refuse, float_rule, integer_rule
 from .products import ceil_ends, image_sum, powers, summed
 from .masks import KeptScores, Tabulated, looked_up, masked_scores, tabulated
-from .l2norm import L2Normalized
+from .l2norm import L2Normalized, normalized
 from .pair_sums import counted_sum
 from .qdq import MAX_TABLE, Requant, lookup, quantize, saturate
 from .roots import MAX_DEGREE, root, root_degree, wide
@@ -319,20 +319,36 @@ def div_rule(ctx, node, a, b):
     minimum); of sums of computed values (a min-max normalization's (x - min) / (max - min)), or of values too wide
     for that table, an integer quotient (``Quotient``). A divisor's deferred Clip (a masked mean's count clipped at 1
     or eps off the mask's grid) is clipped there: in the table's exact values, or as the quotient's D; a computed
-    float tensor of integers (a count of a float mask) is the real value it is (``of_integers``)."""
+    float tensor of integers (a count of a float mask) is the real value it is (``of_integers``). A masked mean
+    (``chains.MaskedMean``: T tokens, every weight 0 or at least w) whose weights are >= 0 has
+    |a / b| <= max|a| / (T w), its bound as a float output (``masked_bound``)."""
     if isinstance(b, Tensor) and not b.is_const and b.dtype == TensorProto.FLOAT:
         b = of_integers(b)
     if not is_float_const(b):
         wide = isinstance(a, Scaled) and isinstance(b, Scaled) and \
             (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE
+        bound = masked_bound(ctx.means.get(node.proto.output[0]), a, b)
         if isinstance(a, Summed) or isinstance(b, Summed) or wide:
-            return Quotient(a, b)
+            return Quotient(a, b, bound)
         if isinstance(b, Scaled) and b.clip != (None, None):
             lo, hi = (None if v is None else float(v) for v in b.clip)
             return Paired(lambda u, v: np.divide(u, np.clip(v, lo, hi)), scaled(a, "the dividend"),
-                          replace(b, clip=(None, None)), "Div")
-        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div")
+                          replace(b, clip=(None, None)), "Div", bound=bound)
+        return Paired(np.divide, scaled(a, "the dividend"), scaled(b, "the divisor"), "Div", bound=bound)
     return rescaled(a, 1 / constant_factors(b, "the divisor", a), "the dividend")
+
+
+def masked_bound(mean, a, b) -> Fraction | None:
+    """max|a| / (T w) for a masked mean (``chains.MaskedMean``, or None: no bound) of one dequantized dividend and
+    divisor per tensor whose weights are >= 0 (the divisor's least value, T times its weights', at least 0): the
+    products vanish with their weights, each within max|a| / T (the sum's interval is T times its terms'), and each
+    other weight is at least w, so |a| <= K max|a| / T over b >= K w, K the kept tokens (a = 0 where K = 0)."""
+    if mean is None or not (isinstance(a, Scaled) and isinstance(b, Scaled) and a.per_tensor and b.per_tensor):
+        return None
+    za, zb = int(a.zero.reshape(())), int(b.zero.reshape(()))
+    if b.t.lo < zb:
+        return None
+    return max(za - a.t.lo, a.t.hi - za) * a.scale.reshape(()).item() / (mean.tokens * mean.least)
 
 
 #: |N| and |D| of a ``Quotient`` stay within 2^QUOTIENT_BITS: 2|N| + |D| and every sign product within 32 bits.
@@ -479,19 +495,26 @@ def lp_pool_rule(ctx, node, x):
 @float_rule("LpNormalization", since=1)
 def lp_normalization_rule(ctx, node, x):
     """LpNormalization of a per-tensor dequantized x = u s along ``axis`` (a row of zeros gives 0, as onnxruntime's
-    kernel): p = 2, an ``L2Normalized``; p = 1, the ``Quotient`` u / V of u by V = max(sum |u|, 1) over the row at
-    the same scale (V = 1 only on a row of zeros, whose u / V is 0). Integers by the QuantizeLinear that follows.
-    Refused where onnxruntime's float32 sum may pass its range (then inf: its output 0)."""
+    kernel): p = 2, an ``L2Normalized`` (of a value computed after the last QuantizeLinear, a masked mean's quotient:
+    ``l2norm.normalized``); p = 1, the ``Quotient`` u / V of u by V = max(sum |u|, 1) over the row at the same scale
+    (V = 1 only on a row of zeros, whose u / V is 0). Integers by the QuantizeLinear that follows. Refused where
+    onnxruntime's float32 sum may pass its range (then inf: its output 0)."""
     p = node.attr_int("p", 2)
     if p not in (1, 2):
         raise Refuse(f"LpNormalization p={p} has no CVM form (p = 1 and p = 2 have)")
-    x = per_tensor(scaled(x, "the LpNormalization input"), "LpNormalization")
     rank = len(x.shape)
     [axis] = normal([node.attr_int("axis", -1)], rank, "LpNormalization axis")
     view = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
-    float32_sum(x, view[1], "LpNormalization's sum", p)
+
+    def checked(v) -> Scaled:
+        v = per_tensor(scaled(v, "the LpNormalization input"), "LpNormalization")
+        float32_sum(v, view[1], "LpNormalization's sum", p)
+        return v
+
     if p == 2:
-        return L2Normalized(x, view, Fraction(0), Fraction(0), Fraction(0), False, node.name)
+        return normalized(x, lambda v: L2Normalized(checked(v), view, Fraction(0), Fraction(0), Fraction(0), False,
+                                                    node.name))
+    x = checked(x)
     v = powers(ctx, x, False)
     total = reduced(ctx, "sum", ctx.reshape(v.t, view), [1], 0, view[1] * v.t.hi)
     e = ctx.emit("clip", ctx.entry(total), a_min=1, a_max=max(total.hi, 1))
@@ -820,11 +843,13 @@ class Paired(Deferred):
     minimum, as onnxruntime's QuantizeLinear gives it). ``float32``: fn at the inputs as DequantizeLinear gives them,
     float32(t - z) * float32(s) rounded to float32 (Pow: a negative base has a power only where that exponent is a
     whole number). ``summed``: fn(a, b) is a function of a + b, and where the entries are a step function of one
-    integer D = t_a A + t_b B the same outputs come from far fewer entries (``pair_sums.counted_sum``)."""
+    integer D = t_a A + t_b B the same outputs come from far fewer entries (``pair_sums.counted_sum``). ``bound``: a
+    known bound on |fn(a, b)| (a masked mean's: ``masked_bound``), which its float output's interval takes."""
 
-    def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False, summed: bool = False):
+    def __init__(self, fn, a: Scaled, b: Scaled, what: str, float32: bool = False, summed: bool = False,
+                 bound: Fraction | None = None):
         self.fn, self.a, self.b, self.what = fn, per_tensor(a, what), per_tensor(b, what), what
-        self.float32, self.summed = float32, summed
+        self.float32, self.summed, self.bound = float32, summed, bound
         self.shape = broadcast_shape(a.t, b.t)
         if (a.t.hi - a.t.lo + 1) * (b.t.hi - b.t.lo + 1) > MAX_TABLE:
             raise Refuse(f"{what} of two values over {a.t.hi - a.t.lo + 1} x {b.t.hi - b.t.lo + 1} integers: a table "
@@ -873,8 +898,8 @@ class Quotient(Deferred):
     e_N = N - c a and e_D = D - c b s_out, N / D - v = (e_N - v e_D) / D: the output is within
     1/2 + (|e_N| + |v| |e_D|) / |D| of v (docs/import.md, "Quotients of sums"). A divisor of one ``Scaled`` with
     a deferred Clip to real bounds (lo, hi): D clipped to their integers (``clip_ends``), |e_D| within
-    max(|e_D|, 1) of the clipped value. ``bound``: a known bound on |a / b| (LpNormalization p = 1: 1), the interval
-    of its float output."""
+    max(|e_D|, 1) of the clipped value. ``bound``: a known bound on |a / b| (LpNormalization p = 1: 1; a masked mean's,
+    ``masked_bound``), which its float output's interval takes."""
 
     def __init__(self, a, b, bound: Fraction | None = None):
         self.what, self.bound = "Div", bound

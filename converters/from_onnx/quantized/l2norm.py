@@ -8,7 +8,8 @@ and RMSNorm (T5's, LLaMA's), the same with ReduceMean of the squares and eps ins
 With x = u s per tensor (u = t - z) and S = sum u^2 over a row, every such form is y = x / (sqrt(max(sum x^2 + a,
 b)) + o) = u / (sqrt(max(S + G, E)) + O), G = a / s^2, E = b / s^2, O = o / s: LayerNormalization's table form
 (``norm.best_plan``) with D = u, V = S (|D| <= sqrt(V), as |D| <= sqrt((n - 1) V) there with n = 2), gamma = 1 / s_out
-and beta = 0.
+and beta = 0. Of a value computed after the last QuantizeLinear (a masked mean's quotient): that value quantized
+first to an int16 grid of its bound (``TailNormalized``).
 
 The norm itself as a value (``norm_chains``, ``Norm``; docs/import.md, "The L2 norm as a value"): s sqrt(S)
 requantized exactly, round(s sqrt(S) / s_y), from the exact integer S; a float function after it, over S.
@@ -23,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from cvm_onnx.core.constants import tight
 
@@ -30,11 +32,11 @@ from ..context import INT32, INT_RANGES, Tensor
 from ..emit import as_int32, reduced
 from ..registry import Refuse
 from ..requant_plans import NoPlan
-from .chains import FLAT, _divisor, _Graph
+from .chains import FLAT, _divisor, _Graph, _lower_bound, _scalar
 from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
                    table_index, table_shape)
-from .qdq import MAX_TABLE, Requant, saturate
-from .values import Deferred, Scaled, float32_sum, per_tensor, scaled
+from .qdq import MAX_TABLE, Requant, quantize, saturate
+from .values import Deferred, Scaled, float32_sum, least_float32, per_tensor, scaled
 
 
 def squares_fit(n: int, peak: int) -> bool:
@@ -147,6 +149,100 @@ class L2Normalized(Deferred):
         return saturate(ctx, ctx.reshape(r, self.shape), out_zero, lo, hi, dtype, self.shape)
 
 
+#: The int16 grids a value computed after the last QuantizeLinear takes (a float output's, and one an L2
+#: normalization reads): 2^j - 1 steps each way, j from 15 down to 8, the finest with a plan.
+TAIL_GRIDS = tuple(((1 << 15) - 1) >> j for j in range(8))
+
+
+@dataclass(frozen=True, eq=False)
+class TailNormalized(Deferred):
+    """``form`` (an ``L2Normalized``, its x a stand-in) of ``value``, a value computed after the last QuantizeLinear
+    (a masked mean's quotient: nothing quantizes it), every |value| <= ``bound``: value quantized first by its own
+    rule to int16, zero point 0, scale s_v the least float32 with P s_v >= bound, clipped to [-P, P] (an identity
+    where |value| <= P s_v, which moves no output away from value / s_v), P the largest of ``TAIL_GRIDS`` at which
+    form has a plan at the output's scale; then form on those integers (docs/import.md, "L2 normalization of a value
+    computed after the last QuantizeLinear")."""
+
+    value: object
+    bound: float
+    form: L2Normalized
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.form.shape
+
+    @property
+    def what(self) -> str:
+        return self.form.what
+
+    @property
+    def ends(self) -> tuple[float, float]:
+        return self.at(TAIL_GRIDS[-1]).ends
+
+    def at(self, steps: int) -> L2Normalized:
+        """form of the value's integers at ``steps`` steps each way (a stand-in tensor of that interval)."""
+        s = np.asarray(Fraction(float(least_float32(self.bound, steps))), dtype=object)
+        x = Scaled(Tensor(TensorProto.INT16, self.form.shape, -steps, steps), s, np.zeros((), np.int64))
+        float32_sum(x, self.form.view[1], f"the {self.form.what}'s sum")
+        return replace(self.form, x=x)
+
+    def stepped(self, s_out: Fraction, low: int, high: int) -> tuple[int, LayerNormPlan]:
+        """(P, the plan) at the largest of ``TAIL_GRIDS`` that has one for output steps s_out into [low, high]."""
+        for steps in TAIL_GRIDS:
+            try:
+                return steps, self.at(steps).plan(s_out, low, high)
+            except NoPlan:
+                continue
+        raise NoPlan(f"an L2 normalization over {self.form.view[1]} values has no integer form within half a step "
+                     f"in 32 bits on any int16 grid of its input ({TAIL_GRIDS[-1]} to {TAIL_GRIDS[0]} steps)")
+
+    def plan(self, s_out: Fraction, low: int, high: int) -> LayerNormPlan:
+        return self.stepped(s_out, low, high)[1]
+
+    def quantized(self, ctx, scale: np.ndarray, out_zero: int, dtype: int) -> Tensor:
+        """The value quantized at the grid ``stepped`` picks and clipped to it, then form's integers."""
+        if scale.size != 1:
+            raise Refuse(f"{self.form.node} ({self.what}) with a per-channel output scale has no CVM form")
+        lo, hi = INT_RANGES[dtype]
+        try:
+            steps, _ = self.stepped(scale.reshape(()).item(), lo - out_zero, hi - out_zero)
+        except NoPlan as e:
+            raise Refuse(f"{self.form.node} ({self.what}): {e}") from None
+        form = self.at(steps)
+        t = quantize(ctx, self.value, form.x.scale, np.zeros((), np.int64), TensorProto.INT16)
+        t = ctx.result(ctx.emit("clip", ctx.entry(t), a_min=-steps, a_max=steps), TensorProto.INT16, max(t.lo, -steps),
+                       min(t.hi, steps), t.shape)
+        return replace(form, x=replace(form.x, t=t)).quantized(ctx, scale, out_zero, dtype)
+
+
+@dataclass(frozen=True, eq=False)
+class Bounded:
+    """A value computed after the last QuantizeLinear (a masked mean's quotient) read by an L2 normalization, with
+    ``bound`` >= every |value| (its float output's interval, ``edges.l2_read``): the normalization quantizes it at a
+    grid of its own (``TailNormalized``)."""
+
+    value: object
+    bound: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.value.shape
+
+    @property
+    def what(self) -> str:
+        return getattr(self.value, "what", "a sum")
+
+
+def normalized(x, form: Callable[[Scaled], L2Normalized]) -> L2Normalized | TailNormalized:
+    """form(x) of a per-tensor dequantized x; of a value computed after the last QuantizeLinear (``Bounded``),
+    ``TailNormalized`` at its bound."""
+    if isinstance(x, Bounded):
+        stand_in = Scaled(Tensor(TensorProto.INT16, x.shape, -1, 1), np.asarray(Fraction(1), dtype=object),
+                          np.zeros((), np.int64))
+        return TailNormalized(x.value, x.bound, form(stand_in))
+    return form(x)
+
+
 def emit(ctx, t: Tensor, z: int, view: tuple[int, int, int], p: LayerNormPlan, nan: int | None) -> Tensor:
     """The plan's CVM ops on t's rows: u = t - z, S = sum u^2, the level and bucket of S, R, N = trunc(u R / 2^(m+j)),
     the output's shift; ``nan``: the value (less z_out) of a row of zeros."""
@@ -253,13 +349,6 @@ _STEPS = ("Sqrt", "Pow", "Reciprocal", "Clip", "Max", "Add", "Expand", *FLAT)
 SUMS = ("ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceMean")
 
 
-def _scalar(g: _Graph, name: str) -> Fraction | None:
-    v = g.constants.get(name)
-    if v is None or v.size != 1 or v.dtype.kind != "f" or not np.isfinite(v).all():
-        return None
-    return Fraction(float(v.reshape(())))
-
-
 def _same(g: _Graph, a: str, b: str) -> bool:
     """Whether tensors a and b hold the same values: one name, or DequantizeLinear of the same inputs."""
     if a == b:
@@ -287,26 +376,6 @@ def _squares(g: _Graph, name: str, x: str) -> list[onnx.NodeProto] | None:
         nodes.append(a)
         v = a.input[0]
     return nodes if _same(g, v, x) else None
-
-
-def _lower_bound(g: _Graph, n: onnx.NodeProto) -> tuple[str, Fraction] | None:
-    """(the value, c) of Max(value, c) or Clip(value, min=c) with no max; else None."""
-    if n.op_type == "Max":
-        if len(n.input) != 2:
-            return None
-        for v, c in ((n.input[0], n.input[1]), (n.input[1], n.input[0])):
-            if (k := _scalar(g, c)) is not None and v not in g.constants:
-                return v, k
-        return None
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-    if g.opset < 11:
-        if "max" in attrs or "min" not in attrs:
-            return None
-        return n.input[0], Fraction(float(np.float32(attrs["min"])))
-    if len(n.input) < 2 or not n.input[1] or (len(n.input) > 2 and n.input[2]):
-        return None
-    k = _scalar(g, n.input[1])
-    return None if k is None else (n.input[0], k)
 
 
 def _chain(g: _Graph, node: onnx.NodeProto) -> L2Chain | None:
@@ -387,12 +456,18 @@ def l2_chains(graph: onnx.GraphProto, opset: int, shapes: dict[str, tuple[int, .
             if (c := _chain(g, n)) is not None]
 
 
-def l2_value(chain: L2Chain, x) -> L2Normalized:
-    """The chain's value: the L2 normalization of the dequantized x (per tensor)."""
-    x = per_tensor(scaled(x, "the L2 normalization's input"), "an L2 normalization")
-    float32_sum(x, chain.view[1], f"the {'RMS' if chain.mean > 1 else 'L2'} normalization's sum")
-    return L2Normalized(x, chain.view, chain.add, chain.floor, chain.outside, not (chain.floor or chain.outside),
-                        chain.node.name, "RMS normalization" if chain.mean > 1 else "L2 normalization", chain.mean)
+def l2_value(chain: L2Chain, x) -> L2Normalized | TailNormalized:
+    """The chain's value: the L2 normalization of the dequantized x (per tensor), or of a value computed after the
+    last QuantizeLinear (``normalized``)."""
+    what = "RMS normalization" if chain.mean > 1 else "L2 normalization"
+
+    def form(v) -> L2Normalized:
+        v = per_tensor(scaled(v, f"the {what}'s input"), f"an {what}")
+        float32_sum(v, chain.view[1], f"the {what}'s sum")
+        return L2Normalized(v, chain.view, chain.add, chain.floor, chain.outside, not (chain.floor or chain.outside),
+                            chain.node.name, what, chain.mean)
+
+    return normalized(x, form)
 
 
 # -- the norm as a value ------------------------------------------------------------------------------------------

@@ -764,7 +764,9 @@ def quotient(ctx, d: Tensor, index: Tensor, level: Tensor | None, table: np.ndar
 def levelled(ctx, v: Tensor, t_bits: int, levels: int, entries: int,
              bucket_hi: int | None = None) -> tuple[Tensor, Tensor]:
     """The level m = #{k < K : v >= 4^k 2^T} of each v (its axis 1 of length 1) and its index in a table of
-    ``entries`` (``table_index``) with the bucket floor(v / 4^m) (at most ``bucket_hi``; v's largest value)."""
+    ``entries`` (``table_index``) with the bucket floor(v / 4^m) (at most ``bucket_hi``; by default the larger of
+    2^T - 1, a level below K's bound, and floor(v_max / 4^K)). Where the division keeps a 32-bit label (its
+    dividend's), a clip to that bound, an identity, narrows it for the index's sum."""
     op = partial(proven, ctx)
     col = v.shape
     bounds = np.array([((1 << t_bits) << (2 * m)) - 1 for m in range(levels)])
@@ -773,8 +775,10 @@ def levelled(ctx, v: Tensor, t_bits: int, levels: int, entries: int,
     level = ctx.reshape(reduced(ctx, "sum", above, [1], 0, levels), col)
     powers = c32([1 << (2 * m) for m in range(levels + 1)])
     e = ctx.emit("cvm_lut", ctx.entry(level), ctx.entry(powers), in_dim=levels + 1)
-    bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0,
-                v.hi if bucket_hi is None else bucket_hi, col)
+    top = min(v.hi, max((1 << t_bits) - 1, v.hi >> (2 * levels))) if bucket_hi is None else bucket_hi
+    bucket = op("broadcast_div", v, ctx.result(e, INT32, 1, 1 << (2 * levels), col), 0, top, col)
+    if ctx.type_of(bucket.entry).precision >= 32 > tight(top):
+        bucket = ctx.result(ctx.emit("clip", ctx.entry(bucket), a_min=0, a_max=top), INT32, 0, top, col)
     return level, table_index(ctx, level, bucket, t_bits, levels, entries)
 
 

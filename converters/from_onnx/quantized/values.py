@@ -157,6 +157,14 @@ def per_tensor(x: Scaled, what: str) -> Scaled:
     return x
 
 
+def least_float32(m: float, steps: int) -> np.float32:
+    """The least float32 s with steps * s >= m (the scale of a grid of ``steps`` steps each way holding [-m, m])."""
+    s = np.float32(m / steps)
+    while float(s) * steps < m:
+        s = np.nextafter(s, np.float32(np.inf))
+    return s
+
+
 def squares_pass_float32(n: int, top) -> bool:
     """Whether a float32 sum of n squares of values up to ``top`` in size may pass float32's range: n top^2 >= 2^127
     (below it every partial sum stays finite)."""
