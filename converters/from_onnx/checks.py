@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
@@ -246,6 +247,26 @@ def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -
         if formal.is_homogeneous and taken.setdefault(formal.type_str, name) != name:
             return (f"{node.op_type}: input {k} ({formal.name}) is {name}, but an earlier input of type "
                     f"{formal.type_str} is {taken[formal.type_str]}")
+    return None
+
+
+#: The ONNX ops of multidirectional (numpy) broadcasting.
+BROADCASTING = frozenset({"Add", "And", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Div", "Equal",
+                          "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max", "Mean", "Min", "Mod", "Mul", "Or",
+                          "Pow", "Sub", "Sum", "Where", "Xor"})
+
+
+def broadcast_problem(node: onnx.NodeProto, shapes: list[tuple[int, ...] | None]) -> str | None:
+    """Why the shapes of a broadcasting op's inputs (None: absent) break ONNX's multidirectional broadcasting, or
+    None. onnxruntime refuses such a node; its import rule would reach a CVM op's own shape rule."""
+    if domain_of(node.domain) != "" or node.op_type not in BROADCASTING:
+        return None
+    known = [tuple(s) for s in shapes if s is not None]
+    try:
+        np.broadcast_shapes(*known)
+    except ValueError:
+        return (f"{node.op_type}: input shapes {', '.join(map(str, known))} do not broadcast (ONNX's multidirectional "
+                "broadcasting: right-aligned dims equal, or one of them 1)")
     return None
 
 

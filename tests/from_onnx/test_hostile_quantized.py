@@ -27,6 +27,7 @@ from cvm_onnx.app import api, cli
 from cvm_onnx.app.quantize import quantize
 from cvm_onnx.converters.from_onnx import import_model, requant_plans
 from cvm_onnx.core.errors import CVMError, FormatError, UnsupportedError
+from cvm_onnx.core.format.onnx_file import onnx_model
 
 
 @pytest.fixture(scope="module")
@@ -1033,7 +1034,6 @@ def test_a_mask_term_cast_to_no_onnx_type_is_refused_naming_the_node():
     """HF's (1 - Cast(m)) c with the Cast's ``to`` no ONNX type (99): refused in one line naming the Cast.
     Regression: an internal KeyError 99 (the latest fuzz target on the HF Where mask's seed)."""
     from onnx.helper import make_graph, make_tensor_value_info
-    from cvm_onnx.core.format.onnx_file import onnx_model
 
     mask = make_tensor_value_info("m", T.INT64, [1, 4])
     mask.metadata_props.add(key="cvm.precision", value="2")
@@ -1456,3 +1456,27 @@ def test_a_matmul_of_batch_dims_that_do_not_broadcast_is_refused_naming_it():
     [p] = e.value.problems
     assert p.where == "mm (MatMul)" and p.rule == "shapes [(3,), (2,)] do not broadcast", p
     assert HQ.check(m.SerializeToString()) == "UnsupportedError"
+
+
+@pytest.mark.parametrize("op", ["Mul", "Equal", "Greater", "Add", "Div", "Max", "Where"])
+def test_a_broadcasting_op_of_computed_shapes_that_do_not_broadcast_is_refused_by_onnxs_rule(op):
+    """op(DQ(a) (2, 5, 3), DQ(b) (4, 5, 1)) (fuzz18's masked mean of a mask dim made 4096): refused in one line
+    naming the node and ONNX's broadcasting, not a CVM op's own rule. Regression: Mul, Equal and Greater were
+    refused with 'broadcast_mul: shapes ... do not broadcast' ('broadcast_greater', ...)."""
+    inputs = ["c", "af", "bf"] if op == "Where" else ["af", "bf"]
+    nodes = [h.make_node("DequantizeLinear", ["a", "s", "z"], ["af"]),
+             h.make_node("DequantizeLinear", ["b", "s", "z"], ["bf"]),
+             *([h.make_node("Greater", ["af", "zf"], ["c"])] if op == "Where" else []),
+             h.make_node(op, inputs, ["r"], name="op"),
+             *([h.make_node("Cast", ["r"], ["rf"], to=T.FLOAT)] if op in ("Equal", "Greater") else []),
+             h.make_node("QuantizeLinear", ["rf" if op in ("Equal", "Greater") else "r", "s", "z"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("a", T.INT8, [2, 5, 3]),
+                                  h.make_tensor_value_info("b", T.INT8, [4, 5, 1])],
+                     [h.make_tensor_value_info("y", T.INT8, None)],
+                     [nh.from_array(np.float32(0.05), "s"), nh.from_array(np.int8(0), "z"),
+                      nh.from_array(np.float32(0), "zf")])
+    with pytest.raises(UnsupportedError) as e:
+        import_model(onnx_model(g, 17), input_precisions={"a": 8, "b": 8})
+    [p] = e.value.problems
+    assert p.where == f"op ({op})" and p.rule.startswith(f"{op}: input shapes (2, 5, 3), ") and \
+        "do not broadcast (ONNX's multidirectional broadcasting" in p.rule, p
