@@ -1480,3 +1480,35 @@ def test_a_broadcasting_op_of_computed_shapes_that_do_not_broadcast_is_refused_b
     [p] = e.value.problems
     assert p.where == f"op ({op})" and p.rule.startswith(f"{op}: input shapes (2, 5, 3), ") and \
         "do not broadcast (ONNX's multidirectional broadcasting" in p.rule, p
+
+
+@pytest.mark.parametrize("lo, hi", [(np.inf, None), (np.inf, np.inf), (None, -np.inf), (np.nan, None),
+                                    (None, np.nan), (-np.inf, np.nan)])
+@pytest.mark.parametrize("count", [False, True])
+def test_a_clip_bound_that_is_not_finite_and_binds_is_refused_naming_the_clip(lo, hi, count):
+    """Clip(x, inf) is inf throughout (max -inf: -inf; a NaN bound: NaN), onnxruntime's QDQ model the output's end
+    (a masked mean's count clipped so: a / inf = 0): refused in one line naming the Clip and its bound; min -inf and
+    max inf still clip nothing. Regression: a non-finite bound was read as no bound, and the model imported as
+    x requantized (fuzz18's masked mean of Clip(count, inf, inf): 128 steps from onnxruntime)."""
+    from test_masked_pooling16 import masked_mean_qdq
+
+    if count:
+        m = masked_mean_qdq((2, 5, 3), T.INT8, 0.05, 3, 0.02, 128, 0.01, 128, 1.0, "clip", "grid", False)
+        clip = next(n for n in m.graph.node if n.op_type == "Clip")
+        consts = {}
+    else:
+        clip = h.make_node("Clip", ["xf", "", ""], ["r"], name="clip")
+        m, consts = None, {}
+    clip.name = "clip"
+    for k, v in ((1, lo), (2, hi)):
+        clip.input[k] = "" if v is None else f"b{k}"
+        consts.update({} if v is None else {f"b{k}": np.float32(v)})
+    if m is None:
+        m = HQ.between(clip, (2, 3), consts)
+    else:
+        m.graph.initializer.extend(nh.from_array(v, k) for k, v in consts.items())
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precisions={"x": 9, "m": 2})
+    [p] = e.value.problems
+    assert p.where == "clip (Clip)" and re.fullmatch(r"Clip (min|max) (inf|-inf|nan) must be finite or -?inf",
+                                                     p.rule), p

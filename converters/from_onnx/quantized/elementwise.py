@@ -700,7 +700,7 @@ def clip_rule(ctx, node, x, lo_t=None, hi_t=None):
             if b is not None:
                 out = Extreme(is_max, (out, b if c is None else c))
         return out
-    lo, hi = real_bound(lo_t, "Clip min"), real_bound(hi_t, "Clip max")
+    lo, hi = real_bound(lo_t, "Clip min", -math.inf), real_bound(hi_t, "Clip max", math.inf)
     if isinstance(x, Mapped) or isinstance(x, Deferred) and hasattr(x, "then"):
         return mapped(x, lambda v: np.clip(v, None if lo is None else float(lo), None if hi is None else float(hi)),
                       "Clip")

@@ -298,8 +298,6 @@ def pad_rule(ctx, node, x, pads=None, value=None, axes=None):
     else (v off the input's grid or past its range) padded by the QuantizeLinear that follows (``Padded``)."""
     x = per_tensor(scaled(x, "the Pad input"), "Pad")
     v = Fraction(0) if value is None else real_bound(value, "Pad constant_value")
-    if v is None:
-        raise Refuse("Pad constant_value must be finite")
     q = v / x.scale.reshape(()).item() + int(x.zero.reshape(()))
     lo, hi = INT_RANGES[x.t.dtype]
     if q.denominator != 1 or not lo <= q <= hi:
