@@ -1512,3 +1512,27 @@ def test_a_clip_bound_that_is_not_finite_and_binds_is_refused_naming_the_clip(lo
     [p] = e.value.problems
     assert p.where == "clip (Clip)" and re.fullmatch(r"Clip (min|max) (inf|-inf|nan) must be finite or -?inf",
                                                      p.rule), p
+
+
+
+def test_an_antialiased_resize_reading_too_many_inputs_an_output_is_refused_before_its_weights():
+    """Resize with antialias of an axis of 2^24 values to 5 (fuzz18's mutant of an input dim): each output reads
+    6.7 million inputs; refused in one line within the time bound, naming the node and the count. Regression: its
+    weights were computed tap by tap first (minutes; the fuzzer's hang)."""
+    from support.fuzz import bounded
+    from test_ops16 import resize_node, resize_qdq
+
+    m = resize_qdq((1, 1, 1, 1 << 24), T.INT8, 0, 0.05, 0.05, 0, *resize_node((1, 1, 1, 5), 1, "half_pixel", None,
+                                                                              False))
+    errors = []
+
+    def imported():
+        try:
+            import_model(m, input_precision=9)
+        except CVMError as e:
+            errors.append(e)
+            raise
+
+    bounded(imported, m.ByteSize())
+    [p] = errors[0].problems
+    assert p.where == "rs (Resize)" and "reads 6710887 inputs per output, past the 4096" in p.rule, p

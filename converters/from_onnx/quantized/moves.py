@@ -23,6 +23,9 @@ from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_ten
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
          "Identity", "Expand", "Tile", "Gather", "Split", "GlobalMaxPool", "ReduceMax", "ReduceMin", "DepthToSpace",
          "SpaceToDepth", "GatherElements", "GatherND", "ReverseSequence"]
+#: The most inputs one output of an antialiased Resize may read along an axis (each tap a take and a product over
+#: the output; a linear downscale past 2048x, a cubic one past 1024x, reads more).
+MAX_TAPS = 1 << 12
 
 
 def move_rule(ctx, node, x, *rest):
@@ -244,8 +247,9 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
                   exclude: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Resize with antialias (onnxruntime's filter): output o at coordinate c = num / den weighs input j by
     F((j - c) g), g = min(scale, 1) = gp / gq: F(v) = max(1 - |v|, 0) (linear) or ONNX's cubic coefficient of |v|
-    (0 past 2), over the j with |j - c| < support / g (support 1, cubic 2); divided by their sum (exclude_outside:
-    of the j in [0, size) only; else the others' weights go to the clamped index, the border). In integers:
+    (0 past 2), over the j with |j - c| < support / g (support 1, cubic 2), refused past ``MAX_TAPS`` of them;
+    divided by their sum (exclude_outside: of the j in [0, size) only; else the others' weights go to the clamped
+    index, the border). In integers:
     v = m / D with D = den gq, m = (j den - num) gp; linear D - |m|, cubic q_A D^3 F, over W_o their sum; each
     output's weights and W_o balanced (``balanced``)."""
     num, den = (np.asarray(v, dtype=object) for v in coordinate)
@@ -255,6 +259,9 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
     low = (num * gp - reach) // (den * gp) + 1
     high = -((-(num * gp + reach)) // (den * gp))  # j < ceil((num gp + reach) / (den gp))
     count = int((high - low).max())
+    if count > MAX_TAPS:
+        raise Refuse(f"Resize with antialias from {size} to {len(num)} values along an axis reads {count} inputs per "
+                     f"output, past the {MAX_TAPS} this import takes (a take and a product each): resize in steps")
     big = den * gq
     out = []
     for k in range(count):
