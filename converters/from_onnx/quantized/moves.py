@@ -171,14 +171,19 @@ def rounded(ctx, y: Scaled, room: int, later: list, node, x: Scaled, full) -> Sc
     k = max(tight(u.peak) - room, 1)
     while tight((u.peak + (1 << (k - 1))) >> k) > room:
         k += 1
-    gain = math.prod(max(sum(abs(Fraction(int(w[i]), int(p[1][i]))) for _, w in p[0]) for i in range(len(p[1])))
-                     for p in later if p is not None)
+    gain = math.prod(largest_gain(p) for p in later if p is not None)
     error = (1 << (k - 1)) * max(y.scale.flat) * gain / x.scale.reshape(()).item()
     if error > Fraction(1, 2):
         raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights over the axes pass "
                      f"32 bits, and rounding between them moves the output by up to {float(error):.3g} input steps "
                      "(more than 1/2)")
     return Scaled(shift(ctx, u, k), np.asarray(y.scale * (1 << k), dtype=object), np.zeros((), np.int64))
+
+
+def largest_gain(plan) -> Fraction:
+    """The largest sum |w_k| / W_o of an axis's outputs (``taps``, ``filtered_taps``), each distinct pair once."""
+    sums = sum(np.abs(w) for _, w in plan[0])
+    return max(Fraction(int(a), int(b)) for a, b in set(zip(sums, plan[1])))
 
 
 def interpolated(ctx, x: Scaled, axis: int, d: int, plan, o: int) -> Scaled:
