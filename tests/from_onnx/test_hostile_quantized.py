@@ -1536,3 +1536,15 @@ def test_an_antialiased_resize_reading_too_many_inputs_an_output_is_refused_befo
     bounded(imported, m.ByteSize())
     [p] = errors[0].problems
     assert p.where == "rs (Resize)" and "reads 6710887 inputs per output, past the 4096" in p.rule, p
+
+
+@settings(max_examples=20, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(st.deferred(lambda: HQ.mutated(HQ.newest18_seeds())))
+def test_mutated_models_of_the_newest18_forms_are_refused_cleanly_or_imported_exactly(case):
+    """Masked mean and max pooling, a function of a sum on two grids, antialiased and cubic Resize, the float tails
+    and a Sub cancelling a term: their bounds at their edges (a Clip's min equal to or above its max, past the
+    data's range, 0 or negative), attributes, constants, input dims and quantization parameters mutated; a refusal
+    stating a CVM op's own rule fails (``HQ.cvm_rule``)."""
+    outcome = HQ.check(case.files[0])
+    assert outcome in HQ.CLEAN, (case, outcome)
