@@ -951,7 +951,7 @@ def test_an_initial_h_past_32_bits_at_its_scale_is_refused_naming_the_layer(seed
                                           (T.INT8, -128, 1.3e36), (T.UINT8, 200, 1e30)])
 def test_is_inf_of_a_dequantized_value_that_can_overflow_is_refused(x_type, z, s):
     """IsInf of (t - z) s is false everywhere only while |t - z| s stays within float32's range: past it
-    DequantizeLinear gives inf, so IsInf is refused naming the node (it imported as false: Where(IsInf(x), 0, x) of
+    DequantizeLinear gives inf, so the DequantizeLinear is refused (it imported as false: Where(IsInf(x), 0, x) of
     a scale of 3e38 gave x where onnxruntime gives 0; found reading the rule after the sweep of the IsInf seed's
     scales); within it the import equals onnxruntime."""
     from cvm_onnx.core.executor import execute
@@ -959,7 +959,8 @@ def test_is_inf_of_a_dequantized_value_that_can_overflow_is_refused(x_type, z, s
 
     lo, hi = (0, 255) if x_type == T.UINT8 else (-128, 127)
     np_type = np.uint8 if x_type == T.UINT8 else np.int8
-    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]), h.make_node("IsInf", ["xf"], ["t"], name="inf"),
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"], name="dq"),
+             h.make_node("IsInf", ["xf"], ["t"], name="inf"),
              h.make_node("Where", ["t", "zero", "xf"], ["w"]), h.make_node("QuantizeLinear", ["w", "s", "z"], ["y"])]
     m = qdq(nodes, (2, 128), x_type, {"s": np.float32(s), "z": np_type(z), "zero": np.float32(0)}, x_type)
     x = np.arange(lo, hi + 1).reshape(2, 128).astype(np_type)
@@ -969,7 +970,7 @@ def test_is_inf_of_a_dequantized_value_that_can_overflow_is_refused(x_type, z, s
         with pytest.raises(UnsupportedError) as e:
             import_model(m, input_precision=9)
         [p] = e.value.problems
-        assert p.where == "inf (IsInf)" and "IsInf of a dequantized value reaching" in p.rule and \
+        assert p.where == "dq (DequantizeLinear)" and "DequantizeLinear of values reaching" in p.rule and \
             "past float32's range" in p.rule, str(p)
     else:
         import onnxruntime as ort
@@ -1548,3 +1549,26 @@ def test_mutated_models_of_the_newest18_forms_are_refused_cleanly_or_imported_ex
     stating a CVM op's own rule fails (``HQ.cvm_rule``)."""
     outcome = HQ.check(case.files[0])
     assert outcome in HQ.CLEAN, (case, outcome)
+
+
+@pytest.mark.parametrize("op", ["Resize", "Mul", "Sub"])
+def test_a_dequantized_value_past_float32s_range_is_refused_naming_the_dequantize_linear(op):
+    """DequantizeLinear at scale 3e38: float32 gives inf from |x - z| = 2 (the product rounds past 2^128 - 2^103),
+    and a cubic Resize (exclude_outside) or x * 0, x - x of those gives NaN, where the import held the exact
+    values (fuzz18: 255 steps from onnxruntime): refused in one line naming the DequantizeLinear; at 1.3e36 (a masked
+    fill's grid) every int8 value stays finite and the Resize imports."""
+    for s, refused in ((3e38, True), (1.3e36, False))[:2 if op == "Resize" else 1]:
+        node = {"Resize": h.make_node("Resize", ["xf", "", "", "sz"], ["r"], mode="cubic", exclude_outside=1,
+                                      coordinate_transformation_mode="align_corners"),
+                "Mul": h.make_node("Mul", ["xf", "zero"], ["r"]), "Sub": h.make_node("Sub", ["xf", "xf"], ["r"])}[op]
+        m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"], name="dq"), node,
+                 h.make_node("QuantizeLinear", ["r", "so", "z"], ["y"])], (1, 1, 2, 4), T.INT8,
+                {"s": np.float32(s), "z": np.int8(3), "so": np.float32(0.05), "zero": np.float32(0),
+                 "sz": np.array([1, 1, 3, 7], np.int64)}, T.INT8, opset=18)
+        if not refused:
+            import_model(m, input_precision=9)
+            continue
+        with pytest.raises(UnsupportedError) as e:
+            import_model(m, input_precision=9)
+        [p] = e.value.problems
+        assert p.where == "dq (DequantizeLinear)" and "past float32's range" in p.rule, p
