@@ -287,7 +287,7 @@ def _type_name(t: int) -> str:
 
 def node_problems(node: onnx.NodeProto, sig: Signature) -> list[str]:
     """Every way ``node`` breaks its signature: input/output counts, '' where the position is not optional,
-    unknown, repeated, mistyped or missing required attributes."""
+    unknown, repeated, mistyped or missing required attributes, a reduction's keepdims other than 0 or 1."""
     op, out = node.op_type, []
     for verb, what, names, (lo, hi), optional in (
             ("takes", "input", node.input, sig.inputs, sig.optional_inputs),
@@ -308,6 +308,9 @@ def node_problems(node: onnx.NodeProto, sig: Signature) -> list[str]:
             out.append(f"{op}: attribute {a.name} refers to a function's attribute outside a function")
         elif want[0] != a.type:
             out.append(f"{op}: attribute {a.name} must be {_type_name(want[0])}, got {_type_name(a.type)}")
+        elif a.name == "keepdims" and a.i not in (0, 1) and (op.startswith("Reduce") or op in ("ArgMax", "ArgMin")):
+            out.append(f"{op}: attribute keepdims must be 0 or 1, got {a.i} (onnxruntime reads it as 0, onnx's "
+                       "reference as 1)")
     out += [f"{op}: attribute {name} is given {n} times" for name, n in given.items() if n > 1]
     out += [f"{op}: attribute {name} is required" for name, (_, required) in sig.attrs.items()
             if required and name not in given]

@@ -1572,3 +1572,21 @@ def test_a_dequantized_value_past_float32s_range_is_refused_naming_the_dequantiz
             import_model(m, input_precision=9)
         [p] = e.value.problems
         assert p.where == "dq (DequantizeLinear)" and "past float32's range" in p.rule, p
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ArgMax"])
+def test_a_keepdims_other_than_0_or_1_is_refused_naming_the_node(op):
+    """keepdims = 2: onnxruntime keeps no reduced axis (it reads keepdims == 1), onnx's reference keeps it; the import
+    kept it, a result of another shape than onnxruntime's (fuzz18's masked mean of a ReduceSum keepdims 2): refused
+    in one line naming the node and the attribute."""
+    kw = {"axis": 1} if op == "ArgMax" else {"axes": [1]}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node(op, ["xf"], ["r"], name="reduce", keepdims=2, **kw),
+             *([] if op == "ArgMax" else [h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])])]
+    m = qdq(nodes, (2, 3), T.INT8, {"s": np.float32(0.05), "z": np.int8(3)}, T.INT64 if op == "ArgMax" else T.INT8,
+            opset=12, out="r" if op == "ArgMax" else "y")
+    with pytest.raises(CVMError) as e:
+        import_model(m, input_precision=9)
+    [p] = e.value.problems
+    assert p.where.startswith("reduce") and p.rule == (f"{op}: attribute keepdims must be 0 or 1, got 2 (onnxruntime "
+                                                       "reads it as 0, onnx's reference as 1)"), p
