@@ -1590,3 +1590,17 @@ def test_a_keepdims_other_than_0_or_1_is_refused_naming_the_node(op):
     [p] = e.value.problems
     assert p.where.startswith("reduce") and p.rule == (f"{op}: attribute keepdims must be 0 or 1, got 2 (onnxruntime "
                                                        "reads it as 0, onnx's reference as 1)"), p
+
+
+def test_a_sum_past_32_bits_is_refused_naming_the_node_not_the_cvm_op():
+    """ReduceSum of 2^24 int8 values (fuzz18's masked mean of a token dim made 2^24) needs 33 bits: refused in one
+    line naming the ReduceSum and the bound, not the CVM op. Regression: 'sum of inputs with precisions [8] needs 33
+    bits (CVM allows 32)'."""
+    m = qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+             h.make_node("ReduceSum", ["xf", "ax"], ["r"], name="sum", keepdims=0),
+             h.make_node("QuantizeLinear", ["r", "s", "z"], ["y"])], (1, 1 << 24), T.INT8,
+            {"s": np.float32(0.05), "z": np.int8(0), "ax": np.array([1], np.int64)}, T.INT8, opset=13)
+    with pytest.raises(UnsupportedError) as e:
+        import_model(m, input_precision=8)
+    [p] = e.value.problems
+    assert p.where == "sum (ReduceSum)" and "needs 33 bits, past CVM's 32" in p.rule and not HQ.cvm_rule(p.rule), p
