@@ -30,7 +30,10 @@ LpPool, LpNormalization p = 1, ReduceLogSum, an L2 norm near float32's bound, (1
 ConvTranspose's lattice and recurrent layers carrying their states (``HQ.newest15_seeds``); ``newest16`` for those
 of LRN, 3-D and sized ConvTranspose, ReduceProd, a Pad off the grid, RWKV's Max rules, a Where of a constant off the
 grid, a comparison at float32's threshold, a saturating requantization, Longformer's windows and masked fills, the
-WKV recurrence and skl2onnx's linear classifiers (``HQ.newest16_seeds``).
+WKV recurrence and skl2onnx's linear classifiers (``HQ.newest16_seeds``); ``newest18`` for those of masked mean and
+max pooling, a function of a sum on two grids, antialiased and cubic Resize, the float tails and a Sub cancelling a
+term, their bounds also set at their edges (``HQ.newest18_seeds``). A refusal stating a CVM op's own rule rather than
+the ONNX node's is a failure (``HQ.cvm_rule``).
 ``quantize`` gives ``cvm-onnx quantize`` mutated float models and calibration sets, ``quantize-latest`` those of the
 forms added last (``HQ.LATEST_FLOAT``), ``quantize-norms-masks`` those of the norms-masks seeds
 (``HQ.NORMS_AND_MASKS_FLOAT``), ``quantize-newest13`` those of the newest13 forms (``HQ.NEWEST13_FLOAT``),
@@ -98,6 +101,7 @@ CHILD_TARGETS = {
     "newest14": lambda: HQ.mutated(HQ.newest14_seeds()),
     "newest15": lambda: HQ.mutated(HQ.newest15_seeds()),
     "newest16": lambda: HQ.mutated(HQ.newest16_seeds()),
+    "newest18": lambda: HQ.mutated(HQ.newest18_seeds()),
     "quantize": lambda: HQ.mutated_calibration(),
     "quantize-latest": lambda: HQ.mutated_calibration(HQ.LATEST_FLOAT),
     "quantize-norms-masks": lambda: HQ.mutated_calibration(HQ.NORMS_AND_MASKS_FLOAT),
@@ -180,7 +184,7 @@ def convert_and_run(data: bytes) -> str:
 #: model (exported back and verified exact), quantizing a float model.
 CHECKS = {"quantized": "quantized", "recent": "quantized", "latest": "quantized", "norms-masks": "quantized",
           "newest": "quantized", "newest13": "quantized", "newest14": "quantized", "newest15": "quantized",
-          "newest16": "quantized", "quantize": "quantize", "quantize-latest": "quantize",
+          "newest16": "quantized", "newest18": "quantized", "quantize": "quantize", "quantize-latest": "quantize",
           "quantize-norms-masks": "quantize", "quantize-newest13": "quantize", "quantize-newest14": "quantize",
           "quantize-newest15": "quantize", "quantize-newest16": "quantize", "quantize-newest17": "quantize",
           "layouts": "layouts"}

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
@@ -249,6 +250,26 @@ def type_problem(node: onnx.NodeProto, version: int, dtypes: list[int | None]) -
     return None
 
 
+#: The ONNX ops of multidirectional (numpy) broadcasting.
+BROADCASTING = frozenset({"Add", "And", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Div", "Equal",
+                          "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max", "Mean", "Min", "Mod", "Mul", "Or",
+                          "Pow", "Sub", "Sum", "Where", "Xor"})
+
+
+def broadcast_problem(node: onnx.NodeProto, shapes: list[tuple[int, ...] | None]) -> str | None:
+    """Why the shapes of a broadcasting op's inputs (None: absent) break ONNX's multidirectional broadcasting, or
+    None. onnxruntime refuses such a node; its import rule would reach a CVM op's own shape rule."""
+    if domain_of(node.domain) != "" or node.op_type not in BROADCASTING:
+        return None
+    known = [tuple(s) for s in shapes if s is not None]
+    try:
+        np.broadcast_shapes(*known)
+    except ValueError:
+        return (f"{node.op_type}: input shapes {', '.join(map(str, known))} do not broadcast (ONNX's multidirectional "
+                "broadcasting: right-aligned dims equal, or one of them 1)")
+    return None
+
+
 #: Attributes that a later opset gives an op, with what to do about them. quantize_static writes per-channel
 #: DequantizeLinear with axis at any opset, which onnxruntime refuses below 13 ('Unrecognized attribute: axis').
 LATER_ATTRS = {(op, "axis"): f"{op}: attribute 'axis' (per-channel quantization) exists from opset 13 on; "
@@ -266,7 +287,7 @@ def _type_name(t: int) -> str:
 
 def node_problems(node: onnx.NodeProto, sig: Signature) -> list[str]:
     """Every way ``node`` breaks its signature: input/output counts, '' where the position is not optional,
-    unknown, repeated, mistyped or missing required attributes."""
+    unknown, repeated, mistyped or missing required attributes, a reduction's keepdims other than 0 or 1."""
     op, out = node.op_type, []
     for verb, what, names, (lo, hi), optional in (
             ("takes", "input", node.input, sig.inputs, sig.optional_inputs),
@@ -287,6 +308,9 @@ def node_problems(node: onnx.NodeProto, sig: Signature) -> list[str]:
             out.append(f"{op}: attribute {a.name} refers to a function's attribute outside a function")
         elif want[0] != a.type:
             out.append(f"{op}: attribute {a.name} must be {_type_name(want[0])}, got {_type_name(a.type)}")
+        elif a.name == "keepdims" and a.i not in (0, 1) and (op.startswith("Reduce") or op in ("ArgMax", "ArgMin")):
+            out.append(f"{op}: attribute keepdims must be 0 or 1, got {a.i} (onnxruntime reads it as 0, onnx's "
+                       "reference as 1)")
     out += [f"{op}: attribute {name} is given {n} times" for name, n in given.items() if n > 1]
     out += [f"{op}: attribute {name} is required" for name, (_, required) in sig.attrs.items()
             if required and name not in given]

@@ -254,8 +254,8 @@ class Importer:
             if (err := shape_problem(t.shape)) is not None:
                 raise Refuse(f"{op}: output {err}")
         if (p := max(t.precision for t in typed.outputs)) > 32:
-            raise TooWide(f"precision bound exceeded: {op} of inputs with precisions "
-                          f"{[t.precision for t in types]} needs {p} bits (CVM allows 32)")
+            raise TooWide(f"precision bound exceeded: a step of its integer form, of inputs of "
+                          f"{[t.precision for t in types]} bits, needs {p} bits, past CVM's 32")
         return Node(name, op, tuple(inputs), typed.given, typed.outputs)
 
     def add(self, node: Node) -> tuple[Entry, ...]:

@@ -33,7 +33,7 @@ from cvm_onnx.core.validate import validate
 
 # registers the rules (in this order: RULES lists them so)
 from . import elemwise, transform, nn, reduce, quantized, roundtrip  # noqa: F401, I001
-from .checks import checked_order, node_label, tensor_array, type_problem
+from .checks import broadcast_problem, checked_order, node_label, tensor_array, type_problem
 from .context import INT_RANGES, Importer, Tensor, bound, const, cvm_shape, type_name
 from .registry import FLOAT_RULES, RULES, NodeView, Refuse
 
@@ -398,6 +398,8 @@ class _Walk:
                 dtypes = [x.dtype if isinstance(x, Tensor) else None for x in ins]  # a dequantized value: float
                 if (key in RULES or any(isinstance(x, quantized.Real) for x in ins)) and key[1] not in QDQ_OPS and \
                         (wrong := type_problem(n, self.opsets[key[0]], dtypes)) is not None:
+                    raise Refuse(wrong)
+                if (wrong := broadcast_problem(n, [getattr(x, "shape", None) for x in ins])) is not None:
                     raise Refuse(wrong)
                 if n.output[0] in self.masks and not any(isinstance(x, quantized.Real) and
                                                          not isinstance(x, quantized.Tabulated) for x in ins):

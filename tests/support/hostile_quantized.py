@@ -228,6 +228,8 @@ def _latest(kind: str) -> bytes:
         return _newest15(kind).SerializeToString()
     if kind in NEWEST16:
         return _newest16(kind).SerializeToString()
+    if kind in NEWEST18:
+        return _newest18(kind).SerializeToString()
     if kind == "quotient":  # EfficientWord-Net's scales
         return min_max_quotient("minmax", (1, 4, 6), T.UINT8, T.UINT8, T.UINT8, 0.039, 177, 0.0271, 255, 0.0119, 0,
                                 1 / 255, 0, 1e-6).SerializeToString()
@@ -730,6 +732,139 @@ def newest16_seeds() -> dict[str, bytes]:
     return _qdq_and_qoperator_seeds(NEWEST16 + NEWEST16_OURS, NEWEST16_QOPERATOR)
 
 
+def _newest18(kind: str) -> onnx.ModelProto:
+    """QDQ models of ``NEWEST18``, written as quantize_static writes them: masked mean pooling, sum(x * mask) /
+    Clip(sum(mask), least) or Max(count, least), the mask cast from int64 ids, counted on its 1/255 grid, in float or
+    requantized (a count always below its bound: 2 tokens clipped at 3); masked max pooling (Where(pad, lowest, x)
+    requantized at x's range or at one reaching the fill, ReduceMax); a function of a sum on two grids (the counted
+    form: Exp and Reciprocal of a + b); Resize with antialias (linear, cubic), cubic with exclude_outside, torch's bicubic
+    rounded between its axes; the float tails (a masked mean ending at its Div, LpNormalization p = 1 last); a Sub
+    cancelling a term of a float sum (kept, and past float32's reach)."""
+    from test_masked_pooling16 import masked_mean_qdq
+    from test_ops16 import resize_node, resize_qdq
+    from test_paired_tables16 import pair_model
+    from test_rwkv15 import sum_less_max
+
+    if kind.startswith("masked-mean-"):
+        form, count, least, shape = {"masked-mean-clip": ("clip", "grid", 1.0, (2, 5, 3)),
+                                     "masked-mean-max-float": ("max", "float", 1.0, (2, 4, 3)),
+                                     "masked-mean-qdq-count": ("clip", "qdq", 1e-9, (2, 6, 2)),
+                                     "masked-mean-below-bound": ("clip", "grid", 3.0, (3, 2, 2)),
+                                     "masked-mean-expand": ("max", "grid", 1e-9, (1, 5, 4))}[kind]
+        return masked_mean_qdq(shape, T.INT8, 0.05, 3, 0.03, 128, 0.013, 128, least, form, count,
+                               kind.endswith("expand"))
+    if kind.startswith("masked-max"):
+        nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                 h.make_node("Equal", ["m", "pad"], ["off"]),
+                 h.make_node("Where", ["off", "fill", "xf"], ["w"], name="fill"),
+                 h.make_node("QuantizeLinear", ["w", "sw", "z"], ["wq"]),
+                 h.make_node("DequantizeLinear", ["wq", "sw", "z"], ["wd"]),
+                 h.make_node("ReduceMax", ["wd"], ["r"], name="pool", axes=[-1], keepdims=0),
+                 h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+        inits = {"s": np.float32(0.05), "z": np.int8(3), "pad": np.array(0, np.int64),
+                 "fill": np.float32(-3.4028235e38), "sw": np.float32(1.3e36 if kind.endswith("lowest") else 0.05),
+                 "so": np.float32(0.07), "zo": np.int8(-4)}
+        g = h.make_graph(nodes, "masked_max", [h.make_tensor_value_info("x", T.INT8, [2, 3, 6]),
+                                               h.make_tensor_value_info("m", T.INT64, [2, 1, 6])],
+                         [h.make_tensor_value_info("y", T.INT8, None)],
+                         [nh.from_array(np.asarray(v), k) for k, v in inits.items()])
+        return onnx_model(g, 17)
+    if kind.startswith("pair-"):
+        fn, op, x_type, sa, za, sb, zb, so, zo = {
+            "pair-sum-exp": ("Exp", "Add", T.INT8, 0.013, 3, 0.007, -5, 1 / 255, 0),
+            "pair-sum-reciprocal": ("Reciprocal", "Add", T.UINT8, 0.02, 0, 0.013, 0, 0.05, 0)}[kind]
+        m = pair_model(fn, op, x_type, sa, za, sb, zb, so, zo)
+        m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 24
+        return m
+    if kind.startswith("resize-"):
+        out, antialias, mode, a, exclude, shape = {
+            "resize-aa-linear": ((1, 2, 4, 5), 1, "half_pixel", None, False, (1, 2, 7, 6)),
+            "resize-aa-cubic": ([1.0, 1.0, 0.5, 0.75], 1, "pytorch_half_pixel", -0.75, True, (1, 2, 6, 4)),
+            "resize-cubic-exclude": ((1, 2, 9, 7), 0, "align_corners", -0.5, True, (1, 2, 5, 4)),
+            "resize-bicubic-rounded": ((1, 2, 7, 9), 1, "pytorch_half_pixel", -0.5, True, (1, 2, 12, 12))}[kind]
+        return resize_qdq(shape, T.INT8, 3, 0.05, 0.04, 0, *resize_node(out, antialias, mode, a, exclude))
+    if kind.startswith("tail-quotient"):
+        m = masked_mean_qdq((2, 5, 3), T.INT8, 0.05, 3, 0.03, 128, 0.013, 128, 1.0,
+                            "max" if kind.endswith("max") else "clip", "grid", False)
+        div = m.graph.node[-1].input[0]
+        del m.graph.node[-1]
+        del m.graph.output[:]
+        m.graph.output.extend([h.make_tensor_value_info(div, T.FLOAT, None)])
+        return m
+    if kind == "tail-lp-norm-1":
+        return qdq([h.make_node("DequantizeLinear", ["x", "s", "z"], ["xf"]),
+                    h.make_node("LpNormalization", ["xf"], ["g"], name="lp", p=1, axis=-1)], (2, 3, 5), T.INT8,
+                   {"s": np.float32(0.05), "z": np.int8(3)}, T.FLOAT, out="g")
+    if kind == "sub-cancel-plain":  # (a + b) - a of two grids
+        nodes = [h.make_node("DequantizeLinear", ["x", "sa", "za"], ["a"]),
+                 h.make_node("DequantizeLinear", ["x", "sb", "zb"], ["b"]),
+                 h.make_node("Add", ["a", "b"], ["s"]), h.make_node("Sub", ["s", "a"], ["d"], name="cancel"),
+                 h.make_node("QuantizeLinear", ["d", "so", "zo"], ["y"])]
+        return qdq(nodes, (2, 6), T.INT8, {"sa": np.float32(0.05), "za": np.int8(3), "sb": np.float32(0.03),
+                                           "zb": np.int8(-2), "so": np.float32(0.03), "zo": np.int8(0)}, T.INT8)
+    # "sub-cancel-max": (pp + ww) - max(pp, ww)
+    return sum_less_max(T.INT8, 0.05, 0.03)
+
+
+@functools.cache
+def newest18_seeds() -> dict[str, bytes]:
+    """The seeds of ``NEWEST18`` by name."""
+    return {f"{kind}/QDQ": _latest(kind) for kind in NEWEST18}
+
+
+#: Values of a bound at its edges: 0, negative, subnormal, huge, not finite, of one token, past any count.
+EDGE_VALUES = (0.0, -1.0, -3.0, 1e-45, 1e-9, 0.5, 1.0, 2.0, 3.0, 1e30, -1e30, float("nan"), float("inf"),
+               -float("inf"), -3.4028235e38)
+
+
+def _edge_bounds(draw, model: onnx.ModelProto, steps: list[str]) -> None:
+    """A bound of ``NEWEST18``'s forms at its edge: a Clip's min and max equal, min > max, either alone, both past
+    the data's range (``EDGE_VALUES``); a Max's, Where's or Resize's float constant at an edge value; or a dim
+    every input shares (the tokens, a resized axis) set to 1 or 0."""
+    consts = {t.name for t in model.graph.initializer}
+    bounded = [n for n in model.graph.node if n.op_type in ("Clip", "Max", "Min", "Where", "Resize")
+               and any(x in consts for x in n.input)]
+    ins = [v for v in model.graph.input if v.name not in consts]
+    shared = set.intersection(*({d.dim_value for d in v.type.tensor_type.shape.dim if d.dim_value > 1}
+                                for v in ins)) if ins else set()
+    if not bounded or shared and draw(st.integers(0, 3)) == 0:
+        if not shared:
+            steps.append("keep (no bound, no shared dim)")
+            return
+        n, to = draw(st.sampled_from(sorted(shared))), draw(st.sampled_from([1, 1, 0]))
+        for v in ins:
+            for d in v.type.tensor_type.shape.dim:
+                if d.dim_value == n:
+                    d.dim_value = to
+        steps.append(f"inputs' dims {n} -> {to}")
+        return
+    node = draw(st.sampled_from(bounded))
+    lo, hi = draw(st.sampled_from(EDGE_VALUES)), draw(st.sampled_from(EDGE_VALUES))
+    if node.op_type == "Clip":
+        how = draw(st.sampled_from(["equal", "inverted", "both", "min", "max"]))
+        lo, hi = {"equal": (lo, lo), "inverted": (max(lo, hi), min(lo, hi)), "both": (lo, hi),
+                  "min": (lo, None), "max": (None, hi)}[how]
+        while len(node.input) < 3:
+            node.input.append("")
+        for k, v in ((1, lo), (2, hi)):
+            name = f"edge_{node.output[0]}_{k}"
+            node.input[k] = "" if v is None else name
+            if v is not None:
+                _set(model, name, nh.from_array(np.array(v, np.float32), name))
+        steps.append(f"Clip {node.output[0]} min {lo} max {hi}")
+        return
+    k = draw(st.sampled_from([k for k, x in enumerate(node.input) if x in consts]))
+    v = nh.to_array(_init(model, node.input[k]))
+    if v.dtype.kind != "f":
+        steps.append(f"keep ({node.op_type} constant {node.input[k]} of {v.dtype})")
+        return
+    v = np.full(v.shape, lo, v.dtype) if draw(st.booleans()) or not v.size else v.copy()
+    if v.size:
+        v.reshape(-1)[draw(st.integers(0, v.size - 1))] = _cast(hi, v.dtype)
+    _set(model, node.input[k], nh.from_array(v, node.input[k]))
+    steps.append(f"{node.op_type} constant {node.input[k]} = {v.reshape(-1)[:6].tolist()}")
+
+
 def _suffix(samples: bytes) -> str:
     """A calibration file's name ending: .npz for an archive (a model of several inputs), else .npy."""
     return ".npz" if samples[:4] == b"PK\x03\x04" else ".npy"
@@ -1037,6 +1172,13 @@ NEWEST16 = ("lrn", "lrn-even", "convT-3d", "convT-same-upper", "convT-output-sha
             "max-step-float", "max-step-quantized", "max-step-initial", "max-const-array", "max-inf", "max-below",
             "sum-less-max", "where-off-grid", "where-f32-compare", "saturating")
 NEWEST16_OURS = ("windows", "masked-fills", "wkv", "linear-classifier", "linear-svc")
+#: Masked mean pooling (its count clipped or bounded by Max, on the mask's grid, in float, requantized, always below
+#: its bound), masked max pooling (read directly or requantized), a function of a sum on two grids, antialiased and
+#: cubic Resize, the float tails (a quotient, LpNormalization p = 1), a Sub cancelling a term (``_newest18``).
+NEWEST18 = ("masked-mean-clip", "masked-mean-max-float", "masked-mean-qdq-count", "masked-mean-below-bound",
+            "masked-mean-expand", "masked-max", "masked-max-lowest", "pair-sum-exp", "pair-sum-reciprocal",
+            "resize-aa-linear", "resize-aa-cubic", "resize-cubic-exclude", "resize-bicubic-rounded", "tail-quotient",
+            "tail-quotient-max", "tail-lp-norm-1", "sub-cancel-plain", "sub-cancel-max")
 LATEST = ("logsoftmax", "logsoftmax-float", "confidence", "isnan", "isinf", "Div", "Pow", "Mod", "wx", "lstm-wide-c",
           "packed", "masked", "heads", "loop", "scan", "quotient", "logsoftmax-read", "symbolic") + FRESH + FRESH_OURS \
     + NORMS_AND_MASKS + NEWEST + NEWEST13 + NEWEST13_OURS + NEWEST14 + NEWEST14_OURS + NEWEST15 + NEWEST15_OURS \
@@ -1063,7 +1205,8 @@ ATTRS = {
                                                   "tf_crop_and_resize", "half_pixel_symmetric", "bogus"],
                "nearest_mode": ["ceil", "floor", "round_prefer_ceil", "bogus"], "antialias": [1, 2],
                "axes": [[2, 3], [5], [-1, -1]], "keep_aspect_ratio_policy": ["not_larger", "bogus"],
-               "exclude_outside": [1], "cubic_coeff_a": [float("nan")], "extrapolation_value": [float("inf")]},
+               "exclude_outside": [0, 1, 2], "cubic_coeff_a": [float("nan"), 0.0, 2.0, -1e30],
+               "extrapolation_value": [float("inf")]},
     "LayerNormalization": {"axis": [-5, -2, 0, 1, 2, 3, 5, BIG], "epsilon": [0.0, -1.0, float("nan"), float("inf"),
                                                                              1e30, 1e-45], "stash_type": [0, 10]},
     "Softmax": {"axis": [-4, -3, -2, 0, 1, 2, 3, BIG]},
@@ -1281,13 +1424,23 @@ def _mutate_input(draw, model: onnx.ModelProto, steps: list[str]) -> None:
         steps.append(f"input {v.name} type {T.DataType.Name(dtype)}")
 
 
+def cvm_rule(rule: str) -> bool:
+    """Whether a refusal's rule is a CVM op's own (its typing rule, "clip: clip needs a_min < a_max", or its
+    precision, "broadcast_div of inputs with precisions ..."), not the ONNX-level rule the node broke."""
+    from cvm_onnx.core.ops import REGISTRY
+
+    return rule.split(":", 1)[0] in REGISTRY or any(f"{op} of inputs with precisions" in rule for op in REGISTRY)
+
+
 def refused(e: CVMError, out: Path) -> str:
     """A refusal's outcome: "left-behind" where ``out`` was written, "unnamed" where a problem lacks its place or is
-    not one line, else the error's family."""
+    not one line, "internal rule" where it states a CVM op's rule (``cvm_rule``), else the error's family."""
     if out.exists():
         return f"left-behind {type(e).__name__}"
     if not e.problems or not all(p.where and str(p) and "\n" not in str(p) for p in e.problems):
         return f"unnamed {type(e).__name__}: {str(e)[:200]}"
+    if any(cvm_rule(p.rule) for p in e.problems):
+        return f"internal rule {type(e).__name__}: {str(e)[:200]}"
     return type(e).__name__
 
 
@@ -1333,6 +1486,8 @@ def mutated(draw, seeds: dict[str, bytes]) -> Case:
         what = draw(st.integers(0, 7))
         if what == 0:
             _mutate_input(draw, model, steps)
+        elif what >= 6 and name.split("/")[0] in NEWEST18:
+            _edge_bounds(draw, model, steps)
         elif what >= 5 or name.split("/")[0] in FAMILIES + RECENT + LATEST + DYNAMIC + ("gemm-float-c",) and what >= 3:
             _family_node(draw, model, steps)
         else:

@@ -23,6 +23,9 @@ from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_ten
 MOVES = ["MaxPool", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Resize", "Upsample",
          "Identity", "Expand", "Tile", "Gather", "Split", "GlobalMaxPool", "ReduceMax", "ReduceMin", "DepthToSpace",
          "SpaceToDepth", "GatherElements", "GatherND", "ReverseSequence"]
+#: The most inputs one output of an antialiased Resize may read along an axis (each tap a take and a product over
+#: the output; a linear downscale past 2048x, a cubic one past 1024x, reads more).
+MAX_TAPS = 1 << 12
 
 
 def move_rule(ctx, node, x, *rest):
@@ -168,14 +171,19 @@ def rounded(ctx, y: Scaled, room: int, later: list, node, x: Scaled, full) -> Sc
     k = max(tight(u.peak) - room, 1)
     while tight((u.peak + (1 << (k - 1))) >> k) > room:
         k += 1
-    gain = math.prod(max(sum(abs(Fraction(int(w[i]), int(p[1][i]))) for _, w in p[0]) for i in range(len(p[1])))
-                     for p in later if p is not None)
+    gain = math.prod(largest_gain(p) for p in later if p is not None)
     error = (1 << (k - 1)) * max(y.scale.flat) * gain / x.scale.reshape(()).item()
     if error > Fraction(1, 2):
         raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights over the axes pass "
                      f"32 bits, and rounding between them moves the output by up to {float(error):.3g} input steps "
                      "(more than 1/2)")
     return Scaled(shift(ctx, u, k), np.asarray(y.scale * (1 << k), dtype=object), np.zeros((), np.int64))
+
+
+def largest_gain(plan) -> Fraction:
+    """The largest sum |w_k| / W_o of an axis's outputs (``taps``, ``filtered_taps``), each distinct pair once."""
+    sums = sum(np.abs(w) for _, w in plan[0])
+    return max(Fraction(int(a), int(b)) for a, b in set(zip(sums, plan[1])))
 
 
 def interpolated(ctx, x: Scaled, axis: int, d: int, plan, o: int) -> Scaled:
@@ -244,8 +252,9 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
                   exclude: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Resize with antialias (onnxruntime's filter): output o at coordinate c = num / den weighs input j by
     F((j - c) g), g = min(scale, 1) = gp / gq: F(v) = max(1 - |v|, 0) (linear) or ONNX's cubic coefficient of |v|
-    (0 past 2), over the j with |j - c| < support / g (support 1, cubic 2); divided by their sum (exclude_outside:
-    of the j in [0, size) only; else the others' weights go to the clamped index, the border). In integers:
+    (0 past 2), over the j with |j - c| < support / g (support 1, cubic 2), refused past ``MAX_TAPS`` of them;
+    divided by their sum (exclude_outside: of the j in [0, size) only; else the others' weights go to the clamped
+    index, the border). In integers:
     v = m / D with D = den gq, m = (j den - num) gp; linear D - |m|, cubic q_A D^3 F, over W_o their sum; each
     output's weights and W_o balanced (``balanced``)."""
     num, den = (np.asarray(v, dtype=object) for v in coordinate)
@@ -255,6 +264,9 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
     low = (num * gp - reach) // (den * gp) + 1
     high = -((-(num * gp + reach)) // (den * gp))  # j < ceil((num gp + reach) / (den gp))
     count = int((high - low).max())
+    if count > MAX_TAPS:
+        raise Refuse(f"Resize with antialias from {size} to {len(num)} values along an axis reads {count} inputs per "
+                     f"output, past the {MAX_TAPS} this import takes (a take and a product each): resize in steps")
     big = den * gq
     out = []
     for k in range(count):
@@ -298,8 +310,6 @@ def pad_rule(ctx, node, x, pads=None, value=None, axes=None):
     else (v off the input's grid or past its range) padded by the QuantizeLinear that follows (``Padded``)."""
     x = per_tensor(scaled(x, "the Pad input"), "Pad")
     v = Fraction(0) if value is None else real_bound(value, "Pad constant_value")
-    if v is None:
-        raise Refuse("Pad constant_value must be finite")
     q = v / x.scale.reshape(()).item() + int(x.zero.reshape(()))
     lo, hi = INT_RANGES[x.t.dtype]
     if q.denominator != 1 or not lo <= q <= hi:

@@ -62,11 +62,22 @@ def dequantize(node, x, s: Tensor | None, z: Tensor | None, axis: int | None = N
     return Scaled(x, along(scale, axis, rank), along(zero, axis, rank))
 
 
+#: The least |(x - zero) * scale| that float32 rounds to inf: 2^128 - 2^103, halfway past its largest value.
+FLOAT32_OVERFLOW = Fraction(2**128 - 2**103)
+
+
 @rule("DequantizeLinear", since=10)
 @rule("DequantizeLinear", since=1, domain=MS)
 def dequantize_rule(ctx, node, x, s, z=None):
-    """x -> (x - zero) * scale, held exactly: nothing is emitted."""
-    return dequantize(node, x, s, z)
+    """x -> (x - zero) * scale, held exactly: nothing is emitted. Refused where a value of x's type reaches
+    ``FLOAT32_OVERFLOW``: DequantizeLinear gives inf there (and the ops after it inf or NaN), no integer form."""
+    y = dequantize(node, x, s, z)
+    zero, scale = np.broadcast_arrays(y.zero, y.scale)
+    reach = max((max(x.hi - int(z), int(z) - x.lo) * Fraction(v) for z, v in zip(zero.flat, scale.flat)), default=0)
+    if reach >= FLOAT32_OVERFLOW:
+        raise Refuse(f"DequantizeLinear of values reaching {float(reach):.3g}, past float32's range: it gives inf "
+                     "there, which has no integer form")
+    return y
 
 
 def out_type(node, z: Tensor | None) -> int:

@@ -239,10 +239,11 @@ def affine_of_integers(op: str, ins: list) -> bool:
     return not np.array_equal(constant[0].value, np.round(constant[0].value))
 
 
-def real_bound(t: Tensor | Scaled | None, what: str) -> Fraction | None:
-    """The real value of an optional constant scalar bound (Clip min/max, a Pad value); None for one not finite.
-    A quantized constant (quantize_static quantizes a Pad's constant_value: DequantizeLinear of an integer q) is
-    its exact value (q - zero) * scale, as every dequantized value is here."""
+def real_bound(t: Tensor | Scaled | None, what: str, open_end: float | None = None) -> Fraction | None:
+    """The real value of an optional constant scalar bound (Clip min/max, a Pad value); None for none or for
+    ``open_end`` (Clip's min -inf, max inf: no bound); any other value not finite refused (a Clip min of inf or NaN
+    makes every value that). A quantized constant (quantize_static quantizes a Pad's constant_value:
+    DequantizeLinear of an integer q) is its exact value (q - zero) * scale, as every dequantized value is here."""
     if t is None:
         return None
     if isinstance(t, Scaled) and t.per_tensor and isinstance(t.t, Tensor) and t.t.is_const and t.t.value.size == 1:
@@ -250,6 +251,8 @@ def real_bound(t: Tensor | Scaled | None, what: str) -> Fraction | None:
     if not isinstance(t, Tensor) or not t.is_const or t.value.size != 1:
         raise Refuse(f"{what} must be a constant scalar")
     v = float(np.asarray(t.value).reshape(()))
-    if not math.isfinite(v):
+    if v == open_end:
         return None
+    if not math.isfinite(v):
+        raise Refuse(f"{what} {v} must be finite{'' if open_end is None else f' or {open_end}'}")
     return Fraction(v)
