@@ -235,9 +235,14 @@ class Importer:
     def emit(self, op: str, *inputs: Entry, name: str | None = None, **attrs) -> Entry | tuple[Entry, ...]:
         """Add CVM op node ``op`` with typed ``attrs``, typed at once by the op's rules (``Refuse`` if they fail,
         ``TooWide`` if an output needs more than 32 bits); returns its entry (a tuple for several outputs). A clip
-        to one value v (CVM's clip needs a_min < a_max) is clip(clip(x, v - 1, v), v, v + 1)."""
+        to one value v (CVM's clip needs a_min < a_max) is clip(clip(x, v - 1, v), v, v + 1), for |v| <= 2^31 - 3:
+        a clip's bounds hold at most 2^31 - 2 in magnitude (the runtime's precision of a clip is GetNumberPrecision
+        of its larger bound), so a v nearer the ends has no such form and is refused."""
         if op == "clip" and attrs.get("a_min") == attrs.get("a_max") is not None:
             v = attrs["a_min"]
+            if abs(v) > INT32_MAX - 2:
+                raise Refuse(f"clip to the one value {v}: CVM's clip needs a_min < a_max, and the two clips that give "
+                             f"one value need the bound {v + (1 if v > 0 else -1)}, past a clip's 2^31 - 2")
             inner = self.emit("clip", *inputs, name=name, a_min=v - 1, a_max=v)
             return self.emit("clip", inner, name=name, a_min=v, a_max=v + 1)
         outs = self.add(self.typed(op, inputs, name or self.base or op, attrs))
