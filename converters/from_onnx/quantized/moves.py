@@ -16,6 +16,7 @@ from ..checks import MAX_DIM
 from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, minus_zero, normal, resize_coordinate,
                     resize_scales, resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
+from ..requant_plans import distinct
 from .recurrent import shift
 from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
@@ -172,7 +173,7 @@ def rounded(ctx, y: Scaled, room: int, later: list, node, x: Scaled, full) -> Sc
     while tight((u.peak + (1 << (k - 1))) >> k) > room:
         k += 1
     gain = math.prod(largest_gain(p) for p in later if p is not None)
-    error = (1 << (k - 1)) * max(y.scale.flat) * gain / x.scale.reshape(()).item()
+    error = (1 << (k - 1)) * max(distinct(y.scale)[0]) * gain / x.scale.reshape(()).item()
     if error > Fraction(1, 2):
         raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights over the axes pass "
                      f"32 bits, and rounding between them moves the output by up to {float(error):.3g} input steps "
@@ -210,8 +211,13 @@ def interpolated(ctx, x: Scaled, axis: int, d: int, plan, o: int) -> Scaled:
         ends = [t.lo * int(weights.min()), t.lo * int(weights.max()), t.hi * int(weights.min()),
                 t.hi * int(weights.max())]
         y = replace(y, lo=max(y.lo, min(ends)), hi=min(y.hi, max(ends)))
-    w = common(weights) or weights.astype(object).reshape(along)
-    return Scaled(y, np.asarray(x.scale / w, dtype=object), np.asarray(x.zero * w, np.int64))
+    w = common(weights)
+    if w is not None:
+        return Scaled(y, np.asarray(x.scale / w, dtype=object), np.asarray(x.zero * w, np.int64))
+    values, index = distinct(weights)  # each distinct W_o's scale made once, then one per output
+    scale = np.asarray(x.scale / values.reshape(along), dtype=object)
+    zero = np.asarray(x.zero * values.reshape(along), np.int64)
+    return Scaled(y, np.take(scale, index, scale.ndim - len(along)), np.take(zero, index, zero.ndim - len(along)))
 
 
 def common(weights: np.ndarray) -> int | None:
@@ -267,21 +273,24 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
     if count > MAX_TAPS:
         raise Refuse(f"Resize with antialias from {size} to {len(num)} values along an axis reads {count} inputs per "
                      f"output, past the {MAX_TAPS} this import takes (a take and a product each): resize in steps")
-    big = den * gq
+    big = int(den) * gq
+    p, q = (0, 1) if a is None else (a.numerator, a.denominator)
+    fits = 18 * (abs(p) + q) * (2 * big + int(den) * gp) ** 3 < 1 << 62  # v < 2 big + den gp: int64 holds F's terms
     out = []
     for k in range(count):
         j = low + k
         v = np.abs((j * den - num) * gp)
+        if fits:
+            v = v.astype(np.int64)
         if a is None:
             w = np.where(v < big, big - v, 0)
         else:
-            p, q = a.numerator, a.denominator
             near = (p + 2 * q) * v ** 3 - (p + 3 * q) * v ** 2 * big + q * big ** 3
             far = p * (v ** 3 - 5 * v ** 2 * big + 8 * v * big ** 2 - 4 * big ** 3)
             w = np.where(v < big, near, np.where(v < 2 * big, far, 0))
         if exclude:
             w = np.where((j >= 0) & (j < size), w, 0)
-        out.append((j.astype(np.int64), w))
+        out.append((j.astype(np.int64), w.astype(object)))
     return balanced(out)
 
 
