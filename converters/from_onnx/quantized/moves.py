@@ -245,7 +245,7 @@ def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None, exclude: int = 
     def far(v):  # W c(v / den) for 1 <= v / den <= 2
         return p * (v ** 3 - 5 * v ** 2 * den + 8 * v * den ** 2 - 4 * den ** 3)
 
-    r = r.astype(object)
+    r = whole(r, 2 * den, a)
     out = [(low - 1 + k, np.array(w, dtype=object)) for k, w in
            enumerate([far(r + den), near(r), near(den - r), far(2 * den - r)])]
     if exclude:
@@ -274,17 +274,14 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
         raise Refuse(f"Resize with antialias from {size} to {len(num)} values along an axis reads {count} inputs per "
                      f"output, past the {MAX_TAPS} this import takes (a take and a product each): resize in steps")
     big = int(den) * gq
-    p, q = (0, 1) if a is None else (a.numerator, a.denominator)
-    fits = 18 * (abs(p) + q) * (2 * big + int(den) * gp) ** 3 < 1 << 62  # v < 2 big + den gp: int64 holds F's terms
     out = []
     for k in range(count):
         j = low + k
-        v = np.abs((j * den - num) * gp)
-        if fits:
-            v = v.astype(np.int64)
+        v = whole(np.abs((j * den - num) * gp), 2 * big + int(den) * gp, a)  # v < reach + den gp
         if a is None:
             w = np.where(v < big, big - v, 0)
         else:
+            p, q = a.numerator, a.denominator
             near = (p + 2 * q) * v ** 3 - (p + 3 * q) * v ** 2 * big + q * big ** 3
             far = p * (v ** 3 - 5 * v ** 2 * big + 8 * v * big ** 2 - 4 * big ** 3)
             w = np.where(v < big, near, np.where(v < 2 * big, far, 0))
@@ -292,6 +289,14 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
             w = np.where((j >= 0) & (j < size), w, 0)
         out.append((j.astype(np.int64), w.astype(object)))
     return balanced(out)
+
+
+def whole(v: np.ndarray, top: int, a: Fraction | None) -> np.ndarray:
+    """The integers v (0 <= v <= ``top``, and the kernel's scale up to ``top``) as int64 where every term of the
+    kernel's integer form of them (``taps``, ``filtered_taps``: A = p / q, linear p = 0, q = 1) stays within
+    18 (|p| + q) top^3 < 2^62, else as Python ints: the same integers either way."""
+    p, q = (0, 1) if a is None else (a.numerator, a.denominator)
+    return v.astype(np.int64 if 18 * (abs(p) + q) * top ** 3 < 1 << 62 else object)
 
 
 def balanced(out: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
