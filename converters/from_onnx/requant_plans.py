@@ -114,6 +114,24 @@ class Run:
     plan: Plan
 
 
+def distinct(ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(values, index) with values[index] == ms: the distinct values (Fractions or ints, keyed by numerator and
+    denominator: a Fraction's hash costs a modular inverse) of the object array ``ms``, in order of first
+    appearance, and each element's index among them. Each distinct object is read once, so a scale per position
+    that repeats a few objects (a Resize's) costs a lookup of its identity per element."""
+    flat = np.asarray(ms, dtype=object).reshape(-1)
+    ids = np.frompyfunc(id, 1, 1)(flat).astype(np.int64)
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # the objects in order of first appearance
+    at: dict[tuple[int, int], int] = {}
+    merged = np.array([at.setdefault((x.numerator, x.denominator), len(at)) for x in flat[first[order]]], np.int64)
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    values = np.empty(len(at), dtype=object)
+    values[merged] = flat[first[order]]
+    return values, merged[rank[inverse]].reshape(np.shape(ms))
+
+
 def _ratios(ms: np.ndarray) -> tuple[list[int], list[int]]:
     """The numerators and denominators of the ratios (Fractions or ints), flat."""
     flat = list(ms.flat)
@@ -165,23 +183,19 @@ def plan(terms: list[tuple[int, int, np.ndarray]], low: int, high: int,
     precision = tight(max(-low, high))
     kmax = MAX_SHIFT - precision
     if len(terms) == 1:
-        terms = [saturating(*terms[0], low, high)]
+        lo, hi, ms = terms[0]
+        # each distinct M planned once, the same plan (an AveragePool's count, a Resize's W_o per position repeat)
+        values, index = distinct(ms)
+        if len(values) < ms.size:
+            p = plan([(lo, hi, values)], low, high, split_above)
+            return replace(p, multipliers=tuple(m[index] for m in p.multipliers))
+        terms = [saturating(lo, hi, ms, low, high)]
     exact = _even(terms, low, high, precision)
     if exact is not None:
         return exact
     if len(terms) == 1:
         lo, hi, ms = terms[0]
-        flat = list(ms.flat)
-        at: dict[tuple[int, int], int] = {}  # keyed by (N, D): a Fraction's hash costs a modular inverse
-        index = [at.setdefault((x.numerator, x.denominator), len(at)) for x in flat]
-        if len(at) == len(flat):
-            return _single(lo, hi, ms, low, high, precision, kmax, split_above)
-        # each distinct M planned once (an AveragePool's count per position repeats a few values): the same plan
-        first = dict(zip(index, flat))
-        p = _single(lo, hi, np.array([first[i] for i in range(len(at))], dtype=object), low, high, precision, kmax,
-                    split_above)
-        index = np.array(index, np.int64).reshape(ms.shape)
-        return replace(p, multipliers=tuple(m[index] for m in p.multipliers))
+        return _single(lo, hi, ms, low, high, precision, kmax, split_above)
     return _several(terms, precision, kmax, split_above)
 
 

@@ -19,6 +19,8 @@ from support.quantized import Oracle, between_convs, linear_classifier, qdq, qua
 from test_quantized_fresh_ops import NP, RANGE, cubic_coefficients, run
 
 from cvm_onnx.converters.from_onnx import import_model
+from cvm_onnx.converters.from_onnx.emit import resize_coordinate
+from cvm_onnx.converters.from_onnx.quantized.moves import filtered_taps, taps
 from cvm_onnx.core.errors import CVMError
 from cvm_onnx.core.format.onnx_file import onnx_model
 
@@ -203,6 +205,58 @@ def test_an_antialiased_resize_is_the_exact_value_requantized(d, mode, a, exclud
     inside = (got > -128) & (got < 127)
     bound = Fraction(1, 2) + Fraction(max((p.error for p in r.plans), default=0)) + reach
     assert all(abs(g - e * sx / sy) <= bound for g, e in zip(got[inside], exact[inside]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.data(), mode=st.sampled_from(MODES), a=st.sampled_from([None, -0.75, -0.5, 0.0, -3.0]),
+       exclude=st.booleans(), n=st.integers(1, 600))
+def test_the_antialias_weights_are_the_oracles(d, mode, a, exclude, n):
+    """``filtered_taps``' whole weights (``taps``' of cubic exclude_outside without antialias) over each output's
+    sum W_o are the oracle's exact weights (summed per clamped index), at sizes and float32 scales whose integers fit
+    int64 and whose do not (sizes up to 600, a scale of 23 bits)."""
+    antialias = d.draw(st.booleans()) if a is not None and exclude else True
+    if d.draw(st.booleans()):
+        o = d.draw(st.integers(1, 2 * n))
+        f = Fraction(o, n)
+    else:
+        f = Fraction(float(d.draw(st.floats(0.0625, 3.0, width=32))))
+        o = math.floor(n * f)
+        assume(o >= 1)
+    fa = None if a is None else Fraction(a)
+    coordinate = resize_coordinate(mode, np.arange(o), n, o, f)
+    weights, sums = filtered_taps(coordinate, n, f, fa, exclude) if antialias else taps(coordinate, fa, n)
+    oracle = antialias_taps(n, o, f, mode, fa, exclude) if antialias else excluded_cubic_taps(n, o, f, mode, fa)
+    for k, want in enumerate(oracle):
+        mine, theirs = {}, {}
+        for j, w in weights:
+            i = min(max(int(j[k]), 0), n - 1)
+            mine[i] = mine.get(i, 0) + Fraction(int(w[k]), int(sums[k]))
+        for i, w in want:
+            theirs[i] = theirs.get(i, 0) + w
+        assert {i: w for i, w in mine.items() if w} == {i: w for i, w in theirs.items() if w}
+
+
+def test_a_resize_of_a_huge_axis_makes_each_distinct_ratio_once(monkeypatch):
+    """Antialiased cubic Resize of (1, 2, 6, 2^16) by (0.5, 0.75) (a fuzzer's hang at 2^20): the scales and ratios
+    per output position s / W_o repeat a few values, each made once: the Fractions the import makes do not grow with
+    the axis (2^8 -> 2^16). Regression: one Fraction per position for the scale, the ratio and the plan's clip (a
+    minute at 2^20)."""
+    made, new = [0], Fraction.__new__
+
+    def counting(cls, *args, **kwargs):
+        made[0] += 1
+        return new(cls, *args, **kwargs)
+
+    monkeypatch.setattr(Fraction, "__new__", staticmethod(counting))
+    counts = []
+    for n in (1 << 8, 1 << 16):
+        node, inits = resize_node([1.0, 1.0, 0.5, 0.75], 1, "pytorch_half_pixel", -0.75, True)
+        m = resize_qdq((1, 2, 6, n), T.INT8, 3, 0.05, 0.04, 0, node, inits)
+        made[0] = 0
+        g = import_model(m).graph
+        assert g.type_of(g.heads[0]).shape == (1, 2, 3, n * 3 // 4)
+        counts.append(made[0])
+    assert counts[1] <= counts[0] < 1000, counts
 
 
 def test_an_antialiased_cubic_resize_past_32_bits_is_refused_naming_the_node():

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from cvm_onnx.converters.from_onnx.quantized.norm import layernorm_plan
-from cvm_onnx.converters.from_onnx.requant_plans import SPLIT, NoPlan, exact_max, plan, round_half_up
+from cvm_onnx.converters.from_onnx.requant_plans import SPLIT, NoPlan, distinct, exact_max, plan, round_half_up
 from cvm_onnx.core.ops.elemwise import round_shift
 
 SETTINGS = settings(max_examples=60, deadline=None)
@@ -36,6 +36,24 @@ def one_part_delta(ms, m, s: int, k: int, b1: int) -> Fraction:
     """docs/import.md's delta of a one-part plan: max M 2^(s-1) [s > 0] + B1 |m / 2^k - M 2^s|."""
     return max((Fraction(1 << s, 2) * x if s else 0) + b1 * abs(Fraction(int(mi), 1 << k) - x * (1 << s))
                for x, mi in zip(ms, m))
+
+
+@SETTINGS
+@given(pool=st.lists(st.one_of(ratio, st.integers(1, 1 << 70)), min_size=1, max_size=6), d=st.data())
+def test_distinct_values_index_back_to_every_element(pool, d):
+    """``distinct``: values[index] equals the array, element by element (objects shared, or equal values made
+    apart: a Fraction and its copy, an int and the Fraction of it), the values pairwise unequal and in order of first
+    appearance."""
+    shape = d.draw(st.lists(st.integers(1, 4), max_size=3))
+    picks = d.draw(st.lists(st.tuples(st.integers(0, len(pool) - 1), st.booleans()), min_size=math.prod(shape),
+                            max_size=math.prod(shape)))
+    ms = np.empty(len(picks), dtype=object)
+    ms[:] = [Fraction(pool[i]) if copy else pool[i] for i, copy in picks]
+    ms = ms.reshape(shape)
+    values, index = distinct(ms)
+    assert index.shape == ms.shape and [values[i] for i in index.flat] == list(ms.flat)
+    first = list(dict.fromkeys(Fraction(v) for v in ms.flat))
+    assert [Fraction(v) for v in values] == first
 
 
 @SETTINGS

@@ -16,6 +16,7 @@ from ..checks import MAX_DIM
 from ..emit import (as_int32, axes_of, broadcast_shape, concatenated, ints, minus_zero, normal, resize_coordinate,
                     resize_scales, resized_shape)
 from ..registry import Refuse, float_rule, integer_rule
+from ..requant_plans import distinct
 from .recurrent import shift
 from .values import Deferred, Mapped, Real, Scaled, Summed, of_integers, per_tensor, real_bound, scaled
 
@@ -172,7 +173,7 @@ def rounded(ctx, y: Scaled, room: int, later: list, node, x: Scaled, full) -> Sc
     while tight((u.peak + (1 << (k - 1))) >> k) > room:
         k += 1
     gain = math.prod(largest_gain(p) for p in later if p is not None)
-    error = (1 << (k - 1)) * max(y.scale.flat) * gain / x.scale.reshape(()).item()
+    error = (1 << (k - 1)) * max(distinct(y.scale)[0]) * gain / x.scale.reshape(()).item()
     if error > Fraction(1, 2):
         raise Refuse(f"Resize {node.attr_str('mode')} from {x.shape} to {tuple(full)}: its weights over the axes pass "
                      f"32 bits, and rounding between them moves the output by up to {float(error):.3g} input steps "
@@ -210,8 +211,13 @@ def interpolated(ctx, x: Scaled, axis: int, d: int, plan, o: int) -> Scaled:
         ends = [t.lo * int(weights.min()), t.lo * int(weights.max()), t.hi * int(weights.min()),
                 t.hi * int(weights.max())]
         y = replace(y, lo=max(y.lo, min(ends)), hi=min(y.hi, max(ends)))
-    w = common(weights) or weights.astype(object).reshape(along)
-    return Scaled(y, np.asarray(x.scale / w, dtype=object), np.asarray(x.zero * w, np.int64))
+    w = common(weights)
+    if w is not None:
+        return Scaled(y, np.asarray(x.scale / w, dtype=object), np.asarray(x.zero * w, np.int64))
+    values, index = distinct(weights)  # each distinct W_o's scale made once, then one per output
+    scale = np.asarray(x.scale / values.reshape(along), dtype=object)
+    zero = np.asarray(x.zero * values.reshape(along), np.int64)
+    return Scaled(y, np.take(scale, index, scale.ndim - len(along)), np.take(zero, index, zero.ndim - len(along)))
 
 
 def common(weights: np.ndarray) -> int | None:
@@ -239,7 +245,7 @@ def taps(coordinate: tuple[np.ndarray, int], a: Fraction | None, exclude: int = 
     def far(v):  # W c(v / den) for 1 <= v / den <= 2
         return p * (v ** 3 - 5 * v ** 2 * den + 8 * v * den ** 2 - 4 * den ** 3)
 
-    r = r.astype(object)
+    r = whole(r, 2 * den, a)
     out = [(low - 1 + k, np.array(w, dtype=object)) for k, w in
            enumerate([far(r + den), near(r), near(den - r), far(2 * den - r)])]
     if exclude:
@@ -267,11 +273,11 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
     if count > MAX_TAPS:
         raise Refuse(f"Resize with antialias from {size} to {len(num)} values along an axis reads {count} inputs per "
                      f"output, past the {MAX_TAPS} this import takes (a take and a product each): resize in steps")
-    big = den * gq
+    big = int(den) * gq
     out = []
     for k in range(count):
         j = low + k
-        v = np.abs((j * den - num) * gp)
+        v = whole(np.abs((j * den - num) * gp), 2 * big + int(den) * gp, a)  # v < reach + den gp
         if a is None:
             w = np.where(v < big, big - v, 0)
         else:
@@ -281,8 +287,16 @@ def filtered_taps(coordinate: tuple[np.ndarray, int], size: int, scale: Fraction
             w = np.where(v < big, near, np.where(v < 2 * big, far, 0))
         if exclude:
             w = np.where((j >= 0) & (j < size), w, 0)
-        out.append((j.astype(np.int64), w))
+        out.append((j.astype(np.int64), w.astype(object)))
     return balanced(out)
+
+
+def whole(v: np.ndarray, top: int, a: Fraction | None) -> np.ndarray:
+    """The integers v (0 <= v <= ``top``, and the kernel's scale up to ``top``) as int64 where every term of the
+    kernel's integer form of them (``taps``, ``filtered_taps``: A = p / q, linear p = 0, q = 1) stays within
+    18 (|p| + q) top^3 < 2^62, else as Python ints: the same integers either way."""
+    p, q = (0, 1) if a is None else (a.numerator, a.denominator)
+    return v.astype(np.int64 if 18 * (abs(p) + q) * top ** 3 < 1 << 62 else object)
 
 
 def balanced(out: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:

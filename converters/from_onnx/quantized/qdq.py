@@ -15,8 +15,8 @@ from onnx import TensorProto
 from ..context import INT32, INT_RANGES, Tensor, bound, const, tight, type_name
 from ..emit import as_int32, broadcast_of, broadcast_shape, minus_zero, normal, reduced
 from ..registry import Refuse, float_rule, rule
-from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, far_plan, logsoftmax_plan, plan,
-                             runs, softmax_plan)
+from ..requant_plans import (FarPlan, LogSoftmaxPlan, NoPlan, Plan, Run, SoftmaxPlan, distinct, far_plan,
+                             logsoftmax_plan, plan, runs, softmax_plan)
 from .values import (FAR, MS, QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, along, axis_of,
                      of_integers, per_tensor, scale_of, scaled, zero_of)
 
@@ -145,7 +145,7 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         x, offset, settled = settle(ctx, x, scale, out_zero, lo, hi, tuple(i for i, _ in far))
     terms = x.terms if isinstance(x, Summed) else (x,)
     vs = [minus_zero(ctx, term.t, term.zero) for term in terms]
-    ratios = [np.asarray(term.scale / scale, dtype=object) for term in terms]
+    ratios = [divided(term.scale, scale) for term in terms]
     shape = broadcast_shape(*vs)
 
     def finish(r: Tensor) -> Tensor:  # the settled and far rows' values added, then z_out and the saturation
@@ -162,7 +162,7 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
         ctx.requants.append(Requant(ctx.base, (1.0,), None, settled=settled, far=far))
         return finish(vs[0])
     tlo, thi = INT_RANGES[dtype]  # the type holds the zero point: the plan's clip needs low <= 0 <= high
-    flat = tuple(float(r) for m in ratios for r in m.flat)
+    flat = tuple(v for m in ratios for v in floats(m))
     axis = channel_axis(ratios[0], len(shape)) if len(vs) == 1 else None
     if axis is not None and vs[0].shape[axis] != shape[axis]:
         axis = None
@@ -187,6 +187,23 @@ def quantize(ctx, x, scale: np.ndarray, zero: np.ndarray, dtype: int) -> Tensor:
     return finish(apply(ctx, vs, p))
 
 
+
+
+def divided(scale: np.ndarray, out_scale: np.ndarray) -> np.ndarray:
+    """The ratios M = scale / out_scale (object arrays of Fractions), each distinct value of ``scale`` divided once
+    beside a per-tensor ``out_scale`` (a scale per position repeats a few values: a Resize's, ``distinct``)."""
+    scale = np.asarray(scale, dtype=object)
+    if out_scale.size != 1:
+        return np.asarray(scale / out_scale, dtype=object)
+    values, index = distinct(scale)
+    m = np.asarray((values / out_scale.reshape(()).item())[index], dtype=object)  # a 0-d index gives a Fraction
+    return m.reshape(np.broadcast_shapes(scale.shape, out_scale.shape))
+
+
+def floats(m: np.ndarray) -> list[float]:
+    """The ratios M (an object array) as floats, flat, each distinct value converted once."""
+    values, index = distinct(m)
+    return np.array([float(v) for v in values], np.float64)[index].reshape(-1).tolist()
 
 
 def far_of(x: Scaled, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, ...]]:
@@ -218,7 +235,7 @@ def far_rows(ctx, x: Scaled, scale: np.ndarray, out_zero: int, lo: int, hi: int,
     addend, `cvm_right_shift` k, `broadcast_add` Q, then `broadcast_mul` by the row's 0/1 mask, so that the sum
     over such rows (`broadcast_add`) is r on them and 0 elsewhere. (((row, plan), ...), that sum or None)."""
     far, zero, ratio, full = far_of(x, scale)
-    rows = [i for i in np.ndindex(*full) if far[i] and one_value(x.t, int(zero[i]), ratio[i], out_zero, lo, hi) is None]
+    rows = [i for i in map(tuple, np.argwhere(far)) if one_value(x.t, int(zero[i]), ratio[i], out_zero, lo, hi) is None]
     if not rows:
         return (), None
     axes = [a for a, n in enumerate(full) if n > 1]
