@@ -786,16 +786,35 @@ LP_NORMS = {b"L1": 1, b"L2": 2}
 SQUARED_UNWRAPPED = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 
 
-def lp_normalizers(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, int]]:
-    """The ``ai.onnx.ml`` Normalizers of norm L1 or L2 (``LP_NORMS``), each with its p, whose input onnx's shape
-    inference states 1-D or 2-D (onnxruntime's kernel refuses another rank), of norm L2 only of a float or double
-    input (an int32 x's square wraps past 46340): those ``normalizers_as_lp_norms`` rewrites."""
-    found = [(n, LP_NORMS[norm]) for n in model.graph.node if n.op_type == "Normalizer" and n.domain == "ai.onnx.ml"
-             and len(n.input) == 1 and (norm := {a.name: helper.get_attribute_value(a)
-                                                 for a in n.attribute}.get("norm")) in LP_NORMS]
+def normalizer_refusal(node: onnx.NodeProto, x: onnx.TypeProto.Tensor | None) -> str | None:
+    """Why ``normalizers_as_lp_norms`` leaves an ``ai.onnx.ml`` Normalizer of input type ``x`` (as onnx's shape
+    inference states it), as one clause; None if it replaces it (norm L1, or L2 of a float or double x, of rank 1
+    or 2: onnxruntime's kernel refuses another)."""
+    norm = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("norm", b"MAX")
+    if norm == b"MAX":
+        return ("norm MAX divides each row by its max (a max of 0 leaves the row): the quotient has no bound, and a "
+                "max quantized to 0 leaves undivided a row that float divides")
+    if norm not in LP_NORMS or len(node.input) != 1:
+        shown = norm.decode(errors="replace") if isinstance(norm, bytes) else norm
+        return f"norm {shown} of {len(node.input)} inputs is not onnxruntime's one-input L1, L2 or MAX"
+    if x is None or not x.HasField("shape") or len(x.shape.dim) not in (1, 2):
+        return "its input's rank is not stated 1 or 2 (onnxruntime's Normalizer refuses another)"
+    if norm == b"L2" and x.elem_type not in SQUARED_UNWRAPPED:
+        return "norm L2 of integers: onnxruntime squares them in their own type (an int32 past 46340 wraps)"
+    return None
+
+
+def normalizers(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str | None]]:
+    """Each ``ai.onnx.ml`` Normalizer with ``normalizer_refusal``'s clause (None: ``normalizers_as_lp_norms``
+    rewrites it)."""
+    found = [n for n in model.graph.node if n.op_type == "Normalizer" and n.domain == "ai.onnx.ml"]
     known = _known_tensors(model) if found else {}
-    return [(n, p) for n, p in found if (t := known.get(n.input[0])) is not None and t.HasField("shape")
-            and len(t.shape.dim) in (1, 2) and (p == 1 or t.elem_type in SQUARED_UNWRAPPED)]
+    return [(n, normalizer_refusal(n, known.get(n.input[0]) if n.input else None)) for n in found]
+
+
+def lp_normalizers(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, int]]:
+    """The ``ai.onnx.ml`` Normalizers that ``normalizers_as_lp_norms`` rewrites, each with its p (``LP_NORMS``)."""
+    return [(n, LP_NORMS[helper.get_node_attr_value(n, "norm")]) for n, why in normalizers(model) if why is None]
 
 
 def normalizers_as_lp_norms(model: onnx.ModelProto) -> int:

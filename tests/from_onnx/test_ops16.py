@@ -379,6 +379,7 @@ def test_a_normalizer_of_another_rank_is_left_and_refused(norm, shape):
         with pytest.raises(Exception, match="Rank of input"):
             ort_run(m, np.ones(shape, np.float32))
     assert "ai.onnx.ml ops (Normalizer x1): CVM has none" in refusal(m)
+    assert "Normalizer 'n': its input's rank is not stated 1 or 2" in refusal(m)
     assert normalizers_as_lp_norms(m) == 0 and [n.op_type for n in m.graph.node] == ["Normalizer"]
 
 
@@ -393,9 +394,26 @@ def test_a_normalizer_l2_of_integers_is_left_and_refused(elem):
     m = normalizer("L2", [1, 2], elem)
     if elem == T.INT32:
         assert np.isnan(ort_run(m, np.array([[50000, 1]], np.int32))[0, 1])
-    assert "ai.onnx.ml ops (Normalizer x1): CVM has none" in refusal(m)
+    assert "Normalizer 'n': norm L2 of integers: onnxruntime squares them in their own type" in refusal(m)
     assert normalizers_as_lp_norms(m) == 0 and [n.op_type for n in m.graph.node] == ["Normalizer"]
     assert normalizers_as_lp_norms(normalizer("L1", [1, 2], elem)) == 1
+
+
+@pytest.mark.parametrize("norm", ["MAX", "bogus", None])
+def test_a_normalizer_max_or_of_no_norm_is_refused_saying_why(norm):
+    """A Normalizer MAX (the default norm) is refused naming the node and the reason (its quotient has no bound),
+    as is a norm onnxruntime does not know; neither is rewritten."""
+    from cvm_onnx.app.quantize import refusal
+    from cvm_onnx.app.rewrites import normalizers_as_lp_norms
+
+    m = normalizer(norm or "MAX", [2, 3])
+    if norm is None:
+        del m.graph.node[0].attribute[:]
+    why = refusal(m)
+    assert "ai.onnx.ml ops (Normalizer x1): CVM has none" in why
+    assert ("Normalizer 'n': norm bogus of 1 inputs is not" if norm == "bogus" else
+            "Normalizer 'n': norm MAX divides each row by its max") in why
+    assert normalizers_as_lp_norms(m) == 0
 
 
 @pytest.mark.parametrize("norm", ["L1", "L2"])
