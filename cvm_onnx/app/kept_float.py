@@ -307,7 +307,9 @@ def l1_norms_quantized(path: Path, activation: int, symmetric: bool) -> int:
     reader quantizes (quantize_static quantizes no LpNormalization: skl2onnx's Normalizer L1 as the model's output,
     ``rewrites.normalizers_as_lp_norms``) quantized and dequantized where it is computed, at the grid onnxruntime
     gives the range [-1, 1] its values lie in, so that the importer's integer form has a QuantizeLinear to make
-    its integers. Returns how many."""
+    its integers. An LpNormalization p = 2 is left float: the importer's L2 form reaches a float output on a grid
+    finer than [-1, 1]'s (of a quantized x, or of one after the last QuantizeLinear: ``l2norm.TailNormalized``).
+    Returns how many."""
     def l1(n: onnx.NodeProto) -> tuple[float, float] | None:
         p = next((a.i for a in n.attribute if a.name == "p"), 2)
         return (-1.0, 1.0) if n.op_type == "LpNormalization" and p == 1 else None

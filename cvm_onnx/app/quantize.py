@@ -80,7 +80,7 @@ from .rewrites import (
     cast_inputs_as_integers, einsums_as_matmuls, feature_extractors_as_gathers, float16_as_float32,
     float_readers_through_transposes,
     fused_convs_unfused, fused_matmuls_unfused,
-    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, l1_normalizers,
+    gemm_beta_folded, group_norms_as_instance_norms, grouped_matmuls, input_subs_as_adds, normalizers,
     linear_classifier_refusal, linear_classifiers_as_gemms, linear_regressors_as_gemms, normalizers_as_lp_norms,
     opsets_deduplicated,
     masked_fills_as_terms, masked_maxes_on_their_grid, masking_rows_apart, masks_after_biases, scalers_as_ops,
@@ -101,7 +101,7 @@ QUANTIZED = ("QGemm", "QAttention")
 #: input is written as Add and Mul (``rewrites.scalers_as_ops``), a LinearRegressor as a Gemm
 #: (``rewrites.linear_regressors_as_gemms``), a LinearClassifier as a Gemm and an ArgMax where it can be
 #: (``rewrites.linear_classifiers_as_gemms``; else refused: ``rewrites.linear_classifier_refusal``), an
-#: ArrayFeatureExtractor as a Gather (``rewrites.feature_extractors_as_gathers``), a Normalizer of norm L1 as an
+#: ArrayFeatureExtractor as a Gather (``rewrites.feature_extractors_as_gathers``), a Normalizer L1 or L2 as an
 #: LpNormalization (``rewrites.normalizers_as_lp_norms``).
 ML_DOMAIN, ML_REWRITTEN = "ai.onnx.ml", ("Scaler", "LinearRegressor", "LinearClassifier", "ArrayFeatureExtractor")
 ORT_DEFAULT_SEVERITY = 2  # onnxruntime's default logger: warnings and above
@@ -287,7 +287,8 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
     if done:
         why.append(f"it is quantized already ({', '.join(done)}): quantize takes a float model (convert reads "
                    "quantized ones)")
-    rewritten = {id(n): n for n in l1_normalizers(model)}  # held, as non_finite's
+    judged = normalizers(model)  # held, as non_finite's
+    rewritten = {id(n) for n, reason in judged if reason is None}
     left = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type not in ML_REWRITTEN and id(n) not in rewritten]
     ml = Counter(n.op_type for n in left)
     if ml:
@@ -304,6 +305,7 @@ def refusal(model: onnx.ModelProto, outputs: list[str] | None = None) -> str | N
     why += [f"LinearClassifier {n.name or n.output[0]!r}: {reason}" for n in nodes
             if n.op_type == "LinearClassifier" and n.domain == ML_DOMAIN and (reason := linear_classifier_refusal(n))]
     kept = {id(n) for n in left}  # ``nodes`` holds them: their ids stay theirs
+    why += [f"Normalizer {n.name or n.output[0]!r}: {reason}" for n, reason in judged if reason and id(n) in kept]
     computed = {o for n in nodes if id(n) not in kept for o in n.output}
     if cuts := sorted({x for n in left for x in n.input if x in computed}):
         why.append(f"--outputs at the tensors they read ({', '.join(cuts)}) cuts the {ML_DOMAIN} ops off")
@@ -594,7 +596,7 @@ def prepare(model: onnx.ModelProto | list[onnx.ModelProto], path: Path, where: s
     (``sequences_as_splits``); a Scaler as Add and Mul (``scalers_as_ops``); a LinearRegressor as a Gemm
     (``linear_regressors_as_gemms``); a LinearClassifier as a Gemm, its
     post_transform's op and an ArgMax (``linear_classifiers_as_gemms``); an ArrayFeatureExtractor as a Gather
-    (``feature_extractors_as_gathers``); a Normalizer of norm L1 as an LpNormalization (``normalizers_as_lp_norms``);
+    (``feature_extractors_as_gathers``); a Normalizer L1 or L2 as an LpNormalization (``normalizers_as_lp_norms``);
     a Sub of
     a constant from the float input as an Add (``input_subs_as_adds``); float16 computation widened to float32
     (``float16_as_float32``); torch's written-out LocalResponseNorm as one LRN (``fuse_lrn``, again after the

@@ -780,30 +780,59 @@ def linear_classifiers_as_gemms(graph: onnx.GraphProto) -> int:
     return len(placed)
 
 
-def l1_normalizers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The ``ai.onnx.ml`` Normalizers of norm L1 whose input onnx's shape inference states 1-D or 2-D
-    (onnxruntime's kernel refuses another rank): those ``normalizers_as_lp_norms`` rewrites."""
-    found = [n for n in model.graph.node if n.op_type == "Normalizer" and n.domain == "ai.onnx.ml" and
-             len(n.input) == 1 and {a.name: helper.get_attribute_value(a) for a in n.attribute}.get("norm") == b"L1"]
-    shapes = _known_shapes(model) if found else {}
-    return [n for n in found if len(shapes.get(n.input[0], [])) in (1, 2)]
+#: The ``ai.onnx.ml`` Normalizer norms that are an LpNormalization, with its p.
+LP_NORMS = {b"L1": 1, b"L2": 2}
+#: The input types whose squares onnxruntime's Normalizer L2 forms without wrapping (it squares x in x's type).
+SQUARED_UNWRAPPED = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def normalizer_refusal(node: onnx.NodeProto, x: onnx.TypeProto.Tensor | None) -> str | None:
+    """Why ``normalizers_as_lp_norms`` leaves an ``ai.onnx.ml`` Normalizer of input type ``x`` (as onnx's shape
+    inference states it), as one clause; None if it replaces it (norm L1, or L2 of a float or double x, of rank 1
+    or 2: onnxruntime's kernel refuses another)."""
+    norm = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("norm", b"MAX")
+    if norm == b"MAX":
+        return ("norm MAX divides each row by its max (a max of 0 leaves the row): the quotient has no bound, and a "
+                "max quantized to 0 leaves undivided a row that float divides")
+    if norm not in LP_NORMS or len(node.input) != 1:
+        shown = norm.decode(errors="replace") if isinstance(norm, bytes) else norm
+        return f"norm {shown} of {len(node.input)} inputs is not onnxruntime's one-input L1, L2 or MAX"
+    if x is None or not x.HasField("shape") or len(x.shape.dim) not in (1, 2):
+        return "its input's rank is not stated 1 or 2 (onnxruntime's Normalizer refuses another)"
+    if norm == b"L2" and x.elem_type not in SQUARED_UNWRAPPED:
+        return "norm L2 of integers: onnxruntime squares them in their own type (an int32 past 46340 wraps)"
+    return None
+
+
+def normalizers(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str | None]]:
+    """Each ``ai.onnx.ml`` Normalizer with ``normalizer_refusal``'s clause (None: ``normalizers_as_lp_norms``
+    rewrites it)."""
+    found = [n for n in model.graph.node if n.op_type == "Normalizer" and n.domain == "ai.onnx.ml"]
+    known = _known_tensors(model) if found else {}
+    return [(n, normalizer_refusal(n, known.get(n.input[0]) if n.input else None)) for n in found]
+
+
+def lp_normalizers(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, int]]:
+    """The ``ai.onnx.ml`` Normalizers that ``normalizers_as_lp_norms`` rewrites, each with its p (``LP_NORMS``)."""
+    return [(n, LP_NORMS[helper.get_node_attr_value(n, "norm")]) for n, why in normalizers(model) if why is None]
 
 
 def normalizers_as_lp_norms(model: onnx.ModelProto) -> int:
-    """Replace each ``ai.onnx.ml`` Normalizer of norm L1 of a 1-D or 2-D x (skl2onnx's multinomial
-    LogisticRegression after its probabilities; ``l1_normalizers``) by Cast(x, float) and LpNormalization(p = 1,
-    axis = -1): onnxruntime's kernel divides each row (a 1-D x: the one row) by its sum of |x| in float, and leaves a
-    row of zeros at 0, as LpNormalization does. Returns how many were replaced."""
+    """Replace each ``ai.onnx.ml`` Normalizer of norm L1 or L2 of a 1-D or 2-D x (skl2onnx's multinomial
+    LogisticRegression after its probabilities, a pipeline's Normalizer; ``lp_normalizers``) by Cast(x, float) and
+    LpNormalization(p = 1 or 2, axis = -1): onnxruntime's kernel divides each row (a 1-D x: the one row) by its sum
+    of |x| (L1) or sqrt(sum x^2) (L2) in float, and leaves a row of zeros at 0, as LpNormalization does. Returns how
+    many were replaced."""
     graph = model.graph
     names = _taken(graph)
     fresh = functools.partial(_fresh_name, names)
     placed = _Places()
-    for node in l1_normalizers(model):
+    for node, p in lp_normalizers(model):
         x = fresh(f"{node.output[0]}_float")
         placed[node] = [helper.make_node("Cast", [node.input[0]], [x], name=fresh(f"{node.name}_cast"),
                                          to=onnx.TensorProto.FLOAT),
-                        helper.make_node("LpNormalization", [x], [node.output[0]], name=fresh(f"{node.name}_l1"),
-                                         p=1, axis=-1)]
+                        helper.make_node("LpNormalization", [x], [node.output[0]], name=fresh(f"{node.name}_l{p}"),
+                                         p=p, axis=-1)]
     _placed(graph, placed)
     return len(placed)
 
@@ -1116,14 +1145,19 @@ def shapes_only(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
-    """Each tensor's dims as onnx's shape inference states them (None where not a number)."""
+def _known_tensors(model: onnx.ModelProto) -> dict[str, onnx.TypeProto.Tensor]:
+    """Each tensor's type as onnx's shape inference states it (else as declared)."""
     try:
         g = onnx.shape_inference.infer_shapes(shapes_only(model)).graph
     except Exception:  # noqa: BLE001  (onnx's inference raises several types: then the declared shapes)
         g = model.graph
-    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-            for v in (*g.value_info, *g.input, *g.output) if v.type.tensor_type.HasField("shape")}
+    return {v.name: v.type.tensor_type for v in (*g.value_info, *g.input, *g.output)}
+
+
+def _known_shapes(model: onnx.ModelProto) -> dict[str, list[int | None]]:
+    """Each tensor's dims as onnx's shape inference states them (None where not a number)."""
+    return {k: [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+            for k, t in _known_tensors(model).items() if t.HasField("shape")}
 
 
 def _gathers_past_scatters(graph: onnx.GraphProto, inits: dict, shapes: dict) -> int:

@@ -1,6 +1,6 @@
 """Op classes of shipped models the quantized import refused before: Resize with antialias (torchvision's
 resize(antialias=True), image processors exported with their model) and cubic Resize with exclude_outside, of
-dequantized values; torch's written-out LocalResponseNorm; skl2onnx's Normalizer L1."""
+dequantized values; torch's written-out LocalResponseNorm; skl2onnx's Normalizer L1 and L2."""
 from __future__ import annotations
 
 import math
@@ -397,56 +397,132 @@ def test_a_float_model_with_torchs_written_out_lrn_quantizes_whole(tmp_path, per
     quantizes_whole(tmp_path, between_convs(*written_lrn((1, 8, 12, 12), 5, 0.02, 0.75, 1.0), opset=18), per_channel)
 
 
-# -- Normalizer L1 ---------------------------------------------------------------------------------------------------
-@settings(max_examples=20, deadline=None)
-@given(d=st.data(), rank=st.sampled_from([1, 2]), zeros=st.booleans())
-def test_a_normalizer_l1_is_onnxruntimes_lp_normalization(d, rank, zeros):
-    """normalizers_as_lp_norms: Normalizer(norm L1) of a 1-D or 2-D x (rows of zeros too) becomes Cast and
-    LpNormalization(p 1, axis -1), whose float output is onnxruntime's Normalizer's to float32 rounding."""
+# -- Normalizer L1 and L2 -------------------------------------------------------------------------------------------
+def normalizer(norm: str, shape: list | None, elem: int = T.FLOAT) -> onnx.ModelProto:
+    """An ai.onnx.ml Normalizer(norm) of the input x of ``shape`` and type ``elem``."""
+    g = h.make_graph([h.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm=norm, name="n")], "m",
+                     [h.make_tensor_value_info("x", elem, shape)], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    return onnx_model(g, 13, {"ai.onnx.ml": 1})
+
+
+@settings(max_examples=30, deadline=None)
+@given(d=st.data(), norm=st.sampled_from(["L1", "L2"]), rank=st.sampled_from([1, 2]), zeros=st.booleans(),
+       magnitude=st.integers(-6, 6))
+def test_a_normalizer_l1_or_l2_is_onnxruntimes_lp_normalization(d, norm, rank, zeros, magnitude):
+    """normalizers_as_lp_norms: Normalizer(norm L1 or L2) of a 1-D or 2-D x (rows of zeros too; L2 of doubles too)
+    becomes Cast and LpNormalization(p 1 or 2, axis -1), whose float output is onnxruntime's Normalizer's to float32
+    rounding: L1 the same division, L2 within (n + 8) 2^-24 relative over rows of n (docs/import.md)."""
     from cvm_onnx.app.rewrites import normalizers_as_lp_norms
 
-    shape = (d.draw(st.integers(1, 6)),) if rank == 1 else (d.draw(st.integers(1, 4)), d.draw(st.integers(1, 6)))
-    x = np.random.default_rng(d.draw(st.integers(0, 2**16))).normal(0, 3, shape).astype(np.float32)
+    shape = (d.draw(st.integers(1, 6)),) if rank == 1 else (d.draw(st.integers(1, 4)), d.draw(st.integers(1, 40)))
+    dtype = d.draw(st.sampled_from([np.float32, np.float64] if norm == "L2" else [np.float32]))
+    x = (np.random.default_rng(d.draw(st.integers(0, 2**16))).normal(0, 3, shape) * 10.0**magnitude).astype(dtype)
     if zeros:
         x[..., :] = 0 if rank == 1 else x[..., :] * (np.arange(shape[0]) % 2).reshape(-1, 1)
-    g = h.make_graph([h.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L1", name="n")], "m",
-                     [h.make_tensor_value_info("x", T.FLOAT, list(shape))], [h.make_tensor_value_info("y", T.FLOAT,
-                                                                                                  None)])
-    m = onnx_model(g, 13, {"ai.onnx.ml": 1})
+    m = normalizer(norm, list(shape), T.FLOAT if dtype == np.float32 else T.DOUBLE)
     want = ort_run(m, x)
     assert normalizers_as_lp_norms(m) == 1
     assert [n.op_type for n in m.graph.node] == ["Cast", "LpNormalization"]
+    assert h.get_node_attr_value(m.graph.node[1], "p") == int(norm[1])
     got = ort_run(m, x)
-    assert got.shape == want.shape and np.allclose(got, want, rtol=2e-7, atol=0)
+    rtol = 2e-7 if norm == "L1" else (shape[-1] + 8) * 2.0**-24
+    assert got.shape == want.shape and np.allclose(got, want, rtol=rtol, atol=0)
 
 
+@pytest.mark.parametrize("norm", ["L1", "L2"])
 @pytest.mark.parametrize("shape", [[2, 3, 4], [1, 1, 2, 3], [], None])
-def test_a_normalizer_l1_of_another_rank_is_left_and_refused(shape):
+def test_a_normalizer_of_another_rank_is_left_and_refused(norm, shape):
     """onnxruntime's Normalizer refuses an input of rank past 2 (and a scalar); an input whose rank shape inference
     does not state may be one: left, and quantize's refusal names it. Before: rewritten as an LpNormalization that
     runs where onnxruntime's model fails."""
     from cvm_onnx.app.quantize import refusal
     from cvm_onnx.app.rewrites import normalizers_as_lp_norms
 
-    g = h.make_graph([h.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L1", name="n")], "m",
-                     [h.make_tensor_value_info("x", T.FLOAT, shape)], [h.make_tensor_value_info("y", T.FLOAT, None)])
-    m = onnx_model(g, 13, {"ai.onnx.ml": 1})
+    m = normalizer(norm, shape)
     if shape:
         with pytest.raises(Exception, match="Rank of input"):
             ort_run(m, np.ones(shape, np.float32))
     assert "ai.onnx.ml ops (Normalizer x1): CVM has none" in refusal(m)
+    assert "Normalizer 'n': its input's rank is not stated 1 or 2" in refusal(m)
     assert normalizers_as_lp_norms(m) == 0 and [n.op_type for n in m.graph.node] == ["Normalizer"]
 
 
+@pytest.mark.parametrize("elem", [T.INT32, T.INT64])
+def test_a_normalizer_l2_of_integers_is_left_and_refused(elem):
+    """onnxruntime's Normalizer L2 squares an integer x in its own type (an int32 x of 50000 wraps: NaN beside it),
+    where Cast and LpNormalization would give the norm: left, and quantize's refusal names it; L1 of integers
+    (|x| summed in float) is rewritten."""
+    from cvm_onnx.app.quantize import refusal
+    from cvm_onnx.app.rewrites import normalizers_as_lp_norms
+
+    m = normalizer("L2", [1, 2], elem)
+    if elem == T.INT32:
+        assert np.isnan(ort_run(m, np.array([[50000, 1]], np.int32))[0, 1])
+    assert "Normalizer 'n': norm L2 of integers: onnxruntime squares them in their own type" in refusal(m)
+    assert normalizers_as_lp_norms(m) == 0 and [n.op_type for n in m.graph.node] == ["Normalizer"]
+    assert normalizers_as_lp_norms(normalizer("L1", [1, 2], elem)) == 1
+
+
+@pytest.mark.parametrize("norm", ["MAX", "bogus", None])
+def test_a_normalizer_max_or_of_no_norm_is_refused_saying_why(norm):
+    """A Normalizer MAX (the default norm) is refused naming the node and the reason (its quotient has no bound),
+    as is a norm onnxruntime does not know; neither is rewritten."""
+    from cvm_onnx.app.quantize import refusal
+    from cvm_onnx.app.rewrites import normalizers_as_lp_norms
+
+    m = normalizer(norm or "MAX", [2, 3])
+    if norm is None:
+        del m.graph.node[0].attribute[:]
+    why = refusal(m)
+    assert "ai.onnx.ml ops (Normalizer x1): CVM has none" in why
+    assert ("Normalizer 'n': norm bogus of 1 inputs is not" if norm == "bogus" else
+            "Normalizer 'n': norm MAX divides each row by its max") in why
+    assert normalizers_as_lp_norms(m) == 0
+
+
+@pytest.mark.parametrize("norm", ["L1", "L2"])
 @pytest.mark.parametrize("per_channel", [False, True])
-def test_a_multinomial_logistic_regression_with_its_normalizer_quantizes_whole(tmp_path, per_channel):
+def test_a_multinomial_logistic_regression_with_its_normalizer_quantizes_whole(tmp_path, per_channel, norm):
     """skl2onnx's multinomial LogisticRegression (a Scaler, LinearClassifier SOFTMAX, then Normalizer L1 of the
-    probabilities) quantizes whole: within 1.1x onnxruntime's distance from float, the export exact. Regression:
-    refused 'ai.onnx.ml ops (Normalizer x1): CVM has none'."""
+    probabilities; L2 as a pipeline's last Normalizer) quantizes whole: within 1.1x onnxruntime's distance from
+    float, the export exact. Regression: refused 'ai.onnx.ml ops (Normalizer x1): CVM has none'."""
     rng = np.random.default_rng(8)
     m = linear_classifier(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=3).astype(np.float32),
                           [0, 1, 2], [None, 4], scaler=True, post_transform="SOFTMAX")
     m.graph.node[-1].output[1] = "probability_tensor"
     m.graph.node.extend([h.make_node("Normalizer", ["probability_tensor"], ["probabilities"], domain="ai.onnx.ml",
-                                     norm="L1", name="Normalizer")])
+                                     norm=norm, name="Normalizer")])
     quantizes_whole(tmp_path, m, per_channel, rng.normal(size=(8, 1, 4)))
+
+
+def test_only_an_l1_normalizations_float_output_is_put_on_a_grid(tmp_path):
+    """l1_norms_quantized: an LpNormalization p = 1 that no reader quantizes gets a QuantizeLinear and
+    DequantizeLinear at [-1, 1]'s grid; p = 2 stays float (the importer's L2 form reaches a float output on a finer
+    grid: a Normalizer L2 at a model's end nearer float so)."""
+    from cvm_onnx.app.kept_float import l1_norms_quantized
+
+    g = h.make_graph([h.make_node("LpNormalization", ["x"], ["y1"], p=1, axis=-1, name="l1"),
+                      h.make_node("LpNormalization", ["x"], ["y2"], p=2, axis=-1, name="l2")], "m",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info(y, T.FLOAT, [1, 4]) for y in ("y1", "y2")])
+    onnx.save(onnx_model(g, 13), tmp_path / "q.onnx")
+    assert l1_norms_quantized(tmp_path / "q.onnx", T.UINT8, False) == 1
+    m = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in m.graph.node] == ["LpNormalization", "QuantizeLinear", "DequantizeLinear",
+                                                 "LpNormalization"]
+    assert [v.name for v in m.graph.output] == ["y1_dequantized", "y2"]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_pipeline_of_a_normalizer_l2_then_a_classifier_quantizes_whole(tmp_path, per_channel):
+    """A scikit-learn Pipeline of Normalizer('l2') then a LinearClassifier (its scores, or SOFTMAX) quantizes
+    whole: within 1.1x onnxruntime's distance from float, the export exact. Regression: refused 'ai.onnx.ml ops
+    (Normalizer x1): CVM has none'."""
+    rng = np.random.default_rng(9)
+    for transform in ("NONE", "SOFTMAX"):
+        m = linear_classifier(rng.normal(size=(3, 5)).astype(np.float32), rng.normal(size=3).astype(np.float32),
+                              [0, 1, 2], [None, 5], post_transform=transform)
+        m.graph.node[0].input[0] = "normalized"
+        m.graph.node.insert(0, h.make_node("Normalizer", ["x"], ["normalized"], domain="ai.onnx.ml", norm="L2",
+                                           name="Normalizer"))
+        quantizes_whole(tmp_path, m, per_channel, rng.normal(size=(8, 1, 5)))
