@@ -90,18 +90,28 @@ def test_a_masked_mean_as_the_float_output_is_within_its_bound_at_its_grid(d, x_
     check(got, want, least_c(t, sp, float(so), zp, step, least), float(so), 0, *INT16)
 
 
+def pooled_ending(form: str):
+    """``ids_model(form)`` without its Gemm head: the masked mean's Div is the model's output."""
+    model = ids_model(form)
+    del model.graph.node[-1]
+    del model.graph.output[:]
+    model.graph.output.extend([h.make_tensor_value_info("pooled", T.FLOAT, None)])
+    return model
+
+
+def one_token_ids() -> np.ndarray:
+    """``padded_ids(8)`` with a sequence of one token first."""
+    ids = padded_ids(8)
+    ids[0, 0, 1:] = 0
+    return ids
+
+
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_a_masked_mean_pooling_as_the_last_op_quantizes_whole(tmp_path, per_channel):
     """capiti's masked mean, sum(x * mask) / Clip(sum(mask), 1), as the model's last op: whole, as close to float
     as onnxruntime's quantized model (1.1x), the export exact. Regression: refused 'a float output (Div) computed
     after the last QuantizeLinear has no integer form here'."""
-    model = ids_model("clip")
-    del model.graph.node[-1]  # the Gemm head
-    del model.graph.output[:]
-    model.graph.output.extend([h.make_tensor_value_info("pooled", T.FLOAT, None)])
-    ids = padded_ids(8)
-    ids[0, 0, 1:] = 0  # a sequence of one token
-    quantizes_whole(tmp_path, model, per_channel, ids)
+    quantizes_whole(tmp_path, pooled_ending("clip"), per_channel, one_token_ids())
 
 
 @pytest.mark.parametrize("form", ["eps", "max"])
@@ -111,13 +121,7 @@ def test_a_masked_mean_at_eps_as_the_last_op_quantizes_whole(tmp_path, form, per
     model's last op: whole at the grid of its mean's bound, as close to float as onnxruntime's quantized model (1.1x),
     the export exact. Regression: refused 'a float output (Div) computed after the last QuantizeLinear has no
     integer form here' (the quotient's bound max|a| / 1e-9 put every output within one step of 0)."""
-    model = ids_model(form)
-    del model.graph.node[-1]  # the Gemm head
-    del model.graph.output[:]
-    model.graph.output.extend([h.make_tensor_value_info("pooled", T.FLOAT, None)])
-    ids = padded_ids(8)
-    ids[0, 0, 1:] = 0  # a sequence of one token
-    quantizes_whole(tmp_path, model, per_channel, ids)
+    quantizes_whole(tmp_path, pooled_ending(form), per_channel, one_token_ids())
 
 
 @pytest.mark.parametrize("form", ["clip", "max"])
