@@ -13,10 +13,11 @@ from ..context import INT_RANGES, Tensor, tight, type_name
 from ..registry import Refuse
 from ..requant_plans import NoPlan, softmax_plan
 from .elementwise import Quotient
-from .l2norm import TAIL_GRIDS, Bounded, L2Normalized, TailNormalized
+from .l2norm import Bounded, L2Normalized, TailNormalized
 from .logsumexp import LogSumExped
 from .qdq import LogSoftmaxed, quantize
-from .values import QUANTIZED_TYPES, Deferred, Mapped, Real, Scaled, Softmaxed, Summed, least_float32
+from .values import (QUANTIZED_TYPES, TAIL_GRIDS, Deferred, Mapped, Real, Scaled, Softmaxed, Summed,
+                     least_float32)
 
 
 @dataclass
@@ -139,7 +140,7 @@ def input_precision(dtype: int) -> int:
 
 
 #: The type of a value computed after the last QuantizeLinear (a float output): int16, zero point 0.
-TAIL_TYPE, TAIL_STEPS = TensorProto.INT16, 32767
+TAIL_TYPE, TAIL_STEPS = TensorProto.INT16, TAIL_GRIDS[0]
 
 
 def span(x) -> tuple[float, float] | None:

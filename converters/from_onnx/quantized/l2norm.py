@@ -36,7 +36,7 @@ from .chains import FLAT, _divisor, _Graph, _lower_bound, _scalar
 from .norm import (LayerNormPlan, best_plan, c32, levelled, proven, quartered_shape, quotient, table_bits,
                    table_index, table_shape)
 from .qdq import MAX_TABLE, Requant, quantize, saturate
-from .values import Deferred, Scaled, float32_sum, least_float32, per_tensor, scaled
+from .values import TAIL_GRIDS, Deferred, Scaled, float32_sum, least_float32, per_tensor, scaled
 
 
 def squares_fit(n: int, peak: int) -> bool:
@@ -147,11 +147,6 @@ class L2Normalized(Deferred):
         zero_row = self.nan_at_zero and t.lo <= z <= t.hi
         r = emit(ctx, as_int32(t), z, self.view, p, lo - out_zero if zero_row else None)
         return saturate(ctx, ctx.reshape(r, self.shape), out_zero, lo, hi, dtype, self.shape)
-
-
-#: The int16 grids a value computed after the last QuantizeLinear takes (a float output's, and one an L2
-#: normalization reads): 2^j - 1 steps each way, j from 15 down to 8, the finest with a plan.
-TAIL_GRIDS = tuple(((1 << 15) - 1) >> j for j in range(8))
 
 
 @dataclass(frozen=True, eq=False)

@@ -157,6 +157,11 @@ def per_tensor(x: Scaled, what: str) -> Scaled:
     return x
 
 
+#: The int16 grids of a value computed after the last QuantizeLinear (a float output's, and one an L2 normalization
+#: reads): 2^j - 1 steps each way, j from 15 down to 8; each takes the finest that has a plan.
+TAIL_GRIDS = tuple(32767 >> j for j in range(8))
+
+
 def least_float32(m: float, steps: int) -> np.float32:
     """The least float32 s with steps * s >= m (the scale of a grid of ``steps`` steps each way holding [-m, m])."""
     s = np.float32(m / steps)
